@@ -1,0 +1,26 @@
+# Two entry points (README): `make run` executes the quickstart notebook headless on the built-in
+# demo model; `make test` runs the test suite. Both create .venv and install lmnb on first use.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch; on a GPU box use e.g. `make run TORCH_SPEC=torch`.
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+NOTEBOOK ?= notebooks/01-quickstart.ipynb
+
+.PHONY: install run test bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	$(VENV)/bin/lmnb install-kernel --sys-prefix
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/lmnb run $(NOTEBOOK) -o $(basename $(NOTEBOOK)).out.ipynb
+
+test: install
+	$(PY) -m pytest -q tests

@@ -1,0 +1,49 @@
+"""The attention-backend contract.
+
+A backend computes, for every new token of a ``ForwardBatch``, causal attention over its own
+sequence: the cached prefix read from the KV pool through ``req_to_token`` plus the new tokens.
+It also writes the new tokens' K/V into the pool. Backends are interchangeable: the torch backend
+is the CPU path and the reference the Triton kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from lmnb_engine.forward_batch import ForwardBatch
+from lmnb_engine.kv_pool import TokenToKVPool
+
+
+class AttentionBackend(ABC):
+    """Computes attention for one layer of one batch.
+
+    ``init_forward`` is called once per forward pass, before the first layer, to build per-batch
+    metadata (masks, index tensors) that every layer reuses.
+    """
+
+    @abstractmethod
+    def init_forward(self, batch: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        kv_pool: TokenToKVPool,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention output for the new tokens.
+
+        Args:
+            q: [T, num_q_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] (the new tokens,
+                already rotated). GQA: query head h reads kv head h // (num_q_heads // num_kv_heads).
+            layer_id: index of the layer whose pool buffers to use.
+            scale: softmax scale (usually head_dim ** -0.5).
+        Returns:
+            [T, num_q_heads, head_dim], same dtype as q.
+        """

@@ -1,0 +1,94 @@
+"""Token-level KV-cache memory: the slot pool and the request→token table.
+
+Design from SGLang (``mem_cache/memory_pool.py``, ``allocator/token.py``; paper §3): one slot per
+token (page size 1), per-layer K and V buffers preallocated once, a free list of slots, and no
+refcounts — a slot is owned either by the radix tree or by exactly one running request. Slot 0 is a
+padding slot that is never handed out (padded rows of a batch write there harmlessly).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPoolExhausted(RuntimeError):
+    """Raised when more KV slots are asked for than are free (after eviction)."""
+
+
+class TokenToKVPool:
+    """Per-layer K/V buffers of shape [size + 1, num_kv_heads, head_dim] and a slot allocator.
+
+    Args:
+        size: usable token slots (the pool's capacity in tokens, ``max_total_tokens``).
+        num_layers, num_kv_heads, head_dim: model geometry.
+        dtype, device: storage of the buffers.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"KV pool size must be >= 1 token, got {size}")
+        self.size = size
+        self.device = torch.device(device)
+        shape = (size + 1, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._free = torch.arange(1, size + 1, dtype=torch.int64)
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes of KV one token occupies across all layers (K and V)."""
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def available_size(self) -> int:
+        """Number of free slots."""
+        return int(self._free.numel())
+
+    def alloc(self, n: int) -> torch.Tensor:
+        """Take ``n`` free slots (int64 [n], on CPU). Raises ``KVPoolExhausted`` if fewer are free."""
+        if n > self._free.numel():
+            raise KVPoolExhausted(
+                f"KV pool exhausted: need {n} token slots, {self._free.numel()} free of {self.size}"
+            )
+        out, self._free = self._free[:n], self._free[n:]
+        return out
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return slots (int64 [k]) to the free list. Slot 0 must never be freed."""
+        if slots.numel():
+            self._free = torch.cat([self._free, slots.to(device="cpu", dtype=torch.int64)])
+
+    def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v ([T, num_kv_heads, head_dim]) of layer ``layer`` at slots ``loc`` (int64 [T])."""
+        self.k_buffer[layer][loc] = k.to(self.k_buffer[layer].dtype)
+        self.v_buffer[layer][loc] = v.to(self.v_buffer[layer].dtype)
+
+
+class ReqToTokenPool:
+    """Table ``req_to_token[max_reqs, max_context_len]`` (int32) of KV slots per request row.
+
+    A running request holds one row; position ``j`` of its sequence has its KV at slot
+    ``req_to_token[row, j]``.
+    """
+
+    def __init__(self, max_reqs: int, max_context_len: int, device: torch.device | str) -> None:
+        self.req_to_token = torch.zeros((max_reqs, max_context_len), dtype=torch.int32, device=device)
+        self._free_rows = list(range(max_reqs))
+
+    def available_size(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self) -> int:
+        if not self._free_rows:
+            raise KVPoolExhausted("no free request rows: too many running requests")
+        return self._free_rows.pop()
+
+    def free(self, row: int) -> None:
+        self._free_rows.append(row)

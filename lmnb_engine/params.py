@@ -1,0 +1,129 @@
+"""Sampling parameters of one generation request.
+
+Field names and defaults follow SGLang's ``SamplingParams`` (``python/sglang/srt/sampling/
+sampling_params.py``) so that programs written for SGLang mean the same thing here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """How to sample the continuation of one prompt.
+
+    Attributes:
+        max_new_tokens: upper bound on generated tokens (int >= 0; 0 = prefill only, which caches
+            the prompt and returns no tokens — the frontend's fork hint, paper §3).
+        min_new_tokens: EOS and stop token ids are masked until this many tokens exist.
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        top_p, top_k, min_p: nucleus / top-k (-1 = off) / min-p filtering, applied after temperature.
+        frequency_penalty, presence_penalty: OpenAI-style additive penalties over generated tokens.
+        repetition_penalty: CTRL-style multiplicative penalty over prompt + generated tokens (1 = off).
+        stop: string or list of strings; matched on the detokenized output (also across token
+            boundaries); the matched stop text is not returned.
+        stop_token_ids: extra token ids that end generation (the token is not returned as text).
+        ignore_eos: keep generating past EOS.
+        skip_special_tokens: drop special tokens from the returned text.
+        seed: per-request seed; the same seed and prompt give the same sample.
+        n: number of samples sharing one prefill of the prompt.
+        return_logprob: return the logprob of each generated token.
+        top_logprobs_num: also return this many top alternatives per position.
+        logprob_start_len: return prompt logprobs for prompt tokens from this index on (-1 = none).
+        regex, json_schema: constrained decoding (see ``lmnb_engine.constrained``); at most one.
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    regex: str | None = None
+    json_schema: str | dict | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """``stop`` as a list (empty strings dropped)."""
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [s for s in stops if s]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def copy(self, **changes: Any) -> "SamplingParams":
+        return replace(self, **changes)
+
+    def validate(self) -> None:
+        """Check every field; raise ``ValueError`` naming the field, the value and the allowed range."""
+
+        def bad(name: str, rule: str) -> None:
+            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {rule}")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+            bad("max_new_tokens", "must be an integer >= 0")
+        if not is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens:
+            bad("min_new_tokens", "must be an integer >= 0")
+        if self.min_new_tokens > self.max_new_tokens:
+            bad("min_new_tokens", f"must not exceed max_new_tokens={self.max_new_tokens}")
+        if not is_num(self.temperature) or self.temperature < 0:
+            bad("temperature", "must be a finite number >= 0 (0 = greedy)")
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if not is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1):
+            bad("top_k", "must be -1 (off) or an integer >= 1")
+        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", "must be in [0, 1]")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not is_num(v) or not -2 <= v <= 2:
+                bad(name, "must be in [-2, 2]")
+        if not is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
+            bad("repetition_penalty", "must be > 0 (1 = off)")
+        if self.stop is not None and not (
+            isinstance(self.stop, str)
+            or (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop))
+        ):
+            bad("stop", "must be a string or a list of strings")
+        if self.stop_token_ids is not None and not (
+            isinstance(self.stop_token_ids, (list, tuple))
+            and all(is_int(t) and t >= 0 for t in self.stop_token_ids)
+        ):
+            bad("stop_token_ids", "must be a list of non-negative token ids")
+        if self.seed is not None and not is_int(self.seed):
+            bad("seed", "must be an integer or None")
+        if not is_int(self.n) or self.n < 1:
+            bad("n", "must be an integer >= 1")
+        if not is_int(self.top_logprobs_num) or self.top_logprobs_num < 0:
+            bad("top_logprobs_num", "must be an integer >= 0")
+        if not is_int(self.logprob_start_len) or self.logprob_start_len < -1:
+            bad("logprob_start_len", "must be -1 (no prompt logprobs) or an index >= 0")
+        if self.regex is not None and self.json_schema is not None:
+            bad("regex", "set at most one of regex and json_schema")
+        if self.regex is not None and not isinstance(self.regex, str):
+            bad("regex", "must be a string")

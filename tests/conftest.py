@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny offline checkpoints, built once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Two cores on CI: keep torch from oversubscribing them.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_factory(tmp_path_factory):
+    """``factory(arch="llama", **overrides) -> Path``; identical arguments reuse one directory."""
+    from lmnb_engine.testing import make_tiny_checkpoint
+
+    cache: dict = {}
+
+    def factory(arch: str = "llama", seed: int = 0, **overrides):
+        key = (arch, seed, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        if key not in cache:
+            d = tmp_path_factory.mktemp(f"ckpt-{arch}")
+            cache[key] = make_tiny_checkpoint(d, arch=arch, seed=seed, **overrides)
+        return cache[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_checkpoint_factory):
+    return tiny_checkpoint_factory("llama")
