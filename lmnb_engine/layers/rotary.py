@@ -1,0 +1,52 @@
+"""Rotary position embedding (RoPE, Su et al. 2021) in the "rotate half" layout of HF checkpoints.
+
+Inverse frequencies come from transformers' own RoPE init functions for scaled variants (linear,
+llama3), so they match the reference bit for bit; cos/sin are computed in float32 from the
+absolute positions of the batch and then cast to the activation dtype, as ``LlamaRotaryEmbedding``
+does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmnb_engine.model_config import ModelConfig
+
+
+def _inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    """float32 [head_dim // 2] inverse frequencies and the cos/sin scale factor."""
+    if config.rope_type == "default":
+        dim = config.head_dim
+        return 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[config.rope_type](config.hf_config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+class RotaryEmbedding(nn.Module):
+    """Computes cos/sin for a batch of positions (``apply_rotary`` then rotates q and k).
+
+    Args:
+        config: supplies ``head_dim``, ``rope_type``, ``rope_theta`` and the HF config.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        inv_freq, self.scaling = _inv_freq(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: int64 [T] -> (cos, sin), each [T, head_dim] in ``dtype``."""
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos, sin: [T, head_dim] -> rotated x, same shape and dtype."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

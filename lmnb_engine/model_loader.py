@@ -1,0 +1,305 @@
+"""Load a Hugging Face checkpoint (local directory or hub id) into the engine's own model code.
+
+``load_model`` reads ``config.json`` with ``transformers.AutoConfig``, builds the model on the meta
+device (``accelerate.init_empty_weights``), materializes it on the target device and copies the
+``*.safetensors`` tensors in (sharded checkpoints through ``model.safetensors.index.json``), or
+fills seeded random weights for benchmarks of real shapes. The tokenizer, EOS ids, chat template
+and generation defaults come along in one ``LoadedModel``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+import lmnb_engine
+from lmnb_engine import tokenizer as tok
+from lmnb_engine.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
+from lmnb_engine.models.presets import PRESETS, preset_hf_config
+from lmnb_engine.models.registry import build_model
+
+__all__ = ["DEMO_MODEL_PATH", "SUPPORTED_ARCHITECTURES", "LoadedModel", "load_model"]
+
+DEMO_MODEL_PATH = Path(lmnb_engine.__file__).parent / "demo_model"
+
+# What a hub snapshot needs: config, weights, tokenizer files, chat template.
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run, with everything the engine needs to talk to it.
+
+    Attributes:
+        model: ``model(batch, attn, kv_pool)`` -> float32 logits ``[len(batch.logits_indices), vocab]``.
+        config: ``ModelConfig`` (geometry, dtype, device).
+        tokenizer: transformers ``PreTrainedTokenizerFast``.
+        eos_token_ids: from generation_config.json and the tokenizer.
+        chat_template: Jinja template string, or None.
+        generation_defaults: sampling keys from generation_config.json (may be empty).
+        path: the checkpoint directory, or None for a built-in shape preset.
+    """
+
+    model: nn.Module
+    config: ModelConfig
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    chat_template: str | None
+    generation_defaults: dict[str, Any]
+    path: Path | None
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    random_weights: bool = False,
+    seed: int = 0,
+) -> LoadedModel:
+    """Load a Llama-family causal LM.
+
+    Args:
+        model: None for the bundled demo checkpoint (``DEMO_MODEL_PATH``); a local HF checkpoint
+            directory; a hub id (taken from the local HF cache, downloaded only when
+            ``HF_HUB_OFFLINE`` is not set); or, with ``random_weights=True``, a shape preset name
+            from ``models.presets.PRESETS`` (e.g. ``"llama-3-8b"``).
+        device: None -> "cuda" if available, else "cpu".
+        dtype: None -> float32 on CPU, bfloat16 on CUDA; a ``torch.dtype`` or its name.
+        random_weights: skip the safetensors and fill seeded random weights (normal with the
+            config's ``initializer_range``, norms 1, biases 0).
+        seed: seed of the random weights.
+
+    A checkpoint without tokenizer files, and every preset, use the demo checkpoint's tokenizer
+    (with a warning); presets fall back to a freshly trained tiny BPE tokenizer if the demo
+    checkpoint is absent.
+
+    Raises:
+        FileNotFoundError: no such directory, hub id not available, no config.json or no
+            safetensors, no demo checkpoint yet.
+        ValueError: unsupported architecture (the message lists ``SUPPORTED_ARCHITECTURES``),
+            unsupported RoPE type, bad dtype, weights that do not fit the config.
+    """
+    dev = _resolve_device(device)
+    dt = _resolve_dtype(dtype, dev)
+    if isinstance(model, str) and model in PRESETS and not Path(model).exists():
+        if not random_weights:
+            raise ValueError(
+                f"{model!r} is a shape preset without weights; pass random_weights=True, or give a "
+                "checkpoint directory or hub id"
+            )
+        hf_config, path = preset_hf_config(model), None
+    else:
+        path = _resolve_path(model, random_weights)
+        hf_config = _read_hf_config(path)
+    config = ModelConfig.from_hf(hf_config, dt, dev)
+    tokenizer, tok_dir = _tokenizer_for(path)  # before the weights: a missing tokenizer fails fast
+    net = _instantiate(config)
+    if random_weights:
+        _init_random(net, hf_config, seed)
+    else:
+        net.load_weights(_iter_safetensors(path))
+    gen_cfg = tok.read_json(path / "generation_config.json") if path is not None else {}
+    return LoadedModel(
+        model=net,
+        config=config,
+        tokenizer=tokenizer,
+        eos_token_ids=tok.eos_token_ids(tokenizer, gen_cfg),
+        chat_template=tok.chat_template(tokenizer, tok_dir) if tok_dir is not None else tokenizer.chat_template,
+        generation_defaults=tok.generation_defaults(gen_cfg),
+        path=path,
+    )
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} asked for, but torch sees no CUDA device; use device='cpu'")
+    return dev
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        dt = dtype
+    else:
+        aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+        dt = getattr(torch, aliases.get(str(dtype), str(dtype)), None)
+    if dt not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
+    return dt
+
+
+def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path:
+    """The local checkpoint directory for ``model`` (see ``load_model``)."""
+    if model is None:
+        if not (DEMO_MODEL_PATH / "config.json").is_file():
+            raise FileNotFoundError(
+                f"the demo checkpoint is not built yet ({DEMO_MODEL_PATH} has no config.json); pass "
+                "a checkpoint directory or hub id as `model`"
+            )
+        return DEMO_MODEL_PATH
+    p = Path(model).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"{p} is not a Hugging Face checkpoint directory: it has no config.json")
+        return p
+    s = str(model)
+    if not _HUB_ID.match(s) or s.startswith((".", "~")):
+        raise FileNotFoundError(f"no checkpoint directory at {s!r}; check the path")
+    return _from_hub(s, random_weights)
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return env or bool(constants.HF_HUB_OFFLINE)
+
+
+def _from_hub(repo_id: str, random_weights: bool) -> Path:
+    """Snapshot directory of ``repo_id``: the local HF cache first, then a download if online."""
+    from huggingface_hub import constants, snapshot_download
+
+    patterns = [p for p in _HUB_PATTERNS if not (random_weights and p == "*.safetensors")]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except Exception:  # not cached (the hub client raises several types); try the network below
+        pass
+    if _hub_offline():
+        raise FileNotFoundError(
+            f"{repo_id!r} is neither a local directory nor in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}), and downloads are off (HF_HUB_OFFLINE). Fix: pass a local "
+            f"checkpoint directory, or run `hf download {repo_id}` where the network is reachable"
+        )
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as e:
+        raise FileNotFoundError(
+            f"{repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
+            f"({type(e).__name__}: {e}). Fix: check the id, log in for gated models, or pass a local path"
+        ) from None
+
+
+def _read_hf_config(path: Path) -> Any:
+    """``AutoConfig`` of ``path``, after checking the architecture from the raw JSON.
+
+    The check comes first so an unknown ``model_type`` (which AutoConfig cannot parse) still gets
+    the "unsupported architecture" message.
+    """
+    from transformers import AutoConfig
+
+    archs = tok.read_json(path / "config.json").get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ValueError(
+            f"unsupported architecture {archs or '(none)'} in {path / 'config.json'}; lmnb_engine "
+            f"supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # transformers raises ValueError/KeyError/OSError; name the file instead
+        import transformers
+
+        raise ValueError(
+            f"transformers {transformers.__version__} could not parse {path / 'config.json'} "
+            f"({type(e).__name__}: {str(e)[:300]}); if its model_type is newer than this transformers "
+            "(Qwen3 needs >= 4.51), upgrade transformers"
+        ) from None
+
+
+def _instantiate(config: ModelConfig) -> nn.Module:
+    """Build on the meta device, then give every parameter real (uninitialized) storage.
+
+    Parameters are replaced one by one, keeping shared ones (tied embeddings) shared; buffers
+    (RoPE inverse frequencies, built on CPU) just move. ``Module.to_empty`` would untie them.
+    """
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        net = build_model(config)
+    net.tie_weights()  # again outside the context: accelerate's patched setattr copies parameters
+    made: dict[int, nn.Parameter] = {}
+    for module in net.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) not in made:
+                    made[id(p)] = nn.Parameter(
+                        torch.empty(p.shape, dtype=config.dtype, device=config.device), requires_grad=False
+                    )
+                module._parameters[name] = made[id(p)]
+    return net.to(config.device).eval()
+
+
+@torch.no_grad()
+def _init_random(net: nn.Module, hf_config: Any, seed: int) -> None:
+    """Seeded random weights: normal(0, initializer_range) matrices, ones for norms, zeros for biases."""
+    std = float(getattr(hf_config, "initializer_range", 0.02))
+    device = next(net.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in net.named_parameters():
+        if p.dim() >= 2:
+            p.normal_(0.0, std, generator=gen)
+        elif name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.zero_()
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(tok.read_json(index)["weight_map"].values()))
+        absent = [f for f in files if not (path / f).is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} names shards that are missing: {absent}")
+        return [path / f for f in files]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors weights in {path} (PyTorch .bin checkpoints are not supported: re-save "
+            "with save_pretrained(safe_serialization=True)), or pass random_weights=True"
+        )
+    return files
+
+
+def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor of the checkpoint, one shard open at a time."""
+    from safetensors import safe_open
+
+    for f in _safetensors_files(path):
+        with safe_open(str(f), framework="pt", device="cpu") as st:
+            for name in st.keys():
+                yield name, st.get_tensor(name)
+
+
+def _tokenizer_for(path: Path | None) -> tuple[Any, Path | None]:
+    """(tokenizer, the directory it came from) for checkpoint ``path`` (None for presets)."""
+    if path is not None and tok.has_tokenizer(path):
+        return tok.load_tokenizer(path), path
+    where = f"{path} has no tokenizer files" if path is not None else "shape presets have no tokenizer"
+    if tok.has_tokenizer(DEMO_MODEL_PATH):
+        warnings.warn(f"{where}; using the demo checkpoint's tokenizer ({DEMO_MODEL_PATH})", stacklevel=3)
+        return tok.load_tokenizer(DEMO_MODEL_PATH), DEMO_MODEL_PATH
+    if path is not None:
+        raise FileNotFoundError(
+            f"{where} (tokenizer.json / tokenizer_config.json) and the demo tokenizer is not built; "
+            "copy the tokenizer files of the model into the directory"
+        )
+    from transformers import PreTrainedTokenizerFast
+
+    from lmnb_engine.testing.tiny_checkpoint import SPECIAL_TOKENS, train_tiny_tokenizer
+
+    warnings.warn(f"{where} and the demo checkpoint is absent; training a tiny BPE tokenizer", stacklevel=3)
+    fast = PreTrainedTokenizerFast(tokenizer_object=train_tiny_tokenizer(), bos_token=SPECIAL_TOKENS[0],
+                                   eos_token=SPECIAL_TOKENS[1], pad_token=SPECIAL_TOKENS[2])
+    return fast, None

@@ -1,0 +1,206 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a ragged ``ForwardBatch``.
+
+Matches transformers' ``LlamaForCausalLM`` and its relatives layer for layer; the per-family
+differences (qkv bias, q/k norm, tied embeddings, RoPE scaling) come from ``ModelConfig``. All new
+tokens of the batch are packed in one dimension ``T``; attention, including the KV-cache reads and
+writes, goes through the ``AttentionBackend`` (SGLang's model/attention split, paper §3). Weight
+layout: q/k/v are fused into ``qkv_proj`` and gate/up into ``gate_up_proj``; ``load_weights`` maps
+the checkpoint's separate tensors onto the fused ones.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.forward_batch import ForwardBatch
+from lmnb_engine.kv_pool import TokenToKVPool
+from lmnb_engine.layers.mlp import GatedMLP
+from lmnb_engine.layers.rmsnorm import RMSNorm
+from lmnb_engine.layers.rotary import RotaryEmbedding, apply_rotary
+from lmnb_engine.model_config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention of one layer: fused qkv projection, optional q/k RMSNorm, RoPE, backend, o_proj."""
+
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_q_heads, self.num_kv_heads = config.num_q_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_q_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        kv_pool: TokenToKVPool,
+    ) -> torch.Tensor:
+        """x: [T, hidden]; cos, sin: [T, head_dim] -> [T, hidden]."""
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_q_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = attn.forward(q, k, v, self.layer_id, batch, kv_pool, self.scale)
+        return self.o_proj(out.reshape(T, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+
+    def forward(self, x, cos, sin, batch, attn, kv_pool) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, attn, kv_pool)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm (HF's ``model.*`` submodule)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+# Checkpoint projection -> (our fused parameter, the part of its rows it fills; see _fused_slice).
+_FUSED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+_FUSED_RE = re.compile(r"^(.*)\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
+
+
+class LlamaForCausalLM(nn.Module):
+    """The causal LM: ``model(batch, attn, kv_pool)`` -> float32 logits ``[L, vocab_size]``.
+
+    Args:
+        config: geometry and family switches (``ModelConfig``).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.rotary = RotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share ``lm_head.weight`` with the embedding when the config ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()  # not inference_mode: callers may update the returned logits in place
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend, kv_pool: TokenToKVPool) -> torch.Tensor:
+        """One forward pass over the batch's new tokens.
+
+        Calls ``attn.init_forward(batch)`` once, then runs every layer; each layer's attention
+        writes the new K/V into ``kv_pool`` at ``batch.out_cache_loc``.
+
+        Returns:
+            float32 [len(batch.logits_indices), vocab_size]: logits of the rows
+            ``batch.logits_indices`` only (the LM head runs on those rows alone).
+        """
+        attn.init_forward(batch)
+        x = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, batch, attn, kv_pool)
+        x = self.model.norm(x[batch.logits_indices])  # norm is per token: only the rows we need
+        return self.lm_head(x).float()
+
+    def _fused_slice(self, param: torch.Tensor, fused: str, part: str) -> torch.Tensor:
+        c = self.config
+        if fused == "qkv_proj":
+            q, kv = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
+            start, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[part]
+        else:
+            start, size = {"gate": (0, c.intermediate_size), "up": (c.intermediate_size, c.intermediate_size)}[part]
+        return param.narrow(0, start, size)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names, e.g. ``model.layers.0.self_attn.q_proj.weight``) in.
+
+        Separate q/k/v and gate/up tensors go into their slices of the fused parameters; tensors
+        are cast to the model dtype. With tied embeddings a stored ``lm_head.weight`` is ignored,
+        and so are stored RoPE ``inv_freq`` buffers (recomputed from the config).
+
+        Raises:
+            ValueError: a tensor's shape does not match, the checkpoint has tensors the model has
+                no place for, or some parameter got no tensor (the message names examples). Any
+                of these means config.json does not describe the weights, and running anyway
+                would silently give wrong outputs.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[tuple[str, str | None]] = set()
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue  # recomputed / shared, not loaded
+            m = _FUSED_RE.match(name)
+            if m:
+                prefix, proj, kind = m.groups()
+                fused, part = _FUSED[proj]
+                target_name = f"{prefix}.{fused}.{kind}"
+            else:
+                target_name, part = name, None
+            if target_name not in params:
+                raise ValueError(f"checkpoint tensor {name} has no place in a {self.config.architecture} built "
+                                 "from this config.json: config and weights disagree")
+            target = params[target_name]
+            if part is not None:
+                target = self._fused_slice(target, fused, part)
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the model expects "
+                    f"{tuple(target.shape)}: config.json does not describe these weights"
+                )
+            target.copy_(tensor)
+            loaded.add((target_name, part))
+        missing = [n for n, part in self._expected_parts() if (n, part) not in loaded]
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors the config.json calls for, e.g. "
+                             f"{sorted(set(missing))[:5]}")
+
+    def _expected_parts(self) -> list[tuple[str, str | None]]:
+        parts: list[tuple[str, str | None]] = []
+        for name, _ in self.named_parameters():  # tied lm_head is not listed (deduplicated)
+            if ".qkv_proj." in name:
+                parts += [(name, p) for p in ("q", "k", "v")]
+            elif ".gate_up_proj." in name:
+                parts += [(name, p) for p in ("gate", "up")]
+            else:
+                parts.append((name, None))
+        return parts

@@ -1,0 +1,75 @@
+"""Tokenizer side of a checkpoint: the tokenizer, EOS ids, chat template, generation defaults.
+
+Thin helpers over ``transformers.AutoTokenizer`` and the checkpoint's JSON files; ``load_model``
+uses them so that the model code never touches tokenizer files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+# Keys of generation_config.json that describe how the model's authors want it sampled.
+GENERATION_DEFAULT_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def has_tokenizer(path: Path) -> bool:
+    """True if ``path`` holds tokenizer files ``AutoTokenizer`` can load."""
+    return any((path / f).is_file() for f in _TOKENIZER_FILES)
+
+
+def load_tokenizer(path: Path) -> Any:
+    """``AutoTokenizer.from_pretrained(path)`` (a ``PreTrainedTokenizerFast``).
+
+    Raises:
+        ValueError: the files exist but transformers cannot build a fast tokenizer from them.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers raises many types here; name the directory instead
+        raise ValueError(f"could not load the tokenizer in {path}: {type(e).__name__}: {e}") from None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``, or ``{}`` if the file does not exist."""
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _as_ids(v: Any) -> set[int]:
+    if v is None:
+        return set()
+    return {int(x) for x in v} if isinstance(v, (list, tuple)) else {int(v)}
+
+
+def eos_token_ids(tokenizer: Any, generation_config: dict[str, Any]) -> frozenset[int]:
+    """Union of ``generation_config.json``'s ``eos_token_id`` (int or list) and the tokenizer's EOS."""
+    return frozenset(_as_ids(generation_config.get("eos_token_id")) | _as_ids(tokenizer.eos_token_id))
+
+
+def chat_template(tokenizer: Any, path: Path) -> str | None:
+    """The chat template: the tokenizer's (tokenizer_config.json or chat_template.jinja), else the
+    ``chat_template.jinja`` file itself (older transformers do not read it); None if there is none.
+
+    A list of named templates (transformers' multi-template format) yields the one named "default".
+    """
+    t = tokenizer.chat_template
+    if isinstance(t, dict):
+        t = t.get("default")
+    elif isinstance(t, list):
+        t = next((x["template"] for x in t if x.get("name") == "default"), None)
+    if t is None and (path / "chat_template.jinja").is_file():
+        t = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    return t
+
+
+def generation_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
+    """The sampling keys (``GENERATION_DEFAULT_KEYS``) present in generation_config.json."""
+    return {k: generation_config[k] for k in GENERATION_DEFAULT_KEYS if k in generation_config}

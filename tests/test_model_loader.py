@@ -1,0 +1,229 @@
+"""load_model: checkpoint variants (RoPE scaling, tying, shards, head_dim), metadata, errors,
+random weights. Each variant is checked against transformers on the same checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import lmnb_engine.model_loader as loader
+from helpers_model import ManualRunner, hf_logits, hf_model
+from lmnb_engine.forward_batch import ForwardMode
+from lmnb_engine.model_config import ModelConfig
+from lmnb_engine.model_loader import SUPPORTED_ARCHITECTURES, load_model
+from lmnb_engine.models.presets import PRESETS, preset_hf_config
+from lmnb_engine.testing.tiny_checkpoint import CHAT_TEMPLATE
+
+TEXT = "Hello world! the cat is red and the dog is blue. What is the capital of tokyo? 1234 " * 3
+
+
+def assert_matches_hf(path, **load_kwargs):
+    """Full-sequence logits of our model equal HF's (fp32, atol 1e-4); returns the LoadedModel."""
+    lm = load_model(path, device="cpu", **load_kwargs)
+    ids = lm.tokenizer(TEXT).input_ids
+    r = ManualRunner(lm)
+    ours = r.run(ForwardMode.EXTEND, [(r.new_request(), ids)], all_logits=True)
+    torch.testing.assert_close(ours, hf_logits(hf_model(path), ids), atol=1e-4, rtol=0)
+    return lm
+
+
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        # Short original context so all three llama3 frequency bands occur at head_dim 16.
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 64},
+    ],
+    ids=["linear", "llama3"],
+)
+def test_rope_scaling_matches_hf(tiny_checkpoint_factory, rope_scaling):
+    lm = assert_matches_hf(tiny_checkpoint_factory("llama", rope_scaling=rope_scaling))
+    assert lm.config.rope_type == rope_scaling["rope_type"]
+
+
+def test_tied_embeddings(tiny_checkpoint_factory):
+    path = tiny_checkpoint_factory("qwen2", tie_word_embeddings=True)
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()  # the checkpoint really relies on tying
+    lm = assert_matches_hf(path)
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+
+
+def test_attention_bias_llama(tiny_checkpoint_factory):
+    lm = assert_matches_hf(tiny_checkpoint_factory("llama", attention_bias=True, mlp_bias=True))
+    assert lm.config.qkv_bias and lm.config.o_bias and lm.config.mlp_bias
+
+
+def test_qwen3_head_dim_not_hidden_over_heads(tiny_checkpoint_factory):
+    lm = assert_matches_hf(tiny_checkpoint_factory("qwen3", head_dim=32))
+    assert lm.config.head_dim == 32 != lm.config.hidden_size // lm.config.num_q_heads
+
+
+def test_sharded_checkpoint(tiny_checkpoint_factory, tmp_path):
+    src = tiny_checkpoint_factory("llama")
+    hf_model(src).save_pretrained(tmp_path, max_shard_size="40KB")
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template")):
+            shutil.copy(f, tmp_path / f.name)
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    assert_matches_hf(tmp_path)
+
+
+def test_metadata_from_checkpoint_files(tiny_llama, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_llama, ck)
+    gen = {"bos_token_id": 0, "eos_token_id": [1, 5], "temperature": 0.6, "top_p": 0.9, "transformers_version": "x"}
+    (ck / "generation_config.json").write_text(json.dumps(gen))
+    lm = load_model(ck, device="cpu")
+    assert lm.tokenizer.eos_token_id == 1
+    assert lm.eos_token_ids == frozenset({1, 5})
+    assert lm.generation_defaults == {"temperature": 0.6, "top_p": 0.9}
+    assert lm.chat_template == CHAT_TEMPLATE
+    assert lm.path == ck
+    c = lm.config
+    assert (c.dtype, c.device.type, c.context_len) == (torch.float32, "cpu", 512)
+    assert lm.tokenizer.decode(lm.tokenizer("the cat").input_ids) == "the cat"
+
+
+def test_bfloat16_runs_and_stays_close(tiny_llama):
+    lm32 = load_model(tiny_llama, device="cpu")
+    lm16 = load_model(tiny_llama, device="cpu", dtype="bfloat16")
+    assert next(lm16.model.parameters()).dtype == torch.bfloat16
+    ids = lm32.tokenizer(TEXT).input_ids[:20]
+    r32, r16 = ManualRunner(lm32), ManualRunner(lm16)
+    a = r32.run(ForwardMode.EXTEND, [(r32.new_request(), ids)])
+    b = r16.run(ForwardMode.EXTEND, [(r16.new_request(), ids)])
+    assert b.dtype == torch.float32
+    assert torch.corrcoef(torch.stack([a[0], b[0]]))[0, 1] > 0.99
+
+
+def test_unknown_path_names_it():
+    with pytest.raises(FileNotFoundError, match="no/such/dir"):
+        load_model("./no/such/dir")
+
+
+def test_uncached_hub_id_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="lmnb-test/does-not-exist.*HF_HUB_OFFLINE"):
+        load_model("lmnb-test/does-not-exist")
+
+
+def test_dir_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_model(tmp_path)
+
+
+def test_unsupported_architecture_lists_supported(tiny_llama, tmp_path):
+    shutil.copytree(tiny_llama, tmp_path / "ck")
+    cfg_path = tmp_path / "ck" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel") as e:
+        load_model(tmp_path / "ck")
+    assert all(a in str(e.value) for a in SUPPORTED_ARCHITECTURES)
+
+
+def test_unsupported_rope_type(tiny_checkpoint_factory):
+    path = tiny_checkpoint_factory("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="dynamic"):
+        load_model(path)
+
+
+def test_missing_demo_model(monkeypatch, tmp_path):
+    monkeypatch.setattr(loader, "DEMO_MODEL_PATH", tmp_path / "demo_model")
+    with pytest.raises(FileNotFoundError, match="demo checkpoint"):
+        load_model(None)
+
+
+def test_bad_dtype(tiny_llama):
+    with pytest.raises(ValueError, match="dtype"):
+        load_model(tiny_llama, dtype="int8")
+
+
+def test_checkpoint_without_tokenizer_uses_demo_tokenizer(tiny_llama, tiny_checkpoint_factory, tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(tiny_llama / name, ck / name)
+    monkeypatch.setattr(loader, "DEMO_MODEL_PATH", tmp_path / "absent")
+    with pytest.raises(FileNotFoundError, match="no tokenizer"):
+        load_model(ck)
+    demo = tiny_checkpoint_factory("qwen2")
+    monkeypatch.setattr(loader, "DEMO_MODEL_PATH", demo)
+    with pytest.warns(UserWarning, match="demo checkpoint's tokenizer"):
+        lm = load_model(ck)
+    assert lm.tokenizer.get_vocab() == load_model(demo).tokenizer.get_vocab()
+
+
+def test_random_weights_without_safetensors(tiny_llama, tmp_path):
+    ck = tmp_path / "shapes"
+    shutil.copytree(tiny_llama, ck)
+    (ck / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(ck)
+    a = load_model(ck, random_weights=True, seed=1)
+    b = load_model(ck, random_weights=True, seed=1)
+    c = load_model(ck, random_weights=True, seed=2)
+    wa, wb, wc = (m.model.model.layers[0].mlp.gate_up_proj.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+    assert abs(wa.std().item() - 0.02) < 0.002  # LlamaConfig.initializer_range
+    assert torch.all(a.model.model.norm.weight == 1)
+    r = ManualRunner(a)
+    logits = r.run(ForwardMode.EXTEND, [(r.new_request(), a.tokenizer("the cat").input_ids)])
+    assert logits.shape == (1, a.config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_presets_are_valid_configs():
+    for name in PRESETS:
+        c = ModelConfig.from_hf(preset_hf_config(name), torch.bfloat16, "cpu")
+        assert c.num_q_heads % c.num_kv_heads == 0
+    with pytest.raises(ValueError, match="random_weights=True"):
+        load_model("llama-3-8b")
+
+
+def test_default_model_is_the_demo_checkpoint(monkeypatch, tiny_llama):
+    monkeypatch.setattr(loader, "DEMO_MODEL_PATH", tiny_llama)
+    assert load_model(None).path == tiny_llama
+
+
+def test_hub_id_resolved_from_local_cache_offline(monkeypatch, tmp_path, tiny_llama):
+    # The layout huggingface_hub documents for its cache: models--{org}--{name}/refs/main holds the
+    # commit, snapshots/{commit}/ the files.
+    from huggingface_hub import constants
+
+    commit = "0" * 40
+    repo = tmp_path / "models--lmnb-test--tiny"
+    shutil.copytree(tiny_llama, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lm = load_model("lmnb-test/tiny")
+    assert lm.path == repo / "snapshots" / commit
+    assert lm.eos_token_ids == load_model(tiny_llama).eos_token_ids
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"num_hidden_layers": 3}, "lacks .* tensors"),  # weights for 2 layers only
+        ({"num_hidden_layers": 1}, "no place"),  # weights for a second layer left over
+        ({"intermediate_size": 96}, "has shape"),
+    ],
+    ids=["missing", "unexpected", "shape"],
+)
+def test_config_that_does_not_describe_the_weights(tiny_llama, tmp_path, edit, message):
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_llama, ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=message):
+        load_model(ck)
