@@ -1,0 +1,116 @@
+"""Incremental detokenization and stop-string matching for streamed output.
+
+The detokenizer decodes a sliding window of ids and emits only the text that the newest token
+added, holding it back while it ends in U+FFFD (an incomplete UTF-8 sequence). The window starts
+a few prompt tokens back so tokenizers that drop a leading space at the start of a decode
+(SentencePiece) still produce the right first word. This is the scheme of vLLM's
+``detokenize_incrementally`` and SGLang's ``DetokenizerManager`` (``surr_offset``/``read_offset``).
+
+Stop strings are matched on that text, including across token boundaries; text that could still
+turn into a stop string is held back from the stream, so a matched stop string is never shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+# Prompt tokens decoded in front of the output so the first word keeps its leading space
+# (SGLang: INIT_INCREMENTAL_DETOKENIZATION_OFFSET).
+_CONTEXT_TOKENS = 5
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Decodes output token ids one at a time into ``text`` (always complete characters).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (``decode(ids, skip_special_tokens=...)``).
+        prompt_ids: the prompt (only its last few ids are used, as decoding context).
+        skip_special_tokens: passed to ``decode``.
+    """
+
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self._n_context = len(self._ids)
+        self._prefix = 0  # window start (ids[prefix:read] is already turned into text)
+        self._read = self._n_context
+        self.text = ""
+        # state after each output token, so rollback(k) restores it exactly
+        self._history: list[tuple[int, int, int]] = [(self._prefix, self._read, 0)]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens added so far."""
+        return len(self._ids) - self._n_context
+
+    def add(self, token_id: int) -> str:
+        """Append one output token; return the text it completes ("" while bytes are pending)."""
+        self._ids.append(int(token_id))
+        window_before = self._decode(self._ids[self._prefix : self._read])
+        window_now = self._decode(self._ids[self._prefix :])
+        delta = ""
+        if len(window_now) > len(window_before) and not window_now.endswith(_REPLACEMENT):
+            delta = window_now[len(window_before) :]
+            self.text += delta
+            self._prefix, self._read = self._read, len(self._ids)
+        self._history.append((self._prefix, self._read, len(self.text)))
+        return delta
+
+    def flush(self) -> str:
+        """At the end of generation: return pending text, replacement characters included."""
+        if self._read == len(self._ids):
+            return ""
+        window_before = self._decode(self._ids[self._prefix : self._read])
+        delta = self._decode(self._ids[self._prefix :])[len(window_before) :]
+        self.text += delta
+        self._prefix = self._read = len(self._ids)
+        self._history[-1] = (self._prefix, self._read, len(self.text))
+        return delta
+
+    def rollback(self, num_kept: int) -> None:
+        """Forget output tokens after the first ``num_kept`` (jump-forward / retokenization)."""
+        if not 0 <= num_kept <= self.num_tokens:
+            raise ValueError(f"cannot keep {num_kept} of {self.num_tokens} detokenized tokens")
+        del self._ids[self._n_context + num_kept :]
+        del self._history[num_kept + 1 :]
+        self._prefix, self._read, text_len = self._history[-1]
+        self.text = self.text[:text_len]
+
+
+class StopStringMatcher:
+    """Finds the first stop string in generated text and says how much text is safe to stream.
+
+    Args:
+        stops: the stop strings (empty strings are ignored).
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._longest = max((len(s) for s in self.stops), default=0)
+
+    def find(self, text: str, new_from: int) -> tuple[int, str] | None:
+        """Earliest stop string in ``text`` that ends at or after ``new_from`` (the length of the
+        text already checked); returns ``(start index, stop string)`` or None."""
+        if not self.stops:
+            return None
+        lo = max(0, new_from - self._longest + 1)
+        best: tuple[int, str] | None = None
+        for s in self.stops:
+            i = text.find(s, lo)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        return best
+
+    def safe_len(self, text: str) -> int:
+        """Length of the prefix of ``text`` that cannot become part of a stop string: the text
+        minus its longest suffix that is a proper prefix of some stop string."""
+        for k in range(min(self._longest - 1, len(text)), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                return len(text) - k
+        return len(text)

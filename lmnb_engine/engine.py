@@ -1,0 +1,483 @@
+"""``Engine``: the in-process inference runtime (SGLang's ``Engine`` / ``Runtime`` shape).
+
+Loads a model, starts the scheduler thread and offers blocking (``generate``, ``score``),
+streaming (``stream``) and non-blocking (``submit`` → ``RequestHandle``) calls, plus the cache's
+observability (``cache_stats``, ``tree_snapshot``) and control (``flush_cache``, ``pin_prefix``).
+All methods are thread-safe; the scheduler state is only touched on its own thread.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+import weakref
+from typing import Any, Iterator, Optional, Sequence, Union
+
+from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.model_runner import ModelRunner
+from lmnb_engine.outputs import GenerateResult, StreamEvent
+from lmnb_engine.params import SamplingParams
+from lmnb_engine.prefix_cache import TreeNodeView
+from lmnb_engine.request import Req
+from lmnb_engine.scheduler import Scheduler, SchedulerConfig
+
+Prompt = Union[str, Sequence[int]]
+
+DEFAULT_CHUNKED_PREFILL = {"cpu": 2048, "cuda": 8192}
+_PREVIEW_TOKENS = 24
+_PREVIEW_CHARS = 60
+
+
+class RequestHandle:
+    """A submitted request (all ``n`` samples). Thread-safe; events are kept, so ``events()`` can
+    be iterated by several consumers and ``result()`` called at any time.
+
+    Attributes:
+        rid: request id (``Engine.abort(rid)`` ends it).
+        n: number of samples.
+    """
+
+    def __init__(self, engine: "Engine", rid: str, n: int) -> None:
+        self.rid = rid
+        self.n = n
+        self._engine = engine
+        self._events: list[StreamEvent] = []
+        self._results: dict[int, GenerateResult] = {}
+        self._cond = threading.Condition()
+
+    def _put(self, event: StreamEvent) -> None:  # scheduler thread
+        with self._cond:
+            self._events.append(event)
+            if event.finished and event.result is not None:
+                self._results[event.index] = event.result
+            self._cond.notify_all()
+
+    @property
+    def done(self) -> bool:
+        """True once every sample has finished."""
+        return len(self._results) == self.n
+
+    def events(self, timeout: Optional[float] = None) -> Iterator[StreamEvent]:
+        """Yield the request's ``StreamEvent``s in order until every sample finished.
+
+        Raises ``TimeoutError`` if no event arrives within ``timeout`` seconds (None = wait)."""
+        i = 0
+        while True:
+            with self._cond:
+                while i >= len(self._events):
+                    if self.done:
+                        return
+                    if not self._cond.wait(timeout):
+                        raise TimeoutError(f"no event for request {self.rid} within {timeout} s")
+                event = self._events[i]
+            i += 1
+            yield event
+
+    def result(self, timeout: Optional[float] = None) -> Union[GenerateResult, list[GenerateResult]]:
+        """Wait for the end; a ``GenerateResult``, or a list ordered by sample index when n > 1.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds (None = wait)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.done, timeout):
+                raise TimeoutError(f"request {self.rid} did not finish within {timeout} s")
+        out = [self._results[i] for i in range(self.n)]
+        return out[0] if self.n == 1 else out
+
+    def abort(self) -> bool:
+        """Abort the request (``Engine.abort``); True if it was still running or waiting."""
+        return self._engine.abort(self.rid)
+
+
+class Engine:
+    """An inference engine with RadixAttention, continuous batching and exact outputs.
+
+    Args:
+        model: HF checkpoint directory or hub id (None = the bundled demo model); a shape preset
+            name with ``random_weights=True`` (see ``lmnb_engine.model_loader.load_model``).
+        device, dtype: default cuda/bfloat16 when available, else cpu/float32.
+        max_total_tokens: KV pool size in tokens (None = from ``mem_fraction``).
+        random_weights, seed: seeded random weights; ``seed`` also seeds unseeded sampling.
+        schedule_policy: "lpm" (longest prefix match, default), "fcfs" or "dfs-weight" (paper §3).
+        disable_radix_cache: no prefix reuse across requests (for comparisons).
+        chunked_prefill_size: new tokens per step (default 2048 on CPU, 8192 on CUDA).
+        max_running_requests: concurrent requests (default 64 on CPU, 256 on CUDA).
+        mem_fraction: share of free memory for the KV pool when ``max_total_tokens`` is None.
+        mixed_batching: run decode rows together with new prefills in one forward.
+        attention_backend: an ``AttentionBackend`` or a name: "auto" (default: Triton on CUDA when
+            importable, torch otherwise), "torch" or "triton".
+        disable_jump_forward: decode constrained output one token per pass (the compressed FSM's
+            forced strings are then not drafted; output is the same either way, paper §4).
+    Raises:
+        FileNotFoundError / ValueError: from model loading (unknown path, unsupported
+        architecture, ...) or a bad setting; the message names it.
+    """
+
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        device: Optional[str] = None,
+        dtype: Optional[str] = None,
+        max_total_tokens: Optional[int] = None,
+        random_weights: bool = False,
+        seed: int = 0,
+        schedule_policy: str = "lpm",
+        disable_radix_cache: bool = False,
+        chunked_prefill_size: Optional[int] = None,
+        max_running_requests: Optional[int] = None,
+        mem_fraction: Optional[float] = None,
+        mixed_batching: bool = False,
+        attention_backend: Optional[Union[AttentionBackend, str]] = None,
+        disable_jump_forward: bool = False,
+    ) -> None:
+        from lmnb_engine.model_loader import load_model
+
+        self.loaded = load_model(model, device=device, dtype=dtype, random_weights=random_weights, seed=seed)
+        self.runner = ModelRunner(
+            self.loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend
+        )
+        kind = "cuda" if self.runner.device.type == "cuda" else "cpu"
+        config = SchedulerConfig(
+            schedule_policy=schedule_policy,
+            chunked_prefill_size=chunked_prefill_size or DEFAULT_CHUNKED_PREFILL[kind],
+            max_running_requests=self.runner.max_running_requests,
+            mixed_batching=mixed_batching,
+        )
+        self.scheduler = Scheduler(
+            self.runner,
+            self.loaded.tokenizer,
+            self.loaded.eos_token_ids,
+            self.context_len,
+            config,
+            disable_radix_cache=disable_radix_cache,
+        )
+        self.disable_jump_forward = disable_jump_forward
+        self._grammar_backend: Any = None  # lmnb_engine.constrained.GrammarBackend, made on first use
+        self._rng = random.Random(seed)
+        self._handles: dict[str, RequestHandle] = {}
+        self._lock = threading.Lock()
+        self.scheduler.start()
+        self._finalizer = weakref.finalize(self, self.scheduler.stop)
+
+    # --- model facts ---------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        return self.loaded.chat_template
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.loaded.eos_token_ids
+
+    @property
+    def context_len(self) -> int:
+        return self.loaded.config.context_len
+
+    @property
+    def model_path(self) -> Optional[str]:
+        return str(self.loaded.path) if self.loaded.path is not None else None
+
+    def model_info(self) -> dict:
+        """Architecture, geometry, dtype, device, context length and KV pool size."""
+        c = self.loaded.config
+        return {
+            "model_path": self.model_path,
+            "architecture": c.architecture,
+            "num_layers": c.num_layers,
+            "num_q_heads": c.num_q_heads,
+            "num_kv_heads": c.num_kv_heads,
+            "head_dim": c.head_dim,
+            "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size,
+            "context_len": c.context_len,
+            "dtype": str(c.dtype).replace("torch.", ""),
+            "device": str(c.device),
+            "max_total_tokens": self.runner.max_total_tokens,
+            "max_running_requests": self.runner.max_running_requests,
+            "radix_cache": not self.scheduler.disable_radix_cache,
+            "schedule_policy": self.scheduler.config.schedule_policy,
+        }
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (the tokenizer's ``encode``)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template.
+
+        Raises ``ValueError`` if the checkpoint has no chat template."""
+        if not self.chat_template:
+            raise ValueError(
+                f"the model at {self.model_path} has no chat template; format the prompt yourself"
+            )
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    # --- requests ------------------------------------------------------------------------------
+    def _to_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("empty prompt: give at least one token (a non-empty string or id list)")
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _split_batch(self, prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[list[int]], bool]:
+        """(list of id lists, whether the caller passed a batch)."""
+        if isinstance(prompt, (list, tuple)) and prompt and not all(isinstance(t, int) for t in prompt):
+            return [self._to_ids(p) for p in prompt], True
+        return [self._to_ids(prompt)], False
+
+    def _check(self, ids: list[int], params: SamplingParams) -> None:
+        params.validate()
+        n = len(ids)
+        if n + params.max_new_tokens > self.context_len:
+            raise ValueError(
+                f"prompt of {n} tokens + max_new_tokens={params.max_new_tokens} exceeds the model's "
+                f"context length of {self.context_len} tokens; shorten the prompt or lower max_new_tokens"
+            )
+        pool = self.runner.max_total_tokens
+        if n + params.max_new_tokens > pool:
+            raise ValueError(
+                f"prompt of {n} tokens + max_new_tokens={params.max_new_tokens} does not fit the KV "
+                f"pool of {pool} tokens; raise max_total_tokens or lower max_new_tokens"
+            )
+        if params.logprob_start_len > n:
+            raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
+        self._grammar(params)
+
+    def _grammar(self, params: SamplingParams) -> Any:
+        """The compiled grammar of a regex / json_schema request (None if unconstrained).
+
+        Compiles on the grammar backend's worker thread (cached per pattern and tokenizer) and
+        waits here, on the caller's thread: the scheduler never waits for a compile.
+        Raises ``GrammarError`` (a ``ValueError``) naming an unsupported regex feature or schema
+        keyword, or a pattern this vocabulary can never complete."""
+        if params.regex is None and params.json_schema is None:
+            return None
+        from lmnb_engine.constrained import GrammarBackend
+
+        with self._lock:
+            if self._grammar_backend is None:
+                self._grammar_backend = GrammarBackend(
+                    self.tokenizer, self.eos_token_ids, vocab_size=self.loaded.config.vocab_size
+                )
+        backend = self._grammar_backend
+        regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
+        return backend.submit(regex).result()
+
+    def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
+        rid = rid or uuid.uuid4().hex
+        with self._lock:
+            old = self._handles.get(rid)
+            if old is not None and not old.done:
+                raise ValueError(f"request id {rid!r} is already in use by a running request")
+            self._handles = {k: h for k, h in self._handles.items() if not h.done}
+            handle = RequestHandle(self, rid, params.n)
+            self._handles[rid] = handle
+            seeds = [
+                params.seed + i if params.seed is not None else self._rng.randrange(2**62) for i in range(params.n)
+            ]
+        grammar = self._grammar(params)
+        if grammar is not None:  # the grammar alone ends constrained output (lmnb_engine.constrained)
+            params = params.copy(stop=None, stop_token_ids=None, ignore_eos=False)
+        reqs = [Req(rid, i, ids, params, self.tokenizer, handle._put, seeds[i]) for i in range(params.n)]
+        if grammar is not None:
+            from lmnb_engine.constrained import RequestGrammar
+
+            p = params
+            jump = not (self.disable_jump_forward or p.min_new_tokens or p.repetition_penalty != 1
+                        or p.frequency_penalty or p.presence_penalty)
+            for r in reqs:
+                r.grammar = RequestGrammar(grammar, jump_forward=jump, logprobs=p.return_logprob)
+        self.scheduler.submit(reqs)
+        return handle
+
+    def submit(
+        self, prompt: Prompt, params: Optional[SamplingParams] = None, rid: Optional[str] = None
+    ) -> RequestHandle:
+        """Queue one prompt without waiting; returns its ``RequestHandle``.
+
+        Raises ``ValueError``/``TypeError`` for a bad prompt or bad params (nothing is queued)."""
+        params = params or SamplingParams()
+        ids = self._to_ids(prompt)
+        self._check(ids, params)
+        return self._submit_ids(ids, params, rid)
+
+    def generate(
+        self, prompt: Union[Prompt, Sequence[Prompt]], params: Optional[SamplingParams] = None
+    ) -> Union[GenerateResult, list[GenerateResult]]:
+        """Generate for one prompt (str or token ids) or a list of prompts, blocking.
+
+        Returns a ``GenerateResult`` for one prompt with n == 1; otherwise a flat list, prompt by
+        prompt, samples in index order. Every prompt is checked before any is queued. An
+        interrupt (KeyboardInterrupt) while waiting aborts the requests.
+        """
+        params = params or SamplingParams()
+        prompts, is_batch = self._split_batch(prompt)
+        for ids in prompts:
+            self._check(ids, params)
+        handles = [self._submit_ids(ids, params) for ids in prompts]
+        try:
+            results: list[GenerateResult] = []
+            for h in handles:
+                r = h.result()
+                results.extend(r if isinstance(r, list) else [r])
+        except BaseException:
+            for h in handles:
+                if not h.done:
+                    h.abort()
+            raise
+        return results if is_batch or params.n > 1 else results[0]
+
+    def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[StreamEvent]:
+        """Queue one prompt and return an iterator of its ``StreamEvent``s; the last event of each
+        sample has ``finished=True`` and its ``result``. Closing the iterator early aborts.
+
+        Bad input raises here, before any iteration (as ``submit``)."""
+        return self._follow(self.submit(prompt, params))
+
+    @staticmethod
+    def _follow(handle: RequestHandle) -> Iterator[StreamEvent]:
+        try:
+            yield from handle.events()
+        finally:
+            if not handle.done:
+                handle.abort()
+
+    def score(self, prompt_ids: Sequence[int], start: int) -> list[float]:
+        """Logprobs (natural log) of ``prompt_ids[j]`` given ``prompt_ids[:j]`` for j in
+        ``[start, len)`` — what ``select`` compares (paper §2). Uses and fills the radix cache.
+
+        Raises ``ValueError`` unless ``1 <= start < len(prompt_ids)``."""
+        ids = self._to_ids(list(prompt_ids))
+        if not 1 <= start < len(ids):
+            raise ValueError(f"start={start} must be in [1, {len(ids)}) for a prompt of {len(ids)} tokens")
+        result = self.generate(ids, SamplingParams(max_new_tokens=0, logprob_start_len=start))
+        assert isinstance(result, GenerateResult) and result.prompt_logprobs is not None
+        if result.finish_reason.type == "abort":
+            raise RuntimeError(f"scoring failed: {result.finish_reason.message}")
+        return [lp.logprob for lp in result.prompt_logprobs if lp is not None]
+
+    def abort(self, rid: str) -> bool:
+        """Abort request ``rid`` (all its samples), freeing its KV; True if it was live."""
+        return bool(self._call(lambda: self.scheduler.abort(rid)))
+
+    # --- cache control and observability -----------------------------------------------------
+    def _call(self, fn, timeout: Optional[float] = None):
+        if threading.current_thread() is self.scheduler._thread:
+            return fn()
+        return self.scheduler.call(fn).result(timeout)
+
+    def cache_stats(self) -> dict:
+        """Cache and pool figures: hit_rate (cumulative cached / prompt tokens, paper §3),
+        last_batch_hit_rate, cached_tokens, prompt_tokens, evicted_tokens, pool_size, pool_used,
+        free_tokens, evictable_tokens, protected_tokens, held_tokens (owned by running requests),
+        pinned_prefixes, running_requests, waiting_requests, retracted_requests, new_token_ratio."""
+        return self._call(self.scheduler.stats)
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` if the KV accounting or the tree's bookkeeping is broken."""
+        self._call(self.scheduler.check_invariants)
+
+    def _preview(self, key: Sequence[Any]) -> str:
+        head = list(key[:_PREVIEW_TOKENS])
+        parts, ids = [], []
+        for item in head:
+            if isinstance(item, int):
+                ids.append(item)
+            else:
+                if ids:
+                    parts.append(self.tokenizer.decode(ids))
+                    ids = []
+                parts.append(f"<{type(item).__name__}>")
+        if ids:
+            parts.append(self.tokenizer.decode(ids))
+        text = "".join(parts)
+        if len(key) > _PREVIEW_TOKENS or len(text) > _PREVIEW_CHARS:
+            text = text[:_PREVIEW_CHARS] + "…"
+        return text
+
+    def tree_snapshot(self) -> TreeNodeView:
+        """Frozen copy of the radix tree (root first; an empty root when the cache is disabled)."""
+        return self._call(lambda: self.scheduler.cache.snapshot(self._preview))
+
+    def flush_cache(self) -> bool:
+        """Evict every unpinned cached prefix and reset the hit-rate counters; False (and nothing
+        done) while requests are running or waiting."""
+
+        def flush() -> bool:
+            s = self.scheduler
+            if s.running or s.waiting or s.chunked:
+                return False
+            s.cache.evict(s.cache.evictable_size())
+            s.reset_stats()
+            return True
+
+        return self._call(flush)
+
+    def pin_prefix(self, token_ids: Sequence[int]) -> int:
+        """Compute (if needed) and lock the KV of ``token_ids`` so it is never evicted; returns a
+        handle for ``unpin``. Pinned tokens count as protected in ``cache_stats``.
+
+        Raises ``RuntimeError`` when the radix cache is disabled or the pool is too busy to keep
+        the prefix cached until it is locked; ``ValueError`` for a bad prefix."""
+        if self.scheduler.disable_radix_cache:
+            raise RuntimeError("the radix cache is disabled (disable_radix_cache=True); nothing can be pinned")
+        ids = self._to_ids(list(token_ids))
+        self._check(ids, SamplingParams(max_new_tokens=0))
+
+        def lock() -> Optional[int]:
+            s = self.scheduler
+            match = s.cache.match_prefix(ids)
+            if match.length < len(ids):
+                return None
+            s.cache.inc_lock_ref(match.node)
+            handle, s._next_pin = s._next_pin, s._next_pin + 1
+            s.pins[handle] = match.node
+            return handle
+
+        for _ in range(3):
+            self.generate(ids, SamplingParams(max_new_tokens=0))
+            handle = self._call(lock)
+            if handle is not None:
+                return handle
+        raise RuntimeError("the prefix was evicted before it could be pinned; the KV pool is too busy, retry later")
+
+    def unpin(self, handle: int) -> None:
+        """Release a ``pin_prefix`` lock (the prefix becomes evictable). ``ValueError`` if unknown."""
+
+        def release() -> None:
+            node = self.scheduler.pins.pop(handle, None)
+            if node is None:
+                raise ValueError(f"unknown pin handle {handle!r}")
+            self.scheduler.cache.dec_lock_ref(node)
+
+        self._call(release)
+
+    # --- lifetime -----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Abort pending requests and stop the scheduler thread (idempotent)."""
+        self._finalizer()
+        if self._grammar_backend is not None:
+            self._grammar_backend.shutdown()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,98 @@
+"""Owns the model, the attention backend and the KV memory; runs one forward per ``ForwardBatch``.
+
+Pool sizing follows SGLang's ``ModelRunner.profile_max_num_token``: the KV pool takes a fraction
+of the memory that is free once the weights are loaded, divided by the bytes one token's K and V
+occupy across all layers. On CPU the fraction is of available RAM and the pool is capped, since
+the buffers are zero-filled up front.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.forward_batch import ForwardBatch
+from lmnb_engine.kv_pool import ReqToTokenPool, TokenToKVPool
+
+DEFAULT_MEM_FRACTION = {"cpu": 0.1, "cuda": 0.8}
+CPU_MAX_POOL_TOKENS = 131072
+DEFAULT_MAX_RUNNING = {"cpu": 64, "cuda": 256}
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+class ModelRunner:
+    """Runs ``loaded.model`` on batches built by the scheduler.
+
+    Args:
+        loaded: a ``LoadedModel`` from ``lmnb_engine.model_loader.load_model``.
+        max_total_tokens: KV pool capacity in tokens; None sizes it from ``mem_fraction``.
+        max_running_requests: rows of the request→token table; None picks a device default.
+        mem_fraction: share of free device memory (RAM on CPU) for the KV pool (default 0.8 on
+            CUDA, 0.1 on CPU, where the pool is also capped at ``CPU_MAX_POOL_TOKENS``).
+        attention_backend: an ``AttentionBackend``, or a name for ``select_attention_backend``
+            ("auto" = Triton on CUDA when importable, torch otherwise; "torch"; "triton").
+    Raises:
+        ValueError: a non-positive size, or a memory budget too small for one full-length request.
+    """
+
+    def __init__(
+        self,
+        loaded,
+        max_total_tokens: Optional[int] = None,
+        max_running_requests: Optional[int] = None,
+        mem_fraction: Optional[float] = None,
+        attention_backend: Optional[AttentionBackend | str] = None,
+    ) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        cfg = self.config = loaded.config
+        self.device = torch.device(cfg.device)
+        kind = "cuda" if self.device.type == "cuda" else "cpu"
+        per_token = TokenToKVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+        if max_total_tokens is None:
+            fraction = DEFAULT_MEM_FRACTION[kind] if mem_fraction is None else mem_fraction
+            if not 0 < fraction <= 1:
+                raise ValueError(f"mem_fraction={fraction} must be in (0, 1]")
+            max_total_tokens = int(_free_memory_bytes(self.device) * fraction) // per_token
+            if kind == "cpu":
+                max_total_tokens = min(max_total_tokens, CPU_MAX_POOL_TOKENS)
+            if max_total_tokens < 2:
+                raise ValueError(
+                    f"mem_fraction={fraction} leaves room for only {max_total_tokens} KV tokens "
+                    f"({per_token} bytes each); raise mem_fraction or pass max_total_tokens"
+                )
+        elif max_total_tokens < 2:
+            raise ValueError(f"max_total_tokens={max_total_tokens} must be >= 2")
+        if max_running_requests is None:
+            max_running_requests = min(DEFAULT_MAX_RUNNING[kind], max_total_tokens)
+        elif max_running_requests < 1:
+            raise ValueError(f"max_running_requests={max_running_requests} must be >= 1")
+        self.max_total_tokens = max_total_tokens
+        self.max_running_requests = max_running_requests
+        if attention_backend is None or isinstance(attention_backend, str):  # [issue 9] backend selector
+            from lmnb_engine.attention.selector import select_attention_backend
+
+            attention_backend = select_attention_backend(self.device, attention_backend)
+        self.attn = attention_backend
+        self.reset_pools()
+
+    def reset_pools(self) -> None:
+        """(Re)create empty KV and request pools (start-up, and recovery after an internal error)."""
+        cfg = self.config
+        self.kv_pool = TokenToKVPool(
+            self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
+        )
+        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits [len(batch.logits_indices), vocab_size] for ``batch``; writes its KV."""
+        with torch.inference_mode():
+            return self.model(batch, self.attn, self.kv_pool)

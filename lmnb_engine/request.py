@@ -1,0 +1,187 @@
+"""One generation request as the scheduler sees it.
+
+A request is a token sequence ``origin_input_ids + output_ids`` of which the first
+``kv_committed_len`` positions have KV in the pool. Every step computes the positions
+``[kv_committed_len:]``, so a prefill, a later chunk of a long prompt, a decode step (one new
+token) and a forced jump-forward string are all the same operation ("extend"). This is SGLang's
+``Req`` (``managers/schedule_batch.py``: ``origin_input_ids``, ``output_ids``, ``prefix_indices``,
+``last_node``) reduced to what lmnb needs.
+
+KV bookkeeping (positions of the request's row in ``req_to_token``):
+``[0, cache_protected_len)`` are the prefix cache's slots, locked through ``last_node``;
+``[cache_protected_len, kv_allocated_len)`` are the request's own; ``kv_committed_len <=
+kv_allocated_len`` marks what a finished forward has actually written.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
+
+import torch
+
+from lmnb_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from lmnb_engine.outputs import FinishReason, TokenLogprob
+from lmnb_engine.params import SamplingParams
+
+
+class TokenGrammar(Protocol):
+    """Hook for constrained decoding (paper §4); ``Req.grammar`` holds one or None.
+
+    The sampler calls ``allowed_token_mask`` before sampling a row (bool [vocab_size], True =
+    allowed; None = no constraint this step) and ``accept_token`` with the sampled id. The
+    scheduler ends the request with finish reason ``stop`` once ``is_terminated()`` is True.
+    """
+
+    def allowed_token_mask(self, vocab_size: int) -> Optional[torch.Tensor]: ...
+
+    def accept_token(self, token_id: int) -> None: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Req:
+    """A request (one sample of a prompt; ``SamplingParams.n`` samples are ``n`` requests).
+
+    Args:
+        rid: request id (samples of one prompt share the handle's rid; ``index`` tells them apart).
+        index: sample index in ``[0, n)``.
+        input_ids: the prompt token ids.
+        params: validated sampling parameters.
+        tokenizer: for incremental detokenization.
+        emit: callback receiving this request's ``StreamEvent``s (called on the scheduler thread).
+        input_key: optional cache key per prompt position (default: the ids themselves); lets a
+            multimodal prompt put an image's hash where its placeholder tokens are.
+        seed: seed of this request's sampling generator.
+    """
+
+    def __init__(
+        self,
+        rid: str,
+        index: int,
+        input_ids: Sequence[int],
+        params: SamplingParams,
+        tokenizer: Any,
+        emit: Callable[[Any], None],
+        seed: int,
+        input_key: Optional[Sequence[Hashable]] = None,
+    ) -> None:
+        self.rid = rid
+        self.index = index
+        self.origin_input_ids = list(input_ids)
+        self.origin_input_key = list(input_key) if input_key is not None else None
+        self.output_ids: list[int] = []
+        self.params = params
+        self.emit = emit
+        self.status = ReqStatus.WAITING
+        self.finish_reason: Optional[FinishReason] = None
+        self.grammar: Optional[TokenGrammar] = None
+
+        # KV state (see module docstring)
+        self.req_pool_idx: Optional[int] = None
+        self.last_node: Any = None
+        self.cache_protected_len = 0
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+
+        # sampling state
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(seed)
+        self.stop_token_ids = frozenset(params.stop_token_ids or ())
+
+        # output state
+        self.detokenizer = IncrementalDetokenizer(tokenizer, self.origin_input_ids, params.skip_special_tokens)
+        self.stop_matcher = StopStringMatcher(params.stop_strings)
+        self.sent_text_len = 0  # characters of detokenizer.text already streamed
+        self.sent_token_len = 0  # output ids already streamed
+        self.final_text: Optional[str] = None
+        self.output_logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
+        self.prompt_logprobs_done = params.logprob_start_len < 0
+
+        # accounting
+        self.cached_tokens: Optional[int] = None  # prompt tokens served by the cache (1st admission)
+        self.forward_passes = 0
+        self.jumped_tokens = 0
+        self.num_speculative = 0  # unverified jump-forward draft tokens ending output_ids
+        self.arrival = 0  # submission order, for fcfs and tie-breaks
+
+    # --- sequence views ------------------------------------------------------------------------
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """All tokens of the sequence: prompt then output."""
+        return self.origin_input_ids + self.output_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """``fill_ids[start:end]`` without building the whole sequence."""
+        p = len(self.origin_input_ids)
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        if end <= p:
+            return self.origin_input_ids[start:end]
+        return self.origin_input_ids[start:] + self.output_ids[: end - p]
+
+    @property
+    def extend_len(self) -> int:
+        """Tokens the next step has to compute."""
+        return self.seq_len - self.kv_committed_len
+
+    def cache_key(self, end: int) -> list[Hashable]:
+        """Prefix-cache key of positions ``[0, end)``."""
+        if self.origin_input_key is None:
+            return self.token_slice(0, end)
+        prompt = self.origin_input_key
+        if end <= len(prompt):
+            return prompt[:end]
+        return prompt + self.output_ids[: end - len(prompt)]
+
+    def max_prefix_len(self) -> int:
+        """How much of the sequence a cache match may cover: at least one token is recomputed so
+        there are logits, and prompt logprobs need the logits from ``logprob_start_len - 1`` on."""
+        limit = self.seq_len - 1 - self.num_speculative  # a jump-forward draft needs its logits
+        if not self.prompt_logprobs_done:
+            limit = min(limit, max(self.params.logprob_start_len - 1, 0))
+        return max(limit, 0)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    # --- output edits (constrained decoding / jump-forward) -------------------------------------
+    def truncate_output(self, num_kept: int) -> None:
+        """Drop output tokens after the first ``num_kept`` (their logprobs and text too).
+
+        KV slots are not touched here; ``Scheduler.rollback`` frees them and lowers
+        ``kv_committed_len``. Text already streamed cannot be unsent: callers should only roll
+        back tokens whose replacement decodes to the same text (retokenization).
+        """
+        if not 0 <= num_kept <= len(self.output_ids):
+            raise ValueError(f"cannot keep {num_kept} of {len(self.output_ids)} output tokens")
+        del self.output_ids[num_kept:]
+        del self.output_logprobs[num_kept:]
+        self.detokenizer.rollback(min(num_kept, self.detokenizer.num_tokens))
+        self.sent_token_len = min(self.sent_token_len, num_kept)
+
+    def append_forced(self, token_ids: Sequence[int]) -> None:
+        """Append tokens chosen without sampling (a jump-forward string); the next step extends
+        them. They count as output and are detokenized, but carry no logprob (NaN)."""
+        for t in token_ids:
+            self.output_ids.append(int(t))
+            self.detokenizer.add(int(t))
+            if self.params.return_logprob:
+                self.output_logprobs.append(TokenLogprob(int(t), float("nan")))
+        self.jumped_tokens += len(token_ids)

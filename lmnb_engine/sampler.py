@@ -1,0 +1,179 @@
+"""Next-token sampling over a batch of rows, each with its own ``SamplingParams``.
+
+Order of operations per row (SGLang's ``Sampler`` and penalizers; HF's logits processors for the
+repetition penalty):
+1. penalties on the raw logits: CTRL repetition penalty over prompt + output tokens (divide
+   positive logits, multiply negative ones), OpenAI frequency/presence penalties over output tokens;
+2. masks: EOS and stop token ids while fewer than ``min_new_tokens`` exist; the row's grammar mask
+   (constrained decoding hook, ``Req.grammar``);
+3. greedy rows (temperature 0 or top_k 1) take the argmax;
+4. other rows: divide by temperature, softmax, sort, drop by top_k / top_p / min_p (as SGLang's
+   ``top_k_top_p_min_p_sampling_from_probs_torch``: top_p on the un-renormalised sorted probs), then
+   draw by inverse CDF with one uniform number from the row's own ``torch.Generator``, so a seeded
+   request samples the same tokens whatever else is in the batch.
+Returned logprobs are ``log_softmax`` of the raw model logits (before penalties and temperature), as
+in vLLM's default and SGLang's ``return_logprob``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from lmnb_engine.outputs import TokenLogprob
+from lmnb_engine.request import Req
+
+
+@dataclass
+class SampleOutput:
+    """``token_ids``: one sampled id per row; ``logprobs``: per row, a ``TokenLogprob`` when the
+    row's request asked for logprobs, else None."""
+
+    token_ids: list[int]
+    logprobs: list[Optional[TokenLogprob]]
+
+
+def _padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), max(width, 1)), pad, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    return out.to(device)
+
+
+def apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    """Apply repetition / frequency / presence penalties in place (logits float32 [B, V])."""
+    b, vocab = logits.shape
+    dev = logits.device
+    out_ids = _padded([r.output_ids for r in reqs], vocab, dev)
+    counts = torch.zeros((b, vocab + 1), dtype=logits.dtype, device=dev)
+    counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=logits.dtype))
+    counts = counts[:, :vocab]
+    freq = torch.tensor([r.params.frequency_penalty for r in reqs], dtype=logits.dtype, device=dev)
+    pres = torch.tensor([r.params.presence_penalty for r in reqs], dtype=logits.dtype, device=dev)
+    logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
+    rep = torch.tensor([r.params.repetition_penalty for r in reqs], dtype=logits.dtype, device=dev)
+    if bool((rep != 1).any()):
+        prompt_ids = _padded([r.origin_input_ids for r in reqs], vocab, dev)
+        seen = torch.zeros((b, vocab + 1), dtype=torch.bool, device=dev)
+        seen.scatter_(1, prompt_ids, True)
+        seen = seen[:, :vocab] | (counts > 0)
+        penalized = torch.where(logits < 0, logits * rep[:, None], logits / rep[:, None])
+        logits.copy_(torch.where(seen, penalized, logits))
+
+
+def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: frozenset[int], grammar: bool) -> None:
+    vocab = logits.shape[1]
+    for i, r in enumerate(reqs):
+        if len(r.output_ids) < r.params.min_new_tokens:
+            banned = set(r.stop_token_ids) | (set() if r.params.ignore_eos else set(eos_token_ids))
+            banned_ids = [t for t in banned if t < vocab]
+            if banned_ids:
+                logits[i, banned_ids] = float("-inf")
+        if grammar and r.grammar is not None:
+            allowed = r.grammar.allowed_token_mask(vocab)
+            if allowed is not None:
+                logits[i].masked_fill_(~allowed.to(logits.device), float("-inf"))
+
+
+def _sample_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
+    """Sample one id per row of ``logits`` (float32 [b, V]) with temperature/top_k/top_p/min_p."""
+    dev = logits.device
+    temp = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype, device=dev)
+    probs = torch.softmax(logits / temp[:, None], dim=-1)
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
+    vocab = probs.shape[1]
+    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in reqs], device=dev)
+    top_p = torch.tensor([r.params.top_p for r in reqs], dtype=logits.dtype, device=dev)
+    min_p = torch.tensor([r.params.min_p for r in reqs], dtype=logits.dtype, device=dev)
+    ranks = torch.arange(vocab, device=dev)[None, :]
+    drop = ranks >= top_k[:, None]
+    drop |= (probs_sort.cumsum(dim=-1) - probs_sort) > top_p[:, None]
+    drop |= probs_sort < min_p[:, None] * probs_sort[:, :1]
+    drop[:, 0] = False  # the most likely token always survives
+    probs_sort = probs_sort.masked_fill(drop, 0.0)
+    cdf = probs_sort.cumsum(dim=-1)
+    # one uniform draw per row from the row's own generator (reproducible per request)
+    u = torch.stack([torch.rand((), generator=r.generator, dtype=torch.float64) for r in reqs])
+    target = u.to(dev, logits.dtype) * cdf[:, -1]
+    pick = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
+    pick = torch.minimum(pick, (~drop).sum(dim=-1) - 1)  # kept tokens form a prefix of the sort
+    return probs_idx.gather(1, pick[:, None]).squeeze(1)
+
+
+def token_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, top_k: Sequence[int]) -> list[TokenLogprob]:
+    """``TokenLogprob`` per row: ``logprobs`` float32 [L, V] (log_softmax), ``token_ids`` int64 [L],
+    ``top_k[i]`` alternatives for row i (0 = none)."""
+    chosen = logprobs.gather(1, token_ids[:, None].to(logprobs.device)).squeeze(1).tolist()
+    k_max = min(max(top_k, default=0), logprobs.shape[-1])
+    top_vals = top_ids = None
+    if k_max > 0:
+        top_vals, top_ids = logprobs.topk(k_max, dim=-1)
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    out = []
+    for i, (t, lp) in enumerate(zip(token_ids.tolist(), chosen)):
+        top: tuple = ()
+        if top_k[i] > 0:
+            top = tuple(zip(top_ids[i][: top_k[i]], top_vals[i][: top_k[i]]))  # type: ignore[index]
+        out.append(TokenLogprob(int(t), float(lp), top))
+    return out
+
+
+def sample(
+    logits: torch.Tensor,
+    reqs: Sequence[Req],
+    eos_token_ids: frozenset[int],
+    grammar_bitmask: Optional[torch.Tensor] = None,
+) -> SampleOutput:
+    """Choose the next token of every row.
+
+    Args:
+        logits: float32 [B, V] raw model logits, row i belonging to ``reqs[i]``.
+        reqs: the requests (their params, output so far, generator and grammar are used; each
+            grammar's ``accept_token`` is called with the chosen id).
+        eos_token_ids: the model's EOS ids (masked while ``min_new_tokens`` is not reached).
+        grammar_bitmask: int32 [B, ceil(V/32)] packed grammar masks chosen by the caller, for rows
+            that are not the request's next token (jump-forward verification: one request, one
+            row per draft position). When given, ``Req.grammar`` is neither asked for a mask nor
+            told the sampled ids.
+    Returns:
+        ``SampleOutput`` with B ids and optional logprobs.
+    """
+    assert logits.shape[0] == len(reqs)
+    x = logits.float()
+    if any(r.params.repetition_penalty != 1 or r.params.frequency_penalty or r.params.presence_penalty for r in reqs):
+        x = x.clone()
+        apply_penalties(x, reqs)
+    if grammar_bitmask is not None:
+        from lmnb_engine.constrained.masks import apply_token_bitmask_
+
+        x = x.clone() if x is logits else x
+        apply_token_bitmask_(x, grammar_bitmask)
+    use_grammar = grammar_bitmask is None
+    if any((use_grammar and r.grammar is not None) or len(r.output_ids) < r.params.min_new_tokens for r in reqs):
+        x = x.clone() if x is logits else x
+        _apply_masks(x, reqs, eos_token_ids, use_grammar)
+
+    next_ids = x.argmax(dim=-1)
+    rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
+    if rows:
+        idx = torch.tensor(rows, device=x.device)
+        next_ids[idx] = _sample_rows(x[idx], [reqs[i] for i in rows])
+
+    logprobs: list[Optional[TokenLogprob]] = [None] * len(reqs)
+    lp_rows = [i for i, r in enumerate(reqs) if r.params.return_logprob]
+    if lp_rows:
+        idx = torch.tensor(lp_rows, device=x.device)
+        lps = torch.log_softmax(logits[idx].float(), dim=-1)
+        entries = token_logprobs(lps, next_ids[idx], [reqs[i].params.top_logprobs_num for i in lp_rows])
+        for i, e in zip(lp_rows, entries):
+            logprobs[i] = e
+
+    ids = next_ids.tolist()
+    for r, t in zip(reqs, ids):
+        if use_grammar and r.grammar is not None:
+            r.grammar.accept_token(t)
+    return SampleOutput(ids, logprobs)

@@ -1,0 +1,731 @@
+"""The scheduler: continuous batching over one KV pool shared by the radix cache and running
+requests (paper §3), on its own thread.
+
+Each step:
+1. make room for the running requests' next tokens: evict cached tokens, and if that is not
+   enough, retract running requests (their KV goes to the cache, they re-queue with their output
+   kept; SGLang's ``retract_decode``);
+2. admit waiting requests in policy order (``schedule_policy``) while the per-step token budget
+   (``chunked_prefill_size``) and memory allow: free + evictable slots minus a reserve for the
+   tokens running requests are still expected to generate (``new_token_ratio``); a prompt longer
+   than the budget is split into chunks, one chunked request at a time; a request that shares a
+   long prefix with one admitted in the same round (or a sibling sample of it) waits one round so
+   it hits the cache instead of recomputing the prefix (SGLang's in-batch prefix caching);
+3. run one forward over the rows — new extends only, then decode steps (SGLang's default), or
+   both together with ``mixed_batching``; every row computes its tokens ``[kv_committed_len:]``;
+4. sample, detokenize, check stops, stream events; give finished requests' KV to the cache and
+   insert extended prompts at once so concurrent requests share them.
+
+Threading: callers never touch scheduler state. ``submit``/``abort``/``call`` post commands to an
+inbox the loop drains between steps; events go back through each request's ``emit`` callback. An
+exception inside a step fails the requests of that step (finish reason ``abort`` with the error)
+and the loop goes on; if their memory cannot be returned cleanly, the pools and cache are rebuilt.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
+from lmnb_engine.model_runner import ModelRunner
+from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
+from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
+from lmnb_engine.radix_cache import RadixCache
+from lmnb_engine.request import Req, ReqStatus
+from lmnb_engine.sampler import sample, token_logprobs
+from lmnb_engine.schedule_policy import SchedulePolicy
+
+logger = logging.getLogger(__name__)
+
+# A waiting request sharing at least this many more tokens with a request admitted in the same
+# round than with the cache waits a round (SGLang: IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD).
+IN_BATCH_PREFIX_THRESHOLD = 32
+# Cap on the max_new_tokens counted in the decode reserve (SGLang: CLIP_MAX_NEW_TOKENS).
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+@dataclass
+class SchedulerConfig:
+    """Scheduling knobs.
+
+    schedule_policy: "lpm", "fcfs" or "dfs-weight" (``schedule_policy.POLICIES``).
+    chunked_prefill_size: new (extend) tokens per step; longer prompts are chunked.
+    max_running_requests: concurrent requests (rows of the request→token table).
+    mixed_batching: run decode rows in the same forward as new extends (SGLang's mixed chunk).
+    init/min_new_token_ratio, new_token_ratio_decay, retract_ratio_step: the decode reserve is
+        ``ratio × remaining max_new_tokens`` per running request; the ratio decays by ``decay``
+        each decode step and rises by ``retract_ratio_step`` after a retraction (SGLang).
+    """
+
+    schedule_policy: str = "lpm"
+    chunked_prefill_size: int = 2048
+    max_running_requests: int = 64
+    mixed_batching: bool = False
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.001
+    retract_ratio_step: float = 0.1
+
+
+class Scheduler:
+    """Runs requests on ``runner``; see the module docstring.
+
+    Args:
+        runner: the model runner (owns the pools).
+        tokenizer: for detokenization.
+        eos_token_ids: the model's EOS ids.
+        context_len: longest sequence the model takes.
+        config: ``SchedulerConfig``.
+        disable_radix_cache: use ``NoPrefixCache``.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Any,
+        eos_token_ids: frozenset[int],
+        context_len: int,
+        config: SchedulerConfig,
+        disable_radix_cache: bool = False,
+    ) -> None:
+        if config.chunked_prefill_size < 1:
+            raise ValueError(f"chunked_prefill_size={config.chunked_prefill_size} must be >= 1")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.context_len = context_len
+        self.config = config
+        self.disable_radix_cache = disable_radix_cache
+        self._build_cache()
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Optional[Req] = None  # the request whose prompt is being prefilled in chunks
+        self.new_token_ratio = config.init_new_token_ratio
+        self.pins: dict[int, Any] = {}  # handle -> locked node
+        self._next_pin = 1
+        self._arrivals = 0
+        self._step_reqs: list[Req] = []
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = threading.Event()
+        self.reset_stats()
+
+    # --- setup and stats ------------------------------------------------------------------------
+    def _build_cache(self) -> None:
+        cache_cls = NoPrefixCache if self.disable_radix_cache else RadixCache
+        self.cache: PrefixCache = cache_cls(self.runner.req_to_token_pool, self.runner.kv_pool)
+        self.policy = SchedulePolicy(self.config.schedule_policy, self.cache)
+
+    def reset_stats(self) -> None:
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.last_batch = (0, 0)  # (cached, prompt) tokens of the last step that admitted requests
+        self.retracted_requests = 0
+        self.cache.evicted_tokens = 0
+
+    @property
+    def kv_pool(self):
+        return self.runner.kv_pool
+
+    @property
+    def req_to_token_pool(self):
+        return self.runner.req_to_token_pool
+
+    # --- thread and commands ------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="lmnb-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort every request ("engine shut down") and end the thread; idempotent."""
+        if self._thread is None or self._stopped.is_set():
+            return
+        self._inbox.put(("stop", None, None))
+        if threading.current_thread() is not self._thread:  # (an engine collected on this thread)
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopped.is_set()
+
+    def submit(self, reqs: list[Req]) -> None:
+        """Queue requests (thread-safe)."""
+        self._post("add", reqs)
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn()`` on the scheduler thread between steps; the future holds its result."""
+        return self._post("call", fn)
+
+    def _post(self, kind: str, payload: Any) -> Future:
+        if not self.alive:
+            raise RuntimeError("the engine is shut down; create a new Engine")
+        fut: Future = Future()
+        self._inbox.put((kind, payload, fut))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                if not self._drain_inbox(block=not self._has_work()):
+                    return
+                if self._has_work():
+                    self._step()
+            except Exception as exc:  # noqa: BLE001 - any failure must not kill the loop
+                self._recover(exc)
+
+    def _has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Handle queued commands; return False when told to stop."""
+        try:
+            item = self._inbox.get() if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            kind, payload, fut = item
+            if kind == "stop":
+                self._abort_all("engine shut down")
+                self._stopped.set()
+                self._fail_pending_commands()
+                return False
+            if fut is not None and fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(self._handle(kind, payload))
+                except Exception as exc:  # noqa: BLE001 - reported to the caller through the future
+                    fut.set_exception(exc)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _handle(self, kind: str, payload: Any) -> Any:
+        if kind == "add":
+            for req in payload:
+                req.arrival = self._arrivals
+                self._arrivals += 1
+                self.waiting.append(req)
+                if req.grammar is not None:  # a forced prefix is drafted before the first pass
+                    self._jump_forward(req)
+            return None
+        if kind == "call":
+            return payload()
+        raise ValueError(f"unknown scheduler command {kind!r}")
+
+    def _fail_pending_commands(self) -> None:
+        while True:
+            try:
+                kind, payload, fut = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                for req in payload:
+                    self._finish(req, FinishReason("abort", message="engine shut down"))
+            if fut is not None and fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError("the engine is shut down"))
+
+    # --- one step -------------------------------------------------------------------------------
+    def _step(self) -> None:
+        self._step_reqs = []
+        retracted = self._make_room_for_running()
+        rows = [] if retracted else self._admit()
+        if not rows or self.config.mixed_batching:
+            rows += [(r, r.extend_len) for r in self.running]
+        if not rows:
+            if not retracted:
+                self._unblock_head()
+            return
+        self._run(rows)
+        self._step_reqs = []
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        """``n`` free KV slots (int64, CPU), evicting cached tokens if needed."""
+        short = n - self.kv_pool.available_size()
+        if short > 0:
+            self.cache.evict(short)
+        return self.kv_pool.alloc(n)
+
+    def _alloc_for(self, req: Req, n: int) -> None:
+        """Give ``req`` slots for positions up to ``kv_committed_len + n``."""
+        end = req.kv_committed_len + n
+        need = end - req.kv_allocated_len
+        if need > 0:
+            slots = self._alloc(need)
+            table = self.req_to_token_pool.req_to_token
+            table[req.req_pool_idx, req.kv_allocated_len : end] = slots.to(table.device, table.dtype)
+            req.kv_allocated_len = end
+
+    def _reserve(self, req: Req) -> int:
+        """Slots held back for the tokens ``req`` may still generate."""
+        remaining = min(req.params.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+        return math.ceil(max(remaining, 0) * self.new_token_ratio)
+
+    def _make_room_for_running(self) -> bool:
+        """Allocate the running requests' next slots, evicting and then retracting requests
+        (least output first, then longest prompt) until they fit. Returns True if any was retracted."""
+        self._step_reqs.extend(self.running)
+        retracted = False
+        while self.running:
+            need = sum(r.seq_len - r.kv_allocated_len for r in self.running)
+            if need <= self.kv_pool.available_size() + self.cache.evictable_size():
+                break
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -r.prompt_len, -r.arrival))
+            self._retract(victim)
+            retracted = True
+        for r in self.running:
+            self._alloc_for(r, r.extend_len)
+        return retracted
+
+    def _retract(self, req: Req) -> None:
+        self._drop_draft(req)
+        self._release(req)
+        self.running.remove(req)
+        req.status = ReqStatus.WAITING
+        self.waiting.append(req)
+        self.retracted_requests += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + self.config.retract_ratio_step)
+        logger.info("retracted request %s (%d output tokens) to free KV memory", req.rid, len(req.output_ids))
+
+    def _admit(self) -> list[tuple[Req, int]]:
+        """Choose this step's extend rows: the chunked request's next chunk, then new requests."""
+        rows: list[tuple[Req, int]] = []
+        budget = self.config.chunked_prefill_size
+        sim = RadixCache(None, None)  # prefixes being computed this round
+        in_flight: set[str] = set()
+        reserved = sum(self._reserve(r) for r in self.running)
+        if self.chunked is not None:
+            req = self.chunked
+            self._step_reqs.append(req)
+            n = min(req.extend_len, budget)
+            self._alloc_for(req, n)
+            rows.append((req, n))
+            budget -= n
+            reserved += req.extend_len - n + self._reserve(req)
+            self._note_in_flight(req, sim, in_flight)
+        if budget <= 0 or not self.waiting:
+            return rows
+        admitted: list[Req] = []
+        for req in self.policy.order(self.waiting):
+            active = len(self.running) + len(rows)
+            if active >= self.config.max_running_requests or self.req_to_token_pool.available_size() == 0:
+                break
+            match = self.cache.match_prefix(req.cache_key(req.max_prefix_len()))
+            if in_flight and self._should_wait(req, match.length, sim, in_flight):
+                continue
+            self.cache.inc_lock_ref(match.node)
+            extend = req.seq_len - match.length
+            n = min(extend, budget)
+            room = self.kv_pool.available_size() + self.cache.evictable_size()
+            too_big = extend + self._reserve(req) > room - reserved and bool(self.running or rows)
+            if too_big or n > room or (n < extend and self.chunked is not None):
+                self.cache.dec_lock_ref(match.node)
+                break
+            self._start(req, match)  # from here on a failure releases the request's lock
+            admitted.append(req)
+            self._step_reqs.append(req)
+            self._alloc_for(req, n)
+            rows.append((req, n))
+            reserved += extend - n + self._reserve(req)
+            budget -= n
+            self._note_in_flight(req, sim, in_flight)
+            if n < extend:
+                self.chunked = req
+            if budget <= 0:
+                break
+        if admitted:
+            gone = set(map(id, admitted))
+            self.waiting = [r for r in self.waiting if id(r) not in gone]
+            cached = sum(r.kv_committed_len for r in admitted)
+            prompt = sum(r.seq_len for r in admitted)
+            self.cached_tokens += cached
+            self.prompt_tokens += prompt
+            self.last_batch = (cached, prompt)
+        return rows
+
+    @staticmethod
+    def _note_in_flight(req: Req, sim: RadixCache, in_flight: set[str]) -> None:
+        key = req.cache_key(req.seq_len)
+        sim.insert(key, torch.zeros(len(key), dtype=torch.int64))
+        in_flight.add(req.rid)
+
+    @staticmethod
+    def _should_wait(req: Req, matched: int, sim: RadixCache, in_flight: set[str]) -> bool:
+        """True if ``req`` would recompute a prefix another request computes this round."""
+        if req.rid in in_flight:  # a sibling sample of the same prompt
+            return True
+        shared = sim.match_prefix(req.cache_key(req.max_prefix_len())).length
+        return shared >= matched + IN_BATCH_PREFIX_THRESHOLD
+
+    def _start(self, req: Req, match) -> None:
+        """Bind an admitted request to a table row holding its matched (locked) prefix."""
+        req.req_pool_idx = self.req_to_token_pool.alloc()
+        req.last_node = match.node
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = match.length
+        if match.length:
+            table = self.req_to_token_pool.req_to_token
+            table[req.req_pool_idx, : match.length] = match.indices.to(table.device, table.dtype)
+        if req.cached_tokens is None:
+            req.cached_tokens = min(match.length, req.prompt_len)
+        req.status = ReqStatus.RUNNING
+
+    def _unblock_head(self) -> None:
+        """Nothing runs and nothing could be admitted: the head request can never fit."""
+        if self.running or self.chunked or not self.waiting:
+            return
+        head = self.policy.order(self.waiting)[0]
+        self.waiting.remove(head)
+        self._finish(
+            head,
+            FinishReason(
+                "abort",
+                message=(
+                    f"request needs {head.seq_len} KV slots but only "
+                    f"{self.kv_pool.available_size() + self.cache.evictable_size()} of {self.kv_pool.size} can be "
+                    f"freed ({self.cache.protected_size()} are pinned); unpin prefixes or raise max_total_tokens"
+                ),
+            ),
+        )
+
+    # --- forward and results -----------------------------------------------------------------
+    def _run(self, rows: list[tuple[Req, int]]) -> None:
+        table = self.req_to_token_pool.req_to_token
+        input_ids: list[int] = []
+        out_loc: list[torch.Tensor] = []
+        logit_rows: list[int] = []
+        sample_at: dict[int, int] = {}  # row -> index into logits
+        verify_at: dict[int, int] = {}  # row -> first of its jump-forward draft's logits rows
+        prompt_lp_at: dict[int, tuple[int, int, int]] = {}  # row -> (logits index, first pos, end pos)
+        offset = 0
+        for i, (req, n) in enumerate(rows):
+            start = req.kv_committed_len
+            input_ids += req.token_slice(start, start + n)
+            out_loc.append(table[req.req_pool_idx, start : start + n])
+            if not req.prompt_logprobs_done:
+                lo = max(start, req.params.logprob_start_len - 1, 0)
+                hi = min(start + n, req.prompt_len - 1)  # logits at p score token p + 1
+                if hi > lo:
+                    prompt_lp_at[i] = (len(logit_rows), lo, hi)
+                    logit_rows += range(offset + lo - start, offset + hi - start)
+            if start + n == req.seq_len and len(req.output_ids) < req.params.max_new_tokens:
+                k = req.num_speculative  # jump-forward: sample every draft position as well
+                assert n > k, "a jump-forward draft was served from the cache unverified"
+                (verify_at if k else sample_at)[i] = len(logit_rows)
+                logit_rows += range(offset + n - 1 - k, offset + n)
+            offset += n
+        mode = ForwardMode.DECODE if all(n == 1 for _, n in rows) else ForwardMode.EXTEND
+        batch = ForwardBatch.build(
+            mode,
+            input_ids,
+            torch.cat(out_loc),
+            table,
+            [r.req_pool_idx for r, _ in rows],
+            [r.kv_committed_len for r, _ in rows],
+            [n for _, n in rows],
+            logits_indices=logit_rows,
+            device=self.runner.device,
+        )
+        logits = self.runner.forward(batch)
+        for req, n in rows:
+            req.kv_committed_len += n
+            req.forward_passes += 1
+        self._record_prompt_logprobs(rows, logits, prompt_lp_at)
+        if sample_at:
+            picked = [rows[i][0] for i in sample_at]
+            index = torch.tensor(list(sample_at.values()), device=logits.device)
+            out = sample(logits[index], picked, self.eos_token_ids)
+            for req, tok, lp in zip(picked, out.token_ids, out.logprobs):
+                self._append_token(req, tok, lp)
+        for i, at in verify_at.items():
+            req = rows[i][0]
+            self._verify_jump(req, logits[at : at + req.num_speculative + 1])
+        if mode is ForwardMode.DECODE:
+            self.new_token_ratio = max(
+                self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
+            )
+        running = set(map(id, self.running))
+        for req, n in rows:
+            if not req.finished and req.kv_committed_len == req.seq_len and req.params.max_new_tokens == 0:
+                self._finish(req, FinishReason("length"))
+            if req.finished:
+                continue
+            new = id(req) not in running
+            if n > 1 or new:  # share the freshly computed prompt (or forced tokens) at once
+                self.cache.cache_unfinished_req(req)
+            if req is self.chunked:
+                if req.kv_committed_len < req.seq_len:
+                    continue  # more chunks to come
+                self.chunked = None
+            if new:
+                self.running.append(req)
+
+    def _record_prompt_logprobs(self, rows, logits: torch.Tensor, at: dict[int, tuple[int, int, int]]) -> None:
+        for i, (req, _) in enumerate(rows):
+            if req.prompt_logprobs_done:
+                continue
+            if req.prompt_logprobs is None:
+                req.prompt_logprobs = [None] if req.params.logprob_start_len == 0 else []
+            if i in at:
+                k, lo, hi = at[i]
+                lps = torch.log_softmax(logits[k : k + hi - lo].float(), dim=-1)
+                targets = torch.tensor(req.token_slice(lo + 1, hi + 1), dtype=torch.int64)
+                req.prompt_logprobs.extend(token_logprobs(lps, targets, [req.params.top_logprobs_num] * (hi - lo)))
+            if req.kv_committed_len >= req.prompt_len:
+                req.prompt_logprobs_done = True
+
+    def _append_token(self, req: Req, token: int, logprob: Optional[TokenLogprob]) -> None:
+        """Add a sampled token, update text, decide whether the request is done, stream."""
+        req.output_ids.append(token)
+        if logprob is not None:
+            req.output_logprobs.append(logprob)
+        p = req.params
+        reason: Optional[FinishReason] = None
+        if token in req.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos):
+            reason = FinishReason("stop", matched=token)  # the stop token is not part of the text
+        else:
+            checked = len(req.detokenizer.text)
+            req.detokenizer.add(token)
+            if req.grammar is not None and req.grammar.is_terminated():
+                reason = FinishReason("stop")
+            elif len(req.output_ids) >= p.min_new_tokens:
+                hit = req.stop_matcher.find(req.detokenizer.text, checked)
+                if hit is not None:
+                    req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
+                    reason = FinishReason("stop", matched=hit[1])
+        if reason is None and len(req.output_ids) >= p.max_new_tokens:
+            reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None)
+        if reason is None and req.seq_len >= self.context_len:
+            message = f"reached the context length ({self.context_len} tokens)"
+            if req.grammar is not None and req.grammar.incomplete_message():
+                message += "; " + req.grammar.incomplete_message()
+            reason = FinishReason("length", message=message)
+        if reason is not None:
+            self._finish(req, reason)
+        else:
+            self._emit(req)
+            if req.grammar is not None:
+                self._jump_forward(req)
+
+    def _emit(self, req: Req) -> None:
+        if req.finished:
+            if req.final_text is None:
+                req.detokenizer.flush()
+                req.final_text = req.detokenizer.text
+            visible = req.final_text
+        else:
+            text = req.detokenizer.text
+            visible = text[: req.stop_matcher.safe_len(text)]
+        delta = visible[req.sent_text_len :]
+        req.sent_text_len = max(req.sent_text_len, len(visible))
+        ids = req.output_ids[req.sent_token_len :]
+        req.sent_token_len = len(req.output_ids)
+        result = self._result(req) if req.finished else None
+        req.emit(StreamEvent(req.rid, delta, ids, req.finished, result, req.index))
+
+    @staticmethod
+    def _result(req: Req) -> GenerateResult:
+        assert req.finish_reason is not None and req.final_text is not None
+        return GenerateResult(
+            rid=req.rid,
+            text=req.final_text,
+            token_ids=list(req.output_ids),
+            finish_reason=req.finish_reason,
+            meta=RequestMeta(
+                prompt_tokens=req.prompt_len,
+                cached_tokens=req.cached_tokens or 0,
+                completion_tokens=len(req.output_ids),
+                forward_passes=req.forward_passes,
+                jumped_tokens=req.jumped_tokens,
+            ),
+            logprobs=list(req.output_logprobs) if req.params.return_logprob else None,
+            prompt_logprobs=list(req.prompt_logprobs or []) if req.params.logprob_start_len >= 0 else None,
+            index=req.index,
+        )
+
+    # --- ending requests ---------------------------------------------------------------------
+    def _release(self, req: Req) -> None:
+        """Return the request's KV to the cache/pool and its table row."""
+        if req.req_pool_idx is None:
+            return
+        self.cache.cache_finished_req(req)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx = None
+        req.kv_committed_len = req.kv_allocated_len = 0
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        self._drop_draft(req)
+        req.finish_reason = reason
+        req.status = ReqStatus.FINISHED
+        if req in self.running:
+            self.running.remove(req)
+        if req is self.chunked:
+            self.chunked = None
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        self._emit(req)
+
+    def abort(self, rid: str, message: str = "aborted by Engine.abort") -> int:
+        """Finish every sample of ``rid`` with reason abort; returns how many were live."""
+        live = [r for r in self.waiting + self.running + ([self.chunked] if self.chunked else []) if r.rid == rid]
+        for r in live:
+            self._finish(r, FinishReason("abort", message=message))
+        return len(live)
+
+    def _abort_all(self, message: str) -> None:
+        for r in self.waiting + self.running + ([self.chunked] if self.chunked else []):
+            if not r.finished:
+                self._finish(r, FinishReason("abort", message=message))
+
+    def _recover(self, exc: Exception) -> None:
+        """Fail the requests of the step that raised; rebuild memory if it cannot be returned."""
+        logger.exception("scheduler step failed")
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        affected = list(dict.fromkeys(self._step_reqs))
+        self._step_reqs = []
+        clean = True
+        for req in affected:
+            if req.finished:
+                continue
+            try:
+                self._finish(req, FinishReason("abort", message=message))
+            except Exception:  # noqa: BLE001 - memory state is suspect; rebuild below
+                clean = False
+                req.finish_reason = FinishReason("abort", message=message)
+                req.final_text = req.detokenizer.text
+                try:
+                    req.emit(StreamEvent(req.rid, "", [], True, self._result(req), req.index))
+                except Exception:  # noqa: BLE001
+                    logger.exception("could not report the failure of request %s", req.rid)
+        if not clean:
+            self._rebuild_memory()
+
+    def _rebuild_memory(self) -> None:
+        """Last resort after a failed clean-up: fail everything that holds KV, start empty pools."""
+        for req in self.running + ([self.chunked] if self.chunked else []):
+            req.req_pool_idx = None
+            req.finish_reason = FinishReason("abort", message="internal error: KV memory was reset")
+            req.final_text = req.detokenizer.text
+            req.emit(StreamEvent(req.rid, "", [], True, self._result(req), req.index))
+        self.running, self.chunked, self.pins = [], None, {}
+        for req in self.waiting:
+            req.req_pool_idx, req.last_node = None, None
+            req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+        self.runner.reset_pools()
+        self._build_cache()
+
+    # --- jump-forward support ------------------------------------------------------------------
+    def rollback(self, req: Req, num_kept: int) -> None:
+        """Drop ``req``'s output tokens after the first ``num_kept`` and free their KV, so forced
+        tokens appended next (``req.append_forced``) are extended by the next step. Scheduler
+        thread only (constrained decoding calls it from its post-sampling hook)."""
+        old_protected = req.cache_protected_len
+        req.truncate_output(num_kept)
+        new_len = req.seq_len
+        if req.req_pool_idx is None or req.kv_allocated_len <= new_len:
+            req.kv_committed_len = min(req.kv_committed_len, new_len)
+            return
+        if new_len < old_protected:  # the cut falls inside the locked cached prefix: lock less
+            match = self.cache.match_prefix(req.cache_key(new_len))
+            assert match.length == new_len, "a locked prefix vanished from the cache"
+            self.cache.inc_lock_ref(match.node)
+            self.cache.dec_lock_ref(req.last_node)
+            req.last_node, req.cache_protected_len = match.node, new_len
+        table = self.req_to_token_pool.req_to_token
+        own_from = max(new_len, old_protected)
+        self.kv_pool.free(table[req.req_pool_idx, own_from : req.kv_allocated_len].to("cpu", torch.int64))
+        req.kv_committed_len = req.kv_allocated_len = new_len
+
+    # --- constrained decoding: jump-forward (lmnb_engine.constrained.request_grammar) ------------
+    def _jump_forward(self, req: Req) -> None:
+        """Append the draft of the grammar's forced string; the next step extends it. Certain
+        tokens are output at once; if they complete the output, the request ends here."""
+        budget = min(req.params.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len) - 1
+        certain, draft = req.grammar.plan_jump(req.output_ids, budget)
+        if draft:
+            req.append_forced(draft)
+            req.num_speculative = len(draft) - certain
+        if req.grammar.is_terminated():
+            self._finish(req, FinishReason("stop"))
+
+    def _verify_jump(self, req: Req, logits: torch.Tensor) -> None:
+        """Sample each draft position (rows of ``logits``, float [k+1, V]) under its own mask; keep
+        the draft tokens the sampler agrees with, roll back the rest, append the sampler's token."""
+        k = req.num_speculative
+        out = sample(logits, [req] * (k + 1), self.eos_token_ids, grammar_bitmask=req.grammar.verification_bitmask())
+        kept, token = req.grammar.verify(out.token_ids)
+        req.num_speculative = 0
+        first = len(req.output_ids) - k
+        if kept < k:
+            self.rollback(req, first + kept)
+            req.jumped_tokens -= k - kept
+        if req.params.return_logprob:
+            req.output_logprobs[first : first + kept] = out.logprobs[:kept]
+        if token is None:  # the kept draft completed the output
+            self._finish(req, FinishReason("stop"))
+        else:
+            self._append_token(req, token, out.logprobs[kept])
+
+    def _drop_draft(self, req: Req) -> None:
+        """Remove an unverified draft from a request that stops running (it is not output)."""
+        k = req.num_speculative
+        if not k:
+            return
+        req.grammar.drop_speculative()
+        req.num_speculative = 0
+        req.jumped_tokens -= k
+        keep = len(req.output_ids) - k
+        if req.kv_committed_len > req.prompt_len + keep:  # computed, but the step failed before verifying
+            self.rollback(req, keep)
+        else:
+            req.truncate_output(keep)
+
+    # --- observability (scheduler thread) -------------------------------------------------------
+    def held_by_requests(self) -> int:
+        """KV slots owned by running requests (not by the cache)."""
+        reqs = self.running + ([self.chunked] if self.chunked else [])
+        return sum(r.kv_allocated_len - r.cache_protected_len for r in reqs if r.req_pool_idx is not None)
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` unless free + evictable + protected + held == pool size."""
+        self.cache.check_invariants()
+        total = (
+            self.kv_pool.available_size()
+            + self.cache.evictable_size()
+            + self.cache.protected_size()
+            + self.held_by_requests()
+        )
+        assert total == self.kv_pool.size, (
+            f"KV accounting broken: free {self.kv_pool.available_size()} + evictable "
+            f"{self.cache.evictable_size()} + protected {self.cache.protected_size()} + held "
+            f"{self.held_by_requests()} != pool size {self.kv_pool.size}"
+        )
+
+    def stats(self) -> dict:
+        cached, prompt = self.last_batch
+        pool = self.kv_pool
+        return {
+            "hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "last_batch_hit_rate": cached / prompt if prompt else 0.0,
+            "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "evicted_tokens": self.cache.evicted_tokens,
+            "pool_size": pool.size,
+            "pool_used": pool.size - pool.available_size(),
+            "free_tokens": pool.available_size(),
+            "evictable_tokens": self.cache.evictable_size(),
+            "protected_tokens": self.cache.protected_size(),
+            "held_tokens": self.held_by_requests(),
+            "pinned_prefixes": len(self.pins),
+            "running_requests": len(self.running) + (1 if self.chunked else 0),
+            "waiting_requests": len(self.waiting),
+            "retracted_requests": self.retracted_requests,
+            "new_token_ratio": self.new_token_ratio,
+        }

@@ -1,0 +1,176 @@
+"""Engine generation against HF transformers: greedy tokens, logprobs, prompt logprobs, seeds,
+stop conditions, n > 1, streaming and chunked prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmnb_engine import Engine, SamplingParams
+from tests.helpers_engine import HFReference, assert_idle_accounting
+
+GREEDY = SamplingParams(max_new_tokens=32, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_llama):
+    return HFReference(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    with Engine(str(tiny_llama), max_total_tokens=8192) as eng:
+        yield eng
+
+
+def prompts(engine) -> list[list[int]]:
+    texts = ["the cat is red", "hello world, what is the capital", "json key value true false 42", "東京 café ok"]
+    return [engine.encode(t) for t in texts]
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_greedy_batch_matches_hf_generate(tiny_checkpoint_factory, arch):
+    path = tiny_checkpoint_factory(arch)
+    hf = HFReference(path)
+    with Engine(str(path), max_total_tokens=4096) as eng:
+        ps = prompts(eng)
+        results = eng.generate(ps, GREEDY)
+        assert [r.token_ids for r in results] == [hf.greedy(p, 32) for p in ps]
+        assert_idle_accounting(eng)
+
+
+def test_output_logprobs_match_hf_forward(engine, hf):
+    p = prompts(engine)[1]
+    r = engine.generate(p, GREEDY.copy(return_logprob=True, top_logprobs_num=3))
+    ref = hf.token_logprobs(p + r.token_ids)[len(p) - 1 :]
+    assert [lp.token_id for lp in r.logprobs] == r.token_ids
+    assert [lp.logprob for lp in r.logprobs] == pytest.approx(ref, abs=1e-4)
+    for lp in r.logprobs:  # greedy: the chosen token is the best alternative
+        assert len(lp.top) == 3 and lp.top[0][0] == lp.token_id
+        assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+
+
+def test_prompt_logprobs_and_score_match_hf(engine, hf):
+    p = prompts(engine)[2]
+    ref = hf.token_logprobs(p)
+    r = engine.generate(p, SamplingParams(max_new_tokens=2, temperature=0.0, logprob_start_len=0))
+    assert r.prompt_logprobs[0] is None and len(r.prompt_logprobs) == len(p)
+    assert [lp.token_id for lp in r.prompt_logprobs[1:]] == p[1:]
+    assert [lp.logprob for lp in r.prompt_logprobs[1:]] == pytest.approx(ref, abs=1e-4)
+    assert engine.score(p, 3) == pytest.approx(ref[2:], abs=1e-4)
+    with pytest.raises(ValueError, match="start=0"):
+        engine.score(p, 0)
+
+
+def test_chunked_prefill_matches_hf(tiny_llama, hf):
+    with Engine(str(tiny_llama), max_total_tokens=4096, chunked_prefill_size=7) as eng:
+        p = eng.encode("one two three four five six seven eight nine ten " * 4)
+        assert len(p) > 3 * 7
+        r = eng.generate(p, GREEDY.copy(max_new_tokens=12, logprob_start_len=1))
+        assert r.token_ids == hf.greedy(p, 12)
+        assert [lp.logprob for lp in r.prompt_logprobs] == pytest.approx(hf.token_logprobs(p), abs=1e-4)
+        assert r.meta.forward_passes >= 4 + 11  # 4+ chunks, then decode steps
+        assert_idle_accounting(eng)
+
+
+def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(engine):
+    p = prompts(engine)[0]
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.95, seed=1234, ignore_eos=True)
+    alone = engine.generate(p, params).token_ids
+    assert engine.generate(p, params).token_ids == alone
+    batch = engine.generate(prompts(engine), params)
+    assert batch[0].token_ids == alone
+    assert engine.generate(p, params.copy(seed=99)).token_ids != alone
+
+
+def test_n_samples_share_one_prefill(engine):
+    p = engine.encode("a fresh prompt about the green tree and the river city")
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7, n=3, ignore_eos=True)
+    results = engine.generate(p, params)
+    assert [r.index for r in results] == [0, 1, 2]
+    assert results[0].token_ids == engine.generate(p, params.copy(n=1)).token_ids
+    assert len({tuple(r.token_ids) for r in results}) > 1
+    # one sample computed the prompt; the other two found all but its last token cached
+    assert sorted(r.meta.cached_tokens for r in results) == [0, len(p) - 1, len(p) - 1]
+    many = engine.generate([p[:5], p[:6]], params.copy(n=2))
+    assert [r.index for r in many] == [0, 1, 0, 1]
+
+
+def test_stop_string_across_a_token_boundary(engine, hf):
+    tok = engine.tokenizer
+    p = prompts(engine)[0]
+    ref = hf.greedy(p, 32)
+    if 1 in ref:
+        ref = ref[: ref.index(1)]  # stop before EOS
+    pieces = [tok.decode(ref[: i + 1]) for i in range(len(ref))]
+    # the 2-character text around the boundary after token k, at its first occurrence, so the
+    # stop string straddles two tokens
+    def straddle(k):
+        a, b = pieces[k], pieces[k + 1]
+        if len(a) <= len(pieces[k - 1]) or len(b) <= len(a) or a.endswith("\ufffd") or b.endswith("\ufffd"):
+            return None
+        stop = b[len(a) - 1 : len(a) + 1]
+        return stop if b.index(stop) == len(a) - 1 and "\ufffd" not in stop and stop.isprintable() else None
+
+    k = next(k for k in range(1, len(ref) - 1) if straddle(k))
+    stop = straddle(k)
+    expected = pieces[k][:-1]
+    events = list(engine.stream(p, GREEDY.copy(stop=["never-appears", stop])))
+    result = events[-1].result
+    assert result.finish_reason.type == "stop" and result.finish_reason.matched == stop
+    assert result.text == expected
+    assert "".join(e.text_delta for e in events) == expected
+    assert result.token_ids == ref[: len(result.token_ids)]
+
+
+def test_stop_token_ids_eos_min_and_max_new_tokens(engine, hf):
+    p = prompts(engine)[1]
+    ref = hf.greedy(p, 32)
+    r = engine.generate(p, GREEDY.copy(stop_token_ids=[ref[4]]))
+    first = ref.index(ref[4])
+    assert r.token_ids == ref[: first + 1]
+    assert r.finish_reason.type == "stop" and r.finish_reason.matched == ref[4]
+    assert r.text == engine.tokenizer.decode(ref[:first], skip_special_tokens=True)
+    r = engine.generate(p, GREEDY.copy(max_new_tokens=5))
+    assert r.token_ids == ref[:5] and r.finish_reason.type == "length"
+    r = engine.generate(p, GREEDY.copy(max_new_tokens=0))
+    assert r.token_ids == [] and r.text == "" and r.finish_reason.type == "length"
+    # min_new_tokens masks the stop token id: generation runs past it
+    r = engine.generate(p, GREEDY.copy(stop_token_ids=[ref[0]], min_new_tokens=3, max_new_tokens=6))
+    assert r.token_ids[0] != ref[0] and len(r.token_ids) >= 3
+
+
+def test_eos_ends_generation_unless_ignored(tiny_llama, hf):
+    with Engine(str(tiny_llama), max_total_tokens=2048) as eng:
+        p = prompts(eng)[3]
+        ref = hf.greedy(p, 16)
+        # the random model rarely samples its real EOS; declare a token greedy decoding reaches EOS
+        eos = ref[5]
+        eng.scheduler.eos_token_ids = frozenset({eos})
+        r = eng.generate(p, SamplingParams(max_new_tokens=16, temperature=0.0))
+        assert r.token_ids == ref[: ref.index(eos) + 1]
+        assert r.finish_reason.type == "stop" and r.finish_reason.matched == eos
+        r = eng.generate(p, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+        assert r.token_ids == ref and r.finish_reason.type == "length"
+
+
+def test_stream_events_add_up_to_the_result(engine):
+    events = list(engine.stream("東京 café 😀 the", SamplingParams(max_new_tokens=20, temperature=0.9, seed=3)))
+    assert [e.finished for e in events] == [False] * (len(events) - 1) + [True]
+    result = events[-1].result
+    assert "".join(e.text_delta for e in events) == result.text
+    assert [t for e in events for t in e.token_ids] == result.token_ids
+    # the random model also emits bytes that are invalid UTF-8 for good (shown as U+FFFD by any
+    # decoder); the streamed text must equal a one-shot decode of all ids
+    assert result.text == engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+
+
+def test_submit_handle_and_model_facts(engine):
+    h = engine.submit("the dog", SamplingParams(max_new_tokens=4, temperature=0.0), rid="my-rid")
+    assert h.rid == "my-rid"
+    r = h.result(timeout=60)
+    assert r.rid == "my-rid" and len(list(h.events())) >= 1
+    info = engine.model_info()
+    assert info["architecture"] == "LlamaForCausalLM" and info["context_len"] == engine.context_len == 512
+    assert engine.decode(engine.encode("red cat")) == "red cat"
+    chat = engine.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert chat.endswith("<|assistant|>") and "<|user|>hi<|end|>" in chat

@@ -1,0 +1,225 @@
+"""RadixAttention through the Engine: outputs never depend on what the cache holds, on request
+order or concurrency, on eviction, retraction or locking (references: HF transformers)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lmnb_engine import Engine, SamplingParams
+from tests.helpers_engine import HFReference, assert_idle_accounting, shared_prefix_prompts
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_llama):
+    return HFReference(tiny_llama)
+
+
+def engine(path, **kw) -> Engine:
+    kw.setdefault("max_total_tokens", 4096)
+    return Engine(str(path), **kw)
+
+
+def test_cache_hit_gives_the_cold_output(tiny_llama, hf):
+    with engine(tiny_llama) as eng:
+        p = eng.encode("the blue bird and the red cat went to the city of london")
+        params = GREEDY.copy(return_logprob=True)
+        cold = eng.generate(p, params)
+        hot = eng.generate(p, params)
+        assert cold.meta.cached_tokens == 0 and hot.meta.cached_tokens == len(p) - 1
+        assert hot.token_ids == cold.token_ids == hf.greedy(p, 12)
+        assert [x.logprob for x in hot.logprobs] == pytest.approx([x.logprob for x in cold.logprobs], abs=1e-5)
+        # the continuation of a cached generation hits the prompt and the generated tokens
+        longer = p + cold.token_ids[:6]
+        r = eng.generate(longer, GREEDY)
+        assert r.meta.cached_tokens == len(longer) - 1
+        assert r.token_ids == hf.greedy(longer, 12)
+        assert_idle_accounting(eng)
+
+
+def test_output_after_a_node_split(tiny_llama, hf):
+    with engine(tiny_llama) as eng:
+        a = eng.encode("one two three four five six seven eight nine ten alpha beta")
+        b = a[:7] + eng.encode(" gamma delta london", add_special_tokens=False)
+        eng.generate(a, GREEDY)
+        node = eng.tree_snapshot()
+        while node.children:  # a chain (prompt, then its output): nothing branches yet
+            assert len(node.children) == 1
+            node = node.children[0]
+        r = eng.generate(b, GREEDY)
+        assert r.meta.cached_tokens == 7
+        assert r.token_ids == hf.greedy(b, 12)
+        node = eng.tree_snapshot().children[0]
+        assert node.num_tokens == 7 and len(node.children) == 2  # split at the shared 7 tokens
+        assert node.text_preview == eng.decode(a[:7])
+        assert eng.generate(a, GREEDY).token_ids == hf.greedy(a, 12)
+        assert_idle_accounting(eng)
+
+
+def test_outputs_survive_forced_eviction_in_a_tiny_pool(tiny_llama, hf):
+    with engine(tiny_llama, max_total_tokens=96) as eng:
+        ps = shared_prefix_prompts(eng.tokenizer, 8, seed=3, prefix_words=12)
+        for p in ps + ps[:2]:
+            assert eng.generate(p, GREEDY).token_ids == hf.greedy(p, 12)
+            assert_idle_accounting(eng)
+        assert eng.cache_stats()["evicted_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(schedule_policy="lpm"),
+        dict(schedule_policy="dfs-weight"),
+        dict(schedule_policy="fcfs", mixed_batching=True),
+        dict(disable_radix_cache=True),
+        dict(schedule_policy="lpm", chunked_prefill_size=24, max_total_tokens=400),
+    ],
+    ids=["lpm", "dfs-weight", "fcfs-mixed", "no-cache", "chunked-small-pool"],
+)
+def test_concurrent_requests_with_shared_prefixes_equal_each_alone(tiny_llama, hf, options):
+    with engine(tiny_llama, **options) as eng:
+        ps = shared_prefix_prompts(eng.tokenizer, 18, seed=1, prefix_words=50)
+        results = eng.generate(ps, GREEDY)
+        assert [r.token_ids for r in results] == [hf.greedy(p, 12) for p in ps]
+        stats = eng.cache_stats()
+        if options.get("disable_radix_cache"):
+            assert stats["cached_tokens"] == 0 and stats["evictable_tokens"] == 0
+        else:
+            assert stats["cached_tokens"] > 0
+        assert_idle_accounting(eng)
+
+
+def test_concurrent_requests_compute_a_shared_prefix_once(tiny_llama):
+    with engine(tiny_llama) as eng:
+        prefix = eng.encode("the red cat and the blue dog went to the river city " * 5)
+        assert len(prefix) >= 40
+        ps = [prefix + eng.encode(f" question {i} what is {i} plus {i}", add_special_tokens=False) for i in range(16)]
+        results = eng.generate(ps, SamplingParams(max_new_tokens=1, temperature=0.0))
+        cached = sorted(r.meta.cached_tokens for r in results)
+        # the first admitted request computes the prefix; the other 15 wait a round and hit it
+        assert cached[0] == 0 and all(c >= len(prefix) for c in cached[1:])
+        assert_idle_accounting(eng)
+
+
+def test_concurrent_submissions_from_threads(tiny_llama, hf):
+    with engine(tiny_llama) as eng:
+        ps = shared_prefix_prompts(eng.tokenizer, 16, seed=2)
+        out: dict[int, list[int]] = {}
+
+        def worker(i: int) -> None:
+            out[i] = eng.generate(ps[i], GREEDY).token_ids
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(ps))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert [out[i] for i in range(len(ps))] == [hf.greedy(p, 12) for p in ps]
+        assert_idle_accounting(eng)
+
+
+def test_prompt_logprobs_do_not_depend_on_cache_state_or_order(tiny_llama, hf):
+    with engine(tiny_llama) as first, engine(tiny_llama, max_total_tokens=64) as second:
+        base = first.encode("what is the capital of the country with the red tree and the river")
+        cases = [(base, 3), (base[:10] + [400, 401, 402], 5), (base + [17, 18], 0), (base[:6], 1)]
+        expected = [hf.token_logprobs(ids) for ids, _ in cases]
+
+        def run(eng, order):
+            got = {}
+            for i in order:
+                ids, start = cases[i]
+                r = eng.generate(ids, SamplingParams(max_new_tokens=1, temperature=0.0, logprob_start_len=start))
+                got[i] = r.prompt_logprobs
+            return got
+
+        for eng, order in ((first, [0, 1, 2, 3]), (second, [3, 2, 1, 0]), (first, [2, 0, 3, 1])):
+            got = run(eng, order)
+            for i, (ids, start) in enumerate(cases):
+                lps = got[i]
+                assert len(lps) == len(ids) - start
+                values = [lp.logprob for lp in lps if lp is not None]
+                assert values == pytest.approx(expected[i][max(start - 1, 0) :], abs=1e-4)
+        assert first.cache_stats()["cached_tokens"] > 0
+        assert_idle_accounting(first)
+        assert_idle_accounting(second)
+
+
+def test_locked_prefix_is_never_evicted_under_pressure(tiny_llama, hf):
+    with engine(tiny_llama, max_total_tokens=160) as eng:
+        prefix = eng.encode("the green tree by the river in the city of tokyo is old")
+        eng.generate(prefix, SamplingParams(max_new_tokens=0))
+        long_req = prefix + eng.encode(" and the answer is", add_special_tokens=False)
+        handle = eng.submit(long_req, SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True))
+        next(iter(handle.events()))  # admitted and decoding: its matched prefix is locked
+        others = shared_prefix_prompts(eng.tokenizer, 10, seed=5, prefix_words=10)
+        results = eng.generate(others, GREEDY)
+        r = handle.result(timeout=120)
+        assert r.meta.cached_tokens == len(prefix)
+        assert r.token_ids == hf.greedy_ignore_eos(long_req, 40)
+        assert [x.token_ids for x in results] == [hf.greedy(p, 12) for p in others]
+        assert eng.cache_stats()["evicted_tokens"] > 0
+        assert_idle_accounting(eng)
+
+
+def test_pinned_prefix_survives_pressure_until_unpinned(tiny_llama, hf):
+    with engine(tiny_llama, max_total_tokens=128) as eng:
+        prefix = eng.encode("json key value true false null list item first second third")
+        handle = eng.pin_prefix(prefix)
+        assert eng.cache_stats()["protected_tokens"] == len(prefix)
+        for p in shared_prefix_prompts(eng.tokenizer, 8, seed=7, prefix_words=14):
+            eng.generate(p, GREEDY)
+        assert eng.cache_stats()["evicted_tokens"] > 0
+        assert_idle_accounting(eng, pinned_tokens=len(prefix))
+        assert eng.flush_cache()
+        assert eng.cache_stats()["evictable_tokens"] == 0
+        q = prefix + eng.encode(" yes", add_special_tokens=False)
+        r = eng.generate(q, GREEDY)
+        assert r.meta.cached_tokens == len(prefix) and r.token_ids == hf.greedy(q, 12)
+        eng.unpin(handle)
+        assert_idle_accounting(eng)
+        with pytest.raises(ValueError, match="unknown pin handle"):
+            eng.unpin(handle)
+
+
+def test_retraction_requeues_requests_and_keeps_outputs(tiny_llama, hf):
+    with engine(tiny_llama, max_total_tokens=200) as eng:
+        ps = shared_prefix_prompts(eng.tokenizer, 6, seed=11, prefix_words=8)
+        params = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
+        results = eng.generate(ps, params)
+        assert eng.cache_stats()["retracted_requests"] > 0
+        assert [r.token_ids for r in results] == [hf.greedy_ignore_eos(p, 60) for p in ps]
+        assert all(r.finish_reason.type == "length" for r in results)
+        assert_idle_accounting(eng)
+
+
+def test_seeded_sampling_survives_retraction(tiny_llama):
+    params = SamplingParams(max_new_tokens=60, temperature=1.0, seed=5, ignore_eos=True)
+    with engine(tiny_llama, max_total_tokens=200) as small, engine(tiny_llama) as big:
+        ps = shared_prefix_prompts(small.tokenizer, 6, seed=11, prefix_words=8)
+        squeezed = small.generate(ps, params)
+        assert small.cache_stats()["retracted_requests"] > 0
+        alone = [big.generate(p, params).token_ids for p in ps]
+        assert [r.token_ids for r in squeezed] == alone
+
+
+def test_flush_and_tree_snapshot(tiny_llama):
+    with engine(tiny_llama) as eng:
+        eng.generate(["the cat", "the dog"], GREEDY)
+        root = eng.tree_snapshot()
+        assert root.parent_id is None and root.num_tokens == 0 and root.lock_ref == 0
+        kids = root.children
+        assert all(c.parent_id == root.node_id for c in kids)
+        total = 0
+        stack = list(kids)
+        while stack:
+            n = stack.pop()
+            total += n.num_tokens
+            stack.extend(n.children)
+        assert total == eng.cache_stats()["evictable_tokens"] > 0
+        assert eng.flush_cache()
+        s = eng.cache_stats()
+        assert s["evictable_tokens"] == 0 and s["hit_rate"] == 0 and not eng.tree_snapshot().children
+        assert_idle_accounting(eng)

@@ -1,0 +1,132 @@
+"""Bad input, aborts, internal errors and shutdown: clear exceptions, no leaked KV, engine usable."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmnb_engine import Engine, SamplingParams
+from tests.helpers_engine import HFReference, assert_idle_accounting
+
+GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_llama):
+    return HFReference(tiny_llama)
+
+
+@pytest.fixture()
+def engine(tiny_llama):
+    with Engine(str(tiny_llama), max_total_tokens=1024) as eng:
+        yield eng
+
+
+def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        Engine(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="schedule_policy"):
+        Engine(str(tiny_llama), max_total_tokens=256, schedule_policy="random-ish")
+    with pytest.raises(ValueError, match="max_total_tokens"):
+        Engine(str(tiny_llama), max_total_tokens=1)
+
+
+@pytest.mark.parametrize(
+    "prompt,params,match",
+    [
+        ("", GREEDY, "empty prompt"),
+        ([], GREEDY, "empty prompt"),
+        ([1, 2, 10**6], GREEDY, "outside the vocabulary"),
+        ([5] * 500, GREEDY.copy(max_new_tokens=20), "context length of 512"),
+        ([5] * 10, GREEDY.copy(max_new_tokens=600), "context length"),
+        ([5] * 10, GREEDY.copy(temperature=-1.0), "temperature"),
+        ([5] * 10, GREEDY.copy(top_p=0.0), "top_p"),
+        ([5] * 10, GREEDY.copy(n=0), "SamplingParams.n"),
+        ([5] * 10, GREEDY.copy(top_k=0), "top_k"),
+        ([5] * 10, GREEDY.copy(logprob_start_len=11), "logprob_start_len"),
+    ],
+)
+def test_bad_requests_raise_and_the_engine_stays_usable(engine, hf, prompt, params, match):
+    with pytest.raises(ValueError, match=match):
+        engine.generate(prompt, params)
+    p = engine.encode("the cat")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+    assert_idle_accounting(engine)
+
+
+def test_prompt_plus_output_beyond_the_pool_is_rejected(tiny_llama):
+    with Engine(str(tiny_llama), max_total_tokens=64) as eng:
+        with pytest.raises(ValueError, match="KV pool of 64 tokens"):
+            eng.generate([5] * 40, GREEDY.copy(max_new_tokens=30))
+        with pytest.raises(TypeError, match="string or a list of token ids"):
+            eng.generate(12345, GREEDY)  # type: ignore[arg-type]
+
+
+def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate(["fine", ""], GREEDY)
+    assert engine.cache_stats()["prompt_tokens"] == 0
+
+
+def test_abort_mid_decode_frees_everything(engine, hf):
+    h = engine.submit("the dog", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    events = h.events(timeout=60)
+    for _ in range(3):
+        next(events)
+    assert h.abort()
+    r = h.result(timeout=60)
+    assert r.finish_reason.type == "abort" and "abort" in r.finish_reason.message
+    assert 3 <= len(r.token_ids) < 400
+    assert not h.abort()  # already finished
+    assert_idle_accounting(engine)
+    p = engine.encode("the dog")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+    assert_idle_accounting(engine)
+
+
+def test_closing_a_stream_early_aborts_the_request(engine):
+    stream = engine.stream("a bird", SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True))
+    next(stream)
+    stream.close()
+    assert_idle_accounting(engine)
+
+
+def test_abort_of_a_waiting_request(tiny_llama):
+    with Engine(str(tiny_llama), max_total_tokens=1024, max_running_requests=1) as eng:
+        first = eng.submit("one", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
+        second = eng.submit("two", GREEDY)
+        assert second.abort()
+        assert second.result(timeout=60).finish_reason.type == "abort"
+        assert second.result().token_ids == []
+        first.abort()
+        assert_idle_accounting(eng)
+
+
+def test_an_error_inside_a_step_fails_that_step_only(engine, hf, monkeypatch):
+    real_forward = engine.runner.forward
+    calls = {"n": 0}
+
+    def flaky(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated kernel failure")
+        return real_forward(batch)
+
+    monkeypatch.setattr(engine.runner, "forward", flaky)
+    r = engine.generate("the cat", GREEDY)
+    assert r.finish_reason.type == "abort"
+    assert "simulated kernel failure" in r.finish_reason.message
+    assert_idle_accounting(engine)
+    p = engine.encode("the cat")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+    assert_idle_accounting(engine)
+
+
+def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
+    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+    h = eng.submit("long", SamplingParams(max_new_tokens=450, temperature=0.0, ignore_eos=True))
+    next(h.events(timeout=60))
+    eng.shutdown()
+    assert h.result(timeout=10).finish_reason.type == "abort"
+    eng.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        eng.generate("x", GREEDY)

@@ -1,0 +1,144 @@
+"""Sampler: greedy, penalties (vs HF logits processors / hand arithmetic), top-k/top-p/min-p
+support and frequencies, per-request seeds, min_new_tokens, the grammar hook and logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lmnb_engine.params import SamplingParams
+from lmnb_engine.request import Req
+from lmnb_engine.sampler import apply_penalties, sample
+
+PROBS = [0.5, 0.3, 0.1, 0.06, 0.04]
+
+
+def req(seed: int = 0, prompt=(0,), output=(), **params) -> Req:
+    r = Req("r", 0, list(prompt), SamplingParams(**params), tokenizer=None, emit=lambda e: None, seed=seed)
+    r.output_ids = list(output)
+    return r
+
+
+def test_greedy_takes_the_argmax_per_row():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 2.9, 0.0]])
+    out = sample(logits, [req(temperature=0.0), req(top_k=1, temperature=0.7)], frozenset())
+    assert out.token_ids == [1, 0]
+
+
+def test_repetition_penalty_matches_transformers():
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 12)
+    prompts, outputs = [[1, 2, 3], [4]], [[3, 5], [7, 7, 8]]
+    rows = [req(prompt=p, output=o, temperature=0.0, repetition_penalty=1.7) for p, o in zip(prompts, outputs)]
+    expected = torch.cat([
+        RepetitionPenaltyLogitsProcessor(1.7)(torch.tensor([p + o]), logits[i : i + 1].clone())
+        for i, (p, o) in enumerate(zip(prompts, outputs))
+    ])
+    penalised = logits.clone()
+    apply_penalties(penalised, rows)
+    torch.testing.assert_close(penalised, expected)
+    # and the sampler uses it: token 2 (logit 1.0, seen in the prompt) drops to 0.01 < 0.5
+    strong = torch.tensor([[0.5, 0.0, 1.0, 0.0]])
+    assert sample(strong, [req(prompt=[2], temperature=0.0, repetition_penalty=100.0)], frozenset()).token_ids == [0]
+
+
+def test_frequency_and_presence_penalties_by_hand():
+    # token 0: logit 1.0, generated twice -> 1.0 - 2*0.4 - 0.3 = -0.1; token 1: 0.5, unseen -> 0.5
+    logits = torch.tensor([[1.0, 0.5, 0.0]])
+    r = req(output=[0, 0], temperature=0.0, frequency_penalty=0.4, presence_penalty=0.3)
+    assert sample(logits, [r], frozenset()).token_ids == [1]
+    r = req(output=[0, 0], temperature=0.0, frequency_penalty=0.1, presence_penalty=0.1)  # 1-.2-.1 = .7
+    assert sample(logits, [r], frozenset()).token_ids == [0]
+
+
+@pytest.mark.parametrize(
+    "params,support",
+    [
+        (dict(top_k=3), {0, 1, 2}),
+        (dict(top_p=0.7), {0, 1}),  # sorted cumulative mass before each token: 0, .5, .8, ...
+        (dict(top_p=0.85), {0, 1, 2}),
+        (dict(min_p=0.25), {0, 1}),  # threshold 0.25 * 0.5
+        (dict(), {0, 1, 2, 3, 4}),
+    ],
+)
+def test_filters_keep_the_right_support_with_renormalised_frequencies(params, support):
+    logits = torch.log(torch.tensor([PROBS]))
+    draws = 4000
+    counts = [0] * 5
+    rows = [req(seed=s, temperature=1.0, **params) for s in range(draws)]
+    for t in sample(logits.expand(draws, 5), rows, frozenset()).token_ids:
+        counts[t] += 1
+    assert {t for t, c in enumerate(counts) if c} == support
+    mass = sum(PROBS[t] for t in support)
+    for t in support:
+        expected = PROBS[t] / mass
+        assert abs(counts[t] / draws - expected) < 4 * math.sqrt(expected * (1 - expected) / draws) + 1e-9
+
+
+def test_temperature_sharpens_the_distribution():
+    logits = torch.log(torch.tensor([[0.6, 0.4]]))
+    draws = 4000
+    rows = [req(seed=s, temperature=0.5) for s in range(draws)]
+    share = sum(t == 0 for t in sample(logits.expand(draws, 2), rows, frozenset()).token_ids) / draws
+    expected = 0.36 / (0.36 + 0.16)  # p^(1/T) renormalised
+    assert abs(share - expected) < 4 * math.sqrt(expected * (1 - expected) / draws)
+
+
+def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 50)
+
+    def run(batch_rows, seeds):
+        reqs = [req(seed=s, temperature=1.0) for s in seeds]
+        outs = [sample(logits[batch_rows], reqs, frozenset()).token_ids for _ in range(5)]
+        return [o[0] for o in outs]
+
+    alone = run([2], [42])
+    in_batch = run([2, 0, 1, 3], [42, 1, 2, 3])
+    assert alone == in_batch
+    assert len(set(alone)) > 1  # the generator advances between draws
+
+
+def test_min_new_tokens_masks_eos_and_stop_token_ids():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0.0]])  # 0 = EOS, 1 = stop token id
+    r = req(output=[3], temperature=0.0, min_new_tokens=2, stop_token_ids=[1])
+    assert sample(logits, [r], frozenset({0})).token_ids == [2]
+    r.output_ids = [3, 3]
+    assert sample(logits, [r], frozenset({0})).token_ids == [0]
+
+
+def test_grammar_hook_masks_and_accepts():
+    class OnlyOdd:
+        accepted: list[int] = []
+
+        def allowed_token_mask(self, vocab_size):
+            return torch.arange(vocab_size) % 2 == 1
+
+        def accept_token(self, token_id):
+            self.accepted.append(token_id)
+
+        def is_terminated(self):
+            return False
+
+    logits = torch.tensor([[9.0, 1.0, 8.0, 2.0], [9.0, 1.0, 8.0, 2.0]])
+    g = OnlyOdd()
+    constrained, free = req(temperature=0.0), req(temperature=0.0)
+    constrained.grammar = g
+    assert sample(logits, [constrained, free], frozenset()).token_ids == [3, 0]
+    assert g.accepted == [3]
+
+
+def test_logprobs_are_raw_log_softmax_with_top_alternatives():
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    r = req(temperature=0.0, return_logprob=True, top_logprobs_num=2, repetition_penalty=3.0, prompt=[0])
+    lp = sample(logits, [r], frozenset()).logprobs[0]
+    z = math.log(math.exp(2.0) + math.exp(1.0) + 1.0)
+    assert lp.token_id == 1  # the penalty turned token 0's logit 2 into 2/3 < 1
+    # ... but the reported logprob is that of the raw logits
+    assert lp.logprob == pytest.approx(1.0 - z, abs=1e-6)
+    assert [t for t, _ in lp.top] == [0, 1]
+    assert lp.top[0][1] == pytest.approx(2.0 - z, abs=1e-6)
