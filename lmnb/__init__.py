@@ -1,0 +1,100 @@
+"""lmnb — the language: SGLang-style LM programs (paper §2).
+
+``import lmnb as sgl`` runs SGLang frontend programs unchanged: the same primitives (``gen``,
+``select``, roles, ``fork``/``join``), the same ``@function`` / ``run`` / ``run_batch``, and the
+backends ``Engine`` / ``Runtime`` (in-process lmnb engine), ``RuntimeEndpoint`` (SGLang's native
+HTTP protocol, e.g. ``lmnb serve``) and ``OpenAI`` (any OpenAI-compatible API).
+
+Importing lmnb loads neither torch nor the engine: backends are imported when first named.
+"""
+
+from lmnb.api import (
+    SglFunction,
+    assistant,
+    assistant_begin,
+    assistant_end,
+    flush_cache,
+    function,
+    gen,
+    gen_int,
+    gen_string,
+    get_default_backend,
+    get_server_info,
+    image,
+    select,
+    set_default_backend,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+    video,
+)
+from lmnb.backend.base import BackendError
+from lmnb.chat_template import ChatTemplate, get_chat_template
+from lmnb.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from lmnb.executor import ForkError, ProgramAborted, ProgramError, ProgramEvent, observe
+from lmnb.interpreter import ProgramState, ProgramStateGroup
+
+# name -> module; resolved on first access so that `import lmnb` stays light.
+_LAZY = {
+    "Engine": "lmnb.backend.engine",
+    "Runtime": "lmnb.backend.engine",
+    "RuntimeEndpoint": "lmnb.backend.runtime_endpoint",
+    "OpenAI": "lmnb.backend.openai",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lmnb' has no attribute {name!r}")
+
+
+__all__ = [
+    "ChatTemplate",
+    "Engine",
+    "ForkError",
+    "OpenAI",
+    "BackendError",
+    "ProgramAborted",
+    "ProgramError",
+    "ProgramEvent",
+    "ProgramState",
+    "ProgramStateGroup",
+    "Runtime",
+    "RuntimeEndpoint",
+    "SglFunction",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_chat_template",
+    "get_default_backend",
+    "get_server_info",
+    "greedy_token_selection",
+    "image",
+    "observe",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
+    "video",
+]

@@ -1,0 +1,390 @@
+"""The public primitives: ``@function``, ``gen``, ``select``, roles, ``image``/``video`` and the
+default backend. Names, arguments and defaults are SGLang's (``python/sglang/lang/api.py`` and
+``SglFunction`` in ``lang/ir.py``), so ``import lmnb as sgl`` runs SGLang programs unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Callable, Optional, Union
+
+from lmnb.choices import ChoicesSamplingMethod, token_length_normalized
+from lmnb.ir import (
+    ExprList,
+    Gen,
+    GenParams,
+    Image,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Video,
+    as_expr,
+    check_regex,
+    dtype_regex,
+    json_schema_value,
+)
+
+_default_backend = None
+_default_lock = threading.Lock()
+
+
+def set_default_backend(backend) -> None:
+    """Use ``backend`` (``Engine``, ``RuntimeEndpoint``, ``OpenAI``, ...) for programs run without
+    ``backend=``."""
+    global _default_backend
+    _default_backend = backend
+
+
+def get_default_backend():
+    """The default backend; the first call without one set starts an in-process ``Engine`` on
+    the built-in demo model."""
+    global _default_backend
+    with _default_lock:
+        if _default_backend is None:
+            from lmnb.backend.engine import Engine
+
+            _default_backend = Engine()
+        return _default_backend
+
+
+def flush_cache(backend=None):
+    """Drop the prefix cache of ``backend`` (default: the default backend)."""
+    return (backend or get_default_backend()).flush_cache()
+
+
+def get_server_info(backend=None) -> dict:
+    """Model and server description of ``backend`` (default: the default backend)."""
+    return (backend or get_default_backend()).get_server_info()
+
+
+class SglFunction:
+    """An LM program: a Python function whose first parameter is the program state.
+
+    Call ``run`` (or the object itself) for one execution, ``run_batch`` for many.
+    """
+
+    def __init__(self, func: Callable, num_api_spec_tokens: Optional[int] = None, bind_arguments: Optional[dict] = None):
+        params = list(inspect.signature(func).parameters.values())
+        if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+            raise TypeError(f"@function {func.__name__!r} must take the program state as its first parameter (s)")
+        if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
+            raise ValueError(f"num_api_spec_tokens must be a positive integer, got {num_api_spec_tokens!r}")
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = dict(bind_arguments or {})
+        self.signature = inspect.signature(func)
+        self.arg_names = [p.name for p in params[1:]]
+        self.__name__ = getattr(func, "__name__", "program")
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs) -> "SglFunction":
+        """A copy with some arguments fixed (they count as constant text for prefix hints).
+
+        Raises:
+            TypeError: a name that is not an argument of the program.
+        """
+        unknown = [k for k in kwargs if k not in self.arg_names]
+        if unknown:
+            raise TypeError(f"program {self.__name__!r} has no argument(s) {unknown}; it has {self.arg_names}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def _check_args(self, args: tuple, kwargs: dict) -> None:
+        try:
+            self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})
+        except TypeError as e:
+            raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}") from None
+
+    def run(
+        self,
+        *args,
+        max_new_tokens: int = 128,
+        n: int = 1,
+        stop: Optional[Union[str, list[str]]] = None,
+        stop_token_ids: Optional[list[int]] = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        seed: Optional[int] = None,
+        return_logprob: Optional[bool] = None,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+        stream: bool = False,
+        backend=None,
+        use_thread: bool = True,
+        state=None,
+        **kwargs,
+    ):
+        """Run the program once; the sampling arguments are defaults for every ``gen`` in it
+        (SGLang's: ``temperature=1.0`` samples unless a gen says otherwise; ``seed`` is an lmnb
+        extension).
+
+        Returns the ``ProgramState`` when done, or at once with ``stream=True`` (read it with
+        ``text_iter``). Errors of primitives surface when the state is read. ``state`` (an lmnb
+        extension) continues an existing ``ProgramState`` — its text, messages, variables and
+        backend — instead of starting empty; a previous error of that state is forgotten.
+
+        Raises:
+            TypeError: arguments that do not fit the program's signature.
+        """
+        from lmnb.interpreter import run_program
+
+        self._check_args(args, kwargs)
+        defaults = GenParams(
+            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+        )
+        if state is not None:
+            backend = backend or state.stream_executor.backend
+            if backend is not state.stream_executor.backend:
+                raise ValueError("run(state=...) continues a state on its own backend; do not pass another")
+        return run_program(
+            self, backend or get_default_backend(), args, kwargs, defaults, stream, use_thread, state=state
+        )
+
+    def run_batch(
+        self,
+        batch_kwargs,
+        *,
+        max_new_tokens: int = 128,
+        n: int = 1,
+        stop: Optional[Union[str, list[str]]] = None,
+        stop_token_ids: Optional[list[int]] = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        seed: Optional[int] = None,
+        return_logprob: Optional[bool] = None,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+        backend=None,
+        num_threads: Union[str, int] = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+    ):
+        """Run the program once per item of ``batch_kwargs`` (dicts of arguments, or tuples
+        mapped onto the arguments in order) on ``num_threads`` threads; returns the states in
+        order (a generator with ``generator_style``). A failing item does not stop the others.
+
+        Raises:
+            TypeError: an item that does not fit the program's signature (checked before any run).
+        """
+        from lmnb.interpreter import run_program_batch
+
+        if not isinstance(batch_kwargs, (list, tuple)):
+            raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
+        items = []
+        for i, item in enumerate(batch_kwargs):
+            if isinstance(item, (list, tuple)):
+                if len(item) > len(self.arg_names):
+                    raise TypeError(f"run_batch item {i} has {len(item)} values for arguments {self.arg_names}")
+                item = dict(zip(self.arg_names, item))
+            if not isinstance(item, dict):
+                raise TypeError(f"run_batch item {i} is a {type(item).__name__}, not a dict or tuple")
+            try:
+                self._check_args((), item)
+            except TypeError as e:
+                raise TypeError(f"run_batch item {i}: {e}") from None
+            items.append(item)
+        if not items:
+            return []
+        defaults = GenParams(
+            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+        )
+        return run_program_batch(
+            self, backend or get_default_backend(), items, defaults, num_threads, progress_bar, generator_style
+        )
+
+    def __call__(self, *args, **kwargs):
+        return self.run(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<lmnb program {self.__name__}>"
+
+
+def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
+    """Decorator making ``func(s, ...)`` an LM program (``SglFunction``).
+
+    ``num_api_spec_tokens``: API speculative execution (paper §2/§6) for API backends — one call
+    generates this many tokens past the first ``gen`` and later ``gen``s are matched from it.
+    """
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens)
+
+    def decorator(f: Callable) -> SglFunction:
+        return SglFunction(f, num_api_spec_tokens)
+
+    return decorator
+
+
+def gen(
+    name: Optional[str] = None,
+    max_tokens: Optional[int] = None,
+    min_tokens: Optional[int] = None,
+    n: Optional[int] = None,
+    stop: Optional[Union[str, list[str]]] = None,
+    stop_token_ids: Optional[list[int]] = None,
+    temperature: Optional[float] = None,
+    top_p: Optional[float] = None,
+    top_k: Optional[int] = None,
+    min_p: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    ignore_eos: Optional[bool] = None,
+    return_logprob: Optional[bool] = None,
+    logprob_start_len: Optional[int] = None,
+    top_logprobs_num: Optional[int] = None,
+    return_text_in_logprobs: Optional[bool] = None,
+    dtype: Optional[Any] = None,
+    seed: Optional[int] = None,
+    choices: Optional[list[str]] = None,
+    choices_method: Optional[ChoicesSamplingMethod] = None,
+    regex: Optional[str] = None,
+    json_schema: Any = None,
+):
+    """Generate text into variable ``name``. Arguments left None inherit the ``run`` defaults.
+
+    ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
+    fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class) constrain the
+    output and reach the backend unchanged. ``seed`` (lmnb extension) makes a sampled gen
+    reproducible. ``dtype`` (int, float, bool, str) constrains with a
+    regex and stores the parsed value. With ``choices`` this is ``select`` (SGLang: greedy, scored
+    with ``choices_method``, default ``token_length_normalized``).
+
+    Raises:
+        ValueError: an invalid regex, JSON schema, dtype, or both dtype and regex.
+    """
+    if choices is not None:
+        return select(
+            name, choices, 0.0 if temperature is None else temperature, choices_method or token_length_normalized
+        )
+    check_regex(regex)
+    if dtype is not None:
+        dtype_regex(dtype)
+        if regex is not None:
+            raise ValueError("gen() got both dtype and regex; set only one")
+    if regex is not None and json_schema is not None:
+        raise ValueError("gen() got both regex and json_schema; set only one")
+    params = GenParams(
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
+        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+        regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
+    )
+    return Gen(name, params)
+
+
+def gen_int(name: Optional[str] = None, **kwargs):
+    """``gen(name, dtype=int, ...)``: an integer (stored parsed as ``int``)."""
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: Optional[str] = None, **kwargs):
+    """``gen(name, dtype=str, ...)``: words, digits and spaces (SGLang's string regex)."""
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(
+    name: Optional[str] = None,
+    choices: Optional[list[str]] = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+):
+    """Append the choice the model finds most likely and store it in ``name``.
+
+    Scoring (``lmnb.choices``): each choice's tokens after the prompt, with token healing at the
+    boundary, normalized by ``choices_method``. ``temperature`` > 0 samples from the softmax of
+    the method's scores instead of taking the best.
+
+    Raises:
+        ValueError: choices missing, empty, or not all non-empty strings; negative temperature.
+    """
+    if not choices or not isinstance(choices, (list, tuple)):
+        raise ValueError("select() needs choices: a non-empty list of strings")
+    bad = [c for c in choices if not isinstance(c, str) or not c]
+    if bad:
+        raise ValueError(f"select() choices must be non-empty strings; got {bad!r}")
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"select() temperature must be >= 0, got {temperature!r}")
+    if not isinstance(choices_method, ChoicesSamplingMethod):
+        raise TypeError("choices_method must be one of lmnb.token_length_normalized, "
+                        "lmnb.greedy_token_selection, lmnb.unconditional_likelihood_normalized")
+    return Select(name, list(choices), float(temperature), choices_method)
+
+
+def _role(role: str, expr: Any = None) -> ExprList:
+    if expr is None:
+        return ExprList([RoleBegin(role), RoleEnd(role)])
+    return ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
+
+
+def system(expr: Any = None) -> ExprList:
+    """A system message with content ``expr`` (text and/or primitives)."""
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> ExprList:
+    """A user message with content ``expr``."""
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> ExprList:
+    """An assistant message with content ``expr`` (typically a ``gen``)."""
+    return _role("assistant", expr)
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")
+
+
+def image(source: Any) -> Image:
+    """An image input (path, URL or bytes). Accepted now; running it raises NotImplementedError
+    until multimodal models are supported."""
+    return Image(source)
+
+
+def video(source: Any, num_frames: int) -> Video:
+    """A video input sampled to ``num_frames`` frames. Accepted now; running it raises
+    NotImplementedError until multimodal models are supported."""
+    if not isinstance(num_frames, int) or num_frames < 1:
+        raise ValueError(f"video() num_frames must be a positive integer, got {num_frames!r}")
+    return Video(source, num_frames)

@@ -1,0 +1,115 @@
+"""The contract between the interpreter and a model backend.
+
+A backend turns one primitive of a program state into model calls: ``generate`` (one ``gen``),
+``generate_stream`` (a streamed ``gen``), ``score_choices`` (the logprobs ``select`` decides on),
+``cache_prefix`` (a ``max_new_tokens=0`` prefill, the fork / batch prefix hint of paper §3).
+The interpreter owns the program's text, roles and variables; backends never change them.
+Shaped after SGLang's ``lang/backend/base_backend.py``, with the select scoring moved to the
+interpreter side (``lmnb.choices``) so every backend feeds the same method the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence
+
+from lmnb.chat_template import ChatTemplate
+from lmnb.choices import ChoiceLogprobs
+from lmnb.ir import GenParams
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a backend sees of a program state at one primitive.
+
+    text: the whole prompt text so far (roles already rendered with the chat template).
+    messages: completed chat messages in OpenAI format (``{"role", "content"}``).
+    role: the role currently open (``"assistant"`` while generating a reply), or None.
+    role_text: the text written inside the open role so far.
+    """
+
+    text: str
+    messages: list = field(default_factory=list)
+    role: Optional[str] = None
+    role_text: str = ""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated sample: its text and SGLang-style ``meta_info``.
+
+    meta_info keys: ``id``, ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
+    ``finish_reason`` (``{"type": "stop"|"length"|"abort", "matched"?, "message"?}``) and, when
+    asked, ``output_token_logprobs`` (``[[logprob, token_id, text_or_None], ...]``),
+    ``output_top_logprobs`` and ``input_token_logprobs`` in the same form.
+    """
+
+    text: str
+    meta_info: dict
+
+
+class BackendError(RuntimeError):
+    """A backend call failed (server error, bad response); the message names the call and cause."""
+
+
+class BaseBackend:
+    """Interface every backend implements. Methods may be called from many threads at once."""
+
+    #: True when prompts go out as chat messages (OpenAI chat models), not as text.
+    is_chat_model: bool = False
+
+    def get_chat_template(self) -> ChatTemplate:
+        """The role markers programs on this backend use."""
+        raise NotImplementedError
+
+    def cache_prefix(self, text: str, rid: str) -> dict:
+        """Prefill ``text`` into the prefix cache without generating; returns its meta_info.
+        Backends without a prefix cache return ``{}``."""
+        return {}
+
+    def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
+        """Generate ``params.n`` (default 1) samples continuing ``prompt``.
+
+        ``params`` is fully resolved (program defaults merged, chat-template stops added, dtype
+        turned into a regex). ``rid`` identifies the request for ``abort``.
+
+        Raises:
+            BackendError: the model call failed; ValueError: a parameter this backend rejects.
+        """
+        raise NotImplementedError
+
+    def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
+        """Like ``generate`` for one sample, yielding ``(text_delta, meta_info_so_far)``; the last
+        item's meta_info is complete (it holds ``finish_reason``)."""
+        raise NotImplementedError
+
+    def score_choices(
+        self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str
+    ) -> list[ChoiceLogprobs]:
+        """Per-token logprobs of each choice after ``prompt`` (see ``lmnb.choices``).
+
+        Raises:
+            NotImplementedError: the backend cannot score prompts (the message says what to use).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot score choices for select()")
+
+    def abort(self, rid: str) -> None:
+        """Stop request ``rid`` if it is still running (no error if it is not)."""
+
+    def flush_cache(self) -> Any:
+        """Drop the backend's prefix cache."""
+
+    def get_server_info(self) -> dict:
+        """A description of the model and backend."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Free the backend's resources."""
+
+
+def finish_reason_dict(meta_info: dict) -> dict:
+    """``meta_info["finish_reason"]`` as a dict (SGLang servers may send a bare string)."""
+    fr = meta_info.get("finish_reason")
+    if isinstance(fr, str):
+        return {"type": fr}
+    return fr or {}

@@ -1,0 +1,189 @@
+"""The in-process backend: programs call an ``lmnb_engine.Engine`` living in this process.
+
+No HTTP, no serialization: the engine's radix cache outlives every program, which is what lets a
+notebook reuse a prompt prefix from cell to cell. ``lmnb_engine`` (and torch) are imported only
+when this backend is created. SGLang exports an in-process ``Engine`` but no language backend
+for it (``research/features.md`` §1.9); ``Engine`` here is that missing backend, and ``Runtime``
+(SGLang's name for "start a model for my programs") is the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Iterator, Optional, Sequence
+
+from lmnb.backend.base import BaseBackend, Completion, Prompt
+from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
+from lmnb.choices import ChoiceLogprobs, first_difference
+from lmnb.ir import GenParams
+
+# Context of the unconditional score in unconditional_likelihood_normalized (EleutherAI's choice).
+UNCONDITIONAL_CONTEXT = "Answer:"
+
+
+def engine_sampling_params(params: GenParams, **overrides: Any):
+    """``lmnb_engine.SamplingParams`` of a resolved ``GenParams`` (regex/json_schema unchanged).
+
+    Raises:
+        ValueError: a value the engine rejects (the message names the field).
+    """
+    from lmnb_engine import SamplingParams
+
+    kw = params.sampling_kwargs()
+    kw.update(
+        return_logprob=bool(params.return_logprob),
+        top_logprobs_num=params.top_logprobs_num or 0,
+        logprob_start_len=-1 if params.logprob_start_len is None else params.logprob_start_len,
+    )
+    kw.update(overrides)
+    sp = SamplingParams(**kw)
+    sp.validate()
+    return sp
+
+
+class Engine(BaseBackend):
+    """Run programs on an in-process ``lmnb_engine.Engine``.
+
+    Args:
+        model: HF checkpoint directory or hub id; None = the built-in demo model.
+        engine: an existing ``lmnb_engine.Engine`` to use instead of creating one.
+        chat_template_name: a registered template (``lmnb.chat_template``) instead of the model's.
+        **engine_kwargs: passed to ``lmnb_engine.Engine`` (device, dtype, max_total_tokens, ...);
+            ``model_path`` is accepted as SGLang's name for ``model``.
+    """
+
+    def __init__(self, model: Optional[str] = None, *, engine: Any = None,
+                 chat_template_name: Optional[str] = None, **engine_kwargs: Any):
+        model = model or engine_kwargs.pop("model_path", None)
+        if engine is None:
+            from lmnb_engine import Engine as RuntimeEngine
+
+            engine = RuntimeEngine(model=model, **engine_kwargs)
+        elif model is not None or engine_kwargs:
+            raise ValueError("pass either engine= or model/engine arguments, not both")
+        self.engine = engine
+        self._template: Optional[ChatTemplate] = get_chat_template(chat_template_name) if chat_template_name else None
+        self._lock = threading.Lock()
+        self._sub_rids: dict[str, list[str]] = {}
+
+    # -- chat template
+
+    def get_chat_template(self) -> ChatTemplate:
+        """The model's own template as role markers (``lmnb.chat_template.from_jinja``)."""
+        with self._lock:
+            if self._template is None:
+                info = self.engine.model_info()
+                tok = getattr(self.engine, "tokenizer", None)
+                special = {
+                    k: getattr(tok, k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")
+                    if tok is not None and isinstance(getattr(tok, k, None), str)
+                }
+                tmpl = from_jinja(self.engine.chat_template, special, str(info.get("model_path") or ""))
+                if tmpl.bos and self._encode_adds_bos():
+                    tmpl = dataclasses.replace(tmpl, bos="")  # the tokenizer writes BOS itself
+                self._template = tmpl
+            return self._template
+
+    def _encode_adds_bos(self) -> bool:
+        tok = getattr(self.engine, "tokenizer", None)
+        bos_id = getattr(tok, "bos_token_id", None)
+        ids = self.engine.encode("a")
+        return bos_id is not None and bool(ids) and ids[0] == bos_id
+
+    # -- requests
+
+    def _meta(self, result, params: GenParams) -> dict:
+        from lmnb_engine.http_server.protocol import meta_info
+
+        decode = self.engine.decode if params.return_text_in_logprobs else None
+        return meta_info(result, decode, params.top_logprobs_num or 0)
+
+    def cache_prefix(self, text: str, rid: str) -> dict:
+        from lmnb_engine import SamplingParams
+        from lmnb_engine.http_server.protocol import meta_info
+
+        return meta_info(self.engine.generate(text, SamplingParams(max_new_tokens=0)))
+
+    def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
+        handle = self.engine.submit(prompt.text, engine_sampling_params(params), rid=rid)
+        results = handle.result()
+        if not isinstance(results, list):
+            results = [results]
+        return [Completion(r.text, self._meta(r, params)) for r in sorted(results, key=lambda r: r.index)]
+
+    def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
+        handle = self.engine.submit(prompt.text, engine_sampling_params(params), rid=rid)
+        completion_tokens = 0
+        for ev in handle.events():
+            completion_tokens += len(ev.token_ids)
+            if ev.finished and ev.result is not None:
+                yield ev.text_delta, self._meta(ev.result, params)
+            else:
+                yield ev.text_delta, {"id": rid, "completion_tokens": completion_tokens}
+
+    def score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
+        """Token-healed choice scores (``lmnb.choices``): the prompt is prefilled once, then every
+        ``prompt + choice`` is scored from its first token that differs from the prompt's own
+        tokenization, all choices submitted together so the engine batches them."""
+        from lmnb_engine import SamplingParams
+
+        eng = self.engine
+        p_ids = eng.encode(prompt.text)
+        if p_ids:
+            eng.generate(p_ids, SamplingParams(max_new_tokens=0))
+        jobs = []  # (token ids to submit, index of the first scored token)
+        for c in choices:
+            c_ids = eng.encode(prompt.text + c)
+            d = first_difference(p_ids, c_ids)
+            start = max(d, 1)  # token 0 has no context to be scored in
+            if start >= len(c_ids):
+                raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
+            jobs.append((c_ids, start))
+        if unconditional:
+            ctx = eng.encode(UNCONDITIONAL_CONTEXT)
+            jobs += [(ctx + ids[start:], len(ctx)) for ids, start in list(jobs)]
+        sub = [f"{rid}-{i}" for i in range(len(jobs))]
+        with self._lock:
+            self._sub_rids[rid] = sub
+        try:
+            handles = [
+                eng.submit(ids, SamplingParams(max_new_tokens=0, logprob_start_len=start), rid=r)
+                for (ids, start), r in zip(jobs, sub)
+            ]
+            results = [h.result() for h in handles]
+        finally:
+            with self._lock:
+                self._sub_rids.pop(rid, None)
+        out = []
+        k = len(choices)
+        for i in range(k):
+            ids, start = jobs[i]
+            r = results[i]
+            if r.finish_reason.type == "abort":
+                raise RuntimeError(f"scoring choice {choices[i]!r} was aborted: {r.finish_reason.message}")
+            lps = [lp.logprob for lp in r.prompt_logprobs]
+            unc = [lp.logprob for lp in results[k + i].prompt_logprobs] if unconditional else None
+            out.append(ChoiceLogprobs(ids[start:], lps, start, r.meta.cached_tokens, unc))
+        return out
+
+    def abort(self, rid: str) -> None:
+        with self._lock:
+            rids = [rid] + self._sub_rids.get(rid, [])
+        for r in rids:
+            self.engine.abort(r)
+
+    def flush_cache(self):
+        return self.engine.flush_cache()
+
+    def get_server_info(self) -> dict:
+        return {**self.engine.model_info(), "cache_stats": self.engine.cache_stats()}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+class Runtime(Engine):
+    """SGLang's ``Runtime(model_path=...)``: here the same in-process engine as ``Engine`` (SGLang
+    starts a server subprocess; lmnb needs none). ``lmnb serve`` gives an HTTP server when one is
+    wanted."""

@@ -1,0 +1,223 @@
+"""The OpenAI-compatible backend: programs call ``/v1/chat/completions`` or ``/v1/completions``
+of OpenAI, ``lmnb serve``, vLLM, SGLang, ... through the official ``openai`` client.
+
+Chat models receive the program's chat messages and can generate only at the start of an
+assistant message — unless the program uses API speculative execution
+(``@function(num_api_spec_tokens=N)``, paper §2/§6; the interpreter defers the role's gens to one
+call). Constraints are never dropped silently (SGLang drops them, ``research/features.md`` §4.2):
+``json_schema`` goes out as ``response_format``, ``regex`` as the ``regex`` extension field that
+SGLang and lmnb servers read, and the official OpenAI API gets a clear error for what it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Optional
+
+from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt
+from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
+from lmnb.choices import ChoiceLogprobs, first_difference
+from lmnb.ir import GenParams
+
+# Completion-only models of the official API (SGLang's INSTRUCT_MODEL_NAMES, extended).
+COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
+
+
+class OpenAI(BaseBackend):
+    """Run programs on an OpenAI-compatible API.
+
+    Args:
+        model_name: the ``model`` of every request.
+        base_url: API root (e.g. ``http://127.0.0.1:30000/v1``); None = the official API.
+        api_key: default ``$OPENAI_API_KEY``; servers that need none get ``"EMPTY"``.
+        is_chat_model: None = chat unless ``model_name`` is a known completion model.
+        chat_template: role markers for the program text (completion models); default chosen
+            from the model name.
+        **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...).
+
+    Raises:
+        ImportError: the ``openai`` package is missing (``pip install openai``).
+    """
+
+    def __init__(self, model_name: str, base_url: Optional[str] = None, api_key: Optional[str] = None,
+                 is_chat_model: Optional[bool] = None, chat_template: Optional[ChatTemplate] = None,
+                 is_azure: bool = False, **client_kwargs: Any):
+        try:
+            import openai
+        except ImportError:
+            raise ImportError("lmnb.OpenAI needs the openai package: pip install openai") from None
+        self._openai = openai
+        api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
+        cls = openai.AzureOpenAI if is_azure else openai.OpenAI
+        self.client = cls(base_url=base_url, api_key=api_key, **client_kwargs)
+        self.model_name = model_name
+        self.is_chat_model = model_name not in COMPLETION_MODEL_NAMES if is_chat_model is None else is_chat_model
+        self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
+        host = str(self.client.base_url)
+        self.is_official = "api.openai.com" in host or is_azure
+
+    def get_chat_template(self) -> ChatTemplate:
+        return self.chat_template if not self.is_chat_model else get_chat_template("default")
+
+    # -- request building
+
+    def _kwargs(self, params: GenParams) -> dict:
+        """OpenAI request arguments of ``params``; lmnb/SGLang extensions go in ``extra_body``."""
+        kw: dict[str, Any] = {"model": self.model_name}
+        if params.max_new_tokens is not None:
+            kw["max_tokens"] = params.max_new_tokens
+        for key in ("temperature", "top_p", "frequency_penalty", "presence_penalty", "seed"):
+            if getattr(params, key) is not None:
+                kw[key] = getattr(params, key)
+        if params.stop_list:
+            kw["stop"] = params.stop_list
+        if (params.n or 1) > 1:
+            kw["n"] = params.n
+        extra: dict[str, Any] = {}
+        neutral = {"top_k": -1, "min_p": 0.0, "min_new_tokens": 0, "ignore_eos": False}
+        names = {"min_new_tokens": "min_tokens"}
+        for key, off in neutral.items():
+            value = getattr(params, key)
+            if value is not None and value != off:
+                extra[names.get(key, key)] = value
+        if params.stop_token_ids:
+            extra["stop_token_ids"] = list(params.stop_token_ids)
+        if params.regex is not None:
+            if self.is_official:
+                raise ValueError(
+                    "the OpenAI API has no regex-constrained generation; use json_schema with a chat "
+                    "model, or an lmnb/SGLang server (RuntimeEndpoint, or OpenAI(base_url=...))"
+                )
+            extra["regex"] = params.regex
+        if params.json_schema is not None:
+            schema = json.loads(params.json_schema) if isinstance(params.json_schema, str) else params.json_schema
+            fmt = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+            if self.is_chat_model:
+                kw["response_format"] = fmt
+            elif self.is_official:
+                raise ValueError("the OpenAI completions API has no structured output; use a chat model")
+            else:
+                extra["response_format"] = fmt
+        if extra and self.is_official:
+            raise ValueError(f"the OpenAI API does not support {sorted(extra)}; leave them unset")
+        if extra:
+            kw["extra_body"] = extra
+        if params.return_logprob:
+            if self.is_chat_model:
+                kw["logprobs"] = True
+                if params.top_logprobs_num:
+                    kw["top_logprobs"] = params.top_logprobs_num
+            else:
+                kw["logprobs"] = params.top_logprobs_num or 0
+        return kw
+
+    def _prompt_kwargs(self, prompt: Prompt) -> dict:
+        if not self.is_chat_model:
+            return {"prompt": prompt.text}
+        if prompt.role != "assistant" or prompt.role_text.strip():
+            raise ValueError(
+                "an OpenAI chat model can only generate at the start of an assistant message "
+                "(s += assistant(gen(...))); to fill text and several gens inside one reply use "
+                "@function(num_api_spec_tokens=N), or use a completion model"
+            )
+        return {"messages": prompt.messages}
+
+    def _call(self, **kw):
+        try:
+            if self.is_chat_model:
+                return self.client.chat.completions.create(**kw)
+            return self.client.completions.create(**kw)
+        except self._openai.APIStatusError as e:
+            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {e.message}") from None
+        except self._openai.APIError as e:
+            raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
+
+    @staticmethod
+    def _usage_meta(ret_id: str, usage: Any) -> dict:
+        meta: dict[str, Any] = {"id": ret_id}
+        if usage is not None:
+            meta["prompt_tokens"] = usage.prompt_tokens
+            meta["completion_tokens"] = usage.completion_tokens
+            details = getattr(usage, "prompt_tokens_details", None)
+            meta["cached_tokens"] = getattr(details, "cached_tokens", None) or 0
+        return meta
+
+    def _logprobs(self, choice: Any) -> Optional[list]:
+        lp = getattr(choice, "logprobs", None)
+        if lp is None:
+            return None
+        if self.is_chat_model:
+            return [[t.logprob, None, t.token] for t in (lp.content or [])]
+        return [[v, None, t] for t, v in zip(lp.tokens or [], lp.token_logprobs or [])]
+
+    # -- BaseBackend
+
+    def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
+        ret = self._call(**self._prompt_kwargs(prompt), **self._kwargs(params))
+        out = []
+        for choice in sorted(ret.choices, key=lambda c: c.index):
+            text = choice.message.content if self.is_chat_model else choice.text
+            meta = self._usage_meta(ret.id, ret.usage)
+            meta["finish_reason"] = {"type": choice.finish_reason}
+            lps = self._logprobs(choice)
+            if lps is not None:
+                meta["output_token_logprobs"] = lps
+            out.append(Completion(text or "", meta))
+        return out
+
+    def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
+        stream = self._call(
+            **self._prompt_kwargs(prompt), **self._kwargs(params), stream=True,
+            stream_options={"include_usage": True},
+        )
+        meta: dict[str, Any] = {}
+        try:
+            for chunk in stream:
+                if chunk.usage is not None:
+                    meta.update(self._usage_meta(chunk.id, chunk.usage))
+                for choice in chunk.choices:
+                    delta = (choice.delta.content if self.is_chat_model else choice.text) or ""
+                    if choice.finish_reason is not None:
+                        meta["finish_reason"] = {"type": choice.finish_reason}
+                    if delta:
+                        yield delta, dict(meta, id=chunk.id)
+        except self._openai.APIError as e:
+            raise BackendError(f"{self.client.base_url} stream: {type(e).__name__}: {e}") from None
+        yield "", meta
+
+    def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
+        """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request returns the prompt
+        logprobs of ``prompt`` and of every ``prompt + choice`` (servers that support echo: lmnb,
+        vLLM, SGLang); tokens are then compared as strings to find where each choice starts
+        (``lmnb.choices``). SGLang's OpenAI backend instead walks tokens with ``logit_bias``."""
+        if self.is_chat_model:
+            raise NotImplementedError(
+                "select() needs prompt logprobs, which chat APIs do not return; use a completion model "
+                "(OpenAI(..., is_chat_model=False)), lmnb.Engine or lmnb.RuntimeEndpoint, or constrain a "
+                "gen with json_schema {'enum': [...]}"
+            )
+        if unconditional:
+            raise NotImplementedError(
+                "unconditional_likelihood_normalized needs token ids, which OpenAI-compatible APIs do "
+                "not return; use token_length_normalized, lmnb.Engine or lmnb.RuntimeEndpoint"
+            )
+        ret = self._call(
+            model=self.model_name, prompt=[prompt.text] + [prompt.text + c for c in choices],
+            echo=True, max_tokens=0, logprobs=0, temperature=0,
+        )
+        rows = sorted(ret.choices, key=lambda c: c.index)
+        if any(r.logprobs is None or not r.logprobs.tokens for r in rows):
+            raise BackendError(f"{self.client.base_url} returned no echoed prompt logprobs; it cannot run select()")
+        p_tokens = rows[0].logprobs.tokens
+        out = []
+        for c, row in zip(choices, rows[1:]):
+            tokens, lps = row.logprobs.tokens, row.logprobs.token_logprobs
+            first = max(first_difference(p_tokens, tokens), 1)
+            if first >= len(tokens) or any(v is None for v in lps[first:]):
+                raise ValueError(f"select choice {c!r} leaves no token to score after the prompt")
+            out.append(ChoiceLogprobs(list(tokens[first:]), [float(v) for v in lps[first:]], first))
+        return out
+
+    def shutdown(self) -> None:
+        self.client.close()

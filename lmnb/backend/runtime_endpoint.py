@@ -1,0 +1,240 @@
+"""The SGLang native HTTP backend: programs talk to ``lmnb serve`` or an SGLang server.
+
+Speaks SGLang's protocol as its frontend's ``RuntimeEndpoint`` does (``lang/backend/
+runtime_endpoint.py``): ``POST /generate`` with ``text`` (or ``input_ids``), ``sampling_params``,
+``return_logprob``, ``logprob_start_len``, ``stream`` (SSE, cumulative text per event);
+``GET /get_model_info``; ``POST /flush_cache``; ``POST /abort_request``. ``select`` is scored as
+``lmnb.choices`` describes, which fixes SGLang's off-by-one and None handling
+(``research/features.md`` §4.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from typing import Any, Iterator, Optional, Sequence
+
+from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt
+from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
+from lmnb.choices import ChoiceLogprobs, first_difference
+from lmnb.ir import GenParams
+
+UNCONDITIONAL_CONTEXT = "Answer:"  # same context as the in-process backend
+# Prompt tokens returned before the prompt's end when scoring choices: token healing changes only
+# the last token or two, so the first difference almost always falls inside this window (if it
+# does not, that choice is re-scored with the whole prompt).
+SCORE_WINDOW = 8
+
+
+def _sampling_params(params: GenParams) -> dict:
+    """SGLang's ``sampling_params`` object (its name for the seed is ``sampling_seed``)."""
+    sp = params.sampling_kwargs()
+    if "seed" in sp:
+        sp["sampling_seed"] = sp.pop("seed")
+    return sp
+
+
+def _logprob_fields(params: GenParams) -> dict:
+    out = {}
+    for key in ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"):
+        value = getattr(params, key)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+class RuntimeEndpoint(BaseBackend):
+    """Run programs on a server speaking SGLang's native protocol.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:30000``.
+        api_key: sent as ``Authorization: Bearer <api_key>``.
+        verify: TLS verification (httpx's ``verify``; default on).
+        chat_template_name: a registered template instead of the server's (``lmnb serve`` reports
+            the model's Jinja template in ``/get_model_info``; an SGLang server does not, and then
+            the template is chosen from the model path, as SGLang does).
+        timeout: seconds to wait for a response (None: no limit; generation can be long).
+
+    Raises:
+        BackendError: the server cannot be reached or ``/get_model_info`` fails.
+    """
+
+    def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
+                 chat_template_name: Optional[str] = None, timeout: Optional[float] = None):
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            verify=True if verify is None else verify,
+            timeout=httpx.Timeout(timeout, connect=30.0),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+        )
+        self._httpx = httpx
+        self.model_info = self._request("GET", "/get_model_info")
+        self._template_name = chat_template_name
+        self._template: Optional[ChatTemplate] = None
+        self._lock = threading.Lock()
+        self._unconditional_ids: Optional[list[int]] = None
+
+    # -- transport
+
+    def _request(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+        try:
+            r = self.client.request(method, path, json=body)
+        except self._httpx.HTTPError as e:
+            raise BackendError(f"{method} {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+        if r.status_code >= 400:
+            raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}")
+        try:
+            return r.json()
+        except ValueError:
+            raise BackendError(f"{method} {self.base_url}{path} returned non-JSON: {r.text[:200]!r}") from None
+
+    def get_chat_template(self) -> ChatTemplate:
+        with self._lock:
+            if self._template is None:
+                if self._template_name:
+                    self._template = get_chat_template(self._template_name)
+                else:
+                    info = self.model_info
+                    special = {k: info[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if isinstance(info.get(k), str)}
+                    tmpl = from_jinja(info.get("chat_template"), special, str(info.get("model_path") or ""))
+                    if tmpl.bos and info.get("encode_adds_bos"):
+                        tmpl = dataclasses.replace(tmpl, bos="")
+                    self._template = tmpl
+            return self._template
+
+    # -- generation
+
+    def cache_prefix(self, text: str, rid: str) -> dict:
+        res = self._request("POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}, "rid": rid})
+        return res.get("meta_info", {})
+
+    def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
+        data = {"text": prompt.text, "sampling_params": _sampling_params(params), "rid": rid, **_logprob_fields(params)}
+        res = self._request("POST", "/generate", data)
+        items = res if isinstance(res, list) else [res]
+        return [Completion(it["text"], it.get("meta_info", {})) for it in items]
+
+    def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
+        data = {
+            "text": prompt.text, "sampling_params": _sampling_params(params), "rid": rid, "stream": True,
+            **_logprob_fields(params),
+        }
+        try:
+            with self.client.stream("POST", "/generate", json=data) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise BackendError(f"POST {self.base_url}/generate: HTTP {r.status_code}: {_error_text(r)}")
+                pos = 0
+                for line in r.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    obj = json.loads(payload)
+                    if "error" in obj:
+                        raise BackendError(f"POST {self.base_url}/generate stream: {obj['error']}")
+                    text = obj["text"]  # cumulative, as SGLang streams it
+                    yield text[pos:], obj.get("meta_info", {})
+                    pos = len(text)
+        except self._httpx.HTTPError as e:
+            raise BackendError(f"POST {self.base_url}/generate stream failed: {type(e).__name__}: {e}") from None
+
+    # -- select
+
+    def _window(self, texts: list[str], start: int, rid: str) -> list[dict]:
+        res = self._request(
+            "POST",
+            "/generate",
+            {
+                "text": texts,
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True,
+                "logprob_start_len": start,
+                "rid": [f"{rid}-{i}" for i in range(len(texts))],
+            },
+        )
+        return res if isinstance(res, list) else [res]
+
+    @staticmethod
+    def _entries(item: dict) -> tuple[list[Optional[int]], list[Optional[float]]]:
+        entries = item["meta_info"]["input_token_logprobs"]
+        return [e[1] for e in entries], [e[0] for e in entries]
+
+    def score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
+        """Prefill the prompt once, then score every ``prompt + choice`` in one batched request
+        returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
+        differing token is found (``lmnb.choices``)."""
+        n_prompt = self.cache_prefix(prompt.text, rid).get("prompt_tokens", 0) if prompt.text else 0
+        start = max(n_prompt - SCORE_WINDOW, 0)
+        items = self._window([prompt.text] + [prompt.text + c for c in choices], start, rid)
+        p_ids, _ = self._entries(items[0])
+        out = []
+        for i, c in enumerate(choices):
+            ids, lps = self._entries(items[i + 1])
+            rel = first_difference(p_ids, ids)
+            offset = start
+            if rel == 0 and start > 0:  # differs before the window: fetch the whole prompt
+                ids, lps = self._entries(self._window([prompt.text + c], 0, rid)[0])
+                rel, offset = first_difference(self._entries(self._window([prompt.text], 0, rid)[0])[0], ids), 0
+            first = max(offset + rel, 1) - offset  # absolute token 0 has no context to be scored in
+            if first >= len(ids) or any(lp is None for lp in lps[first:]):
+                raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
+            out.append(ChoiceLogprobs(
+                [int(t) for t in ids[first:]], [float(x) for x in lps[first:]], offset + first,
+                int(items[i + 1]["meta_info"].get("cached_tokens", 0)),
+            ))
+        if unconditional:
+            ctx = self._context_ids(rid)
+            res = self._request("POST", "/generate", {
+                "input_ids": [ctx + s.token_ids for s in out],
+                "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True,
+                "logprob_start_len": len(ctx),
+            })
+            res = res if isinstance(res, list) else [res]
+            out = [dataclasses.replace(s, unconditional_logprobs=self._entries(r)[1]) for s, r in zip(out, res)]
+        return out
+
+    def _context_ids(self, rid: str) -> list[int]:
+        if self._unconditional_ids is None:
+            ids, _ = self._entries(self._window([UNCONDITIONAL_CONTEXT], 0, rid)[0])
+            self._unconditional_ids = [int(t) for t in ids]
+        return self._unconditional_ids
+
+    # -- control
+
+    def abort(self, rid: str) -> None:
+        try:
+            self.client.post("/abort_request", json={"rid": rid}, timeout=5.0)
+        except self._httpx.HTTPError:
+            pass  # the request may be gone already; aborting is best effort
+
+    def flush_cache(self):
+        return self._request("POST", "/flush_cache")
+
+    def get_server_info(self) -> dict:
+        try:
+            return self._request("GET", "/get_server_info")
+        except BackendError:
+            return dict(self.model_info)
+
+    def shutdown(self) -> None:
+        self.client.close()
+
+
+def _error_text(r) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:500]
+    err = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)

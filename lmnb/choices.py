@@ -1,0 +1,139 @@
+"""How ``select`` turns per-token logprobs of each choice into a decision.
+
+The three methods and their names are SGLang's (``python/sglang/lang/choices.py``). What they are
+fed differs from SGLang on purpose (see ``research/features.md`` §4.1): each backend scores exactly
+the tokens of ``prompt + choice`` from the first token that differs from ``prompt``'s own
+tokenization (token healing: a choice may merge with the prompt's last token), conditioned on
+everything before it, and keeps logprobs that are exactly 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class ChoiceLogprobs:
+    """The scored tokens of one choice.
+
+    token_ids: ``tokens(prompt + choice)[d:]`` where ``d`` is the first index at which they differ
+        from ``tokens(prompt)`` (non-empty; ids, or token strings from APIs that give no ids).
+    logprobs: natural-log probability of each of those tokens given all tokens before it (float).
+    prefix_len: ``d``, the number of tokens the choice's scores are conditioned on.
+    cached_tokens: how many of the scoring request's prompt tokens came from the prefix cache.
+    unconditional_logprobs: the same tokens' logprobs with the prompt replaced by a neutral
+        context (only for ``unconditional_likelihood_normalized``).
+    """
+
+    token_ids: list
+    logprobs: list[float]
+    prefix_len: int
+    cached_tokens: int = 0
+    unconditional_logprobs: Optional[list[float]] = None
+
+
+@dataclass(frozen=True)
+class ChoicesDecision:
+    """The chosen string and what the method saw (``meta_info`` is what ``get_meta_info`` shows)."""
+
+    decision: str
+    meta_info: dict = field(default_factory=dict)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first position where token lists ``a`` and ``b`` differ (or the shorter length)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+class ChoicesSamplingMethod:
+    """Base: ``scores(choices, logprobs) -> one float per choice`` (higher is better)."""
+
+    requires_unconditional_logprobs = False
+
+    def scores(self, scored: Sequence[ChoiceLogprobs]) -> list[float]:
+        raise NotImplementedError
+
+    def decide(self, choices: Sequence[str], scored: Sequence[ChoiceLogprobs], temperature: float = 0.0) -> ChoicesDecision:
+        """The decision: argmax of ``scores`` (first on ties) when ``temperature`` is 0, else a
+        sample from ``softmax(scores / temperature)`` (an lmnb extension; SGLang asserts 0)."""
+        values = self.scores(scored)
+        if temperature > 0:
+            top = max(values)
+            weights = [math.exp((v - top) / temperature) for v in values]
+            index = random.choices(range(len(choices)), weights=weights)[0]
+        else:
+            index = max(range(len(values)), key=lambda i: (values[i], -i))
+        meta = {
+            "choices": list(choices),
+            "scores": values,
+            "normalized_prompt_logprobs": [_mean(s.logprobs) for s in scored],
+            "input_token_logprobs": [
+                [[lp, tid, None] for lp, tid in zip(s.logprobs, s.token_ids)] for s in scored
+            ],
+            "prefix_len": [s.prefix_len for s in scored],
+            "cached_tokens": [s.cached_tokens for s in scored],
+        }
+        if scored and scored[0].unconditional_logprobs is not None:
+            meta["unconditional_token_logprobs"] = [list(s.unconditional_logprobs or []) for s in scored]
+        return ChoicesDecision(decision=choices[index], meta_info=meta)
+
+
+class TokenLengthNormalized(ChoicesSamplingMethod):
+    """Mean token logprob of each choice (SGLang's default)."""
+
+    def scores(self, scored):
+        return [_mean(s.logprobs) for s in scored]
+
+
+class GreedyTokenSelection(ChoicesSamplingMethod):
+    """Token by token: keep the choices whose logprob at position j is the highest among those
+    still kept, until one remains. Shorter choices are padded with their own mean logprob (SGLang).
+    The score of a choice is the position at which it was eliminated (the winner gets the most)."""
+
+    def scores(self, scored):
+        width = max(len(s.logprobs) for s in scored)
+        rows = [list(s.logprobs) + [_mean(s.logprobs)] * (width - len(s.logprobs)) for s in scored]
+        alive = list(range(len(rows)))
+        out = [0.0] * len(rows)
+        for j in range(width):
+            best = max(rows[i][j] for i in alive)
+            for i in alive:
+                if rows[i][j] != best:
+                    out[i] = float(j)
+            alive = [i for i in alive if rows[i][j] == best]
+            if len(alive) == 1:
+                break
+        for rank, i in enumerate(alive):  # ties: the earliest choice wins
+            out[i] = float(width + len(alive) - rank)
+        return out
+
+
+class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
+    """Mean of (conditional − unconditional) token logprobs: how much the prompt raises each
+    choice's likelihood (the EleutherAI normalization SGLang cites)."""
+
+    requires_unconditional_logprobs = True
+
+    def scores(self, scored):
+        out = []
+        for s in scored:
+            if s.unconditional_logprobs is None:
+                raise ValueError("unconditional_likelihood_normalized needs unconditional logprobs")
+            out.append(_mean([c - u for c, u in zip(s.logprobs, s.unconditional_logprobs)]))
+        return out
+
+
+token_length_normalized = TokenLengthNormalized()
+greedy_token_selection = GreedyTokenSelection()
+unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()

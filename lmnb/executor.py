@@ -1,0 +1,636 @@
+"""The stream executor: runs one program state's primitives in order (paper §2, "Execution").
+
+``s += expr`` submits ``expr`` to the state's executor and returns at once; the executor runs its
+primitives on a worker thread, so Python code between primitives, other states and fork branches
+all proceed while the model works. Reading ``s["x"]`` blocks until ``x`` is ready. Errors,
+``ProgramEvent``s for live views, and the fork/join mechanics live here; the user-facing
+``ProgramState`` is in ``lmnb.interpreter``.
+
+Semantics follow SGLang's ``lang/interpreter.py`` ``StreamExecutor`` with its known flaws fixed
+(``research/features.md`` §4.3–4.4): forking an empty state works; a fork's shared prefix is
+prefilled once (``CommitLazy``) before the branches start; a failing primitive is recorded, never
+lost, and surfaces where its result is read; unknown roles raise; a state stays usable after its
+program returns (a notebook continues it in the next cell).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import dataclasses
+import threading
+import uuid
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+from lmnb import speculative
+from lmnb.backend.base import BaseBackend, Completion, Prompt, finish_reason_dict
+from lmnb.chat_template import ChatTemplate
+from lmnb.ir import (
+    DTYPE_STOPS,
+    CommitLazy,
+    ConstantText,
+    Expr,
+    ExprList,
+    Gen,
+    GenParams,
+    Image,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    VarScopeBegin,
+    VarScopeEnd,
+    Video,
+    as_expr,
+    dtype_regex,
+)
+
+if TYPE_CHECKING:
+    from lmnb.interpreter import ProgramStateGroup
+
+
+class ProgramError(RuntimeError):
+    """A primitive of a program failed.
+
+    Attributes:
+        branch: fork path of the failing state, e.g. ``(2,)`` for branch 2 of a fork of the root.
+        expr: repr of the primitive that failed.
+        partial_text: the state's text up to the failure (nothing is lost).
+    """
+
+    def __init__(self, message: str, branch: tuple = (), expr: str = "", partial_text: str = ""):
+        where = f"in fork branch {'.'.join(map(str, branch))}: " if branch else ""
+        super().__init__(where + message)
+        self.branch = branch
+        self.expr = expr
+        self.partial_text = partial_text
+
+
+class ProgramAborted(ProgramError):
+    """The state was aborted (``ProgramState.abort`` or Ctrl-C) while it ran."""
+
+
+class ForkError(ProgramError):
+    """One or more fork branches failed; raised by ``join``.
+
+    Attributes:
+        errors: ``{branch index: ProgramError}`` of the failed branches.
+        states: the ``ProgramStateGroup``; successful branches' variables remain readable there.
+    """
+
+    def __init__(self, errors: dict, states: "ProgramStateGroup"):
+        lines = "; ".join(f"branch {i}: {e}" for i, e in sorted(errors.items()))
+        super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {lines}")
+        self.errors = errors
+        self.states = states
+
+
+# ----------------------------------------------------------------------------------- observers
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramEvent:
+    """Something a program state did, for live views (notebook widgets, logs).
+
+    kind: ``"state"`` (a state was created; ``parent`` and ``branch`` set for fork branches),
+    ``"text"`` (``text`` appended; ``source`` is ``fill``/``role``/``gen``/``select``/``join``,
+    ``name`` the variable for gen/select), ``"var"`` (variable ``name`` set to ``value`` with
+    ``meta_info``), ``"prefill"`` (a prefix-cache hint ran; ``meta_info``), ``"fork"``
+    (``children`` sids), ``"join"`` (``children`` sids, ``mode`` in ``source``), ``"error"``.
+    """
+
+    kind: str
+    sid: str
+    text: str = ""
+    source: str = ""
+    name: Optional[str] = None
+    value: Any = None
+    meta_info: Optional[dict] = None
+    parent: Optional[str] = None
+    branch: tuple = ()
+    children: tuple = ()
+    error: Optional[BaseException] = None
+
+
+_listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listeners", default=())
+
+
+@contextlib.contextmanager
+def observe(callback: Callable[[ProgramEvent], None]):
+    """Within this block, program states created in this context (and their fork branches) call
+    ``callback(event)`` for every ``ProgramEvent``. Callbacks run on executor threads and must be
+    quick; their exceptions are turned into warnings."""
+    token = _listeners.set(_listeners.get() + (callback,))
+    try:
+        yield
+    finally:
+        _listeners.reset(token)
+
+
+# ------------------------------------------------------------------------------------ executor
+
+
+class _JoinApply(Expr):
+    """Internal: apply the result of ``ProgramStateGroup.join`` to the parent, in program order."""
+
+    def __init__(self, variables: dict, meta_info: dict, text: str, messages: list, children: tuple, mode: str):
+        self.variables = variables
+        self.meta_info = meta_info
+        self.text = text
+        self.messages = messages
+        self.children = children
+        self.mode = mode
+
+
+def _var_names(expr: Expr) -> list[str]:
+    """Variables ``expr`` will set (so readers can wait for them from submission on)."""
+    if isinstance(expr, (Gen, Select)) and expr.name is not None:
+        return [expr.name]
+    if isinstance(expr, VarScopeEnd):
+        return [expr.name]
+    if isinstance(expr, _JoinApply):
+        return list(expr.variables)
+    if isinstance(expr, ExprList):
+        return [n for e in expr.exprs for n in _var_names(e)]
+    return []
+
+
+class StreamExecutor:
+    """Runs the primitives of one program state in order on a worker thread.
+
+    The worker thread exists only while there is work; a state whose program has returned can be
+    continued (``s += ...``) later. All mutable state is guarded by one condition variable.
+    """
+
+    def __init__(
+        self,
+        backend: BaseBackend,
+        arguments: dict,
+        default_params: GenParams,
+        chat_template: Optional[ChatTemplate] = None,
+        stream: bool = False,
+        num_api_spec_tokens: Optional[int] = None,
+        use_thread: bool = True,
+        listeners: tuple = (),
+        branch: tuple = (),
+        parent_sid: Optional[str] = None,
+    ):
+        self.sid = uuid.uuid4().hex
+        self.backend = backend
+        self.arguments = arguments
+        self.default_params = default_params
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.stream = stream
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.use_thread = use_thread
+        self.listeners = listeners
+        self.branch = branch
+
+        self.text_ = ""
+        self.messages_: list[dict] = []
+        self.variables: dict[str, Any] = {}
+        self.meta_info: dict[str, Any] = {}
+        self.cur_role: Optional[str] = None
+        self.cur_role_begin_pos: Optional[int] = None
+        self.fork_start_text_pos: Optional[int] = None
+        self.fork_start_messages: int = 0
+        self.vars_set: list[str] = []  # names this executor set itself (what join gathers)
+        self.error_: Optional[ProgramError] = None
+        self.closed = False  # the program body returned (or the branch was joined)
+        self.speculated_text = ""  # completion-model API speculation left over
+        self._spec_terms: list[tuple] = []  # chat-model API speculation inside an assistant role
+
+        self._cv = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._draining = False
+        self._pending: collections.Counter = collections.Counter()  # var name -> writes queued
+        self._version = 0  # bumped on every text/variable change (streaming readers wait on it)
+        self._inflight: set[str] = set()
+        self._lost: set[str] = set()  # variables whose pending write was cancelled by an error
+        self._scopes: dict[str, int] = {}
+        self._children: list[StreamExecutor] = []
+        self._emit("state", parent=parent_sid, branch=branch)
+
+    # -- events
+
+    def _emit(self, kind: str, **kw) -> None:
+        if not self.listeners:
+            return
+        event = ProgramEvent(kind=kind, sid=self.sid, **kw)
+        for cb in self.listeners:
+            try:
+                cb(event)
+            except Exception as e:  # a broken view must not break the program
+                warnings.warn(f"lmnb event listener {cb!r} raised {type(e).__name__}: {e}", stacklevel=2)
+
+    # -- submission and waiting
+
+    def submit(self, expr: Any) -> None:
+        """Queue ``expr`` (an ``Expr`` or str) to run after everything submitted before it."""
+        expr = as_expr(expr)
+        with self._cv:
+            for name in _var_names(expr):
+                if self.error_ is not None:
+                    self._lost.add(name)  # it will be skipped
+                else:
+                    self._pending[name] += 1
+            self._queue.append(expr)
+            if self._draining:
+                return
+            self._draining = True
+        if self.use_thread:
+            threading.Thread(target=self._drain, daemon=True, name=f"lmnb-state-{self.sid[:8]}").start()
+        else:
+            self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            with self._cv:
+                if not self._queue:
+                    self._draining = False
+                    self._version += 1
+                    self._cv.notify_all()
+                    return
+                expr = self._queue.popleft()
+                failed = self.error_ is not None
+            if failed:
+                self._release(_var_names(expr))
+                continue
+            try:
+                self._execute(expr)
+            except BaseException as e:  # noqa: BLE001 - every failure is recorded, none is lost
+                self.fail(repr(expr), e)
+
+    def _release(self, names: list[str]) -> None:
+        with self._cv:
+            for n in names:
+                self._pending[n] = max(0, self._pending[n] - 1)
+            self._version += 1
+            self._cv.notify_all()
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        """Record ``exc`` (raised by ``what``, e.g. a primitive's repr) as this state's error."""
+        if isinstance(exc, ProgramError):
+            err = exc
+        else:
+            err = ProgramError(f"{what} failed: {type(exc).__name__}: {exc}", self.branch, what, self.text_)
+            err.__cause__ = exc
+        with self._cv:
+            if self.error_ is None:
+                self.error_ = err
+            self._cancel_pending()
+        self._emit("error", error=err)
+
+    def _cancel_pending(self) -> None:
+        """(Lock held.) Queued writes will not happen: readers of those variables get the error."""
+        self._lost.update(n for n, k in self._pending.items() if k > 0)
+        self._pending.clear()
+        self._version += 1
+        self._cv.notify_all()
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._queue and not self._draining
+
+    def wait_idle(self) -> None:
+        """Block until every submitted primitive has run (or was skipped after an error)."""
+        with self._cv:
+            while self._queue or self._draining:
+                self._cv.wait()
+
+    def raise_if_failed(self) -> None:
+        if self.error_ is not None:
+            raise self.error_
+
+    def get_var(self, name: str) -> Any:
+        """The value of variable ``name``, waiting for queued writes to it.
+
+        Raises:
+            KeyError: no such variable was set or submitted.
+            ProgramError: the primitive that should set it failed (or an earlier one did).
+        """
+        with self._cv:
+            while self._pending[name] > 0 and self.error_ is None:
+                if not self._queue and not self._draining:
+                    raise RuntimeError(
+                        f"variable {name!r} is set only when its assistant role ends (API speculative "
+                        "execution defers the gen calls to the role end); read it after the role"
+                    )
+                self._cv.wait()
+            if self.error_ is not None and (name in self._lost or name not in self.variables):
+                raise self.error_
+            if name not in self.variables:
+                raise KeyError(f"no variable {name!r} in this program state; it has {sorted(self.variables)}")
+            return self.variables[name]
+
+    def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True) -> None:
+        with self._cv:
+            self.variables[name] = value
+            if meta_info is not None:
+                self.meta_info[name] = meta_info
+            if record and name not in self.vars_set:
+                self.vars_set.append(name)
+            self._version += 1
+            self._cv.notify_all()
+
+    def _finish_var(self, name: Optional[str], value: Any, meta_info: Any) -> None:
+        if name is None:
+            return
+        self.set_var(name, value, meta_info)
+        with self._cv:
+            self._pending[name] = max(0, self._pending[name] - 1)
+            self._cv.notify_all()
+        self._emit("var", name=name, value=value, meta_info=meta_info)
+
+    def _append(self, text: str, source: str, name: Optional[str] = None) -> None:
+        if not text:
+            return
+        with self._cv:
+            self.text_ += text
+            self._version += 1
+            self._cv.notify_all()
+        self._emit("text", text=text, source=source, name=name)
+
+    # -- abort
+
+    def abort(self) -> None:
+        """Stop this state: in-flight requests are aborted, queued primitives skipped."""
+        with self._cv:
+            if self.error_ is None:
+                self.error_ = ProgramAborted("the program state was aborted", self.branch, "", self.text_)
+            rids = list(self._inflight)
+            self._cancel_pending()
+        for rid in rids:
+            self.backend.abort(rid)
+        for c in list(self._children):
+            c.abort()
+
+    def reopen(self, default_params: GenParams, stream: bool, listeners: tuple) -> None:
+        """Prepare this state for another program run on it (a notebook's next cell): new
+        sampling defaults, stream flag and listeners; a previous error is forgotten (the text is
+        kept as it was when it happened)."""
+        self.wait_idle()
+        with self._cv:
+            self.default_params = default_params
+            self.stream = stream
+            self.listeners = listeners
+            self.error_ = None
+            self._lost.clear()
+            self.closed = False
+            self._spec_terms = []
+
+    # -- execution
+
+    def _prompt(self) -> Prompt:
+        role_text = self.text_[self.cur_role_begin_pos:] if self.cur_role is not None else ""
+        return Prompt(text=self.text_, messages=list(self.messages_), role=self.cur_role, role_text=role_text)
+
+    def _call(self, fn: Callable, *args):
+        """Run a backend call with a fresh request id registered for abort."""
+        rid = uuid.uuid4().hex
+        with self._cv:
+            if self.error_ is not None:
+                raise self.error_
+            self._inflight.add(rid)
+        try:
+            return fn(*args, rid)
+        finally:
+            with self._cv:
+                self._inflight.discard(rid)
+
+    def _execute(self, expr: Expr) -> None:
+        if isinstance(expr, ConstantText):
+            self._execute_fill(expr.value)
+        elif isinstance(expr, ExprList):
+            for e in expr.exprs:
+                self._execute(e)
+        elif isinstance(expr, Gen):
+            self._execute_gen(expr)
+        elif isinstance(expr, Select):
+            self._execute_select(expr)
+        elif isinstance(expr, RoleBegin):
+            self._execute_role_begin(expr.role)
+        elif isinstance(expr, RoleEnd):
+            self._execute_role_end(expr.role)
+        elif isinstance(expr, VarScopeBegin):
+            self._scopes[expr.name] = len(self.text_)
+        elif isinstance(expr, VarScopeEnd):
+            if expr.name not in self._scopes:
+                raise ValueError(f"var_scope {expr.name!r} ended without beginning")
+            self._finish_var(expr.name, self.text_[self._scopes.pop(expr.name):], None)
+        elif isinstance(expr, CommitLazy):
+            if self.text_:
+                meta = self._call(self.backend.cache_prefix, self.text_)
+                self._emit("prefill", meta_info=meta)
+        elif isinstance(expr, _JoinApply):
+            self._execute_join(expr)
+        elif isinstance(expr, (Image, Video)):
+            raise NotImplementedError(
+                f"{type(expr).__name__.lower()}() needs a multimodal model, which lmnb backends do not "
+                "support yet (the multimodal issue adds it); remove the image/video input to run this program"
+            )
+        else:
+            raise TypeError(f"unknown primitive {expr!r}")
+
+    def _spec_chat_active(self) -> bool:
+        return self.num_api_spec_tokens is not None and self.backend.is_chat_model and self.cur_role == "assistant"
+
+    def _execute_fill(self, value: str, source: str = "fill") -> None:
+        if source == "fill" and self._spec_chat_active():
+            self._spec_terms.append(("text", value))
+            return
+        if self.speculated_text.startswith(value):
+            self.speculated_text = self.speculated_text[len(value):]
+        else:
+            self.speculated_text = ""
+        self._append(value, source)
+
+    def _resolve_params(self, params: GenParams) -> tuple[GenParams, Optional[Callable[[str], Any]]]:
+        """Program defaults under the gen's own values, plus the chat template's stops; dtype
+        becomes a regex (and stops for numbers) and a parser for the value."""
+        p = params.merged_over(self.default_params).with_stops(self.chat_template.stop_str)
+        parse = None
+        if p.dtype is not None:
+            if params.regex is not None:
+                raise ValueError("gen() got both dtype and regex; set only one")
+            regex, parse = dtype_regex(p.dtype)
+            name = p.dtype if isinstance(p.dtype, str) else getattr(p.dtype, "__name__", "")
+            p = dataclasses.replace(p, regex=regex, dtype=None)
+            if name in ("int", "float"):
+                p = p.with_stops(DTYPE_STOPS)
+        return p, parse
+
+    @staticmethod
+    def _check_finish(meta_info: dict, expr: Expr) -> None:
+        fr = finish_reason_dict(meta_info)
+        if fr.get("type") == "abort":
+            raise RuntimeError(f"the request was aborted: {fr.get('message') or 'no reason given'}")
+
+    def _parsed(self, expr: Gen, text: str, parse) -> Any:
+        if parse is None:
+            return text
+        try:
+            return parse(text)
+        except (ValueError, KeyError):
+            raise ValueError(
+                f"gen {expr.name!r} with dtype={expr.params.dtype!r} produced {text!r}, which does not "
+                "parse; the backend did not enforce the dtype's regex"
+            ) from None
+
+    def _execute_gen(self, expr: Gen) -> None:
+        params, parse = self._resolve_params(expr.params)
+        if self.num_api_spec_tokens is not None:
+            if self.stream:
+                raise ValueError("API speculative execution (num_api_spec_tokens) does not work with stream=True")
+            if self._spec_chat_active():
+                self._spec_terms.append(("gen", expr, params, parse))
+                return
+            if not self.backend.is_chat_model and params.stop_list and (params.n or 1) == 1:
+                text, meta = speculative.spec_gen(self, params, expr)
+                self._append(text, "gen", expr.name)
+                self._finish_var(expr.name, self._parsed(expr, text, parse), meta)
+                return
+        if self.stream and (params.n or 1) == 1:
+            self._execute_gen_stream(expr, params, parse)
+            return
+        comps: list[Completion] = self._call(self.backend.generate, self._prompt(), params)
+        for c in comps:
+            self._check_finish(c.meta_info, expr)
+        self._append(comps[0].text, "gen", expr.name)
+        if len(comps) == 1:
+            self._finish_var(expr.name, self._parsed(expr, comps[0].text, parse), comps[0].meta_info)
+        else:
+            values = [self._parsed(expr, c.text, parse) for c in comps]
+            self._finish_var(expr.name, values, [c.meta_info for c in comps])
+
+    def _execute_gen_stream(self, expr: Gen, params: GenParams, parse) -> None:
+        name = expr.name
+        text, meta = "", {}
+
+        def run(rid):
+            nonlocal text, meta
+            for delta, meta in self.backend.generate_stream(self._prompt(), params, rid):
+                with self._cv:
+                    if self.error_ is not None:
+                        raise self.error_
+                    if name is not None:
+                        self.variables[name] = text + delta
+                        self.meta_info[name] = meta
+                text += delta
+                self._append(delta, "gen", name)
+            return None
+
+        self._call(run)
+        self._check_finish(meta, expr)
+        self._finish_var(name, self._parsed(expr, text, parse), meta)
+
+    def _execute_select(self, expr: Select) -> None:
+        method = expr.choices_method
+        scored = self._call(
+            self.backend.score_choices, self._prompt(), expr.choices, method.requires_unconditional_logprobs
+        )
+        decision = method.decide(expr.choices, scored, expr.temperature)
+        self._append(decision.decision, "select", expr.name)
+        self._finish_var(expr.name, decision.decision, decision.meta_info)
+
+    def _execute_role_begin(self, role: str) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"role {role!r} begins inside role {self.cur_role!r}; roles cannot nest")
+        begin, implicit = self.chat_template.role_begin(role, len(self.messages_), not self.text_)
+        if implicit is not None:
+            self.messages_.append(implicit)
+        self.cur_role = role
+        self._append(begin, "role")
+        self.cur_role_begin_pos = len(self.text_)
+
+    def _execute_role_end(self, role: str) -> None:
+        if self.cur_role != role:
+            raise ValueError(f"role {role!r} ends but the open role is {self.cur_role!r}")
+        if self._spec_terms or self._spec_chat_active():
+            speculative.spec_role_end(self)
+        content = self.text_[self.cur_role_begin_pos:]
+        self.cur_role = None
+        _, suffix = self.chat_template.get_prefix_and_suffix(role)
+        self._append(suffix, "role")
+        self.messages_.append({"role": role, "content": content.lstrip()})
+
+    def _execute_join(self, j: _JoinApply) -> None:
+        if j.text:
+            self._append(j.text, "join")
+        self.messages_.extend(j.messages)
+        for name, value in j.variables.items():
+            self._finish_var(name, value, j.meta_info.get(name))
+        self._emit("join", children=j.children, source=j.mode)
+
+    # -- fork
+
+    def fork(self, size: int) -> list["StreamExecutor"]:
+        """``size`` new executors sharing this state's text so far (after every queued primitive).
+
+        With ``size > 1`` and a non-empty prompt, the prompt is first prefilled once
+        (``CommitLazy``) so the branches' requests all hit the prefix cache.
+        """
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
+        if size > 1:
+            self.submit(CommitLazy())
+        self.wait_idle()
+        self.raise_if_failed()
+        children = []
+        for i in range(size):
+            c = StreamExecutor(
+                self.backend, self.arguments, self.default_params, self.chat_template, self.stream,
+                self.num_api_spec_tokens, self.use_thread, self.listeners, self.branch + (i,), self.sid,
+            )
+            c.text_ = self.text_
+            c.messages_ = list(self.messages_)
+            c.variables = dict(self.variables)
+            c.meta_info = dict(self.meta_info)
+            c.cur_role = self.cur_role
+            c.cur_role_begin_pos = self.cur_role_begin_pos
+            c.fork_start_text_pos = len(self.text_)
+            c.fork_start_messages = len(self.messages_)
+            c.speculated_text = self.speculated_text
+            children.append(c)
+        self._children += children
+        self._emit("fork", children=tuple(c.sid for c in children))
+        return children
+
+    def close(self) -> None:
+        """Mark the program (or branch) finished: streaming readers end once it is idle."""
+        with self._cv:
+            self.closed = True
+            self._version += 1
+            self._cv.notify_all()
+        for c in self._children:
+            c.close()
+
+    # -- streaming
+
+    def iter_text(self, var_name: Optional[str] = None) -> Iterator[str]:
+        """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
+        state is closed and idle (or the variable is complete)."""
+        pos, seen = 0, -1
+        while True:
+            with self._cv:
+                while self._version == seen:
+                    self._cv.wait()
+                seen = self._version
+                if var_name is None:
+                    current = self.text_
+                    done = (self.closed and not self._queue and not self._draining) or self.error_ is not None
+                else:
+                    value = self.variables.get(var_name, "")
+                    current = value if isinstance(value, str) else ""
+                    started = var_name in self.variables or self._pending[var_name] > 0
+                    done = self.error_ is not None or (
+                        self._pending[var_name] == 0
+                        and (started or (self.closed and not self._queue and not self._draining))
+                    )
+                chunk = current[pos:]
+                pos = len(current)
+            if chunk:
+                yield chunk
+            if done:
+                return

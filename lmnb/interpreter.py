@@ -1,0 +1,366 @@
+"""Program states and running programs: ``ProgramState``, fork groups, ``run``/``run_batch``.
+
+``ProgramState`` is the object a program body receives as ``s`` (SGLang's ``ProgramState``
+facade over a ``StreamExecutor``); ``ProgramStateGroup`` holds fork branches and joins them —
+``gather_variable`` and ``concate_and_append`` both work (the latter concatenates the branches'
+text and lets the next gen prefill it: correct, unlike SGLang's KV splice route, which does not
+exist on its server, ``research/features.md`` §4.4); a failing branch raises at ``join`` with its
+index while the other branches stay readable. ``run_program``/``run_program_batch`` are what
+``SglFunction.run``/``run_batch`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import multiprocessing
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Optional
+
+from lmnb.backend.base import BaseBackend
+from lmnb.executor import ForkError, ProgramError, StreamExecutor, _JoinApply, _listeners
+from lmnb.ir import Expr, ExprList, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, as_expr
+
+
+# ------------------------------------------------------------------------------ program states
+
+
+class ProgramState:
+    """The state of a running program: the prompt text, chat messages and variables.
+
+    ``s += x`` appends a string or primitive (asynchronously). ``s["x"]`` waits for variable ``x``.
+    Errors of primitives surface where their results are read (``s["x"]``, ``text()``,
+    ``messages()``, ``sync()``) as ``ProgramError`` carrying the partial text; ``error()`` returns
+    the error without raising. SGLang's ``ProgramState`` API, plus ``abort``.
+    """
+
+    def __init__(self, executor: StreamExecutor):
+        self.stream_executor = executor
+        self.ret_value: Any = None
+
+    # -- building
+
+    def __iadd__(self, other: Any) -> "ProgramState":
+        if other is None:
+            raise ValueError("cannot add None to a program state")
+        self.stream_executor.submit(other)
+        return self
+
+    def _role(self, role: str, expr: Any = None):
+        if expr is not None:
+            self.stream_executor.submit(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]))
+            return None
+
+        @contextlib.contextmanager
+        def scope():
+            self.stream_executor.submit(RoleBegin(role))
+            yield self
+            self.stream_executor.submit(RoleEnd(role))
+
+        return scope()
+
+    def system(self, expr: Any = None):
+        """Append a system message, or with no argument a ``with`` block that is one."""
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None):
+        """Append a user message, or with no argument a ``with`` block that is one."""
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None):
+        """Append an assistant message, or with no argument a ``with`` block that is one."""
+        return self._role("assistant", expr)
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str):
+        """Capture the text appended inside the block into variable ``name``."""
+        self.stream_executor.submit(VarScopeBegin(name))
+        yield self
+        self.stream_executor.submit(VarScopeEnd(name))
+
+    def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
+        """``size`` branches continuing from this state's current text (waits for queued work).
+
+        ``position_ids_offset`` is accepted for SGLang compatibility and must be None.
+        """
+        if position_ids_offset is not None:
+            raise NotImplementedError("fork(position_ids_offset=...) is not supported")
+        children = self.stream_executor.fork(size)
+        return ProgramStateGroup([ProgramState(c) for c in children], self)
+
+    @contextlib.contextmanager
+    def copy(self, position_ids_offset: Any = None):
+        """A ``with`` block on one branch of this state; its new variables join back on exit."""
+        group = self.fork(1, position_ids_offset)
+        yield group[0]
+        group.join()
+
+    # -- reading
+
+    def sync(self) -> None:
+        """Wait until every submitted primitive has run; raise the state's error if one failed."""
+        self.stream_executor.wait_idle()
+        self.stream_executor.raise_if_failed()
+
+    def text(self) -> str:
+        """The full text (waits for queued primitives; raises ``ProgramError`` on failure)."""
+        self.sync()
+        return self.stream_executor.text_
+
+    def messages(self) -> list[dict]:
+        """Completed chat messages in OpenAI format (waits; raises on failure)."""
+        self.sync()
+        return list(self.stream_executor.messages_)
+
+    def error(self) -> Optional[ProgramError]:
+        """The error that stopped this state, or None (waits for queued primitives)."""
+        self.stream_executor.wait_idle()
+        return self.stream_executor.error_
+
+    def get_var(self, name: str) -> Any:
+        return self.stream_executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.stream_executor.set_var(name, value)
+
+    def get_meta_info(self, name: str) -> Any:
+        """The backend's meta info of variable ``name`` (token counts, cached tokens, finish reason,
+        logprobs; select: scores). Waits like ``s[name]``."""
+        self.stream_executor.get_var(name)
+        return self.stream_executor.meta_info.get(name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.stream_executor.variables
+
+    def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
+        """Yield the text (or variable ``var_name``) piece by piece as it is produced; with
+        ``stream=True`` a gen arrives token by token."""
+        return self.stream_executor.iter_text(var_name)
+
+    async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):
+        """``text_iter`` as an async iterator; with ``return_meta_data`` yields
+        ``(chunk, meta_info of var_name)``."""
+        it = self.text_iter(var_name)
+        end = object()
+        while True:
+            chunk = await asyncio.to_thread(next, it, end)
+            if chunk is end:
+                return
+            if return_meta_data:
+                yield chunk, self.stream_executor.meta_info.get(var_name) if var_name else None
+            else:
+                yield chunk
+
+    def abort(self) -> None:
+        """Abort in-flight requests and skip queued primitives (reads then raise
+        ``ProgramAborted``)."""
+        self.stream_executor.abort()
+
+    def __repr__(self) -> str:
+        ex = self.stream_executor
+        return f"ProgramState({ex.text_!r})" if ex.idle() else f"ProgramState(running, {ex.text_!r})"
+
+
+class ProgramStateGroup:
+    """The branches of ``ProgramState.fork``: index them, add to all of them, ``join`` them."""
+
+    def __init__(self, states: list[ProgramState], src_state: ProgramState):
+        self.states = states
+        self.src_state = src_state
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self):
+        return iter(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        # `forks[i] += x` ends with this assignment of the same state
+        if value is not self.states[i]:
+            raise TypeError("fork branches cannot be replaced; use forks[i] += ... to extend one")
+
+    def __iadd__(self, other: Any) -> "ProgramStateGroup":
+        """``forks += f`` with ``f`` a callable ``f(i)`` per branch, a list with one item per
+        branch, or one string/primitive for every branch."""
+        if callable(other) and not isinstance(other, Expr):
+            items = [other(i) for i in range(len(self.states))]
+        elif isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"got {len(other)} items for {len(self.states)} fork branches")
+            items = list(other)
+        else:
+            items = [other] * len(self.states)
+        for state, item in zip(self.states, items):
+            state += item
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every branch and merge them into the source state (after its queued work).
+
+        ``gather_variable``: each variable a branch set becomes, in the source state, a list with
+        one entry per branch (None for a branch that did not set it); meta info likewise.
+        ``concate_and_append``: additionally appends each branch's new text (and chat messages)
+        to the source state in branch order; the next gen prefills the joined text.
+
+        Raises:
+            ValueError: unknown mode.
+            ForkError: a branch failed; nothing is merged and every branch stays readable.
+        """
+        if mode not in ("gather_variable", "concate_and_append"):
+            raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
+        errors = {}
+        for i, st in enumerate(self.states):
+            st.stream_executor.wait_idle()
+            if st.stream_executor.error_ is not None:
+                errors[i] = st.stream_executor.error_
+        if errors:
+            raise ForkError(errors, self)
+        exes = [st.stream_executor for st in self.states]
+        names: list[str] = []
+        for ex in exes:
+            names += [n for n in ex.vars_set if n not in names]
+        variables = {n: [ex.variables.get(n) if n in ex.vars_set else None for ex in exes] for n in names}
+        meta = {n: [ex.meta_info.get(n) if n in ex.vars_set else None for ex in exes] for n in names}
+        text, messages = "", []
+        if mode == "concate_and_append":
+            for ex in exes:
+                text += ex.text_[ex.fork_start_text_pos:]
+                messages += ex.messages_[ex.fork_start_messages:]
+        parent = self.src_state.stream_executor
+        for ex in exes:
+            ex.close()
+        parent._children = [c for c in parent._children if c not in exes]
+        parent.submit(
+            _JoinApply(variables, meta, text, messages, tuple(ex.sid for ex in exes), mode)
+        )
+
+
+# ------------------------------------------------------------------------------------- running
+
+
+def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, raise_errors: bool) -> None:
+    ex = state.stream_executor
+    try:
+        state.ret_value = func(state, *args, **kwargs)
+        ex.wait_idle()
+    except KeyboardInterrupt:
+        ex.abort()
+        raise
+    except BaseException as e:  # noqa: BLE001
+        if raise_errors:
+            raise
+        ex.wait_idle()  # what the body submitted before it raised still runs
+        ex.fail(f"the body of program {getattr(func, '__name__', '?')!r}", e)
+    finally:
+        ex.close()
+
+
+def run_program(
+    program,
+    backend: BaseBackend,
+    args: tuple,
+    kwargs: dict,
+    default_params: GenParams,
+    stream: bool,
+    use_thread: bool = True,
+    listeners: Optional[tuple] = None,
+    raise_errors: bool = True,
+    state: Optional[ProgramState] = None,
+) -> ProgramState:
+    """Run ``program`` (an ``SglFunction``) once and return its state.
+
+    Without ``stream`` this returns when the program body returned and every primitive ran; an
+    exception of the body itself propagates (``raise_errors``). With ``stream`` the body runs on a
+    thread and the state is returned at once (read it with ``text_iter``). With ``state`` the body
+    continues that existing state (``StreamExecutor.reopen``) instead of a new one.
+    """
+    listeners = _listeners.get() if listeners is None else listeners
+    if state is not None:
+        state.stream_executor.reopen(default_params, stream, listeners)
+    else:
+        executor = StreamExecutor(
+            backend,
+            kwargs,
+            default_params,
+            stream=stream,
+            num_api_spec_tokens=program.num_api_spec_tokens,
+            use_thread=use_thread,
+            listeners=listeners,
+        )
+        state = ProgramState(executor)
+    kwargs = {**program.bind_arguments, **kwargs}
+    if stream:
+        ctx = contextvars.copy_context()
+        threading.Thread(
+            target=ctx.run, args=(_run_body, state, program.func, args, kwargs, False), daemon=True
+        ).start()
+        return state
+    _run_body(state, program.func, args, kwargs, raise_errors)
+    return state
+
+
+def run_program_batch(
+    program,
+    backend: BaseBackend,
+    batch_kwargs: list[dict],
+    default_params: GenParams,
+    num_threads: Any = "auto",
+    progress_bar: bool = False,
+    generator_style: bool = False,
+):
+    """Run ``program`` once per kwargs dict, concurrently; returns the states in input order
+    (a generator of them with ``generator_style``).
+
+    Before the batch, the program's constant prefix (found by tracing, ``lmnb.tracer``) is
+    prefilled once so every item's request hits the prefix cache (paper §3). An item whose body
+    raises does not stop the batch: its state's ``error()`` holds the exception and reading it
+    raises.
+    """
+    from lmnb.tracer import extract_prefix
+
+    if len(batch_kwargs) > 1:
+        prefix = extract_prefix(program, backend.get_chat_template())
+        if prefix:
+            backend.cache_prefix(prefix, uuid.uuid4().hex)
+    if num_threads == "auto":
+        num_threads = max(96, multiprocessing.cpu_count() * 16)
+    if not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
+    num_threads = max(1, min(num_threads, len(batch_kwargs)))
+    listeners = _listeners.get()
+
+    def one(kwargs: dict) -> ProgramState:
+        return run_program(program, backend, (), kwargs, default_params, False, True, listeners, raise_errors=False)
+
+    pbar = None
+    if progress_bar:
+        from tqdm.auto import tqdm
+
+        pbar = tqdm(total=len(batch_kwargs))
+
+    def results():
+        try:
+            with ThreadPoolExecutor(num_threads) as pool:
+                futures = [pool.submit(one, kw) for kw in batch_kwargs]
+                if pbar is not None:
+                    for f in futures:
+                        f.add_done_callback(lambda _: pbar.update())
+                for f in futures:
+                    yield f.result()
+        finally:
+            if pbar is not None:
+                pbar.close()
+
+    return results() if generator_style else list(results())

@@ -1,0 +1,311 @@
+"""What an lmnb program says: primitives as small expression classes (paper §2, Table 1).
+
+The interpreter (``lmnb.interpreter``) decides how they run, the tracer (``lmnb.tracer``) reads
+them without running, and every backend receives the resolved ``GenParams`` of a ``gen``. The split
+and the meaning of every field follow SGLang's ``python/sglang/lang/ir.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Callable, Optional, Sequence, Union
+
+# Regular expressions for ``gen(dtype=...)``, SGLang's (``REGEX_INT`` etc.): the trailing
+# ``[ \n]*`` lets the model end the number with a space or newline, which the added stop strings
+# then cut off (the stop text is not returned).
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"[\w\d\s]*"
+DTYPE_STOPS = (" ", "\n")
+
+_PARAM_FIELDS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "n",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "seed",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "regex",
+    "json_schema",
+    "dtype",
+)
+
+
+@dataclasses.dataclass
+class GenParams:
+    """Sampling parameters of one ``gen``; ``None`` means "inherit the program-wide default".
+
+    Field names and meanings are SGLang's (``SglSamplingParams``): ``max_new_tokens`` and
+    ``min_new_tokens`` count tokens; ``temperature`` 0 is greedy; ``top_k`` -1 is off; ``seed`` makes sampling reproducible (an lmnb extension; SGLang's server
+    calls it ``sampling_seed``); ``stop`` is a
+    string or a list of strings (matched on the text, not returned); ``logprob_start_len`` is a
+    prompt-token index. ``regex`` and ``json_schema`` (a JSON string or a dict) constrain the output
+    and are passed to the backend unchanged. ``dtype`` (``int``, ``float``, ``bool``, ``str``)
+    becomes a regex and, for int/float/bool, a parsed value (see ``dtype_regex``).
+    """
+
+    max_new_tokens: Optional[int] = None
+    min_new_tokens: Optional[int] = None
+    n: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    ignore_eos: Optional[bool] = None
+    seed: Optional[int] = None
+    return_logprob: Optional[bool] = None
+    logprob_start_len: Optional[int] = None
+    top_logprobs_num: Optional[int] = None
+    return_text_in_logprobs: Optional[bool] = None
+    regex: Optional[str] = None
+    json_schema: Optional[Union[str, dict]] = None
+    dtype: Optional[Any] = None
+
+    def merged_over(self, defaults: "GenParams") -> "GenParams":
+        """These values where set, ``defaults`` elsewhere (a new object; lists are copied)."""
+        out = {}
+        for f in _PARAM_FIELDS:
+            v = getattr(self, f)
+            out[f] = v if v is not None else getattr(defaults, f)
+        if isinstance(out["stop"], (list, tuple)):
+            out["stop"] = list(out["stop"])
+        return GenParams(**out)
+
+    @property
+    def stop_list(self) -> list[str]:
+        """``stop`` as a list of non-empty strings."""
+        if not self.stop:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [s for s in stops if s]
+
+    def with_stops(self, extra: Sequence[str]) -> "GenParams":
+        """A copy whose ``stop`` list also holds ``extra`` (order kept, no duplicates)."""
+        stops = self.stop_list
+        stops += [s for s in extra if s and s not in stops]
+        return dataclasses.replace(self, stop=stops)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """The fields that SGLang's ``sampling_params`` object carries (set fields only)."""
+        keys = (
+            "max_new_tokens", "min_new_tokens", "n", "stop_token_ids", "temperature", "top_p",
+            "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed",
+            "regex", "json_schema",
+        )
+        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        if self.stop_list:
+            out["stop"] = self.stop_list
+        return out
+
+
+def dtype_regex(dtype: Any) -> tuple[str, Callable[[str], Any]]:
+    """``(regex, parse)`` for ``gen(dtype=...)``: int, float, bool or str (also their names).
+
+    The regexes are SGLang's (``runtime_endpoint._handle_dtype_to_regex``); unlike SGLang, the
+    variable holds the parsed value (``int``/``float``/``bool``), while the text keeps the string.
+
+    Raises:
+        ValueError: another dtype.
+    """
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", repr(dtype))
+    table: dict[str, tuple[str, Callable[[str], Any]]] = {
+        "int": (REGEX_INT, lambda t: int(t.strip())),
+        "float": (REGEX_FLOAT, lambda t: float(t.strip())),
+        "bool": (REGEX_BOOL, lambda t: {"True": True, "False": False}[t.strip()]),
+        "str": (REGEX_STR, lambda t: t),
+        "string": (REGEX_STR, lambda t: t),
+    }
+    if name not in table:
+        raise ValueError(f"gen(dtype={dtype!r}) is not supported; use int, float, bool or str")
+    return table[name]
+
+
+class Expr:
+    """Base of every primitive. ``a + b`` builds an ``ExprList``; strings become ``ConstantText``."""
+
+    def __add__(self, other: Any) -> "ExprList":
+        return ExprList([self, as_expr(other)])
+
+    def __radd__(self, other: Any) -> "ExprList":
+        return ExprList([as_expr(other), self])
+
+
+def as_expr(x: Any) -> Expr:
+    """A string as ``ConstantText``, an ``Expr`` as is.
+
+    Raises:
+        TypeError: anything else (name the type so the user can convert it with ``str()``).
+    """
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, str):
+        return ConstantText(x)
+    raise TypeError(
+        f"cannot add a {type(x).__name__} to an lmnb program; add a str (e.g. str(value)) or a "
+        "primitive such as gen(...)"
+    )
+
+
+class ExprList(Expr):
+    """A sequence of expressions run in order."""
+
+    def __init__(self, exprs: Sequence[Expr]):
+        flat: list[Expr] = []
+        for e in exprs:
+            flat.extend(e.exprs if isinstance(e, ExprList) else [e])
+        self.exprs = flat
+
+    def __repr__(self) -> str:
+        return f"ExprList({self.exprs!r})"
+
+
+class ConstantText(Expr):
+    """Text appended to the prompt as is (paper: "extend")."""
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"ConstantText({self.value!r})"
+
+
+class Gen(Expr):
+    """Generate text from the model and store it in variable ``name`` (None: text only)."""
+
+    def __init__(self, name: Optional[str], params: GenParams):
+        self.name = name
+        self.params = params
+
+    def __repr__(self) -> str:
+        return f"Gen({self.name!r})"
+
+
+class Select(Expr):
+    """Pick one of ``choices`` by the model's (normalized) likelihood; see ``lmnb.choices``."""
+
+    def __init__(self, name: Optional[str], choices: list[str], temperature: float, choices_method):
+        self.name = name
+        self.choices = choices
+        self.temperature = temperature
+        self.choices_method = choices_method
+
+    def __repr__(self) -> str:
+        return f"Select({self.name!r}, choices={self.choices!r})"
+
+
+class RoleBegin(Expr):
+    """Start a chat message of ``role`` (appends the chat template's prefix)."""
+
+    def __init__(self, role: str):
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleBegin({self.role!r})"
+
+
+class RoleEnd(Expr):
+    """End the chat message of ``role`` (appends the suffix, records the message)."""
+
+    def __init__(self, role: str):
+        self.role = role
+
+    def __repr__(self) -> str:
+        return f"RoleEnd({self.role!r})"
+
+
+class Image(Expr):
+    """An image input (a path, URL or bytes); runs once multimodal models are supported."""
+
+    def __init__(self, source: Any):
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"Image({self.source!r:.60})"
+
+
+class Video(Expr):
+    """A video input sampled to ``num_frames`` frames; runs once multimodal models are supported."""
+
+    def __init__(self, source: Any, num_frames: int):
+        self.source = source
+        self.num_frames = num_frames
+
+    def __repr__(self) -> str:
+        return f"Video({self.source!r:.60}, {self.num_frames})"
+
+
+class VarScopeBegin(Expr):
+    """Start capturing the text appended from here into variable ``name``."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class VarScopeEnd(Expr):
+    """Stop capturing into variable ``name``."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class CommitLazy(Expr):
+    """Prefill the text so far into the backend's prefix cache (``max_new_tokens=0``).
+
+    Submitted by ``fork(n>1)`` so the shared prefix is computed once before the branches start —
+    the frontend hint of paper §3.
+    """
+
+
+def json_schema_value(schema: Any) -> Union[str, dict, None]:
+    """A JSON schema given as a str, a dict, or a pydantic model class → the str or dict.
+
+    Raises:
+        TypeError: any other type; ValueError: a str that is not JSON.
+    """
+    if schema is None or isinstance(schema, dict):
+        return schema
+    if isinstance(schema, str):
+        try:
+            json.loads(schema)
+        except ValueError as e:
+            raise ValueError(f"json_schema is not valid JSON: {e}") from None
+        return schema
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    raise TypeError(
+        f"json_schema must be a JSON string, a dict or a pydantic model class, not {type(schema).__name__}"
+    )
+
+
+def check_regex(regex: Optional[str]) -> None:
+    """Compile ``regex`` client-side so a typo fails at the ``gen`` call, as in SGLang.
+
+    Raises:
+        ValueError: not a string or not a valid Python regular expression.
+    """
+    if regex is None:
+        return
+    if not isinstance(regex, str):
+        raise ValueError(f"regex must be a string, not {type(regex).__name__}")
+    try:
+        re.compile(regex)
+    except re.error as e:
+        raise ValueError(f"regex {regex!r} is not a valid regular expression: {e}") from None

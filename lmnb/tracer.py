@@ -1,0 +1,119 @@
+"""Find a program's constant prompt prefix without running it (the batch prefix hint, paper §3).
+
+``run_batch`` prefills this prefix once before starting the items, so all of them find it in the
+prefix cache instead of racing to compute it. Like SGLang's ``extract_prefix_by_tracing``, the
+program body runs against a recording state whose arguments are placeholders: the prefix is the
+text appended before the first primitive that needs the model or an argument (gen, select, fork,
+reading a variable, using an argument's value). Bound arguments (``bind``) are real values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmnb.chat_template import ChatTemplate
+from lmnb.ir import ConstantText, Expr, ExprList, RoleBegin, RoleEnd, as_expr
+
+
+class _StopTrace(Exception):
+    """The traced program reached something that depends on the model or an argument."""
+
+
+class _Placeholder(Expr):
+    """An argument whose value is unknown while tracing. ``"text" + arg`` builds an expression
+    (so the text before it still counts, as with SGLang's ``SglArgument``); any other use of its
+    value, and reaching it in the prompt, ends the trace."""
+
+    def _stop(self, *args, **kwargs):
+        raise _StopTrace()
+
+    __str__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = __call__ = _stop
+    __bool__ = __int__ = __float__ = __index__ = __eq__ = __lt__ = __gt__ = _stop
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getattr__(self, name):
+        raise _StopTrace()
+
+
+class _TracingState:
+    """Records constant text and role markers exactly as the interpreter would render them."""
+
+    def __init__(self, chat_template: ChatTemplate):
+        self.template = chat_template
+        self.text = ""
+        self.messages = 0
+        self.role = None
+
+    def _run(self, expr: Expr) -> None:
+        if isinstance(expr, ExprList):
+            for e in expr.exprs:
+                self._run(e)
+        elif isinstance(expr, ConstantText):
+            self.text += expr.value
+        elif isinstance(expr, RoleBegin) and self.role is None:
+            begin, implicit = self.template.role_begin(expr.role, self.messages, not self.text)
+            self.text += begin
+            self.messages += 1 if implicit else 0
+            self.role = expr.role
+        elif isinstance(expr, RoleEnd) and self.role == expr.role:
+            self.text += self.template.get_prefix_and_suffix(expr.role)[1]
+            self.role = None
+            self.messages += 1
+        else:
+            raise _StopTrace()
+
+    def __iadd__(self, other: Any) -> "_TracingState":
+        self._run(as_expr(other))
+        return self
+
+    def _role(self, role: str, expr: Any = None):
+        if expr is not None:
+            self._run(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]))
+            return None
+        return _RoleScope(self, role)
+
+    def system(self, expr: Any = None):
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None):
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None):
+        return self._role("assistant", expr)
+
+    def __getattr__(self, name):  # fork, text, s["x"], var_scope, ...: the prefix ends here
+        raise _StopTrace()
+
+    def __getitem__(self, name):
+        raise _StopTrace()
+
+
+class _RoleScope:
+    def __init__(self, state: _TracingState, role: str):
+        self.state, self.role = state, role
+
+    def __enter__(self):
+        self.state._run(RoleBegin(self.role))
+        return self.state
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.state._run(RoleEnd(self.role))
+        return False
+
+
+def extract_prefix(program, chat_template: ChatTemplate) -> str:
+    """The text every run of ``program`` (an ``SglFunction``) starts with, whatever its arguments.
+
+    Never raises: a program that fails under tracing yields the prefix traced so far.
+    """
+    state = _TracingState(chat_template)
+    kwargs = {name: _Placeholder() for name in program.arg_names}
+    kwargs.update(program.bind_arguments)
+    try:
+        program.func(state, **kwargs)
+    except _StopTrace:
+        pass
+    except Exception:  # noqa: BLE001 - tracing is only a hint; the real run reports errors
+        pass
+    return state.text

@@ -1,0 +1,55 @@
+"""``lmnb serve``: the in-process engine over HTTP — SGLang's native protocol and the OpenAI API.
+
+``serve_arguments(parser)`` / ``serve(args)`` are the CLI entry (``lmnb_kernel.cli``);
+``create_app(engine, api_key=None, served_model_name=None)`` builds the ASGI app for any engine
+(tests pass a small one). Importing this package loads neither fastapi nor torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+DEFAULT_PORT = 30000  # SGLang's default
+
+
+def serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``lmnb serve`` options to ``parser``."""
+    parser.add_argument("--model", default=None, help="HF checkpoint directory or hub id (default: the demo model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    parser.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
+    parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens")
+    parser.add_argument("--log-level", default="info", help="uvicorn log level")
+
+
+def create_app(engine, api_key=None, served_model_name=None):
+    """See ``lmnb_engine.http_server.app.create_app``."""
+    from lmnb_engine.http_server.app import create_app as _create_app
+
+    return _create_app(engine, api_key=api_key, served_model_name=served_model_name)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Load the model, then serve until interrupted. Returns the exit status."""
+    import uvicorn
+
+    from lmnb_engine import Engine
+
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        warnings.warn(f"serving on {args.host} without --api-key: anyone who can reach it can use the model", stacklevel=1)
+    try:
+        engine = Engine(model=args.model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"lmnb serve: {e}", file=sys.stderr)
+        return 2
+    app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.shutdown()
+    return 0

@@ -1,0 +1,298 @@
+"""The FastAPI application of ``lmnb serve``: SGLang's native routes over an in-process engine.
+
+Routes (SGLang's ``srt/entrypoints/http_server.py`` names and shapes): ``POST /generate`` (one
+prompt or a batch, ``text`` or ``input_ids``, streaming as server-sent events with the cumulative
+text in each event), ``GET /get_model_info``, ``GET /get_server_info``, ``GET|POST /flush_cache``,
+``POST /abort_request``, ``GET /health``; the OpenAI routes come from ``openai_api``. Every bad
+request is answered with a 4xx JSON error ``{"error": {"message", "type", "param", "code"}}``; an
+unexpected failure is a 500 JSON error, and the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Callable, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lmnb_engine.http_server.protocol import RequestError, meta_info, sampling_params_from_json
+
+logger = logging.getLogger("lmnb.serve")
+
+# Blocking engine calls (submit, waiting for results) run on this many threads; a request holds
+# one while it waits, so this bounds concurrent requests, not throughput.
+MAX_WAITING_THREADS = 512
+
+
+class ServerContext:
+    """What every route needs: the engine, the served model name and a thread pool."""
+
+    def __init__(self, engine: Any, served_model_name: str):
+        self.engine = engine
+        self.model_name = served_model_name
+        self.pool = ThreadPoolExecutor(MAX_WAITING_THREADS, thread_name_prefix="lmnb-serve")
+
+    async def run(self, fn: Callable, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def submit(self, prompts: list, params: list, rids: list) -> list:
+        """Submit every prompt; if one is rejected, abort those already queued and re-raise as a
+        ``RequestError`` (the engine names the problem)."""
+        handles = []
+        try:
+            for prompt, p, rid in zip(prompts, params, rids):
+                handles.append(await self.run(self.engine.submit, prompt, p, rid))
+        except (ValueError, TypeError) as e:
+            for h in handles:
+                h.abort()
+            raise RequestError(str(e)) from None
+        return handles
+
+    async def events(self, handle: Any) -> AsyncIterator[Any]:
+        """The handle's ``StreamEvent``s without blocking the event loop; aborts the request if
+        the consumer stops early (client gone)."""
+        it = handle.events()
+        end = object()
+        finished = False
+        try:
+            while True:
+                ev = await self.run(next, it, end)
+                if ev is end:
+                    finished = True
+                    return
+                yield ev
+        finally:
+            if not finished and not handle.done:
+                handle.abort()
+
+
+def error_body(message: str, status: int, param: Optional[str] = None) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 404:
+        kind = "not_found_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def _per_item(value: Any, n: int, name: str) -> list:
+    """A request field given once for all prompts or as a list with one entry per prompt."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise RequestError(f"{name} has {len(value)} entries for {n} prompts", param=name)
+        return value
+    return [value] * n
+
+
+_GENERATE_KEYS = {
+    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs", "stream",
+}
+_EMPTY_OK_KEYS = {"image_data", "video_data", "audio_data", "modalities", "lora_path", "session_params"}
+
+
+def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
+    """(prompts, SamplingParams per prompt, rids, is_batch, options) of a /generate body."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    for key, value in body.items():
+        if key in _EMPTY_OK_KEYS:
+            if value:
+                raise RequestError(f"{key} is not supported: lmnb serves text-only models", param=key)
+        elif key not in _GENERATE_KEYS:
+            raise RequestError(f"unknown field {key!r}; /generate takes {sorted(_GENERATE_KEYS)}", param=key)
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise RequestError("give exactly one of text and input_ids", param="text")
+    if text is not None:
+        batch = isinstance(text, list)
+        prompts = text if batch else [text]
+        if not all(isinstance(t, str) for t in prompts):
+            raise RequestError("text must be a string or a list of strings", param="text")
+    else:
+        batch = isinstance(ids, list) and bool(ids) and all(isinstance(x, list) for x in ids)
+        prompts = ids if batch else [ids]
+        if not all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompts):
+            raise RequestError("input_ids must be a list of token ids or a list of such lists", param="input_ids")
+    n = len(prompts)
+    if n == 0:
+        raise RequestError("the batch is empty", param="text")
+    sps = _per_item(body.get("sampling_params"), n, "sampling_params")
+    want_lp = _per_item(body.get("return_logprob", False), n, "return_logprob")
+    starts = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len")
+    tops = _per_item(body.get("top_logprobs_num", 0), n, "top_logprobs_num")
+    params = [sampling_params_from_json(sp, lp, st, tp) for sp, lp, st, tp in zip(sps, want_lp, starts, tops)]
+    rid = body.get("rid")
+    if rid is None:
+        rids = [uuid.uuid4().hex for _ in range(n)]
+    elif isinstance(rid, list) and len(rid) == n and all(isinstance(r, str) for r in rid):
+        rids = rid
+    elif isinstance(rid, str) and n == 1:
+        rids = [rid]
+    else:
+        raise RequestError("rid must be a string, or a list of strings with one per prompt", param="rid")
+    if len(set(rids)) != len(rids):
+        raise RequestError("rid values must be distinct", param="rid")
+    opts = {"stream": bool(body.get("stream", False)), "text_in_logprobs": bool(body.get("return_text_in_logprobs", False))}
+    return prompts, params, rids, batch, opts
+
+
+def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Optional[str] = None):
+    """The ASGI app serving ``engine`` (an ``lmnb_engine.Engine`` or anything with its methods).
+
+    ``api_key``: when set, every route except ``/health`` needs ``Authorization: Bearer <key>``.
+    """
+    from lmnb_engine.http_server.openai_api import add_openai_routes
+
+    name = served_model_name or (engine.model_path or "lmnb-model")
+    ctx = ServerContext(engine, name)
+    app = FastAPI(title="lmnb serve", docs_url=None, redoc_url=None)
+    app.state.ctx = ctx
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if api_key and request.url.path != "/health":
+            auth = request.headers.get("authorization", "")
+            if auth != f"Bearer {api_key}":
+                return JSONResponse(error_body("missing or wrong API key (send Authorization: Bearer <key>)", 401), 401)
+        return await call_next(request)
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError):
+        return JSONResponse(error_body(str(exc), exc.status, exc.param), exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        msg = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
+        return JSONResponse(error_body(msg, 400, where or None), 400)
+
+    @app.exception_handler(ValidationError)
+    async def body_error(request: Request, exc: ValidationError):
+        return await validation_error(request, RequestValidationError(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(str(exc.detail), exc.status_code), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        logger.exception("unexpected error serving %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", 500), 500)
+
+    async def json_body(request: Request) -> Any:
+        try:
+            return await request.json()
+        except ValueError:
+            raise RequestError("the body is not valid JSON") from None
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return await ctx.run(model_info_dict, engine, name)
+
+    @app.get("/get_server_info")
+    async def get_server_info():
+        info = await ctx.run(model_info_dict, engine, name)
+        info["cache_stats"] = await ctx.run(engine.cache_stats)
+        return info
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        ok = bool(await ctx.run(engine.flush_cache))
+        msg = "Cache flushed." if ok else "Cache not flushed: requests are running; retry when idle."
+        return JSONResponse({"success": ok, "message": msg}, 200 if ok else 409)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await json_body(request)
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if not isinstance(rid, str):
+            raise RequestError("abort_request needs {\"rid\": <request id>}", param="rid")
+        return {"success": bool(await ctx.run(engine.abort, rid))}
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        prompts, params, rids, batch, opts = _parse_generate(await json_body(request))
+        handles = await ctx.submit(prompts, params, rids)
+        decode = engine.decode if opts["text_in_logprobs"] else None
+        if opts["stream"]:
+            return StreamingResponse(_stream_generate(ctx, handles, params, decode), media_type="text/event-stream")
+        outputs = []
+        for h, p in zip(handles, params):
+            res = await ctx.run(h.result)
+            for r in res if isinstance(res, list) else [res]:
+                outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta_info(r, decode, p.top_logprobs_num), "index": len(outputs)})
+        return outputs if batch or len(outputs) > 1 else outputs[0]
+
+    add_openai_routes(app, ctx, json_body)
+    return app
+
+
+async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode) -> AsyncIterator[str]:
+    """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form)."""
+    base = 0
+    for h, p in zip(handles, params):
+        texts: dict[int, str] = {}
+        ids: dict[int, list] = {}
+        try:
+            async for ev in ctx.events(h):
+                i = base + ev.index
+                texts[i] = texts.get(i, "") + ev.text_delta
+                ids.setdefault(i, []).extend(ev.token_ids)
+                if ev.finished and ev.result is not None:
+                    meta = meta_info(ev.result, decode, p.top_logprobs_num)
+                elif ev.text_delta:
+                    meta = {"id": h.rid, "completion_tokens": len(ids[i]), "finish_reason": None}
+                else:
+                    continue
+                yield sse({"text": texts[i], "output_ids": ids[i], "meta_info": meta, "index": i})
+        except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
+            logger.exception("stream failed")
+            yield sse(error_body(f"{type(e).__name__}: {e}", 500))
+            break
+        base += h.n
+    yield SSE_DONE
+
+
+def model_info_dict(engine: Any, served_model_name: str) -> dict:
+    """``/get_model_info``: SGLang's keys (``model_path``, ``tokenizer_path``, ``is_generation``)
+    plus what a client needs to build prompts exactly as the model expects: the Jinja
+    ``chat_template``, the special tokens it uses, and whether encoding text adds BOS itself."""
+    tok = engine.tokenizer
+    info = dict(engine.model_info())
+    bos_id = getattr(tok, "bos_token_id", None)
+    probe = engine.encode("a")
+    info.update(
+        model_path=engine.model_path,
+        tokenizer_path=engine.model_path,
+        is_generation=True,
+        served_model_name=served_model_name,
+        chat_template=engine.chat_template,
+        encode_adds_bos=bos_id is not None and bool(probe) and probe[0] == bos_id,
+        bos_token_id=bos_id,
+    )
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(tok, key, None)
+        info[key] = value if isinstance(value, str) else None
+    return info

@@ -1,0 +1,408 @@
+"""OpenAI-compatible routes of ``lmnb serve``: ``/v1/models``, ``/v1/completions``,
+``/v1/chat/completions``.
+
+Request and response shapes are the OpenAI API's (what the official ``openai`` client sends and
+parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept (``top_k``,
+``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+``skip_special_tokens``, ``regex``, ``json_schema``). ``response_format`` ``json_schema`` /
+``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
+rejected with a 400 naming them rather than ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncIterator, Literal, Optional, Union
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
+from lmnb_engine.http_server.protocol import RequestError
+from lmnb_engine.params import SamplingParams
+
+MAX_TOP_LOGPROBS = 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+
+class _SamplingRequest(_Strict):
+    model: str
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    n: int = 1
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Optional[Union[str, list[str]]] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: Optional[int] = None
+    user: Optional[str] = None
+    logit_bias: Optional[dict[str, float]] = None
+    response_format: Optional[ResponseFormat] = None
+    # extensions (SGLang / vLLM names)
+    top_k: int = -1
+    min_p: float = 0.0
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    stop_token_ids: Optional[list[int]] = None
+    skip_special_tokens: bool = True
+    regex: Optional[str] = None
+    json_schema: Optional[Union[str, dict]] = None
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool = False
+    logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+
+
+class ChatRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    tools: Optional[list] = None
+    tool_choice: Optional[Any] = None
+    parallel_tool_calls: Optional[bool] = None
+
+
+def _constraint(req: _SamplingRequest) -> dict:
+    """``regex`` / ``json_schema`` for SamplingParams from the request (at most one source)."""
+    found = {}
+    rf = req.response_format
+    if rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise RequestError("response_format json_schema needs json_schema.schema", param="response_format")
+        found["json_schema"] = rf.json_schema.schema_
+    elif rf is not None and rf.type == "json_object":
+        found["json_schema"] = {"type": "object"}
+    if req.json_schema is not None:
+        if found:
+            raise RequestError("give either response_format or json_schema, not both", param="json_schema")
+        found["json_schema"] = req.json_schema
+    if req.regex is not None:
+        if found:
+            raise RequestError("give at most one of regex, json_schema and response_format", param="regex")
+        found["regex"] = req.regex
+    return found
+
+
+def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
+    if req.logit_bias:
+        raise RequestError("logit_bias is not supported by lmnb", param="logit_bias")
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    try:
+        params = SamplingParams(
+            max_new_tokens=max_tokens,
+            min_new_tokens=req.min_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            frequency_penalty=req.frequency_penalty,
+            presence_penalty=req.presence_penalty,
+            repetition_penalty=req.repetition_penalty,
+            stop=stop,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            skip_special_tokens=req.skip_special_tokens,
+            seed=req.seed,
+            n=req.n,
+            return_logprob=logprobs,
+            top_logprobs_num=top,
+            logprob_start_len=start,
+            **_constraint(req),
+        )
+        params.validate()
+    except (TypeError, ValueError) as e:
+        raise RequestError(str(e)) from None
+    return params
+
+
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+def _finish(result) -> str:
+    fr = result.finish_reason
+    if fr.type == "abort":
+        raise RuntimeError(f"the request was aborted: {fr.message or 'no reason given'}")
+    return _FINISH[fr.type]
+
+
+def _usage(results: list) -> dict:
+    prompt = results[0].meta.prompt_tokens if results else 0
+    completion = sum(r.meta.completion_tokens for r in results)
+    cached = results[0].meta.cached_tokens if results else 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _token(engine: Any, token_id: int) -> str:
+    return engine.decode([token_id])
+
+
+def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
+    if lps is None:
+        return None
+    content = []
+    for lp in lps:
+        tok = _token(engine, lp.token_id)
+        content.append({
+            "token": tok,
+            "logprob": lp.logprob,
+            "bytes": list(tok.encode("utf-8")),
+            "top_logprobs": [
+                {"token": (t := _token(engine, tid)), "logprob": v, "bytes": list(t.encode("utf-8"))} for tid, v in lp.top
+            ],
+        })
+    return {"content": content}
+
+
+def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional[int] = None) -> dict:
+    """OpenAI's completions ``logprobs`` object; ``first_id`` names prompt token 0 (echo), which
+    has no context and hence a null logprob."""
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        if lp is None:
+            tok = _token(engine, first_id) if first_id is not None else ""
+            tokens.append(tok)
+            values.append(None)
+            tops.append(None)
+            offsets.append(offset)
+            offset += len(tok)
+            continue
+        tok = _token(engine, lp.token_id)
+        tokens.append(tok)
+        values.append(lp.logprob)
+        tops.append({_token(engine, t): v for t, v in lp.top} if lp.top else None)
+        offsets.append(offset)
+        offset += len(tok)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
+    """Register the /v1 routes on ``app``."""
+    engine = ctx.engine
+
+    def check_model(model: str) -> None:
+        if model not in (ctx.model_name, engine.model_path, "default"):
+            raise RequestError(f"model {model!r} is not served here; use {ctx.model_name!r}", 404, "model")
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [{
+                "id": ctx.model_name, "object": "model", "created": int(time.time()), "owned_by": "lmnb",
+                "max_model_len": engine.context_len,
+            }],
+        }
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = CompletionRequest.model_validate(await json_body(request))
+        check_model(req.model)
+        if req.suffix:
+            raise RequestError("suffix is not supported", param="suffix")
+        if req.best_of not in (None, 1, req.n):
+            raise RequestError("best_of other than n is not supported", param="best_of")
+        p = req.prompt
+        if isinstance(p, str):
+            prompts = [p]
+        elif p and all(isinstance(x, int) for x in p):
+            prompts = [p]
+        else:
+            prompts = list(p)
+        if not prompts:
+            raise RequestError("prompt is empty", param="prompt")
+        top = req.logprobs or 0
+        params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
+                           0 if req.echo and req.logprobs is not None else -1)
+        texts = [x if isinstance(x, str) else engine.decode(x) for x in prompts]
+        # token ids up front, so echoed logprobs can name the first prompt token too
+        ids = [await ctx.run(engine.encode, x) if isinstance(x, str) else list(x) for x in prompts]
+        handles = await ctx.submit(ids, [params] * len(ids), [uuid.uuid4().hex for _ in ids])
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            return StreamingResponse(
+                _stream(ctx, handles, rid, created, "text_completion", req, texts=texts), media_type="text/event-stream"
+            )
+        choices, results = [], []
+        for k, h in enumerate(handles):
+            res = await ctx.run(h.result)
+            for r in res if isinstance(res, list) else [res]:
+                results.append(r)
+                lp = None
+                if req.logprobs is not None:
+                    head = list(r.prompt_logprobs or []) if req.echo else []
+                    lp = _completion_logprobs(engine, head + list(r.logprobs or []), 0 if req.echo else len(texts[k]),
+                                              ids[k][0] if ids[k] else None)
+                choices.append({
+                    "index": len(choices), "text": (texts[k] if req.echo else "") + r.text,
+                    "logprobs": lp, "finish_reason": _finish(r),
+                })
+        return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
+                "choices": choices, "usage": _usage_total(results, len(handles))}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = ChatRequest.model_validate(await json_body(request))
+        check_model(req.model)
+        if req.tools or req.tool_choice not in (None, "none"):
+            raise RequestError("tool calling is not supported by lmnb serve", param="tools")
+        if not req.messages:
+            raise RequestError("messages is empty", param="messages")
+        if not engine.chat_template:
+            raise RequestError("this model has no chat template; use /v1/completions", param="messages")
+        messages = [_plain_message(m, i) for i, m in enumerate(req.messages)]
+        try:
+            text = await ctx.run(engine.apply_chat_template, messages, True)
+        except Exception as e:  # the template's own checks (e.g. roles must alternate)
+            raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
+        ids = engine.encode(text, add_special_tokens=False)  # the template wrote any BOS itself
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:
+            max_tokens = max(engine.context_len - len(ids), 0)
+        if req.top_logprobs and not req.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+        params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
+        handles = await ctx.submit([ids], [params], [uuid.uuid4().hex])
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            return StreamingResponse(_stream(ctx, handles, rid, created, "chat.completion.chunk", req),
+                                     media_type="text/event-stream")
+        res = await ctx.run(handles[0].result)
+        results = res if isinstance(res, list) else [res]
+        choices = [{
+            "index": r.index,
+            "message": {"role": "assistant", "content": r.text},
+            "logprobs": _chat_logprobs(engine, r.logprobs) if req.logprobs else None,
+            "finish_reason": _finish(r),
+        } for r in results]
+        return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
+                "choices": choices, "usage": _usage(results)}
+
+
+def _usage_total(results: list, n_prompts: int) -> dict:
+    """Usage over several prompts: prompt and cached tokens counted once per prompt."""
+    per_prompt = len(results) // max(n_prompts, 1)
+    firsts = results[::per_prompt] if per_prompt else []
+    prompt = sum(r.meta.prompt_tokens for r in firsts)
+    completion = sum(r.meta.completion_tokens for r in results)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(r.meta.cached_tokens for r in firsts)},
+    }
+
+
+def _plain_message(m: ChatMessage, i: int) -> dict:
+    """A message with string content (text parts joined); other parts are rejected."""
+    content = m.content
+    if isinstance(content, list):
+        bad = [p.type for p in content if p.type != "text"]
+        if bad:
+            raise RequestError(f"messages[{i}] has {bad[0]!r} content: lmnb serves text-only models", param="messages")
+        content = "".join(p.text or "" for p in content)
+    out = {"role": m.role, "content": content or ""}
+    if m.name:
+        out["name"] = m.name
+    return out
+
+
+async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kind: str, req: Any,
+                  texts: Optional[list] = None) -> AsyncIterator[str]:
+    """SSE chunks of a streamed completion or chat completion (OpenAI's chunk format)."""
+    engine = ctx.engine
+    chat = kind == "chat.completion.chunk"
+
+    def chunk(choices: list, usage: Optional[dict] = None) -> str:
+        body = {"id": rid, "object": kind, "created": created, "model": ctx.model_name, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return sse(body)
+
+    results = []
+    base = 0
+    try:
+        for k, h in enumerate(handles):
+            if chat:
+                for i in range(h.n):
+                    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+            elif req.echo:
+                for i in range(h.n):
+                    yield chunk([{"index": base + i, "text": texts[k], "logprobs": None, "finish_reason": None}])
+            async for ev in ctx.events(h):
+                i = base + ev.index
+                done = ev.finished and ev.result is not None
+                if not ev.text_delta and not done:
+                    continue
+                lp = None
+                if done:
+                    results.append(ev.result)
+                    if chat and req.logprobs:
+                        lp = _chat_logprobs(engine, ev.result.logprobs)
+                    elif not chat and req.logprobs is not None:
+                        lp = _completion_logprobs(engine, list(ev.result.logprobs or []), len(texts[k]))
+                finish = _finish(ev.result) if done else None
+                if chat:
+                    delta = {"content": ev.text_delta} if ev.text_delta else {}
+                    yield chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+                else:
+                    yield chunk([{"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": finish}])
+            base += h.n
+        opts = req.stream_options
+        if opts is not None and opts.include_usage:
+            yield chunk([], _usage_total(results, len(handles)))
+    except Exception as e:  # noqa: BLE001 - the status line is sent; report in the stream
+        from lmnb_engine.http_server.app import error_body
+
+        yield sse(error_body(f"{type(e).__name__}: {e}", 500))
+    yield SSE_DONE

@@ -1,0 +1,132 @@
+"""JSON ↔ engine types for SGLang's native HTTP protocol (``/generate``).
+
+Field names are SGLang's (``GenerateReqInput`` and ``sampling_params`` in
+``srt/managers/io_struct.py`` and ``srt/sampling/sampling_params.py``; ``meta_info`` as the srt
+server returns it), so SGLang clients — its frontend's ``RuntimeEndpoint`` among them — talk to
+``lmnb serve`` unchanged. Imports nothing heavy: the language's in-process backend uses
+``meta_info`` too, so both paths describe a result the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from lmnb_engine.outputs import GenerateResult, TokenLogprob
+from lmnb_engine.params import SamplingParams
+
+
+class RequestError(ValueError):
+    """A bad request: becomes an HTTP 4xx JSON error naming the field and the fix."""
+
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+# sampling_params keys -> SamplingParams fields (SGLang's names; ``sampling_seed`` is its seed).
+_SAMPLING_KEYS = {
+    "max_new_tokens": "max_new_tokens",
+    "min_new_tokens": "min_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "n": "n",
+    "seed": "seed",
+    "sampling_seed": "seed",
+    "regex": "regex",
+    "json_schema": "json_schema",
+}
+# Accepted only at their neutral value (SGLang clients send them; lmnb has no other behaviour).
+_NEUTRAL_KEYS = {"spaces_between_special_tokens": True, "no_stop_trim": False, "ebnf": None, "structural_tag": None, "stop_regex": None}
+
+
+def sampling_params_from_json(
+    d: Optional[dict],
+    return_logprob: bool = False,
+    logprob_start_len: int = -1,
+    top_logprobs_num: int = 0,
+) -> SamplingParams:
+    """A validated ``SamplingParams`` from a ``sampling_params`` JSON object plus the request's
+    logprob fields. ``regex`` and ``json_schema`` are passed through unchanged.
+
+    Raises:
+        RequestError: unknown keys, unsupported values, or values ``SamplingParams.validate`` rejects.
+    """
+    if d is not None and not isinstance(d, dict):
+        raise RequestError("sampling_params must be a JSON object", param="sampling_params")
+    d = dict(d or {})
+    kwargs: dict[str, Any] = {}
+    for key, value in d.items():
+        if key in _SAMPLING_KEYS:
+            if value is not None:
+                kwargs[_SAMPLING_KEYS[key]] = value
+        elif key in _NEUTRAL_KEYS:
+            if value is not None and value != _NEUTRAL_KEYS[key]:
+                raise RequestError(f"sampling_params.{key}={value!r} is not supported by lmnb", param=key)
+        else:
+            raise RequestError(
+                f"unknown sampling parameter {key!r}; supported: {sorted(_SAMPLING_KEYS)}", param=key
+            )
+    if isinstance(kwargs.get("stop"), str):
+        kwargs["stop"] = [kwargs["stop"]]
+    kwargs.update(
+        return_logprob=bool(return_logprob),
+        logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+        top_logprobs_num=top_logprobs_num or 0,
+    )
+    try:
+        params = SamplingParams(**kwargs)
+        params.validate()
+    except (TypeError, ValueError) as e:
+        raise RequestError(str(e), param="sampling_params") from None
+    return params
+
+
+def _entry(lp: Optional[TokenLogprob], decode: Optional[Callable[[list[int]], str]]) -> list:
+    if lp is None:
+        return [None, None, None]
+    return [lp.logprob, lp.token_id, decode([lp.token_id]) if decode else None]
+
+
+def _top(lp: Optional[TokenLogprob], decode) -> Optional[list]:
+    if lp is None:
+        return None
+    return [[v, t, decode([t]) if decode else None] for t, v in lp.top]
+
+
+def meta_info(result: GenerateResult, decode: Optional[Callable[[list[int]], str]] = None,
+              top_logprobs_num: int = 0) -> dict:
+    """SGLang's ``meta_info`` of a finished (or partial) result.
+
+    Logprob entries are ``[logprob, token_id, text]`` (text only when ``decode`` is given, i.e.
+    ``return_text_in_logprobs``); ``input_token_logprobs`` starts at ``logprob_start_len`` and its
+    entry for prompt token 0, which has no context, is ``[None, None, None]``.
+    """
+    m = {
+        "id": result.rid,
+        "prompt_tokens": result.meta.prompt_tokens,
+        "completion_tokens": result.meta.completion_tokens,
+        "cached_tokens": result.meta.cached_tokens,
+        "finish_reason": result.finish_reason.to_dict() if result.finish_reason else None,
+    }
+    if result.meta.jumped_tokens or result.meta.forward_passes:
+        m["forward_passes"] = result.meta.forward_passes
+        m["jumped_tokens"] = result.meta.jumped_tokens
+    if result.logprobs is not None:
+        m["output_token_logprobs"] = [_entry(lp, decode) for lp in result.logprobs]
+        if top_logprobs_num:
+            m["output_top_logprobs"] = [_top(lp, decode) for lp in result.logprobs]
+    if result.prompt_logprobs is not None:
+        m["input_token_logprobs"] = [_entry(lp, decode) for lp in result.prompt_logprobs]
+        if top_logprobs_num:
+            m["input_top_logprobs"] = [_top(lp, decode) for lp in result.prompt_logprobs]
+    return m

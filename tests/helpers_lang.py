@@ -1,0 +1,207 @@
+"""Helpers for the language and server tests: a scripted backend, a recording engine, a live server.
+
+``ScriptedBackend`` is a ``BaseBackend`` whose replies come from a function of the prompt, so
+interpreter behaviour (ordering, forks, errors, speculation) can be checked exactly.
+``RecordingEngine`` stands in for ``lmnb_engine.Engine`` behind the HTTP server and the
+in-process backend: it records every request it receives and answers from a script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from typing import Callable, Optional
+
+from lmnb.backend.base import BaseBackend, Completion, Prompt
+from lmnb.chat_template import ChatTemplate, get_chat_template
+from lmnb.choices import ChoiceLogprobs
+
+
+class ScriptedBackend(BaseBackend):
+    """Replies ``reply(prompt, params) -> str``; records ``(kind, payload)`` calls in order."""
+
+    def __init__(
+        self,
+        reply: Optional[Callable] = None,
+        chat_template: Optional[ChatTemplate] = None,
+        is_chat_model: bool = False,
+        choice_scores: Optional[Callable] = None,
+        delay: float = 0.0,
+    ):
+        self.reply = reply or (lambda prompt, params: "ok")
+        self.template = chat_template or get_chat_template("default")
+        self.is_chat_model = is_chat_model
+        self.choice_scores = choice_scores
+        self.delay = delay
+        self.calls: list[tuple[str, object]] = []
+        self.aborted: list[str] = []
+        self._lock = threading.Lock()
+        self._abort_events: dict[str, threading.Event] = {}
+
+    def _record(self, kind, payload):
+        with self._lock:
+            self.calls.append((kind, payload))
+
+    def get_chat_template(self):
+        return self.template
+
+    def cache_prefix(self, text, rid):
+        self._record("prefill", text)
+        return {"prompt_tokens": len(text), "cached_tokens": 0}
+
+    def _wait(self, rid):
+        if self.delay:
+            ev = self._abort_events.setdefault(rid, threading.Event())
+            if ev.wait(self.delay):
+                return True
+        return False
+
+    def generate(self, prompt: Prompt, params, rid):
+        self._record("generate", (prompt, params))
+        if self._wait(rid):
+            return [Completion("", {"finish_reason": {"type": "abort", "message": "aborted"}})]
+        n = params.n or 1
+        return [
+            Completion(self.reply(prompt, params), {"id": rid, "finish_reason": {"type": "stop"}, "cached_tokens": 0})
+            for _ in range(n)
+        ]
+
+    def generate_stream(self, prompt, params, rid):
+        self._record("stream", (prompt, params))
+        if self._wait(rid):
+            yield "", {"id": rid, "finish_reason": {"type": "abort", "message": "aborted"}}
+            return
+        text = self.reply(prompt, params)
+        for i, ch in enumerate(text):
+            time.sleep(0.002)
+            yield ch, {"id": rid, "completion_tokens": i + 1}
+        yield "", {"id": rid, "completion_tokens": len(text), "finish_reason": {"type": "length"}}
+
+    def score_choices(self, prompt, choices, unconditional, rid):
+        self._record("score", (prompt, list(choices), unconditional))
+        out = []
+        for c in choices:
+            lps, unc = self.choice_scores(prompt, c)
+            out.append(ChoiceLogprobs(list(range(len(lps))), lps, len(prompt.text), 0, unc if unconditional else None))
+        return out
+
+    def abort(self, rid):
+        self.aborted.append(rid)
+        self._abort_events.setdefault(rid, threading.Event()).set()
+
+    def kinds(self):
+        return [k for k, _ in self.calls]
+
+
+class _FakeTokenizer:
+    bos_token, eos_token, pad_token, unk_token = "<s>", "</s>", None, None
+    bos_token_id = None
+
+
+class RecordingHandle:
+    def __init__(self, rid, events):
+        self.rid, self.n, self._events = rid, 1, events
+        self.done = True
+
+    def events(self):
+        yield from self._events
+
+    def result(self):
+        return self._events[-1].result
+
+    def abort(self):
+        return False
+
+
+class RecordingEngine:
+    """The ``lmnb_engine.Engine`` surface the server and the in-process backend use, with a
+    character-level tokenizer and replies from ``reply(prompt_text, params) -> str``. Every
+    ``SamplingParams`` received is kept in ``received``."""
+
+    chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    model_path = "recording-engine"
+    context_len = 4096
+    tokenizer = _FakeTokenizer()
+
+    def __init__(self, reply: Optional[Callable] = None):
+        self.reply = reply or (lambda text, params: "x" * params.max_new_tokens)
+        self.received: list = []
+        self.prompts: list = []
+        self._lock = threading.Lock()
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+    def model_info(self):
+        return {"model_path": self.model_path, "context_len": self.context_len}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
+        return text + ("[assistant]" if add_generation_prompt else "")
+
+    def submit(self, prompt, params, rid=None):
+        from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent
+
+        params.validate()
+        text = prompt if isinstance(prompt, str) else self.decode(prompt)
+        with self._lock:
+            self.received.append(params)
+            self.prompts.append(text)
+        out = self.reply(text, params)[: params.max_new_tokens]
+        rid = rid or uuid.uuid4().hex
+        ids = self.encode(out)
+        result = GenerateResult(
+            rid=rid, text=out, token_ids=ids, finish_reason=FinishReason("length"),
+            meta=RequestMeta(prompt_tokens=len(text), cached_tokens=0, completion_tokens=len(ids)),
+        )
+        events = [StreamEvent(rid, ch, [i]) for ch, i in zip(out, ids)]
+        events.append(StreamEvent(rid, "", [], finished=True, result=result))
+        return RecordingHandle(rid, events)
+
+    def generate(self, prompt, params):
+        return self.submit(prompt, params).result()
+
+    def abort(self, rid):
+        return False
+
+    def flush_cache(self):
+        return True
+
+    def cache_stats(self):
+        return {}
+
+    def shutdown(self):
+        pass
+
+
+@contextlib.contextmanager
+def live_server(engine, api_key=None, served_model_name=None):
+    """``lmnb serve``'s app for ``engine`` on a free 127.0.0.1 port in a thread; yields the URL."""
+    import socket
+
+    import uvicorn
+
+    from lmnb_engine.http_server import create_app
+
+    app = create_app(engine, api_key=api_key, served_model_name=served_model_name)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

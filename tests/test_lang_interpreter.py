@@ -1,0 +1,556 @@
+"""The interpreter's semantics on a scripted backend: text, roles, variables, fork/join, errors,
+streaming, dtype, API speculative execution, run_batch and its prefix hint."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import lmnb as sgl
+from lmnb.chat_template import get_chat_template
+from lmnb.ir import REGEX_INT
+
+from helpers_lang import ScriptedBackend
+
+CHATML = get_chat_template("chatml")
+
+
+def test_import_lmnb_loads_neither_torch_nor_engine():
+    code = (
+        "import sys, lmnb\n"
+        "lmnb.gen('x'); lmnb.RuntimeEndpoint; lmnb.OpenAI\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'lmnb_engine', 'transformers')]\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_fill_gen_and_roles_build_the_chat_text():
+    be = ScriptedBackend(lambda p, params: "Paris", chat_template=CHATML)
+
+    @sgl.function
+    def qa(s, question):
+        s += sgl.system("Be brief.")
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen("answer", max_tokens=8))
+
+    state = qa.run(question="Capital of France?", backend=be)
+    expected = (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nCapital of France?<|im_end|>\n"
+        "<|im_start|>assistant\nParis<|im_end|>\n"
+    )
+    assert state.text() == expected
+    assert state["answer"] == "Paris"
+    assert state.messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris"},
+    ]
+    (prompt, params), = [c[1] for c in be.calls if c[0] == "generate"]
+    assert prompt.text.endswith("<|im_start|>assistant\n") and prompt.role == "assistant"
+    # run defaults under the gen's own values, plus the template's stop string
+    assert params.max_new_tokens == 8 and params.temperature == 1.0 and params.stop == ["<|im_end|>"]
+
+
+def test_role_context_managers_and_default_system_prompt():
+    be = ScriptedBackend(lambda p, params: "hi", chat_template=get_chat_template("qwen"))
+
+    @sgl.function
+    def chat(s):
+        with s.user():
+            s += "hello"
+        with s.assistant():
+            s += sgl.gen("r")
+
+    st = chat.run(backend=be)
+    assert st.messages()[0] == {"role": "system", "content": "You are a helpful assistant."}
+    assert st.text().startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhello")
+
+
+def test_unknown_and_nested_roles_raise():
+    be = ScriptedBackend(chat_template=get_chat_template("gemma-it"))  # no system role
+
+    @sgl.function
+    def sys_prog(s):
+        s += sgl.system("x")
+
+    with pytest.raises(sgl.ProgramError, match="role 'system' is not supported.*'assistant', 'user'"):
+        sys_prog.run(backend=be).text()
+
+    @sgl.function
+    def nested(s):
+        s += sgl.user_begin()
+        s += sgl.assistant_begin()
+
+    with pytest.raises(sgl.ProgramError, match="cannot nest"):
+        nested.run(backend=be).text()
+
+
+def test_reading_a_variable_waits_for_it():
+    release = threading.Event()
+
+    def reply(p, params):
+        release.wait(5)
+        return "late"
+
+    be = ScriptedBackend(reply)
+
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("v")
+
+    state = prog.run(backend=be, stream=True)
+    got = []
+    t = threading.Thread(target=lambda: got.append(state["v"]))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive() and not got  # blocked while the gen runs
+    release.set()
+    t.join(5)
+    assert got == ["late"]
+
+
+def test_error_surfaces_on_read_with_partial_text_and_skips_the_rest():
+    def reply(p, params):
+        if "boom" in p.text:
+            raise RuntimeError("model exploded")
+        return "fine"
+
+    be = ScriptedBackend(reply)
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x")
+        s += " boom" + sgl.gen("y")
+        s += sgl.gen("z")
+
+    state = prog.run(backend=be)
+    assert state["x"] == "fine"  # set before the failure: still readable
+    with pytest.raises(sgl.ProgramError, match="model exploded") as ei:
+        state["y"]
+    assert ei.value.partial_text == "afine boom"
+    with pytest.raises(sgl.ProgramError):
+        state.text()
+    assert isinstance(state.error(), sgl.ProgramError)
+    assert [k for k in be.kinds()] == ["generate", "generate"]  # z was skipped
+
+
+def test_fork_of_an_empty_state_and_prefill_before_branches():
+    be = ScriptedBackend(lambda p, params: f"<{p.text[-1]}>")
+
+    @sgl.function
+    def empty_fork(s):
+        forks = s.fork(2)
+        forks += lambda i: str(i) + sgl.gen("g")
+        forks.join()
+
+    st = empty_fork.run(backend=be)
+    assert st["g"] == ["<0>", "<1>"]
+    assert "prefill" not in be.kinds()  # nothing to prefill
+
+    be2 = ScriptedBackend(lambda p, params: f"<{p.text[-1]}>")
+
+    @sgl.function
+    def prog(s):
+        s += "shared prefix "
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += f"b{i}" + sgl.gen("g")
+        forks.join("concate_and_append")
+        s += "|end"
+
+    st = prog.run(backend=be2)
+    kinds = be2.kinds()
+    assert kinds[0] == "prefill" and kinds.count("prefill") == 1
+    assert be2.calls[0][1] == "shared prefix "
+    assert st.text() == "shared prefix b0<0>b1<1>b2<2>|end"
+    assert st["g"] == ["<0>", "<1>", "<2>"]
+
+
+def test_join_gathers_per_branch_with_none_for_missing_and_meta():
+    be = ScriptedBackend(lambda p, params: p.text[-2:])
+
+    @sgl.function
+    def prog(s):
+        s += "q:"
+        f = s.fork(2)
+        f[0] += "A" + sgl.gen("a")
+        f[1] += "B" + sgl.gen("a") + sgl.gen("b")
+        f.join()
+
+    st = prog.run(backend=be)
+    assert st["a"] == [":A", ":B"]
+    assert st["b"] == [None, ":B"]  # branch 1's text was "q:B:B" when b was generated
+    assert st.text() == "q:"  # gather_variable does not append branch text
+    assert len(st.get_meta_info("a")) == 2
+
+
+def test_branch_failure_raises_at_join_with_index_and_keeps_other_branches():
+    def reply(p, params):
+        if p.text.endswith("bad"):
+            raise ValueError("cannot do it")
+        return "good"
+
+    be = ScriptedBackend(reply)
+    seen = {}
+
+    @sgl.function
+    def prog(s):
+        s += "start "
+        forks = s.fork(3)
+        forks += ["ok", "bad", "ok"]
+        forks += sgl.gen("v")
+        try:
+            forks.join()
+        except sgl.ForkError as e:
+            seen["error"] = e
+            seen["forks"] = forks
+
+    prog.run(backend=be)
+    err = seen["error"]
+    assert set(err.errors) == {1} and "branch 1" in str(err)
+    assert err.errors[1].branch == (1,)
+    forks = seen["forks"]
+    assert forks[0]["v"] == "good" and forks[2]["v"] == "good"
+    with pytest.raises(sgl.ProgramError, match="in fork branch 1"):
+        forks[1]["v"]
+
+
+def test_copy_runs_a_branch_and_gathers_back():
+    be = ScriptedBackend(lambda p, params: "c")
+
+    @sgl.function
+    def prog(s):
+        s += "x"
+        with s.copy() as c:
+            c += sgl.gen("inner")
+        s += "y"
+
+    st = prog.run(backend=be)
+    assert st["inner"] == ["c"] and st.text() == "xy"
+
+
+def test_streaming_yields_chunks_before_the_end_sync_and_async():
+    be = ScriptedBackend(lambda p, params: "streamed text")
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+
+    st = prog.run(backend=be, stream=True)
+    chunks = list(st.text_iter())
+    assert len(chunks) > 2 and "".join(chunks) == "Q: streamed text"
+    st2 = prog.run(backend=be, stream=True)
+    var_chunks = list(st2.text_iter("a"))
+    assert len(var_chunks) > 2 and "".join(var_chunks) == "streamed text"
+
+    async def collect():
+        st3 = prog.run(backend=be, stream=True)
+        return [c async for c in st3.text_async_iter("a")]
+
+    got = asyncio.run(collect())
+    assert len(got) > 2 and "".join(got) == "streamed text"
+
+
+def test_dtype_int_becomes_regex_stops_and_parsed_value():
+    be = ScriptedBackend(lambda p, params: "42")
+
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen_int("n")
+
+    st = prog.run(backend=be)
+    assert st["n"] == 42 and st.text() == "n=42"
+    params = be.calls[0][1][1]
+    assert params.regex == REGEX_INT and " " in params.stop and "\n" in params.stop
+
+    bad = ScriptedBackend(lambda p, params: "forty")
+    with pytest.raises(sgl.ProgramError, match="does not parse"):
+        prog.run(backend=bad)["n"]
+    with pytest.raises(ValueError, match="only one"):
+        sgl.gen("x", dtype=int, regex="[0-9]")
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        sgl.gen("x", regex="(unclosed")
+
+
+def test_regex_and_json_schema_reach_the_backend_unchanged():
+    be = ScriptedBackend(lambda p, params: "{}")
+    schema = {"type": "object", "properties": {"k": {"type": "string"}}}
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen("a", regex=r"\d{3}-[a-z]+") + sgl.gen("b", json_schema=schema)
+        s += sgl.gen("c", json_schema='{"type": "integer"}')
+
+    prog.run(backend=be).sync()
+    got = [c[1][1] for c in be.calls]
+    assert got[0].regex == r"\d{3}-[a-z]+" and got[0].json_schema is None
+    assert got[1].json_schema == schema and got[1].regex is None
+    assert got[2].json_schema == '{"type": "integer"}'
+
+
+def test_select_methods_decide_by_hand_computed_scores():
+    # choice -> (conditional logprobs, unconditional logprobs)
+    table = {
+        "yes": ([-1.0, -1.0], [-3.0, -3.0]),  # mean -1.0, gain +2.0
+        "yes indeed": ([-0.5, -2.0, -0.1], [-0.4, -0.4, -0.4]),  # mean -0.8667, gain -0.0667
+        "no": ([-0.9, -5.0], [-0.9, -5.0]),  # mean -2.95, gain 0; greedy: best first token
+    }
+    be = ScriptedBackend(choice_scores=lambda p, c: table[c])
+    choices = list(table)
+
+    @sgl.function
+    def prog(s, method):
+        s += "Q?" + sgl.select("c", choices=choices, choices_method=method)
+
+    assert prog.run(method=sgl.token_length_normalized, backend=be)["c"] == "yes indeed"
+    assert prog.run(method=sgl.unconditional_likelihood_normalized, backend=be)["c"] == "yes"
+    assert prog.run(method=sgl.greedy_token_selection, backend=be)["c"] == "yes indeed"
+    st = prog.run(method=sgl.token_length_normalized, backend=be)
+    meta = st.get_meta_info("c")
+    assert meta["normalized_prompt_logprobs"] == pytest.approx([-1.0, -2.6 / 3, -2.95])
+    assert st.text() == "Q?yes indeed"
+    # gen(choices=...) is select, greedy by default
+    assert isinstance(sgl.gen("c", choices=["a", "b"]), type(sgl.select("c", ["a", "b"])))
+
+
+def test_zero_logprobs_count_in_the_mean():
+    from lmnb.choices import ChoiceLogprobs, token_length_normalized
+
+    # SGLang drops exact 0.0 values (`if x[0]`), which would make "a" score -2.0 and lose
+    a = ChoiceLogprobs([1, 2], [0.0, -2.0], 0)
+    b = ChoiceLogprobs([3], [-1.5], 0)
+    d = token_length_normalized.decide(["a", "b"], [a, b])
+    assert d.decision == "a" and d.meta_info["normalized_prompt_logprobs"] == [-1.0, -1.5]
+
+
+def test_greedy_token_selection_pads_with_the_mean_and_breaks_ties_first():
+    from lmnb.choices import ChoiceLogprobs, greedy_token_selection
+
+    a = ChoiceLogprobs([1, 2], [-1.0, -3.0], 0)  # padded with mean -2.0
+    b = ChoiceLogprobs([1, 2, 3], [-1.0, -2.5, -9.0], 0)
+    assert greedy_token_selection.decide(["a", "b"], [a, b]).decision == "b"  # -2.5 > -3.0
+    c = ChoiceLogprobs([1], [-1.0], 0)
+    d = ChoiceLogprobs([1], [-1.0], 0)
+    assert greedy_token_selection.decide(["c", "d"], [c, d]).decision == "c"
+
+
+def test_api_speculative_execution_on_a_completion_model_uses_one_call():
+    be = ScriptedBackend(lambda p, params: " Alice\nAge: 30\nCity: Paris\n")
+
+    @sgl.function(num_api_spec_tokens=64)
+    def prog(s):
+        s += "Name:" + sgl.gen("name", stop="\n")
+        s += "\nAge:" + sgl.gen("age", stop="\n")
+
+    st = prog.run(backend=be)
+    assert st["name"] == " Alice" and st["age"] == " 30"
+    assert be.kinds() == ["generate"]
+    params = be.calls[0][1][1]
+    assert params.max_new_tokens == 128 and params.stop == []  # max(128, 64), gen stops removed
+
+    be2 = ScriptedBackend(lambda p, params: " Bob\nHeight: 2m\n")
+    st = prog.run(backend=be2)  # "\nAge:" does not match the speculation: a second call
+    assert st["name"] == " Bob" and be2.kinds() == ["generate", "generate"]
+
+
+def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
+    replies = iter(["Name: Carol\nAge: 41", "Name: Carol\nAge: 41"])
+    be = ScriptedBackend(lambda p, params: next(replies), chat_template=CHATML, is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age", stop="\n"))
+
+    st = prog.run(backend=be)
+    assert (st["name"], st["age"]) == ("Carol", "41")
+    assert be.kinds() == ["generate"]
+    prompt, params = be.calls[0][1]
+    assert prompt.role == "assistant" and prompt.role_text == "" and params.max_new_tokens == 32
+    assert st.messages()[-1] == {"role": "assistant", "content": "Name: Carol\nAge: 41"}
+
+    be_bad = ScriptedBackend(lambda p, params: "I refuse.", chat_template=CHATML, is_chat_model=True)
+    with pytest.raises(sgl.ProgramError, match="after 3 calls"):
+        prog.run(backend=be_bad).text()
+    assert be_bad.kinds() == ["generate"] * 3
+
+
+def test_run_batch_returns_in_order_and_prefills_the_traced_prefix_first():
+    be = ScriptedBackend(lambda p, params: p.text.split("Q: ")[1].split("<")[0].upper(), chat_template=CHATML)
+
+    @sgl.function
+    def prog(s, q):
+        s += sgl.system("You answer questions.")
+        s += sgl.user("Q: " + q)
+        s += sgl.assistant(sgl.gen("a"))
+
+    qs = [f"question {i}" for i in range(32)]
+    states = prog.run_batch([{"q": q} for q in qs], num_threads=8, temperature=0, backend=be)
+    assert [st["a"] for st in states] == [f"QUESTION {i}" for i in range(32)]
+    assert be.calls[0] == ("prefill", "<|im_start|>system\nYou answer questions.<|im_end|>\n<|im_start|>user\nQ: ")
+    assert be.kinds().count("prefill") == 1 and be.kinds().count("generate") == 32
+
+
+def test_run_batch_item_failure_does_not_stop_the_batch():
+    be = ScriptedBackend(lambda p, params: "x")
+
+    @sgl.function
+    def prog(s, n):
+        s += "v" + sgl.gen("a")
+        if n == 3:
+            raise KeyError("bad row")
+
+    states = prog.run_batch([(i,) for i in range(6)], num_threads=3, backend=be)
+    assert [st.error() is None for st in states] == [True, True, True, False, True, True]
+    with pytest.raises(sgl.ProgramError, match="bad row"):
+        states[3].text()
+    with pytest.raises(TypeError, match="item 1"):
+        prog.run_batch([{"n": 1}, {"m": 2}])
+
+
+def test_tracer_stops_at_arguments_and_model_calls():
+    from lmnb.tracer import extract_prefix
+
+    @sgl.function
+    def fstring(s, topic):
+        s += "Intro. "
+        s += f"About {topic}: "
+        s += "never"
+
+    @sgl.function
+    def gen_first(s, x):
+        s += sgl.user("fixed")
+        s += sgl.assistant(sgl.gen("a"))
+
+    assert extract_prefix(fstring, CHATML) == "Intro. "
+    assert extract_prefix(fstring.bind(topic="cats"), CHATML) == "Intro. About cats: never"
+    assert extract_prefix(gen_first, CHATML) == "<|im_start|>user\nfixed<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_abort_stops_inflight_request_and_reads_raise():
+    be = ScriptedBackend(lambda p, params: "slow", delay=5.0)
+
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("a")
+
+    st = prog.run(backend=be, stream=True)
+    while not be.calls:
+        threading.Event().wait(0.01)
+    st.abort()
+    with pytest.raises(sgl.ProgramAborted):
+        st["a"]
+    assert len(be.aborted) == 1
+
+
+def test_observer_sees_fork_join_and_text_events():
+    be = ScriptedBackend(lambda p, params: "z")
+    events = []
+
+    @sgl.function
+    def prog(s):
+        s += "p"
+        f = s.fork(2)
+        f += sgl.gen("g")
+        f.join()
+
+    with sgl.observe(events.append):
+        prog.run(backend=be).sync()
+    kinds = [e.kind for e in events]
+    assert kinds.count("state") == 3 and "fork" in kinds and "join" in kinds and "prefill" in kinds
+    branches = sorted(e.branch for e in events if e.kind == "state" and e.parent)
+    assert branches == [(0,), (1,)]
+    assert any(e.kind == "text" and e.source == "gen" and e.text == "z" for e in events)
+
+
+def test_bad_arguments_fail_early_with_names():
+    @sgl.function
+    def prog(s, a, b=1):
+        s += "x"
+
+    with pytest.raises(TypeError, match="prog.*arguments are \\['a', 'b'\\]"):
+        prog.run(c=3, backend=ScriptedBackend())
+    with pytest.raises(TypeError, match="no argument"):
+        prog.bind(z=1)
+    with pytest.raises(ValueError, match="choices"):
+        sgl.select("x", choices=[])
+    with pytest.raises(TypeError, match="cannot add a int"):
+        sgl.gen("x") + 5
+
+
+def test_image_is_accepted_but_running_it_says_what_is_missing():
+    @sgl.function
+    def prog(s):
+        s += sgl.image("cat.png") + "What is this?"
+
+    with pytest.raises(sgl.ProgramError, match="multimodal"):
+        prog.run(backend=ScriptedBackend()).text()
+
+
+def test_a_variable_whose_new_write_failed_is_not_read_stale():
+    replies = iter(["first", RuntimeError("second call failed")])
+
+    def reply(p, params):
+        r = next(replies)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen("x")
+        s += sgl.gen("x")
+
+    st = prog.run(backend=ScriptedBackend(reply))
+    with pytest.raises(sgl.ProgramError, match="second call failed"):
+        st["x"]
+
+
+def test_seed_and_defaults_reach_the_backend():
+    be = ScriptedBackend(lambda p, params: "s")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen("a") + sgl.gen("b", seed=7, temperature=0.5)
+
+    prog.run(backend=be, seed=3, max_new_tokens=9).sync()
+    a, b = [c[1][1] for c in be.calls]
+    assert (a.seed, a.max_new_tokens, a.temperature) == (3, 9, 1.0)
+    assert (b.seed, b.max_new_tokens, b.temperature) == (7, 9, 0.5)
+
+
+def test_run_continues_an_existing_state_with_new_defaults_and_listeners():
+    be = ScriptedBackend(lambda p, params: f"<{params.max_new_tokens}>", chat_template=CHATML)
+
+    @sgl.function
+    def turn(s, q):
+        s += sgl.user(q)
+        s += sgl.assistant(sgl.gen("a"))
+
+    st = turn.run(q="one", backend=be, max_new_tokens=5)
+    events = []
+    with sgl.observe(events.append):
+        again = turn.run(q="two", state=st, max_new_tokens=7)
+    assert again is st and st["a"] == "<7>"
+    assert [m["content"] for m in st.messages()] == ["one", "<5>", "two", "<7>"]
+    assert any(e.kind == "var" and e.value == "<7>" for e in events)
+    with pytest.raises(ValueError, match="own backend"):
+        turn.run(q="x", state=st, backend=ScriptedBackend())
+
+
+def test_an_exception_in_a_streamed_body_is_recorded_on_the_state():
+    @sgl.function
+    def prog(s):
+        s += "a"
+        raise ZeroDivisionError("oops")
+
+    st = prog.run(backend=ScriptedBackend(), stream=True)
+    assert "".join(st.text_iter()) == "a"
+    assert "body of program 'prog'" in str(st.error()) and "oops" in str(st.error())

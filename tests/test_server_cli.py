@@ -1,0 +1,59 @@
+"""``lmnb serve`` as a user starts it: a subprocess on 127.0.0.1 that answers SGLang's native
+protocol, and a clear exit for a bad model path."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+import lmnb as sgl
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_lmnb_serve_subprocess_serves_a_program(tiny_llama):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama), "--port", str(port),
+         "--max-total-tokens", "4096", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "lmnb serve did not come up"
+            time.sleep(0.2)
+
+        @sgl.function
+        def prog(s):
+            s += "The river" + sgl.gen("x", max_tokens=4)
+
+        st = prog.run(backend=sgl.RuntimeEndpoint(url), temperature=0)
+        assert st.get_meta_info("x")["completion_tokens"] == 4
+        assert st.text() == "The river" + st["x"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tmp_path / "nope"), "--port", str(_free_port())],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2 and "lmnb serve:" in out.stderr and "nope" in out.stderr

@@ -1,0 +1,175 @@
+"""``lmnb serve`` and the three backends against a recording engine: constraints reach the engine
+unchanged through every backend, API speculative execution makes one call, bad requests get 4xx
+JSON errors and never take the server down."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import lmnb as sgl
+from helpers_lang import RecordingEngine, live_server
+from lmnb.backend.base import BackendError
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+SCHEMA_STR = json.dumps(SCHEMA)
+REGEX = r"(yes|no)-[0-9]{2}"
+
+
+@sgl.function
+def constrained(s, regex, schema):
+    s += "Q: pick.\nA:" + sgl.gen("r", max_tokens=5, regex=regex)
+    s += "\nJSON:" + sgl.gen("j", max_tokens=5, json_schema=schema)
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = RecordingEngine()
+    with live_server(engine, served_model_name="rec") as url:
+        yield engine, url
+
+
+@pytest.mark.parametrize("schema", [SCHEMA, SCHEMA_STR], ids=["dict", "str"])
+def test_constraints_reach_the_engine_unchanged_in_process_and_native_http(served, schema):
+    engine, url = served
+    for backend in (sgl.Engine(engine=engine), sgl.RuntimeEndpoint(url)):
+        engine.received.clear()
+        constrained.run(regex=REGEX, schema=schema, backend=backend, temperature=0).sync()
+        regex_params, schema_params = engine.received
+        assert regex_params.regex == REGEX and regex_params.json_schema is None
+        assert schema_params.json_schema == schema and schema_params.regex is None
+
+
+def test_constraints_reach_the_engine_through_the_openai_backend(served):
+    engine, url = served
+    chat = sgl.OpenAI("rec", base_url=f"{url}/v1")
+
+    @sgl.function
+    def chat_prog(s, schema):
+        s += sgl.user("Give a name.")
+        s += sgl.assistant(sgl.gen("j", max_tokens=5, json_schema=schema))
+
+    engine.received.clear()
+    chat_prog.run(schema=SCHEMA_STR, backend=chat, temperature=0).sync()
+    assert engine.received[-1].json_schema == SCHEMA  # sent as response_format, an object
+    assert engine.prompts[-1] == "[user]Give a name.\n[assistant]"
+
+    completion = sgl.OpenAI("rec", base_url=f"{url}/v1", is_chat_model=False)
+    engine.received.clear()
+    constrained.run(regex=REGEX, schema=SCHEMA, backend=completion, temperature=0).sync()
+    assert engine.received[0].regex == REGEX
+    assert engine.received[1].json_schema == SCHEMA
+
+
+def test_openai_official_api_refuses_regex_instead_of_dropping_it():
+    official = sgl.OpenAI("gpt-4o-mini", api_key="sk-test-not-used")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("hi")
+        s += sgl.assistant(sgl.gen("a", regex="[0-9]+"))
+
+    with pytest.raises(sgl.ProgramError, match="no regex-constrained generation"):
+        prog.run(backend=official).text()
+
+
+def test_api_speculative_execution_through_lmnb_serve_makes_one_call(served):
+    engine, url = served
+    engine.reply = lambda text, params: " Alice\nAge: 30\nCity: Paris\n"
+    try:
+        completion = sgl.OpenAI("rec", base_url=f"{url}/v1", is_chat_model=False)
+
+        @sgl.function(num_api_spec_tokens=40)
+        def person(s):
+            s += "Name:" + sgl.gen("name", stop="\n", max_tokens=10)
+            s += "\nAge:" + sgl.gen("age", stop="\n", max_tokens=10)
+
+        engine.received.clear()
+        st = person.run(backend=completion, temperature=0)
+        assert (st["name"], st["age"]) == (" Alice", " 30")
+        assert len(engine.received) == 1 and engine.received[0].max_new_tokens == 40
+
+        engine.reply = lambda text, params: "Name: Bob\nAge: 7"
+        chat = sgl.OpenAI("rec", base_url=f"{url}/v1")
+
+        @sgl.function(num_api_spec_tokens=32)
+        def person_chat(s):
+            s += sgl.user("Describe someone.")
+            s += sgl.assistant("Name: " + sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age", stop="\n"))
+
+        engine.received.clear()
+        st = person_chat.run(backend=chat, temperature=0)
+        assert (st["name"], st["age"]) == ("Bob", "7") and len(engine.received) == 1
+    finally:
+        engine.reply = RecordingEngine().reply
+
+
+def _post(url, path, body, **kw):
+    return httpx.post(url + path, content=body if isinstance(body, str) else json.dumps(body), **kw)
+
+
+@pytest.mark.parametrize(
+    "path,body,status,needle",
+    [
+        ("/generate", "{not json", 400, "not valid JSON"),
+        ("/generate", {"text": "a", "bogus": 1}, 400, "unknown field 'bogus'"),
+        ("/generate", {"sampling_params": {}}, 400, "exactly one of text and input_ids"),
+        ("/generate", {"text": "a", "sampling_params": {"temperature": -1}}, 400, "temperature"),
+        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 1, "top_q": 1}}, 400, "unknown sampling parameter 'top_q'"),
+        ("/generate", {"text": "a", "image_data": "x.png"}, 400, "text-only"),
+        ("/generate", {"input_ids": ["a"]}, 400, "input_ids"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "temprature": 0}, 400, "temprature"),
+        ("/v1/completions", {"model": "other", "prompt": "a"}, 404, "not served"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "logit_bias": {"1": 5}}, 400, "logit_bias"),
+        ("/v1/chat/completions", {"model": "rec", "messages": "hi"}, 400, "messages"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "tools": [{}]}, 400, "tool"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text-only"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}}, 400, "schema"),
+        ("/abort_request", {}, 400, "rid"),
+    ],
+)
+def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):
+    _, url = served
+    r = _post(url, path, body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert needle in err["message"] and err["code"] == status
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_native_generate_batches_n_samples_and_model_info(served):
+    engine, url = served
+    r = _post(url, "/generate", {"text": ["ab", "cd"], "sampling_params": {"max_new_tokens": 2}}).json()
+    assert [x["text"] for x in r] == ["xx", "xx"] and r[0]["meta_info"]["prompt_tokens"] == 2
+    r = _post(url, "/generate", {"input_ids": [97, 98], "sampling_params": {"max_new_tokens": 3, "sampling_seed": 5}}).json()
+    assert r["text"] == "xxx" and r["output_ids"] == [120, 120, 120] and engine.received[-1].seed == 5
+    info = httpx.get(url + "/get_model_info").json()
+    assert info["model_path"] == "recording-engine" and info["chat_template"] == RecordingEngine.chat_template
+    assert info["is_generation"] is True
+
+
+def test_native_stream_sends_cumulative_text_in_several_events(served):
+    _, url = served
+    events = []
+    with httpx.stream("POST", url + "/generate", json={"text": "q", "sampling_params": {"max_new_tokens": 4}, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                events.append(line[5:].strip())
+    assert events[-1] == "[DONE]"
+    texts = [json.loads(e)["text"] for e in events[:-1]]
+    assert texts == ["x", "xx", "xxx", "xxxx", "xxxx"]
+    assert json.loads(events[-2])["meta_info"]["finish_reason"] == {"type": "length"}
+
+
+def test_api_key_is_required_when_set():
+    with live_server(RecordingEngine(), api_key="s3cret") as url:
+        assert httpx.get(url + "/get_model_info").status_code == 401
+        assert httpx.get(url + "/health").status_code == 200
+        ok = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        backend = sgl.RuntimeEndpoint(url, api_key="s3cret")
+        assert backend.model_info["model_path"] == "recording-engine"
+        with pytest.raises(BackendError, match="401"):
+            sgl.RuntimeEndpoint(url, api_key="wrong")
