@@ -17,7 +17,7 @@ SUBCOMMANDS = {
     "run": ("lmnb_kernel.run", "run", "execute a notebook headless with the lmnb kernel"),
     "install-kernel": ("lmnb_kernel.install", "install", "install the lmnb kernelspec"),
     "serve": ("lmnb_engine.http_server", "serve", "serve the in-process engine over HTTP"),
-    "export": ("lmnb.export", "export", "export a %%lm notebook to a batch script"),
+    "export": ("lmnb.export", "export", "export a %%%%lm notebook to a batch script"),
 }
 
 
