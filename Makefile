@@ -22,5 +22,8 @@ install: $(VENV)/.installed
 run: install
 	$(VENV)/bin/lmnb run $(NOTEBOOK) -o $(basename $(NOTEBOOK)).out.ipynb
 
+# The real-browser widget test needs Debian chromium and playwright-core (tests/browser/setup.sh;
+# idempotent, uses apt-get and npm, so it needs root the first time).
 test: install
+	bash tests/browser/setup.sh $(VENV)
 	$(PY) -m pytest -q tests

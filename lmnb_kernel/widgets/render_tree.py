@@ -1,0 +1,156 @@
+"""Render the radix tree (``TreeHistory``) as sanitizer-safe HTML and as plain text.
+
+Each node row shows its edge text preview, token count, lock_ref, pinned flag, LRU age and
+evictable bytes; the named states / cells whose paths end at a node are badges on it (and listed in
+the tooltip of every node on the path); evicted nodes stay as faded, struck-through ghosts under
+their last parent. Nested ``<details open>`` make the tree collapsible without a script.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Mapping, Optional
+
+from .html import BAD, MONO, MUTED, OK, ROOT_STYLE, badge, esc, human_bytes, tag
+from .tree import NodeInfo, TreeHistory
+
+MAX_NODES = 400  # rows rendered; the rest is summarised
+PREVIEW_CHARS = 60
+
+
+def _preview(text: str) -> str:
+    t = text.replace("\n", "⏎")
+    return t if len(t) <= PREVIEW_CHARS else t[:PREVIEW_CHARS - 1] + "…"
+
+
+def _age(now: float, last: Optional[float]) -> str:
+    if last is None:
+        return "–"
+    s = max(now - last, 0.0)
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def path_labels(history: TreeHistory, paths: Mapping[str, Hashable]) -> dict[Hashable, list[str]]:
+    """Node id -> labels of the paths passing through it (a path is root → its end node)."""
+    everything = {**history.ghosts, **history.nodes}
+    through: dict[Hashable, list[str]] = {}
+    for label, end in paths.items():
+        nid, seen = end, set()
+        while nid is not None and nid in everything and nid not in seen:
+            seen.add(nid)
+            through.setdefault(nid, []).append(label)
+            nid = everything[nid].parent
+    return through
+
+
+def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hashable]] = None,
+                     kv_bytes_per_token: Optional[int] = None, now: float, stats: Optional[Mapping] = None,
+                     title: str = "radix tree") -> str:
+    """The whole tree view as ``<div class="lmnb-tree">``; ``now`` in ``time.time()`` seconds."""
+    paths, stats = paths or {}, stats or {}
+    nodes, ghosts = history.nodes, history.ghosts
+    through = path_labels(history, paths)
+    ends: dict[Hashable, list[str]] = {}
+    for label, end in paths.items():
+        ends.setdefault(end, []).append(label)
+    kids: dict[Optional[Hashable], list[NodeInfo]] = {}
+    for n in list(nodes.values()) + list(ghosts.values()):
+        kids.setdefault(n.parent if (n.parent in nodes or n.parent in ghosts) else None, []).append(n)
+    budget = [MAX_NODES]
+
+    def row(n: NodeInfo, evicted: bool) -> str:
+        is_root = n.parent is None and not evicted
+        bits = [tag("span", esc("root" if is_root else repr(_preview(n.text))), cls="lmnb-node-text",
+                    style=MONO)]
+        bits.append(esc(f"{n.num_tokens} tok"))
+        if evicted:
+            bits.append(badge("evicted", color=BAD, cls="lmnb-badge lmnb-evicted-badge"))
+        else:
+            if n.lock_ref > 0:
+                bits.append(badge(f"lock {n.lock_ref}", color="#9a6700", cls="lmnb-badge lmnb-locked"))
+            if n.pinned:
+                bits.append(badge("pinned", color="#8250df", cls="lmnb-badge lmnb-pinned"))
+            if not is_root:
+                bits.append(esc(f"age {_age(now, n.last_access)}"))
+                if n.evictable:
+                    ev = (human_bytes(n.num_tokens * kv_bytes_per_token) if kv_bytes_per_token
+                          else f"{n.num_tokens} tok")
+                    bits.append(tag("span", esc(f"evictable {ev}"), cls="lmnb-evictable", style=f"color:{OK}"))
+        for label in ends.get(n.id, []):
+            bits.append(badge(label, color="#0a7b83", cls="lmnb-badge lmnb-path"))
+        tip = f"node {n.id}"
+        if through.get(n.id):
+            tip += " · on paths: " + ", ".join(through[n.id])
+        style = "opacity:0.45;text-decoration:line-through" if evicted else ""
+        cls = "lmnb-node lmnb-evicted" if evicted else "lmnb-node"
+        return tag("span", " · ".join(bits), cls=cls, style=style, title=tip)
+
+    def subtree(n: NodeInfo) -> str:
+        budget[0] -= 1
+        evicted = n.id in ghosts
+        children = [c for c in sorted(kids.get(n.id, []), key=lambda c: str(c.id)) if c.id != n.id]
+        if not children:
+            return tag("li", row(n, evicted), style="list-style-type:none")
+        shown = []
+        for c in children:
+            if budget[0] <= 0:
+                shown.append(tag("li", esc(f"… {len(children) - len(shown)} more nodes not shown"),
+                                 style=f"list-style-type:none;color:{MUTED}"))
+                break
+            shown.append(subtree(c))
+        inner = tag("summary", row(n, evicted)) + tag("ul", "".join(shown), style="margin:0;padding-left:18px")
+        return tag("li", tag("details", inner, extra="open"), style="list-style-type:none")
+
+    roots = sorted(kids.get(None, []), key=lambda n: (n.parent is not None, str(n.id)))
+    body = tag("ul", "".join(subtree(r) for r in roots), style="margin:0;padding-left:4px")
+
+    live = [n for n in nodes.values() if n.parent is not None]
+    total = sum(n.num_tokens for n in live)
+    evictable = sum(n.num_tokens for n in live if n.evictable)
+    locked = sum(n.num_tokens for n in live if n.lock_ref > 0)
+    head = [tag("b", esc(title)), esc(f"{len(live)} nodes"), esc(f"{total} tokens"),
+            esc(f"locked {locked} tok"),
+            tag("span", esc(f"evictable {evictable} tok"
+                            + (f" ({human_bytes(evictable * kv_bytes_per_token)})" if kv_bytes_per_token else "")),
+                cls="lmnb-evictable-total")]
+    if ghosts:
+        head.append(esc(f"{len(ghosts)} evicted shown faded"))
+    stats_line = ""
+    if stats:
+        stats_line = tag("div", " · ".join(esc(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}")
+                                           for k, v in stats.items()),
+                         cls="lmnb-tree-stats", style=f"color:{MUTED};font-size:11px")
+    missing = [label for label, end in paths.items() if end not in nodes and end not in ghosts]
+    foot = ""
+    if missing:
+        foot = tag("div", esc("not in the cache: " + ", ".join(missing)), cls="lmnb-evicted",
+                   style=f"opacity:0.45;color:{MUTED};font-size:12px")
+    return tag("div", tag("div", " · ".join(head), cls="lmnb-tree-header") + stats_line + body + foot,
+               cls="lmnb-tree", style=ROOT_STYLE)
+
+
+def render_tree_text(history: TreeHistory, *, paths: Optional[Mapping[str, Hashable]] = None) -> str:
+    """Indented plain-text tree: ``text (n tok, lock k)``, evicted nodes marked."""
+    paths = paths or {}
+    ends: dict[Hashable, list[str]] = {}
+    for label, end in paths.items():
+        ends.setdefault(end, []).append(label)
+    kids: dict[Optional[Hashable], list[NodeInfo]] = {}
+    allnodes = {**history.ghosts, **history.nodes}
+    for n in allnodes.values():
+        kids.setdefault(n.parent if n.parent in allnodes else None, []).append(n)
+    lines = [f"radix tree: {sum(1 for n in history.nodes.values() if n.parent is not None)} nodes"]
+
+    def walk(n: NodeInfo, depth: int) -> None:
+        if len(lines) > MAX_NODES:
+            return
+        mark = " [evicted]" if n.id in history.ghosts else ""
+        label = f" <{', '.join(ends[n.id])}>" if n.id in ends else ""
+        text = "root" if n.parent is None else repr(_preview(n.text))
+        lines.append(f"{'  ' * depth}{text} ({n.num_tokens} tok, lock {n.lock_ref}){mark}{label}")
+        for c in sorted(kids.get(n.id, []), key=lambda c: str(c.id)):
+            if c.id != n.id:
+                walk(c, depth + 1)
+
+    for r in sorted(kids.get(None, []), key=lambda n: (n.parent is not None, str(n.id))):
+        walk(r, 0)
+    return "\n".join(lines)

@@ -1,0 +1,132 @@
+"""Check a constrained generation's output: JSON against its schema, regex fields, jump-forward.
+
+The checks use the libraries that define the rules, not our own decoder: ``json`` for parsing,
+``jsonschema`` (the validator class the schema's ``$schema`` names, Draft 2020-12 by default) for
+validity, and ``re`` for regexes. A whole-output ``regex`` constraint must match the entire text
+(``re.fullmatch``), as SGLang's regex-constrained decoding produces; a JSON Schema ``pattern`` is
+unanchored (``re.search``), as JSON Schema §6.3.3 specifies (Python's ``re`` stands in for ECMA-262
+regexes; the two agree on the common subset constrained decoders support).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping, Optional
+
+import jsonschema
+
+
+def _path_str(path) -> str:
+    """A JSON pointer-like path for display: ``$``, ``$.name``, ``$.items[2]``."""
+    out = "$"
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _pattern_fields(schema: Any, instance: Any, path: tuple = ()) -> list[dict]:
+    """Every string in ``instance`` whose subschema (reached through ``properties``, ``items`` and
+    ``prefixItems``) has a ``pattern``: ``{"path", "pattern", "value", "match"}``."""
+    found: list[dict] = []
+    if not isinstance(schema, Mapping):
+        return found
+    if isinstance(instance, str) and isinstance(schema.get("pattern"), str):
+        try:
+            ok = re.search(schema["pattern"], instance) is not None
+        except re.error as e:
+            ok = None
+            found.append({"path": _path_str(path), "pattern": schema["pattern"], "value": instance,
+                          "match": ok, "error": f"bad pattern: {e}"})
+            return found
+        found.append({"path": _path_str(path), "pattern": schema["pattern"], "value": instance, "match": ok})
+    if isinstance(instance, Mapping):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in instance:
+                found += _pattern_fields(sub, instance[key], path + (key,))
+    elif isinstance(instance, list):
+        prefix = schema.get("prefixItems") or []
+        for i, item in enumerate(instance):
+            sub = prefix[i] if i < len(prefix) else schema.get("items")
+            found += _pattern_fields(sub, item, path + (i,))
+    return found
+
+
+def check_structured(
+    text: str,
+    *,
+    json_schema: Optional[str | Mapping] = None,
+    regex: Optional[str] = None,
+    completion_tokens: Optional[int] = None,
+    forward_passes: Optional[int] = None,
+    jumped_tokens: Optional[int] = None,
+) -> dict:
+    """Check one constrained output; returns a JSON-ready dict for the view.
+
+    Args:
+        text: the generated text (str).
+        json_schema: the JSON Schema (dict or JSON string) the output was constrained by; pass
+            ``{}`` for "any JSON". None when the constraint was a regex only.
+        regex: the whole-output regex constraint, if any.
+        completion_tokens, forward_passes, jumped_tokens: the request's counts (``RequestMeta``).
+            Without jump-forward every generated token costs one decode forward pass, so
+            ``passes_saved = completion_tokens - forward_passes`` (paper §4, "jump-forward").
+
+    Returns ``{"text", "kind": "json"|"regex", "valid": bool, "errors": [{"path", "message"}],
+    "value" (parsed JSON or None), "patterns": [...], "regex": str|None, "regex_match": bool|None,
+    "jump": {"completion_tokens", "forward_passes", "jumped_tokens", "passes_saved"} | None}``.
+
+    Raises ``ValueError`` when neither ``json_schema`` nor ``regex`` is given.
+    """
+    if json_schema is None and regex is None:
+        raise ValueError("check_structured needs json_schema= or regex= (the constraint the output was decoded with)")
+    out: dict = {"text": text, "kind": "json" if json_schema is not None else "regex", "valid": True,
+                 "errors": [], "value": None, "patterns": [], "regex": regex, "regex_match": None}
+    if regex is not None:
+        try:
+            out["regex_match"] = re.fullmatch(regex, text) is not None
+        except re.error as e:
+            out["errors"].append({"path": "$", "message": f"the regex does not compile: {e}"})
+            out["regex_match"] = False
+        if not out["regex_match"]:
+            out["valid"] = False
+            if not out["errors"]:
+                out["errors"].append({"path": "$", "message": f"output does not fully match /{regex}/"})
+    if json_schema is not None:
+        _check_json(text, json_schema, out)
+    out["jump"] = None
+    if forward_passes or jumped_tokens:
+        saved = (completion_tokens - forward_passes) if completion_tokens is not None and forward_passes else None
+        out["jump"] = {"completion_tokens": completion_tokens, "forward_passes": forward_passes,
+                       "jumped_tokens": jumped_tokens or 0, "passes_saved": saved}
+    return out
+
+
+def _check_json(text: str, json_schema: str | Mapping, out: dict) -> None:
+    if isinstance(json_schema, str):
+        try:
+            schema = json.loads(json_schema)
+        except json.JSONDecodeError as e:
+            out["valid"] = False
+            out["errors"].append({"path": "$", "message": f"the schema is not JSON: {e}"})
+            return
+    else:
+        schema = dict(json_schema)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        out["valid"] = False
+        out["errors"].append({"path": "$", "message": f"not JSON: {e.msg} at char {e.pos}"})
+        return
+    out["value"] = value
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        out["valid"] = False
+        out["errors"].append({"path": "$", "message": f"the schema is invalid: {e.message}"})
+        return
+    for err in sorted(cls(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
+        out["valid"] = False
+        out["errors"].append({"path": _path_str(err.absolute_path), "message": err.message})
+    out["patterns"] = _pattern_fields(schema, value)

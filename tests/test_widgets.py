@@ -1,0 +1,603 @@
+"""The live views without a kernel: data model, rendering, frame rate, comm messages, display.
+
+Comm traffic is recorded by swapping ``comm.create_comm`` for a recording comm (the technique of
+ipywidgets' own tests, ``ipywidgets/widgets/tests/utils.py``); displays are captured with IPython's
+``capture_output``. Expected values are worked out by hand in each test.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from html.parser import HTMLParser
+
+import comm
+import pytest
+from bs4 import BeautifulSoup
+from comm.base_comm import BaseComm
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from lmnb_kernel.widgets import SESSION, VIEW_MIME, RunView, Tally, TreeView
+from lmnb_kernel.widgets.render_run import render_run_html
+from lmnb_kernel.widgets.structured import check_structured
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class RecordingComm(BaseComm):
+    """A comm that keeps every message it would publish: ``(msg_type, data)``."""
+
+    def __init__(self, *args, **kwargs):
+        self.sent: list[tuple[str, dict]] = []
+        super().__init__(*args, **kwargs)
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        self.sent.append((msg_type, data))
+
+
+@pytest.fixture
+def comms(monkeypatch):
+    made: list[RecordingComm] = []
+
+    def create(*args, **kwargs):
+        c = RecordingComm(*args, **kwargs)
+        made.append(c)
+        return c
+
+    monkeypatch.setattr(comm, "create_comm", create)
+    return made
+
+
+@pytest.fixture
+def shell():
+    return InteractiveShell.instance()
+
+
+class Clock:
+    """A fake monotonic clock in integer milliseconds (exact float arithmetic)."""
+
+    def __init__(self):
+        self.ms = 0
+
+    def __call__(self) -> float:
+        return self.ms / 1000
+
+
+def spans(html: str, cls: str) -> list[str]:
+    soup = BeautifulSoup(html, "html.parser")
+    return [el.get_text() for el in soup.select(f".{cls}")]
+
+
+# --- data model ---------------------------------------------------------------------------------
+def test_cached_span_is_the_first_cached_chars_of_the_prompt():
+    v = RunView(live=False, session=Tally())
+    v.on_text("main", "You are helpful. ", source="state s (cell 1)")
+    v.on_text("main", "Q: sky? A:")
+    v.on_prompt("main", prompt_tokens=9, cached_tokens=4, cached_chars=12)
+    html = v.finish()["text/html"]
+    # by hand: "You are help" (12 chars) cached, the rest of the prompt computed, split at char 12
+    assert spans(html, "lmnb-cached") == ["You are help"]
+    assert spans(html, "lmnb-computed") == ["ful. ", "Q: sky? A:"]
+
+
+def test_fork_prompt_classifies_the_shared_parent_prefix_once():
+    v = RunView(live=False, session=Tally())
+    v.on_text("main", "PREFIX-0123")  # 11 chars
+    v.on_fork("main", ["a", "b"])
+    v.on_text("a", "aa")
+    v.on_text("b", "bbb")
+    # lane a's request prefilled everything; lane b then hit the shared 11-char prefix
+    v.on_prompt("a", prompt_tokens=13, cached_tokens=0, cached_chars=0)
+    v.on_prompt("b", prompt_tokens=14, cached_tokens=11, cached_chars=11)
+    data = v.finish()[VIEW_MIME]
+    lanes = {ln["id"]: ln for ln in data["lanes"]}
+    seg = lambda lid: [(s["text"], s.get("cache")) for s in lanes[lid]["segments"] if s["kind"] == "text"]
+    assert seg("main") == [("PREFIX-0123", "computed")]  # the first request decides
+    assert seg("a") == [("aa", "computed")]
+    assert seg("b") == [("bbb", "computed")]
+    assert lanes["a"]["prefix_chars"] == lanes["b"]["prefix_chars"] == 11
+
+
+def test_hit_rates_for_the_cell_and_the_session():
+    session = Tally(prompt_tokens=100, cached_tokens=10)  # earlier cells
+    v = RunView(live=False, session=session)
+    v.on_text("main", "x" * 10)
+    v.on_prompt("main", prompt_tokens=20, cached_tokens=8)
+    v.on_fork("main", ["a", "b"])
+    v.on_prompt("a", prompt_tokens=25, cached_tokens=20)
+    v.on_prompt("b", prompt_tokens=25, cached_tokens=20)
+    cache = v.finish()[VIEW_MIME]["cache"]
+    assert cache["cell"] == {"prompt_tokens": 70, "cached_tokens": 48, "hit_rate": 48 / 70}
+    assert cache["cumulative"] == {"prompt_tokens": 170, "cached_tokens": 58, "hit_rate": 58 / 170}
+    assert "68.6%" in v.finish()["text/html"]  # 48 / 70
+
+
+def test_a_gen_reported_only_at_its_end_still_shades_its_cached_prompt():
+    v = RunView(live=False, session=Tally())
+    v.on_text("main", "abcdefgh")
+    v.on_delta("main", "XY", token_ids=[1, 2])
+    v.on_gen_end("main", meta={"prompt_tokens": 4, "cached_tokens": 3, "cached_chars": 6, "completion_tokens": 2})
+    b = v.finish()
+    # the prompt is the 8 chars before the output: 6 cached, 2 computed; the output stays generated
+    assert spans(b["text/html"], "lmnb-cached") == ["abcdef"]
+    assert spans(b["text/html"], "lmnb-computed") == ["gh"]
+    assert spans(b["text/html"], "lmnb-gen") == ["XY"]
+    assert b[VIEW_MIME]["requests"][0]["completion_tokens"] == 2
+
+
+def test_cached_chars_from_a_real_tokenizer(tiny_llama):
+    from transformers import AutoTokenizer
+
+    from lmnb_kernel.widgets import prefix_chars_from
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)  # encode adds BOS, as the engine's does
+    cached = len(tok.encode("the cat"))  # a prompt "the cat" cached earlier, BOS included
+    v = RunView(live=False, session=Tally(), prefix_chars=prefix_chars_from(tok))
+    v.on_text("main", "the cat sat on the mat")
+    v.on_delta("main", " ok")
+    v.on_gen_end("main", meta={"prompt_tokens": len(tok.encode("the cat sat on the mat")), "cached_tokens": cached})
+    html = v.finish()["text/html"]
+    assert spans(html, "lmnb-cached") == ["the cat"]  # by hand: the 7 characters of the cached prompt
+    assert spans(html, "lmnb-computed") == [" sat on the mat"]
+    nothing_cached = RunView(live=False, session=Tally(), prefix_chars=prefix_chars_from(tok))
+    nothing_cached.on_text("main", "a dog")
+    nothing_cached.on_prompt("main", prompt_tokens=3, cached_tokens=0)
+    assert spans(nothing_cached.finish()["text/html"], "lmnb-computed") == ["a dog"]
+
+
+def test_generated_tokens_get_one_tooltip_each():
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", "Hi there", token_ids=[7, 9], token_texts=["Hi", " there"], logprobs=[-0.5, -2.0], name="g")
+    v.on_gen_end("main")
+    soup = BeautifulSoup(v.finish()["text/html"], "html.parser")
+    toks = soup.select(".lmnb-gen .lmnb-tok")
+    assert [t.get_text() for t in toks] == ["Hi", " there"]
+    # exp(-0.5) = 0.6065..., exp(-2) = 0.1353...
+    assert toks[0]["title"] == "'Hi' · id 7 · logprob -0.5000 (p=0.607)"
+    assert toks[1]["title"] == "' there' · id 9 · logprob -2.0000 (p=0.135)"
+
+
+def test_delta_without_per_token_text_is_one_piece_with_all_ids():
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", "abc", token_ids=[1, 2])
+    v.on_delta("main", "de", token_ids=[3])
+    data = v.finish()[VIEW_MIME]
+    gen = [s for s in data["lanes"][0]["segments"] if s["kind"] == "gen"]
+    assert len(gen) == 1 and gen[0]["text"] == "abcde"
+    assert gen[0]["tokens"] == [["abc", [1, 2], []], ["de", [3], []]]
+
+
+def test_join_closes_lanes_and_is_shown():
+    v = RunView(live=False, session=Tally())
+    v.on_fork("main", ["a", "b"], labels=["pros", "cons"])
+    v.on_delta("a", "good")
+    v.on_delta("b", "bad")
+    v.on_join("main", ["a", "b"])
+    v.on_text("main", "Summary:")
+    b = v.finish()
+    soup = BeautifulSoup(b["text/html"], "html.parser")
+    assert [td.select_one(".lmnb-lane-header b").get_text() for td in soup.select(".lmnb-lanes td.lmnb-lane")] \
+        == ["pros", "cons"]
+    assert soup.select_one(".lmnb-join").get_text() == "⤶ joined pros, cons"
+    lanes = {ln["id"]: ln for ln in b[VIEW_MIME]["lanes"]}
+    assert lanes["a"]["joined_into"] == lanes["b"]["joined_into"] == "main"
+    kinds = [s["kind"] for s in lanes["main"]["segments"]]
+    assert kinds == ["fork", "join", "text"]
+
+
+# --- structured output and select ---------------------------------------------------------------
+SCHEMA = {"type": "object", "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"},
+                         "age": {"type": "integer", "minimum": 10}}}
+
+
+def test_json_output_checked_against_the_schema():
+    rec = check_structured('{"name": "bob", "age": 5}', json_schema=SCHEMA)
+    assert rec["valid"] is False
+    assert [e["path"] for e in rec["errors"]] == ["$.age"]  # 5 < minimum 10
+    assert rec["patterns"] == [{"path": "$.name", "pattern": "^[a-z]+$", "value": "bob", "match": True}]
+    ok = check_structured('{"name": "Bob", "age": 12}', json_schema=SCHEMA)
+    assert ok["errors"] == [{"path": "$.name", "message": "'Bob' does not match '^[a-z]+$'"}]
+    assert ok["patterns"][0]["match"] is False
+    assert check_structured('{"name": "bob", "age": 12}', json_schema=SCHEMA)["valid"] is True
+    bad = check_structured('{"name": ', json_schema=json_dumps(SCHEMA))
+    assert bad["valid"] is False and bad["errors"][0]["message"].startswith("not JSON")
+
+
+def json_dumps(x):
+    import json
+
+    return json.dumps(x)
+
+
+def test_regex_constraint_must_match_the_whole_output():
+    assert check_structured("2024-01-31", regex=r"\d{4}-\d{2}-\d{2}")["regex_match"] is True
+    assert check_structured("2024-01-31!", regex=r"\d{4}-\d{2}-\d{2}")["regex_match"] is False
+    with pytest.raises(ValueError, match="json_schema= or regex="):
+        check_structured("x")
+
+
+def test_jump_forward_savings_and_json_tree_in_the_view():
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", '{"name": "bob", "age": 5}', token_ids=list(range(30)), name="person")
+    v.on_gen_end("main", json_schema=SCHEMA,
+                 meta={"prompt_tokens": 12, "cached_tokens": 0, "completion_tokens": 30,
+                       "forward_passes": 18, "jumped_tokens": 12})
+    html = v.finish()["text/html"]
+    soup = BeautifulSoup(html, "html.parser")
+    assert soup.select_one(".lmnb-jump").get_text() == (
+        "jump-forward: 12 tokens jumped; 18 forward passes for 30 tokens (saved 12)")  # 30 - 18
+    assert soup.select_one(".lmnb-invalid") is not None
+    assert soup.select_one("details.lmnb-json-node") is not None  # collapsible tree
+    assert "5 is less than the minimum of 10" in soup.select_one(".lmnb-json-error").get_text()
+
+
+def test_select_scores_as_bars_with_the_chosen_marked():
+    v = RunView(live=False, session=Tally())
+    v.on_select("main", name="tool", choices=["search", "calc", "none"], scores=[-0.1, -2.0, float("nan")])
+    b = v.finish()
+    sel = b[VIEW_MIME]["selects"][0]
+    assert sel["chosen"] == 0  # the best finite score
+    soup = BeautifulSoup(b["text/html"], "html.parser")
+    rows = soup.select(".lmnb-select tr")
+    assert "lmnb-chosen" in rows[0]["class"] and "lmnb-chosen" not in rows[1]["class"]
+    widths = [r.select_one(".lmnb-bar div")["style"] for r in rows]
+    # bar = exp(score - best): exp(0) = 100%, exp(-1.9) = 14.96%, unscored 0%
+    assert [re.search(r"width:([\d.]+)%", w).group(1) for w in widths] == ["100.0", "15.0", "0.0"]
+    assert spans(b["text/html"], "lmnb-select-choice") == ["search"]
+
+
+# --- sanitizer safety -----------------------------------------------------------------------------
+# Transcribed from JupyterLab's sanitizer (packages/apputils/src/sanitizer.ts): the tags and
+# attributes we may use, and for each CSS property we use, the value grammar it accepts.
+ALLOWED_TAGS = {"b", "details", "div", "li", "span", "summary", "table", "tbody", "td", "th", "thead", "tr",
+                "ul", "pre"}
+ALLOWED_ATTRS = {"class", "style", "title", "open"}
+_LEN = r"(0|[+-]?([0-9]*[.])?[0-9]+(px|em|rem|ex|in|cm|mm|pt|pc))"
+_LEN_POS = r"(0|[+]?([0-9]*[.])?[0-9]+(px|em|rem|ex|in|cm|mm|pt|pc))"
+_PCT_POS = r"[+]?([0-9]*[.])?[0-9]+%"
+_COLOR = r"(#(0x)?[0-9a-f]+|transparent|[a-z]+)"
+_BORDER = rf"(({_LEN}|thin|medium|thick|none|hidden|dotted|dashed|solid|double)\s*|{_COLOR}\s*){{1,3}}"
+CSS_VALUES = {
+    "background-color": _COLOR, "color": _COLOR, "border": _BORDER, "border-left": _BORDER,
+    "border-top": _BORDER, "border-bottom": _BORDER,
+    "border-radius": rf"(({_LEN}|{_PCT_POS})\s*){{1,4}}", "border-collapse": "collapse|separate",
+    "border-spacing": rf"{_LEN}\s*({_LEN})?", "padding": rf"(({_LEN_POS}|{_PCT_POS})\s*){{1,4}}",
+    "padding-left": rf"{_LEN_POS}|{_PCT_POS}", "padding-top": rf"{_LEN_POS}|{_PCT_POS}",
+    "margin": rf"(({_LEN}|{_PCT_POS}|auto)\s*){{1,4}}", "margin-right": rf"{_LEN}|{_PCT_POS}|auto",
+    "margin-top": rf"{_LEN}|{_PCT_POS}|auto", "margin-bottom": rf"{_LEN}|{_PCT_POS}|auto",
+    "width": rf"{_LEN_POS}|{_PCT_POS}|auto", "height": rf"{_LEN}|{_PCT_POS}|auto",
+    "display": "inline|block|inline-block|table|flex|none", "vertical-align": "baseline|top|middle|bottom",
+    "white-space": "normal|pre|nowrap|pre-wrap|pre-line", "word-wrap": "normal|break-word",
+    "font-family": r"[a-z -]+(,\s*[a-z -]+)*", "font-size": rf"{_LEN_POS}|{_PCT_POS}",
+    "font-style": "normal|italic|oblique", "font-weight": "normal|bold|bolder|lighter|[1-9]00",
+    "line-height": rf"normal|[+]?([0-9]*[.])?[0-9]+|{_LEN_POS}", "text-align": "left|right|center|justify",
+    "text-decoration": "none|((underline|overline|line-through)\\s*)+", "opacity": r"[+]?(1([.]0+)?|0([.][0-9]+)?)",
+    "list-style-type": "none|disc|circle|square|decimal", "table-layout": "auto|fixed",
+    "max-height": rf"{_LEN_POS}|{_PCT_POS}|none|auto", "overflow-y": "visible|hidden|scroll|auto",
+}
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.problems: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in ALLOWED_TAGS:
+            self.problems.append(f"tag <{tag}>")
+        for name, value in attrs:
+            if name not in ALLOWED_ATTRS:
+                self.problems.append(f"attribute {name} on <{tag}>")
+            if name == "style":
+                for decl in filter(None, (d.strip() for d in value.split(";"))):
+                    prop, _, val = (x.strip() for x in decl.partition(":"))
+                    rule = CSS_VALUES.get(prop)
+                    if rule is None or not re.fullmatch(rule, val, flags=re.I):
+                        self.problems.append(f"style {prop}:{val}")
+
+
+def sanitizer_problems(html: str) -> list[str]:
+    p = _Collect()
+    p.feed(html)
+    return p.problems
+
+
+def _busy_view() -> RunView:
+    v = RunView("cell <1>", live=False, session=Tally())
+    v.on_text("main", "<script>alert(1)</script> & \"quotes\"", source="state s")
+    v.on_prompt("main", prompt_tokens=10, cached_tokens=5, cached_chars=8)
+    v.on_fork("main", ["a", "b"])
+    v.on_delta("a", "<b>", token_ids=[1], token_texts=["<b>"], logprobs=[-1.0])
+    v.on_delta("b", '{"name": "bob", "age": 5}', token_ids=[2])
+    v.on_gen_end("b", json_schema=SCHEMA, meta={"completion_tokens": 9, "forward_passes": 5, "jumped_tokens": 4})
+    v.on_join("main", ["a", "b"])
+    v.on_select("main", name="s", choices=["x", "y"], scores=[-1.0, -0.5])
+    return v
+
+
+def test_static_html_passes_jupyterlabs_sanitizer_rules_and_escapes_text():
+    v = _busy_view()
+    html = v.finish("error", error=ValueError("boom <x>"))["text/html"]
+    assert sanitizer_problems(html) == []
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "data-k" not in html
+    soup = BeautifulSoup(html, "html.parser")
+    assert soup.select_one(".lmnb-error-message").get_text() == "ValueError: boom <x>"
+    assert soup.select_one("div.lmnb-run")["class"] == ["lmnb-run", "lmnb-error"]
+
+
+def test_tree_html_passes_jupyterlabs_sanitizer_rules():
+    tv = TreeView(kv_bytes_per_token=64, clock=lambda: 100.0)
+    records = [{"node_id": 0, "parent_id": None, "num_tokens": 0, "lock_ref": 0, "last_access_time": 1.0},
+               {"node_id": 1, "parent_id": 0, "num_tokens": 4, "text_preview": "<i>hi</i>", "lock_ref": 0,
+                "last_access_time": 90.0}]
+    html = tv.update(records, paths={"s <cell 1>": 1})["text/html"]
+    assert sanitizer_problems(html) == []
+    assert "&lt;i&gt;" in html
+
+
+# --- live widget: comm messages, ops, frame rate, Stop ----------------------------------------------
+def _apply_ops(soup: BeautifulSoup, ops: list[dict]) -> None:
+    """What live.js does with an op frame, on a BeautifulSoup tree."""
+    for op in ops:
+        target = soup.find(attrs={"data-k": op["k"]})
+        assert target is not None, f"op targets missing element {op['k']}"
+        frag = BeautifulSoup(op["html"], "html.parser")
+        if op["op"] == "set":
+            target.clear()
+        for node in list(frag.contents):
+            target.append(node)
+
+
+def _run_comm(comms: list[RecordingComm]) -> RecordingComm:
+    """The view's own comm (ipywidgets also opens one for the DOM widget's Layout)."""
+    [c] = [c for c in comms if c.sent[0][1]["state"].get("_model_name") == "AnyModel"]
+    return c
+
+
+def _frames(c: RecordingComm) -> list[dict]:
+    """The widget's messages after comm_open: trait updates and custom (ops) messages."""
+    return [data for kind, data in c.sent if kind == "comm_msg"]
+
+
+def test_live_ops_rebuild_exactly_what_a_fresh_render_shows(comms, shell):
+    clock = Clock()
+    v = RunView("t", clock=clock, snapshot_s=1e9, session=Tally())  # ops only, no snapshots
+    with capture_output():
+        v.show()
+    c = _run_comm(comms)
+    soup = BeautifulSoup(c.sent[0][1]["state"]["snapshot"]["html"], "html.parser")
+
+    def step(fn):
+        fn()
+        clock.ms += 60  # > 50 ms: every event may send a frame
+        v.tick()
+
+    step(lambda: v.on_text("main", "Intro text. "))
+    step(lambda: v.on_prompt("main", prompt_tokens=5, cached_tokens=2, cached_chars=6))
+    step(lambda: v.on_fork("main", ["a", "b"]))
+    for i in range(5):
+        step(lambda i=i: v.on_delta("a", f"a{i} ", token_ids=[i], token_texts=[f"a{i} "]))
+        step(lambda i=i: v.on_delta("b", f"b{i} ", token_ids=[i]))
+    step(lambda: v.on_text("a", " more"))  # a new segment after an open gen
+    step(lambda: v.on_prompt("a", prompt_tokens=9, cached_tokens=5, cached_chars=12))  # re-splits lanes
+    step(lambda: v.on_join("main", ["a", "b"]))
+    step(lambda: v.on_select("main", name="s", choices=["x", "y"], scores=[-1.0, -0.1]))
+    for data in _frames(c):
+        if data["method"] == "custom":
+            _apply_ops(soup, data["content"]["ops"])
+    expected = BeautifulSoup(render_run_html(v.model, live=True), "html.parser")
+    assert str(soup) == str(expected)
+    assert all(d["method"] == "custom" for d in _frames(c))  # incremental, never a full resend
+    # token appends carry only the new tokens, not the whole lane
+    appends = [op for d in _frames(c) for op in d["content"]["ops"] if op["k"].startswith("seg:a:")]
+    assert [BeautifulSoup(op["html"], "html.parser").get_text() for op in appends] == ["a1 ", "a2 ", "a3 ", "a4 "]
+
+
+def test_frames_never_exceed_max_hz(comms, shell):
+    clock = Clock()
+    v = RunView("t", clock=clock, max_hz=20, session=Tally())
+    with capture_output():
+        v.show()
+    c = _run_comm(comms)
+    v.on_fork("main", ["a", "b", "c"])
+    for ms in range(1, 1001):  # a token per lane every millisecond for one second
+        clock.ms = ms
+        for lane in "abc":
+            v.on_delta(lane, "x", token_ids=[1])
+    # 1 s at one frame per >= 50 ms: at most 1000 / 50 = 20 frames
+    assert 1 <= len(_frames(c)) <= 20
+    assert v.frames == len(_frames(c))
+    clock.ms = 1049
+    v.tick()  # 49 ms after the last frame: held back
+    assert len(_frames(c)) == v.frames
+    with capture_output():
+        b = v.finish()
+    assert [ln["segments"][0]["text"] for ln in b[VIEW_MIME]["lanes"][1:]] == ["x" * 1000] * 3
+
+
+def test_snapshot_frames_carry_the_whole_view_and_status(comms, shell):
+    clock = Clock()
+    v = RunView("t", clock=clock, snapshot_s=1.0, session=Tally())
+    with capture_output():
+        v.show()
+    c = _run_comm(comms)
+    clock.ms = 1000
+    v.on_text("main", "hello")
+    update = _frames(c)[-1]
+    assert update["method"] == "update"
+    assert update["state"]["snapshot"]["seq"] == 1 and "hello" in update["state"]["snapshot"]["html"]
+
+
+def test_stop_click_sets_the_flag_calls_abort_and_shows_stopping(comms, shell):
+    aborted = []
+    clock = Clock()
+    v = RunView("t", clock=clock, on_stop=lambda: aborted.append(threading.get_ident()), session=Tally())
+    with capture_output():
+        v.show()
+    c = _run_comm(comms)
+    # the frontend's click arrives as a comm_msg on a kernel thread (a subshell in JupyterLab >= 4.4)
+    msg = {"content": {"comm_id": c.comm_id, "data": {"method": "custom", "content": {"action": "stop"}}},
+           "buffers": []}
+    t = threading.Thread(target=c.handle_msg, args=(msg,))
+    t.start()
+    t.join()
+    assert v.stop_requested.is_set() and aborted == [t.ident]
+    clock.ms = 100
+    v.tick()  # the main thread's next frame reports it
+    assert _frames(c)[-1]["state"]["status"] == "stopping"
+    with capture_output():
+        b = v.finish("interrupted")
+    assert "lmnb-interrupted" in b["text/html"]
+    c.handle_msg(msg)  # a late click (queued until the cell ended) does nothing
+    assert len(aborted) == 1
+
+
+def test_finish_replaces_the_live_output_in_place(comms, shell):
+    v = RunView("t", session=Tally())
+    with capture_output() as cap:
+        v.show()
+        v.on_text("main", "ab")
+        v.on_prompt("main", prompt_tokens=2, cached_tokens=1, cached_chars=1)
+        v.on_fork("main", ["a", "b"])
+        bundle = v.finish()
+    first, last = cap.outputs[0], cap.outputs[-1]
+    assert WIDGET_MIME in first.data and first.data[WIDGET_MIME]["model_id"] == _run_comm(comms).comm_id
+    assert "text/html" in first.data  # a note for frontends without widgets
+    assert not first.update and last.update
+    assert last.transient["display_id"] == first.transient["display_id"] == v.display_id
+    assert last.data == bundle and WIDGET_MIME not in bundle
+    assert set(bundle) == {"text/html", "text/plain", VIEW_MIME}
+    assert spans(bundle["text/html"], "lmnb-cached") == ["a"]
+    assert len(BeautifulSoup(bundle["text/html"], "html.parser").select("td.lmnb-lane")) == 2
+    assert _run_comm(comms).sent[-1][0] == "comm_close"
+    assert v.finished and v.finish() is bundle  # idempotent
+
+
+def test_static_mode_updates_the_display_without_a_widget(comms, shell):
+    clock = Clock()
+    v = RunView("t", live=False, clock=clock, session=Tally())
+    with capture_output() as cap:
+        v.show()
+        clock.ms = 300
+        v.on_text("main", "hello")
+        v.finish()
+    assert comms == []
+    assert [o.update for o in cap.outputs] == [False, True, True]
+    assert "hello" in cap.outputs[1].data["text/html"]
+    assert len({o.transient["display_id"] for o in cap.outputs}) == 1
+
+
+def test_events_from_another_thread_are_refused():
+    v = RunView(live=False, session=Tally())
+    errors = []
+
+    def other():
+        try:
+            v.on_text("main", "x")
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert errors and "thread that created it" in errors[0]
+
+
+def test_bad_events_raise_clear_errors():
+    v = RunView(live=False, session=Tally())
+    with pytest.raises(KeyError, match="unknown lane 'zz'"):
+        v.on_delta("zz", "x")
+    with pytest.raises(ValueError, match="cached_tokens=5 exceeds prompt_tokens=3"):
+        v.on_prompt("main", prompt_tokens=3, cached_tokens=5)
+    v.on_fork("main", ["a"])
+    with pytest.raises(ValueError, match="lane 'a' already exists"):
+        v.on_fork("main", ["a"])
+    with pytest.raises(ValueError, match="one score per choice"):
+        v.on_select("main", name="s", choices=["x"], scores=[1.0, 2.0])
+    with pytest.raises(ValueError, match="finish status='ok'"):
+        v.finish("ok")
+    with pytest.raises(ValueError, match="max_hz"):
+        RunView(max_hz=0)
+
+
+def test_session_tally_is_shared_by_default():
+    before = (SESSION.prompt_tokens, SESSION.cached_tokens)
+    v = RunView(live=False)
+    v.on_prompt("main", prompt_tokens=4, cached_tokens=3)
+    assert (SESSION.prompt_tokens, SESSION.cached_tokens) == (before[0] + 4, before[1] + 3)
+
+
+# --- radix tree -----------------------------------------------------------------------------------
+def test_tree_view_of_a_real_radix_cache_with_locks_and_eviction():
+    import torch
+
+    from lmnb_engine.radix_cache import RadixCache
+
+    cache = RadixCache(None, None)
+    preview = lambda key: " ".join(map(str, key))
+    a = tuple(range(1, 11))  # 10 tokens
+    b = a[:5] + (20, 21, 22, 23, 24)  # shares 5 tokens with a
+    cache.insert(a, torch.arange(10))
+    cache.insert(b, torch.arange(10, 20))
+    node_b = cache.match_prefix(b).node
+    cache.inc_lock_ref(node_b)  # a running request on b
+
+    tv = TreeView(kv_bytes_per_token=64, clock=lambda: 1e12)
+    first = tv.update(cache.snapshot(preview), paths={"s (cell 1)": node_b.id})
+    data = first[VIEW_MIME]
+    texts = {n["text"]: n for n in data["nodes"]}
+    # by hand: root, the shared 5-token prefix (locked via b), the rest of a (5, free), b's tail (5, locked)
+    assert sorted((n["text"], n["num_tokens"], n["lock_ref"]) for n in data["nodes"]) == [
+        ("", 0, 0), ("1 2 3 4 5", 5, 1), ("20 21 22 23 24", 5, 1), ("6 7 8 9 10", 5, 0)]
+    soup = BeautifulSoup(first["text/html"], "html.parser")
+    assert soup.select_one(".lmnb-evictable-total").get_text() == "evictable 5 tok (320 B)"  # 5 × 64
+    path_badges = soup.select(".lmnb-path")
+    assert [p.get_text() for p in path_badges] == ["s (cell 1)"]
+    assert "20 21 22 23 24" in path_badges[0].find_parent(class_="lmnb-node").get_text()
+    assert len(soup.select(".lmnb-locked")) == 2
+
+    assert cache.evict(100) == 5  # only a's unlocked tail can go
+    second = tv.update(cache.snapshot(preview))
+    assert [n["text"] for n in second[VIEW_MIME]["evicted"]] == ["6 7 8 9 10"]
+    soup = BeautifulSoup(second["text/html"], "html.parser")
+    ghost = soup.select(".lmnb-node.lmnb-evicted")
+    assert len(ghost) == 1 and "6 7 8 9 10" in ghost[0].get_text()
+    assert "opacity:0.45" in ghost[0]["style"]
+    assert texts["1 2 3 4 5"]["id"] in {n["id"] for n in second[VIEW_MIME]["nodes"]}
+    assert soup.select_one(".lmnb-evictable-total").get_text() == "evictable 0 tok (0 B)"
+    assert "[evicted]" in second["text/plain"]
+
+
+def test_tree_view_refresh_updates_the_same_display(shell):
+    recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0},
+            {"node_id": 1, "parent_id": 0, "num_tokens": 3, "text_preview": "abc", "pinned": True}]
+    tv = TreeView()
+    with capture_output() as cap:
+        tv.show(recs)
+        tv.refresh(recs[:1])
+    assert [o.update for o in cap.outputs] == [False, True]
+    assert cap.outputs[0].transient["display_id"] == cap.outputs[1].transient["display_id"]
+    assert "lmnb-pinned" in cap.outputs[0].data["text/html"]
+    assert "lmnb-evicted" in cap.outputs[1].data["text/html"]
+    with pytest.raises(ValueError, match="no field 'num_tokens'"):
+        tv.update([{"node_id": 5}])
+
+
+def test_kv_bytes_per_token_counts_k_and_v_of_every_layer():
+    from lmnb_kernel.widgets import kv_bytes_per_token
+
+    # 2 (K, V) x 4 layers x 2 kv heads x 16 head dim x 2 bytes (bf16) = 512
+    assert kv_bytes_per_token({"num_layers": 4, "num_kv_heads": 2, "head_dim": 16, "dtype": "bfloat16"}) == 512
+    with pytest.raises(ValueError, match="unknown KV dtype"):
+        kv_bytes_per_token({"num_layers": 1, "num_kv_heads": 1, "head_dim": 1, "dtype": "complex64"})
+
+
+def test_age_and_math_helpers():
+    from lmnb_kernel.widgets.html import human_bytes, pct
+
+    assert human_bytes(1536) == "1.5 KiB" and human_bytes(100) == "100 B"
+    assert pct(0.5) == "50.0%" and pct(None) == "–" and pct(math.nan) == "–"
