@@ -16,13 +16,15 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.model_runner import ModelRunner
+from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, is_multimodal_prompt
 from lmnb_engine.outputs import GenerateResult, StreamEvent
 from lmnb_engine.params import SamplingParams
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
 
-Prompt = Union[str, Sequence[int]]
+# [issue 10] a MultimodalPrompt (or {"text": ..., "images": [...]}) carries images for LLaVA models
+Prompt = Union[str, Sequence[int], MultimodalPrompt, dict]
 
 DEFAULT_CHUNKED_PREFILL = {"cpu": 2048, "cuda": 8192}
 _PREVIEW_TOKENS = 24
@@ -108,6 +110,8 @@ class Engine:
             importable, torch otherwise), "torch" or "triton".
         disable_jump_forward: decode constrained output one token per pass (the compressed FSM's
             forced strings are then not drafted; output is the same either way, paper §4).
+        cuda_graph_max_bs: decode batches up to this size replay captured CUDA graphs (None = on
+            for CUDA with the Triton backend, up to 256; 0 = off).
     Raises:
         FileNotFoundError / ValueError: from model loading (unknown path, unsupported
         architecture, ...) or a bad setting; the message names it.
@@ -129,12 +133,13 @@ class Engine:
         mixed_batching: bool = False,
         attention_backend: Optional[Union[AttentionBackend, str]] = None,
         disable_jump_forward: bool = False,
+        cuda_graph_max_bs: Optional[int] = None,
     ) -> None:
         from lmnb_engine.model_loader import load_model
 
         self.loaded = load_model(model, device=device, dtype=dtype, random_weights=random_weights, seed=seed)
         self.runner = ModelRunner(
-            self.loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend
+            self.loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend, cuda_graph_max_bs
         )
         kind = "cuda" if self.runner.device.type == "cuda" else "cpu"
         config = SchedulerConfig(
@@ -152,6 +157,7 @@ class Engine:
             disable_radix_cache=disable_radix_cache,
         )
         self.disable_jump_forward = disable_jump_forward
+        self._mm_processor: Any = None  # [issue 10] lmnb_engine.multimodal.processor, made on first use
         self._grammar_backend: Any = None  # lmnb_engine.constrained.GrammarBackend, made on first use
         self._rng = random.Random(seed)
         self._handles: dict[str, RequestHandle] = {}
@@ -222,6 +228,10 @@ class Engine:
 
     # --- requests ------------------------------------------------------------------------------
     def _to_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, MultimodalTokens):  # [issue 10] prepared already (``multimodal.prepare``)
+            return prompt
+        if is_multimodal_prompt(prompt):  # [issue 10] ids + radix keys + pixels (MultimodalTokens)
+            return self.multimodal.prepare(prompt)
         if isinstance(prompt, str):
             ids = self.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -235,6 +245,19 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         return ids
+
+    @property
+    def multimodal(self) -> Any:
+        """[issue 10] The ``lmnb_engine.multimodal.processor.MultimodalProcessor`` of this model
+        (``image_token``, ``tokens_per_image``, ``prepare``), made on first use.
+
+        Raises ``ValueError`` if the model cannot take images (a text-only model)."""
+        with self._lock:
+            if self._mm_processor is None:
+                from lmnb_engine.multimodal.processor import MultimodalProcessor
+
+                self._mm_processor = MultimodalProcessor(self.loaded)
+            return self._mm_processor
 
     def _split_batch(self, prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[list[int]], bool]:
         """(list of id lists, whether the caller passed a batch)."""
@@ -295,7 +318,11 @@ class Engine:
         grammar = self._grammar(params)
         if grammar is not None:  # the grammar alone ends constrained output (lmnb_engine.constrained)
             params = params.copy(stop=None, stop_token_ids=None, ignore_eos=False)
-        reqs = [Req(rid, i, ids, params, self.tokenizer, handle._put, seeds[i]) for i in range(params.n)]
+        mm_key, mm_inputs = getattr(ids, "input_key", None), getattr(ids, "mm_inputs", None)  # [issue 10]
+        reqs = [
+            Req(rid, i, ids, params, self.tokenizer, handle._put, seeds[i], input_key=mm_key, mm_inputs=mm_inputs)
+            for i in range(params.n)
+        ]
         if grammar is not None:
             from lmnb_engine.constrained import RequestGrammar
 
@@ -322,6 +349,12 @@ class Engine:
         self, prompt: Union[Prompt, Sequence[Prompt]], params: Optional[SamplingParams] = None
     ) -> Union[GenerateResult, list[GenerateResult]]:
         """Generate for one prompt (str or token ids) or a list of prompts, blocking.
+
+        [issue 10] With a LLaVA checkpoint a prompt may carry images:
+        ``MultimodalPrompt("<image>\nwhat is this?", [path_or_pil_or_bytes_or_data_url])`` or
+        ``{"text": ..., "images": [...]}``, one ``<image>`` per image. Image positions are keyed
+        in the radix cache by the pixels' SHA-256, so a later prompt with the same image reuses
+        its KV (``meta.cached_tokens``). A bad image raises ``ImageInputError`` (a ValueError).
 
         Returns a ``GenerateResult`` for one prompt with n == 1; otherwise a flat list, prompt by
         prompt, samples in index order. Every prompt is checked before any is queued. An

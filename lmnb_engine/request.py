@@ -59,6 +59,8 @@ class Req:
         input_key: optional cache key per prompt position (default: the ids themselves); lets a
             multimodal prompt put an image's hash where its placeholder tokens are.
         seed: seed of this request's sampling generator.
+        mm_inputs: [issue 10] the images of a multimodal prompt
+            (``lmnb_engine.multimodal.MultimodalInputs``), handed to the model with each forward.
     """
 
     def __init__(
@@ -71,11 +73,13 @@ class Req:
         emit: Callable[[Any], None],
         seed: int,
         input_key: Optional[Sequence[Hashable]] = None,
+        mm_inputs: Optional[Any] = None,
     ) -> None:
         self.rid = rid
         self.index = index
         self.origin_input_ids = list(input_ids)
         self.origin_input_key = list(input_key) if input_key is not None else None
+        self.mm_inputs = mm_inputs  # [issue 10]
         self.output_ids: list[int] = []
         self.params = params
         self.emit = emit

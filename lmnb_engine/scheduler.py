@@ -321,6 +321,8 @@ class Scheduler:
             if in_flight and self._should_wait(req, match.length, sim, in_flight):
                 continue
             self.cache.inc_lock_ref(match.node)
+            if req.num_speculative and req.seq_len - match.length > budget:
+                self._drop_draft(req)  # a chunked prompt: its jump-forward draft waits until it samples
             extend = req.seq_len - match.length
             n = min(extend, budget)
             room = self.kv_pool.available_size() + self.cache.evictable_size()
@@ -432,6 +434,8 @@ class Scheduler:
             logits_indices=logit_rows,
             device=self.runner.device,
         )
+        if any(r.mm_inputs is not None for r, _ in rows):  # [issue 10] images for the vision tower
+            batch.mm_inputs = [r.mm_inputs for r, _ in rows]
         logits = self.runner.forward(batch)
         for req, n in rows:
             req.kv_committed_len += n

@@ -1,0 +1,12 @@
+"""The one exception type of constrained decoding."""
+
+from __future__ import annotations
+
+
+class GrammarError(ValueError):
+    """A regex or JSON schema that cannot drive constrained decoding.
+
+    Raised at submission (or when the request's compile future resolves) with a message that names
+    the unsupported feature, keyword or missing vocabulary piece and says how to fix the pattern.
+    A ``ValueError`` so callers that validate request parameters catch it with the others.
+    """

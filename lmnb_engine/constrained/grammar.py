@@ -1,0 +1,191 @@
+"""A compiled grammar: outlines-core's token index plus the compressed FSM derived from it.
+
+``outlines_core.Index(regex, vocabulary)`` walks every token's bytes through the regex's byte-level
+DFA from every reachable state (outlines-core ``src/index.rs``), so a decoding step is a lookup:
+the allowed tokens of a state and the state after a token. ``CompiledGrammar`` adds, per state and
+lazily (a state's work is done the first time any request reaches it, then shared):
+
+* a packed token bitmask (int32 words, bit ``i % 32`` of word ``i // 32`` = token ``i``), with the
+  EOS ids set only in accepting states;
+* the **compressed FSM** edge (paper §4, App. B.1): a state is *singular* when exactly one byte
+  can follow it and it is not accepting (EOS would be a second way out). Because a byte-level
+  vocabulary has a one-byte token for every byte, "exactly one byte can follow" is read off the
+  index as "every allowed token starts with the same byte", and the state after that byte is the
+  state after its one-byte token. Chains of singular states merge into one forced byte string.
+
+Vocabularies missing some one-byte tokens (rare: byte fallback covers all 256) get an exact
+dead-state pruning pass over the full transition table instead, so no allowed token can lead into
+a state from which no accepting state is reachable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.constrained.vocab import TokenVocabulary
+
+MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
+
+
+def bitmask_width(vocab_size: int) -> int:
+    """Number of int32 words in a packed token bitmask for ``vocab_size`` tokens."""
+    return (vocab_size + 31) // 32
+
+
+def pack_token_ids(ids: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """int32 [bitmask_width(vocab_size)] bitmask with the bits of ``ids`` (int array) set."""
+    bits = np.zeros(bitmask_width(vocab_size) * 32, dtype=bool)
+    bits[ids] = True
+    return torch.from_numpy(np.packbits(bits, bitorder="little").view("<i4").astype(np.int32))
+
+
+class CompiledGrammar:
+    """One regex compiled against one ``TokenVocabulary``; shared (read-only) by all its requests.
+
+    States are outlines-core's state ids (ints). ``next_state`` returns None for a token the state
+    does not allow. Thread-safety: the lazy per-state caches are filled idempotently, so concurrent
+    readers at worst compute an entry twice.
+
+    Attributes:
+        regex: the pattern (str). vocab: the ``TokenVocabulary``. initial_state: int.
+        final_states: frozenset[int] of accepting states. compile_seconds: wall time of the index.
+    """
+
+    def __init__(self, regex: str, vocab: TokenVocabulary, index, compile_seconds: float):
+        self.regex = regex
+        self.vocab = vocab
+        self.index = index
+        self.compile_seconds = compile_seconds
+        self.initial_state: int = index.get_initial_state()
+        self.final_states = frozenset(index.get_final_states())
+        self._eos = np.array(sorted(vocab.eos_token_ids), dtype=np.int64)
+        self._allowed: dict[int, np.ndarray] = {}
+        self._bitmask: dict[int, torch.Tensor] = {}
+        self._forced: dict[int, tuple[bytes, int]] = {}
+        self._terminal: dict[int, bool] = {}
+        self._dead: frozenset[int] = frozenset()
+        self._transitions: dict[int, dict[int, int]] | None = None
+        if not vocab.byte_complete:
+            self._prune_dead_states()
+
+    def _prune_dead_states(self) -> None:
+        """Mark states that cannot reach an accepting state (exact, over the full table)."""
+        self._transitions = self.index.get_transitions()
+        reverse: dict[int, set[int]] = {}
+        for src, edges in self._transitions.items():
+            for nxt in edges.values():
+                reverse.setdefault(nxt, set()).add(src)
+        live, todo = set(self.final_states), deque(self.final_states)
+        while todo:
+            for src in reverse.get(todo.popleft(), ()):
+                if src not in live:
+                    live.add(src)
+                    todo.append(src)
+        self._dead = frozenset(set(self._transitions) - live)
+
+    def is_final(self, state: int) -> bool:
+        """True if the text so far is a full match (EOS may be sampled)."""
+        return state in self.final_states
+
+    def next_state(self, state: int, token: int) -> int | None:
+        """State after ``token`` (an EOS id keeps an accepting state); None if not allowed."""
+        if token in self.vocab.eos_token_ids:
+            return state if state in self.final_states else None
+        if self._transitions is not None:
+            nxt = self._transitions.get(state, {}).get(token)
+        else:
+            nxt = self.index.get_next_state(state, token)
+        return None if nxt is None or nxt in self._dead else nxt
+
+    def allowed_ids(self, state: int) -> np.ndarray:
+        """Sorted int64 ids allowed in ``state`` (EOS ids only if accepting)."""
+        ids = self._allowed.get(state)
+        if ids is None:
+            ids = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
+            ids = ids[(ids != self.vocab.outlines_eos) & (ids < self.vocab.vocab_size)]
+            if self._dead:
+                ids = np.array([t for t in ids if self.next_state(state, int(t)) is not None], dtype=np.int64)
+            if state in self.final_states:
+                ids = np.union1d(ids, self._eos)
+            ids.sort()
+            self._allowed[state] = ids
+        return ids
+
+    def bitmask(self, state: int) -> torch.Tensor:
+        """int32 [bitmask_width(vocab.vocab_size)] packed mask of ``allowed_ids(state)`` (CPU)."""
+        mask = self._bitmask.get(state)
+        if mask is None:
+            mask = pack_token_ids(self.allowed_ids(state), self.vocab.vocab_size)
+            self._bitmask[state] = mask
+        return mask
+
+    def is_terminal(self, state: int) -> bool:
+        """Accepting, and no token but EOS may follow: the output is complete."""
+        hit = self._terminal.get(state)
+        if hit is None:
+            hit = state in self.final_states and not np.isin(self.allowed_ids(state), self._eos, invert=True).any()
+            self._terminal[state] = hit
+        return hit
+
+    def _forced_edge(self, state: int) -> tuple[int, int] | None:
+        """(byte, next state) if ``state`` is singular, else None."""
+        if state in self.final_states:
+            return None
+        ids = self.allowed_ids(state)
+        first = np.unique(self.vocab.first_byte[ids])
+        if len(first) != 1 or first[0] < 0:
+            return None
+        token = int(self.vocab.byte_token[first[0]])
+        nxt = self.next_state(state, token) if token >= 0 else None
+        return None if nxt is None else (int(first[0]), nxt)
+
+    def forced_bytes(self, state: int) -> tuple[bytes, int]:
+        """(forced byte string, state after it): the compressed-FSM edge out of ``state``.
+
+        Empty bytes when the state is not singular. Cut at ``MAX_FORCED_BYTES``.
+        """
+        hit = self._forced.get(state)
+        if hit is None:
+            out, s = bytearray(), state
+            while len(out) < MAX_FORCED_BYTES:
+                edge = self._forced_edge(s)
+                if edge is None:
+                    break
+                out.append(edge[0])
+                s = edge[1]
+            hit = (bytes(out), s)
+            self._forced[state] = hit
+        return hit
+
+
+def compile_grammar(regex: str, vocab: TokenVocabulary) -> CompiledGrammar:
+    """Build the outlines-core index of ``regex`` over ``vocab`` (seconds for large vocabularies).
+
+    Raises:
+        GrammarError: the library rejects the pattern (its message is included), or no sequence of
+            tokens from this vocabulary can ever complete a match.
+    """
+    from outlines_core import Index
+
+    start = time.perf_counter()
+    try:
+        index = Index(regex, vocab.outlines_vocabulary())
+    except (ValueError, TypeError) as e:
+        text = str(e)
+        if "incompatible" in text or "no transitions" in text.lower():
+            raise GrammarError(
+                f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: {text}"
+            ) from None
+        raise GrammarError(f"regex {regex!r} cannot be compiled to a token index: {text}") from None
+    grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start)
+    if not grammar.final_states or grammar.initial_state in grammar._dead:
+        raise GrammarError(
+            f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: no sequence of "
+            "its tokens reaches a full match (a character the pattern requires has no token)"
+        )
+    return grammar

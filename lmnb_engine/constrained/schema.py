@@ -1,0 +1,198 @@
+"""JSON schema → regex, through outlines-core's schema builder, with the gaps closed.
+
+``outlines_core.json_schema.build_regex_from_schema`` turns a schema into one regex (objects with
+keys in ``properties`` order, optional keys, arrays with item bounds, enums, ``$ref`` ...). Three
+of its behaviours would break the guarantee that output validates, so this module wraps it:
+
+* Keywords it does not enforce are silently ignored there (``uniqueItems``, ``not``,
+  ``patternProperties``, ``multipleOf`` ...). Here every keyword is checked against the list of
+  enforced or annotation-only keywords; anything else raises ``GrammarError`` naming it and its
+  location.
+* It ignores numeric bounds. Bounded ``integer`` / ``number`` subschemas are replaced with a
+  placeholder constant before building and the placeholder is swapped for the bounded grammar
+  from ``numeric.py`` after.
+* Some ``format`` grammars emit JSON-invalid strings (``email``, ``time``, ``uri`` allow an
+  unescaped quote or backslash), so only ``date``, ``date-time`` and ``uuid`` are accepted.
+
+Objects never get keys beyond ``properties`` (``additionalProperties`` is accepted, but extra keys
+are not generated, which keeps every output valid). Accepted inputs: a ``dict``, a JSON string,
+or a pydantic model class (``model_json_schema()``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
+from lmnb_engine.constrained.regex_check import check_regex
+
+# Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
+_ENFORCED = {
+    "type", "properties", "required", "items", "prefixItems", "minItems", "maxItems", "enum",
+    "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format",
+    "minLength", "maxLength", "minDigits", "maxDigits", "additionalProperties",
+}
+# Keywords with no effect on which instances validate.
+_ANNOTATIONS = {
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+    "readOnly", "writeOnly", "discriminator",
+}
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_FORMATS = {"date", "date-time", "uuid"}
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_PLACEHOLDER = "LMNBBOUNDEDNUMBER{}X"  # letters and digits only: appears verbatim in the regex
+
+
+def load_schema(schema: Any) -> dict:
+    """The schema as a fresh ``dict``: from a dict (deep-copied), a JSON string, or a pydantic class.
+
+    Raises:
+        GrammarError: the string is not JSON, or the value is none of the accepted kinds.
+    """
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
+    if isinstance(schema, dict):
+        return copy.deepcopy(schema)
+    raise GrammarError(
+        f"json_schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
+    )
+
+
+def _integral_bound(value: Any, key: str, where: str, for_integers: bool) -> tuple[int, bool]:
+    """(integer bound, tightened) for a bound value; integers round inwards, numbers must be integral."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GrammarError(f"JSON schema {key!r} at {where} must be a finite number, got {value!r}")
+    if float(value).is_integer():
+        return int(value), False
+    if not for_integers:
+        raise GrammarError(
+            f"JSON schema {key}={value!r} at {where}: only integer bounds are supported for "
+            "type 'number'; use an integer bound"
+        )
+    lower = key in ("minimum", "exclusiveMinimum")
+    return (math.ceil(value) if lower else math.floor(value)), True
+
+
+def _bounded_regex(node: dict, kind: str, where: str) -> str:
+    """The regex of a bounded ``integer`` or ``number`` subschema (keys in ``_BOUNDS``)."""
+    ints = kind == "integer"
+    lo = hi = None
+    lo_excl = hi_excl = False
+    for key in ("minimum", "exclusiveMinimum"):
+        if key in node:
+            v, tightened = _integral_bound(node[key], key, where, ints)
+            excl = key == "exclusiveMinimum" and not tightened
+            if lo is None or v > lo or (v == lo and excl):
+                lo, lo_excl = v, excl
+    for key in ("maximum", "exclusiveMaximum"):
+        if key in node:
+            v, tightened = _integral_bound(node[key], key, where, ints)
+            excl = key == "exclusiveMaximum" and not tightened
+            if hi is None or v < hi or (v == hi and excl):
+                hi, hi_excl = v, excl
+    if ints:
+        lo = None if lo is None else lo + (1 if lo_excl else 0)
+        hi = None if hi is None else hi - (1 if hi_excl else 0)
+        return integer_range_regex(lo, hi)
+    return number_range_regex(lo, hi, lo_excl, hi_excl)
+
+
+class _Rewriter:
+    """Checks keywords and swaps bounded numeric subschemas for placeholders (one pass, in place)."""
+
+    def __init__(self) -> None:
+        self.fragments: dict[str, str] = {}
+
+    def visit(self, node: Any, where: str) -> Any:
+        if isinstance(node, bool):
+            return node
+        if not isinstance(node, dict):
+            raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {node!r}")
+        for key in node:
+            if key not in _ENFORCED and key not in _ANNOTATIONS and key not in _BOUNDS:
+                if key == "uniqueItems" and node[key] is False:
+                    continue
+                raise GrammarError(
+                    f"JSON schema keyword {key!r} at {where} is not supported by constrained decoding "
+                    f"(it cannot be enforced while decoding); remove it. Supported keywords: "
+                    f"{', '.join(sorted(_ENFORCED | set(_BOUNDS)))}"
+                )
+        if "format" in node and node["format"] not in _FORMATS:
+            raise GrammarError(
+                f"JSON schema format {node['format']!r} at {where} is not supported; supported formats: "
+                f"{', '.join(sorted(_FORMATS))} (or give a 'pattern' instead)"
+            )
+        if "pattern" in node:
+            check_regex(node["pattern"].removeprefix("^").removesuffix("$"))
+        for key in _SUBSCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                node[key] = {k: self.visit(v, f"{where}/{key}/{k}") for k, v in node[key].items()}
+        for key in (*_SUBSCHEMA_LISTS, "items"):
+            if isinstance(node.get(key), list):
+                node[key] = [self.visit(v, f"{where}/{key}/{i}") for i, v in enumerate(node[key])]
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                node[key] = self.visit(node[key], f"{where}/{key}")
+        if any(k in node for k in _BOUNDS):
+            return self._bounded(node, where)
+        return node
+
+    def _bounded(self, node: dict, where: str) -> dict:
+        bounds = {k: node.pop(k) for k in _BOUNDS if k in node}
+        if "enum" in node or "const" in node:
+            return node  # the listed values are the grammar; bounds cannot widen or narrow it
+        types = node.get("type")
+        types = [types] if isinstance(types, str) else list(types or [])
+        numeric = [t for t in types if t in ("integer", "number")]
+        if not numeric:
+            raise GrammarError(
+                f"JSON schema at {where} has {', '.join(bounds)} but no type 'integer' or 'number'; "
+                "add the type"
+            )
+        kind = "number" if "number" in numeric else "integer"
+        name = _PLACEHOLDER.format(len(self.fragments))
+        self.fragments[name] = _bounded_regex(bounds, kind, where)
+        others = [t for t in types if t not in ("integer", "number")]
+        placeholder = {"const": name}
+        if not others:
+            return placeholder
+        rest = dict(node, type=others if len(others) > 1 else others[0])
+        return {"anyOf": [placeholder, rest]}
+
+
+def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
+    """Regex whose matches are exactly the JSON texts the decoder may produce for ``schema``.
+
+    Args:
+        schema: dict, JSON string or pydantic model class.
+        whitespace_pattern: regex for the optional whitespace between JSON tokens (outlines-core's
+            default is ``[ ]?``); e.g. ``r"[ \\n]{0,2}"`` for pretty-printed output.
+
+    Raises:
+        GrammarError: unsupported keyword, format or regex feature (named, with its location), an
+            empty numeric range, or a structure outlines-core rejects.
+    """
+    from outlines_core.json_schema import build_regex_from_schema
+
+    rewriter = _Rewriter()
+    rewritten = rewriter.visit(load_schema(schema), "#")
+    try:
+        regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
+    except (ValueError, TypeError) as e:
+        raise GrammarError(f"outlines-core cannot compile this JSON schema: {e}") from None
+    for name, fragment in rewriter.fragments.items():
+        quoted = f'"{name}"'
+        if quoted not in regex:  # the library changed how it renders a const
+            raise GrammarError(f"internal error: bounded-number placeholder {name} missing from the schema regex")
+        regex = regex.replace(quoted, f"(?:{fragment})")
+    return regex

@@ -1,0 +1,154 @@
+"""The tokenizer as constrained decoding sees it: the bytes each token id stands for.
+
+The grammar runs on bytes (outlines-core walks each token's bytes through a byte-level DFA), so
+every token id needs its exact bytes, including tokens that hold part of a UTF-8 character. Two
+tokenizer families are read, as outlines and xgrammar do:
+
+* byte-level BPE (GPT-2, Llama 3, Qwen): token strings are bytes spelled with GPT-2's
+  byte→unicode table (``transformers.convert_slow_tokenizer.bytes_to_unicode``);
+* SentencePiece-style BPE with byte fallback (Llama 2, Mistral): ``<0xNN>`` is the byte NN and
+  ``▁`` is a space.
+
+Added and special tokens (BOS, role markers, ...) have no bytes: the grammar never allows them;
+EOS is allowed separately, in accepting states only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from lmnb_engine.constrained.errors import GrammarError
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _decoder_types(tokenizer: Any) -> set[str]:
+    """The ``type`` names in the fast tokenizer's decoder (nested ``Sequence`` flattened)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise GrammarError(
+            f"constrained decoding needs a fast (Rust-backed) Hugging Face tokenizer; got {type(tokenizer).__name__}"
+        )
+    spec = json.loads(backend.to_str()).get("decoder") or {}
+    found, stack = set(), [spec]
+    while stack:
+        d = stack.pop()
+        found.add(d.get("type"))
+        stack.extend(d.get("decoders") or [])
+    return found
+
+
+def token_bytes_table(tokenizer: Any, vocab_size: int) -> tuple[list[bytes | None], str]:
+    """(bytes of every id in ``range(vocab_size)`` — None for added/special/unused ids, family name).
+
+    Raises:
+        GrammarError: the tokenizer is not a fast tokenizer of a supported family.
+    """
+    kinds = _decoder_types(tokenizer)
+    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    table: list[bytes | None] = [None] * vocab_size
+    if "ByteLevel" in kinds:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        char_to_byte = {c: b for b, c in bytes_to_unicode().items()}
+
+        def to_bytes(s: str) -> bytes | None:
+            try:
+                return bytes(char_to_byte[c] for c in s)
+            except KeyError:
+                return None
+
+        family = "byte-level"
+    elif kinds & {"ByteFallback", "Metaspace", "Replace"}:
+
+        def to_bytes(s: str) -> bytes | None:
+            m = _BYTE_FALLBACK.fullmatch(s)
+            return bytes([int(m.group(1), 16)]) if m else s.replace("\u2581", " ").encode("utf-8")
+
+        family = "sentencepiece"
+    else:
+        raise GrammarError(
+            f"constrained decoding cannot read token bytes from a tokenizer whose decoder is "
+            f"{sorted(k for k in kinds if k)}; supported: byte-level BPE and SentencePiece byte-fallback"
+        )
+    for token, i in tokenizer.get_vocab().items():
+        if 0 <= i < vocab_size and i not in added:
+            b = to_bytes(token)
+            table[i] = b if b else None
+    return table, family
+
+
+class TokenVocabulary:
+    """Token bytes, EOS ids and derived lookup arrays of one tokenizer, for one logits width.
+
+    Attributes:
+        vocab_size: logits width (int); ids at or past the tokenizer's size have no bytes.
+        token_bytes: list[bytes | None], one per id.
+        eos_token_ids: frozenset[int] allowed in accepting states only.
+        first_byte: int16 [vocab_size] first byte of each token, -1 for tokens without bytes.
+        byte_token: int64 [256] an id whose bytes are exactly that one byte, -1 if none.
+        is_prefix_token: bool [vocab_size] the token's bytes are a strict prefix of another token's
+            (the jump-forward hold-back rule, mlc-llm PR #2551).
+        fingerprint: hex digest of all of the above; the compiled-grammar cache key.
+        encode: ``str -> list[int]`` without special tokens, for jump-forward retokenization.
+    """
+
+    def __init__(self, tokenizer: Any, eos_token_ids: frozenset[int] | set[int] | None = None, vocab_size: int | None = None):
+        self.vocab_size = int(vocab_size if vocab_size is not None else len(tokenizer))
+        self.token_bytes, self.family = token_bytes_table(tokenizer, self.vocab_size)
+        if eos_token_ids is None:
+            eos_token_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids if 0 <= int(i) < self.vocab_size)
+        self.encode: Callable[[str], list[int]] = lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+        self.first_byte = np.full(self.vocab_size, -1, dtype=np.int16)
+        self.byte_token = np.full(256, -1, dtype=np.int64)
+        by_bytes: dict[bytes, list[int]] = {}
+        for i, b in enumerate(self.token_bytes):
+            if b is None or i in self.eos_token_ids:
+                continue
+            self.first_byte[i] = b[0]
+            by_bytes.setdefault(b, []).append(i)
+            if len(b) == 1 and self.byte_token[b[0]] < 0:
+                self.byte_token[b[0]] = i
+        self.bytes_to_ids = by_bytes
+        self.is_prefix_token = np.zeros(self.vocab_size, dtype=bool)
+        ordered = sorted(by_bytes)
+        for a, b in zip(ordered, ordered[1:]):  # any extension of a sorts right after a
+            if b.startswith(a):
+                for i in by_bytes[a]:
+                    self.is_prefix_token[i] = True
+        digest = hashlib.sha256()
+        digest.update(json.dumps([self.family, self.vocab_size, sorted(self.eos_token_ids)]).encode())
+        for b in ordered:
+            digest.update(len(b).to_bytes(4, "little") + b + json.dumps(by_bytes[b]).encode())
+        self.fingerprint = digest.hexdigest()
+        self._outlines = None
+
+    @property
+    def byte_complete(self) -> bool:
+        """Every byte value has a one-byte token, so token paths reach every DFA state bytes can."""
+        return bool((self.byte_token >= 0).all())
+
+    def outlines_vocabulary(self):
+        """The ``outlines_core.Vocabulary`` (built once). Its EOS id is the smallest EOS id, or
+        ``vocab_size`` as a never-sampled stand-in when the tokenizer has none."""
+        if self._outlines is None:
+            from outlines_core import Vocabulary
+
+            eos = min(self.eos_token_ids) if self.eos_token_ids else self.vocab_size
+            self._outlines = Vocabulary(eos, self.bytes_to_ids)
+        return self._outlines
+
+    @property
+    def outlines_eos(self) -> int:
+        return min(self.eos_token_ids) if self.eos_token_ids else self.vocab_size
+
+    def text_of(self, ids: list[int]) -> bytes:
+        """Concatenated bytes of ``ids`` (ids without bytes contribute nothing)."""
+        return b"".join(self.token_bytes[i] or b"" for i in ids)

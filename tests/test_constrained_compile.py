@@ -1,0 +1,352 @@
+"""Constrained decoding without a model: errors, bounded numbers, token bytes, masks, compressed FSM.
+
+References: Python's ``re`` and the ``regex`` module's partial matching (which prefixes can still
+become a match), ``jsonschema`` validation, plain arithmetic, the tokenizer's own encode/decode.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+from fractions import Fraction
+
+import jsonschema
+import numpy as np
+import pydantic
+import pytest
+import regex as regex_module
+import torch
+
+from lmnb_engine.constrained import (
+    GrammarBackend,
+    GrammarCache,
+    GrammarError,
+    GrammarMatcher,
+    TokenVocabulary,
+    apply_token_bitmask_,
+    compile_grammar,
+    schema_to_regex,
+)
+from lmnb_engine.constrained import cache as cache_module
+from lmnb_engine.constrained.grammar import pack_token_ids
+from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_llama))
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer):
+    b = GrammarBackend(tokenizer, {tokenizer.eos_token_id}, cache=GrammarCache())
+    yield b
+    b.shutdown()
+
+
+# --- bad input is named at submission ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pattern, feature",
+    [
+        (r"(a)b\1", "backreference"),
+        (r"(?=ab)a[a-z]", "lookahead"),
+        (r"x(?<=x)y", "lookbehind"),
+        (r"a(?!b)[a-z]", "negative lookahead"),
+        (r"^abc", "'^' anchor"),
+        (r"abc$", "'$' anchor"),
+        (r"a\bb", "word boundary"),
+        (r"(a)?(?(1)b|c)", "conditional group"),
+        (r"(?>ab)c", "atomic group"),
+    ],
+)
+def test_unsupported_regex_feature_is_named(backend, pattern, feature):
+    with pytest.raises(GrammarError, match=re.escape(feature)):
+        backend.to_regex(regex=pattern)
+
+
+@pytest.mark.parametrize(
+    "schema, names",
+    [
+        ({"type": "object", "properties": {"a": {"type": "string", "foo": 1}}}, ["'foo'", "#/properties/a"]),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ["'uniqueItems'"]),
+        ({"not": {"type": "string"}}, ["'not'"]),
+        ({"type": "object", "patternProperties": {"^a": {"type": "string"}}}, ["'patternProperties'"]),
+        ({"type": "string", "format": "email"}, ["'email'"]),
+        ({"type": "number", "minimum": 0.5}, ["minimum=0.5", "integer bound"]),
+        ({"type": "integer", "minimum": 5, "maximum": 3}, ["5 <= n <= 3"]),
+        ({"type": "string", "pattern": "(?<=a)b"}, ["lookbehind"]),
+        ("{not json", ["not valid JSON"]),
+    ],
+)
+def test_unsupported_schema_is_named(backend, schema, names):
+    with pytest.raises(GrammarError) as info:
+        backend.to_regex(json_schema=schema)
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_pattern_outside_the_vocabulary_is_reported_not_decoded(tmp_path):
+    """A vocabulary without '~' (and without byte fallback) cannot spell 'a~b'; a branch that needs
+    '~' to finish must not be offered at all."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["abc xyz cab bay"] * 20, trainers.BpeTrainer(vocab_size=40, special_tokens=["</s>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    vocab = TokenVocabulary(fast)
+    assert not vocab.byte_complete
+    with pytest.raises(GrammarError, match="can never be satisfied"):
+        compile_grammar("(ab)*~", vocab)
+    grammar = compile_grammar("(xa+~|yb)", vocab)  # the x-branch can never finish
+    allowed = {vocab.token_bytes[t] for t in grammar.allowed_ids(grammar.initial_state)}
+    assert allowed and all(b.startswith(b"y") for b in allowed)
+
+
+def test_compile_errors_are_not_cached(backend):
+    fut = backend.submit("a(")  # a syntax error only the automaton library sees
+    with pytest.raises(GrammarError, match="cannot be compiled"):
+        fut.result()
+    assert backend.submit("a(") is not fut
+
+
+# --- bounded numbers ---------------------------------------------------------------------------
+
+
+def test_integer_ranges_match_exactly_the_integers_in_range():
+    rng = random.Random(0)
+    for _ in range(60):
+        lo = rng.choice([None, rng.randint(-250, 250)])
+        hi = rng.choice([None, rng.randint(-250, 250)])
+        if lo is not None and hi is not None and lo > hi:
+            continue
+        rx = re.compile(integer_range_regex(lo, hi))
+        for n in range(-1100, 1100):
+            inside = (lo is None or n >= lo) and (hi is None or n <= hi)
+            assert bool(rx.fullmatch(str(n))) == inside, (lo, hi, n)
+        for junk in ("-0", "00", "01", "+1", "", "1.0"):
+            assert not rx.fullmatch(junk)
+
+
+def test_number_ranges_are_sound_and_cover_canonical_decimals():
+    samples = [f"{s}{i}{f}" for s in ("", "-") for i in range(0, 13) for f in ("", ".0", ".5", ".25", ".00", ".001")]
+    samples = [s for s in samples if not s.startswith("-0") or s.strip("-0.") != ""]  # drop negative zeros
+    rng = random.Random(1)
+    for _ in range(80):
+        lo, hi = rng.choice([None, rng.randint(-12, 12)]), rng.choice([None, rng.randint(-12, 12)])
+        lo_x, hi_x = rng.random() < 0.5, rng.random() < 0.5
+        try:
+            rx = re.compile(number_range_regex(lo, hi, lo_x, hi_x))
+        except GrammarError:
+            assert lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_x or hi_x)))
+            continue
+        for s in samples:
+            x = Fraction(s)
+            inside = (lo is None or (x > lo if lo_x else x >= lo)) and (hi is None or (x < hi if hi_x else x <= hi))
+            assert bool(rx.fullmatch(s)) == inside, (lo, hi, lo_x, hi_x, s)
+
+
+def test_bounded_schema_fields_validate_with_jsonschema():
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "exclusiveMinimum": -3, "maximum": 40},
+            "x": {"type": ["number", "null"], "minimum": 0, "exclusiveMaximum": 2},
+        },
+        "required": ["n", "x"],
+    }
+    rx = re.compile(schema_to_regex(schema))
+    for n in range(-10, 60):
+        for x in ("0", "0.5", "1.999", "2", "2.0", "-0.5", "null", "1"):
+            text = f'{{"n": {n}, "x": {x}}}'
+            valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+            assert bool(rx.fullmatch(text)) == valid, text
+
+
+def test_pydantic_model_class_is_accepted(backend):
+    class Item(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=5)
+        qty: int = pydantic.Field(ge=1, le=3)
+
+    rx = re.compile(backend.to_regex(json_schema=Item))
+    assert rx.fullmatch('{"name": "ab", "qty": 3}')
+    assert not rx.fullmatch('{"name": "ab", "qty": 4}')
+
+
+# --- token bytes ---------------------------------------------------------------------------
+
+
+def test_token_bytes_spell_what_the_tokenizer_encodes(tokenizer):
+    vocab = TokenVocabulary(tokenizer)
+    for text in ['{"name": "Paris", "n": 12}', "café naïve 東京 😀 ok", "a\n\tb \\ \" end"]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert vocab.text_of(ids) == text.encode("utf-8")
+    for i, b in enumerate(vocab.token_bytes):
+        if b is not None:
+            try:
+                assert tokenizer.decode([i]) == b.decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # part of a character: the tokenizer prints U+FFFD for it
+    special = set(tokenizer.added_tokens_decoder)
+    assert all(vocab.token_bytes[i] is None for i in special)
+
+
+def test_prefix_tokens_by_brute_force(tokenizer):
+    vocab = TokenVocabulary(tokenizer)
+    spelled = {b for b in vocab.token_bytes if b is not None}
+    for i, b in enumerate(vocab.token_bytes):
+        if b is None or i in vocab.eos_token_ids:
+            continue
+        expected = any(o != b and o.startswith(b) for o in spelled)
+        assert bool(vocab.is_prefix_token[i]) == expected, b
+
+
+# --- masks ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pattern, samples",
+    [
+        (r"[0-9]{2,4}-(ab|cd)x?", ["12-abx", "1234-cd"]),
+        (r'\{"key": "[a-z ]{0,6}", "n": (0|[1-9][0-9]?)\}', ['{"key": "a b", "n": 42}']),
+        (r"(the|then|there) (cat|dog)s?", ["there dogs", "the cat"]),
+    ],
+)
+def test_masks_allow_exactly_the_tokens_that_keep_a_match_possible(backend, pattern, samples):
+    grammar = backend.compile(regex=pattern)
+    vocab = grammar.vocab
+    eos = next(iter(vocab.eos_token_ids))
+    for sample in samples:
+        ids = backend.vocab.encode(sample)
+        matcher = GrammarMatcher(grammar)
+        for k in range(len(ids) + 1):
+            prefix = vocab.text_of(ids[:k]).decode()
+            bits = matcher.bitmask()
+            allowed = set(np.flatnonzero(np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")).tolist())
+            assert set(grammar.allowed_ids(matcher.state).tolist()) == allowed
+            expected = set()
+            for t, b in enumerate(vocab.token_bytes):
+                if b is None or t in vocab.eos_token_ids:
+                    continue
+                try:
+                    piece = b.decode("utf-8")
+                except UnicodeDecodeError:
+                    continue  # partial characters cannot match an ASCII pattern
+                if regex_module.fullmatch(pattern, prefix + piece, partial=True):
+                    expected.add(t)
+            if re.fullmatch(pattern, prefix):
+                expected.add(eos)
+            assert allowed == expected, (sample, prefix)
+            if k < len(ids):
+                matcher.accept_token(ids[k])
+        assert matcher.is_accepting()
+
+
+def test_apply_token_bitmask_matches_a_dense_mask():
+    gen = torch.Generator().manual_seed(0)
+    vocab_size = 100
+    logits = torch.randn(3, vocab_size, generator=gen)
+    dense = torch.rand(3, vocab_size, generator=gen) < 0.3
+    dense[1] = True
+    bitmask = torch.stack([pack_token_ids(np.flatnonzero(row.numpy()), vocab_size) for row in dense])
+    out = apply_token_bitmask_(logits.clone(), bitmask)
+    assert torch.equal(out, logits.masked_fill(~dense, float("-inf")))
+
+
+# --- compressed FSM ------------------------------------------------------------------------
+
+
+def test_forced_strings_are_the_common_continuation_of_a_finite_language(backend):
+    """For a finite set of words, the forced string after a prefix P (not itself a word) is the
+    longest common prefix of the words' continuations after P."""
+    rng = random.Random(3)
+    alphabet = "ab\"{}: é東"
+    words = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(3, 9))) for _ in range(6)})
+    words += ["prefix-shared-" + w for w in words[:3]]
+    grammar = backend.compile(regex="|".join(re.escape(w) for w in words))
+    prefixes = {w.encode()[:i] for w in words for i in range(len(w.encode()) + 1)}
+    for prefix in sorted(prefixes):
+        matcher = GrammarMatcher(grammar)
+        for b in prefix:
+            matcher.accept_token(int(grammar.vocab.byte_token[b]))
+        tails = [w.encode()[len(prefix):] for w in words if w.encode().startswith(prefix)]
+        common = 0
+        if b"" not in tails:  # a complete word may also end here: nothing is forced
+            while all(len(t) > common for t in tails) and len({t[common] for t in tails}) == 1:
+                common += 1
+        expected = tails[0][:common]
+        assert matcher.forced_bytes() == expected, prefix
+
+
+def test_jump_draft_spells_the_forced_string_in_canonical_tokens(backend, tokenizer):
+    grammar = backend.compile(regex=r'\{"name": "[a-z]{1,5}", "city": "(paris|london)"\}')
+    matcher = GrammarMatcher(grammar)
+    draft = matcher.propose_draft([], max_tokens=50)
+    full = tokenizer.encode('{"name": "', add_special_tokens=False)
+    spelled = [grammar.vocab.token_bytes[t] for t in range(len(grammar.vocab.token_bytes))]
+    last = spelled[full[-1]]
+    held_back = any(b is not None and b != last and b.startswith(last) for b in spelled)
+    assert draft == (full[:-1] if held_back else full)
+    assert matcher.state == grammar.initial_state  # proposing does not move the matcher
+
+
+def test_certain_tokens_need_no_model_and_a_terminal_match_ends(backend):
+    """'~' has no multi-byte token in the tiny vocabulary, so every position of '~~~~' allows one
+    token: the whole draft is certain and the output is complete without a forward pass."""
+    vocab = backend.vocab
+    assert [b for b in vocab.token_bytes if b and set(b) == {ord("~")}] == [b"~"]
+    grammar = backend.compile(regex="~~~~")
+    matcher = GrammarMatcher(grammar)
+    draft = matcher.propose_draft([], max_tokens=10)
+    assert vocab.text_of(draft) == b"~~~~"
+    assert matcher.accept_certain(draft) == 4
+    assert matcher.is_terminated() and not matcher.finished
+
+
+def test_draft_verification_keeps_tokens_until_the_first_difference(backend):
+    grammar = backend.compile(regex=r"a(bc|dc)[0-9]")
+    matcher = GrammarMatcher(grammar)
+    a, b, c, d = (int(grammar.vocab.byte_token[ord(x)]) for x in "abcd")
+    draft = [a, b]
+    assert len(matcher.draft_bitmasks(draft)) == 3
+    kept, nxt = matcher.accept_draft(draft, [a, d, c])  # the model disagrees at the second position
+    assert (kept, nxt) == (1, d) and matcher.num_tokens == 2  # "a" from the draft, then the model's "d"
+    assert matcher.forced_bytes() == b"c"
+    with pytest.raises(GrammarError):
+        matcher.accept_token(d)  # "add" cannot become a match
+    matcher.rollback(1)
+    matcher.accept_token(b)
+    assert matcher.forced_bytes() == b"c" and matcher.num_tokens == 2
+
+
+# --- cache ---------------------------------------------------------------------------------
+
+
+def test_cache_shares_one_compiled_grammar_built_off_the_calling_thread(tokenizer, monkeypatch):
+    threads = []
+    real = cache_module.compile_grammar
+
+    def spy(regex, vocab):
+        threads.append(threading.current_thread().name)
+        return real(regex, vocab)
+
+    monkeypatch.setattr(cache_module, "compile_grammar", spy)
+    cache = GrammarCache()
+    a = GrammarBackend(tokenizer, cache=cache)
+    b = GrammarBackend(tokenizer, cache=cache)  # a second engine over the same tokenizer
+    try:
+        g1 = a.compile(json_schema={"type": "object", "properties": {"k": {"enum": ["u", "v"]}}})
+        g2 = b.compile(json_schema={"type": "object", "properties": {"k": {"enum": ["u", "v"]}}})
+        assert g1 is g2 and cache.hits == 1 and cache.misses == 1
+        assert threads == ["lmnb-grammar_0"] and threads[0] != threading.current_thread().name
+    finally:
+        a.shutdown()
+        b.shutdown()

@@ -1,0 +1,165 @@
+"""Constrained requests through ``Engine``: errors at submission, finish semantics, streaming,
+logprobs, several samples, and jump-forward under memory pressure and aborts."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from lmnb_engine import Engine, SamplingParams
+from lmnb_engine.constrained import INCOMPLETE_MESSAGE, GrammarError
+from tests.helpers_engine import assert_idle_accounting
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "city": {"enum": ["paris", "london", "tokyo"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "city", "age"],
+}
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_llama):
+    with Engine(str(tiny_llama), max_total_tokens=8192) as on, Engine(
+        str(tiny_llama), max_total_tokens=8192, disable_jump_forward=True
+    ) as off:
+        yield on, off
+
+
+@pytest.mark.parametrize(
+    "constraint, named",
+    [
+        ({"regex": r"(ab)\1"}, "backreference"),
+        ({"regex": r"(?<=a)b"}, "lookbehind"),
+        ({"json_schema": {"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1}}, "'minProperties'"),
+        ({"regex": "a[^\\x00-\\U0010FFFF]"}, "can never be satisfied"),
+    ],
+)
+def test_bad_constraints_fail_at_submission_and_queue_nothing(engines, constraint, named):
+    on = engines[0]
+    with pytest.raises(GrammarError, match=re.escape(named)):
+        on.submit("x", SamplingParams(**constraint))
+    with pytest.raises(ValueError, match=re.escape(named)):  # GrammarError is a ValueError
+        on.generate(["x", "y"], SamplingParams(**constraint))
+    assert_idle_accounting(on)
+
+
+def test_token_limit_cut_is_length_and_says_incomplete(engines):
+    on = engines[0]
+    r = on.generate("Person:", SamplingParams(max_new_tokens=4, temperature=0.0, json_schema=PERSON))
+    assert r.finish_reason.type == "length" and r.finish_reason.message == INCOMPLETE_MESSAGE
+    assert len(r.token_ids) == 4
+    # a full match cut by the limit is complete: no message
+    r = on.generate("Digits:", SamplingParams(max_new_tokens=3, temperature=0.0, regex="[0-9]+"))
+    assert r.finish_reason.type == "length" and re.fullmatch("[0-9]+", r.text)
+    assert r.finish_reason.message is None
+
+
+def test_stop_strings_and_stop_ids_do_not_cut_constrained_text(engines):
+    on = engines[0]
+    pattern = r"Name: [a-z]{3}, done\. Bye, [a-z]{2}"
+    comma = on.encode(",", add_special_tokens=False)[0]
+    p = SamplingParams(max_new_tokens=64, temperature=0.0, regex=pattern, stop=[", ", "done"], stop_token_ids=[comma])
+    r = on.generate("Go:", p)
+    assert r.finish_reason.type == "stop" and re.fullmatch(pattern, r.text)
+
+
+def test_stream_never_shows_unverified_draft_text(engines):
+    on, off = engines
+    p = SamplingParams(max_new_tokens=128, temperature=0.0, json_schema=PERSON)
+    events = list(on.stream("Person:", p))
+    final = events[-1].result
+    assert "".join(e.text_delta for e in events) == final.text
+    assert [t for e in events for t in e.token_ids] == final.token_ids
+    assert final.text == off.generate("Person:", p).text and final.meta.jumped_tokens > 0
+
+
+def test_logprobs_with_jump_forward_match_plain_decoding(engines):
+    on, off = engines
+    p = SamplingParams(max_new_tokens=128, temperature=0.0, json_schema=PERSON, return_logprob=True)
+    a, b = on.generate("Person:", p), off.generate("Person:", p)
+    assert a.token_ids == b.token_ids and a.meta.jumped_tokens > 0
+    assert all(not math.isnan(lp.logprob) for lp in a.logprobs)
+    assert [lp.logprob for lp in a.logprobs] == pytest.approx([lp.logprob for lp in b.logprobs], abs=1e-4)
+
+
+def test_several_samples_each_validate(engines):
+    import json
+
+    import jsonschema
+
+    on = engines[0]
+    results = on.generate("Person:", SamplingParams(n=3, max_new_tokens=128, temperature=1.0, seed=7, json_schema=PERSON))
+    assert len(results) == 3
+    for r in results:
+        assert r.finish_reason.type == "stop"
+        jsonschema.validate(json.loads(r.text), PERSON)
+
+
+def test_retraction_chunking_and_aborts_keep_outputs_exact_and_memory_accounted(tiny_llama, engines, monkeypatch):
+    """A pool too small for all requests forces retractions and a small prefill budget chunks
+    prompts: either way a pending jump-forward draft is dropped (and its KV given back) and
+    output stays exact. Aborted requests keep only verified text."""
+    import threading
+
+    from lmnb_engine.scheduler import Scheduler
+
+    dropped = []
+    drop = Scheduler._drop_draft
+
+    def spy(self, req):
+        dropped.append(req.num_speculative)
+        drop(self, req)
+
+    monkeypatch.setattr(Scheduler, "_drop_draft", spy)
+    off = engines[1]
+    prompts = [f"Person number {i}:" for i in range(16)]
+    p = SamplingParams(max_new_tokens=56, temperature=0.0, regex=r"( item=[a-z]){14}")
+    expected = [r.text for r in off.generate(prompts, p)]
+    with Engine(str(tiny_llama), max_total_tokens=100, max_running_requests=16, chunked_prefill_size=24) as small:
+        gate = threading.Event()
+        small.scheduler.call(gate.wait)  # hold the scheduler so the whole batch arrives at once
+        handles = [small.submit(q, p) for q in prompts]
+        gate.set()
+        assert [h.result().text for h in handles] == expected
+        assert small.cache_stats()["retracted_requests"] > 0 and any(dropped)
+        assert_idle_accounting(small)
+        handles = [small.submit(q, p) for q in prompts]
+        aborted = handles[1::4]
+        for h in aborted:
+            h.abort()
+        for i, h in enumerate(handles):
+            r = h.result()
+            if h in aborted and r.finish_reason.type == "abort":
+                assert expected[i].startswith(r.text)
+            else:
+                assert r.text == expected[i]
+        assert_idle_accounting(small)
+
+
+def test_json_extraction_program_through_the_language(engines):
+    """issue 5: a program with json_schema, a regex field, choices and dtype=int, on the engine."""
+    import json
+
+    import jsonschema
+
+    import lmnb
+
+    @lmnb.function
+    def extract(s, text):
+        s += "Text: " + text + "\nRecord: "
+        s += lmnb.gen("record", max_tokens=96, temperature=0.0, json_schema=PERSON)
+        s += "\nCode: " + lmnb.gen("code", max_tokens=16, temperature=0.0, regex=r"[A-Z]{2}-[0-9]{3}")
+        s += "\nMood: " + lmnb.gen("mood", choices=["happy", "sad", "neutral"])
+        s += "\nCount: " + lmnb.gen("count", max_tokens=8, temperature=0.0, dtype=int)
+
+    state = extract.run(text="Arvel, a baker from Paris, is 41.", backend=lmnb.Engine(engine=engines[0]))
+    jsonschema.validate(json.loads(state["record"]), PERSON)
+    assert re.fullmatch(r"[A-Z]{2}-[0-9]{3}", state["code"])
+    assert state["mood"] in ("happy", "sad", "neutral")
+    assert isinstance(state["count"], int)
