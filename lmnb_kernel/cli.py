@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if chosen is None:
         parser.print_help()
         return 2
-    module, func = SUBCOMMANDS[chosen]
+    module, func, _ = SUBCOMMANDS[chosen]
     return int(getattr(importlib.import_module(module), func)(args) or 0)
 
 
