@@ -228,6 +228,7 @@ def _instantiate(config: ModelConfig) -> nn.Module:
     with init_empty_weights():
         net = build_model(config)
     net.tie_weights()  # again outside the context: accelerate's patched setattr copies parameters
+    _check_fits(net, config)  # [issue 9]
     made: dict[int, nn.Parameter] = {}
     for module in net.modules():
         for name, p in module._parameters.items():
@@ -238,6 +239,22 @@ def _instantiate(config: ModelConfig) -> nn.Module:
                     )
                 module._parameters[name] = made[id(p)]
     return net.to(config.device).eval()
+
+
+def _check_fits(net: nn.Module, config: ModelConfig) -> None:
+    """[issue 9] Raise ``ValueError`` before materializing weights that cannot fit in free GPU
+    memory (rather than a CUDA out-of-memory error from deep inside the loader)."""
+    if config.device.type != "cuda":
+        return
+    params = {id(p): p for p in net.parameters()}.values()  # tied parameters counted once
+    need = sum(p.numel() for p in params) * torch.empty((), dtype=config.dtype).element_size()
+    free = torch.cuda.mem_get_info(config.device)[0]
+    if need > free:
+        raise ValueError(
+            f"the model's weights need {need / 2**30:.1f} GiB in {str(config.dtype).replace('torch.', '')} but "
+            f"only {free / 2**30:.1f} GiB of memory is free on {config.device}; free the GPU, choose a smaller "
+            "model, or use bfloat16/float16 instead of float32"
+        )
 
 
 @torch.no_grad()

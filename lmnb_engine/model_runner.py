@@ -39,6 +39,8 @@ class ModelRunner:
             CUDA, 0.1 on CPU, where the pool is also capped at ``CPU_MAX_POOL_TOKENS``).
         attention_backend: an ``AttentionBackend``, or a name for ``select_attention_backend``
             ("auto" = Triton on CUDA when importable, torch otherwise; "torch"; "triton").
+        cuda_graph_max_bs: decode batches up to this size replay CUDA graphs (``CudaGraphRunner``);
+            None = ``max_running_requests`` capped at 256 on CUDA with the Triton backend, 0 = off.
     Raises:
         ValueError: a non-positive size, or a memory budget too small for one full-length request.
     """
@@ -50,6 +52,7 @@ class ModelRunner:
         max_running_requests: Optional[int] = None,
         mem_fraction: Optional[float] = None,
         attention_backend: Optional[AttentionBackend | str] = None,
+        cuda_graph_max_bs: Optional[int] = None,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -82,17 +85,36 @@ class ModelRunner:
 
             attention_backend = select_attention_backend(self.device, attention_backend)
         self.attn = attention_backend
+        self.graph_runner = None
         self.reset_pools()
+        # [issue 9] CUDA-graph decode: on by default where it can run (CUDA + Triton backend).
+        if cuda_graph_max_bs is None:
+            capturable = self.device.type == "cuda" and getattr(self.attn, "supports_cuda_graph", False)
+            cuda_graph_max_bs = min(self.max_running_requests, 256) if capturable else 0
+        if cuda_graph_max_bs > 0:
+            from lmnb_engine.cuda_graph_runner import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(self, cuda_graph_max_bs)
+            self.graph_runner.capture()
 
     def reset_pools(self) -> None:
         """(Re)create empty KV and request pools (start-up, and recovery after an internal error)."""
         cfg = self.config
+        old = getattr(self, "kv_pool", None)
+        if old is not None:  # [issue 9] free the old buffers first: two pools do not fit on a GPU
+            old.k_buffer.clear()
+            old.v_buffer.clear()
+            self.kv_pool = None
         self.kv_pool = TokenToKVPool(
             self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
         )
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
+        if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
+            self.graph_runner.capture()
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logits_indices), vocab_size] for ``batch``; writes its KV."""
         with torch.inference_mode():
+            if self.graph_runner is not None and self.graph_runner.can_run(batch):  # [issue 9]
+                return self.graph_runner.replay(batch)
             return self.model(batch, self.attn, self.kv_pool)

@@ -24,7 +24,7 @@ from lmnb_engine.forward_batch import ForwardBatch
 from lmnb_engine.kv_pool import TokenToKVPool
 
 # SDPA grew native grouped-query attention in torch 2.5; before that the KV heads are repeated.
-_SDPA_HAS_GQA = torch.__version__ >= "2.5"
+_SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 @dataclass

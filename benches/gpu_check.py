@@ -1,0 +1,239 @@
+"""GPU correctness of the Triton path against the torch path (issue 9), before any timing.
+
+    python benches/gpu_check.py            # on a CUDA GPU (part of benches/gpu_check.sh)
+    python benches/gpu_check.py --smoke    # on a CPU, tiny shapes, kernels interpreted
+
+1. Kernels: the Triton backend vs the torch backend (padded SDPA) on random pools of realistic
+   shapes (Llama-3-8B heads: 32 query / 8 KV heads of 128; Llama-2-7B: 32 / 32), bf16 and fp32:
+   extend over cached prefixes up to 2k tokens with ragged new parts, and decode over sequences
+   up to 4k tokens split into many pieces. Pass: ||triton - torch|| / ||torch|| below 1e-2
+   (bf16) or 1e-4 (fp32).
+2. Greedy output of whole engines: torch backend vs Triton (eager) vs Triton with CUDA graphs, on
+   a small random checkpoint with peaked logits (weights std 0.2): fp32, identical tokens; bf16,
+   identical or first differences on near-ties only (as in 3).
+3. Llama-2-7B shape, random bf16 weights: torch vs Triton + CUDA graphs, greedy tokens and their
+   logprobs. Pass: tokens identical, or the first difference falls on a near-tie (top-2 logprob
+   gap under 0.05 in the torch run, which bf16 rounding may flip) and the logprobs before it
+   agree within 0.05.
+
+Prints one line per check and a verdict; exits 1 if any check fails. Writes ``--out``/check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see tests/test_triton_attention.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from lmnb_engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from lmnb_engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from lmnb_engine.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from lmnb_engine.kv_pool import TokenToKVPool  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+RESULTS: list[dict] = []
+ENV: dict = {}
+OUT_DIR: Path | None = None
+
+
+def record(name: str, ok: bool, **info) -> None:
+    """Print a check's verdict and rewrite check.json (so a run cut short keeps what it found)."""
+    RESULTS.append({"check": name, "ok": bool(ok), **info})
+    detail = ", ".join(f"{k}={v}" for k, v in info.items() if k != "trace")
+    print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}", flush=True)
+    if OUT_DIR is not None:
+        (OUT_DIR / "check.json").write_text(json.dumps({"env": ENV, "checks": RESULTS}, indent=1))
+
+
+def batch_on_pool(prefix_lens, extend_lens, hq, hkv, d, dtype, seed):
+    """A pool of random K/V, the requests' positions on shuffled slots, the batch, and q/k/v."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    size = sum(seq_lens) + 64
+    pool = TokenToKVPool(size, 1, hkv, d, dtype, DEV)
+    pool.k_buffer[0].copy_(torch.randn(pool.k_buffer[0].shape, generator=g))
+    pool.v_buffer[0].copy_(torch.randn(pool.v_buffer[0].shape, generator=g))
+    table = torch.zeros((len(seq_lens) + 1, max(seq_lens) + 8), dtype=torch.int32)
+    slots = torch.randperm(size, generator=g) + 1
+    off, new = 0, []
+    for row, (p, n) in enumerate(zip(prefix_lens, seq_lens)):
+        table[row, :n] = slots[off:off + n].int()
+        new.append(slots[off + p:off + n])
+        off += n
+    T = sum(extend_lens)
+    mode = ForwardMode.DECODE if all(e == 1 for e in extend_lens) else ForwardMode.EXTEND
+    batch = ForwardBatch.build(mode, [0] * T, torch.cat(new), table.to(DEV), list(range(len(seq_lens))),
+                               list(prefix_lens), list(extend_lens), device=DEV)
+    qkv = torch.randn(T, (hq + 2 * hkv) * d, generator=g).to(DEV, dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    return pool, batch, q.view(T, hq, d), k.view(T, hkv, d), v.view(T, hkv, d)
+
+
+def run_backend(backend, pool, batch, q, k, v):
+    backend.init_forward(batch)
+    out = backend.forward(q, k, v, 0, batch, pool, q.shape[-1] ** -0.5)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
+def check_kernels() -> None:
+    if SMOKE:
+        extend = ([0, 3, 17], [5, 20, 1])
+        decode = [0, 9, 40]
+        heads = [(4, 2, 16), (2, 2, 16)]
+    else:
+        extend = ([0, 1, 100, 1000, 2047, 63], [1, 17, 300, 64, 513, 2048])
+        decode = [0, 69, 512, 2047, 3999, 1]
+        heads = [(32, 8, 128), (32, 32, 128)]
+    # The CPU interpreter cannot multiply bf16 blocks (tl.dot reads their raw bits), so the smoke
+    # run checks fp16 in its place; on the GPU bf16 is the dtype the engine runs.
+    half = torch.float16 if SMOKE else torch.bfloat16
+    for dtype, tol in ((half, 1e-2), (torch.float32, 1e-4)):
+        for hq, hkv, d in heads:
+            for name, (pre, ext), kw in (("extend", extend, {}),
+                                         ("decode", (decode, [1] * len(decode)), {}),
+                                         ("decode, many splits", (decode, [1] * len(decode)),
+                                          dict(max_kv_splits=16, min_split_tokens=16))):
+                pool, batch, q, k, v = batch_on_pool(pre, ext, hq, hkv, d, dtype, seed=hq + hkv)
+                twin = TokenToKVPool.__new__(TokenToKVPool)
+                twin.__dict__.update(pool.__dict__)
+                twin.k_buffer, twin.v_buffer = [pool.k_buffer[0].clone()], [pool.v_buffer[0].clone()]
+                out = run_backend(TritonAttentionBackend(**kw), pool, batch, q, k, v).float()
+                ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v).float()
+                rel = float((out - ref).norm() / ref.norm())
+                finite = bool(torch.isfinite(out).all())
+                record(f"kernel {name} {str(dtype)[6:]} Hq={hq} Hkv={hkv} D={d}", finite and rel < tol,
+                       rel_err=f"{rel:.2e}", tol=tol, tokens=batch.num_tokens)
+
+
+def tiny_checkpoint() -> str:
+    from lmnb_engine.testing import make_tiny_checkpoint
+
+    tmp = tempfile.mkdtemp(prefix="lmnb-check-")
+    dims = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2) if SMOKE else \
+        dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=16,
+             num_key_value_heads=4)
+    return str(make_tiny_checkpoint(tmp, max_position_embeddings=4096, **dims))
+
+
+def greedy(model: str, backend: str, graphs: bool, prompts, new: int, top: int = 0, **load):
+    from lmnb_engine import Engine, SamplingParams
+
+    params = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True, return_logprob=True,
+                            top_logprobs_num=top)
+    with Engine(model, device=DEV, attention_backend=backend, max_total_tokens=32768,
+                cuda_graph_max_bs=(None if graphs else 0), **load) as eng:
+        assert (eng.runner.graph_runner is not None) == (graphs and DEV == "cuda"), "CUDA graphs not as asked"
+        eng.generate(prompts[0], SamplingParams(max_new_tokens=0))  # a shared prefix in the cache first
+        results = eng.generate(prompts, params)
+    return [r.token_ids for r in results], [r.logprobs for r in results]
+
+
+def make_prompts(vocab: int, n: int, base_len: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(10, vocab, (base_len,), generator=g).tolist()
+    out = [base]
+    for i in range(1, n):  # prefixes of the base of several lengths + own suffixes: radix hits
+        cut = base_len * i // n
+        out.append(base[:cut] + torch.randint(10, vocab, (5 + 7 * i,), generator=g).tolist())
+    return out
+
+
+def compare_greedy(ref, ref_lp, got, got_lp) -> dict:
+    """How two greedy runs agree: prompts with identical tokens, the largest logprob difference
+    before the first differing token, and whether every first difference falls on a near-tie
+    (top-2 logprob gap under 0.05 in ``ref``, which bf16 rounding may flip)."""
+    worst, on_ties, identical = 0.0, True, 0
+    for r, g, rl, gl in zip(ref, got, ref_lp, got_lp):
+        j = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), None)
+        upto = len(r) if j is None else j
+        worst = max([worst] + [abs(a.logprob - b.logprob) for a, b in zip(rl[:upto], gl[:upto])])
+        if j is None:
+            identical += 1
+        else:
+            on_ties &= rl[j].top[0][1] - rl[j].top[1][1] < 0.05
+    return {"identical": identical, "prompts": len(ref), "max_logprob_diff": worst, "on_ties": on_ties}
+
+
+def check_tiny_engine() -> None:
+    """fp32: tokens must be identical. bf16: identical, or first differences on near-ties only."""
+    path = tiny_checkpoint()
+    prompts = make_prompts(500, 6, 40 if SMOKE else 300)
+    new = 6 if SMOKE else 24
+    for dtype in ("float32",) if SMOKE else ("float32", "bfloat16"):
+        ref, ref_lp = greedy(path, "torch", False, prompts, new, top=2, dtype=dtype)
+        for label, graphs in (("triton eager", False), ("triton + CUDA graphs", True)):
+            if graphs and SMOKE:
+                continue
+            got, got_lp = greedy(path, "triton", graphs, prompts, new, dtype=dtype)
+            c = compare_greedy(ref, ref_lp, got, got_lp)
+            strict = dtype == "float32"
+            ok = c["identical"] == c["prompts"] or (not strict and c["on_ties"] and c["max_logprob_diff"] < 0.05)
+            record(f"greedy, small checkpoint ({dtype}): {label} vs torch", ok,
+                   prompts_identical=f"{c['identical']}/{c['prompts']}", max_logprob_diff=f"{c['max_logprob_diff']:.3g}",
+                   divergences_on_near_ties=c["on_ties"], new_tokens=new)
+
+
+def check_7b() -> None:
+    if SMOKE:
+        return
+    prompts = make_prompts(32000, 4, 600)
+    new = 32
+    load = dict(random_weights=True, dtype="bfloat16")
+    t = time.perf_counter()
+    ref, ref_lp = greedy("llama-2-7b", "torch", False, prompts, new, top=2, **load)
+    got, got_lp = greedy("llama-2-7b", "triton", True, prompts, new, **load)
+    c = compare_greedy(ref, ref_lp, got, got_lp)
+    ok = (c["identical"] == c["prompts"] or c["on_ties"]) and c["max_logprob_diff"] < 0.05
+    record("greedy, Llama-2-7B shape bf16: triton + CUDA graphs vs torch", ok,
+           prompts_identical=f"{c['identical']}/{c['prompts']}", max_logprob_diff=f"{c['max_logprob_diff']:.3g}",
+           divergences_on_near_ties=c["on_ties"], seconds=round(time.perf_counter() - t, 1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, TRITON_INTERPRET=1")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for check.json")
+    args = ap.parse_args()
+    if not SMOKE and not torch.cuda.is_available():
+        print("no CUDA device; run with --smoke on a CPU", file=sys.stderr)
+        return 2
+    global OUT_DIR
+    OUT_DIR = Path(args.out)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    ENV.update(torch=torch.__version__, device=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu")
+    try:
+        import triton
+
+        ENV["triton"] = triton.__version__
+    except ImportError as e:
+        ENV["triton"] = f"missing: {e}"
+    print(f"gpu_check: {ENV}", flush=True)
+    for fn in (check_kernels, check_tiny_engine, check_7b):
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a crash is a failed check, the rest still runs
+            record(fn.__name__, False, error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-1500:])
+        print(f"   ({fn.__name__}: {time.perf_counter() - t:.1f} s)", flush=True)
+    failed = [r["check"] for r in RESULTS if not r["ok"]]
+    print(f"gpu_check: {len(RESULTS) - len(failed)}/{len(RESULTS)} passed" + (f"; FAILED: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

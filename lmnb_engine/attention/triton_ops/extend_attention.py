@@ -1,0 +1,186 @@
+"""Extend (prefill) attention over a cached prefix in the KV pool plus ragged new tokens.
+
+Algorithm after SGLang's ``triton_ops/extend_attention.py`` (paper §3; research runtime_bench §3):
+one program per (request, query head, tile of ``BLOCK_M`` new tokens) keeps an online softmax
+(FlashAttention-2 style running max ``m``, denominator ``l`` and accumulator) over two key ranges:
+
+1. the request's cached prefix, positions ``[0, prefix_len)``, whose K/V live in the pool at the
+   slots ``req_to_token[req, pos]`` (a gather; every prefix key is visible to every new token);
+2. the request's new tokens, contiguous rows of the packed ``k``/``v``, under the causal mask
+   ``key index <= query index`` (within the new part), stopping at the tile's last query.
+
+GQA: query head ``h`` reads KV head ``h // (Hq // Hkv)``. The new tokens' K/V are read from the
+packed inputs, not the pool, so the pool write (``TokenToKVPool.set_kv``) can run before or after.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K_new, V_new, O, K_pool, V_pool, Req_to_token,
+    Req_idx, Prefix_len, Extend_len, Start_loc,
+    sm_scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_kpt, stride_kph, stride_vpt, stride_vph, stride_req,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    tile = tl.program_id(2)
+    kvh = h // GROUP
+    ext_len = tl.load(Extend_len + b).to(tl.int32)
+    # Tiles past this request's new tokens (the grid is sized for the longest) do no work: their
+    # loops get empty ranges and every store is masked. (No early return, to keep the control
+    # flow the simplest the compiler handles.)
+    active = (tile * BLOCK_M < ext_len).to(tl.int32)
+    prefix_len = tl.load(Prefix_len + b).to(tl.int32) * active
+    start = tl.load(Start_loc + b).to(tl.int64)
+    req = tl.load(Req_idx + b).to(tl.int64)
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the new tokens
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < ext_len
+    d_valid = offs_d < HEAD_DIM
+    q = tl.load(Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+
+    # A finite floor instead of -inf: a row whose whole block is masked then gives exp(-inf) = 0
+    # rather than exp(-inf - -inf) = NaN.
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Stage 1: the cached prefix, gathered from the pool through req_to_token.
+    for n0 in range(0, prefix_len, BLOCK_N):
+        n_valid = (n0 + offs_n) < prefix_len
+        slots = tl.load(Req_to_token + req * stride_req + n0 + offs_n, mask=n_valid, other=0).to(tl.int64)
+        k = tl.load(K_pool + slots[None, :] * stride_kpt + kvh * stride_kph + offs_d[:, None],
+                    mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        if F32_DOT:
+            qk = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        else:
+            qk = tl.dot(q, k.to(q.dtype))
+        qk = tl.where(n_valid[None, :], qk * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(V_pool + slots[:, None] * stride_vpt + kvh * stride_vph + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        if F32_DOT:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + pv
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    # Stage 2: the new tokens, causal, up to the last query of this tile.
+    end = tl.minimum(ext_len, (tile + 1) * BLOCK_M) * active
+    for n0 in range(0, end, BLOCK_N):
+        kn = n0 + offs_n
+        n_valid = kn < ext_len
+        k = tl.load(K_new + (start + kn)[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+                    mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+        if F32_DOT:
+            qk = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        else:
+            qk = tl.dot(q, k.to(q.dtype))
+        visible = n_valid[None, :] & (offs_m[:, None] >= kn[None, :])
+        qk = tl.where(visible, qk * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.exp(qk - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(V_new + (start + kn)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        if F32_DOT:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + pv
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l == 0 only in inactive tiles (stores masked)
+    tl.store(O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+
+
+def _block_sizes(device: torch.device, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps). SGLang's choices: 128x64 on Hopper, 128x128 on Ampere for
+    head_dim <= 128, smaller tiles for larger heads; 16x16 under the CPU interpreter, where
+    every program is simulated and big tiles only cost time."""
+    if device.type != "cuda":
+        return 16, 16, 4
+    major, _ = torch.cuda.get_device_capability(device)
+    if head_dim > 128:
+        return 64, 32, 4
+    if major >= 9:
+        return 128, 64, 8
+    if major >= 8:
+        return 128, 128, 8
+    return 64, 64, 4
+
+
+def extend_attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    max_extend_len: int,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Causal attention of the new tokens over their cached prefix and themselves; writes ``out``.
+
+    Args:
+        q: [T, Hq, D] new queries, packed (request ``i`` owns rows ``extend_start_loc[i]`` ...
+            ``+ extend_lens[i]``); k, v: [T, Hkv, D] the new tokens' keys and values. Any float
+            dtype; the last dimension must be contiguous (other strides are free, so views of a
+            fused qkv output work).
+        out: [T, Hq, D] written in place (its dtype is the output dtype).
+        k_pool, v_pool: [slots, Hkv, D] one layer's KV pool buffers (the prefix is read there).
+        req_to_token: int32 [max_reqs, max_context_len]; req_pool_indices, prefix_lens,
+            extend_lens, extend_start_loc: int64 [B].
+        max_extend_len: max of ``extend_lens`` (host int: it sizes the launch grid).
+        sm_scale: softmax scale.
+    Returns:
+        ``out``.
+    Raises:
+        ValueError: Hq not a multiple of Hkv, or a non-contiguous last dimension.
+    """
+    T, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("k_pool", k_pool), ("v_pool", v_pool)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
+    B = req_pool_indices.shape[0]
+    if B == 0 or T == 0:
+        return out
+    block_m, block_n, num_warps = _block_sizes(q.device, head_dim)
+    grid = (B, num_q_heads, triton.cdiv(max_extend_len, block_m))
+    _extend_kernel[grid](
+        q, k, v, out, k_pool, v_pool, req_to_token,
+        req_pool_indices, prefix_lens, extend_lens, extend_start_loc,
+        sm_scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), req_to_token.stride(0),
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)),
+        BLOCK_M=block_m, BLOCK_N=block_n, F32_DOT=q.dtype == torch.float32,
+        num_warps=num_warps, num_stages=1,
+    )
+    return out

@@ -1,0 +1,118 @@
+"""One tensor-parallel rank's model runner, and the loop the other ranks run.
+
+Rank 0 owns the scheduler; before each forward it broadcasts the batch (token ids, positions,
+slots, lengths, and the ``req_to_token`` rows the batch reads), so every rank runs the same
+forward on its shard with the same KV slots. Ranks > 0 sit in ``worker_loop``: receive, write the
+rows into their own table, forward (the collectives inside the model pair up with rank 0's),
+repeat until rank 0 ``shutdown``s. SGLang instead runs a scheduler per rank on broadcast
+requests; broadcasting batches keeps lmnb's single scheduler and costs one small message per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from lmnb_engine.distributed.layers import TPGroup
+from lmnb_engine.distributed.shard import local_config, shard_model_
+from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
+from lmnb_engine.model_runner import ModelRunner
+
+_MODES = (ForwardMode.EXTEND, ForwardMode.DECODE)
+_STOP = -1
+_HEADER = 5  # mode, T, B, L, max_seq
+
+
+class TensorParallelRunner(ModelRunner):
+    """``ModelRunner`` for one rank of a tensor-parallel group.
+
+    Shards ``loaded.model`` in place (``shard_model_``), sizes the KV pool for the local KV heads,
+    and takes the smallest pool and request-table sizes any rank could afford, so slot indices
+    from rank 0 are valid everywhere.
+
+    Args:
+        loaded: the full model (every rank loads the same weights).
+        tp: this rank's ``TPGroup`` (``torch.distributed`` already initialized).
+        other arguments: as ``ModelRunner``. CUDA graphs are off by default (0): capturing the
+            collectives is untested here.
+    Raises:
+        ValueError: head counts not divisible by the group size (from ``local_config``).
+    """
+
+    def __init__(self, loaded, tp: TPGroup, max_total_tokens: Optional[int] = None,
+                 max_running_requests: Optional[int] = None, mem_fraction: Optional[float] = None,
+                 attention_backend=None, cuda_graph_max_bs: Optional[int] = 0) -> None:
+        self.tp = tp
+        shard_model_(loaded.model, tp)
+        loaded = dataclasses.replace(loaded, config=local_config(loaded.config, tp))
+        super().__init__(loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend,
+                         cuda_graph_max_bs)
+        sizes = torch.tensor([self.max_total_tokens, self.max_running_requests], device=self._comm_device)
+        if tp.size > 1:
+            dist.all_reduce(sizes, op=dist.ReduceOp.MIN, group=tp.group)
+        total, reqs = (int(x) for x in sizes.tolist())
+        if (total, reqs) != (self.max_total_tokens, self.max_running_requests):
+            self.max_total_tokens, self.max_running_requests = total, reqs
+            self.reset_pools()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        """Where messages live: the GPU for NCCL, the CPU for gloo."""
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Rank 0: broadcast ``batch``, then run it (logits on every rank); see ``ModelRunner``."""
+        if self.tp.rank == 0 and self.tp.size > 1:
+            self._send(batch)
+        return super().forward(batch)
+
+    def shutdown(self) -> None:
+        """Rank 0: release the workers from ``worker_loop``."""
+        if self.tp.rank == 0 and self.tp.size > 1:
+            dist.broadcast(torch.tensor([_STOP, 0, 0, 0, 0], device=self._comm_device), 0, group=self.tp.group)
+
+    def _send(self, batch: ForwardBatch) -> None:
+        dev = self._comm_device
+        max_seq = max(batch.seq_lens_cpu)
+        rows = batch.req_to_token[batch.req_pool_indices, :max_seq].to(dev, torch.int64)
+        header = torch.tensor([_MODES.index(batch.mode), batch.num_tokens, batch.batch_size,
+                               batch.logits_indices.numel(), max_seq], device=dev)
+        fields = [batch.input_ids, batch.positions, batch.out_cache_loc, batch.req_pool_indices, batch.seq_lens,
+                  batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc, batch.logits_indices]
+        payload = torch.cat([f.to(dev, torch.int64).reshape(-1) for f in fields] + [rows.reshape(-1)])
+        dist.broadcast(header, 0, group=self.tp.group)
+        dist.broadcast(payload, 0, group=self.tp.group)
+
+    def _receive(self) -> Optional[ForwardBatch]:
+        dev = self._comm_device
+        header = torch.empty(_HEADER, dtype=torch.int64, device=dev)
+        dist.broadcast(header, 0, group=self.tp.group)
+        mode, T, B, L, max_seq = header.tolist()
+        if mode == _STOP:
+            return None
+        payload = torch.empty(3 * T + 5 * B + L + B * max_seq, dtype=torch.int64, device=dev)
+        dist.broadcast(payload, 0, group=self.tp.group)
+        parts = payload.to(self.device).split([T, T, T, B, B, B, B, B, L, B * max_seq])
+        ids, pos, loc, req_idx, seq_lens, prefix, ext, start, logits_idx, rows = parts
+        table = self.req_to_token_pool.req_to_token
+        table[req_idx, :max_seq] = rows.view(B, max_seq).to(table.dtype)
+        return ForwardBatch(
+            mode=_MODES[mode], input_ids=ids, positions=pos, out_cache_loc=loc, req_to_token=table,
+            req_pool_indices=req_idx, seq_lens=seq_lens, extend_prefix_lens=prefix, extend_seq_lens=ext,
+            extend_start_loc=start, logits_indices=logits_idx, seq_lens_cpu=seq_lens.tolist(),
+            extend_prefix_lens_cpu=prefix.tolist(), extend_seq_lens_cpu=ext.tolist(),
+        )
+
+
+def worker_loop(runner: TensorParallelRunner) -> int:
+    """Ranks > 0: run every batch rank 0 broadcasts until it shuts down; returns the number run."""
+    if runner.tp.rank == 0:
+        raise ValueError("worker_loop is for ranks > 0; rank 0 drives the runner (an Engine's scheduler)")
+    n = 0
+    while (batch := runner._receive()) is not None:
+        ModelRunner.forward(runner, batch)
+        n += 1
+    return n

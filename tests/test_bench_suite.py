@@ -1,0 +1,80 @@
+"""The GPU benchmark suite's parts on CPU: paper A.3's optimal hit rate against hand counts, the
+HF baseline client against the engine (same checkpoint, so the same greedy tokens and the same
+``select`` choices, whatever the batching and left padding), and a ``--smoke`` run of the whole
+suite (every workload on every system; achieved hit rate never above the optimal one)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHES = Path(__file__).resolve().parent.parent / "benches"
+sys.path.insert(0, str(BENCHES))
+
+import clients  # noqa: E402
+import workloads  # noqa: E402
+
+
+def test_optimal_hit_rate_counts_each_tree_position_once():
+    # trie of [1 2 3 4], [1 2 3 5], [1 2 6]: 6 positions for 11 prompt tokens
+    assert workloads.optimal_hit_rate([([1, 2, 3, 4], []), ([1, 2, 3, 5], []), ([1, 2, 6], [])]) == 1 - 6 / 11
+
+
+def test_optimal_hit_rate_counts_decoded_tokens_as_cached():
+    # A decodes 7 8 9 after [1 2]; B's prompt [1 2 7 8 9 3] repeats it: 7 and 8 have KV already, but
+    # 9 (A's last token) was never run through the model, so B computes 9 and 3: 4 of 8 computed.
+    assert workloads.optimal_hit_rate([([1, 2], [7, 8, 9]), ([1, 2, 7, 8, 9, 3], [])]) == 0.5
+
+
+def test_hf_client_matches_engine_client(tiny_llama):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmnb_engine import Engine
+
+    prompts = [[5, 9, 200, 31, 77, 4], [5, 9, 200, 8], [300, 301, 302, 303, 304, 305, 306, 307, 308]]
+    hf = clients.HFClient(AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval(),
+                          pad_id=2, gather_s=0.05)
+    try:
+        with Engine(str(tiny_llama), max_total_tokens=2048) as eng:
+            lm = clients.EngineClient(eng)
+            assert hf.gen_many(prompts, 6) == lm.gen_many(prompts, 6)  # batched, left-padded, one budget
+            assert [hf.gen(p, 1) for p in prompts] == [lm.gen(p, 1) for p in prompts]
+            choices = [[40, 41], [120], [7, 7, 7], [250, 9]]
+            assert hf.select(prompts[0], choices) == lm.select(prompts[0], choices)
+            assert len(lm.take_requests()) == 3 + 3 + 1 + 4  # the select's prefix hint included
+    finally:
+        hf.close()
+
+
+def test_smoke_suite_runs_every_workload_on_every_system(tmp_path):
+    import gpu_suite
+
+    gpu_suite.main(["--smoke", "--out-dir", str(tmp_path)])
+    (result_file,) = tmp_path.glob("*-smoke.json")
+    res = json.loads(result_file.read_text())
+    assert res["errors"] == [] and res["skipped"] == []
+    ws = res["models"]["tiny-llama"]["workloads"]
+    assert sorted(ws) == sorted(w.name for w in workloads.build(512, workloads.SMOKE))
+    for name, r in ws.items():
+        for system in ("lmnb", "lmnb_nocache", "hf"):
+            assert r[system]["programs_per_s"] > 0 and r[system]["latency_s"] > 0, (name, system)
+        assert r["lmnb_nocache"]["hit_rate"] == 0.0
+        assert 0 < r["lmnb"]["hit_rate"] <= r["lmnb"]["optimal_hit_rate"] + 1e-9, name
+    micro = res["models"]["tiny-llama"]["micro"]
+    assert {"decode_b1", "decode_b32", "prefill"} <= set(micro["lmnb"]) and set(micro["hf"]) == set(micro["lmnb"])
+    assert result_file.with_suffix(".png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("scale", [workloads.FULL, workloads.SMOKE], ids=["full", "smoke"])
+def test_workload_shapes(scale):
+    ws = {w.name: w for w in workloads.build(32000, scale)}
+    assert len(ws["mmlu"].items) == scale.mmlu_subjects * scale.mmlu_questions
+    prefix, question = ws["mmlu"].items[0]
+    assert len(prefix) == scale.mmlu_prefix and scale.mmlu_question[0] <= len(question) <= scale.mmlu_question[1]
+    assert all(len(turns) == 4 for turns in ws["chat_long"].items)
+    assert all(scale.chat_long_out[0] <= n <= scale.chat_long_out[1] for turns in ws["chat_long"].items for _, n in turns)
+    assert all(10 <= t < 32000 for p, q in ws["mmlu"].items for t in p + q)

@@ -1,0 +1,115 @@
+"""Tensor parallelism on CPU: 2 processes over gloo, each holding half of a tiny Llama, must give
+the logits of the unsplit model (single-process ``ModelRunner``, itself checked against HF
+elsewhere) on extend batches with and without a cached prefix and on decode batches; rank 0
+drives through ``TensorParallelRunner`` and rank 1 follows in ``worker_loop``. Covers an untied
+LM head and a tied one with a vocabulary that does not split evenly (zero-padded shard)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pytest
+import torch
+
+WORLD = 2
+
+
+def _script(runner) -> list[torch.Tensor]:
+    """Three forwards over two requests (rows 0 and 1): a cold extend, an extend after a cached
+    prefix (row 0 grows by 5, row 1 starts fresh on row 1 after 7 cached tokens), then a decode."""
+    from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
+
+    table = runner.req_to_token_pool.req_to_token
+    g = torch.Generator().manual_seed(3)
+    vocab = runner.config.vocab_size
+    table[0, :20] = torch.arange(1, 21, dtype=torch.int32)
+    table[1, :20] = torch.arange(21, 41, dtype=torch.int32)
+    steps = [([0, 1], [0, 0], [9, 7]), ([0, 1], [9, 7], [5, 6]), ([0, 1], [14, 13], [1, 1])]
+    logits = []
+    for rows, prefix, ext in steps:
+        ids = torch.randint(3, vocab, (sum(ext),), generator=g).tolist()
+        loc = torch.cat([table[r, p : p + e].long() for r, p, e in zip(rows, prefix, ext)])
+        mode = ForwardMode.DECODE if all(e == 1 for e in ext) else ForwardMode.EXTEND
+        batch = ForwardBatch.build(mode, ids, loc, table, rows, prefix, ext)
+        logits.append(runner.forward(batch))
+    return logits
+
+
+def _runner(path, tp=None):
+    from lmnb_engine.model_loader import load_model
+
+    loaded = load_model(path, device="cpu", dtype="float32")
+    kw = dict(max_total_tokens=64, max_running_requests=4, attention_backend="torch")
+    if tp is None:
+        from lmnb_engine.model_runner import ModelRunner
+
+        return ModelRunner(loaded, **kw)
+    from lmnb_engine.distributed import TensorParallelRunner
+
+    return TensorParallelRunner(loaded, tp, **kw)
+
+
+def _rank_main(rank: int, paths: list[str], rendezvous: str, out) -> None:
+    import torch.distributed as dist
+
+    from lmnb_engine.distributed import TPGroup, worker_loop
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    try:
+        for path in paths:
+            runner = _runner(path, TPGroup(rank, WORLD))
+            if rank == 0:
+                # numpy: pickled by value (torch tensors would go through shared memory that dies
+                # with this process)
+                out.put(("logits", path, [x.numpy().copy() for x in _script(runner)], runner.max_total_tokens))
+                runner.shutdown()
+            else:
+                out.put(("worker", path, worker_loop(runner), runner.config.num_kv_heads))
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+        out.put(("error", rank, repr(exc), None))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_checkpoint_factory):
+    untied = tiny_checkpoint_factory("llama")
+    tied_odd_vocab = tiny_checkpoint_factory("llama", vocab_size=509, tie_word_embeddings=True)
+    return [str(untied), str(tied_odd_vocab)]
+
+
+def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, checkpoints, str(tmp_path / "rdv"), out)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    messages = [out.get(timeout=240) for _ in range(2 * len(checkpoints))]
+    for p in procs:
+        p.join(60)
+    errors = [m for m in messages if m[0] == "error"]
+    assert not errors, errors
+    assert all(p.exitcode == 0 for p in procs)
+    for path in checkpoints:
+        (_, _, tp_logits, pool), = [m for m in messages if m[0] == "logits" and m[1] == path]
+        tp_logits = [torch.from_numpy(x) for x in tp_logits]
+        (_, _, steps, local_kv_heads), = [m for m in messages if m[0] == "worker" and m[1] == path]
+        assert pool == 64 and steps == 3  # the worker ran every broadcast batch
+        ref_runner = _runner(path)
+        assert local_kv_heads == ref_runner.config.num_kv_heads // WORLD
+        ref = _script(ref_runner)
+        assert [x.shape for x in tp_logits] == [x.shape for x in ref] == [(2, ref_runner.config.vocab_size)] * 3
+        for got, want in zip(tp_logits, ref):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_shard_refuses_heads_that_do_not_split(tiny_checkpoint_factory):
+    from lmnb_engine.distributed import TPGroup, shard_model_
+    from lmnb_engine.model_loader import load_model
+
+    loaded = load_model(str(tiny_checkpoint_factory("llama")), device="cpu")
+    with pytest.raises(ValueError, match="divisible by 3"):
+        shard_model_(loaded.model, TPGroup(0, 3))
+    with pytest.raises(ValueError, match="outside"):
+        TPGroup(2, 2)

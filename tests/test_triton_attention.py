@@ -1,0 +1,190 @@
+"""Triton attention kernels, run by Triton's CPU interpreter (``TRITON_INTERPRET=1``), against
+the torch backend (padded SDPA over the same pool) and a float64 per-request softmax: extend
+over cached prefixes of several lengths with ragged new tokens, GQA and MHA, decode with many
+key splits (empty splits included), and a whole engine's greedy output with each backend."""
+
+from __future__ import annotations
+
+import os
+
+# Triton reads TRITON_INTERPRET when it decorates a kernel (its own library functions included, at
+# `import triton`), so it is set before anything imports triton and left set for this process.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from lmnb_engine.attention import select_attention_backend  # noqa: E402
+from lmnb_engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from lmnb_engine.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from lmnb_engine.kv_pool import TokenToKVPool  # noqa: E402
+
+
+def _ops():
+    """The kernel modules, decorated as interpreted functions."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from lmnb_engine.attention import triton_backend
+    from lmnb_engine.attention.triton_ops import decode_attention, extend_attention
+
+    assert isinstance(extend_attention._extend_kernel, InterpretedFunction), (
+        "triton was imported before TRITON_INTERPRET=1 was set; run this test file in its own process"
+    )
+    return decode_attention, extend_attention, triton_backend
+
+
+DECODE_OPS, EXTEND_OPS, BACKEND = _ops()
+
+
+def _setup(prefix_lens, extend_lens, hq, hkv, d, dtype=torch.float32, seed=0):
+    """A pool with random K/V, each request's positions on random slots, and its batch tensors."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    size = sum(seq_lens) + 7
+    pool = TokenToKVPool(size, 1, hkv, d, dtype, "cpu")
+    pool.k_buffer[0].copy_(torch.randn(pool.k_buffer[0].shape, generator=g))
+    pool.v_buffer[0].copy_(torch.randn(pool.v_buffer[0].shape, generator=g))
+    table = torch.zeros((len(seq_lens) + 2, max(seq_lens) + 5), dtype=torch.int32)
+    slots = torch.randperm(size, generator=g) + 1  # slot 0 is the padding slot
+    rows = list(range(len(seq_lens)))[::-1]  # rows out of order, as a busy pool hands them out
+    off, new_slots = 0, []
+    for row, p, n in zip(rows, prefix_lens, seq_lens):
+        table[row, :n] = slots[off : off + n].int()
+        new_slots.append(slots[off + p : off + n])
+        off += n
+    T = sum(extend_lens)
+    mode = ForwardMode.DECODE if all(e == 1 for e in extend_lens) else ForwardMode.EXTEND
+    batch = ForwardBatch.build(mode, [0] * T, torch.cat(new_slots), table, rows, list(prefix_lens), list(extend_lens))
+    # q, k, v as views of one fused projection output, like the model's split of qkv_proj.
+    qkv = torch.randn(T, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    return pool, batch, q.view(T, hq, d), k.view(T, hkv, d), v.view(T, hkv, d)
+
+
+def _clone_pool(pool: TokenToKVPool) -> TokenToKVPool:
+    twin = TokenToKVPool.__new__(TokenToKVPool)
+    twin.__dict__.update(pool.__dict__)
+    twin.k_buffer = [b.clone() for b in pool.k_buffer]
+    twin.v_buffer = [b.clone() for b in pool.v_buffer]
+    return twin
+
+
+def _run(backend, pool, batch, q, k, v):
+    backend.init_forward(batch)
+    return backend.forward(q, k, v, 0, batch, pool, q.shape[-1] ** -0.5)
+
+
+def _naive(pool, batch, q, k, v):
+    """float64 softmax(q k^T) v per request and head: prefix keys from the pool, then the new ones."""
+    hq, hkv = q.shape[1], k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for i in range(batch.batch_size):
+        p, e, s = batch.extend_prefix_lens_cpu[i], batch.extend_seq_lens_cpu[i], int(batch.extend_start_loc[i])
+        slots = batch.req_to_token[batch.req_pool_indices[i], :p].long()
+        keys = torch.cat([pool.k_buffer[0][slots], k[s : s + e]]).double()
+        vals = torch.cat([pool.v_buffer[0][slots], v[s : s + e]]).double()
+        for h in range(hq):
+            scores = q[s : s + e, h].double() @ keys[:, h // (hq // hkv)].T * q.shape[-1] ** -0.5
+            visible = torch.arange(p + e)[None, :] <= (p + torch.arange(e))[:, None]
+            out[s : s + e, h] = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ vals[:, h // (hq // hkv)]
+    return out
+
+
+EXTEND_CASES = {
+    # name: (prefix_lens, extend_lens, Hq, Hkv, head_dim)
+    "prefixes-0-1-15-16-17-40-gqa2": ([0, 1, 15, 16, 17, 40], [5, 16, 1, 33, 2, 9], 4, 2, 32),
+    "gqa4-long-new-part": ([3, 0], [47, 20], 4, 1, 16),
+    "mha-odd-head-dim": ([9, 31, 0], [12, 1, 3], 2, 2, 24),
+    "single-cold-prefill": ([0], [37], 4, 2, 16),
+}
+
+
+@pytest.mark.parametrize("case", EXTEND_CASES)
+def test_extend_matches_torch_backend(case):
+    prefix, ext, hq, hkv, d = EXTEND_CASES[case]
+    pool, batch, q, k, v = _setup(prefix, ext, hq, hkv, d)
+    twin = _clone_pool(pool)
+    out = _run(BACKEND.TritonAttentionBackend(), pool, batch, q, k, v)
+    ref = _run(TorchAttentionBackend(), twin, batch, q, k, v)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
+    # the new tokens' K/V went to the pool at out_cache_loc, as the torch backend put them
+    assert torch.equal(pool.k_buffer[0], twin.k_buffer[0]) and torch.equal(pool.v_buffer[0], twin.v_buffer[0])
+
+
+def test_extend_half_precision_matches_float64():
+    pool, batch, q, k, v = _setup([6, 18], [11, 4], 4, 2, 16, dtype=torch.float16, seed=3)
+    twin = _clone_pool(pool)
+    out = _run(BACKEND.TritonAttentionBackend(), pool, batch, q, k, v)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=3e-3, rtol=3e-3)
+
+
+DECODE_CASES = {
+    # name: (prefix_lens = seq_len - 1, Hq, Hkv, head_dim)
+    "gqa4-many-splits": ([0, 1, 16, 63, 99], 8, 2, 32),
+    "mha": ([4, 40, 70], 2, 2, 16),
+    "gqa-group-8-one-kv-head": ([25, 50], 8, 1, 16),
+}
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_decode_matches_torch_backend(case):
+    prefix, hq, hkv, d = DECODE_CASES[case]
+    pool, batch, q, k, v = _setup(prefix, [1] * len(prefix), hq, hkv, d, seed=1)
+    assert batch.mode is ForwardMode.DECODE
+    twin = _clone_pool(pool)
+    # up to 8 splits of >= 4 keys; a grid sized for a 132-SM GPU, so small batches split
+    backend = BACKEND.TritonAttentionBackend(max_kv_splits=8, min_split_tokens=4, sm_count=132)
+    out = _run(backend, pool, batch, q, k, v)
+    expected_splits = [min(-(-(p + 1) // 4), backend._grid_splits) for p in prefix]
+    assert backend._num_splits.tolist() == expected_splits and max(expected_splits) > 1
+    ref = _run(TorchAttentionBackend(), twin, batch, q, k, v)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
+    assert torch.equal(pool.k_buffer[0], twin.k_buffer[0])
+
+
+def test_decode_kernel_with_empty_splits_and_one_split():
+    """seq 5 in 4 splits of 2 leaves the last split empty; seq 1 in 8 splits leaves 7 empty."""
+    prefix = [4, 0, 30]
+    pool, batch, q, k, v = _setup(prefix, [1, 1, 1], 4, 2, 16, seed=2)
+    pool.set_kv(0, batch.out_cache_loc, k, v)
+    out = torch.full(q.shape, float("nan"))
+    splits = torch.tensor([4, 8, 1], dtype=torch.int32)
+    DECODE_OPS.decode_attention_fwd(q, pool.k_buffer[0], pool.v_buffer[0], out, batch.req_to_token,
+                                    batch.req_pool_indices, batch.seq_lens, splits, 8, 16**-0.5)
+    ref = _naive(pool, batch, q, k, v)  # pool already holds k, v; the reference reads them from k, v
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
+
+
+def test_selector_picks_torch_on_cpu_and_refuses_bad_names(monkeypatch):
+    monkeypatch.delenv("LMNB_ATTENTION_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert isinstance(select_attention_backend("cpu"), TorchAttentionBackend)
+    with pytest.raises(ValueError, match="runs on CUDA devices"):
+        select_attention_backend("cpu", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert isinstance(select_attention_backend("cpu", "triton"), BACKEND.TritonAttentionBackend)  # interpreted
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
+        select_attention_backend("cpu", "flash")
+
+
+def test_engine_greedy_output_same_with_triton_backend(tiny_llama, monkeypatch):
+    """Prompts sharing a prefix (radix hits: extend after a cached prefix), then decode steps."""
+    from lmnb_engine import Engine, SamplingParams
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    outputs = {}
+    for name in ("torch", "triton"):
+        with Engine(str(tiny_llama), max_total_tokens=2048, attention_backend=name) as eng:
+            base = eng.encode("the cat is red and the dog is blue, what color")
+            prompts = [base + eng.encode(t, add_special_tokens=False) for t in (" is the cat", " is the dog?")]
+            eng.generate(base, SamplingParams(max_new_tokens=0))  # cache the shared prefix first
+            results = eng.generate(prompts, params)
+            assert all(r.meta.cached_tokens >= len(base) - 1 for r in results)
+            outputs[name] = [r.token_ids for r in results]
+    assert outputs["triton"] == outputs["torch"]
