@@ -1,0 +1,132 @@
+"""Read the rows of a batch job: JSON lines or CSV, one record at a time, with line numbers.
+
+A malformed record does not stop the reading: it comes back as an ``InputRow`` with ``error`` set
+(naming the line and what is wrong), so the job can report it and write it to the output.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+FORMATS = ("jsonl", "csv", "tsv")
+_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+
+class InputError(ValueError):
+    """The input file as a whole cannot be read (missing, unknown format, no CSV header)."""
+
+
+@dataclass(frozen=True)
+class InputRow:
+    """One record of the input.
+
+    index: 0-based record number (blank lines are not records); line: 1-based line it starts on;
+    fields: column/key → value (CSV values are strings), None if the record is malformed;
+    error: what is wrong with a malformed record, starting with its line number.
+    """
+
+    index: int
+    line: int
+    fields: Optional[dict]
+    error: Optional[str] = None
+
+
+def input_format(path: Path, given: Optional[str] = None) -> str:
+    """``given``, or the format named by the file's suffix (``.jsonl``/``.ndjson``/``.json``, ``.csv``,
+    ``.tsv``). Raises ``InputError`` when neither says."""
+    if given is not None:
+        if given not in FORMATS:
+            raise InputError(f"unknown input format {given!r}; use one of {', '.join(FORMATS)}")
+        return given
+    fmt = _SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(f"cannot tell the format of {path} from its suffix; name it .jsonl or .csv, "
+                         "or pass --input-format jsonl|csv|tsv")
+    return fmt
+
+
+def read_rows(path: Path, fmt: Optional[str] = None) -> Iterator[InputRow]:
+    """The records of ``path`` in file order (see ``input_format`` for ``fmt``).
+
+    Raises:
+        InputError: the file cannot be opened, its format is unknown, or a CSV file has no usable
+            header or is not UTF-8 (the message names the line).
+    """
+    fmt = input_format(path, fmt)
+    if not path.is_file():
+        raise InputError(f"input file {path} does not exist")
+    return _jsonl(path) if fmt == "jsonl" else _delimited(path, "\t" if fmt == "tsv" else ",")
+
+
+def _jsonl(path: Path) -> Iterator[InputRow]:
+    index = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte order mark, as some editors write
+            if not raw.strip():
+                continue
+            fields, error = None, None
+            try:
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                error = f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start})"
+            except json.JSONDecodeError as e:
+                error = f"line {lineno}: invalid JSON: {e.msg} at column {e.colno}"
+            else:
+                if isinstance(value, dict):
+                    fields = value
+                else:
+                    error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {type(value).__name__}"
+            yield InputRow(index, lineno, fields, error)
+            index += 1
+
+
+def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
+    with open(path, "rb") as f:
+        reader = csv.reader(_decoded_lines(f, path), delimiter=delimiter)
+        try:
+            header = next(reader, None)
+        except csv.Error as e:
+            raise InputError(f"{path} line 1: cannot read the CSV header: {e}") from None
+        if not header or not all(h.strip() for h in header):
+            raise InputError(f"{path} line 1: the first line must name every column (a CSV header)")
+        duplicates = sorted({h for h in header if header.count(h) > 1})
+        if duplicates:
+            raise InputError(f"{path} line 1: column names appear twice: {', '.join(duplicates)}")
+        index, end = 0, reader.line_num
+        while True:
+            start = end + 1
+            try:
+                record = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                end = reader.line_num
+                yield InputRow(index, start, None, f"line {start}: malformed CSV: {e}")
+                index += 1
+                continue
+            end = reader.line_num
+            if not record:
+                continue  # a blank line
+            if len(record) != len(header):
+                error = f"line {start}: {len(record)} values for {len(header)} columns ({', '.join(header)})"
+                yield InputRow(index, start, None, error)
+            else:
+                yield InputRow(index, start, dict(zip(header, record)))
+            index += 1
+
+
+def _decoded_lines(f, path: Path) -> Iterator[str]:
+    for lineno, raw in enumerate(f, start=1):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path} line {lineno}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                             "save the file as UTF-8") from None

@@ -1,0 +1,116 @@
+"""``Job``: what a script written by ``lmnb export`` calls.
+
+The script defines ``run_row(**fields)`` (one pass of the notebook for one input row) and ends with
+``job.run(run_row, programs=[...])``. ``Job`` reads the rows, skips those already in the output,
+runs the rest on a thread pool (the backend batches their requests: continuous batching and the
+radix cache, paper §3), writes each finished row at once and prints a summary
+(``lmnb.batch.runner``). Each row's variables are recorded through ``lmnb.observe``
+(``lmnb.batch.record``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+from lmnb.batch.inputs import InputError, read_rows
+from lmnb.batch.options import add_parameters, job_parser, make_backend
+from lmnb.batch.runner import EXIT_INTERRUPTED, RowRunner, fatal
+from lmnb.batch.store import ResultStore, StoreError
+
+
+class Job:
+    """A notebook's batch job (see the module docstring).
+
+    Args:
+        description: help text of the command line (the script's docstring).
+        inputs: names of the fields every input row must have; they become ``run_row``'s arguments.
+        model: default ``--model`` (a notebook's ``%lm load``); None = ``$LMNB_MODEL``, else the
+            built-in demo model.
+        backend: default ``--backend`` (a notebook's ``%lm connect URL``); None = ``engine``.
+        openai_model: default ``--openai`` (``%lm connect URL --openai MODEL``).
+        argv: command-line arguments (default ``sys.argv[1:]``).
+        per_row: False for a notebook without ``%%lm`` cells: no input rows, only the backend and
+            parameter options (the script calls ``start`` instead of ``run``).
+    """
+
+    def __init__(self, description: str = "", inputs: Sequence[str] = (), *, model: Optional[str] = None,
+                 backend: Optional[str] = None, openai_model: Optional[str] = None,
+                 argv: Optional[Sequence[str]] = None, per_row: bool = True):
+        self.description = description
+        self.inputs = list(inputs)
+        self.per_row = per_row
+        self.default_model = model
+        self.default_backend = backend
+        self.default_openai = openai_model
+        self.argv = list(sys.argv[1:] if argv is None else argv)
+        self.args: Optional[argparse.Namespace] = None
+
+    def _parser(self) -> argparse.ArgumentParser:
+        return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model)
+
+    def parameters(self, **defaults: Any) -> argparse.Namespace:
+        """Parse the command line now, with one option per notebook parameter (papermill's
+        ``parameters`` cell): ``--name VALUE`` replaces the default, parsed like the default's type
+        (bool: true/false; int; float; str; anything else: a Python literal). Returns the values.
+
+        Exits with usage help (status 2) on bad options, as ``argparse`` does.
+        """
+        if self.args is not None:
+            raise RuntimeError("Job.parameters() is called once, before Job.run()")
+        parser = self._parser()
+        dests = add_parameters(parser, defaults, self.per_row)
+        self.args = parser.parse_args(self.argv)
+        return argparse.Namespace(**{name: getattr(self.args, dest) for name, dest in dests.items()})
+
+    def start(self):
+        """For a script without input rows: parse the options (unless ``parameters`` did), start
+        the backend they name and make it lmnb's default backend; returns it.
+
+        Exits with status 2 and the reason if the backend cannot start.
+        """
+        import lmnb
+
+        if self.args is None:
+            self.args = self._parser().parse_args(self.argv)
+        try:
+            backend = make_backend(self.args, self.default_model)
+        except (OSError, ValueError, RuntimeError, ImportError) as e:
+            raise SystemExit(fatal(f"could not start the backend ({self.args.backend}): {type(e).__name__}: {e}"))
+        lmnb.set_default_backend(backend)
+        return backend
+
+    def run(self, run_row: Callable[..., Any], programs: Sequence[Any] = (), backend: Any = None) -> int:
+        """Run ``run_row(**fields)`` for every input row not yet in the output; returns the exit
+        status: 0 every row in the output is ok, 1 some rows failed or their input was unusable
+        (their records say why), 2 the job could not start, 130 stopped by Ctrl-C / SIGTERM.
+
+        ``programs``: the notebook's ``@lmnb.function``s; their constant prompt prefixes are put in
+        the prefix cache before the rows start (as ``run_batch`` does), so all rows share them.
+        ``backend``: an lmnb backend to use instead of the one the options name (not shut down).
+        """
+        if not self.per_row:
+            raise RuntimeError("Job(per_row=False) has no input rows to run; call start()")
+        if self.args is None:
+            self.args = self._parser().parse_args(self.argv)
+        args = self.args
+        if args.output.exists() and args.input.exists() and args.output.samefile(args.input):
+            return fatal(f"--output {args.output} is the input file; write the results to another file")
+        try:
+            rows = list(read_rows(args.input, args.input_format))
+        except InputError as e:
+            return fatal(str(e))
+        if args.limit is not None:
+            rows = rows[: args.limit]
+        store = ResultStore(args.output, args.id_field)
+        try:
+            store.open(retry_errors=args.retry_errors)
+            return RowRunner(self, args, store, rows, run_row, programs, backend).run()
+        except (StoreError, OSError) as e:
+            return fatal(str(e))
+        except KeyboardInterrupt:
+            print("lmnb batch: interrupted before the rows started", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        finally:
+            store.close()

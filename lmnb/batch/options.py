@@ -1,0 +1,143 @@
+"""The command line of an exported script, and the backend its options name.
+
+Job options (``--input``, ``--output``, ``--backend``, ...) come first; each notebook parameter
+(papermill's ``parameters`` cell) adds ``--name VALUE``, read like its default's type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from lmnb.batch.inputs import FORMATS
+
+DEFAULT_THREADS = 16
+# The kernel's variable for the default model (lmnb_kernel.session.MODEL_ENV): a job exported from
+# a notebook uses the model the notebook used.
+MODEL_ENV = "LMNB_MODEL"
+
+
+def job_parser(description: str = "", per_row: bool = True, backend: Optional[str] = None,
+               openai_model: Optional[str] = None, model: Optional[str] = None) -> argparse.ArgumentParser:
+    """The job's options; ``backend`` / ``openai_model`` / ``model`` are the notebook's defaults.
+    Without ``per_row`` only the backend options (a script that runs its cells once)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if per_row:
+        p.add_argument("--input", required=True, type=Path, metavar="ROWS",
+                       help="the rows: JSON lines (.jsonl, one object per line) or CSV/TSV with a header "
+                            "(CSV values are strings)")
+        p.add_argument("--output", required=True, type=Path, metavar="RESULTS",
+                       help="results, one JSON line per row; appended to, so rerunning continues where it stopped")
+    p.add_argument("--backend", default=backend or "engine", metavar="engine|URL",
+                   help="'engine': a model in this process (default); a URL: an SGLang or 'lmnb serve' "
+                        "server, or with --openai an OpenAI-compatible API root (…/v1)")
+    p.add_argument("--openai", metavar="MODEL", default=openai_model,
+                   help="the backend is an OpenAI-compatible API; use this model name")
+    p.add_argument("--api-key", help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="engine backend: HF checkpoint directory or hub id (default: "
+                        + (model or f"${MODEL_ENV}, else the built-in demo model") + ")")
+    p.add_argument("--device", help="engine backend: cuda or cpu")
+    p.add_argument("--dtype", help="engine backend: float32, bfloat16 or float16")
+    if not per_row:
+        return p
+    p.add_argument("--num-threads", type=_positive_int, default=DEFAULT_THREADS, metavar="N",
+                   help=f"rows run at once (default {DEFAULT_THREADS})")
+    p.add_argument("--limit", type=_count, metavar="N", help="use only the first N rows of the input")
+    p.add_argument("--id-field", metavar="F", help="key rows by this field instead of their position "
+                   "(use it if the input may change between runs)")
+    p.add_argument("--input-format", choices=FORMATS, help="default: from the input file's suffix")
+    p.add_argument("--retry-errors", action="store_true",
+                   help="run again the rows whose results are errors (their old records are removed)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parameter_options(names, per_row: bool = True) -> dict:
+    """name → command-line option of each notebook parameter: ``--max-len`` for ``max_len``, or
+    ``--param-limit`` for a name whose option the job itself has (``--limit``)."""
+    taken = set(job_parser(per_row=per_row)._option_string_actions)
+    out = {}
+    for name in names:
+        option = "--" + name.replace("_", "-")
+        out[name] = "--param-" + name.replace("_", "-") if option in taken else option
+    return out
+
+
+def add_parameters(parser: argparse.ArgumentParser, defaults: dict, per_row: bool = True) -> dict:
+    """Add an option per parameter (``parameter_options``) to ``parser``; returns name → dest."""
+    group = parser.add_argument_group("notebook parameters", "defaults from the notebook's parameters cell")
+    options = parameter_options(defaults, per_row)
+    dests = {}
+    for name, default in defaults.items():
+        dests[name] = f"param_{name}"
+        group.add_argument(options[name], dest=dests[name], default=default, type=_param_type(default),
+                           metavar="VALUE", help=f"(default: {default!r})")
+    return dests
+
+
+def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
+    """The lmnb backend the options name: ``lmnb.Engine`` (``--model``, else ``default_model``, else
+    ``$LMNB_MODEL``, else the demo model), ``lmnb.OpenAI`` (``--openai``) or ``lmnb.RuntimeEndpoint``.
+
+    Raises:
+        ValueError: options that do not fit together; model loading errors pass through.
+    """
+    import lmnb
+
+    url = args.backend
+    if url == "engine" and not args.openai:
+        model = args.model or default_model or os.environ.get(MODEL_ENV) or None
+        kwargs = {k: getattr(args, k) for k in ("device", "dtype") if getattr(args, k)}
+        return lmnb.Engine(model, **kwargs)
+    if args.model or args.device or args.dtype:
+        raise ValueError("--model/--device/--dtype choose the in-process engine; a server runs its own "
+                         "model (use --openai MODEL to name an OpenAI-compatible server's model)")
+    if args.openai:
+        return lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key)
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
+    return lmnb.RuntimeEndpoint(url, api_key=args.api_key)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _param_type(default: Any) -> Callable[[str], Any]:
+    """How a parameter's command-line text is read, from its default's type."""
+    if isinstance(default, bool):
+        return _bool
+    if isinstance(default, (int, float, str)):
+        return type(default)
+    return _literal
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _literal(text: str) -> Any:
+    """A Python literal (list, dict, number, None, ...); other text is taken as a string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text

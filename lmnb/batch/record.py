@@ -1,0 +1,74 @@
+"""What one row's run leaves behind: its captured variables, finish reasons and token counts.
+
+``RowRecorder`` is an ``lmnb.observe`` callback (the same events the notebook's live view reads),
+so the job records exactly what the ``%%lm`` cells captured — also when a later cell of the row
+fails — without the exported code having to collect anything.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from lmnb.backend.base import finish_reason_dict
+
+
+class RowRecorder:
+    """Collects the events of the program states one row creates (and their fork branches).
+
+    variables: name → value set on a top-level state (a ``%%lm`` cell's captures; fork results
+    arrive as gathered lists), in order, later cells overwriting earlier ones. meta: name → the
+    backend's meta info for it. tokens: prompt / cached / completion token counts summed over the
+    row's requests (gen, select scoring and fork-prefix prefills).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._roots: set[str] = set()
+        self.variables: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}
+        self.tokens = {"prompt": 0, "cached": 0, "completion": 0}
+
+    def __call__(self, event) -> None:
+        with self._lock:
+            if event.kind == "state" and event.parent is None:
+                self._roots.add(event.sid)
+            elif event.kind == "var":
+                if event.sid in self._roots and event.name is not None:
+                    self.variables[event.name] = event.value
+                    self.meta[event.name] = event.meta_info
+                self._count(event.meta_info)
+            elif event.kind == "prefill":
+                self._count(event.meta_info)
+
+    def _count(self, meta: Any) -> None:
+        # Lists of meta are fork results gathered by a join: their requests were counted when each
+        # branch finished them.
+        if not isinstance(meta, dict):
+            return
+        if "prompt_tokens" in meta:  # a generation request (or a prefill)
+            self.tokens["prompt"] += int(meta.get("prompt_tokens") or 0)
+            self.tokens["cached"] += int(meta.get("cached_tokens") or 0)
+            self.tokens["completion"] += int(meta.get("completion_tokens") or 0)
+        elif "scores" in meta and "prefix_len" in meta:  # select: one scoring request per choice
+            for prefix, scored, cached in zip(meta["prefix_len"], meta.get("input_token_logprobs", []),
+                                              meta.get("cached_tokens", [])):
+                self.tokens["prompt"] += int(prefix) + len(scored)
+                self.tokens["cached"] += int(cached or 0)
+
+    def finish_reasons(self) -> dict[str, Any]:
+        """name → finish reason type (``"stop"``, ``"length"``, ...) of each captured gen; a list for
+        gathered fork results. Variables without one (select, var_scope) are left out."""
+        out = {}
+        for name, meta in self.meta.items():
+            if isinstance(meta, dict):
+                reason = _reason(meta)
+                if reason is not None:
+                    out[name] = reason
+            elif isinstance(meta, list) and any(isinstance(m, dict) and _reason(m) for m in meta):
+                out[name] = [_reason(m) if isinstance(m, dict) else None for m in meta]
+        return out
+
+
+def _reason(meta: dict) -> Optional[str]:
+    return finish_reason_dict(meta).get("type") if "finish_reason" in meta else None

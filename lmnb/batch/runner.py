@@ -1,0 +1,236 @@
+"""The main loop of ``Job.run``: which rows run, running them on a thread pool, writing each
+finished row at once, stopping cleanly on Ctrl-C, and the summary.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from lmnb.batch.inputs import InputRow
+from lmnb.batch.options import make_backend
+from lmnb.batch.record import RowRecorder
+from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, row_key
+
+EXIT_OK, EXIT_ROW_ERRORS, EXIT_FATAL, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class RowRunner:
+    """One run of a job over its rows (``Job.run`` makes one); ``run`` returns the exit status."""
+
+    def __init__(self, job, args, store: ResultStore, rows: list[InputRow], run_row, programs, backend=None):
+        self.job, self.args, self.store, self.backend = job, args, store, backend
+        self.rows, self.run_row, self.programs = rows, run_row, list(programs)
+        self.skipped = 0
+        self.new = {OK: 0, ERROR: 0, BAD_INPUT: 0}
+        self.tokens = {"prompt": 0, "cached": 0, "completion": 0}
+        self.seconds = 0.0
+        self.signals = 0  # SIGINT count; SIGTERM counts as two
+
+    def run(self) -> int:
+        todo = self.triage()
+        if todo and self.backend is not None:
+            self.execute(self.backend, todo)
+        elif todo:
+            try:
+                backend = make_backend(self.args, self.job.default_model)
+            except (OSError, ValueError, RuntimeError, ImportError) as e:
+                return fatal(f"could not start the backend ({self.args.backend}): {type(e).__name__}: {e}")
+            try:
+                self.execute(backend, todo)
+            finally:
+                backend.shutdown()
+        self.summary()
+        if self.signals:
+            return EXIT_INTERRUPTED
+        counts = self.store.counts
+        return EXIT_ROW_ERRORS if counts[ERROR] or counts[BAD_INPUT] else EXIT_OK
+
+    # -- which rows run ---------------------------------------------------------------------------
+    def triage(self) -> list[tuple[InputRow, dict]]:
+        """Skip rows already done; write unusable rows as ``bad_input``; return (row, key fields)."""
+        todo, seen_ids = [], {}
+        id_field = self.args.id_field
+        for row in self.rows:
+            base: dict = {"row": row.index, "line": row.line}
+            error = row.error
+            if error is None and id_field is not None:
+                ident = row.fields.get(id_field)
+                if id_field not in row.fields:
+                    error = f"line {row.line}: no {id_field!r} field (--id-field {id_field})"
+                elif not isinstance(ident, (str, int)) or isinstance(ident, bool):
+                    error = f"line {row.line}: the id field {id_field!r} must be a string or an integer, got {ident!r}"
+                elif ident in seen_ids:
+                    error = f"line {row.line}: id {ident!r} appears again (first on line {seen_ids[ident]}); ids must be unique"
+                else:
+                    seen_ids[ident] = row.line
+                    base["id"] = ident
+            if error is None:
+                missing = [f for f in self.job.inputs if f not in row.fields]
+                if missing:
+                    has = ", ".join(map(str, row.fields)) or "no fields"
+                    error = (f"line {row.line}: missing field{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(repr, missing))} (the row has {has})")
+            if self.store.done(row_key(base)):
+                self.skipped += 1
+                continue
+            if error is not None:
+                print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
+                self.write({**base, "status": BAD_INPUT, "error": error})
+                continue
+            todo.append((row, base))
+        return todo
+
+    def write(self, record: dict) -> None:
+        self.store.write(record)
+        self.new[record["status"]] += 1
+
+    # -- running ----------------------------------------------------------------------------------
+    def execute(self, backend, todo: list) -> None:
+        import lmnb.api
+
+        previous = lmnb.api._default_backend  # restored after, for scripts run inside a longer process
+        lmnb.set_default_backend(backend)
+        try:
+            self._execute(backend, todo)
+        finally:
+            lmnb.set_default_backend(previous)
+
+    def _execute(self, backend, todo: list) -> None:
+        if len(todo) > 1:
+            self.cache_prefixes(backend)
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), unit="row", disable=self.args.no_progress, file=sys.stderr,
+                   dynamic_ncols=True, desc=self.args.output.name)
+        window = 2 * self.args.num_threads
+        pending = iter(todo)
+        start = time.perf_counter()
+        pool = ThreadPoolExecutor(self.args.num_threads, thread_name_prefix="lmnb-row")
+        inflight: set = set()
+        announced = False
+        with _StopOnSignals(self):
+            while True:
+                while self.signals == 0 and len(inflight) < window:
+                    item = next(pending, None)
+                    if item is None:
+                        break
+                    inflight.add(pool.submit(self.run_one, *item))
+                if not inflight or self.signals > 1:
+                    break
+                done, _ = wait(inflight, timeout=0.25, return_when=FIRST_COMPLETED)
+                for future in done:
+                    inflight.discard(future)
+                    record = future.result()
+                    self.write(record)
+                    for k in self.tokens:
+                        self.tokens[k] += record["tokens"][k]
+                    bar.update()
+                    if self.new[ERROR]:
+                        bar.set_postfix(errors=self.new[ERROR], refresh=False)
+                if self.signals == 1 and not announced:
+                    announced = True
+                    bar.write(f"lmnb batch: stopping; finishing the {len(inflight)} rows already running "
+                              "(Ctrl-C again to stop now)")
+        bar.close()
+        self.seconds = time.perf_counter() - start
+        pool.shutdown(wait=not inflight, cancel_futures=True)
+        if inflight:  # stopped at once: rows still running are not written; a rerun does them
+            self.summary()
+            self.store.close()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+
+    def cache_prefixes(self, backend) -> None:
+        """Prefill each program's constant prefix once (``run_batch``'s prefix hint, paper §3)."""
+        from lmnb.tracer import extract_prefix
+
+        for program in self.programs:
+            try:
+                prefix = extract_prefix(program, backend.get_chat_template())
+                if prefix:
+                    backend.cache_prefix(prefix, uuid.uuid4().hex)
+            except Exception as e:  # noqa: BLE001 - only a hint; the rows report real failures
+                print(f"lmnb batch: prefix hint for {program!r} skipped: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def run_one(self, row: InputRow, base: dict) -> dict:
+        """Run one row (on a pool thread); returns its record. Never raises."""
+        import lmnb
+
+        recorder = RowRecorder()
+        start = time.perf_counter()
+        error = None
+        try:
+            with lmnb.observe(recorder):
+                self.run_row(**{name: row.fields[name] for name in self.job.inputs})
+        except Exception as e:  # noqa: BLE001 - a failing row is written with its error
+            error = f"{type(e).__name__}: {e}"
+        record = {
+            **base,
+            "status": OK if error is None else ERROR,
+            "variables": dict(recorder.variables),
+            "finish_reasons": recorder.finish_reasons(),
+            "tokens": dict(recorder.tokens),
+            "seconds": round(time.perf_counter() - start, 3),
+        }
+        if error is not None:
+            record["error"] = error
+        return record
+
+    # -- report -----------------------------------------------------------------------------------
+    def summary(self) -> None:
+        c, n, t = self.store.counts, self.new, self.tokens
+        ran = n[OK] + n[ERROR]
+        lines = [f"lmnb batch: {self.args.output}: {sum(c.values())} rows "
+                 f"({c[OK]} ok, {c[ERROR]} failed, {c[BAD_INPUT]} bad input)"]
+        lines.append(f"  this run: {ran} rows ran ({n[OK]} ok, {n[ERROR]} failed), {n[BAD_INPUT]} bad input, "
+                     f"{self.skipped} already done" + (f", {self.store.retried} errors retried" if self.store.retried else ""))
+        if ran and self.seconds > 0:
+            lines.append(f"  {self.seconds:.1f} s: {ran / self.seconds:.2f} rows/s, "
+                         f"{t['completion'] / self.seconds:.1f} generated tokens/s")
+            rate = f"{100 * t['cached'] / t['prompt']:.0f}%" if t["prompt"] else "n/a"
+            lines.append(f"  tokens: prompt {t['prompt']}, cached {t['cached']} (cache hit rate {rate}), "
+                         f"generated {t['completion']}")
+        if self.store.repaired:
+            lines.append("  the output's last line was incomplete (a run was killed while writing it); "
+                         "it was removed, so its row ran again")
+        if self.signals:
+            lines.append("  stopped early: run the same command again to do the remaining rows")
+        elif c[ERROR] or c[BAD_INPUT]:
+            lines.append("  rows with \"status\": \"error\" or \"bad_input\" say why in \"error\"; "
+                         "fix the input and run again with --retry-errors")
+        print("\n".join(lines), file=sys.stderr)
+
+
+class _StopOnSignals:
+    """While running rows: Ctrl-C asks to stop after the rows in flight, a second Ctrl-C (or
+    SIGTERM) to stop now. The handlers only count, so a record is never cut by a signal."""
+
+    def __init__(self, run: RowRunner):
+        self.run = run
+        self.saved: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig, weight in ((signal.SIGINT, 1), (signal.SIGTERM, 2)):
+                self.saved[sig] = signal.signal(sig, lambda *_, w=weight: self._hit(w))
+        return self
+
+    def _hit(self, weight: int) -> None:
+        self.run.signals += weight
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def fatal(message: str) -> int:
+    """Print ``message`` as the job's error; returns the exit status for it."""
+    print(f"lmnb batch: {message}", file=sys.stderr)
+    return EXIT_FATAL

@@ -1,0 +1,178 @@
+"""The results file of a batch job: append-only JSON lines, each row exactly once across crashes.
+
+How "exactly once" holds:
+- A record is written with one ``os.write`` of ``json + "\\n"`` on an ``O_APPEND`` descriptor, so it
+  reaches the operating system before the next row is considered done; a killed process loses at
+  most the line it was writing.
+- A line without its newline at the end of the file is the one a killed run was writing: ``open``
+  cuts it off (that row runs again). Any other line that is not a JSON record means someone else
+  changed the file, and ``open`` refuses to continue instead of guessing.
+- Rows already in the file are skipped by key: ``("row", index)``, or ``("id", value)`` with
+  ``--id-field``.
+- An exclusive ``flock`` on the file keeps a second run from appending to it at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+try:  # POSIX; elsewhere runs are not protected against each other
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+# Statuses of a record: the row ran, its program failed, or the input record itself is unusable.
+OK, ERROR, BAD_INPUT = "ok", "error", "bad_input"
+
+
+class StoreError(RuntimeError):
+    """The results file cannot be used (locked by another run, changed by hand, other options)."""
+
+
+def row_key(record: dict) -> tuple:
+    """The key a record is done under: ``("id", json of the id)`` if it has one, else ``("row", index)``."""
+    if "id" in record:
+        return ("id", json.dumps(record["id"], sort_keys=True))
+    return ("row", record["row"])
+
+
+class ResultStore:
+    """The output of one job run. Use ``open`` first, then ``done``/``write``, then ``close``.
+
+    ``id_field``: the ``--id-field`` of this run (None = rows are keyed by their index); a file
+    written with different keying is refused, since its keys would not match.
+    """
+
+    def __init__(self, path: Path, id_field: Optional[str] = None):
+        self.path = Path(path)
+        self.id_field = id_field
+        self.keys: set = set()
+        self.counts = {OK: 0, ERROR: 0, BAD_INPUT: 0}
+        self.repaired = False  # a torn last line was cut off by open()
+        self.retried = 0  # error records dropped by open(retry_errors=True)
+        self._fd: Optional[int] = None
+
+    # -- opening ------------------------------------------------------------------------------------
+    def open(self, retry_errors: bool = False) -> None:
+        """Lock the file (creating it), cut off a torn last line and load the keys of done rows.
+
+        With ``retry_errors`` the records of failed rows are removed first (the file is rewritten
+        to a temporary file and renamed over the old one), so those rows run again.
+
+        Raises:
+            StoreError: another run holds the lock, a line is not a JSON record, or the records
+                were keyed differently (with/without ``--id-field``).
+        """
+        if self.path.parent and not self.path.parent.exists():
+            raise StoreError(f"the folder of the output file {self.path} does not exist")
+        self._fd = self._locked_fd()
+        records = self._load()
+        if retry_errors and any(r.get("status") != OK for _, r in records):
+            kept = [(line, r) for line, r in records if r.get("status") == OK]
+            self.retried = len(records) - len(kept)
+            self._rewrite([line for line, _ in kept])
+            records = kept
+        for _, record in records:
+            self._check_keying(record)
+            self.keys.add(row_key(record))
+            status = record.get("status")
+            self.counts[status if status in self.counts else ERROR] += 1
+
+    def _locked_fd(self) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise StoreError(f"another run is writing {self.path}; wait for it to finish "
+                                 "(or stop it) before running again") from None
+        return fd
+
+    def _load(self) -> list[tuple[bytes, dict]]:
+        with open(self.path, "rb") as f:
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            # The tail after the last newline is a record a killed run did not finish writing.
+            os.ftruncate(self._fd, end)
+            self.repaired = True
+            data = data[:end]
+        records = []
+        for lineno, line in enumerate(data.split(b"\n")[:-1], start=1):
+            try:
+                record = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                record = None
+            if not isinstance(record, dict) or not isinstance(record.get("row"), int):
+                raise StoreError(
+                    f"{self.path} line {lineno} is not a result record of this job (it was changed by "
+                    "something else); move the file away or fix that line, then run again"
+                )
+            records.append((line, record))
+        return records
+
+    def _check_keying(self, record: dict) -> None:
+        if record.get("status") == BAD_INPUT:
+            return  # unusable input records are keyed by row index under either scheme
+        has_id = "id" in record
+        if self.id_field is not None and not has_id:
+            raise StoreError(f"{self.path} holds rows written without --id-field; rerun with the same "
+                             "options as the first run, or write to a new output file")
+        if self.id_field is None and has_id:
+            raise StoreError(f"{self.path} holds rows keyed by an id field; rerun with the same "
+                             "--id-field as the first run, or write to a new output file")
+
+    def _rewrite(self, lines: list[bytes]) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.writelines(line + b"\n" for line in lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        os.close(self._fd)
+        self._fd = self._locked_fd()
+
+    # -- use --------------------------------------------------------------------------------------
+    def done(self, key: tuple) -> bool:
+        """Whether a row with this key (see ``row_key``) is already in the file."""
+        return key in self.keys
+
+    def write(self, record: dict) -> None:
+        """Append ``record`` as one line. Values JSON cannot hold are written as their ``repr``.
+
+        Raises:
+            StoreError: the row's key is already in the file (the job never writes a row twice).
+        """
+        key = row_key(record)
+        if key in self.keys:
+            raise StoreError(f"row {record['row']} is already in {self.path}; it is not written twice")
+        try:
+            text = json.dumps(record, ensure_ascii=False, default=_jsonable)
+            data = (text + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates in generated text: escape them
+            data = (json.dumps(record, ensure_ascii=True, default=_jsonable) + "\n").encode("ascii")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self.keys.add(key)
+        status = record.get("status")
+        self.counts[status if status in self.counts else ERROR] += 1
+
+    def close(self) -> None:
+        """Release the lock (the data is already with the operating system)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    dump = getattr(value, "model_dump", None)  # pydantic models from json_schema gens
+    if callable(dump):
+        return dump()
+    return repr(value)

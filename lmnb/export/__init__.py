@@ -1,0 +1,83 @@
+"""Notebook → batch script: ``lmnb export NOTEBOOK.ipynb -o job.py`` and ``nbconvert --to lmnb``.
+
+The script is plain Python importing only ``lmnb``: each ``%%lm`` cell becomes an
+``@lmnb.function`` written by the cell-language parser (``lmnb.template``, the same parse the
+``%%lm`` magic runs), Python cells are kept in order, display-only magics are dropped with a
+comment, and the papermill ``parameters`` cell becomes command-line options. Running it
+(``python job.py --input rows.jsonl --output results.jsonl``) is ``lmnb.batch.Job``'s work.
+Which cells run once and which per row is explained in ``lmnb.export.plan``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from lmnb.export.cells import ExportError, read_cells
+from lmnb.export.plan import Plan, plan
+from lmnb.export.writer import write_script
+
+__all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "plan_notebook"]
+
+
+def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:
+    """How ``nb`` (an ``nbformat`` v4 notebook) maps onto a batch job. Raises ``ExportError``."""
+    return plan(read_cells(nb), inputs)
+
+
+def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str = "job.py",
+                    inputs: Optional[Sequence[str]] = None) -> tuple[str, Plan]:
+    """The batch script for ``nb`` and its plan (``plan.notes`` lists what was dropped).
+
+    ``inputs``: the row fields (default: the notebook's example inputs, see ``lmnb.export.plan``).
+
+    Raises:
+        ExportError: a cell that does not parse, no ``%%lm`` cell, or unusable ``inputs``.
+    """
+    p = plan_notebook(nb, inputs)
+    return write_script(p, notebook_name, script_name), p
+
+
+def export_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``lmnb export``."""
+    parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%lm cells")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="the script to write (default: the notebook's name with .py; '-' = stdout)")
+    parser.add_argument("--inputs", default=None, metavar="A,B",
+                        help="the fields each input row gives (default: the notebook's example inputs: "
+                             "variables the %%lm cells depend on that a cell sets to a string)")
+
+
+def export(args: argparse.Namespace) -> int:
+    """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
+    import nbformat
+
+    path: Path = args.notebook
+    out: Path = args.output or path.with_suffix(".py")
+    inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
+        print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
+        return 2
+    script_name = "job.py" if str(out) == "-" else out.name
+    try:
+        source, p = export_notebook(nb, path.name, script_name, inputs)
+    except ExportError as e:
+        print(f"lmnb export: {path}: {e}", file=sys.stderr)
+        return 2
+    for note in p.notes:
+        print(f"lmnb export: {path}: {note}", file=sys.stderr)
+    if str(out) == "-":
+        sys.stdout.write(source)
+        return 0
+    out.write_text(source, encoding="utf-8")
+    if not p.row:
+        print(f"wrote {out}; run it with\n  python {out}", file=sys.stderr)
+        return 0
+    fields = ", ".join(p.inputs) or "none"
+    print(f"wrote {out} (row fields: {fields}); run it with\n  python {out} --input rows.jsonl "
+          "--output results.jsonl", file=sys.stderr)
+    return 0

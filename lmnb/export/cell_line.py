@@ -1,0 +1,94 @@
+"""Read the first line of a ``%%lm`` cell (its options) without IPython.
+
+The options and their meaning are those of the ``%%lm`` magic (``lmnb_kernel.magics.cell_parser``);
+lmnb cannot import the kernel package (imports go lmnb_kernel → lmnb), so this parser repeats the
+options, and ``tests/test_export.py`` checks that both parsers accept the same ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Optional
+
+# The magic's rule for state names (lmnb_kernel.magics._NAME).
+STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """The options of one ``%%lm`` line.
+
+    python: the body is an lmnb program body (``%%lm --python``); state: named state to create or
+    continue; temperature / max_tokens / seed: the run's sampling defaults (None = lmnb's);
+    out: kernel variable that also gets the program state. ``--quiet`` and ``--static`` only change
+    the display and are not kept.
+    """
+
+    python: bool = False
+    state: Optional[str] = None
+    temperature: Optional[float] = None
+    max_tokens: Optional[int] = None
+    seed: Optional[int] = None
+    out: Optional[str] = None
+
+    def run_kwargs(self) -> dict:
+        """Keyword arguments of ``SglFunction.run`` these options set (as the magic passes them)."""
+        kw = {}
+        if self.temperature is not None:
+            kw["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            kw["max_new_tokens"] = self.max_tokens
+        if self.seed is not None:
+            kw["seed"] = self.seed
+        return kw
+
+
+class CellLineError(ValueError):
+    """The ``%%lm`` line cannot be read; the message names the option and the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage and exit
+        raise CellLineError(message)
+
+
+def option_parser() -> argparse.ArgumentParser:
+    """The ``%%lm`` options as a plain ``argparse`` parser (raises ``CellLineError``, never exits)."""
+    p = _Parser(prog="%%lm", add_help=False)
+    p.add_argument("--python", action="store_true")
+    p.add_argument("--state", metavar="NAME")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--max-tokens", type=int, dest="max_tokens")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", metavar="VAR")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--static", action="store_true")
+    return p
+
+
+def parse_cell_line(line: str) -> CellOptions:
+    """Options of a ``%%lm`` line (the text after ``%%lm``).
+
+    Raises:
+        CellLineError: unknown option, bad value, or an invalid ``--state`` / ``--out`` name.
+    """
+    try:
+        words = shlex.split(line)
+    except ValueError as e:
+        raise CellLineError(f"cannot read the options {line!r}: {e}") from None
+    args = _parse(words)
+    if args.state is not None and not STATE_NAME.match(args.state):
+        raise CellLineError(f"--state {args.state!r} is not a valid name (letters, digits, _ . -)")
+    if args.out is not None and not args.out.isidentifier():
+        raise CellLineError(f"--out {args.out!r} is not a valid Python name")
+    return CellOptions(args.python, args.state, args.temperature, args.max_tokens, args.seed, args.out)
+
+
+def _parse(words: list[str]) -> argparse.Namespace:
+    try:
+        return option_parser().parse_args(words)
+    except argparse.ArgumentError as e:  # raised instead of error() on some Python versions
+        raise CellLineError(str(e)) from None

@@ -1,0 +1,334 @@
+"""A notebook's cells as the exporter sees them: Python code, ``%%lm`` programs, markdown.
+
+IPython-only syntax is turned into plain Python here: ``%lm load`` / ``%lm connect`` become the
+job's default backend, the other ``%lm`` commands and IPython's own magics (``%time``, ``!ls``) are
+dropped with a comment (they only display or manage a kernel session), and cell magics other than
+``%%lm`` are dropped with a comment (their bodies are not Python) except the timing/capture ones,
+whose bodies are kept. Each cell also records the global names it reads and binds (``symtable``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import symtable
+import textwrap
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from lmnb.export.cell_line import CellLineError, CellOptions, parse_cell_line
+
+# Cell magics whose body is Python: the body is kept, the magic is dropped.
+PYTHON_BODY_MAGICS = ("time", "timeit", "capture")
+DISPLAY_COMMANDS = ("stats", "tree", "states")  # %lm commands that only display
+SESSION_COMMANDS = ("reset", "flush", "pin", "unpin")  # %lm commands about the kernel's session
+_LM_LINE = re.compile(r"^(\s*)%lm(?:\s+(.*))?$")
+# lmnb primitives whose first argument (or name=) names a captured variable.
+_CAPTURING = ("gen", "gen_int", "gen_string", "select")
+
+
+class ExportError(ValueError):
+    """The notebook cannot be exported; the message names the cell, the problem and the fix."""
+
+
+@dataclass
+class Markdown:
+    index: int  # 1-based position in the notebook
+    text: str
+
+
+@dataclass
+class Dropped:
+    """A cell with nothing to run in a script (a non-Python cell magic); kept as a comment."""
+
+    index: int
+    first_line: str
+    reason: str
+
+
+@dataclass
+class Backend:
+    """A ``%lm load`` / ``%lm connect`` line: the backend the notebook's later cells ran on."""
+
+    model: Optional[str] = None  # %lm load MODEL
+    url: Optional[str] = None  # %lm connect URL
+    openai_model: Optional[str] = None  # %lm connect URL --openai MODEL
+
+
+@dataclass
+class Code:
+    """A Python cell (IPython syntax already replaced by comments).
+
+    reads: names the cell reads from outside (not bound by an earlier statement of its own), in
+    order of first use (names its functions read count); uses: every global it reads, also those it
+    binds first; assigns: names it binds at top level; bindings: (name, binds it to a string literal?) for each
+    top-level binding in order; string_assignments: name → [(first, last) line] of top-level
+    ``name = "literal"`` statements.
+    """
+
+    index: int
+    source: str
+    tags: tuple = ()
+    reads: tuple = ()
+    uses: tuple = ()
+    assigns: tuple = ()
+    bindings: tuple = ()
+    string_assignments: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)  # what was dropped, for the export's warnings
+    backends: list = field(default_factory=list)
+    magic: Optional[str] = None  # "%%time" etc. when the cell had a Python-bodied cell magic
+
+    @property
+    def is_parameters(self) -> bool:
+        return "parameters" in self.tags
+
+
+@dataclass
+class LMCell:
+    """A ``%%lm`` cell: ``template`` (prompt template) or ``python`` (``--python`` body) is set.
+
+    reads: kernel variables the program reads, in order; captures: variables it sets on its state.
+    """
+
+    index: int
+    line: str
+    options: CellOptions
+    template: object = None  # lmnb.template.Template
+    python: object = None  # lmnb.template.PythonCell
+    reads: tuple = ()
+    captures: tuple = ()
+
+
+Cell = Union[Markdown, Dropped, Code, LMCell]
+
+
+def read_cells(nb) -> list[Cell]:
+    """The cells of an ``nbformat`` v4 notebook (empty and raw cells are left out).
+
+    Raises:
+        ExportError: a ``%%lm`` cell or a Python cell that does not parse (cell number, line, fix).
+    """
+    out: list[Cell] = []
+    for index, cell in enumerate(nb.cells, start=1):
+        source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+        source = source.replace("\r\n", "\n")
+        if not source.strip() or cell.cell_type == "raw":
+            continue
+        if cell.cell_type == "markdown":
+            out.append(Markdown(index, source.strip("\n")))
+        elif cell.cell_type == "code":
+            tags = tuple(cell.get("metadata", {}).get("tags", ()))
+            out.append(_code_cell(index, source, tags))
+    return out
+
+
+def _code_cell(index: int, source: str, tags: tuple) -> Cell:
+    lines = source.lstrip("\n").split("\n")
+    first = lines[0]
+    if first.startswith("%%"):
+        name = first[2:].split(None, 1)[0] if first[2:].strip() else ""
+        body = "\n".join(lines[1:])
+        if name == "lm":
+            return _lm_cell(index, first[4:].strip(), body)
+        if name in PYTHON_BODY_MAGICS:
+            code = python_cell(index, body, tags)
+            code.magic = first.strip()
+            return code
+        return Dropped(index, first.strip(), f"IPython cell magic %%{name}: its body is not Python")
+    return python_cell(index, source, tags)
+
+
+def _lm_cell(index: int, line: str, body: str) -> LMCell:
+    from lmnb.template import TemplateError, parse, parse_python
+
+    try:
+        options = parse_cell_line(line)
+    except CellLineError as e:
+        raise ExportError(f"cell {index}: %%lm {line}: {e}") from None
+    if not body.strip():
+        raise ExportError(f"cell {index}: the %%lm cell body is empty; write the prompt below the %%lm line")
+    filename = f"<%%lm cell {index}>"
+    try:
+        if options.python:
+            program = parse_python(body, first_line=2, filename=filename)
+            return LMCell(index, line, options, python=program, reads=python_program_reads(body),
+                          captures=python_program_captures(program.tree))
+        template = parse(body, first_line=2, filename=filename)
+    except TemplateError as e:
+        raise ExportError(f"cell {index} (%%lm): {e}") from None
+    return LMCell(index, line, options, template=template, reads=template.arguments, captures=template.captures)
+
+
+def python_cell(index: int, source: str, tags: tuple = ()) -> Code:
+    """A Python cell with IPython syntax replaced, and its names. Raises ``ExportError``."""
+    code = Code(index, "", tags)
+    text = source
+    try:
+        ast.parse(text)
+    except SyntaxError:
+        text = _replace_magics(text, code)
+    try:
+        tree = ast.parse(text, filename=f"<cell {index}>")
+    except SyntaxError as e:
+        raise ExportError(f"cell {index}, line {e.lineno}: invalid Python: {e.msg}") from None
+    code.source = text.strip("\n")
+    code.reads, code.uses, code.assigns = names(text, tree)
+    code.bindings, code.string_assignments = _bindings(tree)
+    return code
+
+
+def _replace_magics(source: str, code: Code) -> str:
+    """``%lm`` lines and IPython magics / shell escapes → comments (``pass`` when indented)."""
+    lines = source.split("\n")
+    for i, line in enumerate(lines):
+        m = _LM_LINE.match(line)
+        if m:
+            lines[i] = _comment(m.group(1), _lm_command(code, (m.group(2) or "").strip()))
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    replaced = "\n".join(lines)
+    transformed = TransformerManager().transform_cell(replaced).rstrip("\n").split("\n")
+    same_lines = len(transformed) == len(lines)
+    for i, line in enumerate(transformed):
+        if "get_ipython()" in line:
+            original = lines[i].strip() if same_lines else line.strip()
+            code.notes.append(f"cell {code.index}: dropped IPython syntax {original!r} (not plain Python)")
+            indent = line[: len(line) - len(line.lstrip())]
+            transformed[i] = _comment(indent, f"dropped IPython syntax (not plain Python): {original}")
+    return "\n".join(transformed)
+
+
+def _comment(indent: str, text: str) -> str:
+    # An indented line may be a block's only statement, so it stays a statement.
+    return f"{indent}pass  # {text}" if indent else f"# {text}"
+
+
+def _lm_command(code: Code, line: str) -> str:
+    """Record a ``%lm`` line magic; returns the comment that replaces it."""
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        words = line.split()
+    command = words[0] if words else ""
+    shown = f"%lm {line}".strip()
+    if command == "load" and len(words) > 1:
+        code.backends.append(Backend(model=words[1]))
+        return f"{shown}: the job's default --model (the job loads it once)"
+    if command == "connect" and len(words) > 1:
+        openai = words[words.index("--openai") + 1] if "--openai" in words[:-1] else None
+        code.backends.append(Backend(url=words[1], openai_model=openai))
+        return f"{shown}: the job's default --backend"
+    if command in DISPLAY_COMMANDS:
+        return f"{shown}: display only, dropped"
+    if command in SESSION_COMMANDS:
+        return f"{shown}: manages the notebook's kernel session, dropped"
+    code.notes.append(f"cell {code.index}: dropped unknown command {shown!r}")
+    return f"{shown}: not a known %lm command, dropped"
+
+
+# ------------------------------------------------------------------------------------- names
+def names(source: str, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
+    """(names the code reads from outside; every global it reads; names bound at top level); the
+    first two in order of first use.
+
+    A global (``symtable``: read at top level or from inside a function) counts as read from
+    outside unless a top-level statement binds it before the first statement that reads it
+    (a statement's reads come before its own binding, as in ``x = x + 1``).
+    """
+    table = symtable.symtable(source, "<cell>", "exec")
+    read = {s.get_name() for s in table.get_symbols() if s.is_referenced()} | _nested_globals(table)
+    first_read: dict = {}  # name -> index of the first top-level statement reading it
+    first_bound: dict = {}
+    for i, stmt in enumerate(tree.body):
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+                read.add(n.target.id)  # symtable counts x += 1 as a binding only
+                first_read.setdefault(n.target.id, i)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                first_read.setdefault(n.id, i)
+        for name in _bound_by(stmt):
+            first_bound.setdefault(name, i)
+    outside = {n for n, i in first_read.items() if n in read and i <= first_bound.get(n, i)}
+    bound = tuple(s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported())
+    return _in_order(tree, outside), _in_order(tree, read), bound
+
+
+def _nested_globals(table) -> set:
+    out = set()
+    for child in table.get_children():
+        out |= {s.get_name() for s in child.get_symbols() if s.is_referenced() and s.is_global()}
+        out |= _nested_globals(child)
+    return out
+
+
+def _in_order(tree: ast.AST, wanted: set) -> tuple:
+    uses = sorted((n.lineno, n.col_offset, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in wanted)
+    seen = list(dict.fromkeys(name for _, _, name in uses))
+    return tuple(seen) + tuple(sorted(wanted - set(seen)))
+
+
+def _bindings(tree: ast.Module) -> tuple[tuple, dict]:
+    bindings, strings = [], {}
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            literal = isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+            if all(isinstance(t, ast.Name) for t in targets):
+                for t in targets:
+                    bindings.append((t.id, literal))
+                    if literal:
+                        strings.setdefault(t.id, []).append((stmt.lineno, stmt.end_lineno))
+                continue
+        for name in _bound_by(stmt):
+            bindings.append((name, False))
+    return tuple(bindings), strings
+
+
+def _bound_by(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    out = []
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            if node is not stmt:
+                if not isinstance(node, ast.Lambda):
+                    out.append(node.name)
+                continue
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.append(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out += [(a.asname or a.name).split(".")[0] for a in node.names]
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def python_program_reads(body: str) -> tuple:
+    """Global names a ``%%lm --python`` body reads (it runs as ``def cell(s): <body>``)."""
+    # Indenting changes multi-line strings' text but not which names the body reads.
+    wrapped = "def _cell(s):\n" + textwrap.indent(body.rstrip("\n") or "pass", "    ", lambda _: True) + "\n"
+    table = symtable.symtable(wrapped, "<cell>", "exec")
+    read = _nested_globals(table)
+    return _in_order(ast.parse(wrapped), read)
+
+
+def python_program_captures(tree: ast.Module) -> tuple:
+    """Variables a ``--python`` body's ``gen``/``select`` calls name with a string literal."""
+    out: list = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        fname = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if fname not in _CAPTURING:
+            continue
+        arg = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value not in out:
+            out.append(arg.value)
+    return tuple(out)

@@ -1,0 +1,38 @@
+"""``jupyter nbconvert --to lmnb NOTEBOOK.ipynb``: the same script as ``lmnb export``.
+
+Registered in pyproject.toml under ``[project.entry-points."nbconvert.exporters"]``; nbconvert's
+external-exporter protocol (docs/source/external_exporters.rst in nbconvert): an ``Exporter``
+subclass with ``file_extension`` and ``from_notebook_node``.
+"""
+
+from __future__ import annotations
+
+from nbconvert.exporters import Exporter
+from traitlets import List, Unicode
+
+from lmnb.export import export_notebook
+
+
+class LMScriptExporter(Exporter):
+    """Export a notebook with ``%%lm`` cells as a resumable batch script (``lmnb.export``).
+
+    Config: ``LMScriptExporter.inputs`` (list of field names) overrides the row fields.
+    Raises ``lmnb.export.ExportError`` for notebooks that cannot be exported.
+    """
+
+    export_from_notebook = "lmnb batch script"
+    output_mimetype = "text/x-python"
+    inputs = List(Unicode(), default_value=None, allow_none=True,
+                  help="the fields each input row gives (default: the notebook's example inputs)").tag(config=True)
+
+    def _file_extension_default(self):
+        return ".py"
+
+    def from_notebook_node(self, nb, resources=None, **kw):
+        nb_copy, resources = super().from_notebook_node(nb, resources, **kw)
+        name = (resources.get("metadata") or {}).get("name") or "notebook"
+        source, plan = export_notebook(nb_copy, f"{name}.ipynb", f"{name}.py", self.inputs)
+        for note in plan.notes:
+            self.log.warning("%s", note)
+        resources["output_extension"] = ".py"
+        return source, resources

@@ -1,0 +1,230 @@
+"""Which cells of a notebook run once and which run per input row, and what a row must provide.
+
+The model (written into every exported script's docstring):
+- Every input row is one pass of the notebook from its first ``%%lm`` cell on (``run_row``);
+  Python cells before it run once, at import (setup), in order.
+- The row's fields are the notebook's example inputs: variables that the per-row part reads and
+  that setup first binds to a string literal (``question = "What is 2+2?"``), or that a ``%%lm``
+  cell reads and nothing binds. ``lmnb export --inputs a,b`` names them instead.
+- A setup cell that computes something the per-row part needs from a row field (``prompt =
+  f"Q: {question}"``) runs per row too, without its example assignments of row fields.
+- The papermill ``parameters`` cell runs once wherever it is; its variables become options.
+"""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell
+from lmnb.template.template import python_name
+
+_BUILTINS = frozenset(dir(builtins))
+
+
+@dataclass
+class Plan:
+    """The exported job's shape.
+
+    setup / row: cells at module level and in ``run_row``, in notebook order (every ``%%lm`` cell
+    is in ``row``; its ``@lmnb.function`` is defined at module level). inputs: row fields, in order
+    of first use. parameters: variables of the parameters cell. lm_params: ``%%lm`` cell index →
+    row-local variables its program takes as arguments (other names it reads are module globals).
+    binds: ``%%lm`` cell index → captured variables bound as locals after it runs. strip: moved
+    setup cell index → row fields whose literal assignments are commented out there. copied:
+    module-level names the row part rebinds (each row starts from the module value).
+    """
+
+    cells: list
+    setup: list
+    row: list
+    inputs: tuple
+    parameters: tuple = ()
+    parameters_cell: Optional[int] = None
+    lm_params: dict = field(default_factory=dict)
+    binds: dict = field(default_factory=dict)
+    strip: dict = field(default_factory=dict)
+    copied: tuple = ()
+    backend: Backend = field(default_factory=Backend)
+    notes: list = field(default_factory=list)
+
+    @property
+    def lm_cells(self) -> list:
+        return [c for c in self.row if isinstance(c, LMCell)]
+
+    @property
+    def captures(self) -> tuple:
+        out: list = []
+        for c in self.lm_cells:
+            out += [n for n in c.captures if n not in out]
+        return tuple(out)
+
+
+def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
+    """Split ``cells`` (from ``cells.read_cells``) into setup and per-row parts (module docstring).
+
+    ``inputs``: the row fields, overriding the example-based choice (a parameter named here is a
+    row field instead of an option). A notebook without ``%%lm`` cells has no per-row part: its
+    script runs the cells once (``Plan.row`` is empty).
+
+    Raises:
+        ExportError: an ``inputs`` name that is not a variable or that the row part never reads; an
+            example assignment that shares its line with other code.
+    """
+    params_cell = next((c for c in cells if isinstance(c, Code) and c.is_parameters), None)
+    parameters = tuple(dict.fromkeys(n for n, _ in params_cell.bindings)) if params_cell else ()
+    given = None if inputs is None else tuple(inputs)
+    if given is not None:
+        bad = [n for n in given if not n.isidentifier()]
+        if bad:
+            raise ExportError(f"--inputs {', '.join(bad)}: an input must be a variable name")
+        parameters = tuple(n for n in parameters if n not in given)
+    lm = [c for c in cells if isinstance(c, LMCell)]
+    if not lm:
+        if given:
+            raise ExportError(f"--inputs {', '.join(given)}: the notebook has no %%lm cell to run per row")
+        p = Plan(list(cells), list(cells), [], (), parameters, params_cell.index if params_cell else None)
+        p.backend, p.notes = _backend(cells, [])
+        p.notes.append("the notebook has no %%lm cell: the script runs its cells once, with no input rows")
+        return p
+    first = lm[0].index
+    before = [c for c in cells if c.index < first and c is not params_cell]
+    after = [c for c in cells if c.index >= first and c is not params_cell]
+    if given is not None:
+        examples = set(given)
+    else:
+        first_binding: dict = {}
+        for c in before:
+            if isinstance(c, Code):
+                for name, literal in c.bindings:
+                    first_binding.setdefault(name, literal)
+        examples = {n for n, literal in first_binding.items() if literal} - set(parameters)
+
+    moved = _moved_setup_cells(before, after, examples)
+    setup = [c for c in cells if (c in before and c not in moved) or c is params_cell]
+    row = [c for c in cells if c in moved or c in after]
+    p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
+    p.inputs = _fields(p, examples, given, parameters)
+    p.strip = {c.index: {n for n in p.inputs if n in c.string_assignments} for c in moved}
+    for c in moved:
+        _check_strippable(c, p.strip[c.index])
+    p.copied = _copied(setup, row, p.inputs, parameters)
+    p.backend, p.notes = _backend(setup, row)
+    if not p.inputs:
+        p.notes.append("no row fields: every input row runs the same programs; name the fields with "
+                       "--inputs (e.g. a parameter or a variable the %%lm cells read)")
+    for c in cells:
+        p.notes += getattr(c, "notes", [])
+        if isinstance(c, Dropped):
+            p.notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
+    return p
+
+
+def _moved_setup_cells(before: list, after: list, examples: set) -> list:
+    """Setup cells that must run per row: they bind something the row part needs from a row
+    field, or read what such a cell binds (a fixpoint over the cells' names)."""
+    needed = set().union(*(set(c.reads) for c in after if isinstance(c, (Code, LMCell))))
+    moved: list = []
+    moved_binds: set = set()
+    changed = True
+    while changed:
+        changed = False
+        for c in before:
+            if not isinstance(c, Code) or c in moved:
+                continue
+            # uses, not reads: the cell's own example assignment (question = "...") goes away
+            # when it runs per row, so what it reads after it comes from the row
+            feeds_row = set(c.assigns) & needed and set(c.uses) & examples
+            if feeds_row or set(c.reads) & moved_binds:
+                moved.append(c)
+                needed |= set(c.uses)
+                moved_binds |= set(c.assigns)
+                changed = True
+    return moved
+
+
+def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -> tuple:
+    defined = set(parameters)
+    for c in p.cells:
+        if isinstance(c, Code):
+            defined |= set(c.assigns)
+        elif isinstance(c, LMCell):
+            defined |= set(c.captures) | ({c.options.out} if c.options.out else set())
+    fields: list = list(given or ())
+    local: set = set()
+    read_in_row: set = set()
+    later_reads: dict = {}
+    row_code = [c for c in p.row if isinstance(c, (Code, LMCell))]
+    for i, c in enumerate(row_code):
+        later_reads[c.index] = set().union(*(set(d.reads) for d in row_code[i + 1:]))
+    moved = [c for c in row_code if isinstance(c, Code) and c.index < min(x.index for x in p.lm_cells)]
+    for c in row_code:
+        reads = c.uses if c in moved else c.reads  # a moved cell's example assignments are removed
+        read_in_row |= set(reads)
+        if given is None:
+            for n in reads:
+                if n in local or n in fields or n in parameters:
+                    continue
+                undefined = n not in defined and n not in _BUILTINS and n != "lmnb"
+                if n in examples or (isinstance(c, LMCell) and undefined):
+                    fields.append(n)
+        if isinstance(c, LMCell):
+            # A global named like the generated code's own names (s, items, forks, ...) is passed
+            # as an argument too: the parser renames parameters, not globals.
+            clashes = c.template is not None
+            p.lm_params[c.index] = tuple(n for n in c.reads if n in local or n in fields
+                                         or (clashes and python_name(n) != n))
+            captured = c.captures if c.template is not None else tuple(
+                n for n in c.captures if n in later_reads[c.index])
+            p.binds[c.index] = captured
+            local |= set(captured) | ({c.options.out} if c.options.out else set())
+        else:
+            local |= set(c.assigns)
+    unused = [n for n in fields if n not in read_in_row]
+    if given is not None and unused:
+        raise ExportError(f"--inputs {', '.join(unused)}: the cells that run per row never read "
+                          f"{'it' if len(unused) == 1 else 'them'}")
+    return tuple(fields)
+
+
+def _check_strippable(cell: Code, names: set) -> None:
+    import ast
+
+    tree = ast.parse(cell.source)
+    for name in names:
+        for first, last in cell.string_assignments[name]:
+            overlapping = [s for s in tree.body if s.lineno <= last and s.end_lineno >= first]
+            if len(overlapping) > 1:
+                raise ExportError(
+                    f"cell {cell.index}, line {first}: the example value of the row field {name!r} shares "
+                    f"its line with other code; put `{name} = ...` on a line of its own"
+                )
+
+
+def _copied(setup: list, row: list, inputs: tuple, parameters: tuple) -> tuple:
+    module = set(parameters)
+    for c in setup:
+        if isinstance(c, Code):
+            module |= set(c.assigns)
+    rebound, read = set(), set()
+    for c in row:
+        if isinstance(c, Code):
+            rebound |= set(c.assigns)
+            read |= set(c.reads)
+        elif isinstance(c, LMCell):
+            rebound |= set(c.captures) | ({c.options.out} if c.options.out else set())
+            read |= set(c.reads)
+    return tuple(sorted((rebound & module & read) - set(inputs)))
+
+
+def _backend(setup: list, row: list) -> tuple[Backend, list]:
+    chosen, notes = Backend(), []
+    for c in setup:
+        for b in getattr(c, "backends", []):
+            chosen = b
+    for c in row:
+        if getattr(c, "backends", None):
+            notes.append(f"cell {c.index}: %lm load/connect after the first %%lm cell is not followed; "
+                         "the job runs every row on one backend (its --backend / --model)")
+    return chosen, notes

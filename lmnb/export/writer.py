@@ -1,0 +1,287 @@
+"""Write a ``Plan`` as a plain Python script that imports only ``lmnb``.
+
+Layout: docstring (how to run it, what a row needs, what it writes), ``job = lmnb.batch.Job(...)``,
+the setup cells and one ``@lmnb.function`` per ``%%lm`` cell at module level in notebook order,
+``run_row(<fields>)`` holding the per-row cells, and ``job.run(run_row, ...)`` under ``__main__``.
+The ``@lmnb.function`` bodies come from the cell-language parser's source face
+(``Template.to_python``), the same tree the ``%%lm`` magic runs, so script and notebook agree.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+
+from lmnb.batch.options import parameter_options
+from lmnb.export.cells import Code, Dropped, LMCell, Markdown
+from lmnb.export.plan import Plan
+
+_INDENT = "    "
+RUN_LINE = ("python {script} --input rows.jsonl --output results.jsonl [--backend engine|URL] [--model PATH]\n"
+            "{pad} [--num-threads N] [--limit N] [--id-field F]")
+
+
+def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: str = "job.py") -> str:
+    """The script's source text (see the module docstring)."""
+    names = _Names(p)
+    w = _Writer(p, names)
+    if not p.row:
+        return _join(w.run_once(notebook_name, script_name))
+    parts = [w.docstring(notebook_name, script_name), "import lmnb\nimport lmnb.batch\n", w.job_line()]
+    for cell in p.setup + [c for c in p.row if isinstance(c, LMCell)]:
+        parts.append(w.module_cell(cell))
+    parts.append(w.run_row())
+    programs = ", ".join(names.function(c) for c in p.lm_cells)
+    parts.append(f'if __name__ == "__main__":\n{_INDENT}raise SystemExit({names.job}.run({names.run_row}, '
+                 f"programs=[{programs}]))\n")
+    return _join(parts)
+
+
+def _join(parts: list) -> str:
+    text = "\n\n".join(part.rstrip("\n") + "\n" for part in parts if part.strip())
+    return "#!/usr/bin/env python3\n" + re.sub(r"\n{4,}", "\n\n\n", text)
+
+
+class _Names:
+    """Names the script introduces, chosen not to clash with any name the notebook uses."""
+
+    def __init__(self, p: Plan):
+        taken = set(p.inputs) | set(p.parameters) | {"lmnb"}
+        for c in p.cells:
+            taken |= set(getattr(c, "reads", ())) | set(getattr(c, "assigns", ())) | set(getattr(c, "captures", ()))
+            if isinstance(c, LMCell) and c.options.out:
+                taken.add(c.options.out)
+        self.taken = taken
+        self.job = self.fresh("job")
+        self.run_row = self.fresh("run_row")
+        self.params = self.fresh("params")
+        self.state = self.fresh("state")
+        self._functions: dict = {}
+        self._states: dict = {}
+
+    def fresh(self, base: str) -> str:
+        name = base
+        while name in self.taken or keyword.iskeyword(name):
+            name += "_"
+        self.taken.add(name)
+        return name
+
+    def function(self, cell: LMCell) -> str:
+        if cell.index not in self._functions:
+            self._functions[cell.index] = self.fresh(f"cell_{cell.index}")
+        return self._functions[cell.index]
+
+    def named_state(self, name: str) -> str:
+        if name not in self._states:
+            self._states[name] = self.fresh("state_" + re.sub(r"\W", "_", name))
+        return self._states[name]
+
+
+class _Writer:
+    def __init__(self, p: Plan, names: _Names):
+        self.p, self.names = p, names
+
+    # -- header ---------------------------------------------------------------------------------
+    def docstring(self, notebook_name: str, script_name: str) -> str:
+        p = self.p
+        setup = [c.index for c in p.setup if isinstance(c, Code)]
+        row = [c.index for c in p.row if isinstance(c, (Code, LMCell))]
+        fields = ", ".join(p.inputs) or "none (every row runs the same program)"
+        lines = [
+            f"Batch job exported by `lmnb export` from {notebook_name}: its %%lm programs, run once per input row.",
+            "",
+            "    " + RUN_LINE.format(script=script_name, pad=" " * len(f"python {script_name}")).replace("\n", "\n    "),
+            "",
+            f"Each input row (a JSON object per line, or a CSV row under a header) gives: {fields}.",
+        ]
+        if p.parameters:
+            lines.append(f"Notebook parameters, as options: {', '.join(parameter_options(p.parameters).values())}.")
+        lines += [
+            f"Cells run once at start: {_ranges(setup) or 'none'}; cells run for every row (run_row): {_ranges(row)}.",
+            "",
+            "Output: one JSON line per row: row (its index in the input), line, id (with --id-field),",
+            "status (ok / error / bad_input), variables (what the %%lm cells captured:",
+            f"{', '.join(p.captures) or 'none'}), finish_reasons, tokens (prompt, cached, completion),",
+            "seconds, and error. The output is appended to row by row; run the same command again after",
+            "a crash or Ctrl-C and it continues with the rows not yet written.",
+        ]
+        body = "\n".join(lines).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+        return f'"""{body}\n"""'
+
+    def run_once(self, notebook_name: str, script_name: str) -> list:
+        """The parts of a script for a notebook without ``%%lm`` cells: its cells, run once."""
+        n = self.names
+        doc = (f'"""Script exported by `lmnb export` from {notebook_name}. The notebook has no %%lm cell, so\n'
+               "there is no program to run per input row: this runs the notebook's cells once, in order, on\n"
+               "the backend the options choose.\n\n"
+               f"    python {script_name} [--backend engine|URL] [--model PATH]"
+               + "".join(f" [{o} VALUE]" for o in parameter_options(self.p.parameters, per_row=False).values())
+               + '\n"""')
+        start = f"{n.job}.start()  # the backend the notebook's programs run on (--backend, --model)"
+        parts = [doc, "import lmnb\nimport lmnb.batch\n", self.job_line(per_row=False)]
+        if not self.p.parameters:
+            parts.append(start)
+        for cell in self.p.setup:
+            parts.append(self.module_cell(cell))
+            if cell.index == self.p.parameters_cell and self.p.parameters:
+                parts.append(start)
+        return parts
+
+    def job_line(self, per_row: bool = True) -> str:
+        if not per_row:
+            return f"{self.names.job} = lmnb.batch.Job(__doc__, per_row=False{self.backend_kwargs()})"
+        return f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{self.backend_kwargs()})"
+
+    def backend_kwargs(self) -> str:
+        kwargs = []
+        b = self.p.backend
+        for key, value in (("model", b.model), ("backend", b.url), ("openai_model", b.openai_model)):
+            if value is not None:
+                kwargs.append(f", {key}={value!r}")
+        return "".join(kwargs)
+
+    # -- module level ---------------------------------------------------------------------------
+    def module_cell(self, cell) -> str:
+        if isinstance(cell, Markdown):
+            return _markdown(cell)
+        if isinstance(cell, Dropped):
+            return f"# -- cell {cell.index}: {cell.first_line} -- dropped: {cell.reason}"
+        if isinstance(cell, LMCell):
+            return f"# -- cell {cell.index}: %%lm {cell.line}".rstrip() + "\n" + self.program(cell)
+        if cell.index == self.p.parameters_cell and self.p.parameters:
+            return self.parameters_cell(cell)
+        return f"# -- cell {cell.index}{_magic_note(cell)}\n{_mark_examples(cell, self.p.inputs)}"
+
+    def parameters_cell(self, cell: Code) -> str:
+        n = self.names
+        args = ", ".join(f"{name}={name}" for name in self.p.parameters)
+        lines = [f"# -- cell {cell.index}: parameters (papermill); command-line options override them",
+                 cell.source, f"{n.params} = {n.job}.parameters({args})"]
+        lines += [f"{name} = {n.params}.{name}" for name in self.p.parameters]
+        return "\n".join(lines)
+
+    def program(self, cell: LMCell) -> str:
+        """The ``@lmnb.function`` of a ``%%lm`` cell, from the cell-language parser."""
+        name, params = self.names.function(cell), self.p.lm_params[cell.index]
+        if cell.template is not None:
+            try:
+                return cell.template.to_python(name, parameters=params)
+            except ValueError as e:
+                from lmnb.export.cells import ExportError
+
+                raise ExportError(f"cell {cell.index} (%%lm): {e}") from None
+        return python_program_source(cell.python, name, params)
+
+    # -- per row --------------------------------------------------------------------------------
+    def run_row(self) -> str:
+        n, p = self.names, self.p
+        cells = _ranges([c.index for c in p.row if isinstance(c, (Code, LMCell))])
+        doc = (f'"""Notebook cells {cells} for one input row. The job records what the %%lm cells\n'
+               f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
+        body = [doc]
+        for name in p.copied:
+            body.append(f'{name} = globals()["{name}"]  # rebound below: each row starts from the module value')
+        for cell in p.row:
+            body.append(self.row_cell(cell))
+        text = "\n\n".join(_indent(b) for b in body)
+        return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
+
+    def row_cell(self, cell) -> str:
+        if isinstance(cell, Markdown):
+            return _markdown(cell)
+        if isinstance(cell, Dropped):
+            return f"# -- cell {cell.index}: {cell.first_line} -- dropped: {cell.reason}"
+        if isinstance(cell, Code):
+            source = _strip_examples(cell, self.p.strip.get(cell.index, set()))
+            return f"# -- cell {cell.index}{_magic_note(cell)}\n{source}"
+        return self.row_lm(cell)
+
+    def row_lm(self, cell: LMCell) -> str:
+        n, o = self.names, cell.options
+        state = n.named_state(o.state) if o.state else n.state
+        args = list(self.p.lm_params[cell.index])
+        args += [f"{k}={v!r}" for k, v in o.run_kwargs().items()]
+        continuing = o.state and any(c.options.state == o.state for c in self.p.lm_cells if c.index < cell.index)
+        if continuing:
+            args.append(f"state={state}")
+        lines = [f"# -- cell {cell.index}: %%lm {cell.line}".rstrip(),
+                 f"{state} = {n.function(cell)}.run({', '.join(args)})", f"{state}.sync()"]
+        for name in self.p.binds[cell.index]:
+            lines.append(f'{name} = {state}["{name}"]')
+        if o.out:
+            lines.append(f"{o.out} = {state}")
+        return "\n".join(lines)
+
+
+def python_program_source(cell, name: str, params: tuple) -> str:
+    """``@lmnb.function`` source of a ``%%lm --python`` cell taking ``params`` after ``s``.
+
+    ``PythonCell.to_python`` writes ``def name(s)``: a body reading row-local variables needs them
+    as parameters in a script, so the signature is widened here (requested from the template
+    package as ``PythonCell.to_python(name, parameters=...)``).
+    """
+    source = cell.to_python(name)
+    head = f"def {name}(s):"
+    if head not in source:
+        raise AssertionError(f"unexpected PythonCell.to_python output: {source[:80]!r}")
+    return source.replace(head, f"def {name}({', '.join(['s', *params])}):", 1)
+
+
+def _markdown(cell: Markdown) -> str:
+    return "\n".join(("# " + line).rstrip() for line in cell.text.split("\n"))
+
+
+def _magic_note(cell: Code) -> str:
+    return f": {cell.magic} dropped, its body kept" if cell.magic else ""
+
+
+def _mark_examples(cell: Code, fields: tuple) -> str:
+    """The setup cell's source with a note after each example value of a row field (run_row's
+    parameter of that name replaces it)."""
+    lines = cell.source.split("\n")
+    for name in fields:
+        for _, last in cell.string_assignments.get(name, []):
+            lines[last - 1] += f"  # the notebook's example; each input row gives its own {name}"
+    return "\n".join(lines)
+
+
+def _strip_examples(cell: Code, names: set) -> str:
+    """The cell's source with its literal assignments of row fields commented out."""
+    lines = cell.source.split("\n")
+    for name in names:
+        for first, last in cell.string_assignments[name]:
+            lines[first - 1] = f"# {lines[first - 1]}  <- notebook example; each row gives {name}"
+            for i in range(first, last):
+                lines[i] = "# " + lines[i]
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    """Indent code by one level, except lines inside multi-line string literals (kept verbatim)."""
+    import io
+    import tokenize
+
+    inside: set = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+                inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return "\n".join(line if (i in inside or not line) else _INDENT + line
+                     for i, line in enumerate(text.split("\n"), start=1))
+
+
+def _ranges(indexes: list) -> str:
+    out, start, prev = [], None, None
+    for i in indexes:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(out)

@@ -1,0 +1,179 @@
+"""``lmnb export`` / ``nbconvert --to lmnb``: what the script looks like and how cells map to it.
+
+Running exported scripts is tested in test_export_run.py (real engine) and the batch runtime in
+test_export_batch.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from helpers_export import CHAT, QA, notebook
+from lmnb.export import ExportError, export_notebook, plan_notebook
+from lmnb.export.cell_line import option_parser, parse_cell_line
+from lmnb.template import parse
+
+
+def options(parser) -> set:
+    return {o for o in parser._option_string_actions if o not in ("-h", "--help")}
+
+
+def test_cell_line_options_are_the_magics_options():
+    from lmnb_kernel.magics import cell_parser
+
+    assert options(option_parser()) == options(cell_parser())
+    o = parse_cell_line("--state chat.v1 --temperature 0 --max-tokens 7 --seed 3 --out st --quiet --static")
+    assert (o.state, o.out) == ("chat.v1", "st")
+    assert o.run_kwargs() == {"temperature": 0.0, "max_new_tokens": 7, "seed": 3}
+
+
+def test_script_is_plain_python_with_one_function_per_lm_cell(tmp_path):
+    source, plan = export_notebook(QA, "qa.ipynb", "qa.py")
+    tree = ast.parse(source)
+    imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imports |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imports == {"lmnb", "lmnb.batch"}
+    assert "get_ipython" not in source and "%lm" not in source.replace("# %lm", "").replace("%%lm", "")
+    # every %%lm cell is one @lmnb.function whose source is the cell parser's own translation
+    lm_cells = {i: c.source for i, c in enumerate(QA.cells, start=1) if c.source.startswith("%%lm")}
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+                 and any(ast.unparse(d) == "lmnb.function" for d in n.decorator_list)}
+    assert functions == {f"cell_{i}" for i in lm_cells}
+    first = lm_cells[6].split("\n", 1)[1]
+    assert parse(first).to_python("cell_6", parameters=("prompt",)) in source
+    # Python cells keep their order; display-only commands become comments
+    order = [source.index(code) for code in ('examples = ["red", "blue"]', 'prompt = f"Q: {question}\\nA:"',
+                                             "short = answer.strip()[:8]")]
+    assert order == sorted(order)
+    assert "# %lm stats: display only, dropped" in source and "# %lm tree: display only, dropped" in source
+
+
+def test_script_imports_neither_ipython_nor_torch_and_parameters_are_options(tmp_path):
+    script = tmp_path / "qa.py"
+    script.write_text(export_notebook(QA, "qa.ipynb", "qa.py")[0])
+    probe = ("import runpy, sys\nsys.argv = ['qa.py', '--help']\n"
+             "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'IPython', 'torch', 'lmnb_engine', 'lmnb_kernel'}))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("[]")
+    for option in ("--input", "--output", "--backend", "--model", "--num-threads", "--limit", "--id-field", "--max-len"):
+        assert option in out.stdout
+
+
+def test_row_fields_are_the_examples_the_programs_depend_on():
+    p = plan_notebook(QA)
+    assert p.inputs == ("question",)
+    assert p.parameters == ("max_len",) and p.parameters_cell == 2
+    # cell 5 builds the prompt from the example, so it runs per row; cells 3-4 run once
+    assert [c.index for c in p.setup if hasattr(c, "source")] == [2, 3, 4]
+    assert [c.index for c in p.row if hasattr(c, "source") or hasattr(c, "options")] == [5, 6, 7, 8, 9, 10]
+    assert p.lm_params == {6: ("prompt",), 8: ("short",), 9: ("short",)}  # examples, max_len: globals
+    assert plan_notebook(CHAT).inputs == ("person", "topic")
+
+
+def test_example_in_the_same_cell_as_code_that_uses_it_is_commented_out_per_row():
+    nb = notebook('question = "Why?"\nprompt = "Q: " + question',
+                  "%%lm --temperature 0\n{prompt}{gen a max_tokens=2}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("question",)
+    body = source[source.index("def run_row(question):"):]
+    assert '# question = "Why?"  <- notebook example; each row gives question' in body
+    assert '    prompt = "Q: " + question' in body
+    with pytest.raises(ExportError, match="line of its own"):
+        export_notebook(notebook('x = 1; question = "Why?"\nprompt = "Q: " + question',
+                                 "%%lm\n{prompt}{gen a}"))
+
+
+def test_inputs_option_overrides_and_is_checked():
+    nb = notebook('question = "Why?"\ncontext = open("doc.txt").read() if False else "ctx"',
+                  "%%lm\n{context} {question}{gen a}")
+    assert plan_notebook(nb).inputs == ("question",)  # context is computed, so it stays a global
+    assert plan_notebook(nb, inputs=["context", "question"]).inputs == ("context", "question")
+    with pytest.raises(ExportError, match="never read"):
+        plan_notebook(nb, inputs=["nope"])
+    params = notebook(("parameters", 'person = "Ada"\nn = 2'), "%%lm\n{person}{gen a max_tokens=n}")
+    assert (plan_notebook(params).inputs, plan_notebook(params).parameters) == ((), ("person", "n"))
+    source, p = export_notebook(params, inputs=["person"])  # a parameter named as input is a row field
+    assert (p.inputs, p.parameters) == (("person",), ("n",))
+    assert "def run_row(person):" in source and "params = job.parameters(n=n)" in source
+    once = plan_notebook(notebook("x = 1"))
+    assert once.row == [] and any("runs its cells once" in n for n in once.notes)
+    with pytest.raises(ExportError, match="no %%lm cell"):
+        plan_notebook(notebook("x = 1"), inputs=["x"])
+
+
+@pytest.mark.parametrize("cell, words", [
+    ("%%lm\nQ: {gen a max_token=3}", ["cell 2", "max_token"]),
+    ("%%lm --heat 0\nQ: {gen a}", ["cell 2", "--heat"]),
+    ("%%lm --state 'bad name'\nQ: {gen a}", ["cell 2", "not a valid name"]),
+    ("%%lm\n", ["cell 2", "empty"]),
+])
+def test_bad_cells_are_reported_with_their_cell_number(cell, words):
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook("x = 1", cell))
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path):
+    from lmnb_kernel.cli import main
+
+    nb_path = tmp_path / "qa.ipynb"
+    nbformat.write(QA, nb_path)
+    assert main(["export", str(nb_path), "-o", str(tmp_path / "qa.py")]) == 0
+    expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "qa.py")[0]
+    assert (tmp_path / "qa.py").read_text() == expected
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(nb_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected
+    (tmp_path / "broken.ipynb").write_text("{not json")
+    assert main(["export", str(tmp_path / "broken.ipynb")]) == 2
+    nbformat.write(notebook("x = 1", "%%lm\n{gen a max_token=2}"), tmp_path / "bad.ipynb")
+    assert main(["export", str(tmp_path / "bad.ipynb")]) == 2
+
+
+def test_row_code_can_rebind_setup_names_and_each_row_starts_from_the_setup_value(monkeypatch):
+    from helpers_lang import ScriptedBackend
+
+    import lmnb
+
+    nb = notebook(("parameters", "limit = 2"), 'count = 10\nquestion = "Why?"',
+                  "%%lm --temperature 0\n{question}{gen a max_tokens=2}",
+                  "count = count + limit", "%%lm --temperature 0\n{a} {count}{gen b max_tokens=2}")
+    source, p = export_notebook(nb)
+    assert p.copied == ("count",) and p.parameters == ("limit",) and p.inputs == ("question",)
+    assert "--param-limit" in source  # --limit is the job's own option
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl", "--param-limit", "5"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    monkeypatch.setattr(lmnb.api, "_default_backend", backend)
+    for question in ("x", "y"):
+        ns["run_row"](question)
+    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    assert prompts == ["x", "! 15", "y", "! 15"]  # count = 10 + 5 in every row
+    assert ns["count"] == 10
+
+
+def test_globals_named_like_the_generated_code_are_passed_as_arguments(monkeypatch):
+    from helpers_lang import ScriptedBackend
+
+    import lmnb
+
+    nb = notebook('items = ["a", "b"]\nf = "!"', "%%lm --temperature 0\n{fork x in items}{x}{f}{gen y max_tokens=1}{join}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("f",) and p.lm_params == {2: ("items", "f")}
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: prompt.text[-2:])
+    monkeypatch.setattr(lmnb.api, "_default_backend", backend)
+    ns["run_row"]("?")
+    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["a?", "b?"]

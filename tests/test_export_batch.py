@@ -1,0 +1,179 @@
+"""The batch runtime of exported scripts (``lmnb.batch``) on a scripted backend: inputs with line
+numbers, per-row errors, resuming without writing a row twice, torn lines, ids, the lock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import lmnb
+from helpers_export import read_results, write_rows
+from helpers_lang import ScriptedBackend
+from lmnb.batch import InputError, Job, ResultStore, StoreError, read_rows
+
+
+@lmnb.function
+def echo(s, question):
+    s += "Q: " + question + "\nA:"
+    s += lmnb.gen("answer", max_tokens=4)
+
+
+def reply(prompt, params):
+    """The scripted model: the question, upper-cased (fails for questions containing 'boom')."""
+    question = prompt.text.split("Q: ")[-1].split("\n")[0]
+    if "boom" in question:
+        raise RuntimeError("model exploded")
+    return question.upper()
+
+
+def run_row(question):
+    state = echo.run(question, temperature=0)
+    state.sync()
+
+
+def run_job(tmp_path, *options, backend=None, inputs=("question",)) -> int:
+    job = Job("test job", inputs, argv=["--output", str(tmp_path / "out.jsonl"), "--no-progress", *map(str, options)])
+    return job.run(run_row, programs=[echo], backend=backend or ScriptedBackend(reply))
+
+
+def by_row(results) -> dict:
+    return {r["row"]: r for r in results}
+
+
+def test_each_row_gets_its_variables_finish_reason_and_tokens(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}", "extra": i} for i in range(5)])
+    assert run_job(tmp_path, "--input", rows, "--num-threads", 3) == 0
+    results = read_results(tmp_path / "out.jsonl")
+    assert sorted(r["row"] for r in results) == list(range(5))
+    for r in results:
+        assert r["status"] == "ok" and r["line"] == r["row"] + 1
+        assert r["variables"] == {"answer": f"Q{r['row']}"}
+        assert r["finish_reasons"] == {"answer": "stop"}
+        assert set(r["tokens"]) == {"prompt", "cached", "completion"}
+
+
+def test_rerun_after_a_partial_run_runs_only_the_missing_rows(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(6)])
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", rows, "--limit", 2, backend=backend) == 0
+    assert run_job(tmp_path, "--input", rows, backend=backend) == 0
+    results = read_results(tmp_path / "out.jsonl")
+    assert sorted(r["row"] for r in results) == list(range(6))  # each row exactly once
+    generated = [c for c in backend.calls if c[0] == "generate"]
+    assert len(generated) == 6  # the two done rows did not run again
+
+
+def test_a_torn_last_line_is_cut_off_and_its_row_runs_again(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(4)])
+    out = tmp_path / "out.jsonl"
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    whole = out.read_bytes()
+    out.write_bytes(whole + b'{"row": 2, "line": 3, "status": "ok", "varia')  # killed mid-write
+    assert run_job(tmp_path, "--input", rows) == 0
+    assert out.read_bytes().startswith(whole)
+    assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2, 3]
+
+
+def test_a_changed_line_in_the_middle_is_refused_not_guessed(tmp_path, capsys):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}] * 3)
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"row": 0, "status": "ok"}\nnot json\n{"row": 1, "status": "ok"}\n')
+    before = out.read_text()
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert "line 2 is not a result record" in capsys.readouterr().err
+    assert out.read_text() == before
+
+
+def test_bad_lines_and_missing_fields_are_rows_with_errors_and_the_run_goes_on(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "a"}\n\n{"question": \n[1, 2]\n{"q": "x"}\n{"question": "boom"}\n{"question": "b"}\n')
+    assert run_job(tmp_path, "--input", rows) == 1
+    results = by_row(read_results(tmp_path / "out.jsonl"))
+    assert [results[i]["status"] for i in range(6)] == ["ok", "bad_input", "bad_input", "bad_input", "error", "ok"]
+    assert results[1]["error"].startswith("line 3: invalid JSON")
+    assert results[2]["error"].startswith("line 4: a row must be a JSON object")
+    assert results[3]["error"] == "line 5: missing field 'question' (the row has q)"
+    assert "model exploded" in results[4]["error"] and results[4]["line"] == 6
+    assert results[5]["variables"] == {"answer": "B"}
+    err = capsys.readouterr().err
+    assert "rows.jsonl line 3: invalid JSON" in err and "rows.jsonl line 5: missing field" in err
+
+
+def test_retry_errors_reruns_failed_rows_once(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "fine"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    assert run_job(tmp_path, "--input", rows) == 1  # errors count as done: nothing is rerun
+    assert len(read_results(tmp_path / "out.jsonl")) == 2
+    fixed = ScriptedBackend(lambda prompt, params: "OK")
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", backend=fixed) == 0
+    results = by_row(read_results(tmp_path / "out.jsonl"))
+    assert len(read_results(tmp_path / "out.jsonl")) == 2
+    assert results[0]["variables"] == {"answer": "OK"} and results[1]["variables"] == {"answer": "FINE"}
+
+
+def test_csv_rows_with_wrong_column_counts_are_reported_with_line_numbers(tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text('question,id\n"multi\nline",1\nonly-one\nc,3,extra\n\nd,4\n')
+    got = [(r.index, r.line, r.fields, r.error) for r in read_rows(rows)]
+    assert got == [
+        (0, 2, {"question": "multi\nline", "id": "1"}, None),
+        (1, 4, None, "line 4: 1 values for 2 columns (question, id)"),
+        (2, 5, None, "line 5: 3 values for 2 columns (question, id)"),
+        (3, 7, {"question": "d", "id": "4"}, None),
+    ]
+    with pytest.raises(InputError, match="header"):
+        list(read_rows(write_rows(tmp_path / "empty.csv", [])))
+    with pytest.raises(InputError, match="--input-format"):
+        list(read_rows(tmp_path / "rows.txt"))
+
+
+def test_id_field_keys_rows_so_reordered_input_is_still_skipped(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": "a", "question": "x"}, {"id": "b", "question": "y"},
+                                                {"id": "a", "question": "z"}, {"question": "w"}])
+    assert run_job(tmp_path, "--input", rows, "--id-field", "id") == 1
+    results = read_results(tmp_path / "out.jsonl")
+    assert {r["id"]: r["variables"]["answer"] for r in results if r["status"] == "ok"} == {"a": "X", "b": "Y"}
+    bad = {r["row"]: r["error"] for r in results if r["status"] == "bad_input"}
+    assert bad == {2: "line 3: id 'a' appears again (first on line 1); ids must be unique",
+                   3: "line 4: no 'id' field (--id-field id)"}
+    write_rows(rows, [{"id": "c", "question": "v"}, {"id": "b", "question": "y"}, {"id": "a", "question": "x"}])
+    backend = ScriptedBackend(reply)
+    run_job(tmp_path, "--input", rows, "--id-field", "id", backend=backend)
+    assert [c for c in backend.calls if c[0] == "generate"][0][1][0].text.endswith("Q: v\nA:")
+    assert len([c for c in backend.calls if c[0] == "generate"]) == 1
+    with pytest.raises(StoreError, match="--id-field"):
+        ResultStore(tmp_path / "out.jsonl").open()
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_one_is_writing(tmp_path):
+    first = ResultStore(tmp_path / "out.jsonl")
+    first.open()
+    try:
+        with pytest.raises(StoreError, match="another run is writing"):
+            ResultStore(tmp_path / "out.jsonl").open()
+    finally:
+        first.close()
+    second = ResultStore(tmp_path / "out.jsonl")
+    second.open()
+    second.write({"row": 0, "status": "ok"})
+    with pytest.raises(StoreError, match="not written twice"):
+        second.write({"row": 0, "status": "ok"})
+    second.close()
+    assert json.loads((tmp_path / "out.jsonl").read_text()) == {"row": 0, "status": "ok"}
+
+
+def test_parameters_are_options_typed_like_their_defaults():
+    job = Job("", ["q"], argv=["--input", "x.jsonl", "--output", "y.jsonl", "--max-len", "3", "--greedy", "false",
+                               "--labels", "['a', 'b']", "--param-limit", "7"])
+    values = job.parameters(max_len=8, greedy=True, labels=None, style="terse", limit=1)
+    assert vars(values) == {"max_len": 3, "greedy": False, "labels": ["a", "b"], "style": "terse", "limit": 7}
+    assert job.args.limit is None  # a parameter named like a job option gets --param-NAME
+
+
+def test_output_that_is_the_input_file_is_refused(tmp_path, capsys):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(rows), "--no-progress"])
+    assert job.run(run_row, backend=ScriptedBackend(reply)) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert read_results(rows) == [{"question": "q"}]

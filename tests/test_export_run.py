@@ -1,0 +1,226 @@
+"""Exported scripts run for real (tiny checkpoint, in-process engine and ``lmnb serve``): the same
+greedy outputs as the notebook's cells, nothing lost or doubled after SIGKILL, per-row errors.
+
+Scripts run as ``__main__`` in the test process (``run_script``) except the one that is killed,
+which is a ``python job.py`` process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from helpers_export import (
+    NotebookRunner, example_values, jsonable, notebook, notebooks, read_results, run_script, script_env, write_rows,
+)
+from lmnb.export import export_notebook
+
+NOTEBOOKS = notebooks()
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_llama):
+    """The notebooks' reference: an IPython shell with the %%lm magic on the tiny checkpoint."""
+    import lmnb.api
+
+    saved = {k: os.environ.get(k) for k in ("LMNB_MODEL", "LMNB_VIEW")}
+    default_backend = lmnb.api._default_backend  # loading the extension replaces it
+    os.environ.update(LMNB_MODEL=str(tiny_llama), LMNB_VIEW="static")
+    r = NotebookRunner()
+    r.run_cell(f"%lm load {tiny_llama}")
+    yield r
+    lmnb.api._default_backend = default_backend
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def export(tmp_path, nb, **kw):
+    source, plan = export_notebook(nb, "nb.ipynb", "job.py", **kw)
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    return script, plan
+
+
+def rows_and_references(runner, nb, plan) -> tuple[list, list]:
+    """Input rows from the notebook's examples, and the notebook's captured variables for each:
+    the example itself, and (when the example sits in a setup cell) a variant of it."""
+    from lmnb.export.cells import Code
+
+    example = example_values(plan)
+    rows = [example]
+    injectable = all(any(f in c.string_assignments for c in plan.setup if isinstance(c, Code)) for f in plan.inputs)
+    if plan.inputs and injectable:
+        rows.append({k: f"{v} Tell me more." for k, v in example.items()})
+    refs = []
+    for i, row in enumerate(rows):
+        ns = runner.run(nb, plan, None if i == 0 else row)
+        refs.append({name: jsonable(ns[name]) for name in plan.captures if name in ns})
+    return rows, refs
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_exported_script_gives_the_notebooks_greedy_outputs(name, runner, tiny_llama, tmp_path):
+    nb = NOTEBOOKS[name]
+    script, plan = export(tmp_path, nb)
+    if not plan.row:  # no %%lm cell: the script runs the cells once, like the notebook
+        expected = runner.run(nb, plan)
+        code, err, namespace = run_script(script, model=tiny_llama)
+        assert code == 0, err
+        compared = [k for k in plan_names(plan) if is_json(expected.get(k))]
+        assert compared, "nothing to compare"
+        assert {k: jsonable(namespace[k]) for k in compared} == {k: jsonable(expected[k]) for k in compared}
+        return
+    rows, refs = rows_and_references(runner, nb, plan)
+    code, err, _ = run_script(script, "--input", write_rows(tmp_path / "rows.jsonl", rows), "--output",
+                              tmp_path / "out.jsonl", "--num-threads", 4, "--no-progress", model=tiny_llama)
+    assert code == 0, err
+    results = sorted(read_results(tmp_path / "out.jsonl"), key=lambda r: r["row"])
+    assert [r["status"] for r in results] == ["ok"] * len(rows)
+    for result, ref in zip(results, refs):
+        assert set(ref) <= set(result["variables"])
+        assert {k: result["variables"][k] for k in ref} == ref
+
+
+def plan_names(plan) -> list:
+    from lmnb.export.cells import Code
+
+    return [n for c in plan.cells if isinstance(c, Code) for n in c.assigns]
+
+
+def is_json(value) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return value is not None
+
+
+SLOW = notebook(
+    'question = "What is blue?"',
+    "%%lm --temperature 0\nQ: {question}\nA:{gen answer max_tokens=6}",
+    "import time\ntime.sleep(0.1)  # a per-row step slow enough to be killed in the middle",
+)
+
+
+def start_and_wait_for_lines(script, rows, out, env, lines: int) -> subprocess.Popen:
+    """``python job.py`` writing ``out``, returned once ``out`` holds ``lines`` complete lines."""
+    args = [sys.executable, str(script), "--input", str(rows), "--output", str(out), "--num-threads", "2", "--no-progress"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= lines:
+            break
+        time.sleep(0.01)
+    return proc
+
+
+def test_ctrl_c_then_sigkill_mid_run_then_rerun_writes_every_row_exactly_once(tiny_llama, tmp_path):
+    script, _ = export(tmp_path, SLOW)
+    n = 24
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"Question {i}?"} for i in range(n)])
+    code, err, _ = run_script(script, "--input", rows, "--output", tmp_path / "full.jsonl", "--num-threads", 2,
+                              "--no-progress", model=tiny_llama)
+    assert code == 0, err
+    out, env = tmp_path / "out.jsonl", script_env(tiny_llama)
+
+    # Ctrl-C: the rows already running finish and are written, then the run stops
+    proc = start_and_wait_for_lines(script, rows, out, env, 3)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    assert "stopped early" in proc.stderr.read()
+    after_ctrl_c = out.read_bytes()
+    assert after_ctrl_c.endswith(b"\n") and 3 <= after_ctrl_c.count(b"\n") < n
+
+    # SIGKILL: no chance to finish anything; as if it had cut the line it was writing
+    proc = start_and_wait_for_lines(script, rows, out, env, after_ctrl_c.count(b"\n") + 3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    written = out.read_bytes()
+    assert written.startswith(after_ctrl_c)
+    assert after_ctrl_c.count(b"\n") + 3 <= written.count(b"\n") < n, "the run was not killed in the middle"
+    out.write_bytes(written[: written.rfind(b"\n") + 1] + b'{"row": 23, "line": 24, "status": "ok", "vari')
+
+    code, err, _ = run_script(script, "--input", rows, "--output", out, "--num-threads", 2, "--no-progress",
+                              model=tiny_llama)
+    assert code == 0, err
+    assert "last line was incomplete" in err
+    results = read_results(out)
+    assert sorted(r["row"] for r in results) == list(range(n))
+    expected = {r["row"]: r["variables"] for r in read_results(tmp_path / "full.jsonl")}
+    assert {r["row"]: r["variables"] for r in results} == expected
+
+
+CHECKED = notebook(
+    'question = "Write a number"\npattern = "[0-9]+"',
+    "%%lm --temperature 0\n{question}:{gen number regex=pattern max_tokens=4}",
+)
+
+
+def test_bad_rows_and_a_missing_field_are_per_row_errors(tiny_llama, tmp_path):
+    script, plan = export(tmp_path, CHECKED)
+    assert plan.inputs == ("question", "pattern")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "One", "pattern": "[0-9]+"}\n'
+                    '{"question": "Two"}\n'  # no pattern
+                    '{"question": "Three", "pattern": "[0-9"}\n'  # a regex that does not compile
+                    '{"question": "Four",\n'
+                    '{"question": "Five", "pattern": "[a-z]+"}\n')
+    code, err, _ = run_script(script, "--input", rows, "--output", tmp_path / "out.jsonl", "--no-progress",
+                              model=tiny_llama)
+    assert code == 1, err
+    results = {r["row"]: r for r in read_results(tmp_path / "out.jsonl")}
+    assert [results[i]["status"] for i in range(5)] == ["ok", "bad_input", "error", "bad_input", "ok"]
+    assert results[1]["error"] == "line 2: missing field 'pattern' (the row has question)"
+    assert "regex" in results[2]["error"].lower() and results[2]["line"] == 3
+    assert results[3]["error"].startswith("line 4: invalid JSON")
+    assert results[0]["variables"]["number"].isdigit() and results[4]["variables"]["number"].isalpha()
+    assert "rows.jsonl line 2: missing field 'pattern'" in err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_script_against_lmnb_serve_gives_the_same_results(runner, tiny_llama, tmp_path):
+    """The same scripts on a server: SGLang's native protocol, and the OpenAI-compatible API."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),
+                               "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning"],
+                              env=script_env(tiny_llama), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "lmnb serve did not start"
+            time.sleep(0.2)
+        for name, backend in (("builtin:qa", [url]), ("builtin:chat", [url + "/v1", "--openai", "tiny"])):
+            nb = NOTEBOOKS[name]
+            script, plan = export(tmp_path, nb)
+            rows, refs = rows_and_references(runner, nb, plan)
+            out = tmp_path / f"{name.split(':')[1]}.jsonl"
+            code, err, _ = run_script(script, "--input", write_rows(tmp_path / "rows.jsonl", rows), "--output",
+                                      out, "--backend", *backend, "--no-progress", model=tiny_llama)
+            assert code == 0, err
+            results = sorted(read_results(out), key=lambda r: r["row"])
+            assert [{k: r["variables"][k] for k in ref} for r, ref in zip(results, refs)] == refs, name
+    finally:
+        server.terminate()
+        server.wait(30)
