@@ -1,0 +1,38 @@
+"""lmnb_kernel — the Jupyter side of lmnb: ``%%lm`` cells, the ``lmnb`` kernel, ``lmnb run``.
+
+Everything lives in an IPython extension, so ``%load_ext lmnb_kernel`` gives any IPython kernel the
+magics; the ``lmnb`` kernel (``lmnb_kernel.kernel``) is a thin ``IPythonKernel`` that loads it.
+"""
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(shell) -> None:
+    """Register ``%%lm`` / ``%lm``, the clean error display and the tree refresh hook, and make
+    the session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine)."""
+    import lmnb
+
+    from lmnb_kernel.errors import CellError, show_cell_error
+    from lmnb_kernel.magics import LMMagics
+    from lmnb_kernel.session import SessionBackend, get_session
+
+    lmnb.set_default_backend(SessionBackend(get_session()))
+
+    magics = LMMagics(shell)
+    shell.register_magics(magics)
+    shell.set_custom_exc((CellError,), show_cell_error)
+    shell.events.register("post_run_cell", magics.refresh_tree)
+    shell._lmnb_magics = magics
+
+
+def unload_ipython_extension(shell) -> None:
+    """Remove the hook, the error handler and lmnb's default backend (set at load); the session
+    (engine, states) stays for a reload."""
+    import lmnb
+
+    magics = getattr(shell, "_lmnb_magics", None)
+    if magics is not None:
+        shell.events.unregister("post_run_cell", magics.refresh_tree)
+        shell.set_custom_exc((), None)
+        del shell._lmnb_magics
+    lmnb.set_default_backend(None)

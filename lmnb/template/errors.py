@@ -1,0 +1,45 @@
+"""Errors of the ``%%lm`` cell language, each pointing at a line and column of the cell."""
+
+from __future__ import annotations
+
+
+def line_col(source: str, offset: int, first_line: int = 1) -> tuple[int, int]:
+    """1-based (line, column) of character ``offset`` in ``source``; ``first_line`` numbers line 1."""
+    offset = max(0, min(offset, len(source)))
+    line = source.count("\n", 0, offset)
+    col = offset - (source.rfind("\n", 0, offset) + 1) + 1
+    return line + first_line, col
+
+
+class TemplateError(Exception):
+    """A problem located in a cell: ``line``/``col`` (1-based) say where, ``message`` says what.
+
+    ``str(err)`` is ``"line L, col C: message"`` followed by the offending source line with a caret
+    under the column and, when there is one, a hint that says how to fix it.
+    """
+
+    kind = "error"
+
+    def __init__(self, message: str, source: str, offset: int, first_line: int = 1, hint: str | None = None):
+        self.message = message
+        self.hint = hint
+        self.line, self.col = line_col(source, offset, first_line)
+        lines = source.split("\n")
+        self.source_line = lines[self.line - first_line] if 0 <= self.line - first_line < len(lines) else ""
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        out = f"line {self.line}, col {self.col}: {self.message}"
+        if self.source_line.strip():
+            out += f"\n    {self.source_line}\n    {' ' * (self.col - 1)}^"
+        if self.hint:
+            out += f"\n  hint: {self.hint}"
+        return out
+
+
+class TemplateSyntaxError(TemplateError, ValueError):
+    """The cell does not follow the grammar (docs/CELL_LANGUAGE.md); raised by ``parse``."""
+
+
+class TemplateRuntimeError(TemplateError, RuntimeError):
+    """An expression in a hole failed while the program ran (the cause is chained as ``__cause__``)."""

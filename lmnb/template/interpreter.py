@@ -1,0 +1,116 @@
+"""Face 1: run a ``Template``'s syntax tree as the body of an lmnb program.
+
+Each node issues the lmnb call that ``codegen`` writes for it (see the mapping table in
+docs/CELL_LANGUAGE.md); a test runs both faces on a recording state and compares the calls.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from lmnb.template.errors import TemplateRuntimeError
+from lmnb.template.nodes import Expr, Fork, Interp, Primitive, Role, Text, statements
+
+
+def execute(template, s, arguments: dict[str, Any]) -> None:
+    """Run ``template`` on program state ``s``; ``arguments`` maps kernel variable names to values."""
+    _Run(template, arguments).block(s, template.body, {})
+
+
+class _Run:
+    def __init__(self, template, arguments: dict[str, Any]):
+        self.t = template
+        self.args = arguments
+
+    def block(self, s, nodes, local: dict[str, Any]) -> None:
+        run: list = []
+        for node in nodes:
+            if isinstance(node, (Text, Interp)):
+                run.append(node)
+                continue
+            self.text(s, run, local)
+            run = []
+            if isinstance(node, Primitive):
+                s += self.primitive(node, s, local)
+            elif isinstance(node, Role):
+                self.role(node, s, local)
+            elif isinstance(node, Fork):
+                self.fork(node, s, local)
+        self.text(s, run, local)
+
+    def text(self, s, run: list, local) -> None:
+        for group in statements(run) if run else ():
+            s += "".join(n.text if isinstance(n, Text) else self.interp(n, s, local) for n in group)
+
+    def primitive(self, node: Primitive, s, local):
+        import lmnb
+
+        kwargs = {o.key: self.value(o.value, s, local) for o in node.options}
+        fn = getattr(lmnb, node.primitive)
+        return fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
+
+    def role(self, node: Role, s, local) -> None:
+        import lmnb
+
+        if node.simple:
+            parts = [n.text if isinstance(n, Text) else self.interp(n, s, local) for n in node.body]
+            s += getattr(lmnb, node.role)("".join(parts))
+            return
+        s += getattr(lmnb, f"{node.role}_begin")()
+        self.block(s, node.body, local)
+        s += getattr(lmnb, f"{node.role}_end")()
+
+    def fork(self, node: Fork, s, local) -> None:
+        if node.count is not None:
+            forks = s.fork(self.value(node.count, s, local))
+            for f in forks:
+                self.block(f, node.body, local)
+        else:
+            items = list(self.value(node.items, s, local))
+            forks = s.fork(len(items))
+            for f, item in zip(forks, items):
+                inner = dict(local)
+                try:
+                    _bind(node.target, item, inner)
+                except (TypeError, ValueError) as e:
+                    raise TemplateRuntimeError(
+                        f"fork target: {e}", self.t.source, node.items.offset, self.t.first_line
+                    ) from e
+                self.block(f, node.body, inner)
+        if node.join == "gather_variable":
+            forks.join()
+        else:
+            forks.join(node.join)
+
+    def interp(self, node: Interp, s, local) -> str:
+        value = self.value(node.expr, s, local)
+        try:
+            return node.render(value)
+        except (TypeError, ValueError) as e:
+            raise TemplateRuntimeError(
+                f"cannot format {{{node.expr.source}}}: {e}", self.t.source, node.offset, self.t.first_line
+            ) from e
+
+    def value(self, expr: Expr, s, local: dict[str, Any]):
+        env: dict[str, Any] = {"__builtins__": builtins}
+        try:
+            for name, kind in expr.refs:
+                env[name] = local[name] if kind == "local" else s[name] if kind == "var" else self.args[name]
+            return eval(expr.code, env)
+        except Exception as e:
+            raise TemplateRuntimeError(
+                f"{{{expr.source}}} failed: {type(e).__name__}: {e}", self.t.source, expr.offset, self.t.first_line
+            ) from e
+
+
+def _bind(target, value, into: dict[str, Any]) -> None:
+    """Bind a fork target to one item with Python's unpacking rules."""
+    if isinstance(target, str):
+        into[target] = value
+        return
+    values = list(value)
+    if len(values) != len(target):
+        raise ValueError(f"cannot unpack {len(values)} values into {len(target)} fork targets")
+    for t, v in zip(target, values):
+        _bind(t, v, into)

@@ -1,0 +1,41 @@
+"""Which options ``{gen ...}`` and ``{select ...}`` accept, and parse-time checks of literal values.
+
+The option names are exactly the keyword parameters of ``lmnb.gen`` and ``lmnb.select`` (read from
+their signatures), so a template option means what the same keyword means in Python.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+
+
+def allowed(primitive: str) -> tuple[str, ...]:
+    """Keyword options of ``lmnb.<primitive>`` other than ``name``, in signature order."""
+    import lmnb
+
+    params = inspect.signature(getattr(lmnb, primitive)).parameters.values()
+    return tuple(p.name for p in params if p.name != "name" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def check_literal(primitive: str, key: str, value) -> str | None:
+    """A message if a literal option value is certainly wrong, else None."""
+    if key == "regex":
+        if not isinstance(value, str):
+            return f"regex must be a string, got {type(value).__name__}"
+        try:
+            re.compile(value)
+        except re.error as e:
+            return f"invalid regex: {e}"
+    elif key == "json_schema" and isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as e:
+            return f"json_schema is not valid JSON: {e}"
+    elif key == "choices":
+        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
+            return "choices must be a non-empty list of strings"
+    elif key in ("max_tokens", "min_tokens") and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return f"{key} must be an integer >= 0, got {value!r}"
+    return None

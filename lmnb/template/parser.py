@@ -1,0 +1,494 @@
+"""Parse a ``%%lm`` cell body into a ``Template`` (grammar: docs/CELL_LANGUAGE.md).
+
+One pass over the pieces from ``scanner.scan`` with a stack of open blocks. Names read by
+expressions are resolved while parsing, because the answer depends on what came before: a fork
+target, a variable captured earlier in the same state, or else a kernel variable.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from lmnb.template import options as opts
+from lmnb.template.errors import TemplateSyntaxError
+from lmnb.template.nodes import (
+    Expr, Fork, Interp, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
+)
+from lmnb.template.scanner import decode_text, scan, top_level
+
+ROLES = ("system", "user", "assistant")
+KEYWORDS = ("gen", "select", "fork", "join") + ROLES
+_BLOCK_OPEN = {"role", "fork"}
+_BLOCK_CLOSE = {"close_role", "join"}
+_WORD = re.compile(r"(\s*)(/?)([A-Za-z_][A-Za-z_0-9]*)")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+# Builtins an expression may call without the kernel defining them. Other builtin names
+# (input, format, type, id, ...) are treated as kernel variables: they are common variable names.
+BUILTIN_NAMES = frozenset(
+    "abs all any bool dict enumerate filter float int isinstance len list map max min range "
+    "repr reversed round set sorted str sum tuple zip".split()
+)
+
+
+@dataclass
+class _Scope:
+    """Names visible in one program state: the top-level state or one fork branch."""
+
+    parent: "_Scope | None" = None
+    locals: set = field(default_factory=set)  # fork targets bound by this branch
+    vars: set = field(default_factory=set)  # readable as state[name]
+    captured: list = field(default_factory=list)  # captured in this state, in order
+
+    def child(self) -> "_Scope":
+        return _Scope(parent=self, vars=set(self.vars))
+
+    def is_local(self, name: str) -> bool:
+        scope: _Scope | None = self
+        while scope is not None:
+            if name in scope.locals:
+                return True
+            scope = scope.parent
+        return False
+
+    def capture(self, name: str) -> None:
+        self.vars.add(name)
+        if name not in self.captured:
+            self.captured.append(name)
+
+
+@dataclass
+class _Block:
+    kind: str  # "role" | "fork"
+    offset: int
+    role: str | None = None
+    fork: dict | None = None  # count / target / items of an open fork
+    children: list = field(default_factory=list)
+    outer_scope: _Scope | None = None
+
+
+def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> "Template":
+    """Parse a cell body. ``first_line`` is the cell line of the body's first line (2 under ``%%lm``).
+
+    Returns a ``Template``. Raises ``TemplateSyntaxError`` (with line and column) for any cell that
+    does not follow the grammar.
+    """
+    from lmnb.template.template import Template
+
+    return Template(**_Parser(source.replace("\r\n", "\n"), first_line, filename).run())
+
+
+class _Parser:
+    def __init__(self, source: str, first_line: int, filename: str):
+        self.src = source
+        self.first_line = first_line
+        self.filename = filename
+        self.scope = _Scope()
+        self.top = self.scope
+        self.stack: list[_Block] = []
+        self.root: list[Node] = []
+        self.arguments: dict[str, int] = {}  # kernel variable -> offset of first use
+
+    # -- errors ---------------------------------------------------------------------------------
+    def error(self, message: str, offset: int, hint: str | None = None) -> TemplateSyntaxError:
+        return TemplateSyntaxError(message, self.src, offset, self.first_line, hint)
+
+    def where(self, offset: int) -> str:
+        from lmnb.template.errors import line_col
+
+        line, col = line_col(self.src, offset, self.first_line)
+        return f"line {line}, col {col}"
+
+    # -- driver ---------------------------------------------------------------------------------
+    def run(self) -> dict:
+        pieces = scan(self.src, self.first_line)
+        holes = {p.start: self.classify(p.start, p.end) for p in pieces if p.kind == "hole"}
+        deleted = self.standalone_lines(pieces, holes)
+        for p in pieces:
+            if p.kind == "text":
+                kept = [i for i in range(p.start, p.end) if not deleted[i]]
+                if kept:
+                    raw = "".join(self.src[i] for i in kept)
+                    self.emit(Text(decode_text(raw), kept[0]))
+            else:
+                self.hole(p.start, p.end, *holes[p.start])
+        if self.stack:
+            b = self.stack[-1]
+            close = "{join}" if b.kind == "fork" else "{/" + b.role + "}"
+            opener = "{fork}" if b.kind == "fork" else "{" + b.role + "}"
+            raise self.error(f"{opener} is never closed", b.offset, hint=f"add {close} where the block ends")
+        return dict(
+            source=self.src,
+            body=tuple(self.root),
+            arguments=tuple(self.arguments),
+            argument_offsets=dict(self.arguments),
+            captures=tuple(self.top.captured),
+            first_line=self.first_line,
+            filename=self.filename,
+        )
+
+    def emit(self, node: Node) -> None:
+        (self.stack[-1].children if self.stack else self.root).append(node)
+
+    # -- lexical classification of holes --------------------------------------------------------
+    def classify(self, start: int, end: int) -> tuple[str, int, str]:
+        """(kind, offset of the rest, rest): kind is expr, gen, select, role, close_role, fork, join."""
+        body = self.src[start + 1 : end - 1]
+        m = _WORD.match(body)
+        if body.lstrip().startswith("/") and not (m and m.group(2)):
+            raise self.error("expected a closing tag such as {/user}", start)
+        if not m:
+            return "expr", start + 1, body
+        word, slash = m.group(3), m.group(2)
+        rest_at = start + 1 + m.end()
+        rest = body[m.end() :]
+        if slash:
+            if word == "fork":
+                raise self.error("a fork is closed with {join}, not {/fork}", start)
+            if word not in ROLES:
+                raise self.error(f"unknown closing tag {{/{word}}}", start, hint="closing tags are {/system}, {/user}, {/assistant}")
+            if rest.strip():
+                raise self.error(f"{{/{word}}} takes no options", rest_at + _lead(rest))
+            return "close_role", rest_at, word
+        if word not in KEYWORDS or (rest and not rest[0].isspace()):
+            return "expr", start + 1, body
+        if word in ROLES:
+            if rest.strip():
+                raise self.error(
+                    f"{{{word}}} takes no options", rest_at + _lead(rest),
+                    hint=f"put the {word} text between {{{word}}} and {{/{word}}}",
+                )
+            return "role", rest_at, word
+        return word, rest_at, rest
+
+    def standalone_lines(self, pieces, holes) -> bytearray:
+        """Mark characters removed around block tags that stand alone on their line.
+
+        Such a tag takes its whole line with it (indentation, tag, line break); a closing tag also
+        takes the line break that ends the block's last line, so a block holds exactly the lines
+        between its tags.
+        """
+        src = self.src
+        deleted = bytearray(len(src))
+        for p in pieces:
+            if p.kind != "hole":
+                continue
+            kind = holes[p.start][0]
+            if kind not in _BLOCK_OPEN | _BLOCK_CLOSE:
+                continue
+            ls = src.rfind("\n", 0, p.start) + 1
+            le = src.find("\n", p.end)
+            le = len(src) if le < 0 else le
+            if src[ls : p.start].strip() or src[p.end : le].strip():
+                continue
+            for i in range(ls, min(le + 1, len(src))):
+                deleted[i] = 1
+            if kind in _BLOCK_CLOSE and ls > 0:
+                deleted[ls - 1] = 1
+        return deleted
+
+    # -- holes ----------------------------------------------------------------------------------
+    def hole(self, start: int, end: int, kind: str, rest_at: int, rest: str) -> None:
+        if kind == "expr":
+            if not rest.strip():
+                raise self.error("empty hole '{}'", start, hint="write '{{}}' for literal braces")
+            self.interp(start, rest_at, rest)
+        elif kind in ("gen", "select"):
+            self.primitive(kind, start, rest_at, rest)
+        elif kind == "role":
+            self.open_role(rest, start)
+        elif kind == "close_role":
+            self.close_role(rest, start)
+        elif kind == "fork":
+            self.open_fork(start, rest_at, rest)
+        elif kind == "join":
+            self.join(start, rest_at, rest)
+
+    def interp(self, start: int, rest_at: int, rest: str) -> None:
+        """``{expr}`` with an optional ``!r``/``!s``/``!a`` conversion and ``:spec``, as in f-strings."""
+        conversion, spec, end = None, "", len(rest)
+        for i, c in top_level(rest):
+            nxt = rest[i + 1 : i + 2]
+            if c == "!" and nxt != "=":
+                end = i
+                conversion = nxt
+                tail = rest[i + 2 :]
+                if conversion not in ("r", "s", "a") or (tail.strip() and not tail.startswith(":")):
+                    raise self.error("a conversion is !r, !s or !a", rest_at + i)
+                spec = tail[1:] if tail.startswith(":") else ""
+                break
+            if c == ":" and nxt != "=":
+                end, spec = i, rest[i + 1 :]
+                break
+        if "{" in spec or "}" in spec:
+            raise self.error("nested fields in a format spec are not supported", rest_at + rest.index("{", end) if "{" in spec else rest_at + end)
+        expr = self.expr(rest[:end], rest_at, hint_braces=True)
+        if spec and isinstance(expr.tree.body, ast.Constant):
+            # {"a": 1} parses as the constant "a" with format spec " 1": almost surely JSON text.
+            raise self.error(
+                "this hole looks like JSON or a dict, not an interpolation", start,
+                hint="to write literal braces, double them: '{{' and '}}'",
+            )
+        self.emit(Interp(expr, start, conversion, spec))
+
+    def primitive(self, kind: str, start: int, rest_at: int, rest: str) -> None:
+        allowed = opts.allowed(kind)
+        starts = _option_starts(rest)
+        head_end = starts[0][0] if starts else len(rest)
+        head = rest[:head_end].strip().rstrip(",").strip()
+        name = None
+        if head:
+            if not (_IDENT.fullmatch(head) and head not in KEYWORDS):
+                raise self.error(
+                    f"expected {{{kind} NAME option=value ...}}; {head!r} is not a variable name",
+                    rest_at + _lead(rest),
+                    hint="the name is a bare identifier (no quotes); options are written key=value",
+                )
+            name = head
+        options: list[Option] = []
+        seen: set[str] = set()
+        for k, (at, key, eq) in enumerate(starts):
+            stop = starts[k + 1][0] if k + 1 < len(starts) else len(rest)
+            if key not in allowed:
+                close = _close_match(key, allowed)
+                raise self.error(
+                    f"{kind} has no option {key!r}" + (f"; did you mean {close!r}?" if close else ""),
+                    rest_at + at, hint=f"{kind} options: {', '.join(allowed)}",
+                )
+            if key in seen:
+                raise self.error(f"option {key!r} is given twice", rest_at + at)
+            seen.add(key)
+            value = rest[eq + 1 : stop].rstrip()
+            if value.endswith(","):
+                value = value[:-1]
+            if not value.strip():
+                raise self.error(f"option {key!r} has no value", rest_at + eq)
+            expr = self.expr(value, rest_at + eq + 1)
+            self.check_literal(kind, key, expr)
+            options.append(Option(key, expr, rest_at + at))
+        if kind == "select" and "choices" not in seen:
+            raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
+        if name is not None:
+            self.capture(name, start)
+        self.emit(Primitive(kind, name, tuple(options), start))
+
+    def check_literal(self, kind: str, key: str, expr: Expr) -> None:
+        """Catch mistakes in literal option values at parse time, pointing at the value."""
+        try:
+            value = ast.literal_eval(expr.tree.body)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return  # not a literal: checked by lmnb when the program runs
+        problem = opts.check_literal(kind, key, value)
+        if problem:
+            raise self.error(problem, expr.offset)
+
+    def capture(self, name: str, offset: int) -> None:
+        if self.scope.is_local(name):
+            raise self.error(f"{name!r} is a fork target here; capture into another name", offset)
+        self.scope.capture(name)
+
+    def open_role(self, role: str, start: int) -> None:
+        for b in reversed(self.stack):
+            if b.kind == "role":
+                raise self.error(
+                    f"roles cannot nest: {{{b.role}}} opened at {self.where(b.offset)} is still open",
+                    start, hint=f"close it with {{/{b.role}}} before {{{role}}}",
+                )
+        self.stack.append(_Block("role", start, role=role))
+
+    def close_role(self, role: str, start: int) -> None:
+        if not self.stack:
+            raise self.error(f"{{/{role}}} without an open {{{role}}}", start)
+        b = self.stack[-1]
+        if b.kind == "fork":
+            raise self.error(
+                f"{{/{role}}} inside the {{fork}} opened at {self.where(b.offset)}",
+                start, hint="close the fork with {join} first, or open the role inside the fork",
+            )
+        if b.role != role:
+            raise self.error(
+                f"{{/{role}}} does not match {{{b.role}}} opened at {self.where(b.offset)}",
+                start, hint=f"close it with {{/{b.role}}}",
+            )
+        self.stack.pop()
+        self.emit(Role(role, tuple(b.children), b.offset))
+
+    def open_fork(self, start: int, rest_at: int, rest: str) -> None:
+        if not rest.strip():
+            raise self.error("{fork} needs a branch count or 'NAME in ITEMS'", start, hint="e.g. {fork 3} or {fork tip in tips}")
+        split = next((i for i, _ in top_level(rest) if _is_in_keyword(rest, i)), None)
+        count = items = target = None
+        if split is None:
+            count = self.expr(rest, rest_at)
+            try:
+                n = ast.literal_eval(count.tree.body)
+            except (ValueError, TypeError, SyntaxError):
+                n = None
+            if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+                raise self.error(f"fork count must be an integer >= 1, got {n!r}", count.offset)
+        else:
+            target = self.target(rest[:split], rest_at)
+            items = self.expr(rest[split + 2 :], rest_at + split + 2)
+        outer = self.scope
+        self.scope = outer.child()
+        if target is not None:
+            self.scope.locals.update(target_names(target))
+        self.stack.append(_Block("fork", start, fork=dict(count=count, target=target, items=items), outer_scope=outer))
+
+    def target(self, text: str, offset: int) -> Target:
+        lead = _lead(text)
+        try:
+            tree = ast.parse("(" + text.strip() + ")", mode="eval").body
+        except SyntaxError:
+            tree = None
+
+        def convert(node) -> Target:
+            if isinstance(node, ast.Name):
+                return node.id
+            if isinstance(node, ast.Tuple) and node.elts:
+                return tuple(convert(e) for e in node.elts)
+            raise ValueError
+
+        try:
+            return convert(tree)
+        except ValueError:
+            raise self.error(
+                "a fork target must be a name or a tuple of names", offset + lead,
+                hint="e.g. {fork tip in tips} or {fork i, tip in enumerate(tips)}",
+            ) from None
+
+    def join(self, start: int, rest_at: int, rest: str) -> None:
+        word = rest.strip()
+        if word not in ("", "concat"):
+            raise self.error("expected {join} or {join concat}", rest_at + _lead(rest))
+        if not self.stack or self.stack[-1].kind != "fork":
+            if self.stack:
+                b = self.stack[-1]
+                raise self.error(
+                    f"{{join}} inside {{{b.role}}} opened at {self.where(b.offset)}", start,
+                    hint=f"close the role with {{/{b.role}}} before {{join}}",
+                )
+            raise self.error("{join} without an open {fork}", start)
+        b = self.stack.pop()
+        branch, outer = self.scope, b.outer_scope
+        self.scope = outer
+        # Both join modes gather the branch variables into lists (concat also appends the text).
+        for name in branch.captured:
+            if name in outer.vars:
+                raise self.error(
+                    f"{name!r} is captured in the fork branches but already exists before the fork; "
+                    "the join would replace it with the list of branch values",
+                    start, hint="capture the branch values under a new name",
+                )
+            outer.capture(name)
+        mode = "concate_and_append" if word == "concat" else "gather_variable"
+        self.emit(Fork(b.fork["count"], b.fork["target"], b.fork["items"], tuple(b.children), mode, b.offset))
+
+    # -- expressions ----------------------------------------------------------------------------
+    def expr(self, text: str, offset: int, hint_braces: bool = False) -> Expr:
+        lead = _lead(text)
+        source = text.strip()
+        at = offset + lead
+        if not source:
+            raise self.error("empty expression", offset)
+        wrapped = "(" + source + ")"
+        try:
+            tree = ast.parse(wrapped, mode="eval")
+        except SyntaxError as e:
+            pos = at + _syntax_offset(source, e)
+            hint = "to write literal braces, double them: '{{' and '}}'" if hint_braces else None
+            raise self.error(f"invalid Python expression: {e.msg}", pos, hint=hint) from None
+        refs: list[tuple[str, RefKind]] = []
+        for name, node in _free_names(tree):
+            if any(r[0] == name for r in refs):
+                continue
+            kind = self.resolve(name, at + _node_offset(wrapped, node) - (node.lineno == 1))
+            if kind is not None:
+                refs.append((name, kind))
+        code = compile(tree, self.filename, "eval")
+        return Expr(source, at, tuple(refs), tree, code)
+
+    def resolve(self, name: str, offset: int) -> RefKind | None:
+        if self.scope.is_local(name):
+            return "local"
+        if name in self.scope.vars:
+            return "var"
+        if name in BUILTIN_NAMES:
+            return None
+        self.arguments.setdefault(name, offset)
+        return "arg"
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _lead(text: str) -> int:
+    return len(text) - len(text.lstrip())
+
+
+def _is_in_keyword(text: str, i: int) -> bool:
+    if text[i : i + 2] != "in":
+        return False
+    before = text[i - 1] if i > 0 else " "
+    after = text[i + 2] if i + 2 < len(text) else " "
+    return not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_")
+
+
+def _option_starts(rest: str) -> list[tuple[int, str, int]]:
+    """(offset, key, offset of '=') of each top-level ``key=`` in a primitive's option text."""
+    found = []
+    for i, c in top_level(rest):
+        if not (c.isalpha() or c == "_"):
+            continue
+        if i > 0 and not (rest[i - 1].isspace() or rest[i - 1] == ","):
+            continue
+        m = _IDENT.match(rest, i)
+        j = m.end()
+        while j < len(rest) and rest[j] in " \t":
+            j += 1
+        if rest.startswith("=", j) and not rest.startswith("==", j):
+            found.append((i, m.group(0), j))
+    return found
+
+
+def _close_match(word: str, options) -> str | None:
+    import difflib
+
+    close = difflib.get_close_matches(word, options, n=1)
+    return close[0] if close else None
+
+
+def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:
+    """(name, node) of names an expression reads from outside itself, in source order."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            for g in node.generators:
+                bound.update(n.id for n in ast.walk(g.target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Lambda):
+            a = node.args
+            bound.update(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
+            bound.update(x.arg for x in (a.vararg, a.kwarg) if x is not None)
+        elif isinstance(node, ast.NamedExpr):
+            bound.add(node.target.id)
+    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    names.sort(key=lambda n: (n.lineno, n.col_offset))
+    return [(n.id, n) for n in names if n.id not in bound]
+
+
+def _node_offset(text: str, node: ast.AST) -> int:
+    """Character offset in ``text`` of an AST node (ast columns count UTF-8 bytes)."""
+    lines = text.split("\n")
+    line = lines[node.lineno - 1]
+    col = len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace"))
+    return sum(len(x) + 1 for x in lines[: node.lineno - 1]) + col
+
+
+def _syntax_offset(source: str, err: SyntaxError) -> int:
+    """Offset in ``source`` of a SyntaxError raised while parsing ``"(" + source + ")"``."""
+    lineno = err.lineno or 1
+    col = (err.offset or 1) - 1 - (1 if lineno == 1 else 0)
+    lines = source.split("\n")
+    lineno = min(lineno, len(lines))
+    col = max(0, min(col, len(lines[lineno - 1])))
+    return sum(len(x) + 1 for x in lines[: lineno - 1]) + col

@@ -1,0 +1,79 @@
+"""``%%lm --python``: a cell body that is the body of an lmnb program with an implicit state ``s``."""
+
+from __future__ import annotations
+
+import ast
+import io
+import sys
+import tokenize
+from dataclasses import dataclass, field
+
+from lmnb.template.errors import TemplateSyntaxError
+
+
+@dataclass(frozen=True)
+class PythonCell:
+    """A parsed Python-mode cell. ``source`` is the body; ``first_line`` the cell line of its line 1."""
+
+    source: str
+    first_line: int = 1
+    filename: str = "<%%lm cell>"
+    tree: ast.Module = field(default=None, compare=False, repr=False)
+
+    def program(self, namespace: dict, name: str = "cell"):
+        """An ``lmnb.function`` ``name(s)`` whose body is the cell; globals are ``namespace``.
+
+        Line numbers in tracebacks are cell line numbers (under ``filename``).
+        """
+        import lmnb
+
+        func = ast.FunctionDef(
+            name=name,
+            args=ast.arguments(posonlyargs=[], args=[ast.arg("s")], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=list(self.tree.body) or [ast.Pass()],
+            decorator_list=[],
+            returns=None,
+        )
+        if sys.version_info >= (3, 12):
+            func.type_params = []
+        module = ast.Module(body=[func], type_ignores=[])
+        ast.copy_location(func, self.tree.body[0] if self.tree.body else ast.Pass(lineno=self.first_line, col_offset=0))
+        ast.fix_missing_locations(module)
+        local: dict = {}
+        exec(compile(module, self.filename, "exec"), namespace, local)
+        return lmnb.function(local[name])
+
+    def to_python(self, name: str = "cell", parameters: tuple[str, ...] = ()) -> str:
+        """Source of ``@lmnb.function def <name>(s, *parameters): <body>``; multi-line strings keep
+        their text. ``parameters`` turn names the body reads from globals into arguments (the
+        exporter passes a batch row's fields this way)."""
+        body = _indent(self.source.rstrip("\n")) if self.source.strip() else "    pass"
+        return f"@lmnb.function\ndef {name}({', '.join(['s', *parameters])}):\n{body}\n"
+
+
+def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> PythonCell:
+    """Parse a ``%%lm --python`` body. Raises ``TemplateSyntaxError`` with the cell line and column."""
+    source = source.replace("\r\n", "\n")
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as e:
+        lines = source.split("\n")
+        lineno = min(max(e.lineno or 1, 1), len(lines))
+        offset = sum(len(x) + 1 for x in lines[: lineno - 1]) + max((e.offset or 1) - 1, 0)
+        raise TemplateSyntaxError(f"invalid Python: {e.msg}", source, offset, first_line) from None
+    ast.increment_lineno(tree, first_line - 1)
+    return PythonCell(source, first_line, filename, tree)
+
+
+def _indent(source: str) -> str:
+    """Indent each line by four spaces, except lines that continue a multi-line string literal."""
+    inside: set[int] = set()  # 1-based lines that start inside a string token
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+                inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return "\n".join(
+        line if (i in inside or not line) else "    " + line for i, line in enumerate(source.split("\n"), start=1)
+    )

@@ -1,0 +1,135 @@
+"""Split cell text into literal text and ``{...}`` holes.
+
+Follows Python's ``str.format`` conventions for braces: ``{{`` and ``}}`` are literal braces, a lone
+``}`` is an error. Inside a hole the text is Python, so quotes open string literals (whose braces do
+not count) and brackets nest: ``{gen n regex=r"\\d{3}"}`` is one hole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmnb.template.errors import TemplateSyntaxError
+
+_OPEN = "([{"
+_CLOSE = {")": "(", "]": "[", "}": "{"}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of raw text (``kind="text"``) or a hole (``kind="hole"``) at ``source[start:end]``.
+
+    For a hole, ``start`` is the ``{`` and ``end`` is one past the closing ``}``.
+    """
+
+    kind: str
+    start: int
+    end: int
+
+
+def scan(source: str, first_line: int = 1) -> list[Piece]:
+    """Pieces covering ``source`` in order. Raises ``TemplateSyntaxError`` for lone or unclosed braces."""
+    pieces: list[Piece] = []
+    i = text_start = 0
+    n = len(source)
+    while i < n:
+        c = source[i]
+        if c == "{":
+            if source.startswith("{{", i):
+                i += 2
+                continue
+            end = hole_end(source, i, first_line)
+            if text_start < i:
+                pieces.append(Piece("text", text_start, i))
+            pieces.append(Piece("hole", i, end))
+            i = text_start = end
+        elif c == "}":
+            if source.startswith("}}", i):
+                i += 2
+                continue
+            raise TemplateSyntaxError(
+                "single '}' outside a hole", source, i, first_line, hint="write '}}' for a literal '}'"
+            )
+        else:
+            i += 1
+    if text_start < n:
+        pieces.append(Piece("text", text_start, n))
+    return pieces
+
+
+def decode_text(raw: str) -> str:
+    """Literal text of a raw text run: ``{{`` → ``{`` and ``}}`` → ``}``."""
+    return raw.replace("{{", "{").replace("}}", "}")
+
+
+def hole_end(source: str, start: int, first_line: int = 1) -> int:
+    """Index one past the ``}`` that closes the hole opened at ``source[start] == "{"``."""
+    stack: list[tuple[str, int]] = []
+    j = start + 1
+    while j < len(source):
+        c = source[j]
+        if c in "'\"":
+            j = string_end(source, j, first_line)
+            continue
+        if c in _OPEN:
+            stack.append((c, j))
+        elif c in _CLOSE:
+            if not stack:
+                if c == "}":
+                    return j + 1
+                raise TemplateSyntaxError(f"unmatched '{c}' in hole", source, j, first_line)
+            opener, at = stack.pop()
+            if opener != _CLOSE[c]:
+                raise TemplateSyntaxError(
+                    f"'{c}' does not match '{opener}' opened at col {at - source.rfind(chr(10), 0, at)}",
+                    source, j, first_line,
+                )
+        j += 1
+    raise TemplateSyntaxError(
+        "'{' opens a hole that is never closed", source, start, first_line,
+        hint="close the hole with '}', or write '{{' for a literal '{'",
+    )
+
+
+def string_end(source: str, start: int, first_line: int = 1) -> int:
+    """Index one past the Python string literal whose opening quote is at ``start``.
+
+    A backslash always skips the next character (true for raw strings too, as far as finding the
+    end goes: ``r"\\""`` is one literal).
+    """
+    quote = source[start]
+    triple = source.startswith(quote * 3, start)
+    delim = quote * 3 if triple else quote
+    j = start + len(delim)
+    while j < len(source):
+        c = source[j]
+        if c == "\\":
+            j += 2
+            continue
+        if source.startswith(delim, j):
+            return j + len(delim)
+        if c == "\n" and not triple:
+            break
+        j += 1
+    raise TemplateSyntaxError("unterminated string literal in hole", source, start, first_line)
+
+
+def top_level(text: str):
+    """Yield ``(index, char)`` for characters of Python ``text`` outside strings and brackets."""
+    depth = 0
+    j = 0
+    while j < len(text):
+        c = text[j]
+        if c in "'\"":
+            try:
+                j = string_end(text, j)
+            except TemplateSyntaxError:
+                return
+            continue
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif depth == 0:
+            yield j, c
+        j += 1

@@ -1,0 +1,113 @@
+"""``Template``: a parsed ``%%lm`` cell with its two faces (a runnable program, Python source)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from lmnb.template.errors import TemplateRuntimeError, line_col
+from lmnb.template.nodes import Node
+
+# Names the generated code uses itself: the state ``s``, the ``lmnb`` module, and per fork depth d
+# the group ``forks{d}``, the branch state ``f{d}`` and the item list ``items{d}`` (d omitted for 1).
+_GENERATED = re.compile(r"^(s|lmnb|(forks|f|items)\d*)$")
+
+
+@functools.lru_cache(maxsize=1)
+def _run_keywords() -> frozenset:
+    """Keywords of ``SglFunction.run`` (temperature, stop, state, ...): a program argument with one
+    of these names could not be passed to ``run``."""
+    import lmnb
+
+    params = inspect.signature(lmnb.SglFunction.run).parameters.values()
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def python_name(name: str, taken: set[str] = frozenset()) -> str:
+    """``name``, or ``name_``, ``name__``... if it clashes with a name the generated code uses
+    or with a keyword of ``SglFunction.run``."""
+    while _GENERATED.match(name) or name in _run_keywords() or name in taken:
+        name += "_"
+    return name
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parsed cell (see ``lmnb.template.parse``).
+
+    Attributes:
+        source: the cell body (line endings normalized to ``\\n``).
+        body: the syntax tree (``lmnb.template.nodes``).
+        arguments: kernel variables the cell reads, in order of first use.
+        captures: variables the program captures at top level (gen/select names, and lists gathered
+            from fork branches), in order.
+        first_line: cell line number of the body's first line (error positions count from it).
+    """
+
+    source: str
+    body: tuple[Node, ...]
+    arguments: tuple[str, ...]
+    captures: tuple[str, ...]
+    first_line: int = 1
+    filename: str = "<%%lm cell>"
+    argument_offsets: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        """Kernel variable → parameter name of the program (renamed only if it clashes, e.g. ``s``)."""
+        out: dict[str, str] = {}
+        for name in self.arguments:
+            out[name] = python_name(name, set(out.values()))
+        return out
+
+    def where(self, offset: int) -> tuple[int, int]:
+        """(line, col) in the cell of a character offset of ``source``."""
+        return line_col(self.source, offset, self.first_line)
+
+    def bind(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
+        """Program arguments (parameter name → value) read from ``namespace`` (the kernel's variables).
+
+        Raises ``TemplateRuntimeError`` at the first use of a name the namespace lacks.
+        """
+        params = self.parameters
+        out = {}
+        for name in self.arguments:
+            if name not in namespace:
+                raise TemplateRuntimeError(
+                    f"name {name!r} is not defined", self.source, self.argument_offsets.get(name, 0),
+                    self.first_line, hint=f"define {name} in a Python cell first, or write {{{{ }}}} for literal braces",
+                )
+            out[params[name]] = namespace[name]
+        return out
+
+    def program(self, name: str = "cell"):
+        """The cell as an ``lmnb.function`` whose parameters are ``self.parameters`` values.
+
+        It runs the syntax tree directly (``lmnb.template.interpreter``) and issues the same lmnb
+        calls, in the same order, as the source from ``to_python``. Errors in hole expressions raise
+        ``TemplateRuntimeError`` with the hole's line and column.
+        """
+        import lmnb
+
+        from lmnb.template.interpreter import execute
+
+        params = self.parameters
+        names = ", ".join(["s", *params.values()])
+        mapping = ", ".join(f"{k!r}: {v}" for k, v in params.items())
+        namespace = {"_execute": execute, "_template": self}
+        exec(f"def {name}({names}):\n    _execute(_template, s, {{{mapping}}})\n", namespace)
+        return lmnb.function(namespace[name])
+
+    def to_python(self, name: str = "cell", parameters: tuple[str, ...] | None = None) -> str:
+        """Readable source of an ``@lmnb.function`` equivalent to ``program()``; needs ``import lmnb``.
+
+        ``parameters``: the kernel variables that become function parameters (default: all of
+        ``arguments``); the others are left as references to module globals of the same name.
+        Raises ``ValueError`` if such a global's name clashes with a name the generated code uses.
+        """
+        from lmnb.template.codegen import generate
+
+        return generate(self, name, self.arguments if parameters is None else tuple(parameters))

@@ -1,0 +1,155 @@
+"""Run one cell's program: body on a worker thread, events pumped on the cell's main thread.
+
+Why this shape (research/jupyter.md §1.5, §3.1): only the main thread receives Ctrl-C (as
+``KeyboardInterrupt``) and only it may touch the cell's display, so the program body and the engine
+work elsewhere and every view update happens here, at most ``max_hz`` times a second. On Ctrl-C the
+cell's requests — the state's and every fork branch's — are aborted, the partial text stays on
+screen and the ``KeyboardInterrupt`` propagates so a Run-All stops.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+_DONE = object()
+
+
+@dataclass
+class CellOutcome:
+    """What a cell run left behind.
+
+    status: ``"done"``, ``"error"`` or ``"interrupted"``; error: the exception for ``"error"``;
+    captured: variables the program set on its root state during this cell (name → value, in order);
+    interrupt_s: seconds from Ctrl-C to the worker having stopped (None without Ctrl-C).
+    """
+
+    state: Any
+    status: str
+    error: Optional[BaseException] = None
+    captured: dict = field(default_factory=dict)
+    interrupt_s: Optional[float] = None
+
+
+class Listener:
+    """An ``lmnb.observe`` callback that queues events for one cell only.
+
+    Executors keep their listeners after the cell ends; ``close`` makes this one drop later events.
+    """
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.active = True
+
+    def __call__(self, event) -> None:
+        if self.active:
+            self.queue.put(event)
+
+    def close(self) -> None:
+        self.active = False
+
+
+def start_run(program, params: dict, backend, defaults: dict, listener: Listener, previous=None):
+    """Start ``program`` streaming, on a new state or on a copy of ``previous`` (a ``ProgramState``).
+
+    ``params`` are the program's arguments, ``defaults`` ``run`` keyword arguments (temperature,
+    max_new_tokens, seed). Continuing works on a copy (``fork(1)``) so that a failed or interrupted
+    cell leaves the named state as it was. Returns the running state at once.
+    """
+    import lmnb
+
+    state = previous.fork(1)[0] if previous is not None else None
+    with lmnb.observe(listener):
+        return program.run(stream=True, backend=None if state is not None else backend, state=state,
+                           **defaults, **params)
+
+
+def abort_tree(state) -> None:
+    """Abort ``state`` and every fork branch it created (in-flight requests end, queued work is
+    skipped). Thread-safe."""
+    stack = [state.stream_executor]
+    while stack:
+        ex = stack.pop()
+        ex.abort()
+        stack.extend(getattr(ex, "_children", ()))  # branches: .work/kernel_needs_from_lmnb.md, item 3
+
+
+def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
+             interrupt_wait_s: float = 5.0) -> CellOutcome:
+    """Pump the events of the running ``state`` into ``feeder`` until its program finishes.
+
+    Returns a ``CellOutcome``; re-raises ``KeyboardInterrupt`` after aborting (the outcome is then
+    attached to the exception as ``lmnb_outcome``). ``view.tick()`` runs whenever no event
+    arrived for ``poll_s`` seconds, so throttled updates are never held back.
+    """
+    failure: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            for _ in state.text_iter():  # ends when the program body returned and all ran
+                pass
+            err = state.error()
+            if err is not None:
+                failure.append(err)
+        finally:
+            listener.queue.put(_DONE)
+
+    waiter = threading.Thread(target=wait, name="lmnb-cell", daemon=True)
+    waiter.start()
+    try:
+        _pump(listener, feeder, view, poll_s, on_stop=lambda: abort_tree(state))
+    except KeyboardInterrupt as interrupt:
+        t0 = time.monotonic()
+        abort_tree(state)
+        waiter.join(interrupt_wait_s)
+        interrupt_s = time.monotonic() - t0
+        _drain(listener, feeder)
+        listener.close()
+        interrupt.lmnb_outcome = CellOutcome(state, "interrupted", None, dict(feeder.captured), interrupt_s)
+        raise
+    listener.close()
+    if view.stop_requested.is_set():  # the view's Stop button: like Ctrl-C, but the cell ends quietly
+        return CellOutcome(state, "interrupted", None, dict(feeder.captured))
+    if failure:
+        return CellOutcome(state, "error", failure[0], dict(feeder.captured))
+    return CellOutcome(state, "done", None, dict(feeder.captured))
+
+
+def _pump(listener: Listener, feeder, view, poll_s: float, on_stop: Callable[[], None]) -> None:
+    stopped = False
+    while True:
+        if not stopped and view.stop_requested.is_set():  # set by the Stop click's comm thread
+            stopped = True
+            on_stop()
+        try:
+            event = listener.queue.get(timeout=poll_s)
+        except queue.Empty:
+            _safely(view.tick)
+            continue
+        if event is _DONE:
+            return
+        _safely(feeder.apply, event)
+
+
+def _drain(listener: Listener, feeder) -> None:
+    """Apply events already queued (the partial text produced before an abort)."""
+    while True:
+        try:
+            event = listener.queue.get_nowait()
+        except queue.Empty:
+            return
+        if event is not _DONE:
+            _safely(feeder.apply, event)
+
+
+def _safely(fn, *args) -> None:
+    """A failing view must not stop the pump: the program would run on unwatched and its results
+    would never reach the kernel. Failures are reported as warnings (shown once per place)."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"lmnb: the cell's view failed ({type(e).__name__}: {e}); the program goes on", stacklevel=2)

@@ -1,0 +1,110 @@
+"""``%lm SUBCOMMAND``: the line magics that manage the session (engine, server, states, cache).
+
+Each function takes the parsed arguments and the ``Session`` and displays a small static bundle.
+"""
+
+from __future__ import annotations
+
+from IPython.display import display
+
+from lmnb_kernel.errors import CellError
+from lmnb_kernel.session import EngineConfig, Session
+from lmnb_kernel.tables import percent, table
+
+
+def load(args, session: Session) -> None:
+    """``%lm load MODEL``: start a new in-process engine now (named states are dropped)."""
+    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
+                          max_total_tokens=args.max_total_tokens, random_weights=args.random_weights)
+    session.load(config)
+    info = session.engine("%lm load").model_info()
+    rows = [(k, info[k]) for k in ("model_path", "architecture", "num_layers", "device", "dtype",
+                                   "context_len", "max_total_tokens") if k in info]
+    display(table(f"loaded {config.describe()}", ("setting", "value"), rows), raw=True)
+
+
+def connect(args, session: Session) -> None:
+    """``%lm connect URL``: run cells on a server (SGLang native protocol, or OpenAI-compatible)."""
+    import lmnb
+
+    if args.completion and not args.openai:
+        raise CellError("%lm connect --completion goes with --openai MODEL")
+    try:
+        if args.openai:
+            backend = lmnb.OpenAI(args.openai, base_url=args.url, api_key=args.api_key,
+                                  is_chat_model=False if args.completion else None)
+            what = f"OpenAI-compatible server {args.url} (model {args.openai})"
+        else:
+            backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key)
+            what = f"SGLang-protocol server {args.url}"
+    except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
+        raise CellError(f"could not connect to {args.url}: {e}") from e
+    session.connect(backend, what)
+    display({"text/plain": f"connected: {what}", "text/html": f"<div>connected: {_esc(what)}</div>"}, raw=True)
+
+
+def stats(args, session: Session) -> None:
+    """``%lm stats``: the engine's cache and pool figures and this kernel's token totals."""
+    s = session.engine("%lm stats").cache_stats()
+    rows = [
+        ("hit rate (engine, cumulative)", percent(s["cached_tokens"], s["prompt_tokens"])),
+        ("prompt tokens / cached", f"{s['prompt_tokens']} / {s['cached_tokens']}"),
+        ("KV pool used / size (tokens)", f"{s['pool_used']} / {s['pool_size']}"),
+        ("free / evictable / protected", f"{s['free_tokens']} / {s['evictable_tokens']} / {s['protected_tokens']}"),
+        ("evicted tokens", s["evicted_tokens"]),
+        ("pinned prefixes", s["pinned_prefixes"]),
+        ("running / waiting requests", f"{s['running_requests']} / {s['waiting_requests']}"),
+        ("%%lm cells run", session.totals.cells),
+        ("cell tokens: prompt / cached / completion",
+         f"{session.totals.prompt_tokens} / {session.totals.cached_tokens} / {session.totals.completion_tokens}"),
+    ]
+    display(table("lmnb engine", ("", "value"), rows), raw=True, metadata={"lmnb": {"stats": s}})
+
+
+def states(args, session: Session) -> None:
+    """``%lm states``: the named states, their size, variables and pins."""
+    engine = session.engine("%lm states") if session.started and session.remote is None else None
+    rows = []
+    for named in session.states.values():
+        text = named.state.text()
+        tokens = len(engine.encode(text)) if engine is not None else "?"
+        variables = ", ".join(named.state.stream_executor.variables) or "-"
+        cells = ", ".join(f"[{c}]" for c in named.cells) or "-"
+        rows.append((named.name, cells, len(text), tokens, variables, "yes" if named.pin is not None else "no"))
+    title = "named states" if rows else "named states: none yet (create one with %%lm --state NAME)"
+    display(table(title, ("name", "cells", "chars", "tokens", "variables", "pinned"), rows), raw=True)
+
+
+def reset(args, session: Session) -> None:
+    """``%lm reset [NAME]``: forget one named state, or all of them."""
+    names = session.drop(args.name)
+    msg = f"dropped state(s): {', '.join(names)}" if names else "no named states"
+    display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
+
+
+def flush(args, session: Session) -> None:
+    """``%lm flush``: evict every unpinned prefix from the radix cache."""
+    if not session.engine("%lm flush").flush_cache():
+        raise CellError("%lm flush: requests are still running; try again when they are done")
+    msg = "radix cache flushed (pinned prefixes stay)"
+    display({"text/plain": msg, "text/html": f"<div>{msg}</div>"}, raw=True)
+
+
+def pin(args, session: Session) -> None:
+    """``%lm pin NAME``: keep the named state's prefix in the cache (never evicted until unpinned)."""
+    n = session.pin(args.name)
+    msg = f"pinned state {args.name!r}: {n} tokens stay cached"
+    display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
+
+
+def unpin(args, session: Session) -> None:
+    """``%lm unpin NAME``: let the named state's prefix be evicted again."""
+    session.unpin(args.name)
+    msg = f"unpinned state {args.name!r}"
+    display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
+
+
+def _esc(text: str) -> str:
+    import html
+
+    return html.escape(text)

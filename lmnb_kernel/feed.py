@@ -1,0 +1,94 @@
+"""Translate lmnb ``ProgramEvent``s into calls on a cell's ``RunView``.
+
+Runs on the cell's main thread (the pump in ``cellrun``); events were queued by executor threads.
+Lanes: the cell's root state is ``"main"``; fork branch ``(i, j)`` is lane ``"b{i}.{j}"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class ViewFeeder:
+    """Feeds one view from the events of one root state (by ``root_sid``) and its branches."""
+
+    def __init__(self, view, root_sid: str) -> None:
+        self.view = view
+        self.lanes: dict[str, str] = {root_sid: "main"}
+        self.branch: dict[str, tuple] = {root_sid: ()}
+        self.pending: dict[str, str] = {}  # lane -> "gen"/"select": the kind of the open primitive
+        self.captured: dict[str, Any] = {}  # variables set on the root state, in order
+
+    def lane(self, sid: str) -> Optional[str]:
+        return self.lanes.get(sid)
+
+    def apply(self, ev) -> None:
+        handler = getattr(self, f"on_{ev.kind}", None)
+        if handler is not None:
+            handler(ev)
+
+    def on_state(self, ev) -> None:
+        if ev.parent in self.lanes:
+            self.lanes[ev.sid] = "b" + ".".join(map(str, ev.branch))
+            self.branch[ev.sid] = ev.branch
+
+    def on_fork(self, ev) -> None:
+        lane = self.lane(ev.sid)
+        children = [c for c in ev.children if c in self.lanes]
+        if lane is not None and children:
+            labels = [f"branch {'.'.join(map(str, self.branch[c]))}" for c in children]
+            self.view.on_fork(lane, [self.lanes[c] for c in children], labels)
+
+    def on_join(self, ev) -> None:
+        lane = self.lane(ev.sid)
+        children = [self.lanes[c] for c in ev.children if c in self.lanes]
+        if lane is not None and children:
+            self.view.on_join(lane, children)
+
+    def on_text(self, ev) -> None:
+        lane = self.lane(ev.sid)
+        if lane is None:
+            return
+        if ev.source == "gen":
+            self.pending[lane] = "gen"
+            self.view.on_delta(lane, ev.text, name=ev.name)
+        elif ev.source == "select":
+            self.pending[lane] = "select"  # the view appends the chosen text in on_select
+        else:
+            self.view.on_text(lane, ev.text)
+
+    def on_var(self, ev) -> None:
+        lane = self.lane(ev.sid)
+        if lane is None:
+            return
+        if lane == "main" and ev.name is not None:
+            self.captured[ev.name] = ev.value
+        meta = ev.meta_info
+        kind = self.pending.pop(lane, None)
+        if kind == "select" and isinstance(meta, dict) and "scores" in meta:
+            choices = meta["choices"]
+            chosen = choices.index(ev.value) if ev.value in choices else None
+            self.view.on_select(lane, name=ev.name, choices=choices, scores=meta["scores"], chosen=chosen,
+                                meta=_select_requests(meta))
+        elif isinstance(meta, dict) and "prompt_tokens" in meta:  # a gen (possibly with no text)
+            self.view.on_gen_end(lane, meta=meta, finish_reason=meta.get("finish_reason"), name=ev.name)
+        # other vars (lists gathered by a join, var_scope captures) change no text
+
+    def on_prefill(self, ev) -> None:
+        # The fork's shared-prefix prefill: a request of its own, closed at once.
+        lane, meta = self.lane(ev.sid), ev.meta_info or {}
+        if lane is not None and "prompt_tokens" in meta:
+            self.view.on_prompt(lane, prompt_tokens=int(meta["prompt_tokens"]),
+                                cached_tokens=int(meta.get("cached_tokens", 0)), name="(fork prefix)")
+            self.view.on_gen_end(lane, meta=meta)
+
+
+def _select_requests(meta: dict) -> dict | None:
+    """Token counts of a select's scoring requests (one per choice: the prompt up to the scored
+    tokens plus those tokens), summed; None if the backend did not report them."""
+    try:
+        prompt = sum(int(p) + len(lps) for p, lps in zip(meta["prefix_len"], meta["input_token_logprobs"]))
+        cached = sum(int(c) for c in meta["cached_tokens"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"prompt_tokens": prompt, "cached_tokens": min(cached, prompt), "completion_tokens": 0}

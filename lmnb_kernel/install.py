@@ -1,0 +1,51 @@
+"""``lmnb install-kernel``: install the ``lmnb`` kernelspec for Jupyter.
+
+Writes kernel.json to a temporary directory and hands it to ``KernelSpecManager.install_kernel_spec``,
+as ``ipykernel install`` does (research/jupyter.md §1.3). ``argv`` uses this interpreter's absolute
+path, so a Jupyter server in another environment still starts the kernel in this one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+KERNEL_NAME = "lmnb"
+DISPLAY_NAME = "lmnb (Python 3)"
+
+
+def kernel_spec(python: str | None = None) -> dict:
+    """The kernel.json contents (``interrupt_mode: signal``: Ctrl-C reaches the cell as SIGINT)."""
+    return {
+        "argv": [python or sys.executable, "-m", "lmnb_kernel", "-f", "{connection_file}"],
+        "display_name": DISPLAY_NAME,
+        "language": "python",
+        "interrupt_mode": "signal",
+        "env": {"TOKENIZERS_PARALLELISM": "false"},
+        "metadata": {"debugger": True, "lmnb": {"spec_version": 1}},
+        "kernel_protocol_version": "5.5",
+    }
+
+
+def install_arguments(parser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for the current user (the default)")
+    where.add_argument("--sys-prefix", action="store_true", help=f"install into this environment ({sys.prefix})")
+    where.add_argument("--prefix", metavar="PATH", help="install under PATH/share/jupyter/kernels")
+    parser.add_argument("--name", default=KERNEL_NAME, help=f"kernelspec name (default {KERNEL_NAME!r})")
+
+
+def install(args) -> int:
+    """Install the kernelspec; prints where it went. Returns 0."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_spec(), indent=2))
+        dest = KernelSpecManager().install_kernel_spec(
+            tmp, kernel_name=args.name, user=prefix is None, prefix=prefix
+        )
+    print(f"installed kernelspec {args.name!r} in {dest}")
+    return 0

@@ -1,0 +1,241 @@
+"""The ``%%lm`` cell magic and the ``%lm`` line magics (one IPython ``Magics`` class).
+
+``%%lm [options]`` runs the cell body — the prompt template of docs/CELL_LANGUAGE.md, or with
+``--python`` an lmnb program body with state ``s`` — on the session's backend, streaming into a
+``RunView`` and putting the captured variables into the kernel namespace. ``%lm SUBCOMMAND``
+manages the session (``lmnb_kernel.commands``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import MagicArgumentParser
+from IPython.display import display
+
+from lmnb_kernel import commands
+from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
+from lmnb_kernel.errors import CellError
+from lmnb_kernel.feed import ViewFeeder
+from lmnb_kernel.session import get_session
+from lmnb_kernel.tables import cell_summary
+
+# Output mode for every cell: "live" (a widget while running) or "static" (display updates only).
+VIEW_ENV = "LMNB_VIEW"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+def cell_parser() -> MagicArgumentParser:
+    """The options of ``%%lm`` (also used by the notebook exporter to read a cell's first line)."""
+    p = MagicArgumentParser(prog="%%lm", description="Run the cell as an LM program.")
+    p.add_argument("--python", action="store_true",
+                   help="the body is Python: an lmnb program body with the state as `s`")
+    p.add_argument("--state", metavar="NAME",
+                   help="continue the named program state (created by the first cell that names it); "
+                        "its prefix stays in the KV cache")
+    p.add_argument("--temperature", type=float, help="default temperature of every gen (0 = greedy)")
+    p.add_argument("--max-tokens", type=int, dest="max_tokens", help="default max_tokens of every gen")
+    p.add_argument("--seed", type=int, help="seed for sampling, so a sampled cell can be repeated")
+    p.add_argument("--out", metavar="VAR", help="also store the program state in kernel variable VAR")
+    p.add_argument("--quiet", action="store_true", help="show nothing; still capture variables")
+    p.add_argument("--static", action="store_true",
+                   help="no live widget: update the output in place (display_id) while running")
+    return p
+
+
+def line_parser() -> MagicArgumentParser:
+    p = MagicArgumentParser(prog="%lm", description="Manage the kernel's LM session.")
+    sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
+    s = sub.add_parser("load", prog="%lm load", help="load a model into a new in-process engine now")
+    s.add_argument("model", help="Hugging Face checkpoint directory or hub id (or a preset with --random-weights)")
+    s.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    s.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
+    s.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens")
+    s.add_argument("--random-weights", action="store_true", help="seeded random weights (benchmarks)")
+    s = sub.add_parser("connect", prog="%lm connect", help="run cells on a server instead")
+    s.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
+    s.add_argument("--openai", metavar="MODEL", help="the server is OpenAI-compatible; use this model name")
+    s.add_argument("--completion", action="store_true",
+                   help="with --openai: a completion model (prompts go out as text, not chat messages)")
+    s.add_argument("--api-key", help="API key sent to the server")
+    sub.add_parser("stats", prog="%lm stats", help="cache hit rate, KV pool usage, evictions")
+    sub.add_parser("tree", prog="%lm tree", help="the radix tree (refreshed after every cell)")
+    sub.add_parser("states", prog="%lm states", help="the named states")
+    s = sub.add_parser("reset", prog="%lm reset", help="forget a named state (all without NAME)")
+    s.add_argument("name", nargs="?")
+    sub.add_parser("flush", prog="%lm flush", help="evict every unpinned prefix from the radix cache")
+    s = sub.add_parser("pin", prog="%lm pin", help="keep a named state's prefix in the cache")
+    s.add_argument("name")
+    s = sub.add_parser("unpin", prog="%lm unpin", help="let a named state's prefix be evicted again")
+    s.add_argument("name")
+    return p
+
+
+def _split(line: str) -> list[str]:
+    import shlex
+
+    try:
+        return shlex.split(line)
+    except ValueError as e:
+        raise UsageError(f"cannot read the options {line!r}: {e}") from None
+
+
+@magics_class
+class LMMagics(Magics):
+    """``%%lm`` cells and ``%lm`` commands; see ``%lm?``."""
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.session = get_session()
+        self.tree_view = None  # shown by %lm tree, refreshed after every cell
+
+    @no_var_expand
+    @line_cell_magic
+    def lm(self, line: str, cell: str | None = None):
+        """LM programs in cells (docs/CELL_LANGUAGE.md).
+
+        ``%%lm [--state NAME] [--temperature T] [--max-tokens N] [--seed N] [--out VAR] [--quiet]
+        [--static] [--python]`` runs the cell: a prompt with holes (``{name}``, ``{gen NAME ...}``,
+        ``{select NAME choices=[...]}``, ``{user}...{/user}``, ``{fork x in xs}...{join}``), or with
+        ``--python`` an lmnb program body whose state is ``s``. Captured variables land in the kernel.
+
+        ``%lm load MODEL | connect URL [--openai MODEL] | stats | tree | states | reset [NAME] |
+        flush | pin NAME | unpin NAME`` manages the engine, the named states and the KV cache.
+        """
+        if cell is None:
+            return self.run_command(line)
+        return self.run_program(line, cell)
+
+    # -- %lm ------------------------------------------------------------------------------------
+    def run_command(self, line: str) -> None:
+        args = line_parser().parse_args(_split(line))
+        if args.command is None:
+            raise UsageError("%lm needs a subcommand:\n" + line_parser().format_help())
+        if args.command == "tree":
+            return self.show_tree()
+        name = getattr(args, "name", None)
+        if name is not None and not _NAME.match(name):
+            raise UsageError(f"{name!r} is not a valid state name (letters, digits, _ . -)")
+        getattr(commands, args.command)(args, self.session)
+
+    def show_tree(self) -> None:
+        from lmnb_kernel.widgets import TreeView, kv_bytes_per_token
+
+        engine = self.session.engine("%lm tree")
+        self.tree_view = TreeView(kv_bytes_per_token=kv_bytes_per_token(engine.model_info()))
+        self.tree_view.show(engine.tree_snapshot(), stats=engine.cache_stats())
+
+    def refresh_tree(self, result=None) -> None:
+        """post_run_cell hook: redraw the tree shown by ``%lm tree`` (if any) in place."""
+        if self.tree_view is None or not self.session.started or self.session.remote is not None:
+            return
+        engine = self.session.engine("%lm tree")
+        self.tree_view.refresh(engine.tree_snapshot(), stats=engine.cache_stats())
+
+    # -- %%lm -----------------------------------------------------------------------------------
+    def run_program(self, line: str, cell: str) -> None:
+        from lmnb.template import TemplateError, cell_body, parse, parse_python
+
+        args = cell_parser().parse_args(_split(line))
+        for key in ("state", "out"):
+            value = getattr(args, key)
+            if value is not None and not (_NAME.match(value) if key == "state" else value.isidentifier()):
+                raise UsageError(f"--{key} {value!r} is not a valid name")
+        if not cell.strip():
+            raise UsageError("%%lm: the cell body is empty; write the prompt below the %%lm line")
+        cell = cell_body(cell)
+        count = self.shell.execution_count
+        filename = f"<%%lm cell {count}>"
+        ns = self.shell.user_ns
+        try:
+            if args.python:
+                program, params = parse_python(cell, first_line=2, filename=filename).program(ns), {}
+            else:
+                template = parse(cell, first_line=2, filename=filename)
+                program, params = template.program(), template.bind(ns)
+        except TemplateError as e:
+            raise CellError(str(e)) from None
+        defaults = {}
+        if args.temperature is not None:
+            defaults["temperature"] = args.temperature
+        if args.max_tokens is not None:
+            defaults["max_new_tokens"] = args.max_tokens
+        if args.seed is not None:
+            defaults["seed"] = args.seed
+        previous = self.session.states.get(args.state) if args.state else None
+        backend = self.session.backend()
+        view = self.make_view(args, count)
+        if previous is not None:
+            view.on_text("main", previous.state.text(), source=f"state {args.state!r}")
+        if not args.quiet:
+            view.show()
+        listener = Listener()
+        state = start_run(program, params, backend, defaults, listener, previous.state if previous else None)
+        feeder = ViewFeeder(view, state.stream_executor.sid)
+        try:
+            outcome = run_cell(state, listener, feeder, view)
+        except KeyboardInterrupt as interrupt:
+            outcome = getattr(interrupt, "lmnb_outcome", None)  # None: a second Ctrl-C cut the abort short
+            if outcome is not None:
+                self.finish(args, view, outcome, count)
+            raise
+        self.finish(args, view, outcome, count)
+        if outcome.error is not None:
+            raise CellError(_describe(outcome.error, filename)) from outcome.error
+
+    def make_view(self, args, count):
+        from lmnb_kernel.widgets import RunView, prefix_chars_from
+
+        live = not args.static and os.environ.get(VIEW_ENV, "live") != "static"
+        title = f"cell [{count}]" + (f" · state {args.state}" if args.state else "")
+        # the in-process engine's tokenizer maps cached tokens to the characters shaded as cached
+        prefix = prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
+        return RunView(title, live=live, max_hz=20.0, prefix_chars=prefix)
+
+    def finish(self, args, view, outcome: CellOutcome, count) -> None:
+        """Freeze the view, put the results in the kernel namespace, keep the named state."""
+        view.finish(outcome.status, error=outcome.error)
+        # Variables the program finished are results even if a later part failed or was stopped.
+        self.shell.push(outcome.captured, interactive=False)
+        if args.out:
+            self.shell.push({args.out: outcome.state}, interactive=False)
+        if outcome.status == "done" and args.state:
+            self.session.keep(args.state, outcome.state, count)
+        tokens = _tokens(view.model)
+        self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"])
+        if not args.quiet:
+            meta = {"lmnb": {"tokens": tokens, "captured": list(outcome.captured), "status": outcome.status}}
+            if outcome.interrupt_s is not None:  # Ctrl-C: how long stopping the requests took
+                meta["lmnb"]["interrupt_s"] = round(outcome.interrupt_s, 3)
+            display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
+
+
+def _tokens(model) -> dict:
+    return {
+        "prompt_tokens": model.cell.prompt_tokens,
+        "cached_tokens": model.cell.cached_tokens,
+        "completion_tokens": sum(r.completion_tokens or 0 for r in model.requests),
+    }
+
+
+def _describe(error: BaseException, filename: str) -> str:
+    """One message for a failed cell: the template's own position, or the cell line of Python code."""
+    from lmnb.template import TemplateError
+
+    chain = []
+    cause: BaseException | None = error
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__
+    for exc in chain:
+        if isinstance(exc, TemplateError):
+            return str(exc)
+    for exc in reversed(chain):  # innermost first: where the cell's own code failed
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+        if frames:
+            return f"line {frames[-1].lineno}: {type(exc).__name__}: {exc}"
+    return f"{type(error).__name__}: {error}"

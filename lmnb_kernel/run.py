@@ -1,0 +1,123 @@
+"""``lmnb run NOTEBOOK [-o OUT] [-p NAME VALUE]``: execute a notebook headless with the lmnb kernel.
+
+nbclient runs every cell in a fresh ``lmnb`` kernel (started from this Python, installed or not),
+the executed notebook is saved — also when a cell fails, so nothing is lost — and a summary is
+printed: cells run, tokens and the radix-cache hit rate, read from the ``lmnb`` metadata that each
+``%%lm`` cell's summary output carries. ``-p`` injects parameters after the cell tagged
+``parameters``, as papermill does (research/jupyter.md §4.4).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import time
+from pathlib import Path
+
+from lmnb_kernel.install import KERNEL_NAME, kernel_spec
+
+
+def run_arguments(parser) -> None:
+    parser.add_argument("notebook", help="the .ipynb to execute")
+    parser.add_argument("-o", "--output", help="where to save the executed notebook (default: NAME.out.ipynb)")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="set a parameter (a Python literal, else a string); repeatable")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one cell may take (default 1800)")
+    parser.add_argument("--allow-errors", action="store_true", help="keep going after a failing cell")
+
+
+def run(args) -> int:
+    """Execute, save, print the summary. Returns 0, or 1 if a cell failed."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    src = Path(args.notebook)
+    if not src.is_file():
+        print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
+        return 2
+    out = Path(args.output) if args.output else src.with_suffix(".out.ipynb")
+    nb = nbformat.read(src, as_version=4)
+    if args.parameter:
+        inject_parameters(nb, {k: parse_value(v) for k, v in args.parameter})
+    # Headless: no one watches live widgets, so cells update their output in place instead.
+    os.environ.setdefault("LMNB_VIEW", "static")
+    client = NotebookClient(
+        nb, km=kernel_manager(), timeout=args.timeout, startup_timeout=120, allow_errors=args.allow_errors,
+        resources={"metadata": {"path": str(src.resolve().parent)}},
+    )
+    t0 = time.monotonic()
+    failed = None
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        failed = e
+    finally:
+        nbformat.write(nb, out)
+    print(summary(nb, src, out, time.monotonic() - t0))
+    if failed is not None:
+        print(f"lmnb run: a cell failed (outputs so far are saved in {out}):\n{failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def kernel_manager():
+    """A KernelManager for the ``lmnb`` kernel of this Python, whether or not the spec is installed."""
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    class _Specs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            if kernel_name == KERNEL_NAME:
+                return KernelSpec(resource_dir="", **kernel_spec())
+            return super().get_kernel_spec(kernel_name)
+
+    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs())
+
+
+def parse_value(text: str):
+    """A ``-p`` value: a Python literal (``3``, ``0.5``, ``[1, 2]``, ``'x'``) or else the string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def inject_parameters(nb, params: dict) -> None:
+    """Insert a cell assigning ``params`` after the cell tagged ``parameters`` (or first, if none),
+    replacing a previously injected one — papermill's convention, so its tools read it."""
+    import nbformat
+
+    source = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items())
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    cells = nb.cells
+    old = [i for i, c in enumerate(cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    if old:
+        cells[old[0]] = cell
+        return
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not tagged:
+        print("lmnb run: no cell is tagged 'parameters'; the parameters go in a new first cell", file=sys.stderr)
+    cells.insert(tagged[0] + 1 if tagged else 0, cell)
+
+
+def summary(nb, src: Path, out: Path, seconds: float) -> str:
+    """The printed summary: cells run, ``%%lm`` cells, tokens and hit rate, time."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    ran = [c for c in code if c.get("execution_count") is not None]
+    tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
+    lm_cells = 0
+    for c in ran:
+        for o in c.get("outputs", []):
+            t = o.get("metadata", {}).get("lmnb", {}).get("tokens")
+            if t:
+                lm_cells += 1
+                for k in tokens:
+                    tokens[k] += int(t.get(k, 0))
+    p, ca, g = tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"]
+    hit = f"{100 * ca / p:.0f}%" if p else "n/a"
+    return (f"lmnb run: {src} -> {out}\n"
+            f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
+            f"  tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}\n"
+            f"  time: {seconds:.1f} s")

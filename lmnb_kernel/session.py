@@ -1,0 +1,246 @@
+"""The kernel's one LM session: the backend, the named program states and their pins.
+
+Process-wide and outside the user namespace, so ``%reset`` and ``%reload_ext`` keep it; a kernel
+restart (a new process) is what frees it. The in-process engine is created lazily — on the first
+``%%lm`` cell (or ``%lm load``), on the cell's main thread, never at kernel start, so the kernel
+answers ``kernel_info`` at once (research/jupyter.md §1.4).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from lmnb_kernel.errors import CellError
+
+# Tests and CI point the default model at a local checkpoint with this variable.
+MODEL_ENV = "LMNB_MODEL"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to build the in-process engine (``lmnb_engine.Engine`` arguments).
+
+    ``model``: HF checkpoint directory or hub id; None = $LMNB_MODEL, else the built-in demo model.
+    ``max_total_tokens``: KV pool size in tokens. ``random_weights``: seeded random weights for
+    benchmarks (``model`` may then be a shape preset name).
+    """
+
+    model: Optional[str] = None
+    device: Optional[str] = None
+    dtype: Optional[str] = None
+    max_total_tokens: Optional[int] = None
+    random_weights: bool = False
+
+    def engine_kwargs(self) -> dict:
+        kw = {k: getattr(self, k) for k in ("device", "dtype", "max_total_tokens") if getattr(self, k) is not None}
+        if self.random_weights:
+            kw["random_weights"] = True
+        return kw
+
+    def model_name(self) -> Optional[str]:
+        return self.model or os.environ.get(MODEL_ENV) or None
+
+    def describe(self) -> str:
+        return self.model_name() or "the built-in demo model"
+
+
+@dataclass
+class NamedState:
+    """A program state kept under a name by ``%%lm --state NAME``.
+
+    ``cells``: execution counts of the cells that extended it; ``pin``: the engine's pin handle
+    while ``%lm pin NAME`` holds its prefix in the cache.
+    """
+
+    name: str
+    state: Any  # lmnb.ProgramState
+    cells: list = field(default_factory=list)
+    pin: Optional[int] = None
+
+
+@dataclass
+class Totals:
+    """Token counts of every ``%%lm`` cell run in this kernel (the ``%lm stats`` figures)."""
+
+    cells: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> None:
+        self.cells += 1
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+        self.completion_tokens += completion_tokens
+
+
+class Session:
+    """Backend, named states and pins of one kernel. All methods are called from the main thread;
+    ``close`` may also be called from the kernel's shutdown handler."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.config = EngineConfig()
+        self._backend = None
+        self.remote: Optional[str] = None  # description of a connected server, if any
+        self.states: dict[str, NamedState] = {}
+        self.totals = Totals()
+
+    # -- backend ----------------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return self._backend is not None
+
+    def backend(self):
+        """The lmnb backend cells run on; the first call starts the in-process engine.
+
+        Raises ``CellError`` if the model cannot be loaded (the message names the model and why).
+        """
+        with self._lock:
+            if self._backend is None:
+                self._backend = self._start_engine(self.config)
+            return self._backend
+
+    def _start_engine(self, config: EngineConfig):
+        import lmnb
+
+        try:
+            return lmnb.Engine(config.model_name(), **config.engine_kwargs())
+        except (OSError, ValueError, RuntimeError, ImportError) as e:
+            raise CellError(
+                f"could not load {config.describe()}: {type(e).__name__}: {e}\n"
+                "fix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
+            ) from e
+
+    def engine(self, what: str):
+        """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``).
+
+        Raises ``CellError`` if none is running yet or the session is connected to a server.
+        """
+        if self.remote is not None:
+            raise CellError(f"{what} needs the in-process engine; this kernel is connected to {self.remote} "
+                            "(use %lm load to go back to an in-process engine)")
+        if self._backend is None:
+            raise CellError(f"{what}: the engine starts with the first %%lm cell (or %lm load MODEL); none is running yet")
+        return self._backend.engine
+
+    def load(self, config: EngineConfig) -> None:
+        """Replace the backend with a new in-process engine built from ``config`` (loaded now)."""
+        with self._lock:
+            backend = self._start_engine(config)
+            self.close()
+            self.config, self._backend, self.remote = config, backend, None
+
+    def connect(self, backend, description: str) -> None:
+        """Replace the backend with ``backend`` (an lmnb backend for a server, described for users)."""
+        with self._lock:
+            self.close()
+            self._backend, self.remote = backend, description
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Drop named states and shut the backend down, waiting at most ``timeout`` seconds.
+
+        Named states belong to the backend they ran on, so they go with it.
+        """
+        with self._lock:
+            backend, self._backend = self._backend, None
+            self.states.clear()
+        if backend is None:
+            return
+        done = threading.Thread(target=backend.shutdown, name="lmnb-shutdown", daemon=True)
+        done.start()
+        done.join(timeout)
+
+    # -- named states -----------------------------------------------------------------------------
+    def state(self, name: str) -> NamedState:
+        """The named state ``name``; ``CellError`` listing the known names if there is none."""
+        try:
+            return self.states[name]
+        except KeyError:
+            known = ", ".join(sorted(self.states)) or "none yet"
+            raise CellError(f"no state named {name!r} (known: {known}); create it with %%lm --state {name}") from None
+
+    def keep(self, name: str, state, cell: Optional[int]) -> NamedState:
+        """Store ``state`` under ``name``, replacing the previous one. A pinned state stays pinned:
+        the pin moves to the new, longer text (if that fails the old prefix stays pinned)."""
+        old = self.states.get(name)
+        named = NamedState(name, state, (old.cells if old else []) + ([cell] if cell is not None else []),
+                           old.pin if old else None)
+        self.states[name] = named
+        if named.pin is not None:
+            try:
+                self.pin(name)
+            except CellError:
+                pass
+        return named
+
+    def drop(self, name: Optional[str] = None) -> list[str]:
+        """Forget one named state (or all), unpinning them; returns the names dropped."""
+        names = [name] if name is not None else list(self.states)
+        for n in names:
+            named = self.state(n)
+            if named.pin is not None:
+                self.unpin(n)
+            del self.states[n]
+        return names
+
+    def pin(self, name: str) -> int:
+        """Pin the named state's prefix in the engine's radix cache; returns its token count.
+
+        The pinned prefix is the state's text as the engine tokenizes it, which is what the next
+        cell continuing the state sends; it is not evicted until ``unpin``.
+        """
+        named = self.state(name)
+        engine = self.engine("%lm pin")
+        ids = engine.encode(named.state.text())
+        if not ids:
+            raise CellError(f"state {name!r} is empty; there is nothing to pin")
+        try:
+            handle = engine.pin_prefix(ids)
+        except (RuntimeError, ValueError) as e:
+            raise CellError(f"could not pin state {name!r}: {e}") from e
+        if named.pin is not None:
+            engine.unpin(named.pin)
+        named.pin = handle
+        return len(ids)
+
+    def unpin(self, name: str) -> None:
+        named = self.state(name)
+        if named.pin is None:
+            raise CellError(f"state {name!r} is not pinned")
+        self.engine("%lm unpin").unpin(named.pin)
+        named.pin = None
+
+
+class SessionBackend:
+    """Stands for the session's backend wherever lmnb wants one (``lmnb.set_default_backend``).
+
+    Python code in the kernel (``prog.run()``, ``run_batch``) then uses the very engine the
+    ``%%lm`` cells use, with its radix cache, instead of starting a second one; the engine still
+    starts only when first needed, and ``%lm load`` / ``%lm connect`` switch both.
+    """
+
+    def __init__(self, session: "Session") -> None:
+        self._session = session
+
+    def __getattr__(self, name: str):
+        return getattr(self._session.backend(), name)
+
+    def __repr__(self) -> str:
+        return f"<lmnb kernel session backend: {self._session.remote or self._session.config.describe()}>"
+
+
+_session: Optional[Session] = None
+_session_lock = threading.Lock()
+
+
+def get_session() -> Session:
+    """The process-wide session (created empty on first use; nothing is loaded until needed)."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            _session = Session()
+        return _session

@@ -1,0 +1,56 @@
+"""Small static outputs of the magics: tables (``%lm stats``, ``%lm states``) and a cell's summary.
+
+Each is a mimebundle of sanitizer-safe ``text/html`` (inline styles only) and ``text/plain``.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Sequence
+
+_TABLE = 'style="border-collapse:collapse;font-size:12px;font-family:monospace"'
+_CELL = 'style="border:1px solid #d0d7de;padding:2px 8px;text-align:left"'
+
+
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict:
+    """A titled table as ``{"text/html", "text/plain"}``; cells are shown with ``str``."""
+    cells = [[str(c) for c in row] for row in rows]
+    head = "".join(f"<th {_CELL}>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td {_CELL}>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+    page = (f'<div class="lmnb-table"><div style="font-weight:bold;margin:2px 0">{html.escape(title)}</div>'
+            f"<table {_TABLE}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return {"text/html": page, "text/plain": "\n".join(line.rstrip() for line in lines)}
+
+
+def short(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters with an ellipsis."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "n/a"
+
+
+def cell_summary(captured: dict, tokens: dict, state: str | None = None) -> dict:
+    """The summary under a cell's view: the variables it put in the kernel and its token counts.
+
+    ``tokens``: prompt_tokens, cached_tokens, completion_tokens (ints) of the cell's requests.
+    """
+    p, c, g = tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"]
+    count = f"tokens: prompt {p}, cached {c} ({percent(c, p)} hit), completion {g}"
+    if state:
+        count += f" · state {state!r}"
+    plain = [f"{name} = {short(value)}" for name, value in captured.items()] + [count]
+    rows = "".join(
+        f"<tr><td {_CELL}><b>{html.escape(name)}</b></td><td {_CELL}>{html.escape(short(value))}</td></tr>"
+        for name, value in captured.items()
+    )
+    page = '<div class="lmnb-summary" style="font-size:12px;font-family:monospace">'
+    if rows:
+        page += f"<table {_TABLE}>{rows}</table>"
+    page += f'<div style="color:#57606a;margin-top:2px">{html.escape(count)}</div></div>'
+    return {"text/html": page, "text/plain": "\n".join(plain)}

@@ -1,0 +1,233 @@
+"""The ``lmnb`` kernel through jupyter_client: streaming, captured variables, cached state,
+Ctrl-C, restart, and jupyter_kernel_test conformance of the kernelspec.
+
+Each kernel is started from a kernelspec installed by ``lmnb install-kernel --prefix`` into a temp
+directory (JUPYTER_PATH), with LMNB_MODEL pointing at a tiny checkpoint that has a long context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+
+import jupyter_kernel_test
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+_ENV: dict | None = None
+
+
+def lmnb_kernel_env() -> dict:
+    """Install the kernelspec and a tiny checkpoint once; return the environment kernels need."""
+    global _ENV
+    if _ENV is None:
+        from lmnb_engine.testing import make_tiny_checkpoint
+        from lmnb_kernel.install import install
+
+        root = Path(tempfile.mkdtemp(prefix="lmnb-kernel-test-"))
+        install(argparse.Namespace(prefix=str(root / "jp"), sys_prefix=False, user=False, name="lmnb"))
+        ckpt = make_tiny_checkpoint(root / "ckpt", max_position_embeddings=8192)
+        _ENV = {
+            "JUPYTER_PATH": str(root / "jp" / "share" / "jupyter"),
+            "JUPYTER_PLATFORM_DIRS": "1",
+            "IPYTHONDIR": str(root / "ipython"),
+            "LMNB_MODEL": str(ckpt),
+            "OMP_NUM_THREADS": "1",
+        }
+    return _ENV
+
+
+@contextlib.contextmanager
+def kernel_env():
+    """The kernel environment in os.environ while kernels are found and started (restored after:
+    the rest of the test session keeps its own)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in lmnb_kernel_env().items():
+            mp.setenv(key, value)
+        yield
+
+
+def start_kernel():
+    with kernel_env():
+        return start_new_kernel(kernel_name="lmnb", startup_timeout=120)
+
+
+def execute(kc, code: str, timeout: float = 120, on_message=None):
+    """Run ``code``; return (execute_reply, iopub messages of the cell up to its idle status)."""
+    msg_id = kc.execute(code)
+    messages = []
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if on_message is not None:
+            on_message(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    return reply, messages
+
+
+def reference_greedy(prompt: str, max_new_tokens: int) -> str:
+    """The same checkpoint asked directly in this process (greedy, EOS ignored, the chat
+    template's stop strings that lmnb adds to every gen)."""
+    import lmnb
+    from lmnb_engine import SamplingParams
+
+    backend = lmnb.Engine(lmnb_kernel_env()["LMNB_MODEL"])
+    try:
+        stop = list(backend.get_chat_template().stop_str) or None
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=True, stop=stop)
+        return backend.engine.generate(prompt, params).text
+    finally:
+        backend.shutdown()
+
+
+def summary_meta(messages) -> dict:
+    [meta] = [m["content"]["metadata"]["lmnb"] for m in messages if m["msg_type"] == "display_data"
+              and "tokens" in m["content"].get("metadata", {}).get("lmnb", {})]
+    return meta
+
+
+def stdout(messages) -> str:
+    return "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km, kc = start_kernel()
+    yield km, kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=False)
+
+
+def test_streams_before_the_cell_ends_and_captures_variables(kernel):
+    km, kc = kernel
+    execute(kc, 'q = "hello"')
+    reply, messages = execute(
+        kc, "%%lm --static --temperature 0\nQ: {q}\nA:{gen answer max_tokens=200 ignore_eos=True}")
+    assert reply["content"]["status"] == "ok"
+    types = [m["msg_type"] for m in messages]
+    shown = types.index("display_data")  # the view, then its in-place updates
+    updates = [i for i, t in enumerate(types) if t == "update_display_data"]
+    assert len(updates) > 1 and updates[0] > shown and updates[-1] < types.index("status", shown)
+    texts = [messages[i]["content"]["data"]["text/plain"] for i in updates]
+    assert texts[0] != texts[-1]  # the text grew while the cell ran
+    assert "running" in texts[0] and "done" in texts[-1]
+    _, out = execute(kc, "print(repr(answer))")
+    assert stdout(out).strip() == repr(reference_greedy("Q: hello\nA:", 200))
+    meta = summary_meta(messages)
+    assert meta["captured"] == ["answer"] and meta["tokens"]["completion_tokens"] == 200
+
+
+def test_second_cell_on_a_state_reports_the_first_prompt_as_cached(kernel):
+    km, kc = kernel
+    _, first = execute(kc, "%%lm --static --temperature 0 --state s1\nUser: what is the color of the sky\nBot:{gen r1 max_tokens=8}")
+    _, second = execute(kc, "%%lm --static --temperature 0 --state s1\n\nUser: and the sea\nBot:{gen r2 max_tokens=8}")
+    p1 = summary_meta(first)["tokens"]["prompt_tokens"]
+    assert summary_meta(second)["tokens"]["cached_tokens"] >= p1 > 0
+    _, out = execute(kc, "print(type(r1).__name__, type(r2).__name__)")
+    assert stdout(out).strip() == "str str"
+
+
+def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel):
+    km, kc = kernel
+    sent = {}
+
+    def interrupt_once_streaming(msg):
+        if msg["msg_type"] == "update_display_data" and "t" not in sent:
+            sent["t"] = time.monotonic()
+            km.interrupt_kernel()
+
+    reply, messages = execute(
+        kc, "%%lm --static --temperature 0\nCount:{gen long max_tokens=7000 ignore_eos=True}",
+        on_message=interrupt_once_streaming)
+    seconds = time.monotonic() - sent["t"]
+    print(f"interrupt -> reply: {seconds:.2f} s")
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    types = [m["msg_type"] for m in messages]
+    last_update = max(i for i, t in enumerate(types) if t == "update_display_data")
+    assert last_update < types.index("error")  # the partial output was frozen before the error
+    final = messages[last_update]["content"]["data"]["text/plain"]
+    assert "interrupted" in final and "Count:" in final
+    assert seconds < 30  # liveness only: 7000 tokens would take minutes on this CPU
+    _, out = execute(kc, "from lmnb_kernel.session import get_session\n"
+                         "s = get_session().backend().engine.cache_stats()\n"
+                         "print(s['running_requests'], s['waiting_requests'], s['held_tokens'])")
+    assert stdout(out).split() == ["0", "0", "0"]  # the aborted request freed everything
+    reply, _ = execute(kc, "%%lm --static --temperature 0\nafter:{gen ok max_tokens=3}")
+    assert reply["content"]["status"] == "ok"
+
+
+def test_restart_frees_the_engine_and_exits_cleanly():
+    km, kc = start_kernel()
+    try:
+        execute(kc, "%%lm --static --quiet\nwarm:{gen w max_tokens=2}")
+        old = km.provisioner.process
+        km.restart_kernel(now=False)
+        assert old.poll() == 0  # exited by itself after shutting the engine down, not killed
+        kc.wait_for_ready(timeout=120)
+        reply, messages = execute(kc, "%lm stats")
+        assert reply["content"]["status"] == "error"
+        assert "none is running yet" in reply["content"]["evalue"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+
+
+class LMNBKernelConformance(jupyter_kernel_test.KernelTests):
+    """The kernelspec behaves as a Python kernel for frontends (messages checked against the spec)."""
+
+    kernel_name = "lmnb"
+    language_name = "python"
+    file_extension = ".py"
+    code_hello_world = "print('hello, world')"
+    code_stderr = "import sys; print('test', file=sys.stderr)"
+    completion_samples = [{"text": "zi", "matches": {"zip"}}]
+    complete_code_samples = ["1", "print('hello, world')", "def f(x):\n  return x*2\n\n\n"]
+    incomplete_code_samples = ["print('''hello", "def f(x):\n  x*2"]
+    invalid_code_samples = ["import = 7q"]
+    code_page_something = "zip?"
+    code_generate_error = "raise ValueError('boom')"
+    code_execute_result = [{"code": "1+2+3", "result": "6"}]
+    code_display_data = [
+        {"code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))", "mime": "text/html"},
+        {"code": "%%lm --static\nx{gen y max_tokens=1}", "mime": "text/html"},
+    ]
+    code_history_pattern = "1?2*"
+    supported_history_operations = ("tail", "search")
+    code_inspect_sample = "zip"
+    code_clear_output = "from IPython.display import clear_output; clear_output()"
+
+    @classmethod
+    def setUpClass(cls):
+        with kernel_env():
+            super().setUpClass()
+        # Start the engine now: the suite allows 15 s per sample, less than torch takes to import
+        # on a busy 2-core machine.
+        cls.kc.execute_interactive("%%lm --quiet\nwarm{gen w max_tokens=1}", timeout=120)
+
+    def test_history(self):
+        # The suite's "range" case fails for every IPython kernel (plain ipykernel too; its own
+        # conformance config leaves it out), so the inherited test would skip it: check the
+        # history operations IPython answers here instead.
+        codes = [s["code"] for s in self.code_execute_result]
+        reply = self.history_helper(codes, output=False, raw=True, hist_access_type="tail", n=len(codes))
+        assert [h[2] for h in reply["content"]["history"]] == codes
+        reply = self.history_helper(codes, output=False, raw=True, hist_access_type="search",
+                                    pattern=self.code_history_pattern, unique=True)
+        assert [h[2] for h in reply["content"]["history"]] == codes
+
+    def test_lmnb_kernel_info(self):
+        self.flush_channels()
+        reply = self.kc.kernel_info(reply=True, timeout=30)
+        assert reply["content"]["implementation"] == "lmnb"
+        assert reply["content"]["language_info"]["name"] == "python"
+

@@ -1,0 +1,280 @@
+"""``%%lm`` and ``%lm`` in an in-process IPython shell (no kernel, no ZMQ), on a tiny checkpoint.
+
+Expected values come from the engine itself, asked directly with the prompt the cell should build
+(greedy decoding is deterministic), or from a recording backend that shows what reached it.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+from IPython.utils.capture import capture_output
+
+import lmnb
+from lmnb.backend.base import BaseBackend, Completion
+from lmnb_engine import SamplingParams
+from lmnb_kernel.session import EngineConfig, Session, get_session
+
+
+@pytest.fixture(scope="module")
+def ip(tiny_llama):
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.extension_manager.load_extension("lmnb_kernel")
+    session = get_session()
+    session.load(EngineConfig(model=str(tiny_llama)))
+    yield shell
+    session.close()
+    shell.extension_manager.unload_extension("lmnb_kernel")
+
+
+def run(ip, code: str):
+    """(ExecutionResult, captured outputs and stdout) of one cell."""
+    with capture_output() as out:
+        result = ip.run_cell(code)
+    return result, out
+
+
+def summaries(out) -> list[dict]:
+    """The lmnb metadata of the cell summaries a run displayed."""
+    return [o.metadata["lmnb"] for o in out.outputs if "tokens" in (o.metadata or {}).get("lmnb", {})]
+
+
+def greedy_result(prompt: str, max_new_tokens: int):
+    """The engine's ``GenerateResult`` for ``prompt`` asked directly (with the chat template's
+    stops, which lmnb adds to every gen as SGLang does)."""
+    backend = get_session().backend()
+    stop = list(backend.get_chat_template().stop_str) or None
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, stop=stop)
+    return backend.engine.generate(prompt, params)
+
+
+def greedy(ip, prompt: str, max_new_tokens: int) -> str:
+    return greedy_result(prompt, max_new_tokens).text
+
+
+def test_cell_captures_what_the_engine_generates_for_the_built_prompt(ip):
+    ip.user_ns["topic"] = "the red cat"
+    result, out = run(ip, "%%lm --static --temperature 0 --out st\nTell me about {topic}.\nAnswer:{gen answer max_tokens=12}")
+    assert result.success, out.stdout
+    reference = greedy_result("Tell me about the red cat.\nAnswer:", 12)
+    expected = reference.text
+    assert ip.user_ns["answer"] == expected
+    assert ip.user_ns["st"].text() == "Tell me about the red cat.\nAnswer:" + expected
+    [meta] = summaries(out)
+    assert meta["captured"] == ["answer"] and meta["status"] == "done"
+    assert meta["tokens"]["completion_tokens"] == reference.meta.completion_tokens
+    assert meta["tokens"]["prompt_tokens"] == reference.meta.prompt_tokens
+    assert f"answer = {expected!r}" in out.outputs[-1].data["text/plain"]
+
+
+def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
+    run(ip, "%lm reset")
+    first, out1 = run(ip, "%%lm --static --temperature 0 --state chat\nUser: hello there\nBot:{gen r1 max_tokens=6}")
+    assert first.success, out1.stdout
+    before = get_session().states["chat"].state.text()
+    second, out2 = run(ip, "%%lm --static --temperature 0 --state chat --out st2\n\nUser: and you\nBot:{gen r2 max_tokens=6}")
+    assert second.success, out2.stdout
+    [m1], [m2] = summaries(out1), summaries(out2)
+    assert m2["tokens"]["cached_tokens"] >= m1["tokens"]["prompt_tokens"] > 0
+    assert ip.user_ns["st2"].text() == before + "\nUser: and you\nBot:" + ip.user_ns["r2"]
+    kept = get_session().states["chat"].state.text()
+    failed, out3 = run(ip, "%%lm --static --temperature 0 --state chat\n\nmore{gen r3 max_tokens=3}{1 / 0}")
+    assert not failed.success and "ZeroDivisionError" in out3.stdout and "line 3, col 27" in out3.stdout
+    assert get_session().states["chat"].state.text() == kept  # the copy failed, not the state
+    assert "r3" in ip.user_ns  # a variable finished before the failure is still delivered
+
+
+def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
+    ip.user_ns["colors"] = ["red", "blue"]
+    cell = ("%%lm --static --temperature 0\nPick:\n{fork c in colors}\nThe {c} one is{gen why max_tokens=4}\n{join}\n"
+            'Best:{select best choices=[" cat", " dog"]}')
+    result, out = run(ip, cell)
+    assert result.success, out.stdout
+    why = ip.user_ns["why"]
+    assert why == [greedy(ip, f"Pick:\nThe {c} one is", 4) for c in ["red", "blue"]]
+    assert ip.user_ns["best"] in (" cat", " dog")
+    view = [o.data for o in out.outputs if "application/vnd.lmnb.view+json" in o.data][-1]
+    lanes = view["application/vnd.lmnb.view+json"]["lanes"]
+    assert [ln["parent"] for ln in lanes] == [None, "main", "main"]
+
+
+def test_python_mode_runs_a_program_body_with_state_s(ip):
+    ip.user_ns["lmnb"] = lmnb
+    ip.user_ns["who"] = "Bo"
+    result, out = run(ip, '%%lm --python --static --temperature 0\ns += "Hi " + who + ":"\ns += lmnb.gen("hi", max_tokens=5)')
+    assert result.success, out.stdout
+    assert ip.user_ns["hi"] == greedy(ip, "Hi Bo:", 5)
+    bad, out = run(ip, "%%lm --python --static\ns += 'x'\ny = missing_name")
+    assert not bad.success and "line 3: NameError" in out.stdout
+
+
+def test_quiet_shows_nothing_and_python_cells_share_the_engine(ip):
+    result, out = run(ip, "%%lm --quiet --temperature 0\nQuiet:{gen q max_tokens=3}")
+    assert result.success and out.outputs == []
+    assert ip.user_ns["q"] == greedy(ip, "Quiet:", 3)
+    # lmnb's default backend is the session's: a plain program reuses the cells' engine and cache.
+    result, out = run(ip, '@lmnb.function\ndef p(s):\n    s += "Quiet:" + lmnb.gen("q2", max_tokens=3)\nz = p.run(temperature=0)')
+    assert result.success, out.stdout
+    assert ip.user_ns["z"]["q2"] == ip.user_ns["q"]
+    assert ip.user_ns["z"].get_meta_info("q2")["cached_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "cell, words",
+    [
+        ("%%lm --bogus\nx", "unrecognized arguments: --bogus"),
+        ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
+        ("%%lm --out 1x\nx", "--out '1x' is not a valid name"),
+        ("%%lm\n   ", "the cell body is empty"),
+        ("%%lm\nline two\n  {gen a max_token=3}", "line 3, col 10: gen has no option 'max_token'"),
+        ("%%lm\nHi {nobody_defined_this}", "line 2, col 5: name 'nobody_defined_this' is not defined"),
+        ("%lm", "needs a subcommand"),
+        ("%lm frobnicate", "invalid choice: 'frobnicate'"),
+        ("%lm pin nosuchstate", "no state named 'nosuchstate'"),
+        ("%lm connect http://127.0.0.1:9", "could not connect to http://127.0.0.1:9"),
+        ("%lm load /no/such/checkpoint", "could not load /no/such/checkpoint"),
+    ],
+)
+def test_bad_usage_gets_one_clear_message(ip, cell, words):
+    result, out = run(ip, cell)
+    assert not result.success
+    assert words in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+class Recorder(BaseBackend):
+    """A backend that answers "ok" and records the prompt and resolved parameters of each gen."""
+
+    def __init__(self):
+        self.calls = []
+
+    def get_chat_template(self):
+        return lmnb.get_chat_template("default")
+
+    def generate(self, prompt, params, rid):
+        self.calls.append((prompt.text, params))
+        return [Completion("ok", {"prompt_tokens": 3, "cached_tokens": 1, "completion_tokens": 1,
+                                  "finish_reason": {"type": "stop"}})]
+
+    def generate_stream(self, prompt, params, rid):
+        [c] = self.generate(prompt, params, rid)
+        yield c.text, c.meta_info
+
+
+@contextmanager
+def recording(ip):
+    magics = ip._lmnb_magics
+    real, fake, backend = magics.session, Session(), Recorder()
+    fake.connect(backend, "recorder")
+    magics.session = fake
+    try:
+        yield backend
+    finally:
+        magics.session = real
+
+
+def test_cell_options_become_program_defaults_and_gen_options_win(ip):
+    with recording(ip) as backend:
+        result, out = run(ip, "%%lm --static --temperature 0.5 --max-tokens 7 --seed 3\nA{gen a}B{gen b temperature=0.9 max_tokens=2}")
+        assert result.success, out.stdout
+    (p1, a), (p2, b) = backend.calls
+    assert (p1, p2) == ("A", "AokB")
+    assert (a.temperature, a.max_new_tokens, a.seed) == (0.5, 7, 3)
+    assert (b.temperature, b.max_new_tokens, b.seed) == (0.9, 2, 3)
+
+
+def test_pinned_state_survives_a_flush_and_unpinned_does_not(ip):
+    engine = get_session().backend().engine
+    run(ip, "%lm reset")
+    run(ip, "%%lm --static --temperature 0 --state keep\nThe first part of a long prompt.{gen k max_tokens=4}")
+    text = get_session().states["keep"].state.text()
+    result, out = run(ip, "%lm pin keep")
+    assert result.success, out.stdout
+    pinned = len(engine.encode(text))
+    assert engine.cache_stats()["pinned_prefixes"] == 1
+    assert engine.cache_stats()["protected_tokens"] >= pinned
+    run(ip, "%lm flush")
+    _, out = run(ip, "%%lm --static --temperature 0 --state keep\n\nNext{gen k2 max_tokens=2}")
+    [meta] = summaries(out)
+    assert meta["tokens"]["cached_tokens"] >= pinned - 1  # the pinned prefix outlived the flush
+    states_out = run(ip, "%lm states")[1].outputs[0].data["text/plain"]
+    assert "keep" in states_out and "yes" in states_out
+    run(ip, "%lm unpin keep")
+    assert engine.cache_stats()["pinned_prefixes"] == 0
+    run(ip, "%lm flush")
+    _, out = run(ip, "%%lm --static --temperature 0 --state keep\n\nAgain{gen k3 max_tokens=2}")
+    assert summaries(out)[0]["tokens"]["cached_tokens"] == 0
+
+
+def test_stats_and_tree_show_the_engine(ip):
+    result, out = run(ip, "%lm stats")
+    assert result.success
+    stats = out.outputs[0].metadata["lmnb"]["stats"]
+    assert stats == {**stats, "running_requests": 0, "waiting_requests": 0}
+    result, out = run(ip, "%lm tree")
+    assert result.success and "radix tree" in out.outputs[0].data["text/plain"]
+
+
+@contextmanager
+def separate_session(ip):
+    """Run the magics on a fresh session (so the module's in-process engine stays loaded)."""
+    magics = ip._lmnb_magics
+    real, magics.session = magics.session, Session()
+    try:
+        yield magics.session
+    finally:
+        magics.session.close()
+        magics.session = real
+
+
+def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.get(url + "/get_model_info", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert server.poll() is None and time.monotonic() < deadline, "lmnb serve did not come up"
+                time.sleep(0.5)
+        expected = greedy(ip, "Q: where\nA:", 5)
+        with separate_session(ip):
+            for connect in (f"%lm connect {url}", f"%lm connect {url}/v1 --openai {tiny_llama} --completion"):
+                result, out = run(ip, connect)
+                assert result.success, out.stdout
+                ip.user_ns.pop("remote", None)
+                result, out = run(ip, "%%lm --static --temperature 0\nQ: where\nA:{gen remote max_tokens=5}")
+                assert result.success, out.stdout
+                assert ip.user_ns["remote"] == expected
+            result, out = run(ip, "%lm stats")
+            assert not result.success and "needs the in-process engine" in out.stdout
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_load_starts_an_engine_now_and_a_failed_load_keeps_the_old_one(ip, tiny_llama):
+    engine = get_session().backend().engine
+    run(ip, "%lm load /no/such/checkpoint")
+    assert get_session().backend().engine is engine  # still serving the next cell
+    with separate_session(ip) as session:
+        result, out = run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")
+        assert result.success, out.stdout
+        assert session.started and session.backend().engine.model_info()["max_total_tokens"] == 4096
+        assert str(tiny_llama) in out.outputs[0].data["text/plain"]
