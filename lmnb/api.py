@@ -377,14 +377,17 @@ def assistant_end() -> RoleEnd:
 
 
 def image(source: Any) -> Image:
-    """An image input (path, URL or bytes). Accepted now; running it raises NotImplementedError
-    until multimodal models are supported."""
+    """An image input: a file path, ``PIL.Image.Image``, encoded bytes or ``data:image/...;base64``
+    URL (http(s) URLs only with ``LMNB_ALLOW_REMOTE_MEDIA=1``). Runs on the in-process ``Engine``
+    backend with a LLaVA checkpoint: the image's KV is reused by later prompts with the same pixels
+    (paper §6). Other backends raise ``NotImplementedError``; a bad image raises ``ValueError``."""
     return Image(source)
 
 
 def video(source: Any, num_frames: int) -> Video:
-    """A video input sampled to ``num_frames`` frames. Accepted now; running it raises
-    NotImplementedError until multimodal models are supported."""
+    """A video file sampled uniformly to ``num_frames`` frames (decord, else PyAV, else Pillow),
+    each given to the model as an image (its own placeholder and cache key). Same backends as
+    ``image``."""
     if not isinstance(num_frames, int) or num_frames < 1:
         raise ValueError(f"video() num_frames must be a positive integer, got {num_frames!r}")
     return Video(source, num_frames)

@@ -189,6 +189,7 @@ class StreamExecutor:
 
         self.text_ = ""
         self.messages_: list[dict] = []
+        self.images_: list = []  # [issue 10] image()/video() inputs, in prompt order
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.cur_role: Optional[str] = None
@@ -384,7 +385,8 @@ class StreamExecutor:
 
     def _prompt(self) -> Prompt:
         role_text = self.text_[self.cur_role_begin_pos:] if self.cur_role is not None else ""
-        return Prompt(text=self.text_, messages=list(self.messages_), role=self.cur_role, role_text=role_text)
+        return Prompt(text=self.text_, messages=list(self.messages_), role=self.cur_role, role_text=role_text,
+                      images=tuple(self.images_))
 
     def _call(self, fn: Callable, *args):
         """Run a backend call with a fresh request id registered for abort."""
@@ -425,11 +427,14 @@ class StreamExecutor:
                 self._emit("prefill", meta_info=meta)
         elif isinstance(expr, _JoinApply):
             self._execute_join(expr)
-        elif isinstance(expr, (Image, Video)):
-            raise NotImplementedError(
-                f"{type(expr).__name__.lower()}() needs a multimodal model, which lmnb backends do not "
-                "support yet (the multimodal issue adds it); remove the image/video input to run this program"
-            )
+        elif isinstance(expr, (Image, Video)):  # [issue 10]
+            if not getattr(self.backend, "supports_images", False):
+                raise NotImplementedError(
+                    f"{type(expr).__name__.lower()}() needs a backend that sends images to a multimodal (vision-language) "
+                    f"model; {type(self.backend).__name__} does not. Use lmnb.Engine(<LLaVA checkpoint>)"
+                )
+            self.images_.append(expr)
+            self._append(self.chat_template.image_token, type(expr).__name__.lower())
         else:
             raise TypeError(f"unknown primitive {expr!r}")
 
@@ -592,6 +597,7 @@ class StreamExecutor:
             c.fork_start_text_pos = len(self.text_)
             c.fork_start_messages = len(self.messages_)
             c.speculated_text = self.speculated_text
+            c.images_ = list(self.images_)  # [issue 10]
             children.append(c)
         self._children += children
         self._emit("fork", children=tuple(c.sid for c in children))

@@ -232,7 +232,7 @@ class RoleEnd(Expr):
 
 
 class Image(Expr):
-    """An image input (a path, URL or bytes); runs once multimodal models are supported."""
+    """An image input (path, PIL image, bytes or data URL); see ``lmnb.image``."""
 
     def __init__(self, source: Any):
         self.source = source
@@ -242,7 +242,7 @@ class Image(Expr):
 
 
 class Video(Expr):
-    """A video input sampled to ``num_frames`` frames; runs once multimodal models are supported."""
+    """A video input sampled to ``num_frames`` frames; see ``lmnb.video``."""
 
     def __init__(self, source: Any, num_frames: int):
         self.source = source

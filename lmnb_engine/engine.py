@@ -437,6 +437,10 @@ class Engine:
                 if ids:
                     parts.append(self.tokenizer.decode(ids))
                     ids = []
+                if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):  # [issue 10]
+                    if item[1] == 0:  # an image position (hash, i): one marker per image
+                        parts.append(f"<image {item[0][:8]}>")
+                    continue
                 parts.append(f"<{type(item).__name__}>")
         if ids:
             parts.append(self.tokenizer.decode(ids))

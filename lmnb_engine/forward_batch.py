@@ -39,6 +39,8 @@ class ForwardBatch:
         logits_indices: int64 [L] rows of ``T`` whose logits the model returns, in order.
         seq_lens_cpu, extend_prefix_lens_cpu, extend_seq_lens_cpu: the same as Python lists, so
             backends that loop per request need no device sync.
+        mm_inputs: [issue 10] per request, its ``lmnb_engine.multimodal.MultimodalInputs`` (image
+            placeholder offsets, pixels, content hashes) or None; None for an all-text batch.
     """
 
     mode: ForwardMode
@@ -55,6 +57,7 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_prefix_lens_cpu: list[int]
     extend_seq_lens_cpu: list[int]
+    mm_inputs: list | None = None  # [issue 10]
 
     @property
     def batch_size(self) -> int:

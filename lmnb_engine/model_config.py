@@ -24,7 +24,11 @@ _ARCH_FLAGS: dict[str, dict[str, Any]] = {
     "Qwen3ForCausalLM": dict(qkv_bias="attention_bias", o_bias="attention_bias", qk_norm=True),
 }
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCH_FLAGS)
+# [issue 10] Vision-language wrappers: the geometry is their text model's (``text_config``).
+MULTIMODAL_ARCHITECTURES: tuple[str, ...] = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration")
+_TEXT_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCH_FLAGS) + MULTIMODAL_ARCHITECTURES
 
 # RoPE variants whose inverse frequencies are fixed (no dependence on the current sequence length).
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
@@ -46,7 +50,9 @@ class ModelConfig:
         qkv_bias, o_bias, mlp_bias: which linear layers carry a bias.
         qk_norm: per-head RMSNorm on q and k (Qwen3).
         rope_type, rope_theta: RoPE variant (``SUPPORTED_ROPE_TYPES``) and base.
-        hf_config: the transformers config object (RoPE init functions read it).
+        hf_config: the transformers config object (RoPE init functions read it); for a
+            multimodal model, its ``text_config``.
+        multimodal_hf_config: [issue 10] the whole config of a vision-language model (LLaVA), else None.
     """
 
     architecture: str
@@ -69,6 +75,7 @@ class ModelConfig:
     rope_type: str
     rope_theta: float
     hf_config: Any = field(repr=False, compare=False)
+    multimodal_hf_config: Any = field(default=None, repr=False, compare=False)  # [issue 10]
 
     @classmethod
     def from_hf(cls, hf_config: Any, dtype: torch.dtype, device: torch.device | str) -> "ModelConfig":
@@ -78,6 +85,8 @@ class ModelConfig:
             ValueError: the architecture is not in ``SUPPORTED_ARCHITECTURES``, the RoPE type is
                 not in ``SUPPORTED_ROPE_TYPES``, or the head geometry is inconsistent.
         """
+        if _architecture(hf_config) in MULTIMODAL_ARCHITECTURES:  # [issue 10]
+            return _multimodal_config(cls, hf_config, dtype, device)
         arch = _architecture(hf_config)
         flags = _ARCH_FLAGS[arch]
         attention_bias = bool(getattr(hf_config, "attention_bias", False))
@@ -119,10 +128,26 @@ class ModelConfig:
         )
 
 
+def _multimodal_config(cls, hf_config: Any, dtype: torch.dtype, device: torch.device | str) -> "ModelConfig":
+    """[issue 10] A LLaVA config: the text model's geometry, the wrapper's architecture name."""
+    import dataclasses
+
+    text = hf_config.text_config
+    text_arch = _TEXT_ARCH_BY_MODEL_TYPE.get(getattr(text, "model_type", None))
+    if text_arch is None:
+        raise ValueError(
+            f"the language model of this {_architecture(hf_config)} is a {getattr(text, 'model_type', '?')!r}; "
+            f"lmnb_engine runs LLaVA on {', '.join(_TEXT_ARCH_BY_MODEL_TYPE)} language models"
+        )
+    text.architectures = [text_arch]
+    base = cls.from_hf(text, dtype, device)
+    return dataclasses.replace(base, architecture=_architecture(hf_config), multimodal_hf_config=hf_config)
+
+
 def _architecture(hf_config: Any) -> str:
     archs = list(getattr(hf_config, "architectures", None) or [])
     for a in archs:
-        if a in _ARCH_FLAGS:
+        if a in _ARCH_FLAGS or a in MULTIMODAL_ARCHITECTURES:
             return a
     raise ValueError(
         f"unsupported architecture {archs or '(none given in config.json)'}; lmnb_engine supports "

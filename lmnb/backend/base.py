@@ -26,12 +26,15 @@ class Prompt:
     messages: completed chat messages in OpenAI format (``{"role", "content"}``).
     role: the role currently open (``"assistant"`` while generating a reply), or None.
     role_text: the text written inside the open role so far.
+    images: [issue 10] the ``image()``/``video()`` inputs so far (``lmnb.ir.Image``/``Video``), in
+        order; ``text`` holds the chat template's ``image_token`` once where each one goes.
     """
 
     text: str
     messages: list = field(default_factory=list)
     role: Optional[str] = None
     role_text: str = ""
+    images: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class BaseBackend:
 
     #: True when prompts go out as chat messages (OpenAI chat models), not as text.
     is_chat_model: bool = False
+    #: [issue 10] True when ``Prompt.images`` are sent to the model (image/video primitives run).
+    supports_images: bool = False
 
     def get_chat_template(self) -> ChatTemplate:
         """The role markers programs on this backend use."""

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional, Sequence
 from lmnb.backend.base import BaseBackend, Completion, Prompt
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
-from lmnb.ir import GenParams
+from lmnb.ir import GenParams, Image
 
 # Context of the unconditional score in unconditional_likelihood_normalized (EleutherAI's choice).
 UNCONDITIONAL_CONTEXT = "Answer:"
@@ -105,15 +105,38 @@ class Engine(BaseBackend):
 
         return meta_info(self.engine.generate(text, SamplingParams(max_new_tokens=0)))
 
+    supports_images = True  # [issue 10]
+
+    def _engine_prompt(self, prompt: Prompt) -> Any:
+        """[issue 10] ``prompt.text``, or with images a ``lmnb_engine.multimodal.MultimodalPrompt``
+        (a video's placeholder repeated once per sampled frame; frames are images)."""
+        if not prompt.images:
+            return prompt.text
+        from lmnb_engine.multimodal import MultimodalPrompt, sample_video_frames
+
+        token = self.get_chat_template().image_token
+        parts = prompt.text.split(token)
+        if len(parts) != len(prompt.images) + 1:
+            raise ValueError(
+                f"the prompt holds {len(parts) - 1} {token!r} placeholders for {len(prompt.images)} image/video "
+                f"inputs; do not write {token} as text in a program that uses image()/video()"
+            )
+        text, images = parts[0], []
+        for media, rest in zip(prompt.images, parts[1:]):
+            frames = [media.source] if isinstance(media, Image) else sample_video_frames(media.source, media.num_frames)
+            images += frames
+            text += token * len(frames) + rest
+        return MultimodalPrompt(text, images)
+
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
-        handle = self.engine.submit(prompt.text, engine_sampling_params(params), rid=rid)
+        handle = self.engine.submit(self._engine_prompt(prompt), engine_sampling_params(params), rid=rid)
         results = handle.result()
         if not isinstance(results, list):
             results = [results]
         return [Completion(r.text, self._meta(r, params)) for r in sorted(results, key=lambda r: r.index)]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
-        handle = self.engine.submit(prompt.text, engine_sampling_params(params), rid=rid)
+        handle = self.engine.submit(self._engine_prompt(prompt), engine_sampling_params(params), rid=rid)
         completion_tokens = 0
         for ev in handle.events():
             completion_tokens += len(ev.token_ids)
@@ -128,6 +151,8 @@ class Engine(BaseBackend):
         tokenization, all choices submitted together so the engine batches them."""
         from lmnb_engine import SamplingParams
 
+        if prompt.images:  # [issue 10]
+            raise NotImplementedError("select() after image()/video() is not supported yet; use gen() with a regex")
         eng = self.engine
         p_ids = eng.encode(prompt.text)
         if p_ids:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
 from lmnb_engine.http_server.protocol import RequestError
+from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
@@ -300,19 +301,26 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             raise RequestError("messages is empty", param="messages")
         if not engine.chat_template:
             raise RequestError("this model has no chat template; use /v1/completions", param="messages")
-        messages = [_plain_message(m, i) for i, m in enumerate(req.messages)]
+        images: list = []  # [issue 10] image_url parts, in order; each left an image token in its message
+        messages = [_plain_message(m, i, images, engine) for i, m in enumerate(req.messages)]
         try:
             text = await ctx.run(engine.apply_chat_template, messages, True)
         except Exception as e:  # the template's own checks (e.g. roles must alternate)
             raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
         ids = engine.encode(text, add_special_tokens=False)  # the template wrote any BOS itself
+        prompt = ids
+        if images:  # [issue 10] decode, hash and preprocess off the event loop; bad images -> 400
+            try:
+                prompt = await ctx.run(engine.multimodal.prepare, MultimodalPrompt(ids, images))
+            except ValueError as e:
+                raise RequestError(str(e), param="messages") from None
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
-            max_tokens = max(engine.context_len - len(ids), 0)
+            max_tokens = max(engine.context_len - len(prompt), 0)
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
-        handles = await ctx.submit([ids], [params], [uuid.uuid4().hex])
+        handles = await ctx.submit([prompt], [params], [uuid.uuid4().hex])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return StreamingResponse(_stream(ctx, handles, rid, created, "chat.completion.chunk", req),
@@ -343,14 +351,33 @@ def _usage_total(results: list, n_prompts: int) -> dict:
     }
 
 
-def _plain_message(m: ChatMessage, i: int) -> dict:
-    """A message with string content (text parts joined); other parts are rejected."""
+def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
+    """A message with string content (text parts joined). [issue 10] An ``image_url`` part
+    (OpenAI's ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}``) becomes
+    the model's image token in the text and its URL is appended to ``images``; other parts are rejected."""
     content = m.content
     if isinstance(content, list):
-        bad = [p.type for p in content if p.type != "text"]
+        bad = [p.type for p in content if p.type not in ("text", "image_url")]
         if bad:
-            raise RequestError(f"messages[{i}] has {bad[0]!r} content: lmnb serves text-only models", param="messages")
-        content = "".join(p.text or "" for p in content)
+            raise RequestError(f"messages[{i}] has {bad[0]!r} content: lmnb serves text and image_url parts",
+                               param="messages")
+        pieces = []
+        for p in content:
+            if p.type == "text":
+                pieces.append(p.text or "")
+                continue
+            try:
+                token = engine.multimodal.image_token
+            except (ValueError, AttributeError):
+                raise RequestError(f"messages[{i}] has an image_url part, but the served model is text-only; "
+                                   "serve a LLaVA checkpoint to send images", param="messages") from None
+            url = (p.model_extra or {}).get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str):
+                raise RequestError(f"messages[{i}] has an image_url part without image_url.url", param="messages")
+            pieces.append(token)
+            images.append(url)
+        content = "".join(pieces)
     out = {"role": m.role, "content": content or ""}
     if m.name:
         out["name"] = m.name

@@ -123,8 +123,15 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.no_grad()  # not inference_mode: callers may update the returned logits in place
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend, kv_pool: TokenToKVPool) -> torch.Tensor:
-        """One forward pass over the batch's new tokens.
+    def forward(
+        self,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        kv_pool: TokenToKVPool,
+        input_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One forward pass over the batch's new tokens (``input_embeds`` [T, hidden]: use these
+        instead of embedding ``batch.input_ids``; a vision-language model passes image features in).
 
         Calls ``attn.init_forward(batch)`` once, then runs every layer; each layer's attention
         writes the new K/V into ``kv_pool`` at ``batch.out_cache_loc``.
@@ -134,7 +141,7 @@ class LlamaForCausalLM(nn.Module):
             ``batch.logits_indices`` only (the LM head runs on those rows alone).
         """
         attn.init_forward(batch)
-        x = self.model.embed_tokens(batch.input_ids)
+        x = self.model.embed_tokens(batch.input_ids) if input_embeds is None else input_embeds  # [issue 10]
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, batch, attn, kv_pool)

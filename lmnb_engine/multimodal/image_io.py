@@ -1,0 +1,160 @@
+"""Decode an image from a path, PIL image, bytes or data URL, and hash its pixels.
+
+The content hash (SHA-256 over mode, size and raw RGB bytes of the decoded image) is what the
+radix cache keys an image's placeholder positions with (paper §6: image tokens are reused across
+requests by keying on the image), so the same picture from a file, bytes or a data URL shares KV
+and a one-pixel change does not. Decoding is Pillow's; remote URLs are refused unless enabled.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+DEFAULT_MAX_BYTES = 20 * 2**20  # encoded size (a file, bytes, a data URL's payload)
+DEFAULT_MAX_PIXELS = 50_000_000  # width × height of the decoded image
+ALLOW_REMOTE_ENV = "LMNB_ALLOW_REMOTE_MEDIA"
+
+
+class ImageInputError(ValueError):
+    """An image input that cannot be used: unreadable, too large, or a refused remote URL."""
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    """A decoded image and its content hash.
+
+    Attributes:
+        image: RGB ``PIL.Image.Image``.
+        hash: hex SHA-256 of the decoded pixels (see the module docstring).
+    """
+
+    image: Image.Image
+    hash: str
+
+
+def pixel_hash(image: Image.Image) -> str:
+    """Hex SHA-256 of ``image`` converted to RGB: mode, width, height, then the raw bytes."""
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    h = hashlib.sha256(f"RGB:{rgb.width}x{rgb.height}:".encode())
+    h.update(rgb.tobytes())
+    return h.hexdigest()
+
+
+def load_image(
+    source: Any,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    allow_remote: bool | None = None,
+) -> LoadedImage:
+    """Decode ``source`` into an RGB image and hash it.
+
+    Args:
+        source: a ``PIL.Image.Image``; a path (``str``/``PathLike``); ``bytes``/``bytearray`` of an
+            encoded image (PNG, JPEG, ...); a ``data:image/...;base64,...`` URL; or an
+            ``http(s)://`` URL when remote fetching is enabled.
+        max_bytes: largest encoded size accepted.
+        max_pixels: largest width × height accepted (guards against decompression bombs).
+        allow_remote: fetch http(s) URLs; None = only when the environment variable
+            ``LMNB_ALLOW_REMOTE_MEDIA=1`` is set.
+    Returns:
+        ``LoadedImage``.
+    Raises:
+        ImageInputError (a ValueError): wrong type, missing file, bad base64, an unreadable or
+            truncated image, a size over the limits, or a remote URL while fetching is off.
+    """
+    if isinstance(source, Image.Image):
+        image = source
+        _check_pixels(image, max_pixels, "the PIL image")
+        return _finish(image, "the PIL image")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _decode(bytes(source), max_bytes, max_pixels, f"the {len(source)}-byte image data")
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):
+        raise ImageInputError(
+            f"an image must be a file path, a PIL image, bytes or a base64 data URL; got {type(source).__name__}"
+        )
+    if source.startswith("data:"):
+        return _decode(_data_url_bytes(source, max_bytes), max_bytes, max_pixels, "the data URL")
+    if source.startswith(("http://", "https://")):
+        return _decode(_fetch(source, max_bytes, allow_remote), max_bytes, max_pixels, source)
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise ImageInputError(f"no image file at {source!r}; check the path")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ImageInputError(f"image file {source!r} is {size} bytes, over the limit of {max_bytes}; shrink it")
+    return _decode(path.read_bytes(), max_bytes, max_pixels, repr(source))
+
+
+def _data_url_bytes(url: str, max_bytes: int) -> bytes:
+    head, sep, payload = url.partition(",")
+    if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
+        raise ImageInputError(
+            f"data URL {url[:40]!r}... is not of the form data:image/<type>;base64,<data>; encode the image as base64"
+        )
+    if len(payload) * 3 // 4 > max_bytes:
+        raise ImageInputError(f"data URL image is over the limit of {max_bytes} bytes; shrink it")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageInputError("the data URL's payload is not valid base64") from None
+
+
+def _fetch(url: str, max_bytes: int, allow_remote: bool | None) -> bytes:
+    if allow_remote is None:
+        allow_remote = os.environ.get(ALLOW_REMOTE_ENV, "") in ("1", "true", "yes")
+    if not allow_remote:
+        raise ImageInputError(
+            f"remote image {url!r} is not fetched (fetching is off); download it and pass the path or bytes, "
+            f"or set {ALLOW_REMOTE_ENV}=1"
+        )
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - opt-in, http(s) only
+            data = resp.read(max_bytes + 1)
+    except OSError as e:
+        raise ImageInputError(f"could not fetch {url!r}: {e}") from None
+    if len(data) > max_bytes:
+        raise ImageInputError(f"remote image {url!r} is over the limit of {max_bytes} bytes")
+    return data
+
+
+def _check_pixels(image: Image.Image, max_pixels: int, what: str) -> None:
+    if image.width * image.height > max_pixels:
+        raise ImageInputError(
+            f"{what} is {image.width}x{image.height} pixels, over the limit of {max_pixels}; resize it"
+        )
+
+
+def _decode(data: bytes, max_bytes: int, max_pixels: int, what: str) -> LoadedImage:
+    if len(data) > max_bytes:
+        raise ImageInputError(f"{what} is {len(data)} bytes, over the limit of {max_bytes}; shrink it")
+    try:
+        image = Image.open(io.BytesIO(data))
+        _check_pixels(image, max_pixels, what)  # from the header, before decoding the pixels
+        image.load()
+    except ImageInputError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
+        raise ImageInputError(f"{what} is not a readable image ({type(e).__name__}: {e}); use PNG, JPEG, GIF, "
+                              "WebP or BMP") from None
+    return _finish(image, what)
+
+
+def _finish(image: Image.Image, what: str) -> LoadedImage:
+    try:
+        rgb = image.convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ImageInputError(f"{what} cannot be converted to RGB ({e})") from None
+    return LoadedImage(rgb, pixel_hash(rgb))

@@ -1,0 +1,82 @@
+"""Image decoding, content hashes and video frame sampling (no model)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lmnb_engine.multimodal import ImageInputError, load_image, sample_video_frames
+from lmnb_engine.multimodal.video import _av_frames, _decord_frames, _pillow_frames, frame_indices, video_backend
+from tests.helpers_multimodal import frame_color, png_bytes, random_image, write_video
+
+
+def test_every_source_of_one_image_has_the_same_hash(tmp_path):
+    img = random_image(0)
+    data = png_bytes(img)
+    path = tmp_path / "a.png"
+    path.write_bytes(data)
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    expected = hashlib.sha256(f"RGB:{img.width}x{img.height}:".encode() + np.asarray(img).tobytes()).hexdigest()
+    for source in (img, data, bytearray(data), str(path), path, url, img.convert("RGBA")):
+        loaded = load_image(source)
+        assert loaded.hash == expected
+        assert loaded.image.mode == "RGB" and np.array_equal(np.asarray(loaded.image), np.asarray(img))
+
+
+def test_one_pixel_changes_the_hash():
+    img = random_image(0)
+    other = img.copy()
+    other.putpixel((0, 0), tuple((c + 1) % 256 for c in img.getpixel((0, 0))))
+    assert load_image(img).hash != load_image(other).hash
+    assert load_image(img).hash != load_image(img.resize((img.width + 1, img.height))).hash
+
+
+def test_limits_and_refusals(tmp_path, monkeypatch):
+    data = png_bytes(random_image(0))
+    with pytest.raises(ImageInputError, match="over the limit"):
+        load_image(data, max_bytes=len(data) - 1)
+    with pytest.raises(ImageInputError, match="over the limit"):
+        load_image(Image.new("RGB", (100, 100)), max_pixels=9999)
+    with pytest.raises(ImageInputError, match="over the limit"):  # checked from the header, before decoding
+        load_image(png_bytes(Image.new("RGB", (100, 100))), max_pixels=9999)
+    with pytest.raises(ImageInputError, match="not a readable image"):
+        load_image(data[:40])  # truncated
+    with pytest.raises(ImageInputError, match="data:image/<type>;base64"):
+        load_image("data:text/plain;base64,aGk=")
+    monkeypatch.delenv("LMNB_ALLOW_REMOTE_MEDIA", raising=False)
+    with pytest.raises(ImageInputError, match="LMNB_ALLOW_REMOTE_MEDIA"):
+        load_image("http://127.0.0.1:9/x.png")
+    assert issubclass(ImageInputError, ValueError)
+
+
+def test_frame_indices_are_uniform_and_include_both_ends():
+    assert frame_indices(8, 4) == [0, 2, 4, 7]  # linspace(0, 7, 4) = 0, 2.33, 4.67, 7, truncated
+    assert frame_indices(10, 1) == [0]
+    assert frame_indices(3, 8) == [0, 1, 2]  # a short video gives all its frames
+
+
+def test_video_frames_are_the_uniformly_spaced_ones(tmp_path):
+    path = tmp_path / "v.mp4"
+    write_video(path, num_frames=8)
+    want = [frame_color(i) for i in (0, 2, 4, 7)]  # linspace(0, 7, 4) truncated
+    readers = [sample_video_frames, _av_frames] + ([_decord_frames] if video_backend() == "decord" else [])
+    for reader in readers:
+        frames = reader(path, 4)
+        assert len(frames) == 4
+        for frame, color in zip(frames, want):  # lossy codec: colours survive to a few levels
+            assert np.abs(np.asarray(frame).reshape(-1, 3).mean(0) - color).max() < 6, reader.__name__
+    gif = tmp_path / "v.gif"
+    frames = [Image.new("RGB", (8, 8), (i * 30, 0, 0)) for i in range(8)]
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
+    assert [f.getpixel((0, 0))[0] for f in _pillow_frames(gif, 4)] == [0, 60, 120, 210]
+    with pytest.raises(ImageInputError, match="positive integer"):
+        sample_video_frames(path, 0)
+    with pytest.raises(ImageInputError, match="no video file"):
+        sample_video_frames(tmp_path / "missing.mp4", 2)
+    (tmp_path / "junk.mp4").write_bytes(b"junk" * 10)
+    with pytest.raises(ImageInputError, match="not a readable video"):
+        sample_video_frames(tmp_path / "junk.mp4", 2)

@@ -1,0 +1,113 @@
+"""``image``/``video`` in programs on the in-process engine (tiny random LLaVA): answers equal
+transformers' LLaVA on the rendered prompt, and a second question reuses the image/frame KV."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lmnb as sgl
+from lmnb.executor import ProgramError
+from tests.helpers_multimodal import random_image, write_video
+
+
+@pytest.fixture(scope="module")
+def llava_ckpt(tmp_path_factory):
+    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
+
+    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava-lang"))
+
+
+@pytest.fixture(scope="module")
+def backend(llava_ckpt):
+    b = sgl.Engine(str(llava_ckpt), device="cpu", max_total_tokens=4096)
+    yield b
+    b.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf(llava_ckpt):
+    import transformers
+
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
+    return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
+
+
+@sgl.function
+def ask_image(s, img, question):
+    s += sgl.user(sgl.image(img) + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+
+
+@sgl.function
+def ask_video(s, path, question):
+    s += sgl.user(sgl.video(path, 4) + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+
+
+def _hf_answer(hf, prompt_text: str, images) -> str:
+    model, proc = hf
+    inputs = proc(text=prompt_text, images=images, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+    return proc.tokenizer.decode(out, skip_special_tokens=True)
+
+
+def _prompt_before_answer(st) -> str:
+    """The rendered prompt the answer was generated from (the text up to the assistant's turn)."""
+    head, sep, _ = st.text().rpartition("<|assistant|>")
+    return head + sep
+
+
+def _image_start(hf, prompt_text: str, images) -> int:
+    model, proc = hf
+    ids = proc(text=prompt_text, images=images, return_tensors="pt")["input_ids"][0].tolist()
+    return ids.index(model.config.image_token_id)
+
+
+def _image_end(hf, prompt_text: str, images) -> int:
+    """Prompt position after the last image token, as LlavaProcessor lays the prompt out."""
+    model, proc = hf
+    ids = proc(text=prompt_text, images=images, return_tensors="pt")["input_ids"][0].tolist()
+    return max(i for i, t in enumerate(ids) if t == model.config.image_token_id) + 1
+
+
+def test_image_program_matches_transformers_and_reuses_the_image(backend, hf):
+    img = random_image(5)
+    st = ask_image.run(img=img, question="what is in the picture?", backend=backend)
+    prompt = _prompt_before_answer(st)
+    assert st["answer"] == _hf_answer(hf, prompt, [img])
+    st2 = ask_image.run(img=img, question="is it a cat?", backend=backend)
+    assert st2.get_meta_info("answer")["cached_tokens"] >= _image_end(hf, prompt, [img])
+
+
+def test_video_program_runs_and_reuses_cached_frames(backend, hf, tmp_path):
+    from lmnb_engine.multimodal import sample_video_frames
+
+    path = tmp_path / "clip.mp4"
+    write_video(path, num_frames=8)
+    st = ask_video.run(path=str(path), question="what happens?", backend=backend)
+    frames = sample_video_frames(str(path), 4)
+    assert len(frames) == 4
+    text = _prompt_before_answer(st)
+    assert text.count("<image>") == 1  # the program text holds one placeholder per video...
+    prompt = text.replace("<image>", "<image>" * 4)  # ...the model sees one image per frame
+    assert st.get_meta_info("answer")["cached_tokens"] <= _image_start(hf, prompt, frames)  # frames are new
+    assert st["answer"] == _hf_answer(hf, prompt, frames)
+    cache = backend.engine.loaded.model.encoder_cache
+    misses = cache.misses
+    st2 = ask_video.run(path=str(path), question="who is there?", backend=backend)
+    assert st2.get_meta_info("answer")["cached_tokens"] >= _image_end(hf, prompt, frames)
+    assert cache.misses == misses  # no frame went through the vision tower again
+
+
+def test_image_needs_a_backend_that_sends_images():
+    class TextOnly(sgl.backend.base.BaseBackend):
+        def get_chat_template(self):
+            from lmnb.chat_template import get_chat_template
+
+            return get_chat_template("default")
+
+    st = ask_image.run(img=random_image(1), question="q", backend=TextOnly())
+    with pytest.raises(ProgramError, match="multimodal .* model; TextOnly does not"):
+        st.sync()
