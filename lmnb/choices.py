@@ -26,6 +26,9 @@ class ChoiceLogprobs:
     cached_tokens: how many of the scoring request's prompt tokens came from the prefix cache.
     unconditional_logprobs: the same tokens' logprobs with the prompt replaced by a neutral
         context (only for ``unconditional_likelihood_normalized``).
+    prompt_meta: meta_info (prompt_tokens, cached_tokens, ...) of the request that prefilled the
+        prompt alone before the choices were scored, when the backend made one (the same dict on
+        every choice); lets views count that request and shade the prompt by it.
     """
 
     token_ids: list
@@ -33,6 +36,7 @@ class ChoiceLogprobs:
     prefix_len: int
     cached_tokens: int = 0
     unconditional_logprobs: Optional[list[float]] = None
+    prompt_meta: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class ChoicesSamplingMethod:
         }
         if scored and scored[0].unconditional_logprobs is not None:
             meta["unconditional_token_logprobs"] = [list(s.unconditional_logprobs or []) for s in scored]
+        if scored and scored[0].prompt_meta is not None:
+            meta["prompt_prefill"] = dict(scored[0].prompt_meta)
         return ChoicesDecision(decision=choices[index], meta_info=meta)
 
 

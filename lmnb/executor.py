@@ -25,7 +25,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from lmnb import speculative
-from lmnb.backend.base import BaseBackend, Completion, Prompt, finish_reason_dict
+from lmnb.backend.base import DELTA_TOKENS, BaseBackend, Completion, Prompt, finish_reason_dict
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import (
     DTYPE_STOPS,
@@ -94,10 +94,15 @@ class ProgramEvent:
     """Something a program state did, for live views (notebook widgets, logs).
 
     kind: ``"state"`` (a state was created; ``parent`` and ``branch`` set for fork branches),
-    ``"text"`` (``text`` appended; ``source`` is ``fill``/``role``/``gen``/``select``/``join``,
-    ``name`` the variable for gen/select), ``"var"`` (variable ``name`` set to ``value`` with
-    ``meta_info``), ``"prefill"`` (a prefix-cache hint ran; ``meta_info``), ``"fork"``
-    (``children`` sids), ``"join"`` (``children`` sids, ``mode`` in ``source``), ``"error"``.
+    ``"text"`` (``text`` appended; ``source`` is ``fill``/``role``/``gen``/``select``/``join``, or
+    ``image``/``video`` with the ``lmnb.ir.Image``/``Video`` input as ``value``,
+    ``name`` the variable for gen/select; a streamed gen's delta from a backend that reports its
+    tokens has ``meta_info={"tokens": [[logprob or None, token_id, text], ...]}`` and may then have
+    empty ``text``), ``"var"`` (variable ``name`` set to ``value`` with ``meta_info``; ``name`` is
+    None for an unnamed gen or select, which sets no variable but made a request; a constrained
+    gen's ``constraint`` is ``{"regex": ..., "json_schema": ...}``), ``"prefill"`` (a prefix-cache
+    hint ran; ``meta_info``), ``"fork"`` (``children`` sids), ``"join"`` (``children`` sids,
+    ``mode`` in ``source``), ``"error"``.
     """
 
     kind: str
@@ -111,6 +116,7 @@ class ProgramEvent:
     branch: tuple = ()
     children: tuple = ()
     error: Optional[BaseException] = None
+    constraint: Optional[dict] = None
 
 
 _listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listeners", default=())
@@ -134,8 +140,10 @@ def observe(callback: Callable[[ProgramEvent], None]):
 class _JoinApply(Expr):
     """Internal: apply the result of ``ProgramStateGroup.join`` to the parent, in program order."""
 
-    def __init__(self, variables: dict, meta_info: dict, text: str, messages: list, children: tuple, mode: str):
+    def __init__(self, variables: dict, meta_info: dict, text: str, messages: list, children: tuple, mode: str,
+                 images: tuple = ()):
         self.variables = variables
+        self.images = images  # [issue 10] image()/video() inputs in the appended text, in order
         self.meta_info = meta_info
         self.text = text
         self.messages = messages
@@ -154,6 +162,13 @@ def _var_names(expr: Expr) -> list[str]:
     if isinstance(expr, ExprList):
         return [n for e in expr.exprs for n in _var_names(e)]
     return []
+
+
+def _constraint(params: GenParams) -> Optional[dict]:
+    """The output constraint of a resolved gen (a dtype's regex included), for ``var`` events."""
+    if params.regex is None and params.json_schema is None:
+        return None
+    return {"regex": params.regex, "json_schema": params.json_schema}
 
 
 class StreamExecutor:
@@ -196,6 +211,7 @@ class StreamExecutor:
         self.cur_role_begin_pos: Optional[int] = None
         self.fork_start_text_pos: Optional[int] = None
         self.fork_start_messages: int = 0
+        self.fork_start_images: int = 0  # [issue 10] images_ inherited at the fork
         self.vars_set: list[str] = []  # names this executor set itself (what join gathers)
         self.error_: Optional[ProgramError] = None
         self.closed = False  # the program body returned (or the branch was joined)
@@ -335,23 +351,27 @@ class StreamExecutor:
             self._version += 1
             self._cv.notify_all()
 
-    def _finish_var(self, name: Optional[str], value: Any, meta_info: Any) -> None:
-        if name is None:
-            return
-        self.set_var(name, value, meta_info)
-        with self._cv:
-            self._pending[name] = max(0, self._pending[name] - 1)
-            self._cv.notify_all()
-        self._emit("var", name=name, value=value, meta_info=meta_info)
+    def _finish_var(self, name: Optional[str], value: Any, meta_info: Any,
+                    constraint: Optional[dict] = None) -> None:
+        if name is not None:
+            self.set_var(name, value, meta_info)
+            with self._cv:
+                self._pending[name] = max(0, self._pending[name] - 1)
+                self._cv.notify_all()
+        # Unnamed gens/selects set nothing, but views still need their request's token counts.
+        self._emit("var", name=name, value=value, meta_info=meta_info, constraint=constraint)
 
-    def _append(self, text: str, source: str, name: Optional[str] = None) -> None:
-        if not text:
+    def _append(self, text: str, source: str, name: Optional[str] = None, tokens: Optional[list] = None,
+                value: Any = None) -> None:
+        if not text and not tokens:
             return
-        with self._cv:
-            self.text_ += text
-            self._version += 1
-            self._cv.notify_all()
-        self._emit("text", text=text, source=source, name=name)
+        if text:
+            with self._cv:
+                self.text_ += text
+                self._version += 1
+                self._cv.notify_all()
+        self._emit("text", text=text, source=source, name=name, meta_info={"tokens": tokens} if tokens else None,
+                   value=value)
 
     # -- abort
 
@@ -423,7 +443,8 @@ class StreamExecutor:
             self._finish_var(expr.name, self.text_[self._scopes.pop(expr.name):], None)
         elif isinstance(expr, CommitLazy):
             if self.text_:
-                meta = self._call(self.backend.cache_prefix, self.text_)
+                # [issue 10] after image()/video() the prefix is prefilled with its images
+                meta = self._call(self.backend.cache_prefix, self._prompt() if self.images_ else self.text_)
                 self._emit("prefill", meta_info=meta)
         elif isinstance(expr, _JoinApply):
             self._execute_join(expr)
@@ -434,7 +455,7 @@ class StreamExecutor:
                     f"model; {type(self.backend).__name__} does not. Use lmnb.Engine(<LLaVA checkpoint>)"
                 )
             self.images_.append(expr)
-            self._append(self.chat_template.image_token, type(expr).__name__.lower())
+            self._append(self.chat_template.image_token, type(expr).__name__.lower(), value=expr)
         else:
             raise TypeError(f"unknown primitive {expr!r}")
 
@@ -504,7 +525,8 @@ class StreamExecutor:
             self._check_finish(c.meta_info, expr)
         self._append(comps[0].text, "gen", expr.name)
         if len(comps) == 1:
-            self._finish_var(expr.name, self._parsed(expr, comps[0].text, parse), comps[0].meta_info)
+            value = self._parsed(expr, comps[0].text, parse)
+            self._finish_var(expr.name, value, comps[0].meta_info, _constraint(params))
         else:
             values = [self._parsed(expr, c.text, parse) for c in comps]
             self._finish_var(expr.name, values, [c.meta_info for c in comps])
@@ -516,6 +538,7 @@ class StreamExecutor:
         def run(rid):
             nonlocal text, meta
             for delta, meta in self.backend.generate_stream(self._prompt(), params, rid):
+                tokens = meta.pop(DELTA_TOKENS, None) if isinstance(meta, dict) else None
                 with self._cv:
                     if self.error_ is not None:
                         raise self.error_
@@ -523,12 +546,12 @@ class StreamExecutor:
                         self.variables[name] = text + delta
                         self.meta_info[name] = meta
                 text += delta
-                self._append(delta, "gen", name)
+                self._append(delta, "gen", name, tokens)
             return None
 
         self._call(run)
         self._check_finish(meta, expr)
-        self._finish_var(name, self._parsed(expr, text, parse), meta)
+        self._finish_var(name, self._parsed(expr, text, parse), meta, _constraint(params))
 
     def _execute_select(self, expr: Select) -> None:
         method = expr.choices_method
@@ -561,6 +584,7 @@ class StreamExecutor:
         self.messages_.append({"role": role, "content": content.lstrip()})
 
     def _execute_join(self, j: _JoinApply) -> None:
+        self.images_ += j.images  # [issue 10] the joined text's image placeholders need their images
         if j.text:
             self._append(j.text, "join")
         self.messages_.extend(j.messages)
@@ -598,6 +622,7 @@ class StreamExecutor:
             c.fork_start_messages = len(self.messages_)
             c.speculated_text = self.speculated_text
             c.images_ = list(self.images_)  # [issue 10]
+            c.fork_start_images = len(self.images_)
             children.append(c)
         self._children += children
         self._emit("fork", children=tuple(c.sid for c in children))

@@ -212,7 +212,8 @@ class ProgramStateGroup:
         ``gather_variable``: each variable a branch set becomes, in the source state, a list with
         one entry per branch (None for a branch that did not set it); meta info likewise.
         ``concate_and_append``: additionally appends each branch's new text (and chat messages)
-        to the source state in branch order; the next gen prefills the joined text.
+        to the source state in branch order, with the images/videos added in the branches; the next
+        gen prefills the joined text.
 
         Raises:
             ValueError: unknown mode.
@@ -233,17 +234,18 @@ class ProgramStateGroup:
             names += [n for n in ex.vars_set if n not in names]
         variables = {n: [ex.variables.get(n) if n in ex.vars_set else None for ex in exes] for n in names}
         meta = {n: [ex.meta_info.get(n) if n in ex.vars_set else None for ex in exes] for n in names}
-        text, messages = "", []
+        text, messages, images = "", [], []
         if mode == "concate_and_append":
             for ex in exes:
                 text += ex.text_[ex.fork_start_text_pos:]
                 messages += ex.messages_[ex.fork_start_messages:]
+                images += ex.images_[ex.fork_start_images:]
         parent = self.src_state.stream_executor
         for ex in exes:
             ex.close()
         parent._children = [c for c in parent._children if c not in exes]
         parent.submit(
-            _JoinApply(variables, meta, text, messages, tuple(ex.sid for ex in exes), mode)
+            _JoinApply(variables, meta, text, messages, tuple(ex.sid for ex in exes), mode, tuple(images))
         )
 
 

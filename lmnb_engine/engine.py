@@ -453,6 +453,20 @@ class Engine:
         """Frozen copy of the radix tree (root first; an empty root when the cache is disabled)."""
         return self._call(lambda: self.scheduler.cache.snapshot(self._preview))
 
+    def match_node(self, token_ids: Sequence[int]) -> Optional[tuple[int, int]]:
+        """Where ``token_ids`` (list[int]) ends in the radix tree, without touching it: ``(node_id,
+        cached_tokens)`` for the deepest node its longest cached prefix reaches (the prefix may end
+        inside that node's edge), or None when none of it is cached. No edge is split, no LRU time
+        refreshed and no lock taken, so widgets can label ``tree_snapshot()`` paths freely."""
+        ids = [int(t) for t in token_ids]
+        node, n = self._call(lambda: self.scheduler.cache.peek_prefix(ids))
+        return (node, n) if node is not None else None
+
+    def pinned_node_ids(self) -> list[int]:
+        """Ids of the ``tree_snapshot()`` nodes locked by ``pin_prefix`` (one per live pin, in
+        handle order; a node pinned twice appears twice)."""
+        return self._call(lambda: [node.id for _, node in sorted(self.scheduler.pins.items())])
+
     def flush_cache(self) -> bool:
         """Evict every unpinned cached prefix and reset the hit-rate counters; False (and nothing
         done) while requests are running or waiting."""

@@ -86,6 +86,8 @@ class StreamEvent:
 
     ``finished`` is True on the last event of the request, which carries ``result``.
     ``text_delta`` is always valid UTF-8 (bytes of an unfinished character are held back).
+    ``logprobs``: one ``TokenLogprob`` per id in ``token_ids`` when the request asked for
+    ``return_logprob`` (NaN for tokens forced by jump-forward, which were not sampled), else None.
     """
 
     rid: str
@@ -94,3 +96,4 @@ class StreamEvent:
     finished: bool = False
     result: Optional[GenerateResult] = None
     index: int = 0
+    logprobs: Optional[list[TokenLogprob]] = None

@@ -117,6 +117,13 @@ class PrefixCache(ABC):
         """Read-only view of the tree; caches without one show a bare root."""
         return TreeNodeView(0, None, 0, "", 0, 0.0, ())
 
+    def peek_prefix(self, key: Key) -> tuple[Optional[int], int]:
+        """Read-only ``match_prefix``: ``(node id, n)`` where ``n`` is the length of the longest
+        cached prefix of ``key`` and the node is the deepest one it reaches (the prefix may end
+        inside that node's edge); ``(None, 0)`` when nothing is cached. Caches without nodes
+        always answer ``(None, 0)``."""
+        return None, 0
+
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if the cache's internal bookkeeping is inconsistent."""
 

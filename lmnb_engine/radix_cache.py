@@ -132,6 +132,20 @@ class RadixCache(PrefixCache):
         indices = torch.cat(values) if values else _EMPTY
         return MatchResult(indices, node)
 
+    def peek_prefix(self, key: Key) -> tuple[Optional[int], int]:
+        """Like ``match_prefix`` but changes nothing: no edge is split and no access time is
+        refreshed, so looking (e.g. to label a widget's paths) never alters LRU eviction order."""
+        node, pos = self.root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            n = _common_prefix_len(child.key, key, pos)
+            node, pos = child, pos + n
+            if n < len(child.key):
+                break
+        return (node.id, pos) if pos else (None, 0)
+
     def insert(self, key: Key, indices: torch.Tensor) -> int:
         """Insert ``key`` → ``indices`` (int64 [len(key)]); return the already-cached length.
 

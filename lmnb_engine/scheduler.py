@@ -529,9 +529,10 @@ class Scheduler:
         delta = visible[req.sent_text_len :]
         req.sent_text_len = max(req.sent_text_len, len(visible))
         ids = req.output_ids[req.sent_token_len :]
+        lps = req.output_logprobs[req.sent_token_len :] if req.params.return_logprob else None
         req.sent_token_len = len(req.output_ids)
         result = self._result(req) if req.finished else None
-        req.emit(StreamEvent(req.rid, delta, ids, req.finished, result, req.index))
+        req.emit(StreamEvent(req.rid, delta, ids, req.finished, result, req.index, lps))
 
     @staticmethod
     def _result(req: Req) -> GenerateResult:

@@ -70,12 +70,8 @@ def start_run(program, params: dict, backend, defaults: dict, listener: Listener
 
 def abort_tree(state) -> None:
     """Abort ``state`` and every fork branch it created (in-flight requests end, queued work is
-    skipped). Thread-safe."""
-    stack = [state.stream_executor]
-    while stack:
-        ex = stack.pop()
-        ex.abort()
-        stack.extend(getattr(ex, "_children", ()))  # branches: .work/kernel_needs_from_lmnb.md, item 3
+    skipped): ``ProgramState.abort`` aborts the branches itself. Thread-safe."""
+    state.abort()
 
 
 def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,

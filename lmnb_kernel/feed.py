@@ -51,9 +51,15 @@ class ViewFeeder:
             return
         if ev.source == "gen":
             self.pending[lane] = "gen"
-            self.view.on_delta(lane, ev.text, name=ev.name)
+            ids, texts, logprobs = _delta_tokens(ev.meta_info)
+            self.view.on_delta(lane, ev.text, token_ids=ids, token_texts=texts, logprobs=logprobs, name=ev.name)
         elif ev.source == "select":
             self.pending[lane] = "select"  # the view appends the chosen text in on_select
+        elif ev.source in ("image", "video") and ev.value is not None:  # [issue 10] a thumbnail
+            from lmnb_kernel.widgets.media import thumbnail
+
+            self.view.on_media(lane, ev.text, kind=ev.source, thumb=thumbnail(ev.value),
+                               frames=getattr(ev.value, "num_frames", None))
         else:
             self.view.on_text(lane, ev.text)
 
@@ -66,12 +72,23 @@ class ViewFeeder:
         meta = ev.meta_info
         kind = self.pending.pop(lane, None)
         if kind == "select" and isinstance(meta, dict) and "scores" in meta:
+            prefill = meta.get("prompt_prefill")
+            if isinstance(prefill, dict) and "prompt_tokens" in prefill:
+                # The prompt alone was prefilled first: that request decides how the prompt got its
+                # KV (shading) and counts like any other; the chosen text is not in the lane yet.
+                self.view.on_prompt(lane, prompt_tokens=int(prefill["prompt_tokens"]),
+                                    cached_tokens=int(prefill.get("cached_tokens", 0)), name="(select prompt)")
+                self.view.on_gen_end(lane, meta=prefill)
             choices = meta["choices"]
             chosen = choices.index(ev.value) if ev.value in choices else None
-            self.view.on_select(lane, name=ev.name, choices=choices, scores=meta["scores"], chosen=chosen,
-                                meta=_select_requests(meta))
-        elif isinstance(meta, dict) and "prompt_tokens" in meta:  # a gen (possibly with no text)
-            self.view.on_gen_end(lane, meta=meta, finish_reason=meta.get("finish_reason"), name=ev.name)
+            self.view.on_select(lane, name=ev.name if ev.name is not None else "(unnamed)", choices=choices,
+                                scores=meta["scores"], chosen=chosen, meta=_select_requests(meta))
+        elif isinstance(meta, dict) and "prompt_tokens" in meta:  # a gen (possibly with no text, or unnamed)
+            constraint = ev.constraint or {}
+            self.view.on_gen_end(lane, meta=meta, finish_reason=meta.get("finish_reason"), name=ev.name,
+                                 regex=constraint.get("regex"), json_schema=constraint.get("json_schema"))
+            if meta.get("images"):  # [issue 10] how much of each image's KV came from the cache
+                self.view.on_media_cache(lane, meta["images"])
         # other vars (lists gathered by a join, var_scope captures) change no text
 
     def on_prefill(self, ev) -> None:
@@ -79,8 +96,22 @@ class ViewFeeder:
         lane, meta = self.lane(ev.sid), ev.meta_info or {}
         if lane is not None and "prompt_tokens" in meta:
             self.view.on_prompt(lane, prompt_tokens=int(meta["prompt_tokens"]),
-                                cached_tokens=int(meta.get("cached_tokens", 0)), name="(fork prefix)")
+                                cached_tokens=int(meta.get("cached_tokens", 0)), name="(fork prefix)",
+                                cached_chars=meta.get("cached_chars"))  # [issue 10] set when images fill the prompt
             self.view.on_gen_end(lane, meta=meta)
+            if meta.get("images"):  # [issue 10]
+                self.view.on_media_cache(lane, meta["images"])
+
+
+def _delta_tokens(meta: Optional[dict]) -> tuple[list, Optional[list], Optional[list]]:
+    """(token ids, token texts, logprobs or None) of a gen delta's ``text`` event; its meta_info
+    holds ``{"tokens": [[logprob or None, id, text], ...]}`` when the backend streams tokens (the
+    in-process engine does; servers give text only). Logprobs only when the gen asked for them."""
+    tokens = (meta or {}).get("tokens") or []
+    if not tokens:
+        return [], None, None
+    logprobs = [t[0] for t in tokens]
+    return [t[1] for t in tokens], [t[2] for t in tokens], logprobs if any(lp is not None for lp in logprobs) else None
 
 
 def _select_requests(meta: dict) -> dict | None:

@@ -27,6 +27,7 @@ from lmnb_kernel.tables import cell_summary
 # Output mode for every cell: "live" (a widget while running) or "static" (display updates only).
 VIEW_ENV = "LMNB_VIEW"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+RECENT_CELLS = 8  # unnamed cells whose radix paths %lm tree labels
 
 
 def cell_parser() -> MagicArgumentParser:
@@ -92,6 +93,7 @@ class LMMagics(Magics):
         super().__init__(shell)
         self.session = get_session()
         self.tree_view = None  # shown by %lm tree, refreshed after every cell
+        self.recent_cells: dict[str, str] = {}  # "cell [n]" -> final text, the last RECENT_CELLS runs
 
     @no_var_expand
     @line_cell_magic
@@ -121,20 +123,39 @@ class LMMagics(Magics):
         if name is not None and not _NAME.match(name):
             raise UsageError(f"{name!r} is not a valid state name (letters, digits, _ . -)")
         getattr(commands, args.command)(args, self.session)
+        if args.command in ("load", "connect"):  # a new backend: the old cells' paths are gone with it
+            self.recent_cells.clear()
 
     def show_tree(self) -> None:
         from lmnb_kernel.widgets import TreeView, kv_bytes_per_token
 
         engine = self.session.engine("%lm tree")
         self.tree_view = TreeView(kv_bytes_per_token=kv_bytes_per_token(engine.model_info()))
-        self.tree_view.show(engine.tree_snapshot(), stats=engine.cache_stats())
+        self.tree_view.show(engine.tree_snapshot(), **self.tree_labels(engine))
 
     def refresh_tree(self, result=None) -> None:
         """post_run_cell hook: redraw the tree shown by ``%lm tree`` (if any) in place."""
         if self.tree_view is None or not self.session.started or self.session.remote is not None:
             return
         engine = self.session.engine("%lm tree")
-        self.tree_view.refresh(engine.tree_snapshot(), stats=engine.cache_stats())
+        self.tree_view.refresh(engine.tree_snapshot(), **self.tree_labels(engine))
+
+    def tree_labels(self, engine) -> dict:
+        """``TreeView`` arguments besides the snapshot: ``paths`` (label -> radix node where the
+        tokens of each named state and recent unnamed cell end, found with ``Engine.match_node``,
+        which leaves LRU order alone; None when none of it is cached), ``pinned`` node ids and
+        ``stats``. A label says how much of the path is cached when not all of it is."""
+        texts = {f"{n.name} (cell {n.cells[-1]})" if n.cells else n.name: n.state.text()
+                 for n in self.session.states.values()}
+        texts.update(self.recent_cells)
+        paths = {}
+        for label, text in texts.items():
+            ids = engine.encode(text) if text else []
+            match = engine.match_node(ids) if ids else None
+            if match is not None and match[1] < len(ids):
+                label += f" · {match[1]}/{len(ids)} tok cached"
+            paths[label] = match[0] if match is not None else None
+        return {"paths": paths, "pinned": engine.pinned_node_ids(), "stats": engine.cache_stats()}
 
     # -- %%lm -----------------------------------------------------------------------------------
     def run_program(self, line: str, cell: str) -> None:
@@ -205,6 +226,10 @@ class LMMagics(Magics):
             self.shell.push({args.out: outcome.state}, interactive=False)
         if outcome.status == "done" and args.state:
             self.session.keep(args.state, outcome.state, count)
+        elif outcome.status == "done" and self.session.remote is None:  # labels a path in %lm tree
+            self.recent_cells[f"cell [{count}]"] = outcome.state.text()
+            while len(self.recent_cells) > RECENT_CELLS:
+                del self.recent_cells[next(iter(self.recent_cells))]
         tokens = _tokens(view.model)
         self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"])
         if not args.quiet:

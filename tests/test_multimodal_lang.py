@@ -111,3 +111,49 @@ def test_image_needs_a_backend_that_sends_images():
     st = ask_image.run(img=random_image(1), question="q", backend=TextOnly())
     with pytest.raises(ProgramError, match="multimodal .* model; TextOnly does not"):
         st.sync()
+
+
+@sgl.function
+def two_pictures_forked(s, a, b):
+    s += sgl.user_begin()
+    forks = s.fork(2)
+    for f, img in zip(forks, [a, b]):
+        f += sgl.image(img) + "\n"
+    forks.join("concate_and_append")
+    s += "Are they the same?"
+    s += sgl.user_end()
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+
+
+@sgl.function
+def two_pictures(s, a, b):
+    s += sgl.user(sgl.image(a) + "\n" + sgl.image(b) + "\nAre they the same?")
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+
+
+def test_images_added_in_fork_branches_are_carried_back_by_concat_join(backend):
+    a, b = random_image(11), random_image(12)
+    joined = two_pictures_forked.run(a=a, b=b, backend=backend)
+    joined.sync()
+    straight = two_pictures.run(a=a, b=b, backend=backend)
+    assert joined.text() == straight.text()
+    assert joined["answer"] == straight["answer"]
+    # the joined state sent both images, in branch order: the straight program found them all cached
+    swapped = two_pictures.run(a=b, b=a, backend=backend)
+    assert straight.get_meta_info("answer")["cached_tokens"] > swapped.get_meta_info("answer")["cached_tokens"]
+
+
+@sgl.function
+def one_picture_two_answers(s, img):
+    s += sgl.user(sgl.image(img) + "what is it?")
+    forks = s.fork(2)
+    for f in forks:
+        f += sgl.assistant(sgl.gen("a", max_tokens=3, temperature=0))
+    forks.join()
+
+
+def test_a_fork_after_an_image_prefills_the_image_once_for_every_branch(backend, hf):
+    img = random_image(13)
+    st = one_picture_two_answers.run(img=img, backend=backend)
+    end = _image_end(hf, st.text(), [img])  # the state's text is the prefix the branches share
+    assert [m["cached_tokens"] >= end for m in st.get_meta_info("a")] == [True, True]

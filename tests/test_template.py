@@ -31,6 +31,10 @@ def describe(x):
         return ("select", x.name, list(x.choices), x.temperature, type(x.choices_method).__name__)
     if isinstance(x, (ir.RoleBegin, ir.RoleEnd)):
         return (type(x).__name__, x.role)
+    if isinstance(x, ir.Image):
+        return ("image", x.source)
+    if isinstance(x, ir.Video):
+        return ("video", x.source, x.num_frames)
     raise AssertionError(f"unexpected {x!r}")
 
 
@@ -267,6 +271,50 @@ def test_python_mode_body_with_implicit_state():
     assert parse_python(text).to_python("p") == '@lmnb.function\ndef p(s):\n    s += """a\nb"""\n'
 
 
+def test_image_and_video_holes_from_kernel_variables_and_literal_paths():
+    cell = (
+        "{user}\n"
+        "{image photo}\n"
+        "{image 'cat.png'} {video clip frames=n} {video \"walk.mp4\", frames=2}\n"
+        "Same animal as {name}?\n"
+        "{/user}\n"
+        "{fork pic in pics}{image pic}{gen d max_tokens=2}{join}"
+    )
+
+    @lmnb.function
+    def ref(s, photo, clip, n, name, pics):
+        s += lmnb.user_begin()
+        s += lmnb.image(photo)
+        s += "\n"
+        s += lmnb.image("cat.png")
+        s += " "
+        s += lmnb.video(clip, n)
+        s += " "
+        s += lmnb.video("walk.mp4", 2)
+        s += "\nSame animal as "
+        s += name + "?"
+        s += lmnb.user_end()  # the {/user} line takes its line break with it
+        items = list(pics)
+        forks = s.fork(len(items))
+        for f, pic in zip(forks, items):
+            f += lmnb.image(pic)
+            f += lmnb.gen("d", max_tokens=2)
+        forks.join()
+
+    check(cell, ref, photo="p.png", clip="c.mp4", n=3, name="Rex", pics=["a.png", "b.png"])
+    t = parse(cell)
+    assert t.arguments == ("photo", "clip", "n", "name", "pics")
+    assert "    s += lmnb.image(photo)\n    s += \"\\n\"\n    s += lmnb.image('cat.png')\n" in t.to_python()
+    assert "s += lmnb.video(clip, n_)" in t.to_python()  # n is a keyword of run(): renamed
+
+
+def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
+    t = parse("Look:\n{video clip frames=k}", first_line=2)
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func, **t.bind({"clip": "c.mp4", "k": 0}))
+    assert (e.value.line, e.value.col) == (3, 20) and "positive integer" in str(e.value)
+
+
 # ------------------------------------------------------------------------- errors and positions
 @pytest.mark.parametrize(
     "cell, line, col, words",
@@ -293,6 +341,17 @@ def test_python_mode_body_with_implicit_state():
         ("{/fork}", 2, 1, "closed with {join}"),
         ("{}", 2, 1, "empty hole"),
         ("é {gen a stop=[1,}", 2, 18, "does not match"),
+        ("{image}", 2, 1, "needs a source"),
+        ("a\n{image }", 3, 1, "needs a source"),
+        ("{video clip}", 2, 1, "needs frames=N"),
+        ("{image p frames=2}", 2, 10, "takes no options"),
+        ("{video c num_frames=3}", 2, 10, "did you mean 'frames'"),
+        ("{video c frames=0}", 2, 17, "integer >= 1"),
+        ("{video c frames=2, frames=3}", 2, 20, "given twice"),
+        ("{video c frames=}", 2, 16, "has no value"),
+        ("{image 42}", 2, 8, "must be a path"),
+        ("{image photo)}", 2, 13, "unmatched ')'"),
+        ("{gen image}", 2, 6, "not a variable name"),
     ],
 )
 def test_malformed_cells_report_line_and_column(cell, line, col, words):

@@ -252,9 +252,13 @@ def test_select_scores_as_bars_with_the_chosen_marked():
 # --- sanitizer safety -----------------------------------------------------------------------------
 # Transcribed from JupyterLab's sanitizer (packages/apputils/src/sanitizer.ts): the tags and
 # attributes we may use, and for each CSS property we use, the value grammar it accepts.
+# img (image thumbnails, issue 10): the sanitizer allows img with src/alt/width/height and exempts src
+# from its URL-scheme check (allowedSchemesAppliedToAttributes; jupyterlab#5183); we only ever emit
+# inline PNG data URLs there (checked below), so nothing is fetched from elsewhere.
 ALLOWED_TAGS = {"b", "details", "div", "li", "span", "summary", "table", "tbody", "td", "th", "thead", "tr",
-                "ul", "pre"}
+                "ul", "pre", "img"}
 ALLOWED_ATTRS = {"class", "style", "title", "open"}
+IMG_ATTRS = {"src", "alt", "width", "height"}
 _LEN = r"(0|[+-]?([0-9]*[.])?[0-9]+(px|em|rem|ex|in|cm|mm|pt|pc))"
 _LEN_POS = r"(0|[+]?([0-9]*[.])?[0-9]+(px|em|rem|ex|in|cm|mm|pt|pc))"
 _PCT_POS = r"[+]?([0-9]*[.])?[0-9]+%"
@@ -289,6 +293,10 @@ class _Collect(HTMLParser):
         if tag not in ALLOWED_TAGS:
             self.problems.append(f"tag <{tag}>")
         for name, value in attrs:
+            if tag == "img" and name in IMG_ATTRS:
+                if name == "src" and not re.fullmatch(r"data:image/png;base64,[A-Za-z0-9+/=]+", value):
+                    self.problems.append(f"img src {value[:40]!r} is not an inline PNG")
+                continue
             if name not in ALLOWED_ATTRS:
                 self.problems.append(f"attribute {name} on <{tag}>")
             if name == "style":
@@ -327,6 +335,38 @@ def test_static_html_passes_jupyterlabs_sanitizer_rules_and_escapes_text():
     soup = BeautifulSoup(html, "html.parser")
     assert soup.select_one(".lmnb-error-message").get_text() == "ValueError: boom <x>"
     assert soup.select_one("div.lmnb-run")["class"] == ["lmnb-run", "lmnb-error"]
+
+
+def test_image_thumbnails_show_their_cache_status_and_pass_the_sanitizer():
+    from PIL import Image
+
+    from lmnb import ir
+    from lmnb_kernel.widgets.media import THUMB_PX, thumbnail
+
+    big = Image.new("RGB", (300, 150), (200, 30, 30))
+    thumb = thumbnail(ir.Image(big))
+    assert (thumb.width, thumb.height) == (THUMB_PX, 48)  # 300x150 scaled to a 96 px long side
+    v = RunView("cell", live=False, session=Tally())
+    v.on_text("main", "<|user|>")
+    v.on_media("main", "<image>", kind="image", thumb=thumb)
+    v.on_text("main", "\n<image>\n")  # an image a {join concat} brought back: text, but it has an entry
+    v.on_media("main", "<image>", kind="video", thumb=thumbnail(ir.Video("/no/such.mp4", 4)), frames=4)
+    v.on_text("main", "\nQ?")
+    html = render_run_html(v.model, live=False)
+    assert "lmnb-media-pending" in html and "[video, 4 frames]" in html  # not sent yet; unreadable: a label
+    v.on_delta("main", "A", token_ids=[5])
+    v.on_gen_end("main", meta={"prompt_tokens": 40, "cached_tokens": 20, "completion_tokens": 1})
+    v.on_media_cache("main", [{"tokens": 10, "cached_tokens": 10}, {"tokens": 10, "cached_tokens": 0},
+                              {"tokens": 16, "cached_tokens": 3}])
+    v.on_media_cache("main", [{"tokens": 10, "cached_tokens": 0}] * 2 + [{"tokens": 16, "cached_tokens": 0}])  # first wins
+    html = v.finish()["text/html"]
+    assert sanitizer_problems(html) == []
+    soup = BeautifulSoup(html, "html.parser")
+    image, video = soup.select(".lmnb-media")
+    assert image.img["src"] == thumb.url and (image.img["width"], image.img["height"]) == ("96", "48")
+    assert image.select_one(".lmnb-badge").get_text() == "cached" and "10/10 tokens" in image["title"]
+    assert video.select_one(".lmnb-badge").get_text() == "partly cached" and video.img is None
+    assert "<image>" in v.finish()["text/plain"]
 
 
 def test_tree_html_passes_jupyterlabs_sanitizer_rules():

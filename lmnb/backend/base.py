@@ -51,6 +51,10 @@ class Completion:
     meta_info: dict
 
 
+DELTA_TOKENS = "delta_tokens"
+"""``generate_stream`` meta_info key of the tokens of one streamed delta (see there)."""
+
+
 class BackendError(RuntimeError):
     """A backend call failed (server error, bad response); the message names the call and cause."""
 
@@ -85,7 +89,10 @@ class BaseBackend:
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         """Like ``generate`` for one sample, yielding ``(text_delta, meta_info_so_far)``; the last
-        item's meta_info is complete (it holds ``finish_reason``)."""
+        item's meta_info is complete (it holds ``finish_reason``). A backend that knows the tokens
+        of each delta may add ``meta_info[DELTA_TOKENS]``: ``[[logprob or None, token_id, text],
+        ...]`` (logprob only when ``return_logprob`` was asked); the interpreter moves it into the
+        delta's ``text`` event and does not keep it in the variable's meta_info."""
         raise NotImplementedError
 
     def score_choices(

@@ -10,10 +10,11 @@ for it (``research/features.md`` §1.9); ``Engine`` here is that missing backend
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from lmnb.backend.base import BaseBackend, Completion, Prompt
+from lmnb.backend.base import DELTA_TOKENS, BaseBackend, Completion, Prompt
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams, Image
@@ -40,6 +41,28 @@ def engine_sampling_params(params: GenParams, **overrides: Any):
     sp = SamplingParams(**kw)
     sp.validate()
     return sp
+
+
+def media_cache(slots: Sequence[Any], counts: Sequence[int], cached_tokens: int) -> list[dict]:
+    """[issue 10] How much of each ``image()``/``video()`` input's KV came from the radix cache.
+
+    ``slots``: the prompt's ``ImageSlot``s (offset, length: prompt positions of each image's
+    placeholder tokens), ``counts``: images per input (1, or a video's frames), ``cached_tokens``:
+    the request's cached prefix length (``RequestMeta.cached_tokens``). Returns per input, in
+    prompt order, ``{"tokens": its placeholder tokens, "cached_tokens": those inside the cached
+    prefix, "hashes": its pixel hashes}``; ``cached_tokens == tokens`` means its prefill and vision
+    encoding were skipped.
+    """
+    out, i = [], 0
+    for n in counts:
+        span = slots[i : i + n]
+        i += n
+        out.append({
+            "tokens": sum(s.length for s in span),
+            "cached_tokens": sum(min(max(cached_tokens - s.offset, 0), s.length) for s in span),
+            "hashes": [s.hash for s in span],
+        })
+    return out
 
 
 class Engine(BaseBackend):
@@ -93,25 +116,57 @@ class Engine(BaseBackend):
 
     # -- requests
 
-    def _meta(self, result, params: GenParams) -> dict:
+    def _meta(self, result, params: GenParams, ids: Any = None, counts: Sequence[int] = (), text: str = "") -> dict:
         from lmnb_engine.http_server.protocol import meta_info
 
         decode = self.engine.decode if params.return_text_in_logprobs else None
-        return meta_info(result, decode, params.top_logprobs_num or 0)
+        meta = meta_info(result, decode, params.top_logprobs_num or 0)
+        if counts:  # [issue 10]
+            meta["images"] = media_cache(ids.mm_inputs.images, counts, result.meta.cached_tokens)
+            meta["cached_chars"] = self._cached_chars(text, ids, counts, result.meta.cached_tokens)
+        return meta
 
-    def cache_prefix(self, text: str, rid: str) -> dict:
+    def _cached_chars(self, text: str, ids: Any, counts: Sequence[int], cached_tokens: int) -> int:
+        """[issue 10] Characters of the program text ``text`` whose tokens lie in the cached prefix
+        of the prepared ``ids``. Live views shade the cached span from this: they cannot map
+        ``cached_tokens`` onto the text themselves, because an input that is one placeholder in the
+        text fills many prompt positions (a video: one image per frame)."""
+        token = self.get_chat_template().image_token
+        parts, slots = text.split(token), ids.mm_inputs.images
+        chars = start = k = 0
+        for i, part in enumerate(parts):
+            end = slots[k].offset if i < len(counts) else len(ids)
+            if cached_tokens < end or i == len(counts):
+                region = list(ids[start : start + max(cached_tokens - start, 0)])
+                bos = getattr(self.engine.tokenizer, "bos_token_id", None)
+                if i == 0 and region and region[0] == bos and not part.startswith(self.engine.decode([bos])):
+                    region = region[1:]  # the tokenizer's BOS is not in the program text
+                return chars + min(len(self.engine.decode(region)), len(part))
+            group = slots[k : k + counts[i]]
+            k += counts[i]
+            start = group[-1].offset + group[-1].length
+            if cached_tokens < start:  # the image itself is not (fully) cached
+                return chars + len(part)
+            chars += len(part) + len(token)
+        return chars
+
+    def cache_prefix(self, text: Any, rid: str) -> dict:
+        """Prefill ``text`` (a str, or [issue 10] a ``Prompt`` with images: a fork after ``image()``
+        shares the image KV too) into the radix cache; returns its meta_info."""
         from lmnb_engine import SamplingParams
-        from lmnb_engine.http_server.protocol import meta_info
 
-        return meta_info(self.engine.generate(text, SamplingParams(max_new_tokens=0)))
+        ids, counts = self._engine_prompt(text) if isinstance(text, Prompt) else (text, [])
+        result = self.engine.generate(ids, SamplingParams(max_new_tokens=0))
+        return self._meta(result, GenParams(), ids, counts, text.text if counts else "")
 
     supports_images = True  # [issue 10]
 
-    def _engine_prompt(self, prompt: Prompt) -> Any:
-        """[issue 10] ``prompt.text``, or with images a ``lmnb_engine.multimodal.MultimodalPrompt``
-        (a video's placeholder repeated once per sampled frame; frames are images)."""
+    def _engine_prompt(self, prompt: Prompt) -> tuple[Any, list[int]]:
+        """[issue 10] (``prompt.text``, []), or with images the prepared ``MultimodalTokens`` of the
+        prompt (a video's placeholder repeated once per sampled frame; frames are images) and the
+        number of images each ``image()``/``video()`` input became, in prompt order."""
         if not prompt.images:
-            return prompt.text
+            return prompt.text, []
         from lmnb_engine.multimodal import MultimodalPrompt, sample_video_frames
 
         token = self.get_chat_template().image_token
@@ -121,42 +176,58 @@ class Engine(BaseBackend):
                 f"the prompt holds {len(parts) - 1} {token!r} placeholders for {len(prompt.images)} image/video "
                 f"inputs; do not write {token} as text in a program that uses image()/video()"
             )
-        text, images = parts[0], []
+        text, images, counts = parts[0], [], []
         for media, rest in zip(prompt.images, parts[1:]):
             frames = [media.source] if isinstance(media, Image) else sample_video_frames(media.source, media.num_frames)
             images += frames
+            counts.append(len(frames))
             text += token * len(frames) + rest
-        return MultimodalPrompt(text, images)
+        return self.engine.multimodal.prepare(MultimodalPrompt(text, images)), counts
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
-        handle = self.engine.submit(self._engine_prompt(prompt), engine_sampling_params(params), rid=rid)
+        ids, counts = self._engine_prompt(prompt)
+        handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
         results = handle.result()
         if not isinstance(results, list):
             results = [results]
-        return [Completion(r.text, self._meta(r, params)) for r in sorted(results, key=lambda r: r.index)]
+        return [Completion(r.text, self._meta(r, params, ids, counts, prompt.text))
+                for r in sorted(results, key=lambda r: r.index)]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
-        handle = self.engine.submit(self._engine_prompt(prompt), engine_sampling_params(params), rid=rid)
+        ids, counts = self._engine_prompt(prompt)
+        handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
         completion_tokens = 0
         for ev in handle.events():
             completion_tokens += len(ev.token_ids)
             if ev.finished and ev.result is not None:
-                yield ev.text_delta, self._meta(ev.result, params)
+                meta = self._meta(ev.result, params, ids, counts, prompt.text)
             else:
-                yield ev.text_delta, {"id": rid, "completion_tokens": completion_tokens}
+                meta = {"id": rid, "completion_tokens": completion_tokens}
+            meta[DELTA_TOKENS] = self._delta_tokens(ev)
+            yield ev.text_delta, meta
+
+    def _delta_tokens(self, ev) -> list[list]:
+        """``[[logprob or None, token_id, text], ...]`` of one ``StreamEvent``'s ids (for live views'
+        per-token tooltips); a jump-forward token was forced, not sampled: its logprob is None."""
+        lps = ev.logprobs or [None] * len(ev.token_ids)
+        out = []
+        for tid, lp in zip(ev.token_ids, lps):
+            value = None if lp is None or math.isnan(lp.logprob) else lp.logprob
+            out.append([value, tid, self.engine.decode([tid], skip_special_tokens=True)])
+        return out
 
     def score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
         """Token-healed choice scores (``lmnb.choices``): the prompt is prefilled once, then every
         ``prompt + choice`` is scored from its first token that differs from the prompt's own
         tokenization, all choices submitted together so the engine batches them."""
         from lmnb_engine import SamplingParams
+        from lmnb_engine.http_server.protocol import meta_info
 
         if prompt.images:  # [issue 10]
             raise NotImplementedError("select() after image()/video() is not supported yet; use gen() with a regex")
         eng = self.engine
         p_ids = eng.encode(prompt.text)
-        if p_ids:
-            eng.generate(p_ids, SamplingParams(max_new_tokens=0))
+        prefill = meta_info(eng.generate(p_ids, SamplingParams(max_new_tokens=0))) if p_ids else None
         jobs = []  # (token ids to submit, index of the first scored token)
         for c in choices:
             c_ids = eng.encode(prompt.text + c)
@@ -189,7 +260,7 @@ class Engine(BaseBackend):
                 raise RuntimeError(f"scoring choice {choices[i]!r} was aborted: {r.finish_reason.message}")
             lps = [lp.logprob for lp in r.prompt_logprobs]
             unc = [lp.logprob for lp in results[k + i].prompt_logprobs] if unconditional else None
-            out.append(ChoiceLogprobs(ids[start:], lps, start, r.meta.cached_tokens, unc))
+            out.append(ChoiceLogprobs(ids[start:], lps, start, r.meta.cached_tokens, unc, prefill))
         return out
 
     def abort(self, rid: str) -> None:

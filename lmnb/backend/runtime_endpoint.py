@@ -171,7 +171,8 @@ class RuntimeEndpoint(BaseBackend):
         """Prefill the prompt once, then score every ``prompt + choice`` in one batched request
         returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
         differing token is found (``lmnb.choices``)."""
-        n_prompt = self.cache_prefix(prompt.text, rid).get("prompt_tokens", 0) if prompt.text else 0
+        prefill = self.cache_prefix(prompt.text, rid) if prompt.text else None
+        n_prompt = (prefill or {}).get("prompt_tokens", 0)
         start = max(n_prompt - SCORE_WINDOW, 0)
         items = self._window([prompt.text] + [prompt.text + c for c in choices], start, rid)
         p_ids, _ = self._entries(items[0])
@@ -188,7 +189,7 @@ class RuntimeEndpoint(BaseBackend):
                 raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
             out.append(ChoiceLogprobs(
                 [int(t) for t in ids[first:]], [float(x) for x in lps[first:]], offset + first,
-                int(items[i + 1]["meta_info"].get("cached_tokens", 0)),
+                int(items[i + 1]["meta_info"].get("cached_tokens", 0)), prompt_meta=prefill,
             ))
         if unconditional:
             ctx = self._context_ids(rid)

@@ -51,6 +51,7 @@ class RowRecorder:
             self.tokens["cached"] += int(meta.get("cached_tokens") or 0)
             self.tokens["completion"] += int(meta.get("completion_tokens") or 0)
         elif "scores" in meta and "prefix_len" in meta:  # select: one scoring request per choice
+            self._count(meta.get("prompt_prefill"))  # and the prompt's own prefill before them
             for prefix, scored, cached in zip(meta["prefix_len"], meta.get("input_token_logprobs", []),
                                               meta.get("cached_tokens", [])):
                 self.tokens["prompt"] += int(prefix) + len(scored)

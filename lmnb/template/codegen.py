@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from lmnb.template.nodes import Expr, Fork, Interp, Primitive, Role, Target, Text, statements
+from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Target, Text, statements
 from lmnb.template.template import python_name
 
 _INDENT = "    "
@@ -73,6 +73,8 @@ class _Writer:
             run = []
             if isinstance(node, Primitive):
                 self.emit(indent, f"{state} += {self.primitive(node, state, local)}")
+            elif isinstance(node, Media):
+                self.emit(indent, f"{state} += {self.media(node, state, local)}")
             elif isinstance(node, Role):
                 self.role(node, state, local, indent, depth)
             elif isinstance(node, Fork):
@@ -87,6 +89,12 @@ class _Writer:
         args = [] if node.name is None else [_literal(node.name)]
         args += [f"{o.key}={self.expr(o.value, state, local)}" for o in node.options]
         return f"lmnb.{node.primitive}({', '.join(args)})"
+
+    def media(self, node: Media, state: str, local) -> str:
+        source = self.expr(node.source, state, local)
+        if node.frames is None:
+            return f"lmnb.image({source})"
+        return f"lmnb.video({source}, {self.expr(node.frames, state, local)})"
 
     def role(self, node: Role, state: str, local, indent: int, depth: int) -> None:
         if node.simple:

@@ -10,7 +10,7 @@ import builtins
 from typing import Any
 
 from lmnb.template.errors import TemplateRuntimeError
-from lmnb.template.nodes import Expr, Fork, Interp, Primitive, Role, Text, statements
+from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -33,6 +33,8 @@ class _Run:
             run = []
             if isinstance(node, Primitive):
                 s += self.primitive(node, s, local)
+            elif isinstance(node, Media):
+                s += self.media(node, s, local)
             elif isinstance(node, Role):
                 self.role(node, s, local)
             elif isinstance(node, Fork):
@@ -49,6 +51,18 @@ class _Run:
         kwargs = {o.key: self.value(o.value, s, local) for o in node.options}
         fn = getattr(lmnb, node.primitive)
         return fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
+
+    def media(self, node: Media, s, local):
+        import lmnb
+
+        source = self.value(node.source, s, local)
+        if node.frames is None:
+            return lmnb.image(source)
+        frames = self.value(node.frames, s, local)
+        try:
+            return lmnb.video(source, frames)
+        except ValueError as e:  # a frame count that is not a positive int
+            raise TemplateRuntimeError(str(e), self.t.source, node.frames.offset, self.t.first_line) from e
 
     def role(self, node: Role, s, local) -> None:
         import lmnb

@@ -2,8 +2,8 @@
 
 Every node maps onto one lmnb construct (docs/CELL_LANGUAGE.md, "Mapping"):
 ``Text``/``Interp`` → ``s += str``, ``Primitive`` → ``s += lmnb.gen(...)``/``lmnb.select(...)``,
-``Role`` → ``lmnb.<role>(...)`` or ``<role>_begin()``/``<role>_end()``, ``Fork`` → ``s.fork(n)`` …
-``forks.join(mode)``. Offsets are character offsets into the cell body (``Template.source``).
+``Media`` → ``s += lmnb.image(src)``/``lmnb.video(src, n)``, ``Role`` → ``lmnb.<role>(...)`` or
+``<role>_begin()``/``<role>_end()``, ``Fork`` → ``s.fork(n)`` … ``forks.join(mode)``. Offsets are character offsets into the cell body (``Template.source``).
 """
 
 from __future__ import annotations
@@ -81,6 +81,20 @@ class Primitive:
 
 
 @dataclass(frozen=True)
+class Media:
+    """``{image SRC}`` → ``lmnb.image(SRC)``; ``{video SRC frames=N}`` → ``lmnb.video(SRC, N)``.
+
+    ``source`` is a Python expression (a kernel variable holding a PIL image, path or bytes, or a
+    literal path); ``frames`` the frame count expression of a video (None for an image).
+    """
+
+    kind: Literal["image", "video"]
+    source: Expr
+    frames: Expr | None
+    offset: int
+
+
+@dataclass(frozen=True)
 class Role:
     """``{user} ... {/user}`` (or system / assistant): a chat turn."""
 
@@ -114,7 +128,7 @@ class Fork:
     offset: int
 
 
-Node = Union[Text, Interp, Primitive, Role, Fork]
+Node = Union[Text, Interp, Primitive, Media, Role, Fork]
 
 
 def target_names(target: Target) -> list[str]:

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from lmnb.template import options as opts
 from lmnb.template.errors import TemplateSyntaxError
 from lmnb.template.nodes import (
-    Expr, Fork, Interp, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
+    Expr, Fork, Interp, Media, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
 )
 from lmnb.template.scanner import decode_text, scan, top_level
 
 ROLES = ("system", "user", "assistant")
-KEYWORDS = ("gen", "select", "fork", "join") + ROLES
+MEDIA = ("image", "video")
+KEYWORDS = ("gen", "select", "fork", "join") + MEDIA + ROLES
 _BLOCK_OPEN = {"role", "fork"}
 _BLOCK_CLOSE = {"close_role", "join"}
 _WORD = re.compile(r"(\s*)(/?)([A-Za-z_][A-Za-z_0-9]*)")
@@ -134,7 +135,8 @@ class _Parser:
 
     # -- lexical classification of holes --------------------------------------------------------
     def classify(self, start: int, end: int) -> tuple[str, int, str]:
-        """(kind, offset of the rest, rest): kind is expr, gen, select, role, close_role, fork, join."""
+        """(kind, offset of the rest, rest): kind is expr, gen, select, image, video, role, close_role,
+        fork, join."""
         body = self.src[start + 1 : end - 1]
         m = _WORD.match(body)
         if body.lstrip().startswith("/") and not (m and m.group(2)):
@@ -197,6 +199,8 @@ class _Parser:
             self.interp(start, rest_at, rest)
         elif kind in ("gen", "select"):
             self.primitive(kind, start, rest_at, rest)
+        elif kind in MEDIA:
+            self.media(kind, start, rest_at, rest)
         elif kind == "role":
             self.open_role(rest, start)
         elif kind == "close_role":
@@ -273,6 +277,50 @@ class _Parser:
         if name is not None:
             self.capture(name, start)
         self.emit(Primitive(kind, name, tuple(options), start))
+
+    def media(self, kind: str, start: int, rest_at: int, rest: str) -> None:
+        """``{image SRC}`` / ``{video SRC frames=N}``: SRC is any Python expression (up to the first
+        top-level ``key=``); a video needs ``frames``, an image takes no option."""
+        starts = _option_starts(rest)
+        head = rest[: starts[0][0] if starts else len(rest)].rstrip()
+        head = head[:-1] if head.endswith(",") else head
+        if not head.strip():
+            example = '{image photo} or {image "cat.png"}' if kind == "image" else '{video clip frames=8}'
+            raise self.error(
+                f"{{{kind}}} needs a source: a kernel variable or a path", start,
+                hint=f"e.g. {example}; to insert a variable named {kind} as text, write {{({kind})}}",
+            )
+        source = self.expr(head, rest_at)
+        literal = _literal(source)
+        if literal is not _NOT_LITERAL and not isinstance(literal, (str, bytes)):
+            raise self.error(
+                f"{kind} source must be a path, bytes or a PIL image, got {type(literal).__name__}", source.offset,
+                hint="put the path in quotes, or name a kernel variable that holds the image",
+            )
+        frames = None
+        for k, (at, key, eq) in enumerate(starts):
+            if kind == "image":
+                raise self.error("{image} takes no options", rest_at + at, hint="write {image SRC}; frames= is for {video}")
+            if key != "frames":
+                close = _close_match(key, ["frames"])
+                raise self.error(
+                    f"video has no option {key!r}" + (f"; did you mean {close!r}?" if close else ""),
+                    rest_at + at, hint="video's only option is frames=N",
+                )
+            if frames is not None:
+                raise self.error("option 'frames' is given twice", rest_at + at)
+            stop = starts[k + 1][0] if k + 1 < len(starts) else len(rest)
+            value = rest[eq + 1 : stop].rstrip()
+            value = value[:-1] if value.endswith(",") else value
+            if not value.strip():
+                raise self.error("option 'frames' has no value", rest_at + eq)
+            frames = self.expr(value, rest_at + eq + 1)
+            n = _literal(frames)
+            if n is not _NOT_LITERAL and not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+                raise self.error(f"frames must be an integer >= 1, got {n!r}", frames.offset)
+        if kind == "video" and frames is None:
+            raise self.error("{video} needs frames=N (how many frames to sample)", start, hint="e.g. {video clip frames=8}")
+        self.emit(Media(kind, source, frames, start))
 
     def check_literal(self, kind: str, key: str, expr: Expr) -> None:
         """Catch mistakes in literal option values at parse time, pointing at the value."""
@@ -424,6 +472,17 @@ class _Parser:
 # -- helpers ------------------------------------------------------------------------------------
 def _lead(text: str) -> int:
     return len(text) - len(text.lstrip())
+
+
+_NOT_LITERAL = object()
+
+
+def _literal(expr: Expr):
+    """The value of a literal expression (``"cat.png"``, ``8``), else ``_NOT_LITERAL``."""
+    try:
+        return ast.literal_eval(expr.tree.body)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_LITERAL
 
 
 def _is_in_keyword(text: str, i: int) -> bool:

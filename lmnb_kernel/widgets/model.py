@@ -10,6 +10,8 @@ lane's text is a list of *segments*:
   unclassified (``None``) if no request has covered it yet;
 - ``gen``    generated tokens (one ``Token`` each, with its text and, when requested, its logprob);
 - ``select`` the chosen text of a ``select`` call;
+- ``media``  an ``image()``/``video()`` input: its placeholder text (the image token), a thumbnail,
+  and whether the first request that sent it found its tokens in the radix cache (``cache``);
 - ``fork``   a marker where child lanes branch off (the renderer draws them side by side there);
 - ``join``   a marker where child lanes were joined back.
 
@@ -23,8 +25,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional
 
-SegmentKind = Literal["text", "gen", "select", "fork", "join"]
-CacheClass = Optional[Literal["cached", "computed"]]
+SegmentKind = Literal["text", "gen", "select", "media", "fork", "join"]
+CacheClass = Optional[Literal["cached", "computed", "partial"]]
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Segment:
     tokens: list[Token] = field(default_factory=list)
     open: bool = False  # a gen that is still receiving tokens
     lanes: list[str] = field(default_factory=list)  # fork/join: the child lane ids
+    thumb: Optional[dict] = None  # media: {"kind", "url", "width", "height", "frames", "tokens", "cached_tokens"}
 
 
 @dataclass
@@ -196,7 +199,7 @@ class RunModel:
 
         def seg(s: Segment) -> dict:
             d = {"kind": s.kind, "text": s.text}
-            for key in ("cache", "source", "name"):
+            for key in ("cache", "source", "name", "thumb"):
                 if getattr(s, key) is not None:
                     d[key] = getattr(s, key)
             if s.kind == "gen":

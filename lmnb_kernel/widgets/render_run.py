@@ -79,6 +79,8 @@ def render_segment(model: RunModel, lane: Lane, index: int, *, live: bool) -> st
     if s.kind == "select":
         return tag("span", esc(s.text), cls="lmnb-select-choice", style=SELECT_STYLE,
                    title=f"select {s.name}" if s.name else "select")
+    if s.kind == "media":
+        return render_media(s)
     if s.kind == "fork":
         return render_fork(model, s.lanes, live=live)
     if s.kind == "join":
@@ -86,6 +88,28 @@ def render_segment(model: RunModel, lane: Lane, index: int, *, live: bool) -> st
         return tag("div", esc("⤶ joined " + names), cls="lmnb-join",
                    style=f"color:{MUTED};font-style:italic;{MONO}")
     raise ValueError(f"unknown segment kind {s.kind!r}")
+
+
+MEDIA_BADGE = {"cached": ("cached", OK), "partial": ("partly cached", "#9a6700"), "computed": ("new", "#9a6700")}
+
+
+def render_media(s) -> str:
+    """An image/video input: its thumbnail (a PNG data URL, ≤ 96 px) and a badge saying whether its
+    tokens' KV came from the radix cache ("cached"), were computed ("new"), or are not sent yet."""
+    info = s.thumb or {}
+    kind = info.get("kind", "image")
+    label = kind if not info.get("frames") else f"video, {info['frames']} frames"
+    if info.get("url"):
+        pic = (f'<img src="{esc(info["url"])}" alt="{esc(label)}" width="{int(info["width"])}" '
+               f'height="{int(info["height"])}" style="vertical-align:middle;border:1px solid #d0d7de">')
+    else:
+        pic = esc(f"[{label}]")
+    text, color = MEDIA_BADGE.get(s.cache or "", ("not sent yet", MUTED))
+    title = label
+    if "tokens" in info:
+        title += f" · {info['cached_tokens']}/{info['tokens']} tokens from the radix cache"
+    return tag("span", pic + badge(text, color=color, cls=f"lmnb-badge lmnb-media-{s.cache or 'pending'}"),
+               cls=f"lmnb-media lmnb-{kind}", title=title, style="display:inline-block;vertical-align:middle")
 
 
 def render_lane_body(model: RunModel, lane_id: str, *, live: bool) -> str:

@@ -234,6 +234,33 @@ class RunView:
             ln.segments.append(Segment("text", text, source=source))
             self._changed()
 
+    def on_media(self, lane: str, text: str, *, kind: str, thumb: Any = None, frames: Optional[int] = None) -> None:
+        """An ``image()``/``video()`` input appended to ``lane``: ``text`` is its placeholder in the
+        program text (the image token), ``kind`` ``"image"`` or ``"video"``, ``thumb`` a
+        ``media.Thumbnail`` (None: shown as a label only), ``frames`` a video's frame count. Its
+        cache status comes with the first request that sends it (``on_media_cache``)."""
+        self._check_thread()
+        if kind not in ("image", "video"):
+            raise ValueError(f"on_media kind={kind!r} must be 'image' or 'video'")
+        ln = self.model.lane(lane)
+        self._close_gen(ln)
+        info = {"kind": kind, "frames": frames}
+        if thumb is not None:
+            info.update(url=thumb.url, width=thumb.width, height=thumb.height)
+        ln.segments.append(Segment("media", text, thumb=info))
+        self._changed()
+
+    def on_media_cache(self, lane: str, images: Sequence[dict]) -> None:
+        """A request of ``lane`` reported, per image/video input of its prompt in order,
+        ``{"tokens", "cached_tokens"}`` (``meta["images"]`` of the in-process backend): inputs not
+        yet marked show "cached" (their KV and vision encoding were reused), "new" or "partly
+        cached"."""
+        self._check_thread()
+        from .media import classify_media
+
+        self._full_dirty |= classify_media(self.model, lane, list(images))
+        self._changed()
+
     def on_prompt(self, lane: str, *, prompt_tokens: int, cached_tokens: int, cached_chars: Optional[int] = None,
                   prompt_chars: Optional[int] = None, rid: Optional[str] = None, name: Optional[str] = None) -> None:
         """A request for ``lane`` was sent; its prompt is the lane's whole text so far.
