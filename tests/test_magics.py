@@ -19,9 +19,9 @@ from lmnb_kernel.session import EngineConfig, Session, get_session
 
 @pytest.fixture(scope="module")
 def ip(tiny_llama):
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython, start_ipython
 
-    shell = start_ipython()
+    shell = start_ipython() or get_ipython()  # None when another test module started it already
     shell.extension_manager.load_extension("lmnb_kernel")
     session = get_session()
     session.load(EngineConfig(model=str(tiny_llama)))

@@ -1,0 +1,120 @@
+"""``{image ...}`` in a real ``%%lm`` cell on a tiny random LLaVA loaded with ``%lm load``.
+
+The reference is the equivalent lmnb program run directly on the same engine; the image span is
+located with transformers' ``LlavaProcessor`` (independent of lmnb's own token layout).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from bs4 import BeautifulSoup
+from IPython.utils.capture import capture_output
+from PIL import Image
+
+import lmnb
+from lmnb_kernel.session import Session
+from tests.helpers_multimodal import png_bytes, random_image
+
+CELL = """%%lm --static --temperature 0 --out st
+{user}
+{image photo}
+What is in the picture?
+{/user}
+{assistant}
+{gen answer max_tokens=6}
+{/assistant}"""
+
+
+@pytest.fixture(scope="module")
+def llava_ckpt(tmp_path_factory):
+    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
+
+    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava-cell"))
+
+
+@pytest.fixture(scope="module")
+def ip(llava_ckpt):
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    shell = start_ipython() or get_ipython()  # None when another test module started it already
+    shell.extension_manager.load_extension("lmnb_kernel")
+    magics = shell._lmnb_magics
+    real, magics.session = magics.session, Session()  # leave any other module's engine alone
+    with capture_output() as out:
+        ok = shell.run_cell(f"%lm load {llava_ckpt} --max-total-tokens 4096").success
+    assert ok, out.stdout
+    yield shell
+    magics.session.close()
+    magics.session = real
+    shell.extension_manager.unload_extension("lmnb_kernel")
+
+
+def run(ip, code: str):
+    with capture_output() as out:
+        result = ip.run_cell(code)
+    assert result.success, out.stdout
+    return out
+
+
+def view_html(out) -> BeautifulSoup:
+    [html] = [o.data["text/html"] for o in out.outputs if "lmnb-run" in o.data.get("text/html", "")][-1:]
+    return BeautifulSoup(html, "html.parser")
+
+
+@lmnb.function
+def ask(s, photo, question):
+    s += lmnb.user(lmnb.image(photo) + "\n" + question)
+    s += lmnb.assistant(lmnb.gen("answer", max_tokens=6))
+
+
+def image_layout(llava_ckpt, prompt_text: str, img):
+    """(processor, prompt ids, position after the image's last placeholder token), as
+    transformers' LlavaProcessor lays the prompt out."""
+    import transformers
+
+    proc = transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
+    ids = proc(text=prompt_text, images=[img], return_tensors="pt")["input_ids"][0].tolist()
+    image_id = proc.tokenizer.convert_tokens_to_ids(proc.image_token)
+    return proc, ids, max(i for i, t in enumerate(ids) if t == image_id) + 1
+
+
+def test_image_cell_equals_the_lmnb_program_and_reuses_the_image_kv(ip, llava_ckpt, tmp_path):
+    img = random_image(7, size=(200, 120))
+    ip.user_ns["photo"] = img
+    out1 = run(ip, CELL)
+    backend = ip._lmnb_magics.session.backend()
+    direct = ask.run(photo=img, question="What is in the picture?", temperature=0, backend=backend)
+    assert ip.user_ns["answer"] == direct["answer"]
+    assert ip.user_ns["st"].text() == direct.text()
+
+    # The first cell's view: a ≤ 96 px PNG thumbnail of the picture, marked new (not from the cache).
+    media = view_html(out1).select_one(".lmnb-media")
+    assert "lmnb-media-computed" in str(media)
+    src = media.img["src"]
+    assert src.startswith("data:image/png;base64,")
+    thumb = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+    assert thumb.size == (96, 58) and (int(media.img["width"]), int(media.img["height"])) == thumb.size  # 200x120 scaled
+
+    # A second question on the same pixels, now from a PNG file named in the cell: the image's
+    # tokens come from the radix cache, and the view says so.
+    path = tmp_path / "same.png"
+    path.write_bytes(png_bytes(img))
+    out2 = run(ip, CELL.replace("{image photo}", f'{{image "{path}"}}').replace("What is", "Which colour is")
+               .replace("--out st", "--out st2"))
+    st2 = ip.user_ns["st2"]
+    prompt = st2.text()[: st2.text().rindex("<|assistant|>") + len("<|assistant|>")]
+    assert st2.get_meta_info("answer")["cached_tokens"] >= image_layout(llava_ckpt, prompt, img)[2]
+    assert "lmnb-media-cached" in str(view_html(out2).select_one(".lmnb-media"))
+    # The shaded cached text is the prompt's text up to the cached position, mapped through the
+    # processor's layout (the image is one placeholder in the text but many prompt positions).
+    proc, ids, end = image_layout(llava_ckpt, prompt, img)
+    n = st2.get_meta_info("answer")["cached_tokens"]
+    before = prompt[: prompt.index(proc.image_token)]
+    soup = view_html(out2)
+    cached = "".join(x.get_text() for x in soup.select(".lmnb-text.lmnb-cached"))
+    assert cached == before + proc.tokenizer.decode(ids[end:n])
+    computed = "".join(x.get_text() for x in soup.select(".lmnb-text.lmnb-computed"))
+    assert "Which colour" in computed
