@@ -41,8 +41,9 @@ def run(args) -> int:
     nb = nbformat.read(src, as_version=4)
     if args.parameter:
         inject_parameters(nb, {k: parse_value(v) for k, v in args.parameter})
-    # Headless: no one watches live widgets, so cells update their output in place instead.
-    os.environ.setdefault("LMNB_VIEW", "static")
+    # Headless: no one watches live widgets, so cells update their output in place instead. The
+    # setting goes to the kernel's environment only, never into this process's os.environ.
+    env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "static")}
     client = NotebookClient(
         nb, km=kernel_manager(), timeout=args.timeout, startup_timeout=120, allow_errors=args.allow_errors,
         resources={"metadata": {"path": str(src.resolve().parent)}},
@@ -50,7 +51,7 @@ def run(args) -> int:
     t0 = time.monotonic()
     failed = None
     try:
-        client.execute()
+        client.execute(env=env)
     except CellExecutionError as e:
         failed = e
     finally:

@@ -89,10 +89,15 @@ class NotebookRunner:
     """Runs notebooks cell by cell in one IPython shell with ``%load_ext lmnb_kernel``."""
 
     def __init__(self):
-        from IPython.core.interactiveshell import InteractiveShell
+        from helpers_shell import process_shell
 
-        self.shell = InteractiveShell.instance()
+        self.shell = process_shell()
         self.run_cell("%load_ext lmnb_kernel")
+
+    def close(self) -> None:
+        """Unload the extension, so its post-cell hooks (``%lm tree`` refresh) leave the shared
+        process shell with it."""
+        self.shell.extension_manager.unload_extension("lmnb_kernel")
 
     def run_cell(self, source: str) -> None:
         from IPython.utils.capture import capture_output

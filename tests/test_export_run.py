@@ -36,6 +36,7 @@ def runner(tiny_llama):
     r = NotebookRunner()
     r.run_cell(f"%lm load {tiny_llama}")
     yield r
+    r.close()
     lmnb.api._default_backend = default_backend
     for k, v in saved.items():
         if v is None:

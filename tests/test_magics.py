@@ -9,6 +9,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import pytest
+from helpers_shell import process_shell
 from IPython.utils.capture import capture_output
 
 import lmnb
@@ -19,9 +20,7 @@ from lmnb_kernel.session import EngineConfig, Session, get_session
 
 @pytest.fixture(scope="module")
 def ip(tiny_llama):
-    from IPython.testing.globalipapp import get_ipython, start_ipython
-
-    shell = start_ipython() or get_ipython()  # None when another test module started it already
+    shell = process_shell()
     shell.extension_manager.load_extension("lmnb_kernel")
     session = get_session()
     session.load(EngineConfig(model=str(tiny_llama)))

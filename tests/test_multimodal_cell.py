@@ -10,6 +10,7 @@ import base64
 import io
 
 import pytest
+from helpers_shell import process_shell
 from bs4 import BeautifulSoup
 from IPython.utils.capture import capture_output
 from PIL import Image
@@ -37,9 +38,7 @@ def llava_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ip(llava_ckpt):
-    from IPython.testing.globalipapp import get_ipython, start_ipython
-
-    shell = start_ipython() or get_ipython()  # None when another test module started it already
+    shell = process_shell()
     shell.extension_manager.load_extension("lmnb_kernel")
     magics = shell._lmnb_magics
     real, magics.session = magics.session, Session()  # leave any other module's engine alone

@@ -7,6 +7,8 @@ LM head and a tied one with a vocabulary that does not split evenly (zero-padded
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
+
 import pytest
 import torch
 
@@ -79,7 +81,12 @@ def checkpoints(tiny_checkpoint_factory):
     return [str(untied), str(tied_odd_vocab)]
 
 
-def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path):
+def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path, monkeypatch):
+    main = sys.modules["__main__"]
+    if not hasattr(main, "__spec__"):
+        # IPython's test shell (started by other test modules) replaces __main__ with a module
+        # that lacks __spec__, which multiprocessing's spawn reads; the workers need nothing from it.
+        monkeypatch.setattr(main, "__spec__", None, raising=False)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(r, checkpoints, str(tmp_path / "rdv"), out)) for r in range(WORLD)]

@@ -14,9 +14,9 @@ from html.parser import HTMLParser
 
 import comm
 import pytest
+from helpers_shell import process_shell
 from bs4 import BeautifulSoup
 from comm.base_comm import BaseComm
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from lmnb_kernel.widgets import SESSION, VIEW_MIME, RunView, Tally, TreeView
@@ -52,7 +52,7 @@ def comms(monkeypatch):
 
 @pytest.fixture
 def shell():
-    return InteractiveShell.instance()
+    return process_shell()
 
 
 class Clock:

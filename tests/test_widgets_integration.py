@@ -14,9 +14,8 @@ import re
 
 import jsonschema
 import pytest
+from helpers_shell import process_shell
 from bs4 import BeautifulSoup
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 
 from lmnb_engine import SamplingParams
@@ -28,11 +27,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def ip(tiny_llama):
-    if InteractiveShell.initialized():  # another test module made the process's shell already
-        shell = InteractiveShell.instance()
-    else:
-        globalipapp.start_ipython()
-        shell = globalipapp.get_ipython()
+    shell = process_shell()
     shell.extension_manager.load_extension("lmnb_kernel")
     session = get_session()
     session.load(EngineConfig(model=str(tiny_llama)))
