@@ -31,7 +31,7 @@ def make_backend(kind: str, model: str, threads: int):
         from lmnb_engine.engine import Engine
 
         torch.set_num_threads(threads)
-        return EngineBackend(Engine(model, device="cpu"))
+        return EngineBackend(Engine(model, device="cpu", max_total_tokens=16384))
     raise ValueError(f"unknown backend {kind!r}; use 'hf' or 'engine'")
 
 
