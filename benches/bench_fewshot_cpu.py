@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 import random
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benches/ is not a package
+
+from cpu_bench import add_out_argument, llama_dims, machine_line, set_torch_threads, write_report  # noqa: E402
 
 
 def optimal_hit_rate(prompts: list[list[int]]) -> float:
@@ -38,17 +42,6 @@ def make_workload(vocab: int, prefix_len: int, questions: int, seed: int) -> lis
     low = 10  # keep clear of the special tokens at the start of the vocabulary
     prefix = [rng.randrange(low, vocab) for _ in range(prefix_len)]
     return [prefix + [rng.randrange(low, vocab) for _ in range(rng.randint(36, 44))] for _ in range(questions)]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_lmnb(path: str, prompts, disable_radix_cache: bool, warmup) -> dict:
@@ -98,21 +91,15 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--hf-batch-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="also write the report (markdown) to this file")
+    add_out_argument(ap)
     args = ap.parse_args()
-
-    import torch
 
     from lmnb_engine.testing import make_tiny_checkpoint
 
-    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
-    torch.set_num_threads(threads)
+    threads = set_torch_threads()
     with tempfile.TemporaryDirectory() as tmp:
         path = str(make_tiny_checkpoint(
-            tmp, arch="llama", seed=args.seed, hidden_size=args.hidden_size,
-            intermediate_size=args.hidden_size * 8 // 3,
-            num_hidden_layers=args.layers, num_attention_heads=args.hidden_size // 64,
-            num_key_value_heads=max(1, args.hidden_size // 128), max_position_embeddings=2048,
+            tmp, arch="llama", seed=args.seed, **llama_dims(args.hidden_size, args.layers)
         ))
         from transformers import AutoConfig
 
@@ -131,7 +118,7 @@ def main() -> None:
     lines = [
         f"# CPU few-shot benchmark ({datetime.date.today().isoformat()})",
         "",
-        f"- machine: {cpu_name()}, nproc {os.cpu_count()}, torch threads {threads} (shared machine: other jobs ran)",
+        machine_line(threads),
         f"- model: random-weight Llama, hidden {args.hidden_size}, {args.layers} layers, vocab {vocab}, float32",
         f"- workload: shared prefix of {args.prefix_len} tokens + {n} questions of 36-44 tokens, 1 output token "
         f"each ({prompt_tokens} prompt tokens); HF batch size {args.hf_batch_size}",
@@ -152,11 +139,7 @@ def main() -> None:
         f"- same output tokens in all three systems: {same}",
         "- goals (issue 2): >= 3x over HF without reuse; hit rate >= 97% of optimal",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":

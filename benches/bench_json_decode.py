@@ -13,18 +13,23 @@ applying them to the logits) against the model's forward time; and the compile t
 regex, regex → token index, cold).
 
     OMP_NUM_THREADS=2 python benches/bench_json_decode.py --out benches/results/DATE-cpu-json-decode.md
-    OMP_NUM_THREADS=2 python benches/bench_json_decode.py --model path/to/checkpoint  # e.g. the demo model
+    OMP_NUM_THREADS=2 python benches/bench_json_decode.py --model demo  # the bundled demo model
+    OMP_NUM_THREADS=2 python benches/bench_json_decode.py --model path/to/checkpoint
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benches/ is not a package
+
+from cpu_bench import add_out_argument, llama_dims, machine_line, set_torch_threads, write_report  # noqa: E402
 
 CITIES = ["Tessaly", "Orvane", "Mirwick", "Kelda", "Porrin", "Shalem", "Udrin", "Yarrow"]
 CHARACTER = {
@@ -55,17 +60,6 @@ NAMES = (
     "Quenby Rusk Sabine Tamsa Ulla Varen Wynn Xara Yorick Zella Adro Brisa Calder Delphine Emrys Faye "
     "Gideon Halla Isolde Jarek Kaia Lorne Mirela Nils Odile Pax Quill Rowan Selka Thane Uma Vesna Wren Yara"
 ).split()
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class Timers:
@@ -162,27 +156,25 @@ def compile_times(path: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="checkpoint directory (default: a random-weight Llama built here)")
+    ap.add_argument("--model", help="checkpoint directory, or 'demo' for the bundled demo model "
+                    "(default: a random-weight Llama built here)")
     ap.add_argument("--hidden-size", type=int, default=384)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3, help="runs per setting; the fastest is reported")
     ap.add_argument("--sequential", type=int, default=10, help="prompts for the one-at-a-time run")
-    ap.add_argument("--out", help="also write the report (markdown) to this file")
+    add_out_argument(ap)
     args = ap.parse_args()
 
-    import torch
-
+    from lmnb_engine.model_loader import DEMO_MODEL_PATH
     from lmnb_engine.testing import make_tiny_checkpoint
 
-    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
-    torch.set_num_threads(threads)
+    threads = set_torch_threads()
     prompts = [f"Describe the character {n} as one JSON record:\n" for n in NAMES]
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.model or str(make_tiny_checkpoint(
-            tmp, arch="llama", hidden_size=args.hidden_size, intermediate_size=args.hidden_size * 8 // 3,
-            num_hidden_layers=args.layers, num_attention_heads=args.hidden_size // 64,
-            num_key_value_heads=max(1, args.hidden_size // 128), max_position_embeddings=2048,
+        checkpoint = str(DEMO_MODEL_PATH) if args.model == "demo" else args.model
+        path = checkpoint or str(make_tiny_checkpoint(
+            tmp, arch="llama", **llama_dims(args.hidden_size, args.layers)
         ))
         compiled = compile_times(path)
         best: dict = {}
@@ -195,11 +187,12 @@ def main() -> None:
                     if key not in best or r["wall"] < best[key]["wall"]:
                         best[key] = r
 
-    model = args.model or f"random-weight Llama, hidden {args.hidden_size}, {args.layers} layers, float32"
+    model = ("the bundled demo model (lmnb_engine/demo_model: trained Llama, 3.4M params, float32)"
+             if args.model == "demo" else args.model) or f"random-weight Llama, hidden {args.hidden_size}, {args.layers} layers, float32"
     lines = [
         f"# CPU JSON decoding benchmark: compressed FSM vs plain masked decoding ({datetime.date.today().isoformat()})",
         "",
-        f"- machine: {cpu_name()}, nproc {os.cpu_count()}, torch threads {threads} (shared machine: other jobs ran)",
+        machine_line(threads),
         f"- model: {model}; vocab {compiled['vocab']}",
         f"- workload: {len(prompts)} character records (the paper's JSON shape: a name, 9 keys, 7 enum "
         "fields, a nested object), greedy, compact JSON; all requests at once, and some one at a time",
@@ -245,11 +238,7 @@ def main() -> None:
         "- goals (issue 5): >= 2x fewer forward passes with identical output; mask overhead < 10% of a "
         "decode step on the demo model",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -24,27 +24,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benches/ is not a package
+
+from cpu_bench import add_out_argument, llama_dims, machine_line, set_torch_threads, write_report  # noqa: E402
 
 SYSTEM = "<|system|>Answer the question about the picture in a few words.<|end|>\n"
 QUESTIONS = [
     "what is the main color of the picture?", "how many animals are there?", "is it day or night?",
     "what is the dog doing?", "where was this taken?", "describe the picture in one sentence.",
 ]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def make_workload(num_images: int, per_image: int, seed: int) -> list[tuple[str, object]]:
@@ -118,15 +111,12 @@ def main() -> None:
     ap.add_argument("--vision-hidden-size", type=int, default=256)
     ap.add_argument("--vision-layers", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="also write the report (markdown) to this file")
+    add_out_argument(ap)
     args = ap.parse_args()
-
-    import torch
 
     from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
 
-    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
-    torch.set_num_threads(threads)
+    threads = set_torch_threads()
     work = make_workload(args.images, args.questions_per_image, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         vh = args.vision_hidden_size
@@ -134,9 +124,7 @@ def main() -> None:
             tmp, seed=args.seed, image_size=args.image_size, patch_size=args.patch_size,
             vision_overrides=dict(hidden_size=vh, intermediate_size=vh * 4, num_hidden_layers=args.vision_layers,
                                   num_attention_heads=max(1, vh // 64), projection_dim=vh),
-            hidden_size=args.hidden_size, intermediate_size=args.hidden_size * 8 // 3,
-            num_hidden_layers=args.layers, num_attention_heads=args.hidden_size // 64,
-            num_key_value_heads=max(1, args.hidden_size // 128), max_position_embeddings=2048,
+            **llama_dims(args.hidden_size, args.layers),
         ))
         rows = [
             ("lmnb, radix cache", run_lmnb(path, work, args.max_new_tokens, True, True)),
@@ -152,7 +140,7 @@ def main() -> None:
     lines = [
         f"# CPU LLaVA-bench-shaped benchmark ({datetime.date.today().isoformat()})",
         "",
-        f"- machine: {cpu_name()}, nproc {os.cpu_count()}, torch threads {threads} (shared machine: other jobs ran)",
+        machine_line(threads),
         f"- model: random-weight LLaVA-1.5 (pad preprocessing), CLIP {args.vision_layers} layers hidden "
         f"{args.vision_hidden_size} at {args.image_size}px / patch {args.patch_size} ({per_image} image tokens), "
         f"Llama {args.layers} layers hidden {args.hidden_size}, float32",
@@ -173,11 +161,7 @@ def main() -> None:
         f"- same output tokens in all systems: {same}",
         "- paper (§6, LLaVA-v1.5-7B on an A10G): 1.15 images/s with SGLang vs 0.18 with the HF implementation",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -266,6 +266,11 @@ class Engine:
         return [self._to_ids(prompt)], False
 
     def _check(self, ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(
+                f"params must be a lmnb_engine.SamplingParams, got {type(params).__name__}; "
+                "for a dict write SamplingParams(**d) (fields: max_new_tokens, temperature, top_p, stop, ...)"
+            )
         params.validate()
         n = len(ids)
         if n + params.max_new_tokens > self.context_len:
@@ -304,6 +309,14 @@ class Engine:
         return backend.submit(regex).result()
 
     def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
+        handle, reqs = self._make_reqs(ids, params, rid)
+        self.scheduler.submit(reqs)
+        return handle
+
+    def _make_reqs(
+        self, ids: list[int], params: SamplingParams, rid: Optional[str] = None
+    ) -> tuple[RequestHandle, list[Req]]:
+        """A handle and its ``n`` scheduler requests for one checked prompt (not yet queued)."""
         rid = rid or uuid.uuid4().hex
         with self._lock:
             old = self._handles.get(rid)
@@ -331,8 +344,7 @@ class Engine:
                         or p.frequency_penalty or p.presence_penalty)
             for r in reqs:
                 r.grammar = RequestGrammar(grammar, jump_forward=jump, logprobs=p.return_logprob)
-        self.scheduler.submit(reqs)
-        return handle
+        return handle, reqs
 
     def submit(
         self, prompt: Prompt, params: Optional[SamplingParams] = None, rid: Optional[str] = None
@@ -364,7 +376,11 @@ class Engine:
         prompts, is_batch = self._split_batch(prompt)
         for ids in prompts:
             self._check(ids, params)
-        handles = [self._submit_ids(ids, params) for ids in prompts]
+        # One submission for the whole batch: the scheduler sees every prompt at once, so the
+        # batch is ordered and admitted the same way whatever the thread timing.
+        made = [self._make_reqs(ids, params) for ids in prompts]
+        handles = [h for h, _ in made]
+        self.scheduler.submit([r for _, reqs in made for r in reqs])
         try:
             results: list[GenerateResult] = []
             for h in handles:

@@ -111,13 +111,13 @@ class RadixCache(PrefixCache):
         child.parent = upper
         return upper
 
-    def match_prefix(self, key: Key) -> MatchResult:
-        """Longest cached prefix of ``key`` (splitting the last edge if the match ends inside it).
+    def _descend(self, key: Key) -> tuple[TreeNode, int, list[TreeNode]]:
+        """Walk down the longest cached prefix of ``key``, splitting the last edge where the match
+        ends inside it and refreshing the access time of every node passed (the root included).
 
-        Returns the matched slots (int64 [n], CPU) and the deepest matched node; every node on the
-        path gets its access time refreshed.
+        Returns (deepest matched node, matched length, the matched nodes below the root in order).
         """
-        node, pos, values = self.root, 0, []
+        node, pos, path = self.root, 0, []
         self._touch(node)
         while pos < len(key):
             child = node.children.get(key[pos])
@@ -127,9 +127,18 @@ class RadixCache(PrefixCache):
             if n < len(child.key):
                 child = self._split(child, n)
             self._touch(child)
-            values.append(child.value)
+            path.append(child)
             node, pos = child, pos + n
-        indices = torch.cat(values) if values else _EMPTY
+        return node, pos, path
+
+    def match_prefix(self, key: Key) -> MatchResult:
+        """Longest cached prefix of ``key`` (splitting the last edge if the match ends inside it).
+
+        Returns the matched slots (int64 [n], CPU) and the deepest matched node; every node on the
+        path gets its access time refreshed.
+        """
+        node, _, path = self._descend(key)
+        indices = torch.cat([child.value for child in path]) if path else _EMPTY
         return MatchResult(indices, node)
 
     def peek_prefix(self, key: Key) -> tuple[Optional[int], int]:
@@ -153,17 +162,7 @@ class RadixCache(PrefixCache):
         the already-cached span and must free the ones that are not the cache's own.
         """
         assert len(key) == int(indices.numel()), "insert needs one slot per key item"
-        node, pos = self.root, 0
-        self._touch(node)
-        while pos < len(key):
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            n = _common_prefix_len(child.key, key, pos)
-            if n < len(child.key):
-                child = self._split(child, n)
-            self._touch(child)
-            node, pos = child, pos + n
+        node, pos, _ = self._descend(key)
         if pos < len(key):
             leaf = TreeNode(next(self._ids), tuple(key[pos:]), indices[pos:].clone(), node)
             self._touch(leaf)

@@ -9,7 +9,6 @@ manages the session (``lmnb_kernel.commands``).
 from __future__ import annotations
 
 import os
-import re
 import traceback
 
 from IPython.core.error import UsageError
@@ -17,6 +16,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_exp
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
+from lmnb.template.cell_options import STATE_NAME, CellOptions, add_cell_options
 from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
 from lmnb_kernel.errors import CellError
@@ -26,26 +26,12 @@ from lmnb_kernel.tables import cell_summary
 
 # Output mode for every cell: "live" (a widget while running) or "static" (display updates only).
 VIEW_ENV = "LMNB_VIEW"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 RECENT_CELLS = 8  # unnamed cells whose radix paths %lm tree labels
 
 
 def cell_parser() -> MagicArgumentParser:
-    """The options of ``%%lm`` (also used by the notebook exporter to read a cell's first line)."""
-    p = MagicArgumentParser(prog="%%lm", description="Run the cell as an LM program.")
-    p.add_argument("--python", action="store_true",
-                   help="the body is Python: an lmnb program body with the state as `s`")
-    p.add_argument("--state", metavar="NAME",
-                   help="continue the named program state (created by the first cell that names it); "
-                        "its prefix stays in the KV cache")
-    p.add_argument("--temperature", type=float, help="default temperature of every gen (0 = greedy)")
-    p.add_argument("--max-tokens", type=int, dest="max_tokens", help="default max_tokens of every gen")
-    p.add_argument("--seed", type=int, help="seed for sampling, so a sampled cell can be repeated")
-    p.add_argument("--out", metavar="VAR", help="also store the program state in kernel variable VAR")
-    p.add_argument("--quiet", action="store_true", help="show nothing; still capture variables")
-    p.add_argument("--static", action="store_true",
-                   help="no live widget: update the output in place (display_id) while running")
-    return p
+    """The options of ``%%lm`` (defined in ``lmnb.template.cell_options``, which the exporter reads too)."""
+    return add_cell_options(MagicArgumentParser(prog="%%lm", description="Run the cell as an LM program."))
 
 
 def line_parser() -> MagicArgumentParser:
@@ -120,7 +106,7 @@ class LMMagics(Magics):
         if args.command == "tree":
             return self.show_tree()
         name = getattr(args, "name", None)
-        if name is not None and not _NAME.match(name):
+        if name is not None and not STATE_NAME.match(name):
             raise UsageError(f"{name!r} is not a valid state name (letters, digits, _ . -)")
         getattr(commands, args.command)(args, self.session)
         if args.command in ("load", "connect"):  # a new backend: the old cells' paths are gone with it
@@ -164,7 +150,7 @@ class LMMagics(Magics):
         args = cell_parser().parse_args(_split(line))
         for key in ("state", "out"):
             value = getattr(args, key)
-            if value is not None and not (_NAME.match(value) if key == "state" else value.isidentifier()):
+            if value is not None and not (STATE_NAME.match(value) if key == "state" else value.isidentifier()):
                 raise UsageError(f"--{key} {value!r} is not a valid name")
         if not cell.strip():
             raise UsageError("%%lm: the cell body is empty; write the prompt below the %%lm line")
@@ -180,13 +166,7 @@ class LMMagics(Magics):
                 program, params = template.program(), template.bind(ns)
         except TemplateError as e:
             raise CellError(str(e)) from None
-        defaults = {}
-        if args.temperature is not None:
-            defaults["temperature"] = args.temperature
-        if args.max_tokens is not None:
-            defaults["max_new_tokens"] = args.max_tokens
-        if args.seed is not None:
-            defaults["seed"] = args.seed
+        defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
         previous = self.session.states.get(args.state) if args.state else None
         backend = self.session.backend()
         view = self.make_view(args, count)

@@ -2,10 +2,13 @@
 
 IPython keeps a process-wide singleton: ``start_ipython()`` fails once a plain
 ``InteractiveShell`` exists, and ``InteractiveShell.instance()`` returns whichever shell came
-first. Every test module gets its shell here, so module order does not matter.
+first. Every test module gets its shell here, so module order does not matter; ``lm_shell`` is
+that shell with lmnb's extension and an engine, for the modules that run ``%%lm`` cells.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 
 def process_shell():
@@ -17,3 +20,18 @@ def process_shell():
         return InteractiveShell.instance()
     globalipapp.start_ipython()
     return globalipapp.get_ipython()
+
+
+@contextmanager
+def lm_shell(model_dir):
+    """The process shell with the ``lmnb_kernel`` extension loaded and the kernel session's engine
+    on checkpoint ``model_dir``; on exit the session is closed and the extension unloaded."""
+    from lmnb_kernel.session import EngineConfig, get_session
+
+    shell = process_shell()
+    shell.extension_manager.load_extension("lmnb_kernel")
+    session = get_session()
+    session.load(EngineConfig(model=str(model_dir)))
+    yield shell
+    session.close()
+    shell.extension_manager.unload_extension("lmnb_kernel")

@@ -1,5 +1,9 @@
 """Constrained decoding over the corpus (``constrained_corpus``, 46 regexes and JSON schemas).
 
+Every test runs twice (issue 5: "on random-weight and demo models"): on a tiny random-weight Llama
+and on the bundled demo model (``lmnb_engine/demo_model``, trained, with its own BPE tokenizer, so
+the masks, the forced strings and the retokenization windows all differ from the random model's).
+
 * a random walk over the masks (any allowed token) always ends in a full match;
 * the engine's greedy output with jump-forward is byte-identical to the engine without it, and
   token-identical to plain masked greedy decoding written here with the Hugging Face model (the
@@ -18,6 +22,7 @@ import torch
 from constrained_corpus import MAX_NEW_TOKENS, check_output, corpus, has_constant_runs
 from lmnb_engine import Engine, SamplingParams
 from lmnb_engine.constrained import GrammarMatcher, apply_token_bitmask_
+from lmnb_engine.model_loader import DEMO_MODEL_PATH
 from tests.helpers_engine import assert_idle_accounting
 
 CORPUS = corpus()
@@ -34,10 +39,19 @@ def params_for(kind, source, **kw) -> SamplingParams:
     return SamplingParams(max_new_tokens=MAX_NEW_TOKENS, **constraint(kind, source), **kw)
 
 
+@pytest.fixture(scope="module", params=["random-weight", "demo"])
+def model_path(request) -> str:
+    """The checkpoint every test of this module runs on (module-scoped: pytest runs all tests on
+    one model, then all on the other, so only one pair of engines is alive at a time)."""
+    if request.param == "demo":
+        return str(DEMO_MODEL_PATH)
+    return str(request.getfixturevalue("tiny_llama"))
+
+
 @pytest.fixture(scope="module")
-def engines(tiny_llama):
-    with Engine(str(tiny_llama), max_total_tokens=16384) as on, Engine(
-        str(tiny_llama), max_total_tokens=16384, disable_jump_forward=True
+def engines(model_path):
+    with Engine(model_path, max_total_tokens=16384) as on, Engine(
+        model_path, max_total_tokens=16384, disable_jump_forward=True
     ) as off:
         yield on, off
 
@@ -80,7 +94,7 @@ def test_random_walks_over_the_masks_end_in_full_matches(engines, kind, source):
         check_output(kind, source, engine.decode(out))
 
 
-def test_greedy_output_is_identical_with_jump_forward_and_saves_passes(engines, tiny_llama):
+def test_greedy_output_is_identical_with_jump_forward_and_saves_passes(engines, model_path):
     import transformers
 
     on, off = engines
@@ -88,7 +102,7 @@ def test_greedy_output_is_identical_with_jump_forward_and_saves_passes(engines, 
     # one batch per engine: jump-forward extends and plain decode rows share forward passes
     with_jump = [on.submit(PROMPT, p) for p in batch]
     without = [off.submit(PROMPT, p) for p in batch]
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     prompt_ids = on.encode(PROMPT)
     total_on = total_off = 0
     for (kind, source, name), h_on, h_off in zip(CORPUS, with_jump, without):

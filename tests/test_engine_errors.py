@@ -61,6 +61,15 @@ def test_prompt_plus_output_beyond_the_pool_is_rejected(tiny_llama):
             eng.generate(12345, GREEDY)  # type: ignore[arg-type]
 
 
+def test_params_that_are_not_sampling_params_raise_a_clear_type_error(engine):
+    # an SGLang habit: sampling_params as a dict; it used to fail with "'dict' object has no attribute 'validate'"
+    for call in (engine.generate, engine.submit):
+        with pytest.raises(TypeError, match=r"SamplingParams\(\*\*d\)"):
+            call("the cat", {"max_new_tokens": 2, "temperature": 0})
+    assert engine.generate("the cat", GREEDY).finish_reason.type in ("length", "stop")
+    assert_idle_accounting(engine)
+
+
 def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate(["fine", ""], GREEDY)

@@ -15,18 +15,23 @@ import pytest
 
 from helpers_export import CHAT, QA, notebook
 from lmnb.export import ExportError, export_notebook, plan_notebook
-from lmnb.export.cell_line import option_parser, parse_cell_line
 from lmnb.template import parse
+from lmnb.template.cell_options import option_parser, parse_cell_line
 
 
-def options(parser) -> set:
-    return {o for o in parser._option_string_actions if o not in ("-h", "--help")}
+def options(parser) -> dict:
+    """Each option of ``parser`` (but --help) with what defines it: dest, action, type, metavar, help."""
+    return {o: (a.dest, type(a).__name__, a.type, a.metavar, a.help)
+            for o, a in parser._option_string_actions.items() if o not in ("-h", "--help")}
 
 
 def test_cell_line_options_are_the_magics_options():
     from lmnb_kernel.magics import cell_parser
 
+    # the magic's parser and the exporter's are built from one definition: same options, same meaning
     assert options(option_parser()) == options(cell_parser())
+    assert set(options(cell_parser())) == {"--python", "--state", "--temperature", "--max-tokens", "--seed",
+                                           "--out", "--quiet", "--static"}
     o = parse_cell_line("--state chat.v1 --temperature 0 --max-tokens 7 --seed 3 --out st --quiet --static")
     assert (o.state, o.out) == ("chat.v1", "st")
     assert o.run_kwargs() == {"temperature": 0.0, "max_new_tokens": 7, "seed": 3}

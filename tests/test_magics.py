@@ -9,24 +9,19 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import pytest
-from helpers_shell import process_shell
+from helpers_shell import lm_shell
 from IPython.utils.capture import capture_output
 
 import lmnb
 from lmnb.backend.base import BaseBackend, Completion
 from lmnb_engine import SamplingParams
-from lmnb_kernel.session import EngineConfig, Session, get_session
+from lmnb_kernel.session import Session, get_session
 
 
 @pytest.fixture(scope="module")
 def ip(tiny_llama):
-    shell = process_shell()
-    shell.extension_manager.load_extension("lmnb_kernel")
-    session = get_session()
-    session.load(EngineConfig(model=str(tiny_llama)))
-    yield shell
-    session.close()
-    shell.extension_manager.unload_extension("lmnb_kernel")
+    with lm_shell(tiny_llama) as shell:
+        yield shell
 
 
 def run(ip, code: str):

@@ -14,12 +14,12 @@ import re
 
 import jsonschema
 import pytest
-from helpers_shell import process_shell
+from helpers_shell import lm_shell
 from bs4 import BeautifulSoup
 from IPython.utils.capture import capture_output
 
 from lmnb_engine import SamplingParams
-from lmnb_kernel.session import EngineConfig, get_session
+from lmnb_kernel.session import get_session
 from lmnb_kernel.widgets import VIEW_MIME
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}}, "required": ["name"]}
@@ -27,13 +27,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def ip(tiny_llama):
-    shell = process_shell()
-    shell.extension_manager.load_extension("lmnb_kernel")
-    session = get_session()
-    session.load(EngineConfig(model=str(tiny_llama)))
-    yield shell
-    session.close()
-    shell.extension_manager.unload_extension("lmnb_kernel")
+    with lm_shell(tiny_llama) as shell:
+        yield shell
 
 
 def run(ip, code: str):

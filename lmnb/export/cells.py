@@ -17,7 +17,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from lmnb.export.cell_line import CellLineError, CellOptions, parse_cell_line
+from lmnb.template.cell_options import CellLineError, CellOptions, parse_cell_line
 
 # Cell magics whose body is Python: the body is kept, the magic is dropped.
 PYTHON_BODY_MAGICS = ("time", "timeit", "capture")

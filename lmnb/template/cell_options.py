@@ -1,8 +1,9 @@
-"""Read the first line of a ``%%lm`` cell (its options) without IPython.
+"""The options of a ``%%lm`` line, defined once for the magic and the exporter.
 
-The options and their meaning are those of the ``%%lm`` magic (``lmnb_kernel.magics.cell_parser``);
-lmnb cannot import the kernel package (imports go lmnb_kernel → lmnb), so this parser repeats the
-options, and ``tests/test_export.py`` checks that both parsers accept the same ones.
+``lmnb_kernel.magics.cell_parser`` builds IPython's ``MagicArgumentParser`` with
+``add_cell_options``; the notebook exporter reads a cell's first line with ``parse_cell_line``
+(a plain ``argparse`` parser from the same function), because lmnb cannot import the kernel
+package (imports go lmnb_kernel → lmnb).
 """
 
 from __future__ import annotations
@@ -13,8 +14,25 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional
 
-# The magic's rule for state names (lmnb_kernel.magics._NAME).
+# Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
 STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``%%lm`` options, with their help texts, to ``parser``; returns ``parser``."""
+    parser.add_argument("--python", action="store_true",
+                        help="the body is Python: an lmnb program body with the state as `s`")
+    parser.add_argument("--state", metavar="NAME",
+                        help="continue the named program state (created by the first cell that names it); "
+                             "its prefix stays in the KV cache")
+    parser.add_argument("--temperature", type=float, help="default temperature of every gen (0 = greedy)")
+    parser.add_argument("--max-tokens", type=int, dest="max_tokens", help="default max_tokens of every gen")
+    parser.add_argument("--seed", type=int, help="seed for sampling, so a sampled cell can be repeated")
+    parser.add_argument("--out", metavar="VAR", help="also store the program state in kernel variable VAR")
+    parser.add_argument("--quiet", action="store_true", help="show nothing; still capture variables")
+    parser.add_argument("--static", action="store_true",
+                        help="no live widget: update the output in place (display_id) while running")
+    return parser
 
 
 @dataclass(frozen=True)
@@ -35,7 +53,8 @@ class CellOptions:
     out: Optional[str] = None
 
     def run_kwargs(self) -> dict:
-        """Keyword arguments of ``SglFunction.run`` these options set (as the magic passes them)."""
+        """Keyword arguments of ``SglFunction.run`` these options set (the magic and the exporter both
+        pass these)."""
         kw = {}
         if self.temperature is not None:
             kw["temperature"] = self.temperature
@@ -57,16 +76,7 @@ class _Parser(argparse.ArgumentParser):
 
 def option_parser() -> argparse.ArgumentParser:
     """The ``%%lm`` options as a plain ``argparse`` parser (raises ``CellLineError``, never exits)."""
-    p = _Parser(prog="%%lm", add_help=False)
-    p.add_argument("--python", action="store_true")
-    p.add_argument("--state", metavar="NAME")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--max-tokens", type=int, dest="max_tokens")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--out", metavar="VAR")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--static", action="store_true")
-    return p
+    return add_cell_options(_Parser(prog="%%lm", add_help=False))
 
 
 def parse_cell_line(line: str) -> CellOptions:
