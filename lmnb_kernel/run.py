@@ -38,7 +38,11 @@ def run(args) -> int:
         print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
         return 2
     out = Path(args.output) if args.output else src.with_suffix(".out.ipynb")
-    nb = nbformat.read(src, as_version=4)
+    try:
+        nb = nbformat.read(src, as_version=4)
+    except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
+        print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
+        return 2
     if args.parameter:
         inject_parameters(nb, {k: parse_value(v) for k, v in args.parameter})
     # Headless: no one watches live widgets, so cells update their output in place instead. The
@@ -93,11 +97,26 @@ def inject_parameters(nb, params: dict) -> None:
     source = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items())
     cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
     cells = nb.cells
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if tagged:  # a misspelt -p name would otherwise run silently with the notebook's default
+        import ast
+
+        try:
+            tree = ast.parse(cells[tagged[0]].source)
+        except SyntaxError:
+            tree = None
+        if tree is not None:
+            known = sorted({t.id for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                            if isinstance(t, ast.Name)})
+            for name in params:
+                if name not in known:
+                    print(f"lmnb run: warning: parameter {name!r} is not set in the cell tagged 'parameters' "
+                          f"(it sets {', '.join(known) or 'nothing'}); check the spelling", file=sys.stderr)
     old = [i for i, c in enumerate(cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     if old:
         cells[old[0]] = cell
         return
-    tagged = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
     if not tagged:
         print("lmnb run: no cell is tagged 'parameters'; the parameters go in a new first cell", file=sys.stderr)
     cells.insert(tagged[0] + 1 if tagged else 0, cell)

@@ -118,6 +118,12 @@ def test_compile_errors_are_not_cached(backend):
     assert backend.submit("a(") is not fut
 
 
+def test_invalid_regex_syntax_says_what_is_wrong(backend):
+    # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
+    with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):
+        backend.submit("(ab").result()
+
+
 # --- bounded numbers ---------------------------------------------------------------------------
 
 

@@ -45,6 +45,32 @@ def executed(tmp_path_factory, tiny_checkpoint_factory):
     return done, ckpt, printed_summary
 
 
+def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp_path, capsys):
+    from lmnb_kernel.run import run
+
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text("{not json")
+    for path, words in [(tmp_path / "missing.ipynb", "no such notebook"), (bad, "cannot read")]:
+        args = argparse.Namespace(notebook=str(path), output=None, parameter=[], timeout=60, allow_errors=False)
+        assert run(args) == 2
+        err = capsys.readouterr().err
+        assert f"lmnb run: {words}" in err and str(path) in err and "Traceback" not in err
+    assert not (tmp_path / "bad.out.ipynb").exists()
+
+
+def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):
+    from lmnb_kernel.run import inject_parameters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('person = "Arvel"\nn: int = 2', metadata={"tags": ["parameters"]})]
+    inject_parameters(nb, {"person": "Corin", "n": 3})
+    assert capsys.readouterr().err == ""
+    inject_parameters(nb, {"persn": "Corin"})
+    err = capsys.readouterr().err
+    assert "parameter 'persn' is not set in the cell tagged 'parameters' (it sets n, person)" in err
+    assert nb.cells[1].source == "# Parameters\npersn = 'Corin'\n"  # still injected, as papermill does
+
+
 def cell(nb, start: str):
     """The code cell whose source starts with ``start`` (exactly one)."""
     [c] = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(start)]

@@ -128,6 +128,9 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text-only"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}}, 400, "schema"),
         ("/abort_request", {}, 400, "rid"),
+        ("/generate", {"text": "a", "sampling_params": {"n": 100000}}, 400, "at most 128"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "n": 100000}, 400, "at most 128"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "n": 129}, 400, "at most 128"),
     ],
 )
 def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):

@@ -20,6 +20,7 @@ a state from which no accepting state is reachable.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 
@@ -181,6 +182,15 @@ def compile_grammar(regex: str, vocab: TokenVocabulary) -> CompiledGrammar:
             raise GrammarError(
                 f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: {text}"
             ) from None
+        try:  # the library's own message ("error building NFA") does not say what is wrong; Python's does
+            re.compile(regex)
+        except re.error as py:
+            raise GrammarError(
+                f"regex {regex!r} cannot be compiled: it is not a valid regular expression ({py.msg} at "
+                f"position {py.pos}); fix the pattern"
+            ) from None
+        except (RecursionError, OverflowError):
+            pass
         raise GrammarError(f"regex {regex!r} cannot be compiled to a token index: {text}") from None
     grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start)
     if not grammar.final_states or grammar.initial_state in grammar._dead:

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
-from lmnb_engine.http_server.protocol import RequestError
+from lmnb_engine.http_server.protocol import RequestError, check_n
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import SamplingParams
 
@@ -159,6 +159,7 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
         params.validate()
     except (TypeError, ValueError) as e:
         raise RequestError(str(e)) from None
+    check_n(params.n)
     return params
 
 

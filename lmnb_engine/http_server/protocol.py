@@ -88,7 +88,19 @@ def sampling_params_from_json(
         params.validate()
     except (TypeError, ValueError) as e:
         raise RequestError(str(e), param="sampling_params") from None
+    check_n(params.n)
     return params
+
+
+# More samples than this per request is refused: n=100000 once queued 100000 requests and starved
+# every other client for minutes (the OpenAI API has the same cap).
+MAX_N = 128
+
+
+def check_n(n: int, param: str = "n") -> None:
+    if n > MAX_N:
+        raise RequestError(f"n={n} is too many samples for one request: at most {MAX_N}; send several requests",
+                           param=param)
 
 
 def _entry(lp: Optional[TokenLogprob], decode: Optional[Callable[[list[int]], str]]) -> list:
