@@ -5,6 +5,7 @@ JSON errors and never take the server down."""
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -176,3 +177,47 @@ def test_api_key_is_required_when_set():
         assert backend.model_info["model_path"] == "recording-engine"
         with pytest.raises(BackendError, match="401"):
             sgl.RuntimeEndpoint(url, api_key="wrong")
+
+
+class _UntilAborted:
+    """A request handle that runs until it is aborted (a generation longer than the client waits)."""
+
+    def __init__(self, inner):
+        self.rid, self.n, self._inner = inner.rid, 1, inner
+        self.aborted = threading.Event()
+
+    @property
+    def done(self):
+        return self.aborted.is_set()
+
+    def result(self):
+        self.aborted.wait(60)
+        return self._inner.result()
+
+    def events(self):
+        self.aborted.wait(60)
+        yield from self._inner.events()
+
+    def abort(self):
+        self.aborted.set()
+        return True
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}}),
+    ("/v1/completions", {"model": "rec", "prompt": "hi", "max_tokens": 4}),
+    ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+])
+def test_a_client_that_disconnects_aborts_its_non_streaming_request(path, body):
+    handles: list = []
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            handles.append(_UntilAborted(super().submit(prompt, params, rid)))
+            return handles[-1]
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + path, json=body, timeout=0.5)
+        assert len(handles) == 1
+        assert handles[0].aborted.wait(10), "the server kept the request running after its client left"

@@ -17,7 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Optional
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
@@ -55,6 +55,24 @@ class ServerContext:
                 h.abort()
             raise RequestError(str(e)) from None
         return handles
+
+    async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:
+        """``[h.result() for h in handles]`` without blocking the event loop. If the client
+        disconnects first, every handle is aborted: a client that gave up on a non-streaming
+        request must not leave its work queued ahead of everyone else's."""
+        futs = [asyncio.ensure_future(self.run(h.result)) for h in handles]
+        try:
+            while not all(f.done() for f in futs):
+                await asyncio.wait(futs, timeout=poll_s)
+                if not all(f.done() for f in futs) and await request.is_disconnected():
+                    for h in handles:
+                        h.abort()
+                    break
+            return [await f for f in futs]
+        finally:
+            for h in handles:
+                if not h.done:
+                    h.abort()
 
     async def events(self, handle: Any) -> AsyncIterator[Any]:
         """The handle's ``StreamEvent``s without blocking the event loop; aborts the request if
@@ -161,16 +179,16 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     name = served_model_name or (engine.model_path or "lmnb-model")
     ctx = ServerContext(engine, name)
-    app = FastAPI(title="lmnb serve", docs_url=None, redoc_url=None)
-    app.state.ctx = ctx
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
+    # A route dependency, not an HTTP middleware: Starlette's middleware wraps the ASGI receive
+    # channel, and then ``request.is_disconnected()`` never sees a client leave (ServerContext.results).
+    async def check_api_key(request: Request) -> None:
         if api_key and request.url.path != "/health":
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {api_key}":
-                return JSONResponse(error_body("missing or wrong API key (send Authorization: Bearer <key>)", 401), 401)
-        return await call_next(request)
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                raise RequestError("missing or wrong API key (send Authorization: Bearer <key>)", 401)
+
+    app = FastAPI(title="lmnb serve", docs_url=None, redoc_url=None, dependencies=[Depends(check_api_key)])
+    app.state.ctx = ctx
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError):
@@ -239,8 +257,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         if opts["stream"]:
             return StreamingResponse(_stream_generate(ctx, handles, params, decode), media_type="text/event-stream")
         outputs = []
-        for h, p in zip(handles, params):
-            res = await ctx.run(h.result)
+        for res, p in zip(await ctx.results(handles, request), params):
             for r in res if isinstance(res, list) else [res]:
                 outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta_info(r, decode, p.top_logprobs_num), "index": len(outputs)})
         return outputs if batch or len(outputs) > 1 else outputs[0]

@@ -276,8 +276,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 _stream(ctx, handles, rid, created, "text_completion", req, texts=texts), media_type="text/event-stream"
             )
         choices, results = [], []
-        for k, h in enumerate(handles):
-            res = await ctx.run(h.result)
+        for k, res in enumerate(await ctx.results(handles, request)):
             for r in res if isinstance(res, list) else [res]:
                 results.append(r)
                 lp = None
@@ -326,7 +325,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         if req.stream:
             return StreamingResponse(_stream(ctx, handles, rid, created, "chat.completion.chunk", req),
                                      media_type="text/event-stream")
-        res = await ctx.run(handles[0].result)
+        [res] = await ctx.results(handles, request)
         results = res if isinstance(res, list) else [res]
         choices = [{
             "index": r.index,
