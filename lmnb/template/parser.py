@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lmnb.template import options as opts
 from lmnb.template.errors import TemplateSyntaxError
@@ -17,6 +18,9 @@ from lmnb.template.nodes import (
     Expr, Fork, Interp, Media, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
 )
 from lmnb.template.scanner import decode_text, scan, top_level
+
+if TYPE_CHECKING:
+    from lmnb.template.template import Template
 
 ROLES = ("system", "user", "assistant")
 MEDIA = ("image", "video")
@@ -70,7 +74,7 @@ class _Block:
     outer_scope: _Scope | None = None
 
 
-def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> "Template":
+def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> Template:
     """Parse a cell body. ``first_line`` is the cell line of the body's first line (2 under ``%%lm``).
 
     Returns a ``Template``. Raises ``TemplateSyntaxError`` (with line and column) for any cell that
