@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step
+
 
 @triton.jit
 def _decode_split_kernel(
@@ -63,23 +65,9 @@ def _decode_split_kernel(
         slots = tl.load(Req_to_token + req * stride_req + pos, mask=n_valid, other=0).to(tl.int64)
         k = tl.load(K_pool + slots[None, :] * stride_kpt + kvh * stride_kph + offs_d[:, None],
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        if F32_DOT:
-            qk = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-        else:
-            qk = tl.dot(q, k.to(q.dtype))
-        qk = tl.where(n_valid[None, :], qk * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp(qk - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
         v = tl.load(V_pool + slots[:, None] * stride_vpt + kvh * stride_vph + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        if F32_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale, F32_DOT)
 
     # An empty split writes nothing; the merge skips it. (lo is broadcast to a vector first: the
     # CPU interpreter turns `bool vector & bool scalar` into integers, which masks reject.)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step
+
 
 @triton.jit
 def _extend_kernel(
@@ -63,23 +65,9 @@ def _extend_kernel(
         slots = tl.load(Req_to_token + req * stride_req + n0 + offs_n, mask=n_valid, other=0).to(tl.int64)
         k = tl.load(K_pool + slots[None, :] * stride_kpt + kvh * stride_kph + offs_d[:, None],
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        if F32_DOT:
-            qk = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-        else:
-            qk = tl.dot(q, k.to(q.dtype))
-        qk = tl.where(n_valid[None, :], qk * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp(qk - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
         v = tl.load(V_pool + slots[:, None] * stride_vpt + kvh * stride_vph + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        if F32_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale, F32_DOT)
 
     # Stage 2: the new tokens, causal, up to the last query of this tile.
     end = tl.minimum(ext_len, (tile + 1) * BLOCK_M) * active
@@ -88,24 +76,10 @@ def _extend_kernel(
         n_valid = kn < ext_len
         k = tl.load(K_new + (start + kn)[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-        if F32_DOT:
-            qk = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-        else:
-            qk = tl.dot(q, k.to(q.dtype))
-        visible = n_valid[None, :] & (offs_m[:, None] >= kn[None, :])
-        qk = tl.where(visible, qk * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp(qk - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
         v = tl.load(V_new + (start + kn)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        if F32_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        visible = n_valid[None, :] & (offs_m[:, None] >= kn[None, :])
+        acc, l_i, m_i = online_softmax_step(q, k, v, visible, acc, l_i, m_i, sm_scale, F32_DOT)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l == 0 only in inactive tiles (stores masked)
     tl.store(O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
