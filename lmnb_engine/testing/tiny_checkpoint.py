@@ -104,6 +104,24 @@ def _config(arch: str, vocab_size: int, overrides: dict[str, Any]):
     return cls(**base)
 
 
+def randomize_weights_(model) -> None:
+    """Redraw every parameter from the current torch seed, in ``named_parameters`` order: matrices
+    N(0, 0.2) (large enough that greedy decoding is not flat), norm weights U(0.8, 1.2), LLaVA-NeXT's
+    ``image_newline`` N(0, 1), other vectors (biases: Qwen2 qkv, CLIP, projector) N(0, 0.1)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+            elif "norm" in name:
+                p.uniform_(0.8, 1.2)
+            elif name.endswith("image_newline"):
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, 0.1)
+
+
 def make_tiny_checkpoint(
     path: str | Path,
     arch: str = "llama",
@@ -128,14 +146,7 @@ def make_tiny_checkpoint(
     config = _config(arch, tok.get_vocab_size(), config_overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=getattr(torch, dtype))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.2)
-            elif "norm" in name:
-                p.uniform_(0.8, 1.2)
-            else:  # biases (Qwen2 qkv)
-                p.normal_(0.0, 0.1)
+    randomize_weights_(model)
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=2, do_sample=False
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmnb_engine.testing.tiny_checkpoint import CHAT_TEMPLATE, _config, train_tiny_tokenizer
+from lmnb_engine.testing.tiny_checkpoint import CHAT_TEMPLATE, _config, randomize_weights_, train_tiny_tokenizer
 
 IMAGE_TOKEN = "<image>"
 
@@ -68,16 +68,7 @@ def make_tiny_llava_checkpoint(
         model_cls = transformers.LlavaForConditionalGeneration
     torch.manual_seed(seed)
     model = model_cls(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.2)
-            elif "norm" in name:
-                p.uniform_(0.8, 1.2)
-            elif name.endswith("image_newline"):
-                p.normal_(0.0, 1.0)
-            else:  # biases (CLIP, projector, Qwen2 qkv)
-                p.normal_(0.0, 0.1)
+    randomize_weights_(model)
     model.generation_config = transformers.GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2,
                                                             do_sample=False)
     model.save_pretrained(path, safe_serialization=True)
