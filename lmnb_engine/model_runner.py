@@ -16,6 +16,7 @@ import torch
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.forward_batch import ForwardBatch
 from lmnb_engine.kv_pool import ReqToTokenPool, TokenToKVPool
+from lmnb_engine.layers.kernel_op import use_triton_kernels
 
 DEFAULT_MEM_FRACTION = {"cpu": 0.1, "cuda": 0.8}
 CPU_MAX_POOL_TOKENS = 131072
@@ -38,7 +39,9 @@ class ModelRunner:
         mem_fraction: share of free device memory (RAM on CPU) for the KV pool (default 0.8 on
             CUDA, 0.1 on CPU, where the pool is also capped at ``CPU_MAX_POOL_TOKENS``).
         attention_backend: an ``AttentionBackend``, or a name for ``select_attention_backend``
-            ("auto" = Triton on CUDA when importable, torch otherwise; "torch"; "triton").
+            ("auto" = Triton on CUDA when importable, torch otherwise; "torch"; "triton"). A
+            Triton backend also switches the model's norms, RoPE and activation to fused Triton
+            kernels (``layers.use_triton_kernels``).
         cuda_graph_max_bs: decode batches up to this size replay CUDA graphs (``CudaGraphRunner``);
             None = ``max_running_requests`` capped at 256 on CUDA with the Triton backend, 0 = off.
     Raises:
@@ -85,6 +88,9 @@ class ModelRunner:
 
             attention_backend = select_attention_backend(self.device, attention_backend)
         self.attn = attention_backend
+        # [issue 9] the fused Triton layer kernels go with the Triton attention backend; with the
+        # torch backend the whole model is plain torch (the reference the GPU path is checked against)
+        use_triton_kernels(self.model, attention_backend.triton_kernels)
         self.graph_runner = None
         self.reset_pools()
         # [issue 9] CUDA-graph decode: on by default where it can run (CUDA + Triton backend).

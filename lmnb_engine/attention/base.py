@@ -21,7 +21,12 @@ class AttentionBackend(ABC):
 
     ``init_forward`` is called once per forward pass, before the first layer, to build per-batch
     metadata (masks, index tensors) that every layer reuses.
+
+    ``triton_kernels``: True for a backend of the Triton (GPU) path; the model runner then runs
+    the model's other layers on their fused Triton kernels too (``layers.use_triton_kernels``).
     """
+
+    triton_kernels = False
 
     @abstractmethod
     def init_forward(self, batch: ForwardBatch) -> None: ...

@@ -12,6 +12,7 @@ import os
 import torch
 
 from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.triton_support import interpreting
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -19,10 +20,6 @@ BACKENDS = ("auto", "torch", "triton")
 def triton_available() -> bool:
     """True if the ``triton`` package can be imported (without importing it)."""
     return importlib.util.find_spec("triton") is not None
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def select_attention_backend(device: torch.device | str, name: str | None = None) -> AttentionBackend:
@@ -50,7 +47,7 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
     if not triton_available():
         raise ImportError("attention backend 'triton' needs the triton package: pip install triton "
                           "(Linux x86-64/aarch64), or use attention_backend='torch'")
-    if dev.type != "cuda" and not _interpreting():
+    if dev.type != "cuda" and not interpreting():
         raise ValueError(f"the Triton attention backend runs on CUDA devices, not {dev.type!r} (set "
                          "TRITON_INTERPRET=1 to interpret it on CPU, slowly, for tests); use 'torch'")
     from lmnb_engine.attention.triton_backend import TritonAttentionBackend

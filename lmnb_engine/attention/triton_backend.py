@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from lmnb_engine.attention.base import AttentionBackend
-from lmnb_engine.attention.triton_ops import decode_attention_fwd, decode_workspace, extend_attention_fwd
+from lmnb_engine.attention.triton_ops import decode_attention_fwd, decode_workspace, extend_attention_fwd, store_kv
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
 from lmnb_engine.kv_pool import TokenToKVPool
 
@@ -44,6 +44,7 @@ class TritonAttentionBackend(AttentionBackend):
     """
 
     supports_cuda_graph = True  # decode metadata is device-side (see CudaGraphRunner)
+    triton_kernels = True
 
     def __init__(self, max_kv_splits: int = DEFAULT_MAX_KV_SPLITS,
                  min_split_tokens: int = DEFAULT_MIN_SPLIT_TOKENS, sm_count: int | None = None) -> None:
@@ -100,8 +101,8 @@ class TritonAttentionBackend(AttentionBackend):
         """
         if self._mode is None:
             raise RuntimeError("TritonAttentionBackend.forward called before init_forward(batch)")
-        kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_pool, v_pool = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
+        store_kv(k, v, k_pool, v_pool, batch.out_cache_loc)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if self._mode is ForwardMode.DECODE:
             B, num_q_heads, head_dim = q.shape

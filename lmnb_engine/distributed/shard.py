@@ -70,7 +70,6 @@ def shard_model_(model: nn.Module, tp: TPGroup) -> nn.Module:
             split_rows(gu.weight.data, [inter, inter], tp),
             None if gu.bias is None else split_rows(gu.bias.data, [inter, inter], tp),
         )
-        mlp.intermediate_size = inter // tp.size
         down = mlp.down_proj
         i_local = inter // tp.size
         mlp.down_proj = RowParallelLinear(down.weight.data[:, tp.rank * i_local : (tp.rank + 1) * i_local],

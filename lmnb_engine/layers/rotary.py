@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmnb_engine.layers.kernel_op import KernelOp
 from lmnb_engine.model_config import ModelConfig
 
 
@@ -50,3 +51,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+class ApplyRotary(KernelOp):
+    """RoPE on a layer's queries and keys: ``(q, k, cos, sin) -> (q_rotated, k_rotated)``.
+
+    q: [T, Hq, D]; k: [T, Hk, D]; cos, sin: [T, D] from ``RotaryEmbedding.cos_sin``. The Triton
+    forward rotates q and k in place (they are views of the fresh qkv projection) and returns them.
+    """
+
+    def forward_torch(self, q, k, cos, sin):
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def forward_triton(self, q, k, cos, sin):
+        from lmnb_engine.layers.triton_ops import apply_rotary_
+
+        apply_rotary_(q, k, cos, sin)
+        return q, k

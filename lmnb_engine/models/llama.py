@@ -21,7 +21,7 @@ from lmnb_engine.forward_batch import ForwardBatch
 from lmnb_engine.kv_pool import TokenToKVPool
 from lmnb_engine.layers.mlp import GatedMLP
 from lmnb_engine.layers.rmsnorm import RMSNorm
-from lmnb_engine.layers.rotary import RotaryEmbedding, apply_rotary
+from lmnb_engine.layers.rotary import ApplyRotary, RotaryEmbedding
 from lmnb_engine.model_config import ModelConfig
 
 
@@ -43,6 +43,7 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.rope = ApplyRotary()
 
     def forward(
         self,
@@ -61,13 +62,19 @@ class LlamaAttention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self.rope(q, k, cos, sin)
         out = attn.forward(q, k, v, self.layer_id, batch, kv_pool, self.scale)
         return self.o_proj(out.reshape(T, self.q_size))
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm residual block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+    """Pre-norm residual block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``.
+
+    The residual stream is carried separately (as vLLM and SGLang do), so each residual add is
+    fused into the norm that follows it: a layer takes ``(h, residual)``, where the stream so far
+    is ``h + residual`` (the first layer: ``h`` = the embeddings, no residual yet), and returns the
+    same pair for the next; adds and roundings are exactly those of the unfused block.
+    """
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
@@ -76,9 +83,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
-    def forward(self, x, cos, sin, batch, attn, kv_pool) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, attn, kv_pool)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h, residual, cos, sin, batch, attn, kv_pool) -> tuple[torch.Tensor, torch.Tensor]:
+        """h, residual: [T, hidden] (residual None in the first layer) -> (mlp output, residual)."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(x, cos, sin, batch, attn, kv_pool)
+        x, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -143,9 +156,11 @@ class LlamaForCausalLM(nn.Module):
         attn.init_forward(batch)
         x = self.model.embed_tokens(batch.input_ids) if input_embeds is None else input_embeds  # [issue 10]
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, batch, attn, kv_pool)
-        x = self.model.norm(x[batch.logits_indices])  # norm is per token: only the rows we need
+            x, residual = layer(x, residual, cos, sin, batch, attn, kv_pool)
+        rows = batch.logits_indices  # the final norm is per token: only the rows we need
+        x, _ = self.model.norm(x[rows], residual[rows])
         return self.lm_head(x).float()
 
     def _fused_slice(self, param: torch.Tensor, fused: str, part: str) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lmnb_engine import triton_support
 from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step
 
 
@@ -109,10 +110,13 @@ def decode_workspace(batch_size: int, num_q_heads: int, head_dim: int, max_kv_sp
             torch.empty((batch_size, num_q_heads, max_kv_splits), dtype=torch.float32, device=device))
 
 
-def _tiles(device: torch.device) -> tuple[int, int]:
-    """(BLOCK_N, num_warps): 64-token tiles with 4 warps on GPUs (SGLang's choice); 16 under the
-    CPU interpreter."""
-    return (64, 4) if device.type == "cuda" else (16, 4)
+def _tiles(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+    """(BLOCK_N, num_warps): 64-token tiles with 4 warps on GPUs (SGLang's choice), 32 for
+    float32, whose tiles of 64 overflow the 99 KB of shared memory of sm_86/89 at head_dim 256
+    and spill at 128 (``lmnb_engine.testing.triton_compile``); 16 under the CPU interpreter."""
+    if triton_support.device_arch(device) is None:
+        return 16, 4
+    return (32, 4) if dtype == torch.float32 else (64, 4)
 
 
 def decode_attention_fwd(
@@ -164,7 +168,7 @@ def decode_attention_fwd(
     group = num_q_heads // num_kv_heads
     block_h = max(16, min(triton.next_power_of_2(group), 64))  # tl.dot needs >= 16 rows
     head_blocks = triton.cdiv(group, block_h)
-    block_n, num_warps = _tiles(q.device)
+    block_n, num_warps = _tiles(q.device, q.dtype)
     block_d = triton.next_power_of_2(max(head_dim, 16))
     _decode_split_kernel[(B, num_kv_heads * head_blocks, max_kv_splits)](
         q, k_pool, v_pool, req_to_token, req_pool_indices, seq_lens, num_kv_splits, mid_o, mid_lse,

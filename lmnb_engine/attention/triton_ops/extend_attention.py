@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lmnb_engine import triton_support
 from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step
 
 
@@ -86,20 +87,21 @@ def _extend_kernel(
              out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
 
-def _block_sizes(device: torch.device, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps). SGLang's choices: 128x64 on Hopper, 128x128 on Ampere for
-    head_dim <= 128, smaller tiles for larger heads; 16x16 under the CPU interpreter, where
-    every program is simulated and big tiles only cost time."""
-    if device.type != "cuda":
+def _block_sizes(device: torch.device, head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps), chosen so that the kernel compiles without register spills
+    and within the 99 KB of shared memory of sm_86/89 on every GPU it serves (sm_80, 86, 89, 90;
+    ``lmnb_engine.testing.triton_compile`` checks it): 128x64 tiles with 8 warps for 16-bit
+    inputs (SGLang's Hopper choice; its 128x128 for Ampere spills here), 64x32 for heads wider
+    than 128; 32x16 with 4 warps for float32, whose full-precision dots hold twice the
+    registers (a few bytes may spill: float32 on a GPU is for checking, not for speed); 16x16
+    under the CPU interpreter, where every program is simulated and big tiles only cost time."""
+    if triton_support.device_arch(device) is None:
         return 16, 16, 4
-    major, _ = torch.cuda.get_device_capability(device)
+    if dtype == torch.float32:
+        return 32, 16, 4
     if head_dim > 128:
-        return 64, 32, 4
-    if major >= 9:
-        return 128, 64, 8
-    if major >= 8:
-        return 128, 128, 8
-    return 64, 64, 4
+        return 64, 32, 8
+    return 128, 64, 8
 
 
 def extend_attention_fwd(
@@ -145,7 +147,7 @@ def extend_attention_fwd(
     B = req_pool_indices.shape[0]
     if B == 0 or T == 0:
         return out
-    block_m, block_n, num_warps = _block_sizes(q.device, head_dim)
+    block_m, block_n, num_warps = _block_sizes(q.device, head_dim, q.dtype)
     grid = (B, num_q_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, k, v, out, k_pool, v_pool, req_to_token,
