@@ -31,6 +31,16 @@ _PREVIEW_TOKENS = 24
 _PREVIEW_CHARS = 60
 
 
+def _stop(scheduler: Scheduler, tp_group: Any) -> None:
+    """Stop the scheduler thread, then (tensor parallelism) release the worker ranks: no forward
+    may be in flight when rank 0 tells them to stop."""
+    try:
+        scheduler.stop()
+    finally:
+        if tp_group is not None:
+            tp_group.shutdown()
+
+
 class RequestHandle:
     """A submitted request (all ``n`` samples). Thread-safe; events are kept, so ``events()`` can
     be iterated by several consumers and ``result()`` called at any time.
@@ -111,10 +121,14 @@ class Engine:
         disable_jump_forward: decode constrained output one token per pass (the compressed FSM's
             forced strings are then not drafted; output is the same either way, paper §4).
         cuda_graph_max_bs: decode batches up to this size replay captured CUDA graphs (None = on
-            for CUDA with the Triton backend, up to 256; 0 = off).
+            for CUDA with the Triton backend, up to 256; 0 = off). Not with ``tp_size > 1``.
+        tp_size: tensor parallelism over this many GPUs of the machine (``cuda:0`` ..), or CPU
+            processes with ``device="cpu"``: worker processes hold the other shards
+            (``lmnb_engine.distributed.launch``); 1 = one device, no workers.
     Raises:
         FileNotFoundError / ValueError: from model loading (unknown path, unsupported
         architecture, ...) or a bad setting; the message names it.
+        RuntimeError: a tensor-parallel worker failed to start (the message names the rank).
     """
 
     def __init__(
@@ -134,13 +148,30 @@ class Engine:
         attention_backend: Optional[Union[AttentionBackend, str]] = None,
         disable_jump_forward: bool = False,
         cuda_graph_max_bs: Optional[int] = None,
+        tp_size: int = 1,
     ) -> None:
         from lmnb_engine.model_loader import load_model
 
+        if tp_size < 1:
+            raise ValueError(f"tp_size={tp_size} must be >= 1")
+        if tp_size > 1 and cuda_graph_max_bs:
+            raise ValueError("CUDA graphs are not captured under tensor parallelism; leave cuda_graph_max_bs unset")
         self.loaded = load_model(model, device=device, dtype=dtype, random_weights=random_weights, seed=seed)
-        self.runner = ModelRunner(
-            self.loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend, cuda_graph_max_bs
-        )
+        self.tp_size = tp_size
+        self._tp_group: Any = None
+        if tp_size == 1:
+            self.runner = ModelRunner(
+                self.loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend, cuda_graph_max_bs
+            )
+        else:  # [issue 9] rank 0 here, ranks 1.. in worker processes
+            from lmnb_engine.distributed.launch import start_tensor_parallel
+
+            self._tp_group = start_tensor_parallel(
+                self.loaded, tp_size, model, random_weights, seed,
+                dict(max_total_tokens=max_total_tokens, max_running_requests=max_running_requests,
+                     mem_fraction=mem_fraction, attention_backend=attention_backend),
+            )
+            self.runner = self._tp_group.runner
         kind = "cuda" if self.runner.device.type == "cuda" else "cpu"
         config = SchedulerConfig(
             schedule_policy=schedule_policy,
@@ -163,7 +194,7 @@ class Engine:
         self._handles: dict[str, RequestHandle] = {}
         self._lock = threading.Lock()
         self.scheduler.start()
-        self._finalizer = weakref.finalize(self, self.scheduler.stop)
+        self._finalizer = weakref.finalize(self, _stop, self.scheduler, self._tp_group)
 
     # --- model facts ---------------------------------------------------------------------------
     @property
@@ -204,6 +235,7 @@ class Engine:
             "max_total_tokens": self.runner.max_total_tokens,
             "max_running_requests": self.runner.max_running_requests,
             "radix_cache": not self.scheduler.disable_radix_cache,
+            "tp_size": self.tp_size,
             "schedule_policy": self.scheduler.config.schedule_policy,
         }
 

@@ -1,0 +1,219 @@
+"""Start and stop the tensor-parallel group of an ``Engine(tp_size=N)``.
+
+Rank 0 lives in the calling process (its scheduler drives every forward); ranks 1..N-1 are
+spawned worker processes. Start-up, in an order chosen so that every failure surfaces as an
+error naming the rank rather than as a collective that never returns:
+
+1. rank 0 loads the model (this checks the path, the architecture and that the heads divide by
+   N) before any process is spawned;
+2. the workers load the same model (same checkpoint, dtype and seed: identical weights) on their
+   own device (``cuda:rank``, or the CPU) and report back through a pipe; rank 0 waits for all;
+3. every rank joins the process group (NCCL on GPUs, gloo on CPU; a rendezvous file in a fresh
+   temporary directory) and builds its ``TensorParallelRunner`` shard; the workers then follow
+   rank 0's broadcast batches in ``worker_loop``.
+
+``shutdown`` releases the workers, joins them and leaves the process group. One tensor-parallel
+engine per process at a time: ``torch.distributed`` has one default group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import shutil
+import sys
+import tempfile
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lmnb_engine.distributed.layers import TPGroup
+from lmnb_engine.distributed.runner import TensorParallelRunner, worker_loop
+from lmnb_engine.distributed.shard import local_config
+
+# Longest a collective may wait for a peer (a worker stuck or gone); generous, since the first
+# forward on a GPU compiles kernels.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=600)
+LOAD_TIMEOUT_S = 900.0
+
+
+def _spawn_safe_main():
+    """IPython (and so Jupyter) puts a module without ``__spec__`` in ``sys.modules['__main__']``;
+    multiprocessing's spawn reads that attribute. A missing one means the same as None (nothing
+    to re-import in the child), which is what the workers need."""
+    main = sys.modules.get("__main__")
+    if main is not None and not hasattr(main, "__spec__"):
+        main.__spec__ = None
+
+
+def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwargs: dict, runner_kwargs: dict,
+                 conn) -> None:
+    """A worker rank: load, report, join, shard, follow rank 0 until it shuts the group down."""
+    from lmnb_engine.model_loader import load_model
+
+    stage = "load the model"
+    try:
+        device = load_kwargs.pop("device")
+        if device.startswith("cuda"):
+            torch.cuda.set_device(rank)
+            device = f"cuda:{rank}"
+        loaded = load_model(device=device, **load_kwargs)
+        conn.send(("loaded", None))
+        stage = "join the process group"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                                timeout=COLLECTIVE_TIMEOUT)
+        stage = "build its shard"
+        runner = TensorParallelRunner(loaded, TPGroup(rank, size), **runner_kwargs)
+        stage = "run a forward"
+        worker_loop(runner)
+    except BaseException as exc:  # noqa: BLE001 - reported to rank 0, then the worker ends
+        try:
+            conn.send(("error", f"could not {stage}: {type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class TensorParallelGroup:
+    """The running group: rank 0's runner, the worker processes and their pipes.
+
+    Use ``start_tensor_parallel`` to make one; ``shutdown`` ends it (idempotent).
+    """
+
+    def __init__(self, runner: TensorParallelRunner | None, procs: list, conns: list, tmpdir: str) -> None:
+        self.runner = runner
+        self.procs = procs
+        self.conns = conns
+        self._tmpdir = tmpdir
+        self._closed = False
+
+    def worker_errors(self) -> list[str]:
+        """Messages the workers sent about their failures (read without blocking)."""
+        errors = []
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                while conn.poll():
+                    kind, msg = conn.recv()
+                    if kind == "error":
+                        errors.append(f"rank {rank}: {msg}")
+            except (EOFError, OSError):
+                pass
+        for rank, p in enumerate(self.procs, start=1):
+            if p.exitcode not in (None, 0) and not any(e.startswith(f"rank {rank}:") for e in errors):
+                errors.append(f"rank {rank}: exited with code {p.exitcode}")
+        return errors
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Release the workers from ``worker_loop`` and wait for them (``graceful``; then end any
+        that hang), or end them at once; leave the process group."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if graceful and self.runner is not None and dist.is_initialized() and all(p.is_alive() for p in self.procs):
+                self.runner.shutdown()
+        finally:
+            for p in self.procs:
+                p.join(30 if graceful else 0)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+def _wait_loaded(group: TensorParallelGroup) -> None:
+    """Block until every worker reported its model loaded. Raises ``RuntimeError`` naming the
+    rank that failed or died, or that took longer than ``LOAD_TIMEOUT_S``."""
+    pending = {rank: (conn, p.sentinel) for rank, (conn, p) in enumerate(zip(group.conns, group.procs), start=1)}
+    while pending:
+        waiting = {h: rank for rank, hs in pending.items() for h in hs}
+        ready = wait(list(waiting), timeout=LOAD_TIMEOUT_S)
+        if not ready:
+            raise RuntimeError(f"tensor-parallel ranks {sorted(pending)} did not load the model "
+                               f"within {LOAD_TIMEOUT_S:.0f} s")
+        for handle in ready:
+            rank = waiting[handle]
+            if rank not in pending:
+                continue
+            conn, _ = pending[rank]
+            if handle is conn or conn.poll():
+                try:
+                    kind, msg = conn.recv()
+                except EOFError:
+                    kind, msg = "error", "exited while loading the model"
+                if kind == "error":
+                    raise RuntimeError(f"tensor-parallel rank {rank} {msg}")
+                del pending[rank]
+            else:  # the process ended without a word
+                proc = group.procs[rank - 1]
+                proc.join(5)
+                raise RuntimeError(f"tensor-parallel rank {rank} died while loading the model "
+                                   f"(exit code {proc.exitcode})")
+
+
+def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool, seed: int,
+                          runner_kwargs: dict) -> TensorParallelGroup:
+    """Start ranks 1..tp_size-1 and make rank 0's runner from ``loaded`` (already loaded here).
+
+    Args:
+        loaded: rank 0's ``LoadedModel`` (sharded in place).
+        tp_size: ranks in the group (>= 2).
+        model, random_weights, seed: what rank 0 loaded (``load_model``'s arguments); the
+            workers load the same checkpoint (``loaded.path``, or the preset) in the same dtype.
+        runner_kwargs: ``TensorParallelRunner`` arguments (sizes, mem_fraction, the attention
+            backend by name).
+    Returns:
+        The ``TensorParallelGroup`` (its ``runner`` is rank 0's).
+    Raises:
+        ValueError: head counts that do not divide by ``tp_size``, fewer GPUs than ranks, or an
+            attention backend given as an object.
+        RuntimeError: a process group already exists in this process, or a worker failed (the
+            message names the rank and what it could not do).
+    """
+    local_config(loaded.config, TPGroup(0, tp_size))  # heads divide, or ValueError before spawning
+    device = torch.device(loaded.config.device)
+    if device.type == "cuda" and torch.cuda.device_count() < tp_size:
+        raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs; torch sees {torch.cuda.device_count()}")
+    if not isinstance(runner_kwargs.get("attention_backend") or "", str):
+        raise ValueError("with tp_size > 1 give attention_backend by name ('auto', 'torch', 'triton'): "
+                         "every rank makes its own")
+    if dist.is_initialized():
+        raise RuntimeError("this process already has a torch.distributed process group (another "
+                           "tensor-parallel Engine?); shut that engine down first")
+    tmpdir = tempfile.mkdtemp(prefix="lmnb-tp-")
+    init_method = f"file://{tmpdir}/rendezvous"
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    load_kwargs = dict(model=str(loaded.path) if loaded.path is not None else model, device=device.type,
+                       dtype=str(loaded.config.dtype).replace("torch.", ""), random_weights=random_weights, seed=seed)
+    ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
+    _spawn_safe_main()
+    procs, conns = [], []
+    group = TensorParallelGroup(None, procs, conns, tmpdir)
+    try:
+        for rank in range(1, tp_size):
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker_main, name=f"lmnb-tp-rank{rank}", daemon=True,
+                            args=(rank, tp_size, init_method, backend, dict(load_kwargs), runner_kwargs, child))
+            p.start()
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        _wait_loaded(group)
+        dist.init_process_group(backend, init_method=init_method, rank=0, world_size=tp_size,
+                                timeout=COLLECTIVE_TIMEOUT)
+        try:
+            group.runner = TensorParallelRunner(loaded, TPGroup(0, tp_size), **runner_kwargs)
+        except Exception as exc:
+            errors = group.worker_errors()
+            raise RuntimeError("tensor-parallel start-up failed: " + "; ".join(errors or [f"rank 0: {exc}"])) from exc
+    except BaseException:
+        group.shutdown(graceful=False)
+        raise
+    return group
