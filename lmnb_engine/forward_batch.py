@@ -82,8 +82,9 @@ class ForwardBatch:
     ) -> "ForwardBatch":
         """Build a batch from per-request Python lists.
 
-        ``input_ids`` is the packed list of new tokens (``sum(extend_lens)`` ids). ``logits_indices``
-        defaults to the last new token of each request.
+        ``input_ids`` is the packed list of new tokens (``sum(extend_lens)`` ids); ``out_cache_loc``
+        their slots (int [T], best on the host). ``logits_indices`` defaults to the last new
+        token of each request. All index tensors reach ``device`` in one copy (views of it).
         """
         assert len(input_ids) == sum(extend_lens), "input_ids must hold sum(extend_lens) tokens"
         assert len(req_pool_indices) == len(prefix_lens) == len(extend_lens)
@@ -95,22 +96,23 @@ class ForwardBatch:
         if logits_indices is None:
             logits_indices = [s + e - 1 for s, e in zip(starts, extend_lens)]
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int64, device=device)
-
+        parts = (input_ids, positions, req_pool_indices, seq_lens, prefix_lens, extend_lens, starts, logits_indices)
+        host = torch.tensor([x for part in parts for x in part], dtype=torch.int64)
+        packed = torch.cat([host, out_cache_loc.to(device="cpu", dtype=torch.int64)]).to(device, non_blocking=True)
+        (ids, pos, req_idx, lens, prefix, ext, start, logits_idx, loc) = packed.split(
+            [len(p) for p in parts] + [out_cache_loc.numel()])
         return cls(
             mode=mode,
-            input_ids=t(input_ids),
-            positions=t(positions),
-            out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64),
+            input_ids=ids,
+            positions=pos,
+            out_cache_loc=loc,
             req_to_token=req_to_token,
-            req_pool_indices=t(req_pool_indices),
-            seq_lens=t(seq_lens),
-            extend_prefix_lens=t(prefix_lens),
-            extend_seq_lens=t(extend_lens),
-            extend_start_loc=t(starts),
-            logits_indices=t(logits_indices),
+            req_pool_indices=req_idx,
+            seq_lens=lens,
+            extend_prefix_lens=prefix,
+            extend_seq_lens=ext,
+            extend_start_loc=start,
+            logits_indices=logits_idx,
             seq_lens_cpu=seq_lens,
             extend_prefix_lens_cpu=list(prefix_lens),
             extend_seq_lens_cpu=list(extend_lens),

@@ -76,11 +76,35 @@ class ReqToTokenPool:
 
     A running request holds one row; position ``j`` of its sequence has its KV at slot
     ``req_to_token[row, j]``.
+
+    The scheduler and the prefix cache read and write the host copy ``host``, so finding a
+    request's slots never waits for the device; ``req_to_token`` is the table on the model's
+    device that the attention kernels read, kept equal to ``host`` by ``write`` and ``write_at``
+    (one host-to-device copy per call). On a CPU device the two are one tensor.
     """
 
     def __init__(self, max_reqs: int, max_context_len: int, device: torch.device | str) -> None:
-        self.req_to_token = torch.zeros((max_reqs, max_context_len), dtype=torch.int32, device=device)
+        self.host = torch.zeros((max_reqs, max_context_len), dtype=torch.int32)
+        device = torch.device(device)
+        self.req_to_token = self.host if device.type == "cpu" else torch.zeros_like(self.host, device=device)
         self._free_rows = list(range(max_reqs))
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """Positions ``[start, start + len(slots))`` of ``row`` get ``slots`` (int [n], host)."""
+        end = start + slots.numel()
+        self.host[row, start:end] = slots
+        if self.req_to_token is not self.host:
+            self.req_to_token[row, start:end].copy_(self.host[row, start:end], non_blocking=True)
+
+    def write_at(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
+        """``req_to_token[rows[i], cols[i]] = slots[i]`` for every i (slots: int [n], host)."""
+        if not rows:
+            return
+        index = torch.tensor([rows, cols], dtype=torch.int64)
+        self.host[index[0], index[1]] = slots.to(torch.int32)
+        if self.req_to_token is not self.host:
+            packed = torch.cat([index, slots.to(torch.int64)[None, :]]).to(self.req_to_token.device, non_blocking=True)
+            self.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
 
     def available_size(self) -> int:
         return len(self._free_rows)

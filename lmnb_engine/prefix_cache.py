@@ -134,9 +134,8 @@ class PrefixCache(ABC):
         The computed part ``key[:kv_committed_len]`` is inserted; slots that duplicate cached ones
         and slots allocated but never computed are freed. Afterwards the request owns no slots.
         """
-        table = self.req_to_token_pool.req_to_token
         committed = req.kv_committed_len
-        slots = table[req.req_pool_idx, : req.kv_allocated_len].to(device="cpu", dtype=torch.int64)
+        slots = self.req_to_token_pool.host[req.req_pool_idx, : req.kv_allocated_len].to(torch.int64)
         already = self.insert(req.cache_key(committed), slots[:committed])
         assert already >= req.cache_protected_len, "a locked prefix vanished from the cache"
         self.kv_pool.free(slots[req.cache_protected_len : already])
@@ -149,16 +148,15 @@ class PrefixCache(ABC):
         """Insert a still-running request's computed KV (after an extend step) so other requests
         can share it at once, then lock the new path and point the request's table row at the
         cache's canonical slots (duplicates were freed)."""
-        table = self.req_to_token_pool.req_to_token
         committed = req.kv_committed_len
         key = req.cache_key(committed)
-        slots = table[req.req_pool_idx, :committed].to(device="cpu", dtype=torch.int64)
+        slots = self.req_to_token_pool.host[req.req_pool_idx, :committed].to(torch.int64)
         already = self.insert(key, slots)
         assert already >= req.cache_protected_len, "a locked prefix vanished from the cache"
         self.kv_pool.free(slots[req.cache_protected_len : already])
         match = self.match_prefix(key)
         assert match.length == committed, "a just-inserted prefix is not fully cached"
-        table[req.req_pool_idx, :committed] = match.indices.to(table.device, table.dtype)
+        self.req_to_token_pool.write(req.req_pool_idx, 0, match.indices)
         self.inc_lock_ref(match.node)
         self.dec_lock_ref(req.last_node)
         req.last_node = match.node

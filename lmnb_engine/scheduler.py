@@ -253,15 +253,22 @@ class Scheduler:
             self.cache.evict(short)
         return self.kv_pool.alloc(n)
 
-    def _alloc_for(self, req: Req, n: int) -> None:
-        """Give ``req`` slots for positions up to ``kv_committed_len + n``."""
-        end = req.kv_committed_len + n
-        need = end - req.kv_allocated_len
-        if need > 0:
-            slots = self._alloc(need)
-            table = self.req_to_token_pool.req_to_token
-            table[req.req_pool_idx, req.kv_allocated_len : end] = slots.to(table.device, table.dtype)
-            req.kv_allocated_len = end
+    def _alloc_for(self, wants: list[tuple[Req, int]]) -> None:
+        """Give each ``(req, n)`` slots for positions up to ``kv_committed_len + n``: one
+        allocation and one table write for all of them (a decode step's every row)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        ends = []
+        for req, n in wants:
+            end = req.kv_committed_len + n
+            if end > req.kv_allocated_len:
+                rows += [req.req_pool_idx] * (end - req.kv_allocated_len)
+                cols += range(req.kv_allocated_len, end)
+                ends.append((req, end))
+        if rows:
+            self.req_to_token_pool.write_at(rows, cols, self._alloc(len(rows)))
+            for req, end in ends:
+                req.kv_allocated_len = end
 
     def _reserve(self, req: Req) -> int:
         """Slots held back for the tokens ``req`` may still generate."""
@@ -280,8 +287,7 @@ class Scheduler:
             victim = min(self.running, key=lambda r: (len(r.output_ids), -r.prompt_len, -r.arrival))
             self._retract(victim)
             retracted = True
-        for r in self.running:
-            self._alloc_for(r, r.extend_len)
+        self._alloc_for([(r, r.extend_len) for r in self.running])
         return retracted
 
     def _retract(self, req: Req) -> None:
@@ -305,7 +311,7 @@ class Scheduler:
             req = self.chunked
             self._step_reqs.append(req)
             n = min(req.extend_len, budget)
-            self._alloc_for(req, n)
+            self._alloc_for([(req, n)])
             rows.append((req, n))
             budget -= n
             reserved += req.extend_len - n + self._reserve(req)
@@ -333,7 +339,7 @@ class Scheduler:
             self._start(req, match)  # from here on a failure releases the request's lock
             admitted.append(req)
             self._step_reqs.append(req)
-            self._alloc_for(req, n)
+            self._alloc_for([(req, n)])
             rows.append((req, n))
             reserved += extend - n + self._reserve(req)
             budget -= n
@@ -372,8 +378,7 @@ class Scheduler:
         req.last_node = match.node
         req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = match.length
         if match.length:
-            table = self.req_to_token_pool.req_to_token
-            table[req.req_pool_idx, : match.length] = match.indices.to(table.device, table.dtype)
+            self.req_to_token_pool.write(req.req_pool_idx, 0, match.indices)
         if req.cached_tokens is None:
             req.cached_tokens = min(match.length, req.prompt_len)
         req.status = ReqStatus.RUNNING
@@ -398,9 +403,9 @@ class Scheduler:
 
     # --- forward and results -----------------------------------------------------------------
     def _run(self, rows: list[tuple[Req, int]]) -> None:
-        table = self.req_to_token_pool.req_to_token
         input_ids: list[int] = []
-        out_loc: list[torch.Tensor] = []
+        loc_rows: list[int] = []
+        loc_cols: list[int] = []
         logit_rows: list[int] = []
         sample_at: dict[int, int] = {}  # row -> index into logits
         verify_at: dict[int, int] = {}  # row -> first of its jump-forward draft's logits rows
@@ -409,7 +414,8 @@ class Scheduler:
         for i, (req, n) in enumerate(rows):
             start = req.kv_committed_len
             input_ids += req.token_slice(start, start + n)
-            out_loc.append(table[req.req_pool_idx, start : start + n])
+            loc_rows += [req.req_pool_idx] * n
+            loc_cols += range(start, start + n)
             if not req.prompt_logprobs_done:
                 lo = max(start, req.params.logprob_start_len - 1, 0)
                 hi = min(start + n, req.prompt_len - 1)  # logits at p score token p + 1
@@ -426,8 +432,8 @@ class Scheduler:
         batch = ForwardBatch.build(
             mode,
             input_ids,
-            torch.cat(out_loc),
-            table,
+            self.req_to_token_pool.host[torch.tensor(loc_rows), torch.tensor(loc_cols)],
+            self.req_to_token_pool.req_to_token,
             [r.req_pool_idx for r, _ in rows],
             [r.kv_committed_len for r, _ in rows],
             [n for _, n in rows],
@@ -443,8 +449,11 @@ class Scheduler:
         self._record_prompt_logprobs(rows, logits, prompt_lp_at)
         if sample_at:
             picked = [rows[i][0] for i in sample_at]
-            index = torch.tensor(list(sample_at.values()), device=logits.device)
-            out = sample(logits[index], picked, self.eos_token_ids)
+            at = list(sample_at.values())
+            rows_logits = logits  # a decode step samples every row, in order: no gather
+            if at != list(range(len(logits))):
+                rows_logits = logits[torch.tensor(at, device=logits.device)]
+            out = sample(rows_logits, picked, self.eos_token_ids)
             for req, tok, lp in zip(picked, out.token_ids, out.logprobs):
                 self._append_token(req, tok, lp)
         for i, at in verify_at.items():
@@ -643,9 +652,8 @@ class Scheduler:
             self.cache.inc_lock_ref(match.node)
             self.cache.dec_lock_ref(req.last_node)
             req.last_node, req.cache_protected_len = match.node, new_len
-        table = self.req_to_token_pool.req_to_token
         own_from = max(new_len, old_protected)
-        self.kv_pool.free(table[req.req_pool_idx, own_from : req.kv_allocated_len].to("cpu", torch.int64))
+        self.kv_pool.free(self.req_to_token_pool.host[req.req_pool_idx, own_from : req.kv_allocated_len].to(torch.int64))
         req.kv_committed_len = req.kv_allocated_len = new_len
 
     # --- constrained decoding: jump-forward (lmnb_engine.constrained.request_grammar) ------------

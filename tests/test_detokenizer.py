@@ -84,3 +84,28 @@ def test_stop_matcher_without_stops_and_earliest_match():
     m = StopStringMatcher(["cd", "bcd", "x"])
     assert m.find("abcdx", 0) == (1, "bcd")
     assert m.safe_len("zzb") == 2 and m.safe_len("zbc") == 1 and m.safe_len("zz") == 2
+
+
+def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
+    """The detokenizer calls the fast tokenizer's Rust ``decode`` itself; random id sequences
+    (special ids included) decode as ``PreTrainedTokenizerFast.decode`` does, both ways of
+    ``skip_special_tokens``, and a tokenizer that cleans up spaces keeps its cleanup."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from lmnb_engine.detokenizer import _decoder
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 12))]
+        for skip in (True, False):
+            assert _decoder(tok, skip)(ids) == tok.decode(ids, skip_special_tokens=skip)
+    # a tokenizer that asks for the cleanup step goes through transformers' decode, whose rules
+    # for it vary with the version and the tokenizer model
+    tok.clean_up_tokenization_spaces = True
+    ids = tok.encode("red , blue .", add_special_tokens=False)
+    calls, decode = [], tok.decode
+    tok.decode = lambda ids, **kw: calls.append(ids) or decode(ids, **kw)
+    assert _decoder(tok, True)(ids) == decode(ids, skip_special_tokens=True) and calls == [ids]

@@ -1,0 +1,104 @@
+"""Host time per decode step outside the model forward: what a GPU waits for between steps.
+
+On a GPU the scheduler's Python work (choosing rows, building the ``ForwardBatch``, sampling's
+host side, detokenizing, stop checks, events) runs while the GPU is idle, since each step ends
+with the sampled ids coming back to the host. At batch 1 of a 7B model a forward takes ~3.2 ms
+on an H200 (research runtime_bench §6), so every 100 us of host time costs ~3% of decode speed.
+This bench measures that host time on a CPU, with a model so small that its forward is cheap,
+and splits each step into the forward (``ModelRunner.forward``), sampling, and the rest.
+
+    python benches/bench_step_overhead.py [--out benches/results/<date>-cpu-step-overhead.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import cpu_bench  # noqa: E402
+
+
+class _Timer:
+    """Wraps a callable and sums the wall time spent inside it."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.total, self.calls = fn, 0.0, 0
+
+    def __call__(self, *a, **kw):
+        t = time.perf_counter()
+        try:
+            return self.fn(*a, **kw)
+        finally:
+            self.total += time.perf_counter() - t
+            self.calls += 1
+
+
+def measure(engine, batch: int, new_tokens: int, repeats: int) -> dict:
+    """Per-step host figures (microseconds) of ``repeats`` decode runs of ``batch`` requests."""
+    from lmnb_engine import SamplingParams
+    from lmnb_engine import scheduler as sched_mod
+
+    sched = engine.scheduler
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    prompts = [[5 + (i * 7 + j) % 400 for j in range(24)] for i in range(batch)]
+    engine.generate(prompts, SamplingParams(max_new_tokens=0))  # prefill cached: the runs are decode
+    steps, fwd, smp = [], [], []
+    for _ in range(repeats):
+        forward = _Timer(sched.runner.forward)
+        sample = _Timer(sched_mod.sample)
+        step = _Timer(sched._step)
+        sched.runner.forward, sched_mod.sample, sched._step = forward, sample, step
+        try:
+            engine.generate(prompts, params)
+        finally:
+            del sched.runner.forward, sched._step
+            sched_mod.sample = sample.fn
+        n = step.calls
+        steps.append(step.total / n * 1e6)
+        fwd.append(forward.total / n * 1e6)
+        smp.append(sample.total / n * 1e6)
+    step_us, fwd_us, smp_us = (statistics.median(x) for x in (steps, fwd, smp))
+    return {"batch": batch, "step_us": step_us, "forward_us": fwd_us, "sample_us": smp_us,
+            "other_us": step_us - fwd_us - smp_us}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    cpu_bench.add_out_argument(ap)
+    args = ap.parse_args()
+    threads = cpu_bench.set_torch_threads()
+    from lmnb_engine import Engine
+    from lmnb_engine.testing import make_tiny_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_tiny_checkpoint(tmp, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=1)
+        rows = []
+        with Engine(str(path), device="cpu", max_total_tokens=8192, attention_backend="torch") as eng:
+            for batch in (1, 8, 32):
+                rows.append(measure(eng, batch, args.new_tokens, args.repeats))
+    lines = [f"# Host time per decode step, {datetime.date.today().isoformat()}", "",
+             cpu_bench.machine_line(threads),
+             "- model: random Llama, 1 layer, hidden 64 (its forward stands in for a GPU's launch work)",
+             f"- {args.new_tokens} greedy tokens per request, median of {args.repeats} runs; microseconds per step", "",
+             "| batch | step | forward | sample | scheduler, batch building, detokenize, events |",
+             "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['step_us']:.0f} | {r['forward_us']:.0f} | {r['sample_us']:.0f} | "
+                     f"{r['other_us']:.0f} |")
+    cpu_bench.write_report(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
