@@ -8,10 +8,15 @@
    extend over cached prefixes up to 2k tokens with ragged new parts, and decode over sequences
    up to 4k tokens split into many pieces. Pass: ||triton - torch|| / ||torch|| below 1e-2
    (bf16) or 1e-4 (fp32).
-2. Greedy output of whole engines: torch backend vs Triton (eager) vs Triton with CUDA graphs, on
+2. The fused layer kernels (RMSNorm with the residual add, RoPE, SiLU-and-mul) against the torch
+   forwards of the same layers on Llama-3-8B-sized inputs in bf16: the residual sum, RoPE and
+   SiLU-and-mul bit-identical (they round where torch rounds), the norm within one bf16 step
+   (its sum runs in another order).
+3. Greedy output of whole engines: torch backend vs Triton (eager) vs Triton with CUDA graphs, on
    a small random checkpoint with peaked logits (weights std 0.2): fp32, identical tokens; bf16,
-   identical or first differences on near-ties only (as in 3).
-3. Llama-2-7B shape, random bf16 weights: torch vs Triton + CUDA graphs, greedy tokens and their
+   identical or first differences on near-ties only (as in 4). The Triton engines run the fused
+   layer kernels too; the torch engine is all torch.
+4. Llama-2-7B shape, random bf16 weights: torch vs Triton + CUDA graphs, greedy tokens and their
    logprobs. Pass: tokens identical, or the first difference falls on a near-tie (top-2 logprob
    gap under 0.05 in the torch run, which bf16 rounding may flip) and the logprobs before it
    agree within 0.05.
@@ -119,6 +124,47 @@ def check_kernels() -> None:
                        rel_err=f"{rel:.2e}", tol=tol, tokens=batch.num_tokens)
 
 
+@torch.inference_mode()
+def check_layer_kernels() -> None:
+    from lmnb_engine.layers.mlp import SiluAndMul
+    from lmnb_engine.layers.rmsnorm import RMSNorm
+    from lmnb_engine.layers.rotary import ApplyRotary, RotaryEmbedding
+
+    dtype = torch.float16 if SMOKE else torch.bfloat16  # the interpreter truncates bf16 (tests/test_triton_layers)
+    name = str(dtype)[6:]
+    T, hidden, inter, hq, hkv, d = (5, 64, 96, 4, 2, 16) if SMOKE else (300, 4096, 14336, 32, 8, 128)
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g)).to(DEV, dtype)
+
+    def both(op, *args):
+        op.triton = False
+        ref = op(*[a.clone() for a in args])
+        op.triton = True
+        got = op(*[a.clone() for a in args])
+        op.triton = False
+        return ref, got
+
+    norm = RMSNorm(hidden, 1e-5).to(DEV, dtype)
+    norm.weight.data = rand(hidden, scale=0.2) + 1
+    (ref_n, ref_s), (got_n, got_s) = both(norm, rand(T, hidden, scale=3), rand(T, hidden))
+    step = (ref_n.float() - got_n.float()).abs() / ref_n.float().abs().clamp_min(1e-6)
+    record(f"fused add + RMSNorm ({name})", torch.equal(ref_s, got_s) and float(step.max()) <= 2**-7,
+           residual_identical=torch.equal(ref_s, got_s), norm_max_rel_diff=f"{float(step.max()):.2e}")
+    ref, got = both(SiluAndMul(), rand(T, 2 * inter, scale=4))
+    record(f"SiLU-and-mul ({name})", torch.equal(ref, got), max_diff=f"{float((ref.float() - got.float()).abs().max()):.2e}")
+    qkv = rand(T, (hq + 2 * hkv) * d, scale=2)
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    from types import SimpleNamespace
+
+    rope_cfg = SimpleNamespace(rope_type="default", head_dim=d, rope_theta=500000.0)
+    cos, sin = RotaryEmbedding(rope_cfg).to(DEV).cos_sin(torch.randint(0, 8000, (T,), generator=g).to(DEV), dtype)
+    (rq, rk), (gq, gk) = both(ApplyRotary(), q.view(T, hq, d), k.view(T, hkv, d), cos, sin)
+    record(f"RoPE in place ({name})", torch.equal(rq, gq) and torch.equal(rk, gk),
+           max_diff=f"{float(max((rq.float() - gq.float()).abs().max(), (rk.float() - gk.float()).abs().max())):.2e}")
+
+
 def tiny_checkpoint() -> str:
     from lmnb_engine.testing import make_tiny_checkpoint
 
@@ -223,7 +269,7 @@ def main() -> int:
     except ImportError as e:
         ENV["triton"] = f"missing: {e}"
     print(f"gpu_check: {ENV}", flush=True)
-    for fn in (check_kernels, check_tiny_engine, check_7b):
+    for fn in (check_kernels, check_layer_kernels, check_tiny_engine, check_7b):
         t = time.perf_counter()
         try:
             fn()

@@ -195,10 +195,11 @@ class Suite:
             engine.generate(prompts, SamplingParams(max_new_tokens=new, **clients.GREEDY_KW))
             s = time.perf_counter() - t
             per_step = _decode_bytes(cfg, len(prompts), prompt_len + new / 2)
-            slot[f"decode_b{bs}"] = {"batch": len(prompts), "prompt_len": prompt_len, "new_tokens": new,
-                                     "seconds": round(s, 4), "tok_s": round(len(prompts) * new / s, 1),
-                                     "mbu": round(per_step * new / s / bw, 3)}
+            slot[f"decode_b{bs}"] = rec = {"batch": len(prompts), "prompt_len": prompt_len, "new_tokens": new,
+                                           "seconds": round(s, 4), "tok_s": round(len(prompts) * new / s, 1),
+                                           "mbu": round(per_step * new / s / bw, 3)}
             engine.flush_cache()
+            rec.update(self._graph_split(engine, len(prompts), s / new))
         n_seq, seq = (2, 64) if sm else (4, 2048)
         runs = []
         for _ in range(3):
@@ -211,6 +212,23 @@ class Suite:
         slot["prefill"] = {"batch": n_seq, "seq": seq, "seconds": round(s, 4), "tok_s": round(n_seq * seq / s),
                            "mfu": round(_prefill_flops(cfg, n_seq, seq) / s / peak, 3)}
         engine.flush_cache()
+
+    def _graph_split(self, engine, batch: int, step_s: float) -> dict:
+        """How a decode step's time splits: the GPU time of its CUDA graph alone (replayed back
+        to back) and the rest, the host's scheduling, batch building, sampling and
+        detokenizing that the GPU waits for. Empty without graphs (CPU, or not captured).
+
+        Runs right after ``flush_cache``: with nothing cached and nothing running, the replays'
+        KV writes (at the last batch's slots) land in free slots."""
+        runner = engine.runner.graph_runner
+        if runner is None or batch > runner.max_batch_size:
+            return {}
+        import bisect
+
+        graph = runner._graphs[runner.batch_sizes[bisect.bisect_left(runner.batch_sizes, batch)]]
+        gpu_s = _timed(self.device, graph.replay, reps=50, warm=3)
+        return {"graph_ms": round(gpu_s * 1e3, 3), "host_ms": round((step_s - gpu_s) * 1e3, 3),
+                "step_ms": round(step_s * 1e3, 3)}
 
     def hf_micro(self, model: str, net) -> None:
         import torch
@@ -498,7 +516,9 @@ def _report(res: dict) -> str:
         for sys_name, micro in m["micro"].items():
             lines.append(f"   micro {sys_name}: " + ", ".join(
                 f"{k} {v.get('tok_s')} tok/s" + (f" (MBU {v['mbu']})" if "mbu" in v else "")
-                + (f" (MFU {v['mfu']})" if "mfu" in v else "") for k, v in micro.items()))
+                + (f" (MFU {v['mfu']})" if "mfu" in v else "")
+                + (f" (step {v['step_ms']} ms = graph {v['graph_ms']} + host {v['host_ms']})" if "graph_ms" in v else "")
+                for k, v in micro.items()))
         lines.append(f"   {'workload':22s} {'lmnb p/s':>9s} {'nocache':>9s} {'HF p/s':>9s} {'x HF':>6s} "
                      f"{'lat s':>7s} {'hit':>6s} {'opt':>6s} {'hit/opt':>7s}")
         for name, r in m["workloads"].items():

@@ -78,3 +78,19 @@ def test_workload_shapes(scale):
     assert all(len(turns) == 4 for turns in ws["chat_long"].items)
     assert all(scale.chat_long_out[0] <= n <= scale.chat_long_out[1] for turns in ws["chat_long"].items for _, n in turns)
     assert all(10 <= t < 32000 for p, q in ws["mmlu"].items for t in p + q)
+
+
+def test_gpu_check_smoke_passes_every_check(tmp_path):
+    """The device script's correctness half (``benches/gpu_check.py``) runs on CPU with tiny
+    shapes, kernels interpreted: every check it would run on the H200 passes here, so a GPU
+    session does not find it broken."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(BENCHES / "gpu_check.py"), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checks = json.loads((tmp_path / "check.json").read_text())["checks"]
+    names = " | ".join(c["check"] for c in checks)
+    assert all(c["ok"] for c in checks) and len(checks) >= 16
+    for part in ("kernel extend", "kernel decode", "fused add + RMSNorm", "SiLU-and-mul", "RoPE", "greedy"):
+        assert part in names
