@@ -122,6 +122,9 @@ class Engine:
             forced strings are then not drafted; output is the same either way, paper §4).
         cuda_graph_max_bs: decode batches up to this size replay captured CUDA graphs (None = on
             for CUDA with the Triton backend, up to 256; 0 = off). Not with ``tp_size > 1``.
+        disable_overlap_schedule: run each decode step only once the previous step's tokens are
+            on the host (by default runs of decode steps overlap: the device computes step n+1
+            while the host processes step n, SGLang's overlap scheduler; output is the same).
         tp_size: tensor parallelism over this many GPUs of the machine (``cuda:0`` ..), or CPU
             processes with ``device="cpu"``: worker processes hold the other shards
             (``lmnb_engine.distributed.launch``); 1 = one device, no workers.
@@ -148,6 +151,7 @@ class Engine:
         attention_backend: Optional[Union[AttentionBackend, str]] = None,
         disable_jump_forward: bool = False,
         cuda_graph_max_bs: Optional[int] = None,
+        disable_overlap_schedule: bool = False,
         tp_size: int = 1,
     ) -> None:
         from lmnb_engine.model_loader import load_model
@@ -178,6 +182,7 @@ class Engine:
             chunked_prefill_size=chunked_prefill_size or DEFAULT_CHUNKED_PREFILL[kind],
             max_running_requests=self.runner.max_running_requests,
             mixed_batching=mixed_batching,
+            overlap_schedule=not disable_overlap_schedule,
         )
         self.scheduler = Scheduler(
             self.runner,
@@ -468,7 +473,8 @@ class Engine:
         """Cache and pool figures: hit_rate (cumulative cached / prompt tokens, paper §3),
         last_batch_hit_rate, cached_tokens, prompt_tokens, evicted_tokens, pool_size, pool_used,
         free_tokens, evictable_tokens, protected_tokens, held_tokens (owned by running requests),
-        pinned_prefixes, running_requests, waiting_requests, retracted_requests, new_token_ratio."""
+        pinned_prefixes, running_requests, waiting_requests, retracted_requests, overlapped_steps
+        (decode steps launched before the previous step's tokens were taken), new_token_ratio."""
         return self._call(self.scheduler.stats)
 
     def check_invariants(self) -> None:

@@ -104,22 +104,87 @@ def _sample_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
     return probs_idx.gather(1, pick[:, None]).squeeze(1)
 
 
+def _logprob_entries(token_ids: list[int], chosen: list[float], top_vals, top_ids, top_k: Sequence[int]) -> list[TokenLogprob]:
+    out = []
+    for i, (t, lp) in enumerate(zip(token_ids, chosen)):
+        top: tuple = ()
+        if top_k[i] > 0:
+            top = tuple(zip(top_ids[i][: top_k[i]], top_vals[i][: top_k[i]]))
+        out.append(TokenLogprob(int(t), float(lp), top))
+    return out
+
+
+def _logprob_tensors(logprobs: torch.Tensor, token_ids: torch.Tensor, top_k: Sequence[int]):
+    """(chosen [L], top values [L, k], top ids [L, k]) on the logprobs' device (k may be 0: None)."""
+    chosen = logprobs.gather(1, token_ids[:, None].to(logprobs.device)).squeeze(1)
+    k_max = min(max(top_k, default=0), logprobs.shape[-1])
+    if k_max > 0:
+        top_vals, top_ids = logprobs.topk(k_max, dim=-1)
+        return chosen, top_vals, top_ids
+    return chosen, None, None
+
+
 def token_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, top_k: Sequence[int]) -> list[TokenLogprob]:
     """``TokenLogprob`` per row: ``logprobs`` float32 [L, V] (log_softmax), ``token_ids`` int64 [L],
     ``top_k[i]`` alternatives for row i (0 = none)."""
-    chosen = logprobs.gather(1, token_ids[:, None].to(logprobs.device)).squeeze(1).tolist()
-    k_max = min(max(top_k, default=0), logprobs.shape[-1])
-    top_vals = top_ids = None
-    if k_max > 0:
-        top_vals, top_ids = logprobs.topk(k_max, dim=-1)
-        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-    out = []
-    for i, (t, lp) in enumerate(zip(token_ids.tolist(), chosen)):
-        top: tuple = ()
-        if top_k[i] > 0:
-            top = tuple(zip(top_ids[i][: top_k[i]], top_vals[i][: top_k[i]]))  # type: ignore[index]
-        out.append(TokenLogprob(int(t), float(lp), top))
-    return out
+    chosen, top_vals, top_ids = _logprob_tensors(logprobs, token_ids, top_k)
+    return _logprob_entries(token_ids.tolist(), chosen.tolist(), None if top_vals is None else top_vals.tolist(),
+                            None if top_ids is None else top_ids.tolist(), top_k)
+
+
+def _to_host(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Start copying a device tensor into pinned host memory (no wait); host tensors as they are."""
+    if x is None or x.device.type == "cpu":
+        return x
+    out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    return out.copy_(x, non_blocking=True)
+
+
+class PendingSample:
+    """A batch's sampling, launched on the device; ``result()`` waits for it and finishes on the
+    host (ids as ints, ``TokenLogprob`` entries, each grammar told its token).
+
+    Everything the host needs is copied into pinned memory right after the sampling kernels, and
+    a CUDA event marks the end of those copies: work queued after them (the next forward, under
+    overlapped scheduling) does not delay ``result()``.
+
+    Attributes:
+        token_ids: int64 [B] sampled ids on the logits' device (the next decode step's input).
+    """
+
+    def __init__(self, reqs: Sequence[Req], token_ids: torch.Tensor, lp_rows: list[int], lp_parts: tuple,
+                 top_k: list[int], tell_grammar: bool) -> None:
+        self.reqs = reqs
+        self.token_ids = token_ids
+        self._ids = _to_host(token_ids)
+        self._lp_rows = lp_rows
+        self._lp = tuple(_to_host(x) for x in lp_parts)
+        self._top_k = top_k
+        self._tell_grammar = tell_grammar
+        self._event = None
+        if token_ids.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._out: SampleOutput | None = None
+
+    def result(self) -> SampleOutput:
+        if self._out is not None:
+            return self._out
+        if self._event is not None:
+            self._event.synchronize()
+        ids = self._ids.tolist()
+        logprobs: list[Optional[TokenLogprob]] = [None] * len(self.reqs)
+        if self._lp_rows:
+            chosen, top_vals, top_ids = (None if x is None else x.tolist() for x in self._lp)
+            entries = _logprob_entries([ids[i] for i in self._lp_rows], chosen, top_vals, top_ids, self._top_k)
+            for i, e in zip(self._lp_rows, entries):
+                logprobs[i] = e
+        if self._tell_grammar:
+            for r, t in zip(self.reqs, ids):
+                if r.grammar is not None:
+                    r.grammar.accept_token(t)
+        self._out = SampleOutput(ids, logprobs)
+        return self._out
 
 
 def sample(
@@ -128,7 +193,7 @@ def sample(
     eos_token_ids: frozenset[int],
     grammar_bitmask: Optional[torch.Tensor] = None,
 ) -> SampleOutput:
-    """Choose the next token of every row.
+    """Choose the next token of every row (``sample_async(...).result()``).
 
     Args:
         logits: float32 [B, V] raw model logits, row i belonging to ``reqs[i]``.
@@ -142,6 +207,17 @@ def sample(
     Returns:
         ``SampleOutput`` with B ids and optional logprobs.
     """
+    return sample_async(logits, reqs, eos_token_ids, grammar_bitmask).result()
+
+
+def sample_async(
+    logits: torch.Tensor,
+    reqs: Sequence[Req],
+    eos_token_ids: frozenset[int],
+    grammar_bitmask: Optional[torch.Tensor] = None,
+) -> PendingSample:
+    """``sample`` without waiting for the device: penalties, masks, the draws and the logprobs are
+    launched, and the ``PendingSample`` finishes them. Arguments as ``sample``."""
     assert logits.shape[0] == len(reqs)
     x = logits.float()
     if any(r.params.repetition_penalty != 1 or r.params.frequency_penalty or r.params.presence_penalty for r in reqs):
@@ -163,17 +239,10 @@ def sample(
         idx = torch.tensor(rows, device=x.device)
         next_ids[idx] = _sample_rows(x[idx], [reqs[i] for i in rows])
 
-    logprobs: list[Optional[TokenLogprob]] = [None] * len(reqs)
     lp_rows = [i for i, r in enumerate(reqs) if r.params.return_logprob]
+    top_k = [reqs[i].params.top_logprobs_num for i in lp_rows]
+    lp_parts: tuple = ()
     if lp_rows:
         idx = torch.tensor(lp_rows, device=x.device)
-        lps = torch.log_softmax(logits[idx].float(), dim=-1)
-        entries = token_logprobs(lps, next_ids[idx], [reqs[i].params.top_logprobs_num for i in lp_rows])
-        for i, e in zip(lp_rows, entries):
-            logprobs[i] = e
-
-    ids = next_ids.tolist()
-    for r, t in zip(reqs, ids):
-        if use_grammar and r.grammar is not None:
-            r.grammar.accept_token(t)
-    return SampleOutput(ids, logprobs)
+        lp_parts = _logprob_tensors(torch.log_softmax(logits[idx].float(), dim=-1), next_ids[idx], top_k)
+    return PendingSample(reqs, next_ids, lp_rows, lp_parts, top_k, use_grammar)

@@ -14,7 +14,9 @@ Each step:
 3. run one forward over the rows — new extends only, then decode steps (SGLang's default), or
    both together with ``mixed_batching``; every row computes its tokens ``[kv_committed_len:]``;
 4. sample, detokenize, check stops, stream events; give finished requests' KV to the cache and
-   insert extended prompts at once so concurrent requests share them.
+   insert extended prompts at once so concurrent requests share them. In a run of plain decode
+   steps, step n+1 is launched before step n's tokens are processed (``overlap_schedule``), so
+   the device does not wait for the host's part of 4.
 
 Threading: callers never touch scheduler state. ``submit``/``abort``/``call`` post commands to an
 inbox the loop drains between steps; events go back through each request's ``emit`` callback. An
@@ -29,7 +31,7 @@ import math
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -40,7 +42,7 @@ from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, Strea
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
-from lmnb_engine.sampler import sample, token_logprobs
+from lmnb_engine.sampler import PendingSample, sample, sample_async, token_logprobs
 from lmnb_engine.schedule_policy import SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,8 @@ class SchedulerConfig:
     chunked_prefill_size: new (extend) tokens per step; longer prompts are chunked.
     max_running_requests: concurrent requests (rows of the request→token table).
     mixed_batching: run decode rows in the same forward as new extends (SGLang's mixed chunk).
+    overlap_schedule: launch a decode step before the previous one's tokens reach the host, so
+        the device computes while the host detokenizes and streams (``Scheduler._chain``).
     init/min_new_token_ratio, new_token_ratio_decay, retract_ratio_step: the decode reserve is
         ``ratio × remaining max_new_tokens`` per running request; the ratio decays by ``decay``
         each decode step and rises by ``retract_ratio_step`` after a retraction (SGLang).
@@ -69,10 +73,23 @@ class SchedulerConfig:
     chunked_prefill_size: int = 2048
     max_running_requests: int = 64
     mixed_batching: bool = False
+    overlap_schedule: bool = True
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
     retract_ratio_step: float = 0.1
+
+
+@dataclass
+class _Flight:
+    """A step whose forward ran and whose sampling was launched, results not yet taken."""
+
+    rows: list[tuple[Req, int]]
+    mode: ForwardMode
+    logits: torch.Tensor
+    picked: list[Req] = field(default_factory=list)  # the requests sampled, in PendingSample order
+    pending: Optional[PendingSample] = None
+    verify_at: dict[int, int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -113,6 +130,7 @@ class Scheduler:
         self._next_pin = 1
         self._arrivals = 0
         self._step_reqs: list[Req] = []
+        self._inflight: Optional[_Flight] = None  # a decode step launched ahead (overlap_schedule)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._stopped = threading.Event()
@@ -129,6 +147,7 @@ class Scheduler:
         self.cached_tokens = 0
         self.last_batch = (0, 0)  # (cached, prompt) tokens of the last step that admitted requests
         self.retracted_requests = 0
+        self.overlapped_steps = 0  # decode steps launched before the previous step's tokens were taken
         self.cache.evicted_tokens = 0
 
     @property
@@ -182,7 +201,7 @@ class Scheduler:
                 self._recover(exc)
 
     def _has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self._inflight)
 
     def _drain_inbox(self, block: bool) -> bool:
         """Handle queued commands; return False when told to stop."""
@@ -235,6 +254,10 @@ class Scheduler:
     # --- one step -------------------------------------------------------------------------------
     def _step(self) -> None:
         self._step_reqs = []
+        if self._inflight is not None:
+            self._advance()
+            self._step_reqs = []
+            return
         retracted = self._make_room_for_running()
         rows = [] if retracted else self._admit()
         if not rows or self.config.mixed_batching:
@@ -403,7 +426,71 @@ class Scheduler:
 
     # --- forward and results -----------------------------------------------------------------
     def _run(self, rows: list[tuple[Req, int]]) -> None:
-        input_ids: list[int] = []
+        flight = self._launch(rows)
+        if self._can_chain(flight):  # leave it in flight: the next step launches its successor first
+            self._inflight = flight
+        else:
+            self._complete(flight)
+
+    # --- overlapped decoding ------------------------------------------------------------------
+    # SGLang v0.4's overlap ("zero-overhead") scheduler, for runs of plain decode steps: step n+1
+    # is launched with step n's sampled ids still on the device as its inputs, then step n's
+    # tokens are taken and processed (detokenized, checked for stops, streamed) while the device
+    # computes step n+1. A request that ends at step n had one more token computed; it is
+    # dropped, and its KV (of token n, which is part of the output) goes to the cache with the
+    # rest. Output is the same as without overlap: nothing step n+1 samples depends on host state
+    # that step n changes, for the requests ``_overlap_safe`` admits.
+
+    def _advance(self) -> None:
+        """Finish the step in flight, launching the next decode step first when it can be."""
+        flight, self._inflight = self._inflight, None
+        self._step_reqs.extend(r for r, _ in flight.rows)
+        nxt = self._chain(flight) if self._can_chain(flight) else None
+        self.overlapped_steps += nxt is not None
+        self._complete(flight)
+        self._inflight = nxt
+
+    def _overlap_safe(self, req: Req) -> bool:
+        """True if ``req``'s next token can be sampled before its newest one (in flight) is on
+        the host: no grammar mask, no penalties over output ids, no ``min_new_tokens`` mask left,
+        and the token in flight is not its last by length."""
+        p = req.params
+        return (req.grammar is None and p.repetition_penalty == 1 and not p.frequency_penalty
+                and not p.presence_penalty and len(req.output_ids) >= p.min_new_tokens
+                and len(req.output_ids) + 1 < p.max_new_tokens and req.seq_len + 1 < self.context_len)
+
+    def _can_chain(self, flight: _Flight) -> bool:
+        """True if the decode step after ``flight`` may be launched before ``flight``'s tokens are
+        taken: overlap on, ``flight`` a decode step of every running request, nothing waiting or
+        queued in the inbox (those go through a normal step), a free or evictable slot for each
+        request's next token, and every request ``_overlap_safe``."""
+        if not self.config.overlap_schedule or flight.mode is not ForwardMode.DECODE or flight.pending is None:
+            return False
+        if self.waiting or self.chunked is not None or not self._inbox.empty():
+            return False
+        reqs = flight.picked
+        if len(reqs) != len(self.running) or any(a is not b for a, b in zip(reqs, self.running)):
+            return False
+        if len(reqs) > self.kv_pool.available_size() + self.cache.evictable_size():
+            return False
+        return all(self._overlap_safe(r) for r in reqs)
+
+    def _chain(self, flight: _Flight) -> _Flight:
+        """Launch the decode step after ``flight``: each request's input is its token in flight
+        (on the device), at position ``kv_committed_len``."""
+        rows = [(r, 1) for r in flight.picked]
+        self._alloc_for(rows)
+        return self._launch(rows, input_ids=flight.pending.token_ids)
+
+    # --- forward and results -----------------------------------------------------------------
+    def _launch(self, rows: list[tuple[Req, int]], input_ids: Optional[torch.Tensor] = None) -> _Flight:
+        """Build the batch of ``rows``, run the forward and launch the sampling.
+
+        ``input_ids``: the inputs of a chained decode step (``_chain``), already on the device;
+        each request then has one sampled token not yet in ``output_ids``.
+        """
+        ahead = int(input_ids is not None)
+        ids: list[int] = []
         loc_rows: list[int] = []
         loc_cols: list[int] = []
         logit_rows: list[int] = []
@@ -413,7 +500,8 @@ class Scheduler:
         offset = 0
         for i, (req, n) in enumerate(rows):
             start = req.kv_committed_len
-            input_ids += req.token_slice(start, start + n)
+            if not ahead:
+                ids += req.token_slice(start, start + n)
             loc_rows += [req.req_pool_idx] * n
             loc_cols += range(start, start + n)
             if not req.prompt_logprobs_done:
@@ -422,7 +510,7 @@ class Scheduler:
                 if hi > lo:
                     prompt_lp_at[i] = (len(logit_rows), lo, hi)
                     logit_rows += range(offset + lo - start, offset + hi - start)
-            if start + n == req.seq_len and len(req.output_ids) < req.params.max_new_tokens:
+            if start + n == req.seq_len + ahead and len(req.output_ids) + ahead < req.params.max_new_tokens:
                 k = req.num_speculative  # jump-forward: sample every draft position as well
                 assert n > k, "a jump-forward draft was served from the cache unverified"
                 (verify_at if k else sample_at)[i] = len(logit_rows)
@@ -431,7 +519,7 @@ class Scheduler:
         mode = ForwardMode.DECODE if all(n == 1 for _, n in rows) else ForwardMode.EXTEND
         batch = ForwardBatch.build(
             mode,
-            input_ids,
+            ids if not ahead else [0] * len(rows),
             self.req_to_token_pool.host[torch.tensor(loc_rows), torch.tensor(loc_cols)],
             self.req_to_token_pool.req_to_token,
             [r.req_pool_idx for r, _ in rows],
@@ -440,26 +528,41 @@ class Scheduler:
             logits_indices=logit_rows,
             device=self.runner.device,
         )
+        if ahead:
+            batch.input_ids = input_ids
         if any(r.mm_inputs is not None for r, _ in rows):  # [issue 10] images for the vision tower
             batch.mm_inputs = [r.mm_inputs for r, _ in rows]
         logits = self.runner.forward(batch)
         for req, n in rows:
             req.kv_committed_len += n
-            req.forward_passes += 1
         self._record_prompt_logprobs(rows, logits, prompt_lp_at)
+        flight = _Flight(rows, mode, logits, verify_at=verify_at)
         if sample_at:
-            picked = [rows[i][0] for i in sample_at]
+            flight.picked = [rows[i][0] for i in sample_at]
             at = list(sample_at.values())
             rows_logits = logits  # a decode step samples every row, in order: no gather
             if at != list(range(len(logits))):
                 rows_logits = logits[torch.tensor(at, device=logits.device)]
-            out = sample(rows_logits, picked, self.eos_token_ids)
-            for req, tok, lp in zip(picked, out.token_ids, out.logprobs):
-                self._append_token(req, tok, lp)
-        for i, at in verify_at.items():
+            flight.pending = sample_async(rows_logits, flight.picked, self.eos_token_ids)
+        return flight
+
+    def _complete(self, flight: _Flight) -> None:
+        """Take a launched step's results: append and stream the sampled tokens, verify drafts,
+        finish, share computed prompts with the cache, move new requests to running. Requests
+        that ended while the step was in flight (overlap) are skipped: their token is dropped."""
+        rows = flight.rows
+        for req, _ in rows:
+            if not req.finished:
+                req.forward_passes += 1
+        if flight.pending is not None:
+            out = flight.pending.result()
+            for req, tok, lp in zip(flight.picked, out.token_ids, out.logprobs):
+                if not req.finished:
+                    self._append_token(req, tok, lp)
+        for i, at in flight.verify_at.items():
             req = rows[i][0]
-            self._verify_jump(req, logits[at : at + req.num_speculative + 1])
-        if mode is ForwardMode.DECODE:
+            self._verify_jump(req, flight.logits[at : at + req.num_speculative + 1])
+        if flight.mode is ForwardMode.DECODE:
             self.new_token_ratio = max(
                 self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
             )
@@ -597,6 +700,7 @@ class Scheduler:
         for r in self.waiting + self.running + ([self.chunked] if self.chunked else []):
             if not r.finished:
                 self._finish(r, FinishReason("abort", message=message))
+        self._inflight = None
 
     def _recover(self, exc: Exception) -> None:
         """Fail the requests of the step that raised; rebuild memory if it cannot be returned."""
@@ -628,7 +732,7 @@ class Scheduler:
             req.finish_reason = FinishReason("abort", message="internal error: KV memory was reset")
             req.final_text = req.detokenizer.text
             req.emit(StreamEvent(req.rid, "", [], True, self._result(req), req.index))
-        self.running, self.chunked, self.pins = [], None, {}
+        self.running, self.chunked, self.pins, self._inflight = [], None, {}, None
         for req in self.waiting:
             req.req_pool_idx, req.last_node = None, None
             req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
@@ -740,5 +844,6 @@ class Scheduler:
             "running_requests": len(self.running) + (1 if self.chunked else 0),
             "waiting_requests": len(self.waiting),
             "retracted_requests": self.retracted_requests,
+            "overlapped_steps": self.overlapped_steps,
             "new_token_ratio": self.new_token_ratio,
         }
