@@ -15,7 +15,8 @@
 3. Greedy output of whole engines: torch backend vs Triton (eager) vs Triton with CUDA graphs, on
    a small random checkpoint with peaked logits (weights std 0.2): fp32, identical tokens; bf16,
    identical or first differences on near-ties only (as in 4). The Triton engines run the fused
-   layer kernels too; the torch engine is all torch.
+   layer kernels too; the torch engine is all torch. Overlapped decoding (the default) against
+   step-by-step: bit-identical tokens and logprobs.
 4. Llama-2-7B shape, random bf16 weights: torch vs Triton + CUDA graphs, greedy tokens and their
    logprobs. Pass: tokens identical, or the first difference falls on a near-tie (top-2 logprob
    gap under 0.05 in the torch run, which bf16 rounding may flip) and the logprobs before it
@@ -176,13 +177,14 @@ def tiny_checkpoint() -> str:
     return str(make_tiny_checkpoint(tmp, max_position_embeddings=4096, **dims))
 
 
-def greedy(model: str, backend: str, graphs: bool, prompts, new: int, top: int = 0, **load):
+def greedy(model: str, backend: str, graphs: bool, prompts, new: int, top: int = 0, overlap: bool = True, **load):
     from lmnb_engine import Engine, SamplingParams
 
     params = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True, return_logprob=True,
                             top_logprobs_num=top)
     with Engine(model, device=DEV, attention_backend=backend, max_total_tokens=32768,
-                cuda_graph_max_bs=(None if graphs else 0), **load) as eng:
+                cuda_graph_max_bs=(8 if graphs and DEV == "cuda" else 0),  # <= 6 prompts: 4 graphs
+                disable_overlap_schedule=not overlap, **load) as eng:
         assert (eng.runner.graph_runner is not None) == (graphs and DEV == "cuda"), "CUDA graphs not as asked"
         eng.generate(prompts[0], SamplingParams(max_new_tokens=0))  # a shared prefix in the cache first
         results = eng.generate(prompts, params)
@@ -232,6 +234,10 @@ def check_tiny_engine() -> None:
             record(f"greedy, small checkpoint ({dtype}): {label} vs torch", ok,
                    prompts_identical=f"{c['identical']}/{c['prompts']}", max_logprob_diff=f"{c['max_logprob_diff']:.3g}",
                    divergences_on_near_ties=c["on_ties"], new_tokens=new)
+        # overlapped decoding reorders host work only: bit-identical to one step at a time
+        step_by_step, lps = greedy(path, "triton", not SMOKE, prompts, new, dtype=dtype, overlap=False)
+        same = step_by_step == got and [[x.logprob for x in r] for r in lps] == [[x.logprob for x in r] for r in got_lp]
+        record(f"greedy, small checkpoint ({dtype}): overlapped vs step-by-step decoding", same, new_tokens=new)
 
 
 def check_7b() -> None:

@@ -5,7 +5,7 @@
 # Before the call, on the workstation (pip works there, not on the device machine):
 #     bash benches/fetch_gpu_wheels.sh          # outlines-core for the device's Python 3.12 -> .whl/
 # Then, through the device tool:
-#     run(command="bash benches/gpu_check.sh", carry=[".whl"], timeout_s=420)
+#     run(command="bash benches/gpu_check.sh", carry=[".whl"], timeout_s=480)
 # Results come back under $OUT (check.json, the suite's JSON and plot, the log); copy them into
 # benches/results/ and commit them. Nothing here changes the GPU's settings.
 set -uo pipefail
@@ -25,12 +25,12 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm --
 $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 
 echo "== 1/2 correctness: Triton vs torch on the GPU =="
-timeout 150 $PY benches/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/check.log"
+timeout 200 $PY benches/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/check.log"
 CHECK=${PIPESTATUS[0]}
 [ "$CHECK" -eq 0 ] || echo "!! correctness check FAILED (exit $CHECK): the suite below still runs, but its numbers are suspect"
 
 ELAPSED=$(( $(date +%s) - START ))
-BUDGET=$(( 350 - ELAPSED ))   # the whole script in about 6 minutes: time to rerun it in a 15-minute lease
+BUDGET=$(( 380 - ELAPSED ))   # the whole script in about 6.5 minutes: time to rerun it in a 15-minute lease
 echo "== 2/2 benchmark suite (budget ${BUDGET} s) =="
 timeout $(( BUDGET + 30 )) $PY benches/gpu_suite.py --budget-s "$BUDGET" --out-dir "$OUT" 2>&1 | tee "$OUT/suite.log"
 SUITE=${PIPESTATUS[0]}
