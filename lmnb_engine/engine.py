@@ -160,7 +160,12 @@ class Engine:
             raise ValueError(f"tp_size={tp_size} must be >= 1")
         if tp_size > 1 and cuda_graph_max_bs:
             raise ValueError("CUDA graphs are not captured under tensor parallelism; leave cuda_graph_max_bs unset")
-        self.loaded = load_model(model, device=device, dtype=dtype, random_weights=random_weights, seed=seed)
+        tp = None
+        if tp_size > 1:  # [issue 9] this process is rank 0 and loads only its shard
+            from lmnb_engine.distributed.layers import TPGroup
+
+            tp = TPGroup(0, tp_size)
+        self.loaded = load_model(model, device=device, dtype=dtype, random_weights=random_weights, seed=seed, tp=tp)
         self.tp_size = tp_size
         self._tp_group: Any = None
         if tp_size == 1:

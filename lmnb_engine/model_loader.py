@@ -21,7 +21,7 @@ from torch import nn
 
 import lmnb_engine
 from lmnb_engine import tokenizer as tok
-from lmnb_engine.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
+from lmnb_engine.model_config import MULTIMODAL_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
 from lmnb_engine.models.presets import PRESETS, preset_hf_config
 from lmnb_engine.models.registry import build_model
 
@@ -63,6 +63,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     random_weights: bool = False,
     seed: int = 0,
+    tp: Any = None,
 ) -> LoadedModel:
     """Load a Llama-family causal LM.
 
@@ -76,6 +77,9 @@ def load_model(
         random_weights: skip the safetensors and fill seeded random weights (normal with the
             config's ``initializer_range``, norms 1, biases 0).
         seed: seed of the random weights.
+        tp: a ``distributed.TPGroup``: load only this tensor-parallel rank's shard (sharded on
+            the meta device, filled from slices of the checkpoint tensors; with random weights
+            each rank draws its own shard). ``config`` stays the whole model's.
 
     A checkpoint without tokenizer files, and every preset, use the demo checkpoint's tokenizer
     (with a warning); presets fall back to a freshly trained tiny BPE tokenizer if the demo
@@ -85,7 +89,8 @@ def load_model(
         FileNotFoundError: no such directory, hub id not available, no config.json or no
             safetensors, no demo checkpoint yet.
         ValueError: unsupported architecture (the message lists ``SUPPORTED_ARCHITECTURES``),
-            unsupported RoPE type, bad dtype, weights that do not fit the config.
+            unsupported RoPE type, bad dtype, weights that do not fit the config or the GPU;
+            with ``tp``: heads that do not divide, or a multimodal model.
     """
     dev = _resolve_device(device)
     dt = _resolve_dtype(dtype, dev)
@@ -101,9 +106,13 @@ def load_model(
         hf_config = _read_hf_config(path)
     config = ModelConfig.from_hf(hf_config, dt, dev)
     tokenizer, tok_dir = _tokenizer_for(path)  # before the weights: a missing tokenizer fails fast
-    net = _instantiate(config)
+    net = _instantiate(config, tp)
     if random_weights:
         _init_random(net, hf_config, seed)
+    elif tp is not None:  # [issue 9]
+        from lmnb_engine.distributed.shard import shard_checkpoint
+
+        net.load_weights(shard_checkpoint(_iter_safetensors(path), config, tp))
     else:
         net.load_weights(_iter_safetensors(path))
     gen_cfg = tok.read_json(path / "generation_config.json") if path is not None else {}
@@ -217,8 +226,9 @@ def _read_hf_config(path: Path) -> Any:
         ) from None
 
 
-def _instantiate(config: ModelConfig) -> nn.Module:
-    """Build on the meta device, then give every parameter real (uninitialized) storage.
+def _instantiate(config: ModelConfig, tp: Any = None) -> nn.Module:
+    """Build on the meta device (and cut it to the rank's shard under ``tp``), then give every
+    parameter real (uninitialized) storage.
 
     Parameters are replaced one by one, keeping shared ones (tied embeddings) shared; buffers
     (RoPE inverse frequencies, built on CPU) just move. ``Module.to_empty`` would untie them.
@@ -228,6 +238,12 @@ def _instantiate(config: ModelConfig) -> nn.Module:
     with init_empty_weights():
         net = build_model(config)
     net.tie_weights()  # again outside the context: accelerate's patched setattr copies parameters
+    if tp is not None:  # [issue 9]
+        from lmnb_engine.distributed.shard import shard_model_
+
+        if config.architecture in MULTIMODAL_ARCHITECTURES:
+            raise ValueError(f"tensor parallelism supports the text-only Llama family, not {config.architecture}")
+        shard_model_(net, tp)
     _check_fits(net, config)  # [issue 9]
     made: dict[int, nn.Parameter] = {}
     for module in net.modules():

@@ -161,3 +161,24 @@ def test_engine_tp_settings_that_cannot_work_fail_before_any_worker_starts(tiny_
         Engine(path, device="cpu", tp_size=0)
     with pytest.raises(ValueError, match="CUDA graphs"):
         Engine(path, device="cpu", tp_size=2, cuda_graph_max_bs=8)
+
+
+@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {}),
+                                            ("llama", dict(vocab_size=509, tie_word_embeddings=True))])
+def test_loading_a_shard_equals_slicing_the_loaded_model(tiny_checkpoint_factory, arch, overrides):
+    """``load_model(tp=...)`` shards on the meta device and fills the shard from slices of the
+    checkpoint; ``shard_model_`` slices a model loaded whole. Both give every rank the same
+    tensors, and a rank holds about 1/2 of the weights (norms and biases are whole)."""
+    from lmnb_engine.distributed import TPGroup, shard_model_
+    from lmnb_engine.model_loader import load_model
+
+    path = str(tiny_checkpoint_factory(arch, **overrides))
+    whole = sum(p.numel() for p in load_model(path, device="cpu").model.parameters())
+    for rank in range(WORLD):
+        tp = TPGroup(rank, WORLD)
+        direct = dict(load_model(path, device="cpu", tp=tp).model.named_parameters())
+        sliced = dict(shard_model_(load_model(path, device="cpu").model, tp).named_parameters())
+        assert direct.keys() == sliced.keys()
+        for name in direct:
+            assert torch.equal(direct[name], sliced[name]), name
+        assert sum(p.numel() for p in direct.values()) < 0.6 * whole

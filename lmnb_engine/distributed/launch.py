@@ -4,10 +4,10 @@ Rank 0 lives in the calling process (its scheduler drives every forward); ranks 
 spawned worker processes. Start-up, in an order chosen so that every failure surfaces as an
 error naming the rank rather than as a collective that never returns:
 
-1. rank 0 loads the model (this checks the path, the architecture and that the heads divide by
-   N) before any process is spawned;
-2. the workers load the same model (same checkpoint, dtype and seed: identical weights) on their
-   own device (``cuda:rank``, or the CPU) and report back through a pipe; rank 0 waits for all;
+1. rank 0 loads its shard of the model (this checks the path, the architecture and that the
+   heads divide by N) before any process is spawned;
+2. the workers load their shards of the same checkpoint (same dtype) on their own device
+   (``cuda:rank``, or the CPU) and report back through a pipe; rank 0 waits for all;
 3. every rank joins the process group (NCCL on GPUs, gloo on CPU; a rendezvous file in a fresh
    temporary directory) and builds its ``TensorParallelRunner`` shard; the workers then follow
    rank 0's broadcast batches in ``worker_loop``.
@@ -31,7 +31,6 @@ import torch.distributed as dist
 
 from lmnb_engine.distributed.layers import TPGroup
 from lmnb_engine.distributed.runner import TensorParallelRunner, worker_loop
-from lmnb_engine.distributed.shard import local_config
 
 # Longest a collective may wait for a peer (a worker stuck or gone); generous, since the first
 # forward on a GPU compiles kernels.
@@ -59,7 +58,7 @@ def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwar
         if device.startswith("cuda"):
             torch.cuda.set_device(rank)
             device = f"cuda:{rank}"
-        loaded = load_model(device=device, **load_kwargs)
+        loaded = load_model(device=device, tp=TPGroup(rank, size), **load_kwargs)
         conn.send(("loaded", None))
         stage = "join the process group"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
@@ -163,7 +162,7 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
     """Start ranks 1..tp_size-1 and make rank 0's runner from ``loaded`` (already loaded here).
 
     Args:
-        loaded: rank 0's ``LoadedModel`` (sharded in place).
+        loaded: rank 0's ``LoadedModel``: its shard (``load_model(..., tp=TPGroup(0, tp_size))``).
         tp_size: ranks in the group (>= 2).
         model, random_weights, seed: what rank 0 loaded (``load_model``'s arguments); the
             workers load the same checkpoint (``loaded.path``, or the preset) in the same dtype.
@@ -172,12 +171,10 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
     Returns:
         The ``TensorParallelGroup`` (its ``runner`` is rank 0's).
     Raises:
-        ValueError: head counts that do not divide by ``tp_size``, fewer GPUs than ranks, or an
-            attention backend given as an object.
+        ValueError: fewer GPUs than ranks, or an attention backend given as an object.
         RuntimeError: a process group already exists in this process, or a worker failed (the
             message names the rank and what it could not do).
     """
-    local_config(loaded.config, TPGroup(0, tp_size))  # heads divide, or ValueError before spawning
     device = torch.device(loaded.config.device)
     if device.type == "cuda" and torch.cuda.device_count() < tp_size:
         raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs; torch sees {torch.cuda.device_count()}")

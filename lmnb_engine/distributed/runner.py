@@ -29,12 +29,13 @@ _HEADER = 5  # mode, T, B, L, max_seq
 class TensorParallelRunner(ModelRunner):
     """``ModelRunner`` for one rank of a tensor-parallel group.
 
-    Shards ``loaded.model`` in place (``shard_model_``), sizes the KV pool for the local KV heads,
-    and takes the smallest pool and request-table sizes any rank could afford, so slot indices
-    from rank 0 are valid everywhere.
+    Takes this rank's shard (``load_model(..., tp=tp)``; a model loaded whole is sharded in
+    place by ``shard_model_``), sizes the KV pool for the local KV heads, and takes the smallest
+    pool and request-table sizes any rank could afford, so slot indices from rank 0 are valid
+    everywhere.
 
     Args:
-        loaded: the full model (every rank loads the same weights).
+        loaded: this rank's shard, or the whole model (every rank the same weights).
         tp: this rank's ``TPGroup`` (``torch.distributed`` already initialized).
         other arguments: as ``ModelRunner``. CUDA graphs are off by default (0): capturing the
             collectives is untested here.
@@ -46,7 +47,11 @@ class TensorParallelRunner(ModelRunner):
                  max_running_requests: Optional[int] = None, mem_fraction: Optional[float] = None,
                  attention_backend=None, cuda_graph_max_bs: Optional[int] = 0) -> None:
         self.tp = tp
-        shard_model_(loaded.model, tp)
+        sharded = getattr(loaded.model, "tp_group", None)
+        if sharded is None:
+            shard_model_(loaded.model, tp)
+        elif (sharded.rank, sharded.size) != (tp.rank, tp.size):
+            raise ValueError(f"the model was sharded for rank {sharded.rank} of {sharded.size}, not {tp.rank} of {tp.size}")
         loaded = dataclasses.replace(loaded, config=local_config(loaded.config, tp))
         super().__init__(loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend,
                          cuda_graph_max_bs)

@@ -1,16 +1,23 @@
-"""Turn a loaded Llama-family model (``lmnb_engine.models.llama``) into one tensor-parallel shard.
+"""Turn a Llama-family model (``lmnb_engine.models.llama``) into one tensor-parallel shard.
 
-Every rank loads the same full weights (same checkpoint, or the same seed for random weights),
-then keeps its slice: query/key/value heads and the MLP's intermediate features are split
+Each rank keeps its slice: query/key/value heads and the MLP's intermediate features are split
 (column-parallel ``qkv_proj``/``gate_up_proj``, row-parallel ``o_proj``/``down_proj``), the
 embedding and LM head by vocabulary. Attention modules are told their local head counts, so the
 attention backend and the KV pool see ``num_kv_heads / tp`` heads per rank.
+
+``load_model(..., tp=...)`` shards the model while it is still on the meta device and fills
+the shard from ``shard_checkpoint``'s slices of the checkpoint tensors, so a rank never holds
+more than its part of the weights (plus one checkpoint tensor at a time, on the CPU).
+``shard_model_`` also works on a model already loaded whole (then it keeps slices of it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from typing import Iterable, Iterator
+
+import torch
 from torch import nn
 
 from lmnb_engine.distributed.layers import (
@@ -81,4 +88,43 @@ def shard_model_(model: nn.Module, tp: TPGroup) -> nn.Module:
     else:
         head_weight = VocabParallelEmbedding(model.lm_head.weight.data, tp).weight  # same row split
     model.lm_head = ParallelLMHead(head_weight, cfg.vocab_size, tp)
+    model.tp_group = tp
     return model
+
+
+def _vocab_rows(t: torch.Tensor, vocab: int, tp: TPGroup) -> torch.Tensor:
+    """This rank's rows of a [vocab, hidden] table, the last shard zero-padded (as
+    ``VocabParallelEmbedding``)."""
+    shard = -(-vocab // tp.size)
+    rows = t[tp.rank * shard : min((tp.rank + 1) * shard, vocab)]
+    if rows.shape[0] == shard:
+        return rows
+    return torch.cat([rows, rows.new_zeros((shard - rows.shape[0],) + tuple(rows.shape[1:]))])
+
+
+def shard_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], config, tp: TPGroup) -> Iterator[tuple[str, torch.Tensor]]:
+    """This rank's part of each checkpoint tensor (HF names), split as ``shard_model_`` splits
+    the modules: q/k/v and gate/up rows by heads / features, o/down columns, embedding and LM
+    head rows by vocabulary; norms and the row-parallel biases whole.
+
+    Raises ``ValueError`` (from ``local_config``) when the heads do not divide by ``tp.size``."""
+    local = local_config(config, tp)
+    d = config.head_dim
+    q_local, kv_local = local.num_q_heads * d, local.num_kv_heads * d
+    i_local = config.intermediate_size // tp.size
+    for name, t in weights:
+        leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
+        proj = leaf[0] if len(leaf) == 2 else ""
+        if proj == "q_proj":
+            t = t[tp.rank * q_local : (tp.rank + 1) * q_local]
+        elif proj in ("k_proj", "v_proj"):
+            t = t[tp.rank * kv_local : (tp.rank + 1) * kv_local]
+        elif proj in ("gate_proj", "up_proj"):
+            t = t[tp.rank * i_local : (tp.rank + 1) * i_local]
+        elif proj == "o_proj" and leaf[1] == "weight":
+            t = t[:, tp.rank * q_local : (tp.rank + 1) * q_local]
+        elif proj == "down_proj" and leaf[1] == "weight":
+            t = t[:, tp.rank * i_local : (tp.rank + 1) * i_local]
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            t = _vocab_rows(t, config.vocab_size, tp)
+        yield name, t

@@ -164,12 +164,17 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(x).float()
 
     def _fused_slice(self, param: torch.Tensor, fused: str, part: str) -> torch.Tensor:
+        """The rows of a fused parameter that one checkpoint projection fills. Sizes come from the
+        parameter itself (q:k:v in the ratio of the head counts, gate:up half and half), so a
+        tensor-parallel shard is filled the same way as the whole parameter."""
         c = self.config
+        rows = param.shape[0]
         if fused == "qkv_proj":
-            q, kv = c.num_q_heads * c.head_dim, c.num_kv_heads * c.head_dim
+            q = rows * c.num_q_heads // (c.num_q_heads + 2 * c.num_kv_heads)
+            kv = (rows - q) // 2
             start, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[part]
         else:
-            start, size = {"gate": (0, c.intermediate_size), "up": (c.intermediate_size, c.intermediate_size)}[part]
+            start, size = {"gate": (0, rows // 2), "up": (rows // 2, rows // 2)}[part]
         return param.narrow(0, start, size)
 
     @torch.no_grad()
