@@ -34,7 +34,7 @@ def set_torch_threads() -> int:
 
 def machine_line(threads: int) -> str:
     """The report's ``- machine:`` line: CPU, cores, torch threads."""
-    return f"- machine: {cpu_name()}, nproc {os.cpu_count()}, torch threads {threads} (shared machine: other jobs ran)"
+    return f"- machine: {cpu_name()}, nproc {os.cpu_count()}, torch threads {threads}"
 
 
 def llama_dims(hidden_size: int, layers: int) -> dict:

@@ -156,8 +156,8 @@ class Engine:
     ) -> None:
         from lmnb_engine.model_loader import load_model
 
-        if tp_size < 1:
-            raise ValueError(f"tp_size={tp_size} must be >= 1")
+        if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+            raise ValueError(f"tp_size={tp_size!r} must be an int >= 1 (the number of GPUs to shard over)")
         if tp_size > 1 and cuda_graph_max_bs:
             raise ValueError("CUDA graphs are not captured under tensor parallelism; leave cuda_graph_max_bs unset")
         tp = None
@@ -359,6 +359,8 @@ class Engine:
         self, ids: list[int], params: SamplingParams, rid: Optional[str] = None
     ) -> tuple[RequestHandle, list[Req]]:
         """A handle and its ``n`` scheduler requests for one checked prompt (not yet queued)."""
+        if self._tp_group is not None:  # [issue 9] a dead worker rank: say so, queue nothing
+            self._tp_group.check_alive()
         rid = rid or uuid.uuid4().hex
         with self._lock:
             old = self._handles.get(rid)

@@ -26,3 +26,10 @@ def device_arch(device: torch.device | str) -> int | None:
         return None
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
+
+
+def f32_dot(x: torch.Tensor) -> bool:
+    """Whether attention kernels take their dot products in IEEE float32 for inputs like ``x``:
+    for float32 inputs (tensor cores would round them to tf32), and always under the CPU
+    interpreter, whose ``tl.dot`` of bf16 blocks multiplies their raw bits (wrong values)."""
+    return x.dtype == torch.float32 or device_arch(x.device) is None

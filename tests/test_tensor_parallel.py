@@ -151,14 +151,21 @@ def test_engine_with_tp_size_2_generates_what_one_process_does(tiny_checkpoint_f
         assert max(abs(a.logprob - b.logprob) for a, b in zip(g.logprobs, w.logprobs)) < 1e-4
 
 
-def test_engine_tp_settings_that_cannot_work_fail_before_any_worker_starts(tiny_checkpoint_factory):
+def test_engine_tp_settings_that_cannot_work_fail_before_any_worker_starts(tiny_checkpoint_factory, tmp_path):
     from lmnb_engine import Engine
+    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
 
     path = str(tiny_checkpoint_factory("llama"))  # 4 query heads, 2 KV heads
     with pytest.raises(ValueError, match="divisible by 3"):
         Engine(path, device="cpu", tp_size=3, max_total_tokens=64)
     with pytest.raises(ValueError, match="tp_size=0"):
         Engine(path, device="cpu", tp_size=0)
+    with pytest.raises(ValueError, match="tp_size='2' must be an int"):
+        Engine(path, device="cpu", tp_size="2")
+    with pytest.raises(ValueError, match="unknown attention backend 'bogus'"):
+        Engine(path, device="cpu", tp_size=2, attention_backend="bogus")
+    with pytest.raises(ValueError, match="text-only Llama family"):
+        Engine(str(make_tiny_llava_checkpoint(tmp_path / "llava")), device="cpu", tp_size=2)
     with pytest.raises(ValueError, match="CUDA graphs"):
         Engine(path, device="cpu", tp_size=2, cuda_graph_max_bs=8)
 
@@ -182,3 +189,49 @@ def test_loading_a_shard_equals_slicing_the_loaded_model(tiny_checkpoint_factory
         for name in direct:
             assert torch.equal(direct[name], sliced[name]), name
         assert sum(p.numel() for p in direct.values()) < 0.6 * whole
+
+
+def test_interrupts_are_rank_0s_and_a_dead_worker_is_named(tiny_checkpoint_factory):
+    """Ctrl-C and Jupyter's interrupt signal the whole process group: the worker ignores SIGINT
+    and the engine keeps working. A worker killed outright makes every later request fail at
+    once with an error naming the rank, instead of aborting silently."""
+    import os
+    import signal
+
+    from lmnb_engine import Engine, SamplingParams
+
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    with Engine(str(tiny_checkpoint_factory("llama")), device="cpu", tp_size=2, max_total_tokens=256,
+                attention_backend="torch") as eng:
+        (worker,) = eng._tp_group.procs
+        before = eng.generate("the cat", params).token_ids
+        os.kill(worker.pid, signal.SIGINT)
+        worker.join(1)
+        assert worker.is_alive()
+        assert eng.generate("the cat", params).token_ids == before
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(10)
+        with pytest.raises(RuntimeError, match="tensor-parallel rank 1 has exited.*create a new Engine"):
+            eng.generate("the cat", params)
+
+
+def test_a_script_without_a_main_guard_starts_workers(tiny_checkpoint_factory, tmp_path):
+    """Spawned workers do not re-run the parent's script: a flat script (no ``if __name__ ==
+    "__main__"``) and one read from stdin both work, and the script's top level runs once."""
+    import subprocess
+
+    path = tiny_checkpoint_factory("llama")
+    marker = tmp_path / "runs.txt"
+    script = (
+        "from lmnb_engine import Engine, SamplingParams\n"
+        f"open({str(marker)!r}, 'a').write('x')\n"
+        f"eng = Engine({str(path)!r}, device='cpu', tp_size=2, max_total_tokens=256)\n"
+        "print('TOKENS', eng.generate('the cat', SamplingParams(max_new_tokens=3, temperature=0)).token_ids)\n"
+        "eng.shutdown()\n"
+    )
+    flat = tmp_path / "flat.py"
+    flat.write_text(script)
+    for cmd, stdin in (([sys.executable, str(flat)], None), ([sys.executable, "-"], script)):
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and "TOKENS [" in proc.stdout, proc.stderr[-2000:]
+    assert marker.read_text() == "xx"  # once per run: the worker did not execute the script

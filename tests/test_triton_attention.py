@@ -113,12 +113,17 @@ def test_extend_matches_torch_backend(case):
     assert torch.equal(pool.k_buffer[0], twin.k_buffer[0]) and torch.equal(pool.v_buffer[0], twin.v_buffer[0])
 
 
-def test_extend_half_precision_matches_float64():
-    pool, batch, q, k, v = _setup([6, 18], [11, 4], 4, 2, 16, dtype=torch.float16, seed=3)
-    twin = _clone_pool(pool)
-    out = _run(BACKEND.TritonAttentionBackend(), pool, batch, q, k, v)
-    assert out.dtype == torch.float16
-    torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=3e-3, rtol=3e-3)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_extend_and_decode_match_float64(dtype):
+    """bf16 included: the interpreter's dot of bf16 blocks multiplies raw bits, so interpreted
+    kernels take their dots in float32 (``triton_support.f32_dot``)."""
+    tol = 3e-3 if dtype == torch.float16 else 2e-2
+    for prefix, ext in (([6, 18], [11, 4]), ([6, 30, 0], [1, 1, 1])):
+        pool, batch, q, k, v = _setup(prefix, ext, 4, 2, 16, dtype=dtype, seed=3)
+        twin = _clone_pool(pool)
+        out = _run(BACKEND.TritonAttentionBackend(max_kv_splits=4, min_split_tokens=4), pool, batch, q, k, v)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=tol, rtol=tol)
 
 
 DECODE_CASES = {
@@ -169,6 +174,20 @@ def test_selector_picks_torch_on_cpu_and_refuses_bad_names(monkeypatch):
     assert isinstance(select_attention_backend("cpu", "triton"), BACKEND.TritonAttentionBackend)  # interpreted
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         select_attention_backend("cpu", "flash")
+
+
+def test_interpreting_asked_for_after_triton_was_imported_is_refused():
+    """Triton decides at import whether its library runs interpreted: TRITON_INTERPRET set later
+    would fail inside the first forward; the selector says what to do instead."""
+    import subprocess
+    import sys
+
+    code = ("import os, triton; os.environ['TRITON_INTERPRET'] = '1'\n"
+            "from lmnb_engine.attention import select_attention_backend\n"
+            "select_attention_backend('cpu', 'triton')")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "set after triton was imported" in proc.stderr
 
 
 def test_engine_greedy_output_same_with_triton_backend(tiny_llama, monkeypatch):

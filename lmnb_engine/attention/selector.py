@@ -22,6 +22,14 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def _triton_imported_interpreted() -> bool:
+    """True if triton was imported with ``TRITON_INTERPRET`` set: it decides at import, for its
+    own library functions (which kernels call), whether they run interpreted."""
+    import triton.language.standard as standard
+
+    return type(standard.cdiv).__name__ == "InterpretedFunction"
+
+
 def select_attention_backend(device: torch.device | str, name: str | None = None) -> AttentionBackend:
     """A new backend for ``device``.
 
@@ -51,5 +59,9 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
         raise ValueError(f"the Triton attention backend runs on CUDA devices, not {dev.type!r} (set "
                          "TRITON_INTERPRET=1 to interpret it on CPU, slowly, for tests); use 'torch'")
     from lmnb_engine.attention.triton_backend import TritonAttentionBackend
+
+    if dev.type != "cuda" and not _triton_imported_interpreted():
+        raise ValueError("TRITON_INTERPRET=1 was set after triton was imported, so the kernels were built "
+                         "for a GPU; set it before anything imports triton (in the shell, or first in the script)")
 
     return TritonAttentionBackend()

@@ -14,15 +14,23 @@ error naming the rank rather than as a collective that never returns:
 
 ``shutdown`` releases the workers, joins them and leaves the process group. One tensor-parallel
 engine per process at a time: ``torch.distributed`` has one default group.
+
+The workers ignore SIGINT: Ctrl-C in a terminal, and Jupyter's "interrupt kernel", signal the
+whole process group, and the interrupt is rank 0's to handle (it aborts the requests; the
+workers wait for the next batch). A worker that dies anyway leaves the group unusable; the
+engine then says so (``TensorParallelGroup.check_alive``) instead of running requests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import shutil
+import signal
 import sys
 import tempfile
+import types
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -38,18 +46,27 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=600)
 LOAD_TIMEOUT_S = 900.0
 
 
-def _spawn_safe_main():
-    """IPython (and so Jupyter) puts a module without ``__spec__`` in ``sys.modules['__main__']``;
-    multiprocessing's spawn reads that attribute. A missing one means the same as None (nothing
-    to re-import in the child), which is what the workers need."""
+@contextlib.contextmanager
+def _main_hidden_from_spawn():
+    """While starting workers, show multiprocessing's spawn an empty ``__main__``.
+
+    Spawn re-runs the parent's main script in each child (to find functions defined there); the
+    workers need nothing from it (their target lives here). Re-running it would execute a
+    script's top level again when it lacks an ``if __name__ == "__main__":`` guard, fail for a
+    script read from stdin, and trip over IPython's ``__main__``, which has no ``__spec__``."""
     main = sys.modules.get("__main__")
-    if main is not None and not hasattr(main, "__spec__"):
-        main.__spec__ = None
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwargs: dict, runner_kwargs: dict,
                  conn) -> None:
     """A worker rank: load, report, join, shard, follow rank 0 until it shuts the group down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # interrupts are rank 0's (module docstring)
     from lmnb_engine.model_loader import load_model
 
     stage = "load the model"
@@ -90,6 +107,19 @@ class TensorParallelGroup:
         self.conns = conns
         self._tmpdir = tmpdir
         self._closed = False
+
+    def check_alive(self, wait_s: float = 0.0) -> None:
+        """Raise ``RuntimeError`` naming the worker ranks that have exited (their messages too):
+        the group can no longer run a forward. ``wait_s``: give a dying worker that long to end
+        (after a collective failed because of it)."""
+        for p in self.procs:
+            p.join(wait_s)
+        dead = [rank for rank, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        if dead:
+            errors = self.worker_errors()
+            raise RuntimeError(f"tensor-parallel rank {dead[0]} has exited"
+                               + (f" ({'; '.join(errors)})" if errors else "")
+                               + ": this engine cannot run; shut it down and create a new Engine")
 
     def worker_errors(self) -> list[str]:
         """Messages the workers sent about their failures (read without blocking)."""
@@ -178,9 +208,13 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
     device = torch.device(loaded.config.device)
     if device.type == "cuda" and torch.cuda.device_count() < tp_size:
         raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs; torch sees {torch.cuda.device_count()}")
-    if not isinstance(runner_kwargs.get("attention_backend") or "", str):
+    backend_name = runner_kwargs.get("attention_backend")
+    if not isinstance(backend_name or "", str):
         raise ValueError("with tp_size > 1 give attention_backend by name ('auto', 'torch', 'triton'): "
                          "every rank makes its own")
+    from lmnb_engine.attention.selector import select_attention_backend
+
+    select_attention_backend(device, backend_name)  # a bad name or device fails here, before spawning
     if dist.is_initialized():
         raise RuntimeError("this process already has a torch.distributed process group (another "
                            "tensor-parallel Engine?); shut that engine down first")
@@ -190,7 +224,6 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
     load_kwargs = dict(model=str(loaded.path) if loaded.path is not None else model, device=device.type,
                        dtype=str(loaded.config.dtype).replace("torch.", ""), random_weights=random_weights, seed=seed)
     ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
-    _spawn_safe_main()
     procs, conns = [], []
     group = TensorParallelGroup(None, procs, conns, tmpdir)
     try:
@@ -198,7 +231,8 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
             parent, child = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker_main, name=f"lmnb-tp-rank{rank}", daemon=True,
                             args=(rank, tp_size, init_method, backend, dict(load_kwargs), runner_kwargs, child))
-            p.start()
+            with _main_hidden_from_spawn():
+                p.start()
             child.close()
             procs.append(p)
             conns.append(parent)
@@ -207,9 +241,10 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
                                 timeout=COLLECTIVE_TIMEOUT)
         try:
             group.runner = TensorParallelRunner(loaded, TPGroup(0, tp_size), **runner_kwargs)
-        except Exception as exc:
-            errors = group.worker_errors()
-            raise RuntimeError("tensor-parallel start-up failed: " + "; ".join(errors or [f"rank 0: {exc}"])) from exc
+            group.runner.check_peers = group.check_alive
+        except Exception as exc:  # rank 0's own error first; a worker's may be the cause of it
+            errors = [f"rank 0: {type(exc).__name__}: {exc}"] + group.worker_errors()
+            raise RuntimeError("tensor-parallel start-up failed: " + "; ".join(errors)) from exc
     except BaseException:
         group.shutdown(graceful=False)
         raise

@@ -68,11 +68,22 @@ class TensorParallelRunner(ModelRunner):
         """Where messages live: the GPU for NCCL, the CPU for gloo."""
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
+    def check_peers(self, wait_s: float = 0.0) -> None:
+        """Raise ``RuntimeError`` if a peer rank is gone (``launch`` sets this to its check)."""
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Rank 0: broadcast ``batch``, then run it (logits on every rank); see ``ModelRunner``."""
-        if self.tp.rank == 0 and self.tp.size > 1:
+        """Rank 0: broadcast ``batch``, then run it (logits on every rank); see ``ModelRunner``.
+
+        Raises ``RuntimeError`` naming the rank when a worker has exited (before or during it)."""
+        if self.tp.rank != 0 or self.tp.size == 1:
+            return super().forward(batch)
+        self.check_peers()
+        try:
             self._send(batch)
-        return super().forward(batch)
+            return super().forward(batch)
+        except RuntimeError:
+            self.check_peers(wait_s=1.0)  # a collective fails when a peer dies: name the peer
+            raise
 
     def shutdown(self) -> None:
         """Rank 0: release the workers from ``worker_loop``."""

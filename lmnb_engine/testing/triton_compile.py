@@ -176,7 +176,9 @@ def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int]:
         with open(src, "w") as f:
             f.write(ptx)
         res = subprocess.run([tool.path, "-v", f"--gpu-name={gpu}", src, "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"ptxas {tool.version} for {gpu} failed: {res.stderr.strip()[-500:]}")
     regs = re.search(r"Used (\d+) registers", res.stderr)
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", res.stderr)]
     return (int(regs.group(1)) if regs else 0), sum(spills)
@@ -218,6 +220,7 @@ def check_arch(arch: int) -> tuple[list[CompileReport], list[str]]:
         except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest still compile
             failures.append(f"sm_{arch} {launch.kernel.__name__} ({shape} {dtype}): {type(exc).__name__}: "
                             f"{str(exc).strip()[-600:]}")
+    print(f"sm_{arch}: {len(reports)} launches compiled, {len(failures)} failed", file=sys.stderr, flush=True)
     return reports, failures
 
 
@@ -254,7 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     if interpreting():
         print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
         return 2
-    reports, failures = check(tuple(int(a) for a in args.arch.split(",")), args.jobs)
+    try:
+        archs = tuple(int(a) for a in args.arch.split(","))
+    except ValueError:
+        ap.error(f"--arch takes compute capabilities like 80,90, not {args.arch!r}")
+    unknown = [a for a in archs if a not in MAX_SHARED]
+    if unknown:
+        ap.error(f"no shared-memory limit known for sm_{unknown[0]}; the engine's GPUs are "
+                 + ", ".join(f"{a} ({ARCH_NAMES[a]})" for a in MAX_SHARED))
+    reports, failures = check(archs, args.jobs)
     if args.json:
         print(json.dumps({"reports": [asdict(r) | {"ok": r.ok} for r in reports], "failures": failures}))
     else:

@@ -177,14 +177,14 @@ def decode_attention_fwd(
         req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_BLOCKS=head_blocks, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_H=block_h, BLOCK_N=block_n, F32_DOT=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=2,
+        BLOCK_H=block_h, BLOCK_N=block_n, F32_DOT=triton_support.f32_dot(q),
+        num_warps=num_warps, num_stages=2, enable_fp_fusion=True,
     )
     _decode_merge_kernel[(B, num_q_heads)](
         mid_o, mid_lse, seq_lens, num_kv_splits, out,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(max_kv_splits),
-        num_warps=4,
+        num_warps=4, enable_fp_fusion=True,
     )
     return out

@@ -156,7 +156,7 @@ def extend_attention_fwd(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), req_to_token.stride(0),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)),
-        BLOCK_M=block_m, BLOCK_N=block_n, F32_DOT=q.dtype == torch.float32,
-        num_warps=num_warps, num_stages=1,
+        BLOCK_M=block_m, BLOCK_N=block_n, F32_DOT=triton_support.f32_dot(q),
+        num_warps=num_warps, num_stages=1, enable_fp_fusion=True,
     )
     return out

@@ -57,4 +57,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         heads, d,
         BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(d), num_warps=4 if gpu else 1,
+        enable_fp_fusion=False,
     )

@@ -17,8 +17,9 @@ def online_softmax_step(q, k, v, visible, acc, l_i, m_i, sm_scale, F32_DOT: tl.c
 
     q: [M, D] queries; k: [D, N] keys (transposed); v: [N, D] values; visible: bool [M, N] (or
     broadcastable) — False keys get zero weight; acc: fp32 [M, D]; l_i, m_i: fp32 [M]; sm_scale:
-    softmax scale. ``F32_DOT`` does both matmuls in IEEE fp32 (the interpreter cannot multiply
-    half-precision blocks). Returns the updated ``(acc, l_i, m_i)``.
+    softmax scale. ``F32_DOT`` does both matmuls in IEEE fp32: for float32 inputs, and for every
+    input under the CPU interpreter, whose dot of bf16 blocks multiplies their raw bits
+    (``triton_support.f32_dot``). Returns the updated ``(acc, l_i, m_i)``.
     """
     if F32_DOT:
         qk = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
