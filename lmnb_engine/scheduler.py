@@ -332,13 +332,22 @@ class Scheduler:
         reserved = sum(self._reserve(r) for r in self.running)
         if self.chunked is not None:
             req = self.chunked
-            self._step_reqs.append(req)
-            n = min(req.extend_len, budget)
-            self._alloc_for([(req, n)])
-            rows.append((req, n))
-            budget -= n
+            # the running requests' slots were taken first (_make_room_for_running); the next
+            # chunk gets what is left, or waits (running requests are retracted before it, so
+            # room comes); with nothing running and no room, it can never go on
+            n = min(req.extend_len, budget, self.kv_pool.available_size() + self.cache.evictable_size())
+            if n > 0:
+                self._step_reqs.append(req)
+                self._alloc_for([(req, n)])
+                rows.append((req, n))
+                budget -= n
+                self._note_in_flight(req, sim, in_flight)
+            elif not self.running:
+                self._finish(req, FinishReason("abort", message=(
+                    f"a chunked prompt needs more KV slots but none of {self.kv_pool.size} can be freed "
+                    f"({self.cache.protected_size()} are pinned); unpin prefixes or raise max_total_tokens")))
+                return rows
             reserved += req.extend_len - n + self._reserve(req)
-            self._note_in_flight(req, sim, in_flight)
         if budget <= 0 or not self.waiting:
             return rows
         admitted: list[Req] = []
@@ -461,12 +470,13 @@ class Scheduler:
 
     def _can_chain(self, flight: _Flight) -> bool:
         """True if the decode step after ``flight`` may be launched before ``flight``'s tokens are
-        taken: overlap on, ``flight`` a decode step of every running request, nothing waiting or
-        queued in the inbox (those go through a normal step), a free or evictable slot for each
-        request's next token, and every request ``_overlap_safe``."""
+        taken: overlap on, ``flight`` a decode step of every running request (an abort drained
+        from the inbox since removed one), nothing waiting or being chunked (those go through a
+        normal step), a free or evictable slot for each request's next token, and every request
+        ``_overlap_safe``. Other commands (stats, snapshots) do not stop the overlap."""
         if not self.config.overlap_schedule or flight.mode is not ForwardMode.DECODE or flight.pending is None:
             return False
-        if self.waiting or self.chunked is not None or not self._inbox.empty():
+        if self.waiting or self.chunked is not None:  # (commands were drained: adds wait, aborts left)
             return False
         reqs = flight.picked
         if len(reqs) != len(self.running) or any(a is not b for a, b in zip(reqs, self.running)):
@@ -551,9 +561,9 @@ class Scheduler:
         finish, share computed prompts with the cache, move new requests to running. Requests
         that ended while the step was in flight (overlap) are skipped: their token is dropped."""
         rows = flight.rows
-        for req, _ in rows:
-            if not req.finished:
-                req.forward_passes += 1
+        live = [req for req, _ in rows if not req.finished]
+        for req in live:
+            req.forward_passes += 1
         if flight.pending is not None:
             out = flight.pending.result()
             for req, tok, lp in zip(flight.picked, out.token_ids, out.logprobs):
@@ -562,7 +572,7 @@ class Scheduler:
         for i, at in flight.verify_at.items():
             req = rows[i][0]
             self._verify_jump(req, flight.logits[at : at + req.num_speculative + 1])
-        if flight.mode is ForwardMode.DECODE:
+        if flight.mode is ForwardMode.DECODE and live:  # (a step run ahead for ended requests only: no decay)
             self.new_token_ratio = max(
                 self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
             )
@@ -671,6 +681,9 @@ class Scheduler:
         """Return the request's KV to the cache/pool and its table row."""
         if req.req_pool_idx is None:
             return
+        # A step launched ahead (overlap) may have computed KV for a token that never reached
+        # output_ids (its step failed before the token was taken): only KV of known tokens is cached.
+        req.kv_committed_len = min(req.kv_committed_len, req.seq_len)
         self.cache.cache_finished_req(req)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None

@@ -223,3 +223,35 @@ def test_flush_and_tree_snapshot(tiny_llama):
         s = eng.cache_stats()
         assert s["evictable_tokens"] == 0 and s["hit_rate"] == 0 and not eng.tree_snapshot().children
         assert_idle_accounting(eng)
+
+
+
+def test_a_chunked_prompt_waits_for_room_instead_of_failing_the_step(tiny_llama):
+    """Decode rows take their slots first; a chunked prompt that then finds the pool full waits
+    for the running requests (or their retraction) instead of failing the step with
+    KVPoolExhausted. A 300-token pool, 16-token chunks and three rounds of 48 mixed requests (a
+    helper's reproduction: the third round hit the full pool mid-chunk before the fix)."""
+    import random
+
+    from lmnb_engine import Engine, SamplingParams
+
+    words = "the cat is red and a blue bird sat on the one two three four dog".split()
+    rng = random.Random(1)
+    kinds = [dict(max_new_tokens=1), dict(max_new_tokens=3, temperature=0.9, seed=4),
+             dict(max_new_tokens=60, ignore_eos=True), dict(max_new_tokens=60),
+             dict(max_new_tokens=50, temperature=1.0, top_p=0.9, seed=9, n=3, ignore_eos=True),
+             dict(max_new_tokens=40, temperature=0.8, seed=3, stop=[" the", "e"]),
+             dict(max_new_tokens=40, stop_token_ids=[5, 6, 7, 8, 9, 10, 11, 12]),
+             dict(max_new_tokens=25, return_logprob=True, logprob_start_len=0), dict(max_new_tokens=0)]
+    with Engine(str(tiny_llama), max_total_tokens=300, chunked_prefill_size=16, attention_backend="torch") as eng:
+        for _ in range(3):
+            items = [(" ".join(rng.choice(words) for _ in range(rng.randint(4, 60))), SamplingParams(**kw))
+                     for kw in kinds for _ in range(5)]
+            rng.shuffle(items)
+            made = [eng._make_reqs(eng._to_ids(text), params) for text, params in items]
+            eng.scheduler.submit([r for _, reqs in made for r in reqs])
+            for h, _ in made:
+                r = h.result(timeout=120)
+                for one in r if isinstance(r, list) else [r]:
+                    assert one.finish_reason.type != "abort", one.finish_reason.message
+            eng.check_invariants()

@@ -88,3 +88,61 @@ def test_abort_while_a_step_is_in_flight_keeps_the_engine_sound(engines):
     again = overlap.generate(PROMPTS[3], params)
     assert again.meta.cached_tokens >= len(overlap.encode(PROMPTS[3])) - 1
     assert again.token_ids == results[2].token_ids
+
+
+def test_a_failure_while_taking_a_step_keeps_the_cache_and_pins(tiny_llama):
+    """An exception while step n's tokens are processed, with step n+1 already launched: the
+    step's requests end with the error, but the computed KV of their known tokens goes to the
+    cache as usual (no memory rebuild): pins and cached prefixes survive."""
+    import logging
+
+    with Engine(str(tiny_llama), max_total_tokens=4096, attention_backend="torch") as eng:
+        pin = eng.pin_prefix(eng.encode("the cat is red and a blue bird sat on the"))
+        before = eng.cache_stats()
+        params = SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True)
+        made = [eng._make_reqs(eng._to_ids(f"request {i} says"), params) for i in range(4)]
+        bad = made[1][1][0]
+        add = bad.detokenizer.add
+
+        def failing_add(token):
+            if len(bad.output_ids) == 10:
+                raise RuntimeError("injected detokenizer failure")
+            return add(token)
+
+        bad.detokenizer.add = failing_add
+        logging.disable(logging.CRITICAL)  # the scheduler logs the failure with its traceback
+        try:
+            eng.scheduler.submit([r for _, reqs in made for r in reqs])
+            results = [h.result(timeout=60) for h, _ in made]
+        finally:
+            logging.disable(logging.NOTSET)
+        assert all("injected detokenizer failure" in r.finish_reason.message for r in results)
+        assert eng.cache_stats()["overlapped_steps"] > before["overlapped_steps"]  # it failed in overlap
+        eng.check_invariants()
+        after = eng.cache_stats()
+        assert after["pinned_prefixes"] == 1 and after["protected_tokens"] == before["protected_tokens"]
+        assert after["evictable_tokens"] > before["evictable_tokens"]  # the aborted requests' KV is cached
+        eng.unpin(pin)
+
+
+def test_polling_stats_does_not_switch_the_overlap_off(engines):
+    """Widgets and servers poll ``cache_stats`` while decoding; those commands run between steps
+    and leave the decode steps overlapped."""
+    import threading
+
+    overlap, _ = engines
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            overlap.cache_stats()
+
+    poller = threading.Thread(target=poll)
+    before = overlap.cache_stats()["overlapped_steps"]
+    poller.start()
+    try:
+        overlap.generate(PROMPTS[0], SamplingParams(temperature=0, max_new_tokens=100, ignore_eos=True))
+    finally:
+        stop.set()
+        poller.join()
+    assert overlap.cache_stats()["overlapped_steps"] - before >= 90  # of 99 decode steps
