@@ -449,6 +449,10 @@ def _env(device: str, machine: str, args) -> dict:
             info[mod] = __import__(mod).__version__
         except Exception as e:  # noqa: BLE001 - reported, not fatal
             info[mod] = f"missing ({type(e).__name__})"
+    from lmnb_engine.attention.selector import select_attention_backend
+
+    # the backend the suite's engines run ("auto"): Triton, or flash-attn for extend when installed
+    info["attention_backend"] = type(select_attention_backend(device)).__name__
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         info.update(gpu=p.name, gpu_mem_gib=round(p.total_memory / 2**30, 1), sms=p.multi_processor_count)

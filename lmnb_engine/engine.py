@@ -116,8 +116,9 @@ class Engine:
         max_running_requests: concurrent requests (default 64 on CPU, 256 on CUDA).
         mem_fraction: share of free memory for the KV pool when ``max_total_tokens`` is None.
         mixed_batching: run decode rows together with new prefills in one forward.
-        attention_backend: an ``AttentionBackend`` or a name: "auto" (default: Triton on CUDA when
-            importable, torch otherwise), "torch" or "triton".
+        attention_backend: an ``AttentionBackend`` or a name: "auto" (default: on CUDA, flash-attn
+            for extend plus Triton for decode when flash-attn is installed, else Triton when
+            importable; torch otherwise), "torch", "triton" or "flash_attn".
         disable_jump_forward: decode constrained output one token per pass (the compressed FSM's
             forced strings are then not drafted; output is the same either way, paper §4).
         cuda_graph_max_bs: decode batches up to this size replay captured CUDA graphs (None = on

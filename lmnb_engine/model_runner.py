@@ -39,9 +39,10 @@ class ModelRunner:
         mem_fraction: share of free device memory (RAM on CPU) for the KV pool (default 0.8 on
             CUDA, 0.1 on CPU, where the pool is also capped at ``CPU_MAX_POOL_TOKENS``).
         attention_backend: an ``AttentionBackend``, or a name for ``select_attention_backend``
-            ("auto" = Triton on CUDA when importable, torch otherwise; "torch"; "triton"). A
-            Triton backend also switches the model's norms, RoPE and activation to fused Triton
-            kernels (``layers.use_triton_kernels``).
+            ("auto" = flash-attn for extend with Triton for decode on CUDA when flash-attn is
+            installed, else Triton on CUDA when importable, else torch; "torch"; "triton";
+            "flash_attn"). A Triton or flash-attn backend also switches the model's norms, RoPE
+            and activation to fused Triton kernels (``layers.use_triton_kernels``).
         cuda_graph_max_bs: decode batches up to this size replay CUDA graphs (``CudaGraphRunner``);
             None = ``max_running_requests`` capped at 256 on CUDA with the Triton backend, 0 = off.
     Raises:
@@ -88,6 +89,7 @@ class ModelRunner:
 
             attention_backend = select_attention_backend(self.device, attention_backend)
         self.attn = attention_backend
+        attention_backend.prepare(cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device)
         # [issue 9] the fused Triton layer kernels go with the Triton attention backend; with the
         # torch backend the whole model is plain torch (the reference the GPU path is checked against)
         use_triton_kernels(self.model, attention_backend.triton_kernels)

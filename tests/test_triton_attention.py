@@ -16,8 +16,8 @@ import torch  # noqa: E402
 
 from lmnb_engine.attention import select_attention_backend  # noqa: E402
 from lmnb_engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from lmnb_engine.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
-from lmnb_engine.kv_pool import TokenToKVPool  # noqa: E402
+from lmnb_engine.forward_batch import ForwardMode  # noqa: E402
+from helpers_attention import clone_pool, naive_attention, run_backend, setup_batch  # noqa: E402
 
 
 def _ops():
@@ -36,60 +36,6 @@ def _ops():
 DECODE_OPS, EXTEND_OPS, BACKEND = _ops()
 
 
-def _setup(prefix_lens, extend_lens, hq, hkv, d, dtype=torch.float32, seed=0):
-    """A pool with random K/V, each request's positions on random slots, and its batch tensors."""
-    g = torch.Generator().manual_seed(seed)
-    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    size = sum(seq_lens) + 7
-    pool = TokenToKVPool(size, 1, hkv, d, dtype, "cpu")
-    pool.k_buffer[0].copy_(torch.randn(pool.k_buffer[0].shape, generator=g))
-    pool.v_buffer[0].copy_(torch.randn(pool.v_buffer[0].shape, generator=g))
-    table = torch.zeros((len(seq_lens) + 2, max(seq_lens) + 5), dtype=torch.int32)
-    slots = torch.randperm(size, generator=g) + 1  # slot 0 is the padding slot
-    rows = list(range(len(seq_lens)))[::-1]  # rows out of order, as a busy pool hands them out
-    off, new_slots = 0, []
-    for row, p, n in zip(rows, prefix_lens, seq_lens):
-        table[row, :n] = slots[off : off + n].int()
-        new_slots.append(slots[off + p : off + n])
-        off += n
-    T = sum(extend_lens)
-    mode = ForwardMode.DECODE if all(e == 1 for e in extend_lens) else ForwardMode.EXTEND
-    batch = ForwardBatch.build(mode, [0] * T, torch.cat(new_slots), table, rows, list(prefix_lens), list(extend_lens))
-    # q, k, v as views of one fused projection output, like the model's split of qkv_proj.
-    qkv = torch.randn(T, (hq + 2 * hkv) * d, generator=g).to(dtype)
-    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    return pool, batch, q.view(T, hq, d), k.view(T, hkv, d), v.view(T, hkv, d)
-
-
-def _clone_pool(pool: TokenToKVPool) -> TokenToKVPool:
-    twin = TokenToKVPool.__new__(TokenToKVPool)
-    twin.__dict__.update(pool.__dict__)
-    twin.k_buffer = [b.clone() for b in pool.k_buffer]
-    twin.v_buffer = [b.clone() for b in pool.v_buffer]
-    return twin
-
-
-def _run(backend, pool, batch, q, k, v):
-    backend.init_forward(batch)
-    return backend.forward(q, k, v, 0, batch, pool, q.shape[-1] ** -0.5)
-
-
-def _naive(pool, batch, q, k, v):
-    """float64 softmax(q k^T) v per request and head: prefix keys from the pool, then the new ones."""
-    hq, hkv = q.shape[1], k.shape[1]
-    out = torch.empty(q.shape, dtype=torch.float64)
-    for i in range(batch.batch_size):
-        p, e, s = batch.extend_prefix_lens_cpu[i], batch.extend_seq_lens_cpu[i], int(batch.extend_start_loc[i])
-        slots = batch.req_to_token[batch.req_pool_indices[i], :p].long()
-        keys = torch.cat([pool.k_buffer[0][slots], k[s : s + e]]).double()
-        vals = torch.cat([pool.v_buffer[0][slots], v[s : s + e]]).double()
-        for h in range(hq):
-            scores = q[s : s + e, h].double() @ keys[:, h // (hq // hkv)].T * q.shape[-1] ** -0.5
-            visible = torch.arange(p + e)[None, :] <= (p + torch.arange(e))[:, None]
-            out[s : s + e, h] = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ vals[:, h // (hq // hkv)]
-    return out
-
-
 EXTEND_CASES = {
     # name: (prefix_lens, extend_lens, Hq, Hkv, head_dim)
     "prefixes-0-1-15-16-17-40-gqa2": ([0, 1, 15, 16, 17, 40], [5, 16, 1, 33, 2, 9], 4, 2, 32),
@@ -102,13 +48,13 @@ EXTEND_CASES = {
 @pytest.mark.parametrize("case", EXTEND_CASES)
 def test_extend_matches_torch_backend(case):
     prefix, ext, hq, hkv, d = EXTEND_CASES[case]
-    pool, batch, q, k, v = _setup(prefix, ext, hq, hkv, d)
-    twin = _clone_pool(pool)
-    out = _run(BACKEND.TritonAttentionBackend(), pool, batch, q, k, v)
-    ref = _run(TorchAttentionBackend(), twin, batch, q, k, v)
+    pool, batch, q, k, v = setup_batch(prefix, ext, hq, hkv, d)
+    twin = clone_pool(pool)
+    out = run_backend(BACKEND.TritonAttentionBackend(), pool, batch, q, k, v)
+    ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v)
     assert out.shape == ref.shape and out.dtype == q.dtype
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
     # the new tokens' K/V went to the pool at out_cache_loc, as the torch backend put them
     assert torch.equal(pool.k_buffer[0], twin.k_buffer[0]) and torch.equal(pool.v_buffer[0], twin.v_buffer[0])
 
@@ -119,11 +65,11 @@ def test_half_precision_extend_and_decode_match_float64(dtype):
     kernels take their dots in float32 (``triton_support.f32_dot``)."""
     tol = 3e-3 if dtype == torch.float16 else 2e-2
     for prefix, ext in (([6, 18], [11, 4]), ([6, 30, 0], [1, 1, 1])):
-        pool, batch, q, k, v = _setup(prefix, ext, 4, 2, 16, dtype=dtype, seed=3)
-        twin = _clone_pool(pool)
-        out = _run(BACKEND.TritonAttentionBackend(max_kv_splits=4, min_split_tokens=4), pool, batch, q, k, v)
+        pool, batch, q, k, v = setup_batch(prefix, ext, 4, 2, 16, dtype=dtype, seed=3)
+        twin = clone_pool(pool)
+        out = run_backend(BACKEND.TritonAttentionBackend(max_kv_splits=4, min_split_tokens=4), pool, batch, q, k, v)
         assert out.dtype == dtype
-        torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=tol, rtol=tol)
+        torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=tol, rtol=tol)
 
 
 DECODE_CASES = {
@@ -137,30 +83,30 @@ DECODE_CASES = {
 @pytest.mark.parametrize("case", DECODE_CASES)
 def test_decode_matches_torch_backend(case):
     prefix, hq, hkv, d = DECODE_CASES[case]
-    pool, batch, q, k, v = _setup(prefix, [1] * len(prefix), hq, hkv, d, seed=1)
+    pool, batch, q, k, v = setup_batch(prefix, [1] * len(prefix), hq, hkv, d, seed=1)
     assert batch.mode is ForwardMode.DECODE
-    twin = _clone_pool(pool)
+    twin = clone_pool(pool)
     # up to 8 splits of >= 4 keys; a grid sized for a 132-SM GPU, so small batches split
     backend = BACKEND.TritonAttentionBackend(max_kv_splits=8, min_split_tokens=4, sm_count=132)
-    out = _run(backend, pool, batch, q, k, v)
+    out = run_backend(backend, pool, batch, q, k, v)
     expected_splits = [min(-(-(p + 1) // 4), backend._grid_splits) for p in prefix]
     assert backend._num_splits.tolist() == expected_splits and max(expected_splits) > 1
-    ref = _run(TorchAttentionBackend(), twin, batch, q, k, v)
+    ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(out.double(), _naive(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
     assert torch.equal(pool.k_buffer[0], twin.k_buffer[0])
 
 
 def test_decode_kernel_with_empty_splits_and_one_split():
     """seq 5 in 4 splits of 2 leaves the last split empty; seq 1 in 8 splits leaves 7 empty."""
     prefix = [4, 0, 30]
-    pool, batch, q, k, v = _setup(prefix, [1, 1, 1], 4, 2, 16, seed=2)
+    pool, batch, q, k, v = setup_batch(prefix, [1, 1, 1], 4, 2, 16, seed=2)
     pool.set_kv(0, batch.out_cache_loc, k, v)
     out = torch.full(q.shape, float("nan"))
     splits = torch.tensor([4, 8, 1], dtype=torch.int32)
     DECODE_OPS.decode_attention_fwd(q, pool.k_buffer[0], pool.v_buffer[0], out, batch.req_to_token,
                                     batch.req_pool_indices, batch.seq_lens, splits, 8, 16**-0.5)
-    ref = _naive(pool, batch, q, k, v)  # pool already holds k, v; the reference reads them from k, v
+    ref = naive_attention(pool, batch, q, k, v)  # pool already holds k, v; the reference reads them from k, v
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
 
 

@@ -28,6 +28,11 @@ class AttentionBackend(ABC):
 
     triton_kernels = False
 
+    def prepare(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                device: torch.device | str) -> None:
+        """Called once by the model runner, before any forward, with the model's attention shape
+        (this rank's heads under tensor parallelism). Nothing to do by default."""
+
     @abstractmethod
     def init_forward(self, batch: ForwardBatch) -> None: ...
 

@@ -1,7 +1,9 @@
-"""Pick the attention backend for a device: Triton on NVIDIA GPUs when importable, torch otherwise.
+"""Pick the attention backend for a device: on NVIDIA GPUs flash-attn (extend) with Triton
+(decode) when flash-attn is installed, Triton alone when importable; torch otherwise.
 
-flash-attn is not needed by any backend: the Triton kernels cover extend and decode over the
-token-level pool. ``LMNB_ATTENTION_BACKEND`` (``auto``/``torch``/``triton``) overrides the default.
+flash-attn is optional: the Triton kernels cover extend and decode over the token-level pool by
+themselves. ``LMNB_ATTENTION_BACKEND`` (``auto``/``torch``/``triton``/``flash_attn``) overrides
+the default.
 """
 
 from __future__ import annotations
@@ -14,12 +16,23 @@ import torch
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.triton_support import interpreting
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "flash_attn")
 
 
 def triton_available() -> bool:
     """True if the ``triton`` package can be imported (without importing it)."""
     return importlib.util.find_spec("triton") is not None
+
+
+def flash_modules(dev: torch.device) -> tuple[str, ...]:
+    """The flash-attn modules worth trying on ``dev``: FlashAttention-3 builds for Hopper (sm_90)
+    only, FlashAttention-2 for sm_80 and later; no filter off CUDA (the tests' stand-ins)."""
+    from lmnb_engine.attention.flash_backend import MODULES
+
+    if dev.type != "cuda":
+        return MODULES
+    cap = torch.cuda.get_device_capability(dev)
+    return MODULES if cap >= (9, 0) else ("flash_attn",) if cap >= (8, 0) else ()
 
 
 def _triton_imported_interpreted() -> bool:
@@ -35,28 +48,37 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
 
     Args:
         device: where the model runs.
-        name: "auto" (default; also from ``LMNB_ATTENTION_BACKEND``): Triton on CUDA when
-            ``triton`` imports, else torch; "torch"; or "triton" (CUDA, or any device under
-            ``TRITON_INTERPRET=1``, the CPU interpreter used by the tests).
+        name: "auto" (default; also from ``LMNB_ATTENTION_BACKEND``): on CUDA with ``triton``,
+            flash-attn for extend when one imports (``FlashAttentionBackend``, which falls back to
+            Triton with a warning if flash-attn fails its start-up check) or else Triton; torch
+            otherwise. "torch"; "triton" (CUDA, or any device under ``TRITON_INTERPRET=1``, the
+            CPU interpreter used by the tests); "flash_attn" (as "triton", and flash-attn must
+            import and pass its check).
     Raises:
-        ValueError: an unknown name, or "triton" on a device it cannot run on.
-        ImportError: "triton" asked for but the package is missing (the message says how to install).
+        ValueError: an unknown name, or "triton"/"flash_attn" on a device they cannot run on.
+        ImportError: "triton" or "flash_attn" asked for but the package is missing (the message
+            says how to install).
     """
     name = (name or os.environ.get("LMNB_ATTENTION_BACKEND") or "auto").strip().lower()
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     dev = torch.device(device)
+    flash = None
     if name == "auto":
         name = "triton" if dev.type == "cuda" and triton_available() else "torch"
+        if name == "triton":
+            from lmnb_engine.attention.flash_backend import load_flash_attn
+
+            flash = load_flash_attn(flash_modules(dev))
     if name == "torch":
         from lmnb_engine.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
     if not triton_available():
-        raise ImportError("attention backend 'triton' needs the triton package: pip install triton "
+        raise ImportError(f"attention backend {name!r} needs the triton package: pip install triton "
                           "(Linux x86-64/aarch64), or use attention_backend='torch'")
     if dev.type != "cuda" and not interpreting():
-        raise ValueError(f"the Triton attention backend runs on CUDA devices, not {dev.type!r} (set "
+        raise ValueError(f"the {name!r} attention backend runs on CUDA devices, not {dev.type!r} (set "
                          "TRITON_INTERPRET=1 to interpret it on CPU, slowly, for tests); use 'torch'")
     from lmnb_engine.attention.triton_backend import TritonAttentionBackend
 
@@ -64,4 +86,14 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
         raise ValueError("TRITON_INTERPRET=1 was set after triton was imported, so the kernels were built "
                          "for a GPU; set it before anything imports triton (in the shell, or first in the script)")
 
+    if name == "flash_attn" or flash is not None:
+        from lmnb_engine.attention.flash_backend import FlashAttentionBackend, load_flash_attn
+
+        strict = flash is None  # asked for by name: flash-attn must work
+        flash = flash or load_flash_attn(flash_modules(dev))
+        if flash is None:
+            raise ImportError("attention backend 'flash_attn' needs flash-attn (FlashAttention-2 on sm_80+, "
+                              "or a FlashAttention-3 build on sm_90): pip install 'lmnb[flash]', "
+                              "or use attention_backend='triton'")
+        return FlashAttentionBackend(flash, strict=strict)
     return TritonAttentionBackend()

@@ -36,7 +36,7 @@ class _Meta:
     bias: torch.Tensor | None = None  # additive form of ``allowed`` in the activation dtype
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, **kw) -> torch.Tensor:
+def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, **kw) -> torch.Tensor:
     """SDPA with grouped-query attention. q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lk, D]."""
     if _SDPA_HAS_GQA:
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True, **kw)
@@ -106,7 +106,7 @@ class TorchAttentionBackend(AttentionBackend):
         kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         if self._cold_single:
             qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))  # [1, H, T, D]
-            return _sdpa(qt, kt, vt, scale, is_causal=True)[0].transpose(0, 1)
+            return sdpa_gqa(qt, kt, vt, scale, is_causal=True)[0].transpose(0, 1)
         meta = self._meta
         num_q_heads, head_dim = q.shape[1:]
         if meta.bias is None or meta.bias.dtype != q.dtype:
@@ -119,7 +119,7 @@ class TorchAttentionBackend(AttentionBackend):
         vp = self._gather(kv_pool.v_buffer[layer_id], meta.kv_slots, "_v_work")
         kp, vp = (x.view(B, -1, *x.shape[1:]).transpose(1, 2).to(q.dtype) for x in (kp, vp))  # [B, Hkv, max_kv, D]
         qp = q[meta.q_index].transpose(1, 2)  # [B, Hq, max_q, D]
-        out = _sdpa(qp, kp, vp, scale, attn_mask=meta.bias)
+        out = sdpa_gqa(qp, kp, vp, scale, attn_mask=meta.bias)
         return out.transpose(1, 2).reshape(B * max_q, num_q_heads, head_dim)[meta.out_index]
 
     def _gather(self, buf: torch.Tensor, slots: torch.Tensor, attr: str) -> torch.Tensor:

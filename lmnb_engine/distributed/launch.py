@@ -210,7 +210,7 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
         raise ValueError(f"tp_size={tp_size} needs {tp_size} GPUs; torch sees {torch.cuda.device_count()}")
     backend_name = runner_kwargs.get("attention_backend")
     if not isinstance(backend_name or "", str):
-        raise ValueError("with tp_size > 1 give attention_backend by name ('auto', 'torch', 'triton'): "
+        raise ValueError("with tp_size > 1 give attention_backend by name ('auto', 'torch', 'triton', 'flash_attn'): "
                          "every rank makes its own")
     from lmnb_engine.attention.selector import select_attention_backend
 
