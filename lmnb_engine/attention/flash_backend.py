@@ -182,20 +182,10 @@ class FlashAttentionBackend(TritonAttentionBackend):
             self._meta = (cu[0], cu[1], max(q_lens), max(k_lens), slots)
         return self._meta
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_id: int,
-        batch: ForwardBatch,
-        kv_pool: TokenToKVPool,
-        scale: float,
-    ) -> torch.Tensor:
-        """Write k, v at ``batch.out_cache_loc``, then attend; see ``AttentionBackend.forward``.
-
-        q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D] in q's dtype.
-        """
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch,
+                kv_pool: TokenToKVPool, scale: float) -> torch.Tensor:
+        """``AttentionBackend.forward``: an EXTEND batch on flash-attn (after ``prepare`` found it
+        usable), anything else on the Triton kernels."""
         if not self.active or self._mode is not ForwardMode.EXTEND:
             return super().forward(q, k, v, layer_id, batch, kv_pool, scale)
         k_pool, v_pool = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
