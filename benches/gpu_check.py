@@ -52,7 +52,7 @@ DEV = "cpu" if SMOKE else "cuda"
 RESULTS: list[dict] = []
 ENV: dict = {}
 OUT_DIR: Path | None = None
-FLASH = None  # the flash-attn the GPU has, if any (set in main)
+FLASH = None  # the flash-attns the GPU has, if any (set in main)
 
 
 def record(name: str, ok: bool, **info) -> None:
@@ -236,9 +236,10 @@ def check_tiny_engine() -> None:
         if dtype == "bfloat16" and FLASH is not None:  # flash-attn runs 16-bit models only
             got_f, got_flp = greedy(path, "flash_attn", True, prompts, new, dtype=dtype)
             c = compare_greedy(ref, ref_lp, got_f, got_flp)
-            record(f"greedy, small checkpoint ({dtype}): {FLASH.label} extend + triton decode vs torch",
+            record(f"greedy, small checkpoint ({dtype}): flash-attn extend + triton decode vs torch",
                    c["identical"] == c["prompts"] or (c["on_ties"] and c["max_logprob_diff"] < 0.05),
-                   prompts_identical=f"{c['identical']}/{c['prompts']}", max_logprob_diff=f"{c['max_logprob_diff']:.3g}",
+                   prompts_identical=f"{c['identical']}/{c['prompts']}",
+                   max_logprob_diff=f"{c['max_logprob_diff']:.3g}",
                    divergences_on_near_ties=c["on_ties"], new_tokens=new)
         # overlapped decoding reorders host work only: bit-identical to one step at a time
         step_by_step, lps = greedy(path, "triton", not SMOKE, prompts, new, dtype=dtype, overlap=False)
@@ -283,11 +284,13 @@ def main() -> int:
         ENV["triton"] = f"missing: {e}"
     global FLASH
     if DEV == "cuda":
-        from lmnb_engine.attention.flash_backend import load_flash_attn
+        from lmnb_engine.attention.flash_backend import find_flash_attn
         from lmnb_engine.attention.selector import flash_modules
 
-        FLASH = load_flash_attn(flash_modules(torch.device(DEV)))
-    ENV["flash_attn"] = FLASH.label if FLASH is not None else "not installed (extend runs on Triton)"
+        found, problems = find_flash_attn(flash_modules(torch.device(DEV)))
+        FLASH = found or None
+        ENV["flash_attn_problems"] = problems
+    ENV["flash_attn"] = [f.label for f in FLASH] if FLASH else "not installed (extend runs on Triton)"
     print(f"gpu_check: {ENV}", flush=True)
     for fn in (check_kernels, check_layer_kernels, check_tiny_engine, check_7b):
         t = time.perf_counter()

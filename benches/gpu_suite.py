@@ -451,8 +451,13 @@ def _env(device: str, machine: str, args) -> dict:
             info[mod] = f"missing ({type(e).__name__})"
     from lmnb_engine.attention.selector import select_attention_backend
 
-    # the backend the suite's engines run ("auto"): Triton, or flash-attn for extend when installed
-    info["attention_backend"] = type(select_attention_backend(device)).__name__
+    # what the suite's bf16 Llama engines run ("auto"): Triton, or flash-attn for extend when one
+    # is installed and passes its check for these shapes
+    backend = select_attention_backend(device)
+    if hasattr(backend, "candidates"):
+        backend.prepare(32, 8, 128, torch.bfloat16, device)
+    flash = getattr(backend, "flash", None)
+    info["attention_backend"] = type(backend).__name__ + (f" ({flash.label} for extend)" if flash else "")
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         info.update(gpu=p.name, gpu_mem_gib=round(p.total_memory / 2**30, 1), sms=p.multi_processor_count)

@@ -25,19 +25,24 @@ import torch  # noqa: E402
 from helpers_attention import clone_pool, naive_attention, run_backend, setup_batch  # noqa: E402
 
 from lmnb_engine.attention import select_attention_backend  # noqa: E402
-from lmnb_engine.attention.flash_backend import FlashAttentionBackend, FlashAttn, load_flash_attn  # noqa: E402
+from lmnb_engine.attention.flash_backend import FlashAttentionBackend, FlashAttn, find_flash_attn  # noqa: E402
 from lmnb_engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 
 
-def make_varlen(calls: list, top_left: bool = False):
-    """``flash_attn_varlen_func`` per its contract; ``top_left`` = flash-attn < 2.1's mask."""
+def make_varlen(calls: list, top_left: bool = False, contiguous_only: bool = False, broken: tuple = ()):
+    """``flash_attn_varlen_func`` per its contract; ``top_left`` = flash-attn < 2.1's mask;
+    ``contiguous_only`` = a build that refuses strided q/k/v; raises while ``broken`` is non-empty."""
 
     def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                dropout_p=0.0, softmax_scale=None, causal=False):
+        if broken:
+            raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
         for t in (cu_seqlens_q, cu_seqlens_k):
             assert t.dtype == torch.int32 and t.is_contiguous() and t.dim() == 1
         assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype
         assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        if contiguous_only and not all(x.is_contiguous() for x in (q, k, v)):
+            raise RuntimeError("q, k, v must be contiguous")
         assert q.shape[0] == cu_seqlens_q[-1] and k.shape[0] == v.shape[0] == cu_seqlens_k[-1]
         assert q.shape[1] % k.shape[1] == 0 and dropout_p == 0.0
         cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -70,25 +75,31 @@ def install(monkeypatch, name: str, fn, version: str = "2.7.4") -> None:
     monkeypatch.setitem(sys.modules, name, mod)
 
 
+def stand_in(calls, label="stand-in", **kw) -> FlashAttn:
+    return FlashAttn(make_varlen(calls, **kw), label)
+
+
 def flash_backend(calls, dtype, hq, hkv, d, **kw) -> FlashAttentionBackend:
-    backend = FlashAttentionBackend(FlashAttn(make_varlen(calls, **kw), "stand-in"), strict=True)
+    backend = FlashAttentionBackend([stand_in(calls, **kw)], strict=True)
     backend.prepare(hq, hkv, d, dtype, "cpu")
-    calls.clear()  # the start-up check's call
+    calls.clear()  # the start-up check's calls
     return backend
 
 
 CASES = {
-    # name: (prefix_lens, extend_lens, Hq, Hkv, head_dim)
-    "cached-prefixes-gqa2": ([0, 1, 15, 16, 40], [5, 16, 1, 33, 9], 4, 2, 32),
-    "mixed-decode-rows-gqa4": ([3, 20, 7], [12, 1, 1], 8, 2, 16),
+    # name: (prefix_lens, extend_lens, Hq, Hkv, head_dim). flash-attn runs an extend whose new
+    # tokens are at least as many as its cached ones; the others stay on the Triton kernel.
+    "cached-prefixes-gqa2": ([0, 1, 15, 16], [5, 16, 1, 33], 4, 2, 32),
     "cold-batch-mha": ([0, 0], [17, 4], 2, 2, 24),
     "single-cold-prefill": ([0], [37], 4, 1, 16),
+    "prefix-dominated-gqa2": ([0, 1, 15, 16, 40], [5, 16, 1, 33, 9], 4, 2, 32),
+    "mixed-decode-rows-gqa4": ([3, 20, 7], [12, 1, 1], 8, 2, 16),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES)
-def test_extend_runs_on_flash_attn_and_matches_reference(case, dtype):
+def test_extend_matches_reference_on_flash_attn_or_triton(case, dtype):
     prefix, ext, hq, hkv, d = CASES[case]
     pool, batch, q, k, v = setup_batch(prefix, ext, hq, hkv, d, dtype=dtype, seed=2)
     twin = clone_pool(pool)
@@ -98,9 +109,10 @@ def test_extend_runs_on_flash_attn_and_matches_reference(case, dtype):
     tol = 3e-3 if dtype == torch.float16 else 2e-2
     assert out.shape == q.shape and out.dtype == dtype
     torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=tol, rtol=tol)
-    # one flash-attn call over whole sequences: keys gathered from the pool when there is a
-    # prefix, the new tokens alone for a cold batch (their lengths are the same then)
-    assert calls == [{"q_lens": ext, "k_lens": [p + e for p, e in zip(prefix, ext)]}]
+    # one flash-attn call over whole sequences (keys gathered from the pool when there is a
+    # prefix, the new tokens alone for a cold batch), or none when the prefix dominates
+    on_flash = sum(prefix) <= sum(ext)
+    assert calls == ([{"q_lens": ext, "k_lens": [p + e for p, e in zip(prefix, ext)]}] if on_flash else [])
     # the new K/V are in the pool at out_cache_loc, exactly as the torch backend writes them
     assert torch.equal(pool.k_buffer[0], twin.k_buffer[0]) and torch.equal(pool.v_buffer[0], twin.v_buffer[0])
 
@@ -113,7 +125,7 @@ def test_decode_and_float32_stay_on_triton():
     assert calls == []  # split-KV Triton decode, which reads the pool in place
     torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-2, rtol=2e-2)
 
-    backend = FlashAttentionBackend(FlashAttn(make_varlen(calls), "stand-in"))
+    backend = FlashAttentionBackend([stand_in(calls)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an fp32 model is not a fault: no warning, Triton runs it
         backend.prepare(4, 2, 16, torch.float32, "cpu")
@@ -123,10 +135,10 @@ def test_decode_and_float32_stay_on_triton():
     out = run_backend(backend, pool, batch, q, k, v)
     torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
     with pytest.raises(RuntimeError, match="float16/bfloat16 models, not float32.*attention_backend='triton'"):
-        FlashAttentionBackend(FlashAttn(make_varlen(calls), "stand-in"), strict=True).prepare(
+        FlashAttentionBackend([stand_in(calls)], strict=True).prepare(
             4, 2, 16, torch.float32, "cpu")
     with pytest.raises(RuntimeError, match="head_dim <= 256"):
-        FlashAttentionBackend(FlashAttn(make_varlen(calls), "stand-in"), strict=True).prepare(
+        FlashAttentionBackend([stand_in(calls)], strict=True).prepare(
             2, 2, 512, torch.float16, "cpu")
 
 
@@ -135,65 +147,127 @@ def test_start_up_check_refuses_a_top_left_causal_mask():
     wrong after a cached prefix. The check finds it; by name it is an error, under "auto" a
     warning and the Triton kernels, whose output is then right."""
     calls: list = []
-    old = FlashAttn(make_varlen(calls, top_left=True), "flash_attn 2.0.9")
-    with pytest.raises(RuntimeError, match=r"flash_attn 2\.0\.9 .*differs from the reference.*top left"):
-        FlashAttentionBackend(old, strict=True).prepare(4, 2, 16, torch.bfloat16, "cpu")
-    backend = FlashAttentionBackend(old)
-    with pytest.warns(RuntimeWarning, match="the Triton kernels run it instead"):
+    old = stand_in(calls, "flash_attn 2.0.9", top_left=True)
+    with pytest.raises(RuntimeError, match=r"flash_attn 2\.0\.9: its output differs from the reference.*top left"):
+        FlashAttentionBackend([old], strict=True).prepare(4, 2, 16, torch.bfloat16, "cpu")
+    backend = FlashAttentionBackend([old])
+    with pytest.warns(RuntimeWarning, match="The Triton kernels run it instead"):
         backend.prepare(4, 2, 16, torch.bfloat16, "cpu")
     assert not backend.active
     calls.clear()
-    pool, batch, q, k, v = setup_batch([8, 0], [5, 6], 4, 2, 16, dtype=torch.bfloat16, seed=5)
+    pool, batch, q, k, v = setup_batch([2, 0], [5, 6], 4, 2, 16, dtype=torch.bfloat16, seed=5)
     twin = clone_pool(pool)
     out = run_backend(backend, pool, batch, q, k, v)
     assert calls == []
     torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-2, rtol=2e-2)
 
 
-def test_start_up_check_reports_an_incompatible_api():
+def test_start_up_check_calls_as_the_model_does_and_the_next_candidate_is_tried():
+    """The check passes q (and a cold batch's k, v) as strided views of the fused qkv output,
+    as real calls do: a build that only takes contiguous tensors fails it rather than every
+    later prefill. A flash-attn that fails (or returns the wrong dtype) gives way to the next."""
+    calls: list = []
+    strided_refused = stand_in(calls, "flash_attn_interface 3.0.0b1", contiguous_only=True)
+
+    def returns_float32(*args, **kw):
+        return make_varlen(calls)(*args, **kw).float()
+
+    good = stand_in(calls, "flash_attn 2.7.4")
+    backend = FlashAttentionBackend([strided_refused, FlashAttn(returns_float32, "odd"), good], strict=True)
+    backend.prepare(4, 2, 16, torch.float16, "cpu")
+    assert backend.flash is good
+    with pytest.raises(RuntimeError) as err:
+        FlashAttentionBackend([strided_refused, FlashAttn(returns_float32, "odd")], strict=True).prepare(
+            4, 2, 16, torch.float16, "cpu")
+    assert "flash_attn_interface 3.0.0b1: flash_attn_varlen_func failed (RuntimeError: q, k, v must be contiguous)" \
+        in str(err.value)
+    assert "odd: it returned ((8, 4, 16), torch.float32" in str(err.value)
+
     def varlen_without_keywords(q, k, v, cu_q, cu_k, max_q, max_k):
         raise AssertionError("not reached")
 
     with pytest.raises(RuntimeError, match=r"flash_attn_varlen_func failed \(TypeError"):
-        FlashAttentionBackend(FlashAttn(varlen_without_keywords, "odd"), strict=True).prepare(
+        FlashAttentionBackend([FlashAttn(varlen_without_keywords, "odd")], strict=True).prepare(
             4, 2, 16, torch.float16, "cpu")
 
 
-def test_loading_prefers_flash_attention_3_and_skips_a_broken_build(monkeypatch, tmp_path):
+def test_a_failing_call_falls_back_to_triton_without_losing_the_batch():
+    calls: list = []
+    broken: list = []
+    backend = flash_backend(calls, torch.bfloat16, 4, 2, 16, broken=broken)
+    pool, batch, q, k, v = setup_batch([3, 0], [9, 6], 4, 2, 16, dtype=torch.bfloat16, seed=6)
+    twin = clone_pool(pool)
+    out = run_backend(backend, pool, batch, q, k, v)
+    assert len(calls) == 1
+    torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-2, rtol=2e-2)
+    broken.append(True)  # e.g. a build without kernels for this GPU, found on a later shape
+    pool, batch, q, k, v = setup_batch([3, 0], [9, 6], 4, 2, 16, dtype=torch.bfloat16, seed=7)
+    twin = clone_pool(pool)
+    with pytest.warns(RuntimeWarning, match="stand-in failed on an extend batch .*no kernel image.*from now on"):
+        out = run_backend(backend, pool, batch, q, k, v)
+    torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-2, rtol=2e-2)
+    run_backend(TorchAttentionBackend(), twin, batch, q, k, v)  # the new K/V, written once, as torch writes them
+    assert torch.equal(pool.k_buffer[0], twin.k_buffer[0]) and torch.equal(pool.v_buffer[0], twin.v_buffer[0])
+    assert not backend.active
+
+
+def test_finding_prefers_flash_attention_3_and_reports_broken_builds(monkeypatch, tmp_path):
     broken = tmp_path / "flash_attn_interface"
     broken.mkdir()
     (broken / "__init__.py").write_text("raise ImportError('undefined symbol: _ZN3c10...')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     calls: list = []
     install(monkeypatch, "flash_attn", make_varlen(calls))
-    loaded = load_flash_attn()
-    assert loaded.label == "flash_attn 2.7.4"  # the broken FlashAttention-3 build was skipped
+    found, problems = find_flash_attn()
+    assert [f.label for f in found] == ["flash_attn 2.7.4"]
+    assert problems == ["flash_attn_interface is installed but does not import (ImportError: undefined symbol: "
+                        "_ZN3c10...)"]
+    monkeypatch.setattr(sys.modules["flash_attn"], "flash_attn_varlen_func", None)
+    no_varlen = "flash_attn 2.7.4 has no flash_attn_varlen_func (flash-attn 1.x?)"
+    assert find_flash_attn(("flash_attn",)) == ([], [no_varlen])
+    monkeypatch.setattr(sys.modules["flash_attn"], "__spec__", None)  # find_spec raises ValueError then
+    assert "ValueError" in find_flash_attn(("flash_attn",))[1][0]
     monkeypatch.delitem(sys.modules, "flash_attn")
-    assert load_flash_attn() is None
+    assert find_flash_attn(("flash_attn",)) == ([], [])
     install(monkeypatch, "flash_attn_interface", make_varlen(calls), version="3.0.0b1")
     install(monkeypatch, "flash_attn", make_varlen(calls))
-    assert load_flash_attn().label == "flash_attn_interface 3.0.0b1"
-    assert load_flash_attn(("flash_attn",)).label == "flash_attn 2.7.4"
+    assert [f.label for f in find_flash_attn()[0]] == ["flash_attn_interface 3.0.0b1", "flash_attn 2.7.4"]
 
 
-def test_selector(monkeypatch):
+def test_selector(monkeypatch, tmp_path):
     from lmnb_engine.attention import selector
 
-    with pytest.raises(ImportError, match=r"needs flash-attn.*lmnb\[flash\].*attention_backend='triton'"):
+    with pytest.raises(ImportError, match=r"needs flash-attn.*none is installed.*lmnb\[flash\].*backend='triton'"):
+        select_attention_backend("cpu", "flash_attn")
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("import flash_attn_2_cuda\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match=r"flash_attn is installed but does not import .*flash_attn_2_cuda"):
         select_attention_backend("cpu", "flash_attn")
     install(monkeypatch, "flash_attn", make_varlen([]))
     backend = select_attention_backend("cpu", "flash_attn")
     assert isinstance(backend, FlashAttentionBackend) and backend.strict and backend.triton_kernels
     assert backend.supports_cuda_graph  # decode is the Triton kernel's
     assert isinstance(select_attention_backend("cpu", "auto"), TorchAttentionBackend)  # auto: CUDA only
-    for cap, modules in (((9, 0), ("flash_attn_interface", "flash_attn")), ((8, 6), ("flash_attn",)), ((7, 5), ())):
+    for cap, modules in (((9, 0), ("flash_attn_interface", "flash_attn")), ((10, 0), ("flash_attn",)),
+                         ((8, 6), ("flash_attn",)), ((7, 5), ())):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev, cap=cap: cap)
         assert selector.flash_modules(torch.device("cuda", 0)) == modules
 
 
+def test_tensor_parallel_refuses_a_model_flash_attn_cannot_run_before_spawning(tiny_llama, monkeypatch):
+    from lmnb_engine import Engine
+
+    install(monkeypatch, "flash_attn", make_varlen([]))
+    with pytest.raises(ValueError, match="'flash_attn' cannot run this model: .*not float32"):
+        Engine(str(tiny_llama), tp_size=2, device="cpu", dtype="float32", attention_backend="flash_attn")
+
+
 def test_engine_greedy_output_same_as_torch_path(tiny_checkpoint_factory, monkeypatch):
-    """bf16 engines: prompts sharing a cached prefix, then decode steps; flash-attn runs the
-    extends (with a prefix gather for the cache hits), Triton the decodes."""
+    """fp16 engines (in bf16 the tiny model's logits have near-ties that rounding flips): a
+    short cached prefix then long continuations (flash-attn with a prefix gather), short
+    continuations of a long cached prefix (the Triton extend kernel), then decode steps
+    (Triton): the same greedy tokens as the torch path."""
     from lmnb_engine import Engine, SamplingParams
 
     calls: list = []
@@ -202,13 +276,17 @@ def test_engine_greedy_output_same_as_torch_path(tiny_checkpoint_factory, monkey
     params = SamplingParams(max_new_tokens=5, temperature=0.0)
     outputs = {}
     for name in ("torch", "flash_attn"):
-        with Engine(str(path), max_total_tokens=1024, attention_backend=name, dtype="bfloat16") as eng:
+        with Engine(str(path), max_total_tokens=1024, attention_backend=name, dtype="float16") as eng:
             assert isinstance(eng.runner.attn, FlashAttentionBackend) == (name == "flash_attn")
-            base = eng.encode("a red fox and a blue bird sat on")
-            prompts = [base + eng.encode(t, add_special_tokens=False) for t in (" the hill", " a wall")]
-            eng.generate(base, SamplingParams(max_new_tokens=0))
-            results = eng.generate(prompts, params)
-            assert all(r.meta.cached_tokens >= len(base) - 1 for r in results)
-            outputs[name] = [r.token_ids for r in results]
+            short = eng.encode("a red fox")
+            long_tail = eng.encode(" and a blue bird sat on the hill by the sea, and the dog ran",
+                                   add_special_tokens=False)
+            eng.generate(short, SamplingParams(max_new_tokens=0))
+            first = eng.generate([short + long_tail, short + long_tail[::-1]], params)
+            second = eng.generate([short + long_tail + eng.encode(t, add_special_tokens=False) for t in (" up", " on")],
+                                  params)
+            assert all(r.meta.cached_tokens >= len(short) - 1 for r in first)
+            assert all(r.meta.cached_tokens >= len(short + long_tail) - 1 for r in second)
+            outputs[name] = [r.token_ids for r in first + second]
     assert outputs["flash_attn"] == outputs["torch"]
     assert any(sum(c["k_lens"]) > sum(c["q_lens"]) for c in calls)  # an extend after a cached prefix

@@ -9,6 +9,7 @@ the default.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 import torch
@@ -17,6 +18,7 @@ from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.triton_support import interpreting
 
 BACKENDS = ("auto", "torch", "triton", "flash_attn")
+log = logging.getLogger(__name__)
 
 
 def triton_available() -> bool:
@@ -32,7 +34,7 @@ def flash_modules(dev: torch.device) -> tuple[str, ...]:
     if dev.type != "cuda":
         return MODULES
     cap = torch.cuda.get_device_capability(dev)
-    return MODULES if cap >= (9, 0) else ("flash_attn",) if cap >= (8, 0) else ()
+    return MODULES if cap == (9, 0) else ("flash_attn",) if cap >= (8, 0) else ()
 
 
 def _triton_imported_interpreted() -> bool:
@@ -63,13 +65,15 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     dev = torch.device(device)
-    flash = None
+    flash = []
     if name == "auto":
         name = "triton" if dev.type == "cuda" and triton_available() else "torch"
         if name == "triton":
-            from lmnb_engine.attention.flash_backend import load_flash_attn
+            from lmnb_engine.attention.flash_backend import find_flash_attn
 
-            flash = load_flash_attn(flash_modules(dev))
+            flash, problems = find_flash_attn(flash_modules(dev))
+            for problem in problems:  # installed, so wanted: say why it is not used
+                log.warning("%s; extend attention runs on the Triton kernels", problem)
     if name == "torch":
         from lmnb_engine.attention.torch_backend import TorchAttentionBackend
 
@@ -86,14 +90,16 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
         raise ValueError("TRITON_INTERPRET=1 was set after triton was imported, so the kernels were built "
                          "for a GPU; set it before anything imports triton (in the shell, or first in the script)")
 
-    if name == "flash_attn" or flash is not None:
-        from lmnb_engine.attention.flash_backend import FlashAttentionBackend, load_flash_attn
+    if name == "flash_attn" or flash:
+        from lmnb_engine.attention.flash_backend import FlashAttentionBackend, find_flash_attn
 
-        strict = flash is None  # asked for by name: flash-attn must work
-        flash = flash or load_flash_attn(flash_modules(dev))
-        if flash is None:
-            raise ImportError("attention backend 'flash_attn' needs flash-attn (FlashAttention-2 on sm_80+, "
-                              "or a FlashAttention-3 build on sm_90): pip install 'lmnb[flash]', "
-                              "or use attention_backend='triton'")
+        strict = not flash  # asked for by name: flash-attn must work
+        if strict:
+            flash, problems = find_flash_attn(flash_modules(dev))
+            if not flash:
+                found = "; ".join(problems) or "none is installed"
+                raise ImportError(f"attention backend 'flash_attn' needs flash-attn (FlashAttention-2 on sm_80+, "
+                                  f"or a FlashAttention-3 build on sm_90), and {found}: pip install 'lmnb[flash]' "
+                                  "--no-build-isolation, or use attention_backend='triton'")
         return FlashAttentionBackend(flash, strict=strict)
     return TritonAttentionBackend()

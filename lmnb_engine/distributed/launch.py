@@ -214,7 +214,14 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
                          "every rank makes its own")
     from lmnb_engine.attention.selector import select_attention_backend
 
-    select_attention_backend(device, backend_name)  # a bad name or device fails here, before spawning
+    backend = select_attention_backend(device, backend_name)  # a bad name or device fails here, before spawning
+    if getattr(backend, "strict", False):  # flash-attn by name: a model it cannot take fails before spawning too
+        from lmnb_engine.attention.flash_backend import unsupported
+
+        problem = unsupported(loaded.config.head_dim, loaded.config.dtype)
+        if problem:
+            raise ValueError(f"attention backend 'flash_attn' cannot run this model: {problem}; "
+                             "use attention_backend='triton'")
     if dist.is_initialized():
         raise RuntimeError("this process already has a torch.distributed process group (another "
                            "tensor-parallel Engine?); shut that engine down first")
