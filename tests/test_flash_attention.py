@@ -92,11 +92,13 @@ CASES = {
     "cached-prefixes-gqa2": ([0, 1, 15, 16], [5, 16, 1, 33], 4, 2, 32),
     "cold-batch-mha": ([0, 0], [17, 4], 2, 2, 24),
     "single-cold-prefill": ([0], [37], 4, 1, 16),
+    "as-many-cached-as-new": ([4, 0], [2, 2], 4, 2, 16),  # the boundary: a prompt's second chunk
     "prefix-dominated-gqa2": ([0, 1, 15, 16, 40], [5, 16, 1, 33, 9], 4, 2, 32),
     "mixed-decode-rows-gqa4": ([3, 20, 7], [12, 1, 1], 8, 2, 16),
 }
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a contract violation would otherwise fall back to Triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES)
 def test_extend_matches_reference_on_flash_attn_or_triton(case, dtype):
@@ -211,6 +213,20 @@ def test_a_failing_call_falls_back_to_triton_without_losing_the_batch():
     assert not backend.active
 
 
+def test_running_out_of_memory_in_flash_attn_is_not_a_reason_to_drop_it():
+    calls: list = []
+    backend = flash_backend(calls, torch.float16, 4, 2, 16)
+
+    def out_of_memory(*args, **kw):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    backend.flash = FlashAttn(out_of_memory, "stand-in")
+    pool, batch, q, k, v = setup_batch([0], [9], 4, 2, 16, dtype=torch.float16)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        run_backend(backend, pool, batch, q, k, v)
+    assert backend.active  # the scheduler handles memory; the next batch tries flash-attn again
+
+
 def test_finding_prefers_flash_attention_3_and_reports_broken_builds(monkeypatch, tmp_path):
     broken = tmp_path / "flash_attn_interface"
     broken.mkdir()
@@ -253,6 +269,14 @@ def test_selector(monkeypatch, tmp_path):
                          ((8, 6), ("flash_attn",)), ((7, 5), ())):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev, cap=cap: cap)
         assert selector.flash_modules(torch.device("cuda", 0)) == modules
+    # by name on a GPU its build does not cover: the message says so (simulated sm_86, FA3 only)
+    monkeypatch.delitem(sys.modules, "flash_attn")
+    monkeypatch.setattr(selector, "flash_modules", lambda dev: ("flash_attn",))
+    monkeypatch.setattr(selector, "_arch", lambda dev: "sm_86")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    install(monkeypatch, "flash_attn_interface", make_varlen([]), version="3.0.0b1")
+    with pytest.raises(ImportError, match="flash_attn_interface is installed but not built for this GPU .sm_86."):
+        select_attention_backend("cpu", "flash_attn")
 
 
 def test_tensor_parallel_refuses_a_model_flash_attn_cannot_run_before_spawning(tiny_llama, monkeypatch):
@@ -263,6 +287,7 @@ def test_tensor_parallel_refuses_a_model_flash_attn_cannot_run_before_spawning(t
         Engine(str(tiny_llama), tp_size=2, device="cpu", dtype="float32", attention_backend="flash_attn")
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_engine_greedy_output_same_as_torch_path(tiny_checkpoint_factory, monkeypatch):
     """fp16 engines (in bf16 the tiny model's logits have near-ties that rounding flips): a
     short cached prefix then long continuations (flash-attn with a prefix gather), short

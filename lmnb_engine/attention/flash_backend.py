@@ -16,15 +16,18 @@ that provides ``flash_attn_interface``); nothing requires it. What it is used fo
   flash-attn saves, and its buffer (at most twice the new tokens' K/V) stays small.
 - DECODE batches stay on the Triton split-KV kernel (``TritonAttentionBackend``): it reads the
   pool in place, where a flash-attn call would need the whole KV gathered every step, and it is
-  what the CUDA graphs capture. fp32 models, or shapes flash-attn does not take, stay on Triton too.
+  what the CUDA graphs capture. fp32 models, or shapes flash-attn does not take, stay on Triton
+  too under "auto" (asked for by name, flash-attn refuses them at start-up).
 
 Each installed flash-attn is checked against a float32 reference when the engine starts
 (``prepare``), on small ragged batches laid out as real calls are (q a strided view of the fused
 qkv output; with and without cached prefixes; GQA as the model has it); the first that passes
 is used. One that fails it (a flash-attn older than 2.1 aligns the causal mask at the top left
 and would be silently wrong) is not: with ``strict`` (the backend asked for by name) that is an
-error, otherwise a warning and the Triton kernels. A flash-attn call that fails later falls back
-to the Triton kernels for that batch and every later one, with a warning: no request is lost.
+error, otherwise a warning and the Triton kernels. A flash-attn call that raises later (other
+than for lack of memory) falls back to the Triton kernels for that batch and every later one,
+with a warning, so the batch's requests are not lost; a sticky CUDA error (an illegal memory
+access) cannot be recovered that way.
 """
 
 from __future__ import annotations
@@ -245,6 +248,8 @@ class FlashAttentionBackend(TritonAttentionBackend):
         keys, values = (k, v) if slots is None else (k_pool.index_select(0, slots), v_pool.index_select(0, slots))
         try:
             return _call(self.flash, q, keys, values, cu_q, cu_k, max_q, max_k, scale)
+        except torch.cuda.OutOfMemoryError:
+            raise  # transient, and the scheduler's to handle: no reason to give up flash-attn
         except Exception as exc:  # noqa: BLE001 - fall back rather than lose the batch's requests
             warnings.warn(f"{self.flash.label} failed on an extend batch ({type(exc).__name__}: {exc}); extend "
                           "attention runs on the Triton kernels from now on (attention_backend='triton' leaves "

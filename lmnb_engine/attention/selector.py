@@ -37,6 +37,18 @@ def flash_modules(dev: torch.device) -> tuple[str, ...]:
     return MODULES if cap == (9, 0) else ("flash_attn",) if cap >= (8, 0) else ()
 
 
+def _present(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # a module object without a spec: present, if broken
+        return True
+
+
+def _arch(dev: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(dev)
+    return f"sm_{major}{minor}"
+
+
 def _triton_imported_interpreted() -> bool:
     """True if triton was imported with ``TRITON_INTERPRET`` set: it decides at import, for its
     own library functions (which kernels call), whether they run interpreted."""
@@ -91,12 +103,15 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
                          "for a GPU; set it before anything imports triton (in the shell, or first in the script)")
 
     if name == "flash_attn" or flash:
-        from lmnb_engine.attention.flash_backend import FlashAttentionBackend, find_flash_attn
+        from lmnb_engine.attention.flash_backend import MODULES, FlashAttentionBackend, find_flash_attn
 
         strict = not flash  # asked for by name: flash-attn must work
         if strict:
-            flash, problems = find_flash_attn(flash_modules(dev))
+            modules = flash_modules(dev)
+            flash, problems = find_flash_attn(modules)
             if not flash:
+                problems += [f"{m} is installed but not built for this GPU ({_arch(dev)})"
+                             for m in MODULES if m not in modules and _present(m)]
                 found = "; ".join(problems) or "none is installed"
                 raise ImportError(f"attention backend 'flash_attn' needs flash-attn (FlashAttention-2 on sm_80+, "
                                   f"or a FlashAttention-3 build on sm_90), and {found}: pip install 'lmnb[flash]' "
