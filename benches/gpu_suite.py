@@ -223,10 +223,7 @@ class Suite:
         runner = engine.runner.graph_runner
         if runner is None or batch > runner.max_batch_size:
             return {}
-        import bisect
-
-        graph = runner._graphs[runner.batch_sizes[bisect.bisect_left(runner.batch_sizes, batch)]]
-        gpu_s = _timed(self.device, graph.replay, reps=50, warm=3)
+        gpu_s = _timed(self.device, runner.graph(batch).replay, reps=50, warm=3)
         return {"graph_ms": round(gpu_s * 1e3, 3), "host_ms": round((step_s - gpu_s) * 1e3, 3),
                 "step_ms": round(step_s * 1e3, 3)}
 

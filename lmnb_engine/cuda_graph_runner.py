@@ -122,6 +122,14 @@ class CudaGraphRunner:
             return False  # image features enter through the eager path (they are not graph inputs)
         return bool(self._graphs) and batch.mode is ForwardMode.DECODE and batch.batch_size <= self.max_batch_size
 
+    def padded_size(self, batch_size: int) -> int:
+        """The captured batch size a batch of ``batch_size`` rows replays: the smallest that fits."""
+        return self.batch_sizes[bisect.bisect_left(self.batch_sizes, batch_size)]
+
+    def graph(self, batch_size: int) -> torch.cuda.CUDAGraph:
+        """The captured graph a batch of ``batch_size`` rows replays (benches time it alone)."""
+        return self._graphs[self.padded_size(batch_size)]
+
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logits_indices), vocab] of a DECODE batch, as the eager
         forward returns them, from the smallest graph that fits.
@@ -130,7 +138,7 @@ class CudaGraphRunner:
         them, which also copies them out of the graph's static output (reused by the next replay).
         """
         bs = batch.batch_size
-        padded = self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
+        padded = self.padded_size(bs)
         s = self._static
         if padded != bs:
             self._reset_padding()

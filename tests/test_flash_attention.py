@@ -272,7 +272,7 @@ def test_selector(monkeypatch, tmp_path):
     # by name on a GPU its build does not cover: the message says so (simulated sm_86, FA3 only)
     monkeypatch.delitem(sys.modules, "flash_attn")
     monkeypatch.setattr(selector, "flash_modules", lambda dev: ("flash_attn",))
-    monkeypatch.setattr(selector, "_arch", lambda dev: "sm_86")
+    monkeypatch.setattr(selector, "device_arch", lambda dev: 86)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
     install(monkeypatch, "flash_attn_interface", make_varlen([]), version="3.0.0b1")
     with pytest.raises(ImportError, match="flash_attn_interface is installed but not built for this GPU .sm_86."):

@@ -44,9 +44,7 @@ import torch.nn.functional as F
 
 from lmnb_engine.attention.torch_backend import sdpa_gqa
 from lmnb_engine.attention.triton_backend import TritonAttentionBackend
-from lmnb_engine.attention.triton_ops import store_kv
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
-from lmnb_engine.kv_pool import TokenToKVPool
 
 log = logging.getLogger(__name__)
 
@@ -236,14 +234,12 @@ class FlashAttentionBackend(TritonAttentionBackend):
             self._meta = (cu_q, cu_k, max(batch.extend_seq_lens_cpu), max(batch.seq_lens_cpu), slots)
         return self._meta
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch,
-                kv_pool: TokenToKVPool, scale: float) -> torch.Tensor:
-        """``AttentionBackend.forward``: an extend that ``init_forward`` gave to flash-attn on
-        it, anything else on the Triton kernels."""
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
+                v_pool: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
+        """An extend that ``init_forward`` gave to flash-attn on it (the new K/V already in the
+        pool, written by ``forward``), anything else on the Triton kernels."""
         if not self._use_flash:
-            return super().forward(q, k, v, layer_id, batch, kv_pool, scale)
-        k_pool, v_pool = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
-        store_kv(k, v, k_pool, v_pool, batch.out_cache_loc)
+            return super()._attend(q, k, v, k_pool, v_pool, batch, scale)
         cu_q, cu_k, max_q, max_k, slots = self._extend_meta(batch)
         keys, values = (k, v) if slots is None else (k_pool.index_select(0, slots), v_pool.index_select(0, slots))
         try:
@@ -253,6 +249,6 @@ class FlashAttentionBackend(TritonAttentionBackend):
         except Exception as exc:  # noqa: BLE001 - fall back rather than lose the batch's requests
             warnings.warn(f"{self.flash.label} failed on an extend batch ({type(exc).__name__}: {exc}); extend "
                           "attention runs on the Triton kernels from now on (attention_backend='triton' leaves "
-                          "flash-attn out)", RuntimeWarning, stacklevel=2)
+                          "flash-attn out)", RuntimeWarning, stacklevel=3)
             self.flash, self._use_flash = None, False
-            return super().forward(q, k, v, layer_id, batch, kv_pool, scale)
+            return super()._attend(q, k, v, k_pool, v_pool, batch, scale)

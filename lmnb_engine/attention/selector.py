@@ -15,7 +15,7 @@ import os
 import torch
 
 from lmnb_engine.attention.base import AttentionBackend
-from lmnb_engine.triton_support import interpreting
+from lmnb_engine.triton_support import device_arch, interpreting
 
 BACKENDS = ("auto", "torch", "triton", "flash_attn")
 log = logging.getLogger(__name__)
@@ -31,10 +31,10 @@ def flash_modules(dev: torch.device) -> tuple[str, ...]:
     only, FlashAttention-2 for sm_80 and later; no filter off CUDA (the tests' stand-ins)."""
     from lmnb_engine.attention.flash_backend import MODULES
 
-    if dev.type != "cuda":
+    arch = device_arch(dev)
+    if arch is None:
         return MODULES
-    cap = torch.cuda.get_device_capability(dev)
-    return MODULES if cap == (9, 0) else ("flash_attn",) if cap >= (8, 0) else ()
+    return MODULES if arch == 90 else ("flash_attn",) if arch >= 80 else ()
 
 
 def _present(module: str) -> bool:
@@ -42,11 +42,6 @@ def _present(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ValueError:  # a module object without a spec: present, if broken
         return True
-
-
-def _arch(dev: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(dev)
-    return f"sm_{major}{minor}"
 
 
 def _triton_imported_interpreted() -> bool:
@@ -110,7 +105,7 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
             modules = flash_modules(dev)
             flash, problems = find_flash_attn(modules)
             if not flash:
-                problems += [f"{m} is installed but not built for this GPU ({_arch(dev)})"
+                problems += [f"{m} is installed but not built for this GPU (sm_{device_arch(dev)})"
                              for m in MODULES if m not in modules and _present(m)]
                 found = "; ".join(problems) or "none is installed"
                 raise ImportError(f"attention backend 'flash_attn' needs flash-attn (FlashAttention-2 on sm_80+, "

@@ -103,6 +103,12 @@ class TritonAttentionBackend(AttentionBackend):
             raise RuntimeError("TritonAttentionBackend.forward called before init_forward(batch)")
         k_pool, v_pool = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
         store_kv(k, v, k_pool, v_pool, batch.out_cache_loc)
+        return self._attend(q, k, v, k_pool, v_pool, batch, scale)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
+                v_pool: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
+        """The attention of ``forward``, once the new K/V are in ``k_pool``/``v_pool`` (one
+        layer's buffers): split-KV decode, or extend over the pool plus the new tokens."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if self._mode is ForwardMode.DECODE:
             B, num_q_heads, head_dim = q.shape

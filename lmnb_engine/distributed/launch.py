@@ -214,8 +214,8 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
                          "every rank makes its own")
     from lmnb_engine.attention.selector import select_attention_backend
 
-    backend = select_attention_backend(device, backend_name)  # a bad name or device fails here, before spawning
-    if getattr(backend, "strict", False):  # flash-attn by name: a model it cannot take fails before spawning too
+    attn = select_attention_backend(device, backend_name)  # a bad name or device fails here, before spawning
+    if getattr(attn, "strict", False):  # flash-attn by name: a model it cannot take fails before spawning too
         from lmnb_engine.attention.flash_backend import unsupported
 
         problem = unsupported(loaded.config.head_dim, loaded.config.dtype)
