@@ -229,7 +229,9 @@ class Engine:
         return str(self.loaded.path) if self.loaded.path is not None else None
 
     def model_info(self) -> dict:
-        """Architecture, geometry, dtype, device, context length and KV pool size."""
+        """Architecture, geometry, dtype, device, context length, KV pool size, and what runs
+        the attention (``attention_backend``: "torch", "triton", or flash-attn's name with
+        Triton; it follows a fallback from flash-attn to Triton)."""
         c = self.loaded.config
         return {
             "model_path": self.model_path,
@@ -247,6 +249,7 @@ class Engine:
             "max_running_requests": self.runner.max_running_requests,
             "radix_cache": not self.scheduler.disable_radix_cache,
             "tp_size": self.tp_size,
+            "attention_backend": self.runner.attn.name,
             "schedule_policy": self.scheduler.config.schedule_policy,
         }
 

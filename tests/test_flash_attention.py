@@ -136,7 +136,8 @@ def test_decode_and_float32_stay_on_triton():
     twin = clone_pool(pool)
     out = run_backend(backend, pool, batch, q, k, v)
     torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
-    with pytest.raises(RuntimeError, match="float16/bfloat16 models, not float32.*attention_backend='triton'"):
+    with pytest.raises(RuntimeError, match="float16/bfloat16 models, not float32. Use dtype='bfloat16' .*"
+                                           "attention_backend='triton'"):
         FlashAttentionBackend([stand_in(calls)], strict=True).prepare(
             4, 2, 16, torch.float32, "cpu")
     with pytest.raises(RuntimeError, match="head_dim <= 256"):
@@ -213,7 +214,7 @@ def test_a_failing_call_falls_back_to_triton_without_losing_the_batch():
     assert not backend.active
 
 
-def test_running_out_of_memory_in_flash_attn_is_not_a_reason_to_drop_it():
+def test_running_out_of_memory_runs_that_batch_on_triton_and_keeps_flash_attn():
     calls: list = []
     backend = flash_backend(calls, torch.float16, 4, 2, 16)
 
@@ -221,10 +222,46 @@ def test_running_out_of_memory_in_flash_attn_is_not_a_reason_to_drop_it():
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     backend.flash = FlashAttn(out_of_memory, "stand-in")
-    pool, batch, q, k, v = setup_batch([0], [9], 4, 2, 16, dtype=torch.float16)
-    with pytest.raises(torch.cuda.OutOfMemoryError):
-        run_backend(backend, pool, batch, q, k, v)
-    assert backend.active  # the scheduler handles memory; the next batch tries flash-attn again
+    pool, batch, q, k, v = setup_batch([2], [9], 4, 2, 16, dtype=torch.float16, seed=8)
+    twin = clone_pool(pool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "from now on" warning: memory is not flash-attn's fault
+        out = run_backend(backend, pool, batch, q, k, v)
+    torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=3e-3, rtol=3e-3)
+    assert backend.active  # the next batch tries flash-attn again
+
+
+def test_a_wrong_result_after_start_up_falls_back_like_a_failure():
+    """A build that passed the check but returns the wrong dtype (or shape) on another batch
+    would break the model after it; it is treated as a failed call."""
+    calls: list = []
+    backend = flash_backend(calls, torch.float16, 4, 2, 16)
+    good = backend.flash.varlen
+    backend.flash = FlashAttn(lambda *a, **kw: good(*a, **kw).float(), "stand-in")
+    pool, batch, q, k, v = setup_batch([0, 0], [9, 6], 4, 2, 16, dtype=torch.float16, seed=9)
+    twin = clone_pool(pool)
+    wrong = r"stand-in returned a wrong result .*: it returned \(\(15, 4, 16\), torch.float32.*from now on"
+    with pytest.warns(RuntimeWarning, match=wrong):
+        out = run_backend(backend, pool, batch, q, k, v)
+    assert out.dtype == torch.float16 and not backend.active
+    torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=3e-3, rtol=3e-3)
+
+
+@pytest.mark.parametrize("rows", ["all", "one"])
+def test_start_up_check_refuses_nan(rows):
+    calls: list = []
+    good = make_varlen(calls)
+
+    def with_nan(q, *a, **kw):
+        out = good(q, *a, **kw)
+        if rows == "all":
+            out.fill_(float("nan"))
+        else:
+            out[-1, 0, 0] = float("nan")
+        return out
+
+    with pytest.raises(RuntimeError, match="differs from the reference by nan"):
+        FlashAttentionBackend([FlashAttn(with_nan, "odd")], strict=True).prepare(4, 2, 16, torch.float16, "cpu")
 
 
 def test_finding_prefers_flash_attention_3_and_reports_broken_builds(monkeypatch, tmp_path):
@@ -303,6 +340,8 @@ def test_engine_greedy_output_same_as_torch_path(tiny_checkpoint_factory, monkey
     for name in ("torch", "flash_attn"):
         with Engine(str(path), max_total_tokens=1024, attention_backend=name, dtype="float16") as eng:
             assert isinstance(eng.runner.attn, FlashAttentionBackend) == (name == "flash_attn")
+            assert eng.model_info()["attention_backend"] == {"torch": "torch",
+                                                             "flash_attn": "flash_attn 2.7.4 (extend) + triton"}[name]
             short = eng.encode("a red fox")
             long_tail = eng.encode(" and a blue bird sat on the hill by the sea, and the dog ran",
                                    add_special_tokens=False)

@@ -118,8 +118,12 @@ def test_selector_picks_torch_on_cpu_and_refuses_bad_names(monkeypatch):
         select_attention_backend("cpu", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert isinstance(select_attention_backend("cpu", "triton"), BACKEND.TritonAttentionBackend)  # interpreted
-    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'; choose"):
         select_attention_backend("cpu", "flash")
+    monkeypatch.setenv("LMNB_ATTENTION_BACKEND", "garbage")  # a name from the environment says so
+    with pytest.raises(ValueError, match="'garbage' .from the environment variable LMNB_ATTENTION_BACKEND.; choose"):
+        select_attention_backend("cpu")
+    assert isinstance(select_attention_backend("cpu", "torch"), TorchAttentionBackend)  # an explicit name wins
 
 
 def test_interpreting_asked_for_after_triton_was_imported_is_refused():

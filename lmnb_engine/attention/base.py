@@ -28,6 +28,11 @@ class AttentionBackend(ABC):
 
     triton_kernels = False
 
+    @property
+    def name(self) -> str:
+        """What runs the attention, for ``Engine.model_info`` (e.g. "torch", "triton")."""
+        return type(self).__name__.removesuffix("AttentionBackend").lower()
+
     def prepare(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                 device: torch.device | str) -> None:
         """Called once by the model runner, before any forward, with the model's attention shape

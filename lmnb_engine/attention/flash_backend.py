@@ -25,9 +25,10 @@ qkv output; with and without cached prefixes; GQA as the model has it); the firs
 is used. One that fails it (a flash-attn older than 2.1 aligns the causal mask at the top left
 and would be silently wrong) is not: with ``strict`` (the backend asked for by name) that is an
 error, otherwise a warning and the Triton kernels. A flash-attn call that raises later (other
-than for lack of memory) falls back to the Triton kernels for that batch and every later one,
-with a warning, so the batch's requests are not lost; a sticky CUDA error (an illegal memory
-access) cannot be recovered that way.
+than for lack of memory), or returns a tensor of the wrong shape, dtype or device, falls back to
+the Triton kernels for that batch and every later one, with a warning, so the batch's requests
+are not lost; out of memory, only that batch runs on Triton. A sticky CUDA error (an illegal
+memory access) cannot be recovered that way, nor is a NaN noticed after the start-up check.
 """
 
 from __future__ import annotations
@@ -124,6 +125,15 @@ def _call(flash: FlashAttn, q, k, v, cu_q, cu_k, max_q: int, max_k: int, scale: 
     return out[0] if isinstance(out, tuple) else out  # some FlashAttention-3 builds add the LSE
 
 
+def _output_problem(out, q: torch.Tensor) -> Optional[str]:
+    """Why ``out`` is not an attention result for queries ``q`` (same shape, dtype and device),
+    or None; from tensor metadata only, so checking every call costs no device sync."""
+    if isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == (q.shape, q.dtype, q.device):
+        return None
+    got = (tuple(out.shape), out.dtype, out.device) if isinstance(out, torch.Tensor) else type(out).__name__
+    return f"it returned {got}, not a {tuple(q.shape)} {q.dtype} tensor on {q.device}"
+
+
 def self_check(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype,
                device: torch.device) -> Optional[str]:
     """None if ``flash`` matches the float32 reference on two small ragged batches laid out as
@@ -131,7 +141,6 @@ def self_check(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype,
     fused buffer) and one with cached prefixes (q a view, k/v packed as the pool gather gives)."""
     g = torch.Generator().manual_seed(0)
     scale = d ** -0.5
-    worst = 0.0
     for q_lens, k_lens in (([5, 3], [5, 3]), ([3, 1, 5], [7, 4, 5])):  # prefixes 0 / 4, 3 and 0
         q, k, v = _fused_qkv(sum(q_lens), hq, hkv, d, g, dtype, device)
         if k_lens != q_lens:
@@ -141,13 +150,14 @@ def self_check(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype,
             out = _call(flash, q, k, v, cu[0], cu[1], max(q_lens), max(k_lens), scale)
         except Exception as exc:  # noqa: BLE001 - an unusable build is reported, not raised deep inside
             return f"flash_attn_varlen_func failed ({type(exc).__name__}: {exc})"
-        if not isinstance(out, torch.Tensor) or (out.shape, out.dtype, out.device) != (q.shape, q.dtype, q.device):
-            got = (tuple(out.shape), out.dtype, out.device) if isinstance(out, torch.Tensor) else type(out).__name__
-            return f"it returned {got}, not a {tuple(q.shape)} {q.dtype} tensor on {q.device}"
-        worst = max(worst, (out.float() - _reference_extend(q, k, v, q_lens, k_lens, scale)).abs().max().item())
-    if not worst <= CHECK_TOLERANCE:  # NaN fails too
-        return (f"its output differs from the reference by {worst:.3g} on a batch with cached prefixes "
-                "(e.g. flash-attn < 2.1 aligns the causal mask at the top left)")
+        problem = _output_problem(out, q)
+        if problem:
+            return problem
+        err = (out.float() - _reference_extend(q, k, v, q_lens, k_lens, scale)).abs().max().item()
+        if not err <= CHECK_TOLERANCE:  # NaN fails too
+            return (f"its output differs from the reference by {err:.3g} on a batch "
+                    f"{'with' if k_lens != q_lens else 'without'} cached prefixes "
+                    "(e.g. flash-attn < 2.1 aligns the causal mask at the top left)")
     return None
 
 
@@ -175,6 +185,11 @@ class FlashAttentionBackend(TritonAttentionBackend):
         self._meta: Optional[tuple] = None
 
     @property
+    def name(self) -> str:
+        """"<flash-attn> (extend) + triton", or "triton" when flash-attn is not in use."""
+        return f"{self.flash.label} (extend) + triton" if self.flash is not None else "triton"
+
+    @property
     def active(self) -> bool:
         """True once ``prepare`` found a flash-attn for this model (until a call fails)."""
         return self.flash is not None
@@ -198,7 +213,9 @@ class FlashAttentionBackend(TritonAttentionBackend):
         labels = ", ".join(c.label for c in self.candidates)
         msg = f"flash-attn ({labels}) cannot run extend attention for this model: {not_taken or '; '.join(failures)}"
         if self.strict:
-            raise RuntimeError(f"{msg}. Use attention_backend='triton'")
+            fix = "Use dtype='bfloat16' (or 'float16'), or attention_backend='triton'" if dtype not in FLASH_DTYPES \
+                else "Use attention_backend='triton'"
+            raise RuntimeError(f"{msg}. {fix}")
         if failures:  # a model flash-attn does not take is expected; a build that fails its check is not
             warnings.warn(f"{msg}. The Triton kernels run it instead", RuntimeWarning, stacklevel=2)
         else:
@@ -241,14 +258,21 @@ class FlashAttentionBackend(TritonAttentionBackend):
         if not self._use_flash:
             return super()._attend(q, k, v, k_pool, v_pool, batch, scale)
         cu_q, cu_k, max_q, max_k, slots = self._extend_meta(batch)
-        keys, values = (k, v) if slots is None else (k_pool.index_select(0, slots), v_pool.index_select(0, slots))
         try:
-            return _call(self.flash, q, keys, values, cu_q, cu_k, max_q, max_k, scale)
+            keys, values = (k, v) if slots is None else (k_pool.index_select(0, slots), v_pool.index_select(0, slots))
+            out = _call(self.flash, q, keys, values, cu_q, cu_k, max_q, max_k, scale)
+            problem = _output_problem(out, q)
+            if problem is None:
+                return out
+            problem = f"returned a wrong result on an extend batch: {problem}"
         except torch.cuda.OutOfMemoryError:
-            raise  # transient, and the scheduler's to handle: no reason to give up flash-attn
-        except Exception as exc:  # noqa: BLE001 - fall back rather than lose the batch's requests
-            warnings.warn(f"{self.flash.label} failed on an extend batch ({type(exc).__name__}: {exc}); extend "
-                          "attention runs on the Triton kernels from now on (attention_backend='triton' leaves "
-                          "flash-attn out)", RuntimeWarning, stacklevel=3)
-            self.flash, self._use_flash = None, False
+            # the gathered keys or flash-attn's workspace did not fit: this batch on the Triton
+            # kernel, which reads the pool in place; flash-attn stays on for the next ones
+            log.warning("%s ran out of memory on an extend batch; the Triton kernel runs it", self.flash.label)
             return super()._attend(q, k, v, k_pool, v_pool, batch, scale)
+        except Exception as exc:  # noqa: BLE001 - fall back rather than lose the batch's requests
+            problem = f"failed on an extend batch ({type(exc).__name__}: {exc})"
+        warnings.warn(f"{self.flash.label} {problem}; extend attention runs on the Triton kernels from now on "
+                      "(attention_backend='triton' leaves flash-attn out)", RuntimeWarning, stacklevel=3)
+        self.flash, self._use_flash = None, False
+        return super()._attend(q, k, v, k_pool, v_pool, batch, scale)

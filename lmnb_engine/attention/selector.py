@@ -18,6 +18,7 @@ from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.triton_support import device_arch, interpreting
 
 BACKENDS = ("auto", "torch", "triton", "flash_attn")
+ENV_VAR = "LMNB_ATTENTION_BACKEND"
 log = logging.getLogger(__name__)
 
 
@@ -68,9 +69,11 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
         ImportError: "triton" or "flash_attn" asked for but the package is missing (the message
             says how to install).
     """
-    name = (name or os.environ.get("LMNB_ATTENTION_BACKEND") or "auto").strip().lower()
+    from_env = not name and os.environ.get(ENV_VAR)
+    name = (name or os.environ.get(ENV_VAR) or "auto").strip().lower()
     if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
+        where = f" (from the environment variable {ENV_VAR})" if from_env else ""
+        raise ValueError(f"unknown attention backend {name!r}{where}; choose one of {', '.join(BACKENDS)}")
     dev = torch.device(device)
     flash = []
     if name == "auto":

@@ -221,7 +221,7 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
         problem = unsupported(loaded.config.head_dim, loaded.config.dtype)
         if problem:
             raise ValueError(f"attention backend 'flash_attn' cannot run this model: {problem}; "
-                             "use attention_backend='triton'")
+                             "use dtype='bfloat16' (or 'float16'), or attention_backend='triton'")
     if dist.is_initialized():
         raise RuntimeError("this process already has a torch.distributed process group (another "
                            "tensor-parallel Engine?); shut that engine down first")
