@@ -13,6 +13,12 @@ repetition penalty):
    request samples the same tokens whatever else is in the batch.
 Returned logprobs are ``log_softmax`` of the raw model logits (before penalties and temperature), as
 in vLLM's default and SGLang's ``return_logprob``.
+
+Rows whose raw logits hold a NaN (a forward pass that overflowed, a broken kernel or checkpoint) are
+flagged in ``SampleOutput.nan_rows``: any token drawn from them is noise, so the scheduler fails
+those requests instead of streaming it. SGLang's ``enable_nan_detection`` logs and replaces NaN
+logits; failing the request is our choice, as the output would be meaningless either way. The flag
+rides along with the sampled ids (no extra host sync).
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from lmnb_engine.request import Req
 @dataclass
 class SampleOutput:
     """``token_ids``: one sampled id per row; ``logprobs``: per row, a ``TokenLogprob`` when the
-    row's request asked for logprobs, else None."""
+    row's request asked for logprobs, else None; ``nan_rows``: the rows whose raw logits held a
+    NaN (their token is meaningless)."""
 
     token_ids: list[int]
     logprobs: list[Optional[TokenLogprob]]
+    nan_rows: frozenset[int] = frozenset()
 
 
 def _padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -152,11 +160,12 @@ class PendingSample:
         token_ids: int64 [B] sampled ids on the logits' device (the next decode step's input).
     """
 
-    def __init__(self, reqs: Sequence[Req], token_ids: torch.Tensor, lp_rows: list[int], lp_parts: tuple,
-                 top_k: list[int], tell_grammar: bool) -> None:
+    def __init__(self, reqs: Sequence[Req], token_ids: torch.Tensor, nan: torch.Tensor, lp_rows: list[int],
+                 lp_parts: tuple, top_k: list[int], tell_grammar: bool) -> None:
         self.reqs = reqs
         self.token_ids = token_ids
         self._ids = _to_host(token_ids)
+        self._nan = _to_host(nan)
         self._lp_rows = lp_rows
         self._lp = tuple(_to_host(x) for x in lp_parts)
         self._top_k = top_k
@@ -173,6 +182,7 @@ class PendingSample:
         if self._event is not None:
             self._event.synchronize()
         ids = self._ids.tolist()
+        nan_rows = frozenset(i for i, bad in enumerate(self._nan.tolist()) if bad)
         logprobs: list[Optional[TokenLogprob]] = [None] * len(self.reqs)
         if self._lp_rows:
             chosen, top_vals, top_ids = (None if x is None else x.tolist() for x in self._lp)
@@ -180,10 +190,10 @@ class PendingSample:
             for i, e in zip(self._lp_rows, entries):
                 logprobs[i] = e
         if self._tell_grammar:
-            for r, t in zip(self.reqs, ids):
-                if r.grammar is not None:
+            for i, (r, t) in enumerate(zip(self.reqs, ids)):
+                if r.grammar is not None and i not in nan_rows:  # that request is failed, not advanced
                     r.grammar.accept_token(t)
-        self._out = SampleOutput(ids, logprobs)
+        self._out = SampleOutput(ids, logprobs, nan_rows)
         return self._out
 
 
@@ -205,7 +215,7 @@ def sample(
             row per draft position). When given, ``Req.grammar`` is neither asked for a mask nor
             told the sampled ids.
     Returns:
-        ``SampleOutput`` with B ids and optional logprobs.
+        ``SampleOutput`` with B ids, optional logprobs and the rows whose logits held a NaN.
     """
     return sample_async(logits, reqs, eos_token_ids, grammar_bitmask).result()
 
@@ -245,4 +255,5 @@ def sample_async(
     if lp_rows:
         idx = torch.tensor(lp_rows, device=x.device)
         lp_parts = _logprob_tensors(torch.log_softmax(logits[idx].float(), dim=-1), next_ids[idx], top_k)
-    return PendingSample(reqs, next_ids, lp_rows, lp_parts, top_k, use_grammar)
+    nan = torch.isnan(logits).any(dim=-1)
+    return PendingSample(reqs, next_ids, nan, lp_rows, lp_parts, top_k, use_grammar)

@@ -22,6 +22,7 @@ Threading: callers never touch scheduler state. ``submit``/``abort``/``call`` po
 inbox the loop drains between steps; events go back through each request's ``emit`` callback. An
 exception inside a step fails the requests of that step (finish reason ``abort`` with the error)
 and the loop goes on; if their memory cannot be returned cleanly, the pools and cache are rebuilt.
+A request whose logits hold a NaN (next token or prompt logprobs) is aborted the same way, alone.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class _Flight:
     picked: list[Req] = field(default_factory=list)  # the requests sampled, in PendingSample order
     pending: Optional[PendingSample] = None
     verify_at: dict[int, int] = field(default_factory=dict)
+    nan_prompt: list[Req] = field(default_factory=list)  # requests whose prompt logprobs hold a NaN
 
 
 class Scheduler:
@@ -545,8 +547,8 @@ class Scheduler:
         logits = self.runner.forward(batch)
         for req, n in rows:
             req.kv_committed_len += n
-        self._record_prompt_logprobs(rows, logits, prompt_lp_at)
         flight = _Flight(rows, mode, logits, verify_at=verify_at)
+        flight.nan_prompt = self._record_prompt_logprobs(rows, logits, prompt_lp_at)
         if sample_at:
             flight.picked = [rows[i][0] for i in sample_at]
             at = list(sample_at.values())
@@ -564,10 +566,17 @@ class Scheduler:
         live = [req for req, _ in rows if not req.finished]
         for req in live:
             req.forward_passes += 1
+        for req in flight.nan_prompt:
+            if not req.finished:
+                self._fail_nan(req, "while scoring the prompt")
         if flight.pending is not None:
             out = flight.pending.result()
-            for req, tok, lp in zip(flight.picked, out.token_ids, out.logprobs):
-                if not req.finished:
+            for i, (req, tok, lp) in enumerate(zip(flight.picked, out.token_ids, out.logprobs)):
+                if req.finished:
+                    continue
+                if i in out.nan_rows:
+                    self._fail_nan(req)
+                else:
                     self._append_token(req, tok, lp)
         for i, at in flight.verify_at.items():
             req = rows[i][0]
@@ -592,7 +601,10 @@ class Scheduler:
             if new:
                 self.running.append(req)
 
-    def _record_prompt_logprobs(self, rows, logits: torch.Tensor, at: dict[int, tuple[int, int, int]]) -> None:
+    def _record_prompt_logprobs(self, rows, logits: torch.Tensor, at: dict[int, tuple[int, int, int]]) -> list[Req]:
+        """Append this step's prompt logprobs to each request; returns the requests among them with a
+        NaN (failed in ``_complete``, once the step's sampling is taken)."""
+        nan: list[Req] = []
         for i, (req, _) in enumerate(rows):
             if req.prompt_logprobs_done:
                 continue
@@ -602,9 +614,13 @@ class Scheduler:
                 k, lo, hi = at[i]
                 lps = torch.log_softmax(logits[k : k + hi - lo].float(), dim=-1)
                 targets = torch.tensor(req.token_slice(lo + 1, hi + 1), dtype=torch.int64)
-                req.prompt_logprobs.extend(token_logprobs(lps, targets, [req.params.top_logprobs_num] * (hi - lo)))
+                entries = token_logprobs(lps, targets, [req.params.top_logprobs_num] * (hi - lo))
+                req.prompt_logprobs.extend(entries)
+                if any(math.isnan(e.logprob) for e in entries):  # log_softmax is NaN only where a logit is
+                    nan.append(req)
             if req.kv_committed_len >= req.prompt_len:
                 req.prompt_logprobs_done = True
+        return nan
 
     def _append_token(self, req: Req, token: int, logprob: Optional[TokenLogprob]) -> None:
         """Add a sampled token, update text, decide whether the request is done, stream."""
@@ -638,6 +654,16 @@ class Scheduler:
             self._emit(req)
             if req.grammar is not None:
                 self._jump_forward(req)
+
+    def _fail_nan(self, req: Req, where: str = "") -> None:
+        """Abort a request whose logits held a NaN (its token or prompt logprobs would be noise)."""
+        where = where or f"at output token {len(req.output_ids) + 1}"
+        logger.warning("request %s: NaN in the logits %s; aborted", req.rid, where)
+        dtype = str(self.runner.config.dtype).replace("torch.", "")
+        fix = ("float16 overflows where bfloat16 does not: load the model with dtype='bfloat16' (or 'float32')"
+               if dtype == "float16" else "check the checkpoint's weights for NaN or inf values")
+        self._finish(req, FinishReason("abort", message=(
+            f"the model produced NaN logits {where} (model dtype {dtype}): {fix}")))
 
     def _emit(self, req: Req) -> None:
         if req.finished:
@@ -790,6 +816,9 @@ class Scheduler:
         the draft tokens the sampler agrees with, roll back the rest, append the sampler's token."""
         k = req.num_speculative
         out = sample(logits, [req] * (k + 1), self.eos_token_ids, grammar_bitmask=req.grammar.verification_bitmask())
+        if out.nan_rows:
+            self._fail_nan(req)
+            return
         kept, token = req.grammar.verify(out.token_ids)
         req.num_speculative = 0
         first = len(req.output_ids) - k

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmnb_engine import Engine, SamplingParams
+from lmnb_engine.forward_batch import ForwardMode
 from tests.helpers_engine import HFReference, assert_idle_accounting
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -127,6 +128,62 @@ def test_an_error_inside_a_step_fails_that_step_only(engine, hf, monkeypatch):
     assert_idle_accounting(engine)
     p = engine.encode("the cat")
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+    assert_idle_accounting(engine)
+
+
+def test_nan_logits_fail_that_request_only(engine, hf, monkeypatch):
+    """A forward pass that yields NaN logits for one row (an fp16 overflow, say) aborts that row's
+    request with a message naming the cause; the other request of the batch decodes as HF does."""
+    real_forward = engine.runner.forward
+    calls = {"decode": 0}
+
+    def poisoned(batch):
+        logits = real_forward(batch)
+        if batch.mode is ForwardMode.DECODE and batch.batch_size == 2:
+            calls["decode"] += 1
+            if calls["decode"] == 3:
+                logits = logits.clone()
+                logits[0] = float("nan")
+        return logits
+
+    monkeypatch.setattr(engine.runner, "forward", poisoned)
+    prompts = [engine.encode("the cat"), engine.encode("a dog ran")]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    results = [h.result(timeout=60) for h in [engine.submit(p, params) for p in prompts]]
+    failed = [i for i, r in enumerate(results) if r.finish_reason.type == "abort"]
+    assert len(failed) == 1, [r.finish_reason for r in results]
+    bad, good = results[failed[0]], results[1 - failed[0]]
+    n = len(bad.token_ids)  # the tokens before the poisoned step stand, as HF decodes them
+    assert 3 <= n < 8 and bad.token_ids == hf.greedy_ignore_eos(prompts[failed[0]], 8)[:n]
+    assert f"NaN logits at output token {n + 1} (model dtype float32)" in bad.finish_reason.message
+    assert good.token_ids == hf.greedy_ignore_eos(prompts[1 - failed[0]], 8)
+    assert_idle_accounting(engine)
+    monkeypatch.setattr(engine.runner, "forward", real_forward)
+    assert engine.generate(prompts[0], GREEDY).token_ids == hf.greedy(prompts[0], 8)
+    assert_idle_accounting(engine)
+
+
+def test_nan_prompt_logprobs_fail_the_request(engine, hf, monkeypatch):
+    """``select`` scores choices by prompt logprobs: a NaN there would pick a choice at random."""
+    real_forward = engine.runner.forward
+
+    def poisoned(batch):
+        logits = real_forward(batch)
+        if batch.mode is ForwardMode.EXTEND:
+            logits = logits.clone()
+            logits[1] = float("nan")  # the row scoring the prompt's third token
+        return logits
+
+    monkeypatch.setattr(engine.runner, "forward", poisoned)
+    prompt = engine.encode("the cat sat on the mat")
+    r = engine.generate(prompt, GREEDY.copy(max_new_tokens=1, return_logprob=True, logprob_start_len=0))
+    assert r.finish_reason.type == "abort"
+    assert "NaN logits while scoring the prompt (model dtype float32)" in r.finish_reason.message
+    assert r.token_ids == []
+    assert_idle_accounting(engine)
+    monkeypatch.setattr(engine.runner, "forward", real_forward)
+    r = engine.generate(prompt, GREEDY.copy(return_logprob=True, logprob_start_len=0))
+    assert r.finish_reason.type != "abort" and r.token_ids == hf.greedy(prompt, 8)
     assert_idle_accounting(engine)
 
 
