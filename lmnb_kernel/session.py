@@ -110,10 +110,11 @@ class Session:
         try:
             return lmnb.Engine(config.model_name(), **config.engine_kwargs())
         except (OSError, ValueError, RuntimeError, ImportError) as e:
-            raise CellError(
-                f"could not load {config.describe()}: {type(e).__name__}: {e}\n"
-                "fix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
-            ) from e
+            # Only a checkpoint that cannot be found calls for another model; the engine's other
+            # errors (dtype, memory, attention backend) name their own fix.
+            hint = ("\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
+                    if isinstance(e, OSError) else "")
+            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {e}{hint}") from e
 
     def engine(self, what: str):
         """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``).

@@ -136,11 +136,11 @@ def test_decode_and_float32_stay_on_triton():
     twin = clone_pool(pool)
     out = run_backend(backend, pool, batch, q, k, v)
     torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
-    with pytest.raises(RuntimeError, match="float16/bfloat16 models, not float32. Use dtype='bfloat16' .*"
+    with pytest.raises(ValueError, match="float16/bfloat16 models, not float32. Use dtype='bfloat16' .*"
                                            "attention_backend='triton'"):
         FlashAttentionBackend([stand_in(calls)], strict=True).prepare(
             4, 2, 16, torch.float32, "cpu")
-    with pytest.raises(RuntimeError, match="head_dim <= 256"):
+    with pytest.raises(ValueError, match="head_dim <= 256"):
         FlashAttentionBackend([stand_in(calls)], strict=True).prepare(
             2, 2, 512, torch.float16, "cpu")
 

@@ -116,6 +116,16 @@ def test_quiet_shows_nothing_and_python_cells_share_the_engine(ip):
     assert ip.user_ns["z"].get_meta_info("q2")["cached_tokens"] > 0
 
 
+def test_a_load_error_other_than_a_missing_checkpoint_gives_the_engines_own_fix(ip, tiny_llama):
+    result, out = run(ip, f"%lm load {tiny_llama} --dtype float64")
+    text = out.stdout + out.stderr
+    assert not result.success and "Traceback" not in text
+    assert "unsupported dtype 'float64'; use float32, bfloat16 or float16" in text
+    assert "PATH_OR_HF_ID" not in text  # the model was found: no hint to load another
+    result, out = run(ip, "%lm load /no/such/checkpoint")
+    assert "fix: %lm load PATH_OR_HF_ID" in out.stdout + out.stderr
+
+
 @pytest.mark.parametrize(
     "cell, words",
     [

@@ -199,7 +199,10 @@ class FlashAttentionBackend(TritonAttentionBackend):
         """Pick the first candidate that can run this model and passes ``self_check``.
 
         Raises:
-            RuntimeError: ``strict`` and none can (the message says why, for each).
+            ValueError: ``strict`` and flash-attn does not take this model (dtype, head_dim), as
+                ``Engine(tp_size=N)`` raises before spawning its workers.
+            RuntimeError: ``strict`` and every installed build fails its check (the message says
+                why, for each).
         """
         self.flash = None
         not_taken = unsupported(head_dim, dtype)
@@ -215,7 +218,7 @@ class FlashAttentionBackend(TritonAttentionBackend):
         if self.strict:
             fix = "Use dtype='bfloat16' (or 'float16'), or attention_backend='triton'" if dtype not in FLASH_DTYPES \
                 else "Use attention_backend='triton'"
-            raise RuntimeError(f"{msg}. {fix}")
+            raise (ValueError if not_taken else RuntimeError)(f"{msg}. {fix}")
         if failures:  # a model flash-attn does not take is expected; a build that fails its check is not
             warnings.warn(f"{msg}. The Triton kernels run it instead", RuntimeWarning, stacklevel=2)
         else:
