@@ -272,3 +272,31 @@ def test_llava_next_anyres_tiling_matches_transformers(tmp_path_factory):
         assert again.meta.cached_tokens >= _image_span(ref_hf, Q2, img)[1]
     finally:
         eng.scheduler.stop()
+
+
+def test_an_image_processor_that_needs_torchvision_falls_back_to_the_pil_one(llava_ckpt, hf, monkeypatch):
+    """transformers 5.17 without torchvision refuses AutoImageProcessor outright (ImportError) while
+    AutoProcessor builds the PIL image processor; the engine takes that one and still matches."""
+    import transformers
+
+    class NeedsTorchvision:  # what transformers 5.17 puts in transformers' namespace without torchvision
+        @classmethod
+        def from_pretrained(cls, *args, **kw):
+            raise ImportError("AutoImageProcessor requires the Torchvision library but it was not found")
+
+    monkeypatch.setattr(transformers, "AutoImageProcessor", NeedsTorchvision)
+    model, proc = hf
+    img = _image(3)
+    inputs = proc(text=Q1, images=img, return_tensors="pt")
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
+    eos = model.generation_config.eos_token_id
+    ref = ref[: ref.index(eos)] if eos in ref else ref
+    with Engine(str(llava_ckpt), device="cpu", max_total_tokens=1024) as eng:
+        assert eng.generate(MultimodalPrompt(Q1, [img]), _greedy(6)).token_ids == ref
+    # and with no image processor to be had at all, one error that names the fix
+    monkeypatch.setattr(transformers, "AutoProcessor", NeedsTorchvision)
+    with Engine(str(llava_ckpt), device="cpu", max_total_tokens=1024) as eng:
+        with pytest.raises(ImportError, match="without torchvision .*pip install torchvision, or upgrade transformers"):
+            eng.generate(MultimodalPrompt(Q1, [img]), _greedy(6))
+        assert eng.generate("plain text still works", _greedy(2)).finish_reason.type != "abort"

@@ -58,7 +58,7 @@ class MultimodalProcessor:
         self.tokens_per_image = per_side * per_side + (0 if mm.vision_feature_select_strategy == "default" else 1)
         self.image_size = vision.image_size
         self.max_image_bytes = max_image_bytes
-        self.image_processor = _load_processor(loaded.path, "AutoImageProcessor")
+        self.image_processor = _load_image_processor(loaded.path)
         self.hf_processor = _load_processor(loaded.path, "AutoProcessor") if self.anyres else None
         self._pixels: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -147,6 +147,26 @@ class MultimodalProcessor:
                 f"{self.image_size}x{self.image_size}; the checkpoint's processor config does not fit it"
             )
         return out
+
+
+def _load_image_processor(path: Any) -> Any:
+    """The checkpoint's HF image processor. Raises ``ValueError`` when it has none, ``ImportError``
+    when this transformers cannot build one without torchvision."""
+    try:
+        return _load_processor(path, "AutoImageProcessor")
+    except ImportError:
+        # transformers 5.17 (at least) makes AutoImageProcessor require torchvision even where the
+        # model has a PIL image processor; AutoProcessor still builds the PIL one.
+        try:
+            return _load_processor(path, "AutoProcessor").image_processor
+        except (ImportError, AttributeError) as e:
+            import transformers
+
+            raise ImportError(
+                f"transformers {transformers.__version__} cannot build the image processor of {path} without "
+                f"torchvision ({type(e).__name__}: {str(e).strip()[:160]}); pip install torchvision, or "
+                "upgrade transformers"
+            ) from None
 
 
 def _load_processor(path: Any, kind: str) -> Any:
