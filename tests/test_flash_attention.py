@@ -129,7 +129,7 @@ def test_decode_and_float32_stay_on_triton():
 
     backend = FlashAttentionBackend([stand_in(calls)])
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an fp32 model is not a fault: no warning, Triton runs it
+        warnings.simplefilter("error", RuntimeWarning)  # an fp32 model is not a fault: no warning, Triton runs it
         backend.prepare(4, 2, 16, torch.float32, "cpu")
     assert not backend.active and calls == []
     pool, batch, q, k, v = setup_batch([6], [9], 4, 2, 16, seed=4)
@@ -225,7 +225,7 @@ def test_running_out_of_memory_runs_that_batch_on_triton_and_keeps_flash_attn():
     pool, batch, q, k, v = setup_batch([2], [9], 4, 2, 16, dtype=torch.float16, seed=8)
     twin = clone_pool(pool)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "from now on" warning: memory is not flash-attn's fault
+        warnings.simplefilter("error", RuntimeWarning)  # no "from now on" warning: memory is not flash-attn's fault
         out = run_backend(backend, pool, batch, q, k, v)
     torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=3e-3, rtol=3e-3)
     assert backend.active  # the next batch tries flash-attn again
