@@ -65,6 +65,14 @@ class TokenToKVPool:
         if slots.numel():
             self._free = torch.cat([self._free, slots.to(device="cpu", dtype=torch.int64)])
 
+    def nonfinite_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """bool [k] (CPU): which of ``slots`` (int64 [k]) hold a NaN or inf in K or V of any layer."""
+        idx = slots.to(self.device)
+        bad = torch.zeros(idx.numel(), dtype=torch.bool, device=self.device)
+        for k, v in zip(self.k_buffer, self.v_buffer):
+            bad |= ~torch.isfinite(k[idx]).flatten(1).all(1) | ~torch.isfinite(v[idx]).flatten(1).all(1)
+        return bad.cpu()
+
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k, v ([T, num_kv_heads, head_dim]) of layer ``layer`` at slots ``loc`` (int64 [T])."""
         self.k_buffer[layer][loc] = k.to(self.k_buffer[layer].dtype)

@@ -46,7 +46,8 @@ class ModelRunner:
         cuda_graph_max_bs: decode batches up to this size replay CUDA graphs (``CudaGraphRunner``);
             None = ``max_running_requests`` capped at 256 on CUDA with the Triton backend, 0 = off.
     Raises:
-        ValueError: a non-positive size, or a memory budget too small for one full-length request.
+        ValueError: a non-positive size, a memory budget too small for one full-length request, or
+            a KV pool that cannot be allocated.
     """
 
     def __init__(
@@ -113,9 +114,17 @@ class ModelRunner:
             old.k_buffer.clear()
             old.v_buffer.clear()
             self.kv_pool = None
-        self.kv_pool = TokenToKVPool(
-            self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
-        )
+        try:
+            self.kv_pool = TokenToKVPool(
+                self.max_total_tokens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype, self.device
+            )
+        except RuntimeError as e:  # torch.OutOfMemoryError on CUDA; an allocator error on CPU
+            need = self.max_total_tokens * TokenToKVPool.bytes_per_token(
+                cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
+            raise ValueError(
+                f"a KV pool of {self.max_total_tokens} tokens needs {need / 2**30:.1f} GiB on {self.device}, and "
+                f"allocating it failed ({str(e).splitlines()[0][:120]}); lower max_total_tokens (or mem_fraction)"
+            ) from None
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()

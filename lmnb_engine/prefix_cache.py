@@ -127,6 +127,12 @@ class PrefixCache(ABC):
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if the cache's internal bookkeeping is inconsistent."""
 
+    def drop_nonfinite(self, key: Key) -> int:
+        """Remove the cached KV along ``key``'s path from its first slot holding a NaN or inf on,
+        with everything cached below it, unless a request still holds it; return the tokens freed.
+        Caches without a tree hold nothing to drop."""
+        return 0
+
     # --- request hand-back ---------------------------------------------------------------
     def cache_finished_req(self, req: "Req") -> None:
         """Give a leaving request's KV to the cache and unlock its path.

@@ -220,6 +220,53 @@ class RadixCache(PrefixCache):
         self.evicted_tokens += freed
         return freed
 
+    def drop_nonfinite(self, key: Key) -> int:
+        """Remove the cached KV along ``key``'s path from its first non-finite slot on (splitting
+        the edge there), with the subtree below it; return the tokens freed.
+
+        Called when a request failed on NaN logits: its KV (and, through attention, everything
+        computed after it) is noise that would fail every request sharing the prefix. A node a
+        request still holds is left: that request reads the same KV, fails in turn, and drops it.
+        """
+        if self.kv_pool is None:
+            return 0
+        node, pos, path = self.root, 0, []
+        while pos < len(key):  # a read-only walk: dropping is not a use for LRU's sake
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            n = _common_prefix_len(child.key, key, pos)
+            path.append(child)
+            node, pos = child, pos + n
+            if n < len(child.key):
+                break
+        if not path:
+            return 0
+        bad = self.kv_pool.nonfinite_slots(torch.cat([c.value for c in path]))
+        if not bool(bad.any()):
+            return 0
+        first, start = int(bad.nonzero()[0]), 0
+        for node in path:
+            if first < start + len(node.key):
+                break
+            start += len(node.key)
+        if first > start:
+            self._split(node, first - start)  # ``node`` keeps the lower part, from ``first`` on
+        if node.lock_ref > 0:
+            return 0
+        freed, stack = 0, [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            self.kv_pool.free(n.value)
+            freed += len(n.key)
+            self._leaves.discard(n)
+        self._evictable -= freed
+        parent = node.parent
+        del parent.children[node.key[0]]
+        self._update_leaf(parent)
+        return freed
+
     # --- observability -----------------------------------------------------------------------
     def snapshot(self, preview: Callable[[Sequence[Hashable]], str]) -> TreeNodeView:
         """Frozen copy of the tree; ``preview(edge_key) -> str`` renders each edge's text."""

@@ -14,11 +14,12 @@ repetition penalty):
 Returned logprobs are ``log_softmax`` of the raw model logits (before penalties and temperature), as
 in vLLM's default and SGLang's ``return_logprob``.
 
-Rows whose raw logits hold a NaN (a forward pass that overflowed, a broken kernel or checkpoint) are
-flagged in ``SampleOutput.nan_rows``: any token drawn from them is noise, so the scheduler fails
-those requests instead of streaming it. SGLang's ``enable_nan_detection`` logs and replaces NaN
-logits; failing the request is our choice, as the output would be meaningless either way. The flag
-rides along with the sampled ids (no extra host sync).
+Rows whose raw logits are not all finite (NaN or +inf from a forward pass that overflowed, a broken
+kernel or checkpoint; or every logit -inf) are flagged in ``SampleOutput.bad_rows``: any token drawn
+from them is noise (softmax over +inf is NaN everywhere), so the scheduler fails those requests
+instead of streaming it. SGLang's ``enable_nan_detection`` logs and replaces NaN logits; failing
+the request is our choice, as the output would be meaningless either way. The flag rides along
+with the sampled ids (no extra host sync).
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ from lmnb_engine.request import Req
 @dataclass
 class SampleOutput:
     """``token_ids``: one sampled id per row; ``logprobs``: per row, a ``TokenLogprob`` when the
-    row's request asked for logprobs, else None; ``nan_rows``: the rows whose raw logits held a
-    NaN (their token is meaningless)."""
+    row's request asked for logprobs, else None; ``bad_rows``: the rows whose raw logits were not
+    finite (their token is meaningless)."""
 
     token_ids: list[int]
     logprobs: list[Optional[TokenLogprob]]
-    nan_rows: frozenset[int] = frozenset()
+    bad_rows: frozenset[int] = frozenset()
 
 
 def _padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -71,6 +72,12 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         seen = seen[:, :vocab] | (counts > 0)
         penalized = torch.where(logits < 0, logits * rep[:, None], logits / rep[:, None])
         logits.copy_(torch.where(seen, penalized, logits))
+
+
+def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """bool [B]: rows of ``logits`` [B, V] holding a NaN or +inf, or -inf everywhere (no token can
+    be chosen). A raw -inf logit elsewhere is a model's own mask and fine."""
+    return (~(logits < float("inf"))).any(dim=-1) | (logits.amax(dim=-1) == float("-inf"))
 
 
 def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: frozenset[int], grammar: bool) -> None:
@@ -160,12 +167,12 @@ class PendingSample:
         token_ids: int64 [B] sampled ids on the logits' device (the next decode step's input).
     """
 
-    def __init__(self, reqs: Sequence[Req], token_ids: torch.Tensor, nan: torch.Tensor, lp_rows: list[int],
+    def __init__(self, reqs: Sequence[Req], token_ids: torch.Tensor, bad: torch.Tensor, lp_rows: list[int],
                  lp_parts: tuple, top_k: list[int], tell_grammar: bool) -> None:
         self.reqs = reqs
         self.token_ids = token_ids
         self._ids = _to_host(token_ids)
-        self._nan = _to_host(nan)
+        self._bad = _to_host(bad)
         self._lp_rows = lp_rows
         self._lp = tuple(_to_host(x) for x in lp_parts)
         self._top_k = top_k
@@ -182,7 +189,7 @@ class PendingSample:
         if self._event is not None:
             self._event.synchronize()
         ids = self._ids.tolist()
-        nan_rows = frozenset(i for i, bad in enumerate(self._nan.tolist()) if bad)
+        bad_rows = frozenset(i for i, bad in enumerate(self._bad.tolist()) if bad)
         logprobs: list[Optional[TokenLogprob]] = [None] * len(self.reqs)
         if self._lp_rows:
             chosen, top_vals, top_ids = (None if x is None else x.tolist() for x in self._lp)
@@ -191,9 +198,9 @@ class PendingSample:
                 logprobs[i] = e
         if self._tell_grammar:
             for i, (r, t) in enumerate(zip(self.reqs, ids)):
-                if r.grammar is not None and i not in nan_rows:  # that request is failed, not advanced
+                if r.grammar is not None and i not in bad_rows:  # that request is failed, not advanced
                     r.grammar.accept_token(t)
-        self._out = SampleOutput(ids, logprobs, nan_rows)
+        self._out = SampleOutput(ids, logprobs, bad_rows)
         return self._out
 
 
@@ -215,7 +222,7 @@ def sample(
             row per draft position). When given, ``Req.grammar`` is neither asked for a mask nor
             told the sampled ids.
     Returns:
-        ``SampleOutput`` with B ids, optional logprobs and the rows whose logits held a NaN.
+        ``SampleOutput`` with B ids, optional logprobs and the rows whose logits were not finite.
     """
     return sample_async(logits, reqs, eos_token_ids, grammar_bitmask).result()
 
@@ -255,5 +262,4 @@ def sample_async(
     if lp_rows:
         idx = torch.tensor(lp_rows, device=x.device)
         lp_parts = _logprob_tensors(torch.log_softmax(logits[idx].float(), dim=-1), next_ids[idx], top_k)
-    nan = torch.isnan(logits).any(dim=-1)
-    return PendingSample(reqs, next_ids, nan, lp_rows, lp_parts, top_k, use_grammar)
+    return PendingSample(reqs, next_ids, nonfinite_rows(logits), lp_rows, lp_parts, top_k, use_grammar)

@@ -22,7 +22,8 @@ Threading: callers never touch scheduler state. ``submit``/``abort``/``call`` po
 inbox the loop drains between steps; events go back through each request's ``emit`` callback. An
 exception inside a step fails the requests of that step (finish reason ``abort`` with the error)
 and the loop goes on; if their memory cannot be returned cleanly, the pools and cache are rebuilt.
-A request whose logits hold a NaN (next token or prompt logprobs) is aborted the same way, alone.
+A request whose logits are not finite (next token or prompt logprobs) is aborted the same way,
+alone, and the non-finite KV it leaves in the radix tree is dropped rather than shared.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, Strea
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
-from lmnb_engine.sampler import PendingSample, sample, sample_async, token_logprobs
+from lmnb_engine.sampler import PendingSample, nonfinite_rows, sample, sample_async, token_logprobs
 from lmnb_engine.schedule_policy import SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class _Flight:
     picked: list[Req] = field(default_factory=list)  # the requests sampled, in PendingSample order
     pending: Optional[PendingSample] = None
     verify_at: dict[int, int] = field(default_factory=dict)
-    nan_prompt: list[Req] = field(default_factory=list)  # requests whose prompt logprobs hold a NaN
+    bad_prompt: list[Req] = field(default_factory=list)  # requests whose prompt logits are not finite
 
 
 class Scheduler:
@@ -548,7 +549,7 @@ class Scheduler:
         for req, n in rows:
             req.kv_committed_len += n
         flight = _Flight(rows, mode, logits, verify_at=verify_at)
-        flight.nan_prompt = self._record_prompt_logprobs(rows, logits, prompt_lp_at)
+        flight.bad_prompt = self._record_prompt_logprobs(rows, logits, prompt_lp_at)
         if sample_at:
             flight.picked = [rows[i][0] for i in sample_at]
             at = list(sample_at.values())
@@ -566,21 +567,22 @@ class Scheduler:
         live = [req for req, _ in rows if not req.finished]
         for req in live:
             req.forward_passes += 1
-        for req in flight.nan_prompt:
+        for req in flight.bad_prompt:
             if not req.finished:
-                self._fail_nan(req, "while scoring the prompt")
+                self._fail_nonfinite(req, "while scoring the prompt")
         if flight.pending is not None:
             out = flight.pending.result()
             for i, (req, tok, lp) in enumerate(zip(flight.picked, out.token_ids, out.logprobs)):
                 if req.finished:
                     continue
-                if i in out.nan_rows:
-                    self._fail_nan(req)
+                if i in out.bad_rows:
+                    self._fail_nonfinite(req)
                 else:
                     self._append_token(req, tok, lp)
         for i, at in flight.verify_at.items():
             req = rows[i][0]
-            self._verify_jump(req, flight.logits[at : at + req.num_speculative + 1])
+            if not req.finished:  # (failed above: its prompt logits were not finite)
+                self._verify_jump(req, flight.logits[at : at + req.num_speculative + 1])
         if flight.mode is ForwardMode.DECODE and live:  # (a step run ahead for ended requests only: no decay)
             self.new_token_ratio = max(
                 self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
@@ -602,9 +604,9 @@ class Scheduler:
                 self.running.append(req)
 
     def _record_prompt_logprobs(self, rows, logits: torch.Tensor, at: dict[int, tuple[int, int, int]]) -> list[Req]:
-        """Append this step's prompt logprobs to each request; returns the requests among them with a
-        NaN (failed in ``_complete``, once the step's sampling is taken)."""
-        nan: list[Req] = []
+        """Append this step's prompt logprobs to each request; returns the requests among them whose
+        logits were not finite (failed in ``_complete``, once the step's sampling is taken)."""
+        bad: list[Req] = []
         for i, (req, _) in enumerate(rows):
             if req.prompt_logprobs_done:
                 continue
@@ -612,15 +614,15 @@ class Scheduler:
                 req.prompt_logprobs = [None] if req.params.logprob_start_len == 0 else []
             if i in at:
                 k, lo, hi = at[i]
-                lps = torch.log_softmax(logits[k : k + hi - lo].float(), dim=-1)
+                rows_logits = logits[k : k + hi - lo].float()
+                lps = torch.log_softmax(rows_logits, dim=-1)
                 targets = torch.tensor(req.token_slice(lo + 1, hi + 1), dtype=torch.int64)
-                entries = token_logprobs(lps, targets, [req.params.top_logprobs_num] * (hi - lo))
-                req.prompt_logprobs.extend(entries)
-                if any(math.isnan(e.logprob) for e in entries):  # log_softmax is NaN only where a logit is
-                    nan.append(req)
+                req.prompt_logprobs.extend(token_logprobs(lps, targets, [req.params.top_logprobs_num] * (hi - lo)))
+                if bool(nonfinite_rows(rows_logits).any()):
+                    bad.append(req)
             if req.kv_committed_len >= req.prompt_len:
                 req.prompt_logprobs_done = True
-        return nan
+        return bad
 
     def _append_token(self, req: Req, token: int, logprob: Optional[TokenLogprob]) -> None:
         """Add a sampled token, update text, decide whether the request is done, stream."""
@@ -655,15 +657,20 @@ class Scheduler:
             if req.grammar is not None:
                 self._jump_forward(req)
 
-    def _fail_nan(self, req: Req, where: str = "") -> None:
-        """Abort a request whose logits held a NaN (its token or prompt logprobs would be noise)."""
-        where = where or f"at output token {len(req.output_ids) + 1}"
-        logger.warning("request %s: NaN in the logits %s; aborted", req.rid, where)
+    def _fail_nonfinite(self, req: Req, where: str = "") -> None:
+        """Abort a request whose logits were NaN or inf (its token or prompt logprobs would be
+        noise), and drop the non-finite KV it leaves in the cache, which would fail every request
+        sharing the prefix."""
+        where = where or f"at output token {len(req.output_ids) - req.num_speculative + 1}"
         dtype = str(self.runner.config.dtype).replace("torch.", "")
         fix = ("float16 overflows where bfloat16 does not: load the model with dtype='bfloat16' (or 'float32')"
                if dtype == "float16" else "check the checkpoint's weights for NaN or inf values")
+        key = req.cache_key(min(req.kv_committed_len, req.seq_len))
         self._finish(req, FinishReason("abort", message=(
-            f"the model produced NaN logits {where} (model dtype {dtype}): {fix}")))
+            f"the model produced NaN or infinite logits {where} (model dtype {dtype}): {fix}")))
+        dropped = self.cache.drop_nonfinite(key)
+        logger.warning("request %s: NaN or inf in the logits %s; aborted, %d cached tokens with non-finite KV dropped",
+                       req.rid, where, dropped)
 
     def _emit(self, req: Req) -> None:
         if req.finished:
@@ -816,8 +823,8 @@ class Scheduler:
         the draft tokens the sampler agrees with, roll back the rest, append the sampler's token."""
         k = req.num_speculative
         out = sample(logits, [req] * (k + 1), self.eos_token_ids, grammar_bitmask=req.grammar.verification_bitmask())
-        if out.nan_rows:
-            self._fail_nan(req)
+        if out.bad_rows:
+            self._fail_nonfinite(req)
             return
         kept, token = req.grammar.verify(out.token_ids)
         req.num_speculative = 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 
 from lmnb_engine import Engine, SamplingParams
 from lmnb_engine.forward_batch import ForwardMode
@@ -52,6 +55,18 @@ def test_bad_requests_raise_and_the_engine_stays_usable(engine, hf, prompt, para
     p = engine.encode("the cat")
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
     assert_idle_accounting(engine)
+
+
+def test_a_kv_pool_too_large_to_allocate_is_a_clear_error(tiny_llama):
+    from lmnb_engine.kv_pool import TokenToKVPool
+
+    with pytest.raises(ValueError, match=r"a KV pool of 10000000000 tokens needs (\d+\.\d) GiB on cpu, and "
+                                         r"allocating it failed .*; lower max_total_tokens") as e:
+        Engine(str(tiny_llama), max_total_tokens=10**10)
+    c = json.loads((tiny_llama / "config.json").read_text())
+    per_token = TokenToKVPool.bytes_per_token(c["num_hidden_layers"], c["num_key_value_heads"],
+                                              c["hidden_size"] // c["num_attention_heads"], torch.float32)
+    assert e.match(f"needs {10**10 * per_token / 2**30:.1f} GiB")
 
 
 def test_prompt_plus_output_beyond_the_pool_is_rejected(tiny_llama):
@@ -155,7 +170,7 @@ def test_nan_logits_fail_that_request_only(engine, hf, monkeypatch):
     bad, good = results[failed[0]], results[1 - failed[0]]
     n = len(bad.token_ids)  # the tokens before the poisoned step stand, as HF decodes them
     assert 3 <= n < 8 and bad.token_ids == hf.greedy_ignore_eos(prompts[failed[0]], 8)[:n]
-    assert f"NaN logits at output token {n + 1} (model dtype float32)" in bad.finish_reason.message
+    assert f"NaN or infinite logits at output token {n + 1} (model dtype float32)" in bad.finish_reason.message
     assert good.token_ids == hf.greedy_ignore_eos(prompts[1 - failed[0]], 8)
     assert_idle_accounting(engine)
     monkeypatch.setattr(engine.runner, "forward", real_forward)
@@ -178,12 +193,67 @@ def test_nan_prompt_logprobs_fail_the_request(engine, hf, monkeypatch):
     prompt = engine.encode("the cat sat on the mat")
     r = engine.generate(prompt, GREEDY.copy(max_new_tokens=1, return_logprob=True, logprob_start_len=0))
     assert r.finish_reason.type == "abort"
-    assert "NaN logits while scoring the prompt (model dtype float32)" in r.finish_reason.message
+    assert "NaN or infinite logits while scoring the prompt (model dtype float32)" in r.finish_reason.message
     assert r.token_ids == []
     assert_idle_accounting(engine)
     monkeypatch.setattr(engine.runner, "forward", real_forward)
     r = engine.generate(prompt, GREEDY.copy(return_logprob=True, logprob_start_len=0))
     assert r.finish_reason.type != "abort" and r.token_ids == hf.greedy(prompt, 8)
+    assert_idle_accounting(engine)
+
+
+def test_nonfinite_kv_of_a_failed_request_is_dropped_from_the_cache(engine, hf):
+    """A NaN embedding row poisons every request containing that token. Its KV must not stay in
+    the radix tree: attention spreads a NaN at one position to the others computed with it, and a
+    clean request sharing the prefix would match that KV and fail too. KV computed earlier by a
+    clean request stays cached."""
+    system = engine.encode("the red cat and the blue dog sat in the house by the tree")
+    good = system + engine.encode("a bird")
+    ref = hf.greedy_ignore_eos(good, 6)
+    emb = engine.runner.model.model.embed_tokens.weight
+    poison = max(set(range(emb.shape[0])) - set(good) - set(ref))
+    bad = system + [poison] + engine.encode("ran")
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    saved = emb[poison].clone()
+    try:
+        with torch.no_grad():
+            emb[poison] = float("nan")
+        engine.flush_cache()  # cold: the failed request computes the shared prefix itself
+        assert engine.generate(bad, params).finish_reason.type == "abort"
+        r = engine.generate(good, params)
+        assert r.finish_reason.type == "length" and r.token_ids == ref
+        # warm: the prefix comes from the clean request, the failed one computes only its tail
+        r = engine.generate(bad, params)
+        assert r.finish_reason.type == "abort" and r.meta.cached_tokens == len(system)
+        r = engine.generate(good, params)
+        assert r.token_ids == ref and r.meta.cached_tokens == len(good) - 1  # the clean prefix stayed
+        assert_idle_accounting(engine)
+    finally:
+        with torch.no_grad():
+            emb[poison] = saved
+
+
+def test_a_constrained_request_failed_on_its_prompt_finishes_once(engine, monkeypatch):
+    """A regex with a forced prefix drafts tokens (jump-forward) in the same step as the prompt's
+    logprobs; a request failed on the latter is not verified, appended to or finished again."""
+    real_forward = engine.runner.forward
+
+    def poisoned(batch):
+        logits = real_forward(batch)
+        if batch.mode is ForwardMode.EXTEND:
+            logits = logits.clone()
+            logits[1] = float("nan")
+        return logits
+
+    monkeypatch.setattr(engine.runner, "forward", poisoned)
+    h = engine.submit("the cat sat on the mat", SamplingParams(
+        max_new_tokens=40, temperature=0, regex=r'\{"name": "[a-z]+", "age": [0-9]+\}',
+        return_logprob=True, logprob_start_len=0))
+    r = h.result(timeout=60)
+    engine.scheduler.call(lambda: None).result(timeout=60)  # the step that failed it is over
+    assert r.finish_reason.type == "abort" and "while scoring the prompt" in r.finish_reason.message
+    assert [e.finished for e in h.events(timeout=5)] == [True] and r.token_ids == []
+    monkeypatch.setattr(engine.runner, "forward", real_forward)
     assert_idle_accounting(engine)
 
 

@@ -228,3 +228,29 @@ def test_unlock_of_unlocked_node_is_an_error():
     put(pool, cache, [1, 2])
     with pytest.raises(AssertionError, match="unlocked"):
         cache.dec_lock_ref(cache.match_prefix([1, 2]).node)
+
+
+def test_drop_nonfinite_cuts_the_path_at_the_first_bad_slot():
+    pool, _, cache = make()
+    a = put(pool, cache, [1, 2, 3, 4, 5, 6])
+    put(pool, cache, [1, 2, 3, 4, 7])          # below the split at [1, 2, 3, 4]
+    put(pool, cache, [1, 2, 9])                # a sibling branch that shares only [1, 2]
+    pool.k_buffer[0][a[3]] = float("nan")      # slot of item 4: [1, 2, 3] stays, 4 and below go
+    assert cache.drop_nonfinite([1, 2, 3, 4, 5, 6]) == 4  # items 4, 5, 6 and the 7 below 4
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6]).indices.tolist() == a[:3].tolist()
+    assert cache.match_prefix([1, 2, 9]).length == 3
+    assert cache.match_prefix([1, 2, 3, 4, 7]).length == 3
+    assert_accounting(pool, cache)
+    assert cache.drop_nonfinite([1, 2, 3]) == 0  # nothing non-finite is left on the path
+    pool.k_buffer[0][a[3]] = 0.0                 # (slot a[3] is free again: reset it for reuse)
+    # a path a request still holds is left to that request, which reads the same KV and fails too
+    c = put(pool, cache, [5, 6, 7])
+    m = cache.match_prefix([5, 6, 7])
+    cache.inc_lock_ref(m.node)
+    pool.v_buffer[0][c[1]] = float("inf")
+    assert cache.drop_nonfinite([5, 6, 7]) == 0
+    assert cache.match_prefix([5, 6, 7]).length == 3
+    cache.dec_lock_ref(m.node)
+    assert cache.drop_nonfinite([5, 6, 7]) == 2
+    assert cache.match_prefix([5, 6, 7]).length == 1
+    assert_accounting(pool, cache)

@@ -132,7 +132,7 @@ def test_grammar_hook_masks_and_accepts():
     assert g.accepted == [3]
 
 
-def test_rows_with_nan_logits_are_flagged_and_their_grammar_is_not_advanced():
+def test_rows_with_nonfinite_logits_are_flagged_and_their_grammar_is_not_advanced():
     class Recording:
         def __init__(self):
             self.accepted = []
@@ -143,20 +143,23 @@ def test_rows_with_nan_logits_are_flagged_and_their_grammar_is_not_advanced():
         def accept_token(self, token_id):
             self.accepted.append(token_id)
 
-    nan = float("nan")
-    logits = torch.tensor([[1.0, nan, 0.0], [0.0, 2.0, 1.0], [nan, nan, nan], [0.5, 0.1, 3.0]])
-    rows = [req(temperature=0.0), req(temperature=0.0), req(temperature=0.8, seed=3), req(temperature=0.9)]
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor([[1.0, nan, 0.0], [0.0, 2.0, 1.0], [nan, nan, nan], [0.5, 0.1, 3.0],
+                           [0.2, inf, 0.1], [-inf, -inf, -inf], [-inf, 0.5, 0.1]])
+    rows = [req(temperature=0.0), req(temperature=0.0), req(temperature=0.8, seed=3), req(temperature=0.9),
+            req(temperature=0.7), req(temperature=0.0), req(temperature=0.0)]
     grammars = [Recording() for _ in rows]
     for r, g in zip(rows, grammars):
         r.grammar = g
     out = sample(logits, rows, frozenset())
-    assert out.nan_rows == {0, 2}
-    assert out.token_ids[1] == 1
-    assert [g.accepted for g in grammars] == [[], [1], [], [out.token_ids[3]]]
-    # -inf from masking is not NaN: a row with every token but one masked samples that token
+    # NaN, +inf (softmax over it is NaN everywhere) and all -inf are flagged; a raw -inf is a mask
+    assert out.bad_rows == {0, 2, 4, 5}
+    assert out.token_ids[1] == 1 and out.token_ids[6] == 1
+    assert [g.accepted for g in grammars] == [[], [1], [], [out.token_ids[3]], [], [], [1]]
+    # -inf from masking is fine: a row with every token but one masked samples that token
     masked = torch.tensor([[float("-inf"), 0.3, float("-inf")]])
     out = sample(masked, [req(temperature=1.0)], frozenset())
-    assert out.nan_rows == frozenset() and out.token_ids == [1]
+    assert out.bad_rows == frozenset() and out.token_ids == [1]
 
 
 def test_logprobs_are_raw_log_softmax_with_top_alternatives():
