@@ -221,3 +221,21 @@ def test_native_select_rescores_from_the_whole_prompt_when_the_window_misses(bac
         for gc, wc in zip(g["input_token_logprobs"], w["input_token_logprobs"]):
             assert [e[1] for e in gc] == [e[1] for e in wc]
             assert [e[0] for e in gc] == pytest.approx([e[0] for e in wc], abs=1e-4)
+
+
+def test_unconditional_select_through_the_server_matches_in_process(backends):
+    """``unconditional_likelihood_normalized`` re-scores each choice after the context "Answer:",
+    whose ids ``RuntimeEndpoint`` reads from the server's ``input_token_logprobs`` (token 0's
+    entry names its id, as SGLang's server does)."""
+    local, remote, _ = backends
+
+    @sgl.function
+    def pick(s):
+        s += "Is the sky green? Answer:" + sgl.select(
+            "c", choices=[" yes", " no", " maybe so"], choices_method=sgl.unconditional_likelihood_normalized)
+
+    a, b = pick.run(backend=local), pick.run(backend=remote)
+    assert a["c"] == b["c"]
+    ma, mb = a.get_meta_info("c"), b.get_meta_info("c")
+    for ua, ub in zip(ma["unconditional_token_logprobs"], mb["unconditional_token_logprobs"]):
+        assert ua == pytest.approx(ub, abs=1e-4)

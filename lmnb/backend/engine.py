@@ -253,11 +253,13 @@ class Engine(BaseBackend):
                 self._sub_rids.pop(rid, None)
         out = []
         k = len(choices)
+        for j, r in enumerate(results):  # the unconditional scores (j >= k) count as much
+            if r.finish_reason.type == "abort":
+                how = " without its context (unconditional likelihood)" if j >= k else ""
+                raise RuntimeError(f"scoring choice {choices[j % k]!r}{how} was aborted: {r.finish_reason.message}")
         for i in range(k):
             ids, start = jobs[i]
             r = results[i]
-            if r.finish_reason.type == "abort":
-                raise RuntimeError(f"scoring choice {choices[i]!r} was aborted: {r.finish_reason.message}")
             lps = [lp.logprob for lp in r.prompt_logprobs]
             unc = [lp.logprob for lp in results[k + i].prompt_logprobs] if unconditional else None
             out.append(ChoiceLogprobs(ids[start:], lps, start, r.meta.cached_tokens, unc, prefill))

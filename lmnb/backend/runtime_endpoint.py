@@ -15,7 +15,7 @@ import json
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt
+from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
@@ -164,6 +164,11 @@ class RuntimeEndpoint(BaseBackend):
 
     @staticmethod
     def _entries(item: dict) -> tuple[list[Optional[int]], list[Optional[float]]]:
+        """(token ids, logprobs) of a scoring result. Raises ``BackendError`` if the server aborted it
+        (its logprobs would be missing or noise, e.g. after NaN logits)."""
+        fr = finish_reason_dict(item.get("meta_info", {}))
+        if fr.get("type") == "abort":
+            raise BackendError(f"scoring on the server was aborted: {fr.get('message') or 'no reason given'}")
         entries = item["meta_info"]["input_token_logprobs"]
         return [e[1] for e in entries], [e[0] for e in entries]
 

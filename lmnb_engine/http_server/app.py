@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lmnb_engine.http_server.protocol import RequestError, meta_info, sampling_params_from_json
+from lmnb_engine.http_server.protocol import RequestError, RequestFailed, meta_info, sampling_params_from_json
 
 logger = logging.getLogger("lmnb.serve")
 
@@ -194,6 +194,12 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def request_error(request: Request, exc: RequestError):
         return JSONResponse(error_body(str(exc), exc.status, exc.param), exc.status)
 
+    # A handler of its own, not the catch-all below: Starlette re-raises what reaches that one
+    # after answering, and uvicorn then drops the client's keep-alive connection.
+    @app.exception_handler(RequestFailed)
+    async def request_failed(request: Request, exc: RequestFailed):
+        return JSONResponse(error_body(str(exc), exc.status), exc.status)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         errs = exc.errors()
@@ -254,22 +260,32 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         prompts, params, rids, batch, opts = _parse_generate(await json_body(request))
         handles = await ctx.submit(prompts, params, rids)
         decode = engine.decode if opts["text_in_logprobs"] else None
+        firsts = [_first_token_id(engine, x) if p.logprob_start_len == 0 else None for x, p in zip(prompts, params)]
         if opts["stream"]:
-            return StreamingResponse(_stream_generate(ctx, handles, params, decode), media_type="text/event-stream")
+            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts),
+                                     media_type="text/event-stream")
         outputs = []
-        for res, p in zip(await ctx.results(handles, request), params):
+        for res, p, first in zip(await ctx.results(handles, request), params, firsts):
             for r in res if isinstance(res, list) else [res]:
-                outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta_info(r, decode, p.top_logprobs_num), "index": len(outputs)})
+                outputs.append({"text": r.text, "output_ids": list(r.token_ids),
+                                "meta_info": meta_info(r, decode, p.top_logprobs_num, first), "index": len(outputs)})
         return outputs if batch or len(outputs) > 1 else outputs[0]
 
     add_openai_routes(app, ctx, json_body)
     return app
 
 
-async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode) -> AsyncIterator[str]:
+def _first_token_id(engine: Any, prompt: Any) -> Optional[int]:
+    """Prompt token 0's id (named in ``input_token_logprobs``, whose entry for it has no logprob)."""
+    ids = prompt if isinstance(prompt, list) else engine.encode(prompt)
+    return int(ids[0]) if ids else None
+
+
+async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
+                           firsts: list) -> AsyncIterator[str]:
     """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form)."""
     base = 0
-    for h, p in zip(handles, params):
+    for h, p, first in zip(handles, params, firsts):
         texts: dict[int, str] = {}
         ids: dict[int, list] = {}
         try:
@@ -278,7 +294,7 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
                 texts[i] = texts.get(i, "") + ev.text_delta
                 ids.setdefault(i, []).extend(ev.token_ids)
                 if ev.finished and ev.result is not None:
-                    meta = meta_info(ev.result, decode, p.top_logprobs_num)
+                    meta = meta_info(ev.result, decode, p.top_logprobs_num, first)
                 elif ev.text_delta:
                     meta = {"id": h.rid, "completion_tokens": len(ids[i]), "finish_reason": None}
                 else:

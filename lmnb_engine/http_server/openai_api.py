@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
-from lmnb_engine.http_server.protocol import RequestError, check_n
+from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import SamplingParams
 
@@ -169,7 +169,7 @@ _FINISH = {"stop": "stop", "length": "length"}
 def _finish(result) -> str:
     fr = result.finish_reason
     if fr.type == "abort":
-        raise RuntimeError(f"the request was aborted: {fr.message or 'no reason given'}")
+        raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
     return _FINISH[fr.type]
 
 
@@ -197,10 +197,11 @@ def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
         tok = _token(engine, lp.token_id)
         content.append({
             "token": tok,
-            "logprob": lp.logprob,
+            "logprob": finite(lp.logprob),
             "bytes": list(tok.encode("utf-8")),
             "top_logprobs": [
-                {"token": (t := _token(engine, tid)), "logprob": v, "bytes": list(t.encode("utf-8"))} for tid, v in lp.top
+                {"token": (t := _token(engine, tid)), "logprob": finite(v), "bytes": list(t.encode("utf-8"))}
+                for tid, v in lp.top
             ],
         })
     return {"content": content}
@@ -221,8 +222,8 @@ def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional
             continue
         tok = _token(engine, lp.token_id)
         tokens.append(tok)
-        values.append(lp.logprob)
-        tops.append({_token(engine, t): v for t, v in lp.top} if lp.top else None)
+        values.append(finite(lp.logprob))
+        tops.append({_token(engine, t): finite(v) for t, v in lp.top} if lp.top else None)
         offsets.append(offset)
         offset += len(tok)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

@@ -9,6 +9,7 @@ server returns it), so SGLang clients — its frontend's ``RuntimeEndpoint`` amo
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 from lmnb_engine.outputs import GenerateResult, TokenLogprob
@@ -22,6 +23,19 @@ class RequestError(ValueError):
         super().__init__(message)
         self.status = status
         self.param = param
+
+
+class RequestFailed(RuntimeError):
+    """The engine ended a request without its result (finish reason ``abort``: NaN logits, an
+    internal error, shutdown): an HTTP 500 JSON error with the engine's message."""
+
+    status = 500
+
+
+def finite(x: Optional[float]) -> Optional[float]:
+    """``x``, or None (JSON null) where it is NaN or infinite: JSON has no such numbers, and a
+    response carrying one would not be sent at all."""
+    return x if x is None or math.isfinite(x) else None
 
 
 # sampling_params keys -> SamplingParams fields (SGLang's names; ``sampling_seed`` is its seed).
@@ -103,25 +117,28 @@ def check_n(n: int, param: str = "n") -> None:
                            param=param)
 
 
-def _entry(lp: Optional[TokenLogprob], decode: Optional[Callable[[list[int]], str]]) -> list:
-    if lp is None:
-        return [None, None, None]
-    return [lp.logprob, lp.token_id, decode([lp.token_id]) if decode else None]
+def _entry(lp: Optional[TokenLogprob], decode: Optional[Callable[[list[int]], str]],
+           token_id: Optional[int] = None) -> list:
+    if lp is None:  # prompt token 0: no context, no logprob; its id when the caller knows it
+        return [None, token_id, decode([token_id]) if decode and token_id is not None else None]
+    return [finite(lp.logprob), lp.token_id, decode([lp.token_id]) if decode else None]
 
 
 def _top(lp: Optional[TokenLogprob], decode) -> Optional[list]:
     if lp is None:
         return None
-    return [[v, t, decode([t]) if decode else None] for t, v in lp.top]
+    return [[finite(v), t, decode([t]) if decode else None] for t, v in lp.top]
 
 
 def meta_info(result: GenerateResult, decode: Optional[Callable[[list[int]], str]] = None,
-              top_logprobs_num: int = 0) -> dict:
+              top_logprobs_num: int = 0, first_token_id: Optional[int] = None) -> dict:
     """SGLang's ``meta_info`` of a finished (or partial) result.
 
     Logprob entries are ``[logprob, token_id, text]`` (text only when ``decode`` is given, i.e.
     ``return_text_in_logprobs``); ``input_token_logprobs`` starts at ``logprob_start_len`` and its
-    entry for prompt token 0, which has no context, is ``[None, None, None]``.
+    entry for prompt token 0, which has no context, is ``[None, first_token_id, text]`` as SGLang
+    sends it (clients read the prompt's ids from these entries). A logprob that is not finite
+    (-inf after a model's own mask, NaN for a token forced by jump-forward) is None.
     """
     m = {
         "id": result.rid,
@@ -138,7 +155,8 @@ def meta_info(result: GenerateResult, decode: Optional[Callable[[list[int]], str
         if top_logprobs_num:
             m["output_top_logprobs"] = [_top(lp, decode) for lp in result.logprobs]
     if result.prompt_logprobs is not None:
-        m["input_token_logprobs"] = [_entry(lp, decode) for lp in result.prompt_logprobs]
+        m["input_token_logprobs"] = [_entry(lp, decode, first_token_id if i == 0 else None)
+                                     for i, lp in enumerate(result.prompt_logprobs)]
         if top_logprobs_num:
             m["input_top_logprobs"] = [_top(lp, decode) for lp in result.prompt_logprobs]
     return m
