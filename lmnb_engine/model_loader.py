@@ -89,7 +89,8 @@ def load_model(
         FileNotFoundError: no such directory, hub id not available, no config.json or no
             safetensors, no demo checkpoint yet.
         ValueError: unsupported architecture (the message lists ``SUPPORTED_ARCHITECTURES``),
-            unsupported RoPE type, bad dtype, weights that do not fit the config or the GPU;
+            unsupported RoPE type, bad dtype or device, a config.json that is not valid JSON, a
+            truncated or corrupt safetensors file, weights that do not fit the config or the GPU;
             with ``tp``: heads that do not divide, or a multimodal model.
     """
     dev = _resolve_device(device)
@@ -130,7 +131,10 @@ def load_model(
 def _resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use 'cuda', 'cuda:N' or 'cpu'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} asked for, but torch sees no CUDA device; use device='cpu'")
     return dev
@@ -209,6 +213,9 @@ def _read_hf_config(path: Path) -> Any:
     from transformers import AutoConfig
 
     archs = tok.read_json(path / "config.json").get("architectures") or []
+    if not isinstance(archs, list):
+        example = f"[{archs!r}]" if isinstance(archs, str) else "['LlamaForCausalLM']"
+        raise ValueError(f"'architectures' in {path / 'config.json'} is {archs!r}; it must be a list, e.g. {example}")
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ValueError(
             f"unsupported architecture {archs or '(none)'} in {path / 'config.json'}; lmnb_engine "
@@ -307,12 +314,16 @@ def _safetensors_files(path: Path) -> list[Path]:
 
 def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for every tensor of the checkpoint, one shard open at a time."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for f in _safetensors_files(path):
-        with safe_open(str(f), framework="pt", device="cpu") as st:
-            for name in st.keys():
-                yield name, st.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for name in st.keys():
+                    yield name, st.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:  # SafetensorError is no OSError
+            raise ValueError(f"cannot read the weights in {f} ({type(e).__name__}: {e}); the file is truncated "
+                             "or corrupt: download or save it again") from None
 
 
 def _tokenizer_for(path: Path | None) -> tuple[Any, Path | None]:

@@ -36,11 +36,21 @@ def load_tokenizer(path: Path) -> Any:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``, or ``{}`` if the file does not exist."""
+    """The JSON object in ``path``, or ``{}`` if the file does not exist.
+
+    Raises:
+        ValueError: the file is not a JSON object (the message names the file and where it breaks).
+    """
     if not path.is_file():
         return {}
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); fix or re-save the file") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object; fix or re-save the file")
+    return data
 
 
 def _as_ids(v: Any) -> set[int]:

@@ -110,10 +110,10 @@ class Session:
         try:
             return lmnb.Engine(config.model_name(), **config.engine_kwargs())
         except (OSError, ValueError, RuntimeError, ImportError) as e:
-            # Only a checkpoint that cannot be found calls for another model; the engine's other
-            # errors (dtype, memory, attention backend) name their own fix.
+            # Only a checkpoint that cannot be found calls for another model, and only where the
+            # engine's message has no fix of its own (dtype, memory, a hub id to download...).
             hint = ("\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
-                    if isinstance(e, OSError) else "")
+                    if isinstance(e, OSError) and "fix" not in str(e).lower() else "")
             raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {e}{hint}") from e
 
     def engine(self, what: str):

@@ -131,6 +131,27 @@ def test_unsupported_architecture_lists_supported(tiny_llama, tmp_path):
     assert all(a in str(e.value) for a in SUPPORTED_ARCHITECTURES)
 
 
+def test_broken_checkpoint_files_are_named_with_the_fix(tiny_llama, tmp_path):
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    weights = next(ck.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a download cut short
+    with pytest.raises(ValueError, match=f"cannot read the weights in {weights}.*truncated or corrupt: download"):
+        load_model(ck)
+    cfg_path = ck / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "architectures": "LlamaForCausalLM"}))
+    with pytest.raises(ValueError, match=r"'architectures' in .* must be a list, e\.g\. \['LlamaForCausalLM'\]"):
+        load_model(ck)
+    cfg_path.write_text(json.dumps(cfg)[:-3])
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON \(.*line 1.*\); fix or re-save"):
+        load_model(ck)
+
+
+def test_unknown_device_names_the_choices(tiny_llama):
+    with pytest.raises(ValueError, match="unknown device 'tpu'; use 'cuda', 'cuda:N' or 'cpu'"):
+        load_model(tiny_llama, device="tpu")
+
+
 def test_unsupported_rope_type(tiny_checkpoint_factory):
     path = tiny_checkpoint_factory("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(ValueError, match="dynamic"):

@@ -152,21 +152,30 @@ class MultimodalProcessor:
 def _load_image_processor(path: Any) -> Any:
     """The checkpoint's HF image processor. Raises ``ValueError`` when it has none, ``ImportError``
     when this transformers cannot build one without torchvision."""
+    import transformers
+
     try:
         return _load_processor(path, "AutoImageProcessor")
-    except ImportError:
+    except ImportError as e:
         # transformers 5.17 (at least) makes AutoImageProcessor require torchvision even where the
         # model has a PIL image processor; AutoProcessor still builds the PIL one.
-        try:
-            return _load_processor(path, "AutoProcessor").image_processor
-        except (ImportError, AttributeError) as e:
-            import transformers
+        why = _first_sentence(str(e))
+    try:
+        processor = _load_processor(path, "AutoProcessor")  # ValueError when the checkpoint has none
+    except ImportError:
+        raise ImportError(
+            f"transformers {transformers.__version__} cannot build the image processor of {path} without "
+            f"torchvision ({why}); pip install torchvision, or upgrade transformers"
+        ) from None
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None:  # a processor without an image part (a bare tokenizer, say)
+        raise ValueError(f"{path} has no image processor config (preprocessor_config.json / "
+                         "processor_config.json); save the model's processor there")
+    return image_processor
 
-            raise ImportError(
-                f"transformers {transformers.__version__} cannot build the image processor of {path} without "
-                f"torchvision ({type(e).__name__}: {str(e).strip()[:160]}); pip install torchvision, or "
-                "upgrade transformers"
-            ) from None
+
+def _first_sentence(text: str) -> str:
+    return text.strip().split(". ")[0].split("\n")[0]
 
 
 def _load_processor(path: Any, kind: str) -> Any:
@@ -185,7 +194,7 @@ def _load_processor(path: Any, kind: str) -> Any:
     except (OSError, ValueError) as e:
         raise ValueError(
             f"{path} has no usable image processor config (preprocessor_config.json / processor_config.json): "
-            f"{type(e).__name__}: {str(e)[:200]}; save the model's processor there"
+            f"{type(e).__name__}: {_first_sentence(str(e))}; save the model's processor there"
         ) from None
     finally:
         logger.setLevel(level)
