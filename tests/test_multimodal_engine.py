@@ -65,17 +65,6 @@ def _image_span(hf, text: str, img) -> tuple[int, int]:
     return where[0], where[-1] + 1
 
 
-def _hf_greedy(hf, img, max_new_tokens: int) -> list[int]:
-    """transformers' greedy continuation of ``Q1`` with ``img``, up to EOS."""
-    model, proc = hf
-    inputs = proc(text=Q1, images=img, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    ref = out[0, inputs["input_ids"].shape[1]:].tolist()
-    eos = model.generation_config.eos_token_id
-    return ref[: ref.index(eos)] if eos in ref else ref
-
-
 def _greedy(max_new_tokens=8, **kw) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=0, **kw)
 
@@ -208,7 +197,7 @@ def test_openai_chat_endpoint_takes_image_parts(engine, hf):
 def test_chunked_prefill_splitting_an_image_matches_transformers(llava_ckpt, hf):
     """Chunks of 7 tokens cut the 16 image tokens in three places: each chunk takes its slice."""
     img = _image(9)
-    ref = _hf_greedy(hf, img, 6)
+    ref = _hf_greedy(hf, Q1, [img], 6)
     eng = Engine(str(llava_ckpt), device="cpu", max_total_tokens=1024, chunked_prefill_size=7)
     try:
         assert eng.generate(MultimodalPrompt(Q1, [img]), _greedy(6)).token_ids == ref
@@ -292,7 +281,7 @@ def test_an_image_processor_that_needs_torchvision_falls_back_to_the_pil_one(lla
 
     monkeypatch.setattr(transformers, "AutoImageProcessor", NeedsTorchvision)
     img = _image(3)
-    ref = _hf_greedy(hf, img, 6)
+    ref = _hf_greedy(hf, Q1, [img], 6)
     with Engine(str(llava_ckpt), device="cpu", max_total_tokens=1024) as eng:
         assert eng.generate(MultimodalPrompt(Q1, [img]), _greedy(6)).token_ids == ref
     # and with no image processor to be had at all, one error that names the fix
