@@ -533,14 +533,17 @@ class Engine:
         return self._call(lambda: [node.id for _, node in sorted(self.scheduler.pins.items())])
 
     def flush_cache(self) -> bool:
-        """Evict every unpinned cached prefix and reset the hit-rate counters; False (and nothing
-        done) while requests are running or waiting."""
+        """Evict every unpinned cached prefix and the cached image features, and reset the hit-rate
+        counters; False (and nothing done) while requests are running or waiting."""
 
         def flush() -> bool:
             s = self.scheduler
             if s.running or s.waiting or s.chunked:
                 return False
             s.cache.evict(s.cache.evictable_size())
+            encoder_cache = getattr(self.runner.model, "encoder_cache", None)  # [issue 10] LLaVA
+            if encoder_cache is not None:
+                encoder_cache.clear()
             s.reset_stats()
             return True
 
@@ -550,8 +553,9 @@ class Engine:
         """Compute (if needed) and lock the KV of ``token_ids`` so it is never evicted; returns a
         handle for ``unpin``. Pinned tokens count as protected in ``cache_stats``.
 
-        Raises ``RuntimeError`` when the radix cache is disabled or the pool is too busy to keep
-        the prefix cached until it is locked; ``ValueError`` for a bad prefix."""
+        Raises ``RuntimeError`` when the radix cache is disabled, computing the prefix failed (the
+        message says why), or the pool is too busy to keep the prefix cached until it is locked;
+        ``ValueError`` for a bad prefix."""
         if self.scheduler.disable_radix_cache:
             raise RuntimeError("the radix cache is disabled (disable_radix_cache=True); nothing can be pinned")
         ids = self._to_ids(list(token_ids))
@@ -568,7 +572,9 @@ class Engine:
             return handle
 
         for _ in range(3):
-            self.generate(ids, SamplingParams(max_new_tokens=0))
+            r = self.generate(ids, SamplingParams(max_new_tokens=0))
+            if r.finish_reason.type == "abort":  # e.g. its KV came out NaN: nothing worth pinning
+                raise RuntimeError(f"could not compute the prefix to pin: {r.finish_reason.message}")
             handle = self._call(lock)
             if handle is not None:
                 return handle

@@ -65,11 +65,15 @@ class TokenToKVPool:
         if slots.numel():
             self._free = torch.cat([self._free, slots.to(device="cpu", dtype=torch.int64)])
 
-    def nonfinite_slots(self, slots: torch.Tensor) -> torch.Tensor:
-        """bool [k] (CPU): which of ``slots`` (int64 [k]) hold a NaN or inf in K or V of any layer."""
+    def nonfinite_slots(self, slots: torch.Tensor, last_layer_only: bool = False) -> torch.Tensor:
+        """bool [k] (CPU): which of ``slots`` (int64 [k]) hold a NaN or inf in K or V of any layer
+        (``last_layer_only``: of the last layer, a cheaper test for KV written in one forward pass,
+        where attention carries a non-finite value in any layer into the last layer's KV of the
+        same or a later position)."""
         idx = slots.to(self.device)
         bad = torch.zeros(idx.numel(), dtype=torch.bool, device=self.device)
-        for k, v in zip(self.k_buffer, self.v_buffer):
+        layers = slice(-1, None) if last_layer_only else slice(None)
+        for k, v in zip(self.k_buffer[layers], self.v_buffer[layers]):
             bad |= ~torch.isfinite(k[idx]).flatten(1).all(1) | ~torch.isfinite(v[idx]).flatten(1).all(1)
         return bad.cpu()
 

@@ -135,6 +135,8 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {device!r}; use 'cuda', 'cuda:N' or 'cpu'") from None
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device {str(device)!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} asked for, but torch sees no CUDA device; use device='cpu'")
     return dev

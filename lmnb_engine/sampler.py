@@ -76,8 +76,9 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
 
 def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
     """bool [B]: rows of ``logits`` [B, V] holding a NaN or +inf, or -inf everywhere (no token can
-    be chosen). A raw -inf logit elsewhere is a model's own mask and fine."""
-    return (~(logits < float("inf"))).any(dim=-1) | (logits.amax(dim=-1) == float("-inf"))
+    be chosen). A raw -inf logit elsewhere is a model's own mask and fine. One reduction: ``amax``
+    propagates NaN (torch documents it), so the row maximum is finite exactly for the good rows."""
+    return ~torch.isfinite(logits.amax(dim=-1))
 
 
 def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: frozenset[int], grammar: bool) -> None:

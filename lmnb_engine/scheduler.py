@@ -93,6 +93,10 @@ class _Flight:
     pending: Optional[PendingSample] = None
     verify_at: dict[int, int] = field(default_factory=dict)
     bad_prompt: list[Req] = field(default_factory=list)  # requests whose prompt logits are not finite
+    # rows that sample nothing in this step (a prompt chunk, max_new_tokens=0): (request, first
+    # index into out_cache_loc, new tokens); their KV is checked before the cache shares it
+    unsampled: list[tuple[Req, int, int]] = field(default_factory=list)
+    out_cache_loc: Optional[torch.Tensor] = None
 
 
 class Scheduler:
@@ -511,6 +515,7 @@ class Scheduler:
         verify_at: dict[int, int] = {}  # row -> first of its jump-forward draft's logits rows
         prompt_lp_at: dict[int, tuple[int, int, int]] = {}  # row -> (logits index, first pos, end pos)
         offset = 0
+        unsampled: list[tuple[Req, int, int]] = []
         for i, (req, n) in enumerate(rows):
             start = req.kv_committed_len
             if not ahead:
@@ -528,6 +533,8 @@ class Scheduler:
                 assert n > k, "a jump-forward draft was served from the cache unverified"
                 (verify_at if k else sample_at)[i] = len(logit_rows)
                 logit_rows += range(offset + n - 1 - k, offset + n)
+            else:
+                unsampled.append((req, offset, n))
             offset += n
         mode = ForwardMode.DECODE if all(n == 1 for _, n in rows) else ForwardMode.EXTEND
         batch = ForwardBatch.build(
@@ -548,7 +555,8 @@ class Scheduler:
         logits = self.runner.forward(batch)
         for req, n in rows:
             req.kv_committed_len += n
-        flight = _Flight(rows, mode, logits, verify_at=verify_at)
+        flight = _Flight(rows, mode, logits, verify_at=verify_at, unsampled=unsampled,
+                         out_cache_loc=batch.out_cache_loc if unsampled else None)
         flight.bad_prompt = self._record_prompt_logprobs(rows, logits, prompt_lp_at)
         if sample_at:
             flight.picked = [rows[i][0] for i in sample_at]
@@ -570,6 +578,7 @@ class Scheduler:
         for req in flight.bad_prompt:
             if not req.finished:
                 self._fail_nonfinite(req, "while scoring the prompt")
+        self._check_unsampled_kv(flight)
         if flight.pending is not None:
             out = flight.pending.result()
             for i, (req, tok, lp) in enumerate(zip(flight.picked, out.token_ids, out.logprobs)):
@@ -602,6 +611,22 @@ class Scheduler:
                 self.chunked = None
             if new:
                 self.running.append(req)
+
+    def _check_unsampled_kv(self, flight: _Flight) -> None:
+        """Fail the requests of ``flight.unsampled`` whose new KV is not finite. No logits tell it
+        for them, and a prompt chunk's KV is shared at once (another request matching it would
+        fail in its place); last layer only, which any non-finite value reaches."""
+        if not flight.unsampled:
+            return
+        idx = torch.cat([torch.arange(first, first + n) for _, first, n in flight.unsampled])
+        bad = self.kv_pool.nonfinite_slots(flight.out_cache_loc[idx.to(flight.out_cache_loc.device)],
+                                           last_layer_only=True).tolist()
+        at = 0
+        for req, _, n in flight.unsampled:
+            if any(bad[at : at + n]) and not req.finished:
+                self._fail_nonfinite(req, f"at positions {req.kv_committed_len - n}..{req.kv_committed_len - 1}",
+                                     what="keys/values")
+            at += n
 
     def _record_prompt_logprobs(self, rows, logits: torch.Tensor, at: dict[int, tuple[int, int, int]]) -> list[Req]:
         """Append this step's prompt logprobs to each request; returns the requests among them whose
@@ -657,20 +682,20 @@ class Scheduler:
             if req.grammar is not None:
                 self._jump_forward(req)
 
-    def _fail_nonfinite(self, req: Req, where: str = "") -> None:
-        """Abort a request whose logits were NaN or inf (its token or prompt logprobs would be
-        noise), and drop the non-finite KV it leaves in the cache, which would fail every request
-        sharing the prefix."""
+    def _fail_nonfinite(self, req: Req, where: str = "", what: str = "logits") -> None:
+        """Abort a request whose logits (or, for a step that samples nothing, keys/values) were NaN
+        or inf: its token or prompt logprobs would be noise. Then drop the non-finite KV it leaves
+        in the cache, which would fail every request sharing the prefix."""
         where = where or f"at output token {len(req.output_ids) - req.num_speculative + 1}"
         dtype = str(self.runner.config.dtype).replace("torch.", "")
         fix = ("float16 overflows where bfloat16 does not: load the model with dtype='bfloat16' (or 'float32')"
                if dtype == "float16" else "check the checkpoint's weights for NaN or inf values")
         key = req.cache_key(min(req.kv_committed_len, req.seq_len))
         self._finish(req, FinishReason("abort", message=(
-            f"the model produced NaN or infinite logits {where} (model dtype {dtype}): {fix}")))
+            f"the model produced NaN or infinite {what} {where} (model dtype {dtype}): {fix}")))
         dropped = self.cache.drop_nonfinite(key)
-        logger.warning("request %s: NaN or inf in the logits %s; aborted, %d cached tokens with non-finite KV dropped",
-                       req.rid, where, dropped)
+        logger.warning("request %s aborted: NaN or inf in the %s %s%s", req.rid, what, where,
+                       f"; {dropped} cached tokens with non-finite KV dropped" if dropped else "")
 
     def _emit(self, req: Req) -> None:
         if req.finished:

@@ -113,7 +113,7 @@ class Session:
             # Only a checkpoint that cannot be found calls for another model, and only where the
             # engine's message has no fix of its own (dtype, memory, a hub id to download...).
             hint = ("\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
-                    if isinstance(e, OSError) and "fix" not in str(e).lower() else "")
+                    if isinstance(e, OSError) and "Fix: " not in str(e) else "")
             raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {e}{hint}") from e
 
     def engine(self, what: str):

@@ -233,6 +233,63 @@ def test_nonfinite_kv_of_a_failed_request_is_dropped_from_the_cache(engine, hf):
             emb[poison] = saved
 
 
+def test_a_prompt_chunk_with_nonfinite_kv_fails_before_it_is_shared(tiny_llama, hf):
+    """Chunked prefill shares each chunk's KV at once. A chunk holding a NaN token fails its
+    request right after that chunk (no logits would tell until the last one), so a request
+    admitted meanwhile with the same clean start reads only clean KV."""
+    with Engine(str(tiny_llama), max_total_tokens=1024, chunked_prefill_size=8) as eng:
+        ids = eng.encode("the red cat and the blue dog sat in the house by the tree one two three four five six")
+        clean = ids[:9] + eng.encode(" yes no")
+        params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        ref = hf.greedy_ignore_eos(clean, 4)
+        emb = eng.runner.model.model.embed_tokens.weight
+        poison = max(set(range(emb.shape[0])) - set(ids) - set(clean) - set(ref))
+        bad = (ids[:10] + [poison] + ids[10:])[:28]  # the NaN token in the second chunk (positions 8..15)
+        real_forward, extends, late = eng.runner.forward, [0], []
+
+        def forward(batch):
+            if batch.mode is ForwardMode.EXTEND:
+                extends[0] += 1
+                if extends[0] == 2:  # while the second chunk runs: admitted once it is done
+                    late.append(eng.submit(clean, params))
+            return real_forward(batch)
+
+        eng.runner.forward = forward
+        with torch.no_grad():
+            emb[poison] = float("nan")
+        r = eng.generate(bad, params)
+        assert r.finish_reason.type == "abort"
+        assert "NaN or infinite keys/values at positions 8..15 (model dtype float32)" in r.finish_reason.message
+        c = late[0].result(timeout=60)
+        assert c.finish_reason.type == "length" and c.token_ids == ref
+        assert c.meta.cached_tokens == 8  # the clean first chunk stayed cached
+        assert_idle_accounting(eng)
+
+
+def test_a_prefill_only_request_with_nonfinite_kv_fails_and_leaves_no_kv(engine, hf):
+    """max_new_tokens=0 (fork's prefix prefill, pin_prefix) samples nothing; its KV is checked."""
+    ids = engine.encode("the red cat and the blue dog sat in the house")
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    emb = engine.runner.model.model.embed_tokens.weight
+    poison = max(set(range(emb.shape[0])) - set(ids) - set(hf.greedy_ignore_eos(ids, 4)))
+    bad = ids[:5] + [poison] + ids[5:]
+    saved = emb[poison].clone()
+    engine.flush_cache()
+    try:
+        with torch.no_grad():
+            emb[poison] = float("nan")
+        r = engine.generate(bad, SamplingParams(max_new_tokens=0))
+        assert r.finish_reason.type == "abort" and f"keys/values at positions 0..{len(bad) - 1}" in r.finish_reason.message
+        with pytest.raises(RuntimeError, match="could not compute the prefix to pin: the model produced NaN"):
+            engine.pin_prefix(bad)
+    finally:
+        with torch.no_grad():
+            emb[poison] = saved
+    r = engine.generate(bad, params)  # the model is fine again, and nothing non-finite was kept
+    assert r.finish_reason.type == "length" and r.token_ids == hf.greedy_ignore_eos(bad, 4)
+    assert_idle_accounting(engine)
+
+
 def test_a_constrained_request_failed_on_its_prompt_finishes_once(engine, monkeypatch):
     """A regex with a forced prefix drafts tokens (jump-forward) in the same step as the prompt's
     logprobs; a request failed on the latter is not verified, appended to or finished again."""

@@ -150,6 +150,9 @@ def test_broken_checkpoint_files_are_named_with_the_fix(tiny_llama, tmp_path):
 def test_unknown_device_names_the_choices(tiny_llama):
     with pytest.raises(ValueError, match="unknown device 'tpu'; use 'cuda', 'cuda:N' or 'cpu'"):
         load_model(tiny_llama, device="tpu")
+    for device in ("meta", "mps"):  # real torch devices this engine does not run on
+        with pytest.raises(ValueError, match=f"device '{device}' is not supported: lmnb_engine runs on 'cuda'"):
+            load_model(tiny_llama, device=device)
 
 
 def test_unsupported_rope_type(tiny_checkpoint_factory):

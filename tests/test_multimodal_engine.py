@@ -290,3 +290,23 @@ def test_an_image_processor_that_needs_torchvision_falls_back_to_the_pil_one(lla
         with pytest.raises(ImportError, match="without torchvision .*pip install torchvision, or upgrade transformers"):
             eng.generate(MultimodalPrompt(Q1, [img]), _greedy(6))
         assert eng.generate("plain text still works", _greedy(2)).finish_reason.type != "abort"
+
+
+def test_nonfinite_image_features_are_not_kept_and_flush_clears_the_features(engine, hf):
+    """A projector that yields NaN fails the image's requests; once it is fine again the same
+    image works at once (its NaN features were not cached). flush_cache empties the feature cache."""
+    img = _image(11)
+    bias = engine.runner.model.multi_modal_projector.linear_2.bias
+    saved = bias.detach().clone()
+    engine.flush_cache()
+    try:
+        with torch.no_grad():
+            bias[0] = float("nan")
+        r = engine.generate(MultimodalPrompt(Q1, [img]), _greedy(4))
+        assert r.finish_reason.type == "abort" and "NaN or infinite" in r.finish_reason.message
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+    assert engine.generate(MultimodalPrompt(Q1, [img]), _greedy(4)).token_ids == _hf_greedy(hf, Q1, [img], 4)
+    assert len(engine.runner.model.encoder_cache) > 0
+    assert engine.flush_cache() and len(engine.runner.model.encoder_cache) == 0

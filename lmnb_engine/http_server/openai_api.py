@@ -432,5 +432,5 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     except Exception as e:  # noqa: BLE001 - the status line is sent; report in the stream
         from lmnb_engine.http_server.app import error_body
 
-        yield sse(error_body(f"{type(e).__name__}: {e}", 500))
+        yield sse(error_body(str(e) if isinstance(e, RequestFailed) else f"{type(e).__name__}: {e}", 500))
     yield SSE_DONE

@@ -117,7 +117,8 @@ class LlavaForConditionalGeneration(nn.Module):
             encoded = self.encode_slots(list(todo.values()))
             for h, feats in zip(todo, encoded):
                 found[h] = feats
-                self.encoder_cache.put(h, feats)
+                if bool(torch.isfinite(feats).all()):  # NaN features fail their request; not kept
+                    self.encoder_cache.put(h, feats)
         return found
 
     @torch.no_grad()
