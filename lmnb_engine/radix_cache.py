@@ -141,19 +141,27 @@ class RadixCache(PrefixCache):
         indices = torch.cat([child.value for child in path]) if path else _EMPTY
         return MatchResult(indices, node)
 
-    def peek_prefix(self, key: Key) -> tuple[Optional[int], int]:
-        """Like ``match_prefix`` but changes nothing: no edge is split and no access time is
-        refreshed, so looking (e.g. to label a widget's paths) never alters LRU eviction order."""
-        node, pos = self.root, 0
+    def _peek_path(self, key: Key) -> tuple[list[TreeNode], int]:
+        """(the nodes below the root that ``key`` enters, in order; matched length), changing
+        nothing: no edge is split (the last node may match only part of its edge) and no access
+        time is refreshed."""
+        node, pos, path = self.root, 0, []
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
                 break
             n = _common_prefix_len(child.key, key, pos)
+            path.append(child)
             node, pos = child, pos + n
             if n < len(child.key):
                 break
-        return (node.id, pos) if pos else (None, 0)
+        return path, pos
+
+    def peek_prefix(self, key: Key) -> tuple[Optional[int], int]:
+        """Like ``match_prefix`` but changes nothing: no edge is split and no access time is
+        refreshed, so looking (e.g. to label a widget's paths) never alters LRU eviction order."""
+        path, pos = self._peek_path(key)
+        return (path[-1].id, pos) if pos else (None, 0)
 
     def insert(self, key: Key, indices: torch.Tensor) -> int:
         """Insert ``key`` → ``indices`` (int64 [len(key)]); return the already-cached length.
@@ -206,19 +214,23 @@ class RadixCache(PrefixCache):
         freed = 0
         while freed < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
-            if self.kv_pool is not None:
-                self.kv_pool.free(node.value)
-            freed += len(node.key)
-            self._evictable -= len(node.key)
+            freed += self._delete_leaf(node)
             parent = node.parent
-            assert parent is not None
-            del parent.children[node.key[0]]
-            self._leaves.discard(node)
-            self._update_leaf(parent)
             if parent in self._leaves:
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         self.evicted_tokens += freed
         return freed
+
+    def _delete_leaf(self, node: TreeNode) -> int:
+        """Unlink an unlocked childless ``node`` and free its slots; returns their number."""
+        assert node.lock_ref == 0 and not node.children and node.parent is not None
+        if self.kv_pool is not None:
+            self.kv_pool.free(node.value)
+        self._evictable -= len(node.key)
+        del node.parent.children[node.key[0]]
+        self._leaves.discard(node)
+        self._update_leaf(node.parent)
+        return len(node.key)
 
     def drop_nonfinite(self, key: Key) -> int:
         """Remove the cached KV along ``key``'s path from its first non-finite slot on (splitting
@@ -230,16 +242,7 @@ class RadixCache(PrefixCache):
         """
         if self.kv_pool is None:
             return 0
-        node, pos, path = self.root, 0, []
-        while pos < len(key):  # a read-only walk: dropping is not a use for LRU's sake
-            child = node.children.get(key[pos])
-            if child is None:
-                break
-            n = _common_prefix_len(child.key, key, pos)
-            path.append(child)
-            node, pos = child, pos + n
-            if n < len(child.key):
-                break
+        path, _ = self._peek_path(key)  # dropping is not a use, for LRU's sake
         if not path:
             return 0
         bad = self.kv_pool.nonfinite_slots(torch.cat([c.value for c in path]))
@@ -254,18 +257,11 @@ class RadixCache(PrefixCache):
             self._split(node, first - start)  # ``node`` keeps the lower part, from ``first`` on
         if node.lock_ref > 0:
             return 0
-        freed, stack = 0, [node]
+        subtree, stack = [], [node]  # unlocked throughout: a lock counts on every ancestor
         while stack:
-            n = stack.pop()
-            stack.extend(n.children.values())
-            self.kv_pool.free(n.value)
-            freed += len(n.key)
-            self._leaves.discard(n)
-        self._evictable -= freed
-        parent = node.parent
-        del parent.children[node.key[0]]
-        self._update_leaf(parent)
-        return freed
+            subtree.append(stack.pop())
+            stack.extend(subtree[-1].children.values())
+        return sum(self._delete_leaf(n) for n in reversed(subtree))  # children before parents
 
     # --- observability -----------------------------------------------------------------------
     def snapshot(self, preview: Callable[[Sequence[Hashable]], str]) -> TreeNodeView:
