@@ -93,10 +93,9 @@ class _Flight:
     pending: Optional[PendingSample] = None
     verify_at: dict[int, int] = field(default_factory=dict)
     bad_prompt: list[Req] = field(default_factory=list)  # requests whose prompt logits are not finite
-    # rows that sample nothing in this step (a prompt chunk, max_new_tokens=0): (request, first
-    # index into out_cache_loc, new tokens); their KV is checked before the cache shares it
-    unsampled: list[tuple[Req, int, int]] = field(default_factory=list)
-    out_cache_loc: Optional[torch.Tensor] = None
+    # rows that sample nothing in this step (a prompt chunk, max_new_tokens=0): (request, new
+    # tokens); their KV is checked before the cache shares it
+    unsampled: list[tuple[Req, int]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -515,7 +514,7 @@ class Scheduler:
         verify_at: dict[int, int] = {}  # row -> first of its jump-forward draft's logits rows
         prompt_lp_at: dict[int, tuple[int, int, int]] = {}  # row -> (logits index, first pos, end pos)
         offset = 0
-        unsampled: list[tuple[Req, int, int]] = []
+        unsampled: list[tuple[Req, int]] = []
         for i, (req, n) in enumerate(rows):
             start = req.kv_committed_len
             if not ahead:
@@ -534,7 +533,7 @@ class Scheduler:
                 (verify_at if k else sample_at)[i] = len(logit_rows)
                 logit_rows += range(offset + n - 1 - k, offset + n)
             else:
-                unsampled.append((req, offset, n))
+                unsampled.append((req, n))
             offset += n
         mode = ForwardMode.DECODE if all(n == 1 for _, n in rows) else ForwardMode.EXTEND
         batch = ForwardBatch.build(
@@ -555,8 +554,7 @@ class Scheduler:
         logits = self.runner.forward(batch)
         for req, n in rows:
             req.kv_committed_len += n
-        flight = _Flight(rows, mode, logits, verify_at=verify_at, unsampled=unsampled,
-                         out_cache_loc=batch.out_cache_loc if unsampled else None)
+        flight = _Flight(rows, mode, logits, verify_at=verify_at, unsampled=unsampled)
         flight.bad_prompt = self._record_prompt_logprobs(rows, logits, prompt_lp_at)
         if sample_at:
             flight.picked = [rows[i][0] for i in sample_at]
@@ -616,14 +614,15 @@ class Scheduler:
         """Fail the requests of ``flight.unsampled`` whose new KV is not finite. No logits tell it
         for them, and a prompt chunk's KV is shared at once (another request matching it would
         fail in its place); last layer only, which any non-finite value reaches."""
-        if not flight.unsampled:
+        rows = [(req, n) for req, n in flight.unsampled if not req.finished]
+        if not rows:
             return
-        idx = torch.cat([torch.arange(first, first + n) for _, first, n in flight.unsampled])
-        bad = self.kv_pool.nonfinite_slots(flight.out_cache_loc[idx.to(flight.out_cache_loc.device)],
-                                           last_layer_only=True).tolist()
+        table = self.req_to_token_pool.host
+        slots = torch.cat([table[req.req_pool_idx, req.kv_committed_len - n : req.kv_committed_len] for req, n in rows])
+        bad = self.kv_pool.nonfinite_slots(slots.to(torch.int64), last_layer_only=True).tolist()
         at = 0
-        for req, _, n in flight.unsampled:
-            if any(bad[at : at + n]) and not req.finished:
+        for req, n in rows:
+            if any(bad[at : at + n]):
                 self._fail_nonfinite(req, f"at positions {req.kv_committed_len - n}..{req.kv_committed_len - 1}",
                                      what="keys/values")
             at += n
