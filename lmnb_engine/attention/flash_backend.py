@@ -99,6 +99,13 @@ def unsupported(head_dim: int, dtype: torch.dtype) -> Optional[str]:
     return None
 
 
+def refusal_fix(dtype: torch.dtype) -> str:
+    """The fix to name when flash-attn, asked for by name, cannot take a model of this dtype."""
+    if dtype not in FLASH_DTYPES:
+        return "use dtype='bfloat16' (or 'float16'), or attention_backend='triton'"
+    return "use attention_backend='triton'"
+
+
 def _fused_qkv(T: int, hq: int, hkv: int, d: int, g: torch.Generator, dtype, device):
     """q, k, v [T, H, D] as views of one [T, (hq + 2 hkv) d] buffer, as the model's qkv split
     gives them; q, k standard normal, v uniform in [-1, 1]."""
@@ -216,9 +223,8 @@ class FlashAttentionBackend(TritonAttentionBackend):
         labels = ", ".join(c.label for c in self.candidates)
         msg = f"flash-attn ({labels}) cannot run extend attention for this model: {not_taken or '; '.join(failures)}"
         if self.strict:
-            fix = "Use dtype='bfloat16' (or 'float16'), or attention_backend='triton'" if dtype not in FLASH_DTYPES \
-                else "Use attention_backend='triton'"
-            raise (ValueError if not_taken else RuntimeError)(f"{msg}. {fix}")
+            fix = refusal_fix(dtype)
+            raise (ValueError if not_taken else RuntimeError)(f"{msg}. {fix[0].upper()}{fix[1:]}")
         if failures:  # a model flash-attn does not take is expected; a build that fails its check is not
             warnings.warn(f"{msg}. The Triton kernels run it instead", RuntimeWarning, stacklevel=2)
         else:

@@ -103,7 +103,7 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
     if name == "flash_attn" or flash:
         from lmnb_engine.attention.flash_backend import MODULES, FlashAttentionBackend, find_flash_attn
 
-        strict = not flash  # asked for by name: flash-attn must work
+        strict = name == "flash_attn"  # asked for by name: flash-attn must work
         if strict:
             modules = flash_modules(dev)
             flash, problems = find_flash_attn(modules)

@@ -216,12 +216,12 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
 
     attn = select_attention_backend(device, backend_name)  # a bad name or device fails here, before spawning
     if getattr(attn, "strict", False):  # flash-attn by name: a model it cannot take fails before spawning too
-        from lmnb_engine.attention.flash_backend import unsupported
+        from lmnb_engine.attention.flash_backend import refusal_fix, unsupported
 
         problem = unsupported(loaded.config.head_dim, loaded.config.dtype)
         if problem:
             raise ValueError(f"attention backend 'flash_attn' cannot run this model: {problem}; "
-                             "use dtype='bfloat16' (or 'float16'), or attention_backend='triton'")
+                             f"{refusal_fix(loaded.config.dtype)}")
     if dist.is_initialized():
         raise RuntimeError("this process already has a torch.distributed process group (another "
                            "tensor-parallel Engine?); shut that engine down first")
