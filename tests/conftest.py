@@ -32,3 +32,13 @@ def tiny_checkpoint_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_checkpoint_factory):
     return tiny_checkpoint_factory("llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_llama):
+    """An in-process ``lmnb_engine.Engine`` on ``tiny_llama`` (8192 KV tokens), one per test module."""
+    from lmnb_engine import Engine
+
+    eng = Engine(model=str(tiny_llama), max_total_tokens=8192)
+    yield eng
+    eng.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import torch
@@ -71,3 +72,24 @@ def assert_idle_accounting(engine, pinned_tokens: int = 0) -> None:
     assert s["running_requests"] == 0 and s["waiting_requests"] == 0 and s["held_tokens"] == 0
     assert s["free_tokens"] + s["evictable_tokens"] + s["protected_tokens"] == s["pool_size"]
     assert s["protected_tokens"] == pinned_tokens
+
+
+@contextlib.contextmanager
+def nan_embedding(engine, token_id: int):
+    """Within the block, ``token_id``'s embedding row of ``engine``'s model is NaN: every prompt
+    holding that token gets non-finite values from the model itself."""
+    emb = engine.runner.model.model.embed_tokens.weight
+    saved = emb[token_id].clone()
+    with torch.no_grad():
+        emb[token_id] = float("nan")
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            emb[token_id] = saved
+
+
+def unused_token(engine, *id_lists) -> int:
+    """The highest token id of ``engine``'s vocabulary that none of ``id_lists`` holds."""
+    vocab = engine.runner.model.model.embed_tokens.weight.shape[0]
+    return max(set(range(vocab)).difference(*id_lists))

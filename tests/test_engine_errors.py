@@ -9,7 +9,7 @@ import torch
 
 from lmnb_engine import Engine, SamplingParams
 from lmnb_engine.forward_batch import ForwardMode
-from tests.helpers_engine import HFReference, assert_idle_accounting
+from tests.helpers_engine import HFReference, assert_idle_accounting, nan_embedding, unused_token
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 
@@ -210,14 +210,10 @@ def test_nonfinite_kv_of_a_failed_request_is_dropped_from_the_cache(engine, hf):
     system = engine.encode("the red cat and the blue dog sat in the house by the tree")
     good = system + engine.encode("a bird")
     ref = hf.greedy_ignore_eos(good, 6)
-    emb = engine.runner.model.model.embed_tokens.weight
-    poison = max(set(range(emb.shape[0])) - set(good) - set(ref))
+    poison = unused_token(engine, good, ref)
     bad = system + [poison] + engine.encode("ran")
     params = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
-    saved = emb[poison].clone()
-    try:
-        with torch.no_grad():
-            emb[poison] = float("nan")
+    with nan_embedding(engine, poison):
         engine.flush_cache()  # cold: the failed request computes the shared prefix itself
         assert engine.generate(bad, params).finish_reason.type == "abort"
         r = engine.generate(good, params)
@@ -228,9 +224,6 @@ def test_nonfinite_kv_of_a_failed_request_is_dropped_from_the_cache(engine, hf):
         r = engine.generate(good, params)
         assert r.token_ids == ref and r.meta.cached_tokens == len(good) - 1  # the clean prefix stayed
         assert_idle_accounting(engine)
-    finally:
-        with torch.no_grad():
-            emb[poison] = saved
 
 
 def test_a_prompt_chunk_with_nonfinite_kv_fails_before_it_is_shared(tiny_llama, hf):
@@ -242,8 +235,7 @@ def test_a_prompt_chunk_with_nonfinite_kv_fails_before_it_is_shared(tiny_llama, 
         clean = ids[:9] + eng.encode(" yes no")
         params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
         ref = hf.greedy_ignore_eos(clean, 4)
-        emb = eng.runner.model.model.embed_tokens.weight
-        poison = max(set(range(emb.shape[0])) - set(ids) - set(clean) - set(ref))
+        poison = unused_token(eng, ids, clean, ref)
         bad = (ids[:10] + [poison] + ids[10:])[:28]  # the NaN token in the second chunk (positions 8..15)
         real_forward, extends, late = eng.runner.forward, [0], []
 
@@ -255,9 +247,8 @@ def test_a_prompt_chunk_with_nonfinite_kv_fails_before_it_is_shared(tiny_llama, 
             return real_forward(batch)
 
         eng.runner.forward = forward
-        with torch.no_grad():
-            emb[poison] = float("nan")
-        r = eng.generate(bad, params)
+        with nan_embedding(eng, poison):
+            r = eng.generate(bad, params)
         assert r.finish_reason.type == "abort"
         assert "NaN or infinite keys/values at positions 8..15 (model dtype float32)" in r.finish_reason.message
         c = late[0].result(timeout=60)
@@ -270,21 +261,15 @@ def test_a_prefill_only_request_with_nonfinite_kv_fails_and_leaves_no_kv(engine,
     """max_new_tokens=0 (fork's prefix prefill, pin_prefix) samples nothing; its KV is checked."""
     ids = engine.encode("the red cat and the blue dog sat in the house")
     params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
-    emb = engine.runner.model.model.embed_tokens.weight
-    poison = max(set(range(emb.shape[0])) - set(ids) - set(hf.greedy_ignore_eos(ids, 4)))
+    poison = unused_token(engine, ids, hf.greedy_ignore_eos(ids, 4))
     bad = ids[:5] + [poison] + ids[5:]
-    saved = emb[poison].clone()
     engine.flush_cache()
-    try:
-        with torch.no_grad():
-            emb[poison] = float("nan")
+    with nan_embedding(engine, poison):
         r = engine.generate(bad, SamplingParams(max_new_tokens=0))
-        assert r.finish_reason.type == "abort" and f"keys/values at positions 0..{len(bad) - 1}" in r.finish_reason.message
+        assert r.finish_reason.type == "abort"
+        assert f"keys/values at positions 0..{len(bad) - 1}" in r.finish_reason.message
         with pytest.raises(RuntimeError, match="could not compute the prefix to pin: the model produced NaN"):
             engine.pin_prefix(bad)
-    finally:
-        with torch.no_grad():
-            emb[poison] = saved
     r = engine.generate(bad, params)  # the model is fine again, and nothing non-finite was kept
     assert r.finish_reason.type == "length" and r.token_ids == hf.greedy_ignore_eos(bad, 4)
     assert_idle_accounting(engine)

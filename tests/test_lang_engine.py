@@ -10,17 +10,8 @@ import lmnb as sgl
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama):
-    from lmnb_engine import Engine
-
-    eng = Engine(model=str(tiny_llama), max_total_tokens=8192)
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def backend(engine):
-    return sgl.Engine(engine=engine)
+def backend(tiny_engine):
+    return sgl.Engine(engine=tiny_engine)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +84,7 @@ def test_token_healing_scores_from_the_merged_token(backend, hf):
     assert pick.run(backend=backend).get_meta_info("c")["prefix_len"][0] == d
 
 
-def test_select_prefills_the_prompt_once_and_choices_hit_the_cache(backend, engine):
+def test_select_prefills_the_prompt_once_and_choices_hit_the_cache(backend, tiny_engine):
     prompt = "A long shared question about the color of a bird in the tree near the river:"
 
     @sgl.function
@@ -101,7 +92,7 @@ def test_select_prefills_the_prompt_once_and_choices_hit_the_cache(backend, engi
         s += prompt + sgl.select("c", choices=[" red", " blue", " green"])
 
     meta = pick.run(backend=backend).get_meta_info("c")
-    n_prompt = len(engine.encode(prompt))
+    n_prompt = len(tiny_engine.encode(prompt))
     for cached, start in zip(meta["cached_tokens"], meta["prefix_len"]):
         assert cached >= min(start, n_prompt) - 1
 
@@ -118,7 +109,7 @@ def test_streaming_is_incremental_and_equals_the_plain_run(backend):
     assert "".join(chunks) == plain["rest"] == st["rest"]
 
 
-def test_continuing_a_state_reuses_its_cached_prefix(backend, engine):
+def test_continuing_a_state_reuses_its_cached_prefix(backend, tiny_engine):
     @sgl.function
     def turn(s, q):
         s += sgl.user(q)

@@ -7,13 +7,14 @@ failure path, with no stand-in for the model."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import httpx
 import pytest
-import torch
 
 import lmnb as sgl
+from helpers_engine import nan_embedding
 from helpers_lang import live_server
 from lmnb.backend.engine import UNCONDITIONAL_CONTEXT
 
@@ -22,37 +23,22 @@ CHOICES = [" yes", " no"]
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama):
-    from lmnb_engine import Engine
-
-    eng = Engine(model=str(tiny_llama), max_total_tokens=4096)
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with live_server(engine, served_model_name="m") as u:
+def url(tiny_engine):
+    with live_server(tiny_engine, served_model_name="m") as u:
         yield u
 
 
 @pytest.fixture()
-def poison(engine):
+def poison(tiny_engine):
     """``poison(token_id)`` sets that embedding row to NaN until the test ends."""
-    emb = engine.runner.model.model.embed_tokens.weight
-    saved = {}
+    with contextlib.ExitStack() as stack:
 
-    def set_nan(token_id: int) -> None:
-        saved[token_id] = emb[token_id].clone()
-        with torch.no_grad():
-            emb[token_id] = float("nan")
-        engine.flush_cache()
+        def set_nan(token_id: int) -> None:
+            stack.enter_context(nan_embedding(tiny_engine, token_id))
+            tiny_engine.flush_cache()
 
-    yield set_nan
-    with torch.no_grad():
-        for t, row in saved.items():
-            emb[t] = row
-    engine.flush_cache()
+        yield set_nan
+    tiny_engine.flush_cache()
 
 
 @sgl.function
@@ -67,10 +53,10 @@ def only_in(engine, text: str, *others: str) -> int:
 
 
 @pytest.mark.parametrize("where", ["in-process", "RuntimeEndpoint"])
-def test_select_fails_when_the_unconditional_scores_are_nan(engine, url, poison, where):
-    backend = sgl.Engine(engine=engine) if where == "in-process" else sgl.RuntimeEndpoint(url)
+def test_select_fails_when_the_unconditional_scores_are_nan(tiny_engine, url, poison, where):
+    backend = sgl.Engine(engine=tiny_engine) if where == "in-process" else sgl.RuntimeEndpoint(url)
     assert pick.run(method=sgl.unconditional_likelihood_normalized, backend=backend)["c"] in CHOICES
-    poison(only_in(engine, UNCONDITIONAL_CONTEXT, PROMPT, *CHOICES))
+    poison(only_in(tiny_engine, UNCONDITIONAL_CONTEXT, PROMPT, *CHOICES))
     st = pick.run(method=sgl.token_length_normalized, backend=backend)  # conditional scores are fine
     assert st["c"] in CHOICES
     st = pick.run(method=sgl.unconditional_likelihood_normalized, backend=backend)
@@ -78,16 +64,16 @@ def test_select_fails_when_the_unconditional_scores_are_nan(engine, url, poison,
         st["c"]
 
 
-def test_select_fails_when_the_prompt_scores_are_nan_through_the_server(engine, url, poison):
-    poison(only_in(engine, PROMPT, *CHOICES))
+def test_select_fails_when_the_prompt_scores_are_nan_through_the_server(tiny_engine, url, poison):
+    poison(only_in(tiny_engine, PROMPT, *CHOICES))
     st = pick.run(method=sgl.token_length_normalized, backend=sgl.RuntimeEndpoint(url))
     with pytest.raises(sgl.ProgramError, match="scoring on the server was aborted: the model produced NaN"):
         st["c"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_generate_route_reports_the_abort_in_valid_json(engine, url, poison, stream):
-    poison(only_in(engine, "the cat sat on the mat", ""))
+def test_generate_route_reports_the_abort_in_valid_json(tiny_engine, url, poison, stream):
+    poison(only_in(tiny_engine, "the cat sat on the mat", ""))
     body = {"text": "the cat sat on the mat", "sampling_params": {"max_new_tokens": 4, "temperature": 0},
             "return_logprob": True, "logprob_start_len": 0, "stream": stream}
     r = httpx.post(url + "/generate", json=body, timeout=60)
@@ -103,8 +89,8 @@ def test_generate_route_reports_the_abort_in_valid_json(engine, url, poison, str
     assert None in [e[0] for e in out["meta_info"]["input_token_logprobs"][1:]]  # the NaN ones, as null
 
 
-def test_openai_abort_is_a_json_error_and_the_connection_stays_usable(engine, url, poison):
-    poison(only_in(engine, "the cat sat on the mat", "a dog ran"))
+def test_openai_abort_is_a_json_error_and_the_connection_stays_usable(tiny_engine, url, poison):
+    poison(only_in(tiny_engine, "the cat sat on the mat", "a dog ran"))
     with httpx.Client(base_url=url, timeout=60) as client:  # one keep-alive connection
         for _ in range(2):
             r = client.post("/v1/completions", json={"model": "m", "prompt": "the cat sat on the mat", "max_tokens": 3})
