@@ -595,6 +595,7 @@ class Scheduler:
                 self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
             )
         running = set(map(id, self.running))
+        sampled = set(map(id, flight.picked))
         for req, n in rows:
             if not req.finished and req.kv_committed_len == req.seq_len and req.params.max_new_tokens == 0:
                 self._finish(req, FinishReason("length"))
@@ -604,8 +605,10 @@ class Scheduler:
             if n > 1 or new:  # share the freshly computed prompt (or forced tokens) at once
                 self.cache.cache_unfinished_req(req)
             if req is self.chunked:
-                if req.kv_committed_len < req.seq_len:
-                    continue  # more chunks to come
+                # more chunks to come, unless the last one sampled: a jump-forward draft appended
+                # then is no prompt, and runs (and is verified) in one piece as a running request's
+                if req.kv_committed_len < req.seq_len and id(req) not in sampled:
+                    continue
                 self.chunked = None
             if new:
                 self.running.append(req)

@@ -163,3 +163,19 @@ def test_json_extraction_program_through_the_language(engines):
     assert re.fullmatch(r"[A-Z]{2}-[0-9]{3}", state["code"])
     assert state["mood"] in ("happy", "sad", "neutral")
     assert isinstance(state["count"], int)
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 5])
+def test_a_draft_after_the_last_prompt_chunk_is_verified_in_one_piece(tiny_llama, engines, chunk):
+    """The draft jump-forward appends when a chunked prompt's last chunk samples is output, not
+    prompt: it runs as a running request's draft does. (It was chunked like more prompt, split,
+    and the request failed on the scheduler's assertion that a draft is never served unverified.)"""
+    _, off = engines
+    params = SamplingParams(max_new_tokens=30, temperature=0.0, regex=r'\{"name": "[a-z]+", "age": [0-9]+\}')
+    prompts = ["the red cat and the blue dog", "one two three four five six"]
+    with Engine(str(tiny_llama), max_total_tokens=1024, chunked_prefill_size=chunk) as eng:
+        for prompt in prompts:
+            r, ref = eng.generate(prompt, params), off.generate(prompt, params)
+            assert r.meta.jumped_tokens > 0
+            assert (r.token_ids, r.finish_reason.type) == (ref.token_ids, ref.finish_reason.type)
+        assert_idle_accounting(eng)
