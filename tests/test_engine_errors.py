@@ -270,6 +270,11 @@ def test_a_prefill_only_request_with_nonfinite_kv_fails_and_leaves_no_kv(engine,
         assert f"keys/values at positions 0..{len(bad) - 1}" in r.finish_reason.message
         with pytest.raises(RuntimeError, match="could not compute the prefix to pin: the model produced NaN"):
             engine.pin_prefix(bad)
+        # a cached clean prefix plus the NaN token alone: the check reads exactly the new slot
+        assert engine.generate(ids, SamplingParams(max_new_tokens=0)).finish_reason.type == "length"
+        r = engine.generate(ids + [poison], SamplingParams(max_new_tokens=0))
+        assert r.meta.cached_tokens == len(ids) and r.finish_reason.type == "abort"
+        assert f"keys/values at positions {len(ids)}..{len(ids)}" in r.finish_reason.message
     r = engine.generate(bad, params)  # the model is fine again, and nothing non-finite was kept
     assert r.finish_reason.type == "length" and r.token_ids == hf.greedy_ignore_eos(bad, 4)
     assert_idle_accounting(engine)
