@@ -25,13 +25,18 @@ def load_tokenizer(path: Path) -> Any:
     """``AutoTokenizer.from_pretrained(path)`` (a ``PreTrainedTokenizerFast``).
 
     Raises:
-        ValueError: the files exist but transformers cannot build a fast tokenizer from them.
+        ValueError: the files exist but transformers cannot build a fast tokenizer from them; a
+            JSON file that is not a JSON object is named as the cause.
     """
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # transformers raises many types here; name the directory instead
+        # A broken JSON file surfaces from deep inside transformers as e.g. "'list' object has no
+        # attribute 'get'"; on failure only (a large tokenizer.json costs a parse), name the file.
+        for name in ("tokenizer_config.json", "tokenizer.json"):
+            read_json(path / name)
         raise ValueError(f"could not load the tokenizer in {path}: {type(e).__name__}: {e}") from None
 
 

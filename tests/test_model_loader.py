@@ -147,6 +147,17 @@ def test_broken_checkpoint_files_are_named_with_the_fix(tiny_llama, tmp_path):
         load_model(ck)
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("tokenizer_config.json", "[1, 2]", r"tokenizer_config\.json holds a JSON list, not an object; fix or re-save"),
+    ("tokenizer.json", '{"model": ', r"tokenizer\.json is not valid JSON \(.*line 1.*\); fix or re-save"),
+])
+def test_broken_tokenizer_file_is_named(tiny_llama, tmp_path, name, content, message):
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    (ck / name).write_text(content)  # transformers alone fails here with "'list' object has no attribute 'get'"
+    with pytest.raises(ValueError, match=message):
+        load_model(ck)
+
+
 def test_unknown_device_names_the_choices(tiny_llama):
     with pytest.raises(ValueError, match="unknown device 'tpu'; use 'cuda', 'cuda:N' or 'cpu'"):
         load_model(tiny_llama, device="tpu")
