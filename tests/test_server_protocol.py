@@ -179,6 +179,29 @@ def test_api_key_is_required_when_set():
             sgl.RuntimeEndpoint(url, api_key="wrong")
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"text": "boom", "sampling_params": {"max_new_tokens": 2}}),
+    ("/v1/completions", {"model": "rec", "prompt": "boom", "max_tokens": 2}),
+])
+def test_an_unexpected_error_is_a_500_and_the_keep_alive_connection_survives(path, body):
+    def reply(text, params):
+        if "boom" in text:
+            raise RuntimeError("a bug in the engine")
+        return "ok"
+
+    with live_server(RecordingEngine(reply), served_model_name="rec") as url, httpx.Client(base_url=url, timeout=30) as client:
+        ports = []
+        for _ in range(2):  # before the fix, uvicorn reset the connection and this second try failed
+            r = client.post(path, json=body)
+            assert r.status_code == 500
+            assert r.json()["error"]["message"] == "internal error: RuntimeError: a bug in the engine"
+            ports.append(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+        r = client.post("/generate", json={"text": "fine", "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200 and r.json()["text"] == "ok"
+        ports.append(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+        assert len(set(ports)) == 1  # one TCP connection served all three
+
+
 class _UntilAborted:
     """A request handle that runs until it is aborted (a generation longer than the client waits)."""
 

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -30,6 +31,30 @@ logger = logging.getLogger("lmnb.serve")
 # Blocking engine calls (submit, waiting for results) run on this many threads; a request holds
 # one while it waits, so this bounds concurrent requests, not throughput.
 MAX_WAITING_THREADS = 512
+
+
+class _Route(APIRoute):
+    """A route that answers an unexpected exception itself with a 500 JSON error.
+
+    Left to an ``Exception`` handler, the exception reaches Starlette's ``ServerErrorMiddleware``,
+    which answers and then re-raises it for the server to log; uvicorn then resets the client's
+    keep-alive connection, and the client's next request on it fails. Errors with a handler of
+    their own (``RequestError``, validation, HTTP errors) pass through to it.
+    """
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route_handler(request: Request) -> Any:
+            try:
+                return await handler(request)
+            except (RequestError, RequestFailed, RequestValidationError, ValidationError, StarletteHTTPException):
+                raise
+            except Exception as exc:
+                logger.exception("unexpected error serving %s", request.url.path)
+                return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", 500), 500)
+
+        return route_handler
 
 
 class ServerContext:
@@ -188,14 +213,14 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
                 raise RequestError("missing or wrong API key (send Authorization: Bearer <key>)", 401)
 
     app = FastAPI(title="lmnb serve", docs_url=None, redoc_url=None, dependencies=[Depends(check_api_key)])
+    app.router.route_class = _Route  # before any route is added
     app.state.ctx = ctx
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError):
         return JSONResponse(error_body(str(exc), exc.status, exc.param), exc.status)
 
-    # A handler of its own, not the catch-all below: Starlette re-raises what reaches that one
-    # after answering, and uvicorn then drops the client's keep-alive connection.
+    # A handler of its own: an ``Exception`` handler would reset the connection (``_Route``).
     @app.exception_handler(RequestFailed)
     async def request_failed(request: Request, exc: RequestFailed):
         return JSONResponse(error_body(str(exc), exc.status), exc.status)
@@ -215,11 +240,6 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         return JSONResponse(error_body(str(exc.detail), exc.status_code), exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception):
-        logger.exception("unexpected error serving %s", request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", 500), 500)
 
     async def json_body(request: Request) -> Any:
         try:
