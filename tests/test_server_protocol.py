@@ -189,7 +189,8 @@ def test_an_unexpected_error_is_a_500_and_the_keep_alive_connection_survives(pat
             raise RuntimeError("a bug in the engine")
         return "ok"
 
-    with live_server(RecordingEngine(reply), served_model_name="rec") as url, httpx.Client(base_url=url, timeout=30) as client:
+    engine = RecordingEngine(reply)
+    with live_server(engine, served_model_name="rec") as url, httpx.Client(base_url=url, timeout=30) as client:
         ports = []
         for _ in range(2):  # before the fix, uvicorn reset the connection and this second try failed
             r = client.post(path, json=body)
