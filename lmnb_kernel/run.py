@@ -28,10 +28,14 @@ def run_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """Execute, save, print the summary. Returns 0, or 1 if a cell failed."""
+    """Execute, save, print the summary. Returns 0; 1 if a cell failed, ran past ``--timeout`` or
+    the kernel died; 2 for a notebook that cannot be read or an output that cannot be written;
+    130 on Ctrl-C. The executed notebook is saved in every case but 2."""
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellControlSignal, CellTimeoutError, DeadKernelError
+
+    from lmnb.export import read_notebook
 
     src = Path(args.notebook)
     if not src.is_file():
@@ -39,9 +43,16 @@ def run(args) -> int:
         return 2
     out = Path(args.output) if args.output else src.with_suffix(".out.ipynb")
     try:
-        nb = nbformat.read(src, as_version=4)
+        nb = read_notebook(src)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
+        return 2
+    try:  # before the run: a path that cannot be written would lose it at the end
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            raise PermissionError("permission denied")
+    except OSError as e:
+        print(f"lmnb run: cannot write {out}: {e}", file=sys.stderr)
         return 2
     if args.parameter:
         inject_parameters(nb, {k: parse_value(v) for k, v in args.parameter})
@@ -53,24 +64,36 @@ def run(args) -> int:
         resources={"metadata": {"path": str(src.resolve().parent)}},
     )
     t0 = time.monotonic()
-    failed = None
+    failed, status = None, 0
     try:
         client.execute(env=env)
-    except CellExecutionError as e:
-        failed = e
+    except CellTimeoutError:
+        failed, status = f"a cell ran longer than --timeout {args.timeout:g} s", 1
+    except DeadKernelError:
+        # On SIGINT or SIGTERM nbclient's own handler shuts the kernel down (and notes the future
+        # it started), so the cell then ends as if the kernel had died.
+        if getattr(client, "_async_cleanup_kernel_future", None) is not None:
+            failed, status = "interrupted (SIGINT or SIGTERM); the kernel was shut down", 130
+        else:
+            failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
+    except CellControlSignal as e:  # CellExecutionError: the cell raised
+        failed, status = f"a cell failed:\n{e}", 1
+    except KeyboardInterrupt:  # outside a cell (kernel start-up)
+        failed, status = "interrupted", 130
     finally:
         nbformat.write(nb, out)
     print(summary(nb, src, out, time.monotonic() - t0))
     if failed is not None:
-        print(f"lmnb run: a cell failed (outputs so far are saved in {out}):\n{failed}", file=sys.stderr)
-        return 1
-    return 0
+        print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
+    return status
 
 
 def kernel_manager():
-    """A KernelManager for the ``lmnb`` kernel of this Python, whether or not the spec is installed."""
+    """An ``AsyncKernelManager`` for the ``lmnb`` kernel of this Python, whether or not the spec is
+    installed. nbclient needs the async one: with the blocking ``KernelManager`` it never notices a
+    dead kernel (the run hangs) and never enforces its cell timeout."""
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
 
     class _Specs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name):
@@ -78,7 +101,7 @@ def kernel_manager():
                 return KernelSpec(resource_dir="", **kernel_spec())
             return super().get_kernel_spec(kernel_name)
 
-    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs())
+    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs())
 
 
 def parse_value(text: str):

@@ -126,20 +126,23 @@ def test_bad_cells_are_reported_with_their_cell_number(cell, words):
         assert w in str(e.value)
 
 
-def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path):
+def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     from lmnb_kernel.cli import main
 
     nb_path = tmp_path / "qa.ipynb"
     nbformat.write(QA, nb_path)
-    assert main(["export", str(nb_path), "-o", str(tmp_path / "qa.py")]) == 0
+    assert main(["export", str(nb_path), "-o", str(tmp_path / "jobs" / "qa.py")]) == 0  # the folder is made
     expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "qa.py")[0]
-    assert (tmp_path / "qa.py").read_text() == expected
+    assert (tmp_path / "jobs" / "qa.py").read_text() == expected
     out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(nb_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected
     (tmp_path / "broken.ipynb").write_text("{not json")
     assert main(["export", str(tmp_path / "broken.ipynb")]) == 2
+    (tmp_path / "not_nb.ipynb").write_text('{"foo": 1}')
+    assert main(["export", str(tmp_path / "not_nb.ipynb")]) == 2
+    assert "not a Jupyter notebook: " in capsys.readouterr().err
     nbformat.write(notebook("x = 1", "%%lm\n{gen a max_token=2}"), tmp_path / "bad.ipynb")
     assert main(["export", str(tmp_path / "bad.ipynb")]) == 2
 

@@ -50,12 +50,78 @@ def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp
 
     bad = tmp_path / "bad.ipynb"
     bad.write_text("{not json")
-    for path, words in [(tmp_path / "missing.ipynb", "no such notebook"), (bad, "cannot read")]:
+    not_nb = tmp_path / "not_nb.ipynb"
+    not_nb.write_text('{"foo": 1}')  # JSON, but no notebook: nbformat raises a schema ValidationError
+    for path, words in [(tmp_path / "missing.ipynb", "no such notebook"), (bad, "cannot read"),
+                        (not_nb, "cannot read .*: not a Jupyter notebook: .*missing a key: cells")]:
         args = argparse.Namespace(notebook=str(path), output=None, parameter=[], timeout=60, allow_errors=False)
         assert run(args) == 2
         err = capsys.readouterr().err
-        assert f"lmnb run: {words}" in err and str(path) in err and "Traceback" not in err
+        assert re.search(f"lmnb run: {words}", err) and str(path) in err and "Traceback" not in err
     assert not (tmp_path / "bad.out.ipynb").exists()
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("cell_source, timeout, message", [
+    ("import os; os._exit(1)", 60, "the kernel died while a cell ran"),
+    ("import time; time.sleep(30)", 3, "a cell ran longer than --timeout 3 s"),
+])
+def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_path, capsys, cell_source, timeout,
+                                                                            message):
+    """Before, with a blocking KernelManager, nbclient never noticed either: the run hung forever."""
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "print('first')", cell_source, "print('never')")
+    out = tmp_path / "new" / "dir" / "out.ipynb"  # a folder that does not exist yet is made first
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=timeout, allow_errors=False)
+    assert run(args) == 1
+    err = capsys.readouterr().err
+    assert f"lmnb run: {message}" in err and f"outputs so far are saved in {out}" in err
+    done = nbformat.read(out, as_version=4)
+    assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
+
+
+def test_ctrl_c_shuts_the_kernel_down_saves_the_outputs_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "started"
+    src = _notebook(tmp_path / "nb.ipynb", "print('first')",
+                    f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(120)")
+    out = tmp_path / "out.ipynb"
+    proc = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "run", str(src), "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():  # the second cell is running
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "lmnb run: interrupted (SIGINT or SIGTERM); the kernel was shut down" in err
+    assert nbformat.read(out, as_version=4).cells[0].outputs[0]["text"] == "first\n"
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "print('x')")
+    (tmp_path / "file").write_text("")
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "file" / "out.ipynb"), parameter=[],
+                              timeout=60, allow_errors=False)
+    assert run(args) == 2
+    assert f"lmnb run: cannot write {tmp_path / 'file' / 'out.ipynb'}" in capsys.readouterr().err
 
 
 def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):

@@ -19,7 +19,23 @@ from lmnb.export.cells import ExportError, read_cells
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
 
-__all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "plan_notebook"]
+__all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "plan_notebook", "read_notebook"]
+
+
+def read_notebook(path: Path):
+    """``nbformat.read(path, as_version=4)``.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON, or JSON that is not a notebook (the message names what is
+            missing; nbformat's own ``ValidationError`` prints the whole schema).
+    """
+    import nbformat
+
+    try:
+        return nbformat.read(path, as_version=4)
+    except nbformat.ValidationError as e:
+        raise ValueError(f"not a Jupyter notebook: {e.message}") from None
 
 
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:
@@ -52,13 +68,11 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
 
 def export(args: argparse.Namespace) -> int:
     """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
-    import nbformat
-
     path: Path = args.notebook
     out: Path = args.output or path.with_suffix(".py")
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
     try:
-        nb = nbformat.read(path, as_version=4)
+        nb = read_notebook(path)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
         return 2
@@ -73,7 +87,12 @@ def export(args: argparse.Namespace) -> int:
     if str(out) == "-":
         sys.stdout.write(source)
         return 0
-    out.write_text(source, encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(source, encoding="utf-8")
+    except OSError as e:
+        print(f"lmnb export: cannot write {out}: {e}", file=sys.stderr)
+        return 2
     if not p.row:
         print(f"wrote {out}; run it with\n  python {out}", file=sys.stderr)
         return 0
