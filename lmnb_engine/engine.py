@@ -340,7 +340,8 @@ class Engine:
         Compiles on the grammar backend's worker thread (cached per pattern and tokenizer) and
         waits here, on the caller's thread: the scheduler never waits for a compile.
         Raises ``GrammarError`` (a ``ValueError``) naming an unsupported regex feature or schema
-        keyword, or a pattern this vocabulary can never complete."""
+        keyword, a pattern this vocabulary can never complete, or a compile that took longer
+        than ``GrammarBackend.compile_timeout_s``."""
         if params.regex is None and params.json_schema is None:
             return None
         from lmnb_engine.constrained import GrammarBackend
@@ -352,7 +353,7 @@ class Engine:
                 )
         backend = self._grammar_backend
         regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
-        return backend.submit(regex).result()
+        return backend.wait(regex)
 
     def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
         handle, reqs = self._make_reqs(ids, params, rid)

@@ -356,3 +356,40 @@ def test_cache_shares_one_compiled_grammar_built_off_the_calling_thread(tokenize
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_other_pattern(tokenizer, monkeypatch):
+    release = threading.Event()
+    real = cache_module.compile_grammar
+
+    def slow_for_a(regex, vocab):  # stands in for a pattern whose automaton takes minutes to build
+        if regex == "a+":
+            release.wait(60)
+        return real(regex, vocab)
+
+    monkeypatch.setattr(cache_module, "compile_grammar", slow_for_a)
+    backend = GrammarBackend(tokenizer, max_workers=2, cache=GrammarCache(), compile_timeout_s=0.5)
+    try:
+        with pytest.raises(GrammarError, match=r"compiling the constraint 'a\+' took longer than 0\.5 s"):
+            backend.wait("a+")
+        assert backend.wait("b+").regex == "b+"  # the other worker serves other patterns meanwhile
+        backend.compile_timeout_s = 30.0  # longer than the release below: only the fast path can raise
+        threading.Timer(3.0, release.set).start()
+        with pytest.raises(GrammarError, match="took longer than 30 s"):
+            backend.wait("a+")  # still compiling: fails at once instead of holding this request too
+        assert not release.is_set()
+        release.wait()
+        backend.submit("a+").result(timeout=30)
+        assert backend.wait("a+").regex == "a+"  # finished in the background, cached, served
+    finally:
+        release.set()
+        backend.shutdown()
+
+
+@pytest.mark.parametrize("pattern, count", [("a{1001}", "1001"), ("(ab{100}){11}", "1100"), ("x|y{5,2000}", "2000"),
+                                            ("a{5000000000}", "more than 4,294,967,294")])
+def test_repeat_counts_above_re2s_limit_are_refused_before_compiling(backend, pattern, count):
+    with pytest.raises(GrammarError, match=f"repeats a part {count} times .*above the limit of 1000"):
+        backend.to_regex(regex=pattern)
+    backend.to_regex(regex="(ab{100}){10}")  # 1000: at the limit
+    backend.to_regex(regex="[a-z]{3,}")  # an unbounded repeat counts its minimum

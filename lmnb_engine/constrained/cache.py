@@ -10,9 +10,11 @@ compile (outlines-core releases the GIL while it builds an index).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarError
@@ -71,6 +73,9 @@ class GrammarCache:
 
 _SHARED_CACHE = GrammarCache()
 
+# A compile cannot be cancelled once outlines-core runs it; a request stops waiting after this long.
+COMPILE_TIMEOUT_S = 60.0
+
 
 class GrammarBackend:
     """Constrained decoding for one tokenizer: validates requests, compiles off-thread, caches.
@@ -79,8 +84,10 @@ class GrammarBackend:
         tokenizer: a Hugging Face fast tokenizer (byte-level BPE or SentencePiece byte-fallback).
         eos_token_ids: ids allowed in accepting states (default: the tokenizer's EOS).
         vocab_size: logits width (default ``len(tokenizer)``); masks have this many tokens.
-        max_workers: compile threads.
+        max_workers: compile threads (default: up to 4), so that one slow compile does not hold
+            up every other pattern.
         cache: the ``GrammarCache`` (default: one shared by every backend in the process).
+        compile_timeout_s: how long ``wait`` waits for a compile (seconds).
 
     Raises:
         GrammarError: the tokenizer's token bytes cannot be read.
@@ -91,10 +98,14 @@ class GrammarBackend:
         tokenizer: Any,
         eos_token_ids: frozenset[int] | set[int] | None = None,
         vocab_size: int | None = None,
-        max_workers: int = 1,
+        max_workers: int | None = None,
         cache: GrammarCache | None = None,
+        compile_timeout_s: float = COMPILE_TIMEOUT_S,
     ):
         self.vocab = TokenVocabulary(tokenizer, eos_token_ids, vocab_size)
+        self.compile_timeout_s = compile_timeout_s
+        self._timed_out: set[str] = set()  # patterns still compiling after a wait timed out
+        max_workers = max_workers or min(4, os.cpu_count() or 1)
         self.cache = cache if cache is not None else _SHARED_CACHE
         self._regex_of: OrderedDict[tuple, str] = OrderedDict()  # validated constraint -> regex (LRU)
         self._regex_lock = threading.Lock()
@@ -144,9 +155,34 @@ class GrammarBackend:
         """
         return self.cache.get_or_submit(regex, self.vocab, self._executor)
 
+    def wait(self, regex: str) -> CompiledGrammar:
+        """``submit(regex)``'s grammar, waiting at most ``compile_timeout_s``.
+
+        A pattern whose compile already outlasted a wait fails at once until it finishes (it goes
+        on in the background and is cached then), rather than holding each request that asks.
+
+        Raises:
+            GrammarError: the compile failed, or took longer than ``compile_timeout_s``.
+        """
+        fut = self.submit(regex)
+        if not fut.done() and regex in self._timed_out:
+            raise GrammarError(self._too_slow(regex))
+        try:
+            return fut.result(timeout=self.compile_timeout_s)
+        except FutureTimeout:
+            self._timed_out.add(regex)
+            fut.add_done_callback(lambda _: self._timed_out.discard(regex))
+            raise GrammarError(self._too_slow(regex)) from None
+
+    def _too_slow(self, regex: str) -> str:
+        shown = repr(regex[:80]) + ("..." if len(regex) > 80 else "")
+        return (f"compiling the constraint {shown} took longer than {self.compile_timeout_s:g} s, so its "
+                "automaton is very large (long counted repeats, or a long maxLength on a top-level string): "
+                "loosen the bound and limit the length with max_tokens instead")
+
     def compile(self, regex: str | None = None, json_schema: Any = None, whitespace_pattern: str | None = None) -> CompiledGrammar:
         """Validate, compile (or fetch from the cache) and wait: the blocking convenience form."""
-        return self.submit(self.to_regex(regex, json_schema, whitespace_pattern)).result()
+        return self.wait(self.to_regex(regex, json_schema, whitespace_pattern))
 
     def shutdown(self) -> None:
         """Stop the compile threads (pending compiles finish first)."""

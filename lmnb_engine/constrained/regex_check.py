@@ -70,13 +70,38 @@ def _walk(node):
                 yield from _walk(part)
 
 
+# Like RE2, which refuses a repeat count above 1000: the automaton has a state per repetition, and
+# compiling it against a vocabulary takes seconds per thousand (a{16000}: 4 s on the demo
+# vocabulary) and cannot be cancelled once started. Nested counts multiply, so the limit applies
+# to their product along each path.
+MAX_REPEAT_COUNT = 1000
+
+
+def _largest_repeat(node, outer: int = 1) -> int:
+    """The largest product of bounded repeat counts along a nesting path of a parsed pattern
+    (an unbounded ``{m,}`` counts as ``m``)."""
+    if isinstance(node, _p.SubPattern):
+        node = node.data
+    if isinstance(node, list):
+        return max((_largest_repeat(item, outer) for item in node), default=outer)
+    if not isinstance(node, tuple):
+        return outer
+    if len(node) == 2 and node[0] in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+        lo, hi, sub = node[1]
+        inner = outer * max(lo if hi is _c.MAXREPEAT else hi, 1)
+        return max(inner, _largest_repeat(sub, inner))
+    return max((_largest_repeat(part, outer) for part in node if isinstance(part, (list, tuple, _p.SubPattern))),
+               default=outer)
+
+
 def check_regex(pattern: str) -> None:
     """Raise ``GrammarError`` if ``pattern`` uses a feature a DFA cannot express.
 
     Checked: backreferences, conditionals, lookahead/lookbehind (positive and negative), anchors
-    (``^ $ \\A \\Z``; matches are whole-output already), word boundaries, atomic groups and
-    possessive quantifiers. A pattern that Python's parser rejects is passed on unchanged (the
-    DFA library may accept it, or report its own error when compiling).
+    (``^ $ \\A \\Z``; matches are whole-output already), word boundaries, atomic groups,
+    possessive quantifiers, and repeat counts above ``MAX_REPEAT_COUNT`` (nested ones multiplied).
+    A pattern that Python's parser rejects is passed on unchanged (the DFA library may accept it,
+    or report its own error when compiling).
 
     Raises:
         GrammarError: naming the first unsupported feature found and how to rewrite it.
@@ -88,7 +113,9 @@ def check_regex(pattern: str) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             parsed = _p.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
+    except OverflowError:  # "the repetition number is too large" (above 2**32 - 2)
+        raise GrammarError(_too_many(pattern, f"more than {_c.MAXREPEAT - 1:,}")) from None
+    except (re.error, RecursionError):
         return
     for op, av in _walk(parsed):
         found = _unsupported(op, av)
@@ -98,3 +125,13 @@ def check_regex(pattern: str) -> None:
                 f"regex {pattern!r} uses {feature}, which constrained decoding cannot support "
                 f"(patterns compile to a finite automaton): {fix}"
             )
+    count = _largest_repeat(parsed)
+    if count > MAX_REPEAT_COUNT:
+        raise GrammarError(_too_many(pattern, str(count)))
+
+
+def _too_many(pattern: str, count: str) -> str:
+    shown = repr(pattern[:80]) + ("..." if len(pattern) > 80 else "")
+    return (f"regex {shown} repeats a part {count} times (nested repeats multiplied), above the limit of "
+            f"{MAX_REPEAT_COUNT}: its automaton would take too long to build; use an unbounded repeat "
+            "('+' or '*') and bound the length with max_tokens instead")
