@@ -82,6 +82,13 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"type": "integer", "minimum": 5, "maximum": 3}, ["5 <= n <= 3"]),
         ({"type": "string", "pattern": "(?<=a)b"}, ["lookbehind"]),
         ("{not json", ["not valid JSON"]),
+        # outlines-core concatenates allOf branches: '{"a":1}{"b":"x"}' is not even JSON
+        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, ["'allOf' with 2 subschemas", "merge them"]),
+        # it alternates oneOf like anyOf: an integer matches both branches, which oneOf forbids
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ["branches 0 and 1", "numbers", "'anyOf'"]),
+        ({"enum": []}, ["empty 'enum'"]),  # outlines-core makes these match only the empty string
+        ({"type": "object", "properties": {"a": {"anyOf": []}}}, ["#/properties/a", "empty 'anyOf'"]),
+        ({"type": []}, ["empty 'type'"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):
@@ -89,6 +96,18 @@ def test_unsupported_schema_is_named(backend, schema, names):
         backend.to_regex(json_schema=schema)
     for name in names:
         assert name in str(info.value)
+
+
+@pytest.mark.parametrize("schema, valid, invalid", [
+    ({"type": "object", "additionalProperties": False}, ["{}", "{ }"], ['{"a": 1}']),
+    ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, ["12", '"x"'], ["1.5", "true"]),
+    ({"allOf": [{"type": "integer"}]}, ["7"], ['"7"']),
+])
+def test_schemas_next_to_the_refused_ones_still_compile_to_exactly_their_instances(backend, schema, valid, invalid):
+    regex = backend.to_regex(json_schema=schema)
+    for text in valid + invalid:
+        jsonschema_ok = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+        assert (regex_module.fullmatch(regex, text) is not None) == jsonschema_ok == (text in valid), text
 
 
 def test_pattern_outside_the_vocabulary_is_reported_not_decoded(tmp_path):

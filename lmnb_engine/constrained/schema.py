@@ -107,6 +107,42 @@ def _bounded_regex(node: dict, kind: str, where: str) -> str:
     return number_range_regex(lo, hi, lo_excl, hi_excl)
 
 
+def _check_combinations(node: dict, where: str) -> None:
+    """Refuse what outlines-core would turn into output that does not validate: an empty ``enum``,
+    ``type`` or combination list (it yields an empty match), ``allOf`` over several subschemas
+    (it concatenates them, which is not their intersection), and a ``oneOf`` whose branches share
+    a scalar type (it alternates them like ``anyOf``, and an output valid for two branches is
+    invalid for ``oneOf``; e.g. an integer against integer and number)."""
+    for key in ("enum", "type", "anyOf", "oneOf", "allOf"):
+        if node.get(key) == []:
+            why = "the spec requires at least one subschema" if key == "allOf" else "no value can validate against it"
+            raise GrammarError(f"JSON schema at {where} has an empty {key!r}: {why}; list at least one")
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        raise GrammarError(f"JSON schema at {where} has 'allOf' with {len(node['allOf'])} subschemas, which "
+                           "constrained decoding cannot intersect; merge them into one schema")
+    branches = node.get("oneOf")
+    if isinstance(branches, list):
+        seen: dict[str, int] = {}
+        for i, branch in enumerate(branches):
+            for t in _scalar_types(branch):
+                if t in seen:
+                    raise GrammarError(
+                        f"JSON schema at {where} has 'oneOf' branches {seen[t]} and {i} that both accept "
+                        f"{t}s (integers count as numbers), so an output could match both, which 'oneOf' forbids; make the "
+                        "branches disjoint, or use 'anyOf'")
+                seen[t] = i
+
+
+def _scalar_types(branch: Any) -> set[str]:
+    """The scalar JSON types a ``oneOf`` branch accepts through a plain ``type`` (integer counted as
+    number); empty when it lists values (``enum``/``const``), refers elsewhere, or is no dict."""
+    if not isinstance(branch, dict) or any(k in branch for k in ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")):
+        return set()
+    types = branch.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+    return {"number" if t == "integer" else t for t in types if t in ("string", "integer", "number", "boolean", "null")}
+
+
 class _Rewriter:
     """Checks keywords and swaps bounded numeric subschemas for placeholders (one pass, in place)."""
 
@@ -134,6 +170,9 @@ class _Rewriter:
             )
         if "pattern" in node:
             check_regex(node["pattern"].removeprefix("^").removesuffix("$"))
+        _check_combinations(node, where)
+        if node.get("additionalProperties") is False and "properties" not in node:
+            node["properties"] = {}  # {"type": "object", "additionalProperties": false} is "{}"; outlines-core fails on it
         for key in _SUBSCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {k: self.visit(v, f"{where}/{key}/{k}") for k, v in node[key].items()}
