@@ -128,8 +128,8 @@ def _check_combinations(node: dict, where: str) -> None:
                 if t in seen:
                     raise GrammarError(
                         f"JSON schema at {where} has 'oneOf' branches {seen[t]} and {i} that both accept "
-                        f"{t}s (integers count as numbers), so an output could match both, which 'oneOf' forbids; make the "
-                        "branches disjoint, or use 'anyOf'")
+                        f"{t}s (integers count as numbers), so an output could match both, which 'oneOf' "
+                        "forbids; make the branches disjoint, or use 'anyOf'")
                 seen[t] = i
 
 
@@ -172,7 +172,7 @@ class _Rewriter:
             check_regex(node["pattern"].removeprefix("^").removesuffix("$"))
         _check_combinations(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
-            node["properties"] = {}  # {"type": "object", "additionalProperties": false} is "{}"; outlines-core fails on it
+            node["properties"] = {}  # the schema of "{}", which outlines-core fails on without properties
         for key in _SUBSCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {k: self.visit(v, f"{where}/{key}/{k}") for k, v in node[key].items()}
