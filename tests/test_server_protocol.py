@@ -203,6 +203,29 @@ def test_an_unexpected_error_is_a_500_and_the_keep_alive_connection_survives(pat
         assert len(set(ports)) == 1  # one TCP connection served all three
 
 
+def test_chat_tokenization_runs_off_the_event_loop():
+    """A 10 MB chat message took 9 s to tokenize on the event loop, and every other client stalled."""
+    release, entered = threading.Event(), threading.Event()
+
+    class SlowEncode(RecordingEngine):
+        def encode(self, text, add_special_tokens=True):
+            if "slow" in text:
+                entered.set()
+                release.wait(30)
+            return super().encode(text, add_special_tokens)
+
+    with live_server(SlowEncode(), served_model_name="rec") as url:
+        body = {"model": "rec", "messages": [{"role": "user", "content": "slow"}], "max_tokens": 2}
+        chat = threading.Thread(target=lambda: _post(url, "/v1/chat/completions", body))
+        chat.start()
+        try:
+            assert entered.wait(30)
+            assert httpx.get(url + "/health", timeout=5).status_code == 200  # served while it tokenizes
+        finally:
+            release.set()
+            chat.join(30)
+
+
 class _UntilAborted:
     """A request handle that runs until it is aborted (a generation longer than the client waits)."""
 

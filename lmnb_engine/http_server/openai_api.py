@@ -308,7 +308,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             text = await ctx.run(engine.apply_chat_template, messages, True)
         except Exception as e:  # the template's own checks (e.g. roles must alternate)
             raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
-        ids = engine.encode(text, add_special_tokens=False)  # the template wrote any BOS itself
+        ids = await ctx.run(engine.encode, text, False)  # add_special_tokens=False: the template wrote any BOS
         prompt = ids
         if images:  # [issue 10] decode, hash and preprocess off the event loop; bad images -> 400
             try:
