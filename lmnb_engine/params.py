@@ -11,6 +11,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 
+# Temperatures below this sample greedily (SGLang's _SAMPLING_EPS): logits / 1e-300 is inf, and
+# softmax of inf is NaN, so such a "sample" was noise.
+SAMPLING_EPS = 1e-6
+
+
 @dataclass
 class SamplingParams:
     """How to sample the continuation of one prompt.
@@ -19,7 +24,8 @@ class SamplingParams:
         max_new_tokens: upper bound on generated tokens (int >= 0; 0 = prefill only, which caches
             the prompt and returns no tokens — the frontend's fork hint, paper §3).
         min_new_tokens: EOS and stop token ids are masked until this many tokens exist.
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it. Below
+            ``SAMPLING_EPS`` it is greedy too, as in SGLang: dividing by it would overflow.
         top_p, top_k, min_p: nucleus / top-k (-1 = off) / min-p filtering, applied after temperature.
         frequency_penalty, presence_penalty: OpenAI-style additive penalties over generated tokens.
         repetition_penalty: CTRL-style multiplicative penalty over prompt + generated tokens (1 = off).
@@ -68,7 +74,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
 
     def copy(self, **changes: Any) -> "SamplingParams":
         return replace(self, **changes)
@@ -115,8 +121,11 @@ class SamplingParams:
             and all(is_int(t) and t >= 0 for t in self.stop_token_ids)
         ):
             bad("stop_token_ids", "must be a list of non-negative token ids")
-        if self.seed is not None and not is_int(self.seed):
-            bad("seed", "must be an integer or None")
+        for name in ("ignore_eos", "skip_special_tokens", "return_logprob"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be true or false")
+        if self.seed is not None and not (is_int(self.seed) and -(2**63) <= self.seed < 2**63):
+            bad("seed", "must be None or an integer that fits in 64 bits (-2**63 <= seed < 2**63)")
         if not is_int(self.n) or self.n < 1:
             bad("n", "must be an integer >= 1")
         if not is_int(self.top_logprobs_num) or self.top_logprobs_num < 0:

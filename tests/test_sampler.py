@@ -27,6 +27,15 @@ def test_greedy_takes_the_argmax_per_row():
     assert out.token_ids == [1, 0]
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40, 1e-7])
+def test_a_temperature_below_sglangs_epsilon_is_greedy(temperature):
+    """logits / 1e-300 overflowed to inf and softmax made NaN: the 'sample' was noise."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    out = sample(logits, [req(seed=i, temperature=temperature) for i in range(4)], frozenset())
+    assert out.token_ids == logits.argmax(-1).tolist() and not out.bad_rows
+
+
 def test_repetition_penalty_matches_transformers():
     from transformers import RepetitionPenaltyLogitsProcessor
 

@@ -129,6 +129,10 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text-only"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}}, 400, "schema"),
         ("/abort_request", {}, 400, "rid"),
+        ("/generate", {"text": "a", "stream": "no"}, 400, "stream must be true or false, not 'no'"),  # bool("no")
+        ("/generate", {"text": "a", "return_logprob": "yes"}, 400, "return_logprob='yes' is invalid"),
+        ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, 400, "fits in 64 bits"),
+        ("/v1/completions", {"model": "rec", "prompt": [True, False]}, 400, "prompt"),  # not token ids 1, 0
         ("/generate", {"text": "a", "sampling_params": {"n": 100000}}, 400, "at most 128"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "n": 100000}, 400, "at most 128"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "n": 129}, 400, "at most 128"),
@@ -149,6 +153,8 @@ def test_native_generate_batches_n_samples_and_model_info(served):
     assert [x["text"] for x in r] == ["xx", "xx"] and r[0]["meta_info"]["prompt_tokens"] == 2
     r = _post(url, "/generate", {"input_ids": [97, 98], "sampling_params": {"max_new_tokens": 3, "sampling_seed": 5}}).json()
     assert r["text"] == "xxx" and r["output_ids"] == [120, 120, 120] and engine.received[-1].seed == 5
+    _post(url, "/generate", {"text": "ab", "logprob_start_len": 0})  # SGLang: prompt logprobs need return_logprob
+    assert engine.received[-1].logprob_start_len == -1 and not engine.received[-1].return_logprob
     info = httpx.get(url + "/get_model_info").json()
     assert info["model_path"] == "recording-engine" and info["chat_template"] == RecordingEngine.chat_template
     assert info["is_generation"] is True

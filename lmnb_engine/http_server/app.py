@@ -191,8 +191,16 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
         raise RequestError("rid must be a string, or a list of strings with one per prompt", param="rid")
     if len(set(rids)) != len(rids):
         raise RequestError("rid values must be distinct", param="rid")
-    opts = {"stream": bool(body.get("stream", False)), "text_in_logprobs": bool(body.get("return_text_in_logprobs", False))}
+    opts = {"stream": _flag(body, "stream"), "text_in_logprobs": _flag(body, "return_text_in_logprobs")}
     return prompts, params, rids, batch, opts
+
+
+def _flag(body: dict, key: str) -> bool:
+    """A boolean field (false when absent); "no" is a 400, not true."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(f"{key} must be true or false, not {value!r}", param=key)
+    return bool(value)
 
 
 def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Optional[str] = None):

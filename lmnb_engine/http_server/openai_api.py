@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Literal, Optional, Union
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite
@@ -70,14 +70,14 @@ class _SamplingRequest(_Strict):
     min_tokens: int = 0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[StrictInt]] = None
     skip_special_tokens: bool = True
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict]] = None
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]  # strict: true is no token id
     echo: bool = False
     logprobs: Optional[int] = None
     best_of: Optional[int] = None

@@ -93,8 +93,9 @@ def sampling_params_from_json(
     if isinstance(kwargs.get("stop"), str):
         kwargs["stop"] = [kwargs["stop"]]
     kwargs.update(
-        return_logprob=bool(return_logprob),
-        logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+        return_logprob=return_logprob,
+        # as in SGLang, prompt logprobs come with return_logprob only (and are not computed without)
+        logprob_start_len=-1 if logprob_start_len is None or return_logprob is False else logprob_start_len,
         top_logprobs_num=top_logprobs_num or 0,
     )
     try:
