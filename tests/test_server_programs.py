@@ -165,6 +165,21 @@ def test_official_openai_client_chat_completion_and_streaming(backends, engines)
     assert "".join(pieces) == comp.choices[0].text
 
 
+def test_echoed_completion_text_offsets_index_the_returned_text(backends, engines):
+    _, _, url = backends
+    local = engines[0]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    bos = local.tokenizer.bos_token_id  # as a tokenizer that adds BOS would put it (this one does not)
+    prompt = [bos] + local.encode("The river runs")
+    comp = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=1)
+    text, lp = comp.choices[0].text, comp.choices[0].logprobs
+    assert text.startswith("The river runs")  # the BOS is listed, but not in the text
+    assert lp.tokens[0] == local.tokenizer.bos_token and lp.text_offset[:2] == [0, 0]
+    for tok, off in list(zip(lp.tokens, lp.text_offset))[1:]:  # before, each was 3 (len "<s>") too far
+        assert text[off:off + len(tok)] == tok
+    assert lp.text_offset[-1] + len(lp.tokens[-1]) == len(text)
+
+
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):
     _, remote, url = backends
     chat = sgl.OpenAI("tiny", base_url=f"{url}/v1")

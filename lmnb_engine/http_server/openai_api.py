@@ -209,23 +209,16 @@ def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
 
 def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional[int] = None) -> dict:
     """OpenAI's completions ``logprobs`` object; ``first_id`` names prompt token 0 (echo), which
-    has no context and hence a null logprob."""
+    has no context and hence a null logprob. ``text_offset`` indexes the returned text, where
+    special tokens (a BOS the tokenizer added, say) do not appear: they take no width."""
     tokens, values, tops, offsets = [], [], [], []
     for lp in lps:
-        if lp is None:
-            tok = _token(engine, first_id) if first_id is not None else ""
-            tokens.append(tok)
-            values.append(None)
-            tops.append(None)
-            offsets.append(offset)
-            offset += len(tok)
-            continue
-        tok = _token(engine, lp.token_id)
-        tokens.append(tok)
-        values.append(finite(lp.logprob))
-        tops.append({_token(engine, t): finite(v) for t, v in lp.top} if lp.top else None)
+        tid = first_id if lp is None else lp.token_id
+        tokens.append("" if tid is None else _token(engine, tid))
+        values.append(None if lp is None else finite(lp.logprob))
+        tops.append({_token(engine, t): finite(v) for t, v in lp.top} if lp is not None and lp.top else None)
         offsets.append(offset)
-        offset += len(tok)
+        offset += 0 if tid is None else len(engine.decode([tid], skip_special_tokens=True))
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -267,7 +260,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         top = req.logprobs or 0
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
-        texts = [x if isinstance(x, str) else engine.decode(x) for x in prompts]
+        # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
+        texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
         # token ids up front, so echoed logprobs can name the first prompt token too
         ids = [await ctx.run(engine.encode, x) if isinstance(x, str) else list(x) for x in prompts]
         handles = await ctx.submit(ids, [params] * len(ids), [uuid.uuid4().hex for _ in ids])
