@@ -71,6 +71,14 @@ def _split(line: str) -> list[str]:
         raise UsageError(f"cannot read the options {line!r}: {e}") from None
 
 
+def _cell_number(shell) -> int:
+    """N of the running cell's In [N]. The input history has In [N] stored by now, whereas
+    ``shell.execution_count`` is already N + 1 while a cell runs in ipykernel 7 / IPython 9 (N in
+    older versions and in a terminal)."""
+    stored = len(shell.history_manager.input_hist_raw) - 1
+    return stored if stored > 0 else shell.execution_count
+
+
 @magics_class
 class LMMagics(Magics):
     """``%%lm`` cells and ``%lm`` commands; see ``%lm?``."""
@@ -155,7 +163,7 @@ class LMMagics(Magics):
         if not cell.strip():
             raise UsageError("%%lm: the cell body is empty; write the prompt below the %%lm line")
         cell = cell_body(cell)
-        count = self.shell.execution_count
+        count = _cell_number(self.shell)
         filename = f"<%%lm cell {count}>"
         ns = self.shell.user_ns
         try:

@@ -59,8 +59,11 @@ def run(args) -> int:
     # Headless: no one watches live widgets, so cells update their output in place instead. The
     # setting goes to the kernel's environment only, never into this process's os.environ.
     env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "static")}
+    # Our manager, not one nbclient owns: on SIGINT nbclient cleans up an owned one twice and fails
+    # on an assertion. Its signal handler still shuts the kernel down; the end of the run, we do.
+    km = kernel_manager_class()(kernel_name=KERNEL_NAME)
     client = NotebookClient(
-        nb, km=kernel_manager(), timeout=args.timeout, startup_timeout=120, allow_errors=args.allow_errors,
+        nb, km=km, timeout=args.timeout, startup_timeout=120, allow_errors=args.allow_errors,
         resources={"metadata": {"path": str(src.resolve().parent)}},
     )
     t0 = time.monotonic()
@@ -78,20 +81,35 @@ def run(args) -> int:
             failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
     except CellControlSignal as e:  # CellExecutionError: the cell raised
         failed, status = f"a cell failed:\n{e}", 1
+    except RuntimeError as e:  # e.g. "Kernel didn't respond in 120 seconds" at start-up
+        failed, status = f"the lmnb kernel failed: {e}", 1
     except KeyboardInterrupt:  # outside a cell (kernel start-up)
         failed, status = "interrupted", 130
     finally:
         nbformat.write(nb, out)
+        _shutdown(km)
     print(summary(nb, src, out, time.monotonic() - t0))
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
     return status
 
 
-def kernel_manager():
-    """An ``AsyncKernelManager`` for the ``lmnb`` kernel of this Python, whether or not the spec is
-    installed. nbclient needs the async one: with the blocking ``KernelManager`` it never notices a
-    dead kernel (the run hangs) and never enforces its cell timeout."""
+def _shutdown(km) -> None:
+    """Shut the kernel down and wait for it (left running, it would notice this process exit and
+    stop on its own, after it)."""
+    from jupyter_core.utils import run_sync
+
+    async def stop() -> None:
+        if km.has_kernel and await km.is_alive():
+            await km.shutdown_kernel()
+
+    run_sync(stop)()
+
+
+def kernel_manager_class():
+    """An ``AsyncKernelManager`` class for the ``lmnb`` kernel of this Python, whether or not the
+    spec is installed. nbclient needs the async kind: with the blocking ``KernelManager`` it never
+    notices a dead kernel (the run hangs) and never enforces its cell timeout."""
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
@@ -101,7 +119,11 @@ def kernel_manager():
                 return KernelSpec(resource_dir="", **kernel_spec())
             return super().get_kernel_spec(kernel_name)
 
-    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs())
+    class LMKernelManager(AsyncKernelManager):
+        def _kernel_spec_manager_default(self):
+            return _Specs(data_dir=self.data_dir)
+
+    return LMKernelManager
 
 
 def parse_value(text: str):

@@ -199,6 +199,8 @@ def test_quickstart_with_a_parameter_and_the_run_summary(executed):
     total = {k: sum(summary(c)["tokens"][k] for c in cells(nb, "%%lm")) for k in ("prompt_tokens", "cached_tokens")}
     assert f"tokens: prompt {total['prompt_tokens']}, cached {total['cached_tokens']}" in summaries["01-quickstart"]
     assert summary(cell(nb, "%%lm --temperature 0\nQ: Where"))["captured"] == ["city"]
+    for c in cells(nb, "%%lm"):  # the view's title names the cell as its In [N] does (it was N + 1)
+        assert re.match(rf"cell \[{c.execution_count}\]( |$)", view(c)["title"]), (view(c)["title"], c.execution_count)
     assert printed(cell(nb, 'print(f"{person} lives in')).startswith("Corin lives in ")
     assert value(cell(nb, "%%lm\nQ: What pet"), "pet") in ["cat", "dog", "owl", "goat"]
     first, second = cells(nb, "%%lm --state notes")
