@@ -8,8 +8,10 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(shell) -> None:
-    """Register ``%%lm`` / ``%lm``, the clean error display and the tree refresh hook, and make
-    the session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine)."""
+    """Register ``%%lm`` / ``%lm``, the clean error display and the tree refresh hook, make the
+    session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine), and
+    define ``lmnb`` in the namespace unless a name ``lmnb`` exists (``%%lm --python`` bodies
+    write ``lmnb.gen(...)``; hidden from ``%who``)."""
     import lmnb
 
     from lmnb_kernel.errors import CellError, show_cell_error
@@ -23,13 +25,20 @@ def load_ipython_extension(shell) -> None:
     shell.set_custom_exc((CellError,), show_cell_error)
     shell.events.register("post_run_cell", magics.refresh_tree)
     shell._lmnb_magics = magics
+    if "lmnb" not in shell.user_ns:
+        shell.push({"lmnb": lmnb}, interactive=False)
+        shell._lmnb_pushed = True
 
 
 def unload_ipython_extension(shell) -> None:
-    """Remove the hook, the error handler and lmnb's default backend (set at load); the session
-    (engine, states) stays for a reload."""
+    """Remove the hook, the error handler, lmnb's default backend and the ``lmnb`` name (set at
+    load); the session (engine, states) stays for a reload."""
     import lmnb
 
+    if getattr(shell, "_lmnb_pushed", False):
+        del shell._lmnb_pushed
+        if shell.user_ns.get("lmnb") is lmnb:
+            shell.drop_by_id({"lmnb": lmnb})
     magics = getattr(shell, "_lmnb_magics", None)
     if magics is not None:
         shell.events.unregister("post_run_cell", magics.refresh_tree)

@@ -96,7 +96,7 @@ def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
 
 
 def test_python_mode_runs_a_program_body_with_state_s(ip):
-    ip.user_ns["lmnb"] = lmnb
+    assert ip.user_ns["lmnb"] is lmnb  # defined by the extension, as docs/CELL_LANGUAGE.md says
     ip.user_ns["who"] = "Bo"
     result, out = run(ip, '%%lm --python --static --temperature 0\ns += "Hi " + who + ":"\ns += lmnb.gen("hi", max_tokens=5)')
     assert result.success, out.stdout
