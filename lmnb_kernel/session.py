@@ -8,7 +8,10 @@ answers ``kernel_info`` at once (research/jupyter.md §1.4).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -17,6 +20,33 @@ from lmnb_kernel.errors import CellError
 
 # Tests and CI point the default model at a local checkpoint with this variable.
 MODEL_ENV = "LMNB_MODEL"
+
+
+@contextlib.contextmanager
+def interrupt_after():
+    """Hold SIGINT (ipykernel's interrupt) until the block ends, then raise ``KeyboardInterrupt``.
+
+    Starting an engine imports about a thousand modules (torch, transformers, accelerate); one
+    cut short by an interrupt stays half-initialised, and every later load fails until the kernel
+    restarts (torch cannot register its operators twice). Off the main thread, a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame):
+        if not held:
+            sys.stderr.write("lmnb: the model is loading; the interrupt takes effect once it is loaded\n")
+        held.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -101,7 +131,8 @@ class Session:
         """
         with self._lock:
             if self._backend is None:
-                self._backend = self._start_engine(self.config)
+                with interrupt_after():  # the engine is kept: the next cell need not load it again
+                    self._backend = self._start_engine(self.config)
             return self._backend
 
     def _start_engine(self, config: EngineConfig):
@@ -130,7 +161,7 @@ class Session:
 
     def load(self, config: EngineConfig) -> None:
         """Replace the backend with a new in-process engine built from ``config`` (loaded now)."""
-        with self._lock:
+        with self._lock, interrupt_after():
             backend = self._start_engine(config)
             self.close()
             self.config, self._backend, self.remote = config, backend, None

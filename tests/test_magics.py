@@ -282,3 +282,34 @@ def test_load_starts_an_engine_now_and_a_failed_load_keeps_the_old_one(ip, tiny_
         assert result.success, out.stdout
         assert session.started and session.backend().engine.model_info()["max_total_tokens"] == 4096
         assert str(tiny_llama) in out.outputs[0].data["text/plain"]
+
+
+def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_engine(monkeypatch, capsys):
+    """Cut short, one of the ~1000 imports of an engine start left torch half-initialised, and
+    every later load failed until the kernel restarted."""
+    import os
+    import signal
+    import time
+
+    class Backend:
+        def shutdown(self):
+            pass
+
+    loaded = []
+
+    def engine(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the kernel's interrupt, arriving mid-load
+        time.sleep(0.3)  # Python runs the signal handler here, while the load goes on
+        loaded.append(True)
+        return Backend()
+
+    monkeypatch.setattr(lmnb, "Engine", engine)
+    session, handler = Session(), signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        session.backend()
+    assert loaded == [True] and session.started  # the cell stops, but the load finished and is kept
+    assert "the interrupt takes effect once it is loaded" in capsys.readouterr().err
+    backend = session.backend()
+    assert isinstance(backend, Backend) and loaded == [True]  # no second load
+    assert signal.getsignal(signal.SIGINT) is handler  # restored
+    session.close()
