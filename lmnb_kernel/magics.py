@@ -29,35 +29,36 @@ VIEW_ENV = "LMNB_VIEW"
 RECENT_CELLS = 8  # unnamed cells whose radix paths %lm tree labels
 
 
+# ``prog`` goes without one "%": IPython's usage line puts a "%" before it.
 def cell_parser() -> MagicArgumentParser:
     """The options of ``%%lm`` (defined in ``lmnb.template.cell_options``, which the exporter reads too)."""
-    return add_cell_options(MagicArgumentParser(prog="%%lm", description="Run the cell as an LM program."))
+    return add_cell_options(MagicArgumentParser(prog="%lm", description="Run the cell as an LM program."))
 
 
 def line_parser() -> MagicArgumentParser:
-    p = MagicArgumentParser(prog="%lm", description="Manage the kernel's LM session.")
+    p = MagicArgumentParser(prog="lm", description="Manage the kernel's LM session.")
     sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
-    s = sub.add_parser("load", prog="%lm load", help="load a model into a new in-process engine now")
+    s = sub.add_parser("load", prog="lm load", help="load a model into a new in-process engine now")
     s.add_argument("model", help="Hugging Face checkpoint directory or hub id (or a preset with --random-weights)")
     s.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     s.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     s.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens")
     s.add_argument("--random-weights", action="store_true", help="seeded random weights (benchmarks)")
-    s = sub.add_parser("connect", prog="%lm connect", help="run cells on a server instead")
+    s = sub.add_parser("connect", prog="lm connect", help="run cells on a server instead")
     s.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
     s.add_argument("--openai", metavar="MODEL", help="the server is OpenAI-compatible; use this model name")
     s.add_argument("--completion", action="store_true",
                    help="with --openai: a completion model (prompts go out as text, not chat messages)")
     s.add_argument("--api-key", help="API key sent to the server")
-    sub.add_parser("stats", prog="%lm stats", help="cache hit rate, KV pool usage, evictions")
-    sub.add_parser("tree", prog="%lm tree", help="the radix tree (refreshed after every cell)")
-    sub.add_parser("states", prog="%lm states", help="the named states")
-    s = sub.add_parser("reset", prog="%lm reset", help="forget a named state (all without NAME)")
+    sub.add_parser("stats", prog="lm stats", help="cache hit rate, KV pool usage, evictions")
+    sub.add_parser("tree", prog="lm tree", help="the radix tree (refreshed after every cell)")
+    sub.add_parser("states", prog="lm states", help="the named states")
+    s = sub.add_parser("reset", prog="lm reset", help="forget a named state (all without NAME)")
     s.add_argument("name", nargs="?")
-    sub.add_parser("flush", prog="%lm flush", help="evict every unpinned prefix from the radix cache")
-    s = sub.add_parser("pin", prog="%lm pin", help="keep a named state's prefix in the cache")
+    sub.add_parser("flush", prog="lm flush", help="evict every unpinned prefix from the radix cache")
+    s = sub.add_parser("pin", prog="lm pin", help="keep a named state's prefix in the cache")
     s.add_argument("name")
-    s = sub.add_parser("unpin", prog="%lm unpin", help="let a named state's prefix be evicted again")
+    s = sub.add_parser("unpin", prog="lm unpin", help="let a named state's prefix be evicted again")
     s.add_argument("name")
     return p
 

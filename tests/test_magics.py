@@ -149,6 +149,14 @@ def test_bad_usage_gets_one_clear_message(ip, cell, words):
     assert "Traceback" not in out.stdout + out.stderr
 
 
+def test_usage_lines_name_the_magics_as_typed(ip):
+    _, out = run(ip, "%lm")
+    assert "\n  %lm SUBCOMMAND ...\n" in out.stdout + out.stderr  # IPython prefixes its own "%"; it was %%lm
+    from lmnb_kernel.magics import cell_parser
+
+    assert cell_parser().format_usage().startswith("::\n\n  %%lm [--python]")
+
+
 class Recorder(BaseBackend):
     """A backend that answers "ok" and records the prompt and resolved parameters of each gen."""
 
