@@ -102,6 +102,10 @@ def test_inputs_option_overrides_and_is_checked():
     assert plan_notebook(nb, inputs=["context", "question"]).inputs == ("context", "question")
     with pytest.raises(ExportError, match="never read"):
         plan_notebook(nb, inputs=["nope"])
+    # a variable a later cell reads but a gen produces: it was kept as a field, then left out of the script
+    chain = notebook('question = "Why?"', "%%lm\n{question}{gen answer}", "%%lm\nSo: {answer}{gen b}")
+    with pytest.raises(ExportError, match="--inputs answer: the %%lm cell 2 produces answer"):
+        plan_notebook(chain, inputs=["question", "answer"])
     params = notebook(("parameters", 'person = "Ada"\nn = 2'), "%%lm\n{person}{gen a max_tokens=n}")
     assert (plan_notebook(params).inputs, plan_notebook(params).parameters) == ((), ("person", "n"))
     source, p = export_notebook(params, inputs=["person"])  # a parameter named as input is a row field

@@ -181,6 +181,12 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
             local |= set(captured) | ({c.options.out} if c.options.out else set())
         else:
             local |= set(c.assigns)
+    for n in given or ():
+        producer = next((c for c in row_code if isinstance(c, LMCell)
+                         and (n in c.captures or n == c.options.out)), None)
+        if producer is not None:
+            raise ExportError(f"--inputs {n}: the %%lm cell {producer.index} produces {n} (it is an output of each "
+                              "row, not an input); leave it out of --inputs")
     unused = [n for n in fields if n not in read_in_row]
     if given is not None and unused:
         raise ExportError(f"--inputs {', '.join(unused)}: the cells that run per row never read "
