@@ -87,8 +87,11 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         # it alternates oneOf like anyOf: an integer matches both branches, which oneOf forbids
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ["branches 0 and 1", "numbers", "'anyOf'"]),
         ({"enum": []}, ["empty 'enum'"]),  # outlines-core makes these match only the empty string
-        ({"type": "object", "properties": {"a": {"anyOf": []}}}, ["#/properties/a", "empty 'anyOf'"]),
-        ({"type": []}, ["empty 'type'"]),
+        ({"type": "object", "properties": {"a": {"anyOf": []}}}, ["#/properties/a/anyOf", "should be non-empty"]),
+        ({"type": []}, ["#/type is not a valid JSON Schema"]),
+        # the meta-schema (outlines-core said only "Unsupported type: objekt")
+        ({"type": "objekt"}, ["#/type is not a valid JSON Schema: 'objekt' is not valid"]),
+        ({"type": "object", "properties": 5}, ["#/properties is not a valid JSON Schema: 5 is not of type 'object'"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):

@@ -28,11 +28,19 @@ def check_literal(primitive: str, key: str, value) -> str | None:
             re.compile(value)
         except re.error as e:
             return f"invalid regex: {e}"
-    elif key == "json_schema" and isinstance(value, str):
+    elif key == "json_schema" and isinstance(value, (str, dict)):
         try:
-            json.loads(value)
+            schema = json.loads(value) if isinstance(value, str) else value
         except json.JSONDecodeError as e:
             return f"json_schema is not valid JSON: {e}"
+        if not isinstance(schema, dict):
+            return f"json_schema must be a JSON object, got {type(schema).__name__}"
+        import jsonschema  # the meta-schema check the engine makes too, here before anything runs
+
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as e:
+            return f"json_schema at {'/'.join(['#', *map(str, e.path)])} is not a valid JSON Schema: {e.message}"
     elif key == "choices":
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
             return "choices must be a non-empty list of strings"

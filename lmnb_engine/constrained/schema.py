@@ -52,7 +52,9 @@ def load_schema(schema: Any) -> dict:
     """The schema as a fresh ``dict``: from a dict (deep-copied), a JSON string, or a pydantic class.
 
     Raises:
-        GrammarError: the string is not JSON, or the value is none of the accepted kinds.
+        GrammarError: the string is not JSON, the schema breaks the JSON Schema meta-schema (of its
+            ``$schema`` draft, else 2020-12; checked with ``jsonschema``), or the value is none of
+            the accepted kinds.
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
@@ -62,6 +64,13 @@ def load_schema(schema: Any) -> dict:
         except json.JSONDecodeError as e:
             raise GrammarError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
     if isinstance(schema, dict):
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as e:
+            where = "/".join(["#", *map(str, e.path)])
+            raise GrammarError(f"JSON schema at {where} is not a valid JSON Schema: {e.message}") from None
         return copy.deepcopy(schema)
     raise GrammarError(
         f"json_schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
@@ -108,15 +117,14 @@ def _bounded_regex(node: dict, kind: str, where: str) -> str:
 
 
 def _check_combinations(node: dict, where: str) -> None:
-    """Refuse what outlines-core would turn into output that does not validate: an empty ``enum``,
-    ``type`` or combination list (it yields an empty match), ``allOf`` over several subschemas
-    (it concatenates them, which is not their intersection), and a ``oneOf`` whose branches share
-    a scalar type (it alternates them like ``anyOf``, and an output valid for two branches is
-    invalid for ``oneOf``; e.g. an integer against integer and number)."""
-    for key in ("enum", "type", "anyOf", "oneOf", "allOf"):
-        if node.get(key) == []:
-            why = "the spec requires at least one subschema" if key == "allOf" else "no value can validate against it"
-            raise GrammarError(f"JSON schema at {where} has an empty {key!r}: {why}; list at least one")
+    """Refuse what outlines-core would turn into output that does not validate: an empty ``enum``
+    (it yields an empty match; the meta-schema allows it, unlike an empty ``type`` or ``anyOf``),
+    ``allOf`` over several subschemas (it concatenates them, which is not their intersection), and
+    a ``oneOf`` whose branches share a scalar type (it alternates them like ``anyOf``, and an output
+    valid for two branches is invalid for ``oneOf``; e.g. an integer against integer and number)."""
+    if node.get("enum") == []:
+        raise GrammarError(f"JSON schema at {where} has an empty 'enum': no value can validate against it; "
+                           "list at least one value")
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         raise GrammarError(f"JSON schema at {where} has 'allOf' with {len(node['allOf'])} subschemas, which "
                            "constrained decoding cannot intersect; merge them into one schema")
