@@ -129,6 +129,8 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text-only"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}}, 400, "schema"),
         ("/abort_request", {}, 400, "rid"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,
+         "leaves no room for a reply in the model's context length of 4096"),  # not "max_new_tokens=0"
         ("/generate", {"text": "a", "stream": "no"}, 400, "stream must be true or false, not 'no'"),  # bool("no")
         ("/generate", {"text": "a", "return_logprob": "yes"}, 400, "return_logprob='yes' is invalid"),
         ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, 400, "fits in 64 bits"),
@@ -179,6 +181,8 @@ def test_api_key_is_required_when_set():
         assert httpx.get(url + "/health").status_code == 200
         ok = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+        assert httpx.get(url + "/get_model_info", headers={"Authorization": "bearer s3cret"}).status_code == 200
+        assert httpx.get(url + "/get_model_info", headers={"Authorization": "Basic s3cret"}).status_code == 401
         backend = sgl.RuntimeEndpoint(url, api_key="s3cret")
         assert backend.model_info["model_path"] == "recording-engine"
         with pytest.raises(BackendError, match="401"):

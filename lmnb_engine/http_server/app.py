@@ -217,7 +217,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     # channel, and then ``request.is_disconnected()`` never sees a client leave (ServerContext.results).
     async def check_api_key(request: Request) -> None:
         if api_key and request.url.path != "/health":
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or token != api_key:  # the scheme is case-insensitive (RFC 7235)
                 raise RequestError("missing or wrong API key (send Authorization: Bearer <key>)", 401)
 
     app = FastAPI(title="lmnb serve", docs_url=None, redoc_url=None, dependencies=[Depends(check_api_key)])

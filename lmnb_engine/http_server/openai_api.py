@@ -311,7 +311,11 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 raise RequestError(str(e), param="messages") from None
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
-            max_tokens = max(engine.context_len - len(prompt), 0)
+            if len(prompt) >= engine.context_len:  # else the engine's message names a max_new_tokens no one set
+                raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
+                                   f"in the model's context length of {engine.context_len} tokens; shorten "
+                                   "the messages", param="messages")
+            max_tokens = engine.context_len - len(prompt)
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
