@@ -291,7 +291,8 @@ class StreamExecutor:
         if isinstance(exc, ProgramError):
             err = exc
         else:
-            err = ProgramError(f"{what} failed: {type(exc).__name__}: {exc}", self.branch, what, self.text_)
+            shown = what if len(what) <= 160 else f"{what[:100]} ... {what[-50:]}"  # a prompt can be long
+            err = ProgramError(f"{shown} failed: {type(exc).__name__}: {exc}", self.branch, what, self.text_)
             err.__cause__ = exc
         with self._cv:
             if self.error_ is None:

@@ -191,6 +191,21 @@ def test_join_gathers_per_branch_with_none_for_missing_and_meta():
     assert len(st.get_meta_info("a")) == 2
 
 
+def test_the_error_of_a_long_prompt_names_its_ends_not_all_of_it():
+    def reply(p, params):
+        raise RuntimeError("model exploded")
+
+    @sgl.function
+    def prog(s):
+        s += "start " + "word " * 600 + sgl.gen("x")  # the error message held all 3 KB of it
+
+    err = prog.run(backend=ScriptedBackend(reply)).error()
+    message = str(err)
+    assert len(message) < 300 and message.endswith(", Gen('x')]) failed: RuntimeError: model exploded")
+    assert "ConstantText('start word" in message and " ... " in message
+    assert err.expr.count("word") == 600  # the whole expression stays on the error
+
+
 def test_branch_failure_raises_at_join_with_index_and_keeps_other_branches():
     def reply(p, params):
         if p.text.endswith("bad"):
