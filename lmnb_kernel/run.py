@@ -61,7 +61,7 @@ def run(args) -> int:
     env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "static")}
     # Our manager, not one nbclient owns: on SIGINT nbclient cleans up an owned one twice and fails
     # on an assertion. Its signal handler still shuts the kernel down; the end of the run, we do.
-    km = kernel_manager_class()(kernel_name=KERNEL_NAME)
+    km = kernel_manager()
     client = NotebookClient(
         nb, km=km, timeout=args.timeout, startup_timeout=120, allow_errors=args.allow_errors,
         resources={"metadata": {"path": str(src.resolve().parent)}},
@@ -106,10 +106,10 @@ def _shutdown(km) -> None:
     run_sync(stop)()
 
 
-def kernel_manager_class():
-    """An ``AsyncKernelManager`` class for the ``lmnb`` kernel of this Python, whether or not the
-    spec is installed. nbclient needs the async kind: with the blocking ``KernelManager`` it never
-    notices a dead kernel (the run hangs) and never enforces its cell timeout."""
+def kernel_manager():
+    """An ``AsyncKernelManager`` for the ``lmnb`` kernel of this Python, whether or not the spec is
+    installed. nbclient needs the async kind: with the blocking ``KernelManager`` it never notices
+    a dead kernel (the run hangs) and never enforces its cell timeout."""
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
@@ -119,11 +119,7 @@ def kernel_manager_class():
                 return KernelSpec(resource_dir="", **kernel_spec())
             return super().get_kernel_spec(kernel_name)
 
-    class LMKernelManager(AsyncKernelManager):
-        def _kernel_spec_manager_default(self):
-            return _Specs(data_dir=self.data_dir)
-
-    return LMKernelManager
+    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs())
 
 
 def parse_value(text: str):
