@@ -178,6 +178,11 @@ def test_echoed_completion_text_offsets_index_the_returned_text(backends, engine
     for tok, off in list(zip(lp.tokens, lp.text_offset))[1:]:  # before, each was 3 (len "<s>") too far
         assert text[off:off + len(tok)] == tok
     assert lp.text_offset[-1] + len(lp.tokens[-1]) == len(text)
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                            logprobs=1, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == text
+    [streamed] = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+    assert streamed.model_dump() == lp.model_dump()  # the prompt's logprobs too (before: the completion's only)
 
 
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):

@@ -222,6 +222,16 @@ def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
+def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, prompt_ids: list) -> Optional[dict]:
+    """A completion choice's ``logprobs`` (None unless asked for): with ``echo``, the prompt's
+    tokens first and offsets from 0; else offsets after ``prompt_text``."""
+    if req.logprobs is None:
+        return None
+    head = list(result.prompt_logprobs or []) if req.echo else []
+    return _completion_logprobs(engine, head + list(result.logprobs or []), 0 if req.echo else len(prompt_text),
+                                prompt_ids[0] if prompt_ids else None)
+
+
 def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
     """Register the /v1 routes on ``app``."""
     engine = ctx.engine
@@ -268,17 +278,14 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return StreamingResponse(
-                _stream(ctx, handles, rid, created, "text_completion", req, texts=texts), media_type="text/event-stream"
+                _stream(ctx, handles, rid, created, "text_completion", req, texts=texts, prompt_ids=ids),
+                media_type="text/event-stream"
             )
         choices, results = [], []
         for k, res in enumerate(await ctx.results(handles, request)):
             for r in res if isinstance(res, list) else [res]:
                 results.append(r)
-                lp = None
-                if req.logprobs is not None:
-                    head = list(r.prompt_logprobs or []) if req.echo else []
-                    lp = _completion_logprobs(engine, head + list(r.logprobs or []), 0 if req.echo else len(texts[k]),
-                                              ids[k][0] if ids[k] else None)
+                lp = _choice_logprobs(engine, req, r, texts[k], ids[k])
                 choices.append({
                     "index": len(choices), "text": (texts[k] if req.echo else "") + r.text,
                     "logprobs": lp, "finish_reason": _finish(r),
@@ -384,8 +391,9 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
 
 
 async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kind: str, req: Any,
-                  texts: Optional[list] = None) -> AsyncIterator[str]:
-    """SSE chunks of a streamed completion or chat completion (OpenAI's chunk format)."""
+                  texts: Optional[list] = None, prompt_ids: Optional[list] = None) -> AsyncIterator[str]:
+    """SSE chunks of a streamed completion or chat completion (OpenAI's chunk format); a choice's
+    logprobs come with its last chunk (with echo, the prompt's too, as in the unstreamed reply)."""
     engine = ctx.engine
     chat = kind == "chat.completion.chunk"
 
@@ -415,8 +423,8 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                     results.append(ev.result)
                     if chat and req.logprobs:
                         lp = _chat_logprobs(engine, ev.result.logprobs)
-                    elif not chat and req.logprobs is not None:
-                        lp = _completion_logprobs(engine, list(ev.result.logprobs or []), len(texts[k]))
+                    elif not chat:
+                        lp = _choice_logprobs(engine, req, ev.result, texts[k], prompt_ids[k])
                 finish = _finish(ev.result) if done else None
                 if chat:
                     delta = {"content": ev.text_delta} if ev.text_delta else {}
