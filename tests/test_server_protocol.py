@@ -64,6 +64,20 @@ def test_constraints_reach_the_engine_through_the_openai_backend(served):
     assert engine.received[1].json_schema == SCHEMA
 
 
+def test_openai_backend_errors_give_the_servers_message_once(served):
+    _, url = served
+    completion = sgl.OpenAI("rec", base_url=f"{url}/v1", is_chat_model=False)
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x", max_tokens=2, temperature=-1)
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=completion).text()
+    assert "/v1/: HTTP 400: SamplingParams.temperature=-1" in str(e.value)
+    assert "Error code" not in str(e.value)  # the openai client's own prefix, which repeated the status
+
+
 def test_openai_official_api_refuses_regex_instead_of_dropping_it():
     official = sgl.OpenAI("gpt-4o-mini", api_key="sk-test-not-used")
 

@@ -129,7 +129,10 @@ class OpenAI(BaseBackend):
                 return self.client.chat.completions.create(**kw)
             return self.client.completions.create(**kw)
         except self._openai.APIStatusError as e:
-            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {e.message}") from None
+            # e.message repeats the status ("Error code: 400 - {...}"); the server's own words are in body
+            body = e.body if isinstance(e.body, dict) else {}
+            message = body.get("message") if isinstance(body.get("message"), str) else e.message
+            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}") from None
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
 
