@@ -254,8 +254,9 @@ class Engine:
         }
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text`` (the tokenizer's ``encode``)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        """Token ids of ``text`` (the tokenizer's ``encode``; without its warning about a text longer
+        than the model: submitting such a prompt fails with the engine's own message)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens, verbose=False))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -57,6 +57,18 @@ def test_bad_requests_raise_and_the_engine_stays_usable(engine, hf, prompt, para
     assert_idle_accounting(engine)
 
 
+def test_a_text_longer_than_the_model_is_refused_by_the_engine_alone(engine, monkeypatch):
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setattr(engine.tokenizer, "model_max_length", 16)
+    with CaptureLogger(hf_logging.get_logger("transformers.tokenization_utils_base")) as log:
+        ids = engine.encode("the cat sat on the mat " * 20)
+    assert len(ids) > 16 and "Token indices sequence length" not in log.out  # transformers' warning
+    with pytest.raises(ValueError, match="context length of 512"):
+        engine.generate("the cat sat on the mat " * 200, GREEDY)
+
+
 def test_a_kv_pool_too_large_to_allocate_is_a_clear_error(tiny_llama):
     from lmnb_engine.kv_pool import TokenToKVPool
 
