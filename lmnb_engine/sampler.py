@@ -102,7 +102,8 @@ def _sample_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
     probs = torch.softmax(logits / temp[:, None], dim=-1)
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
     vocab = probs.shape[1]
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in reqs], device=dev)
+    # top_k above the vocabulary keeps all of it (and 2**63 would not fit the tensor)
+    top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in reqs], device=dev)
     top_p = torch.tensor([r.params.top_p for r in reqs], dtype=logits.dtype, device=dev)
     min_p = torch.tensor([r.params.min_p for r in reqs], dtype=logits.dtype, device=dev)
     ranks = torch.arange(vocab, device=dev)[None, :]

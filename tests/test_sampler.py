@@ -27,6 +27,15 @@ def test_greedy_takes_the_argmax_per_row():
     assert out.token_ids == [1, 0]
 
 
+def test_a_top_k_above_the_vocabulary_keeps_all_of_it():
+    """2**70 overflowed the top_k tensor, and the step failed for every request in the batch."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    off = sample(logits, [req(seed=i, top_k=-1) for i in range(3)], frozenset()).token_ids
+    assert sample(logits, [req(seed=i, top_k=2**70) for i in range(3)], frozenset()).token_ids == off
+    assert sample(logits, [req(seed=i, top_k=50) for i in range(3)], frozenset()).token_ids == off
+
+
 @pytest.mark.parametrize("temperature", [1e-300, 1e-40, 1e-7])
 def test_a_temperature_below_sglangs_epsilon_is_greedy(temperature):
     """logits / 1e-300 overflowed to inf and softmax made NaN: the 'sample' was noise."""

@@ -169,7 +169,8 @@ def test_native_generate_batches_n_samples_and_model_info(served):
     assert [x["text"] for x in r] == ["xx", "xx"] and r[0]["meta_info"]["prompt_tokens"] == 2
     r = _post(url, "/generate", {"input_ids": [97, 98], "sampling_params": {"max_new_tokens": 3, "sampling_seed": 5}}).json()
     assert r["text"] == "xxx" and r["output_ids"] == [120, 120, 120] and engine.received[-1].seed == 5
-    _post(url, "/generate", {"text": "ab", "logprob_start_len": 0})  # SGLang: prompt logprobs need return_logprob
+    body = {"text": "ab", "logprob_start_len": 0, "return_logprob": None}  # null: SGLang's default
+    assert _post(url, "/generate", body).status_code == 200
     assert engine.received[-1].logprob_start_len == -1 and not engine.received[-1].return_logprob
     info = httpx.get(url + "/get_model_info").json()
     assert info["model_path"] == "recording-engine" and info["chat_template"] == RecordingEngine.chat_template

@@ -92,6 +92,7 @@ def sampling_params_from_json(
             )
     if isinstance(kwargs.get("stop"), str):
         kwargs["stop"] = [kwargs["stop"]]
+    return_logprob = False if return_logprob is None else return_logprob  # SGLang's default is null
     kwargs.update(
         return_logprob=return_logprob,
         # as in SGLang, prompt logprobs come with return_logprob only (and are not computed without)
