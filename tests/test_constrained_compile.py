@@ -105,6 +105,12 @@ def test_unsupported_schema_is_named(backend, schema, names):
     ({"type": "object", "additionalProperties": False}, ["{}", "{ }"], ['{"a": 1}']),
     ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, ["12", '"x"'], ["1.5", "true"]),
     ({"allOf": [{"type": "integer"}]}, ["7"], ['"7"']),
+    # tuples built in Python mean arrays (the meta-schema check saw a tuple as no array)
+    ({"type": ("string", "null"), "enum": ("x", None)}, ['"x"', "null"], ['"y"', "1"]),
+    # branches of one type that their bounds or patterns keep apart
+    ({"oneOf": [{"type": "integer", "maximum": 9}, {"type": "integer", "minimum": 10}]}, ["3", "12"], ['"3"']),
+    ({"oneOf": [{"type": "string", "pattern": "^a+$"}, {"type": "string", "pattern": "^b+$"}]}, ['"aa"', '"b"'],
+     ['"ab"']),
 ])
 def test_schemas_next_to_the_refused_ones_still_compile_to_exactly_their_instances(backend, schema, valid, invalid):
     regex = backend.to_regex(json_schema=schema)

@@ -29,10 +29,12 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         except re.error as e:
             return f"invalid regex: {e}"
     elif key == "json_schema" and isinstance(value, (str, dict)):
-        try:
-            schema = json.loads(value) if isinstance(value, str) else value
+        try:  # a dict literal through JSON too: its tuples are the arrays they mean
+            schema = json.loads(value if isinstance(value, str) else json.dumps(value))
         except json.JSONDecodeError as e:
             return f"json_schema is not valid JSON: {e}"
+        except (TypeError, ValueError) as e:
+            return f"json_schema holds a value JSON cannot represent ({e})"
         if not isinstance(schema, dict):
             return f"json_schema must be a JSON object, got {type(schema).__name__}"
         import jsonschema  # the meta-schema check the engine makes too, here before anything runs

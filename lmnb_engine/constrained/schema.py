@@ -21,7 +21,6 @@ or a pydantic model class (``model_json_schema()``).
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from typing import Any
@@ -66,12 +65,16 @@ def load_schema(schema: Any) -> dict:
     if isinstance(schema, dict):
         import jsonschema
 
+        try:  # a fresh copy in JSON's own types: tuples built in Python become the arrays they mean
+            schema = json.loads(json.dumps(schema))
+        except (TypeError, ValueError) as e:
+            raise GrammarError(f"json_schema holds a value JSON cannot represent ({e})") from None
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as e:
             where = "/".join(["#", *map(str, e.path)])
             raise GrammarError(f"JSON schema at {where} is not a valid JSON Schema: {e.message}") from None
-        return copy.deepcopy(schema)
+        return schema
     raise GrammarError(
         f"json_schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
     )
@@ -141,10 +144,15 @@ def _check_combinations(node: dict, where: str) -> None:
                 seen[t] = i
 
 
+# Keywords that narrow a branch: two branches of one type may then be disjoint, and are let through.
+_NARROWING = ("enum", "const", "$ref", "anyOf", "oneOf", "allOf", "pattern", "format", "minLength", "maxLength",
+              *_BOUNDS)
+
+
 def _scalar_types(branch: Any) -> set[str]:
-    """The scalar JSON types a ``oneOf`` branch accepts through a plain ``type`` (integer counted as
-    number); empty when it lists values (``enum``/``const``), refers elsewhere, or is no dict."""
-    if not isinstance(branch, dict) or any(k in branch for k in ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")):
+    """The scalar JSON types a ``oneOf`` branch accepts whole, through a bare ``type`` (integer
+    counted as number); empty when it narrows them (``_NARROWING``) or is no dict."""
+    if not isinstance(branch, dict) or any(k in branch for k in _NARROWING):
         return set()
     types = branch.get("type")
     types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
