@@ -391,7 +391,7 @@ def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_othe
     real = cache_module.compile_grammar
 
     def slow_for_a(regex, vocab):  # stands in for a pattern whose automaton takes minutes to build
-        if regex == "a+":
+        if regex.startswith("a+"):
             release.wait(60)
         return real(regex, vocab)
 
@@ -401,6 +401,10 @@ def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_othe
         with pytest.raises(GrammarError, match=r"compiling the constraint 'a\+' took longer than 0\.5 s"):
             backend.wait("a+")
         assert backend.wait("b+").regex == "b+"  # the other worker serves other patterns meanwhile
+        backend.submit("a+|x")  # now both workers are busy with slow patterns
+        with pytest.raises(GrammarError, match="compiler is busy: its 2 workers .* this one did not start"):
+            backend.wait("c+")  # queued behind them: not blamed for being slow, and cancelled
+        assert backend.submit("c+") is not None and backend.cache.misses == 5  # c+ was not left cached
         backend.compile_timeout_s = 30.0  # longer than the release below: only the fast path can raise
         threading.Timer(3.0, release.set).start()
         with pytest.raises(GrammarError, match="took longer than 30 s"):

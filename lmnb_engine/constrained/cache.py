@@ -13,7 +13,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -105,11 +105,11 @@ class GrammarBackend:
         self.vocab = TokenVocabulary(tokenizer, eos_token_ids, vocab_size)
         self.compile_timeout_s = compile_timeout_s
         self._timed_out: set[str] = set()  # patterns still compiling after a wait timed out
-        max_workers = max_workers or min(4, os.cpu_count() or 1)
+        self.max_workers = max_workers or min(4, os.cpu_count() or 1)
         self.cache = cache if cache is not None else _SHARED_CACHE
         self._regex_of: OrderedDict[tuple, str] = OrderedDict()  # validated constraint -> regex (LRU)
         self._regex_lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="lmnb-grammar")
+        self._executor = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="lmnb-grammar")
 
     def to_regex(self, regex: str | None = None, json_schema: Any = None, whitespace_pattern: str | None = None) -> str:
         """Validate a request's constraint and return its regex (fast; call at submission).
@@ -159,17 +159,26 @@ class GrammarBackend:
         """``submit(regex)``'s grammar, waiting at most ``compile_timeout_s``.
 
         A pattern whose compile already outlasted a wait fails at once until it finishes (it goes
-        on in the background and is cached then), rather than holding each request that asks.
+        on in the background and is cached then), rather than holding each request that asks. A
+        pattern still queued when the wait ends is cancelled, and the error says the compiler is
+        busy, not that this pattern is slow.
 
         Raises:
-            GrammarError: the compile failed, or took longer than ``compile_timeout_s``.
+            GrammarError: the compile failed, took longer than ``compile_timeout_s``, or did not
+                start within it.
         """
         fut = self.submit(regex)
         if not fut.done() and regex in self._timed_out:
             raise GrammarError(self._too_slow(regex))
+        busy = (f"the grammar compiler is busy: its {self.max_workers} workers have spent over "
+                f"{self.compile_timeout_s:g} s on other patterns, and this one did not start; retry later")
         try:
             return fut.result(timeout=self.compile_timeout_s)
+        except CancelledError:  # another request's wait gave up on it before it started
+            raise GrammarError(busy) from None
         except FutureTimeout:
+            if fut.cancel():  # never started: every worker is busy with other, slow patterns
+                raise GrammarError(busy) from None
             self._timed_out.add(regex)
             fut.add_done_callback(lambda _: self._timed_out.discard(regex))
             raise GrammarError(self._too_slow(regex)) from None
