@@ -10,6 +10,7 @@ printed: cells run, tokens and the radix-cache hit rate, read from the ``lmnb`` 
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import sys
 import time
@@ -48,6 +49,8 @@ def run(args) -> int:
         print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
         return 2
     try:  # before the run: a path that cannot be written would lose it at the end
+        if out.is_dir():
+            raise IsADirectoryError("it is a directory; give a file name, e.g. -o DIR/out.ipynb")
         out.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
             raise PermissionError("permission denied")
@@ -83,11 +86,13 @@ def run(args) -> int:
         failed, status = f"a cell failed:\n{e}", 1
     except RuntimeError as e:  # e.g. "Kernel didn't respond in 120 seconds" at start-up
         failed, status = f"the lmnb kernel failed: {e}", 1
-    except KeyboardInterrupt:  # outside a cell (kernel start-up)
+    except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
         failed, status = "interrupted", 130
     finally:
-        nbformat.write(nb, out)
-        _shutdown(km)
+        try:
+            nbformat.write(nb, out)
+        finally:
+            _shutdown(km)
     print(summary(nb, src, out, time.monotonic() - t0))
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)

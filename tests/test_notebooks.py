@@ -52,8 +52,11 @@ def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp
     bad.write_text("{not json")
     not_nb = tmp_path / "not_nb.ipynb"
     not_nb.write_text('{"foo": 1}')  # JSON, but no notebook: nbformat raises a schema ValidationError
+    a_list = tmp_path / "list.ipynb"
+    a_list.write_text("[1, 2]")  # nbformat: AttributeError
     for path, words in [(tmp_path / "missing.ipynb", "no such notebook"), (bad, "cannot read"),
-                        (not_nb, "cannot read .*: not a Jupyter notebook: .*missing a key: cells")]:
+                        (not_nb, "cannot read .*: not a Jupyter notebook: .*missing a key: cells"),
+                        (a_list, "cannot read .*: not a Jupyter notebook \\(nbformat: AttributeError")]:
         args = argparse.Namespace(notebook=str(path), output=None, parameter=[], timeout=60, allow_errors=False)
         assert run(args) == 2
         err = capsys.readouterr().err
@@ -118,10 +121,10 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, ca
 
     src = _notebook(tmp_path / "nb.ipynb", "print('x')")
     (tmp_path / "file").write_text("")
-    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "file" / "out.ipynb"), parameter=[],
-                              timeout=60, allow_errors=False)
-    assert run(args) == 2
-    assert f"lmnb run: cannot write {tmp_path / 'file' / 'out.ipynb'}" in capsys.readouterr().err
+    for out, why in [(tmp_path / "file" / "out.ipynb", ""), (tmp_path, ": it is a directory")]:
+        args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=60, allow_errors=False)
+        assert run(args) == 2
+        assert f"lmnb run: cannot write {out}{why}" in capsys.readouterr().err
 
 
 def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):

@@ -36,6 +36,8 @@ def read_notebook(path: Path):
         return nbformat.read(path, as_version=4)
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}") from None
+    except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
+        raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
 
 
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:
