@@ -12,12 +12,13 @@ import importlib
 import sys
 
 # subcommand -> (module, function, one-line help). Each module exposes
-# ``<function>_arguments(parser)`` and ``<function>(args) -> int``.
+# ``<function>_arguments(parser)`` and ``<function>(args) -> int``. Help texts are written as
+# shown; argparse %-formats them, so "%" is doubled where they are passed.
 SUBCOMMANDS = {
     "run": ("lmnb_kernel.run", "run", "execute a notebook headless with the lmnb kernel"),
     "install-kernel": ("lmnb_kernel.install", "install", "install the lmnb kernelspec"),
     "serve": ("lmnb_engine.http_server", "serve", "serve the in-process engine over HTTP"),
-    "export": ("lmnb.export", "export", "export a %%%%lm notebook to a batch script"),
+    "export": ("lmnb.export", "export", "export a %%lm notebook to a batch script"),
 }
 
 
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for name, (module, func, help_) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_.replace("%", "%%"), description=help_)  # (descriptions are not formatted)
         if name == chosen:
             getattr(importlib.import_module(module), f"{func}_arguments")(p)
     args = parser.parse_args(argv)

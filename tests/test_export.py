@@ -104,8 +104,13 @@ def test_inputs_option_overrides_and_is_checked():
         plan_notebook(nb, inputs=["nope"])
     # a variable a later cell reads but a gen produces: it was kept as a field, then left out of the script
     chain = notebook('question = "Why?"', "%%lm\n{question}{gen answer}", "%%lm\nSo: {answer}{gen b}")
-    with pytest.raises(ExportError, match="--inputs answer: the %%lm cell 2 produces answer"):
+    with pytest.raises(ExportError, match="--inputs answer: the %%lm cell 2 sets answer in each row"):
         plan_notebook(chain, inputs=["question", "answer"])
+    derived = notebook('question = "Why?"', "%%lm\n{question}{gen answer}", "short = answer[:5]",
+                       "%%lm\nSo: {short}{gen b}")
+    with pytest.raises(ExportError, match="--inputs short: the cell 3 sets short in each row"):
+        plan_notebook(derived, inputs=["short"])
+    assert plan_notebook(derived, inputs=["question"]).inputs == ("question",)  # its example value is stripped
     params = notebook(("parameters", 'person = "Ada"\nn = 2'), "%%lm\n{person}{gen a max_tokens=n}")
     assert (plan_notebook(params).inputs, plan_notebook(params).parameters) == ((), ("person", "n"))
     source, p = export_notebook(params, inputs=["person"])  # a parameter named as input is a row field
@@ -144,6 +149,10 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     assert out.stdout == expected
     (tmp_path / "broken.ipynb").write_text("{not json")
     assert main(["export", str(tmp_path / "broken.ipynb")]) == 2
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    shown = capsys.readouterr().out  # argparse %-formats help, not descriptions: it showed %%%%lm and %lm
+    assert "\nexport a %%lm notebook to a batch script\n" in shown and "notebook with %%lm cells" in shown
     (tmp_path / "not_nb.ipynb").write_text('{"foo": 1}')
     assert main(["export", str(tmp_path / "not_nb.ipynb")]) == 2
     assert "not a Jupyter notebook: " in capsys.readouterr().err

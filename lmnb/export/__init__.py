@@ -60,7 +60,7 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
 
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``lmnb export``."""
-    parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%lm cells")
+    parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%%%lm cells")
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="the script to write (default: the notebook's name with .py; '-' = stdout)")
     parser.add_argument("--inputs", default=None, metavar="A,B",

@@ -181,12 +181,17 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
             local |= set(captured) | ({c.options.out} if c.options.out else set())
         else:
             local |= set(c.assigns)
+    def sets(c, n: str) -> bool:  # (a moved cell's example assignment of a field is stripped)
+        if isinstance(c, LMCell):
+            return n in c.captures or n == c.options.out
+        return n in c.assigns and not (c in moved and n in c.string_assignments)
+
     for n in given or ():
-        producer = next((c for c in row_code if isinstance(c, LMCell)
-                         and (n in c.captures or n == c.options.out)), None)
+        producer = next((c for c in row_code if sets(c, n)), None)
         if producer is not None:
-            raise ExportError(f"--inputs {n}: the %%lm cell {producer.index} produces {n} (it is an output of each "
-                              "row, not an input); leave it out of --inputs")
+            what = "%%lm cell" if isinstance(producer, LMCell) else "cell"
+            raise ExportError(f"--inputs {n}: the {what} {producer.index} sets {n} in each row, so a row's "
+                              f"value would be overwritten; leave it out of --inputs")
     unused = [n for n in fields if n not in read_in_row]
     if given is not None and unused:
         raise ExportError(f"--inputs {', '.join(unused)}: the cells that run per row never read "
