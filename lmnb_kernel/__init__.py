@@ -15,7 +15,7 @@ def load_ipython_extension(shell) -> None:
     import lmnb
 
     from lmnb_kernel.errors import CellError, show_cell_error
-    from lmnb_kernel.magics import LMMagics
+    from lmnb_kernel.magics import LMMagics, define_lmnb
     from lmnb_kernel.session import SessionBackend, get_session
 
     lmnb.set_default_backend(SessionBackend(get_session()))
@@ -25,9 +25,7 @@ def load_ipython_extension(shell) -> None:
     shell.set_custom_exc((CellError,), show_cell_error)
     shell.events.register("post_run_cell", magics.refresh_tree)
     shell._lmnb_magics = magics
-    if "lmnb" not in shell.user_ns:
-        shell.push({"lmnb": lmnb}, interactive=False)
-        shell._lmnb_pushed = True
+    shell._lmnb_pushed = define_lmnb(shell)
 
 
 def unload_ipython_extension(shell) -> None:

@@ -72,6 +72,17 @@ def _split(line: str) -> list[str]:
         raise UsageError(f"cannot read the options {line!r}: {e}") from None
 
 
+def define_lmnb(shell) -> bool:
+    """Put ``lmnb`` in the namespace unless the name is taken (``%%lm --python`` bodies write
+    ``lmnb.gen(...)``; hidden from ``%who``). True if it was put there now."""
+    if "lmnb" in shell.user_ns:
+        return False
+    import lmnb
+
+    shell.push({"lmnb": lmnb}, interactive=False)
+    return True
+
+
 def _cell_number(shell) -> int:
     """N of the running cell's In [N]. The input history has In [N] stored by now, whereas
     ``shell.execution_count`` is already N + 1 while a cell runs in ipykernel 7 / IPython 9 (N in
@@ -169,6 +180,7 @@ class LMMagics(Magics):
         ns = self.shell.user_ns
         try:
             if args.python:
+                define_lmnb(self.shell)  # again: %reset removes it
                 program, params = parse_python(cell, first_line=2, filename=filename).program(ns), {}
             else:
                 template = parse(cell, first_line=2, filename=filename)

@@ -103,6 +103,9 @@ def test_python_mode_runs_a_program_body_with_state_s(ip):
     assert ip.user_ns["hi"] == greedy(ip, "Hi Bo:", 5)
     bad, out = run(ip, "%%lm --python --static\ns += 'x'\ny = missing_name")
     assert not bad.success and "line 3: NameError" in out.stdout
+    del ip.user_ns["lmnb"]  # as %reset -f does
+    again, out = run(ip, '%%lm --python --static --temperature 0\ns += "Hi:" + lmnb.gen("hi2", max_tokens=2)')
+    assert again.success, out.stdout
 
 
 def test_quiet_shows_nothing_and_python_cells_share_the_engine(ip):
