@@ -170,19 +170,29 @@ def test_echoed_completion_text_offsets_index_the_returned_text(backends, engine
     local = engines[0]
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
     bos = local.tokenizer.bos_token_id  # as a tokenizer that adds BOS would put it (this one does not)
-    prompt = [bos] + local.encode("The river runs")
+    words = "The river runs"
+    prompt = [bos] + local.encode(words)
     comp = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=1)
     text, lp = comp.choices[0].text, comp.choices[0].logprobs
-    assert text.startswith("The river runs")  # the BOS is listed, but not in the text
+    assert text.startswith(words)  # the BOS is listed, but not in the text
     assert lp.tokens[0] == local.tokenizer.bos_token and lp.text_offset[:2] == [0, 0]
     for tok, off in list(zip(lp.tokens, lp.text_offset))[1:]:  # before, each was 3 (len "<s>") too far
-        assert text[off:off + len(tok)] == tok
-    assert lp.text_offset[-1] + len(lp.tokens[-1]) == len(text)
+        assert text[off:off + len(tok)] == tok or "\ufffd" in tok  # (a byte token of a character)
+    assert lp.text_offset[-1] + len(lp.tokens[-1]) == len(text) or "\ufffd" in lp.tokens[-1]
     chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, echo=True,
                                             logprobs=1, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == text
     [streamed] = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
     assert streamed.model_dump() == lp.model_dump()  # the prompt's logprobs too (before: the completion's only)
+    # byte tokens: "é" is two byte-level tokens that decode alone to U+FFFD each
+    accented = local.encode("hé river")
+    comp = client.completions.create(model="tiny", prompt=accented, max_tokens=1, temperature=0, echo=True,
+                                     logprobs=0)
+    text, lp = comp.choices[0].text, comp.choices[0].logprobs
+    assert text.startswith("hé river")
+    expected = [len(local.decode(accented[:i], skip_special_tokens=True).rstrip("\ufffd"))
+                for i in range(len(accented))]  # the text before each token, whole characters only
+    assert lp.text_offset[:len(accented)] == expected and text[expected[-1]:].startswith(lp.tokens[len(accented) - 1])
 
 
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):

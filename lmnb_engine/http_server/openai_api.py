@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator, Literal, Optional, Union
+from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import SamplingParams
+
+_REPLACEMENT = "\ufffd"  # what a byte token that is not a whole character decodes to
 
 MAX_TOP_LOGPROBS = 20
 
@@ -207,18 +210,25 @@ def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
     return {"content": content}
 
 
-def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional[int] = None) -> dict:
+def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional[int] = None,
+                         context: Sequence[int] = ()) -> dict:
     """OpenAI's completions ``logprobs`` object; ``first_id`` names prompt token 0 (echo), which
-    has no context and hence a null logprob. ``text_offset`` indexes the returned text, where
-    special tokens (a BOS the tokenizer added, say) do not appear: they take no width."""
+    has no context and hence a null logprob. ``text_offset`` indexes the returned text: the
+    tokens are decoded in sequence (after ``context``, the prompt ids when it is not echoed), so
+    special tokens (a BOS) take no width and the byte tokens of one character share its offset."""
     tokens, values, tops, offsets = [], [], [], []
+    text = IncrementalDetokenizer(engine, context, skip_special_tokens=True)  # decodes with engine.decode
     for lp in lps:
         tid = first_id if lp is None else lp.token_id
         tokens.append("" if tid is None else _token(engine, tid))
         values.append(None if lp is None else finite(lp.logprob))
         tops.append({_token(engine, t): finite(v) for t, v in lp.top} if lp is not None and lp.top else None)
-        offsets.append(offset)
-        offset += 0 if tid is None else len(engine.decode([tid], skip_special_tokens=True))
+        start = len(text.text)  # where the text this token adds (or completes) begins
+        delta = text.add(tid) if tid is not None else ""
+        own = engine.decode([tid], skip_special_tokens=True) if delta.startswith(_REPLACEMENT) else ""
+        if own and not own.startswith(_REPLACEMENT) and delta.endswith(own):
+            start += len(delta) - len(own)  # after the U+FFFD of earlier byte tokens that never formed a character
+        offsets.append(offset + start)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -229,7 +239,7 @@ def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, promp
         return None
     head = list(result.prompt_logprobs or []) if req.echo else []
     return _completion_logprobs(engine, head + list(result.logprobs or []), 0 if req.echo else len(prompt_text),
-                                prompt_ids[0] if prompt_ids else None)
+                                prompt_ids[0] if prompt_ids else None, () if req.echo else prompt_ids)
 
 
 def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
