@@ -192,7 +192,8 @@ def test_echoed_completion_text_offsets_index_the_returned_text(backends, engine
     assert text.startswith("hé river")
     expected = [len(local.decode(accented[:i], skip_special_tokens=True).rstrip("\ufffd"))
                 for i in range(len(accented))]  # the text before each token, whole characters only
-    assert lp.text_offset[:len(accented)] == expected and text[expected[-1]:].startswith(lp.tokens[len(accented) - 1])
+    assert lp.text_offset[:len(accented)] == expected
+    assert text[expected[-1]:].startswith(lp.tokens[len(accented) - 1])
 
 
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):
