@@ -92,20 +92,24 @@ def run(args) -> int:
         try:
             nbformat.write(nb, out)
         finally:
-            _shutdown(km)
+            _shutdown(km, busy=failed is not None)
     print(summary(nb, src, out, time.monotonic() - t0))
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
     return status
 
 
-def _shutdown(km) -> None:
+def _shutdown(km, busy: bool) -> None:
     """Shut the kernel down and wait for it (left running, it would notice this process exit and
-    stop on its own, after it)."""
+    stop on its own, after it). A kernel that may still run a cell (``busy``: a timeout) is
+    interrupted first: shut down mid-cell, it prints a traceback when the cell ends."""
     from jupyter_core.utils import run_sync
 
     async def stop() -> None:
         if km.has_kernel and await km.is_alive():
+            if busy:
+                await km.interrupt_kernel()
+                await asyncio.sleep(0.5)  # for the cell to end (its reply has no reader; no harm)
             await km.shutdown_kernel()
 
     run_sync(stop)()
