@@ -29,20 +29,18 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         except re.error as e:
             return f"invalid regex: {e}"
     elif key == "json_schema" and isinstance(value, (str, dict)):
-        try:  # a dict literal through JSON too: its tuples are the arrays they mean
-            schema = json.loads(value if isinstance(value, str) else json.dumps(value))
+        try:
+            schema = json.loads(value) if isinstance(value, str) else value
         except json.JSONDecodeError as e:
             return f"json_schema is not valid JSON: {e}"
-        except (TypeError, ValueError) as e:
-            return f"json_schema holds a value JSON cannot represent ({e})"
         if not isinstance(schema, dict):
             return f"json_schema must be a JSON object, got {type(schema).__name__}"
-        import jsonschema  # the meta-schema check the engine makes too, here before anything runs
+        from lmnb_engine.json_schema import checked_schema  # the engine's own check (no torch), before anything runs
 
         try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.SchemaError as e:
-            return f"json_schema at {'/'.join(['#', *map(str, e.path)])} is not a valid JSON Schema: {e.message}"
+            checked_schema(schema)
+        except ValueError as e:
+            return str(e)
     elif key == "choices":
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
             return "choices must be a non-empty list of strings"

@@ -28,6 +28,7 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
 from lmnb_engine.constrained.regex_check import check_regex
+from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
 _ENFORCED = {
@@ -48,12 +49,13 @@ _PLACEHOLDER = "LMNBBOUNDEDNUMBER{}X"  # letters and digits only: appears verbat
 
 
 def load_schema(schema: Any) -> dict:
-    """The schema as a fresh ``dict``: from a dict (deep-copied), a JSON string, or a pydantic class.
+    """The schema as a fresh ``dict``: from a dict (``json_schema.checked_schema``'s copy), a JSON
+    string, or a pydantic class.
 
     Raises:
-        GrammarError: the string is not JSON, the schema breaks the JSON Schema meta-schema (of its
-            ``$schema`` draft, else 2020-12; checked with ``jsonschema``), or the value is none of
-            the accepted kinds.
+        GrammarError: the string is not JSON, a dict holds a value JSON cannot represent, the
+            schema breaks the JSON Schema meta-schema (``json_schema.checked_schema``), or the
+            value is none of the accepted kinds.
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
@@ -63,18 +65,10 @@ def load_schema(schema: Any) -> dict:
         except json.JSONDecodeError as e:
             raise GrammarError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
     if isinstance(schema, dict):
-        import jsonschema
-
-        try:  # a fresh copy in JSON's own types: tuples built in Python become the arrays they mean
-            schema = json.loads(json.dumps(schema))
-        except (TypeError, ValueError) as e:
-            raise GrammarError(f"json_schema holds a value JSON cannot represent ({e})") from None
         try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.SchemaError as e:
-            where = "/".join(["#", *map(str, e.path)])
-            raise GrammarError(f"JSON schema at {where} is not a valid JSON Schema: {e.message}") from None
-        return schema
+            return checked_schema(schema)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
     raise GrammarError(
         f"json_schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
     )

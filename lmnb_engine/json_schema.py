@@ -1,0 +1,33 @@
+"""The JSON Schema meta-schema check of a ``json_schema`` constraint, without torch.
+
+Shared by the engine (``constrained.schema.load_schema``) and the ``%%lm`` cell parser, which runs
+it on a literal schema before anything runs (``lmnb.template.options``); importing it loads only
+``jsonschema``.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def checked_schema(schema: dict) -> dict:
+    """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
+    they mean), checked against the JSON Schema meta-schema of its ``$schema`` draft (2020-12 when
+    it names none) with ``jsonschema``.
+
+    Raises:
+        ValueError: a value JSON cannot represent, or a schema the meta-schema rejects (the message
+            gives the location, e.g. ``#/properties/a``).
+    """
+    import jsonschema
+
+    try:
+        schema = json.loads(json.dumps(schema))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(["#", *map(str, e.path)])
+        raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {e.message}") from None
+    return schema
