@@ -287,9 +287,13 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     @app.post("/generate")
     async def generate(request: Request):
         prompts, params, rids, batch, opts = _parse_generate(await json_body(request))
+        # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
+        # that needs it is tokenized here (off the event loop) and submitted as its ids.
+        prompts = [await ctx.run(engine.encode, x) if isinstance(x, str) and p.logprob_start_len == 0 else x
+                   for x, p in zip(prompts, params)]
+        firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
         handles = await ctx.submit(prompts, params, rids)
         decode = engine.decode if opts["text_in_logprobs"] else None
-        firsts = [_first_token_id(engine, x) if p.logprob_start_len == 0 else None for x, p in zip(prompts, params)]
         if opts["stream"]:
             return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts),
                                      media_type="text/event-stream")
@@ -302,12 +306,6 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     add_openai_routes(app, ctx, json_body)
     return app
-
-
-def _first_token_id(engine: Any, prompt: Any) -> Optional[int]:
-    """Prompt token 0's id (named in ``input_token_logprobs``, whose entry for it has no logprob)."""
-    ids = prompt if isinstance(prompt, list) else engine.encode(prompt)
-    return int(ids[0]) if ids else None
 
 
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
