@@ -234,7 +234,8 @@ def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional
 
 def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, prompt_ids: list) -> Optional[dict]:
     """A completion choice's ``logprobs`` (None unless asked for): with ``echo``, the prompt's
-    tokens first and offsets from 0; else offsets after ``prompt_text``."""
+    tokens first and offsets from 0; else offsets after ``prompt_text``. It decodes each token
+    (and twice more for its offset), so routes call it on a worker thread, off the event loop."""
     if req.logprobs is None:
         return None
     head = list(result.prompt_logprobs or []) if req.echo else []
@@ -295,7 +296,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         for k, res in enumerate(await ctx.results(handles, request)):
             for r in res if isinstance(res, list) else [res]:
                 results.append(r)
-                lp = _choice_logprobs(engine, req, r, texts[k], ids[k])
+                lp = await ctx.run(_choice_logprobs, engine, req, r, texts[k], ids[k])  # decodes every token
                 choices.append({
                     "index": len(choices), "text": (texts[k] if req.echo else "") + r.text,
                     "logprobs": lp, "finish_reason": _finish(r),
@@ -434,7 +435,7 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                     if chat and req.logprobs:
                         lp = _chat_logprobs(engine, ev.result.logprobs)
                     elif not chat:
-                        lp = _choice_logprobs(engine, req, ev.result, texts[k], prompt_ids[k])
+                        lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])
                 finish = _finish(ev.result) if done else None
                 if chat:
                     delta = {"content": ev.text_delta} if ev.text_delta else {}
