@@ -39,7 +39,7 @@ class _Route(APIRoute):
     Left to an ``Exception`` handler, the exception reaches Starlette's ``ServerErrorMiddleware``,
     which answers and then re-raises it for the server to log; uvicorn then resets the client's
     keep-alive connection, and the client's next request on it fails. Errors with a handler of
-    their own (``RequestError``, validation, HTTP errors) pass through to it.
+    their own in the app (``RequestError``, validation, HTTP errors...) pass through to it.
     """
 
     def get_route_handler(self) -> Callable:
@@ -48,9 +48,10 @@ class _Route(APIRoute):
         async def route_handler(request: Request) -> Any:
             try:
                 return await handler(request)
-            except (RequestError, RequestFailed, RequestValidationError, ValidationError, StarletteHTTPException):
-                raise
             except Exception as exc:
+                handled = [k for k in request.app.exception_handlers if isinstance(k, type) and k is not Exception]
+                if isinstance(exc, tuple(handled)):
+                    raise
                 logger.exception("unexpected error serving %s", request.url.path)
                 return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", 500), 500)
 
