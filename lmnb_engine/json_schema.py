@@ -25,6 +25,8 @@ def checked_schema(schema: dict) -> dict:
         schema = json.loads(json.dumps(schema))
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
+    if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key
+        raise ValueError(f"JSON schema at #/$schema must be a string (a draft's URI), not {schema['$schema']!r}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:

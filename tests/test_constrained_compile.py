@@ -91,6 +91,7 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"type": []}, ["#/type is not a valid JSON Schema"]),
         # the meta-schema (outlines-core said only "Unsupported type: objekt")
         ({"type": "objekt"}, ["#/type is not a valid JSON Schema: 'objekt' is not valid"]),
+        ({"$schema": {}, "type": "string"}, ["#/$schema must be a string"]),  # jsonschema raised TypeError
         ({"type": "object", "properties": 5}, ["#/properties is not a valid JSON Schema: 5 is not of type 'object'"]),
     ],
 )

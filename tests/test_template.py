@@ -328,6 +328,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{gen n regex="(ab"}', 2, 14, "invalid regex"),
         ('{gen c json_schema={"type": "objekt"}}', 2, 20, "#/type is not a valid JSON Schema"),  # before any gen runs
         ("{gen c json_schema='[1]'}", 2, 20, "must be a JSON object"),
+        ("{gen c json_schema=[1]}", 2, 20, "must be a JSON object"),
+        ('{gen c json_schema={"$schema": []}}', 2, 20, "#/$schema must be a string"),  # was a TypeError
         ('{gen c json_schema={"enum": ("a", 1j)}}', 2, 20, "a value JSON cannot represent"),
         ("{user}hi{user}", 2, 9, "roles cannot nest"),
         ("{user}\nhi\n{/assistant}", 4, 1, "does not match {user}"),

@@ -28,7 +28,7 @@ def check_literal(primitive: str, key: str, value) -> str | None:
             re.compile(value)
         except re.error as e:
             return f"invalid regex: {e}"
-    elif key == "json_schema" and isinstance(value, (str, dict)):
+    elif key == "json_schema" and value is not None:  # (a literal; a pydantic class is a name, not checked here)
         try:
             schema = json.loads(value) if isinstance(value, str) else value
         except json.JSONDecodeError as e:
