@@ -10,6 +10,7 @@ import json
 import random
 import re
 import threading
+import time
 from fractions import Fraction
 
 import jsonschema
@@ -140,11 +141,18 @@ def test_pattern_outside_the_vocabulary_is_reported_not_decoded(tmp_path):
     assert allowed and all(b.startswith(b"y") for b in allowed)
 
 
-def test_compile_errors_are_not_cached(backend):
-    fut = backend.submit("a(")  # a syntax error only the automaton library sees
-    with pytest.raises(GrammarError, match="cannot be compiled"):
-        fut.result()
-    assert backend.submit("a(") is not fut
+def test_compile_errors_are_cached(tokenizer):
+    cache = GrammarCache()
+    backend = GrammarBackend(tokenizer, cache=cache)
+    try:
+        fut = backend.submit("a(")  # a syntax error only the automaton library sees
+        with pytest.raises(GrammarError, match="cannot be compiled"):
+            fut.result()
+        assert backend.submit("a(") is fut  # the same pattern fails the same way: not compiled again
+        cache.clear()
+        assert backend.submit("a(") is not fut
+    finally:
+        backend.shutdown()
 
 
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
@@ -369,9 +377,9 @@ def test_cache_shares_one_compiled_grammar_built_off_the_calling_thread(tokenize
     threads = []
     real = cache_module.compile_grammar
 
-    def spy(regex, vocab):
+    def spy(regex, vocab, **limits):
         threads.append(threading.current_thread().name)
-        return real(regex, vocab)
+        return real(regex, vocab, **limits)
 
     monkeypatch.setattr(cache_module, "compile_grammar", spy)
     cache = GrammarCache()
@@ -391,10 +399,10 @@ def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_othe
     release = threading.Event()
     real = cache_module.compile_grammar
 
-    def slow_for_a(regex, vocab):  # stands in for a pattern whose automaton takes minutes to build
+    def slow_for_a(regex, vocab, **limits):  # stands in for a compile that outlasts a request's wait
         if regex.startswith("a+"):
             release.wait(60)
-        return real(regex, vocab)
+        return real(regex, vocab, **limits)
 
     monkeypatch.setattr(cache_module, "compile_grammar", slow_for_a)
     backend = GrammarBackend(tokenizer, max_workers=2, cache=GrammarCache(), compile_timeout_s=0.5)
@@ -416,6 +424,65 @@ def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_othe
         assert backend.wait("a+").regex == "a+"  # finished in the background, cached, served
     finally:
         release.set()
+        backend.shutdown()
+
+
+@pytest.mark.parametrize("schema, key, where", [
+    ({"type": "string", "maxLength": 1001}, "maxLength=1001", "#"),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 5000}}},
+     "minItems=5000", "#/properties/a"),
+])
+def test_schema_counts_above_the_repeat_limit_are_refused_by_name(backend, schema, key, where):
+    with pytest.raises(GrammarError, match=f"JSON schema {key} at {where} is above the limit of 1000"):
+        backend.to_regex(json_schema=schema)
+    assert "{0,1000}" in backend.to_regex(json_schema={"type": "string", "maxLength": 1000})  # at the limit
+
+
+def _compile_children() -> list[int]:
+    """Pids of this process's children that run ``index_process.py`` (Linux /proc)."""
+    import os
+    from pathlib import Path
+
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == os.getpid() and b"index_process.py" in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while being read
+    return pids
+
+
+def test_an_exploding_automaton_is_killed_at_the_time_limit_and_its_error_is_cached(tokenizer):
+    # a[a-z]{N}: outlines-core's unanchored DFA doubles with each N (a thread restarts at every
+    # "a"); at 40 it would run for days. The same bound with no recurring first byte is instant.
+    backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=2.0)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(GrammarError, match=r"compiling the constraint 'a\[a-z\]\{40\}' took longer than 2 s"):
+            backend.wait("a[a-z]{40}")
+        assert time.perf_counter() - start < 20
+        # the compile itself ended (killed), rather than running on in the background
+        assert isinstance(backend.submit("a[a-z]{40}").exception(timeout=5), GrammarError)
+        assert _compile_children() == []
+        start = time.perf_counter()
+        with pytest.raises(GrammarError, match="took longer than 2 s"):
+            backend.wait("a[a-z]{40}")  # asked again: the cached failure, at once
+        assert time.perf_counter() - start < 1.0 and backend.cache.misses == 1
+        grammar = backend.wait("[a-z]{40}")
+        assert grammar.initial_state not in grammar.final_states
+    finally:
+        backend.shutdown()
+
+
+def test_an_exploding_automaton_stops_at_the_memory_limit(tokenizer):
+    backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_memory_bytes=320 << 20)
+    try:
+        with pytest.raises(GrammarError, match=r"'a\[a-z\]\{40\}' ran out of memory \(limit 0.312 GiB\)"):
+            backend.wait("a[a-z]{40}")
+        assert backend.wait("[a-z]{3}").regex == "[a-z]{3}"  # the limit leaves room for real patterns
+    finally:
         backend.shutdown()
 
 

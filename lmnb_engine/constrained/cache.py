@@ -4,7 +4,9 @@ The paper measured 2.4x lower throughput when every request rebuilt its FSM (§6
 its compiled grammars by (kind, pattern). Here the key is (regex, vocabulary fingerprint) so two
 engines over the same tokenizer share entries, and the value is a ``Future``: requests that
 arrive while a pattern compiles wait on the same future, and the scheduler never blocks on a
-compile (outlines-core releases the GIL while it builds an index).
+compile. Each compile runs in a child process (``index_process``) with a time and memory limit, so
+a pattern whose automaton explodes fails with an error instead of taking the machine with it; such
+failures are cached like successes, so asking again fails at once.
 """
 
 from __future__ import annotations
@@ -18,14 +20,19 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar
+from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
+from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES
 from lmnb_engine.constrained.regex_check import check_regex
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
 
 
 class GrammarCache:
-    """LRU map (regex, vocab fingerprint) → ``Future[CompiledGrammar]``; failed compiles are not kept.
+    """LRU map (regex, vocab fingerprint) → ``Future[CompiledGrammar]``.
+
+    A compile that failed with ``GrammarError`` (invalid, unsatisfiable, or over a limit) stays
+    cached: the same pattern over the same vocabulary fails the same way. Cancelled compiles and
+    any other exception are dropped, so the next request tries again.
 
     Attributes:
         hits, misses: lookup counts (int).
@@ -38,8 +45,9 @@ class GrammarCache:
         self.hits = 0
         self.misses = 0
 
-    def get_or_submit(self, regex: str, vocab: TokenVocabulary, executor: ThreadPoolExecutor) -> Future:
-        """The cached future for ``(regex, vocab)``, or a new compile submitted to ``executor``."""
+    def get_or_submit(self, regex: str, vocab: TokenVocabulary, executor: ThreadPoolExecutor, **limits: Any) -> Future:
+        """The cached future for ``(regex, vocab)``, or a new compile submitted to ``executor``
+        (``limits``: ``compile_grammar``'s ``timeout_s`` and ``memory_bytes``)."""
         key = (regex, vocab.fingerprint)
         with self._lock:
             fut = self._entries.get(key)
@@ -48,7 +56,7 @@ class GrammarCache:
                 self.hits += 1
                 return fut
             self.misses += 1
-            fut = executor.submit(compile_grammar, regex, vocab)
+            fut = executor.submit(compile_grammar, regex, vocab, **limits)
             self._entries[key] = fut
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
@@ -56,7 +64,7 @@ class GrammarCache:
         return fut
 
     def _forget_failed(self, key: tuple[str, str], fut: Future) -> None:
-        if not fut.cancelled() and fut.exception() is None:
+        if not fut.cancelled() and (fut.exception() is None or isinstance(fut.exception(), GrammarError)):
             return
         with self._lock:
             if self._entries.get(key) is fut:
@@ -73,7 +81,7 @@ class GrammarCache:
 
 _SHARED_CACHE = GrammarCache()
 
-# A compile cannot be cancelled once outlines-core runs it; a request stops waiting after this long.
+# A compile is killed after this long, and a request waits at most this long for its compile.
 COMPILE_TIMEOUT_S = 60.0
 
 
@@ -87,7 +95,9 @@ class GrammarBackend:
         max_workers: compile threads (default: up to 4), so that one slow compile does not hold
             up every other pattern.
         cache: the ``GrammarCache`` (default: one shared by every backend in the process).
-        compile_timeout_s: how long ``wait`` waits for a compile (seconds).
+        compile_timeout_s: how long a compile may run before it is killed, and how long ``wait``
+            waits for one (seconds).
+        compile_memory_bytes: address space one compile may use (None: no limit).
 
     Raises:
         GrammarError: the tokenizer's token bytes cannot be read.
@@ -101,9 +111,11 @@ class GrammarBackend:
         max_workers: int | None = None,
         cache: GrammarCache | None = None,
         compile_timeout_s: float = COMPILE_TIMEOUT_S,
+        compile_memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
     ):
         self.vocab = TokenVocabulary(tokenizer, eos_token_ids, vocab_size)
         self.compile_timeout_s = compile_timeout_s
+        self.compile_memory_bytes = compile_memory_bytes
         self._timed_out: set[str] = set()  # patterns still compiling after a wait timed out
         self.max_workers = max_workers or min(4, os.cpu_count() or 1)
         self.cache = cache if cache is not None else _SHARED_CACHE
@@ -149,17 +161,20 @@ class GrammarBackend:
         return regex
 
     def submit(self, regex: str) -> Future:
-        """``Future[CompiledGrammar]`` for ``regex`` (cached; compiled on a worker thread).
+        """``Future[CompiledGrammar]`` for ``regex`` (cached; compiled by a worker thread's child process).
 
-        The future raises ``GrammarError`` if the index cannot be built or can never match.
+        The future raises ``GrammarError`` if the index cannot be built, can never match, or is
+        over the time or memory limit.
         """
-        return self.cache.get_or_submit(regex, self.vocab, self._executor)
+        return self.cache.get_or_submit(regex, self.vocab, self._executor, timeout_s=self.compile_timeout_s,
+                                        memory_bytes=self.compile_memory_bytes)
 
     def wait(self, regex: str) -> CompiledGrammar:
         """``submit(regex)``'s grammar, waiting at most ``compile_timeout_s``.
 
-        A pattern whose compile already outlasted a wait fails at once until it finishes (it goes
-        on in the background and is cached then), rather than holding each request that asks. A
+        A pattern whose compile already outlasted a wait fails at once until the compile ends (it
+        goes on in the background, at most ``compile_timeout_s`` from its start, and its grammar
+        or error is cached then), rather than holding each request that asks. A
         pattern still queued when the wait ends is cancelled, and the error says the compiler is
         busy, not that this pattern is slow.
 
@@ -184,10 +199,7 @@ class GrammarBackend:
             raise GrammarError(self._too_slow(regex)) from None
 
     def _too_slow(self, regex: str) -> str:
-        shown = repr(regex[:80]) + ("..." if len(regex) > 80 else "")
-        return (f"compiling the constraint {shown} took longer than {self.compile_timeout_s:g} s, so its "
-                "automaton is very large (long counted repeats, or a long maxLength on a top-level string): "
-                "loosen the bound and limit the length with max_tokens instead")
+        return too_slow_message(regex, self.compile_timeout_s)
 
     def compile(self, regex: str | None = None, json_schema: Any = None, whitespace_pattern: str | None = None) -> CompiledGrammar:
         """Validate, compile (or fetch from the cache) and wait: the blocking convenience form."""

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, IndexBuildError, build_index
 from lmnb_engine.constrained.vocab import TokenVocabulary
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
@@ -164,19 +165,44 @@ class CompiledGrammar:
         return hit
 
 
-def compile_grammar(regex: str, vocab: TokenVocabulary) -> CompiledGrammar:
-    """Build the outlines-core index of ``regex`` over ``vocab`` (seconds for large vocabularies).
+_TOO_LARGE = ("its automaton is very large (long counted repeats, or a long maxLength on a top-level string): "
+              "loosen the bound and limit the length with max_tokens instead")
+
+
+def _shown(regex: str) -> str:
+    return repr(regex[:80]) + ("..." if len(regex) > 80 else "")
+
+
+def too_slow_message(regex: str, timeout_s: float | None) -> str:
+    """The error of a constraint whose compile outlasted ``timeout_s`` seconds."""
+    return f"compiling the constraint {_shown(regex)} took longer than {timeout_s:g} s, so {_TOO_LARGE}"
+
+
+def compile_grammar(
+    regex: str, vocab: TokenVocabulary, timeout_s: float | None = None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES
+) -> CompiledGrammar:
+    """Build the outlines-core index of ``regex`` over ``vocab`` (seconds for large vocabularies),
+    in a child process (``index_process``) that is killed after ``timeout_s`` seconds and may use
+    at most ``memory_bytes`` of address space (None: no limit).
 
     Raises:
-        GrammarError: the library rejects the pattern (its message is included), or no sequence of
-            tokens from this vocabulary can ever complete a match.
+        GrammarError: the library rejects the pattern (its message is included), no sequence of
+            tokens from this vocabulary can ever complete a match, or the automaton is too large
+            to build within the time or memory limit.
     """
-    from outlines_core import Index
-
     start = time.perf_counter()
     try:
-        index = Index(regex, vocab.outlines_vocabulary())
-    except (ValueError, TypeError) as e:
+        index = build_index(regex, vocab.outlines_vocabulary(), timeout_s, memory_bytes)
+    except IndexBuildError as e:
+        if e.reason == "timeout":
+            raise GrammarError(too_slow_message(regex, timeout_s)) from None
+        if e.reason == "memory":
+            limit = f" (limit {memory_bytes / 2**30:.3g} GiB)" if memory_bytes else ""
+            raise GrammarError(
+                f"compiling the constraint {_shown(regex)} ran out of memory{limit}, so {_TOO_LARGE}"
+            ) from None
+        raise GrammarError(f"the grammar compiler stopped while compiling {_shown(regex)} ({e.detail})") from None
+    except ValueError as e:
         text = str(e)
         if "incompatible" in text or "no transitions" in text.lower():
             raise GrammarError(

@@ -72,8 +72,8 @@ def _walk(node):
 
 # Like RE2, which refuses a repeat count above 1000: the automaton has a state per repetition, and
 # compiling it against a vocabulary takes seconds per thousand (a{16000}: 4 s on the demo
-# vocabulary) and cannot be cancelled once started. Nested counts multiply, so the limit applies
-# to their product along each path.
+# vocabulary), so a larger count is refused at once rather than killed at the compile time limit.
+# Nested counts multiply, so the limit applies to their product along each path.
 MAX_REPEAT_COUNT = 1000
 
 

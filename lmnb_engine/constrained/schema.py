@@ -27,7 +27,7 @@ from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
-from lmnb_engine.constrained.regex_check import check_regex
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_regex
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -41,6 +41,7 @@ _ANNOTATIONS = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
     "readOnly", "writeOnly", "discriminator",
 }
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minDigits", "maxDigits")  # each becomes a counted repeat
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _FORMATS = {"date", "date-time", "uuid"}
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
@@ -180,6 +181,13 @@ class _Rewriter:
             )
         if "pattern" in node:
             check_regex(node["pattern"].removeprefix("^").removesuffix("$"))
+        for key in _COUNTS:
+            if isinstance(node.get(key), int) and node[key] > MAX_REPEAT_COUNT:
+                raise GrammarError(
+                    f"JSON schema {key}={node[key]} at {where} is above the limit of {MAX_REPEAT_COUNT}: it becomes "
+                    "a counted repeat whose automaton would take too long to build (the limit user regexes "
+                    f"have too); drop {key} and bound the length with max_tokens instead"
+                )
         _check_combinations(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
             node["properties"] = {}  # the schema of "{}", which outlines-core fails on without properties
