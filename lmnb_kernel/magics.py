@@ -244,7 +244,7 @@ def _tokens(model) -> dict:
     return {
         "prompt_tokens": model.cell.prompt_tokens,
         "cached_tokens": model.cell.cached_tokens,
-        "completion_tokens": sum(r.completion_tokens or 0 for r in model.requests),
+        "completion_tokens": sum(r.completion_tokens or 0 for r in model.requests) + model.unfinished_tokens,
     }
 
 

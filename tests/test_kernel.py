@@ -141,13 +141,15 @@ def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel)
     km, kc = kernel
     sent = {}
 
-    def interrupt_once_streaming(msg):
-        if msg["msg_type"] == "update_display_data" and "t" not in sent:
-            sent["t"] = time.monotonic()
-            km.interrupt_kernel()
+    def interrupt_once_streaming(msg):  # at the third update, once tokens are flowing
+        if msg["msg_type"] == "update_display_data":
+            sent["updates"] = sent.get("updates", 0) + 1
+            if sent["updates"] == 3:
+                sent["t"] = time.monotonic()
+                km.interrupt_kernel()
 
     reply, messages = execute(
-        kc, "%%lm --static --temperature 0\nCount:{gen long max_tokens=7000 ignore_eos=True}",
+        kc, "%%lm --static --temperature 0 --out st\nCount:{gen long max_tokens=7000 ignore_eos=True}",
         on_message=interrupt_once_streaming)
     seconds = time.monotonic() - sent["t"]
     print(f"interrupt -> reply: {seconds:.2f} s")
@@ -158,6 +160,11 @@ def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel)
     final = messages[last_update]["content"]["data"]["text/plain"]
     assert "interrupted" in final and "Count:" in final
     assert seconds < 30  # liveness only: 7000 tokens would take minutes on this CPU
+    # the summary counts the tokens the stopped gen produced: exactly the greedy run of that length
+    generated = summary_meta(messages)["tokens"]["completion_tokens"]
+    _, out = execute(kc, "print(repr(st.error().partial_text))")
+    partial = eval(stdout(out))
+    assert generated > 0 and partial == "Count:" + reference_greedy("Count:", generated)
     _, out = execute(kc, "from lmnb_kernel.session import get_session\n"
                          "s = get_session().backend().engine.cache_stats()\n"
                          "print(s['running_requests'], s['waiting_requests'], s['held_tokens'])")

@@ -154,6 +154,9 @@ class RunModel:
     structured: list[dict] = field(default_factory=list)  # see structured.check_structured
     cell: Tally = field(default_factory=Tally)
     cumulative: Tally = field(default_factory=Tally)
+    # Tokens streamed into gens that were stopped (Ctrl-C, abort) before their request reported its
+    # counts: no RequestRecord holds them, but they were generated.
+    unfinished_tokens: int = 0
 
     # --- queries -------------------------------------------------------------------------------
     def lane(self, lane_id: str) -> Lane:

@@ -410,6 +410,9 @@ class RunView:
         if status not in ("done", "error", "interrupted"):
             raise ValueError(f"finish status={status!r} must be 'done', 'error' or 'interrupted'")
         for ln in self.model.lanes.values():
+            last = ln.segments[-1] if ln.segments else None
+            if last is not None and last.kind == "gen" and last.open:  # stopped before on_gen_end
+                self.model.unfinished_tokens += sum(t.n_tokens for t in last.tokens)
             self._close_gen(ln)
         self.model.status = status
         if error is not None:
