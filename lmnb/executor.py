@@ -609,25 +609,38 @@ class StreamExecutor:
         self.raise_if_failed()
         children = []
         for i in range(size):
-            c = StreamExecutor(
-                self.backend, self.arguments, self.default_params, self.chat_template, self.stream,
-                self.num_api_spec_tokens, self.use_thread, self.listeners, self.branch + (i,), self.sid,
-            )
-            c.text_ = self.text_
-            c.messages_ = list(self.messages_)
-            c.variables = dict(self.variables)
-            c.meta_info = dict(self.meta_info)
-            c.cur_role = self.cur_role
-            c.cur_role_begin_pos = self.cur_role_begin_pos
+            c = self._copy(self.branch + (i,), self.sid)
             c.fork_start_text_pos = len(self.text_)
             c.fork_start_messages = len(self.messages_)
-            c.speculated_text = self.speculated_text
-            c.images_ = list(self.images_)  # [issue 10]
             c.fork_start_images = len(self.images_)
             children.append(c)
         self._children += children
         self._emit("fork", children=tuple(c.sid for c in children))
         return children
+
+    def continuation(self) -> "StreamExecutor":
+        """A new root executor with this state's text, messages and variables (after every queued
+        primitive), not a fork branch: nothing joins it, this state does not abort or close it,
+        and its errors name no branch. The kernel runs a cell on a named state this way, so that
+        a failed or interrupted cell leaves the named state as it was."""
+        self.wait_idle()
+        self.raise_if_failed()
+        return self._copy(self.branch, None)
+
+    def _copy(self, branch: tuple, parent_sid: Optional[str]) -> "StreamExecutor":
+        c = StreamExecutor(
+            self.backend, self.arguments, self.default_params, self.chat_template, self.stream,
+            self.num_api_spec_tokens, self.use_thread, self.listeners, branch, parent_sid,
+        )
+        c.text_ = self.text_
+        c.messages_ = list(self.messages_)
+        c.variables = dict(self.variables)
+        c.meta_info = dict(self.meta_info)
+        c.cur_role = self.cur_role
+        c.cur_role_begin_pos = self.cur_role_begin_pos
+        c.speculated_text = self.speculated_text
+        c.images_ = list(self.images_)  # [issue 10]
+        return c
 
     def close(self) -> None:
         """Mark the program (or branch) finished: streaming readers end once it is idle."""

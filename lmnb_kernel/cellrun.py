@@ -57,12 +57,13 @@ def start_run(program, params: dict, backend, defaults: dict, listener: Listener
     """Start ``program`` streaming, on a new state or on a copy of ``previous`` (a ``ProgramState``).
 
     ``params`` are the program's arguments, ``defaults`` ``run`` keyword arguments (temperature,
-    max_new_tokens, seed). Continuing works on a copy (``fork(1)``) so that a failed or interrupted
-    cell leaves the named state as it was. Returns the running state at once.
+    max_new_tokens, seed). Continuing works on a copy (``StreamExecutor.continuation``) so that a
+    failed or interrupted cell leaves the named state as it was. Returns the running state at once.
     """
     import lmnb
+    from lmnb.interpreter import ProgramState
 
-    state = previous.fork(1)[0] if previous is not None else None
+    state = ProgramState(previous.stream_executor.continuation()) if previous is not None else None
     with lmnb.observe(listener):
         return program.run(stream=True, backend=None if state is not None else backend, state=state,
                            **defaults, **params)

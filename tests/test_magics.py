@@ -79,6 +79,10 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
     assert not failed.success and "ZeroDivisionError" in out3.stdout and "line 3, col 27" in out3.stdout
     assert get_session().states["chat"].state.text() == kept  # the copy failed, not the state
     assert "r3" in ip.user_ns  # a variable finished before the failure is still delivered
+    failed, out4 = run(ip, "%%lm --static --state chat\n\nlong{gen r4 max_tokens=10000000}")
+    assert not failed.success and "max_new_tokens=10000000 exceeds the model's context length" in out4.stdout
+    assert "branch" not in out4.stdout  # the cell ran on a copy of the state, not on a fork branch of it
+    assert get_session().states["chat"].state.text() == kept
 
 
 def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
