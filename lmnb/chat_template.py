@@ -31,7 +31,7 @@ class ChatTemplate:
             emitted before the first role of a state whose text is still empty.
         default_system_prompt: system message the template inserts when the first message is not
             a system message (e.g. Qwen2.5's), or None.
-        stop_str: strings that end an assistant message; added to every ``gen``'s stops.
+        stop_str: strings that end an assistant message; added to every unconstrained ``gen``'s stops.
         image_token: placeholder text for ``image()`` in the prompt.
     """
 

@@ -474,9 +474,12 @@ class StreamExecutor:
         self._append(value, source)
 
     def _resolve_params(self, params: GenParams) -> tuple[GenParams, Optional[Callable[[str], Any]]]:
-        """Program defaults under the gen's own values, plus the chat template's stops; dtype
-        becomes a regex (and stops for numbers) and a parser for the value."""
-        p = params.merged_over(self.default_params).with_stops(self.chat_template.stop_str)
+        """Program defaults under the gen's own values, plus the chat template's stops for an
+        unconstrained gen (SGLang adds them to every gen, and one inside a JSON value would cut
+        it); dtype becomes a regex (and stops for numbers) and a parser for the value."""
+        p = params.merged_over(self.default_params)
+        if p.regex is None and p.json_schema is None and p.dtype is None:
+            p = p.with_stops(self.chat_template.stop_str)
         parse = None
         if p.dtype is not None:
             if params.regex is not None:
@@ -494,15 +497,21 @@ class StreamExecutor:
         if fr.get("type") == "abort":
             raise RuntimeError(f"the request was aborted: {fr.get('message') or 'no reason given'}")
 
-    def _parsed(self, expr: Gen, text: str, parse) -> Any:
+    def _parsed(self, expr: Gen, text: str, parse, meta_info: Any = None) -> Any:
         if parse is None:
             return text
         try:
             return parse(text)
         except (ValueError, KeyError):
+            shown = getattr(expr.params.dtype, "__name__", expr.params.dtype)
+            if finish_reason_dict(meta_info if isinstance(meta_info, dict) else {}).get("type") == "length":
+                raise ValueError(
+                    f"gen {expr.name!r} with dtype={shown} ran out of tokens after {text!r}, before its value "
+                    "was complete; raise max_tokens"
+                ) from None
             raise ValueError(
-                f"gen {expr.name!r} with dtype={expr.params.dtype!r} produced {text!r}, which does not "
-                "parse; the backend did not enforce the dtype's regex"
+                f"gen {expr.name!r} with dtype={shown} produced {text!r}, which does not parse; the backend "
+                "did not enforce the dtype's regex"
             ) from None
 
     def _execute_gen(self, expr: Gen) -> None:
@@ -516,7 +525,7 @@ class StreamExecutor:
             if not self.backend.is_chat_model and params.stop_list and (params.n or 1) == 1:
                 text, meta = speculative.spec_gen(self, params, expr)
                 self._append(text, "gen", expr.name)
-                self._finish_var(expr.name, self._parsed(expr, text, parse), meta)
+                self._finish_var(expr.name, self._parsed(expr, text, parse, meta), meta)
                 return
         if self.stream and (params.n or 1) == 1:
             self._execute_gen_stream(expr, params, parse)
@@ -526,10 +535,10 @@ class StreamExecutor:
             self._check_finish(c.meta_info, expr)
         self._append(comps[0].text, "gen", expr.name)
         if len(comps) == 1:
-            value = self._parsed(expr, comps[0].text, parse)
+            value = self._parsed(expr, comps[0].text, parse, comps[0].meta_info)
             self._finish_var(expr.name, value, comps[0].meta_info, _constraint(params))
         else:
-            values = [self._parsed(expr, c.text, parse) for c in comps]
+            values = [self._parsed(expr, c.text, parse, c.meta_info) for c in comps]
             self._finish_var(expr.name, values, [c.meta_info for c in comps])
 
     def _execute_gen_stream(self, expr: Gen, params: GenParams, parse) -> None:
@@ -552,7 +561,7 @@ class StreamExecutor:
 
         self._call(run)
         self._check_finish(meta, expr)
-        self._finish_var(name, self._parsed(expr, text, parse), meta, _constraint(params))
+        self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params))
 
     def _execute_select(self, expr: Select) -> None:
         method = expr.choices_method

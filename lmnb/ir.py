@@ -79,6 +79,18 @@ class GenParams:
     json_schema: Optional[Union[str, dict]] = None
     dtype: Optional[Any] = None
 
+    def __post_init__(self) -> None:
+        # Checked here, where gen() or run() was called: the engine would name the merged list
+        # (with the chat template's stops in it), and a non-list would fail deep inside.
+        stop = self.stop
+        if stop is not None and not isinstance(stop, str) and not (
+                isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop)):
+            raise TypeError(f"stop={stop!r} is invalid: give a string or a list of strings")
+        ids = self.stop_token_ids
+        if ids is not None and not (isinstance(ids, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+            raise TypeError(f"stop_token_ids={ids!r} is invalid: give a list of non-negative token ids")
+
     def merged_over(self, defaults: "GenParams") -> "GenParams":
         """These values where set, ``defaults`` elsewhere (a new object; lists are copied)."""
         out = {}

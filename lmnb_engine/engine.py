@@ -379,8 +379,8 @@ class Engine:
                 params.seed + i if params.seed is not None else self._rng.randrange(2**62) for i in range(params.n)
             ]
         grammar = self._grammar(params)
-        if grammar is not None:  # the grammar alone ends constrained output (lmnb_engine.constrained)
-            params = params.copy(stop=None, stop_token_ids=None, ignore_eos=False)
+        if grammar is not None:  # EOS only where the text matches (lmnb_engine.constrained)
+            params = params.copy(ignore_eos=False)
         mm_key, mm_inputs = getattr(ids, "input_key", None), getattr(ids, "mm_inputs", None)  # [issue 10]
         reqs = [
             Req(rid, i, ids, params, self.tokenizer, handle._put, seeds[i], input_key=mm_key, mm_inputs=mm_inputs)
@@ -390,8 +390,9 @@ class Engine:
             from lmnb_engine.constrained import RequestGrammar
 
             p = params
+            # A forced string skips the per-token stop checks, so stops decode token by token too.
             jump = not (self.disable_jump_forward or p.min_new_tokens or p.repetition_penalty != 1
-                        or p.frequency_penalty or p.presence_penalty)
+                        or p.frequency_penalty or p.presence_penalty or p.stop_strings or p.stop_token_ids)
             for r in reqs:
                 r.grammar = RequestGrammar(grammar, jump_forward=jump, logprobs=p.return_logprob)
         return handle, reqs

@@ -663,13 +663,14 @@ class Scheduler:
         else:
             checked = len(req.detokenizer.text)
             req.detokenizer.add(token)
-            if req.grammar is not None and req.grammar.is_terminated():
-                reason = FinishReason("stop")
-            elif len(req.output_ids) >= p.min_new_tokens:
+            hit = None
+            if len(req.output_ids) >= p.min_new_tokens:
                 hit = req.stop_matcher.find(req.detokenizer.text, checked)
-                if hit is not None:
-                    req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
-                    reason = FinishReason("stop", matched=hit[1])
+            if hit is not None:  # before the grammar's end: the stop text is never output
+                req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
+                reason = FinishReason("stop", matched=hit[1])
+            elif req.grammar is not None and req.grammar.is_terminated():
+                reason = FinishReason("stop")
         if reason is None and len(req.output_ids) >= p.max_new_tokens:
             reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None)
         if reason is None and req.seq_len >= self.context_len:

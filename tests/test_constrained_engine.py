@@ -60,13 +60,26 @@ def test_token_limit_cut_is_length_and_says_incomplete(engines):
     assert r.finish_reason.message is None
 
 
-def test_stop_strings_and_stop_ids_do_not_cut_constrained_text(engines):
-    on = engines[0]
+def test_stop_strings_and_stop_ids_end_constrained_text_as_on_unconstrained_requests(engines):
+    # SGLang and OpenAI apply stops to constrained output too; the reference is the full match
+    # (no stops) cut where the stop occurs, and the stop text itself is not returned.
     pattern = r"Name: [a-z]{3}, done\. Bye, [a-z]{2}"
-    comma = on.encode(",", add_special_tokens=False)[0]
-    p = SamplingParams(max_new_tokens=64, temperature=0.0, regex=pattern, stop=[", ", "done"], stop_token_ids=[comma])
-    r = on.generate("Go:", p)
-    assert r.finish_reason.type == "stop" and re.fullmatch(pattern, r.text)
+    for engine in engines:  # jump-forward on and off
+        full = engine.generate("Go:", SamplingParams(max_new_tokens=64, temperature=0.0, regex=pattern))
+        assert re.fullmatch(pattern, full.text) and full.finish_reason.type == "stop"
+        stops = SamplingParams(max_new_tokens=64, temperature=0.0, regex=pattern, stop=[", ", "done"])
+        r = engine.generate("Go:", stops)
+        assert r.text == full.text[: full.text.index(", ")]
+        assert r.finish_reason.type == "stop" and r.finish_reason.matched == ", "
+        assert r.meta.jumped_tokens == 0  # stops are checked token by token: no forced strings
+        comma = next(t for t in full.token_ids if "," in engine.decode([t]))
+        r = engine.generate("Go:", stops.copy(stop=None, stop_token_ids=[comma]))
+        k = full.token_ids.index(comma)
+        assert r.token_ids == full.token_ids[: k + 1]  # the stop token is an output id, not text
+        assert r.text == engine.decode(full.token_ids[:k])
+        assert r.finish_reason.type == "stop" and r.finish_reason.matched == comma
+    assert full.meta.jumped_tokens == 0 and engines[0].generate(
+        "Go:", SamplingParams(max_new_tokens=64, temperature=0.0, regex=pattern)).meta.jumped_tokens > 0
 
 
 def test_stream_never_shows_unverified_draft_text(engines):

@@ -144,3 +144,35 @@ def test_abort_reaches_fork_branches(backend):
     for f in holder[0]:
         with pytest.raises(sgl.ProgramAborted):
             f["w"]
+
+
+def test_dtype_int_ends_at_the_first_space_or_newline_and_keeps_it_out_of_the_text(backend, tiny_engine):
+    # SGLang's int regex allows trailing whitespace and adds the stops " " and "\n"; the reference
+    # is the same regex decoded with no stops at all, cut where the first stop occurs.
+    from lmnb.ir import REGEX_INT
+    from lmnb_engine import SamplingParams
+
+    @sgl.function
+    def prog(s):
+        s += "The answer is" + sgl.gen_int("v", max_tokens=24) + "|"
+
+    full = tiny_engine.generate("The answer is", SamplingParams(max_new_tokens=24, temperature=0, regex=REGEX_INT))
+    cut = min(i for i in (full.text.find(" "), full.text.find("\n"), len(full.text)) if i >= 0)
+    assert 0 < cut < len(full.text)  # the greedy number does end in whitespace within the budget
+    state = prog.run(temperature=0, backend=backend)
+    assert state["v"] == int(full.text[:cut])
+    assert state.text() == "The answer is" + full.text[:cut] + "|"
+    assert state.get_meta_info("v")["finish_reason"]["type"] == "stop"
+
+
+def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
+    @sgl.function
+    def prog(s):
+        s += "Is it? Answer:" + sgl.gen("b", dtype=bool, max_tokens=1)
+
+    state = prog.run(temperature=0, backend=backend)
+    assert "dtype=bool ran out of tokens after" in str(state.error()) and "raise max_tokens" in str(state.error())
+    with pytest.raises(TypeError, match=r"stop=5 is invalid: give a string or a list of strings"):
+        sgl.gen("x", stop=5)
+    with pytest.raises(TypeError, match=r"stop=\[1\] is invalid"):
+        prog.run(stop=[1], backend=backend)

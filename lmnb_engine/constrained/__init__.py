@@ -14,16 +14,20 @@ Semantics (the rules users see):
   The output is finished when EOS is sampled there, or as soon as the text is a full match that no
   other token can extend (nothing else is allowed). The EOS token is not part of the text.
   ``ignore_eos`` does not apply to constrained requests.
-* **Stop strings and stop token ids do not cut constrained text.** The grammar decides where the
-  output ends; a ``stop`` string occurring inside constrained output (a JSON value containing
-  "\\n", say) is part of the value. ``stop_token_ids`` are outside the grammar and never sampled.
+* **Stop strings and stop token ids apply** as on unconstrained requests (SGLang's and OpenAI's
+  behaviour): a ``stop`` string can end a constrained output before it matches in full (finish
+  reason ``stop`` with ``matched`` set; the stop text is not returned), and a ``stop_token_ids``
+  token the grammar allows ends it. Such requests decode without jump-forward, because a forced
+  string would skip the per-token stop checks. The lmnb language adds the chat template's stop
+  strings to unconstrained gens only, so they never cut a JSON value.
 * **Token limit.** If ``max_new_tokens`` (or the context length) runs out before the text is a
   full match, the finish reason is ``length`` with the message ``INCOMPLETE_MESSAGE``; the partial
   text is returned as is. A full match cut by the limit has no message.
 * **Jump-forward** changes only the number of forward passes, never the tokens (greedy output is
   identical with it on or off; sampled output has the same distribution). Requests with
-  frequency/presence/repetition penalties or ``min_new_tokens`` decode without it (their logits at
-  a draft position would depend on the draft); requests asking for logprobs verify every draft
+  frequency/presence/repetition penalties or ``min_new_tokens`` decode without it (their logits
+  at a draft position would depend on the draft), and so do requests with stops (see above);
+  requests asking for logprobs verify every draft
   token, so each token has its real logprob. ``Engine(disable_jump_forward=True)`` turns it off.
 * **JSON whitespace.** Between JSON tokens the default grammar allows one optional space
   (outlines-core's ``[ ]?``); ``SamplingParams.extra["whitespace_pattern"]`` changes it (``""``
