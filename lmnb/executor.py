@@ -215,6 +215,7 @@ class StreamExecutor:
         self.vars_set: list[str] = []  # names this executor set itself (what join gathers)
         self.error_: Optional[ProgramError] = None
         self.closed = False  # the program body returned (or the branch was joined)
+        self.joined = False  # a fork branch merged into its parent: it takes no more primitives
         self.speculated_text = ""  # completion-model API speculation left over
         self._spec_terms: list[tuple] = []  # chat-model API speculation inside an assistant role
 
@@ -246,6 +247,9 @@ class StreamExecutor:
     def submit(self, expr: Any) -> None:
         """Queue ``expr`` (an ``Expr`` or str) to run after everything submitted before it."""
         expr = as_expr(expr)
+        if self.joined:
+            raise RuntimeError(f"fork branch {'.'.join(map(str, self.branch))} was joined into its parent; "
+                               "extend the parent state, or fork it again")
         with self._cv:
             for name in _var_names(expr):
                 if self.error_ is not None:

@@ -176,6 +176,7 @@ class ProgramStateGroup:
     def __init__(self, states: list[ProgramState], src_state: ProgramState):
         self.states = states
         self.src_state = src_state
+        self.joined = False
 
     def __len__(self) -> int:
         return len(self.states)
@@ -217,10 +218,13 @@ class ProgramStateGroup:
 
         Raises:
             ValueError: unknown mode.
+            RuntimeError: the group was joined already (a second join would merge it twice).
             ForkError: a branch failed; nothing is merged and every branch stays readable.
         """
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
+        if self.joined:
+            raise RuntimeError("this fork group was joined already; fork the state again for new branches")
         errors = {}
         for i, st in enumerate(self.states):
             st.stream_executor.wait_idle()
@@ -241,7 +245,9 @@ class ProgramStateGroup:
                 messages += ex.messages_[ex.fork_start_messages:]
                 images += ex.images_[ex.fork_start_images:]
         parent = self.src_state.stream_executor
+        self.joined = True
         for ex in exes:
+            ex.joined = True
             ex.close()
         parent._children = [c for c in parent._children if c not in exes]
         parent.submit(

@@ -8,6 +8,7 @@ All methods are thread-safe; the scheduler state is only touched on its own thre
 
 from __future__ import annotations
 
+import numbers
 import random
 import threading
 import uuid
@@ -101,6 +102,23 @@ class RequestHandle:
         return self._engine.abort(self.rid)
 
 
+def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
+    """Refuse an ``Engine`` option of the wrong type before the model loads (ranges are checked
+    where each option is used). A string such as ``"no"`` would otherwise pass as a true flag.
+
+    Raises:
+        TypeError: naming the option, the value and the type it needs.
+    """
+    for name, value in ints.items():
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
+            raise TypeError(f"Engine({name}={value!r}): {name} must be an int")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"Engine({name}={value!r}): {name} must be True or False")
+    if mem_fraction is not None and (not isinstance(mem_fraction, (int, float)) or isinstance(mem_fraction, bool)):
+        raise TypeError(f"Engine(mem_fraction={mem_fraction!r}): mem_fraction must be a number in (0, 1]")
+
+
 class Engine:
     """An inference engine with RadixAttention, continuous batching and exact outputs.
 
@@ -157,6 +175,14 @@ class Engine:
     ) -> None:
         from lmnb_engine.model_loader import load_model
 
+        _check_option_types(
+            ints=dict(max_total_tokens=max_total_tokens, chunked_prefill_size=chunked_prefill_size,
+                      max_running_requests=max_running_requests, cuda_graph_max_bs=cuda_graph_max_bs, seed=seed),
+            flags=dict(random_weights=random_weights, disable_radix_cache=disable_radix_cache,
+                       mixed_batching=mixed_batching, disable_jump_forward=disable_jump_forward,
+                       disable_overlap_schedule=disable_overlap_schedule),
+            mem_fraction=mem_fraction,
+        )
         if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
             raise ValueError(f"tp_size={tp_size!r} must be an int >= 1 (the number of GPUs to shard over)")
         if tp_size > 1 and cuda_graph_max_bs:
@@ -319,6 +345,10 @@ class Engine:
                 "for a dict write SamplingParams(**d) (fields: max_new_tokens, temperature, top_p, stop, ...)"
             )
         params.validate()
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in params.stop_token_ids or () if t >= vocab]
+        if bad:  # such a token can never be sampled, so the stop would never happen
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         n = len(ids)
         if n + params.max_new_tokens > self.context_len:
             raise ValueError(

@@ -40,6 +40,8 @@ class SamplingParams:
         top_logprobs_num: also return this many top alternatives per position.
         logprob_start_len: return prompt logprobs for prompt tokens from this index on (-1 = none).
         regex, json_schema: constrained decoding (see ``lmnb_engine.constrained``); at most one.
+        extra: ``{"whitespace_pattern": regex}``, the whitespace a ``json_schema`` output may have
+            between JSON tokens (``lmnb_engine.constrained``); no other keys.
     """
 
     max_new_tokens: int = 128
@@ -136,3 +138,7 @@ class SamplingParams:
             bad("regex", "set at most one of regex and json_schema")
         if self.regex is not None and not isinstance(self.regex, str):
             bad("regex", "must be a string")
+        if not isinstance(self.extra, dict) or set(self.extra) - {"whitespace_pattern"}:
+            bad("extra", "must be a dict whose only key is 'whitespace_pattern' (a regex string)")
+        if not isinstance(self.extra.get("whitespace_pattern", ""), (str, type(None))):
+            bad("extra", "whitespace_pattern must be a regex string")

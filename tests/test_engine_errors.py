@@ -32,6 +32,15 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         Engine(str(tiny_llama), max_total_tokens=256, schedule_policy="random-ish")
     with pytest.raises(ValueError, match="max_total_tokens"):
         Engine(str(tiny_llama), max_total_tokens=1)
+    # option types are checked before anything loads (the missing path is never reached)
+    with pytest.raises(TypeError, match=r"Engine\(max_total_tokens='4096'\): max_total_tokens must be an int"):
+        Engine(str(tmp_path / "missing"), max_total_tokens="4096")
+    with pytest.raises(TypeError, match=r"Engine\(max_running_requests=8.0\): max_running_requests must be an int"):
+        Engine(str(tmp_path / "missing"), max_running_requests=8.0)
+    with pytest.raises(TypeError, match=r"Engine\(disable_radix_cache='no'\): disable_radix_cache must be True or False"):
+        Engine(str(tmp_path / "missing"), disable_radix_cache="no")
+    with pytest.raises(TypeError, match=r"mem_fraction must be a number"):
+        Engine(str(tmp_path / "missing"), mem_fraction="0.5")
 
 
 @pytest.mark.parametrize(
@@ -40,6 +49,10 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         ("", GREEDY, "empty prompt"),
         ([], GREEDY, "empty prompt"),
         ([1, 2, 10**6], GREEDY, "outside the vocabulary"),
+        ([5] * 10, GREEDY.copy(stop_token_ids=[3, 10**6]), r"stop_token_ids \[1000000\] are outside the vocabulary"),
+        ([5] * 10, GREEDY.copy(extra={"whitespace": " "}), r"extra=.* whose only key is 'whitespace_pattern'"),
+        ([5] * 10, GREEDY.copy(json_schema={"type": "object"}, extra={"whitespace_pattern": "(["}),
+         r"whitespace_pattern '\(\[' is not a valid regular expression \(unterminated character set"),
         ([5] * 500, GREEDY.copy(max_new_tokens=20), "context length of 512"),
         ([5] * 10, GREEDY.copy(max_new_tokens=600), "context length"),
         ([5] * 10, GREEDY.copy(temperature=-1.0), "temperature"),

@@ -191,6 +191,28 @@ def test_join_gathers_per_branch_with_none_for_missing_and_meta():
     assert len(st.get_meta_info("a")) == 2
 
 
+def test_a_joined_group_cannot_be_joined_or_extended_again():
+    be = ScriptedBackend(lambda p, params: "<g>")
+    seen = {}
+
+    @sgl.function
+    def prog(s):
+        s += "q:"
+        f = s.fork(2)
+        f += sgl.gen("x")
+        f.join("concate_and_append")
+        for attempt in ("join", "extend"):
+            try:
+                f.join("concate_and_append") if attempt == "join" else f[0].__iadd__("more")
+            except RuntimeError as e:
+                seen[attempt] = str(e)
+
+    st = prog.run(backend=be)
+    assert st.text() == "q:<g><g>"  # each branch appended once
+    assert seen["join"] == "this fork group was joined already; fork the state again for new branches"
+    assert seen["extend"].startswith("fork branch 0 was joined into its parent")
+
+
 def test_the_error_of_a_long_prompt_names_its_ends_not_all_of_it():
     def reply(p, params):
         raise RuntimeError("model exploded")

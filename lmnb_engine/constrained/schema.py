@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarError
@@ -241,6 +242,13 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     """
     from outlines_core.json_schema import build_regex_from_schema
 
+    if whitespace_pattern is not None:  # named here: in the built regex it would be lost in kilobytes
+        try:
+            re.compile(whitespace_pattern)
+        except re.error as e:
+            raise GrammarError(f"whitespace_pattern {whitespace_pattern!r} is not a valid regular expression "
+                               f"({e.msg} at position {e.pos}); fix it, e.g. r'[ \\n]{{0,2}}'") from None
+        check_regex(whitespace_pattern)
     rewriter = _Rewriter()
     rewritten = rewriter.visit(load_schema(schema), "#")
     try:
