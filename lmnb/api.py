@@ -269,8 +269,13 @@ def gen(
     with ``choices_method``, default ``token_length_normalized``).
 
     Raises:
-        ValueError: an invalid regex, JSON schema, dtype, or both dtype and regex.
+        ValueError: an invalid regex, JSON schema or dtype, or more than one of regex,
+            json_schema, dtype and choices (each decides the output alone).
     """
+    given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype), ("choices", choices))
+             if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"gen() got both {given[0]} and {given[1]}; set only one")
     if choices is not None:
         return select(
             name, choices, 0.0 if temperature is None else temperature, choices_method or token_length_normalized
@@ -278,10 +283,6 @@ def gen(
     check_regex(regex)
     if dtype is not None:
         dtype_regex(dtype)
-        if regex is not None:
-            raise ValueError("gen() got both dtype and regex; set only one")
-    if regex is not None and json_schema is not None:
-        raise ValueError("gen() got both regex and json_schema; set only one")
     params = GenParams(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
         stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,

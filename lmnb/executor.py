@@ -485,9 +485,7 @@ class StreamExecutor:
         if p.regex is None and p.json_schema is None and p.dtype is None:
             p = p.with_stops(self.chat_template.stop_str)
         parse = None
-        if p.dtype is not None:
-            if params.regex is not None:
-                raise ValueError("gen() got both dtype and regex; set only one")
+        if p.dtype is not None:  # gen() refused dtype with regex or json_schema
             regex, parse = dtype_regex(p.dtype)
             name = p.dtype if isinstance(p.dtype, str) else getattr(p.dtype, "__name__", "")
             p = dataclasses.replace(p, regex=regex, dtype=None)

@@ -357,6 +357,13 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{image 42}", 2, 8, "must be a path"),
         ("{image photo)}", 2, 13, "unmatched ')'"),
         ("{gen image}", 2, 6, "not a variable name"),
+        ("{gen if max_tokens=2}", 2, 6, "'if' is a Python keyword"),  # the exported script would not compile
+        ('{select True choices=["a"]}', 2, 9, "'True' is a Python keyword"),
+        ('{gen x regex="[0-9]+" dtype=int}', 2, 23, "gen takes one of regex, dtype"),
+        ("{gen x temperature=-1}", 2, 20, "temperature must be a number >= 0"),
+        ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
+        ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
+        ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
     ],
 )
 def test_malformed_cells_report_line_and_column(cell, line, col, words):
@@ -364,6 +371,10 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
         parse(cell, first_line=2)
     assert (e.value.line, e.value.col) == (line, col), str(e.value)
     assert words in str(e.value)
+
+
+def test_a_gen_name_is_any_python_identifier_that_is_not_a_keyword():
+    assert [n for n in parse("Ciao {gen città max_tokens=2} {gen _x1}").captures] == ["città", "_x1"]
 
 
 def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():

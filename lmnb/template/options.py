@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 
 
@@ -44,6 +45,25 @@ def check_literal(primitive: str, key: str, value) -> str | None:
     elif key == "choices":
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
             return "choices must be a non-empty list of strings"
-    elif key in ("max_tokens", "min_tokens") and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+    elif key in ("max_tokens", "min_tokens") and not (_is_int(value) and value >= 0):
         return f"{key} must be an integer >= 0, got {value!r}"
+    elif key == "n" and not (_is_int(value) and value >= 1):
+        return f"n must be an integer >= 1, got {value!r}"
+    elif key == "temperature" and not (_is_number(value) and value >= 0):
+        return f"temperature must be a number >= 0 (0 is greedy), got {value!r}"
+    elif key == "top_p" and not (_is_number(value) and 0 < value <= 1):
+        return f"top_p must be a number in (0, 1], got {value!r}"
+    elif key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
+        return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
+    elif key == "stop" and value is not None and not (
+            isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)):
+        return f"stop must be a string or a list of strings, got {value!r}"
     return None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

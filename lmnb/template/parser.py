@@ -8,6 +8,7 @@ target, a variable captured earlier in the same state, or else a kernel variable
 from __future__ import annotations
 
 import ast
+import keyword
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -248,12 +249,16 @@ class _Parser:
         head = rest[:head_end].strip().rstrip(",").strip()
         name = None
         if head:
-            if not (_IDENT.fullmatch(head) and head not in KEYWORDS):
+            if not head.isidentifier() or head in KEYWORDS:
                 raise self.error(
                     f"expected {{{kind} NAME option=value ...}}; {head!r} is not a variable name",
                     rest_at + _lead(rest),
                     hint="the name is a bare identifier (no quotes); options are written key=value",
                 )
+            if keyword.iskeyword(head):
+                raise self.error(
+                    f"{head!r} is a Python keyword, so it cannot name a {kind} result (the variable could "
+                    "never be read)", rest_at + _lead(rest), hint=f"pick another name, e.g. {head}_")
             name = head
         options: list[Option] = []
         seen: set[str] = set()
@@ -278,6 +283,11 @@ class _Parser:
             options.append(Option(key, expr, rest_at + at))
         if kind == "select" and "choices" not in seen:
             raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
+        clash = [k for k in ("regex", "json_schema", "dtype", "choices") if k in seen]
+        if kind == "gen" and len(clash) > 1:
+            second = next(o for o in options if o.key == clash[1])
+            raise self.error(f"gen takes one of {', '.join(clash)}: they each decide the output; keep one",
+                             second.offset)
         if name is not None:
             self.capture(name, start)
         self.emit(Primitive(kind, name, tuple(options), start))
