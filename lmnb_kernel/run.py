@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import keyword
 import os
 import sys
 import time
@@ -56,6 +57,11 @@ def run(args) -> int:
             raise PermissionError("permission denied")
     except OSError as e:
         print(f"lmnb run: cannot write {out}: {e}", file=sys.stderr)
+        return 2
+    bad = [k for k, _ in args.parameter if not k.isidentifier() or keyword.iskeyword(k)]
+    if bad:  # the injected cell would be a SyntaxError, found only once the kernel has started
+        print(f"lmnb run: -p {bad[0]!r} is not a Python variable name; name a variable the notebook sets",
+              file=sys.stderr)
         return 2
     if args.parameter:
         inject_parameters(nb, {k: parse_value(v) for k, v in args.parameter})

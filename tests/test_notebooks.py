@@ -125,6 +125,12 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, ca
         args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=60, allow_errors=False)
         assert run(args) == 2
         assert f"lmnb run: cannot write {out}{why}" in capsys.readouterr().err
+    for name in ("1x", "class"):  # the injected cell would fail only after the kernel started
+        args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "o.ipynb"), parameter=[[name, "3"]],
+                                  timeout=60, allow_errors=False)
+        assert run(args) == 2
+        assert f"lmnb run: -p {name!r} is not a Python variable name" in capsys.readouterr().err
+    assert not (tmp_path / "o.ipynb").exists()
 
 
 def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):

@@ -57,3 +57,6 @@ def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2 and "lmnb serve:" in out.stderr and "nope" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--port", "99999"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip() == "lmnb serve: --port 99999 is not a TCP port; give 0-65535"

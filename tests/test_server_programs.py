@@ -270,3 +270,15 @@ def test_unconditional_select_through_the_server_matches_in_process(backends):
     ma, mb = a.get_meta_info("c"), b.get_meta_info("c")
     for ua, ub in zip(ma["unconditional_token_logprobs"], mb["unconditional_token_logprobs"]):
         assert ua == pytest.approx(ub, abs=1e-4)
+
+
+@pytest.mark.parametrize("prompt", [[-1], [[5], [10**20]], [5, 512]])
+def test_completion_token_ids_outside_the_vocabulary_are_a_400(backends, engines, prompt):
+    import httpx
+
+    url = backends[2]
+    assert engines[1].loaded.config.vocab_size == 512
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400, r.text  # a negative or huge id was a 500 OverflowError from the tokenizer
+    assert "are outside the vocabulary [0, 512)" in r.json()["error"]["message"]
+    assert httpx.get(url + "/health").status_code == 200

@@ -40,6 +40,9 @@ def serve(args: argparse.Namespace) -> int:
 
     from lmnb_engine import Engine
 
+    if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
+        print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
+        return 2
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         warnings.warn(f"serving on {args.host} without --api-key: anyone who can reach it can use the model", stacklevel=1)
     try:

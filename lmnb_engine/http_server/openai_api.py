@@ -281,11 +281,11 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         top = req.logprobs or 0
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
-        # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
-        texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
         # token ids up front, so echoed logprobs can name the first prompt token too
         ids = [await ctx.run(engine.encode, x) if isinstance(x, str) else list(x) for x in prompts]
-        handles = await ctx.submit(ids, [params] * len(ids), [uuid.uuid4().hex for _ in ids])
+        handles = await ctx.submit(ids, [params] * len(ids), [uuid.uuid4().hex for _ in ids])  # checks the ids
+        # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
+        texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return StreamingResponse(
