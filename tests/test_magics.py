@@ -328,3 +328,14 @@ def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_en
     assert isinstance(backend, Backend) and loaded == [True]  # no second load
     assert signal.getsignal(signal.SIGINT) is handler  # restored
     session.close()
+
+
+def test_a_gen_with_n_samples_counts_every_sample_in_the_summary(ip):
+    result, out = run(ip, "%%lm --static --temperature 0\nQ: name a colour\nA:{gen a n=2 max_tokens=3}")
+    assert result.success, out.stdout
+    backend = get_session().backend()
+    stop = list(backend.get_chat_template().stop_str) or None
+    samples = backend.engine.generate("Q: name a colour\nA:", SamplingParams(n=2, max_new_tokens=3, temperature=0, stop=stop))
+    assert ip.user_ns["a"] == [r.text for r in samples]
+    [meta] = summaries(out)  # it counted 0: the n metas arrive as one list
+    assert meta["tokens"]["completion_tokens"] == sum(r.meta.completion_tokens for r in samples) > 0

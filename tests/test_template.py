@@ -394,6 +394,13 @@ def test_python_mode_syntax_error_position():
     assert e.value.line == 3
 
 
+def test_python_mode_refuses_a_body_that_yields_but_not_a_function_defined_in_it():
+    with pytest.raises(TemplateSyntaxError) as e:  # it would silently run nothing (a generator function)
+        parse_python("s += 'Hi'\nif False:\n    yield 1", first_line=2)
+    assert (e.value.line, e.value.col) == (4, 5) and "cannot use yield" in str(e.value)
+    parse_python("def pieces():\n    yield 'a'\ns += ''.join(pieces())", first_line=2)
+
+
 def test_constant_prefix_is_visible_to_the_batch_tracer():
     # run_batch prefills the text every item starts with; both faces must let the tracer see it.
     from lmnb.tracer import extract_prefix

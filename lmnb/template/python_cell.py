@@ -61,8 +61,27 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
         lineno = min(max(e.lineno or 1, 1), len(lines))
         offset = sum(len(x) + 1 for x in lines[: lineno - 1]) + max((e.offset or 1) - 1, 0)
         raise TemplateSyntaxError(f"invalid Python: {e.msg}", source, offset, first_line) from None
+    found = _yield_in_body(tree)
+    if found is not None:  # the body would become a generator function: the cell would run nothing
+        lines = source.split("\n")
+        offset = sum(len(x) + 1 for x in lines[: found.lineno - 1]) + found.col_offset
+        raise TemplateSyntaxError("a --python body cannot use yield: it runs as the program's function, which "
+                                  "yield would turn into a generator that never runs; use s += ... instead",
+                                  source, offset, first_line)
     ast.increment_lineno(tree, first_line - 1)
     return PythonCell(source, first_line, filename, tree)
+
+
+def _yield_in_body(tree: ast.AST) -> ast.AST | None:
+    """The first ``yield`` / ``yield from`` of the body itself (not of a function defined in it)."""
+    todo = list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return None
 
 
 def _indent(source: str) -> str:

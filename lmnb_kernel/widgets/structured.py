@@ -14,7 +14,6 @@ import json
 import re
 from typing import Any, Mapping, Optional
 
-import jsonschema
 
 
 def _path_str(path) -> str:
@@ -119,6 +118,8 @@ def _check_json(text: str, json_schema: str | Mapping, out: dict) -> None:
         out["errors"].append({"path": "$", "message": f"not JSON: {e.msg} at char {e.pos}"})
         return
     out["value"] = value
+    import jsonschema  # here, not at import: it takes ~2 s (its format checkers build a grammar)
+
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
