@@ -50,8 +50,10 @@ def engine():
 
 
 def reference(prompt: str, **params):
-    """The engine's own greedy result for ``prompt``, with the chat template's stops lmnb adds."""
-    stop = list(get_session().backend().get_chat_template().stop_str) or None
+    """The engine's own greedy result for ``prompt``, with the chat template's stops lmnb adds to
+    an unconstrained gen."""
+    constrained = "regex" in params or "json_schema" in params
+    stop = None if constrained else list(get_session().backend().get_chat_template().stop_str) or None
     return engine().generate(prompt, SamplingParams(temperature=0, stop=stop, **params))
 
 
