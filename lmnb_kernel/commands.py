@@ -16,11 +16,13 @@ def load(args, session: Session) -> None:
     """``%lm load MODEL``: start a new in-process engine now (named states are dropped)."""
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                           max_total_tokens=args.max_total_tokens, random_weights=args.random_weights)
+    dropped = sorted(session.states)  # they ran on the old engine, whose cache goes with it
     session.load(config)
     info = session.engine("%lm load").model_info()
     rows = [(k, info[k]) for k in ("model_path", "architecture", "num_layers", "device", "dtype",
                                    "context_len", "max_total_tokens") if k in info]
-    display(table(f"loaded {config.describe()}", ("setting", "value"), rows), raw=True)
+    title = f"loaded {config.describe()}" + (f"; named states dropped: {', '.join(dropped)}" if dropped else "")
+    display(table(title, ("setting", "value"), rows), raw=True)
 
 
 def connect(args, session: Session) -> None:
@@ -44,7 +46,18 @@ def connect(args, session: Session) -> None:
 
 
 def stats(args, session: Session) -> None:
-    """``%lm stats``: the engine's cache and pool figures and this kernel's token totals."""
+    """``%lm stats``: the engine's cache and pool figures and this kernel's token totals (only the
+    totals before the engine starts, or when cells run on a server)."""
+    totals = [
+        ("%%lm cells run", session.totals.cells),
+        ("cell tokens: prompt / cached / completion",
+         f"{session.totals.prompt_tokens} / {session.totals.cached_tokens} / {session.totals.completion_tokens}"),
+    ]
+    if session.remote is not None or not session.started:  # informational: never stop a Run-All
+        why = (f"cells run on {session.remote}, whose cache figures are not shown here" if session.remote
+               else "not started yet; it starts with the first %%lm cell (or %lm load MODEL)")
+        display(table(f"lmnb engine: {why}", ("", "value"), totals), raw=True)
+        return
     s = session.engine("%lm stats").cache_stats()
     rows = [
         ("hit rate (engine, cumulative)", percent(s["cached_tokens"], s["prompt_tokens"])),
@@ -54,9 +67,7 @@ def stats(args, session: Session) -> None:
         ("evicted tokens", s["evicted_tokens"]),
         ("pinned prefixes", s["pinned_prefixes"]),
         ("running / waiting requests", f"{s['running_requests']} / {s['waiting_requests']}"),
-        ("%%lm cells run", session.totals.cells),
-        ("cell tokens: prompt / cached / completion",
-         f"{session.totals.prompt_tokens} / {session.totals.cached_tokens} / {session.totals.completion_tokens}"),
+        *totals,
     ]
     display(table("lmnb engine", ("", "value"), rows), raw=True, metadata={"lmnb": {"stats": s}})
 
