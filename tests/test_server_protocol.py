@@ -190,6 +190,24 @@ def test_native_stream_sends_cumulative_text_in_several_events(served):
     assert json.loads(events[-2])["meta_info"]["finish_reason"] == {"type": "length"}
 
 
+def test_openai_stream_with_include_usage_has_a_null_usage_until_the_final_usage_chunk(served):
+    _, url = served
+    body = {"model": "rec", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        events = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all("usage" in c for c in chunks)  # the spec's shape: present on every chunk, null before the last
+    assert [c["usage"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
+    assert text == "xxx"  # the recording engine's reply
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    r = _post(url, "/v1/chat/completions", body)
+    assert r.status_code == 400 and "continuous_usage_stats" in r.json()["error"]["message"]
+
+
 def test_api_key_is_required_when_set():
     with live_server(RecordingEngine(), api_key="s3cret") as url:
         assert httpx.get(url + "/get_model_info").status_code == 401

@@ -35,8 +35,7 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: bool = False  # (vLLM's continuous_usage_stats is not offered: refused as unknown)
 
 
 class JsonSchemaSpec(BaseModel):
@@ -408,9 +407,11 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     engine = ctx.engine
     chat = kind == "chat.completion.chunk"
 
+    with_usage = req.stream_options is not None and req.stream_options.include_usage
+
     def chunk(choices: list, usage: Optional[dict] = None) -> str:
         body = {"id": rid, "object": kind, "created": created, "model": ctx.model_name, "choices": choices}
-        if usage is not None:
+        if with_usage:  # OpenAI: every chunk has the field, null until the final usage-only chunk
             body["usage"] = usage
         return sse(body)
 
@@ -443,8 +444,7 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                 else:
                     yield chunk([{"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": finish}])
             base += h.n
-        opts = req.stream_options
-        if opts is not None and opts.include_usage:
+        if with_usage:
             yield chunk([], _usage_total(results, len(handles)))
     except Exception as e:  # noqa: BLE001 - the status line is sent; report in the stream
         from lmnb_engine.http_server.app import error_body
