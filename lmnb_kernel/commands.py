@@ -31,6 +31,7 @@ def connect(args, session: Session) -> None:
 
     if args.completion and not args.openai:
         raise CellError("%lm connect --completion goes with --openai MODEL")
+    v1 = args.url.rstrip("/").endswith("/v1")
     try:
         if args.openai:
             backend = lmnb.OpenAI(args.openai, base_url=args.url, api_key=args.api_key,
@@ -40,9 +41,32 @@ def connect(args, session: Session) -> None:
             backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key)
             what = f"SGLang-protocol server {args.url}"
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
-        raise CellError(f"could not connect to {args.url}: {e}") from e
+        hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""
+        raise CellError(f"could not connect to {args.url}: {e}{hint}") from e
+    if args.openai:
+        what += _served_models_note(backend, args, v1)
     session.connect(backend, what)
     display({"text/plain": f"connected: {what}", "text/html": f"<div>connected: {_esc(what)}</div>"}, raw=True)
+
+
+def _served_models_note(backend, args, v1: bool) -> str:
+    """Check the OpenAI server at connect time (``GET /models``), so a wrong URL or model name is
+    named now rather than by the first cell. Returns a note for the "connected" line.
+
+    Raises:
+        CellError: the server does not answer there, or does not serve ``args.openai``.
+    """
+    try:
+        served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
+    except Exception as e:  # openai's APIError / APIConnectionError name the cause
+        if v1:  # the right root, but no model list (some proxies): the first cell will tell
+            return f"; could not list its models ({type(e).__name__})"
+        raise CellError(f"could not connect to {args.url}: GET /models failed ({type(e).__name__}: {e}); "
+                        f"OpenAI-compatible servers serve the API under /v1, e.g. {args.url.rstrip('/')}/v1") from e
+    if args.openai not in served:
+        raise CellError(f"{args.url} does not serve model {args.openai!r} (it serves: {', '.join(served) or 'none'}); "
+                        "pass one of those to --openai")
+    return ""
 
 
 def stats(args, session: Session) -> None:

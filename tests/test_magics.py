@@ -284,6 +284,12 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
             result, out = run(ip, "%lm stats")  # informational: it must not stop a Run-All
             assert result.success, out.stdout
             assert "whose cache figures are not shown here" in out.outputs[0].data["text/plain"]
+            # a wrong URL or model is named at connect time, not by the first cell
+            for connect, words in [(f"%lm connect {url} --openai {tiny_llama} --completion", f"e.g. {url}/v1"),
+                                   (f"%lm connect {url}/v1 --openai nope --completion", "does not serve model 'nope'"),
+                                   (f"%lm connect {url}/v1", "looks like an OpenAI API root: add --openai MODEL")]:
+                result, out = run(ip, connect)
+                assert not result.success and words in out.stdout, out.stdout
     finally:
         server.terminate()
         server.wait(30)
