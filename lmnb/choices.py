@@ -68,14 +68,16 @@ class ChoicesSamplingMethod:
     def scores(self, scored: Sequence[ChoiceLogprobs]) -> list[float]:
         raise NotImplementedError
 
-    def decide(self, choices: Sequence[str], scored: Sequence[ChoiceLogprobs], temperature: float = 0.0) -> ChoicesDecision:
+    def decide(self, choices: Sequence[str], scored: Sequence[ChoiceLogprobs], temperature: float = 0.0,
+               rng: random.Random | None = None) -> ChoicesDecision:
         """The decision: argmax of ``scores`` (first on ties) when ``temperature`` is 0, else a
-        sample from ``softmax(scores / temperature)`` (an lmnb extension; SGLang asserts 0)."""
+        sample from ``softmax(scores / temperature)`` (an lmnb extension; SGLang asserts 0) drawn
+        with ``rng`` (default: the ``random`` module's generator)."""
         values = self.scores(scored)
         if temperature > 0:
             top = max(values)
             weights = [math.exp((v - top) / temperature) for v in values]
-            index = random.choices(range(len(choices)), weights=weights)[0]
+            index = (rng or random).choices(range(len(choices)), weights=weights)[0]
         else:
             index = max(range(len(values)), key=lambda i: (values[i], -i))
         meta = {

@@ -19,6 +19,7 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
+import random
 import threading
 import uuid
 import warnings
@@ -570,7 +571,9 @@ class StreamExecutor:
         scored = self._call(
             self.backend.score_choices, self._prompt(), expr.choices, method.requires_unconditional_logprobs
         )
-        decision = method.decide(expr.choices, scored, expr.temperature)
+        seed = self.default_params.seed  # run(seed=...) makes a sampled select reproducible too
+        rng = None if seed is None else random.Random(f"{seed}:{self.branch}:{len(self.text_)}:{expr.choices}")
+        decision = method.decide(expr.choices, scored, expr.temperature, rng)
         self._append(decision.decision, "select", expr.name)
         self._finish_var(expr.name, decision.decision, decision.meta_info)
 

@@ -176,3 +176,13 @@ def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
         sgl.gen("x", stop=5)
     with pytest.raises(TypeError, match=r"stop=\[1\] is invalid"):
         prog.run(stop=[1], backend=backend)
+
+
+def test_a_sampled_select_is_reproducible_with_the_run_seed(backend):
+    @sgl.function
+    def prog(s):
+        s += "Pick one:" + sgl.select("c", choices=[" red", " blue", " green", " gold"], temperature=50.0)
+
+    picks = {seed: [prog.run(seed=seed, backend=backend)["c"] for _ in range(3)] for seed in range(12)}
+    assert all(len(set(p)) == 1 for p in picks.values())  # it drew from the global random module before
+    assert len({p[0] for p in picks.values()}) > 1  # nearly uniform at this temperature: seeds differ
