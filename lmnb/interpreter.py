@@ -40,6 +40,7 @@ class ProgramState:
     def __init__(self, executor: StreamExecutor):
         self.stream_executor = executor
         self.ret_value: Any = None
+        self._open_scopes: set[str] = set()  # var_scope names whose block has not ended
 
     # -- building
 
@@ -76,10 +77,20 @@ class ProgramState:
 
     @contextlib.contextmanager
     def var_scope(self, name: str):
-        """Capture the text appended inside the block into variable ``name``."""
+        """Capture the text appended inside the block into variable ``name``.
+
+        Raises:
+            ValueError: a scope of the same name is open already (the inner one would close it).
+        """
+        if name in self._open_scopes:
+            raise ValueError(f"var_scope {name!r} is open already; a nested scope needs another name")
+        self._open_scopes.add(name)
         self.stream_executor.submit(VarScopeBegin(name))
-        yield self
-        self.stream_executor.submit(VarScopeEnd(name))
+        try:
+            yield self
+        finally:
+            self._open_scopes.discard(name)
+            self.stream_executor.submit(VarScopeEnd(name))
 
     def fork(self, size: int = 1, position_ids_offset: Any = None) -> "ProgramStateGroup":
         """``size`` branches continuing from this state's current text (waits for queued work).

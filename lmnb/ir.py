@@ -270,12 +270,18 @@ class VarScopeBegin(Expr):
     def __init__(self, name: str):
         self.name = name
 
+    def __repr__(self) -> str:
+        return f"VarScopeBegin({self.name!r})"
+
 
 class VarScopeEnd(Expr):
     """Stop capturing into variable ``name``."""
 
     def __init__(self, name: str):
         self.name = name
+
+    def __repr__(self) -> str:
+        return f"VarScopeEnd({self.name!r})"
 
 
 class CommitLazy(Expr):

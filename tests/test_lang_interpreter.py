@@ -591,3 +591,27 @@ def test_an_exception_in_a_streamed_body_is_recorded_on_the_state():
     st = prog.run(backend=ScriptedBackend(), stream=True)
     assert "".join(st.text_iter()) == "a"
     assert "body of program 'prog'" in str(st.error()) and "oops" in str(st.error())
+
+
+def test_var_scope_captures_the_text_of_its_block_and_refuses_a_nested_scope_of_the_same_name():
+    be = ScriptedBackend(lambda p, params: "<g>")
+    refused = {}
+
+    @sgl.function
+    def prog(s):
+        s += "a "
+        with s.var_scope("outer"):
+            s += "b " + sgl.gen("x")
+            with s.var_scope("inner"):
+                s += " c"
+            try:
+                with s.var_scope("outer"):
+                    pass
+            except ValueError as e:
+                refused["message"] = str(e)
+        s += " d"
+
+    st = prog.run(backend=be)
+    assert st.text() == "a b <g> c d"
+    assert st["outer"] == "b <g> c" and st["inner"] == " c"  # the text appended inside each block
+    assert refused["message"] == "var_scope 'outer' is open already; a nested scope needs another name"
