@@ -455,11 +455,7 @@ class StreamExecutor:
         elif isinstance(expr, _JoinApply):
             self._execute_join(expr)
         elif isinstance(expr, (Image, Video)):  # [issue 10]
-            if not getattr(self.backend, "supports_images", False):
-                raise NotImplementedError(
-                    f"{type(expr).__name__.lower()}() needs a backend that sends images to a multimodal (vision-language) "
-                    f"model; {type(self.backend).__name__} does not. Use lmnb.Engine(<LLaVA checkpoint>)"
-                )
+            self.backend.check_images()  # here, not at the next gen: a cell of images alone reports it too
             self.images_.append(expr)
             self._append(self.chat_template.image_token, type(expr).__name__.lower(), value=expr)
         else:

@@ -186,3 +186,12 @@ def test_a_sampled_select_is_reproducible_with_the_run_seed(backend):
     picks = {seed: [prog.run(seed=seed, backend=backend)["c"] for _ in range(3)] for seed in range(12)}
     assert all(len(set(p)) == 1 for p in picks.values())  # it drew from the global random module before
     assert len({p[0] for p in picks.values()}) > 1  # nearly uniform at this temperature: seeds differ
+
+
+def test_an_image_on_a_text_only_model_fails_where_it_is_added(backend):
+    @sgl.function
+    def prog(s):
+        s += "Look:" + sgl.image("nope.png")  # no gen follows: it finished "done" before
+
+    err = prog.run(backend=backend).error()
+    assert err is not None and "is a text-only model: it cannot take images" in str(err)

@@ -64,8 +64,17 @@ class BaseBackend:
 
     #: True when prompts go out as chat messages (OpenAI chat models), not as text.
     is_chat_model: bool = False
-    #: [issue 10] True when ``Prompt.images`` are sent to the model (image/video primitives run).
-    supports_images: bool = False
+    def check_images(self) -> None:
+        """[issue 10] Return if ``Prompt.images`` reach a model that takes them (so image/video
+        primitives may run); otherwise raise, saying why.
+
+        Raises:
+            NotImplementedError: this backend sends no images. ValueError: its model is text-only.
+        """
+        raise NotImplementedError(
+            f"image() and video() need a backend that sends images to a multimodal (vision-language) model; "
+            f"{type(self).__name__} does not. Use lmnb.Engine(<LLaVA checkpoint>)"
+        )
 
     def get_chat_template(self) -> ChatTemplate:
         """The role markers programs on this backend use."""

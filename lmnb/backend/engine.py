@@ -159,7 +159,9 @@ class Engine(BaseBackend):
         result = self.engine.generate(ids, SamplingParams(max_new_tokens=0))
         return self._meta(result, GenParams(), ids, counts, text.text if counts else "")
 
-    supports_images = True  # [issue 10]
+    def check_images(self) -> None:
+        """[issue 10] Raises ``ValueError`` naming a text-only model (the engine's multimodal check)."""
+        self.engine.multimodal
 
     def _engine_prompt(self, prompt: Prompt) -> tuple[Any, list[int]]:
         """[issue 10] (``prompt.text``, []), or with images the prepared ``MultimodalTokens`` of the
