@@ -364,6 +364,7 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
         ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
+        ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),
     ],
 )
 def test_malformed_cells_report_line_and_column(cell, line, col, words):
@@ -374,7 +375,7 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
 
 
 def test_a_gen_name_is_any_python_identifier_that_is_not_a_keyword():
-    assert [n for n in parse("Ciao {gen città max_tokens=2} {gen _x1}").captures] == ["città", "_x1"]
+    assert [n for n in parse("Ciao {gen città max_tokens=2} {gen _x1 stop='#'}").captures] == ["città", "_x1"]
 
 
 def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():

@@ -8,8 +8,10 @@ target, a variable captured earlier in the same state, or else a kernel variable
 from __future__ import annotations
 
 import ast
+import io
 import keyword
 import re
+import tokenize
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -459,6 +461,10 @@ class _Parser:
         try:
             tree = ast.parse(wrapped, mode="eval")
         except SyntaxError as e:
+            comment = _comment_at(source)
+            if comment is not None:  # "#" swallows the closing ")" of the wrapper: say what is wrong
+                raise self.error("a comment (#) cannot go inside {...}; put it on a line of its own "
+                                 "outside the braces", at + comment) from None
             pos = at + _syntax_offset(source, e)
             hint = "to write literal braces, double them: '{{' and '}}'" if hint_braces else None
             raise self.error(f"invalid Python expression: {e.msg}", pos, hint=hint) from None
@@ -505,6 +511,18 @@ def _is_in_keyword(text: str, i: int) -> bool:
     before = text[i - 1] if i > 0 else " "
     after = text[i + 2] if i + 2 < len(text) else " "
     return not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_")
+
+
+def _comment_at(source: str) -> int | None:
+    """Offset of the first ``#`` comment in ``source`` (outside string literals), or None."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                lines = source.split("\n")
+                return sum(len(x) + 1 for x in lines[: tok.start[0] - 1]) + tok.start[1]
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return None
 
 
 def _option_starts(rest: str) -> list[tuple[int, str, int]]:
