@@ -183,17 +183,21 @@ def summary(nb, src: Path, out: Path, seconds: float) -> str:
     code = [c for c in nb.cells if c.cell_type == "code"]
     ran = [c for c in code if c.get("execution_count") is not None]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
-    lm_cells = 0
+    lm_cells = unreported = 0
     for c in ran:
-        for o in c.get("outputs", []):
-            t = o.get("metadata", {}).get("lmnb", {}).get("tokens")
-            if t:
-                lm_cells += 1
-                for k in tokens:
-                    tokens[k] += int(t.get(k, 0))
+        if not c.source.lstrip().startswith("%%lm"):
+            continue
+        lm_cells += 1
+        counts = [o["metadata"]["lmnb"]["tokens"] for o in c.get("outputs", [])
+                  if "tokens" in o.get("metadata", {}).get("lmnb", {})]
+        unreported += not counts  # --quiet (or a cell that failed before running) shows no summary
+        for t in counts:
+            for k in tokens:
+                tokens[k] += int(t.get(k, 0))
     p, ca, g = tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"]
     hit = f"{100 * ca / p:.0f}%" if p else "n/a"
+    missing = f" ({unreported} %%lm cell{'s' * (unreported > 1)} without a summary not counted)" if unreported else ""
     return (f"lmnb run: {src} -> {out}\n"
             f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
-            f"  tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}\n"
+            f"  tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}{missing}\n"
             f"  time: {seconds:.1f} s")

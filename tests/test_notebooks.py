@@ -282,3 +282,17 @@ def test_batch_rows_share_the_cached_prefix(executed):
     assert [r.split()[0] for r in rows] == ["Arvel", "Corin", "Eskel", "Hesta", "Jorla"]
     cached = ast.literal_eval(cell(nb, '[s.get_meta_info("city")').outputs[0]["data"]["text/plain"])
     assert len(cached) == 5 and min(cached) > 0
+
+
+def test_the_run_summary_counts_quiet_lm_cells_and_says_their_tokens_are_missing():
+    from lmnb_kernel.run import summary as run_summary
+
+    nb = nbformat.v4.new_notebook()
+    shown = nbformat.v4.new_code_cell("%%lm\nhi{gen a}", execution_count=1)
+    shown.outputs = [nbformat.v4.new_output("display_data", data={"text/plain": "a = ..."}, metadata={
+        "lmnb": {"tokens": {"prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 3}}})]
+    nb.cells = [shown, nbformat.v4.new_code_cell("%%lm --quiet\nhi{gen b}", execution_count=2),
+                nbformat.v4.new_code_cell("x = 1", execution_count=3)]
+    text = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
+    assert "cells run: 3 of 3 (2 %%lm)" in text  # it said 1: the quiet cell has no summary output
+    assert "prompt 10, cached 4 (hit rate 40%), completion 3 (1 %%lm cell without a summary not counted)" in text
