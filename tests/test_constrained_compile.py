@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 
 from lmnb_engine.constrained import (
     GrammarBackend,
+    GrammarCompileStopped,
     GrammarCache,
     GrammarError,
     GrammarMatcher,
@@ -438,10 +440,17 @@ def test_schema_counts_above_the_repeat_limit_are_refused_by_name(backend, schem
     assert "{0,1000}" in backend.to_regex(json_schema={"type": "string", "maxLength": 1000})  # at the limit
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _compile_children() -> list[int]:
     """Pids of this process's children that run ``index_process.py`` (Linux /proc)."""
     import os
-    from pathlib import Path
 
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -454,24 +463,81 @@ def _compile_children() -> list[int]:
     return pids
 
 
-def test_an_exploding_automaton_is_killed_at_the_time_limit_and_its_error_is_cached(tokenizer):
+def test_an_exploding_automaton_is_killed_at_the_time_limit_and_asking_again_compiles_again(tokenizer):
     # a[a-z]{N}: outlines-core's unanchored DFA doubles with each N (a thread restarts at every
     # "a"); at 40 it would run for days. The same bound with no recurring first byte is instant.
     backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=2.0)
     try:
         start = time.perf_counter()
-        with pytest.raises(GrammarError, match=r"compiling the constraint 'a\[a-z\]\{40\}' took longer than 2 s"):
+        slow = r"compiling the constraint 'a\[a-z\]\{40\}' took longer than 2 s"
+        with pytest.raises(GrammarCompileStopped, match=slow):
             backend.wait("a[a-z]{40}")
         assert time.perf_counter() - start < 20
         # the compile itself ended (killed), rather than running on in the background
-        assert isinstance(backend.submit("a[a-z]{40}").exception(timeout=5), GrammarError)
-        assert _compile_children() == []
-        start = time.perf_counter()
-        with pytest.raises(GrammarError, match="took longer than 2 s"):
-            backend.wait("a[a-z]{40}")  # asked again: the cached failure, at once
-        assert time.perf_counter() - start < 1.0 and backend.cache.misses == 1
+        first = backend.submit("a[a-z]{40}")
+        assert isinstance(first.exception(timeout=10), GrammarCompileStopped) and _compile_children() == []
+        again = backend.submit("a[a-z]{40}")  # a stopped compile is not cached: it compiles again
+        assert again is not first and backend.cache.misses == 2
+        assert isinstance(again.exception(timeout=10), GrammarCompileStopped)
         grammar = backend.wait("[a-z]{40}")
         assert grammar.initial_state not in grammar.final_states
+    finally:
+        backend.shutdown()
+
+
+def test_shutdown_kills_a_running_compile_and_its_request_is_told(tokenizer):
+    backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=120.0)
+    fut = backend.submit("a[a-z]{40}")
+    deadline = time.monotonic() + 20
+    while not _compile_children():  # the child has started
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    start = time.perf_counter()
+    backend.shutdown()
+    assert time.perf_counter() - start < 10  # it waited out the compile (up to its time limit) before
+    assert isinstance(fut.exception(timeout=1), GrammarCompileStopped) and "killed by signal 9" in str(fut.exception())
+    assert _compile_children() == []
+
+
+def test_a_compile_child_dies_with_its_parent(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time, threading\n"
+        "from outlines_core import Vocabulary\n"
+        "from lmnb_engine.constrained.index_process import build_index, _live\n"
+        "v = Vocabulary(3, {b'a': [0], b'b': [1], b'c': [2]})\n"
+        "threading.Thread(target=build_index, args=('a[a-c]{40}', v, 300), daemon=True).start()\n"
+        "while not _live: time.sleep(0.05)\n"
+        "print(next(iter(_live)).pid, flush=True)\n"
+        "time.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)  # no atexit, no cleanup: only the child's own guard can act
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    while _running(child):
+        assert time.monotonic() < deadline, "the orphaned compile kept running"
+        time.sleep(0.1)
+
+
+def test_without_a_usable_interpreter_the_index_is_built_here_and_a_crash_is_not_cached(tokenizer, monkeypatch):
+    import sys
+
+    backend = GrammarBackend(tokenizer, cache=GrammarCache())
+    try:
+        monkeypatch.setattr(sys, "executable", "/no/such/python")
+        with pytest.warns(RuntimeWarning, match="building in this process, without the time and memory limits"):
+            assert backend.wait("[0-9]{3}").regex == "[0-9]{3}"
+        monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, but is no Python
+        with pytest.raises(GrammarCompileStopped, match=r"stopped while compiling '\[a-z\]\+' \(exit status 1\)"):
+            backend.wait("[a-z]+")
+        monkeypatch.undo()
+        assert backend.wait("[a-z]+").regex == "[a-z]+"  # compiled anew, not the cached crash
     finally:
         backend.shutdown()
 
@@ -479,7 +545,7 @@ def test_an_exploding_automaton_is_killed_at_the_time_limit_and_its_error_is_cac
 def test_an_exploding_automaton_stops_at_the_memory_limit(tokenizer):
     backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_memory_bytes=320 << 20)
     try:
-        with pytest.raises(GrammarError, match=r"'a\[a-z\]\{40\}' ran out of memory \(limit 0.312 GiB\)"):
+        with pytest.raises(GrammarCompileStopped, match=r"'a\[a-z\]\{40\}' ran out of memory \(limit 0.312 GiB\)"):
             backend.wait("a[a-z]{40}")
         assert backend.wait("[a-z]{3}").regex == "[a-z]{3}"  # the limit leaves room for real patterns
     finally:

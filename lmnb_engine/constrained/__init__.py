@@ -37,7 +37,7 @@ Semantics (the rules users see):
 """
 
 from lmnb_engine.constrained.cache import GrammarBackend, GrammarCache
-from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, bitmask_width, compile_grammar
 from lmnb_engine.constrained.masks import apply_token_bitmask_, full_bitmask
 from lmnb_engine.constrained.matcher import GrammarMatcher
@@ -50,6 +50,7 @@ __all__ = [
     "CompiledGrammar",
     "GrammarBackend",
     "GrammarCache",
+    "GrammarCompileStopped",
     "GrammarError",
     "GrammarMatcher",
     "INCOMPLETE_MESSAGE",

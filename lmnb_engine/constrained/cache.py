@@ -5,8 +5,7 @@ its compiled grammars by (kind, pattern). Here the key is (regex, vocabulary fin
 engines over the same tokenizer share entries, and the value is a ``Future``: requests that
 arrive while a pattern compiles wait on the same future, and the scheduler never blocks on a
 compile. Each compile runs in a child process (``index_process``) with a time and memory limit, so
-a pattern whose automaton explodes fails with an error instead of taking the machine with it; such
-failures are cached like successes, so asking again fails at once.
+a pattern whose automaton explodes fails with an error instead of taking the machine with it.
 """
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
-from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES
+from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, kill
 from lmnb_engine.constrained.regex_check import check_regex
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
@@ -30,9 +29,10 @@ from lmnb_engine.constrained.vocab import TokenVocabulary
 class GrammarCache:
     """LRU map (regex, vocab fingerprint) → ``Future[CompiledGrammar]``.
 
-    A compile that failed with ``GrammarError`` (invalid, unsatisfiable, or over a limit) stays
-    cached: the same pattern over the same vocabulary fails the same way. Cancelled compiles and
-    any other exception are dropped, so the next request tries again.
+    A compile that failed with ``GrammarError`` (an invalid or unsatisfiable pattern) stays
+    cached: the same pattern over the same vocabulary fails the same way. A compile stopped at a
+    limit or killed (``GrammarCompileStopped``), a cancelled one and any other exception are
+    dropped, so the next request compiles again.
 
     Attributes:
         hits, misses: lookup counts (int).
@@ -47,7 +47,7 @@ class GrammarCache:
 
     def get_or_submit(self, regex: str, vocab: TokenVocabulary, executor: ThreadPoolExecutor, **limits: Any) -> Future:
         """The cached future for ``(regex, vocab)``, or a new compile submitted to ``executor``
-        (``limits``: ``compile_grammar``'s ``timeout_s`` and ``memory_bytes``)."""
+        (``limits``: ``compile_grammar``'s ``timeout_s``, ``memory_bytes`` and ``owner``)."""
         key = (regex, vocab.fingerprint)
         with self._lock:
             fut = self._entries.get(key)
@@ -64,7 +64,9 @@ class GrammarCache:
         return fut
 
     def _forget_failed(self, key: tuple[str, str], fut: Future) -> None:
-        if not fut.cancelled() and (fut.exception() is None or isinstance(fut.exception(), GrammarError)):
+        exc = None if fut.cancelled() else fut.exception()
+        if not fut.cancelled() and (exc is None or (isinstance(exc, GrammarError)
+                                                    and not isinstance(exc, GrammarCompileStopped))):
             return
         with self._lock:
             if self._entries.get(key) is fut:
@@ -122,6 +124,7 @@ class GrammarBackend:
         self._regex_of: OrderedDict[tuple, str] = OrderedDict()  # validated constraint -> regex (LRU)
         self._regex_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="lmnb-grammar")
+        self._children: set = set()  # compile processes this backend started that still run
 
     def to_regex(self, regex: str | None = None, json_schema: Any = None, whitespace_pattern: str | None = None) -> str:
         """Validate a request's constraint and return its regex (fast; call at submission).
@@ -167,36 +170,37 @@ class GrammarBackend:
         over the time or memory limit.
         """
         return self.cache.get_or_submit(regex, self.vocab, self._executor, timeout_s=self.compile_timeout_s,
-                                        memory_bytes=self.compile_memory_bytes)
+                                        memory_bytes=self.compile_memory_bytes, owner=self._children)
 
     def wait(self, regex: str) -> CompiledGrammar:
         """``submit(regex)``'s grammar, waiting at most ``compile_timeout_s``.
 
         A pattern whose compile already outlasted a wait fails at once until the compile ends (it
-        goes on in the background, at most ``compile_timeout_s`` from its start, and its grammar
-        or error is cached then), rather than holding each request that asks. A
+        goes on in the background, at most ``compile_timeout_s`` from its start; its grammar is
+        cached then), rather than holding each request that asks. A
         pattern still queued when the wait ends is cancelled, and the error says the compiler is
         busy, not that this pattern is slow.
 
         Raises:
-            GrammarError: the compile failed, took longer than ``compile_timeout_s``, or did not
-                start within it.
+            GrammarError: the pattern cannot be compiled (cached: it fails the same way again).
+            GrammarCompileStopped: the compile took longer than ``compile_timeout_s``, ran out of
+                memory, was killed, or did not start within the wait.
         """
         fut = self.submit(regex)
         if not fut.done() and regex in self._timed_out:
-            raise GrammarError(self._too_slow(regex))
+            raise GrammarCompileStopped(self._too_slow(regex))
         busy = (f"the grammar compiler is busy: its {self.max_workers} workers have spent over "
                 f"{self.compile_timeout_s:g} s on other patterns, and this one did not start; retry later")
         try:
             return fut.result(timeout=self.compile_timeout_s)
         except CancelledError:  # another request's wait gave up on it before it started
-            raise GrammarError(busy) from None
+            raise GrammarCompileStopped(busy) from None
         except FutureTimeout:
             if fut.cancel():  # never started: every worker is busy with other, slow patterns
-                raise GrammarError(busy) from None
+                raise GrammarCompileStopped(busy) from None
             self._timed_out.add(regex)
             fut.add_done_callback(lambda _: self._timed_out.discard(regex))
-            raise GrammarError(self._too_slow(regex)) from None
+            raise GrammarCompileStopped(self._too_slow(regex)) from None
 
     def _too_slow(self, regex: str) -> str:
         return too_slow_message(regex, self.compile_timeout_s)
@@ -206,5 +210,8 @@ class GrammarBackend:
         return self.wait(self.to_regex(regex, json_schema, whitespace_pattern))
 
     def shutdown(self) -> None:
-        """Stop the compile threads (pending compiles finish first)."""
+        """Stop compiling: queued compiles are cancelled and running ones killed (their waiting
+        requests get ``GrammarCompileStopped``), then the threads end."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        kill(self._children)
         self._executor.shutdown(wait=True)

@@ -1,4 +1,4 @@
-"""The one exception type of constrained decoding."""
+"""The exceptions of constrained decoding."""
 
 from __future__ import annotations
 
@@ -9,4 +9,12 @@ class GrammarError(ValueError):
     Raised at submission (or when the request's compile future resolves) with a message that names
     the unsupported feature, keyword or missing vocabulary piece and says how to fix the pattern.
     A ``ValueError`` so callers that validate request parameters catch it with the others.
+    """
+
+
+class GrammarCompileStopped(GrammarError):
+    """A compile that ran out of time or memory, or whose process died or was killed (a shutdown).
+
+    Not the pattern's fault alone (a busy machine can make a compile miss its time limit), so it is
+    not cached: asking again compiles again.
     """

@@ -27,7 +27,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, IndexBuildError, build_index
 from lmnb_engine.constrained.vocab import TokenVocabulary
 
@@ -179,29 +179,34 @@ def too_slow_message(regex: str, timeout_s: float | None) -> str:
 
 
 def compile_grammar(
-    regex: str, vocab: TokenVocabulary, timeout_s: float | None = None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES
+    regex: str, vocab: TokenVocabulary, timeout_s: float | None = None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
+    owner: set | None = None,
 ) -> CompiledGrammar:
     """Build the outlines-core index of ``regex`` over ``vocab`` (seconds for large vocabularies),
     in a child process (``index_process``) that is killed after ``timeout_s`` seconds and may use
-    at most ``memory_bytes`` of address space (None: no limit).
+    at most ``memory_bytes`` of address space (None: no limit); ``owner`` collects the running
+    child, so that it can be killed (``index_process.kill``).
 
     Raises:
-        GrammarError: the library rejects the pattern (its message is included), no sequence of
-            tokens from this vocabulary can ever complete a match, or the automaton is too large
-            to build within the time or memory limit.
+        GrammarError: the library rejects the pattern (its message is included), or no sequence
+            of tokens from this vocabulary can ever complete a match.
+        GrammarCompileStopped: the automaton was too large to build within the time or memory
+            limit, or the compile process died or was killed.
     """
     start = time.perf_counter()
     try:
-        index = build_index(regex, vocab.outlines_vocabulary(), timeout_s, memory_bytes)
+        index = build_index(regex, vocab.outlines_vocabulary(), timeout_s, memory_bytes, owner)
     except IndexBuildError as e:
         if e.reason == "timeout":
-            raise GrammarError(too_slow_message(regex, timeout_s)) from None
+            raise GrammarCompileStopped(too_slow_message(regex, timeout_s)) from None
         if e.reason == "memory":
             limit = f" (limit {memory_bytes / 2**30:.3g} GiB)" if memory_bytes else ""
-            raise GrammarError(
+            raise GrammarCompileStopped(
                 f"compiling the constraint {_shown(regex)} ran out of memory{limit}, so {_TOO_LARGE}"
             ) from None
-        raise GrammarError(f"the grammar compiler stopped while compiling {_shown(regex)} ({e.detail})") from None
+        raise GrammarCompileStopped(
+            f"the grammar compiler stopped while compiling {_shown(regex)} ({e.detail}); retry the request"
+        ) from None
     except ValueError as e:
         text = str(e)
         if "incompatible" in text or "no transitions" in text.lower():

@@ -6,12 +6,15 @@ first byte recurs inside it (``a[a-z]{25}``, a top-level JSON string with ``maxL
 12, minutes at 20). A thread running that build cannot be interrupted, and its memory grows until
 the machine runs out. A child process is killed when ``timeout_s`` passes and runs under an
 address-space limit, so a pattern too big to compile costs one bounded error, never the engine.
+The child also dies with its parent (Linux: a parent-death signal; elsewhere a CPU-time limit a
+little above ``timeout_s``), and the parent kills its children when it shuts down or exits.
 
 The child runs this file as a script (``python index_process.py``) and imports nothing but the
 standard library and outlines-core: starting it takes about 0.1 s, paid once per pattern since
 compiled grammars are cached. It reads ``pickle((regex, outlines_core.Vocabulary))`` on stdin and
 writes ``pickle(("ok", Index))`` or ``pickle(("error", message))`` on stdout; both outlines-core
-types pickle since 0.2.
+types pickle since 0.2. Where no child can be started (``sys.executable`` is not a usable Python,
+as in some embedded interpreters) the index is built in this process, without the limits.
 """
 
 from __future__ import annotations
@@ -21,10 +24,15 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
+import warnings
 
 # Address space a compile may use (bytes); a real 128k-token vocabulary's JSON index needs well
 # under 2 GiB, while an exploding automaton reaches it in seconds.
 DEFAULT_MEMORY_BYTES = 8 << 30
+
+_live: set = set()  # the running children (subprocess.Popen) of this process
+_live_lock = threading.Lock()
 
 
 class IndexBuildError(Exception):
@@ -37,7 +45,24 @@ class IndexBuildError(Exception):
         self.detail = detail
 
 
-def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES):
+def kill(procs) -> None:
+    """Kill the given children (``subprocess.Popen``s; the ones still running). Thread-safe."""
+    for proc in list(procs):
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _kill_all_at_exit() -> None:
+    kill(_live)
+
+
+# Before concurrent.futures joins its worker threads at interpreter exit (it waits for each running
+# task): the threads' children are killed first, so exit does not wait out a compile's time limit.
+getattr(threading, "_register_atexit", lambda f: None)(_kill_all_at_exit)
+
+
+def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
+                owner: set | None = None):
     """``outlines_core.Index(regex, vocabulary)``, built in a child process.
 
     Args:
@@ -45,16 +70,27 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
         timeout_s: seconds the build may run before the child is killed (None: no limit).
         memory_bytes: the child's address-space limit (RLIMIT_AS; None: none, or where the
             platform has no such limit).
+        owner: a set the running child is added to (and removed from), so that its owner can
+            ``kill`` it, e.g. when an engine shuts down.
 
     Raises:
         ValueError: outlines-core rejected the pattern (its message), as the in-process call would.
-        IndexBuildError: the build ran out of time or memory, or the child died.
+        IndexBuildError: the build ran out of time or memory, or the child died or was killed.
     """
     env = dict(os.environ, PYTHONSAFEPATH="1")  # the script's folder must not shadow stdlib names
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), str(memory_bytes or 0)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-    )
+    argv = [sys.executable, os.path.abspath(__file__), str(memory_bytes or 0), str(timeout_s or 0)]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    except OSError as e:  # no usable interpreter to start: build here (no limits) rather than fail
+        warnings.warn(f"cannot start a grammar compile process ({sys.executable!r}: {e}); building in this "
+                      "process, without the time and memory limits", RuntimeWarning, stacklevel=2)
+        from outlines_core import Index
+
+        return Index(regex, vocabulary)
+    tracked = [_live] + ([owner] if owner is not None else [])
+    with _live_lock:
+        for group in tracked:
+            group.add(proc)
     try:
         out, err = proc.communicate(pickle.dumps((regex, vocabulary)), timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -65,21 +101,49 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
         proc.kill()
         proc.wait()
         raise
+    finally:
+        with _live_lock:
+            for group in tracked:
+                group.discard(proc)
     if proc.returncode == 0 and out:
         status, value = pickle.loads(out)
         if status == "ok":
             return value
         raise ValueError(value)
     tail = err.decode(errors="replace").strip()[-500:]
-    # Rust aborts on a failed allocation; Python raises MemoryError; the kernel's OOM killer sends SIGKILL.
-    if "memory allocation" in tail or "MemoryError" in tail or proc.returncode == -signal.SIGKILL:
+    # Rust aborts on a failed allocation; Python raises MemoryError. (SIGKILL is ours or the OOM
+    # killer's: not told apart, so it is a "crash", which is not cached and may be retried.)
+    if "memory allocation" in tail or "MemoryError" in tail:
         raise IndexBuildError("memory", tail)
-    raise IndexBuildError("crash", f"exit status {proc.returncode}; {tail}")
+    how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+    raise IndexBuildError("crash", f"{how}; {tail}" if tail else how)
+
+
+def _die_with_parent(timeout_s: float) -> None:
+    """An orphaned child must not build on alone: SIGKILL when the parent dies (Linux), and a
+    CPU-time limit a little above the parent's timeout (everywhere with RLIMIT_CPU)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError, TypeError):
+        pass  # not Linux
+    if os.getppid() == 1:  # the parent died before the signal was armed
+        os._exit(1)
+    if timeout_s:
+        try:
+            import resource
+
+            seconds = int(timeout_s) + 10
+            resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds))
+        except (ImportError, ValueError, OSError):
+            pass
 
 
 def _main() -> None:
-    """The child: limit memory, read the request, write the index or the library's message."""
-    limit = int(sys.argv[1])
+    """The child: limit itself, read the request, write the index or the library's message."""
+    limit, timeout_s = int(sys.argv[1]), float(sys.argv[2])
+    _die_with_parent(timeout_s)
     if limit:
         try:
             import resource
