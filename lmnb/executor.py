@@ -503,10 +503,16 @@ class StreamExecutor:
             return parse(text)
         except (ValueError, KeyError):
             shown = getattr(expr.params.dtype, "__name__", expr.params.dtype)
-            if finish_reason_dict(meta_info if isinstance(meta_info, dict) else {}).get("type") == "length":
+            finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
+            if finish.get("type") == "length":
                 raise ValueError(
                     f"gen {expr.name!r} with dtype={shown} ran out of tokens after {text!r}, before its value "
                     "was complete; raise max_tokens"
+                ) from None
+            if finish.get("type") == "stop" and isinstance(finish.get("matched"), str):
+                raise ValueError(
+                    f"gen {expr.name!r} with dtype={shown} was cut by the stop string {finish['matched']!r} after "
+                    f"{text!r}, before its value was complete; drop that stop for this gen"
                 ) from None
             raise ValueError(
                 f"gen {expr.name!r} with dtype={shown} produced {text!r}, which does not parse; the backend "

@@ -56,11 +56,16 @@ def _served_models_note(backend, args, v1: bool) -> str:
     Raises:
         CellError: the server does not answer there, or does not serve ``args.openai``.
     """
+    import openai
+
     try:
         served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
     except Exception as e:  # openai's APIError / APIConnectionError name the cause
-        if v1:  # the right root, but no model list (some proxies): the first cell will tell
-            return f"; could not list its models ({type(e).__name__})"
+        if v1 and isinstance(e, openai.APIStatusError):  # it answers, but lists no models (some proxies)
+            return f"; could not list its models (HTTP {e.status_code})"
+        if isinstance(e, openai.APIConnectionError):
+            raise CellError(f"could not connect to {args.url}: nothing answers there ({e}); is the server "
+                            "running, and the host and port right?") from e
         raise CellError(f"could not connect to {args.url}: GET /models failed ({type(e).__name__}: {e}); "
                         f"OpenAI-compatible servers serve the API under /v1, e.g. {args.url.rstrip('/')}/v1") from e
     if args.openai not in served:

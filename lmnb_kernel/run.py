@@ -58,7 +58,7 @@ def run(args) -> int:
     except OSError as e:
         print(f"lmnb run: cannot write {out}: {e}", file=sys.stderr)
         return 2
-    bad = [k for k, _ in args.parameter if not k.isidentifier() or keyword.iskeyword(k)]
+    bad = [k for k, _ in args.parameter if not k.isidentifier() or keyword.iskeyword(k) or k == "__debug__"]
     if bad:  # the injected cell would be a SyntaxError, found only once the kernel has started
         print(f"lmnb run: -p {bad[0]!r} is not a Python variable name; name a variable the notebook sets",
               file=sys.stderr)

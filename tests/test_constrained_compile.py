@@ -438,6 +438,11 @@ def test_schema_counts_above_the_repeat_limit_are_refused_by_name(backend, schem
     with pytest.raises(GrammarError, match=f"JSON schema {key} at {where} is above the limit of 1000"):
         backend.to_regex(json_schema=schema)
     assert "{0,1000}" in backend.to_regex(json_schema={"type": "string", "maxLength": 1000})  # at the limit
+    # an integral float is the same count (JSON Schema's integers include 5.0); outlines-core dropped it
+    assert backend.to_regex(json_schema={"type": "string", "maxLength": 5.0}) == backend.to_regex(
+        json_schema={"type": "string", "maxLength": 5})
+    with pytest.raises(GrammarError, match="maxLength=5000 at # is above the limit"):
+        backend.to_regex(json_schema={"type": "string", "maxLength": 5000.0})
 
 
 def _running(pid: int) -> bool:

@@ -159,11 +159,12 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     nbformat.write(notebook("x = 1", "%%lm\n{gen a max_token=2}"), tmp_path / "bad.ipynb")
     assert main(["export", str(tmp_path / "bad.ipynb")]) == 2
     before = nb_path.read_bytes()
-    for target in (nb_path, tmp_path / "other.ipynb"):  # a slip of -o must not replace a notebook with a script
+    for target in (nb_path, tmp_path / "other.ipynb", tmp_path / "QA.IPYNB"):  # a slip of -o must not replace a notebook
         capsys.readouterr()
         assert main(["export", str(nb_path), "-o", str(target)]) == 2
         assert f"the output {target} is a notebook" in capsys.readouterr().err
     assert nb_path.read_bytes() == before and not (tmp_path / "other.ipynb").exists()
+    assert not (tmp_path / "QA.IPYNB").exists()
 
 
 def test_row_code_can_rebind_setup_names_and_each_row_starts_from_the_setup_value(monkeypatch):

@@ -172,6 +172,14 @@ def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
 
     state = prog.run(temperature=0, backend=backend)
     assert "dtype=bool ran out of tokens after" in str(state.error()) and "raise max_tokens" in str(state.error())
+    @sgl.function
+    def number(s):
+        s += "The answer is" + sgl.gen("v", dtype=int, max_tokens=8)
+
+    full = number.run(temperature=0, backend=backend)["v"]  # 678117 on this checkpoint
+    cut = str(full)[0]  # a stop string that leaves no number: stops apply to constrained output now
+    err = number.run(temperature=0, stop=cut, backend=backend).error()
+    assert f"dtype=int was cut by the stop string {cut!r} after ''" in str(err)
     with pytest.raises(TypeError, match=r"stop=5 is invalid: give a string or a list of strings"):
         sgl.gen("x", stop=5)
     with pytest.raises(TypeError, match=r"stop=\[1\] is invalid"):

@@ -263,6 +263,9 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
     server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),
                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -287,7 +290,8 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
             # a wrong URL or model is named at connect time, not by the first cell
             for connect, words in [(f"%lm connect {url} --openai {tiny_llama} --completion", f"e.g. {url}/v1"),
                                    (f"%lm connect {url}/v1 --openai nope --completion", "does not serve model 'nope'"),
-                                   (f"%lm connect {url}/v1", "looks like an OpenAI API root: add --openai MODEL")]:
+                                   (f"%lm connect {url}/v1", "looks like an OpenAI API root: add --openai MODEL"),
+                                   (f"%lm connect http://127.0.0.1:{closed}/v1 --openai m", "nothing answers there")]:
                 result, out = run(ip, connect)
                 assert not result.success and words in out.stdout, out.stdout
     finally:

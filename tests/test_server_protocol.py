@@ -205,7 +205,12 @@ def test_openai_stream_with_include_usage_has_a_null_usage_until_the_final_usage
     assert text == "xxx"  # the recording engine's reply
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     r = _post(url, "/v1/chat/completions", body)
-    assert r.status_code == 400 and "continuous_usage_stats" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "continuous_usage_stats is not supported" in r.json()["error"]["message"]
+    body["stream_options"]["continuous_usage_stats"] = False  # the default, as clients send it: served
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        served = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    assert served[-1] == "[DONE]" and json.loads(served[-2])["usage"]["completion_tokens"] == 3
 
 
 def test_api_key_is_required_when_set():

@@ -357,8 +357,10 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{image 42}", 2, 8, "must be a path"),
         ("{image photo)}", 2, 13, "unmatched ')'"),
         ("{gen image}", 2, 6, "not a variable name"),
-        ("{gen if max_tokens=2}", 2, 6, "'if' is a Python keyword"),  # the exported script would not compile
-        ('{select True choices=["a"]}', 2, 9, "'True' is a Python keyword"),
+        ("{gen if max_tokens=2}", 2, 6, "'if' is reserved in Python"),  # the exported script would not compile
+        ('{select True choices=["a"]}', 2, 9, "'True' is reserved in Python"),
+        ("{gen __debug__}", 2, 6, "'__debug__' is reserved in Python"),
+        ("{gen x # note\n max_tokens=3}", 2, 8, "a comment (#) cannot go inside {...}"),
         ('{gen x regex="[0-9]+" dtype=int}', 2, 23, "gen takes one of regex, dtype"),
         ("{gen x temperature=-1}", 2, 20, "temperature must be a number >= 0"),
         ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
@@ -375,7 +377,9 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
 
 
 def test_a_gen_name_is_any_python_identifier_that_is_not_a_keyword():
-    assert [n for n in parse("Ciao {gen città max_tokens=2} {gen _x1 stop='#'}").captures] == ["città", "_x1"]
+    cell = "Ciao {gen città max_tokens=2} {gen _x1 stop='#'} {gen é} {select 名前 choices=['a']} {gen caﬁle}"
+    # NFKC-normalized, as Python normalizes the names in code ("caﬁle" with the ligature reads "cafile")
+    assert list(parse(cell).captures) == ["città", "_x1", "é", "名前", "cafile"]
 
 
 def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():

@@ -73,10 +73,10 @@ def export(args: argparse.Namespace) -> int:
     path: Path = args.notebook
     out: Path = args.output or path.with_suffix(".py")
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
-    if str(out) != "-" and (out.suffix == ".ipynb" or out.resolve() == path.resolve()):
+    if str(out) != "-" and (out.suffix.lower() == ".ipynb" or out.resolve() == path.resolve()):
         # the script would replace a notebook (a slip of -o, or tab completion): refuse, lose nothing
         print(f"lmnb export: the output {out} is a notebook; the script goes to a .py file, e.g. -o "
-              f"{out.with_suffix('.py')}", file=sys.stderr)
+              f"{path.with_suffix('.py')}", file=sys.stderr)
         return 2
     try:
         nb = read_notebook(path)

@@ -12,6 +12,7 @@ import io
 import keyword
 import re
 import tokenize
+import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ KEYWORDS = ("gen", "select", "fork", "join") + MEDIA + ROLES
 _BLOCK_OPEN = {"role", "fork"}
 _BLOCK_CLOSE = {"close_role", "join"}
 _WORD = re.compile(r"(\s*)(/?)([A-Za-z_][A-Za-z_0-9]*)")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+_IDENT = re.compile(r"[^\W\d]\w*")  # a Python identifier's shape, Unicode letters included
 
 # Builtins an expression may call without the kernel defining them. Other builtin names
 # (input, format, type, id, ...) are treated as kernel variables: they are common variable names.
@@ -246,6 +247,10 @@ class _Parser:
 
     def primitive(self, kind: str, start: int, rest_at: int, rest: str) -> None:
         allowed = opts.allowed(kind)
+        comment = _comment_at(rest)
+        if comment is not None:
+            raise self.error("a comment (#) cannot go inside {...}; put it on a line of its own outside the braces",
+                             rest_at + comment)
         starts = _option_starts(rest)
         head_end = starts[0][0] if starts else len(rest)
         head = rest[:head_end].strip().rstrip(",").strip()
@@ -257,11 +262,11 @@ class _Parser:
                     rest_at + _lead(rest),
                     hint="the name is a bare identifier (no quotes); options are written key=value",
                 )
-            if keyword.iskeyword(head):
+            if keyword.iskeyword(head) or head == "__debug__":
                 raise self.error(
-                    f"{head!r} is a Python keyword, so it cannot name a {kind} result (the variable could "
+                    f"{head!r} is reserved in Python, so it cannot name a {kind} result (the variable could "
                     "never be read)", rest_at + _lead(rest), hint=f"pick another name, e.g. {head}_")
-            name = head
+            name = unicodedata.normalize("NFKC", head)  # the name Python code reads it by
         options: list[Option] = []
         seen: set[str] = set()
         for k, (at, key, eq) in enumerate(starts):

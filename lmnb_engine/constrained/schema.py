@@ -183,6 +183,8 @@ class _Rewriter:
         if "pattern" in node:
             check_regex(node["pattern"].removeprefix("^").removesuffix("$"))
         for key in _COUNTS:
+            if isinstance(node.get(key), float):  # 5.0 is a valid count; outlines-core drops a float one
+                node[key] = int(node[key])
             if isinstance(node.get(key), int) and node[key] > MAX_REPEAT_COUNT:
                 raise GrammarError(
                     f"JSON schema {key}={node[key]} at {where} is above the limit of {MAX_REPEAT_COUNT}: it becomes "

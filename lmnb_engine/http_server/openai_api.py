@@ -35,7 +35,8 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False  # (vLLM's continuous_usage_stats is not offered: refused as unknown)
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's and SGLang's; only its default (false) is served
 
 
 class JsonSchemaSpec(BaseModel):
@@ -133,6 +134,9 @@ def _constraint(req: _SamplingRequest) -> dict:
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
     if req.logit_bias:
         raise RequestError("logit_bias is not supported by lmnb", param="logit_bias")
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        raise RequestError("stream_options.continuous_usage_stats is not supported: usage comes in the last "
+                           "chunk (include_usage)", param="stream_options")
     if not 0 <= top <= MAX_TOP_LOGPROBS:
         raise RequestError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
