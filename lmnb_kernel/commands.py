@@ -61,9 +61,9 @@ def _served_models_note(backend, args, v1: bool) -> str:
     try:
         served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
     except Exception as e:  # openai's APIError / APIConnectionError name the cause
-        if v1 and isinstance(e, openai.APIStatusError):  # it answers, but lists no models (some proxies)
-            return f"; could not list its models (HTTP {e.status_code})"
-        if isinstance(e, openai.APIConnectionError):
+        if v1 and not (isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError)):
+            return f"; could not list its models ({type(e).__name__})"  # it answers, but not with a model list
+        if isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError):
             raise CellError(f"could not connect to {args.url}: nothing answers there ({e}); is the server "
                             "running, and the host and port right?") from e
         raise CellError(f"could not connect to {args.url}: GET /models failed ({type(e).__name__}: {e}); "

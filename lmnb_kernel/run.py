@@ -15,6 +15,7 @@ import keyword
 import os
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
@@ -58,7 +59,8 @@ def run(args) -> int:
     except OSError as e:
         print(f"lmnb run: cannot write {out}: {e}", file=sys.stderr)
         return 2
-    bad = [k for k, _ in args.parameter if not k.isidentifier() or keyword.iskeyword(k) or k == "__debug__"]
+    bad = [k for k, _ in args.parameter if not k.isidentifier()
+           or unicodedata.normalize("NFKC", k) in (*keyword.kwlist, "__debug__")]
     if bad:  # the injected cell would be a SyntaxError, found only once the kernel has started
         print(f"lmnb run: -p {bad[0]!r} is not a Python variable name; name a variable the notebook sets",
               file=sys.stderr)

@@ -500,8 +500,35 @@ def test_shutdown_kills_a_running_compile_and_its_request_is_told(tokenizer):
     start = time.perf_counter()
     backend.shutdown()
     assert time.perf_counter() - start < 10  # it waited out the compile (up to its time limit) before
-    assert isinstance(fut.exception(timeout=1), GrammarCompileStopped) and "killed by signal 9" in str(fut.exception())
-    assert _compile_children() == []
+    assert isinstance(fut.exception(timeout=1), GrammarCompileStopped)
+    assert "was stopped: the engine shut down" in str(fut.exception()) and _compile_children() == []
+
+
+def test_shutdown_refuses_a_compile_that_is_about_to_start_and_spares_another_engines_requests(tokenizer):
+    cache = GrammarCache()
+    a = GrammarBackend(tokenizer, cache=cache, compile_timeout_s=120.0, max_workers=1)
+    b = GrammarBackend(tokenizer, cache=cache, compile_timeout_s=120.0)
+    try:
+        slow = a.submit("a[a-z]{40}")
+        queued = a.submit("[0-9]{5}")  # behind it on a's only worker
+        served = {}
+        waiter = threading.Thread(target=lambda: served.update(g=b.wait("[0-9]{5}")))
+        waiter.start()
+        time.sleep(0.5)
+        start = time.perf_counter()
+        a.shutdown()  # right after submit: before, a child could start after the kill and be waited out
+        assert time.perf_counter() - start < 10
+        assert slow.done() and queued.cancelled()
+        waiter.join(30)
+        assert served["g"].regex == "[0-9]{5}"  # b compiled it itself instead of failing with a's shutdown
+        fresh = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=120.0)
+        fresh.submit("a[a-z]{40}")
+        start = time.perf_counter()
+        fresh.shutdown()  # at once after submit
+        assert time.perf_counter() - start < 10 and _compile_children() == []
+    finally:
+        a.shutdown()
+        b.shutdown()
 
 
 def test_a_compile_child_dies_with_its_parent(tmp_path):
@@ -514,11 +541,11 @@ def test_a_compile_child_dies_with_its_parent(tmp_path):
     script.write_text(
         "import os, sys, time, threading\n"
         "from outlines_core import Vocabulary\n"
-        "from lmnb_engine.constrained.index_process import build_index, _live\n"
+        "from lmnb_engine.constrained.index_process import build_index, _ALL\n"
         "v = Vocabulary(3, {b'a': [0], b'b': [1], b'c': [2]})\n"
         "threading.Thread(target=build_index, args=('a[a-c]{40}', v, 300), daemon=True).start()\n"
-        "while not _live: time.sleep(0.05)\n"
-        "print(next(iter(_live)).pid, flush=True)\n"
+        "while not _ALL.procs: time.sleep(0.05)\n"
+        "print(next(iter(_ALL.procs)).pid, flush=True)\n"
         "time.sleep(300)\n")
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())

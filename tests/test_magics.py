@@ -294,6 +294,11 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
                                    (f"%lm connect http://127.0.0.1:{closed}/v1 --openai m", "nothing answers there")]:
                 result, out = run(ip, connect)
                 assert not result.success and words in out.stdout, out.stdout
+            with socket.socket() as silent:  # accepts connections, never answers: a /v1 root is kept
+                silent.bind(("127.0.0.1", 0))
+                silent.listen()
+                result, out = run(ip, f"%lm connect http://127.0.0.1:{silent.getsockname()[1]}/v1 --openai m")
+                assert result.success and "could not list its models (APITimeoutError)" in out.outputs[0].data["text/plain"]
     finally:
         server.terminate()
         server.wait(30)

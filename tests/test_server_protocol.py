@@ -206,6 +206,8 @@ def test_openai_stream_with_include_usage_has_a_null_usage_until_the_final_usage
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     r = _post(url, "/v1/chat/completions", body)
     assert r.status_code == 400 and "continuous_usage_stats is not supported" in r.json()["error"]["message"]
+    body["stream_options"]["continuous_usage_stats"] = None  # vLLM declares it Optional[bool]
+    assert _post(url, "/v1/chat/completions", body).status_code == 200
     body["stream_options"]["continuous_usage_stats"] = False  # the default, as clients send it: served
     with httpx.stream("POST", url + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
@@ -316,3 +318,25 @@ def test_a_client_that_disconnects_aborts_its_non_streaming_request(path, body):
             httpx.post(url + path, json=body, timeout=0.5)
         assert len(handles) == 1
         assert handles[0].aborted.wait(10), "the server kept the request running after its client left"
+
+
+def test_a_compile_over_its_limit_is_a_503_which_clients_retry_and_a_bad_pattern_a_400():
+    from lmnb_engine.constrained import GrammarCompileStopped, GrammarError
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            if params.regex == "slow":
+                raise GrammarCompileStopped("compiling the constraint 'slow' took longer than 60 s")
+            if params.regex == "bad":
+                raise GrammarError("regex 'bad' uses a lookahead")
+            return super().submit(prompt, params, rid)
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        for regex, status in (("slow", 503), ("bad", 400), ("ok", 200)):
+            for path, body in (("/generate", {"text": "a", "sampling_params": {"regex": regex, "max_new_tokens": 2}}),
+                               ("/v1/completions", {"model": "rec", "prompt": "a", "regex": regex, "max_tokens": 2})):
+                r = _post(url, path, body)
+                assert r.status_code == status, (path, regex, r.text)
+        assert r.status_code == 200
+        r = _post(url, "/v1/completions", {"model": "rec", "prompt": "a", "regex": "slow"})
+        assert r.json()["error"]["type"] == "server_error" and "took longer than 60 s" in r.json()["error"]["message"]

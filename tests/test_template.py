@@ -360,6 +360,9 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen if max_tokens=2}", 2, 6, "'if' is reserved in Python"),  # the exported script would not compile
         ('{select True choices=["a"]}', 2, 9, "'True' is reserved in Python"),
         ("{gen __debug__}", 2, 6, "'__debug__' is reserved in Python"),
+        ("{gen __ｄｅｂｕｇ__}", 2, 6, "'__debug__' is reserved in Python"),  # checked after NFKC
+        ("{gen ｉｆ}", 2, 6, "'if' is reserved in Python"),
+        ("{fork __debug__ in xs}{join}", 2, 7, "'__debug__' is reserved in Python, so it cannot be a fork target"),
         ("{gen x # note\n max_tokens=3}", 2, 8, "a comment (#) cannot go inside {...}"),
         ('{gen x regex="[0-9]+" dtype=int}', 2, 23, "gen takes one of regex, dtype"),
         ("{gen x temperature=-1}", 2, 20, "temperature must be a number >= 0"),

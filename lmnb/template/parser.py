@@ -262,11 +262,11 @@ class _Parser:
                     rest_at + _lead(rest),
                     hint="the name is a bare identifier (no quotes); options are written key=value",
                 )
-            if keyword.iskeyword(head) or head == "__debug__":
-                raise self.error(
-                    f"{head!r} is reserved in Python, so it cannot name a {kind} result (the variable could "
-                    "never be read)", rest_at + _lead(rest), hint=f"pick another name, e.g. {head}_")
             name = unicodedata.normalize("NFKC", head)  # the name Python code reads it by
+            if _reserved(name):
+                raise self.error(
+                    f"{name!r} is reserved in Python, so it cannot name a {kind} result (the variable could "
+                    "never be read)", rest_at + _lead(rest), hint=f"pick another name, e.g. {name}_")
         options: list[Option] = []
         seen: set[str] = set()
         for k, (at, key, eq) in enumerate(starts):
@@ -414,19 +414,24 @@ class _Parser:
             tree = None
 
         def convert(node) -> Target:
-            if isinstance(node, ast.Name):
+            if isinstance(node, ast.Name):  # (the parser has NFKC-normalized the name)
                 return node.id
             if isinstance(node, ast.Tuple) and node.elts:
                 return tuple(convert(e) for e in node.elts)
             raise ValueError
 
         try:
-            return convert(tree)
+            target = convert(tree)
         except ValueError:
             raise self.error(
                 "a fork target must be a name or a tuple of names", offset + lead,
                 hint="e.g. {fork tip in tips} or {fork i, tip in enumerate(tips)}",
             ) from None
+        reserved = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and _reserved(n.id)]
+        if reserved:  # __debug__ parses as a name, but the exported loop could not assign it
+            raise self.error(f"{reserved[0]!r} is reserved in Python, so it cannot be a fork target",
+                             offset + lead, hint=f"pick another name, e.g. {reserved[0]}_")
+        return target
 
     def join(self, start: int, rest_at: int, rest: str) -> None:
         word = rest.strip()
@@ -516,6 +521,11 @@ def _is_in_keyword(text: str, i: int) -> bool:
     before = text[i - 1] if i > 0 else " "
     after = text[i + 2] if i + 2 < len(text) else " "
     return not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_")
+
+
+def _reserved(name: str) -> bool:
+    """A keyword, or ``__debug__``: Python code can never assign (or read back) such a variable."""
+    return keyword.iskeyword(name) or name == "__debug__"
 
 
 def _comment_at(source: str) -> int | None:

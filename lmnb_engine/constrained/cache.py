@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -20,7 +21,7 @@ from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
-from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, kill
+from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup
 from lmnb_engine.constrained.regex_check import check_regex
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
@@ -68,6 +69,13 @@ class GrammarCache:
         if not fut.cancelled() and (exc is None or (isinstance(exc, GrammarError)
                                                     and not isinstance(exc, GrammarCompileStopped))):
             return
+        self._drop(key, fut)
+
+    def discard(self, regex: str, vocab: TokenVocabulary, fut: Future) -> None:
+        """Drop ``fut`` if it is still the entry of ``(regex, vocab)``."""
+        self._drop((regex, vocab.fingerprint), fut)
+
+    def _drop(self, key: tuple[str, str], fut: Future) -> None:
         with self._lock:
             if self._entries.get(key) is fut:
                 del self._entries[key]
@@ -124,7 +132,7 @@ class GrammarBackend:
         self._regex_of: OrderedDict[tuple, str] = OrderedDict()  # validated constraint -> regex (LRU)
         self._regex_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="lmnb-grammar")
-        self._children: set = set()  # compile processes this backend started that still run
+        self._children = ChildGroup()  # the compile processes this backend starts
 
     def to_regex(self, regex: str | None = None, json_schema: Any = None, whitespace_pattern: str | None = None) -> str:
         """Validate a request's constraint and return its regex (fast; call at submission).
@@ -186,14 +194,24 @@ class GrammarBackend:
             GrammarCompileStopped: the compile took longer than ``compile_timeout_s``, ran out of
                 memory, was killed, or did not start within the wait.
         """
+        deadline = time.monotonic() + self.compile_timeout_s
         fut = self.submit(regex)
         if not fut.done() and regex in self._timed_out:
             raise GrammarCompileStopped(self._too_slow(regex))
         busy = (f"the grammar compiler is busy: its {self.max_workers} workers have spent over "
                 f"{self.compile_timeout_s:g} s on other patterns, and this one did not start; retry later")
         try:
-            return fut.result(timeout=self.compile_timeout_s)
-        except CancelledError:  # another request's wait gave up on it before it started
+            try:
+                return fut.result(timeout=self.compile_timeout_s)
+            except (CancelledError, GrammarCompileStopped) as e:
+                # Another engine sharing the cache shut down (cancelling or killing the compile this
+                # request waited on), or another request's wait cancelled it: compile it here, once.
+                if self._children.stopped or not (isinstance(e, CancelledError) or e.by_shutdown):
+                    raise
+                self.cache.discard(regex, self.vocab, fut)  # its done-callback may not have run yet
+                fut = self.submit(regex)
+                return fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        except CancelledError:
             raise GrammarCompileStopped(busy) from None
         except FutureTimeout:
             if fut.cancel():  # never started: every worker is busy with other, slow patterns
@@ -213,5 +231,5 @@ class GrammarBackend:
         """Stop compiling: queued compiles are cancelled and running ones killed (their waiting
         requests get ``GrammarCompileStopped``), then the threads end."""
         self._executor.shutdown(wait=False, cancel_futures=True)
-        kill(self._children)
+        self._children.stop()
         self._executor.shutdown(wait=True)

@@ -13,8 +13,13 @@ class GrammarError(ValueError):
 
 
 class GrammarCompileStopped(GrammarError):
-    """A compile that ran out of time or memory, or whose process died or was killed (a shutdown).
+    """A compile that ran out of time or memory, or whose process died or was stopped.
 
     Not the pattern's fault alone (a busy machine can make a compile miss its time limit), so it is
-    not cached: asking again compiles again.
+    not cached: asking again compiles again. ``by_shutdown`` is True when the grammar backend that
+    started it shut down (another engine sharing the cache then compiles the pattern itself).
     """
+
+    def __init__(self, message: str, by_shutdown: bool = False):
+        super().__init__(message)
+        self.by_shutdown = by_shutdown

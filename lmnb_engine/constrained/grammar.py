@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
-from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, IndexBuildError, build_index
+from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
 from lmnb_engine.constrained.vocab import TokenVocabulary
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
@@ -180,18 +180,18 @@ def too_slow_message(regex: str, timeout_s: float | None) -> str:
 
 def compile_grammar(
     regex: str, vocab: TokenVocabulary, timeout_s: float | None = None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
-    owner: set | None = None,
+    owner: ChildGroup | None = None,
 ) -> CompiledGrammar:
     """Build the outlines-core index of ``regex`` over ``vocab`` (seconds for large vocabularies),
     in a child process (``index_process``) that is killed after ``timeout_s`` seconds and may use
-    at most ``memory_bytes`` of address space (None: no limit); ``owner`` collects the running
-    child, so that it can be killed (``index_process.kill``).
+    at most ``memory_bytes`` of address space (None: no limit); the child belongs to ``owner``,
+    whose ``stop()`` kills it.
 
     Raises:
         GrammarError: the library rejects the pattern (its message is included), or no sequence
             of tokens from this vocabulary can ever complete a match.
         GrammarCompileStopped: the automaton was too large to build within the time or memory
-            limit, or the compile process died or was killed.
+            limit, the compile process died, or ``owner`` was stopped.
     """
     start = time.perf_counter()
     try:
@@ -204,6 +204,9 @@ def compile_grammar(
             raise GrammarCompileStopped(
                 f"compiling the constraint {_shown(regex)} ran out of memory{limit}, so {_TOO_LARGE}"
             ) from None
+        if e.reason == "stopped":
+            raise GrammarCompileStopped(f"the compile of {_shown(regex)} was stopped: the engine shut down",
+                                        by_shutdown=True) from None
         raise GrammarCompileStopped(
             f"the grammar compiler stopped while compiling {_shown(regex)} ({e.detail}); retry the request"
         ) from None

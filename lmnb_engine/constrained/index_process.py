@@ -7,7 +7,8 @@ first byte recurs inside it (``a[a-z]{25}``, a top-level JSON string with ``maxL
 the machine runs out. A child process is killed when ``timeout_s`` passes and runs under an
 address-space limit, so a pattern too big to compile costs one bounded error, never the engine.
 The child also dies with its parent (Linux: a parent-death signal; elsewhere a CPU-time limit a
-little above ``timeout_s``), and the parent kills its children when it shuts down or exits.
+little above ``timeout_s``), and the parent stops its children (``ChildGroup``) when an engine
+shuts down or the interpreter exits.
 
 The child runs this file as a script (``python index_process.py``) and imports nothing but the
 standard library and outlines-core: starting it takes about 0.1 s, paid once per pattern since
@@ -31,13 +32,42 @@ import warnings
 # under 2 GiB, while an exploding automaton reaches it in seconds.
 DEFAULT_MEMORY_BYTES = 8 << 30
 
-_live: set = set()  # the running children (subprocess.Popen) of this process
-_live_lock = threading.Lock()
+_lock = threading.Lock()  # guards every ChildGroup: a child starts, or is killed, under it
+
+
+class ChildGroup:
+    """Compile processes started on behalf of one owner (an engine's grammar backend), so that the
+    owner can stop them all: ``stop`` kills the running ones, and no new one starts afterwards.
+
+    Attributes:
+        procs: the running children (``subprocess.Popen``). stopped: ``stop`` was called.
+    """
+
+    def __init__(self) -> None:
+        self.procs: set = set()
+        self.stopped = False
+
+    def stop(self) -> None:
+        """Kill the running children and refuse new ones. Thread-safe, idempotent."""
+        with _lock:
+            self.stopped = True
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+
+
+_ALL = ChildGroup()  # every child of this process
+
+# Before concurrent.futures joins its worker threads at interpreter exit (it waits for each running
+# task, and then runs the queued ones): the children are killed and no new one starts, so exit does
+# not wait out a compile's time limit.
+getattr(threading, "_register_atexit", lambda f: None)(_ALL.stop)
 
 
 class IndexBuildError(Exception):
-    """The child stopped without an index: ``reason`` is ``"timeout"``, ``"memory"`` or
-    ``"crash"`` (``detail`` has the exit status and the end of its stderr)."""
+    """The child stopped without an index: ``reason`` is ``"timeout"``, ``"memory"``, ``"stopped"``
+    (its group was stopped: a shutdown or interpreter exit) or ``"crash"`` (``detail`` has the exit
+    status and the end of its stderr)."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -45,24 +75,8 @@ class IndexBuildError(Exception):
         self.detail = detail
 
 
-def kill(procs) -> None:
-    """Kill the given children (``subprocess.Popen``s; the ones still running). Thread-safe."""
-    for proc in list(procs):
-        if proc.poll() is None:
-            proc.kill()
-
-
-def _kill_all_at_exit() -> None:
-    kill(_live)
-
-
-# Before concurrent.futures joins its worker threads at interpreter exit (it waits for each running
-# task): the threads' children are killed first, so exit does not wait out a compile's time limit.
-getattr(threading, "_register_atexit", lambda f: None)(_kill_all_at_exit)
-
-
 def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
-                owner: set | None = None):
+                owner: ChildGroup | None = None):
     """``outlines_core.Index(regex, vocabulary)``, built in a child process.
 
     Args:
@@ -70,27 +84,33 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
         timeout_s: seconds the build may run before the child is killed (None: no limit).
         memory_bytes: the child's address-space limit (RLIMIT_AS; None: none, or where the
             platform has no such limit).
-        owner: a set the running child is added to (and removed from), so that its owner can
-            ``kill`` it, e.g. when an engine shuts down.
+        owner: the ``ChildGroup`` the child belongs to, so that its owner can stop it (e.g. when
+            an engine shuts down).
 
     Raises:
         ValueError: outlines-core rejected the pattern (its message), as the in-process call would.
         IndexBuildError: the build ran out of time or memory, or the child died or was killed.
     """
     env = dict(os.environ, PYTHONSAFEPATH="1")  # the script's folder must not shadow stdlib names
-    argv = [sys.executable, os.path.abspath(__file__), str(memory_bytes or 0), str(timeout_s or 0)]
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    except OSError as e:  # no usable interpreter to start: build here (no limits) rather than fail
-        warnings.warn(f"cannot start a grammar compile process ({sys.executable!r}: {e}); building in this "
+    argv = [sys.executable or "", os.path.abspath(__file__), str(memory_bytes or 0), str(timeout_s or 0)]
+    groups = [_ALL] + ([owner] if owner is not None else [])
+    with _lock:  # a stop() that came first wins: no child starts after it
+        if any(g.stopped for g in groups):
+            raise IndexBuildError("stopped")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env)
+        except OSError as e:  # no usable interpreter to start: build here (no limits) rather than fail
+            proc, cause = None, e
+        else:
+            for g in groups:
+                g.procs.add(proc)
+    if proc is None:
+        warnings.warn(f"cannot start a grammar compile process ({sys.executable!r}: {cause}); building in this "
                       "process, without the time and memory limits", RuntimeWarning, stacklevel=2)
         from outlines_core import Index
 
         return Index(regex, vocabulary)
-    tracked = [_live] + ([owner] if owner is not None else [])
-    with _live_lock:
-        for group in tracked:
-            group.add(proc)
     try:
         out, err = proc.communicate(pickle.dumps((regex, vocabulary)), timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -102,9 +122,9 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
         proc.wait()
         raise
     finally:
-        with _live_lock:
-            for group in tracked:
-                group.discard(proc)
+        with _lock:
+            for g in groups:
+                g.procs.discard(proc)
     if proc.returncode == 0 and out:
         status, value = pickle.loads(out)
         if status == "ok":
@@ -115,6 +135,8 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
     # killer's: not told apart, so it is a "crash", which is not cached and may be retried.)
     if "memory allocation" in tail or "MemoryError" in tail:
         raise IndexBuildError("memory", tail)
+    if any(g.stopped for g in groups):
+        raise IndexBuildError("stopped")
     how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
     raise IndexBuildError("crash", f"{how}; {tail}" if tail else how)
 

@@ -77,9 +77,13 @@ class ServerContext:
             for prompt, p, rid in zip(prompts, params, rids):
                 handles.append(await self.run(self.engine.submit, prompt, p, rid))
         except (ValueError, TypeError) as e:
+            from lmnb_engine.constrained.errors import GrammarCompileStopped
+
             for h in handles:
                 h.abort()
-            raise RequestError(str(e)) from None
+            # a compile over its limit, or a busy compiler, is the server's state, not a bad request:
+            # 503, which clients retry, rather than 400, which they do not
+            raise RequestError(str(e), status=503 if isinstance(e, GrammarCompileStopped) else 400) from None
         return handles
 
     async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:

@@ -35,8 +35,8 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's and SGLang's; only its default (false) is served
+    include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False  # vLLM's and SGLang's; only false (the default) is served
 
 
 class JsonSchemaSpec(BaseModel):
