@@ -125,7 +125,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, ca
         args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=60, allow_errors=False)
         assert run(args) == 2
         assert f"lmnb run: cannot write {out}{why}" in capsys.readouterr().err
-    for name in ("1x", "class", "__debug__"):  # the injected cell would fail only after the kernel started
+    for name in ("1x", "class", "__debug__", "__ｄｅｂｕｇ__"):  # the injected cell would fail in the kernel
         args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "o.ipynb"), parameter=[[name, "3"]],
                                   timeout=60, allow_errors=False)
         assert run(args) == 2
