@@ -56,14 +56,19 @@ def _served_models_note(backend, args, v1: bool) -> str:
     Raises:
         CellError: the server does not answer there, or does not serve ``args.openai``.
     """
+    import httpx
     import openai
 
     try:
         served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
     except Exception as e:  # openai's APIError / APIConnectionError name the cause
-        if v1 and not (isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError)):
-            return f"; could not list its models ({type(e).__name__})"  # it answers, but not with a model list
-        if isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError):
+        # no connection at all (refused, or a connect timeout: a firewalled host), vs a server that
+        # took the connection but gave no model list (some proxies; a read timeout)
+        unreachable = isinstance(e, openai.APIConnectionError) and (
+            not isinstance(e, openai.APITimeoutError) or isinstance(e.__cause__, httpx.ConnectTimeout))
+        if v1 and not unreachable:
+            return f"; could not list its models ({type(e).__name__})"
+        if unreachable:
             raise CellError(f"could not connect to {args.url}: nothing answers there ({e}); is the server "
                             "running, and the host and port right?") from e
         raise CellError(f"could not connect to {args.url}: GET /models failed ({type(e).__name__}: {e}); "

@@ -168,7 +168,7 @@ def inject_parameters(nb, params: dict) -> None:
                             for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
                             if isinstance(t, ast.Name)})
             for name in params:
-                if name not in known:
+                if unicodedata.normalize("NFKC", name) not in known:  # as Python reads the injected cell
                     print(f"lmnb run: warning: parameter {name!r} is not set in the cell tagged 'parameters' "
                           f"(it sets {', '.join(known) or 'nothing'}); check the spelling", file=sys.stderr)
     old = [i for i, c in enumerate(cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])]

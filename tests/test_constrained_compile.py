@@ -531,6 +531,34 @@ def test_shutdown_refuses_a_compile_that_is_about_to_start_and_spares_another_en
         b.shutdown()
 
 
+def test_shutdown_with_many_requests_waiting_on_queued_compiles_returns_and_tells_each_of_them(tokenizer):
+    # The cancels of shutdown ran done-callbacks that took the cache lock while a woken request,
+    # holding that lock, submitted to the executor being shut down: a deadlock (from 5 waiters on).
+    a = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=120.0, max_workers=1)
+    a.submit("a[a-z]{40}")  # keeps the only worker busy
+    errors = []
+
+    def ask(i):
+        try:
+            a.wait(f"[0-9]{{{i + 1}}}x")
+        except GrammarCompileStopped as e:
+            errors.append(str(e))
+
+    waiters = [threading.Thread(target=ask, args=(i,)) for i in range(30)]
+    for t in waiters:
+        t.start()
+    time.sleep(1.0)
+    shut = threading.Thread(target=a.shutdown)
+    shut.start()
+    shut.join(20)
+    assert not shut.is_alive(), "shutdown deadlocked"
+    for t in waiters:
+        t.join(20)
+    assert len(errors) == 30 and all("the engine shut down" in e for e in errors)
+    with pytest.raises(GrammarCompileStopped, match="was not compiled: the engine shut down"):
+        a.wait("[a-z]{2}")  # after shutdown: a clear error, not "cannot schedule new futures"
+
+
 def test_a_compile_child_dies_with_its_parent(tmp_path):
     import os
     import signal

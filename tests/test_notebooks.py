@@ -138,7 +138,7 @@ def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell('person = "Arvel"\nn: int = 2', metadata={"tags": ["parameters"]})]
-    inject_parameters(nb, {"person": "Corin", "n": 3})
+    inject_parameters(nb, {"person": "Corin", "n": 3, "ｎ": 4})  # full-width ｎ is n to Python
     assert capsys.readouterr().err == ""
     inject_parameters(nb, {"persn": "Corin"})
     err = capsys.readouterr().err

@@ -320,23 +320,25 @@ def test_a_client_that_disconnects_aborts_its_non_streaming_request(path, body):
         assert handles[0].aborted.wait(10), "the server kept the request running after its client left"
 
 
-def test_a_compile_over_its_limit_is_a_503_which_clients_retry_and_a_bad_pattern_a_400():
+def test_a_busy_compiler_is_a_503_which_clients_retry_and_a_pattern_too_large_or_bad_a_400():
     from lmnb_engine.constrained import GrammarCompileStopped, GrammarError
 
     class Engine(RecordingEngine):
         def submit(self, prompt, params, rid=None):
-            if params.regex == "slow":
+            if params.regex == "busy":
+                raise GrammarCompileStopped("the grammar compiler is busy: retry later", transient=True)
+            if params.regex == "slow":  # a retry would spend the whole time limit again
                 raise GrammarCompileStopped("compiling the constraint 'slow' took longer than 60 s")
             if params.regex == "bad":
                 raise GrammarError("regex 'bad' uses a lookahead")
             return super().submit(prompt, params, rid)
 
     with live_server(Engine(), served_model_name="rec") as url:
-        for regex, status in (("slow", 503), ("bad", 400), ("ok", 200)):
+        for regex, status in (("busy", 503), ("slow", 400), ("bad", 400), ("ok", 200)):
             for path, body in (("/generate", {"text": "a", "sampling_params": {"regex": regex, "max_new_tokens": 2}}),
                                ("/v1/completions", {"model": "rec", "prompt": "a", "regex": regex, "max_tokens": 2})):
                 r = _post(url, path, body)
                 assert r.status_code == status, (path, regex, r.text)
         assert r.status_code == 200
-        r = _post(url, "/v1/completions", {"model": "rec", "prompt": "a", "regex": "slow"})
-        assert r.json()["error"]["type"] == "server_error" and "took longer than 60 s" in r.json()["error"]["message"]
+        r = _post(url, "/v1/completions", {"model": "rec", "prompt": "a", "regex": "busy"})
+        assert r.json()["error"]["type"] == "server_error" and "retry later" in r.json()["error"]["message"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -48,37 +47,32 @@ class GrammarCache:
 
     def get_or_submit(self, regex: str, vocab: TokenVocabulary, executor: ThreadPoolExecutor, **limits: Any) -> Future:
         """The cached future for ``(regex, vocab)``, or a new compile submitted to ``executor``
-        (``limits``: ``compile_grammar``'s ``timeout_s``, ``memory_bytes`` and ``owner``)."""
+        (``limits``: ``compile_grammar``'s ``timeout_s``, ``memory_bytes`` and ``owner``). An entry
+        that is not to be kept (cancelled, stopped) is replaced here, when it is next asked for: a
+        done-callback that took this lock could deadlock with the executor's shutdown, which runs
+        the callbacks of the futures it cancels under a lock of its own.
+
+        Raises:
+            GrammarCompileStopped: ``executor`` was shut down (its engine is shutting down).
+        """
         key = (regex, vocab.fingerprint)
         with self._lock:
             fut = self._entries.get(key)
-            if fut is not None:
+            if fut is not None and _keep(fut):
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return fut
             self.misses += 1
-            fut = executor.submit(compile_grammar, regex, vocab, **limits)
+            try:
+                fut = executor.submit(compile_grammar, regex, vocab, **limits)
+            except RuntimeError:  # "cannot schedule new futures after shutdown"
+                raise GrammarCompileStopped(f"the constraint {regex[:80]!r} was not compiled: the engine shut down",
+                                            by_shutdown=True) from None
             self._entries[key] = fut
+            self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
-        fut.add_done_callback(lambda f: self._forget_failed(key, f))
         return fut
-
-    def _forget_failed(self, key: tuple[str, str], fut: Future) -> None:
-        exc = None if fut.cancelled() else fut.exception()
-        if not fut.cancelled() and (exc is None or (isinstance(exc, GrammarError)
-                                                    and not isinstance(exc, GrammarCompileStopped))):
-            return
-        self._drop(key, fut)
-
-    def discard(self, regex: str, vocab: TokenVocabulary, fut: Future) -> None:
-        """Drop ``fut`` if it is still the entry of ``(regex, vocab)``."""
-        self._drop((regex, vocab.fingerprint), fut)
-
-    def _drop(self, key: tuple[str, str], fut: Future) -> None:
-        with self._lock:
-            if self._entries.get(key) is fut:
-                del self._entries[key]
 
     def clear(self) -> None:
         """Drop every entry (the next request for each pattern compiles cold)."""
@@ -87,6 +81,17 @@ class GrammarCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _keep(fut: Future) -> bool:
+    """Whether a cached compile serves later requests: running or queued, compiled, or failed on
+    the pattern itself (``GrammarError``); not when cancelled, stopped or failed otherwise."""
+    if not fut.done():
+        return True
+    if fut.cancelled():
+        return False
+    exc = fut.exception()
+    return exc is None or (isinstance(exc, GrammarError) and not isinstance(exc, GrammarCompileStopped))
 
 
 _SHARED_CACHE = GrammarCache()
@@ -194,7 +199,6 @@ class GrammarBackend:
             GrammarCompileStopped: the compile took longer than ``compile_timeout_s``, ran out of
                 memory, was killed, or did not start within the wait.
         """
-        deadline = time.monotonic() + self.compile_timeout_s
         fut = self.submit(regex)
         if not fut.done() and regex in self._timed_out:
             raise GrammarCompileStopped(self._too_slow(regex))
@@ -205,17 +209,20 @@ class GrammarBackend:
                 return fut.result(timeout=self.compile_timeout_s)
             except (CancelledError, GrammarCompileStopped) as e:
                 # Another engine sharing the cache shut down (cancelling or killing the compile this
-                # request waited on), or another request's wait cancelled it: compile it here, once.
+                # request waited on), or another request's wait cancelled it: compile it here, once,
+                # with a time limit of its own.
                 if self._children.stopped or not (isinstance(e, CancelledError) or e.by_shutdown):
                     raise
-                self.cache.discard(regex, self.vocab, fut)  # its done-callback may not have run yet
                 fut = self.submit(regex)
-                return fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                return fut.result(timeout=self.compile_timeout_s)
         except CancelledError:
-            raise GrammarCompileStopped(busy) from None
+            if self._children.stopped:
+                raise GrammarCompileStopped("the constraint was not compiled: the engine shut down",
+                                            by_shutdown=True) from None
+            raise GrammarCompileStopped(busy, transient=True) from None
         except FutureTimeout:
             if fut.cancel():  # never started: every worker is busy with other, slow patterns
-                raise GrammarCompileStopped(busy) from None
+                raise GrammarCompileStopped(busy, transient=True) from None
             self._timed_out.add(regex)
             fut.add_done_callback(lambda _: self._timed_out.discard(regex))
             raise GrammarCompileStopped(self._too_slow(regex)) from None
@@ -230,6 +237,6 @@ class GrammarBackend:
     def shutdown(self) -> None:
         """Stop compiling: queued compiles are cancelled and running ones killed (their waiting
         requests get ``GrammarCompileStopped``), then the threads end."""
+        self._children.stop()  # first: a request woken by the cancels below must see it, and not retry
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._children.stop()
         self._executor.shutdown(wait=True)

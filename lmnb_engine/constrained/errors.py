@@ -16,10 +16,13 @@ class GrammarCompileStopped(GrammarError):
     """A compile that ran out of time or memory, or whose process died or was stopped.
 
     Not the pattern's fault alone (a busy machine can make a compile miss its time limit), so it is
-    not cached: asking again compiles again. ``by_shutdown`` is True when the grammar backend that
-    started it shut down (another engine sharing the cache then compiles the pattern itself).
+    not cached: asking again compiles again. ``by_shutdown``: the grammar backend that started it
+    shut down (another engine sharing the cache then compiles the pattern itself). ``transient``:
+    the pattern had no part in it (a shutdown, a busy compiler, a crashed process), so the same
+    request may well succeed later; a compile over its time or memory limit is not transient.
     """
 
-    def __init__(self, message: str, by_shutdown: bool = False):
+    def __init__(self, message: str, by_shutdown: bool = False, transient: bool = False):
         super().__init__(message)
         self.by_shutdown = by_shutdown
+        self.transient = transient or by_shutdown

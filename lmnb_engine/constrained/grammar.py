@@ -208,7 +208,8 @@ def compile_grammar(
             raise GrammarCompileStopped(f"the compile of {_shown(regex)} was stopped: the engine shut down",
                                         by_shutdown=True) from None
         raise GrammarCompileStopped(
-            f"the grammar compiler stopped while compiling {_shown(regex)} ({e.detail}); retry the request"
+            f"the grammar compiler stopped while compiling {_shown(regex)} ({e.detail}); retry the request",
+            transient=True,
         ) from None
     except ValueError as e:
         text = str(e)

@@ -81,9 +81,10 @@ class ServerContext:
 
             for h in handles:
                 h.abort()
-            # a compile over its limit, or a busy compiler, is the server's state, not a bad request:
-            # 503, which clients retry, rather than 400, which they do not
-            raise RequestError(str(e), status=503 if isinstance(e, GrammarCompileStopped) else 400) from None
+            # a busy or restarting compiler is the server's state: 503, which clients retry. A pattern
+            # too large to compile stays a 400: a retry would spend the whole time limit again.
+            transient = isinstance(e, GrammarCompileStopped) and e.transient
+            raise RequestError(str(e), status=503 if transient else 400) from None
         return handles
 
     async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:
