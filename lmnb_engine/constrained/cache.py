@@ -66,8 +66,7 @@ class GrammarCache:
             try:
                 fut = executor.submit(compile_grammar, regex, vocab, **limits)
             except RuntimeError:  # "cannot schedule new futures after shutdown"
-                raise GrammarCompileStopped(f"the constraint {regex[:80]!r} was not compiled: the engine shut down",
-                                            by_shutdown=True) from None
+                raise GrammarCompileStopped.for_shutdown(regex) from None
             self._entries[key] = fut
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
@@ -217,8 +216,7 @@ class GrammarBackend:
                 return fut.result(timeout=self.compile_timeout_s)
         except CancelledError:
             if self._children.stopped:
-                raise GrammarCompileStopped("the constraint was not compiled: the engine shut down",
-                                            by_shutdown=True) from None
+                raise GrammarCompileStopped.for_shutdown(regex) from None
             raise GrammarCompileStopped(busy, transient=True) from None
         except FutureTimeout:
             if fut.cancel():  # never started: every worker is busy with other, slow patterns

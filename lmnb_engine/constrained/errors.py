@@ -26,3 +26,8 @@ class GrammarCompileStopped(GrammarError):
         super().__init__(message)
         self.by_shutdown = by_shutdown
         self.transient = transient or by_shutdown
+
+    @classmethod
+    def for_shutdown(cls, regex: str) -> "GrammarCompileStopped":
+        """The error of a constraint that was not compiled because its engine shut down first."""
+        return cls(f"the constraint {regex[:80]!r} was not compiled: the engine shut down", by_shutdown=True)

@@ -32,7 +32,7 @@ import warnings
 # under 2 GiB, while an exploding automaton reaches it in seconds.
 DEFAULT_MEMORY_BYTES = 8 << 30
 
-_lock = threading.Lock()  # guards every ChildGroup: a child starts, or is killed, under it
+_lock = threading.Lock()  # guards every ChildGroup: a child is registered, or killed, under it
 
 
 class ChildGroup:
@@ -94,23 +94,25 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
     env = dict(os.environ, PYTHONSAFEPATH="1")  # the script's folder must not shadow stdlib names
     argv = [sys.executable or "", os.path.abspath(__file__), str(memory_bytes or 0), str(timeout_s or 0)]
     groups = [_ALL] + ([owner] if owner is not None else [])
-    with _lock:  # a stop() that came first wins: no child starts after it
-        if any(g.stopped for g in groups):
-            raise IndexBuildError("stopped")
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=env)
-        except OSError as e:  # no usable interpreter to start: build here (no limits) rather than fail
-            proc, cause = None, e
-        else:
-            for g in groups:
-                g.procs.add(proc)
-    if proc is None:
-        warnings.warn(f"cannot start a grammar compile process ({sys.executable!r}: {cause}); building in this "
+    if any(g.stopped for g in groups):
+        raise IndexBuildError("stopped")
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    except OSError as e:  # no usable interpreter to start: build here (no limits) rather than fail
+        warnings.warn(f"cannot start a grammar compile process ({sys.executable!r}: {e}); building in this "
                       "process, without the time and memory limits", RuntimeWarning, stacklevel=2)
         from outlines_core import Index
 
         return Index(regex, vocabulary)
+    with _lock:  # registered, or killed at once if a stop() came while it started: none escapes a stop
+        stopped = any(g.stopped for g in groups)
+        if not stopped:
+            for g in groups:
+                g.procs.add(proc)
+    if stopped:
+        proc.kill()
+        proc.wait()
+        raise IndexBuildError("stopped")
     try:
         out, err = proc.communicate(pickle.dumps((regex, vocabulary)), timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -131,8 +133,8 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
             return value
         raise ValueError(value)
     tail = err.decode(errors="replace").strip()[-500:]
-    # Rust aborts on a failed allocation; Python raises MemoryError. (SIGKILL is ours or the OOM
-    # killer's: not told apart, so it is a "crash", which is not cached and may be retried.)
+    # Rust aborts on a failed allocation; Python raises MemoryError. A kill that was not a stop()
+    # (e.g. the OOM killer's SIGKILL) is a "crash", which is not cached and may be retried.
     if "memory allocation" in tail or "MemoryError" in tail:
         raise IndexBuildError("memory", tail)
     if any(g.stopped for g in groups):
