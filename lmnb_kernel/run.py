@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import keyword
 import os
 import sys
 import time
@@ -59,8 +58,9 @@ def run(args) -> int:
     except OSError as e:
         print(f"lmnb run: cannot write {out}: {e}", file=sys.stderr)
         return 2
-    bad = [k for k, _ in args.parameter if not k.isidentifier()
-           or unicodedata.normalize("NFKC", k) in (*keyword.kwlist, "__debug__")]
+    from lmnb.template.parser import is_reserved
+
+    bad = [k for k, _ in args.parameter if not k.isidentifier() or is_reserved(k)]
     if bad:  # the injected cell would be a SyntaxError, found only once the kernel has started
         print(f"lmnb run: -p {bad[0]!r} is not a Python variable name; name a variable the notebook sets",
               file=sys.stderr)

@@ -11,6 +11,19 @@ def line_col(source: str, offset: int, first_line: int = 1) -> tuple[int, int]:
     return line + first_line, col
 
 
+def offset_of(source: str, line: int, col: int) -> int:
+    """Character offset in ``source`` of 1-based ``line``, 0-based character ``col`` (the inverse
+    of ``line_col`` with ``first_line=1``)."""
+    lines = source.split("\n")
+    return sum(len(x) + 1 for x in lines[: line - 1]) + col
+
+
+def node_offset(source: str, node) -> int:
+    """Character offset in ``source`` of an ``ast`` node (ast columns count UTF-8 bytes)."""
+    line = source.split("\n")[node.lineno - 1]
+    return offset_of(source, node.lineno, len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace")))
+
+
 class TemplateError(Exception):
     """A problem located in a cell: ``line``/``col`` (1-based) say where, ``message`` says what.
 

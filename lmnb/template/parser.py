@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lmnb.template import options as opts
-from lmnb.template.errors import TemplateSyntaxError
+from lmnb.template.errors import TemplateSyntaxError, node_offset, offset_of
 from lmnb.template.nodes import (
     Expr, Fork, Interp, Media, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
 )
@@ -249,8 +249,7 @@ class _Parser:
         allowed = opts.allowed(kind)
         comment = _comment_at(rest)
         if comment is not None:
-            raise self.error("a comment (#) cannot go inside {...}; put it on a line of its own outside the braces",
-                             rest_at + comment)
+            raise self.error(_COMMENT_IN_HOLE, rest_at + comment)
         starts = _option_starts(rest)
         head_end = starts[0][0] if starts else len(rest)
         head = rest[:head_end].strip().rstrip(",").strip()
@@ -263,7 +262,7 @@ class _Parser:
                     hint="the name is a bare identifier (no quotes); options are written key=value",
                 )
             name = unicodedata.normalize("NFKC", head)  # the name Python code reads it by
-            if _reserved(name):
+            if is_reserved(name):
                 raise self.error(
                     f"{name!r} is reserved in Python, so it cannot name a {kind} result (the variable could "
                     "never be read)", rest_at + _lead(rest), hint=f"pick another name, e.g. {name}_")
@@ -427,7 +426,7 @@ class _Parser:
                 "a fork target must be a name or a tuple of names", offset + lead,
                 hint="e.g. {fork tip in tips} or {fork i, tip in enumerate(tips)}",
             ) from None
-        reserved = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and _reserved(n.id)]
+        reserved = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and is_reserved(n.id)]
         if reserved:  # __debug__ parses as a name, but the exported loop could not assign it
             raise self.error(f"{reserved[0]!r} is reserved in Python, so it cannot be a fork target",
                              offset + lead, hint=f"pick another name, e.g. {reserved[0]}_")
@@ -473,8 +472,7 @@ class _Parser:
         except SyntaxError as e:
             comment = _comment_at(source)
             if comment is not None:  # "#" swallows the closing ")" of the wrapper: say what is wrong
-                raise self.error("a comment (#) cannot go inside {...}; put it on a line of its own "
-                                 "outside the braces", at + comment) from None
+                raise self.error(_COMMENT_IN_HOLE, at + comment) from None
             pos = at + _syntax_offset(source, e)
             hint = "to write literal braces, double them: '{{' and '}}'" if hint_braces else None
             raise self.error(f"invalid Python expression: {e.msg}", pos, hint=hint) from None
@@ -482,7 +480,7 @@ class _Parser:
         for name, node in _free_names(tree):
             if any(r[0] == name for r in refs):
                 continue
-            kind = self.resolve(name, at + _node_offset(wrapped, node) - (node.lineno == 1))
+            kind = self.resolve(name, at + node_offset(wrapped, node) - (node.lineno == 1))
             if kind is not None:
                 refs.append((name, kind))
         code = compile(tree, self.filename, "eval")
@@ -523,9 +521,14 @@ def _is_in_keyword(text: str, i: int) -> bool:
     return not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_")
 
 
-def _reserved(name: str) -> bool:
-    """A keyword, or ``__debug__``: Python code can never assign (or read back) such a variable."""
+def is_reserved(name: str) -> bool:
+    """A keyword, or ``__debug__``, once NFKC-normalized as Python reads names (``ｉｆ`` is ``if``):
+    Python code can never assign (or read back) such a variable."""
+    name = unicodedata.normalize("NFKC", name)
     return keyword.iskeyword(name) or name == "__debug__"
+
+
+_COMMENT_IN_HOLE = "a comment (#) cannot go inside {...}; put it on a line of its own outside the braces"
 
 
 def _comment_at(source: str) -> int | None:
@@ -533,8 +536,7 @@ def _comment_at(source: str) -> int | None:
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.COMMENT:
-                lines = source.split("\n")
-                return sum(len(x) + 1 for x in lines[: tok.start[0] - 1]) + tok.start[1]
+                return offset_of(source, *tok.start)
     except (tokenize.TokenError, SyntaxError):
         pass
     return None
@@ -582,19 +584,10 @@ def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:
     return [(n.id, n) for n in names if n.id not in bound]
 
 
-def _node_offset(text: str, node: ast.AST) -> int:
-    """Character offset in ``text`` of an AST node (ast columns count UTF-8 bytes)."""
-    lines = text.split("\n")
-    line = lines[node.lineno - 1]
-    col = len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace"))
-    return sum(len(x) + 1 for x in lines[: node.lineno - 1]) + col
-
-
 def _syntax_offset(source: str, err: SyntaxError) -> int:
     """Offset in ``source`` of a SyntaxError raised while parsing ``"(" + source + ")"``."""
     lineno = err.lineno or 1
     col = (err.offset or 1) - 1 - (1 if lineno == 1 else 0)
     lines = source.split("\n")
     lineno = min(lineno, len(lines))
-    col = max(0, min(col, len(lines[lineno - 1])))
-    return sum(len(x) + 1 for x in lines[: lineno - 1]) + col
+    return offset_of(source, lineno, max(0, min(col, len(lines[lineno - 1]))))

@@ -8,7 +8,7 @@ import sys
 import tokenize
 from dataclasses import dataclass, field
 
-from lmnb.template.errors import TemplateSyntaxError
+from lmnb.template.errors import TemplateSyntaxError, node_offset, offset_of
 
 
 @dataclass(frozen=True)
@@ -59,15 +59,13 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
     except SyntaxError as e:
         lines = source.split("\n")
         lineno = min(max(e.lineno or 1, 1), len(lines))
-        offset = sum(len(x) + 1 for x in lines[: lineno - 1]) + max((e.offset or 1) - 1, 0)
+        offset = offset_of(source, lineno, max((e.offset or 1) - 1, 0))
         raise TemplateSyntaxError(f"invalid Python: {e.msg}", source, offset, first_line) from None
     found = _yield_in_body(tree)
     if found is not None:  # the body would become a generator function: the cell would run nothing
-        lines = source.split("\n")
-        offset = sum(len(x) + 1 for x in lines[: found.lineno - 1]) + found.col_offset
         raise TemplateSyntaxError("a --python body cannot use yield: it runs as the program's function, which "
                                   "yield would turn into a generator that never runs; use s += ... instead",
-                                  source, offset, first_line)
+                                  source, node_offset(source, found), first_line)
     ast.increment_lineno(tree, first_line - 1)
     return PythonCell(source, first_line, filename, tree)
 
