@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Union
 
 from lmnb.choices import ChoicesSamplingMethod, token_length_normalized
 from lmnb.ir import (
+    OUTPUT_OPTIONS,
     ExprList,
     Gen,
     GenParams,
@@ -272,8 +273,8 @@ def gen(
         ValueError: an invalid regex, JSON schema or dtype, or more than one of regex,
             json_schema, dtype and choices (each decides the output alone).
     """
-    given = [k for k, v in (("regex", regex), ("json_schema", json_schema), ("dtype", dtype), ("choices", choices))
-             if v is not None]
+    chosen = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "choices": choices}
+    given = [k for k in OUTPUT_OPTIONS if chosen[k] is not None]
     if len(given) > 1:
         raise ValueError(f"gen() got both {given[0]} and {given[1]}; set only one")
     if choices is not None:

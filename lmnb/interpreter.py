@@ -187,7 +187,6 @@ class ProgramStateGroup:
     def __init__(self, states: list[ProgramState], src_state: ProgramState):
         self.states = states
         self.src_state = src_state
-        self.joined = False
 
     def __len__(self) -> int:
         return len(self.states)
@@ -234,7 +233,7 @@ class ProgramStateGroup:
         """
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
-        if self.joined:
+        if any(st.stream_executor.joined for st in self.states):
             raise RuntimeError("this fork group was joined already; fork the state again for new branches")
         errors = {}
         for i, st in enumerate(self.states):
@@ -256,7 +255,6 @@ class ProgramStateGroup:
                 messages += ex.messages_[ex.fork_start_messages:]
                 images += ex.images_[ex.fork_start_images:]
         parent = self.src_state.stream_executor
-        self.joined = True
         for ex in exes:
             ex.joined = True
             ex.close()

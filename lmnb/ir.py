@@ -21,6 +21,16 @@ REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"[\w\d\s]*"
 DTYPE_STOPS = (" ", "\n")
 
+# gen() options each of which decides the whole output; a gen takes at most one of them.
+OUTPUT_OPTIONS = ("regex", "json_schema", "dtype", "choices")
+
+
+def is_stop(value: Any) -> bool:
+    """``value`` is a valid ``stop``: None, a string, or a list or tuple of strings."""
+    return value is None or isinstance(value, str) or (
+        isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value))
+
+
 _PARAM_FIELDS = (
     "max_new_tokens",
     "min_new_tokens",
@@ -82,10 +92,8 @@ class GenParams:
     def __post_init__(self) -> None:
         # Checked here, where gen() or run() was called: the engine would name the merged list
         # (with the chat template's stops in it), and a non-list would fail deep inside.
-        stop = self.stop
-        if stop is not None and not isinstance(stop, str) and not (
-                isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop)):
-            raise TypeError(f"stop={stop!r} is invalid: give a string or a list of strings")
+        if not is_stop(self.stop):
+            raise TypeError(f"stop={self.stop!r} is invalid: give a string or a list of strings")
         ids = self.stop_token_ids
         if ids is not None and not (isinstance(ids, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):

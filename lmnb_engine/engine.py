@@ -313,11 +313,15 @@ class Engine:
             raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("empty prompt: give at least one token (a non-empty string or id list)")
+        self._check_in_vocabulary(ids, "prompt token ids")
+        return ids
+
+    def _check_in_vocabulary(self, ids: Sequence[int], what: str) -> None:
+        """Raises ``ValueError`` naming the ids of ``ids`` outside ``[0, vocab_size)``."""
         vocab = self.loaded.config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        return ids
+            raise ValueError(f"{what} {bad[:5]} are outside the vocabulary [0, {vocab})")
 
     @property
     def multimodal(self) -> Any:
@@ -345,10 +349,8 @@ class Engine:
                 "for a dict write SamplingParams(**d) (fields: max_new_tokens, temperature, top_p, stop, ...)"
             )
         params.validate()
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t in params.stop_token_ids or () if t >= vocab]
-        if bad:  # such a token can never be sampled, so the stop would never happen
-            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        # a stop token outside the vocabulary can never be sampled, so the stop would never happen
+        self._check_in_vocabulary(params.stop_token_ids or (), "stop_token_ids")
         n = len(ids)
         if n + params.max_new_tokens > self.context_len:
             raise ValueError(

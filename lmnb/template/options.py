@@ -11,6 +11,8 @@ import json
 import math
 import re
 
+from lmnb.ir import is_stop
+
 
 def allowed(primitive: str) -> tuple[str, ...]:
     """Keyword options of ``lmnb.<primitive>`` other than ``name``, in signature order."""
@@ -55,8 +57,7 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         return f"top_p must be a number in (0, 1], got {value!r}"
     elif key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
         return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
-    elif key == "stop" and value is not None and not (
-            isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)):
+    elif key == "stop" and not is_stop(value):
         return f"stop must be a string or a list of strings, got {value!r}"
     return None
 

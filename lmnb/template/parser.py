@@ -16,6 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lmnb.ir import OUTPUT_OPTIONS
 from lmnb.template import options as opts
 from lmnb.template.errors import TemplateSyntaxError, node_offset, offset_of
 from lmnb.template.nodes import (
@@ -289,7 +290,7 @@ class _Parser:
             options.append(Option(key, expr, rest_at + at))
         if kind == "select" and "choices" not in seen:
             raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
-        clash = [k for k in ("regex", "json_schema", "dtype", "choices") if k in seen]
+        clash = [k for k in OUTPUT_OPTIONS if k in seen]
         if kind == "gen" and len(clash) > 1:
             second = next(o for o in options if o.key == clash[1])
             raise self.error(f"gen takes one of {', '.join(clash)}: they each decide the output; keep one",
