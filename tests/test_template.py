@@ -407,6 +407,9 @@ def test_python_mode_refuses_a_body_that_yields_but_not_a_function_defined_in_it
         parse_python("s += 'Hi'\nif False:\n    yield 1", first_line=2)
     assert (e.value.line, e.value.col) == (4, 5) and "cannot use yield" in str(e.value)
     parse_python("def pieces():\n    yield 'a'\ns += ''.join(pieces())", first_line=2)
+    with pytest.raises(TemplateSyntaxError) as e:  # a lone \r ends a line, for ast and for the caret
+        parse_python("x = 'é'\ry = 'ü'; yield 1", first_line=2)
+    assert (e.value.line, e.value.col) == (3, 10)
 
 
 def test_constant_prefix_is_visible_to_the_batch_tracer():

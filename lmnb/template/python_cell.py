@@ -53,7 +53,7 @@ class PythonCell:
 
 def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> PythonCell:
     """Parse a ``%%lm --python`` body. Raises ``TemplateSyntaxError`` with the cell line and column."""
-    source = source.replace("\r\n", "\n")
+    source = source.replace("\r\n", "\n").replace("\r", "\n")  # a lone \r ends a line for Python too
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as e:

@@ -111,7 +111,7 @@ def build_index(regex: str, vocabulary, timeout_s: float | None, memory_bytes: i
                 g.procs.add(proc)
     if stopped:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # reaps it and closes its pipes
         raise IndexBuildError("stopped")
     try:
         out, err = proc.communicate(pickle.dumps((regex, vocabulary)), timeout=timeout_s)
