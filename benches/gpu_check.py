@@ -28,8 +28,10 @@ Prints one line per check and a verdict; exits 1 if any check fails. Writes ``--
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -169,6 +171,7 @@ def tiny_checkpoint() -> str:
     from lmnb_engine.testing import make_tiny_checkpoint
 
     tmp = tempfile.mkdtemp(prefix="lmnb-check-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     dims = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2) if SMOKE else \
         dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=16,

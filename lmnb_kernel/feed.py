@@ -1,7 +1,8 @@
 """Translate lmnb ``ProgramEvent``s into calls on a cell's ``RunView``.
 
 Runs on the cell's main thread (the pump in ``cellrun``); events were queued by executor threads.
-Lanes: the cell's root state is ``"main"``; fork branch ``(i, j)`` is lane ``"b{i}.{j}"``.
+Lanes: the cell's root state is ``"main"``; fork branch ``(i, j)`` is lane ``"b{i}.{j}"``, and a
+later fork that reuses a branch path (a second ``{fork}`` in the cell) gets ``"b{i}.{j}~2"``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ class ViewFeeder:
 
     def on_state(self, ev) -> None:
         if ev.parent in self.lanes:
-            self.lanes[ev.sid] = "b" + ".".join(map(str, ev.branch))
+            base = lane = "b" + ".".join(map(str, ev.branch))
+            taken, k = set(self.lanes.values()), 1
+            while lane in taken:  # a view lane exists once: a second fork's branch 0 is a new lane
+                k += 1
+                lane = f"{base}~{k}"
+            self.lanes[ev.sid] = lane
             self.branch[ev.sid] = ev.branch
 
     def on_fork(self, ev) -> None:

@@ -4,7 +4,8 @@ nbclient runs every cell in a fresh ``lmnb`` kernel (started from this Python, i
 the executed notebook is saved — also when a cell fails, so nothing is lost — and a summary is
 printed: cells run, tokens and the radix-cache hit rate, read from the ``lmnb`` metadata that each
 ``%%lm`` cell's summary output carries. ``-p`` injects parameters after the cell tagged
-``parameters``, as papermill does (research/jupyter.md §4.4).
+``parameters``, as papermill does (research/jupyter.md §4.4). Ctrl-C interrupts the running cell,
+as JupyterLab's stop button does, and ends the run; a second Ctrl-C shuts the kernel down.
 """
 
 from __future__ import annotations
@@ -73,9 +74,11 @@ def run(args) -> int:
     # Our manager, not one nbclient owns: on SIGINT nbclient cleans up an owned one twice and fails
     # on an assertion. Its signal handler still shuts the kernel down; the end of the run, we do.
     km = kernel_manager()
+    ctrl_c = CtrlC(km)
     client = NotebookClient(
         nb, km=km, timeout=args.timeout, startup_timeout=120, allow_errors=args.allow_errors,
         resources={"metadata": {"path": str(src.resolve().parent)}},
+        on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=ctrl_c.check,
     )
     t0 = time.monotonic()
     failed, status = None, 0
@@ -84,14 +87,17 @@ def run(args) -> int:
     except CellTimeoutError:
         failed, status = f"a cell ran longer than --timeout {args.timeout:g} s", 1
     except DeadKernelError:
-        # On SIGINT or SIGTERM nbclient's own handler shuts the kernel down (and notes the future
-        # it started), so the cell then ends as if the kernel had died.
-        if getattr(client, "_async_cleanup_kernel_future", None) is not None:
-            failed, status = "interrupted (SIGINT or SIGTERM); the kernel was shut down", 130
+        # On a second Ctrl-C, or on SIGTERM (nbclient's own handler, which notes the future it
+        # started), the kernel is shut down, so the cell then ends as if the kernel had died.
+        if ctrl_c.count > 1 or getattr(client, "_async_cleanup_kernel_future", None) is not None:
+            failed, status = "interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down", 130
         else:
             failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
-    except CellControlSignal as e:  # CellExecutionError: the cell raised
-        failed, status = f"a cell failed:\n{e}", 1
+    except (CellControlSignal, Interrupted) as e:  # CellExecutionError: the cell raised
+        if ctrl_c.count:
+            failed, status = f"interrupted (Ctrl-C) in cell {ctrl_c.cell_number}; the cells after it did not run", 130
+        else:
+            failed, status = f"a cell failed:\n{e}", 1
     except RuntimeError as e:  # e.g. "Kernel didn't respond in 120 seconds" at start-up
         failed, status = f"the lmnb kernel failed: {e}", 1
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
@@ -101,6 +107,7 @@ def run(args) -> int:
             nbformat.write(nb, out)
         finally:
             _shutdown(km, busy=failed is not None)
+            km.cleanup_connection_dir()
     print(summary(nb, src, out, time.monotonic() - t0))
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
@@ -123,10 +130,57 @@ def _shutdown(km, busy: bool) -> None:
     run_sync(stop)()
 
 
+class Interrupted(Exception):
+    """Raised into nbclient (from a cell hook) to end the run after a Ctrl-C."""
+
+
+class CtrlC:
+    """Ctrl-C while ``lmnb run`` runs a cell: the first one interrupts the kernel (SIGINT, as
+    JupyterLab's stop button does), so the cell ends with ``KeyboardInterrupt`` and keeps its
+    partial output, and the run stops there, with ``--allow-errors`` too. A second one shuts the
+    kernel down, for a cell that does not stop. (nbclient's own handler shuts the kernel down at
+    once: the cell's reply was lost and the kernel printed a ZMQ traceback.) The kernel runs in a
+    session of its own, so the terminal's Ctrl-C reaches only this process."""
+
+    def __init__(self, km):
+        self.km, self.count, self.cell_number = km, 0, None
+
+    def install(self, notebook) -> None:
+        """``on_notebook_start``: once the kernel is up, replace nbclient's SIGINT handler."""
+        import signal
+
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self._on_sigint)
+        except (NotImplementedError, RuntimeError):  # no signal handlers (Windows, not the main thread)
+            pass
+
+    def check(self, cell, cell_index, **_) -> None:
+        """``on_cell_execute`` / ``on_cell_executed``: remember the cell; after a Ctrl-C, end the run."""
+        if self.count:
+            raise Interrupted(f"interrupted in cell {self.cell_number}")
+        self.cell_number = cell_index + 1
+
+    def _on_sigint(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            print("lmnb run: interrupting the running cell (Ctrl-C again shuts the kernel down)", file=sys.stderr)
+            asyncio.ensure_future(self.km.interrupt_kernel())
+        elif self.count == 2:
+            asyncio.ensure_future(self.km.shutdown_kernel(now=True))
+
+
 def kernel_manager():
     """An ``AsyncKernelManager`` for the ``lmnb`` kernel of this Python, whether or not the spec is
     installed. nbclient needs the async kind: with the blocking ``KernelManager`` it never notices
-    a dead kernel (the run hangs) and never enforces its cell timeout."""
+    a dead kernel (the run hangs) and never enforces its cell timeout.
+
+    On POSIX the kernel's sockets are Unix sockets (``transport="ipc"``) in a private temporary
+    folder: nothing the notebook prints crosses TCP, and ipykernel has no plain-TCP warning to
+    print. The folder is short on purpose (a socket path has at most 107 bytes); the manager's
+    ``cleanup_connection_dir()`` removes it."""
+    import shutil
+    import tempfile
+
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
@@ -136,7 +190,17 @@ def kernel_manager():
                 return KernelSpec(resource_dir="", **kernel_spec())
             return super().get_kernel_spec(kernel_name)
 
-    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs())
+    class _Manager(AsyncKernelManager):
+        def cleanup_connection_dir(self) -> None:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    folder = None
+    options = {}
+    if os.name == "posix":
+        folder = tempfile.mkdtemp(prefix="lmnb-")
+        options = {"transport": "ipc", "connection_file": os.path.join(folder, "kernel.json")}
+    return _Manager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs(), **options)
 
 
 def parse_value(text: str):

@@ -8,7 +8,9 @@ directory (JUPYTER_PATH), with LMNB_MODEL pointing at a tiny checkpoint that has
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ def lmnb_kernel_env() -> dict:
         from lmnb_kernel.install import install
 
         root = Path(tempfile.mkdtemp(prefix="lmnb-kernel-test-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
         install(argparse.Namespace(prefix=str(root / "jp"), sys_prefix=False, user=False, name="lmnb"))
         ckpt = make_tiny_checkpoint(root / "ckpt", max_position_embeddings=8192)
         _ENV = {

@@ -90,30 +90,57 @@ def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
 
 
-def test_ctrl_c_shuts_the_kernel_down_saves_the_outputs_and_exits_130(tmp_path):
+def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str):
+    """``lmnb run`` as a terminal runs it, sent ``signals`` SIGINTs once the cell ``cell`` is
+    running (it touches the file ``{marker}`` first). Returns (exit status, stderr, saved notebook)."""
     import signal
     import subprocess
     import sys
     import time
 
     marker = tmp_path / "started"
-    src = _notebook(tmp_path / "nb.ipynb", "print('first')",
-                    f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(120)")
+    src = _notebook(tmp_path / "nb.ipynb", "print('first')", cell.format(marker=str(marker)), "print('never')")
     out = tmp_path / "out.ipynb"
-    proc = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "run", str(src), "-o", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "lmnb_kernel", "run", str(src), "-o", str(out), *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():  # the second cell is running
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
+        for _ in range(signals):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.0)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    assert "lmnb run: interrupted (SIGINT or SIGTERM); the kernel was shut down" in err
-    assert nbformat.read(out, as_version=4).cells[0].outputs[0]["text"] == "first\n"
+    return proc.returncode, err, nbformat.read(out, as_version=4)
+
+
+@pytest.mark.parametrize("options", [(), ("--allow-errors",)])
+def test_ctrl_c_interrupts_the_running_cell_keeps_its_output_and_ends_the_run_with_130(tmp_path, options):
+    """As JupyterLab's stop button: the cell ends with KeyboardInterrupt and what it printed is
+    kept; the run stops there even with --allow-errors. (Before, the kernel was shut down mid-cell:
+    the cell's output was lost and the kernel printed a ZMQ traceback.)"""
+    cell = ("import pathlib, time\nprint('partial', flush=True)\npathlib.Path({marker!r}).touch()\n"
+            "time.sleep(120)")
+    status, err, done = _run_and_interrupt(tmp_path, cell, 1, *options)
+    assert status == 130, err
+    assert "lmnb run: interrupted (Ctrl-C) in cell 2; the cells after it did not run" in err
+    assert "Traceback" not in err and "without encryption" not in err, err  # ipc transport: no TCP warning
+    assert done.cells[0].outputs[0]["text"] == "first\n"
+    outputs = done.cells[1].outputs
+    assert outputs[0]["text"] == "partial\n" and outputs[-1]["ename"] == "KeyboardInterrupt"
+    assert done.cells[2].get("execution_count") is None
+
+
+def test_a_second_ctrl_c_shuts_down_a_kernel_whose_cell_does_not_stop(tmp_path):
+    cell = ("import pathlib, time\npathlib.Path({marker!r}).touch()\n"
+            "for _ in range(600):\n    try:\n        time.sleep(0.2)\n    except KeyboardInterrupt:\n        pass")
+    status, err, done = _run_and_interrupt(tmp_path, cell, 2)
+    assert status == 130, err
+    assert "lmnb run: interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down" in err
+    assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):

@@ -174,3 +174,20 @@ def test_match_node_leaves_the_tree_and_its_lru_times_alone(ip):
     assert depth - parents[node][1] < n < depth  # the prefix ends inside the node's edge
     run(ip, "%lm flush")
     assert eng.match_node(ids) is None
+
+
+def test_two_forks_in_one_cell_each_get_their_own_lanes(ip):
+    """The second fork's branches used the first fork's lane ids ("b0", "b1"): the view refused
+    them and the second fork's text was lost from it (or drawn in the first fork's lanes)."""
+    import warnings
+
+    cell = "%%lm --static --temperature 0\nA:{fork 2}{gen x max_tokens=2}{join}\nB:{fork 2}{gen y max_tokens=2}{join}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failing view is reported as a UserWarning
+        out = run(ip, cell)
+    view, _ = final_view(out)
+    lanes = {ln["id"]: "".join(s["text"] for s in ln["segments"]) for ln in view["lanes"]}
+    xs, ys = ip.user_ns["x"], ip.user_ns["y"]
+    assert len(lanes) == 5  # main + two branches per fork
+    branch_texts = sorted(t for k, t in lanes.items() if k != "main")
+    assert branch_texts == sorted(xs + ys)  # each branch lane holds exactly its own gen
