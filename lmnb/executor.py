@@ -26,6 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from lmnb import speculative
+from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BaseBackend, Completion, Prompt, finish_reason_dict
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import (
@@ -69,7 +70,17 @@ class ProgramError(RuntimeError):
 
 
 class ProgramAborted(ProgramError):
-    """The state was aborted (``ProgramState.abort`` or Ctrl-C) while it ran."""
+    """The state was aborted (``ProgramState.abort`` or Ctrl-C) while it ran.
+
+    Attributes:
+        branches: the errors of the fork branches that were running under this state (not yet
+            joined) when it was aborted, in fork order, each with its ``branch`` path and its own
+            ``partial_text`` (a branch's text is not in this state's text until it is joined).
+    """
+
+    def __init__(self, message: str, branch: tuple = (), expr: str = "", partial_text: str = ""):
+        super().__init__(message, branch, expr, partial_text)
+        self.branches: list[ProgramError] = []
 
 
 class ForkError(ProgramError):
@@ -217,7 +228,7 @@ class StreamExecutor:
         self.error_: Optional[ProgramError] = None
         self.closed = False  # the program body returned (or the branch was joined)
         self.joined = False  # a fork branch merged into its parent: it takes no more primitives
-        self.speculated_text = ""  # completion-model API speculation left over
+        self.speculation = Speculation()  # completion-model API speculation left over
         self._spec_terms: list[tuple] = []  # chat-model API speculation inside an assistant role
 
         self._cv = threading.Condition()
@@ -383,15 +394,19 @@ class StreamExecutor:
 
     def abort(self) -> None:
         """Stop this state: in-flight requests are aborted, queued primitives skipped."""
+        aborted = None
         with self._cv:
             if self.error_ is None:
-                self.error_ = ProgramAborted("the program state was aborted", self.branch, "", self.text_)
+                self.error_ = aborted = ProgramAborted("the program state was aborted", self.branch, "", self.text_)
             rids = list(self._inflight)
             self._cancel_pending()
+            children = list(self._children)
         for rid in rids:
             self.backend.abort(rid)
-        for c in list(self._children):
+        for c in children:
             c.abort()
+        if aborted is not None:  # what the running branches wrote stays reachable from the root
+            aborted.branches = [c.error_ for c in children if c.error_ is not None]
 
     def reopen(self, default_params: GenParams, stream: bool, listeners: tuple) -> None:
         """Prepare this state for another program run on it (a notebook's next cell): new
@@ -468,10 +483,10 @@ class StreamExecutor:
         if source == "fill" and self._spec_chat_active():
             self._spec_terms.append(("text", value))
             return
-        if self.speculated_text.startswith(value):
-            self.speculated_text = self.speculated_text[len(value):]
+        if self.speculation.text.startswith(value):
+            self.speculation = self.speculation.drop(len(value))
         else:
-            self.speculated_text = ""
+            self.speculation = Speculation()
         self._append(value, source)
 
     def _resolve_params(self, params: GenParams) -> tuple[GenParams, Optional[Callable[[str], Any]]]:
@@ -527,7 +542,7 @@ class StreamExecutor:
             if self._spec_chat_active():
                 self._spec_terms.append(("gen", expr, params, parse))
                 return
-            if not self.backend.is_chat_model and params.stop_list and (params.n or 1) == 1:
+            if not self.backend.is_chat_model and (params.n or 1) == 1:  # SGLang: every gen of a completion model
                 text, meta = speculative.spec_gen(self, params, expr)
                 self._append(text, "gen", expr.name)
                 self._finish_var(expr.name, self._parsed(expr, text, parse, meta), meta)
@@ -654,7 +669,7 @@ class StreamExecutor:
         c.meta_info = dict(self.meta_info)
         c.cur_role = self.cur_role
         c.cur_role_begin_pos = self.cur_role_begin_pos
-        c.speculated_text = self.speculated_text
+        c.speculation = self.speculation
         c.images_ = list(self.images_)  # [issue 10]
         return c
 

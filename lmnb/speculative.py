@@ -21,34 +21,79 @@ if TYPE_CHECKING:
 SPEC_MAX_TRIES = 3  # chat models: calls before giving up on a pattern (SGLang's)
 
 
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """A completion-model speculation left over: ``text`` not yet used by a fill or gen, and
+    ``ends``, the character offset in ``text`` where each of its tokens ends (None when the
+    backend gave no per-token text, or it did not add up to ``text``)."""
+
+    text: str = ""
+    ends: Optional[tuple[int, ...]] = None
+
+    @classmethod
+    def from_completion(cls, text: str, meta: dict) -> "Speculation":
+        tokens = meta.get("output_token_logprobs") or []
+        pieces = [t[2] for t in tokens if isinstance(t, (list, tuple)) and len(t) > 2 and isinstance(t[2], str)]
+        # the tokens may go on past the text: a stop string is matched in them, not returned
+        if len(pieces) != len(tokens) or not "".join(pieces).startswith(text):
+            return cls(text, None)
+        ends, pos = [], 0
+        for piece in pieces:
+            pos += len(piece)
+            ends.append(min(pos, len(text)))
+        return cls(text, tuple(dict.fromkeys(e for e in ends if e > 0)))
+
+    def drop(self, n: int) -> "Speculation":
+        """What is left after the first ``n`` characters are used (a token cut in two counts as one)."""
+        ends = None if self.ends is None else tuple(e - n for e in self.ends if e > n)
+        return Speculation(self.text[n:], ends)
+
+    def end_of_tokens(self, k: int) -> Optional[int]:
+        """Characters in the first ``k`` tokens; None if fewer are left (or boundaries are unknown:
+        then ``k`` characters stand in for ``k`` tokens, SGLang's rule)."""
+        if self.ends is None:
+            return k if len(self.text) >= k else None
+        return self.ends[k - 1] if len(self.ends) >= k else None if k else 0
+
+
 def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, dict]:
     """Completion-model API speculative execution (SGLang's ``_spec_gen``): one call generates
-    ``max(max_new_tokens, num_api_spec_tokens)`` tokens without the gen's stops; this gen takes
-    the text up to its first stop, and the rest is kept for later fills and gens that match."""
+    ``max(max_new_tokens, num_api_spec_tokens)`` tokens without the gen's stops, and this gen
+    takes the text up to its first stop; the rest is kept for later fills and gens that match.
+
+    Without a stop string in it, the gen takes at most ``max_new_tokens`` tokens of the text, as
+    it would without speculation; the call asks for per-token text to find them (SGLang counts
+    characters instead, which is also the fallback where a backend gives no token texts). A gen
+    without stops calls again when fewer tokens than that are left over.
+    """
     stops = params.stop_list
+    limit = params.max_new_tokens  # resolved by the executor (the run's default, else 128)
 
     def first_stop(text: str) -> int:
         hits = [i for i in (text.find(s) for s in stops) if i >= 0]
         return min(hits) if hits else -1
 
-    pos = first_stop(ex.speculated_text) if ex.speculated_text else -1
     meta: dict = {"speculative": True}
-    if pos < 0:
+    left = ex.speculation
+    serves = first_stop(left.text) >= 0 if stops else bool(left.text) and left.end_of_tokens(limit or 0) is not None
+    if not serves:
         spec = dataclasses.replace(
-            params,
-            max_new_tokens=max(params.max_new_tokens or 0, ex.num_api_spec_tokens),
-            stop=list(ex.chat_template.stop_str),
+            params, max_new_tokens=max(limit or 0, ex.num_api_spec_tokens), stop=list(ex.chat_template.stop_str),
+            return_logprob=True, return_text_in_logprobs=True,
         )
         comps = ex._call(ex.backend.generate, ex._prompt(), spec)
         ex._check_finish(comps[0].meta_info, expr)
-        ex.speculated_text = comps[0].text
+        left = Speculation.from_completion(comps[0].text, comps[0].meta_info)
         meta = dict(comps[0].meta_info, speculative=True)
-        pos = first_stop(ex.speculated_text)
+        if not params.return_logprob:  # asked for the cut only
+            meta.pop("output_token_logprobs", None)
+            meta.pop("output_top_logprobs", None)
+    pos = first_stop(left.text) if stops else -1
     if pos < 0:
-        text, ex.speculated_text = ex.speculated_text, ""
-    else:
-        text, ex.speculated_text = ex.speculated_text[:pos], ex.speculated_text[pos:]
-    return text, meta
+        end = left.end_of_tokens(limit) if limit is not None else None
+        pos = len(left.text) if end is None else end
+    ex.speculation = left.drop(pos)
+    return left.text[:pos], meta
 
 
 def spec_role_end(ex: "StreamExecutor") -> None:

@@ -3,6 +3,8 @@ Hugging Face computation, streaming is incremental, states continue with their c
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -125,6 +127,27 @@ def test_continuing_a_state_reuses_its_cached_prefix(backend, tiny_engine):
     assert st.get_meta_info("a")["cached_tokens"] >= first_prompt - 1
 
 
+def test_api_speculative_execution_gives_the_same_gens_as_without_it():
+    """Greedy: one speculative call cut at each gen's max_tokens (by the engine's per-token texts)
+    gives exactly what separate calls give. On the demo model, whose tokens are whole characters
+    (a random model's byte tokens do not add up to the text: characters then stand in)."""
+    def prog(s):
+        s += "Q: Where does Arvel live?\nA:" + sgl.gen("a", max_tokens=2)
+        s += sgl.gen("b", max_tokens=3)
+        s += sgl.gen("c", max_tokens=4)
+
+    backend = sgl.Engine()
+    try:
+        plain = sgl.function(prog).run(backend=backend, temperature=0)
+        spec = sgl.function(num_api_spec_tokens=16)(prog).run(backend=backend, temperature=0)
+    finally:
+        backend.shutdown()
+    assert [spec[k] for k in "abc"] == [plain[k] for k in "abc"]
+    assert spec.text() == plain.text()
+    assert [spec.get_meta_info(k)["speculative"] for k in "abc"] == [True] * 3
+    assert spec.get_meta_info("a")["completion_tokens"] == 16  # b and c came from the same call
+
+
 def test_abort_reaches_fork_branches(backend):
     import threading
 
@@ -140,10 +163,20 @@ def test_abort_reaches_fork_branches(backend):
 
     st = prog.run(backend=backend, stream=True)
     assert forked.wait(30)
+    deadline = time.monotonic() + 30
+    while any(f.stream_executor.text_ == "Many words:" for f in holder[0]):  # until both branches streamed
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     st.abort()
     for f in holder[0]:
         with pytest.raises(sgl.ProgramAborted):
             f["w"]
+    # the root's error keeps each branch's partial text (it is not in the root's text until a join)
+    err = st.error()
+    assert err.partial_text == "Many words:"
+    assert [b.branch for b in err.branches] == [(0,), (1,)]
+    for b, f in zip(err.branches, holder[0]):
+        assert b is f.error() and b.partial_text.startswith("Many words:") and len(b.partial_text) > len("Many words:")
 
 
 def test_dtype_int_ends_at_the_first_space_or_newline_and_keeps_it_out_of_the_text(backend, tiny_engine):

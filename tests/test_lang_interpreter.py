@@ -397,6 +397,25 @@ def test_api_speculative_execution_on_a_completion_model_uses_one_call():
     assert st["name"] == " Bob" and be2.kinds() == ["generate", "generate"]
 
 
+def test_api_speculative_gens_without_stops_keep_their_max_tokens():
+    """A gen without stops took the whole speculation (16 tokens for max_tokens=2). With token
+    texts it takes max_tokens tokens; here the backend gives none, so characters stand in for
+    tokens (SGLang's _spec_gen), and a gen asks again when too little is left over."""
+    be = ScriptedBackend(lambda p, params: "abcdefghij")
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += "x" + sgl.gen("a", max_tokens=3)
+        s += sgl.gen("b", max_tokens=4)
+        s += sgl.gen("c", max_tokens=5)
+
+    st = prog.run(backend=be)
+    assert (st["a"], st["b"], st["c"]) == ("abc", "defg", "abcde")  # 3 chars left < 5: a second call
+    assert be.kinds() == ["generate", "generate"]
+    assert be.calls[0][1][1].return_logprob and be.calls[0][1][1].return_text_in_logprobs
+    assert "output_token_logprobs" not in st.get_meta_info("a")  # asked for the cut, not shown
+
+
 def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     replies = iter(["Name: Carol\nAge: 41", "Name: Carol\nAge: 41"])
     be = ScriptedBackend(lambda p, params: next(replies), chat_template=CHATML, is_chat_model=True)
