@@ -162,7 +162,7 @@ def test_text_only_model_rejects_images(tiny_llama):
         eng.scheduler.stop()
 
 
-def test_openai_chat_endpoint_takes_image_parts(engine, hf):
+def test_openai_chat_endpoint_takes_image_parts(engine, hf, tmp_path):
     from fastapi.testclient import TestClient
 
     from lmnb_engine.http_server import create_app
@@ -192,6 +192,12 @@ def test_openai_chat_endpoint_takes_image_parts(engine, hf):
         assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= image_end
         bad = ask("\nq", image_url="data:image/png;base64,AAAA")
         assert bad.status_code == 400 and "not a readable image" in bad.json()["error"]["message"]
+        # a path is not read from the server's disk (its answer would tell whether the file exists)
+        path = tmp_path / "cat.png"
+        path.write_bytes(_png(img))
+        for local in (str(path), f"file://{path}", "/etc/passwd", "/no/such/file.png"):
+            refused = ask("\nq", image_url=local)
+            assert refused.status_code == 400 and "must be a data: URL" in refused.json()["error"]["message"]
 
 
 def test_chunked_prefill_splitting_an_image_matches_transformers(llava_ckpt, hf):

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from lmnb_engine.multimodal import ImageInputError, load_image, sample_video_frames
-from lmnb_engine.multimodal.video import _av_frames, _decord_frames, _pillow_frames, frame_indices, video_backend
+from lmnb_engine.multimodal.video import _av_frames, _decord_frames, _pillow_frames, frame_indices, video_backend, video_readers
 from tests.helpers_multimodal import frame_color, png_bytes, random_image, write_video
 
 
@@ -73,10 +73,14 @@ def test_video_frames_are_the_uniformly_spaced_ones(tmp_path):
     frames = [Image.new("RGB", (8, 8), (i * 30, 0, 0)) for i in range(8)]
     frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
     assert [f.getpixel((0, 0))[0] for f in _pillow_frames(gif, 4)] == [0, 60, 120, 210]
+    # through the public reader too: decord (tried first where installed) cannot read a GIF, so
+    # the next reader takes it instead of the call failing
+    assert [f.getpixel((0, 0))[0] for f in sample_video_frames(gif, 4)] == [0, 60, 120, 210]
     with pytest.raises(ImageInputError, match="positive integer"):
         sample_video_frames(path, 0)
     with pytest.raises(ImageInputError, match="no video file"):
         sample_video_frames(tmp_path / "missing.mp4", 2)
     (tmp_path / "junk.mp4").write_bytes(b"junk" * 10)
-    with pytest.raises(ImageInputError, match="not a readable video"):
+    with pytest.raises(ImageInputError, match="not a readable video") as err:
         sample_video_frames(tmp_path / "junk.mp4", 2)
+    assert all(f"{reader}:" in str(err.value) for reader in video_readers())  # each reader's reason

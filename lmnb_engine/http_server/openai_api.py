@@ -395,6 +395,10 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):
                 raise RequestError(f"messages[{i}] has an image_url part without image_url.url", param="messages")
+            if not url[:5].lower() == "data:":  # a path would be read from the server's own disk
+                raise RequestError(f"messages[{i}] image_url.url must be a data: URL "
+                                   "(data:image/png;base64,...); the server reads no files and fetches no URLs",
+                                   param="messages")
             pieces.append(token)
             images.append(url)
         content = "".join(pieces)

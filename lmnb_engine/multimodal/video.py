@@ -1,7 +1,7 @@
 """Sample ``num_frames`` frames uniformly from a video file.
 
-``decord`` reads the frames when importable (SGLang's reader); else PyAV (``av``); else Pillow,
-which reads animated GIF/WebP/APNG. The frame indices are ``numpy.linspace(0, total - 1, n)``
+``decord`` reads the frames when importable (SGLang's reader); where it is missing or cannot read
+the file, PyAV (``av``); then Pillow, which reads animated GIF/WebP/APNG (decord fails on GIFs). The frame indices are ``numpy.linspace(0, total - 1, n)``
 truncated to integers, as SGLang's video frame extraction samples them, so the first and last
 frames are always included.
 """
@@ -20,15 +20,21 @@ from lmnb_engine.multimodal.image_io import ImageInputError
 DEFAULT_MAX_VIDEO_BYTES = 512 * 2**20
 
 
-def video_backend() -> str:
-    """The reader this machine uses: "decord", "av" or "pillow"."""
+def video_readers() -> list[str]:
+    """The readers this machine has, in the order they are tried: of "decord", "av", "pillow"."""
+    found = []
     for name in ("decord", "av"):
         try:
             __import__(name)
-            return name
+            found.append(name)
         except ImportError:
             continue
-    return "pillow"
+    return found + ["pillow"]
+
+
+def video_backend() -> str:
+    """The reader tried first on this machine: "decord", "av" or "pillow"."""
+    return video_readers()[0]
 
 
 def frame_indices(total: int, num_frames: int) -> list[int]:
@@ -59,17 +65,15 @@ def sample_video_frames(source: Any, num_frames: int, max_bytes: int = DEFAULT_M
         raise ImageInputError(f"no video file at {str(source)!r}; check the path")
     if path.stat().st_size > max_bytes:
         raise ImageInputError(f"video {str(source)!r} is over the limit of {max_bytes} bytes")
-    backend = video_backend()
-    try:
-        if backend == "decord":
-            return _decord_frames(path, num_frames)
-        if backend == "av":
-            return _av_frames(path, num_frames)
-        return _pillow_frames(path, num_frames)
-    except ImageInputError:
-        raise
-    except Exception as e:  # noqa: BLE001 - each reader raises its own types for a bad file
-        raise ImageInputError(f"{str(source)!r} is not a readable video ({backend}: {type(e).__name__}: {e})") from None
+    failures = []
+    for reader in video_readers():
+        try:
+            return _READERS[reader](path, num_frames)
+        except ImageInputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - each reader raises its own types for a bad file
+            failures.append(f"{reader}: {type(e).__name__}: {e}")
+    raise ImageInputError(f"{str(source)!r} is not a readable video ({'; '.join(failures)})")
 
 
 def _decord_frames(path: Path, num_frames: int) -> list[Image.Image]:
@@ -96,3 +100,6 @@ def _pillow_frames(path: Path, num_frames: int) -> list[Image.Image]:
             im.seek(i)
             out.append(im.convert("RGB"))
     return out
+
+
+_READERS = {"decord": _decord_frames, "av": _av_frames, "pillow": _pillow_frames}
