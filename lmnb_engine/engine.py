@@ -147,6 +147,10 @@ class Engine:
         tp_size: tensor parallelism over this many GPUs of the machine (``cuda:0`` ..), or CPU
             processes with ``device="cpu"``: worker processes hold the other shards
             (``lmnb_engine.distributed.launch``); 1 = one device, no workers.
+        grammar_compile_timeout_s: seconds one regex / JSON-schema automaton may take to build
+            before its child process is killed (None = 60).
+        grammar_compile_memory_bytes: address space of that child process (None = 8 GiB; 0 = no
+            limit).
     Raises:
         FileNotFoundError / ValueError: from model loading (unknown path, unsupported
         architecture, ...) or a bad setting; the message names it.
@@ -172,12 +176,15 @@ class Engine:
         cuda_graph_max_bs: Optional[int] = None,
         disable_overlap_schedule: bool = False,
         tp_size: int = 1,
+        grammar_compile_timeout_s: Optional[float] = None,
+        grammar_compile_memory_bytes: Optional[int] = None,
     ) -> None:
         from lmnb_engine.model_loader import load_model
 
         _check_option_types(
             ints=dict(max_total_tokens=max_total_tokens, chunked_prefill_size=chunked_prefill_size,
-                      max_running_requests=max_running_requests, cuda_graph_max_bs=cuda_graph_max_bs, seed=seed),
+                      max_running_requests=max_running_requests, cuda_graph_max_bs=cuda_graph_max_bs, seed=seed,
+                      grammar_compile_memory_bytes=grammar_compile_memory_bytes),
             flags=dict(random_weights=random_weights, disable_radix_cache=disable_radix_cache,
                        mixed_batching=mixed_batching, disable_jump_forward=disable_jump_forward,
                        disable_overlap_schedule=disable_overlap_schedule),
@@ -185,6 +192,17 @@ class Engine:
         )
         if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
             raise ValueError(f"tp_size={tp_size!r} must be an int >= 1 (the number of GPUs to shard over)")
+        t = grammar_compile_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < float("inf")):
+            raise ValueError(f"grammar_compile_timeout_s={t!r} must be a number of seconds > 0 (or None for 60)")
+        if grammar_compile_memory_bytes is not None and grammar_compile_memory_bytes < 0:
+            raise ValueError(f"grammar_compile_memory_bytes={grammar_compile_memory_bytes!r} must be >= 0 "
+                             "(0 = no limit, None = 8 GiB)")
+        self._grammar_limits: dict = {}  # GrammarBackend arguments; its defaults where not given
+        if t is not None:
+            self._grammar_limits["compile_timeout_s"] = float(t)
+        if grammar_compile_memory_bytes is not None:
+            self._grammar_limits["compile_memory_bytes"] = grammar_compile_memory_bytes or None  # 0: no limit
         if tp_size > 1 and cuda_graph_max_bs:
             raise ValueError("CUDA graphs are not captured under tensor parallelism; leave cuda_graph_max_bs unset")
         tp = None
@@ -309,6 +327,9 @@ class Engine:
             ids = self.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            i, bad = next((i, t) for i, t in enumerate(prompt) if not isinstance(t, int) or isinstance(t, bool))
+            raise TypeError(f"a prompt is a string or a list of token ids (ints); item {i} is {bad!r}")
         else:
             raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
@@ -374,7 +395,7 @@ class Engine:
         waits here, on the caller's thread: the scheduler never waits for a compile.
         Raises ``GrammarError`` (a ``ValueError``) naming an unsupported regex feature or schema
         keyword, a pattern this vocabulary can never complete, or a compile that took longer
-        than ``GrammarBackend.compile_timeout_s``."""
+        than ``grammar_compile_timeout_s``."""
         if params.regex is None and params.json_schema is None:
             return None
         from lmnb_engine.constrained import GrammarBackend
@@ -382,7 +403,7 @@ class Engine:
         with self._lock:
             if self._grammar_backend is None:
                 self._grammar_backend = GrammarBackend(
-                    self.tokenizer, self.eos_token_ids, vocab_size=self.loaded.config.vocab_size
+                    self.tokenizer, self.eos_token_ids, vocab_size=self.loaded.config.vocab_size, **self._grammar_limits
                 )
         backend = self._grammar_backend
         regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
@@ -584,16 +605,17 @@ class Engine:
 
         return self._call(flush)
 
-    def pin_prefix(self, token_ids: Sequence[int]) -> int:
-        """Compute (if needed) and lock the KV of ``token_ids`` so it is never evicted; returns a
-        handle for ``unpin``. Pinned tokens count as protected in ``cache_stats``.
+    def pin_prefix(self, token_ids: Union[str, Sequence[int]]) -> int:
+        """Compute (if needed) and lock the KV of ``token_ids`` (token ids, or a text, encoded as
+        ``generate`` encodes it) so it is never evicted; returns a handle for ``unpin``. Pinned
+        tokens count as protected in ``cache_stats``.
 
         Raises ``RuntimeError`` when the radix cache is disabled, computing the prefix failed (the
         message says why), or the pool is too busy to keep the prefix cached until it is locked;
         ``ValueError`` for a bad prefix."""
         if self.scheduler.disable_radix_cache:
             raise RuntimeError("the radix cache is disabled (disable_radix_cache=True); nothing can be pinned")
-        ids = self._to_ids(list(token_ids))
+        ids = self._to_ids(token_ids if isinstance(token_ids, str) else list(token_ids))
         self._check(ids, SamplingParams(max_new_tokens=0))
 
         def lock() -> Optional[int]:

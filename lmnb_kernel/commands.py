@@ -13,7 +13,8 @@ from lmnb_kernel.tables import percent, table
 
 
 def load(args, session: Session) -> None:
-    """``%lm load MODEL``: start a new in-process engine now (named states are dropped)."""
+    """``%lm load [MODEL]``: start a new in-process engine now (named states are dropped); no MODEL:
+    ``$LMNB_MODEL``, else the built-in demo model."""
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                           max_total_tokens=args.max_total_tokens, random_weights=args.random_weights)
     dropped = sorted(session.states)  # they ran on the old engine, whose cache goes with it

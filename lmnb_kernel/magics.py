@@ -39,7 +39,8 @@ def line_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="lm", description="Manage the kernel's LM session.")
     sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
     s = sub.add_parser("load", prog="lm load", help="load a model into a new in-process engine now")
-    s.add_argument("model", help="Hugging Face checkpoint directory or hub id (or a preset with --random-weights)")
+    s.add_argument("model", nargs="?", help="Hugging Face checkpoint directory or hub id (or a preset with "
+                   "--random-weights); default: $LMNB_MODEL, else the built-in demo model")
     s.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     s.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
     s.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens")
@@ -111,7 +112,7 @@ class LMMagics(Magics):
         ``{select NAME choices=[...]}``, ``{user}...{/user}``, ``{fork x in xs}...{join}``), or with
         ``--python`` an lmnb program body whose state is ``s``. Captured variables land in the kernel.
 
-        ``%lm load MODEL | connect URL [--openai MODEL] | stats | tree | states | reset [NAME] |
+        ``%lm load [MODEL] | connect URL [--openai MODEL] | stats | tree | states | reset [NAME] |
         flush | pin NAME | unpin NAME`` manages the engine, the named states and the KV cache.
         """
         if cell is None:
@@ -131,6 +132,7 @@ class LMMagics(Magics):
         getattr(commands, args.command)(args, self.session)
         if args.command in ("load", "connect"):  # a new backend: the old cells' paths are gone with it
             self.recent_cells.clear()
+            self.tree_view = None  # it showed the old engine's nodes (as ghosts, once refreshed)
 
     def show_tree(self) -> None:
         from lmnb_kernel.widgets import TreeView, kv_bytes_per_token

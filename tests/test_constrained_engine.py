@@ -192,3 +192,24 @@ def test_a_draft_after_the_last_prompt_chunk_is_verified_in_one_piece(tiny_llama
             assert r.meta.jumped_tokens > 0
             assert (r.token_ids, r.finish_reason.type) == (ref.token_ids, ref.finish_reason.type)
         assert_idle_accounting(eng)
+
+
+def test_the_grammar_compile_limits_are_engine_options(tiny_llama):
+    from lmnb_engine.constrained import GrammarCompileStopped
+
+    for bad, words in [(dict(grammar_compile_timeout_s=0), "grammar_compile_timeout_s=0 must be a number of seconds > 0"),
+                       (dict(grammar_compile_timeout_s="60"), "grammar_compile_timeout_s='60'"),
+                       (dict(grammar_compile_memory_bytes=-1), "grammar_compile_memory_bytes=-1 must be >= 0")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            Engine(str(tiny_llama), device="cpu", **bad)
+    with pytest.raises(TypeError, match="grammar_compile_memory_bytes must be an int"):
+        Engine(str(tiny_llama), device="cpu", grammar_compile_memory_bytes=1.5)
+    eng = Engine(str(tiny_llama), device="cpu", max_total_tokens=512, grammar_compile_timeout_s=1.5,
+                 grammar_compile_memory_bytes=0)
+    try:
+        # 2**26 DFA states (the unanchored start state doubles per repeat): stopped at 1.5 s, not 60
+        with pytest.raises(GrammarCompileStopped, match="1.5 s"):
+            eng.generate("x", SamplingParams(max_new_tokens=4, regex="a[a-z]{26}"))
+        assert eng._grammar_backend.compile_memory_bytes is None  # 0: no address-space limit
+    finally:
+        eng.shutdown()

@@ -182,6 +182,13 @@ def test_pinned_prefix_survives_pressure_until_unpinned(tiny_llama, hf):
         assert_idle_accounting(eng)
         with pytest.raises(ValueError, match="unknown pin handle"):
             eng.unpin(handle)
+        # a text pins the ids generate() encodes it to
+        text = "json key value true false null list item first second third"
+        handle = eng.pin_prefix(text)
+        assert eng.cache_stats()["protected_tokens"] == len(eng.encode(text))
+        eng.unpin(handle)
+        with pytest.raises(TypeError, match=r"a list of token ids \(ints\); item 1 is 'x'"):
+            eng.pin_prefix([1, "x"])
 
 
 def test_retraction_requeues_requests_and_keeps_outputs(tiny_llama, hf):

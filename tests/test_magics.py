@@ -316,8 +316,15 @@ def test_load_starts_an_engine_now_and_a_failed_load_keeps_the_old_one(ip, tiny_
         assert session.started and session.backend().engine.model_info()["max_total_tokens"] == 4096
         assert str(tiny_llama) in out.outputs[0].data["text/plain"]
         assert run(ip, "%%lm --static --quiet --state kept\nhi{gen k max_tokens=1}")[0].success
+        assert run(ip, "%lm tree")[0].success
         result, out = run(ip, f"%lm load {tiny_llama} --max-total-tokens 4096")
         assert "named states dropped: kept" in out.outputs[0].data["text/plain"] and not session.states
+        _, out = run(ip, "%%lm --static --quiet\nhi{gen k max_tokens=1}")
+        assert out.outputs == []  # the tree of the old engine is not redrawn with the new one's nodes
+        with pytest.MonkeyPatch.context() as mp:  # no MODEL: $LMNB_MODEL (else the demo model)
+            mp.setenv("LMNB_MODEL", str(tiny_llama))
+            result, out = run(ip, "%lm load")
+            assert result.success and session.backend().engine.model_info()["model_path"] == str(tiny_llama)
 
 
 def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_engine(monkeypatch, capsys):

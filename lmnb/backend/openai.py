@@ -118,8 +118,9 @@ class OpenAI(BaseBackend):
         if prompt.role != "assistant" or prompt.role_text.strip():
             raise ValueError(
                 "an OpenAI chat model can only generate at the start of an assistant message "
-                "(s += assistant(gen(...))); to fill text and several gens inside one reply use "
-                "@function(num_api_spec_tokens=N), or use a completion model"
+                "(s += assistant(gen(...)); in a %%lm cell {assistant}{gen x}{/assistant}); to fill text and "
+                "several gens inside one reply use @function(num_api_spec_tokens=N), or use a completion model "
+                "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion)"
             )
         return {"messages": prompt.messages}
 
@@ -197,8 +198,8 @@ class OpenAI(BaseBackend):
         if self.is_chat_model:
             raise NotImplementedError(
                 "select() needs prompt logprobs, which chat APIs do not return; use a completion model "
-                "(OpenAI(..., is_chat_model=False)), lmnb.Engine or lmnb.RuntimeEndpoint, or constrain a "
-                "gen with json_schema {'enum': [...]}"
+                "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion), "
+                "lmnb.Engine or lmnb.RuntimeEndpoint, or constrain a gen with json_schema {'enum': [...]}"
             )
         if unconditional:
             raise NotImplementedError(
