@@ -64,6 +64,7 @@ class ProgramError(RuntimeError):
     def __init__(self, message: str, branch: tuple = (), expr: str = "", partial_text: str = ""):
         where = f"in fork branch {'.'.join(map(str, branch))}: " if branch else ""
         super().__init__(where + message)
+        self.message = message  # without the branch prefix (ForkError names the branch itself)
         self.branch = branch
         self.expr = expr
         self.partial_text = partial_text
@@ -92,7 +93,7 @@ class ForkError(ProgramError):
     """
 
     def __init__(self, errors: dict, states: "ProgramStateGroup"):
-        lines = "; ".join(f"branch {i}: {e}" for i, e in sorted(errors.items()))
+        lines = "; ".join(f"branch {i}: {getattr(e, 'message', e)}" for i, e in sorted(errors.items()))
         super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {lines}")
         self.errors = errors
         self.states = states
@@ -447,7 +448,14 @@ class StreamExecutor:
             self._execute_fill(expr.value)
         elif isinstance(expr, ExprList):
             for e in expr.exprs:
-                self._execute(e)
+                try:
+                    self._execute(e)
+                except Exception as exc:  # named by the part that failed, not the whole list
+                    if isinstance(exc, ProgramError):
+                        raise
+                    self.fail(repr(e), exc)
+                if self.error_ is not None:  # failed (or aborted): the rest of the list is skipped
+                    return
         elif isinstance(expr, Gen):
             self._execute_gen(expr)
         elif isinstance(expr, Select):

@@ -222,9 +222,20 @@ def test_the_error_of_a_long_prompt_names_its_ends_not_all_of_it():
         s += "start " + "word " * 600 + sgl.gen("x")  # the error message held all 3 KB of it
 
     err = prog.run(backend=ScriptedBackend(reply)).error()
+    assert str(err) == "Gen('x') failed: RuntimeError: model exploded"  # the part of the list that failed
+    assert err.expr == "Gen('x')" and err.partial_text == "start " + "word " * 600
+
+    def scores(prompt, choice):
+        raise RuntimeError("model exploded")
+
+    @sgl.function
+    def pick(s):
+        s += "Pick:" + sgl.select("c", choices=["word " * 600, "b"])
+
+    err = pick.run(backend=ScriptedBackend(choice_scores=scores)).error()
     message = str(err)
-    assert len(message) < 300 and message.endswith(", Gen('x')]) failed: RuntimeError: model exploded")
-    assert "ConstantText('start word" in message and " ... " in message
+    assert len(message) < 300 and message.endswith("]) failed: RuntimeError: model exploded")
+    assert message.startswith("Select('c', choices=['word word") and " ... " in message
     assert err.expr.count("word") == 600  # the whole expression stays on the error
 
 
@@ -251,7 +262,8 @@ def test_branch_failure_raises_at_join_with_index_and_keeps_other_branches():
 
     prog.run(backend=be)
     err = seen["error"]
-    assert set(err.errors) == {1} and "branch 1" in str(err)
+    assert set(err.errors) == {1}
+    assert str(err) == "1 of 3 fork branches failed: branch 1: Gen('v') failed: ValueError: cannot do it"
     assert err.errors[1].branch == (1,)
     forks = seen["forks"]
     assert forks[0]["v"] == "good" and forks[2]["v"] == "good"

@@ -246,6 +246,17 @@ def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, promp
                                 prompt_ids[0] if prompt_ids else None, () if req.echo else prompt_ids)
 
 
+def _validate(model: type, body: Any, path: str) -> Any:
+    """``model.model_validate(body)``; an unknown top-level field is refused by name with the
+    fields ``path`` takes (as ``/generate`` does), not with pydantic's "Extra inputs" line."""
+    if isinstance(body, dict):
+        unknown = sorted(k for k in body if k not in model.model_fields)
+        if unknown:
+            raise RequestError(f"unknown field {unknown[0]!r}; {path} takes {sorted(model.model_fields)}",
+                               param=unknown[0])
+    return model.model_validate(body)
+
+
 def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
     """Register the /v1 routes on ``app``."""
     engine = ctx.engine
@@ -266,7 +277,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = CompletionRequest.model_validate(await json_body(request))
+        req = _validate(CompletionRequest, await json_body(request), "/v1/completions")
         check_model(req.model)
         if req.suffix:
             raise RequestError("suffix is not supported", param="suffix")
@@ -309,7 +320,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = ChatRequest.model_validate(await json_body(request))
+        req = _validate(ChatRequest, await json_body(request), "/v1/chat/completions")
         check_model(req.model)
         if req.tools or req.tool_choice not in (None, "none"):
             raise RequestError("tool calling is not supported by lmnb serve", param="tools")

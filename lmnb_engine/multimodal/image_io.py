@@ -76,7 +76,7 @@ def load_image(
         _check_pixels(image, max_pixels, "the PIL image")
         return _finish(image, "the PIL image")
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _decode(bytes(source), max_bytes, max_pixels, f"the {len(source)}-byte image data")
+        return _decode(bytes(source), max_bytes, max_pixels, "the image data")
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if not isinstance(source, str):
