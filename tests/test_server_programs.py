@@ -196,6 +196,36 @@ def test_echoed_completion_text_offsets_index_the_returned_text(backends, engine
     assert text[expected[-1]:].startswith(lp.tokens[len(accented) - 1])
 
 
+def test_streamed_logprobs_come_with_their_chunks_and_add_up_to_the_unstreamed_ones(backends):
+    """OpenAI and vLLM stream each chunk's tokens' logprobs with it (before: all in the last chunk)."""
+    _, _, url = backends
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Say something."}]
+    kw = dict(model="tiny", max_tokens=12, temperature=0)
+    whole = client.chat.completions.create(messages=messages, logprobs=True, top_logprobs=2, **kw).choices[0]
+    chunks = [c.choices[0] for c in client.chat.completions.create(
+        messages=messages, logprobs=True, top_logprobs=2, stream=True, **kw) if c.choices]
+    with_lps = [c for c in chunks if c.logprobs is not None and c.logprobs.content]
+    assert len(with_lps) > 1  # not one block at the end
+    streamed = [t for c in with_lps for t in c.logprobs.content]  # (the second request hits the cache:
+    assert [t.token for t in streamed] == [t.token for t in whole.logprobs.content]  # float noise only)
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in whole.logprobs.content], abs=1e-4)
+    assert [[a.token for a in t.top_logprobs] for t in streamed] == \
+        [[a.token for a in t.top_logprobs] for t in whole.logprobs.content]
+    for c in with_lps:  # each chunk's tokens spell its text (none of them is a byte of a split character)
+        if all("\ufffd" not in t.token for t in c.logprobs.content):
+            assert "".join(t.token for t in c.logprobs.content) == c.delta.content
+
+    whole = client.completions.create(prompt="The river", logprobs=2, **kw).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(prompt="The river", logprobs=2, stream=True, **kw)]
+    with_lps = [c.logprobs for c in chunks if c.logprobs is not None]
+    assert len(with_lps) > 1
+    for key in ("tokens", "text_offset"):  # offsets index the whole text
+        assert [x for lp in with_lps for x in getattr(lp, key)] == getattr(whole.logprobs, key), key
+    assert [x for lp in with_lps for x in lp.token_logprobs] == pytest.approx(whole.logprobs.token_logprobs, abs=1e-4)
+    assert [list(t) for lp in with_lps for t in lp.top_logprobs] == [list(t) for t in whole.logprobs.top_logprobs]
+
+
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):
     _, remote, url = backends
     chat = sgl.OpenAI("tiny", base_url=f"{url}/v1")

@@ -213,26 +213,34 @@ def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
     return {"content": content}
 
 
-def _completion_logprobs(engine: Any, lps: list, offset: int, first_id: Optional[int] = None,
-                         context: Sequence[int] = ()) -> dict:
-    """OpenAI's completions ``logprobs`` object; ``first_id`` names prompt token 0 (echo), which
-    has no context and hence a null logprob. ``text_offset`` indexes the returned text: the
-    tokens are decoded in sequence (after ``context``, the prompt ids when it is not echoed), so
-    special tokens (a BOS) take no width and the byte tokens of one character share its offset."""
-    tokens, values, tops, offsets = [], [], [], []
-    text = IncrementalDetokenizer(engine, context, skip_special_tokens=True)  # decodes with engine.decode
-    for lp in lps:
-        tid = first_id if lp is None else lp.token_id
-        tokens.append("" if tid is None else _token(engine, tid))
-        values.append(None if lp is None else finite(lp.logprob))
-        tops.append({_token(engine, t): finite(v) for t, v in lp.top} if lp is not None and lp.top else None)
-        start = len(text.text)  # where the text this token adds (or completes) begins
-        delta = text.add(tid) if tid is not None else ""
-        own = engine.decode([tid], skip_special_tokens=True) if delta.startswith(_REPLACEMENT) else ""
-        if own and not own.startswith(_REPLACEMENT) and delta.endswith(own):
-            start += len(delta) - len(own)  # after the U+FFFD of earlier byte tokens that never formed a character
-        offsets.append(offset + start)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+class CompletionLogprobs:
+    """OpenAI's completions ``logprobs`` objects of one choice, token by token (``add`` per
+    streamed chunk, or once for the whole reply). ``first_id`` names prompt token 0 (echo), which
+    has no context and hence a null logprob. ``text_offset`` indexes the returned text from
+    ``offset``: the tokens are decoded in sequence (after ``context``, the prompt ids when it is not
+    echoed), so special tokens (a BOS) take no width and the byte tokens of one character share
+    its offset."""
+
+    def __init__(self, engine: Any, offset: int, first_id: Optional[int] = None, context: Sequence[int] = ()):
+        self.engine, self.offset, self.first_id = engine, offset, first_id
+        self.text = IncrementalDetokenizer(engine, context, skip_special_tokens=True)  # decodes with engine.decode
+
+    def add(self, lps: list) -> dict:
+        """The object for ``lps`` (``TokenLogprob``s, None for prompt token 0), the next tokens."""
+        engine = self.engine
+        tokens, values, tops, offsets = [], [], [], []
+        for lp in lps:
+            tid = self.first_id if lp is None else lp.token_id
+            tokens.append("" if tid is None else _token(engine, tid))
+            values.append(None if lp is None else finite(lp.logprob))
+            tops.append({_token(engine, t): finite(v) for t, v in lp.top} if lp is not None and lp.top else None)
+            start = len(self.text.text)  # where the text this token adds (or completes) begins
+            delta = self.text.add(tid) if tid is not None else ""
+            own = engine.decode([tid], skip_special_tokens=True) if delta.startswith(_REPLACEMENT) else ""
+            if own and not own.startswith(_REPLACEMENT) and delta.endswith(own):
+                start += len(delta) - len(own)  # after the U+FFFD of earlier byte tokens that never formed a character
+            offsets.append(self.offset + start)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, prompt_ids: list) -> Optional[dict]:
@@ -242,8 +250,8 @@ def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, promp
     if req.logprobs is None:
         return None
     head = list(result.prompt_logprobs or []) if req.echo else []
-    return _completion_logprobs(engine, head + list(result.logprobs or []), 0 if req.echo else len(prompt_text),
-                                prompt_ids[0] if prompt_ids else None, () if req.echo else prompt_ids)
+    return CompletionLogprobs(engine, 0 if req.echo else len(prompt_text), prompt_ids[0] if prompt_ids else None,
+                              () if req.echo else prompt_ids).add(head + list(result.logprobs or []))
 
 
 def _validate(model: type, body: Any, path: str) -> Any:
@@ -421,8 +429,11 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
 
 async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kind: str, req: Any,
                   texts: Optional[list] = None, prompt_ids: Optional[list] = None) -> AsyncIterator[str]:
-    """SSE chunks of a streamed completion or chat completion (OpenAI's chunk format); a choice's
-    logprobs come with its last chunk (with echo, the prompt's too, as in the unstreamed reply)."""
+    """SSE chunks of a streamed completion or chat completion (OpenAI's chunk format). Each chunk
+    carries the logprobs of the tokens whose text it carries (a token whose bytes end inside a
+    character waits for the chunk that completes it), as OpenAI and vLLM stream them; with
+    ``echo``, a choice's logprobs all come with its last chunk, the prompt's first, as in the
+    unstreamed reply (the prompt's are known only at the end)."""
     engine = ctx.engine
     chat = kind == "chat.completion.chunk"
 
@@ -436,6 +447,9 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
 
     results = []
     base = 0
+    # Logprobs go with the chunk that carries their tokens' text, except with echo: the prompt's
+    # come first in a choice's logprobs and are known only at the end.
+    streamed = bool(req.logprobs) if chat else req.logprobs is not None and not req.echo
     try:
         for k, h in enumerate(handles):
             if chat:
@@ -444,18 +458,26 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
             elif req.echo:
                 for i in range(h.n):
                     yield chunk([{"index": base + i, "text": texts[k], "logprobs": None, "finish_reason": None}])
+            waiting: dict[int, list] = {}  # sample -> logprobs of its tokens whose text is not sent yet
+            offsets: dict[int, CompletionLogprobs] = {}  # sample -> its completions logprobs so far
             async for ev in ctx.events(h):
                 i = base + ev.index
                 done = ev.finished and ev.result is not None
+                if streamed:
+                    waiting.setdefault(ev.index, []).extend(ev.logprobs or [])
                 if not ev.text_delta and not done:
                     continue
                 lp = None
                 if done:
                     results.append(ev.result)
-                    if chat and req.logprobs:
-                        lp = _chat_logprobs(engine, ev.result.logprobs)
-                    elif not chat:
-                        lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])
+                lps = waiting.pop(ev.index, None)
+                if lps and chat:
+                    lp = _chat_logprobs(engine, lps)
+                elif lps:
+                    so_far = offsets.setdefault(ev.index, CompletionLogprobs(engine, len(texts[k]), None, prompt_ids[k]))
+                    lp = await ctx.run(so_far.add, lps)
+                elif done and not chat and req.logprobs is not None and req.echo:
+                    lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])
                 finish = _finish(ev.result) if done else None
                 if chat:
                     delta = {"content": ev.text_delta} if ev.text_delta else {}
