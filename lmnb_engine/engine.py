@@ -22,6 +22,7 @@ from lmnb_engine.outputs import GenerateResult, StreamEvent
 from lmnb_engine.params import SamplingParams
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
+from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
 
 # [issue 10] a MultimodalPrompt (or {"text": ..., "images": [...]}) carries images for LLaVA models
@@ -192,6 +193,10 @@ class Engine:
         )
         if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
             raise ValueError(f"tp_size={tp_size!r} must be an int >= 1 (the number of GPUs to shard over)")
+        if schedule_policy not in POLICIES:  # before loading (and starting tensor-parallel workers)
+            raise ValueError(f"unknown schedule_policy {schedule_policy!r}; choose one of {', '.join(POLICIES)}")
+        if chunked_prefill_size is not None and chunked_prefill_size < 1:
+            raise ValueError(f"chunked_prefill_size={chunked_prefill_size} must be >= 1 (None: the default)")
         t = grammar_compile_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < float("inf")):
             raise ValueError(f"grammar_compile_timeout_s={t!r} must be a number of seconds > 0 (or None for 60)")
@@ -234,14 +239,19 @@ class Engine:
             mixed_batching=mixed_batching,
             overlap_schedule=not disable_overlap_schedule,
         )
-        self.scheduler = Scheduler(
-            self.runner,
-            self.loaded.tokenizer,
-            self.loaded.eos_token_ids,
-            self.context_len,
-            config,
-            disable_radix_cache=disable_radix_cache,
-        )
+        try:
+            self.scheduler = Scheduler(
+                self.runner,
+                self.loaded.tokenizer,
+                self.loaded.eos_token_ids,
+                self.context_len,
+                config,
+                disable_radix_cache=disable_radix_cache,
+            )
+        except BaseException:  # the workers and the process group would outlive this engine
+            if self._tp_group is not None:
+                self._tp_group.shutdown()
+            raise
         self.disable_jump_forward = disable_jump_forward
         self._mm_processor: Any = None  # [issue 10] lmnb_engine.multimodal.processor, made on first use
         self._grammar_backend: Any = None  # lmnb_engine.constrained.GrammarBackend, made on first use

@@ -40,6 +40,17 @@ class TokenGrammar(Protocol):
     def is_terminated(self) -> bool: ...
 
 
+
+def seed_32(seed: int) -> int:
+    """The 32-bit seed of torch's CPU generator for a 64-bit request ``seed``: its mt19937 keeps
+    only the low 32 bits, so 0, 2**32 and 5 * 2**40 drew the same samples. The seed (mod 2**64) is
+    mixed with SplitMix64's finalizer (Steele et al., 2014) and the high half kept, so seeds that
+    differ anywhere give different streams (up to chance collisions among 2**32)."""
+    z = (seed + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 32
+
 class ReqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -96,7 +107,7 @@ class Req:
 
         # sampling state
         self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(seed)
+        self.generator.manual_seed(seed_32(seed))
         self.stop_token_ids = frozenset(params.stop_token_ids or ())
 
         # output state

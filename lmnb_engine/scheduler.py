@@ -140,6 +140,7 @@ class Scheduler:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._stopped = threading.Event()
+        self._post_lock = threading.Lock()  # a command is queued before the stop, or refused after it
         self.reset_stats()
 
     # --- setup and stats ------------------------------------------------------------------------
@@ -190,10 +191,11 @@ class Scheduler:
         return self._post("call", fn)
 
     def _post(self, kind: str, payload: Any) -> Future:
-        if not self.alive:
-            raise RuntimeError("the engine is shut down; create a new Engine")
         fut: Future = Future()
-        self._inbox.put((kind, payload, fut))
+        with self._post_lock:  # else a command put just after the stop drained the inbox waits forever
+            if not self.alive:
+                raise RuntimeError("the engine is shut down; create a new Engine")
+            self._inbox.put((kind, payload, fut))
         return fut
 
     def _loop(self) -> None:
@@ -219,8 +221,9 @@ class Scheduler:
             kind, payload, fut = item
             if kind == "stop":
                 self._abort_all("engine shut down")
-                self._stopped.set()
-                self._fail_pending_commands()
+                with self._post_lock:
+                    self._stopped.set()
+                self._fail_pending_commands()  # everything posted before the stop: nothing comes after
                 return False
             if fut is not None and fut.set_running_or_notify_cancel():
                 try:

@@ -216,6 +216,36 @@ def test_bounded_schema_fields_validate_with_jsonschema():
             assert bool(rx.fullmatch(text)) == valid, text
 
 
+def test_date_formats_match_exactly_what_the_format_checker_accepts():
+    """outlines-core's date grammar took Unicode digits (through \\d), month 13 and 31 February;
+    its date-time took years of any length and no time zone. The references: Python's
+    ``date.fromisoformat`` (which jsonschema's "date" check uses) and jsonschema's format checker."""
+    import datetime
+
+    checker = jsonschema.FormatChecker()
+    assert "date-time" in checker.checkers  # rfc3339-validator is installed: the check is real
+    date = re.compile(schema_to_regex({"type": "string", "format": "date"}))
+    for year in ("0000", "0001", "0004", "0100", "0400", "1900", "2000", "2023", "2024", "9999"):
+        for month in range(14):
+            for day in range(33):
+                text = f"{year}-{month:02d}-{day:02d}"
+                try:
+                    datetime.date.fromisoformat(text)
+                    valid = True
+                except ValueError:
+                    valid = False
+                assert bool(date.fullmatch(json.dumps(text))) == valid == checker.conforms(text, "date"), text
+    assert not date.fullmatch(json.dumps("２０２４-01-01")) and not date.fullmatch(json.dumps("12024-01-01"))
+    stamp = re.compile(schema_to_regex({"type": ["string", "null"], "format": "date-time"}))
+    for text in ("2024-02-29T23:59:59Z", "1999-12-31T00:00:00.123456+05:30", "0001-01-01T12:30:00-00:00",
+                 "2023-02-29T00:00:00Z", "2024-01-01T24:00:00Z", "2024-01-01T00:00:00", "-2024-01-01T00:00:00Z",
+                 "12024-01-01T00:00:00Z", "2024-01-01 00:00:00Z", "2024-01-01T00:60:00Z", "2024-01-01T00:00:00+24:00"):
+        assert bool(stamp.fullmatch(json.dumps(text))) == checker.conforms(text, "date-time"), text
+    assert stamp.fullmatch("null")
+    with pytest.raises(GrammarError, match="format 'date' and maxLength"):
+        schema_to_regex({"type": "string", "format": "date", "maxLength": 10})
+
+
 def test_pydantic_model_class_is_accepted(backend):
     class Item(pydantic.BaseModel):
         name: str = pydantic.Field(max_length=5)

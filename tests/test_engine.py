@@ -80,6 +80,20 @@ def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(engine):
     batch = engine.generate(prompts(engine), params)
     assert batch[0].token_ids == alone
     assert engine.generate(p, params.copy(seed=99)).token_ids != alone
+    # the whole 64-bit seed counts: torch's CPU generator keeps only the low 32 bits, so these
+    # drew the same samples (seeds are mixed to 32 bits first)
+    outs = [tuple(engine.generate(p, params.copy(seed=s)).token_ids) for s in (1234, 1234 + 2**32, 1234 + 2**40, -1, 2**63 - 1)]
+    assert len(set(outs)) == len(outs)
+
+
+def test_seeds_are_mixed_by_splitmix64():
+    from lmnb_engine.request import seed_32
+
+    # SplitMix64 from state 0 (Steele, Lea and Flood 2014; java.util.SplittableRandom): the first
+    # output is 0xE220A8397B1DCDAF, the second 0x6E789E6AA1B965F4 (state 2 golden gammas in)
+    assert seed_32(0) == 0xE220A839
+    assert seed_32(0x9E3779B97F4A7C15) == 0x6E789E6A
+    assert seed_32(-1) == seed_32(2**64 - 1)  # seeds are taken mod 2**64, as torch takes them
 
 
 def test_n_samples_share_one_prefill(engine):

@@ -41,6 +41,18 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         Engine(str(tmp_path / "missing"), disable_radix_cache="no")
     with pytest.raises(TypeError, match=r"mem_fraction must be a number"):
         Engine(str(tmp_path / "missing"), mem_fraction="0.5")
+    # scheduler settings too: found after a tensor-parallel start, they left its worker and the
+    # process group behind, and no later tensor-parallel engine could start in the process
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    for bad, words in [(dict(schedule_policy="nope"), "unknown schedule_policy 'nope'"),
+                       (dict(chunked_prefill_size=0), "chunked_prefill_size=0 must be >= 1"),  # was: the default
+                       (dict(chunked_prefill_size=-1), "chunked_prefill_size=-1 must be >= 1")]:
+        with pytest.raises(ValueError, match=words):
+            Engine(str(tmp_path / "missing"), tp_size=2, device="cpu", **bad)
+    assert not multiprocessing.active_children() and not dist.is_initialized()
 
 
 @pytest.mark.parametrize(
@@ -327,6 +339,38 @@ def test_a_constrained_request_failed_on_its_prompt_finishes_once(engine, monkey
     assert [e.finished for e in h.events(timeout=5)] == [True] and r.token_ids == []
     monkeypatch.setattr(engine.runner, "forward", real_forward)
     assert_idle_accounting(engine)
+
+
+def test_a_request_posted_while_the_engine_stops_is_aborted_not_left_waiting(tiny_llama):
+    """The liveness check and the queueing of a command were not atomic with the stop: a command
+    queued just after the stop had drained the queue was never answered (its caller waited forever)."""
+    import threading
+    import time
+
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    inbox = eng.scheduler._inbox
+
+    class SlowInbox:  # widens the window between the check and the put, for one thread only
+        def put(self, item):
+            if threading.current_thread().name == "late":
+                time.sleep(0.5)
+            inbox.put(item)
+
+        def get(self, *a, **k):
+            return inbox.get(*a, **k)
+
+        def get_nowait(self):
+            return inbox.get_nowait()
+
+    eng.scheduler._inbox = SlowInbox()
+    out = {}
+    late = threading.Thread(name="late", target=lambda: out.update(h=eng.submit([5, 6, 7], GREEDY)))
+    late.start()
+    time.sleep(0.1)  # the late thread has passed the check and sleeps before its put
+    eng.shutdown()
+    late.join(10)
+    r = out["h"].result(timeout=10)
+    assert r.finish_reason.type == "abort" and r.finish_reason.message == "engine shut down"
 
 
 def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):

@@ -12,7 +12,10 @@ of its behaviours would break the guarantee that output validates, so this modul
   placeholder constant before building and the placeholder is swapped for the bounded grammar
   from ``numeric.py`` after.
 * Some ``format`` grammars emit JSON-invalid strings (``email``, ``time``, ``uri`` allow an
-  unescaped quote or backslash), so only ``date``, ``date-time`` and ``uuid`` are accepted.
+  unescaped quote or backslash), so only ``date``, ``date-time`` and ``uuid`` are accepted; and
+  its ``date`` and ``date-time`` allow dates that are not (any Unicode digit, a
+  month 13, a 31 February, years of any length, no time zone), so those two are replaced with
+  RFC 3339's grammar (``_DATE``, ``_DATE_TIME``): what jsonschema's format checker accepts.
 
 Objects never get keys beyond ``properties`` (``additionalProperties`` is accepted, but extra keys
 are not generated, which keeps every output valid). Accepted inputs: a ``dict``, a JSON string,
@@ -48,6 +51,18 @@ _FORMATS = {"date", "date-time", "uuid"}
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _PLACEHOLDER = "LMNBBOUNDEDNUMBER{}X"  # letters and digits only: appears verbatim in the regex
+
+# RFC 3339 §5.6 full-date: years 0001-9999 (Python's and so jsonschema's range), each month's days,
+# 29 February in leap years (divisible by 4, centuries only by 400); ASCII digits only.
+_YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+         f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
+# date-time: full-date "T" hh:mm:ss, up to 6 fraction digits, then "Z" or an offset (the upper-case
+# letters, and no leap second 60: a subset of RFC 3339 that every validator accepts).
+_DATE_TIME = (f"{_DATE}T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{{1,6}})?"
+              "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
+_FORMAT_REGEX = {"date": _DATE, "date-time": _DATE_TIME}
 
 
 def load_schema(schema: Any) -> dict:
@@ -205,7 +220,30 @@ class _Rewriter:
                 node[key] = self.visit(node[key], f"{where}/{key}")
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)
+        if node.get("format") in _FORMAT_REGEX and "enum" not in node and "const" not in node:
+            return self._formatted(node, where)
         return node
+
+    def _formatted(self, node: dict, where: str) -> dict:
+        """A ``date`` / ``date-time`` string: a placeholder for RFC 3339's grammar (``_DATE``)."""
+        fmt = node["format"]
+        clash = [k for k in ("pattern", "minLength", "maxLength") if k in node]
+        if clash:
+            raise GrammarError(f"JSON schema at {where} has format {fmt!r} and {clash[0]}; constrained decoding "
+                               f"enforces one of them: drop {clash[0]} (the format fixes the shape)")
+        types = node.get("type", "string")
+        types = [types] if isinstance(types, str) else list(types)
+        if "string" not in types:
+            return node  # the format applies to strings only: nothing to narrow
+        name = _PLACEHOLDER.format(len(self.fragments))
+        self.fragments[name] = f'"{_FORMAT_REGEX[fmt]}"'
+        others = [t for t in types if t != "string"]
+        placeholder = {"const": name}
+        if not others:
+            return placeholder
+        rest = {k: v for k, v in node.items() if k != "format"}
+        rest["type"] = others if len(others) > 1 else others[0]
+        return {"anyOf": [placeholder, rest]}
 
     def _bounded(self, node: dict, where: str) -> dict:
         bounds = {k: node.pop(k) for k in _BOUNDS if k in node}
@@ -260,6 +298,6 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     for name, fragment in rewriter.fragments.items():
         quoted = f'"{name}"'
         if quoted not in regex:  # the library changed how it renders a const
-            raise GrammarError(f"internal error: bounded-number placeholder {name} missing from the schema regex")
+            raise GrammarError(f"internal error: placeholder {name} missing from the schema regex")
         regex = regex.replace(quoted, f"(?:{fragment})")
     return regex
