@@ -111,14 +111,18 @@ def _sample_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
     drop |= (probs_sort.cumsum(dim=-1) - probs_sort) > top_p[:, None]
     drop |= probs_sort < min_p[:, None] * probs_sort[:, :1]
     drop[:, 0] = False  # the most likely token always survives
-    probs_sort = probs_sort.masked_fill(drop, 0.0)
-    cdf = probs_sort.cumsum(dim=-1)
+    # The draw walks the kept tokens in vocabulary order, not in sorted order: two near-tied
+    # tokens swap places in the sort under float noise (a prompt recomputed after a retraction
+    # moves logprobs by ~1e-6), and the same draw then lands on the other one; in vocabulary
+    # order it moves only when it falls within that noise of a boundary.
+    kept = torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort.masked_fill(drop, 0.0))
+    cdf = kept.cumsum(dim=-1)
     # one uniform draw per row from the row's own generator (reproducible per request)
     u = torch.stack([torch.rand((), generator=r.generator, dtype=torch.float64) for r in reqs])
     target = u.to(dev, logits.dtype) * cdf[:, -1]
     pick = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
-    pick = torch.minimum(pick, (~drop).sum(dim=-1) - 1)  # kept tokens form a prefix of the sort
-    return probs_idx.gather(1, pick[:, None]).squeeze(1)
+    last_kept = (kept > 0).to(torch.int32).cumsum(dim=-1).argmax(dim=-1)  # a rounding of u * total up
+    return torch.minimum(pick, last_kept)
 
 
 def _logprob_entries(token_ids: list[int], chosen: list[float], top_vals, top_ids, top_k: Sequence[int]) -> list[TokenLogprob]:

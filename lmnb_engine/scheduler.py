@@ -190,6 +190,17 @@ class Scheduler:
         """Run ``fn()`` on the scheduler thread between steps; the future holds its result."""
         return self._post("call", fn)
 
+    def pinned_tokens(self) -> int:
+        """KV slots held by ``pin_prefix`` pins (each node on a pinned path once). Not
+        ``protected_size``: that also counts the prefixes running requests lock."""
+        nodes, seen = [], set()
+        for node in self.pins.values():
+            while node is not None and node.parent is not None and id(node) not in seen:
+                seen.add(id(node))
+                nodes.append(node)
+                node = node.parent
+        return sum(len(n.key) for n in nodes)
+
     def _post(self, kind: str, payload: Any) -> Future:
         fut: Future = Future()
         with self._post_lock:  # else a command put just after the stop drained the inbox waits forever
@@ -354,7 +365,7 @@ class Scheduler:
             elif not self.running:
                 self._finish(req, FinishReason("abort", message=(
                     f"a chunked prompt needs more KV slots but none of {self.kv_pool.size} can be freed "
-                    f"({self.cache.protected_size()} are pinned); unpin prefixes or raise max_total_tokens")))
+                    f"({self.pinned_tokens()} are pinned); unpin prefixes or raise max_total_tokens")))
                 return rows
             reserved += req.extend_len - n + self._reserve(req)
         if budget <= 0 or not self.waiting:
@@ -437,7 +448,7 @@ class Scheduler:
                 message=(
                     f"request needs {head.seq_len} KV slots but only "
                     f"{self.kv_pool.available_size() + self.cache.evictable_size()} of {self.kv_pool.size} can be "
-                    f"freed ({self.cache.protected_size()} are pinned); unpin prefixes or raise max_total_tokens"
+                    f"freed ({self.pinned_tokens()} are pinned); unpin prefixes or raise max_total_tokens"
                 ),
             ),
         )

@@ -262,3 +262,19 @@ def test_a_chunked_prompt_waits_for_room_instead_of_failing_the_step(tiny_llama)
                 for one in r if isinstance(r, list) else [r]:
                     assert one.finish_reason.type != "abort", one.finish_reason.message
             eng.check_invariants()
+
+
+def test_a_prompt_that_cannot_fit_beside_pinned_prefixes_says_how_many_tokens_are_pinned(tiny_llama):
+    """The count was the cache's protected size, which also holds the request's own locked chunks
+    (it said 320 of a 320-slot pool were pinned, with 200 pinned)."""
+    import random
+
+    with engine(tiny_llama, max_total_tokens=320, chunked_prefill_size=16) as eng:
+        rng = random.Random(0)
+        handle = eng.pin_prefix([rng.randrange(10, 500) for _ in range(200)])
+        r = eng.generate([rng.randrange(10, 500) for _ in range(150)], SamplingParams(max_new_tokens=5))
+        assert r.finish_reason.type == "abort"
+        assert r.finish_reason.message == ("a chunked prompt needs more KV slots but none of 320 can be freed (200 are "
+                                           "pinned); unpin prefixes or raise max_total_tokens")
+        eng.unpin(handle)
+        assert_idle_accounting(eng)

@@ -121,6 +121,20 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
     assert len(set(alone)) > 1  # the generator advances between draws
 
 
+def test_a_seeded_draw_does_not_flip_between_near_tied_tokens_under_float_noise():
+    """Two tokens of ~0.5 each, their order swapped by a 1e-6 change (as after a retraction's
+    recompute): the same seed must pick the same token. With the draw over sorted probabilities
+    it picked the other one whenever it fell in the first half."""
+    base = torch.full((1, 20), -30.0)
+    a, b = base.clone(), base.clone()
+    a[0, 3], a[0, 7] = 0.0, 1e-6
+    b[0, 3], b[0, 7] = 1e-6, 0.0
+    picks_a = [sample(a, [req(seed=s, temperature=1.0)], frozenset()).token_ids[0] for s in range(40)]
+    picks_b = [sample(b, [req(seed=s, temperature=1.0)], frozenset()).token_ids[0] for s in range(40)]
+    assert picks_a == picks_b
+    assert set(picks_a) == {3, 7}  # both are drawn (about half each)
+
+
 def test_min_new_tokens_masks_eos_and_stop_token_ids():
     logits = torch.tensor([[5.0, 4.0, 3.0, 0.0]])  # 0 = EOS, 1 = stop token id
     r = req(output=[3], temperature=0.0, min_new_tokens=2, stop_token_ids=[1])
