@@ -474,7 +474,8 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                 if lps and chat:
                     lp = _chat_logprobs(engine, lps)
                 elif lps:
-                    so_far = offsets.setdefault(ev.index, CompletionLogprobs(engine, len(texts[k]), None, prompt_ids[k]))
+                    so_far = offsets.setdefault(ev.index,
+                                                CompletionLogprobs(engine, len(texts[k]), None, prompt_ids[k]))
                     lp = await ctx.run(so_far.add, lps)
                 elif done and not chat and req.logprobs is not None and req.echo:
                     lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])

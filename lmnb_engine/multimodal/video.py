@@ -1,9 +1,9 @@
 """Sample ``num_frames`` frames uniformly from a video file.
 
 ``decord`` reads the frames when importable (SGLang's reader); where it is missing or cannot read
-the file, PyAV (``av``); then Pillow, which reads animated GIF/WebP/APNG (decord fails on GIFs). The frame indices are ``numpy.linspace(0, total - 1, n)``
-truncated to integers, as SGLang's video frame extraction samples them, so the first and last
-frames are always included.
+the file, PyAV (``av``); then Pillow, which reads animated GIF/WebP/APNG (decord fails on GIFs).
+The frame indices are ``numpy.linspace(0, total - 1, n)`` truncated to integers, as SGLang's video
+frame extraction samples them, so the first and last frames are always included.
 """
 
 from __future__ import annotations
