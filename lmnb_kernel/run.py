@@ -199,7 +199,8 @@ def kernel_manager():
     options = {}
     if os.name == "posix":
         folder = tempfile.mkdtemp(prefix="lmnb-")
-        options = {"transport": "ipc", "connection_file": os.path.join(folder, "kernel.json")}
+        if len(os.fsencode(os.path.join(folder, "kernel-ipc-99999"))) <= 100:  # else TCP (a long $TMPDIR)
+            options = {"transport": "ipc", "connection_file": os.path.join(folder, "kernel.json")}
     return _Manager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs(), **options)
 
 
