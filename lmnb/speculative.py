@@ -51,9 +51,11 @@ class Speculation:
     def end_of_tokens(self, k: int) -> Optional[int]:
         """Characters in the first ``k`` tokens; None if fewer are left (or boundaries are unknown:
         then ``k`` characters stand in for ``k`` tokens, SGLang's rule)."""
+        if k <= 0:
+            return 0
         if self.ends is None:
             return k if len(self.text) >= k else None
-        return self.ends[k - 1] if len(self.ends) >= k else None if k else 0
+        return self.ends[k - 1] if len(self.ends) >= k else None
 
 
 def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, dict]:

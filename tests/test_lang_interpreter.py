@@ -428,6 +428,22 @@ def test_api_speculative_gens_without_stops_keep_their_max_tokens():
     assert "output_token_logprobs" not in st.get_meta_info("a")  # asked for the cut, not shown
 
 
+def test_speculation_token_ends_by_hand():
+    from lmnb.speculative import Speculation
+
+    lps = {"output_token_logprobs": [[-0.1, 1, "ab"], [-0.2, 2, " c"], [-0.3, 3, "d"]]}
+    s = Speculation.from_completion("ab cd", lps)
+    assert s.ends == (2, 4, 5)
+    assert [s.end_of_tokens(k) for k in range(5)] == [0, 2, 4, 5, None]
+    assert s.drop(3) == Speculation("cd", (1, 2))  # " c" cut after its space counts as one token
+    # a stop string matched in the tokens but not returned: the ends stop at the text
+    assert Speculation.from_completion("ab c", {"output_token_logprobs": lps["output_token_logprobs"][:2]
+                                                + [[-0.4, 4, "\nQ"]]}).ends == (2, 4)
+    # byte tokens whose texts do not add up to the text: characters stand in for tokens
+    s = Speculation.from_completion("é!", {"output_token_logprobs": [[0, 5, "\ufffd"], [0, 6, "\ufffd"], [0, 7, "!"]]})
+    assert s.ends is None and s.end_of_tokens(1) == 1 and s.end_of_tokens(3) is None
+
+
 def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     replies = iter(["Name: Carol\nAge: 41", "Name: Carol\nAge: 41"])
     be = ScriptedBackend(lambda p, params: next(replies), chat_template=CHATML, is_chat_model=True)
