@@ -93,7 +93,9 @@ class ForkError(ProgramError):
     """
 
     def __init__(self, errors: dict, states: "ProgramStateGroup"):
-        lines = "; ".join(f"branch {i}: {getattr(e, 'message', e)}" for i, e in sorted(errors.items()))
+        # each branch named by its whole path (a nested fork's "0.1"), its message once
+        lines = "; ".join(f"branch {'.'.join(map(str, getattr(e, 'branch', ()) or (i,)))}: {getattr(e, 'message', e)}"
+                          for i, e in sorted(errors.items()))
         super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {lines}")
         self.errors = errors
         self.states = states
@@ -550,7 +552,10 @@ class StreamExecutor:
             if self._spec_chat_active():
                 self._spec_terms.append(("gen", expr, params, parse))
                 return
-            if not self.backend.is_chat_model and (params.n or 1) == 1:  # SGLang: every gen of a completion model
+            # every unconstrained gen of a completion model (SGLang); leftover text was not
+            # generated under a regex, schema or dtype, so those gens make their own call
+            unconstrained = params.regex is None and params.json_schema is None
+            if not self.backend.is_chat_model and (params.n or 1) == 1 and unconstrained:
                 text, meta = speculative.spec_gen(self, params, expr)
                 self._append(text, "gen", expr.name)
                 self._finish_var(expr.name, self._parsed(expr, text, parse, meta), meta)

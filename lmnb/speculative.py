@@ -63,8 +63,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     ``max(max_new_tokens, num_api_spec_tokens)`` tokens without the gen's stops, and this gen
     takes the text up to its first stop; the rest is kept for later fills and gens that match.
 
-    Without a stop string in it, the gen takes at most ``max_new_tokens`` tokens of the text, as
-    it would without speculation; the call asks for per-token text to find them (SGLang counts
+    The gen takes at most ``max_new_tokens`` tokens of the text (before a stop string, if one
+    comes first), as it would without speculation; the call asks for per-token text to find them (SGLang counts
     characters instead, which is also the fallback where a backend gives no token texts). A gen
     without stops calls again when fewer tokens than that are left over.
     """
@@ -91,9 +91,11 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
             meta.pop("output_token_logprobs", None)
             meta.pop("output_top_logprobs", None)
     pos = first_stop(left.text) if stops else -1
-    if pos < 0:
-        end = left.end_of_tokens(limit) if limit is not None else None
-        pos = len(left.text) if end is None else end
+    end = left.end_of_tokens(limit) if limit is not None else None
+    if end is not None and (pos < 0 or end < pos):  # max_tokens ends it before any stop would
+        pos = end
+    elif pos < 0:
+        pos = len(left.text)
     ex.speculation = left.drop(pos)
     return left.text[:pos], meta
 

@@ -85,11 +85,18 @@ def run(args) -> int:
     try:
         client.execute(env=env)
     except CellTimeoutError:
-        failed, status = f"a cell ran longer than --timeout {args.timeout:g} s", 1
+        if ctrl_c.count:
+            failed, status = f"interrupted (Ctrl-C) in cell {ctrl_c.cell_number}; it did not stop", 130
+        else:
+            failed, status = f"a cell ran longer than --timeout {args.timeout:g} s", 1
     except DeadKernelError:
-        # On a second Ctrl-C, or on SIGTERM (nbclient's own handler, which notes the future it
-        # started), the kernel is shut down, so the cell then ends as if the kernel had died.
-        if ctrl_c.count > 1 or getattr(client, "_async_cleanup_kernel_future", None) is not None:
+        # On a second Ctrl-C, a cell that did not stop after the first, or SIGTERM (nbclient's own
+        # handler, which notes the future it started), the kernel is shut down, so the cell then
+        # ends as if the kernel had died.
+        if ctrl_c.forced:
+            failed, status = (f"interrupted (Ctrl-C); cell {ctrl_c.cell_number} did not stop within "
+                              f"{CtrlC.GRACE_S:g} s, so the kernel was shut down"), 130
+        elif ctrl_c.count > 1 or getattr(client, "_async_cleanup_kernel_future", None) is not None:
             failed, status = "interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down", 130
         else:
             failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
@@ -106,8 +113,10 @@ def run(args) -> int:
         try:
             nbformat.write(nb, out)
         finally:
-            _shutdown(km, busy=failed is not None)
-            km.cleanup_connection_dir()
+            try:
+                _shutdown(km, busy=failed is not None)
+            finally:
+                km.cleanup_connection_dir()
     print(summary(nb, src, out, time.monotonic() - t0))
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
@@ -138,12 +147,18 @@ class CtrlC:
     """Ctrl-C while ``lmnb run`` runs a cell: the first one interrupts the kernel (SIGINT, as
     JupyterLab's stop button does), so the cell ends with ``KeyboardInterrupt`` and keeps its
     partial output, and the run stops there, with ``--allow-errors`` too. A second one shuts the
-    kernel down, for a cell that does not stop. (nbclient's own handler shuts the kernel down at
-    once: the cell's reply was lost and the kernel printed a ZMQ traceback.) The kernel runs in a
-    session of its own, so the terminal's Ctrl-C reaches only this process."""
+    kernel down, for a cell that does not stop; so does a cell still running ``GRACE_S`` after
+    the first (an interrupt that lands in ipykernel outside the cell's code loses the cell's
+    reply, which nbclient would wait for until ``--timeout``). (nbclient's own handler shuts the
+    kernel down at once: the cell's reply was lost and the kernel printed a ZMQ traceback.) The
+    kernel runs in a session of its own, so the terminal's Ctrl-C reaches only this process."""
+
+    GRACE_S = 30.0  # long enough for an %%lm cell to abort its requests, or a model load to end
 
     def __init__(self, km):
         self.km, self.count, self.cell_number = km, 0, None
+        self.forced = False
+        self._grace = None
 
     def install(self, notebook) -> None:
         """``on_notebook_start``: once the kernel is up, replace nbclient's SIGINT handler."""
@@ -157,6 +172,8 @@ class CtrlC:
     def check(self, cell, cell_index, **_) -> None:
         """``on_cell_execute`` / ``on_cell_executed``: remember the cell; after a Ctrl-C, end the run."""
         if self.count:
+            if self._grace is not None:
+                self._grace.cancel()
             raise Interrupted(f"interrupted in cell {self.cell_number}")
         self.cell_number = cell_index + 1
 
@@ -165,8 +182,18 @@ class CtrlC:
         if self.count == 1:
             print("lmnb run: interrupting the running cell (Ctrl-C again shuts the kernel down)", file=sys.stderr)
             asyncio.ensure_future(self.km.interrupt_kernel())
+            self._grace = asyncio.get_running_loop().call_later(self.GRACE_S, self._force)
         elif self.count == 2:
-            asyncio.ensure_future(self.km.shutdown_kernel(now=True))
+            self._stop_kernel()
+
+    def _force(self) -> None:
+        self.forced = True
+        self._stop_kernel()
+
+    def _stop_kernel(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+        asyncio.ensure_future(self.km.shutdown_kernel(now=True))
 
 
 def kernel_manager():

@@ -242,6 +242,9 @@ def test_date_formats_match_exactly_what_the_format_checker_accepts():
                  "12024-01-01T00:00:00Z", "2024-01-01 00:00:00Z", "2024-01-01T00:60:00Z", "2024-01-01T00:00:00+24:00"):
         assert bool(stamp.fullmatch(json.dumps(text))) == checker.conforms(text, "date-time"), text
     assert stamp.fullmatch("null")
+    both = re.compile(schema_to_regex({"type": ["string", "integer"], "format": "date", "minimum": 0}))
+    assert both.fullmatch('"2024-02-29"') and both.fullmatch("7") and not both.fullmatch("-7")
+    assert not both.fullmatch('"2024-02-30"') and not both.fullmatch('"٢٠٢٤-01-01"')  # with numeric bounds too
     with pytest.raises(GrammarError, match="format 'date' and maxLength"):
         schema_to_regex({"type": "string", "format": "date", "maxLength": 10})
 

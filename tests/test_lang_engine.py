@@ -147,6 +147,21 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     assert [spec.get_meta_info(k)["speculative"] for k in "abc"] == [True] * 3
     assert spec.get_meta_info("a")["completion_tokens"] == 16  # b and c came from the same call
 
+    def more(s):  # a constrained gen is not served from unconstrained leftovers; a stop comes after max_tokens
+        s += "Q: Where does Arvel live?\nA:" + sgl.gen("a", max_tokens=1)
+        s += sgl.gen("b", regex="[0-9]+", max_tokens=2)
+        s += "\nQ:" + sgl.gen("c", max_tokens=2, stop="?")
+        s += sgl.gen("d", max_tokens=0)
+
+    backend = sgl.Engine()
+    try:
+        plain = sgl.function(more).run(backend=backend, temperature=0)
+        spec = sgl.function(num_api_spec_tokens=16)(more).run(backend=backend, temperature=0)
+    finally:
+        backend.shutdown()
+    assert [spec[k] for k in "abcd"] == [plain[k] for k in "abcd"] and spec["d"] == ""
+    assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
+
 
 def test_abort_reaches_fork_branches(backend):
     import threading

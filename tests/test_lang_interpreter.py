@@ -264,6 +264,20 @@ def test_branch_failure_raises_at_join_with_index_and_keeps_other_branches():
     err = seen["error"]
     assert set(err.errors) == {1}
     assert str(err) == "1 of 3 fork branches failed: branch 1: Gen('v') failed: ValueError: cannot do it"
+
+    @sgl.function
+    def nested(s):
+        s += "start "
+        outer = s.fork(1)
+        inner = outer[0].fork(2)
+        inner += ["bad", "bad"]
+        inner += sgl.gen("v")
+        inner.join()
+
+    with pytest.raises(sgl.ForkError) as e:
+        nested.run(backend=be)
+    assert str(e.value) == ("2 of 2 fork branches failed: branch 0.0: Gen('v') failed: ValueError: cannot do it; "
+                            "branch 0.1: Gen('v') failed: ValueError: cannot do it")  # the whole path, once
     assert err.errors[1].branch == (1,)
     forks = seen["forks"]
     assert forks[0]["v"] == "good" and forks[2]["v"] == "good"

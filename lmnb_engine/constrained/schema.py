@@ -265,6 +265,8 @@ class _Rewriter:
         if not others:
             return placeholder
         rest = dict(node, type=others if len(others) > 1 else others[0])
+        if rest.get("format") in _FORMAT_REGEX and "enum" not in rest and "const" not in rest:
+            rest = self._formatted(rest, where)  # e.g. ["integer", "string"] with a date format
         return {"anyOf": [placeholder, rest]}
 
 
