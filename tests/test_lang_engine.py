@@ -136,17 +136,6 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
         s += sgl.gen("b", max_tokens=3)
         s += sgl.gen("c", max_tokens=4)
 
-    backend = sgl.Engine()
-    try:
-        plain = sgl.function(prog).run(backend=backend, temperature=0)
-        spec = sgl.function(num_api_spec_tokens=16)(prog).run(backend=backend, temperature=0)
-    finally:
-        backend.shutdown()
-    assert [spec[k] for k in "abc"] == [plain[k] for k in "abc"]
-    assert spec.text() == plain.text()
-    assert [spec.get_meta_info(k)["speculative"] for k in "abc"] == [True] * 3
-    assert spec.get_meta_info("a")["completion_tokens"] == 16  # b and c came from the same call
-
     def more(s):  # a constrained gen is not served from unconstrained leftovers; a stop comes after max_tokens
         s += "Q: Where does Arvel live?\nA:" + sgl.gen("a", max_tokens=1)
         s += sgl.gen("b", regex="[0-9]+", max_tokens=2)
@@ -155,10 +144,16 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
 
     backend = sgl.Engine()
     try:
-        plain = sgl.function(more).run(backend=backend, temperature=0)
-        spec = sgl.function(num_api_spec_tokens=16)(more).run(backend=backend, temperature=0)
+        runs = {f: (sgl.function(f).run(backend=backend, temperature=0),
+                    sgl.function(num_api_spec_tokens=16)(f).run(backend=backend, temperature=0)) for f in (prog, more)}
     finally:
         backend.shutdown()
+    plain, spec = runs[prog]
+    assert [spec[k] for k in "abc"] == [plain[k] for k in "abc"]
+    assert spec.text() == plain.text()
+    assert [spec.get_meta_info(k)["speculative"] for k in "abc"] == [True] * 3
+    assert spec.get_meta_info("a")["completion_tokens"] == 16  # b and c came from the same call
+    plain, spec = runs[more]
     assert [spec[k] for k in "abcd"] == [plain[k] for k in "abcd"] and spec["d"] == ""
     assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
 
