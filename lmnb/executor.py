@@ -560,6 +560,7 @@ class StreamExecutor:
                 self._append(text, "gen", expr.name)
                 self._finish_var(expr.name, self._parsed(expr, text, parse, meta), meta)
                 return
+            self.speculation = Speculation()  # this gen's own call makes the leftover stale
         if self.stream and (params.n or 1) == 1:
             self._execute_gen_stream(expr, params, parse)
             return
@@ -597,6 +598,7 @@ class StreamExecutor:
         self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params))
 
     def _execute_select(self, expr: Select) -> None:
+        self.speculation = Speculation()  # the chosen text follows, not the speculated one
         method = expr.choices_method
         scored = self._call(
             self.backend.score_choices, self._prompt(), expr.choices, method.requires_unconditional_logprobs

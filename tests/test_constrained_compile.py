@@ -245,6 +245,16 @@ def test_date_formats_match_exactly_what_the_format_checker_accepts():
     both = re.compile(schema_to_regex({"type": ["string", "integer"], "format": "date", "minimum": 0}))
     assert both.fullmatch('"2024-02-29"') and both.fullmatch("7") and not both.fullmatch("-7")
     assert not both.fullmatch('"2024-02-30"') and not both.fullmatch('"٢٠٢٤-01-01"')  # with numeric bounds too
+    # listed values are filtered by the keywords beside them (jsonschema applies them all)
+    for schema, kept, dropped in [({"type": "string", "format": "date", "enum": ["2024-02-30", "2024-01-01"]},
+                                   '"2024-01-01"', '"2024-02-30"'),
+                                  ({"type": "integer", "minimum": 0, "enum": [-3, 3]}, "3", "-3")]:
+        rx = re.compile(schema_to_regex(schema))
+        assert rx.fullmatch(kept) and not rx.fullmatch(dropped)
+    with pytest.raises(GrammarError, match="const 'yesterday', which does not pass its own type, format"):
+        schema_to_regex({"type": "string", "format": "date-time", "const": "yesterday"})
+    with pytest.raises(GrammarError, match="no enum value passes its own type, minimum"):
+        schema_to_regex({"type": "integer", "minimum": 5, "enum": [1, 2]})
     with pytest.raises(GrammarError, match="format 'date' and maxLength"):
         schema_to_regex({"type": "string", "format": "date", "maxLength": 10})
 

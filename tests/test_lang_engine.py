@@ -141,6 +141,8 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
         s += sgl.gen("b", regex="[0-9]+", max_tokens=2)
         s += "\nQ:" + sgl.gen("c", max_tokens=2, stop="?")
         s += sgl.gen("d", max_tokens=0)
+        s += sgl.select("e", choices=[" yes", " no"])  # its own call: the leftover is stale after it
+        s += sgl.gen("f", max_tokens=20, stop="?")
 
     backend = sgl.Engine()
     try:
@@ -154,7 +156,7 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     assert [spec.get_meta_info(k)["speculative"] for k in "abc"] == [True] * 3
     assert spec.get_meta_info("a")["completion_tokens"] == 16  # b and c came from the same call
     plain, spec = runs[more]
-    assert [spec[k] for k in "abcd"] == [plain[k] for k in "abcd"] and spec["d"] == ""
+    assert [spec[k] for k in "abcdef"] == [plain[k] for k in "abcdef"] and spec["d"] == ""
     assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
 
 

@@ -106,6 +106,34 @@ def _integral_bound(value: Any, key: str, where: str, for_integers: bool) -> tup
     return (math.ceil(value) if lower else math.floor(value)), True
 
 
+_VALUE_CHECKS = ("type", "format", "pattern", "minLength", "maxLength", *_BOUNDS)
+
+
+def _filter_listed_values(node: dict, where: str) -> None:
+    """Drop the ``enum`` values (or refuse the ``const``) that the node's other keywords reject:
+    JSON Schema applies them all, but the listed values alone become the grammar, so a
+    ``{"format": "date", "enum": ["2024-02-30"]}`` would emit an invalid date. Checked by
+    jsonschema itself (Draft 2020-12, with its format checker).
+
+    Raises:
+        GrammarError: no listed value passes, so nothing could validate."""
+    checks = {k: node[k] for k in _VALUE_CHECKS if k in node}
+    if not checks or ("enum" not in node and "const" not in node):
+        return
+    import jsonschema
+
+    valid = jsonschema.Draft202012Validator(checks, format_checker=jsonschema.FormatChecker()).is_valid
+    if "const" in node and not valid(node["const"]):
+        raise GrammarError(f"JSON schema at {where} has const {node['const']!r}, which does not pass its own "
+                           f"{', '.join(checks)}; no output could validate: fix the const")
+    if "enum" in node:
+        kept = [v for v in node["enum"] if valid(v)]
+        if not kept:
+            raise GrammarError(f"JSON schema at {where}: no enum value passes its own {', '.join(checks)}; "
+                               "no output could validate: fix the enum")
+        node["enum"] = kept
+
+
 def _bounded_regex(node: dict, kind: str, where: str) -> str:
     """The regex of a bounded ``integer`` or ``number`` subschema (keys in ``_BOUNDS``)."""
     ints = kind == "integer"
@@ -218,6 +246,7 @@ class _Rewriter:
         for key in ("items", "additionalProperties"):
             if isinstance(node.get(key), dict):
                 node[key] = self.visit(node[key], f"{where}/{key}")
+        _filter_listed_values(node, where)
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)
         if node.get("format") in _FORMAT_REGEX and "enum" not in node and "const" not in node:
@@ -248,7 +277,7 @@ class _Rewriter:
     def _bounded(self, node: dict, where: str) -> dict:
         bounds = {k: node.pop(k) for k in _BOUNDS if k in node}
         if "enum" in node or "const" in node:
-            return node  # the listed values are the grammar; bounds cannot widen or narrow it
+            return node  # the listed values (those within the bounds: _filter_listed_values) are the grammar
         types = node.get("type")
         types = [types] if isinstance(types, str) else list(types or [])
         numeric = [t for t in types if t in ("integer", "number")]
