@@ -13,7 +13,9 @@ from __future__ import annotations
 import ast
 import asyncio
 import os
+import signal
 import sys
+import threading
 import time
 import unicodedata
 from pathlib import Path
@@ -136,7 +138,15 @@ def _shutdown(km, busy: bool) -> None:
                 await asyncio.sleep(0.5)  # for the cell to end (its reply has no reader; no harm)
             await km.shutdown_kernel()
 
-    run_sync(stop)()
+    # A Ctrl-C now would cut the shutdown short, leave the manager broken and print its traceback;
+    # the kernel stops within seconds (killed after the manager's wait), so it is not taken.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        run_sync(stop)()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 class Interrupted(Exception):
