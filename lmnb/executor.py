@@ -93,9 +93,10 @@ class ForkError(ProgramError):
     """
 
     def __init__(self, errors: dict, states: "ProgramStateGroup"):
-        # each branch named by its whole path (a nested fork's "0.1"), its message once
-        lines = "; ".join(f"branch {'.'.join(map(str, getattr(e, 'branch', ()) or (i,)))}: {getattr(e, 'message', e)}"
-                          for i, e in sorted(errors.items()))
+        def line(i: int, e: BaseException) -> str:  # the whole path (a nested fork's "0.1"), the message once
+            return f"branch {'.'.join(map(str, getattr(e, 'branch', ()) or (i,)))}: {getattr(e, 'message', e)}"
+
+        lines = "; ".join(line(i, e) for i, e in sorted(errors.items()))
         super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {lines}")
         self.errors = errors
         self.states = states
@@ -452,9 +453,9 @@ class StreamExecutor:
             for e in expr.exprs:
                 try:
                     self._execute(e)
+                except ProgramError:
+                    raise
                 except Exception as exc:  # named by the part that failed, not the whole list
-                    if isinstance(exc, ProgramError):
-                        raise
                     self.fail(repr(e), exc)
                 if self.error_ is not None:  # failed (or aborted): the rest of the list is skipped
                     return

@@ -64,9 +64,9 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     takes the text up to its first stop; the rest is kept for later fills and gens that match.
 
     The gen takes at most ``max_new_tokens`` tokens of the text (before a stop string, if one
-    comes first), as it would without speculation; the call asks for per-token text to find them (SGLang counts
-    characters instead, which is also the fallback where a backend gives no token texts). A gen
-    without stops calls again when fewer tokens than that are left over.
+    comes first), as it would without speculation; the call asks for per-token text to find them
+    (SGLang counts characters instead, which is also the fallback where a backend gives no token
+    texts). A gen without stops calls again when fewer tokens than that are left over.
     """
     stops = params.stop_list
     limit = params.max_new_tokens  # resolved by the executor (the run's default, else 128)
@@ -77,7 +77,10 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
 
     meta: dict = {"speculative": True}
     left = ex.speculation
-    serves = first_stop(left.text) >= 0 if stops else bool(left.text) and left.end_of_tokens(limit or 0) is not None
+    if stops:  # the leftover serves this gen if it holds one of its stops; without stops, max_tokens tokens
+        serves = first_stop(left.text) >= 0
+    else:
+        serves = bool(left.text) and left.end_of_tokens(limit or 0) is not None
     if not serves:
         spec = dataclasses.replace(
             params, max_new_tokens=max(limit or 0, ex.num_api_spec_tokens), stop=list(ex.chat_template.stop_str),

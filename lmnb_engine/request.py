@@ -40,7 +40,6 @@ class TokenGrammar(Protocol):
     def is_terminated(self) -> bool: ...
 
 
-
 def seed_32(seed: int) -> int:
     """The 32-bit seed of torch's CPU generator for a 64-bit request ``seed``: its mt19937 keeps
     only the low 32 bits, so 0, 2**32 and 5 * 2**40 drew the same samples. The seed (mod 2**64) is
@@ -50,6 +49,7 @@ def seed_32(seed: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) >> 32
+
 
 class ReqStatus(enum.Enum):
     WAITING = "waiting"

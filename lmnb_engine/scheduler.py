@@ -193,13 +193,13 @@ class Scheduler:
     def pinned_tokens(self) -> int:
         """KV slots held by ``pin_prefix`` pins (each node on a pinned path once). Not
         ``protected_size``: that also counts the prefixes running requests lock."""
-        nodes, seen = [], set()
+        total, seen = 0, set()
         for node in self.pins.values():
-            while node is not None and node.parent is not None and id(node) not in seen:
+            while node.parent is not None and id(node) not in seen:  # up to the root (or a counted node)
                 seen.add(id(node))
-                nodes.append(node)
+                total += len(node.key)
                 node = node.parent
-        return sum(len(n.key) for n in nodes)
+        return total
 
     def _post(self, kind: str, payload: Any) -> Future:
         fut: Future = Future()

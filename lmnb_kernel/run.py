@@ -74,7 +74,8 @@ def run(args) -> int:
     # setting goes to the kernel's environment only, never into this process's os.environ.
     env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "static")}
     # Our manager, not one nbclient owns: on SIGINT nbclient cleans up an owned one twice and fails
-    # on an assertion. Its signal handler still shuts the kernel down; the end of the run, we do.
+    # on an assertion. Its signal handler still shuts the kernel down on SIGTERM (and on a Ctrl-C
+    # before the kernel is up, when CtrlC takes over SIGINT); the end of the run, we do.
     km = kernel_manager()
     ctrl_c = CtrlC(km)
     client = NotebookClient(
@@ -172,8 +173,6 @@ class CtrlC:
 
     def install(self, notebook) -> None:
         """``on_notebook_start``: once the kernel is up, replace nbclient's SIGINT handler."""
-        import signal
-
         try:
             asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self._on_sigint)
         except (NotImplementedError, RuntimeError):  # no signal handlers (Windows, not the main thread)

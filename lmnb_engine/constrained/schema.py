@@ -249,30 +249,37 @@ class _Rewriter:
         _filter_listed_values(node, where)
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)
-        if node.get("format") in _FORMAT_REGEX and "enum" not in node and "const" not in node:
-            return self._formatted(node, where)
-        return node
+        return self._formatted(node, where)
+
+    def _placeholder(self, fragment: str, node: dict, covered: list[str], where: str) -> dict:
+        """A placeholder constant for ``fragment`` (the regex of the ``covered`` types of
+        ``node``), or-ed with what ``node`` still allows of its other types."""
+        name = _PLACEHOLDER.format(len(self.fragments))
+        self.fragments[name] = fragment
+        types = node.get("type")
+        types = [types] if isinstance(types, str) else list(types or [])
+        others = [t for t in types if t not in covered]
+        if not others:
+            return {"const": name}
+        rest = self._formatted(dict(node, type=others if len(others) > 1 else others[0]), where)
+        return {"anyOf": [{"const": name}, rest]}
 
     def _formatted(self, node: dict, where: str) -> dict:
-        """A ``date`` / ``date-time`` string: a placeholder for RFC 3339's grammar (``_DATE``)."""
-        fmt = node["format"]
+        """A ``date`` / ``date-time`` string: a placeholder for RFC 3339's grammar (``_DATE``);
+        any other node as it is."""
+        fmt = node.get("format")
+        if fmt not in _FORMAT_REGEX or "enum" in node or "const" in node:
+            return node
         clash = [k for k in ("pattern", "minLength", "maxLength") if k in node]
         if clash:
             raise GrammarError(f"JSON schema at {where} has format {fmt!r} and {clash[0]}; constrained decoding "
                                f"enforces one of them: drop {clash[0]} (the format fixes the shape)")
-        types = node.get("type", "string")
-        types = [types] if isinstance(types, str) else list(types)
+        node = dict(node, type=node.get("type", "string"))
+        types = [node["type"]] if isinstance(node["type"], str) else list(node["type"])
         if "string" not in types:
             return node  # the format applies to strings only: nothing to narrow
-        name = _PLACEHOLDER.format(len(self.fragments))
-        self.fragments[name] = f'"{_FORMAT_REGEX[fmt]}"'
-        others = [t for t in types if t != "string"]
-        placeholder = {"const": name}
-        if not others:
-            return placeholder
-        rest = {k: v for k, v in node.items() if k != "format"}
-        rest["type"] = others if len(others) > 1 else others[0]
-        return {"anyOf": [placeholder, rest]}
+        del node["format"]
+        return self._placeholder(f'"{_FORMAT_REGEX[fmt]}"', node, ["string"], where)
 
     def _bounded(self, node: dict, where: str) -> dict:
         bounds = {k: node.pop(k) for k in _BOUNDS if k in node}
@@ -287,16 +294,7 @@ class _Rewriter:
                 "add the type"
             )
         kind = "number" if "number" in numeric else "integer"
-        name = _PLACEHOLDER.format(len(self.fragments))
-        self.fragments[name] = _bounded_regex(bounds, kind, where)
-        others = [t for t in types if t not in ("integer", "number")]
-        placeholder = {"const": name}
-        if not others:
-            return placeholder
-        rest = dict(node, type=others if len(others) > 1 else others[0])
-        if rest.get("format") in _FORMAT_REGEX and "enum" not in rest and "const" not in rest:
-            rest = self._formatted(rest, where)  # e.g. ["integer", "string"] with a date format
-        return {"anyOf": [placeholder, rest]}
+        return self._placeholder(_bounded_regex(bounds, kind, where), node, ["integer", "number"], where)
 
 
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
