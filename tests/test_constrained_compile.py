@@ -257,6 +257,11 @@ def test_date_formats_match_exactly_what_the_format_checker_accepts():
         schema_to_regex({"type": "integer", "minimum": 5, "enum": [1, 2]})
     with pytest.raises(GrammarError, match="format 'date' and maxLength"):
         schema_to_regex({"type": "string", "format": "date", "maxLength": 10})
+    # uuid too: outlines-core enforced the pattern or length and dropped the format ('"abc"' matched)
+    with pytest.raises(GrammarError, match="format 'uuid' and pattern"):
+        schema_to_regex({"type": "string", "format": "uuid", "pattern": "^[a-z]+$"})
+    with pytest.raises(GrammarError, match="format 'uuid' and maxLength"):
+        schema_to_regex({"type": "string", "format": "uuid", "maxLength": 40})
 
 
 def test_pydantic_model_class_is_accepted(backend):

@@ -223,6 +223,11 @@ class _Rewriter:
                 f"JSON schema format {node['format']!r} at {where} is not supported; supported formats: "
                 f"{', '.join(sorted(_FORMATS))} (or give a 'pattern' instead)"
             )
+        clash = [k for k in ("pattern", "minLength", "maxLength") if k in node]
+        listed = "enum" in node or "const" in node  # (those values are checked against all of them)
+        if "format" in node and clash and not listed:  # outlines-core would enforce one, drop the format
+            raise GrammarError(f"JSON schema at {where} has format {node['format']!r} and {clash[0]}; constrained "
+                               f"decoding enforces one of them: drop {clash[0]} (the format fixes the shape)")
         if "pattern" in node:
             check_regex(node["pattern"].removeprefix("^").removesuffix("$"))
         for key in _COUNTS:
@@ -270,10 +275,6 @@ class _Rewriter:
         fmt = node.get("format")
         if fmt not in _FORMAT_REGEX or "enum" in node or "const" in node:
             return node
-        clash = [k for k in ("pattern", "minLength", "maxLength") if k in node]
-        if clash:
-            raise GrammarError(f"JSON schema at {where} has format {fmt!r} and {clash[0]}; constrained decoding "
-                               f"enforces one of them: drop {clash[0]} (the format fixes the shape)")
         node = dict(node, type=node.get("type", "string"))
         types = [node["type"]] if isinstance(node["type"], str) else list(node["type"])
         if "string" not in types:
