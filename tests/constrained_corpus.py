@@ -78,6 +78,10 @@ class Spell(pydantic.BaseModel):
 
 
 SCHEMAS.append(Spell)
+# recursion that ends in an integer, cut at lmnb_engine.constrained.schema_refs.MAX_REF_DEPTH levels
+SCHEMAS.append({"$defs": {"e": {"type": "object", "properties": {"op": {"enum": ["+", "*"]}, "arg": {"anyOf": [
+    {"type": "integer", "minimum": 0, "maximum": 9}, {"$ref": "#/$defs/e"}]}}, "required": ["op", "arg"]}},
+    "$ref": "#/$defs/e"})
 
 CONSTANT_RUNS = {
     ("regex", r"BEGIN-RECORD-0000-CONSTANT-HEADER: (ok|fail) END-OF-RECORD-WITH-A-LONG-CONSTANT-TRAILER"),

@@ -35,6 +35,7 @@ from lmnb_engine.constrained import (
 from lmnb_engine.constrained import cache as cache_module
 from lmnb_engine.constrained.grammar import pack_token_ids
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
+from lmnb_engine.constrained.schema_refs import MAX_REF_DEPTH
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,13 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"type": "objekt"}, ["#/type is not a valid JSON Schema: 'objekt' is not valid"]),
         ({"$schema": {}, "type": "string"}, ["#/$schema must be a string"]),  # jsonschema raised TypeError
         ({"type": "object", "properties": 5}, ["#/properties is not a valid JSON Schema: 5 is not of type 'object'"]),
+        # a required self-reference: no finite value validates (outlines-core cut it with an invalid '{}')
+        ({"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},
+         ["no finite valid value", "'#' at #/properties/child", "make the recursion optional"]),
+        ({"$defs": {"x": {"type": "integer"}}, "properties": {"p": {"$ref": "#/$defs/x", "maximum": 3}}},
+         ["#/properties/p has 'maximum' beside '$ref'", "move them into that schema"]),
+        ({"$ref": "other.json#/$defs/x"}, ["'other.json#/$defs/x' at #", "another document"]),
+        ({"properties": {"p": {"$ref": "#/$defs/missing"}}}, ["'#/$defs/missing' at #/properties/p", "points at nothing"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):
@@ -115,6 +123,20 @@ def test_unsupported_schema_is_named(backend, schema, names):
     ({"oneOf": [{"type": "integer", "maximum": 9}, {"type": "integer", "minimum": 10}]}, ["3", "12"], ['"3"']),
     ({"oneOf": [{"type": "string", "pattern": "^a+$"}, {"type": "string", "pattern": "^b+$"}]}, ['"aa"', '"b"'],
      ['"ab"']),
+    # bounded and date subschemas that are never generated (an unused $defs entry, additionalProperties
+    # beside properties) left their placeholder out of the regex: "internal error: placeholder missing"
+    ({"properties": {"a": {"type": "integer"}}, "required": ["a"], "$defs": {"x": {"type": "integer", "minimum": 3}}},
+     ['{"a": 1}'], ['{"a": "x"}', "{}"]),
+    ({"properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": {"format": "date"}},
+     ['{"a": "x"}'], ['{"a": 1}']),
+    # JSON pointers with RFC 6901 escapes, into properties, and through the root's $id
+    ({"$defs": {"a~b": {"type": "integer"}, "c/d": {"type": "null"}}, "required": ["p", "q"],
+      "properties": {"p": {"$ref": "#/$defs/a~0b"}, "q": {"$ref": "#/$defs/c~1d"}}},
+     ['{"p": 1, "q": null}'], ['{"p": null, "q": 1}']),
+    ({"properties": {"a": {"type": "integer", "maximum": 5}, "b": {"$ref": "#/properties/a"}}, "required": ["a", "b"]},
+     ['{"a": 1, "b": 5}'], ['{"a": 1, "b": 6}']),
+    ({"$id": "https://example.com/s", "$defs": {"x": {"enum": ["y"]}}, "$ref": "https://example.com/s#/$defs/x"},
+     ['"y"'], ['"x"']),
 ])
 def test_schemas_next_to_the_refused_ones_still_compile_to_exactly_their_instances(backend, schema, valid, invalid):
     regex = backend.to_regex(json_schema=schema)
@@ -262,6 +284,63 @@ def test_date_formats_match_exactly_what_the_format_checker_accepts():
         schema_to_regex({"type": "string", "format": "uuid", "pattern": "^[a-z]+$"})
     with pytest.raises(GrammarError, match="format 'uuid' and maxLength"):
         schema_to_regex({"type": "string", "format": "uuid", "maxLength": 40})
+
+
+class TreeNode(pydantic.BaseModel):
+    """A recursive pydantic model: a list of itself, optional."""
+
+    v: int
+    kids: list["TreeNode"] = []
+
+
+class Expr(pydantic.BaseModel):
+    """A required recursion that ends in null: outlines-core cut it with '{}' (missing 'op')."""
+
+    op: str = pydantic.Field(pattern="^[+*]$")
+    left: "Expr | None"
+
+
+NULL_LIST = {"type": "object", "properties": {"n": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}}, "required": ["n"]}
+
+
+def nested(open_: str, leaf: str, close: str, depth: int) -> str:
+    return open_ * depth + leaf + close * depth
+
+
+@pytest.mark.parametrize("schema, reached, cut", [
+    # (schema, values it must produce, values it must not: outlines-core's cut wrote the '{}' in them)
+    (NULL_LIST, [nested('{"n": ', "null", "}", d) for d in range(1, MAX_REF_DEPTH + 1)],
+     [nested('{"n": ', "{}", "}", d) for d in range(1, MAX_REF_DEPTH + 1)]),
+    (Expr, ['{"op": "+", "left": null}', '{"op": "*", "left": {"op": "+", "left": null}}'],
+     ['{"op": "+", "left": {}}', '{"op": "+", "left": {"op": "*", "left": {}}}']),
+    (TreeNode, ['{"v": 1}', '{"v": 1, "kids": []}', '{"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": [{"v": 4}]}]}'],
+     ['{"v": 1, "kids": [{}]}']),
+    # outlines-core refused these two ("Ref recusion limit reached")
+    ({"type": "array", "items": {"$ref": "#"}}, ["[]", "[[], [[]]]", nested("[", "", "]", MAX_REF_DEPTH)], []),
+    ({"type": "object", "additionalProperties": {"$ref": "#"}}, ["{}", '{"a": {"b": {}}, "c": {}}'], []),
+])
+def test_recursive_schemas_produce_only_valid_values_to_the_recursion_depth(schema, reached, cut):
+    """Soundness by a random walk over the regex's characters (the ``regex`` module's partial
+    matching says which extensions can still match; jsonschema validates each value reached), and
+    coverage by values of every depth up to ``MAX_REF_DEPTH``."""
+    rx = regex_module.compile(schema_to_regex(schema))
+    as_dict = schema.model_json_schema() if isinstance(schema, type) else schema
+    validator = jsonschema.Draft202012Validator(as_dict)
+    for text in reached:
+        assert validator.is_valid(json.loads(text)) and rx.fullmatch(text), text
+    for text in cut:
+        assert not validator.is_valid(json.loads(text)) and not rx.fullmatch(text), text
+    alphabet = sorted(set('{}[]":, nul0123+*') | set("".join(reached)))
+    rng = random.Random(0)
+    for _ in range(30):
+        text = ""
+        while not (rx.fullmatch(text) and rng.random() < 0.3):
+            options = [c for c in alphabet if rx.fullmatch(text + c, partial=True)]
+            if not options:
+                break
+            text += rng.choice(options)
+            assert len(text) < 3000
+        assert rx.fullmatch(text) and validator.is_valid(json.loads(text)), text
 
 
 def test_pydantic_model_class_is_accepted(backend):

@@ -1,4 +1,4 @@
-"""Constrained decoding over the corpus (``constrained_corpus``, 46 regexes and JSON schemas).
+"""Constrained decoding over the corpus (``constrained_corpus``, 47 regexes and JSON schemas).
 
 Every test runs twice (issue 5: "on random-weight and demo models"): on a tiny random-weight Llama
 and on the bundled demo model (``lmnb_engine/demo_model``, trained, with its own BPE tokenizer, so

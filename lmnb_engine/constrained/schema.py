@@ -1,8 +1,8 @@
 """JSON schema → regex, through outlines-core's schema builder, with the gaps closed.
 
 ``outlines_core.json_schema.build_regex_from_schema`` turns a schema into one regex (objects with
-keys in ``properties`` order, optional keys, arrays with item bounds, enums, ``$ref`` ...). Three
-of its behaviours would break the guarantee that output validates, so this module wraps it:
+keys in ``properties`` order, optional keys, arrays with item bounds, enums ...). Four of its
+behaviours would break the guarantee that output validates, so this module wraps it:
 
 * Keywords it does not enforce are silently ignored there (``uniqueItems``, ``not``,
   ``patternProperties``, ``multipleOf`` ...). Here every keyword is checked against the list of
@@ -16,10 +16,13 @@ of its behaviours would break the guarantee that output validates, so this modul
   its ``date`` and ``date-time`` allow dates that are not (any Unicode digit, a
   month 13, a 31 February, years of any length, no time zone), so those two are replaced with
   RFC 3339's grammar (``_DATE``, ``_DATE_TIME``): what jsonschema's format checker accepts.
+* Where it stops a recursive ``$ref`` it writes ``{}``, valid or not; ``schema_refs.inline_refs``
+  resolves every reference first and cuts recursion where the output stays valid.
 
-Objects never get keys beyond ``properties`` (``additionalProperties`` is accepted, but extra keys
-are not generated, which keeps every output valid). Accepted inputs: a ``dict``, a JSON string,
-or a pydantic model class (``model_json_schema()``).
+Objects with ``properties`` never get other keys (``additionalProperties`` beside them is accepted,
+but extra keys are not generated, which keeps every output valid); an ``additionalProperties``
+schema alone makes a map of any keys. Accepted inputs: a ``dict``, a JSON string, or a pydantic
+model class (``model_json_schema()``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_regex
+from lmnb_engine.constrained.schema_refs import inline_refs
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -50,7 +54,7 @@ _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _FORMATS = {"date", "date-time", "uuid"}
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_PLACEHOLDER = "LMNBBOUNDEDNUMBER{}X"  # letters and digits only: appears verbatim in the regex
+_PLACEHOLDER = "LMNBPLACEHOLDER{}X"  # letters and digits only: appears verbatim in the regex
 
 # RFC 3339 §5.6 full-date: years 0001-9999 (Python's and so jsonschema's range), each month's days,
 # 29 February in leap years (divisible by 4, centuries only by 400); ASCII digits only.
@@ -223,6 +227,11 @@ class _Rewriter:
                 f"JSON schema format {node['format']!r} at {where} is not supported; supported formats: "
                 f"{', '.join(sorted(_FORMATS))} (or give a 'pattern' instead)"
             )
+        beside = [k for k in node if k not in _ANNOTATIONS and k not in ("$ref", "$defs", "definitions")]
+        if "$ref" in node and beside:  # (2019-09 on they apply with the reference; draft 7 ignored them)
+            raise GrammarError(f"JSON schema at {where} has {', '.join(map(repr, beside))} beside '$ref', which "
+                               "constrained decoding cannot intersect with the schema it refers to; move them "
+                               "into that schema")
         clash = [k for k in ("pattern", "minLength", "maxLength") if k in node]
         listed = "enum" in node or "const" in node  # (those values are checked against all of them)
         if "format" in node and clash and not listed:  # outlines-core would enforce one, drop the format
@@ -320,14 +329,15 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
                                f"({e.msg} at position {e.pos}); fix it, e.g. r'[ \\n]{{0,2}}'") from None
         check_regex(whitespace_pattern)
     rewriter = _Rewriter()
-    rewritten = rewriter.visit(load_schema(schema), "#")
+    rewritten = inline_refs(rewriter.visit(load_schema(schema), "#"))
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as e:
         raise GrammarError(f"outlines-core cannot compile this JSON schema: {e}") from None
     for name, fragment in rewriter.fragments.items():
-        quoted = f'"{name}"'
-        if quoted not in regex:  # the library changed how it renders a const
-            raise GrammarError(f"internal error: placeholder {name} missing from the schema regex")
-        regex = regex.replace(quoted, f"(?:{fragment})")
+        # Absent where its subschema is never generated: a $defs entry no $ref names, a recursion
+        # branch cut, additionalProperties beside properties. Present once per use of a $ref.
+        regex = regex.replace(f'"{name}"', f"(?:{fragment})")
+    if _PLACEHOLDER.partition("{")[0] in regex:  # the library changed how it renders a const
+        raise GrammarError("internal error: a placeholder was left in the schema regex")
     return regex
