@@ -23,6 +23,17 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status; 130
+    (the shell's code for SIGINT) when Ctrl-C comes before the subcommand takes it over, e.g.
+    while torch is being imported, instead of a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("lmnb: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="lmnb", description="lmnb: LM programs in notebooks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -11,6 +11,10 @@ import ast
 import contextlib
 import io
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -93,10 +97,6 @@ def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_
 def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str):
     """``lmnb run`` as a terminal runs it, sent ``signals`` SIGINTs once the cell ``cell`` is
     running (it touches the file ``{marker}`` first). Returns (exit status, stderr, saved notebook)."""
-    import signal
-    import subprocess
-    import sys
-    import time
 
     marker = tmp_path / "started"
     src = _notebook(tmp_path / "nb.ipynb", "print('first')", cell.format(marker=str(marker)), "print('never')")
@@ -150,6 +150,23 @@ def test_a_kernel_whose_cell_does_not_stop_is_shut_down(tmp_path, signals, messa
     assert status == 130, err
     assert message in err
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
+
+
+def test_ctrl_c_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_path):
+    """A real SIGINT that lands while ``lmnb run`` imports its modules (torch and nbclient take
+    seconds on a cold disk), before its own Ctrl-C handling starts: a line and 130, not a traceback."""
+    src = _notebook(tmp_path / "nb.ipynb", "print('x')")
+    code = ("import importlib, os, signal, sys\n"
+            "from lmnb_kernel import cli\n"
+            "real = importlib.import_module\n"
+            "def interrupted(name, *args):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *args)\n"
+            "importlib.import_module = interrupted\n"
+            "sys.exit(cli.main(['run', sys.argv[1]]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "lmnb: interrupted\n")
+    assert not (tmp_path / "nb.out.ipynb").exists()
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
