@@ -11,6 +11,7 @@ import random
 import re
 import threading
 import time
+import typing
 from fractions import Fraction
 from pathlib import Path
 
@@ -104,6 +105,7 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
          ["#/properties/p has 'maximum' beside '$ref'", "move them into that schema"]),
         ({"$ref": "other.json#/$defs/x"}, ["'other.json#/$defs/x' at #", "another document"]),
         ({"properties": {"p": {"$ref": "#/$defs/missing"}}}, ["'#/$defs/missing' at #/properties/p", "points at nothing"]),
+        ({"properties": {"x": False}, "required": ["x"]}, ["no valid value", "false at #/properties/x"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):
@@ -137,6 +139,17 @@ def test_unsupported_schema_is_named(backend, schema, names):
      ['{"a": 1, "b": 5}'], ['{"a": 1, "b": 6}']),
     ({"$id": "https://example.com/s", "$defs": {"x": {"enum": ["y"]}}, "$ref": "https://example.com/s#/$defs/x"},
      ['"y"'], ['"x"']),
+    # any value: outlines-core rendered {} as an ungrouped alternation ("null" matched this object schema),
+    # and refused true and a schema of annotations only (pydantic's typing.Any)
+    ({"type": "object", "properties": {"x": {}}, "required": ["x"]}, ['{"x": true}', '{"x": [1, {"a": null}]}'],
+     ["null", "1", '"a"', "{}"]),
+    ({"type": "object", "properties": {"x": {"title": "X"}}, "required": ["x"]}, ['{"x": "s"}'], ["{}"]),
+    ({"type": "array", "items": True, "maxItems": 2}, ['[1, "a"]', "[]"], ["[1, 2, 3]"]),
+    # no value (false): an optional property is left out, an array left empty, a branch dropped
+    ({"type": "object", "properties": {"x": False, "y": {"type": "integer"}}, "required": ["y"]}, ['{"y": 1}'],
+     ['{"x": 1, "y": 1}']),
+    ({"type": "array", "items": False}, ["[]"], ["[1]"]),
+    ({"anyOf": [False, {"type": "null"}]}, ["null"], ["1"]),
 ])
 def test_schemas_next_to_the_refused_ones_still_compile_to_exactly_their_instances(backend, schema, valid, invalid):
     regex = backend.to_regex(json_schema=schema)
@@ -351,6 +364,13 @@ def test_pydantic_model_class_is_accepted(backend):
     rx = re.compile(backend.to_regex(json_schema=Item))
     assert rx.fullmatch('{"name": "ab", "qty": 3}')
     assert not rx.fullmatch('{"name": "ab", "qty": 4}')
+
+    class Loose(pydantic.BaseModel):  # typing.Any becomes {"title": "X"}, which outlines-core refused
+        x: typing.Any
+
+    rx = re.compile(backend.to_regex(json_schema=Loose))
+    for value in ([1, "a"], None, {"k": True}):
+        assert rx.fullmatch(json.dumps({"x": value})) and Loose.model_validate_json(json.dumps({"x": value}))
 
 
 # --- token bytes ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """JSON schema → regex, through outlines-core's schema builder, with the gaps closed.
 
 ``outlines_core.json_schema.build_regex_from_schema`` turns a schema into one regex (objects with
-keys in ``properties`` order, optional keys, arrays with item bounds, enums ...). Four of its
+keys in ``properties`` order, optional keys, arrays with item bounds, enums ...). Five of its
 behaviours would break the guarantee that output validates, so this module wraps it:
 
 * Keywords it does not enforce are silently ignored there (``uniqueItems``, ``not``,
@@ -17,7 +17,10 @@ behaviours would break the guarantee that output validates, so this module wraps
   month 13, a 31 February, years of any length, no time zone), so those two are replaced with
   RFC 3339's grammar (``_DATE``, ``_DATE_TIME``): what jsonschema's format checker accepts.
 * Where it stops a recursive ``$ref`` it writes ``{}``, valid or not; ``schema_refs.inline_refs``
-  resolves every reference first and cuts recursion where the output stays valid.
+  resolves every reference first and cuts recursion where the output stays valid (and prunes
+  ``false``, which it refuses).
+* A schema of any value (``{}`` inside an object) becomes an ungrouped alternation that lets the
+  whole output be ``null``; ``true``, ``{}`` and annotation-only schemas are given every type.
 
 Objects with ``properties`` never get other keys (``additionalProperties`` beside them is accepted,
 but extra keys are not generated, which keeps every output valid); an ``additionalProperties``
@@ -52,6 +55,7 @@ _ANNOTATIONS = {
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minDigits", "maxDigits")  # each becomes a counted repeat
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _FORMATS = {"date", "date-time", "uuid"}
+_ANY_TYPES = ["object", "array", "string", "number", "boolean", "null"]  # every JSON value (integers are numbers)
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _PLACEHOLDER = "LMNBPLACEHOLDER{}X"  # letters and digits only: appears verbatim in the regex
@@ -209,8 +213,13 @@ class _Rewriter:
         self.fragments: dict[str, str] = {}
 
     def visit(self, node: Any, where: str) -> Any:
-        if isinstance(node, bool):
-            return node
+        if node is True or (isinstance(node, dict) and all(k in _ANNOTATIONS or k in ("$defs", "definitions")
+                                                           for k in node)):
+            # Any value. outlines-core refuses true and a schema of annotations only, and renders {}
+            # as an ungrouped alternation: in {"properties": {"x": {}}} the whole output could be "null".
+            node = {**(node if isinstance(node, dict) else {}), "type": _ANY_TYPES}
+        if node is False:
+            return node  # no value: schema_refs.inline_refs prunes it
         if not isinstance(node, dict):
             raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {node!r}")
         for key in node:
@@ -257,9 +266,10 @@ class _Rewriter:
         for key in (*_SUBSCHEMA_LISTS, "items"):
             if isinstance(node.get(key), list):
                 node[key] = [self.visit(v, f"{where}/{key}/{i}") for i, v in enumerate(node[key])]
-        for key in ("items", "additionalProperties"):
-            if isinstance(node.get(key), dict):
-                node[key] = self.visit(node[key], f"{where}/{key}")
+        if isinstance(node.get("items"), (dict, bool)):
+            node["items"] = self.visit(node["items"], f"{where}/items")
+        if isinstance(node.get("additionalProperties"), dict):  # (outlines-core takes true and false there)
+            node["additionalProperties"] = self.visit(node["additionalProperties"], f"{where}/additionalProperties")
         _filter_listed_values(node, where)
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)

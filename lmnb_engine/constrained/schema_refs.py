@@ -1,13 +1,14 @@
-"""Local ``$ref`` inlining for the JSON schema → regex path, with recursion cut so output validates.
+"""Local ``$ref`` inlining and ``false`` pruning for the JSON schema → regex path, so output validates.
 
 outlines-core resolves ``$ref`` itself, but where it stops a recursion it writes ``{}`` for the
 reference whatever the reference points at. For a list that ends in ``null``
 (``{"properties": {"next": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}}, "required": ["next"]}``)
 its regex lets the model write ``{"next": {"next": {}}}``, which does not validate; an array of
 its own schema it refuses ("Ref recusion limit reached"); a JSON pointer with ``~0``/``~1`` escapes
-it cannot resolve. So every local reference is replaced by (a copy of) its target before
-outlines-core sees the schema, and a reference that is already open ``MAX_REF_DEPTH`` times on the
-current path is cut with the smallest change that keeps every output valid:
+it cannot resolve; the schema ``false`` (no value) it refuses wherever it stands. So every local
+reference is replaced by (a copy of) its target before outlines-core sees the schema. A reference
+already open ``MAX_REF_DEPTH`` times on the current path, and a ``false`` subschema, have no value
+to generate there; that is met with the smallest change that keeps every output valid:
 
 * an optional property that holds it is not generated;
 * an ``anyOf`` / ``oneOf`` branch that holds it is dropped;
@@ -15,9 +16,9 @@ current path is cut with the smallest change that keeps every output valid:
   without ``properties``) is generated as ``{}``.
 
 Where none applies (a required property, the only branch, ``minItems`` above 0, a ``prefixItems``
-entry) the cut moves up to the enclosing schema. If it reaches the root, no finite JSON value
-validates the schema at all (a shortest valid value never nests one schema in itself, so a depth
-of one would have found it), and the schema is refused.
+entry) the enclosing schema has no value either. If that reaches the root the schema is refused:
+no finite JSON value validates it (a shortest valid value never nests one schema in itself, so a
+depth of one would have found it).
 """
 
 from __future__ import annotations
@@ -33,19 +34,19 @@ MAX_REF_DEPTH = 5
 _DEFINITIONS = ("$defs", "definitions")  # only reachable through $ref: gone once refs are inlined
 
 
-class _Cut(Exception):
-    """The reference at ``where`` was open ``MAX_REF_DEPTH`` times: the schema holding it cannot
-    be generated at this depth."""
+class _NoValue(Exception):
+    """The subschema at ``where`` has no value to generate: ``false``, or a ``$ref`` (``ref``)
+    open ``MAX_REF_DEPTH`` times."""
 
-    def __init__(self, ref: str, where: str):
-        super().__init__(ref, where)
-        self.ref, self.where = ref, where
+    def __init__(self, where: str, ref: str | None = None):
+        super().__init__(where, ref)
+        self.where, self.ref = where, ref
 
 
 def inline_refs(schema: Any) -> Any:
-    """``schema`` with every ``$ref`` replaced by its target and ``$defs`` / ``definitions``
-    removed: the same outputs for outlines-core to generate, with recursion cut at
-    ``MAX_REF_DEPTH`` levels (module docstring). The input is not changed.
+    """``schema`` with every ``$ref`` replaced by its target, ``$defs`` / ``definitions`` removed
+    and ``false`` subschemas pruned: the same outputs for outlines-core to generate, with
+    recursion cut at ``MAX_REF_DEPTH`` levels (module docstring). The input is not changed.
 
     References resolve as JSON pointers (RFC 6901: ``~0``, ``~1`` and percent escapes) into the
     root document, named ``#...`` or with the root's ``$id`` before the ``#``. Keywords beside a
@@ -54,7 +55,7 @@ def inline_refs(schema: Any) -> Any:
 
     Raises:
         GrammarError: a reference to another document, an ``$anchor`` name, a pointer to nothing,
-            or a schema with no finite valid value (a required recursion).
+            or a schema with no finite valid value (a required recursion, a required ``false``).
     """
     base = schema.get("$id", "").partition("#")[0] if isinstance(schema, dict) else ""
 
@@ -81,12 +82,14 @@ def inline_refs(schema: Any) -> Any:
         return pointer, node
 
     def expand(node: Any, where: str, open_refs: tuple[str, ...]) -> Any:
+        if node is False:
+            raise _NoValue(where)
         if not isinstance(node, dict):
-            return node  # a boolean schema
+            return node
         if "$ref" in node:
             pointer, target = resolve(node["$ref"], where)
             if open_refs.count(pointer) >= MAX_REF_DEPTH:
-                raise _Cut(node["$ref"], where)
+                raise _NoValue(where, node["$ref"])
             return expand(target, "#" + pointer, (*open_refs, pointer))
         out = {k: v for k, v in node.items() if k not in _DEFINITIONS}
         if isinstance(node.get("properties"), dict):
@@ -95,27 +98,28 @@ def inline_refs(schema: Any) -> Any:
             for key, sub in node["properties"].items():
                 try:
                     out["properties"][key] = expand(sub, f"{where}/properties/{key}", open_refs)
-                except _Cut:
+                except _NoValue:
                     if key in required:
                         raise
         for key in ("anyOf", "oneOf"):
             if isinstance(node.get(key), list):
-                kept, cut = [], None
+                kept, missing = [], None
                 for i, sub in enumerate(node[key]):
                     try:
                         kept.append(expand(sub, f"{where}/{key}/{i}", open_refs))
-                    except _Cut as e:
-                        cut = e
+                    except _NoValue as e:
+                        missing = e
                 if not kept:
-                    raise cut
+                    raise missing
                 out[key] = kept
         for key in ("allOf", "prefixItems", "items"):
             if isinstance(node.get(key), list):
                 out[key] = [expand(sub, f"{where}/{key}/{i}", open_refs) for i, sub in enumerate(node[key])]
-        if isinstance(node.get("items"), dict):
+        closed_tuple = "prefixItems" in node and node.get("items") is False  # outlines-core takes that false
+        if "items" in node and not isinstance(node["items"], list) and not closed_tuple:
             try:
                 out["items"] = expand(node["items"], f"{where}/items", open_refs)
-            except _Cut:
+            except _NoValue:
                 if node.get("minItems", 0) > 0 or "prefixItems" in node:
                     raise
                 del out["items"]
@@ -124,18 +128,22 @@ def inline_refs(schema: Any) -> Any:
             try:
                 out["additionalProperties"] = expand(node["additionalProperties"], f"{where}/additionalProperties",
                                                      open_refs)
-            except _Cut:
+            except _NoValue:
                 out["additionalProperties"] = False  # no key is generated beside the properties
                 out.setdefault("properties", {})
         return out
 
     try:
         return expand(schema, "#", ("",))
-    except _Cut as e:
+    except _NoValue as e:
+        if e.ref is None:
+            raise GrammarError(
+                f"JSON schema has no valid value: the subschema false at {e.where} accepts nothing, and the "
+                "schema needs a value there (a required property, the only branch, or an array with "
+                "minItems); remove it or make it optional") from None
         raise GrammarError(
             f"JSON schema has no finite valid value: every value would nest the schema that $ref {e.ref!r} "
             f"at {e.where} refers to inside itself without end (a required property or the only branch "
             "refers back to its own schema); make the recursion optional, e.g. drop the property from "
             "'required' or add an 'anyOf' branch {'type': 'null'} beside the $ref"
         ) from None
-
