@@ -91,6 +91,8 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, ["'allOf' with 2 subschemas", "merge them"]),
         # it alternates oneOf like anyOf: an integer matches both branches, which oneOf forbids
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ["branches 0 and 1", "numbers", "'anyOf'"]),
+        ({"oneOf": [{"const": "auto"}, {"type": "string"}]}, ["branches 0 and 1 that both accept \"auto\"", "'anyOf'"]),
+        ({"oneOf": [{"type": "integer", "minimum": 0}, {"enum": [-1, 5]}]}, ["branches 0 and 1 that both accept 5"]),
         ({"enum": []}, ["empty 'enum'"]),  # outlines-core makes these match only the empty string
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, ["#/properties/a/anyOf", "should be non-empty"]),
         ({"type": []}, ["#/type is not a valid JSON Schema"]),
@@ -125,6 +127,8 @@ def test_unsupported_schema_is_named(backend, schema, names):
     ({"oneOf": [{"type": "integer", "maximum": 9}, {"type": "integer", "minimum": 10}]}, ["3", "12"], ['"3"']),
     ({"oneOf": [{"type": "string", "pattern": "^a+$"}, {"type": "string", "pattern": "^b+$"}]}, ['"aa"', '"b"'],
      ['"ab"']),
+    # listed values that no other branch accepts ("x" is not generated: it fails its own type)
+    ({"oneOf": [{"type": "integer", "enum": ["x", 1]}, {"type": "string"}]}, ["1", '"x"', '"y"'], ["2", "null"]),
     # bounded and date subschemas that are never generated (an unused $defs entry, additionalProperties
     # beside properties) left their placeholder out of the regex: "internal error: placeholder missing"
     ({"properties": {"a": {"type": "integer"}}, "required": ["a"], "$defs": {"x": {"type": "integer", "minimum": 3}}},
@@ -249,6 +253,20 @@ def test_bounded_schema_fields_validate_with_jsonschema():
             text = f'{{"n": {n}, "x": {x}}}'
             valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
             assert bool(rx.fullmatch(text)) == valid, text
+
+
+def test_draft_4_boolean_exclusive_bounds_mean_what_draft_4_says():
+    """Draft 4 writes an exclusive bound as a flag beside minimum/maximum (later drafts as a number;
+    the float check refused the flag). Reference: jsonschema's Draft 4 validator."""
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object", "required": ["a", "b", "c"],
+              "properties": {"a": {"type": "integer", "minimum": 3, "exclusiveMinimum": True},
+                             "b": {"type": "integer", "maximum": 6, "exclusiveMaximum": False},
+                             "c": {"enum": [3, 4, 5], "maximum": 5, "exclusiveMaximum": True}}}
+    rx = re.compile(schema_to_regex(schema))
+    validator = jsonschema.Draft4Validator(schema)
+    for n in range(0, 9):
+        text = f'{{"a": {n}, "b": {n}, "c": {min(max(n, 3), 5)}}}'
+        assert bool(rx.fullmatch(text)) == validator.is_valid(json.loads(text)), text
 
 
 def test_date_formats_match_exactly_what_the_format_checker_accepts():

@@ -189,6 +189,33 @@ def _check_combinations(node: dict, where: str) -> None:
                         f"{t}s (integers count as numbers), so an output could match both, which 'oneOf' "
                         "forbids; make the branches disjoint, or use 'anyOf'")
                 seen[t] = i
+        _check_listed_overlap(branches, where)
+
+
+def _check_listed_overlap(branches: list, where: str) -> None:
+    """Refuse a ``oneOf`` where a value an ``enum`` / ``const`` branch lists also validates against
+    another branch (e.g. ``[{"const": "auto"}, {"type": "string"}]``): that value is an output
+    valid for two branches. Checked by jsonschema; branches with a ``$ref`` are left out (it
+    would need the whole document)."""
+    import jsonschema
+
+    def validator(schema: Any):
+        return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).is_valid
+
+    plain = {i: b for i, b in enumerate(branches) if isinstance(b, dict) and '"$ref"' not in json.dumps(b)}
+    for i, branch in plain.items():
+        listed = [branch["const"]] if "const" in branch else branch.get("enum", [])
+        listed = [v for v in listed if validator(branch)(v)]  # the values it generates (_filter_listed_values)
+        for j, other in plain.items():
+            if j == i or not listed:
+                continue
+            valid = validator(other)
+            for value in listed:
+                if valid(value):
+                    raise GrammarError(
+                        f"JSON schema at {where} has 'oneOf' branches {min(i, j)} and {max(i, j)} that both accept "
+                        f"{json.dumps(value)}, so that output would match both, which 'oneOf' forbids; make the "
+                        "branches disjoint, or use 'anyOf'")
 
 
 # Keywords that narrow a branch: two branches of one type may then be disjoint, and are let through.
@@ -257,6 +284,10 @@ class _Rewriter:
                     "a counted repeat whose automaton would take too long to build (the limit user regexes "
                     f"have too); drop {key} and bound the length with max_tokens instead"
                 )
+        for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+            if isinstance(node.get(flag), bool):  # draft 4's form (its meta-schema allows only that one)
+                if node.pop(flag) and bound in node:
+                    node[flag] = node.pop(bound)
         _check_combinations(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
             node["properties"] = {}  # the schema of "{}", which outlines-core fails on without properties
