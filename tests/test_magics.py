@@ -304,6 +304,30 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
         server.wait(30)
 
 
+@pytest.mark.parametrize("cause, refused", [("ConnectTimeout", True), ("ReadTimeout", False)])
+def test_connect_tells_a_host_that_never_answers_from_a_server_that_is_slow_to(ip, monkeypatch, cause, refused):
+    """A connect timeout (a firewalled host) is refused at connect time; a read timeout (a server
+    that took the connection) keeps the /v1 root. openai raises both as APITimeoutError, from
+    httpx's error (as a real connect to a full accept queue showed)."""
+    import httpx
+    import openai
+
+    def timed_out(self, *args, **kwargs):
+        request = httpx.Request("GET", "http://10.0.0.1:8000/v1/models")
+        try:
+            raise getattr(httpx, cause)("timed out", request=request)
+        except httpx.TimeoutException as e:
+            raise openai.APITimeoutError(request=request) from e
+
+    monkeypatch.setattr(openai.resources.models.Models, "list", timed_out)
+    with separate_session(ip):
+        result, out = run(ip, "%lm connect http://10.0.0.1:8000/v1 --openai m")
+    if refused:
+        assert not result.success and "could not connect to http://10.0.0.1:8000/v1: nothing answers there" in out.stdout
+    else:
+        assert result.success and "could not list its models (APITimeoutError)" in out.outputs[0].data["text/plain"]
+
+
 def test_load_starts_an_engine_now_and_a_failed_load_keeps_the_old_one(ip, tiny_llama):
     engine = get_session().backend().engine
     run(ip, "%lm load /no/such/checkpoint")
