@@ -108,6 +108,8 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"$ref": "other.json#/$defs/x"}, ["'other.json#/$defs/x' at #", "another document"]),
         ({"properties": {"p": {"$ref": "#/$defs/missing"}}}, ["'#/$defs/missing' at #/properties/p", "points at nothing"]),
         ({"properties": {"x": False}, "required": ["x"]}, ["no valid value", "false at #/properties/x"]),
+        # outlines-core enforced the length and dropped the pattern ('"7%"' for ^a*$)
+        ({"type": "string", "pattern": "^a*$", "minLength": 2}, ["has pattern and minLength", "into the pattern"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):
@@ -361,9 +363,17 @@ def test_recursive_schemas_produce_only_valid_values_to_the_recursion_depth(sche
         assert validator.is_valid(json.loads(text)) and rx.fullmatch(text), text
     for text in cut:
         assert not validator.is_valid(json.loads(text)) and not rx.fullmatch(text), text
-    alphabet = sorted(set('{}[]":, nul0123+*') | set("".join(reached)))
+    for text in random_matches(rx, sorted(set('{}[]":, nul0123+*') | set("".join(reached)))):
+        assert validator.is_valid(json.loads(text)), text
+
+
+def random_matches(rx, alphabet, walks: int = 30) -> list[str]:
+    """Full matches of ``rx`` reached by random walks over ``alphabet``: each step takes a
+    character after which a match is still possible (the ``regex`` module's partial matching); a
+    walk that the alphabet leads into a dead end is dropped."""
     rng = random.Random(0)
-    for _ in range(30):
+    out = []
+    for _ in range(walks):
         text = ""
         while not (rx.fullmatch(text) and rng.random() < 0.3):
             options = [c for c in alphabet if rx.fullmatch(text + c, partial=True)]
@@ -371,7 +381,32 @@ def test_recursive_schemas_produce_only_valid_values_to_the_recursion_depth(sche
                 break
             text += rng.choice(options)
             assert len(text) < 3000
-        assert rx.fullmatch(text) and validator.is_valid(json.loads(text)), text
+        if rx.fullmatch(text):
+            out.append(text)
+    assert len(out) >= walks // 2, out  # the alphabet reaches matches
+    return out
+
+
+@pytest.mark.parametrize("pattern, reached", [
+    # outlines-core pasted the pattern between the quotes: '"\x11@\x11"' (not JSON), '"a"b"'
+    ("^[^@]+@[^@]+$", ['"a@b"', '"\\"@é"']),
+    ('^a"b$', ['"a\\"b"']),
+    ("^a\\\\b$", ['"a\\\\b"']),  # a literal backslash: "a\\b" decoded to a backspace
+    ("^a.b$", ['"a\\tb"', '"a\\"b"']),
+    ("^a\\$$", ['"a$"']),  # an escaped '$' is no anchor
+    # Python's \d, \w, \s (jsonschema's) narrowed to ASCII: the automaton's Unicode tables differ
+    ("^\\d+$", ['"12"']), ("^[\\w.-]+$", ['"a_b.c-1"']), ("^\\S+$", ['"a\\\\"']), ("^\\s+$", ['" \\n"']),
+    ("^(ab|c)*$", ['""', '"abc"']),
+])
+def test_string_patterns_hold_on_the_decoded_string_and_output_stays_json(pattern, reached):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}
+    rx = regex_module.compile(schema_to_regex(schema, whitespace_pattern=""))
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in reached:
+        assert rx.fullmatch('{"s":' + text + "}"), text
+    alphabet = list('{}":sabcnt@.-_$19 \\\x11\n\té٣\u0301½A') + ["\xa0"]
+    for text in random_matches(rx, alphabet, walks=40):
+        assert validator.is_valid(json.loads(text)), text
 
 
 def test_pydantic_model_class_is_accepted(backend):

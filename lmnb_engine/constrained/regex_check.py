@@ -117,6 +117,11 @@ def check_regex(pattern: str) -> None:
         raise GrammarError(_too_many(pattern, f"more than {_c.MAXREPEAT - 1:,}")) from None
     except (re.error, RecursionError):
         return
+    check_parsed(parsed, pattern)
+
+
+def check_parsed(parsed, pattern: str) -> None:
+    """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages)."""
     for op, av in _walk(parsed):
         found = _unsupported(op, av)
         if found is not None:

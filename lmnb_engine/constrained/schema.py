@@ -1,7 +1,7 @@
 """JSON schema → regex, through outlines-core's schema builder, with the gaps closed.
 
 ``outlines_core.json_schema.build_regex_from_schema`` turns a schema into one regex (objects with
-keys in ``properties`` order, optional keys, arrays with item bounds, enums ...). Five of its
+keys in ``properties`` order, optional keys, arrays with item bounds, enums ...). Six of its
 behaviours would break the guarantee that output validates, so this module wraps it:
 
 * Keywords it does not enforce are silently ignored there (``uniqueItems``, ``not``,
@@ -19,6 +19,9 @@ behaviours would break the guarantee that output validates, so this module wraps
 * Where it stops a recursive ``$ref`` it writes ``{}``, valid or not; ``schema_refs.inline_refs``
   resolves every reference first and cuts recursion where the output stays valid (and prunes
   ``false``, which it refuses).
+* It pastes ``pattern`` between the quotes, so the pattern constrained the JSON text, not the
+  string (a raw ``"`` or control character got through); ``json_string.pattern_regex`` rewrites
+  it over JSON text. A pattern beside ``minLength``/``maxLength`` (it kept only the length) is refused.
 * A schema of any value (``{}`` inside an object) becomes an ungrouped alternation that lets the
   whole output be ``null``; ``true``, ``{}`` and annotation-only schemas are given every type.
 
@@ -37,6 +40,7 @@ from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
+from lmnb_engine.constrained.json_string import pattern_regex
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_regex
 from lmnb_engine.constrained.schema_refs import inline_refs
 from lmnb_engine.json_schema import checked_schema
@@ -273,8 +277,13 @@ class _Rewriter:
         if "format" in node and clash and not listed:  # outlines-core would enforce one, drop the format
             raise GrammarError(f"JSON schema at {where} has format {node['format']!r} and {clash[0]}; constrained "
                                f"decoding enforces one of them: drop {clash[0]} (the format fixes the shape)")
+        lengths = [k for k in ("minLength", "maxLength") if k in node]
+        if "pattern" in node and lengths and not listed:  # outlines-core enforced the length, dropped the pattern
+            raise GrammarError(f"JSON schema at {where} has pattern and {lengths[0]}; constrained decoding enforces "
+                               f"one of them: put the length into the pattern (e.g. '^[A-Z]{{1,8}}$') and drop "
+                               f"{lengths[0]}")
         if "pattern" in node:
-            check_regex(node["pattern"].removeprefix("^").removesuffix("$"))
+            pattern_regex(node["pattern"], where)  # (its errors now, before the rest of the schema)
         for key in _COUNTS:
             if isinstance(node.get(key), float):  # 5.0 is a valid count; outlines-core drops a float one
                 node[key] = int(node[key])
@@ -320,17 +329,20 @@ class _Rewriter:
         return {"anyOf": [{"const": name}, rest]}
 
     def _formatted(self, node: dict, where: str) -> dict:
-        """A ``date`` / ``date-time`` string: a placeholder for RFC 3339's grammar (``_DATE``);
-        any other node as it is."""
+        """A ``date`` / ``date-time`` string: a placeholder for RFC 3339's grammar (``_DATE``); a
+        string with a ``pattern``: one for the pattern over JSON text (``json_string``); any
+        other node as it is."""
         fmt = node.get("format")
-        if fmt not in _FORMAT_REGEX or "enum" in node or "const" in node:
+        key = "format" if fmt in _FORMAT_REGEX else "pattern" if "pattern" in node else None
+        if key is None or "enum" in node or "const" in node:
             return node
         node = dict(node, type=node.get("type", "string"))
         types = [node["type"]] if isinstance(node["type"], str) else list(node["type"])
         if "string" not in types:
-            return node  # the format applies to strings only: nothing to narrow
-        del node["format"]
-        return self._placeholder(f'"{_FORMAT_REGEX[fmt]}"', node, ["string"], where)
+            return node  # the format or pattern applies to strings only: nothing to narrow
+        value = node.pop(key)
+        fragment = f'"{_FORMAT_REGEX[value]}"' if key == "format" else pattern_regex(value, where)
+        return self._placeholder(fragment, node, ["string"], where)
 
     def _bounded(self, node: dict, where: str) -> dict:
         bounds = {k: node.pop(k) for k in _BOUNDS if k in node}

@@ -1,0 +1,145 @@
+"""A JSON Schema ``pattern`` as a regex over the JSON text of a string, quotes included.
+
+outlines-core pastes ``pattern`` between the quotes as it is, so the pattern constrains the JSON
+text rather than the string it decodes to: ``[^@]+@[^@]+`` let the model close the string early
+(a raw ``"``), write a raw control character (not JSON) or a lone backslash, and ``a\\\\b``
+(a literal backslash) produced ``"a\\b"``, which decodes to a backspace. Here the pattern is parsed
+with Python's own parser (``re._parser``: jsonschema checks ``pattern`` with Python's ``re``) and
+written out again over JSON text:
+
+* a character that needs escaping in JSON (``"``, ``\\``, control characters) is matched by its
+  escape (``\\"``, ``\\\\``, ``\\n``, ``\\u001f``), every other one as itself (never escaped);
+* a class or ``.`` is split the same way; ``\\d``, ``\\w``, ``\\s`` and their negations, whose
+  Unicode tables differ between Python and the automaton library, are narrowed to the ASCII
+  characters Python's ``re`` puts in them, so every output passes Python's check;
+* ``^`` / ``$`` at the ends are dropped: the whole string must match, as in outlines-core, SGLang
+  and vLLM (narrower than JSON Schema's search, so every output still validates).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.constrained.regex_check import _c, _p, check_parsed
+
+_SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
+                  "\t": "\\\\t"}  # the regex text of each JSON escape
+_CATEGORY = {_c.CATEGORY_DIGIT: r"\d", _c.CATEGORY_NOT_DIGIT: r"\D", _c.CATEGORY_WORD: r"\w",
+             _c.CATEGORY_NOT_WORD: r"\W", _c.CATEGORY_SPACE: r"\s", _c.CATEGORY_NOT_SPACE: r"\S"}
+_FIRST_PLAIN = 0xA0  # code points from here on are written as themselves (0x7F-0x9F: not generated)
+
+
+def _needs_escape(ch: str) -> bool:
+    return ch in '"\\' or ord(ch) < 0x20
+
+
+def _json_char(ch: str) -> str:
+    """The regex of ``ch`` as JSON string text."""
+    if ch in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[ch]
+    if ord(ch) < 0x20:
+        return f"\\\\u{ord(ch):04x}"
+    return re.escape(ch)
+
+
+def _in_class(ch: str) -> str:
+    """``ch`` inside a ``[...]`` class, read alike by Python and the automaton library."""
+    return f"\\U{ord(ch):08x}" if not ch.isprintable() or ch in "\\]^-[&~" else ch
+
+
+def _char_set(member, ascii_only: bool, non_ascii: list[tuple[int, int]], negated: bool) -> str:
+    """The regex of one character of a set: ``member(ch)`` says (Python's answer) for ASCII;
+    above it, ``non_ascii`` ranges (allowed, or with ``negated`` excluded), none if ``ascii_only``."""
+    plain, escaped = [], []
+    for code in range(0x80):
+        ch = chr(code)
+        if member(ch):
+            (escaped if _needs_escape(ch) else plain).append(ch)
+    parts = []
+    if plain:
+        parts.append("[" + "".join(_in_class(c) for c in plain) + "]")
+    if not ascii_only:
+        if negated:
+            kept = "".join(f"{_in_class(chr(a))}-{_in_class(chr(b))}" for a, b in non_ascii if b >= _FIRST_PLAIN)
+            parts.append(f"[^\\x00-\\x9f{kept}]")
+        else:
+            for a, b in non_ascii:
+                a = max(a, _FIRST_PLAIN)
+                if a <= b:
+                    parts.append(f"[{_in_class(chr(a))}-{_in_class(chr(b))}]")
+    parts += [_json_char(c) for c in escaped]
+    if not parts:
+        raise GrammarError("empty")  # replaced by the caller's message
+    return "(?:" + "|".join(parts) + ")"
+
+
+def _class(op, av) -> str:
+    """The regex of one character matched by a parsed ``LITERAL`` / ``NOT_LITERAL`` / ``ANY`` / ``IN``."""
+    if op is _c.LITERAL:
+        return _json_char(chr(av))
+    if op is _c.NOT_LITERAL:
+        return _char_set(lambda ch: ord(ch) != av, False, [(av, av)], True)
+    if op is _c.ANY:
+        return _char_set(lambda ch: ch != "\n", False, [], True)
+    items = list(av)
+    negated = bool(items) and items[0][0] is _c.NEGATE
+    if negated:
+        items = items[1:]
+    ranges = [(v, v) if o is _c.LITERAL else v for o, v in items if o in (_c.LITERAL, _c.RANGE)]
+    categories = [_CATEGORY[v] for o, v in items if o is _c.CATEGORY]
+
+    def member(ch: str) -> bool:
+        inside = any(a <= ord(ch) <= b for a, b in ranges) or any(re.fullmatch(c, ch) for c in categories)
+        return inside != negated
+
+    return _char_set(member, bool(categories), ranges, negated)
+
+
+def _emit(parsed) -> str:
+    out = []
+    for op, av in parsed:
+        if op in (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN):
+            out.append(_class(op, av))
+        elif op is _c.BRANCH:
+            out.append("(?:" + "|".join(_emit(alt) for alt in av[1]) + ")")
+        elif op is _c.SUBPATTERN:
+            out.append("(?:" + _emit(av[-1]) + ")")
+        elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+            lo, hi, sub = av
+            out.append(f"(?:{_emit(sub)}){{{lo},{'' if hi is _c.MAXREPEAT else hi}}}")
+        else:  # (check_parsed refused the rest: anchors inside, lookarounds, backreferences ...)
+            raise GrammarError(f"unsupported regex construct {op}")
+    return "".join(out)
+
+
+def pattern_regex(pattern: str, where: str) -> str:
+    """The regex of the JSON string literals (quotes included) that decode to a full match of
+    ``pattern`` (a JSON Schema ``pattern``, read by Python's ``re`` as jsonschema reads it).
+
+    Raises:
+        GrammarError: the pattern is not a regex Python reads, uses a feature a finite automaton
+            cannot express (``regex_check``), or has a character class with no character that
+            can be written (e.g. only control characters, in a negated Unicode class).
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = _p.parse(pattern)
+    except (re.error, OverflowError, RecursionError) as e:
+        raise GrammarError(f"JSON schema pattern {pattern!r} at {where} is not a regular expression Python's re "
+                           f"reads ({e}), and JSON Schema validators check it with one; fix it") from None
+    items = list(parsed.data)
+    if items and items[0] == (_c.AT, _c.AT_BEGINNING) or items[:1] == [(_c.AT, _c.AT_BEGINNING_STRING)]:
+        items = items[1:]
+    if items and items[-1] in ((_c.AT, _c.AT_END), (_c.AT, _c.AT_END_STRING)):
+        items = items[:-1]
+    parsed.data = items
+    check_parsed(parsed, pattern)
+    try:
+        return '"' + _emit(parsed) + '"'
+    except GrammarError:
+        raise GrammarError(f"JSON schema pattern {pattern!r} at {where} has a part no JSON string character "
+                           "can match here (constrained strings use ASCII for \\d, \\w, \\s and their "
+                           "negations); widen it") from None
