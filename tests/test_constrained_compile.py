@@ -108,6 +108,15 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"$ref": "other.json#/$defs/x"}, ["'other.json#/$defs/x' at #", "another document"]),
         ({"properties": {"p": {"$ref": "#/$defs/missing"}}}, ["'#/$defs/missing' at #/properties/p", "points at nothing"]),
         ({"properties": {"x": False}, "required": ["x"]}, ["no valid value", "false at #/properties/x"]),
+        # what outlines-core dropped without a word: the 'type' ('1' matched), the required 'b' ('{"a": 9}'),
+        # minItems ('[5]'), and the escaping of a key ('{"q"": null}')
+        ({"type": "string", "anyOf": [{"type": "integer"}, {"type": "string"}]}, ["'type' beside 'anyOf'"]),
+        ({"anyOf": [{"type": "integer"}], "oneOf": [{"type": "string"}]}, ["'oneOf' beside 'anyOf'"]),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]},
+         ["requires 'b', which has no schema under 'properties'"]),
+        ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 3}, ["1 prefixItems and minItems"]),
+        ({"type": "object", "properties": {'q"': {"type": "null"}}}, ['object key "q\\""', "rename it"]),
+        ({"const": {"a\\b": 1}}, ['object key "a\\\\b"']),
         # outlines-core enforced the length and dropped the pattern ('"7%"' for ^a*$)
         ({"type": "string", "pattern": "^a*$", "minLength": 2}, ["has pattern and minLength", "into the pattern"]),
     ],
@@ -156,6 +165,12 @@ def test_unsupported_schema_is_named(backend, schema, names):
      ['{"x": 1, "y": 1}']),
     ({"type": "array", "items": False}, ["[]"], ["[1]"]),
     ({"anyOf": [False, {"type": "null"}]}, ["null"], ["1"]),
+    # listed values are filtered by every keyword beside them (maxItems was ignored: '[1, 2, 3]')
+    ({"enum": [[1, 2, 3], [1]], "maxItems": 2}, ["[1]"], ["[1, 2, 3]"]),
+    ({"enum": [{}, {"a": 1}], "required": ["a"], "properties": {"a": {}}}, ['{"a": 1}'], ["{}"]),
+    # the placeholders of bounded numbers are named with text the schema does not hold
+    ({"properties": {"a": {"type": "integer", "minimum": 0}, "b": {"const": "LMNBPLACEHOLDER0X"}}, "required": ["a", "b"]},
+     ['{"a": 3, "b": "LMNBPLACEHOLDER0X"}'], ['{"a": 3, "b": 1}']),
 ])
 def test_schemas_next_to_the_refused_ones_still_compile_to_exactly_their_instances(backend, schema, valid, invalid):
     regex = backend.to_regex(json_schema=schema)
@@ -196,6 +211,15 @@ def test_compile_errors_are_cached(tokenizer):
         assert backend.submit("a(") is not fut
     finally:
         backend.shutdown()
+
+
+def test_whitespace_patterns_are_grouped_and_only_json_whitespace():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    rx = regex_module.compile(schema_to_regex(schema, whitespace_pattern=" |\n"))  # spliced in ungrouped: '\n9 '
+    assert rx.fullmatch('{ "a" :\n1 }') and not rx.fullmatch("\n9 ") and not rx.fullmatch('{ "a" :\n1 ')
+    for pattern in (r"\s*", "x?", "[^a]?", '"?'):  # \s: U+00A0 between tokens is no JSON
+        with pytest.raises(GrammarError, match="other than JSON whitespace"):
+            schema_to_regex(schema, whitespace_pattern=pattern)
 
 
 def test_invalid_regex_syntax_says_what_is_wrong(backend):

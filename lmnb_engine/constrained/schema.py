@@ -41,7 +41,7 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
 from lmnb_engine.constrained.json_string import pattern_regex
-from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_regex
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_regex
 from lmnb_engine.constrained.schema_refs import inline_refs
 from lmnb_engine.json_schema import checked_schema
 
@@ -62,7 +62,7 @@ _FORMATS = {"date", "date-time", "uuid"}
 _ANY_TYPES = ["object", "array", "string", "number", "boolean", "null"]  # every JSON value (integers are numbers)
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_PLACEHOLDER = "LMNBPLACEHOLDER{}X"  # letters and digits only: appears verbatim in the regex
+_PLACEHOLDER = "LMNBPLACEHOLDER"  # letters and digits only: appears verbatim in the regex
 
 # RFC 3339 §5.6 full-date: years 0001-9999 (Python's and so jsonschema's range), each month's days,
 # 29 February in leap years (divisible by 4, centuries only by 400); ASCII digits only.
@@ -129,7 +129,9 @@ def _filter_listed_values(node: dict, where: str) -> None:
 
     Raises:
         GrammarError: no listed value passes, so nothing could validate."""
-    checks = {k: node[k] for k in _VALUE_CHECKS if k in node}
+    checks = {k: v for k, v in node.items() if k not in ("enum", "const", "$defs", "definitions") and k not in _ANNOTATIONS}
+    if '"$ref"' in json.dumps(checks):  # (a reference needs the whole document: the plain checks only)
+        checks = {k: node[k] for k in _VALUE_CHECKS if k in node}
     if not checks or ("enum" not in node and "const" not in node):
         return
     import jsonschema
@@ -144,6 +146,52 @@ def _filter_listed_values(node: dict, where: str) -> None:
             raise GrammarError(f"JSON schema at {where}: no enum value passes its own {', '.join(checks)}; "
                                "no output could validate: fix the enum")
         node["enum"] = kept
+
+
+_COMBINATORS = ("anyOf", "oneOf", "allOf")
+
+
+def _check_structure(node: dict, where: str) -> None:
+    """Refuse what outlines-core would drop without a word, so that output need not validate:
+    keywords beside ``anyOf``/``oneOf``/``allOf`` (it generates the branches alone), a ``required``
+    name with no schema in ``properties`` (it writes only those), ``minItems``/``maxItems`` that
+    the ``prefixItems`` count breaks (it writes exactly that many), and object keys that JSON must
+    escape (it writes them raw)."""
+    combinators = [k for k in _COMBINATORS if k in node]
+    beside = [k for k in node if k not in _ANNOTATIONS and k not in (*_COMBINATORS, "$defs", "definitions")]
+    if combinators and (beside or len(combinators) > 1):
+        other = beside[0] if beside else combinators[1]
+        raise GrammarError(f"JSON schema at {where} has {other!r} beside {combinators[0]!r}, which constrained "
+                           f"decoding cannot combine (only the branches would be generated); move {other!r} "
+                           "into each branch")
+    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    missing = [k for k in node.get("required", []) if k not in properties]
+    if missing:
+        raise GrammarError(f"JSON schema at {where} requires {missing[0]!r}, which has no schema under "
+                           "'properties'; constrained decoding writes only the listed properties: add "
+                           f"'properties': {{{json.dumps(missing[0])}: {{}}}} (any value) or a schema for it")
+    if isinstance(node.get("prefixItems"), list):
+        n = len(node["prefixItems"])
+        if node.get("minItems", 0) > n or node.get("maxItems", n) < n:
+            raise GrammarError(f"JSON schema at {where} has {n} prefixItems and minItems/maxItems that exclude "
+                               f"{n} items; constrained decoding writes exactly the prefixItems: make the bounds "
+                               f"allow {n}, or list that many prefixItems")
+    listed = [node["const"]] if "const" in node else node.get("enum", [])
+    for key in [*properties, *(k for v in listed for k in _object_keys(v))]:
+        if any(c in '"\\' or ord(c) < 0x20 for c in key):
+            raise GrammarError(f"JSON schema at {where} has the object key {json.dumps(key)}, which JSON writes "
+                               "with escapes; constrained decoding writes keys as they are: rename it")
+
+
+def _object_keys(value: Any):
+    """Every object key inside a JSON value."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _object_keys(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _object_keys(v)
 
 
 def _bounded_regex(node: dict, kind: str, where: str) -> str:
@@ -240,7 +288,8 @@ def _scalar_types(branch: Any) -> set[str]:
 class _Rewriter:
     """Checks keywords and swaps bounded numeric subschemas for placeholders (one pass, in place)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix  # of the placeholder names: text the schema itself does not hold
         self.fragments: dict[str, str] = {}
 
     def visit(self, node: Any, where: str) -> Any:
@@ -298,6 +347,8 @@ class _Rewriter:
                 if node.pop(flag) and bound in node:
                     node[flag] = node.pop(bound)
         _check_combinations(node, where)
+        _check_structure(node, where)
+        _filter_listed_values(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
             node["properties"] = {}  # the schema of "{}", which outlines-core fails on without properties
         for key in _SUBSCHEMA_MAPS:
@@ -310,7 +361,6 @@ class _Rewriter:
             node["items"] = self.visit(node["items"], f"{where}/items")
         if isinstance(node.get("additionalProperties"), dict):  # (outlines-core takes true and false there)
             node["additionalProperties"] = self.visit(node["additionalProperties"], f"{where}/additionalProperties")
-        _filter_listed_values(node, where)
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)
         return self._formatted(node, where)
@@ -318,7 +368,7 @@ class _Rewriter:
     def _placeholder(self, fragment: str, node: dict, covered: list[str], where: str) -> dict:
         """A placeholder constant for ``fragment`` (the regex of the ``covered`` types of
         ``node``), or-ed with what ``node`` still allows of its other types."""
-        name = _PLACEHOLDER.format(len(self.fragments))
+        name = f"{self.prefix}{len(self.fragments)}X"
         self.fragments[name] = fragment
         types = node.get("type")
         types = [types] if isinstance(types, str) else list(types or [])
@@ -360,6 +410,24 @@ class _Rewriter:
         return self._placeholder(_bounded_regex(bounds, kind, where), node, ["integer", "number"], where)
 
 
+_JSON_WHITESPACE = " \t\n\r"  # RFC 8259 §2
+
+
+def _check_whitespace(pattern: str) -> None:
+    """Refuse a ``whitespace_pattern`` that can match anything but JSON's four whitespace
+    characters (``\\s`` also matches e.g. U+00A0, which JSON does not allow between tokens)."""
+    check_regex(pattern)
+    parsed = _p.parse(pattern)
+    allowed = {ord(c) for c in _JSON_WHITESPACE}
+    for op, av in _walk(parsed):
+        bad = (op is _c.LITERAL and av not in allowed) or op in (_c.NOT_LITERAL, _c.ANY, _c.CATEGORY) or (
+            op is _c.RANGE and not set(range(av[0], av[1] + 1)) <= allowed) or op is _c.NEGATE
+        if bad:
+            raise GrammarError(f"whitespace_pattern {pattern!r} can match characters other than JSON whitespace "
+                               "(space, \\t, \\n, \\r), which would break the JSON; use only those, e.g. "
+                               "r'[ \\n]{0,2}'")
+
+
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     """Regex whose matches are exactly the JSON texts the decoder may produce for ``schema``.
 
@@ -380,9 +448,14 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
         except re.error as e:
             raise GrammarError(f"whitespace_pattern {whitespace_pattern!r} is not a valid regular expression "
                                f"({e.msg} at position {e.pos}); fix it, e.g. r'[ \\n]{{0,2}}'") from None
-        check_regex(whitespace_pattern)
-    rewriter = _Rewriter()
-    rewritten = inline_refs(rewriter.visit(load_schema(schema), "#"))
+        _check_whitespace(whitespace_pattern)
+        whitespace_pattern = f"(?:{whitespace_pattern})"  # outlines-core splices it in ungrouped
+    schema = load_schema(schema)
+    prefix = _PLACEHOLDER
+    while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
+        prefix += "Q"
+    rewriter = _Rewriter(prefix)
+    rewritten = inline_refs(rewriter.visit(schema, "#"))
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as e:
@@ -391,6 +464,6 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
         # Absent where its subschema is never generated: a $defs entry no $ref names, a recursion
         # branch cut, additionalProperties beside properties. Present once per use of a $ref.
         regex = regex.replace(f'"{name}"', f"(?:{fragment})")
-    if _PLACEHOLDER.partition("{")[0] in regex:  # the library changed how it renders a const
+    if prefix in regex:  # the library changed how it renders a const
         raise GrammarError("internal error: a placeholder was left in the schema regex")
     return regex
