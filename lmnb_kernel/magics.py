@@ -16,7 +16,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_exp
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
-from lmnb.template.cell_options import STATE_NAME, CellOptions, add_cell_options
+from lmnb.template.cell_options import STATE_NAME, CellOptions, add_cell_options, add_connect_arguments, add_load_arguments
 from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
 from lmnb_kernel.errors import CellError
@@ -38,19 +38,8 @@ def cell_parser() -> MagicArgumentParser:
 def line_parser() -> MagicArgumentParser:
     p = MagicArgumentParser(prog="lm", description="Manage the kernel's LM session.")
     sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
-    s = sub.add_parser("load", prog="lm load", help="load a model into a new in-process engine now")
-    s.add_argument("model", nargs="?", help="Hugging Face checkpoint directory or hub id (or a preset with "
-                   "--random-weights); default: $LMNB_MODEL, else the built-in demo model")
-    s.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    s.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
-    s.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens")
-    s.add_argument("--random-weights", action="store_true", help="seeded random weights (benchmarks)")
-    s = sub.add_parser("connect", prog="lm connect", help="run cells on a server instead")
-    s.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
-    s.add_argument("--openai", metavar="MODEL", help="the server is OpenAI-compatible; use this model name")
-    s.add_argument("--completion", action="store_true",
-                   help="with --openai: a completion model (prompts go out as text, not chat messages)")
-    s.add_argument("--api-key", help="API key sent to the server")
+    add_load_arguments(sub.add_parser("load", prog="lm load", help="load a model into a new in-process engine now"))
+    add_connect_arguments(sub.add_parser("connect", prog="lm connect", help="run cells on a server instead"))
     sub.add_parser("stats", prog="lm stats", help="cache hit rate, KV pool usage, evictions")
     sub.add_parser("tree", prog="lm tree", help="the radix tree (refreshed after every cell)")
     sub.add_parser("states", prog="lm states", help="the named states")

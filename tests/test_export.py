@@ -15,6 +15,7 @@ import pytest
 
 from helpers_export import CHAT, QA, notebook
 from lmnb.export import ExportError, export_notebook, plan_notebook
+from lmnb.export.cells import Backend
 from lmnb.template import parse
 from lmnb.template.cell_options import option_parser, parse_cell_line
 
@@ -205,3 +206,41 @@ def test_globals_named_like_the_generated_code_are_passed_as_arguments(monkeypat
     monkeypatch.setattr(lmnb.api, "_default_backend", backend)
     ns["run_row"]("?")
     assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["a?", "b?"]
+
+
+def test_prompts_states_and_line_breaks_are_the_kernels(monkeypatch):
+    """As the kernel runs the notebook: a %%lm cell's final line break is not part of its prompt,
+    `%lm reset NAME` makes the next cell with that --state start a new state, and a lone \\r
+    ends a line (a code cell 'k = 1\\rw = ...' ran at module level, where `a` is undefined)."""
+    from helpers_lang import ScriptedBackend
+
+    import lmnb
+
+    nb = notebook('q = "x"', "%%lm --state n --temperature 0\n{q}{gen a max_tokens=1}\n", 'k = 1\rw = a + "?"',
+                  "%lm reset n", "%%lm --state n --temperature 0\nB{gen b max_tokens=1}\n",
+                  "%%lm --state n --temperature 0\nC{gen c max_tokens=1}", "%%lm --temperature 0\n{w}{gen d max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("q",)
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    monkeypatch.setattr(lmnb.api, "_default_backend", backend)
+    ns["run_row"]("x")
+    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    assert prompts == ["x", "B", "B!C", "!?"]
+
+
+@pytest.mark.parametrize("lines, backend, note", [
+    # read with the magic's own arguments, not by word position
+    (["%lm connect http://127.0.0.1:9", "%lm load"], Backend(), None),  # the way back from a server
+    (["%lm load --dtype float32 /ckpt"], Backend(model="/ckpt"), "--dtype not carried into the job"),
+    (["%lm connect --openai m http://h/v1 --completion"], Backend(url="http://h/v1", openai_model="m"),
+     "--completion not carried"),
+])
+def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, note):
+    _, p = export_notebook(notebook(*lines, 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
+    assert p.backend == backend
+    assert (note is None and not p.notes) or any(note in n for n in p.notes), p.notes
+    with pytest.raises(ExportError, match="cell 1: %lm connect: the following arguments are required: url"):
+        export_notebook(notebook("%lm connect", 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))

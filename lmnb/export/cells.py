@@ -17,7 +17,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from lmnb.template.cell_options import CellLineError, CellOptions, parse_cell_line
+from lmnb.template.cell import cell_body
+from lmnb.template.cell_options import CellLineError, CellOptions, parse_backend_line, parse_cell_line
 
 # Cell magics whose body is Python: the body is kept, the magic is dropped.
 PYTHON_BODY_MAGICS = ("time", "timeit", "capture")
@@ -77,6 +78,7 @@ class Code:
     string_assignments: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)  # what was dropped, for the export's warnings
     backends: list = field(default_factory=list)
+    resets: list = field(default_factory=list)  # %lm reset [NAME] lines: the state names, None for all
     magic: Optional[str] = None  # "%%time" etc. when the cell had a Python-bodied cell magic
 
     @property
@@ -113,6 +115,8 @@ def read_cells(nb) -> list[Cell]:
     for index, cell in enumerate(nb.cells, start=1):
         source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
         source = source.replace("\r\n", "\n")
+        if not source.lstrip("\n").startswith("%%lm"):  # a lone \r ends a line for Python and IPython (a prompt keeps it)
+            source = source.replace("\r", "\n")
         if not source.strip() or cell.cell_type == "raw":
             continue
         if cell.cell_type == "markdown":
@@ -129,8 +133,8 @@ def _code_cell(index: int, source: str, tags: tuple) -> Cell:
     if first.startswith("%%"):
         name = first[2:].split(None, 1)[0] if first[2:].strip() else ""
         body = "\n".join(lines[1:])
-        if name == "lm":
-            return _lm_cell(index, first[4:].strip(), body)
+        if name == "lm":  # (the prompt without its final line break, as in the kernel)
+            return _lm_cell(index, first[4:].strip(), cell_body(body))
         if name in PYTHON_BODY_MAGICS:
             code = python_cell(index, body, tags)
             code.magic = first.strip()
@@ -212,15 +216,26 @@ def _lm_command(code: Code, line: str) -> str:
         words = line.split()
     command = words[0] if words else ""
     shown = f"%lm {line}".strip()
-    if command == "load" and len(words) > 1:
-        code.backends.append(Backend(model=words[1]))
-        return f"{shown}: the job's default --model (the job loads it once)"
-    if command == "connect" and len(words) > 1:
-        openai = words[words.index("--openai") + 1] if "--openai" in words[:-1] else None
-        code.backends.append(Backend(url=words[1], openai_model=openai))
+    if command in ("load", "connect"):
+        try:
+            args = parse_backend_line(command, words[1:])
+        except CellLineError as e:
+            raise ExportError(f"cell {code.index}: {shown}: {e}") from None
+        code.backends.append(Backend(model=args.model) if command == "load" else
+                             Backend(url=args.url, openai_model=args.openai))
+        kept = ("model",) if command == "load" else ("url", "openai")
+        lost = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k not in kept and v not in (None, False)]
+        if lost:
+            code.notes.append(f"cell {code.index}: {shown}: {', '.join(lost)} not carried into the job; pass "
+                              "the job's own options (e.g. --dtype, --api-key) where it has them")
+        if command == "load":
+            return f"{shown}: the job's default --model (the job loads it once)"
         return f"{shown}: the job's default --backend"
     if command in DISPLAY_COMMANDS:
         return f"{shown}: display only, dropped"
+    if command == "reset":
+        code.resets.append(words[1] if len(words) > 1 else None)
+        return f"{shown}: the next %%lm cell with that --state starts a new state"
     if command in SESSION_COMMANDS:
         return f"{shown}: manages the notebook's kernel session, dropped"
     code.notes.append(f"cell {code.index}: dropped unknown command {shown!r}")

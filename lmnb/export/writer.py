@@ -201,8 +201,10 @@ class _Writer:
         state = n.named_state(o.state) if o.state else n.state
         args = list(self.p.lm_params[cell.index])
         args += [f"{k}={v!r}" for k, v in o.run_kwargs().items()]
-        continuing = o.state and any(c.options.state == o.state for c in self.p.lm_cells if c.index < cell.index)
-        if continuing:
+        earlier = [c.index for c in self.p.lm_cells if c.index < cell.index and c.options.state == o.state]
+        reset = earlier and any(isinstance(c, Code) and (None in c.resets or o.state in c.resets)
+                                and earlier[-1] < c.index < cell.index for c in self.p.row)
+        if o.state and earlier and not reset:  # the same --state continues, unless %lm reset forgot it
             args.append(f"state={state}")
         lines = [f"# -- cell {cell.index}: %%lm {cell.line}".rstrip(),
                  f"{state} = {n.function(cell)}.run({', '.join(args)})", f"{state}.sync()"]

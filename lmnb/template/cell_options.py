@@ -74,6 +74,40 @@ class _Parser(argparse.ArgumentParser):
         raise CellLineError(message)
 
 
+def add_load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The arguments of ``%lm load`` (the magic's and the exporter's)."""
+    parser.add_argument("model", nargs="?", help="Hugging Face checkpoint directory or hub id (or a preset with "
+                        "--random-weights); default: $LMNB_MODEL, else the built-in demo model")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens")
+    parser.add_argument("--random-weights", action="store_true", help="seeded random weights (benchmarks)")
+    return parser
+
+
+def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The arguments of ``%lm connect`` (the magic's and the exporter's)."""
+    parser.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
+    parser.add_argument("--openai", metavar="MODEL", help="the server is OpenAI-compatible; use this model name")
+    parser.add_argument("--completion", action="store_true",
+                        help="with --openai: a completion model (prompts go out as text, not chat messages)")
+    parser.add_argument("--api-key", help="API key sent to the server")
+    return parser
+
+
+def parse_backend_line(command: str, words: list[str]) -> argparse.Namespace:
+    """The arguments of a ``%lm load`` / ``%lm connect`` line (``words`` after the command).
+
+    Raises:
+        CellLineError: an unknown option or a missing URL.
+    """
+    add = add_load_arguments if command == "load" else add_connect_arguments
+    try:
+        return add(_Parser(prog=f"%lm {command}", add_help=False)).parse_args(words)
+    except argparse.ArgumentError as e:
+        raise CellLineError(str(e)) from None
+
+
 def option_parser() -> argparse.ArgumentParser:
     """The ``%%lm`` options as a plain ``argparse`` parser (raises ``CellLineError``, never exits)."""
     return add_cell_options(_Parser(prog="%%lm", add_help=False))
