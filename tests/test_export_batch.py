@@ -85,6 +85,21 @@ def test_a_changed_line_in_the_middle_is_refused_not_guessed(tmp_path, capsys):
     assert out.read_text() == before
 
 
+@pytest.mark.parametrize("content", [
+    b'{"person": "Arvel"}\n{"person": "Bexa"}\n{"person": "Corin"}',  # --input and --output swapped
+    b"notes\nmore notes", b"no line break at all",
+])
+def test_a_file_that_is_not_a_results_file_is_refused_and_left_as_it_was(tmp_path, capsys, content):
+    """Its last line has no line break, like a torn record: it was cut off before the other lines
+    were checked, so the refusal came after the file had lost its last line."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(content)
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert "is not a result record of this job" in capsys.readouterr().err
+    assert out.read_bytes() == content
+
+
 def test_bad_lines_and_missing_fields_are_rows_with_errors_and_the_run_goes_on(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "a"}\n\n{"question": \n[1, 2]\n{"q": "x"}\n{"question": "boom"}\n{"question": "b"}\n')

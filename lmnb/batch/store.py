@@ -28,6 +28,14 @@ except ImportError:  # pragma: no cover - Windows
 OK, ERROR, BAD_INPUT = "ok", "error", "bad_input"
 
 
+_RECORD_START = b'{"row": '  # how every record begins (the runner puts "row" first)
+
+
+def _not_ours(path: Path, lineno: int) -> str:
+    return (f"{path} line {lineno} is not a result record of this job (it was changed by something else, "
+            "or is another file); move the file away or fix that line, then run again")
+
+
 class StoreError(RuntimeError):
     """The results file cannot be used (locked by another run, changed by hand, other options)."""
 
@@ -96,23 +104,22 @@ class ResultStore:
         with open(self.path, "rb") as f:
             data = f.read()
         end = data.rfind(b"\n") + 1
-        if end < len(data):
-            # The tail after the last newline is a record a killed run did not finish writing.
-            os.ftruncate(self._fd, end)
-            self.repaired = True
-            data = data[:end]
         records = []
-        for lineno, line in enumerate(data.split(b"\n")[:-1], start=1):
+        for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
             try:
                 record = json.loads(line)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 record = None
             if not isinstance(record, dict) or not isinstance(record.get("row"), int):
-                raise StoreError(
-                    f"{self.path} line {lineno} is not a result record of this job (it was changed by "
-                    "something else); move the file away or fix that line, then run again"
-                )
+                raise StoreError(_not_ours(self.path, lineno))
             records.append((line, record))
+        tail = data[end:]
+        if tail:  # checked after every other line: a file that is not ours is never cut
+            if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)):
+                raise StoreError(_not_ours(self.path, len(records) + 1))
+            # The tail after the last newline is a record a killed run did not finish writing.
+            os.ftruncate(self._fd, end)
+            self.repaired = True
         return records
 
     def _check_keying(self, record: dict) -> None:
