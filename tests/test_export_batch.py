@@ -186,6 +186,30 @@ def test_parameters_are_options_typed_like_their_defaults():
     assert job.args.limit is None  # a parameter named like a job option gets --param-NAME
 
 
+def test_a_rerun_with_other_parameters_or_backend_is_refused_not_mixed_into_the_file(tmp_path, capsys):
+    """Rows 0-1 were answered for one --style, the rerun would have answered rows 2-3 for another
+    and reported '2 already done'; each record now says what it was run with."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(4)])
+
+    def job_with(*options) -> int:
+        job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                           "--no-progress", *options])
+        job.parameters(style="terse")
+        return job.run(run_row, programs=[echo], backend=ScriptedBackend(reply))
+
+    assert job_with("--style", "long", "--limit", "2") == 0
+    before = (tmp_path / "out.jsonl").read_bytes()
+    assert job_with("--style", "short") == 2
+    assert "parameter style: 'long' there, 'short' now" in capsys.readouterr().err
+    assert job_with("--style", "long", "--model", "/other") == 2
+    assert "--model: None there, '/other' now" in capsys.readouterr().err
+    assert (tmp_path / "out.jsonl").read_bytes() == before
+    assert job_with("--style", "long") == 0  # the same settings resume
+    results = read_results(tmp_path / "out.jsonl")
+    assert sorted(r["row"] for r in results) == [0, 1, 2, 3]
+    assert all(r["settings"]["parameter style"] == "long" and r["settings"]["--backend"] == "engine" for r in results)
+
+
 def test_output_that_is_the_input_file_is_refused(tmp_path, capsys):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
     job = Job("", ["question"], argv=["--input", str(rows), "--output", str(rows), "--no-progress"])

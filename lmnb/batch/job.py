@@ -11,6 +11,7 @@ radix cache, paper §3), writes each finished row at once and prints a summary
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any, Callable, Optional, Sequence
 
@@ -46,6 +47,7 @@ class Job:
         self.default_openai = openai_model
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.args: Optional[argparse.Namespace] = None
+        self.parameter_values: dict = {}
 
     def _parser(self) -> argparse.ArgumentParser:
         return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model)
@@ -62,7 +64,16 @@ class Job:
         parser = self._parser()
         dests = add_parameters(parser, defaults, self.per_row)
         self.args = parser.parse_args(self.argv)
-        return argparse.Namespace(**{name: getattr(self.args, dest) for name, dest in dests.items()})
+        self.parameter_values = {name: getattr(self.args, dest) for name, dest in dests.items()}
+        return argparse.Namespace(**self.parameter_values)
+
+    def settings(self) -> dict:
+        """What the rows' results depend on besides their fields: the notebook parameters and the
+        backend options, as JSON values (``repr`` for others). Each record carries them."""
+        a = self.args
+        values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": a.backend,
+                  "--openai": a.openai, "--model": a.model, "--device": a.device, "--dtype": a.dtype}
+        return json.loads(json.dumps(values, default=repr))
 
     def start(self):
         """For a script without input rows: parse the options (unless ``parameters`` did), start
@@ -103,7 +114,7 @@ class Job:
             return fatal(str(e))
         if args.limit is not None:
             rows = rows[: args.limit]
-        store = ResultStore(args.output, args.id_field)
+        store = ResultStore(args.output, args.id_field, self.settings())
         try:
             store.open(retry_errors=args.retry_errors)
             return RowRunner(self, args, store, rows, run_row, programs, backend).run()

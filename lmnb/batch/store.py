@@ -51,12 +51,16 @@ class ResultStore:
     """The output of one job run. Use ``open`` first, then ``done``/``write``, then ``close``.
 
     ``id_field``: the ``--id-field`` of this run (None = rows are keyed by their index); a file
-    written with different keying is refused, since its keys would not match.
+    written with different keying is refused, since its keys would not match. ``settings``: what
+    this run's results depend on (notebook parameters, backend, model; JSON values); each record
+    carries them, and a file whose rows were run with other settings is refused, so one file never
+    mixes results of two configurations (records from before settings were written are taken).
     """
 
-    def __init__(self, path: Path, id_field: Optional[str] = None):
+    def __init__(self, path: Path, id_field: Optional[str] = None, settings: Optional[dict] = None):
         self.path = Path(path)
         self.id_field = id_field
+        self.settings = settings
         self.keys: set = set()
         self.counts = {OK: 0, ERROR: 0, BAD_INPUT: 0}
         self.repaired = False  # a torn last line was cut off by open()
@@ -85,6 +89,7 @@ class ResultStore:
             records = kept
         for _, record in records:
             self._check_keying(record)
+            self._check_settings(record)
             self.keys.add(row_key(record))
             status = record.get("status")
             self.counts[status if status in self.counts else ERROR] += 1
@@ -133,6 +138,15 @@ class ResultStore:
             raise StoreError(f"{self.path} holds rows keyed by an id field; rerun with the same "
                              "--id-field as the first run, or write to a new output file")
 
+    def _check_settings(self, record: dict) -> None:
+        old = record.get("settings")
+        if self.settings is None or old is None or old == self.settings:
+            return
+        changed = sorted(k for k in {*old, *self.settings} if old.get(k) != self.settings.get(k))
+        shown = "; ".join(f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now" for k in changed)
+        raise StoreError(f"{self.path} holds rows run with other settings ({shown}); rerun with the same "
+                         "options as the first run, or write to a new output file")
+
     def _rewrite(self, lines: list[bytes]) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
@@ -157,6 +171,8 @@ class ResultStore:
         key = row_key(record)
         if key in self.keys:
             raise StoreError(f"row {record['row']} is already in {self.path}; it is not written twice")
+        if self.settings is not None:
+            record = {**record, "settings": self.settings}
         try:
             text = json.dumps(record, ensure_ascii=False, default=_jsonable)
             data = (text + "\n").encode("utf-8")
