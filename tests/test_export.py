@@ -7,6 +7,7 @@ test_export_batch.py.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 
@@ -134,6 +135,34 @@ def test_bad_cells_are_reported_with_their_cell_number(cell, words):
         export_notebook(notebook("x = 1", cell))
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("cells, words", [
+    # each was written into a script that failed at import (SyntaxError, NameError, RecursionError)
+    (["import asyncio\nawait asyncio.sleep(0)"], ["cell 3, line 2: top-level await", "asyncio.run"]),
+    (["files = !ls\nn = len(files)"], ["cell 3: 'files = !ls' assigns what IPython syntax computes"]),
+    (["%%lm\n" + "\n".join('{d["k"]}{q[:3]}' for _ in range(1500))],
+     ["the exported script does not compile: RecursionError"]),
+])
+def test_notebooks_whose_script_could_not_run_are_refused_at_export(cells, words):
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "x"\nd = {"k": 1}', "%%lm\n{q}{gen a max_tokens=1}", *cells))
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_timing_magics_keep_their_statement_and_imports_are_no_parameters(tmp_path, capsys):
+    from lmnb_kernel.cli import main
+
+    nb = notebook(("parameters", "import os\nlimit = 2"), "%time x = 5\n%timeit -n1 -r1 z = 3",
+                  ("md", "broken \ud83d character"), 'q = "x"', "%%lm\n{q}{x}{z}{limit}{gen a max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.parameters == ("limit",) and p.inputs == ("q",)  # x and z were row fields: their cell was dropped
+    assert "\nx = 5\nz = 3\n" in source
+    nb_path = tmp_path / "nb.ipynb"
+    nb_path.write_text(json.dumps(nb))  # (json escapes the surrogate, as in a real file; nbformat.write fails)
+    assert main(["export", str(nb_path), "-o", str(tmp_path / "job.py")]) == 0  # a lone surrogate: UnicodeEncodeError
+    compile((tmp_path / "job.py").read_text(encoding="utf-8"), "job.py", "exec")
 
 
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):

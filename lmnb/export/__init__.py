@@ -55,7 +55,15 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
         ExportError: a cell that does not parse, no ``%%lm`` cell, or unusable ``inputs``.
     """
     p = plan_notebook(nb, inputs)
-    return write_script(p, notebook_name, script_name), p
+    # A lone surrogate (a broken character) becomes its escape: in a string literal it reads back the same.
+    source = write_script(p, notebook_name, script_name).encode("utf-8", "backslashreplace").decode("utf-8")
+    try:  # what compiles cell by cell can still fail as one script (e.g. nesting too deep)
+        compile(source, script_name, "exec")
+    except (SyntaxError, RecursionError, ValueError, MemoryError) as e:
+        where = f" (script line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        raise ExportError(f"the exported script does not compile{where}: {type(e).__name__}: {e}; split the "
+                          "longest cells, or simplify expressions in their {...} holes") from None
+    return source, p
 
 
 def export_arguments(parser: argparse.ArgumentParser) -> None:

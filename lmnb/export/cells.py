@@ -25,6 +25,8 @@ PYTHON_BODY_MAGICS = ("time", "timeit", "capture")
 DISPLAY_COMMANDS = ("stats", "tree", "states")  # %lm commands that only display
 SESSION_COMMANDS = ("reset", "flush", "pin", "unpin")  # %lm commands about the kernel's session
 _LM_LINE = re.compile(r"^(\s*)%lm(?:\s+(.*))?$")
+# %time STMT, %timeit [-n N -r R ...] STMT
+_TIMING_LINE = re.compile(r"^(\s*)%(?:time|timeit(?:\s+-[nrp]\s*\d+|\s+-[tcqov])*)\s+(.+)$")
 # lmnb primitives whose first argument (or name=) names a captured variable.
 _CAPTURING = ("gen", "gen_int", "gen_string", "select")
 
@@ -176,10 +178,26 @@ def python_cell(index: int, source: str, tags: tuple = ()) -> Code:
         tree = ast.parse(text, filename=f"<cell {index}>")
     except SyntaxError as e:
         raise ExportError(f"cell {index}, line {e.lineno}: invalid Python: {e.msg}") from None
+    awaited = _top_level_await(tree)
+    if awaited is not None:
+        raise ExportError(f"cell {index}, line {awaited}: top-level await (IPython runs it, a script cannot); "
+                          "put the code in an async function and call it with asyncio.run(...)")
     code.source = text.strip("\n")
     code.reads, code.uses, code.assigns = names(text, tree)
     code.bindings, code.string_assignments = _bindings(tree)
     return code
+
+
+def _top_level_await(tree: ast.Module) -> Optional[int]:
+    """The line of the first ``await`` / ``async for`` / ``async with`` outside an async function."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.Await, ast.AsyncFor, ast.AsyncWith)):
+            return node.lineno
+        if not isinstance(node, (ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+    return None
 
 
 def _replace_magics(source: str, code: Code) -> str:
@@ -189,6 +207,9 @@ def _replace_magics(source: str, code: Code) -> str:
         m = _LM_LINE.match(line)
         if m:
             lines[i] = _comment(m.group(1), _lm_command(code, (m.group(2) or "").strip()))
+        m = _TIMING_LINE.match(line)
+        if m:  # %time / %timeit STATEMENT: the statement runs (once), its timing is display only
+            lines[i] = m.group(1) + m.group(2)
     from IPython.core.inputtransformer2 import TransformerManager
 
     replaced = "\n".join(lines)
@@ -197,6 +218,10 @@ def _replace_magics(source: str, code: Code) -> str:
     for i, line in enumerate(transformed):
         if "get_ipython()" in line:
             original = lines[i].strip() if same_lines else line.strip()
+            if re.match(r"\s*[\w.,\s\[\]]+=\s*get_ipython\(\)", line):  # x = !ls, x = %env: a value a script lacks
+                raise ExportError(f"cell {code.index}: {original!r} assigns what IPython syntax computes, which a "
+                                  "plain script cannot; write it in Python (e.g. subprocess.run(..., "
+                                  "capture_output=True, text=True).stdout for !cmd)")
             code.notes.append(f"cell {code.index}: dropped IPython syntax {original!r} (not plain Python)")
             indent = line[: len(line) - len(line.lstrip())]
             transformed[i] = _comment(indent, f"dropped IPython syntax (not plain Python): {original}")

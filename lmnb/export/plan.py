@@ -73,7 +73,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             example assignment that shares its line with other code.
     """
     params_cell = next((c for c in cells if isinstance(c, Code) and c.is_parameters), None)
-    parameters = tuple(dict.fromkeys(n for n, _ in params_cell.bindings)) if params_cell else ()
+    parameters = _parameter_names(params_cell) if params_cell else ()
     given = None if inputs is None else tuple(inputs)
     if given is not None:
         bad = [n for n in given if not n.isidentifier()]
@@ -197,6 +197,20 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
         raise ExportError(f"--inputs {', '.join(unused)}: the cells that run per row never read "
                           f"{'it' if len(unused) == 1 else 'them'}")
     return tuple(fields)
+
+
+def _parameter_names(cell: Code) -> tuple:
+    """The variables the parameters cell assigns (papermill's parameters); what it imports or
+    defines is set-up, not an option (``import os`` became ``--os``)."""
+    import ast
+
+    out: dict = {}
+    for stmt in ast.parse(cell.source).body:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
+            stmt, ast.AnnAssign) else []
+        for t in targets:
+            out.update((n.id, None) for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+    return tuple(out)
 
 
 def _check_strippable(cell: Code, names: set) -> None:
