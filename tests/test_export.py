@@ -273,3 +273,26 @@ def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, not
     assert (note is None and not p.notes) or any(note in n for n in p.notes), p.notes
     with pytest.raises(ExportError, match="cell 1: %lm connect: the following arguments are required: url"):
         export_notebook(notebook("%lm connect", 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
+
+
+def test_objects_the_row_cells_change_in_place_start_from_the_setup_value_in_each_row(monkeypatch):
+    """`seen.append(q)` ran once in the notebook; in the script each row appended to one shared
+    list, so the third row saw 3 (and threads raced on it)."""
+    from helpers_lang import ScriptedBackend
+
+    import lmnb
+
+    nb = notebook('import os\nseen = []\ncounts = {"n": 0}\nq = "x"', "%%lm --temperature 0\n{q}{gen a max_tokens=1}",
+                  'seen.append(q)\ncounts["n"] += 1\nsep = os.sep', "%%lm --temperature 0\n{len(seen)}{counts['n']}{gen b max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert set(p.copied) == {"seen", "counts"} and p.inputs == ("q",)  # (os.sep only reads os)
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    monkeypatch.setattr(lmnb.api, "_default_backend", backend)
+    for q in ("x", "y", "z"):
+        ns["run_row"](q)
+    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    assert prompts == ["x", "11", "y", "11", "z", "11"]
+    assert ns["seen"] == [] and ns["counts"] == {"n": 0}

@@ -21,6 +21,16 @@ from lmnb.batch.runner import EXIT_INTERRUPTED, RowRunner, fatal
 from lmnb.batch.store import ResultStore, StoreError
 
 
+def row_copy(value: Any) -> Any:
+    """A row's own copy of a module value that its cells change: a deep copy of built-in
+    containers (list, dict, set, bytearray), other values as they are (modules, models, clients
+    are shared, and often cannot be copied). In the notebook the cells ran once, so each row must
+    start from the set-up value, whatever the rows before it appended."""
+    import copy
+
+    return copy.deepcopy(value) if isinstance(value, (list, dict, set, bytearray)) else value
+
+
 class Job:
     """A notebook's batch job (see the module docstring).
 

@@ -78,6 +78,7 @@ class Code:
     assigns: tuple = ()
     bindings: tuple = ()
     string_assignments: dict = field(default_factory=dict)
+    mutates: tuple = ()  # globals it changes in place (x.append(...), x[k] = v): each row needs its own copy
     notes: list = field(default_factory=list)  # what was dropped, for the export's warnings
     backends: list = field(default_factory=list)
     resets: list = field(default_factory=list)  # %lm reset [NAME] lines: the state names, None for all
@@ -185,7 +186,23 @@ def python_cell(index: int, source: str, tags: tuple = ()) -> Code:
     code.source = text.strip("\n")
     code.reads, code.uses, code.assigns = names(text, tree)
     code.bindings, code.string_assignments = _bindings(tree)
+    code.mutates = _mutated(tree)
     return code
+
+
+def _mutated(tree: ast.Module) -> tuple:
+    """Names whose object the code may change in place: a method call on them, or an item or
+    attribute assigned or deleted (``seen.append(x)``, ``d[k] = v``, ``del d[k]``, ``d[k] += 1``)."""
+    out: dict = {}
+    for node in ast.walk(tree):
+        base = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            base = node.func.value
+        elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            base = node.value
+        if isinstance(base, ast.Name):
+            out[base.id] = None
+    return tuple(out)
 
 
 def _top_level_await(tree: ast.Module) -> Optional[int]:

@@ -33,7 +33,8 @@ class Plan:
     row-local variables its program takes as arguments (other names it reads are module globals).
     binds: ``%%lm`` cell index → captured variables bound as locals after it runs. strip: moved
     setup cell index → row fields whose literal assignments are commented out there. copied:
-    module-level names the row part rebinds (each row starts from the module value).
+    module-level names the row part rebinds or changes in place (each row starts from a copy of
+    the module value: ``lmnb.batch.row_copy``).
     """
 
     cells: list
@@ -180,7 +181,7 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
             p.binds[c.index] = captured
             local |= set(captured) | ({c.options.out} if c.options.out else set())
         else:
-            local |= set(c.assigns)
+            local |= set(c.assigns) | set(c.mutates)  # (a changed object is the row's own copy)
     def sets(c, n: str) -> bool:  # (a moved cell's example assignment of a field is stripped)
         if isinstance(c, LMCell):
             return n in c.captures or n == c.options.out
@@ -235,7 +236,7 @@ def _copied(setup: list, row: list, inputs: tuple, parameters: tuple) -> tuple:
     rebound, read = set(), set()
     for c in row:
         if isinstance(c, Code):
-            rebound |= set(c.assigns)
+            rebound |= set(c.assigns) | set(c.mutates)
             read |= set(c.reads)
         elif isinstance(c, LMCell):
             rebound |= set(c.captures) | ({c.options.out} if c.options.out else set())

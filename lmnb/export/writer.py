@@ -180,7 +180,8 @@ class _Writer:
                f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
         body = [doc]
         for name in p.copied:
-            body.append(f'{name} = globals()["{name}"]  # rebound below: each row starts from the module value')
+            body.append(f'{name} = lmnb.batch.row_copy(globals()["{name}"])  # changed below: each row starts '
+                        "from the module value")
         for cell in p.row:
             body.append(self.row_cell(cell))
         text = "\n\n".join(_indent(b) for b in body)
