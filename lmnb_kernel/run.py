@@ -27,7 +27,8 @@ def run_arguments(parser) -> None:
     parser.add_argument("notebook", help="the .ipynb to execute")
     parser.add_argument("-o", "--output", help="where to save the executed notebook (default: NAME.out.ipynb)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                        help="set a parameter (a Python literal, else a string); repeatable")
+                        help="set a parameter, read like its default in the parameters cell as the exported job "
+                             "reads it (else a Python literal, else the text); repeatable")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one cell may take (default 1800)")
     parser.add_argument("--allow-errors", action="store_true", help="keep going after a failing cell")
 
@@ -69,7 +70,15 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
     if args.parameter:
-        inject_parameters(nb, {k: parse_value(v) for k, v in args.parameter})
+        defaults = parameter_defaults(nb)
+        values = {}
+        for name, text in args.parameter:
+            try:
+                values[name] = parse_value(text, defaults.get(name, _NO_DEFAULT))
+            except ValueError as e:
+                print(f"lmnb run: -p {name} {text!r}: {e}", file=sys.stderr)
+                return 2
+        inject_parameters(nb, values)
     # Headless: no one watches live widgets, so cells update their output in place instead. The
     # setting goes to the kernel's environment only, never into this process's os.environ.
     env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "static")}
@@ -240,12 +249,48 @@ def kernel_manager():
     return _Manager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs(), **options)
 
 
-def parse_value(text: str):
-    """A ``-p`` value: a Python literal (``3``, ``0.5``, ``[1, 2]``, ``'x'``) or else the string."""
+_NO_DEFAULT = object()
+
+
+def parse_value(text: str, default=_NO_DEFAULT):
+    """A ``-p`` value, read like the parameter's ``default`` from the parameters cell, as the
+    exported job reads ``--NAME`` (``lmnb.batch.options.parameter_type``: ``false`` is False for
+    a bool, ``1`` is 1.0 for a float); without a literal default, a Python literal (``3``,
+    ``[1, 2]``, ``'x'``) or else the string.
+
+    Raises:
+        ValueError: text the default's type cannot take."""
+    if default is _NO_DEFAULT:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    import argparse
+
+    from lmnb.batch.options import parameter_type
+
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+        return parameter_type(default)(text)
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        raise ValueError(f"the parameters cell sets it to {default!r}, so a {type(default).__name__} is expected "
+                         f"({e})") from None
+
+
+def parameter_defaults(nb) -> dict:
+    """name → literal default of the variables the cell tagged ``parameters`` assigns."""
+    cell = next((c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    try:
+        tree = ast.parse(cell.source) if cell is not None else None
+    except SyntaxError:
+        tree = None
+    out = {}
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, SyntaxError):
+                pass
+    return out
 
 
 def inject_parameters(nb, params: dict) -> None:

@@ -199,6 +199,27 @@ def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):
     assert nb.cells[1].source == "# Parameters\npersn = 'Corin'\n"  # still injected, as papermill does
 
 
+def test_p_values_are_read_like_the_exported_jobs_options():
+    """`-p short false` gave the (truthy) string 'false' and `-p ratio 1` the int 1, where the
+    exported job's --short false / --ratio 1 gave False and 1.0: the prompts differed."""
+    from lmnb.batch import Job
+    from lmnb_kernel.run import parameter_defaults, parse_value
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('short = True\nratio = 0.5\nname = "x"\ntags = ["a"]',
+                                          metadata={"tags": ["parameters"]})]
+    defaults = parameter_defaults(nb)
+    given = {"short": "false", "ratio": "1", "name": "3", "tags": "['b', 'c']"}
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y", *(w for k, v in given.items() for w in (f"--{k}", v))])
+    expected = vars(job.parameters(**defaults))
+    assert {k: parse_value(v, defaults[k]) for k, v in given.items()} == expected == {
+        "short": False, "ratio": 1.0, "name": "3", "tags": ["b", "c"]}
+    assert all(type(parse_value(v, defaults[k])) is type(expected[k]) for k, v in given.items())
+    with pytest.raises(ValueError, match="sets it to True, so a bool is expected"):
+        parse_value("maybe", True)
+    assert parse_value("[1, 2]") == [1, 2] and parse_value("Corin") == "Corin"  # no default: a literal, else text
+
+
 def cell(nb, start: str):
     """The code cell whose source starts with ``start`` (exactly one)."""
     [c] = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(start)]

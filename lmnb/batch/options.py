@@ -74,7 +74,7 @@ def add_parameters(parser: argparse.ArgumentParser, defaults: dict, per_row: boo
     dests = {}
     for name, default in defaults.items():
         dests[name] = f"param_{name}"
-        group.add_argument(options[name], dest=dests[name], default=default, type=_param_type(default),
+        group.add_argument(options[name], dest=dests[name], default=default, type=parameter_type(default),
                            metavar="VALUE", help=f"(default: {default!r})")
     return dests
 
@@ -117,8 +117,12 @@ def _count(text: str) -> int:
     return value
 
 
-def _param_type(default: Any) -> Callable[[str], Any]:
-    """How a parameter's command-line text is read, from its default's type."""
+def parameter_type(default: Any) -> Callable[[str], Any]:
+    """How a parameter's command-line text is read, from its default's type (bool: true/false,
+    yes/no, 1/0; int; float; str; anything else: a Python literal, else the text). ``lmnb run -p``
+    reads values the same way, so a notebook and its exported job agree.
+
+    The returned function raises ``argparse.ArgumentTypeError`` / ``ValueError`` for bad text."""
     if isinstance(default, bool):
         return _bool
     if isinstance(default, (int, float, str)):
