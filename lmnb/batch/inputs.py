@@ -78,12 +78,29 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
             except json.JSONDecodeError as e:
                 error = f"line {lineno}: invalid JSON: {e.msg} at column {e.colno}"
             else:
-                if isinstance(value, dict):
+                broken = _lone_surrogate(value)
+                if broken is not None:
+                    error = (f"line {lineno}: {broken} holds a lone surrogate (a \\ud800-\\udfff escape without "
+                             "its pair: half of a broken character), which no tokenizer can encode; fix the text")
+                elif isinstance(value, dict):
                     fields = value
                 else:
                     error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {type(value).__name__}"
             yield InputRow(index, lineno, fields, error)
             index += 1
+
+
+def _lone_surrogate(value, where: str = "the row") -> Optional[str]:
+    """Where in a JSON value a string holds a lone surrogate (JSON's escapes allow one), or None."""
+    if isinstance(value, str):
+        return where if any("\ud800" <= c <= "\udfff" for c in value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _lone_surrogate(key, "a field name") if isinstance(key, str) else None
+        found = found or _lone_surrogate(item, f"field {key!r}" if where == "the row" else where)
+        if found:
+            return found
+    return None
 
 
 def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
