@@ -22,7 +22,7 @@ def checked_schema(schema: dict) -> dict:
     import jsonschema
 
     try:
-        schema = json.loads(json.dumps(schema))
+        schema = json.loads(json.dumps(schema, allow_nan=False))  # NaN and inf are no JSON
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
     if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key

@@ -108,6 +108,14 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"$ref": "other.json#/$defs/x"}, ["'other.json#/$defs/x' at #", "another document"]),
         ({"properties": {"p": {"$ref": "#/$defs/missing"}}}, ["'#/$defs/missing' at #/properties/p", "points at nothing"]),
         ({"properties": {"x": False}, "required": ["x"]}, ["no valid value", "false at #/properties/x"]),
+        # a pointer into a value: its keywords were never checked ('{"b": 4}' for minimum 5)
+        ({"properties": {"b": {"$ref": "#/$defs/h/default"}}, "$defs": {"h": {"default": {"type": "integer",
+                                                                                     "minimum": 5}}}},
+         ["'#/$defs/h/default' at #/properties/b points into 'default', which holds no schema"]),
+        # a pointer that only the rewritten copy held (jsonschema: PointerToNowhere on every output)
+        ({"properties": {"a": {"type": ["integer", "string"], "minimum": 5}, "b": {"$ref": "#/properties/a/anyOf/1"}}},
+         ["points at nothing in this schema (no 'anyOf' there)"]),
+        ({"const": float("nan")}, ["a value JSON cannot represent"]),
         # what outlines-core dropped without a word: the 'type' ('1' matched), the required 'b' ('{"a": 9}'),
         # minItems ('[5]'), and the escaping of a key ('{"q"": null}')
         ({"type": "string", "anyOf": [{"type": "integer"}, {"type": "string"}]}, ["'type' beside 'anyOf'"]),

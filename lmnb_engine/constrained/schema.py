@@ -33,6 +33,7 @@ model class (``model_json_schema()``).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -455,7 +456,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
     rewriter = _Rewriter(prefix)
-    rewritten = inline_refs(rewriter.visit(schema, "#"))
+    rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema)
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as e:

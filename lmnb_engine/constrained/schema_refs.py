@@ -43,8 +43,14 @@ class _NoValue(Exception):
         self.where, self.ref = where, ref
 
 
-def inline_refs(schema: Any) -> Any:
-    """``schema`` with every ``$ref`` replaced by its target, ``$defs`` / ``definitions`` removed
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # a name, then a schema
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # an index, then a schema
+_SCHEMA_ITEMS = ("items", "additionalProperties")  # a schema (items: or a list)
+
+
+def inline_refs(schema: Any, original: Any = None) -> Any:
+    """``schema`` (``original`` as the user wrote it, when ``schema`` is a rewritten copy) with
+    every ``$ref`` replaced by its target, ``$defs`` / ``definitions`` removed
     and ``false`` subschemas pruned: the same outputs for outlines-core to generate, with
     recursion cut at ``MAX_REF_DEPTH`` levels (module docstring). The input is not changed.
 
@@ -54,9 +60,10 @@ def inline_refs(schema: Any) -> Any:
     the whole subschema.
 
     Raises:
-        GrammarError: a reference to another document, an ``$anchor`` name, a pointer to nothing,
-            or a schema with no finite valid value (a required recursion, a required ``false``).
+        GrammarError: a reference to another document, an ``$anchor`` name, a pointer to nothing
+            (in ``original``) or into a value that is no schema, or a schema with no finite valid value (a required recursion, a required ``false``).
     """
+    original = schema if original is None else original
     base = schema.get("$id", "").partition("#")[0] if isinstance(schema, dict) else ""
 
     def resolve(ref: str, where: str) -> tuple[str, Any]:
@@ -69,16 +76,27 @@ def inline_refs(schema: Any) -> Any:
         if pointer and not pointer.startswith("/"):
             raise GrammarError(f"JSON schema $ref {ref!r} at {where} names an anchor, which is not supported; "
                                "refer to the schema by its JSON pointer, e.g. '#/$defs/NAME'")
-        node = schema
+        node, written, expect = schema, original, "schema"
         for part in pointer.split("/")[1:]:
             part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
+            # Only through keywords that hold schemas: "#/$defs/h/default" is a value, never checked as a schema.
+            if expect == "schema":
+                expect = "map" if part in _SCHEMA_MAPS else "list" if part in _SCHEMA_LISTS else \
+                    "schema" if part in _SCHEMA_ITEMS else None
+                if expect is None:
+                    raise GrammarError(f"JSON schema $ref {ref!r} at {where} points into {part!r}, which holds no "
+                                       "schema; refer to a schema, e.g. '#/$defs/NAME'")
+                if expect == "schema" and isinstance(written, dict) and isinstance(written.get(part), list):
+                    expect = "list"  # items as a list (draft 7's tuples)
             else:
+                expect = "schema"
+            found = [n for n in (written, node) if (isinstance(n, dict) and part in n) or (
+                isinstance(n, list) and part.isdigit() and int(part) < len(n))]
+            if len(found) < 2:  # (the user's schema first: the rewritten copy may hold more)
                 raise GrammarError(f"JSON schema $ref {ref!r} at {where} points at nothing in this schema "
                                    f"(no {part!r} there); fix the reference")
+            written = written[part] if isinstance(written, dict) else written[int(part)]
+            node = node[part] if isinstance(node, dict) else node[int(part)]
         return pointer, node
 
     def expand(node: Any, where: str, open_refs: tuple[str, ...]) -> Any:
