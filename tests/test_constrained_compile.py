@@ -91,8 +91,18 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, ["'allOf' with 2 subschemas", "merge them"]),
         # it alternates oneOf like anyOf: an integer matches both branches, which oneOf forbids
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ["branches 0 and 1", "numbers", "'anyOf'"]),
-        ({"oneOf": [{"const": "auto"}, {"type": "string"}]}, ["branches 0 and 1 that both accept \"auto\"", "'anyOf'"]),
-        ({"oneOf": [{"type": "integer", "minimum": 0}, {"enum": [-1, 5]}]}, ["branches 0 and 1 that both accept 5"]),
+        ({"oneOf": [{"const": "auto"}, {"type": "string"}]}, ["branches 0 and 1 that can both accept \"auto\"", "'anyOf'"]),
+        ({"oneOf": [{"type": "integer", "minimum": 0}, {"enum": [-1, 5]}]}, ["branches 0 and 1 that can both accept 5"]),
+        # only provably disjoint branches pass: these let '{"b": 99}', '[]', '2' and '"a"' through
+        ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                    {"type": "object", "properties": {"b": {"type": "integer"}}}]}, ["can both accept objects"]),
+        ({"oneOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "array", "items": {"type": "string"}}]},
+         ["can both accept arrays"]),
+        ({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]}, ["can both accept numbers"]),
+        ({"oneOf": [{"type": "string", "pattern": "^a+$"}, {"type": "string", "pattern": "^a*$"}]},
+         ["can both accept strings"]),
+        ({"$defs": {"s": {"type": "string"}}, "oneOf": [{"$ref": "#/$defs/s"}, {"anyOf": [{"type": "string"}]}]},
+         ["can both accept strings"]),
         ({"enum": []}, ["empty 'enum'"]),  # outlines-core makes these match only the empty string
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, ["#/properties/a/anyOf", "should be non-empty"]),
         ({"type": []}, ["#/type is not a valid JSON Schema"]),
@@ -142,10 +152,15 @@ def test_unsupported_schema_is_named(backend, schema, names):
     ({"allOf": [{"type": "integer"}]}, ["7"], ['"7"']),
     # tuples built in Python mean arrays (the meta-schema check saw a tuple as no array)
     ({"type": ("string", "null"), "enum": ("x", None)}, ['"x"', "null"], ['"y"', "1"]),
-    # branches of one type that their bounds or patterns keep apart
+    # branches of one type that their bounds, or a required tag (a discriminated union), keep apart
     ({"oneOf": [{"type": "integer", "maximum": 9}, {"type": "integer", "minimum": 10}]}, ["3", "12"], ['"3"']),
-    ({"oneOf": [{"type": "string", "pattern": "^a+$"}, {"type": "string", "pattern": "^b+$"}]}, ['"aa"', '"b"'],
-     ['"ab"']),
+    ({"oneOf": [{"type": "integer", "exclusiveMaximum": 10}, {"type": "integer", "minimum": 10}]}, ["9", "10"], []),
+    ({"$defs": {"cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "n": {"type": "integer"}},
+                        "required": ["kind", "n"]},
+                "dog": {"type": "object", "properties": {"kind": {"enum": ["dog"]}, "n": {"type": "integer"}},
+                        "required": ["kind", "n"]}},
+      "oneOf": [{"$ref": "#/$defs/cat"}, {"$ref": "#/$defs/dog"}]},
+     ['{"kind": "cat", "n": 1}', '{"kind": "dog", "n": 2}'], ['{"kind": "cow", "n": 1}', '{"n": 1}']),
     # listed values that no other branch accepts ("x" is not generated: it fails its own type)
     ({"oneOf": [{"type": "integer", "enum": ["x", 1]}, {"type": "string"}]}, ["1", '"x"', '"y"'], ["2", "null"]),
     # bounded and date subschemas that are never generated (an unused $defs entry, additionalProperties
@@ -449,6 +464,19 @@ def test_pydantic_model_class_is_accepted(backend):
     rx = re.compile(backend.to_regex(json_schema=Item))
     assert rx.fullmatch('{"name": "ab", "qty": 3}')
     assert not rx.fullmatch('{"name": "ab", "qty": 4}')
+
+    class Cat(pydantic.BaseModel):
+        kind: typing.Literal["cat"]
+
+    class Dog(pydantic.BaseModel):
+        kind: typing.Literal["dog"]
+        bark: bool
+
+    class Pet(pydantic.BaseModel):  # a discriminated union: oneOf over $refs, told apart by the Literal tag
+        pet: typing.Annotated[typing.Union[Cat, Dog], pydantic.Field(discriminator="kind")]
+
+    rx = re.compile(backend.to_regex(json_schema=Pet))
+    assert rx.fullmatch('{"pet": {"kind": "dog", "bark": true}}') and not rx.fullmatch('{"pet": {"kind": "cow"}}')
 
     class Loose(pydantic.BaseModel):  # typing.Any becomes {"title": "X"}, which outlines-core refused
         x: typing.Any

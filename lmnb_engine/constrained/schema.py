@@ -43,6 +43,7 @@ from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
 from lmnb_engine.constrained.json_string import pattern_regex
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_regex
+from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import inline_refs
 from lmnb_engine.json_schema import checked_schema
 
@@ -221,76 +222,24 @@ def _bounded_regex(node: dict, kind: str, where: str) -> str:
 
 def _check_combinations(node: dict, where: str) -> None:
     """Refuse what outlines-core would turn into output that does not validate: an empty ``enum``
-    (it yields an empty match; the meta-schema allows it, unlike an empty ``type`` or ``anyOf``),
-    ``allOf`` over several subschemas (it concatenates them, which is not their intersection), and
-    a ``oneOf`` whose branches share a scalar type (it alternates them like ``anyOf``, and an output
-    valid for two branches is invalid for ``oneOf``; e.g. an integer against integer and number)."""
+    (it yields an empty match; the meta-schema allows it, unlike an empty ``type`` or ``anyOf``)
+    and ``allOf`` over several subschemas (it concatenates them, which is not their intersection);
+    ``oneOf``: ``schema_oneof.check_one_of``."""
     if node.get("enum") == []:
         raise GrammarError(f"JSON schema at {where} has an empty 'enum': no value can validate against it; "
                            "list at least one value")
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
         raise GrammarError(f"JSON schema at {where} has 'allOf' with {len(node['allOf'])} subschemas, which "
                            "constrained decoding cannot intersect; merge them into one schema")
-    branches = node.get("oneOf")
-    if isinstance(branches, list):
-        seen: dict[str, int] = {}
-        for i, branch in enumerate(branches):
-            for t in _scalar_types(branch):
-                if t in seen:
-                    raise GrammarError(
-                        f"JSON schema at {where} has 'oneOf' branches {seen[t]} and {i} that both accept "
-                        f"{t}s (integers count as numbers), so an output could match both, which 'oneOf' "
-                        "forbids; make the branches disjoint, or use 'anyOf'")
-                seen[t] = i
-        _check_listed_overlap(branches, where)
 
-
-def _check_listed_overlap(branches: list, where: str) -> None:
-    """Refuse a ``oneOf`` where a value an ``enum`` / ``const`` branch lists also validates against
-    another branch (e.g. ``[{"const": "auto"}, {"type": "string"}]``): that value is an output
-    valid for two branches. Checked by jsonschema; branches with a ``$ref`` are left out (it
-    would need the whole document)."""
-    import jsonschema
-
-    def validator(schema: Any):
-        return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).is_valid
-
-    plain = {i: b for i, b in enumerate(branches) if isinstance(b, dict) and '"$ref"' not in json.dumps(b)}
-    for i, branch in plain.items():
-        listed = [branch["const"]] if "const" in branch else branch.get("enum", [])
-        listed = [v for v in listed if validator(branch)(v)]  # the values it generates (_filter_listed_values)
-        for j, other in plain.items():
-            if j == i or not listed:
-                continue
-            valid = validator(other)
-            for value in listed:
-                if valid(value):
-                    raise GrammarError(
-                        f"JSON schema at {where} has 'oneOf' branches {min(i, j)} and {max(i, j)} that both accept "
-                        f"{json.dumps(value)}, so that output would match both, which 'oneOf' forbids; make the "
-                        "branches disjoint, or use 'anyOf'")
-
-
-# Keywords that narrow a branch: two branches of one type may then be disjoint, and are let through.
-_NARROWING = ("enum", "const", "$ref", "anyOf", "oneOf", "allOf", "pattern", "format", "minLength", "maxLength",
-              *_BOUNDS)
-
-
-def _scalar_types(branch: Any) -> set[str]:
-    """The scalar JSON types a ``oneOf`` branch accepts whole, through a bare ``type`` (integer
-    counted as number); empty when it narrows them (``_NARROWING``) or is no dict."""
-    if not isinstance(branch, dict) or any(k in branch for k in _NARROWING):
-        return set()
-    types = branch.get("type")
-    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-    return {"number" if t == "integer" else t for t in types if t in ("string", "integer", "number", "boolean", "null")}
 
 
 class _Rewriter:
     """Checks keywords and swaps bounded numeric subschemas for placeholders (one pass, in place)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, root: dict) -> None:
         self.prefix = prefix  # of the placeholder names: text the schema itself does not hold
+        self.root = root  # the schema as written (the visit rewrites a copy)
         self.fragments: dict[str, str] = {}
 
     def visit(self, node: Any, where: str) -> Any:
@@ -348,6 +297,8 @@ class _Rewriter:
                 if node.pop(flag) and bound in node:
                     node[flag] = node.pop(bound)
         _check_combinations(node, where)
+        if isinstance(node.get("oneOf"), list):
+            check_one_of(node["oneOf"], where, self.root, self._deref)
         _check_structure(node, where)
         _filter_listed_values(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
@@ -365,6 +316,24 @@ class _Rewriter:
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)
         return self._formatted(node, where)
+
+    def _deref(self, node: Any) -> Any:
+        """``node`` with its local ``$ref`` followed in the schema as written (as it is where that
+        fails: ``schema_refs`` names a bad reference)."""
+        for _ in range(32):  # (a chain of references to references, not a cycle)
+            if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+                return node
+            target = self.root
+            for part in node["$ref"].partition("#")[2].split("/")[1:]:
+                part = part.replace("~1", "/").replace("~0", "~")
+                if isinstance(target, dict) and part in target:
+                    target = target[part]
+                elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                    target = target[int(part)]
+                else:
+                    return node
+            node = target
+        return node
 
     def _placeholder(self, fragment: str, node: dict, covered: list[str], where: str) -> dict:
         """A placeholder constant for ``fragment`` (the regex of the ``covered`` types of
@@ -455,7 +424,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     prefix = _PLACEHOLDER
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
-    rewriter = _Rewriter(prefix)
+    rewriter = _Rewriter(prefix, schema)
     rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema)
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
