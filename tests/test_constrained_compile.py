@@ -126,6 +126,11 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"properties": {"a": {"type": ["integer", "string"], "minimum": 5}, "b": {"$ref": "#/properties/a/anyOf/1"}}},
          ["points at nothing in this schema (no 'anyOf' there)"]),
         ({"const": float("nan")}, ["a value JSON cannot represent"]),
+        ({"const": 2**64 + 1}, ["lists the integer 18446744073709551617, beyond 2**53"]),  # written as 1.8e+19
+        ({"type": "array", "minItems": 3, "maxItems": 1}, ["minItems 3 above maxItems 1"]),  # "error building NFA"
+        # classes are written out, case folding is not: (?i)^[^a-z]+$ let '"K"' through
+        ({"type": "string", "pattern": "(?i)^[^a-z]+$"}, ["case-insensitive matching (?i)"]),
+        ({"type": "string", "pattern": "^(?i:[^k])$"}, ["case-insensitive matching (?i)"]),
         # what outlines-core dropped without a word: the 'type' ('1' matched), the required 'b' ('{"a": 9}'),
         # minItems ('[5]'), and the escaping of a key ('{"q"": null}')
         ({"type": "string", "anyOf": [{"type": "integer"}, {"type": "string"}]}, ["'type' beside 'anyOf'"]),
@@ -191,6 +196,13 @@ def test_unsupported_schema_is_named(backend, schema, names):
     # listed values are filtered by every keyword beside them (maxItems was ignored: '[1, 2, 3]')
     ({"enum": [[1, 2, 3], [1]], "maxItems": 2}, ["[1]"], ["[1, 2, 3]"]),
     ({"enum": [{}, {"a": 1}], "required": ["a"], "properties": {"a": {}}}, ['{"a": 1}'], ["{}"]),
+    # listed values beside properties or prefixItems are the grammar (outlines-core wrote the object: '{"a": 7}')
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "enum": [{"a": 1}]}, ['{"a": 1}'], ['{"a": 7}', "{}"]),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "enum": [[1]]}, ["[1]"], ["[8]"]),
+    # a pattern may spell a placeholder name: it is no placeholder ('{"a": 3, "b": 1}' matched)
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^LMNB\\x50LACEHOLDER1X$"},
+                                       "b": {"type": "integer", "minimum": 0}}, "required": ["a", "b"]},
+     ['{"a": "LMNBPLACEHOLDER1X", "b": 1}'], ['{"a": 3, "b": 1}']),
     # the placeholders of bounded numbers are named with text the schema does not hold
     ({"properties": {"a": {"type": "integer", "minimum": 0}, "b": {"const": "LMNBPLACEHOLDER0X"}}, "required": ["a", "b"]},
      ['{"a": 3, "b": "LMNBPLACEHOLDER0X"}'], ['{"a": 3, "b": 1}']),
@@ -313,6 +325,10 @@ def test_draft_4_boolean_exclusive_bounds_mean_what_draft_4_says():
                              "c": {"enum": [3, 4, 5], "maximum": 5, "exclusiveMaximum": True}}}
     rx = re.compile(schema_to_regex(schema))
     validator = jsonschema.Draft4Validator(schema)
+    # a parent's checks read the child with draft 4's meaning too ('[5]' passed the enum filter)
+    nested = {"$schema": schema["$schema"], "type": "array", "enum": [[5], [6]],
+              "items": {"type": "integer", "minimum": 5, "exclusiveMinimum": True}}
+    assert re.fullmatch(schema_to_regex(nested), "[6]") and not re.fullmatch(schema_to_regex(nested), "[5]")
     for n in range(0, 9):
         text = f'{{"a": {n}, "b": {n}, "c": {min(max(n, 3), 5)}}}'
         assert bool(rx.fullmatch(text)) == validator.is_valid(json.loads(text)), text

@@ -22,7 +22,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import _c, _p, check_parsed
+from lmnb_engine.constrained.regex_check import _c, _p, _walk, check_parsed
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
                   "\t": "\\\\t"}  # the regex text of each JSON escape
@@ -130,6 +130,11 @@ def pattern_regex(pattern: str, where: str) -> str:
     except (re.error, OverflowError, RecursionError) as e:
         raise GrammarError(f"JSON schema pattern {pattern!r} at {where} is not a regular expression Python's re "
                            f"reads ({e}), and JSON Schema validators check it with one; fix it") from None
+    ignore_case = _c.SRE_FLAG_IGNORECASE
+    if parsed.state.flags & ignore_case or any(op is _c.SUBPATTERN and av[1] & ignore_case for op, av in _walk(parsed)):
+        # (classes are written out here, and case folding would have to be too: [^a-z] excludes 'K')
+        raise GrammarError(f"JSON schema pattern {pattern!r} at {where} uses case-insensitive matching (?i), which "
+                           "constrained strings do not support; spell both cases out, e.g. [Aa] or [A-Za-z]")
     items = list(parsed.data)
     if items and items[0] == (_c.AT, _c.AT_BEGINNING) or items[:1] == [(_c.AT, _c.AT_BEGINNING_STRING)]:
         items = items[1:]

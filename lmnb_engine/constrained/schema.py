@@ -172,6 +172,10 @@ def _check_structure(node: dict, where: str) -> None:
         raise GrammarError(f"JSON schema at {where} requires {missing[0]!r}, which has no schema under "
                            "'properties'; constrained decoding writes only the listed properties: add "
                            f"'properties': {{{json.dumps(missing[0])}: {{}}}} (any value) or a schema for it")
+    for lo, hi in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minDigits", "maxDigits")):
+        if isinstance(node.get(lo), int) and isinstance(node.get(hi), int) and node[lo] > node[hi]:
+            raise GrammarError(f"JSON schema at {where} has {lo} {node[lo]} above {hi} {node[hi]}: no value fits; "
+                               "fix the bounds")
     if isinstance(node.get("prefixItems"), list):
         n = len(node["prefixItems"])
         if node.get("minItems", 0) > n or node.get("maxItems", n) < n:
@@ -183,6 +187,37 @@ def _check_structure(node: dict, where: str) -> None:
         if any(c in '"\\' or ord(c) < 0x20 for c in key):
             raise GrammarError(f"JSON schema at {where} has the object key {json.dumps(key)}, which JSON writes "
                                "with escapes; constrained decoding writes keys as they are: rename it")
+
+
+def _draft4_bounds(node: Any) -> None:
+    """Draft 4's boolean ``exclusiveMinimum``/``exclusiveMaximum`` (its meta-schema allows only
+    that form) as later drafts write them, in every subschema first: the checks of a parent
+    (``_filter_listed_values``, ``oneOf``) read its children with 2020-12's meaning."""
+    if isinstance(node, list):
+        for sub in node:
+            _draft4_bounds(sub)
+        return
+    if not isinstance(node, dict):
+        return
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(node.get(flag), bool):
+            if node.pop(flag) and bound in node:
+                node[flag] = node.pop(bound)
+    for key in (*_SUBSCHEMA_MAPS, *_SUBSCHEMA_LISTS, "items", "additionalProperties"):
+        sub = node.get(key)
+        _draft4_bounds(list(sub.values()) if key in _SUBSCHEMA_MAPS and isinstance(sub, dict) else sub)
+
+
+def _check_big_integers(node: dict, where: str) -> None:
+    """Refuse listed integers beyond 2**53: outlines-core writes them through a float
+    (``2**64 + 1`` became ``1.8446744073709552e+19``, another value)."""
+    stack = [node.get("const")] + list(node.get("enum", []))
+    while stack:
+        v = stack.pop()
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**53:
+            raise GrammarError(f"JSON schema at {where} lists the integer {v}, beyond 2**53, which constrained "
+                               "decoding cannot write exactly; list it as a string, or use a bounded integer type")
+        stack.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
 
 
 def _object_keys(value: Any):
@@ -292,15 +327,16 @@ class _Rewriter:
                     "a counted repeat whose automaton would take too long to build (the limit user regexes "
                     f"have too); drop {key} and bound the length with max_tokens instead"
                 )
-        for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-            if isinstance(node.get(flag), bool):  # draft 4's form (its meta-schema allows only that one)
-                if node.pop(flag) and bound in node:
-                    node[flag] = node.pop(bound)
         _check_combinations(node, where)
         if isinstance(node.get("oneOf"), list):
             check_one_of(node["oneOf"], where, self.root, self._deref)
         _check_structure(node, where)
         _filter_listed_values(node, where)
+        if "enum" in node or "const" in node:
+            # Filtered by every keyword beside them, the listed values alone are the grammar (beside
+            # properties or prefixItems, outlines-core wrote those and dropped the values).
+            node = {k: v for k, v in node.items() if k in ("enum", "const") or k in _ANNOTATIONS}
+            _check_big_integers(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
             node["properties"] = {}  # the schema of "{}", which outlines-core fails on without properties
         for key in _SUBSCHEMA_MAPS:
@@ -424,16 +460,17 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     prefix = _PLACEHOLDER
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
+    _draft4_bounds(schema)
     rewriter = _Rewriter(prefix, schema)
     rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema)
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as e:
         raise GrammarError(f"outlines-core cannot compile this JSON schema: {e}") from None
-    for name, fragment in rewriter.fragments.items():
-        # Absent where its subschema is never generated: a $defs entry no $ref names, a recursion
-        # branch cut, additionalProperties beside properties. Present once per use of a $ref.
-        regex = regex.replace(f'"{name}"', f"(?:{fragment})")
-    if prefix in regex:  # the library changed how it renders a const
-        raise GrammarError("internal error: a placeholder was left in the schema regex")
-    return regex
+    # One pass, so a fragment's own text (a pattern may spell a placeholder name) is never replaced.
+    # A name is absent where its subschema is never generated (a $defs entry no $ref names, a cut
+    # recursion branch, additionalProperties beside properties), present once per use of a $ref.
+    names = re.compile(f'"({re.escape(prefix)}\\d+X)"')
+    if prefix in names.sub("", regex) or any(n not in rewriter.fragments for n in names.findall(regex)):
+        raise GrammarError("internal error: a placeholder was left in the schema regex")  # (a library change)
+    return names.sub(lambda m: f"(?:{rewriter.fragments[m.group(1)]})", regex)
