@@ -44,7 +44,7 @@ from lmnb_engine.constrained.numeric import integer_range_regex, number_range_re
 from lmnb_engine.constrained.json_string import pattern_regex
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_regex
 from lmnb_engine.constrained.schema_oneof import check_one_of
-from lmnb_engine.constrained.schema_refs import inline_refs
+from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -360,13 +360,9 @@ class _Rewriter:
             if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
                 return node
             target = self.root
-            for part in node["$ref"].partition("#")[2].split("/")[1:]:
-                part = part.replace("~1", "/").replace("~0", "~")
-                if isinstance(target, dict) and part in target:
-                    target = target[part]
-                elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                    target = target[int(part)]
-                else:
+            for part in pointer_parts(node["$ref"]):
+                target = child(target, part)
+                if target is _MISSING:
                     return node
             node = target
         return node

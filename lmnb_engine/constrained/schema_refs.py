@@ -48,6 +48,24 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # an index, then a s
 _SCHEMA_ITEMS = ("items", "additionalProperties")  # a schema (items: or a list)
 
 
+_MISSING = object()
+
+
+def pointer_parts(ref: str) -> list[str]:
+    """The JSON-pointer steps of a local ``$ref`` (after its ``#``), unescaped (RFC 6901 and percent)."""
+    fragment = unquote(ref.partition("#")[2])
+    return [p.replace("~1", "/").replace("~0", "~") for p in fragment.split("/")[1:]]
+
+
+def child(node: Any, part: str) -> Any:
+    """One pointer step into an object or array; ``_MISSING`` where there is nothing."""
+    if isinstance(node, dict):
+        return node.get(part, _MISSING)
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    return _MISSING
+
+
 def inline_refs(schema: Any, original: Any = None) -> Any:
     """``schema`` (``original`` as the user wrote it, when ``schema`` is a rewritten copy) with
     every ``$ref`` replaced by its target, ``$defs`` / ``definitions`` removed
@@ -77,8 +95,7 @@ def inline_refs(schema: Any, original: Any = None) -> Any:
             raise GrammarError(f"JSON schema $ref {ref!r} at {where} names an anchor, which is not supported; "
                                "refer to the schema by its JSON pointer, e.g. '#/$defs/NAME'")
         node, written, expect = schema, original, "schema"
-        for part in pointer.split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
+        for part in pointer_parts(ref):
             # Only through keywords that hold schemas: "#/$defs/h/default" is a value, never checked as a schema.
             if expect == "schema":
                 expect = "map" if part in _SCHEMA_MAPS else "list" if part in _SCHEMA_LISTS else \
@@ -90,13 +107,10 @@ def inline_refs(schema: Any, original: Any = None) -> Any:
                     expect = "list"  # items as a list (draft 7's tuples)
             else:
                 expect = "schema"
-            found = [n for n in (written, node) if (isinstance(n, dict) and part in n) or (
-                isinstance(n, list) and part.isdigit() and int(part) < len(n))]
-            if len(found) < 2:  # (the user's schema first: the rewritten copy may hold more)
+            written, node = child(written, part), child(node, part)
+            if written is _MISSING or node is _MISSING:  # (the user's schema first: the rewritten copy may hold more)
                 raise GrammarError(f"JSON schema $ref {ref!r} at {where} points at nothing in this schema "
                                    f"(no {part!r} there); fix the reference")
-            written = written[part] if isinstance(written, dict) else written[int(part)]
-            node = node[part] if isinstance(node, dict) else node[int(part)]
         return pointer, node
 
     def expand(node: Any, where: str, open_refs: tuple[str, ...]) -> Any:
