@@ -6,12 +6,14 @@ become a match), ``jsonschema`` validation, plain arithmetic, the tokenizer's ow
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
 import threading
 import time
 import typing
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -82,8 +84,7 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ["'uniqueItems'"]),
         ({"not": {"type": "string"}}, ["'not'"]),
         ({"type": "object", "patternProperties": {"^a": {"type": "string"}}}, ["'patternProperties'"]),
-        ({"type": "string", "format": "email"}, ["'email'"]),
-        ({"type": "number", "minimum": 0.5}, ["minimum=0.5", "integer bound"]),
+        ({"type": "string", "format": "ipv6"}, ["'ipv6'", "supported formats: date, date-time, duration"]),
         ({"type": "integer", "minimum": 5, "maximum": 3}, ["5 <= n <= 3"]),
         ({"type": "string", "pattern": "(?<=a)b"}, ["lookbehind"]),
         ("{not json", ["not valid JSON"]),
@@ -140,8 +141,15 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 3}, ["1 prefixItems and minItems"]),
         ({"type": "object", "properties": {'q"': {"type": "null"}}}, ['object key "q\\""', "rename it"]),
         ({"const": {"a\\b": 1}}, ['object key "a\\\\b"']),
-        # outlines-core enforced the length and dropped the pattern ('"7%"' for ^a*$)
-        ({"type": "string", "pattern": "^a*$", "minLength": 2}, ["has pattern and minLength", "into the pattern"]),
+        # a length beside a pattern is folded into its one open-ended part: here there are two
+        ({"type": "string", "pattern": "^[a-z]+[0-9]+$", "maxLength": 8},
+         ["cannot be narrowed to at most 8 characters", "more than one place", "into the pattern"]),
+        ({"type": "string", "pattern": "^([a-z]+,)*$", "maxLength": 8}, ["repeats a part whose length varies"]),
+        ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 2000}, ["would count to 2000", "limit of 1000"]),
+        ({"type": "string", "pattern": "^(ab|cde)$", "minLength": 4}, ["has no match of at least 4 characters"]),
+        ({"type": "string", "format": "date", "maxLength": 9}, ["format 'date'", "no match of at most 9"]),
+        ({"type": "string", "format": "date-time", "maxLength": 25},
+         ["format 'date-time'", "more than one place", "the format fixes the shape"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):
@@ -299,6 +307,44 @@ def test_number_ranges_are_sound_and_cover_canonical_decimals():
             assert bool(rx.fullmatch(s)) == inside, (lo, hi, lo_x, hi_x, s)
 
 
+def test_decimal_number_bounds_match_exactly_the_decimals_in_range():
+    # outlines-core ignored bounds; lmnb refused fractional ones ("use an integer bound")
+    texts = ["0", "-0.5"] + [f"{s}{i}{f}" for s in ("", "-") for i in range(4)
+                             for f in ("",) + tuple(f".{d:03d}" for d in range(1000)) + (".05", ".3", ".25", ".0501", ".30")]
+    texts = [t for t in texts if not t.startswith("-0") or t.strip("-0.") != ""]  # no negative zeros
+    bounds = [None, Decimal("-2.5"), Decimal("-0.05"), Decimal(0), Decimal("0.3"), Decimal("0.05"), Decimal("0.25"),
+              Decimal("1.25"), Decimal(2), Decimal("2.999")]
+    rng = random.Random(2)
+    for _ in range(40):
+        lo, hi = rng.choice(bounds), rng.choice(bounds)
+        lo_x, hi_x = rng.random() < 0.5, rng.random() < 0.5
+        if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_x or hi_x))):
+            with pytest.raises(GrammarError, match="no number x satisfies"):
+                number_range_regex(lo, hi, lo_x, hi_x)
+            continue
+        rx = re.compile(number_range_regex(lo, hi, lo_x, hi_x))
+        for t in texts:
+            x = Decimal(t)
+            inside = (lo is None or (x > lo if lo_x else x >= lo)) and (hi is None or (x < hi if hi_x else x <= hi))
+            assert bool(rx.fullmatch(t)) == inside, (lo, hi, lo_x, hi_x, t)
+
+
+def test_fractional_bounds_in_a_schema_validate_with_jsonschema():
+    schema = {"type": "object", "required": ["p", "t", "n"], "properties": {
+        "p": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.95},  # pydantic Field(gt=0, le=0.95)
+        "t": {"type": "number", "minimum": -0.5, "exclusiveMaximum": 1.5},
+        "n": {"type": "integer", "minimum": 0.5, "exclusiveMaximum": 3.0}}}  # integers 1 and 2
+    rx = re.compile(schema_to_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    for p in ("0", "0.01", "0.5", "0.95", "0.950", "0.951", "1"):
+        for t in ("-0.6", "-0.5", "0", "1.49", "1.5"):
+            for n in ("0", "1", "2", "3"):
+                text = f'{{"p": {p}, "t": {t}, "n": {n}}}'
+                assert bool(rx.fullmatch(text)) == validator.is_valid(json.loads(text)), text
+    with pytest.raises(GrammarError, match="spells more than 40 digits"):
+        schema_to_regex({"type": "number", "minimum": 1e-300})
+
+
 def test_bounded_schema_fields_validate_with_jsonschema():
     schema = {
         "type": "object",
@@ -373,13 +419,11 @@ def test_date_formats_match_exactly_what_the_format_checker_accepts():
         schema_to_regex({"type": "string", "format": "date-time", "const": "yesterday"})
     with pytest.raises(GrammarError, match="no enum value passes its own type, minimum"):
         schema_to_regex({"type": "integer", "minimum": 5, "enum": [1, 2]})
-    with pytest.raises(GrammarError, match="format 'date' and maxLength"):
-        schema_to_regex({"type": "string", "format": "date", "maxLength": 10})
-    # uuid too: outlines-core enforced the pattern or length and dropped the format ('"abc"' matched)
-    with pytest.raises(GrammarError, match="format 'uuid' and pattern"):
+    # outlines-core enforced the pattern or length and dropped the format ('"abc"' matched)
+    with pytest.raises(GrammarError, match="format 'uuid' and a pattern"):
         schema_to_regex({"type": "string", "format": "uuid", "pattern": "^[a-z]+$"})
-    with pytest.raises(GrammarError, match="format 'uuid' and maxLength"):
-        schema_to_regex({"type": "string", "format": "uuid", "maxLength": 40})
+    fixed = re.compile(schema_to_regex({"type": "string", "format": "date", "maxLength": 10}))  # every date fits
+    assert fixed.fullmatch('"2024-02-29"') and not fixed.fullmatch('"2023-02-29"') and not fixed.fullmatch('"ab"')
 
 
 class TreeNode(pydantic.BaseModel):
@@ -470,6 +514,68 @@ def test_string_patterns_hold_on_the_decoded_string_and_output_stays_json(patter
     alphabet = list('{}":sabcnt@.-_$19 \\\x11\n\té٣\u0301½A') + ["\xa0"]
     for text in random_matches(rx, alphabet, walks=40):
         assert validator.is_valid(json.loads(text)), text
+
+
+@pytest.mark.parametrize("pattern, min_length, max_length, alphabet", [
+    ("^[A-Z][a-z]+$", 0, 4, "Aab"),  # pydantic's Field(pattern=..., max_length=4): [A-Z][a-z]{1,3}
+    ("^a(bc)*$", 3, 6, "abc"),  # a repeat of a two-character part: 3 and 5 characters
+    ("^(ab|c+)$", 2, 3, "abc"),  # each branch narrowed: ab, cc, ccc
+    ("^(a+|b)$", 2, None, "ab"),  # the branch that cannot fit is dropped
+    ('^"[ab]*$', 0, 3, '"ab\\'),  # a quote is one character of the string, two of the JSON text
+    ("^x[ab]{1,5}y$", 4, 5, "abxy"),  # a counted repeat narrowed from both ends
+    ("^(?:ab|cd)$", 0, 2, "abcd"),  # the whole fits already: unchanged
+])
+def test_lengths_beside_a_pattern_are_folded_into_it(pattern, min_length, max_length, alphabet):
+    # outlines-core enforced the length and dropped the pattern ('"7%"' for ^a*$ with minLength 2)
+    schema = {"type": "string", "pattern": pattern, "minLength": min_length}
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    rx = regex_module.compile(schema_to_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    matched = 0
+    for length in range(8):  # every string of up to 7 characters over the alphabet
+        for chars in itertools.product(alphabet, repeat=length):
+            text = "".join(chars)
+            assert bool(rx.fullmatch(json.dumps(text))) == (validator.is_valid(text) and bool(re.fullmatch(pattern, text))), text
+            matched += bool(rx.fullmatch(json.dumps(text)))
+    assert matched
+
+
+def test_pydantic_pattern_and_length_fields_compile(backend):
+    class Code(pydantic.BaseModel):
+        code: str = pydantic.Field(pattern=r"^[A-Z]{2}-\d+$", min_length=4, max_length=6)
+
+    rx = re.compile(backend.to_regex(json_schema=Code))
+    assert rx.fullmatch('{"code": "AB-1"}') and rx.fullmatch('{"code": "AB-123"}')
+    assert not rx.fullmatch('{"code": "AB-"}') and not rx.fullmatch('{"code": "AB-1234"}')
+
+
+@pytest.mark.parametrize("fmt, valid, invalid, alphabet", [
+    ("time", ["23:59:59Z", "00:00:00.5+05:30"], ["24:00:00Z", "12:00:00", "12:60:00Z"], "0159:.Z+"),
+    ("duration", ["P1D", "PT5M", "P2DT3H4S", "P3W"], ["P", "PT", "P1H", "P1DT", "1D"], "P12DTHMSW"),
+    ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"], "0a9F-"),
+    ("email", ["a.b+c@ex-ample.org"], ["a..b@x.org", ".a@x.org", "a@x", "a@x.1", "a b@x.org"], "ab.@-x"),
+    ("hostname", ["a", "ex-ample.org", "a1.b2.c3.d4"], ["-a", "a-", "a..b", "a_b", "a.b.c.d.e"], "ab.-1"),
+    ("ipv4", ["0.0.0.0", "255.255.255.255", "10.1.20.199"], ["256.0.0.0", "01.2.3.4", "1.2.3", "1.2.3.4.5"], "0125."),
+    ("uri", ["https://ex.org", "http://a.b:8080/p/q%20r?x=1&y=/z"], ["ftp://a", "https://", "http://a/%zz",
+                                                                    "http://a/ b", 'http://a/"'], "htps:/a.b?=%2"),
+])
+def test_formats_match_only_what_the_format_checker_accepts(fmt, valid, invalid, alphabet):
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER  # (FormatChecker() mixes in draft 3's "time")
+    assert fmt in checker.checkers  # the optional checkers are installed: the checks are real
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": fmt}}, "required": ["v"]}
+    rx = regex_module.compile(schema_to_regex(schema, whitespace_pattern=""))
+    for text in valid:
+        assert rx.fullmatch('{"v":' + json.dumps(text) + "}") and checker.conforms(text, fmt), text
+    for text in invalid:
+        assert not rx.fullmatch('{"v":' + json.dumps(text) + "}"), text
+    validator = jsonschema.Draft202012Validator(schema, format_checker=checker)
+    for text in random_matches(rx, list('{}":v' + alphabet), walks=40):
+        value = json.loads(text)
+        assert validator.is_valid(value), text
+        if fmt == "email":  # jsonschema only checks for an '@': RFC 5322's dot-atom, by hand
+            local, domain = value["v"].split("@")
+            assert ".." not in local and not local.startswith(".") and not local.endswith("."), text
 
 
 def test_pydantic_model_class_is_accepted(backend):

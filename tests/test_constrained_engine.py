@@ -228,3 +228,23 @@ def test_sampled_dates_and_date_times_pass_the_format_checker(engines):
         values = [json.loads(r.text) for r in rs if r.finish_reason.type == "stop"]
         assert len(values) >= 6, [r.text for r in rs]  # most finish within 80 tokens
         assert all(checker.conforms(v, fmt) for v in values), values
+
+
+def test_sampled_formats_lengths_and_decimal_bounds_validate(engines):
+    """Formats, a pattern with a length and fractional bounds, sampled on a random model and
+    checked by jsonschema's draft 2020-12 format checker (lmnb refused all of them before)."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "required": ["code", "score", "at", "site"], "properties": {
+        "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4},
+        "score": {"type": "number", "exclusiveMinimum": 0.25, "maximum": 0.75},
+        "at": {"type": "string", "format": "time"},
+        "site": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083}}}
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    on, _ = engines
+    rs = on.generate([5, 6, 7], SamplingParams(max_new_tokens=400, seed=1, n=6, json_schema=schema))
+    values = [json.loads(r.text) for r in rs if r.finish_reason.type == "stop"]
+    assert len(values) >= 3, [r.text for r in rs]
+    assert all(validator.is_valid(v) for v in values), values

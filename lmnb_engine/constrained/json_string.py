@@ -13,7 +13,10 @@ written out again over JSON text:
   Unicode tables differ between Python and the automaton library, are narrowed to the ASCII
   characters Python's ``re`` puts in them, so every output passes Python's check;
 * ``^`` / ``$`` at the ends are dropped: the whole string must match, as in outlines-core, SGLang
-  and vLLM (narrower than JSON Schema's search, so every output still validates).
+  and vLLM (narrower than JSON Schema's search, so every output still validates);
+* ``minLength`` / ``maxLength`` beside the pattern (outlines-core kept the length and dropped the
+  pattern) are met by narrowing the pattern's one open-ended part: pydantic's
+  ``Field(pattern="^[A-Z][a-z]+$", max_length=8)`` becomes ``[A-Z][a-z]{1,7}`` (``_fit_length``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import _c, _p, _walk, check_parsed
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
                   "\t": "\\\\t"}  # the regex text of each JSON escape
@@ -114,14 +117,85 @@ def _emit(parsed) -> str:
     return "".join(out)
 
 
-def pattern_regex(pattern: str, where: str) -> str:
+def _width(items: list, state) -> tuple[int, int | None]:
+    """(fewest, most) characters a match of ``items`` has; most is None when unbounded."""
+    lo, hi = _p.SubPattern(state, list(items)).getwidth()
+    return lo, None if hi >= _c.MAXREPEAT else hi
+
+
+class _NoFit(Exception):
+    """No match of this part has a length within the bounds."""
+
+
+def _fit_length(items: list, state, lo: int, hi: int | None) -> list:
+    """``items`` (a parsed sequence) narrowed to the matches of ``lo`` to ``hi`` characters
+    (``hi`` None: no upper bound). The lengths of a regular language's words are no regex
+    rewrite in general, so this covers the shapes length-bounded patterns take: when the whole
+    already fits nothing changes; otherwise exactly one item may vary in length, and it is a
+    repeat of a fixed-width part (its count is narrowed), a group (narrowed inside) or an
+    alternation (each branch narrowed, those that cannot fit dropped).
+
+    Raises:
+        _NoFit: no match has such a length.
+        GrammarError: (message without the location, the caller adds it) the lengths vary in
+            more than one place, or inside a repeat of a variable-width part.
+    """
+    low, high = _width(items, state)
+    if lo <= low and (hi is None or (high is not None and high <= hi)):
+        return list(items)
+    if (high is not None and high < lo) or (hi is not None and low > hi):
+        raise _NoFit
+    varying = [i for i, item in enumerate(items) if len(set(_width([item], state))) > 1]
+    if len(varying) != 1:
+        raise GrammarError("its length varies in more than one place")
+    at = varying[0]
+    fixed = sum(_width([item], state)[0] for i, item in enumerate(items) if i != at)
+    lo, hi = max(lo - fixed, 0), None if hi is None else hi - fixed
+    op, av = items[at]
+    if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+        count_lo, count_hi, sub = av
+        step = _width(sub, state)[0]
+        if _width(sub, state) != (step, step):
+            raise GrammarError("it repeats a part whose length varies")
+        new_lo = max(count_lo, -(-lo // step))
+        caps = ([] if count_hi is _c.MAXREPEAT else [count_hi]) + ([] if hi is None else [hi // step])
+        new_hi = min(caps) if caps else None
+        if new_hi is not None and new_lo > new_hi:
+            raise _NoFit
+        if max(new_lo, new_hi or 0) > MAX_REPEAT_COUNT:  # (the limit regex_check puts on user regexes)
+            raise GrammarError(f"the narrowed repeat would count to {max(new_lo, new_hi or 0)}, above the limit of "
+                               f"{MAX_REPEAT_COUNT}")
+        item = (op, (new_lo, _c.MAXREPEAT if new_hi is None else new_hi, sub))
+    elif op is _c.SUBPATTERN:
+        item = (op, (*av[:-1], _p.SubPattern(state, _fit_length(av[-1], state, lo, hi))))
+    elif op is _c.BRANCH:
+        branches = []
+        for branch in av[1]:
+            try:
+                branches.append(_p.SubPattern(state, _fit_length(branch, state, lo, hi)))
+            except _NoFit:
+                continue
+        if not branches:
+            raise _NoFit
+        item = (op, (av[0], branches))
+    else:  # (the only other variable-width items are anchors and lookarounds, refused before)
+        raise GrammarError(f"its length varies in a {op}")
+    return [*items[:at], item, *items[at + 1:]]
+
+
+def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int | None = None,
+                  name: str | None = None) -> str:
     """The regex of the JSON string literals (quotes included) that decode to a full match of
-    ``pattern`` (a JSON Schema ``pattern``, read by Python's ``re`` as jsonschema reads it).
+    ``pattern`` (a JSON Schema ``pattern``, read by Python's ``re`` as jsonschema reads it) with
+    ``min_length`` to ``max_length`` characters (code points, as JSON Schema counts; None: no
+    upper bound). ``name`` is what messages call it (default: the pattern itself).
 
     Raises:
         GrammarError: the pattern is not a regex Python reads, uses a feature a finite automaton
             cannot express (``regex_check``), or has a character class with no character that
-            can be written (e.g. only control characters, in a negated Unicode class).
+            can be written (e.g. only control characters, in a negated Unicode class); no match
+            has a length within the bounds, or the bounds cannot be folded into the pattern
+            (``_fit_length``).
     """
     try:
         with warnings.catch_warnings():
@@ -142,6 +216,19 @@ def pattern_regex(pattern: str, where: str) -> str:
         items = items[:-1]
     parsed.data = items
     check_parsed(parsed, pattern)
+    bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
+              else f"{min_length} to {max_length}") + " characters"
+    fix = ("put the length into the pattern (e.g. '^[A-Z]{1,8}$') and drop minLength/maxLength" if name is None
+           else "drop minLength/maxLength (the format fixes the shape) or give a pattern instead")
+    name = name or f"pattern {pattern!r}"
+    try:
+        parsed.data = _fit_length(items, parsed.state, min_length, max_length)
+    except _NoFit:
+        raise GrammarError(f"JSON schema {name} at {where} has no match of {bounds} "
+                           "(minLength/maxLength): no string can validate; fix the pattern or the bounds") from None
+    except GrammarError as e:
+        raise GrammarError(f"JSON schema {name} at {where} cannot be narrowed to {bounds} "
+                           f"(minLength/maxLength) while decoding: {e}; {fix}") from None
     try:
         return '"' + _emit(parsed) + '"'
     except GrammarError:

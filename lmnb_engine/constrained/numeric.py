@@ -9,18 +9,18 @@ The construction is the usual digit-by-digit range split (as in ``regex-for-rang
 range of equal-length digit strings ``[lo, hi]`` is ``lo[0]`` followed by ``[lo[1:], 99..]``,
 the digits strictly between the leading digits followed by any digits, and ``hi[0]`` followed by
 ``[00.., hi[1:]]``; ranges spanning several lengths are split per length. Numbers use the
-integer-part range plus a rule for the fraction at the bounds, so only integer bounds are
-supported for ``type: number`` (a bound like 0.5 raises ``GrammarError``). Output never has an
-exponent or leading zeros.
+integer-part range plus, at a bound's integer part, the same split over the fraction digits
+(``_fraction_digits``), so decimal bounds like 0.05 work. Output never has an exponent or leading
+zeros.
 """
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from lmnb_engine.constrained.errors import GrammarError
 
 _FRACTION = r"(?:\.[0-9]+)?"
-_ZERO_FRACTION = r"(?:\.0+)?"
-_NONZERO_FRACTION = r"\.[0-9]*[1-9][0-9]*"
 
 
 def _alt(alternatives: list[str]) -> str:
@@ -91,42 +91,108 @@ def integer_range_regex(minimum: int | None, maximum: int | None) -> str:
     return _alt(alternatives)
 
 
-def _magnitude(a: int, a_excl: bool, b: int | None, b_excl: bool) -> list[str]:
-    """Alternatives for unsigned decimals m = I.F with a < or <= m < or <= b (integer bounds)."""
-    out = [r + _FRACTION for r in _natural_range(a + 1 if a_excl else a, None if b is None else b - 1)]
-    if a_excl and (b is None or a < b):
-        out.append(f"{a}{_NONZERO_FRACTION}")
-    if b is not None and not b_excl and (a < b or (a == b and not a_excl)):
-        out.append(f"{b}{_ZERO_FRACTION}")
+def _zero_within(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> bool:
+    """Whether 0 lies within ``lo <(=) 0 <(=) hi`` (fraction digit strings, as in ``_fraction_digits``)."""
+    return lo == "" and not lo_excl and not (hi == "" and hi_excl)
+
+
+def _tail(digit: str, rest: str | None, rest_empty: bool) -> str | None:
+    """``digit`` followed by a match of ``rest`` (or by nothing, if ``rest_empty``); None: no match."""
+    if rest is None:
+        return digit if rest_empty else None
+    return f"{digit}(?:{rest})?" if rest_empty else f"{digit}(?:{rest})"
+
+
+def _fraction_digits(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> str | None:
+    """Regex of the non-empty digit strings ``D`` with ``0.lo <(=) 0.D <(=) 0.hi``, or None if none.
+
+    ``lo`` and ``hi`` are fraction digit strings without trailing zeros ("" is 0); ``hi=None``
+    means no bound below 1. Split on the first digit like ``_same_length``: a first digit strictly
+    between the bounds' takes any digits after it, one equal to a bound's recurses on the rest.
+    """
+    if lo == "" and hi is None:
+        return "[0-9]*[1-9][0-9]*" if lo_excl else "[0-9]+"
+    if hi == "":
+        return None if lo_excl or hi_excl or lo != "" else "0+"
+    l0, l_rest = (int(lo[0]), lo[1:]) if lo else (0, "")
+    h0, h_rest = (10, None) if hi is None else (int(hi[0]), hi[1:])
+    if l0 == h0:
+        alternatives = [_tail(str(l0), _fraction_digits(l_rest, lo_excl, h_rest, hi_excl),
+                              _zero_within(l_rest, lo_excl, h_rest, hi_excl))]
+    else:
+        alternatives = [_tail(str(l0), _fraction_digits(l_rest, lo_excl, None, False),
+                              _zero_within(l_rest, lo_excl, None, False))]
+        if l0 + 1 <= h0 - 1:
+            alternatives.append(_digits(l0 + 1, h0 - 1) + "[0-9]*")
+        if h0 < 10:
+            alternatives.append(_tail(str(h0), _fraction_digits("", False, h_rest, hi_excl),
+                                      _zero_within("", False, h_rest, hi_excl)))
+    alternatives = [a for a in alternatives if a is not None]
+    return _alt(alternatives) if alternatives else None
+
+
+def _fraction(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> str | None:
+    """Regex of what may follow the integer part ("" or ``.D``) for a fraction within the bounds
+    (``_fraction_digits``); None if nothing may."""
+    digits = _fraction_digits(lo, lo_excl, hi, hi_excl)
+    empty = _zero_within(lo, lo_excl, hi, hi_excl)
+    if digits is None:
+        return "" if empty else None
+    return f"(?:\\.{digits})?" if empty else f"\\.{digits}"
+
+
+def _split(bound: Decimal) -> tuple[int, str]:
+    """(integer part, fraction digits without trailing zeros) of a bound >= 0."""
+    whole, _, fraction = format(bound, "f").partition(".")
+    return int(whole), fraction.rstrip("0")
+
+
+def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> list[str]:
+    """Alternatives for unsigned decimals m = I.F with a <(=) m <(=) b (b None: unbounded), a >= 0:
+    the integer parts strictly between the bounds' take any fraction, those equal to a bound's
+    integer part a fraction bounded by the bound's fraction (``_fraction``)."""
+    a_int, a_frac = _split(a)
+    if b is None:
+        ends = [(a_int, _fraction(a_frac, a_excl, None, False))]
+        middle = _natural_range(a_int + 1, None)
+    else:
+        b_int, b_frac = _split(b)
+        if a_int == b_int:
+            ends, middle = [(a_int, _fraction(a_frac, a_excl, b_frac, b_excl))], []
+        else:
+            ends = [(a_int, _fraction(a_frac, a_excl, None, False)), (b_int, _fraction("", False, b_frac, b_excl))]
+            middle = _natural_range(a_int + 1, b_int - 1)
+    out = [f"{whole}{fraction}" for whole, fraction in ends[:1] if fraction is not None]
+    out += [r + _FRACTION for r in middle]
+    out += [f"{whole}{fraction}" for whole, fraction in ends[1:] if fraction is not None]
     return out
 
 
 def number_range_regex(
-    minimum: int | None, maximum: int | None, exclusive_minimum: bool = False, exclusive_maximum: bool = False
+    minimum: Decimal | int | None, maximum: Decimal | int | None, exclusive_minimum: bool = False,
+    exclusive_maximum: bool = False,
 ) -> str:
     """Regex for JSON numbers x (no exponent) with ``minimum <(=) x <(=) maximum``.
 
-    Bounds are integers or None (unbounded); ``exclusive_*`` make that bound strict.
+    Bounds are exact decimals (``Decimal`` or ``int``) or None (unbounded); ``exclusive_*`` make
+    that bound strict. Comparisons are on the decimal text: a value within a float's rounding of
+    an exclusive bound (``0.1000000000000000000001`` for ``exclusiveMinimum: 0.1``) is decimal-
+    but not float-inside, so validators that parse to float may reject it.
 
     Raises:
         GrammarError: the range is empty.
     """
+    lo = None if minimum is None else Decimal(minimum)
+    hi = None if maximum is None else Decimal(maximum)
+    if lo is not None and hi is not None and (lo > hi or (lo == hi and (exclusive_minimum or exclusive_maximum))):
+        lo_op = "<" if exclusive_minimum else "<="
+        hi_op = "<" if exclusive_maximum else "<="
+        raise GrammarError(f"no number x satisfies {minimum} {lo_op} x {hi_op} {maximum}; fix the bounds")
     alternatives = []
-    if maximum is None or maximum > 0 or (maximum == 0 and not exclusive_maximum):
-        if minimum is None or minimum < 0:
-            a, a_excl = 0, False
-        else:
-            a, a_excl = minimum, exclusive_minimum
-        alternatives += _magnitude(a, a_excl, maximum, exclusive_maximum)
-    if minimum is None or minimum < 0:  # x = -m with m > 0
-        if maximum is None or maximum >= 0:
-            a, a_excl = 0, True
-        else:
-            a, a_excl = -maximum, exclusive_maximum
-        b = None if minimum is None else -minimum
-        alternatives += ["-" + r for r in _magnitude(a, a_excl, b, exclusive_minimum)]
-    if not alternatives:
-        lo = "<" if exclusive_minimum else "<="
-        hi = "<" if exclusive_maximum else "<="
-        raise GrammarError(f"no number x satisfies {minimum} {lo} x {hi} {maximum}; fix the bounds")
+    if hi is None or hi > 0 or (hi == 0 and not exclusive_maximum):
+        a, a_excl = (Decimal(0), False) if lo is None or lo < 0 else (lo, exclusive_minimum)
+        alternatives += _magnitude(a, a_excl, hi, exclusive_maximum)
+    if lo is None or lo < 0:  # x = -m with m > 0
+        a, a_excl = (Decimal(0), True) if hi is None or hi >= 0 else (-hi, exclusive_maximum)
+        alternatives += ["-" + r for r in _magnitude(a, a_excl, None if lo is None else -lo, exclusive_minimum)]
     return _alt(alternatives)

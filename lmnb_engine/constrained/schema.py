@@ -11,17 +11,18 @@ behaviours would break the guarantee that output validates, so this module wraps
 * It ignores numeric bounds. Bounded ``integer`` / ``number`` subschemas are replaced with a
   placeholder constant before building and the placeholder is swapped for the bounded grammar
   from ``numeric.py`` after.
-* Some ``format`` grammars emit JSON-invalid strings (``email``, ``time``, ``uri`` allow an
-  unescaped quote or backslash), so only ``date``, ``date-time`` and ``uuid`` are accepted; and
-  its ``date`` and ``date-time`` allow dates that are not (any Unicode digit, a
-  month 13, a 31 February, years of any length, no time zone), so those two are replaced with
-  RFC 3339's grammar (``_DATE``, ``_DATE_TIME``): what jsonschema's format checker accepts.
+* Its ``format`` grammars emit JSON-invalid strings (``email``, ``time``, ``uri`` allow an
+  unescaped quote or backslash) or values that are not (any Unicode digit, a month 13, a
+  31 February, years of any length, no time zone), and it drops a format beside a length, so the
+  formats here are this module's own (``_FORMAT_PATTERN``: a subset of each RFC that jsonschema's
+  format checker accepts), written out like a ``pattern``.
 * Where it stops a recursive ``$ref`` it writes ``{}``, valid or not; ``schema_refs.inline_refs``
   resolves every reference first and cuts recursion where the output stays valid (and prunes
   ``false``, which it refuses).
 * It pastes ``pattern`` between the quotes, so the pattern constrained the JSON text, not the
-  string (a raw ``"`` or control character got through); ``json_string.pattern_regex`` rewrites
-  it over JSON text. A pattern beside ``minLength``/``maxLength`` (it kept only the length) is refused.
+  string (a raw ``"`` or control character got through), and it drops a pattern beside
+  ``minLength``/``maxLength``; ``json_string.pattern_regex`` rewrites it over JSON text, with the
+  lengths folded in.
 * A schema of any value (``{}`` inside an object) becomes an ungrouped alternation that lets the
   whole output be ``null``; ``true``, ``{}`` and annotation-only schemas are given every type.
 
@@ -37,6 +38,7 @@ import copy
 import json
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarError
@@ -60,23 +62,47 @@ _ANNOTATIONS = {
 }
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minDigits", "maxDigits")  # each becomes a counted repeat
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_FORMATS = {"date", "date-time", "uuid"}
 _ANY_TYPES = ["object", "array", "string", "number", "boolean", "null"]  # every JSON value (integers are numbers)
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAX_BOUND_DIGITS = 40  # of a numeric bound (1e300 would spell 301)
 _PLACEHOLDER = "LMNBPLACEHOLDER"  # letters and digits only: appears verbatim in the regex
 
+# The formats, as Python regexes (written over JSON text by json_string, like a pattern), each a
+# subset of its RFC that jsonschema's format checker (with its optional checkers) accepts; ASCII only.
 # RFC 3339 §5.6 full-date: years 0001-9999 (Python's and so jsonschema's range), each month's days,
-# 29 February in leap years (divisible by 4, centuries only by 400); ASCII digits only.
+# 29 February in leap years (divisible by 4, centuries only by 400).
 _YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
 _LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 _DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
          f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
-# date-time: full-date "T" hh:mm:ss, up to 6 fraction digits, then "Z" or an offset (the upper-case
-# letters, and no leap second 60: a subset of RFC 3339 that every validator accepts).
-_DATE_TIME = (f"{_DATE}T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{{1,6}})?"
-              "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
-_FORMAT_REGEX = {"date": _DATE, "date-time": _DATE_TIME}
+# full-time: hh:mm:ss, up to 6 fraction digits, then "Z" or an offset (the upper-case letters, and
+# no leap second 60: what every validator accepts).
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+# RFC 1123 host names of up to 4 labels (at most 255 characters, under URLs' 2083).
+_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST = f"(?:{_LABEL}\\.){{0,3}}{_LABEL}"
+# RFC 5322 dot-atom local part @ a domain whose last label is letters (email-validator's rule too).
+_EMAIL = f"[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@(?:{_LABEL}\\.){{1,3}}[A-Za-z]{{2,63}}"
+# RFC 3986 http(s) URIs: host, port, up to 8 path segments of 32 characters, a 128-character
+# query: at most 1430 characters, within pydantic's HttpUrl maxLength of 2083.
+_URI_CHAR = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
+_URI = (f"https?://{_HOST}(?::[0-9]{{1,5}})?(?:/{_URI_CHAR}{{0,32}}){{0,8}}"
+        f"(?:\\?(?:{_URI_CHAR}|[/?]){{0,128}})?")
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"  # no leading zeros (Python's ipaddress refuses them)
+# RFC 3339 appendix A durations without weeks mixed in: P[nD][T[nH][nM][nS]], at least one part.
+_DURATION_TIME = "T(?:[0-9]{1,9}H(?:[0-9]{1,9}M)?(?:[0-9]{1,9}S)?|[0-9]{1,9}M(?:[0-9]{1,9}S)?|[0-9]{1,9}S)"
+_FORMAT_PATTERN = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"{_DATE}T{_TIME}",
+    "duration": f"P(?:[0-9]{{1,9}}D(?:{_DURATION_TIME})?|{_DURATION_TIME}|[0-9]{{1,9}}W)",
+    "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "email": _EMAIL,
+    "hostname": _HOST,
+    "ipv4": f"(?:{_OCTET}\\.){{3}}{_OCTET}",
+    "uri": _URI,
+}
 
 
 def load_schema(schema: Any) -> dict:
@@ -105,19 +131,20 @@ def load_schema(schema: Any) -> dict:
     )
 
 
-def _integral_bound(value: Any, key: str, where: str, for_integers: bool) -> tuple[int, bool]:
-    """(integer bound, tightened) for a bound value; integers round inwards, numbers must be integral."""
+def _bound_value(value: Any, key: str, where: str) -> Decimal:
+    """A numeric bound as an exact decimal (a float as its shortest repr: the number the schema
+    wrote, as JSON text).
+
+    Raises:
+        GrammarError: not a finite number, or more digits than a bounded grammar should spell out."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise GrammarError(f"JSON schema {key!r} at {where} must be a finite number, got {value!r}")
-    if float(value).is_integer():
-        return int(value), False
-    if not for_integers:
-        raise GrammarError(
-            f"JSON schema {key}={value!r} at {where}: only integer bounds are supported for "
-            "type 'number'; use an integer bound"
-        )
-    lower = key in ("minimum", "exclusiveMinimum")
-    return (math.ceil(value) if lower else math.floor(value)), True
+    bound = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    whole, _, fraction = format(abs(bound), "f").partition(".")
+    if len(whole.lstrip("0")) + len(fraction.rstrip("0")) > _MAX_BOUND_DIGITS:
+        raise GrammarError(f"JSON schema {key}={value!r} at {where} spells more than {_MAX_BOUND_DIGITS} digits, "
+                           "too many for a bounded number grammar; round the bound")
+    return bound
 
 
 _VALUE_CHECKS = ("type", "format", "pattern", "minLength", "maxLength", *_BOUNDS)
@@ -232,25 +259,23 @@ def _object_keys(value: Any):
 
 
 def _bounded_regex(node: dict, kind: str, where: str) -> str:
-    """The regex of a bounded ``integer`` or ``number`` subschema (keys in ``_BOUNDS``)."""
-    ints = kind == "integer"
+    """The regex of a bounded ``integer`` or ``number`` subschema (keys in ``_BOUNDS``): the
+    tightest lower and upper bound, an integer's rounded inwards to integers."""
     lo = hi = None
     lo_excl = hi_excl = False
     for key in ("minimum", "exclusiveMinimum"):
         if key in node:
-            v, tightened = _integral_bound(node[key], key, where, ints)
-            excl = key == "exclusiveMinimum" and not tightened
+            v, excl = _bound_value(node[key], key, where), key == "exclusiveMinimum"
             if lo is None or v > lo or (v == lo and excl):
                 lo, lo_excl = v, excl
     for key in ("maximum", "exclusiveMaximum"):
         if key in node:
-            v, tightened = _integral_bound(node[key], key, where, ints)
-            excl = key == "exclusiveMaximum" and not tightened
+            v, excl = _bound_value(node[key], key, where), key == "exclusiveMaximum"
             if hi is None or v < hi or (v == hi and excl):
                 hi, hi_excl = v, excl
-    if ints:
-        lo = None if lo is None else lo + (1 if lo_excl else 0)
-        hi = None if hi is None else hi - (1 if hi_excl else 0)
+    if kind == "integer":
+        lo = None if lo is None else math.floor(lo) + 1 if lo_excl else math.ceil(lo)
+        hi = None if hi is None else math.ceil(hi) - 1 if hi_excl else math.floor(hi)
         return integer_range_regex(lo, hi)
     return number_range_regex(lo, hi, lo_excl, hi_excl)
 
@@ -296,37 +321,34 @@ class _Rewriter:
                     f"(it cannot be enforced while decoding); remove it. Supported keywords: "
                     f"{', '.join(sorted(_ENFORCED | set(_BOUNDS)))}"
                 )
-        if "format" in node and node["format"] not in _FORMATS:
+        if "format" in node and node["format"] not in _FORMAT_PATTERN:
             raise GrammarError(
                 f"JSON schema format {node['format']!r} at {where} is not supported; supported formats: "
-                f"{', '.join(sorted(_FORMATS))} (or give a 'pattern' instead)"
+                f"{', '.join(sorted(_FORMAT_PATTERN))} (or give a 'pattern' instead)"
             )
         beside = [k for k in node if k not in _ANNOTATIONS and k not in ("$ref", "$defs", "definitions")]
         if "$ref" in node and beside:  # (2019-09 on they apply with the reference; draft 7 ignored them)
             raise GrammarError(f"JSON schema at {where} has {', '.join(map(repr, beside))} beside '$ref', which "
                                "constrained decoding cannot intersect with the schema it refers to; move them "
                                "into that schema")
-        clash = [k for k in ("pattern", "minLength", "maxLength") if k in node]
         listed = "enum" in node or "const" in node  # (those values are checked against all of them)
-        if "format" in node and clash and not listed:  # outlines-core would enforce one, drop the format
-            raise GrammarError(f"JSON schema at {where} has format {node['format']!r} and {clash[0]}; constrained "
-                               f"decoding enforces one of them: drop {clash[0]} (the format fixes the shape)")
-        lengths = [k for k in ("minLength", "maxLength") if k in node]
-        if "pattern" in node and lengths and not listed:  # outlines-core enforced the length, dropped the pattern
-            raise GrammarError(f"JSON schema at {where} has pattern and {lengths[0]}; constrained decoding enforces "
-                               f"one of them: put the length into the pattern (e.g. '^[A-Z]{{1,8}}$') and drop "
-                               f"{lengths[0]}")
-        if "pattern" in node:
-            pattern_regex(node["pattern"], where)  # (its errors now, before the rest of the schema)
+        if "format" in node and "pattern" in node and not listed:  # outlines-core enforced one, dropped the other
+            raise GrammarError(f"JSON schema at {where} has format {node['format']!r} and a pattern, which "
+                               "constrained decoding cannot intersect: drop one of them")
+        types = node.get("type", "string")
+        stringy = "string" in ([types] if isinstance(types, str) else types)
+        shaped = stringy and not listed and ("pattern" in node or "format" in node)  # lengths narrow that pattern
         for key in _COUNTS:
             if isinstance(node.get(key), float):  # 5.0 is a valid count; outlines-core drops a float one
                 node[key] = int(node[key])
-            if isinstance(node.get(key), int) and node[key] > MAX_REPEAT_COUNT:
+            if isinstance(node.get(key), int) and node[key] > MAX_REPEAT_COUNT and not (shaped and "Length" in key):
                 raise GrammarError(
                     f"JSON schema {key}={node[key]} at {where} is above the limit of {MAX_REPEAT_COUNT}: it becomes "
                     "a counted repeat whose automaton would take too long to build (the limit user regexes "
                     f"have too); drop {key} and bound the length with max_tokens instead"
                 )
+        if shaped:
+            self._string_regex(node, where)  # (its errors now, before the rest of the schema)
         _check_combinations(node, where)
         if isinstance(node.get("oneOf"), list):
             check_one_of(node["oneOf"], where, self.root, self._deref)
@@ -380,20 +402,25 @@ class _Rewriter:
         rest = self._formatted(dict(node, type=others if len(others) > 1 else others[0]), where)
         return {"anyOf": [{"const": name}, rest]}
 
-    def _formatted(self, node: dict, where: str) -> dict:
-        """A ``date`` / ``date-time`` string: a placeholder for RFC 3339's grammar (``_DATE``); a
-        string with a ``pattern``: one for the pattern over JSON text (``json_string``); any
-        other node as it is."""
+    def _string_regex(self, node: dict, where: str) -> str:
+        """The regex of the JSON strings ``node``'s ``format`` (``_FORMAT_PATTERN``) or ``pattern``
+        allows, with its ``minLength`` / ``maxLength`` folded in (``json_string.pattern_regex``)."""
         fmt = node.get("format")
-        key = "format" if fmt in _FORMAT_REGEX else "pattern" if "pattern" in node else None
-        if key is None or "enum" in node or "const" in node:
+        pattern = _FORMAT_PATTERN[fmt] if fmt is not None else node["pattern"]
+        return pattern_regex(pattern, where, node.get("minLength", 0), node.get("maxLength"),
+                             name=None if fmt is None else f"format {fmt!r}")
+
+    def _formatted(self, node: dict, where: str) -> dict:
+        """A string with a ``format`` or ``pattern``: a placeholder for its regex
+        (``_string_regex``); any other node as it is."""
+        if not ("format" in node or "pattern" in node) or "enum" in node or "const" in node:
             return node
         node = dict(node, type=node.get("type", "string"))
         types = [node["type"]] if isinstance(node["type"], str) else list(node["type"])
         if "string" not in types:
             return node  # the format or pattern applies to strings only: nothing to narrow
-        value = node.pop(key)
-        fragment = f'"{_FORMAT_REGEX[value]}"' if key == "format" else pattern_regex(value, where)
+        fragment = self._string_regex(node, where)
+        node = {k: v for k, v in node.items() if k not in ("format", "pattern", "minLength", "maxLength")}
         return self._placeholder(fragment, node, ["string"], where)
 
     def _bounded(self, node: dict, where: str) -> dict:
