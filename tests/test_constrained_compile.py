@@ -6,6 +6,7 @@ become a match), ``jsonschema`` validation, plain arithmetic, the tokenizer's ow
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 import random
@@ -576,6 +577,40 @@ def test_formats_match_only_what_the_format_checker_accepts(fmt, valid, invalid,
         if fmt == "email":  # jsonschema only checks for an '@': RFC 5322's dot-atom, by hand
             local, domain = value["v"].split("@")
             assert ".." not in local and not local.startswith(".") and not local.endswith("."), text
+
+
+def test_property_names_listing_the_keys_make_a_map_of_those_keys():
+    # pydantic's dict[Literal[...], V] and dict[SomeEnum, V]; 'propertyNames' was refused by name
+    class Color(str, enum.Enum):
+        red = "red"
+        blue = "blue"
+
+    class Scores(pydantic.BaseModel):
+        by_letter: dict[typing.Literal["x", "y"], int]
+        by_color: dict[Color, typing.Annotated[int, pydantic.Field(ge=0, le=9)]]
+
+    schema = Scores.model_json_schema()
+    rx = regex_module.compile(schema_to_regex(schema, whitespace_pattern=""))
+    validator = jsonschema.Draft202012Validator(schema)
+    def in_schema_order(keys, names):  # each key at most once, in the listed order (as keys are written)
+        return all(k in names for k in keys) and [names.index(k) for k in keys] == sorted({names.index(k) for k in keys})
+
+    for letters in itertools.product([None, "x", "y", "z"], repeat=2):
+        for colors in itertools.product([None, "red", "blue", "green"], repeat=2):
+            for value in (3, 12):
+                letter_keys, color_keys = [k for k in letters if k], [k for k in colors if k]
+                a = ",".join(f'"{k}":{value}' for k in letter_keys)
+                b = ",".join(f'"{k}":{value}' for k in color_keys)
+                text = f'{{"by_letter":{{{a}}},"by_color":{{{b}}}}}'
+                expected = (in_schema_order(letter_keys, ["x", "y"]) and in_schema_order(color_keys, ["red", "blue"])
+                            and (value <= 9 or not color_keys))
+                assert bool(rx.fullmatch(text)) == expected, text
+                assert not expected or validator.is_valid(json.loads(text)), text
+    for schema, message in [({"type": "object", "propertyNames": {"pattern": "^a"}}, "only as a list of names"),
+                            ({"type": "object", "propertyNames": {"enum": ["a"]}, "properties": {"b": {}}},
+                             "the property 'b', which its 'propertyNames' does not allow")]:
+        with pytest.raises(GrammarError, match=message):
+            schema_to_regex(schema)
 
 
 def test_pydantic_model_class_is_accepted(backend):

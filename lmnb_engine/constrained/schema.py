@@ -28,7 +28,8 @@ behaviours would break the guarantee that output validates, so this module wraps
 
 Objects with ``properties`` never get other keys (``additionalProperties`` beside them is accepted,
 but extra keys are not generated, which keeps every output valid); an ``additionalProperties``
-schema alone makes a map of any keys. Accepted inputs: a ``dict``, a JSON string, or a pydantic
+schema alone makes a map of any keys, and with ``propertyNames`` listing the names, one of those
+keys (each optional). Accepted inputs: a ``dict``, a JSON string, or a pydantic
 model class (``model_json_schema()``).
 """
 
@@ -312,6 +313,8 @@ class _Rewriter:
             return node  # no value: schema_refs.inline_refs prunes it
         if not isinstance(node, dict):
             raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {node!r}")
+        if "propertyNames" in node:
+            node = self._named_properties(node, where)
         for key in node:
             if key not in _ENFORCED and key not in _ANNOTATIONS and key not in _BOUNDS:
                 if key == "uniqueItems" and node[key] is False:
@@ -374,6 +377,36 @@ class _Rewriter:
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)
         return self._formatted(node, where)
+
+    def _named_properties(self, node: dict, where: str) -> dict:
+        """``node`` with a ``propertyNames`` that lists the names (``enum``/``const``, as pydantic
+        writes ``dict[Literal["a", "b"], V]``) turned into optional ``properties`` of the
+        ``additionalProperties`` schema, which outlines-core writes (it ignores ``propertyNames``).
+
+        Raises:
+            GrammarError: ``propertyNames`` is not such a list, or ``properties`` beside it name a
+                key it does not allow."""
+        import jsonschema
+
+        names_schema = self._deref(node["propertyNames"])
+        if not (isinstance(names_schema, dict) and ("enum" in names_schema or "const" in names_schema)
+                and all(k in ("enum", "const", "type") or k in _ANNOTATIONS for k in names_schema)):
+            raise GrammarError(f"JSON schema 'propertyNames' at {where} is supported only as a list of names "
+                               "('enum' or 'const', e.g. pydantic's dict[Literal['a', 'b'], int]); list the names "
+                               "or give 'properties' instead")
+        listed = [names_schema["const"]] if "const" in names_schema else names_schema["enum"]
+        is_name = jsonschema.Draft202012Validator(names_schema).is_valid
+        names = [v for v in listed if isinstance(v, str) and is_name(v)]
+        node = {k: v for k, v in node.items() if k != "propertyNames"}
+        if "properties" in node:  # (only those are written: each must be an allowed name)
+            bad = [k for k in node["properties"] if k not in names]
+            if bad:
+                raise GrammarError(f"JSON schema at {where} has the property {bad[0]!r}, which its "
+                                   "'propertyNames' does not allow; drop it or add it to the names")
+            return node
+        value = node.get("additionalProperties", True)
+        node["properties"] = {} if value is False else {name: copy.deepcopy(value) for name in names}  # (visits rewrite in place)
+        return node
 
     def _deref(self, node: Any) -> Any:
         """``node`` with its local ``$ref`` followed in the schema as written (as it is where that
