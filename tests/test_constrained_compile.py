@@ -579,6 +579,26 @@ def test_formats_match_only_what_the_format_checker_accepts(fmt, valid, invalid,
             assert ".." not in local and not local.startswith(".") and not local.endswith("."), text
 
 
+@pytest.mark.parametrize("schema, kept, dropped", [
+    # outlines-core failed on these ("Unsupported JSON Schema structure"); bounds alone were refused
+    ({"minLength": 2}, ['"ab"', '"abc"'], ['"a"', "7"]),
+    ({"items": {"type": "integer"}, "maxItems": 2}, ["[]", "[1,2]"], ["[1,2,3]", '"a"']),
+    ({"minimum": 1.5}, ["1.5", "20"], ["1", '"a"']),
+    ({"required": ["a"], "properties": {"a": {"const": 1}}}, ['{"a":1}'], ["{}", "1"]),
+])
+def test_a_schema_without_type_gets_the_type_its_keywords_imply(schema, kept, dropped):
+    rx = regex_module.compile(schema_to_regex(schema, whitespace_pattern=""))
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in kept:
+        assert rx.fullmatch(text) and validator.is_valid(json.loads(text)), text
+    for text in dropped:  # (those of other types validate too: only the implied type is written)
+        assert not rx.fullmatch(text), text
+    for text in random_matches(rx, list('{}[]":,a.-1259'), walks=30):
+        assert validator.is_valid(json.loads(text)), text
+    with pytest.raises(GrammarError, match="no 'type' and keywords for string and number values"):
+        schema_to_regex({"maxLength": 3, "maximum": 2})
+
+
 def test_property_names_listing_the_keys_make_a_map_of_those_keys():
     # pydantic's dict[Literal[...], V] and dict[SomeEnum, V]; 'propertyNames' was refused by name
     class Color(str, enum.Enum):

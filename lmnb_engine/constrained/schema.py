@@ -217,6 +217,32 @@ def _check_structure(node: dict, where: str) -> None:
                                "with escapes; constrained decoding writes keys as they are: rename it")
 
 
+_TYPE_KEYWORDS = {
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": _BOUNDS,
+    "array": ("items", "prefixItems", "minItems", "maxItems"),
+    "object": ("properties", "required", "additionalProperties"),
+}
+
+
+def _with_implied_type(node: dict, where: str) -> dict:
+    """``node`` with the ``type`` its keywords imply, where it has none: ``{"minLength": 3}``
+    becomes a string of 3 or more characters (outlines-core failed with "Unsupported JSON Schema
+    structure"). JSON Schema lets values of the other types through such a schema too; writing
+    only the implied type keeps every output valid.
+
+    Raises:
+        GrammarError: the keywords belong to more than one type."""
+    if "type" in node or any(k in node for k in ("enum", "const", "$ref", *_COMBINATORS)):
+        return node
+    implied = [t for t, keys in _TYPE_KEYWORDS.items() if any(k in node for k in keys)]
+    if len(implied) > 1:
+        raise GrammarError(f"JSON schema at {where} has no 'type' and keywords for {' and '.join(implied)} values; "
+                           "constrained decoding writes one kind of value per subschema: add 'type', or split "
+                           "it into 'anyOf' branches")
+    return dict(node, type=implied[0]) if implied else node
+
+
 def _draft4_bounds(node: Any) -> None:
     """Draft 4's boolean ``exclusiveMinimum``/``exclusiveMaximum`` (its meta-schema allows only
     that form) as later drafts write them, in every subschema first: the checks of a parent
@@ -329,6 +355,7 @@ class _Rewriter:
                 f"JSON schema format {node['format']!r} at {where} is not supported; supported formats: "
                 f"{', '.join(sorted(_FORMAT_PATTERN))} (or give a 'pattern' instead)"
             )
+        node = _with_implied_type(node, where)
         beside = [k for k in node if k not in _ANNOTATIONS and k not in ("$ref", "$defs", "definitions")]
         if "$ref" in node and beside:  # (2019-09 on they apply with the reference; draft 7 ignored them)
             raise GrammarError(f"JSON schema at {where} has {', '.join(map(repr, beside))} beside '$ref', which "
