@@ -346,6 +346,36 @@ def test_fractional_bounds_in_a_schema_validate_with_jsonschema():
         schema_to_regex({"type": "number", "minimum": 1e-300})
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},  # pydantic Field(gt=0, lt=1)
+    {"type": "number", "exclusiveMinimum": 0.25, "exclusiveMaximum": 5},
+    {"type": "number", "minimum": -100, "exclusiveMaximum": -3},
+    {"type": "number", "exclusiveMinimum": 123456.5},
+])
+def test_values_next_to_an_exclusive_bound_stay_inside_it_as_floats(schema):
+    # jsonschema compares floats: 0.99999999999999999 parses to 1.0, which fails exclusiveMaximum 1
+    rx = regex_module.compile(schema_to_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(3)
+    checked = 0
+    for _ in range(1500):
+        text = ""
+        while True:  # a random walk that leans on 0s and 9s, to run up to the bounds
+            options = [c for c in "-0123456789." if rx.fullmatch(text + c, partial=True)]
+            if not options or (rx.fullmatch(text) and rng.random() < 0.04):
+                break
+            text += rng.choice(options + [c for c in options if c in "09"] * 6)
+        if rx.fullmatch(text):
+            checked += 1
+            assert validator.is_valid(json.loads(text)), text
+    assert checked > 1000
+    for text in ("0.99999999999999999", "0.0000000000000000001", "4.99999999999999999", "0.25000000000000001",
+                 "-3.00000000000000001", "123456.50000000000001"):
+        assert validator.is_valid(json.loads(text)) or not rx.fullmatch(text), text  # decimal-inside, float-outside
+    inclusive = re.compile(number_range_regex(Decimal(0), Decimal(1), False, False))
+    assert inclusive.fullmatch("0.99999999999999999")  # 1.0 <= 1: no limit where no bound is exclusive
+
+
 def test_bounded_schema_fields_validate_with_jsonschema():
     schema = {
         "type": "object",

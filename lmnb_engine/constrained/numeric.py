@@ -21,6 +21,8 @@ from decimal import Decimal
 from lmnb_engine.constrained.errors import GrammarError
 
 _FRACTION = r"(?:\.[0-9]+)?"
+# Decimals of up to 15 significant digits (C's DBL_DIG) round to distinct floats, in order.
+SIGNIFICANT_DIGITS = 15
 
 
 def _alt(alternatives: list[str]) -> str:
@@ -103,38 +105,52 @@ def _tail(digit: str, rest: str | None, rest_empty: bool) -> str | None:
     return f"{digit}(?:{rest})?" if rest_empty else f"{digit}(?:{rest})"
 
 
-def _fraction_digits(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> str | None:
-    """Regex of the non-empty digit strings ``D`` with ``0.lo <(=) 0.D <(=) 0.hi``, or None if none.
+def _some_digits(room: int | None, low: int = 0) -> str:
+    """``[0-9]*`` with at least ``low`` and at most ``room`` digits (None: no limit)."""
+    return f"[0-9]{{{low},}}" if room is None else f"[0-9]{{{low},{room}}}"
+
+
+def _fraction_digits(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool, room: int | None) -> str | None:
+    """Regex of the non-empty digit strings ``D`` of at most ``room`` digits (None: any number)
+    with ``0.lo <(=) 0.D <(=) 0.hi``, or None if none.
 
     ``lo`` and ``hi`` are fraction digit strings without trailing zeros ("" is 0); ``hi=None``
     means no bound below 1. Split on the first digit like ``_same_length``: a first digit strictly
     between the bounds' takes any digits after it, one equal to a bound's recurses on the rest.
     """
+    if room is not None and room < 1:
+        return None
+    rest_room = None if room is None else room - 1
     if lo == "" and hi is None:
-        return "[0-9]*[1-9][0-9]*" if lo_excl else "[0-9]+"
+        if not lo_excl:
+            return _some_digits(room, 1)
+        # not all zeros: the first non-zero digit at some place
+        if room is None:
+            return "[0-9]*[1-9][0-9]*"
+        return _alt(["0" * p + f"[1-9]{_some_digits(room - 1 - p)}" for p in range(room)])
     if hi == "":
-        return None if lo_excl or hi_excl or lo != "" else "0+"
+        return None if lo_excl or hi_excl or lo != "" else ("0+" if room is None else f"0{{1,{room}}}")
     l0, l_rest = (int(lo[0]), lo[1:]) if lo else (0, "")
     h0, h_rest = (10, None) if hi is None else (int(hi[0]), hi[1:])
     if l0 == h0:
-        alternatives = [_tail(str(l0), _fraction_digits(l_rest, lo_excl, h_rest, hi_excl),
+        alternatives = [_tail(str(l0), _fraction_digits(l_rest, lo_excl, h_rest, hi_excl, rest_room),
                               _zero_within(l_rest, lo_excl, h_rest, hi_excl))]
     else:
-        alternatives = [_tail(str(l0), _fraction_digits(l_rest, lo_excl, None, False),
+        alternatives = [_tail(str(l0), _fraction_digits(l_rest, lo_excl, None, False, rest_room),
                               _zero_within(l_rest, lo_excl, None, False))]
         if l0 + 1 <= h0 - 1:
-            alternatives.append(_digits(l0 + 1, h0 - 1) + "[0-9]*")
+            alternatives.append(_digits(l0 + 1, h0 - 1) + _some_digits(rest_room))
         if h0 < 10:
-            alternatives.append(_tail(str(h0), _fraction_digits("", False, h_rest, hi_excl),
+            alternatives.append(_tail(str(h0), _fraction_digits("", False, h_rest, hi_excl, rest_room),
                                       _zero_within("", False, h_rest, hi_excl)))
     alternatives = [a for a in alternatives if a is not None]
     return _alt(alternatives) if alternatives else None
 
 
-def _fraction(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> str | None:
+def _fraction(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool, room: int | None = None) -> str | None:
     """Regex of what may follow the integer part ("" or ``.D``) for a fraction within the bounds
     (``_fraction_digits``); None if nothing may."""
-    digits = _fraction_digits(lo, lo_excl, hi, hi_excl)
+    digits = _fraction_digits(lo, lo_excl, hi, hi_excl, room)
     empty = _zero_within(lo, lo_excl, hi, hi_excl)
     if digits is None:
         return "" if empty else None
@@ -150,22 +166,38 @@ def _split(bound: Decimal) -> tuple[int, str]:
 def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> list[str]:
     """Alternatives for unsigned decimals m = I.F with a <(=) m <(=) b (b None: unbounded), a >= 0:
     the integer parts strictly between the bounds' take any fraction, those equal to a bound's
-    integer part a fraction bounded by the bound's fraction (``_fraction``)."""
+    integer part a fraction bounded by the bound's fraction (``_fraction``).
+
+    Next to an exclusive bound (its integer part, and the one below an integral upper bound) a
+    value has at most ``SIGNIFICANT_DIGITS`` digits in all: a longer one could round, as a float,
+    onto the bound (``0.99999999999999999`` is 1.0), and validators compare floats.
+    """
     a_int, a_frac = _split(a)
-    if b is None:
-        ends = [(a_int, _fraction(a_frac, a_excl, None, False))]
-        middle = _natural_range(a_int + 1, None)
-    else:
-        b_int, b_frac = _split(b)
-        if a_int == b_int:
-            ends, middle = [(a_int, _fraction(a_frac, a_excl, b_frac, b_excl))], []
+    b_int, b_frac = (None, None) if b is None else _split(b)
+
+    def room(whole: int, near: bool) -> int | None:  # fraction digits allowed after ``whole``
+        return max(SIGNIFICANT_DIGITS - len(str(whole)), 0) if near else None
+
+    near_b = {b_int} | ({b_int - 1} if b_frac == "" else set()) if b_excl and b is not None else set()
+    if b is None or a_int < b_int:
+        out = [f"{a_int}{f}" for f in [_fraction(a_frac, a_excl, None, False, room(a_int, a_excl or a_int in near_b))]
+               if f is not None]
+        last = None if b is None else b_int - 1
+        if b is not None and b_frac == "" and b_excl and a_int + 1 <= last:
+            # (the integer part below an exclusive integral bound: a fraction of limited digits)
+            out += [r + _FRACTION for r in _natural_range(a_int + 1, last - 1)]
+            out.append(f"{last}(?:\\.{_fraction_digits('', False, None, False, room(last, True))})?"
+                       if room(last, True) else str(last))
         else:
-            ends = [(a_int, _fraction(a_frac, a_excl, None, False)), (b_int, _fraction("", False, b_frac, b_excl))]
-            middle = _natural_range(a_int + 1, b_int - 1)
-    out = [f"{whole}{fraction}" for whole, fraction in ends[:1] if fraction is not None]
-    out += [r + _FRACTION for r in middle]
-    out += [f"{whole}{fraction}" for whole, fraction in ends[1:] if fraction is not None]
-    return out
+            out += [r + _FRACTION for r in _natural_range(a_int + 1, last)]
+        if b is not None:
+            f = _fraction("", False, b_frac, b_excl, room(b_int, b_excl))
+            out += [f"{b_int}{f}"] if f is not None else []
+        return out
+    if a_int == b_int:
+        f = _fraction(a_frac, a_excl, b_frac, b_excl, room(a_int, a_excl or b_excl))
+        return [f"{a_int}{f}"] if f is not None else []
+    return []
 
 
 def number_range_regex(
@@ -175,9 +207,8 @@ def number_range_regex(
     """Regex for JSON numbers x (no exponent) with ``minimum <(=) x <(=) maximum``.
 
     Bounds are exact decimals (``Decimal`` or ``int``) or None (unbounded); ``exclusive_*`` make
-    that bound strict. Comparisons are on the decimal text: a value within a float's rounding of
-    an exclusive bound (``0.1000000000000000000001`` for ``exclusiveMinimum: 0.1``) is decimal-
-    but not float-inside, so validators that parse to float may reject it.
+    that bound strict. Next to an exclusive bound values have at most ``SIGNIFICANT_DIGITS``
+    digits (``_magnitude``), so a validator that reads them as floats (jsonschema) agrees.
 
     Raises:
         GrammarError: the range is empty.
