@@ -20,6 +20,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 
 
@@ -74,7 +75,7 @@ def run(args) -> int:
         values = {}
         for name, text in args.parameter:
             try:
-                values[name] = parse_value(text, defaults.get(name, _NO_DEFAULT))
+                values[name] = parse_value(text, defaults.get(name, NO_DEFAULT))
             except ValueError as e:
                 print(f"lmnb run: -p {name} {text!r}: {e}", file=sys.stderr)
                 return 2
@@ -249,10 +250,7 @@ def kernel_manager():
     return _Manager(kernel_name=KERNEL_NAME, kernel_spec_manager=_Specs(), **options)
 
 
-_NO_DEFAULT = object()
-
-
-def parse_value(text: str, default=_NO_DEFAULT):
+def parse_value(text: str, default=NO_DEFAULT):
     """A ``-p`` value, read like the parameter's ``default`` from the parameters cell, as the
     exported job reads ``--NAME`` (``lmnb.batch.options.parameter_type``: ``false`` is False for
     a bool, ``1`` is 1.0 for a float); without a literal default, a Python literal (``3``,
@@ -260,7 +258,7 @@ def parse_value(text: str, default=_NO_DEFAULT):
 
     Raises:
         ValueError: text the default's type cannot take."""
-    if default is _NO_DEFAULT:
+    if default is NO_DEFAULT:
         try:
             return ast.literal_eval(text)
         except (ValueError, SyntaxError):
@@ -277,20 +275,24 @@ def parse_value(text: str, default=_NO_DEFAULT):
 
 
 def parameter_defaults(nb) -> dict:
-    """name → literal default of the variables the cell tagged ``parameters`` assigns."""
-    cell = next((c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    """name → literal default of the variables the cell tagged ``parameters`` assigns
+    (``lmnb.export.parameters.read_parameters``, as the exported job's options)."""
+    known = _parameters(nb.cells)
+    return {name: value for name, value in (known or {}).items() if value is not NO_DEFAULT}
+
+
+def _parameters(cells) -> dict | None:
+    """What the first cell tagged ``parameters`` sets (``read_parameters``); None without such a
+    cell, or when it holds IPython syntax (it is not read then)."""
+    cell = next((c for c in cells if _is_parameters(c)), None)
     try:
-        tree = ast.parse(cell.source) if cell is not None else None
+        return read_parameters(cell.source) if cell is not None else None
     except SyntaxError:
-        tree = None
-    out = {}
-    for node in tree.body if tree is not None else ():
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except (ValueError, SyntaxError):
-                pass
-    return out
+        return None
+
+
+def _is_parameters(cell) -> bool:
+    return "parameters" in cell.get("metadata", {}).get("tags", [])
 
 
 def inject_parameters(nb, params: dict) -> None:
@@ -301,22 +303,13 @@ def inject_parameters(nb, params: dict) -> None:
     source = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items())
     cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
     cells = nb.cells
-    tagged = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
-    if tagged:  # a misspelt -p name would otherwise run silently with the notebook's default
-        import ast
-
-        try:
-            tree = ast.parse(cells[tagged[0]].source)
-        except SyntaxError:
-            tree = None
-        if tree is not None:
-            known = sorted({t.id for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
-                            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                            if isinstance(t, ast.Name)})
-            for name in params:
-                if unicodedata.normalize("NFKC", name) not in known:  # as Python reads the injected cell
-                    print(f"lmnb run: warning: parameter {name!r} is not set in the cell tagged 'parameters' "
-                          f"(it sets {', '.join(known) or 'nothing'}); check the spelling", file=sys.stderr)
+    tagged = [i for i, c in enumerate(cells) if _is_parameters(c)]
+    known = _parameters(cells)
+    if known is not None:  # a misspelt -p name would otherwise run silently with the notebook's default
+        for name in params:
+            if unicodedata.normalize("NFKC", name) not in known:  # as Python reads the injected cell
+                print(f"lmnb run: warning: parameter {name!r} is not set in the cell tagged 'parameters' "
+                      f"(it sets {', '.join(sorted(known)) or 'nothing'}); check the spelling", file=sys.stderr)
     old = [i for i, c in enumerate(cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     if old:
         cells[old[0]] = cell

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell
+from lmnb.export.parameters import read_parameters
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
@@ -74,7 +75,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             example assignment that shares its line with other code.
     """
     params_cell = next((c for c in cells if isinstance(c, Code) and c.is_parameters), None)
-    parameters = _parameter_names(params_cell) if params_cell else ()
+    parameters = tuple(read_parameters(params_cell.source)) if params_cell else ()
     given = None if inputs is None else tuple(inputs)
     if given is not None:
         bad = [n for n in given if not n.isidentifier()]
@@ -198,20 +199,6 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
         raise ExportError(f"--inputs {', '.join(unused)}: the cells that run per row never read "
                           f"{'it' if len(unused) == 1 else 'them'}")
     return tuple(fields)
-
-
-def _parameter_names(cell: Code) -> tuple:
-    """The variables the parameters cell assigns (papermill's parameters); what it imports or
-    defines is set-up, not an option (``import os`` became ``--os``)."""
-    import ast
-
-    out: dict = {}
-    for stmt in ast.parse(cell.source).body:
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
-            stmt, ast.AnnAssign) else []
-        for t in targets:
-            out.update((n.id, None) for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
-    return tuple(out)
 
 
 def _check_strippable(cell: Code, names: set) -> None:

@@ -1,0 +1,69 @@
+"""The papermill ``parameters`` cell is read once (``lmnb.export.parameters``), for the exported
+job's options and for ``lmnb run -p`` alike."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from helpers_export import notebook
+from lmnb.export import plan_notebook
+from lmnb.export.parameters import NO_DEFAULT, read_parameters
+
+CELL = """\
+import os
+from pathlib import Path
+n: int = 2
+short = True
+a, (b, *c) = 1, (2, 3)
+x = y = "z"
+limit = 3
+limit = len(os.sep)
+hint: str
+if True:
+    nested = 1
+def f():
+    inner = 2
+ratio = 0.5
+ratio = 0.25
+"""
+
+
+def test_the_parameters_are_the_top_level_assignments_with_their_literal_defaults():
+    # Worked out by hand: imports, the def, the block and the bare annotation (hint: str binds
+    # nothing) are set-up; a, b, c unpack a tuple (no default of their own); limit is last set
+    # to a call; ratio's last literal counts; order is that of the first assignment.
+    got = read_parameters(CELL)
+    assert list(got) == ["n", "short", "a", "b", "c", "x", "y", "limit", "ratio"]
+    assert got == {"n": 2, "short": True, "a": NO_DEFAULT, "b": NO_DEFAULT, "c": NO_DEFAULT, "x": "z", "y": "z",
+                   "limit": NO_DEFAULT, "ratio": 0.25}
+    with pytest.raises(SyntaxError):
+        read_parameters("files = !ls")
+
+
+def test_lmnb_run_and_the_export_read_the_same_parameters(capsys):
+    """They were read three ways: the export took `hint: str` for a parameter (the script then
+    failed with NameError on `hint=hint`), `lmnb run` took no default from `n: int = 2` and
+    counted names bound inside `if` as parameters."""
+    from lmnb_kernel.run import inject_parameters, parameter_defaults
+
+    nb = notebook(("parameters", CELL), "%%lm\n{x}{gen out max_tokens=n}")
+    assert plan_notebook(nb).parameters == ("n", "short", "a", "b", "c", "x", "y", "limit", "ratio")
+    assert parameter_defaults(nb) == {"n": 2, "short": True, "x": "z", "y": "z", "ratio": 0.25}
+    inject_parameters(nb, {"b": 1, "nested": 2, "hint": "h"})
+    err = capsys.readouterr().err
+    assert "'b'" not in err
+    for name in ("nested", "hint"):
+        assert (f"parameter {name!r} is not set in the cell tagged 'parameters' "
+                "(it sets a, b, c, limit, n, ratio, short, x, y)") in err
+    assert nb.cells[1].metadata["tags"] == ["injected-parameters"]
+
+
+def test_a_parameters_cell_with_ipython_syntax_gives_lmnb_run_no_names_to_check(capsys):
+    from lmnb_kernel.run import inject_parameters, parameter_defaults
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%env X=1\nn = 2", metadata={"tags": ["parameters"]})]
+    assert parameter_defaults(nb) == {}
+    inject_parameters(nb, {"m": 1})  # not a misspelling warning: the cell could not be read
+    assert capsys.readouterr().err == ""
