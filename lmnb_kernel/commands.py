@@ -33,13 +33,14 @@ def connect(args, session: Session) -> None:
     if args.completion and not args.openai:
         raise CellError("%lm connect --completion goes with --openai MODEL")
     v1 = args.url.rstrip("/").endswith("/v1")
+    timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     try:
         if args.openai:
             backend = lmnb.OpenAI(args.openai, base_url=args.url, api_key=args.api_key,
-                                  is_chat_model=False if args.completion else None)
+                                  is_chat_model=False if args.completion else None, **timeout)
             what = f"OpenAI-compatible server {args.url} (model {args.openai})"
         else:
-            backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key)
+            backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key, **timeout)
             what = f"SGLang-protocol server {args.url}"
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
         hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""

@@ -25,6 +25,11 @@ UNCONDITIONAL_CONTEXT = "Answer:"  # same context as the in-process backend
 # the last token or two, so the first difference almost always falls inside this window (if it
 # does not, that choice is re-scored with the whole prompt).
 SCORE_WINDOW = 8
+CONNECT_TIMEOUT_S = 10.0
+# Seconds to wait for a response (for a stream: for its next event). Long enough for a long
+# non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
+# server fails a batch job's rows instead of hanging the job forever.
+READ_TIMEOUT_S = 600.0
 
 
 def _sampling_params(params: GenParams) -> dict:
@@ -54,23 +59,30 @@ class RuntimeEndpoint(BaseBackend):
         chat_template_name: a registered template instead of the server's (``lmnb serve`` reports
             the model's Jinja template in ``/get_model_info``; an SGLang server does not, and then
             the template is chosen from the model path, as SGLang does).
-        timeout: seconds to wait for a response (None: no limit; generation can be long).
+        timeout: seconds to wait for a response, or for a stream's next event (default
+            ``READ_TIMEOUT_S``; None: no limit). Connecting may take ``CONNECT_TIMEOUT_S``.
 
     Raises:
-        BackendError: the server cannot be reached or ``/get_model_info`` fails.
+        BackendError: the server cannot be reached, does not answer within ``timeout``, or
+            ``/get_model_info`` fails.
+        ValueError: a ``timeout`` that is not a positive number of seconds.
     """
 
     def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
-                 chat_template_name: Optional[str] = None, timeout: Optional[float] = None):
+                 chat_template_name: Optional[str] = None, timeout: Optional[float] = READ_TIMEOUT_S):
         import httpx
 
+        if timeout is not None and not timeout > 0:  # (not >: NaN too) httpx would fail every request
+            raise ValueError(f"RuntimeEndpoint timeout={timeout!r}: give a positive number of seconds, or None "
+                             "for no limit")
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(
             base_url=self.base_url,
             headers=headers,
             verify=True if verify is None else verify,
-            timeout=httpx.Timeout(timeout, connect=30.0),
+            timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
         )
         self._httpx = httpx
@@ -86,13 +98,25 @@ class RuntimeEndpoint(BaseBackend):
         try:
             r = self.client.request(method, path, json=body)
         except self._httpx.HTTPError as e:
-            raise BackendError(f"{method} {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+            raise self._failure(f"{method} {self.base_url}{path}", e) from None
         if r.status_code >= 400:
             raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}")
         try:
             return r.json()
         except ValueError:
             raise BackendError(f"{method} {self.base_url}{path} returned non-JSON: {r.text[:200]!r}") from None
+
+    def _failure(self, what: str, e: Exception) -> BackendError:
+        """The error for a request (``what``: method and URL) that raised httpx's ``e``."""
+        if isinstance(e, self._httpx.ConnectTimeout):
+            return BackendError(f"{what}: no connection within {CONNECT_TIMEOUT_S:g} s; is the server running "
+                                f"at {self.base_url}, and are the host and port right?")
+        if isinstance(e, self._httpx.TimeoutException):
+            return BackendError(
+                f"{what}: the server at {self.base_url} sent nothing for {self.timeout:g} s (the read timeout); "
+                "check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., "
+                "timeout=SECONDS); --timeout SECONDS for %lm connect and for an exported job)")
+        return BackendError(f"{what} failed: {type(e).__name__}: {e}")
 
     def get_chat_template(self) -> ChatTemplate:
         with self._lock:
@@ -144,7 +168,7 @@ class RuntimeEndpoint(BaseBackend):
                     yield text[pos:], obj.get("meta_info", {})
                     pos = len(text)
         except self._httpx.HTTPError as e:
-            raise BackendError(f"POST {self.base_url}/generate stream failed: {type(e).__name__}: {e}") from None
+            raise self._failure(f"POST {self.base_url}/generate stream", e) from None
 
     # -- select
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS
 
 DEFAULT_THREADS = 16
@@ -37,6 +38,9 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--openai", metavar="MODEL", default=openai_model,
                    help="the backend is an OpenAI-compatible API; use this model name")
     p.add_argument("--api-key", help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help=f"server backends: seconds to wait for the server's response before the row fails "
+                        f"(default {READ_TIMEOUT_S:g})")
     p.add_argument("--model", metavar="PATH", default=None,
                    help="engine backend: HF checkpoint directory or hub id (default: "
                         + (model or f"${MODEL_ENV}, else the built-in demo model") + ")")
@@ -90,23 +94,33 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
 
     url = args.backend
     if url == "engine" and not args.openai:
+        if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
+            raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
         model = args.model or default_model or os.environ.get(MODEL_ENV) or None
         kwargs = {k: getattr(args, k) for k in ("device", "dtype") if getattr(args, k)}
         return lmnb.Engine(model, **kwargs)
     if args.model or args.device or args.dtype:
         raise ValueError("--model/--device/--dtype choose the in-process engine; a server runs its own "
                          "model (use --openai MODEL to name an OpenAI-compatible server's model)")
+    timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     if args.openai:
-        return lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key)
+        return lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key, **timeout)
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
-    return lmnb.RuntimeEndpoint(url, api_key=args.api_key)
+    return lmnb.RuntimeEndpoint(url, api_key=args.api_key, **timeout)
 
 
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 

@@ -87,12 +87,24 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The arguments of ``%lm connect`` (the magic's and the exporter's)."""
+    from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
+
     parser.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
     parser.add_argument("--openai", metavar="MODEL", help="the server is OpenAI-compatible; use this model name")
     parser.add_argument("--completion", action="store_true",
                         help="with --openai: a completion model (prompts go out as text, not chat messages)")
     parser.add_argument("--api-key", help="API key sent to the server")
+    parser.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                        help=f"seconds to wait for the server's response before the cell fails "
+                             f"(default {READ_TIMEOUT_S:g})")
     return parser
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def parse_backend_line(command: str, words: list[str]) -> argparse.Namespace:

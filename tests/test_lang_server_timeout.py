@@ -1,0 +1,127 @@
+"""``RuntimeEndpoint`` gives up on a server that takes the connection and never answers: it had no
+read timeout, so one wedged server hung a batch job forever. The limit is set by
+``RuntimeEndpoint(timeout=)``, ``%lm connect --timeout`` and an exported job's ``--timeout``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+import lmnb
+from lmnb.backend.base import BackendError, Prompt
+from lmnb.ir import GenParams
+
+
+@pytest.fixture
+def silent_url():
+    """A server that accepts connections (the listen backlog does) and never sends a byte."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture
+def stalling_url():
+    """Answers ``/get_model_info``; ``/generate`` stalls (a stream after its first event) until
+    the test ends."""
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self._send("application/json", json.dumps({"model_path": "stub"}).encode())
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if body.get("stream"):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(b'data: {"text": "Hel", "meta_info": {}}\n\n')
+                self.wfile.flush()
+            release.wait(30)
+
+        def _send(self, kind: str, data: bytes):
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def _read_timeout_error(url: str, seconds: str) -> str:
+    return f"the server at {url} sent nothing for {seconds} s (the read timeout); check that it is not stuck"
+
+
+def test_a_server_that_never_answers_is_a_clear_error_within_the_timeout(silent_url):
+    t0 = time.monotonic()
+    with pytest.raises(BackendError) as e:
+        lmnb.RuntimeEndpoint(silent_url, timeout=0.5)
+    assert time.monotonic() - t0 < 10
+    message = str(e.value)
+    assert message.startswith(f"GET {silent_url}/get_model_info: ")
+    assert _read_timeout_error(silent_url, "0.5") in message and "raise the timeout" in message
+
+
+def test_a_generate_or_a_stream_that_stalls_ends_with_the_same_error(stalling_url):
+    backend = lmnb.RuntimeEndpoint(stalling_url, timeout=0.5)
+    params = GenParams(max_new_tokens=4)
+    with pytest.raises(BackendError, match="^POST " + stalling_url + "/generate: ") as e:
+        backend.generate(Prompt("Hi"), params, "r1")
+    assert _read_timeout_error(stalling_url, "0.5") in str(e.value)
+    got = []
+    with pytest.raises(BackendError, match="^POST " + stalling_url + "/generate stream: ") as e:
+        for delta, _ in backend.generate_stream(Prompt("Hi"), params, "r2"):
+            got.append(delta)
+    assert got == ["Hel"]  # the timeout is per event: the first one came, the second never did
+    assert _read_timeout_error(stalling_url, "0.5") in str(e.value)
+    backend.shutdown()
+
+
+def test_the_default_is_ten_seconds_to_connect_and_ten_minutes_to_answer(stalling_url):
+    backend = lmnb.RuntimeEndpoint(stalling_url)
+    assert backend.client.timeout == httpx.Timeout(600.0, connect=10.0)
+    backend.shutdown()
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="give a positive number of seconds, or None"):
+            lmnb.RuntimeEndpoint(stalling_url, timeout=bad)
+
+
+def test_the_jobs_and_the_magics_timeout_option_reach_the_backend(silent_url):
+    from lmnb.batch.options import job_parser, make_backend
+    from lmnb.template.cell_options import CellLineError, parse_backend_line
+    from lmnb_kernel import commands
+    from lmnb_kernel.errors import CellError
+
+    parser = job_parser(per_row=False)
+    with pytest.raises(BackendError, match="sent nothing for 0.25 s"):
+        make_backend(parser.parse_args(["--backend", silent_url, "--timeout", "0.25"]))
+    with pytest.raises(ValueError, match="--timeout is for a server backend"):
+        make_backend(parser.parse_args(["--timeout", "5"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--backend", silent_url, "--timeout", "0"])
+
+    args = parse_backend_line("connect", [silent_url, "--timeout", "0.25"])
+    with pytest.raises(CellError, match=f"could not connect to {silent_url}: .*sent nothing for 0.25 s"):
+        commands.connect(args, session=None)  # (it fails before the session is touched)
+    with pytest.raises(CellLineError, match="must be a positive number of seconds, got '-2'"):
+        parse_backend_line("connect", [silent_url, "--timeout", "-2"])
