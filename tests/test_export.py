@@ -197,6 +197,30 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     assert not (tmp_path / "QA.IPYNB").exists()
 
 
+def test_nbconvert_reports_a_notebook_it_cannot_export_as_its_own_conversion_error(tmp_path):
+    """The ExportError escaped nbconvert: the process ended on a traceback through nbconvert and
+    every frame of the export (and the chained SyntaxError) before the message."""
+    from nbconvert.utils.exceptions import ConversionException
+
+    from lmnb.export.exporter import LMScriptExporter
+
+    why = "cell 1: 'x = !ls' assigns what IPython syntax computes, which a plain script cannot"
+    nb = notebook("x = !ls", "%%lm\n{gen a max_tokens=2}")
+    with pytest.raises(ExportError) as e:
+        LMScriptExporter().from_notebook_node(nb)
+    assert isinstance(e.value, ConversionException) and str(e.value).startswith(why)
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+    nbformat.write(nb, tmp_path / "bang.ipynb")
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(tmp_path / "bang.ipynb")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and not (tmp_path / "bang.py").exists()
+    # nbconvert logs a ConversionException with its traceback: only its own frames and our raise
+    assert f"Error while converting '{tmp_path / 'bang.ipynb'}'" in out.stderr
+    assert out.stderr.rstrip().endswith(f"NotebookExportError: {why}; write it in Python (e.g. subprocess.run(..., "
+                                        "capture_output=True, text=True).stdout for !cmd)")
+    assert "cells.py" not in out.stderr and "SyntaxError" not in out.stderr
+
+
 def test_row_code_can_rebind_setup_names_and_each_row_starts_from_the_setup_value(monkeypatch):
     from helpers_lang import ScriptedBackend
 

@@ -8,16 +8,24 @@ subclass with ``file_extension`` and ``from_notebook_node``.
 from __future__ import annotations
 
 from nbconvert.exporters import Exporter
+from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
-from lmnb.export import export_notebook
+from lmnb.export import ExportError, export_notebook
+
+
+class NotebookExportError(ExportError, ConversionException):
+    """``ExportError`` as nbconvert's own failures are: a ``ConversionException``, which
+    ``jupyter nbconvert`` logs as "Error while converting" and exits 1 on. Anything else escapes
+    nbconvert and ends the process with the whole traceback, through our internals."""
 
 
 class LMScriptExporter(Exporter):
     """Export a notebook with ``%%lm`` cells as a resumable batch script (``lmnb.export``).
 
     Config: ``LMScriptExporter.inputs`` (list of field names) overrides the row fields.
-    Raises ``lmnb.export.ExportError`` for notebooks that cannot be exported.
+    Raises ``NotebookExportError`` (an ``lmnb.export.ExportError``) for notebooks that cannot
+    be exported.
     """
 
     export_from_notebook = "lmnb batch script"
@@ -31,7 +39,10 @@ class LMScriptExporter(Exporter):
     def from_notebook_node(self, nb, resources=None, **kw):
         nb_copy, resources = super().from_notebook_node(nb, resources, **kw)
         name = (resources.get("metadata") or {}).get("name") or "notebook"
-        source, plan = export_notebook(nb_copy, f"{name}.ipynb", f"{name}.py", self.inputs)
+        try:
+            source, plan = export_notebook(nb_copy, f"{name}.ipynb", f"{name}.py", self.inputs)
+        except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
+            raise NotebookExportError(str(e)) from None
         for note in plan.notes:
             self.log.warning("%s", note)
         resources["output_extension"] = ".py"
