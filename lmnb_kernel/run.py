@@ -21,10 +21,20 @@ import unicodedata
 from pathlib import Path
 
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
+from lmnb_kernel.cell_failure import describe_failure
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 
 
+EXIT_CELL_ERROR = 3
+EXIT_STATUSES = ("0 every cell ran (with --allow-errors: also when some raised); 1 a cell ran past --timeout, "
+                 "or the kernel died or did not start; 2 the notebook cannot be read, the output cannot be "
+                 f"written, or a -p cannot be used; {EXIT_CELL_ERROR} a cell raised an error (the "
+                 "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C")
+
+
 def run_arguments(parser) -> None:
+    """Options of ``lmnb run``, with the exit statuses as the help's epilog."""
+    parser.epilog = f"exit status: {EXIT_STATUSES}"
     parser.add_argument("notebook", help="the .ipynb to execute")
     parser.add_argument("-o", "--output", help="where to save the executed notebook (default: NAME.out.ipynb)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
@@ -35,12 +45,12 @@ def run_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """Execute, save, print the summary. Returns 0; 1 if a cell failed, ran past ``--timeout`` or
-    the kernel died; 2 for a notebook that cannot be read or an output that cannot be written;
-    130 on Ctrl-C. The executed notebook is saved in every case but 2."""
+    """Execute, save, print the summary. Returns an exit status (``EXIT_STATUSES``); the executed
+    notebook is saved in every case but 2. A cell that raised is reported by
+    ``cell_failure.describe_failure``: its number and first line, the error, its frames."""
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellControlSignal, CellTimeoutError, DeadKernelError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from lmnb.export import read_notebook
 
@@ -113,11 +123,12 @@ def run(args) -> int:
             failed, status = "interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down", 130
         else:
             failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
-    except (CellControlSignal, Interrupted) as e:  # CellExecutionError: the cell raised
+    except (CellExecutionError, Interrupted) as e:  # the cell raised (KeyboardInterrupt after a Ctrl-C)
         if ctrl_c.count:
             failed, status = f"interrupted (Ctrl-C) in cell {ctrl_c.cell_number}; the cells after it did not run", 130
-        else:
-            failed, status = f"a cell failed:\n{e}", 1
+        else:  # (the cell hooks noted the cell it raised in)
+            cell = nb.cells[ctrl_c.cell_number - 1]
+            failed, status = describe_failure(cell, ctrl_c.cell_number, e.ename, e.evalue), EXIT_CELL_ERROR
     except RuntimeError as e:  # e.g. "Kernel didn't respond in 120 seconds" at start-up
         failed, status = f"the lmnb kernel failed: {e}", 1
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)

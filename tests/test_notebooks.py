@@ -94,6 +94,51 @@ def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
 
 
+@pytest.mark.parametrize("sources, report", [
+    # a Python cell: its frames, not those of the module it calls (shapes.py, two frames); In [1]
+    # is the first code cell, cell 2 after the markdown
+    (["from shapes import area\n\ndef total(w):\n    return area(w)", "\n# the widths\ntotal(-1)"],
+     "lmnb run: cell 3 (In [2]) raised ValueError; the cell begins: # the widths\n\n"
+     "Cell In[2], line 2\n      1 # the widths\n----> 2 total(-1)\n\n"
+     "Cell In[1], line 4, in total(w)\n      3 def total(w):\n----> 4     return area(w)\n\n"
+     "ValueError: negative width -1\n\n"
+     "(2 frames in library code left out; the saved notebook has the whole traceback)\n"),
+    # a %%lm cell: its CellError has no frames to show
+    (["x = 1", "%%lm\n{gen a max_token=2}"],
+     "lmnb run: cell 3 (In [2]) raised CellError; the cell begins: %%lm\n\n"
+     "CellError: line 2, col 8: gen has no option 'max_token'; did you mean 'max_tokens'?\n"),
+])
+def test_a_cell_that_raises_is_named_with_its_error_and_its_own_frames(tmp_path, capsys, sources, report):
+    """It printed nbclient's report: the whole cell, then every frame (json's too) in ANSI colour,
+    and exited 1 as for a dead kernel."""
+    from lmnb_kernel.run import EXIT_CELL_ERROR, run
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Config")] + [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.cells.append(nbformat.v4.new_code_cell("print('never')"))
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    (tmp_path / "shapes.py").write_text("def area(w):\n    return _check(w) ** 2\n\n\ndef _check(w):\n"
+                                        "    if w < 0:\n        raise ValueError(f'negative width {w}')\n"
+                                        "    return w\n")  # (the kernel runs in the notebook's folder)
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(tmp_path / "nb.ipynb"), output=str(out), parameter=[], timeout=60,
+                              allow_errors=False)
+    assert run(args) == EXIT_CELL_ERROR == 3
+    err = capsys.readouterr().err
+    assert report in err and err.endswith(f"(outputs so far are saved in {out})\n")
+    assert "Traceback" not in err and "\x1b[" not in err and "shapes.py" not in err
+    assert nbformat.read(out, as_version=4).cells[3].get("execution_count") is None
+
+
+def test_the_exit_statuses_are_in_the_help(capsys):
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 every cell ran" in shown and "3 a cell raised an error" in shown
+
+
 def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str):
     """``lmnb run`` as a terminal runs it, sent ``signals`` SIGINTs once the cell ``cell`` is
     running (it touches the file ``{marker}`` first). Returns (exit status, stderr, saved notebook)."""

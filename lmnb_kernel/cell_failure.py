@@ -1,0 +1,55 @@
+"""How ``lmnb run`` reports a cell that raised: which cell, the error, and the traceback's frames
+in the notebook's own cells.
+
+The frames come from the cell's saved ``error`` output, as IPython formatted them. Frames in
+files (lmnb, the standard library, other packages) are left out and counted: they are rarely
+where the notebook's mistake is, and the saved notebook keeps the whole traceback.
+"""
+
+from __future__ import annotations
+
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# IPython's heading of a frame in cell code: "Cell In[3], line 2" (IPython 8.0-8.5: "Input In [3]")
+_CELL_FRAME = re.compile(r"(Cell In\[\d+\]|Input In \[\d+\])")
+_FILE_FRAME = re.compile(r"File \S")  # "File ~/lib/python3.11/json/decoder.py:353, in ..."
+FIRST_LINE_CHARS = 80
+
+
+def describe_failure(cell, number: int, ename: str, evalue: str) -> str:
+    """The report of ``cell`` (a notebook cell node, ``number`` counted from 1 over all cells),
+    which raised ``ename: evalue`` (nbclient's ``CellExecutionError`` fields, used when the cell
+    has no ``error`` output)::
+
+        cell 3 (In [2]) raised KeyError; the cell begins: def f(d):
+
+        Cell In[2], line 4
+        ----> 4 f({})
+
+        KeyError: 'k'
+
+        (2 frames in library code left out; the saved notebook has the whole traceback)
+    """
+    error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+    if error is not None:
+        ename, evalue = error.get("ename", ename), error.get("evalue", evalue)
+    entries = [_ANSI.sub("", e).strip() for e in (error or {}).get("traceback", [])]
+    frames = [e for e in entries if _CELL_FRAME.match(e)]
+    left_out = sum(bool(_FILE_FRAME.match(e)) for e in entries)
+    # frames are labelled by In [N], the execution count, which is not the cell's number
+    run_as = f" (In [{cell['execution_count']}])" if cell.get("execution_count") is not None else ""
+    head = f"cell {number}{run_as} raised {ename}; the cell begins: {_first_line(cell.get('source', ''))}"
+    parts = [head, *frames]
+    if not (frames and frames[-1].splitlines()[-1].startswith(f"{ename}:")):  # a SyntaxError's frame has it
+        parts.append(f"{ename}: {evalue}")
+    if left_out:
+        parts.append(f"({left_out} frame{'s' * (left_out > 1)} in library code left out; the saved notebook "
+                     "has the whole traceback)")
+    return "\n\n".join(parts)
+
+
+def _first_line(source) -> str:
+    text = source if isinstance(source, str) else "".join(source)
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "(empty)")
+    return line if len(line) <= FIRST_LINE_CHARS else line[: FIRST_LINE_CHARS - 1] + "…"
