@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS
+from lmnb.template.cell_options import positive_seconds
 
 DEFAULT_THREADS = 16
 # The kernel's variable for the default model (lmnb_kernel.session.MODEL_ENV): a job exported from
@@ -38,7 +39,7 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--openai", metavar="MODEL", default=openai_model,
                    help="the backend is an OpenAI-compatible API; use this model name")
     p.add_argument("--api-key", help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+    p.add_argument("--timeout", type=positive_seconds, metavar="SECONDS",
                    help=f"server backends: seconds to wait for the server's response before the row fails "
                         f"(default {READ_TIMEOUT_S:g})")
     p.add_argument("--model", metavar="PATH", default=None,
@@ -114,13 +115,6 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:  # (NaN too)
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 

@@ -94,13 +94,17 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--completion", action="store_true",
                         help="with --openai: a completion model (prompts go out as text, not chat messages)")
     parser.add_argument("--api-key", help="API key sent to the server")
-    parser.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+    parser.add_argument("--timeout", type=positive_seconds, metavar="SECONDS",
                         help=f"seconds to wait for the server's response before the cell fails "
                              f"(default {READ_TIMEOUT_S:g})")
     return parser
 
 
-def _seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """A command-line number of seconds, > 0 (argparse ``type=``; also the batch job's options).
+
+    Raises:
+        argparse.ArgumentTypeError: not positive (or NaN)."""
     value = float(text)
     if not value > 0:  # (NaN too)
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
