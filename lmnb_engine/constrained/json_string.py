@@ -217,7 +217,8 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     parsed.data = items
     check_parsed(parsed, pattern)
     bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
-              else f"{min_length} to {max_length}") + " characters"
+              else f"{min_length} to {max_length}") + (" character" if max_length == 1 or (
+                  max_length is None and min_length == 1) else " characters")
     fix = ("put the length into the pattern (e.g. '^[A-Z]{1,8}$') and drop minLength/maxLength" if name is None
            else "drop minLength/maxLength (the format fixes the shape) or give a pattern instead")
     name = name or f"pattern {pattern!r}"
