@@ -147,6 +147,8 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
          ["cannot be narrowed to at most 8 characters", "more than one place", "into the pattern"]),
         ({"type": "string", "pattern": "^([a-z]+,)*$", "maxLength": 8}, ["repeats a part whose length varies"]),
         ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 2000}, ["would count to 2000", "limit of 1000"]),
+        ({"type": "string", "pattern": "^(?:a{999})+$", "maxLength": 999000},  # 1000 x 999, nested
+         ["would count to 999000 (nested repeats multiplied)", "limit of 1000"]),
         ({"type": "string", "pattern": "^(ab|cde)$", "minLength": 4}, ["has no match of at least 4 characters"]),
         ({"type": "string", "format": "date", "maxLength": 9}, ["format 'date'", "no match of at most 9"]),
         ({"type": "string", "format": "date-time", "maxLength": 25},

@@ -25,7 +25,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed, largest_repeat
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
                   "\t": "\\\\t"}  # the regex text of each JSON escape
@@ -138,33 +138,32 @@ def _fit_length(items: list, state, lo: int, hi: int | None) -> list:
     Raises:
         _NoFit: no match has such a length.
         GrammarError: (message without the location, the caller adds it) the lengths vary in
-            more than one place, or inside a repeat of a variable-width part.
+            more than one place, or inside a repeat of a variable-width part. (The narrowed
+            counts are checked against the repeat limit by the caller, on the whole pattern.)
     """
     low, high = _width(items, state)
     if lo <= low and (hi is None or (high is not None and high <= hi)):
         return list(items)
     if (high is not None and high < lo) or (hi is not None and low > hi):
         raise _NoFit
-    varying = [i for i, item in enumerate(items) if len(set(_width([item], state))) > 1]
+    widths = [_width([item], state) for item in items]
+    varying = [i for i, (a, b) in enumerate(widths) if a != b]
     if len(varying) != 1:
         raise GrammarError("its length varies in more than one place")
     at = varying[0]
-    fixed = sum(_width([item], state)[0] for i, item in enumerate(items) if i != at)
+    fixed = sum(a for i, (a, _) in enumerate(widths) if i != at)
     lo, hi = max(lo - fixed, 0), None if hi is None else hi - fixed
     op, av = items[at]
     if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
         count_lo, count_hi, sub = av
-        step = _width(sub, state)[0]
-        if _width(sub, state) != (step, step):
+        step, sub_high = _width(sub, state)
+        if sub_high != step:
             raise GrammarError("it repeats a part whose length varies")
         new_lo = max(count_lo, -(-lo // step))
         caps = ([] if count_hi is _c.MAXREPEAT else [count_hi]) + ([] if hi is None else [hi // step])
         new_hi = min(caps) if caps else None
         if new_hi is not None and new_lo > new_hi:
             raise _NoFit
-        if max(new_lo, new_hi or 0) > MAX_REPEAT_COUNT:  # (the limit regex_check puts on user regexes)
-            raise GrammarError(f"the narrowed repeat would count to {max(new_lo, new_hi or 0)}, above the limit of "
-                               f"{MAX_REPEAT_COUNT}")
         item = (op, (new_lo, _c.MAXREPEAT if new_hi is None else new_hi, sub))
     elif op is _c.SUBPATTERN:
         item = (op, (*av[:-1], _p.SubPattern(state, _fit_length(av[-1], state, lo, hi))))
@@ -230,6 +229,11 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     except GrammarError as e:
         raise GrammarError(f"JSON schema {name} at {where} cannot be narrowed to {bounds} "
                            f"(minLength/maxLength) while decoding: {e}; {fix}") from None
+    count = largest_repeat(parsed)  # (narrowed counts: regex_check's limit, nested repeats multiplied)
+    if count > MAX_REPEAT_COUNT:
+        raise GrammarError(f"JSON schema {name} at {where} cannot be narrowed to {bounds} (minLength/maxLength) "
+                           f"while decoding: the narrowed repeat would count to {count} (nested repeats "
+                           f"multiplied), above the limit of {MAX_REPEAT_COUNT}; {fix}")
     try:
         return '"' + _emit(parsed) + '"'
     except GrammarError:

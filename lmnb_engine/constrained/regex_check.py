@@ -77,20 +77,20 @@ def _walk(node):
 MAX_REPEAT_COUNT = 1000
 
 
-def _largest_repeat(node, outer: int = 1) -> int:
+def largest_repeat(node, outer: int = 1) -> int:
     """The largest product of bounded repeat counts along a nesting path of a parsed pattern
     (an unbounded ``{m,}`` counts as ``m``)."""
     if isinstance(node, _p.SubPattern):
         node = node.data
     if isinstance(node, list):
-        return max((_largest_repeat(item, outer) for item in node), default=outer)
+        return max((largest_repeat(item, outer) for item in node), default=outer)
     if not isinstance(node, tuple):
         return outer
     if len(node) == 2 and node[0] in (_c.MAX_REPEAT, _c.MIN_REPEAT):
         lo, hi, sub = node[1]
         inner = outer * max(lo if hi is _c.MAXREPEAT else hi, 1)
-        return max(inner, _largest_repeat(sub, inner))
-    return max((_largest_repeat(part, outer) for part in node if isinstance(part, (list, tuple, _p.SubPattern))),
+        return max(inner, largest_repeat(sub, inner))
+    return max((largest_repeat(part, outer) for part in node if isinstance(part, (list, tuple, _p.SubPattern))),
                default=outer)
 
 
@@ -130,7 +130,7 @@ def check_parsed(parsed, pattern: str) -> None:
                 f"regex {pattern!r} uses {feature}, which constrained decoding cannot support "
                 f"(patterns compile to a finite automaton): {fix}"
             )
-    count = _largest_repeat(parsed)
+    count = largest_repeat(parsed)
     if count > MAX_REPEAT_COUNT:
         raise GrammarError(_too_many(pattern, str(count)))
 
