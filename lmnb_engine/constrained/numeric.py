@@ -157,47 +157,48 @@ def _fraction(lo: str, lo_excl: bool, hi: str | None, hi_excl: bool, room: int |
     return f"(?:\\.{digits})?" if empty else f"\\.{digits}"
 
 
-def _split(bound: Decimal) -> tuple[int, str]:
-    """(integer part, fraction digits without trailing zeros) of a bound >= 0."""
-    whole, _, fraction = format(bound, "f").partition(".")
+def decimal_parts(value: Decimal) -> tuple[int, str]:
+    """(integer part, fraction digits without trailing zeros) of a decimal >= 0: (2, "05") for 2.050."""
+    whole, _, fraction = format(value, "f").partition(".")
     return int(whole), fraction.rstrip("0")
 
 
 def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> list[str]:
-    """Alternatives for unsigned decimals m = I.F with a <(=) m <(=) b (b None: unbounded), a >= 0:
-    the integer parts strictly between the bounds' take any fraction, those equal to a bound's
-    integer part a fraction bounded by the bound's fraction (``_fraction``).
+    """Alternatives for unsigned decimals m = I.F with a <(=) m <(=) b (b None: unbounded),
+    0 <= a <= b: the integer parts strictly between the bounds' take any fraction, those equal to
+    a bound's integer part a fraction bounded by the bound's fraction (``_fraction``).
 
     Next to an exclusive bound (its integer part, and the one below an integral upper bound) a
     value has at most ``SIGNIFICANT_DIGITS`` digits in all: a longer one could round, as a float,
     onto the bound (``0.99999999999999999`` is 1.0), and validators compare floats.
     """
-    a_int, a_frac = _split(a)
-    b_int, b_frac = (None, None) if b is None else _split(b)
+    a_int, a_frac = decimal_parts(a)
+    b_int, b_frac = (None, None) if b is None else decimal_parts(b)
+    near = {a_int} if a_excl else set()
+    if b_excl and b is not None:
+        near |= {b_int, b_int - 1} if b_frac == "" else {b_int}
+    out: list[str] = []
 
-    def room(whole: int, near: bool) -> int | None:  # fraction digits allowed after ``whole``
-        return max(SIGNIFICANT_DIGITS - len(str(whole)), 0) if near else None
+    def part(whole: int, lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> None:
+        """``whole`` with the fractions ``lo <(=) .F <(=) hi``, if any."""
+        room = max(SIGNIFICANT_DIGITS - len(str(whole)), 0) if whole in near else None
+        fraction = _fraction(lo, lo_excl, hi, hi_excl, room)
+        if fraction is not None:
+            out.append(f"{whole}{fraction}")
 
-    near_b = {b_int} | ({b_int - 1} if b_frac == "" else set()) if b_excl and b is not None else set()
-    if b is None or a_int < b_int:
-        out = [f"{a_int}{f}" for f in [_fraction(a_frac, a_excl, None, False, room(a_int, a_excl or a_int in near_b))]
-               if f is not None]
-        last = None if b is None else b_int - 1
-        if b is not None and b_frac == "" and b_excl and a_int + 1 <= last:
-            # (the integer part below an exclusive integral bound: a fraction of limited digits)
-            out += [r + _FRACTION for r in _natural_range(a_int + 1, last - 1)]
-            out.append(f"{last}(?:\\.{_fraction_digits('', False, None, False, room(last, True))})?"
-                       if room(last, True) else str(last))
-        else:
-            out += [r + _FRACTION for r in _natural_range(a_int + 1, last)]
-        if b is not None:
-            f = _fraction("", False, b_frac, b_excl, room(b_int, b_excl))
-            out += [f"{b_int}{f}"] if f is not None else []
+    if b is not None and a_int == b_int:
+        part(a_int, a_frac, a_excl, b_frac, b_excl)
         return out
-    if a_int == b_int:
-        f = _fraction(a_frac, a_excl, b_frac, b_excl, room(a_int, a_excl or b_excl))
-        return [f"{a_int}{f}"] if f is not None else []
-    return []
+    part(a_int, a_frac, a_excl, None, False)
+    last = None if b is None else b_int - 1
+    if last is not None and last in near and last > a_int:  # below an exclusive integral bound
+        out += [r + _FRACTION for r in _natural_range(a_int + 1, last - 1)]
+        part(last, "", False, None, False)
+    else:
+        out += [r + _FRACTION for r in _natural_range(a_int + 1, last)]
+    if b is not None:
+        part(b_int, "", False, b_frac, b_excl)
+    return out
 
 
 def number_range_regex(

@@ -43,7 +43,7 @@ from decimal import Decimal
 from typing import Any
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
+from lmnb_engine.constrained.numeric import decimal_parts, integer_range_regex, number_range_regex
 from lmnb_engine.constrained.json_string import pattern_regex
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_regex
 from lmnb_engine.constrained.schema_oneof import check_one_of
@@ -141,8 +141,8 @@ def _bound_value(value: Any, key: str, where: str) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise GrammarError(f"JSON schema {key!r} at {where} must be a finite number, got {value!r}")
     bound = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
-    whole, _, fraction = format(abs(bound), "f").partition(".")
-    if len(whole.lstrip("0")) + len(fraction.rstrip("0")) > _MAX_BOUND_DIGITS:
+    whole, fraction = decimal_parts(abs(bound))
+    if len(str(whole).lstrip("0")) + len(fraction) > _MAX_BOUND_DIGITS:
         raise GrammarError(f"JSON schema {key}={value!r} at {where} spells more than {_MAX_BOUND_DIGITS} digits, "
                            "too many for a bounded number grammar; round the bound")
     return bound
