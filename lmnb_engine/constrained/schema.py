@@ -225,6 +225,12 @@ _TYPE_KEYWORDS = {
 }
 
 
+def _type_list(node: dict, default: str | None = None) -> list[str]:
+    """``node``'s ``type`` as a list (``default`` where it has none)."""
+    types = node.get("type", default)
+    return [types] if isinstance(types, str) else list(types or [])
+
+
 def _with_implied_type(node: dict, where: str) -> dict:
     """``node`` with the ``type`` its keywords imply, where it has none: ``{"minLength": 3}``
     becomes a string of 3 or more characters (outlines-core failed with "Unsupported JSON Schema
@@ -328,6 +334,7 @@ class _Rewriter:
         self.prefix = prefix  # of the placeholder names: text the schema itself does not hold
         self.root = root  # the schema as written (the visit rewrites a copy)
         self.fragments: dict[str, str] = {}
+        self.strings: dict[tuple, str] = {}  # _string_regex's results: the visit asks before _formatted
 
     def visit(self, node: Any, where: str) -> Any:
         if node is True or (isinstance(node, dict) and all(k in _ANNOTATIONS or k in ("$defs", "definitions")
@@ -365,9 +372,7 @@ class _Rewriter:
         if "format" in node and "pattern" in node and not listed:  # outlines-core enforced one, dropped the other
             raise GrammarError(f"JSON schema at {where} has format {node['format']!r} and a pattern, which "
                                "constrained decoding cannot intersect: drop one of them")
-        types = node.get("type", "string")
-        stringy = "string" in ([types] if isinstance(types, str) else types)
-        shaped = stringy and not listed and ("pattern" in node or "format" in node)  # lengths narrow that pattern
+        shaped = "string" in _type_list(node, "string") and not listed and ("pattern" in node or "format" in node)
         for key in _COUNTS:
             if isinstance(node.get(key), float):  # 5.0 is a valid count; outlines-core drops a float one
                 node[key] = int(node[key])
@@ -454,9 +459,7 @@ class _Rewriter:
         ``node``), or-ed with what ``node`` still allows of its other types."""
         name = f"{self.prefix}{len(self.fragments)}X"
         self.fragments[name] = fragment
-        types = node.get("type")
-        types = [types] if isinstance(types, str) else list(types or [])
-        others = [t for t in types if t not in covered]
+        others = [t for t in _type_list(node) if t not in covered]
         if not others:
             return {"const": name}
         rest = self._formatted(dict(node, type=others if len(others) > 1 else others[0]), where)
@@ -465,19 +468,20 @@ class _Rewriter:
     def _string_regex(self, node: dict, where: str) -> str:
         """The regex of the JSON strings ``node``'s ``format`` (``_FORMAT_PATTERN``) or ``pattern``
         allows, with its ``minLength`` / ``maxLength`` folded in (``json_string.pattern_regex``)."""
-        fmt = node.get("format")
-        pattern = _FORMAT_PATTERN[fmt] if fmt is not None else node["pattern"]
-        return pattern_regex(pattern, where, node.get("minLength", 0), node.get("maxLength"),
-                             name=None if fmt is None else f"format {fmt!r}")
+        fmt, pattern = node.get("format"), node.get("pattern")
+        lo, hi = node.get("minLength", 0), node.get("maxLength")
+        key = (fmt, pattern, lo, hi)
+        if key not in self.strings:
+            self.strings[key] = pattern_regex(_FORMAT_PATTERN[fmt] if fmt is not None else pattern, where, lo, hi,
+                                              name=None if fmt is None else f"format {fmt!r}")
+        return self.strings[key]
 
     def _formatted(self, node: dict, where: str) -> dict:
         """A string with a ``format`` or ``pattern``: a placeholder for its regex
         (``_string_regex``); any other node as it is."""
         if not ("format" in node or "pattern" in node) or "enum" in node or "const" in node:
             return node
-        node = dict(node, type=node.get("type", "string"))
-        types = [node["type"]] if isinstance(node["type"], str) else list(node["type"])
-        if "string" not in types:
+        if "string" not in _type_list(node, "string"):
             return node  # the format or pattern applies to strings only: nothing to narrow
         fragment = self._string_regex(node, where)
         node = {k: v for k, v in node.items() if k not in ("format", "pattern", "minLength", "maxLength")}
@@ -487,9 +491,7 @@ class _Rewriter:
         bounds = {k: node.pop(k) for k in _BOUNDS if k in node}
         if "enum" in node or "const" in node:
             return node  # the listed values (those within the bounds: _filter_listed_values) are the grammar
-        types = node.get("type")
-        types = [types] if isinstance(types, str) else list(types or [])
-        numeric = [t for t in types if t in ("integer", "number")]
+        numeric = [t for t in _type_list(node) if t in ("integer", "number")]
         if not numeric:
             raise GrammarError(
                 f"JSON schema at {where} has {', '.join(bounds)} but no type 'integer' or 'number'; "
