@@ -6,7 +6,9 @@ become a match), ``jsonschema`` validation, plain arithmetic, the tokenizer's ow
 
 from __future__ import annotations
 
+import datetime
 import enum
+import ipaddress
 import itertools
 import json
 import random
@@ -14,6 +16,7 @@ import re
 import threading
 import time
 import typing
+import uuid
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -164,6 +167,10 @@ def test_unsupported_schema_is_named(backend, schema, names):
 
 @pytest.mark.parametrize("schema, valid, invalid", [
     ({"type": "object", "additionalProperties": False}, ["{}", "{ }"], ['{"a": 1}']),
+    # object and array keywords beside a type that has neither constrain nothing (outlines-core wrote '{}')
+    ({"type": "string", "additionalProperties": False}, ['"x"'], ["{}"]),
+    ({"type": ["integer", "null"], "items": {"type": "string"}, "propertyNames": {"enum": ["a"]}}, ["3", "null"],
+     ["[]", "{}"]),
     ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, ["12", '"x"'], ["1.5", "true"]),
     ({"allOf": [{"type": "integer"}]}, ["7"], ['"7"']),
     # tuples built in Python mean arrays (the meta-schema check saw a tuple as no array)
@@ -378,6 +385,26 @@ def test_values_next_to_an_exclusive_bound_stay_inside_it_as_floats(schema):
     assert inclusive.fullmatch("0.99999999999999999")  # 1.0 <= 1: no limit where no bound is exclusive
 
 
+def test_values_beyond_a_float_s_integer_precision_take_no_fraction():
+    # 9007199254740993.5 parses to the float 9007199254740994.0 and 9007199254740993.0 to ...992.0:
+    # a fraction there rounds past a bound that an integer (read exactly) does not
+    for schema in ({"type": "number", "minimum": 9007199254740993}, {"type": "number", "maximum": -9007199254740993},
+                   {"type": "number", "minimum": 2, "maximum": 1e17}):
+        rx = regex_module.compile(schema_to_regex(schema))
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in ("9007199254740993", "9007199254740993.0", "9007199254740994.5", "-9007199254740993.0",
+                     "-9007199254740993", "100000000000000000", "99999999999999.5", "1000000000000000.5"):
+            assert not rx.fullmatch(text) or validator.is_valid(json.loads(text)), (schema, text)
+        for text in random_matches(rx, list("-0123456789."), walks=60):
+            assert validator.is_valid(json.loads(text)), (schema, text)
+    below = re.compile(number_range_regex(Decimal(0), Decimal(10**17), False, False))
+    assert below.fullmatch("99999999999999.5") and below.fullmatch("123456789012345678"[:17])
+    assert not below.fullmatch("1000000000000000.5")  # 16 integer digits: a float holds no .5 beside them
+    # no number of at most 15 digits lies strictly between 0 and 1e-15 (it matched only the empty text)
+    with pytest.raises(GrammarError, match="no number x written with at most 15 digits satisfies 0 < x < 1E-15"):
+        schema_to_regex({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-15})
+
+
 def test_bounded_schema_fields_validate_with_jsonschema():
     schema = {
         "type": "object",
@@ -417,7 +444,6 @@ def test_date_formats_match_exactly_what_the_format_checker_accepts():
     """outlines-core's date grammar took Unicode digits (through \\d), month 13 and 31 February;
     its date-time took years of any length and no time zone. The references: Python's
     ``date.fromisoformat`` (which jsonschema's "date" check uses) and jsonschema's format checker."""
-    import datetime
 
     checker = jsonschema.FormatChecker()
     assert "date-time" in checker.checkers  # rfc3339-validator is installed: the check is real
@@ -549,6 +575,19 @@ def test_string_patterns_hold_on_the_decoded_string_and_output_stays_json(patter
         assert validator.is_valid(json.loads(text)), text
 
 
+def test_patterns_naming_surrogates_compile_and_hold_on_the_decoded_string(tokenizer):
+    # [^\ud800] put a surrogate range in the class, which the automaton library refuses ("error
+    # building NFA"); a literal surrogate crashed the compile with UnicodeEncodeError
+    schema = {"type": "string", "pattern": "^[^\ud800a]+$"}
+    regex = schema_to_regex(schema)
+    compile_grammar(regex, TokenVocabulary(tokenizer))
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in random_matches(regex_module.compile(regex), list('"ab\\\u00e9\ud7ff\ue000\U0001f600'), walks=30):
+        assert validator.is_valid(json.loads(text)) and "a" not in json.loads(text), text
+    with pytest.raises(GrammarError, match=r"pattern '\^a\\ud800\$' at #/properties/s .*no surrogates"):
+        schema_to_regex({"properties": {"s": {"type": "string", "pattern": "^a\ud800$"}}})
+
+
 @pytest.mark.parametrize("pattern, min_length, max_length, alphabet", [
     ("^[A-Z][a-z]+$", 0, 4, "Aab"),  # pydantic's Field(pattern=..., max_length=4): [A-Z][a-z]{1,3}
     ("^a(bc)*$", 3, 6, "abc"),  # a repeat of a two-character part: 3 and 5 characters
@@ -583,15 +622,24 @@ def test_pydantic_pattern_and_length_fields_compile(backend):
     assert not rx.fullmatch('{"code": "AB-"}') and not rx.fullmatch('{"code": "AB-1234"}')
 
 
+_PYDANTIC_TYPE = {"time": datetime.time, "duration": datetime.timedelta, "uuid": uuid.UUID,
+                  "ipv4": ipaddress.IPv4Address, "uri": pydantic.HttpUrl}
+
+
 @pytest.mark.parametrize("fmt, valid, invalid, alphabet", [
     ("time", ["23:59:59Z", "00:00:00.5+05:30"], ["24:00:00Z", "12:00:00", "12:60:00Z"], "0159:.Z+"),
-    ("duration", ["P1D", "PT5M", "P2DT3H4S", "P3W"], ["P", "PT", "P1H", "P1DT", "1D"], "P12DTHMSW"),
+    # at most 6 digits a part: P9999999W is beyond timedelta's 999999999 days (pydantic refuses it)
+    ("duration", ["P1D", "PT5M", "P2DT3H4S", "P3W", "P999999DT999999H999999M999999S"],
+     ["P", "PT", "P1H", "P1DT", "1D", "P9999999W"], "P129DTHMSW"),
     ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"], "0a9F-"),
     ("email", ["a.b+c@ex-ample.org"], ["a..b@x.org", ".a@x.org", "a@x", "a@x.1", "a b@x.org"], "ab.@-x"),
     ("hostname", ["a", "ex-ample.org", "a1.b2.c3.d4"], ["-a", "a-", "a..b", "a_b", "a.b.c.d.e"], "ab.-1"),
     ("ipv4", ["0.0.0.0", "255.255.255.255", "10.1.20.199"], ["256.0.0.0", "01.2.3.4", "1.2.3", "1.2.3.4.5"], "0125."),
-    ("uri", ["https://ex.org", "http://a.b:8080/p/q%20r?x=1&y=/z"], ["ftp://a", "https://", "http://a/%zz",
-                                                                    "http://a/ b", 'http://a/"'], "htps:/a.b?=%2"),
+    # URL parsers read a host whose last label is all digits as IPv4 (1.2.3.256, a.1 fail), and
+    # ports end at 65535: pydantic's HttpUrl refuses them
+    ("uri", ["https://ex.org", "http://a.b:8080/p/q%20r?x=1&y=/z", "http://a:65535"],
+     ["ftp://a", "https://", "http://a/%zz", "http://a/ b", 'http://a/"', "http://1.2.3.256", "http://a.1:80",
+      "http://a:65536", "http://a:99999"], "htps:/a.b?=%25691"),
 ])
 def test_formats_match_only_what_the_format_checker_accepts(fmt, valid, invalid, alphabet):
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER  # (FormatChecker() mixes in draft 3's "time")
@@ -606,6 +654,8 @@ def test_formats_match_only_what_the_format_checker_accepts(fmt, valid, invalid,
     for text in random_matches(rx, list('{}":v' + alphabet), walks=40):
         value = json.loads(text)
         assert validator.is_valid(value), text
+        if fmt in _PYDANTIC_TYPE:  # what a pydantic model with that field type reads back
+            pydantic.TypeAdapter(_PYDANTIC_TYPE[fmt]).validate_python(value["v"])
         if fmt == "email":  # jsonschema only checks for an '@': RFC 5322's dot-atom, by hand
             local, domain = value["v"].split("@")
             assert ".." not in local and not local.startswith(".") and not local.endswith("."), text

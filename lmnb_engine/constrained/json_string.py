@@ -52,6 +52,16 @@ def _in_class(ch: str) -> str:
     return f"\\U{ord(ch):08x}" if not ch.isprintable() or ch in "\\]^-[&~" else ch
 
 
+def _scalar_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` of code points cut to those from ``_FIRST_PLAIN`` on that UTF-8 text can hold:
+    without the surrogates U+D800-U+DFFF (the automaton library refuses them in a class)."""
+    out = []
+    for a, b in ranges:
+        a = max(a, _FIRST_PLAIN)
+        out += [(lo, hi) for lo, hi in ((a, min(b, 0xD7FF)), (max(a, 0xE000), b)) if lo <= hi]
+    return out
+
+
 def _char_set(member, ascii_only: bool, non_ascii: list[tuple[int, int]], negated: bool) -> str:
     """The regex of one character of a set: ``member(ch)`` says (Python's answer) for ASCII;
     above it, ``non_ascii`` ranges (allowed, or with ``negated`` excluded), none if ``ascii_only``."""
@@ -65,13 +75,10 @@ def _char_set(member, ascii_only: bool, non_ascii: list[tuple[int, int]], negate
         parts.append("[" + "".join(_in_class(c) for c in plain) + "]")
     if not ascii_only:
         if negated:
-            kept = "".join(f"{_in_class(chr(a))}-{_in_class(chr(b))}" for a, b in non_ascii if b >= _FIRST_PLAIN)
+            kept = "".join(f"{_in_class(chr(a))}-{_in_class(chr(b))}" for a, b in _scalar_ranges(non_ascii))
             parts.append(f"[^\\x00-\\x9f{kept}]")
         else:
-            for a, b in non_ascii:
-                a = max(a, _FIRST_PLAIN)
-                if a <= b:
-                    parts.append(f"[{_in_class(chr(a))}-{_in_class(chr(b))}]")
+            parts += [f"[{_in_class(chr(a))}-{_in_class(chr(b))}]" for a, b in _scalar_ranges(non_ascii)]
     parts += [_json_char(c) for c in escaped]
     if not parts:
         raise GrammarError("empty")  # replaced by the caller's message
@@ -81,6 +88,8 @@ def _char_set(member, ascii_only: bool, non_ascii: list[tuple[int, int]], negate
 def _class(op, av) -> str:
     """The regex of one character matched by a parsed ``LITERAL`` / ``NOT_LITERAL`` / ``ANY`` / ``IN``."""
     if op is _c.LITERAL:
+        if 0xD800 <= av <= 0xDFFF:
+            raise GrammarError("empty")  # (a surrogate: no UTF-8 text holds one; the caller's message)
         return _json_char(chr(av))
     if op is _c.NOT_LITERAL:
         return _char_set(lambda ch: ord(ch) != av, False, [(av, av)], True)
@@ -239,4 +248,4 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     except GrammarError:
         raise GrammarError(f"JSON schema pattern {pattern!r} at {where} has a part no JSON string character "
                            "can match here (constrained strings use ASCII for \\d, \\w, \\s and their "
-                           "negations); widen it") from None
+                           "negations, and UTF-8 text holds no surrogates U+D800-U+DFFF); widen it") from None

@@ -23,6 +23,9 @@ from lmnb_engine.constrained.errors import GrammarError
 _FRACTION = r"(?:\.[0-9]+)?"
 # Decimals of up to 15 significant digits (C's DBL_DIG) round to distinct floats, in order.
 SIGNIFICANT_DIGITS = 15
+# Integer parts from here on are written without a fraction: a value with one is read as a float,
+# which can round past a bound there (9007199254740993.0 is ...992); an integer is read exactly.
+_LARGEST_WITH_FRACTION = 10**SIGNIFICANT_DIGITS - 1
 
 
 def _alt(alternatives: list[str]) -> str:
@@ -170,7 +173,8 @@ def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> lis
 
     Next to an exclusive bound (its integer part, and the one below an integral upper bound) a
     value has at most ``SIGNIFICANT_DIGITS`` digits in all: a longer one could round, as a float,
-    onto the bound (``0.99999999999999999`` is 1.0), and validators compare floats.
+    onto the bound (``0.99999999999999999`` is 1.0), and validators compare floats. Integer parts
+    above ``_LARGEST_WITH_FRACTION`` take no fraction at all.
     """
     a_int, a_frac = decimal_parts(a)
     b_int, b_frac = (None, None) if b is None else decimal_parts(b)
@@ -181,7 +185,12 @@ def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> lis
 
     def part(whole: int, lo: str, lo_excl: bool, hi: str | None, hi_excl: bool) -> None:
         """``whole`` with the fractions ``lo <(=) .F <(=) hi``, if any."""
-        room = max(SIGNIFICANT_DIGITS - len(str(whole)), 0) if whole in near else None
+        if whole > _LARGEST_WITH_FRACTION:
+            room = 0
+        elif whole in near:
+            room = max(SIGNIFICANT_DIGITS - len(str(whole)), 0)
+        else:
+            room = None
         fraction = _fraction(lo, lo_excl, hi, hi_excl, room)
         if fraction is not None:
             out.append(f"{whole}{fraction}")
@@ -191,11 +200,13 @@ def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> lis
         return out
     part(a_int, a_frac, a_excl, None, False)
     last = None if b is None else b_int - 1
-    if last is not None and last in near and last > a_int:  # below an exclusive integral bound
-        out += [r + _FRACTION for r in _natural_range(a_int + 1, last - 1)]
+    # the integer parts strictly between, but the one below an exclusive integral bound (near too)
+    below = last - 1 if last is not None and last in near and last > a_int else last
+    with_fraction = _LARGEST_WITH_FRACTION if below is None else min(below, _LARGEST_WITH_FRACTION)
+    out += [r + _FRACTION for r in _natural_range(a_int + 1, with_fraction)]
+    out += _natural_range(max(a_int + 1, _LARGEST_WITH_FRACTION + 1), below)
+    if below != last:
         part(last, "", False, None, False)
-    else:
-        out += [r + _FRACTION for r in _natural_range(a_int + 1, last)]
     if b is not None:
         part(b_int, "", False, b_frac, b_excl)
     return out
@@ -227,4 +238,9 @@ def number_range_regex(
     if lo is None or lo < 0:  # x = -m with m > 0
         a, a_excl = (Decimal(0), True) if hi is None or hi >= 0 else (-hi, exclusive_maximum)
         alternatives += ["-" + r for r in _magnitude(a, a_excl, None if lo is None else -lo, exclusive_minimum)]
+    if not alternatives:  # (e.g. 0 < x < 1e-15)
+        raise GrammarError(f"no number x written with at most {SIGNIFICANT_DIGITS} digits satisfies {minimum} "
+                           f"{'<' if exclusive_minimum else '<='} x {'<' if exclusive_maximum else '<='} {maximum} "
+                           "(validators read numbers as floats, and a longer one could round onto a bound); "
+                           "widen the bounds")
     return _alt(alternatives)

@@ -80,24 +80,27 @@ _DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]
 # full-time: hh:mm:ss, up to 6 fraction digits, then "Z" or an offset (the upper-case letters, and
 # no leap second 60: what every validator accepts).
 _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-# RFC 1123 host names of up to 4 labels (at most 255 characters, under URLs' 2083).
+# RFC 1123 host names of up to 4 labels (at most 255 characters, under URLs' 2083); the last one
+# starts with a letter (URL parsers read an all-digit one as an IPv4 address: http://1.2.3.256 fails).
 _LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST = f"(?:{_LABEL}\\.){{0,3}}{_LABEL}"
+_HOST = f"(?:{_LABEL}\\.){{0,3}}[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
 # RFC 5322 dot-atom local part @ a domain whose last label is letters (email-validator's rule too).
 _EMAIL = f"[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@(?:{_LABEL}\\.){{1,3}}[A-Za-z]{{2,63}}"
 # RFC 3986 http(s) URIs: host, port, up to 8 path segments of 32 characters, a 128-character
 # query: at most 1430 characters, within pydantic's HttpUrl maxLength of 2083.
 _URI_CHAR = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
-_URI = (f"https?://{_HOST}(?::[0-9]{{1,5}})?(?:/{_URI_CHAR}{{0,32}}){{0,8}}"
+_PORT = "(?:0|[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"  # 0-65535
+_URI = (f"https?://{_HOST}(?::{_PORT})?(?:/{_URI_CHAR}{{0,32}}){{0,8}}"
         f"(?:\\?(?:{_URI_CHAR}|[/?]){{0,128}})?")
 _OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"  # no leading zeros (Python's ipaddress refuses them)
-# RFC 3339 appendix A durations without weeks mixed in: P[nD][T[nH][nM][nS]], at least one part.
-_DURATION_TIME = "T(?:[0-9]{1,9}H(?:[0-9]{1,9}M)?(?:[0-9]{1,9}S)?|[0-9]{1,9}M(?:[0-9]{1,9}S)?|[0-9]{1,9}S)"
+# RFC 3339 appendix A durations without weeks mixed in: P[nD][T[nH][nM][nS]], at least one part;
+# 6 digits a part, so the sum stays within Python's timedelta (999999999 days; pydantic's limit).
+_DURATION_TIME = "T(?:[0-9]{1,6}H(?:[0-9]{1,6}M)?(?:[0-9]{1,6}S)?|[0-9]{1,6}M(?:[0-9]{1,6}S)?|[0-9]{1,6}S)"
 _FORMAT_PATTERN = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
-    "duration": f"P(?:[0-9]{{1,9}}D(?:{_DURATION_TIME})?|{_DURATION_TIME}|[0-9]{{1,9}}W)",
+    "duration": f"P(?:[0-9]{{1,6}}D(?:{_DURATION_TIME})?|{_DURATION_TIME}|[0-9]{{1,6}}W)",
     "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "email": _EMAIL,
     "hostname": _HOST,
@@ -221,7 +224,7 @@ _TYPE_KEYWORDS = {
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": _BOUNDS,
     "array": ("items", "prefixItems", "minItems", "maxItems"),
-    "object": ("properties", "required", "additionalProperties"),
+    "object": ("properties", "required", "additionalProperties", "propertyNames"),
 }
 
 
@@ -247,6 +250,17 @@ def _with_implied_type(node: dict, where: str) -> dict:
                            "constrained decoding writes one kind of value per subschema: add 'type', or split "
                            "it into 'anyOf' branches")
     return dict(node, type=implied[0]) if implied else node
+
+
+def _without_moot_keywords(node: dict) -> dict:
+    """``node`` without the object and array keywords its ``type`` makes moot: they constrain only
+    values of that type, and outlines-core writes an object or an array wherever it sees them
+    (``{"type": "string", "additionalProperties": false}`` wrote ``{}``)."""
+    if "type" not in node:
+        return node
+    types = _type_list(node)
+    moot = [k for t in ("object", "array") if t not in types for k in _TYPE_KEYWORDS[t]]
+    return {k: v for k, v in node.items() if k not in moot}
 
 
 def _draft4_bounds(node: Any) -> None:
@@ -346,6 +360,7 @@ class _Rewriter:
             return node  # no value: schema_refs.inline_refs prunes it
         if not isinstance(node, dict):
             raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {node!r}")
+        node = _without_moot_keywords(_with_implied_type(node, where))
         if "propertyNames" in node:
             node = self._named_properties(node, where)
         for key in node:
@@ -362,7 +377,6 @@ class _Rewriter:
                 f"JSON schema format {node['format']!r} at {where} is not supported; supported formats: "
                 f"{', '.join(sorted(_FORMAT_PATTERN))} (or give a 'pattern' instead)"
             )
-        node = _with_implied_type(node, where)
         beside = [k for k in node if k not in _ANNOTATIONS and k not in ("$ref", "$defs", "definitions")]
         if "$ref" in node and beside:  # (2019-09 on they apply with the reference; draft 7 ignored them)
             raise GrammarError(f"JSON schema at {where} has {', '.join(map(repr, beside))} beside '$ref', which "
