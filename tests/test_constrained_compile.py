@@ -85,7 +85,13 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
     "schema, names",
     [
         ({"type": "object", "properties": {"a": {"type": "string", "foo": 1}}}, ["'foo'", "#/properties/a"]),
-        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ["'uniqueItems'"]),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+         ["has uniqueItems", "only over items that list their values", "drop uniqueItems"]),
+        ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3},
+         ["uniqueItems over 2 distinct item value(s) and minItems 3"]),
+        ({"type": "array", "items": {"enum": list(range(65))}, "uniqueItems": True}, ["65 item values", "limit of 64"]),
+        ({"type": "array", "items": {"enum": list(range(20))}, "uniqueItems": True, "minItems": 2, "maxItems": 5},
+         ["leave 21679 arrays", "limit of 1000"]),
         ({"not": {"type": "string"}}, ["'not'"]),
         ({"type": "object", "patternProperties": {"^a": {"type": "string"}}}, ["'patternProperties'"]),
         ({"type": "string", "format": "ipv6"}, ["'ipv6'", "supported formats: date, date-time, duration"]),
@@ -713,6 +719,46 @@ def test_property_names_listing_the_keys_make_a_map_of_those_keys():
                              "the property 'b', which its 'propertyNames' does not allow")]:
         with pytest.raises(GrammarError, match=message):
             schema_to_regex(schema)
+
+
+def test_unique_items_over_listed_values_are_subsequences_of_the_list(tokenizer):
+    # pydantic's set[Literal[...]], set[Enum], frozenset[bool]; outlines-core ignored uniqueItems ('["a", "a"]')
+    class Color(str, enum.Enum):
+        red = "red"
+        blue = "blue"
+        green = "green"
+
+    class Picks(pydantic.BaseModel):
+        tags: set[typing.Literal["a", "b", "c"]]
+        colors: frozenset[Color] = pydantic.Field(min_length=1, max_length=2)
+        flags: typing.Optional[set[bool]]
+
+    schema = Picks.model_json_schema()
+    compile_grammar(schema_to_regex(schema), TokenVocabulary(tokenizer))  # the automaton builds
+    rx = regex_module.compile(schema_to_regex(schema, whitespace_pattern=""))
+    validator = jsonschema.Draft202012Validator(schema)
+
+    def arrays(values):  # every array of up to 3 of the values, repeats and any order included
+        return [list(a) for k in range(4) for a in itertools.product(values, repeat=k)]
+
+    def listed_order(array, values):
+        return [values.index(v) for v in array] == sorted({values.index(v) for v in array})
+
+    for tags in arrays(["a", "b", "c", "d"]):
+        for colors in arrays(["red", "blue", "green"]):
+            for flags in [None, *arrays([False, True, 1])]:
+                value = {"tags": tags, "colors": colors, "flags": flags}
+                text = json.dumps(value, separators=(",", ":"))
+                expected = validator.is_valid(value) and listed_order(tags, ["a", "b", "c"]) and listed_order(
+                    colors, ["red", "blue", "green"]) and (flags is None or listed_order(flags, [False, True]))
+                assert bool(rx.fullmatch(text)) == expected, text
+                if expected:
+                    Picks.model_validate_json(text)
+    # listed values JSON holds equal are written once (1 and 1.0; true is no 1); ones the type rejects are dropped
+    rx = regex_module.compile(schema_to_regex({"type": "array", "uniqueItems": True,
+                                               "items": {"type": ["number", "boolean"], "enum": [1, 1.0, True, "x"]}}))
+    assert {t for t in ("[]", "[1]", "[true]", "[1, true]", "[1.0]", '["x"]', "[1, 1.0]") if rx.fullmatch(t)} == {
+        "[]", "[1]", "[true]", "[1, true]"}
 
 
 def test_pydantic_model_class_is_accepted(backend):

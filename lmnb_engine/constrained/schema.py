@@ -7,7 +7,8 @@ behaviours would break the guarantee that output validates, so this module wraps
 * Keywords it does not enforce are silently ignored there (``uniqueItems``, ``not``,
   ``patternProperties``, ``multipleOf`` ...). Here every keyword is checked against the list of
   enforced or annotation-only keywords; anything else raises ``GrammarError`` naming it and its
-  location.
+  location. ``uniqueItems`` over items that list their values is written here
+  (``schema_unique``).
 * It ignores numeric bounds. Bounded ``integer`` / ``number`` subschemas are replaced with a
   placeholder constant before building and the placeholder is swapped for the bounded grammar
   from ``numeric.py`` after.
@@ -48,6 +49,7 @@ from lmnb_engine.constrained.json_string import pattern_regex
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_regex
 from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
+from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -223,7 +225,7 @@ def _check_structure(node: dict, where: str) -> None:
 _TYPE_KEYWORDS = {
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": _BOUNDS,
-    "array": ("items", "prefixItems", "minItems", "maxItems"),
+    "array": ("items", "prefixItems", "minItems", "maxItems", "uniqueItems"),
     "object": ("properties", "required", "additionalProperties", "propertyNames"),
 }
 
@@ -344,9 +346,10 @@ def _check_combinations(node: dict, where: str) -> None:
 class _Rewriter:
     """Checks keywords and swaps bounded numeric subschemas for placeholders (one pass, in place)."""
 
-    def __init__(self, prefix: str, root: dict) -> None:
+    def __init__(self, prefix: str, root: dict, whitespace: str) -> None:
         self.prefix = prefix  # of the placeholder names: text the schema itself does not hold
         self.root = root  # the schema as written (the visit rewrites a copy)
+        self.whitespace = whitespace  # between JSON tokens, for the arrays written here
         self.fragments: dict[str, str] = {}
         self.strings: dict[tuple, str] = {}  # _string_regex's results: the visit asks before _formatted
 
@@ -365,7 +368,7 @@ class _Rewriter:
             node = self._named_properties(node, where)
         for key in node:
             if key not in _ENFORCED and key not in _ANNOTATIONS and key not in _BOUNDS:
-                if key == "uniqueItems" and node[key] is False:
+                if key == "uniqueItems":  # (enforced over listed item values: _unique_items)
                     continue
                 raise GrammarError(
                     f"JSON schema keyword {key!r} at {where} is not supported by constrained decoding "
@@ -408,6 +411,8 @@ class _Rewriter:
             # properties or prefixItems, outlines-core wrote those and dropped the values).
             node = {k: v for k, v in node.items() if k in ("enum", "const") or k in _ANNOTATIONS}
             _check_big_integers(node, where)
+        if node.pop("uniqueItems", False) is True and "array" in _type_list(node, "array"):
+            return self._unique_items(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
             node["properties"] = {}  # the schema of "{}", which outlines-core fails on without properties
         for key in _SUBSCHEMA_MAPS:
@@ -453,6 +458,23 @@ class _Rewriter:
         value = node.get("additionalProperties", True)
         node["properties"] = {} if value is False else {name: copy.deepcopy(value) for name in names}  # (visits rewrite in place)
         return node
+
+    def _unique_items(self, node: dict, where: str) -> dict:
+        """An array node with ``uniqueItems``: a placeholder for the arrays of its listed item
+        values, each at most once (``schema_unique``), or-ed with its other types.
+
+        Raises:
+            GrammarError: the items do not list their values, or prefixItems are beside it."""
+        values = None if "prefixItems" in node else listed_item_values(self._deref(node.get("items", {})),
+                                                                         _ANNOTATIONS)
+        if values is None:
+            raise GrammarError(f"JSON schema at {where} has uniqueItems, which constrained decoding enforces only "
+                               "over items that list their values ('enum'/'const'/boolean, e.g. pydantic's "
+                               "set[Literal['a', 'b']] or set[SomeEnum]); list the item values, or use a list "
+                               "(drop uniqueItems)")
+        fragment = unique_items_regex(values, node.get("minItems", 0), node.get("maxItems"), self.whitespace, where)
+        rest = {k: v for k, v in node.items() if k not in _TYPE_KEYWORDS["array"]}
+        return self._placeholder(fragment, rest, ["array"], where)
 
     def _deref(self, node: Any) -> Any:
         """``node`` with its local ``$ref`` followed in the schema as written (as it is where that
@@ -545,7 +567,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
         GrammarError: unsupported keyword, format or regex feature (named, with its location), an
             empty numeric range, or a structure outlines-core rejects.
     """
-    from outlines_core.json_schema import build_regex_from_schema
+    from outlines_core.json_schema import WHITESPACE, build_regex_from_schema
 
     if whitespace_pattern is not None:  # named here: in the built regex it would be lost in kilobytes
         try:
@@ -560,7 +582,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
     _draft4_bounds(schema)
-    rewriter = _Rewriter(prefix, schema)
+    rewriter = _Rewriter(prefix, schema, whitespace_pattern or WHITESPACE)
     rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema)
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
