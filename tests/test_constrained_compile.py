@@ -42,6 +42,7 @@ from lmnb_engine.constrained import (
 from lmnb_engine.constrained import cache as cache_module
 from lmnb_engine.constrained.grammar import pack_token_ids
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
+from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema_refs import MAX_REF_DEPTH
 
 
@@ -279,6 +280,42 @@ def test_whitespace_patterns_are_grouped_and_only_json_whitespace():
     for pattern in (r"\s*", "x?", "[^a]?", '"?'):  # \s: U+00A0 between tokens is no JSON
         with pytest.raises(GrammarError, match="other than JSON whitespace"):
             schema_to_regex(schema, whitespace_pattern=pattern)
+
+
+@pytest.mark.parametrize("pattern", [
+    "a{,2}", "a{,}b", "{ab}", "a{x}", "b{1,2", r"\0", r"[\1b]", r"a\040b", r"\N{SPACE}a", "(?#c{)a{,1}", "[a[]",
+    "[]a]{,2}", "[^]a]", r"\x41|a", "a{2}|b{1,}",
+])
+def test_python_spellings_the_automaton_library_reads_otherwise_match_what_python_matches(pattern):
+    # each failed with a bare "error building NFA" ('[a[]' compiled as a nested class)
+    from outlines_core import Index, Vocabulary
+
+    alphabet = "abx{},[]: \x00\x01A12"
+    index = Index(automaton_syntax(pattern),
+                  Vocabulary(99, {c: [i] for i, c in enumerate(alphabet, start=1)}))
+
+    def automaton_matches(text):
+        state = index.get_initial_state()
+        for ch in text:
+            state = index.get_next_state(state, alphabet.index(ch) + 1)
+            if state is None:
+                return False
+        return index.is_final_state(state)
+
+    for k in range(4):
+        for chars in itertools.product(alphabet, repeat=k):
+            text = "".join(chars)
+            assert automaton_matches(text) == bool(re.fullmatch(pattern, text)), text
+
+
+def test_classes_that_python_and_the_automaton_read_differently_are_refused(backend):
+    for pattern, flagged in [("[[:alpha:]]+", "nested set"), ("[a-c&&b]", "set intersection"), ("[a||b]", "set union")]:
+        with pytest.raises(GrammarError, match=f"(?i)possible {flagged}.*Python reads it as literal characters"):
+            backend.to_regex(regex=pattern)
+    assert backend.submit(backend.to_regex(regex="[0-9]{,3}")).result()  # (the user's spelling, compiled)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for whitespace in ("[ ]{,2}", "\\040?"):  # (those failed with "error building NFA" too)
+        backend.submit(backend.to_regex(json_schema=schema, whitespace_pattern=whitespace)).result()
 
 
 def test_invalid_regex_syntax_says_what_is_wrong(backend):

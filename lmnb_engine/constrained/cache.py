@@ -22,6 +22,7 @@ from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup
 from lmnb_engine.constrained.regex_check import check_regex
+from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
 
@@ -166,6 +167,7 @@ class GrammarBackend:
             check_regex(regex)
             if regex == "":
                 raise GrammarError("regex is empty; it would only allow an empty output")
+            regex = automaton_syntax(regex)
         else:
             regex = schema_to_regex(json_schema, whitespace_pattern)
         if key is not None:

@@ -47,6 +47,7 @@ from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import decimal_parts, integer_range_regex, number_range_regex
 from lmnb_engine.constrained.json_string import pattern_regex
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_regex
+from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
@@ -576,7 +577,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
             raise GrammarError(f"whitespace_pattern {whitespace_pattern!r} is not a valid regular expression "
                                f"({e.msg} at position {e.pos}); fix it, e.g. r'[ \\n]{{0,2}}'") from None
         _check_whitespace(whitespace_pattern)
-        whitespace_pattern = f"(?:{whitespace_pattern})"  # outlines-core splices it in ungrouped
+        whitespace_pattern = f"(?:{automaton_syntax(whitespace_pattern)})"  # outlines-core splices it in ungrouped
     schema = load_schema(schema)
     prefix = _PLACEHOLDER
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
