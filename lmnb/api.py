@@ -28,6 +28,10 @@ from lmnb.ir import (
 
 _default_backend = None
 _default_lock = threading.Lock()
+# run() keywords that SGLang's run() does not have, with their defaults. A program that declares
+# an argument of one of these names (SGLang programs may: fork(n), a seed) gets the value instead.
+_UNSET = object()
+_LMNB_RUN_OPTIONS = {"n": 1, "seed": None, "use_thread": True, "state": None}
 
 
 def set_default_backend(backend) -> None:
@@ -100,7 +104,7 @@ class SglFunction:
         self,
         *args,
         max_new_tokens: int = 128,
-        n: int = 1,
+        n: int = _UNSET,  # 1
         stop: Optional[Union[str, list[str]]] = None,
         stop_token_ids: Optional[list[int]] = None,
         temperature: float = 1.0,
@@ -110,15 +114,15 @@ class SglFunction:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         ignore_eos: bool = False,
-        seed: Optional[int] = None,
+        seed: Optional[int] = _UNSET,  # None
         return_logprob: Optional[bool] = None,
         logprob_start_len: Optional[int] = None,
         top_logprobs_num: Optional[int] = None,
         return_text_in_logprobs: Optional[bool] = None,
         stream: bool = False,
         backend=None,
-        use_thread: bool = True,
-        state=None,
+        use_thread: bool = _UNSET,  # True
+        state=_UNSET,  # None
         **kwargs,
     ):
         """Run the program once; the sampling arguments are defaults for every ``gen`` in it
@@ -128,13 +132,21 @@ class SglFunction:
         Returns the ``ProgramState`` when done, or at once with ``stream=True`` (read it with
         ``text_iter``). Errors of primitives surface when the state is read. ``state`` (an lmnb
         extension) continues an existing ``ProgramState`` — its text, messages, variables and
-        backend — instead of starting empty; a previous error of that state is forgotten.
+        backend — instead of starting empty; a previous error of that state is forgotten. ``n``,
+        ``seed``, ``use_thread`` and ``state``, which SGLang's ``run`` lacks, are the program's own
+        arguments where it declares one of those names (``def tips(s, n)``), as under SGLang.
 
         Raises:
             TypeError: arguments that do not fit the program's signature.
         """
         from lmnb.interpreter import run_program
 
+        options = {"n": n, "seed": seed, "use_thread": use_thread, "state": state}
+        for name, value in options.items():
+            if value is not _UNSET and name in self.arg_names:
+                kwargs[name] = value
+                options[name] = _UNSET
+        n, seed, use_thread, state = (_LMNB_RUN_OPTIONS[k] if v is _UNSET else v for k, v in options.items())
         self._check_args(args, kwargs)
         defaults = GenParams(
             max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,

@@ -624,6 +624,31 @@ def test_seed_and_defaults_reach_the_backend():
     assert (b.seed, b.max_new_tokens, b.temperature) == (7, 9, 0.5)
 
 
+def test_program_arguments_named_like_lmnb_run_options_reach_the_program():
+    # SGLang's run() has no n, seed, use_thread or state: 'fj.run(n=3)' was "missing a required argument: 'n'"
+    be = ScriptedBackend(lambda p, params: f"<{params.seed}>")
+
+    @sgl.function
+    def fj(s, n, seed, state="x"):
+        s += f"{state}:"
+        forks = s.fork(n)
+        for f in forks:
+            f += sgl.gen("t", max_tokens=2)
+        forks.join()
+        s += f"seed {seed}"
+
+    st = fj.run(n=3, seed=5, backend=be)
+    assert st["t"] == ["<None>"] * 3 and st.text().endswith("seed 5") and st.text().startswith("x:")
+    st = fj.run(3, 5, "y", backend=be)
+    assert st.text().startswith("y:") and len(st["t"]) == 3
+
+    @sgl.function
+    def plain(s):
+        s += sgl.gen("t", max_tokens=2)
+
+    assert plain.run(seed=9, backend=be)["t"] == "<9>"  # elsewhere still run() options
+
+
 def test_run_continues_an_existing_state_with_new_defaults_and_listeners():
     be = ScriptedBackend(lambda p, params: f"<{params.max_new_tokens}>", chat_template=CHATML)
 
