@@ -220,3 +220,48 @@ def test_output_that_is_the_input_file_is_refused(tmp_path, capsys):
     assert job.run(run_row, backend=ScriptedBackend(reply)) == 2
     assert "is the input file" in capsys.readouterr().err
     assert read_results(rows) == [{"question": "q"}]
+
+
+PIPED_JOB = '''
+import sys
+sys.path.insert(0, {tests!r})
+import lmnb
+from helpers_lang import ScriptedBackend
+from lmnb.batch import Job
+
+@lmnb.function
+def echo(s, question):
+    s += "Q: " + question + "\\nA:" + lmnb.gen("answer", max_tokens=4)
+
+def run_row(question):
+    state = echo.run(question, temperature=0)
+    print(question + ":" + "x" * 100_000 + state["answer"])  # more than a pipe holds: the reader paces it
+
+raise SystemExit(Job("piped", ["question"]).run(run_row, programs=[echo], backend=ScriptedBackend()))
+'''
+
+
+def test_a_closed_output_pipe_stops_the_job_without_recording_rows_as_failed(tmp_path):
+    # `job.py | head -1` recorded every row as "BrokenPipeError: [Errno 32] Broken pipe" and ran them all
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "job.py"
+    script.write_text(PIPED_JOB.format(tests=str(Path(__file__).parent)), encoding="utf-8")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(40)])
+    argv = [sys.executable, str(script), "--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+            "--no-progress", "--num-threads", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"q0:")  # head -1
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "pipe that closed" in err, err
+    done = read_results(tmp_path / "out.jsonl")
+    assert 1 <= len(done) < 40 and all(r["status"] == "ok" for r in done), done
+    # the rest on a rerun, each row once
+    rerun = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    results = read_results(tmp_path / "out.jsonl")
+    assert sorted(r["row"] for r in results) == list(range(40)) and all(r["status"] == "ok" for r in results)

@@ -105,7 +105,9 @@ class Job:
     def run(self, run_row: Callable[..., Any], programs: Sequence[Any] = (), backend: Any = None) -> int:
         """Run ``run_row(**fields)`` for every input row not yet in the output; returns the exit
         status: 0 every row in the output is ok, 1 some rows failed or their input was unusable
-        (their records say why), 2 the job could not start, 130 stopped by Ctrl-C / SIGTERM.
+        (their records say why), 2 the job could not start, 130 stopped by Ctrl-C / SIGTERM, 141
+        stopped because the rows printed into a pipe that closed (``| head``; those rows are not
+        recorded, so a rerun does them).
 
         ``programs``: the notebook's ``@lmnb.function``s; their constant prompt prefixes are put in
         the prefix cache before the rows start (as ``run_batch`` does), so all rows share them.

@@ -18,6 +18,7 @@ from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, row_key
 
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_FATAL, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_BROKEN_PIPE = 128 + 13  # (SIGPIPE's number): what a shell reports for a tool that `| head` closed
 
 
 class RowRunner:
@@ -31,6 +32,7 @@ class RowRunner:
         self.tokens = {"prompt": 0, "cached": 0, "completion": 0}
         self.seconds = 0.0
         self.signals = 0  # SIGINT count; SIGTERM counts as two
+        self.pipe_closed = False  # a row's print met a closed stdout (`job.py | head -1`)
 
     def run(self) -> int:
         todo = self.triage()
@@ -45,9 +47,13 @@ class RowRunner:
                 self.execute(backend, todo)
             finally:
                 backend.shutdown()
+        if self.pipe_closed:
+            _silence_stdout()
         self.summary()
         if self.signals:
             return EXIT_INTERRUPTED
+        if self.pipe_closed:
+            return EXIT_BROKEN_PIPE
         counts = self.store.counts
         return EXIT_ROW_ERRORS if counts[ERROR] or counts[BAD_INPUT] else EXIT_OK
 
@@ -116,7 +122,7 @@ class RowRunner:
         announced = False
         with _StopOnSignals(self):
             while True:
-                while self.signals == 0 and len(inflight) < window:
+                while self.signals == 0 and not self.pipe_closed and len(inflight) < window:
                     item = next(pending, None)
                     if item is None:
                         break
@@ -127,6 +133,8 @@ class RowRunner:
                 for future in done:
                     inflight.discard(future)
                     record = future.result()
+                    if record is None:  # (its print met a closed stdout: not done, a rerun does it)
+                        continue
                     self.write(record)
                     for k in self.tokens:
                         self.tokens[k] += record["tokens"][k]
@@ -158,8 +166,9 @@ class RowRunner:
             except Exception as e:  # noqa: BLE001 - only a hint; the rows report real failures
                 print(f"lmnb batch: prefix hint for {program!r} skipped: {type(e).__name__}: {e}", file=sys.stderr)
 
-    def run_one(self, row: InputRow, base: dict) -> dict:
-        """Run one row (on a pool thread); returns its record. Never raises."""
+    def run_one(self, row: InputRow, base: dict) -> dict | None:
+        """Run one row (on a pool thread); returns its record, or None if the row wrote to a
+        closed pipe: then, as a Unix tool stops at SIGPIPE, no new row starts. Never raises."""
         import lmnb
 
         recorder = RowRecorder()
@@ -168,6 +177,9 @@ class RowRunner:
         try:
             with lmnb.observe(recorder):
                 self.run_row(**{name: row.fields[name] for name in self.job.inputs})
+        except BrokenPipeError:
+            self.pipe_closed = True
+            return None
         except Exception as e:  # noqa: BLE001 - a failing row is written with its error
             error = f"{type(e).__name__}: {e}"
         record = {
@@ -199,7 +211,10 @@ class RowRunner:
         if self.store.repaired:
             lines.append("  the output's last line was incomplete (a run was killed while writing it); "
                          "it was removed, so its row ran again")
-        if self.signals:
+        if self.pipe_closed:
+            lines.append("  stopped early: the rows' printed output went to a pipe that closed (| head?); run "
+                         "the same command again to do the remaining rows")
+        elif self.signals:
             lines.append("  stopped early: run the same command again to do the remaining rows")
         elif c[ERROR] or c[BAD_INPUT]:
             lines.append("  rows with \"status\": \"error\" or \"bad_input\" say why in \"error\"; "
@@ -228,6 +243,18 @@ class _StopOnSignals:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         return False
+
+
+def _silence_stdout() -> None:
+    """Point the process's stdout at /dev/null, so that flushing what the rows printed into the
+    closed pipe raises no BrokenPipeError at exit (the recipe of Python's signal docs)."""
+    if sys.stdout is not sys.__stdout__ or sys.stdout is None:
+        return  # (stdout replaced, e.g. captured by a test: not the pipe)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def fatal(message: str) -> int:
