@@ -19,13 +19,16 @@ from IPython.display import display
 from lmnb.template.cell_options import STATE_NAME, CellOptions, add_cell_options, add_connect_arguments, add_load_arguments
 from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
-from lmnb_kernel.errors import CellError
+from lmnb_kernel.errors import CellError, cell_interrupt
 from lmnb_kernel.feed import ViewFeeder
 from lmnb_kernel.session import get_session
 from lmnb_kernel.tables import cell_summary
 
-# Output mode for every cell: "live" (a widget while running) or "static" (display updates only).
+# Output mode for every cell: "live" (a widget while running), "static" (display updates only) or
+# "headless" (lmnb run: display updates once a second; a frame renders the whole run on the kernel's
+# main thread, which at 20 Hz took a third of a long fork cell's time from the engine's threads).
 VIEW_ENV = "LMNB_VIEW"
+_FRAMES_PER_S = {"live": 20.0, "static": 20.0, "headless": 1.0}
 RECENT_CELLS = 8  # unnamed cells whose radix paths %lm tree labels
 
 
@@ -195,7 +198,8 @@ class LMMagics(Magics):
             outcome = getattr(interrupt, "lmnb_outcome", None)  # None: a second Ctrl-C cut the abort short
             if outcome is not None:
                 self.finish(args, view, outcome, count)
-            raise
+            raise cell_interrupt("the cell was stopped; its output so far and the variables it finished are "
+                                  "kept") from None
         self.finish(args, view, outcome, count)
         if outcome.error is not None:
             raise CellError(_describe(outcome.error, filename)) from outcome.error
@@ -203,11 +207,12 @@ class LMMagics(Magics):
     def make_view(self, args, count):
         from lmnb_kernel.widgets import RunView, prefix_chars_from
 
-        live = not args.static and os.environ.get(VIEW_ENV, "live") != "static"
+        mode = os.environ.get(VIEW_ENV, "live")
+        live = not args.static and mode == "live"
         title = f"cell [{count}]" + (f" · state {args.state}" if args.state else "")
         # the in-process engine's tokenizer maps cached tokens to the characters shaded as cached
         prefix = prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
-        return RunView(title, live=live, max_hz=20.0, prefix_chars=prefix)
+        return RunView(title, live=live, max_hz=_FRAMES_PER_S.get(mode, 20.0), prefix_chars=prefix)
 
     def finish(self, args, view, outcome: CellOutcome, count) -> None:
         """Freeze the view, put the results in the kernel namespace, keep the named state."""

@@ -90,9 +90,9 @@ def run(args) -> int:
                 print(f"lmnb run: -p {name} {text!r}: {e}", file=sys.stderr)
                 return 2
         inject_parameters(nb, values)
-    # Headless: no one watches live widgets, so cells update their output in place instead. The
-    # setting goes to the kernel's environment only, never into this process's os.environ.
-    env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "static")}
+    # Headless: no one watches live widgets or their frames, so cells update their output in place,
+    # rarely. The setting goes to the kernel's environment only, never into this process's os.environ.
+    env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "headless")}
     # Our manager, not one nbclient owns: on SIGINT nbclient cleans up an owned one twice and fails
     # on an assertion. Its signal handler still shuts the kernel down on SIGTERM (and on a Ctrl-C
     # before the kernel is up, when CtrlC takes over SIGINT); the end of the run, we do.

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lmnb_kernel.errors import CellError
+from lmnb_kernel.errors import CellError, cell_interrupt
 
 # Tests and CI point the default model at a local checkpoint with this variable.
 MODEL_ENV = "LMNB_MODEL"
@@ -46,7 +46,7 @@ def interrupt_after():
     finally:
         signal.signal(signal.SIGINT, previous)
     if held:
-        raise KeyboardInterrupt
+        raise cell_interrupt("stopped once the model had loaded; it stays loaded for the next cell")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import argparse
 import atexit
 import contextlib
 import shutil
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -158,6 +159,10 @@ def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel)
     print(f"interrupt -> reply: {seconds:.2f} s")
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     types = [m["msg_type"] for m in messages]
+    # one line, no frames: they were the magic's and its view's, 20 deep when the interrupt hit a render
+    error = messages[types.index("error")]["content"]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", error["traceback"][0])  # (without the color codes)
+    assert len(error["traceback"]) == 1 and plain.startswith("KeyboardInterrupt: the cell was stopped")
     last_update = max(i for i, t in enumerate(types) if t == "update_display_data")
     assert last_update < types.index("error")  # the partial output was frozen before the error
     final = messages[last_update]["content"]["data"]["text/plain"]
