@@ -9,6 +9,7 @@ manages the session (``lmnb_kernel.commands``).
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 
 from IPython.core.error import UsageError
@@ -179,6 +180,7 @@ class LMMagics(Magics):
             else:
                 template = parse(cell, first_line=2, filename=filename)
                 program, params = template.program(), template.bind(ns)
+                _warn_shadowed_builtins(template.captures, ns)
         except TemplateError as e:
             raise CellError(str(e)) from None
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
@@ -234,6 +236,17 @@ class LMMagics(Magics):
             if outcome.interrupt_s is not None:  # Ctrl-C: how long stopping the requests took
                 meta["lmnb"]["interrupt_s"] = round(outcome.interrupt_s, 3)
             display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
+
+
+def _warn_shadowed_builtins(names, ns) -> None:
+    """Say on stderr when a result would hide a Python builtin of that name (``{gen print}`` broke
+    every later ``print(...)`` without a word); once, while the namespace has no such variable."""
+    import builtins
+
+    hidden = [n for n in names if hasattr(builtins, n) and not n.startswith("_") and n not in ns]
+    for name in hidden:
+        sys.stderr.write(f"lmnb: the result {name!r} becomes a kernel variable that hides Python's builtin "
+                         f"{name!r} (del {name} brings it back); rename it, e.g. {name}_\n")
 
 
 def _tokens(model) -> dict:

@@ -112,6 +112,16 @@ def test_python_mode_runs_a_program_body_with_state_s(ip):
     assert again.success, out.stdout
 
 
+def test_a_result_named_like_a_builtin_is_flagged_once(ip):
+    # {gen print} hid print() from every later cell without a word
+    result, out = run(ip, "%%lm --quiet --temperature 0\nSay:{gen print max_tokens=2}{select list choices=['a', 'b']}")
+    assert result.success and ip.user_ns["print"] == greedy(ip, "Say:", 2)
+    assert out.stderr.count("hides Python's builtin") == 2 and "'print'" in out.stderr and "e.g. list_" in out.stderr
+    _, again = run(ip, "%%lm --quiet --temperature 0\nSay:{gen print max_tokens=2}")
+    assert "builtin" not in again.stderr  # the user has seen it: the variable exists now
+    del ip.user_ns["print"], ip.user_ns["list"]
+
+
 def test_quiet_shows_nothing_and_python_cells_share_the_engine(ip):
     result, out = run(ip, "%%lm --quiet --temperature 0\nQuiet:{gen q max_tokens=3}")
     assert result.success and out.outputs == []
