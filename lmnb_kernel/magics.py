@@ -17,7 +17,14 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_exp
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
-from lmnb.template.cell_options import STATE_NAME, CellOptions, add_cell_options, add_connect_arguments, add_load_arguments
+from lmnb.template.cell_options import (
+    STATE_NAME,
+    CellOptions,
+    add_cell_options,
+    add_connect_arguments,
+    add_load_arguments,
+    suggest_option,
+)
 from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
 from lmnb_kernel.errors import CellError, cell_interrupt
@@ -162,7 +169,11 @@ class LMMagics(Magics):
     def run_program(self, line: str, cell: str) -> None:
         from lmnb.template import TemplateError, cell_body, parse, parse_python
 
-        args = cell_parser().parse_args(_split(line))
+        parser = cell_parser()
+        try:
+            args = parser.parse_args(_split(line))
+        except UsageError as e:
+            raise UsageError(suggest_option(str(e), parser)) from None
         for key in ("state", "out"):
             value = getattr(args, key)
             if value is not None and not (STATE_NAME.match(value) if key == "state" else value.isidentifier()):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ from helpers_export import CHAT, QA, notebook
 from lmnb.export import ExportError, export_notebook, plan_notebook
 from lmnb.export.cells import Backend
 from lmnb.template import parse
-from lmnb.template.cell_options import option_parser, parse_cell_line
+from lmnb.template.cell_options import CellLineError, option_parser, parse_cell_line
 
 
 def options(parser) -> dict:
@@ -37,6 +38,10 @@ def test_cell_line_options_are_the_magics_options():
     o = parse_cell_line("--state chat.v1 --temperature 0 --max-tokens 7 --seed 3 --out st --quiet --static")
     assert (o.state, o.out) == ("chat.v1", "st")
     assert o.run_kwargs() == {"temperature": 0.0, "max_new_tokens": 7, "seed": 3}
+    for line, message in [("--temprature 0", "did you mean: --temprature → --temperature?"),
+                          ("--temperature nan", "--temperature: must be a number >= 0")]:
+        with pytest.raises(CellLineError, match=re.escape(message)):
+            parse_cell_line(line)
 
 
 def test_script_is_plain_python_with_one_function_per_lm_cell(tmp_path):

@@ -9,6 +9,7 @@ package (imports go lmnb_kernel → lmnb).
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import shlex
 from dataclasses import dataclass
@@ -18,6 +19,22 @@ from typing import Optional
 STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
+def _temperature(text: str) -> float:
+    """argparse ``type=`` of ``--temperature``: a finite number >= 0 (a bad one failed mid-run)."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 is greedy), got {text!r}")
+    return value
+
+
+def _token_count(text: str) -> int:
+    """argparse ``type=`` of ``--max-tokens``: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
 def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``%%lm`` options, with their help texts, to ``parser``; returns ``parser``."""
     parser.add_argument("--python", action="store_true",
@@ -25,8 +42,8 @@ def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--state", metavar="NAME",
                         help="continue the named program state (created by the first cell that names it); "
                              "its prefix stays in the KV cache")
-    parser.add_argument("--temperature", type=float, help="default temperature of every gen (0 = greedy)")
-    parser.add_argument("--max-tokens", type=int, dest="max_tokens", help="default max_tokens of every gen")
+    parser.add_argument("--temperature", type=_temperature, help="default temperature of every gen (0 = greedy)")
+    parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", help="default max_tokens of every gen")
     parser.add_argument("--seed", type=int, help="seed for sampling, so a sampled cell can be repeated")
     parser.add_argument("--out", metavar="VAR", help="also store the program state in kernel variable VAR")
     parser.add_argument("--quiet", action="store_true", help="show nothing; still capture variables")
@@ -63,6 +80,18 @@ class CellOptions:
         if self.seed is not None:
             kw["seed"] = self.seed
         return kw
+
+
+def suggest_option(message: str, parser: argparse.ArgumentParser) -> str:
+    """argparse's ``message`` with "did you mean" for each unrecognized option close to a real one
+    (``--temprature`` → ``--temperature``), as ``{gen ...}`` options get."""
+    if not message.startswith("unrecognized arguments:"):
+        return message
+    known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    guesses = [(w, difflib.get_close_matches(w.split("=")[0], known, n=1)) for w in message.split()[2:]
+               if w.startswith("--")]
+    hints = [f"{w.split('=')[0]} → {g[0]}" for w, g in guesses if g]
+    return message + (f" (did you mean: {', '.join(hints)}?)" if hints else "")
 
 
 class CellLineError(ValueError):
@@ -148,7 +177,8 @@ def parse_cell_line(line: str) -> CellOptions:
 
 
 def _parse(words: list[str]) -> argparse.Namespace:
+    parser = option_parser()
     try:
-        return option_parser().parse_args(words)
-    except argparse.ArgumentError as e:  # raised instead of error() on some Python versions
-        raise CellLineError(str(e)) from None
+        return parser.parse_args(words)
+    except (argparse.ArgumentError, CellLineError) as e:  # (ArgumentError instead of error() on some Pythons)
+        raise CellLineError(suggest_option(str(e), parser)) from None
