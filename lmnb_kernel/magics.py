@@ -52,7 +52,7 @@ def line_parser() -> MagicArgumentParser:
     add_load_arguments(sub.add_parser("load", prog="lm load", help="load a model into a new in-process engine now"))
     add_connect_arguments(sub.add_parser("connect", prog="lm connect", help="run cells on a server instead"))
     sub.add_parser("stats", prog="lm stats", help="cache hit rate, KV pool usage, evictions")
-    sub.add_parser("tree", prog="lm tree", help="the radix tree (refreshed after every cell)")
+    sub.add_parser("tree", prog="lm tree", help="the radix tree (refreshed after every cell; lmnb run keeps it as it was)")
     sub.add_parser("states", prog="lm states", help="the named states")
     s = sub.add_parser("reset", prog="lm reset", help="forget a named state (all without NAME)")
     s.add_argument("name", nargs="?")
@@ -142,8 +142,12 @@ class LMMagics(Magics):
         self.tree_view.show(engine.tree_snapshot(), **self.tree_labels(engine))
 
     def refresh_tree(self, result=None) -> None:
-        """post_run_cell hook: redraw the tree shown by ``%lm tree`` (if any) in place."""
+        """post_run_cell hook: redraw the tree shown by ``%lm tree`` (if any) in place; not in a
+        headless run (``lmnb run``), whose saved notebook shows each tree as it was at its cell
+        (refreshed, it showed the cells after it)."""
         if self.tree_view is None or not self.session.started or self.session.remote is not None:
+            return
+        if os.environ.get(VIEW_ENV) == "headless":
             return
         engine = self.session.engine("%lm tree")
         self.tree_view.refresh(engine.tree_snapshot(), **self.tree_labels(engine))
