@@ -129,7 +129,12 @@ class LMMagics(Magics):
         name = getattr(args, "name", None)
         if name is not None and not STATE_NAME.match(name):
             raise UsageError(f"{name!r} is not a valid state name (letters, digits, _ . -)")
-        getattr(commands, args.command)(args, self.session)
+        try:
+            getattr(commands, args.command)(args, self.session)
+        except CellError as e:
+            if args.command not in ("load", "connect"):
+                raise
+            raise CellError(f"{e}\ncells still run on {self.session.current()}") from e.__cause__
         if args.command in ("load", "connect"):  # a new backend: the old cells' paths are gone with it
             self.recent_cells.clear()
             self.tree_view = None  # it showed the old engine's nodes (as ghosts, once refreshed)

@@ -124,6 +124,13 @@ class Session:
     def started(self) -> bool:
         return self._backend is not None
 
+    def current(self) -> str:
+        """What cells run on now, in words (for messages)."""
+        if self.remote is not None:
+            return self.remote
+        engine = f"the in-process engine on {self.config.describe()}"
+        return engine if self._backend is not None else engine + " (it starts with the first %%lm cell)"
+
     def backend(self):
         """The lmnb backend cells run on; the first call starts the in-process engine.
 

@@ -343,8 +343,9 @@ def test_connect_tells_a_host_that_never_answers_from_a_server_that_is_slow_to(i
 
 def test_load_starts_an_engine_now_and_a_failed_load_keeps_the_old_one(ip, tiny_llama):
     engine = get_session().backend().engine
-    run(ip, "%lm load /no/such/checkpoint")
-    assert get_session().backend().engine is engine  # still serving the next cell
+    _, out = run(ip, "%lm load /no/such/checkpoint")
+    assert get_session().backend().engine is engine  # still serving the next cell, which the error says
+    assert f"cells still run on the in-process engine on {tiny_llama}" in out.stdout + out.stderr
     with separate_session(ip) as session:
         result, out = run(ip, "%lm stats")  # before any engine: the totals, and no error
         assert result.success and "not started yet" in out.outputs[0].data["text/plain"]
