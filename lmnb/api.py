@@ -284,7 +284,9 @@ def gen(
     Raises:
         ValueError: an invalid regex, JSON schema or dtype, or more than one of regex,
             json_schema, dtype and choices (each decides the output alone).
+        TypeError: ``name`` is not a string or None.
     """
+    _check_name("gen", name)
     chosen = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "choices": choices}
     given = [k for k in OUTPUT_OPTIONS if chosen[k] is not None]
     if len(given) > 1:
@@ -305,6 +307,13 @@ def gen(
         regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
     )
     return Gen(name, params)
+
+
+def _check_name(primitive: str, name: Any) -> None:
+    """A result name is a string (the variable's key) or None (unnamed)."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"{primitive}() name must be a string (the variable to store the result in) or None, "
+                        f"got {name!r}; the first positional argument is the name")
 
 
 def gen_int(name: Optional[str] = None, **kwargs):
@@ -332,6 +341,7 @@ def select(
     Raises:
         ValueError: choices missing, empty, or not all non-empty strings; negative temperature.
     """
+    _check_name("select", name)
     if not choices or not isinstance(choices, (list, tuple)):
         raise ValueError("select() needs choices: a non-empty list of strings")
     bad = [c for c in choices if not isinstance(c, str) or not c]

@@ -579,6 +579,9 @@ def test_bad_arguments_fail_early_with_names():
         prog.bind(z=1)
     with pytest.raises(ValueError, match="choices"):
         sgl.select("x", choices=[])
+    for primitive in (sgl.gen, lambda name: sgl.select(name, choices=["a"])):  # (5 was taken as a name)
+        with pytest.raises(TypeError, match="name must be a string .* got 5"):
+            primitive(5)
     with pytest.raises(TypeError, match="cannot add a int"):
         sgl.gen("x") + 5
 
