@@ -17,8 +17,9 @@ _FILE_FRAME = re.compile(r"File \S")  # "File ~/lib/python3.11/json/decoder.py:3
 FIRST_LINE_CHARS = 80
 
 
-def describe_failure(cell, number: int, ename: str, evalue: str) -> str:
-    """The report of ``cell`` (a notebook cell node, ``number`` counted from 1 over all cells),
+def describe_failure(cell, name: str, ename: str, evalue: str) -> str:
+    """The report of ``cell`` (a notebook cell node, ``name`` as the report calls it: "cell 3",
+    counted from 1 over the source notebook's cells),
     which raised ``ename: evalue`` (nbclient's ``CellExecutionError`` fields, used when the cell
     has no ``error`` output)::
 
@@ -39,7 +40,7 @@ def describe_failure(cell, number: int, ename: str, evalue: str) -> str:
     left_out = sum(bool(_FILE_FRAME.match(e)) for e in entries)
     # frames are labelled by In [N], the execution count, which is not the cell's number
     run_as = f" (In [{cell['execution_count']}])" if cell.get("execution_count") is not None else ""
-    head = f"cell {number}{run_as} raised {ename}; the cell begins: {_first_line(cell.get('source', ''))}"
+    head = f"{name}{run_as} raised {ename}; the cell begins: {_first_line(cell.get('source', ''))}"
     parts = [head, *frames]
     if not (frames and frames[-1].splitlines()[-1].startswith(f"{ename}:")):  # a SyntaxError's frame has it
         parts.append(f"{ename}: {evalue}")

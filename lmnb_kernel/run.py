@@ -89,7 +89,15 @@ def run(args) -> int:
             except ValueError as e:
                 print(f"lmnb run: -p {name} {text!r}: {e}", file=sys.stderr)
                 return 2
-        inject_parameters(nb, values)
+        injected = inject_parameters(nb, values)
+    else:
+        injected = None
+
+    def cell_name(number: int) -> str:  # in the source notebook's numbering, without the injected cell
+        if injected is None or number - 1 < injected:
+            return f"cell {number}"
+        return "the injected parameters cell" if number - 1 == injected else f"cell {number - 1}"
+
     # Headless: no one watches live widgets or their frames, so cells update their output in place,
     # rarely. The setting goes to the kernel's environment only, never into this process's os.environ.
     env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "headless")}
@@ -109,7 +117,7 @@ def run(args) -> int:
         client.execute(env=env)
     except CellTimeoutError:
         if ctrl_c.count:
-            failed, status = f"interrupted (Ctrl-C) in cell {ctrl_c.cell_number}; it did not stop", 130
+            failed, status = f"interrupted (Ctrl-C) in {cell_name(ctrl_c.cell_number)}; it did not stop", 130
         else:
             failed, status = f"a cell ran longer than --timeout {args.timeout:g} s", 1
     except DeadKernelError:
@@ -117,7 +125,7 @@ def run(args) -> int:
         # handler, which notes the future it started), the kernel is shut down, so the cell then
         # ends as if the kernel had died.
         if ctrl_c.forced:
-            failed, status = (f"interrupted (Ctrl-C); cell {ctrl_c.cell_number} did not stop within "
+            failed, status = (f"interrupted (Ctrl-C); {cell_name(ctrl_c.cell_number)} did not stop within "
                               f"{CtrlC.GRACE_S:g} s, so the kernel was shut down"), 130
         elif ctrl_c.count > 1 or getattr(client, "_async_cleanup_kernel_future", None) is not None:
             failed, status = "interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down", 130
@@ -125,10 +133,11 @@ def run(args) -> int:
             failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
     except (CellExecutionError, Interrupted) as e:  # the cell raised (KeyboardInterrupt after a Ctrl-C)
         if ctrl_c.count:
-            failed, status = f"interrupted (Ctrl-C) in cell {ctrl_c.cell_number}; the cells after it did not run", 130
+            failed, status = (f"interrupted (Ctrl-C) in {cell_name(ctrl_c.cell_number)}; the cells after it did "
+                              "not run"), 130
         else:  # (the cell hooks noted the cell it raised in)
             cell = nb.cells[ctrl_c.cell_number - 1]
-            failed, status = describe_failure(cell, ctrl_c.cell_number, e.ename, e.evalue), EXIT_CELL_ERROR
+            failed, status = describe_failure(cell, cell_name(ctrl_c.cell_number), e.ename, e.evalue), EXIT_CELL_ERROR
     except RuntimeError as e:  # e.g. "Kernel didn't respond in 120 seconds" at start-up
         failed, status = f"the lmnb kernel failed: {e}", 1
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
@@ -306,9 +315,10 @@ def _is_parameters(cell) -> bool:
     return "parameters" in cell.get("metadata", {}).get("tags", [])
 
 
-def inject_parameters(nb, params: dict) -> None:
+def inject_parameters(nb, params: dict) -> int | None:
     """Insert a cell assigning ``params`` after the cell tagged ``parameters`` (or first, if none),
-    replacing a previously injected one — papermill's convention, so its tools read it."""
+    replacing a previously injected one — papermill's convention, so its tools read it. Returns
+    the index of the inserted cell (None if it replaced one)."""
     import nbformat
 
     source = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items())
@@ -324,10 +334,11 @@ def inject_parameters(nb, params: dict) -> None:
     old = [i for i, c in enumerate(cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
     if old:
         cells[old[0]] = cell
-        return
+        return None
     if not tagged:
         print("lmnb run: no cell is tagged 'parameters'; the parameters go in a new first cell", file=sys.stderr)
     cells.insert(tagged[0] + 1 if tagged else 0, cell)
+    return tagged[0] + 1 if tagged else 0
 
 
 def summary(nb, src: Path, out: Path, seconds: float) -> str:

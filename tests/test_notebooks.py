@@ -130,6 +130,21 @@ def test_a_cell_that_raises_is_named_with_its_error_and_its_own_frames(tmp_path,
     assert nbformat.read(out, as_version=4).cells[3].get("execution_count") is None
 
 
+def test_after_p_the_report_numbers_cells_as_the_source_notebook_does(tmp_path, capsys):
+    # the injected parameters cell shifted every later number by one
+    from lmnb_kernel.run import run
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Config"),
+                nbformat.v4.new_code_cell("n = 1", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("1 / (n - 2)")]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    args = argparse.Namespace(notebook=str(tmp_path / "nb.ipynb"), output=str(tmp_path / "out.ipynb"),
+                              parameter=[["n", "2"]], timeout=60, allow_errors=False)
+    assert run(args) == 3
+    assert "lmnb run: cell 3 (In [3]) raised ZeroDivisionError; the cell begins: 1 / (n - 2)" in capsys.readouterr().err
+
+
 def test_the_exit_statuses_are_in_the_help(capsys):
     from lmnb_kernel.cli import main
 
