@@ -293,13 +293,26 @@ def test_prompts_states_and_line_breaks_are_the_kernels(monkeypatch):
     # read with the magic's own arguments, not by word position
     (["%lm connect http://127.0.0.1:9", "%lm load"], Backend(), None),  # the way back from a server
     (["%lm load --dtype float32 /ckpt"], Backend(model="/ckpt"), "--dtype not carried into the job"),
-    (["%lm connect --openai m http://h/v1 --completion"], Backend(url="http://h/v1", openai_model="m"),
-     "--completion not carried"),
+    # a completion model and the server's timeout are the job's defaults too (select needs a completion
+    # model: the job ran it as a chat model); an API key is never written into the script
+    (["%lm connect --openai m http://h/v1 --completion --timeout 30 --api-key sk-1"],
+     Backend(url="http://h/v1", openai_model="m", completion=True, timeout=30.0), "--api-key not carried"),
 ])
 def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, note):
-    _, p = export_notebook(notebook(*lines, 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
+    source, p = export_notebook(notebook(*lines, 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
     assert p.backend == backend
     assert (note is None and not p.notes) or any(note in n for n in p.notes), p.notes
+    assert "sk-1" not in source
+    if backend.completion:
+        from lmnb.batch import Job
+        from lmnb.batch.options import make_backend
+
+        assert "completion=True, timeout=30.0)" in source
+        job = Job("j", ["q"], backend=backend.url, openai_model="m", completion=True, timeout=30.0,
+                  argv=["--input", "in.jsonl", "--output", "out.jsonl"])
+        args = job._parser().parse_args(job.argv)
+        client = make_backend(args, None)
+        assert client.is_chat_model is False and client.client.timeout == 30.0 and job.args is None
     with pytest.raises(ExportError, match="cell 1: %lm connect: the following arguments are required: url"):
         export_notebook(notebook("%lm connect", 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
 

@@ -41,6 +41,8 @@ class Job:
             built-in demo model.
         backend: default ``--backend`` (a notebook's ``%lm connect URL``); None = ``engine``.
         openai_model: default ``--openai`` (``%lm connect URL --openai MODEL``).
+        completion: default ``--completion`` (``%lm connect ... --completion``).
+        timeout: default ``--timeout`` in seconds (``%lm connect ... --timeout S``).
         argv: command-line arguments (default ``sys.argv[1:]``).
         per_row: False for a notebook without ``%%lm`` cells: no input rows, only the backend and
             parameter options (the script calls ``start`` instead of ``run``).
@@ -48,6 +50,7 @@ class Job:
 
     def __init__(self, description: str = "", inputs: Sequence[str] = (), *, model: Optional[str] = None,
                  backend: Optional[str] = None, openai_model: Optional[str] = None,
+                 completion: bool = False, timeout: Optional[float] = None,
                  argv: Optional[Sequence[str]] = None, per_row: bool = True):
         self.description = description
         self.inputs = list(inputs)
@@ -55,12 +58,15 @@ class Job:
         self.default_model = model
         self.default_backend = backend
         self.default_openai = openai_model
+        self.default_completion = completion
+        self.default_timeout = timeout
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.args: Optional[argparse.Namespace] = None
         self.parameter_values: dict = {}
 
     def _parser(self) -> argparse.ArgumentParser:
-        return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model)
+        return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model,
+                          self.default_completion, self.default_timeout)
 
     def parameters(self, **defaults: Any) -> argparse.Namespace:
         """Parse the command line now, with one option per notebook parameter (papermill's
@@ -83,6 +89,8 @@ class Job:
         a = self.args
         values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": a.backend,
                   "--openai": a.openai, "--model": a.model, "--device": a.device, "--dtype": a.dtype}
+        if a.completion:  # (only when set: results files written before the option stay readable)
+            values["--completion"] = True
         return json.loads(json.dumps(values, default=repr))
 
     def start(self):

@@ -23,8 +23,10 @@ MODEL_ENV = "LMNB_MODEL"
 
 
 def job_parser(description: str = "", per_row: bool = True, backend: Optional[str] = None,
-               openai_model: Optional[str] = None, model: Optional[str] = None) -> argparse.ArgumentParser:
-    """The job's options; ``backend`` / ``openai_model`` / ``model`` are the notebook's defaults.
+               openai_model: Optional[str] = None, model: Optional[str] = None, completion: bool = False,
+               timeout: Optional[float] = None) -> argparse.ArgumentParser:
+    """The job's options; ``backend`` / ``openai_model`` / ``model`` / ``completion`` / ``timeout``
+    are the notebook's defaults (its ``%lm load`` / ``%lm connect`` line).
     Without ``per_row`` only the backend options (a script that runs its cells once)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if per_row:
@@ -38,8 +40,10 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
                         "server, or with --openai an OpenAI-compatible API root (…/v1)")
     p.add_argument("--openai", metavar="MODEL", default=openai_model,
                    help="the backend is an OpenAI-compatible API; use this model name")
+    p.add_argument("--completion", action="store_true", default=completion,
+                   help="with --openai: a completion model (prompts go out as text, not chat messages)")
     p.add_argument("--api-key", help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
-    p.add_argument("--timeout", type=positive_seconds, metavar="SECONDS",
+    p.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", default=timeout,
                    help=f"server backends: seconds to wait for the server's response before the row fails "
                         f"(default {READ_TIMEOUT_S:g})")
     p.add_argument("--model", metavar="PATH", default=None,
@@ -94,6 +98,8 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     import lmnb
 
     url = args.backend
+    if args.completion and not args.openai:
+        raise ValueError("--completion goes with --openai MODEL")
     if url == "engine" and not args.openai:
         if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
             raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
@@ -105,7 +111,8 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
                          "model (use --openai MODEL to name an OpenAI-compatible server's model)")
     timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     if args.openai:
-        return lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key, **timeout)
+        return lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
+                           is_chat_model=False if args.completion else None, **timeout)
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
     return lmnb.RuntimeEndpoint(url, api_key=args.api_key, **timeout)

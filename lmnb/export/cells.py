@@ -57,6 +57,8 @@ class Backend:
     model: Optional[str] = None  # %lm load MODEL
     url: Optional[str] = None  # %lm connect URL
     openai_model: Optional[str] = None  # %lm connect URL --openai MODEL
+    completion: bool = False  # ... --completion: a completion model (select needs one)
+    timeout: Optional[float] = None  # ... --timeout SECONDS
 
 
 @dataclass
@@ -250,6 +252,9 @@ def _comment(indent: str, text: str) -> str:
     return f"{indent}pass  # {text}" if indent else f"# {text}"
 
 
+_API_KEY = re.compile(r"(--api-key(?:=|\s+))(\"[^\"]*\"|'[^']*'|\S+)")
+
+
 def _lm_command(code: Code, line: str) -> str:
     """Record a ``%lm`` line magic; returns the comment that replaces it."""
     try:
@@ -257,15 +262,16 @@ def _lm_command(code: Code, line: str) -> str:
     except ValueError:
         words = line.split()
     command = words[0] if words else ""
-    shown = f"%lm {line}".strip()
+    shown = _API_KEY.sub(r"\1***", f"%lm {line}".strip())  # (the line becomes a comment of the script)
     if command in ("load", "connect"):
         try:
             args = parse_backend_line(command, words[1:])
         except CellLineError as e:
             raise ExportError(f"cell {code.index}: {shown}: {e}") from None
         code.backends.append(Backend(model=args.model) if command == "load" else
-                             Backend(url=args.url, openai_model=args.openai))
-        kept = ("model",) if command == "load" else ("url", "openai")
+                             Backend(url=args.url, openai_model=args.openai, completion=args.completion,
+                                     timeout=args.timeout))
+        kept = ("model",) if command == "load" else ("url", "openai", "completion", "timeout")
         lost = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k not in kept and v not in (None, False)]
         if lost:
             code.notes.append(f"cell {code.index}: {shown}: {', '.join(lost)} not carried into the job; pass "

@@ -135,7 +135,8 @@ class _Writer:
     def backend_kwargs(self) -> str:
         kwargs = []
         b = self.p.backend
-        for key, value in (("model", b.model), ("backend", b.url), ("openai_model", b.openai_model)):
+        for key, value in (("model", b.model), ("backend", b.url), ("openai_model", b.openai_model),
+                           ("completion", b.completion or None), ("timeout", b.timeout)):
             if value is not None:
                 kwargs.append(f", {key}={value!r}")
         return "".join(kwargs)
