@@ -31,5 +31,8 @@ def checked_schema(schema: dict) -> dict:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
-        raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {e.message}") from None
+        hint = ("; patterns are Python regular expressions (as JSON Schema validators read them), which have no "
+                "\\p{...} classes: spell the characters out" if "is not a 'regex'" in e.message and "\\p" in
+                str(e.instance) else "")
+        raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {e.message}{hint}") from None
     return schema

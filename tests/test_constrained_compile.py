@@ -43,6 +43,7 @@ from lmnb_engine.constrained import cache as cache_module
 from lmnb_engine.constrained.grammar import pack_token_ids
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
+from lmnb.ir import REGEX_FLOAT
 from lmnb_engine.constrained.schema_refs import MAX_REF_DEPTH
 
 
@@ -161,6 +162,12 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
          ["would count to 999000 (nested repeats multiplied)", "limit of 1000"]),
         ({"type": "string", "pattern": "^(ab|cde)$", "minLength": 4}, ["has no match of at least 4 characters"]),
         ({"type": "string", "format": "date", "maxLength": 9}, ["format 'date'", "no match of at most 9"]),
+        # the location, and the bounds as written, in every message
+        ({"properties": {"p": {"type": "string", "pattern": "^a|b$"}}}, ["pattern at #/properties/p", "'^' anchor"]),
+        ({"properties": {"n": {"type": "integer", "minimum": 0.5, "maximum": 0.7}}},
+         ["at #/properties/n (minimum 0.5 and maximum 0.7)", "no integer"]),
+        ({"properties": {"c": {"const": "a\ud800"}}}, ["at #/properties/c", "lone surrogate"]),  # "Expected a valid JSON string"
+        ({"type": "string", "pattern": "^\\p{L}+$"}, ["is not a 'regex'", "no \\p{...} classes"]),
         ({"type": "string", "format": "date-time", "maxLength": 25},
          ["format 'date-time'", "more than one place", "the format fixes the shape"]),
     ],
@@ -174,6 +181,11 @@ def test_unsupported_schema_is_named(backend, schema, names):
 
 @pytest.mark.parametrize("schema, valid, invalid", [
     ({"type": "object", "additionalProperties": False}, ["{}", "{ }"], ['{"a": 1}']),
+    # bounds beside a string, a format beside a number (OpenAPI's int64) constrain nothing: they were refused
+    ({"type": "string", "minimum": 3}, ['"x"'], ["3"]),
+    ({"type": "integer", "format": "int64", "maximum": 5}, ["5"], ["6", '"5"']),
+    # pydantic's SecretStr and bytes: any string
+    ({"type": "string", "format": "password", "maxLength": 2}, ['"ab"'], ['"abc"']),
     # object and array keywords beside a type that has neither constrain nothing (outlines-core wrote '{}')
     ({"type": "string", "additionalProperties": False}, ['"x"'], ["{}"]),
     ({"type": ["integer", "null"], "items": {"type": "string"}, "propertyNames": {"enum": ["a"]}}, ["3", "null"],
@@ -285,22 +297,28 @@ def test_whitespace_patterns_are_grouped_and_only_json_whitespace():
 @pytest.mark.parametrize("pattern", [
     "a{,2}", "a{,}b", "{ab}", "a{x}", "b{1,2", r"\0", r"[\1b]", r"a\040b", r"\N{SPACE}a", "(?#c{)a{,1}", "[a[]",
     "[]a]{,2}", "[^]a]", r"\x41|a", "a{2}|b{1,}",
+    # read otherwise: set operations at the start of a class, a range from ']', a backspace, '\<'
+    "[^&&a]", "[^~~a]", "[&&]", "[]-a]", "[^]-a]", r"[\b]", r"\<a\>", "a]", r"(?#\))x",
+    "(?x) a [ ]{,2} # a comment [ with a bracket\n b", r"(?i)A[b]", r"\,\-\&\~\#\ ",
 ])
 def test_python_spellings_the_automaton_library_reads_otherwise_match_what_python_matches(pattern):
     # each failed with a bare "error building NFA" ('[a[]' compiled as a nested class)
     from outlines_core import Index, Vocabulary
 
-    alphabet = "abx{},[]: \x00\x01A12"
-    index = Index(automaton_syntax(pattern),
-                  Vocabulary(99, {c: [i] for i, c in enumerate(alphabet, start=1)}))
+    alphabet = "abx{},[]: \x00\x01\x08A12^&~<>#-\\"
+    # between two marker characters of their own (as compile_grammar builds it): outlines-core drops a
+    # token out of a complete match into an incomplete one, so the index alone misses such matches
+    tokens = {c.encode(): [i] for i, c in enumerate(alphabet + "\U0010fffe\U0010ffff", start=1)}
+    start, end = len(alphabet) + 1, len(alphabet) + 2
+    index = Index(f"\\x{{10FFFE}}(?:{automaton_syntax(pattern)})\\x{{10FFFF}}", Vocabulary(99, tokens))
 
     def automaton_matches(text):
-        state = index.get_initial_state()
+        state = index.get_next_state(index.get_initial_state(), start)
         for ch in text:
             state = index.get_next_state(state, alphabet.index(ch) + 1)
             if state is None:
                 return False
-        return index.is_final_state(state)
+        return index.get_next_state(state, end) in index.get_final_states()
 
     for k in range(4):
         for chars in itertools.product(alphabet, repeat=k):
@@ -666,7 +684,7 @@ def test_pydantic_pattern_and_length_fields_compile(backend):
 
 
 _PYDANTIC_TYPE = {"time": datetime.time, "duration": datetime.timedelta, "uuid": uuid.UUID,
-                  "ipv4": ipaddress.IPv4Address, "uri": pydantic.HttpUrl}
+                  "uuid4": pydantic.UUID4, "ipv4": ipaddress.IPv4Address, "uri": pydantic.HttpUrl}
 
 
 @pytest.mark.parametrize("fmt, valid, invalid, alphabet", [
@@ -675,8 +693,13 @@ _PYDANTIC_TYPE = {"time": datetime.time, "duration": datetime.timedelta, "uuid":
     ("duration", ["P1D", "PT5M", "P2DT3H4S", "P3W", "P999999DT999999H999999M999999S"],
      ["P", "PT", "P1H", "P1DT", "1D", "P9999999W"], "P129DTHMSW"),
     ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"], "0a9F-"),
+    # pydantic's UUID4: the version digit, and RFC 4122's variant (else uuid.UUID has no version)
+    ("uuid4", ["123e4567-e89b-42d3-a456-426614174000"], ["123e4567-e89b-12d3-a456-426614174000",
+                                                          "123e4567-e89b-42d3-c456-426614174000"], "0a9F4-"),
     ("email", ["a.b+c@ex-ample.org"], ["a..b@x.org", ".a@x.org", "a@x", "a@x.1", "a b@x.org"], "ab.@-x"),
-    ("hostname", ["a", "ex-ample.org", "a1.b2.c3.d4"], ["-a", "a-", "a..b", "a_b", "a.b.c.d.e"], "ab.-1"),
+    # at most 253 characters: four 63-character labels (255) failed the format checker
+    ("hostname", ["a", "ex-ample.org", "a1.b2.c3.d4"], ["-a", "a-", "a..b", "a_b", "a.b.c.d.e",
+                                                       ".".join(["a" * 63] * 4)], "ab.-1"),
     ("ipv4", ["0.0.0.0", "255.255.255.255", "10.1.20.199"], ["256.0.0.0", "01.2.3.4", "1.2.3", "1.2.3.4.5"], "0125."),
     # URL parsers read a host whose last label is all digits as IPv4 (1.2.3.256, a.1 fail), and
     # ports end at 65535: pydantic's HttpUrl refuses them
@@ -686,7 +709,7 @@ _PYDANTIC_TYPE = {"time": datetime.time, "duration": datetime.timedelta, "uuid":
 ])
 def test_formats_match_only_what_the_format_checker_accepts(fmt, valid, invalid, alphabet):
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER  # (FormatChecker() mixes in draft 3's "time")
-    assert fmt in checker.checkers  # the optional checkers are installed: the checks are real
+    assert fmt in checker.checkers or fmt in _PYDANTIC_TYPE  # the optional checkers are installed: the checks are real
     schema = {"type": "object", "properties": {"v": {"type": "string", "format": fmt}}, "required": ["v"]}
     rx = regex_module.compile(schema_to_regex(schema, whitespace_pattern=""))
     for text in valid:
@@ -702,6 +725,14 @@ def test_formats_match_only_what_the_format_checker_accepts(fmt, valid, invalid,
         if fmt == "email":  # jsonschema only checks for an '@': RFC 5322's dot-atom, by hand
             local, domain = value["v"].split("@")
             assert ".." not in local and not local.startswith(".") and not local.endswith("."), text
+
+
+def test_an_email_field_with_the_usual_max_length_compiles():
+    # pydantic's EmailStr = Field(max_length=255) (FastAPI's template) was refused: the length
+    # varied in two places; every address the format writes now fits in 247 characters
+    rx = regex_module.compile(schema_to_regex({"type": "string", "format": "email", "maxLength": 255}))
+    longest = ".".join(["a" * 20] * 3) + "@" + ".".join(["b" * 40] * 3) + "." + "c" * 61
+    assert len(longest) == 247 and rx.fullmatch(json.dumps(longest)) and not rx.fullmatch(json.dumps("x" + longest))
 
 
 @pytest.mark.parametrize("schema, kept, dropped", [
@@ -796,6 +827,11 @@ def test_unique_items_over_listed_values_are_subsequences_of_the_list(tokenizer)
                                                "items": {"type": ["number", "boolean"], "enum": [1, 1.0, True, "x"]}}))
     assert {t for t in ("[]", "[1]", "[true]", "[1, true]", "[1.0]", '["x"]', "[1, 1.0]") if rx.fullmatch(t)} == {
         "[]", "[1]", "[true]", "[1, true]"}
+    for items, twice in [({"enum": [[1], [1.0]]}, "[[1],[1.0]]"), ({"enum": [{"a": 1}, {"a": 1.0}]}, '[{"a":1},{"a":1.0}]'),
+                         ({"const": "a", "enum": ["b"]}, '["a"]')]:  # nested numbers; const and enum both apply
+        schema = {"type": "array", "uniqueItems": True, "items": items}
+        assert not regex_module.fullmatch(schema_to_regex(schema, whitespace_pattern=""), twice)
+        assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(twice))
 
 
 def test_pydantic_model_class_is_accepted(backend):
@@ -865,6 +901,11 @@ def test_prefix_tokens_by_brute_force(tokenizer):
         (r"[0-9]{2,4}-(ab|cd)x?", ["12-abx", "1234-cd"]),
         (r'\{"key": "[a-z ]{0,6}", "n": (0|[1-9][0-9]?)\}', ['{"key": "a b", "n": 42}']),
         (r"(the|then|there) (cat|dog)s?", ["there dogs", "the cat"]),
+        # a complete match that may go on: outlines-core dropped the tokens that continue it into an
+        # incomplete one (no "." after "3", no " " after "yes": dtype=float never wrote a fraction)
+        (r"[0-9]+(\.[0-9]+)?", ["3.25", "12"]),
+        (r"(yes|no)( please)?", ["yes please", "no"]),
+        (REGEX_FLOAT, ["-3.5e+2 ", "7"]),
     ],
 )
 def test_masks_allow_exactly_the_tokens_that_keep_a_match_possible(backend, pattern, samples):
@@ -1071,30 +1112,30 @@ def _compile_children() -> list[int]:
 
 
 def test_an_exploding_automaton_is_killed_at_the_time_limit_and_asking_again_compiles_again(tokenizer):
-    # a[a-z]{N}: outlines-core's unanchored DFA doubles with each N (a thread restarts at every
-    # "a"); at 40 it would run for days. The same bound with no recurring first byte is instant.
+    # [a-z]*a[a-z]{N}: the DFA remembers which of the last N+1 letters were an "a" (2**N states, the
+    # textbook blowup); at 40 it would run for days. The same bound without the [a-z]* is instant.
     backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=2.0)
     try:
         start = time.perf_counter()
-        slow = r"compiling the constraint 'a\[a-z\]\{40\}' took longer than 2 s"
+        slow = r"compiling the constraint '\[a-z\]\*a\[a-z\]\{40\}' took longer than 2 s"
         with pytest.raises(GrammarCompileStopped, match=slow):
-            backend.wait("a[a-z]{40}")
+            backend.wait("[a-z]*a[a-z]{40}")
         assert time.perf_counter() - start < 20
         # the compile itself ended (killed), rather than running on in the background
-        first = backend.submit("a[a-z]{40}")
+        first = backend.submit("[a-z]*a[a-z]{40}")
         assert isinstance(first.exception(timeout=10), GrammarCompileStopped) and _compile_children() == []
-        again = backend.submit("a[a-z]{40}")  # a stopped compile is not cached: it compiles again
+        again = backend.submit("[a-z]*a[a-z]{40}")  # a stopped compile is not cached: it compiles again
         assert again is not first and backend.cache.misses == 2
         assert isinstance(again.exception(timeout=10), GrammarCompileStopped)
         grammar = backend.wait("[a-z]{40}")
-        assert grammar.initial_state not in grammar.final_states
+        assert not grammar.is_final(grammar.initial_state)
     finally:
         backend.shutdown()
 
 
 def test_shutdown_kills_a_running_compile_and_its_request_is_told(tokenizer):
     backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=120.0)
-    fut = backend.submit("a[a-z]{40}")
+    fut = backend.submit("[a-z]*a[a-z]{40}")
     deadline = time.monotonic() + 20
     while not _compile_children():  # the child has started
         assert time.monotonic() < deadline
@@ -1111,7 +1152,7 @@ def test_shutdown_refuses_a_compile_that_is_about_to_start_and_spares_another_en
     a = GrammarBackend(tokenizer, cache=cache, compile_timeout_s=120.0, max_workers=1)
     b = GrammarBackend(tokenizer, cache=cache, compile_timeout_s=120.0)
     try:
-        slow = a.submit("a[a-z]{40}")
+        slow = a.submit("[a-z]*a[a-z]{40}")
         queued = a.submit("[0-9]{5}")  # behind it on a's only worker
         served = {}
         waiter = threading.Thread(target=lambda: served.update(g=b.wait("[0-9]{5}")))
@@ -1124,7 +1165,7 @@ def test_shutdown_refuses_a_compile_that_is_about_to_start_and_spares_another_en
         waiter.join(30)
         assert served["g"].regex == "[0-9]{5}"  # b compiled it itself instead of failing with a's shutdown
         fresh = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=120.0)
-        fresh.submit("a[a-z]{40}")
+        fresh.submit("[a-z]*a[a-z]{40}")
         start = time.perf_counter()
         fresh.shutdown()  # at once after submit
         assert time.perf_counter() - start < 10 and _compile_children() == []
@@ -1137,7 +1178,7 @@ def test_shutdown_with_many_requests_waiting_on_queued_compiles_returns_and_tell
     # The cancels of shutdown ran done-callbacks that took the cache lock while a woken request,
     # holding that lock, submitted to the executor being shut down: a deadlock (from 5 waiters on).
     a = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=120.0, max_workers=1)
-    a.submit("a[a-z]{40}")  # keeps the only worker busy
+    a.submit("[a-z]*a[a-z]{40}")  # keeps the only worker busy
     errors = []
 
     def ask(i):
@@ -1207,9 +1248,44 @@ def test_without_a_usable_interpreter_the_index_is_built_here_and_a_crash_is_not
 def test_an_exploding_automaton_stops_at_the_memory_limit(tokenizer):
     backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_memory_bytes=320 << 20)
     try:
-        with pytest.raises(GrammarCompileStopped, match=r"'a\[a-z\]\{40\}' ran out of memory \(limit 0.312 GiB\)"):
-            backend.wait("a[a-z]{40}")
+        with pytest.raises(GrammarCompileStopped, match=r"'\[a-z\]\*a\[a-z\]\{40\}' ran out of memory \(limit 0.312 GiB\)"):
+            backend.wait("[a-z]*a[a-z]{40}")
         assert backend.wait("[a-z]{3}").regex == "[a-z]{3}"  # the limit leaves room for real patterns
+    finally:
+        backend.shutdown()
+
+
+@pytest.mark.parametrize("pattern, inside, done", [('"[^"]*"', '"ab', '"ab"'), ("[^a]*", "", "bc"), (".+", "", "xy")])
+def test_a_pattern_that_may_hold_any_character_is_complete_only_where_it_matches(backend, pattern, inside, done):
+    # the end marker's token can be read as text where the pattern takes any character: that path
+    # must not make a state accepting (EOS in the middle of a JSON string)
+    grammar = backend.compile(regex=pattern)
+    eos = min(grammar.vocab.eos_token_ids)
+
+    def state_after(text):
+        state = grammar.initial_state
+        for t in backend.vocab.encode(text) if text else []:
+            state = grammar.next_state(state, t)
+        return state
+
+    for text in (inside, done):
+        accepting = re.fullmatch(pattern, text) is not None
+        state = state_after(text)
+        assert grammar.is_final(state) == accepting and (eos in grammar.allowed_ids(state)) == accepting, text
+        assert grammar.allowed_ids(state).max() < grammar.vocab.vocab_size
+
+
+def test_a_long_json_string_compiles_within_the_engines_limit(tokenizer):
+    # pydantic's Field(max_length=...): the automaton's unanchored half doubled with each character
+    # ('"' begins the string and recurs inside it as '\\"'); maxLength 20 ran past the 60 s limit
+    backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=30.0)
+    try:
+        grammar = backend.compile(json_schema={"type": "string", "maxLength": 1000})
+        for text, accepted in (('"' + "x" * 1000 + '"', True), ('"' + "x" * 1001 + '"', False)):
+            state = grammar.initial_state
+            for t in backend.vocab.encode(text):
+                state = None if state is None else grammar.next_state(state, t)
+            assert (state is not None and grammar.is_final(state)) == accepted
     finally:
         backend.shutdown()
 

@@ -16,6 +16,24 @@ lazily (a state's work is done the first time any request reaches it, then share
 Vocabularies missing some one-byte tokens (rare: byte fallback covers all 256) get an exact
 dead-state pruning pass over the full transition table instead, so no allowed token can lead into
 a state from which no accepting state is reachable.
+
+**The markers.** The index is built for ``vocab.START_MARKER (?:R) vocab.END_MARKER``, two
+noncharacters that no text holds, each spelled by a token of its own that is never sampled:
+
+* End: outlines-core keeps a token only if the DFA state after it is not a match state or is a
+  full match at the end of input; regex-automata reports a match one byte late, so a token that
+  continues a complete match into an incomplete one was dropped: after ``3`` in
+  ``[0-9]+(\\.[0-9]+)?`` the ``.`` token, after ``yes`` in ``yes( please)?`` the space (SGLang's
+  float dtype could never write a fraction). With the marker no state inside ``R`` is a match
+  state, and a state accepts ``R`` exactly when the end marker's token leads out of it.
+* Start: regex-automata also builds the unanchored half of the DFA, where a match may begin at
+  every byte; when ``R``'s first byte recurs inside it (the ``"`` of a JSON string, whose body may
+  hold ``\\"``), that half doubles with each repeat: ``{"type": "string", "maxLength": 20}`` did
+  not compile in 60 s. A start byte that never recurs leaves one way to begin; ``maxLength`` 1000
+  builds in a fraction of a second. The grammar starts after the start marker's token.
+
+Tokens into a marker's path (the states after the end marker, and byte-fallback pieces of the
+markers) are never allowed.
 """
 
 from __future__ import annotations
@@ -29,7 +47,7 @@ import torch
 
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
-from lmnb_engine.constrained.vocab import TokenVocabulary
+from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
 
@@ -55,7 +73,7 @@ class CompiledGrammar:
 
     Attributes:
         regex: the pattern (str). vocab: the ``TokenVocabulary``. initial_state: int.
-        final_states: frozenset[int] of accepting states. compile_seconds: wall time of the index.
+        compile_seconds: wall time of the index (built for ``regex`` then the end marker).
     """
 
     def __init__(self, regex: str, vocab: TokenVocabulary, index, compile_seconds: float):
@@ -63,9 +81,11 @@ class CompiledGrammar:
         self.vocab = vocab
         self.index = index
         self.compile_seconds = compile_seconds
-        self.initial_state: int = index.get_initial_state()
-        self.final_states = frozenset(index.get_final_states())
+        self.initial_state: int = index.get_next_state(index.get_initial_state(), vocab.start_marker_id)
+        self._after_marker = frozenset(index.get_final_states())  # (the index's own accepting states)
         self._eos = np.array(sorted(vocab.eos_token_ids), dtype=np.int64)
+        self._final: dict[int, bool] = {}
+        self._marker_pieces = np.array(sorted(vocab.marker_piece_ids), dtype=np.int64)
         self._allowed: dict[int, np.ndarray] = {}
         self._bitmask: dict[int, torch.Tensor] = {}
         self._forced: dict[int, tuple[bytes, int]] = {}
@@ -82,7 +102,8 @@ class CompiledGrammar:
         for src, edges in self._transitions.items():
             for nxt in edges.values():
                 reverse.setdefault(nxt, set()).add(src)
-        live, todo = set(self.final_states), deque(self.final_states)
+        accepting = [s for s in self._transitions if self.is_final(s)]
+        live, todo = set(accepting), deque(accepting)
         while todo:
             for src in reverse.get(todo.popleft(), ()):
                 if src not in live:
@@ -91,18 +112,52 @@ class CompiledGrammar:
         self._dead = frozenset(set(self._transitions) - live)
 
     def is_final(self, state: int) -> bool:
-        """True if the text so far is a full match (EOS may be sampled)."""
-        return state in self.final_states
+        """True if the text so far is a full match (EOS may be sampled): the end marker's token
+        completes the marked pattern (where the pattern may hold any character, the token can
+        also be read as text: that path does not count)."""
+        hit = self._final.get(state)
+        if hit is None:
+            hit = self._final[state] = self._step(state, self.vocab.end_marker_id) in self._after_marker
+        return hit
+
+    def _step(self, state: int, token: int) -> int | None:
+        if self._transitions is not None:
+            return self._transitions.get(state, {}).get(token)
+        return self.index.get_next_state(state, token)
+
+    def _in_marker(self, state: int) -> bool:
+        """``state`` is only on the way through the end marker (reached by byte-fallback pieces of
+        it): every way on is more pieces of it, up to its end, and none reaches an accepting state
+        of the pattern (a character whose bytes include some of the marker's, like U+FFFF's EF BF BF,
+        is text)."""
+        pieces, frontier = self.vocab.marker_piece_ids, [state]
+        for _ in range(len(END_MARKER.encode())):
+            ahead = []
+            for s in frontier:
+                if s in self._after_marker:
+                    continue
+                if self.is_final(s):
+                    return False
+                for t in self.index.get_allowed_tokens(s):
+                    if t < self.vocab.vocab_size and t not in self.vocab.eos_token_ids:
+                        if t not in pieces:
+                            return False
+                        ahead.append(self._step(s, t))
+            frontier = [s for s in ahead if s is not None]
+        return True
 
     def next_state(self, state: int, token: int) -> int | None:
         """State after ``token`` (an EOS id keeps an accepting state); None if not allowed."""
         if token in self.vocab.eos_token_ids:
-            return state if state in self.final_states else None
-        if self._transitions is not None:
-            nxt = self._transitions.get(state, {}).get(token)
-        else:
-            nxt = self.index.get_next_state(state, token)
-        return None if nxt is None or nxt in self._dead else nxt
+            return state if self.is_final(state) else None
+        if token >= self.vocab.vocab_size:
+            return None
+        nxt = self._step(state, token)
+        if nxt is None or nxt in self._dead:
+            return None
+        if token in self.vocab.marker_piece_ids and self._in_marker(nxt):
+            return None
+        return nxt
 
     def allowed_ids(self, state: int) -> np.ndarray:
         """Sorted int64 ids allowed in ``state`` (EOS ids only if accepting)."""
@@ -112,7 +167,10 @@ class CompiledGrammar:
             ids = ids[(ids != self.vocab.outlines_eos) & (ids < self.vocab.vocab_size)]
             if self._dead:
                 ids = np.array([t for t in ids if self.next_state(state, int(t)) is not None], dtype=np.int64)
-            if state in self.final_states:
+            elif self.is_final(state):  # (only there, and only through its pieces, can a token enter the marker)
+                pieces = ids[np.isin(ids, self._marker_pieces)]
+                ids = ids[~np.isin(ids, [t for t in pieces if self.next_state(state, int(t)) is None])]
+            if self.is_final(state):
                 ids = np.union1d(ids, self._eos)
             ids.sort()
             self._allowed[state] = ids
@@ -130,13 +188,13 @@ class CompiledGrammar:
         """Accepting, and no token but EOS may follow: the output is complete."""
         hit = self._terminal.get(state)
         if hit is None:
-            hit = state in self.final_states and not np.isin(self.allowed_ids(state), self._eos, invert=True).any()
+            hit = self.is_final(state) and not np.isin(self.allowed_ids(state), self._eos, invert=True).any()
             self._terminal[state] = hit
         return hit
 
     def _forced_edge(self, state: int) -> tuple[int, int] | None:
         """(byte, next state) if ``state`` is singular, else None."""
-        if state in self.final_states:
+        if self.is_final(state):
             return None
         ids = self.allowed_ids(state)
         first = np.unique(self.vocab.first_byte[ids])
@@ -194,8 +252,9 @@ def compile_grammar(
             limit, the compile process died, or ``owner`` was stopped.
     """
     start = time.perf_counter()
+    marked = f"\\x{{{ord(START_MARKER):X}}}(?:{regex})\\x{{{ord(END_MARKER):X}}}"  # (the module docstring says why)
     try:
-        index = build_index(regex, vocab.outlines_vocabulary(), timeout_s, memory_bytes, owner)
+        index = build_index(marked, vocab.outlines_vocabulary(), timeout_s, memory_bytes, owner)
     except IndexBuildError as e:
         if e.reason == "timeout":
             raise GrammarCompileStopped(too_slow_message(regex, timeout_s)) from None
@@ -228,7 +287,7 @@ def compile_grammar(
             pass
         raise GrammarError(f"regex {regex!r} cannot be compiled to a token index: {text}") from None
     grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start)
-    if not grammar.final_states or grammar.initial_state in grammar._dead:
+    if not grammar._after_marker or grammar.initial_state in grammar._dead:
         raise GrammarError(
             f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: no sequence of "
             "its tokens reaches a full match (a character the pattern requires has no token)"

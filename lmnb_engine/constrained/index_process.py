@@ -1,10 +1,9 @@
 """Build an outlines-core token index in a child process that can be stopped.
 
-Why a process: outlines-core builds a dense DFA with both anchored and unanchored start states
-(regex-automata's default), and the unanchored one can be exponential in a counted repeat whose
-first byte recurs inside it (``a[a-z]{25}``, a top-level JSON string with ``maxLength``: 0.35 s at
-12, minutes at 20). A thread running that build cannot be interrupted, and its memory grows until
-the machine runs out. A child process is killed when ``timeout_s`` passes and runs under an
+Why a process: some patterns have exponentially large DFAs (``[a-z]*a[a-z]{30}`` must remember
+which of the last 30 letters were an "a"; outlines-core builds the unanchored half of the DFA too,
+which ``grammar.compile_grammar``'s start marker keeps small). A thread running that build cannot
+be interrupted, and its memory grows until the machine runs out. A child process is killed when ``timeout_s`` passes and runs under an
 address-space limit, so a pattern too big to compile costs one bounded error, never the engine.
 The child also dies with its parent (Linux: a parent-death signal; elsewhere a CPU-time limit a
 little above ``timeout_s``), and the parent stops its children (``ChildGroup``) when an engine

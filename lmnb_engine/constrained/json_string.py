@@ -223,7 +223,10 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     if items and items[-1] in ((_c.AT, _c.AT_END), (_c.AT, _c.AT_END_STRING)):
         items = items[:-1]
     parsed.data = items
-    check_parsed(parsed, pattern)
+    try:
+        check_parsed(parsed, pattern)
+    except GrammarError as e:
+        raise GrammarError(f"JSON schema pattern at {where}: {e}") from None
     bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
               else f"{min_length} to {max_length}") + (" character" if max_length == 1 or (
                   max_length is None and min_length == 1) else " characters")

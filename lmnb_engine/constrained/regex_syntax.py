@@ -3,26 +3,34 @@
 lmnb checks patterns with Python's parser (``regex_check``) and documents Python's syntax, but
 outlines-core builds its automaton with the ``regex-automata`` crate, whose syntax differs. Python
 spellings it refuses with a bare "error building NFA": ``a{,3}`` and ``a{,}`` (counts from 0), a
-``{`` that Python reads as a literal (``{abc}``, ``a{x}``), octal escapes (``\\0``, ``\\040``,
-``[\\1]``), ``\\N{NAME}`` and ``(?#comments)``. One it reads differently without a word: a ``[``
-inside a class (``[a[]`` is ``a`` or ``[`` in Python, a nested class there). Python's own
-"possible set operation" warnings (``[[:alpha:]]``, ``[a&&b]``, ``[a||b]``) mark spellings whose
-meaning differs between the two (a POSIX class or a set operation there, literal characters in
-Python); those are refused with the fix rather than guessed.
+``{`` that Python reads as a literal (``{abc}``, ``a{x}``), octal escapes (``\\0``, ``\\040``),
+``\\N{NAME}``, an escaped non-ASCII character, ``(?#comments)``; ones it reads otherwise: ``\\<``
+and ``\\>`` (word boundaries there, literals in Python), and inside a class ``[``, ``&&``, ``--``,
+``~~`` (nested classes and set operations there), ``[\\b]`` (a backspace in Python), ``[]-a]`` (a
+range from ``]`` in Python). So every escape that stands for one character is written as that
+character's ``\\UXXXXXXXX`` escape, which both read alike, and every class is written out again
+item by item, as Python's parser reads it. Verbose patterns (``(?x)``) lose their whitespace and
+comments first. What Python itself flags as ambiguous (``[[:alpha:]]``, ``[a&&b]``: a
+FutureWarning) is refused with the fix rather than guessed, and so are the flags the library
+lacks (``(?a)``) or scopes otherwise (``(?x:...)``).
+
+Left as they are: ``\\d``, ``\\w``, ``\\s`` and their negations, whose Unicode tables differ from
+Python's in rare characters (``\\w`` and ``½``), and case folding under ``(?i)`` (``İ``).
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import _p
+from lmnb_engine.constrained.regex_check import _c, _p, _walk
 
 _COUNT = re.compile(r"\{(\d*)(?:(,)(\d*))?\}")  # what Python reads as a repeat count after an item
-_NAMED = re.compile(r"N\{([^}]*)\}")
+_FLAGS = re.compile(r"\(\?([aiLmsux]+)\)")  # a global flag group (Python 3.11: only at the start)
 _OCTAL = "01234567"
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+_VERBOSE_SPACE = " \t\n\r\v\f"
 
 
 def _char(code: int) -> str:
@@ -30,29 +38,81 @@ def _char(code: int) -> str:
     return f"\\U{code:08x}"
 
 
-def _escape(pattern: str, i: int, in_class: bool) -> tuple[str, int]:
-    """(the automaton's spelling, end index) of the escape at ``pattern[i] == '\\\\'``."""
+def _escape_end(pattern: str, i: int, in_class: bool) -> int:
+    """End index of the escape at ``pattern[i] == '\\\\'``, as Python's parser delimits it."""
     c = pattern[i + 1]
+    if c in _HEX_DIGITS:
+        return i + 2 + _HEX_DIGITS[c]
+    if c == "N" and pattern.startswith("{", i + 2):
+        return pattern.index("}", i + 2) + 1
     if c in _OCTAL:
         j = i + 2
         while j < min(len(pattern), i + 4) and pattern[j] in _OCTAL:
             j += 1
         if in_class or c == "0" or j == i + 4:  # octal (else a group reference, refused by regex_check)
-            return _char(int(pattern[i + 1:j], 8)), j
-    named = _NAMED.match(pattern, i + 1)
-    if named:
-        return _char(ord(unicodedata.lookup(named.group(1)))), named.end()
-    return pattern[i:i + 2], i + 2
+            return j
+    return i + 2
+
+
+def _escaped(text: str, in_class: bool) -> str:
+    """The automaton's spelling of one escape (``text`` as ``_escape_end`` delimits it): the
+    character's own escape if it stands for one character, else the escape as written (``\\d``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parsed = _p.parse(f"[{text}]" if in_class else text).data
+    if len(parsed) == 1 and parsed[0][0] is _c.LITERAL:
+        return _char(parsed[0][1])
+    return text
+
+
+def _class(pattern: str, i: int) -> tuple[str, int]:
+    """(the class at ``pattern[i] == '['`` written out item by item, end index), read with
+    Python's rules: a ``]`` first is a literal, ``x-y`` a range, a ``-`` before ``]`` a literal."""
+    out, i = ["["], i + 1
+    if pattern[i] == "^":
+        out.append("^")
+        i += 1
+
+    def item(i: int) -> tuple[str, int]:
+        if pattern[i] == "\\":
+            end = _escape_end(pattern, i, in_class=True)
+            return _escaped(pattern[i:end], in_class=True), end
+        ch = pattern[i]
+        return (ch if ch.isalnum() and ch.isascii() else _char(ord(ch))), i + 1
+
+    first = True
+    while pattern[i] != "]" or first:
+        first = False
+        low, i = item(i)
+        if pattern[i] == "-" and pattern[i + 1] != "]":
+            high, i = item(i + 1)
+            out.append(f"{low}-{high}")
+        else:
+            out.append(low)
+    return "".join(out) + "]", i + 1
+
+
+def _refuse_unsupported(pattern: str, parsed) -> None:
+    """Refuse the flags the automaton library lacks or scopes otherwise."""
+    scoped = [av[1] | av[2] for op, av in _walk(parsed) if op is _c.SUBPATTERN]
+    if (parsed.state.flags & re.ASCII) or any(f & re.ASCII for f in scoped):
+        raise GrammarError(f"regex {pattern!r} uses the ASCII flag (?a), which constrained decoding does not "
+                           "support; write the classes out instead: [0-9] for \\d, [A-Za-z0-9_] for \\w, "
+                           "[ \\t\\n\\r\\f\\v] for \\s")
+    if any(f & re.VERBOSE for f in scoped):
+        raise GrammarError(f"regex {pattern!r} scopes the verbose flag to a group ((?x:...)), which "
+                           "constrained decoding does not support; put (?x) at the start of the pattern")
 
 
 def automaton_syntax(pattern: str) -> str:
     """``pattern`` (Python ``re`` syntax) rewritten into the automaton library's syntax with the
-    same meaning; a pattern Python cannot parse is returned unchanged (the library may read it,
-    e.g. ``\\p{L}``, or name its own error).
+    same meaning (see the module docstring); a pattern Python cannot parse is returned unchanged
+    (the library may read it, e.g. ``\\p{L}``, or name its own error).
 
     Raises:
         GrammarError: a class whose meaning Python itself flags as ambiguous (``[[:alpha:]]``,
-            ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``), with the fix.
+            ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``), the ASCII flag ``(?a)`` or a scoped
+            ``(?x:...)``, each with the fix.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -66,26 +126,28 @@ def automaton_syntax(pattern: str) -> str:
                 "characters, '[A-Za-z]' for letters)") from None
         except (re.error, RecursionError, OverflowError):
             return pattern
-    if parsed.state.flags & re.VERBOSE:  # (a '#' comment may hold any text: both syntaxes take it alike)
-        return pattern
-    out, i, n, in_class = [], 0, len(pattern), False
+    _refuse_unsupported(pattern, parsed)
+    verbose = bool(parsed.state.flags & re.VERBOSE)
+    out, i, n = [], 0, len(pattern)
+    while (flags := _FLAGS.match(pattern, i)) is not None:  # global flags; verbose is spelt out below
+        kept = flags.group(1).replace("x", "")
+        out.append(f"(?{kept})" if kept else "")
+        i = flags.end()
     while i < n:
         ch = pattern[i]
-        if ch == "\\" and i + 1 < n:
-            text, i = _escape(pattern, i, in_class)
-            out.append(text)
-            continue
-        if in_class:
-            out.append("\\[" if ch == "[" else ch)
-            in_class = ch != "]"
-            i += 1
-            continue
         count = _COUNT.match(pattern, i) if ch == "{" else None
-        if ch == "[":
-            j = i + 1 + (pattern[i + 1:i + 2] == "^")
-            j += pattern[j:j + 1] == "]"  # a ']' first in the class is a literal, in both syntaxes
-            out.append(pattern[i:j])
-            i, in_class = j, True
+        if ch == "\\" and i + 1 < n:
+            end = _escape_end(pattern, i, in_class=False)
+            out.append(_escaped(pattern[i:end], in_class=False))
+            i = end
+        elif ch == "[":
+            text, i = _class(pattern, i)
+            out.append(text)
+        elif verbose and ch in _VERBOSE_SPACE:
+            i += 1
+        elif verbose and ch == "#":  # a comment to the end of the line
+            end = pattern.find("\n", i)
+            i = n if end < 0 else end + 1
         elif count and count.group(0) != "{}":
             lo, comma, hi = count.groups()
             out.append("{" + (lo or "0") + (comma or "") + (hi or "") + "}")
@@ -93,8 +155,11 @@ def automaton_syntax(pattern: str) -> str:
         elif ch == "{":
             out.append("\\{")
             i += 1
-        elif pattern.startswith("(?#", i):  # a comment: Python ends it at the first ')'
-            i = pattern.index(")", i) + 1
+        elif pattern.startswith("(?#", i):  # a comment: Python ends it at the first unescaped ')'
+            i += 3
+            while pattern[i] != ")":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
         else:
             out.append(ch)
             i += 1

@@ -83,12 +83,17 @@ _DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]
 # full-time: hh:mm:ss, up to 6 fraction digits, then "Z" or an offset (the upper-case letters, and
 # no leap second 60: what every validator accepts).
 _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-# RFC 1123 host names of up to 4 labels (at most 255 characters, under URLs' 2083); the last one
-# starts with a letter (URL parsers read an all-digit one as an IPv4 address: http://1.2.3.256 fails).
+# RFC 1123 host names of up to 4 labels, at most 253 characters (the last label at most 61); the
+# last one starts with a letter (URL parsers read an all-digit one as an IPv4 address:
+# http://1.2.3.256 fails).
 _LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST = f"(?:{_LABEL}\\.){{0,3}}[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
-# RFC 5322 dot-atom local part @ a domain whose last label is letters (email-validator's rule too).
-_EMAIL = f"[A-Za-z0-9_+-]+(?:\\.[A-Za-z0-9_+-]+)*@(?:{_LABEL}\\.){{1,3}}[A-Za-z]{{2,63}}"
+_HOST = f"(?:{_LABEL}\\.){{0,3}}[A-Za-z](?:[A-Za-z0-9-]{{0,59}}[A-Za-z0-9])?"
+# RFC 5322 dot-atom local part of at most 62 characters (RFC 5321: 64) @ up to 3 labels of at most
+# 40 and a last label of letters (email-validator's rule too): at most 247 characters, so that
+# pydantic's EmailStr with max_length=254 or 255 (a common field) needs no narrowing.
+_EMAIL_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,38}[A-Za-z0-9])?"
+_EMAIL = (f"[A-Za-z0-9_+-]{{1,20}}(?:\\.[A-Za-z0-9_+-]{{1,20}}){{0,2}}@(?:{_EMAIL_LABEL}\\.){{1,3}}"
+          "[A-Za-z]{2,61}")
 # RFC 3986 http(s) URIs: host, port, up to 8 path segments of 32 characters, a 128-character
 # query: at most 1430 characters, within pydantic's HttpUrl maxLength of 2083.
 _URI_CHAR = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
@@ -99,12 +104,18 @@ _OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"  # no leading zeros (Py
 # RFC 3339 appendix A durations without weeks mixed in: P[nD][T[nH][nM][nS]], at least one part;
 # 6 digits a part, so the sum stays within Python's timedelta (999999999 days; pydantic's limit).
 _DURATION_TIME = "T(?:[0-9]{1,6}H(?:[0-9]{1,6}M)?(?:[0-9]{1,6}S)?|[0-9]{1,6}M(?:[0-9]{1,6}S)?|[0-9]{1,6}S)"
+# Formats that constrain nothing: pydantic's SecretStr and bytes take any string.
+_ANY_STRING_FORMATS = ("password", "binary")
 _FORMAT_PATTERN = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
     "duration": f"P(?:[0-9]{{1,6}}D(?:{_DURATION_TIME})?|{_DURATION_TIME}|[0-9]{{1,6}}W)",
     "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    # pydantic's UUID1 ... UUID8: that version digit, and RFC 4122's variant (else Python's
+    # uuid.UUID reports no version and pydantic refuses it)
+    **{f"uuid{v}": f"[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{v}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-[0-9a-fA-F]{{12}}"
+       for v in range(1, 9)},
     "email": _EMAIL,
     "hostname": _HOST,
     "ipv4": f"(?:{_OCTET}\\.){{3}}{_OCTET}",
@@ -256,13 +267,14 @@ def _with_implied_type(node: dict, where: str) -> dict:
 
 
 def _without_moot_keywords(node: dict) -> dict:
-    """``node`` without the object and array keywords its ``type`` makes moot: they constrain only
-    values of that type, and outlines-core writes an object or an array wherever it sees them
-    (``{"type": "string", "additionalProperties": false}`` wrote ``{}``)."""
+    """``node`` without the keywords its ``type`` makes moot: each constrains only values of one
+    type (JSON Schema ignores it for the others), and outlines-core writes an object or an array
+    wherever it sees theirs (``{"type": "string", "additionalProperties": false}`` wrote ``{}``);
+    bounds beside a string and a format beside a number (OpenAPI's ``int64``) were refused."""
     if "type" not in node:
         return node
-    types = _type_list(node)
-    moot = [k for t in ("object", "array") if t not in types for k in _TYPE_KEYWORDS[t]]
+    types = {"number" if t == "integer" else t for t in _type_list(node)}
+    moot = [k for t, keys in _TYPE_KEYWORDS.items() if t not in types for k in keys]
     return {k: v for k, v in node.items() if k not in moot}
 
 
@@ -297,6 +309,20 @@ def _check_big_integers(node: dict, where: str) -> None:
         stack.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
 
 
+def _check_listed_text(node: dict, where: str) -> None:
+    """Refuse listed strings (values or object keys) holding a lone surrogate: no UTF-8 text holds
+    one (outlines-core said only "Expected a valid JSON string")."""
+    stack = [node.get("const")] + list(node.get("enum", []))
+    while stack:
+        v = stack.pop()
+        texts = [v] if isinstance(v, str) else list(v) if isinstance(v, dict) else []
+        bad = next((t for t in texts if any(0xD800 <= ord(c) <= 0xDFFF for c in t)), None)
+        if bad is not None:
+            raise GrammarError(f"JSON schema at {where} lists the string {bad!r}, which holds a lone surrogate "
+                               "(no UTF-8 text holds one); remove it or write the character it stands for")
+        stack.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
+
+
 def _object_keys(value: Any):
     """Every object key inside a JSON value."""
     if isinstance(value, dict):
@@ -323,11 +349,15 @@ def _bounded_regex(node: dict, kind: str, where: str) -> str:
             v, excl = _bound_value(node[key], key, where), key == "exclusiveMaximum"
             if hi is None or v < hi or (v == hi and excl):
                 hi, hi_excl = v, excl
-    if kind == "integer":
-        lo = None if lo is None else math.floor(lo) + 1 if lo_excl else math.ceil(lo)
-        hi = None if hi is None else math.ceil(hi) - 1 if hi_excl else math.floor(hi)
-        return integer_range_regex(lo, hi)
-    return number_range_regex(lo, hi, lo_excl, hi_excl)
+    written = " and ".join(f"{k} {node[k]}" for k in _BOUNDS if k in node)
+    try:
+        if kind == "integer":
+            lo = None if lo is None else math.floor(lo) + 1 if lo_excl else math.ceil(lo)
+            hi = None if hi is None else math.ceil(hi) - 1 if hi_excl else math.floor(hi)
+            return integer_range_regex(lo, hi)
+        return number_range_regex(lo, hi, lo_excl, hi_excl)
+    except GrammarError as e:
+        raise GrammarError(f"JSON schema at {where} ({written}): {e}") from None
 
 
 def _check_combinations(node: dict, where: str) -> None:
@@ -365,6 +395,8 @@ class _Rewriter:
         if not isinstance(node, dict):
             raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {node!r}")
         node = _without_moot_keywords(_with_implied_type(node, where))
+        if node.get("format") in _ANY_STRING_FORMATS:
+            node = {k: v for k, v in node.items() if k != "format"}
         if "propertyNames" in node:
             node = self._named_properties(node, where)
         for key in node:
@@ -412,6 +444,7 @@ class _Rewriter:
             # properties or prefixItems, outlines-core wrote those and dropped the values).
             node = {k: v for k, v in node.items() if k in ("enum", "const") or k in _ANNOTATIONS}
             _check_big_integers(node, where)
+            _check_listed_text(node, where)
         if node.pop("uniqueItems", False) is True and "array" in _type_list(node, "array"):
             return self._unique_items(node, where)
         if node.get("additionalProperties") is False and "properties" not in node:
@@ -473,6 +506,7 @@ class _Rewriter:
                                "over items that list their values ('enum'/'const'/boolean, e.g. pydantic's "
                                "set[Literal['a', 'b']] or set[SomeEnum]); list the item values, or use a list "
                                "(drop uniqueItems)")
+        _check_listed_text({"enum": values}, f"{where}/items")
         fragment = unique_items_regex(values, node.get("minItems", 0), node.get("maxItems"), self.whitespace, where)
         rest = {k: v for k, v in node.items() if k not in _TYPE_KEYWORDS["array"]}
         return self._placeholder(fragment, rest, ["array"], where)

@@ -28,8 +28,9 @@ _LISTING_KEYS = {"enum", "const", "type"}
 def listed_item_values(items: Any, annotations: set[str]) -> list[Any] | None:
     """The values an ``items`` schema allows, if it lists them: ``enum``/``const`` (with an
     optional ``type`` and annotations), or a ``type`` of ``boolean``/``null`` alone; None if it
-    does not. Values the schema's own ``type`` rejects are dropped (checked by jsonschema), and
-    values JSON holds equal (``1`` and ``1.0``, not ``1`` and ``true``) are kept once."""
+    does not. Values the schema's own ``type``/``enum``/``const`` reject are dropped (checked by
+    jsonschema), and values JSON Schema holds equal (``1`` and ``1.0``, ``[1]`` and ``[1.0]``, not
+    ``1`` and ``true``) are kept once."""
     if not isinstance(items, dict) or not all(k in _LISTING_KEYS or k in annotations for k in items):
         return None
     if "const" in items:
@@ -43,14 +44,28 @@ def listed_item_values(items: Any, annotations: set[str]) -> list[Any] | None:
         values = [False, True] * ("boolean" in types) + [None] * ("null" in types)
     import jsonschema
 
-    valid = jsonschema.Draft202012Validator({k: v for k, v in items.items() if k == "type"}).is_valid
+    valid = jsonschema.Draft202012Validator({k: v for k, v in items.items() if k in _LISTING_KEYS}).is_valid
     kept, seen = [], set()
     for v in values:
-        key = json.dumps(v, sort_keys=True) if not isinstance(v, (int, float)) or isinstance(v, bool) else v
+        key = _json_key(v)
         if valid(v) and key not in seen:
             seen.add(key)
             kept.append(v)
     return kept
+
+
+def _json_key(value: Any):
+    """A hashable key equal for values JSON Schema calls equal: numbers by value (1 and 1.0, also
+    inside arrays and objects), booleans apart from numbers, objects whatever their key order."""
+    if isinstance(value, bool) or value is None:
+        return ("const", value)
+    if isinstance(value, (int, float)):
+        return ("number", value)
+    if isinstance(value, list):
+        return ("array", tuple(_json_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((k, _json_key(v)) for k, v in value.items()))
+    return ("string", value)
 
 
 def unique_items_regex(values: list[Any], min_items: int, max_items: int | None, whitespace: str,

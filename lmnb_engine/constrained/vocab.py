@@ -83,6 +83,13 @@ def token_bytes_table(tokenizer: Any, vocab_size: int) -> tuple[list[bytes | Non
     return table, family
 
 
+# The markers around a compiled regex (``grammar.compile_grammar``): it is built as START ``(?:R)``
+# END, each marker spelled by a token of its own (``start_marker_id``, ``end_marker_id``: past the
+# logits, never sampled). Noncharacters: text never holds them, so no real token does.
+START_MARKER, END_MARKER = "\U0010fffe", "\U0010ffff"
+_MARKER_BYTES = (START_MARKER.encode(), END_MARKER.encode())
+
+
 class TokenVocabulary:
     """Token bytes, EOS ids and derived lookup arrays of one tokenizer, for one logits width.
 
@@ -96,6 +103,11 @@ class TokenVocabulary:
             (the jump-forward hold-back rule, mlc-llm PR #2551).
         fingerprint: hex digest of all of the above; the compiled-grammar cache key.
         encode: ``str -> list[int]`` without special tokens, for jump-forward retokenization.
+        end_marker_id: the id of the ``END_MARKER`` token in the outlines-core vocabulary (past
+            ``vocab_size``: never sampled); start_marker_id likewise for ``START_MARKER``.
+            marker_piece_ids: ids whose bytes hold the markers' first byte or are a piece of
+            their bytes (byte-fallback tokens can spell them): the only tokens that can lead into
+            a marker's path.
     """
 
     def __init__(self, tokenizer: Any, eos_token_ids: frozenset[int] | set[int] | None = None, vocab_size: int | None = None):
@@ -128,6 +140,10 @@ class TokenVocabulary:
         for b in ordered:
             digest.update(len(b).to_bytes(4, "little") + b + json.dumps(by_bytes[b]).encode())
         self.fingerprint = digest.hexdigest()
+        self.end_marker_id = self.vocab_size + 1  # (vocab_size itself may stand in for a missing EOS)
+        self.start_marker_id = self.vocab_size + 2
+        self.marker_piece_ids = frozenset(i for b, ids in by_bytes.items() for i in ids
+                                          if any(b in m for m in _MARKER_BYTES) or _MARKER_BYTES[0][:1] in b)
         self._outlines = None
 
     @property
@@ -136,13 +152,17 @@ class TokenVocabulary:
         return bool((self.byte_token >= 0).all())
 
     def outlines_vocabulary(self):
-        """The ``outlines_core.Vocabulary`` (built once). Its EOS id is the smallest EOS id, or
-        ``vocab_size`` as a never-sampled stand-in when the tokenizer has none."""
+        """The ``outlines_core.Vocabulary`` (built once), with the markers' tokens. Its EOS id
+        is the smallest EOS id, or ``vocab_size`` as a never-sampled stand-in when the tokenizer
+        has none."""
         if self._outlines is None:
             from outlines_core import Vocabulary
 
             eos = min(self.eos_token_ids) if self.eos_token_ids else self.vocab_size
-            self._outlines = Vocabulary(eos, self.bytes_to_ids)
+            tokens = dict(self.bytes_to_ids)
+            for marker, token in zip(_MARKER_BYTES, (self.start_marker_id, self.end_marker_id)):
+                tokens[marker] = tokens.get(marker, []) + [token]
+            self._outlines = Vocabulary(eos, tokens)
         return self._outlines
 
     @property
