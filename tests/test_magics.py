@@ -150,6 +150,7 @@ def test_a_load_error_other_than_a_missing_checkpoint_gives_the_engines_own_fix(
         ("%%lm --temprature 0\nx", "unrecognized arguments: --temprature 0 (did you mean: --temprature → --temperature?)"),
         ("%%lm --temperature -1\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got '-1'"),
         ("%%lm --max-tokens -5\nx", "argument --max-tokens: must be an integer >= 0, got '-5'"),
+        ("%%lm --temperature warm\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got 'warm'"),
         ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
         ("%%lm --out 1x\nx", "--out '1x' is not a valid name"),
         ("%%lm\n   ", "the cell body is empty"),

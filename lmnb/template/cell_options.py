@@ -21,7 +21,10 @@ STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 def _temperature(text: str) -> float:
     """argparse ``type=`` of ``--temperature``: a finite number >= 0 (a bad one failed mid-run)."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0  # (argparse would name this function in its message)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 is greedy), got {text!r}")
     return value
@@ -29,7 +32,10 @@ def _temperature(text: str) -> float:
 
 def _token_count(text: str) -> int:
     """argparse ``type=`` of ``--max-tokens``: an integer >= 0."""
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1  # (argparse would name this function in its message)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
