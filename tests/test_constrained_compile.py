@@ -1275,6 +1275,44 @@ def test_a_pattern_that_may_hold_any_character_is_complete_only_where_it_matches
         assert grammar.allowed_ids(state).max() < grammar.vocab.vocab_size
 
 
+@pytest.mark.parametrize("pattern, text", [
+    (".*", "\U0010ffff"),  # the end marker's character is text here
+    ("x(\U0010ffbf\U0010ffbf)?", "x\U0010ffbf\U0010ffbf"),  # eight bytes, all pieces of the markers'
+    ("(\U0010fffd)*", "\U0010fffd\U0010fffd"),
+    ('[^"]*x?', "\U0010fffdx"),
+])
+def test_the_mask_and_the_next_state_agree_on_the_markers_bytes(backend, pattern, text):
+    # the mask let <BF> through after F4 8F BF where next_state refused it: the request aborted
+    grammar = backend.compile(regex=pattern)
+    vocab = grammar.vocab
+    pieces = [int(vocab.byte_token[b]) for b in b"\xf4\x8f\xbf\xbe"] + [int(vocab.byte_token[ord("x")])]
+    seen, todo = {grammar.initial_state}, [(grammar.initial_state, b"")]
+    while todo:  # every state the markers' bytes and 'x' reach, up to 8 bytes
+        state, spelled = todo.pop()
+        allowed = set(grammar.allowed_ids(state).tolist())
+        for t in pieces:
+            nxt = grammar.next_state(state, t)
+            assert (nxt is not None) == (t in allowed), (spelled, t)
+            if nxt is not None and len(spelled) < 8 and nxt not in seen:
+                seen.add(nxt)
+                todo.append((nxt, spelled + vocab.token_bytes[t]))
+    state = grammar.initial_state
+    for b in text.encode():
+        state = grammar.next_state(state, int(vocab.byte_token[b]))
+    assert state is not None and grammar.is_final(state)
+
+
+@pytest.mark.parametrize("pattern", [".{0,40}", "Name: .{1,100}", "[^\n]{1,60}", "\\S{0,40}", "[\\s\\S]{0,40}"])
+def test_a_long_repeat_of_any_character_compiles_within_the_engines_limit(tokenizer, pattern):
+    # the start marker is a character '.' matches: each one in the text began another match in the
+    # DFA's unanchored half (4 s at .{0,16}, past 20 s at 18); user classes now leave it out
+    backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=30.0)
+    try:
+        assert backend.compile(regex=pattern).regex == automaton_syntax(pattern)
+    finally:
+        backend.shutdown()
+
+
 def test_a_long_json_string_compiles_within_the_engines_limit(tokenizer):
     # pydantic's Field(max_length=...): the automaton's unanchored half doubled with each character
     # ('"' begins the string and recurs inside it as '\\"'); maxLength 20 ran past the 60 s limit

@@ -29,8 +29,11 @@ noncharacters that no text holds, each spelled by a token of its own that is nev
 * Start: regex-automata also builds the unanchored half of the DFA, where a match may begin at
   every byte; when ``R``'s first byte recurs inside it (the ``"`` of a JSON string, whose body may
   hold ``\\"``), that half doubles with each repeat: ``{"type": "string", "maxLength": 20}`` did
-  not compile in 60 s. A start byte that never recurs leaves one way to begin; ``maxLength`` 1000
-  builds in a fraction of a second. The grammar starts after the start marker's token.
+  not compile in 60 s. A start character that never recurs leaves one way to begin; ``maxLength``
+  1000 builds in a fraction of a second. The grammar starts after the start marker's token. Only
+  where ``R`` cannot hold that character (JSON strings leave it out: ``schema``, ``json_string``):
+  where it can (``.{0,20}``, ``[^\\n]*``), each one in the text would begin another match, and
+  that half would double instead; those patterns are built without it, as before.
 
 Tokens into a marker's path (the states after the end marker, and byte-fallback pieces of the
 markers) are never allowed.
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections import deque
 
 import numpy as np
@@ -47,6 +51,7 @@ import torch
 
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
+from lmnb_engine.constrained.regex_check import _c, _p
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
@@ -76,15 +81,18 @@ class CompiledGrammar:
         compile_seconds: wall time of the index (built for ``regex`` then the end marker).
     """
 
-    def __init__(self, regex: str, vocab: TokenVocabulary, index, compile_seconds: float):
+    def __init__(self, regex: str, vocab: TokenVocabulary, index, compile_seconds: float, with_start: bool = True):
         self.regex = regex
         self.vocab = vocab
         self.index = index
         self.compile_seconds = compile_seconds
-        self.initial_state: int = index.get_next_state(index.get_initial_state(), vocab.start_marker_id)
+        self.initial_state: int = index.get_initial_state()
+        if with_start:  # (built after the start marker)
+            self.initial_state = index.get_next_state(self.initial_state, vocab.start_marker_id)
         self._after_marker = frozenset(index.get_final_states())  # (the index's own accepting states)
         self._eos = np.array(sorted(vocab.eos_token_ids), dtype=np.int64)
         self._final: dict[int, bool] = {}
+        self._marker: dict[int, bool] = {}
         self._marker_pieces = np.array(sorted(vocab.marker_piece_ids), dtype=np.int64)
         self._allowed: dict[int, np.ndarray] = {}
         self._bitmask: dict[int, torch.Tensor] = {}
@@ -128,22 +136,28 @@ class CompiledGrammar:
     def _in_marker(self, state: int) -> bool:
         """``state`` is only on the way through the end marker (reached by byte-fallback pieces of
         it): every way on is more pieces of it, up to its end, and none reaches an accepting state
-        of the pattern (a character whose bytes include some of the marker's, like U+FFFF's EF BF BF,
-        is text)."""
-        pieces, frontier = self.vocab.marker_piece_ids, [state]
-        for _ in range(len(END_MARKER.encode())):
-            ahead = []
-            for s in frontier:
-                if s in self._after_marker:
-                    continue
-                if self.is_final(s):
-                    return False
-                for t in self.index.get_allowed_tokens(s):
-                    if t < self.vocab.vocab_size and t not in self.vocab.eos_token_ids:
-                        if t not in pieces:
-                            return False
-                        ahead.append(self._step(s, t))
-            frontier = [s for s in ahead if s is not None]
+        of the pattern (text whose bytes are all pieces of the marker's, like U+10FFBF's, is text)."""
+        hit = self._marker.get(state)
+        if hit is None:
+            hit = self._marker[state] = self._only_marker_ahead(state)
+        return hit
+
+    def _only_marker_ahead(self, state: int) -> bool:
+        pieces, seen, todo = self.vocab.marker_piece_ids, {state}, [state]
+        while todo:
+            s = todo.pop()
+            if self.is_final(s):
+                return False
+            if s in self._after_marker:  # (and not accepting: the marker read as the marker)
+                continue
+            for t in self.index.get_allowed_tokens(s):
+                if t < self.vocab.vocab_size and t not in self.vocab.eos_token_ids:
+                    if t not in pieces:
+                        return False
+                    nxt = self._step(s, t)
+                    if nxt is not None and nxt not in seen:
+                        seen.add(nxt)
+                        todo.append(nxt)
         return True
 
     def next_state(self, state: int, token: int) -> int | None:
@@ -167,7 +181,7 @@ class CompiledGrammar:
             ids = ids[(ids != self.vocab.outlines_eos) & (ids < self.vocab.vocab_size)]
             if self._dead:
                 ids = np.array([t for t in ids if self.next_state(state, int(t)) is not None], dtype=np.int64)
-            elif self.is_final(state):  # (only there, and only through its pieces, can a token enter the marker)
+            else:  # (only through its pieces can a token enter the marker)
                 pieces = ids[np.isin(ids, self._marker_pieces)]
                 ids = ids[~np.isin(ids, [t for t in pieces if self.next_state(state, int(t)) is None])]
             if self.is_final(state):
@@ -236,6 +250,42 @@ def too_slow_message(regex: str, timeout_s: float | None) -> str:
     return f"compiling the constraint {_shown(regex)} took longer than {timeout_s:g} s, so {_TOO_LARGE}"
 
 
+def may_hold(regex: str, code: int) -> bool:
+    """Whether some match of ``regex`` (read by Python's parser) can hold the character ``code``:
+    ``.``, a negated class or category not excluding it, a range or literal with it. True when
+    Python cannot read the pattern."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = _p.parse(regex)
+    except (re.error, RecursionError, OverflowError):
+        return True
+    return _holds(parsed.data, code)
+
+
+_NEGATED_CATEGORIES = {_c.CATEGORY_NOT_DIGIT, _c.CATEGORY_NOT_SPACE, _c.CATEGORY_NOT_WORD}
+
+
+def _holds(items, code: int) -> bool:
+    """``may_hold`` over parsed items (``re._parser`` nodes)."""
+    for op, av in items:
+        if op is _c.ANY or (op is _c.NOT_LITERAL and av != code) or (op is _c.LITERAL and av == code):
+            return True
+        if op is _c.IN:
+            negated = bool(av) and av[0][0] is _c.NEGATE
+            inside = any((o is _c.LITERAL and v == code) or (o is _c.RANGE and v[0] <= code <= v[1])
+                         or (o is _c.CATEGORY and v in _NEGATED_CATEGORIES) for o, v in av)
+            if inside != negated:
+                return True
+        elif op is _c.BRANCH and any(_holds(alt, code) for alt in av[1]):
+            return True
+        elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT) and _holds(av[2], code):
+            return True
+        elif op is _c.SUBPATTERN and _holds(av[-1], code):
+            return True
+    return False
+
+
 def compile_grammar(
     regex: str, vocab: TokenVocabulary, timeout_s: float | None = None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
     owner: ChildGroup | None = None,
@@ -252,7 +302,8 @@ def compile_grammar(
             limit, the compile process died, or ``owner`` was stopped.
     """
     start = time.perf_counter()
-    marked = f"\\x{{{ord(START_MARKER):X}}}(?:{regex})\\x{{{ord(END_MARKER):X}}}"  # (the module docstring says why)
+    with_start = not may_hold(regex, ord(START_MARKER))  # (the module docstring says why)
+    marked = (f"\\x{{{ord(START_MARKER):X}}}" if with_start else "") + f"(?:{regex})\\x{{{ord(END_MARKER):X}}}"
     try:
         index = build_index(marked, vocab.outlines_vocabulary(), timeout_s, memory_bytes, owner)
     except IndexBuildError as e:
@@ -286,7 +337,7 @@ def compile_grammar(
         except (RecursionError, OverflowError):
             pass
         raise GrammarError(f"regex {regex!r} cannot be compiled to a token index: {text}") from None
-    grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start)
+    grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start, with_start)
     if not grammar._after_marker or grammar.initial_state in grammar._dead:
         raise GrammarError(
             f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: no sequence of "

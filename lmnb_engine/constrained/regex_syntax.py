@@ -14,6 +14,11 @@ comments first. What Python itself flags as ambiguous (``[[:alpha:]]``, ``[a&&b]
 FutureWarning) is refused with the fix rather than guessed, and so are the flags the library
 lacks (``(?a)``) or scopes otherwise (``(?x:...)``).
 
+One character is left out of every class, ``.`` and negated category: ``MARKER`` (U+10FFFE, a
+noncharacter no text holds), with which ``grammar.compile_grammar`` marks where a match starts.
+Were it allowed inside, each one in the text would begin another match in the automaton's
+unanchored half, which then doubles with each repeat (``.{0,20}`` would not compile).
+
 Left as they are: ``\\d``, ``\\w``, ``\\s`` and their negations, whose Unicode tables differ from
 Python's in rare characters (``\\w`` and ``½``), and case folding under ``(?i)`` (``İ``).
 """
@@ -25,12 +30,18 @@ import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import _c, _p, _walk
+from lmnb_engine.constrained.vocab import START_MARKER
+
+MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it
 
 _COUNT = re.compile(r"\{(\d*)(?:(,)(\d*))?\}")  # what Python reads as a repeat count after an item
 _FLAGS = re.compile(r"\(\?([aiLmsux]+)\)")  # a global flag group (Python 3.11: only at the start)
 _OCTAL = "01234567"
 _HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
 _VERBOSE_SPACE = " \t\n\r\v\f"
+_NEGATED_CATEGORIES = {"\\W": "\\w", "\\S": "\\s", "\\D": "\\d"}
+# A flag group that opens a group: (?s:, (?i-s: ... (its flags apply inside)
+_SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
 
 
 def _char(code: int) -> str:
@@ -54,31 +65,47 @@ def _escape_end(pattern: str, i: int, in_class: bool) -> int:
     return i + 2
 
 
-def _escaped(text: str, in_class: bool) -> str:
-    """The automaton's spelling of one escape (``text`` as ``_escape_end`` delimits it): the
-    character's own escape if it stands for one character, else the escape as written (``\\d``)."""
+def _code(text: str, in_class: bool) -> int | None:
+    """The character one escape (``text`` as ``_escape_end`` delimits it) stands for, or None
+    (``\\d``, an anchor ...), as Python's parser reads it."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         parsed = _p.parse(f"[{text}]" if in_class else text).data
-    if len(parsed) == 1 and parsed[0][0] is _c.LITERAL:
-        return _char(parsed[0][1])
+    return parsed[0][1] if len(parsed) == 1 and parsed[0][0] is _c.LITERAL else None
+
+
+def _escaped(text: str, in_class: bool) -> str:
+    """The automaton's spelling of one escape: the character's own escape if it stands for one
+    character; a negated category without the start marker (outside a class); else as written."""
+    code = _code(text, in_class)
+    if code is not None:
+        return _char(code)
+    if not in_class and text in _NEGATED_CATEGORIES:
+        return f"[^{_NEGATED_CATEGORIES[text]}{_char(MARKER)}]"
     return text
 
 
 def _class(pattern: str, i: int) -> tuple[str, int]:
     """(the class at ``pattern[i] == '['`` written out item by item, end index), read with
-    Python's rules: a ``]`` first is a literal, ``x-y`` a range, a ``-`` before ``]`` a literal."""
-    out, i = ["["], i + 1
-    if pattern[i] == "^":
-        out.append("^")
-        i += 1
+    Python's rules: a ``]`` first is a literal, ``x-y`` a range, a ``-`` before ``]`` a literal.
+    The start marker is left out: a negated class excludes it too, a range is cut around it, and
+    a negated category (``\\W``) becomes an alternative of its own without it."""
+    i += 1
+    negated = pattern[i] == "^"
+    i += negated
+    items: list[str] = []
+    categories: list[str] = []
 
-    def item(i: int) -> tuple[str, int]:
+    def item(i: int) -> tuple[int | str, int]:
         if pattern[i] == "\\":
             end = _escape_end(pattern, i, in_class=True)
-            return _escaped(pattern[i:end], in_class=True), end
-        ch = pattern[i]
-        return (ch if ch.isalnum() and ch.isascii() else _char(ord(ch))), i + 1
+            code = _code(pattern[i:end], in_class=True)
+            return (pattern[i:end] if code is None else code), end
+        return ord(pattern[i]), i + 1
+
+    def spelled(code: int) -> str:
+        ch = chr(code)
+        return ch if ch.isalnum() and ch.isascii() else _char(code)
 
     first = True
     while pattern[i] != "]" or first:
@@ -86,10 +113,17 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
         low, i = item(i)
         if pattern[i] == "-" and pattern[i + 1] != "]":
             high, i = item(i + 1)
-            out.append(f"{low}-{high}")
-        else:
-            out.append(low)
-    return "".join(out) + "]", i + 1
+            pieces = [(low, high)] if negated else [(lo, hi) for lo, hi in ((low, min(high, MARKER - 1)),
+                                                                            (max(low, MARKER + 1), high)) if lo <= hi]
+            items += [f"{spelled(lo)}-{spelled(hi)}" if lo < hi else spelled(lo) for lo, hi in pieces]
+        elif isinstance(low, str):  # a category
+            (categories if low in _NEGATED_CATEGORIES and not negated else items).append(low)
+        elif negated or low != MARKER:
+            items.append(spelled(low))
+    if negated:
+        return "[^" + "".join(items) + _char(MARKER) + "]", i + 1
+    parts = (["[" + "".join(items) + "]"] if items else []) + [_escaped(c, in_class=False) for c in categories]
+    return (parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")") if parts else "[^\\s\\S]", i + 1
 
 
 def _refuse_unsupported(pattern: str, parsed) -> None:
@@ -128,6 +162,7 @@ def automaton_syntax(pattern: str) -> str:
             return pattern
     _refuse_unsupported(pattern, parsed)
     verbose = bool(parsed.state.flags & re.VERBOSE)
+    dotall = [bool(parsed.state.flags & re.DOTALL)]  # per open group: does '.' match '\\n' there
     out, i, n = [], 0, len(pattern)
     while (flags := _FLAGS.match(pattern, i)) is not None:  # global flags; verbose is spelt out below
         kept = flags.group(1).replace("x", "")
@@ -148,6 +183,20 @@ def automaton_syntax(pattern: str) -> str:
         elif verbose and ch == "#":  # a comment to the end of the line
             end = pattern.find("\n", i)
             i = n if end < 0 else end + 1
+        elif ch == ".":
+            out.append(f"[^{'' if dotall[-1] else _char(10)}{_char(MARKER)}]")
+            i += 1
+        elif ch == "(" and not pattern.startswith("(?#", i):
+            scoped = _SCOPED_FLAGS.match(pattern, i)
+            on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
+            dotall.append(("s" in on or dotall[-1]) and "s" not in off)
+            out.append(ch)
+            i += 1
+        elif ch == ")":
+            if len(dotall) > 1:
+                dotall.pop()
+            out.append(ch)
+            i += 1
         elif count and count.group(0) != "{}":
             lo, comma, hi = count.groups()
             out.append("{" + (lo or "0") + (comma or "") + (hi or "") + "}")

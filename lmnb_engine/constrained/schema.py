@@ -51,6 +51,7 @@ from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
+from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -71,6 +72,7 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAX_BOUND_DIGITS = 40  # of a numeric bound (1e300 would spell 301)
 _PLACEHOLDER = "LMNBPLACEHOLDER"  # letters and digits only: appears verbatim in the regex
+_STRING_CHAR = '[^"\\\\\\x00-\\x1F\\x7F-\\x9F]'  # outlines-core's unescaped string character
 
 # The formats, as Python regexes (written over JSON text by json_string, like a pattern), each a
 # subset of its RFC that jsonschema's format checker (with its optional checkers) accepts; ASCII only.
@@ -629,4 +631,6 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     names = re.compile(f'"({re.escape(prefix)}\\d+X)"')
     if prefix in names.sub("", regex) or any(n not in rewriter.fragments for n in names.findall(regex)):
         raise GrammarError("internal error: a placeholder was left in the schema regex")  # (a library change)
-    return names.sub(lambda m: f"(?:{rewriter.fragments[m.group(1)]})", regex)
+    regex = names.sub(lambda m: f"(?:{rewriter.fragments[m.group(1)]})", regex)
+    # a string never holds the grammar's start marker (a noncharacter), so it may mark the start
+    return regex.replace(_STRING_CHAR, _STRING_CHAR[:-1] + f"\\U{ord(START_MARKER):08x}]")
