@@ -30,10 +30,14 @@ noncharacters that no text holds, each spelled by a token of its own that is nev
   every byte; when ``R``'s first byte recurs inside it (the ``"`` of a JSON string, whose body may
   hold ``\\"``), that half doubles with each repeat: ``{"type": "string", "maxLength": 20}`` did
   not compile in 60 s. A start character that never recurs leaves one way to begin; ``maxLength``
-  1000 builds in a fraction of a second. The grammar starts after the start marker's token. Only
-  where ``R`` cannot hold that character (JSON strings leave it out: ``schema``, ``json_string``):
-  where it can (``.{0,20}``, ``[^\\n]*``), each one in the text would begin another match, and
-  that half would double instead; those patterns are built without it, as before.
+  1000 builds in a fraction of a second. The grammar starts after the start marker's token.
+
+Both only where ``R`` cannot hold the start marker's character: JSON strings leave it out
+(``schema``, ``json_string``), and so do the classes of user regexes (``regex_syntax``). Where
+it can (a pattern Python cannot read, ``\\p{L}.{0,20}``), each one in the text would begin
+another match and that half would double instead; and the end marker alone defeats the bare
+DFA's leftmost-first pruning, which keeps such a pattern small. Those are built bare, as before
+(with the dropped tokens).
 
 Tokens into a marker's path (the states after the end marker, and byte-fallback pieces of the
 markers) are never allowed.
@@ -81,13 +85,14 @@ class CompiledGrammar:
         compile_seconds: wall time of the index (built for ``regex`` then the end marker).
     """
 
-    def __init__(self, regex: str, vocab: TokenVocabulary, index, compile_seconds: float, with_start: bool = True):
+    def __init__(self, regex: str, vocab: TokenVocabulary, index, compile_seconds: float, marked: bool = True):
         self.regex = regex
         self.vocab = vocab
         self.index = index
         self.compile_seconds = compile_seconds
         self.initial_state: int = index.get_initial_state()
-        if with_start:  # (built after the start marker)
+        self.marked = marked  # (built between the markers; else the bare regex, as outlines-core builds it)
+        if marked:
             self.initial_state = index.get_next_state(self.initial_state, vocab.start_marker_id)
         self._after_marker = frozenset(index.get_final_states())  # (the index's own accepting states)
         self._eos = np.array(sorted(vocab.eos_token_ids), dtype=np.int64)
@@ -125,7 +130,8 @@ class CompiledGrammar:
         also be read as text: that path does not count)."""
         hit = self._final.get(state)
         if hit is None:
-            hit = self._final[state] = self._step(state, self.vocab.end_marker_id) in self._after_marker
+            hit = self._final[state] = (self._step(state, self.vocab.end_marker_id) in self._after_marker
+                                        if self.marked else state in self._after_marker)
         return hit
 
     def _step(self, state: int, token: int) -> int | None:
@@ -139,7 +145,7 @@ class CompiledGrammar:
         of the pattern (text whose bytes are all pieces of the marker's, like U+10FFBF's, is text)."""
         hit = self._marker.get(state)
         if hit is None:
-            hit = self._marker[state] = self._only_marker_ahead(state)
+            hit = self._marker[state] = self.marked and self._only_marker_ahead(state)
         return hit
 
     def _only_marker_ahead(self, state: int) -> bool:
@@ -302,10 +308,10 @@ def compile_grammar(
             limit, the compile process died, or ``owner`` was stopped.
     """
     start = time.perf_counter()
-    with_start = not may_hold(regex, ord(START_MARKER))  # (the module docstring says why)
-    marked = (f"\\x{{{ord(START_MARKER):X}}}" if with_start else "") + f"(?:{regex})\\x{{{ord(END_MARKER):X}}}"
+    marked = not may_hold(regex, ord(START_MARKER))  # (the module docstring says why)
+    pattern = f"\\x{{{ord(START_MARKER):X}}}(?:{regex})\\x{{{ord(END_MARKER):X}}}" if marked else regex
     try:
-        index = build_index(marked, vocab.outlines_vocabulary(), timeout_s, memory_bytes, owner)
+        index = build_index(pattern, vocab.outlines_vocabulary(), timeout_s, memory_bytes, owner)
     except IndexBuildError as e:
         if e.reason == "timeout":
             raise GrammarCompileStopped(too_slow_message(regex, timeout_s)) from None
@@ -337,7 +343,7 @@ def compile_grammar(
         except (RecursionError, OverflowError):
             pass
         raise GrammarError(f"regex {regex!r} cannot be compiled to a token index: {text}") from None
-    grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start, with_start)
+    grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start, marked)
     if not grammar._after_marker or grammar.initial_state in grammar._dead:
         raise GrammarError(
             f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: no sequence of "

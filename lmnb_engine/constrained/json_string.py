@@ -33,7 +33,7 @@ _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", 
 _CATEGORY = {_c.CATEGORY_DIGIT: r"\d", _c.CATEGORY_NOT_DIGIT: r"\D", _c.CATEGORY_WORD: r"\w",
              _c.CATEGORY_NOT_WORD: r"\W", _c.CATEGORY_SPACE: r"\s", _c.CATEGORY_NOT_SPACE: r"\S"}
 _FIRST_PLAIN = 0xA0  # code points from here on are written as themselves (0x7F-0x9F: not generated)
-_MARKER = ord(START_MARKER)  # never generated in a string (a noncharacter; grammar.compile_grammar)
+_MARKER = ord(START_MARKER)  # it and U+10FFFF are never generated (noncharacters; grammar.compile_grammar)
 
 
 def _needs_escape(ch: str) -> bool:
@@ -57,12 +57,13 @@ def _in_class(ch: str) -> str:
 def _scalar_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """``ranges`` of code points cut to those from ``_FIRST_PLAIN`` on that UTF-8 text can hold:
     without the surrogates U+D800-U+DFFF (the automaton library refuses them in a class), and
-    without the grammar's start marker, a noncharacter (``grammar.compile_grammar``)."""
+    without the grammar's markers U+10FFFE and U+10FFFF, noncharacters (``grammar.compile_grammar``)."""
     out = []
     for a, b in ranges:
         a = max(a, _FIRST_PLAIN)
         for lo, hi in ((a, min(b, 0xD7FF)), (max(a, 0xE000), b)):
-            out += [(x, y) for x, y in ((lo, min(hi, _MARKER - 1)), (max(lo, _MARKER + 1), hi)) if x <= y]
+            hi = min(hi, _MARKER - 1)
+            out += [(lo, hi)] if lo <= hi else []
     return out
 
 
@@ -80,7 +81,7 @@ def _char_set(member, ascii_only: bool, non_ascii: list[tuple[int, int]], negate
     if not ascii_only:
         if negated:
             kept = "".join(f"{_in_class(chr(a))}-{_in_class(chr(b))}" for a, b in _scalar_ranges(non_ascii))
-            parts.append(f"[^\\x00-\\x9f{kept}{_in_class(chr(_MARKER))}]")
+            parts.append(f"[^\\x00-\\x9f{kept}{_in_class(chr(_MARKER))}-{_in_class(chr(_MARKER + 1))}]")
         else:
             parts += [f"[{_in_class(chr(a))}-{_in_class(chr(b))}]" for a, b in _scalar_ranges(non_ascii)]
     parts += [_json_char(c) for c in escaped]

@@ -14,10 +14,11 @@ comments first. What Python itself flags as ambiguous (``[[:alpha:]]``, ``[a&&b]
 FutureWarning) is refused with the fix rather than guessed, and so are the flags the library
 lacks (``(?a)``) or scopes otherwise (``(?x:...)``).
 
-One character is left out of every class, ``.`` and negated category: ``MARKER`` (U+10FFFE, a
-noncharacter no text holds), with which ``grammar.compile_grammar`` marks where a match starts.
-Were it allowed inside, each one in the text would begin another match in the automaton's
-unanchored half, which then doubles with each repeat (``.{0,20}`` would not compile).
+Two characters are left out of every class, ``.`` and negated category: ``MARKER`` (U+10FFFE)
+and U+10FFFF, noncharacters no text holds, with which ``grammar.compile_grammar`` marks where a
+match starts and ends. Were the first allowed inside, each one in the text would begin another
+match in the automaton's unanchored half, which then doubles with each repeat (``.{0,20}`` would
+not compile); the second, read as text, ends the match there.
 
 Left as they are: ``\\d``, ``\\w``, ``\\s`` and their negations, whose Unicode tables differ from
 Python's in rare characters (``\\w`` and ``½``), and case folding under ``(?i)`` (``İ``).
@@ -32,7 +33,9 @@ from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import _c, _p, _walk
 from lmnb_engine.constrained.vocab import START_MARKER
 
-MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it
+MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it,
+# and the end with the next character, U+10FFFF (as text it would end a complete match there)
+_LEFT_OUT = f"\\U{MARKER:08x}-\\U{MARKER + 1:08x}"  # (as _char writes them)
 
 _COUNT = re.compile(r"\{(\d*)(?:(,)(\d*))?\}")  # what Python reads as a repeat count after an item
 _FLAGS = re.compile(r"\(\?([aiLmsux]+)\)")  # a global flag group (Python 3.11: only at the start)
@@ -81,7 +84,7 @@ def _escaped(text: str, in_class: bool) -> str:
     if code is not None:
         return _char(code)
     if not in_class and text in _NEGATED_CATEGORIES:
-        return f"[^{_NEGATED_CATEGORIES[text]}{_char(MARKER)}]"
+        return f"[^{_NEGATED_CATEGORIES[text]}{_LEFT_OUT}]"
     return text
 
 
@@ -113,15 +116,14 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
         low, i = item(i)
         if pattern[i] == "-" and pattern[i + 1] != "]":
             high, i = item(i + 1)
-            pieces = [(low, high)] if negated else [(lo, hi) for lo, hi in ((low, min(high, MARKER - 1)),
-                                                                            (max(low, MARKER + 1), high)) if lo <= hi]
+            pieces = [(low, high)] if negated else [(low, min(high, MARKER - 1))] if low < MARKER else []
             items += [f"{spelled(lo)}-{spelled(hi)}" if lo < hi else spelled(lo) for lo, hi in pieces]
         elif isinstance(low, str):  # a category
             (categories if low in _NEGATED_CATEGORIES and not negated else items).append(low)
-        elif negated or low != MARKER:
+        elif negated or low < MARKER:
             items.append(spelled(low))
     if negated:
-        return "[^" + "".join(items) + _char(MARKER) + "]", i + 1
+        return "[^" + "".join(items) + _LEFT_OUT + "]", i + 1
     parts = (["[" + "".join(items) + "]"] if items else []) + [_escaped(c, in_class=False) for c in categories]
     return (parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")") if parts else "[^\\s\\S]", i + 1
 
@@ -184,7 +186,7 @@ def automaton_syntax(pattern: str) -> str:
             end = pattern.find("\n", i)
             i = n if end < 0 else end + 1
         elif ch == ".":
-            out.append(f"[^{'' if dotall[-1] else _char(10)}{_char(MARKER)}]")
+            out.append(f"[^{'' if dotall[-1] else _char(10)}{_LEFT_OUT}]")
             i += 1
         elif ch == "(" and not pattern.startswith("(?#", i):
             scoped = _SCOPED_FLAGS.match(pattern, i)

@@ -632,5 +632,5 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     if prefix in names.sub("", regex) or any(n not in rewriter.fragments for n in names.findall(regex)):
         raise GrammarError("internal error: a placeholder was left in the schema regex")  # (a library change)
     regex = names.sub(lambda m: f"(?:{rewriter.fragments[m.group(1)]})", regex)
-    # a string never holds the grammar's start marker (a noncharacter), so it may mark the start
-    return regex.replace(_STRING_CHAR, _STRING_CHAR[:-1] + f"\\U{ord(START_MARKER):08x}]")
+    # a string never holds the grammar's markers (noncharacters), so they may mark its start and end
+    return regex.replace(_STRING_CHAR, _STRING_CHAR[:-1] + f"\\U{ord(START_MARKER):08x}-\\U{ord(START_MARKER) + 1:08x}]")
