@@ -119,6 +119,15 @@ def test_bad_lines_and_missing_fields_are_rows_with_errors_and_the_run_goes_on(t
     assert "rows.jsonl line 3: invalid JSON" in err and "rows.jsonl line 5: missing field" in err
 
 
+def test_a_null_field_is_bad_input_not_the_text_none(tmp_path, capsys):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": None}, {"question": "b"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    results = by_row(read_results(tmp_path / "out.jsonl"))
+    assert (results[0]["status"], results[0]["error"]) == (
+        "bad_input", "line 1: field 'question' is null; give a value, or leave the row out")
+    assert results[1]["status"] == "ok"
+
+
 def test_retry_errors_reruns_failed_rows_once(tmp_path):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "fine"}])
     assert run_job(tmp_path, "--input", rows) == 1

@@ -82,6 +82,10 @@ class RowRunner:
                     has = ", ".join(map(str, row.fields)) or "no fields"
                     error = (f"line {row.line}: missing field{'s' if len(missing) > 1 else ''} "
                              f"{', '.join(map(repr, missing))} (the row has {has})")
+                nulls = [f for f in self.job.inputs if f in row.fields and row.fields[f] is None]
+                if nulls and not missing:  # (a null would run into the prompt as the text "None")
+                    error = (f"line {row.line}: {'fields' if len(nulls) > 1 else 'field'} {', '.join(map(repr, nulls))} "
+                             f"{'are' if len(nulls) > 1 else 'is'} null; give a value, or leave the row out")
             if self.store.done(row_key(base)):
                 self.skipped += 1
                 continue
