@@ -102,8 +102,9 @@ class _Writer:
             "Output: one JSON line per row: row (its index in the input), line, id (with --id-field),",
             "status (ok / error / bad_input), variables (what the %%lm cells captured:",
             f"{', '.join(p.captures) or 'none'}), finish_reasons, tokens (prompt, cached, completion),",
-            "seconds, and error. The output is appended to row by row; run the same command again after",
-            "a crash or Ctrl-C and it continues with the rows not yet written.",
+            "seconds, and error. The output is appended to as rows finish (with --num-threads above 1 that",
+            "is not input order: sort on row); run the same command again after a crash or Ctrl-C and it",
+            "continues with the rows not yet written.",
         ]
         body = "\n".join(lines).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
         return f'"""{body}\n"""'
