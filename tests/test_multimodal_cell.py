@@ -117,3 +117,20 @@ def test_image_cell_equals_the_lmnb_program_and_reuses_the_image_kv(ip, llava_ck
     assert cached == before + proc.tokenizer.decode(ids[end:n])
     computed = "".join(x.get_text() for x in soup.select(".lmnb-text.lmnb-computed"))
     assert "Which colour" in computed
+
+
+@lmnb.function
+def ask_choice(s, photo):
+    s += lmnb.user(lmnb.image(photo) + "\nWhat colour?")
+    s += lmnb.assistant(lmnb.select("colour", choices=["red", "blue", "green"]))
+
+
+def test_select_after_an_image_in_a_cell_equals_the_lmnb_program(ip):
+    img = random_image(8)
+    ip.user_ns["photo"] = img
+    out = run(ip, '%%lm --static --out st3\n{user}\n{image photo}\nWhat colour?\n{/user}\n'
+                  '{assistant}{select colour choices=["red", "blue", "green"]}{/assistant}')
+    direct = ask_choice.run(photo=img, backend=ip._lmnb_magics.session.backend())
+    assert ip.user_ns["st3"].text() == direct.text()
+    assert ip.user_ns["colour"] == direct["colour"]
+    assert view_html(out).select_one(".lmnb-media") is not None

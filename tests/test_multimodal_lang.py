@@ -157,3 +157,59 @@ def test_a_fork_after_an_image_prefills_the_image_once_for_every_branch(backend,
     st = one_picture_two_answers.run(img=img, backend=backend)
     end = _image_end(hf, st.text(), [img])  # the state's text is the prefix the branches share
     assert [m["cached_tokens"] >= end for m in st.get_meta_info("a")] == [True, True]
+
+
+@sgl.function
+def pick_after_image(s, img, choices, method):
+    s += sgl.user(sgl.image(img) + "what colour is it?")
+    s += sgl.assistant_begin()
+    s += "It is" + sgl.select("c", choices=choices, choices_method=method)
+
+
+def _hf_choice_scores(hf, prompt: str, choice: str, images) -> tuple[int, list[float]]:
+    """(first position where tokens(prompt + choice) departs from tokens(prompt), the choice's
+    token logprobs from there), from transformers' LLaVA on the same pixels."""
+    model, proc = hf
+    p = proc(text=prompt, images=images, return_tensors="pt")["input_ids"][0].tolist()
+    inputs = proc(text=prompt + choice, images=images, return_tensors="pt")
+    ids = inputs["input_ids"][0].tolist()
+    d = next((i for i, (a, b) in enumerate(zip(p, ids)) if a != b), min(len(p), len(ids)))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(**inputs).logits[0].float(), dim=-1)
+    return d, [logp[j - 1, ids[j]].item() for j in range(d, len(ids))]
+
+
+def test_select_after_an_image_scores_the_choices_like_transformers(backend, hf):
+    """It raised NotImplementedError; each choice is scored after the image's tokens, and the
+    image's KV is prefilled once for all choices."""
+    img = random_image(21)
+    choices = [" red", " a deep blue", " green"]
+    st = pick_after_image.run(img=img, choices=choices, method=sgl.token_length_normalized, backend=backend)
+    prompt = st.text()[: -len(st["c"])]
+    expected = [_hf_choice_scores(hf, prompt, c, [img]) for c in choices]
+    meta = st.get_meta_info("c")
+    for (d, want), got, start in zip(expected, meta["input_token_logprobs"], meta["prefix_len"]):
+        assert start == d
+        assert [x[0] for x in got] == pytest.approx(want, abs=1e-4)
+    means = [sum(v) / len(v) for _, v in expected]
+    assert st["c"] == choices[max(range(len(choices)), key=lambda i: means[i])]
+    assert min(meta["cached_tokens"]) >= _image_end(hf, prompt, [img])  # no choice prefilled the image again
+
+    model, proc = hf  # unconditional likelihood: the choice tokens again after "Answer:" alone, no image
+    ctx = proc.tokenizer("Answer:").input_ids
+    gains = []
+    for c, (d, cond) in zip(choices, expected):
+        scored = proc(text=prompt + c, images=[img], return_tensors="pt")["input_ids"][0].tolist()[d:]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ctx + scored])).logits[0].float(), dim=-1)
+        unc = [logp[len(ctx) + j - 1, t].item() for j, t in enumerate(scored)]
+        gains.append(sum(a - b for a, b in zip(cond, unc)) / len(cond))
+    st = pick_after_image.run(img=img, choices=choices, method=sgl.unconditional_likelihood_normalized, backend=backend)
+    assert st["c"] == choices[max(range(len(choices)), key=lambda i: gains[i])]
+
+
+def test_select_after_an_image_refuses_a_choice_holding_the_placeholder(backend):
+    st = pick_after_image.run(img=random_image(22), choices=[" red", " <image>"], method=sgl.token_length_normalized,
+                              backend=backend)
+    with pytest.raises(ProgramError, match="holds the image placeholder"):
+        st.sync()

@@ -65,6 +65,25 @@ def media_cache(slots: Sequence[Any], counts: Sequence[int], cached_tokens: int)
     return out
 
 
+def _extend_multimodal(mm: Any, p_ids: list[int], c_ids: list[int], d: int, choice: str, image_token_id: int):
+    """[issue 10] ``prompt + choice`` as prepared multimodal tokens, for ``select`` after an image:
+    the prompt's ``mm`` (``MultimodalTokens``: each image placeholder of its tokenization ``p_ids``
+    expanded to the image's tokens) up to ``d``, where the tokenization of prompt + choice
+    ``c_ids`` departs from ``p_ids``, then ``c_ids[d:]``. Returns (those tokens, ``d`` moved past
+    the expansion). The images' slots all lie before ``d``: a placeholder is a special token, so a
+    choice cannot change how the text before it is tokenized.
+
+    Raises ``ValueError`` if the choice holds the image placeholder itself."""
+    from lmnb_engine.multimodal.inputs import MultimodalTokens
+
+    if image_token_id in c_ids[d:]:
+        raise ValueError(f"select choice {choice!r} holds the image placeholder; images go in image(), not in choices")
+    at = d + len(mm) - len(p_ids)  # the placeholders expanded to several tokens each
+    last = mm.mm_inputs.images[-1]
+    assert at >= last.offset + last.length, "the choice re-tokenized the text before an image"
+    return MultimodalTokens(list(mm[:at]) + c_ids[d:], mm.input_key[:at] + c_ids[d:], mm.mm_inputs), at
+
+
 class Engine(BaseBackend):
     """Run programs on an in-process ``lmnb_engine.Engine``.
 
@@ -169,7 +188,15 @@ class Engine(BaseBackend):
         number of images each ``image()``/``video()`` input became, in prompt order."""
         if not prompt.images:
             return prompt.text, []
-        from lmnb_engine.multimodal import MultimodalPrompt, sample_video_frames
+        from lmnb_engine.multimodal import MultimodalPrompt
+
+        text, images, counts = self._frames(prompt)
+        return self.engine.multimodal.prepare(MultimodalPrompt(text, images)), counts
+
+    def _frames(self, prompt: Prompt) -> tuple[str, list, list[int]]:
+        """[issue 10] The text with one placeholder per image (a video's repeated per frame), the
+        images in order, and how many each ``image()``/``video()`` input became."""
+        from lmnb_engine.multimodal import sample_video_frames
 
         token = self.get_chat_template().image_token
         parts = prompt.text.split(token)
@@ -184,7 +211,7 @@ class Engine(BaseBackend):
             images += frames
             counts.append(len(frames))
             text += token * len(frames) + rest
-        return self.engine.multimodal.prepare(MultimodalPrompt(text, images)), counts
+        return text, images, counts
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
         ids, counts = self._engine_prompt(prompt)
@@ -225,15 +252,21 @@ class Engine(BaseBackend):
         from lmnb_engine import SamplingParams
         from lmnb_engine.http_server.protocol import meta_info
 
-        if prompt.images:  # [issue 10]
-            raise NotImplementedError("select() after image()/video() is not supported yet; use gen() with a regex")
         eng = self.engine
-        p_ids = eng.encode(prompt.text)
-        prefill = meta_info(eng.generate(p_ids, SamplingParams(max_new_tokens=0))) if p_ids else None
+        text, mm = prompt.text, None
+        if prompt.images:  # [issue 10] the images are prepared once; each choice extends their tokens
+            from lmnb_engine.multimodal import MultimodalPrompt
+
+            text, images, _ = self._frames(prompt)
+            mm = eng.multimodal.prepare(MultimodalPrompt(text, images))
+        p_ids = eng.encode(text)
+        prefill = meta_info(eng.generate(mm or p_ids, SamplingParams(max_new_tokens=0))) if p_ids else None
         jobs = []  # (token ids to submit, index of the first scored token)
         for c in choices:
-            c_ids = eng.encode(prompt.text + c)
+            c_ids = eng.encode(text + c)
             d = first_difference(p_ids, c_ids)
+            if mm is not None:
+                c_ids, d = _extend_multimodal(mm, p_ids, c_ids, d, c, eng.multimodal.image_token_id)
             start = max(d, 1)  # token 0 has no context to be scored in
             if start >= len(c_ids):
                 raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
