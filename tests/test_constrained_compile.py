@@ -735,6 +735,29 @@ def test_an_email_field_with_the_usual_max_length_compiles():
     assert len(longest) == 247 and rx.fullmatch(json.dumps(longest)) and not rx.fullmatch(json.dumps("x" + longest))
 
 
+def test_an_email_field_with_a_shorter_max_length_writes_addresses_that_fit():
+    # it was refused (the length varies in several places); the format is narrowed to fit instead
+    import re._parser as sre_parse
+
+    for n in range(6, 247):  # Python's own width of the whole string regex: 2 quotes + n characters at most
+        rx = schema_to_regex({"type": "string", "format": "email", "maxLength": n})
+        assert sre_parse.parse(rx).getwidth()[1] <= n + 2, n
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for n, usual in [(6, "a@b.cc"), (20, "ann@gmail.com"), (50, "jane.doe@mail.example.org"),
+                     (100, "first.middle.last@dept.example.co.uk")]:
+        schema = {"type": "string", "format": "email", "maxLength": n}
+        rx = regex_module.compile(schema_to_regex(schema))
+        assert rx.fullmatch(json.dumps(usual)), (n, usual)
+        validator = jsonschema.Draft202012Validator(schema, format_checker=checker)
+        for text in random_matches(rx, list('"ab.@-x_1'), walks=40):
+            value = json.loads(text)
+            assert validator.is_valid(value) and len(value) <= n, text
+            local, _ = value.split("@")
+            assert ".." not in local and not local.startswith(".") and not local.endswith("."), text
+    with pytest.raises(GrammarError):
+        schema_to_regex({"type": "string", "format": "email", "maxLength": 5})
+
+
 @pytest.mark.parametrize("schema, kept, dropped", [
     # outlines-core failed on these ("Unsupported JSON Schema structure"); bounds alone were refused
     ({"minLength": 2}, ['"ab"', '"abc"'], ['"a"', "7"]),

@@ -125,6 +125,32 @@ _FORMAT_PATTERN = {
 }
 
 
+def _email_within(max_length: int) -> str:
+    """The ``email`` format narrowed so that every address it writes has at most ``max_length``
+    (6 to 246) characters: a share of the length for the local part and one for the domain, each
+    part's atoms or labels cut to fit (a subset: the narrowing ``json_string`` does for a pattern
+    cannot split one length over several parts)."""
+    local = max(1, min(62, (max_length - 5) // 2))  # the domain needs 4 at least ("b.cc")
+    dots = 2 if local >= 44 else 1 if local >= 9 else 0  # atoms of at least 4 characters
+    atom = (local - dots) // (dots + 1)
+    local_rx = f"[A-Za-z0-9_+-]{{1,{atom}}}" + (f"(?:\\.[A-Za-z0-9_+-]{{1,{atom}}}){{0,{dots}}}" if dots else "")
+    domain = max_length - 1 - local
+    tld = max(2, min(61, domain // 4))
+    rest = domain - tld  # for the labels, each with its dot
+    labels = 1 if rest < 12 else 2 if rest < 30 else 3
+    width = min(40, rest // labels - 1)
+    label = "[A-Za-z0-9]" + (f"(?:[A-Za-z0-9-]{{0,{width - 2}}}[A-Za-z0-9])?" if width > 1 else "")
+    return f"{local_rx}@(?:{label}\\.){{1,{labels}}}[A-Za-z]{{2,{tld}}}"
+
+
+def _format_pattern(fmt: str, max_length: int | None) -> str:
+    """The regex of ``format`` ``fmt``; an email field with a ``maxLength`` below the 247 characters
+    ``_EMAIL`` may take gets the narrowed one (``_email_within``)."""
+    if fmt == "email" and max_length is not None and 6 <= max_length < 247:
+        return _email_within(max_length)
+    return _FORMAT_PATTERN[fmt]
+
+
 def load_schema(schema: Any) -> dict:
     """The schema as a fresh ``dict``: from a dict (``json_schema.checked_schema``'s copy), a JSON
     string, or a pydantic class.
@@ -545,7 +571,7 @@ class _Rewriter:
         lo, hi = node.get("minLength", 0), node.get("maxLength")
         key = (fmt, pattern, lo, hi)
         if key not in self.strings:
-            self.strings[key] = pattern_regex(_FORMAT_PATTERN[fmt] if fmt is not None else pattern, where, lo, hi,
+            self.strings[key] = pattern_regex(_format_pattern(fmt, hi) if fmt is not None else pattern, where, lo, hi,
                                               name=None if fmt is None else f"format {fmt!r}")
         return self.strings[key]
 
