@@ -229,6 +229,7 @@ class StreamExecutor:
         self.fork_start_messages: int = 0
         self.fork_start_images: int = 0  # [issue 10] images_ inherited at the fork
         self.vars_set: list[str] = []  # names this executor set itself (what join gathers)
+        self.var_texts: dict[str, str] = {}  # the text a gen wrote for a variable holding its parsed value
         self.error_: Optional[ProgramError] = None
         self.closed = False  # the program body returned (or the branch was joined)
         self.joined = False  # a fork branch merged into its parent: it takes no more primitives
@@ -362,9 +363,16 @@ class StreamExecutor:
                 raise KeyError(f"no variable {name!r} in this program state; it has {sorted(self.variables)}")
             return self.variables[name]
 
-    def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True) -> None:
+    def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True,
+                text: Optional[str] = None) -> None:
+        """Set variable ``name``; ``text``: what the gen wrote, when ``value`` is parsed from it
+        (``gen(dtype=int)``), so that ``iter_text(name)`` yields that text."""
         with self._cv:
             self.variables[name] = value
+            if text is None or isinstance(value, str):
+                self.var_texts.pop(name, None)
+            else:
+                self.var_texts[name] = text
             if meta_info is not None:
                 self.meta_info[name] = meta_info
             if record and name not in self.vars_set:
@@ -373,9 +381,9 @@ class StreamExecutor:
             self._cv.notify_all()
 
     def _finish_var(self, name: Optional[str], value: Any, meta_info: Any,
-                    constraint: Optional[dict] = None) -> None:
+                    constraint: Optional[dict] = None, text: Optional[str] = None) -> None:
         if name is not None:
-            self.set_var(name, value, meta_info)
+            self.set_var(name, value, meta_info, text=text)
             with self._cv:
                 self._pending[name] = max(0, self._pending[name] - 1)
                 self._cv.notify_all()
@@ -559,7 +567,7 @@ class StreamExecutor:
             if not self.backend.is_chat_model and (params.n or 1) == 1 and unconstrained:
                 text, meta = speculative.spec_gen(self, params, expr)
                 self._append(text, "gen", expr.name)
-                self._finish_var(expr.name, self._parsed(expr, text, parse, meta), meta)
+                self._finish_var(expr.name, self._parsed(expr, text, parse, meta), meta, text=text)
                 return
             self.speculation = Speculation()  # this gen's own call makes the leftover stale
         if self.stream and (params.n or 1) == 1:
@@ -571,7 +579,7 @@ class StreamExecutor:
         self._append(comps[0].text, "gen", expr.name)
         if len(comps) == 1:
             value = self._parsed(expr, comps[0].text, parse, comps[0].meta_info)
-            self._finish_var(expr.name, value, comps[0].meta_info, _constraint(params))
+            self._finish_var(expr.name, value, comps[0].meta_info, _constraint(params), comps[0].text)
         else:
             values = [self._parsed(expr, c.text, parse, c.meta_info) for c in comps]
             self._finish_var(expr.name, values, [c.meta_info for c in comps])
@@ -596,7 +604,7 @@ class StreamExecutor:
 
         self._call(run)
         self._check_finish(meta, expr)
-        self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params))
+        self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params), text)
 
     def _execute_select(self, expr: Select) -> None:
         self.speculation = Speculation()  # the chosen text follows, not the speculated one
@@ -682,6 +690,7 @@ class StreamExecutor:
         c.text_ = self.text_
         c.messages_ = list(self.messages_)
         c.variables = dict(self.variables)
+        c.var_texts = dict(self.var_texts)
         c.meta_info = dict(self.meta_info)
         c.cur_role = self.cur_role
         c.cur_role_begin_pos = self.cur_role_begin_pos
@@ -702,7 +711,8 @@ class StreamExecutor:
 
     def iter_text(self, var_name: Optional[str] = None) -> Iterator[str]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
-        state is closed and idle (or the variable is complete)."""
+        state is closed and idle (or the variable is complete). A variable holding a parsed value
+        (``gen(dtype=int)``) yields the text its gen wrote."""
         pos, seen = 0, -1
         while True:
             with self._cv:
@@ -714,7 +724,7 @@ class StreamExecutor:
                     done = (self.closed and not self._queue and not self._draining) or self.error_ is not None
                 else:
                     value = self.variables.get(var_name, "")
-                    current = value if isinstance(value, str) else ""
+                    current = value if isinstance(value, str) else self.var_texts.get(var_name, "")
                     started = var_name in self.variables or self._pending[var_name] > 0
                     done = self.error_ is not None or (
                         self._pending[var_name] == 0

@@ -154,7 +154,8 @@ class ProgramState:
 
     def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
         """Yield the text (or variable ``var_name``) piece by piece as it is produced; with
-        ``stream=True`` a gen arrives token by token."""
+        ``stream=True`` a gen arrives token by token. A variable of ``gen(dtype=...)`` yields the
+        text the model wrote (``"42"``), not its parsed value."""
         return self.stream_executor.iter_text(var_name)
 
     async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):

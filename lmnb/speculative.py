@@ -136,7 +136,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             _, expr, _, parse = term
             text = next(vi)
             ex._append(text, "gen", expr.name)
-            ex._finish_var(expr.name, ex._parsed(expr, text, parse), dict(meta, speculative=True))
+            ex._finish_var(expr.name, ex._parsed(expr, text, parse), dict(meta, speculative=True), text=text)
 
 
 def spec_match(terms: list[tuple], reply: str) -> Optional[list[str]]:

@@ -342,6 +342,24 @@ def test_dtype_int_becomes_regex_stops_and_parsed_value():
         sgl.gen("x", regex="(unclosed")
 
 
+def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_stream():
+    # The value is parsed (42), the text the gen wrote is "42": text_iter yields that text,
+    # as a streamed run does token by token (it yielded nothing without stream=True).
+    be = ScriptedBackend(lambda p, params: "42")
+
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen_int("n") + " f=" + sgl.gen("f", dtype=float)
+
+    for stream in (False, True):
+        st = prog.run(backend=be, stream=stream)
+        assert "".join(st.text_iter("n")) == "42" and "".join(st.text_iter("f")) == "42"
+        assert st["n"] == 42 and st["f"] == 42.0
+    st = prog.run(backend=be)
+    st["n"] = 7  # a value set by the program has no gen text
+    assert list(st.text_iter("n")) == []
+
+
 def test_regex_and_json_schema_reach_the_backend_unchanged():
     be = ScriptedBackend(lambda p, params: "{}")
     schema = {"type": "object", "properties": {"k": {"type": "string"}}}
