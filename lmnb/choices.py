@@ -68,11 +68,16 @@ class ChoicesSamplingMethod:
     def scores(self, scored: Sequence[ChoiceLogprobs]) -> list[float]:
         raise NotImplementedError
 
+    def method_meta(self, scored: Sequence[ChoiceLogprobs], values: list[float]) -> dict:
+        """Meta info keys of this method alone (SGLang's names)."""
+        return {}
+
     def decide(self, choices: Sequence[str], scored: Sequence[ChoiceLogprobs], temperature: float = 0.0,
                rng: random.Random | None = None) -> ChoicesDecision:
         """The decision: argmax of ``scores`` (first on ties) when ``temperature`` is 0, else a
         sample from ``softmax(scores / temperature)`` (an lmnb extension; SGLang asserts 0) drawn
-        with ``rng`` (default: the ``random`` module's generator)."""
+        with ``rng`` (default: the ``random`` module's generator). The meta info has SGLang's keys
+        and entry shapes (``[logprob, token_id, None]`` per scored token) plus ``method_meta``'s."""
         values = self.scores(scored)
         if temperature > 0:
             top = max(values)
@@ -87,11 +92,15 @@ class ChoicesSamplingMethod:
             "input_token_logprobs": [
                 [[lp, tid, None] for lp, tid in zip(s.logprobs, s.token_ids)] for s in scored
             ],
+            "output_token_logprobs": [[] for _ in scored],  # SGLang's key: scoring generates nothing
             "prefix_len": [s.prefix_len for s in scored],
             "cached_tokens": [s.cached_tokens for s in scored],
         }
         if scored and scored[0].unconditional_logprobs is not None:
-            meta["unconditional_token_logprobs"] = [list(s.unconditional_logprobs or []) for s in scored]
+            meta["unconditional_token_logprobs"] = [
+                [[lp, tid, None] for lp, tid in zip(s.unconditional_logprobs or [], s.token_ids)] for s in scored
+            ]
+        meta.update(self.method_meta(scored, values))
         if scored and scored[0].prompt_meta is not None:
             meta["prompt_prefill"] = dict(scored[0].prompt_meta)
         return ChoicesDecision(decision=choices[index], meta_info=meta)
@@ -109,9 +118,17 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
     still kept, until one remains. Shorter choices are padded with their own mean logprob (SGLang).
     The score of a choice is the position at which it was eliminated (the winner gets the most)."""
 
-    def scores(self, scored):
+    @staticmethod
+    def _matrix(scored) -> list[list[float]]:
         width = max(len(s.logprobs) for s in scored)
-        rows = [list(s.logprobs) + [_mean(s.logprobs)] * (width - len(s.logprobs)) for s in scored]
+        return [list(s.logprobs) + [_mean(s.logprobs)] * (width - len(s.logprobs)) for s in scored]
+
+    def method_meta(self, scored, values):
+        return {"greedy_logprob_matrix": self._matrix(scored)}
+
+    def scores(self, scored):
+        rows = self._matrix(scored)
+        width = len(rows[0])
         alive = list(range(len(rows)))
         out = [0.0] * len(rows)
         for j in range(width):
@@ -132,6 +149,9 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
     choice's likelihood (the EleutherAI normalization SGLang cites)."""
 
     requires_unconditional_logprobs = True
+
+    def method_meta(self, scored, values):
+        return {"normalized_unconditional_prompt_logprobs": list(values)}
 
     def scores(self, scored):
         out = []

@@ -401,6 +401,26 @@ def test_select_methods_decide_by_hand_computed_scores():
     assert isinstance(sgl.gen("c", choices=["a", "b"]), type(sgl.select("c", ["a", "b"])))
 
 
+def test_select_meta_info_has_sglangs_keys_and_entry_shapes():
+    # SGLang's select meta: unconditional_token_logprobs in [logprob, token id, text] entries like
+    # input_token_logprobs, output_token_logprobs, and each method's own key.
+    table = {"yes": ([-1.0, -1.0], [-3.0, -3.0]), "no": ([-0.5, -2.0, -0.1], [-0.4, -0.4, -0.4])}
+    be = ScriptedBackend(choice_scores=lambda p, c: table[c])
+
+    @sgl.function
+    def prog(s, method):
+        s += "Q?" + sgl.select("c", choices=list(table), choices_method=method)
+
+    meta = prog.run(method=sgl.unconditional_likelihood_normalized, backend=be).get_meta_info("c")
+    assert meta["unconditional_token_logprobs"][0] == [[-3.0, 0, None], [-3.0, 1, None]]
+    assert [e[0] for e in meta["unconditional_token_logprobs"][1]] == [-0.4, -0.4, -0.4]
+    # means of (conditional - unconditional): (2 + 2) / 2 and (-0.1 - 1.6 + 0.3) / 3
+    assert meta["normalized_unconditional_prompt_logprobs"] == pytest.approx([2.0, -1.4 / 3])
+    assert meta["output_token_logprobs"] == [[], []]
+    meta = prog.run(method=sgl.greedy_token_selection, backend=be).get_meta_info("c")
+    assert meta["greedy_logprob_matrix"] == [[-1.0, -1.0, -1.0], [-0.5, -2.0, -0.1]]  # padded with the mean
+
+
 def test_zero_logprobs_count_in_the_mean():
     from lmnb.choices import ChoiceLogprobs, token_length_normalized
 
