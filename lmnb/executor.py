@@ -232,6 +232,9 @@ class StreamExecutor:
         self.var_texts: dict[str, str] = {}  # the text a gen wrote for a variable holding its parsed value
         self.error_: Optional[ProgramError] = None
         self.closed = False  # the program body returned (or the branch was joined)
+        # the thread running a streamed program's body (-1 until it starts), None when none runs:
+        # readers on other threads wait for it, as it may still submit what they read
+        self.body_thread: Optional[int] = None
         self.joined = False  # a fork branch merged into its parent: it takes no more primitives
         self.speculation = Speculation()  # completion-model API speculation left over
         self._spec_terms: list[tuple] = []  # chat-model API speculation inside an assistant role
@@ -338,6 +341,16 @@ class StreamExecutor:
             while self._queue or self._draining:
                 self._cv.wait()
 
+    def _body_elsewhere(self) -> bool:
+        """(Lock held.) A streamed program body is running on another thread than the caller's."""
+        return self.body_thread is not None and self.body_thread != threading.get_ident()
+
+    def wait_body(self) -> None:
+        """Block until a streamed program body running on another thread has returned."""
+        with self._cv:
+            while self._body_elsewhere():
+                self._cv.wait()
+
     def raise_if_failed(self) -> None:
         if self.error_ is not None:
             raise self.error_
@@ -350,12 +363,15 @@ class StreamExecutor:
             ProgramError: the primitive that should set it failed (or an earlier one did).
         """
         with self._cv:
-            while self._pending[name] > 0 and self.error_ is None:
-                if not self._queue and not self._draining:
-                    raise RuntimeError(
-                        f"variable {name!r} is set only when its assistant role ends (API speculative "
-                        "execution defers the gen calls to the role end); read it after the role"
-                    )
+            while self.error_ is None:
+                if self._pending[name] > 0:
+                    if not self._queue and not self._draining and not self._body_elsewhere():
+                        raise RuntimeError(
+                            f"variable {name!r} is set only when its assistant role ends (API speculative "
+                            "execution defers the gen calls to the role end); read it after the role"
+                        )
+                elif name in self.variables or not self._body_elsewhere():
+                    break
                 self._cv.wait()
             if self.error_ is not None and (name in self._lost or name not in self.variables):
                 raise self.error_
@@ -702,6 +718,7 @@ class StreamExecutor:
         """Mark the program (or branch) finished: streaming readers end once it is idle."""
         with self._cv:
             self.closed = True
+            self.body_thread = None
             self._version += 1
             self._cv.notify_all()
         for c in self._children:

@@ -112,7 +112,10 @@ class ProgramState:
     # -- reading
 
     def sync(self) -> None:
-        """Wait until every submitted primitive has run; raise the state's error if one failed."""
+        """Wait until every submitted primitive has run (and, called outside the body of a
+        ``run(stream=True)`` program, until the body has returned); raise the state's error if one
+        failed."""
+        self.stream_executor.wait_body()
         self.stream_executor.wait_idle()
         self.stream_executor.raise_if_failed()
 
@@ -270,6 +273,8 @@ class ProgramStateGroup:
 
 def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, raise_errors: bool) -> None:
     ex = state.stream_executor
+    if ex.body_thread is not None:  # a streamed body: readers on other threads wait for this one
+        ex.body_thread = threading.get_ident()
     try:
         state.ret_value = func(state, *args, **kwargs)
         ex.wait_idle()
@@ -320,6 +325,7 @@ def run_program(
         state = ProgramState(executor)
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
+        state.stream_executor.body_thread = -1  # started below
         ctx = contextvars.copy_context()
         threading.Thread(
             target=ctx.run, args=(_run_body, state, program.func, args, kwargs, False), daemon=True

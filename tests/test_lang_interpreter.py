@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -319,6 +320,30 @@ def test_streaming_yields_chunks_before_the_end_sync_and_async():
 
     got = asyncio.run(collect())
     assert len(got) > 2 and "".join(got) == "streamed text"
+
+
+def test_reading_a_streamed_state_waits_for_its_body_to_submit():
+    # run(stream=True) returns before the body ran; s["a"] raised KeyError and text() gave ""
+    # when read before the body had added the gen.
+    be = ScriptedBackend(lambda p, params: "text")
+    inside = []
+
+    @sgl.function
+    def prog(s):
+        time.sleep(0.1)
+        s += "Q: " + sgl.gen("a")
+        with pytest.raises(KeyError):  # in the body itself an unknown name still fails at once
+            s["nope"]
+        inside.append(s.text())
+
+    assert prog.run(backend=be, stream=True)["a"] == "text"
+    assert prog.run(backend=be, stream=True).get_meta_info("a")["finish_reason"]["type"] == "length"
+    assert prog.run(backend=be, stream=True).text() == "Q: text"
+    st = prog.run(backend=be, stream=True)
+    st.sync()
+    assert st.messages() == [] and inside == ["Q: text"] * 4
+    with pytest.raises(KeyError):  # after the body returned, an unknown name fails at once
+        st["nope"]
 
 
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
