@@ -225,6 +225,19 @@ class SglFunction:
             self, backend or get_default_backend(), items, defaults, num_threads, progress_bar, generator_style
         )
 
+    def cache(self, backend=None) -> None:
+        """Prefill the program's constant prompt prefix (found by tracing, ``lmnb.tracer``) into
+        the prefix cache of ``backend`` (default: the default backend), as ``run_batch`` does
+        before a batch: SGLang's ``SglFunction.cache``."""
+        import uuid
+
+        from lmnb.tracer import extract_prefix
+
+        backend = backend or get_default_backend()
+        prefix = extract_prefix(self, backend.get_chat_template())
+        if prefix:
+            backend.cache_prefix(prefix, uuid.uuid4().hex)
+
     def __call__(self, *args, **kwargs):
         return self.run(*args, **kwargs)
 

@@ -559,6 +559,23 @@ def test_run_batch_returns_in_order_and_prefills_the_traced_prefix_first():
     assert be.kinds().count("prefill") == 1 and be.kinds().count("generate") == 32
 
 
+def test_cache_prefills_the_traced_prefix_as_sglang_does():
+    # SGLang programs call prog.cache() before a run; lmnb had no such method (AttributeError).
+    be = ScriptedBackend(chat_template=CHATML)
+
+    @sgl.function
+    def prog(s, q):
+        s += sgl.system("Be brief.")
+        s += sgl.user(q)
+        s += sgl.assistant(sgl.gen("a"))
+
+    assert prog.cache(backend=be) is None
+    assert be.calls == [("prefill", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")]
+    prog.bind(q="hi").cache(backend=be)  # a bound argument is constant text
+    assert be.calls[-1] == ("prefill", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                                       "<|im_start|>assistant\n")
+
+
 def test_run_batch_item_failure_does_not_stop_the_batch():
     be = ScriptedBackend(lambda p, params: "x")
 
