@@ -248,3 +248,21 @@ def test_an_image_on_a_text_only_model_fails_where_it_is_added(backend):
 
     err = prog.run(backend=backend).error()
     assert err is not None and "is a text-only model: it cannot take images" in str(err)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_input_logprobs_from_token_0_name_its_id_like_the_server(backend, hf, stream):
+    # SGLang's (and lmnb serve's) input_token_logprobs entry for prompt token 0 is
+    # [None, its id, text]; the in-process backend wrote [None, None, None].
+    tok, _ = hf
+    prompt = "The color of the sky is"
+
+    @sgl.function
+    def prog(s):
+        s += prompt + sgl.gen("a", max_tokens=2, return_logprob=True, logprob_start_len=0,
+                              return_text_in_logprobs=True)
+
+    entries = prog.run(backend=backend, temperature=0, stream=stream).get_meta_info("a")["input_token_logprobs"]
+    ids = tok(prompt).input_ids
+    assert [e[1] for e in entries] == ids
+    assert entries[0][0] is None and entries[0][2] == tok.decode(ids[:1])

@@ -135,11 +135,12 @@ class Engine(BaseBackend):
 
     # -- requests
 
-    def _meta(self, result, params: GenParams, ids: Any = None, counts: Sequence[int] = (), text: str = "") -> dict:
+    def _meta(self, result, params: GenParams, ids: Any = None, counts: Sequence[int] = (), text: str = "",
+              first: Optional[int] = None) -> dict:
         from lmnb_engine.http_server.protocol import meta_info
 
         decode = self.engine.decode if params.return_text_in_logprobs else None
-        meta = meta_info(result, decode, params.top_logprobs_num or 0)
+        meta = meta_info(result, decode, params.top_logprobs_num or 0, first)
         if counts:  # [issue 10]
             meta["images"] = media_cache(ids.mm_inputs.images, counts, result.meta.cached_tokens)
             meta["cached_chars"] = self._cached_chars(text, ids, counts, result.meta.cached_tokens)
@@ -213,23 +214,34 @@ class Engine(BaseBackend):
             text += token * len(frames) + rest
         return text, images, counts
 
+    def _first_token(self, ids: Any, params: GenParams) -> tuple[Any, Optional[int]]:
+        """(``ids``, the id of prompt token 0) when the input logprobs start there: their first
+        entry names it, as SGLang's (and ``lmnb serve``'s) do; a text prompt is encoded for it."""
+        if not params.return_logprob or params.logprob_start_len != 0:
+            return ids, None
+        if isinstance(ids, str):
+            ids = self.engine.encode(ids)
+        return ids, (int(ids[0]) if len(ids) else None)
+
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
         ids, counts = self._engine_prompt(prompt)
+        ids, first = self._first_token(ids, params)
         handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
         results = handle.result()
         if not isinstance(results, list):
             results = [results]
-        return [Completion(r.text, self._meta(r, params, ids, counts, prompt.text))
+        return [Completion(r.text, self._meta(r, params, ids, counts, prompt.text, first))
                 for r in sorted(results, key=lambda r: r.index)]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         ids, counts = self._engine_prompt(prompt)
+        ids, first = self._first_token(ids, params)
         handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
         completion_tokens = 0
         for ev in handle.events():
             completion_tokens += len(ev.token_ids)
             if ev.finished and ev.result is not None:
-                meta = self._meta(ev.result, params, ids, counts, prompt.text)
+                meta = self._meta(ev.result, params, ids, counts, prompt.text, first)
             else:
                 meta = {"id": rid, "completion_tokens": completion_tokens}
             meta[DELTA_TOKENS] = self._delta_tokens(ev)
