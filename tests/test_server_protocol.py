@@ -345,3 +345,48 @@ def test_a_busy_compiler_is_a_503_which_clients_retry_and_a_pattern_too_large_or
         assert r.status_code == 200
         r = _post(url, "/v1/completions", {"model": "rec", "prompt": "a", "regex": "busy"})
         assert r.json()["error"]["type"] == "server_error" and "retry later" in r.json()["error"]["message"]
+
+
+class _Ticking:
+    """A streamed request handle that sends one character every 20 ms until it is aborted."""
+
+    def __init__(self, rid):
+        self.rid, self.n = rid, 1
+        self.aborted = threading.Event()
+
+    @property
+    def done(self):
+        return self.aborted.is_set()
+
+    def events(self):
+        from lmnb_engine.outputs import StreamEvent
+
+        while not self.aborted.wait(0.02):
+            yield StreamEvent(self.rid, "x", [ord("x")])
+
+    def abort(self):
+        self.aborted.set()
+        return True
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"text": ["a", "b", "c"], "sampling_params": {"max_new_tokens": 4}, "stream": True}),
+    ("/v1/completions", {"model": "rec", "prompt": ["a", "b", "c"], "max_tokens": 4, "stream": True}),
+])
+def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt(path, body):
+    """The prompts of a batch stream one after another; a client that leaves during the first must
+    not leave the later ones running (only the one being streamed was aborted)."""
+    handles: list = []
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            handles.append(_Ticking(rid))
+            return handles[-1]
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        with httpx.Client(timeout=10) as client, client.stream("POST", url + path, json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data:")
+        assert len(handles) == 3
+        for i, h in enumerate(handles):
+            assert h.aborted.wait(10), f"prompt {i} kept running after its client left"

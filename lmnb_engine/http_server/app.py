@@ -122,6 +122,14 @@ class ServerContext:
             if not finished and not handle.done:
                 handle.abort()
 
+    @staticmethod
+    def abort_unfinished(handles: list) -> None:
+        """Abort every handle not done: a stream of several prompts that ends early (client gone,
+        an error) must not leave the prompts after the one it was streaming running."""
+        for h in handles:
+            if not h.done:
+                h.abort()
+
 
 def error_body(message: str, status: int, param: Optional[str] = None) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
@@ -316,29 +324,33 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
                            firsts: list) -> AsyncIterator[str]:
-    """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form)."""
+    """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form).
+    The prompts of a batch stream one after another; all are aborted if the stream ends early."""
     base = 0
-    for h, p, first in zip(handles, params, firsts):
-        texts: dict[int, str] = {}
-        ids: dict[int, list] = {}
-        try:
-            async for ev in ctx.events(h):
-                i = base + ev.index
-                texts[i] = texts.get(i, "") + ev.text_delta
-                ids.setdefault(i, []).extend(ev.token_ids)
-                if ev.finished and ev.result is not None:
-                    meta = meta_info(ev.result, decode, p.top_logprobs_num, first)
-                elif ev.text_delta:
-                    meta = {"id": h.rid, "completion_tokens": len(ids[i]), "finish_reason": None}
-                else:
-                    continue
-                yield sse({"text": texts[i], "output_ids": ids[i], "meta_info": meta, "index": i})
-        except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
-            logger.exception("stream failed")
-            yield sse(error_body(f"{type(e).__name__}: {e}", 500))
-            break
-        base += h.n
-    yield SSE_DONE
+    try:
+        for h, p, first in zip(handles, params, firsts):
+            texts: dict[int, str] = {}
+            ids: dict[int, list] = {}
+            try:
+                async for ev in ctx.events(h):
+                    i = base + ev.index
+                    texts[i] = texts.get(i, "") + ev.text_delta
+                    ids.setdefault(i, []).extend(ev.token_ids)
+                    if ev.finished and ev.result is not None:
+                        meta = meta_info(ev.result, decode, p.top_logprobs_num, first)
+                    elif ev.text_delta:
+                        meta = {"id": h.rid, "completion_tokens": len(ids[i]), "finish_reason": None}
+                    else:
+                        continue
+                    yield sse({"text": texts[i], "output_ids": ids[i], "meta_info": meta, "index": i})
+            except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
+                logger.exception("stream failed")
+                yield sse(error_body(f"{type(e).__name__}: {e}", 500))
+                break
+            base += h.n
+        yield SSE_DONE
+    finally:
+        ctx.abort_unfinished(handles)
 
 
 def model_info_dict(engine: Any, served_model_name: str) -> dict:

@@ -433,7 +433,8 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     carries the logprobs of the tokens whose text it carries (a token whose bytes end inside a
     character waits for the chunk that completes it), as OpenAI and vLLM stream them; with
     ``echo``, a choice's logprobs all come with its last chunk, the prompt's first, as in the
-    unstreamed reply (the prompt's are known only at the end)."""
+    unstreamed reply (the prompt's are known only at the end). The prompts stream one after
+    another; all are aborted if the stream ends early (client gone, an error)."""
     engine = ctx.engine
     chat = kind == "chat.completion.chunk"
 
@@ -492,4 +493,6 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
         from lmnb_engine.http_server.app import error_body
 
         yield sse(error_body(str(e) if isinstance(e, RequestFailed) else f"{type(e).__name__}: {e}", 500))
+    finally:
+        ctx.abort_unfinished(handles)
     yield SSE_DONE
