@@ -268,6 +268,33 @@ def test_gen_logprobs_agree_in_process_and_over_http(backends):
     assert len(b["output_top_logprobs"][0]) == 2
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_openai_backend_gen_logprobs_agree_with_in_process_streamed_or_not(backends, chat, stream):
+    """The OpenAI backend's gen logprobs and top logprobs are the in-process engine's (a streamed
+    gen dropped them all; top logprobs were dropped always)."""
+    local, _, url = backends
+    backend = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=chat)
+
+    @sgl.function
+    def prog(s):
+        if chat:
+            s += sgl.user("The bird in the tree")
+            s += sgl.assistant(sgl.gen("x", max_tokens=4, return_logprob=True, top_logprobs_num=2))
+        else:
+            s += "The bird in the tree" + sgl.gen("x", max_tokens=4, return_logprob=True, top_logprobs_num=2)
+
+    local_state = prog.run(backend=local, temperature=0)
+    want, want_text = local_state.get_meta_info("x"), local_state["x"]
+    state = prog.run(backend=backend, temperature=0, stream=stream)
+    assert "".join(state.text_iter("x")) == want_text
+    got = state.get_meta_info("x")
+    assert [e[0] for e in got["output_token_logprobs"]] == pytest.approx([e[0] for e in want["output_token_logprobs"]], abs=1e-4)
+    assert [e[0] for top in got["output_top_logprobs"] for e in top] == pytest.approx(
+        [e[0] for top in want["output_top_logprobs"] for e in top], abs=1e-4)
+    assert [len(top) for top in got["output_top_logprobs"]] == [2] * len(want["output_token_logprobs"])
+
+
 def test_native_select_rescores_from_the_whole_prompt_when_the_window_misses(backends, monkeypatch):
     import lmnb.backend.runtime_endpoint as rt
 

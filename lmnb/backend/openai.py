@@ -147,13 +147,24 @@ class OpenAI(BaseBackend):
             meta["cached_tokens"] = getattr(details, "cached_tokens", None) or 0
         return meta
 
-    def _logprobs(self, choice: Any) -> Optional[list]:
+    def _logprobs(self, choice: Any, params: GenParams) -> dict:
+        """SGLang's ``output_token_logprobs`` (and ``output_top_logprobs`` when ``params`` asks for
+        top logprobs) of a choice or of a streamed chunk's choice: ``[[logprob, None, token], ...]``,
+        the API naming no token ids. Empty when the choice carries no logprobs."""
         lp = getattr(choice, "logprobs", None)
         if lp is None:
-            return None
+            return {}
         if self.is_chat_model:
-            return [[t.logprob, None, t.token] for t in (lp.content or [])]
-        return [[v, None, t] for t, v in zip(lp.tokens or [], lp.token_logprobs or [])]
+            content = lp.content or []
+            out = {"output_token_logprobs": [[t.logprob, None, t.token] for t in content]}
+            tops = [[[x.logprob, None, x.token] for x in (t.top_logprobs or [])] for t in content]
+        else:
+            tokens = lp.tokens or []
+            out = {"output_token_logprobs": [[v, None, t] for t, v in zip(tokens, lp.token_logprobs or [])]}
+            tops = [[[v, None, t] for t, v in (top or {}).items()] for top in (lp.top_logprobs or [None] * len(tokens))]
+        if params.top_logprobs_num:
+            out["output_top_logprobs"] = tops
+        return out
 
     # -- BaseBackend
 
@@ -164,9 +175,7 @@ class OpenAI(BaseBackend):
             text = choice.message.content if self.is_chat_model else choice.text
             meta = self._usage_meta(ret.id, ret.usage)
             meta["finish_reason"] = {"type": choice.finish_reason}
-            lps = self._logprobs(choice)
-            if lps is not None:
-                meta["output_token_logprobs"] = lps
+            meta.update(self._logprobs(choice, params))
             out.append(Completion(text or "", meta))
         return out
 
@@ -184,6 +193,8 @@ class OpenAI(BaseBackend):
                     delta = (choice.delta.content if self.is_chat_model else choice.text) or ""
                     if choice.finish_reason is not None:
                         meta["finish_reason"] = {"type": choice.finish_reason}
+                    for key, lps in self._logprobs(choice, params).items():  # each chunk: its tokens'
+                        meta[key] = meta.get(key, []) + lps
                     if delta:
                         yield delta, dict(meta, id=chunk.id)
         except self._openai.APIError as e:
