@@ -390,3 +390,18 @@ def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt(path, body):
         assert len(handles) == 3
         for i, h in enumerate(handles):
             assert h.aborted.wait(10), f"prompt {i} kept running after its client left"
+
+
+def test_the_openai_client_retrieves_the_served_model_and_a_wrong_name_is_a_404():
+    """GET /v1/models/{model} (the client's ``models.retrieve``) was itself a bare 404; a served name
+    may hold slashes, as a hub id or the default checkpoint path does."""
+    import openai
+
+    with live_server(RecordingEngine(), served_model_name="org/tiny-model") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        for name in ("org/tiny-model", "default"):
+            card = client.models.retrieve(name)
+            assert (card.id, card.object, card.owned_by) == ("org/tiny-model", "model", "lmnb")
+        with pytest.raises(openai.NotFoundError) as e:
+            client.models.retrieve("gpt-4")
+        assert e.value.body["message"] == "model 'gpt-4' is not served here; use 'org/tiny-model'"

@@ -1,5 +1,5 @@
-"""OpenAI-compatible routes of ``lmnb serve``: ``/v1/models``, ``/v1/completions``,
-``/v1/chat/completions``.
+"""OpenAI-compatible routes of ``lmnb serve``: ``/v1/models`` (and ``/v1/models/{model}``),
+``/v1/completions``, ``/v1/chat/completions``.
 
 Request and response shapes are the OpenAI API's (what the official ``openai`` client sends and
 parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept (``top_k``,
@@ -273,15 +273,18 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         if model not in (ctx.model_name, engine.model_path, "default"):
             raise RequestError(f"model {model!r} is not served here; use {ctx.model_name!r}", 404, "model")
 
+    def model_card() -> dict:
+        return {"id": ctx.model_name, "object": "model", "created": int(time.time()), "owned_by": "lmnb",
+                "max_model_len": engine.context_len}
+
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [{
-                "id": ctx.model_name, "object": "model", "created": int(time.time()), "owned_by": "lmnb",
-                "max_model_len": engine.context_len,
-            }],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")  # :path, as the default name is a checkpoint path
+    async def retrieve_model(model: str):
+        check_model(model)
+        return model_card()
 
     @app.post("/v1/completions")
     async def completions(request: Request):
