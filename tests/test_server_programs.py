@@ -165,6 +165,27 @@ def test_official_openai_client_chat_completion_and_streaming(backends, engines)
     assert "".join(pieces) == comp.choices[0].text
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_chat_logprob_bytes_join_into_the_reply_when_tokens_split_characters(backends, stream):
+    """OpenAI's ``bytes`` are each token's own bytes, so that tokens holding parts of one character
+    join into it; every byte token of 'é🙂' said [239, 191, 189], the bytes of U+FFFD."""
+    _, _, url = backends
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12, temperature=0,
+              logprobs=True, top_logprobs=1, extra_body={"regex": "é🙂"})
+    if stream:
+        chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+        text = "".join(c.delta.content or "" for c in chunks)
+        content = [t for c in chunks if c.logprobs for t in c.logprobs.content]
+    else:
+        choice = client.chat.completions.create(**kw).choices[0]
+        text, content = choice.message.content, choice.logprobs.content
+    assert text == "é🙂"
+    assert len(content) > 2  # the tiny vocabulary spells them in byte tokens
+    assert bytes(b for t in content for b in t.bytes) == "é🙂".encode()
+    assert all(b"\xef\xbf\xbd" not in bytes(x.bytes) for t in content for x in t.top_logprobs)
+
+
 def test_echoed_completion_text_offsets_index_the_returned_text(backends, engines):
     _, _, url = backends
     local = engines[0]

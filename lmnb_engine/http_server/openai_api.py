@@ -11,8 +11,10 @@ rejected with a 400 naming them rather than ignored.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+import weakref
 from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union
 
 from fastapi import Request
@@ -195,7 +197,41 @@ def _token(engine: Any, token_id: int) -> str:
     return engine.decode([token_id])
 
 
+_RAW_BYTES: "weakref.WeakKeyDictionary[Any, Optional[list]]" = weakref.WeakKeyDictionary()  # tokenizer -> table
+_RAW_BYTES_LOCK = threading.Lock()
+
+
+def _raw_bytes(engine: Any, token_id: int) -> Optional[bytes]:
+    """The bytes token ``token_id`` stands for, from the tokenizer's vocabulary (``<0xNN>`` byte
+    tokens, byte-level BPE); None where the tokenizer's family is not one constrained decoding reads."""
+    from lmnb_engine.constrained.errors import GrammarError
+    from lmnb_engine.constrained.vocab import token_bytes_table
+
+    tok = engine.tokenizer
+    with _RAW_BYTES_LOCK:
+        if tok not in _RAW_BYTES:
+            try:
+                _RAW_BYTES[tok] = token_bytes_table(tok, len(tok))[0]
+            except (GrammarError, TypeError, AttributeError):
+                _RAW_BYTES[tok] = None
+        table = _RAW_BYTES[tok]
+    return table[token_id] if table is not None and 0 <= token_id < len(table) else None
+
+
+def _token_bytes(engine: Any, token_id: int, text: str) -> list[int]:
+    """OpenAI's ``bytes`` of a token: the token's own UTF-8 bytes. A token holding part of a
+    character decodes alone to U+FFFD, whose bytes are not the token's: its bytes come from the
+    vocabulary, so a client joining a reply's ``bytes`` gets the reply's text."""
+    if _REPLACEMENT in text:
+        raw = _raw_bytes(engine, token_id)
+        if raw is not None:
+            return list(raw)
+    return list(text.encode("utf-8"))
+
+
 def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
+    """A chat choice's ``logprobs`` of ``lps``. It decodes every token (and may read the vocabulary
+    once), so routes call it on a worker thread, off the event loop."""
     if lps is None:
         return None
     content = []
@@ -204,9 +240,9 @@ def _chat_logprobs(engine: Any, lps: Optional[list]) -> Optional[dict]:
         content.append({
             "token": tok,
             "logprob": finite(lp.logprob),
-            "bytes": list(tok.encode("utf-8")),
+            "bytes": _token_bytes(engine, lp.token_id, tok),
             "top_logprobs": [
-                {"token": (t := _token(engine, tid)), "logprob": finite(v), "bytes": list(t.encode("utf-8"))}
+                {"token": (t := _token(engine, tid)), "logprob": finite(v), "bytes": _token_bytes(engine, tid, t)}
                 for tid, v in lp.top
             ],
         })
@@ -372,7 +408,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         choices = [{
             "index": r.index,
             "message": {"role": "assistant", "content": r.text},
-            "logprobs": _chat_logprobs(engine, r.logprobs) if req.logprobs else None,
+            "logprobs": await ctx.run(_chat_logprobs, engine, r.logprobs) if req.logprobs else None,
             "finish_reason": _finish(r),
         } for r in results]
         return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
@@ -476,7 +512,7 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                     results.append(ev.result)
                 lps = waiting.pop(ev.index, None)
                 if lps and chat:
-                    lp = _chat_logprobs(engine, lps)
+                    lp = await ctx.run(_chat_logprobs, engine, lps)
                 elif lps:
                     so_far = offsets.setdefault(ev.index,
                                                 CompletionLogprobs(engine, len(texts[k]), None, prompt_ids[k]))
