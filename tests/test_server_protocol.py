@@ -405,3 +405,29 @@ def test_the_openai_client_retrieves_the_served_model_and_a_wrong_name_is_a_404(
         with pytest.raises(openai.NotFoundError) as e:
             client.models.retrieve("gpt-4")
         assert e.value.body["message"] == "model 'gpt-4' is not served here; use 'org/tiny-model'"
+
+
+def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message():
+    """An in-stream error reached programs as the error object's repr ({'message': ..., 'type': ...})."""
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            handle = super().submit(prompt, params, rid)
+
+            def events():
+                yield next(iter(handle._events))
+                raise RuntimeError("the model fell over")
+
+            handle.events = events
+            return handle
+
+    @sgl.function
+    def prog(s):
+        s += "hi" + sgl.gen("x", max_tokens=4)
+
+    with live_server(Engine()) as url:
+        state = prog.run(backend=sgl.RuntimeEndpoint(url), stream=True)
+        with pytest.raises(sgl.ProgramError) as e:
+            list(state.text_iter())
+            state.sync()
+    assert str(e.value).endswith("/generate stream: RuntimeError: the model fell over")

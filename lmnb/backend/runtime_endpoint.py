@@ -162,8 +162,10 @@ class RuntimeEndpoint(BaseBackend):
                     if payload == "[DONE]":
                         break
                     obj = json.loads(payload)
-                    if "error" in obj:
-                        raise BackendError(f"POST {self.base_url}/generate stream: {obj['error']}")
+                    if "error" in obj:  # the server's own words, as for a non-streamed error (_error_text)
+                        err = obj["error"]
+                        message = err.get("message", err) if isinstance(err, dict) else err
+                        raise BackendError(f"POST {self.base_url}/generate stream: {message}")
                     text = obj["text"]  # cumulative, as SGLang streams it
                     yield text[pos:], obj.get("meta_info", {})
                     pos = len(text)
