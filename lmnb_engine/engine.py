@@ -427,7 +427,12 @@ class Engine:
     def _make_reqs(
         self, ids: list[int], params: SamplingParams, rid: Optional[str] = None
     ) -> tuple[RequestHandle, list[Req]]:
-        """A handle and its ``n`` scheduler requests for one checked prompt (not yet queued)."""
+        """A handle and its ``n`` scheduler requests for one checked prompt (not yet queued).
+
+        The requests get their own copy of ``params``: the scheduler reads it at every step, so
+        the caller's object, changed after ``submit`` returns (a loop reusing one
+        ``SamplingParams``), must not change a running request or put unchecked values in it."""
+        params = params.copy()
         if self._tp_group is not None:  # [issue 9] a dead worker rank: say so, queue nothing
             self._tp_group.check_alive()
         rid = rid or uuid.uuid4().hex

@@ -188,3 +188,16 @@ def test_submit_handle_and_model_facts(engine):
     assert engine.decode(engine.encode("red cat")) == "red cat"
     chat = engine.apply_chat_template([{"role": "user", "content": "hi"}])
     assert chat.endswith("<|assistant|>") and "<|user|>hi<|end|>" in chat
+
+
+def test_changing_params_after_submit_changes_no_queued_request(engine, hf):
+    # One SamplingParams reused in a loop: each request runs with the values it was submitted with.
+    p = engine.encode("the red cat")
+    params = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    first = engine.submit(p, params)
+    params.max_new_tokens = 40
+    second = engine.submit(p, params)
+    params.frequency_penalty = "unchecked"  # would fail the scheduler's step, and its batch with it
+    assert first.result(timeout=60).token_ids == hf.greedy_ignore_eos(p, 5)
+    assert second.result(timeout=60).token_ids == hf.greedy_ignore_eos(p, 40)
+    assert_idle_accounting(engine)
