@@ -68,7 +68,9 @@ class SchedulerConfig:
         the device computes while the host detokenizes and streams (``Scheduler._chain``).
     init/min_new_token_ratio, new_token_ratio_decay, retract_ratio_step: the decode reserve is
         ``ratio × remaining max_new_tokens`` per running request; the ratio decays by ``decay``
-        each decode step and rises by ``retract_ratio_step`` after a retraction (SGLang).
+        each decode step, rises by ``retract_ratio_step`` after a retraction and goes back to
+        ``init`` whenever the scheduler is idle (SGLang), so a burst of requests is admitted the
+        same way whatever ran before it.
     """
 
     schedule_policy: str = "lpm"
@@ -212,6 +214,8 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             try:
+                if not self._has_work():  # idle: the decode reserve starts over (as SGLang's)
+                    self.new_token_ratio = self.config.init_new_token_ratio
                 if not self._drain_inbox(block=not self._has_work()):
                     return
                 if self._has_work():

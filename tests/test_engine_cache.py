@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from lmnb_engine import Engine, SamplingParams
+from lmnb_engine.scheduler import SchedulerConfig
 from tests.helpers_engine import HFReference, assert_idle_accounting, shared_prefix_prompts
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -199,6 +200,24 @@ def test_retraction_requeues_requests_and_keeps_outputs(tiny_llama, hf):
         assert eng.cache_stats()["retracted_requests"] > 0
         assert [r.token_ids for r in results] == [hf.greedy_ignore_eos(p, 60) for p in ps]
         assert all(r.finish_reason.type == "length" for r in results)
+        assert_idle_accounting(eng)
+
+
+def test_the_decode_reserve_starts_over_when_the_engine_is_idle(tiny_llama, hf):
+    # SGLang resets new_token_ratio to its initial value whenever the scheduler idles: a burst is
+    # admitted (and retracted) the same way on a used engine as on a fresh one.
+    with engine(tiny_llama, max_total_tokens=200) as eng:
+        ps = shared_prefix_prompts(eng.tokenizer, 6, seed=11, prefix_words=8)
+        params = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
+        assert eng.cache_stats()["new_token_ratio"] == SchedulerConfig().init_new_token_ratio
+        eng.generate(ps, params)
+        first = eng.cache_stats()["retracted_requests"]
+        assert first > 0
+        assert eng.cache_stats()["new_token_ratio"] == SchedulerConfig().init_new_token_ratio
+        assert eng.flush_cache()  # the same cold cache as the first burst had
+        results = eng.generate(ps, params)
+        assert eng.cache_stats()["retracted_requests"] == first
+        assert [r.token_ids for r in results] == [hf.greedy_ignore_eos(p, 60) for p in ps]
         assert_idle_accounting(eng)
 
 
