@@ -103,6 +103,11 @@ class RequestHandle:
         return self._engine.abort(self.rid)
 
 
+def _is_token_id(t: Any) -> bool:
+    """An integer (Python's or numpy's) that is not a bool."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
 def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
     """Refuse an ``Engine`` option of the wrong type before the model loads (ranges are checked
     where each option is used). A string such as ``"no"`` would otherwise pass as a true flag.
@@ -335,10 +340,10 @@ class Engine:
             return self.multimodal.prepare(prompt)
         if isinstance(prompt, str):
             ids = self.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
+            ids = [int(t) for t in prompt]  # numpy integers too (a tokenizer's array, .tolist() or not)
         elif isinstance(prompt, (list, tuple)):
-            i, bad = next((i, t) for i, t in enumerate(prompt) if not isinstance(t, int) or isinstance(t, bool))
+            i, bad = next((i, t) for i, t in enumerate(prompt) if not _is_token_id(t))
             raise TypeError(f"a prompt is a string or a list of token ids (ints); item {i} is {bad!r}")
         else:
             raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
@@ -369,7 +374,7 @@ class Engine:
 
     def _split_batch(self, prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[list[int]], bool]:
         """(list of id lists, whether the caller passed a batch)."""
-        if isinstance(prompt, (list, tuple)) and prompt and not all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, (list, tuple)) and prompt and not all(isinstance(t, numbers.Integral) for t in prompt):
             return [self._to_ids(p) for p in prompt], True
         return [self._to_ids(prompt)], False
 

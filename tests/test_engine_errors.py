@@ -123,6 +123,22 @@ def test_params_that_are_not_sampling_params_raise_a_clear_type_error(engine):
     assert_idle_accounting(engine)
 
 
+def test_numpy_token_ids_are_a_prompt_not_a_batch(engine, hf):
+    # a list of numpy integers (a tokenizer's array turned into a list) used to be read as a batch
+    # of prompts and refused with "a prompt is a string or a list of token ids, got int64"
+    import numpy as np
+
+    ids = engine.encode("the red cat")
+    np_ids = list(np.array(ids, dtype=np.int64))
+    assert engine.generate(np_ids, GREEDY).token_ids == hf.greedy(ids, 8)
+    assert engine.score(np_ids, 1) == pytest.approx(hf.token_logprobs(ids), abs=1e-4)
+    batch = engine.generate([np_ids, [np.int32(t) for t in ids[:2]]], GREEDY)
+    assert [r.token_ids for r in batch] == [hf.greedy(ids, 8), hf.greedy(ids[:2], 8)]
+    with pytest.raises(ValueError, match=r"outside the vocabulary"):
+        engine.generate([np.int64(10**6)], GREEDY)
+    assert_idle_accounting(engine)
+
+
 def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate(["fine", ""], GREEDY)
