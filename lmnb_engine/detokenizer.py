@@ -111,10 +111,10 @@ class StopStringMatcher:
         text already checked); returns ``(start index, stop string)`` or None."""
         if not self.stops:
             return None
-        lo = max(0, new_from - self._longest + 1)
         best: tuple[int, str] | None = None
-        for s in self.stops:
-            i = text.find(s, lo)
+        for s in self.stops:  # (each from its own length back: a shorter stop ending before
+            # new_from lies in text that was not checked, the first min_new_tokens, or already shown)
+            i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
         return best

@@ -86,6 +86,15 @@ def test_stop_matcher_without_stops_and_earliest_match():
     assert m.safe_len("zzb") == 2 and m.safe_len("zbc") == 1 and m.safe_len("zz") == 2
 
 
+def test_a_stop_ending_before_the_new_text_is_not_found_again():
+    # a short stop was looked for as far back as the longest one: "\n" ending before the new
+    # text ("xyz") was found there, after min_new_tokens had let it through
+    m = StopStringMatcher(["\n", "</s>"])
+    assert m.find("ab\nxyz", 4) is None
+    assert m.find("ab\nxyz", 3) is None and m.find("ab\nxyz", 2) == (2, "\n")  # it is the new text's first character
+    assert m.find("ab</s", 3) is None and m.find("ab</s>", 5) == (2, "</s>")  # a long one across the boundary
+
+
 def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
     """The detokenizer calls the fast tokenizer's Rust ``decode`` itself; random id sequences
     (special ids included) decode as ``PreTrainedTokenizerFast.decode`` does, both ways of

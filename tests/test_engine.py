@@ -153,6 +153,24 @@ def test_stop_token_ids_eos_min_and_max_new_tokens(engine, hf):
     assert r.token_ids[0] != ref[0] and len(r.token_ids) >= 3
 
 
+def test_a_stop_string_inside_the_min_new_tokens_is_passed_over(engine, hf):
+    # a short stop string written within min_new_tokens was matched once they were done when a
+    # longer stop string was also given, and the cut dropped tokens already streamed
+    p = prompts(engine)[1]
+    ref = hf.greedy(p, 6)
+    text = engine.tokenizer.decode(ref, skip_special_tokens=True)
+    early = engine.tokenizer.decode(ref[:2], skip_special_tokens=True)[-1]  # a character of token 1 or 2
+    longer = early + "@never@"
+    assert longer not in text
+    for stops in ([early], [early, longer]):
+        r = engine.generate(p, GREEDY.copy(stop=stops, min_new_tokens=5, max_new_tokens=6))
+        late = text.find(early, len(engine.tokenizer.decode(ref[:4], skip_special_tokens=True)) - len(early) + 1)
+        if late == -1:
+            assert r.token_ids == ref and r.text == text and r.finish_reason.type == "length", stops
+        else:
+            assert r.text == text[:late] and r.finish_reason.type == "stop", stops
+
+
 def test_eos_ends_generation_unless_ignored(tiny_llama, hf):
     with Engine(str(tiny_llama), max_total_tokens=2048) as eng:
         p = prompts(eng)[3]
