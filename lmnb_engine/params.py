@@ -7,13 +7,17 @@ sampling_params.py``) so that programs written for SGLang mean the same thing he
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 
 # Temperatures below this sample greedily (SGLang's _SAMPLING_EPS): logits / 1e-300 is inf, and
 # softmax of inf is NaN, so such a "sample" was noise.
 SAMPLING_EPS = 1e-6
+
+
+def _is_numpy_scalar(v: Any) -> bool:
+    return type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 and hasattr(v, "item")
 
 
 @dataclass
@@ -83,6 +87,13 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Check every field; raise ``ValueError`` naming the field, the value and the allowed range."""
+
+        for f in fields(self):  # numpy scalars (np.int64(3), np.float32(0.5)) as the Python values they hold
+            v = getattr(self, f.name)
+            if _is_numpy_scalar(v):
+                setattr(self, f.name, v.item())
+            elif f.name == "stop_token_ids" and isinstance(v, (list, tuple)) and any(map(_is_numpy_scalar, v)):
+                setattr(self, f.name, [t.item() if _is_numpy_scalar(t) else t for t in v])
 
         def bad(name: str, rule: str) -> None:
             raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {rule}")

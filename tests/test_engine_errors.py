@@ -139,6 +139,21 @@ def test_numpy_token_ids_are_a_prompt_not_a_batch(engine, hf):
     assert_idle_accounting(engine)
 
 
+def test_numpy_sampling_values_are_read_as_the_numbers_they_hold(engine, hf):
+    # np.int64(3) was refused as "must be an integer >= 0", np.float32(0.0) as "must be a finite number"
+    import numpy as np
+
+    ids = engine.encode("the red cat")
+    ref = hf.greedy(ids, 8)
+    params = SamplingParams(temperature=np.float32(0.0), max_new_tokens=np.int64(5), seed=np.int64(2**62),
+                            ignore_eos=np.bool_(False), stop_token_ids=[np.int64(ref[3])], top_k=np.int32(-1))
+    r = engine.generate(ids, params)
+    assert r.token_ids == ref[: ref.index(ref[3]) + 1] and r.finish_reason.matched == ref[3]
+    with pytest.raises(ValueError, match=r"max_new_tokens=-1 is invalid"):
+        engine.generate(ids, SamplingParams(max_new_tokens=np.int64(-1)))
+    assert_idle_accounting(engine)
+
+
 def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate(["fine", ""], GREEDY)
