@@ -218,6 +218,16 @@ def test_openai_stream_with_include_usage_has_a_null_usage_until_the_final_usage
     assert served[-1] == "[DONE]" and json.loads(served[-2])["usage"]["completion_tokens"] == 3
 
 
+def test_a_developer_message_is_the_system_message(served):
+    # OpenAI's newer role name; the model's chat template refused it ("unknown chat role developer")
+    engine, url = served
+    for role in ("developer", "system"):
+        body = {"model": "rec", "max_tokens": 2,
+                "messages": [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hi"}]}
+        assert _post(url, "/v1/chat/completions", body).status_code == 200
+    assert engine.prompts[-2] == engine.prompts[-1] == "[system]Be brief.\n[user]hi\n[assistant]"
+
+
 def test_api_key_is_required_when_set():
     with live_server(RecordingEngine(), api_key="s3cret") as url:
         assert httpx.get(url + "/get_model_info").status_code == 401

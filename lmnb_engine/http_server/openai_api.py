@@ -460,7 +460,8 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
             pieces.append(token)
             images.append(url)
         content = "".join(pieces)
-    out = {"role": m.role, "content": content or ""}
+    # OpenAI's newer name for the system message (its o1 and later models): chat templates know "system"
+    out = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
     if m.name:
         out["name"] = m.name
     return out
