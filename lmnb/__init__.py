@@ -50,11 +50,24 @@ _LAZY = {
 }
 
 
+# SGLang frontend names lmnb does not have -> what to use instead.
+_NOT_IN_LMNB = {
+    "Anthropic": "lmnb's backends are Engine, RuntimeEndpoint and OpenAI; reach other APIs through an "
+                 "OpenAI-compatible proxy (LiteLLM's) with lmnb.OpenAI(model, base_url=...)",
+    "separate_reasoning": "a reasoning model's text is not split here; cut it at the model's end-of-thinking "
+                          "marker in Python",
+    "global_config": "lmnb has no global configuration object; pass settings to run() and Engine()",
+}
+_NOT_IN_LMNB["VertexAI"] = _NOT_IN_LMNB["LiteLLM"] = _NOT_IN_LMNB["Anthropic"]
+
+
 def __getattr__(name):
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _NOT_IN_LMNB:
+        raise AttributeError(f"lmnb has no {name} (an SGLang name it does not support): {_NOT_IN_LMNB[name]}")
     raise AttributeError(f"module 'lmnb' has no attribute {name!r}")
 
 

@@ -241,6 +241,13 @@ class SglFunction:
     def __call__(self, *args, **kwargs):
         return self.run(*args, **kwargs)
 
+    def __getattr__(self, name: str):
+        # (only for names the instance lacks) SGLang's program-graph compiler: not in lmnb
+        if name in ("trace", "compile"):
+            raise AttributeError(f"lmnb programs have no {name}() (SGLang's tracer and graph compiler are not "
+                                 "part of lmnb); call run() or run_batch(), and cache() to prefill the constant prefix")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def __repr__(self) -> str:
         return f"<lmnb program {self.__name__}>"
 

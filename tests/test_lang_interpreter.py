@@ -4,6 +4,7 @@ streaming, dtype, API speculative execution, run_batch and its prefix hint."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -784,3 +785,26 @@ def test_var_scope_captures_the_text_of_its_block_and_refuses_a_nested_scope_of_
     assert st.text() == "a b <g> c d"
     assert st["outer"] == "b <g> c" and st["inner"] == " c"  # the text appended inside each block
     assert refused["message"] == "var_scope 'outer' is open already; a nested scope needs another name"
+
+
+@pytest.mark.parametrize("name, hint", [("separate_reasoning", "end-of-thinking marker"),
+                                        ("LiteLLM", "lmnb.OpenAI(model, base_url=...)"),
+                                        ("global_config", "pass settings to run() and Engine()")])
+def test_an_sglang_name_lmnb_lacks_says_what_to_use(name, hint):
+    # a bare "module 'lmnb' has no attribute" left an SGLang user guessing
+    with pytest.raises(AttributeError, match=re.escape(hint)):
+        getattr(sgl, name)
+    with pytest.raises(AttributeError, match="module 'lmnb' has no attribute 'nonsense'"):
+        sgl.nonsense
+
+
+def test_a_program_has_no_trace_or_compile_and_says_so():
+    @sgl.function
+    def prog(s):
+        s += "x"
+
+    for name in ("trace", "compile"):
+        with pytest.raises(AttributeError, match=rf"no {name}\(\) .*call run\(\) or run_batch\(\)"):
+            getattr(prog, name)
+    with pytest.raises(AttributeError, match="'SglFunction' object has no attribute 'zzz'"):
+        prog.zzz
