@@ -39,3 +39,37 @@ def write_video(path, num_frames: int = 8, size: int = 32) -> None:
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+
+
+# -- transformers' LLaVA as the reference (``hf``: (LlavaForConditionalGeneration, AutoProcessor))
+
+
+def hf_answer(hf, prompt_text: str, images) -> str:
+    """transformers' greedy 6-token answer to ``prompt_text`` with ``images``."""
+    import torch
+
+    model, proc = hf
+    inputs = proc(text=prompt_text, images=images, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+    return proc.tokenizer.decode(out, skip_special_tokens=True)
+
+
+def prompt_before_answer(st) -> str:
+    """The rendered prompt the answer was generated from (the text up to the assistant's turn)."""
+    head, sep, _ = st.text().rpartition("<|assistant|>")
+    return head + sep
+
+
+def image_start(hf, prompt_text: str, images) -> int:
+    """Prompt position of the first image token, as LlavaProcessor lays the prompt out."""
+    model, proc = hf
+    ids = proc(text=prompt_text, images=images, return_tensors="pt")["input_ids"][0].tolist()
+    return ids.index(model.config.image_token_id)
+
+
+def image_end(hf, prompt_text: str, images) -> int:
+    """Prompt position after the last image token, as LlavaProcessor lays the prompt out."""
+    model, proc = hf
+    ids = proc(text=prompt_text, images=images, return_tensors="pt")["input_ids"][0].tolist()
+    return max(i for i, t in enumerate(ids) if t == model.config.image_token_id) + 1

@@ -8,7 +8,7 @@ import torch
 
 import lmnb as sgl
 from lmnb.executor import ProgramError
-from tests.helpers_multimodal import random_image, write_video
+from tests.helpers_multimodal import hf_answer, image_end, image_start, prompt_before_answer, random_image, write_video
 
 
 @pytest.fixture(scope="module")
@@ -45,40 +45,13 @@ def ask_video(s, path, question):
     s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
 
 
-def _hf_answer(hf, prompt_text: str, images) -> str:
-    model, proc = hf
-    inputs = proc(text=prompt_text, images=images, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-    return proc.tokenizer.decode(out, skip_special_tokens=True)
-
-
-def _prompt_before_answer(st) -> str:
-    """The rendered prompt the answer was generated from (the text up to the assistant's turn)."""
-    head, sep, _ = st.text().rpartition("<|assistant|>")
-    return head + sep
-
-
-def _image_start(hf, prompt_text: str, images) -> int:
-    model, proc = hf
-    ids = proc(text=prompt_text, images=images, return_tensors="pt")["input_ids"][0].tolist()
-    return ids.index(model.config.image_token_id)
-
-
-def _image_end(hf, prompt_text: str, images) -> int:
-    """Prompt position after the last image token, as LlavaProcessor lays the prompt out."""
-    model, proc = hf
-    ids = proc(text=prompt_text, images=images, return_tensors="pt")["input_ids"][0].tolist()
-    return max(i for i, t in enumerate(ids) if t == model.config.image_token_id) + 1
-
-
 def test_image_program_matches_transformers_and_reuses_the_image(backend, hf):
     img = random_image(5)
     st = ask_image.run(img=img, question="what is in the picture?", backend=backend)
-    prompt = _prompt_before_answer(st)
-    assert st["answer"] == _hf_answer(hf, prompt, [img])
+    prompt = prompt_before_answer(st)
+    assert st["answer"] == hf_answer(hf, prompt, [img])
     st2 = ask_image.run(img=img, question="is it a cat?", backend=backend)
-    assert st2.get_meta_info("answer")["cached_tokens"] >= _image_end(hf, prompt, [img])
+    assert st2.get_meta_info("answer")["cached_tokens"] >= image_end(hf, prompt, [img])
 
 
 def test_video_program_runs_and_reuses_cached_frames(backend, hf, tmp_path):
@@ -89,15 +62,15 @@ def test_video_program_runs_and_reuses_cached_frames(backend, hf, tmp_path):
     st = ask_video.run(path=str(path), question="what happens?", backend=backend)
     frames = sample_video_frames(str(path), 4)
     assert len(frames) == 4
-    text = _prompt_before_answer(st)
+    text = prompt_before_answer(st)
     assert text.count("<image>") == 1  # the program text holds one placeholder per video...
     prompt = text.replace("<image>", "<image>" * 4)  # ...the model sees one image per frame
-    assert st.get_meta_info("answer")["cached_tokens"] <= _image_start(hf, prompt, frames)  # frames are new
-    assert st["answer"] == _hf_answer(hf, prompt, frames)
+    assert st.get_meta_info("answer")["cached_tokens"] <= image_start(hf, prompt, frames)  # frames are new
+    assert st["answer"] == hf_answer(hf, prompt, frames)
     cache = backend.engine.loaded.model.encoder_cache
     misses = cache.misses
     st2 = ask_video.run(path=str(path), question="who is there?", backend=backend)
-    assert st2.get_meta_info("answer")["cached_tokens"] >= _image_end(hf, prompt, frames)
+    assert st2.get_meta_info("answer")["cached_tokens"] >= image_end(hf, prompt, frames)
     assert cache.misses == misses  # no frame went through the vision tower again
 
 
@@ -155,7 +128,7 @@ def one_picture_two_answers(s, img):
 def test_a_fork_after_an_image_prefills_the_image_once_for_every_branch(backend, hf):
     img = random_image(13)
     st = one_picture_two_answers.run(img=img, backend=backend)
-    end = _image_end(hf, st.text(), [img])  # the state's text is the prefix the branches share
+    end = image_end(hf, st.text(), [img])  # the state's text is the prefix the branches share
     assert [m["cached_tokens"] >= end for m in st.get_meta_info("a")] == [True, True]
 
 
@@ -193,7 +166,7 @@ def test_select_after_an_image_scores_the_choices_like_transformers(backend, hf)
         assert [x[0] for x in got] == pytest.approx(want, abs=1e-4)
     means = [sum(v) / len(v) for _, v in expected]
     assert st["c"] == choices[max(range(len(choices)), key=lambda i: means[i])]
-    assert min(meta["cached_tokens"]) >= _image_end(hf, prompt, [img])  # no choice prefilled the image again
+    assert min(meta["cached_tokens"]) >= image_end(hf, prompt, [img])  # no choice prefilled the image again
 
     model, proc = hf  # unconditional likelihood: the choice tokens again after "Answer:" alone, no image
     ctx = proc.tokenizer("Answer:").input_ids

@@ -15,9 +15,10 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import DELTA_TOKENS, BaseBackend, Completion, Prompt
+from lmnb.backend.media import expand_frames
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
-from lmnb.ir import GenParams, Image
+from lmnb.ir import GenParams
 
 # Context of the unconditional score in unconditional_likelihood_normalized (EleutherAI's choice).
 UNCONDITIONAL_CONTEXT = "Answer:"
@@ -195,24 +196,8 @@ class Engine(BaseBackend):
         return self.engine.multimodal.prepare(MultimodalPrompt(text, images)), counts
 
     def _frames(self, prompt: Prompt) -> tuple[str, list, list[int]]:
-        """[issue 10] The text with one placeholder per image (a video's repeated per frame), the
-        images in order, and how many each ``image()``/``video()`` input became."""
-        from lmnb_engine.multimodal import sample_video_frames
-
-        token = self.get_chat_template().image_token
-        parts = prompt.text.split(token)
-        if len(parts) != len(prompt.images) + 1:
-            raise ValueError(
-                f"the prompt holds {len(parts) - 1} {token!r} placeholders for {len(prompt.images)} image/video "
-                f"inputs; do not write {token} as text in a program that uses image()/video()"
-            )
-        text, images, counts = parts[0], [], []
-        for media, rest in zip(prompt.images, parts[1:]):
-            frames = [media.source] if isinstance(media, Image) else sample_video_frames(media.source, media.num_frames)
-            images += frames
-            counts.append(len(frames))
-            text += token * len(frames) + rest
-        return text, images, counts
+        """[issue 10] ``lmnb.backend.media.expand_frames`` with this model's image token."""
+        return expand_frames(prompt, self.get_chat_template().image_token)
 
     def _first_token(self, ids: Any, params: GenParams) -> tuple[Any, Optional[int]]:
         """(``ids``, the id of prompt token 0) when the input logprobs start there: their first

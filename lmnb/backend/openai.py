@@ -7,6 +7,8 @@ assistant message — unless the program uses API speculative execution
 call). Constraints are never dropped silently (SGLang drops them, ``research/features.md`` §4.2):
 ``json_schema`` goes out as ``response_format``, ``regex`` as the ``regex`` extension field that
 SGLang and lmnb servers read, and the official OpenAI API gets a clear error for what it lacks.
+[issue 10] ``image()``/``video()`` reach chat models as OpenAI vision ``image_url`` parts (base64
+PNG data URLs; a video as its sampled frames) where the image stood in the message.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 from typing import Any, Iterator, Optional
 
 from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt
+from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
@@ -59,6 +62,49 @@ class OpenAI(BaseBackend):
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template if not self.is_chat_model else get_chat_template("default")
+
+    def check_images(self) -> None:
+        """[issue 10] Chat models take images (a text-only one answers with the server's error).
+
+        Raises:
+            NotImplementedError: a completion model; the completions API has no images.
+        """
+        if not self.is_chat_model:
+            raise NotImplementedError(
+                "image() and video() need a chat model here: the OpenAI completions API takes no images. Use "
+                "OpenAI(<vision chat model>), lmnb.RuntimeEndpoint(<lmnb serve URL>) or lmnb.Engine(<LLaVA checkpoint>)"
+            )
+
+    def _messages(self, prompt: Prompt) -> list:
+        """``prompt.messages`` with [issue 10] each image placeholder made ``image_url`` parts.
+
+        Raises:
+            ValueError: an image outside every chat message (chat APIs have nowhere to put it).
+        """
+        if not prompt.images:
+            return prompt.messages
+        token = self.get_chat_template().image_token
+        inputs = iter(prompt.images)
+        out = []
+        for m in prompt.messages:
+            pieces = m["content"].split(token) if isinstance(m.get("content"), str) else [m.get("content")]
+            if len(pieces) == 1:
+                out.append(m)
+                continue
+            parts: list = [{"type": "text", "text": pieces[0]}] if pieces[0] else []
+            for piece in pieces[1:]:
+                media = next(inputs, None)
+                if media is None:
+                    raise ValueError(f"the messages hold more {token!r} placeholders than image()/video() inputs; "
+                                     f"do not write {token} as text in a program that uses image()/video()")
+                parts += [{"type": "image_url", "image_url": {"url": data_url(x)}} for x in frames(media)]
+                if piece:
+                    parts.append({"type": "text", "text": piece})
+            out.append({**m, "content": parts})
+        if next(inputs, None) is not None:
+            raise ValueError("a chat model gets images inside chat messages; put image()/video() inside a role, "
+                             "e.g. s += user(image(path) + question)")
+        return out
 
     # -- request building
 
@@ -122,7 +168,7 @@ class OpenAI(BaseBackend):
                 "several gens inside one reply use @function(num_api_spec_tokens=N), or use a completion model "
                 "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion)"
             )
-        return {"messages": prompt.messages}
+        return {"messages": self._messages(prompt)}
 
     def _call(self, **kw):
         try:

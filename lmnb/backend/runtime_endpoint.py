@@ -5,7 +5,9 @@ runtime_endpoint.py``): ``POST /generate`` with ``text`` (or ``input_ids``), ``s
 ``return_logprob``, ``logprob_start_len``, ``stream`` (SSE, cumulative text per event);
 ``GET /get_model_info``; ``POST /flush_cache``; ``POST /abort_request``. ``select`` is scored as
 ``lmnb.choices`` describes, which fixes SGLang's off-by-one and None handling
-(``research/features.md`` §4.1).
+(``research/features.md`` §4.1). [issue 10] ``image()``/``video()`` inputs go out as SGLang's
+``image_data``: one base64 PNG data URL per image, a video as its sampled frames, each frame with
+an image token of its own in the text (``lmnb.backend.media``; SGLang's frontend sends one image).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
+from lmnb.backend.media import data_url, expand_frames
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
@@ -129,24 +132,49 @@ class RuntimeEndpoint(BaseBackend):
                     tmpl = from_jinja(info.get("chat_template"), special, str(info.get("model_path") or ""))
                     if tmpl.bos and info.get("encode_adds_bos"):
                         tmpl = dataclasses.replace(tmpl, bos="")
+                    if isinstance(info.get("image_token"), str):  # [issue 10] lmnb serve names it
+                        tmpl = dataclasses.replace(tmpl, image_token=info["image_token"])
                     self._template = tmpl
             return self._template
 
+    def check_images(self) -> None:
+        """[issue 10] ``lmnb serve`` reports its model's ``image_token`` (None: text-only); an SGLang
+        server reports nothing, and then its own answer tells.
+
+        Raises:
+            ValueError: the served model is text-only.
+        """
+        if "image_token" in self.model_info and not self.model_info["image_token"]:
+            raise ValueError(f"image() and video() need a vision-language model, and the server at {self.base_url} "
+                             f"serves the text-only {self.model_info.get('model_path')!r}; serve a LLaVA checkpoint")
+
+    def _payload(self, prompt: Any) -> dict:
+        """The ``text`` (and [issue 10] ``image_data``) of a prompt: a str, or a ``Prompt``."""
+        if isinstance(prompt, str) or not prompt.images:
+            return {"text": prompt if isinstance(prompt, str) else prompt.text}
+        text, images, _ = expand_frames(prompt, self.get_chat_template().image_token)
+        return {"text": text, "image_data": [data_url(x) for x in images]}
+
     # -- generation
 
-    def cache_prefix(self, text: str, rid: str) -> dict:
-        res = self._request("POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}, "rid": rid})
+    def cache_prefix(self, text: Any, rid: str) -> dict:
+        """Prefill ``text`` (a str, or [issue 10] a ``Prompt`` with images) on the server."""
+        return self._prefill(self._payload(text), rid)
+
+    def _prefill(self, payload: dict, rid: str) -> dict:
+        res = self._request("POST", "/generate", {**payload, "sampling_params": {"max_new_tokens": 0}, "rid": rid})
         return res.get("meta_info", {})
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
-        data = {"text": prompt.text, "sampling_params": _sampling_params(params), "rid": rid, **_logprob_fields(params)}
+        data = {**self._payload(prompt), "sampling_params": _sampling_params(params), "rid": rid,
+                **_logprob_fields(params)}
         res = self._request("POST", "/generate", data)
         items = res if isinstance(res, list) else [res]
         return [Completion(it["text"], it.get("meta_info", {})) for it in items]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         data = {
-            "text": prompt.text, "sampling_params": _sampling_params(params), "rid": rid, "stream": True,
+            **self._payload(prompt), "sampling_params": _sampling_params(params), "rid": rid, "stream": True,
             **_logprob_fields(params),
         }
         try:
@@ -174,18 +202,19 @@ class RuntimeEndpoint(BaseBackend):
 
     # -- select
 
-    def _window(self, texts: list[str], start: int, rid: str) -> list[dict]:
-        res = self._request(
-            "POST",
-            "/generate",
-            {
-                "text": texts,
-                "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True,
-                "logprob_start_len": start,
-                "rid": [f"{rid}-{i}" for i in range(len(texts))],
-            },
-        )
+    def _window(self, texts: list[str], start: int, rid: str, images: Optional[list[str]] = None) -> list[dict]:
+        """Prompt logprobs of every text from token ``start`` on (each text after ``images``, the
+        same data URLs for all, when the prompt has [issue 10] images)."""
+        body = {
+            "text": texts,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "rid": [f"{rid}-{i}" for i in range(len(texts))],
+        }
+        if images:
+            body["image_data"] = [images] * len(texts)
+        res = self._request("POST", "/generate", body)
         return res if isinstance(res, list) else [res]
 
     @staticmethod
@@ -202,10 +231,16 @@ class RuntimeEndpoint(BaseBackend):
         """Prefill the prompt once, then score every ``prompt + choice`` in one batched request
         returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
         differing token is found (``lmnb.choices``)."""
-        prefill = self.cache_prefix(prompt.text, rid) if prompt.text else None
+        payload = self._payload(prompt)  # [issue 10] images are encoded once for every request
+        text, images = payload["text"], payload.get("image_data")
+        token = self.get_chat_template().image_token
+        for c in choices if images else ():
+            if token in c:
+                raise ValueError(f"select choice {c!r} holds the image placeholder; images go in image(), not in choices")
+        prefill = self._prefill(payload, rid) if text else None
         n_prompt = (prefill or {}).get("prompt_tokens", 0)
         start = max(n_prompt - SCORE_WINDOW, 0)
-        items = self._window([prompt.text] + [prompt.text + c for c in choices], start, rid)
+        items = self._window([text] + [text + c for c in choices], start, rid, images)
         p_ids, _ = self._entries(items[0])
         out = []
         for i, c in enumerate(choices):
@@ -213,8 +248,8 @@ class RuntimeEndpoint(BaseBackend):
             rel = first_difference(p_ids, ids)
             offset = start
             if rel == 0 and start > 0:  # differs before the window: fetch the whole prompt
-                ids, lps = self._entries(self._window([prompt.text + c], 0, rid)[0])
-                rel, offset = first_difference(self._entries(self._window([prompt.text], 0, rid)[0])[0], ids), 0
+                ids, lps = self._entries(self._window([text + c], 0, rid, images)[0])
+                rel, offset = first_difference(self._entries(self._window([text], 0, rid, images)[0])[0], ids), 0
             first = max(offset + rel, 1) - offset  # absolute token 0 has no context to be scored in
             if first >= len(ids) or any(lp is None for lp in lps[first:]):
                 raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")

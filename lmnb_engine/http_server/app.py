@@ -3,7 +3,10 @@
 Routes (SGLang's ``srt/entrypoints/http_server.py`` names and shapes): ``POST /generate`` (one
 prompt or a batch, ``text`` or ``input_ids``, streaming as server-sent events with the cumulative
 text in each event), ``GET /get_model_info``, ``GET /get_server_info``, ``GET|POST /flush_cache``,
-``POST /abort_request``, ``GET /health``; the OpenAI routes come from ``openai_api``. Every bad
+``POST /abort_request``, ``GET /health``; the OpenAI routes come from ``openai_api``. [issue 10]
+``/generate`` takes SGLang's ``image_data`` for a vision-language model: per prompt a string or a
+list of strings, each a ``data:image/...;base64,`` URL or bare base64 (what SGLang's frontend
+sends), one per image token in the prompt; the server reads no files and fetches no URLs. Every bad
 request is answered with a 4xx JSON error ``{"error": {"message", "type", "param", "code"}}``; an
 unexpected failure is a 500 JSON error, and the engine keeps serving.
 """
@@ -11,6 +14,8 @@ unexpected failure is a 500 JSON error, and the engine keeps serving.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 import uuid
@@ -158,19 +163,50 @@ def _per_item(value: Any, n: int, name: str) -> list:
 
 _GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream",
+    "top_logprobs_num", "return_text_in_logprobs", "stream", "image_data",
 }
-_EMPTY_OK_KEYS = {"image_data", "video_data", "audio_data", "modalities", "lora_path", "session_params"}
+_EMPTY_OK_KEYS = {"video_data", "audio_data", "modalities", "lora_path", "session_params"}
+_WHY_NOT = {"video_data": "send a video's frames as images in image_data, with one image token per frame"}
+
+
+def _image(value: Any) -> Any:
+    """[issue 10] One ``image_data`` entry as ``load_image`` takes it: a data URL as it is, bare
+    base64 decoded to bytes. Anything else (a path, an http URL) is a 400: the server must not
+    read its own disk or fetch for a client."""
+    if isinstance(value, str) and value[:5].lower() == "data:":
+        return value
+    try:
+        return base64.b64decode(value, validate=True) if isinstance(value, str) and value else None
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _parse_images(value: Any, n: int, batch: bool) -> list[list]:
+    """[issue 10] The images of each of ``n`` prompts from ``image_data``: for one prompt a string
+    or a list of strings; for a batch a list with one such entry (or null) per prompt. The entries
+    are read by ``_with_images``."""
+    if not value:
+        return [[] for _ in range(n)]
+    if batch:
+        if not isinstance(value, list) or len(value) != n:
+            raise RequestError(f"image_data of a batch of {n} prompts must be a list with one entry per prompt "
+                               "(a string, a list of strings, or null)", param="image_data")
+        per_prompt = [[] if v is None else v if isinstance(v, list) else [v] for v in value]
+    else:
+        per_prompt = [value if isinstance(value, list) else [value]]
+    return per_prompt
 
 
 def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
-    """(prompts, SamplingParams per prompt, rids, is_batch, options) of a /generate body."""
+    """(prompts, SamplingParams per prompt, rids, is_batch, options) of a /generate body; options
+    hold ``images``, each prompt's [issue 10] images."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     for key, value in body.items():
         if key in _EMPTY_OK_KEYS:
             if value:
-                raise RequestError(f"{key} is not supported: lmnb serves text-only models", param=key)
+                raise RequestError(f"{key} is not supported by lmnb serve; "
+                                   f"{_WHY_NOT.get(key, 'leave it out')}", param=key)
         elif key not in _GENERATE_KEYS:
             raise RequestError(f"unknown field {key!r}; /generate takes {sorted(_GENERATE_KEYS)}", param=key)
     text, ids = body.get("text"), body.get("input_ids")
@@ -205,7 +241,8 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
         raise RequestError("rid must be a string, or a list of strings with one per prompt", param="rid")
     if len(set(rids)) != len(rids):
         raise RequestError("rid values must be distinct", param="rid")
-    opts = {"stream": _flag(body, "stream"), "text_in_logprobs": _flag(body, "return_text_in_logprobs")}
+    opts = {"stream": _flag(body, "stream"), "text_in_logprobs": _flag(body, "return_text_in_logprobs"),
+            "images": _parse_images(body.get("image_data"), n, batch)}
     return prompts, params, rids, batch, opts
 
 
@@ -306,6 +343,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         prompts = [await ctx.run(engine.encode, x) if isinstance(x, str) and p.logprob_start_len == 0 else x
                    for x, p in zip(prompts, params)]
         firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
+        if any(opts["images"]):
+            prompts = [await _with_images(ctx, x, images) if images else x for x, images in zip(prompts, opts["images"])]
         handles = await ctx.submit(prompts, params, rids)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
@@ -320,6 +359,26 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     add_openai_routes(app, ctx, json_body)
     return app
+
+
+async def _with_images(ctx: ServerContext, prompt: Any, images: list) -> Any:
+    """[issue 10] ``prompt`` (text or ids) with its images, prepared off the event loop; a
+    text-only model, a placeholder count that does not match, or an unreadable image is a 400."""
+    from lmnb_engine.multimodal import MultimodalPrompt
+
+    try:
+        mm = await ctx.run(lambda: ctx.engine.multimodal)
+    except ValueError:
+        raise RequestError("image_data needs a vision-language model, and the served model is text-only; "
+                           "serve a LLaVA checkpoint to send images", param="image_data") from None
+    images = [_image(v) for v in images]
+    if any(x is None for x in images):
+        raise RequestError("image_data entries must be data:image/<type>;base64,<data> URLs or base64 strings; "
+                           "the server reads no files and fetches no URLs", param="image_data")
+    try:
+        return await ctx.run(mm.prepare, MultimodalPrompt(prompt, images))
+    except ValueError as e:
+        raise RequestError(str(e), param="image_data") from None
 
 
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
@@ -353,10 +412,19 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
         ctx.abort_unfinished(handles)
 
 
+def _image_token(engine: Any) -> Optional[str]:
+    """[issue 10] The text that stands for one image in a prompt; None for a text-only model."""
+    try:
+        return engine.multimodal.image_token
+    except (ValueError, AttributeError):
+        return None
+
+
 def model_info_dict(engine: Any, served_model_name: str) -> dict:
     """``/get_model_info``: SGLang's keys (``model_path``, ``tokenizer_path``, ``is_generation``)
     plus what a client needs to build prompts exactly as the model expects: the Jinja
-    ``chat_template``, the special tokens it uses, and whether encoding text adds BOS itself."""
+    ``chat_template``, the special tokens it uses, whether encoding text adds BOS itself, and
+    [issue 10] ``image_token`` (the placeholder of one image; None for a text-only model)."""
     tok = engine.tokenizer
     info = dict(engine.model_info())
     bos_id = getattr(tok, "bos_token_id", None)
@@ -369,6 +437,7 @@ def model_info_dict(engine: Any, served_model_name: str) -> dict:
         chat_template=engine.chat_template,
         encode_adds_bos=bos_id is not None and bool(probe) and probe[0] == bos_id,
         bos_token_id=bos_id,
+        image_token=_image_token(engine),
     )
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
         value = getattr(tok, key, None)

@@ -1,0 +1,195 @@
+"""[issue 10] Images through servers: ``RuntimeEndpoint`` and ``lmnb.OpenAI`` send ``image()``/
+``video()`` to ``lmnb serve`` (``/generate``'s ``image_data``, ``/v1/chat/completions``'
+``image_url`` parts), and the answers equal transformers' LLaVA and the in-process engine."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import pytest
+
+import lmnb as sgl
+from lmnb.executor import ProgramError
+from tests.helpers_lang import live_server
+from tests.helpers_multimodal import hf_answer, image_end, png_bytes, prompt_before_answer, random_image, write_video
+
+
+@pytest.fixture(scope="module")
+def llava_ckpt(tmp_path_factory):
+    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
+
+    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava-server"))
+
+
+@pytest.fixture(scope="module")
+def hf(llava_ckpt):
+    import torch
+    import transformers
+
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
+    return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
+
+
+@pytest.fixture(scope="module")
+def served(llava_ckpt):
+    """(in-process backend, its engine, the URL of ``lmnb serve`` on a second engine)."""
+    from lmnb_engine import Engine
+
+    local = Engine(model=str(llava_ckpt), device="cpu", max_total_tokens=4096)
+    remote = Engine(model=str(llava_ckpt), device="cpu", max_total_tokens=4096)
+    with live_server(remote, served_model_name="llava") as url:
+        yield sgl.Engine(engine=local), local, url
+    local.shutdown()
+    remote.shutdown()
+
+
+@sgl.function
+def ask_image(s, img, question):
+    s += sgl.user(sgl.image(img) + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+
+
+@sgl.function
+def ask_video(s, path, question):
+    s += sgl.user(sgl.video(path, 3) + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+
+
+@sgl.function
+def pick_after_image(s, img):
+    s += sgl.user(sgl.image(img) + "what colour is it?")
+    s += sgl.assistant_begin()
+    s += "It is" + sgl.select("c", choices=[" red", " a deep blue", " green"])
+
+
+@sgl.function
+def one_picture_two_answers(s, img):
+    s += sgl.user(sgl.image(img) + "what is it?")
+    forks = s.fork(2)
+    for i, f in enumerate(forks):
+        f += sgl.assistant(sgl.gen("a", max_tokens=3, temperature=0.7, seed=i))
+    forks.join()
+
+
+def test_runtime_endpoint_sends_the_image_and_answers_like_transformers(served, hf):
+    _, _, url = served
+    img = random_image(31)
+    remote = sgl.RuntimeEndpoint(url)
+    st = ask_image.run(img=img, question="what is in the picture?", backend=remote)
+    assert st["answer"] == hf_answer(hf, prompt_before_answer(st), [img])
+    # the same pixels from a file: the server's radix cache keys the image by its pixels
+    st2 = ask_image.run(img=img, question="is it a cat?", backend=remote)
+    assert st2.get_meta_info("answer")["cached_tokens"] >= image_end(hf, prompt_before_answer(st2), [img])
+
+
+def test_runtime_endpoint_video_select_and_fork_equal_the_in_process_engine(served, tmp_path):
+    local, _, url = served
+    remote = sgl.RuntimeEndpoint(url)
+    path = tmp_path / "clip.mp4"
+    write_video(path, num_frames=6)
+    a = ask_video.run(path=str(path), question="what happens?", backend=local)
+    b = ask_video.run(path=str(path), question="what happens?", backend=remote)
+    assert (b.text(), b["answer"]) == (a.text(), a["answer"])
+
+    img = random_image(32)
+    a = pick_after_image.run(img=img, backend=local)
+    b = pick_after_image.run(img=img, backend=remote)
+    assert b["c"] == a["c"]
+    got, want = b.get_meta_info("c"), a.get_meta_info("c")
+    assert got["normalized_prompt_logprobs"] == pytest.approx(want["normalized_prompt_logprobs"], abs=1e-4)
+    assert got["prefix_len"] == want["prefix_len"]
+
+    a = one_picture_two_answers.run(img=img, backend=local)
+    b = one_picture_two_answers.run(img=img, backend=remote)
+    assert b["a"] == a["a"]
+
+
+def test_runtime_endpoint_refuses_a_choice_holding_the_image_token(served):
+    _, _, url = served
+
+    @sgl.function
+    def bad(s):
+        s += sgl.user(sgl.image(random_image(33)) + "q")
+        s += sgl.select("c", choices=[" red", " <image>"])
+
+    st = bad.run(backend=sgl.RuntimeEndpoint(url))
+    with pytest.raises(ProgramError, match="holds the image placeholder"):
+        st.sync()
+
+
+def test_openai_chat_backend_sends_images_as_image_url_parts(served, tmp_path):
+    local, _, url = served
+    remote = sgl.OpenAI("llava", base_url=f"{url}/v1")
+    img = random_image(34)
+    a = ask_image.run(img=img, question="what is in the picture?", backend=local)
+    b = ask_image.run(img=img, question="what is in the picture?", backend=remote)
+    assert b["answer"] == a["answer"]
+    path = tmp_path / "clip.mp4"
+    write_video(path, num_frames=6)
+    a = ask_video.run(path=str(path), question="what happens?", backend=local)
+    b = ask_video.run(path=str(path), question="what happens?", backend=remote)
+    assert b["answer"] == a["answer"]
+
+
+def test_openai_completion_backend_says_images_need_a_chat_model(served):
+    _, _, url = served
+    st = ask_image.run(img=random_image(35), question="q", backend=sgl.OpenAI("llava", base_url=f"{url}/v1",
+                                                                              is_chat_model=False))
+    with pytest.raises(ProgramError, match="completions API takes no images"):
+        st.sync()
+
+
+def test_generate_reads_image_data_as_data_urls_or_bare_base64(served):
+    from lmnb_engine import SamplingParams
+    from lmnb_engine.multimodal import MultimodalPrompt
+
+    _, local, url = served
+    img, other = random_image(36), random_image(37)
+    raw = base64.b64encode(png_bytes(img)).decode()
+    text = "USER: <image>\nwhat is it? ASSISTANT:"
+    want = local.generate(local.multimodal.prepare(MultimodalPrompt(text, [img])),
+                          SamplingParams(max_new_tokens=5, temperature=0)).text
+    sp = {"max_new_tokens": 5, "temperature": 0}
+    for entry in (raw, "data:image/png;base64," + raw, [raw]):
+        r = httpx.post(f"{url}/generate", json={"text": text, "image_data": entry, "sampling_params": sp}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == want
+    # a batch: one entry per prompt, null for a prompt without images
+    other_raw = base64.b64encode(png_bytes(other)).decode()
+    want_other = local.generate(local.multimodal.prepare(MultimodalPrompt(text, [other])),
+                                SamplingParams(max_new_tokens=5, temperature=0)).text
+    want_plain = local.generate("what is it?", SamplingParams(max_new_tokens=5, temperature=0)).text
+    r = httpx.post(f"{url}/generate", json={"text": [text, text, "what is it?"], "image_data": [raw, [other_raw], None],
+                                            "sampling_params": sp}, timeout=60)
+    assert [x["text"] for x in r.json()] == [want, want_other, want_plain]
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"text": "<image>a", "image_data": "/etc/hostname"}, "reads no files"),
+    ({"text": "<image>a", "image_data": "https://example.com/cat.png"}, "fetches no URLs"),
+    ({"text": "<image>a", "image_data": base64.b64encode(b"not an image").decode()}, "not a readable image"),
+    ({"text": "a", "image_data": "data:image/png;base64," + base64.b64encode(png_bytes(random_image(1))).decode()},
+     "placeholders but 1 images"),
+    ({"text": ["<image>a", "<image>b"], "image_data": ["x"]}, "one entry per prompt"),
+    ({"text": "<image>a", "video_data": "clip.mp4"}, "frames as images in image_data"),
+])
+def test_generate_image_data_errors_name_the_fix(served, body, message):
+    _, _, url = served
+    r = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert r.status_code == 400
+    assert message in r.json()["error"]["message"]
+
+
+def test_a_text_only_server_reports_no_image_token_and_refuses_images(tiny_llama):
+    from lmnb_engine import Engine
+
+    engine = Engine(model=str(tiny_llama), max_total_tokens=512)
+    try:
+        with live_server(engine) as url:
+            assert httpx.get(f"{url}/get_model_info").json()["image_token"] is None
+            st = ask_image.run(img=random_image(2), question="q", backend=sgl.RuntimeEndpoint(url))
+            with pytest.raises(ProgramError, match="serves the text-only"):
+                st.sync()
+    finally:
+        engine.shutdown()
