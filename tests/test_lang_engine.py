@@ -266,3 +266,18 @@ def test_input_logprobs_from_token_0_name_its_id_like_the_server(backend, hf, st
     ids = tok(prompt).input_ids
     assert [e[1] for e in entries] == ids
     assert entries[0][0] is None and entries[0][2] == tok.decode(ids[:1])
+
+
+def test_flush_cache_says_when_requests_keep_it_from_flushing(backend, tiny_engine):
+    from lmnb_engine import SamplingParams
+
+    tiny_engine.generate("a prefix to be cached", SamplingParams(max_new_tokens=1))
+    handle = tiny_engine.submit("Many words:", SamplingParams(max_new_tokens=400, ignore_eos=True))
+    try:
+        with pytest.raises(sgl.BackendError, match="not flushed: requests are running"):  # it returned False
+            sgl.flush_cache(backend)
+    finally:
+        handle.abort()
+        handle.result()
+    assert sgl.flush_cache(backend) is True
+    assert tiny_engine.cache_stats()["evictable_tokens"] == 0  # nothing left cached

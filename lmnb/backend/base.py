@@ -118,7 +118,12 @@ class BaseBackend:
         """Stop request ``rid`` if it is still running (no error if it is not)."""
 
     def flush_cache(self) -> Any:
-        """Drop the backend's prefix cache."""
+        """Drop the backend's prefix cache; True when it was dropped (backends without one: None).
+
+        Raises:
+            BackendError: requests are running, so the cache cannot be dropped now (SGLang's
+                RuntimeEndpoint raises for its server's refusal too).
+        """
 
     def get_server_info(self) -> dict:
         """A description of the model and backend."""

@@ -14,7 +14,7 @@ import math
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from lmnb.backend.base import DELTA_TOKENS, BaseBackend, Completion, Prompt
+from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt
 from lmnb.backend.media import expand_frames
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -303,8 +303,10 @@ class Engine(BaseBackend):
         for r in rids:
             self.engine.abort(r)
 
-    def flush_cache(self):
-        return self.engine.flush_cache()
+    def flush_cache(self) -> bool:
+        if not self.engine.flush_cache():  # a False here was easy to miss: the cache stayed warm
+            raise BackendError("the prefix cache was not flushed: requests are running; retry when they finish")
+        return True
 
     def get_server_info(self) -> dict:
         return {**self.engine.model_info(), "cache_stats": self.engine.cache_stats()}

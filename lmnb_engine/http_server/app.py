@@ -368,7 +368,7 @@ async def _with_images(ctx: ServerContext, prompt: Any, images: list) -> Any:
 
     try:
         mm = await ctx.run(lambda: ctx.engine.multimodal)
-    except ValueError:
+    except (ValueError, AttributeError):  # AttributeError: an engine stand-in without images
         raise RequestError("image_data needs a vision-language model, and the served model is text-only; "
                            "serve a LLaVA checkpoint to send images", param="image_data") from None
     images = [_image(v) for v in images]
