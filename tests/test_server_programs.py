@@ -4,6 +4,8 @@ shared prefixes show up as cached tokens; streaming is incremental."""
 
 from __future__ import annotations
 
+import re
+
 import openai
 import pytest
 
@@ -186,6 +188,36 @@ def test_chat_logprob_bytes_join_into_the_reply_when_tokens_split_characters(bac
     assert all(b"\xef\xbf\xbd" not in bytes(x.bytes) for t in content for x in t.top_logprobs)
 
 
+def _token_bytes(token: str) -> bytes:
+    """The bytes an OpenAI logprob token stands for: ``bytes:`` tokens escape the bytes of partial
+    characters as ``\\xNN``."""
+    if not token.startswith("bytes:"):
+        return token.encode()
+    parts = re.split(r"(\\x[0-9a-f]{2})", token[6:])
+    return b"".join(bytes([int(p[2:], 16)]) if re.fullmatch(r"\\x[0-9a-f]{2}", p) else p.encode() for p in parts)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_completion_byte_tokens_are_written_as_their_bytes(backends, engines, stream):
+    """A token holding part of a character is ``bytes:\\xNN`` (OpenAI's form), not U+FFFD, which
+    every such token read: the tokens spell the reply's bytes, and distinct byte tokens are
+    distinct keys of top_logprobs (a dict keyed by token text)."""
+    _, _, url = backends
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    kw = dict(model="tiny", prompt="hi", max_tokens=12, temperature=0, logprobs=5, extra_body={"regex": "é🙂"})
+    if stream:
+        lps = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kw) if c.choices[0].logprobs]
+        tokens = [t for lp in lps for t in lp.tokens]
+    else:
+        tokens = client.completions.create(**kw).choices[0].logprobs.tokens
+    assert len(tokens) > 2 and all("\ufffd" not in t for t in tokens)
+    assert b"".join(_token_bytes(t) for t in tokens) == "é🙂".encode()
+    tok = engines[0].tokenizer  # the same text for two different byte tokens before
+    byte_ids = [i for i in range(len(tok)) if tok.decode([i]) == "\ufffd"][:8]
+    lp = client.completions.create(model="tiny", prompt=byte_ids, max_tokens=1, echo=True, logprobs=0)
+    assert len(set(lp.choices[0].logprobs.tokens[:len(byte_ids)])) == len(byte_ids) > 1
+
+
 def test_echoed_completion_text_offsets_index_the_returned_text(backends, engines):
     _, _, url = backends
     local = engines[0]
@@ -198,8 +230,8 @@ def test_echoed_completion_text_offsets_index_the_returned_text(backends, engine
     assert text.startswith(words)  # the BOS is listed, but not in the text
     assert lp.tokens[0] == local.tokenizer.bos_token and lp.text_offset[:2] == [0, 0]
     for tok, off in list(zip(lp.tokens, lp.text_offset))[1:]:  # before, each was 3 (len "<s>") too far
-        assert text[off:off + len(tok)] == tok or "\ufffd" in tok  # (a byte token of a character)
-    assert lp.text_offset[-1] + len(lp.tokens[-1]) == len(text) or "\ufffd" in lp.tokens[-1]
+        assert text[off:off + len(tok)] == tok or tok.startswith("bytes:")  # (a byte token of a character)
+    assert lp.text_offset[-1] + len(lp.tokens[-1]) == len(text) or lp.tokens[-1].startswith("bytes:")
     chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, echo=True,
                                             logprobs=1, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == text
@@ -234,7 +266,7 @@ def test_streamed_logprobs_come_with_their_chunks_and_add_up_to_the_unstreamed_o
     assert [[a.token for a in t.top_logprobs] for t in streamed] == \
         [[a.token for a in t.top_logprobs] for t in whole.logprobs.content]
     for c in with_lps:  # each chunk's tokens spell its text (none of them is a byte of a split character)
-        if all("\ufffd" not in t.token for t in c.logprobs.content):
+        if not any(t.token.startswith("bytes:") for t in c.logprobs.content):
             assert "".join(t.token for t in c.logprobs.content) == c.delta.content
 
     whole = client.completions.create(prompt="The river", logprobs=2, **kw).choices[0]

@@ -194,7 +194,16 @@ def _usage(results: list) -> dict:
 
 
 def _token(engine: Any, token_id: int) -> str:
-    return engine.decode([token_id])
+    """A token's text in logprobs. A token holding part of a character decodes alone to U+FFFD;
+    it is written as OpenAI writes one, ``bytes:`` then its own bytes with those that are not
+    whole characters escaped (``bytes:\\xf0\\x9f``), so distinct byte tokens stay distinct:
+    completions' ``top_logprobs`` are keyed by this text, and byte tokens all read U+FFFD collided."""
+    text = engine.decode([token_id])
+    if _REPLACEMENT in text:
+        raw = _raw_bytes(engine, token_id)
+        if raw is not None and _REPLACEMENT.encode() not in raw:  # (not a real U+FFFD in the vocabulary)
+            return "bytes:" + raw.decode("utf-8", "backslashreplace")
+    return text
 
 
 _RAW_BYTES: "weakref.WeakKeyDictionary[Any, Optional[list]]" = weakref.WeakKeyDictionary()  # tokenizer -> table
@@ -219,10 +228,10 @@ def _raw_bytes(engine: Any, token_id: int) -> Optional[bytes]:
 
 
 def _token_bytes(engine: Any, token_id: int, text: str) -> list[int]:
-    """OpenAI's ``bytes`` of a token: the token's own UTF-8 bytes. A token holding part of a
-    character decodes alone to U+FFFD, whose bytes are not the token's: its bytes come from the
-    vocabulary, so a client joining a reply's ``bytes`` gets the reply's text."""
-    if _REPLACEMENT in text:
+    """OpenAI's ``bytes`` of a token whose ``_token`` is ``text``: the token's own UTF-8 bytes. A
+    token holding part of a character has them from the vocabulary (its text is ``bytes:...``), so
+    a client joining a reply's ``bytes`` gets the reply's text."""
+    if text.startswith("bytes:") or _REPLACEMENT in text:
         raw = _raw_bytes(engine, token_id)
         if raw is not None:
             return list(raw)
