@@ -36,7 +36,8 @@ class SamplingParams:
         stop: string or list of strings; matched on the detokenized output (also across token
             boundaries); the matched stop text is not returned.
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
-        ignore_eos: keep generating past EOS.
+        ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
+            ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.
         seed: per-request seed; the same seed and prompt give the same sample.
         n: number of samples sharing one prefill of the prompt.
