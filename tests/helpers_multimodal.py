@@ -1,4 +1,5 @@
-"""Inputs for the multimodal tests: random images and a short video, written here."""
+"""Inputs for the multimodal tests (random images and a short video, written here), the programs
+that ask about them, and transformers' LLaVA answers to compare with."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import io
 
 import numpy as np
 from PIL import Image
+
+import lmnb as sgl
 
 
 def random_image(seed: int, size=(37, 23)) -> Image.Image:
@@ -39,6 +42,18 @@ def write_video(path, num_frames: int = 8, size: int = 32) -> None:
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+
+
+@sgl.function
+def ask_image(s, img, question):
+    s += sgl.user(sgl.image(img) + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
+
+
+@sgl.function
+def ask_video(s, path, question, frames=4):
+    s += sgl.user(sgl.video(path, frames) + question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
 
 
 # -- transformers' LLaVA as the reference (``hf``: (LlavaForConditionalGeneration, AutoProcessor))

@@ -8,7 +8,16 @@ import torch
 
 import lmnb as sgl
 from lmnb.executor import ProgramError
-from tests.helpers_multimodal import hf_answer, image_end, image_start, prompt_before_answer, random_image, write_video
+from tests.helpers_multimodal import (
+    ask_image,
+    ask_video,
+    hf_answer,
+    image_end,
+    image_start,
+    prompt_before_answer,
+    random_image,
+    write_video,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +40,6 @@ def hf(llava_ckpt):
 
     model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
     return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
-
-
-@sgl.function
-def ask_image(s, img, question):
-    s += sgl.user(sgl.image(img) + question)
-    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
-
-
-@sgl.function
-def ask_video(s, path, question):
-    s += sgl.user(sgl.video(path, 4) + question)
-    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
 
 
 def test_image_program_matches_transformers_and_reuses_the_image(backend, hf):

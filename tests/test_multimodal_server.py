@@ -12,7 +12,16 @@ import pytest
 import lmnb as sgl
 from lmnb.executor import ProgramError
 from tests.helpers_lang import live_server
-from tests.helpers_multimodal import hf_answer, image_end, png_bytes, prompt_before_answer, random_image, write_video
+from tests.helpers_multimodal import (
+    ask_image,
+    ask_video,
+    hf_answer,
+    image_end,
+    png_bytes,
+    prompt_before_answer,
+    random_image,
+    write_video,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +51,6 @@ def served(llava_ckpt):
         yield sgl.Engine(engine=local), local, url
     local.shutdown()
     remote.shutdown()
-
-
-@sgl.function
-def ask_image(s, img, question):
-    s += sgl.user(sgl.image(img) + question)
-    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
-
-
-@sgl.function
-def ask_video(s, path, question):
-    s += sgl.user(sgl.video(path, 3) + question)
-    s += sgl.assistant(sgl.gen("answer", max_tokens=6, temperature=0))
 
 
 @sgl.function
