@@ -42,3 +42,21 @@ def tiny_engine(tiny_llama):
     eng = Engine(model=str(tiny_llama), max_total_tokens=8192)
     yield eng
     eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def llava_ckpt(tmp_path_factory):
+    """[issue 10] A tiny random LLaVA-1.5 checkpoint (``make_tiny_llava_checkpoint`` defaults)."""
+    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
+
+    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava"))
+
+
+@pytest.fixture(scope="module")
+def llava_hf(llava_ckpt):
+    """transformers' ``(LlavaForConditionalGeneration, AutoProcessor)`` of ``llava_ckpt``, fp32."""
+    import torch
+    import transformers
+
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
+    return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))

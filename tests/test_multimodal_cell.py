@@ -30,13 +30,6 @@ What is in the picture?
 
 
 @pytest.fixture(scope="module")
-def llava_ckpt(tmp_path_factory):
-    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
-
-    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava-cell"))
-
-
-@pytest.fixture(scope="module")
 def ip(llava_ckpt):
     shell = process_shell()
     shell.extension_manager.load_extension("lmnb_kernel")

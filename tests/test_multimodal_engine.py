@@ -23,13 +23,6 @@ Q2 = "<|user|><image>\nhow many birds are in the tree?<|end|>\n<|assistant|>"
 
 
 @pytest.fixture(scope="module")
-def llava_ckpt(tmp_path_factory):
-    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
-
-    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava"))
-
-
-@pytest.fixture(scope="module")
 def engine(llava_ckpt):
     eng = Engine(str(llava_ckpt), device="cpu", max_total_tokens=4096)
     yield eng
@@ -37,11 +30,8 @@ def engine(llava_ckpt):
 
 
 @pytest.fixture(scope="module")
-def hf(llava_ckpt):
-    import transformers
-
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
-    return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
+def hf(llava_hf):
+    return llava_hf
 
 
 def _image(seed: int, size=(37, 23)) -> Image.Image:

@@ -21,13 +21,6 @@ from tests.helpers_multimodal import (
 
 
 @pytest.fixture(scope="module")
-def llava_ckpt(tmp_path_factory):
-    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
-
-    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava-lang"))
-
-
-@pytest.fixture(scope="module")
 def backend(llava_ckpt):
     b = sgl.Engine(str(llava_ckpt), device="cpu", max_total_tokens=4096)
     yield b
@@ -35,11 +28,8 @@ def backend(llava_ckpt):
 
 
 @pytest.fixture(scope="module")
-def hf(llava_ckpt):
-    import transformers
-
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
-    return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
+def hf(llava_hf):
+    return llava_hf
 
 
 def test_image_program_matches_transformers_and_reuses_the_image(backend, hf):

@@ -25,19 +25,8 @@ from tests.helpers_multimodal import (
 
 
 @pytest.fixture(scope="module")
-def llava_ckpt(tmp_path_factory):
-    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
-
-    return make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava-server"))
-
-
-@pytest.fixture(scope="module")
-def hf(llava_ckpt):
-    import torch
-    import transformers
-
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(llava_ckpt), dtype=torch.float32).eval()
-    return model, transformers.AutoProcessor.from_pretrained(str(llava_ckpt))
+def hf(llava_hf):
+    return llava_hf
 
 
 @pytest.fixture(scope="module")
