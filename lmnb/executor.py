@@ -229,7 +229,10 @@ class StreamExecutor:
         self.fork_start_messages: int = 0
         self.fork_start_images: int = 0  # [issue 10] images_ inherited at the fork
         self.vars_set: list[str] = []  # names this executor set itself (what join gathers)
-        self.var_texts: dict[str, str] = {}  # the text a gen wrote for a variable holding its parsed value
+        # all text written to each variable, in order (a gen in a loop writes one name again and again),
+        # and where its current value's text begins: what iter_text(name) reads
+        self.var_log: dict[str, str] = {}
+        self.var_start: dict[str, int] = {}
         self.error_: Optional[ProgramError] = None
         self.closed = False  # the program body returned (or the branch was joined)
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
@@ -380,15 +383,16 @@ class StreamExecutor:
             return self.variables[name]
 
     def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True,
-                text: Optional[str] = None) -> None:
+                text: Optional[str] = None, streamed: bool = False) -> None:
         """Set variable ``name``; ``text``: what the gen wrote, when ``value`` is parsed from it
-        (``gen(dtype=int)``), so that ``iter_text(name)`` yields that text."""
+        (``gen(dtype=int)``), so that ``iter_text(name)`` yields that text; ``streamed``: that text
+        is in ``var_log`` already, delta by delta (``_log_delta``)."""
         with self._cv:
             self.variables[name] = value
-            if text is None or isinstance(value, str):
-                self.var_texts.pop(name, None)
-            else:
-                self.var_texts[name] = text
+            written = text if text is not None else value if isinstance(value, str) else None
+            if not streamed:  # (a value set with no text, s["n"] = 7, has none to yield)
+                self.var_start[name] = len(self.var_log.get(name, ""))
+                self.var_log[name] = self.var_log.get(name, "") + (written or "")
             if meta_info is not None:
                 self.meta_info[name] = meta_info
             if record and name not in self.vars_set:
@@ -396,10 +400,18 @@ class StreamExecutor:
             self._version += 1
             self._cv.notify_all()
 
+    def _log_delta(self, name: str, delta: str, first: bool) -> None:
+        """Append a streamed gen's ``delta`` to ``var_log`` (call holding ``_cv``); ``first``: the
+        gen's first delta, where the variable's new value begins."""
+        log = self.var_log.get(name, "")
+        if first:
+            self.var_start[name] = len(log)
+        self.var_log[name] = log + delta
+
     def _finish_var(self, name: Optional[str], value: Any, meta_info: Any,
-                    constraint: Optional[dict] = None, text: Optional[str] = None) -> None:
+                    constraint: Optional[dict] = None, text: Optional[str] = None, streamed: bool = False) -> None:
         if name is not None:
-            self.set_var(name, value, meta_info, text=text)
+            self.set_var(name, value, meta_info, text=text, streamed=streamed)
             with self._cv:
                 self._pending[name] = max(0, self._pending[name] - 1)
                 self._cv.notify_all()
@@ -612,6 +624,7 @@ class StreamExecutor:
                     if self.error_ is not None:
                         raise self.error_
                     if name is not None:
+                        self._log_delta(name, delta, first=not text)
                         self.variables[name] = text + delta
                         self.meta_info[name] = meta
                 text += delta
@@ -620,7 +633,8 @@ class StreamExecutor:
 
         self._call(run)
         self._check_finish(meta, expr)
-        self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params), text)
+        self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params), text,
+                         streamed=text != "")
 
     def _execute_select(self, expr: Select) -> None:
         self.speculation = Speculation()  # the chosen text follows, not the speculated one
@@ -706,7 +720,8 @@ class StreamExecutor:
         c.text_ = self.text_
         c.messages_ = list(self.messages_)
         c.variables = dict(self.variables)
-        c.var_texts = dict(self.var_texts)
+        c.var_log = dict(self.var_log)
+        c.var_start = dict(self.var_start)
         c.meta_info = dict(self.meta_info)
         c.cur_role = self.cur_role
         c.cur_role_begin_pos = self.cur_role_begin_pos
@@ -729,8 +744,9 @@ class StreamExecutor:
     def iter_text(self, var_name: Optional[str] = None) -> Iterator[str]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
         state is closed and idle (or the variable is complete). A variable holding a parsed value
-        (``gen(dtype=int)``) yields the text its gen wrote."""
-        pos, seen = 0, -1
+        (``gen(dtype=int)``) yields the text its gen wrote. A variable written again (a gen in a
+        loop) yields from its value when the iteration begins, then every later write whole."""
+        pos, seen = None, -1
         while True:
             with self._cv:
                 while self._version == seen:
@@ -740,13 +756,14 @@ class StreamExecutor:
                     current = self.text_
                     done = (self.closed and not self._queue and not self._draining) or self.error_ is not None
                 else:
-                    value = self.variables.get(var_name, "")
-                    current = value if isinstance(value, str) else self.var_texts.get(var_name, "")
+                    current = self.var_log.get(var_name, "")
                     started = var_name in self.variables or self._pending[var_name] > 0
                     done = self.error_ is not None or (
                         self._pending[var_name] == 0
                         and (started or (self.closed and not self._queue and not self._draining))
                     )
+                if pos is None:
+                    pos = 0 if var_name is None else self.var_start.get(var_name, 0)
                 chunk = current[pos:]
                 pos = len(current)
             if chunk:

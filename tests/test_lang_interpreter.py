@@ -386,6 +386,24 @@ def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_
     assert list(st.text_iter("n")) == []
 
 
+def test_text_iter_of_a_variable_written_in_a_loop_yields_every_write_whole():
+    # gens after the first into the same name lost their start: the reader's position ran on from
+    # the earlier value's text (it read "alphaetaamma")
+    answers = iter(["alpha", "beta", "gamma"])
+    be = ScriptedBackend(lambda p, params: next(answers))
+
+    @sgl.function
+    def prog(s):
+        time.sleep(0.2)  # the reader below starts before the first gen
+        for i in range(3):
+            s += f"Step {i}:" + sgl.gen("step") + "\n"
+
+    st = prog.run(backend=be, stream=True)
+    assert "".join(st.text_iter("step")) == "alphabetagamma"
+    assert st.text() == "Step 0:alpha\nStep 1:beta\nStep 2:gamma\n"
+    assert list(st.text_iter("step")) == ["gamma"]  # read after the run: the value, as st["step"]
+
+
 def test_regex_and_json_schema_reach_the_backend_unchanged():
     be = ScriptedBackend(lambda p, params: "{}")
     schema = {"type": "object", "properties": {"k": {"type": "string"}}}
