@@ -274,3 +274,25 @@ def test_a_closed_output_pipe_stops_the_job_without_recording_rows_as_failed(tmp
     assert rerun.returncode == 0, rerun.stderr.decode()
     results = read_results(tmp_path / "out.jsonl")
     assert sorted(r["row"] for r in results) == list(range(40)) and all(r["status"] == "ok" for r in results)
+
+
+def test_with_several_threads_each_rows_printed_lines_come_out_together(tmp_path, capfd):
+    # rows running together printed into each other's lines ("q0 startq1 start\n\n...")
+    import threading
+    import time
+
+    started = threading.Barrier(4, timeout=30)  # four rows are inside run_row at once
+
+    def printing_row(question):
+        print(question, "start")
+        started.wait()
+        time.sleep(0.01)
+        print(question, "end")
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(8)])
+    job = Job("printing", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                              "--no-progress", "--num-threads", "4"])
+    assert job.run(printing_row, programs=[], backend=ScriptedBackend(reply)) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert sorted(lines) == sorted(f"q{i} {w}" for i in range(8) for w in ("start", "end"))
+    assert all(lines[k].split()[0] == lines[k + 1].split()[0] for k in range(0, 16, 2)), lines

@@ -54,7 +54,8 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     if not per_row:
         return p
     p.add_argument("--num-threads", type=_positive_int, default=DEFAULT_THREADS, metavar="N",
-                   help=f"rows run at once (default {DEFAULT_THREADS})")
+                   help=f"rows run at once (default {DEFAULT_THREADS}); with more than one, what a row "
+                   "prints comes out in one piece when the row ends")
     p.add_argument("--limit", type=_count, metavar="N", help="use only the first N rows of the input")
     p.add_argument("--id-field", metavar="F", help="key rows by this field instead of their position "
                    "(use it if the input may change between runs)")

@@ -1,9 +1,11 @@
 """The main loop of ``Job.run``: which rows run, running them on a thread pool, writing each
-finished row at once, stopping cleanly on Ctrl-C, and the summary.
+finished row at once, stopping cleanly on Ctrl-C, and the summary. With several threads, what a
+row prints comes out in one piece when the row ends (``RowOutput``).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -33,6 +35,7 @@ class RowRunner:
         self.seconds = 0.0
         self.signals = 0  # SIGINT count; SIGTERM counts as two
         self.pipe_closed = False  # a row's print met a closed stdout (`job.py | head -1`)
+        self.output: RowOutput | None = None  # sys.stdout while rows run on several threads
 
     def run(self) -> int:
         todo = self.triage()
@@ -123,6 +126,25 @@ class RowRunner:
         start = time.perf_counter()
         pool = ThreadPoolExecutor(self.args.num_threads, thread_name_prefix="lmnb-row")
         inflight: set = set()
+        if self.args.num_threads > 1:
+            self.output = sys.stdout = RowOutput(sys.stdout)
+        try:
+            self._run_pool(pool, pending, inflight, window, bar)
+        finally:
+            if self.output is not None:
+                sys.stdout, self.output = self.output.target, None
+        bar.close()
+        self.seconds = time.perf_counter() - start
+        pool.shutdown(wait=not inflight, cancel_futures=True)
+        if inflight:  # stopped at once: rows still running are not written; a rerun does them
+            self.summary()
+            self.store.close()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+
+    def _run_pool(self, pool, pending, inflight: set, window: int, bar) -> None:
+        """Keep ``window`` rows in flight and write each as it finishes, until all are done or a
+        signal or a closed pipe stops the job (``inflight`` then holds the rows still running)."""
         announced = False
         with _StopOnSignals(self):
             while True:
@@ -149,14 +171,6 @@ class RowRunner:
                     announced = True
                     bar.write(f"lmnb batch: stopping; finishing the {len(inflight)} rows already running "
                               "(Ctrl-C again to stop now)")
-        bar.close()
-        self.seconds = time.perf_counter() - start
-        pool.shutdown(wait=not inflight, cancel_futures=True)
-        if inflight:  # stopped at once: rows still running are not written; a rerun does them
-            self.summary()
-            self.store.close()
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
 
     def cache_prefixes(self, backend) -> None:
         """Prefill each program's constant prefix once (``run_batch``'s prefix hint, paper §3)."""
@@ -179,8 +193,14 @@ class RowRunner:
         start = time.perf_counter()
         error = None
         try:
-            with lmnb.observe(recorder):
-                self.run_row(**{name: row.fields[name] for name in self.job.inputs})
+            if self.output is not None:
+                self.output.begin()
+            try:
+                with lmnb.observe(recorder):
+                    self.run_row(**{name: row.fields[name] for name in self.job.inputs})
+            finally:
+                if self.output is not None:
+                    self.output.end()  # (a failing row's prints too)
         except BrokenPipeError:
             self.pipe_closed = True
             return None
@@ -224,6 +244,53 @@ class RowRunner:
             lines.append("  rows with \"status\": \"error\" or \"bad_input\" say why in \"error\"; "
                          "fix the input and run again with --retry-errors")
         print("\n".join(lines), file=sys.stderr)
+
+
+class RowOutput:
+    """``sys.stdout`` while rows run on several threads: what a row's thread prints is kept and
+    written in one piece when the row ends, so the lines of rows running together do not
+    interleave (nor do the pieces of one ``print``: its text and its newline are two writes).
+    GNU parallel groups its jobs' output the same way by default. Other threads write through.
+
+    Attributes:
+        target: the stream rows' output goes to (the ``sys.stdout`` this replaced).
+    """
+
+    def __init__(self, target):
+        self.target = target
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def begin(self) -> None:
+        """Start keeping what this thread prints (call at a row's start)."""
+        self._local.buffer = io.StringIO()
+
+    def end(self) -> None:
+        """Write what this thread printed since ``begin``, in one piece.
+
+        Raises:
+            BrokenPipeError: stdout is a pipe its reader closed.
+        """
+        buffer = self._local.__dict__.pop("buffer", None)
+        text = buffer.getvalue() if buffer is not None else ""
+        if text:
+            with self._lock:
+                self.target.write(text)
+                self.target.flush()
+
+    def write(self, text: str) -> int:
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is not None:
+            return buffer.write(text)
+        with self._lock:
+            return self.target.write(text)
+
+    def flush(self) -> None:
+        if getattr(self._local, "buffer", None) is None:
+            self.target.flush()
+
+    def __getattr__(self, name: str):  # fileno, encoding, isatty, ... of the real stream
+        return getattr(self.target, name)
 
 
 class _StopOnSignals:
