@@ -19,12 +19,12 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF checkpoint directory or hub id (default: the demo model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request but GET /health")
     parser.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
-    parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens")
-    parser.add_argument("--log-level", default="info", help="uvicorn log level")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: from the free memory)")
+    parser.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
 
 
 def create_app(engine, api_key=None, served_model_name=None):
