@@ -397,26 +397,32 @@ def assistant(expr: Any = None) -> ExprList:
 
 
 def system_begin() -> RoleBegin:
+    """Open a system message; the text added until ``system_end()`` is its content."""
     return RoleBegin("system")
 
 
 def system_end() -> RoleEnd:
+    """Close the system message opened by ``system_begin()``."""
     return RoleEnd("system")
 
 
 def user_begin() -> RoleBegin:
+    """Open a user message; the text added until ``user_end()`` is its content."""
     return RoleBegin("user")
 
 
 def user_end() -> RoleEnd:
+    """Close the user message opened by ``user_begin()``."""
     return RoleEnd("user")
 
 
 def assistant_begin() -> RoleBegin:
+    """Open a assistant message; the text added until ``assistant_end()`` is its content."""
     return RoleBegin("assistant")
 
 
 def assistant_end() -> RoleEnd:
+    """Close the assistant message opened by ``assistant_begin()``."""
     return RoleEnd("assistant")
 
 

@@ -66,6 +66,7 @@ class ChoicesSamplingMethod:
     requires_unconditional_logprobs = False
 
     def scores(self, scored: Sequence[ChoiceLogprobs]) -> list[float]:
+        """One score per choice of ``scored`` (higher is better); a subclass's method."""
         raise NotImplementedError
 
     def method_meta(self, scored: Sequence[ChoiceLogprobs], values: list[float]) -> dict:

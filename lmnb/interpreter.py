@@ -135,9 +135,11 @@ class ProgramState:
         return self.stream_executor.error_
 
     def get_var(self, name: str) -> Any:
+        """The value of variable ``name``, as ``s[name]``: waits for it; raises the state's error."""
         return self.stream_executor.get_var(name)
 
     def set_var(self, name: str, value: Any) -> None:
+        """Set variable ``name`` to ``value`` now (not queued behind the state's pending work)."""
         self.stream_executor.set_var(name, value)
 
     def get_meta_info(self, name: str) -> Any:

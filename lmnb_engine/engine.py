@@ -269,22 +269,27 @@ class Engine:
     # --- model facts ---------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Any:
+        """The checkpoint's Hugging Face tokenizer."""
         return self.loaded.tokenizer
 
     @property
     def chat_template(self) -> Optional[str]:
+        """The checkpoint's Jinja chat template; None when it has none."""
         return self.loaded.chat_template
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
+        """The token ids that end a generation (unless ``ignore_eos``)."""
         return self.loaded.eos_token_ids
 
     @property
     def context_len(self) -> int:
+        """The model's context length: prompt plus output tokens of one request."""
         return self.loaded.config.context_len
 
     @property
     def model_path(self) -> Optional[str]:
+        """The checkpoint directory or hub id; None for a model built in memory."""
         return str(self.loaded.path) if self.loaded.path is not None else None
 
     def model_info(self) -> dict:
@@ -318,6 +323,7 @@ class Engine:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens, verbose=False))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of token ``ids`` (the tokenizer's ``decode``)."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

@@ -26,6 +26,7 @@ class FinishReason:
     message: str | None = None
 
     def to_dict(self) -> dict:
+        """SGLang's ``finish_reason`` JSON: ``type``, and ``matched``/``message`` when set."""
         d: dict = {"type": self.type}
         if self.matched is not None:
             d["matched"] = self.matched
@@ -58,6 +59,7 @@ class RequestMeta:
     jumped_tokens: int = 0
 
     def to_dict(self) -> dict:
+        """The fields as a dict (the ``meta_info`` counts of ``/generate``)."""
         return dict(self.__dict__)
 
 

@@ -81,9 +81,11 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Whether sampling is argmax: temperature (near) 0 or ``top_k == 1``."""
         return self.temperature < SAMPLING_EPS or self.top_k == 1
 
     def copy(self, **changes: Any) -> "SamplingParams":
+        """A copy with the fields in ``changes`` replaced."""
         return replace(self, **changes)
 
     def validate(self) -> None:

@@ -30,6 +30,7 @@ def kernel_spec(python: str | None = None) -> dict:
 
 
 def install_arguments(parser) -> None:
+    """Add the options of ``lmnb install-kernel`` to ``parser``."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user (the default)")
     where.add_argument("--sys-prefix", action="store_true", help=f"install into this environment ({sys.prefix})")

@@ -47,6 +47,7 @@ def cell_parser() -> MagicArgumentParser:
 
 
 def line_parser() -> MagicArgumentParser:
+    """The subcommands of the ``%lm`` line magic (load, connect, stats, tree, states, reset, flush, pin, unpin)."""
     p = MagicArgumentParser(prog="lm", description="Manage the kernel's LM session.")
     sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
     add_load_arguments(sub.add_parser("load", prog="lm load", help="load a model into a new in-process engine now"))
