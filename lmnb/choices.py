@@ -111,6 +111,7 @@ class TokenLengthNormalized(ChoicesSamplingMethod):
     """Mean token logprob of each choice (SGLang's default)."""
 
     def scores(self, scored):
+        """The mean logprob of each choice's tokens."""
         return [_mean(s.logprobs) for s in scored]
 
 
@@ -128,6 +129,8 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
         return {"greedy_logprob_matrix": self._matrix(scored)}
 
     def scores(self, scored):
+        """The position where each choice was eliminated; the survivors score above all of them (on a
+        tie the earliest choice highest)."""
         rows = self._matrix(scored)
         width = len(rows[0])
         alive = list(range(len(rows)))
@@ -155,6 +158,7 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
         return {"normalized_unconditional_prompt_logprobs": list(values)}
 
     def scores(self, scored):
+        """The mean of conditional minus unconditional logprobs of each choice."""
         out = []
         for s in scored:
             if s.unconditional_logprobs is None:

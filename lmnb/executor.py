@@ -335,6 +335,7 @@ class StreamExecutor:
         self._cv.notify_all()
 
     def idle(self) -> bool:
+        """Whether no primitive is queued or running."""
         with self._cv:
             return not self._queue and not self._draining
 
@@ -355,6 +356,7 @@ class StreamExecutor:
                 self._cv.wait()
 
     def raise_if_failed(self) -> None:
+        """Raise the state's error (``ProgramError``) if a primitive failed."""
         if self.error_ is not None:
             raise self.error_
 

@@ -32,6 +32,8 @@ class Speculation:
 
     @classmethod
     def from_completion(cls, text: str, meta: dict) -> "Speculation":
+        """The speculation of one completion call: its ``text`` and, when ``meta`` holds per-token texts
+        that add up to it, the character offsets where its tokens end (else None)."""
         tokens = meta.get("output_token_logprobs") or []
         pieces = [t[2] for t in tokens if isinstance(t, (list, tuple)) and len(t) > 2 and isinstance(t[2], str)]
         # the tokens may go on past the text: a stop string is matched in them, not returned

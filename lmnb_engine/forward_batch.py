@@ -17,6 +17,7 @@ import torch
 
 
 class ForwardMode(enum.Enum):
+    """What a forward pass computes: an extend (prefill) or a decode step."""
     EXTEND = "extend"  # prefill of new tokens after a (possibly empty) cached prefix
     DECODE = "decode"  # exactly one new token per request
 
@@ -61,10 +62,12 @@ class ForwardBatch:
 
     @property
     def batch_size(self) -> int:
+        """Number of requests in the batch."""
         return len(self.seq_lens_cpu)
 
     @property
     def num_tokens(self) -> int:
+        """Number of new tokens in the batch (packed over requests)."""
         return int(self.input_ids.shape[0])
 
     @classmethod

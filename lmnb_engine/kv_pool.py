@@ -119,12 +119,15 @@ class ReqToTokenPool:
             self.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
 
     def available_size(self) -> int:
+        """Free request rows."""
         return len(self._free_rows)
 
     def alloc(self) -> int:
+        """Take a free request row; raises ``KVPoolExhausted`` when none is left."""
         if not self._free_rows:
             raise KVPoolExhausted("no free request rows: too many running requests")
         return self._free_rows.pop()
 
     def free(self, row: int) -> None:
+        """Return ``row`` to the free rows."""
         self._free_rows.append(row)

@@ -43,6 +43,7 @@ class MatchResult:
 
     @property
     def length(self) -> int:
+        """Number of matched (cached) tokens."""
         return int(self.indices.numel())
 
 

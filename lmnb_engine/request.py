@@ -33,11 +33,14 @@ class TokenGrammar(Protocol):
     scheduler ends the request with finish reason ``stop`` once ``is_terminated()`` is True.
     """
 
-    def allowed_token_mask(self, vocab_size: int) -> Optional[torch.Tensor]: ...
+    def allowed_token_mask(self, vocab_size: int) -> Optional[torch.Tensor]:
+        """A bool mask over the vocabulary of the tokens allowed next, or None for no constraint."""
 
-    def accept_token(self, token_id: int) -> None: ...
+    def accept_token(self, token_id: int) -> None:
+        """Advance by one sampled token."""
 
-    def is_terminated(self) -> bool: ...
+    def is_terminated(self) -> bool:
+        """Whether the output is complete (nothing but EOS can extend it)."""
 
 
 def seed_32(seed: int) -> int:
@@ -52,6 +55,7 @@ def seed_32(seed: int) -> int:
 
 
 class ReqStatus(enum.Enum):
+    """Where a request is in the scheduler."""
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -130,10 +134,12 @@ class Req:
     # --- sequence views ------------------------------------------------------------------------
     @property
     def prompt_len(self) -> int:
+        """Number of prompt tokens."""
         return len(self.origin_input_ids)
 
     @property
     def seq_len(self) -> int:
+        """Prompt plus output tokens."""
         return len(self.origin_input_ids) + len(self.output_ids)
 
     @property
@@ -174,6 +180,7 @@ class Req:
 
     @property
     def finished(self) -> bool:
+        """Whether the request has a finish reason."""
         return self.finish_reason is not None
 
     # --- output edits (constrained decoding / jump-forward) -------------------------------------

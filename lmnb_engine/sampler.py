@@ -190,6 +190,7 @@ class PendingSample:
         self._out: SampleOutput | None = None
 
     def result(self) -> SampleOutput:
+        """The sampled ids (and logprobs), waiting for the device copy if it is still running."""
         if self._out is not None:
             return self._out
         if self._event is not None:

@@ -152,6 +152,7 @@ class Scheduler:
         self.policy = SchedulePolicy(self.config.schedule_policy, self.cache)
 
     def reset_stats(self) -> None:
+        """Zero the cache-hit and retraction counters of ``stats``."""
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.last_batch = (0, 0)  # (cached, prompt) tokens of the last step that admitted requests
@@ -161,14 +162,17 @@ class Scheduler:
 
     @property
     def kv_pool(self):
+        """The model runner's token KV pool."""
         return self.runner.kv_pool
 
     @property
     def req_to_token_pool(self):
+        """The model runner's request-to-token table."""
         return self.runner.req_to_token_pool
 
     # --- thread and commands ------------------------------------------------------------------
     def start(self) -> None:
+        """Start the scheduler loop on its own daemon thread."""
         self._thread = threading.Thread(target=self._loop, name="lmnb-scheduler", daemon=True)
         self._thread.start()
 
@@ -182,6 +186,7 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
+        """Whether the loop thread runs and was not stopped."""
         return self._thread is not None and self._thread.is_alive() and not self._stopped.is_set()
 
     def submit(self, reqs: list[Req]) -> None:
@@ -921,6 +926,7 @@ class Scheduler:
         )
 
     def stats(self) -> dict:
+        """Cache hit rates, KV pool usage and queue lengths (``Engine.cache_stats``)."""
         cached, prompt = self.last_batch
         pool = self.kv_pool
         return {

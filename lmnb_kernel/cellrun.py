@@ -50,6 +50,7 @@ class Listener:
             self.queue.put(event)
 
     def close(self) -> None:
+        """Stop delivering events to the view."""
         self.active = False
 
 

@@ -21,14 +21,17 @@ class ViewFeeder:
         self.captured: dict[str, Any] = {}  # variables set on the root state, in order
 
     def lane(self, sid: str) -> Optional[str]:
+        """The view lane of program state ``sid``; None for a state outside this cell."""
         return self.lanes.get(sid)
 
     def apply(self, ev) -> None:
+        """Hand a ``ProgramEvent`` to its ``on_<kind>`` handler, if there is one."""
         handler = getattr(self, f"on_{ev.kind}", None)
         if handler is not None:
             handler(ev)
 
     def on_state(self, ev) -> None:
+        """A new state: a fork branch of a known lane gets a lane of its own."""
         if ev.parent in self.lanes:
             base = lane = "b" + ".".join(map(str, ev.branch))
             taken, k = set(self.lanes.values()), 1
@@ -39,6 +42,7 @@ class ViewFeeder:
             self.branch[ev.sid] = ev.branch
 
     def on_fork(self, ev) -> None:
+        """Mark the fork point in the parent lane."""
         lane = self.lane(ev.sid)
         children = [c for c in ev.children if c in self.lanes]
         if lane is not None and children:
@@ -46,12 +50,14 @@ class ViewFeeder:
             self.view.on_fork(lane, [self.lanes[c] for c in children], labels)
 
     def on_join(self, ev) -> None:
+        """Mark the join in the parent lane."""
         lane = self.lane(ev.sid)
         children = [self.lanes[c] for c in ev.children if c in self.lanes]
         if lane is not None and children:
             self.view.on_join(lane, children)
 
     def on_text(self, ev) -> None:
+        """Add program text (prompt, generated, or an image/video thumbnail) to the lane."""
         lane = self.lane(ev.sid)
         if lane is None:
             return
@@ -70,6 +76,7 @@ class ViewFeeder:
             self.view.on_text(lane, ev.text)
 
     def on_var(self, ev) -> None:
+        """A variable was set: capture it (main lane) and close its gen/select segment with its meta info."""
         lane = self.lane(ev.sid)
         if lane is None:
             return
@@ -102,6 +109,7 @@ class ViewFeeder:
 
     def on_prefill(self, ev) -> None:
         # The fork's shared-prefix prefill: a request of its own, closed at once.
+        """Record a fork's shared-prefix prefill as a request of its own."""
         lane, meta = self.lane(ev.sid), ev.meta_info or {}
         if lane is not None and "prompt_tokens" in meta:
             self.view.on_prompt(lane, prompt_tokens=int(meta["prompt_tokens"]),

@@ -33,6 +33,7 @@ class LMNBKernel(IPythonKernel):
         self.shell.extension_manager.load_extension("lmnb_kernel")
 
     async def do_shutdown(self, restart):
+        """Close the session (engine and server connections) before the kernel exits."""
         from lmnb_kernel.session import get_session
 
         get_session().close(timeout=SHUTDOWN_TIMEOUT_S)

@@ -122,6 +122,7 @@ class LMMagics(Magics):
 
     # -- %lm ------------------------------------------------------------------------------------
     def run_command(self, line: str) -> None:
+        """Run one ``%lm SUBCOMMAND`` line."""
         args = line_parser().parse_args(_split(line))
         if args.command is None:
             raise UsageError("%lm needs a subcommand:\n" + line_parser().format_help())
@@ -141,6 +142,7 @@ class LMMagics(Magics):
             self.tree_view = None  # it showed the old engine's nodes (as ghosts, once refreshed)
 
     def show_tree(self) -> None:
+        """Display the radix tree view (``%lm tree``)."""
         from lmnb_kernel.widgets import TreeView, kv_bytes_per_token
 
         engine = self.session.engine("%lm tree")
@@ -177,6 +179,7 @@ class LMMagics(Magics):
 
     # -- %%lm -----------------------------------------------------------------------------------
     def run_program(self, line: str, cell: str) -> None:
+        """Run a ``%%lm`` cell: parse options and body, run the program with a view, capture its variables."""
         from lmnb.template import TemplateError, cell_body, parse, parse_python
 
         parser = cell_parser()
@@ -228,6 +231,7 @@ class LMMagics(Magics):
             raise CellError(_describe(outcome.error, filename)) from outcome.error
 
     def make_view(self, args, count):
+        """The cell's view for its options and ``$LMNB_VIEW`` (live widget, static or headless)."""
         from lmnb_kernel.widgets import RunView, prefix_chars_from
 
         mode = os.environ.get(VIEW_ENV, "live")

@@ -65,15 +65,18 @@ class EngineConfig:
     random_weights: bool = False
 
     def engine_kwargs(self) -> dict:
+        """The ``lmnb_engine.Engine`` arguments this configuration sets."""
         kw = {k: getattr(self, k) for k in ("device", "dtype", "max_total_tokens") if getattr(self, k) is not None}
         if self.random_weights:
             kw["random_weights"] = True
         return kw
 
     def model_name(self) -> Optional[str]:
+        """The model to load: the given one, else ``$LMNB_MODEL``; None means the demo model."""
         return self.model or os.environ.get(MODEL_ENV) or None
 
     def describe(self) -> str:
+        """The model in words, for messages."""
         return self.model_name() or "the built-in demo model"
 
 
@@ -101,6 +104,7 @@ class Totals:
     completion_tokens: int = 0
 
     def add(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> None:
+        """Count one cell's tokens."""
         self.cells += 1
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached_tokens
@@ -122,6 +126,7 @@ class Session:
     # -- backend ----------------------------------------------------------------------------------
     @property
     def started(self) -> bool:
+        """Whether a backend (engine or server) has been made."""
         return self._backend is not None
 
     def current(self) -> str:
@@ -247,6 +252,7 @@ class Session:
         return len(ids)
 
     def unpin(self, name: str) -> None:
+        """Let named state ``name``'s prefix be evicted again (``%lm unpin``)."""
         named = self.state(name)
         if named.pin is None:
             raise CellError(f"state {name!r} is not pinned")

@@ -32,6 +32,7 @@ def short(value: Any, limit: int = 200) -> str:
 
 
 def percent(part: int, whole: int) -> str:
+    """``part`` as a whole-number percentage of ``whole``; ``n/a`` when ``whole`` is 0."""
     return f"{100 * part / whole:.0f}%" if whole else "n/a"
 
 

@@ -38,6 +38,7 @@ class RowRunner:
         self.output: RowOutput | None = None  # sys.stdout while rows run on several threads
 
     def run(self) -> int:
+        """Run the rows not yet done (``triage``) and print the summary; returns the exit status."""
         todo = self.triage()
         if todo and self.backend is not None:
             self.execute(self.backend, todo)
@@ -100,11 +101,14 @@ class RowRunner:
         return todo
 
     def write(self, record: dict) -> None:
+        """Append one row's ``record`` to the output and count it by status."""
         self.store.write(record)
         self.new[record["status"]] += 1
 
     # -- running ----------------------------------------------------------------------------------
     def execute(self, backend, todo: list) -> None:
+        """Run the rows of ``todo`` on ``backend`` (``--num-threads`` at a time), writing each as it
+        finishes."""
         import lmnb.api
 
         previous = lmnb.api._default_backend  # restored after, for scripts run inside a longer process
@@ -220,6 +224,7 @@ class RowRunner:
 
     # -- report -----------------------------------------------------------------------------------
     def summary(self) -> None:
+        """Print the output file's row counts and this run's rows, speed and tokens to stderr."""
         c, n, t = self.store.counts, self.new, self.tokens
         ran = n[OK] + n[ERROR]
         lines = [f"lmnb batch: {self.args.output}: {sum(c.values())} rows "

@@ -37,6 +37,7 @@ class ExportError(ValueError):
 
 @dataclass
 class Markdown:
+    """A markdown cell, kept as a comment in the exported script."""
     index: int  # 1-based position in the notebook
     text: str
 
@@ -88,6 +89,7 @@ class Code:
 
     @property
     def is_parameters(self) -> bool:
+        """Whether the cell is tagged ``parameters`` (papermill's convention)."""
         return "parameters" in self.tags
 
 

@@ -53,10 +53,12 @@ class Plan:
 
     @property
     def lm_cells(self) -> list:
+        """The ``%%lm`` cells run for every row."""
         return [c for c in self.row if isinstance(c, LMCell)]
 
     @property
     def captures(self) -> tuple:
+        """The variables those cells capture, in order of first capture, without repeats."""
         out: list = []
         for c in self.lm_cells:
             out += [n for n in c.captures if n not in out]

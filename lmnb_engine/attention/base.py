@@ -39,7 +39,8 @@ class AttentionBackend(ABC):
         (this rank's heads under tensor parallelism). Nothing to do by default."""
 
     @abstractmethod
-    def init_forward(self, batch: ForwardBatch) -> None: ...
+    def init_forward(self, batch: ForwardBatch) -> None:
+        """Prepare per-batch metadata (lengths, offsets) once before the layers' ``forward`` calls."""
 
     @abstractmethod
     def forward(

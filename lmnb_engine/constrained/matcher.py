@@ -24,6 +24,7 @@ class GrammarMatcher:
 
     @property
     def state(self) -> int:
+        """The current automaton state."""
         return self._states[-1]
 
     @property

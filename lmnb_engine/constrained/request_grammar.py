@@ -53,6 +53,7 @@ class RequestGrammar:
         return torch.from_numpy(bits[:vocab_size].astype(bool))
 
     def accept_token(self, token_id: int) -> None:
+        """Advance the grammar by one sampled token."""
         self.matcher.accept_token(token_id)
 
     def is_terminated(self) -> bool:

@@ -167,6 +167,7 @@ class TokenVocabulary:
 
     @property
     def outlines_eos(self) -> int:
+        """The EOS id given to outlines-core: the smallest EOS id, or ``vocab_size`` when there is none."""
         return min(self.eos_token_ids) if self.eos_token_ids else self.vocab_size
 
     def text_of(self, ids: list[int]) -> bytes:

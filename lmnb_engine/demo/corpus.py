@@ -273,6 +273,7 @@ def mc_prompt(question: str, options: list[str]) -> str:
 
 
 def mc_options(task: Task, rng: random.Random) -> list[str]:
+    """The task's answer with three of its distractors, shuffled."""
     options = rng.sample(list(task.distractors), 3) + [task.answer]
     rng.shuffle(options)
     return options
@@ -448,6 +449,7 @@ class ChatItem:
 
 @dataclass(frozen=True)
 class HeldOut:
+    """The held-out evaluation items: multiple choice, few-shot and chat."""
     mc: list[MCItem]
     fewshot: list[GenItem]
     chat: list[ChatItem]

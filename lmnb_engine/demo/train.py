@@ -145,6 +145,7 @@ def train(out: Path, seed: int, steps: int, batch_size: int, seq_len: int, lr: f
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: train the demo model and write the checkpoint to ``--out``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     p.add_argument("--seed", type=int, default=0)

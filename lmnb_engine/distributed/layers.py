@@ -37,6 +37,7 @@ class TPGroup:
             raise ValueError(f"tensor-parallel rank {self.rank} is outside [0, {self.size})")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the ranks in place (a no-op on one rank); returns ``x``."""
         if self.size > 1:
             dist.all_reduce(x, group=self.group)
         return x

@@ -137,6 +137,7 @@ class ServerContext:
 
 
 def error_body(message: str, status: int, param: Optional[str] = None) -> dict:
+    """The JSON body of an error response (OpenAI's shape): message, type from ``status``, param, code."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 401:
         kind = "authentication_error"
@@ -146,6 +147,7 @@ def error_body(message: str, status: int, param: Optional[str] = None) -> dict:
 
 
 def sse(obj: Any) -> str:
+    """One server-sent event carrying ``obj`` as JSON."""
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 

@@ -37,11 +37,14 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
+    """``stream_options`` of an OpenAI request."""
     include_usage: Optional[bool] = False
     continuous_usage_stats: Optional[bool] = False  # vLLM's and SGLang's; only false (the default) is served
 
 
 class JsonSchemaSpec(BaseModel):
+    """``response_format.json_schema``: the schema under ``schema``, with OpenAI's name, description
+    and strict."""
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: Optional[str] = None
     description: Optional[str] = None
@@ -50,6 +53,7 @@ class JsonSchemaSpec(BaseModel):
 
 
 class ResponseFormat(_Strict):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema``."""
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaSpec] = None
 
@@ -82,6 +86,7 @@ class _SamplingRequest(_Strict):
 
 
 class CompletionRequest(_SamplingRequest):
+    """The body of ``POST /v1/completions``."""
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]  # strict: true is no token id
     echo: bool = False
     logprobs: Optional[int] = None
@@ -90,12 +95,14 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ContentPart(BaseModel):
+    """One part of a chat message's content (``text`` or ``image_url``)."""
     model_config = ConfigDict(extra="allow")
     type: str
     text: Optional[str] = None
 
 
 class ChatMessage(BaseModel):
+    """One chat message: role and content (a string or parts)."""
     model_config = ConfigDict(extra="allow")
     role: str
     content: Optional[Union[str, list[ContentPart]]] = None
@@ -103,6 +110,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_SamplingRequest):
+    """The body of ``POST /v1/chat/completions``."""
     messages: list[ChatMessage]
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False

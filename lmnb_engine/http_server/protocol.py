@@ -114,6 +114,7 @@ MAX_N = 128
 
 
 def check_n(n: int, param: str = "n") -> None:
+    """Refuse more than ``MAX_N`` samples in one request (a 400 naming ``param``)."""
     if n > MAX_N:
         raise RequestError(f"n={n} is too many samples for one request: at most {MAX_N}; send several requests",
                            param=param)

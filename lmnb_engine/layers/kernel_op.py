@@ -22,9 +22,11 @@ class KernelOp(nn.Module):
         return self.forward_triton(*args, **kwargs) if self.triton else self.forward_torch(*args, **kwargs)
 
     def forward_torch(self, *args, **kwargs):
+        """The plain torch implementation (CPU, reference)."""
         raise NotImplementedError
 
     def forward_triton(self, *args, **kwargs):
+        """The fused Triton implementation (GPU)."""
         raise NotImplementedError
 
 

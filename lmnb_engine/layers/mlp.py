@@ -13,10 +13,12 @@ class SiluAndMul(KernelOp):
     """``silu(x[:, :I]) * x[:, I:]`` for x [T, 2 * I] -> [T, I] (the gate|up halves of one GEMM)."""
 
     def forward_torch(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` over the two halves of the last dimension, in torch."""
         gate, up = x.split(x.shape[-1] // 2, dim=-1)
         return F.silu(gate) * up
 
     def forward_triton(self, x: torch.Tensor) -> torch.Tensor:
+        """The same, as one Triton kernel."""
         from lmnb_engine.layers.triton_ops import silu_and_mul
 
         return silu_and_mul(x)

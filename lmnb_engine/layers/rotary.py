@@ -61,9 +61,11 @@ class ApplyRotary(KernelOp):
     """
 
     def forward_torch(self, q, k, cos, sin):
+        """Apply RoPE to q and k in torch."""
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     def forward_triton(self, q, k, cos, sin):
+        """Apply RoPE to q and k with the Triton kernel."""
         from lmnb_engine.layers.triton_ops import apply_rotary_
 
         apply_rotary_(q, k, cos, sin)

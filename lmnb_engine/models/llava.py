@@ -38,6 +38,7 @@ class LlavaMultiModalProjector(nn.Module):
         self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Project vision features into the language model's hidden size."""
         return self.linear_2(self.act(self.linear_1(x)))
 
 
@@ -78,6 +79,7 @@ class LlavaForConditionalGeneration(nn.Module):
         return self.language_model.model
 
     def tie_weights(self) -> None:
+        """Tie the language model's weights (its own ``tie_weights``)."""
         self.language_model.tie_weights()
 
     @torch.no_grad()

@@ -31,6 +31,7 @@ class EncoderCache:
         self.misses = 0
 
     def get(self, key: str) -> torch.Tensor | None:
+        """The cached projected features of image ``key`` (marked recently used), or None (a miss)."""
         feats = self._entries.get(key)
         if feats is None:
             self.misses += 1
@@ -40,6 +41,8 @@ class EncoderCache:
         return feats
 
     def put(self, key: str, feats: torch.Tensor) -> None:
+        """Cache ``feats`` under ``key`` (not when larger than ``max_bytes`` or already there), evicting
+        the least recently used entries to stay within ``max_bytes``."""
         size = feats.numel() * feats.element_size()
         if size > self.max_bytes or key in self._entries:
             return
@@ -53,5 +56,6 @@ class EncoderCache:
         return len(self._entries)
 
     def clear(self) -> None:
+        """Drop every entry."""
         self._entries.clear()
         self._bytes = 0

@@ -78,6 +78,8 @@ class CompileReport:
 
     @property
     def ok(self) -> bool:
+        """Whether the launch fits the architecture's shared memory and spills no registers (float32 may
+        spill)."""
         return self.shared_bytes <= self.max_shared and (self.spill_bytes == 0 or self.dtype == "float32")
 
 
@@ -247,6 +249,8 @@ def _launch_key(launch: Launch) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line: compile every kernel launch for ``--arch`` and print the reports; returns the exit
+    status."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="80,86,89,90", help="compute capabilities, comma-separated")
     ap.add_argument("--jobs", type=int, default=1, help="architectures compiled in parallel (processes)")

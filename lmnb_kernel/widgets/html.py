@@ -71,6 +71,7 @@ def bar(fraction: Optional[float], *, width_px: int = 120, fg: str = OK, bg: str
 
 
 def badge(text: str, *, color: str = MUTED, cls: str = "lmnb-badge", title: Optional[str] = None) -> str:
+    """A small bordered label (HTML)."""
     return tag("span", esc(text), cls=cls, title=title,
                style=f"border:1px solid {color};color:{color};border-radius:8px;padding:0 5px;"
                      "font-size:11px;margin:0 2px;white-space:nowrap")
@@ -88,6 +89,7 @@ def human_bytes(n: Optional[float]) -> str:
 
 
 def swatch(label: str, style: str) -> str:
+    """A legend entry: ``label`` in ``style``."""
     return tag("span", esc(label), style=f"{style};padding:0 4px;margin-right:6px;{MONO}")
 
 

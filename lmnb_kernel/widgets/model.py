@@ -77,10 +77,12 @@ class Lane:
 
     @property
     def own_chars(self) -> int:
+        """Characters of text this lane added itself."""
         return sum(len(s.text) for s in self.segments)
 
     @property
     def completion_tokens(self) -> int:
+        """Tokens this lane's gens produced."""
         return sum(t.n_tokens for s in self.segments if s.kind == "gen" for t in s.tokens)
 
 
@@ -128,14 +130,17 @@ class Tally:
     cached_tokens: int = 0
 
     def add(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Count one request's tokens."""
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += cached_tokens
 
     @property
     def hit_rate(self) -> Optional[float]:
+        """Cached over prompt tokens; None before any prompt."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     def to_dict(self) -> dict:
+        """The counts and hit rate as a dict."""
         return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "hit_rate": self.hit_rate}
 
@@ -160,6 +165,7 @@ class RunModel:
 
     # --- queries -------------------------------------------------------------------------------
     def lane(self, lane_id: str) -> Lane:
+        """The lane ``lane_id``."""
         try:
             return self.lanes[lane_id]
         except KeyError:

@@ -64,6 +64,7 @@ def _elide(text: str) -> str:
 
 
 def render_segment(model: RunModel, lane: Lane, index: int, *, live: bool) -> str:
+    """HTML of one segment of a lane: program text (cached or computed prompt), a gen's tokens or a marker."""
     s = lane.segments[index]
     if s.kind == "text":
         cls = f"lmnb-text lmnb-{s.cache}" if s.cache else "lmnb-text"
@@ -120,6 +121,7 @@ def render_lane_body(model: RunModel, lane_id: str, *, live: bool) -> str:
 
 # --- lanes ------------------------------------------------------------------------------------
 def lane_color(model: RunModel, lane_id: str) -> str:
+    """The colour of lane ``lane_id``."""
     return LANE_COLORS[list(model.lanes).index(lane_id) % len(LANE_COLORS)]
 
 
@@ -173,6 +175,7 @@ def render_fork(model: RunModel, lane_ids: list[str], *, live: bool) -> str:
 
 # --- top-level parts --------------------------------------------------------------------------
 def render_header(model: RunModel) -> str:
+    """HTML of the view's header: title, status, lanes, generated tokens, time."""
     tokens = sum(ln.completion_tokens for ln in model.lanes.values())
     bits = [tag("b", esc(model.title)),
             badge(model.status, color=STATUS_COLORS.get(model.status, MUTED), cls=f"lmnb-badge lmnb-status-{model.status}"),
@@ -222,6 +225,7 @@ def render_json_tree(value: Any, *, key: Optional[str] = None, path: str = "$",
 
 
 def render_structured(rec: dict, name: str, lane: str) -> str:
+    """HTML of one constrained gen's check: valid or not, with the pattern."""
     ok = rec["valid"]
     what = "JSON" if rec["kind"] == "json" else "regex"
     head = [tag("b", esc(name)), esc(f"({lane}) {what}"),
@@ -259,6 +263,7 @@ def render_structured(rec: dict, name: str, lane: str) -> str:
 
 
 def render_select(model: RunModel, rec) -> str:
+    """HTML table of a select's choices, scores and relative likelihoods."""
     rel = rec.relative_likelihoods()
     rows = []
     for i, (choice, score, r) in enumerate(zip(rec.choices, rec.scores, rel)):
@@ -278,6 +283,7 @@ def render_select(model: RunModel, rec) -> str:
 
 
 def render_requests(model: RunModel) -> str:
+    """HTML table of the cell's requests: prompt, cached and completion tokens, finish reason."""
     if not model.requests:
         return ""
     head = tag("tr", "".join(tag("th", esc(h), style="text-align:left;padding:0 6px")
@@ -294,6 +300,7 @@ def render_requests(model: RunModel) -> str:
 
 
 def render_details(model: RunModel) -> str:
+    """HTML of the details section: constrained gens, selects, requests."""
     parts = [render_structured(rec, rec.get("name") or "", rec.get("lane") or "") for rec in model.structured]
     parts += [render_select(model, rec) for rec in model.selects]
     parts.append(render_requests(model))

@@ -105,5 +105,6 @@ class TreeHistory:
         self.nodes = nodes
 
     def to_dict(self) -> dict:
+        """The nodes and evicted nodes as JSON-ready dicts."""
         return {"nodes": [asdict(n) for n in self.nodes.values()],
                 "evicted": [asdict(n) for n in self.ghosts.values()]}

@@ -59,6 +59,7 @@ class TreeView:
 
     @property
     def display_id(self) -> Optional[str]:
+        """The display id of the shown tree; None before it is shown."""
         return self._handle.display_id if self._handle is not None else None
 
     def update(self, snapshot: Any, *, paths: Optional[Mapping[str, Hashable]] = None,

@@ -169,6 +169,7 @@ class RunView:
 
     @property
     def finished(self) -> bool:
+        """Whether the cell finished (its static bundle is made)."""
         return self._bundle is not None
 
     def show(self) -> None:
