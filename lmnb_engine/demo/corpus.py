@@ -124,14 +124,17 @@ class World:
     heldout: set[Fact] = field(default_factory=set)
 
     def by_subject(self, subject: str) -> list[Fact]:
+        """The facts about ``subject``."""
         return [f for f in self.facts if f.subject == subject]
 
     @property
     def train_facts(self) -> list[Fact]:
+        """The facts the training corpus states (all but the held-out ones)."""
         return [f for f in self.facts if f not in self.heldout]
 
     @property
     def heldout_facts(self) -> list[Fact]:
+        """The facts kept out of training, for evaluation."""
         return [f for f in self.facts if f in self.heldout]
 
 

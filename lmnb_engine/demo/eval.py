@@ -63,6 +63,7 @@ class HFBackend:
         self.eos_token_id = self.model.generation_config.eos_token_id
 
     def score(self, prompt_ids: list[int], start: int) -> list[float]:
+        """See ``Backend.score``."""
         import torch
 
         if start < 1:
@@ -73,6 +74,7 @@ class HFBackend:
         return [logp[i - 1, prompt_ids[i]].item() for i in range(start, len(prompt_ids))]
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop: str | None = None) -> Generation:
+        """See ``Backend.generate``."""
         import torch
 
         kwargs = dict(stop_strings=[stop], tokenizer=self.tokenizer) if stop else {}
@@ -97,9 +99,11 @@ class EngineBackend:
         self.tokenizer = engine.tokenizer
 
     def score(self, prompt_ids: list[int], start: int) -> list[float]:
+        """See ``Backend.score``."""
         return list(self.engine.score(prompt_ids, start))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop: str | None = None) -> Generation:
+        """See ``Backend.generate``."""
         from lmnb_engine.params import SamplingParams
 
         res = self.engine.generate(prompt_ids, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=stop))
@@ -166,6 +170,7 @@ class EvalReport:
     examples: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """The report as JSON-ready dicts and lists."""
         return asdict(self)
 
 

@@ -72,6 +72,7 @@ class ServerContext:
         self.pool = ThreadPoolExecutor(MAX_WAITING_THREADS, thread_name_prefix="lmnb-serve")
 
     async def run(self, fn: Callable, *args) -> Any:
+        """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def submit(self, prompts: list, params: list, rids: list) -> list:

@@ -19,6 +19,7 @@ class KernelOp(nn.Module):
     triton = False
 
     def forward(self, *args, **kwargs):
+        """``forward_triton`` when switched to Triton, else ``forward_torch``."""
         return self.forward_triton(*args, **kwargs) if self.triton else self.forward_torch(*args, **kwargs)
 
     def forward_torch(self, *args, **kwargs):
