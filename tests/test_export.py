@@ -317,6 +317,28 @@ def test_load_and_connect_lines_set_the_jobs_default_backend(lines, backend, not
         export_notebook(notebook("%lm connect", 'q = "x"', "%%lm\n{q}{gen a max_tokens=1}"))
 
 
+def test_an_explicit_backend_leaves_out_the_notebooks_openai_model_completion_and_timeout():
+    """A job exported from a notebook that ran `%lm connect URL --openai m --completion --timeout 30`
+    kept --openai m under `--backend engine`, so the rows went to the official OpenAI API (model m)
+    instead of the in-process engine; another --backend URL got the notebook's model name too."""
+    from lmnb.batch import Job
+
+    def args(*argv):
+        job = Job("j", ["q"], backend="http://h/v1", openai_model="m", completion=True, timeout=30.0,
+                  argv=["--input", "in.jsonl", "--output", "out.jsonl", *argv])
+        a = job._parser().parse_args(job.argv)
+        return a.backend, a.openai, a.completion, a.timeout
+
+    assert args() == ("http://h/v1", "m", True, 30.0)  # the notebook's backend, as it ran there
+    assert args("--timeout", "5") == ("http://h/v1", "m", True, 5.0)
+    assert args("--backend", "engine") == ("engine", None, False, None)
+    assert args("--backend", "http://other:30000") == ("http://other:30000", None, False, None)
+    assert args("--backend", "http://other/v1", "--openai", "n") == ("http://other/v1", "n", False, None)
+    help_text = Job("j", ["q"], backend="http://h/v1", openai_model="m", completion=True,
+                    timeout=30.0)._parser().format_help()
+    assert "http://h/v1, the notebook's" in " ".join(help_text.split())
+
+
 def test_objects_the_row_cells_change_in_place_start_from_the_setup_value_in_each_row(monkeypatch):
     """`seen.append(q)` ran once in the notebook; in the script each row appended to one shared
     list, so the third row saw 3 (and threads raced on it)."""

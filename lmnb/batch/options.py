@@ -22,30 +22,58 @@ DEFAULT_THREADS = 16
 MODEL_ENV = "LMNB_MODEL"
 
 
+class _JobParser(argparse.ArgumentParser):
+    """Parses the job's options, then fills in the notebook's backend: ``--openai``, ``--completion``
+    and ``--timeout`` default to the notebook's only when ``--backend`` is not given, since they
+    describe the notebook's server (``--backend engine`` on a job whose notebook connected to an
+    OpenAI-compatible server sent the rows to the official OpenAI API)."""
+
+    notebook_backend: tuple = (None, None, False, None)  # backend, openai model, completion, timeout
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        if hasattr(ns, "backend"):
+            backend, openai_model, completion, timeout = self.notebook_backend
+            if ns.backend is None:
+                ns.backend = backend or "engine"
+                ns.openai = openai_model if ns.openai is None else ns.openai
+                ns.completion = completion if ns.completion is None else ns.completion
+                ns.timeout = timeout if ns.timeout is None else ns.timeout
+            ns.completion = bool(ns.completion)
+        return ns, rest
+
+
 def job_parser(description: str = "", per_row: bool = True, backend: Optional[str] = None,
                openai_model: Optional[str] = None, model: Optional[str] = None, completion: bool = False,
                timeout: Optional[float] = None) -> argparse.ArgumentParser:
     """The job's options; ``backend`` / ``openai_model`` / ``model`` / ``completion`` / ``timeout``
-    are the notebook's defaults (its ``%lm load`` / ``%lm connect`` line).
+    are the notebook's defaults (its ``%lm load`` / ``%lm connect`` line); an explicit ``--backend``
+    leaves the notebook's ``openai_model``, ``completion`` and ``timeout`` out.
     Without ``per_row`` only the backend options (a script that runs its cells once)."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _JobParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.notebook_backend = (backend, openai_model, completion, timeout)
+    with_backend = " with the default --backend" if backend else ""
     if per_row:
         p.add_argument("--input", required=True, type=Path, metavar="ROWS",
                        help="the rows: JSON lines (.jsonl, one object per line) or CSV/TSV with a header "
                             "(CSV values are strings)")
         p.add_argument("--output", required=True, type=Path, metavar="RESULTS",
                        help="results, one JSON line per row; appended to, so rerunning continues where it stopped")
-    p.add_argument("--backend", default=backend or "engine", metavar="engine|URL",
-                   help="'engine': a model in this process (default); a URL: an SGLang or 'lmnb serve' "
-                        "server, or with --openai an OpenAI-compatible API root (…/v1)")
-    p.add_argument("--openai", metavar="MODEL", default=openai_model,
-                   help="the backend is an OpenAI-compatible API; use this model name")
-    p.add_argument("--completion", action="store_true", default=completion,
-                   help="with --openai: a completion model (prompts go out as text, not chat messages)")
+    p.add_argument("--backend", default=None, metavar="engine|URL",
+                   help="'engine': a model in this process; a URL: an SGLang or 'lmnb serve' server, or with "
+                        "--openai an OpenAI-compatible API root (…/v1) (default: "
+                        + (f"{backend}, the notebook's" if backend else "engine") + ")")
+    p.add_argument("--openai", metavar="MODEL", default=None,
+                   help="the backend is an OpenAI-compatible API; use this model name"
+                        + (f" (default{with_backend}: {openai_model})" if openai_model else ""))
+    p.add_argument("--completion", action="store_true", default=None,
+                   help="with --openai: a completion model (prompts go out as text, not chat messages)"
+                        + (f" (the default{with_backend})" if completion else ""))
     p.add_argument("--api-key", help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
-    p.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", default=timeout,
+    p.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", default=None,
                    help=f"server backends: seconds to wait for the server's response before the row fails "
-                        f"(default {READ_TIMEOUT_S:g})")
+                        f"(default{with_backend if timeout is not None else ''}: "
+                        f"{timeout if timeout is not None else READ_TIMEOUT_S:g})")
     p.add_argument("--model", metavar="PATH", default=None,
                    help="engine backend: HF checkpoint directory or hub id (default: "
                         + (model or f"${MODEL_ENV}, else the built-in demo model") + ")")
