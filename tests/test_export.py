@@ -331,6 +331,7 @@ def test_an_explicit_backend_leaves_out_the_notebooks_openai_model_completion_an
 
     assert args() == ("http://h/v1", "m", True, 30.0)  # the notebook's backend, as it ran there
     assert args("--timeout", "5") == ("http://h/v1", "m", True, 5.0)
+    assert args("--openai", "chat-model") == ("http://h/v1", "chat-model", False, 30.0)  # m's kind is not its
     assert args("--backend", "engine") == ("engine", None, False, None)
     assert args("--backend", "http://other:30000") == ("http://other:30000", None, False, None)
     assert args("--backend", "http://other/v1", "--openai", "n") == ("http://other/v1", "n", False, None)

@@ -26,7 +26,8 @@ class _JobParser(argparse.ArgumentParser):
     """Parses the job's options, then fills in the notebook's backend: ``--openai``, ``--completion``
     and ``--timeout`` default to the notebook's only when ``--backend`` is not given, since they
     describe the notebook's server (``--backend engine`` on a job whose notebook connected to an
-    OpenAI-compatible server sent the rows to the official OpenAI API)."""
+    OpenAI-compatible server sent the rows to the official OpenAI API); ``--completion`` only with
+    the notebook's ``--openai`` model, since it says what kind of model that is."""
 
     notebook_backend: tuple = (None, None, False, None)  # backend, openai model, completion, timeout
 
@@ -36,8 +37,9 @@ class _JobParser(argparse.ArgumentParser):
             backend, openai_model, completion, timeout = self.notebook_backend
             if ns.backend is None:
                 ns.backend = backend or "engine"
-                ns.openai = openai_model if ns.openai is None else ns.openai
-                ns.completion = completion if ns.completion is None else ns.completion
+                if ns.openai is None:
+                    ns.openai = openai_model
+                    ns.completion = completion if ns.completion is None else ns.completion
                 ns.timeout = timeout if ns.timeout is None else ns.timeout
             ns.completion = bool(ns.completion)
         return ns, rest
@@ -68,7 +70,7 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
                         + (f" (default{with_backend}: {openai_model})" if openai_model else ""))
     p.add_argument("--completion", action="store_true", default=None,
                    help="with --openai: a completion model (prompts go out as text, not chat messages)"
-                        + (f" (the default{with_backend})" if completion else ""))
+                        + (f" (the default{with_backend} and --openai)" if completion else ""))
     p.add_argument("--api-key", help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
     p.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", default=None,
                    help=f"server backends: seconds to wait for the server's response before the row fails "
