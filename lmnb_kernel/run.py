@@ -290,8 +290,8 @@ def parse_value(text: str, default=NO_DEFAULT):
     try:
         return parameter_type(default)(text)
     except (argparse.ArgumentTypeError, ValueError) as e:
-        raise ValueError(f"the parameters cell sets it to {default!r}, so a {type(default).__name__} is expected "
-                         f"({e})") from None
+        kind = {int: "an integer", float: "a number", bool: "true or false"}.get(type(default), type(default).__name__)
+        raise ValueError(f"the parameters cell sets it to {default!r}, so {kind} is expected ({e})") from None
 
 
 def parameter_defaults(nb) -> dict:

@@ -275,8 +275,10 @@ def test_p_values_are_read_like_the_exported_jobs_options():
     assert {k: parse_value(v, defaults[k]) for k, v in given.items()} == expected == {
         "short": False, "ratio": 1.0, "name": "3", "tags": ["b", "c"]}
     assert all(type(parse_value(v, defaults[k])) is type(expected[k]) for k, v in given.items())
-    with pytest.raises(ValueError, match="sets it to True, so a bool is expected"):
+    with pytest.raises(ValueError, match="sets it to True, so true or false is expected"):
         parse_value("maybe", True)
+    with pytest.raises(ValueError, match="sets it to 3, so an integer is expected"):  # it said "a int"
+        parse_value("2.5", 3)
     assert parse_value("[1, 2]") == [1, 2] and parse_value("Corin") == "Corin"  # no default: a literal, else text
 
 
