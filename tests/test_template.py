@@ -396,6 +396,27 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
     assert isinstance(e.value.__cause__, ZeroDivisionError)
 
 
+@pytest.mark.parametrize(
+    "cell, kernel, col, words",
+    [
+        ("{gen x regex=pat}", {"pat": "[a-"}, 14, "invalid regex"),
+        ("{gen x json_schema=S}", {"S": {"type": "objectx"}}, 20, "not a valid JSON Schema"),
+        ("{select x choices=labels}", {"labels": "ab"}, 19, "choices must be a non-empty list of strings"),
+        ("{fork doc in docs}{doc}{join}", {"docs": []}, 14, "docs has no items"),
+        ("{fork doc in docs}{doc}{join}", {"docs": 5}, 14, "docs is not iterable (got int)"),
+        ("{fork n}x{join}", {"n": 0}, 7, "fork count must be an integer >= 1, got 0"),
+    ],
+)
+def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col, words):
+    # A literal gets these checks at parse time; the same value from a variable was refused by
+    # lmnb with no position ("the body of program 'cell' failed"), or by the engine later.
+    t = parse(cell, first_line=2)
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func, **t.bind(kernel))
+    assert (e.value.line, e.value.col) == (2, col), str(e.value)
+    assert words in str(e.value)
+
+
 def test_python_mode_syntax_error_position():
     with pytest.raises(TemplateSyntaxError) as e:
         parse_python("s += 'a'\ns += (", first_line=2)

@@ -11,6 +11,7 @@ from typing import Any
 
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
+from lmnb.template.options import check_literal
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -48,9 +49,17 @@ class _Run:
     def primitive(self, node: Primitive, s, local):
         import lmnb
 
-        kwargs = {o.key: self.value(o.value, s, local) for o in node.options}
+        kwargs = {}
+        for o in node.options:
+            kwargs[o.key] = value = self.value(o.value, s, local)
+            problem = _check_value(node.primitive, o.key, value)
+            if problem:  # a value from a variable gets the check a literal got at parse time
+                raise TemplateRuntimeError(problem, self.t.source, o.value.offset, self.t.first_line)
         fn = getattr(lmnb, node.primitive)
-        return fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
+        try:
+            return fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
+        except (TypeError, ValueError) as e:  # lmnb refused a value the check above lets through
+            raise TemplateRuntimeError(f"{node.primitive}: {e}", self.t.source, node.offset, self.t.first_line) from e
 
     def media(self, node: Media, s, local):
         import lmnb
@@ -77,11 +86,24 @@ class _Run:
 
     def fork(self, node: Fork, s, local) -> None:
         if node.count is not None:
-            forks = s.fork(self.value(node.count, s, local))
+            n = self.value(node.count, s, local)
+            if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+                raise TemplateRuntimeError(f"fork count must be an integer >= 1, got {n!r}", self.t.source,
+                                           node.count.offset, self.t.first_line)
+            forks = s.fork(n)
             for f in forks:
                 self.block(f, node.body, local)
         else:
-            items = list(self.value(node.items, s, local))
+            items = self.value(node.items, s, local)
+            try:
+                items = list(items)
+            except TypeError as e:
+                raise TemplateRuntimeError(f"{node.items.source} is not iterable (got {type(items).__name__}); a "
+                                           "fork makes one branch per item", self.t.source, node.items.offset,
+                                           self.t.first_line) from e
+            if not items:
+                raise TemplateRuntimeError(f"{node.items.source} has no items; a fork needs at least one branch",
+                                           self.t.source, node.items.offset, self.t.first_line)
             forks = s.fork(len(items))
             for f, item in zip(forks, items):
                 inner = dict(local)
@@ -116,6 +138,16 @@ class _Run:
             raise TemplateRuntimeError(
                 f"{{{expr.source}}} failed: {type(e).__name__}: {e}", self.t.source, expr.offset, self.t.first_line
             ) from e
+
+
+def _check_value(primitive: str, key: str, value):
+    """``options.check_literal`` of a ``regex`` string, a ``json_schema`` dict or JSON string, and
+    ``choices`` (a message, or None): the checks that lmnb makes too, but where the value is known.
+    Other values (numbers lmnb reads from numpy scalars, a pydantic class) are left to lmnb."""
+    if key == "choices" or (key == "regex" and isinstance(value, str)) or (
+            key == "json_schema" and isinstance(value, (str, dict))):
+        return check_literal(primitive, key, value)
+    return None
 
 
 def _bind(target, value, into: dict[str, Any]) -> None:
