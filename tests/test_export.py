@@ -38,7 +38,11 @@ def test_cell_line_options_are_the_magics_options():
     o = parse_cell_line("--state chat.v1 --temperature 0 --max-tokens 7 --seed 3 --out st --quiet --static")
     assert (o.state, o.out) == ("chat.v1", "st")
     assert o.run_kwargs() == {"temperature": 0.0, "max_new_tokens": 7, "seed": 3}
+    with pytest.raises(CellLineError) as e:  # no guess that shares only the "--" and a letter or two
+        parse_cell_line("--bogus 3")
+    assert str(e.value) == "unrecognized arguments: --bogus 3"
     for line, message in [("--temprature 0", "did you mean: --temprature → --temperature?"),
+                          ("--qiet", "did you mean: --qiet → --quiet?"),
                           ("--temperature nan", "--temperature: must be a number >= 0")]:
         with pytest.raises(CellLineError, match=re.escape(message)):
             parse_cell_line(line)

@@ -94,9 +94,10 @@ def suggest_option(message: str, parser: argparse.ArgumentParser) -> str:
     if not message.startswith("unrecognized arguments:"):
         return message
     known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
-    guesses = [(w, difflib.get_close_matches(w.split("=")[0], known, n=1)) for w in message.split()[2:]
-               if w.startswith("--")]
-    hints = [f"{w.split('=')[0]} → {g[0]}" for w, g in guesses if g]
+    # compared without the "--" every option shares: with it, "--bogus" was "close" to "--out"
+    guesses = [(w, difflib.get_close_matches(w.split("=")[0][2:], [k[2:] for k in known], n=1))
+               for w in message.split()[2:] if w.startswith("--")]
+    hints = [f"{w.split('=')[0]} → --{g[0]}" for w, g in guesses if g]
     return message + (f" (did you mean: {', '.join(hints)}?)" if hints else "")
 
 
