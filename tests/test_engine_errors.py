@@ -66,6 +66,10 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         ([5] * 10, GREEDY.copy(json_schema={"type": "object"}, extra={"whitespace_pattern": "(["}),
          r"whitespace_pattern '\(\[' is not a valid regular expression \(unterminated character set"),
         ([5] * 500, GREEDY.copy(max_new_tokens=20), "context length of 512"),
+        # a prompt too long alone (a select's or fork's prefill asks for no new tokens): the fix is
+        # not "lower max_new_tokens=0"
+        ([5] * 600, GREEDY.copy(max_new_tokens=0),
+         r"^prompt of 600 tokens exceeds the model's context length of 512 tokens; shorten the prompt$"),
         ([5] * 10, GREEDY.copy(max_new_tokens=600), "context length"),
         ([5] * 10, GREEDY.copy(temperature=-1.0), "temperature"),
         ([5] * 10, GREEDY.copy(top_p=0.0), "top_p"),
