@@ -299,6 +299,9 @@ class CommitLazy(Expr):
     the frontend hint of paper §3.
     """
 
+    def __repr__(self) -> str:  # how an error names it (the default repr showed an object address)
+        return "the prefill of the text before fork()"
+
 
 def json_schema_value(schema: Any) -> Union[str, dict, None]:
     """A JSON schema given as a str, a dict, or a pydantic model class → the str or dict.

@@ -175,6 +175,24 @@ def test_fork_of_an_empty_state_and_prefill_before_branches():
     assert st["g"] == ["<0>", "<1>", "<2>"]
 
 
+def test_a_failed_prefill_before_a_fork_is_named_in_words():
+    class TooLong(ScriptedBackend):
+        def cache_prefix(self, text, rid):
+            raise ValueError("prompt of 652 tokens exceeds the model's context length of 512 tokens")
+
+    @sgl.function
+    def prog(s):
+        s += "shared prefix "
+        forks = s.fork(2)
+        forks += sgl.gen("g")
+        forks.join()
+
+    with pytest.raises(sgl.ProgramError) as e:
+        prog.run(backend=TooLong(lambda p, params: "x"))
+    # it read "<lmnb.ir.CommitLazy object at 0x7fd1...> failed: ..."
+    assert str(e.value).startswith("the prefill of the text before fork() failed: ValueError: prompt of 652 tokens")
+
+
 def test_join_gathers_per_branch_with_none_for_missing_and_meta():
     be = ScriptedBackend(lambda p, params: p.text[-2:])
 
