@@ -3,8 +3,9 @@
 Why this shape (research/jupyter.md §1.5, §3.1): only the main thread receives Ctrl-C (as
 ``KeyboardInterrupt``) and only it may touch the cell's display, so the program body and the engine
 work elsewhere and every view update happens here, at most ``max_hz`` times a second. On Ctrl-C the
-cell's requests — the state's and every fork branch's — are aborted, the partial text stays on
-screen and the ``KeyboardInterrupt`` propagates so a Run-All stops.
+cell's requests — the state's and every fork branch's — are aborted (and a body still running
+Python is stopped: ``stop_body``), the partial text stays on screen and the ``KeyboardInterrupt``
+propagates so a Run-All stops.
 """
 
 from __future__ import annotations
@@ -76,6 +77,32 @@ def abort_tree(state) -> None:
     state.abort()
 
 
+class BodyStopped(BaseException):
+    """Raised into a program body still running after Ctrl-C aborted its state (a ``--python``
+    body in a loop that never touches ``s``); a ``BaseException``, so ``except Exception`` in the
+    body does not keep it running. The body's runner records it quietly: the state is aborted."""
+
+
+def stop_body(state, grace_s: float = 0.5) -> bool:
+    """Stop the thread of ``state``'s program body if it has not returned ``grace_s`` seconds
+    after the abort: an aborted state's reads and writes end the body, but plain Python (a loop,
+    a computation) would run on, with the GIL, for as long as the kernel lives. True if it was
+    asked to stop. The exception is raised while the state's lock is held, so the body has not
+    passed ``close`` (which takes the lock and clears ``body_thread``) and the id is its thread's."""
+    import ctypes
+
+    ex = state.stream_executor
+    deadline = time.monotonic() + grace_s
+    with ex._cv:
+        while ex.body_thread is not None and time.monotonic() < deadline:
+            ex._cv.wait(max(0.0, deadline - time.monotonic()))
+        ident = ex.body_thread
+        if ident is None or ident == -1 or ident == threading.get_ident():
+            return False
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(BodyStopped))
+        return True
+
+
 def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
              interrupt_wait_s: float = 5.0) -> CellOutcome:
     """Pump the events of the running ``state`` into ``feeder`` until its program finishes.
@@ -104,6 +131,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
         t0 = time.monotonic()
         abort_tree(state)
         waiter.join(interrupt_wait_s)
+        stop_body(state)
         interrupt_s = time.monotonic() - t0
         _drain(listener, feeder)
         listener.close()
@@ -111,6 +139,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
         raise
     listener.close()
     if view.stop_requested.is_set():  # the view's Stop button: like Ctrl-C, but the cell ends quietly
+        stop_body(state)
         return CellOutcome(state, "interrupted", None, dict(feeder.captured))
     if failure:
         return CellOutcome(state, "error", failure[0], dict(feeder.captured))

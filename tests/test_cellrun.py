@@ -1,0 +1,76 @@
+"""``lmnb_kernel.cellrun``: what Ctrl-C leaves behind when a cell's program body is plain Python.
+
+The cell is run as the ``%%lm`` magic runs it (``start_run`` then ``run_cell``), on a scripted
+backend, with a feeder that raises ``KeyboardInterrupt`` as Ctrl-C does on the cell's main thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from helpers_lang import ScriptedBackend
+
+import lmnb
+from lmnb_kernel.cellrun import Listener, run_cell, start_run
+
+
+class _View:
+    def __init__(self):
+        self.stop_requested = threading.Event()
+
+    def tick(self):
+        pass
+
+
+class _CtrlC:
+    """A feeder whose first event is met by Ctrl-C."""
+
+    def __init__(self):
+        self.captured, self.pressed = {}, False
+
+    def apply(self, event):
+        if not self.pressed:
+            self.pressed = True
+            raise KeyboardInterrupt
+
+
+class _Feeder:
+    def __init__(self):
+        self.captured = {}
+
+    def apply(self, event):
+        pass
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "stop button"])
+def test_a_stop_ends_a_python_body_that_never_touches_the_state_again(how):
+    # %%lm --python with a loop over plain Python: the abort ended the state, but the body's
+    # thread ran on for the kernel's life, taking the GIL from the engine and every later cell.
+    release, ended = threading.Event(), threading.Event()
+
+    @lmnb.function
+    def body(s):
+        try:
+            s += "start"
+            while not release.is_set():  # the test's way out if the body is not stopped
+                pass
+        finally:
+            ended.set()
+
+    listener = Listener()
+    state = start_run(body, {}, ScriptedBackend(), {}, listener)
+    view = _View()
+    try:
+        if how == "ctrl-c":
+            with pytest.raises(KeyboardInterrupt) as e:
+                run_cell(state, listener, _CtrlC(), view)
+            outcome = e.value.lmnb_outcome
+        else:
+            view.stop_requested.set()
+            outcome = run_cell(state, listener, _Feeder(), view)
+        assert outcome.status == "interrupted"
+        assert ended.wait(20), "the body's thread is still running after Ctrl-C"
+        assert isinstance(state.error(), lmnb.ProgramAborted)  # the abort is the state's error, not the stop
+    finally:
+        release.set()
