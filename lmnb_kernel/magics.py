@@ -207,6 +207,8 @@ class LMMagics(Magics):
                 _warn_shadowed_builtins(template.captures, ns)
         except TemplateError as e:
             raise CellError(str(e)) from None
+        if args.out:  # --out print hides print() as {gen print} does
+            _warn_shadowed_builtins([args.out], ns)
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
         previous = self.session.states.get(args.state) if args.state else None
         backend = self.session.backend()

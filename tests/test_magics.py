@@ -120,6 +120,10 @@ def test_a_result_named_like_a_builtin_is_flagged_once(ip):
     _, again = run(ip, "%%lm --quiet --temperature 0\nSay:{gen print max_tokens=2}")
     assert "builtin" not in again.stderr  # the user has seen it: the variable exists now
     del ip.user_ns["print"], ip.user_ns["list"]
+    result, out = run(ip, "%%lm --quiet --out vars --python\ns += 'x'")  # --out names a variable too
+    assert result.success and isinstance(ip.user_ns["vars"], lmnb.ProgramState)
+    assert out.stderr.count("hides Python's builtin 'vars'") == 1
+    del ip.user_ns["vars"]
 
 
 def test_quiet_shows_nothing_and_python_cells_share_the_engine(ip):
