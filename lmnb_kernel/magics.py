@@ -19,6 +19,7 @@ from IPython.display import display
 
 from lmnb.template.cell_options import (
     STATE_NAME,
+    STATE_NAME_RULE,
     CellOptions,
     add_cell_options,
     add_connect_arguments,
@@ -130,7 +131,7 @@ class LMMagics(Magics):
             return self.show_tree()
         name = getattr(args, "name", None)
         if name is not None and not STATE_NAME.match(name):
-            raise UsageError(f"{name!r} is not a valid state name (letters, digits, _ . -)")
+            raise UsageError(f"{name!r} is not a valid state name: {STATE_NAME_RULE}")
         try:
             getattr(commands, args.command)(args, self.session)
         except CellError as e:
@@ -190,7 +191,8 @@ class LMMagics(Magics):
         for key in ("state", "out"):
             value = getattr(args, key)
             if value is not None and not (STATE_NAME.match(value) if key == "state" else value.isidentifier()):
-                raise UsageError(f"--{key} {value!r} is not a valid name")
+                rule = STATE_NAME_RULE if key == "state" else "--out takes a Python variable name"
+                raise UsageError(f"--{key} {value!r} is not a valid name: {rule}")
         if not cell.strip():
             raise UsageError("%%lm: the cell body is empty; write the prompt below the %%lm line")
         cell = cell_body(cell)

@@ -156,7 +156,10 @@ def test_a_load_error_other_than_a_missing_checkpoint_gives_the_engines_own_fix(
         ("%%lm --max-tokens -5\nx", "argument --max-tokens: must be an integer >= 0, got '-5'"),
         ("%%lm --temperature warm\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got 'warm'"),
         ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
-        ("%%lm --out 1x\nx", "--out '1x' is not a valid name"),
+        ("%%lm --out 1x\nx", "--out '1x' is not a valid name: --out takes a Python variable name"),
+        # it said only "is not a valid name", though '3bad' is all letters and digits
+        ("%%lm --state 3bad\nx", "--state '3bad' is not a valid name: a state name starts with a letter or _"),
+        ("%lm reset 3bad", "'3bad' is not a valid state name: a state name starts with a letter or _"),
         ("%%lm\n   ", "the cell body is empty"),
         ("%%lm\nline two\n  {gen a max_token=3}", "line 3, col 10: gen has no option 'max_token'"),
         ("%%lm\nHi {nobody_defined_this}", "line 2, col 5: name 'nobody_defined_this' is not defined"),

@@ -17,6 +17,7 @@ from typing import Optional
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
 STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+STATE_NAME_RULE = "a state name starts with a letter or _ and goes on with letters, digits, _ . or - (e.g. chat.v2)"
 
 
 def _temperature(text: str) -> float:
@@ -177,7 +178,7 @@ def parse_cell_line(line: str) -> CellOptions:
         raise CellLineError(f"cannot read the options {line!r}: {e}") from None
     args = _parse(words)
     if args.state is not None and not STATE_NAME.match(args.state):
-        raise CellLineError(f"--state {args.state!r} is not a valid name (letters, digits, _ . -)")
+        raise CellLineError(f"--state {args.state!r} is not a valid name: {STATE_NAME_RULE}")
     if args.out is not None and not args.out.isidentifier():
         raise CellLineError(f"--out {args.out!r} is not a valid Python name")
     return CellOptions(args.python, args.state, args.temperature, args.max_tokens, args.seed, args.out)
