@@ -433,6 +433,26 @@ def test_python_mode_refuses_a_body_that_yields_but_not_a_function_defined_in_it
     assert (e.value.line, e.value.col) == (3, 10)
 
 
+@pytest.mark.parametrize(
+    "body, line, col, words",
+    [
+        # valid at a module's top level, so ast.parse took them; compiled as the program's function
+        # they failed later, as a traceback through the magic
+        ("s += 'a'\nawait something", 3, 1, "'await' outside async function"),
+        ("s += 'a'\nif s:\n    nonlocal q", 4, 5, "no binding for nonlocal 'q' found"),
+        # s = ... silently cut the program off from its state: the cell ran and showed nothing
+        ("s = 'You are helpful.'\ns += lmnb.gen('x')", 2, 1, "s is the program's state; s = ... replaces it"),
+        ("x = 1\nif x:\n    s: str = 'a'", 4, 5, "s is the program's state"),
+    ],
+)
+def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, words):
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse_python(body, first_line=2)
+    assert (e.value.line, e.value.col) == (line, col), str(e.value)
+    assert words in str(e.value)
+    parse_python("def helper(s):\n    s = s.strip()\n    return s\ns += helper(' a ')", first_line=2)  # its own s
+
+
 def test_constant_prefix_is_visible_to_the_batch_tracer():
     # run_batch prefills the text every item starts with; both faces must let the tracer see it.
     from lmnb.tracer import extract_prefix

@@ -27,6 +27,12 @@ class PythonCell:
         """
         import lmnb
 
+        local: dict = {}
+        exec(self.compiled(name), namespace, local)
+        return lmnb.function(local[name])
+
+    def compiled(self, name: str = "cell"):
+        """The code of a module defining ``def <name>(s): <body>``."""
         func = ast.FunctionDef(
             name=name,
             args=ast.arguments(posonlyargs=[], args=[ast.arg("s")], kwonlyargs=[], kw_defaults=[], defaults=[]),
@@ -39,9 +45,7 @@ class PythonCell:
         module = ast.Module(body=[func], type_ignores=[])
         ast.copy_location(func, self.tree.body[0] if self.tree.body else ast.Pass(lineno=self.first_line, col_offset=0))
         ast.fix_missing_locations(module)
-        local: dict = {}
-        exec(compile(module, self.filename, "exec"), namespace, local)
-        return lmnb.function(local[name])
+        return compile(module, self.filename, "exec")
 
     def to_python(self, name: str = "cell", parameters: tuple[str, ...] = ()) -> str:
         """Source of ``@lmnb.function def <name>(s, *parameters): <body>``; multi-line strings keep
@@ -66,8 +70,21 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
         raise TemplateSyntaxError("a --python body cannot use yield: it runs as the program's function, which "
                                   "yield would turn into a generator that never runs; use s += ... instead",
                                   source, node_offset(source, found), first_line)
+    found = _assignment_to_s(tree)
+    if found is not None:  # s = "..." leaves the state behind: nothing after it reaches the model
+        raise TemplateSyntaxError("s is the program's state; s = ... replaces it with another value, so nothing "
+                                  "after it reaches the model; add to it with s += ... (or use another name)",
+                                  source, node_offset(source, found), first_line)
     ast.increment_lineno(tree, first_line - 1)
-    return PythonCell(source, first_line, filename, tree)
+    cell = PythonCell(source, first_line, filename, tree)
+    try:  # what only a function body refuses (await, nonlocal) shows here, not as a traceback later
+        cell.compiled()
+    except SyntaxError as e:
+        line = min(max((e.lineno or first_line) - first_line + 1, 1), source.count("\n") + 1)
+        offset = offset_of(source, line, max((e.offset or 1) - 1, 0))
+        raise TemplateSyntaxError(f"invalid Python in a --python body (it runs as the program's function): "
+                                  f"{e.msg}", source, offset, first_line) from None
+    return cell
 
 
 def _yield_in_body(tree: ast.AST) -> ast.AST | None:
@@ -77,6 +94,21 @@ def _yield_in_body(tree: ast.AST) -> ast.AST | None:
         node = todo.pop(0)
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
             return node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return None
+
+
+def _assignment_to_s(tree: ast.AST) -> ast.AST | None:
+    """The first ``s = ...`` (or ``s: T = ...``) of the body itself (not of a function defined in it)."""
+    todo = list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop(0)
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id == "s":
+                return target
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(node))
     return None
