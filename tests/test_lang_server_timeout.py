@@ -125,3 +125,5 @@ def test_the_jobs_and_the_magics_timeout_option_reach_the_backend(silent_url):
         commands.connect(args, session=None)  # (it fails before the session is touched)
     with pytest.raises(CellLineError, match="must be a positive number of seconds, got '-2'"):
         parse_backend_line("connect", [silent_url, "--timeout", "-2"])
+    with pytest.raises(CellLineError, match="^argument --timeout: must be a positive number of seconds, got 'ten'$"):
+        parse_backend_line("connect", [silent_url, "--timeout", "ten"])  # not "invalid positive_seconds value"

@@ -141,8 +141,11 @@ def positive_seconds(text: str) -> float:
     """A command-line number of seconds, > 0 (argparse ``type=``; also the batch job's options).
 
     Raises:
-        argparse.ArgumentTypeError: not positive (or NaN)."""
-    value = float(text)
+        argparse.ArgumentTypeError: not a number, not positive (or NaN)."""
+    try:
+        value = float(text)
+    except ValueError:  # argparse would name the function: "invalid positive_seconds value: 'abc'"
+        value = float("nan")
     if not value > 0:  # (NaN too)
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
