@@ -8,6 +8,7 @@ manages the session (``lmnb_kernel.commands``).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import traceback
@@ -75,6 +76,18 @@ def _split(line: str) -> list[str]:
         raise UsageError(f"cannot read the options {line!r}: {e}") from None
 
 
+def _help(parser, words: list[str]) -> str | None:
+    """``parser``'s help (its subcommand's, for ``%lm SUBCOMMAND --help``) if ``words`` ask for it
+    with ``-h`` / ``--help``, else None. The magics' parsers have no help option of their own, so
+    ``%%lm --help`` was refused as an unrecognized argument."""
+    if "-h" not in words and "--help" not in words:
+        return None
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and words[0] in action.choices:
+            return action.choices[words[0]].format_help()
+    return parser.format_help()
+
+
 def define_lmnb(shell) -> bool:
     """Put ``lmnb`` in the namespace unless the name is taken (``%%lm --python`` bodies write
     ``lmnb.gen(...)``; hidden from ``%who``). True if it was put there now."""
@@ -123,8 +136,12 @@ class LMMagics(Magics):
 
     # -- %lm ------------------------------------------------------------------------------------
     def run_command(self, line: str) -> None:
-        """Run one ``%lm SUBCOMMAND`` line."""
-        args = line_parser().parse_args(_split(line))
+        """Run one ``%lm SUBCOMMAND`` line (``--help``/``-h`` anywhere prints the options)."""
+        words = _split(line)
+        shown = _help(line_parser(), words)
+        if shown is not None:
+            return print(shown)
+        args = line_parser().parse_args(words)
         if args.command is None:
             raise UsageError("%lm needs a subcommand:\n" + line_parser().format_help())
         if args.command == "tree":
@@ -184,8 +201,12 @@ class LMMagics(Magics):
         from lmnb.template import TemplateError, cell_body, parse, parse_python
 
         parser = cell_parser()
+        words = _split(line)
+        shown = _help(parser, words)
+        if shown is not None:
+            return print(shown)
         try:
-            args = parser.parse_args(_split(line))
+            args = parser.parse_args(words)
         except UsageError as e:
             raise UsageError(suggest_option(str(e), parser)) from None
         for key in ("state", "out"):
