@@ -541,8 +541,12 @@ class StreamExecutor:
     def _resolve_params(self, params: GenParams) -> tuple[GenParams, Optional[Callable[[str], Any]]]:
         """Program defaults under the gen's own values, plus the chat template's stops for an
         unconstrained gen (SGLang adds them to every gen, and one inside a JSON value would cut
-        it); dtype becomes a regex (and stops for numbers) and a parser for the value."""
+        it); dtype becomes a regex (and stops for numbers) and a parser for the value. In a fork
+        branch the program's seed (``run(seed=...)``, a cell's ``--seed``) is made the branch's own,
+        so branches are distinct samples, reproducibly; a gen's own ``seed`` is kept as given."""
         p = params.merged_over(self.default_params)
+        if params.seed is None and p.seed is not None and self.branch:
+            p = dataclasses.replace(p, seed=random.Random(f"{p.seed}:{self.branch}").randrange(2**62))
         if p.regex is None and p.json_schema is None and p.dtype is None:
             p = p.with_stops(self.chat_template.stop_str)
         parse = None

@@ -281,3 +281,19 @@ def test_flush_cache_says_when_requests_keep_it_from_flushing(backend, tiny_engi
         handle.result()
     assert sgl.flush_cache(backend) is True
     assert tiny_engine.cache_stats()["evictable_tokens"] == 0  # nothing left cached
+
+
+def test_the_run_seed_gives_fork_branches_distinct_reproducible_samples(backend):
+    # every branch got the run's seed with the same prompt, so all of them wrote the same sample
+    @sgl.function
+    def ideas(s, own_seed):
+        s += "Many words:"
+        forks = s.fork(3)
+        forks += sgl.gen("w", max_tokens=12, temperature=1.0, ignore_eos=True, seed=own_seed)
+        forks.join()
+
+    first = ideas.run(None, seed=7, backend=backend)["w"]
+    assert len(set(first)) == 3
+    assert ideas.run(None, seed=7, backend=backend)["w"] == first
+    assert ideas.run(None, seed=8, backend=backend)["w"] != first
+    assert len(set(ideas.run(5, seed=7, backend=backend)["w"])) == 1  # a gen's own seed is kept as given
