@@ -111,12 +111,24 @@ class ProgramState:
 
     # -- reading
 
+    @contextlib.contextmanager
+    def _abort_on_interrupt(self):
+        """Ctrl-C while waiting for this state aborts its requests, as it does inside ``run()``:
+        a stopped notebook cell reading a ``run(stream=True)`` state must not leave the model
+        generating for a program no one reads any more."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.stream_executor.abort()
+            raise
+
     def sync(self) -> None:
         """Wait until every submitted primitive has run (and, called outside the body of a
         ``run(stream=True)`` program, until the body has returned); raise the state's error if one
-        failed."""
-        self.stream_executor.wait_body()
-        self.stream_executor.wait_idle()
+        failed. Ctrl-C while waiting aborts the program (as every wait here does)."""
+        with self._abort_on_interrupt():
+            self.stream_executor.wait_body()
+            self.stream_executor.wait_idle()
         self.stream_executor.raise_if_failed()
 
     def text(self) -> str:
@@ -131,12 +143,14 @@ class ProgramState:
 
     def error(self) -> Optional[ProgramError]:
         """The error that stopped this state, or None (waits for queued primitives)."""
-        self.stream_executor.wait_idle()
+        with self._abort_on_interrupt():
+            self.stream_executor.wait_idle()
         return self.stream_executor.error_
 
     def get_var(self, name: str) -> Any:
         """The value of variable ``name``, as ``s[name]``: waits for it; raises the state's error."""
-        return self.stream_executor.get_var(name)
+        with self._abort_on_interrupt():
+            return self.stream_executor.get_var(name)
 
     def set_var(self, name: str, value: Any) -> None:
         """Set variable ``name`` to ``value`` now (not queued behind the state's pending work)."""
@@ -145,7 +159,7 @@ class ProgramState:
     def get_meta_info(self, name: str) -> Any:
         """The backend's meta info of variable ``name`` (token counts, cached tokens, finish reason,
         logprobs; select: scores). Waits like ``s[name]``."""
-        self.stream_executor.get_var(name)
+        self.get_var(name)
         return self.stream_executor.meta_info.get(name)
 
     def __getitem__(self, name: str) -> Any:
@@ -161,7 +175,8 @@ class ProgramState:
         """Yield the text (or variable ``var_name``) piece by piece as it is produced; with
         ``stream=True`` a gen arrives token by token. A variable of ``gen(dtype=...)`` yields the
         text the model wrote (``"42"``), not its parsed value."""
-        return self.stream_executor.iter_text(var_name)
+        with self._abort_on_interrupt():
+            yield from self.stream_executor.iter_text(var_name)
 
     async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):
         """``text_iter`` as an async iterator; with ``return_meta_data`` yields

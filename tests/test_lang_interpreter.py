@@ -341,6 +341,32 @@ def test_streaming_yields_chunks_before_the_end_sync_and_async():
     assert len(got) > 2 and "".join(got) == "streamed text"
 
 
+@pytest.mark.parametrize("read", ["text_iter", "getitem", "sync"])
+def test_ctrl_c_while_reading_a_streamed_state_aborts_its_requests(read):
+    # the KeyboardInterrupt left the request generating for a program no one read any more
+    import signal
+
+    be = ScriptedBackend(lambda p, params: "never", delay=60)  # a gen that runs until aborted
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+
+    st = prog.run(backend=be, stream=True)
+    timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        if read == "text_iter":
+            list(st.text_iter())
+        elif read == "getitem":
+            st["a"]
+        else:
+            st.sync()
+    timer.join()
+    assert isinstance(st.error(), sgl.ProgramAborted)
+    assert len(be.aborted) == 1
+
+
 def test_reading_a_streamed_state_waits_for_its_body_to_submit():
     # run(stream=True) returns before the body ran; s["a"] raised KeyError and text() gave ""
     # when read before the body had added the gen.
