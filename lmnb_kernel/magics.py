@@ -253,7 +253,12 @@ class LMMagics(Magics):
                                   "kept") from None
         self.finish(args, view, outcome, count)
         if outcome.error is not None:
-            raise CellError(_describe(outcome.error, filename)) from outcome.error
+            message = _describe(outcome.error, filename)
+            # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
+            if previous is not None and "tokens exceeds the model's context length" in message:
+                message += (f"\nthe state {args.state!r} has grown past the model's context; `%lm reset "
+                            f"{args.state}` starts it afresh, or continue in a new --state")
+            raise CellError(message) from outcome.error
 
     def make_view(self, args, count):
         """The cell's view for its options and ``$LMNB_VIEW`` (live widget, static or headless)."""

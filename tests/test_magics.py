@@ -86,6 +86,15 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
     assert not failed.success and out5.stdout.count("exceeds the model's context length") == 1  # it was 5 times
     assert "5 of 5 fork branches failed: branches 0-4: Gen('r5') failed: ValueError: prompt of" in out5.stdout
     assert get_session().states["chat"].state.text() == kept
+    assert "%lm reset" not in out4.stdout  # lowering max_tokens is the fix there
+    run(ip, "%lm reset")
+    # a state grown past the context: the engine's "shorten the prompt" alone left the user guessing
+    context_len = get_session().engine("test").context_len
+    grown, out6 = run(ip, "%%lm --static --temperature 0 --state long\n" + "word " * context_len)
+    assert grown.success, out6.stdout
+    failed, out7 = run(ip, "%%lm --static --state long\nmore{select c choices=[' a', ' b']}")
+    assert not failed.success and "exceeds the model's context length" in out7.stdout
+    assert "the state 'long' has grown past the model's context; `%lm reset long` starts it afresh" in out7.stdout
 
 
 def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
