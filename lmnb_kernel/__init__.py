@@ -29,8 +29,8 @@ def load_ipython_extension(shell) -> None:
 
 
 def unload_ipython_extension(shell) -> None:
-    """Remove the hook, the error handler, lmnb's default backend and the ``lmnb`` name (set at
-    load); the session (engine, states) stays for a reload."""
+    """Remove ``%%lm`` / ``%lm``, the hook, the error handler, lmnb's default backend and the
+    ``lmnb`` name (set at load); the session (engine, states) stays for a reload."""
     import lmnb
 
     if getattr(shell, "_lmnb_pushed", False):
@@ -41,5 +41,7 @@ def unload_ipython_extension(shell) -> None:
     if magics is not None:
         shell.events.unregister("post_run_cell", magics.refresh_tree)
         shell.set_custom_exc((), None)
+        for kind in ("line", "cell"):  # IPython has no unregister_magics; its table is per kind
+            shell.magics_manager.magics[kind].pop("lm", None)
         del shell._lmnb_magics
     lmnb.set_default_backend(None)

@@ -433,3 +433,17 @@ def test_a_gen_with_n_samples_counts_every_sample_in_the_summary(ip):
     assert ip.user_ns["a"] == [r.text for r in samples]
     [meta] = summaries(out)  # it counted 0: the n metas arrive as one list
     assert meta["tokens"]["completion_tokens"] == sum(r.meta.completion_tokens for r in samples) > 0
+
+
+def test_unloading_the_extension_removes_the_magics_and_loading_brings_them_back(ip):
+    # %unload_ext lmnb_kernel left %%lm and %lm registered: cells kept running
+    ip.extension_manager.unload_extension("lmnb_kernel")
+    try:
+        result, _ = run(ip, "%%lm --static\nhello")
+        assert isinstance(result.error_in_exec, Exception) and "Cell magic `%%lm` not found" in str(result.error_in_exec)
+        result, _ = run(ip, "%lm stats")
+        assert "Line magic function `%lm` not found" in str(result.error_in_exec)
+    finally:
+        ip.extension_manager.load_extension("lmnb_kernel")
+    result, out = run(ip, "%%lm --static --temperature 0\nhello{gen x max_tokens=2}")
+    assert result.success, out.stdout
