@@ -91,6 +91,22 @@ def test_runtime_endpoint_video_select_and_fork_equal_the_in_process_engine(serv
     assert b["a"] == a["a"]
 
 
+def test_a_jpeg_photo_goes_to_the_server_as_it_is(served, tmp_path):
+    """A 4 MB JPEG (12 MB-class noisy photo) is over the server's 20 MB image limit once
+    re-encoded as PNG; it is sent as its own bytes and answers like the in-process engine."""
+    import numpy as np
+    from PIL import Image
+
+    local, _, url = served
+    path = tmp_path / "photo.jpg"
+    pixels = np.random.RandomState(7).randint(0, 256, (2400, 3000, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, format="JPEG", quality=75)
+    assert path.stat().st_size < 20 * 2**20 < len(png_bytes(Image.open(path).convert("RGB")))
+    want = ask_image.run(img=str(path), question="what is it?", backend=local)["answer"]
+    for backend in (sgl.RuntimeEndpoint(url), sgl.OpenAI("llava", base_url=f"{url}/v1")):
+        assert ask_image.run(img=str(path), question="what is it?", backend=backend)["answer"] == want
+
+
 def test_runtime_endpoint_refuses_a_choice_holding_the_image_token(served):
     _, _, url = served
 

@@ -3,15 +3,18 @@
 A program's text holds the chat template's image token once per ``image()``/``video()``; a model
 sees one image per placeholder, so a video becomes its sampled frames, each with a placeholder of
 its own (``expand_frames``; SGLang's frontend samples frames client-side too). HTTP backends send
-each image as a base64 PNG data URL (``data_url``), the form both OpenAI's vision API and SGLang's
-``image_data`` read. Pillow (and for videos decord/PyAV) is imported only when an image is used.
+each image as a base64 data URL (``data_url``: a PNG/JPEG/WebP file as it is, other images as
+PNG), the form both OpenAI's vision API and SGLang's ``image_data`` read. Pillow (and for
+videos decord/PyAV) is imported only when an image is used.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Optional
 
 from lmnb.backend.base import Prompt
 from lmnb.ir import Image
@@ -55,9 +58,16 @@ def expand_frames(prompt: Prompt, token: str) -> tuple[str, list, list[int]]:
     return text, images, counts
 
 
+# Encoded formats sent as they are (both OpenAI's vision API and SGLang read them): the server's
+# Pillow decodes the same pixels, and a photo stays the size the in-process engine accepts (a 4 MB
+# JPEG photo re-encoded as PNG is over the 20 MB image limit, and takes seconds to encode).
+AS_IS_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
+
+
 def data_url(source: Any) -> str:
-    """``source`` (a path, ``PIL.Image``, encoded bytes or a data URL) as a
-    ``data:image/png;base64,...`` URL of its RGB pixels; a data URL is checked and kept as it is.
+    """``source`` (a path, ``PIL.Image``, encoded bytes or a data URL) as a ``data:image/...;base64,``
+    URL: a PNG, JPEG or WebP file or bytes as they are, other sources as PNG of their RGB pixels;
+    a data URL is checked and kept as it is.
 
     Decoding here, not on the server, gives a bad image the same error as on the in-process engine,
     and the server decodes exactly the pixels this process sees (PNG is lossless).
@@ -70,6 +80,27 @@ def data_url(source: Any) -> str:
     loaded = load_image(source)
     if isinstance(source, str) and source.startswith("data:"):
         return source
+    raw = _encoded(source)
+    fmt = _format(raw) if raw is not None else None
+    if fmt in AS_IS_FORMATS:
+        return f"data:image/{AS_IS_FORMATS[fmt]};base64," + base64.b64encode(raw).decode("ascii")
     buf = io.BytesIO()
     loaded.image.save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _encoded(source: Any) -> Optional[bytes]:
+    """The encoded bytes of a path or bytes ``source`` (None for a ``PIL.Image`` or a URL)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    if isinstance(source, (str, os.PathLike)) and not str(source).startswith(("http://", "https://")):
+        return Path(source).expanduser().read_bytes()
+    return None
+
+
+def _format(raw: bytes) -> Optional[str]:
+    """Pillow's name for the format of the encoded image ``raw`` (read from its header)."""
+    from PIL import Image as PILImage
+
+    with PILImage.open(io.BytesIO(raw)) as img:
+        return img.format
