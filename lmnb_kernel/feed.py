@@ -90,8 +90,11 @@ class ViewFeeder:
                 # The prompt alone was prefilled first: that request decides how the prompt got its
                 # KV (shading) and counts like any other; the chosen text is not in the lane yet.
                 self.view.on_prompt(lane, prompt_tokens=int(prefill["prompt_tokens"]),
-                                    cached_tokens=int(prefill.get("cached_tokens", 0)), name="(select prompt)")
+                                    cached_tokens=int(prefill.get("cached_tokens", 0)), name="(select prompt)",
+                                    cached_chars=prefill.get("cached_chars"))  # [issue 10] set after images
                 self.view.on_gen_end(lane, meta=prefill)
+                if prefill.get("images"):  # [issue 10] the images went out with the prompt's prefill
+                    self.view.on_media_cache(lane, prefill["images"])
             choices = meta["choices"]
             chosen = choices.index(ev.value) if ev.value in choices else None
             self.view.on_select(lane, name=ev.name if ev.name is not None else "(unnamed)", choices=choices,

@@ -126,4 +126,8 @@ def test_select_after_an_image_in_a_cell_equals_the_lmnb_program(ip):
     direct = ask_choice.run(photo=img, backend=ip._lmnb_magics.session.backend())
     assert ip.user_ns["st3"].text() == direct.text()
     assert ip.user_ns["colour"] == direct["colour"]
-    assert view_html(out).select_one(".lmnb-media") is not None
+    # the select's prompt prefill sent the image: new in this cell (fresh pixels), cached in the next
+    assert "lmnb-media-computed" in str(view_html(out).select_one(".lmnb-media"))
+    out = run(ip, '%%lm --static\n{user}\n{image photo}\nWhat colour?\n{/user}\n'
+                  '{assistant}{select colour choices=["red", "blue", "green"]}{/assistant}')
+    assert "lmnb-media-cached" in str(view_html(out).select_one(".lmnb-media"))

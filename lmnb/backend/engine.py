@@ -247,17 +247,19 @@ class Engine(BaseBackend):
         ``prompt + choice`` is scored from its first token that differs from the prompt's own
         tokenization, all choices submitted together so the engine batches them."""
         from lmnb_engine import SamplingParams
-        from lmnb_engine.http_server.protocol import meta_info
 
         eng = self.engine
-        text, mm = prompt.text, None
+        text, mm, counts = prompt.text, None, []
         if prompt.images:  # [issue 10] the images are prepared once; each choice extends their tokens
             from lmnb_engine.multimodal import MultimodalPrompt
 
-            text, images, _ = self._frames(prompt)
+            text, images, counts = self._frames(prompt)
             mm = eng.multimodal.prepare(MultimodalPrompt(text, images))
         p_ids = eng.encode(text)
-        prefill = meta_info(eng.generate(mm or p_ids, SamplingParams(max_new_tokens=0))) if p_ids else None
+        prefill = None
+        if p_ids:  # its meta_info says [issue 10] how each image's KV was got, as a gen's does
+            prefill = self._meta(eng.generate(mm or p_ids, SamplingParams(max_new_tokens=0)), GenParams(), mm, counts,
+                                 prompt.text)
         jobs = []  # (token ids to submit, index of the first scored token)
         for c in choices:
             c_ids = eng.encode(text + c)
