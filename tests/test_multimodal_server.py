@@ -17,6 +17,7 @@ from tests.helpers_multimodal import (
     ask_video,
     hf_answer,
     image_end,
+    image_start,
     png_bytes,
     prompt_before_answer,
     random_image,
@@ -105,6 +106,64 @@ def test_a_jpeg_photo_goes_to_the_server_as_it_is(served, tmp_path):
     want = ask_image.run(img=str(path), question="what is it?", backend=local)["answer"]
     for backend in (sgl.RuntimeEndpoint(url), sgl.OpenAI("llava", base_url=f"{url}/v1")):
         assert ask_image.run(img=str(path), question="what is it?", backend=backend)["answer"] == want
+
+
+def test_generate_reports_each_images_cache_and_runtime_endpoint_sums_a_videos_frames(served, hf, tmp_path):
+    """/generate's meta_info ``images``: per image its placeholder positions and how many were
+    cached; RuntimeEndpoint gives programs the in-process backend's per-input form (a video's
+    frames summed), which live views mark images "new"/"cached" from."""
+    local, _, url = served
+    img = random_image(39)
+    raw = base64.b64encode(png_bytes(img)).decode()
+    text = "USER: <image>\nwhat is it? ASSISTANT:"
+    body = {"text": text, "image_data": raw, "sampling_params": {"max_new_tokens": 1}}
+    n = image_end(hf, text, [img]) - image_start(hf, text, [img])
+    first, again = (httpx.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"]["images"] for _ in range(2))
+    assert [(e["tokens"], e["cached_tokens"]) for e in first] == [(n, 0)]
+    assert [(e["tokens"], e["cached_tokens"]) for e in again] == [(n, n)]
+
+    path = tmp_path / "clip.mp4"
+    write_video(path, num_frames=6, size=24)  # frames no other test sends
+    remote = sgl.RuntimeEndpoint(url)
+    want = ask_video.run(path=str(path), question="what happens?", backend=local).get_meta_info("answer")["images"]
+    got = ask_video.run(path=str(path), question="what happens?", backend=remote).get_meta_info("answer")["images"]
+    assert got == want and got[0]["tokens"] == 3 * n and got[0]["cached_tokens"] == 0
+    st = ask_video.run(path=str(path), question="who is there?", backend=remote, stream=True)
+    st.sync()
+    assert st.get_meta_info("answer")["images"][0]["cached_tokens"] == 3 * n
+
+
+def test_a_cell_over_lmnb_serve_marks_its_image_new_then_cached(served):
+    """%lm connect URL: the live view's image badge says "new", then "cached" in the next cell
+    (it said "not sent yet" after the server had answered about the image)."""
+    from bs4 import BeautifulSoup
+    from IPython.utils.capture import capture_output
+
+    from lmnb_kernel.session import Session
+    from tests.helpers_shell import process_shell
+
+    _, _, url = served
+    shell = process_shell()
+    shell.extension_manager.load_extension("lmnb_kernel")
+    magics = shell._lmnb_magics
+    real, magics.session = magics.session, Session()
+    cell = "%%lm --static --temperature 0\n{user}{image photo}What is it?{/user}\n{assistant}{gen a max_tokens=2}{/assistant}"
+    select = '%%lm --static\n{user}{image photo}Colour?{/user}\n{assistant}{select c choices=["red", "blue"]}{/assistant}'
+    badges = []
+    try:
+        shell.user_ns["photo"] = random_image(40)
+        for code in (f"%lm connect {url}", cell, cell, "photo = photo.rotate(90)", select, select):
+            with capture_output() as out:
+                assert shell.run_cell(code).success, out.stdout
+            html = [o.data["text/html"] for o in out.outputs if "lmnb-run" in o.data.get("text/html", "")]
+            if html:
+                media = BeautifulSoup(html[-1], "html.parser").select_one(".lmnb-media .lmnb-badge")
+                badges.append(next(c for c in media["class"] if c.startswith("lmnb-media-")))
+    finally:
+        magics.session.close()
+        magics.session = real
+        shell.extension_manager.unload_extension("lmnb_kernel")
+    assert badges == ["lmnb-media-computed", "lmnb-media-cached"] * 2
 
 
 def test_runtime_endpoint_refuses_a_choice_holding_the_image_token(served):

@@ -58,6 +58,26 @@ def expand_frames(prompt: Prompt, token: str) -> tuple[str, list, list[int]]:
     return text, images, counts
 
 
+def per_input(meta: dict, counts: list[int]) -> dict:
+    """``meta`` with a server's per-image ``images`` (``lmnb serve``: ``{"tokens", "cached_tokens",
+    "hash"}`` per image in prompt order) summed per ``image()``/``video()`` input, ``counts`` being
+    the images each input became: ``{"tokens", "cached_tokens", "hashes"}`` per input, the form the
+    in-process backend reports and live views read. Left out when the server sent none, or not one
+    per image."""
+    entries = meta.get("images")
+    if not isinstance(entries, list) or len(entries) != sum(counts):
+        meta.pop("images", None)
+        return meta
+    grouped, i = [], 0
+    for n in counts:
+        span, i = entries[i : i + n], i + n
+        grouped.append({"tokens": sum(int(e["tokens"]) for e in span),
+                        "cached_tokens": sum(int(e["cached_tokens"]) for e in span),
+                        "hashes": [e.get("hash") for e in span]})
+    meta["images"] = grouped
+    return meta
+
+
 # Encoded formats sent as they are (both OpenAI's vision API and SGLang read them): the server's
 # Pillow decodes the same pixels, and a photo stays the size the in-process engine accepts (a 4 MB
 # JPEG photo re-encoded as PNG is over the 20 MB image limit, and takes seconds to encode).

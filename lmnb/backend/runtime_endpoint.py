@@ -18,7 +18,7 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
-from lmnb.backend.media import data_url, expand_frames
+from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
@@ -148,33 +148,37 @@ class RuntimeEndpoint(BaseBackend):
             raise ValueError(f"image() and video() need a vision-language model, and the server at {self.base_url} "
                              f"serves the text-only {self.model_info.get('model_path')!r}; serve a LLaVA checkpoint")
 
-    def _payload(self, prompt: Any) -> dict:
-        """The ``text`` (and [issue 10] ``image_data``) of a prompt: a str, or a ``Prompt``."""
+    def _payload(self, prompt: Any) -> tuple[dict, list[int]]:
+        """The ``text`` (and [issue 10] ``image_data``) of a prompt (a str, or a ``Prompt``), and
+        how many images each of its ``image()``/``video()`` inputs became (``per_input`` reads the
+        server's per-image meta_info with them)."""
         if isinstance(prompt, str) or not prompt.images:
-            return {"text": prompt if isinstance(prompt, str) else prompt.text}
-        text, images, _ = expand_frames(prompt, self.get_chat_template().image_token)
-        return {"text": text, "image_data": [data_url(x) for x in images]}
+            return {"text": prompt if isinstance(prompt, str) else prompt.text}, []
+        text, images, counts = expand_frames(prompt, self.get_chat_template().image_token)
+        return {"text": text, "image_data": [data_url(x) for x in images]}, counts
 
     # -- generation
 
     def cache_prefix(self, text: Any, rid: str) -> dict:
         """Prefill ``text`` (a str, or [issue 10] a ``Prompt`` with images) on the server."""
-        return self._prefill(self._payload(text), rid)
+        payload, counts = self._payload(text)
+        return per_input(self._prefill(payload, rid), counts)
 
     def _prefill(self, payload: dict, rid: str) -> dict:
         res = self._request("POST", "/generate", {**payload, "sampling_params": {"max_new_tokens": 0}, "rid": rid})
         return res.get("meta_info", {})
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
-        data = {**self._payload(prompt), "sampling_params": _sampling_params(params), "rid": rid,
-                **_logprob_fields(params)}
+        payload, counts = self._payload(prompt)
+        data = {**payload, "sampling_params": _sampling_params(params), "rid": rid, **_logprob_fields(params)}
         res = self._request("POST", "/generate", data)
         items = res if isinstance(res, list) else [res]
-        return [Completion(it["text"], it.get("meta_info", {})) for it in items]
+        return [Completion(it["text"], per_input(it.get("meta_info", {}), counts)) for it in items]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
+        payload, counts = self._payload(prompt)
         data = {
-            **self._payload(prompt), "sampling_params": _sampling_params(params), "rid": rid, "stream": True,
+            **payload, "sampling_params": _sampling_params(params), "rid": rid, "stream": True,
             **_logprob_fields(params),
         }
         try:
@@ -195,7 +199,7 @@ class RuntimeEndpoint(BaseBackend):
                         message = err.get("message", err) if isinstance(err, dict) else err
                         raise BackendError(f"POST {self.base_url}/generate stream: {message}")
                     text = obj["text"]  # cumulative, as SGLang streams it
-                    yield text[pos:], obj.get("meta_info", {})
+                    yield text[pos:], per_input(obj.get("meta_info", {}), counts)
                     pos = len(text)
         except self._httpx.HTTPError as e:
             raise self._failure(f"POST {self.base_url}/generate stream", e) from None
@@ -231,13 +235,13 @@ class RuntimeEndpoint(BaseBackend):
         """Prefill the prompt once, then score every ``prompt + choice`` in one batched request
         returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
         differing token is found (``lmnb.choices``)."""
-        payload = self._payload(prompt)  # [issue 10] images are encoded once for every request
+        payload, counts = self._payload(prompt)  # [issue 10] images are encoded once for every request
         text, images = payload["text"], payload.get("image_data")
         token = self.get_chat_template().image_token
         for c in choices if images else ():
             if token in c:
                 raise ValueError(f"select choice {c!r} holds the image placeholder; images go in image(), not in choices")
-        prefill = self._prefill(payload, rid) if text else None
+        prefill = per_input(self._prefill(payload, rid), counts) if text else None
         n_prompt = (prefill or {}).get("prompt_tokens", 0)
         start = max(n_prompt - SCORE_WINDOW, 0)
         items = self._window([text] + [text + c for c in choices], start, rid, images)

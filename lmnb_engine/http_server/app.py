@@ -6,7 +6,8 @@ text in each event), ``GET /get_model_info``, ``GET /get_server_info``, ``GET|PO
 ``POST /abort_request``, ``GET /health``; the OpenAI routes come from ``openai_api``. [issue 10]
 ``/generate`` takes SGLang's ``image_data`` for a vision-language model: per prompt a string or a
 list of strings, each a ``data:image/...;base64,`` URL or bare base64 (what SGLang's frontend
-sends), one per image token in the prompt; the server reads no files and fetches no URLs. Every bad
+sends), one per image token in the prompt; the server reads no files and fetches no URLs; a
+finished request's ``meta_info`` says per image how much of its KV was cached. Every bad
 request is answered with a 4xx JSON error ``{"error": {"message", "type", "param", "code"}}``; an
 unexpected failure is a 500 JSON error, and the engine keeps serving.
 """
@@ -351,13 +352,14 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         handles = await ctx.submit(prompts, params, rids)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
-            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts),
+            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts, prompts),
                                      media_type="text/event-stream")
         outputs = []
-        for res, p, first in zip(await ctx.results(handles, request), params, firsts):
+        for res, p, first, x in zip(await ctx.results(handles, request), params, firsts, prompts):
             for r in res if isinstance(res, list) else [res]:
-                outputs.append({"text": r.text, "output_ids": list(r.token_ids),
-                                "meta_info": meta_info(r, decode, p.top_logprobs_num, first), "index": len(outputs)})
+                meta = _with_image_meta(meta_info(r, decode, p.top_logprobs_num, first), x)
+                outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta,
+                                "index": len(outputs)})
         return outputs if batch or len(outputs) > 1 else outputs[0]
 
     add_openai_routes(app, ctx, json_body)
@@ -384,13 +386,26 @@ async def _with_images(ctx: ServerContext, prompt: Any, images: list) -> Any:
         raise RequestError(str(e), param="image_data") from None
 
 
+def _with_image_meta(meta: dict, prompt: Any) -> dict:
+    """``meta`` (a finished request's meta_info) with [issue 10] ``images`` when ``prompt`` held
+    images: per image in prompt order ``{"tokens": its placeholder positions, "cached_tokens":
+    those inside the cached prefix, "hash": its pixel hash}`` (``cached_tokens == tokens``: its
+    prefill and vision encoding were skipped). Clients show image reuse from it."""
+    mm = getattr(prompt, "mm_inputs", None)
+    if mm is not None and mm.images:
+        cached = int(meta.get("cached_tokens", 0))
+        meta["images"] = [{"tokens": s.length, "cached_tokens": min(max(cached - s.offset, 0), s.length),
+                           "hash": s.hash} for s in mm.images]
+    return meta
+
+
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
-                           firsts: list) -> AsyncIterator[str]:
+                           firsts: list, prompts: list) -> AsyncIterator[str]:
     """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form).
     The prompts of a batch stream one after another; all are aborted if the stream ends early."""
     base = 0
     try:
-        for h, p, first in zip(handles, params, firsts):
+        for h, p, first, x in zip(handles, params, firsts, prompts):
             texts: dict[int, str] = {}
             ids: dict[int, list] = {}
             try:
@@ -399,7 +414,7 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
                     texts[i] = texts.get(i, "") + ev.text_delta
                     ids.setdefault(i, []).extend(ev.token_ids)
                     if ev.finished and ev.result is not None:
-                        meta = meta_info(ev.result, decode, p.top_logprobs_num, first)
+                        meta = _with_image_meta(meta_info(ev.result, decode, p.top_logprobs_num, first), x)
                     elif ev.text_delta:
                         meta = {"id": h.rid, "completion_tokens": len(ids[i]), "finish_reason": None}
                     else:
