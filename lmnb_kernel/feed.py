@@ -93,8 +93,7 @@ class ViewFeeder:
                                     cached_tokens=int(prefill.get("cached_tokens", 0)), name="(select prompt)",
                                     cached_chars=prefill.get("cached_chars"))  # [issue 10] set after images
                 self.view.on_gen_end(lane, meta=prefill)
-                if prefill.get("images"):  # [issue 10] the images went out with the prompt's prefill
-                    self.view.on_media_cache(lane, prefill["images"])
+                self._media(lane, prefill)  # [issue 10] the images went out with the prompt's prefill
             choices = meta["choices"]
             chosen = choices.index(ev.value) if ev.value in choices else None
             self.view.on_select(lane, name=ev.name if ev.name is not None else "(unnamed)", choices=choices,
@@ -102,13 +101,22 @@ class ViewFeeder:
         elif kind == "gen" and isinstance(meta, list) and all(isinstance(m, dict) and "prompt_tokens" in m for m in meta):
             for m in meta:  # gen(n=k): k requests, the first one's text shown (a join's lists are not "gen")
                 self.view.on_gen_end(lane, meta=m, finish_reason=m.get("finish_reason"), name=ev.name)
+            self._media(lane, meta[0] if meta else {})
         elif isinstance(meta, dict) and "prompt_tokens" in meta:  # a gen (possibly with no text, or unnamed)
             constraint = ev.constraint or {}
             self.view.on_gen_end(lane, meta=meta, finish_reason=meta.get("finish_reason"), name=ev.name,
                                  regex=constraint.get("regex"), json_schema=constraint.get("json_schema"))
-            if meta.get("images"):  # [issue 10] how much of each image's KV came from the cache
-                self.view.on_media_cache(lane, meta["images"])
+            self._media(lane, meta)  # [issue 10] how much of each image's KV came from the cache
         # other vars (lists gathered by a join, var_scope captures) change no text
+
+    def _media(self, lane: str, meta: dict) -> None:
+        """[issue 10] Mark the images in ``lane``'s prompt after a request: how much of each one's
+        KV was cached (``meta["images"]``), or "sent" where the backend does not say (an
+        OpenAI-compatible API, an SGLang server)."""
+        if meta.get("images"):
+            self.view.on_media_cache(lane, meta["images"])
+        else:
+            self.view.on_media_sent(lane)
 
     def on_prefill(self, ev) -> None:
         # The fork's shared-prefix prefill: a request of its own, closed at once.
@@ -119,8 +127,7 @@ class ViewFeeder:
                                 cached_tokens=int(meta.get("cached_tokens", 0)), name="(fork prefix)",
                                 cached_chars=meta.get("cached_chars"))  # [issue 10] set when images fill the prompt
             self.view.on_gen_end(lane, meta=meta)
-            if meta.get("images"):  # [issue 10]
-                self.view.on_media_cache(lane, meta["images"])
+            self._media(lane, meta)  # [issue 10]
 
 
 def _delta_tokens(meta: Optional[dict]) -> tuple[list, Optional[list], Optional[list]]:

@@ -133,26 +133,23 @@ def test_generate_reports_each_images_cache_and_runtime_endpoint_sums_a_videos_f
     assert st.get_meta_info("answer")["images"][0]["cached_tokens"] == 3 * n
 
 
-def test_a_cell_over_lmnb_serve_marks_its_image_new_then_cached(served):
-    """%lm connect URL: the live view's image badge says "new", then "cached" in the next cell
-    (it said "not sent yet" after the server had answered about the image)."""
+def cell_badges(codes: list, photo) -> list:
+    """The image badge class (``lmnb-media-...``) of each of ``codes``' live views, run in the
+    kernel's shell on a fresh session with ``photo`` as the kernel variable ``photo``."""
     from bs4 import BeautifulSoup
     from IPython.utils.capture import capture_output
 
     from lmnb_kernel.session import Session
     from tests.helpers_shell import process_shell
 
-    _, _, url = served
     shell = process_shell()
     shell.extension_manager.load_extension("lmnb_kernel")
     magics = shell._lmnb_magics
     real, magics.session = magics.session, Session()
-    cell = "%%lm --static --temperature 0\n{user}{image photo}What is it?{/user}\n{assistant}{gen a max_tokens=2}{/assistant}"
-    select = '%%lm --static\n{user}{image photo}Colour?{/user}\n{assistant}{select c choices=["red", "blue"]}{/assistant}'
     badges = []
     try:
-        shell.user_ns["photo"] = random_image(40)
-        for code in (f"%lm connect {url}", cell, cell, "photo = photo.rotate(90)", select, select):
+        shell.user_ns["photo"] = photo
+        for code in codes:
             with capture_output() as out:
                 assert shell.run_cell(code).success, out.stdout
             html = [o.data["text/html"] for o in out.outputs if "lmnb-run" in o.data.get("text/html", "")]
@@ -163,7 +160,26 @@ def test_a_cell_over_lmnb_serve_marks_its_image_new_then_cached(served):
         magics.session.close()
         magics.session = real
         shell.extension_manager.unload_extension("lmnb_kernel")
-    assert badges == ["lmnb-media-computed", "lmnb-media-cached"] * 2
+    return badges
+
+
+IMAGE_CELL = "%%lm --static --temperature 0\n{user}{image photo}What is it?{/user}\n{assistant}{gen a max_tokens=2}{/assistant}"
+
+
+def test_a_cell_over_lmnb_serve_marks_its_image_new_then_cached(served):
+    """%lm connect URL: the live view's image badge says "new", then "cached" in the next cell
+    (it said "not sent yet" after the server had answered about the image)."""
+    _, _, url = served
+    select = '%%lm --static\n{user}{image photo}Colour?{/user}\n{assistant}{select c choices=["red", "blue"]}{/assistant}'
+    codes = [f"%lm connect {url}", IMAGE_CELL, IMAGE_CELL, "photo = photo.rotate(90)", select, select]
+    assert cell_badges(codes, random_image(40)) == ["lmnb-media-computed", "lmnb-media-cached"] * 2
+
+
+def test_a_cell_over_an_openai_api_marks_its_image_sent(served):
+    """%lm connect URL/v1 --openai: the API reports no per-image cache, so the badge says "sent"
+    (it said "not sent yet" after the model had answered about the image)."""
+    _, _, url = served
+    assert cell_badges([f"%lm connect {url}/v1 --openai llava", IMAGE_CELL], random_image(41)) == ["lmnb-media-sent"]
 
 
 def test_runtime_endpoint_refuses_a_choice_holding_the_image_token(served):

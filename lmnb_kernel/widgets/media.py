@@ -58,13 +58,8 @@ def cache_class(entry: dict) -> str:
     return "partial" if cached > 0 else "computed"
 
 
-def classify_media(model, lane_id: str, entries: list) -> set:
-    """Mark the media segments of ``lane_id``'s whole text (``RunModel.ancestry``: inherited ones
-    first) with one request's ``meta["images"]`` ``entries``, which list that request's inputs in
-    prompt order. Placeholders inside other text (images a ``{join concat}`` brought back from
-    branches) take their entries too, so the rest stay aligned. As with prompt text
-    (``classify_prefix``), the first request that sent an input decides; later ones leave it alone.
-    Returns the ids of the lanes whose segments changed."""
+def _media_segments(model, lane_id: str) -> list:
+    """(lane id, segment) of ``lane_id``'s whole text (``RunModel.ancestry``: inherited ones first)."""
     segments = []
     for lane, own_limit in model.ancestry(lane_id):
         pos = 0
@@ -73,6 +68,29 @@ def classify_media(model, lane_id: str, entries: list) -> set:
                 break
             segments.append((lane.id, s))
             pos += len(s.text)
+    return segments
+
+
+def mark_sent(model, lane_id: str) -> set:
+    """Mark the media segments of ``lane_id``'s whole text that no request classified yet as
+    ``"sent"``: a request of the lane went out with them, but its backend reported no per-image
+    cache (``meta["images"]``). Returns the ids of the lanes whose segments changed."""
+    changed = set()
+    for lid, seg in _media_segments(model, lane_id):
+        if seg.kind == "media" and seg.cache is None:
+            seg.cache = "sent"
+            changed.add(lid)
+    return changed
+
+
+def classify_media(model, lane_id: str, entries: list) -> set:
+    """Mark the media segments of ``lane_id``'s whole text (``RunModel.ancestry``: inherited ones
+    first) with one request's ``meta["images"]`` ``entries``, which list that request's inputs in
+    prompt order. Placeholders inside other text (images a ``{join concat}`` brought back from
+    branches) take their entries too, so the rest stay aligned. As with prompt text
+    (``classify_prefix``), the first request that sent an input decides; later ones leave it alone.
+    Returns the ids of the lanes whose segments changed."""
+    segments = _media_segments(model, lane_id)
     tokens = {s.text for _, s in segments if s.kind == "media" and s.text}
     changed, i = set(), 0
     for lid, seg in segments:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional
 
 SegmentKind = Literal["text", "gen", "select", "media", "fork", "join"]
-CacheClass = Optional[Literal["cached", "computed", "partial"]]
+CacheClass = Optional[Literal["cached", "computed", "partial", "sent"]]  # "sent": media, cache not reported
 
 
 @dataclass

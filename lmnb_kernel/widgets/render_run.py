@@ -91,12 +91,14 @@ def render_segment(model: RunModel, lane: Lane, index: int, *, live: bool) -> st
     raise ValueError(f"unknown segment kind {s.kind!r}")
 
 
-MEDIA_BADGE = {"cached": ("cached", OK), "partial": ("partly cached", "#9a6700"), "computed": ("new", "#9a6700")}
+MEDIA_BADGE = {"cached": ("cached", OK), "partial": ("partly cached", "#9a6700"), "computed": ("new", "#9a6700"),
+               "sent": ("sent", MUTED)}
 
 
 def render_media(s) -> str:
     """An image/video input: its thumbnail (a PNG data URL, ≤ 96 px) and a badge saying whether its
-    tokens' KV came from the radix cache ("cached"), were computed ("new"), or are not sent yet."""
+    tokens' KV came from the radix cache ("cached"), were computed ("new"), were sent to a backend
+    that does not say ("sent": an OpenAI-compatible API, an SGLang server), or are not sent yet."""
     info = s.thumb or {}
     kind = info.get("kind", "image")
     label = kind if not info.get("frames") else f"video, {info['frames']} frames"

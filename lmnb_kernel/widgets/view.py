@@ -262,6 +262,17 @@ class RunView:
         self._full_dirty |= classify_media(self.model, lane, list(images))
         self._changed()
 
+    def on_media_sent(self, lane: str) -> None:
+        """A request of ``lane`` went out, and its backend reports no per-image cache (no
+        ``meta["images"]``): inputs not yet marked show "sent" instead of "not sent yet"."""
+        self._check_thread()
+        from .media import mark_sent
+
+        changed = mark_sent(self.model, lane)
+        if changed:
+            self._full_dirty |= changed
+            self._changed()
+
     def on_prompt(self, lane: str, *, prompt_tokens: int, cached_tokens: int, cached_chars: Optional[int] = None,
                   prompt_chars: Optional[int] = None, rid: Optional[str] = None, name: Optional[str] = None) -> None:
         """A request for ``lane`` was sent; its prompt is the lane's whole text so far.
