@@ -106,6 +106,27 @@ def test_a_jpeg_photo_goes_to_the_server_as_it_is(served, tmp_path):
     want = ask_image.run(img=str(path), question="what is it?", backend=local)["answer"]
     for backend in (sgl.RuntimeEndpoint(url), sgl.OpenAI("llava", base_url=f"{url}/v1")):
         assert ask_image.run(img=str(path), question="what is it?", backend=backend)["answer"] == want
+        # the photo as PIL.Image.open gives it: its file goes out
+        assert ask_image.run(img=Image.open(path), question="what is it?", backend=backend)["answer"] == want
+
+
+def test_an_edited_pil_image_goes_as_its_pixels_not_its_file(served, tmp_path):
+    """A PIL image opened from a file and then edited in place still names the file; the edited
+    pixels are what the server gets."""
+    from PIL import Image
+
+    from lmnb.backend.media import data_url
+
+    local, _, url = served
+    path = tmp_path / "small.jpg"
+    random_image(42).save(path, format="JPEG")
+    img = Image.open(path)
+    img.load()
+    img.paste((255, 0, 0), (0, 0, 12, 12))
+    assert data_url(img).startswith("data:image/png;base64,") and data_url(Image.open(path)).startswith("data:image/jpeg")
+    want = ask_image.run(img=img, question="what is it?", backend=local)["answer"]
+    assert want != ask_image.run(img=str(path), question="what is it?", backend=local)["answer"]
+    assert ask_image.run(img=img, question="what is it?", backend=sgl.RuntimeEndpoint(url))["answer"] == want
 
 
 def test_generate_reports_each_images_cache_and_runtime_endpoint_sums_a_videos_frames(served, hf, tmp_path):

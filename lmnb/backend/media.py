@@ -86,8 +86,9 @@ AS_IS_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
 
 def data_url(source: Any) -> str:
     """``source`` (a path, ``PIL.Image``, encoded bytes or a data URL) as a ``data:image/...;base64,``
-    URL: a PNG, JPEG or WebP file or bytes as they are, other sources as PNG of their RGB pixels;
-    a data URL is checked and kept as it is.
+    URL: a PNG, JPEG or WebP file or bytes as they are (also the file of a ``PIL.Image`` opened from
+    one, while its pixels are the file's), other sources as PNG of their RGB pixels; a data URL is
+    checked and kept as it is.
 
     Decoding here, not on the server, gives a bad image the same error as on the in-process engine,
     and the server decodes exactly the pixels this process sees (PNG is lossless).
@@ -100,7 +101,7 @@ def data_url(source: Any) -> str:
     loaded = load_image(source)
     if isinstance(source, str) and source.startswith("data:"):
         return source
-    raw = _encoded(source)
+    raw = _encoded(source, loaded.hash)
     fmt = _format(raw) if raw is not None else None
     if fmt in AS_IS_FORMATS:
         return f"data:image/{AS_IS_FORMATS[fmt]};base64," + base64.b64encode(raw).decode("ascii")
@@ -109,12 +110,23 @@ def data_url(source: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _encoded(source: Any) -> Optional[bytes]:
-    """The encoded bytes of a path or bytes ``source`` (None for a ``PIL.Image`` or a URL)."""
+def _encoded(source: Any, pixel_hash: str) -> Optional[bytes]:
+    """The encoded bytes of a path or bytes ``source``, or of the file a ``PIL.Image`` was opened
+    from (``Image.open(path)``) when that file decodes to its pixels (``pixel_hash``: it was not
+    edited since); None for other images and URLs."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source)
     if isinstance(source, (str, os.PathLike)) and not str(source).startswith(("http://", "https://")):
         return Path(source).expanduser().read_bytes()
+    filename = getattr(source, "filename", None)
+    if getattr(source, "format", None) in AS_IS_FORMATS and isinstance(filename, str) and os.path.isfile(filename):
+        from lmnb_engine.multimodal import ImageInputError, load_image
+
+        raw = Path(filename).read_bytes()
+        try:
+            return raw if load_image(raw).hash == pixel_hash else None
+        except ImageInputError:
+            return None
     return None
 
 
