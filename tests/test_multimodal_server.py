@@ -238,6 +238,20 @@ def test_openai_completion_backend_says_images_need_a_chat_model(served):
         st.sync()
 
 
+def test_an_image_outside_every_role_names_the_fix_for_programs_and_cells(served):
+    _, _, url = served
+
+    @sgl.function
+    def outside(s):
+        s += sgl.image(random_image(43))
+        s += sgl.user("what is it?")
+        s += sgl.assistant(sgl.gen("a", max_tokens=2))
+
+    st = outside.run(backend=sgl.OpenAI("llava", base_url=f"{url}/v1"))
+    with pytest.raises(ProgramError, match=r"s \+= user\(image\(path\) \+ question\); in a %%lm cell \{user\}\{image"):
+        st.sync()
+
+
 def test_generate_reads_image_data_as_data_urls_or_bare_base64(served):
     from lmnb_engine import SamplingParams
     from lmnb_engine.multimodal import MultimodalPrompt

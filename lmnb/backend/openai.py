@@ -103,7 +103,8 @@ class OpenAI(BaseBackend):
             out.append({**m, "content": parts})
         if next(inputs, None) is not None:
             raise ValueError("a chat model gets images inside chat messages; put image()/video() inside a role, "
-                             "e.g. s += user(image(path) + question)")
+                             "e.g. s += user(image(path) + question); in a %%lm cell {user}{image photo} "
+                             "question{/user}")
         return out
 
     # -- request building
