@@ -110,6 +110,21 @@ def test_a_jpeg_photo_goes_to_the_server_as_it_is(served, tmp_path):
         assert ask_image.run(img=Image.open(path), question="what is it?", backend=backend)["answer"] == want
 
 
+def test_a_phone_cameras_mpo_jpeg_goes_as_it_is():
+    """Many phones write MPO (a JPEG followed by more pictures); Pillow names its format "MPO",
+    which must not send a photo as PNG (over the server's limit for a large one)."""
+    import io
+
+    from PIL import Image
+
+    from lmnb.backend.media import data_url
+
+    buf = io.BytesIO()
+    random_image(44).save(buf, format="MPO", save_all=True, append_images=[random_image(45)])
+    assert data_url(buf.getvalue()) == "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+    assert Image.open(buf).format == "MPO"
+
+
 def test_an_edited_pil_image_goes_as_its_pixels_not_its_file(served, tmp_path):
     """A PIL image opened from a file and then edited in place still names the file; the edited
     pixels are what the server gets."""

@@ -80,8 +80,9 @@ def per_input(meta: dict, counts: list[int]) -> dict:
 
 # Encoded formats sent as they are (both OpenAI's vision API and SGLang read them): the server's
 # Pillow decodes the same pixels, and a photo stays the size the in-process engine accepts (a 4 MB
-# JPEG photo re-encoded as PNG is over the 20 MB image limit, and takes seconds to encode).
-AS_IS_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}
+# JPEG photo re-encoded as PNG is over the 20 MB image limit, and takes seconds to encode). MPO is
+# the JPEG of many phone cameras (a JPEG with more pictures after the first, which is what is read).
+AS_IS_FORMATS = {"PNG": "png", "JPEG": "jpeg", "MPO": "jpeg", "WEBP": "webp"}
 
 
 def data_url(source: Any) -> str:
