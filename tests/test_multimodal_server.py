@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import base64
+import io
 
 import httpx
 import pytest
@@ -123,6 +124,24 @@ def test_a_phone_cameras_mpo_jpeg_goes_as_it_is():
     random_image(44).save(buf, format="MPO", save_all=True, append_images=[random_image(45)])
     assert data_url(buf.getvalue()) == "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
     assert Image.open(buf).format == "MPO"
+
+
+def test_a_pil_image_is_encoded_as_png_once_for_all_requests(monkeypatch):
+    """Every request of a program sends all its images; a PIL image (about a second of PNG
+    encoding at photo size) is encoded once while its pixels stay the same."""
+    from PIL import Image
+
+    from lmnb.backend import media
+
+    saves = []
+    real_save = Image.Image.save
+    monkeypatch.setattr(Image.Image, "save", lambda self, *a, **k: saves.append(1) or real_save(self, *a, **k))
+    img = random_image(46, size=(64, 48))
+    url = media.data_url(img)
+    assert media.data_url(img.copy()) == url and len(saves) == 1
+    img.putpixel((0, 0), (1, 2, 3))  # edited in place: new pixels, a new encoding
+    edited = media.data_url(img)
+    assert len(saves) == 2 and Image.open(io.BytesIO(base64.b64decode(edited.split(",", 1)[1]))).getpixel((0, 0)) == (1, 2, 3)
 
 
 def test_an_edited_pil_image_goes_as_its_pixels_not_its_file(served, tmp_path):

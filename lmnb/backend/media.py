@@ -13,6 +13,8 @@ from __future__ import annotations
 import base64
 import io
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,6 +86,13 @@ def per_input(meta: dict, counts: list[int]) -> dict:
 # the JPEG of many phone cameras (a JPEG with more pictures after the first, which is what is read).
 AS_IS_FORMATS = {"PNG": "png", "JPEG": "jpeg", "MPO": "jpeg", "WEBP": "webp"}
 
+# PNG data URLs of the last few images encoded, by pixel hash: every request of a program sends
+# all its images, and encoding a photo-sized image as PNG takes about a second each time.
+PNG_CACHE_SIZE = 8
+PNG_CACHE_CHARS = 64 * 2**20  # and at most this much text in all
+_png_urls: "OrderedDict[str, str]" = OrderedDict()
+_png_lock = threading.Lock()
+
 
 def data_url(source: Any) -> str:
     """``source`` (a path, ``PIL.Image``, encoded bytes or a data URL) as a ``data:image/...;base64,``
@@ -106,9 +115,24 @@ def data_url(source: Any) -> str:
     fmt = _format(raw) if raw is not None else None
     if fmt in AS_IS_FORMATS:
         return f"data:image/{AS_IS_FORMATS[fmt]};base64," + base64.b64encode(raw).decode("ascii")
+    return _png_url(loaded)
+
+
+def _png_url(loaded: Any) -> str:
+    """The PNG data URL of a ``LoadedImage``'s pixels, encoded once for the last
+    ``PNG_CACHE_SIZE`` images (keyed by their pixel hash; ``PNG_CACHE_CHARS`` of URLs at most)."""
+    with _png_lock:
+        if loaded.hash in _png_urls:
+            _png_urls.move_to_end(loaded.hash)
+            return _png_urls[loaded.hash]
     buf = io.BytesIO()
     loaded.image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    with _png_lock:
+        _png_urls[loaded.hash] = url
+        while len(_png_urls) > PNG_CACHE_SIZE or sum(map(len, _png_urls.values())) > PNG_CACHE_CHARS:
+            _png_urls.popitem(last=False)
+    return url
 
 
 def _encoded(source: Any, pixel_hash: str) -> Optional[bytes]:
