@@ -309,6 +309,13 @@ def test_generate_reads_image_data_as_data_urls_or_bare_base64(served):
     r = httpx.post(f"{url}/generate", json={"text": [text, text, "what is it?"], "image_data": [raw, [other_raw], None],
                                             "sampling_params": sp}, timeout=60)
     assert [x["text"] for x in r.json()] == [want, want_other, want_plain]
+    # SGLang's frontend scores a select's choices as a batch with one image_data string for all
+    r = httpx.post(f"{url}/generate", json={"text": [text, text.replace("what", "which")], "image_data": raw,
+                                            "sampling_params": sp}, timeout=60)
+    assert r.status_code == 200, r.text
+    want_which = local.generate(local.multimodal.prepare(MultimodalPrompt(text.replace("what", "which"), [img])),
+                                SamplingParams(max_new_tokens=5, temperature=0)).text
+    assert [x["text"] for x in r.json()] == [want, want_which]
 
 
 @pytest.mark.parametrize("body,message", [

@@ -6,7 +6,7 @@ text in each event), ``GET /get_model_info``, ``GET /get_server_info``, ``GET|PO
 ``POST /abort_request``, ``GET /health``; the OpenAI routes come from ``openai_api``. [issue 10]
 ``/generate`` takes SGLang's ``image_data`` for a vision-language model: per prompt a string or a
 list of strings, each a ``data:image/...;base64,`` URL or bare base64 (what SGLang's frontend
-sends), one per image token in the prompt; the server reads no files and fetches no URLs; a
+sends; one string for a whole batch is every prompt's image), one per image token in the prompt; the server reads no files and fetches no URLs; a
 finished request's ``meta_info`` says per image how much of its KV was cached. Every bad
 request is answered with a 4xx JSON error ``{"error": {"message", "type", "param", "code"}}``; an
 unexpected failure is a 500 JSON error, and the engine keeps serving.
@@ -187,14 +187,17 @@ def _image(value: Any) -> Any:
 
 def _parse_images(value: Any, n: int, batch: bool) -> list[list]:
     """[issue 10] The images of each of ``n`` prompts from ``image_data``: for one prompt a string
-    or a list of strings; for a batch a list with one such entry (or null) per prompt. The entries
-    are read by ``_with_images``."""
+    or a list of strings; for a batch a list with one such entry (or null) per prompt, or one
+    string for every prompt (SGLang's frontend scores a select's choices so). The entries are read
+    by ``_with_images``."""
     if not value:
         return [[] for _ in range(n)]
+    if batch and isinstance(value, str):
+        return [[value] for _ in range(n)]
     if batch:
         if not isinstance(value, list) or len(value) != n:
-            raise RequestError(f"image_data of a batch of {n} prompts must be a list with one entry per prompt "
-                               "(a string, a list of strings, or null)", param="image_data")
+            raise RequestError(f"image_data of a batch of {n} prompts must be one string for all of them, or a list "
+                               "with one entry per prompt (a string, a list of strings, or null)", param="image_data")
         per_prompt = [[] if v is None else v if isinstance(v, list) else [v] for v in value]
     else:
         per_prompt = [value if isinstance(value, list) else [value]]
