@@ -309,6 +309,11 @@ def test_generate_reads_image_data_as_data_urls_or_bare_base64(served):
     r = httpx.post(f"{url}/generate", json={"text": [text, text, "what is it?"], "image_data": [raw, [other_raw], None],
                                             "sampling_params": sp}, timeout=60)
     assert [x["text"] for x in r.json()] == [want, want_other, want_plain]
+    # the data: scheme, media type and ;base64 are case-insensitive (it was read as a server path: HTTP 500)
+    for entry in ("DATA:image/png;base64," + raw, "Data:Image/PNG;Base64," + raw):
+        r = httpx.post(f"{url}/generate", json={"text": text, "image_data": entry, "sampling_params": sp}, timeout=60)
+        assert r.status_code == 200, r.text[:300]
+        assert r.json()["text"] == want
     # SGLang's frontend scores a select's choices as a batch with one image_data string for all
     r = httpx.post(f"{url}/generate", json={"text": [text, text.replace("what", "which")], "image_data": raw,
                                             "sampling_params": sp}, timeout=60)

@@ -106,10 +106,10 @@ def data_url(source: Any) -> str:
     Raises:
         ValueError (``ImageInputError``): the image cannot be read (the message says why).
     """
-    from lmnb_engine.multimodal import load_image
+    from lmnb_engine.multimodal.image_io import is_data_url, load_image
 
     loaded = load_image(source)
-    if isinstance(source, str) and source.startswith("data:"):
+    if is_data_url(source):
         return source
     raw = _encoded(source, loaded.hash)
     fmt = _format(raw) if raw is not None else None

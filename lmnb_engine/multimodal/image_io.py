@@ -83,7 +83,7 @@ def load_image(
         raise ImageInputError(
             f"an image must be a file path, a PIL image, bytes or a base64 data URL; got {type(source).__name__}"
         )
-    if source.startswith("data:"):
+    if is_data_url(source):
         return _decode(_data_url_bytes(source, max_bytes), max_bytes, max_pixels, "the data URL")
     if source.startswith(("http://", "https://")):
         return _decode(_fetch(source, max_bytes, allow_remote), max_bytes, max_pixels, source)
@@ -96,8 +96,15 @@ def load_image(
     return _decode(path.read_bytes(), max_bytes, max_pixels, repr(source))
 
 
+def is_data_url(source: Any) -> bool:
+    """True for a ``data:`` URL string; the scheme, like the media type and ``;base64``, is
+    case-insensitive (RFC 2397), so ``DATA:image/PNG;BASE64,...`` is one too (not a file path)."""
+    return isinstance(source, str) and source[:5].lower() == "data:"
+
+
 def _data_url_bytes(url: str, max_bytes: int) -> bytes:
     head, sep, payload = url.partition(",")
+    head = head.lower()
     if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
         raise ImageInputError(
             f"data URL {url[:40]!r}... is not of the form data:image/<type>;base64,<data>; encode the image as base64"
