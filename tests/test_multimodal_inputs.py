@@ -27,6 +27,14 @@ def test_every_source_of_one_image_has_the_same_hash(tmp_path):
         assert loaded.image.mode == "RGB" and np.array_equal(np.asarray(loaded.image), np.asarray(img))
 
 
+def test_bare_base64_passed_as_a_path_says_so_without_echoing_it():
+    """image(<bare base64 string>) raised OSError 'File name too long' with the whole string."""
+    data = base64.b64encode(png_bytes(random_image(3, size=(64, 64)))).decode()
+    with pytest.raises(ImageInputError, match=r"characters: image data, not a path\?\); pass the image's bytes") as e:
+        load_image(data)
+    assert len(str(e.value)) < 300
+
+
 def test_one_pixel_changes_the_hash():
     img = random_image(0)
     other = img.copy()

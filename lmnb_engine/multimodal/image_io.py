@@ -88,12 +88,29 @@ def load_image(
     if source.startswith(("http://", "https://")):
         return _decode(_fetch(source, max_bytes, allow_remote), max_bytes, max_pixels, source)
     path = Path(source).expanduser()
-    if not path.is_file():
-        raise ImageInputError(f"no image file at {source!r}; check the path")
+    if not _is_file(path):
+        raise _no_file(source)
     size = path.stat().st_size
     if size > max_bytes:
         raise ImageInputError(f"image file {source!r} is {size} bytes, over the limit of {max_bytes}; shrink it")
     return _decode(path.read_bytes(), max_bytes, max_pixels, repr(source))
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False too where the name is too long to be a file's (``OSError``)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def _no_file(source: str) -> ImageInputError:
+    """The error for a path with no file; a string longer than any file name is image data (e.g.
+    bare base64), said so without echoing it all."""
+    if len(source) > 255:
+        return ImageInputError(f"no image file at {source[:40]!r}... ({len(source)} characters: image data, not a "
+                               "path?); pass the image's bytes or a data:image/<type>;base64,<data> URL")
+    return ImageInputError(f"no image file at {source!r}; check the path")
 
 
 def is_data_url(source: Any) -> bool:
