@@ -180,10 +180,10 @@ def test_generate_reports_each_images_cache_and_runtime_endpoint_sums_a_videos_f
     path = tmp_path / "clip.mp4"
     write_video(path, num_frames=6, size=24)  # frames no other test sends
     remote = sgl.RuntimeEndpoint(url)
-    want = ask_video.run(path=str(path), question="what happens?", backend=local).get_meta_info("answer")["images"]
-    got = ask_video.run(path=str(path), question="what happens?", backend=remote).get_meta_info("answer")["images"]
+    want = ask_video.run(path=str(path), question="what happens?", frames=3, backend=local).get_meta_info("answer")["images"]
+    got = ask_video.run(path=str(path), question="what happens?", frames=3, backend=remote).get_meta_info("answer")["images"]
     assert got == want and got[0]["tokens"] == 3 * n and got[0]["cached_tokens"] == 0
-    st = ask_video.run(path=str(path), question="who is there?", backend=remote, stream=True)
+    st = ask_video.run(path=str(path), question="who is there?", frames=3, backend=remote, stream=True)
     st.sync()
     assert st.get_meta_info("answer")["images"][0]["cached_tokens"] == 3 * n
 
