@@ -144,6 +144,21 @@ def test_a_pil_image_is_encoded_as_png_once_for_all_requests(monkeypatch):
     assert len(saves) == 2 and Image.open(io.BytesIO(base64.b64decode(edited.split(",", 1)[1]))).getpixel((0, 0)) == (1, 2, 3)
 
 
+def test_a_pil_image_too_large_as_png_is_refused_before_sending(monkeypatch):
+    # the server refused it as "data URL image is over the limit", a data URL the user never wrote
+    from lmnb.backend import media
+    from lmnb_engine.multimodal import ImageInputError
+    from lmnb_engine.multimodal import image_io
+
+    img = random_image(47, size=(64, 48))
+    png = len(png_bytes(img))
+    monkeypatch.setattr(image_io, "DEFAULT_MAX_BYTES", png - 1)  # (a noise photo of 4000x3000 is ~36 MB)
+    with pytest.raises(ImageInputError, match=f"the 64x48 image is {png} bytes as PNG .* resize it"):
+        media.data_url(img)
+    monkeypatch.setattr(image_io, "DEFAULT_MAX_BYTES", png)
+    assert media.data_url(img).startswith("data:image/png;base64,")
+
+
 def test_an_edited_pil_image_goes_as_its_pixels_not_its_file(served, tmp_path):
     """A PIL image opened from a file and then edited in place still names the file; the edited
     pixels are what the server gets."""

@@ -120,13 +120,23 @@ def data_url(source: Any) -> str:
 
 def _png_url(loaded: Any) -> str:
     """The PNG data URL of a ``LoadedImage``'s pixels, encoded once for the last
-    ``PNG_CACHE_SIZE`` images (keyed by their pixel hash; ``PNG_CACHE_CHARS`` of URLs at most)."""
+    ``PNG_CACHE_SIZE`` images (keyed by their pixel hash; ``PNG_CACHE_CHARS`` of URLs at most).
+
+    Raises:
+        ImageInputError: the PNG is over the servers' image limit (``DEFAULT_MAX_BYTES``)."""
     with _png_lock:
         if loaded.hash in _png_urls:
             _png_urls.move_to_end(loaded.hash)
             return _png_urls[loaded.hash]
+    from lmnb_engine.multimodal.image_io import DEFAULT_MAX_BYTES, ImageInputError
+
     buf = io.BytesIO()
     loaded.image.save(buf, format="PNG")
+    if buf.tell() > DEFAULT_MAX_BYTES:  # the server would refuse it, naming a data URL the user never wrote
+        w, h = loaded.image.size
+        raise ImageInputError(
+            f"the {w}x{h} image is {buf.tell()} bytes as PNG (how images without a file of their own are sent), "
+            f"over a server's limit of {DEFAULT_MAX_BYTES}; resize it, or pass a JPEG file or its bytes")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
     with _png_lock:
         _png_urls[loaded.hash] = url
