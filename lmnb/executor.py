@@ -109,7 +109,8 @@ class ForkError(ProgramError):
 class ProgramEvent:
     """Something a program state did, for live views (notebook widgets, logs).
 
-    kind: ``"state"`` (a state was created; ``parent`` and ``branch`` set for fork branches),
+    kind: ``"state"`` (a state was created; ``value`` is its ``StreamExecutor``, whose ``abort()``
+    stops it; ``parent`` and ``branch`` set for fork branches),
     ``"text"`` (``text`` appended; ``source`` is ``fill``/``role``/``gen``/``select``/``join``, or
     ``image``/``video`` with the ``lmnb.ir.Image``/``Video`` input as ``value``,
     ``name`` the variable for gen/select; a streamed gen's delta from a backend that reports its
@@ -251,7 +252,7 @@ class StreamExecutor:
         self._lost: set[str] = set()  # variables whose pending write was cancelled by an error
         self._scopes: dict[str, int] = {}
         self._children: list[StreamExecutor] = []
-        self._emit("state", parent=parent_sid, branch=branch)
+        self._emit("state", parent=parent_sid, branch=branch, value=self)
 
     # -- events
 

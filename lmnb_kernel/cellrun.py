@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -40,13 +41,18 @@ class Listener:
     """An ``lmnb.observe`` callback that queues events for one cell only.
 
     Executors keep their listeners after the cell ends; ``close`` makes this one drop later events.
+    ``roots`` holds (weakly) every program state started while the cell ran, ``run()`` calls in a
+    ``--python`` body too (they inherit the cell's observers): stopping the cell stops them all.
     """
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.active = True
+        self.roots: "weakref.WeakSet" = weakref.WeakSet()
 
     def __call__(self, event) -> None:
+        if event.kind == "state" and event.parent is None and event.value is not None:
+            self.roots.add(event.value)  # (synchronously: the abort must not wait for the queue)
         if self.active:
             self.queue.put(event)
 
@@ -71,10 +77,14 @@ def start_run(program, params: dict, backend, defaults: dict, listener: Listener
                            **defaults, **params)
 
 
-def abort_tree(state) -> None:
+def abort_tree(state, listener: Optional[Listener] = None) -> None:
     """Abort ``state`` and every fork branch it created (in-flight requests end, queued work is
-    skipped): ``ProgramState.abort`` aborts the branches itself. Thread-safe."""
+    skipped): ``ProgramState.abort`` aborts the branches itself; with ``listener``, also every
+    other program the cell started (``Listener.roots``: a ``run()`` nested in a ``--python`` body
+    would otherwise run to its end before the body can be stopped). Thread-safe."""
     state.abort()
+    for executor in list(listener.roots) if listener is not None else ():
+        executor.abort()
 
 
 class BodyStopped(BaseException):
@@ -126,10 +136,10 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     waiter = threading.Thread(target=wait, name="lmnb-cell", daemon=True)
     waiter.start()
     try:
-        _pump(listener, feeder, view, poll_s, on_stop=lambda: abort_tree(state))
+        _pump(listener, feeder, view, poll_s, on_stop=lambda: abort_tree(state, listener))
     except KeyboardInterrupt as interrupt:
         t0 = time.monotonic()
-        abort_tree(state)
+        abort_tree(state, listener)
         waiter.join(interrupt_wait_s)
         stop_body(state)
         interrupt_s = time.monotonic() - t0

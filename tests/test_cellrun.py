@@ -74,3 +74,37 @@ def test_a_stop_ends_a_python_body_that_never_touches_the_state_again(how):
         assert isinstance(state.error(), lmnb.ProgramAborted)  # the abort is the state's error, not the stop
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "stop button"])
+def test_a_stop_also_aborts_a_program_run_inside_the_body(how):
+    # a run() called in a --python body was no part of the cell's state: its request ran to its end
+    # (here 60 s) before the body could be stopped
+    import time
+
+    backend = ScriptedBackend(lambda p, params: "never", delay=60)
+
+    @lmnb.function
+    def inner(s):
+        s += "Q:" + lmnb.gen("a")
+
+    @lmnb.function
+    def body(s):
+        s += "start"
+        s["nested"] = inner.run(backend=backend)
+
+    listener = Listener()
+    state = start_run(body, {}, backend, {}, listener)
+    deadline = time.monotonic() + 20
+    while "generate" not in backend.kinds():  # the nested gen's request is in flight
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    view = _View()
+    if how == "ctrl-c":
+        with pytest.raises(KeyboardInterrupt):
+            run_cell(state, listener, _CtrlC(), view)
+    else:
+        view.stop_requested.set()
+        run_cell(state, listener, _Feeder(), view)
+    assert isinstance(state.error(), lmnb.ProgramAborted)
+    assert len(backend.aborted) == 1  # the nested gen's request
