@@ -173,3 +173,31 @@ def test_select_after_an_image_refuses_a_choice_holding_the_placeholder(backend)
                               backend=backend)
     with pytest.raises(ProgramError, match="holds the image placeholder"):
         st.sync()
+
+
+@sgl.function
+def two_questions_on_a_video(s, path):
+    s += sgl.user(sgl.video(path, 3) + "what happens?")
+    s += sgl.assistant(sgl.gen("a", max_tokens=2, temperature=0))
+    s += sgl.user("and then?")
+    s += sgl.assistant(sgl.gen("b", max_tokens=2, temperature=0))
+
+
+def test_a_video_is_decoded_once_for_all_requests_of_its_program(backend, tmp_path, monkeypatch):
+    # every request sends all the program's inputs; the video was decoded again for each of them
+    import os
+
+    import lmnb_engine.multimodal as mm
+
+    decoded = []
+    real = mm.sample_video_frames
+    monkeypatch.setattr(mm, "sample_video_frames", lambda *a, **k: decoded.append(a) or real(*a, **k))
+    path = tmp_path / "clip.mp4"
+    write_video(path, num_frames=6)
+    st = two_questions_on_a_video.run(path=str(path), backend=backend)
+    st.sync()
+    assert len(decoded) == 1
+    write_video(path, num_frames=5)  # the file changed: its frames are read again
+    os.utime(path, ns=(1, 1))
+    two_questions_on_a_video.run(path=str(path), backend=backend).sync()
+    assert len(decoded) == 2

@@ -22,9 +22,17 @@ from lmnb.backend.base import Prompt
 from lmnb.ir import Image
 
 
+# Sampled frames of the last few videos, by file identity: every request of a program sends all its
+# inputs again, and decoding a video for each gen, select and fork of it took most of their time.
+VIDEO_CACHE_SIZE = 4
+_videos: "OrderedDict[tuple, list]" = OrderedDict()
+_videos_lock = threading.Lock()
+
+
 def frames(media: Any) -> list:
     """The images of one input: ``[source]`` of an ``Image``, the sampled frames (``PIL.Image``)
-    of a ``Video``.
+    of a ``Video``, decoded once for the last ``VIDEO_CACHE_SIZE`` videos (a file is the same
+    video while its path, size and modification time are).
 
     Raises:
         ValueError (``ImageInputError``): the video cannot be read.
@@ -33,7 +41,21 @@ def frames(media: Any) -> list:
         return [media.source]
     from lmnb_engine.multimodal import sample_video_frames
 
-    return sample_video_frames(media.source, media.num_frames)
+    try:
+        st = os.stat(media.source)
+        key = (os.path.realpath(media.source), st.st_size, st.st_mtime_ns, media.num_frames)
+    except (OSError, TypeError, ValueError):  # not a readable path: the reader says why
+        return sample_video_frames(media.source, media.num_frames)
+    with _videos_lock:
+        if key in _videos:
+            _videos.move_to_end(key)
+            return list(_videos[key])
+    sampled = sample_video_frames(media.source, media.num_frames)
+    with _videos_lock:
+        _videos[key] = sampled
+        while len(_videos) > VIDEO_CACHE_SIZE:
+            _videos.popitem(last=False)
+    return list(sampled)
 
 
 def expand_frames(prompt: Prompt, token: str) -> tuple[str, list, list[int]]:
