@@ -88,3 +88,13 @@ def chat_template(tokenizer: Any, path: Path) -> str | None:
 def generation_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
     """The sampling keys (``GENERATION_DEFAULT_KEYS``) present in generation_config.json."""
     return {k: generation_config[k] for k in GENERATION_DEFAULT_KEYS if k in generation_config}
+
+
+def covered_chars(engine: Any, text: str, n_tokens: int) -> int:
+    """The characters of ``text`` that the first ``n_tokens`` tokens of its encoding cover (what a
+    cache hit of ``n_tokens`` prompt tokens means in the text a user wrote): ``text`` is encoded as
+    ``engine.encode`` encodes a prompt (special tokens such as BOS included, as they are in
+    ``cached_tokens``) and those ids are decoded back without special tokens. Exact for byte-level
+    BPE tokenizers; a token cut inside a character counts that character."""
+    ids = list(engine.encode(text))
+    return min(len(engine.decode(ids[:n_tokens], skip_special_tokens=True)), len(text))

@@ -126,6 +126,23 @@ def test_fork_branches_hit_the_prefilled_prefix(backends, engines):
         assert meta["cached_tokens"] >= len(prefix) - 1
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_the_server_says_which_characters_of_the_prompt_were_cached(backends, engines, stream):
+    # a notebook connected to lmnb serve shaded no cached span: it has no tokenizer to map
+    # cached_tokens onto its text; the server now says cached_chars, as the in-process backend does
+    _, remote, _ = backends
+    local = engines[0]
+    first, second = ("ink", "tar") if stream else ("grass", "snow")  # prompts no other test sent
+    few_shot_qa.run(question=f"What color is {first}?", backend=remote, temperature=0)
+    st = few_shot_qa.run(question=f"What color is {second}?", backend=remote, temperature=0, stream=stream)
+    meta = st.get_meta_info("answer")
+    prompt = FEW_SHOT + f"Q: What color is {second}?\nA:"
+    ids = local.encode(prompt)
+    assert meta["cached_chars"] == len(local.decode(ids[:meta["cached_tokens"]], skip_special_tokens=True))
+    shared = len(FEW_SHOT + "Q: What color is ")  # the first prompt's text up to where they differ
+    assert shared - 12 <= meta["cached_chars"] <= shared  # the cached tokens end at a token boundary in it
+
+
 def test_streaming_over_http_yields_chunks_before_the_end(backends):
     local, remote, _ = backends
 

@@ -345,6 +345,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     @app.post("/generate")
     async def generate(request: Request):
         prompts, params, rids, batch, opts = _parse_generate(await json_body(request))
+        texts = list(prompts)  # (the text prompts, before some are encoded below)
         # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
         # that needs it is tokenized here (off the event loop) and submitted as its ids.
         prompts = [await ctx.run(engine.encode, x) if isinstance(x, str) and p.logprob_start_len == 0 else x
@@ -355,12 +356,13 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         handles = await ctx.submit(prompts, params, rids)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
-            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts, prompts),
+            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts, prompts, texts),
                                      media_type="text/event-stream")
         outputs = []
-        for res, p, first, x in zip(await ctx.results(handles, request), params, firsts, prompts):
+        for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, texts):
             for r in res if isinstance(res, list) else [res]:
                 meta = _with_image_meta(meta_info(r, decode, p.top_logprobs_num, first), x)
+                await _with_cached_chars(ctx, meta, text, x)
                 outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta,
                                 "index": len(outputs)})
         return outputs if batch or len(outputs) > 1 else outputs[0]
@@ -402,13 +404,24 @@ def _with_image_meta(meta: dict, prompt: Any) -> dict:
     return meta
 
 
+async def _with_cached_chars(ctx: ServerContext, meta: dict, text: Any, prompt: Any) -> None:
+    """Add ``cached_chars`` (an lmnb extension; SGLang has no such key) to a text prompt's finished
+    ``meta``: the characters of ``text`` its ``cached_tokens`` cover (``covered_chars``), so a
+    client shades the cached span of its program text without a tokenizer of its own. Not for
+    prompts of token ids or with images (their text is not the client's)."""
+    if isinstance(text, str) and getattr(prompt, "mm_inputs", None) is None:
+        from lmnb_engine.tokenizer import covered_chars
+
+        meta["cached_chars"] = await ctx.run(covered_chars, ctx.engine, text, int(meta.get("cached_tokens", 0)))
+
+
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
-                           firsts: list, prompts: list) -> AsyncIterator[str]:
+                           firsts: list, prompts: list, texts: list) -> AsyncIterator[str]:
     """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form).
     The prompts of a batch stream one after another; all are aborted if the stream ends early."""
     base = 0
     try:
-        for h, p, first, x in zip(handles, params, firsts, prompts):
+        for h, p, first, x, text in zip(handles, params, firsts, prompts, texts):
             texts: dict[int, str] = {}
             ids: dict[int, list] = {}
             try:
@@ -418,6 +431,7 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
                     ids.setdefault(i, []).extend(ev.token_ids)
                     if ev.finished and ev.result is not None:
                         meta = _with_image_meta(meta_info(ev.result, decode, p.top_logprobs_num, first), x)
+                        await _with_cached_chars(ctx, meta, text, x)
                     elif ev.text_delta:
                         meta = {"id": h.rid, "completion_tokens": len(ids[i]), "finish_reason": None}
                     else:

@@ -65,16 +65,11 @@ LIVE_PLACEHOLDER = (
 
 def prefix_chars_from(engine: Any) -> Callable[[str, int], int]:
     """``RunView(prefix_chars=...)`` for an engine with ``encode(text) -> ids`` and
-    ``decode(ids, skip_special_tokens=True) -> str`` (``lmnb_engine.Engine``): the prompt is encoded
-    as the engine encodes it (special tokens such as BOS included, as they are in ``cached_tokens``)
-    and the first ``n_tokens`` ids are decoded back. Exact for byte-level BPE tokenizers; a token cut
-    inside a character counts that character."""
+    ``decode(ids, skip_special_tokens=True) -> str`` (``lmnb_engine.Engine``):
+    ``lmnb_engine.tokenizer.covered_chars`` with that engine."""
+    from lmnb_engine.tokenizer import covered_chars
 
-    def count(text: str, n_tokens: int) -> int:
-        ids = list(engine.encode(text))
-        return min(len(engine.decode(ids[:n_tokens], skip_special_tokens=True)), len(text))
-
-    return count
+    return lambda text, n_tokens: covered_chars(engine, text, n_tokens)
 
 
 def _meta_dict(meta: Any) -> dict:
