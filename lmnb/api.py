@@ -342,7 +342,8 @@ def gen_int(name: Optional[str] = None, **kwargs):
 
 
 def gen_string(name: Optional[str] = None, **kwargs):
-    """``gen(name, dtype=str, ...)``: words, digits and spaces (SGLang's string regex)."""
+    """``gen(name, dtype=str, ...)``: words, digits and spaces in double quotes, a JSON string
+    literal (SGLang's string regex; the variable keeps the quotes, as in SGLang)."""
     return gen(name, dtype=str, **kwargs)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 REGEX_INT = r"[-+]?[0-9]+[ \n]*"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?[ \n]*"
 REGEX_BOOL = r"(True|False)"
-REGEX_STR = r"[\w\d\s]*"
+REGEX_STR = r"\"[\w\d\s]*\""  # a JSON string literal, quotes included, as SGLang writes it
 DTYPE_STOPS = (" ", "\n")
 
 # gen() options each of which decides the whole output; a gen takes at most one of them.

@@ -870,3 +870,20 @@ def test_a_program_has_no_trace_or_compile_and_says_so():
             getattr(prog, name)
     with pytest.raises(AttributeError, match="'SglFunction' object has no attribute 'zzz'"):
         prog.zzz
+
+
+def test_gen_string_writes_a_quoted_string_so_json_built_from_it_parses():
+    # SGLang's gen_string / gen(dtype=str) writes a JSON string literal, quotes included
+    # (test_programs.test_decode_json builds a JSON object from them); lmnb's pattern had no
+    # quotes, so '"name": ' + gen_string() made invalid JSON (or a number).
+    be = ScriptedBackend(lambda p, params: '"Paris"')
+
+    @sgl.function
+    def prog(s):
+        with s.var_scope("js"):
+            s += '{"name": ' + sgl.gen_string("name") + ', "c": ' + sgl.gen("c", dtype=str) + "}"
+
+    st = prog.run(backend=be)
+    assert st["name"] == '"Paris"' and st["js"] == '{"name": "Paris", "c": "Paris"}'
+    for _, (_, params) in be.calls:
+        assert re.fullmatch(params.regex, '"Paris 2"') and not re.fullmatch(params.regex, "Paris")
