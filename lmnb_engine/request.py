@@ -121,6 +121,7 @@ class Req:
         self.sent_token_len = 0  # output ids already streamed
         self.final_text: Optional[str] = None
         self.output_logprobs: list[TokenLogprob] = []
+        self.next_token_logprob: Optional[TokenLogprob] = None  # max_new_tokens=0 with return_logprob
         self.prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
         self.prompt_logprobs_done = params.logprob_start_len < 0
 

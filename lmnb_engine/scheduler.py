@@ -100,6 +100,13 @@ class _Flight:
     unsampled: list[tuple[Req, int]] = field(default_factory=list)
 
 
+def _peeks_next_token(req: Req) -> bool:
+    """Whether ``req`` scores the token after its prompt without generating it: SGLang's prefill of
+    a ``max_new_tokens=0`` request with ``return_logprob`` reports that token's logprob and top
+    alternatives (its cot_decoding example reads the top-k first tokens this way)."""
+    return req.params.max_new_tokens == 0 and req.params.return_logprob and not req.output_ids
+
+
 class Scheduler:
     """Runs requests on ``runner``; see the module docstring.
 
@@ -536,6 +543,7 @@ class Scheduler:
         sample_at: dict[int, int] = {}  # row -> index into logits
         verify_at: dict[int, int] = {}  # row -> first of its jump-forward draft's logits rows
         prompt_lp_at: dict[int, tuple[int, int, int]] = {}  # row -> (logits index, first pos, end pos)
+        peek_at: dict[int, int] = {}  # row -> logits index of the next token of a max_new_tokens=0 request
         offset = 0
         unsampled: list[tuple[Req, int]] = []
         for i, (req, n) in enumerate(rows):
@@ -557,6 +565,9 @@ class Scheduler:
                 logit_rows += range(offset + n - 1 - k, offset + n)
             else:
                 unsampled.append((req, n))
+                if not ahead and start + n == req.seq_len and _peeks_next_token(req):
+                    peek_at[i] = len(logit_rows)
+                    logit_rows.append(offset + n - 1)
             offset += n
         mode = ForwardMode.DECODE if all(n == 1 for _, n in rows) else ForwardMode.EXTEND
         batch = ForwardBatch.build(
@@ -579,6 +590,10 @@ class Scheduler:
             req.kv_committed_len += n
         flight = _Flight(rows, mode, logits, verify_at=verify_at, unsampled=unsampled)
         flight.bad_prompt = self._record_prompt_logprobs(rows, logits, prompt_lp_at)
+        for i, k in peek_at.items():
+            req = rows[i][0]
+            lps = torch.log_softmax(logits[k : k + 1].float(), dim=-1)
+            (req.next_token_logprob,) = token_logprobs(lps, lps.argmax(dim=-1), [req.params.top_logprobs_num])
         if sample_at:
             flight.picked = [rows[i][0] for i in sample_at]
             at = list(sample_at.values())
@@ -758,6 +773,7 @@ class Scheduler:
             logprobs=list(req.output_logprobs) if req.params.return_logprob else None,
             prompt_logprobs=list(req.prompt_logprobs or []) if req.params.logprob_start_len >= 0 else None,
             index=req.index,
+            next_token_logprob=req.next_token_logprob,
         )
 
     # --- ending requests ---------------------------------------------------------------------

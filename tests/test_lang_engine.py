@@ -297,3 +297,28 @@ def test_the_run_seed_gives_fork_branches_distinct_reproducible_samples(backend)
     assert ideas.run(None, seed=7, backend=backend)["w"] == first
     assert ideas.run(None, seed=8, backend=backend)["w"] != first
     assert len(set(ideas.run(5, seed=7, backend=backend)["w"])) == 1  # a gen's own seed is kept as given
+
+
+def test_a_gen_of_0_tokens_with_logprobs_gives_the_next_tokens_top_logprobs(backend, hf):
+    # SGLang's cot_decoding example reads the top-k first tokens from
+    # gen(max_tokens=0, return_logprob=True, top_logprobs_num=k)["output_top_logprobs"][0]:
+    # SGLang's prefill scores the next token even when none is generated. lmnb gave [].
+    prompt = "The color of the sky is"
+
+    @sgl.function
+    def prog(s):
+        s += prompt + sgl.gen("a", max_tokens=0, return_logprob=True, top_logprobs_num=3,
+                              return_text_in_logprobs=True)
+
+    st = prog.run(backend=backend, temperature=0)
+    meta = st.get_meta_info("a")
+    assert st["a"] == "" and meta["completion_tokens"] == 0
+    tok, model = hf
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([tok(prompt).input_ids])).logits[0, -1].float(), dim=-1)
+    values, ids = logp.topk(3)
+    (top,) = meta["output_top_logprobs"]
+    assert [t[1] for t in top] == ids.tolist()
+    assert [t[0] for t in top] == pytest.approx(values.tolist(), abs=1e-3)
+    assert top[0][2] == tok.decode(ids[:1])
+    assert meta["output_token_logprobs"] == [top[0]]  # the greedy next token

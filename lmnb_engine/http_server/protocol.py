@@ -154,9 +154,11 @@ def meta_info(result: GenerateResult, decode: Optional[Callable[[list[int]], str
         m["forward_passes"] = result.meta.forward_passes
         m["jumped_tokens"] = result.meta.jumped_tokens
     if result.logprobs is not None:
-        m["output_token_logprobs"] = [_entry(lp, decode) for lp in result.logprobs]
+        # a max_new_tokens=0 request's next token, scored but not generated: SGLang reports it here
+        lps = result.logprobs + ([result.next_token_logprob] if result.next_token_logprob else [])
+        m["output_token_logprobs"] = [_entry(lp, decode) for lp in lps]
         if top_logprobs_num:
-            m["output_top_logprobs"] = [_top(lp, decode) for lp in result.logprobs]
+            m["output_top_logprobs"] = [_top(lp, decode) for lp in lps]
     if result.prompt_logprobs is not None:
         m["input_token_logprobs"] = [_entry(lp, decode, first_token_id if i == 0 else None)
                                      for i, lp in enumerate(result.prompt_logprobs)]
