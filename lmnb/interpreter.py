@@ -198,8 +198,13 @@ class ProgramState:
         self.stream_executor.abort()
 
     def __repr__(self) -> str:
-        ex = self.stream_executor
-        return f"ProgramState({ex.text_!r})" if ex.idle() else f"ProgramState(running, {ex.text_!r})"
+        """``ProgramState(<text>)``, SGLang's form: waits like ``text()`` (programs print
+        ``str(state)`` to show a branch's finished text), but shows a failed state's text so far
+        instead of raising."""
+        with self._abort_on_interrupt():
+            self.stream_executor.wait_body()
+            self.stream_executor.wait_idle()
+        return f"ProgramState({self.stream_executor.text_})"
 
 
 class ProgramStateGroup:

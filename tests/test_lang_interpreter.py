@@ -887,3 +887,24 @@ def test_gen_string_writes_a_quoted_string_so_json_built_from_it_parses():
     assert st["name"] == '"Paris"' and st["js"] == '{"name": "Paris", "c": "Paris"}'
     for _, (_, params) in be.calls:
         assert re.fullmatch(params.regex, '"Paris 2"') and not re.fullmatch(params.regex, "Paris")
+
+
+def test_str_of_a_state_waits_and_shows_its_text_as_sglang_does():
+    # SGLang's cot_decoding example prints str(fork)[len("ProgramState("):-1] right after adding a
+    # gen: SGLang's repr waits for the text; lmnb's showed the text so far, quoted and escaped.
+    be = ScriptedBackend(lambda p, params: "four", delay=0.2)
+
+    @sgl.function
+    def prog(s):
+        s += "Q: 2+2?\n"
+        fork = s.fork(1)[0]
+        fork += "A:" + sgl.gen("a")
+        return str(fork)[len("ProgramState("):-1]
+
+    st = prog.run(backend=be)
+    assert st.ret_value == "Q: 2+2?\nA:four"
+    assert repr(st) == "ProgramState(Q: 2+2?\n)"
+
+    failing = ScriptedBackend(lambda p, params: 1 / 0)
+    st = prog.run(backend=failing)  # a failed state shows its text without raising
+    assert st.ret_value == "Q: 2+2?\nA:"
