@@ -322,3 +322,37 @@ def test_a_gen_of_0_tokens_with_logprobs_gives_the_next_tokens_top_logprobs(back
     assert [t[0] for t in top] == pytest.approx(values.tolist(), abs=1e-3)
     assert top[0][2] == tok.decode(ids[:1])
     assert meta["output_token_logprobs"] == [top[0]]  # the greedy next token
+
+
+def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend):
+    # SGLang streams each chunk's meta_info with the output logprobs so far (and finish_reason
+    # None until the end), so `async for chunk, meta in s.text_async_iter(v, return_meta_data=True)`
+    # can read meta["output_token_logprobs"]; lmnb's chunks before the last had only id and count.
+    import asyncio
+
+    @sgl.function
+    def prog(s):
+        s += "Q: name three animals\nA:" + sgl.gen("a", max_tokens=6, return_logprob=True, top_logprobs_num=2,
+                                                   return_text_in_logprobs=True)
+
+    whole = prog.run(backend=backend, temperature=0).get_meta_info("a")
+
+    async def chunks():
+        st = prog.run(backend=backend, temperature=0, stream=True)
+        return [(c, m) async for c, m in st.text_async_iter("a", return_meta_data=True)]
+
+    got = asyncio.run(chunks())
+    assert len(got) > 1
+    final = got[-1][1]
+    assert [e[1:] for e in final["output_token_logprobs"]] == [e[1:] for e in whole["output_token_logprobs"]]
+    assert [e[0] for e in final["output_token_logprobs"]] == pytest.approx(
+        [e[0] for e in whole["output_token_logprobs"]], abs=1e-4)
+    text = ""
+    for chunk, meta in got:
+        text += chunk
+        n = meta["completion_tokens"]
+        assert meta["output_token_logprobs"] == final["output_token_logprobs"][:n]
+        assert meta["output_top_logprobs"] == final["output_top_logprobs"][:n]
+        assert "".join(e[2] for e in meta["output_token_logprobs"]).startswith(text) or n == 0
+        assert meta["finish_reason"] in (None, whole["finish_reason"])  # None until the last token
+    assert final["finish_reason"] == whole["finish_reason"]

@@ -221,14 +221,19 @@ class Engine(BaseBackend):
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         ids, counts = self._engine_prompt(prompt)
         ids, first = self._first_token(ids, params)
+        from lmnb_engine.http_server.protocol import StreamMeta
+
         handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
         completion_tokens = 0
+        partial = StreamMeta(rid, self.engine.decode if params.return_text_in_logprobs else None,
+                             params.top_logprobs_num or 0)
         for ev in handle.events():
             completion_tokens += len(ev.token_ids)
+            partial.add(ev.logprobs)
             if ev.finished and ev.result is not None:
                 meta = self._meta(ev.result, params, ids, counts, prompt.text, first)
             else:
-                meta = {"id": rid, "completion_tokens": completion_tokens}
+                meta = partial.dict(completion_tokens)
             meta[DELTA_TOKENS] = self._delta_tokens(ev)
             yield ev.text_delta, meta
 

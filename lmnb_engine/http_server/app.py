@@ -30,7 +30,13 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lmnb_engine.http_server.protocol import RequestError, RequestFailed, meta_info, sampling_params_from_json
+from lmnb_engine.http_server.protocol import (
+    RequestError,
+    RequestFailed,
+    StreamMeta,
+    meta_info,
+    sampling_params_from_json,
+)
 
 logger = logging.getLogger("lmnb.serve")
 
@@ -424,16 +430,18 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
         for h, p, first, x, text in zip(handles, params, firsts, prompts, texts):
             texts: dict[int, str] = {}
             ids: dict[int, list] = {}
+            partial: dict[int, StreamMeta] = {}
             try:
                 async for ev in ctx.events(h):
                     i = base + ev.index
                     texts[i] = texts.get(i, "") + ev.text_delta
                     ids.setdefault(i, []).extend(ev.token_ids)
+                    partial.setdefault(i, StreamMeta(h.rid, decode, p.top_logprobs_num)).add(ev.logprobs)
                     if ev.finished and ev.result is not None:
                         meta = _with_image_meta(meta_info(ev.result, decode, p.top_logprobs_num, first), x)
                         await _with_cached_chars(ctx, meta, text, x)
                     elif ev.text_delta:
-                        meta = {"id": h.rid, "completion_tokens": len(ids[i]), "finish_reason": None}
+                        meta = partial[i].dict(len(ids[i]))
                     else:
                         continue
                     yield sse({"text": texts[i], "output_ids": ids[i], "meta_info": meta, "index": i})

@@ -133,6 +133,36 @@ def _top(lp: Optional[TokenLogprob], decode) -> Optional[list]:
     return [[finite(v), t, decode([t]) if decode else None] for t, v in lp.top]
 
 
+class StreamMeta:
+    """SGLang's ``meta_info`` of a streamed chunk before the last: ``finish_reason`` None and, when
+    logprobs were asked for, the output logprobs of every token so far (cumulative, as SGLang's
+    stream sends them). Feed each event's logprobs to ``add``; entries are converted once."""
+
+    def __init__(self, rid: str, decode: Optional[Callable[[list[int]], str]] = None, top_logprobs_num: int = 0):
+        self.rid, self.decode, self.top_logprobs_num = rid, decode, top_logprobs_num
+        self.tokens: list = []
+        self.tops: list = []
+        self.logprobs = False
+
+    def add(self, logprobs: Optional[list[TokenLogprob]]) -> None:
+        """Take the ``TokenLogprob`` entries of one ``StreamEvent`` (None: none were asked for)."""
+        if logprobs is None:
+            return
+        self.logprobs = True
+        self.tokens += [_entry(lp, self.decode) for lp in logprobs]
+        if self.top_logprobs_num:
+            self.tops += [_top(lp, self.decode) for lp in logprobs]
+
+    def dict(self, completion_tokens: int) -> dict:
+        """The chunk's meta_info after ``completion_tokens`` tokens."""
+        m = {"id": self.rid, "completion_tokens": completion_tokens, "finish_reason": None}
+        if self.logprobs:
+            m["output_token_logprobs"] = list(self.tokens)
+            if self.top_logprobs_num:
+                m["output_top_logprobs"] = list(self.tops)
+        return m
+
+
 def meta_info(result: GenerateResult, decode: Optional[Callable[[list[int]], str]] = None,
               top_logprobs_num: int = 0, first_token_id: Optional[int] = None) -> dict:
     """SGLang's ``meta_info`` of a finished (or partial) result.
