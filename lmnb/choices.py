@@ -73,13 +73,39 @@ class ChoicesSamplingMethod:
         """Meta info keys of this method alone (SGLang's names)."""
         return {}
 
+    def given_scores(self, scored: Sequence[ChoiceLogprobs], normalized_prompt_logprobs: Sequence[float]) -> list[float]:
+        """The scores of SGLang's calling form (``__call__``), which also passes each choice's
+        normalized prompt logprob: by default ``scores(scored)``."""
+        return self.scores(scored)
+
+    def __call__(self, *, choices: Sequence[str], normalized_prompt_logprobs: Sequence[float],
+                 input_token_logprobs: Sequence[list], output_token_logprobs: Optional[Sequence[list]] = None,
+                 unconditional_token_logprobs: Optional[Sequence[list]] = None) -> ChoicesDecision:
+        """SGLang's calling form (``sglang.lang.choices``): decide from a backend's
+        ``[logprob, token_id, text]`` entries per choice (to test a method, or rescore a select's
+        meta info). A ``None`` logprob (a token with no context) counts as 0.0, as in SGLang."""
+        def values(entries):
+            return [0.0 if e[0] is None else float(e[0]) for e in entries]
+
+        scored = [
+            ChoiceLogprobs([e[1] for e in entries], values(entries), 0, unconditional_logprobs=(
+                None if unconditional_token_logprobs is None else values(unconditional_token_logprobs[i])))
+            for i, entries in enumerate(input_token_logprobs)
+        ]
+        decision = self.decide(choices, scored, values=self.given_scores(scored, normalized_prompt_logprobs))
+        decision.meta_info["normalized_prompt_logprobs"] = list(normalized_prompt_logprobs)
+        if output_token_logprobs is not None:
+            decision.meta_info["output_token_logprobs"] = list(output_token_logprobs)
+        return decision
+
     def decide(self, choices: Sequence[str], scored: Sequence[ChoiceLogprobs], temperature: float = 0.0,
-               rng: random.Random | None = None) -> ChoicesDecision:
+               rng: random.Random | None = None, values: Optional[list[float]] = None) -> ChoicesDecision:
         """The decision: argmax of ``scores`` (first on ties) when ``temperature`` is 0, else a
         sample from ``softmax(scores / temperature)`` (an lmnb extension; SGLang asserts 0) drawn
         with ``rng`` (default: the ``random`` module's generator). The meta info has SGLang's keys
-        and entry shapes (``[logprob, token_id, None]`` per scored token) plus ``method_meta``'s."""
-        values = self.scores(scored)
+        and entry shapes (``[logprob, token_id, None]`` per scored token) plus ``method_meta``'s.
+        ``values``: the scores, when the caller has them already."""
+        values = self.scores(scored) if values is None else list(values)
         if temperature > 0:
             top = max(values)
             weights = [math.exp((v - top) / temperature) for v in values]
@@ -113,6 +139,10 @@ class TokenLengthNormalized(ChoicesSamplingMethod):
     def scores(self, scored):
         """The mean logprob of each choice's tokens."""
         return [_mean(s.logprobs) for s in scored]
+
+    def given_scores(self, scored, normalized_prompt_logprobs):
+        """SGLang's calling form decides by the normalized logprobs it is given."""
+        return [float(v) for v in normalized_prompt_logprobs]
 
 
 class GreedyTokenSelection(ChoicesSamplingMethod):

@@ -908,3 +908,35 @@ def test_str_of_a_state_waits_and_shows_its_text_as_sglang_does():
     failing = ScriptedBackend(lambda p, params: 1 / 0)
     st = prog.run(backend=failing)  # a failed state shows its text without raising
     assert st.ret_value == "Q: 2+2?\nA:"
+
+
+def test_choices_methods_take_sglangs_keyword_call():
+    # SGLang's test/lang/test_choices.py calls the methods on a backend's logprob entries:
+    # method(choices=..., normalized_prompt_logprobs=..., input_token_logprobs=...,
+    # output_token_logprobs=..., unconditional_token_logprobs=...); lmnb's were not callable.
+    data = {
+        "choices": ["organ", "organism", "antidisestablishmentarianism"],
+        "normalized_prompt_logprobs": [-0.1, -0.2, -0.05],
+        "input_token_logprobs": [
+            [[-0.1, 1, None]],
+            [[-0.1, 1, None], [-0.3, 2, None]],
+            [[-0.4, 3, None], [-0.25, 4, None], [-0.1, 5, None]] + [[-0.01, t, None] for t in (6, 7, 8, 9, 2)],
+        ],
+        "output_token_logprobs": [[[-0.1, 10, None]]] * 3,
+        "unconditional_token_logprobs": [
+            [[None, 1, None]],
+            [[None, 1, None], [-1.4, 2, None]],
+            [[None, 3, None], [-0.25, 4, None], [-0.1, 5, None]] + [[-0.01, t, None] for t in (6, 7, 8, 9, 2)],
+        ],
+    }
+    # the given normalized logprobs decide: -0.05 is the highest
+    assert sgl.token_length_normalized(**data).decision == "antidisestablishmentarianism"
+    # column 0: -0.1 twice (antidis... out); column 1: organ's padded mean -0.1 beats -0.3
+    d = sgl.greedy_token_selection(**data)
+    assert d.decision == "organ"
+    assert d.meta_info["greedy_logprob_matrix"][1] == pytest.approx([-0.1, -0.3] + [-0.2] * 6)
+    # mean of (conditional - unconditional), a missing unconditional logprob counting 0:
+    # organ -0.1; organism (-0.1 + 1.1) / 2 = 0.5; antidis -0.4 / 8 = -0.05
+    d = sgl.unconditional_likelihood_normalized(**data)
+    assert d.decision == "organism"
+    assert d.meta_info["normalized_unconditional_prompt_logprobs"] == pytest.approx([-0.1, 0.5, -0.05])
