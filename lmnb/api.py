@@ -53,8 +53,10 @@ def get_default_backend():
         return _default_backend
 
 
-def flush_cache(backend=None):
-    """Drop the prefix cache of ``backend`` (default: the default backend)."""
+def flush_cache(backend=None, empty_cache: bool = True):
+    """Drop the prefix cache of ``backend`` (default: the default backend). ``empty_cache`` is
+    SGLang's (it also returns freed device memory to the driver there); lmnb accepts and ignores it:
+    the KV pool stays allocated."""
     return (backend or get_default_backend()).flush_cache()
 
 

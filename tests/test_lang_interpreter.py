@@ -940,3 +940,10 @@ def test_choices_methods_take_sglangs_keyword_call():
     d = sgl.unconditional_likelihood_normalized(**data)
     assert d.decision == "organism"
     assert d.meta_info["normalized_unconditional_prompt_logprobs"] == pytest.approx([-0.1, 0.5, -0.05])
+
+
+def test_flush_cache_takes_sglangs_empty_cache_argument():
+    # SGLang's sgl.flush_cache(backend=None, empty_cache=True); lmnb raised TypeError for it
+    be = ScriptedBackend()
+    assert sgl.flush_cache(be, empty_cache=False) is None  # a backend without a cache: None
+    assert sgl.flush_cache(backend=be, empty_cache=True) is None
