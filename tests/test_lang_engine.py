@@ -356,3 +356,22 @@ def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend):
         assert "".join(e[2] for e in meta["output_token_logprobs"]).startswith(text) or n == 0
         assert meta["finish_reason"] in (None, whole["finish_reason"])  # None until the last token
     assert final["finish_reason"] == whole["finish_reason"]
+
+
+def test_runtime_endpoint_chat_template_can_be_read_and_replaced_as_in_sglang(tiny_engine):
+    # SGLang's LLaVA examples write `runtime.endpoint.chat_template = get_chat_template("...")`
+    # (and read `.chat_template.name`); lmnb's Runtime had no `endpoint` and the backends no
+    # `chat_template` attribute, so the program silently kept the model's template.
+    from lmnb.backend.engine import Runtime
+
+    runtime = Runtime(engine=tiny_engine)
+    assert runtime.endpoint is runtime
+    assert runtime.endpoint.chat_template.name == "model"
+    runtime.endpoint.chat_template = sgl.get_chat_template("chatml")
+    assert runtime.get_chat_template().name == "chatml"
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("hi")
+
+    assert prog.run(backend=runtime).text() == "<|im_start|>user\nhi<|im_end|>\n"

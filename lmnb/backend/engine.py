@@ -128,6 +128,20 @@ class Engine(BaseBackend):
                 self._template = tmpl
             return self._template
 
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The role markers programs are written with (SGLang's attribute): ``get_chat_template()``.
+        Assign a ``ChatTemplate`` (``lmnb.get_chat_template(name)``) to use another, as SGLang's
+        examples do with ``runtime.endpoint.chat_template = get_chat_template("llama-3-instruct")``."""
+        return self.get_chat_template()
+
+    @chat_template.setter
+    def chat_template(self, template: ChatTemplate) -> None:
+        if not isinstance(template, ChatTemplate):
+            raise TypeError(f"chat_template must be a ChatTemplate (lmnb.get_chat_template(name)), got {template!r}")
+        with self._lock:
+            self._template = template
+
     def _encode_adds_bos(self) -> bool:
         tok = getattr(self.engine, "tokenizer", None)
         bos_id = getattr(tok, "bos_token_id", None)
@@ -326,3 +340,9 @@ class Runtime(Engine):
     """SGLang's ``Runtime(model_path=...)``: here the same in-process engine as ``Engine`` (SGLang
     starts a server subprocess; lmnb needs none). ``lmnb serve`` gives an HTTP server when one is
     wanted."""
+
+    @property
+    def endpoint(self) -> "Runtime":
+        """SGLang's ``Runtime.endpoint`` (the ``RuntimeEndpoint`` its server is reached by): here
+        the runtime itself, so ``runtime.endpoint.chat_template = ...`` works as there."""
+        return self

@@ -121,6 +121,20 @@ class RuntimeEndpoint(BaseBackend):
                 "timeout=SECONDS); --timeout SECONDS for %lm connect and for an exported job)")
         return BackendError(f"{what} failed: {type(e).__name__}: {e}")
 
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The role markers programs are written with (SGLang's attribute): ``get_chat_template()``.
+        Assign a ``ChatTemplate`` (``lmnb.get_chat_template(name)``) to use another, as SGLang's
+        examples do with ``runtime.endpoint.chat_template = get_chat_template("llama-3-instruct")``."""
+        return self.get_chat_template()
+
+    @chat_template.setter
+    def chat_template(self, template: ChatTemplate) -> None:
+        if not isinstance(template, ChatTemplate):
+            raise TypeError(f"chat_template must be a ChatTemplate (lmnb.get_chat_template(name)), got {template!r}")
+        with self._lock:
+            self._template = template
+
     def get_chat_template(self) -> ChatTemplate:
         with self._lock:
             if self._template is None:
