@@ -375,3 +375,21 @@ def test_runtime_endpoint_chat_template_can_be_read_and_replaced_as_in_sglang(ti
         s += sgl.user("hi")
 
     assert prog.run(backend=runtime).text() == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
+    # SGLang's sgl.Engine is also its offline engine: examples/frontend_language/usage/srt_engine.py
+    # calls llm.generate(prompts, {"temperature": 0.8, "top_p": 0.95}) and reads output["text"];
+    # lmnb's Engine raised "generate() missing 1 required positional argument: 'rid'".
+    from lmnb_engine import SamplingParams
+
+    prompts = ["Hello, my name is", "The capital of France is"]
+    outs = backend.generate(prompts, {"temperature": 0, "max_new_tokens": 5})
+    assert [o["text"] for o in outs] == [tiny_engine.generate(p, SamplingParams(temperature=0, max_new_tokens=5)).text
+                                         for p in prompts]
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [5, 5]
+    one = backend.generate(prompts[0], {"temperature": 0, "max_new_tokens": 3}, return_logprob=True,
+                           top_logprobs_num=2)
+    assert isinstance(one, dict) and len(one["meta_info"]["output_top_logprobs"]) == 3
+    ids = tiny_engine.encode(prompts[1])
+    assert backend.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})["text"] == outs[1]["text"]

@@ -222,7 +222,13 @@ class Engine(BaseBackend):
             ids = self.engine.encode(ids)
         return ids, (int(ids[0]) if len(ids) else None)
 
-    def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
+    def generate(self, prompt: Any = None, params: Any = None, rid: Optional[str] = None, **offline: Any) -> Any:
+        """A gen's completions (the interpreter's call: a ``Prompt``, its ``GenParams`` and a
+        request id), or SGLang's offline ``Engine.generate`` (``sgl.Engine`` is also SGLang's
+        offline engine): see ``offline_generate``."""
+        if not isinstance(prompt, Prompt):  # SGLang's positional order: prompt, sampling_params, input_ids
+            given = {"sampling_params": params, "input_ids": rid}
+            return self.offline_generate(prompt, **{k: v for k, v in given.items() if v is not None}, **offline)
         ids, counts = self._engine_prompt(prompt)
         ids, first = self._first_token(ids, params)
         handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
@@ -231,6 +237,29 @@ class Engine(BaseBackend):
             results = [results]
         return [Completion(r.text, self._meta(r, params, ids, counts, prompt.text, first))
                 for r in sorted(results, key=lambda r: r.index)]
+
+    def offline_generate(self, prompt: Any = None, sampling_params: Optional[dict] = None, input_ids: Any = None,
+                         return_logprob: bool = False, logprob_start_len: Optional[int] = None,
+                         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: bool = False) -> Any:
+        """SGLang's offline ``Engine.generate(prompt, sampling_params)``: a prompt (or ``input_ids``)
+        or a list of them, and SGLang's sampling-params dict. Returns SGLang's
+        ``{"text", "meta_info"}`` for one prompt (with ``n`` > 1, a list), a flat list for a list.
+
+        Raises:
+            ValueError: bad sampling params (unknown keys are refused, not ignored), or neither or
+                both of ``prompt`` and ``input_ids``.
+        """
+        from lmnb_engine.http_server.protocol import meta_info, sampling_params_from_json
+
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("generate() takes a prompt (or a list of prompts) or input_ids, not both or neither")
+        params = sampling_params_from_json(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
+        source = prompt if prompt is not None else input_ids
+        results = self.engine.generate(source, params)
+        decode = self.engine.decode if return_text_in_logprobs else None
+        out = [{"text": r.text, "meta_info": meta_info(r, decode, params.top_logprobs_num)}
+               for r in (results if isinstance(results, list) else [results])]
+        return out if isinstance(results, list) else out[0]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         ids, counts = self._engine_prompt(prompt)
