@@ -179,16 +179,17 @@ class ProgramState:
             yield from self.stream_executor.iter_text(var_name)
 
     async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):
-        """``text_iter`` as an async iterator; with ``return_meta_data`` yields
-        ``(chunk, meta_info of var_name)``."""
+        """``text_iter`` as an async iterator; with ``return_meta_data`` and a ``var_name`` yields
+        ``(chunk, meta_info of var_name)`` (the whole text has no meta info: its chunks come alone,
+        as in SGLang)."""
         it = self.text_iter(var_name)
         end = object()
         while True:
             chunk = await asyncio.to_thread(next, it, end)
             if chunk is end:
                 return
-            if return_meta_data:
-                yield chunk, self.stream_executor.meta_info.get(var_name) if var_name else None
+            if return_meta_data and var_name is not None:
+                yield chunk, self.stream_executor.meta_info.get(var_name)
             else:
                 yield chunk
 

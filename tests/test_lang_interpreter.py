@@ -947,3 +947,20 @@ def test_flush_cache_takes_sglangs_empty_cache_argument():
     be = ScriptedBackend()
     assert sgl.flush_cache(be, empty_cache=False) is None  # a backend without a cache: None
     assert sgl.flush_cache(backend=be, empty_cache=True) is None
+
+
+def test_text_async_iter_of_the_whole_text_yields_strings_even_with_return_meta_data():
+    # SGLang's return_meta_data pairs a variable's chunks with its meta info; for the whole text
+    # (no variable) it yields the text chunks alone. lmnb yielded (chunk, None) tuples there.
+    be = ScriptedBackend(lambda p, params: "ok")
+
+    @sgl.function
+    def prog(s):
+        s += "A:" + sgl.gen("x")
+
+    async def read(stream):
+        st = prog.run(backend=be, stream=stream)
+        return [c async for c in st.text_async_iter(return_meta_data=True)]
+
+    for stream in (False, True):
+        assert "".join(asyncio.run(read(stream))) == "A:ok"
