@@ -337,6 +337,24 @@ def test_static_html_passes_jupyterlabs_sanitizer_rules_and_escapes_text():
     assert soup.select_one("div.lmnb-run")["class"] == ["lmnb-run", "lmnb-error"]
 
 
+def test_tables_keep_the_views_dark_text_on_white_rows_under_a_dark_theme():
+    # JupyterLab's CSS sets every <table>'s colour and every <tr>'s background from the theme (light
+    # grey text and near-black rows in JupyterLab Dark); the view is dark text (#1f2328) on white
+    # (#ffffff), so fork lanes, select scores and the request table set both inline.
+    soup = BeautifulSoup(_busy_view().finish()["text/html"], "html.parser")
+    tables = soup.find_all("table")  # the fork's lanes, the select's choices, the requests
+    assert len(tables) == 3
+
+    def style(el, prop):
+        decls = dict(d.split(":", 1) for d in el.get("style", "").split(";") if ":" in d)
+        return decls.get(prop)
+
+    assert [style(t, "color") for t in tables] == ["#1f2328"] * 3
+    rows = soup.find_all("tr")
+    assert len(rows) == 1 + 2 + 2  # the fork's row, two choices, the request table's head and one request
+    assert [style(r, "background-color") for r in rows] == ["#ffffff"] * 5
+
+
 def test_image_thumbnails_show_their_cache_status_and_pass_the_sanitizer():
     from PIL import Image
 

@@ -26,8 +26,15 @@ OK = "#1a7f37"
 BAD = "#cf222e"
 LANE_COLORS = ("#1f6feb", "#bf3989", "#1a7f37", "#9a6700", "#8250df", "#0a7b83", "#cf222e", "#57606a")
 
+TEXT = "#1f2328"
+BG = "#ffffff"
 ROOT_STYLE = ("border:1px solid #d0d7de;border-radius:6px;padding:6px 8px;margin:2px 0;"
-              "background-color:#ffffff;color:#1f2328;font-size:13px;font-family:sans-serif")
+              f"background-color:{BG};color:{TEXT};font-size:13px;font-family:sans-serif")
+# JupyterLab's rendered-HTML CSS gives every <table> the theme's text colour and every <tr> the
+# theme's row background (light grey text, near-black rows in JupyterLab Dark) instead of inheriting
+# the root's: on the view's light background that text was unreadable, so tables and rows set both.
+TABLE_COLORS = f"color:{TEXT}"
+ROW_COLORS = f"background-color:{BG}"
 MONO = "font-family:monospace;font-size:12px;line-height:1.5"
 BODY_STYLE = f"white-space:pre-wrap;word-wrap:break-word;{MONO}"
 

@@ -17,7 +17,8 @@ import math
 from typing import Any, Optional
 
 from .html import (BAD, BODY_STYLE, CACHED_BG, COMPUTED_BG, GEN_BG, GEN_LINE, LANE_COLORS, MONO, MUTED,
-                   OK, ROOT_STYLE, SELECT_BG, SELECT_LINE, badge, bar, esc, legend, pct, tag)
+                   OK, ROOT_STYLE, ROW_COLORS, SELECT_BG, SELECT_LINE, TABLE_COLORS, badge, bar, esc, legend, pct,
+                   tag)
 from .model import Lane, RunModel, Token
 
 # Bounds that keep a saved notebook small and the browser responsive on long outputs.
@@ -169,9 +170,9 @@ def render_fork(model: RunModel, lane_ids: list[str], *, live: bool) -> str:
     )
     label = tag("div", esc("⤷ fork → " + ", ".join(model.lane(l).label or l for l in lane_ids)),
                 style=f"color:{MUTED};font-style:italic;{MONO}")
-    table = tag("table", tag("tbody", tag("tr", cells)), cls="lmnb-lanes",
+    table = tag("table", tag("tbody", tag("tr", cells, style=ROW_COLORS)), cls="lmnb-lanes",
                 style="width:100%;border-collapse:separate;border-spacing:4px 2px;margin:2px 0;"
-                      "white-space:normal;table-layout:fixed")
+                      f"white-space:normal;table-layout:fixed;{TABLE_COLORS}")
     return tag("div", label + table, cls="lmnb-fork", style="white-space:normal;margin:2px 0")
 
 
@@ -277,10 +278,10 @@ def render_select(model: RunModel, rec) -> str:
             tag("td", bar(r, width_px=160, fg=SELECT_LINE if chosen else "#afb8c1",
                           title=f"relative likelihood {r:.3f}"), style="text-align:left"),
             tag("td", esc(score_txt), style=f"{MONO};text-align:right;color:{MUTED}"),
-        ]), cls="lmnb-choice lmnb-chosen" if chosen else "lmnb-choice"))
+        ]), cls="lmnb-choice lmnb-chosen" if chosen else "lmnb-choice", style=ROW_COLORS))
     head = tag("div", tag("b", esc(rec.name)) + esc(f" ({rec.lane}) select · bar = exp(score − best), "
                                                     "score = normalized prompt logprob"))
-    return tag("div", head + tag("table", tag("tbody", "".join(rows)), style="border-collapse:collapse"),
+    return tag("div", head + tag("table", tag("tbody", "".join(rows)), style=f"border-collapse:collapse;{TABLE_COLORS}"),
                cls="lmnb-select", style="border-top:1px solid #d0d7de;padding-top:4px;margin-top:4px")
 
 
@@ -289,14 +290,15 @@ def render_requests(model: RunModel) -> str:
     if not model.requests:
         return ""
     head = tag("tr", "".join(tag("th", esc(h), style="text-align:left;padding:0 6px")
-                             for h in ("lane", "name", "prompt", "cached", "hit", "completion", "finish")))
+                             for h in ("lane", "name", "prompt", "cached", "hit", "completion", "finish")),
+               style=ROW_COLORS)
     rows = "".join(tag("tr", "".join(
         tag("td", esc(v), style="padding:0 6px;text-align:left")
         for v in (r.lane, r.name or "", r.prompt_tokens, r.cached_tokens,
                   pct(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else None),
-                  "" if r.completion_tokens is None else r.completion_tokens, r.finish_reason or "")))
-        for r in model.requests)
-    table = tag("table", tag("thead", head) + tag("tbody", rows), style=f"border-collapse:collapse;{MONO}")
+                  "" if r.completion_tokens is None else r.completion_tokens, r.finish_reason or "")),
+        style=ROW_COLORS) for r in model.requests)
+    table = tag("table", tag("thead", head) + tag("tbody", rows), style=f"border-collapse:collapse;{MONO};{TABLE_COLORS}")
     return tag("details", tag("summary", esc(f"requests ({len(model.requests)})")) + table,
                cls="lmnb-requests", style="margin-top:4px;font-size:12px")
 
