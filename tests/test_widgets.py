@@ -234,6 +234,25 @@ def test_jump_forward_savings_and_json_tree_in_the_view():
     assert "5 is less than the minimum of 10" in soup.select_one(".lmnb-json-error").get_text()
 
 
+def test_requests_structured_outputs_and_selects_name_fork_lanes_by_their_label():
+    # the kernel's lanes are ids like "b0" shown as "branch 0" in the lane headers; the request table
+    # and the headings of a branch's JSON check and select used to show the bare id
+    v = RunView(live=False, session=Tally())
+    v.on_text("main", "Q:")
+    v.on_fork("main", ["b0", "b1"], labels=["branch 0", "branch 1"])
+    v.on_delta("b1", '{"name": "bob", "age": 12}', token_ids=[5])
+    v.on_gen_end("b1", name="p", json_schema=SCHEMA, meta={"prompt_tokens": 3, "cached_tokens": 1,
+                                                           "completion_tokens": 1})
+    v.on_select("b0", name="tool", choices=["x", "y"], scores=[-1.0, -0.5],
+                meta={"prompt_tokens": 4, "cached_tokens": 2})
+    b = v.finish()
+    soup = BeautifulSoup(b["text/html"], "html.parser")
+    assert [tr.find("td").get_text() for tr in soup.select(".lmnb-requests tbody tr")] == ["branch 1", "branch 0"]
+    assert soup.select_one(".lmnb-structured div").get_text() == "p · (branch 1) JSON · ✓ valid"
+    assert soup.select_one(".lmnb-select div").get_text().startswith("tool (branch 0) select")
+    assert "── branch 0 (fork of main) ──" in b["text/plain"]
+
+
 def test_select_scores_as_bars_with_the_chosen_marked():
     v = RunView(live=False, session=Tally())
     v.on_select("main", name="tool", choices=["search", "calc", "none"], scores=[-0.1, -2.0, float("nan")])

@@ -123,6 +123,12 @@ def render_lane_body(model: RunModel, lane_id: str, *, live: bool) -> str:
 
 
 # --- lanes ------------------------------------------------------------------------------------
+def lane_label(model: RunModel, lane_id: str) -> str:
+    """The name a lane is shown by (``"branch 0"``), for every place that names it; its id if it has none."""
+    lane = model.lanes.get(lane_id)
+    return (lane.label if lane is not None else None) or lane_id
+
+
 def lane_color(model: RunModel, lane_id: str) -> str:
     """The colour of lane ``lane_id``."""
     return LANE_COLORS[list(model.lanes).index(lane_id) % len(LANE_COLORS)]
@@ -279,7 +285,7 @@ def render_select(model: RunModel, rec) -> str:
                           title=f"relative likelihood {r:.3f}"), style="text-align:left"),
             tag("td", esc(score_txt), style=f"{MONO};text-align:right;color:{MUTED}"),
         ]), cls="lmnb-choice lmnb-chosen" if chosen else "lmnb-choice", style=ROW_COLORS))
-    head = tag("div", tag("b", esc(rec.name)) + esc(f" ({rec.lane}) select · bar = exp(score − best), "
+    head = tag("div", tag("b", esc(rec.name)) + esc(f" ({lane_label(model, rec.lane)}) select · bar = exp(score − best), "
                                                     "score = normalized prompt logprob"))
     return tag("div", head + tag("table", tag("tbody", "".join(rows)), style=f"border-collapse:collapse;{TABLE_COLORS}"),
                cls="lmnb-select", style="border-top:1px solid #d0d7de;padding-top:4px;margin-top:4px")
@@ -294,7 +300,7 @@ def render_requests(model: RunModel) -> str:
                style=ROW_COLORS)
     rows = "".join(tag("tr", "".join(
         tag("td", esc(v), style="padding:0 6px;text-align:left")
-        for v in (r.lane, r.name or "", r.prompt_tokens, r.cached_tokens,
+        for v in (lane_label(model, r.lane), r.name or "", r.prompt_tokens, r.cached_tokens,
                   pct(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else None),
                   "" if r.completion_tokens is None else r.completion_tokens, r.finish_reason or "")),
         style=ROW_COLORS) for r in model.requests)
@@ -305,7 +311,8 @@ def render_requests(model: RunModel) -> str:
 
 def render_details(model: RunModel) -> str:
     """HTML of the details section: constrained gens, selects, requests."""
-    parts = [render_structured(rec, rec.get("name") or "", rec.get("lane") or "") for rec in model.structured]
+    parts = [render_structured(rec, rec.get("name") or "", lane_label(model, rec.get("lane") or ""))
+             for rec in model.structured]
     parts += [render_select(model, rec) for rec in model.selects]
     parts.append(render_requests(model))
     return "".join(parts)
@@ -345,7 +352,8 @@ def render_run_text(model: RunModel) -> str:
     def lane_text(lane_id: str, indent: str) -> None:
         lane = model.lane(lane_id)
         label = lane.label or lane.id
-        lines.append(f"{indent}── {label}" + (f" (fork of {lane.parent})" if lane.parent else "") + " ──")
+        lines.append(f"{indent}── {label}" + (f" (fork of {lane_label(model, lane.parent)})" if lane.parent else "")
+                     + " ──")
         buf = ""
         for seg in lane.segments:
             if seg.kind == "fork":
