@@ -636,7 +636,8 @@ class Scheduler:
         sampled = set(map(id, flight.picked))
         for req, n in rows:
             if not req.finished and req.kv_committed_len == req.seq_len and req.params.max_new_tokens == 0:
-                self._finish(req, FinishReason("length"))
+                message = req.grammar.incomplete_message() if req.grammar else None  # '' may not match
+                self._finish(req, FinishReason("length", message=message))
             if req.finished:
                 continue
             new = id(req) not in running

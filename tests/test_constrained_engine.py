@@ -60,6 +60,16 @@ def test_token_limit_cut_is_length_and_says_incomplete(engines):
     assert r.finish_reason.message is None
 
 
+def test_no_token_budget_says_incomplete_unless_the_empty_text_matches(engines):
+    # max_new_tokens=0 returns the empty text: not a match of [0-9]+, a full match of a?
+    for engine in engines:
+        r = engine.generate("Digits:", SamplingParams(max_new_tokens=0, regex="[0-9]+"))
+        assert r.text == "" and r.finish_reason.type == "length"
+        assert r.finish_reason.message == INCOMPLETE_MESSAGE
+        r = engine.generate("Digits:", SamplingParams(max_new_tokens=0, regex="a?"))
+        assert r.text == "" and r.finish_reason.type == "length" and r.finish_reason.message is None
+
+
 def test_stop_strings_and_stop_ids_end_constrained_text_as_on_unconstrained_requests(engines):
     # SGLang and OpenAI apply stops to constrained output too; the reference is the full match
     # (no stops) cut where the stop occurs, and the stop text itself is not returned.
