@@ -303,9 +303,23 @@ def test_whitespace_patterns_are_grouped_and_only_json_whitespace():
 ])
 def test_python_spellings_the_automaton_library_reads_otherwise_match_what_python_matches(pattern):
     # each failed with a bare "error building NFA" ('[a[]' compiled as a nested class)
+    _assert_automaton_matches_as_python(pattern, "abx{},[]: \x00\x01\x08A12^&~<>#-\\", 3)
+
+
+@pytest.mark.parametrize("pattern", [
+    r"\w{1,2}", r"\W{1,2}", r"\s+", r"\S{2}", r"\d\D", r"[\w.]{2}", r"[^\w.]{2}", r"[a\W]{2}", r"[^\s\d]{2}",
+])
+def test_categories_hold_the_characters_python_gives_them(pattern):
+    # the automaton's Unicode tables: \w held combining marks (the Devanagari vowel sign in 'हि',
+    # U+0300) and U+2054, not '½'; \s lacked \x1c-\x1f
+    _assert_automaton_matches_as_python(pattern, "a_1.½\u2054\u093f\u0300\x1c \u00a0\u0663", 2)
+
+
+def _assert_automaton_matches_as_python(pattern, alphabet, max_len):
+    """Every text of up to ``max_len`` characters of ``alphabet`` is matched by the automaton built from
+    ``automaton_syntax(pattern)`` exactly when Python's ``re.fullmatch`` matches it."""
     from outlines_core import Index, Vocabulary
 
-    alphabet = "abx{},[]: \x00\x01\x08A12^&~<>#-\\"
     # between two marker characters of their own (as compile_grammar builds it): outlines-core drops a
     # token out of a complete match into an incomplete one, so the index alone misses such matches
     tokens = {c.encode(): [i] for i, c in enumerate(alphabet + "\U0010fffe\U0010ffff", start=1)}
@@ -320,7 +334,7 @@ def test_python_spellings_the_automaton_library_reads_otherwise_match_what_pytho
                 return False
         return index.get_next_state(state, end) in index.get_final_states()
 
-    for k in range(4):
+    for k in range(max_len + 1):
         for chars in itertools.product(alphabet, repeat=k):
             text = "".join(chars)
             assert automaton_matches(text) == bool(re.fullmatch(pattern, text)), text

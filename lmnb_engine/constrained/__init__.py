@@ -32,8 +32,9 @@ Semantics (the rules users see):
 * **JSON whitespace.** Between JSON tokens the default grammar allows one optional space
   (outlines-core's ``[ ]?``); ``SamplingParams.extra["whitespace_pattern"]`` changes it (``""``
   for compact JSON, ``r"[ \\n]{0,2}"`` for some line breaks).
-* **Character classes** ``\\d``, ``\\w``, ``\\s`` are Unicode-aware (the DFA's Unicode tables may
-  be newer than Python's ``re``); write ``[0-9]`` for ASCII digits.
+* **Character classes** ``\\d``, ``\\w``, ``\\s`` are Unicode-aware and hold what Python's ``re``
+  gives them (``regex_syntax.python_category``; the DFA's own tables differ); write ``[0-9]`` for
+  ASCII digits.
 """
 
 from lmnb_engine.constrained.cache import GrammarBackend, GrammarCache

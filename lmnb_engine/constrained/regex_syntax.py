@@ -20,12 +20,15 @@ match starts and ends. Were the first allowed inside, each one in the text would
 match in the automaton's unanchored half, which then doubles with each repeat (``.{0,20}`` would
 not compile); the second, read as text, ends the match there.
 
-Left as they are: ``\\d``, ``\\w``, ``\\s`` and their negations, whose Unicode tables differ from
-Python's in rare characters (``\\w`` and ``½``), and case folding under ``(?i)`` (``İ``).
+``\\d``, ``\\w``, ``\\s`` and their negations are written out as classes of the characters Python's
+``re`` gives them (``python_category``): the library's Unicode tables differ (its ``\\w`` holds the
+combining marks of Devanagari or Thai words and ``⁔``, Python's holds ``½``; its ``\\s`` lacks
+``\\x1c``-``\\x1f``). Left as it is: case folding under ``(?i)`` (``İ``).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 
@@ -45,6 +48,40 @@ _VERBOSE_SPACE = " \t\n\r\v\f"
 _NEGATED_CATEGORIES = {"\\W": "\\w", "\\S": "\\s", "\\D": "\\d"}
 # A flag group that opens a group: (?s:, (?i-s: ... (its flags apply inside)
 _SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
+
+
+_CATEGORY_TESTS = {  # Python's re (sre) on str: \\d is isdecimal, \\s isspace, \\w isalnum or '_'
+    "\\d": str.isdecimal,
+    "\\s": str.isspace,
+    "\\w": lambda ch: ch.isalnum() or ch == "_",
+}
+
+
+@functools.cache
+def python_category(name: str) -> str:
+    """The class items (no brackets) of the characters Python's ``re`` matches with ``name``
+    (``\\d``, ``\\w`` or ``\\s``), range by range, from this Python's Unicode tables."""
+    test = _CATEGORY_TESTS[name]
+    items, start = [], None
+    for code in range(0x110001):
+        inside = code < 0x110000 and test(chr(code))
+        if inside and start is None:
+            start = code
+        elif not inside and start is not None:
+            last = code - 1
+            items.append(_char(start) if last == start else f"{_char(start)}-{_char(last)}")
+            start = None
+    return "".join(items)
+
+
+def _category_class(text: str) -> str | None:
+    """The automaton's class for a category escape (``\\w``, or ``\\W`` without the start marker)
+    with Python's members; None for any other escape."""
+    if text in _CATEGORY_TESTS:
+        return f"[{python_category(text)}]"
+    if text in _NEGATED_CATEGORIES:
+        return f"[^{python_category(_NEGATED_CATEGORIES[text])}{_LEFT_OUT}]"
+    return None
 
 
 def _char(code: int) -> str:
@@ -83,9 +120,7 @@ def _escaped(text: str, in_class: bool) -> str:
     code = _code(text, in_class)
     if code is not None:
         return _char(code)
-    if not in_class and text in _NEGATED_CATEGORIES:
-        return f"[^{_NEGATED_CATEGORIES[text]}{_LEFT_OUT}]"
-    return text
+    return _category_class(text) or text
 
 
 def _class(pattern: str, i: int) -> tuple[str, int]:
@@ -118,8 +153,11 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
             high, i = item(i + 1)
             pieces = [(low, high)] if negated else [(low, min(high, MARKER - 1))] if low < MARKER else []
             items += [f"{spelled(lo)}-{spelled(hi)}" if lo < hi else spelled(lo) for lo, hi in pieces]
-        elif isinstance(low, str):  # a category
-            (categories if low in _NEGATED_CATEGORIES and not negated else items).append(low)
+        elif isinstance(low, str):  # a category: Python's members (a negated one nested, or apart)
+            if low in _NEGATED_CATEGORIES and not negated:
+                categories.append(low)
+            else:
+                items.append(_category_class(low) or low)
         elif negated or low < MARKER:
             items.append(spelled(low))
     if negated:
