@@ -480,6 +480,28 @@ def test_values_beyond_a_float_s_integer_precision_take_no_fraction():
         schema_to_regex({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-15})
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "number"}, {"type": ["number", "null"]}, {"type": "number", "minimum": 0},
+    {"type": "number", "exclusiveMaximum": 5},
+])
+def test_numbers_stay_finite_as_floats(schema):
+    # 1e+400, or 400 digits, read as a float is infinity: pydantic's FiniteFloat (schema {"type": "number"})
+    # refused it, and json.dumps writes it back as 'Infinity', which is no JSON
+    from pydantic import BaseModel, FiniteFloat
+
+    class Finite(BaseModel):
+        x: FiniteFloat
+
+    rx = regex_module.compile(schema_to_regex(schema))
+    for text in ("1e+400", "-2.5E+0370", "1" * 400, "-" + "9" * 309, "1" * 330 + ".5"):
+        assert not rx.fullmatch(text), text[:12]
+    bounded = "minimum" in schema or "exclusiveMaximum" in schema  # (written without an exponent)
+    for text in ("1e+99", "2.5E-7", "1e-400", "-3.25", "4", "1" * 100, "-" + "9" * 100):
+        if jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) and not (bounded and "e" in text.lower()):
+            assert rx.fullmatch(text), text[:12]
+            Finite.model_validate_json(f'{{"x": {text}}}')
+
+
 def test_bounded_schema_fields_validate_with_jsonschema():
     schema = {
         "type": "object",

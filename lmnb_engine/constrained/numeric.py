@@ -26,6 +26,9 @@ SIGNIFICANT_DIGITS = 15
 # Integer parts from here on are written without a fraction: a value with one is read as a float,
 # which can round past a bound there (9007199254740993.0 is ...992); an integer is read exactly.
 _LARGEST_WITH_FRACTION = 10**SIGNIFICANT_DIGITS - 1
+# A number range unbounded in magnitude stops at 308 integer digits: read as a float (jsonschema,
+# pydantic), a longer value is infinity, which pydantic's FiniteFloat refuses and JSON cannot write.
+FINITE_DIGITS = 308
 
 
 def _alt(alternatives: list[str]) -> str:
@@ -59,10 +62,11 @@ def _same_length(lo: str, hi: str) -> list[str]:
     return out
 
 
-def _natural_range(lo: int, hi: int | None) -> list[str]:
+def _natural_range(lo: int, hi: int | None, longest: int | None = None) -> list[str]:
     """Alternatives for the decimals (no leading zeros) of the integers in ``[lo, hi]``, lo >= 0.
 
-    ``hi=None`` means unbounded above. Empty list when the range is empty.
+    ``hi=None`` means unbounded above, up to ``longest`` digits if given. Empty list when the range
+    is empty.
     """
     if hi is not None and lo > hi:
         return []
@@ -73,8 +77,8 @@ def _natural_range(lo: int, hi: int | None) -> list[str]:
         b = 10**length - 1 if hi is None else min(hi, 10**length - 1)
         if a <= b:
             out.extend(_same_length(str(a), str(b)))
-    if hi is None:
-        out.append(f"[1-9][0-9]{{{top_len},}}")
+    if hi is None and (longest is None or longest > top_len):
+        out.append(f"[1-9][0-9]{{{top_len},{'' if longest is None else longest - 1}}}")
     return out
 
 
@@ -204,7 +208,7 @@ def _magnitude(a: Decimal, a_excl: bool, b: Decimal | None, b_excl: bool) -> lis
     below = last - 1 if last is not None and last in near and last > a_int else last
     with_fraction = _LARGEST_WITH_FRACTION if below is None else min(below, _LARGEST_WITH_FRACTION)
     out += [r + _FRACTION for r in _natural_range(a_int + 1, with_fraction)]
-    out += _natural_range(max(a_int + 1, _LARGEST_WITH_FRACTION + 1), below)
+    out += _natural_range(max(a_int + 1, _LARGEST_WITH_FRACTION + 1), below, FINITE_DIGITS)
     if below != last:
         part(last, "", False, None, False)
     if b is not None:

@@ -73,6 +73,10 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAX_BOUND_DIGITS = 40  # of a numeric bound (1e300 would spell 301)
 _PLACEHOLDER = "LMNBPLACEHOLDER"  # letters and digits only: appears verbatim in the regex
 _STRING_CHAR = '[^"\\\\\\x00-\\x1F\\x7F-\\x9F]'  # outlines-core's unescaped string character
+# outlines-core's unbounded number, and the same numbers up to ~1e299: read as floats (jsonschema,
+# pydantic), 1e+400 or a 400-digit number is infinity, which FiniteFloat refuses and JSON cannot write
+_LIBRARY_NUMBER = r"((-)?(0|[1-9][0-9]*))(\.[0-9]+)?([eE][+-][0-9]+)?"
+_FINITE_NUMBER = r"((-)?(0|[1-9][0-9]{0,99}))(\.[0-9]+)?([eE](-[0-9]+|\+[01]?[0-9]{1,2}))?"
 
 # The formats, as Python regexes (written over JSON text by json_string, like a pattern), each a
 # subset of its RFC that jsonschema's format checker (with its optional checkers) accepts; ASCII only.
@@ -657,6 +661,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     names = re.compile(f'"({re.escape(prefix)}\\d+X)"')
     if prefix in names.sub("", regex) or any(n not in rewriter.fragments for n in names.findall(regex)):
         raise GrammarError("internal error: a placeholder was left in the schema regex")  # (a library change)
+    regex = regex.replace(_LIBRARY_NUMBER, _FINITE_NUMBER)  # (the library's own text: before the fragments)
     regex = names.sub(lambda m: f"(?:{rewriter.fragments[m.group(1)]})", regex)
     # a string never holds the grammar's markers (noncharacters), so they may mark its start and end
     return regex.replace(_STRING_CHAR, _STRING_CHAR[:-1] + f"\\U{ord(START_MARKER):08x}-\\U{ord(START_MARKER) + 1:08x}]")
