@@ -169,12 +169,14 @@ def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel)
     assert "interrupted" in final and "Count:" in final
     assert seconds < 30  # liveness only: 7000 tokens would take minutes on this CPU
     # the summary counts the tokens the stopped gen produced: the greedy run of that length is the
-    # partial text, less what streaming held back (the bytes of an unfinished UTF-8 character)
+    # partial text, less what streaming held back (the text of the last tokens, when they end in an
+    # unfinished UTF-8 character: a token " \xe2" holds back its space too)
     generated = summary_meta(messages)["tokens"]["completion_tokens"]
     _, out = execute(kc, "print(repr(st.error().partial_text))")
     partial = eval(stdout(out))
     expected = "Count:" + reference_greedy("Count:", generated)
-    assert generated > 0 and expected.startswith(partial) and set(expected[len(partial):]) <= {"\ufffd"}
+    held_back = expected[len(partial):]
+    assert generated > 0 and expected.startswith(partial) and (held_back == "" or held_back.endswith("\ufffd"))
     _, out = execute(kc, "from lmnb_kernel.session import get_session\n"
                          "s = get_session().backend().engine.cache_stats()\n"
                          "print(s['running_requests'], s['waiting_requests'], s['held_tokens'])")
