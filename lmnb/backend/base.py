@@ -133,6 +133,25 @@ class BaseBackend:
         """Free the backend's resources."""
 
 
+class AssignableChatTemplate:
+    """``chat_template`` as SGLang's backends have it, for a backend that keeps its template in
+    ``self._template`` under ``self._lock`` and makes it in ``get_chat_template()``: reading gives
+    ``get_chat_template()``; assigning a ``ChatTemplate`` (``lmnb.get_chat_template(name)``) uses
+    that one instead, as SGLang's examples do with ``runtime.endpoint.chat_template = ...``."""
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The role markers programs are written with."""
+        return self.get_chat_template()
+
+    @chat_template.setter
+    def chat_template(self, template: ChatTemplate) -> None:
+        if not isinstance(template, ChatTemplate):
+            raise TypeError(f"chat_template must be a ChatTemplate (lmnb.get_chat_template(name)), got {template!r}")
+        with self._lock:
+            self._template = template
+
+
 def finish_reason_dict(meta_info: dict) -> dict:
     """``meta_info["finish_reason"]`` as a dict (SGLang servers may send a bare string)."""
     fr = meta_info.get("finish_reason")

@@ -14,7 +14,7 @@ import math
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt
+from lmnb.backend.base import DELTA_TOKENS, AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt
 from lmnb.backend.media import expand_frames
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -85,7 +85,7 @@ def _extend_multimodal(mm: Any, p_ids: list[int], c_ids: list[int], d: int, choi
     return MultimodalTokens(list(mm[:at]) + c_ids[d:], mm.input_key[:at] + c_ids[d:], mm.mm_inputs), at
 
 
-class Engine(BaseBackend):
+class Engine(AssignableChatTemplate, BaseBackend):
     """Run programs on an in-process ``lmnb_engine.Engine``.
 
     Args:
@@ -127,20 +127,6 @@ class Engine(BaseBackend):
                     tmpl = dataclasses.replace(tmpl, bos="")  # the tokenizer writes BOS itself
                 self._template = tmpl
             return self._template
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        """The role markers programs are written with (SGLang's attribute): ``get_chat_template()``.
-        Assign a ``ChatTemplate`` (``lmnb.get_chat_template(name)``) to use another, as SGLang's
-        examples do with ``runtime.endpoint.chat_template = get_chat_template("llama-3-instruct")``."""
-        return self.get_chat_template()
-
-    @chat_template.setter
-    def chat_template(self, template: ChatTemplate) -> None:
-        if not isinstance(template, ChatTemplate):
-            raise TypeError(f"chat_template must be a ChatTemplate (lmnb.get_chat_template(name)), got {template!r}")
-        with self._lock:
-            self._template = template
 
     def _encode_adds_bos(self) -> bool:
         tok = getattr(self.engine, "tokenizer", None)

@@ -17,7 +17,7 @@ import json
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
+from lmnb.backend.base import AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -52,7 +52,7 @@ def _logprob_fields(params: GenParams) -> dict:
     return out
 
 
-class RuntimeEndpoint(BaseBackend):
+class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     """Run programs on a server speaking SGLang's native protocol.
 
     Args:
@@ -120,20 +120,6 @@ class RuntimeEndpoint(BaseBackend):
                 "check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., "
                 "timeout=SECONDS); --timeout SECONDS for %lm connect and for an exported job)")
         return BackendError(f"{what} failed: {type(e).__name__}: {e}")
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        """The role markers programs are written with (SGLang's attribute): ``get_chat_template()``.
-        Assign a ``ChatTemplate`` (``lmnb.get_chat_template(name)``) to use another, as SGLang's
-        examples do with ``runtime.endpoint.chat_template = get_chat_template("llama-3-instruct")``."""
-        return self.get_chat_template()
-
-    @chat_template.setter
-    def chat_template(self, template: ChatTemplate) -> None:
-        if not isinstance(template, ChatTemplate):
-            raise TypeError(f"chat_template must be a ChatTemplate (lmnb.get_chat_template(name)), got {template!r}")
-        with self._lock:
-            self._template = template
 
     def get_chat_template(self) -> ChatTemplate:
         with self._lock:
