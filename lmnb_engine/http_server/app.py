@@ -183,7 +183,9 @@ def _image(value: Any) -> Any:
     """[issue 10] One ``image_data`` entry as ``load_image`` takes it: a data URL as it is, bare
     base64 decoded to bytes. Anything else (a path, an http URL) is a 400: the server must not
     read its own disk or fetch for a client."""
-    if isinstance(value, str) and value[:5].lower() == "data:":
+    from lmnb_engine.multimodal.image_io import is_data_url
+
+    if is_data_url(value):
         return value
     try:
         return base64.b64decode(value, validate=True) if isinstance(value, str) and value else None

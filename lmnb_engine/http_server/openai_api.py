@@ -470,7 +470,9 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):
                 raise RequestError(f"messages[{i}] has an image_url part without image_url.url", param="messages")
-            if not url[:5].lower() == "data:":  # a path would be read from the server's own disk
+            from lmnb_engine.multimodal.image_io import is_data_url
+
+            if not is_data_url(url):  # a path would be read from the server's own disk
                 raise RequestError(f"messages[{i}] image_url.url must be a data: URL "
                                    "(data:image/png;base64,...); the server reads no files and fetches no URLs",
                                    param="messages")
