@@ -8,7 +8,8 @@ call). Constraints are never dropped silently (SGLang drops them, ``research/fea
 ``json_schema`` goes out as ``response_format``, ``regex`` as the ``regex`` extension field that
 SGLang and lmnb servers read, and the official OpenAI API gets a clear error for what it lacks.
 [issue 10] ``image()``/``video()`` reach chat models as OpenAI vision ``image_url`` parts (base64
-PNG data URLs; a video as its sampled frames) where the image stood in the message.
+data URLs, ``lmnb.backend.media.data_url``; a video as its sampled frames) where the image stood
+in the message.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ runtime_endpoint.py``): ``POST /generate`` with ``text`` (or ``input_ids``), ``s
 ``GET /get_model_info``; ``POST /flush_cache``; ``POST /abort_request``. ``select`` is scored as
 ``lmnb.choices`` describes, which fixes SGLang's off-by-one and None handling
 (``research/features.md`` §4.1). [issue 10] ``image()``/``video()`` inputs go out as SGLang's
-``image_data``: one base64 PNG data URL per image, a video as its sampled frames, each frame with
-an image token of its own in the text (``lmnb.backend.media``; SGLang's frontend sends one image).
+``image_data``: one base64 data URL per image (``lmnb.backend.media.data_url``), a video as its
+sampled frames, each with an image token of its own in the text (SGLang's frontend sends one image).
 """
 
 from __future__ import annotations
