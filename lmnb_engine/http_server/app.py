@@ -6,8 +6,9 @@ text in each event), ``GET /get_model_info``, ``GET /get_server_info``, ``GET|PO
 ``POST /abort_request``, ``GET /health``; the OpenAI routes come from ``openai_api``. [issue 10]
 ``/generate`` takes SGLang's ``image_data`` for a vision-language model: per prompt a string or a
 list of strings, each a ``data:image/...;base64,`` URL or bare base64 (what SGLang's frontend
-sends; one string for a whole batch is every prompt's image), one per image token in the prompt; the server reads no files and fetches no URLs; a
-finished request's ``meta_info`` says per image how much of its KV was cached. Every bad
+sends; one string for a whole batch is every prompt's image), one per image token in the prompt;
+the server reads no files and fetches no URLs; a finished request's ``meta_info`` says per image
+how much of its KV was cached. Every bad
 request is answered with a 4xx JSON error ``{"error": {"message", "type", "param", "code"}}``; an
 unexpected failure is a 500 JSON error, and the engine keeps serving.
 """
@@ -34,6 +35,7 @@ from lmnb_engine.http_server.protocol import (
     RequestError,
     RequestFailed,
     StreamMeta,
+    image_token,
     meta_info,
     sampling_params_from_json,
 )
@@ -353,7 +355,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     @app.post("/generate")
     async def generate(request: Request):
         prompts, params, rids, batch, opts = _parse_generate(await json_body(request))
-        texts = list(prompts)  # (the text prompts, before some are encoded below)
+        prompt_texts = list(prompts)  # (the text prompts, before some are encoded below)
         # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
         # that needs it is tokenized here (off the event loop) and submitted as its ids.
         prompts = [await ctx.run(engine.encode, x) if isinstance(x, str) and p.logprob_start_len == 0 else x
@@ -364,10 +366,10 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         handles = await ctx.submit(prompts, params, rids)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
-            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts, prompts, texts),
+            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts),
                                      media_type="text/event-stream")
         outputs = []
-        for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, texts):
+        for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, prompt_texts):
             for r in res if isinstance(res, list) else [res]:
                 meta = _with_image_meta(meta_info(r, decode, p.top_logprobs_num, first), x)
                 await _with_cached_chars(ctx, meta, text, x)
@@ -424,12 +426,12 @@ async def _with_cached_chars(ctx: ServerContext, meta: dict, text: Any, prompt: 
 
 
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
-                           firsts: list, prompts: list, texts: list) -> AsyncIterator[str]:
+                           firsts: list, prompts: list, prompt_texts: list) -> AsyncIterator[str]:
     """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form).
     The prompts of a batch stream one after another; all are aborted if the stream ends early."""
     base = 0
     try:
-        for h, p, first, x, text in zip(handles, params, firsts, prompts, texts):
+        for h, p, first, x, text in zip(handles, params, firsts, prompts, prompt_texts):
             texts: dict[int, str] = {}
             ids: dict[int, list] = {}
             partial: dict[int, StreamMeta] = {}
@@ -457,14 +459,6 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
         ctx.abort_unfinished(handles)
 
 
-def _image_token(engine: Any) -> Optional[str]:
-    """[issue 10] The text that stands for one image in a prompt; None for a text-only model."""
-    try:
-        return engine.multimodal.image_token
-    except (ValueError, AttributeError):
-        return None
-
-
 def model_info_dict(engine: Any, served_model_name: str) -> dict:
     """``/get_model_info``: SGLang's keys (``model_path``, ``tokenizer_path``, ``is_generation``)
     plus what a client needs to build prompts exactly as the model expects: the Jinja
@@ -482,7 +476,7 @@ def model_info_dict(engine: Any, served_model_name: str) -> dict:
         chat_template=engine.chat_template,
         encode_adds_bos=bos_id is not None and bool(probe) and probe[0] == bos_id,
         bos_token_id=bos_id,
-        image_token=_image_token(engine),
+        image_token=image_token(engine),
     )
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
         value = getattr(tok, key, None)

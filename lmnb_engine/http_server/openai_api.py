@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
-from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite
+from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import SamplingParams
 
@@ -461,11 +461,10 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
             if p.type == "text":
                 pieces.append(p.text or "")
                 continue
-            try:
-                token = engine.multimodal.image_token
-            except (ValueError, AttributeError):
+            token = image_token(engine)
+            if token is None:
                 raise RequestError(f"messages[{i}] has an image_url part, but the served model is text-only; "
-                                   "serve a LLaVA checkpoint to send images", param="messages") from None
+                                   "serve a LLaVA checkpoint to send images", param="messages")
             url = (p.model_extra or {}).get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):

@@ -63,6 +63,15 @@ _SAMPLING_KEYS = {
 _NEUTRAL_KEYS = {"spaces_between_special_tokens": True, "no_stop_trim": False, "ebnf": None, "structural_tag": None, "stop_regex": None}
 
 
+def image_token(engine: Any) -> Optional[str]:
+    """[issue 10] The text that stands for one image in ``engine``'s prompts; None for a text-only
+    model (or an engine stand-in without ``multimodal``)."""
+    try:
+        return engine.multimodal.image_token
+    except (ValueError, AttributeError):
+        return None
+
+
 def sampling_params_from_json(
     d: Optional[dict],
     return_logprob: bool = False,
