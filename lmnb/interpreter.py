@@ -126,10 +126,14 @@ class ProgramState:
         """Wait until every submitted primitive has run (and, called outside the body of a
         ``run(stream=True)`` program, until the body has returned); raise the state's error if one
         failed. Ctrl-C while waiting aborts the program (as every wait here does)."""
+        self._wait_done()
+        self.stream_executor.raise_if_failed()
+
+    def _wait_done(self) -> None:
+        """Wait for the streamed body (run elsewhere) to return and every primitive to have run."""
         with self._abort_on_interrupt():
             self.stream_executor.wait_body()
             self.stream_executor.wait_idle()
-        self.stream_executor.raise_if_failed()
 
     def text(self) -> str:
         """The full text (waits for queued primitives; raises ``ProgramError`` on failure)."""
@@ -202,9 +206,7 @@ class ProgramState:
         """``ProgramState(<text>)``, SGLang's form: waits like ``text()`` (programs print
         ``str(state)`` to show a branch's finished text), but shows a failed state's text so far
         instead of raising."""
-        with self._abort_on_interrupt():
-            self.stream_executor.wait_body()
-            self.stream_executor.wait_idle()
+        self._wait_done()
         return f"ProgramState({self.stream_executor.text_})"
 
 
