@@ -252,6 +252,10 @@ class StreamExecutor:
         self._lost: set[str] = set()  # variables whose pending write was cancelled by an error
         self._scopes: dict[str, int] = {}
         self._children: list[StreamExecutor] = []
+        # which child of which fork this is, on the way from the root (each element: the child's
+        # place among all its parent's fork children), so a second fork of one state gets seeds
+        # of its own; ``branch`` repeats (0, 1, ...) for every fork
+        self.seed_path: tuple = ()
         self._emit("state", parent=parent_sid, branch=branch, value=self)
 
     # -- events
@@ -543,11 +547,12 @@ class StreamExecutor:
         """Program defaults under the gen's own values, plus the chat template's stops for an
         unconstrained gen (SGLang adds them to every gen, and one inside a JSON value would cut
         it); dtype becomes a regex (and stops for numbers) and a parser for the value. In a fork
-        branch the program's seed (``run(seed=...)``, a cell's ``--seed``) is made the branch's own,
-        so branches are distinct samples, reproducibly; a gen's own ``seed`` is kept as given."""
+        branch the program's seed (``run(seed=...)``, a cell's ``--seed``) is made the branch's own
+        (from its ``seed_path``), so branches, of one fork or of several, are distinct samples,
+        reproducibly; a gen's own ``seed`` is kept as given."""
         p = params.merged_over(self.default_params)
-        if params.seed is None and p.seed is not None and self.branch:
-            p = dataclasses.replace(p, seed=random.Random(f"{p.seed}:{self.branch}").randrange(2**62))
+        if params.seed is None and p.seed is not None and self.seed_path:
+            p = dataclasses.replace(p, seed=random.Random(f"{p.seed}:{self.seed_path}").randrange(2**62))
         if p.regex is None and p.json_schema is None and p.dtype is None:
             p = p.with_stops(self.chat_template.stop_str)
         parse = None
@@ -702,6 +707,7 @@ class StreamExecutor:
         children = []
         for i in range(size):
             c = self._copy(self.branch + (i,), self.sid)
+            c.seed_path = self.seed_path + (len(self._children) + i,)
             c.fork_start_text_pos = len(self.text_)
             c.fork_start_messages = len(self.messages_)
             c.fork_start_images = len(self.images_)

@@ -393,3 +393,24 @@ def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
     assert isinstance(one, dict) and len(one["meta_info"]["output_top_logprobs"]) == 3
     ids = tiny_engine.encode(prompts[1])
     assert backend.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})["text"] == outs[1]["text"]
+
+
+def test_the_run_seed_gives_every_fork_of_a_state_its_own_samples(backend):
+    # a second fork (or copy()) of the same state got the first one's seeds: branch k wrote what
+    # branch k of the first fork wrote
+    @sgl.function
+    def twice(s):
+        s += "Many words:"
+        samples = []
+        for _ in range(2):
+            forks = s.fork(2)
+            forks += sgl.gen("w", max_tokens=12, temperature=1.0, ignore_eos=True)
+            samples += [f["w"] for f in forks]
+        with s.copy() as c:
+            c += sgl.gen("w", max_tokens=12, temperature=1.0, ignore_eos=True)
+            samples.append(c["w"])
+        s["samples"] = samples
+
+    first = twice.run(seed=7, backend=backend)["samples"]
+    assert len(set(first)) == 5
+    assert twice.run(seed=7, backend=backend)["samples"] == first
