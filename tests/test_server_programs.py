@@ -143,6 +143,20 @@ def test_the_server_says_which_characters_of_the_prompt_were_cached(backends, en
     assert shared - 12 <= meta["cached_chars"] <= shared  # the cached tokens end at a token boundary in it
 
 
+def test_cached_chars_count_the_special_tokens_a_chat_prompt_writes(backends, engines):
+    # the chat markers (<|user|>, <|assistant|>) are text of the prompt: skipping them when the
+    # cached tokens were decoded back said 3 characters for the 6 cached tokens of this prompt
+    import httpx
+
+    _, _, url = backends
+    text = "<s><|user|>hi there<|end|>\n<|assistant|>"
+    body = {"text": text, "sampling_params": {"max_new_tokens": 0}}
+    httpx.post(f"{url}/generate", json=body, timeout=60)
+    meta = httpx.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"]
+    assert meta["cached_tokens"] == meta["prompt_tokens"] - 1  # all but the last token, <|assistant|>
+    assert meta["cached_chars"] == len(text) - len("<|assistant|>")
+
+
 def test_streaming_over_http_yields_chunks_before_the_end(backends):
     local, remote, _ = backends
 
