@@ -116,7 +116,8 @@ class ProgramEvent:
     ``name`` the variable for gen/select; a streamed gen's delta from a backend that reports its
     tokens has ``meta_info={"tokens": [[logprob or None, token_id, text], ...]}`` and may then have
     empty ``text``), ``"var"`` (variable ``name`` set to ``value`` with ``meta_info``; ``name`` is
-    None for an unnamed gen or select, which sets no variable but made a request; a constrained
+    None for an unnamed gen or select, which sets no variable but made a request, and for a gen
+    whose request was aborted (its ``finish_reason`` says so; ``value`` None); a constrained
     gen's ``constraint`` is ``{"regex": ..., "json_schema": ...}``), ``"prefill"`` (a prefix-cache
     hint ran; ``meta_info``), ``"fork"`` (``children`` sids), ``"join"`` (``children`` sids,
     ``mode`` in ``source``), ``"error"``.
@@ -564,11 +565,26 @@ class StreamExecutor:
                 p = p.with_stops(DTYPE_STOPS)
         return p, parse
 
-    @staticmethod
-    def _check_finish(meta_info: dict, expr: Expr) -> None:
-        fr = finish_reason_dict(meta_info)
-        if fr.get("type") == "abort":
-            raise RuntimeError(f"the request was aborted: {fr.get('message') or 'no reason given'}")
+    def _check_finish(self, metas: list) -> None:
+        """Raise if one of a gen's requests (``metas``: their meta_info) was aborted. Its prompt
+        and tokens still reach views and batch records first, as an unnamed gen's do."""
+        for m in metas:
+            fr = finish_reason_dict(m)
+            if fr.get("type") == "abort":
+                self._emit("var", meta_info=metas[0] if len(metas) == 1 else metas)
+                raise RuntimeError(f"the request was aborted: {fr.get('message') or 'no reason given'}")
+
+    def _record_stopped(self, shown: Any, latest: Any) -> None:
+        """A streamed gen stopped by an abort still made a request: report it as an unnamed gen's
+        ``var`` event, with the tokens of the text it had appended (``shown``, its last meta_info)
+        and the prompt counts of the ``latest`` meta_info (backends report them on every chunk)."""
+        if not isinstance(latest, dict) or "prompt_tokens" not in latest:
+            return  # (a backend that reports counts only at the end: there is nothing to count)
+        meta = {k: latest[k] for k in ("id", "prompt_tokens", "cached_tokens", "images", "cached_chars")
+                if k in latest}
+        meta["completion_tokens"] = shown.get("completion_tokens", 0) if isinstance(shown, dict) else 0
+        meta["finish_reason"] = {"type": "abort", "message": "the program state was aborted"}
+        self._emit("var", meta_info=meta)
 
     def _parsed(self, expr: Gen, text: str, parse, meta_info: Any = None) -> Any:
         if parse is None:
@@ -614,8 +630,7 @@ class StreamExecutor:
             self._execute_gen_stream(expr, params, parse)
             return
         comps: list[Completion] = self._call(self.backend.generate, self._prompt(), params)
-        for c in comps:
-            self._check_finish(c.meta_info, expr)
+        self._check_finish([c.meta_info for c in comps])
         self._append(comps[0].text, "gen", expr.name)
         if len(comps) == 1:
             value = self._parsed(expr, comps[0].text, parse, comps[0].meta_info)
@@ -630,11 +645,16 @@ class StreamExecutor:
 
         def run(rid):
             nonlocal text, meta
+            shown: dict = {}  # the meta_info of the text appended so far
             for delta, meta in self.backend.generate_stream(self._prompt(), params, rid):
                 tokens = meta.pop(DELTA_TOKENS, None) if isinstance(meta, dict) else None
                 with self._cv:
-                    if self.error_ is not None:
-                        raise self.error_
+                    error = self.error_
+                if error is not None:  # aborted: this delta came after it and is dropped
+                    self._record_stopped(shown, meta)
+                    raise error
+                shown = meta
+                with self._cv:
                     if name is not None:
                         self._log_delta(name, delta, first=not text)
                         self.variables[name] = text + delta
@@ -644,7 +664,7 @@ class StreamExecutor:
             return None
 
         self._call(run)
-        self._check_finish(meta, expr)
+        self._check_finish([meta])
         self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params), text,
                          streamed=text != "")
 

@@ -89,7 +89,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
             return_logprob=True, return_text_in_logprobs=True,
         )
         comps = ex._call(ex.backend.generate, ex._prompt(), spec)
-        ex._check_finish(comps[0].meta_info, expr)
+        ex._check_finish([comps[0].meta_info])
         left = Speculation.from_completion(comps[0].text, comps[0].meta_info)
         meta = dict(comps[0].meta_info, speculative=True)
         if not params.return_logprob:  # asked for the cut only
@@ -120,7 +120,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
         for _ in range(SPEC_MAX_TRIES):
             comps = ex._call(ex.backend.generate, ex._prompt(), params)
             reply, meta = comps[0].text, comps[0].meta_info
-            ex._check_finish(meta, gens[0][1])
+            ex._check_finish([meta])
             values = spec_match(terms, reply)
             if values is not None:
                 break

@@ -94,6 +94,9 @@ class StreamEvent:
     ``text_delta`` is always valid UTF-8 (bytes of an unfinished character are held back).
     ``logprobs``: one ``TokenLogprob`` per id in ``token_ids`` when the request asked for
     ``return_logprob`` (NaN for tokens forced by jump-forward, which were not sampled), else None.
+    ``prompt_tokens`` / ``cached_tokens``: the request's prompt length and how much of it the radix
+    cache served (fixed at its first admission), on every event as SGLang's stream chunks carry
+    them, so a request stopped mid-stream still reports its prompt.
     """
 
     rid: str
@@ -103,3 +106,5 @@ class StreamEvent:
     result: Optional[GenerateResult] = None
     index: int = 0
     logprobs: Optional[list[TokenLogprob]] = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0

@@ -754,7 +754,8 @@ class Scheduler:
         lps = req.output_logprobs[req.sent_token_len :] if req.params.return_logprob else None
         req.sent_token_len = len(req.output_ids)
         result = self._result(req) if req.finished else None
-        req.emit(StreamEvent(req.rid, delta, ids, req.finished, result, req.index, lps))
+        req.emit(StreamEvent(req.rid, delta, ids, req.finished, result, req.index, lps, req.prompt_len,
+                             req.cached_tokens or 0))
 
     @staticmethod
     def _result(req: Req) -> GenerateResult:

@@ -177,6 +177,11 @@ def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel)
     expected = "Count:" + reference_greedy("Count:", generated)
     held_back = expected[len(partial):]
     assert generated > 0 and expected.startswith(partial) and (held_back == "" or held_back.endswith("\ufffd"))
+    # and its prompt: the stopped request is counted (it was not: the summary said prompt 0)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(lmnb_kernel_env()["LMNB_MODEL"])
+    assert summary_meta(messages)["tokens"]["prompt_tokens"] == len(tokenizer("Count:")["input_ids"])
     _, out = execute(kc, "from lmnb_kernel.session import get_session\n"
                          "s = get_session().backend().engine.cache_stats()\n"
                          "print(s['running_requests'], s['waiting_requests'], s['held_tokens'])")

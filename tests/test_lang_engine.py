@@ -3,6 +3,7 @@ Hugging Face computation, streaming is incremental, states continue with their c
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -355,6 +356,7 @@ def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend):
         assert meta["output_top_logprobs"] == final["output_top_logprobs"][:n]
         assert "".join(e[2] for e in meta["output_token_logprobs"]).startswith(text) or n == 0
         assert meta["finish_reason"] in (None, whole["finish_reason"])  # None until the last token
+        assert (meta["prompt_tokens"], meta["cached_tokens"]) == (final["prompt_tokens"], final["cached_tokens"])
     assert final["finish_reason"] == whole["finish_reason"]
 
 
@@ -414,3 +416,56 @@ def test_the_run_seed_gives_every_fork_of_a_state_its_own_samples(backend):
     first = twice.run(seed=7, backend=backend)["samples"]
     assert len(set(first)) == 5
     assert twice.run(seed=7, backend=backend)["samples"] == first
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_gen_stopped_by_an_abort_still_reports_its_prompt(backend, tiny_engine, stream, monkeypatch):
+    # A stopped gen set no variable, so views and batch records never heard of its request: the
+    # notebook's summary said prompt 0 / cached 0 and its prompt was not shaded. It is now reported
+    # as an unnamed gen's `var` event carrying the prompt counts and an abort finish reason.
+    prompt = "Count slowly:"
+    events = []
+
+    @sgl.function
+    def prog(s):
+        s += prompt + sgl.gen("long", max_tokens=480, ignore_eos=True)  # (the context is 512)
+
+    submitted = threading.Event()
+    submit = tiny_engine.submit
+
+    def submit_and_tell(*args, **kwargs):
+        handle = submit(*args, **kwargs)
+        submitted.set()
+        return handle
+
+    monkeypatch.setattr(tiny_engine, "submit", submit_and_tell)
+    def abort_once_submitted():  # (a run without stream returns when done: abort from elsewhere)
+        assert submitted.wait(60)  # far from its 480th token
+        [executor] = [e.value for e in events if e.kind == "state"]
+        executor.abort()
+
+    with sgl.observe(events.append):
+        if stream:
+            st = prog.run(backend=backend, temperature=0, stream=True)
+            next(iter(st.text_iter("long")))
+            st.stream_executor.abort()
+        else:
+            stopper = threading.Thread(target=abort_once_submitted)
+            stopper.start()
+            st = prog.run(backend=backend, temperature=0)
+            stopper.join()
+        with pytest.raises(sgl.ProgramAborted):
+            st.sync()
+    [stopped] = [e for e in events if e.kind == "var"]
+    meta = stopped.meta_info
+    assert stopped.name is None and meta["finish_reason"]["type"] == "abort"
+    assert meta["prompt_tokens"] == len(tiny_engine.encode(prompt))  # BOS and the prompt's tokens
+    assert 0 <= meta["cached_tokens"] < meta["prompt_tokens"]
+    assert 0 <= meta["completion_tokens"] < 480
+    if stream:  # the tokens of the text the state kept: greedy decoding of that many spells it
+        from lmnb_engine import SamplingParams
+
+        kept = st.error().partial_text[len(prompt):]
+        greedy = tiny_engine.generate(prompt, SamplingParams(max_new_tokens=meta["completion_tokens"], temperature=0,
+                                                             ignore_eos=True)).text
+        assert kept and greedy.startswith(kept) and greedy[len(kept):].strip("\ufffd ") == ""

@@ -157,6 +157,25 @@ def test_cached_chars_count_the_special_tokens_a_chat_prompt_writes(backends, en
     assert meta["cached_chars"] == len(text) - len("<|assistant|>")
 
 
+def test_every_streamed_chunk_of_generate_carries_the_prompt_counts_as_sglangs_do(backends, engines):
+    # SGLang's stream chunks each hold prompt_tokens and cached_tokens; lmnb's had them only in
+    # the last chunk, so a client stopped mid-stream never learned its prompt's size
+    import json
+
+    import httpx
+
+    _, _, url = backends
+    text = "Once upon a time a fox"
+    body = {"text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    httpx.post(f"{url}/generate", json=body, timeout=60)  # now all but its last token is cached
+    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines()
+                  if line.startswith("data:") and line != "data: [DONE]"]
+    n = len(engines[0].encode(text))
+    assert len(chunks) > 1
+    assert [(c["meta_info"]["prompt_tokens"], c["meta_info"]["cached_tokens"]) for c in chunks] == [(n, n - 1)] * len(chunks)
+
+
 def test_streaming_over_http_yields_chunks_before_the_end(backends):
     local, remote, _ = backends
 

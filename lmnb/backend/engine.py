@@ -256,13 +256,18 @@ class Engine(AssignableChatTemplate, BaseBackend):
         completion_tokens = 0
         partial = StreamMeta(rid, self.engine.decode if params.return_text_in_logprobs else None,
                              params.top_logprobs_num or 0)
+        media: dict = {}  # [issue 10] how each image's KV was got: known once the request is admitted
         for ev in handle.events():
             completion_tokens += len(ev.token_ids)
-            partial.add(ev.logprobs)
+            partial.add(ev)
             if ev.finished and ev.result is not None:
                 meta = self._meta(ev.result, params, ids, counts, prompt.text, first)
             else:
                 meta = partial.dict(completion_tokens)
+                if counts and not media:
+                    media = {"images": media_cache(ids.mm_inputs.images, counts, ev.cached_tokens),
+                             "cached_chars": self._cached_chars(prompt.text, ids, counts, ev.cached_tokens)}
+                meta.update(media)
             meta[DELTA_TOKENS] = self._delta_tokens(ev)
             yield ev.text_delta, meta
 

@@ -440,7 +440,7 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
                     i = base + ev.index
                     texts[i] = texts.get(i, "") + ev.text_delta
                     ids.setdefault(i, []).extend(ev.token_ids)
-                    partial.setdefault(i, StreamMeta(h.rid, decode, p.top_logprobs_num)).add(ev.logprobs)
+                    partial.setdefault(i, StreamMeta(h.rid, decode, p.top_logprobs_num)).add(ev)
                     if ev.finished and ev.result is not None:
                         meta = _with_image_meta(meta_info(ev.result, decode, p.top_logprobs_num, first), x)
                         await _with_cached_chars(ctx, meta, text, x)

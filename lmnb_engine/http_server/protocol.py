@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional
 
-from lmnb_engine.outputs import GenerateResult, TokenLogprob
+from lmnb_engine.outputs import GenerateResult, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams
 
 
@@ -143,28 +143,33 @@ def _top(lp: Optional[TokenLogprob], decode) -> Optional[list]:
 
 
 class StreamMeta:
-    """SGLang's ``meta_info`` of a streamed chunk before the last: ``finish_reason`` None and, when
+    """SGLang's ``meta_info`` of a streamed chunk before the last: the request's ``prompt_tokens``
+    and ``cached_tokens`` (every SGLang chunk carries them), ``finish_reason`` None and, when
     logprobs were asked for, the output logprobs of every token so far (cumulative, as SGLang's
-    stream sends them). Feed each event's logprobs to ``add``; entries are converted once."""
+    stream sends them). Feed each ``StreamEvent`` to ``add``; entries are converted once."""
 
     def __init__(self, rid: str, decode: Optional[Callable[[list[int]], str]] = None, top_logprobs_num: int = 0):
         self.rid, self.decode, self.top_logprobs_num = rid, decode, top_logprobs_num
+        self.prompt_tokens = self.cached_tokens = 0
         self.tokens: list = []
         self.tops: list = []
         self.logprobs = False
 
-    def add(self, logprobs: Optional[list[TokenLogprob]]) -> None:
-        """Take the ``TokenLogprob`` entries of one ``StreamEvent`` (None: none were asked for)."""
-        if logprobs is None:
+    def add(self, ev: StreamEvent) -> None:
+        """Take one ``StreamEvent``: the request's counts and its ``TokenLogprob`` entries (which
+        are None when no logprobs were asked for)."""
+        self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
+        if ev.logprobs is None:
             return
         self.logprobs = True
-        self.tokens += [_entry(lp, self.decode) for lp in logprobs]
+        self.tokens += [_entry(lp, self.decode) for lp in ev.logprobs]
         if self.top_logprobs_num:
-            self.tops += [_top(lp, self.decode) for lp in logprobs]
+            self.tops += [_top(lp, self.decode) for lp in ev.logprobs]
 
     def dict(self, completion_tokens: int) -> dict:
         """The chunk's meta_info after ``completion_tokens`` tokens."""
-        m = {"id": self.rid, "completion_tokens": completion_tokens, "finish_reason": None}
+        m = {"id": self.rid, "prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
+             "cached_tokens": self.cached_tokens, "finish_reason": None}
         if self.logprobs:
             m["output_token_logprobs"] = list(self.tokens)
             if self.top_logprobs_num:
