@@ -356,7 +356,27 @@ class Engine:
         if not ids:
             raise ValueError("empty prompt: give at least one token (a non-empty string or id list)")
         self._check_in_vocabulary(ids, "prompt token ids")
+        if self.loaded.config.multimodal_hf_config is not None:  # [issue 10]
+            self._check_no_placeholder(ids)
         return ids
+
+    def _check_no_placeholder(self, ids: Sequence[int]) -> None:
+        """[issue 10] A plain prompt (no images) for a vision-language model must not hold its image
+        placeholder: the model would read the placeholder's own embedding as if it were an image.
+
+        Raises:
+            ValueError: naming how many placeholders there are and how to pass the images.
+        """
+        from lmnb_engine.multimodal.processor import placeholder_id
+
+        tid = placeholder_id(self.loaded.config.multimodal_hf_config)
+        n = sum(1 for t in ids if t == tid)
+        if n:
+            token = self.tokenizer.convert_ids_to_tokens(tid)
+            raise ValueError(
+                f"the prompt has {n} {token!r} placeholder(s) but no images were given; pass one image per "
+                f"{token} (a MultimodalPrompt, lmnb's image(), or /generate's image_data), or remove the "
+                "placeholder from the text")
 
     def _check_in_vocabulary(self, ids: Sequence[int], what: str) -> None:
         """Raises ``ValueError`` naming the ids of ``ids`` outside ``[0, vocab_size)``."""

@@ -130,6 +130,9 @@ def test_bad_image_input_is_a_clear_error(engine, tmp_path):
         (MultimodalPrompt(Q1, [42]), "must be a file path"),
         (MultimodalPrompt(Q1, []), "placeholders"),
         (MultimodalPrompt("<|user|>no image here", [_image(1)]), "placeholders"),
+        # a plain prompt holding the placeholder: the model read its embedding as an image
+        (Q1, "1 '<image>' placeholder\\(s\\) but no images were given"),
+        (engine.encode(Q1 + Q1), "2 '<image>' placeholder\\(s\\) but no images"),
     ]
     for prompt, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -346,6 +346,10 @@ def test_generate_reads_image_data_as_data_urls_or_bare_base64(served):
      "placeholders but 1 images"),
     ({"text": ["<image>a", "<image>b"], "image_data": ["x"]}, "one entry per prompt"),
     ({"text": "<image>a", "video_data": "clip.mp4"}, "frames as images in image_data"),
+    # the placeholder without an image ran as a token of its own (HTTP 200)
+    ({"text": "<image>a", "image_data": ""}, "placeholder(s) but no images were given"),
+    ({"text": "<image>a", "image_data": []}, "placeholder(s) but no images were given"),
+    ({"text": "<image>a"}, "placeholder(s) but no images were given"),
 ])
 def test_generate_image_data_errors_name_the_fix(served, body, message):
     _, _, url = served

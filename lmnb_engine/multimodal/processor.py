@@ -27,6 +27,12 @@ from lmnb_engine.multimodal.inputs import (
 _PIXEL_CACHE_SIZE = 64  # preprocessed images kept by content hash (repeat questions skip resizing)
 
 
+def placeholder_id(mm_config: Any) -> int:
+    """The token id of the image placeholder of a vision-language model's HF config (LLaVA's
+    ``image_token_id``, ``image_token_index`` in older configs)."""
+    return int(getattr(mm_config, "image_token_id", None) or mm_config.image_token_index)
+
+
 class MultimodalProcessor:
     """Prepares multimodal prompts for one loaded vision-language model (thread-safe).
 
@@ -51,7 +57,7 @@ class MultimodalProcessor:
         self.grid_pinpoints = getattr(mm, "image_grid_pinpoints", None)
         self.tokenizer = loaded.tokenizer
         self.vocab_size = loaded.config.vocab_size
-        self.image_token_id = int(getattr(mm, "image_token_id", None) or mm.image_token_index)
+        self.image_token_id = placeholder_id(mm)
         self.image_token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
         vision = mm.vision_config
         per_side = vision.image_size // vision.patch_size
