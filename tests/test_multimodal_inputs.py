@@ -33,6 +33,13 @@ def test_bare_base64_passed_as_a_path_says_so_without_echoing_it():
     with pytest.raises(ImageInputError, match=r"characters: image data, not a path\?\); pass the image's bytes") as e:
         load_image(data)
     assert len(str(e.value)) < 300
+    # short enough to be a file name (a 1x1 PNG is 92 characters): it was "no image file ...; check the path"
+    tiny = base64.b64encode(png_bytes(Image.new("RGB", (1, 1)))).decode()
+    assert len(tiny) < 255
+    with pytest.raises(ImageInputError, match=r"characters: image data, not a path\?\); pass the image's bytes"):
+        load_image(tiny)
+    with pytest.raises(ImageInputError, match=r"no image file at 'abcd'; check the path"):  # base64, not an image
+        load_image("abcd")
 
 
 def test_one_pixel_changes_the_hash():

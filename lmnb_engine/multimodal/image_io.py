@@ -105,12 +105,22 @@ def _is_file(path: Path) -> bool:
 
 
 def _no_file(source: str) -> ImageInputError:
-    """The error for a path with no file; a string longer than any file name is image data (e.g.
-    bare base64), said so without echoing it all."""
-    if len(source) > 255:
+    """The error for a path with no file; a string longer than any file name, or one that is the
+    base64 of an image (a 1x1 PNG is 92 characters), is image data, said so without echoing it all."""
+    if len(source) > 255 or _is_base64_image(source):
         return ImageInputError(f"no image file at {source[:40]!r}... ({len(source)} characters: image data, not a "
                                "path?); pass the image's bytes or a data:image/<type>;base64,<data> URL")
     return ImageInputError(f"no image file at {source!r}; check the path")
+
+
+def _is_base64_image(text: str) -> bool:
+    """Whether ``text`` is bare base64 whose bytes start as an image file PIL knows (only the
+    header is read)."""
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(text, validate=True))):
+            return True
+    except (binascii.Error, ValueError, OSError):  # not base64, or not an image (UnidentifiedImageError)
+        return False
 
 
 def is_data_url(source: Any) -> bool:
