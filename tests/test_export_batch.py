@@ -296,3 +296,33 @@ def test_with_several_threads_each_rows_printed_lines_come_out_together(tmp_path
     lines = capfd.readouterr().out.splitlines()
     assert sorted(lines) == sorted(f"q{i} {w}" for i in range(8) for w in ("start", "end"))
     assert all(lines[k].split()[0] == lines[k + 1].split()[0] for k in range(0, 16, 2)), lines
+
+
+def test_with_several_threads_each_rows_stderr_comes_out_together_and_a_rows_last_line_is_ended(tmp_path, capfd):
+    # stderr was not grouped (warnings and logs of rows running together interleaved), and a row
+    # whose last print had no newline ran into the next row's first line ("q0 endq1 start")
+    import sys
+    import threading
+    import time
+
+    started = threading.Barrier(4, timeout=30)
+
+    def printing_row(question):
+        print(question, "start", file=sys.stderr)
+        print(question, "start")
+        started.wait()
+        time.sleep(0.01)
+        print(question, "end", file=sys.stderr)
+        print(question, "end", end="")
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(8)])
+    job = Job("printing", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                              "--no-progress", "--num-threads", "4"])
+    assert job.run(printing_row, programs=[], backend=ScriptedBackend(reply)) == 0
+    captured = capfd.readouterr()
+    want = sorted(f"q{i} {w}" for i in range(8) for w in ("start", "end"))
+    out = captured.out.splitlines()
+    err = [line for line in captured.err.splitlines() if line.startswith("q")]  # (not the summary)
+    for lines in (out, err):
+        assert sorted(lines) == want
+        assert all(lines[k].split()[0] == lines[k + 1].split()[0] for k in range(0, 16, 2)), lines

@@ -1,6 +1,6 @@
 """The main loop of ``Job.run``: which rows run, running them on a thread pool, writing each
 finished row at once, stopping cleanly on Ctrl-C, and the summary. With several threads, what a
-row prints comes out in one piece when the row ends (``RowOutput``).
+row prints (stdout, and stderr apart) comes out in one piece when the row ends (``RowOutput``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class RowRunner:
         self.seconds = 0.0
         self.signals = 0  # SIGINT count; SIGTERM counts as two
         self.pipe_closed = False  # a row's print met a closed stdout (`job.py | head -1`)
-        self.output: RowOutput | None = None  # sys.stdout while rows run on several threads
+        self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr while rows run on several threads
 
     def run(self) -> int:
         """Run the rows not yet done (``triage``) and print the summary; returns the exit status."""
@@ -131,12 +131,13 @@ class RowRunner:
         pool = ThreadPoolExecutor(self.args.num_threads, thread_name_prefix="lmnb-row")
         inflight: set = set()
         if self.args.num_threads > 1:
-            self.output = sys.stdout = RowOutput(sys.stdout)
+            self.outputs = sys.stdout, sys.stderr = RowOutput(sys.stdout), RowOutput(sys.stderr)
         try:
             self._run_pool(pool, pending, inflight, window, bar)
         finally:
-            if self.output is not None:
-                sys.stdout, self.output = self.output.target, None
+            if self.outputs:
+                sys.stdout, sys.stderr = (out.target for out in self.outputs)
+                self.outputs = ()
         bar.close()
         self.seconds = time.perf_counter() - start
         pool.shutdown(wait=not inflight, cancel_futures=True)
@@ -174,7 +175,7 @@ class RowRunner:
                 if self.signals == 1 and not announced:
                     announced = True
                     bar.write(f"lmnb batch: stopping; finishing the {len(inflight)} rows already running "
-                              "(Ctrl-C again to stop now)")
+                              "(Ctrl-C again to stop now)", file=sys.stderr)
 
     def cache_prefixes(self, backend) -> None:
         """Prefill each program's constant prefix once (``run_batch``'s prefix hint, paper §3)."""
@@ -197,14 +198,14 @@ class RowRunner:
         start = time.perf_counter()
         error = None
         try:
-            if self.output is not None:
-                self.output.begin()
+            for out in self.outputs:
+                out.begin()
             try:
                 with lmnb.observe(recorder):
                     self.run_row(**{name: row.fields[name] for name in self.job.inputs})
             finally:
-                if self.output is not None:
-                    self.output.end()  # (a failing row's prints too)
+                for out in reversed(self.outputs):  # stderr first: stdout's may meet a closed pipe
+                    out.end()  # (a failing row's prints too)
         except BrokenPipeError:
             self.pipe_closed = True
             return None
@@ -252,10 +253,12 @@ class RowRunner:
 
 
 class RowOutput:
-    """``sys.stdout`` while rows run on several threads: what a row's thread prints is kept and
-    written in one piece when the row ends, so the lines of rows running together do not
-    interleave (nor do the pieces of one ``print``: its text and its newline are two writes).
-    GNU parallel groups its jobs' output the same way by default. Other threads write through.
+    """``sys.stdout`` (or ``sys.stderr``) while rows run on several threads: what a row's thread
+    prints is kept and written in one piece when the row ends, so the lines of rows running
+    together do not interleave (nor do the pieces of one ``print``: its text and its newline are
+    two writes). GNU parallel groups its jobs' output the same way by default. A row's piece ends
+    its last line, so the next row's starts on a line of its own. Other threads (the main one, and
+    threads a row starts itself) write through.
 
     Attributes:
         target: the stream rows' output goes to (the ``sys.stdout`` this replaced).
@@ -278,6 +281,8 @@ class RowOutput:
         """
         buffer = self._local.__dict__.pop("buffer", None)
         text = buffer.getvalue() if buffer is not None else ""
+        if text and not text.endswith("\n"):
+            text += "\n"
         if text:
             with self._lock:
                 self.target.write(text)
