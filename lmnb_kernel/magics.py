@@ -234,12 +234,24 @@ class LMMagics(Magics):
             _warn_shadowed_builtins([args.out], ns)
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
         previous = self.session.states.get(args.state) if args.state else None
-        backend = self.session.backend()
+        starting = not self.session.started
         view = self.make_view(args, count)
+        if starting:
+            view.loading()
         if previous is not None:
             view.on_text("main", previous.state.text(), source=f"state {args.state!r}")
         if not args.quiet:
             view.show()
+        try:
+            backend = self.session.backend()
+        except KeyboardInterrupt:  # (held while loading: the model is loaded, the cell stops)
+            view.finish("interrupted")
+            raise
+        except BaseException as e:
+            view.finish("error", error=e)
+            raise
+        if starting:
+            view.loaded(self._prefix_chars())
         listener = Listener()
         state = start_run(program, params, backend, defaults, listener, previous.state if previous else None)
         feeder = ViewFeeder(view, state.stream_executor.sid)
@@ -262,14 +274,20 @@ class LMMagics(Magics):
 
     def make_view(self, args, count):
         """The cell's view for its options and ``$LMNB_VIEW`` (live widget, static or headless)."""
-        from lmnb_kernel.widgets import RunView, prefix_chars_from
+        from lmnb_kernel.widgets import RunView
 
         mode = os.environ.get(VIEW_ENV, "live")
         live = not args.static and mode == "live"
         title = f"cell [{count}]" + (f" · state {args.state}" if args.state else "")
-        # the in-process engine's tokenizer maps cached tokens to the characters shaded as cached
-        prefix = prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
-        return RunView(title, live=live, max_hz=_FRAMES_PER_S.get(mode, 20.0), prefix_chars=prefix)
+        return RunView(title, live=live, max_hz=_FRAMES_PER_S.get(mode, 20.0),
+                       prefix_chars=self._prefix_chars() if self.session.started else None)
+
+    def _prefix_chars(self):
+        """The in-process engine's tokenizer mapping cached tokens to the characters shaded as
+        cached (``prefix_chars_from``); None over a server, which says ``cached_chars`` itself."""
+        from lmnb_kernel.widgets import prefix_chars_from
+
+        return prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
 
     def finish(self, args, view, outcome: CellOutcome, count) -> None:
         """Freeze the view, put the results in the kernel namespace, keep the named state."""

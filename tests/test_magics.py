@@ -447,3 +447,33 @@ def test_unloading_the_extension_removes_the_magics_and_loading_brings_them_back
         ip.extension_manager.load_extension("lmnb_kernel")
     result, out = run(ip, "%%lm --static --temperature 0\nhello{gen x max_tokens=2}")
     assert result.success, out.stdout
+
+
+def test_the_first_cell_shows_its_view_while_the_model_loads(ip, tiny_llama, monkeypatch):
+    # the first cell of a kernel showed nothing while its model loaded (seconds, minutes for a big one)
+    shown_while_loading = []
+    start_engine = Session._start_engine
+
+    def start_and_look(self, config):
+        shown_while_loading.append(ip.display_pub.outputs[-1]["data"]["text/plain"])  # (capture_output's)
+        return start_engine(self, config)
+
+    monkeypatch.setattr(Session, "_start_engine", start_and_look)
+    monkeypatch.setenv("LMNB_MODEL", str(tiny_llama))
+    with separate_session(ip):
+        result, out = run(ip, "%%lm --static --temperature 0\nQ:{gen a max_tokens=2}")
+        assert result.success
+        [loading] = shown_while_loading
+        assert loading.startswith("[lmnb cell [") and ": loading, " in loading.splitlines()[0]
+        final = [o for o in out.outputs if "view" in (o.metadata or {}).get("lmnb", {})][-1]
+        assert final.metadata["lmnb"]["status"] == "done" and ip.user_ns["a"] == greedy(ip, "Q:", 2)
+        result, out = run(ip, "%%lm --static --temperature 0\nQ:{gen a max_tokens=2}")
+        assert len(shown_while_loading) == 1  # loaded once
+        first = out.outputs[0].data["text/plain"].splitlines()[0]
+        assert ": running, " in first or ": done, " in first
+    monkeypatch.setenv("LMNB_MODEL", "/no/such/checkpoint")
+    with separate_session(ip):  # a model that cannot load: the view says so, then the cell's error
+        result, out = run(ip, "%%lm --static\nQ:{gen a max_tokens=2}")
+        assert not result.success and "could not load /no/such/checkpoint" in out.stdout + out.stderr
+        final = [o for o in out.outputs if "view" in (o.metadata or {}).get("lmnb", {})][-1]
+        assert final.metadata["lmnb"]["status"] == "error"

@@ -150,7 +150,7 @@ class RunModel:
     """Everything one run view shows; mutated only through ``RunView``'s event methods."""
 
     title: str = "lm"
-    status: str = "running"  # running | stopping | done | error | interrupted
+    status: str = "running"  # loading | running | stopping | done | error | interrupted
     error: Optional[str] = None
     elapsed_s: float = 0.0
     lanes: dict[str, Lane] = field(default_factory=lambda: {"main": Lane("main", label="main")})

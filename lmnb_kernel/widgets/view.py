@@ -177,6 +177,7 @@ class RunView:
             raise RuntimeError("RunView.show() was already called; one view is displayed once")
         if self.live:
             self._widget = LiveRunWidget(render_run_html(self.model, live=True), on_stop=self._request_stop)
+            self._widget.status = self._sent_status = self.model.status
             self._mark_all_sent()
             data, md = self._widget._repr_mimebundle_()
             data = {**data, "text/html": LIVE_PLACEHOLDER}
@@ -184,6 +185,22 @@ class RunView:
         else:
             self._handle = display(self._static_bundle(), raw=True, metadata=self._metadata(), display_id=True)
         self._last_frame = self._last_snapshot = self._clock()
+
+    def loading(self) -> None:
+        """Call before ``show()`` when the run must wait for its backend (a kernel's first cell
+        loads the model): the header says "loading" until ``loaded()``, so the cell is not blank
+        meanwhile, and live views show no Stop button (Ctrl-C is held while a model loads)."""
+        self._check_thread()
+        self.model.status = "loading"
+
+    def loaded(self, prefix_chars: Optional[Callable[[str, int], int]] = None) -> None:
+        """The backend is ready and the run starts ("running"); ``prefix_chars`` as in the
+        constructor (the engine's tokenizer exists only now)."""
+        self._check_thread()
+        if prefix_chars is not None:
+            self._prefix_chars = prefix_chars
+        self.model.status = "running"
+        self._changed()
 
     # --- events -------------------------------------------------------------------------------
     def on_fork(self, parent: str, lanes: Sequence[str], labels: Optional[Sequence[str]] = None) -> None:
