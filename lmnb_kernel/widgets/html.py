@@ -78,10 +78,11 @@ def bar(fraction: Optional[float], *, width_px: int = 120, fg: str = OK, bg: str
 
 
 def badge(text: str, *, color: str = MUTED, cls: str = "lmnb-badge", title: Optional[str] = None) -> str:
-    """A small bordered label (HTML)."""
+    """A small bordered label (HTML). An inline block, so that badges wrapped onto two lines of a
+    narrow fork lane stack instead of their borders overlapping."""
     return tag("span", esc(text), cls=cls, title=title,
                style=f"border:1px solid {color};color:{color};border-radius:8px;padding:0 5px;"
-                     "font-size:11px;margin:0 2px;white-space:nowrap")
+                     "font-size:11px;margin:1px 2px;white-space:nowrap;display:inline-block")
 
 
 def human_bytes(n: Optional[float]) -> str:
