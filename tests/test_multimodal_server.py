@@ -144,6 +144,28 @@ def test_a_pil_image_is_encoded_as_png_once_for_all_requests(monkeypatch):
     assert len(saves) == 2 and Image.open(io.BytesIO(base64.b64decode(edited.split(",", 1)[1]))).getpixel((0, 0)) == (1, 2, 3)
 
 
+def test_a_pil_image_opened_from_a_file_is_checked_against_its_file_once(monkeypatch, tmp_path):
+    """A PIL image opened from a JPEG goes as its file's bytes while the file holds its pixels;
+    checking that decoded the file again for every request of the program."""
+    import lmnb_engine.multimodal as mm
+    from PIL import Image
+
+    from lmnb.backend import media
+
+    path = tmp_path / "photo.jpg"
+    random_image(47, size=(64, 48)).save(path, format="JPEG")
+    decoded = []
+    real_load = mm.load_image
+    monkeypatch.setattr(mm, "load_image", lambda src, *a, **k: decoded.append(type(src)) or real_load(src, *a, **k))
+    img = Image.open(path)
+    want = "data:image/jpeg;base64," + base64.b64encode(path.read_bytes()).decode()
+    assert media.data_url(img) == want and media.data_url(img) == want
+    assert decoded.count(bytes) == 1  # the file, decoded once; (the image's own pixels are hashed per call)
+    random_image(48, size=(64, 48)).save(path, format="JPEG")  # the file now holds other pixels
+    assert media.data_url(img).startswith("data:image/png;base64,")  # its own pixels, as PNG
+    assert decoded.count(bytes) == 2
+
+
 def test_a_pil_image_too_large_as_png_is_refused_before_sending(monkeypatch):
     # the server refused it as "data URL image is over the limit", a data URL the user never wrote
     from lmnb.backend import media
