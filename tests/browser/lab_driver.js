@@ -109,6 +109,13 @@ async function bg(locator) {
       .evaluate((el) => getComputedStyle(el).opacity);
     await tree.locator(".lmnb-tree").first().screenshot({ path: shot("tree.png") });
 
+    // 6. a cell that ends within milliseconds: its widget is replaced before the frontend built it
+    await waitKernelIdle(page);
+    await startCell(page, cfg.cells.fast);
+    await cellOutput(page, cfg.cells.fast).locator(".lmnb-run.lmnb-done").waitFor({ timeout: 60000 });
+    await waitKernelIdle(page);
+    await page.waitForTimeout(1000);
+
     out.widget_errors = await page.getByText("Error displaying widget").count();
     await page.screenshot({ path: shot("lab.png"), fullPage: true });
 

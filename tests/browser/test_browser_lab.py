@@ -38,6 +38,8 @@ CELLS = {
     # long branches: watched live, then stopped with the view's button
     "stop": "%%lm --temperature 0\nGo.{fork 2}{gen x max_tokens=4000 ignore_eos=True}{join}",
     "flush": "%lm flush",
+    # ends within milliseconds: its widget is replaced by the static view before it was built
+    "fast": "%%lm --temperature 0\nQ:{gen q max_tokens=1}",
 }
 
 
