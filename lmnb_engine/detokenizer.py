@@ -96,34 +96,55 @@ class IncrementalDetokenizer:
 
 
 class StopStringMatcher:
-    """Finds the first stop string in generated text and says how much text is safe to stream.
+    """Finds the first stop string or stop regex match in generated text and says how much text
+    is safe to stream.
 
     Args:
         stops: the stop strings (empty strings are ignored).
+        regexes: stop regular expressions (``SamplingParams.stop_regex``, checked there: none
+            matches the empty string).
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], regexes: Sequence[str] = ()) -> None:
         self.stops = [s for s in stops if s]
         self._longest = max((len(s) for s in self.stops), default=0)
+        if regexes:
+            import regex  # its partial matching says where a match may yet begin
+
+            self._regexes = [regex.compile(p) for p in regexes]
+        else:
+            self._regexes = []
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
-        """Earliest stop string in ``text`` that ends at or after ``new_from`` (the length of the
-        text already checked); returns ``(start index, stop string)`` or None."""
-        if not self.stops:
-            return None
+        """Earliest stop in ``text`` that ends after ``new_from`` (the length of the text already
+        checked; a stop string may also end at it); returns ``(start index, matched text)`` or None."""
         best: tuple[int, str] | None = None
         for s in self.stops:  # (each from its own length back: a shorter stop ending before
             # new_from lies in text that was not checked, the first min_new_tokens, or already shown)
             i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
+        for rx in self._regexes:
+            m = next((m for m in rx.finditer(text) if m.end() > new_from), None)
+            if m is not None and (best is None or m.start() < best[0]):
+                best = (m.start(), m.group())
         return best
 
     def safe_len(self, text: str) -> int:
-        """Length of the prefix of ``text`` that cannot become part of a stop string: the text
-        minus its longest suffix that is a proper prefix of some stop string."""
+        """Length of the prefix of ``text`` that cannot become part of a stop: the text minus its
+        longest suffix that is a proper prefix of some stop string, or from where a stop regex
+        may still match once more text comes."""
+        safe = len(text)
         for k in range(min(self._longest - 1, len(text)), 0, -1):
             tail = text[-k:]
             if any(s.startswith(tail) for s in self.stops):
-                return len(text) - k
-        return len(text)
+                safe = len(text) - k
+                break
+        for rx in self._regexes:
+            pos = 0
+            while (m := rx.search(text, pos, partial=True)) is not None:
+                if m.partial:  # a match may begin here
+                    safe = min(safe, m.start())
+                    break
+                pos = max(m.end(), m.start() + 1)  # a whole match in text not checked (min_new_tokens)
+        return safe

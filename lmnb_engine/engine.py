@@ -499,7 +499,8 @@ class Engine:
             p = params
             # A forced string skips the per-token stop checks, so stops decode token by token too.
             jump = not (self.disable_jump_forward or p.min_new_tokens or p.repetition_penalty != 1
-                        or p.frequency_penalty or p.presence_penalty or p.stop_strings or p.stop_token_ids)
+                        or p.frequency_penalty or p.presence_penalty or p.stop_strings or p.stop_regex
+                        or p.stop_token_ids)
             for r in reqs:
                 r.grammar = RequestGrammar(grammar, jump_forward=jump, logprobs=p.return_logprob)
         return handle, reqs

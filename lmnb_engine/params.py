@@ -36,6 +36,10 @@ class SamplingParams:
         stop: string or list of strings; matched on the detokenized output (also across token
             boundaries); the matched stop text is not returned.
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
+        stop_regex: a regular expression (Python ``re`` syntax) or a list of them; the output ends
+            at the first match in the detokenized text, which is not returned (SGLang's
+            ``stop_regex``; the finish reason's ``matched`` is the matched text). Streaming holds
+            back text that could still become the start of a match.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.
@@ -69,6 +73,7 @@ class SamplingParams:
     logprob_start_len: int = -1
     regex: str | None = None
     json_schema: str | dict | None = None
+    stop_regex: str | list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -78,6 +83,13 @@ class SamplingParams:
             return []
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return [s for s in stops if s]
+
+    @property
+    def stop_regexes(self) -> list[str]:
+        """``stop_regex`` as a list."""
+        if self.stop_regex is None:
+            return []
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
 
     @property
     def greedy(self) -> bool:
@@ -132,6 +144,8 @@ class SamplingParams:
             or (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop))
         ):
             bad("stop", "must be a string or a list of strings")
+        if self.stop_regex is not None:
+            self._check_stop_regex(bad)
         if self.stop_token_ids is not None and not (
             isinstance(self.stop_token_ids, (list, tuple))
             and all(is_int(t) and t >= 0 for t in self.stop_token_ids)
@@ -156,3 +170,18 @@ class SamplingParams:
             bad("extra", "must be a dict whose only key is 'whitespace_pattern' (a regex string)")
         if not isinstance(self.extra.get("whitespace_pattern", ""), (str, type(None))):
             bad("extra", "whitespace_pattern must be a regex string")
+
+    def _check_stop_regex(self, bad: Any) -> None:
+        import regex  # (a dependency of transformers) its partial matching holds streamed text back
+
+        if not (isinstance(self.stop_regex, str) or (
+                isinstance(self.stop_regex, (list, tuple)) and all(isinstance(p, str) for p in self.stop_regex))):
+            bad("stop_regex", "must be a regular expression (a string) or a list of them")
+        for pattern in self.stop_regexes:
+            try:
+                compiled = regex.compile(pattern)
+            except regex.error as e:
+                bad("stop_regex", f"{pattern!r} is not a valid regular expression ({e}); fix the pattern")
+            if compiled.search("") is not None:
+                bad("stop_regex", f"{pattern!r} matches the empty string, so it would stop before the first "
+                                  "token; make it match at least one character")

@@ -116,7 +116,7 @@ class Req:
 
         # output state
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.origin_input_ids, params.skip_special_tokens)
-        self.stop_matcher = StopStringMatcher(params.stop_strings)
+        self.stop_matcher = StopStringMatcher(params.stop_strings, params.stop_regexes)
         self.sent_text_len = 0  # characters of detokenizer.text already streamed
         self.sent_token_len = 0  # output ids already streamed
         self.final_text: Optional[str] = None

@@ -95,6 +95,27 @@ def test_a_stop_ending_before_the_new_text_is_not_found_again():
     assert m.find("ab</s", 3) is None and m.find("ab</s>", 5) == (2, "</s>")  # a long one across the boundary
 
 
+def test_stop_regex_found_across_chunks_with_what_may_match_held_back():
+    # SGLang's stop_regex: the first match in the output ends it; text that could still begin a
+    # match is not streamed ("Answer: 4" may become "Answer: 42.")
+    m = StopStringMatcher([], [r"\d+\.", r"END"])
+    text, checked, shown, hit = "", 0, [], None
+    for piece in ["Answer", ": 4", "2", ".", " more"]:
+        text += piece
+        hit = m.find(text, checked)
+        checked = len(text)
+        if hit:
+            break
+        shown.append(text[: m.safe_len(text)])
+    assert hit == (8, "42.")
+    assert shown == ["Answer", "Answer: ", "Answer: "]  # "4" and "42" may begin a match
+    assert m.find("x END 1.", 0) == (2, "END")  # the earliest of the stops
+    assert m.find("1. later", 2) is None  # a match ending in checked text was let through (min_new_tokens)
+    assert m.safe_len("1. and 3") == 7  # ... and does not hold back the text after it
+    both = StopStringMatcher(["</s"], [r"[A-Z]{3}"])
+    assert both.find("ab</s XYZ", 0) == (2, "</s") and both.safe_len("ab</") == 2 and both.safe_len("abXY") == 2
+
+
 def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
     """The detokenizer calls the fast tokenizer's Rust ``decode`` itself; random id sequences
     (special ids included) decode as ``PreTrainedTokenizerFast.decode`` does, both ways of

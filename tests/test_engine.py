@@ -136,6 +136,31 @@ def test_stop_string_across_a_token_boundary(engine, hf):
     assert result.token_ids == ref[: len(result.token_ids)]
 
 
+def test_stop_regex_ends_at_its_first_match_and_streams_nothing_of_it(engine, hf):
+    # SGLang's stop_regex; the match straddles a token boundary, so its first character was
+    # streamable text until the next token came
+    import re
+
+    tok = engine.tokenizer
+    p = prompts(engine)[0]
+    ref = hf.greedy(p, 32)
+    if 1 in ref:
+        ref = ref[: ref.index(1)]
+    pieces = [tok.decode(ref[: i + 1]) for i in range(len(ref))]
+    full = pieces[-1]
+    k = next(k for k in range(1, len(ref) - 1) if len(pieces[k]) > len(pieces[k - 1])
+             and len(pieces[k + 1]) > len(pieces[k]) and "\ufffd" not in pieces[k + 1][len(pieces[k]) - 1:][:2])
+    a, b = pieces[k + 1][len(pieces[k]) - 1], pieces[k + 1][len(pieces[k])]  # the characters at the boundary
+    pattern = "[" + re.escape(a) + "](?:" + re.escape(b) + "|@never@)"
+    first = re.search(pattern, full)  # Python's re on the whole greedy text: the reference
+    events = list(engine.stream(p, GREEDY.copy(stop_regex=["@never@", pattern])))
+    result = events[-1].result
+    assert result.finish_reason.type == "stop" and result.finish_reason.matched == first.group() == a + b
+    assert result.text == full[: first.start()]
+    assert "".join(e.text_delta for e in events) == full[: first.start()]
+    assert result.token_ids == ref[: len(result.token_ids)]
+
+
 def test_stop_token_ids_eos_min_and_max_new_tokens(engine, hf):
     p = prompts(engine)[1]
     ref = hf.greedy(p, 32)

@@ -155,6 +155,10 @@ def _post(url, path, body, **kw):
         ("/generate", {"text": "a", "sampling_params": {"n": 100000}}, 400, "at most 128"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "n": 100000}, 400, "at most 128"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "n": 129}, 400, "at most 128"),
+        ("/generate", {"text": "a", "sampling_params": {"stop_regex": "(ab"}}, 400,
+         "stop_regex='(ab' is invalid: '(ab' is not a valid regular expression (missing )"),
+        ("/generate", {"text": "a", "sampling_params": {"stop_regex": ["x", "a*"]}}, 400, "'a*' matches the empty string"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "stop_regex": "[z"}, 400, "not a valid regular expression"),
     ],
 )
 def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):
@@ -172,6 +176,11 @@ def test_native_generate_batches_n_samples_and_model_info(served):
     assert [x["text"] for x in r] == ["xx", "xx"] and r[0]["meta_info"]["prompt_tokens"] == 2
     r = _post(url, "/generate", {"input_ids": [97, 98], "sampling_params": {"max_new_tokens": 3, "sampling_seed": 5}}).json()
     assert r["text"] == "xxx" and r["output_ids"] == [120, 120, 120] and engine.received[-1].seed == 5
+    # SGLang's stop_regex (a string or a list) reaches the engine; lmnb refused it
+    assert _post(url, "/generate", {"text": "ab", "sampling_params": {"stop_regex": r"\d+"}}).status_code == 200
+    assert engine.received[-1].stop_regexes == [r"\d+"]
+    body = {"model": "rec", "prompt": "a", "stop_regex": [r"\d", "x{2}"]}
+    assert _post(url, "/v1/completions", body).status_code == 200 and engine.received[-1].stop_regexes == [r"\d", "x{2}"]
     body = {"text": "ab", "logprob_start_len": 0, "return_logprob": None}  # null: SGLang's default
     assert _post(url, "/generate", body).status_code == 200
     assert engine.received[-1].logprob_start_len == -1 and not engine.received[-1].return_logprob

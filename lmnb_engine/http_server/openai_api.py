@@ -4,7 +4,7 @@
 Request and response shapes are the OpenAI API's (what the official ``openai`` client sends and
 parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept (``top_k``,
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
-``skip_special_tokens``, ``regex``, ``json_schema``). ``response_format`` ``json_schema`` /
+``stop_regex``, ``skip_special_tokens``, ``regex``, ``json_schema``). ``response_format`` ``json_schema`` /
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
 rejected with a 400 naming them rather than ignored.
 """
@@ -80,6 +80,7 @@ class _SamplingRequest(_Strict):
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
     stop_token_ids: Optional[list[StrictInt]] = None
+    stop_regex: Optional[Union[str, list[str]]] = None
     skip_special_tokens: bool = True
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict]] = None
@@ -163,6 +164,7 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
             repetition_penalty=req.repetition_penalty,
             stop=stop,
             stop_token_ids=req.stop_token_ids,
+            stop_regex=req.stop_regex,
             ignore_eos=req.ignore_eos,
             skip_special_tokens=req.skip_special_tokens,
             seed=req.seed,

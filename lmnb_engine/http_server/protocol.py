@@ -51,6 +51,7 @@ _SAMPLING_KEYS = {
     "repetition_penalty": "repetition_penalty",
     "stop": "stop",
     "stop_token_ids": "stop_token_ids",
+    "stop_regex": "stop_regex",
     "ignore_eos": "ignore_eos",
     "skip_special_tokens": "skip_special_tokens",
     "n": "n",
@@ -60,7 +61,7 @@ _SAMPLING_KEYS = {
     "json_schema": "json_schema",
 }
 # Accepted only at their neutral value (SGLang clients send them; lmnb has no other behaviour).
-_NEUTRAL_KEYS = {"spaces_between_special_tokens": True, "no_stop_trim": False, "ebnf": None, "structural_tag": None, "stop_regex": None}
+_NEUTRAL_KEYS = {"spaces_between_special_tokens": True, "no_stop_trim": False, "ebnf": None, "structural_tag": None}
 
 
 def image_token(engine: Any) -> Optional[str]:
