@@ -435,9 +435,9 @@ class Scheduler:
     @staticmethod
     def _should_wait(req: Req, matched: int, sim: RadixCache, in_flight: set[str]) -> bool:
         """True if ``req`` would recompute a prefix another request computes this round."""
-        if req.rid in in_flight:  # a sibling sample of the same prompt
-            return True
         shared = sim.match_prefix(req.cache_key(req.max_prefix_len())).length
+        if req.rid in in_flight:  # a sibling sample of the same prompt: wait unless its prompt is cached
+            return shared > matched
         return shared >= matched + IN_BATCH_PREFIX_THRESHOLD
 
     def _start(self, req: Req, match) -> None:

@@ -105,6 +105,31 @@ def test_concurrent_requests_compute_a_shared_prefix_once(tiny_llama):
         assert_idle_accounting(eng)
 
 
+def _record_steps(eng) -> list[list[tuple[int, int]]]:
+    """Make ``eng``'s scheduler log each step it runs as ``[(sample index, new tokens), ...]``."""
+    steps: list[list[tuple[int, int]]] = []
+    run = eng.scheduler._run
+
+    def logged(rows):
+        steps.append([(req.index, n) for req, n in rows])
+        return run(rows)
+
+    eng.scheduler._run = logged
+    return steps
+
+
+def test_sibling_samples_are_admitted_together_once_their_prompt_is_cached(tiny_llama):
+    # each round admitted one sample of a prompt: n=5 took five steps (four of them computing one
+    # token each while sample 0 waited for its second token) where two do
+    with engine(tiny_llama) as eng:
+        steps = _record_steps(eng)
+        p = eng.encode("the red cat and the blue dog went to the river city")
+        results = eng.generate(p, SamplingParams(max_new_tokens=3, temperature=1.0, n=5, ignore_eos=True))
+        assert steps[:2] == [[(0, len(p))], [(1, 1), (2, 1), (3, 1), (4, 1)]]
+        assert sorted(r.meta.cached_tokens for r in results) == [0] + [len(p) - 1] * 4
+        assert_idle_accounting(eng)
+
+
 def test_concurrent_submissions_from_threads(tiny_llama, hf):
     with engine(tiny_llama) as eng:
         ps = shared_prefix_prompts(eng.tokenizer, 16, seed=2)
