@@ -392,7 +392,7 @@ class Scheduler:
             if active >= self.config.max_running_requests or self.req_to_token_pool.available_size() == 0:
                 break
             match = self.cache.match_prefix(req.cache_key(req.max_prefix_len()))
-            if in_flight and self._should_wait(req, match.length, sim, in_flight):
+            if in_flight and not self.disable_radix_cache and self._should_wait(req, match.length, sim, in_flight):
                 continue
             self.cache.inc_lock_ref(match.node)
             if req.num_speculative and req.seq_len - match.length > budget:

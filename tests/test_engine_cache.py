@@ -130,6 +130,21 @@ def test_sibling_samples_are_admitted_together_once_their_prompt_is_cached(tiny_
         assert_idle_accounting(eng)
 
 
+def test_without_the_cache_no_request_waits_for_a_prefix_computed_beside_it(tiny_llama, hf):
+    # with the radix cache disabled a sibling sample, or a prompt sharing a long prefix with one
+    # admitted first, still waited a round for a cache hit that never came: one prefill per step
+    with engine(tiny_llama, disable_radix_cache=True) as eng:
+        steps = _record_steps(eng)
+        p = eng.encode("the red cat and the blue dog went to the river city " * 4)
+        assert len(p) > 32
+        q = p + eng.encode(" and home", add_special_tokens=False)
+        params = GREEDY.copy(n=2)
+        results = eng.generate([p, q], params)
+        assert steps[0] == [(0, len(p)), (1, len(p)), (0, len(q)), (1, len(q))]
+        assert [r.token_ids for r in results] == [hf.greedy(p, 12)] * 2 + [hf.greedy(q, 12)] * 2
+        assert_idle_accounting(eng)
+
+
 def test_concurrent_submissions_from_threads(tiny_llama, hf):
     with engine(tiny_llama) as eng:
         ps = shared_prefix_prompts(eng.tokenizer, 16, seed=2)
