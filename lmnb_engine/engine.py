@@ -103,6 +103,35 @@ class RequestHandle:
         return self._engine.abort(self.rid)
 
 
+class _EventStream:
+    """``Engine.stream``'s iterator over a request's events. Closing it, dropping it or an
+    exception while it waits (Ctrl-C) aborts the request unless it has ended, whether or not
+    iteration has begun (a generator's clean-up runs only once it has started)."""
+
+    def __init__(self, handle: RequestHandle) -> None:
+        self._handle = handle
+        self._events = handle.events()
+
+    def __iter__(self) -> "_EventStream":
+        return self
+
+    def __next__(self) -> StreamEvent:
+        try:
+            return next(self._events)
+        except StopIteration:
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Abort the request unless every sample has finished."""
+        if not self._handle.done:
+            self._handle.abort()
+
+    __del__ = close
+
+
 def _is_token_id(t: Any) -> bool:
     """An integer (Python's or numpy's) that is not a bool."""
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)
@@ -554,18 +583,11 @@ class Engine:
 
     def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[StreamEvent]:
         """Queue one prompt and return an iterator of its ``StreamEvent``s; the last event of each
-        sample has ``finished=True`` and its ``result``. Closing the iterator early aborts.
+        sample has ``finished=True`` and its ``result``. Closing or dropping the iterator before the
+        end aborts the request.
 
         Bad input raises here, before any iteration (as ``submit``)."""
-        return self._follow(self.submit(prompt, params))
-
-    @staticmethod
-    def _follow(handle: RequestHandle) -> Iterator[StreamEvent]:
-        try:
-            yield from handle.events()
-        finally:
-            if not handle.done:
-                handle.abort()
+        return _EventStream(self.submit(prompt, params))
 
     def score(self, prompt_ids: Sequence[int], start: int) -> list[float]:
         """Logprobs (natural log) of ``prompt_ids[j]`` given ``prompt_ids[:j]`` for j in

@@ -187,6 +187,17 @@ def test_closing_a_stream_early_aborts_the_request(engine):
     assert_idle_accounting(engine)
 
 
+def test_closing_or_dropping_a_stream_before_its_first_event_aborts_the_request(engine):
+    # a generator's clean-up runs only once it has started: a stream closed or dropped before
+    # the first next() left its request running to max_new_tokens
+    params = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
+    engine.stream("a bird", params).close()
+    assert_idle_accounting(engine)
+    stream = engine.stream("a fish", params)
+    del stream
+    assert_idle_accounting(engine)
+
+
 def test_abort_of_a_waiting_request(tiny_llama):
     with Engine(str(tiny_llama), max_total_tokens=1024, max_running_requests=1) as eng:
         first = eng.submit("one", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
