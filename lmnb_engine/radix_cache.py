@@ -265,21 +265,25 @@ class RadixCache(PrefixCache):
 
     # --- observability -----------------------------------------------------------------------
     def snapshot(self, preview: Callable[[Sequence[Hashable]], str]) -> TreeNodeView:
-        """Frozen copy of the tree; ``preview(edge_key) -> str`` renders each edge's text."""
-
-        def view(node: TreeNode) -> TreeNodeView:
+        """Frozen copy of the tree; ``preview(edge_key) -> str`` renders each edge's text. Built
+        children first without recursion: a path can hold a node per token of the context."""
+        order, stack = [], [self.root]
+        while stack:  # every node after its parent
+            order.append(stack.pop())
+            stack.extend(order[-1].children.values())
+        views: dict[TreeNode, TreeNodeView] = {}
+        for node in reversed(order):  # every node after its children
             kids = sorted(node.children.values(), key=lambda c: c.id)
-            return TreeNodeView(
+            views[node] = TreeNodeView(
                 node_id=node.id,
                 parent_id=node.parent.id if node.parent is not None else None,
                 num_tokens=len(node.key),
                 text_preview=preview(node.key) if node.key else "",
                 lock_ref=node.lock_ref - (1 if node is self.root else 0),
                 last_access_time=node.last_access_time,
-                children=tuple(view(c) for c in kids),
+                children=tuple(views.pop(c) for c in kids),
             )
-
-        return view(self.root)
+        return views[self.root]
 
     def check_invariants(self) -> None:
         """Walk the tree and compare with the running totals and the leaf set."""

@@ -254,3 +254,22 @@ def test_drop_nonfinite_cuts_the_path_at_the_first_bad_slot():
     assert cache.drop_nonfinite([5, 6, 7]) == 2
     assert cache.match_prefix([5, 6, 7]).length == 1
     assert_accounting(pool, cache)
+
+
+def test_snapshot_of_a_path_deeper_than_the_recursion_limit():
+    # snapshot recursed once per node (twice per level with its generator): a path of 500 nodes,
+    # which prompts growing one token at a time each with their own next token build, raised
+    # RecursionError in Engine.tree_snapshot()
+    depth = 1500
+    pool, _, cache = make(pool_size=3 * depth + 1)  # 2 * depth cached, depth + 1 taken by the last put
+    for k in range(1, depth + 1):
+        put(pool, cache, [5] * k + [7])
+    view = cache.snapshot(lambda k: "")
+    # a chain of depth - 1 one-token [5] nodes, each with a [7] leaf, ending in the leaf [5, 7]
+    nodes, tokens, deepest, stack = 0, 0, 0, [(view, 0)]
+    while stack:
+        v, d = stack.pop()
+        nodes, tokens, deepest = nodes + 1, tokens + v.num_tokens, max(deepest, d)
+        stack.extend((c, d + 1) for c in v.children)
+    assert (nodes, tokens, deepest) == (2 * depth, 2 * depth, depth)
+    assert_accounting(pool, cache)
