@@ -302,7 +302,8 @@ class Scheduler:
             if not retracted:
                 self._unblock_head()
             return
-        self._run(rows)
+        self._step_reqs = [r for r, _ in rows]  # a failure from here on is the forward's: running
+        self._run(rows)  # requests outside it (an extend-only step) and retracted ones are sound
         self._step_reqs = []
 
     def _alloc(self, n: int) -> torch.Tensor:

@@ -229,6 +229,33 @@ def test_an_error_inside_a_step_fails_that_step_only(engine, hf, monkeypatch):
     assert_idle_accounting(engine)
 
 
+def test_a_failed_prefill_does_not_fail_the_requests_decoding_beside_it(engine, hf, monkeypatch):
+    # a step's failure aborted every request running when the step began, though a step that
+    # admits requests runs their prefill alone: a decoding request died of another one's prefill
+    real_forward = engine.runner.forward
+    armed = {"on": False}
+
+    def failing_prefill(batch):
+        if armed["on"] and batch.mode is ForwardMode.EXTEND:
+            armed["on"] = False
+            raise RuntimeError("simulated prefill failure")
+        return real_forward(batch)
+
+    monkeypatch.setattr(engine.runner, "forward", failing_prefill)
+    a_ids = engine.encode("the cat sat on the mat")
+    params = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
+    a = engine.submit(a_ids, params)
+    events = a.events(timeout=60)
+    next(events)
+    next(events)  # a decodes
+    armed["on"] = True
+    b = engine.submit("a prompt about birds", params).result(timeout=60)
+    assert b.finish_reason.type == "abort" and "simulated prefill failure" in b.finish_reason.message
+    ra = a.result(timeout=60)
+    assert ra.finish_reason.type == "length" and ra.token_ids == hf.greedy_ignore_eos(a_ids, 300)
+    assert_idle_accounting(engine)
+
+
 def test_nan_logits_fail_that_request_only(engine, hf, monkeypatch):
     """A forward pass that yields NaN logits for one row (an fp16 overflow, say) aborts that row's
     request with a message naming the cause; the other request of the batch decodes as HF does."""
