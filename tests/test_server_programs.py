@@ -443,3 +443,27 @@ def test_completion_token_ids_outside_the_vocabulary_are_a_400(backends, engines
     assert r.status_code == 400, r.text  # a negative or huge id was a 500 OverflowError from the tokenizer
     assert "are outside the vocabulary [0, 512)" in r.json()["error"]["message"]
     assert httpx.get(url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/generate", '{"text": "aCHARb", "sampling_params": {"max_new_tokens": 2}}', "text"),
+    ("/v1/completions", '{"model": "tiny", "prompt": "aCHARb", "max_tokens": 2}', "prompt"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "CHAR"}], "max_tokens": 2}',
+     "messages.0.content"),
+    ("/generate", '{"text": "a", "sampling_params": {"max_new_tokens": 2, "stop": ["x", "CHAR"]}}',
+     "sampling_params.stop.1"),
+])
+def test_a_lone_surrogate_escape_is_a_400_naming_its_field(backends, path, body, param):
+    import httpx
+
+    url = backends[2]
+    headers = {"content-type": "application/json"}
+    # JSON's "\ud800" parses to a lone surrogate, which no tokenizer takes: it was a 500 TypeError
+    # ("TextEncodeInput must be ...") on the OpenAI routes and a 400 naming no field on /generate
+    for lone in ("\\ud800", "\\udfff", "\\ud83d"):
+        r = httpx.post(url + path, content=body.replace("CHAR", lone), headers=headers, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and "lone UTF-16 surrogate" in err["message"]
+    paired = body.replace("CHAR", "\\ud83d\\ude00")  # a pair is U+1F600, a character
+    assert httpx.post(url + path, content=paired, headers=headers, timeout=60).status_code == 200

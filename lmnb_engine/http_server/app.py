@@ -20,6 +20,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Optional
@@ -263,6 +264,26 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     return prompts, params, rids, batch, opts
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any, where: str = "") -> Optional[str]:
+    """The place (``messages.0.content``; "" for the body itself) of the first string or key in a
+    parsed JSON ``value`` that holds a lone surrogate: JSON's ``\\ud800`` escape parses to one, and it
+    is not text any tokenizer or UTF-8 encoder takes. None when there is none."""
+    if isinstance(value, str):
+        return where if _SURROGATE.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        place = f"{where}.{key}" if where else str(key)
+        if isinstance(key, str) and _SURROGATE.search(key):
+            return place
+        found = _lone_surrogate(item, place)
+        if found is not None:
+            return found
+    return None
+
+
 def _flag(body: dict, key: str) -> bool:
     """A boolean field (false when absent); "no" is a 400, not true."""
     value = body.get(key)
@@ -320,9 +341,15 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     async def json_body(request: Request) -> Any:
         try:
-            return await request.json()
+            body = await request.json()
         except ValueError:
             raise RequestError("the body is not valid JSON") from None
+        where = _lone_surrogate(body)
+        if where is not None:  # the tokenizer fails on one with a TypeError (a 500, or a 400 naming no field)
+            raise RequestError(f"{where or 'the body'} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which "
+                               "is no Unicode character; send valid text (a character beyond U+FFFF as a pair, "
+                               "\\ud83d\\ude00)", param=where or None)
+        return body
 
     @app.get("/health")
     async def health():
