@@ -159,6 +159,11 @@ def _post(url, path, body, **kw):
          "stop_regex='(ab' is invalid: '(ab' is not a valid regular expression (missing )"),
         ("/generate", {"text": "a", "sampling_params": {"stop_regex": ["x", "a*"]}}, 400, "'a*' matches the empty string"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "stop_regex": "[z"}, 400, "not a valid regular expression"),
+        # a RecursionError in the JSON parser was a 500
+        ("/generate", '{"text": ' + "[" * 5000 + "]" * 5000 + "}", 400, "nested too deeply"),
+        ("/v1/completions", '{"model": "rec", "prompt": ' + "[" * 990 + "]" * 990 + "}", 400, "nested too deeply"),
+        ("/v1/chat/completions", '{"model": "rec", "messages": ' + '[{"a": ' * 3000 + "1}]" * 3000 + "}", 400,
+         "nested too deeply"),
     ],
 )
 def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):

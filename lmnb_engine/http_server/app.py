@@ -342,9 +342,11 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def json_body(request: Request) -> Any:
         try:
             body = await request.json()
+            where = _lone_surrogate(body)
         except ValueError:
             raise RequestError("the body is not valid JSON") from None
-        where = _lone_surrogate(body)
+        except RecursionError:  # (json's parser and the walk above recurse per level)
+            raise RequestError("the body is nested too deeply; no request field nests more than a few levels") from None
         if where is not None:  # the tokenizer fails on one with a TypeError (a 500, or a 400 naming no field)
             raise RequestError(f"{where or 'the body'} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which "
                                "is no Unicode character; send valid text (a character beyond U+FFFF as a pair, "
