@@ -455,3 +455,23 @@ def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message(
             list(state.text_iter())
             state.sync()
     assert str(e.value).endswith("/generate stream: RuntimeError: the model fell over")
+
+
+def test_a_null_optional_field_is_its_default_as_the_openai_api_declares_it_nullable(served):
+    # The spec marks n, stream, presence_penalty, logprobs, echo... nullable, and the official client
+    # sends null for an explicit None; each was a 400 ("n: Input should be a valid integer").
+    import openai
+
+    engine, url = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    nulls = dict(n=None, stream=None, presence_penalty=None, frequency_penalty=None, logprobs=None, temperature=None)
+    engine.received.clear()
+    chat = client.chat.completions.create(model="rec", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          extra_body={"top_k": None, "ignore_eos": None}, **nulls)
+    assert [c.message.content for c in chat.choices] == ["xxx"] and chat.choices[0].logprobs is None
+    done = client.completions.create(model="rec", prompt="hi", max_tokens=None, echo=None, **nulls)
+    assert [c.text for c in done.choices] == ["x" * 16]  # the API's default max_tokens
+    for p in engine.received:
+        assert (p.n, p.presence_penalty, p.frequency_penalty, p.temperature, p.top_k, p.return_logprob) == (1, 0, 0, 1, -1, False)
+    r = _post(url, "/v1/chat/completions", {"model": None, "messages": [{"role": "user", "content": "a"}]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model: Field required"

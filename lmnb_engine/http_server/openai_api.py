@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
@@ -60,6 +60,14 @@ class ResponseFormat(_Strict):
 
 class _SamplingRequest(_Strict):
     model: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """A top-level null is the field's default: the OpenAI API marks its optional fields
+        nullable (``"n": null``, ``"stream": null``, ``"presence_penalty": null``), and clients send
+        null for a Python None (the official one for ``n=None``); OpenAI, vLLM and SGLang serve them."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
     max_tokens: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
