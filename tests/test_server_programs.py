@@ -467,3 +467,25 @@ def test_a_lone_surrogate_escape_is_a_400_naming_its_field(backends, path, body,
         assert err["param"] == param and "lone UTF-16 surrogate" in err["message"]
     paired = body.replace("CHAR", "\\ud83d\\ude00")  # a pair is U+1F600, a character
     assert httpx.post(url + path, content=paired, headers=headers, timeout=60).status_code == 200
+
+
+def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
+    # the engine's words were "... + max_new_tokens=N exceeds ...; lower max_new_tokens", a field
+    # the OpenAI API does not have (its names: max_tokens, max_completion_tokens, min_tokens)
+    import httpx
+
+    url, ctx_len = backends[2], engines[1].context_len
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": ctx_len}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": msgs, "max_tokens": ctx_len}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": ctx_len}, "max_completion_tokens"),
+    ]
+    for path, body, name in cases:
+        r = httpx.post(url + path, json={"model": "tiny", **body}, timeout=60)
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert f"+ {name}={ctx_len} exceeds the model's context length of {ctx_len} tokens" in message
+        assert message.endswith(f"lower {name}") and "new_tokens" not in message
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "min_tokens": 3})
+    assert r.json()["error"]["message"] == "min_tokens=3 is invalid: must not exceed max_tokens=2"

@@ -11,6 +11,7 @@ rejected with a 400 naming them rather than ignored.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -150,6 +151,29 @@ def _constraint(req: _SamplingRequest) -> dict:
     return found
 
 
+def _max_name(req: _SamplingRequest) -> str:
+    """The request's name for the reply's length: chat's ``max_completion_tokens`` when it was sent."""
+    return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+
+
+def _api_names(message: str, req: _SamplingRequest) -> str:
+    """An engine or ``SamplingParams`` ``message`` in the request's own field names: the engine's
+    ``max_new_tokens`` / ``min_new_tokens`` are ``max_tokens`` (or ``max_completion_tokens``) /
+    ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field."""
+    message = message.replace("SamplingParams.", "")
+    message = re.sub(r"\bmax_new_tokens\b", _max_name(req), message)
+    return re.sub(r"\bmin_new_tokens\b", "min_tokens", message)
+
+
+async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list) -> list:
+    """``ctx.submit`` with new rids; the engine's refusal (a prompt too long for ``max_tokens``...)
+    is worded in the request's field names (``_api_names``)."""
+    try:
+        return await ctx.submit(prompts, params, [uuid.uuid4().hex for _ in prompts])
+    except RequestError as e:
+        raise RequestError(_api_names(str(e), req), e.status, e.param) from None
+
+
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
     if req.logit_bias:
         raise RequestError("logit_bias is not supported by lmnb", param="logit_bias")
@@ -184,7 +208,7 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
         )
         params.validate()
     except (TypeError, ValueError) as e:
-        raise RequestError(str(e)) from None
+        raise RequestError(_api_names(str(e), req)) from None
     check_n(params.n)
     return params
 
@@ -371,7 +395,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                            0 if req.echo and req.logprobs is not None else -1)
         # token ids up front, so echoed logprobs can name the first prompt token too
         ids = [await ctx.run(engine.encode, x) if isinstance(x, str) else list(x) for x in prompts]
-        handles = await ctx.submit(ids, [params] * len(ids), [uuid.uuid4().hex for _ in ids])  # checks the ids
+        handles = await _submit(ctx, req, ids, [params] * len(ids))  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
         texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -425,7 +449,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
-        handles = await ctx.submit([prompt], [params], [uuid.uuid4().hex])
+        handles = await _submit(ctx, req, [prompt], [params])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return StreamingResponse(_stream(ctx, handles, rid, created, "chat.completion.chunk", req),
