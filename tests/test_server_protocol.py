@@ -159,6 +159,13 @@ def _post(url, path, body, **kw):
          "stop_regex='(ab' is invalid: '(ab' is not a valid regular expression (missing )"),
         ("/generate", {"text": "a", "sampling_params": {"stop_regex": ["x", "a*"]}}, 400, "'a*' matches the empty string"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "stop_regex": "[z"}, 400, "not a valid regular expression"),
+        # a union's deepest error names the problem; the first named the string alternative ("content.str:
+        # Input should be a valid string") for a list of parts whose part lacked its type
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"text": "x"}]}]}, 400,
+         "messages.0.content.list[ContentPart].0.type: Field required"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+         400, "messages.0.content.list[ContentPart].0.text: Input should be a valid string"),
+        ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400, "prompt.list[str].1: Input should be a valid string"),
         # a RecursionError in the JSON parser was a 500
         ("/generate", '{"text": ' + "[" * 5000 + "]" * 5000 + "}", 400, "nested too deeply"),
         ("/v1/completions", '{"model": "rec", "prompt": ' + "[" * 990 + "]" * 990 + "}", 400, "nested too deeply"),

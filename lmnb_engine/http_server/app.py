@@ -326,7 +326,9 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         errs = exc.errors()
-        first = errs[0] if errs else {}
+        # the deepest error: of a union's alternatives (a message's content is a string or a list of
+        # parts), the one the value got furthest in, e.g. content.list[ContentPart].0.type, not content.str
+        first = max(errs, key=lambda e: len(e.get("loc", ())), default={})
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         msg = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
         return JSONResponse(error_body(msg, 400, where or None), 400)
