@@ -166,6 +166,11 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
          400, "messages.0.content.list[ContentPart].0.text: Input should be a valid string"),
         ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400, "prompt.list[str].1: Input should be a valid string"),
+        # pydantic read true/false as 1/0: the chat API's "logprobs": false asked /v1/completions for logprobs
+        ("/v1/completions", {"model": "rec", "prompt": "a", "logprobs": False}, 400, "logprobs must be a number, not false"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "max_tokens": True},
+         400, "max_tokens must be a number, not true"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": True}, 400, "temperature must be a number, not true"),
         # a RecursionError in the JSON parser was a 500
         ("/generate", '{"text": ' + "[" * 5000 + "]" * 5000 + "}", 400, "nested too deeply"),
         ("/v1/completions", '{"model": "rec", "prompt": ' + "[" * 990 + "]" * 990 + "}", 400, "nested too deeply"),

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_args, get_origin
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -341,14 +341,26 @@ def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, promp
                               () if req.echo else prompt_ids).add(head + list(result.logprobs or []))
 
 
+def _is_number(annotation: Any) -> bool:
+    """Whether a field of this type (``int``, ``Optional[float]``...) holds a number."""
+    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) is Union else [annotation]
+    return len(args) == 1 and args[0] in (int, float)
+
+
 def _validate(model: type, body: Any, path: str) -> Any:
     """``model.model_validate(body)``; an unknown top-level field is refused by name with the
-    fields ``path`` takes (as ``/generate`` does), not with pydantic's "Extra inputs" line."""
+    fields ``path`` takes (as ``/generate`` does), not with pydantic's "Extra inputs" line. A
+    number field given true or false is refused too: pydantic reads them as 1 and 0, so the chat
+    API's ``"logprobs": false`` sent to /v1/completions asked for logprobs (``logprobs=0``)."""
     if isinstance(body, dict):
         unknown = sorted(k for k in body if k not in model.model_fields)
         if unknown:
             raise RequestError(f"unknown field {unknown[0]!r}; {path} takes {sorted(model.model_fields)}",
                                param=unknown[0])
+        for key, value in body.items():
+            if isinstance(value, bool) and _is_number(model.model_fields[key].annotation):
+                raise RequestError(f"{key} must be a number, not {str(value).lower()}; leave it out for the default",
+                                   param=key)
     return model.model_validate(body)
 
 
