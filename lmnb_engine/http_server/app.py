@@ -264,7 +264,7 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     return prompts, params, rids, batch, opts
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _lone_surrogate(value: Any, where: str = "") -> Optional[str]:

@@ -61,14 +61,6 @@ class ResponseFormat(_Strict):
 
 class _SamplingRequest(_Strict):
     model: str
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_the_default(cls, data: Any) -> Any:
-        """A top-level null is the field's default: the OpenAI API marks its optional fields
-        nullable (``"n": null``, ``"stream": null``, ``"presence_penalty": null``), and clients send
-        null for a Python None (the official one for ``n=None``); OpenAI, vLLM and SGLang serve them."""
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
     max_tokens: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -93,6 +85,14 @@ class _SamplingRequest(_Strict):
     skip_special_tokens: bool = True
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """A top-level null is the field's default: the OpenAI API marks its optional fields
+        nullable (``"n": null``, ``"stream": null``, ``"presence_penalty": null``), and clients send
+        null for a Python None (the official one for ``n=None``); OpenAI, vLLM and SGLang serve them."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class CompletionRequest(_SamplingRequest):
