@@ -487,3 +487,35 @@ def test_a_null_optional_field_is_its_default_as_the_openai_api_declares_it_null
         assert (p.n, p.presence_penalty, p.frequency_penalty, p.temperature, p.top_k, p.return_logprob) == (1, 0, 0, 1, -1, False)
     r = _post(url, "/v1/chat/completions", {"model": None, "messages": [{"role": "user", "content": "a"}]})
     assert r.status_code == 400 and r.json()["error"]["message"] == "model: Field required"
+
+
+def test_a_batch_larger_than_the_thread_pool_leaves_threads_for_other_requests(monkeypatch):
+    # results() waited on each prompt's handle on a thread of its own: a batch of more prompts than
+    # the pool has threads held them all, and /get_model_info waited for the whole batch
+    from lmnb_engine.http_server import app as server_app
+
+    monkeypatch.setattr(server_app, "MAX_WAITING_THREADS", 3)
+    handles: list = []
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            handles.append(_UntilAborted(super().submit(prompt, params, rid)))
+            return handles[-1]
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        replies: list = []
+        body = {"text": ["a", "b", "c", "d"], "sampling_params": {"max_new_tokens": 2}}
+        batch = threading.Thread(target=lambda: replies.append(httpx.post(url + "/generate", json=body, timeout=60)))
+        batch.start()
+        try:
+            for _ in range(2000):  # until the batch waits on all four (at most 20 s: a hang guard)
+                if len(handles) == 4:
+                    break
+                threading.Event().wait(0.01)
+            info = httpx.get(url + "/get_model_info", timeout=20)  # (the timeout only guards against a hang)
+            assert info.status_code == 200 and info.json()["served_model_name"] == "rec"
+        finally:
+            for h in handles:  # the stand-in's handles finish when "aborted"
+                h.abort()
+            batch.join(30)
+    assert [r["text"] for r in replies[0].json()] == ["xx"] * 4

@@ -104,18 +104,20 @@ class ServerContext:
         return handles
 
     async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:
-        """``[h.result() for h in handles]`` without blocking the event loop. If the client
-        disconnects first, every handle is aborted: a client that gave up on a non-streaming
-        request must not leave its work queued ahead of everyone else's."""
-        futs = [asyncio.ensure_future(self.run(h.result)) for h in handles]
+        """``[h.result() for h in handles]`` without blocking the event loop, on one thread: a
+        thread per handle let one batch of more prompts than ``MAX_WAITING_THREADS`` hold every
+        thread, and every other request (even ``/get_model_info``) waited for the whole batch. If
+        the client disconnects first, every handle is aborted: a client that gave up on a
+        non-streaming request must not leave its work queued ahead of everyone else's."""
+        fut = asyncio.ensure_future(self.run(lambda: [h.result() for h in handles]))
         try:
-            while not all(f.done() for f in futs):
-                await asyncio.wait(futs, timeout=poll_s)
-                if not all(f.done() for f in futs) and await request.is_disconnected():
+            while not fut.done():
+                await asyncio.wait([fut], timeout=poll_s)
+                if not fut.done() and await request.is_disconnected():
                     for h in handles:
                         h.abort()
                     break
-            return [await f for f in futs]
+            return await fut
         finally:
             for h in handles:
                 if not h.done:
