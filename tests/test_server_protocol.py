@@ -171,6 +171,10 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "max_tokens": True},
          400, "max_tokens must be a number, not true"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": True}, 400, "temperature must be a number, not true"),
+        # the chat API's field is top_logprobs; the error named logprobs ("top logprobs must be in [0, 20]")
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "logprobs": True,
+                                  "top_logprobs": 21}, 400, "top_logprobs=21 is out of range: give 0 to 20"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "logprobs": 21}, 400, "logprobs=21 is out of range: give 0 to 20"),
         # a RecursionError in the JSON parser was a 500
         ("/generate", '{"text": ' + "[" * 5000 + "]" * 5000 + "}", 400, "nested too deeply"),
         ("/v1/completions", '{"model": "rec", "prompt": ' + "[" * 990 + "]" * 990 + "}", 400, "nested too deeply"),

@@ -181,7 +181,9 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
         raise RequestError("stream_options.continuous_usage_stats is not supported: usage comes in the last "
                            "chunk (include_usage)", param="stream_options")
     if not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise RequestError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
+        name = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"  # the field that asked for them
+        raise RequestError(f"{name}={top} is out of range: give 0 to {MAX_TOP_LOGPROBS} top logprobs per token",
+                           param=name)
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     try:
         params = SamplingParams(
