@@ -15,7 +15,7 @@ accounting invariant ``free + evictable + protected + request-owned == pool size
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional, Sequence
 
 import torch
@@ -53,7 +53,9 @@ class TreeNodeView:
 
     num_tokens: length of the node's edge (key items); text_preview: the edge decoded (shortened);
     lock_ref: running requests (and pins) whose path passes through the node; last_access_time:
-    ``time.time()`` seconds of the last match or insert touching it; children: child views.
+    ``time.time()`` seconds of the last match or insert touching it; children: child views (left
+    out of ``repr``, which would recurse as deep as the tree: a prompt grown a token at a time
+    makes a path of thousands of nodes).
     """
 
     node_id: int
@@ -62,7 +64,7 @@ class TreeNodeView:
     text_preview: str
     lock_ref: int
     last_access_time: float
-    children: tuple["TreeNodeView", ...]
+    children: tuple["TreeNodeView", ...] = field(repr=False)
 
 
 class PrefixCache(ABC):

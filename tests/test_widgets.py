@@ -649,6 +649,28 @@ def test_tree_view_of_a_real_radix_cache_with_locks_and_eviction():
     assert "[evicted]" in second["text/plain"]
 
 
+def test_tree_view_of_a_path_thousands_of_nodes_deep():
+    # a prompt grown a token at a time, each with its own next token, makes such a path: %lm tree
+    # (flatten) and repr() of the snapshot recursed once per level and raised RecursionError
+    import torch
+
+    from lmnb_engine.radix_cache import RadixCache
+    from lmnb_kernel.widgets.render_tree import MAX_NODES
+
+    depth = 1500
+    cache = RadixCache(None, None)
+    for k in range(1, depth + 1):
+        cache.insert([5] * k + [7], torch.zeros(k + 1, dtype=torch.int64))
+    view = cache.snapshot(lambda key: "")
+    assert len(repr(view)) < 200
+    bundle = TreeView(clock=lambda: 1e12).update(view)
+    # root, depth - 1 one-token [5] nodes each with a [7] leaf, and the last leaf [5, 7]
+    assert len(bundle[VIEW_MIME]["nodes"]) == 2 * depth
+    soup = BeautifulSoup(bundle["text/html"], "html.parser")
+    assert len(soup.select(".lmnb-node")) == MAX_NODES  # rows rendered; the rest summarised
+    assert bundle["text/plain"].startswith(f"radix tree: {2 * depth - 1} nodes")
+
+
 def test_tree_view_refresh_updates_the_same_display(shell):
     recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0},
             {"node_id": 1, "parent_id": 0, "num_tokens": 3, "text_preview": "abc", "pinned": True}]

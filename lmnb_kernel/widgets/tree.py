@@ -55,8 +55,19 @@ def flatten(snapshot: Any, pinned: Iterable[Hashable] = ()) -> "OrderedDict[Hash
     say so themselves. Raises ``ValueError`` on records missing a required field."""
     pinned = set(pinned)
     out: "OrderedDict[Hashable, NodeInfo]" = OrderedDict()
-
-    def add(rec: Any, parent_hint: Optional[Hashable]) -> None:
+    if snapshot is None:
+        return out
+    if isinstance(snapshot, Mapping) and not any(k in snapshot for k in ("node_id", "id")):
+        records: Iterable = snapshot.values()
+    elif isinstance(snapshot, (list, tuple)):
+        records = snapshot
+    else:
+        records = [snapshot]
+    # an explicit stack, not recursion: a prompt grown a token at a time makes a path of
+    # thousands of nodes
+    stack: list[tuple[Any, Optional[Hashable]]] = [(rec, None) for rec in reversed(list(records))]
+    while stack:
+        rec, parent_hint = stack.pop()
         nid = _get(rec, "node_id", "id")
         out[nid] = NodeInfo(
             id=nid,
@@ -67,20 +78,8 @@ def flatten(snapshot: Any, pinned: Iterable[Hashable] = ()) -> "OrderedDict[Hash
             last_access=_get(rec, "last_access_time", "last_access", default=None),
             pinned=bool(_get(rec, "pinned", default=False)) or nid in pinned,
         )
-        for child in _get(rec, "children", default=()) or ():
-            if not isinstance(child, (int, str)):  # nested views; flat records list children by id
-                add(child, nid)
-
-    if snapshot is None:
-        return out
-    if isinstance(snapshot, Mapping) and not any(k in snapshot for k in ("node_id", "id")):
-        records: Iterable = snapshot.values()
-    elif isinstance(snapshot, (list, tuple)):
-        records = snapshot
-    else:
-        records = [snapshot]
-    for rec in records:
-        add(rec, None)
+        children = [c for c in _get(rec, "children", default=()) or () if not isinstance(c, (int, str))]
+        stack += [(child, nid) for child in reversed(children)]  # nested views; flat records list ids
     return out
 
 
