@@ -268,8 +268,15 @@ class Scheduler:
                 req.arrival = self._arrivals
                 self._arrivals += 1
                 self.waiting.append(req)
+            for req in payload:
                 if req.grammar is not None:  # a forced prefix is drafted before the first pass
-                    self._jump_forward(req)
+                    try:
+                        self._jump_forward(req)
+                    except Exception as exc:  # noqa: BLE001 - only this request fails; the caller's
+                        # future is not read, so raising would leave every request of the batch unanswered
+                        logger.exception("jump-forward of request %s failed", req.rid)
+                        self.waiting.remove(req)
+                        self._finish(req, FinishReason("abort", message=f"internal error: {type(exc).__name__}: {exc}"))
             return None
         if kind == "call":
             return payload()
@@ -463,7 +470,8 @@ class Scheduler:
             FinishReason(
                 "abort",
                 message=(
-                    f"request needs {head.seq_len} KV slots but only "
+                    f"request needs {head.prompt_len + head.params.max_new_tokens} KV slots to finish "
+                    f"({head.seq_len} for its tokens so far) but only "
                     f"{self.kv_pool.available_size() + self.cache.evictable_size()} of {self.kv_pool.size} can be "
                     f"freed ({self.pinned_tokens()} are pinned); unpin prefixes or raise max_total_tokens"
                 ),

@@ -337,3 +337,22 @@ def test_a_prompt_that_cannot_fit_beside_pinned_prefixes_says_how_many_tokens_ar
                                            "pinned); unpin prefixes or raise max_total_tokens")
         eng.unpin(handle)
         assert_idle_accounting(eng)
+
+
+def test_a_request_that_cannot_finish_beside_pinned_prefixes_says_what_it_needs_to_finish(tiny_llama):
+    """It said its length at the abort ("needs 51 KV slots") where it needs prompt + max_new_tokens
+    slots to finish (55), which is what raising max_total_tokens or unpinning must give."""
+    import random
+    import re
+
+    with engine(tiny_llama, max_total_tokens=100) as eng:
+        rng = random.Random(1)
+        handle = eng.pin_prefix([rng.randrange(10, 500) for _ in range(50)])
+        r = eng.generate([rng.randrange(10, 500) for _ in range(45)],
+                         SamplingParams(max_new_tokens=10, ignore_eos=True))
+        assert r.finish_reason.type == "abort"
+        assert re.fullmatch(r"request needs 55 KV slots to finish \((4[5-9]|5[0-4]) for its tokens so far\) but only "
+                            r"50 of 100 can be freed \(50 are pinned\); unpin prefixes or raise max_total_tokens",
+                            r.finish_reason.message), r.finish_reason.message
+        eng.unpin(handle)
+        assert_idle_accounting(eng)

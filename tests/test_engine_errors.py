@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import threading
 
 import pytest
 import torch
@@ -411,6 +413,33 @@ def test_a_constrained_request_failed_on_its_prompt_finishes_once(engine, monkey
     assert r.finish_reason.type == "abort" and "while scoring the prompt" in r.finish_reason.message
     assert [e.finished for e in h.events(timeout=5)] == [True] and r.token_ids == []
     monkeypatch.setattr(engine.runner, "forward", real_forward)
+    assert_idle_accounting(engine)
+
+
+def test_a_failed_jump_forward_on_arrival_fails_that_request_only(engine, monkeypatch):
+    """A forced prefix is drafted when a constrained request arrives; a failure there was raised
+    into the submission's future, which nobody reads: the batch's later requests were never
+    queued and generate() waited forever."""
+    real = engine.scheduler._jump_forward
+    calls = {"n": 0}
+
+    def fails_once(req):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated grammar failure")
+        return real(req)
+
+    monkeypatch.setattr(engine.scheduler, "_jump_forward", fails_once)
+    params = SamplingParams(max_new_tokens=12, temperature=0, regex=r'\{"a": [0-9]\}')
+    results = []
+    batch = threading.Thread(target=lambda: results.extend(engine.generate(["the cat", "the dog"], params)), daemon=True)
+    batch.start()
+    batch.join(60)
+    assert not batch.is_alive(), "the batch's requests were never answered"
+    first, second = results
+    assert first.finish_reason.type == "abort" and "simulated grammar failure" in first.finish_reason.message
+    assert re.fullmatch(r'\{"a": [0-9]\}', second.text)
+    monkeypatch.setattr(engine.scheduler, "_jump_forward", real)
     assert_idle_accounting(engine)
 
 
