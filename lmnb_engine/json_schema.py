@@ -29,6 +29,9 @@ def checked_schema(schema: dict) -> dict:
         raise ValueError(f"JSON schema at #/$schema must be a string (a draft's URI), not {schema['$schema']!r}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
+    except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
+        raise ValueError("JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); "
+                         "flatten it") from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
         hint = ("; patterns are Python regular expressions (as JSON Schema validators read them), which have no "

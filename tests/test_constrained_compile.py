@@ -1398,3 +1398,43 @@ def test_repeat_counts_above_re2s_limit_are_refused_before_compiling(backend, pa
         backend.to_regex(regex=pattern)
     backend.to_regex(regex="(ab{100}){10}")  # 1000: at the limit
     backend.to_regex(regex="[a-z]{3,}")  # an unbounded repeat counts its minimum
+
+
+def nested_repeats(depth: int) -> str:
+    """``depth`` parentheses, each a group, an alternation, a concatenation and a repeat to the
+    automaton library (4 of its 250 nesting levels)."""
+    pattern = "a"
+    for _ in range(depth):
+        pattern = f"(?:b|a{pattern}c)*"
+    return pattern
+
+
+@pytest.mark.parametrize("pattern", ["(" * 150 + "a" + ")" * 150, "(?:" * 1000 + "a" + ")" * 1000,
+                                     nested_repeats(61), "(?:b|" * 61 + "a" + ")" * 61])
+def test_parentheses_nested_above_the_limit_are_refused_by_name(backend, pattern):
+    # 150 groups: a RecursionError from the repeat-count walk; (?: ... ) and alternatives of
+    # alternatives (which Python's parser folds away): the library's bare "error building NFA"
+    with pytest.raises(GrammarError, match=r"nests parentheses (150|1000|61) levels deep, above the limit of 60"):
+        backend.to_regex(regex=pattern)
+    if len(pattern) < 3000:  # (1000 levels: the meta-schema check refuses it first, see below)
+        with pytest.raises(GrammarError, match=r"at #: regex .* nests parentheses (150|61) levels deep"):
+            backend.to_regex(json_schema={"type": "string", "pattern": pattern})
+
+
+def test_parentheses_nested_to_the_limit_compile_and_match_what_python_matches(backend):
+    pattern = nested_repeats(60)
+    grammar = backend.compile(regex=pattern)
+    for text, accepted in (("", True), ("ac", True), ("abc", True), ("bacb", True), ("aac", False), ("ab", False)):
+        state = grammar.initial_state
+        for t in backend.vocab.encode(text):
+            state = None if state is None else grammar.next_state(state, t)
+        assert (state is not None and grammar.is_final(state)) == accepted == bool(re.fullmatch(pattern, text)), text
+
+
+def test_a_schema_nesting_deeper_than_the_library_builds_says_so(backend):
+    deep = {"type": "string", "pattern": "^" + nested_repeats(60) + "$"}  # within the limit as a regex, not in JSON
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"anyOf": [deep, {"type": "integer"}]}}}}
+    with pytest.raises(GrammarError, match=r"nests parentheses \d+ levels deep, deeper than the automaton library builds"):
+        backend.compile(json_schema=schema)
+    with pytest.raises(GrammarError, match="JSON schema nests too deeply to check"):  # re.compile in jsonschema recursed
+        backend.to_regex(json_schema={"type": "string", "pattern": "(" * 1000 + "a" + ")" * 1000})

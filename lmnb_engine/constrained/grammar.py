@@ -55,7 +55,7 @@ import torch
 
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
-from lmnb_engine.constrained.regex_check import _c, _p
+from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
@@ -342,6 +342,11 @@ def compile_grammar(
             ) from None
         except (RecursionError, OverflowError):
             pass
+        depth = nesting_depth(regex)
+        if depth > MAX_NESTING:  # (a JSON schema's regex: its structure and patterns nest together)
+            raise GrammarError(
+                f"the constraint {_shown(regex)} nests parentheses {depth} levels deep, deeper than the automaton "
+                f"library builds ({text}); flatten the schema's nesting or its patterns") from None
         raise GrammarError(f"regex {regex!r} cannot be compiled to a token index: {text}") from None
     grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start, marked)
     if not grammar._after_marker or grammar.initial_state in grammar._dead:

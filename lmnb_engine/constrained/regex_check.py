@@ -56,18 +56,50 @@ def _unsupported(op, av) -> tuple[str, str] | None:
 
 
 def _walk(node):
-    """Yield every ``(op, av)`` pair in a parsed pattern, depth first."""
-    if isinstance(node, _p.SubPattern):
-        node = node.data
-    if isinstance(node, list):
-        for item in node:
-            yield from _walk(item)
-    elif isinstance(node, tuple):
-        if len(node) == 2 and isinstance(node[0], _c._NamedIntConstant):
-            yield node
-        for part in node:
-            if isinstance(part, (list, tuple, _p.SubPattern)):
-                yield from _walk(part)
+    """Yield every ``(op, av)`` pair in a parsed pattern, depth first (with a stack of its own, so
+    a deeply nested pattern does not exhaust Python's recursion limit)."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _p.SubPattern):
+            node = node.data
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+        elif isinstance(node, tuple):
+            if len(node) == 2 and isinstance(node[0], _c._NamedIntConstant):
+                yield node
+            stack.extend(part for part in reversed(node) if isinstance(part, (list, tuple, _p.SubPattern)))
+
+
+# The automaton library (regex-syntax) refuses a pattern nested more than 250 levels deep, where a
+# group, an alternation, a concatenation and a repeat each count a level, so up to 4 levels a
+# parenthesis, e.g. ``((b|ac)*)``; Python's parser folds some of them away (``(?:b|(?:c|a))`` is one
+# class), so the parentheses are counted in the text. 60 of them stay within the library's limit,
+# and within Python's own parser (which runs out of recursion near 500).
+MAX_NESTING = 60
+
+
+def nesting_depth(pattern: str) -> int:
+    """How deeply parentheses nest in ``pattern`` (escaped ones and those in a class not counted)."""
+    deepest = depth = 0
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            i += 1
+        elif ch == "[":  # to the class's end: a ']' first (after an optional '^') is a literal
+            i += 2 if pattern.startswith("^", i + 1) else 1
+            i += pattern.startswith("]", i + 1)
+            while i + 1 < n and pattern[i + 1] != "]":
+                i += 2 if pattern[i + 1] == "\\" else 1
+            i += 1
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth = max(depth - 1, 0)
+        i += 1
+    return deepest
 
 
 # Like RE2, which refuses a repeat count above 1000: the automaton has a state per repetition, and
@@ -79,19 +111,23 @@ MAX_REPEAT_COUNT = 1000
 
 def largest_repeat(node, outer: int = 1) -> int:
     """The largest product of bounded repeat counts along a nesting path of a parsed pattern
-    (an unbounded ``{m,}`` counts as ``m``)."""
-    if isinstance(node, _p.SubPattern):
-        node = node.data
-    if isinstance(node, list):
-        return max((largest_repeat(item, outer) for item in node), default=outer)
-    if not isinstance(node, tuple):
-        return outer
-    if len(node) == 2 and node[0] in (_c.MAX_REPEAT, _c.MIN_REPEAT):
-        lo, hi, sub = node[1]
-        inner = outer * max(lo if hi is _c.MAXREPEAT else hi, 1)
-        return max(inner, largest_repeat(sub, inner))
-    return max((largest_repeat(part, outer) for part in node if isinstance(part, (list, tuple, _p.SubPattern))),
-               default=outer)
+    (an unbounded ``{m,}`` counts as ``m``), walked with a stack of its own (see ``_walk``)."""
+    largest, stack = outer, [(node, outer)]
+    while stack:
+        node, outer = stack.pop()
+        if isinstance(node, _p.SubPattern):
+            node = node.data
+        if isinstance(node, list):
+            stack.extend((item, outer) for item in node)
+        elif isinstance(node, tuple):
+            if len(node) == 2 and node[0] in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+                lo, hi, sub = node[1]
+                outer *= max(lo if hi is _c.MAXREPEAT else hi, 1)
+                largest = max(largest, outer)
+                stack.append((sub, outer))
+            else:
+                stack.extend((part, outer) for part in node if isinstance(part, (list, tuple, _p.SubPattern)))
+    return largest
 
 
 def check_regex(pattern: str) -> None:
@@ -99,9 +135,10 @@ def check_regex(pattern: str) -> None:
 
     Checked: backreferences, conditionals, lookahead/lookbehind (positive and negative), anchors
     (``^ $ \\A \\Z``; matches are whole-output already), word boundaries, atomic groups,
-    possessive quantifiers, and repeat counts above ``MAX_REPEAT_COUNT`` (nested ones multiplied).
-    A pattern that Python's parser rejects is passed on unchanged (the DFA library may accept it,
-    or report its own error when compiling).
+    possessive quantifiers, repeat counts above ``MAX_REPEAT_COUNT`` (nested ones multiplied), and
+    parentheses nested deeper than ``MAX_NESTING`` (``nesting_depth``). A pattern that Python's
+    parser rejects is passed on unchanged (the DFA library may accept it, or report its own error
+    when compiling).
 
     Raises:
         GrammarError: naming the first unsupported feature found and how to rewrite it.
@@ -109,6 +146,7 @@ def check_regex(pattern: str) -> None:
     """
     if not isinstance(pattern, str):
         raise TypeError(f"regex must be a str, got {type(pattern).__name__}")
+    _check_nesting(pattern)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -122,6 +160,7 @@ def check_regex(pattern: str) -> None:
 
 def check_parsed(parsed, pattern: str) -> None:
     """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages)."""
+    _check_nesting(pattern)
     for op, av in _walk(parsed):
         found = _unsupported(op, av)
         if found is not None:
@@ -135,8 +174,21 @@ def check_parsed(parsed, pattern: str) -> None:
         raise GrammarError(_too_many(pattern, str(count)))
 
 
+def _shown(pattern: str) -> str:
+    return repr(pattern[:80]) + ("..." if len(pattern) > 80 else "")
+
+
+def _check_nesting(pattern: str) -> None:
+    depth = nesting_depth(pattern)
+    if depth > MAX_NESTING:
+        raise GrammarError(
+            f"regex {_shown(pattern)} nests parentheses {depth} levels deep, above the limit of {MAX_NESTING}: the "
+            "automaton library cannot build it; flatten the pattern (a group around a single item, or an "
+            "alternative of alternatives, can be written without the extra level)")
+
+
 def _too_many(pattern: str, count: str) -> str:
-    shown = repr(pattern[:80]) + ("..." if len(pattern) > 80 else "")
+    shown = _shown(pattern)
     return (f"regex {shown} repeats a part {count} times (nested repeats multiplied), above the limit of "
             f"{MAX_REPEAT_COUNT}: its automaton would take too long to build; use an unbounded repeat "
             "('+' or '*') and bound the length with max_tokens instead")
