@@ -1438,3 +1438,32 @@ def test_a_schema_nesting_deeper_than_the_library_builds_says_so(backend):
         backend.compile(json_schema=schema)
     with pytest.raises(GrammarError, match="JSON schema nests too deeply to check"):  # re.compile in jsonschema recursed
         backend.to_regex(json_schema={"type": "string", "pattern": "(" * 1000 + "a" + ")" * 1000})
+
+
+def accepts(grammar, vocab, text: str) -> bool:
+    state = grammar.initial_state
+    for t in vocab.encode(text):
+        state = None if state is None else grammar.next_state(state, t)
+    return state is not None and grammar.is_final(state)
+
+
+@pytest.mark.parametrize("pattern, inside, outside", [
+    ("[^\\ud800a]", ["b", "\ud7ff", "\ue000", "😀"], ["a"]),  # each failed with "error building NFA"
+    ("[a-\\udfff]", ["a", "é", "\ud7ff"], ["\ue000", "😀"]),
+    ("[\\udfff-\\ue001]", ["\ue000", "\ue001"], ["\ud7ff", "\ue002"]),
+    ("[\\ud800b]x", ["bx"], ["x", "ax"]),
+])
+def test_surrogates_in_a_regex_class_are_left_out(backend, pattern, inside, outside):
+    grammar = backend.compile(regex=pattern)
+    for text in inside:
+        assert accepts(grammar, backend.vocab, text) and re.fullmatch(pattern, text), text
+    for text in outside:
+        assert not accepts(grammar, backend.vocab, text) and not re.fullmatch(pattern, text), text
+
+
+@pytest.mark.parametrize("pattern", ["\\ud800", "a\udc00", "x|\\udbff"])
+def test_a_surrogate_outside_a_class_is_refused_by_name(backend, pattern):
+    # '\\U0000d800' (the rewritten pattern) "cannot be compiled to a token index: ... error building
+    # NFA"; a literal one: "'utf-8' codec can't encode character"
+    with pytest.raises(GrammarError, match=r"has the surrogate U\+D(800|C00|BFF) outside a class, which no UTF-8 text holds"):
+        backend.to_regex(regex=pattern)

@@ -18,7 +18,9 @@ Two characters are left out of every class, ``.`` and negated category: ``MARKER
 and U+10FFFF, noncharacters no text holds, with which ``grammar.compile_grammar`` marks where a
 match starts and ends. Were the first allowed inside, each one in the text would begin another
 match in the automaton's unanchored half, which then doubles with each repeat (``.{0,20}`` would
-not compile); the second, read as text, ends the match there.
+not compile); the second, read as text, ends the match there. The surrogates U+D800-U+DFFF, which
+no UTF-8 text holds and the library refuses in a class, are left out of classes too; one outside a
+class is refused.
 
 ``\\d``, ``\\w``, ``\\s`` and their negations are written out as classes of the characters Python's
 ``re`` gives them (``python_category``): the library's Unicode tables differ (its ``\\w`` holds the
@@ -39,6 +41,7 @@ from lmnb_engine.constrained.vocab import START_MARKER
 MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it,
 # and the end with the next character, U+10FFFF (as text it would end a complete match there)
 _LEFT_OUT = f"\\U{MARKER:08x}-\\U{MARKER + 1:08x}"  # (as _char writes them)
+_SURROGATES = (0xD800, 0xDFFF)  # no UTF-8 text holds them, and the library refuses them in a class
 
 _COUNT = re.compile(r"\{(\d*)(?:(,)(\d*))?\}")  # what Python reads as a repeat count after an item
 _FLAGS = re.compile(r"\(\?([aiLmsux]+)\)")  # a global flag group (Python 3.11: only at the start)
@@ -152,18 +155,30 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
         if pattern[i] == "-" and pattern[i + 1] != "]":
             high, i = item(i + 1)
             pieces = [(low, high)] if negated else [(low, min(high, MARKER - 1))] if low < MARKER else []
+            pieces = [cut for lo, hi in pieces for cut in ((lo, min(hi, _SURROGATES[0] - 1)),
+                                                           (max(lo, _SURROGATES[1] + 1), hi)) if cut[0] <= cut[1]]
             items += [f"{spelled(lo)}-{spelled(hi)}" if lo < hi else spelled(lo) for lo, hi in pieces]
         elif isinstance(low, str):  # a category: Python's members (a negated one nested, or apart)
             if low in _NEGATED_CATEGORIES and not negated:
                 categories.append(low)
             else:
                 items.append(_category_class(low) or low)
-        elif negated or low < MARKER:
+        elif (negated or low < MARKER) and not _is_surrogate(low):
             items.append(spelled(low))
     if negated:
         return "[^" + "".join(items) + _LEFT_OUT + "]", i + 1
     parts = (["[" + "".join(items) + "]"] if items else []) + [_escaped(c, in_class=False) for c in categories]
     return (parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")") if parts else "[^\\s\\S]", i + 1
+
+
+def _is_surrogate(code: int) -> bool:
+    return _SURROGATES[0] <= code <= _SURROGATES[1]
+
+
+def _refuse_surrogate(pattern: str, code: int | None) -> None:
+    if code is not None and _is_surrogate(code):
+        raise GrammarError(f"regex {pattern!r} has the surrogate U+{code:04X} outside a class, which no UTF-8 text "
+                           "holds, so no output can hold it; remove it (in a class, surrogates are left out)")
 
 
 def _refuse_unsupported(pattern: str, parsed) -> None:
@@ -213,6 +228,7 @@ def automaton_syntax(pattern: str) -> str:
         count = _COUNT.match(pattern, i) if ch == "{" else None
         if ch == "\\" and i + 1 < n:
             end = _escape_end(pattern, i, in_class=False)
+            _refuse_surrogate(pattern, _code(pattern[i:end], in_class=False))
             out.append(_escaped(pattern[i:end], in_class=False))
             i = end
         elif ch == "[":
@@ -250,6 +266,7 @@ def automaton_syntax(pattern: str) -> str:
                 i += 2 if pattern[i] == "\\" else 1
             i += 1
         else:
+            _refuse_surrogate(pattern, ord(ch))
             out.append(ch)
             i += 1
     return "".join(out)
