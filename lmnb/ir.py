@@ -328,7 +328,8 @@ def check_regex(regex: Optional[str]) -> None:
     """Compile ``regex`` client-side so a typo fails at the ``gen`` call, as in SGLang.
 
     Raises:
-        ValueError: not a string or not a valid Python regular expression.
+        ValueError: not a string, not a valid Python regular expression, or nested too deeply
+            for Python's parser (some hundreds of parentheses).
     """
     if regex is None:
         return
@@ -338,3 +339,7 @@ def check_regex(regex: Optional[str]) -> None:
         re.compile(regex)
     except re.error as e:
         raise ValueError(f"regex {regex!r} is not a valid regular expression: {e}") from None
+    except RecursionError:  # Python's parser recurses per level of parentheses
+        shown = repr(regex[:80]) + ("..." if len(regex) > 80 else "")
+        raise ValueError(f"regex {shown} nests its parentheses too deeply for Python's re to read; flatten "
+                         "the pattern") from None

@@ -410,6 +410,8 @@ def test_dtype_int_becomes_regex_stops_and_parsed_value():
         sgl.gen("x", dtype=int, regex="[0-9]")
     with pytest.raises(ValueError, match="not a valid regular expression"):
         sgl.gen("x", regex="(unclosed")
+    with pytest.raises(ValueError, match=r"regex '\(\(\(.*\.\.\. nests its parentheses too deeply for Python's re"):
+        sgl.gen("x", regex="(" * 1000 + "a" + ")" * 1000)  # re.compile's RecursionError escaped gen()
 
 
 def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_stream():
