@@ -1452,6 +1452,7 @@ def accepts(grammar, vocab, text: str) -> bool:
     ("[a-\\udfff]", ["a", "é", "\ud7ff"], ["\ue000", "😀"]),
     ("[\\udfff-\\ue001]", ["\ue000", "\ue001"], ["\ud7ff", "\ue002"]),
     ("[\\ud800b]x", ["bx"], ["x", "ax"]),
+    ("[^\\ud800-\\udfffb]", ["a", "\ud7ff", "\ue000"], ["b"]),
 ])
 def test_surrogates_in_a_regex_class_are_left_out(backend, pattern, inside, outside):
     grammar = backend.compile(regex=pattern)
@@ -1467,3 +1468,4 @@ def test_a_surrogate_outside_a_class_is_refused_by_name(backend, pattern):
     # NFA"; a literal one: "'utf-8' codec can't encode character"
     with pytest.raises(GrammarError, match=r"has the surrogate U\+D(800|C00|BFF) outside a class, which no UTF-8 text holds"):
         backend.to_regex(regex=pattern)
+

@@ -19,8 +19,9 @@ and U+10FFFF, noncharacters no text holds, with which ``grammar.compile_grammar`
 match starts and ends. Were the first allowed inside, each one in the text would begin another
 match in the automaton's unanchored half, which then doubles with each repeat (``.{0,20}`` would
 not compile); the second, read as text, ends the match there. The surrogates U+D800-U+DFFF, which
-no UTF-8 text holds and the library refuses in a class, are left out of classes too; one outside a
-class is refused.
+no UTF-8 text holds and the library refuses in a class, are left out of classes too (in a negated
+class, a single one or a range of them alone; a range ending in one is still refused by the library); one outside a class
+is refused.
 
 ``\\d``, ``\\w``, ``\\s`` and their negations are written out as classes of the characters Python's
 ``re`` gives them (``python_category``): the library's Unicode tables differ (its ``\\w`` holds the
@@ -155,8 +156,12 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
         if pattern[i] == "-" and pattern[i + 1] != "]":
             high, i = item(i + 1)
             pieces = [(low, high)] if negated else [(low, min(high, MARKER - 1))] if low < MARKER else []
-            pieces = [cut for lo, hi in pieces for cut in ((lo, min(hi, _SURROGATES[0] - 1)),
-                                                           (max(lo, _SURROGATES[1] + 1), hi)) if cut[0] <= cut[1]]
+            if negated and _is_surrogate(low) and _is_surrogate(high):
+                pieces = []  # (nothing to leave out: no text holds them)
+            elif not negated:  # (cut in a negated class, a range spanning them would leave them in: the whole
+                # Unicode range, so negated, would match surrogates to the library, and compile to dead ends)
+                pieces = [cut for lo, hi in pieces for cut in ((lo, min(hi, _SURROGATES[0] - 1)),
+                                                               (max(lo, _SURROGATES[1] + 1), hi)) if cut[0] <= cut[1]]
             items += [f"{spelled(lo)}-{spelled(hi)}" if lo < hi else spelled(lo) for lo, hi in pieces]
         elif isinstance(low, str):  # a category: Python's members (a negated one nested, or apart)
             if low in _NEGATED_CATEGORIES and not negated:
