@@ -485,7 +485,7 @@ class Engine:
                 )
         backend = self._grammar_backend
         regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
-        return backend.wait(regex)
+        return backend.wait(regex, source=params.regex)
 
     def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
         handle, reqs = self._make_reqs(ids, params, rid)

@@ -1469,3 +1469,12 @@ def test_a_surrogate_outside_a_class_is_refused_by_name(backend, pattern):
     with pytest.raises(GrammarError, match=r"has the surrogate U\+D(800|C00|BFF) outside a class, which no UTF-8 text holds"):
         backend.to_regex(regex=pattern)
 
+
+@pytest.mark.parametrize("pattern", ["[^\\s\\S]", "x[^\\w\\W]|y", "(a[^\\d\\D])?b", "a[^\\x00-\\U0010FFFF]"])
+def test_a_part_that_matches_nothing_is_named_in_the_users_spelling(backend, pattern):
+    # the message quoted the rewritten pattern (\s written out: 1 to 40 KB of \U0000xxxx ranges)
+    # twice and blamed the tokenizer's vocabulary
+    with pytest.raises(GrammarError) as e:
+        backend.compile(regex=pattern)
+    assert str(e.value) == (f"regex {pattern!r} has a part that matches no text (e.g. a class with no character in it, "
+                            "'[^\\s\\S]'), which the automaton library refuses; remove that part")

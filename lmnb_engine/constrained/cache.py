@@ -186,8 +186,10 @@ class GrammarBackend:
         return self.cache.get_or_submit(regex, self.vocab, self._executor, timeout_s=self.compile_timeout_s,
                                         memory_bytes=self.compile_memory_bytes, owner=self._children)
 
-    def wait(self, regex: str) -> CompiledGrammar:
-        """``submit(regex)``'s grammar, waiting at most ``compile_timeout_s``.
+    def wait(self, regex: str, source: str | None = None) -> CompiledGrammar:
+        """``submit(regex)``'s grammar, waiting at most ``compile_timeout_s``. ``source``: the
+        user's own spelling of a regex that ``to_regex`` rewrote into ``regex``, named in errors
+        instead of the rewritten pattern (whose classes run to kilobytes: ``\\s`` written out).
 
         A pattern whose compile already outlasted a wait fails at once until the compile ends (it
         goes on in the background, at most ``compile_timeout_s`` from its start; its grammar is
@@ -200,6 +202,14 @@ class GrammarBackend:
             GrammarCompileStopped: the compile took longer than ``compile_timeout_s``, ran out of
                 memory, was killed, or did not start within the wait.
         """
+        try:
+            return self._wait(regex)
+        except GrammarError as e:
+            if source is None or source == regex or isinstance(e, GrammarCompileStopped):
+                raise
+            raise GrammarError(str(e).replace(repr(regex), repr(source))) from None
+
+    def _wait(self, regex: str) -> CompiledGrammar:
         fut = self.submit(regex)
         if not fut.done() and regex in self._timed_out:
             raise GrammarCompileStopped(self._too_slow(regex))
@@ -232,7 +242,7 @@ class GrammarBackend:
 
     def compile(self, regex: str | None = None, json_schema: Any = None, whitespace_pattern: str | None = None) -> CompiledGrammar:
         """Validate, compile (or fetch from the cache) and wait: the blocking convenience form."""
-        return self.wait(self.to_regex(regex, json_schema, whitespace_pattern))
+        return self.wait(self.to_regex(regex, json_schema, whitespace_pattern), source=regex)
 
     def shutdown(self) -> None:
         """Stop compiling: queued compiles are cancelled and running ones killed (their waiting

@@ -329,6 +329,9 @@ def compile_grammar(
         ) from None
     except ValueError as e:
         text = str(e)
+        if "following characters: []" in text:  # a state no character leads on from: a dead end in the pattern
+            raise GrammarError(f"regex {regex!r} has a part that matches no text (e.g. a class with no character in "
+                               "it, '[^\\s\\S]'), which the automaton library refuses; remove that part") from None
         if "incompatible" in text or "no transitions" in text.lower():
             raise GrammarError(
                 f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: {text}"
