@@ -1478,3 +1478,23 @@ def test_a_part_that_matches_nothing_is_named_in_the_users_spelling(backend, pat
         backend.compile(regex=pattern)
     assert str(e.value) == (f"regex {pattern!r} has a part that matches no text (e.g. a class with no character in it, "
                             "'[^\\s\\S]'), which the automaton library refuses; remove that part")
+
+
+@pytest.mark.parametrize("pattern, inside, outside", [
+    # [^\d] was written as a nested class, which Python (compile_grammar's may_hold) read as ending
+    # early, so the pattern was built bare: after a complete match (here the empty one) every token
+    # into a longer character was dropped, and 'é' alone could not be written
+    ("[^\\d]{0,2}", ["", "é", "aé", "ǅ—", "\x0bǅ"], ["٣", "a1", "abc"]),
+    ("[^\\s\\d]*", ["é", "ab😀"], [" é", "a٣"]),
+    ("(?:b|[^\\d])?x", ["éx", "x", "bx"], ["٣x", "bbx"]),
+    ("[^\\W_]{0,2}", ["é", "a٣", "½", "ǅ"], ["_", "a_", "-"]),  # word characters but '_'
+    ("[^\\D]?", ["", "٣", "7"], ["a", "½"]),
+    ("[^\\Wa]+", ["é١", "b"], ["a", "ba"]),
+])
+def test_categories_in_a_class_keep_multibyte_characters_after_a_complete_match(backend, pattern, inside, outside):
+    grammar = backend.compile(regex=pattern)
+    assert grammar.marked
+    for text in inside:
+        assert accepts(grammar, backend.vocab, text) and re.fullmatch(pattern, text), text
+    for text in outside:
+        assert not accepts(grammar, backend.vocab, text) and not re.fullmatch(pattern, text), text

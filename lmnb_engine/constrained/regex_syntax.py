@@ -27,6 +27,10 @@ is refused.
 ``re`` gives them (``python_category``): the library's Unicode tables differ (its ``\\w`` holds the
 combining marks of Devanagari or Thai words and ``⁔``, Python's holds ``½``; its ``\\s`` lacks
 ``\\x1c``-``\\x1f``). Left as it is: case folding under ``(?i)`` (``İ``).
+Inside a class they are inlined, never nested as a class of their own: ``grammar.compile_grammar``
+reads the pattern with Python (``may_hold``), to which ``[^[...]...]`` ends at the first ``]``; a
+negated class with a negated category in it (``[^\\W_]``) is written out as the characters
+Python's class holds.
 """
 
 from __future__ import annotations
@@ -65,7 +69,11 @@ _CATEGORY_TESTS = {  # Python's re (sre) on str: \\d is isdecimal, \\s isspace, 
 def python_category(name: str) -> str:
     """The class items (no brackets) of the characters Python's ``re`` matches with ``name``
     (``\\d``, ``\\w`` or ``\\s``), range by range, from this Python's Unicode tables."""
-    test = _CATEGORY_TESTS[name]
+    return _members(_CATEGORY_TESTS[name])
+
+
+def _members(test) -> str:
+    """The class items (no brackets) of the characters ``test`` holds, range by range."""
     items, start = [], None
     for code in range(0x110001):
         inside = code < 0x110000 and test(chr(code))
@@ -132,11 +140,13 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
     Python's rules: a ``]`` first is a literal, ``x-y`` a range, a ``-`` before ``]`` a literal.
     The start marker is left out: a negated class excludes it too, a range is cut around it, and
     a negated category (``\\W``) becomes an alternative of its own without it."""
+    start = i
     i += 1
     negated = pattern[i] == "^"
     i += negated
     items: list[str] = []
     categories: list[str] = []
+    nested = False  # a negated category in a negated class ([^\\W_]: word characters but '_')
 
     def item(i: int) -> tuple[int | str, int]:
         if pattern[i] == "\\":
@@ -166,10 +176,19 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
         elif isinstance(low, str):  # a category: Python's members (a negated one nested, or apart)
             if low in _NEGATED_CATEGORIES and not negated:
                 categories.append(low)
+            elif low in _CATEGORY_TESTS:  # its members inline: Python reads a nested class otherwise, and
+                items.append(python_category(low))  # compile_grammar's may_hold reads the pattern with Python
             else:
+                nested = nested or low in _NEGATED_CATEGORIES
                 items.append(_category_class(low) or low)
         elif (negated or low < MARKER) and not _is_surrogate(low):
             items.append(spelled(low))
+    if nested:  # written out as the characters Python's class holds (a subset of \\w, \\d or \\s), for may_hold too
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            members = re.compile(pattern[start:i + 1]).fullmatch
+        held = _members(lambda ch: members(ch) is not None)
+        return (f"[{held}]" if held else "[^\\s\\S]"), i + 1
     if negated:
         return "[^" + "".join(items) + _LEFT_OUT + "]", i + 1
     parts = (["[" + "".join(items) + "]"] if items else []) + [_escaped(c, in_class=False) for c in categories]
