@@ -1453,6 +1453,9 @@ def accepts(grammar, vocab, text: str) -> bool:
     ("[\\udfff-\\ue001]", ["\ue000", "\ue001"], ["\ud7ff", "\ue002"]),
     ("[\\ud800b]x", ["bx"], ["x", "ax"]),
     ("[^\\ud800-\\udfffb]", ["a", "\ud7ff", "\ue000"], ["b"]),
+    # a negated range ending in a surrogate failed with "error building NFA"
+    ("[^a-\\udfff]", ["\x00", "`", "\ue000", "😀"], ["a", "é", "\ud7ff"]),
+    ("[^\\ud900-\\U0010FFFF]", ["a", "\ud7ff"], ["\ue000", "😀"]),
 ])
 def test_surrogates_in_a_regex_class_are_left_out(backend, pattern, inside, outside):
     grammar = backend.compile(regex=pattern)
@@ -1470,7 +1473,9 @@ def test_a_surrogate_outside_a_class_is_refused_by_name(backend, pattern):
         backend.to_regex(regex=pattern)
 
 
-@pytest.mark.parametrize("pattern", ["[^\\s\\S]", "x[^\\w\\W]|y", "(a[^\\d\\D])?b", "a[^\\x00-\\U0010FFFF]"])
+@pytest.mark.parametrize("pattern", ["[^\\s\\S]", "x[^\\w\\W]|y", "(a[^\\d\\D])?b", "a[^\\x00-\\U0010FFFF]",
+                                     # only surrogates, which no text holds: generation wrote 'a\ue000'
+                                     "a[^\\x00-\\ud7ff\\ue000-\\U0010FFFF]", "[^\\x00-\\ud7ffb\\ue000-\\U0010FFFFa]"])
 def test_a_part_that_matches_nothing_is_named_in_the_users_spelling(backend, pattern):
     # the message quoted the rewritten pattern (\s written out: 1 to 40 KB of \U0000xxxx ranges)
     # twice and blamed the tokenizer's vocabulary

@@ -147,6 +147,7 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
     items: list[str] = []
     categories: list[str] = []
     nested = False  # a negated category in a negated class ([^\\W_]: word characters but '_')
+    spans: list[tuple[int, int]] = []  # the characters a negated class names, cut around the surrogates
 
     def item(i: int) -> tuple[int | str, int]:
         if pattern[i] == "\\":
@@ -166,12 +167,12 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
         if pattern[i] == "-" and pattern[i + 1] != "]":
             high, i = item(i + 1)
             pieces = [(low, high)] if negated else [(low, min(high, MARKER - 1))] if low < MARKER else []
-            if negated and _is_surrogate(low) and _is_surrogate(high):
-                pieces = []  # (nothing to leave out: no text holds them)
-            elif not negated:  # (cut in a negated class, a range spanning them would leave them in: the whole
-                # Unicode range, so negated, would match surrogates to the library, and compile to dead ends)
-                pieces = [cut for lo, hi in pieces for cut in ((lo, min(hi, _SURROGATES[0] - 1)),
-                                                               (max(lo, _SURROGATES[1] + 1), hi)) if cut[0] <= cut[1]]
+            cut = [c for lo, hi in pieces for c in ((lo, min(hi, _SURROGATES[0] - 1)),
+                                                    (max(lo, _SURROGATES[1] + 1), hi)) if c[0] <= c[1]]
+            spans += cut if negated else []
+            if not negated or _is_surrogate(low) or _is_surrogate(high):  # the library refuses a surrogate
+                pieces = cut  # end ('[^a-\\udfff]'); a negated range across them stays whole (cut, it would
+                # leave them in: the whole range, negated, would be surrogates to the library: dead ends)
             items += [f"{spelled(lo)}-{spelled(hi)}" if lo < hi else spelled(lo) for lo, hi in pieces]
         elif isinstance(low, str):  # a category: Python's members (a negated one nested, or apart)
             if low in _NEGATED_CATEGORIES and not negated:
@@ -183,16 +184,32 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
                 items.append(_category_class(low) or low)
         elif (negated or low < MARKER) and not _is_surrogate(low):
             items.append(spelled(low))
+            spans += [(low, low)] if negated else []
     if nested:  # written out as the characters Python's class holds (a subset of \\w, \\d or \\s), for may_hold too
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             members = re.compile(pattern[start:i + 1]).fullmatch
         held = _members(lambda ch: members(ch) is not None)
         return (f"[{held}]" if held else "[^\\s\\S]"), i + 1
+    if negated and _covers_all(spans):  # it leaves only surrogates, which no text holds: it matches nothing
+        return "[^\\s\\S]", i + 1  # (the library matched other characters for such a class)
     if negated:
         return "[^" + "".join(items) + _LEFT_OUT + "]", i + 1
     parts = (["[" + "".join(items) + "]"] if items else []) + [_escaped(c, in_class=False) for c in categories]
     return (parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")") if parts else "[^\\s\\S]", i + 1
+
+
+def _covers_all(spans: list[tuple[int, int]]) -> bool:
+    """Whether the ``(low, high)`` code point ranges cover every character text may hold (all but
+    the surrogates and the two markers)."""
+    reach = 0  # every code point below it is covered
+    for lo, hi in sorted(spans):
+        if lo > reach and not (_SURROGATES[0] <= reach and lo <= _SURROGATES[1] + 1):
+            return False
+        reach = max(reach, hi + 1)
+        if reach == _SURROGATES[0]:
+            reach = _SURROGATES[1] + 1
+    return reach >= MARKER
 
 
 def _is_surrogate(code: int) -> bool:
