@@ -166,7 +166,8 @@ class Engine:
         schedule_policy: "lpm" (longest prefix match, default), "fcfs" or "dfs-weight" (paper §3).
         disable_radix_cache: no prefix reuse across requests (for comparisons).
         chunked_prefill_size: new tokens per step (default 2048 on CPU, 8192 on CUDA).
-        max_running_requests: concurrent requests (default 64 on CPU, 256 on CUDA).
+        max_running_requests: concurrent requests (default 64 on CPU, 256 on CUDA; at most
+            ``max_total_tokens``).
         mem_fraction: share of free memory for the KV pool when ``max_total_tokens`` is None.
         mixed_batching: run decode rows together with new prefills in one forward.
         attention_backend: an ``AttentionBackend`` or a name: "auto" (default: on CUDA, flash-attn

@@ -35,7 +35,8 @@ class ModelRunner:
     Args:
         loaded: a ``LoadedModel`` from ``lmnb_engine.model_loader.load_model``.
         max_total_tokens: KV pool capacity in tokens; None sizes it from ``mem_fraction``.
-        max_running_requests: rows of the request→token table; None picks a device default.
+        max_running_requests: rows of the request→token table; None picks a device default; at
+            most ``max_total_tokens``.
         mem_fraction: share of free device memory (RAM on CPU) for the KV pool (default 0.8 on
             CUDA, 0.1 on CPU, where the pool is also capped at ``CPU_MAX_POOL_TOKENS``).
         attention_backend: an ``AttentionBackend``, or a name for ``select_attention_backend``
@@ -83,6 +84,9 @@ class ModelRunner:
             max_running_requests = min(DEFAULT_MAX_RUNNING[kind], max_total_tokens)
         elif max_running_requests < 1:
             raise ValueError(f"max_running_requests={max_running_requests} must be >= 1")
+        # each running request holds at least one KV slot, so more rows could never run (as SGLang
+        # caps it); 10**7 rows of the request→token table would take 20 GB at a 512-token context
+        max_running_requests = min(max_running_requests, max_total_tokens)
         self.max_total_tokens = max_total_tokens
         self.max_running_requests = max_running_requests
         if attention_backend is None or isinstance(attention_backend, str):  # [issue 9] backend selector

@@ -112,6 +112,14 @@ def test_a_kv_pool_too_large_to_allocate_is_a_clear_error(tiny_llama):
     assert e.match(f"needs {10**10 * per_token / 2**30:.1f} GiB")
 
 
+def test_max_running_requests_is_capped_at_the_kv_pool_size(tiny_llama):
+    # each running request holds a KV slot: 10**5 rows (of a 512-token table: 200 MB) could never
+    # run beside a 64-token pool; 10**7 took 20 GB before any request came
+    with Engine(str(tiny_llama), max_total_tokens=64, max_running_requests=10**5) as eng:
+        assert eng.model_info()["max_running_requests"] == 64
+        assert eng.runner.req_to_token_pool.host.shape[0] == 64
+
+
 def test_prompt_plus_output_beyond_the_pool_is_rejected(tiny_llama):
     with Engine(str(tiny_llama), max_total_tokens=64) as eng:
         with pytest.raises(ValueError, match="KV pool of 64 tokens"):
