@@ -171,6 +171,9 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "max_tokens": True},
          400, "max_tokens must be a number, not true"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": True}, 400, "temperature must be a number, not true"),
+        # and a string as its number ("2" was read as 2 here, refused by /generate and OpenAI)
+        ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": "2"}, 400,
+         "max_tokens must be a number, not the string '2'"),
         # the chat API's field is top_logprobs; the error named logprobs ("top logprobs must be in [0, 20]")
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "logprobs": True,
                                   "top_logprobs": 21}, 400, "top_logprobs=21 is out of range: give 0 to 20"),

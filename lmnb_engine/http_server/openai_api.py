@@ -353,15 +353,17 @@ def _validate(model: type, body: Any, path: str) -> Any:
     """``model.model_validate(body)``; an unknown top-level field is refused by name with the
     fields ``path`` takes (as ``/generate`` does), not with pydantic's "Extra inputs" line. A
     number field given true or false is refused too: pydantic reads them as 1 and 0, so the chat
-    API's ``"logprobs": false`` sent to /v1/completions asked for logprobs (``logprobs=0``)."""
+    API's ``"logprobs": false`` sent to /v1/completions asked for logprobs (``logprobs=0``). So is
+    a string (``"max_tokens": "2"``), which OpenAI's API and /generate refuse."""
     if isinstance(body, dict):
         unknown = sorted(k for k in body if k not in model.model_fields)
         if unknown:
             raise RequestError(f"unknown field {unknown[0]!r}; {path} takes {sorted(model.model_fields)}",
                                param=unknown[0])
         for key, value in body.items():
-            if isinstance(value, bool) and _is_number(model.model_fields[key].annotation):
-                raise RequestError(f"{key} must be a number, not {str(value).lower()}; leave it out for the default",
+            if isinstance(value, (bool, str)) and _is_number(model.model_fields[key].annotation):
+                shown = str(value).lower() if isinstance(value, bool) else f"the string {value!r}"
+                raise RequestError(f"{key} must be a number, not {shown}; leave it out for the default",
                                    param=key)
     return model.model_validate(body)
 
