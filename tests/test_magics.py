@@ -477,3 +477,32 @@ def test_the_first_cell_shows_its_view_while_the_model_loads(ip, tiny_llama, mon
         assert not result.success and "could not load /no/such/checkpoint" in out.stdout + out.stderr
         final = [o for o in out.outputs if "view" in (o.metadata or {}).get("lmnb", {})][-1]
         assert final.metadata["lmnb"]["status"] == "error"
+
+
+def test_a_gen_with_n_samples_stopped_by_ctrl_c_still_counts_its_requests(ip, tiny_llama, monkeypatch):
+    # gen(n=2) is not streamed: stopped by Ctrl-C, its aborted requests came back as one unnamed var
+    # event with a list of metas and no text before it, which the view dropped (prompt 0, cached 0)
+    from transformers import AutoTokenizer
+
+    from lmnb_kernel.widgets import RunView
+
+    engine = get_session().backend().engine
+    tick = RunView.tick
+
+    def ctrl_c_once_both_samples_run(self):
+        if engine.cache_stats()["running_requests"] == 2 and not getattr(self, "_pressed", False):
+            self._pressed = True
+            raise KeyboardInterrupt
+        tick(self)
+
+    monkeypatch.setattr(RunView, "tick", ctrl_c_once_both_samples_run)
+    before = engine.cache_stats()
+    result, out = run(ip, "%%lm --static --temperature 0\nCount to ten:{gen a n=2 max_tokens=500 ignore_eos=True}")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    after = engine.cache_stats()
+    [meta] = summaries(out)
+    prompt = len(AutoTokenizer.from_pretrained(str(tiny_llama))("Count to ten:")["input_ids"])
+    assert meta["status"] == "interrupted"
+    assert meta["tokens"]["prompt_tokens"] == 2 * prompt == after["prompt_tokens"] - before["prompt_tokens"]
+    assert meta["tokens"]["cached_tokens"] == after["cached_tokens"] - before["cached_tokens"]
+    assert meta["tokens"]["completion_tokens"] > 0
