@@ -140,8 +140,11 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     except KeyboardInterrupt as interrupt:
         t0 = time.monotonic()
         abort_tree(state, listener)
-        waiter.join(interrupt_wait_s)
-        stop_body(state)
+        try:
+            waiter.join(interrupt_wait_s)
+            stop_body(state)
+        except KeyboardInterrupt:  # Ctrl-C again (a double press): wait no longer, but still stop the
+            stop_body(state, grace_s=0)  # body and report the outcome (the body ran on for the kernel's life)
         interrupt_s = time.monotonic() - t0
         _drain(listener, feeder)
         listener.close()

@@ -108,3 +108,37 @@ def test_a_stop_also_aborts_a_program_run_inside_the_body(how):
         run_cell(state, listener, _Feeder(), view)
     assert isinstance(state.error(), lmnb.ProgramAborted)
     assert len(backend.aborted) == 1  # the nested gen's request
+
+
+def test_a_second_ctrl_c_while_the_first_stops_the_cell_still_stops_the_body(monkeypatch):
+    # Ctrl-C pressed twice: the second one landed while the first waited for the cell to stop and
+    # cut the clean-up short, so a --python body in a loop ran on (a core busy for the kernel's
+    # life) and the cell ended with no outcome (its view said "running" for good)
+    release, ended = threading.Event(), threading.Event()
+
+    @lmnb.function
+    def body(s):
+        try:
+            s += "start"
+            while not release.is_set():
+                pass
+        finally:
+            ended.set()
+
+    class _PressedAgainWhileWaiting(threading.Thread):
+        def join(self, timeout=None):
+            if self.name == "lmnb-cell":  # the cell's waiter, joined after the first Ctrl-C
+                raise KeyboardInterrupt
+            return super().join(timeout)
+
+    listener = Listener()
+    state = start_run(body, {}, ScriptedBackend(), {}, listener)
+    monkeypatch.setattr(threading, "Thread", _PressedAgainWhileWaiting)
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            run_cell(state, listener, _CtrlC(), _View())
+        monkeypatch.undo()
+        assert e.value.lmnb_outcome.status == "interrupted"
+        assert ended.wait(20), "the body's thread is still running after Ctrl-C twice"
+    finally:
+        release.set()
