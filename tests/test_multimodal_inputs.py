@@ -27,6 +27,35 @@ def test_every_source_of_one_image_has_the_same_hash(tmp_path):
         assert loaded.image.mode == "RGB" and np.array_equal(np.asarray(loaded.image), np.asarray(img))
 
 
+def test_a_lazily_opened_pil_image_read_from_two_threads_at_once(tmp_path):
+    """A notebook's `photo = Image.open(path)` in `{image photo}`: the live view's thumbnail and the
+    engine read the picture at the same time, and Pillow's lazy decode is not thread-safe (the
+    cell failed at random with 'AssertionError' or 'I/O operation on closed file')."""
+    import threading
+
+    img = random_image(5, size=(64, 48))
+    path = tmp_path / "a.png"
+    path.write_bytes(png_bytes(img))
+    expected = hashlib.sha256(b"RGB:64x48:" + np.asarray(img).tobytes()).hexdigest()
+    for _ in range(40):
+        lazy = Image.open(path)
+        barrier, results = threading.Barrier(2), []
+
+        def read():
+            barrier.wait()
+            try:
+                results.append(load_image(lazy).hash)
+            except Exception as e:  # noqa: BLE001 - the failure under test
+                results.append(repr(e))
+
+        threads = [threading.Thread(target=read) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [expected, expected]
+
+
 def test_bare_base64_passed_as_a_path_says_so_without_echoing_it():
     """image(<bare base64 string>) raised OSError 'File name too long' with the whole string."""
     data = base64.b64encode(png_bytes(random_image(3, size=(64, 64)))).decode()

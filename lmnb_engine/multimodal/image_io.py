@@ -13,6 +13,7 @@ import binascii
 import hashlib
 import io
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,10 @@ def pixel_hash(image: Image.Image) -> str:
     return h.hexdigest()
 
 
+# A notebook's PIL image is read by the live view's thumbnail and the engine at once.
+_PIL_LOAD_LOCK = threading.Lock()
+
+
 def load_image(
     source: Any,
     max_bytes: int = DEFAULT_MAX_BYTES,
@@ -74,7 +79,8 @@ def load_image(
     if isinstance(source, Image.Image):
         image = source
         _check_pixels(image, max_pixels, "the PIL image")
-        return _finish(image, "the PIL image")
+        with _PIL_LOAD_LOCK:  # Pillow's lazy decode of an Image.open() is not thread-safe
+            return _finish(image, "the PIL image")
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _decode(bytes(source), max_bytes, max_pixels, "the image data")
     if isinstance(source, os.PathLike):
