@@ -431,9 +431,10 @@ def assistant_end() -> RoleEnd:
 
 def image(source: Any) -> Image:
     """An image input: a file path, ``PIL.Image.Image``, encoded bytes or ``data:image/...;base64``
-    URL (http(s) URLs only with ``LMNB_ALLOW_REMOTE_MEDIA=1``). Runs on the in-process ``Engine``
-    backend with a LLaVA checkpoint: the image's KV is reused by later prompts with the same pixels
-    (paper §6). Other backends raise ``NotImplementedError``; a bad image raises ``ValueError``."""
+    URL (http(s) URLs only with ``LMNB_ALLOW_REMOTE_MEDIA=1``). Runs with a LLaVA checkpoint on the
+    in-process ``Engine`` or behind ``RuntimeEndpoint`` (the image's KV is reused by later prompts
+    with the same pixels, paper §6), and on an ``OpenAI`` chat model; an ``OpenAI`` completion model
+    raises ``NotImplementedError``; a bad image raises ``ValueError``."""
     return Image(source)
 
 
