@@ -62,6 +62,10 @@ _NOT_IN_LMNB["VertexAI"] = _NOT_IN_LMNB["LiteLLM"] = _NOT_IN_LMNB["Anthropic"]
 
 
 def __getattr__(name):
+    if name == "template":  # the %%lm cell language (`lmnb.template.parse(cell).to_python()`)
+        import importlib
+
+        return importlib.import_module("lmnb.template")
     if name in _LAZY:
         import importlib
 

@@ -32,6 +32,21 @@ def test_import_lmnb_loads_neither_torch_nor_engine():
     assert out.stdout.strip() == "[]"
 
 
+def test_lmnb_template_is_reachable_from_a_plain_import_lmnb():
+    """CELL_LANGUAGE.md's tip `lmnb.template.parse(cell).to_python()` after `import lmnb` (in a fresh
+    interpreter, where no kernel imported lmnb.template first) raised "module 'lmnb' has no
+    attribute 'template'"."""
+    code = (
+        "import sys, lmnb\n"
+        "print(lmnb.template.parse('Q:{gen a max_tokens=2}').to_python())\n"
+        "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'lmnb_engine')])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert 's += "Q:"\n    s += lmnb.gen("a", max_tokens=2)\n' in out.stdout
+    assert out.stdout.rstrip().endswith("[]")
+
+
 def test_fill_gen_and_roles_build_the_chat_text():
     be = ScriptedBackend(lambda p, params: "Paris", chat_template=CHATML)
 
