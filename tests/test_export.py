@@ -365,3 +365,29 @@ def test_objects_the_row_cells_change_in_place_start_from_the_setup_value_in_eac
     prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
     assert prompts == ["x", "11", "y", "11", "z", "11"]
     assert ns["seen"] == [] and ns["counts"] == {"n": 0}
+
+
+def test_objects_a_python_lm_cell_changes_in_place_start_from_the_setup_value_in_each_row(monkeypatch, tmp_path):
+    """`counter["n"] += 1` in a `%%lm --python` body changed the module's dict: every row (and
+    the prefix hint's trace before them) added to it, so rows saw 2, 3, 4 where the notebook's one
+    pass sees 1."""
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook('counter = {"n": 0}\ntopic = "cats"',
+                  '%%lm --python --temperature 0\ncounter["n"] += 1\ns += f"{topic} {counter[\'n\']}:"\n'
+                  's += lmnb.gen("x", max_tokens=1)',
+                  "%%lm --temperature 0\n{counter['n']}{gen y max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.copied == ("counter",) and p.inputs == ("topic",)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"topic": t} for t in ("a", "b", "c")])
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--num-threads", "1", "--no-progress"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], programs=[ns["cell_2"], ns["cell_3"]], backend=backend) == 0
+    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    assert prompts == ["a 1:", "1", "b 1:", "1", "c 1:", "1"]
+    assert [r["variables"] for r in read_results(tmp_path / "out.jsonl")] == [{"x": "!", "y": "!"}] * 3
+    assert ns["counter"] == {"n": 0}

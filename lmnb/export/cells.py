@@ -107,6 +107,7 @@ class LMCell:
     python: object = None  # lmnb.template.PythonCell
     reads: tuple = ()
     captures: tuple = ()
+    mutates: tuple = ()  # (--python) globals its body changes in place: each row needs its own copy
 
 
 Cell = Union[Markdown, Dropped, Code, LMCell]
@@ -163,8 +164,10 @@ def _lm_cell(index: int, line: str, body: str) -> LMCell:
     try:
         if options.python:
             program = parse_python(body, first_line=2, filename=filename)
-            return LMCell(index, line, options, python=program, reads=python_program_reads(body),
-                          captures=python_program_captures(program.tree))
+            reads = python_program_reads(body)
+            return LMCell(index, line, options, python=program, reads=reads,
+                          captures=python_program_captures(program.tree),
+                          mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"))
         template = parse(body, first_line=2, filename=filename)
     except TemplateError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None

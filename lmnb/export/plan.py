@@ -177,6 +177,7 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
             # A global named like the generated code's own names (s, items, forks, ...) is passed
             # as an argument too: the parser renames parameters, not globals.
             clashes = c.template is not None
+            local |= set(c.mutates)  # the row's own copy, passed in (the module value is the set-up one)
             p.lm_params[c.index] = tuple(n for n in c.reads if n in local or n in fields
                                          or (clashes and python_name(n) != n))
             captured = c.captures if c.template is not None else tuple(
@@ -228,7 +229,7 @@ def _copied(setup: list, row: list, inputs: tuple, parameters: tuple) -> tuple:
             rebound |= set(c.assigns) | set(c.mutates)
             read |= set(c.reads)
         elif isinstance(c, LMCell):
-            rebound |= set(c.captures) | ({c.options.out} if c.options.out else set())
+            rebound |= set(c.captures) | set(c.mutates) | ({c.options.out} if c.options.out else set())
             read |= set(c.reads)
     return tuple(sorted((rebound & module & read) - set(inputs)))
 
