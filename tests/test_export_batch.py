@@ -326,3 +326,17 @@ def test_with_several_threads_each_rows_stderr_comes_out_together_and_a_rows_las
     for lines in (out, err):
         assert sorted(lines) == want
         assert all(lines[k].split()[0] == lines[k + 1].split()[0] for k in range(0, 16, 2)), lines
+
+
+def test_an_output_that_is_no_regular_file_is_refused_with_the_fix(tmp_path, capsys):
+    """`--output /dev/stdout | jq` waited forever reading the pipe back; /dev/null took every row
+    and kept none; a folder was a bare '[Errno 21] Is a directory'."""
+    import os
+
+    with pytest.raises(StoreError, match=r"^the output /dev/null is not a regular file \(a pipe, a terminal or a "
+                                         r"device\); .* give a file's path \(follow it with tail -f FILE\)$"):
+        ResultStore(os.devnull).open()
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    (tmp_path / "out.jsonl").mkdir()
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert f"lmnb batch: the output {tmp_path / 'out.jsonl'} is a folder;" in capsys.readouterr().err

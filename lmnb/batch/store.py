@@ -80,6 +80,10 @@ class ResultStore:
         """
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"the folder of the output file {self.path} does not exist")
+        if self.path.exists() and not self.path.is_file():  # (reading a pipe back would wait forever)
+            what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"
+            raise StoreError(f"the output {self.path} is {what}; the results are appended to a file and read "
+                             "back to resume, so give a file's path (follow it with tail -f FILE)")
         self._fd = self._locked_fd()
         records = self._load()
         if retry_errors and any(r.get("status") != OK for _, r in records):
