@@ -340,3 +340,17 @@ def test_an_output_that_is_no_regular_file_is_refused_with_the_fix(tmp_path, cap
     (tmp_path / "out.jsonl").mkdir()
     assert run_job(tmp_path, "--input", rows) == 2
     assert f"lmnb batch: the output {tmp_path / 'out.jsonl'} is a folder;" in capsys.readouterr().err
+
+
+def test_a_json_array_file_is_refused_as_a_whole_with_the_conversion(tmp_path, capsys):
+    """A rows.json holding one JSON array (json.dump(rows, f, indent=2)) became a bad_input record
+    per line (10 here), and those rows were then 'done' for a rerun without --retry-errors."""
+    rows = tmp_path / "rows.json"
+    rows.write_text("\ufeff\n " + json.dumps([{"question": "q1"}, {"question": "q2"}], indent=2), encoding="utf-8")
+    with pytest.raises(InputError, match=r"^.*rows\.json is a JSON array; the input is JSON lines, one object per "
+                                         r"line: convert it with  jq -c '\.\[\]' .*rows\.json > rows\.jsonl"):
+        list(read_rows(rows))
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert "is a JSON array" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()  # no bad_input records
+    assert [r.fields for r in read_rows(write_rows(tmp_path / "ok.json", [{"question": "[x"}]))] == [{"question": "[x"}]
