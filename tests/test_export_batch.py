@@ -354,3 +354,22 @@ def test_a_json_array_file_is_refused_as_a_whole_with_the_conversion(tmp_path, c
     assert "is a JSON array" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()  # no bad_input records
     assert [r.fields for r in read_rows(write_rows(tmp_path / "ok.json", [{"question": "[x"}]))] == [{"question": "[x"}]
+
+
+def test_a_rerun_on_another_lmnb_model_is_refused_not_mixed_into_the_file(tmp_path, capsys, monkeypatch):
+    """$LMNB_MODEL picks the engine's model when neither --model nor the notebook's %lm load does;
+    the records said "--model": null whatever it was, so a rerun in a shell with another (or no)
+    $LMNB_MODEL added that model's answers to the file as if they were the first run's."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(4)])
+    monkeypatch.setenv("LMNB_MODEL", "/models/a")
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    before = (tmp_path / "out.jsonl").read_bytes()
+    assert [r["settings"]["--model"] for r in read_results(tmp_path / "out.jsonl")] == ["/models/a"] * 2
+    monkeypatch.setenv("LMNB_MODEL", "/models/b")
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert "--model: '/models/a' there, '/models/b' now" in capsys.readouterr().err
+    monkeypatch.delenv("LMNB_MODEL")
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert "--model: '/models/a' there, None now" in capsys.readouterr().err
+    assert (tmp_path / "out.jsonl").read_bytes() == before
+    assert run_job(tmp_path, "--input", rows, "--model", "/models/a") == 0  # the same model, named
