@@ -4,6 +4,7 @@ numbers, per-row errors, resuming without writing a row twice, torn lines, ids, 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -373,3 +374,33 @@ def test_a_rerun_on_another_lmnb_model_is_refused_not_mixed_into_the_file(tmp_pa
     assert "--model: '/models/a' there, None now" in capsys.readouterr().err
     assert (tmp_path / "out.jsonl").read_bytes() == before
     assert run_job(tmp_path, "--input", rows, "--model", "/models/a") == 0  # the same model, named
+
+
+class _ClosedPipe:
+    """A stderr whose reader left after its first line (`job.py ... 2>&1 | head -1`)."""
+
+    def __init__(self):
+        self.lines = 0
+
+    def write(self, text: str) -> int:
+        if self.lines:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines += text.count("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_stderr_into_a_pipe_that_closes_stops_the_job_as_sigpipe_does(tmp_path, monkeypatch):
+    """The job's own stderr lines (a bad row's message, the summary) met the closed pipe: the
+    BrokenPipeError escaped Job.run as a traceback and the job exited 1, 'some rows failed'."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"other": 1}, {"other": 2}, {"question": "q"}])
+    monkeypatch.setattr(sys, "stderr", _ClosedPipe())
+    assert run_job(tmp_path, "--input", rows) == 141
+    monkeypatch.undo()
+    # the first bad row's message got through and its record was written; the rest wait for a rerun
+    assert [(r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")] == [(0, "bad_input")]
+    assert run_job(tmp_path, "--input", rows) == 1
+    assert sorted((r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")) == [
+        (0, "bad_input"), (1, "bad_input"), (2, "ok")]

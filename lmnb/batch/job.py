@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch.inputs import InputError, read_rows
 from lmnb.batch.options import MODEL_ENV, add_parameters, job_parser, make_backend
-from lmnb.batch.runner import EXIT_INTERRUPTED, RowRunner, fatal
+from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, _silence_stdout, fatal
 from lmnb.batch.store import ResultStore, StoreError
 
 
@@ -119,7 +119,7 @@ class Job:
         status: 0 every row in the output is ok, 1 some rows failed or their input was unusable
         (their records say why), 2 the job could not start, 130 stopped by Ctrl-C / SIGTERM, 141
         stopped because the rows printed into a pipe that closed (``| head``; those rows are not
-        recorded, so a rerun does them).
+        recorded, so a rerun does them), or stderr did (``2>&1 | head``).
 
         ``programs``: the notebook's ``@lmnb.function``s; their constant prompt prefixes are put in
         the prefix cache before the rows start (as ``run_batch`` does), so all rows share them.
@@ -142,6 +142,10 @@ class Job:
         try:
             store.open(retry_errors=args.retry_errors)
             return RowRunner(self, args, store, rows, run_row, programs, backend).run()
+        except BrokenPipeError:  # stderr (progress, summary) went to a pipe that closed: stop as SIGPIPE does
+            _silence_stdout("stdout")
+            _silence_stdout("stderr")
+            return EXIT_BROKEN_PIPE
         except (StoreError, OSError) as e:
             return fatal(str(e))
         except KeyboardInterrupt:

@@ -326,14 +326,16 @@ class _StopOnSignals:
         return False
 
 
-def _silence_stdout() -> None:
-    """Point the process's stdout at /dev/null, so that flushing what the rows printed into the
-    closed pipe raises no BrokenPipeError at exit (the recipe of Python's signal docs)."""
-    if sys.stdout is not sys.__stdout__ or sys.stdout is None:
-        return  # (stdout replaced, e.g. captured by a test: not the pipe)
+def _silence_stdout(name: str = "stdout") -> None:
+    """Point the process's stdout (or ``name``: stderr) at /dev/null, so that flushing what the
+    rows printed into the closed pipe raises no BrokenPipeError at exit (the recipe of Python's
+    signal docs)."""
+    stream = getattr(sys, name)
+    if stream is not getattr(sys, f"__{name}__") or stream is None:
+        return  # (replaced, e.g. captured by a test: not the pipe)
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
     except (OSError, ValueError):
         pass
 
