@@ -404,3 +404,17 @@ def test_stderr_into_a_pipe_that_closes_stops_the_job_as_sigpipe_does(tmp_path, 
     assert run_job(tmp_path, "--input", rows) == 1
     assert sorted((r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")) == [
         (0, "bad_input"), (1, "bad_input"), (2, "ok")]
+
+
+def test_retry_errors_with_other_settings_is_refused_before_it_removes_the_error_records(tmp_path, capsys):
+    """--retry-errors removed the failed rows' records, then the settings check refused the run:
+    the file had lost its error records (and their messages) to a run that never happened."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}, {"question": "boom"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    before = (tmp_path / "out.jsonl").read_bytes()
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", "--model", "/other") == 2
+    assert "--model: None there, '/other' now" in capsys.readouterr().err
+    assert (tmp_path / "out.jsonl").read_bytes() == before
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", "--id-field", "question") == 2
+    assert "holds rows written without --id-field" in capsys.readouterr().err
+    assert (tmp_path / "out.jsonl").read_bytes() == before

@@ -86,14 +86,15 @@ class ResultStore:
                              "back to resume, so give a file's path (follow it with tail -f FILE)")
         self._fd = self._locked_fd()
         records = self._load()
+        for _, record in records:  # (before --retry-errors removes anything from a file it refuses)
+            self._check_keying(record)
+            self._check_settings(record)
         if retry_errors and any(r.get("status") != OK for _, r in records):
             kept = [(line, r) for line, r in records if r.get("status") == OK]
             self.retried = len(records) - len(kept)
             self._rewrite([line for line, _ in kept])
             records = kept
         for _, record in records:
-            self._check_keying(record)
-            self._check_settings(record)
             self.keys.add(row_key(record))
             status = record.get("status")
             self.counts[status if status in self.counts else ERROR] += 1
