@@ -418,3 +418,14 @@ def test_retry_errors_with_other_settings_is_refused_before_it_removes_the_error
     assert run_job(tmp_path, "--input", rows, "--retry-errors", "--id-field", "question") == 2
     assert "holds rows written without --id-field" in capsys.readouterr().err
     assert (tmp_path / "out.jsonl").read_bytes() == before
+
+
+def test_a_column_name_with_spaces_around_it_is_named_in_the_missing_field_error(tmp_path):
+    """A CSV header 'id, question' names the column ' question'; the error said "missing field
+    'question' (the row has id,  question)", where the space that is the whole problem hides."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("id, question\n1,q\n", encoding="utf-8")
+    assert run_job(tmp_path, "--input", rows) == 1
+    assert read_results(tmp_path / "out.jsonl")[0]["error"] == (
+        "line 2: missing field 'question' (the row has id,  question); ' question' has spaces around the "
+        "name: remove them from the input's column names")

@@ -86,6 +86,10 @@ class RowRunner:
                     has = ", ".join(map(str, row.fields)) or "no fields"
                     error = (f"line {row.line}: missing field{'s' if len(missing) > 1 else ''} "
                              f"{', '.join(map(repr, missing))} (the row has {has})")
+                    spaced = [k for k in row.fields if isinstance(k, str) and k != k.strip() and k.strip() in missing]
+                    if spaced:  # ("question, context" as a CSV header: the second column is " context")
+                        error += (f"; {', '.join(map(repr, spaced))} {'have' if len(spaced) > 1 else 'has'} "
+                                  "spaces around the name: remove them from the input's column names")
                 nulls = [f for f in self.job.inputs if f in row.fields and row.fields[f] is None]
                 if nulls and not missing:  # (a null would run into the prompt as the text "None")
                     error = (f"line {row.line}: {'fields' if len(nulls) > 1 else 'field'} {', '.join(map(repr, nulls))} "
