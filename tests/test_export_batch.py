@@ -429,3 +429,18 @@ def test_a_column_name_with_spaces_around_it_is_named_in_the_missing_field_error
     assert read_results(tmp_path / "out.jsonl")[0]["error"] == (
         "line 2: missing field 'question' (the row has id,  question); ' question' has spaces around the "
         "name: remove them from the input's column names")
+
+
+def test_a_csv_field_over_128_kib_is_one_value_not_thousands_of_rows(tmp_path):
+    """csv's default field limit (131072 characters) made a long document a 'malformed CSV' row,
+    then read each later line of the quoted text as a row of its own: 3000 rows here, each run."""
+    import csv
+
+    text = 'line "q", more\n' * 12000  # 180000 characters, quotes and commas inside
+    with open(tmp_path / "rows.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["question", "n"])
+        w.writerows([["short", "1"], [text, "2"], ["after", "3"]])
+    rows = list(read_rows(tmp_path / "rows.csv"))
+    assert [(r.index, r.line, r.error) for r in rows] == [(0, 2, None), (1, 3, None), (2, 12004, None)]  # (the field holds 12000 line breaks)
+    assert rows[1].fields == {"question": text, "n": "2"} and rows[2].fields == {"question": "after", "n": "3"}

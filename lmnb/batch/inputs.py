@@ -119,6 +119,9 @@ def _lone_surrogate(value, where: str = "the row") -> Optional[str]:
 
 
 def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
+    # csv's default limit is 128 KiB a field: past it the reader loses its place inside the quoted
+    # text, and each later line of the field read as a row of its own.
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     with open(path, "rb") as f:
         reader = csv.reader(_decoded_lines(f, path), delimiter=delimiter)
         try:
