@@ -391,3 +391,28 @@ def test_objects_a_python_lm_cell_changes_in_place_start_from_the_setup_value_in
     assert prompts == ["a 1:", "1", "b 1:", "1", "c 1:", "1"]
     assert [r["variables"] for r in read_results(tmp_path / "out.jsonl")] == [{"x": "!", "y": "!"}] * 3
     assert ns["counter"] == {"n": 0}
+
+
+def test_python_lm_cells_are_not_traced_for_prefix_hints(monkeypatch, tmp_path):
+    """The job traces its programs once before the rows to cache their constant prefixes; a
+    --python body ran then too, with placeholders for the row's values: its log got a line
+    'PROMPT FOR ' before the rows' own."""
+    from helpers_export import write_rows
+    from helpers_lang import ScriptedBackend
+
+    log = tmp_path / "side.log"
+    nb = notebook(f'topic = "cats"\nlog = open({str(log)!r}, "a")',
+                  '%%lm --python --temperature 0\nprint("PROMPT FOR", topic, file=log, flush=True)\n'
+                  's += "About " + topic + ":"\ns += lmnb.gen("x", max_tokens=1)',
+                  "%%lm --temperature 0\nSay {x}:{gen y max_tokens=1}")
+    source, p = export_notebook(nb)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"topic": t} for t in ("a", "b")])
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--num-threads", "1", "--no-progress"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    programs = eval(source.split("programs=")[-1].split("]")[0] + "]", ns)  # the script's own list
+    assert ns["job"].run(ns["run_row"], programs=programs, backend=backend) == 0
+    ns["log"].close()
+    assert log.read_text() == "PROMPT FOR a\nPROMPT FOR b\n"

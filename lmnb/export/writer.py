@@ -31,7 +31,9 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     for cell in p.setup + [c for c in p.row if isinstance(c, LMCell)]:
         parts.append(w.module_cell(cell))
     parts.append(w.run_row())
-    programs = ", ".join(names.function(c) for c in p.lm_cells)
+    # Prefix hints trace each program once before the rows; a --python body is the user's own code,
+    # whose side effects (a print, a file or API write) would run an extra time, on placeholders.
+    programs = ", ".join(names.function(c) for c in p.lm_cells if c.template is not None)
     parts.append(f'if __name__ == "__main__":\n{_INDENT}raise SystemExit({names.job}.run({names.run_row}, '
                  f"programs=[{programs}]))\n")
     return _join(parts)
