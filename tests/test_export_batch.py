@@ -444,3 +444,29 @@ def test_a_csv_field_over_128_kib_is_one_value_not_thousands_of_rows(tmp_path):
     rows = list(read_rows(tmp_path / "rows.csv"))
     assert [(r.index, r.line, r.error) for r in rows] == [(0, 2, None), (1, 3, None), (2, 12004, None)]  # (the field holds 12000 line breaks)
     assert rows[1].fields == {"question": text, "n": "2"} and rows[2].fields == {"question": "after", "n": "3"}
+
+
+def test_rows_from_a_pipe_are_read_and_a_folder_is_named(tmp_path):
+    """`jq -c ... | job.py --input /dev/stdin --input-format jsonl` (or <(jq ...)) said 'input file
+    /dev/stdin does not exist'; a folder given as --input said the same."""
+    import os
+    import threading
+
+    fifo = tmp_path / "rows.pipe"
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "w", encoding="utf-8") as f:
+            f.write('{"question": "q0"}\n\n{"question": "q1"}\n')
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        rows = list(read_rows(fifo, "jsonl"))
+    finally:  # (a reader that never opened the pipe leaves the writer waiting: open it here)
+        unblock = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer.join()
+        os.close(unblock)
+    assert [(r.index, r.line, r.fields) for r in rows] == [(0, 1, {"question": "q0"}), (1, 3, {"question": "q1"})]
+    with pytest.raises(InputError, match=r"^the input .* is a folder; give the file of the rows$"):
+        read_rows(tmp_path, "jsonl")

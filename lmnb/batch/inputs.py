@@ -57,11 +57,10 @@ def read_rows(path: Path, fmt: Optional[str] = None) -> Iterator[InputRow]:
             header or is not UTF-8 (the message names the line).
     """
     fmt = input_format(path, fmt)
-    if not path.is_file():
+    if path.is_dir():
+        raise InputError(f"the input {path} is a folder; give the file of the rows")
+    if not path.exists():  # (a pipe, as /dev/stdin or <(jq ...), is read as a file is)
         raise InputError(f"input file {path} does not exist")
-    if fmt == "jsonl" and _starts_with_array(path):  # (each of its lines would be a bad row)
-        raise InputError(f"{path} is a JSON array; the input is JSON lines, one object per line: convert it "
-                         f"with  jq -c '.[]' {path} > rows.jsonl  (pandas: to_json(..., orient='records', lines=True))")
     return _jsonl(path) if fmt == "jsonl" else _delimited(path, "\t" if fmt == "tsv" else ",")
 
 
@@ -73,6 +72,10 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 raw = raw[3:]  # a UTF-8 byte order mark, as some editors write
             if not raw.strip():
                 continue
+            if index == 0 and raw.lstrip().startswith(b"["):  # (each of its lines would be a bad row)
+                raise InputError(f"{path} is a JSON array; the input is JSON lines, one object per line: convert "
+                                 f"it with  jq -c '.[]' {path} > rows.jsonl  (pandas: to_json(..., "
+                                 "orient='records', lines=True))")
             fields, error = None, None
             try:
                 value = json.loads(raw.decode("utf-8"))
@@ -91,18 +94,6 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                     error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {type(value).__name__}"
             yield InputRow(index, lineno, fields, error)
             index += 1
-
-
-def _starts_with_array(path: Path) -> bool:
-    """Whether the file's first character (after a byte order mark and white space) is '['."""
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(65536)
-            if not chunk:
-                return False
-            chunk = chunk.removeprefix(b"\xef\xbb\xbf").lstrip()
-            if chunk:
-                return chunk.startswith(b"[")
 
 
 def _lone_surrogate(value, where: str = "the row") -> Optional[str]:
