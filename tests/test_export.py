@@ -416,3 +416,27 @@ def test_python_lm_cells_are_not_traced_for_prefix_hints(monkeypatch, tmp_path):
     assert ns["job"].run(ns["run_row"], programs=programs, backend=backend) == 0
     ns["log"].close()
     assert log.read_text() == "PROMPT FOR a\nPROMPT FOR b\n"
+
+
+def test_a_failing_row_names_the_script_line_and_notebook_cell(monkeypatch, tmp_path):
+    """A row whose Python cell raised was recorded as 'ZeroDivisionError: division by zero', with
+    no word of which of the notebook's cells (or the script's lines) failed."""
+    import runpy
+
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook('q = "x"', "%%lm --temperature 0\n{q}{gen a max_tokens=1}", "n = len(a)\nratio = 1 / (n - 1)",
+                  "%%lm --temperature 0\n{ratio}{gen b max_tokens=1}")
+    source, p = export_notebook(nb)
+    script = tmp_path / "myjob.py"
+    script.write_text(source)
+    lineno = source.split("\n").index("    ratio = 1 / (n - 1)") + 1
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "x"}])
+    monkeypatch.setattr(sys, "argv", ["myjob.py", "--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--no-progress"])
+    ns = runpy.run_path(str(script), run_name="exported")
+    backend = ScriptedBackend(lambda prompt, params: "!")  # a = "!": n - 1 == 0
+    assert ns["job"].run(ns["run_row"], backend=backend) == 1
+    assert read_results(tmp_path / "out.jsonl")[0]["error"] == (
+        f"ZeroDivisionError: division by zero (myjob.py line {lineno}, notebook cell 3)")

@@ -214,7 +214,7 @@ class RowRunner:
             self.pipe_closed = True
             return None
         except Exception as e:  # noqa: BLE001 - a failing row is written with its error
-            error = f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}{_where(e, self.run_row)}"
         record = {
             **base,
             "status": OK if error is None else ERROR,
@@ -328,6 +328,25 @@ class _StopOnSignals:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         return False
+
+
+def _where(error: BaseException, run_row) -> str:
+    """' (job.py line N, notebook cell C)': the last line of ``run_row``'s script in the error's
+    traceback, and the ``# -- cell C`` comment above it (exported scripts mark each cell so)."""
+    filename = getattr(getattr(run_row, "__code__", None), "co_filename", None)
+    tb, lineno = error.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    if lineno is None:
+        return ""
+    import linecache
+    import re
+
+    marks = (re.match(r"\s*# -- cell (\d+)", linecache.getline(filename, i)) for i in range(lineno, 0, -1))
+    cell = next((m.group(1) for m in marks if m), None)
+    return f" ({os.path.basename(filename)} line {lineno}" + (f", notebook cell {cell})" if cell else ")")
 
 
 def _silence_stdout(name: str = "stdout") -> None:
