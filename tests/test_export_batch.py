@@ -470,3 +470,42 @@ def test_rows_from_a_pipe_are_read_and_a_folder_is_named(tmp_path):
     assert [(r.index, r.line, r.fields) for r in rows] == [(0, 1, {"question": "q0"}), (1, 3, {"question": "q1"})]
     with pytest.raises(InputError, match=r"^the input .* is a folder; give the file of the rows$"):
         read_rows(tmp_path, "jsonl")
+
+
+def test_ctrl_c_lets_the_running_rows_finish_and_starts_no_queued_one(tmp_path, monkeypatch):
+    """Ctrl-C said 'finishing the 4 rows already running' with two threads, and ran all 4 (with
+    16 threads, 32): the rows queued for the pool started after it."""
+    import os
+    import signal
+    import threading
+
+    import lmnb.batch.runner
+
+    stopping = threading.Event()
+
+    class Stderr:  # the job's stderr: the stop notice releases the rows
+        def write(self, text):
+            if "stopping" in text:
+                stopping.set()
+            return len(text)
+
+        def flush(self):
+            pass
+
+    def ctrl_c_then_wait(*args, **kwargs):  # Ctrl-C once the pool holds its window of rows
+        if not stopping.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+        return wait(*args, **kwargs)
+
+    from concurrent.futures import wait
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(10)])
+    argv = ["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress", "--num-threads", "2"]
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    monkeypatch.setattr(lmnb.batch.runner, "wait", ctrl_c_then_wait)
+    row = lambda question: stopping.wait(30)  # noqa: E731
+    assert Job("t", ["question"], argv=argv).run(row, backend=ScriptedBackend(reply)) == 130
+    done = {r["row"] for r in read_results(tmp_path / "out.jsonl")}
+    assert done <= {0, 1}  # the two running rows; rows 2-3 were queued
+    assert Job("t", ["question"], argv=argv).run(row, backend=ScriptedBackend(reply)) == 0
+    assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == list(range(10))

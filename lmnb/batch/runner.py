@@ -178,6 +178,9 @@ class RowRunner:
                         bar.set_postfix(errors=self.new[ERROR], refresh=False)
                 if self.signals == 1 and not announced:
                     announced = True
+                    for future in list(inflight):  # rows queued but not started: a rerun does them
+                        if future.cancel():
+                            inflight.discard(future)
                     bar.write(f"lmnb batch: stopping; finishing the {len(inflight)} rows already running "
                               "(Ctrl-C again to stop now)", file=sys.stderr)
 
