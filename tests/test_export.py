@@ -440,3 +440,27 @@ def test_a_failing_row_names_the_script_line_and_notebook_cell(monkeypatch, tmp_
     assert ns["job"].run(ns["run_row"], backend=backend) == 1
     assert read_results(tmp_path / "out.jsonl")[0]["error"] == (
         f"ZeroDivisionError: division by zero (myjob.py line {lineno}, notebook cell 3)")
+
+
+def test_an_error_before_the_first_cell_of_run_row_names_no_cell(monkeypatch, tmp_path):
+    """A line of run_row above its first '# -- cell' mark (the row's copy of a module value) was
+    credited to the cell written last above run_row (the last %%lm program's)."""
+    import runpy
+
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook('import threading\nq = "x"\nshared = {"lock": threading.Lock()}',
+                  "%%lm --temperature 0\n{q}{gen a max_tokens=1}", 'shared["a"] = a')
+    source, p = export_notebook(nb)
+    script = tmp_path / "myjob.py"
+    script.write_text(source)
+    lineno = next(i for i, line in enumerate(source.split("\n"), 1) if "row_copy(globals()" in line)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "x"}])
+    monkeypatch.setattr(sys, "argv", ["myjob.py", "--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--no-progress"])
+    ns = runpy.run_path(str(script), run_name="exported")
+    assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 1
+    error = read_results(tmp_path / "out.jsonl")[0]["error"]
+    assert error.startswith("TypeError: cannot pickle '_thread.lock' object") and error.endswith(
+        f" (myjob.py line {lineno})")

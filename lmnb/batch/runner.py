@@ -336,7 +336,8 @@ class _StopOnSignals:
 def _where(error: BaseException, run_row) -> str:
     """' (job.py line N, notebook cell C)': the last line of ``run_row``'s script in the error's
     traceback, and the ``# -- cell C`` comment above it (exported scripts mark each cell so)."""
-    filename = getattr(getattr(run_row, "__code__", None), "co_filename", None)
+    code = getattr(run_row, "__code__", None)
+    filename = getattr(code, "co_filename", None)
     tb, lineno = error.__traceback__, None
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == filename:
@@ -347,7 +348,8 @@ def _where(error: BaseException, run_row) -> str:
     import linecache
     import re
 
-    marks = (re.match(r"\s*# -- cell (\d+)", linecache.getline(filename, i)) for i in range(lineno, 0, -1))
+    top = code.co_firstlineno if lineno >= code.co_firstlineno else 1  # (not above run_row's own def)
+    marks = (re.match(r"\s*# -- cell (\d+)", linecache.getline(filename, i)) for i in range(lineno, top - 1, -1))
     cell = next((m.group(1) for m in marks if m), None)
     return f" ({os.path.basename(filename)} line {lineno}" + (f", notebook cell {cell})" if cell else ")")
 
