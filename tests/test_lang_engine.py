@@ -469,3 +469,28 @@ def test_a_gen_stopped_by_an_abort_still_reports_its_prompt(backend, tiny_engine
         greedy = tiny_engine.generate(prompt, SamplingParams(max_new_tokens=meta["completion_tokens"], temperature=0,
                                                              ignore_eos=True)).text
         assert kept and greedy.startswith(kept) and greedy[len(kept):].strip("\ufffd ") == ""
+
+
+def test_an_abort_while_a_select_prefills_its_prompt_scores_no_choice(backend, tiny_engine, monkeypatch):
+    # the prompt's prefill ran without the select's request id: an abort (Ctrl-C) landing then
+    # reached no request, and every choice was scored after it
+    events, scored = [], []
+    submit = tiny_engine.submit
+
+    def submit_and_abort_at_the_prefill(ids, params, rid=None):
+        handle = submit(ids, params, rid=rid)
+        if params.logprob_start_len >= 0:
+            scored.append(rid)
+        elif params.max_new_tokens == 0:  # the prefill: the abort is queued behind it, before any step
+            [executor] = [e.value for e in events if e.kind == "state"]
+            executor.abort()
+        return handle
+
+    @sgl.function
+    def prog(s):
+        s += "Pick one:" + sgl.select("x", choices=["alpha beta", "delta"])
+
+    monkeypatch.setattr(tiny_engine, "submit", submit_and_abort_at_the_prefill)
+    with sgl.observe(events.append):
+        st = prog.run(backend=backend)
+    assert isinstance(st.error(), sgl.ProgramAborted) and scored == []

@@ -297,8 +297,11 @@ class Engine(AssignableChatTemplate, BaseBackend):
         p_ids = eng.encode(text)
         prefill = None
         if p_ids:  # its meta_info says [issue 10] how each image's KV was got, as a gen's does
-            prefill = self._meta(eng.generate(mm or p_ids, SamplingParams(max_new_tokens=0)), GenParams(), mm, counts,
-                                 prompt.text)
+            # under the select's own request id, so that an abort while the prompt is prefilled stops it
+            done = eng.submit(mm or p_ids, SamplingParams(max_new_tokens=0), rid=rid).result()
+            if done.finish_reason.type == "abort":
+                raise RuntimeError(f"the select's prompt prefill was aborted: {done.finish_reason.message}")
+            prefill = self._meta(done, GenParams(), mm, counts, prompt.text)
         jobs = []  # (token ids to submit, index of the first scored token)
         for c in choices:
             c_ids = eng.encode(text + c)
