@@ -61,17 +61,23 @@ def test_special_tokens_are_skipped_or_kept(tokenizer):
         assert "".join(detok.add(t) for t in ids) + detok.flush() == expected
 
 
-def test_stop_string_found_across_chunks_and_held_back():
-    m = StopStringMatcher(["o w", "STOP", ""])
-    text, checked = "", 0
-    shown = []
-    for piece in ["Hel", "lo", " w", "orld"]:
+def stream(m: StopStringMatcher, pieces: list[str]) -> tuple[str, tuple | None, list[str]]:
+    """Feed ``pieces`` as the scheduler does: (the text up to the first stop, the stop found or
+    None, the text that was safe to show after each piece before it)."""
+    text, checked, shown, hit = "", 0, [], None
+    for piece in pieces:
         text += piece
         hit = m.find(text, checked)
         checked = len(text)
         if hit:
             break
         shown.append(text[: m.safe_len(text)])
+    return text, hit, shown
+
+
+def test_stop_string_found_across_chunks_and_held_back():
+    m = StopStringMatcher(["o w", "STOP", ""])
+    text, hit, shown = stream(m, ["Hel", "lo", " w", "orld"])
     assert hit == (4, "o w")
     # "Hello" ends with "o", a prefix of "o w": the "o" was never shown before the match
     assert shown == ["Hel", "Hell"]
@@ -99,14 +105,7 @@ def test_stop_regex_found_across_chunks_with_what_may_match_held_back():
     # SGLang's stop_regex: the first match in the output ends it; text that could still begin a
     # match is not streamed ("Answer: 4" may become "Answer: 42.")
     m = StopStringMatcher([], [r"\d+\.", r"END"])
-    text, checked, shown, hit = "", 0, [], None
-    for piece in ["Answer", ": 4", "2", ".", " more"]:
-        text += piece
-        hit = m.find(text, checked)
-        checked = len(text)
-        if hit:
-            break
-        shown.append(text[: m.safe_len(text)])
+    _, hit, shown = stream(m, ["Answer", ": 4", "2", ".", " more"])
     assert hit == (8, "42.")
     assert shown == ["Answer", "Answer: ", "Answer: "]  # "4" and "42" may begin a match
     assert m.find("x END 1.", 0) == (2, "END")  # the earliest of the stops

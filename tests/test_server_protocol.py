@@ -346,6 +346,17 @@ class _UntilAborted:
         return True
 
 
+def _until_aborted_engine(handles: list) -> type:
+    """A ``RecordingEngine`` class whose requests run until aborted, each handle appended to ``handles``."""
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            handles.append(_UntilAborted(super().submit(prompt, params, rid)))
+            return handles[-1]
+
+    return Engine
+
+
 @pytest.mark.parametrize("path, body", [
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}}),
     ("/v1/completions", {"model": "rec", "prompt": "hi", "max_tokens": 4}),
@@ -353,11 +364,7 @@ class _UntilAborted:
 ])
 def test_a_client_that_disconnects_aborts_its_non_streaming_request(path, body):
     handles: list = []
-
-    class Engine(RecordingEngine):
-        def submit(self, prompt, params, rid=None):
-            handles.append(_UntilAborted(super().submit(prompt, params, rid)))
-            return handles[-1]
+    Engine = _until_aborted_engine(handles)
 
     with live_server(Engine(), served_model_name="rec") as url:
         with pytest.raises(httpx.ReadTimeout):
@@ -503,11 +510,7 @@ def test_a_batch_larger_than_the_thread_pool_leaves_threads_for_other_requests(m
 
     monkeypatch.setattr(server_app, "MAX_WAITING_THREADS", 3)
     handles: list = []
-
-    class Engine(RecordingEngine):
-        def submit(self, prompt, params, rid=None):
-            handles.append(_UntilAborted(super().submit(prompt, params, rid)))
-            return handles[-1]
+    Engine = _until_aborted_engine(handles)
 
     with live_server(Engine(), served_model_name="rec") as url:
         replies: list = []
