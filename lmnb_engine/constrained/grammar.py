@@ -55,7 +55,7 @@ import torch
 
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
-from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, nesting_depth
+from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, _shown, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
@@ -245,10 +245,6 @@ class CompiledGrammar:
 
 _TOO_LARGE = ("its automaton is very large (long counted repeats, or a long maxLength on a top-level string): "
               "loosen the bound and limit the length with max_tokens instead")
-
-
-def _shown(regex: str) -> str:
-    return repr(regex[:80]) + ("..." if len(regex) > 80 else "")
 
 
 def too_slow_message(regex: str, timeout_s: float | None) -> str:

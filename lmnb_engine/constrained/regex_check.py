@@ -175,6 +175,7 @@ def check_parsed(parsed, pattern: str) -> None:
 
 
 def _shown(pattern: str) -> str:
+    """``pattern`` quoted for a message, cut after 80 characters (a schema's regex runs to kilobytes)."""
     return repr(pattern[:80]) + ("..." if len(pattern) > 80 else "")
 
 

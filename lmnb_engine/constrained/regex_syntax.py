@@ -20,8 +20,8 @@ match starts and ends. Were the first allowed inside, each one in the text would
 match in the automaton's unanchored half, which then doubles with each repeat (``.{0,20}`` would
 not compile); the second, read as text, ends the match there. The surrogates U+D800-U+DFFF, which
 no UTF-8 text holds and the library refuses in a class, are left out of classes too (in a negated
-class, a single one or a range of them alone; a range ending in one is still refused by the library); one outside a class
-is refused.
+class: a single one, a range of them alone, and a range ending in one, which is cut at them; a
+negated class that leaves nothing but them matches nothing); one outside a class is refused.
 
 ``\\d``, ``\\w``, ``\\s`` and their negations are written out as classes of the characters Python's
 ``re`` gives them (``python_category``): the library's Unicode tables differ (its ``\\w`` holds the
