@@ -16,17 +16,42 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Hashable, Iterable, Optional
 
 from lmnb.backend.base import Prompt
 from lmnb.ir import Image
 
 
-# Sampled frames of the last few videos, by file identity: every request of a program sends all its
-# inputs again, and decoding a video for each gen, select and fork of it took most of their time.
+class _Recent:
+    """The values of the last ``size`` keys put, the least recently used dropped first (and more
+    while ``too_big(values)``), for any thread. Every request of a program sends all its inputs
+    again: the caches below keep what each input cost to prepare."""
+
+    def __init__(self, size: int, too_big: Callable[[Iterable], bool] = lambda values: False) -> None:
+        self.size, self._too_big = size, too_big
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        """The value kept for ``key`` (now the most recently used), or None."""
+        with self._lock:
+            if key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Keep ``value`` for ``key``."""
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size or self._too_big(self._items.values()):
+                self._items.popitem(last=False)
+
+
+# Sampled frames of the last few videos, by file identity: decoding a video for each gen, select
+# and fork of it took most of their time.
 VIDEO_CACHE_SIZE = 4
-_videos: "OrderedDict[tuple, list]" = OrderedDict()
-_videos_lock = threading.Lock()
+_videos = _Recent(VIDEO_CACHE_SIZE)
 
 
 def frames(media: Any) -> list:
@@ -46,15 +71,10 @@ def frames(media: Any) -> list:
         key = (os.path.realpath(media.source), st.st_size, st.st_mtime_ns, media.num_frames)
     except (OSError, TypeError, ValueError):  # not a readable path: the reader says why
         return sample_video_frames(media.source, media.num_frames)
-    with _videos_lock:
-        if key in _videos:
-            _videos.move_to_end(key)
-            return list(_videos[key])
-    sampled = sample_video_frames(media.source, media.num_frames)
-    with _videos_lock:
-        _videos[key] = sampled
-        while len(_videos) > VIDEO_CACHE_SIZE:
-            _videos.popitem(last=False)
+    sampled = _videos.get(key)
+    if sampled is None:
+        sampled = sample_video_frames(media.source, media.num_frames)
+        _videos.put(key, sampled)
     return list(sampled)
 
 
@@ -108,12 +128,11 @@ def per_input(meta: dict, counts: list[int]) -> dict:
 # the JPEG of many phone cameras (a JPEG with more pictures after the first, which is what is read).
 AS_IS_FORMATS = {"PNG": "png", "JPEG": "jpeg", "MPO": "jpeg", "WEBP": "webp"}
 
-# PNG data URLs of the last few images encoded, by pixel hash: every request of a program sends
-# all its images, and encoding a photo-sized image as PNG takes about a second each time.
+# PNG data URLs of the last few images encoded, by pixel hash: encoding a photo-sized image as PNG
+# takes about a second each time.
 PNG_CACHE_SIZE = 8
 PNG_CACHE_CHARS = 64 * 2**20  # and at most this much text in all
-_png_urls: "OrderedDict[str, str]" = OrderedDict()
-_png_lock = threading.Lock()
+_png_urls = _Recent(PNG_CACHE_SIZE, too_big=lambda urls: sum(map(len, urls)) > PNG_CACHE_CHARS)
 
 
 def data_url(source: Any) -> str:
@@ -146,10 +165,9 @@ def _png_url(loaded: Any) -> str:
 
     Raises:
         ImageInputError: the PNG is over the servers' image limit (``DEFAULT_MAX_BYTES``)."""
-    with _png_lock:
-        if loaded.hash in _png_urls:
-            _png_urls.move_to_end(loaded.hash)
-            return _png_urls[loaded.hash]
+    url = _png_urls.get(loaded.hash)
+    if url is not None:
+        return url
     from lmnb_engine.multimodal.image_io import DEFAULT_MAX_BYTES, ImageInputError
 
     buf = io.BytesIO()
@@ -160,10 +178,7 @@ def _png_url(loaded: Any) -> str:
             f"the {w}x{h} image is {buf.tell()} bytes as PNG (how images without a file of their own are sent), "
             f"over a server's limit of {DEFAULT_MAX_BYTES}; resize it, or pass a JPEG file or its bytes")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-    with _png_lock:
-        _png_urls[loaded.hash] = url
-        while len(_png_urls) > PNG_CACHE_SIZE or sum(map(len, _png_urls.values())) > PNG_CACHE_CHARS:
-            _png_urls.popitem(last=False)
+    _png_urls.put(loaded.hash, url)
     return url
 
 
@@ -183,9 +198,9 @@ def _encoded(source: Any, pixel_hash: str) -> Optional[bytes]:
 
 
 # Whether a file holds the pixels of a PIL image opened from it, for the last few (file, size,
-# modification time, pixel hash): every request sends all its images, and decoding the file
-# again for each one doubled the time a photo took.
-_file_checks: "OrderedDict[tuple, bool]" = OrderedDict()
+# modification time, pixel hash): decoding the file again for each request doubled the time a
+# photo took.
+_file_checks = _Recent(PNG_CACHE_SIZE)
 
 
 def _file_holds(filename: str, raw: bytes, pixel_hash: str) -> bool:
@@ -194,18 +209,13 @@ def _file_holds(filename: str, raw: bytes, pixel_hash: str) -> bool:
 
     st = os.stat(filename)
     key = (filename, st.st_size, st.st_mtime_ns, pixel_hash)
-    with _png_lock:
-        if key in _file_checks:
-            _file_checks.move_to_end(key)
-            return _file_checks[key]
-    try:
-        holds = load_image(raw).hash == pixel_hash
-    except ImageInputError:
-        holds = False
-    with _png_lock:
-        _file_checks[key] = holds
-        while len(_file_checks) > PNG_CACHE_SIZE:
-            _file_checks.popitem(last=False)
+    holds = _file_checks.get(key)
+    if holds is None:
+        try:
+            holds = load_image(raw).hash == pixel_hash
+        except ImageInputError:
+            holds = False
+        _file_checks.put(key, holds)
     return holds
 
 
