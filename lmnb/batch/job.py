@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch.inputs import InputError, read_rows
 from lmnb.batch.options import MODEL_ENV, add_parameters, job_parser, make_backend
-from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, _silence_stdout, fatal
+from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
 
 
@@ -143,8 +143,8 @@ class Job:
             store.open(retry_errors=args.retry_errors)
             return RowRunner(self, args, store, rows, run_row, programs, backend).run()
         except BrokenPipeError:  # stderr (progress, summary) went to a pipe that closed: stop as SIGPIPE does
-            _silence_stdout("stdout")
-            _silence_stdout("stderr")
+            silence_stream("stdout")
+            silence_stream("stderr")
             return EXIT_BROKEN_PIPE
         except (StoreError, OSError) as e:
             return fatal(str(e))

@@ -52,7 +52,7 @@ class RowRunner:
             finally:
                 backend.shutdown()
         if self.pipe_closed:
-            _silence_stdout()
+            silence_stream("stdout")
         self.summary()
         if self.signals:
             return EXIT_INTERRUPTED
@@ -354,10 +354,10 @@ def _where(error: BaseException, run_row) -> str:
     return f" ({os.path.basename(filename)} line {lineno}" + (f", notebook cell {cell})" if cell else ")")
 
 
-def _silence_stdout(name: str = "stdout") -> None:
-    """Point the process's stdout (or ``name``: stderr) at /dev/null, so that flushing what the
-    rows printed into the closed pipe raises no BrokenPipeError at exit (the recipe of Python's
-    signal docs)."""
+def silence_stream(name: str) -> None:
+    """Point the process's ``sys.<name>`` (``"stdout"`` or ``"stderr"``) at /dev/null, so that
+    flushing what the rows printed into the closed pipe raises no BrokenPipeError at exit (the
+    recipe of Python's signal docs)."""
     stream = getattr(sys, name)
     if stream is not getattr(sys, f"__{name}__") or stream is None:
         return  # (replaced, e.g. captured by a test: not the pipe)
