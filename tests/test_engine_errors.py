@@ -21,6 +21,19 @@ def hf(tiny_llama):
     return HFReference(tiny_llama)
 
 
+def failing_at_call(fn, k: int, message: str):
+    """``fn``, except that its ``k``-th call raises ``RuntimeError(message)`` (a simulated failure)."""
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == k:
+            raise RuntimeError(message)
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
 @pytest.fixture()
 def engine(tiny_llama):
     with Engine(str(tiny_llama), max_total_tokens=1024) as eng:
@@ -220,16 +233,7 @@ def test_abort_of_a_waiting_request(tiny_llama):
 
 
 def test_an_error_inside_a_step_fails_that_step_only(engine, hf, monkeypatch):
-    real_forward = engine.runner.forward
-    calls = {"n": 0}
-
-    def flaky(batch):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise RuntimeError("simulated kernel failure")
-        return real_forward(batch)
-
-    monkeypatch.setattr(engine.runner, "forward", flaky)
+    monkeypatch.setattr(engine.runner, "forward", failing_at_call(engine.runner.forward, 2, "simulated kernel failure"))
     r = engine.generate("the cat", GREEDY)
     assert r.finish_reason.type == "abort"
     assert "simulated kernel failure" in r.finish_reason.message
@@ -429,15 +433,7 @@ def test_a_failed_jump_forward_on_arrival_fails_that_request_only(engine, monkey
     into the submission's future, which nobody reads: the batch's later requests were never
     queued and generate() waited forever."""
     real = engine.scheduler._jump_forward
-    calls = {"n": 0}
-
-    def fails_once(req):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("simulated grammar failure")
-        return real(req)
-
-    monkeypatch.setattr(engine.scheduler, "_jump_forward", fails_once)
+    monkeypatch.setattr(engine.scheduler, "_jump_forward", failing_at_call(real, 1, "simulated grammar failure"))
     params = SamplingParams(max_new_tokens=12, temperature=0, regex=r'\{"a": [0-9]\}')
     results = []
     batch = threading.Thread(target=lambda: results.extend(engine.generate(["the cat", "the dog"], params)), daemon=True)
