@@ -650,15 +650,14 @@ class StreamExecutor:
                 tokens = meta.pop(DELTA_TOKENS, None) if isinstance(meta, dict) else None
                 with self._cv:
                     error = self.error_
+                    if error is None and name is not None:
+                        self._log_delta(name, delta, first=not text)
+                        self.variables[name] = text + delta
+                        self.meta_info[name] = meta
                 if error is not None:  # aborted: this delta came after it and is dropped
                     self._record_stopped(shown, meta)
                     raise error
                 shown = meta
-                with self._cv:
-                    if name is not None:
-                        self._log_delta(name, delta, first=not text)
-                        self.variables[name] = text + delta
-                        self.meta_info[name] = meta
                 text += delta
                 self._append(delta, "gen", name, tokens)
             return None
