@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch.inputs import InputError, read_rows
-from lmnb.batch.options import MODEL_ENV, add_parameters, job_parser, make_backend
+from lmnb.batch.options import add_parameters, engine_model, job_parser, make_backend
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
 
@@ -88,9 +87,9 @@ class Job:
         """What the rows' results depend on besides their fields: the notebook parameters and the
         backend options, as JSON values (``repr`` for others). Each record carries them."""
         a = self.args
-        model = a.model
-        if model is None and self.default_model is None and a.backend == "engine" and not a.openai:
-            model = os.environ.get(MODEL_ENV) or None  # the engine's model, as make_backend picks it
+        # the user's --model, or $LMNB_MODEL where it picks the engine's model (a notebook's own
+        # model is in the script already)
+        model = a.model if a.model or self.default_model else engine_model(a)
         values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": a.backend,
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
         if a.completion:  # (only when set: results files written before the option stay readable)

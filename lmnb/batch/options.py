@@ -119,6 +119,15 @@ def add_parameters(parser: argparse.ArgumentParser, defaults: dict, per_row: boo
     return dests
 
 
+def engine_model(args: argparse.Namespace, default_model: Optional[str] = None) -> Optional[str]:
+    """The checkpoint the in-process engine loads: ``--model``, else ``default_model`` (the
+    notebook's), else ``$LMNB_MODEL``; None for the built-in demo model, and when the options name
+    a server instead of the engine."""
+    if args.backend != "engine" or args.openai:
+        return None
+    return args.model or default_model or os.environ.get(MODEL_ENV) or None
+
+
 def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     """The lmnb backend the options name: ``lmnb.Engine`` (``--model``, else ``default_model``, else
     ``$LMNB_MODEL``, else the demo model), ``lmnb.OpenAI`` (``--openai``) or ``lmnb.RuntimeEndpoint``.
@@ -134,9 +143,8 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     if url == "engine" and not args.openai:
         if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
             raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
-        model = args.model or default_model or os.environ.get(MODEL_ENV) or None
         kwargs = {k: getattr(args, k) for k in ("device", "dtype") if getattr(args, k)}
-        return lmnb.Engine(model, **kwargs)
+        return lmnb.Engine(engine_model(args, default_model), **kwargs)
     if args.model or args.device or args.dtype:
         raise ValueError("--model/--device/--dtype choose the in-process engine; a server runs its own "
                          "model (use --openai MODEL to name an OpenAI-compatible server's model)")
