@@ -124,8 +124,10 @@ class StopStringMatcher:
             i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
-        for rx in self._regexes:
-            m = next((m for m in rx.finditer(text) if m.end() > new_from), None)
+        for rx in self._regexes:  # (a match ending in checked text is new when its lookahead,
+            # which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
+            m = next((m for m in rx.finditer(text)
+                      if m.end() > new_from or rx.match(text, m.start(), new_from) is None), None)
             if m is not None and (best is None or m.start() < best[0]):
                 best = (m.start(), m.group())
         return best

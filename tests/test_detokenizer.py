@@ -115,6 +115,18 @@ def test_stop_regex_found_across_chunks_with_what_may_match_held_back():
     assert both.find("ab</s XYZ", 0) == (2, "</s") and both.safe_len("ab</") == 2 and both.safe_len("abXY") == 2
 
 
+def test_stop_regex_with_a_lookahead_stops_once_the_lookahead_text_comes():
+    # the match ("x", or nothing before "STOP") ends before the text that completes it; it was
+    # taken for a match in checked text and let through, so the output ran on past it
+    m = StopStringMatcher([], [r"x(?=y)", r"(?=STOP)"])
+    text, hit, shown = stream(m, ["ab", "x", "y", "zz"])
+    assert hit == (2, "x") and shown == ["ab", "ab"]
+    text, hit, shown = stream(m, ["ab", "ST", "OP", "q"])
+    assert hit == (2, "") and shown == ["ab", "ab"]
+    assert stream(StopStringMatcher([], [r"(?=a)"]), ["a", "b"])[1] == (0, "")  # at the very start
+    assert m.find("1x y", 2) is None  # no match at all: still none
+
+
 def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
     """The detokenizer calls the fast tokenizer's Rust ``decode`` itself; random id sequences
     (special ids included) decode as ``PreTrainedTokenizerFast.decode`` does, both ways of
