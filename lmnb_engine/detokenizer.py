@@ -114,6 +114,13 @@ class StopStringMatcher:
             self._regexes = [regex.compile(p) for p in regexes]
         else:
             self._regexes = []
+        # safe_len's last text and, per regex, the position before which no match can begin in
+        # any text extending it: the searches start there, not over the whole output each token
+        self._seen = ""
+        self._floors = [0] * len(self._regexes)
+
+    def _floor(self, i: int, text: str) -> int:
+        return self._floors[i] if text.startswith(self._seen) else 0
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
         """Earliest stop in ``text`` that ends after ``new_from`` (the length of the text already
@@ -124,9 +131,9 @@ class StopStringMatcher:
             i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
-        for rx in self._regexes:  # (a match ending in checked text is new when its lookahead,
+        for i, rx in enumerate(self._regexes):  # (a match ending in checked text is new when its lookahead,
             # which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
-            m = next((m for m in rx.finditer(text)
+            m = next((m for m in rx.finditer(text, self._floor(i, text))
                       if m.end() > new_from or rx.match(text, m.start(), new_from) is None), None)
             if m is not None and (best is None or m.start() < best[0]):
                 best = (m.start(), m.group())
@@ -142,11 +149,18 @@ class StopStringMatcher:
             if any(s.startswith(tail) for s in self.stops):
                 safe = len(text) - k
                 break
-        for rx in self._regexes:
-            pos = 0
+        floors = []
+        for i, rx in enumerate(self._regexes):
+            pos = self._floor(i, text)
             while (m := rx.search(text, pos, partial=True)) is not None:
                 if m.partial:  # a match may begin here
                     safe = min(safe, m.start())
+                    pos = m.start()
                     break
                 pos = max(m.end(), m.start() + 1)  # a whole match in text not checked (min_new_tokens)
+            else:
+                pos = len(text)
+            floors.append(pos)
+        if self._regexes:
+            self._seen, self._floors = text, floors
         return safe

@@ -127,6 +127,47 @@ def test_stop_regex_with_a_lookahead_stops_once_the_lookahead_text_comes():
     assert m.find("1x y", 2) is None  # no match at all: still none
 
 
+def test_stop_regex_searches_only_where_a_match_may_still_begin():
+    # each token searched the whole output again in partial mode: a 3000-token output with
+    # r"\w+@\w+\.com" spent 70 s in the matcher (quadratic); now each search starts where a match
+    # may still begin, and the answers are a fresh matcher's over the whole text
+    import random
+
+    pattern = r"\w+@\w+\.com"
+    m = StopStringMatcher([], [pattern])
+    starts: list[int] = []
+    real = m._regexes[0]
+
+    class Spy:
+        def search(self, text, pos=0, *a, **k):
+            starts.append(pos)
+            return real.search(text, pos, *a, **k)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    m._regexes[0] = Spy()
+    text = ""
+    for _ in range(300):
+        text += "word a "
+        assert m.find(text, len(text) - 7) is None
+        starts.clear()
+        assert m.safe_len(text) == len(text)
+        assert starts == [len(text) - 7]  # where the last text ended (its empty partial match), not 0
+    rng = random.Random(0)
+    for trial in range(200):  # appended and rolled back (jump-forward) text, as in the scheduler
+        m, text, checked = StopStringMatcher(["x@"], [pattern, r"b(?=a@)", r"(?m)^c"]), "", 0
+        for _ in range(30):
+            if text and rng.random() < 0.2:
+                text = text[: rng.randrange(len(text))]
+                checked = min(checked, len(text))
+            text += "".join(rng.choice("ab@.c\n ") for _ in range(rng.randint(1, 3)))
+            fresh = StopStringMatcher(["x@"], [pattern, r"b(?=a@)", r"(?m)^c"])
+            assert m.find(text, checked) == fresh.find(text, checked)
+            checked = len(text)
+            assert m.safe_len(text) == fresh.safe_len(text)
+
+
 def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
     """The detokenizer calls the fast tokenizer's Rust ``decode`` itself; random id sequences
     (special ids included) decode as ``PreTrainedTokenizerFast.decode`` does, both ways of
