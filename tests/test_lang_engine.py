@@ -494,3 +494,31 @@ def test_an_abort_while_a_select_prefills_its_prompt_scores_no_choice(backend, t
     with sgl.observe(events.append):
         st = prog.run(backend=backend)
     assert isinstance(st.error(), sgl.ProgramAborted) and scored == []
+
+
+def test_an_abort_before_a_select_submits_its_prompt_scores_no_choice(backend, tiny_engine, monkeypatch):
+    # an abort landing while the select encodes its prompt (or prepares its images), before the
+    # prefill is submitted, reached no request: the prefill and every choice ran after it
+    events, submitted = [], []
+    encode = tiny_engine.encode
+    submit = tiny_engine.submit
+
+    def encode_and_abort(text, *a, **k):
+        if not submitted and text == "Pick one:":
+            [executor] = [e.value for e in events if e.kind == "state"]
+            executor.abort()
+        return encode(text, *a, **k)
+
+    def record(ids, params, rid=None):
+        submitted.append(rid)
+        return submit(ids, params, rid=rid)
+
+    @sgl.function
+    def prog(s):
+        s += "Pick one:" + sgl.select("x", choices=["alpha beta", "delta"])
+
+    monkeypatch.setattr(tiny_engine, "encode", encode_and_abort)
+    monkeypatch.setattr(tiny_engine, "submit", record)
+    with sgl.observe(events.append):
+        st = prog.run(backend=backend)
+    assert isinstance(st.error(), sgl.ProgramAborted) and submitted == []

@@ -107,8 +107,9 @@ class Engine(AssignableChatTemplate, BaseBackend):
             raise ValueError("pass either engine= or model/engine arguments, not both")
         self.engine = engine
         self._template: Optional[ChatTemplate] = get_chat_template(chat_template_name) if chat_template_name else None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (an abort may come from within a submission: a hook, a test)
         self._sub_rids: dict[str, list[str]] = {}
+        self._aborted: set[str] = set()  # selects aborted while they ran (before a submission, too)
 
     # -- chat template
 
@@ -285,6 +286,25 @@ class Engine(AssignableChatTemplate, BaseBackend):
         """Token-healed choice scores (``lmnb.choices``): the prompt is prefilled once, then every
         ``prompt + choice`` is scored from its first token that differs from the prompt's own
         tokenization, all choices submitted together so the engine batches them."""
+        with self._lock:
+            self._sub_rids[rid] = []
+        try:
+            return self._score_choices(prompt, choices, unconditional, rid)
+        finally:
+            with self._lock:
+                self._sub_rids.pop(rid, None)
+                self._aborted.discard(rid)
+
+    def _submit_unless_aborted(self, rid: str, jobs: list) -> list:
+        """Submit ``jobs`` ((ids, params, request id)) unless select ``rid`` was aborted; under the
+        lock, so that an abort comes before (and raises here) or after them (and reaches them)."""
+        with self._lock:
+            if rid in self._aborted:
+                raise RuntimeError("the select was aborted")
+            self._sub_rids[rid] = [r for _, _, r in jobs if r != rid]
+            return [self.engine.submit(ids, params, rid=r) for ids, params, r in jobs]
+
+    def _score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list:
         from lmnb_engine import SamplingParams
 
         eng = self.engine
@@ -298,7 +318,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
         prefill = None
         if p_ids:  # its meta_info says [issue 10] how each image's KV was got, as a gen's does
             # under the select's own request id, so that an abort while the prompt is prefilled stops it
-            done = eng.submit(mm or p_ids, SamplingParams(max_new_tokens=0), rid=rid).result()
+            [done] = self._submit_unless_aborted(rid, [(mm or p_ids, SamplingParams(max_new_tokens=0), rid)])
+            done = done.result()
             if done.finish_reason.type == "abort":
                 raise RuntimeError(f"the select's prompt prefill was aborted: {done.finish_reason.message}")
             prefill = self._meta(done, GenParams(), mm, counts, prompt.text)
@@ -316,17 +337,9 @@ class Engine(AssignableChatTemplate, BaseBackend):
             ctx = eng.encode(UNCONDITIONAL_CONTEXT)
             jobs += [(ctx + ids[start:], len(ctx)) for ids, start in list(jobs)]
         sub = [f"{rid}-{i}" for i in range(len(jobs))]
-        with self._lock:
-            self._sub_rids[rid] = sub
-        try:
-            handles = [
-                eng.submit(ids, SamplingParams(max_new_tokens=0, logprob_start_len=start), rid=r)
-                for (ids, start), r in zip(jobs, sub)
-            ]
-            results = [h.result() for h in handles]
-        finally:
-            with self._lock:
-                self._sub_rids.pop(rid, None)
+        handles = self._submit_unless_aborted(
+            rid, [(ids, SamplingParams(max_new_tokens=0, logprob_start_len=start), r) for (ids, start), r in zip(jobs, sub)])
+        results = [h.result() for h in handles]
         out = []
         k = len(choices)
         for j, r in enumerate(results):  # the unconditional scores (j >= k) count as much
@@ -343,6 +356,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
 
     def abort(self, rid: str) -> None:
         with self._lock:
+            if rid in self._sub_rids:  # a select: what it submits after this is not submitted
+                self._aborted.add(rid)
             rids = [rid] + self._sub_rids.get(rid, [])
         for r in rids:
             self.engine.abort(r)
