@@ -36,10 +36,13 @@ class SamplingParams:
         stop: string or list of strings; matched on the detokenized output (also across token
             boundaries); the matched stop text is not returned.
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
-        stop_regex: a regular expression (Python ``re`` syntax) or a list of them; the output ends
+        stop_regex: a regular expression (the ``regex`` package's syntax: Python ``re``'s, plus
+            ``\\p{L}``, POSIX classes ...) or a list of them; the output ends
             at the first match in the detokenized text, which is not returned (SGLang's
-            ``stop_regex``; the finish reason's ``matched`` is the matched text). Streaming holds
-            back text that could still become the start of a match.
+            ``stop_regex``; the finish reason's ``matched`` is the matched text). A match counts
+            as soon as the text so far holds it, as in SGLang's check: ``foo\\b`` or ``\\.$`` at
+            the text's current end stops it, whatever would follow. Streaming holds back text
+            that could still become the start of a match.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.
