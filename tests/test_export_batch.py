@@ -509,3 +509,81 @@ def test_ctrl_c_lets_the_running_rows_finish_and_starts_no_queued_one(tmp_path, 
     assert done <= {0, 1}  # the two running rows; rows 2-3 were queued
     assert Job("t", ["question"], argv=argv).run(row, backend=ScriptedBackend(reply)) == 0
     assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == list(range(10))
+
+
+def test_a_rerun_whose_input_changed_under_done_rows_is_refused_and_writes_nothing(tmp_path, capsys):
+    """Rows are keyed by position: a rerun on an edited or re-sorted input used to skip the rows at
+    done positions, keeping results of other questions under them."""
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}", "n": i} for i in range(4)])
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    before = out.read_bytes()
+    write_rows(rows, [{"question": "q0", "n": 0}, {"question": "changed", "n": 1}, "not an object", {"question": "q3"}])
+    assert run_job(tmp_path, "--input", rows) == 2
+    err = capsys.readouterr().err
+    assert f"{out} holds results for other input than {rows} has now under the same keys" in err
+    assert "1 row, on line 2; write to a new output file, or remove those rows' records" in err
+    assert out.read_bytes() == before  # not even the new bad_input row was written
+    # the same rows with their keys in another order, and a row added: the done rows are skipped
+    write_rows(rows, [{"n": 0, "question": "q0"}, {"n": 1, "question": "q1"}, {"question": "q2"}])
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", rows, backend=backend) == 0
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Q: q2\nA:"]
+    assert {r["row"]: r["variables"]["answer"] for r in read_results(out)} == {0: "Q0", 1: "Q1", 2: "Q2"}
+
+
+def test_blank_lines_in_the_results_file_are_ignored(tmp_path):
+    """An editor that saved the file with an empty last line made every rerun refuse it."""
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    out.write_bytes(out.read_bytes().replace(b"\n", b"\n\n", 1) + b"\n  \n")
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", rows, backend=backend) == 0
+    assert len([c for c in backend.calls if c[0] == "generate"]) == 1
+    assert sorted(json.loads(line)["row"] for line in out.read_text().splitlines() if line.strip()) == [0, 1, 2]
+
+
+def test_the_code_fingerprint_ignores_comments_layout_and_docstrings_but_not_code(tmp_path):
+    import importlib.util
+
+    from lmnb.batch.job import code_fingerprint
+
+    def load(name, source):
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.run_row
+
+    base = code_fingerprint(load("a", '"""A job."""\ndef run_row(q):\n    return q + "!"\n'))
+    same = code_fingerprint(load("b", '"""Another text."""\n# a comment\n\ndef run_row( q ):\n    """Doc."""\n'
+                                      '    return (q\n            + "!")  # why\n'))
+    other = code_fingerprint(load("c", '"""A job."""\ndef run_row(q):\n    return q + "?"\n'))
+    assert base == same and base != other and len(base) == 16
+    assert code_fingerprint(eval("lambda: 0")) is None  # no file to read
+
+
+def test_rows_run_by_an_edited_script_are_kept_and_counted(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "fine"}, {"question": "x"}])
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 1
+    records = read_results(out)
+    assert {r["script"] for r in records} == {code_fingerprint_of_this_file()}
+    out.write_text("".join(json.dumps({**r, "script": "0123456789abcdef"}) + "\n" for r in records))
+    capsys.readouterr()
+    fixed = ScriptedBackend(lambda prompt, params: "OK")
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", backend=fixed) == 0
+    assert ("lmnb batch: 1 row in " f"{out} was run by another version of this script (its code changed since) "
+            "and is kept; to run every row on this version, write to a new output file") in capsys.readouterr().err  # the failed row was removed before counting
+    results = by_row(read_results(out))
+    assert results[0]["variables"] == {"answer": "OK"} and results[1]["variables"] == {"answer": "FINE"}
+    assert results[2]["script"] == results[0]["script"] == code_fingerprint_of_this_file()
+    assert results[1]["script"] == "0123456789abcdef"
+
+
+def code_fingerprint_of_this_file() -> str:
+    from lmnb.batch.job import code_fingerprint
+
+    return code_fingerprint(run_row)

@@ -11,6 +11,9 @@ radix cache, paper §3), writes each finished row at once and prints a summary
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
+import inspect
 import json
 import sys
 from typing import Any, Callable, Optional, Sequence
@@ -19,6 +22,26 @@ from lmnb.batch.inputs import InputError, read_rows
 from lmnb.batch.options import add_parameters, engine_model, job_parser, make_backend
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
+
+
+def code_fingerprint(func: Callable) -> Optional[str]:
+    """A short sha256 of the code of the file that defines ``func`` (an exported script's
+    ``run_row``), or None where that file cannot be read (a function typed into a console).
+
+    Comments, blank lines, layout and docstrings do not count (the syntax tree is hashed, without
+    docstrings); any other change of the code does: an edited cell gives another value.
+    """
+    try:
+        tree = ast.parse(open(inspect.getsourcefile(func), encoding="utf-8").read())
+    except (TypeError, OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            del body[0]  # (the tree is only hashed, so a body left empty does no harm)
+    return hashlib.sha256(ast.dump(tree).encode("utf-8")).hexdigest()[:16]
 
 
 def row_copy(value: Any) -> Any:
@@ -137,9 +160,16 @@ class Job:
             return fatal(str(e))
         if args.limit is not None:
             rows = rows[: args.limit]
-        store = ResultStore(args.output, args.id_field, self.settings())
+        store = ResultStore(args.output, args.id_field, self.settings(), code_fingerprint(run_row))
         try:
             store.open(retry_errors=args.retry_errors)
+            if store.other_script:  # kept (an edit that fixes failed rows must not discard the good ones), but said
+                n = store.other_script
+                plural = n > 1
+                print(f"lmnb batch: {n} row{'s' if plural else ''} in {args.output} {'were' if plural else 'was'} "
+                      f"run by another version of this script (its code changed since) and {'are' if plural else 'is'} "
+                      "kept; to run every row on this version, write to a new output file (--retry-errors runs the "
+                      "failed ones again)", file=sys.stderr)
             return RowRunner(self, args, store, rows, run_row, programs, backend).run()
         except BrokenPipeError:  # stderr (progress, summary) went to a pipe that closed: stop as SIGPIPE does
             silence_stream("stdout")

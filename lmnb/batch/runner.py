@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from lmnb.batch.inputs import InputRow
 from lmnb.batch.options import make_backend
 from lmnb.batch.record import RowRecorder
-from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, row_key
+from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
 
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_FATAL, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_BROKEN_PIPE = 128 + 13  # (SIGPIPE's number): what a shell reports for a tool that `| head` closed
@@ -63,11 +63,16 @@ class RowRunner:
 
     # -- which rows run ---------------------------------------------------------------------------
     def triage(self) -> list[tuple[InputRow, dict]]:
-        """Skip rows already done; write unusable rows as ``bad_input``; return (row, key fields)."""
-        todo, seen_ids = [], {}
+        """Skip rows already done; write unusable rows as ``bad_input``; return (row, key fields).
+
+        Raises:
+            StoreError: a done row's record was written for other input than the row under its key
+                now (the input was edited, sorted or replaced); nothing is written then.
+        """
+        todo, seen_ids, bad, changed = [], {}, [], []
         id_field = self.args.id_field
         for row in self.rows:
-            base: dict = {"row": row.index, "line": row.line}
+            base: dict = {"row": row.index, "line": row.line, "input_hash": input_hash(row.fields)}
             error = row.error
             if error is None and id_field is not None:
                 ident = row.fields.get(id_field)
@@ -94,15 +99,31 @@ class RowRunner:
                 if nulls and not missing:  # (a null would run into the prompt as the text "None")
                     error = (f"line {row.line}: {'fields' if len(nulls) > 1 else 'field'} {', '.join(map(repr, nulls))} "
                              f"{'are' if len(nulls) > 1 else 'is'} null; give a value, or leave the row out")
-            if self.store.done(row_key(base)):
+            key = row_key(base)
+            if self.store.done(key):
+                if not self.store.same_input(key, base["input_hash"]):
+                    changed.append(row)
                 self.skipped += 1
                 continue
             if error is not None:
-                print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
-                self.write({**base, "status": BAD_INPUT, "error": error})
+                bad.append((base, error))
                 continue
             todo.append((row, base))
+        if changed:
+            raise StoreError(self._changed_input(changed))
+        for base, error in bad:
+            print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
+            self.write({**base, "status": BAD_INPUT, "error": error})
         return todo
+
+    def _changed_input(self, changed: list[InputRow]) -> str:
+        lines = ", ".join(str(r.line) for r in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        keyed = (f"by --id-field {self.args.id_field}" if self.args.id_field
+                 else "by their position in the input (--id-field keys them by an id instead)")
+        return (f"{self.store.path} holds results for other input than {self.args.input} has now under the same keys "
+                f"(rows are keyed {keyed}): {len(changed)} row{'s' if len(changed) > 1 else ''}, on line"
+                f"{'s' if len(changed) > 1 else ''} {lines}; write to a new output file, or remove those rows' "
+                "records to run them again")
 
     def write(self, record: dict) -> None:
         """Append one row's ``record`` to the output and count it by status."""

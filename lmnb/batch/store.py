@@ -8,12 +8,16 @@ How "exactly once" holds:
   cuts it off (that row runs again). Any other line that is not a JSON record means someone else
   changed the file, and ``open`` refuses to continue instead of guessing.
 - Rows already in the file are skipped by key: ``("row", index)``, or ``("id", value)`` with
-  ``--id-field``.
+  ``--id-field``. Each record carries a hash of its row's input (``input_hash``), so a rerun whose
+  input holds another row under that key is refused rather than skipping it, and a fingerprint
+  of the script's code (``script``), so records written by an edited script are counted and named.
+- Blank lines (an editor's trailing newline) are ignored.
 - An exclusive ``flock`` on the file keeps a second run from appending to it at the same time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -40,6 +44,12 @@ class StoreError(RuntimeError):
     """The results file cannot be used (locked by another run, changed by hand, other options)."""
 
 
+def input_hash(fields: Any) -> str:
+    """A short sha256 of one input row's fields (key order does not count), stored as ``input_hash``."""
+    text = json.dumps(fields, sort_keys=True, ensure_ascii=True, default=repr)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
+
+
 def row_key(record: dict) -> tuple:
     """The key a record is done under: ``("id", json of the id)`` if it has one, else ``("row", index)``."""
     if "id" in record:
@@ -55,13 +65,19 @@ class ResultStore:
     this run's results depend on (notebook parameters, backend, model; JSON values); each record
     carries them, and a file whose rows were run with other settings is refused, so one file never
     mixes results of two configurations (records from before settings were written are taken).
+    ``script``: the fingerprint of the script's code (``Job``'s ``code_fingerprint``), written into
+    each record; ``other_script`` counts the records of done rows written by other code.
     """
 
-    def __init__(self, path: Path, id_field: Optional[str] = None, settings: Optional[dict] = None):
+    def __init__(self, path: Path, id_field: Optional[str] = None, settings: Optional[dict] = None,
+                 script: Optional[str] = None):
         self.path = Path(path)
         self.id_field = id_field
         self.settings = settings
+        self.script = script
+        self.other_script = 0
         self.keys: set = set()
+        self.input_hashes: dict[tuple, str] = {}  # key → input_hash of the done row (records that have one)
         self.counts = {OK: 0, ERROR: 0, BAD_INPUT: 0}
         self.repaired = False  # a torn last line was cut off by open()
         self.retried = 0  # error records dropped by open(retry_errors=True)
@@ -95,7 +111,12 @@ class ResultStore:
             self._rewrite([line for line, _ in kept])
             records = kept
         for _, record in records:
-            self.keys.add(row_key(record))
+            key = row_key(record)
+            self.keys.add(key)
+            if isinstance(record.get("input_hash"), str):
+                self.input_hashes[key] = record["input_hash"]
+            if self.script is not None and record.get("script") not in (None, self.script):
+                self.other_script += 1
             status = record.get("status")
             self.counts[status if status in self.counts else ERROR] += 1
 
@@ -116,6 +137,8 @@ class ResultStore:
         end = data.rfind(b"\n") + 1
         records = []
         for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
+            if not line.strip():
+                continue
             try:
                 record = json.loads(line)
             except (UnicodeDecodeError, json.JSONDecodeError):
@@ -126,7 +149,7 @@ class ResultStore:
         tail = data[end:]
         if tail:  # checked after every other line: a file that is not ours is never cut
             if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)):
-                raise StoreError(_not_ours(self.path, len(records) + 1))
+                raise StoreError(_not_ours(self.path, data[:end].count(b"\n") + 1))
             # The tail after the last newline is a record a killed run did not finish writing.
             os.ftruncate(self._fd, end)
             self.repaired = True
@@ -167,6 +190,11 @@ class ResultStore:
         """Whether a row with this key (see ``row_key``) is already in the file."""
         return key in self.keys
 
+    def same_input(self, key: tuple, digest: str) -> bool:
+        """Whether the done row under ``key`` ran on input with this ``input_hash`` (True where its
+        record predates input hashes)."""
+        return self.input_hashes.get(key, digest) == digest
+
     def write(self, record: dict) -> None:
         """Append ``record`` as one line. Values JSON cannot hold are written as their ``repr``.
 
@@ -178,6 +206,8 @@ class ResultStore:
             raise StoreError(f"row {record['row']} is already in {self.path}; it is not written twice")
         if self.settings is not None:
             record = {**record, "settings": self.settings}
+        if self.script is not None:
+            record = {**record, "script": self.script}
         try:
             text = json.dumps(record, ensure_ascii=False, default=_jsonable)
             data = (text + "\n").encode("utf-8")

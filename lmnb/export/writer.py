@@ -104,9 +104,10 @@ class _Writer:
             "Output: one JSON line per row: row (its index in the input), line, id (with --id-field),",
             "status (ok / error / bad_input), variables (what the %%lm cells captured:",
             f"{', '.join(p.captures) or 'none'}), finish_reasons, tokens (prompt, cached, completion),",
-            "seconds, and error. The output is appended to as rows finish (with --num-threads above 1 that",
-            "is not input order: sort on row); run the same command again after a crash or Ctrl-C and it",
-            "continues with the rows not yet written.",
+            "seconds, error, and input_hash and script (what a rerun checks: a row whose input changed is",
+            "refused, rows run by an edited script are counted). The output is appended to as rows finish",
+            "(with --num-threads above 1 that is not input order: sort on row); run the same command again",
+            "after a crash or Ctrl-C and it continues with the rows not yet written.",
         ]
         body = "\n".join(lines).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
         return f'"""{body}\n"""'
