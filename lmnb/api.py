@@ -22,6 +22,7 @@ from lmnb.ir import (
     Video,
     as_expr,
     check_regex,
+    check_stop_regex,
     dtype_regex,
     json_schema_value,
 )
@@ -293,18 +294,21 @@ def gen(
     choices_method: Optional[ChoicesSamplingMethod] = None,
     regex: Optional[str] = None,
     json_schema: Any = None,
+    stop_regex: Optional[Union[str, list[str]]] = None,
 ):
     """Generate text into variable ``name``. Arguments left None inherit the ``run`` defaults.
 
     ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
     fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class) constrain the
     output and reach the backend unchanged. ``seed`` (lmnb extension) makes a sampled gen
-    reproducible. ``dtype`` (int, float, bool, str) constrains with a
+    reproducible. ``stop_regex`` (an lmnb extension: SGLang's server parameter) ends the output at
+    the first match of a pattern or of any in a list, like a stop string (checked here; the
+    official OpenAI API has none). ``dtype`` (int, float, bool, str) constrains with a
     regex and stores the parsed value. With ``choices`` this is ``select`` (SGLang: greedy, scored
     with ``choices_method``, default ``token_length_normalized``).
 
     Raises:
-        ValueError: an invalid regex, JSON schema or dtype, or more than one of regex,
+        ValueError: an invalid regex, stop_regex, JSON schema or dtype, or more than one of regex,
             json_schema, dtype and choices (each decides the output alone).
         TypeError: ``name`` is not a string or None.
     """
@@ -318,10 +322,11 @@ def gen(
             name, choices, 0.0 if temperature is None else temperature, choices_method or token_length_normalized
         )
     check_regex(regex)
+    check_stop_regex(stop_regex)
     if dtype is not None:
         dtype_regex(dtype)
     params = GenParams(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_regex=stop_regex,
         stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
         ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,

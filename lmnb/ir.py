@@ -36,6 +36,7 @@ _PARAM_FIELDS = (
     "min_new_tokens",
     "n",
     "stop",
+    "stop_regex",
     "stop_token_ids",
     "temperature",
     "top_p",
@@ -62,7 +63,9 @@ class GenParams:
     Field names and meanings are SGLang's (``SglSamplingParams``): ``max_new_tokens`` and
     ``min_new_tokens`` count tokens; ``temperature`` 0 is greedy; ``top_k`` -1 is off; ``seed`` makes sampling reproducible (an lmnb extension; SGLang's server
     calls it ``sampling_seed``); ``stop`` is a
-    string or a list of strings (matched on the text, not returned); ``logprob_start_len`` is a
+    string or a list of strings (matched on the text, not returned); ``stop_regex`` (SGLang's
+    server parameter, an lmnb extension in the language) is a pattern or a list of them, matched
+    the same way (see ``lmnb_engine.SamplingParams``); ``logprob_start_len`` is a
     prompt-token index. ``regex`` and ``json_schema`` (a JSON string or a dict) constrain the output
     and are passed to the backend unchanged. ``dtype`` (``int``, ``float``, ``bool``, ``str``)
     becomes a regex and, for int/float/bool, a parsed value (see ``dtype_regex``).
@@ -72,6 +75,7 @@ class GenParams:
     min_new_tokens: Optional[int] = None
     n: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
+    stop_regex: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -105,8 +109,9 @@ class GenParams:
         for f in _PARAM_FIELDS:
             v = getattr(self, f)
             out[f] = v if v is not None else getattr(defaults, f)
-        if isinstance(out["stop"], (list, tuple)):
-            out["stop"] = list(out["stop"])
+        for key in ("stop", "stop_regex"):
+            if isinstance(out[key], (list, tuple)):
+                out[key] = list(out[key])
         return GenParams(**out)
 
     @property
@@ -116,6 +121,27 @@ class GenParams:
             return []
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return [s for s in stops if s]
+
+    @property
+    def stop_regexes(self) -> list[str]:
+        """``stop_regex`` as a list."""
+        if self.stop_regex is None:
+            return []
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+
+    def first_stop(self, text: str) -> int:
+        """Where in ``text`` the first stop begins (a stop string, or a ``stop_regex`` match), -1 if none.
+
+        For text that is already whole (API speculative execution): the earliest start of any stop,
+        where the engine, matching as tokens arrive, takes the first match to complete; the two
+        differ only for patterns whose later-starting match ends sooner.
+        """
+        hits = [i for i in (text.find(s) for s in self.stop_list) if i >= 0]
+        if self.stop_regexes:
+            import regex  # torch-free; the engine's matcher uses the same package
+
+            hits += [m.start() for m in (regex.search(p, text) for p in self.stop_regexes) if m]
+        return min(hits) if hits else -1
 
     def with_stops(self, extra: Sequence[str]) -> "GenParams":
         """A copy whose ``stop`` list also holds ``extra`` (order kept, no duplicates)."""
@@ -133,6 +159,8 @@ class GenParams:
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         if self.stop_list:
             out["stop"] = self.stop_list
+        if self.stop_regexes:
+            out["stop_regex"] = self.stop_regexes
         return out
 
 
@@ -322,6 +350,20 @@ def json_schema_value(schema: Any) -> Union[str, dict, None]:
     raise TypeError(
         f"json_schema must be a JSON string, a dict or a pydantic model class, not {type(schema).__name__}"
     )
+
+
+def check_stop_regex(stop_regex: Any) -> None:
+    """Check ``gen(stop_regex=...)`` where it is called, with the engine's own rule.
+
+    Raises:
+        ValueError: not a pattern or a list of them, an invalid pattern (``regex`` package syntax),
+            or one that matches the empty string.
+    """
+    from lmnb_engine.params import stop_regex_problem  # torch-free
+
+    problem = stop_regex_problem(stop_regex)
+    if problem:
+        raise ValueError(f"gen(stop_regex={stop_regex!r}) is invalid: {problem}")
 
 
 def check_regex(regex: Optional[str]) -> None:

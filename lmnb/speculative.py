@@ -63,19 +63,17 @@ class Speculation:
 def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, dict]:
     """Completion-model API speculative execution (SGLang's ``_spec_gen``): one call generates
     ``max(max_new_tokens, num_api_spec_tokens)`` tokens without the gen's stops, and this gen
-    takes the text up to its first stop; the rest is kept for later fills and gens that match.
+    takes the text up to its first stop (a string or a ``stop_regex`` match); the rest is kept for
+    later fills and gens that match.
 
     The gen takes at most ``max_new_tokens`` tokens of the text (before a stop string, if one
     comes first), as it would without speculation; the call asks for per-token text to find them
     (SGLang counts characters instead, which is also the fallback where a backend gives no token
     texts). A gen without stops calls again when fewer tokens than that are left over.
     """
-    stops = params.stop_list
+    stops = bool(params.stop_list or params.stop_regexes)
+    first_stop = params.first_stop
     limit = params.max_new_tokens  # resolved by the executor (the run's default, else 128)
-
-    def first_stop(text: str) -> int:
-        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-        return min(hits) if hits else -1
 
     meta: dict = {"speculative": True}
     left = ex.speculation
@@ -86,7 +84,7 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     if not serves:
         spec = dataclasses.replace(
             params, max_new_tokens=max(limit or 0, ex.num_api_spec_tokens), stop=list(ex.chat_template.stop_str),
-            return_logprob=True, return_text_in_logprobs=True,
+            stop_regex=None, return_logprob=True, return_text_in_logprobs=True,
         )
         comps = ex._call(ex.backend.generate, ex._prompt(), spec)
         ex._check_finish([comps[0].meta_info])
@@ -114,7 +112,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
     values = None
     if gens:
         params = dataclasses.replace(
-            gens[0][2], max_new_tokens=ex.num_api_spec_tokens, stop=list(ex.chat_template.stop_str)
+            gens[0][2], max_new_tokens=ex.num_api_spec_tokens, stop=list(ex.chat_template.stop_str), stop_regex=None
         )
         reply, meta = "", {}
         for _ in range(SPEC_MAX_TRIES):
@@ -155,7 +153,8 @@ def spec_match(terms: list[tuple], reply: str) -> Optional[list[str]]:
                 return None
             rest = rest[len(term[1]):]
             continue
-        hits = [i for i in (rest.find(s) for s in term[2].stop_list) if i >= 0]
+        stop = term[2].first_stop(rest)
+        hits = [stop] if stop >= 0 else []
         following = next((t[1] for t in terms[k + 1:] if t[0] == "text" and t[1]), None)
         if not hits and following is not None and following in rest:
             hits = [rest.find(following)]

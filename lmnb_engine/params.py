@@ -147,8 +147,9 @@ class SamplingParams:
             or (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop))
         ):
             bad("stop", "must be a string or a list of strings")
-        if self.stop_regex is not None:
-            self._check_stop_regex(bad)
+        problem = stop_regex_problem(self.stop_regex)
+        if problem:
+            bad("stop_regex", problem)
         if self.stop_token_ids is not None and not (
             isinstance(self.stop_token_ids, (list, tuple))
             and all(is_int(t) and t >= 0 for t in self.stop_token_ids)
@@ -174,17 +175,26 @@ class SamplingParams:
         if not isinstance(self.extra.get("whitespace_pattern", ""), (str, type(None))):
             bad("extra", "whitespace_pattern must be a regex string")
 
-    def _check_stop_regex(self, bad: Any) -> None:
-        import regex  # (a dependency of transformers) its partial matching holds streamed text back
 
-        if not (isinstance(self.stop_regex, str) or (
-                isinstance(self.stop_regex, (list, tuple)) and all(isinstance(p, str) for p in self.stop_regex))):
-            bad("stop_regex", "must be a regular expression (a string) or a list of them")
-        for pattern in self.stop_regexes:
-            try:
-                compiled = regex.compile(pattern)
-            except regex.error as e:
-                bad("stop_regex", f"{pattern!r} is not a valid regular expression ({e}); fix the pattern")
-            if compiled.search("") is not None:
-                bad("stop_regex", f"{pattern!r} matches the empty string, so it would stop before the first "
-                                  "token; make it match at least one character")
+def stop_regex_problem(value: Any) -> str | None:
+    """Why ``value`` is not a valid ``stop_regex``, or None when it is (None, a pattern, or a list of them).
+
+    A pattern must compile in the ``regex`` package (whose partial matching holds streamed text
+    back) and must not match the empty string, which would stop before the first token. The
+    language's ``gen(stop_regex=...)`` and the cell parser ask the same question before anything runs.
+    """
+    if value is None:
+        return None
+    import regex  # (a dependency of transformers, declared by lmnb too)
+
+    if not (isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value))):
+        return "must be a regular expression (a string) or a list of them"
+    for pattern in [value] if isinstance(value, str) else value:
+        try:
+            compiled = regex.compile(pattern)
+        except regex.error as e:
+            return f"{pattern!r} is not a valid regular expression ({e}); fix the pattern"
+        if compiled.search("") is not None:
+            return (f"{pattern!r} matches the empty string, so it would stop before the first token; make it "
+                    "match at least one character")
+    return None

@@ -144,6 +144,7 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
         s += sgl.gen("d", max_tokens=0)
         s += sgl.select("e", choices=[" yes", " no"])  # its own call: the leftover is stale after it
         s += sgl.gen("f", max_tokens=20, stop="?")
+        s += "\nQ:" + sgl.gen("g", max_tokens=20, stop_regex=r"[?.]")  # cut from the leftover as the engine cuts
 
     backend = sgl.Engine()
     try:
@@ -157,7 +158,7 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     assert [spec.get_meta_info(k)["speculative"] for k in "abc"] == [True] * 3
     assert spec.get_meta_info("a")["completion_tokens"] == 16  # b and c came from the same call
     plain, spec = runs[more]
-    assert [spec[k] for k in "abcdef"] == [plain[k] for k in "abcdef"] and spec["d"] == ""
+    assert [spec[k] for k in "abcdefg"] == [plain[k] for k in "abcdefg"] and spec["d"] == ""
     assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
 
 
@@ -230,6 +231,12 @@ def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
         sgl.gen("x", stop=5)
     with pytest.raises(TypeError, match=r"stop=\[1\] is invalid"):
         prog.run(stop=[1], backend=backend)
+    with pytest.raises(ValueError, match=r"gen\(stop_regex='\('\) is invalid: '\(' is not a valid regular expression"):
+        sgl.gen("x", stop_regex="(")
+    with pytest.raises(ValueError, match=r"'x\?' matches the empty string, so it would stop before the first token"):
+        sgl.gen("x", stop_regex=["y", "x?"])
+    with pytest.raises(ValueError, match=r"stop_regex=5\) is invalid: must be a regular expression"):
+        sgl.gen("x", stop_regex=5)
 
 
 def test_a_sampled_select_is_reproducible_with_the_run_seed(backend):

@@ -489,3 +489,33 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
         assert message.endswith(f"lower {name}") and "new_tokens" not in message
     r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "min_tokens": 3})
     assert r.json()["error"]["message"] == "min_tokens=3 is invalid: must not exceed max_tokens=2"
+
+
+def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):
+    """gen(stop_regex=...) reaches every backend: the output is the free greedy output cut before
+    the first occurrence of a character picked from it (a one-character pattern completes where it
+    first occurs, so the cut is found by str.find), and the matched text is that character."""
+    import regex
+
+    local, remote, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+    prompt = "The bird in the tree said"
+
+    @sgl.function
+    def free(s):
+        s += prompt + sgl.gen("x", max_tokens=16)
+
+    whole = free.run(backend=local, temperature=0)["x"]
+    k = next(i for i, c in enumerate(whole) if i >= 3 and whole.find(c) == i and c.strip())
+    pattern = regex.escape(whole[k])
+
+    @sgl.function
+    def cut(s):
+        s += prompt + sgl.gen("x", max_tokens=16, stop_regex=["never here", pattern])
+
+    for backend in (local, remote, completion):
+        st = cut.run(backend=backend, temperature=0)
+        assert st["x"] == whole[:k], backend
+        assert st.text() == prompt + whole[:k]
+    finish = cut.run(backend=local, temperature=0).get_meta_info("x")["finish_reason"]
+    assert finish == {"type": "stop", "matched": whole[k]}

@@ -529,3 +529,15 @@ def test_a_batch_larger_than_the_thread_pool_leaves_threads_for_other_requests(m
                 h.abort()
             batch.join(30)
     assert [r["text"] for r in replies[0].json()] == ["xx"] * 4
+
+
+def test_openai_official_api_refuses_stop_regex_instead_of_dropping_it():
+    official = sgl.OpenAI("gpt-4o-mini", api_key="sk-test-not-used")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("hi")
+        s += sgl.assistant(sgl.gen("a", stop_regex=r"\d"))
+
+    with pytest.raises(sgl.ProgramError, match="the OpenAI API has no stop_regex; use stop strings"):
+        prog.run(backend=official).text()

@@ -326,6 +326,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen a stop=}", 2, 12, "has no value"),
         ("{select pick}", 2, 1, "choices"),
         ('{gen n regex="(ab"}', 2, 14, "invalid regex"),
+        ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex '(ab' is not a valid regular expression"),
+        ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex 'a*' matches the empty string"),
         ('{gen c json_schema={"type": "objekt"}}', 2, 20, "#/type is not a valid JSON Schema"),  # before any gen runs
         ("{gen c json_schema='[1]'}", 2, 20, "must be a JSON object"),
         ("{gen c json_schema=[1]}", 2, 20, "must be a JSON object"),
@@ -400,6 +402,7 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
     "cell, kernel, col, words",
     [
         ("{gen x regex=pat}", {"pat": "[a-"}, 14, "invalid regex"),
+        ("{gen x stop_regex=pat}", {"pat": 5}, 19, "stop_regex must be a regular expression (a string)"),
         ("{gen x json_schema=S}", {"S": {"type": "objectx"}}, 20, "not a valid JSON Schema"),
         ("{select x choices=labels}", {"labels": "ab"}, 19, "choices must be a non-empty list of strings"),
         ("{fork doc in docs}{doc}{join}", {"docs": []}, 14, "docs has no items"),

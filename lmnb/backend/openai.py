@@ -131,6 +131,11 @@ class OpenAI(BaseBackend):
                 extra[names.get(key, key)] = value
         if params.stop_token_ids:
             extra["stop_token_ids"] = list(params.stop_token_ids)
+        if params.stop_regexes:
+            if self.is_official:
+                raise ValueError("the OpenAI API has no stop_regex; use stop strings, or an lmnb/SGLang server "
+                                 "(RuntimeEndpoint, or OpenAI(base_url=...))")
+            extra["stop_regex"] = params.stop_regexes
         if params.regex is not None:
             if self.is_official:
                 raise ValueError(

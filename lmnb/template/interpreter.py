@@ -141,10 +141,11 @@ class _Run:
 
 
 def _check_value(primitive: str, key: str, value):
-    """``options.check_literal`` of a ``regex`` string, a ``json_schema`` dict or JSON string, and
-    ``choices`` (a message, or None): the checks that lmnb makes too, but where the value is known.
-    Other values (numbers lmnb reads from numpy scalars, a pydantic class) are left to lmnb."""
-    if key == "choices" or (key == "regex" and isinstance(value, str)) or (
+    """``options.check_literal`` of a ``regex`` string, a ``json_schema`` dict or JSON string,
+    ``choices`` and ``stop_regex`` (a message, or None): the checks that lmnb makes too, but where
+    the value is known. Other values (numbers lmnb reads from numpy scalars, a pydantic class) are
+    left to lmnb."""
+    if key in ("choices", "stop_regex") or (key == "regex" and isinstance(value, str)) or (
             key == "json_schema" and isinstance(value, (str, dict))):
         return check_literal(primitive, key, value)
     return None

@@ -59,6 +59,11 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
     elif key == "stop" and not is_stop(value):
         return f"stop must be a string or a list of strings, got {value!r}"
+    elif key == "stop_regex":
+        from lmnb_engine.params import stop_regex_problem  # the engine's own check (no torch)
+
+        problem = stop_regex_problem(value)
+        return f"stop_regex {problem}" if problem else None
     return None
 
 
