@@ -244,6 +244,14 @@ def test_openai_stream_with_include_usage_has_a_null_usage_until_the_final_usage
     assert r.status_code == 400 and "continuous_usage_stats is not supported" in r.json()["error"]["message"]
     body["stream_options"]["continuous_usage_stats"] = None  # vLLM declares it Optional[bool]
     assert _post(url, "/v1/chat/completions", body).status_code == 200
+    chat = {**body, "stream": False}
+    completion = {k: v for k, v in chat.items() if k != "messages"} | {"prompt": "hi"}
+    for path, whole in [("/v1/chat/completions", chat), ("/v1/completions", completion)]:
+        # OpenAI's and vLLM's 400: the option would do nothing
+        r = _post(url, path, whole)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+        assert r.json()["error"]["message"] == "stream_options is only allowed with stream=true; drop it, or stream the reply"
+        assert _post(url, path, {**whole, "stream_options": None}).status_code == 200
     body["stream_options"]["continuous_usage_stats"] = False  # the default, as clients send it: served
     with httpx.stream("POST", url + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200

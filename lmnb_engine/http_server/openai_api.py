@@ -177,6 +177,9 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
     if req.logit_bias:
         raise RequestError("logit_bias is not supported by lmnb", param="logit_bias")
+    if req.stream_options is not None and not req.stream:  # (OpenAI's and vLLM's 400 too: it would do nothing)
+        raise RequestError("stream_options is only allowed with stream=true; drop it, or stream the reply",
+                           param="stream_options")
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
         raise RequestError("stream_options.continuous_usage_stats is not supported: usage comes in the last "
                            "chunk (include_usage)", param="stream_options")
