@@ -587,3 +587,29 @@ def code_fingerprint_of_this_file() -> str:
     from lmnb.batch.job import code_fingerprint
 
     return code_fingerprint(run_row)
+
+
+def test_row_copy_copies_the_containers_around_a_value_that_cannot_be_copied():
+    """A module dict that a row's cells change and that holds a lock: deepcopy raised, so every row
+    failed at its first line."""
+    import collections
+    import threading
+
+    from lmnb.batch import row_copy
+
+    lock, shared = threading.Lock(), [1]
+    value = {"lock": lock, "items": [shared, shared], "counts": collections.defaultdict(int, a=1), "t": ([2],),
+             "tags": {"x"}}
+    value["self"] = value
+    copied = row_copy(value)
+    assert copied["lock"] is lock  # shared: it cannot be copied
+    assert copied["self"] is copied and copied["items"][0] is copied["items"][1]  # cycles and sharing kept
+    copied["items"][0].append(2)
+    copied["counts"]["b"] += 1
+    copied["t"][0].append(3)
+    copied["tags"].add("y")
+    assert shared == [1] and value["counts"] == {"a": 1} and value["t"] == ([2],) and value["tags"] == {"x"}
+    assert copied["items"] == [[1, 2], [1, 2]] and type(copied["counts"]) is collections.defaultdict
+    assert copied["counts"] == {"a": 1, "b": 1} and copied["t"] == ([2, 3],) and copied["tags"] == {"x", "y"}
+    plain = {"a": [1]}
+    assert row_copy(plain) == plain and row_copy(plain)["a"] is not plain["a"]

@@ -48,10 +48,44 @@ def row_copy(value: Any) -> Any:
     """A row's own copy of a module value that its cells change: a deep copy of built-in
     containers (list, dict, set, bytearray), other values as they are (modules, models, clients
     are shared, and often cannot be copied). In the notebook the cells ran once, so each row must
-    start from the set-up value, whatever the rows before it appended."""
+    start from the set-up value, whatever the rows before it appended. Where something inside a
+    container cannot be copied (a lock, an open file), the containers around it are still copied
+    and that value alone is shared: a failed copy would fail every row."""
     import copy
 
-    return copy.deepcopy(value) if isinstance(value, (list, dict, set, bytearray)) else value
+    if not isinstance(value, (list, dict, set, bytearray)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # (deepcopy raises TypeError, copy.Error or the object's own error)
+        return _copy_containers(value, {})
+
+
+def _copy_containers(value: Any, memo: dict) -> Any:
+    """``row_copy``'s fallback: built-in containers (and their subclasses) copied all the way down,
+    each leaf deep-copied where it can be and shared where it cannot; ``memo`` keeps shared
+    references and cycles as they were."""
+    import copy
+
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, (list, dict)):
+        out = memo[id(value)] = copy.copy(value)  # (keeps a subclass and its state, e.g. defaultdict's factory)
+        for k in range(len(out)) if isinstance(out, list) else list(out):
+            out[k] = _copy_containers(out[k], memo)
+        return out
+    if isinstance(value, tuple) and type(value) is tuple:
+        out = memo[id(value)] = tuple(_copy_containers(v, memo) for v in value)
+        return out
+    if isinstance(value, (set, bytearray)):
+        out = memo[id(value)] = copy.copy(value)  # (set members are hashable, so not changed in place)
+        return out
+    try:
+        out = copy.deepcopy(value)
+    except Exception:
+        out = value
+    memo[id(value)] = out
+    return out
 
 
 class Job:
