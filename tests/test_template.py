@@ -396,6 +396,11 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
         record(t.program().func, **t.bind({"who": "x", "zero": 0}))
     assert (e.value.line, e.value.col) == (3, 6) and "ZeroDivisionError" in str(e.value)
     assert isinstance(e.value.__cause__, ZeroDivisionError)
+    assert str(e.value).startswith("line 3, col 6: {1 / zero} failed: ZeroDivisionError")
+    t = parse("Hi {gen x max_tokens=1 // zero}")  # an option's value is named as the option, not as a hole
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func, **t.bind({"zero": 0}))
+    assert str(e.value).startswith("line 1, col 22: gen option max_tokens=1 // zero failed: ZeroDivisionError")
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ class _Run:
 
         kwargs = {}
         for o in node.options:
-            kwargs[o.key] = value = self.value(o.value, s, local)
+            kwargs[o.key] = value = self.value(o.value, s, local, f"{node.primitive} option {o.key}={o.value.source}")
             problem = _check_value(node.primitive, o.key, value)
             if problem:  # a value from a variable gets the check a literal got at parse time
                 raise TemplateRuntimeError(problem, self.t.source, o.value.offset, self.t.first_line)
@@ -128,7 +128,9 @@ class _Run:
                 f"cannot format {{{node.expr.source}}}: {e}", self.t.source, node.offset, self.t.first_line
             ) from e
 
-    def value(self, expr: Expr, s, local: dict[str, Any]):
+    def value(self, expr: Expr, s, local: dict[str, Any], what: str = ""):
+        """``expr`` evaluated; a failure is a ``TemplateRuntimeError`` at it, naming ``what`` it is
+        (default: the hole ``{expr}``)."""
         env: dict[str, Any] = {"__builtins__": builtins}
         try:
             for name, kind in expr.refs:
@@ -136,7 +138,8 @@ class _Run:
             return eval(expr.code, env)
         except Exception as e:
             raise TemplateRuntimeError(
-                f"{{{expr.source}}} failed: {type(e).__name__}: {e}", self.t.source, expr.offset, self.t.first_line
+                f"{what or '{' + expr.source + '}'} failed: {type(e).__name__}: {e}", self.t.source, expr.offset,
+                self.t.first_line
             ) from e
 
 
