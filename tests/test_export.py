@@ -186,6 +186,12 @@ def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == expected
+    # --output names the script, so its usage lines say the name it was written under
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--output", "jobs/renamed", str(nb_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    renamed = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "renamed.py")[0]
+    assert (tmp_path / "jobs" / "renamed.py").read_text() == renamed and "python renamed.py --input" in renamed
     (tmp_path / "broken.ipynb").write_text("{not json")
     assert main(["export", str(tmp_path / "broken.ipynb")]) == 2
     with pytest.raises(SystemExit):

@@ -7,6 +7,8 @@ subclass with ``file_extension`` and ``from_notebook_node``.
 
 from __future__ import annotations
 
+import os
+
 from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
@@ -39,8 +41,10 @@ class LMScriptExporter(Exporter):
     def from_notebook_node(self, nb, resources=None, **kw):
         nb_copy, resources = super().from_notebook_node(nb, resources, **kw)
         name = (resources.get("metadata") or {}).get("name") or "notebook"
+        # nbconvert's app names the output file after unique_key: the notebook's name, or --output's
+        script = os.path.basename(resources.get("unique_key") or "") or name
         try:
-            source, plan = export_notebook(nb_copy, f"{name}.ipynb", f"{name}.py", self.inputs)
+            source, plan = export_notebook(nb_copy, f"{name}.ipynb", f"{script}.py", self.inputs)
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(str(e)) from None
         for note in plan.notes:
