@@ -11,6 +11,7 @@ import pytest
 
 import lmnb as sgl
 from helpers_lang import live_server
+from lmnb.backend.base import finish_reason_dict
 from lmnb.choices import first_difference
 
 FEW_SHOT = (
@@ -355,6 +356,46 @@ def test_openai_completion_backend_selects_like_the_native_endpoint(backends):
         assert a[name] == b[name]
         want = a.get_meta_info(name)["normalized_prompt_logprobs"]
         assert b.get_meta_info(name)["normalized_prompt_logprobs"] == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_stop_regex_of_gen_and_run_ends_the_output_at_its_first_match_on_every_backend(backends, stream):
+    """SGLang's gen(stop_regex=...) and run(stop_regex=...) were TypeErrors (the engine and the
+    server had it, the language did not)."""
+    local, remote, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+
+    @sgl.function
+    def prog(s, stop_regex=None):
+        s += "The bird in the tree" + sgl.gen("x", max_tokens=16, stop_regex=stop_regex)
+
+    full = prog.run(backend=local, temperature=0)["x"]
+    char = next(c for c in full[2:] if c.isascii() and c.isalnum())  # a character the greedy output holds
+    want = full[:full.index(char)]  # the text before its first occurrence
+    for backend in (local, remote, completion):
+        state = prog.run(f"[{char}]", backend=backend, temperature=0, stream=stream)
+        assert state["x"] == want
+        assert finish_reason_dict(state.get_meta_info("x"))["type"] == "stop"
+        assert prog.run(backend=backend, temperature=0, stream=stream, stop_regex=["QQQ", f"[{char}]"])["x"] == want
+
+
+def test_a_url_with_or_without_v1_given_to_the_wrong_backend_says_which_url_to_give(backends):
+    """RuntimeEndpoint(<url>/v1) and OpenAI(base_url=<url>) said only "HTTP 404: Not Found"."""
+    _, _, url = backends
+    with pytest.raises(sgl.BackendError) as e:
+        sgl.RuntimeEndpoint(f"{url}/v1")
+    assert str(e.value) == (
+        f"GET {url}/v1/get_model_info: HTTP 404: Not Found; RuntimeEndpoint takes the server's root URL "
+        "(http://HOST:PORT), where SGLang's native routes are: drop the /v1, or use lmnb.OpenAI(model, "
+        "base_url=...) for the OpenAI API it serves")
+    for chat in (False, True):
+        state = multi_turn_chat.run("a", "b", backend=sgl.OpenAI("tiny", base_url=url, is_chat_model=chat, max_retries=0))
+        assert str(state.error().__cause__).endswith(
+            f"HTTP 404: Not Found; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
+            f"base_url='{url}/v1'")
+    # a 404 of the /v1 API itself names its own cause only
+    state = multi_turn_chat.run("a", "b", backend=sgl.OpenAI("nope", base_url=f"{url}/v1", max_retries=0))
+    assert str(state.error().__cause__).endswith("HTTP 404: model 'nope' is not served here; use 'tiny'")
 
 
 def test_gen_logprobs_agree_in_process_and_over_http(backends):

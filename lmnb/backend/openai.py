@@ -186,6 +186,11 @@ class OpenAI(BaseBackend):
             # e.message repeats the status ("Error code: 400 - {...}"); the server's own words are in body
             body = e.body if isinstance(e.body, dict) else {}
             message = body.get("message") if isinstance(body.get("message"), str) else e.message
+            root = str(self.client.base_url).rstrip("/")
+            if e.status_code == 404 and not self.is_official and not root.endswith("/v1"):
+                # the server's root URL given as base_url: its OpenAI routes are one level down
+                message += (f"; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
+                            f"base_url={root + '/v1'!r}")
             raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}") from None
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None

@@ -89,7 +89,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
         )
         self._httpx = httpx
-        self.model_info = self._request("GET", "/get_model_info")
+        # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server
+        hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
+        if self.base_url.endswith("/v1"):
+            hint += ": drop the /v1, or use lmnb.OpenAI(model, base_url=...) for the OpenAI API it serves"
+        self.model_info = self._request("GET", "/get_model_info", not_found=hint)
         self._template_name = chat_template_name
         self._template: Optional[ChatTemplate] = None
         self._lock = threading.Lock()
@@ -97,13 +101,15 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     # -- transport
 
-    def _request(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+    def _request(self, method: str, path: str, body: Optional[dict] = None, not_found: str = "") -> Any:
+        """``not_found``: said after the server's words when it answers 404."""
         try:
             r = self.client.request(method, path, json=body)
         except self._httpx.HTTPError as e:
             raise self._failure(f"{method} {self.base_url}{path}", e) from None
         if r.status_code >= 400:
-            raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}")
+            hint = not_found if r.status_code == 404 else ""
+            raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}{hint}")
         try:
             return r.json()
         except ValueError:
