@@ -257,6 +257,7 @@ class StreamExecutor:
         # place among all its parent's fork children), so a second fork of one state gets seeds
         # of its own; ``branch`` repeats (0, 1, ...) for every fork
         self.seed_path: tuple = ()
+        self._forked = 0  # fork children made so far, joined ones too (join drops them from _children)
         self._emit("state", parent=parent_sid, branch=branch, value=self)
 
     # -- events
@@ -674,7 +675,8 @@ class StreamExecutor:
             self.backend.score_choices, self._prompt(), expr.choices, method.requires_unconditional_logprobs
         )
         seed = self.default_params.seed  # run(seed=...) makes a sampled select reproducible too
-        rng = None if seed is None else random.Random(f"{seed}:{self.branch}:{len(self.text_)}:{expr.choices}")
+        # seed_path, as a gen's seed: a second fork's branch k samples anew, not as the first fork's did
+        rng = None if seed is None else random.Random(f"{seed}:{self.seed_path}:{len(self.text_)}:{expr.choices}")
         decision = method.decide(expr.choices, scored, expr.temperature, rng)
         self._append(decision.decision, "select", expr.name)
         self._finish_var(expr.name, decision.decision, decision.meta_info)
@@ -726,12 +728,13 @@ class StreamExecutor:
         children = []
         for i in range(size):
             c = self._copy(self.branch + (i,), self.sid)
-            c.seed_path = self.seed_path + (len(self._children) + i,)
+            c.seed_path = self.seed_path + (self._forked + i,)
             c.fork_start_text_pos = len(self.text_)
             c.fork_start_messages = len(self.messages_)
             c.fork_start_images = len(self.images_)
             children.append(c)
         self._children += children
+        self._forked += size
         self._emit("fork", children=tuple(c.sid for c in children))
         return children
 

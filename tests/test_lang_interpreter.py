@@ -506,6 +506,35 @@ def test_select_methods_decide_by_hand_computed_scores():
     assert isinstance(sgl.gen("c", choices=["a", "b"]), type(sgl.select("c", ["a", "b"])))
 
 
+def test_a_fork_after_a_joined_fork_samples_anew_from_the_run_seed():
+    # join dropped the branches from the parent's children, which numbered the next fork's seeds:
+    # fork-join-fork (and copy()) repeated the first fork's gen seeds, and a sampled select in a
+    # branch repeated the first fork's pick whenever it came after a joined fork (or not)
+    choices = [f" c{i}" for i in range(16)]
+    be = ScriptedBackend(choice_scores=lambda prompt, c: ([-1.0], [-1.0]))  # every pick a uniform draw
+
+    @sgl.function
+    def prog(s):
+        s += "Pick:"
+        for name in ("first", "second"):
+            forks = s.fork(4)
+            forks += sgl.gen(name, max_tokens=2) + sgl.select(name + "_pick", choices=choices, temperature=1.0)
+            forks.join()
+        with s.copy() as c:
+            c += sgl.gen("third", max_tokens=2)
+
+    def gen_seeds(calls):
+        return [payload[1].seed for kind, payload in calls if kind == "generate"]
+
+    st = prog.run(backend=be, seed=3, temperature=1.0)
+    seeds, done = gen_seeds(be.calls), len(be.calls)
+    assert len(seeds) == 9 and len(set(seeds)) == 9  # every branch of every fork its own seed
+    assert st["first_pick"] != st["second_pick"]
+    again = prog.run(backend=be, seed=3, temperature=1.0)
+    assert (again["first_pick"], again["second_pick"]) == (st["first_pick"], st["second_pick"])  # reproducible
+    assert sorted(gen_seeds(be.calls[done:])) == sorted(seeds)  # (branches call in any order)
+
+
 def test_select_meta_info_has_sglangs_keys_and_entry_shapes():
     # SGLang's select meta: unconditional_token_logprobs in [logprob, token id, text] entries like
     # input_token_logprobs, output_token_logprobs, and each method's own key.
