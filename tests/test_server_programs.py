@@ -398,6 +398,23 @@ def test_a_url_with_or_without_v1_given_to_the_wrong_backend_says_which_url_to_g
     assert str(state.error().__cause__).endswith("HTTP 404: model 'nope' is not served here; use 'tiny'")
 
 
+@pytest.mark.parametrize("option,message", [
+    ({"n": 0}, "n=0 is invalid: must be an integer >= 1"),
+])
+def test_the_openai_backend_sends_an_invalid_n_or_stop_regex_to_be_refused_as_the_others_refuse_it(
+        backends, option, message):
+    # it dropped n=0 (falsy) and generated one sample (an empty stop_regex is refused by gen() itself)
+    local, remote, url = backends
+
+    @sgl.function
+    def prog(s):
+        s += "The bird" + sgl.gen("x", max_tokens=3, **option)
+
+    for backend in (local, remote, sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)):
+        with pytest.raises(sgl.ProgramError, match=re.escape(message)):
+            prog.run(backend=backend)["x"]
+
+
 def test_gen_logprobs_agree_in_process_and_over_http(backends):
     local, remote, _ = backends
 

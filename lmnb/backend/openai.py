@@ -120,7 +120,7 @@ class OpenAI(BaseBackend):
                 kw[key] = getattr(params, key)
         if params.stop_list:
             kw["stop"] = params.stop_list
-        if (params.n or 1) > 1:
+        if params.n is not None and params.n != 1:  # n=0 too: the server refuses it, as the other backends do
             kw["n"] = params.n
         extra: dict[str, Any] = {}
         neutral = {"top_k": -1, "min_p": 0.0, "min_new_tokens": 0, "ignore_eos": False}
