@@ -729,6 +729,9 @@ class StreamExecutor:
         for i in range(size):
             c = self._copy(self.branch + (i,), self.sid)
             c.seed_path = self.seed_path + (self._forked + i,)
+            # the API speculation left over is one sample of the parent's: branches sharing it wrote
+            # the same text (no call made), where a fork asks for a sample each
+            c.speculation = Speculation()
             c.fork_start_text_pos = len(self.text_)
             c.fork_start_messages = len(self.messages_)
             c.fork_start_images = len(self.images_)

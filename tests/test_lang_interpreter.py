@@ -595,6 +595,26 @@ def test_api_speculative_execution_on_a_completion_model_uses_one_call():
     assert st["name"] == " Bob" and be2.kinds() == ["generate", "generate"]
 
 
+def test_fork_branches_do_not_share_the_api_speculation_left_over_before_the_fork():
+    # every branch took the parent's leftover " 0" and made no call: fork(3) gave one sample thrice
+    calls = iter(range(100))
+    be = ScriptedBackend(lambda p, params: f" {next(calls)}\n" if p.text.endswith("Age:")
+                         else f" Alice\nAge: {next(calls)}\nCity: Paris\n")
+
+    @sgl.function(num_api_spec_tokens=64)
+    def prog(s):
+        s += "Name:" + sgl.gen("name", stop="\n")
+        forks = s.fork(3)
+        forks += "\nAge:" + sgl.gen("age", stop="\n")
+        forks.join()
+        s += "\nAge:" + sgl.gen("age0", stop="\n")  # the parent keeps its own leftover
+
+    st = prog.run(backend=be)
+    assert st["name"] == " Alice" and st["age0"] == " 0"
+    assert sorted(st["age"]) == [" 1", " 2", " 3"]
+    assert be.kinds() == ["generate", "prefill", "generate", "generate", "generate"]
+
+
 def test_api_speculative_gens_without_stops_keep_their_max_tokens():
     """A gen without stops took the whole speculation (16 tokens for max_tokens=2). With token
     texts it takes max_tokens tokens; here the backend gives none, so characters stand in for
