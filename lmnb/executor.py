@@ -688,7 +688,7 @@ class StreamExecutor:
         if implicit is not None:
             self.messages_.append(implicit)
         self.cur_role = role
-        self._append(begin, "role")
+        self._execute_fill(begin, "role")  # (as a fill: text the API speculation did not write voids it)
         self.cur_role_begin_pos = len(self.text_)
 
     def _execute_role_end(self, role: str) -> None:
@@ -699,13 +699,13 @@ class StreamExecutor:
         content = self.text_[self.cur_role_begin_pos:]
         self.cur_role = None
         _, suffix = self.chat_template.get_prefix_and_suffix(role)
-        self._append(suffix, "role")
+        self._execute_fill(suffix, "role")
         self.messages_.append({"role": role, "content": content.lstrip()})
 
     def _execute_join(self, j: _JoinApply) -> None:
         self.images_ += j.images  # [issue 10] the joined text's image placeholders need their images
         if j.text:
-            self._append(j.text, "join")
+            self._execute_fill(j.text, "join")
         self.messages_.extend(j.messages)
         for name, value in j.variables.items():
             self._finish_var(name, value, j.meta_info.get(name))

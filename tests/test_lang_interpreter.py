@@ -615,6 +615,28 @@ def test_fork_branches_do_not_share_the_api_speculation_left_over_before_the_for
     assert be.kinds() == ["generate", "prefill", "generate", "generate", "generate"]
 
 
+@pytest.mark.parametrize("between", ["role", "join"])
+def test_role_markers_and_joined_text_void_the_api_speculation_they_are_not_in(between):
+    # they were appended past the speculation: "\nAge:" still matched the leftover " 30", made
+    # for a prompt without the marker (or the joined text) in it
+    be = ScriptedBackend(lambda p, params: " Alice\nAge: 30\n" if p.text.endswith("Name:") else " 99\n")
+
+    @sgl.function(num_api_spec_tokens=64)
+    def prog(s):
+        s += "Name:" + sgl.gen("name", stop="\n") + "\n"
+        if between == "role":
+            s += sgl.assistant_begin()
+        else:
+            forks = s.fork(1)
+            forks[0] += "Note."
+            forks.join("concate_and_append")
+        s += "Age:" + sgl.gen("age", stop="\n")
+
+    st = prog.run(backend=be)
+    assert st["age"] == " 99" and be.kinds() == ["generate", "generate"]
+    assert st.text() == "Name: Alice\n" + ("ASSISTANT:" if between == "role" else "Note.") + "Age: 99"
+
+
 def test_api_speculative_gens_without_stops_keep_their_max_tokens():
     """A gen without stops took the whole speculation (16 tokens for max_tokens=2). With token
     texts it takes max_tokens tokens; here the backend gives none, so characters stand in for
