@@ -718,6 +718,10 @@ class StreamExecutor:
 
         With ``size > 1`` and a non-empty prompt, the prompt is first prefilled once
         (``CommitLazy``) so the branches' requests all hit the prefix cache.
+
+        Raises:
+            ValueError: a bad size, or a fork inside an assistant role under chat-model API
+                speculation (the branches' gens would wait for a role end that never comes).
         """
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
@@ -725,6 +729,12 @@ class StreamExecutor:
             self.submit(CommitLazy())
         self.wait_idle()
         self.raise_if_failed()
+        if self._spec_chat_active():  # the role's fills and gens are held for one call at its end
+            raise ValueError(
+                "fork() inside an assistant role under API speculative execution (num_api_spec_tokens) of a chat "
+                "model: the role's gens run as one call at its end, which a branch never reaches, so they would "
+                "never run; fork before the role begins or after it ends"
+            )
         children = []
         for i in range(size):
             c = self._copy(self.branch + (i,), self.sid)

@@ -694,6 +694,26 @@ def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     assert be_bad.kinds() == ["generate"] * 3
 
 
+def test_a_fork_inside_a_speculated_chat_assistant_role_is_refused_not_silently_dropped():
+    # the branches' gens were held for their role's end, which only the parent reaches: they never
+    # ran, the join gathered nothing, and s["x"] was a KeyError
+    be = ScriptedBackend(lambda p, params: "Sure: yes", is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.user("q")
+        with s.assistant():
+            s += "Sure:"
+            forks = s.fork(2)
+            forks += sgl.gen("x", stop="\n")
+            forks.join()
+
+    with pytest.raises(ValueError, match=r"fork\(\) inside an assistant role under API speculative execution .* "
+                       "fork before the role begins or after it ends"):
+        prog.run(backend=be)
+    assert "generate" not in be.kinds()
+
+
 def test_run_batch_returns_in_order_and_prefills_the_traced_prefix_first():
     be = ScriptedBackend(lambda p, params: p.text.split("Q: ")[1].split("<")[0].upper(), chat_template=CHATML)
 
