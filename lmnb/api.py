@@ -143,7 +143,9 @@ class SglFunction:
             TypeError: arguments that do not fit the program's signature.
         """
         from lmnb.interpreter import run_program
+        from lmnb.tracer import stop_if_tracing
 
+        stop_if_tracing()  # a program run inside one traced for its prefix (run_batch) ends the trace
         options = {"n": n, "seed": seed, "use_thread": use_thread, "state": state}
         for name, value in options.items():
             if value is not _UNSET and name in self.arg_names:
@@ -199,7 +201,9 @@ class SglFunction:
             TypeError: an item that does not fit the program's signature (checked before any run).
         """
         from lmnb.interpreter import run_program_batch
+        from lmnb.tracer import stop_if_tracing
 
+        stop_if_tracing()
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
         items = []

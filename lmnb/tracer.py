@@ -4,19 +4,31 @@
 prefix cache instead of racing to compute it. Like SGLang's ``extract_prefix_by_tracing``, the
 program body runs against a recording state whose arguments are placeholders: the prefix is the
 text appended before the first primitive that needs the model or an argument (gen, select, fork,
-reading a variable, using an argument's value). Bound arguments (``bind``) are real values.
+reading a variable, using an argument's value, running another program). Bound arguments
+(``bind``) are real values.
 """
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import ConstantText, Expr, ExprList, RoleBegin, RoleEnd, as_expr
 
+_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("lmnb_tracing", default=False)
+
 
 class _StopTrace(Exception):
     """The traced program reached something that depends on the model or an argument."""
+
+
+def stop_if_tracing() -> None:
+    """End the trace where the traced program runs another program (``run``, ``run_batch`` or a
+    call of it): that program's text comes from the model, and running it would send real
+    requests (with placeholder arguments) only to find a prefix."""
+    if _tracing.get():
+        raise _StopTrace()
 
 
 class _Placeholder(Expr):
@@ -110,10 +122,13 @@ def extract_prefix(program, chat_template: ChatTemplate) -> str:
     state = _TracingState(chat_template)
     kwargs = {name: _Placeholder() for name in program.arg_names}
     kwargs.update(program.bind_arguments)
+    token = _tracing.set(True)
     try:
         program.func(state, **kwargs)
     except _StopTrace:
         pass
     except Exception:  # noqa: BLE001 - tracing is only a hint; the real run reports errors
         pass
+    finally:
+        _tracing.reset(token)
     return state.text

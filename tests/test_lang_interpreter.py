@@ -764,6 +764,29 @@ def test_run_batch_item_failure_does_not_stop_the_batch():
         prog.run_batch([{"n": 1}, {"m": 2}])
 
 
+def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():
+    # tracing ran the nested program for real: a model call with the placeholder arguments, and its
+    # output ("ans") taken into the prefix every item was to share
+    be = ScriptedBackend(lambda p, params: "ans")
+
+    @sgl.function
+    def inner(s, topic):
+        s += "Write a title." + sgl.gen("title", max_tokens=5)
+        s += " About " + topic + sgl.gen("body", max_tokens=5)
+
+    @sgl.function
+    def outer(s, topic):
+        s += "Plan:"
+        s += inner(topic, backend=be)["title"] + sgl.gen("x", max_tokens=3)
+
+    states = outer.run_batch([{"topic": "cats"}, {"topic": "dogs"}], backend=be)
+    assert [st.text() for st in states] == ["Plan:ansans"] * 2
+    assert be.calls[0] == ("prefill", "Plan:")
+    prompts = sorted(payload[0].text for kind, payload in be.calls if kind == "generate")
+    assert prompts == ["Plan:ans"] * 2 + ["Write a title."] * 2 + ["Write a title.ans About cats",
+                                                                   "Write a title.ans About dogs"]
+
+
 def test_tracer_stops_at_arguments_and_model_calls():
     from lmnb.tracer import extract_prefix
 
