@@ -35,10 +35,25 @@ _UNSET = object()
 _LMNB_RUN_OPTIONS = {"n": 1, "seed": None, "use_thread": True, "state": None}
 
 
+def _check_backend(backend: Any) -> None:
+    """Refuse the non-backends easily given for one (None is "the default"): a server's URL, or a
+    backend class; they failed deep in the run with an AttributeError.
+
+    Raises:
+        TypeError: naming the backend object to pass instead.
+    """
+    if isinstance(backend, (str, bytes)):
+        raise TypeError(f"backend={backend!r} is not a backend object; pass lmnb.RuntimeEndpoint(URL) for an lmnb "
+                        "or SGLang server, lmnb.OpenAI(model, base_url=URL) for an OpenAI-compatible API, or lmnb.Engine()")
+    if isinstance(backend, type):
+        raise TypeError(f"backend={backend.__name__} is a class; pass an instance of it ({backend.__name__}(...))")
+
+
 def set_default_backend(backend) -> None:
     """Use ``backend`` (``Engine``, ``RuntimeEndpoint``, ``OpenAI``, ...) for programs run without
     ``backend=``."""
     global _default_backend
+    _check_backend(backend)
     _default_backend = backend
 
 
@@ -140,12 +155,14 @@ class SglFunction:
         arguments where it declares one of those names (``def tips(s, n)``), as under SGLang.
 
         Raises:
-            TypeError: arguments that do not fit the program's signature.
+            TypeError: arguments that do not fit the program's signature; a ``backend`` that is a URL
+                or a class, not a backend object.
         """
         from lmnb.interpreter import run_program
         from lmnb.tracer import stop_if_tracing
 
         stop_if_tracing()  # a program run inside one traced for its prefix (run_batch) ends the trace
+        _check_backend(backend)
         options = {"n": n, "seed": seed, "use_thread": use_thread, "state": state}
         for name, value in options.items():
             if value is not _UNSET and name in self.arg_names:
@@ -198,12 +215,14 @@ class SglFunction:
         order (a generator with ``generator_style``). A failing item does not stop the others.
 
         Raises:
-            TypeError: an item that does not fit the program's signature (checked before any run).
+            TypeError: an item that does not fit the program's signature (checked before any run); a
+                ``backend`` that is a URL or a class.
         """
         from lmnb.interpreter import run_program_batch
         from lmnb.tracer import stop_if_tracing
 
         stop_if_tracing()
+        _check_backend(backend)
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
         items = []
@@ -240,6 +259,7 @@ class SglFunction:
 
         from lmnb.tracer import extract_prefix
 
+        _check_backend(backend)
         backend = backend or get_default_backend()
         prefix = extract_prefix(self, backend.get_chat_template())
         if prefix:

@@ -860,6 +860,25 @@ def test_bad_arguments_fail_early_with_names():
         sgl.gen("x") + 5
 
 
+def test_a_url_or_a_backend_class_given_as_the_backend_says_what_to_pass():
+    # both failed inside the run: "'str' object has no attribute 'get_chat_template'"
+    @sgl.function
+    def prog(s):
+        s += "hi" + sgl.gen("x")
+
+    url = "http://127.0.0.1:30000"
+    want = (f"backend='{url}' is not a backend object; pass lmnb.RuntimeEndpoint(URL) for an lmnb or SGLang "
+            "server, lmnb.OpenAI(model, base_url=URL) for an OpenAI-compatible API, or lmnb.Engine()")
+    for call in (lambda: prog.run(backend=url), lambda: prog.run_batch([{}, {}], backend=url),
+                 lambda: prog.cache(backend=url), lambda: sgl.set_default_backend(url)):
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value) == want
+    with pytest.raises(TypeError, match=r"^backend=ScriptedBackend is a class; pass an instance of it "
+                                        r"\(ScriptedBackend\(\.\.\.\)\)$"):
+        prog.run(backend=ScriptedBackend)
+
+
 def test_image_is_accepted_but_running_it_says_what_is_missing():
     @sgl.function
     def prog(s):
