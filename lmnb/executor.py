@@ -512,6 +512,13 @@ class StreamExecutor:
             self._execute_role_begin(expr.role)
         elif isinstance(expr, RoleEnd):
             self._execute_role_end(expr.role)
+        elif isinstance(expr, (VarScopeBegin, VarScopeEnd)) and self._spec_chat_active():
+            # the role's fills and gens are held for one call at its end: the scope would capture none
+            raise ValueError(
+                f"var_scope {expr.name!r} begins or ends inside an assistant role under API speculative execution "
+                "(num_api_spec_tokens) of a chat model, whose text is written only at the role's end; put the "
+                "scope around the whole role"
+            )
         elif isinstance(expr, VarScopeBegin):
             self._scopes[expr.name] = len(self.text_)
         elif isinstance(expr, VarScopeEnd):

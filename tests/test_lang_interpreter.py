@@ -714,6 +714,27 @@ def test_a_fork_inside_a_speculated_chat_assistant_role_is_refused_not_silently_
     assert "generate" not in be.kinds()
 
 
+def test_a_var_scope_inside_a_speculated_chat_assistant_role_is_refused_one_around_it_captures_the_role():
+    # inside the role it captured "": the role's text is written only at the role's end
+    be = ScriptedBackend(lambda p, params: "Sure: yes\n", is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s, inside):
+        s += sgl.user("q")
+        if inside:
+            with s.assistant(), s.var_scope("v"):
+                s += "Sure:" + sgl.gen("x", stop="\n")
+        else:
+            with s.var_scope("v"), s.assistant():
+                s += "Sure:" + sgl.gen("x", stop="\n")
+
+    with pytest.raises(sgl.ProgramError, match="var_scope 'v' begins or ends inside an assistant role under API "
+                       "speculative execution .* put the scope around the whole role"):
+        prog.run(True, backend=be)["v"]
+    st = prog.run(False, backend=be)
+    assert st["x"] == " yes" and st["v"] == "ASSISTANT:Sure: yes\n"
+
+
 def test_run_batch_returns_in_order_and_prefills_the_traced_prefix_first():
     be = ScriptedBackend(lambda p, params: p.text.split("Q: ")[1].split("<")[0].upper(), chat_template=CHATML)
 
