@@ -23,6 +23,7 @@ from lmnb.ir import (
     as_expr,
     check_regex,
     check_stop_regex,
+    check_text,
     dtype_regex,
     json_schema_value,
 )
@@ -399,6 +400,8 @@ def select(
     bad = [c for c in choices if not isinstance(c, str) or not c]
     if bad:
         raise ValueError(f"select() choices must be non-empty strings; got {bad!r}")
+    for c in choices:
+        check_text(c, "the select() choice")
     if not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"select() temperature must be >= 0, got {temperature!r}")
     if not isinstance(choices_method, ChoicesSamplingMethod):

@@ -196,15 +196,38 @@ class Expr:
         return ExprList([as_expr(other), self])
 
 
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse ``text`` (``what`` names it) holding a lone UTF-16 surrogate (a file read with
+    ``errors="surrogateescape"``, half of a JSON ``\\ud83d\\ude00`` escape): no backend can send it,
+    and each failed in its own words (the tokenizer's "TextEncodeInput must be Union[...]").
+
+    Raises:
+        ValueError: naming the character, its position and the fix.
+    """
+    found = _SURROGATE.search(text)
+    if found is not None:
+        i = found.start()
+        raise ValueError(
+            f"{what} {text[max(0, i - 20):i + 20]!r} holds the lone surrogate {found.group()!r} at position {i}, "
+            "which is no Unicode character (text decoded with errors='surrogateescape', or half of a "
+            "\\ud83d\\ude00 pair); fix the text, e.g. text.encode('utf-8', 'replace').decode()"
+        )
+
+
 def as_expr(x: Any) -> Expr:
     """A string as ``ConstantText``, an ``Expr`` as is.
 
     Raises:
         TypeError: anything else (name the type so the user can convert it with ``str()``).
+        ValueError: a string holding a lone surrogate (``check_text``).
     """
     if isinstance(x, Expr):
         return x
     if isinstance(x, str):
+        check_text(x, "the text")
         return ConstantText(x)
     raise TypeError(
         f"cannot add a {type(x).__name__} to an lmnb program; add a str (e.g. str(value)) or a "

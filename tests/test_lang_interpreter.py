@@ -900,6 +900,23 @@ def test_a_url_or_a_backend_class_given_as_the_backend_says_what_to_pass():
         prog.run(backend=ScriptedBackend)
 
 
+def test_text_or_a_choice_with_a_lone_surrogate_fails_where_it_is_added_naming_it():
+    # every backend failed at the gen in its own words: the in-process tokenizer's "TypeError:
+    # TextEncodeInput must be Union[...]", the HTTP ones' UnicodeEncodeError
+    @sgl.function
+    def prog(s, name):
+        s += "Name: " + name + sgl.gen("x")
+
+    with pytest.raises(ValueError) as e:
+        prog.run("caf\udce9", backend=ScriptedBackend())
+    assert str(e.value).startswith("the text 'Name: caf\\udce9' holds the lone surrogate '\\udce9' at position 9, which is no "
+                                   "Unicode character (text decoded with errors='surrogateescape'")
+    with pytest.raises(ValueError, match=r"^the select\(\) choice 'b\\ud83d' holds the lone surrogate '\\ud83d' at "
+                                         "position 1"):
+        sgl.select("x", choices=["a", "b\ud83d"])
+    assert prog.run("caf\u00e9 \U0001f600", backend=ScriptedBackend()).text() == "Name: caf\u00e9 \U0001f600ok"
+
+
 def test_image_is_accepted_but_running_it_says_what_is_missing():
     @sgl.function
     def prog(s):
