@@ -534,6 +534,12 @@ class StreamExecutor:
             self._execute_join(expr)
         elif isinstance(expr, (Image, Video)):  # [issue 10]
             self.backend.check_images()  # here, not at the next gen: a cell of images alone reports it too
+            if self._spec_chat_active():  # the role's fills are held for its end: the image would precede them
+                raise ValueError(
+                    f"{type(expr).__name__.lower()}() inside an assistant role under API speculative execution "
+                    "(num_api_spec_tokens) of a chat model, whose text is written only at the role's end, after it; "
+                    "put images in a user message"
+                )
             self.images_.append(expr)
             self._append(self.chat_template.image_token, type(expr).__name__.lower(), value=expr)
         else:

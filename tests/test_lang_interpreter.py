@@ -735,6 +735,24 @@ def test_a_var_scope_inside_a_speculated_chat_assistant_role_is_refused_one_arou
     assert st["x"] == " yes" and st["v"] == "ASSISTANT:Sure: yes\n"
 
 
+def test_an_image_inside_a_speculated_chat_assistant_role_is_refused_not_put_before_its_text():
+    # the image went into the text at once, the role's deferred "Look:" after it: "<image>Look: cat"
+    class Vision(ScriptedBackend):
+        def check_images(self):
+            pass
+
+    be = Vision(lambda p, params: "Look: cat\n", is_chat_model=True)
+
+    @sgl.function(num_api_spec_tokens=16)
+    def prog(s):
+        s += sgl.user("q")
+        s += sgl.assistant("Look:" + sgl.image(b"pixels") + sgl.gen("x", stop="\n"))
+
+    with pytest.raises(sgl.ProgramError, match=r"image\(\) inside an assistant role under API speculative "
+                                               "execution .* put images in a user message"):
+        prog.run(backend=be).text()
+
+
 def test_run_batch_returns_in_order_and_prefills_the_traced_prefix_first():
     be = ScriptedBackend(lambda p, params: p.text.split("Q: ")[1].split("<")[0].upper(), chat_template=CHATML)
 
