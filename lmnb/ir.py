@@ -382,6 +382,8 @@ def check_stop_regex(stop_regex: Any) -> None:
         ValueError: not a pattern or a list of them, an invalid pattern (``regex`` package syntax),
             or one that matches the empty string.
     """
+    if stop_regex is None:  # (a plain gen() loads nothing of the engine)
+        return
     from lmnb_engine.params import stop_regex_problem  # torch-free
 
     problem = stop_regex_problem(stop_regex)
