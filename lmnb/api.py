@@ -73,12 +73,20 @@ def get_default_backend():
 def flush_cache(backend=None, empty_cache: bool = True):
     """Drop the prefix cache of ``backend`` (default: the default backend). ``empty_cache`` is
     SGLang's (it also returns freed device memory to the driver there); lmnb accepts and ignores it:
-    the KV pool stays allocated."""
+    the KV pool stays allocated.
+
+    Raises:
+        TypeError: ``backend`` is a URL or a class, not a backend object."""
+    _check_backend(backend)
     return (backend or get_default_backend()).flush_cache()
 
 
 def get_server_info(backend=None) -> dict:
-    """Model and server description of ``backend`` (default: the default backend)."""
+    """Model and server description of ``backend`` (default: the default backend).
+
+    Raises:
+        TypeError: ``backend`` is a URL or a class, not a backend object."""
+    _check_backend(backend)
     return (backend or get_default_backend()).get_server_info()
 
 

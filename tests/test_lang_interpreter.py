@@ -356,6 +356,23 @@ def test_streaming_yields_chunks_before_the_end_sync_and_async():
     assert len(got) > 2 and "".join(got) == "streamed text"
 
 
+def test_error_of_a_streamed_state_waits_for_the_body_as_sync_does():
+    """error() returned None while the streamed body was still about to raise."""
+    be = ScriptedBackend(lambda p, params: "text")
+    release = threading.Event()
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        release.wait(5)
+        raise RuntimeError("late failure")
+
+    st = prog.run(backend=be, stream=True)
+    threading.Timer(0.3, release.set).start()
+    err = st.error()
+    assert release.is_set() and isinstance(err, sgl.ProgramError) and "late failure" in str(err)
+
+
 @pytest.mark.parametrize("read", ["text_iter", "getitem", "sync"])
 def test_ctrl_c_while_reading_a_streamed_state_aborts_its_requests(read):
     # the KeyboardInterrupt left the request generating for a program no one read any more
@@ -909,7 +926,8 @@ def test_a_url_or_a_backend_class_given_as_the_backend_says_what_to_pass():
     want = (f"backend='{url}' is not a backend object; pass lmnb.RuntimeEndpoint(URL) for an lmnb or SGLang "
             "server, lmnb.OpenAI(model, base_url=URL) for an OpenAI-compatible API, or lmnb.Engine()")
     for call in (lambda: prog.run(backend=url), lambda: prog.run_batch([{}, {}], backend=url),
-                 lambda: prog.cache(backend=url), lambda: sgl.set_default_backend(url)):
+                 lambda: prog.cache(backend=url), lambda: sgl.set_default_backend(url),
+                 lambda: sgl.flush_cache(backend=url), lambda: sgl.get_server_info(backend=url)):
         with pytest.raises(TypeError) as e:
             call()
         assert str(e.value) == want
