@@ -806,7 +806,10 @@ class StreamExecutor:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
         state is closed and idle (or the variable is complete). A variable holding a parsed value
         (``gen(dtype=int)``) yields the text its gen wrote. A variable written again (a gen in a
-        loop) yields from its value when the iteration begins, then every later write whole."""
+        loop) yields from its value when the iteration begins, then the writes already queued; it
+        ends once no gen of the variable is pending (SGLang's ends when the variable is set), so a
+        write the body queues after that (after Python work between the gens) is not waited for:
+        iterate the whole text, or read ``s[var]`` after each gen, for those."""
         pos, seen = None, -1
         while True:
             with self._cv:

@@ -146,9 +146,10 @@ class ProgramState:
         return list(self.stream_executor.messages_)
 
     def error(self) -> Optional[ProgramError]:
-        """The error that stopped this state, or None (waits for queued primitives)."""
-        with self._abort_on_interrupt():
-            self.stream_executor.wait_idle()
+        """The error that stopped this state, or None. Waits as ``sync`` does: for queued
+        primitives and, outside the body of a ``run(stream=True)`` program, for the body to
+        return (an error it is about to raise counts)."""
+        self._wait_done()
         return self.stream_executor.error_
 
     def get_var(self, name: str) -> Any:
