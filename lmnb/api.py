@@ -125,6 +125,11 @@ class SglFunction:
         try:
             self.signature.bind(None, *args, **{**self.bind_arguments, **kwargs})
         except TypeError as e:
+            params = self.signature.parameters.values()
+            unknown = [] if any(p.kind is p.VAR_KEYWORD for p in params) else [
+                k for k in kwargs if k not in self.arg_names]
+            if unknown and "unexpected keyword" not in str(e):  # (bind names only the first problem it meets)
+                e = f"{e}; unexpected keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
             raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}") from None
 
     def run(

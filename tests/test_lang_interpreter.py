@@ -1188,3 +1188,23 @@ def test_text_async_iter_of_the_whole_text_yields_strings_even_with_return_meta_
 
     for stream in (False, True):
         assert "".join(asyncio.run(read(stream))) == "A:ok"
+
+
+def test_a_mistyped_keyword_is_named_with_the_missing_argument():
+    # bind() names only the first problem: "missing a required argument: 'question'", not the typo
+    @sgl.function
+    def prog(s, question, style="short"):
+        s += question
+
+    with pytest.raises(TypeError) as e:
+        prog.run(questoin="hi", backend=ScriptedBackend(lambda p, params: ""))
+    assert str(e.value) == ("program 'prog': missing a required argument: 'question'; unexpected keyword "
+                            "argument 'questoin'; its arguments are ['question', 'style']")
+
+    @sgl.function
+    def open_ended(s, question, **extra):
+        s += question
+
+    with pytest.raises(TypeError) as e:
+        open_ended.run(questoin="hi", backend=ScriptedBackend(lambda p, params: ""))
+    assert str(e.value).startswith("program 'open_ended': missing a required argument: 'question'; its arguments")
