@@ -121,6 +121,19 @@ def test_two_images_in_one_prompt_match_transformers(engine, hf):
     assert engine.generate(MultimodalPrompt(text, imgs), _greedy(6)).token_ids == ref
 
 
+def test_a_transparent_image_matches_transformers(engine, hf):
+    model, proc = hf
+    rgba = np.asarray(_image(5).convert("RGBA")).copy()
+    rgba[..., 3] = np.random.RandomState(5).randint(0, 256, rgba.shape[:2])
+    img = Image.fromarray(rgba)
+    inputs = proc(text=Q1, images=img, return_tensors="pt")
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=8, do_sample=False)[0, inputs["input_ids"].shape[1]:].tolist()
+    eos = model.generation_config.eos_token_id
+    ref = ref[: ref.index(eos)] if eos in ref else ref
+    assert engine.generate(MultimodalPrompt(Q1, [img]), _greedy(8)).token_ids == ref
+
+
 def test_bad_image_input_is_a_clear_error(engine, tmp_path):
     cases = [
         (MultimodalPrompt(Q1, [str(tmp_path / "missing.png")]), "no image file"),

@@ -27,6 +27,18 @@ def test_every_source_of_one_image_has_the_same_hash(tmp_path):
         assert loaded.image.mode == "RGB" and np.array_equal(np.asarray(loaded.image), np.asarray(img))
 
 
+def test_transparent_pixels_are_composited_onto_white():
+    # HF's convert_to_rgb (what transformers' LLaVA processor does): out = a*c + (1-a)*255
+    rgba = Image.new("RGBA", (2, 1))
+    rgba.putdata([(0, 0, 0, 0), (200, 100, 0, 51)])
+    assert np.asarray(load_image(rgba).image).tolist() == [[[255, 255, 255], [244, 224, 204]]]
+    pal = Image.new("P", (2, 1))
+    pal.putpalette([0, 0, 0, 10, 20, 30])
+    pal.putdata([0, 1])
+    pal.info["transparency"] = 0
+    assert np.asarray(load_image(png_bytes(pal)).image).tolist() == [[[255, 255, 255], [10, 20, 30]]]
+
+
 def test_a_lazily_opened_pil_image_read_from_two_threads_at_once(tmp_path):
     """A notebook's `photo = Image.open(path)` in `{image photo}`: the live view's thumbnail and the
     engine read the picture at the same time, and Pillow's lazy decode is not thread-safe (the

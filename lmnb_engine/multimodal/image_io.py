@@ -194,7 +194,17 @@ def _decode(data: bytes, max_bytes: int, max_pixels: int, what: str) -> LoadedIm
 
 def _finish(image: Image.Image, what: str) -> LoadedImage:
     try:
-        rgb = image.convert("RGB")
+        rgb = _to_rgb(image)
     except (OSError, ValueError) as e:
         raise ImageInputError(f"{what} cannot be converted to RGB ({e})") from None
     return LoadedImage(rgb, pixel_hash(rgb))
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """``image`` as RGB, any transparency composited onto white as the HF image processors'
+    ``convert_to_rgb`` does: a plain ``convert("RGB")`` keeps the colour under transparent pixels
+    (black in most PNGs with alpha), so a dark logo on a transparent background became all black."""
+    if "A" not in image.getbands() and image.info.get("transparency") is None:
+        return image.convert("RGB")
+    white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+    return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
