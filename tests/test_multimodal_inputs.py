@@ -39,6 +39,18 @@ def test_transparent_pixels_are_composited_onto_white():
     assert np.asarray(load_image(png_bytes(pal)).image).tolist() == [[[255, 255, 255], [10, 20, 30]]]
 
 
+def test_a_photo_is_turned_upright_by_its_exif_orientation(tmp_path):
+    # orientation 6: the stored rows are the picture's columns, top to bottom (rotate 90° clockwise)
+    img = random_image(2, size=(5, 3))
+    exif = img.getexif()
+    exif[0x0112] = 6
+    path = tmp_path / "portrait.png"
+    img.save(path, exif=exif)
+    upright = np.rot90(np.asarray(img), k=-1)
+    for source in (path, path.read_bytes(), Image.open(path)):
+        assert np.array_equal(np.asarray(load_image(source).image), upright)
+
+
 def test_a_lazily_opened_pil_image_read_from_two_threads_at_once(tmp_path):
     """A notebook's `photo = Image.open(path)` in `{image photo}`: the live view's thumbnail and the
     engine read the picture at the same time, and Pillow's lazy decode is not thread-safe (the

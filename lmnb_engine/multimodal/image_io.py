@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 DEFAULT_MAX_BYTES = 20 * 2**20  # encoded size (a file, bytes, a data URL's payload)
 DEFAULT_MAX_PIXELS = 50_000_000  # width × height of the decoded image
@@ -194,10 +194,19 @@ def _decode(data: bytes, max_bytes: int, max_pixels: int, what: str) -> LoadedIm
 
 def _finish(image: Image.Image, what: str) -> LoadedImage:
     try:
-        rgb = _to_rgb(image)
+        rgb = _to_rgb(_upright(image))
     except (OSError, ValueError) as e:
         raise ImageInputError(f"{what} cannot be converted to RGB ({e})") from None
     return LoadedImage(rgb, pixel_hash(rgb))
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """``image`` turned as its EXIF orientation tag says, as viewers show it and transformers'
+    ``load_image`` reads it: a phone stores a portrait photo sideways with that tag, and the model
+    was given it on its side."""
+    if image.getexif().get(ExifTags.Base.Orientation, 1) == 1:
+        return image
+    return ImageOps.exif_transpose(image)
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
