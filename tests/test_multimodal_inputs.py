@@ -113,6 +113,11 @@ def test_limits_and_refusals(tmp_path, monkeypatch):
         load_image(png_bytes(Image.new("RGB", (100, 100))), max_pixels=9999)
     with pytest.raises(ImageInputError, match="not a readable image"):
         load_image(data[:40])  # truncated
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # Image.open refuses over twice this (a 20000² PNG)
+    with pytest.raises(ImageInputError, match=r"over the limit of 50000000 pixels .*; resize it$") as e:
+        load_image(png_bytes(Image.new("RGB", (100, 100))))
+    assert "use PNG" not in str(e.value)  # it was "not a readable image ...; use PNG, JPEG, GIF, WebP or BMP"
+    monkeypatch.undo()
     with pytest.raises(ImageInputError, match="data:image/<type>;base64"):
         load_image("data:text/plain;base64,aGk=")
     monkeypatch.delenv("LMNB_ALLOW_REMOTE_MEDIA", raising=False)

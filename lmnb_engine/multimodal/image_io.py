@@ -186,7 +186,9 @@ def _decode(data: bytes, max_bytes: int, max_pixels: int, what: str) -> LoadedIm
         image.load()
     except ImageInputError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:  # Pillow's own limit, met in Image.open before ours
+        raise ImageInputError(f"{what} is over the limit of {max_pixels} pixels ({e}); resize it") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
         raise ImageInputError(f"{what} is not a readable image ({type(e).__name__}: {e}); use PNG, JPEG, GIF, "
                               "WebP or BMP") from None
     return _finish(image, what)
