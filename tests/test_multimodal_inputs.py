@@ -126,6 +126,20 @@ def test_limits_and_refusals(tmp_path, monkeypatch):
     assert issubclass(ImageInputError, ValueError)
 
 
+def test_pyav_keeps_only_the_sampled_frames(tmp_path, monkeypatch):
+    import av
+
+    path = tmp_path / "v.mp4"
+    write_video(path, num_frames=8)
+    converted = []
+    to_image = av.VideoFrame.to_image
+    monkeypatch.setattr(av.VideoFrame, "to_image", lambda self, *a, **k: converted.append(1) or to_image(self, *a, **k))
+    frames = _av_frames(path, 3)
+    assert len(converted) == 3  # it was 8: every frame of the video held as an image at once
+    for frame, i in zip(frames, (0, 3, 7)):  # linspace(0, 7, 3) = 0, 3.5, 7, truncated
+        assert np.abs(np.asarray(frame).reshape(-1, 3).mean(0) - frame_color(i)).max() < 6
+
+
 def test_frame_indices_are_uniform_and_include_both_ends():
     assert frame_indices(8, 4) == [0, 2, 4, 7]  # linspace(0, 7, 4) = 0, 2.33, 4.67, 7, truncated
     assert frame_indices(10, 1) == [0]

@@ -87,9 +87,19 @@ def _decord_frames(path: Path, num_frames: int) -> list[Image.Image]:
 def _av_frames(path: Path, num_frames: int) -> list[Image.Image]:
     import av
 
-    with av.open(str(path)) as container:  # decode all: frame counts in headers are unreliable
-        frames = [f.to_image() for f in container.decode(video=0)]
-    return [frames[i].convert("RGB") for i in frame_indices(len(frames), num_frames)]
+    # A first pass counts the frames (counts in headers are unreliable), a second keeps only the
+    # sampled ones: keeping every decoded frame took gigabytes for a minute of HD video.
+    with av.open(str(path)) as container:
+        total = sum(1 for _ in container.decode(video=0))
+    wanted = frame_indices(total, num_frames)
+    kept = {}
+    with av.open(str(path)) as container:
+        for i, frame in enumerate(container.decode(video=0)):
+            if i in wanted:
+                kept[i] = frame.to_image().convert("RGB")
+            if i == wanted[-1]:
+                break
+    return [kept[i] for i in wanted]
 
 
 def _pillow_frames(path: Path, num_frames: int) -> list[Image.Image]:
