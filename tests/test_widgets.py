@@ -7,6 +7,8 @@ ipywidgets' own tests, ``ipywidgets/widgets/tests/utils.py``); displays are capt
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 import re
 import threading
@@ -372,6 +374,20 @@ def test_tables_keep_the_views_dark_text_on_white_rows_under_a_dark_theme():
     rows = soup.find_all("tr")
     assert len(rows) == 1 + 2 + 2  # the fork's row, two choices, the request table's head and one request
     assert [style(r, "background-color") for r in rows] == ["#ffffff"] * 5
+
+
+def test_a_video_thumbnail_is_its_middle_frame(tmp_path):
+    from PIL import Image
+
+    from lmnb import ir
+    from lmnb_kernel.widgets.media import thumbnail
+
+    gif = tmp_path / "v.gif"
+    frames = [Image.new("RGB", (8, 8), (i * 30, 0, 0)) for i in range(9)]
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=40, loop=0)
+    thumb = thumbnail(ir.Video(str(gif), 5))  # frames 0, 2, 4, 6, 8 (linspace(0, 8, 5)); the middle is 4
+    png = Image.open(io.BytesIO(base64.b64decode(thumb.url.partition(",")[2])))
+    assert png.convert("RGB").getpixel((4, 4)) == (120, 0, 0)  # it was frame 0's (0, 0, 0)
 
 
 def test_image_thumbnails_show_their_cache_status_and_pass_the_sanitizer():

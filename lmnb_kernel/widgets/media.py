@@ -27,15 +27,17 @@ class Thumbnail:
 
 
 def thumbnail(media: Any) -> Optional[Thumbnail]:
-    """The thumbnail of an ``lmnb.ir.Image`` (its picture) or ``lmnb.ir.Video`` (its middle frame),
-    read with the engine's own readers (``lmnb_engine.multimodal``), so the limits and formats are
-    the model's. None when the input cannot be read: the program's own request reports that error,
-    and the view must not fail first."""
-    from lmnb_engine.multimodal import ImageInputError, load_image, sample_video_frames
+    """The thumbnail of an ``lmnb.ir.Image`` (its picture) or ``lmnb.ir.Video`` (the middle one of
+    the frames the model gets), read with the engine's own readers (``lmnb_engine.multimodal``), so
+    the limits and formats are the model's. None when the input cannot be read: the program's own
+    request reports that error, and the view must not fail first."""
+    from lmnb.backend.media import frames
+    from lmnb_engine.multimodal import ImageInputError, load_image
 
     try:
-        if hasattr(media, "num_frames"):
-            image = sample_video_frames(media.source, 1)[0]
+        if hasattr(media, "num_frames"):  # the program's sampled frames, decoded once for both
+            sampled = frames(media)
+            image = sampled[len(sampled) // 2]
         else:
             image = load_image(media.source).image
         small = image.convert("RGB")
