@@ -683,22 +683,25 @@ class Engine:
 
         return self._call(flush)
 
-    def pin_prefix(self, token_ids: Union[str, Sequence[int]]) -> int:
+    def pin_prefix(self, token_ids: Union[str, Sequence[int], MultimodalPrompt]) -> int:
         """Compute (if needed) and lock the KV of ``token_ids`` (token ids, or a text, encoded as
-        ``generate`` encodes it) so it is never evicted; returns a handle for ``unpin``. Pinned
-        tokens count as protected in ``cache_stats``.
+        ``generate`` encodes it; [issue 10] or a prompt with images, as ``generate`` takes it) so it
+        is never evicted; returns a handle for ``unpin``. Pinned tokens count as protected in
+        ``cache_stats``.
 
         Raises ``RuntimeError`` when the radix cache is disabled, computing the prefix failed (the
         message says why), or the pool is too busy to keep the prefix cached until it is locked;
         ``ValueError`` for a bad prefix."""
         if self.scheduler.disable_radix_cache:
             raise RuntimeError("the radix cache is disabled (disable_radix_cache=True); nothing can be pinned")
-        ids = self._to_ids(token_ids if isinstance(token_ids, str) else list(token_ids))
+        whole = isinstance(token_ids, (str, MultimodalTokens)) or is_multimodal_prompt(token_ids)
+        ids = self._to_ids(token_ids if whole else list(token_ids))
         self._check(ids, SamplingParams(max_new_tokens=0))
+        key = getattr(ids, "input_key", ids)  # [issue 10] image positions are keyed by pixel hash
 
         def lock() -> Optional[int]:
             s = self.scheduler
-            match = s.cache.match_prefix(ids)
+            match = s.cache.match_prefix(key)
             if match.length < len(ids):
                 return None
             s.cache.inc_lock_ref(match.node)

@@ -234,15 +234,21 @@ class Session:
     def pin(self, name: str) -> int:
         """Pin the named state's prefix in the engine's radix cache; returns its token count.
 
-        The pinned prefix is the state's text as the engine tokenizes it, which is what the next
-        cell continuing the state sends; it is not evicted until ``unpin``.
+        The pinned prefix is the state's text (with its images) as the engine tokenizes it, which
+        is what the next cell continuing the state sends; it is not evicted until ``unpin``.
         """
         named = self.state(name)
         engine = self.engine("%lm pin")
-        ids = engine.encode(named.state.text())
+        text = named.state.text()
+        ids = engine.encode(text)
         if not ids:
             raise CellError(f"state {name!r} is empty; there is nothing to pin")
+        images = tuple(named.state.stream_executor.images_)
         try:
+            if images:  # [issue 10] its images' KV too (the text alone holds bare placeholders)
+                from lmnb.backend.base import Prompt
+
+                ids, _ = self._backend._engine_prompt(Prompt(text, images=images))
             handle = engine.pin_prefix(ids)
         except (RuntimeError, ValueError) as e:
             raise CellError(f"could not pin state {name!r}: {e}") from e

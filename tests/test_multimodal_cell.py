@@ -131,3 +131,20 @@ def test_select_after_an_image_in_a_cell_equals_the_lmnb_program(ip):
     out = run(ip, '%%lm --static\n{user}\n{image photo}\nWhat colour?\n{/user}\n'
                   '{assistant}{select colour choices=["red", "blue", "green"]}{/assistant}')
     assert "lmnb-media-cached" in str(view_html(out).select_one(".lmnb-media"))
+
+
+def test_pinning_a_state_with_an_image_keeps_its_image_kv(ip, llava_ckpt):
+    img = random_image(9)
+    ip.user_ns["photo"] = img
+    run(ip, CELL.replace("--out st", "--state pinned"))
+    text = ip._lmnb_magics.session.state("pinned").state.text()
+    _, ids, end = image_layout(llava_ckpt, text, img)
+    # it failed: "the prompt has 1 '<image>' placeholder(s) but no images were given"
+    out = run(ip, "%lm pin pinned")
+    shown = " ".join(o.data.get("text/plain", "") for o in out.outputs)
+    assert f"pinned state 'pinned': {len(ids)} tokens stay cached" in shown
+    run(ip, "%lm flush")
+    run(ip, "%%lm --static --temperature 0 --state pinned\n{user}And now?{/user}\n"
+            "{assistant}{gen more max_tokens=3}{/assistant}")
+    assert ip._lmnb_magics.session.state("pinned").state.get_meta_info("more")["cached_tokens"] >= end
+    run(ip, "%lm unpin pinned")

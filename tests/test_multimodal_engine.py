@@ -134,6 +134,17 @@ def test_a_transparent_image_matches_transformers(engine, hf):
     assert engine.generate(MultimodalPrompt(Q1, [img]), _greedy(8)).token_ids == ref
 
 
+def test_a_prefix_with_an_image_can_be_pinned(engine, hf):
+    img = _image(12)
+    handle = engine.pin_prefix(MultimodalPrompt(Q1, [img]))  # it raised "'MultimodalPrompt' object is not iterable"
+    try:
+        assert engine.flush_cache()
+        _, end = _image_span(hf, Q1, img)
+        assert engine.generate(MultimodalPrompt(Q2, [img]), _greedy(2)).meta.cached_tokens >= end
+    finally:
+        engine.unpin(handle)
+
+
 def test_bad_image_input_is_a_clear_error(engine, tmp_path):
     cases = [
         (MultimodalPrompt(Q1, [str(tmp_path / "missing.png")]), "no image file"),
