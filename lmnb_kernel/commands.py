@@ -5,6 +5,8 @@ Each function takes the parsed arguments and the ``Session`` and displays a smal
 
 from __future__ import annotations
 
+import contextlib
+
 from IPython.display import display
 
 from lmnb_kernel.errors import CellError
@@ -114,7 +116,10 @@ def states(args, session: Session) -> None:
     rows = []
     for named in session.states.values():
         text = named.state.text()
-        tokens = len(engine.encode(text)) if engine is not None else "?"
+        tokens = "?"
+        if engine is not None:
+            with contextlib.suppress(ValueError):  # an image that cannot be read any more
+                tokens = len(session.prompt_ids(named.name))
         variables = ", ".join(named.state.stream_executor.variables) or "-"
         cells = ", ".join(f"[{c}]" for c in named.cells) or "-"
         rows.append((named.name, cells, len(text), tokens, variables, "yes" if named.pin is not None else "no"))

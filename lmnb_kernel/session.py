@@ -239,16 +239,10 @@ class Session:
         """
         named = self.state(name)
         engine = self.engine("%lm pin")
-        text = named.state.text()
-        ids = engine.encode(text)
-        if not ids:
-            raise CellError(f"state {name!r} is empty; there is nothing to pin")
-        images = tuple(named.state.stream_executor.images_)
         try:
-            if images:  # [issue 10] its images' KV too (the text alone holds bare placeholders)
-                from lmnb.backend.base import Prompt
-
-                ids, _ = self._backend._engine_prompt(Prompt(text, images=images))
+            ids = self.prompt_ids(name)
+            if not ids:
+                raise CellError(f"state {name!r} is empty; there is nothing to pin")
             handle = engine.pin_prefix(ids)
         except (RuntimeError, ValueError) as e:
             raise CellError(f"could not pin state {name!r}: {e}") from e
@@ -256,6 +250,21 @@ class Session:
             engine.unpin(named.pin)
         named.pin = handle
         return len(ids)
+
+    def prompt_ids(self, name: str) -> list:
+        """The named state's prompt as the in-process engine takes it: its text's token ids, or
+        [issue 10] with its images the prepared ids, where each image is as many placeholder tokens
+        as the model gives it (the text holds one per image).
+
+        Raises ``CellError`` if no engine is running; ``ValueError`` if an image cannot be read."""
+        named = self.state(name)
+        engine = self.engine("the state's prompt")
+        text, images = named.state.text(), tuple(named.state.stream_executor.images_)
+        if not images:
+            return engine.encode(text)
+        from lmnb.backend.base import Prompt
+
+        return self._backend._engine_prompt(Prompt(text, images=images))[0]
 
     def unpin(self, name: str) -> None:
         """Let named state ``name``'s prefix be evicted again (``%lm unpin``)."""

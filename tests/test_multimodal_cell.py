@@ -148,3 +148,14 @@ def test_pinning_a_state_with_an_image_keeps_its_image_kv(ip, llava_ckpt):
             "{assistant}{gen more max_tokens=3}{/assistant}")
     assert ip._lmnb_magics.session.state("pinned").state.get_meta_info("more")["cached_tokens"] >= end
     run(ip, "%lm unpin pinned")
+
+
+def test_states_counts_an_image_as_its_placeholder_tokens(ip, llava_ckpt):
+    img = random_image(10)
+    ip.user_ns["photo"] = img
+    run(ip, CELL.replace("--out st", "--state counted"))
+    _, ids, _ = image_layout(llava_ckpt, ip._lmnb_magics.session.state("counted").state.text(), img)
+    out = run(ip, "%lm states")
+    [row] = [line.split() for o in out.outputs for line in o.data.get("text/plain", "").splitlines()
+             if line.startswith("counted ")]
+    assert int(row[3]) == len(ids)  # it counted the image as 1 token, not its 16 placeholder positions
