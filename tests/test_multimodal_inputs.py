@@ -21,7 +21,8 @@ def test_every_source_of_one_image_has_the_same_hash(tmp_path):
     path.write_bytes(data)
     url = "data:image/png;base64," + base64.b64encode(data).decode()
     expected = hashlib.sha256(f"RGB:{img.width}x{img.height}:".encode() + np.asarray(img).tobytes()).hexdigest()
-    for source in (img, data, bytearray(data), str(path), path, url, img.convert("RGBA")):
+    wrapped = "data:image/png;base64," + base64.encodebytes(data).decode()  # lines of 76 characters
+    for source in (img, data, bytearray(data), str(path), path, url, wrapped, img.convert("RGBA")):
         loaded = load_image(source)
         assert loaded.hash == expected
         assert loaded.image.mode == "RGB" and np.array_equal(np.asarray(loaded.image), np.asarray(img))

@@ -144,6 +144,9 @@ def _data_url_bytes(url: str, max_bytes: int) -> bytes:
         )
     if len(payload) * 3 // 4 > max_bytes:
         raise ImageInputError(f"data URL image is over the limit of {max_bytes} bytes; shrink it")
+    # base64 wrapped in lines (base64.encodebytes, the base64 tool) is base64 too: browsers read
+    # data URLs ignoring whitespace (WHATWG forgiving-base64)
+    payload = "".join(payload.split())
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
