@@ -52,6 +52,18 @@ def test_a_photo_is_turned_upright_by_its_exif_orientation(tmp_path):
         assert np.array_equal(np.asarray(load_image(source).image), upright)
 
 
+def test_a_pil_image_closed_before_it_was_read_says_so(tmp_path):
+    path = tmp_path / "a.png"
+    path.write_bytes(png_bytes(random_image(4)))
+    with Image.open(path) as img:
+        pass
+    with pytest.raises(ImageInputError, match=r"closed before its pixels were read .*call \.load\(\) on it"):
+        load_image(img)  # it was a bare AssertionError from Pillow
+    with Image.open(path) as img:
+        img.load()
+    assert np.array_equal(np.asarray(load_image(img).image), np.asarray(random_image(4)))
+
+
 def test_a_lazily_opened_pil_image_read_from_two_threads_at_once(tmp_path):
     """A notebook's `photo = Image.open(path)` in `{image photo}`: the live view's thumbnail and the
     engine read the picture at the same time, and Pillow's lazy decode is not thread-safe (the

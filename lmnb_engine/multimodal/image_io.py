@@ -80,6 +80,10 @@ def load_image(
         image = source
         _check_pixels(image, max_pixels, "the PIL image")
         with _PIL_LOAD_LOCK:  # Pillow's lazy decode of an Image.open() is not thread-safe
+            if getattr(image, "tile", None) and getattr(image, "fp", True) is None:  # Pillow asserts here
+                raise ImageInputError(
+                    "the PIL image was closed before its pixels were read (used after its 'with Image.open(...)' "
+                    "block, or after .close()); call .load() on it while it is open, or keep it open")
             return _finish(image, "the PIL image")
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _decode(bytes(source), max_bytes, max_pixels, "the image data")
