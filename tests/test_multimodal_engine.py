@@ -268,6 +268,25 @@ def test_qwen2_language_model(tmp_path_factory):
         eng.scheduler.stop()
 
 
+def test_a_siglip_vision_tower_matches_transformers(tmp_path_factory):
+    import transformers
+
+    from lmnb_engine.testing.tiny_llava import make_tiny_llava_checkpoint
+
+    # SigLIP has no CLS feature: an image is (28 // 7)**2 = 16 tokens with the "full" strategy (it was
+    # 17, one more placeholder than the tower's features, and the forward failed)
+    path = make_tiny_llava_checkpoint(tmp_path_factory.mktemp("llava-siglip"), text_arch="qwen2", siglip=True)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    ref_hf = (model, transformers.AutoProcessor.from_pretrained(str(path)))
+    img = _image(42)
+    eng = Engine(str(path), device="cpu", max_total_tokens=1024)
+    try:
+        assert eng.multimodal.prepare(MultimodalPrompt("<image>", [img])).mm_inputs.images[0].length == 16
+        assert eng.generate(MultimodalPrompt(Q1, [img]), _greedy(8)).token_ids == _hf_greedy(ref_hf, Q1, [img], 8)
+    finally:
+        eng.scheduler.stop()
+
+
 def test_llava_next_anyres_tiling_matches_transformers(tmp_path_factory):
     """Wide, tall and square images pick different tile grids (and so token counts)."""
     import transformers

@@ -3,8 +3,9 @@
 Pixels come from the checkpoint's own Hugging Face image processor (``AutoImageProcessor``:
 ``CLIPImageProcessor`` or ``LlavaImageProcessor``, whose ``do_pad`` is LLaVA-1.5's
 ``image_aspect_ratio="pad"``). Each ``<image>`` placeholder becomes as many tokens as the vision
-tower yields features — ``(image_size // patch_size) ** 2``, plus the CLS feature unless
-``vision_feature_select_strategy == "default"`` — as ``LlavaProcessor`` expands it. For
+tower yields features — ``(image_size // patch_size) ** 2``, plus CLIP's CLS feature (a SigLIP
+tower has none), less one for ``vision_feature_select_strategy == "default"`` — as
+``LlavaProcessor`` expands it. For
 LLaVA-NeXT (any-resolution tiling) the count depends on the image's size; the checkpoint's
 ``LlavaNextProcessor`` is asked for it, with the tiles.
 """
@@ -61,7 +62,11 @@ class MultimodalProcessor:
         self.image_token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
         vision = mm.vision_config
         per_side = vision.image_size // vision.patch_size
-        self.tokens_per_image = per_side * per_side + (0 if mm.vision_feature_select_strategy == "default" else 1)
+        # the features the tower yields: a patch each, and CLIP's CLS first (SigLIP has none); the
+        # "default" strategy drops the first one, as transformers' LLaVA does
+        cls = 1 if vision.model_type == "clip_vision_model" else 0
+        default = mm.vision_feature_select_strategy == "default"
+        self.tokens_per_image = per_side * per_side + cls - (1 if default else 0)
         self.image_size = vision.image_size
         self.max_image_bytes = max_image_bytes
         self.image_processor = _load_image_processor(loaded.path)

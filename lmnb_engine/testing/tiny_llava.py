@@ -24,6 +24,7 @@ def make_tiny_llava_checkpoint(
     patch_size: int = 7,
     vision_overrides: dict | None = None,
     anyres: bool = False,
+    siglip: bool = False,
     **text_overrides: Any,
 ) -> Path:
     """Write a random-weight LLaVA checkpoint to ``path`` and return it.
@@ -36,6 +37,8 @@ def make_tiny_llava_checkpoint(
         vision_overrides: keys of the ``CLIPVisionConfig`` (e.g. ``{"hidden_size": 256}``).
         anyres: write a LLaVA-NeXT checkpoint (``LlavaNextForConditionalGeneration``) instead:
             any-resolution tiling over the grid pinpoints 1x2, 2x1 and 2x2 tiles of ``image_size``.
+        siglip: a SigLIP vision tower (no CLS feature) with the "full" feature strategy on its last
+            layer, as llava-interleave checkpoints have, instead of CLIP's.
         text_overrides: keys of the text config (e.g. ``num_hidden_layers=3``).
     Raises:
         ValueError: an unknown ``text_arch``.
@@ -56,9 +59,14 @@ def make_tiny_llava_checkpoint(
     text_config = _config(text_arch, len(fast), text_overrides)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                   image_size=image_size, patch_size=patch_size, projection_dim=32)
-    vision_config = transformers.CLIPVisionConfig(**{**vision, **(vision_overrides or {})})
+    if siglip:
+        vision.pop("projection_dim")
+    vision_cls = transformers.SiglipVisionConfig if siglip else transformers.CLIPVisionConfig
+    vision_config = vision_cls(**{**vision, **(vision_overrides or {})})
+    strategy = "full" if siglip else "default"
     common = dict(vision_config=vision_config, text_config=text_config, image_token_id=image_token_id,
-                  vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu")
+                  vision_feature_layer=-1 if siglip else -2, vision_feature_select_strategy=strategy,
+                  projector_hidden_act="gelu")
     pinpoints = [[image_size, 2 * image_size], [2 * image_size, image_size], [2 * image_size, 2 * image_size]]
     if anyres:
         config = transformers.LlavaNextConfig(image_grid_pinpoints=pinpoints, **common)
@@ -76,12 +84,15 @@ def make_tiny_llava_checkpoint(
     if anyres:
         image_processor = transformers.LlavaNextImageProcessor(image_grid_pinpoints=pinpoints, **size)
         processor_cls = transformers.LlavaNextProcessor
+    elif siglip:
+        image_processor = transformers.SiglipImageProcessor(size={"height": image_size, "width": image_size})
+        processor_cls = transformers.LlavaProcessor
     else:
         image_processor = transformers.LlavaImageProcessor(do_pad=True, **size)
         processor_cls = transformers.LlavaProcessor
     processor = processor_cls(
         image_processor=image_processor, tokenizer=fast, patch_size=patch_size,
-        vision_feature_select_strategy="default", num_additional_image_tokens=1, image_token=IMAGE_TOKEN,
+        vision_feature_select_strategy=strategy, num_additional_image_tokens=0 if siglip else 1, image_token=IMAGE_TOKEN,
         chat_template=CHAT_TEMPLATE,
     )
     processor.save_pretrained(path)
