@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lmnb_engine.multimodal import ImageInputError, load_image, sample_video_frames
+from lmnb_engine.multimodal import ImageInputError, load_image, pixel_hash, sample_video_frames
 from lmnb_engine.multimodal.video import _av_frames, _decord_frames, _pillow_frames, frame_indices, video_backend, video_readers
 from tests.helpers_multimodal import frame_color, png_bytes, random_image, write_video
 
@@ -33,6 +33,7 @@ def test_transparent_pixels_are_composited_onto_white():
     rgba = Image.new("RGBA", (2, 1))
     rgba.putdata([(0, 0, 0, 0), (200, 100, 0, 51)])
     assert np.asarray(load_image(rgba).image).tolist() == [[[255, 255, 255], [244, 224, 204]]]
+    assert pixel_hash(rgba) == load_image(rgba).hash  # the hash lmnb_engine's meta reports
     pal = Image.new("P", (2, 1))
     pal.putpalette([0, 0, 0, 10, 20, 30])
     pal.putdata([0, 1])
@@ -50,6 +51,7 @@ def test_a_photo_is_turned_upright_by_its_exif_orientation(tmp_path):
     upright = np.rot90(np.asarray(img), k=-1)
     for source in (path, path.read_bytes(), Image.open(path)):
         assert np.array_equal(np.asarray(load_image(source).image), upright)
+    assert pixel_hash(Image.open(path)) == load_image(path).hash == pixel_hash(Image.fromarray(upright))
 
 
 def test_a_pil_image_closed_before_it_was_read_says_so(tmp_path):

@@ -43,8 +43,10 @@ class LoadedImage:
 
 
 def pixel_hash(image: Image.Image) -> str:
-    """Hex SHA-256 of ``image`` converted to RGB: mode, width, height, then the raw bytes."""
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    """Hex SHA-256 of ``image`` as ``load_image`` reads it (turned upright, RGB, transparency on
+    white): mode, width, height, then the raw bytes."""
+    rgb = _upright(image)
+    rgb = rgb if rgb.mode == "RGB" else _to_rgb(rgb)
     h = hashlib.sha256(f"RGB:{rgb.width}x{rgb.height}:".encode())
     h.update(rgb.tobytes())
     return h.hexdigest()
