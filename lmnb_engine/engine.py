@@ -381,6 +381,9 @@ class Engine:
         elif isinstance(prompt, (list, tuple)):
             i, bad = next((i, t) for i, t in enumerate(prompt) if not _is_token_id(t))
             raise TypeError(f"a prompt is a string or a list of token ids (ints); item {i} is {bad!r}")
+        elif isinstance(prompt, dict):  # [issue 10] the form with images, its key misspelt ("image_data")
+            raise ValueError(f"a prompt dict is a prompt with images, with the keys 'text' and 'images'; got "
+                             f"{sorted(prompt)}")
         else:
             raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:

@@ -152,6 +152,7 @@ def test_bad_image_input_is_a_clear_error(engine, tmp_path):
         (MultimodalPrompt(Q1, ["data:image/png;base64,@@@"]), "not valid base64"),
         (MultimodalPrompt(Q1, ["https://example.com/cat.png"]), "not fetched"),
         (MultimodalPrompt(Q1, [42]), "must be a file path"),
+        ({"text": Q1, "image_data": [_image(1)]}, r"keys 'text' and 'images'; got \['image_data', 'text'\]"),
         (MultimodalPrompt(Q1, []), "placeholders"),
         (MultimodalPrompt("<|user|>no image here", [_image(1)]), "placeholders"),
         # a plain prompt holding the placeholder: the model read its embedding as an image
