@@ -124,6 +124,9 @@ def test_limits_and_refusals(tmp_path, monkeypatch):
         load_image(data, max_bytes=len(data) - 1)
     with pytest.raises(ImageInputError, match="over the limit"):
         load_image(Image.new("RGB", (100, 100)), max_pixels=9999)
+    for empty in ((5, 5, 5, 5), (5, 5, 6, 5)):  # a ZeroDivisionError from the image processor, or a 1x0 "image"
+        with pytest.raises(ImageInputError, match=r"is [01]x0 pixels: it is empty"):
+            load_image(random_image(0).crop(empty))
     with pytest.raises(ImageInputError, match="over the limit"):  # checked from the header, before decoding
         load_image(png_bytes(Image.new("RGB", (100, 100))), max_pixels=9999)
     with pytest.raises(ImageInputError, match="not a readable image"):

@@ -180,6 +180,9 @@ def _fetch(url: str, max_bytes: int, allow_remote: bool | None) -> bytes:
 
 
 def _check_pixels(image: Image.Image, max_pixels: int, what: str) -> None:
+    if not image.width or not image.height:  # the image processor divides by zero, or pads nothing to a square
+        raise ImageInputError(f"{what} is {image.width}x{image.height} pixels: it is empty (a crop box outside "
+                              "the picture, or of zero width?)")
     if image.width * image.height > max_pixels:
         raise ImageInputError(
             f"{what} is {image.width}x{image.height} pixels, over the limit of {max_pixels}; resize it"
