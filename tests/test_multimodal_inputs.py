@@ -141,6 +141,8 @@ def test_limits_and_refusals(tmp_path, monkeypatch):
     monkeypatch.delenv("LMNB_ALLOW_REMOTE_MEDIA", raising=False)
     with pytest.raises(ImageInputError, match="LMNB_ALLOW_REMOTE_MEDIA"):
         load_image("http://127.0.0.1:9/x.png")
+    with pytest.raises(ImageInputError, match="LMNB_ALLOW_REMOTE_MEDIA"):  # it was "no image file at ..."
+        load_image("HTTPS://127.0.0.1:9/x.png")
     assert issubclass(ImageInputError, ValueError)
 
 

@@ -126,6 +126,30 @@ def test_a_phone_cameras_mpo_jpeg_goes_as_it_is():
     assert Image.open(buf).format == "MPO"
 
 
+def test_a_remote_image_with_an_upper_case_scheme_is_fetched(monkeypatch, tmp_path):
+    """URL schemes are case-insensitive: HTTP://host/x.png was read as a local path ("no image
+    file"; with fetching on, FileNotFoundError in data_url)."""
+    import functools
+    import http.server
+    import threading
+
+    from lmnb.backend.media import data_url
+
+    (tmp_path / "x.png").write_bytes(png_bytes(random_image(46)))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("LMNB_ALLOW_REMOTE_MEDIA", "1")
+    for proxy in ("http_proxy", "HTTP_PROXY"):  # the test server is on this machine
+        monkeypatch.delenv(proxy, raising=False)
+    try:
+        url = data_url(f"HTTP://127.0.0.1:{server.server_address[1]}/x.png")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert url == "data:image/png;base64," + base64.b64encode(png_bytes(random_image(46))).decode()
+
+
 def test_a_pil_image_is_encoded_as_png_once_for_all_requests(monkeypatch):
     """Every request of a program sends all its images; a PIL image (about a second of PNG
     encoding at photo size) is encoded once while its pixels stay the same."""

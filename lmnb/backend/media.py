@@ -188,7 +188,9 @@ def _encoded(source: Any, pixel_hash: str) -> Optional[bytes]:
     edited since); None for other images and URLs."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source)
-    if isinstance(source, (str, os.PathLike)) and not str(source).startswith(("http://", "https://")):
+    from lmnb_engine.multimodal.image_io import is_http_url
+
+    if isinstance(source, (str, os.PathLike)) and not is_http_url(str(source)):
         return Path(source).expanduser().read_bytes()
     filename = getattr(source, "filename", None)
     if getattr(source, "format", None) in AS_IS_FORMATS and isinstance(filename, str) and os.path.isfile(filename):

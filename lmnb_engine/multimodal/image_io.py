@@ -97,7 +97,7 @@ def load_image(
         )
     if is_data_url(source):
         return _decode(_data_url_bytes(source, max_bytes), max_bytes, max_pixels, "the data URL")
-    if source.startswith(("http://", "https://")):
+    if is_http_url(source):
         return _decode(_fetch(source, max_bytes, allow_remote), max_bytes, max_pixels, source)
     path = Path(source).expanduser()
     if not _is_file(path):
@@ -139,6 +139,12 @@ def is_data_url(source: Any) -> bool:
     """True for a ``data:`` URL string; the scheme, like the media type and ``;base64``, is
     case-insensitive (RFC 2397), so ``DATA:image/PNG;BASE64,...`` is one too (not a file path)."""
     return isinstance(source, str) and source[:5].lower() == "data:"
+
+
+def is_http_url(source: Any) -> bool:
+    """True for an ``http://`` or ``https://`` URL string, the scheme in any case (RFC 3986), so
+    ``HTTPS://host/cat.png`` is a URL too (not a file path)."""
+    return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
 
 
 def _data_url_bytes(url: str, max_bytes: int) -> bytes:
