@@ -201,3 +201,7 @@ def test_a_video_is_decoded_once_for_all_requests_of_its_program(backend, tmp_pa
     os.utime(path, ns=(1, 1))
     two_questions_on_a_video.run(path=str(path), backend=backend).sync()
     assert len(decoded) == 2
+    monkeypatch.setenv("HOME", str(tmp_path))  # a path from the home directory: it was decoded per request
+    write_video(path, num_frames=4)
+    two_questions_on_a_video.run(path="~/clip.mp4", backend=backend).sync()
+    assert len(decoded) == 3

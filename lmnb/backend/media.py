@@ -67,8 +67,9 @@ def frames(media: Any) -> list:
     from lmnb_engine.multimodal import sample_video_frames
 
     try:
-        st = os.stat(media.source)
-        key = (os.path.realpath(media.source), st.st_size, st.st_mtime_ns, media.num_frames)
+        path = os.path.expanduser(media.source)  # as the reader opens it: "~/clip.mp4" was never kept
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, media.num_frames)
     except (OSError, TypeError, ValueError):  # not a readable path: the reader says why
         return sample_video_frames(media.source, media.num_frames)
     sampled = _videos.get(key)
