@@ -656,11 +656,12 @@ class Engine:
         return self._call(lambda: self.scheduler.cache.snapshot(self._preview))
 
     def match_node(self, token_ids: Sequence[int]) -> Optional[tuple[int, int]]:
-        """Where ``token_ids`` (list[int]) ends in the radix tree, without touching it: ``(node_id,
-        cached_tokens)`` for the deepest node its longest cached prefix reaches (the prefix may end
-        inside that node's edge), or None when none of it is cached. No edge is split, no LRU time
-        refreshed and no lock taken, so widgets can label ``tree_snapshot()`` paths freely."""
-        ids = [int(t) for t in token_ids]
+        """Where ``token_ids`` (list[int], or [issue 10] ``MultimodalTokens``, a prompt prepared
+        with its images) ends in the radix tree, without touching it: ``(node_id, cached_tokens)``
+        for the deepest node its longest cached prefix reaches (the prefix may end inside that
+        node's edge), or None when none of it is cached. No edge is split, no LRU time refreshed
+        and no lock taken, so widgets can label ``tree_snapshot()`` paths freely."""
+        ids = getattr(token_ids, "input_key", None) or [int(t) for t in token_ids]
         node, n = self._call(lambda: self.scheduler.cache.peek_prefix(ids))
         return (node, n) if node is not None else None
 

@@ -119,7 +119,7 @@ def states(args, session: Session) -> None:
         tokens = "?"
         if engine is not None:
             with contextlib.suppress(ValueError):  # an image that cannot be read any more
-                tokens = len(session.prompt_ids(named.name))
+                tokens = len(session.prompt_ids(named.state))
         variables = ", ".join(named.state.stream_executor.variables) or "-"
         cells = ", ".join(f"[{c}]" for c in named.cells) or "-"
         rows.append((named.name, cells, len(text), tokens, variables, "yes" if named.pin is not None else "no"))

@@ -115,7 +115,7 @@ class LMMagics(Magics):
         super().__init__(shell)
         self.session = get_session()
         self.tree_view = None  # shown by %lm tree, refreshed after every cell
-        self.recent_cells: dict[str, str] = {}  # "cell [n]" -> final text, the last RECENT_CELLS runs
+        self.recent_cells: dict = {}  # "cell [n]" -> its final ProgramState, the last RECENT_CELLS runs
 
     @no_var_expand
     @line_cell_magic
@@ -183,12 +183,16 @@ class LMMagics(Magics):
         tokens of each named state and recent unnamed cell end, found with ``Engine.match_node``,
         which leaves LRU order alone; None when none of it is cached), ``pinned`` node ids and
         ``stats``. A label says how much of the path is cached when not all of it is."""
-        texts = {f"{n.name} (cell {n.cells[-1]})" if n.cells else n.name: n.state.text()
-                 for n in self.session.states.values()}
-        texts.update(self.recent_cells)
+        states = {f"{n.name} (cell {n.cells[-1]})" if n.cells else n.name: n.state
+                  for n in self.session.states.values()}
+        states.update(self.recent_cells)
         paths = {}
-        for label, text in texts.items():
-            ids = engine.encode(text) if text else []
+        for label, state in states.items():
+            text = state.text()
+            try:  # [issue 10] with its images: the text holds one placeholder token per image
+                ids = self.session.prompt_ids(state) if text else []
+            except ValueError:  # an image that cannot be read any more
+                ids = engine.encode(text)
             match = engine.match_node(ids) if ids else None
             if match is not None and match[1] < len(ids):
                 label += f" · {match[1]}/{len(ids)} tok cached"
@@ -299,7 +303,7 @@ class LMMagics(Magics):
         if outcome.status == "done" and args.state:
             self.session.keep(args.state, outcome.state, count)
         elif outcome.status == "done" and self.session.remote is None:  # labels a path in %lm tree
-            self.recent_cells[f"cell [{count}]"] = outcome.state.text()
+            self.recent_cells[f"cell [{count}]"] = outcome.state
             while len(self.recent_cells) > RECENT_CELLS:
                 del self.recent_cells[next(iter(self.recent_cells))]
         tokens = _tokens(view.model)

@@ -240,7 +240,7 @@ class Session:
         named = self.state(name)
         engine = self.engine("%lm pin")
         try:
-            ids = self.prompt_ids(name)
+            ids = self.prompt_ids(named.state)
             if not ids:
                 raise CellError(f"state {name!r} is empty; there is nothing to pin")
             handle = engine.pin_prefix(ids)
@@ -251,15 +251,15 @@ class Session:
         named.pin = handle
         return len(ids)
 
-    def prompt_ids(self, name: str) -> list:
-        """The named state's prompt as the in-process engine takes it: its text's token ids, or
-        [issue 10] with its images the prepared ids, where each image is as many placeholder tokens
-        as the model gives it (the text holds one per image).
+    def prompt_ids(self, state) -> list:
+        """The prompt of ``state`` (a ``ProgramState``) as the in-process engine takes it: its
+        text's token ids, or [issue 10] with its images the prepared ids (``MultimodalTokens``),
+        where each image is as many placeholder tokens as the model gives it (the text holds one
+        per image).
 
         Raises ``CellError`` if no engine is running; ``ValueError`` if an image cannot be read."""
-        named = self.state(name)
         engine = self.engine("the state's prompt")
-        text, images = named.state.text(), tuple(named.state.stream_executor.images_)
+        text, images = state.text(), tuple(state.stream_executor.images_)
         if not images:
             return engine.encode(text)
         from lmnb.backend.base import Prompt

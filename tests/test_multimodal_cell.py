@@ -159,3 +159,31 @@ def test_states_counts_an_image_as_its_placeholder_tokens(ip, llava_ckpt):
     [row] = [line.split() for o in out.outputs for line in o.data.get("text/plain", "").splitlines()
              if line.startswith("counted ")]
     assert int(row[3]) == len(ids)  # it counted the image as 1 token, not its 16 placeholder positions
+
+
+def test_tree_labels_follow_a_state_past_its_image(ip, llava_ckpt):
+    img = random_image(11)
+    ip.user_ns["photo"] = img
+    run(ip, CELL.replace("--out st", "--state treeimg"))
+    run(ip, "%lm pin treeimg")  # every token of the state, the image's included, is cached now
+    magics = ip._lmnb_magics
+    engine = magics.session.engine("test")
+    paths = magics.tree_labels(engine)["paths"]
+    # it was "treeimg (cell N) · 2/18 tok cached", at the node before the image: the text's bare
+    # placeholder token matched none of the image's pixel-hash keys
+    [label] = [k for k in paths if k.startswith("treeimg")]
+    assert "tok cached" not in label
+    _, ids, _ = image_layout(llava_ckpt, magics.session.state("treeimg").state.text(), img)
+    assert sum(n.num_tokens for n in _path_to(engine.tree_snapshot(), paths[label])) == len(ids)
+    run(ip, "%lm unpin treeimg")
+
+
+def _path_to(root, node_id):
+    """The nodes from ``root`` (a ``TreeNodeView``) down to the node ``node_id``, root excluded."""
+    for child in root.children:
+        if child.node_id == node_id:
+            return [child]
+        below = _path_to(child, node_id)
+        if below:
+            return [child] + below
+    return []
