@@ -145,6 +145,18 @@ def test_a_prefix_with_an_image_can_be_pinned(engine, hf):
         engine.unpin(handle)
 
 
+def test_one_image_may_be_given_alone(engine, tmp_path):
+    img = _image(13)
+    path = tmp_path / "one.png"
+    path.write_bytes(_png(img))
+    want = engine.generate(MultimodalPrompt(Q1, [img]), _greedy(4)).token_ids
+    # a path was taken for one image per character ("1 placeholders but 24 images were given"),
+    # a PIL image failed with "object of type 'Image' has no len()"
+    for source in (str(path), path, _png(img), img):
+        assert engine.generate(MultimodalPrompt(Q1, source), _greedy(4)).token_ids == want
+        assert engine.generate({"text": Q1, "images": source}, _greedy(4)).token_ids == want
+
+
 def test_bad_image_input_is_a_clear_error(engine, tmp_path):
     cases = [
         (MultimodalPrompt(Q1, [str(tmp_path / "missing.png")]), "no image file"),

@@ -22,11 +22,16 @@ class MultimodalPrompt:
         text: the prompt text (or token ids) with one ``<image>`` placeholder per image.
         images: each a file path, ``PIL.Image.Image``, encoded bytes or ``data:image/...;base64``
             URL (``lmnb_engine.multimodal.load_image``); the frames of a video are images too
-            (``sample_video_frames``).
+            (``sample_video_frames``). One image may be given alone, not in a list.
     """
 
     text: Any
     images: Sequence[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # a lone path or bytes is a sequence too: "cat.png" was taken for 7 images
+        if not isinstance(self.images, (list, tuple)):
+            self.images = [self.images]
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,4 @@ def as_multimodal_prompt(prompt: Any) -> MultimodalPrompt:
     unknown = set(prompt) - {"text", "images"}
     if unknown or "text" not in prompt:
         raise ValueError(f"a multimodal prompt dict has the keys 'text' and 'images'; got {sorted(prompt)}")
-    images = prompt["images"]
-    if not isinstance(images, (list, tuple)):
-        images = [images]
-    return MultimodalPrompt(prompt["text"], list(images))
+    return MultimodalPrompt(prompt["text"], prompt["images"])
