@@ -187,6 +187,14 @@ def test_video_frames_are_the_uniformly_spaced_ones(tmp_path):
         sample_video_frames(path, 0)
     with pytest.raises(ImageInputError, match="no video file"):
         sample_video_frames(tmp_path / "missing.mp4", 2)
+    # a URL was "no video file at <the whole URL>; check the path" (a data URL's megabytes)
+    data = "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+    for url in (data, "https://example.com/clip.mp4", "data:video/mp4;base64," + "A" * 400):
+        with pytest.raises(ImageInputError, match="a video is read from a file, not a URL") as err:
+            sample_video_frames(url, 2)
+        assert len(str(err.value)) < 200
+    with pytest.raises(ImageInputError, match="no video file"):  # it was OSError "File name too long"
+        sample_video_frames("x" * 300, 2)
     (tmp_path / "junk.mp4").write_bytes(b"junk" * 10)
     with pytest.raises(ImageInputError, match="not a readable video") as err:
         sample_video_frames(tmp_path / "junk.mp4", 2)

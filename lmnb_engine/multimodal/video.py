@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from lmnb_engine.multimodal.image_io import ImageInputError
+from lmnb_engine.multimodal.image_io import ImageInputError, _is_file, is_data_url, is_http_url
 
 DEFAULT_MAX_VIDEO_BYTES = 512 * 2**20
 
@@ -60,8 +60,11 @@ def sample_video_frames(source: Any, num_frames: int, max_bytes: int = DEFAULT_M
         raise ImageInputError(f"num_frames must be a positive integer, got {num_frames!r}")
     if not isinstance(source, (str, os.PathLike)):
         raise ImageInputError(f"a video is given by its file path, got {type(source).__name__}")
+    if is_data_url(source) or is_http_url(source):  # echoed whole, a data URL's megabytes filled the error
+        raise ImageInputError(f"a video is read from a file, not a URL ({source[:40]!r}...); save it to a file "
+                              "and pass its path")
     path = Path(source).expanduser()
-    if not path.is_file():
+    if not _is_file(path):
         raise ImageInputError(f"no video file at {str(source)!r}; check the path")
     if path.stat().st_size > max_bytes:
         raise ImageInputError(f"video {str(source)!r} is over the limit of {max_bytes} bytes")
