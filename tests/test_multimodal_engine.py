@@ -157,6 +157,14 @@ def test_one_image_may_be_given_alone(engine, tmp_path):
         assert engine.generate({"text": Q1, "images": source}, _greedy(4)).token_ids == want
 
 
+def test_token_ids_from_numpy_are_a_prompt_with_images(engine):
+    img = _image(14)
+    want = engine.generate(MultimodalPrompt(Q1, [img]), _greedy(4)).token_ids
+    ids = list(np.array(engine.encode(Q1)))  # numpy integers, as a text-only prompt may hold
+    # it was "a multimodal prompt's text is a string or token ids, got list"
+    assert engine.generate(MultimodalPrompt(ids, [img]), _greedy(4)).token_ids == want
+
+
 def test_bad_image_input_is_a_clear_error(engine, tmp_path):
     cases = [
         (MultimodalPrompt(Q1, [str(tmp_path / "missing.png")]), "no image file"),

@@ -13,6 +13,7 @@ LLaVA-NeXT (any-resolution tiling) the count depends on the image's size; the ch
 from __future__ import annotations
 
 import logging
+import numbers
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -85,8 +86,9 @@ class MultimodalProcessor:
         p = as_multimodal_prompt(prompt)
         if isinstance(p.text, str):
             ids = list(self.tokenizer.encode(p.text))
-        elif isinstance(p.text, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p.text):
-            ids = list(p.text)
+        elif isinstance(p.text, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                       for t in p.text):
+            ids = [int(t) for t in p.text]  # numpy integers too, as a text-only prompt's ids
         else:
             raise TypeError(f"a multimodal prompt's text is a string or token ids, got {type(p.text).__name__}")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
