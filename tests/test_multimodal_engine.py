@@ -236,6 +236,14 @@ def test_openai_chat_endpoint_takes_image_parts(engine, hf, tmp_path):
         for local in (str(path), f"file://{path}", "/etc/passwd", "/no/such/file.png"):
             refused = ask("\nq", image_url=local)
             assert refused.status_code == 400 and "must be a data: URL" in refused.json()["error"]["message"]
+        # the image token written as text: the error named MultimodalPrompt, lmnb's image() and /generate's image_data
+        for content in ("what is an <image> tag?", [{"type": "image_url", "image_url": {"url": url}},
+                                                     {"type": "text", "text": "an <image> tag?"}]):
+            refused = client.post("/v1/chat/completions", json={
+                "model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": 2})
+            error = refused.json()["error"]
+            assert refused.status_code == 400 and error["param"] == "messages"
+            assert error["message"].startswith("the messages' text holds the image token '<image>' 1 time(s)")
 
 
 def test_chunked_prefill_splitting_an_image_matches_transformers(llava_ckpt, hf):

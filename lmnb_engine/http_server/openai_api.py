@@ -452,6 +452,12 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         except Exception as e:  # the template's own checks (e.g. roles must alternate)
             raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
         ids = await ctx.run(engine.encode, text, False)  # add_special_tokens=False: the template wrote any BOS
+        token = image_token(engine)
+        extra = sum(1 for t in ids if t == engine.multimodal.image_token_id) - len(images) if token else 0
+        if extra:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
+            raise RequestError(f"the messages' text holds the image token {token!r} {extra} time(s); it stands for "
+                               "an image, and images come as image_url content parts: remove it from the text",
+                               param="messages")
         prompt = ids
         if images:  # [issue 10] decode, hash and preprocess off the event loop; bad images -> 400
             try:
