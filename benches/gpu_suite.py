@@ -3,6 +3,7 @@ with HF transformers (no reuse) and lmnb without its radix cache as baselines, i
 
     python benches/gpu_suite.py                 # on a GPU: Llama-2-7B and Llama-3-8B shapes
     python benches/gpu_suite.py --smoke         # on a CPU: tiny shapes, about a minute
+    python benches/gpu_suite.py --cpu-hit-rates # on a CPU: the FULL workloads' hit rates, tiny model
 
 Writes ``<out-dir>/<date>-<machine>.json`` (rewritten after every measurement, so a run cut
 short keeps what it measured) and a plot beside it, and prints each issue target next to the
@@ -49,6 +50,11 @@ TARGETS = [
     ("prefill 4 x 2048, Llama-3-8B (tok/s)", ("llama-3-8b", "micro", "lmnb", "prefill", "tok_s"), 45000),
 ]
 HIT_TARGET = 0.97  # achieved / optimal hit rate, every workload
+# What --cpu-hit-rates gives its tiny model, so that eviction and admission are the H200's: the KV
+# slots of Llama-2-7B there (bf16, 512 KiB per token; about 125 GiB free after 12.6 GiB of weights
+# on the 139 GiB card, times the default mem_fraction 0.8) and the GPU's max_running_requests.
+H200_POOL_TOKENS_7B = 200_000
+H200_MAX_RUNNING = 256
 
 
 class Suite:
@@ -59,9 +65,11 @@ class Suite:
 
         self.args = args
         self.smoke = args.smoke
-        if not self.smoke and not torch.cuda.is_available():
-            raise SystemExit("no CUDA device: the full suite runs 7B/8B shapes on a GPU; use --smoke on a CPU")
-        self.device = "cpu" if self.smoke else "cuda"
+        self.hit_rates_only = args.cpu_hit_rates
+        if not (self.smoke or self.hit_rates_only) and not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: the full suite runs 7B/8B shapes on a GPU; use --smoke or "
+                             "--cpu-hit-rates on a CPU")
+        self.device = "cpu" if self.smoke or self.hit_rates_only else "cuda"
         self.t0 = time.perf_counter()
         self.expansions = ThreadPoolExecutor(512, thread_name_prefix="sot-expand")
         self.scale = wl.SMOKE if self.smoke else wl.FULL
@@ -69,7 +77,7 @@ class Suite:
         date = datetime.date.today().isoformat()
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"{date}-{machine}" + ("-smoke" if self.smoke else "")
+        stem = f"{date}-{machine}" + ("-smoke" if self.smoke else "-hit-rates" if self.hit_rates_only else "")
         self.json_path, self.plot_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
         self.results: dict = {"meta": _env(self.device, machine, args), "roofline": {}, "models": {},
                               "targets": [], "skipped": [], "errors": []}
@@ -116,6 +124,9 @@ class Suite:
         kw = dict(disable_radix_cache=not radix)
         if self.smoke:
             return Engine(str(self._tiny()), device="cpu", max_total_tokens=16384, **kw)
+        if self.hit_rates_only:  # the cache sees what it would on the H200: the same tokens, as many KV slots
+            return Engine(str(self._tiny()), device="cpu", max_total_tokens=H200_POOL_TOKENS_7B,
+                          max_running_requests=H200_MAX_RUNNING, **kw)
         return Engine(model, random_weights=True, device="cuda", dtype="bfloat16", **kw)
 
     def hf_model(self, model: str):
@@ -146,7 +157,7 @@ class Suite:
             self._tmp = tempfile.TemporaryDirectory()
             self._tiny_path = make_tiny_checkpoint(self._tmp.name, num_hidden_layers=2, hidden_size=128,
                                                    intermediate_size=256, num_attention_heads=4,
-                                                   num_key_value_heads=2, max_position_embeddings=4096)
+                                                   num_key_value_heads=2, max_position_embeddings=8192)
         return self._tiny_path
 
     def free(self, *objs) -> None:
@@ -301,6 +312,10 @@ class Suite:
         """In priority order: lmnb on every model (the first gets every workload, later ones the
         micro-benchmarks and the MMLU-like workload), then the first model's baselines: HF
         transformers, then lmnb with the radix cache disabled."""
+        if self.hit_rates_only:
+            self.lmnb_phase("tiny-llama", primary=True)
+            self.finish()
+            return
         self.step("roofline", 5, self.roofline)
         models = [m.strip() for m in self.args.models.split(",") if m.strip()]
         if self.smoke:
@@ -328,7 +343,8 @@ class Suite:
             works = [w for w in works if w.name in keep]
         if not primary:
             works = [w for w in works if w.name == "mmlu"]
-        self.step(f"{model}: lmnb micro", 25, self.lmnb_micro, model, engine)
+        if not self.hit_rates_only:  # (a tiny model's speed on a CPU says nothing)
+            self.step(f"{model}: lmnb micro", 25, self.lmnb_micro, model, engine)
         c = clients.EngineClient(engine)
         for w in works:
             self.step(f"{model}: lmnb {w.name}", self.LMNB_EST.get(w.name, 6), self.measure, model, "lmnb", c, w,
@@ -438,14 +454,16 @@ def _machine(device: str) -> str:
 def _env(device: str, machine: str, args) -> dict:
     import torch
 
+    import importlib.metadata
+
     info = {"date": datetime.date.today().isoformat(), "machine": machine, "device": device, "smoke": args.smoke,
-            "budget_s": args.budget_s, "python": platform.python_version(), "torch": torch.__version__,
-            "command": " ".join(sys.argv)}
-    for mod in ("transformers", "triton", "outlines_core"):
+            "hit_rates_only": args.cpu_hit_rates, "budget_s": args.budget_s, "python": platform.python_version(),
+            "torch": torch.__version__, "command": " ".join(sys.argv)}
+    for dist in ("transformers", "triton", "outlines-core"):  # (outlines_core has no __version__)
         try:
-            info[mod] = __import__(mod).__version__
-        except Exception as e:  # noqa: BLE001 - reported, not fatal
-            info[mod] = f"missing ({type(e).__name__})"
+            info[dist.replace("-", "_")] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            info[dist.replace("-", "_")] = "missing"
     from lmnb_engine.attention.selector import select_attention_backend
 
     # what the suite's bf16 Llama engines run ("auto"): Triton, or flash-attn for extend when one
@@ -514,7 +532,7 @@ def _get(d: dict, path: tuple):
 def _report(res: dict) -> str:
     roof = res["roofline"]
     lines = ["", "== lmnb suite: " + f"{res['meta']['machine']} {res['meta']['date']} "
-             f"({res['meta'].get('elapsed_s')} s){' SMOKE: tiny model, targets n/a' if res['meta']['smoke'] else ''} ==",
+             f"({res['meta'].get('elapsed_s')} s){_mode(res['meta'])} ==",
              f"roofline: copy {_f(roof.get('copy_gbps_rw'))} GB/s (read+write), matmul {_f(roof.get('matmul_tflops'))} "
              f"TFLOP/s ({roof.get('matmul_dtype')})"]
     for model, m in res["models"].items():
@@ -545,6 +563,14 @@ def _report(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _mode(meta: dict) -> str:
+    if meta["smoke"]:
+        return " SMOKE: tiny model, targets n/a"
+    if meta.get("hit_rates_only"):
+        return " HIT RATES: FULL workloads, tiny model on the H200's KV pool, no speed figures"
+    return ""
+
+
 def _f(x) -> str:
     if x is None:
         return "-"
@@ -556,6 +582,9 @@ def _f(x) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (checks that the suite runs)")
+    ap.add_argument("--cpu-hit-rates", action="store_true",
+                    help="on a CPU: the FULL workloads with a tiny model and the KV pool Llama-2-7B gets on an "
+                         "H200, lmnb only: hit rate vs optimal (no speed figures)")
     ap.add_argument("--models", default="llama-2-7b,llama-3-8b",
                     help="shape presets; the first gets every workload and both baselines")
     ap.add_argument("--workloads", default="", help="comma-separated subset (default: all)")
@@ -565,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-nocache", action="store_true", help="no cache-disabled lmnb baseline")
     args = ap.parse_args(argv)
     if args.budget_s is None:
-        args.budget_s = 300.0 if args.smoke else 420.0
+        args.budget_s = 300.0 if args.smoke else 3600.0 if args.cpu_hit_rates else 420.0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     suite = Suite(args)

@@ -69,6 +69,40 @@ def test_smoke_suite_runs_every_workload_on_every_system(tmp_path):
     assert result_file.with_suffix(".png").stat().st_size > 0
 
 
+def test_cpu_hit_rates_runs_full_workloads_with_lmnb_only(tmp_path, monkeypatch):
+    """--cpu-hit-rates: the FULL sizes (not SMOKE's), lmnb alone, no speed figures; each workload's
+    hit_vs_optimal is its hit rate over the optimal bound computed from its own requests."""
+    import gpu_suite
+
+    sizes = {}
+    real_engine = gpu_suite.Suite.engine
+
+    def engine(self, model, radix):
+        e = real_engine(self, model, radix)
+        sizes["pool"], sizes["running"] = e.runner.max_total_tokens, e.runner.max_running_requests
+        return e
+
+    monkeypatch.setattr(gpu_suite.Suite, "engine", engine)
+    assert gpu_suite.main(["--cpu-hit-rates", "--workloads", "mmlu", "--out-dir", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("*-hit-rates.json")
+    res = json.loads(result_file.read_text())
+    assert res["meta"]["hit_rates_only"] and res["errors"] == [] and res["roofline"] == {}
+    assert sizes == {"pool": gpu_suite.H200_POOL_TOKENS_7B, "running": gpu_suite.H200_MAX_RUNNING}
+    m = res["models"]["tiny-llama"]
+    assert m["micro"] == {} and list(m["workloads"]) == ["mmlu"]
+    r = m["workloads"]["mmlu"]
+    assert set(r) == {"shape", "lmnb"} and r["lmnb"]["programs"] == workloads.FULL.mmlu_subjects * workloads.FULL.mmlu_questions
+    lm = r["lmnb"]
+    assert lm["hit_rate"] == pytest.approx(lm["cached_tokens"] / lm["prompt_tokens"], abs=1e-4)
+    assert lm["hit_vs_optimal"] == pytest.approx(lm["hit_rate"] / lm["optimal_hit_rate"], abs=1e-3)
+    # a hand count of the optimum: each subject's 5-shot block is computed once, every question fully
+    subjects, per = workloads.FULL.mmlu_subjects, workloads.FULL.mmlu_questions
+    assert lm["optimal_hit_rate"] == pytest.approx(
+        1 - (subjects * workloads.FULL.mmlu_prefix + (lm["prompt_tokens"] - subjects * per * workloads.FULL.mmlu_prefix))
+        / lm["prompt_tokens"], abs=2e-3)
+    assert [t["name"] for t in res["targets"] if t["met"] is not None] == ["hit rate / optimal, mmlu (tiny-llama)"]
+
+
 @pytest.mark.parametrize("scale", [workloads.FULL, workloads.SMOKE], ids=["full", "smoke"])
 def test_workload_shapes(scale):
     ws = {w.name: w for w in workloads.build(32000, scale)}
