@@ -146,11 +146,18 @@ class ProgramState:
         return list(self.stream_executor.messages_)
 
     def error(self) -> Optional[ProgramError]:
-        """The error that stopped this state, or None. Waits as ``sync`` does: for queued
-        primitives and, outside the body of a ``run(stream=True)`` program, for the body to
-        return (an error it is about to raise counts)."""
-        self._wait_done()
-        return self.stream_executor.error_
+        """The error that stopped this state, or None. Waits for queued primitives and, while
+        there is no error yet, also (outside the body of a ``run(stream=True)`` program) for the
+        body to return, since an error it is about to raise counts. A state that already failed
+        or was aborted answers at once, while its body may still be running (a stopped cell's
+        runner reads it so, to stop that body)."""
+        ex = self.stream_executor
+        with self._abort_on_interrupt():
+            ex.wait_idle()
+            if ex.error_ is None:
+                ex.wait_body()
+                ex.wait_idle()
+        return ex.error_
 
     def get_var(self, name: str) -> Any:
         """The value of variable ``name``, as ``s[name]``: waits for it; raises the state's error."""
