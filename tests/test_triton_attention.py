@@ -110,6 +110,21 @@ def test_decode_kernel_with_empty_splits_and_one_split():
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
 
 
+def test_decode_larger_than_reserved_keeps_the_reserved_workspace():
+    """CUDA graphs are captured over the workspace ``reserve_decode`` made; an eager decode of a
+    larger batch (above ``cuda_graph_max_bs``) must not replace it, or the graphs' later replays
+    would write their partial outputs into freed memory."""
+    prefix = [4, 40, 17, 9]
+    pool, batch, q, k, v = setup_batch(prefix, [1] * len(prefix), 4, 2, 16, seed=4)
+    twin = clone_pool(pool)
+    backend = BACKEND.TritonAttentionBackend(max_kv_splits=4, min_split_tokens=4)
+    backend.reserve_decode(2, 4, 16, "cpu")  # as CudaGraphRunner.capture does for its largest graph
+    reserved = backend._workspace
+    out = run_backend(backend, pool, batch, q, k, v)
+    assert backend._workspace is reserved
+    torch.testing.assert_close(out.double(), naive_attention(twin, batch, q, k, v), atol=2e-5, rtol=1e-4)
+
+
 def test_selector_picks_torch_on_cpu_and_refuses_bad_names(monkeypatch):
     monkeypatch.delenv("LMNB_ATTENTION_BACKEND", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

@@ -116,9 +116,15 @@ class TritonAttentionBackend(AttentionBackend):
                 group = num_q_heads // k.shape[1]
                 self._decode_splits(batch, k.shape[1], -(-group // 64))  # the kernel's head blocks are <= 64 wide
             ws = self._workspace
-            if ws is None or ws[0].shape[0] < B or ws[0].shape[1] != num_q_heads or ws[0].shape[3] != head_dim:
+            if ws is None:
                 self.reserve_decode(B, num_q_heads, head_dim, q.device)
                 ws = self._workspace
+            elif ws[0].shape[0] < B or ws[0].shape[1] != num_q_heads or ws[0].shape[3] != head_dim:
+                # a batch larger than the reservation (an eager decode above cuda_graph_max_bs)
+                # gets a workspace of its own: CUDA graphs captured over the reserved one keep
+                # writing into it, so freeing it for a bigger one would corrupt whatever next
+                # takes its memory
+                ws = decode_workspace(B, num_q_heads, head_dim, self.max_kv_splits, q.device)
             return decode_attention_fwd(
                 q, k_pool, v_pool, out, batch.req_to_token, batch.req_pool_indices, batch.seq_lens,
                 self._num_splits, self._grid_splits, scale, workspace=ws,
