@@ -11,7 +11,7 @@
 2. The fused layer kernels (RMSNorm with the residual add, RoPE, SiLU-and-mul) against the torch
    forwards of the same layers on Llama-3-8B-sized inputs in bf16: the residual sum, RoPE and
    SiLU-and-mul bit-identical (they round where torch rounds), the norm within one bf16 step
-   (its sum runs in another order).
+   before the weight multiply rounds it again (its sum runs in another order; ``norm_close``).
 3. Greedy output of whole engines: torch backend vs Triton (eager) vs Triton with CUDA graphs, on
    a small random checkpoint with peaked logits (weights std 0.2): fp32, identical tokens; bf16,
    identical or first differences on near-ties only (as in 4). The Triton engines run the fused
@@ -126,6 +126,17 @@ def check_kernels() -> None:
                        rel_err=f"{rel:.2e}", tol=tol, tokens=batch.num_tokens)
 
 
+def norm_close(ref: torch.Tensor, got: torch.Tensor) -> tuple[bool, float]:
+    """Whether a 16-bit RMSNorm output ``got`` is as close to ``ref`` as rounding allows, and the
+    largest relative difference. The row statistic, summed in another order, is a few float32
+    ulps off, which now and then flips the rounding of the normalized value by one step (2**-7
+    relative in bf16); each output then multiplies that by the weight and rounds again (half a
+    step each): 2**-6 in all. One step alone fails a few outputs of a Llama-sized batch."""
+    rel = (ref.float() - got.float()).abs() / ref.float().abs().clamp_min(1e-6)
+    worst = float(rel.max())
+    return worst <= 2**-6, worst
+
+
 @torch.inference_mode()
 def check_layer_kernels() -> None:
     from lmnb_engine.layers.mlp import SiluAndMul
@@ -151,9 +162,9 @@ def check_layer_kernels() -> None:
     norm = RMSNorm(hidden, 1e-5).to(DEV, dtype)
     norm.weight.data = rand(hidden, scale=0.2) + 1
     (ref_n, ref_s), (got_n, got_s) = both(norm, rand(T, hidden, scale=3), rand(T, hidden))
-    step = (ref_n.float() - got_n.float()).abs() / ref_n.float().abs().clamp_min(1e-6)
-    record(f"fused add + RMSNorm ({name})", torch.equal(ref_s, got_s) and float(step.max()) <= 2**-7,
-           residual_identical=torch.equal(ref_s, got_s), norm_max_rel_diff=f"{float(step.max()):.2e}")
+    close, worst = norm_close(ref_n, got_n)
+    record(f"fused add + RMSNorm ({name})", torch.equal(ref_s, got_s) and close,
+           residual_identical=torch.equal(ref_s, got_s), norm_max_rel_diff=f"{worst:.2e}")
     ref, got = both(SiluAndMul(), rand(T, 2 * inter, scale=4))
     record(f"SiLU-and-mul ({name})", torch.equal(ref, got), max_diff=f"{float((ref.float() - got.float()).abs().max()):.2e}")
     qkv = rand(T, (hq + 2 * hkv) * d, scale=2)
