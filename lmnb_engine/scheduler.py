@@ -224,6 +224,11 @@ class Scheduler:
         return fut
 
     def _loop(self) -> None:
+        if self.runner.device.type == "cuda":
+            # a new thread's current device is cuda:0, and Triton launches its kernels (and a CUDA
+            # event records) on the current device, whatever device the tensors are on; the
+            # request table's device has the index a bare "cuda" leaves out (set_device needs it)
+            torch.cuda.set_device(self.req_to_token_pool.req_to_token.device)
         while True:
             try:
                 if not self._has_work():  # idle: the decode reserve starts over (as SGLang's)

@@ -146,3 +146,31 @@ def test_polling_stats_does_not_switch_the_overlap_off(engines):
         stop.set()
         poller.join()
     assert overlap.cache_stats()["overlapped_steps"] - before >= 90  # of 99 decode steps
+
+
+def test_scheduler_thread_runs_on_the_model_gpu(monkeypatch):
+    """Triton launches its kernels, and a CUDA event records, on the calling thread's current
+    device, which is cuda:0 in a new thread: the scheduler thread of a model on cuda:1 must make
+    that device current before its first step."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+
+    from lmnb_engine.kv_pool import ReqToTokenPool, TokenToKVPool
+    from lmnb_engine.scheduler import Scheduler, SchedulerConfig
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda d: calls.append((torch.device(d), threading.current_thread().name)))
+    for asked in ("cuda:1", "cuda"):  # "cuda" alone: the current device when the model was loaded
+        runner = SimpleNamespace(device=torch.device(asked), req_to_token_pool=ReqToTokenPool(2, 8, "cpu"),
+                                 kv_pool=TokenToKVPool(16, 1, 1, 4, torch.float32, "cpu"))
+        sched = Scheduler(runner, None, frozenset(), 8, SchedulerConfig())
+        # the table on the GPU the model was loaded on (stands in for a CUDA tensor's device)
+        runner.req_to_token_pool = SimpleNamespace(req_to_token=SimpleNamespace(device=torch.device("cuda", 1)))
+        sched.start()
+        sched.call(lambda: None).result(timeout=10)
+        sched.stop()
+    # an index each time: torch.cuda.set_device refuses a bare "cuda"
+    assert calls == [(torch.device("cuda", 1), "lmnb-scheduler")] * 2
