@@ -13,8 +13,9 @@
    SiLU-and-mul bit-identical (they round where torch rounds), the norm within one bf16 step
    before the weight multiply rounds it again (its sum runs in another order; ``norm_close``).
 3. Greedy output of whole engines: torch backend vs Triton (eager) vs Triton with CUDA graphs, on
-   a small random checkpoint with peaked logits (weights std 0.2): fp32, identical tokens; bf16,
-   identical or first differences on near-ties only (as in 4). The Triton engines run the fused
+   a small random checkpoint: fp32, with its peaked logits (weights std 0.2), identical tokens;
+   bf16, with random weights of std 0.02 in its shapes (``tiny_engine_load``), identical or
+   first differences on near-ties only (as in 4). The Triton engines run the fused
    layer kernels too; the torch engine is all torch. Overlapped decoding (the default) against
    step-by-step: bit-identical tokens and logprobs.
 4. Llama-2-7B shape, random bf16 weights: torch vs Triton + CUDA graphs, greedy tokens and their
@@ -178,13 +179,14 @@ def check_layer_kernels() -> None:
            max_diff=f"{float(max((rq.float() - gq.float()).abs().max(), (rk.float() - gk.float()).abs().max())):.2e}")
 
 
-def tiny_checkpoint() -> str:
+def tiny_checkpoint(full: bool = not SMOKE) -> str:
+    """A small random checkpoint (weights std 0.2): the GPU run's shapes if ``full``."""
     from lmnb_engine.testing import make_tiny_checkpoint
 
     tmp = tempfile.mkdtemp(prefix="lmnb-check-")
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     dims = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2) if SMOKE else \
+                num_key_value_heads=2) if not full else \
         dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=16,
              num_key_value_heads=4)
     return str(make_tiny_checkpoint(tmp, max_position_embeddings=4096, **dims))
@@ -230,33 +232,46 @@ def compare_greedy(ref, ref_lp, got, got_lp) -> dict:
     return {"identical": identical, "prompts": len(ref), "max_logprob_diff": worst, "on_ties": on_ties}
 
 
+def tiny_engine_load(dtype: str) -> dict:
+    """How ``check_tiny_engine`` loads the small checkpoint in ``dtype``. In bf16 its own weights
+    (std 0.2: peaked logits, for fp32's identical tokens) make a chaotic network: rounding noise
+    grows through the layers into logits ~0.4 apart (two correct bf16 attentions, Triton's and
+    torch's, measured on CPU: 2 of 6 prompts identical, first differences at top-2 gaps up to
+    0.75). Random weights of std 0.02 in the same shapes keep it at the logits' own rounding."""
+    return dict(dtype=dtype, random_weights=dtype == "bfloat16")
+
+
+def agree(c: dict, strict: bool) -> bool:
+    """Whether ``compare_greedy``'s ``c`` passes: identical tokens, or (not ``strict``) first
+    differences on near-ties only and logprobs within 0.05 before them."""
+    return c["identical"] == c["prompts"] or (not strict and c["on_ties"] and c["max_logprob_diff"] < 0.05)
+
+
 def check_tiny_engine() -> None:
     """fp32: tokens must be identical. bf16: identical, or first differences on near-ties only."""
     path = tiny_checkpoint()
     prompts = make_prompts(500, 6, 40 if SMOKE else 300)
     new = 6 if SMOKE else 24
     for dtype in ("float32",) if SMOKE else ("float32", "bfloat16"):
-        ref, ref_lp = greedy(path, "torch", False, prompts, new, top=2, dtype=dtype)
+        load = tiny_engine_load(dtype)
+        ref, ref_lp = greedy(path, "torch", False, prompts, new, top=2, **load)
         for label, graphs in (("triton eager", False), ("triton + CUDA graphs", True)):
             if graphs and SMOKE:
                 continue
-            got, got_lp = greedy(path, "triton", graphs, prompts, new, dtype=dtype)
+            got, got_lp = greedy(path, "triton", graphs, prompts, new, **load)
             c = compare_greedy(ref, ref_lp, got, got_lp)
-            strict = dtype == "float32"
-            ok = c["identical"] == c["prompts"] or (not strict and c["on_ties"] and c["max_logprob_diff"] < 0.05)
-            record(f"greedy, small checkpoint ({dtype}): {label} vs torch", ok,
+            record(f"greedy, small checkpoint ({dtype}): {label} vs torch", agree(c, dtype == "float32"),
                    prompts_identical=f"{c['identical']}/{c['prompts']}", max_logprob_diff=f"{c['max_logprob_diff']:.3g}",
                    divergences_on_near_ties=c["on_ties"], new_tokens=new)
         if dtype == "bfloat16" and FLASH is not None:  # flash-attn runs 16-bit models only
-            got_f, got_flp = greedy(path, "flash_attn", True, prompts, new, dtype=dtype)
+            got_f, got_flp = greedy(path, "flash_attn", True, prompts, new, **load)
             c = compare_greedy(ref, ref_lp, got_f, got_flp)
-            record(f"greedy, small checkpoint ({dtype}): flash-attn extend + triton decode vs torch",
-                   c["identical"] == c["prompts"] or (c["on_ties"] and c["max_logprob_diff"] < 0.05),
+            record(f"greedy, small checkpoint ({dtype}): flash-attn extend + triton decode vs torch", agree(c, False),
                    prompts_identical=f"{c['identical']}/{c['prompts']}",
                    max_logprob_diff=f"{c['max_logprob_diff']:.3g}",
                    divergences_on_near_ties=c["on_ties"], new_tokens=new)
         # overlapped decoding reorders host work only: bit-identical to one step at a time
-        step_by_step, lps = greedy(path, "triton", not SMOKE, prompts, new, dtype=dtype, overlap=False)
+        step_by_step, lps = greedy(path, "triton", not SMOKE, prompts, new, overlap=False, **load)
         same = step_by_step == got and [[x.logprob for x in r] for r in lps] == [[x.logprob for x in r] for r in got_lp]
         record(f"greedy, small checkpoint ({dtype}): overlapped vs step-by-step decoding", same, new_tokens=new)
 
