@@ -32,6 +32,6 @@ CHECK=${PIPESTATUS[0]}
 ELAPSED=$(( $(date +%s) - START ))
 BUDGET=$(( 380 - ELAPSED ))   # the whole script in about 6.5 minutes: time to rerun it in a 15-minute lease
 echo "== 2/2 benchmark suite (budget ${BUDGET} s) =="
-timeout $(( BUDGET + 30 )) $PY benches/gpu_suite.py --budget-s "$BUDGET" --out-dir "$OUT" 2>&1 | tee "$OUT/suite.log"
+timeout -k 15 $(( BUDGET + 30 )) $PY benches/gpu_suite.py --budget-s "$BUDGET" --out-dir "$OUT" 2>&1 | tee "$OUT/suite.log"
 SUITE=${PIPESTATUS[0]}
 echo "gpu_check.sh: correctness exit $CHECK, suite exit $SUITE, total $(( $(date +%s) - START )) s"

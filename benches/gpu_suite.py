@@ -6,7 +6,8 @@ with HF transformers (no reuse) and lmnb without its radix cache as baselines, i
     python benches/gpu_suite.py --cpu-hit-rates # on a CPU: the FULL workloads' hit rates, tiny model
 
 Writes ``<out-dir>/<date>-<machine>.json`` (rewritten after every measurement, so a run cut
-short keeps what it measured) and a plot beside it, and prints each issue target next to the
+short keeps what it measured; ended by SIGTERM, as ``timeout`` does, it names the step it cut and
+still writes the report) and a plot beside it, and prints each issue target next to the
 measured figure. Models carry random weights of the real shapes (``load_model(preset,
 random_weights=True)``); workloads are synthetic token programs (``benches/workloads.py``).
 
@@ -26,6 +27,7 @@ import gc
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -82,6 +84,7 @@ class Suite:
         self.results: dict = {"meta": _env(self.device, machine, args), "roofline": {}, "models": {},
                               "targets": [], "skipped": [], "errors": []}
         self.save()
+        self.running: str | None = None  # the step under way
 
     # --- bookkeeping --------------------------------------------------------------------------
     def left(self) -> float:
@@ -102,6 +105,7 @@ class Suite:
             self.save()
             return None
         t = time.perf_counter()
+        self.running = name
         print(f"[run ] {name} ({self.left():.0f} s left)", flush=True)
         try:
             return fn(*a, **kw)
@@ -111,8 +115,18 @@ class Suite:
             print(f"[fail] {name}: {type(exc).__name__}: {exc}", flush=True)
             return None
         finally:
+            self.running = None
             print(f"[done] {name} in {time.perf_counter() - t:.1f} s", flush=True)
             self.save()
+
+    def cut_short(self) -> None:
+        """End the run now (on SIGTERM: gpu_check.sh's ``timeout`` when a step overruns the
+        budget): record the step under way as cut short, write the report and the plot of what was
+        measured, and exit with 124 as ``timeout`` would."""
+        self.results["skipped"].append({"step": self.running or "(between steps)",
+                                        "why": "cut short by SIGTERM (the time limit)"})
+        self.finish()
+        os._exit(124)
 
     def model_slot(self, model: str) -> dict:
         return self.results["models"].setdefault(model, {"micro": {}, "workloads": {}})
@@ -598,7 +612,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     suite = Suite(args)
-    suite.run()
+    # killed mid-step, the suite would leave no report and no record of the step it was in
+    previous = signal.signal(signal.SIGTERM, lambda *_: suite.cut_short())
+    try:
+        suite.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 1 if suite.results["errors"] else 0
 
 

@@ -192,3 +192,27 @@ def test_gpu_check_bf16_engines_agree_up_to_rounding():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["True", "False"]
+
+
+def test_suite_cut_short_by_sigterm_still_reports(tmp_path):
+    """gpu_check.sh's ``timeout`` ends an overrunning suite with SIGTERM: the results file then
+    names the step it cut, and the report (targets, plot) of what was measured is still written."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, str(BENCHES / "gpu_suite.py"), "--smoke", "--out-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if line.startswith("[run ] tiny-llama: lmnb micro"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out += proc.stdout.readlines()
+    assert proc.wait(120) == 124, "".join(out)[-3000:]
+    (result_file,) = tmp_path.glob("*-smoke.json")
+    res = json.loads(result_file.read_text())
+    cut = [s["step"] for s in res["skipped"] if s["why"] == "cut short by SIGTERM (the time limit)"]
+    assert len(cut) == 1 and cut[0].startswith("tiny-llama: lmnb"), res["skipped"]  # the micro step, or the next
+    assert len(res["targets"]) == 6 and res["roofline"]
+    assert "== lmnb suite" in "".join(out)
