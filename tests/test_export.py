@@ -456,7 +456,8 @@ def test_an_error_before_the_first_cell_of_run_row_names_no_cell(monkeypatch, tm
     from helpers_export import read_results, write_rows
     from helpers_lang import ScriptedBackend
 
-    nb = notebook('import threading\nq = "x"\nshared = {"lock": threading.Lock()}',
+    nb = notebook('class Uncopyable(dict):  # not even its containers can be copied\n    __reduce_ex__ = __reduce__ = None\n'
+                  'q = "x"\nshared = Uncopyable()',
                   "%%lm --temperature 0\n{q}{gen a max_tokens=1}", 'shared["a"] = a')
     source, p = export_notebook(nb)
     script = tmp_path / "myjob.py"
@@ -468,5 +469,5 @@ def test_an_error_before_the_first_cell_of_run_row_names_no_cell(monkeypatch, tm
     ns = runpy.run_path(str(script), run_name="exported")
     assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 1
     error = read_results(tmp_path / "out.jsonl")[0]["error"]
-    assert error.startswith("TypeError: cannot pickle '_thread.lock' object") and error.endswith(
+    assert error.startswith("Error: un(shallow)copyable object of type") and error.endswith(
         f" (myjob.py line {lineno})")
