@@ -33,6 +33,9 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCH_FLAGS) + MULTIMODAL_ARCHI
 # RoPE variants whose inverse frequencies are fixed (no dependence on the current sequence length).
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
 
+# The MLP is SiLU-gated (``layers.mlp.SiluAndMul``); transformers' ACT2FN spells SiLU both ways.
+SUPPORTED_HIDDEN_ACTS: tuple[str, ...] = ("silu", "swish")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -83,7 +86,8 @@ class ModelConfig:
 
         Raises:
             ValueError: the architecture is not in ``SUPPORTED_ARCHITECTURES``, the RoPE type is
-                not in ``SUPPORTED_ROPE_TYPES``, or the head geometry is inconsistent.
+                not in ``SUPPORTED_ROPE_TYPES``, ``hidden_act`` is not in ``SUPPORTED_HIDDEN_ACTS``,
+                or the head geometry is inconsistent.
         """
         if _architecture(hf_config) in MULTIMODAL_ARCHITECTURES:  # [issue 10]
             return _multimodal_config(cls, hf_config, dtype, device)
@@ -102,6 +106,14 @@ class ModelConfig:
             raise ValueError(
                 f"num_attention_heads ({num_q_heads}) must be a multiple of num_key_value_heads "
                 f"({num_kv_heads}) for grouped-query attention"
+            )
+        # transformers' MLP applies config.hidden_act; ours is always SiLU, so any other
+        # activation would load and run with silently wrong logits.
+        hidden_act = getattr(hf_config, "hidden_act", "silu")
+        if hidden_act not in SUPPORTED_HIDDEN_ACTS:
+            raise ValueError(
+                f"unsupported hidden_act {hidden_act!r} in config.json; lmnb_engine's {arch} MLP is "
+                f"SiLU-gated ({', '.join(SUPPORTED_HIDDEN_ACTS)})"
             )
         rope_type, rope_theta = rope_settings(hf_config)
         return cls(

@@ -89,7 +89,7 @@ def load_model(
         FileNotFoundError: no such directory, hub id not available, no config.json or no
             safetensors, no demo checkpoint yet.
         ValueError: unsupported architecture (the message lists ``SUPPORTED_ARCHITECTURES``),
-            unsupported RoPE type, bad dtype or device, a config.json that is not valid JSON, a
+            unsupported RoPE type or hidden_act, bad dtype or device, a config.json that is not valid JSON, a
             truncated or corrupt safetensors file, weights that do not fit the config or the GPU;
             with ``tp``: heads that do not divide, or a multimodal model.
     """

@@ -172,6 +172,15 @@ def test_unsupported_rope_type(tiny_checkpoint_factory):
         load_model(path)
 
 
+def test_activation_other_than_silu_is_refused(tiny_checkpoint_factory):
+    # transformers runs this MLP with GELU; ours is SiLU-gated and used to load it silently,
+    # giving logits off by ~0.7 nats.
+    path = tiny_checkpoint_factory("llama", hidden_act="gelu_pytorch_tanh")
+    with pytest.raises(ValueError, match="unsupported hidden_act 'gelu_pytorch_tanh'.*SiLU"):
+        load_model(path)
+    assert_matches_hf(tiny_checkpoint_factory("llama", hidden_act="swish"))  # transformers' other name
+
+
 def test_missing_demo_model(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "DEMO_MODEL_PATH", tmp_path / "demo_model")
     with pytest.raises(FileNotFoundError, match="demo checkpoint"):
