@@ -271,3 +271,14 @@ def test_config_that_does_not_describe_the_weights(tiny_llama, tmp_path, edit, m
     (ck / "config.json").write_text(json.dumps({**cfg, **edit}))
     with pytest.raises(ValueError, match=message):
         load_model(ck)
+
+
+def test_missing_tensor_is_named_as_the_checkpoint_spells_it(tiny_llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    weights = load_file(ck / "model.safetensors")
+    del weights["model.layers.1.self_attn.k_proj.weight"]  # the message named our fused qkv_proj
+    save_file(weights, ck / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"lacks 1 tensors .*\['model\.layers\.1\.self_attn\.k_proj\.weight'\]"):
+        load_model(ck)

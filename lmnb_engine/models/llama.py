@@ -113,6 +113,16 @@ _FUSED = {
     "up_proj": ("gate_up_proj", "up"),
 }
 _FUSED_RE = re.compile(r"^(.*)\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
+_UNFUSED = {target: proj for proj, target in _FUSED.items()}
+
+
+def _checkpoint_name(name: str, part: str | None) -> str:
+    """The checkpoint tensor that fills ``part`` of our parameter ``name`` (``..qkv_proj.weight``,
+    ``"k"`` -> ``..k_proj.weight``); ``name`` itself for an unfused parameter."""
+    if part is None:
+        return name
+    prefix, fused, kind = name.rsplit(".", 2)
+    return f"{prefix}.{_UNFUSED[(fused, part)]}.{kind}"
 
 
 class LlamaForCausalLM(nn.Module):
@@ -216,7 +226,9 @@ class LlamaForCausalLM(nn.Module):
                 )
             target.copy_(tensor)
             loaded.add((target_name, part))
-        missing = [n for n, part in self._expected_parts() if (n, part) not in loaded]
+        # named as the checkpoint spells them (k_proj, not our fused qkv_proj) so the user can look
+        # for them in the checkpoint
+        missing = [_checkpoint_name(n, part) for n, part in self._expected_parts() if (n, part) not in loaded]
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors the config.json calls for, e.g. "
                              f"{sorted(set(missing))[:5]}")
