@@ -42,7 +42,7 @@ class LoadedModel:
         model: ``model(batch, attn, kv_pool)`` -> float32 logits ``[len(batch.logits_indices), vocab]``.
         config: ``ModelConfig`` (geometry, dtype, device).
         tokenizer: transformers ``PreTrainedTokenizerFast``.
-        eos_token_ids: from generation_config.json and the tokenizer.
+        eos_token_ids: from generation_config.json (config.json when there is none) and the tokenizer.
         chat_template: Jinja template string, or None.
         generation_defaults: sampling keys from generation_config.json (may be empty).
         path: the checkpoint directory, or None for a built-in shape preset.
@@ -117,6 +117,10 @@ def load_model(
     else:
         net.load_weights(_iter_safetensors(path))
     gen_cfg = tok.read_json(path / "generation_config.json") if path is not None else {}
+    if path is not None and not (path / "generation_config.json").is_file():
+        # transformers then stops at config.json's EOS ids (GenerationConfig.from_model_config);
+        # Llama-3.1 Instruct lists three there, its tokenizer only one
+        gen_cfg = {"eos_token_id": getattr(config.hf_config, "eos_token_id", None)}
     return LoadedModel(
         model=net,
         config=config,

@@ -282,3 +282,23 @@ def test_missing_tensor_is_named_as_the_checkpoint_spells_it(tiny_llama, tmp_pat
     save_file(weights, ck / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"lacks 1 tensors .*\['model\.layers\.1\.self_attn\.k_proj\.weight'\]"):
         load_model(ck)
+
+
+def test_eos_ids_of_config_json_when_there_is_no_generation_config(tiny_llama, tmp_path):
+    from lmnb_engine import Engine, SamplingParams
+    from transformers import AutoModelForCausalLM
+
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    with Engine(str(ck), max_total_tokens=512) as eng:
+        ids = eng.encode(TEXT)
+        free = eng.generate(ids, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)).token_ids
+    (ck / "generation_config.json").unlink()  # as many fine-tunes ship: EOS ids only in config.json
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [1, free[3]]}))
+    hf = AutoModelForCausalLM.from_pretrained(ck).eval()
+    ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                      do_sample=False, max_new_tokens=8)[0, len(ids):].tolist()
+    assert ref == free[:4]  # transformers stops at config.json's second EOS id
+    with Engine(str(ck), max_total_tokens=512) as eng:
+        r = eng.generate(ids, SamplingParams(temperature=0, max_new_tokens=8))
+    assert r.token_ids == ref and r.finish_reason.type == "stop"
