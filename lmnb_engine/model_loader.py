@@ -89,8 +89,9 @@ def load_model(
         FileNotFoundError: no such directory, hub id not available, no config.json or no
             safetensors, no demo checkpoint yet.
         ValueError: unsupported architecture (the message lists ``SUPPORTED_ARCHITECTURES``),
-            unsupported RoPE type or hidden_act, bad dtype or device, a config.json that is not valid JSON, a
-            truncated or corrupt safetensors file, weights that do not fit the config or the GPU;
+            unsupported RoPE type or hidden_act, a quantized checkpoint, bad dtype or device, a
+            config.json that is not valid JSON, a truncated or corrupt safetensors file, weights that
+            do not fit the config or the GPU;
             with ``tp``: heads that do not divide, or a multimodal model.
     """
     dev = _resolve_device(device)
@@ -105,6 +106,8 @@ def load_model(
     else:
         path = _resolve_path(model, random_weights)
         hf_config = _read_hf_config(path)
+        if not random_weights:
+            _refuse_quantized(hf_config, path)
     config = ModelConfig.from_hf(hf_config, dt, dev)
     tokenizer, tok_dir = _tokenizer_for(path)  # before the weights: a missing tokenizer fails fast
     net = _instantiate(config, tp)
@@ -237,6 +240,20 @@ def _read_hf_config(path: Path) -> Any:
             f"({type(e).__name__}: {str(e)[:300]}); if its model_type is newer than this transformers "
             "(Qwen3 needs >= 4.51), upgrade transformers"
         ) from None
+
+
+def _refuse_quantized(hf_config: Any, path: Path) -> None:
+    """Raise ``ValueError`` for a quantized checkpoint (AWQ, GPTQ, FP8, bitsandbytes...): its
+    packed tensors (``qweight``, ``weight_scale_inv``) would otherwise be reported as weights that
+    do not fit config.json, which names the wrong problem."""
+    q = getattr(hf_config, "quantization_config", None)
+    if q:
+        method = q.get("quant_method", "unknown") if isinstance(q, dict) else getattr(q, "quant_method", "unknown")
+        raise ValueError(
+            f"{path} holds a quantized checkpoint (quantization_config.quant_method: {method}); lmnb_engine "
+            "loads unquantized float32/bfloat16/float16 weights: use the original model's checkpoint (or "
+            "random_weights=True for its shapes)"
+        )
 
 
 def _instantiate(config: ModelConfig, tp: Any = None) -> nn.Module:

@@ -302,3 +302,15 @@ def test_eos_ids_of_config_json_when_there_is_no_generation_config(tiny_llama, t
     with Engine(str(ck), max_total_tokens=512) as eng:
         r = eng.generate(ids, SamplingParams(temperature=0, max_new_tokens=8))
     assert r.token_ids == ref and r.finish_reason.type == "stop"
+
+
+def test_quantized_checkpoint_is_refused_as_such(tiny_llama, tmp_path):
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    cfg = json.loads((ck / "config.json").read_text())
+    quant = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm", "zero_point": True}
+    (ck / "config.json").write_text(json.dumps({**cfg, "quantization_config": quant}))
+    # a real AWQ checkpoint's qweight/qzeros/scales were reported as "config and weights disagree";
+    # the config alone says what the checkpoint is
+    with pytest.raises(ValueError, match=r"quantized checkpoint \(quantization_config\.quant_method: awq\)"):
+        load_model(ck)
+    assert load_model(ck, random_weights=True).config.num_layers == cfg["num_hidden_layers"]
