@@ -345,8 +345,8 @@ def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 for name in st.keys():
                     yield name, st.get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as e:  # SafetensorError is no OSError
-            raise ValueError(f"cannot read the weights in {f} ({type(e).__name__}: {e}); the file is truncated "
-                             "or corrupt: download or save it again") from None
+            raise ValueError(tok.lfs_pointer_fix(f) or f"cannot read the weights in {f} ({type(e).__name__}: {e}); "
+                             "the file is truncated or corrupt: download or save it again") from None
 
 
 def _tokenizer_for(path: Path | None) -> tuple[Any, Path | None]:

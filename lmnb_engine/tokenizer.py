@@ -40,11 +40,29 @@ def load_tokenizer(path: Path) -> Any:
         raise ValueError(f"could not load the tokenizer in {path}: {type(e).__name__}: {e}") from None
 
 
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def lfs_pointer_fix(path: Path) -> str | None:
+    """If ``path`` is a Git LFS pointer (a repository cloned without Git LFS: a few lines of text
+    in place of the file), what to do about it; else None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_LFS_POINTER))
+    except OSError:  # unreadable: the caller's own message names the problem
+        return None
+    if head != _LFS_POINTER:
+        return None
+    return (f"{path} is a Git LFS pointer, not the file itself (the repository was cloned without Git "
+            f"LFS); run `git lfs install && git lfs pull` in {path.parent}, or download with `hf download`")
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``, or ``{}`` if the file does not exist.
 
     Raises:
-        ValueError: the file is not a JSON object (the message names the file and where it breaks).
+        ValueError: the file is not a JSON object (the message names the file and where it breaks),
+            or is a Git LFS pointer (the message says how to fetch the file).
     """
     if not path.is_file():
         return {}
@@ -52,7 +70,8 @@ def read_json(path: Path) -> dict[str, Any]:
         try:
             data = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); fix or re-save the file") from None
+            invalid = f"{path} is not valid JSON ({e}); fix or re-save the file"
+            raise ValueError(lfs_pointer_fix(path) or invalid) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object; fix or re-save the file")
     return data

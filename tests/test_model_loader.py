@@ -314,3 +314,12 @@ def test_quantized_checkpoint_is_refused_as_such(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match=r"quantized checkpoint \(quantization_config\.quant_method: awq\)"):
         load_model(ck)
     assert load_model(ck, random_weights=True).config.num_layers == cfg["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
+def test_git_lfs_pointer_in_place_of_a_file_says_to_pull_it(tiny_llama, tmp_path, name):
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    # what `git clone` of a hub repository leaves without Git LFS: it was called truncated or not JSON
+    (ck / name).write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 123456\n")
+    with pytest.raises(ValueError, match=f"{name} is a Git LFS pointer, not the file itself .* git lfs pull` in {ck}"):
+        load_model(ck)
