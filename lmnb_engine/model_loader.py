@@ -326,6 +326,10 @@ def _safetensors_files(path: Path) -> list[Path]:
         if absent:
             raise FileNotFoundError(f"{index} names shards that are missing: {absent}")
         return [path / f for f in files]
+    if (path / "model.safetensors").is_file():
+        # what transformers loads: other *.safetensors beside it (a PEFT adapter_model.safetensors
+        # left by training, Mistral's consolidated.safetensors) are not this model's weights
+        return [path / "model.safetensors"]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(

@@ -323,3 +323,14 @@ def test_git_lfs_pointer_in_place_of_a_file_says_to_pull_it(tiny_llama, tmp_path
     (ck / name).write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 123456\n")
     with pytest.raises(ValueError, match=f"{name} is a Git LFS pointer, not the file itself .* git lfs pull` in {ck}"):
         load_model(ck)
+
+
+def test_other_safetensors_beside_model_safetensors_are_not_loaded(tiny_llama, tmp_path):
+    from safetensors.torch import save_file
+
+    ck = shutil.copytree(tiny_llama, tmp_path / "ck")
+    # a LoRA adapter a training run left in the directory: transformers loads model.safetensors only,
+    # lmnb_engine loaded every *.safetensors and refused the adapter's tensors
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(8, 64)},
+              ck / "adapter_model.safetensors")
+    assert_matches_hf(ck)
