@@ -321,7 +321,10 @@ def _init_random(net: nn.Module, hf_config: Any, seed: int) -> None:
 def _safetensors_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(tok.read_json(index)["weight_map"].values()))
+        weight_map = tok.read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map' (tensor name -> shard file); download or save it again")
+        files = sorted(set(weight_map.values()))
         absent = [f for f in files if not (path / f).is_file()]
         if absent:
             raise FileNotFoundError(f"{index} names shards that are missing: {absent}")

@@ -74,6 +74,10 @@ def test_sharded_checkpoint(tiny_checkpoint_factory, tmp_path):
     assert (tmp_path / "model.safetensors.index.json").is_file()
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
     assert_matches_hf(tmp_path)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}}))  # was a bare KeyError: 'weight_map'
+    with pytest.raises(ValueError, match=r"index\.json has no 'weight_map' \(tensor name -> shard file\)"):
+        load_model(tmp_path)
 
 
 def test_metadata_from_checkpoint_files(tiny_llama, tmp_path):
