@@ -86,8 +86,8 @@ def load_model(
     checkpoint is absent.
 
     Raises:
-        FileNotFoundError: no such directory, hub id not available, no config.json or no
-            safetensors, no demo checkpoint yet.
+        FileNotFoundError: no such directory (or a file given), hub id not available, no
+            config.json or no safetensors, no demo checkpoint yet.
         ValueError: unsupported architecture (the message lists ``SUPPORTED_ARCHITECTURES``),
             unsupported RoPE type or hidden_act, a quantized checkpoint, bad dtype or device, a
             config.json that is not valid JSON, a truncated or corrupt safetensors file, weights that
@@ -173,6 +173,9 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
         return DEMO_MODEL_PATH
     p = Path(model).expanduser()
     if p.exists():
+        if p.is_file():  # config.json or model.safetensors itself: "it has no config.json" puzzled
+            hint = f"; pass its directory {p.parent}" if (p.parent / "config.json").is_file() else ""
+            raise FileNotFoundError(f"{p} is a file, not a Hugging Face checkpoint directory{hint}")
         if not (p / "config.json").is_file():
             raise FileNotFoundError(f"{p} is not a Hugging Face checkpoint directory: it has no config.json")
         return p

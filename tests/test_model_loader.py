@@ -124,6 +124,13 @@ def test_dir_without_config(tmp_path):
         load_model(tmp_path)
 
 
+def test_a_file_of_the_checkpoint_names_its_directory(tiny_llama):
+    # was "<...>/config.json is not a Hugging Face checkpoint directory: it has no config.json"
+    with pytest.raises(FileNotFoundError, match=f"config.json is a file, not a Hugging Face checkpoint directory; "
+                                                f"pass its directory {tiny_llama}$"):
+        load_model(tiny_llama / "config.json")
+
+
 def test_unsupported_architecture_lists_supported(tiny_llama, tmp_path):
     shutil.copytree(tiny_llama, tmp_path / "ck")
     cfg_path = tmp_path / "ck" / "config.json"
