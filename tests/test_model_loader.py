@@ -37,11 +37,15 @@ def assert_matches_hf(path, **load_kwargs):
         # Short original context so all three llama3 frequency bands occur at head_dim 16.
         {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
          "original_max_position_embeddings": 64},
+        # YaRN changes every frequency band and scales cos/sin by its attention factor (Qwen3's
+        # model card adds it for long context; it was refused)
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
     ],
-    ids=["linear", "llama3"],
+    ids=["linear", "llama3", "yarn"],
 )
-def test_rope_scaling_matches_hf(tiny_checkpoint_factory, rope_scaling):
-    lm = assert_matches_hf(tiny_checkpoint_factory("llama", rope_scaling=rope_scaling))
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_rope_scaling_matches_hf(tiny_checkpoint_factory, rope_scaling, arch):
+    lm = assert_matches_hf(tiny_checkpoint_factory(arch, rope_scaling=rope_scaling))
     assert lm.config.rope_type == rope_scaling["rope_type"]
 
 

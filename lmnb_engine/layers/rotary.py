@@ -1,7 +1,7 @@
 """Rotary position embedding (RoPE, Su et al. 2021) in the "rotate half" layout of HF checkpoints.
 
-Inverse frequencies come from transformers' own RoPE init functions for scaled variants (linear,
-llama3), so they match the reference bit for bit; cos/sin are computed in float32 from the
+Inverse frequencies (and YaRN's attention factor on cos/sin) come from transformers' own RoPE
+init functions for scaled variants (linear, llama3, yarn), so they match the reference bit for bit; cos/sin are computed in float32 from the
 absolute positions of the batch and then cast to the activation dtype, as ``LlamaRotaryEmbedding``
 does.
 """
