@@ -376,6 +376,10 @@ class Engine:
             return self.multimodal.prepare(prompt)
         if isinstance(prompt, str):
             ids = self.encode(prompt)
+            bos = getattr(self.tokenizer, "bos_token_id", None)
+            if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):
+                # the text wrote its own BOS (apply_chat_template's output): the tokenizer's is one too many
+                ids = ids[1:]
         elif isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
             ids = [int(t) for t in prompt]  # numpy integers too (a tokenizer's array, .tolist() or not)
         elif isinstance(prompt, (list, tuple)):
@@ -552,7 +556,9 @@ class Engine:
     def generate(
         self, prompt: Union[Prompt, Sequence[Prompt]], params: Optional[SamplingParams] = None
     ) -> Union[GenerateResult, list[GenerateResult]]:
-        """Generate for one prompt (str or token ids) or a list of prompts, blocking.
+        """Generate for one prompt (str or token ids) or a list of prompts, blocking. A text that
+        begins with the BOS token (``apply_chat_template``'s output) gets no second one from the
+        tokenizer.
 
         [issue 10] With a LLaVA checkpoint a prompt may carry images:
         ``MultimodalPrompt("<image>\nwhat is this?", [path_or_pil_or_bytes_or_data_url])`` or

@@ -244,3 +244,25 @@ def test_changing_params_after_submit_changes_no_queued_request(engine, hf):
     assert first.result(timeout=60).token_ids == hf.greedy_ignore_eos(p, 5)
     assert second.result(timeout=60).token_ids == hf.greedy_ignore_eos(p, 40)
     assert_idle_accounting(engine)
+
+
+def test_a_text_that_writes_its_own_bos_gets_no_second_one():
+    """generate(apply_chat_template(messages)) with a tokenizer that adds BOS (the demo model's,
+    Llama-2/3's) encoded two BOS tokens, which the model never saw in training."""
+    from lmnb_engine import Engine, SamplingParams
+
+    eng = Engine()
+    try:
+        tok = eng.tokenizer
+        body = eng.encode("Q: Where does Arvel live?\nA:", add_special_tokens=False)
+        assert eng.encode("x")[0] == tok.bos_token_id  # this tokenizer adds BOS
+        params = SamplingParams(max_new_tokens=4, temperature=0)
+        with_bos = eng.generate(tok.bos_token + "Q: Where does Arvel live?\nA:", params)
+        plain = eng.generate("Q: Where does Arvel live?\nA:", params)
+        by_ids = eng.generate([tok.bos_token_id] + body, params)
+        assert with_bos.meta.prompt_tokens == plain.meta.prompt_tokens == len(body) + 1
+        assert with_bos.token_ids == plain.token_ids == by_ids.token_ids
+        doubled = eng.generate([tok.bos_token_id] * 2 + body, params)  # ids are taken as given
+        assert doubled.meta.prompt_tokens == len(body) + 2
+    finally:
+        eng.shutdown()
