@@ -30,10 +30,12 @@ _TEXT_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForC
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCH_FLAGS) + MULTIMODAL_ARCHITECTURES
 
-# RoPE variants whose inverse frequencies are fixed (no dependence on the current sequence length):
-# YaRN's are too, with a constant attention factor on cos/sin (Qwen2.5/Qwen3 model cards add it
-# for long context); dynamic NTK and LongRoPE change with the sequence length, and are refused.
-SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
+# RoPE variants whose inverse frequencies are fixed over the context the engine runs: YaRN's are,
+# with a constant attention factor on cos/sin (Qwen2.5/Qwen3 model cards add it for long context);
+# dynamic NTK rescales only past max_position_embeddings, which caps our context, so within it its
+# frequencies are the default ones (as transformers computes them). LongRoPE switches frequency
+# sets with the sequence length, and is refused.
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn", "dynamic")
 
 # The MLP is SiLU-gated (``layers.mlp.SiluAndMul``); transformers' ACT2FN spells SiLU both ways.
 SUPPORTED_HIDDEN_ACTS: tuple[str, ...] = ("silu", "swish")

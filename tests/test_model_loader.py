@@ -40,8 +40,10 @@ def assert_matches_hf(path, **load_kwargs):
         # YaRN changes every frequency band and scales cos/sin by its attention factor (Qwen3's
         # model card adds it for long context; it was refused)
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        # dynamic NTK rescales only past max_position_embeddings, beyond the engine's context
+        {"rope_type": "dynamic", "factor": 2.0},
     ],
-    ids=["linear", "llama3", "yarn"],
+    ids=["linear", "llama3", "yarn", "dynamic"],
 )
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_rope_scaling_matches_hf(tiny_checkpoint_factory, rope_scaling, arch):
@@ -182,8 +184,10 @@ def test_unknown_device_names_the_choices(tiny_llama):
 
 
 def test_unsupported_rope_type(tiny_checkpoint_factory):
-    path = tiny_checkpoint_factory("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    with pytest.raises(ValueError, match="dynamic"):
+    path = tiny_checkpoint_factory("llama", rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+        "original_max_position_embeddings": 64})
+    with pytest.raises(ValueError, match="longrope"):
         load_model(path)
 
 
