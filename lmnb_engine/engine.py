@@ -356,6 +356,15 @@ class Engine:
         """The text of token ``ids`` (the tokenizer's ``decode``)."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def _window_note(self) -> str:
+        """Why the context is shorter than the checkpoint's ``max_position_embeddings``, when a
+        sliding window caps it (``model_config._context_len``), else ''."""
+        hf = self.loaded.config.hf_config
+        if self.context_len < int(getattr(hf, "max_position_embeddings", self.context_len)):
+            return (f" (the checkpoint's sliding window: lmnb attends over the whole sequence, so it runs "
+                    f"{self.context_len} of its {hf.max_position_embeddings} positions, where the two agree)")
+        return ""
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template.
 
@@ -455,11 +464,12 @@ class Engine:
         # prefill asks for none), so the message then names the prompt alone
         if n > self.context_len:
             raise ValueError(f"prompt of {n} tokens exceeds the model's context length of {self.context_len} "
-                             "tokens; shorten the prompt")
+                             f"tokens{self._window_note()}; shorten the prompt")
         if n + params.max_new_tokens > self.context_len:
             raise ValueError(
                 f"prompt of {n} tokens + max_new_tokens={params.max_new_tokens} exceeds the model's "
-                f"context length of {self.context_len} tokens; shorten the prompt or lower max_new_tokens"
+                f"context length of {self.context_len} tokens{self._window_note()}; shorten the prompt or lower "
+                "max_new_tokens"
             )
         pool = self.runner.max_total_tokens
         if n > pool:

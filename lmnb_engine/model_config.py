@@ -195,8 +195,11 @@ def rope_settings(hf_config: Any) -> tuple[str, float]:
 def _context_len(hf_config: Any) -> int:
     ctx = int(hf_config.max_position_embeddings)
     window = getattr(hf_config, "sliding_window", None)
-    # Mistral applies its window whenever set; Qwen2/3 only with use_sliding_window.
-    active = window is not None and getattr(hf_config, "use_sliding_window", True)
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None:  # Qwen2/3: windowed layers are those from max_window_layers on
+        active = window is not None and "sliding_attention" in layer_types
+    else:  # Mistral applies its window whenever set
+        active = window is not None and getattr(hf_config, "use_sliding_window", True)
     if active and window < ctx:
         warnings.warn(
             f"config has a sliding window of {window} tokens; lmnb_engine attends over the full "

@@ -183,6 +183,31 @@ def test_unknown_device_names_the_choices(tiny_llama):
             load_model(tiny_llama, device=device)
 
 
+def test_a_sliding_window_caps_the_context_only_where_a_layer_is_windowed(tiny_checkpoint_factory):
+    """Mistral's window caps the context (we attend over the whole sequence) and the refusal of a
+    longer prompt says so; a Qwen2 whose max_window_layers leaves no layer windowed attends fully in
+    transformers, so its context is not capped (it was) and long prompts match transformers."""
+    import warnings
+
+    from lmnb_engine import Engine, SamplingParams
+
+    with pytest.warns(UserWarning, match="sliding window of 32 tokens"):
+        lm = load_model(tiny_checkpoint_factory("mistral", sliding_window=32), device="cpu")
+    assert lm.config.context_len == 32
+    eng = Engine(model=str(lm.path))
+    try:
+        with pytest.raises(ValueError, match=r"context length of 32 tokens \(the checkpoint's sliding window: lmnb "
+                                             r"attends over the whole sequence, so it runs 32 of its 512 positions"):
+            eng.generate([5] * 40, SamplingParams(max_new_tokens=1))
+    finally:
+        eng.shutdown()
+    path = tiny_checkpoint_factory("qwen2", use_sliding_window=True, sliding_window=32, max_window_layers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no capping warning
+        lm = assert_matches_hf(path)  # TEXT is longer than the 32-token window
+    assert lm.config.context_len == 512 and len(lm.tokenizer(TEXT).input_ids) > 32
+
+
 def test_unsupported_rope_type(tiny_checkpoint_factory):
     path = tiny_checkpoint_factory("llama", rope_scaling={
         "rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
