@@ -61,6 +61,22 @@ def test_tied_embeddings(tiny_checkpoint_factory):
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
 
 
+def test_tied_embeddings_stored_as_the_head_alone(tiny_checkpoint_factory, tmp_path):
+    """A tied checkpoint whose one copy is named lm_head.weight: transformers ties it into the
+    embedding; lmnb refused it ("lacks model.embed_tokens.weight")."""
+
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_checkpoint_factory("qwen2", tie_word_embeddings=True)
+    dst = tmp_path / "head-only"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    lm = assert_matches_hf(dst)  # transformers' logits from the same file
+    assert torch.equal(lm.model.model.embed_tokens.weight, tensors["lm_head.weight"])
+
+
 def test_attention_bias_llama(tiny_checkpoint_factory):
     lm = assert_matches_hf(tiny_checkpoint_factory("llama", attention_bias=True, mlp_bias=True))
     assert lm.config.qkv_bias and lm.config.o_bias and lm.config.mlp_bias

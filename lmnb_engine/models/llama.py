@@ -192,8 +192,9 @@ class LlamaForCausalLM(nn.Module):
         """Copy checkpoint tensors (HF names, e.g. ``model.layers.0.self_attn.q_proj.weight``) in.
 
         Separate q/k/v and gate/up tensors go into their slices of the fused parameters; tensors
-        are cast to the model dtype. With tied embeddings a stored ``lm_head.weight`` is ignored,
-        and so are stored RoPE ``inv_freq`` buffers (recomputed from the config).
+        are cast to the model dtype. With tied embeddings a stored ``lm_head.weight`` is ignored
+        where the embedding is stored too, and fills it where it is not (transformers ties either
+        way); stored RoPE ``inv_freq`` buffers are ignored (recomputed from the config).
 
         Raises:
             ValueError: a tensor's shape does not match, the checkpoint has tensors the model has
@@ -203,9 +204,13 @@ class LlamaForCausalLM(nn.Module):
         """
         params = dict(self.named_parameters())
         loaded: set[tuple[str, str | None]] = set()
+        tied_head = None
         for name, tensor in weights:
-            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.config.tie_word_embeddings):
-                continue  # recomputed / shared, not loaded
+            if name.endswith("rotary_emb.inv_freq"):
+                continue  # recomputed from the config
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                tied_head = tensor  # shared: the embedding where one is stored, else this (as transformers ties)
+                continue
             m = _FUSED_RE.match(name)
             if m:
                 prefix, proj, kind = m.groups()
@@ -226,6 +231,10 @@ class LlamaForCausalLM(nn.Module):
                 )
             target.copy_(tensor)
             loaded.add((target_name, part))
+        embed = ("model.embed_tokens.weight", None)
+        if tied_head is not None and embed not in loaded and tuple(tied_head.shape) == tuple(params[embed[0]].shape):
+            params[embed[0]].copy_(tied_head)
+            loaded.add(embed)
         # named as the checkpoint spells them (k_proj, not our fused qkv_proj) so the user can look
         # for them in the checkpoint
         missing = [_checkpoint_name(n, part) for n, part in self._expected_parts() if (n, part) not in loaded]
