@@ -26,7 +26,8 @@ def load_tokenizer(path: Path) -> Any:
 
     Raises:
         ValueError: the files exist but transformers cannot build a fast tokenizer from them; a
-            JSON file that is not a JSON object is named as the cause.
+            JSON file that is not a JSON object is named as the cause, and a lone
+            ``tokenizer.model`` without the sentencepiece package gets the install command.
     """
     from transformers import AutoTokenizer
 
@@ -37,7 +38,14 @@ def load_tokenizer(path: Path) -> Any:
         # attribute 'get'"; on failure only (a large tokenizer.json costs a parse), name the file.
         for name in ("tokenizer_config.json", "tokenizer.json"):
             read_json(path / name)
-        raise ValueError(f"could not load the tokenizer in {path}: {type(e).__name__}: {e}") from None
+        hint = ""
+        if (path / "tokenizer.model").exists() and not (path / "tokenizer.json").exists():
+            import importlib.util
+
+            if importlib.util.find_spec("sentencepiece") is None:  # transformers' error then names tiktoken
+                hint = ("; the checkpoint has only a SentencePiece tokenizer.model, which needs the sentencepiece "
+                        "package to convert: pip install sentencepiece")
+        raise ValueError(f"could not load the tokenizer in {path}: {type(e).__name__}: {e}{hint}") from None
 
 
 _LFS_POINTER = b"version https://git-lfs.github.com/spec/"

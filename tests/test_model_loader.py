@@ -394,3 +394,19 @@ def test_other_safetensors_beside_model_safetensors_are_not_loaded(tiny_llama, t
     save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(8, 64)},
               ck / "adapter_model.safetensors")
     assert_matches_hf(ck)
+
+
+def test_a_sentencepiece_only_tokenizer_without_the_package_names_the_install(tmp_path, monkeypatch):
+    """A checkpoint with tokenizer.model and no tokenizer.json (older Llama/Mistral repos): without
+    sentencepiece, transformers' error said tiktoken was required."""
+    import importlib.util
+
+    from lmnb_engine.tokenizer import load_tokenizer
+
+    (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x05hello")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    with pytest.raises(ValueError, match=r"only a SentencePiece tokenizer\.model, which needs the sentencepiece "
+                                         r"package to convert: pip install sentencepiece$"):
+        load_tokenizer(tmp_path)
