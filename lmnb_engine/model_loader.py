@@ -31,6 +31,9 @@ DEMO_MODEL_PATH = Path(lmnb_engine.__file__).parent / "demo_model"
 
 # What a hub snapshot needs: config, weights, tokenizer files, chat template.
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt"]
+# Mistral's repos also hold its own format's weights (consolidated.safetensors), as large as the
+# model again; _safetensors_files never reads them
+_HUB_IGNORE = ["consolidated*.safetensors"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -198,7 +201,8 @@ def _from_hub(repo_id: str, random_weights: bool) -> Path:
 
     patterns = [p for p in _HUB_PATTERNS if not (random_weights and p == "*.safetensors")]
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, ignore_patterns=_HUB_IGNORE,
+                                      local_files_only=True))
     except Exception:  # not cached (the hub client raises several types); try the network below
         pass
     if _hub_offline():
@@ -208,7 +212,7 @@ def _from_hub(repo_id: str, random_weights: bool) -> Path:
             f"checkpoint directory, or run `hf download {repo_id}` where the network is reachable"
         )
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, ignore_patterns=_HUB_IGNORE))
     except Exception as e:
         raise FileNotFoundError(
             f"{repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "

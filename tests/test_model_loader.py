@@ -410,3 +410,29 @@ def test_a_sentencepiece_only_tokenizer_without_the_package_names_the_install(tm
     with pytest.raises(ValueError, match=r"only a SentencePiece tokenizer\.model, which needs the sentencepiece "
                                          r"package to convert: pip install sentencepiece$"):
         load_tokenizer(tmp_path)
+
+
+def test_a_hub_download_fetches_the_transformers_weights_but_not_mistrals_consolidated_copy(tmp_path, monkeypatch):
+    """Mistral repos hold consolidated.safetensors beside the HF shards: fetched, it doubled the
+    download (and the loader never reads it). The hub's own filter decides what the patterns fetch."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    calls = []
+
+    def snapshot_download(repo_id, **kw):
+        calls.append(kw)
+        raise OSError("not cached")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="downloads are off"):
+        load_model("mistralai/Mistral-7B-Instruct-v0.3")
+    repo = ["config.json", "generation_config.json", "model-00001-of-00003.safetensors",
+            "model.safetensors.index.json", "consolidated.safetensors", "params.json", "tokenizer.json",
+            "tokenizer.model", "tokenizer.model.v3", "tokenizer_config.json", "README.md", "pytorch_model.bin"]
+    fetched = list(filter_repo_objects(repo, allow_patterns=calls[0]["allow_patterns"],
+                                       ignore_patterns=calls[0]["ignore_patterns"]))
+    assert fetched == ["config.json", "generation_config.json", "model-00001-of-00003.safetensors",
+                       "model.safetensors.index.json", "params.json", "tokenizer.json", "tokenizer.model",
+                       "tokenizer_config.json"]
