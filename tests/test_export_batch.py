@@ -613,3 +613,18 @@ def test_row_copy_copies_the_containers_around_a_value_that_cannot_be_copied():
     assert copied["counts"] == {"a": 1, "b": 1} and copied["t"] == ([2, 3],) and copied["tags"] == {"x", "y"}
     plain = {"a": [1]}
     assert row_copy(plain) == plain and row_copy(plain)["a"] is not plain["a"]
+
+
+def test_a_row_with_a_huge_integer_or_deep_nesting_is_bad_input_not_a_crash(tmp_path):
+    """json.loads raises ValueError (not JSONDecodeError) for an integer of over 4300 digits and
+    RecursionError for arrays nested too deep: the job stopped with a traceback."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "a", "n": ' + "1" * 5000 + '}\n{"question": "b", "n": ' + "[" * 100000
+                    + "]" * 100000 + '}\n{"question": "c"}\n')
+    assert run_job(tmp_path, "--input", rows) == 1
+    results = by_row(read_results(tmp_path / "out.jsonl"))
+    assert [results[i]["status"] for i in range(3)] == ["bad_input", "bad_input", "ok"]
+    assert results[0]["error"].startswith("line 1: JSON this reader cannot hold: Exceeds the limit (4300 digits) "
+                                        "for integer string conversion: value has 5000 digits")
+    assert results[1]["error"].startswith("line 2: JSON this reader cannot hold: maximum recursion depth exceeded")
+    assert results[2]["variables"] == {"answer": "C"}

@@ -83,6 +83,8 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 error = f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start})"
             except json.JSONDecodeError as e:
                 error = f"line {lineno}: invalid JSON: {e.msg} at column {e.colno}"
+            except (ValueError, RecursionError) as e:  # (an integer of over 4300 digits; arrays nested too deep)
+                error = f"line {lineno}: JSON this reader cannot hold: {str(e).split(';')[0]}"
             else:
                 broken = _lone_surrogate(value)
                 if broken is not None:
