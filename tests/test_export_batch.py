@@ -628,3 +628,23 @@ def test_a_row_with_a_huge_integer_or_deep_nesting_is_bad_input_not_a_crash(tmp_
                                         "for integer string conversion: value has 5000 digits")
     assert results[1]["error"].startswith("line 2: JSON this reader cannot hold: maximum recursion depth exceeded")
     assert results[2]["variables"] == {"answer": "C"}
+
+
+def test_an_id_read_from_csv_is_the_row_a_jsonl_input_gave_as_a_number(tmp_path, capsys):
+    """With --id-field, JSON lines ids 1, 2 and the same table as CSV ("1", "2") were other keys:
+    the rerun ran every row again and the results file held each row twice."""
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": 1, "question": "a"}, {"id": 2, "question": "b"}])
+    assert run_job(tmp_path, "--input", rows, "--id-field", "id") == 0
+    before = out.read_bytes()
+    table = tmp_path / "rows.csv"
+    table.write_text("id,question\n1,a\n2,b\n3,c\n")
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", table, "--id-field", "id", backend=backend) == 2  # (its ids are other input)
+    assert "holds results for other input than" in capsys.readouterr().err
+    assert out.read_bytes() == before and backend.calls == []
+    write_rows(rows, [{"id": 7, "question": "a"}, {"id": "7", "question": "b"}])
+    assert run_job(tmp_path, "--input", rows, "--id-field", "id") == 1  # 7 and "7" in one input: one id twice
+    results = read_results(out)
+    assert [r["error"] for r in results if r["status"] == "bad_input"] == [
+        "line 2: id '7' appears again (first on line 1); ids must be unique"]

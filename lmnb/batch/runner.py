@@ -80,10 +80,11 @@ class RowRunner:
                     error = f"line {row.line}: no {id_field!r} field (--id-field {id_field})"
                 elif not isinstance(ident, (str, int)) or isinstance(ident, bool):
                     error = f"line {row.line}: the id field {id_field!r} must be a string or an integer, got {ident!r}"
-                elif ident in seen_ids:
-                    error = f"line {row.line}: id {ident!r} appears again (first on line {seen_ids[ident]}); ids must be unique"
+                elif str(ident) in seen_ids:  # (as row_key: 7 and "7" are one id)
+                    error = (f"line {row.line}: id {ident!r} appears again (first on line {seen_ids[str(ident)]}); "
+                             "ids must be unique")
                 else:
-                    seen_ids[ident] = row.line
+                    seen_ids[str(ident)] = row.line
                     base["id"] = ident
             if error is None:
                 missing = [f for f in self.job.inputs if f not in row.fields]

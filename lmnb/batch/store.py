@@ -51,9 +51,10 @@ def input_hash(fields: Any) -> str:
 
 
 def row_key(record: dict) -> tuple:
-    """The key a record is done under: ``("id", json of the id)`` if it has one, else ``("row", index)``."""
+    """The key a record is done under: ``("id", the id as text)`` if it has one, else ``("row", index)``.
+    An id read from CSV is text: ``"7"`` there is the row a JSON-lines input gave as ``7``."""
     if "id" in record:
-        return ("id", json.dumps(record["id"], sort_keys=True))
+        return ("id", str(record["id"]))
     return ("row", record["row"])
 
 
