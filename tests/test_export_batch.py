@@ -648,3 +648,22 @@ def test_an_id_read_from_csv_is_the_row_a_jsonl_input_gave_as_a_number(tmp_path,
     results = read_results(out)
     assert [r["error"] for r in results if r["status"] == "bad_input"] == [
         "line 2: id '7' appears again (first on line 1); ids must be unique"]
+
+
+def test_a_fixed_failed_row_is_refused_with_retry_errors_as_the_fix(tmp_path, capsys):
+    """The summary says "fix the input and run again with --retry-errors"; a rerun that forgot the
+    option was refused with "write to a new output file, or remove those rows' records"."""
+    out = tmp_path / "out.jsonl"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "a"}\n{"question": \n{"question": "boom"}\n')
+    assert run_job(tmp_path, "--input", rows) == 1
+    before = out.read_bytes()
+    capsys.readouterr()
+    write_rows(rows, [{"question": "a"}, {"question": "b"}, {"question": "c"}])
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert capsys.readouterr().err.endswith(
+        "2 rows, on lines 2, 3; their records are errors: run again with --retry-errors to run them on the input "
+        "as it is now\n")
+    assert out.read_bytes() == before
+    assert run_job(tmp_path, "--input", rows, "--retry-errors") == 0
+    assert {r["row"]: r["variables"]["answer"] for r in read_results(out)} == {0: "A", 1: "B", 2: "C"}

@@ -103,7 +103,7 @@ class RowRunner:
             key = row_key(base)
             if self.store.done(key):
                 if not self.store.same_input(key, base["input_hash"]):
-                    changed.append(row)
+                    changed.append((row, key))
                 self.skipped += 1
                 continue
             if error is not None:
@@ -117,14 +117,17 @@ class RowRunner:
             self.write({**base, "status": BAD_INPUT, "error": error})
         return todo
 
-    def _changed_input(self, changed: list[InputRow]) -> str:
-        lines = ", ".join(str(r.line) for r in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    def _changed_input(self, changed: list[tuple[InputRow, tuple]]) -> str:
+        lines = ", ".join(str(r.line) for r, _ in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         keyed = (f"by --id-field {self.args.id_field}" if self.args.id_field
                  else "by their position in the input (--id-field keys them by an id instead)")
+        if all(key in self.store.failed for _, key in changed):  # (the input was fixed, as the summary asked)
+            fix = "their records are errors: run again with --retry-errors to run them on the input as it is now"
+        else:
+            fix = "write to a new output file, or remove those rows' records to run them again"
         return (f"{self.store.path} holds results for other input than {self.args.input} has now under the same keys "
                 f"(rows are keyed {keyed}): {len(changed)} row{'s' if len(changed) > 1 else ''}, on line"
-                f"{'s' if len(changed) > 1 else ''} {lines}; write to a new output file, or remove those rows' "
-                "records to run them again")
+                f"{'s' if len(changed) > 1 else ''} {lines}; {fix}")
 
     def write(self, record: dict) -> None:
         """Append one row's ``record`` to the output and count it by status."""

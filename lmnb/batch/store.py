@@ -79,6 +79,7 @@ class ResultStore:
         self.other_script = 0
         self.keys: set = set()
         self.input_hashes: dict[tuple, str] = {}  # key → input_hash of the done row (records that have one)
+        self.failed: set = set()  # keys of done rows whose records are errors (status error or bad_input)
         self.counts = {OK: 0, ERROR: 0, BAD_INPUT: 0}
         self.repaired = False  # a torn last line was cut off by open()
         self.retried = 0  # error records dropped by open(retry_errors=True)
@@ -120,6 +121,8 @@ class ResultStore:
                 self.other_script += 1
             status = record.get("status")
             self.counts[status if status in self.counts else ERROR] += 1
+            if status != OK:
+                self.failed.add(key)
 
     def _locked_fd(self) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
