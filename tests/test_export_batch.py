@@ -667,3 +667,33 @@ def test_a_fixed_failed_row_is_refused_with_retry_errors_as_the_fix(tmp_path, ca
     assert out.read_bytes() == before
     assert run_job(tmp_path, "--input", rows, "--retry-errors") == 0
     assert {r["row"]: r["variables"]["answer"] for r in read_results(out)} == {0: "A", 1: "B", 2: "C"}
+
+
+def test_a_run_that_opened_the_file_just_before_a_retry_errors_run_replaced_it_writes_to_the_new_file(
+        tmp_path, monkeypatch):
+    """--retry-errors renames a rewritten file over the output, then drops its lock on the old one:
+    a run that had opened the old file just before took that lock and appended its rows to a
+    deleted file (they were lost)."""
+    import os
+
+    from lmnb.batch import store as store_module
+
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"row": 0, "status": "ok"}\n{"row": 1, "status": "error"}\n')
+    real_open, opened = os.open, []
+
+    def open_then_replaced(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        if not opened:  # the other run's os.replace lands between this open and the lock
+            opened.append(fd)
+            (tmp_path / "new").write_text('{"row": 0, "status": "ok"}\n')
+            os.replace(tmp_path / "new", out)
+        return fd
+
+    monkeypatch.setattr(store_module.os, "open", open_then_replaced)
+    store = ResultStore(out)
+    store.open()
+    store.write({"row": 2, "status": "ok"})
+    store.close()
+    assert [json.loads(line)["row"] for line in out.read_text().splitlines()] == [0, 2]
+    assert store.keys == {("row", 0), ("row", 2)}  # (row 1's error record was removed by the other run)

@@ -125,15 +125,26 @@ class ResultStore:
                 self.failed.add(key)
 
     def _locked_fd(self) -> int:
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        if fcntl is not None:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            if fcntl is None:
+                return fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
                 raise StoreError(f"another run is writing {self.path}; wait for it to finish "
                                  "(or stop it) before running again") from None
-        return fd
+            # A --retry-errors run renames a new file over the path and then drops its lock on the
+            # old one: a lock taken on that old file, opened just before, guards a file no one reads.
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                now = None
+            opened = os.fstat(fd)
+            if now is not None and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+                return fd
+            os.close(fd)
 
     def _load(self) -> list[tuple[bytes, dict]]:
         with open(self.path, "rb") as f:
