@@ -697,3 +697,19 @@ def test_a_run_that_opened_the_file_just_before_a_retry_errors_run_replaced_it_w
     store.close()
     assert [json.loads(line)["row"] for line in out.read_text().splitlines()] == [0, 2]
     assert store.keys == {("row", 0), ("row", 2)}  # (row 1's error record was removed by the other run)
+
+
+def test_retry_errors_with_changed_input_is_refused_before_it_removes_the_error_records(tmp_path, capsys):
+    """The refusal of a rerun whose input changed under a done row came after --retry-errors had
+    already rewritten the file without its error records."""
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "boom"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    before = out.read_bytes()
+    write_rows(rows, [{"question": "changed"}, {"question": "fixed"}])
+    assert run_job(tmp_path, "--input", rows, "--retry-errors") == 2
+    assert "holds results for other input than" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    write_rows(rows, [{"question": "a"}, {"question": "fixed"}])
+    assert run_job(tmp_path, "--input", rows, "--retry-errors") == 0
+    assert {r["row"]: r["variables"]["answer"] for r in read_results(out)} == {0: "A", 1: "FIXED"}

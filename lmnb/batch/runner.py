@@ -112,6 +112,7 @@ class RowRunner:
             todo.append((row, base))
         if changed:
             raise StoreError(self._changed_input(changed))
+        self.store.drop_retried()  # (--retry-errors: not before the input is known to fit the file)
         for base, error in bad:
             print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
             self.write({**base, "status": BAD_INPUT, "error": error})

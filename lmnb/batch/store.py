@@ -83,14 +83,16 @@ class ResultStore:
         self.counts = {OK: 0, ERROR: 0, BAD_INPUT: 0}
         self.repaired = False  # a torn last line was cut off by open()
         self.retried = 0  # error records dropped by open(retry_errors=True)
+        self._kept_lines: Optional[list[bytes]] = None  # the file without them, until drop_retried() writes it
         self._fd: Optional[int] = None
 
     # -- opening ------------------------------------------------------------------------------------
     def open(self, retry_errors: bool = False) -> None:
         """Lock the file (creating it), cut off a torn last line and load the keys of done rows.
 
-        With ``retry_errors`` the records of failed rows are removed first (the file is rewritten
-        to a temporary file and renamed over the old one), so those rows run again.
+        With ``retry_errors`` the records of failed rows are set aside, so those rows run again;
+        ``drop_retried`` (or the first ``write``) removes them from the file (it is rewritten to a
+        temporary file and renamed over the old one), once the run is sure to go on.
 
         Raises:
             StoreError: another run holds the lock, a line is not a JSON record, or the records
@@ -110,7 +112,7 @@ class ResultStore:
         if retry_errors and any(r.get("status") != OK for _, r in records):
             kept = [(line, r) for line, r in records if r.get("status") == OK]
             self.retried = len(records) - len(kept)
-            self._rewrite([line for line, _ in kept])
+            self._kept_lines = [line for line, _ in kept]
             records = kept
         for _, record in records:
             key = row_key(record)
@@ -201,6 +203,12 @@ class ResultStore:
         self._fd = self._locked_fd()
 
     # -- use --------------------------------------------------------------------------------------
+    def drop_retried(self) -> None:
+        """Remove from the file the failed rows' records that ``open(retry_errors=True)`` set aside."""
+        if self._kept_lines is not None:
+            lines, self._kept_lines = self._kept_lines, None
+            self._rewrite(lines)
+
     def done(self, key: tuple) -> bool:
         """Whether a row with this key (see ``row_key``) is already in the file."""
         return key in self.keys
@@ -219,6 +227,7 @@ class ResultStore:
         key = row_key(record)
         if key in self.keys:
             raise StoreError(f"row {record['row']} is already in {self.path}; it is not written twice")
+        self.drop_retried()
         if self.settings is not None:
             record = {**record, "settings": self.settings}
         if self.script is not None:
