@@ -29,7 +29,8 @@ def code_fingerprint(func: Callable) -> Optional[str]:
     ``run_row``), or None where that file cannot be read (a function typed into a console).
 
     Comments, blank lines, layout and docstrings do not count (the syntax tree is hashed, without
-    docstrings); any other change of the code does: an edited cell gives another value.
+    docstrings, as ``ast.unparse`` writes it: ``ast.dump``'s text changes with the Python version);
+    any other change of the code does: an edited cell gives another value.
     """
     try:
         tree = ast.parse(open(inspect.getsourcefile(func), encoding="utf-8").read())
@@ -41,7 +42,7 @@ def code_fingerprint(func: Callable) -> Optional[str]:
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             del body[0]  # (the tree is only hashed, so a body left empty does no harm)
-    return hashlib.sha256(ast.dump(tree).encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(ast.unparse(tree).encode("utf-8")).hexdigest()[:16]
 
 
 def row_copy(value: Any) -> Any:
