@@ -641,7 +641,10 @@ def test_an_id_read_from_csv_is_the_row_a_jsonl_input_gave_as_a_number(tmp_path,
     table.write_text("id,question\n1,a\n2,b\n3,c\n")
     backend = ScriptedBackend(reply)
     assert run_job(tmp_path, "--input", table, "--id-field", "id", backend=backend) == 2  # (its ids are other input)
-    assert "holds results for other input than" in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith(
+        "2 rows, on lines 2, 3; write to a new output file, or remove those rows' records to run them again; if the "
+        "first run read these rows as JSON lines: CSV values are strings, so a number there (7) is other input than "
+        "the same digits here (\"7\")\n")
     assert out.read_bytes() == before and backend.calls == []
     write_rows(rows, [{"id": 7, "question": "a"}, {"id": "7", "question": "b"}])
     assert run_job(tmp_path, "--input", rows, "--id-field", "id") == 1  # 7 and "7" in one input: one id twice

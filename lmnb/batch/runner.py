@@ -14,7 +14,7 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from lmnb.batch.inputs import InputRow
+from lmnb.batch.inputs import InputRow, input_format
 from lmnb.batch.options import make_backend
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
@@ -126,6 +126,9 @@ class RowRunner:
             fix = "their records are errors: run again with --retry-errors to run them on the input as it is now"
         else:
             fix = "write to a new output file, or remove those rows' records to run them again"
+        if input_format(self.args.input, self.args.input_format) != "jsonl":  # (a table converted from JSON lines)
+            fix += ("; if the first run read these rows as JSON lines: CSV values are strings, so a number "
+                    "there (7) is other input than the same digits here (\"7\")")
         return (f"{self.store.path} holds results for other input than {self.args.input} has now under the same keys "
                 f"(rows are keyed {keyed}): {len(changed)} row{'s' if len(changed) > 1 else ''}, on line"
                 f"{'s' if len(changed) > 1 else ''} {lines}; {fix}")
