@@ -734,3 +734,30 @@ def test_the_code_fingerprint_is_the_same_under_every_python_version(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert code_fingerprint(module.run_row) == "88aa9da6967ce1cd"
+
+
+def test_a_full_disk_stops_the_job_naming_the_file_and_a_rerun_continues(tmp_path, capsys, monkeypatch):
+    """The job stopped with only "lmnb batch: [Errno 28] No space left on device"."""
+    import errno
+    import os
+
+    from lmnb.batch import store as store_module
+
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    real_write, calls = os.write, []
+
+    def write_until_full(fd, data):
+        calls.append(fd)
+        if len(calls) < 2:
+            return real_write(fd, data)
+        real_write(fd, bytes(data[:10]))  # part of the line fits
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "write", write_until_full)
+    assert run_job(tmp_path, "--input", rows, "--num-threads", 1) == 2
+    assert (f"lmnb batch: could not write row 1 to {out}: No space left on device; the rows written before it are "
+            "kept: make room, then run the same command again") in capsys.readouterr().err
+    monkeypatch.setattr(store_module.os, "write", real_write)
+    assert run_job(tmp_path, "--input", rows) == 0
+    assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2]

@@ -222,7 +222,8 @@ class ResultStore:
         """Append ``record`` as one line. Values JSON cannot hold are written as their ``repr``.
 
         Raises:
-            StoreError: the row's key is already in the file (the job never writes a row twice).
+            StoreError: the row's key is already in the file (the job never writes a row twice), or
+                the line could not be written (a full disk).
         """
         key = row_key(record)
         if key in self.keys:
@@ -238,8 +239,12 @@ class ResultStore:
         except UnicodeEncodeError:  # lone surrogates in generated text: escape them
             data = (json.dumps(record, ensure_ascii=True, default=_jsonable) + "\n").encode("ascii")
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as e:  # (a full disk: the job stops; a part of this line written is cut off on the rerun)
+            raise StoreError(f"could not write row {record['row']} to {self.path}: {e.strerror or e}; the rows "
+                             "written before it are kept: make room, then run the same command again") from None
         self.keys.add(key)
         status = record.get("status")
         self.counts[status if status in self.counts else ERROR] += 1
