@@ -761,3 +761,23 @@ def test_a_full_disk_stops_the_job_naming_the_file_and_a_rerun_continues(tmp_pat
     monkeypatch.setattr(store_module.os, "write", real_write)
     assert run_job(tmp_path, "--input", rows) == 0
     assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2]
+
+
+def test_a_whole_last_record_without_its_line_break_is_kept_not_run_again(tmp_path, capsys):
+    """An editor (or "\\n".join) left out the file's last line break: the whole record on that line
+    was cut off as one a killed run was writing, and its row ran again."""
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    edited = out.read_bytes().rstrip(b"\n")
+    out.write_bytes(edited)
+    capsys.readouterr()
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", rows, backend=backend) == 0
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Q: q2\nA:"]
+    assert "incomplete" not in capsys.readouterr().err
+    assert out.read_bytes().startswith(edited + b"\n")
+    assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2]
+    out.write_bytes(out.read_bytes() + b"  ")  # (spaces after the last line break: blank, like a blank line)
+    assert run_job(tmp_path, "--input", rows) == 0
+    assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2]

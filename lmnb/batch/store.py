@@ -5,8 +5,10 @@ How "exactly once" holds:
   reaches the operating system before the next row is considered done; a killed process loses at
   most the line it was writing.
 - A line without its newline at the end of the file is the one a killed run was writing: ``open``
-  cuts it off (that row runs again). Any other line that is not a JSON record means someone else
-  changed the file, and ``open`` refuses to continue instead of guessing.
+  cuts it off (that row runs again), unless it holds a whole record (an editor left out the last
+  line break): that is kept, and the next record starts with the line break. Any other line that
+  is not a JSON record means someone else changed the file, and ``open`` refuses to continue
+  instead of guessing.
 - Rows already in the file are skipped by key: ``("row", index)``, or ``("id", value)`` with
   ``--id-field``. Each record carries a hash of its row's input (``input_hash``), so a rerun whose
   input holds another row under that key is refused rather than skipping it, and a fingerprint
@@ -85,6 +87,7 @@ class ResultStore:
         self.retried = 0  # error records dropped by open(retry_errors=True)
         self._kept_lines: Optional[list[bytes]] = None  # the file without them, until drop_retried() writes it
         self._fd: Optional[int] = None
+        self._line_open = False  # the file's last line has no line break yet
 
     # -- opening ------------------------------------------------------------------------------------
     def open(self, retry_errors: bool = False) -> None:
@@ -156,15 +159,18 @@ class ResultStore:
         for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                record = None
-            if not isinstance(record, dict) or not isinstance(record.get("row"), int):
+            record = _record(line)
+            if record is None:
                 raise StoreError(_not_ours(self.path, lineno))
             records.append((line, record))
         tail = data[end:]
-        if tail:  # checked after every other line: a file that is not ours is never cut
+        if not tail.strip():
+            if tail:  # (blank: an editor's spaces)
+                os.ftruncate(self._fd, end)
+        elif _record(tail) is not None:  # a whole record that lost its line break (an edit): kept, and
+            records.append((tail, _record(tail)))  # the next write starts with the line break
+            self._line_open = True
+        else:  # checked after every other line: a file that is not ours is never cut
             if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)):
                 raise StoreError(_not_ours(self.path, data[:end].count(b"\n") + 1))
             # The tail after the last newline is a record a killed run did not finish writing.
@@ -199,6 +205,7 @@ class ResultStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        self._line_open = False
         os.close(self._fd)
         self._fd = self._locked_fd()
 
@@ -238,6 +245,8 @@ class ResultStore:
             data = (text + "\n").encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates in generated text: escape them
             data = (json.dumps(record, ensure_ascii=True, default=_jsonable) + "\n").encode("ascii")
+        if self._line_open:
+            data = b"\n" + data
         view = memoryview(data)
         try:
             while view:
@@ -245,6 +254,7 @@ class ResultStore:
         except OSError as e:  # (a full disk: the job stops; a part of this line written is cut off on the rerun)
             raise StoreError(f"could not write row {record['row']} to {self.path}: {e.strerror or e}; the rows "
                              "written before it are kept: make room, then run the same command again") from None
+        self._line_open = False
         self.keys.add(key)
         status = record.get("status")
         self.counts[status if status in self.counts else ERROR] += 1
@@ -254,6 +264,15 @@ class ResultStore:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _record(line: bytes) -> Optional[dict]:
+    """The result record on ``line``, or None if it holds none."""
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("row"), int) else None
 
 
 def _jsonable(value: Any) -> Any:
