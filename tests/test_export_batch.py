@@ -781,3 +781,20 @@ def test_a_whole_last_record_without_its_line_break_is_kept_not_run_again(tmp_pa
     out.write_bytes(out.read_bytes() + b"  ")  # (spaces after the last line break: blank, like a blank line)
     assert run_job(tmp_path, "--input", rows) == 0
     assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2]
+
+
+def test_row_copy_copies_the_list_in_a_namedtuple_beside_a_value_that_cannot_be_copied():
+    """A namedtuple (a tuple subclass) was shared whole when deepcopy failed: a row that appended
+    to its list changed the next row's starting value."""
+    import collections
+    import threading
+
+    from lmnb.batch import row_copy
+
+    Setup = collections.namedtuple("Setup", "examples lock")
+    lock = threading.Lock()
+    value = {"setup": Setup(["a"], lock)}
+    copied = row_copy(value)
+    copied["setup"].examples.append("b")
+    assert value == {"setup": Setup(["a"], lock)}
+    assert type(copied["setup"]) is Setup and copied["setup"] == Setup(["a", "b"], lock)

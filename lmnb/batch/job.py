@@ -75,8 +75,9 @@ def _copy_containers(value: Any, memo: dict) -> Any:
         for k in range(len(out)) if isinstance(out, list) else list(out):
             out[k] = _copy_containers(out[k], memo)
         return out
-    if isinstance(value, tuple) and type(value) is tuple:
-        out = memo[id(value)] = tuple(_copy_containers(v, memo) for v in value)
+    if isinstance(value, tuple) and (type(value) is tuple or hasattr(type(value), "_make")):  # (a namedtuple)
+        items = [_copy_containers(v, memo) for v in value]
+        out = memo[id(value)] = tuple(items) if type(value) is tuple else type(value)._make(items)
         return out
     if isinstance(value, (set, bytearray)):
         out = memo[id(value)] = copy.copy(value)  # (set members are hashable, so not changed in place)
