@@ -798,3 +798,14 @@ def test_row_copy_copies_the_list_in_a_namedtuple_beside_a_value_that_cannot_be_
     copied["setup"].examples.append("b")
     assert value == {"setup": Setup(["a"], lock)}
     assert type(copied["setup"]) is Setup and copied["setup"] == Setup(["a", "b"], lock)
+
+
+def test_a_csv_appended_with_its_header_does_not_run_the_header_as_a_row(tmp_path):
+    """cat more.csv >> rows.csv: the second header ran as a row whose question was "question"."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("question,n\na,1\nquestion,n\nb,2\n")
+    assert run_job(tmp_path, "--input", rows) == 1
+    results = by_row(read_results(tmp_path / "out.jsonl"))
+    assert results[1] == {**results[1], "status": "bad_input",
+                          "error": "line 3: the header again (a file appended with its header?); remove the line"}
+    assert results[0]["variables"] == {"answer": "A"} and results[2]["variables"] == {"answer": "B"}

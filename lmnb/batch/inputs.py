@@ -144,6 +144,9 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
             if len(record) != len(header):
                 error = f"line {start}: {len(record)} values for {len(header)} columns ({', '.join(header)})"
                 yield InputRow(index, start, None, error)
+            elif record == header:  # (cat more.csv >> rows.csv: a row of the column names would run as data)
+                yield InputRow(index, start, None, f"line {start}: the header again (a file appended with its "
+                                                   "header?); remove the line")
             else:
                 yield InputRow(index, start, dict(zip(header, record)))
             index += 1
