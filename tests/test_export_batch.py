@@ -809,3 +809,19 @@ def test_a_csv_appended_with_its_header_does_not_run_the_header_as_a_row(tmp_pat
     assert results[1] == {**results[1], "status": "bad_input",
                           "error": "line 3: the header again (a file appended with its header?); remove the line"}
     assert results[0]["variables"] == {"answer": "A"} and results[2]["variables"] == {"answer": "B"}
+
+
+def test_retry_errors_on_an_output_that_is_a_symbolic_link_rewrites_the_file_it_points_to(tmp_path):
+    """The rewritten file replaced the link itself: the file it pointed to (on a shared disk, say)
+    kept the old error records and never got the rerun's rows."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    target = shared / "results.jsonl"
+    (tmp_path / "out.jsonl").symlink_to(target)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "boom"}, {"question": "c"}])
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 1
+    fixed = ScriptedBackend(lambda prompt, params: "OK")
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", backend=fixed) == 0
+    assert (tmp_path / "out.jsonl").is_symlink()
+    assert {r["row"]: r["variables"]["answer"] for r in read_results(target)} == {0: "A", 1: "OK", 2: "OK"}
+    assert sorted(p.name for p in shared.iterdir()) == ["results.jsonl"]

@@ -199,12 +199,13 @@ class ResultStore:
                          "options as the first run, or write to a new output file")
 
     def _rewrite(self, lines: list[bytes]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        target = Path(os.path.realpath(self.path))  # (a symbolic link stays one, to the rewritten file)
+        tmp = target.with_name(target.name + ".tmp")
         with open(tmp, "wb") as f:
             f.writelines(line + b"\n" for line in lines)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        os.replace(tmp, target)
         self._line_open = False
         os.close(self._fd)
         self._fd = self._locked_fd()
