@@ -825,3 +825,20 @@ def test_retry_errors_on_an_output_that_is_a_symbolic_link_rewrites_the_file_it_
     assert (tmp_path / "out.jsonl").is_symlink()
     assert {r["row"]: r["variables"]["answer"] for r in read_results(target)} == {0: "A", 1: "OK", 2: "OK"}
     assert sorted(p.name for p in shared.iterdir()) == ["results.jsonl"]
+
+
+def test_a_results_file_holding_a_row_twice_is_refused_not_counted_twice(tmp_path, capsys):
+    """Two results files joined (cat a.jsonl b.jsonl > out.jsonl): a row in both was counted twice
+    ("4 rows" for 3) and the rerun went on as if the file were one run's results."""
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    first = out.read_bytes()
+    out.write_bytes(first + first.splitlines(keepends=True)[0])
+    joined = out.read_bytes()
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert capsys.readouterr().err == (
+        f"lmnb batch: {out} holds two records of row {json.loads(first.splitlines()[0])['row']}, so it is not one "
+        "run's results (two files joined?); keep one record of each row, or write to a new output file\n")
+    assert out.read_bytes() == joined

@@ -98,8 +98,8 @@ class ResultStore:
         temporary file and renamed over the old one), once the run is sure to go on.
 
         Raises:
-            StoreError: another run holds the lock, a line is not a JSON record, or the records
-                were keyed differently (with/without ``--id-field``).
+            StoreError: another run holds the lock, a line is not a JSON record, the records
+                were keyed differently (with/without ``--id-field``), or a row has two records.
         """
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"the folder of the output file {self.path} does not exist")
@@ -119,6 +119,10 @@ class ResultStore:
             records = kept
         for _, record in records:
             key = row_key(record)
+            if key in self.keys:  # (the job writes each key once: two result files joined, say)
+                what = f"id {record['id']!r}" if key[0] == "id" else f"row {record['row']}"
+                raise StoreError(f"{self.path} holds two records of {what}, so it is not one run's results (two "
+                                 "files joined?); keep one record of each row, or write to a new output file")
             self.keys.add(key)
             if isinstance(record.get("input_hash"), str):
                 self.input_hashes[key] = record["input_hash"]
