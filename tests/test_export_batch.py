@@ -842,3 +842,19 @@ def test_a_results_file_holding_a_row_twice_is_refused_not_counted_twice(tmp_pat
         f"lmnb batch: {out} holds two records of row {json.loads(first.splitlines()[0])['row']}, so it is not one "
         "run's results (two files joined?); keep one record of each row, or write to a new output file\n")
     assert out.read_bytes() == joined
+
+
+def test_retry_errors_keeps_the_results_files_permissions(tmp_path):
+    """The rewritten file was created with the default mode: a results file made private (0600)
+    became readable by everyone."""
+    import os
+    import stat
+
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "boom"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    os.chmod(out, 0o600)
+    fixed = ScriptedBackend(lambda prompt, params: "OK")
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", backend=fixed) == 0
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert {r["row"]: r["status"] for r in read_results(out)} == {0: "ok", 1: "ok"}

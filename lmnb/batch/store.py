@@ -206,6 +206,8 @@ class ResultStore:
         target = Path(os.path.realpath(self.path))  # (a symbolic link stays one, to the rewritten file)
         tmp = target.with_name(target.name + ".tmp")
         with open(tmp, "wb") as f:
+            if hasattr(os, "fchmod"):  # (POSIX) a private file stays private
+                os.fchmod(f.fileno(), os.fstat(self._fd).st_mode & 0o7777)
             f.writelines(line + b"\n" for line in lines)
             f.flush()
             os.fsync(f.fileno())
