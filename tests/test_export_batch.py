@@ -858,3 +858,21 @@ def test_retry_errors_keeps_the_results_files_permissions(tmp_path):
     assert run_job(tmp_path, "--input", rows, "--retry-errors", backend=fixed) == 0
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
     assert {r["row"]: r["status"] for r in read_results(out)} == {0: "ok", 1: "ok"}
+
+
+def test_a_done_row_the_input_cannot_read_now_is_named_with_its_error(tmp_path, capsys):
+    """A row appended to an input without a last line break glued itself to the done last row: the
+    refusal said only "other input" and to write to a new output file."""
+    out = tmp_path / "out.jsonl"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "a"}\n{"question": "b"}')
+    assert run_job(tmp_path, "--input", rows) == 0
+    before = out.read_bytes()
+    with open(rows, "a") as f:
+        f.write('{"question": "c"}\n')
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert capsys.readouterr().err.endswith(
+        "1 row, on line 2; the input cannot be read there now: line 2: invalid JSON: Extra data at column 18; "
+        "fix the input and run again\n")
+    assert out.read_bytes() == before

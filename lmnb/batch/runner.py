@@ -122,8 +122,12 @@ class RowRunner:
         lines = ", ".join(str(r.line) for r, _ in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         keyed = (f"by --id-field {self.args.id_field}" if self.args.id_field
                  else "by their position in the input (--id-field keys them by an id instead)")
+        unreadable = [r.error for r, key in changed if r.error is not None and key not in self.store.failed]
         if all(key in self.store.failed for _, key in changed):  # (the input was fixed, as the summary asked)
             fix = "their records are errors: run again with --retry-errors to run them on the input as it is now"
+        elif unreadable:  # (a done row broken by an edit: `echo ROW >> rows.jsonl`, no last line break)
+            more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
+            fix = f"the input cannot be read there now: {unreadable[0]}{more}; fix the input and run again"
         else:
             fix = "write to a new output file, or remove those rows' records to run them again"
         if input_format(self.args.input, self.args.input_format) != "jsonl":  # (a table converted from JSON lines)
