@@ -876,3 +876,14 @@ def test_a_done_row_the_input_cannot_read_now_is_named_with_its_error(tmp_path, 
         "1 row, on line 2; the input cannot be read there now: line 2: invalid JSON: Extra data at column 18; "
         "fix the input and run again\n")
     assert out.read_bytes() == before
+
+
+def test_a_results_line_json_cannot_hold_is_refused_with_its_line_number(tmp_path, capsys):
+    """A hand-edited line with an integer of over 4300 digits stopped the job with a ValueError traceback."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    out = tmp_path / "out.jsonl"
+    content = '{"row": 0, "status": "ok"}\n{"row": 1, "n": ' + "1" * 5000 + "}\n"
+    out.write_text(content)
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert f"{out} line 2 is not a result record of this job" in capsys.readouterr().err
+    assert out.read_text() == content

@@ -277,7 +277,7 @@ def _record(line: bytes) -> Optional[dict]:
     """The result record on ``line``, or None if it holds none."""
     try:
         record = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # (also an integer of over 4300 digits)
         return None
     return record if isinstance(record, dict) and isinstance(record.get("row"), int) else None
 
