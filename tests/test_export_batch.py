@@ -532,6 +532,19 @@ def test_a_rerun_whose_input_changed_under_done_rows_is_refused_and_writes_nothi
     assert {r["row"]: r["variables"]["answer"] for r in read_results(out)} == {0: "Q0", 1: "Q1", 2: "Q2"}
 
 
+def test_a_column_the_program_does_not_read_does_not_change_a_done_rows_input(tmp_path):
+    """input_hash covered every column: adding one the program never reads (a gold answer for
+    scoring) made every done row "other input" and the rerun was refused."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(2)])
+    assert run_job(tmp_path, "--input", rows, "--limit", 1) == 0
+    write_rows(rows, [{"question": "q0", "gold": "Q0"}, {"question": "q1", "gold": "Q1"}])
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", rows, backend=backend) == 0
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Q: q1\nA:"]
+    write_rows(rows, [{"question": "other", "gold": "Q0"}, {"question": "q1", "gold": "Q1"}])
+    assert run_job(tmp_path, "--input", rows) == 2  # the field it reads changed: refused
+
+
 def test_blank_lines_in_the_results_file_are_ignored(tmp_path):
     """An editor that saved the file with an empty last line made every rerun refuse it."""
     out = tmp_path / "out.jsonl"
@@ -640,12 +653,13 @@ def test_an_id_read_from_csv_is_the_row_a_jsonl_input_gave_as_a_number(tmp_path,
     table = tmp_path / "rows.csv"
     table.write_text("id,question\n1,a\n2,b\n3,c\n")
     backend = ScriptedBackend(reply)
-    assert run_job(tmp_path, "--input", table, "--id-field", "id", backend=backend) == 2  # (its ids are other input)
-    assert capsys.readouterr().err.endswith(
-        "2 rows, on lines 2, 3; write to a new output file, or remove those rows' records to run them again; if the "
-        "first run read these rows as JSON lines: CSV values are strings, so a number there (7) is other input than "
-        "the same digits here (\"7\")\n")
-    assert out.read_bytes() == before and backend.calls == []
+    # the same rows: only the new one runs (the ids are keyed as text; the question, which the
+    # program reads, is the same string either way)
+    assert run_job(tmp_path, "--input", table, "--id-field", "id", backend=backend) == 0
+    assert out.read_bytes().startswith(before)
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Q: c\nA:"]
+    assert sorted(str(r["id"]) for r in read_results(out)) == ["1", "2", "3"]
+    out.write_bytes(before)
     write_rows(rows, [{"id": 7, "question": "a"}, {"id": "7", "question": "b"}])
     assert run_job(tmp_path, "--input", rows, "--id-field", "id") == 1  # 7 and "7" in one input: one id twice
     results = read_results(out)
@@ -887,3 +901,18 @@ def test_a_results_line_json_cannot_hold_is_refused_with_its_line_number(tmp_pat
     assert run_job(tmp_path, "--input", rows) == 2
     assert f"{out} line 2 is not a result record of this job" in capsys.readouterr().err
     assert out.read_text() == content
+
+
+def test_a_csv_rerun_of_a_number_the_program_read_names_csvs_strings(tmp_path, capsys):
+    """The program read 7 from JSON lines; the CSV copy gives "7": other input, and the refusal
+    says why the same table differs."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": 7}])
+    run_job(tmp_path, "--input", rows)  # (the row fails: the program adds a str and an int; it is done)
+    table = tmp_path / "rows.csv"
+    table.write_text("question\n7\n")
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", table) == 2
+    assert capsys.readouterr().err.endswith(
+        "1 row, on line 2; their records are errors: run again with --retry-errors to run them on the input as it "
+        "is now; if the first run read these rows as JSON lines: CSV values are strings, so a number there (7) is "
+        "other input than the same digits here (\"7\")\n")

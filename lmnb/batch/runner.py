@@ -72,7 +72,7 @@ class RowRunner:
         todo, seen_ids, bad, changed = [], {}, [], []
         id_field = self.args.id_field
         for row in self.rows:
-            base: dict = {"row": row.index, "line": row.line, "input_hash": input_hash(row.fields)}
+            base: dict = {"row": row.index, "line": row.line, "input_hash": input_hash(self._program_input(row))}
             error = row.error
             if error is None and id_field is not None:
                 ident = row.fields.get(id_field)
@@ -117,6 +117,13 @@ class RowRunner:
             print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
             self.write({**base, "status": BAD_INPUT, "error": error})
         return todo
+
+    def _program_input(self, row: InputRow):
+        """What ``run_row`` reads of a row: its ``Job.inputs`` fields. Other columns (a gold answer
+        added for scoring later) do not make a done row's input another one."""
+        if not isinstance(row.fields, dict):
+            return row.fields
+        return {name: row.fields.get(name) for name in self.job.inputs}
 
     def _changed_input(self, changed: list[tuple[InputRow, tuple]]) -> str:
         lines = ", ".join(str(r.line) for r, _ in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")

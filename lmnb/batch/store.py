@@ -10,9 +10,10 @@ How "exactly once" holds:
   is not a JSON record means someone else changed the file, and ``open`` refuses to continue
   instead of guessing.
 - Rows already in the file are skipped by key: ``("row", index)``, or ``("id", value)`` with
-  ``--id-field``. Each record carries a hash of its row's input (``input_hash``), so a rerun whose
-  input holds another row under that key is refused rather than skipping it, and a fingerprint
-  of the script's code (``script``), so records written by an edited script are counted and named.
+  ``--id-field``. Each record carries a hash of the row's fields the program reads
+  (``input_hash``), so a rerun whose input holds another row under that key is refused rather than
+  skipping it, and a fingerprint of the script's code (``script``), so records written by an
+  edited script are counted and named.
 - Blank lines (an editor's trailing newline) are ignored.
 - An exclusive ``flock`` on the file keeps a second run from appending to it at the same time.
 """
@@ -47,7 +48,8 @@ class StoreError(RuntimeError):
 
 
 def input_hash(fields: Any) -> str:
-    """A short sha256 of one input row's fields (key order does not count), stored as ``input_hash``."""
+    """A short sha256 of one input row's fields that the program reads (key order does not count),
+    stored as ``input_hash``."""
     text = json.dumps(fields, sort_keys=True, ensure_ascii=True, default=repr)
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
 
