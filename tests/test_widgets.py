@@ -567,6 +567,8 @@ def test_finish_replaces_the_live_output_in_place(comms, shell):
     assert spans(bundle["text/html"], "lmnb-cached") == ["a"]
     assert len(BeautifulSoup(bundle["text/html"], "html.parser").select("td.lmnb-lane")) == 2
     assert _run_comm(comms).sent[-1][0] == "comm_close"
+    # every comm the view opened is closed (the Layout's was left open: one more per live cell)
+    assert [c.sent[-1][0] for c in comms] == ["comm_close"] * len(comms) and len(comms) == 2
     assert v.finished and v.finish() is bundle  # idempotent
 
 

@@ -446,8 +446,11 @@ class RunView:
         self._bundle = self._static_bundle()
         if self._handle is not None:
             self._handle.update(self._bundle, raw=True, metadata=self._metadata())
-        if self._widget is not None:
+        if self._widget is not None:  # and its Layout, a widget (a comm) of its own that close() leaves open
+            layout = getattr(self._widget, "layout", None)
             self._widget.close()
+            if layout is not None:
+                layout.close()
         return self._bundle
 
     # --- internals ----------------------------------------------------------------------------
