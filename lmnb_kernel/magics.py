@@ -234,6 +234,10 @@ class LMMagics(Magics):
                 _warn_shadowed_builtins(template.captures, ns)
         except TemplateError as e:
             raise CellError(str(e)) from None
+        if args.out and not args.python and args.out in template.captures:  # the state would replace the value
+            raise UsageError(f"--out {args.out} is also a variable the cell captures ({{gen {args.out}}}/"
+                             f"{{select {args.out}}}), which --out would overwrite with the program state; "
+                             f"give --out another name, e.g. --out {args.out}_state")
         if args.out:  # --out print hides print() as {gen print} does
             _warn_shadowed_builtins([args.out], ns)
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()

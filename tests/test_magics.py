@@ -177,6 +177,8 @@ def test_help_options_show_the_help(ip):
         ("%%lm --temperature warm\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got 'warm'"),
         ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
         ("%%lm --out 1x\nx", "--out '1x' is not a valid name: --out takes a Python variable name"),
+        # the summary said a = '...' while the kernel's a was the ProgramState
+        ("%%lm --out a\nX:{gen a max_tokens=1}", "--out a is also a variable the cell captures"),
         # it said only "is not a valid name", though '3bad' is all letters and digits
         ("%%lm --state 3bad\nx", "--state '3bad' is not a valid name: a state name starts with a letter or _"),
         ("%lm reset 3bad", "'3bad' is not a valid state name: a state name starts with a letter or _"),
