@@ -52,18 +52,19 @@ def line_parser() -> MagicArgumentParser:
     """The subcommands of the ``%lm`` line magic (load, connect, stats, tree, states, reset, flush, pin, unpin)."""
     p = MagicArgumentParser(prog="lm", description="Manage the kernel's LM session.")
     sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
-    add_load_arguments(sub.add_parser("load", prog="lm load", help="load a model into a new in-process engine now"))
-    add_connect_arguments(sub.add_parser("connect", prog="lm connect", help="run cells on a server instead"))
-    sub.add_parser("stats", prog="lm stats", help="cache hit rate, KV pool usage, evictions")
-    sub.add_parser("tree", prog="lm tree", help="the radix tree (refreshed after every cell; lmnb run keeps it as it was)")
-    sub.add_parser("states", prog="lm states", help="the named states")
-    s = sub.add_parser("reset", prog="lm reset", help="forget a named state (all without NAME)")
-    s.add_argument("name", nargs="?")
-    sub.add_parser("flush", prog="lm flush", help="evict every unpinned prefix from the radix cache")
-    s = sub.add_parser("pin", prog="lm pin", help="keep a named state's prefix in the cache")
-    s.add_argument("name")
-    s = sub.add_parser("unpin", prog="lm unpin", help="let a named state's prefix be evicted again")
-    s.add_argument("name")
+
+    def add(name: str, help: str):  # the help is also the description %lm NAME --help shows
+        return sub.add_parser(name, prog=f"lm {name}", help=help, description=help)
+
+    add_load_arguments(add("load", "load a model into a new in-process engine now"))
+    add_connect_arguments(add("connect", "run cells on a server instead"))
+    add("stats", "cache hit rate, KV pool usage, evictions")
+    add("tree", "the radix tree (refreshed after every cell; lmnb run keeps it as it was)")
+    add("states", "the named states")
+    add("reset", "forget a named state (all without NAME)").add_argument("name", nargs="?")
+    add("flush", "evict every unpinned prefix from the radix cache")
+    add("pin", "keep a named state's prefix in the cache").add_argument("name")
+    add("unpin", "let a named state's prefix be evicted again").add_argument("name")
     return p
 
 

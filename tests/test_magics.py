@@ -162,7 +162,10 @@ def test_a_load_error_other_than_a_missing_checkpoint_gives_the_engines_own_fix(
 def test_help_options_show_the_help(ip):
     # the parsers have no -h of their own: "%%lm --help" was "unrecognized arguments: --help"
     for cell, words in [("%%lm --help\nx", "--temperature"), ("%%lm -h\nx", "--max-tokens"),
-                        ("%lm load --help", "--max-total-tokens"), ("%lm -h", "SUBCOMMAND")]:
+                        ("%lm load --help", "--max-total-tokens"), ("%lm -h", "SUBCOMMAND"),
+                        # a subcommand without options showed only its usage line, "%lm stats"
+                        ("%lm stats --help", "cache hit rate, KV pool usage, evictions"),
+                        ("%lm flush -h", "evict every unpinned prefix")]:
         result, out = run(ip, cell)
         assert result.success and words in out.stdout, (cell, out.stdout, out.stderr)
 
