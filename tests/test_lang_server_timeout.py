@@ -97,6 +97,21 @@ def test_a_generate_or_a_stream_that_stalls_ends_with_the_same_error(stalling_ur
     backend.shutdown()
 
 
+def test_a_server_that_went_away_is_named_with_the_fix(stalling_url):
+    # a stopped `lmnb serve` failed the next cell with only "ConnectError: [Errno 111] Connection refused"
+    backend = lmnb.RuntimeEndpoint(stalling_url)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    backend.base_url = backend.client.base_url = gone  # (as if the server had stopped)
+    with pytest.raises(BackendError, match="^POST " + gone + "/generate stream: nothing answers at ") as e:
+        list(backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r1"))
+    assert "is the server running, and are the host and port right?" in str(e.value)
+    with pytest.raises(BackendError, match="^GET " + gone + "/get_model_info: nothing answers at "):
+        lmnb.RuntimeEndpoint(gone)
+    backend.shutdown()
+
+
 def test_the_default_is_ten_seconds_to_connect_and_ten_minutes_to_answer(stalling_url):
     backend = lmnb.RuntimeEndpoint(stalling_url)
     assert backend.client.timeout == httpx.Timeout(600.0, connect=10.0)

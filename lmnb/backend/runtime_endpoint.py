@@ -125,6 +125,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 f"{what}: the server at {self.base_url} sent nothing for {self.timeout:g} s (the read timeout); "
                 "check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., "
                 "timeout=SECONDS); --timeout SECONDS for %lm connect and for an exported job)")
+        if isinstance(e, self._httpx.ConnectError):  # refused: no server (any more) at that host and port
+            return BackendError(f"{what}: nothing answers at {self.base_url} ({type(e).__name__}: {e}); is the "
+                                "server running, and are the host and port right?")
         return BackendError(f"{what} failed: {type(e).__name__}: {e}")
 
     def get_chat_template(self) -> ChatTemplate:
