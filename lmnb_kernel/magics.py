@@ -235,6 +235,8 @@ class LMMagics(Magics):
                 _warn_shadowed_builtins(template.captures, ns)
         except TemplateError as e:
             raise CellError(str(e)) from None
+        except KeyboardInterrupt:  # (the first JSON schema check imports jsonschema: a second or so)
+            raise cell_interrupt("the cell was stopped while it was being read; nothing ran") from None
         if args.out and not args.python and args.out in template.captures:  # the state would replace the value
             raise UsageError(f"--out {args.out} is also a variable the cell captures ({{gen {args.out}}}/"
                              f"{{select {args.out}}}), which --out would overwrite with the program state; "

@@ -429,6 +429,22 @@ def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_en
     session.close()
 
 
+def test_ctrl_c_while_a_cell_is_read_stops_it_in_one_line(ip, monkeypatch):
+    # the first json_schema= cell spends a second importing jsonschema; Ctrl-C there showed 40 frames
+    import lmnb.template
+
+    def parse(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lmnb.template, "parse", parse)
+    magics = ip.magics_manager.registry["LMMagics"]
+    with pytest.raises(KeyboardInterrupt) as e:
+        magics.run_program("--static", "x{gen a max_tokens=1}\n")
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+    assert e.value._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped while it was being read; nothing ran"]
+
+
 def test_a_gen_with_n_samples_counts_every_sample_in_the_summary(ip):
     result, out = run(ip, "%%lm --static --temperature 0\nQ: name a colour\nA:{gen a n=2 max_tokens=3}")
     assert result.success, out.stdout
