@@ -156,6 +156,11 @@ class LMMagics(Magics):
             if args.command not in ("load", "connect"):
                 raise
             raise CellError(f"{e}\ncells still run on {self.session.current()}") from e.__cause__
+        except KeyboardInterrupt as e:  # e.g. %lm pin of a long state, waiting for its prefill
+            if hasattr(e, "_render_traceback_"):  # one line already (a load that finished first)
+                raise
+            kept = "; the state's pin is as it was" if args.command == "pin" else ""
+            raise cell_interrupt(f"%lm {args.command} was stopped{kept}") from None
         if args.command in ("load", "connect"):  # a new backend: the old cells' paths are gone with it
             self.recent_cells.clear()
             self.tree_view = None  # it showed the old engine's nodes (as ghosts, once refreshed)

@@ -445,6 +445,29 @@ def test_ctrl_c_while_a_cell_is_read_stops_it_in_one_line(ip, monkeypatch):
         "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped while it was being read; nothing ran"]
 
 
+def test_ctrl_c_during_a_line_magic_is_one_line(ip, monkeypatch):
+    # %lm pin of a long state waits for its prefill; Ctrl-C there showed the engine's and threading's frames
+    from lmnb_kernel import commands
+    from lmnb_kernel.errors import cell_interrupt
+
+    def stopped(args, session):
+        raise KeyboardInterrupt
+
+    def held(args, session):
+        raise cell_interrupt("stopped once the model had loaded")
+
+    monkeypatch.setattr(commands, "pin", stopped)
+    monkeypatch.setattr(commands, "load", held)
+    magics = ip.magics_manager.registry["LMMagics"]
+    with pytest.raises(KeyboardInterrupt) as e:
+        magics.run_command("pin chat")
+    assert e.value._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm pin was stopped; the state's pin is as it was"]
+    with pytest.raises(KeyboardInterrupt) as e:  # the load's own message is kept
+        magics.run_command("load")
+    assert e.value._render_traceback_() == ["\x1b[0;31mKeyboardInterrupt\x1b[0m: stopped once the model had loaded"]
+
+
 def test_a_gen_with_n_samples_counts_every_sample_in_the_summary(ip):
     result, out = run(ip, "%%lm --static --temperature 0\nQ: name a colour\nA:{gen a n=2 max_tokens=3}")
     assert result.success, out.stdout
