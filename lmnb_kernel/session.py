@@ -76,7 +76,10 @@ class EngineConfig:
         return self.model or os.environ.get(MODEL_ENV) or None
 
     def describe(self) -> str:
-        """The model in words, for messages."""
+        """The model in words, for messages (one taken from ``$LMNB_MODEL`` says so: a broken
+        variable made the first cell, and every ``%lm load``, fail on a path the notebook never named)."""
+        if not self.model and os.environ.get(MODEL_ENV):
+            return f"{os.environ[MODEL_ENV]} (from ${MODEL_ENV})"
         return self.model_name() or "the built-in demo model"
 
 

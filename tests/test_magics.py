@@ -429,6 +429,19 @@ def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_en
     session.close()
 
 
+def test_a_model_from_the_environment_is_named_as_such(monkeypatch):
+    from lmnb_kernel.errors import CellError
+
+    monkeypatch.setenv("LMNB_MODEL", "/no/such/model")
+    session = Session()
+    with pytest.raises(CellError) as e:
+        session.backend()
+    assert str(e.value).startswith("could not load /no/such/model (from $LMNB_MODEL): FileNotFoundError")
+    assert session.current() == "the in-process engine on /no/such/model (from $LMNB_MODEL) (it starts with the first %%lm cell)"
+    monkeypatch.delenv("LMNB_MODEL")
+    assert session.config.describe() == "the built-in demo model"
+
+
 def test_ctrl_c_while_a_cell_is_read_stops_it_in_one_line(ip, monkeypatch):
     # the first json_schema= cell spends a second importing jsonschema; Ctrl-C there showed 40 frames
     import lmnb.template
