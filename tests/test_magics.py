@@ -136,6 +136,10 @@ def test_a_result_named_like_a_builtin_is_flagged_once(ip):
     assert result.success and isinstance(ip.user_ns["vars"], lmnb.ProgramState)
     assert out.stderr.count("hides Python's builtin 'vars'") == 1
     del ip.user_ns["vars"]
+    # {gen lmnb} replaced the module: the next --python cell failed with "'str' object has no attribute 'gen'"
+    result, out = run(ip, "%%lm --quiet --temperature 0\nSay:{gen lmnb max_tokens=1}")
+    assert result.success and "the result 'lmnb' replaces the lmnb module" in out.stderr
+    ip.user_ns["lmnb"] = lmnb
 
 
 def test_quiet_shows_nothing_and_python_cells_share_the_engine(ip):
