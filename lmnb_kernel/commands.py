@@ -49,8 +49,10 @@ def connect(args, session: Session) -> None:
         raise CellError(f"could not connect to {args.url}: {e}{hint}") from e
     if args.openai:
         what += _served_models_note(backend, args, v1)
+    dropped = sorted(session.states)  # they ran on the old backend, as %lm load says
     session.connect(backend, what)
-    display({"text/plain": f"connected: {what}", "text/html": f"<div>connected: {_esc(what)}</div>"}, raw=True)
+    msg = f"connected: {what}" + (f"; named states dropped: {', '.join(dropped)}" if dropped else "")
+    display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
 
 
 def _served_models_note(backend, args, v1: bool) -> str:

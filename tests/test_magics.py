@@ -354,6 +354,24 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
         server.wait(30)
 
 
+def test_connect_says_which_named_states_it_drops(ip, monkeypatch):
+    # %lm load named the states it dropped; %lm connect dropped them (and their pins) without a word
+    class Server:
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(lmnb, "RuntimeEndpoint", lambda *args, **kwargs: Server())
+    with separate_session(ip) as session:
+        session.states["chat"] = object()
+        session.states["a.v2"] = object()
+        result, out = run(ip, "%lm connect http://127.0.0.1:1")
+        assert result.success and session.states == {}
+        assert out.outputs[0].data["text/plain"] == (
+            "connected: SGLang-protocol server http://127.0.0.1:1; named states dropped: a.v2, chat")
+        result, out = run(ip, "%lm connect http://127.0.0.1:2")  # none left: nothing to say
+        assert out.outputs[0].data["text/plain"] == "connected: SGLang-protocol server http://127.0.0.1:2"
+
+
 @pytest.mark.parametrize("cause, refused", [("ConnectTimeout", True), ("ReadTimeout", False)])
 def test_connect_tells_a_host_that_never_answers_from_a_server_that_is_slow_to(ip, monkeypatch, cause, refused):
     """A connect timeout (a firewalled host) is refused at connect time; a read timeout (a server
