@@ -54,9 +54,9 @@ TARGETS = [
 HIT_TARGET = 0.97  # achieved / optimal hit rate, every workload
 # What --cpu-hit-rates gives its tiny model, so that eviction and admission are the H200's: the KV
 # slots of Llama-2-7B there (bf16, 512 KiB per token; about 125 GiB free after 12.6 GiB of weights
-# on the 139 GiB card, times the default mem_fraction 0.8) and the GPU's max_running_requests.
+# on the 139 GiB card, times the default mem_fraction 0.8), with the engine's CUDA default of
+# max_running_requests (model_runner.DEFAULT_MAX_RUNNING).
 H200_POOL_TOKENS_7B = 200_000
-H200_MAX_RUNNING = 256
 
 
 class Suite:
@@ -139,8 +139,10 @@ class Suite:
         if self.smoke:
             return Engine(str(self._tiny()), device="cpu", max_total_tokens=16384, **kw)
         if self.hit_rates_only:  # the cache sees what it would on the H200: the same tokens, as many KV slots
+            from lmnb_engine.model_runner import DEFAULT_MAX_RUNNING
+
             return Engine(str(self._tiny()), device="cpu", max_total_tokens=H200_POOL_TOKENS_7B,
-                          max_running_requests=H200_MAX_RUNNING, **kw)
+                          max_running_requests=DEFAULT_MAX_RUNNING["cuda"], **kw)
         return Engine(model, random_weights=True, device="cuda", dtype="bfloat16", **kw)
 
     def hf_model(self, model: str):

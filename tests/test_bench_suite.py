@@ -87,7 +87,9 @@ def test_cpu_hit_rates_runs_full_workloads_with_lmnb_only(tmp_path, monkeypatch)
     (result_file,) = tmp_path.glob("*-hit-rates.json")
     res = json.loads(result_file.read_text())
     assert res["meta"]["hit_rates_only"] and res["errors"] == [] and res["roofline"] == {}
-    assert sizes == {"pool": gpu_suite.H200_POOL_TOKENS_7B, "running": gpu_suite.H200_MAX_RUNNING}
+    from lmnb_engine.model_runner import DEFAULT_MAX_RUNNING
+
+    assert sizes == {"pool": gpu_suite.H200_POOL_TOKENS_7B, "running": DEFAULT_MAX_RUNNING["cuda"]}
     m = res["models"]["tiny-llama"]
     assert m["micro"] == {} and list(m["workloads"]) == ["mmlu"]
     r = m["workloads"]["mmlu"]
