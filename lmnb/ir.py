@@ -196,7 +196,8 @@ class Expr:
         return ExprList([as_expr(other), self])
 
 
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# a lone UTF-16 surrogate: no Unicode character, so no tokenizer or UTF-8 encoder takes it
+LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def check_text(text: str, what: str) -> None:
@@ -207,7 +208,7 @@ def check_text(text: str, what: str) -> None:
     Raises:
         ValueError: naming the character, its position and the fix.
     """
-    found = _SURROGATE.search(text)
+    found = LONE_SURROGATE.search(text)
     if found is not None:
         i = found.start()
         raise ValueError(

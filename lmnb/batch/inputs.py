@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from lmnb.ir import LONE_SURROGATE
+
 FORMATS = ("jsonl", "csv", "tsv")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 
@@ -101,7 +103,7 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
 def _lone_surrogate(value, where: str = "the row") -> Optional[str]:
     """Where in a JSON value a string holds a lone surrogate (JSON's escapes allow one), or None."""
     if isinstance(value, str):
-        return where if any("\ud800" <= c <= "\udfff" for c in value) else None
+        return where if LONE_SURROGATE.search(value) else None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         found = _lone_surrogate(key, "a field name") if isinstance(key, str) else None
