@@ -173,8 +173,8 @@ class ResultStore:
         if not tail.strip():
             if tail:  # (blank: an editor's spaces)
                 os.ftruncate(self._fd, end)
-        elif _record(tail) is not None:  # a whole record that lost its line break (an edit): kept, and
-            records.append((tail, _record(tail)))  # the next write starts with the line break
+        elif (last := _record(tail)) is not None:  # a whole record that lost its line break (an edit):
+            records.append((tail, last))  # kept, and the next write starts with the line break
             self._line_open = True
         else:  # checked after every other line: a file that is not ours is never cut
             if not (tail.startswith(_RECORD_START) or _RECORD_START.startswith(tail)):
