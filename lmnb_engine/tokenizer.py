@@ -7,13 +7,38 @@ uses them so that the model code never touches tokenizer files.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 # Keys of generation_config.json that describe how the model's authors want it sampled.
 GENERATION_DEFAULT_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+# a lone UTF-16 surrogate (JSON's "\\ud800" escape parses to one): no Unicode character, so no
+# tokenizer or UTF-8 encoder takes it
+LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def find_lone_surrogate(value: Any) -> Optional[tuple[tuple, bool]]:
+    """Where the first lone surrogate is in a parsed JSON ``value`` (strings, lists, dicts), or None.
+
+    Returns:
+        ``(path, in_key)``: the keys and list indices from ``value`` down to the string holding it,
+        and whether that string is a dict key (the last element of ``path``) rather than a value.
+    """
+    if isinstance(value, str):
+        return ((), False) if LONE_SURROGATE.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and LONE_SURROGATE.search(key):
+            return (key,), True
+        found = find_lone_surrogate(item)
+        if found is not None:
+            return (key, *found[0]), found[1]
+    return None
 
 
 def has_tokenizer(path: Path) -> bool:

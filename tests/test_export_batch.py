@@ -920,3 +920,14 @@ def test_a_csv_rerun_of_a_number_the_program_read_names_csvs_strings(tmp_path, c
         "1 row, on line 2; their records are errors: run again with --retry-errors to run them on the input as it "
         "is now; if the first run read these rows as JSON lines: CSV values are strings, so a number there (7) is "
         "other input than the same digits here (\"7\")\n")
+
+
+def test_a_lone_surrogate_in_a_field_name_or_deep_in_a_field_is_named(tmp_path):
+    from lmnb.batch.inputs import read_rows
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"q\\udc00": "x"}\n{"question": "ok", "meta": {"tags": ["a", "\\udfff"]}}\n"\\ud800"\n'
+                    '{"question": "\\ud83d\\ude00"}\n')
+    errors = [row.error for row in read_rows(rows)]
+    assert [e.split(" holds")[0] if e else e for e in errors] == [
+        "line 1: a field name", "line 2: field 'meta'", "line 3: the row", None]

@@ -436,3 +436,17 @@ def test_a_hub_download_fetches_the_transformers_weights_but_not_mistrals_consol
     assert fetched == ["config.json", "generation_config.json", "model-00001-of-00003.safetensors",
                        "model.safetensors.index.json", "params.json", "tokenizer.json", "tokenizer.model",
                        "tokenizer_config.json"]
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("ok", None),
+    ("a\ud800", ((), False)),
+    ({"a": ["x", {"b": "\udfff"}]}, (("a", 1, "b"), False)),
+    ({"a": {"k\ud83d": "v"}}, (("a", "k\ud83d"), True)),
+    ({"a": "\U0001F600"}, None),  # (what JSON's "\\ud83d\\ude00" pair parses to)
+    ([1, None, 2.5, {"n": 3}], None),
+])
+def test_find_lone_surrogate_gives_the_path_to_the_first_one(value, expected):
+    from lmnb_engine.tokenizer import find_lone_surrogate
+
+    assert find_lone_surrogate(value) == expected

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from lmnb.ir import LONE_SURROGATE
+from lmnb_engine.tokenizer import find_lone_surrogate
 
 FORMATS = ("jsonl", "csv", "tsv")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -100,17 +100,13 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
             index += 1
 
 
-def _lone_surrogate(value, where: str = "the row") -> Optional[str]:
-    """Where in a JSON value a string holds a lone surrogate (JSON's escapes allow one), or None."""
-    if isinstance(value, str):
-        return where if LONE_SURROGATE.search(value) else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _lone_surrogate(key, "a field name") if isinstance(key, str) else None
-        found = found or _lone_surrogate(item, f"field {key!r}" if where == "the row" else where)
-        if found:
-            return found
-    return None
+def _lone_surrogate(value) -> Optional[str]:
+    """Where in a row's parsed JSON a string holds a lone surrogate (JSON's escapes allow one), or None."""
+    found = find_lone_surrogate(value)
+    if found is None:
+        return None
+    path, in_key = found
+    return "a field name" if in_key else f"field {path[0]!r}" if path else "the row"
 
 
 def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:

@@ -20,7 +20,6 @@ import base64
 import binascii
 import json
 import logging
-import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Optional
@@ -40,6 +39,7 @@ from lmnb_engine.http_server.protocol import (
     meta_info,
     sampling_params_from_json,
 )
+from lmnb_engine.tokenizer import find_lone_surrogate
 
 logger = logging.getLogger("lmnb.serve")
 
@@ -266,24 +266,11 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     return prompts, params, rids, batch, opts
 
 
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
-def _lone_surrogate(value: Any, where: str = "") -> Optional[str]:
-    """The place (``messages.0.content``; "" for the body itself) of the first string or key in a
-    parsed JSON ``value`` that holds a lone surrogate: JSON's ``\\ud800`` escape parses to one, and it
-    is not text any tokenizer or UTF-8 encoder takes. None when there is none."""
-    if isinstance(value, str):
-        return where if _SURROGATE.search(value) else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        place = f"{where}.{key}" if where else str(key)
-        if isinstance(key, str) and _SURROGATE.search(key):
-            return place
-        found = _lone_surrogate(item, place)
-        if found is not None:
-            return found
-    return None
+def _lone_surrogate_place(body: Any) -> Optional[str]:
+    """The place (``messages.0.content``; "" for the body itself) of the first lone surrogate in a
+    parsed JSON body, or None."""
+    found = find_lone_surrogate(body)
+    return None if found is None else ".".join(str(k) for k in found[0])
 
 
 def _flag(body: dict, key: str) -> bool:
@@ -346,7 +333,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def json_body(request: Request) -> Any:
         try:
             body = await request.json()
-            where = _lone_surrogate(body)
+            where = _lone_surrogate_place(body)
         except ValueError:
             raise RequestError("the body is not valid JSON") from None
         except RecursionError:  # (json's parser and the walk above recurse per level)
