@@ -809,7 +809,13 @@ class StreamExecutor:
         loop) yields from its value when the iteration begins, then the writes already queued; it
         ends once no gen of the variable is pending (SGLang's ends when the variable is set), so a
         write the body queues after that (after Python work between the gens) is not waited for:
-        iterate the whole text, or read ``s[var]`` after each gen, for those."""
+        iterate the whole text, or read ``s[var]`` after each gen, for those.
+
+        Raises:
+            ProgramError: once the text that arrived is yielded, when the state failed (or was
+                aborted) before the text, or the variable, was complete. SGLang's ends silently
+                there, so a loop printing a stream could not tell a cut-off answer from a whole one.
+        """
         pos, seen = None, -1
         while True:
             with self._cv:
@@ -830,7 +836,11 @@ class StreamExecutor:
                     pos = 0 if var_name is None else self.var_start.get(var_name, 0)
                 chunk = current[pos:]
                 pos = len(current)
+                failed = self.error_ is not None and (
+                    var_name is None or var_name in self._lost or var_name not in self.variables)
             if chunk:
                 yield chunk
+            if failed:
+                raise self.error_
             if done:
                 return

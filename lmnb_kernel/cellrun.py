@@ -18,6 +18,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from lmnb import ProgramError
+
 _DONE = object()
 
 
@@ -125,7 +127,10 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
 
     def wait() -> None:
         try:
-            for _ in state.text_iter():  # ends when the program body returned and all ran
+            try:
+                for _ in state.text_iter():  # ends when the program body returned and all ran
+                    pass
+            except ProgramError:  # (error() below gets it, once the body returned too)
                 pass
             err = state.error()
             if err is not None:

@@ -1051,8 +1051,52 @@ def test_an_exception_in_a_streamed_body_is_recorded_on_the_state():
         raise ZeroDivisionError("oops")
 
     st = prog.run(backend=ScriptedBackend(), stream=True)
-    assert "".join(st.text_iter()) == "a"
+    chunks = []
+    with pytest.raises(sgl.ProgramError, match="oops"):  # (after the text that came)
+        chunks.extend(st.text_iter())
+    assert "".join(chunks) == "a"
     assert "body of program 'prog'" in str(st.error()) and "oops" in str(st.error())
+
+
+class _FailingStream(ScriptedBackend):
+    """A gen of max_tokens=8 streams "abc", then the connection drops; others reply as scripted."""
+
+    def generate_stream(self, prompt, params, rid):
+        if params.max_new_tokens != 8:
+            yield from super().generate_stream(prompt, params, rid)
+            return
+        for i, ch in enumerate("abc"):
+            yield ch, {"id": rid, "completion_tokens": i + 1}
+        raise ConnectionError("the server went away")
+
+
+@pytest.mark.parametrize("var", [None, "x"])
+def test_text_iter_yields_what_came_then_raises_when_the_stream_fails(var):
+    # it ended silently (as SGLang's does): a loop printing the stream could not tell the cut-off
+    # "abc" from a whole answer
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("x", max_tokens=8)
+
+    st = prog.run(backend=_FailingStream(), stream=True)
+    chunks = []
+    with pytest.raises(sgl.ProgramError, match="the server went away"):
+        chunks.extend(st.text_iter(var))
+    assert "".join(chunks) == ("Q:abc" if var is None else "abc")
+    with pytest.raises(sgl.ProgramError, match="the server went away"):  # (read again: the same)
+        list(st.text_iter(var))
+
+
+def test_text_iter_of_a_variable_completed_before_a_later_failure_ends_without_raising():
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("a", max_tokens=2)
+        s += sgl.gen("x", max_tokens=8)
+
+    st = prog.run(backend=_FailingStream(lambda p, params: "ok"), stream=True)
+    assert "".join(st.text_iter("a")) == "ok"
+    assert isinstance(st.error(), sgl.ProgramError)
+    assert "".join(st.text_iter("a")) == "ok"
 
 
 def test_var_scope_captures_the_text_of_its_block_and_refuses_a_nested_scope_of_the_same_name():
