@@ -931,3 +931,20 @@ def test_a_lone_surrogate_in_a_field_name_or_deep_in_a_field_is_named(tmp_path):
     errors = [row.error for row in read_rows(rows)]
     assert [e.split(" holds")[0] if e else e for e in errors] == [
         "line 1: a field name", "line 2: field 'meta'", "line 3: the row", None]
+
+
+def test_a_local_model_directory_is_one_model_however_it_is_spelled(tmp_path, monkeypatch):
+    """`--model ckpt` then `--model ./ckpt/` (or its absolute path, or a link to it) was refused as
+    a rerun with other settings; another directory still is."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(4)])
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    assert run_job(tmp_path, "--input", rows, "--limit", 1, "--model", "ckpt") == 0
+    assert read_results(tmp_path / "out.jsonl")[0]["settings"]["--model"] == str((tmp_path / "ckpt").resolve())
+    for n, spelling in enumerate(["./ckpt/", tmp_path / "ckpt", "link"], start=2):
+        assert run_job(tmp_path, "--input", rows, "--limit", n, "--model", spelling) == 0
+    assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == [0, 1, 2, 3]
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", "--model", "other") == 2
+    assert run_job(tmp_path, "--input", rows, "--model", "/models/not-a-directory") == 2  # (a hub id: as given)
