@@ -20,7 +20,16 @@ def load(args, session: Session) -> None:
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
                           max_total_tokens=args.max_total_tokens, random_weights=args.random_weights)
     dropped = sorted(session.states)  # they ran on the old engine, whose cache goes with it
-    session.load(config)
+    try:
+        session.load(config)
+    except KeyboardInterrupt as e:
+        if hasattr(e, "_render_traceback_"):  # held until the engine loaded (interrupt_after): still
+            _show_loaded(session, config, dropped)  # say what loaded and which states went with the old one
+        raise
+    _show_loaded(session, config, dropped)
+
+
+def _show_loaded(session: Session, config: EngineConfig, dropped: list[str]) -> None:
     info = session.engine("%lm load").model_info()
     rows = [(k, info[k]) for k in ("model_path", "architecture", "num_layers", "device", "dtype",
                                    "context_len", "max_total_tokens") if k in info]

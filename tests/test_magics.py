@@ -585,3 +585,38 @@ def test_a_gen_with_n_samples_stopped_by_ctrl_c_still_counts_its_requests(ip, ti
     assert meta["tokens"]["prompt_tokens"] == 2 * prompt == after["prompt_tokens"] - before["prompt_tokens"]
     assert meta["tokens"]["cached_tokens"] == after["cached_tokens"] - before["cached_tokens"]
     assert meta["tokens"]["completion_tokens"] > 0
+
+
+def test_ctrl_c_during_a_load_still_shows_what_loaded_and_the_states_it_dropped(ip, monkeypatch):
+    # the interrupt, held until the engine had loaded, replaced the table naming the dropped states
+    import os
+    import signal
+
+    from lmnb_kernel import session as session_module
+
+    class Backend:
+        engine = None
+
+        def model_info(self):
+            return {"model_path": "/models/x", "num_layers": 2}
+
+        def shutdown(self):
+            pass
+
+    def load_with_an_interrupt(self, config):
+        with session_module.interrupt_after():
+            os.kill(os.getpid(), signal.SIGINT)  # the kernel's interrupt, arriving mid-load
+            self.close()
+            self.config, self._backend, self.remote = config, Backend(), None
+
+    monkeypatch.setattr(Session, "load", load_with_an_interrupt)
+    monkeypatch.setattr(Session, "engine", lambda self, what: self._backend)
+    magics = ip.magics_manager.registry["LMMagics"]
+    with separate_session(ip) as session:
+        session.states["chat"] = object()
+        with capture_output() as out, pytest.raises(KeyboardInterrupt) as e:
+            magics.run_command("load /models/x")
+        assert "once the model had loaded" in e.value._render_traceback_()[0]
+        shown = out.outputs[0].data["text/plain"]
+        assert "named states dropped: chat" in shown and "/models/x" in shown
+        assert session.states == {}
