@@ -701,7 +701,9 @@ def test_a_run_that_opened_the_file_just_before_a_retry_errors_run_replaced_it_w
 
     def open_then_replaced(path, flags, mode=0o777):
         fd = real_open(path, flags, mode)
-        if not opened:  # the other run's os.replace lands between this open and the lock
+        # The other run's os.replace lands between this open and the lock. (os.open is module-wide:
+        # only the results file's open counts, not a stray thread's.)
+        if not opened and os.path.abspath(path) == str(out):
             opened.append(fd)
             (tmp_path / "new").write_text('{"row": 0, "status": "ok"}\n')
             os.replace(tmp_path / "new", out)
