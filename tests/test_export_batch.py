@@ -950,3 +950,12 @@ def test_a_local_model_directory_is_one_model_however_it_is_spelled(tmp_path, mo
     assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == [0, 1, 2, 3]
     assert run_job(tmp_path, "--input", rows, "--retry-errors", "--model", "other") == 2
     assert run_job(tmp_path, "--input", rows, "--model", "/models/not-a-directory") == 2  # (a hub id: as given)
+
+
+def test_a_server_url_with_or_without_its_trailing_slash_is_one_backend(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    assert run_job(tmp_path, "--input", rows, "--limit", 1, "--backend", "http://127.0.0.1:30000/") == 0
+    assert read_results(tmp_path / "out.jsonl")[0]["settings"]["--backend"] == "http://127.0.0.1:30000"
+    assert run_job(tmp_path, "--input", rows, "--limit", 2, "--backend", "http://127.0.0.1:30000") == 0
+    assert run_job(tmp_path, "--input", rows, "--backend", "http://127.0.0.1:30001/") == 2
+    assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == [0, 1]

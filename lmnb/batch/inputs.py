@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from lmnb_engine.tokenizer import find_lone_surrogate
 
 FORMATS = ("jsonl", "csv", "tsv")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -102,6 +101,8 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
 
 def _lone_surrogate(value) -> Optional[str]:
     """Where in a row's parsed JSON a string holds a lone surrogate (JSON's escapes allow one), or None."""
+    from lmnb_engine.tokenizer import find_lone_surrogate  # torch-free; here so `job.py --help` loads no engine
+
     found = find_lone_surrogate(value)
     if found is None:
         return None

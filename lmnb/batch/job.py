@@ -146,14 +146,16 @@ class Job:
     def settings(self) -> dict:
         """What the rows' results depend on besides their fields: the notebook parameters and the
         backend options, as JSON values (``repr`` for others). Each record carries them. A model
-        given as a local directory is recorded as its real path, however it was spelled."""
+        given as a local directory is recorded as its real path, however it was spelled, and a server
+        URL without a trailing "/"."""
         a = self.args
         # the user's --model, or $LMNB_MODEL where it picks the engine's model (a notebook's own
         # model is in the script already)
         model = a.model if a.model or self.default_model else engine_model(a)
         if model and os.path.isdir(model):  # ("ckpt", "./ckpt/" and its absolute path are one model)
             model = os.path.realpath(model)
-        values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": a.backend,
+        backend = a.backend if a.backend == "engine" else a.backend.rstrip("/")  # (a URL, with or without "/")
+        values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": backend,
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
         if a.completion:  # (only when set: results files written before the option stay readable)
             values["--completion"] = True
