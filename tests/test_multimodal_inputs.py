@@ -131,6 +131,13 @@ def test_limits_and_refusals(tmp_path, monkeypatch):
         load_image(png_bytes(Image.new("RGB", (100, 100))), max_pixels=9999)
     with pytest.raises(ImageInputError, match="not a readable image"):
         load_image(data[:40])  # truncated
+    # a 100-byte 16000x1 PNG: the image processor scaled its short side to 336, into 5.4e6x336 pixels
+    for size in ((16000, 1), (1, 16000), (201, 1), (2010, 10)):
+        with pytest.raises(ImageInputError, match=rf"is {size[0]}x{size[1]} pixels: its sides differ more than "
+                                                   r"200 to 1, the limit .*; crop it into parts$"):
+            load_image(png_bytes(Image.new("RGB", size)))
+    for size in ((200, 1), (2000, 10), (10, 2000)):  # (at the limit)
+        assert load_image(Image.new("RGB", size)).image.size == size
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # Image.open refuses over twice this (a 20000² PNG)
     with pytest.raises(ImageInputError, match=r"over the limit of 50000000 pixels .*; resize it$") as e:
         load_image(png_bytes(Image.new("RGB", (100, 100))))

@@ -22,6 +22,10 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 DEFAULT_MAX_BYTES = 20 * 2**20  # encoded size (a file, bytes, a data URL's payload)
 DEFAULT_MAX_PIXELS = 50_000_000  # width × height of the decoded image
+# Longest side over shortest side. The image processors scale the short side up to the vision
+# tower's size (336 for LLaVA), so a 100-byte 16000x1 PNG became gigabytes of pixels there; 200 is
+# the limit Qwen2-VL's image utilities set (qwen_vl_utils MAX_RATIO), far past panoramas or receipts.
+MAX_ASPECT_RATIO = 200
 ALLOW_REMOTE_ENV = "LMNB_ALLOW_REMOTE_MEDIA"
 
 
@@ -70,13 +74,15 @@ def load_image(
             ``http(s)://`` URL when remote fetching is enabled.
         max_bytes: largest encoded size accepted.
         max_pixels: largest width × height accepted (guards against decompression bombs).
+            Sides differing more than ``MAX_ASPECT_RATIO`` to 1 are refused too.
         allow_remote: fetch http(s) URLs; None = only when the environment variable
             ``LMNB_ALLOW_REMOTE_MEDIA=1`` is set.
     Returns:
         ``LoadedImage``.
     Raises:
         ImageInputError (a ValueError): wrong type, missing file, bad base64, an unreadable or
-            truncated image, a size over the limits, or a remote URL while fetching is off.
+            truncated image, a size or aspect ratio over the limits, or a remote URL while fetching
+            is off.
     """
     if isinstance(source, Image.Image):
         image = source
@@ -192,6 +198,11 @@ def _check_pixels(image: Image.Image, max_pixels: int, what: str) -> None:
     if image.width * image.height > max_pixels:
         raise ImageInputError(
             f"{what} is {image.width}x{image.height} pixels, over the limit of {max_pixels}; resize it"
+        )
+    if max(image.size) > MAX_ASPECT_RATIO * min(image.size):
+        raise ImageInputError(
+            f"{what} is {image.width}x{image.height} pixels: its sides differ more than {MAX_ASPECT_RATIO} to 1, the "
+            "limit (the image processor would scale the short side up into gigabytes); crop it into parts"
         )
 
 
