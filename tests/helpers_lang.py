@@ -117,8 +117,9 @@ class RecordingHandle:
 
 class RecordingEngine:
     """The ``lmnb_engine.Engine`` surface the server and the in-process backend use, with a
-    character-level tokenizer and replies from ``reply(prompt_text, params) -> str``. Every
-    ``SamplingParams`` received is kept in ``received``."""
+    character-level tokenizer and replies from ``reply(prompt_text, params) -> str``, ending with
+    finish reason ``finish`` ("length" unless set). Every ``SamplingParams`` received is kept in
+    ``received``."""
 
     chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
     model_path = "recording-engine"
@@ -127,6 +128,7 @@ class RecordingEngine:
 
     def __init__(self, reply: Optional[Callable] = None):
         self.reply = reply or (lambda text, params: "x" * params.max_new_tokens)
+        self.finish = "length"
         self.received: list = []
         self.prompts: list = []
         self._lock = threading.Lock()
@@ -156,7 +158,7 @@ class RecordingEngine:
         rid = rid or uuid.uuid4().hex
         ids = self.encode(out)
         result = GenerateResult(
-            rid=rid, text=out, token_ids=ids, finish_reason=FinishReason("length"),
+            rid=rid, text=out, token_ids=ids, finish_reason=FinishReason(self.finish),
             meta=RequestMeta(prompt_tokens=len(text), cached_tokens=0, completion_tokens=len(ids)),
         )
         events = [StreamEvent(rid, ch, [i]) for ch, i in zip(out, ids)]

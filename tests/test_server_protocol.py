@@ -64,6 +64,30 @@ def test_constraints_reach_the_engine_through_the_openai_backend(served):
     assert engine.received[1].json_schema == SCHEMA
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_openai_server_that_ignores_the_regex_field_is_named_not_believed(stream):
+    """vLLM reads guided_regex, not regex: its free output came back as the gen's constrained value."""
+    engine = RecordingEngine(lambda text, params: "yes-1" if params.regex else "maybe")
+    engine.finish = "stop"  # (ended on its own: EOS)
+    with live_server(engine, served_model_name="rec") as url:
+        completion = sgl.OpenAI("rec", base_url=f"{url}/v1", is_chat_model=False)
+        with pytest.raises(sgl.ProgramError) as e:
+            constrained.run(regex=REGEX, schema=SCHEMA, backend=completion, stream=stream).sync()
+        assert f"returned 'yes-1', which does not match the regex {REGEX!r} it was to follow" in str(e.value)
+        assert "vLLM reads guided_regex" in str(e.value)
+        engine.reply = lambda text, params: "no-42" if params.regex else '{"name": "x"}'  # the pattern held
+        assert constrained.run(regex=REGEX, schema=SCHEMA, backend=completion, stream=stream)["r"] == "no-42"
+        engine.reply = lambda text, params: "yes-1" if params.regex else '{"name": "x"}'
+
+        @sgl.function
+        def cut(s, stops):
+            s += "A:" + sgl.gen("r", max_tokens=5, regex=REGEX, stop=stops)
+
+        assert cut.run(stops="\n", backend=completion, stream=stream)["r"] == "yes-1"  # (a stop may cut it short)
+        engine.finish = "length"
+        assert cut.run(stops=None, backend=completion, stream=stream)["r"] == "yes-1"  # (so may max_tokens)
+
+
 def test_openai_backend_errors_give_the_servers_message_once(served):
     _, url = served
     completion = sgl.OpenAI("rec", base_url=f"{url}/v1", is_chat_model=False)

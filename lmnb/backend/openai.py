@@ -7,6 +7,8 @@ assistant message — unless the program uses API speculative execution
 call). Constraints are never dropped silently (SGLang drops them, ``research/features.md`` §4.2):
 ``json_schema`` goes out as ``response_format``, ``regex`` as the ``regex`` extension field that
 SGLang and lmnb servers read, and the official OpenAI API gets a clear error for what it lacks.
+A server that ignores the ``regex`` field (vLLM reads ``guided_regex``) is caught by checking the
+output against the pattern.
 [issue 10] ``image()``/``video()`` reach chat models as OpenAI vision ``image_url`` parts (base64
 data URLs, ``lmnb.backend.media.data_url``; a video as its sampled frames) where the image stood
 in the message.
@@ -224,17 +226,38 @@ class OpenAI(BaseBackend):
             out["output_top_logprobs"] = tops
         return out
 
+    def _check_regex(self, text: str, finish: Optional[str], params: GenParams) -> None:
+        """Raise ``BackendError`` when an output that ended on its own (finish reason ``stop``, no
+        stop string or stop regex that could have cut it) does not match ``params.regex``: the
+        server ignored the ``regex`` extension field. The check is Python's ``regex`` with DOTALL,
+        at least as permissive as the constrained decoder; a pattern too slow to match is let be."""
+        if params.regex is None or finish != "stop" or params.stop_list or params.stop_regexes:
+            return
+        import regex  # torch-free; the engine's matcher uses the same package
+
+        try:
+            matched = regex.fullmatch(params.regex, text, flags=regex.DOTALL, timeout=1.0) is not None
+        except (regex.error, TimeoutError):
+            return
+        if not matched:
+            raise BackendError(
+                f"{self.client.base_url} returned {text!r}, which does not match the regex {params.regex!r} "
+                "it was to follow: the server ignores the 'regex' field (lmnb and SGLang servers read it; "
+                "vLLM reads guided_regex); use such a server, or lmnb.RuntimeEndpoint"
+            )
+
     # -- BaseBackend
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
         ret = self._call(**self._prompt_kwargs(prompt), **self._kwargs(params))
         out = []
         for choice in sorted(ret.choices, key=lambda c: c.index):
-            text = choice.message.content if self.is_chat_model else choice.text
+            text = (choice.message.content if self.is_chat_model else choice.text) or ""
+            self._check_regex(text, choice.finish_reason, params)
             meta = self._usage_meta(ret.id, ret.usage)
             meta["finish_reason"] = {"type": choice.finish_reason}
             meta.update(self._logprobs(choice, params))
-            out.append(Completion(text or "", meta))
+            out.append(Completion(text, meta))
         return out
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
@@ -243,6 +266,7 @@ class OpenAI(BaseBackend):
             stream_options={"include_usage": True},
         )
         meta: dict[str, Any] = {}
+        text = ""
         try:
             for chunk in stream:
                 if chunk.usage is not None:
@@ -254,9 +278,11 @@ class OpenAI(BaseBackend):
                     for key, lps in self._logprobs(choice, params).items():  # each chunk: its tokens'
                         meta[key] = meta.get(key, []) + lps
                     if delta:
+                        text += delta
                         yield delta, dict(meta, id=chunk.id)
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url} stream: {type(e).__name__}: {e}") from None
+        self._check_regex(text, meta.get("finish_reason", {}).get("type"), params)
         yield "", meta
 
     def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
