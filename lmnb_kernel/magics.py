@@ -307,8 +307,9 @@ class LMMagics(Magics):
         return prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
 
     def finish(self, args, view, outcome: CellOutcome, count) -> None:
-        """Freeze the view, put the results in the kernel namespace, keep the named state."""
-        view.finish(outcome.status, error=outcome.error)
+        """Put the results in the kernel namespace and keep the named state, then freeze the view
+        and show the summary: a Ctrl-C while the view draws stops the cell in one line and loses
+        no result."""
         # Variables the program finished are results even if a later part failed or was stopped.
         self.shell.push(outcome.captured, interactive=False)
         if args.out:
@@ -319,13 +320,17 @@ class LMMagics(Magics):
             self.recent_cells[f"cell [{count}]"] = outcome.state
             while len(self.recent_cells) > RECENT_CELLS:
                 del self.recent_cells[next(iter(self.recent_cells))]
-        tokens = _tokens(view.model)
-        self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"])
-        if not args.quiet:
-            meta = {"lmnb": {"tokens": tokens, "captured": list(outcome.captured), "status": outcome.status}}
-            if outcome.interrupt_s is not None:  # Ctrl-C: how long stopping the requests took
-                meta["lmnb"]["interrupt_s"] = round(outcome.interrupt_s, 3)
-            display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
+        try:
+            view.finish(outcome.status, error=outcome.error)
+            tokens = _tokens(view.model)
+            self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"])
+            if not args.quiet:
+                meta = {"lmnb": {"tokens": tokens, "captured": list(outcome.captured), "status": outcome.status}}
+                if outcome.interrupt_s is not None:  # Ctrl-C: how long stopping the requests took
+                    meta["lmnb"]["interrupt_s"] = round(outcome.interrupt_s, 3)
+                display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
+        except KeyboardInterrupt:
+            raise cell_interrupt("the cell was stopped while its view was drawn; its results are kept") from None
 
 
 def _warn_shadowed_builtins(names, ns) -> None:

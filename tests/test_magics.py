@@ -620,3 +620,28 @@ def test_ctrl_c_during_a_load_still_shows_what_loaded_and_the_states_it_dropped(
         shown = out.outputs[0].data["text/plain"]
         assert "named states dropped: chat" in shown and "/models/x" in shown
         assert session.states == {}
+
+
+def test_ctrl_c_while_the_view_is_drawn_keeps_the_results_and_is_one_line(ip, monkeypatch):
+    # the view was drawn before the results were pushed: a Ctrl-C there lost the cell's variables
+    # and showed the widget's frames
+    magics = ip.magics_manager.registry["LMMagics"]
+    make_view = magics.make_view
+
+    def view_stopped_while_drawn(args, count):
+        view = make_view(args, count)
+
+        def finish(*a, **k):
+            raise KeyboardInterrupt
+
+        view.finish = finish
+        return view
+
+    ip.user_ns.pop("drawn", None)
+    monkeypatch.setattr(magics, "make_view", view_stopped_while_drawn)
+    with pytest.raises(KeyboardInterrupt) as e:
+        magics.run_program("--static --temperature 0 --state drawing", "Q: hi\nA:{gen drawn max_tokens=3}\n")
+    assert e.value._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped while its view was drawn; its results are kept"]
+    assert ip.user_ns["drawn"] == greedy(ip, "Q: hi\nA:", 3)
+    assert get_session().states["drawing"].state.text() == "Q: hi\nA:" + ip.user_ns["drawn"]
