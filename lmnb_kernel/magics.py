@@ -146,12 +146,12 @@ class LMMagics(Magics):
         args = line_parser().parse_args(words)
         if args.command is None:
             raise UsageError("%lm needs a subcommand:\n" + line_parser().format_help())
-        if args.command == "tree":
-            return self.show_tree()
         name = getattr(args, "name", None)
         if name is not None and not STATE_NAME.match(name):
             raise UsageError(f"{name!r} is not a valid state name: {STATE_NAME_RULE}")
         try:
+            if args.command == "tree":
+                return self.show_tree()
             getattr(commands, args.command)(args, self.session)
         except CellError as e:
             if args.command not in ("load", "connect"):

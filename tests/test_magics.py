@@ -501,6 +501,10 @@ def test_ctrl_c_during_a_line_magic_is_one_line(ip, monkeypatch):
     with pytest.raises(KeyboardInterrupt) as e:  # the load's own message is kept
         magics.run_command("load")
     assert e.value._render_traceback_() == ["\x1b[0;31mKeyboardInterrupt\x1b[0m: stopped once the model had loaded"]
+    monkeypatch.setattr(magics, "show_tree", lambda: stopped(None, None))  # (drawing a large tree)
+    with pytest.raises(KeyboardInterrupt) as e:
+        magics.run_command("tree")
+    assert e.value._render_traceback_() == ["\x1b[0;31mKeyboardInterrupt\x1b[0m: %lm tree was stopped"]
 
 
 def test_a_gen_with_n_samples_counts_every_sample_in_the_summary(ip):
