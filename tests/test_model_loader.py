@@ -450,3 +450,30 @@ def test_find_lone_surrogate_gives_the_path_to_the_first_one(value, expected):
     from lmnb_engine.tokenizer import find_lone_surrogate
 
     assert find_lone_surrogate(value) == expected
+
+
+def test_a_tied_config_with_a_different_stored_head_keeps_both_as_transformers_does(tiny_checkpoint_factory,
+                                                                                     tmp_path):
+    """A checkpoint saved untied under a config that says tied: transformers 5 keeps the stored
+    head and warns; lmnb tied it, silently dropping the head."""
+    import warnings
+
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_checkpoint_factory("qwen2", tie_word_embeddings=True)
+    dst = tmp_path / "untied-head"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"])
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=r"ties the word embeddings .* stores an lm_head.weight other than "
+                                         r"model.embed_tokens.weight; both are used as stored"):
+        lm = assert_matches_hf(dst)  # transformers' logits from the same file
+    assert torch.equal(lm.model.lm_head.weight, tensors["lm_head.weight"])
+    assert torch.equal(lm.model.model.embed_tokens.weight, tensors["model.embed_tokens.weight"])
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # stored twice, the same: tied, quiet
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*tie_word_embeddings")
+        lm = assert_matches_hf(dst)
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight

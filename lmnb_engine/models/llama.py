@@ -11,6 +11,7 @@ the checkpoint's separate tensors onto the fused ones.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Iterable
 
 import torch
@@ -192,9 +193,10 @@ class LlamaForCausalLM(nn.Module):
         """Copy checkpoint tensors (HF names, e.g. ``model.layers.0.self_attn.q_proj.weight``) in.
 
         Separate q/k/v and gate/up tensors go into their slices of the fused parameters; tensors
-        are cast to the model dtype. With tied embeddings a stored ``lm_head.weight`` is ignored
-        where the embedding is stored too, and fills it where it is not (transformers ties either
-        way); stored RoPE ``inv_freq`` buffers are ignored (recomputed from the config).
+        are cast to the model dtype. With tied embeddings a stored ``lm_head.weight`` fills the
+        embedding where that is not stored, is ignored where it equals it, and unties the head
+        (with a warning) where it differs, as transformers 5 does; stored RoPE ``inv_freq``
+        buffers are ignored (recomputed from the config).
 
         Raises:
             ValueError: a tensor's shape does not match, the checkpoint has tensors the model has
@@ -235,6 +237,15 @@ class LlamaForCausalLM(nn.Module):
         if tied_head is not None and embed not in loaded and tuple(tied_head.shape) == tuple(params[embed[0]].shape):
             params[embed[0]].copy_(tied_head)
             loaded.add(embed)
+        elif tied_head is not None and embed in loaded and not _same_rows(tied_head, params[embed[0]]):
+            # saved untied under a config that says tied: transformers (5.x) keeps both and warns
+            warnings.warn(
+                "config.json ties the word embeddings (tie_word_embeddings: true), but the checkpoint stores an "
+                "lm_head.weight other than model.embed_tokens.weight; both are used as stored (not tied), as "
+                "transformers does: set tie_word_embeddings to false in config.json to silence this", stacklevel=4)
+            self.lm_head.weight = nn.Parameter(torch.empty_like(params[embed[0]]), requires_grad=False)
+            self.lm_head.weight.copy_(tied_head)
+            loaded.add(("lm_head.weight", None))
         # named as the checkpoint spells them (k_proj, not our fused qkv_proj) so the user can look
         # for them in the checkpoint
         missing = [_checkpoint_name(n, part) for n, part in self._expected_parts() if (n, part) not in loaded]
@@ -252,3 +263,12 @@ class LlamaForCausalLM(nn.Module):
             else:
                 parts.append((name, None))
         return parts
+
+
+def _same_rows(stored: torch.Tensor, param: torch.Tensor, chunk: int = 4096) -> bool:
+    """Whether checkpoint tensor ``stored`` equals parameter ``param`` once cast to its dtype and
+    device; compared ``chunk`` rows at a time so that no second full copy is made on the GPU."""
+    if tuple(stored.shape) != tuple(param.shape):
+        return False
+    return all(torch.equal(stored[i:i + chunk].to(param.device, param.dtype), param[i:i + chunk])
+               for i in range(0, stored.shape[0], chunk))
