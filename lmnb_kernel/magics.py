@@ -270,7 +270,13 @@ class LMMagics(Magics):
         if starting:
             view.loaded(self._prefix_chars())
         listener = Listener()
-        state = start_run(program, params, backend, defaults, listener, previous.state if previous else None)
+        try:
+            state = start_run(program, params, backend, defaults, listener, previous.state if previous else None)
+        except KeyboardInterrupt:  # (the body may have started: stop every program it began)
+            for executor in list(listener.roots):
+                executor.abort()
+            view.finish("interrupted")
+            raise cell_interrupt("the cell was stopped as it started; the named state is as it was") from None
         feeder = ViewFeeder(view, state.stream_executor.sid)
         try:
             outcome = run_cell(state, listener, feeder, view)

@@ -649,3 +649,24 @@ def test_ctrl_c_while_the_view_is_drawn_keeps_the_results_and_is_one_line(ip, mo
         "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped while its view was drawn; its results are kept"]
     assert ip.user_ns["drawn"] == greedy(ip, "Q: hi\nA:", 3)
     assert get_session().states["drawing"].state.text() == "Q: hi\nA:" + ip.user_ns["drawn"]
+
+
+def test_ctrl_c_as_the_cell_starts_stops_its_program_in_one_line(ip, monkeypatch):
+    # a Ctrl-C landing in start_run, after the body began, left its program generating for no one
+    from lmnb_kernel import magics as magics_module
+
+    started = []
+
+    def start_then_interrupted(*args, **kwargs):
+        started.append(real_start(*args, **kwargs))
+        raise KeyboardInterrupt
+
+    real_start = magics_module.start_run
+    monkeypatch.setattr(magics_module, "start_run", start_then_interrupted)
+    magics = ip.magics_manager.registry["LMMagics"]
+    with pytest.raises(KeyboardInterrupt) as e:
+        magics.run_program("--static --state starting", "Q: hi\nA:{gen never max_tokens=200}\n")
+    assert e.value._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped as it started; the named state is as it was"]
+    assert isinstance(started[0].error(), lmnb.ProgramAborted)
+    assert "starting" not in get_session().states
