@@ -12,8 +12,9 @@ written out again over JSON text:
 * a class or ``.`` is split the same way; ``\\d``, ``\\w``, ``\\s`` and their negations, whose
   Unicode tables differ between Python and the automaton library, are narrowed to the ASCII
   characters Python's ``re`` puts in them, so every output passes Python's check;
-* ``^`` / ``$`` at the ends are dropped: the whole string must match, as in outlines-core, SGLang
-  and vLLM (narrower than JSON Schema's search, so every output still validates);
+* ``^`` / ``$`` at the ends are dropped, also at the ends of the alternatives and groups that reach
+  them (``^a$|^b$``): the whole string must match, as in outlines-core, SGLang and vLLM (narrower
+  than JSON Schema's search, so every output still validates);
 * ``minLength`` / ``maxLength`` beside the pattern (outlines-core kept the length and dropped the
   pattern) are met by narrowing the pattern's one open-ended part: pydantic's
   ``Field(pattern="^[A-Z][a-z]+$", max_length=8)`` becomes ``[A-Z][a-z]{1,7}`` (``_fit_length``).
@@ -196,6 +197,34 @@ def _fit_length(items: list, state, lo: int, hi: int | None) -> list:
     return [*items[:at], item, *items[at + 1:]]
 
 
+_BEGINNINGS = ((_c.AT, _c.AT_BEGINNING), (_c.AT, _c.AT_BEGINNING_STRING))  # ^ and \A
+_ENDS = ((_c.AT, _c.AT_END), (_c.AT, _c.AT_END_STRING))  # $ and \Z
+
+
+def _without_edge_anchors(items: list, state, start: bool = True, end: bool = True) -> list:
+    """``items`` (a parsed sequence) without the anchors at the string's edges: ``^``/``\\A``
+    first where ``start``, ``$``/``\\Z`` last where ``end``, and so inside each alternation and
+    group that reaches an edge. The decoded string must match whole, so there they always hold
+    and dropping them is exact. A ZIP code written ``^\\d{5}$|^\\d{5}-\\d{4}$`` (which Python's
+    parser holds as ``^`` then the alternatives ``\\d{5}$`` and ``\\d{5}-\\d{4}$``) or ``(^a$)`` would
+    otherwise keep an anchor that ``check_parsed`` refuses."""
+    items = list(items)
+    while start and items and items[0] in _BEGINNINGS:
+        items = items[1:]
+    while end and items and items[-1] in _ENDS:
+        items = items[:-1]
+    last = len(items) - 1
+    for i in sorted({0, last}) if items else []:
+        at_start, at_end = start and i == 0, end and i == last
+        op, av = items[i]
+        if op is _c.BRANCH and (at_start or at_end):
+            alternatives = [_p.SubPattern(state, _without_edge_anchors(alt, state, at_start, at_end)) for alt in av[1]]
+            items[i] = (op, (av[0], alternatives))
+        elif op is _c.SUBPATTERN and (at_start or at_end):
+            items[i] = (op, (*av[:-1], _p.SubPattern(state, _without_edge_anchors(av[-1], state, at_start, at_end))))
+    return items
+
+
 def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int | None = None,
                   name: str | None = None) -> str:
     """The regex of the JSON string literals (quotes included) that decode to a full match of
@@ -222,11 +251,7 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
         # (classes are written out here, and case folding would have to be too: [^a-z] excludes 'K')
         raise GrammarError(f"JSON schema pattern {pattern!r} at {where} uses case-insensitive matching (?i), which "
                            "constrained strings do not support; spell both cases out, e.g. [Aa] or [A-Za-z]")
-    items = list(parsed.data)
-    if items and items[0] == (_c.AT, _c.AT_BEGINNING) or items[:1] == [(_c.AT, _c.AT_BEGINNING_STRING)]:
-        items = items[1:]
-    if items and items[-1] in ((_c.AT, _c.AT_END), (_c.AT, _c.AT_END_STRING)):
-        items = items[:-1]
+    items = _without_edge_anchors(parsed.data, parsed.state)
     parsed.data = items
     try:
         check_parsed(parsed, pattern)
