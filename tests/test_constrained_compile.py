@@ -251,6 +251,33 @@ def test_schemas_next_to_the_refused_ones_still_compile_to_exactly_their_instanc
         assert (regex_module.fullmatch(regex, text) is not None) == jsonschema_ok == (text in valid), text
 
 
+DRAFT_7 = "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize("schema, valid, invalid", [
+    # drafts 3 to 2019-09 write a tuple as a list of items: outlines-core failed with "Unsupported JSON
+    # Schema structure", and additionalItems was refused as unsupported
+    ({"$schema": DRAFT_7, "type": "array", "items": [{"type": "integer"}, {"enum": ["x"]}], "additionalItems": False},
+     ['[1, "x"]'], ['["x", 1]', '[1, "x", 2]', '[1, "y"]']),
+    ({"$schema": DRAFT_7, "type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "boolean"},
+      "maxItems": 3}, ["[1]"], ["[1, 2]", "[true]", "[1, true, true, true]"]),
+    ({"$schema": DRAFT_7, "type": "object", "properties": {"p": {"type": "array", "items": [{"type": "null"}]}},
+      "required": ["p"]}, ['{"p": [null]}'], ['{"p": [1]}']),
+    # beside a schema for every item, additionalItems constrains nothing
+    ({"$schema": DRAFT_7, "type": "array", "items": {"type": "integer"}, "additionalItems": False, "maxItems": 2},
+     ["[]", "[1, 2]"], ['["a"]', "[1, 2, 3]"]),
+])
+def test_draft_7_tuple_items_mean_what_draft_7_says(backend, schema, valid, invalid):
+    # (as in 2020-12, exactly the tuple's items are written: a subset of the arrays draft 7 accepts)
+    regex = regex_module.compile(backend.to_regex(json_schema=schema))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in valid + invalid:
+        in_language = regex.fullmatch(text) is not None
+        assert in_language == validator.is_valid(json.loads(text)) == (text in valid), text
+    for text in random_matches(regex, list('[]{}":, 1-ptruefalsnx'), walks=20):
+        assert validator.is_valid(json.loads(text)), text
+
+
 def test_pattern_outside_the_vocabulary_is_reported_not_decoded(tmp_path):
     """A vocabulary without '~' (and without byte fallback) cannot spell 'a~b'; a branch that needs
     '~' to finish must not be offered at all."""

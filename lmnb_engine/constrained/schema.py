@@ -329,6 +329,28 @@ def _draft4_bounds(node: Any) -> None:
         _draft4_bounds(list(sub.values()) if key in _SUBSCHEMA_MAPS and isinstance(sub, dict) else sub)
 
 
+def _draft7_items(node: Any) -> None:
+    """Drafts 3 to 2019-09's tuple form, ``items`` as a list (the meta-schema of 2020-12 refuses it,
+    so only those drafts get here) and ``additionalItems`` for the items after it, written as
+    2020-12 writes them, ``prefixItems`` and ``items``, in every subschema (outlines-core failed
+    with "Unsupported JSON Schema structure"). Beside a non-list ``items`` ``additionalItems``
+    constrains nothing in any draft, so it is dropped."""
+    if isinstance(node, list):
+        for sub in node:
+            _draft7_items(sub)
+        return
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("items"), list) and "prefixItems" not in node:
+        node["prefixItems"] = node.pop("items")
+        if "additionalItems" in node:
+            node["items"] = node.pop("additionalItems")
+    node.pop("additionalItems", None)
+    for key in (*_SUBSCHEMA_MAPS, *_SUBSCHEMA_LISTS, "items", "additionalProperties"):
+        sub = node.get(key)
+        _draft7_items(list(sub.values()) if key in _SUBSCHEMA_MAPS and isinstance(sub, dict) else sub)
+
+
 def _check_big_integers(node: dict, where: str) -> None:
     """Refuse listed integers beyond 2**53: outlines-core writes them through a float
     (``2**64 + 1`` became ``1.8446744073709552e+19``, another value)."""
@@ -649,6 +671,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
     _draft4_bounds(schema)
+    _draft7_items(schema)
     rewriter = _Rewriter(prefix, schema, whitespace_pattern or WHITESPACE)
     rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema)
     try:
