@@ -236,6 +236,13 @@ def test_unsupported_schema_is_named(backend, schema, names):
     # listed values beside properties or prefixItems are the grammar (outlines-core wrote the object: '{"a": 7}')
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "enum": [{"a": 1}]}, ['{"a": 1}'], ['{"a": 7}', "{}"]),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "enum": [[1]]}, ["[1]"], ["[8]"]),
+    # the content vocabulary is annotation (validators do not check it: '"!!"' is no base64, and valid);
+    # it was refused as "cannot be enforced while decoding"
+    ({"type": "string", "contentEncoding": "base64", "contentMediaType": "image/png", "maxLength": 4},
+     ['"ab"', '"!!"'], ['"abcde"', "1"]),
+    ({"type": "object", "properties": {"d": {"type": "string", "contentMediaType": "application/json",
+                                             "contentSchema": {"type": "integer"}}}, "required": ["d"]},
+     ['{"d": "x"}'], ['{"d": 1}']),
     # a pattern may spell a placeholder name: it is no placeholder ('{"a": 3, "b": 1}' matched)
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^LMNB\\x50LACEHOLDER1X$"},
                                        "b": {"type": "integer", "minimum": 0}}, "required": ["a", "b"]},

@@ -60,10 +60,11 @@ _ENFORCED = {
     "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format",
     "minLength", "maxLength", "minDigits", "maxDigits", "additionalProperties",
 }
-# Keywords with no effect on which instances validate.
+# Keywords with no effect on which instances validate (the content vocabulary too: since draft 7
+# validators do not check it, jsonschema among them, so an output it would reject still validates).
 _ANNOTATIONS = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-    "readOnly", "writeOnly", "discriminator",
+    "readOnly", "writeOnly", "discriminator", "contentEncoding", "contentMediaType", "contentSchema",
 }
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minDigits", "maxDigits")  # each becomes a counted repeat
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
