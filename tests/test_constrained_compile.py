@@ -170,6 +170,7 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"type": "string", "pattern": "^\\p{L}+$"}, ["is not a 'regex'", "no \\p{...} classes"]),
         ({"type": "string", "format": "date-time", "maxLength": 25},
          ["format 'date-time'", "more than one place", "the format fixes the shape"]),
+        ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ["$ref beside its listed values", "/$defs/nope"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):
@@ -236,6 +237,12 @@ def test_unsupported_schema_is_named(backend, schema, names):
     # listed values beside properties or prefixItems are the grammar (outlines-core wrote the object: '{"a": 7}')
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "enum": [{"a": 1}]}, ['{"a": 1}'], ['{"a": 7}', "{}"]),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "enum": [[1]]}, ["[1]"], ["[8]"]),
+    # listed values are filtered by keywords holding a $ref too (only type/format/pattern/lengths/bounds
+    # were checked there, so '["s"]' and '{}' were written)
+    ({"enum": [[1], ["s"], []], "items": {"$ref": "#/$defs/x"}, "$defs": {"x": {"type": "integer"}}},
+     ["[1]", "[]"], ['["s"]']),
+    ({"enum": [{}, {"a": 1}, {"a": "s"}], "required": ["a"], "properties": {"a": {"$ref": "#/$defs/x"}},
+      "$defs": {"x": {"type": "integer"}}}, ['{"a": 1}'], ["{}", '{"a": "s"}']),
     # the content vocabulary is annotation (validators do not check it: '"!!"' is no base64, and valid);
     # it was refused as "cannot be enforced while decoding"
     ({"type": "string", "contentEncoding": "base64", "contentMediaType": "image/png", "maxLength": 4},

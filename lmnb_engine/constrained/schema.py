@@ -198,25 +198,33 @@ def _bound_value(value: Any, key: str, where: str) -> Decimal:
     return bound
 
 
-_VALUE_CHECKS = ("type", "format", "pattern", "minLength", "maxLength", *_BOUNDS)
-
-
-def _filter_listed_values(node: dict, where: str) -> None:
+def _filter_listed_values(node: dict, where: str, root: dict) -> None:
     """Drop the ``enum`` values (or refuse the ``const``) that the node's other keywords reject:
     JSON Schema applies them all, but the listed values alone become the grammar, so a
     ``{"format": "date", "enum": ["2024-02-30"]}`` would emit an invalid date. Checked by
-    jsonschema itself (Draft 2020-12, with its format checker).
+    jsonschema itself (Draft 2020-12, with its format checker), a ``$ref`` among the keywords
+    resolved in ``root`` (the whole schema).
 
     Raises:
-        GrammarError: no listed value passes, so nothing could validate."""
+        GrammarError: no listed value passes, so nothing could validate, or a ``$ref`` among the
+            keywords points at nothing."""
     checks = {k: v for k, v in node.items() if k not in ("enum", "const", "$defs", "definitions") and k not in _ANNOTATIONS}
-    if '"$ref"' in json.dumps(checks):  # (a reference needs the whole document: the plain checks only)
-        checks = {k: node[k] for k in _VALUE_CHECKS if k in node}
     if not checks or ("enum" not in node and "const" not in node):
         return
     import jsonschema
+    import referencing.exceptions
 
-    valid = jsonschema.Draft202012Validator(checks, format_checker=jsonschema.FormatChecker()).is_valid
+    # (evolve keeps the root's resolver: with the plain checks alone, a $ref inside them would
+    # not resolve, and required/items/properties around one went unchecked: ["s"] for items {"$ref": int})
+    checker = jsonschema.Draft202012Validator(root, format_checker=jsonschema.FormatChecker()).evolve(schema=checks)
+
+    def valid(value: Any) -> bool:
+        try:
+            return checker.is_valid(value)
+        except referencing.exceptions.Unresolvable as e:
+            raise GrammarError(f"JSON schema at {where} has a $ref beside its listed values that points at nothing "
+                               f"in this schema ({getattr(e, 'ref', e)!r}); fix the reference") from None
+
     if "const" in node and not valid(node["const"]):
         raise GrammarError(f"JSON schema at {where} has const {node['const']!r}, which does not pass its own "
                            f"{', '.join(checks)}; no output could validate: fix the const")
@@ -493,7 +501,7 @@ class _Rewriter:
         if isinstance(node.get("oneOf"), list):
             check_one_of(node["oneOf"], where, self.root, self._deref)
         _check_structure(node, where)
-        _filter_listed_values(node, where)
+        _filter_listed_values(node, where, self.root)
         if "enum" in node or "const" in node:
             # Filtered by every keyword beside them, the listed values alone are the grammar (beside
             # properties or prefixItems, outlines-core wrote those and dropped the values).
