@@ -243,6 +243,14 @@ def test_unsupported_schema_is_named(backend, schema, names):
      ["[1]", "[]"], ['["s"]']),
     ({"enum": [{}, {"a": 1}, {"a": "s"}], "required": ["a"], "properties": {"a": {"$ref": "#/$defs/x"}},
       "$defs": {"x": {"type": "integer"}}}, ['{"a": 1}'], ["{}", '{"a": "s"}']),
+    # beside listed values, required/prefixItems/anyOf/oneOf/allOf only filter them (they were refused:
+    # "requires 'a', which has no schema under 'properties'", "'enum' beside 'anyOf'" ...)
+    ({"type": "object", "enum": [{"a": 1}, {"b": 2}], "required": ["a"]}, ['{"a": 1}'], ['{"b": 2}']),
+    ({"enum": [[1], [1, 2]], "prefixItems": [{"type": "integer"}, {"type": "integer"}], "maxItems": 1},
+     ["[1]"], ["[1, 2]"]),
+    ({"enum": [1, "s", None], "anyOf": [{"type": "integer"}, {"type": "null"}]}, ["1", "null"], ['"s"']),
+    ({"enum": [1, 2, "a"], "oneOf": [{"type": "integer"}, {"minimum": 2}]}, ["1", '"a"'], ["2"]),
+    ({"const": 3, "allOf": [{"type": "integer"}, {"minimum": 2}]}, ["3"], ["2"]),
     # the content vocabulary is annotation (validators do not check it: '"!!"' is no base64, and valid);
     # it was refused as "cannot be enforced while decoding"
     ({"type": "string", "contentEncoding": "base64", "contentMediaType": "image/png", "maxLength": 4},

@@ -244,17 +244,19 @@ def _check_structure(node: dict, where: str) -> None:
     keywords beside ``anyOf``/``oneOf``/``allOf`` (it generates the branches alone), a ``required``
     name with no schema in ``properties`` (it writes only those), ``minItems``/``maxItems`` that
     the ``prefixItems`` count breaks (it writes exactly that many), and object keys that JSON must
-    escape (it writes them raw)."""
+    escape (it writes them raw). Beside ``enum``/``const`` only the bounds and keys are checked:
+    the listed values alone are written, filtered by every other keyword (``_filter_listed_values``)."""
+    listed_values = "enum" in node or "const" in node
     combinators = [k for k in _COMBINATORS if k in node]
     beside = [k for k in node if k not in _ANNOTATIONS and k not in (*_COMBINATORS, "$defs", "definitions")]
-    if combinators and (beside or len(combinators) > 1):
+    if combinators and (beside or len(combinators) > 1) and not listed_values:
         other = beside[0] if beside else combinators[1]
         raise GrammarError(f"JSON schema at {where} has {other!r} beside {combinators[0]!r}, which constrained "
                            f"decoding cannot combine (only the branches would be generated); move {other!r} "
                            "into each branch")
     properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     missing = [k for k in node.get("required", []) if k not in properties]
-    if missing:
+    if missing and not listed_values:
         raise GrammarError(f"JSON schema at {where} requires {missing[0]!r}, which has no schema under "
                            "'properties'; constrained decoding writes only the listed properties: add "
                            f"'properties': {{{json.dumps(missing[0])}: {{}}}} (any value) or a schema for it")
@@ -262,7 +264,7 @@ def _check_structure(node: dict, where: str) -> None:
         if isinstance(node.get(lo), int) and isinstance(node.get(hi), int) and node[lo] > node[hi]:
             raise GrammarError(f"JSON schema at {where} has {lo} {node[lo]} above {hi} {node[hi]}: no value fits; "
                                "fix the bounds")
-    if isinstance(node.get("prefixItems"), list):
+    if isinstance(node.get("prefixItems"), list) and not listed_values:
         n = len(node["prefixItems"])
         if node.get("minItems", 0) > n or node.get("maxItems", n) < n:
             raise GrammarError(f"JSON schema at {where} has {n} prefixItems and minItems/maxItems that exclude "
@@ -427,11 +429,13 @@ def _check_combinations(node: dict, where: str) -> None:
     """Refuse what outlines-core would turn into output that does not validate: an empty ``enum``
     (it yields an empty match; the meta-schema allows it, unlike an empty ``type`` or ``anyOf``)
     and ``allOf`` over several subschemas (it concatenates them, which is not their intersection);
-    ``oneOf``: ``schema_oneof.check_one_of``."""
+    ``oneOf``: ``schema_oneof.check_one_of``. Beside ``enum``/``const`` ``allOf`` only filters the
+    listed values (``_filter_listed_values``)."""
     if node.get("enum") == []:
         raise GrammarError(f"JSON schema at {where} has an empty 'enum': no value can validate against it; "
                            "list at least one value")
-    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+    listed_values = "enum" in node or "const" in node
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1 and not listed_values:
         raise GrammarError(f"JSON schema at {where} has 'allOf' with {len(node['allOf'])} subschemas, which "
                            "constrained decoding cannot intersect; merge them into one schema")
 
@@ -498,7 +502,7 @@ class _Rewriter:
         if shaped:
             self._string_regex(node, where)  # (its errors now, before the rest of the schema)
         _check_combinations(node, where)
-        if isinstance(node.get("oneOf"), list):
+        if isinstance(node.get("oneOf"), list) and not listed:  # (beside listed values it only filters them)
             check_one_of(node["oneOf"], where, self.root, self._deref)
         _check_structure(node, where)
         _filter_listed_values(node, where, self.root)
