@@ -762,6 +762,21 @@ def test_lengths_beside_a_pattern_are_folded_into_it(pattern, min_length, max_le
     assert matched
 
 
+def test_an_unanchored_pattern_without_a_whole_match_of_the_length_is_not_called_unsatisfiable(backend):
+    # 'ab' validates (JSON Schema searches), yet the message said "no string can validate"
+    schema = {"type": "string", "pattern": "b", "minLength": 2, "maxLength": 3}
+    assert jsonschema.Draft202012Validator(schema).is_valid("ab")
+    with pytest.raises(GrammarError) as info:
+        backend.to_regex(json_schema=schema)
+    assert "no string can validate" not in str(info.value)
+    assert "no whole-string match of 2 to 3 characters" in str(info.value) and "anchor it" in str(info.value)
+    # anchored, no string of that length validates, and the message says so
+    anchored = {"type": "string", "pattern": "^b$", "minLength": 2}
+    assert not jsonschema.Draft202012Validator(anchored).is_valid("bb")
+    with pytest.raises(GrammarError, match="no string can validate"):
+        backend.to_regex(json_schema=anchored)
+
+
 def test_pydantic_pattern_and_length_fields_compile(backend):
     class Code(pydantic.BaseModel):
         code: str = pydantic.Field(pattern=r"^[A-Z]{2}-\d+$", min_length=4, max_length=6)

@@ -251,6 +251,9 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
         # (classes are written out here, and case folding would have to be too: [^a-z] excludes 'K')
         raise GrammarError(f"JSON schema pattern {pattern!r} at {where} uses case-insensitive matching (?i), which "
                            "constrained strings do not support; spell both cases out, e.g. [Aa] or [A-Za-z]")
+    # (JSON Schema searches: an end without its anchor lets other characters in there, so a length
+    # no whole-string match has may still be valid)
+    anchored = bool(parsed.data) and parsed.data[0] in _BEGINNINGS and parsed.data[-1] in _ENDS
     items = _without_edge_anchors(parsed.data, parsed.state)
     parsed.data = items
     try:
@@ -266,6 +269,12 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         parsed.data = _fit_length(items, parsed.state, min_length, max_length)
     except _NoFit:
+        if name == f"pattern {pattern!r}" and not anchored:
+            raise GrammarError(f"JSON schema {name} at {where} has no whole-string match of {bounds} "
+                               "(minLength/maxLength); constrained decoding writes a string the whole pattern "
+                               "matches, as if it were anchored ('^...$'): anchor it and spell out the characters "
+                               "around it, within the length (e.g. '^.{1,2}x$' rather than 'x' with "
+                               "minLength 2)") from None
         raise GrammarError(f"JSON schema {name} at {where} has no match of {bounds} "
                            "(minLength/maxLength): no string can validate; fix the pattern or the bounds") from None
     except GrammarError as e:
