@@ -285,6 +285,9 @@ DRAFT_7 = "http://json-schema.org/draft-07/schema#"
       "maxItems": 3}, ["[1]"], ["[1, 2]", "[true]", "[1, true, true, true]"]),
     ({"$schema": DRAFT_7, "type": "object", "properties": {"p": {"type": "array", "items": [{"type": "null"}]}},
       "required": ["p"]}, ['{"p": [null]}'], ['{"p": [1]}']),
+    # prefixItems is no draft 7 keyword: its items schema is every item's ('[1]' matched)
+    ({"$schema": DRAFT_7, "type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"},
+      "maxItems": 2}, ["[]", '["a"]', '["a", "b"]'], ["[1]", '[1, "a"]']),
     # beside a schema for every item, additionalItems constrains nothing
     ({"$schema": DRAFT_7, "type": "array", "items": {"type": "integer"}, "additionalItems": False, "maxItems": 2},
      ["[]", "[1, 2]"], ['["a"]', "[1, 2, 3]"]),

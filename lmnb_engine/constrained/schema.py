@@ -340,26 +340,38 @@ def _draft4_bounds(node: Any) -> None:
         _draft4_bounds(list(sub.values()) if key in _SUBSCHEMA_MAPS and isinstance(sub, dict) else sub)
 
 
-def _draft7_items(node: Any) -> None:
+def _is_legacy_draft(schema: dict) -> bool:
+    """``schema``'s ``$schema`` names a draft before 2020-12 (jsonschema's reading of it)."""
+    import jsonschema
+
+    draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return draft is not jsonschema.Draft202012Validator
+
+
+def _draft7_items(node: Any, legacy: bool) -> None:
     """Drafts 3 to 2019-09's tuple form, ``items`` as a list (the meta-schema of 2020-12 refuses it,
     so only those drafts get here) and ``additionalItems`` for the items after it, written as
     2020-12 writes them, ``prefixItems`` and ``items``, in every subschema (outlines-core failed
     with "Unsupported JSON Schema structure"). Beside a non-list ``items`` ``additionalItems``
-    constrains nothing in any draft, so it is dropped."""
+    constrains nothing in any draft, so it is dropped; in a ``legacy`` schema (its ``$schema``
+    names one of those drafts) so is ``prefixItems``, which they do not know (their ``items``
+    schema applies to every item)."""
     if isinstance(node, list):
         for sub in node:
-            _draft7_items(sub)
+            _draft7_items(sub, legacy)
         return
     if not isinstance(node, dict):
         return
-    if isinstance(node.get("items"), list) and "prefixItems" not in node:
+    if legacy:
+        node.pop("prefixItems", None)
+    if isinstance(node.get("items"), list):
         node["prefixItems"] = node.pop("items")
         if "additionalItems" in node:
             node["items"] = node.pop("additionalItems")
     node.pop("additionalItems", None)
     for key in (*_SUBSCHEMA_MAPS, *_SUBSCHEMA_LISTS, "items", "additionalProperties"):
         sub = node.get(key)
-        _draft7_items(list(sub.values()) if key in _SUBSCHEMA_MAPS and isinstance(sub, dict) else sub)
+        _draft7_items(list(sub.values()) if key in _SUBSCHEMA_MAPS and isinstance(sub, dict) else sub, legacy)
 
 
 def _check_big_integers(node: dict, where: str) -> None:
@@ -684,7 +696,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
     _draft4_bounds(schema)
-    _draft7_items(schema)
+    _draft7_items(schema, _is_legacy_draft(schema))
     rewriter = _Rewriter(prefix, schema, whitespace_pattern or WHITESPACE)
     rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema)
     try:
