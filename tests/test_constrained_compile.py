@@ -171,6 +171,9 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"type": "string", "format": "date-time", "maxLength": 25},
          ["format 'date-time'", "more than one place", "the format fixes the shape"]),
         ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ["$ref beside its listed values", "/$defs/nope"]),
+        # a true branch accepts everything ({} passes both): this raised AttributeError 'bool' has no 'get'
+        ({"oneOf": [{"type": "object"}, True]}, ["'oneOf' branches 0 and 1", "objects"]),
+        ({"oneOf": [{"type": "number", "minimum": 3}, True]}, ["'oneOf' branches 0 and 1", "numbers"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):

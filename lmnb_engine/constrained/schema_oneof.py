@@ -125,6 +125,7 @@ def _disjoint(a: Any, b: Any, resolve: Callable[[Any], Any], valid: Callable) ->
     """None if no value passes both ``a`` and ``b`` (provably); else what may pass both."""
     if a is False or b is False:
         return None
+    a, b = ({} if x is True else x for x in (a, b))  # (true accepts every value, as {} does)
     for x, y in ((a, b), (b, a)):
         listed = _listed(x)
         if listed is not None:
