@@ -173,6 +173,7 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
         ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ["$ref beside its listed values", "/$defs/nope"]),
         # a true branch accepts everything ({} passes both): this raised AttributeError 'bool' has no 'get'
         ({"oneOf": [{"type": "object"}, True]}, ["'oneOf' branches 0 and 1", "objects"]),
+        ({"const": "a", "enum": [False, {"b": 1}]}, ["const 'a'", "does not pass its own enum"]),
         ({"oneOf": [{"type": "number", "minimum": 3}, True]}, ["'oneOf' branches 0 and 1", "numbers"]),
     ],
 )
@@ -254,6 +255,10 @@ def test_unsupported_schema_is_named(backend, schema, names):
     ({"enum": [1, "s", None], "anyOf": [{"type": "integer"}, {"type": "null"}]}, ["1", "null"], ['"s"']),
     ({"enum": [1, 2, "a"], "oneOf": [{"type": "integer"}, {"minimum": 2}]}, ["1", '"a"'], ["2"]),
     ({"const": 3, "allOf": [{"type": "integer"}, {"minimum": 2}]}, ["3"], ["2"]),
+    # const beside enum: both hold (the enum's values were written, and the const dropped)
+    ({"const": "b", "enum": ["a", "b", 0]}, ['"b"'], ['"a"', "0"]),
+    ({"type": "object", "properties": {"a": {"const": 1, "enum": [-1, False, 1]}}, "required": ["a"]},
+     ['{"a": 1}'], ['{"a": -1}', '{"a": false}']),
     # the content vocabulary is annotation (validators do not check it: '"!!"' is no base64, and valid);
     # it was refused as "cannot be enforced while decoding"
     ({"type": "string", "contentEncoding": "base64", "contentMediaType": "image/png", "maxLength": 4},

@@ -199,7 +199,8 @@ def _bound_value(value: Any, key: str, where: str) -> Decimal:
 
 
 def _filter_listed_values(node: dict, where: str, root: dict) -> None:
-    """Drop the ``enum`` values (or refuse the ``const``) that the node's other keywords reject:
+    """Drop the ``enum`` values (or refuse the ``const``) that the node's other keywords reject (a
+    ``const`` beside an ``enum`` is checked against it, and the ``enum`` dropped):
     JSON Schema applies them all, but the listed values alone become the grammar, so a
     ``{"format": "date", "enum": ["2024-02-30"]}`` would emit an invalid date. Checked by
     jsonschema itself (Draft 2020-12, with its format checker), a ``$ref`` among the keywords
@@ -209,6 +210,8 @@ def _filter_listed_values(node: dict, where: str, root: dict) -> None:
         GrammarError: no listed value passes, so nothing could validate, or a ``$ref`` among the
             keywords points at nothing."""
     checks = {k: v for k, v in node.items() if k not in ("enum", "const", "$defs", "definitions") and k not in _ANNOTATIONS}
+    if "const" in node and "enum" in node:  # both hold: the const, where the enum lists it, is the value
+        checks["enum"] = node.pop("enum")  # (outlines-core wrote the enum's values and dropped the const)
     if not checks or ("enum" not in node and "const" not in node):
         return
     import jsonschema
