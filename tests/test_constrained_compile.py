@@ -1001,6 +1001,20 @@ def test_pydantic_model_class_is_accepted(backend):
         assert rx.fullmatch(json.dumps({"x": value})) and Loose.model_validate_json(json.dumps({"x": value}))
 
 
+def test_openapi_annotations_from_pydantic_extras_are_accepted(backend):
+    # FastAPI's examples put OpenAPI's "example" into the schema; it was refused as a keyword that
+    # "cannot be enforced while decoding", though no validator reads it
+    class Order(pydantic.BaseModel):
+        model_config = {"json_schema_extra": {"example": {"qty": 2}, "externalDocs": {"url": "https://x.org"}}}
+        qty: int = pydantic.Field(ge=1, le=3, json_schema_extra={"example": 2, "xml": {"name": "q"}})
+
+    rx = regex_module.compile(backend.to_regex(json_schema=Order))
+    assert rx.fullmatch('{"qty": 2}') and not rx.fullmatch('{"qty": 4}')
+    validator = jsonschema.Draft202012Validator(Order.model_json_schema())
+    for text in random_matches(rx, list('{}":qty 0123456789'), walks=20):
+        assert validator.is_valid(json.loads(text)) and Order.model_validate_json(text), text
+
+
 # --- token bytes ---------------------------------------------------------------------------
 
 

@@ -61,10 +61,12 @@ _ENFORCED = {
     "minLength", "maxLength", "minDigits", "maxDigits", "additionalProperties",
 }
 # Keywords with no effect on which instances validate (the content vocabulary too: since draft 7
-# validators do not check it, jsonschema among them, so an output it would reject still validates).
+# validators do not check it, jsonschema among them, so an output it would reject still validates;
+# and OpenAPI's annotations, e.g. pydantic's json_schema_extra={"example": ...} as FastAPI taught it).
 _ANNOTATIONS = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
     "readOnly", "writeOnly", "discriminator", "contentEncoding", "contentMediaType", "contentSchema",
+    "example", "externalDocs", "xml",
 }
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minDigits", "maxDigits")  # each becomes a counted repeat
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
