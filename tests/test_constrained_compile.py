@@ -1137,6 +1137,30 @@ def test_jump_draft_spells_the_forced_string_in_canonical_tokens(backend, tokeni
     assert matcher.state == grammar.initial_state  # proposing does not move the matcher
 
 
+def test_a_forced_string_longer_than_the_model_max_length_plans_a_draft_without_a_warning(tiny_llama):
+    # transformers warned "Token indices sequence length is longer than the specified maximum ... will
+    # result in indexing errors" when jump-forward tokenized a long constant; nothing indexes it
+    import logging
+
+    from transformers import AutoTokenizer
+
+    fresh = AutoTokenizer.from_pretrained(str(tiny_llama), model_max_length=16)  # (it warns once per tokenizer)
+    constant = "header " * 40
+    grammar = compile_grammar(re.escape(constant), TokenVocabulary(fresh, {fresh.eos_token_id}))
+    records: list = []
+    handler = logging.Handler()
+    handler.emit = records.append  # (transformers' own handler writes to the stderr it found at import)
+    log = logging.getLogger("transformers.tokenization_utils_base")
+    log.addHandler(handler)
+    try:
+        draft = GrammarMatcher(grammar).propose_draft([], max_tokens=200)
+    finally:
+        log.removeHandler(handler)
+    spelled = b"".join(grammar.vocab.token_bytes[t] for t in draft)
+    assert len(draft) > 16 and constant.encode().startswith(spelled)
+    assert not [r for r in records if "longer than the specified maximum" in r.getMessage()]
+
+
 def test_certain_tokens_need_no_model_and_a_terminal_match_ends(backend):
     """'~' has no multi-byte token in the tiny vocabulary, so every position of '~~~~' allows one
     token: the whole draft is certain and the output is complete without a forward pass."""

@@ -116,7 +116,10 @@ class TokenVocabulary:
         if eos_token_ids is None:
             eos_token_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids if 0 <= int(i) < self.vocab_size)
-        self.encode: Callable[[str], list[int]] = lambda text: tokenizer.encode(text, add_special_tokens=False)
+        # verbose=False: a forced string longer than the model's max length (a long constant in a
+        # schema) made transformers warn of "indexing errors" in the notebook; nothing indexes it
+        self.encode: Callable[[str], list[int]] = lambda text: tokenizer.encode(text, add_special_tokens=False,
+                                                                               verbose=False)
 
         self.first_byte = np.full(self.vocab_size, -1, dtype=np.int16)
         self.byte_token = np.full(256, -1, dtype=np.int64)
