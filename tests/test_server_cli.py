@@ -60,3 +60,13 @@ def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--port", "99999"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == "lmnb serve: --port 99999 is not a TCP port; give 0-65535"
+
+
+def test_lmnb_serve_refuses_an_unknown_log_level_before_loading():
+    # uvicorn knows critical, error, warning, info, debug, trace; any other name used to load the
+    # model and then end in uvicorn's KeyError traceback.
+    out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--log-level", "loud"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "argument --log-level: invalid choice: 'loud'" in out.stderr and "'debug'" in out.stderr

@@ -12,6 +12,9 @@ import sys
 import warnings
 
 DEFAULT_PORT = 30000  # SGLang's default
+# uvicorn's names (uvicorn.config.LOG_LEVELS), listed here so a misspelt one is refused by argparse
+# before the model loads; uvicorn itself fails on it with a KeyError traceback after the load.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +27,8 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: from the free memory)")
-    parser.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS,
+                        help=f"uvicorn log level: {', '.join(LOG_LEVELS)} (default info)")
 
 
 def create_app(engine, api_key=None, served_model_name=None):
