@@ -39,14 +39,24 @@ def install_arguments(parser) -> None:
 
 
 def install(args) -> int:
-    """Install the kernelspec; prints where it went. Returns 0."""
+    """Install the kernelspec; prints where it went. Returns 0, or 2 with a message on stderr for
+    a name Jupyter refuses or a place that cannot be written."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     prefix = sys.prefix if args.sys_prefix else args.prefix
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_spec(), indent=2))
-        dest = KernelSpecManager().install_kernel_spec(
-            tmp, kernel_name=args.name, user=prefix is None, prefix=prefix
-        )
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_spec(), indent=2))
+            dest = KernelSpecManager().install_kernel_spec(
+                tmp, kernel_name=args.name, user=prefix is None, prefix=prefix
+            )
+    except ValueError as e:  # jupyter_client's check of the name
+        print(f"lmnb install-kernel: --name {args.name!r}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a prefix that is a file, or a folder this user cannot write
+        where = "--sys-prefix" if args.sys_prefix else f"--prefix {prefix}" if prefix else "--user"
+        print(f"lmnb install-kernel: cannot install with {where}: {e}; choose a folder you can write "
+              "(--user, or --prefix PATH)", file=sys.stderr)
+        return 2
     print(f"installed kernelspec {args.name!r} in {dest}")
     return 0

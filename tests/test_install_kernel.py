@@ -1,0 +1,35 @@
+"""``lmnb install-kernel``: where the kernelspec goes, and clear errors for what Jupyter refuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def _install(*args):
+    return subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "install-kernel", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_install_kernel_writes_the_spec_under_the_prefix(tmp_path):
+    out = _install("--prefix", str(tmp_path), "--name", "lmnb-test")
+    assert out.returncode == 0, out.stderr
+    spec = json.loads((tmp_path / "share/jupyter/kernels/lmnb-test/kernel.json").read_text())
+    assert spec["argv"][1:3] == ["-m", "lmnb_kernel"] and spec["display_name"] == "lmnb (Python 3)"
+
+
+def test_install_kernel_with_a_name_jupyter_refuses_says_so_without_a_traceback(tmp_path):
+    # Jupyter kernel names are ASCII letters, digits, '-', '.', '_': a space is refused.
+    out = _install("--prefix", str(tmp_path), "--name", "my kernel")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("lmnb install-kernel: --name 'my kernel': Invalid kernel name")
+    assert not (tmp_path / "share").exists()
+
+
+def test_install_kernel_under_a_prefix_that_is_a_file_says_so_without_a_traceback(tmp_path):
+    (tmp_path / "file").write_text("")
+    out = _install("--prefix", str(tmp_path / "file"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith(f"lmnb install-kernel: cannot install with --prefix {tmp_path / 'file'}: ")
+    assert "Not a directory" in out.stderr and "--user, or --prefix PATH" in out.stderr
