@@ -959,3 +959,20 @@ def test_a_server_url_with_or_without_its_trailing_slash_is_one_backend(tmp_path
     assert run_job(tmp_path, "--input", rows, "--limit", 2, "--backend", "http://127.0.0.1:30000") == 0
     assert run_job(tmp_path, "--input", rows, "--backend", "http://127.0.0.1:30001/") == 2
     assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == [0, 1]
+
+
+def test_openai_without_an_api_key_is_a_one_line_error_that_names_the_key(tmp_path, capsys, monkeypatch):
+    """`job.py --openai MODEL` (the official API: no --backend URL) with no key anywhere ended in the
+    openai client's OpenAIError traceback, which the job did not catch; now it is exit 2 and a line
+    that says where the key goes. Nothing is written for the rows."""
+    for name in ("OPENAI_API_KEY", "OPENAI_ADMIN_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                      "--openai", "gpt-4o-mini", "--no-progress"])
+    assert job.run(run_row, programs=[echo]) == 2
+    err = capsys.readouterr().err
+    assert "lmnb batch: could not start the backend" in err and "ValueError: the openai client did not start: " in err
+    assert "Traceback" not in err
+    assert "--api-key KEY" in err and "$OPENAI_API_KEY" in err
+    assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []

@@ -44,6 +44,8 @@ class OpenAI(BaseBackend):
 
     Raises:
         ImportError: the ``openai`` package is missing (``pip install openai``).
+        ValueError: the client refused its arguments, e.g. the official API (no ``base_url``)
+            without an API key.
     """
 
     def __init__(self, model_name: str, base_url: Optional[str] = None, api_key: Optional[str] = None,
@@ -56,7 +58,12 @@ class OpenAI(BaseBackend):
         self._openai = openai
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
         cls = openai.AzureOpenAI if is_azure else openai.OpenAI
-        self.client = cls(base_url=base_url, api_key=api_key, **client_kwargs)
+        try:
+            self.client = cls(base_url=base_url, api_key=api_key, **client_kwargs)
+        except openai.OpenAIError as e:  # not a ValueError: callers (an exported job) showed its traceback
+            fix = "" if api_key else (" Give the API key: api_key= (an exported job's --api-key KEY, "
+                                      "%lm connect --api-key KEY) or $OPENAI_API_KEY.")
+            raise ValueError(f"the openai client did not start: {e}{fix}") from None
         self.model_name = model_name
         self.is_chat_model = model_name not in COMPLETION_MODEL_NAMES if is_chat_model is None else is_chat_model
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
