@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import math
 import os
 import signal
 import sys
@@ -40,7 +41,8 @@ def run_arguments(parser) -> None:
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="set a parameter, read like its default in the parameters cell as the exported job "
                              "reads it (else a Python literal, else the text); repeatable")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds one cell may take (default 1800)")
+    parser.add_argument("--timeout", type=_seconds, default=1800,
+                        help="seconds one cell may take (default 1800; 0: no limit)")
     parser.add_argument("--allow-errors", action="store_true", help="keep going after a failing cell")
 
 
@@ -107,7 +109,7 @@ def run(args) -> int:
     km = kernel_manager()
     ctrl_c = CtrlC(km)
     client = NotebookClient(
-        nb, km=km, timeout=args.timeout, startup_timeout=120, allow_errors=args.allow_errors,
+        nb, km=km, timeout=cell_timeout(args.timeout), startup_timeout=120, allow_errors=args.allow_errors,
         resources={"metadata": {"path": str(src.resolve().parent)}},
         on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=ctrl_c.check,
     )
@@ -154,6 +156,30 @@ def run(args) -> int:
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
     return status
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a number of seconds, 0 (or ``inf``) for no limit.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or below 0."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more seconds, got {text!r}")
+    return value
+
+
+def cell_timeout(seconds: float) -> int | None:
+    """nbclient's ``timeout`` for ``--timeout seconds``: whole seconds, rounded up (its trait takes
+    only an int: 2.5 was a TraitError traceback), None for no limit (0, inf)."""
+    if not seconds or math.isinf(seconds):
+        return None
+    return math.ceil(seconds)
 
 
 def _shutdown(km, busy: bool) -> None:

@@ -94,6 +94,25 @@ def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
 
 
+def test_a_fractional_timeout_is_enforced_and_a_negative_one_refused(tmp_path, capfd):
+    """--timeout 2.5 ended in a traitlets TraitError traceback (nbclient's timeout is an int):
+    it now waits 3 s, the whole seconds rounded up; 0 is no limit, and -1 is refused by argparse."""
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import cell_timeout, run
+
+    assert [cell_timeout(t) for t in (2.5, 3, 0.1, 0, float("inf"))] == [3, 3, 1, None, None]
+    src = _notebook(tmp_path / "nb.ipynb", "import time; time.sleep(30)")
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "out.ipynb"), parameter=[], timeout=2.5,
+                              allow_errors=False)
+    assert run(args) == 1
+    err = capfd.readouterr().err
+    assert "lmnb run: a cell ran longer than --timeout 2.5 s" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(src), "--timeout", "-1"])
+    assert e.value.code == 2
+    assert "argument --timeout: must be 0 (no limit) or more seconds, got '-1'" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("sources, report", [
     # a Python cell: its frames, not those of the module it calls (shapes.py, two frames); In [1]
     # is the first code cell, cell 2 after the markdown
