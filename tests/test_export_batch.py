@@ -200,6 +200,21 @@ def test_parameters_are_options_typed_like_their_defaults():
     assert job.args.limit is None  # a parameter named like a job option gets --param-NAME
 
 
+@pytest.mark.parametrize("option, text, message", [
+    ("--limit", "abc", "argument --limit: expected a whole number, got 'abc'"),
+    ("--num-threads", "1.5", "argument --num-threads: expected a whole number, got '1.5'"),
+    ("--num-threads", "0", "argument --num-threads: must be at least 1, got 0"),
+])
+def test_a_count_option_that_is_no_whole_number_is_named_in_words(capsys, option, text, message):
+    """argparse named the type function instead: "invalid _count value: 'abc'"."""
+    job = Job("", ["q"], argv=["--input", "x.jsonl", "--output", "y.jsonl", option, text])
+    with pytest.raises(SystemExit) as e:
+        job.parameters()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(message) and "_count" not in err and "_positive_int" not in err
+
+
 def test_a_rerun_with_other_parameters_or_backend_is_refused_not_mixed_into_the_file(tmp_path, capsys):
     """Rows 0-1 were answered for one --style, the rerun would have answered rows 2-3 for another
     and reported '2 already done'; each record now says what it was run with."""

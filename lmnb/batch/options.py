@@ -157,15 +157,23 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     return lmnb.RuntimeEndpoint(url, api_key=args.api_key, **timeout)
 
 
+def _whole_number(text: str) -> int:
+    # argparse names the type function in its message for a ValueError ("invalid _count value")
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
 def _count(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
