@@ -94,6 +94,7 @@ def run(args) -> int:
         injected = inject_parameters(nb, values)
     else:
         injected = None
+    clear_outputs(nb)
 
     def cell_name(number: int) -> str:  # in the source notebook's numbering, without the injected cell
         if injected is None or number - 1 < injected:
@@ -365,6 +366,16 @@ def inject_parameters(nb, params: dict) -> int | None:
         print("lmnb run: no cell is tagged 'parameters'; the parameters go in a new first cell", file=sys.stderr)
     cells.insert(tagged[0] + 1 if tagged else 0, cell)
     return tagged[0] + 1 if tagged else 0
+
+
+def clear_outputs(nb) -> None:
+    """Empty every code cell's outputs and execution count, as papermill does before a run: nbclient
+    clears only the cells it runs, so after a failure the cells below it kept the outputs of an
+    earlier run, the saved notebook showed them as run, and the summary counted their tokens."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
 
 
 def summary(nb, src: Path, out: Path, seconds: float) -> str:

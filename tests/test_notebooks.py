@@ -113,6 +113,26 @@ def test_a_fractional_timeout_is_enforced_and_a_negative_one_refused(tmp_path, c
     assert "argument --timeout: must be 0 (no limit) or more seconds, got '-1'" in capfd.readouterr().err
 
 
+def test_cells_after_a_failure_keep_no_outputs_of_an_earlier_run(tmp_path, capsys):
+    """A notebook saved with outputs (an executed one, run again) kept them in the cells the run
+    did not reach: the saved notebook showed them as run and the summary counted them."""
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "x = 1", "1 / 0", "print('old')")
+    nb = nbformat.read(src, as_version=4)
+    for number, cell in enumerate(nb.cells, start=1):  # as an earlier run left them
+        cell.execution_count = number
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text="old\n")]
+    nbformat.write(nb, src)
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "out.ipynb"), parameter=[], timeout=60,
+                              allow_errors=False)
+    assert run(args) == 3
+    assert "cells run: 2 of 3 (0 %%lm)" in capsys.readouterr().out
+    done = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert [c.execution_count for c in done.cells] == [1, 2, None]
+    assert done.cells[2].outputs == []
+
+
 @pytest.mark.parametrize("sources, report", [
     # a Python cell: its frames, not those of the module it calls (shapes.py, two frames); In [1]
     # is the first code cell, cell 2 after the markdown
