@@ -153,7 +153,7 @@ def run(args) -> int:
                 _shutdown(km, busy=failed is not None)
             finally:
                 km.cleanup_connection_dir()
-    print(summary(nb, src, out, time.monotonic() - t0))
+    print(summary(nb, src, out, time.monotonic() - t0, cell_name))
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
     return status
@@ -378,8 +378,10 @@ def clear_outputs(nb) -> None:
             cell.execution_count = None
 
 
-def summary(nb, src: Path, out: Path, seconds: float) -> str:
-    """The printed summary: cells run, ``%%lm`` cells, tokens and hit rate, time."""
+def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}") -> str:
+    """The printed summary: cells run, ``%%lm`` cells, the cells that raised (with
+    ``--allow-errors`` the run goes on past them, and nothing else would say so), tokens and hit
+    rate, time. ``cell_name(number)`` names the cell at 1-based ``number`` of ``nb``."""
     code = [c for c in nb.cells if c.cell_type == "code"]
     ran = [c for c in code if c.get("execution_count") is not None]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
@@ -399,5 +401,17 @@ def summary(nb, src: Path, out: Path, seconds: float) -> str:
     missing = f" ({unreported} %%lm cell{'s' * (unreported > 1)} without a summary not counted)" if unreported else ""
     return (f"lmnb run: {src} -> {out}\n"
             f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
+            + _raised(nb, cell_name) +
             f"  tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}{missing}\n"
             f"  time: {seconds:.1f} s")
+
+
+def _raised(nb, cell_name, shown: int = 3) -> str:
+    """The summary's line for the cells whose outputs hold an error ("" if none): how many, and
+    the first ``shown`` of them with their error's name."""
+    raised = [f"{cell_name(number)} ({o.get('ename', 'error')})" for number, c in enumerate(nb.cells, start=1)
+              if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    if not raised:
+        return ""
+    more = f", and {len(raised) - shown} more" if len(raised) > shown else ""
+    return f"  cells that raised: {len(raised)}: {', '.join(raised[:shown])}{more}\n"

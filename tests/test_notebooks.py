@@ -473,3 +473,21 @@ def test_the_run_summary_counts_quiet_lm_cells_and_says_their_tokens_are_missing
     text = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
     assert "cells run: 3 of 3 (2 %%lm)" in text  # it said 1: the quiet cell has no summary output
     assert "prompt 10, cached 4 (hit rate 40%), completion 3 (1 %%lm cell without a summary not counted)" in text
+
+
+def test_the_run_summary_names_the_cells_that_raised():
+    """With --allow-errors the run goes on past a failing cell and exits 0; the summary said
+    nothing of the errors. Numbers are the source notebook's, as in the failure report."""
+    from lmnb_kernel.run import summary as run_summary
+
+    nb = nbformat.v4.new_notebook()
+    cells = [nbformat.v4.new_code_cell(f"c{i}", execution_count=i) for i in range(1, 7)]
+    for i in (1, 2, 4, 5):  # four cells raised
+        cells[i].outputs = [nbformat.v4.new_output("error", ename=f"E{i + 1}", evalue="", traceback=[])]
+    nb.cells = [nbformat.v4.new_markdown_cell("# title"), *cells]
+    text = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
+    assert "\n  cells that raised: 4: cell 3 (E2), cell 4 (E3), cell 6 (E5), and 1 more\n" in text
+    named = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0, cell_name=lambda n: f"#{n - 1}")
+    assert "cells that raised: 4: #2 (E2), #3 (E3), #5 (E5), and 1 more" in named
+    nb.cells = cells[:1]
+    assert "raised" not in run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
