@@ -70,3 +70,13 @@ def test_lmnb_serve_refuses_an_unknown_log_level_before_loading():
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "argument --log-level: invalid choice: 'loud'" in out.stderr and "'debug'" in out.stderr
+
+
+def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
+    # the warning came from warnings.warn, with the server module's path and its source line
+    out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0",
+                          "--model", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2  # (the missing model ends it before anything binds)
+    assert out.stderr.splitlines()[0] == ("lmnb serve: warning: serving on 0.0.0.0 without --api-key: anyone who "
+                                          "can reach it can use the model; add --api-key KEY")
+    assert "UserWarning" not in out.stderr and "http_server" not in out.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 DEFAULT_PORT = 30000  # SGLang's default
 # uvicorn's names (uvicorn.config.LOG_LEVELS), listed here so a misspelt one is refused by argparse
@@ -48,7 +47,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
         return 2
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
-        warnings.warn(f"serving on {args.host} without --api-key: anyone who can reach it can use the model", stacklevel=1)
+        # a line of the command's own, not warnings.warn: that showed this file's path and source line
+        print(f"lmnb serve: warning: serving on {args.host} without --api-key: anyone who can reach it can use "
+              "the model; add --api-key KEY", file=sys.stderr)
     try:
         engine = Engine(model=args.model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
     except (FileNotFoundError, ValueError) as e:
