@@ -80,3 +80,16 @@ def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
     assert out.stderr.splitlines()[0] == ("lmnb serve: warning: serving on 0.0.0.0 without --api-key: anyone who "
                                           "can reach it can use the model; add --api-key KEY")
     assert "UserWarning" not in out.stderr and "http_server" not in out.stderr
+
+
+def test_lmnb_serve_on_a_port_in_use_says_so_before_loading_the_model():
+    # uvicorn found it only after the model had loaded, and exited 3 after its own log lines
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--port", str(port)],
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr == (f"lmnb serve: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); "
+                          "choose another --port\n")

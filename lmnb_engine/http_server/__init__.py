@@ -37,6 +37,26 @@ def create_app(engine, api_key=None, served_model_name=None):
     return _create_app(engine, api_key=api_key, served_model_name=served_model_name)
 
 
+def address_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (a host that does not resolve, a port in use), or
+    None. Checked before the model loads: uvicorn finds out only after, and exits 3."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except socket.gaierror as e:
+        return f"the host does not resolve ({e.strerror}); give an address of this machine, e.g. 127.0.0.1"
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return "the port is in use (another server?); choose another --port"
+        return f"{e.strerror or e}; give an address of this machine (--host) and a free --port"
+    return None
+
+
 def serve(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted. Returns the exit status."""
     import uvicorn
@@ -50,6 +70,10 @@ def serve(args: argparse.Namespace) -> int:
         # a line of the command's own, not warnings.warn: that showed this file's path and source line
         print(f"lmnb serve: warning: serving on {args.host} without --api-key: anyone who can reach it can use "
               "the model; add --api-key KEY", file=sys.stderr)
+    problem = address_problem(args.host, args.port)
+    if problem:
+        print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
+        return 2
     try:
         engine = Engine(model=args.model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
     except (FileNotFoundError, ValueError) as e:
