@@ -78,7 +78,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     """
     params_cell = next((c for c in cells if isinstance(c, Code) and c.is_parameters), None)
     parameters = tuple(read_parameters(params_cell.source)) if params_cell else ()
-    given = None if inputs is None else tuple(inputs)
+    # (a name given twice is one field: it became a duplicate parameter of run_row, a SyntaxError)
+    given = None if inputs is None else tuple(dict.fromkeys(inputs))
     if given is not None:
         bad = [n for n in given if not n.isidentifier()]
         if bad:
