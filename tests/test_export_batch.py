@@ -991,3 +991,19 @@ def test_openai_without_an_api_key_is_a_one_line_error_that_names_the_key(tmp_pa
     assert "Traceback" not in err
     assert "--api-key KEY" in err and "$OPENAI_API_KEY" in err
     assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []
+
+
+def test_the_jobs_help_lists_its_exit_statuses(capsys):
+    """A job's --help said nothing of its exit statuses (the README names only 141)."""
+    import re
+
+    from lmnb.batch import runner
+
+    job = Job("a job", ["q"], argv=["--help"])
+    with pytest.raises(SystemExit):
+        job.parameters()
+    shown = capsys.readouterr().out.split("exit status:\n", 1)[1]
+    listed = [int(n) for n in re.findall(r"^  (\d+) ", shown, re.M)]
+    assert listed == [runner.EXIT_OK, runner.EXIT_ROW_ERRORS, runner.EXIT_FATAL, runner.EXIT_INTERRUPTED,
+                      runner.EXIT_BROKEN_PIPE] == [0, 1, 2, 130, 141]
+    assert "run the same command again to continue" in shown and "--retry-errors" in shown

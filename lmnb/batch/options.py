@@ -93,7 +93,20 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--retry-errors", action="store_true",
                    help="run again the rows whose results are errors (their old records are removed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.epilog = JOB_EXIT_STATUSES
     return p
+
+
+# The exit statuses of a per-row job (lmnb.batch.runner's EXIT_* constants; runner imports this
+# module, so they are spelled out here), for its --help.
+JOB_EXIT_STATUSES = """exit status:
+  0    every row of the results file is ok
+  1    some rows failed or had bad input: their records' "error" says why; fix it, then
+       run again with --retry-errors
+  2    the options, the input, the results file or the backend cannot be used (the
+       message says which, and how to fix it)
+  130  stopped by Ctrl-C or SIGTERM: run the same command again to continue
+  141  the pipe that the rows print into was closed (| head); the rest run on a rerun"""
 
 
 def parameter_options(names, per_row: bool = True) -> dict:
