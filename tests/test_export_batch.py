@@ -987,7 +987,9 @@ def test_openai_without_an_api_key_is_a_one_line_error_that_names_the_key(tmp_pa
                                       "--openai", "gpt-4o-mini", "--no-progress"])
     assert job.run(run_row, programs=[echo]) == 2
     err = capsys.readouterr().err
-    assert "lmnb batch: could not start the backend" in err and "ValueError: the openai client did not start: " in err
+    # (it said "the backend (engine)": --openai without --backend URL is the official API)
+    assert ("lmnb batch: could not start the backend (--openai gpt-4o-mini at the official OpenAI API): "
+            "ValueError: the openai client did not start: ") in err
     assert "Traceback" not in err
     assert "--api-key KEY" in err and "$OPENAI_API_KEY" in err
     assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []

@@ -141,6 +141,14 @@ def engine_model(args: argparse.Namespace, default_model: Optional[str] = None) 
     return args.model or default_model or os.environ.get(MODEL_ENV) or None
 
 
+def backend_label(args: argparse.Namespace) -> str:
+    """The backend the options name, for messages: ``engine``, a URL, or ``--openai MODEL`` and
+    where it goes (``--backend engine`` with ``--openai`` is the official OpenAI API, not the engine)."""
+    if args.openai:
+        return f"--openai {args.openai} at " + ("the official OpenAI API" if args.backend == "engine" else args.backend)
+    return args.backend
+
+
 def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     """The lmnb backend the options name: ``lmnb.Engine`` (``--model``, else ``default_model``, else
     ``$LMNB_MODEL``, else the demo model), ``lmnb.OpenAI`` (``--openai``) or ``lmnb.RuntimeEndpoint``.
