@@ -122,7 +122,8 @@ def run(args) -> int:
         if ctrl_c.count:
             failed, status = f"interrupted (Ctrl-C) in {cell_name(ctrl_c.cell_number)}; it did not stop", 130
         else:
-            failed, status = f"a cell ran longer than --timeout {args.timeout:g} s", 1
+            failed, status = (f"{cell_name(ctrl_c.cell_number)} ran longer than --timeout {args.timeout:g} s; "
+                              "give a larger --timeout (0: no limit)"), 1
     except DeadKernelError:
         # On a second Ctrl-C, a cell that did not stop after the first, or SIGTERM (nbclient's own
         # handler, which notes the future it started), the kernel is shut down, so the cell then
