@@ -474,3 +474,22 @@ def test_an_error_before_the_first_cell_of_run_row_names_no_cell(monkeypatch, tm
     error = read_results(tmp_path / "out.jsonl")[0]["error"]
     assert error.startswith("Error: un(shallow)copyable object of type") and error.endswith(
         f" (myjob.py line {lineno})")
+
+
+def test_the_printed_command_runs_a_script_whose_path_has_a_space(tmp_path, capsys):
+    """`lmnb export "my nb.ipynb"` printed `python my dir/my nb.py --input ...`: copied into a
+    shell, that is the script `my` with stray words."""
+    import shlex
+
+    from lmnb_kernel.cli import main
+
+    nb_path = tmp_path / "my dir" / "my nb.ipynb"
+    nb_path.parent.mkdir()
+    nbformat.write(QA, nb_path)
+    assert main(["export", str(nb_path)]) == 0
+    command = capsys.readouterr().err.splitlines()[-1]
+    assert shlex.split(command) == ["python", str(tmp_path / "my dir" / "my nb.py"), "--input", "rows.jsonl",
+                                    "--output", "results.jsonl"]
+    nbformat.write(notebook("x = 1"), nb_path)  # no %%lm cell: the script runs once, without options
+    assert main(["export", str(nb_path)]) == 0
+    assert shlex.split(capsys.readouterr().err.splitlines()[-1]) == ["python", str(tmp_path / "my dir" / "my nb.py")]

@@ -108,10 +108,13 @@ def export(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"lmnb export: cannot write {out}: {e}", file=sys.stderr)
         return 2
+    import shlex
+
+    script = shlex.quote(str(out))  # the command is copied into a shell: a path with a space stays one word
     if not p.row:
-        print(f"wrote {out}; run it with\n  python {out}", file=sys.stderr)
+        print(f"wrote {out}; run it with\n  python {script}", file=sys.stderr)
         return 0
     fields = ", ".join(p.inputs) or "none"
-    print(f"wrote {out} (row fields: {fields}); run it with\n  python {out} --input rows.jsonl "
+    print(f"wrote {out} (row fields: {fields}); run it with\n  python {script} --input rows.jsonl "
           "--output results.jsonl", file=sys.stderr)
     return 0
