@@ -349,7 +349,7 @@ def inject_parameters(nb, params: dict) -> int | None:
     the index of the inserted cell (None if it replaced one)."""
     import nbformat
 
-    source = "# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in params.items())
+    source = "# Parameters\n" + "".join(f"{k} = {python_source(v)}\n" for k, v in params.items())
     cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
     cells = nb.cells
     tagged = [i for i, c in enumerate(cells) if _is_parameters(c)]
@@ -377,6 +377,28 @@ def clear_outputs(nb) -> None:
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
+
+
+def python_source(value) -> str:
+    """``value`` (what ``parse_value`` returns: a literal) as Python source that evaluates back to
+    it. ``repr`` is that but for non-finite numbers: ``inf`` and ``nan`` are no Python names, so an
+    injected ``x = inf`` (``-p x 1e400``) was a NameError; they are written as papermill writes them."""
+    if isinstance(value, (float, complex)) and not _finite(value):
+        return f"{type(value).__name__}({str(value)!r})"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(python_source, value)) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(python_source, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, set) and value:
+        return "{" + ", ".join(map(python_source, value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{python_source(k)}: {python_source(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _finite(number) -> bool:
+    parts = (number.real, number.imag) if isinstance(number, complex) else (number,)
+    return all(math.isfinite(p) for p in parts)
 
 
 def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}") -> str:

@@ -491,3 +491,22 @@ def test_the_run_summary_names_the_cells_that_raised():
     assert "cells that raised: 4: #2 (E2), #3 (E3), #5 (E5), and 1 more" in named
     nb.cells = cells[:1]
     assert "raised" not in run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
+
+
+def test_p_values_that_are_not_finite_are_injected_as_python_that_reads_back():
+    """`-p x 1e400` injected `x = inf`, a NameError in the kernel (inf and nan are no Python names)."""
+    import math
+
+    from lmnb_kernel.run import inject_parameters, parse_value, python_source
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("rate = 0.5", metadata={"tags": ["parameters"]})]
+    values = {"x": parse_value("1e400"), "rate": parse_value("nan", 0.5), "xs": parse_value("[1e400, (2, -1e400)]"),
+              "pair": parse_value("(1,)"), "z": parse_value("1e400j")}
+    inject_parameters(nb, values)
+    namespace: dict = {}
+    exec(nb.cells[1].source, namespace)  # the injected cell, as the kernel runs it
+    assert namespace["x"] == math.inf and math.isnan(namespace["rate"])
+    assert namespace["xs"] == [math.inf, (2, -math.inf)] and namespace["pair"] == (1,)
+    assert namespace["z"].imag == math.inf
+    assert python_source({"a": [1, "b"], 2: None}) == "{'a': [1, 'b'], 2: None}"  # finite values: their repr
