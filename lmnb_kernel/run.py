@@ -54,7 +54,7 @@ def run(args) -> int:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from lmnb.export import read_notebook
+    from lmnb.export import file_in_the_way, read_notebook
 
     src = Path(args.notebook)
     if not src.is_file():
@@ -73,7 +73,9 @@ def run(args) -> int:
         if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
             raise PermissionError("permission denied")
     except OSError as e:
-        print(f"lmnb run: cannot write {out}: {e}", file=sys.stderr)
+        blocker = file_in_the_way(out)  # (mkdir's "File exists" / "Not a directory" name another path)
+        print(f"lmnb run: cannot write {out}: {f'{blocker} is a file, not a folder' if blocker else e}",
+              file=sys.stderr)
         return 2
     from lmnb.template.parser import is_reserved
 

@@ -493,3 +493,30 @@ def test_the_printed_command_runs_a_script_whose_path_has_a_space(tmp_path, caps
     nbformat.write(notebook("x = 1"), nb_path)  # no %%lm cell: the script runs once, without options
     assert main(["export", str(nb_path)]) == 0
     assert shlex.split(capsys.readouterr().err.splitlines()[-1]) == ["python", str(tmp_path / "my dir" / "my nb.py")]
+
+
+def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
+    """`-o notes.txt/job.py` (notes.txt a file) said "[Errno 17] File exists: 'notes.txt'" for
+    export and run, and the job "[Errno 20] Not a directory: 'notes.txt/out.jsonl'"."""
+    import argparse
+
+    from lmnb.batch import Job
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("")
+    nb_path = tmp_path / "qa.ipynb"
+    nbformat.write(QA, nb_path)
+    for target in (blocker / "job.py", blocker / "sub" / "job.py"):
+        assert main(["export", str(nb_path), "-o", str(target)]) == 2
+        assert capsys.readouterr().err == f"lmnb export: cannot write {target}: {blocker} is a file, not a folder\n"
+    target = blocker / "sub" / "out.ipynb"
+    args = argparse.Namespace(notebook=str(nb_path), output=str(target), parameter=[], timeout=60, allow_errors=False)
+    assert run(args) == 2
+    assert capsys.readouterr().err == f"lmnb run: cannot write {target}: {blocker} is a file, not a folder\n"
+    (tmp_path / "rows.jsonl").write_text('{"question": "q"}\n')
+    job = Job("", ["question"], argv=["--input", str(tmp_path / "rows.jsonl"), "--output", str(blocker / "out.jsonl")])
+    assert job.run(lambda question: None) == 2
+    assert capsys.readouterr().err == (f"lmnb batch: the folder of the output file {blocker / 'out.jsonl'} is a file, "
+                                       f"{blocker}, not a folder\n")

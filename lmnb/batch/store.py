@@ -103,8 +103,9 @@ class ResultStore:
             StoreError: another run holds the lock, a line is not a JSON record, the records
                 were keyed differently (with/without ``--id-field``), or a row has two records.
         """
-        if self.path.parent and not self.path.parent.exists():
-            raise StoreError(f"the folder of the output file {self.path} does not exist")
+        if not self.path.parent.is_dir():  # (a file there was "[Errno 20] Not a directory" from open())
+            why = f"is a file, {self.path.parent}, not a folder" if self.path.parent.exists() else "does not exist"
+            raise StoreError(f"the folder of the output file {self.path} {why}")
         if self.path.exists() and not self.path.is_file():  # (reading a pipe back would wait forever)
             what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"
             raise StoreError(f"the output {self.path} is {what}; the results are appended to a file and read "

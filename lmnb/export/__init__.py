@@ -66,6 +66,13 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
     return source, p
 
 
+def file_in_the_way(path: Path) -> Optional[Path]:
+    """The nearest existing folder of ``path`` when it is no folder but a file, else None. Making
+    the folders fails on it with "File exists" or "Not a directory", naming another path."""
+    existing = next((parent for parent in path.parents if parent.exists()), None)
+    return existing if existing is not None and not existing.is_dir() else None
+
+
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``lmnb export``."""
     parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%%%lm cells")
@@ -106,7 +113,9 @@ def export(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(source, encoding="utf-8")
     except OSError as e:
-        print(f"lmnb export: cannot write {out}: {e}", file=sys.stderr)
+        blocker = file_in_the_way(out)
+        why = f"{blocker} is a file, not a folder" if blocker else e
+        print(f"lmnb export: cannot write {out}: {why}", file=sys.stderr)
         return 2
     import shlex
 
