@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import atexit
 import math
 import os
 import signal
@@ -156,6 +157,9 @@ def run(args) -> int:
                 _shutdown(km, busy=failed is not None)
             finally:
                 km.cleanup_connection_dir()
+                # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
+                # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
+                atexit.unregister(client._cleanup_kernel)
     print(summary(nb, src, out, time.monotonic() - t0, cell_name))
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)

@@ -510,3 +510,23 @@ def test_p_values_that_are_not_finite_are_injected_as_python_that_reads_back():
     assert namespace["xs"] == [math.inf, (2, -math.inf)] and namespace["pair"] == (1,)
     assert namespace["z"].imag == math.inf
     assert python_source({"a": [1, "b"], 2: None}) == "{'a': [1, 'b'], 2: None}"  # finite values: their repr
+
+
+def test_a_kernel_that_dies_at_start_up_is_reported_without_a_traceback_at_exit(tmp_path):
+    """A kernel that could not start (here: ipykernel fails to import) ended the run as it should,
+    and then Python printed nbclient's exit hook failing: "Exception ignored in atexit callback",
+    a traceback and an AssertionError."""
+    import os
+
+    broken = tmp_path / "site" / "ipykernel"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("ipykernel is broken for this test")\n')
+    src = _notebook(tmp_path / "nb.ipynb", "x = 1")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path])}
+    out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "run", str(src)], env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1
+    assert "lmnb run: the lmnb kernel failed: " in out.stderr
+    assert "ImportError: ipykernel is broken for this test" in out.stderr  # the kernel's own stderr says why
+    after = out.stderr.split("lmnb run: the lmnb kernel failed: ", 1)[1]
+    assert "Exception ignored" not in after and "Traceback" not in after
