@@ -1009,3 +1009,20 @@ def test_the_jobs_help_lists_its_exit_statuses(capsys):
     assert listed == [runner.EXIT_OK, runner.EXIT_ROW_ERRORS, runner.EXIT_FATAL, runner.EXIT_INTERRUPTED,
                       runner.EXIT_BROKEN_PIPE] == [0, 1, 2, 130, 141]
     assert "run the same command again to continue" in shown and "--retry-errors" in shown
+
+
+def test_a_semicolon_separated_table_is_named_in_the_missing_field_error(tmp_path):
+    """A spreadsheet's CSV with ';' between columns reads as one column 'id;question'; the error
+    said only "missing field 'question' (the row has id;question)"."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("id;question\n1;q\n", encoding="utf-8")
+    assert run_job(tmp_path, "--input", rows) == 1
+    assert read_results(tmp_path / "out.jsonl")[0]["error"] == (
+        "line 2: missing field 'question' (the row has id;question); the column name 'id;question' looks like "
+        "several separated by ';': the input must be comma-separated (CSV), or tab-separated (.tsv, "
+        "--input-format tsv); save it so")
+    tabs = tmp_path / "tabs.csv"  # a tab-separated file named .csv: its fields are read as one column too
+    tabs.write_text("question\tid\nq\t1\n", encoding="utf-8")
+    (tmp_path / "out.jsonl").unlink()
+    assert run_job(tmp_path, "--input", tabs) == 1
+    assert "separated by '\\t'" in read_results(tmp_path / "out.jsonl")[0]["error"]

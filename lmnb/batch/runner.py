@@ -96,6 +96,7 @@ class RowRunner:
                     if spaced:  # ("question, context" as a CSV header: the second column is " context")
                         error += (f"; {', '.join(map(repr, spaced))} {'have' if len(spaced) > 1 else 'has'} "
                                   "spaces around the name: remove them from the input's column names")
+                    error += _other_separator(row.fields, missing)
                 nulls = [f for f in self.job.inputs if f in row.fields and row.fields[f] is None]
                 if nulls and not missing:  # (a null would run into the prompt as the text "None")
                     error = (f"line {row.line}: {'fields' if len(nulls) > 1 else 'field'} {', '.join(map(repr, nulls))} "
@@ -371,6 +372,17 @@ class _StopOnSignals:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         return False
+
+
+def _other_separator(fields, missing: list) -> str:
+    """A hint for a table whose columns are not separated by commas (or tabs in a .tsv): a
+    spreadsheet's semicolon CSV reads as one column "id;question". "" when that is not it."""
+    for name in fields if isinstance(fields, dict) else ():
+        for sep in (";", "|", "\t", ","):
+            if isinstance(name, str) and sep in name and set(missing) & {n.strip() for n in name.split(sep)}:
+                return (f"; the column name {name!r} looks like several separated by {sep!r}: the input must be "
+                        "comma-separated (CSV), or tab-separated (.tsv, --input-format tsv); save it so")
+    return ""
 
 
 def _where(error: BaseException, run_row) -> str:
