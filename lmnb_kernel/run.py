@@ -51,7 +51,6 @@ def run(args) -> int:
     """Execute, save, print the summary. Returns an exit status (``EXIT_STATUSES``); the executed
     notebook is saved in every case but 2. A cell that raised is reported by
     ``cell_failure.describe_failure``: its number and first line, the error, its frames."""
-    import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -71,8 +70,7 @@ def run(args) -> int:
         if out.is_dir():
             raise IsADirectoryError("it is a directory; give a file name, e.g. -o DIR/out.ipynb")
         out.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-            raise PermissionError("permission denied")
+        _try_writing(out)
     except OSError as e:
         blocker = file_in_the_way(out)  # (mkdir's "File exists" / "Not a directory" name another path)
         print(f"lmnb run: cannot write {out}: {f'{blocker} is a file, not a folder' if blocker else e}",
@@ -151,7 +149,7 @@ def run(args) -> int:
         failed, status = "interrupted", 130
     finally:
         try:
-            nbformat.write(nb, out)
+            saved = save(nb, out)
         finally:
             try:
                 _shutdown(km, busy=failed is not None)
@@ -160,10 +158,44 @@ def run(args) -> int:
                 # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
                 # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
                 atexit.unregister(client._cleanup_kernel)
-    print(summary(nb, src, out, time.monotonic() - t0, cell_name))
+    print(summary(nb, src, saved, time.monotonic() - t0, cell_name))
     if failed is not None:
-        print(f"lmnb run: {failed}\n(outputs so far are saved in {out})", file=sys.stderr)
-    return status
+        print(f"lmnb run: {failed}\n(outputs so far are saved in {saved})", file=sys.stderr)
+    return 2 if saved != out and status == 0 else status
+
+
+def _try_writing(out: Path) -> None:
+    """Open ``out`` for appending (and remove it again if that made it), so that a path this
+    process cannot write is found before the run, not when its work is saved. ``os.access`` is
+    not that test: it says yes to root on a read-only file system, or under /proc.
+
+    Raises:
+        OSError: it cannot be written."""
+    existed = out.exists()
+    with open(out, "a", encoding="utf-8"):
+        pass
+    if not existed:
+        out.unlink()
+
+
+def save(nb, out: Path) -> Path:
+    """Write the executed ``nb`` to ``out``; when that fails (the disk filled up, the folder went
+    away during the run), to a new file in the temporary folder instead, saying so, so the run's
+    work is not lost. Returns the path written."""
+    import tempfile
+
+    import nbformat
+
+    try:
+        nbformat.write(nb, out)
+        return out
+    except OSError as e:
+        fd, fallback = tempfile.mkstemp(prefix=f"{out.stem}-", suffix=".ipynb")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            nbformat.write(nb, f)
+        print(f"lmnb run: cannot save {out}: {e}; the executed notebook is saved in {fallback} instead",
+              file=sys.stderr)
+        return Path(fallback)
 
 
 def _seconds(text: str) -> float:

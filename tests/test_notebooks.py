@@ -530,3 +530,43 @@ def test_a_kernel_that_dies_at_start_up_is_reported_without_a_traceback_at_exit(
     assert "ImportError: ipykernel is broken for this test" in out.stderr  # the kernel's own stderr says why
     after = out.stderr.split("lmnb run: the lmnb kernel failed: ", 1)[1]
     assert "Exception ignored" not in after and "Traceback" not in after
+
+
+def test_an_output_the_process_cannot_write_is_found_before_the_run_even_as_root(tmp_path, capsys):
+    """os.access said yes to root for /proc (or a read-only mount): the notebook ran, and saving it
+    ended in a traceback that lost the run. Opening the file is the test now."""
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "print('x')")
+    args = argparse.Namespace(notebook=str(src), output="/proc/lmnb-out.ipynb", parameter=[], timeout=60,
+                              allow_errors=False)
+    assert run(args) == 2
+    assert "lmnb run: cannot write /proc/lmnb-out.ipynb: " in capsys.readouterr().err
+
+
+def test_a_notebook_that_cannot_be_saved_at_the_end_is_saved_elsewhere(tmp_path, capsys, monkeypatch):
+    """A write that fails only at the end (the disk filled up during the run) was a traceback, and
+    the executed notebook was lost."""
+    import errno
+
+    import nbformat as nbf
+
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "print('ran')")
+    out = tmp_path / "out.ipynb"
+    write = nbf.write
+
+    def full_disk(nb, fp, *a, **k):
+        if str(fp) == str(out):
+            raise OSError(errno.ENOSPC, "No space left on device", str(out))
+        return write(nb, fp, *a, **k)
+
+    monkeypatch.setattr(nbf, "write", full_disk)
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=60, allow_errors=False)
+    assert run(args) == 2  # (EXIT_STATUSES: the output cannot be written)
+    err = capsys.readouterr().err
+    fallback = Path(err.split("the executed notebook is saved in ", 1)[1].split(" instead")[0])
+    assert f"lmnb run: cannot save {out}: [Errno 28] No space left on device" in err
+    assert nbf.read(fallback, as_version=4).cells[0].outputs[0]["text"] == "ran\n"
+    fallback.unlink()
