@@ -1619,3 +1619,34 @@ def test_categories_in_a_class_keep_multibyte_characters_after_a_complete_match(
         assert accepts(grammar, backend.vocab, text) and re.fullmatch(pattern, text), text
     for text in outside:
         assert not accepts(grammar, backend.vocab, text) and not re.fullmatch(pattern, text), text
+
+
+@pytest.mark.parametrize("schema, candidates", [
+    # an optional property whose enum lists no string: left out (it cannot be written validly)
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "enum": [1, 2]}},
+      "required": ["a"]},
+     ['{"a": 1}', '{"a": 1, "b": 1}', '{"a": 1, "b": "1"}', '{"b": "1"}']),
+    # one anyOf branch with no valid const: the other branch is used
+    ({"anyOf": [{"type": "string", "const": 1}, {"type": "integer"}]}, ["3", "1", '"1"', '"x"']),
+    # the items of an array that may be empty: the array is written empty
+    ({"type": "array", "items": {"type": "integer", "minimum": 5, "enum": [1, 2]}}, ["[]", "[1]", "[5]"]),
+    # an unused $defs entry constrains nothing
+    ({"$defs": {"never": {"type": "string", "enum": []}}, "type": "boolean"}, ["true", "false", '"x"']),
+])
+def test_a_subschema_with_no_valid_listed_value_is_dropped_where_the_schema_does_without_it(schema, candidates):
+    """An enum/const that no value satisfies, where the whole schema is still satisfiable: it was
+    refused ("no output could validate"). The reference: jsonschema's verdict on each candidate."""
+    rx = re.compile(schema_to_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in candidates:
+        assert bool(rx.fullmatch(text)) == validator.is_valid(json.loads(text)), text
+
+
+def test_a_required_subschema_with_no_valid_listed_value_is_still_refused():
+    """Where the schema needs the value (a required property, the only branch), nothing validates."""
+    with pytest.raises(GrammarError, match="at #/properties/b: no enum value passes its own type; no output could"):
+        schema_to_regex({"type": "object", "properties": {"b": {"type": "string", "enum": [1]}}, "required": ["b"]})
+    with pytest.raises(GrammarError, match="at #/anyOf/0 has const 1, which does not pass its own type"):
+        schema_to_regex({"anyOf": [{"type": "string", "const": 1}]})
+    with pytest.raises(GrammarError, match="at #/items: no enum value passes"):
+        schema_to_regex({"type": "array", "minItems": 1, "items": {"type": "string", "enum": [1]}})

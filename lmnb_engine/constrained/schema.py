@@ -19,7 +19,8 @@ behaviours would break the guarantee that output validates, so this module wraps
   format checker accepts), written out like a ``pattern``.
 * Where it stops a recursive ``$ref`` it writes ``{}``, valid or not; ``schema_refs.inline_refs``
   resolves every reference first and cuts recursion where the output stays valid (and prunes
-  ``false``, which it refuses).
+  ``false``, which it refuses, and so a subschema whose ``enum``/``const`` lists no value that
+  passes its other keywords: ``_NoListedValue``).
 * It pastes ``pattern`` between the quotes, so the pattern constrained the JSON text, not the
   string (a raw ``"`` or control character got through), and it drops a pattern beside
   ``minLength``/``maxLength``; ``json_string.pattern_regex`` rewrites it over JSON text, with the
@@ -200,6 +201,11 @@ def _bound_value(value: Any, key: str, where: str) -> Decimal:
     return bound
 
 
+class _NoListedValue(GrammarError):
+    """No listed value (``enum``/``const``) of the subschema can validate: the subschema accepts
+    nothing, like ``false``, and is pruned where the schema can do without it (``schema_refs``)."""
+
+
 def _filter_listed_values(node: dict, where: str, root: dict) -> None:
     """Drop the ``enum`` values (or refuse the ``const``) that the node's other keywords reject (a
     ``const`` beside an ``enum`` is checked against it, and the ``enum`` dropped):
@@ -209,8 +215,8 @@ def _filter_listed_values(node: dict, where: str, root: dict) -> None:
     resolved in ``root`` (the whole schema).
 
     Raises:
-        GrammarError: no listed value passes, so nothing could validate, or a ``$ref`` among the
-            keywords points at nothing."""
+        _NoListedValue: no listed value passes, so nothing validates this subschema.
+        GrammarError: a ``$ref`` among the keywords points at nothing."""
     checks = {k: v for k, v in node.items() if k not in ("enum", "const", "$defs", "definitions") and k not in _ANNOTATIONS}
     if "const" in node and "enum" in node:  # both hold: the const, where the enum lists it, is the value
         checks["enum"] = node.pop("enum")  # (outlines-core wrote the enum's values and dropped the const)
@@ -231,12 +237,12 @@ def _filter_listed_values(node: dict, where: str, root: dict) -> None:
                                f"in this schema ({getattr(e, 'ref', e)!r}); fix the reference") from None
 
     if "const" in node and not valid(node["const"]):
-        raise GrammarError(f"JSON schema at {where} has const {node['const']!r}, which does not pass its own "
+        raise _NoListedValue(f"JSON schema at {where} has const {node['const']!r}, which does not pass its own "
                            f"{', '.join(checks)}; no output could validate: fix the const")
     if "enum" in node:
         kept = [v for v in node["enum"] if valid(v)]
         if not kept:
-            raise GrammarError(f"JSON schema at {where}: no enum value passes its own {', '.join(checks)}; "
+            raise _NoListedValue(f"JSON schema at {where}: no enum value passes its own {', '.join(checks)}; "
                                "no output could validate: fix the enum")
         node["enum"] = kept
 
@@ -449,7 +455,7 @@ def _check_combinations(node: dict, where: str) -> None:
     ``oneOf``: ``schema_oneof.check_one_of``. Beside ``enum``/``const`` ``allOf`` only filters the
     listed values (``_filter_listed_values``)."""
     if node.get("enum") == []:
-        raise GrammarError(f"JSON schema at {where} has an empty 'enum': no value can validate against it; "
+        raise _NoListedValue(f"JSON schema at {where} has an empty 'enum': no value can validate against it; "
                            "list at least one value")
     listed_values = "enum" in node or "const" in node
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1 and not listed_values:
@@ -467,8 +473,23 @@ class _Rewriter:
         self.whitespace = whitespace  # between JSON tokens, for the arrays written here
         self.fragments: dict[str, str] = {}
         self.strings: dict[tuple, str] = {}  # _string_regex's results: the visit asks before _formatted
+        self.no_value: dict[str, str] = {}  # where a subschema lists no valid value → why (for schema_refs)
 
     def visit(self, node: Any, where: str) -> Any:
+        """``node`` (at ``where``) rewritten for outlines-core; ``false`` where it lists no valid value.
+
+        Raises:
+            GrammarError: a keyword, format or structure constrained decoding cannot enforce."""
+        try:
+            return self._visit(node, where)
+        except _NoListedValue as e:
+            # Like false: schema_refs drops it where the schema can do without it (an optional
+            # property, one anyOf branch, the items of an array that may be empty), else refuses
+            # the schema with this message.
+            self.no_value[where] = str(e)
+            return False
+
+    def _visit(self, node: Any, where: str) -> Any:
         if node is True or (isinstance(node, dict) and all(k in _ANNOTATIONS or k in ("$defs", "definitions")
                                                            for k in node)):
             # Any value. outlines-core refuses true and a schema of annotations only, and renders {}
@@ -543,6 +564,8 @@ class _Rewriter:
             node["items"] = self.visit(node["items"], f"{where}/items")
         if isinstance(node.get("additionalProperties"), dict):  # (outlines-core takes true and false there)
             node["additionalProperties"] = self.visit(node["additionalProperties"], f"{where}/additionalProperties")
+            if node["additionalProperties"] is False:
+                node.setdefault("properties", {})  # (as above: outlines-core needs them beside false)
         if any(k in node for k in _BOUNDS):
             return self._bounded(node, where)
         return self._formatted(node, where)
@@ -703,7 +726,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     _draft4_bounds(schema)
     _draft7_items(schema, _is_legacy_draft(schema))
     rewriter = _Rewriter(prefix, schema, whitespace_pattern or WHITESPACE)
-    rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema)
+    rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema, rewriter.no_value)
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as e:

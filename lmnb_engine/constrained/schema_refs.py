@@ -66,7 +66,7 @@ def child(node: Any, part: str) -> Any:
     return _MISSING
 
 
-def inline_refs(schema: Any, original: Any = None) -> Any:
+def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | None = None) -> Any:
     """``schema`` (``original`` as the user wrote it, when ``schema`` is a rewritten copy) with
     every ``$ref`` replaced by its target, ``$defs`` / ``definitions`` removed
     and ``false`` subschemas pruned: the same outputs for outlines-core to generate, with
@@ -75,7 +75,8 @@ def inline_refs(schema: Any, original: Any = None) -> Any:
     References resolve as JSON pointers (RFC 6901: ``~0``, ``~1`` and percent escapes) into the
     root document, named ``#...`` or with the root's ``$id`` before the ``#``. Keywords beside a
     ``$ref`` are annotations only (``schema._Rewriter`` refuses others), so the target replaces
-    the whole subschema.
+    the whole subschema. ``reasons`` maps the location of a ``false`` that stands for a subschema
+    with no valid value to the message that says why (refused with it where it cannot be pruned).
 
     Raises:
         GrammarError: a reference to another document, an ``$anchor`` name, a pointer to nothing
@@ -168,6 +169,8 @@ def inline_refs(schema: Any, original: Any = None) -> Any:
     try:
         return expand(schema, "#", ("",))
     except _NoValue as e:
+        if e.ref is None and e.where in (reasons or {}):
+            raise GrammarError(reasons[e.where]) from None
         if e.ref is None:
             raise GrammarError(
                 f"JSON schema has no valid value: the subschema false at {e.where} accepts nothing, and the "
