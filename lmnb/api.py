@@ -343,11 +343,12 @@ def gen(
     the first match of a pattern or of any in a list, like a stop string (checked here; the
     official OpenAI API has none). ``dtype`` (int, float, bool, str) constrains with a
     regex and stores the parsed value. With ``choices`` this is ``select`` (SGLang: greedy, scored
-    with ``choices_method``, default ``token_length_normalized``).
+    with ``choices_method``, default ``token_length_normalized``), one pick.
 
     Raises:
-        ValueError: an invalid regex, stop_regex, JSON schema or dtype, or more than one of regex,
-            json_schema, dtype and choices (each decides the output alone).
+        ValueError: an invalid regex, stop_regex, JSON schema or dtype, more than one of regex,
+            json_schema, dtype and choices (each decides the output alone), or ``n`` > 1 with
+            choices (or choices that ``select`` refuses).
         TypeError: ``name`` is not a string or None.
     """
     _check_name("gen", name)
@@ -356,9 +357,11 @@ def gen(
     if len(given) > 1:
         raise ValueError(f"gen() got both {given[0]} and {given[1]}; set only one")
     if choices is not None:
-        return select(
-            name, choices, 0.0 if temperature is None else temperature, choices_method or token_length_normalized
-        )
+        if n is not None and n != 1:  # (SGLang drops n here without a word: one variable, one pick)
+            raise ValueError(f"gen(..., choices=...) picks one choice and takes no n (got n={n!r}); for several "
+                             "picks, fork(n) and gen(..., choices=..., temperature=...) in each branch")
+        return _select("gen(..., choices=...)", name, choices, 0.0 if temperature is None else temperature,
+                       choices_method or token_length_normalized)
     check_regex(regex)
     check_stop_regex(stop_regex)
     if dtype is not None:
@@ -408,15 +411,20 @@ def select(
         ValueError: choices missing, empty, or not all non-empty strings; negative temperature.
     """
     _check_name("select", name)
+    return _select("select()", name, choices, temperature, choices_method)
+
+
+def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_method: Any) -> Select:
+    """``select``'s checks and node; errors name ``caller``, the form the user wrote."""
     if not choices or not isinstance(choices, (list, tuple)):
-        raise ValueError("select() needs choices: a non-empty list of strings")
+        raise ValueError(f"{caller} needs choices: a non-empty list of strings")
     bad = [c for c in choices if not isinstance(c, str) or not c]
     if bad:
-        raise ValueError(f"select() choices must be non-empty strings; got {bad!r}")
+        raise ValueError(f"{caller} choices must be non-empty strings; got {bad!r}")
     for c in choices:
-        check_text(c, "the select() choice")
+        check_text(c, f"the {caller} choice")
     if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"select() temperature must be >= 0, got {temperature!r}")
+        raise ValueError(f"{caller} temperature must be >= 0, got {temperature!r}")
     if not isinstance(choices_method, ChoicesSamplingMethod):
         raise TypeError("choices_method must be one of lmnb.token_length_normalized, "
                         "lmnb.greedy_token_selection, lmnb.unconditional_likelihood_normalized")

@@ -922,6 +922,22 @@ def test_bad_arguments_fail_early_with_names():
         sgl.gen("x") + 5
 
 
+def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
+    """gen(choices=..., n=2) ran one pick without a word (SGLang drops n there too), and its errors
+    said select(), which the user never wrote."""
+    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) picks one choice and takes no n \(got n=2\)"):
+        sgl.gen("x", choices=["a", "b"], n=2)
+    assert isinstance(sgl.gen("x", choices=["a", "b"], n=1), type(sgl.select("x", ["a", "b"])))  # n=1: one pick
+    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) needs choices: a non-empty list"):
+        sgl.gen("x", choices=[])
+    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) temperature must be >= 0, got -1"):
+        sgl.gen("x", choices=["a"], temperature=-1)
+    with pytest.raises(ValueError, match=r"^the gen\(\.\.\., choices=\.\.\.\) choice 'b\\ud83d' holds"):
+        sgl.gen("x", choices=["a", "b\ud83d"])
+    with pytest.raises(ValueError, match=r"^select\(\) choices must be non-empty strings"):
+        sgl.select("x", choices=["a", ""])
+
+
 def test_a_url_or_a_backend_class_given_as_the_backend_says_what_to_pass():
     # both failed inside the run: "'str' object has no attribute 'get_chat_template'"
     @sgl.function
