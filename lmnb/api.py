@@ -338,7 +338,7 @@ def gen(
 
     ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
     fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class) constrain the
-    output and reach the backend unchanged. ``seed`` (lmnb extension) makes a sampled gen
+    output and reach the backend unchanged (``True``, JSON Schema's any value, too). ``seed`` (lmnb extension) makes a sampled gen
     reproducible. ``stop_regex`` (an lmnb extension: SGLang's server parameter) ends the output at
     the first match of a pattern or of any in a list, like a stop string (checked here; the
     official OpenAI API has none). ``dtype`` (int, float, bool, str) constrains with a

@@ -90,7 +90,7 @@ class GenParams:
     top_logprobs_num: Optional[int] = None
     return_text_in_logprobs: Optional[bool] = None
     regex: Optional[str] = None
-    json_schema: Optional[Union[str, dict]] = None
+    json_schema: Optional[Union[str, dict, bool]] = None
     dtype: Optional[Any] = None
 
     def __post_init__(self) -> None:
@@ -355,13 +355,14 @@ class CommitLazy(Expr):
         return "the prefill of the text before fork()"
 
 
-def json_schema_value(schema: Any) -> Union[str, dict, None]:
-    """A JSON schema given as a str, a dict, or a pydantic model class → the str or dict.
+def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
+    """A JSON schema given as a str, a dict, a bool (JSON Schema's ``true``: any value, ``false``:
+    none), or a pydantic model class → the str, dict or bool.
 
     Raises:
         TypeError: any other type; ValueError: a str that is not JSON.
     """
-    if schema is None or isinstance(schema, dict):
+    if schema is None or isinstance(schema, (dict, bool)):
         return schema
     if isinstance(schema, str):
         try:
@@ -372,7 +373,7 @@ def json_schema_value(schema: Any) -> Union[str, dict, None]:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
     raise TypeError(
-        f"json_schema must be a JSON string, a dict or a pydantic model class, not {type(schema).__name__}"
+        f"json_schema must be a JSON string, a dict, a bool or a pydantic model class, not {type(schema).__name__}"
     )
 
 

@@ -75,7 +75,7 @@ class SamplingParams:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1
     regex: str | None = None
-    json_schema: str | dict | None = None
+    json_schema: str | dict | bool | None = None
     stop_regex: str | list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1650,3 +1650,18 @@ def test_a_required_subschema_with_no_valid_listed_value_is_still_refused():
         schema_to_regex({"anyOf": [{"type": "string", "const": 1}]})
     with pytest.raises(GrammarError, match="at #/items: no enum value passes"):
         schema_to_regex({"type": "array", "minItems": 1, "items": {"type": "string", "enum": [1]}})
+
+
+def test_the_boolean_schemas_true_and_false_at_the_root():
+    """``true`` (a bool or the JSON string) is JSON Schema's any value: the same grammar as ``{}``;
+    ``false`` accepts nothing. Both were refused ("must be a dict ..."). The reference for the
+    matches: json.loads and jsonschema's verdict on each text."""
+    assert schema_to_regex(True) == schema_to_regex("true") == schema_to_regex({})
+    rx = re.compile(schema_to_regex(True))
+    for text in ['1', '-2.5', '"x"', 'null', 'true', '[]', '[1, {"a": false}]', '{"a": [null, "b"]}']:
+        assert jsonschema.Draft202012Validator(True).is_valid(json.loads(text)) and rx.fullmatch(text), text
+    for text in ['', 'nul', '[1,', "'x'", '{"a"}']:
+        assert not rx.fullmatch(text), text
+    for schema in (False, "false"):
+        with pytest.raises(GrammarError, match=r"^JSON schema false accepts no value: no output could validate"):
+            schema_to_regex(schema)

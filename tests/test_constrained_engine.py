@@ -38,6 +38,7 @@ def engines(tiny_llama):
         ({"regex": r"(?<=a)b"}, "lookbehind"),
         ({"json_schema": {"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1}}, "'minProperties'"),
         ({"regex": "a[^\\x00-\\U0010FFFF]"}, "has a part that matches no text"),
+        ({"json_schema": False}, "JSON schema false accepts no value"),
     ],
 )
 def test_bad_constraints_fail_at_submission_and_queue_nothing(engines, constraint, named):
@@ -47,6 +48,18 @@ def test_bad_constraints_fail_at_submission_and_queue_nothing(engines, constrain
     with pytest.raises(ValueError, match=re.escape(named)):  # GrammarError is a ValueError
         on.generate(["x", "y"], SamplingParams(**constraint))
     assert_idle_accounting(on)
+
+
+def test_the_schema_true_generates_a_json_value(engines):
+    """JSON Schema's ``true`` (any value) was refused; a finished output is one JSON value."""
+    import json
+
+    rs = engines[0].generate("x", SamplingParams(n=4, max_new_tokens=24, seed=3, json_schema=True))
+    for r in rs:
+        if r.finish_reason.type == "stop":
+            json.loads(r.text)
+        else:
+            assert r.finish_reason.message == INCOMPLETE_MESSAGE
 
 
 def test_token_limit_cut_is_length_and_says_incomplete(engines):

@@ -471,3 +471,13 @@ def test_constant_prefix_is_visible_to_the_batch_tracer():
     exec(t.to_python("p"), ns)
     assert extract_prefix(t.program(), template) == "Answer briefly.\nQ: Where does "
     assert extract_prefix(ns["p"], template) == "Answer briefly.\nQ: Where does "
+
+
+def test_a_boolean_json_schema_literal_is_checked_as_json_schema_reads_it():
+    """``true`` (any value) was refused as "must be a JSON object"; ``false`` (no value) is refused
+    before anything runs, in the engine's words."""
+    for source in ("{gen c json_schema=True}", "{gen c json_schema='true'}"):
+        assert 's += lmnb.gen("c", json_schema=' in parse(source).to_python()
+    assert lmnb.gen("c", json_schema=True).params.json_schema is True
+    with pytest.raises(TemplateSyntaxError, match="JSON schema false accepts no value"):
+        parse("{gen c json_schema='false'}")

@@ -31,8 +31,8 @@ behaviours would break the guarantee that output validates, so this module wraps
 Objects with ``properties`` never get other keys (``additionalProperties`` beside them is accepted,
 but extra keys are not generated, which keeps every output valid); an ``additionalProperties``
 schema alone makes a map of any keys, and with ``propertyNames`` listing the names, one of those
-keys (each optional). Accepted inputs: a ``dict``, a JSON string, or a pydantic
-model class (``model_json_schema()``).
+keys (each optional). Accepted inputs: a ``dict``, a JSON string, a pydantic
+model class (``model_json_schema()``), or the boolean schema ``true`` (any value; ``false`` is refused).
 """
 
 from __future__ import annotations
@@ -159,9 +159,10 @@ def _format_pattern(fmt: str, max_length: int | None) -> str:
     return _FORMAT_PATTERN[fmt]
 
 
-def load_schema(schema: Any) -> dict:
+def load_schema(schema: Any) -> dict | bool:
     """The schema as a fresh ``dict``: from a dict (``json_schema.checked_schema``'s copy), a JSON
-    string, or a pydantic class.
+    string, or a pydantic class; or the boolean schema ``true`` / ``false`` (JSON Schema's any
+    value / no value), given as a bool or as a JSON string.
 
     Raises:
         GrammarError: the string is not JSON, a dict holds a value JSON cannot represent, the
@@ -175,6 +176,8 @@ def load_schema(schema: Any) -> dict:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
+    if isinstance(schema, bool):
+        return schema
     if isinstance(schema, dict):
         try:
             return checked_schema(schema)
@@ -720,6 +723,9 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
         _check_whitespace(whitespace_pattern)
         whitespace_pattern = f"(?:{automaton_syntax(whitespace_pattern)})"  # outlines-core splices it in ungrouped
     schema = load_schema(schema)
+    if schema is False:  # (valid JSON Schema, which no value passes)
+        raise GrammarError("JSON schema false accepts no value: no output could validate; pass true or {} "
+                           "for any JSON value")
     prefix = _PLACEHOLDER
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
