@@ -651,7 +651,8 @@ class StreamExecutor:
             self._finish_var(expr.name, value, comps[0].meta_info, _constraint(params), comps[0].text)
         else:
             values = [self._parsed(expr, c.text, parse, c.meta_info) for c in comps]
-            self._finish_var(expr.name, values, [c.meta_info for c in comps])
+            # the variable holds every sample; iter_text(name) yields the text appended, the first's
+            self._finish_var(expr.name, values, [c.meta_info for c in comps], text=comps[0].text)
 
     def _execute_gen_stream(self, expr: Gen, params: GenParams, parse) -> None:
         name = expr.name
@@ -805,7 +806,8 @@ class StreamExecutor:
     def iter_text(self, var_name: Optional[str] = None) -> Iterator[str]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
         state is closed and idle (or the variable is complete). A variable holding a parsed value
-        (``gen(dtype=int)``) yields the text its gen wrote. A variable written again (a gen in a
+        (``gen(dtype=int)``) yields the text its gen wrote; one holding a gen's ``n`` > 1 samples
+        yields the first sample's text, the one appended to the state's text. A variable written again (a gen in a
         loop) yields from its value when the iteration begins, then the writes already queued; it
         ends once no gen of the variable is pending (SGLang's ends when the variable is set), so a
         write the body queues after that (after Python work between the gens) is not waited for:

@@ -938,6 +938,22 @@ def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
         sgl.select("x", choices=["a", ""])
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_text_iter_of_a_gen_with_several_samples_yields_the_first_samples_text(stream):
+    """It yielded nothing (the variable holds a list, which has no text): now the text the gen
+    appended to the state, which is the first sample (as text() shows)."""
+    replies = iter(["alpha", "beta", "7", "8"])
+    be = ScriptedBackend(reply=lambda prompt, params: next(replies))
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("x", n=2) + "|" + sgl.gen("y", dtype=int, n=2)
+
+    st = prog.run(stream=stream, backend=be)
+    assert "".join(st.text_iter("x")) == "alpha" and "".join(st.text_iter("y")) == "7"
+    assert st["x"] == ["alpha", "beta"] and st["y"] == [7, 8] and st.text() == "Q:alpha|7"
+
+
 def test_a_url_or_a_backend_class_given_as_the_backend_says_what_to_pass():
     # both failed inside the run: "'str' object has no attribute 'get_chat_template'"
     @sgl.function
