@@ -38,7 +38,8 @@ def run_arguments(parser) -> None:
     """Options of ``lmnb run``, with the exit statuses as the help's epilog."""
     parser.epilog = f"exit status: {EXIT_STATUSES}"
     parser.add_argument("notebook", help="the .ipynb to execute")
-    parser.add_argument("-o", "--output", help="where to save the executed notebook (default: NAME.out.ipynb)")
+    parser.add_argument("-o", "--output", help="where to save the executed notebook (default: NAME.out.ipynb; "
+                                               "-: stdout, and the summary goes to stderr)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="set a parameter, read like its default in the parameters cell as the exported job "
                              "reads it (else a Python literal, else the text); repeatable")
@@ -61,16 +62,18 @@ def run(args) -> int:
         print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
         return 2
     out = Path(args.output) if args.output else src.with_suffix(".out.ipynb")
+    to_stdout = args.output == "-"  # papermill's and lmnb export's "-": the notebook on stdout
     try:
         nb = read_notebook(src)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
         return 2
     try:  # before the run: a path that cannot be written would lose it at the end
-        if out.is_dir():
+        if out.is_dir() and not to_stdout:
             raise IsADirectoryError("it is a directory; give a file name, e.g. -o DIR/out.ipynb")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _try_writing(out)
+        if not to_stdout:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _try_writing(out)
     except OSError as e:
         blocker = file_in_the_way(out)  # (mkdir's "File exists" / "Not a directory" name another path)
         print(f"lmnb run: cannot write {out}: {f'{blocker} is a file, not a folder' if blocker else e}",
@@ -118,7 +121,9 @@ def run(args) -> int:
     t0 = time.monotonic()
     failed, status = None, 0
     try:
-        client.execute(env=env)
+        # With -o -, the kernel's own fd 1 (native code's prints, not a cell's output) goes to
+        # stderr, so that stdout holds the notebook alone.
+        client.execute(env=env, **({"stdout": 2} if to_stdout else {}))
     except CellTimeoutError:
         if ctrl_c.count:
             failed, status = f"interrupted (Ctrl-C) in {cell_name(ctrl_c.cell_number)}; it did not stop", 130
@@ -158,9 +163,11 @@ def run(args) -> int:
                 # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
                 # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
                 atexit.unregister(client._cleanup_kernel)
-    print(summary(nb, src, saved, time.monotonic() - t0, cell_name))
+    where = "stdout" if to_stdout and saved == out else saved
+    print(summary(nb, src, where, time.monotonic() - t0, cell_name), file=sys.stderr if to_stdout else sys.stdout)
     if failed is not None:
-        print(f"lmnb run: {failed}\n(outputs so far are saved in {saved})", file=sys.stderr)
+        print(f"lmnb run: {failed}\n(outputs so far are {'written to' if where == 'stdout' else 'saved in'} "
+              f"{where})", file=sys.stderr)
     return 2 if saved != out and status == 0 else status
 
 
@@ -179,21 +186,26 @@ def _try_writing(out: Path) -> None:
 
 
 def save(nb, out: Path) -> Path:
-    """Write the executed ``nb`` to ``out``; when that fails (the disk filled up, the folder went
-    away during the run), to a new file in the temporary folder instead, saying so, so the run's
-    work is not lost. Returns the path written."""
+    """Write the executed ``nb`` to ``out`` (``-``: stdout); when that fails (the disk filled up,
+    the folder went away during the run, a closed pipe), to a new file in the temporary folder
+    instead, saying so, so the run's work is not lost. Returns the path written."""
     import tempfile
 
     import nbformat
 
     try:
-        nbformat.write(nb, out)
+        if str(out) == "-":
+            sys.stdout.write(nbformat.writes(nb) + "\n")  # (as nbformat.write ends a file)
+            sys.stdout.flush()
+        else:
+            nbformat.write(nb, out)
         return out
     except OSError as e:
         fd, fallback = tempfile.mkstemp(prefix=f"{out.stem}-", suffix=".ipynb")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             nbformat.write(nb, f)
-        print(f"lmnb run: cannot save {out}: {e}; the executed notebook is saved in {fallback} instead",
+        print(f"lmnb run: cannot save {'to stdout' if str(out) == '-' else out}: {e}; the executed notebook "
+              f"is saved in {fallback} instead",
               file=sys.stderr)
         return Path(fallback)
 

@@ -268,6 +268,19 @@ def test_ctrl_c_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_pat
     assert not (tmp_path / "nb.out.ipynb").exists()
 
 
+def test_output_dash_writes_the_executed_notebook_to_stdout_and_the_summary_to_stderr(tmp_path):
+    """-o - wrote a file named '-' (lmnb export and papermill read '-' as stdout). The reference:
+    nbformat reads stdout back as the notebook, with the cell's own output in it."""
+    src = _notebook(tmp_path / "nb.ipynb", "print('hello')", "import os; n = os.write(1, b'fd one\\n')")
+    proc = subprocess.run([sys.executable, "-m", "lmnb_kernel", "run", str(src), "-o", "-"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    done = nbformat.reads(proc.stdout, as_version=4)
+    assert [o.get("text") for o in done.cells[0].outputs] == ["hello\n"]
+    assert f"lmnb run: {src} -> stdout\n  cells run: 2 of 2 (0 %%lm)" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]  # no file named '-' (nor NB.out.ipynb)
+
+
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
     from lmnb_kernel.run import run
 
