@@ -54,6 +54,17 @@ def test_each_row_gets_its_variables_finish_reason_and_tokens(tmp_path):
         assert set(r["tokens"]) == {"prompt", "cached", "completion"}
 
 
+@pytest.mark.parametrize("name, text", [("rows.jsonl", ""), ("rows.jsonl", "\n\n"), ("rows.csv", "question\n")])
+def test_an_input_without_rows_is_warned_about_and_exits_0(tmp_path, capsys, name, text):
+    """It said "0 rows" and exited 0 without a word: a wrong or unwritten input file went unnoticed."""
+    rows = tmp_path / name
+    rows.write_text(text)
+    assert run_job(tmp_path, "--input", rows) == 0
+    err = capsys.readouterr().err
+    assert f"lmnb batch: warning: {rows} has no input rows (an empty file?); nothing to run\n" in err
+    assert read_results(tmp_path / "out.jsonl") == []
+
+
 def test_rerun_after_a_partial_run_runs_only_the_missing_rows(tmp_path):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(6)])
     backend = ScriptedBackend(reply)

@@ -200,6 +200,9 @@ class Job:
             rows = list(read_rows(args.input, args.input_format))
         except InputError as e:
             return fatal(str(e))
+        if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
+            print(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run",
+                  file=sys.stderr)
         if args.limit is not None:
             rows = rows[: args.limit]
         store = ResultStore(args.output, args.id_field, self.settings(), code_fingerprint(run_row))
