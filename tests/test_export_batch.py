@@ -537,6 +537,26 @@ def test_ctrl_c_lets_the_running_rows_finish_and_starts_no_queued_one(tmp_path, 
     assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == list(range(10))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_ctrl_c_that_leaves_no_row_undone_ends_the_job_as_usual_and_says_so(tmp_path, capsys, threads):
+    """A Ctrl-C while the last row finished ended the job with 130 and 'run the same command again
+    to do the remaining rows', though every row was written and there were none left."""
+    import os
+    import signal
+
+    def row(question):
+        run_row(question)
+        if question == "q2":  # the last row: the Ctrl-C comes while it finishes
+            os.kill(os.getpid(), signal.SIGINT)
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    argv = ["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress", "--num-threads", threads]
+    assert Job("t", ["question"], argv=list(map(str, argv))).run(row, backend=ScriptedBackend(reply)) == 0
+    err = capsys.readouterr().err
+    assert "  Ctrl-C came, but every row is written: the job is complete\n" in err and "stopped early" not in err
+    assert sorted((r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")) == [(i, "ok") for i in range(3)]
+
+
 def test_a_rerun_whose_input_changed_under_done_rows_is_refused_and_writes_nothing(tmp_path, capsys):
     """Rows are keyed by position: a rerun on an edited or re-sorted input used to skip the rows at
     done positions, keeping results of other questions under them."""

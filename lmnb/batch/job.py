@@ -181,7 +181,8 @@ class Job:
     def run(self, run_row: Callable[..., Any], programs: Sequence[Any] = (), backend: Any = None) -> int:
         """Run ``run_row(**fields)`` for every input row not yet in the output; returns the exit
         status: 0 every row in the output is ok, 1 some rows failed or their input was unusable
-        (their records say why), 2 the job could not start, 130 stopped by Ctrl-C / SIGTERM, 141
+        (their records say why), 2 the job could not start, 130 stopped by Ctrl-C / SIGTERM before every
+        row was written (after that, the job ends as usual, saying so), 141
         stopped because the rows printed into a pipe that closed (``| head``; those rows are not
         recorded, so a rerun does them), or stderr did (``2>&1 | head``).
 

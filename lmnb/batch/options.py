@@ -105,7 +105,7 @@ JOB_EXIT_STATUSES = """exit status:
        run again with --retry-errors
   2    the options, the input, the results file or the backend cannot be used (the
        message says which, and how to fix it)
-  130  stopped by Ctrl-C or SIGTERM: run the same command again to continue
+  130  stopped by Ctrl-C or SIGTERM with rows left: run the same command again to continue
   141  the pipe that the rows print into was closed (| head); the rest run on a rerun"""
 
 

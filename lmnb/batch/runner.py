@@ -34,12 +34,14 @@ class RowRunner:
         self.tokens = {"prompt": 0, "cached": 0, "completion": 0}
         self.seconds = 0.0
         self.signals = 0  # SIGINT count; SIGTERM counts as two
+        self.left = 0  # rows this run should do and has not written (a Ctrl-C that leaves none ends nothing)
         self.pipe_closed = False  # a row's print met a closed stdout (`job.py | head -1`)
         self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr while rows run on several threads
 
     def run(self) -> int:
         """Run the rows not yet done (``triage``) and print the summary; returns the exit status."""
         todo = self.triage()
+        self.left = len(todo)
         if todo and self.backend is not None:
             self.execute(self.backend, todo)
         elif todo:
@@ -50,11 +52,13 @@ class RowRunner:
             try:
                 self.execute(backend, todo)
             finally:
-                backend.shutdown()
-        if self.pipe_closed:
-            silence_stream("stdout")
-        self.summary()
-        if self.signals:
+                with _StopOnSignals(self):  # (a Ctrl-C now is counted, as while rows ran, not raised)
+                    backend.shutdown()
+        with _StopOnSignals(self):
+            if self.pipe_closed:
+                silence_stream("stdout")
+            self.summary()
+        if self.signals and self.left:  # (once every row is written, a Ctrl-C stops nothing)
             return EXIT_INTERRUPTED
         if self.pipe_closed:
             return EXIT_BROKEN_PIPE
@@ -177,15 +181,16 @@ class RowRunner:
         inflight: set = set()
         if self.args.num_threads > 1:
             self.outputs = sys.stdout, sys.stderr = RowOutput(sys.stdout), RowOutput(sys.stderr)
-        try:
-            self._run_pool(pool, pending, inflight, window, bar)
-        finally:
-            if self.outputs:
-                sys.stdout, sys.stderr = (out.target for out in self.outputs)
-                self.outputs = ()
-        bar.close()
-        self.seconds = time.perf_counter() - start
-        pool.shutdown(wait=not inflight, cancel_futures=True)
+        with _StopOnSignals(self):  # (until the pool is shut down: a Ctrl-C is counted, never raised)
+            try:
+                self._run_pool(pool, pending, inflight, window, bar)
+            finally:
+                if self.outputs:
+                    sys.stdout, sys.stderr = (out.target for out in self.outputs)
+                    self.outputs = ()
+            bar.close()
+            self.seconds = time.perf_counter() - start
+            pool.shutdown(wait=not inflight, cancel_futures=True)
         if inflight:  # stopped at once: rows still running are not written; a rerun does them
             self.summary()
             self.store.close()
@@ -196,32 +201,33 @@ class RowRunner:
         """Keep ``window`` rows in flight and write each as it finishes, until all are done or a
         signal or a closed pipe stops the job (``inflight`` then holds the rows still running)."""
         announced = False
-        with _StopOnSignals(self):
-            while True:
-                while self.signals == 0 and not self.pipe_closed and len(inflight) < window:
-                    item = next(pending, None)
-                    if item is None:
-                        break
-                    inflight.add(pool.submit(self.run_one, *item))
-                if not inflight or self.signals > 1:
+        while True:
+            while self.signals == 0 and not self.pipe_closed and len(inflight) < window:
+                item = next(pending, None)
+                if item is None:
                     break
-                done, _ = wait(inflight, timeout=0.25, return_when=FIRST_COMPLETED)
-                for future in done:
-                    inflight.discard(future)
-                    record = future.result()
-                    if record is None:  # (its print met a closed stdout: not done, a rerun does it)
-                        continue
-                    self.write(record)
-                    for k in self.tokens:
-                        self.tokens[k] += record["tokens"][k]
-                    bar.update()
-                    if self.new[ERROR]:
-                        bar.set_postfix(errors=self.new[ERROR], refresh=False)
-                if self.signals == 1 and not announced:
-                    announced = True
-                    for future in list(inflight):  # rows queued but not started: a rerun does them
-                        if future.cancel():
-                            inflight.discard(future)
+                inflight.add(pool.submit(self.run_one, *item))
+            if not inflight or self.signals > 1:
+                break
+            done, _ = wait(inflight, timeout=0.25, return_when=FIRST_COMPLETED)
+            for future in done:
+                inflight.discard(future)
+                record = future.result()
+                if record is None:  # (its print met a closed stdout: not done, a rerun does it)
+                    continue
+                self.write(record)
+                self.left -= 1
+                for k in self.tokens:
+                    self.tokens[k] += record["tokens"][k]
+                bar.update()
+                if self.new[ERROR]:
+                    bar.set_postfix(errors=self.new[ERROR], refresh=False)
+            if self.signals == 1 and not announced:
+                announced = True
+                for future in list(inflight):  # rows queued but not started: a rerun does them
+                    if future.cancel():
+                        inflight.discard(future)
+                if inflight:  # (none: the rows all finished, or the rest were not started)
                     bar.write(f"lmnb batch: stopping; finishing the {len(inflight)} rows already running "
                               "(Ctrl-C again to stop now)", file=sys.stderr)
 
@@ -292,11 +298,13 @@ class RowRunner:
         if self.pipe_closed:
             lines.append("  stopped early: the rows' printed output went to a pipe that closed (| head?); run "
                          "the same command again to do the remaining rows")
-        elif self.signals:
+        elif self.signals and self.left:
             lines.append("  stopped early: run the same command again to do the remaining rows")
         elif c[ERROR] or c[BAD_INPUT]:
             lines.append("  rows with \"status\": \"error\" or \"bad_input\" say why in \"error\"; "
                          "fix the input and run again with --retry-errors")
+        if self.signals and not self.left and not self.pipe_closed:
+            lines.append("  Ctrl-C came, but every row is written: the job is complete")
         print("\n".join(lines), file=sys.stderr)
 
 
