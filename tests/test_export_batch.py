@@ -1057,3 +1057,30 @@ def test_a_semicolon_separated_table_is_named_in_the_missing_field_error(tmp_pat
     (tmp_path / "out.jsonl").unlink()
     assert run_job(tmp_path, "--input", tabs) == 1
     assert "separated by '\\t'" in read_results(tmp_path / "out.jsonl")[0]["error"]
+
+
+def test_ctrl_c_twice_stops_a_backend_shutdown_that_hangs(tmp_path, capsys, monkeypatch):
+    """During the backend's shutdown a Ctrl-C is counted, as while rows ran; a shutdown that hung
+    then left the job wedged whatever was pressed."""
+    import os
+    import signal
+    import threading
+
+    from lmnb.batch import runner as runner_module
+
+    finished = threading.Event()
+
+    class HangingShutdown(ScriptedBackend):
+        def shutdown(self):
+            for _ in range(2):  # the user presses Ctrl-C twice while the shutdown hangs
+                os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(5)  # (interrupted by the second press with the fix)
+            finished.set()
+
+    monkeypatch.setattr(runner_module, "make_backend", lambda *a: HangingShutdown(reply))
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(2)])
+    job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress"])
+    assert job.run(run_row) == 0  # every row was written before the shutdown
+    assert not finished.is_set()
+    assert "the backend's shutdown was stopped (Ctrl-C twice)" in capsys.readouterr().err
+    assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == [0, 1]

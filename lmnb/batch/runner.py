@@ -52,8 +52,7 @@ class RowRunner:
             try:
                 self.execute(backend, todo)
             finally:
-                with _StopOnSignals(self):  # (a Ctrl-C now is counted, as while rows ran, not raised)
-                    backend.shutdown()
+                self._shut_down(backend)
         with _StopOnSignals(self):
             if self.pipe_closed:
                 silence_stream("stdout")
@@ -64,6 +63,15 @@ class RowRunner:
             return EXIT_BROKEN_PIPE
         counts = self.store.counts
         return EXIT_ROW_ERRORS if counts[ERROR] or counts[BAD_INPUT] else EXIT_OK
+
+    def _shut_down(self, backend) -> None:
+        """``backend.shutdown()``. A Ctrl-C meanwhile is counted, as while rows ran; a second one
+        (or SIGTERM) stops a shutdown that hangs rather than leave the job wedged."""
+        try:
+            with _StopOnSignals(self, stop_now=True):
+                backend.shutdown()
+        except KeyboardInterrupt:
+            print("lmnb batch: the backend's shutdown was stopped (Ctrl-C twice)", file=sys.stderr)
 
     # -- which rows run ---------------------------------------------------------------------------
     def triage(self) -> list[tuple[InputRow, dict]]:
@@ -361,10 +369,12 @@ class RowOutput:
 
 class _StopOnSignals:
     """While running rows: Ctrl-C asks to stop after the rows in flight, a second Ctrl-C (or
-    SIGTERM) to stop now. The handlers only count, so a record is never cut by a signal."""
+    SIGTERM) to stop now. The handlers only count, so a record is never cut by a signal; with
+    ``stop_now``, a count of two or more raises ``KeyboardInterrupt`` (no record is being written)."""
 
-    def __init__(self, run: RowRunner):
+    def __init__(self, run: RowRunner, stop_now: bool = False):
         self.run = run
+        self.stop_now = stop_now
         self.saved: dict = {}
 
     def __enter__(self):
@@ -375,6 +385,8 @@ class _StopOnSignals:
 
     def _hit(self, weight: int) -> None:
         self.run.signals += weight
+        if self.stop_now and self.run.signals > 1:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc):
         for sig, handler in self.saved.items():
