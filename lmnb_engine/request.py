@@ -43,15 +43,35 @@ class TokenGrammar(Protocol):
         """Whether the output is complete (nothing but EOS can extend it)."""
 
 
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's step and finalizer (Steele et al., 2014): a 64-bit bijection that scrambles
+    every input bit into every output bit."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def seed_32(seed: int) -> int:
-    """The 32-bit seed of torch's CPU generator for a 64-bit request ``seed``: its mt19937 keeps
-    only the low 32 bits, so 0, 2**32 and 5 * 2**40 drew the same samples. The seed (mod 2**64) is
-    mixed with SplitMix64's finalizer (Steele et al., 2014) and the high half kept, so seeds that
-    differ anywhere give different streams (up to chance collisions among 2**32)."""
-    z = (seed + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return (z ^ (z >> 31)) >> 32
+    """A 32-bit digest of a 64-bit request ``seed`` (mod 2**64): the high half of SplitMix64's
+    finalizer, so seeds that differ anywhere (0, 2**32, 5 * 2**40) differ here too (up to chance
+    collisions among 2**32)."""
+    return _mix64(seed & _MASK64) >> 32
+
+
+def sample_draw(seed: int, position: int) -> float:
+    """The uniform draw in [0, 1) that samples output token ``position`` (0-based) of a request
+    seeded ``seed``.
+
+    A function of the position, not the next value of a stream: a token that is chosen without a
+    draw (a jump-forward string's certain tokens), or a draw made for a draft position that is
+    then rejected, must not shift the draws of later tokens, or sampled output would depend on
+    ``disable_jump_forward`` (and on which drafts were proposed)."""
+    z = _mix64((_mix64(seed & _MASK64) + position) & _MASK64)
+    return (z >> 11) / float(1 << 53)  # the top 53 bits: every float64 step of [0, 1) is reachable
 
 
 class ReqStatus(enum.Enum):
@@ -73,7 +93,7 @@ class Req:
         emit: callback receiving this request's ``StreamEvent``s (called on the scheduler thread).
         input_key: optional cache key per prompt position (default: the ids themselves); lets a
             multimodal prompt put an image's hash where its placeholder tokens are.
-        seed: seed of this request's sampling generator.
+        seed: seed of this request's sampling draws (``sample_draw``).
         mm_inputs: [issue 10] the images of a multimodal prompt
             (``lmnb_engine.multimodal.MultimodalInputs``), handed to the model with each forward.
     """
@@ -110,8 +130,7 @@ class Req:
         self.kv_allocated_len = 0
 
         # sampling state
-        self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(seed_32(seed))
+        self.seed = seed  # output token j is sampled with ``sample_draw(seed, j)``
         self.stop_token_ids = frozenset(params.stop_token_ids or ())
 
         # output state

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import torch
 
 from lmnb_engine.outputs import TokenLogprob
-from lmnb_engine.request import Req
+from lmnb_engine.request import Req, sample_draw
 
 
 @dataclass
@@ -95,8 +95,9 @@ def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: froze
                 logits[i].masked_fill_(~allowed.to(logits.device), float("-inf"))
 
 
-def _sample_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
-    """Sample one id per row of ``logits`` (float32 [b, V]) with temperature/top_k/top_p/min_p."""
+def _sample_rows(logits: torch.Tensor, reqs: Sequence[Req], positions: Sequence[int]) -> torch.Tensor:
+    """Sample one id per row of ``logits`` (float32 [b, V]) with temperature/top_k/top_p/min_p;
+    row i is output token ``positions[i]`` of ``reqs[i]``."""
     dev = logits.device
     temp = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype, device=dev)
     probs = torch.softmax(logits / temp[:, None], dim=-1)
@@ -117,8 +118,8 @@ def _sample_rows(logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
     # order it moves only when it falls within that noise of a boundary.
     kept = torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort.masked_fill(drop, 0.0))
     cdf = kept.cumsum(dim=-1)
-    # one uniform draw per row from the row's own generator (reproducible per request)
-    u = torch.stack([torch.rand((), generator=r.generator, dtype=torch.float64) for r in reqs])
+    # one uniform draw per row, a function of the request's seed and the token's position
+    u = torch.tensor([sample_draw(r.seed, j) for r, j in zip(reqs, positions)], dtype=torch.float64)
     target = u.to(dev, logits.dtype) * cdf[:, -1]
     pick = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
     last_kept = (kept > 0).to(torch.int32).cumsum(dim=-1).argmax(dim=-1)  # a rounding of u * total up
@@ -216,6 +217,7 @@ def sample(
     reqs: Sequence[Req],
     eos_token_ids: frozenset[int],
     grammar_bitmask: Optional[torch.Tensor] = None,
+    positions: Optional[Sequence[int]] = None,
 ) -> SampleOutput:
     """Choose the next token of every row (``sample_async(...).result()``).
 
@@ -228,10 +230,12 @@ def sample(
             that are not the request's next token (jump-forward verification: one request, one
             row per draft position). When given, ``Req.grammar`` is neither asked for a mask nor
             told the sampled ids.
+        positions: the output position each row samples (default ``len(req.output_ids)``, the
+            next token); it picks the row's draw (``request.sample_draw``).
     Returns:
         ``SampleOutput`` with B ids, optional logprobs and the rows whose logits were not finite.
     """
-    return sample_async(logits, reqs, eos_token_ids, grammar_bitmask).result()
+    return sample_async(logits, reqs, eos_token_ids, grammar_bitmask, positions).result()
 
 
 def sample_async(
@@ -239,6 +243,7 @@ def sample_async(
     reqs: Sequence[Req],
     eos_token_ids: frozenset[int],
     grammar_bitmask: Optional[torch.Tensor] = None,
+    positions: Optional[Sequence[int]] = None,
 ) -> PendingSample:
     """``sample`` without waiting for the device: penalties, masks, the draws and the logprobs are
     launched, and the ``PendingSample`` finishes them. Arguments as ``sample``."""
@@ -261,7 +266,8 @@ def sample_async(
     rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
     if rows:
         idx = torch.tensor(rows, device=x.device)
-        next_ids[idx] = _sample_rows(x[idx], [reqs[i] for i in rows])
+        at = positions if positions is not None else [len(r.output_ids) for r in reqs]
+        next_ids[idx] = _sample_rows(x[idx], [reqs[i] for i in rows], [at[i] for i in rows])
 
     lp_rows = [i for i, r in enumerate(reqs) if r.params.return_logprob]
     top_k = [reqs[i].params.top_logprobs_num for i in lp_rows]

@@ -614,7 +614,9 @@ class Scheduler:
             rows_logits = logits  # a decode step samples every row, in order: no gather
             if at != list(range(len(logits))):
                 rows_logits = logits[torch.tensor(at, device=logits.device)]
-            flight.pending = sample_async(rows_logits, flight.picked, self.eos_token_ids)
+            # a chained step samples the token after the one in flight
+            positions = [len(r.output_ids) + ahead for r in flight.picked]
+            flight.pending = sample_async(rows_logits, flight.picked, self.eos_token_ids, positions=positions)
         return flight
 
     def _complete(self, flight: _Flight) -> None:
@@ -905,13 +907,15 @@ class Scheduler:
         """Sample each draft position (rows of ``logits``, float [k+1, V]) under its own mask; keep
         the draft tokens the sampler agrees with, roll back the rest, append the sampler's token."""
         k = req.num_speculative
-        out = sample(logits, [req] * (k + 1), self.eos_token_ids, grammar_bitmask=req.grammar.verification_bitmask())
+        first = len(req.output_ids) - k
+        # row i samples output position first + i: the draw one-token decoding would use there
+        out = sample(logits, [req] * (k + 1), self.eos_token_ids, grammar_bitmask=req.grammar.verification_bitmask(),
+                     positions=range(first, first + k + 1))
         if out.bad_rows:
             self._fail_nonfinite(req)
             return
         kept, token = req.grammar.verify(out.token_ids)
         req.num_speculative = 0
-        first = len(req.output_ids) - k
         if kept < k:
             self.rollback(req, first + kept)
             req.jumped_tokens -= k - kept

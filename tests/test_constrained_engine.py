@@ -124,6 +124,18 @@ def test_logprobs_with_jump_forward_match_plain_decoding(engines):
     assert [lp.logprob for lp in a.logprobs] == pytest.approx([lp.logprob for lp in b.logprobs], abs=1e-4)
 
 
+def test_seeded_sampling_gives_the_same_output_with_jump_forward_on_and_off(engines):
+    """The Engine promises the same output either way. Sampled tokens used to come from a stream
+    of draws, one per sampled row: jump-forward's certain tokens take no draw and a rejected draft
+    position takes one, so every later token got another draw than in one-token decoding and the
+    JSON differed from its first free-text field on."""
+    on, off = engines
+    p = SamplingParams(n=2, max_new_tokens=128, temperature=1.0, seed=3, json_schema=PERSON)
+    a, b = on.generate("Person:", p), off.generate("Person:", p)
+    assert [r.text for r in a] == [r.text for r in b]
+    assert all(r.meta.jumped_tokens > 0 for r in a) and all(r.meta.jumped_tokens == 0 for r in b)
+
+
 def test_several_samples_each_validate(engines):
     import json
 

@@ -111,14 +111,31 @@ def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch():
     logits = torch.randn(4, 50)
 
     def run(batch_rows, seeds):
-        reqs = [req(seed=s, temperature=1.0) for s in seeds]
-        outs = [sample(logits[batch_rows], reqs, frozenset()).token_ids for _ in range(5)]
-        return [o[0] for o in outs]
+        outs = []
+        for j in range(5):  # output positions 0..4
+            reqs = [req(seed=s, temperature=1.0, output=[7] * j) for s in seeds]
+            outs.append(sample(logits[batch_rows], reqs, frozenset()).token_ids[0])
+        return outs
 
     alone = run([2], [42])
     in_batch = run([2, 0, 1, 3], [42, 1, 2, 3])
     assert alone == in_batch
-    assert len(set(alone)) > 1  # the generator advances between draws
+    assert len(set(alone)) > 1  # each output position has its own draw
+
+
+def test_a_draw_depends_on_the_output_position_not_on_earlier_draws():
+    """Sampling token j uses ``sample_draw(seed, j)`` however many rows were sampled before (a
+    rejected jump-forward draft position samples a row that is then thrown away)."""
+    from lmnb_engine.request import sample_draw
+
+    probs = torch.tensor([[0.25, 0.25, 0.25, 0.25]])
+    r = req(seed=9, temperature=1.0, output=[5, 5, 5])
+    for _ in range(3):  # draws for discarded rows
+        sample(probs.log(), [r], frozenset(), positions=[1])
+    picked = sample(probs.log(), [r], frozenset()).token_ids[0]
+    assert picked == int(sample_draw(9, 3) * 4)  # uniform over 4 tokens: bucket of the draw
+    assert [sample_draw(9, j) for j in range(3)] != [sample_draw(10, j) for j in range(3)]
+    assert all(0.0 <= sample_draw(s, j) < 1.0 for s in (0, -1, 2**70) for j in range(50))
 
 
 def test_a_seeded_draw_does_not_flip_between_near_tied_tokens_under_float_noise():
