@@ -125,9 +125,20 @@ class _EventStream:
             raise
 
     def close(self) -> None:
-        """Abort the request unless every sample has finished."""
-        if not self._handle.done:
-            self._handle.abort()
+        """Abort the request unless every sample has finished.
+
+        On the scheduler thread (the garbage collector finalizing a dropped stream there, maybe in
+        the middle of a step) the abort is queued for the next pause between steps: run at once it
+        would free a request the step is still using, and leak its KV slots."""
+        handle = self._handle
+        if handle.done:
+            return
+        scheduler = handle._engine.scheduler
+        if threading.current_thread() is not scheduler._thread:
+            handle.abort()
+        elif scheduler.alive:  # (once stopped, every request was aborted already)
+            rid = handle.rid
+            scheduler.call(lambda: scheduler.abort(rid))
 
     __del__ = close
 

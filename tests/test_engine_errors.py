@@ -221,6 +221,32 @@ def test_closing_or_dropping_a_stream_before_its_first_event_aborts_the_request(
     assert_idle_accounting(engine)
 
 
+def test_a_stream_collected_on_the_scheduler_thread_mid_step_aborts_it_after_the_step(engine, hf, monkeypatch):
+    """The garbage collector may finalize a dropped, unclosed stream on the scheduler thread (the
+    stream in a reference cycle, say through a stored exception's traceback), in the middle of a
+    step. Its abort ran inline there: admitted and then freed inside the admission, the request
+    failed the step ("internal error") and its KV slots leaked for good."""
+    params = SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True)
+    streams: list = []
+    start = engine.scheduler._start
+
+    def start_then_collect(req, match):  # the collection strikes right after the admission
+        start(req, match)
+        if streams:
+            streams.pop().__del__()
+
+    monkeypatch.setattr(engine.scheduler, "_start", start_then_collect)
+    streams.append(engine.stream("a bird", params))
+    handle = streams[0]._handle
+    result = handle.result(timeout=60)
+    assert result.finish_reason.type == "abort"
+    assert result.finish_reason.message == "aborted by Engine.abort"
+    assert_idle_accounting(engine)  # every slot free or evictable again
+    monkeypatch.undo()
+    p = engine.encode("the dog")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+
+
 def test_abort_of_a_waiting_request(tiny_llama):
     with Engine(str(tiny_llama), max_total_tokens=1024, max_running_requests=1) as eng:
         first = eng.submit("one", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
