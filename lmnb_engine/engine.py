@@ -99,7 +99,12 @@ class RequestHandle:
         return out[0] if self.n == 1 else out
 
     def abort(self) -> bool:
-        """Abort the request (``Engine.abort``); True if it was still running or waiting."""
+        """Abort the request (``Engine.abort``); True if it was still running or waiting.
+
+        A finished request has nothing to abort: False, without asking the engine (which may be
+        shut down by then, and would raise ``RuntimeError``)."""
+        if self.done:
+            return False
         return self._engine.abort(self.rid)
 
 

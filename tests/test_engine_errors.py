@@ -514,3 +514,5 @@ def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
     eng.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         eng.generate("x", GREEDY)
+    # the handle's request ended with the shutdown: nothing left to abort (it raised RuntimeError)
+    assert h.abort() is False
