@@ -314,7 +314,9 @@ def test_nan_logits_fail_that_request_only(engine, hf, monkeypatch):
     monkeypatch.setattr(engine.runner, "forward", poisoned)
     prompts = [engine.encode("the cat"), engine.encode("a dog ran")]
     params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
-    results = [h.result(timeout=60) for h in [engine.submit(p, params) for p in prompts]]
+    # one submission: two submit() calls let the first request decode alone while this thread
+    # waited for the CPU, and with no two-row decode step nothing was poisoned
+    results = engine.generate(prompts, params)
     failed = [i for i, r in enumerate(results) if r.finish_reason.type == "abort"]
     assert len(failed) == 1, [r.finish_reason for r in results]
     bad, good = results[failed[0]], results[1 - failed[0]]
