@@ -35,7 +35,13 @@ _PREVIEW_CHARS = 60
 
 def _stop(scheduler: Scheduler, tp_group: Any) -> None:
     """Stop the scheduler thread, then (tensor parallelism) release the worker ranks: no forward
-    may be in flight when rank 0 tells them to stop."""
+    may be in flight when rank 0 tells them to stop. On the scheduler thread itself (the garbage
+    collector finalizing a dropped engine there, maybe in the middle of a step) the loop releases
+    them once it has ended: released at once, the step's forward failed on the exited ranks."""
+    if tp_group is not None and threading.current_thread() is scheduler._thread:
+        scheduler.on_exit(tp_group.shutdown)
+        scheduler.stop()
+        return
     try:
         scheduler.stop()
     finally:

@@ -150,6 +150,7 @@ class Scheduler:
         self._thread: Optional[threading.Thread] = None
         self._stopped = threading.Event()
         self._post_lock = threading.Lock()  # a command is queued before the stop, or refused after it
+        self._exit_hooks: list[Callable[[], None]] = []
         self.reset_stats()
 
     # --- setup and stats ------------------------------------------------------------------------
@@ -190,6 +191,19 @@ class Scheduler:
         self._inbox.put(("stop", None, None))
         if threading.current_thread() is not self._thread:  # (an engine collected on this thread)
             self._thread.join(timeout)
+
+    def on_exit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the scheduler thread once the loop has ended (after a stop). Call it
+        from the scheduler thread, before the stop (``Engine``'s finalizer running there)."""
+        self._exit_hooks.append(fn)
+
+    def _run_exit_hooks(self) -> None:
+        while self._exit_hooks:
+            fn = self._exit_hooks.pop(0)
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - the loop is ending; nothing is left to fail
+                logger.exception("scheduler exit hook failed")
 
     @property
     def alive(self) -> bool:
@@ -234,6 +248,7 @@ class Scheduler:
                 if not self._has_work():  # idle: the decode reserve starts over (as SGLang's)
                     self.new_token_ratio = self.config.init_new_token_ratio
                 if not self._drain_inbox(block=not self._has_work()):
+                    self._run_exit_hooks()
                     return
                 if self._has_work():
                     self._step()

@@ -235,3 +235,29 @@ def test_a_script_without_a_main_guard_starts_workers(tiny_checkpoint_factory, t
         proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0 and "TOKENS [" in proc.stdout, proc.stderr[-2000:]
     assert marker.read_text() == "xx"  # once per run: the worker did not execute the script
+
+
+def test_an_engine_collected_on_its_scheduler_thread_releases_the_workers_after_the_step(tiny_checkpoint_factory):
+    """The garbage collector may finalize a dropped engine (its handles and the engine form a
+    reference cycle) on the scheduler thread, in the middle of a step. The worker ranks were
+    released right there: the step's forward then failed on the exited rank and the request ended
+    with an "internal error" instead of the shutdown's own message."""
+    from lmnb_engine import Engine, SamplingParams
+
+    eng = Engine(str(tiny_checkpoint_factory("llama")), device="cpu", tp_size=2, max_total_tokens=256,
+                 attention_backend="torch")
+    start, collected = eng.scheduler._start, []
+
+    def start_then_collect(req, match):  # the collection strikes right after the admission
+        start(req, match)
+        if not collected:
+            collected.append(True)
+            eng._finalizer()  # what collecting the engine runs
+
+    eng.scheduler._start = start_then_collect
+    handle = eng.submit("the cat", SamplingParams(max_new_tokens=4, temperature=0.0))
+    result = handle.result(timeout=60)
+    assert (result.finish_reason.type, result.finish_reason.message) == ("abort", "engine shut down")
+    eng.scheduler._thread.join(60)
+    (worker,) = eng._tp_group.procs
+    assert not eng.scheduler._thread.is_alive() and worker.exitcode == 0
