@@ -384,15 +384,39 @@ def _check_name(primitive: str, name: Any) -> None:
                         f"got {name!r}; the first positional argument is the name")
 
 
-def gen_int(name: Optional[str] = None, **kwargs):
-    """``gen(name, dtype=int, ...)``: an integer (stored parsed as ``int``)."""
-    return gen(name, dtype=int, **kwargs)
+# SGLang's positional order for gen_int / gen_string: name, max_tokens, n, stop, stop_token_ids,
+# stop_regex, temperature, ... (``sgl.gen_int("x", 8)`` means max_tokens=8 there too).
+_TYPED_GEN_ARGS = (
+    "max_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs",
+)
 
 
-def gen_string(name: Optional[str] = None, **kwargs):
+def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
+    """``gen(name, dtype=dtype, ...)`` with positional arguments read in SGLang's gen_int order."""
+    if len(args) > len(_TYPED_GEN_ARGS):
+        raise TypeError(f"{caller}() takes at most {len(_TYPED_GEN_ARGS) + 1} positional arguments")
+    for key, value in zip(_TYPED_GEN_ARGS, args):
+        if key in kwargs:
+            raise TypeError(f"{caller}() got multiple values for argument {key!r}")
+        kwargs[key] = value
+    return gen(name, dtype=dtype, **kwargs)
+
+
+def gen_int(name: Optional[str] = None, *args, **kwargs):
+    """``gen(name, dtype=int, ...)``: an integer (stored parsed as ``int``). Positional arguments
+    after ``name`` follow SGLang's ``gen_int``: max_tokens, n, stop, stop_token_ids, stop_regex,
+    temperature, top_p, top_k, min_p, frequency_penalty, presence_penalty, ignore_eos,
+    return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs."""
+    return _typed_gen("gen_int", int, name, args, kwargs)
+
+
+def gen_string(name: Optional[str] = None, *args, **kwargs):
     """``gen(name, dtype=str, ...)``: words, digits and spaces in double quotes, a JSON string
-    literal (SGLang's string regex; the variable keeps the quotes, as in SGLang)."""
-    return gen(name, dtype=str, **kwargs)
+    literal (SGLang's string regex; the variable keeps the quotes, as in SGLang). Positional
+    arguments after ``name`` are those of ``gen_int``, in SGLang's order."""
+    return _typed_gen("gen_string", str, name, args, kwargs)
 
 
 def select(

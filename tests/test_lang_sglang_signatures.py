@@ -1,0 +1,29 @@
+"""SGLang programs call the primitives positionally in SGLang's argument order
+(sglang/lang/api.py); these check that lmnb reads each position as SGLang does."""
+
+from __future__ import annotations
+
+import lmnb as sgl
+
+from helpers_lang import ScriptedBackend
+
+
+def test_gen_int_and_gen_string_take_sglangs_positional_arguments():
+    # SGLang: gen_int(name, max_tokens, n, stop, stop_token_ids, stop_regex, temperature, ...);
+    # lmnb's gen_int took only the name positionally, so gen_int("x", 5) was a TypeError.
+    node = sgl.gen_int("x", 5, None, "\n", None, None, 0.5)
+    assert (node.name, node.params.max_new_tokens, node.params.stop, node.params.temperature) == ("x", 5, "\n", 0.5)
+    assert node.params.dtype is int
+    node = sgl.gen_string("y", 7)
+    assert (node.name, node.params.max_new_tokens, node.params.dtype) == ("y", 7, str)
+
+    backend = ScriptedBackend(reply=lambda prompt, params: "42")
+
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen_int("n", 3)
+
+    state = prog.run(backend=backend)
+    assert state["n"] == 42
+    (_, (_, params)), = [c for c in backend.calls if c[0] == "generate"]
+    assert params.max_new_tokens == 3
