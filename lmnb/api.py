@@ -315,6 +315,7 @@ def gen(
     n: Optional[int] = None,
     stop: Optional[Union[str, list[str]]] = None,
     stop_token_ids: Optional[list[int]] = None,
+    stop_regex: Optional[Union[str, list[str]]] = None,
     temperature: Optional[float] = None,
     top_p: Optional[float] = None,
     top_k: Optional[int] = None,
@@ -327,14 +328,16 @@ def gen(
     top_logprobs_num: Optional[int] = None,
     return_text_in_logprobs: Optional[bool] = None,
     dtype: Optional[Any] = None,
-    seed: Optional[int] = None,
     choices: Optional[list[str]] = None,
     choices_method: Optional[ChoicesSamplingMethod] = None,
     regex: Optional[str] = None,
     json_schema: Any = None,
-    stop_regex: Optional[Union[str, list[str]]] = None,
+    seed: Optional[int] = None,
 ):
     """Generate text into variable ``name``. Arguments left None inherit the ``run`` defaults.
+
+    The arguments are in SGLang's order (``sgl.gen("x", 16, None, None, "\\n")``), ``seed``
+    (lmnb's) last.
 
     ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
     fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class) constrain the

@@ -27,3 +27,15 @@ def test_gen_int_and_gen_string_take_sglangs_positional_arguments():
     assert state["n"] == 42
     (_, (_, params)), = [c for c in backend.calls if c[0] == "generate"]
     assert params.max_new_tokens == 3
+
+
+def test_gen_reads_positional_arguments_in_sglangs_order():
+    # SGLang: gen(name, max_tokens, min_tokens, n, stop, stop_token_ids, stop_regex, temperature, ...,
+    # return_text_in_logprobs, dtype, choices, choices_method, regex, json_schema). lmnb had
+    # temperature 7th and seed between dtype and choices, so these positions meant other things.
+    node = sgl.gen("x", 16, None, None, "\n", None, r"\d", 0.25)
+    assert (node.params.max_new_tokens, node.params.stop, node.params.stop_regex, node.params.temperature) == (
+        16, "\n", r"\d", 0.25)
+    args = [None] * 18 + [["yes", "no"]]  # max_tokens .. dtype, then choices (the 19th after name)
+    choice = sgl.gen("pick", *args)
+    assert choice.choices == ["yes", "no"]
