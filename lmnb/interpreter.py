@@ -170,8 +170,12 @@ class ProgramState:
 
     def get_meta_info(self, name: str) -> Any:
         """The backend's meta info of variable ``name`` (token counts, cached tokens, finish reason,
-        logprobs; select: scores). Waits like ``s[name]``."""
-        self.get_var(name)
+        logprobs; select: scores). Waits like ``s[name]``; ``None`` for a name nothing set, as in
+        SGLang (whose ``get_meta_info`` looks the name up with ``dict.get``)."""
+        try:
+            self.get_var(name)
+        except KeyError:  # (the state's own error is a ProgramError and still raises)
+            return None
         return self.stream_executor.meta_info.get(name)
 
     def __getitem__(self, name: str) -> Any:

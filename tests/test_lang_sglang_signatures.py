@@ -39,3 +39,17 @@ def test_gen_reads_positional_arguments_in_sglangs_order():
     args = [None] * 18 + [["yes", "no"]]  # max_tokens .. dtype, then choices (the 19th after name)
     choice = sgl.gen("pick", *args)
     assert choice.choices == ["yes", "no"]
+
+
+def test_get_meta_info_of_a_name_nothing_set_is_none_as_in_sglang():
+    # SGLang's StreamExecutor.get_meta_info returns self.meta_info.get(name, None); lmnb raised
+    # KeyError for a name no primitive set.
+    backend = ScriptedBackend(reply=lambda prompt, params: "ok")
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x", max_tokens=2)
+
+    state = prog.run(backend=backend)
+    assert state.get_meta_info("not_a_variable") is None
+    assert state.get_meta_info("x")["finish_reason"] == {"type": "stop"}
