@@ -139,6 +139,7 @@ class SglFunction:
         n: int = _UNSET,  # 1
         stop: Optional[Union[str, list[str]]] = None,
         stop_token_ids: Optional[list[int]] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = -1,
@@ -158,8 +159,8 @@ class SglFunction:
         **kwargs,
     ):
         """Run the program once; the sampling arguments are defaults for every ``gen`` in it
-        (SGLang's: ``temperature=1.0`` samples unless a gen says otherwise; ``seed`` is an lmnb
-        extension).
+        (SGLang's: ``temperature=1.0`` samples unless a gen says otherwise; ``stop_regex`` applies to
+        every gen that gives none; ``seed`` is an lmnb extension).
 
         Returns the ``ProgramState`` when done, or at once with ``stream=True`` (read it with
         ``text_iter``). Errors of primitives surface when the state is read. ``state`` (an lmnb
@@ -184,8 +185,9 @@ class SglFunction:
                 options[name] = _UNSET
         n, seed, use_thread, state = (_LMNB_RUN_OPTIONS[k] if v is _UNSET else v for k, v in options.items())
         self._check_args(args, kwargs)
+        check_stop_regex(stop_regex)
         defaults = GenParams(
-            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
+            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
@@ -207,6 +209,7 @@ class SglFunction:
         n: int = 1,
         stop: Optional[Union[str, list[str]]] = None,
         stop_token_ids: Optional[list[int]] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = -1,
@@ -254,8 +257,9 @@ class SglFunction:
             items.append(item)
         if not items:
             return []
+        check_stop_regex(stop_regex)
         defaults = GenParams(
-            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids,
+            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,

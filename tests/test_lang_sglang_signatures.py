@@ -53,3 +53,18 @@ def test_get_meta_info_of_a_name_nothing_set_is_none_as_in_sglang():
     state = prog.run(backend=backend)
     assert state.get_meta_info("not_a_variable") is None
     assert state.get_meta_info("x")["finish_reason"] == {"type": "stop"}
+
+
+def test_run_and_run_batch_take_stop_regex_as_a_default_for_every_gen():
+    # SGLang's SglFunction.run/run_batch take stop_regex (between stop_token_ids and temperature)
+    # as a default sampling parameter; lmnb passed it on as a program argument (TypeError).
+    backend = ScriptedBackend(reply=lambda prompt, params: "ok")
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x", max_tokens=2) + sgl.gen("y", max_tokens=2, stop_regex=r"z+")
+
+    prog.run(backend=backend, stop_regex=r"\d+")
+    prog.run_batch([{}], backend=backend, stop_regex=[r"q"])
+    sent = [params.stop_regex for kind, (_, params) in backend.calls if kind == "generate"]
+    assert sent == [r"\d+", r"z+", [r"q"], r"z+"]
