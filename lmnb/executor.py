@@ -19,6 +19,7 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
+import operator
 import random
 import threading
 import uuid
@@ -187,6 +188,23 @@ def _constraint(params: GenParams) -> Optional[dict]:
     if params.regex is None and params.json_schema is None:
         return None
     return {"regex": params.regex, "json_schema": params.json_schema}
+
+
+def _fork_size(size: Any) -> int:
+    """``fork``'s size as an int. SGLang takes ``int(size)``, so a NumPy integer (a count computed
+    with NumPy) works there; any integer type does here (``__index__``), but not a bool, a float
+    or a string, which would fork a number the program did not say.
+
+    Raises:
+        ValueError: not an integer, or below 1.
+    """
+    try:
+        n = operator.index(size)
+    except TypeError:
+        n = None
+    if n is None or isinstance(size, bool) or n < 1:
+        raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
+    return n
 
 
 class StreamExecutor:
@@ -737,8 +755,7 @@ class StreamExecutor:
             ValueError: a bad size, or a fork inside an assistant role under chat-model API
                 speculation (the branches' gens would wait for a role end that never comes).
         """
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
+        size = _fork_size(size)
         if size > 1:
             self.submit(CommitLazy())
         self.wait_idle()

@@ -68,3 +68,32 @@ def test_run_and_run_batch_take_stop_regex_as_a_default_for_every_gen():
     prog.run_batch([{}], backend=backend, stop_regex=[r"q"])
     sent = [params.stop_regex for kind, (_, params) in backend.calls if kind == "generate"]
     assert sent == [r"\d+", r"z+", [r"q"], r"z+"]
+
+
+class _Index:
+    """An integer type that is not int, as NumPy's np.int64 is (it has __index__)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __index__(self):
+        return self.n
+
+
+def test_fork_takes_any_integer_type_as_sglang_does():
+    # SGLang's fork does size = int(size), so s.fork(np.int64(2)) forks 2; lmnb refused any
+    # non-int. Bools, floats and strings stay refused.
+    import pytest
+
+    backend = ScriptedBackend(reply=lambda prompt, params: "ok")
+
+    @sgl.function
+    def prog(s, k):
+        forks = s.fork(k)
+        forks += sgl.gen("y", max_tokens=2)
+        forks.join()
+
+    assert prog.run(k=_Index(3), backend=backend)["y"] == ["ok", "ok", "ok"]
+    for bad in (True, 2.0, "2", _Index(0)):
+        with pytest.raises(ValueError, match="fork size must be an integer"):
+            prog.run(k=bad, backend=backend)
