@@ -97,3 +97,14 @@ def test_fork_takes_any_integer_type_as_sglang_does():
     for bad in (True, 2.0, "2", _Index(0)):
         with pytest.raises(ValueError, match="fork size must be an integer"):
             prog.run(k=bad, backend=backend)
+
+
+def test_openai_backend_takes_sglangs_positional_order():
+    # SGLang: OpenAI(model_name, is_chat_model=None, chat_template=None, is_azure=False, *args, **kwargs)
+    # with base_url/api_key going to the openai client as keywords. lmnb had base_url second, so
+    # OpenAI("gpt-3.5-turbo-instruct", False) handed base_url=False to the client.
+    chat_template = sgl.get_chat_template("chatml")
+    backend = sgl.OpenAI("my-model", False, chat_template, api_key="k", base_url="http://127.0.0.1:9/v1")
+    assert backend.is_chat_model is False
+    assert backend.get_chat_template() is chat_template
+    assert str(backend.client.base_url) == "http://127.0.0.1:9/v1/"

@@ -33,13 +33,18 @@ COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"
 class OpenAI(BaseBackend):
     """Run programs on an OpenAI-compatible API.
 
+    The positional order is SGLang's, ``OpenAI(model_name, is_chat_model, chat_template,
+    is_azure)``; SGLang hands ``base_url`` and ``api_key`` to the openai client as keywords, and
+    so does lmnb.
+
     Args:
         model_name: the ``model`` of every request.
-        base_url: API root (e.g. ``http://127.0.0.1:30000/v1``); None = the official API.
-        api_key: default ``$OPENAI_API_KEY``; servers that need none get ``"EMPTY"``.
         is_chat_model: None = chat unless ``model_name`` is a known completion model.
         chat_template: role markers for the program text (completion models); default chosen
             from the model name.
+        is_azure: use ``openai.AzureOpenAI``.
+        base_url: API root (e.g. ``http://127.0.0.1:30000/v1``); None = the official API.
+        api_key: default ``$OPENAI_API_KEY``; servers that need none get ``"EMPTY"``.
         **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...).
 
     Raises:
@@ -48,9 +53,9 @@ class OpenAI(BaseBackend):
             without an API key.
     """
 
-    def __init__(self, model_name: str, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 is_chat_model: Optional[bool] = None, chat_template: Optional[ChatTemplate] = None,
-                 is_azure: bool = False, **client_kwargs: Any):
+    def __init__(self, model_name: str, is_chat_model: Optional[bool] = None,
+                 chat_template: Optional[ChatTemplate] = None, is_azure: bool = False,
+                 base_url: Optional[str] = None, api_key: Optional[str] = None, **client_kwargs: Any):
         try:
             import openai
         except ImportError:
