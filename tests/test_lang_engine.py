@@ -404,6 +404,32 @@ def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
     assert backend.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})["text"] == outs[1]["text"]
 
 
+
+def test_engine_streams_sglangs_offline_generate_and_async_generate(backend, tiny_engine):
+    # SGLang's offline engine: `for chunk in llm.generate(p, sp, stream=True)` yields dicts whose
+    # "text" is the whole text so far, and `await llm.async_generate(...)` (with stream=True, an
+    # async iterator). lmnb's Engine refused stream= and had no async_generate.
+    import asyncio
+
+    from lmnb_engine import SamplingParams
+
+    sp = {"temperature": 0, "max_new_tokens": 6}
+    want = tiny_engine.generate("Hello, my name is", SamplingParams(temperature=0, max_new_tokens=6)).text
+    chunks = list(backend.generate("Hello, my name is", sp, stream=True))
+    texts = [c["text"] for c in chunks]
+    assert texts[-1] == want and all(want.startswith(t) for t in texts)
+    assert chunks[-1]["meta_info"]["completion_tokens"] == 6 and len(chunks[-1]["output_ids"]) == 6
+
+    async def go():
+        whole = await backend.async_generate(["Hello, my name is"], sp)
+        streamed = await backend.async_generate("Hello, my name is", sp, stream=True)
+        return whole, [c["text"] async for c in streamed]
+
+    whole, async_texts = asyncio.run(go())
+    assert [w["text"] for w in whole] == [want] and async_texts == texts
+    with pytest.raises(ValueError, match="streams one prompt"):
+        backend.generate(["a", "b"], sp, stream=True)
+
 def test_the_run_seed_gives_every_fork_of_a_state_its_own_samples(backend):
     # a second fork (or copy()) of the same state got the first one's seeds: branch k wrote what
     # branch k of the first fork wrote

@@ -227,14 +227,17 @@ class Engine(AssignableChatTemplate, BaseBackend):
 
     def offline_generate(self, prompt: Any = None, sampling_params: Optional[dict] = None, input_ids: Any = None,
                          return_logprob: bool = False, logprob_start_len: Optional[int] = None,
-                         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: bool = False) -> Any:
+                         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: bool = False,
+                         stream: bool = False) -> Any:
         """SGLang's offline ``Engine.generate(prompt, sampling_params)``: a prompt (or ``input_ids``)
         or a list of them, and SGLang's sampling-params dict. Returns SGLang's
         ``{"text", "meta_info"}`` for one prompt (with ``n`` > 1, a list), a flat list for a list.
+        With ``stream=True`` (one prompt), an iterator of such dicts as the text grows, each with
+        the whole text so far, as SGLang's offline stream yields them (``index``: the sample).
 
         Raises:
-            ValueError: bad sampling params (unknown keys are refused, not ignored), or neither or
-                both of ``prompt`` and ``input_ids``.
+            ValueError: bad sampling params (unknown keys are refused, not ignored), neither or
+                both of ``prompt`` and ``input_ids``, or ``stream`` with a list of prompts.
         """
         from lmnb_engine.http_server.protocol import meta_info, sampling_params_from_json
 
@@ -242,11 +245,64 @@ class Engine(AssignableChatTemplate, BaseBackend):
             raise ValueError("generate() takes a prompt (or a list of prompts) or input_ids, not both or neither")
         params = sampling_params_from_json(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
         source = prompt if prompt is not None else input_ids
-        results = self.engine.generate(source, params)
         decode = self.engine.decode if return_text_in_logprobs else None
+        if stream:
+            if isinstance(source, (list, tuple)) and source and not isinstance(source[0], int):
+                raise ValueError("generate(..., stream=True) streams one prompt; call it once per prompt")
+            return self._offline_stream(source, params, decode)
+        results = self.engine.generate(source, params)
         out = [{"text": r.text, "meta_info": meta_info(r, decode, params.top_logprobs_num)}
                for r in (results if isinstance(results, list) else [results])]
         return out if isinstance(results, list) else out[0]
+
+    def _offline_stream(self, source: Any, params: Any, decode: Any) -> Iterator[dict]:
+        """``generate(..., stream=True)``'s chunks: ``{"text", "output_ids", "meta_info", "index"}``
+        with the text and ids so far (SGLang's offline stream, like its ``/generate`` stream); the
+        request is aborted if the caller stops reading early."""
+        from lmnb_engine.http_server.protocol import StreamMeta, meta_info
+
+        handle = self.engine.submit(source, params)
+        texts: dict[int, str] = {}
+        ids: dict[int, list] = {}
+        partial: dict[int, StreamMeta] = {}
+        try:
+            for ev in handle.events():
+                i = ev.index
+                texts[i] = texts.get(i, "") + ev.text_delta
+                ids.setdefault(i, []).extend(ev.token_ids)
+                partial.setdefault(i, StreamMeta(handle.rid, decode, params.top_logprobs_num or 0)).add(ev)
+                if ev.finished and ev.result is not None:
+                    meta = meta_info(ev.result, decode, params.top_logprobs_num or 0)
+                elif ev.text_delta:
+                    meta = partial[i].dict(len(ids[i]))
+                else:
+                    continue
+                yield {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta, "index": i}
+        finally:
+            if not handle.done:
+                handle.abort()
+
+    async def async_generate(self, prompt: Any = None, sampling_params: Optional[dict] = None,
+                             input_ids: Any = None, stream: bool = False, **kwargs: Any) -> Any:
+        """SGLang's offline ``await Engine.async_generate(prompt, sampling_params)``: what
+        ``generate`` returns, or with ``stream=True`` an async iterator of its chunks
+        (``async for chunk in await engine.async_generate(p, sp, stream=True)``)."""
+        import asyncio
+
+        call = dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kwargs)
+        if not stream:
+            return await asyncio.to_thread(self.offline_generate, **call)
+        chunks = self.offline_generate(**call)  # (checks the arguments now, as the call is awaited)
+
+        async def agen():
+            end = object()
+            try:
+                while (chunk := await asyncio.to_thread(next, chunks, end)) is not end:
+                    yield chunk
+            finally:
+                chunks.close()
+
+        return agen()
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         ids, counts = self._engine_prompt(prompt)
