@@ -8,6 +8,9 @@ HTTP protocol, e.g. ``lmnb serve``) and ``OpenAI`` (any OpenAI-compatible API).
 Importing lmnb loads neither torch nor the engine: backends are imported when first named.
 """
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
 from lmnb.api import (
     SglFunction,
     assistant,
@@ -40,6 +43,11 @@ from lmnb.choices import (
 )
 from lmnb.executor import ForkError, ProgramAborted, ProgramError, ProgramEvent, observe
 from lmnb.interpreter import ProgramState, ProgramStateGroup
+
+try:  # SGLang has sgl.__version__; programs print or compare it
+    __version__ = _version("lmnb")
+except _PackageNotFoundError:  # (run from a source tree that was never installed)
+    __version__ = "0+unknown"
 
 # name -> module; resolved on first access so that `import lmnb` stays light.
 _LAZY = {
@@ -76,6 +84,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "__version__",
     "ChatTemplate",
     "Engine",
     "ForkError",

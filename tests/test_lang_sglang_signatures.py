@@ -108,3 +108,13 @@ def test_openai_backend_takes_sglangs_positional_order():
     assert backend.is_chat_model is False
     assert backend.get_chat_template() is chat_template
     assert str(backend.client.base_url) == "http://127.0.0.1:9/v1/"
+
+
+def test_lmnb_has_a_version_as_sglang_does():
+    # SGLang exports sgl.__version__ (in its __all__); lmnb had none, an AttributeError.
+    import pathlib
+    import re
+
+    pyproject = (pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert sgl.__version__ == re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    assert "__version__" in sgl.__all__
