@@ -93,6 +93,17 @@ def backends(engines):
         yield sgl.Engine(engine=local), sgl.RuntimeEndpoint(url), url
 
 
+
+def test_backends_answer_sglangs_get_model_name_and_flush_cache_argument(backends, tiny_llama):
+    # SGLang's RuntimeEndpoint has get_model_name() (the server's model_path) and
+    # flush_cache(empty_cache=True); lmnb's backends had neither the method nor the argument.
+    import os
+
+    local, remote, _ = backends
+    for backend in (local, remote):
+        assert os.path.realpath(backend.get_model_name()) == os.path.realpath(str(tiny_llama))
+        assert backend.flush_cache(empty_cache=False) is True
+
 @pytest.mark.parametrize("program,kwargs,names", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
 def test_same_greedy_results_in_process_and_over_http(backends, program, kwargs, names):
     local, remote, _ = backends

@@ -418,10 +418,17 @@ class Engine(AssignableChatTemplate, BaseBackend):
         for r in rids:
             self.engine.abort(r)
 
-    def flush_cache(self) -> bool:
+    def flush_cache(self, empty_cache: bool = True) -> bool:
+        """Drop the engine's prefix cache. ``empty_cache`` (SGLang's ``RuntimeEndpoint.flush_cache``
+        argument; ``Runtime(...).endpoint`` is this backend) is accepted and ignored."""
         if not self.engine.flush_cache():  # a False here was easy to miss: the cache stayed warm
             raise BackendError("the prefix cache was not flushed: requests are running; retry when they finish")
         return True
+
+    def get_model_name(self) -> str:
+        """The engine's ``model_path``, as SGLang's ``RuntimeEndpoint.get_model_name`` answers
+        (``Runtime(...).endpoint`` is this backend)."""
+        return self.engine.model_info()["model_path"]
 
     def get_server_info(self) -> dict:
         return {**self.engine.model_info(), "cache_stats": self.engine.cache_stats()}

@@ -296,7 +296,12 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         except self._httpx.HTTPError:
             pass  # the request may be gone already; aborting is best effort
 
-    def flush_cache(self) -> bool:
+    def get_model_name(self) -> str:
+        """The server's ``model_path`` (SGLang's ``RuntimeEndpoint.get_model_name``)."""
+        return self.model_info["model_path"]
+
+    def flush_cache(self, empty_cache: bool = True) -> bool:
+        """Drop the server's prefix cache. ``empty_cache`` (SGLang's) is accepted and ignored."""
         self._request("POST", "/flush_cache")  # refused while requests run: HTTP 409, a BackendError
         return True
 
