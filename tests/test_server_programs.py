@@ -104,6 +104,17 @@ def test_backends_answer_sglangs_get_model_name_and_flush_cache_argument(backend
         assert os.path.realpath(backend.get_model_name()) == os.path.realpath(str(tiny_llama))
         assert backend.flush_cache(empty_cache=False) is True
 
+
+def test_cache_prefix_takes_sglangs_one_argument_call(backends, engines):
+    # SGLang: runtime.cache_prefix(prefix) / RuntimeEndpoint.cache_prefix(prefix_str), one argument;
+    # lmnb's backends also required a request id (TypeError).
+    local, remote, _ = backends
+    prefix = "A shared instruction prefix for every request of the batch. " * 3
+    for backend, engine in zip((local, remote), engines):
+        meta = backend.cache_prefix(prefix)
+        assert meta["prompt_tokens"] == len(engine.encode(prefix))
+        assert backend.cache_prefix(prefix)["cached_tokens"] == meta["prompt_tokens"] - 1  # all but the last
+
 @pytest.mark.parametrize("program,kwargs,names", PROGRAMS, ids=[p[0].__name__ for p in PROGRAMS])
 def test_same_greedy_results_in_process_and_over_http(backends, program, kwargs, names):
     local, remote, _ = backends

@@ -80,7 +80,7 @@ class BaseBackend:
         """The role markers programs on this backend use."""
         raise NotImplementedError
 
-    def cache_prefix(self, text: str, rid: str) -> dict:
+    def cache_prefix(self, text: str, rid: Optional[str] = None) -> dict:
         """Prefill ``text`` into the prefix cache without generating; returns its meta_info.
         Backends without a prefix cache return ``{}``."""
         return {}

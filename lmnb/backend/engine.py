@@ -172,9 +172,10 @@ class Engine(AssignableChatTemplate, BaseBackend):
             chars += len(part) + len(token)
         return chars
 
-    def cache_prefix(self, text: Any, rid: str) -> dict:
+    def cache_prefix(self, text: Any, rid: Optional[str] = None) -> dict:
         """Prefill ``text`` (a str, or [issue 10] a ``Prompt`` with images: a fork after ``image()``
-        shares the image KV too) into the radix cache; returns its meta_info."""
+        shares the image KV too) into the radix cache; returns its meta_info. ``rid`` is optional,
+        so SGLang's ``runtime.cache_prefix(prefix)`` works."""
         from lmnb_engine import SamplingParams
 
         ids, counts = self._engine_prompt(text) if isinstance(text, Prompt) else (text, [])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import uuid
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
@@ -168,8 +169,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     # -- generation
 
-    def cache_prefix(self, text: Any, rid: str) -> dict:
-        """Prefill ``text`` (a str, or [issue 10] a ``Prompt`` with images) on the server."""
+    def cache_prefix(self, text: Any, rid: Optional[str] = None) -> dict:
+        """Prefill ``text`` (a str, or [issue 10] a ``Prompt`` with images) on the server. ``rid``
+        is optional, as in SGLang's ``RuntimeEndpoint.cache_prefix(prefix_str)``."""
+        rid = rid or uuid.uuid4().hex
         payload, counts = self._payload(text)
         return per_input(self._prefill(payload, rid), counts)
 
