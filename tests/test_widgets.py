@@ -718,3 +718,25 @@ def test_age_and_math_helpers():
 
     assert human_bytes(1536) == "1.5 KiB" and human_bytes(100) == "100 B"
     assert pct(0.5) == "50.0%" and pct(None) == "–" and pct(math.nan) == "–"
+
+
+def test_tree_view_cut_at_max_nodes_counts_every_hidden_node():
+    # a root with 10 children of 49 leaves each: 501 nodes, 400 rendered. The "… N more nodes not
+    # shown" notes counted hidden siblings only (said 3 of the 101 hidden nodes), and the text view
+    # was cut with no note at all
+    from lmnb_kernel.widgets.render_tree import MAX_NODES, render_tree_html, render_tree_text
+    from lmnb_kernel.widgets.tree import TreeHistory, flatten
+
+    recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0}]
+    for i in range(10):
+        recs.append({"node_id": f"c{i}", "parent_id": 0, "num_tokens": 1, "text": f"c{i}"})
+        recs += [{"node_id": f"c{i}g{j:02d}", "parent_id": f"c{i}", "num_tokens": 1, "text": "g"} for j in range(49)]
+    history = TreeHistory()
+    history.update(flatten(recs))
+    soup = BeautifulSoup(render_tree_html(history, now=0.0), "html.parser")
+    notes = [int(n) for n in re.findall(r"… (\d+) more nodes not shown", soup.get_text())]
+    assert len(soup.select(".lmnb-node")) == MAX_NODES
+    assert sum(notes) == 501 - MAX_NODES  # 101, by hand
+    text = render_tree_text(history).splitlines()
+    assert text[-1] == f"… {501 - MAX_NODES} more nodes not shown"
+    assert len(text) == 1 + MAX_NODES + 1  # header, rows, the note

@@ -29,6 +29,20 @@ def _age(now: float, last: Optional[float]) -> str:
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def subtree_size(kids: Mapping[Optional[Hashable], list[NodeInfo]], node: NodeInfo) -> int:
+    """Nodes in the subtree under ``node``, itself included (``kids``: parent id -> children).
+    An explicit stack, not recursion: a path can be thousands of nodes deep."""
+    count, seen, stack = 0, set(), [node]
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        count += 1
+        stack += kids.get(n.id, [])
+    return count
+
+
 def path_labels(history: TreeHistory, paths: Mapping[str, Hashable]) -> dict[Hashable, list[str]]:
     """Node id -> labels of the paths passing through it (a path is root → its end node)."""
     everything = {**history.ghosts, **history.nodes}
@@ -93,7 +107,10 @@ def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
         shown = []
         for c in children:
             if budget[0] <= 0:
-                shown.append(tag("li", esc(f"… {len(children) - len(shown)} more nodes not shown"),
+                # the hidden siblings' whole subtrees, not just the siblings: each node the budget
+                # leaves out is counted in exactly one such note
+                hidden = sum(subtree_size(kids, h) for h in children[len(shown):])
+                shown.append(tag("li", esc(f"… {hidden} more nodes not shown"),
                                  style=f"list-style-type:none;color:{MUTED}"))
                 break
             shown.append(subtree(c))
@@ -140,8 +157,11 @@ def render_tree_text(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
         kids.setdefault(n.parent if n.parent in allnodes else None, []).append(n)
     lines = [f"radix tree: {sum(1 for n in history.nodes.values() if n.parent is not None)} nodes"]
 
+    hidden = [0]
+
     def walk(n: NodeInfo, depth: int) -> None:
         if len(lines) > MAX_NODES:
+            hidden[0] += subtree_size(kids, n)  # said in a last line: a cut tree must not read as whole
             return
         mark = " [evicted]" if n.id in history.ghosts else ""
         label = f" <{', '.join(ends[n.id])}>" if n.id in ends else ""
@@ -153,4 +173,6 @@ def render_tree_text(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
 
     for r in sorted(kids.get(None, []), key=lambda n: (n.parent is not None, str(n.id))):
         walk(r, 0)
+    if hidden[0]:
+        lines.append(f"… {hidden[0]} more nodes not shown")
     return "\n".join(lines)
