@@ -189,6 +189,21 @@ def test_join_closes_lanes_and_is_shown():
     assert kinds == ["fork", "join", "text"]
 
 
+
+def test_a_wide_fork_wraps_its_lanes_four_to_a_row():
+    # a fork of 10 was one table row of ten 10%-wide lanes (fork 32: 3%, a few letters a line)
+    v = RunView(live=False, session=Tally())
+    ids = [f"b{i}" for i in range(10)]
+    v.on_fork("main", ids)
+    for lid in ids:
+        v.on_delta(lid, f"text of {lid}")
+    soup = BeautifulSoup(v.finish()["text/html"], "html.parser")
+    rows = soup.select_one("table.lmnb-lanes").find("tbody").find_all("tr", recursive=False)
+    assert [len(r.find_all("td", recursive=False)) for r in rows] == [4, 4, 2]  # 10 = 4 + 4 + 2
+    cells = soup.select("td.lmnb-lane")
+    assert [td.select_one(".lmnb-lane-body").get_text() for td in cells] == [f"text of {lid}" for lid in ids]
+    assert all("width:25.00%" in td["style"] for td in cells)
+
 # --- structured output and select ---------------------------------------------------------------
 SCHEMA = {"type": "object", "required": ["name", "age"],
           "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"},

@@ -25,6 +25,7 @@ from .model import Lane, RunModel, Token
 MAX_TOKEN_SPANS = 1500  # per gen: later tokens render as plain text without a tooltip
 MAX_TEXT_CHARS = 4000  # per program-text segment: longer ones keep their head and tail
 TEXT_HEAD, TEXT_TAIL = 1200, 2400
+LANES_PER_ROW = 4  # fork lanes side by side; more wrap onto further rows of the fork's table
 
 STATUS_COLORS = {"running": GEN_LINE, "stopping": "#9a6700", "done": OK, "error": BAD, "interrupted": "#9a6700"}
 CACHE_STYLE = {"cached": f"background-color:{CACHED_BG}", "computed": f"background-color:{COMPUTED_BG}"}
@@ -166,17 +167,21 @@ def render_lane(model: RunModel, lane_id: str, *, live: bool) -> str:
 
 
 def render_fork(model: RunModel, lane_ids: list[str], *, live: bool) -> str:
-    """Child lanes side by side: one table cell per lane (tables survive every sanitizer)."""
-    width = f"{100 / max(len(lane_ids), 1):.2f}%"
-    cells = "".join(
-        tag("td", render_lane(model, lid, live=live), cls="lmnb-lane",
-            style=f"vertical-align:top;text-align:left;width:{width};border-left:3px solid {lane_color(model, lid)};"
-                  "padding:2px 6px;background-color:#f6f8fa")
-        for lid in lane_ids
-    )
+    """Child lanes side by side: one table cell per lane (tables survive every sanitizer), at most
+    ``LANES_PER_ROW`` to a row (a fork of 32 in one row made 3%-wide lanes, a few letters a line)."""
+    per_row = min(max(len(lane_ids), 1), LANES_PER_ROW)
+    width = f"{100 / per_row:.2f}%"
+    rows = []
+    for start in range(0, len(lane_ids), per_row):
+        cells = "".join(
+            tag("td", render_lane(model, lid, live=live), cls="lmnb-lane",
+                style=f"vertical-align:top;text-align:left;width:{width};"
+                      f"border-left:3px solid {lane_color(model, lid)};padding:2px 6px;background-color:#f6f8fa")
+            for lid in lane_ids[start:start + per_row])
+        rows.append(tag("tr", cells, style=ROW_COLORS))
     label = tag("div", esc("⤷ fork → " + ", ".join(model.lane(l).label or l for l in lane_ids)),
                 style=f"color:{MUTED};font-style:italic;{MONO}")
-    table = tag("table", tag("tbody", tag("tr", cells, style=ROW_COLORS)), cls="lmnb-lanes",
+    table = tag("table", tag("tbody", "".join(rows)), cls="lmnb-lanes",
                 style="width:100%;border-collapse:separate;border-spacing:4px 2px;margin:2px 0;"
                       f"white-space:normal;table-layout:fixed;{TABLE_COLORS}")
     return tag("div", label + table, cls="lmnb-fork", style="white-space:normal;margin:2px 0")
