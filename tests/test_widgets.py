@@ -204,6 +204,21 @@ def test_a_wide_fork_wraps_its_lanes_four_to_a_row():
     assert [td.select_one(".lmnb-lane-body").get_text() for td in cells] == [f"text of {lid}" for lid in ids]
     assert all("width:25.00%" in td["style"] for td in cells)
 
+
+def test_json_nested_400_deep_renders_its_top_levels_as_a_tree_and_the_rest_as_text():
+    # render_json_tree recursed once per level and raised RecursionError at ~400 levels, so the
+    # cell's view (finish) failed on a deeply nested JSON output
+    from lmnb_kernel.widgets.render_run import MAX_JSON_DEPTH
+
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", "[" * 400 + "]" * 400)
+    v.on_gen_end("main", json_schema={"type": "array"})
+    soup = BeautifulSoup(v.finish()["text/html"], "html.parser")
+    assert len(soup.select("details.lmnb-json-node")) == MAX_JSON_DEPTH
+    deep = soup.select(".lmnb-json-deep")
+    assert len(deep) == 1
+    assert deep[0].get_text() == "[" * (400 - MAX_JSON_DEPTH) + "]" * (400 - MAX_JSON_DEPTH)
+
 # --- structured output and select ---------------------------------------------------------------
 SCHEMA = {"type": "object", "required": ["name", "age"],
           "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"},

@@ -25,6 +25,7 @@ from .model import Lane, RunModel, Token
 MAX_TOKEN_SPANS = 1500  # per gen: later tokens render as plain text without a tooltip
 MAX_TEXT_CHARS = 4000  # per program-text segment: longer ones keep their head and tail
 TEXT_HEAD, TEXT_TAIL = 1200, 2400
+MAX_JSON_DEPTH = 32  # JSON tree levels drawn as nested <details>; deeper values are JSON text
 LANES_PER_ROW = 4  # fork lanes side by side; more wrap onto further rows of the fork's table
 
 STATUS_COLORS = {"running": GEN_LINE, "stopping": "#9a6700", "done": OK, "error": BAD, "interrupted": "#9a6700"}
@@ -221,6 +222,12 @@ def render_json_tree(value: Any, *, key: Optional[str] = None, path: str = "$",
     mark = ""
     if path in marks:
         mark = " " + tag("span", esc("✗ " + marks[path]), cls="lmnb-json-error", style=f"color:{BAD}")
+    if (isinstance(value, dict) or isinstance(value, list)) and depth >= MAX_JSON_DEPTH:
+        # one recursion (two frames) per level overflowed Python's stack at ~400 levels, failing the
+        # cell's view; deeper values show as compact JSON text (their errors stay listed below)
+        text = tag("span", esc(json.dumps(value, ensure_ascii=False)), cls="lmnb-json-deep",
+                   title=f"nested deeper than {MAX_JSON_DEPTH} levels: shown as JSON text")
+        return tag("span", head + text + mark, cls="lmnb-json-leaf", style=MONO)
     if isinstance(value, dict) or isinstance(value, list):
         items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
         opener, closer = ("{", "}") if isinstance(value, dict) else ("[", "]")
