@@ -219,6 +219,15 @@ def test_json_nested_400_deep_renders_its_top_levels_as_a_tree_and_the_rest_as_t
     assert len(deep) == 1
     assert deep[0].get_text() == "[" * (400 - MAX_JSON_DEPTH) + "]" * (400 - MAX_JSON_DEPTH)
 
+
+def test_json_nested_thousands_deep_is_reported_invalid_not_raised():
+    # json.loads raised RecursionError (not a JSONDecodeError) out of on_gen_end, failing the cell
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", "[" * 100_000 + "]" * 100_000)
+    v.on_gen_end("main", json_schema={"type": "array"})
+    rec = v.finish()[VIEW_MIME]["structured"][0]
+    assert (rec["valid"], rec["value"], rec["errors"]) == (False, None, [{"path": "$", "message": "nested too deeply to parse"}])
+
 # --- structured output and select ---------------------------------------------------------------
 SCHEMA = {"type": "object", "required": ["name", "age"],
           "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"},

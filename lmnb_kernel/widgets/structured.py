@@ -117,6 +117,10 @@ def _check_json(text: str, json_schema: str | Mapping, out: dict) -> None:
         out["valid"] = False
         out["errors"].append({"path": "$", "message": f"not JSON: {e.msg} at char {e.pos}"})
         return
+    except RecursionError:  # json.loads recurses per level: a few thousand nested [ exhaust the stack
+        out["valid"] = False
+        out["errors"].append({"path": "$", "message": "nested too deeply to parse"})
+        return
     out["value"] = value
     import jsonschema  # here, not at import: it takes ~2 s (its format checkers build a grammar)
 
