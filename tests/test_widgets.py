@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import math
 import re
 import threading
@@ -227,6 +228,20 @@ def test_json_nested_thousands_deep_is_reported_invalid_not_raised():
     v.on_gen_end("main", json_schema={"type": "array"})
     rec = v.finish()[VIEW_MIME]["structured"][0]
     assert (rec["valid"], rec["value"], rec["errors"]) == (False, None, [{"path": "$", "message": "nested too deeply to parse"}])
+
+
+def test_a_5000_item_json_array_draws_a_bounded_tree():
+    # every item was drawn: a 29 KB output made ~1 MB of HTML in the saved notebook
+    from lmnb_kernel.widgets.render_run import MAX_JSON_NODES
+
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", json.dumps(list(range(5000))))
+    v.on_gen_end("main", json_schema={"type": "array"})
+    soup = BeautifulSoup(v.finish()["text/html"], "html.parser")
+    leaves = [x.get_text() for x in soup.select(".lmnb-json .lmnb-json-leaf")]
+    assert len(leaves) == MAX_JSON_NODES - 1  # the array itself is a node
+    assert leaves == [str(i) for i in range(MAX_JSON_NODES - 1)]
+    assert soup.select_one(".lmnb-json-more").get_text() == f"… {5000 - (MAX_JSON_NODES - 1)} more not shown"
 
 # --- structured output and select ---------------------------------------------------------------
 SCHEMA = {"type": "object", "required": ["name", "age"],

@@ -25,6 +25,7 @@ from .model import Lane, RunModel, Token
 MAX_TOKEN_SPANS = 1500  # per gen: later tokens render as plain text without a tooltip
 MAX_TEXT_CHARS = 4000  # per program-text segment: longer ones keep their head and tail
 TEXT_HEAD, TEXT_TAIL = 1200, 2400
+MAX_JSON_NODES = 500  # JSON tree nodes drawn per structured output
 MAX_JSON_DEPTH = 32  # JSON tree levels drawn as nested <details>; deeper values are JSON text
 LANES_PER_ROW = 4  # fork lanes side by side; more wrap onto further rows of the fork's table
 
@@ -214,10 +215,14 @@ def render_cache(model: RunModel) -> str:
 
 
 def render_json_tree(value: Any, *, key: Optional[str] = None, path: str = "$",
-                     marks: Optional[dict[str, str]] = None, depth: int = 0) -> str:
+                     marks: Optional[dict[str, str]] = None, depth: int = 0,
+                     budget: Optional[list[int]] = None) -> str:
     """A collapsible tree (``<details>``/``<summary>``) of a JSON value; ``marks`` maps paths
-    (``$.a[0]``) to a problem shown in red next to that node."""
+    (``$.a[0]``) to a problem shown in red next to that node. At most ``MAX_JSON_NODES`` nodes are
+    drawn (``budget``: the nodes left, shared by the whole tree); the rest are counted in notes."""
     marks = marks or {}
+    budget = budget if budget is not None else [MAX_JSON_NODES]
+    budget[0] -= 1
     head = tag("span", esc(json.dumps(key)) + ": ", style="color:#953800") if key is not None else ""
     mark = ""
     if path in marks:
@@ -231,11 +236,19 @@ def render_json_tree(value: Any, *, key: Optional[str] = None, path: str = "$",
     if isinstance(value, dict) or isinstance(value, list):
         items = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
         opener, closer = ("{", "}") if isinstance(value, dict) else ("[", "]")
-        kids = "".join(
-            tag("li", render_json_tree(v, key=k if isinstance(value, dict) else None,
-                                       path=f"{path}.{k}" if isinstance(value, dict) else f"{path}[{k}]",
-                                       marks=marks, depth=depth + 1), style="list-style-type:none")
-            for k, v in items)
+        # each drawn node is ~200 bytes of markup: a 5000-number array (29 KB of output) made ~1 MB
+        # of HTML in the saved notebook, so the drawn part is bounded and the rest counted
+        shown = []
+        for k, v in items:
+            if budget[0] <= 0:
+                shown.append(tag("li", esc(f"… {len(items) - len(shown)} more not shown"), cls="lmnb-json-more",
+                                 style=f"list-style-type:none;color:{MUTED}"))
+                break
+            shown.append(tag("li", render_json_tree(
+                v, key=k if isinstance(value, dict) else None,
+                path=f"{path}.{k}" if isinstance(value, dict) else f"{path}[{k}]",
+                marks=marks, depth=depth + 1, budget=budget), style="list-style-type:none"))
+        kids = "".join(shown)
         count = f"{len(items)} {'keys' if isinstance(value, dict) else 'items'}"
         summary = tag("summary", head + esc(f"{opener}…{closer} ") + tag("span", esc(count), style=f"color:{MUTED}") + mark)
         return tag("details", summary + tag("ul", kids, style="margin:0;padding-left:16px"),
