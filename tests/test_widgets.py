@@ -243,6 +243,22 @@ def test_a_5000_item_json_array_draws_a_bounded_tree():
     assert leaves == [str(i) for i in range(MAX_JSON_NODES - 1)]
     assert soup.select_one(".lmnb-json-more").get_text() == f"… {5000 - (MAX_JSON_NODES - 1)} more not shown"
 
+
+def test_an_invalid_json_output_is_not_shown_twice_in_full():
+    # a 10,000-character output cut by max_tokens was shown whole in the lane and again whole under
+    # the schema check, doubling the saved notebook
+    from lmnb_kernel.widgets.render_run import TEXT_HEAD, TEXT_TAIL
+
+    text = '{"a": "' + "x" * 9993
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", text)
+    v.on_gen_end("main", json_schema={"type": "object"})
+    soup = BeautifulSoup(v.finish()["text/html"], "html.parser")
+    assert soup.select_one(".lmnb-gen").get_text() == text
+    pre = soup.select_one(".lmnb-structured pre").get_text()
+    hidden = 10000 - TEXT_HEAD - TEXT_TAIL
+    assert pre == text[:TEXT_HEAD] + f" … {hidden:,} characters not shown … " + text[-TEXT_TAIL:]
+
 # --- structured output and select ---------------------------------------------------------------
 SCHEMA = {"type": "object", "required": ["name", "age"],
           "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"},

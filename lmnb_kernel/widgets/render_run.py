@@ -281,7 +281,10 @@ def render_structured(rec: dict, name: str, lane: str) -> str:
     if rec["value"] is not None:
         parts.append(tag("div", render_json_tree(rec["value"], marks=marks), cls="lmnb-json", style=MONO))
     else:
-        parts.append(tag("pre", esc(rec["text"]), style=f"{MONO};margin:2px 0;white-space:pre-wrap"))
+        # the lane above shows the whole output; this copy keeps its head and tail, so an output cut
+        # by max_tokens (the usual invalid JSON) does not double a long cell's saved size
+        parts.append(tag("pre", _elide(rec["text"]), cls="lmnb-structured-text",
+                         style=f"{MONO};margin:2px 0;white-space:pre-wrap"))
     if rec["errors"]:
         parts.append(tag("ul", "".join(tag("li", esc(f"{e['path']}: {e['message']}")) for e in rec["errors"]),
                          cls="lmnb-errors", style=f"color:{BAD};margin:2px 0;font-size:12px"))
