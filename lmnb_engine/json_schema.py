@@ -10,15 +10,22 @@ from __future__ import annotations
 import json
 
 
-def checked_schema(schema: dict) -> dict:
+def checked_schema(schema: dict | bool) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
     they mean), checked against the JSON Schema meta-schema of its ``$schema`` draft (2020-12 when
-    it names none) with ``jsonschema``.
+    it names none) with ``jsonschema``. The boolean schema ``true`` (any JSON value) is returned
+    as it is.
 
     Raises:
-        ValueError: a value JSON cannot represent, or a schema the meta-schema rejects (the message
-            gives the location, e.g. ``#/properties/a``).
+        ValueError: the boolean schema ``false`` (valid JSON Schema, which no value passes), a
+            value JSON cannot represent, or a schema the meta-schema rejects (the message gives
+            the location, e.g. ``#/properties/a``).
     """
+    if schema is False:
+        raise ValueError("JSON schema false accepts no value: no output could validate; pass true or {} "
+                         "for any JSON value")
+    if schema is True:
+        return schema
     import jsonschema
 
     try:

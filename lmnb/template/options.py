@@ -36,11 +36,7 @@ def check_literal(primitive: str, key: str, value) -> str | None:
             schema = json.loads(value) if isinstance(value, str) else value
         except json.JSONDecodeError as e:
             return f"json_schema is not valid JSON: {e}"
-        if schema is False:  # valid JSON Schema, which no value passes (the engine's words)
-            return "JSON schema false accepts no value: no output could validate; pass true or {} for any JSON value"
-        if schema is True:  # any JSON value
-            return None
-        if not isinstance(schema, dict):
+        if not isinstance(schema, (dict, bool)):  # (true: any JSON value; false, none: checked below)
             return f"json_schema must be a JSON object or a boolean, got {type(schema).__name__}"
         from lmnb_engine.json_schema import checked_schema  # the engine's own check (no torch), before anything runs
 

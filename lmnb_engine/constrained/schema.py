@@ -161,13 +161,13 @@ def _format_pattern(fmt: str, max_length: int | None) -> str:
 
 def load_schema(schema: Any) -> dict | bool:
     """The schema as a fresh ``dict``: from a dict (``json_schema.checked_schema``'s copy), a JSON
-    string, or a pydantic class; or the boolean schema ``true`` / ``false`` (JSON Schema's any
-    value / no value), given as a bool or as a JSON string.
+    string, or a pydantic class; or the boolean schema ``true`` (JSON Schema's any value), given
+    as a bool or as a JSON string.
 
     Raises:
         GrammarError: the string is not JSON, a dict holds a value JSON cannot represent, the
-            schema breaks the JSON Schema meta-schema (``json_schema.checked_schema``), or the
-            value is none of the accepted kinds.
+            schema breaks the JSON Schema meta-schema or is ``false`` (``json_schema.checked_schema``),
+            or the value is none of the accepted kinds.
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
@@ -176,9 +176,7 @@ def load_schema(schema: Any) -> dict | bool:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
-    if isinstance(schema, bool):
-        return schema
-    if isinstance(schema, dict):
+    if isinstance(schema, (bool, dict)):
         try:
             return checked_schema(schema)
         except ValueError as e:
@@ -722,10 +720,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
                                f"({e.msg} at position {e.pos}); fix it, e.g. r'[ \\n]{{0,2}}'") from None
         _check_whitespace(whitespace_pattern)
         whitespace_pattern = f"(?:{automaton_syntax(whitespace_pattern)})"  # outlines-core splices it in ungrouped
-    schema = load_schema(schema)
-    if schema is False:  # (valid JSON Schema, which no value passes)
-        raise GrammarError("JSON schema false accepts no value: no output could validate; pass true or {} "
-                           "for any JSON value")
+    schema = load_schema(schema)  # (false is refused there: no value passes it)
     prefix = _PLACEHOLDER
     while prefix in json.dumps(schema):  # a user's own text must never be taken for a placeholder
         prefix += "Q"
