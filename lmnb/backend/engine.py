@@ -260,25 +260,17 @@ class Engine(AssignableChatTemplate, BaseBackend):
         """``generate(..., stream=True)``'s chunks: ``{"text", "output_ids", "meta_info", "index"}``
         with the text and ids so far (SGLang's offline stream, like its ``/generate`` stream); the
         request is aborted if the caller stops reading early."""
-        from lmnb_engine.http_server.protocol import StreamMeta, meta_info
+        from lmnb_engine.http_server.protocol import StreamChunks, meta_info
 
         handle = self.engine.submit(source, params)
-        texts: dict[int, str] = {}
-        ids: dict[int, list] = {}
-        partial: dict[int, StreamMeta] = {}
+        chunks = StreamChunks(handle.rid, decode, params.top_logprobs_num or 0)
         try:
             for ev in handle.events():
-                i = ev.index
-                texts[i] = texts.get(i, "") + ev.text_delta
-                ids.setdefault(i, []).extend(ev.token_ids)
-                partial.setdefault(i, StreamMeta(handle.rid, decode, params.top_logprobs_num or 0)).add(ev)
+                chunks.add(ev)
                 if ev.finished and ev.result is not None:
-                    meta = meta_info(ev.result, decode, params.top_logprobs_num or 0)
+                    yield chunks.chunk(ev, meta_info(ev.result, decode, params.top_logprobs_num or 0))
                 elif ev.text_delta:
-                    meta = partial[i].dict(len(ids[i]))
-                else:
-                    continue
-                yield {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta, "index": i}
+                    yield chunks.chunk(ev)
         finally:
             if not handle.done:
                 handle.abort()

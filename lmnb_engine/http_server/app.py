@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from lmnb_engine.http_server.protocol import (
     RequestError,
     RequestFailed,
-    StreamMeta,
+    StreamChunks,
     image_token,
     meta_info,
     sampling_params_from_json,
@@ -452,23 +452,18 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
     base = 0
     try:
         for h, p, first, x, text in zip(handles, params, firsts, prompts, prompt_texts):
-            texts: dict[int, str] = {}
-            ids: dict[int, list] = {}
-            partial: dict[int, StreamMeta] = {}
+            chunks = StreamChunks(h.rid, decode, p.top_logprobs_num)
             try:
                 async for ev in ctx.events(h):
-                    i = base + ev.index
-                    texts[i] = texts.get(i, "") + ev.text_delta
-                    ids.setdefault(i, []).extend(ev.token_ids)
-                    partial.setdefault(i, StreamMeta(h.rid, decode, p.top_logprobs_num)).add(ev)
+                    chunks.add(ev)
                     if ev.finished and ev.result is not None:
                         meta = _with_image_meta(meta_info(ev.result, decode, p.top_logprobs_num, first), x)
                         await _with_cached_chars(ctx, meta, text, x)
                     elif ev.text_delta:
-                        meta = partial[i].dict(len(ids[i]))
+                        meta = None  # (the partial meta_info)
                     else:
                         continue
-                    yield sse({"text": texts[i], "output_ids": ids[i], "meta_info": meta, "index": i})
+                    yield sse(chunks.chunk(ev, meta, index=base + ev.index))
             except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
                 logger.exception("stream failed")
                 yield sse(error_body(f"{type(e).__name__}: {e}", 500))

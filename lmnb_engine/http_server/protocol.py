@@ -178,6 +178,34 @@ class StreamMeta:
         return m
 
 
+class StreamChunks:
+    """SGLang's stream chunks of one request (``/generate``'s SSE events, the offline engine's
+    ``generate(stream=True)``): each carries its sample's whole text and ids so far. Feed every
+    ``StreamEvent`` to ``add``, then take ``chunk`` for the events that make one."""
+
+    def __init__(self, rid: str, decode: Optional[Callable[[list[int]], str]] = None, top_logprobs_num: int = 0):
+        self.rid, self.decode, self.top_logprobs_num = rid, decode, top_logprobs_num
+        self.texts: dict[int, str] = {}
+        self.ids: dict[int, list[int]] = {}
+        self.partial: dict[int, StreamMeta] = {}
+
+    def add(self, ev: StreamEvent) -> None:
+        """Take one event of sample ``ev.index``: its text, token ids and counts."""
+        i = ev.index
+        self.texts[i] = self.texts.get(i, "") + ev.text_delta
+        self.ids.setdefault(i, []).extend(ev.token_ids)
+        self.partial.setdefault(i, StreamMeta(self.rid, self.decode, self.top_logprobs_num)).add(ev)
+
+    def chunk(self, ev: StreamEvent, meta: Optional[dict] = None, index: Optional[int] = None) -> dict:
+        """``{"text", "output_ids", "meta_info", "index"}`` after ``ev`` (added already): ``meta``
+        is the finished sample's meta_info, None for the partial one; ``index`` defaults to
+        ``ev.index``."""
+        i = ev.index
+        meta = meta if meta is not None else self.partial[i].dict(len(self.ids[i]))
+        return {"text": self.texts[i], "output_ids": list(self.ids[i]), "meta_info": meta,
+                "index": i if index is None else index}
+
+
 def meta_info(result: GenerateResult, decode: Optional[Callable[[list[int]], str]] = None,
               top_logprobs_num: int = 0, first_token_id: Optional[int] = None) -> dict:
     """SGLang's ``meta_info`` of a finished (or partial) result.
