@@ -196,8 +196,9 @@ class Expr:
         return ExprList([as_expr(other), self])
 
 
-# a lone UTF-16 surrogate: no Unicode character, so no tokenizer or UTF-8 encoder takes it
-LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# a lone UTF-16 surrogate: no Unicode character, so no tokenizer or UTF-8 encoder takes it (the
+# engine's lmnb_engine.tokenizer.LONE_SURROGATE; spelled here so that `import lmnb` loads no engine)
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def check_text(text: str, what: str) -> None:
@@ -208,7 +209,7 @@ def check_text(text: str, what: str) -> None:
     Raises:
         ValueError: naming the character, its position and the fix.
     """
-    found = LONE_SURROGATE.search(text)
+    found = _LONE_SURROGATE.search(text)
     if found is not None:
         i = found.start()
         raise ValueError(
