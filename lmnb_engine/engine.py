@@ -38,7 +38,7 @@ def _stop(scheduler: Scheduler, tp_group: Any) -> None:
     may be in flight when rank 0 tells them to stop. On the scheduler thread itself (the garbage
     collector finalizing a dropped engine there, maybe in the middle of a step) the loop releases
     them once it has ended: released at once, the step's forward failed on the exited ranks."""
-    if tp_group is not None and threading.current_thread() is scheduler._thread:
+    if tp_group is not None and scheduler.on_loop_thread:
         scheduler.on_exit(tp_group.shutdown)
         scheduler.stop()
         return
@@ -145,7 +145,7 @@ class _EventStream:
         if handle.done:
             return
         scheduler = handle._engine.scheduler
-        if threading.current_thread() is not scheduler._thread:
+        if not scheduler.on_loop_thread:
             handle.abort()
         elif scheduler.alive:  # (once stopped, every request was aborted already)
             rid = handle.rid
@@ -651,7 +651,7 @@ class Engine:
 
     # --- cache control and observability -----------------------------------------------------
     def _call(self, fn, timeout: Optional[float] = None):
-        if threading.current_thread() is self.scheduler._thread:
+        if self.scheduler.on_loop_thread:
             return fn()
         return self.scheduler.call(fn).result(timeout)
 

@@ -189,7 +189,7 @@ class Scheduler:
         if self._thread is None or self._stopped.is_set():
             return
         self._inbox.put(("stop", None, None))
-        if threading.current_thread() is not self._thread:  # (an engine collected on this thread)
+        if not self.on_loop_thread:  # (an engine collected on this thread)
             self._thread.join(timeout)
 
     def on_exit(self, fn: Callable[[], None]) -> None:
@@ -204,6 +204,13 @@ class Scheduler:
                 fn()
             except Exception:  # noqa: BLE001 - the loop is ending; nothing is left to fail
                 logger.exception("scheduler exit hook failed")
+
+    @property
+    def on_loop_thread(self) -> bool:
+        """Whether the caller runs on the loop thread: a command there runs inline (posting it
+        would wait for itself), and the garbage collector can finalize engines and streams there,
+        in the middle of a step."""
+        return threading.current_thread() is self._thread
 
     @property
     def alive(self) -> bool:
