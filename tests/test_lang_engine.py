@@ -404,7 +404,6 @@ def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
     assert backend.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})["text"] == outs[1]["text"]
 
 
-
 def test_engine_streams_sglangs_offline_generate_and_async_generate(backend, tiny_engine):
     # SGLang's offline engine: `for chunk in llm.generate(p, sp, stream=True)` yields dicts whose
     # "text" is the whole text so far, and `await llm.async_generate(...)` (with stream=True, an
@@ -429,6 +428,32 @@ def test_engine_streams_sglangs_offline_generate_and_async_generate(backend, tin
     assert [w["text"] for w in whole] == [want] and async_texts == texts
     with pytest.raises(ValueError, match="streams one prompt"):
         backend.generate(["a", "b"], sp, stream=True)
+
+
+def test_cancelling_an_async_generate_stream_is_a_cancellation_and_aborts_the_request(backend, tiny_engine):
+    # the stream's cleanup closed its generator while a worker thread was inside next() on it:
+    # "ValueError: generator already executing" instead of the task's CancelledError
+    import asyncio
+
+    sp = {"max_new_tokens": 400, "ignore_eos": True}
+
+    async def go():
+        first = asyncio.Event()
+
+        async def consume():
+            async for _ in await backend.async_generate("Once", sp, stream=True):
+                first.set()
+
+        task = asyncio.create_task(consume())
+        await first.wait()  # (streaming: a worker thread waits in next() for the next chunk)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    stats = tiny_engine.cache_stats()
+    assert stats["running_requests"] == 0 and stats["waiting_requests"] == 0  # (aborted, not run to 400)
+
 
 def test_the_run_seed_gives_every_fork_of_a_state_its_own_samples(backend):
     # a second fork (or copy()) of the same state got the first one's seeds: branch k wrote what

@@ -288,12 +288,20 @@ class Engine(AssignableChatTemplate, BaseBackend):
         chunks = self.offline_generate(**call)  # (checks the arguments now, as the call is awaited)
 
         async def agen():
-            end = object()
+            end, pending = object(), None
             try:
-                while (chunk := await asyncio.to_thread(next, chunks, end)) is not end:
+                while True:
+                    pending = asyncio.ensure_future(asyncio.to_thread(next, chunks, end))
+                    # shielded: a cancelled consumer (task.cancel, wait_for's timeout) must not leave
+                    # a worker thread inside next(chunks), or close() raises "generator already executing"
+                    chunk = await asyncio.shield(pending)
+                    if chunk is end:
+                        return
                     yield chunk
             finally:
-                chunks.close()
+                if pending is not None and not pending.done():
+                    await asyncio.wait([pending])  # (the next chunk: one decode step)
+                chunks.close()  # aborts the request if it has not finished
 
         return agen()
 
