@@ -97,8 +97,7 @@ class CudaGraphRunner:
             "out_cache_loc": torch.zeros(n, **i64), "req_pool_indices": torch.zeros(n, **i64),
             "seq_lens": torch.ones(n, **i64), "ones": torch.ones(n, **i64), "arange": torch.arange(n, **i64),
         }
-        self._graphs.clear()
-        self._outputs.clear()
+        self.release()
         self._batches = {bs: self._static_batch(bs) for bs in self.batch_sizes}
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(dev)
@@ -115,6 +114,12 @@ class CudaGraphRunner:
                 self._outputs[bs] = model(batch, attn, kv)
             self._graphs[bs] = graph
         torch.cuda.synchronize(dev)
+
+    def release(self) -> None:
+        """Drop the captured graphs (the KV pool they write into is about to be freed); decode runs
+        eagerly until the next ``capture``."""
+        self._graphs.clear()
+        self._outputs.clear()
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """True for a text-only DECODE batch no larger than the largest captured size (once captured)."""

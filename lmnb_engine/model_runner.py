@@ -114,6 +114,8 @@ class ModelRunner:
         """(Re)create empty KV and request pools (start-up, and recovery after an internal error)."""
         cfg = self.config
         old = getattr(self, "kv_pool", None)
+        if self.graph_runner is not None:  # [issue 9] its graphs write into the old buffers: never
+            self.graph_runner.release()  # replay them once those are freed, even if no new pool comes
         if old is not None:  # [issue 9] free the old buffers first: two pools do not fit on a GPU
             old.k_buffer.clear()
             old.v_buffer.clear()

@@ -151,6 +151,7 @@ class Scheduler:
         self._stopped = threading.Event()
         self._post_lock = threading.Lock()  # a command is queued before the stop, or refused after it
         self._exit_hooks: list[Callable[[], None]] = []
+        self._death = ""  # why the loop stopped on its own (a failed recovery), for later callers
         self.reset_stats()
 
     # --- setup and stats ------------------------------------------------------------------------
@@ -240,7 +241,7 @@ class Scheduler:
         fut: Future = Future()
         with self._post_lock:  # else a command put just after the stop drained the inbox waits forever
             if not self.alive:
-                raise RuntimeError("the engine is shut down; create a new Engine")
+                raise RuntimeError(f"the engine is shut down{self._death}; create a new Engine")
             self._inbox.put((kind, payload, fut))
         return fut
 
@@ -260,7 +261,11 @@ class Scheduler:
                 if self._has_work():
                     self._step()
             except Exception as exc:  # noqa: BLE001 - any failure must not kill the loop
-                self._recover(exc)
+                try:
+                    self._recover(exc)
+                except Exception as fatal:  # noqa: BLE001 - no KV memory to run on: stop, answering everyone
+                    self._stop_after_failed_recovery(fatal)
+                    return
 
     def _has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self._inflight)
@@ -309,7 +314,9 @@ class Scheduler:
             return payload()
         raise ValueError(f"unknown scheduler command {kind!r}")
 
-    def _fail_pending_commands(self) -> None:
+    def _fail_pending_commands(self, message: str = "engine shut down") -> None:
+        """Answer every queued command once the loop stops: requests abort with ``message`` (they
+        were never admitted, so hold no KV), other commands raise."""
         while True:
             try:
                 kind, payload, fut = self._inbox.get_nowait()
@@ -317,9 +324,9 @@ class Scheduler:
                 return
             if kind == "add":
                 for req in payload:
-                    self._finish(req, FinishReason("abort", message="engine shut down"))
+                    self._finish(req, FinishReason("abort", message=message))
             if fut is not None and fut.set_running_or_notify_cancel():
-                fut.set_exception(RuntimeError("the engine is shut down"))
+                fut.set_exception(RuntimeError(f"the engine is shut down{self._death}"))
 
     # --- one step -------------------------------------------------------------------------------
     def _step(self) -> None:
@@ -869,28 +876,46 @@ class Scheduler:
                 self._finish(req, FinishReason("abort", message=message))
             except Exception:  # noqa: BLE001 - memory state is suspect; rebuild below
                 clean = False
-                req.finish_reason = FinishReason("abort", message=message)
-                req.final_text = req.detokenizer.text
-                try:
-                    req.emit(StreamEvent(req.rid, "", [], True, self._result(req), req.index))
-                except Exception:  # noqa: BLE001
-                    logger.exception("could not report the failure of request %s", req.rid)
+                self._report_failure(req, message)
         if not clean:
             self._rebuild_memory()
+
+    def _report_failure(self, req: Req, message: str) -> None:
+        """Finish ``req`` as aborted with ``message`` without touching KV memory (it is suspect)."""
+        req.req_pool_idx = None
+        req.finish_reason = FinishReason("abort", message=message)
+        req.final_text = req.detokenizer.text
+        try:
+            req.emit(StreamEvent(req.rid, "", [], True, self._result(req), req.index))
+        except Exception:  # noqa: BLE001 - the other requests must still hear of it
+            logger.exception("could not report the failure of request %s", req.rid)
 
     def _rebuild_memory(self) -> None:
         """Last resort after a failed clean-up: fail everything that holds KV, start empty pools."""
         for req in self.running + ([self.chunked] if self.chunked else []):
-            req.req_pool_idx = None
-            req.finish_reason = FinishReason("abort", message="internal error: KV memory was reset")
-            req.final_text = req.detokenizer.text
-            req.emit(StreamEvent(req.rid, "", [], True, self._result(req), req.index))
+            self._report_failure(req, "internal error: KV memory was reset")
         self.running, self.chunked, self.pins, self._inflight = [], None, {}, None
         for req in self.waiting:
             req.req_pool_idx, req.last_node = None, None
             req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
         self.runner.reset_pools()
         self._build_cache()
+
+    def _stop_after_failed_recovery(self, exc: Exception) -> None:
+        """End the loop when even new KV pools could not be made (out of memory on the GPU, say):
+        every request and queued command fails with the reason, and later calls say it too,
+        rather than waiting on a loop that is gone."""
+        logger.exception("scheduler recovery failed; the engine stops")
+        message = f"internal error, and the engine could not recover: {type(exc).__name__}: {exc}"
+        for req in self.waiting + self.running + ([self.chunked] if self.chunked else []):
+            if not req.finished:
+                self._report_failure(req, message)
+        self.waiting, self.running, self.chunked, self._inflight = [], [], None, None
+        with self._post_lock:
+            self._death = f" ({message})"
+            self._stopped.set()
+        self._fail_pending_commands(message)
+        self._run_exit_hooks()
 
     # --- jump-forward support ------------------------------------------------------------------
     def rollback(self, req: Req, num_kept: int) -> None:

@@ -518,3 +518,42 @@ def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
         eng.generate("x", GREEDY)
     # the handle's request ended with the shutdown: nothing left to abort (it raised RuntimeError)
     assert h.abort() is False
+
+
+def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
+    """When a failed step's requests cannot even be released, the pools are rebuilt empty: every
+    request that held KV fails, and the engine serves the next request correctly."""
+    monkeypatch.setattr(engine.runner, "forward", failing_at_call(engine.runner.forward, 2, "simulated kernel failure"))
+    monkeypatch.setattr(engine.scheduler, "_release", failing_at_call(engine.scheduler._release, 1, "simulated leak"))
+    r = engine.generate("the cat", GREEDY)
+    assert r.finish_reason.type == "abort" and "simulated kernel failure" in r.finish_reason.message
+    monkeypatch.undo()
+    assert_idle_accounting(engine)
+    assert engine.runner.kv_pool.available_size() == engine.runner.max_total_tokens  # a fresh, empty pool
+    p = engine.encode("the cat")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+
+
+def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_everyone(tiny_llama, monkeypatch):
+    """Out of memory while rebuilding the pools (a GPU whose memory another process took) killed
+    the loop thread: requests waiting behind the failed one were never answered."""
+    eng = Engine(str(tiny_llama), max_total_tokens=512, max_running_requests=1)
+    try:
+        runner, sched = eng.runner, eng.scheduler
+        monkeypatch.setattr(runner, "forward", failing_at_call(runner.forward, 2, "simulated kernel failure"))
+        monkeypatch.setattr(sched, "_release", failing_at_call(sched._release, 1, "simulated leak"))
+        monkeypatch.setattr(runner, "reset_pools", failing_at_call(runner.reset_pools, 1, "CUDA out of memory"))
+        first = eng.submit("the cat", GREEDY)
+        second = eng.submit("the dog", GREEDY)  # waits: one running request at a time
+        r1, r2 = first.result(timeout=60), second.result(timeout=60)
+        assert "simulated kernel failure" in r1.finish_reason.message
+        assert r2.finish_reason.type == "abort"
+        assert r2.finish_reason.message == (
+            "internal error, and the engine could not recover: RuntimeError: CUDA out of memory")
+        sched._thread.join(10)
+        assert not sched.alive
+        with pytest.raises(RuntimeError, match=r"shut down \(internal error, and the engine could not recover: "
+                                               r"RuntimeError: CUDA out of memory\); create a new Engine"):
+            eng.generate("x", GREEDY)
+    finally:
+        eng.shutdown()
