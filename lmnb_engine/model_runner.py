@@ -8,6 +8,7 @@ the buffers are zero-filled up front.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
@@ -27,6 +28,11 @@ def _free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _current_device(device: torch.device):
+    """A context in which ``device`` is CUDA's current device (nothing to do on CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 class ModelRunner:
@@ -89,6 +95,14 @@ class ModelRunner:
         max_running_requests = min(max_running_requests, max_total_tokens)
         self.max_total_tokens = max_total_tokens
         self.max_running_requests = max_running_requests
+        # [issue 9] Triton launches on the current device, whatever device the tensors are on: the
+        # backend's start-up check and the graph capture run on the model's device (say cuda:1)
+        with _current_device(self.device):
+            self._start_on_device(attention_backend, cuda_graph_max_bs)
+
+    def _start_on_device(self, attention_backend, cuda_graph_max_bs: Optional[int]) -> None:
+        """Pick and prepare the attention backend, make the pools, capture the decode graphs."""
+        cfg = self.config
         if attention_backend is None or isinstance(attention_backend, str):  # [issue 9] backend selector
             from lmnb_engine.attention.selector import select_attention_backend
 

@@ -210,3 +210,34 @@ def test_engine_greedy_same_on_triton_path(tiny_checkpoint_factory, arch, dtype)
         assert got.token_ids == ref.token_ids
         diffs = [abs(a.logprob - b.logprob) for a, b in zip(ref.logprobs, got.logprobs)]
         assert max(diffs) < tol, diffs
+
+
+def test_the_runner_starts_its_backend_and_pools_with_the_model_device_current(tiny_llama, monkeypatch):
+    """Triton launches on CUDA's current device, not the tensors' one: a model on cuda:1 ran its
+    backend's start-up check and graph capture on cuda:0 (the main thread's current device)."""
+    import contextlib
+
+    import lmnb_engine.model_runner as mr
+    from lmnb_engine.model_loader import load_model
+
+    events = []
+
+    @contextlib.contextmanager
+    def recording(device):
+        events.append(("enter", str(device)))
+        yield
+        events.append(("exit", str(device)))
+
+    class RecordingPool(mr.TokenToKVPool):
+        def __init__(self, *args, **kwargs):
+            events.append("pool")
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(mr, "_current_device", recording)
+    monkeypatch.setattr(mr, "TokenToKVPool", RecordingPool)
+    mr.ModelRunner(load_model(str(tiny_llama), device="cpu"), max_total_tokens=64, attention_backend="triton")
+    assert events == [("enter", "cpu"), "pool", ("exit", "cpu")]
+    monkeypatch.undo()
+    assert isinstance(mr._current_device(torch.device("cuda:1")), torch.cuda.device)
+    assert mr._current_device(torch.device("cuda:1")).idx == 1
+    assert isinstance(mr._current_device(torch.device("cpu")), contextlib.nullcontext)
