@@ -206,3 +206,15 @@ def test_video_frames_are_the_uniformly_spaced_ones(tmp_path):
     with pytest.raises(ImageInputError, match="not a readable video") as err:
         sample_video_frames(tmp_path / "junk.mp4", 2)
     assert all(f"{reader}:" in str(err.value) for reader in video_readers())  # each reader's reason
+
+
+def test_sixteen_bit_grayscale_is_scaled_to_eight_bits_not_clipped_to_white(tmp_path):
+    # a 16-bit PNG holds 0..65535; 8 bits hold v / 257 (65535 -> 255), as viewers show it
+    values = np.array([[0, 257 * 100, 40000, 65535]], dtype=np.uint16)
+    expected = [[[g, g, g] for g in (0, 100, 156, 255)]]  # 40000 / 257 = 155.64 -> 156
+    path = tmp_path / "scan.png"
+    Image.fromarray(values).save(path)
+    assert Image.open(path).mode.startswith("I")  # Pillow keeps the 16 bits
+    for source in (path, Image.open(path), Image.fromarray(values.astype(np.int32))):
+        assert np.asarray(load_image(source).image).tolist() == expected
+    assert load_image(path).hash == pixel_hash(Image.fromarray(np.array(expected, dtype=np.uint8)))

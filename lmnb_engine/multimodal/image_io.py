@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 DEFAULT_MAX_BYTES = 20 * 2**20  # encoded size (a file, bytes, a data URL's payload)
@@ -27,6 +28,7 @@ DEFAULT_MAX_PIXELS = 50_000_000  # width × height of the decoded image
 # the limit Qwen2-VL's image utilities set (qwen_vl_utils MAX_RATIO), far past panoramas or receipts.
 MAX_ASPECT_RATIO = 200
 ALLOW_REMOTE_ENV = "LMNB_ALLOW_REMOTE_MEDIA"
+SIXTEEN_BIT_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")  # "I": a 16-bit PNG in older Pillow
 
 
 class ImageInputError(ValueError):
@@ -243,8 +245,21 @@ def _upright(image: Image.Image) -> Image.Image:
 def _to_rgb(image: Image.Image) -> Image.Image:
     """``image`` as RGB, any transparency composited onto white as the HF image processors'
     ``convert_to_rgb`` does: a plain ``convert("RGB")`` keeps the colour under transparent pixels
-    (black in most PNGs with alpha), so a dark logo on a transparent background became all black."""
+    (black in most PNGs with alpha), so a dark logo on a transparent background became all black.
+    16-bit grayscale is scaled to 8 bits first (see ``_to_8_bit``)."""
+    image = _to_8_bit(image)
     if "A" not in image.getbands() and image.info.get("transparency") is None:
         return image.convert("RGB")
     white = Image.new("RGBA", image.size, (255, 255, 255, 255))
     return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+
+
+def _to_8_bit(image: Image.Image) -> Image.Image:
+    """16-bit grayscale (a PNG or TIFF from a scanner, a microscope, a depth camera) as 8-bit "L",
+    each value v becoming round(v / 257), so 65535 is 255. ``convert("RGB")`` clips every value
+    above 255 instead, and such an image came out almost all white (transformers' ``load_image``
+    does the same). Other modes are returned as they are."""
+    if image.mode not in SIXTEEN_BIT_MODES:
+        return image
+    values = np.asarray(image, dtype=np.float64)
+    return Image.fromarray(np.clip(np.rint(values / 257), 0, 255).astype(np.uint8))
