@@ -372,7 +372,12 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
             raise ValueError(f"json_schema is not valid JSON: {e}") from None
         return schema
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        from lmnb_engine.pydantic_schema import pydantic_json_schema  # torch-free
+
+        try:
+            return pydantic_json_schema(schema)
+        except ValueError as e:
+            raise ValueError(f"json_schema {schema.__name__}: {e}") from None
     raise TypeError(
         f"json_schema must be a JSON string, a dict, a bool or a pydantic model class, not {type(schema).__name__}"
     )

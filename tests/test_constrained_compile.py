@@ -1665,3 +1665,52 @@ def test_the_boolean_schemas_true_and_false_at_the_root():
     for schema in (False, "false"):
         with pytest.raises(GrammarError, match=r"^JSON schema false accepts no value: no output could validate"):
             schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("max_digits, places", [(4, 2), (3, None), (None, 2), (2, 2), (3, 0), (5, 1)])
+def test_a_decimal_pattern_is_what_pydantic_accepts_in_plain_notation(max_digits, places):
+    """pydantic (its Decimal validation) is the reference: every canonical plain decimal (no
+    exponent, no leading or trailing zeros) matches the pattern exactly when pydantic accepts it."""
+    from typing import Annotated
+
+    from lmnb_engine.pydantic_schema import decimal_pattern
+
+    adapter = pydantic.TypeAdapter(Annotated[Decimal, pydantic.Field(max_digits=max_digits, decimal_places=places)])
+    rx = re.compile(decimal_pattern(max_digits, places))
+    checked = 0
+    for whole in ("0", "1", "9", "10", "99", "100", "999", "1000", "12345"):
+        for fraction in ("", "5", "05", "25", "125", "001", "0001", "12345"):
+            for sign in ("", "-"):
+                text = sign + whole + ("." + fraction if fraction else "")
+                try:
+                    adapter.validate_json(f'"{text}"')
+                    accepted = True
+                except pydantic.ValidationError:
+                    accepted = False
+                assert bool(rx.fullmatch(text)) == accepted, text
+                checked += accepted
+    assert checked > 0
+
+
+def test_pydantic_decimal_fields_compile_to_what_the_model_validates(backend):
+    """pydantic's own schema left a Decimal's string unpatterned ('abc' passed JSON Schema) and
+    dropped max_digits/decimal_places."""
+    class Price(pydantic.BaseModel):
+        amount: Decimal = pydantic.Field(max_digits=5, decimal_places=2)
+        rate: Decimal = pydantic.Field(ge=0, le=1)
+
+    rx = re.compile(backend.to_regex(json_schema=Price))
+    for text, ok in (('{"amount": "123.45", "rate": 0.5}', True), ('{"amount": "-0.5", "rate": 1}', True),
+                     ('{"amount": "abc", "rate": 0.5}', False), ('{"amount": "1234.5", "rate": 0.5}', False),
+                     ('{"amount": "1.234", "rate": 0.5}', False), ('{"amount": "1.5", "rate": 1.5}', False),
+                     ('{"amount": "1.5", "rate": "0.5"}', False)):
+        assert bool(rx.fullmatch(text)) == ok, text
+        if ok:
+            Price.model_validate_json(text)
+
+    class Both(pydantic.BaseModel):
+        amount: Decimal = pydantic.Field(max_digits=5, decimal_places=2, gt=0)
+
+    with pytest.raises(GrammarError, match=r"json_schema Both: a Decimal field with max_digits/decimal_places and gt "
+                                           r"cannot be constrained exactly"):
+        backend.to_regex(json_schema=Both)

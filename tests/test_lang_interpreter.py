@@ -4,6 +4,7 @@ streaming, dtype, API speculative execution, run_batch and its prefix hint."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -30,6 +31,26 @@ def test_import_lmnb_loads_neither_torch_nor_engine():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_pydantic_schema_is_converted_without_torch_and_its_decimals_are_exact():
+    """gen(json_schema=Model) turns the class into the schema every backend gets (the OpenAI one
+    too), with a Decimal's digit limits as a pattern (lmnb_engine.pydantic_schema), loading no torch."""
+    code = (
+        "import sys, decimal, pydantic, lmnb\n"
+        "class Price(pydantic.BaseModel):\n"
+        "    amount: decimal.Decimal = pydantic.Field(max_digits=3, decimal_places=1)\n"
+        "import json; print(json.dumps(lmnb.gen('p', json_schema=Price).params.json_schema['properties']['amount']))\n"
+        "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    amount, modules = out.stdout.splitlines()
+    amount = json.loads(amount)
+    assert modules == "[]" and amount["type"] == "string"
+    # at most 3 digits, 1 after the point (pydantic's rule; 0.5 has one digit)
+    for text, ok in (("12.5", True), ("-0.5", True), ("99", True), ("1.25", False), ("123", False), ("abc", False)):
+        assert bool(re.fullmatch(amount["pattern"], text)) == ok, text
 
 
 def test_lmnb_template_is_reachable_from_a_plain_import_lmnb():

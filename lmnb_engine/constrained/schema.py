@@ -32,7 +32,7 @@ Objects with ``properties`` never get other keys (``additionalProperties`` besid
 but extra keys are not generated, which keeps every output valid); an ``additionalProperties``
 schema alone makes a map of any keys, and with ``propertyNames`` listing the names, one of those
 keys (each optional). Accepted inputs: a ``dict``, a JSON string, a pydantic
-model class (``model_json_schema()``), or the boolean schema ``true`` (any value; ``false`` is refused).
+model class (``lmnb_engine.pydantic_schema``), or the boolean schema ``true`` (any value; ``false`` is refused).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
 from lmnb_engine.constrained.vocab import START_MARKER
+from lmnb_engine.pydantic_schema import pydantic_json_schema
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -170,7 +171,10 @@ def load_schema(schema: Any) -> dict | bool:
             or the value is none of the accepted kinds.
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        try:
+            return pydantic_json_schema(schema)
+        except ValueError as e:
+            raise GrammarError(f"json_schema {schema.__name__}: {e}") from None
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)

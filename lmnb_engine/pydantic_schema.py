@@ -1,0 +1,67 @@
+"""The JSON schema of a pydantic model, written so that every output it allows validates.
+
+pydantic's own ``model_json_schema()`` gives a ``Decimal`` field ``{"anyOf": [{"type": "number"},
+{"type": "string"}]}``: the string has no pattern (any text passes JSON Schema, pydantic refuses
+``"abc"``), and ``max_digits``/``decimal_places`` appear nowhere, so constrained output validated
+against the schema and still failed ``Model.model_validate_json``. Here a ``Decimal`` is
+
+* with ``max_digits`` or ``decimal_places``: a string of plain decimal notation within them (as
+  pydantic serializes a Decimal: ``"12.34"``); together with bounds (``ge``, ``lt`` ...), which a
+  pattern cannot hold beside digit counts, it is refused;
+* otherwise: a JSON number, with the bounds (the bounded number grammar holds them).
+
+Torch-free, so ``lmnb`` converts a model class with it before any backend is chosen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def pydantic_json_schema(model: type) -> dict:
+    """``model.model_json_schema()``, with ``Decimal`` fields as above.
+
+    Args:
+        model: a pydantic ``BaseModel`` subclass.
+
+    Raises:
+        ValueError: a ``Decimal`` field with both digit limits and bounds.
+    """
+    from pydantic.json_schema import GenerateJsonSchema
+
+    class _ExactDecimals(GenerateJsonSchema):
+        def decimal_schema(self, schema: Any) -> dict:
+            digits, places = schema.get("max_digits"), schema.get("decimal_places")
+            if digits is None and places is None:
+                return super().decimal_schema(schema)["anyOf"][0]  # the number with its bounds
+            bounds = [k for k in ("gt", "ge", "lt", "le", "multiple_of") if schema.get(k) is not None]
+            if bounds:
+                raise ValueError(
+                    f"a Decimal field with max_digits/decimal_places and {'/'.join(bounds)} cannot be "
+                    "constrained exactly (a pattern holds the digits, not the bounds); drop one of them"
+                )
+            return {"type": "string", "pattern": decimal_pattern(digits, places)}
+
+    return model.model_json_schema(schema_generator=_ExactDecimals)
+
+
+def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:
+    """Regex of the plain decimals (``-12.34``; no exponent, no leading or trailing zeros) with at
+    most ``max_digits`` digits, ``decimal_places`` of them after the point (one of the two may be
+    None: no limit), counted as pydantic counts them (the ``0`` of ``0.5`` is no digit)."""
+    places = max_digits if decimal_places is None else decimal_places
+    if max_digits is None:
+        return f"^-?(?:0|[1-9][0-9]*){_fraction(places)}$"
+    whole_room = max_digits - (decimal_places or 0)
+    # pydantic counts a lone 0 as a whole digit but not the 0 of 0.5
+    alternatives = ["0" + _fraction(min(max_digits, places), optional=whole_room > 0)]
+    for whole in range(1, whole_room + 1):
+        alternatives.append("[1-9]" + "[0-9]" * (whole - 1) + _fraction(min(max_digits - whole, places)))
+    return "^-?(?:" + "|".join(alternatives) + ")$"
+
+
+def _fraction(room: int, optional: bool = True) -> str:
+    """Up to ``room`` digits after the point, the last not 0 (``room`` 0: no point)."""
+    if room <= 0:
+        return ""
+    return f"(?:\\.[0-9]{{0,{room - 1}}}[1-9])" + ("?" if optional else "")
