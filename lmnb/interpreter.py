@@ -52,8 +52,11 @@ class ProgramState:
 
     def _role(self, role: str, expr: Any = None):
         if expr is not None:
-            self.stream_executor.submit(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]))
-            return None
+            # returned as SGLang's does, for inspection; it is submitted already, so adding it
+            # again (s += s.user(x)) would write the message twice
+            submitted = ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
+            self.stream_executor.submit(submitted)
+            return submitted
 
         @contextlib.contextmanager
         def scope():
@@ -64,15 +67,18 @@ class ProgramState:
         return scope()
 
     def system(self, expr: Any = None):
-        """Append a system message, or with no argument a ``with`` block that is one."""
+        """Append a system message and return the expression submitted (as SGLang
+        does; do not add it again), or with no argument a ``with`` block that is one."""
         return self._role("system", expr)
 
     def user(self, expr: Any = None):
-        """Append a user message, or with no argument a ``with`` block that is one."""
+        """Append a user message and return the expression submitted (as SGLang
+        does; do not add it again), or with no argument a ``with`` block that is one."""
         return self._role("user", expr)
 
     def assistant(self, expr: Any = None):
-        """Append an assistant message, or with no argument a ``with`` block that is one."""
+        """Append an assistant message and return the expression submitted (as SGLang
+        does; do not add it again), or with no argument a ``with`` block that is one."""
         return self._role("assistant", expr)
 
     @contextlib.contextmanager

@@ -111,6 +111,27 @@ def test_role_context_managers_and_default_system_prompt():
     assert st.text().startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhello")
 
 
+def test_role_methods_with_an_expression_return_what_they_submitted():
+    """s.user(x) returned None; SGLang's returns the submitted role expression, for inspection."""
+    be = ScriptedBackend(lambda p, params: "hi", chat_template=CHATML)
+    got = []
+
+    @sgl.function
+    def chat(s):
+        got.append(s.system("Be brief."))
+        got.append(s.user("hello"))
+        got.append(s.assistant(sgl.gen("r")))
+
+    st = chat.run(backend=be)
+    assert [[type(e).__name__ for e in r.exprs] for r in got] == [["RoleBegin", "ConstantText", "RoleEnd"]] * 2 + [
+        ["RoleBegin", "Gen", "RoleEnd"]]
+    assert [r.exprs[0].role for r in got] == ["system", "user", "assistant"]
+    assert got[1].exprs[1].value == "hello" and got[2].exprs[1].name == "r"
+    # submitted once, not twice
+    assert st.text() == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
+                         "<|im_start|>assistant\nhi<|im_end|>\n")
+
+
 def test_unknown_and_nested_roles_raise():
     be = ScriptedBackend(chat_template=get_chat_template("gemma-it"))  # no system role
 
