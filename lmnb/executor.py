@@ -834,6 +834,9 @@ class StreamExecutor:
             ProgramError: once the text that arrived is yielded, when the state failed (or was
                 aborted) before the text, or the variable, was complete. SGLang's ends silently
                 there, so a loop printing a stream could not tell a cut-off answer from a whole one.
+            KeyError: ``var_name`` was never set and nothing left can set it (the program body
+                returned, or this is the body asking): a misspelt name, named with the variables
+                there are. SGLang's yields ``""`` once there.
         """
         pos, seen = None, -1
         while True:
@@ -847,10 +850,12 @@ class StreamExecutor:
                 else:
                     current = self.var_log.get(var_name, "")
                     started = var_name in self.variables or self._pending[var_name] > 0
-                    done = self.error_ is not None or (
-                        self._pending[var_name] == 0
-                        and (started or (self.closed and not self._queue and not self._draining))
-                    )
+                    # nothing set it, nothing queued will, and no body is left to queue it: a
+                    # misspelt name (SGLang's yields "" then, indistinguishable from an empty gen)
+                    if not started and self.error_ is None and not self._body_elsewhere():
+                        raise KeyError(f"no variable {var_name!r} in this program state, and the program set "
+                                       f"none of that name; it has {sorted(self.variables)}")
+                    done = self.error_ is not None or (self._pending[var_name] == 0 and started)
                 if pos is None:
                     pos = 0 if var_name is None else self.var_start.get(var_name, 0)
                 chunk = current[pos:]

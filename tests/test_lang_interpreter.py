@@ -471,6 +471,27 @@ def test_reading_a_streamed_state_waits_for_its_body_to_submit():
         st["nope"]
 
 
+@pytest.mark.timeout(30)  # (without the KeyError the body's own read hung)
+@pytest.mark.parametrize("stream", [True, False])
+def test_text_iter_of_a_variable_the_program_never_sets_raises_a_key_error_naming_the_ones_it_has(stream):
+    """It yielded nothing (SGLang's yields "" once), so a misspelt name looked like an empty answer."""
+    be = ScriptedBackend(lambda p, params: "text")
+    inside = []
+
+    @sgl.function
+    def prog(s):
+        time.sleep(0.1)  # (the reader below starts before the body has submitted the gen)
+        s += "Q: " + sgl.gen("answer")
+        with pytest.raises(KeyError, match="'nope'"):  # the body asking: nothing else can set it
+            next(s.text_iter("nope"))
+        inside.append("checked")
+
+    st = prog.run(backend=be, stream=stream)
+    with pytest.raises(KeyError, match=r"no variable 'anwser' in this program state.*it has \['answer'\]"):
+        list(st.text_iter("anwser"))
+    assert inside == ["checked"] and "".join(st.text_iter("answer")) == "text"
+
+
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
     be = ScriptedBackend(lambda p, params: "42")
 
