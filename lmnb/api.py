@@ -354,8 +354,10 @@ def gen(
 
     Raises:
         ValueError: an invalid regex, stop_regex, JSON schema or dtype, more than one of regex,
-            json_schema, dtype and choices (each decides the output alone), or ``n`` > 1 with
-            choices (or choices that ``select`` refuses).
+            json_schema, dtype and choices (each decides the output alone), ``n`` > 1 with
+            choices, or with choices another option a pick cannot use (``max_tokens``, ``stop``,
+            ``top_p``, ``seed``, ...: all but ``temperature`` and ``choices_method``), or choices
+            that ``select`` refuses.
         TypeError: ``name`` is not a string or None.
     """
     _check_name("gen", name)
@@ -367,6 +369,18 @@ def gen(
         if n is not None and n != 1:  # (SGLang drops n here without a word: one variable, one pick)
             raise ValueError(f"gen(..., choices=...) picks one choice and takes no n (got n={n!r}); for several "
                              "picks, fork(n) and gen(..., choices=..., temperature=...) in each branch")
+        # SGLang drops these too without a word; a pick generates nothing, so none of them can act
+        unused = {"max_tokens": max_tokens, "min_tokens": min_tokens, "stop": stop, "stop_token_ids": stop_token_ids,
+                  "stop_regex": stop_regex, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+                  "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
+                  "ignore_eos": ignore_eos, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+                  "top_logprobs_num": top_logprobs_num, "return_text_in_logprobs": return_text_in_logprobs,
+                  "seed": seed}
+        given = [k for k, v in unused.items() if v is not None]
+        if given:
+            raise ValueError(f"gen(..., choices=...) scores the choices and generates nothing, so {', '.join(given)} "
+                             "would do nothing; drop them (it takes name, temperature and choices_method; "
+                             "run(seed=...) makes a sampled pick reproducible)")
         return _select("gen(..., choices=...)", name, choices, 0.0 if temperature is None else temperature,
                        choices_method or token_length_normalized)
     check_regex(regex)

@@ -1001,6 +1001,22 @@ def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
         sgl.select("x", choices=["a", ""])
 
 
+def test_gen_with_choices_refuses_the_options_a_pick_cannot_use_naming_them():
+    """gen(choices=..., max_tokens=5, stop="x", ...) ran a plain select and dropped them without a word."""
+    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) scores the choices and generates "
+                                         r"nothing, so max_tokens, stop, top_p, seed would do nothing; drop them"):
+        sgl.gen("x", choices=["a", "b"], max_tokens=5, stop="\n", top_p=0.9, seed=3)
+    for key, value in [("min_tokens", 1), ("stop_token_ids", [2]), ("stop_regex", "x"), ("top_k", 5),
+                       ("min_p", 0.1), ("frequency_penalty", 0.5), ("presence_penalty", 0.5), ("ignore_eos", True),
+                       ("return_logprob", True), ("logprob_start_len", 0), ("top_logprobs_num", 2),
+                       ("return_text_in_logprobs", True)]:
+        with pytest.raises(ValueError, match=f"so {key} would do nothing"):
+            sgl.gen("x", choices=["a", "b"], **{key: value})
+    # what a pick does use is still taken
+    pick = sgl.gen("x", choices=["a", "b"], temperature=0.5, choices_method=sgl.greedy_token_selection)
+    assert pick.temperature == 0.5 and pick.choices_method is sgl.greedy_token_selection
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_text_iter_of_a_gen_with_several_samples_yields_the_first_samples_text(stream):
     """It yielded nothing (the variable holds a list, which has no text): now the text the gen
