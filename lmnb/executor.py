@@ -21,6 +21,7 @@ import contextvars
 import dataclasses
 import operator
 import random
+import sys
 import threading
 import uuid
 import warnings
@@ -625,6 +626,14 @@ class StreamExecutor:
             return parse(text)
         except (ValueError, KeyError):
             shown = getattr(expr.params.dtype, "__name__", expr.params.dtype)
+            digits = text.strip().lstrip("+-")
+            limit = sys.get_int_max_str_digits()
+            if shown == "int" and digits.isdigit() and 0 < limit < len(digits):  # the model did write an int
+                raise ValueError(
+                    f"gen {expr.name!r} with dtype=int wrote a {len(digits)}-digit number, more than the {limit} "
+                    f"digits Python's int() reads; raise that limit with sys.set_int_max_str_digits({len(digits)}) "
+                    "(0 lifts it), or keep the text with gen(regex=r'[-+]?[0-9]+')"
+                ) from None
             finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
             if finish.get("type") == "length":
                 raise ValueError(

@@ -515,6 +515,27 @@ def test_dtype_int_becomes_regex_stops_and_parsed_value():
         sgl.gen("x", regex="(" * 1000 + "a" + ")" * 1000)  # re.compile's RecursionError escaped gen()
 
 
+def test_dtype_int_above_pythons_digit_limit_says_so_and_parses_once_the_limit_is_raised():
+    """A 5000-digit int failed as "does not parse; the backend did not enforce the dtype's regex"."""
+    be = ScriptedBackend(lambda p, params: "-" + "9" * 5000)
+
+    @sgl.function
+    def prog(s):
+        s += "n=" + sgl.gen_int("n")
+
+    previous = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(4300)  # (Python's default)
+        with pytest.raises(sgl.ProgramError, match=r"wrote a 5000-digit number, more than the 4300 digits Python's "
+                                                    r"int\(\) reads; raise that limit with sys.set_int_max_str_digits"
+                                                    r"\(5000\)"):
+            prog.run(backend=be)["n"]
+        sys.set_int_max_str_digits(5000)
+        assert prog.run(backend=be)["n"] == -(10 ** 5000 - 1)
+    finally:
+        sys.set_int_max_str_digits(previous)
+
+
 def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_stream():
     # The value is parsed (42), the text the gen wrote is "42": text_iter yields that text,
     # as a streamed run does token by token (it yielded nothing without stream=True).
