@@ -208,6 +208,31 @@ def _fork_size(size: Any) -> int:
     return n
 
 
+_BODY_POLL_S = 0.25  # how often a reader waiting for a streamed body checks whether the body waits for it
+
+
+def _waits_for_caller(thread_id: int) -> bool:
+    """Whether thread ``thread_id`` is blocked in ``Thread.join`` of the calling thread, or in
+    ``Future.result``/``exception`` of a future the calling thread is running for a
+    ``ThreadPoolExecutor``. Read from the threads' stacks: Python records no other link."""
+    from concurrent.futures import Future
+    from concurrent.futures.thread import _WorkItem
+
+    frame = sys._current_frames().get(thread_id)
+    mine: set[int] = {id(threading.current_thread())}
+    caller = sys._getframe()
+    while caller is not None:  # the futures this thread runs
+        if caller.f_code is _WorkItem.run.__code__:
+            mine.add(id(caller.f_locals["self"].future))
+        caller = caller.f_back
+    waits = (threading.Thread.join.__code__, Future.result.__code__, Future.exception.__code__)
+    while frame is not None:
+        if frame.f_code in waits and id(frame.f_locals.get("self")) in mine:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class StreamExecutor:
     """Runs the primitives of one program state in order on a worker thread.
 
@@ -372,14 +397,18 @@ class StreamExecutor:
                 self._cv.wait()
 
     def _body_elsewhere(self) -> bool:
-        """(Lock held.) A streamed program body is running on another thread than the caller's."""
-        return self.body_thread is not None and self.body_thread != threading.get_ident()
+        """(Lock held.) A streamed program body is running on another thread than the caller's,
+        and is not blocked waiting for the caller (a helper thread the body joins, or a pool
+        worker running a future the body waits for, acts for the body: waiting for the body to
+        return would deadlock both)."""
+        return (self.body_thread is not None and self.body_thread != threading.get_ident()
+                and not _waits_for_caller(self.body_thread))
 
     def wait_body(self) -> None:
         """Block until a streamed program body running on another thread has returned."""
         with self._cv:
             while self._body_elsewhere():
-                self._cv.wait()
+                self._cv.wait(_BODY_POLL_S)  # (the body may start waiting for this thread meanwhile)
 
     def raise_if_failed(self) -> None:
         """Raise the state's error (``ProgramError``) if a primitive failed."""
@@ -403,7 +432,7 @@ class StreamExecutor:
                         )
                 elif name in self.variables or not self._body_elsewhere():
                     break
-                self._cv.wait()
+                self._cv.wait(_BODY_POLL_S)
             if self.error_ is not None and (name in self._lost or name not in self.variables):
                 raise self.error_
             if name not in self.variables:
@@ -850,8 +879,8 @@ class StreamExecutor:
         pos, seen = None, -1
         while True:
             with self._cv:
-                while self._version == seen:
-                    self._cv.wait()
+                if self._version == seen:
+                    self._cv.wait(_BODY_POLL_S)  # (or the body starts waiting for this thread)
                 seen = self._version
                 if var_name is None:
                     current = self.text_

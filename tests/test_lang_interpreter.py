@@ -492,6 +492,41 @@ def test_text_iter_of_a_variable_the_program_never_sets_raises_a_key_error_namin
     assert inside == ["checked"] and "".join(st.text_iter("answer")) == "text"
 
 
+@pytest.mark.timeout(30)  # (it hung)
+@pytest.mark.parametrize("helper", ["thread", "pool"])
+def test_a_helper_thread_the_streamed_body_waits_for_reads_the_state_without_deadlock(helper):
+    """s.text() on a thread the body joins (or a pool worker whose future the body waits for)
+    waited for the body to return, which waited for it: both hung."""
+    import concurrent.futures
+
+    be = ScriptedBackend(lambda p, params: "ans")
+
+    def reads(s):
+        missing = None
+        try:
+            s["nope"]  # an unknown name waited for the body too
+        except KeyError as e:
+            missing = str(e)
+        return s.text(), s["a"], missing
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        if helper == "thread":
+            got = []
+            t = threading.Thread(target=lambda: got.append(reads(s)))
+            t.start()
+            t.join()
+            text, a, missing = got[0]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                text, a, missing = pool.submit(reads, s).result()
+        s += f"|{text}|{a}|{missing}"
+
+    st = prog.run(backend=be, stream=True)
+    assert st.text() == "Q: ans|Q: ans|ans|\"no variable 'nope' in this program state; it has ['a']\""
+
+
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
     be = ScriptedBackend(lambda p, params: "42")
 
