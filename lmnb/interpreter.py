@@ -393,7 +393,8 @@ def run_program_batch(
     Before the batch, the program's constant prefix (found by tracing, ``lmnb.tracer``) is
     prefilled once so every item's request hits the prefix cache (paper §3). An item whose body
     raises does not stop the batch: its state's ``error()`` holds the exception and reading it
-    raises.
+    raises. A consumer of the generator that stops early (``break``) or a Ctrl-C while waiting
+    cancels the items not started yet; those running finish first.
     """
     from lmnb.tracer import extract_prefix
 
@@ -420,12 +421,15 @@ def run_program_batch(
     def results():
         try:
             with ThreadPoolExecutor(num_threads) as pool:
-                futures = [pool.submit(one, kw) for kw in batch_kwargs]
-                if pbar is not None:
+                try:
+                    futures = [pool.submit(one, kw) for kw in batch_kwargs]
+                    if pbar is not None:
+                        for f in futures:
+                            f.add_done_callback(lambda _: pbar.update())
                     for f in futures:
-                        f.add_done_callback(lambda _: pbar.update())
-                for f in futures:
-                    yield f.result()
+                        yield f.result()
+                finally:  # a consumer that stops early (break, Ctrl-C) waits for the running items only
+                    pool.shutdown(cancel_futures=True)
         finally:
             if pbar is not None:
                 pbar.close()

@@ -945,6 +945,30 @@ def test_run_batch_item_failure_does_not_stop_the_batch():
         prog.run_batch([{"n": 1}, {"m": 2}])
 
 
+@pytest.mark.timeout(60)
+def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
+    """Breaking out of generator_style (or Ctrl-C) ran every remaining item before returning."""
+    be = ScriptedBackend(lambda p, params: "x")
+    release = threading.Event()
+    ran = []
+
+    @sgl.function
+    def prog(s, n):
+        s += "v"
+        if isinstance(n, int):  # (not the trace run, whose n is a placeholder)
+            ran.append(n)
+            if n > 0:
+                release.wait(10)  # (so they are still running when the loop breaks)
+        s += sgl.gen("a")
+
+    for st in prog.run_batch([(i,) for i in range(50)], num_threads=2, generator_style=True, backend=be):
+        assert st["a"] == "x"
+        threading.Timer(0.3, release.set).start()  # (lets the running items finish)
+        break
+    # 0 done, 1 running, 2 running unless the break came before a worker took it; none of 3..49
+    assert sorted(ran) in ([0, 1], [0, 1, 2])
+
+
 def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():
     # tracing ran the nested program for real: a model call with the placeholder arguments, and its
     # output ("ans") taken into the prefix every item was to share
