@@ -404,7 +404,7 @@ def run_program_batch(
             backend.cache_prefix(prefix, uuid.uuid4().hex)
     if num_threads == "auto":
         num_threads = max(96, multiprocessing.cpu_count() * 16)
-    if not isinstance(num_threads, int) or num_threads < 1:
+    if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:  # (True is an int)
         raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
     num_threads = max(1, min(num_threads, len(batch_kwargs)))
     listeners = _listeners.get()
