@@ -333,6 +333,15 @@ def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, ra
         ex.close()
 
 
+def _new_state(program, backend: BaseBackend, kwargs: dict, default_params: GenParams, stream: bool,
+               use_thread: bool, listeners: tuple) -> ProgramState:
+    """A new, empty state for one run of ``program``."""
+    return ProgramState(StreamExecutor(
+        backend, kwargs, default_params, stream=stream, num_api_spec_tokens=program.num_api_spec_tokens,
+        use_thread=use_thread, listeners=listeners,
+    ))
+
+
 def run_program(
     program,
     backend: BaseBackend,
@@ -356,16 +365,12 @@ def run_program(
     if state is not None:
         state.stream_executor.reopen(default_params, stream, listeners)
     else:
-        executor = StreamExecutor(
-            backend,
-            kwargs,
-            default_params,
-            stream=stream,
-            num_api_spec_tokens=program.num_api_spec_tokens,
-            use_thread=use_thread,
-            listeners=listeners,
-        )
-        state = ProgramState(executor)
+        state = _new_state(program, backend, kwargs, default_params, stream, use_thread, listeners)
+    return _start(state, program, args, kwargs, stream, raise_errors)
+
+
+def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool, raise_errors: bool) -> ProgramState:
+    """Run ``program``'s body on ``state``: here, or with ``stream`` on a thread of its own."""
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
         state.stream_executor.body_thread = -1  # started below
@@ -394,7 +399,7 @@ def run_program_batch(
     prefilled once so every item's request hits the prefix cache (paper §3). An item whose body
     raises does not stop the batch: its state's ``error()`` holds the exception and reading it
     raises. A consumer of the generator that stops early (``break``) or a Ctrl-C while waiting
-    cancels the items not started yet; those running finish first.
+    cancels the items not started yet and aborts those running (their bodies still return first).
     """
     from lmnb.tracer import extract_prefix
 
@@ -408,9 +413,21 @@ def run_program_batch(
         raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
     num_threads = max(1, min(num_threads, len(batch_kwargs)))
     listeners = _listeners.get()
+    running: set[ProgramState] = set()  # the items' states while their bodies run
+    lock = threading.Lock()
+    stopping = False  # the consumer left early: items still running are aborted
 
     def one(kwargs: dict) -> ProgramState:
-        return run_program(program, backend, (), kwargs, default_params, False, True, listeners, raise_errors=False)
+        state = _new_state(program, backend, kwargs, default_params, False, True, listeners)
+        with lock:
+            running.add(state)
+            if stopping:  # (it started as the batch stopped)
+                state.abort()
+        try:
+            return _start(state, program, (), kwargs, False, raise_errors=False)
+        finally:
+            with lock:
+                running.discard(state)
 
     pbar = None
     if progress_bar:
@@ -419,17 +436,22 @@ def run_program_batch(
         pbar = tqdm(total=len(batch_kwargs))
 
     def results():
+        nonlocal stopping
         try:
             with ThreadPoolExecutor(num_threads) as pool:
                 try:
                     futures = [pool.submit(one, kw) for kw in batch_kwargs]
                     if pbar is not None:
                         for f in futures:
-                            f.add_done_callback(lambda _: pbar.update())
+                            f.add_done_callback(lambda f: f.cancelled() or pbar.update())  # (items run)
                     for f in futures:
                         yield f.result()
-                finally:  # a consumer that stops early (break, Ctrl-C) waits for the running items only
-                    pool.shutdown(cancel_futures=True)
+                finally:  # a consumer that stops early (break, Ctrl-C): no item is left running for no one
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    with lock:
+                        stopping = True
+                        for state in running:
+                            state.abort()
         finally:
             if pbar is not None:
                 pbar.close()

@@ -972,6 +972,30 @@ def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
     assert sorted(ran) in ([0, 1], [0, 1, 2])
 
 
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_run_batch_aborts_the_running_items_and_starts_no_more():
+    """Ctrl-C waited for every running item's gen to end (and then for the rest of the batch)."""
+    import signal
+
+    be = ScriptedBackend(lambda p, params: "never", delay=30)  # a gen that runs until aborted
+
+    @sgl.function
+    def prog(s, n):
+        s += f"{n}: " + sgl.gen("a")
+
+    timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            prog.run_batch([(i,) for i in range(10)], num_threads=4, backend=be)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    # the 4 running items' requests were aborted; the 6 others never asked for one
+    assert len(be.aborted) == 4 and len([c for c in be.calls if c[0] == "generate"]) == 4
+
+
 def test_run_batch_tracing_stops_at_a_nested_program_instead_of_running_it():
     # tracing ran the nested program for real: a model call with the placeholder arguments, and its
     # output ("ans") taken into the prefix every item was to share
