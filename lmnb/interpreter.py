@@ -275,13 +275,18 @@ class ProgramStateGroup:
 
         Raises:
             ValueError: unknown mode.
-            RuntimeError: the group was joined already (a second join would merge it twice).
+            RuntimeError: the group was joined already (a second join would merge it twice), or the
+                state it was forked from is a fork branch joined already (nothing can merge into it).
             ForkError: a branch failed; nothing is merged and every branch stays readable.
         """
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
         if any(st.stream_executor.joined for st in self.states):
             raise RuntimeError("this fork group was joined already; fork the state again for new branches")
+        parent = self.src_state.stream_executor
+        if parent.joined:  # (checked before the branches are marked joined: nothing is merged)
+            raise RuntimeError(f"these branches were forked from fork branch {'.'.join(map(str, parent.branch))}, "
+                               "which was joined into its parent already; join the inner fork before the outer one")
         errors = {}
         for i, st in enumerate(self.states):
             st.stream_executor.wait_idle()
@@ -301,7 +306,6 @@ class ProgramStateGroup:
                 text += ex.text_[ex.fork_start_text_pos:]
                 messages += ex.messages_[ex.fork_start_messages:]
                 images += ex.images_[ex.fork_start_images:]
-        parent = self.src_state.stream_executor
         for ex in exes:
             ex.joined = True
             ex.close()

@@ -290,6 +290,29 @@ def test_a_joined_group_cannot_be_joined_or_extended_again():
     assert seen["extend"].startswith("fork branch 0 was joined into its parent")
 
 
+def test_joining_an_inner_fork_after_its_outer_fork_says_so_and_leaves_it_joinable():
+    """It failed as 'fork branch 0 was joined into its parent' after marking the inner branches
+    joined, so a second try said 'this fork group was joined already', though nothing was merged."""
+    be = ScriptedBackend(lambda p, params: "z")
+    seen = []
+
+    @sgl.function
+    def prog(s):
+        f = s.fork(2)
+        g = f[0].fork(2)
+        g += sgl.gen("z")
+        f.join()
+        for _ in range(2):
+            with pytest.raises(RuntimeError) as e:
+                g.join()
+            seen.append(str(e.value))
+        seen.append(g[1]["z"])  # the inner branches stay readable
+
+    prog.run(backend=be)
+    assert seen == ["these branches were forked from fork branch 0, which was joined into its parent already; "
+                    "join the inner fork before the outer one"] * 2 + ["z"]
+
+
 def test_the_error_of_a_long_prompt_names_its_ends_not_all_of_it():
     def reply(p, params):
         raise RuntimeError("model exploded")
