@@ -340,13 +340,14 @@ class StreamExecutor:
             self._drain()
 
     def _drain(self) -> None:
+        interrupted = None
         while True:
             with self._cv:
                 if not self._queue:
                     self._draining = False
                     self._version += 1
                     self._cv.notify_all()
-                    return
+                    break
                 expr = self._queue.popleft()
                 failed = self.error_ is not None
             if failed:
@@ -354,8 +355,13 @@ class StreamExecutor:
                 continue
             try:
                 self._execute(expr)
+            except KeyboardInterrupt as e:  # (use_thread=False drains on the caller's thread, the main one)
+                self.abort()  # as Ctrl-C in run() does; the rest of the queue is skipped
+                interrupted = e
             except BaseException as e:  # noqa: BLE001 - every failure is recorded, none is lost
                 self.fail(repr(expr), e)
+        if interrupted is not None:  # raised once the queue is settled, so waiting for it cannot hang
+            raise interrupted
 
     def _release(self, names: list[str]) -> None:
         with self._cv:
@@ -535,6 +541,9 @@ class StreamExecutor:
             self._inflight.add(rid)
         try:
             return fn(*args, rid)
+        except KeyboardInterrupt:  # (a call on the main thread, use_thread=False) its request would run on
+            self.abort()
+            raise
         finally:
             with self._cv:
                 self._inflight.discard(rid)

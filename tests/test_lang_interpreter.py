@@ -470,6 +470,32 @@ def test_ctrl_c_while_reading_a_streamed_state_aborts_its_requests(read):
     assert len(be.aborted) == 1
 
 
+def test_ctrl_c_during_a_gen_of_run_use_thread_false_aborts_it_and_stops_the_program():
+    """With use_thread=False the gen runs on the main thread: the KeyboardInterrupt was recorded as
+    the gen's error, the request went on, and the body continued with its next gen."""
+    import signal
+
+    be = ScriptedBackend(lambda p, params: "never", delay=60)  # a gen that runs until aborted
+    after = []
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        after.append("continued")
+        s += sgl.gen("b")
+
+    timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            prog.run(backend=be, use_thread=False)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert after == [] and len(be.aborted) == 1 and be.kinds() == ["generate"]
+
+
 def test_reading_a_streamed_state_waits_for_its_body_to_submit():
     # run(stream=True) returns before the body ran; s["a"] raised KeyError and text() gave ""
     # when read before the body had added the gen.
