@@ -284,6 +284,7 @@ class StreamExecutor:
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
         # readers on other threads wait for it, as it may still submit what they read
         self.body_thread: Optional[int] = None
+        self.root = self  # the state whose program body adds to this one (a fork branch's: the root's)
         self.joined = False  # a fork branch merged into its parent: it takes no more primitives
         self.speculation = Speculation()  # completion-model API speculation left over
         self._spec_terms: list[tuple] = []  # chat-model API speculation inside an assistant role
@@ -407,8 +408,8 @@ class StreamExecutor:
         and is not blocked waiting for the caller (a helper thread the body joins, or a pool
         worker running a future the body waits for, acts for the body: waiting for the body to
         return would deadlock both)."""
-        return (self.body_thread is not None and self.body_thread != threading.get_ident()
-                and not _waits_for_caller(self.body_thread))
+        body = self.root.body_thread  # (a fork branch is extended by its root's body)
+        return body is not None and body != threading.get_ident() and not _waits_for_caller(body)
 
     def wait_body(self) -> None:
         """Block until a streamed program body running on another thread has returned."""
@@ -816,6 +817,7 @@ class StreamExecutor:
         children = []
         for i in range(size):
             c = self._copy(self.branch + (i,), self.sid)
+            c.root = self.root
             c.seed_path = self.seed_path + (self._forked + i,)
             # the API speculation left over is one sample of the parent's: branches sharing it wrote
             # the same text (no call made), where a fork asks for a sample each
@@ -869,7 +871,8 @@ class StreamExecutor:
 
     def iter_text(self, var_name: Optional[str] = None) -> Iterator[str]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
-        state is closed and idle (or the variable is complete). A variable holding a parsed value
+        state is closed and idle (or the variable is complete); read by the program body itself
+        (or with no streamed body running), until the work queued so far has run. A variable holding a parsed value
         (``gen(dtype=int)``) yields the text its gen wrote; one holding a gen's ``n`` > 1 samples
         yields the first sample's text, the one appended to the state's text. A variable written again (a gen in a
         loop) yields from its value when the iteration begins, then the writes already queued; it
@@ -893,7 +896,9 @@ class StreamExecutor:
                 seen = self._version
                 if var_name is None:
                     current = self.text_
-                    done = (self.closed and not self._queue and not self._draining) or self.error_ is not None
+                    # (the body itself reading, or no body left: nothing more comes once idle)
+                    ended = self.closed or not self._body_elsewhere()
+                    done = (ended and not self._queue and not self._draining) or self.error_ is not None
                 else:
                     current = self.var_log.get(var_name, "")
                     started = var_name in self.variables or self._pending[var_name] > 0

@@ -576,6 +576,45 @@ def test_a_helper_thread_the_streamed_body_waits_for_reads_the_state_without_dea
     assert st.text() == "Q: ans|Q: ans|ans|\"no variable 'nope' in this program state; it has ['a']\""
 
 
+@pytest.mark.timeout(30)  # (it hung)
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_iter_of_the_whole_text_inside_the_body_ends_once_its_queued_work_ran(stream):
+    """s.text_iter() (and a fork branch's) in the program body waited for the state to be closed,
+    which happens when the body returns: the body hung."""
+    be = ScriptedBackend(lambda p, params: "ok")
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        own = "".join(s.text_iter())
+        f = s.fork(2)
+        f[1] += "+" + sgl.gen("x")
+        branch = "".join(f[1].text_iter())
+        f.join()
+        return own, branch
+
+    st = prog.run(backend=be, stream=stream)
+    st.sync()
+    assert st.ret_value == ("Q: ok", "Q: ok+ok")
+
+    # read from outside, a branch of a streamed body still ends only once that body returned
+    shared, release = [], threading.Event()
+
+    @sgl.function
+    def later(s):
+        f = s.fork(1)
+        f[0] += "a" + sgl.gen("x")
+        shared.append(f[0])
+        release.wait(10)
+        f[0] += "|more"
+
+    later.run(backend=be, stream=True)
+    while not shared:
+        time.sleep(0.01)
+    threading.Timer(0.3, release.set).start()
+    assert "".join(shared[0].text_iter()) == "aok|more"
+
+
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
     be = ScriptedBackend(lambda p, params: "42")
 
