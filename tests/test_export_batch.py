@@ -713,23 +713,44 @@ def test_an_id_read_from_csv_is_the_row_a_jsonl_input_gave_as_a_number(tmp_path,
         "line 2: id '7' appears again (first on line 1); ids must be unique"]
 
 
-def test_a_fixed_failed_row_is_refused_with_retry_errors_as_the_fix(tmp_path, capsys):
-    """The summary says "fix the input and run again with --retry-errors"; a rerun that forgot the
-    option was refused with "write to a new output file, or remove those rows' records"."""
+def test_a_failed_row_whose_input_was_fixed_runs_again_without_retry_errors(tmp_path, capsys):
+    """The summary says "fix the input and run again"; a rerun on the fixed input was refused
+    until --retry-errors was given. A failed row whose input is the same still needs it."""
     out = tmp_path / "out.jsonl"
     rows = tmp_path / "rows.jsonl"
-    rows.write_text('{"question": "a"}\n{"question": \n{"question": "boom"}\n')
+    rows.write_text('{"question": "a"}\n{"question": \n{"question": "boom"}\n{"question": "boom!"}\n')
     assert run_job(tmp_path, "--input", rows) == 1
+    write_rows(rows, [{"question": "a"}, {"question": "b"}, {"question": "c"}, {"question": "boom!"}])
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", rows, backend=backend) == 1
+    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["Q: b\nA:", "Q: c\nA:"]
+    results = by_row(read_results(out))
+    assert len(read_results(out)) == 4
+    assert {r: results[r].get("variables") for r in range(3)} == {0: {"answer": "A"}, 1: {"answer": "B"},
+                                                                  2: {"answer": "C"}}
+    assert results[3]["status"] == "error"  # (the same input: only --retry-errors runs it again)
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", backend=ScriptedBackend(lambda p, q: "OK")) == 0
+
+
+def test_a_bad_row_without_an_id_is_replaced_once_fixed(tmp_path):
+    """With --id-field, a bad row without an id is keyed by its position; fixed, it has an id, so
+    it ran, but its old bad_input record stayed beside the new one and the job exited 1 forever."""
+    out = tmp_path / "out.jsonl"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"id": "a", "question": "x"}\n{"question": "y"}\n{"id": "c", "question": \n'
+                    '{"id": "d", "question": "w"}\n{"id": "e"}\n')
+    assert run_job(tmp_path, "--input", rows, "--id-field", "id") == 1
+    assert sorted(r["row"] for r in read_results(out) if r["status"] == "bad_input") == [1, 2, 4]
     before = out.read_bytes()
-    capsys.readouterr()
-    write_rows(rows, [{"question": "a"}, {"question": "b"}, {"question": "c"}])
-    assert run_job(tmp_path, "--input", rows) == 2
-    assert capsys.readouterr().err.endswith(
-        "2 rows, on lines 2, 3; their records are errors: run again with --retry-errors to run them on the input "
-        "as it is now\n")
-    assert out.read_bytes() == before
-    assert run_job(tmp_path, "--input", rows, "--retry-errors") == 0
-    assert {r["row"]: r["variables"]["answer"] for r in read_results(out)} == {0: "A", 1: "B", 2: "C"}
+    assert run_job(tmp_path, "--input", rows, "--id-field", "id") == 1
+    assert out.read_bytes() == before  # the same bad rows: their records stand, the file is not rewritten
+    write_rows(rows, [{"id": "a", "question": "x"}, {"id": "b", "question": "y"}, {"id": "c", "question": "z"},
+                      {"id": "d", "question": "w"}, {"id": "e", "question": "v"}])
+    backend = ScriptedBackend(reply)
+    assert run_job(tmp_path, "--input", rows, "--id-field", "id", backend=backend) == 0
+    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["Q: v\nA:", "Q: y\nA:", "Q: z\nA:"]
+    assert sorted((r["id"], r["status"], r["variables"]["answer"]) for r in read_results(out)) == [
+        ("a", "ok", "X"), ("b", "ok", "Y"), ("c", "ok", "Z"), ("d", "ok", "W"), ("e", "ok", "V")]
 
 
 def test_a_run_that_opened_the_file_just_before_a_retry_errors_run_replaced_it_writes_to_the_new_file(
@@ -958,16 +979,20 @@ def test_a_results_line_json_cannot_hold_is_refused_with_its_line_number(tmp_pat
 def test_a_csv_rerun_of_a_number_the_program_read_names_csvs_strings(tmp_path, capsys):
     """The program read 7 from JSON lines; the CSV copy gives "7": other input, and the refusal
     says why the same table differs."""
-    rows = write_rows(tmp_path / "rows.jsonl", [{"question": 7}])
-    run_job(tmp_path, "--input", rows)  # (the row fails: the program adds a str and an int; it is done)
+    def job(rows) -> int:
+        argv = ["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress"]
+        return Job("t", ["question"], argv=argv).run(lambda question: run_row(str(question)),
+                                                     backend=ScriptedBackend(reply))
+
+    assert job(write_rows(tmp_path / "rows.jsonl", [{"question": 7}])) == 0
     table = tmp_path / "rows.csv"
     table.write_text("question\n7\n")
     capsys.readouterr()
-    assert run_job(tmp_path, "--input", table) == 2
+    assert job(table) == 2
     assert capsys.readouterr().err.endswith(
-        "1 row, on line 2; their records are errors: run again with --retry-errors to run them on the input as it "
-        "is now; if the first run read these rows as JSON lines: CSV values are strings, so a number there (7) is "
-        "other input than the same digits here (\"7\")\n")
+        "1 row, on line 2; write to a new output file, or remove those rows' records to run them again; if the "
+        "first run read these rows as JSON lines: CSV values are strings, so a number there (7) is other input "
+        "than the same digits here (\"7\")\n")
 
 
 def test_a_lone_surrogate_in_a_field_name_or_deep_in_a_field_is_named(tmp_path):

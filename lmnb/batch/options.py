@@ -91,7 +91,8 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
                    "(use it if the input may change between runs)")
     p.add_argument("--input-format", choices=FORMATS, help="default: from the input file's suffix")
     p.add_argument("--retry-errors", action="store_true",
-                   help="run again the rows whose results are errors (their old records are removed)")
+                   help="run again the rows whose results are errors (their old records are removed); "
+                        "rows whose input changed since run again without it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.epilog = JOB_EXIT_STATUSES
     return p
@@ -101,8 +102,8 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
 # module, so they are spelled out here), for its --help.
 JOB_EXIT_STATUSES = """exit status:
   0    every row of the results file is ok
-  1    some rows failed or had bad input: their records' "error" says why; fix it, then
-       run again with --retry-errors
+  1    some rows failed or had bad input: their records' "error" says why; fix the
+       input and run again (--retry-errors: also the failed rows whose input is the same)
   2    the options, the input, the results file or the backend cannot be used (the
        message says which, and how to fix it)
   130  stopped by Ctrl-C or SIGTERM with rows left: run the same command again to continue

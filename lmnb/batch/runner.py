@@ -77,11 +77,17 @@ class RowRunner:
     def triage(self) -> list[tuple[InputRow, dict]]:
         """Skip rows already done; write unusable rows as ``bad_input``; return (row, key fields).
 
+        A ``bad_input`` record says what the input was when it was read, so each run reads it again:
+        the record stands while its row is unusable in the same way, and is replaced otherwise (the
+        row was fixed, so it runs; keyed by position because it had no id, it now has one, or the
+        line is gone). A failed row (``error``) whose input changed is run again on the new input.
+
         Raises:
             StoreError: a done row's record was written for other input than the row under its key
                 now (the input was edited, sorted or replaced); nothing is written then.
         """
-        todo, seen_ids, bad, changed = [], {}, [], []
+        todo, seen_ids, bad, changed, redo = [], {}, [], [], []
+        old_bad, kept = self.store.bad_inputs(), set()
         id_field = self.args.id_field
         for row in self.rows:
             base: dict = {"row": row.index, "line": row.line, "input_hash": input_hash(self._program_input(row))}
@@ -115,21 +121,33 @@ class RowRunner:
                              f"{'are' if len(nulls) > 1 else 'is'} null; give a value, or leave the row out")
             key = row_key(base)
             if self.store.done(key):
-                if not self.store.same_input(key, base["input_hash"]):
-                    changed.append((row, key))
-                self.skipped += 1
-                continue
+                if self._replaced(key, base["input_hash"], error, old_bad):
+                    redo.append(key)  # (below: written as bad input again, or run)
+                else:
+                    if not self.store.same_input(key, base["input_hash"]):
+                        changed.append((row, key))
+                    kept.add(key)
+                    self.skipped += 1
+                    continue
             if error is not None:
                 bad.append((base, error))
                 continue
             todo.append((row, base))
         if changed:
             raise StoreError(self._changed_input(changed))
-        self.store.drop_retried()  # (--retry-errors: not before the input is known to fit the file)
+        self.store.forget(set(redo) | (old_bad.keys() - kept))
+        self.store.drop_forgotten()  # (not before the input is known to fit the file)
         for base, error in bad:
             print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
             self.write({**base, "status": BAD_INPUT, "error": error})
         return todo
+
+    def _replaced(self, key: tuple, digest: str, error, old_bad: dict) -> bool:
+        """Whether the done row under ``key`` is done again: its record is bad input other than the
+        row's now (``old_bad``: ``ResultStore.bad_inputs``), or an error on input that changed since."""
+        if key in old_bad:
+            return old_bad[key] != (digest, error)
+        return key in self.store.failed and not self.store.same_input(key, digest)
 
     def _program_input(self, row: InputRow):
         """What ``run_row`` reads of a row: its ``Job.inputs`` fields. Other columns (a gold answer
@@ -142,10 +160,8 @@ class RowRunner:
         lines = ", ".join(str(r.line) for r, _ in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         keyed = (f"by --id-field {self.args.id_field}" if self.args.id_field
                  else "by their position in the input (--id-field keys them by an id instead)")
-        unreadable = [r.error for r, key in changed if r.error is not None and key not in self.store.failed]
-        if all(key in self.store.failed for _, key in changed):  # (the input was fixed, as the summary asked)
-            fix = "their records are errors: run again with --retry-errors to run them on the input as it is now"
-        elif unreadable:  # (a done row broken by an edit: `echo ROW >> rows.jsonl`, no last line break)
+        unreadable = [r.error for r, _ in changed if r.error is not None]
+        if unreadable:  # (a done row broken by an edit: `echo ROW >> rows.jsonl`, no last line break)
             more = f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
             fix = f"the input cannot be read there now: {unreadable[0]}{more}; fix the input and run again"
         else:
@@ -310,7 +326,8 @@ class RowRunner:
             lines.append("  stopped early: run the same command again to do the remaining rows")
         elif c[ERROR] or c[BAD_INPUT]:
             lines.append("  rows with \"status\": \"error\" or \"bad_input\" say why in \"error\"; "
-                         "fix the input and run again with --retry-errors")
+                         "fix the input and run again (rows whose input changed run again; --retry-errors "
+                         "also reruns failed rows on the same input)")
         if self.signals and not self.left and not self.pipe_closed:
             lines.append("  Ctrl-C came, but every row is written: the job is complete")
         print("\n".join(lines), file=sys.stderr)

@@ -12,8 +12,10 @@ How "exactly once" holds:
 - Rows already in the file are skipped by key: ``("row", index)``, or ``("id", value)`` with
   ``--id-field``. Each record carries a hash of the row's fields the program reads
   (``input_hash``), so a rerun whose input holds another row under that key is refused rather than
-  skipping it, and a fingerprint of the script's code (``script``), so records written by an
-  edited script are counted and named.
+  skipping it (a failed row's record is replaced instead: its input was fixed), and a fingerprint
+  of the script's code (``script``), so records written by an edited script are counted and named.
+- Records to replace (``forget``) are removed by rewriting the file to a temporary one renamed over
+  it, before the run writes anything.
 - Blank lines (an editor's trailing newline) are ignored.
 - An exclusive ``flock`` on the file keeps a second run from appending to it at the same time.
 """
@@ -83,11 +85,11 @@ class ResultStore:
         self.other_script = 0
         self.keys: set = set()
         self.input_hashes: dict[tuple, str] = {}  # key → input_hash of the done row (records that have one)
-        self.failed: set = set()  # keys of done rows whose records are errors (status error or bad_input)
+        self.failed: dict[tuple, dict] = {}  # key → record of done rows whose records are errors (error or bad_input)
         self.counts = {OK: 0, ERROR: 0, BAD_INPUT: 0}
         self.repaired = False  # a torn last line was cut off by open()
         self.retried = 0  # error records dropped by open(retry_errors=True)
-        self._kept_lines: Optional[list[bytes]] = None  # the file without them, until drop_retried() writes it
+        self._forgotten: set = set()  # keys whose records drop_forgotten() removes from the file
         self._fd: Optional[int] = None
         self._line_open = False  # the file's last line has no line break yet
 
@@ -95,9 +97,8 @@ class ResultStore:
     def open(self, retry_errors: bool = False) -> None:
         """Lock the file (creating it), cut off a torn last line and load the keys of done rows.
 
-        With ``retry_errors`` the records of failed rows are set aside, so those rows run again;
-        ``drop_retried`` (or the first ``write``) removes them from the file (it is rewritten to a
-        temporary file and renamed over the old one), once the run is sure to go on.
+        With ``retry_errors`` the records of failed rows are set aside (``forget``), so those rows
+        run again.
 
         Raises:
             StoreError: another run holds the lock, a line is not a JSON record, the records
@@ -115,11 +116,6 @@ class ResultStore:
         for _, record in records:  # (before --retry-errors removes anything from a file it refuses)
             self._check_keying(record)
             self._check_settings(record)
-        if retry_errors and any(r.get("status") != OK for _, r in records):
-            kept = [(line, r) for line, r in records if r.get("status") == OK]
-            self.retried = len(records) - len(kept)
-            self._kept_lines = [line for line, _ in kept]
-            records = kept
         for _, record in records:
             key = row_key(record)
             if key in self.keys:  # (the job writes each key once: two result files joined, say)
@@ -134,7 +130,10 @@ class ResultStore:
             status = record.get("status")
             self.counts[status if status in self.counts else ERROR] += 1
             if status != OK:
-                self.failed.add(key)
+                self.failed[key] = record
+        if retry_errors:
+            self.retried = len(self.failed)
+            self.forget(list(self.failed))
 
     def _locked_fd(self) -> int:
         while True:
@@ -220,11 +219,32 @@ class ResultStore:
         self._fd = self._locked_fd()
 
     # -- use --------------------------------------------------------------------------------------
-    def drop_retried(self) -> None:
-        """Remove from the file the failed rows' records that ``open(retry_errors=True)`` set aside."""
-        if self._kept_lines is not None:
-            lines, self._kept_lines = self._kept_lines, None
-            self._rewrite(lines)
+    def bad_inputs(self) -> dict[tuple, tuple]:
+        """key → (input_hash, error) of each ``bad_input`` record in the file."""
+        return {key: (r.get("input_hash"), r.get("error")) for key, r in self.failed.items()
+                if r.get("status") == BAD_INPUT}
+
+    def forget(self, keys) -> None:
+        """Set aside the records of these failed rows: they count as not done, and ``drop_forgotten``
+        (or the first ``write``) removes them from the file."""
+        for key in keys:
+            record = self.failed.pop(key)
+            self.keys.discard(key)
+            self.input_hashes.pop(key, None)
+            status = record.get("status")
+            self.counts[status if status in self.counts else ERROR] -= 1
+            if self.script is not None and record.get("script") not in (None, self.script):
+                self.other_script -= 1
+            self._forgotten.add(key)
+
+    def drop_forgotten(self) -> None:
+        """Rewrite the file without the records ``forget`` set aside (nothing when there are none)."""
+        if not self._forgotten:
+            return
+        with open(self.path, "rb") as f:  # (every line is a record: open() checked, and nothing was written since)
+            lines = [line for line in f.read().split(b"\n") if line.strip()]
+        self._rewrite([line for line in lines if row_key(_record(line)) not in self._forgotten])
+        self._forgotten = set()
 
     def done(self, key: tuple) -> bool:
         """Whether a row with this key (see ``row_key``) is already in the file."""
@@ -245,7 +265,7 @@ class ResultStore:
         key = row_key(record)
         if key in self.keys:
             raise StoreError(f"row {record['row']} is already in {self.path}; it is not written twice")
-        self.drop_retried()
+        self.drop_forgotten()
         if self.settings is not None:
             record = {**record, "settings": self.settings}
         if self.script is not None:
