@@ -3,10 +3,24 @@
 ``Engine`` is imported lazily so that ``import lmnb_engine`` stays cheap (no torch, no model code).
 """
 
+import os
+from typing import Optional
+
 from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams
 
-__all__ = ["Engine", "FinishReason", "GenerateResult", "RequestMeta", "SamplingParams", "StreamEvent", "TokenLogprob"]
+__all__ = ["MODEL_ENV", "Engine", "FinishReason", "GenerateResult", "RequestMeta", "SamplingParams", "StreamEvent",
+           "TokenLogprob", "model_or_env"]
+
+# The environment variable that names the model of every front end given none (``lmnb serve``,
+# ``%lm load``, batch jobs); tests and CI point it at a local checkpoint. Defined here, at the
+# bottom of the import chain, so that all three read one name.
+MODEL_ENV = "LMNB_MODEL"
+
+
+def model_or_env(model: Optional[str] = None) -> Optional[str]:
+    """``model``, else ``$LMNB_MODEL``; None (the built-in demo model) when neither names one."""
+    return model or os.environ.get(MODEL_ENV) or None
 
 
 def __getattr__(name: str):

@@ -16,10 +16,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from lmnb_engine import MODEL_ENV, model_or_env
 from lmnb_kernel.errors import CellError, cell_interrupt
-
-# Tests and CI point the default model at a local checkpoint with this variable.
-MODEL_ENV = "LMNB_MODEL"
 
 
 @contextlib.contextmanager
@@ -73,7 +71,7 @@ class EngineConfig:
 
     def model_name(self) -> Optional[str]:
         """The model to load: the given one, else ``$LMNB_MODEL``; None means the demo model."""
-        return self.model or os.environ.get(MODEL_ENV) or None
+        return model_or_env(self.model)
 
     def describe(self) -> str:
         """The model in words, for messages (one taken from ``$LMNB_MODEL`` says so: a broken

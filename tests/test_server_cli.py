@@ -93,3 +93,28 @@ def test_lmnb_serve_on_a_port_in_use_says_so_before_loading_the_model():
     assert out.returncode == 2
     assert out.stderr == (f"lmnb serve: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); "
                           "choose another --port\n")
+
+
+def test_lmnb_serve_without_model_loads_lmnb_model_as_load_and_batch_jobs_do(monkeypatch, capsys):
+    """`%lm load` and batch jobs read $LMNB_MODEL; `lmnb serve` without --model loaded the demo model."""
+    import argparse
+
+    import lmnb_engine.engine
+    from lmnb_engine.http_server import serve, serve_arguments
+
+    loaded = []
+
+    def engine(model=None, **kwargs):
+        loaded.append(model)
+        raise FileNotFoundError(f"no checkpoint at {model}")
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", engine)
+    monkeypatch.setenv("LMNB_MODEL", "/models/from-env")
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    assert serve(parser.parse_args(["--port", str(_free_port())])) == 2
+    assert capsys.readouterr().err == ("lmnb serve: no checkpoint at /models/from-env (the model /models/from-env "
+                                       "came from $LMNB_MODEL; --model names another)\n")
+    assert serve(parser.parse_args(["--port", str(_free_port()), "--model", "/models/given"])) == 2
+    assert loaded == ["/models/from-env", "/models/given"]
+    assert capsys.readouterr().err == "lmnb serve: no checkpoint at /models/given\n"

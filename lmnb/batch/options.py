@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS
 from lmnb.template.cell_options import positive_seconds
+from lmnb_engine import MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
 
 DEFAULT_THREADS = 16
-# The kernel's variable for the default model (lmnb_kernel.session.MODEL_ENV): a job exported from
-# a notebook uses the model the notebook used.
-MODEL_ENV = "LMNB_MODEL"
 
 
 class _JobParser(argparse.ArgumentParser):
@@ -139,7 +136,7 @@ def engine_model(args: argparse.Namespace, default_model: Optional[str] = None) 
     a server instead of the engine."""
     if args.backend != "engine" or args.openai:
         return None
-    return args.model or default_model or os.environ.get(MODEL_ENV) or None
+    return model_or_env(args.model or default_model)
 
 
 def backend_label(args: argparse.Namespace) -> str:

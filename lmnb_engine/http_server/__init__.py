@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from lmnb_engine import MODEL_ENV, model_or_env
+
 DEFAULT_PORT = 30000  # SGLang's default
 # uvicorn's names (uvicorn.config.LOG_LEVELS), listed here so a misspelt one is refused by argparse
 # before the model loads; uvicorn itself fails on it with a KeyError traceback after the load.
@@ -18,7 +20,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``lmnb serve`` options to ``parser``."""
-    parser.add_argument("--model", default=None, help="HF checkpoint directory or hub id (default: the demo model)")
+    parser.add_argument("--model", default=None,
+                        help=f"HF checkpoint directory or hub id (default: ${MODEL_ENV}, else the demo model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request but GET /health")
@@ -74,10 +77,13 @@ def serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
         return 2
+    model = model_or_env(args.model)
     try:
-        engine = Engine(model=args.model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
+        engine = Engine(model=model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
     except (FileNotFoundError, ValueError) as e:
-        print(f"lmnb serve: {e}", file=sys.stderr)
+        # (a path the command line never named: say where it came from)
+        source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
+        print(f"lmnb serve: {e}{source}", file=sys.stderr)
         return 2
     app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
     try:
