@@ -608,7 +608,12 @@ class Engine:
             self._check(ids, params)
         # One submission for the whole batch: the scheduler sees every prompt at once, so the
         # batch is ordered and admitted the same way whatever the thread timing.
-        made = [self._make_reqs(ids, params) for ids in prompts]
+        results = self._run([self._make_reqs(ids, params) for ids in prompts])
+        return results if is_batch or params.n > 1 else results[0]
+
+    def _run(self, made: list) -> list[GenerateResult]:
+        """Queue the requests of ``made`` (``_make_reqs``' (handle, reqs) pairs) at once and wait for
+        their results, in order; an interrupt aborts them."""
         handles = [h for h, _ in made]
         self.scheduler.submit([r for _, reqs in made for r in reqs])
         try:
@@ -621,7 +626,7 @@ class Engine:
                 if not h.done:
                     h.abort()
             raise
-        return results if is_batch or params.n > 1 else results[0]
+        return results
 
     def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[StreamEvent]:
         """Queue one prompt and return an iterator of its ``StreamEvent``s; the last event of each
@@ -656,7 +661,8 @@ class Engine:
         return self.scheduler.call(fn).result(timeout)
 
     def cache_stats(self) -> dict:
-        """Cache and pool figures: hit_rate (cumulative cached / prompt tokens, paper §3),
+        """Cache and pool figures: hit_rate (cumulative cached / prompt tokens, paper §3, of the
+        requests: the prefills of ``pin_prefix`` are not counted),
         last_batch_hit_rate, cached_tokens, prompt_tokens, evicted_tokens, pool_size, pool_used,
         free_tokens, evictable_tokens, protected_tokens, held_tokens (owned by running requests),
         pinned_prefixes, running_requests, waiting_requests, retracted_requests, overlapped_steps
@@ -752,7 +758,10 @@ class Engine:
             return handle
 
         for _ in range(3):
-            r = self.generate(ids, SamplingParams(max_new_tokens=0))
+            handle, reqs = self._make_reqs(ids, SamplingParams(max_new_tokens=0))
+            for req in reqs:  # (pinning is a cache action, not traffic: the hit rate leaves it out)
+                req.counted = False
+            r = self._run([(handle, reqs)])[0]
             if r.finish_reason.type == "abort":  # e.g. its KV came out NaN: nothing worth pinning
                 raise RuntimeError(f"could not compute the prefix to pin: {r.finish_reason.message}")
             handle = self._call(lock)

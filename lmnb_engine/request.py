@@ -118,6 +118,7 @@ class Req:
         self.output_ids: list[int] = []
         self.params = params
         self.emit = emit
+        self.counted = True  # in the hit-rate figures of cache_stats (False: a pin's prefill, a cache action)
         self.status = ReqStatus.WAITING
         self.finish_reason: Optional[FinishReason] = None
         self.grammar: Optional[TokenGrammar] = None

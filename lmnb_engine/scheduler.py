@@ -461,11 +461,13 @@ class Scheduler:
         if admitted:
             gone = set(map(id, admitted))
             self.waiting = [r for r in self.waiting if id(r) not in gone]
-            cached = sum(r.kv_committed_len for r in admitted)
-            prompt = sum(r.seq_len for r in admitted)
-            self.cached_tokens += cached
-            self.prompt_tokens += prompt
-            self.last_batch = (cached, prompt)
+            counted = [r for r in admitted if r.counted]
+            if counted:
+                cached = sum(r.kv_committed_len for r in counted)
+                prompt = sum(r.seq_len for r in counted)
+                self.cached_tokens += cached
+                self.prompt_tokens += prompt
+                self.last_batch = (cached, prompt)
         return rows
 
     @staticmethod

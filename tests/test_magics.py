@@ -278,6 +278,26 @@ def test_pinned_state_survives_a_flush_and_unpinned_does_not(ip):
     assert summaries(out)[0]["tokens"]["cached_tokens"] == 0
 
 
+def test_stats_count_the_cells_requests_not_the_prefill_of_a_pin(ip):
+    """%lm pin prefills the state's prefix: a cache action, which %lm stats counted as prompt tokens
+    of user traffic (lowering the hit rate by the pinned prefix's length)."""
+    def counts() -> tuple:
+        s = run(ip, "%lm stats")[1].outputs[0].metadata["lmnb"]["stats"]
+        return s["prompt_tokens"], s["cached_tokens"]
+
+    run(ip, "%lm reset")
+    run(ip, "%%lm --static --temperature 0 --state counted\nA prompt about stats and pins.{gen c max_tokens=3}")
+    run(ip, "%lm flush")  # (the pin must compute the prefix again)
+    before = counts()
+    assert run(ip, "%lm pin counted")[0].success
+    assert counts() == before
+    _, out = run(ip, "%%lm --static --temperature 0 --state counted\n\nMore{gen c2 max_tokens=2}")
+    [meta] = summaries(out)
+    assert counts() == (before[0] + meta["tokens"]["prompt_tokens"], before[1] + meta["tokens"]["cached_tokens"])
+    assert meta["tokens"]["cached_tokens"] > 0  # (the pinned prefix)
+    run(ip, "%lm unpin counted")
+
+
 def test_stats_and_tree_show_the_engine(ip):
     result, out = run(ip, "%lm stats")
     assert result.success
