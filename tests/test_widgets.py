@@ -759,6 +759,35 @@ def test_tree_view_of_a_path_thousands_of_nodes_deep():
     assert bundle["text/plain"].startswith(f"radix tree: {2 * depth - 1} nodes")
 
 
+def test_a_deep_path_is_indented_up_to_max_indent_levels_then_numbered():
+    """Each level was indented 18 px more (2 spaces in the text): a path 400 rows deep was a
+    staircase 7000 px wide."""
+    from lmnb_kernel.widgets.render_tree import MAX_INDENT
+
+    # a chain: root, then node k (k tokens deep) with a leaf "x" beside its child
+    recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0}]
+    for k in range(1, 300):
+        recs += [{"node_id": k, "parent_id": k - 1, "num_tokens": 1, "text": f"n{k}"},
+                 {"node_id": f"x{k}", "parent_id": k - 1, "num_tokens": 1, "text": "x"}]
+    bundle = TreeView(clock=lambda: 0.0).update(recs)
+    soup = BeautifulSoup(bundle["text/html"], "html.parser")
+    widest, deepest = 0, 0
+    for node in soup.select(".lmnb-node"):
+        uls = node.find_parents("ul")
+        indent = sum(int(re.search(r"padding-left:(\d+)px", ul["style"]).group(1)) for ul in uls)
+        widest = max(widest, indent)
+        depth = len(uls) - 1  # (the outermost list holds the root, depth 0)
+        mark = node.select_one(".lmnb-depth")
+        assert (mark.get_text() if mark else None) == (f"depth {depth}" if depth > MAX_INDENT else None)
+        deepest = max(deepest, depth)
+    assert widest == 4 + 18 * MAX_INDENT and deepest > 100
+    rows = bundle["text/plain"].splitlines()[1:-1]
+    depths = [int(m.group(1)) if (m := re.match(r" *\[depth (\d+)\] ", r)) else (len(r) - len(r.lstrip())) // 2
+              for r in rows]
+    assert max(len(r) - len(r.lstrip()) for r in rows) == 2 * MAX_INDENT and max(depths) > 100
+    assert all(b <= a + 1 for a, b in zip(depths, depths[1:]))  # (a row is at most one level below the last)
+
+
 def test_tree_view_refresh_updates_the_same_display(shell):
     recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0},
             {"node_id": 1, "parent_id": 0, "num_tokens": 3, "text_preview": "abc", "pinned": True}]

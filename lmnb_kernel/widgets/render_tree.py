@@ -15,6 +15,14 @@ from .tree import NodeInfo, TreeHistory
 
 MAX_NODES = 400  # rows rendered; the rest is summarised
 PREVIEW_CHARS = 60
+# Levels indented; deeper rows stay at this indentation and show their depth as a number (a path
+# hundreds of nodes deep was a staircase thousands of pixels wide).
+MAX_INDENT = 12
+
+
+def _depth_mark(depth: int) -> str:
+    """The depth shown on a row deeper than ``MAX_INDENT`` ("" above it: the indentation says it)."""
+    return f"depth {depth}" if depth > MAX_INDENT else ""
 
 
 def _preview(text: str) -> str:
@@ -71,10 +79,12 @@ def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
         kids.setdefault(n.parent if (n.parent in nodes or n.parent in ghosts) else None, []).append(n)
     budget = [MAX_NODES]
 
-    def row(n: NodeInfo, evicted: bool) -> str:
+    def row(n: NodeInfo, evicted: bool, depth: int) -> str:
         is_root = n.parent is None and not evicted
         bits = [tag("span", esc("root" if is_root else repr(_preview(n.text))), cls="lmnb-node-text",
                     style=MONO)]
+        if _depth_mark(depth):
+            bits.insert(0, tag("span", esc(_depth_mark(depth)), cls="lmnb-depth", style=f"color:{MUTED}"))
         bits.append(esc(f"{n.num_tokens} tok"))
         if evicted:
             bits.append(badge("evicted", color=BAD, cls="lmnb-badge lmnb-evicted-badge"))
@@ -98,12 +108,12 @@ def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
         cls = "lmnb-node lmnb-evicted" if evicted else "lmnb-node"
         return tag("span", " · ".join(bits), cls=cls, style=style, title=tip)
 
-    def subtree(n: NodeInfo) -> str:
+    def subtree(n: NodeInfo, depth: int) -> str:
         budget[0] -= 1
         evicted = n.id in ghosts
         children = [c for c in sorted(kids.get(n.id, []), key=lambda c: str(c.id)) if c.id != n.id]
         if not children:
-            return tag("li", row(n, evicted), style="list-style-type:none")
+            return tag("li", row(n, evicted, depth), style="list-style-type:none")
         shown = []
         for c in children:
             if budget[0] <= 0:
@@ -113,12 +123,13 @@ def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
                 shown.append(tag("li", esc(f"… {hidden} more nodes not shown"),
                                  style=f"list-style-type:none;color:{MUTED}"))
                 break
-            shown.append(subtree(c))
-        inner = tag("summary", row(n, evicted)) + tag("ul", "".join(shown), style="margin:0;padding-left:18px")
+            shown.append(subtree(c, depth + 1))
+        indent = 18 if depth < MAX_INDENT else 0
+        inner = tag("summary", row(n, evicted, depth)) + tag("ul", "".join(shown), style=f"margin:0;padding-left:{indent}px")
         return tag("li", tag("details", inner, extra="open"), style="list-style-type:none")
 
     roots = sorted(kids.get(None, []), key=lambda n: (n.parent is not None, str(n.id)))
-    body = tag("ul", "".join(subtree(r) for r in roots), style="margin:0;padding-left:4px")
+    body = tag("ul", "".join(subtree(r, 0) for r in roots), style="margin:0;padding-left:4px")
 
     live = [n for n in nodes.values() if n.parent is not None]
     total = sum(n.num_tokens for n in live)
@@ -166,7 +177,8 @@ def render_tree_text(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
         mark = " [evicted]" if n.id in history.ghosts else ""
         label = f" <{', '.join(ends[n.id])}>" if n.id in ends else ""
         text = "root" if n.parent is None else repr(_preview(n.text))
-        lines.append(f"{'  ' * depth}{text} ({n.num_tokens} tok, lock {n.lock_ref}){mark}{label}")
+        depth_mark = _depth_mark(depth) and f"[{_depth_mark(depth)}] "
+        lines.append(f"{'  ' * min(depth, MAX_INDENT)}{depth_mark}{text} ({n.num_tokens} tok, lock {n.lock_ref}){mark}{label}")
         for c in sorted(kids.get(n.id, []), key=lambda c: str(c.id)):
             if c.id != n.id:
                 walk(c, depth + 1)
