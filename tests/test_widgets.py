@@ -278,6 +278,21 @@ def test_json_output_checked_against_the_schema():
     assert bad["valid"] is False and bad["errors"][0]["message"].startswith("not JSON")
 
 
+def test_a_json_error_marks_its_own_node_when_a_key_holds_a_dot():
+    """Error marks were matched by "$.a.b", the path of both the key "a.b" and of b inside a: the
+    valid nested value was marked too. (And "$.2": the key "2" or index 2.)"""
+    from lmnb_kernel.widgets.render_run import render_structured
+
+    schema = {"type": "object", "properties": {"a.b": {"type": "integer"}, "a": {"type": "object"},
+                                               "l": {"type": "array", "items": {"type": "integer"}},
+                                               "2": {"type": "integer"}}}
+    rec = check_structured('{"a.b": "x", "a": {"b": 1}, "l": [0, 1, 2], "2": "y"}', json_schema=schema)
+    assert sorted(e["path"] for e in rec["errors"]) == ['$["2"]', '$["a.b"]']
+    soup = BeautifulSoup(render_structured(rec, "out", "main"), "html.parser")
+    marked = sorted(m.parent.get_text().split(":")[0] for m in soup.select(".lmnb-json-error"))
+    assert marked == ['"2"', '"a.b"']  # not b inside a, nor l[2]
+
+
 def json_dumps(x):
     import json
 

@@ -20,6 +20,7 @@ from .html import (BAD, BODY_STYLE, CACHED_BG, COMPUTED_BG, GEN_BG, GEN_LINE, LA
                    OK, ROOT_STYLE, ROW_COLORS, SELECT_BG, SELECT_LINE, TABLE_COLORS, badge, bar, esc, legend, pct,
                    tag)
 from .model import Lane, RunModel, Token
+from .structured import path_step
 
 # Bounds that keep a saved notebook small and the browser responsive on long outputs.
 MAX_TOKEN_SPANS = 1500  # per gen: later tokens render as plain text without a tooltip
@@ -246,7 +247,7 @@ def render_json_tree(value: Any, *, key: Optional[str] = None, path: str = "$",
                 break
             shown.append(tag("li", render_json_tree(
                 v, key=k if isinstance(value, dict) else None,
-                path=f"{path}.{k}" if isinstance(value, dict) else f"{path}[{k}]",
+                path=path_step(path, k),
                 marks=marks, depth=depth + 1, budget=budget), style="list-style-type:none"))
         kids = "".join(shown)
         count = f"{len(items)} {'keys' if isinstance(value, dict) else 'items'}"

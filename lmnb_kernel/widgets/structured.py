@@ -15,12 +15,21 @@ import re
 from typing import Any, Mapping, Optional
 
 
+def path_step(path: str, key: Any) -> str:
+    """``path`` (JSONPath: ``$``, ``$.name``, ``$.items[2]``) one step down: ``[2]`` for an array
+    index, ``.name`` for a key that is a plain name, else the key quoted as JSON (``$["a.b"]``),
+    so every node has its own path: the key "a.b" and the key b under a are told apart, as is the
+    key "2" from index 2. The view marks errors on nodes by this path."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if key.isidentifier() and key.isascii() else f"{path}[{json.dumps(key)}]"
+
 
 def _path_str(path) -> str:
-    """A JSON pointer-like path for display: ``$``, ``$.name``, ``$.items[2]``."""
+    """The JSONPath (``path_step``) of a sequence of keys and indexes from the root."""
     out = "$"
     for p in path:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+        out = path_step(out, p)
     return out
 
 
