@@ -206,6 +206,46 @@ def test_a_wide_fork_wraps_its_lanes_four_to_a_row():
     assert all("width:25.00%" in td["style"] for td in cells)
 
 
+def test_a_wide_fork_renders_without_a_pass_over_every_lane_or_request_per_lane():
+    """Each lane's colour was its position found by list(model.lanes).index, its header's counts a
+    scan of every request, and on_fork checked each id with lanes.count: quadratic in the fork's
+    width (a fork of 16000 took seconds). The lanes and requests are iterated a fixed number of
+    times per render now, whatever the width."""
+    from lmnb_kernel.widgets.html import LANE_COLORS
+
+    class Counted(dict):
+        passes = 0
+
+        def __iter__(self):
+            Counted.passes += 1
+            return super().__iter__()
+
+        def values(self):
+            Counted.passes += 1
+            return super().values()
+
+    class CountedList(list):
+        def __iter__(self):
+            Counted.passes += 1
+            return super().__iter__()
+
+    v = RunView(live=False, session=Tally())
+    ids = [f"b{i}" for i in range(200)]
+    v.on_fork("main", ids)
+    for lid in ids:
+        v.on_prompt(lid, prompt_tokens=10, cached_tokens=4)
+        v.on_delta(lid, f"text of {lid}")
+    v.model.lanes, v.model.requests = Counted(v.model.lanes), CountedList(v.model.requests)
+    soup = BeautifulSoup(render_run_html(v.model), "html.parser")
+    assert Counted.passes < 10  # (at least 200 before)
+    cells = soup.select("td.lmnb-lane")
+    assert [re.search(r"border-left:3px solid (#\w+)", td["style"]).group(1) for td in cells] == [
+        LANE_COLORS[i % len(LANE_COLORS)] for i in range(1, 201)]  # main is lane 0
+    assert all("prompt 10, cached 4 (40.0%)" in td.select_one(".lmnb-lane-header").get_text() for td in cells)
+    with pytest.raises(ValueError, match="lane 'c' already exists"):
+        v.on_fork("main", ["a", "c", "c"])
+
+
 def test_json_nested_400_deep_renders_its_top_levels_as_a_tree_and_the_rest_as_text():
     # render_json_tree recursed once per level and raised RecursionError at ~400 levels, so the
     # cell's view (finish) failed on a deeply nested JSON output

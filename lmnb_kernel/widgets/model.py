@@ -66,7 +66,9 @@ class Segment:
 @dataclass
 class Lane:
     """One program state. ``prefix_chars``: length of the text inherited from ``parent`` at the
-    fork (the lane's own segments continue from there)."""
+    fork (the lane's own segments continue from there). ``number``: its place among the run's
+    lanes (main is 0), which picks its colour. ``prompts``: its requests' prompt and cached tokens
+    (kept here, not summed from the run's requests per lane: that is quadratic in a wide fork)."""
 
     id: str
     parent: Optional[str] = None
@@ -74,6 +76,8 @@ class Lane:
     prefix_chars: int = 0
     segments: list[Segment] = field(default_factory=list)
     joined_into: Optional[str] = None
+    number: int = 0
+    prompts: "Tally" = field(default_factory=lambda: Tally())
 
     @property
     def own_chars(self) -> int:

@@ -135,21 +135,19 @@ def lane_label(model: RunModel, lane_id: str) -> str:
 
 def lane_color(model: RunModel, lane_id: str) -> str:
     """The colour of lane ``lane_id``."""
-    return LANE_COLORS[list(model.lanes).index(lane_id) % len(LANE_COLORS)]
+    return LANE_COLORS[model.lane(lane_id).number % len(LANE_COLORS)]
 
 
 def render_lane_header(model: RunModel, lane_id: str) -> str:
     """Inner HTML of a lane header: name, parent, generated tokens, this lane's prompt cache hits."""
     lane = model.lane(lane_id)
-    reqs = [r for r in model.requests if r.lane == lane_id]
-    prompt = sum(r.prompt_tokens for r in reqs)
-    cached = sum(r.cached_tokens for r in reqs)
     bits = [tag("b", esc(lane.label or lane.id))]
     if lane.parent is not None:
         bits.append(esc(f"fork of {model.lane(lane.parent).label or lane.parent}"))
     bits.append(esc(f"{lane.completion_tokens} tok"))
-    if reqs:
-        bits.append(esc(f"prompt {prompt}, cached {cached} ({pct(cached / prompt if prompt else None)})"))
+    p = lane.prompts
+    if p.prompt_tokens:
+        bits.append(esc(f"prompt {p.prompt_tokens}, cached {p.cached_tokens} ({pct(p.hit_rate)})"))
     if lane.joined_into is not None:
         into = model.lane(lane.joined_into)
         bits.append(badge(f"joined into {into.label or into.id}", cls="lmnb-badge lmnb-joined"))

@@ -211,14 +211,17 @@ class RunView:
         lanes = list(lanes)
         if not lanes:
             raise ValueError("on_fork needs at least one lane id")
+        seen: set = set()  # (not lanes.count per lane: quadratic in a wide fork)
         for lid in lanes:
-            if lid in self.model.lanes or lanes.count(lid) > 1:
+            if lid in self.model.lanes or lid in seen:
                 raise ValueError(f"lane {lid!r} already exists; fork lanes need new ids")
+            seen.add(lid)
         if labels is not None and len(labels) != len(lanes):
             raise ValueError(f"labels has {len(labels)} names for {len(lanes)} lanes")
         prefix = self.model.full_chars(parent)
         for i, lid in enumerate(lanes):
-            self.model.lanes[lid] = Lane(lid, parent=parent, label=labels[i] if labels else lid, prefix_chars=prefix)
+            self.model.lanes[lid] = Lane(lid, parent=parent, label=labels[i] if labels else lid, prefix_chars=prefix,
+                                         number=len(self.model.lanes))
         self._close_gen(parent_lane)
         parent_lane.segments.append(Segment("fork", lanes=lanes))
         self._changed()
@@ -311,6 +314,7 @@ class RunView:
         rec = RequestRecord(lane=lane, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, rid=rid, name=name)
         self.model.requests.append(rec)
         self._open_request[lane] = rec
+        self.model.lane(lane).prompts.add(prompt_tokens, cached_tokens)
         self.model.cell.add(prompt_tokens, cached_tokens)
         self._session.add(prompt_tokens, cached_tokens)
         if cached_chars is None and self._prefix_chars is not None:
