@@ -162,6 +162,27 @@ def test_generated_tokens_get_one_tooltip_each():
     assert toks[1]["title"] == "' there' · id 9 · logprob -2.0000 (p=0.135)"
 
 
+def test_a_long_gen_saves_the_ids_and_logprobs_the_view_shows_and_says_the_rest_are_left_out():
+    """Every token's ids and logprobs went into the saved notebook (~400 KB per 10k tokens), though
+    the view shows them (as tooltips) for the first MAX_TOKEN_DETAIL pieces only."""
+    from lmnb_kernel.widgets.model import MAX_TOKEN_DETAIL
+
+    n = MAX_TOKEN_DETAIL + 500
+    v = RunView(live=False, session=Tally())
+    for i in range(n):
+        v.on_delta("main", f"t{i} ", token_ids=[i], token_texts=[f"t{i} "], logprobs=[-0.25], name="g")
+    v.on_gen_end("main")
+    bundle = v.finish()
+    [gen] = [s for s in bundle[VIEW_MIME]["lanes"][0]["segments"] if s["kind"] == "gen"]
+    assert gen["text"] == "".join(f"t{i} " for i in range(n))
+    assert gen["tokens"] == [[f"t{i} ", [i], [-0.25]] for i in range(MAX_TOKEN_DETAIL)]
+    assert gen["tokens_omitted"] == 500
+    soup = BeautifulSoup(bundle["text/html"], "html.parser")
+    assert len(soup.select(".lmnb-gen .lmnb-tok")) == MAX_TOKEN_DETAIL
+    assert soup.select_one(".lmnb-gen")["title"] == (
+        f"gen g · ids and logprobs of its first {MAX_TOKEN_DETAIL} of {n} pieces only")
+
+
 def test_delta_without_per_token_text_is_one_piece_with_all_ids():
     v = RunView(live=False, session=Tally())
     v.on_delta("main", "abc", token_ids=[1, 2])

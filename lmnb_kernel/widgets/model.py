@@ -29,6 +29,11 @@ SegmentKind = Literal["text", "gen", "select", "media", "fork", "join"]
 CacheClass = Optional[Literal["cached", "computed", "partial", "sent"]]  # "sent": media, cache not reported
 
 
+# Per gen: the pieces whose ids and logprobs the view shows (a tooltip each) and saves in the
+# notebook; later ones are plain text there (10k tokens' ids and logprobs were ~400 KB of JSON).
+MAX_TOKEN_DETAIL = 1500
+
+
 @dataclass
 class Token:
     """One streamed piece of generated text, normally exactly one token.
@@ -208,7 +213,8 @@ class RunModel:
 
     # --- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """JSON-ready data of the vendor mimetype (``kind: "run"``); tokens as [text, ids, logprobs]."""
+        """JSON-ready data of the vendor mimetype (``kind: "run"``); a gen's tokens as [text, ids,
+        logprobs], the first ``MAX_TOKEN_DETAIL`` of them (``tokens_omitted``: how many more)."""
 
         def seg(s: Segment) -> dict:
             d = {"kind": s.kind, "text": s.text}
@@ -216,7 +222,9 @@ class RunModel:
                 if getattr(s, key) is not None:
                     d[key] = getattr(s, key)
             if s.kind == "gen":
-                d["tokens"] = [[t.text, t.token_ids, t.logprobs] for t in s.tokens]
+                d["tokens"] = [[t.text, t.token_ids, t.logprobs] for t in s.tokens[:MAX_TOKEN_DETAIL]]
+                if len(s.tokens) > MAX_TOKEN_DETAIL:  # (the text is whole in "text")
+                    d["tokens_omitted"] = len(s.tokens) - MAX_TOKEN_DETAIL
             if s.lanes:
                 d["lanes"] = list(s.lanes)
             return d

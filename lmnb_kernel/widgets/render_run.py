@@ -19,11 +19,10 @@ from typing import Any, Optional
 from .html import (BAD, BODY_STYLE, CACHED_BG, COMPUTED_BG, GEN_BG, GEN_LINE, LANE_COLORS, MONO, MUTED,
                    OK, ROOT_STYLE, ROW_COLORS, SELECT_BG, SELECT_LINE, TABLE_COLORS, badge, bar, esc, legend, pct,
                    tag)
-from .model import Lane, RunModel, Token
+from .model import MAX_TOKEN_DETAIL, Lane, RunModel, Token
 from .structured import path_step
 
 # Bounds that keep a saved notebook small and the browser responsive on long outputs.
-MAX_TOKEN_SPANS = 1500  # per gen: later tokens render as plain text without a tooltip
 MAX_TEXT_CHARS = 4000  # per program-text segment: longer ones keep their head and tail
 TEXT_HEAD, TEXT_TAIL = 1200, 2400
 MAX_JSON_NODES = 500  # JSON tree nodes drawn per structured output
@@ -50,12 +49,12 @@ def token_title(t: Token) -> str:
 
 def render_tokens(tokens: list[Token], start: int = 0) -> str:
     """HTML of ``tokens[start:]``: one ``lmnb-tok`` span with a tooltip per piece, plain text after
-    ``MAX_TOKEN_SPANS``."""
+    ``MAX_TOKEN_DETAIL``."""
     out = []
     for i in range(start, len(tokens)):
         t = tokens[i]
         out.append(tag("span", esc(t.text), cls="lmnb-tok", title=token_title(t))
-                   if i < MAX_TOKEN_SPANS else esc(t.text))
+                   if i < MAX_TOKEN_DETAIL else esc(t.text))
     return "".join(out)
 
 
@@ -80,6 +79,8 @@ def render_segment(model: RunModel, lane: Lane, index: int, *, live: bool) -> st
         return tag("span", _elide(s.text), cls=cls, style=CACHE_STYLE.get(s.cache or "", ""), title=title)
     if s.kind == "gen":
         title = f"gen {s.name}" if s.name else "generated"
+        if len(s.tokens) > MAX_TOKEN_DETAIL:
+            title += f" · ids and logprobs of its first {MAX_TOKEN_DETAIL} of {len(s.tokens)} pieces only"
         return tag("span", render_tokens(s.tokens), cls="lmnb-gen", style=GEN_STYLE, title=title,
                    key=f"seg:{lane.id}:{index}" if live else None)
     if s.kind == "select":
