@@ -354,11 +354,14 @@ def _warn_shadowed_builtins(names, ns) -> None:
 
 
 def _tokens(model) -> dict:
-    return {
+    tokens = {
         "prompt_tokens": model.cell.prompt_tokens,
         "cached_tokens": model.cell.cached_tokens,
         "completion_tokens": sum(r.completion_tokens or 0 for r in model.requests) + model.unfinished_tokens,
     }
+    if model.unfinished_gens:  # their prompts are in no count: the summary says "unknown", not a false 0
+        tokens["unreported_prompts"] = model.unfinished_gens
+    return tokens
 
 
 def _fork_failure(error) -> str:

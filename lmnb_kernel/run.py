@@ -458,7 +458,7 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     code = [c for c in nb.cells if c.cell_type == "code"]
     ran = [c for c in code if c.get("execution_count") is not None]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
-    lm_cells = unreported = 0
+    lm_cells = unreported = unknown_prompts = 0
     for c in ran:
         if not c.source.lstrip().startswith("%%lm"):
             continue
@@ -469,9 +469,12 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
         for t in counts:
             for k in tokens:
                 tokens[k] += int(t.get(k, 0))
+            unknown_prompts += int(t.get("unreported_prompts", 0))
     p, ca, g = tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"]
     hit = f"{100 * ca / p:.0f}%" if p else "n/a"
     missing = f" ({unreported} %%lm cell{'s' * (unreported > 1)} without a summary not counted)" if unreported else ""
+    if unknown_prompts:  # (gens stopped before an OpenAI-compatible API reported their usage)
+        missing += f" (the prompts of {unknown_prompts} stopped gen{'s' * (unknown_prompts > 1)} are not counted)"
     return (f"lmnb run: {src} -> {out}\n"
             f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
             + _raised(nb, cell_name) +

@@ -39,10 +39,18 @@ def percent(part: int, whole: int) -> str:
 def cell_summary(captured: dict, tokens: dict, state: str | None = None) -> dict:
     """The summary under a cell's view: the variables it put in the kernel and its token counts.
 
-    ``tokens``: prompt_tokens, cached_tokens, completion_tokens (ints) of the cell's requests.
+    ``tokens``: prompt_tokens, cached_tokens, completion_tokens (ints) of the cell's requests;
+    ``unreported_prompts``: how many gens were stopped before their prompt counts came (the
+    prompt and cached counts are then shown as unknown, or as a lower bound).
     """
     p, c, g = tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"]
     count = f"tokens: prompt {p}, cached {c} ({percent(c, p)} hit), completion {g}"
+    if tokens.get("unreported_prompts"):
+        def plus_unknown(n: int) -> str:
+            return f"{n} + unknown" if p else "unknown"
+
+        count = (f"tokens: prompt {plus_unknown(p)}, cached {plus_unknown(c)} (a gen was stopped before the "
+                 f"backend reported its prompt), completion {g}")
     if state:
         count += f" · state {state!r}"
     plain = [f"{name} = {short(value)}" for name, value in captured.items()] + [count]

@@ -6,6 +6,7 @@ Expected values come from the engine itself, asked directly with the prompt the 
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import pytest
@@ -690,3 +691,51 @@ def test_ctrl_c_as_the_cell_starts_stops_its_program_in_one_line(ip, monkeypatch
         "\x1b[0;31mKeyboardInterrupt\x1b[0m: the cell was stopped as it started; the named state is as it was"]
     assert isinstance(started[0].error(), lmnb.ProgramAborted)
     assert "starting" not in get_session().states
+
+
+class UsageAtTheEnd(Recorder):
+    """Streams as an OpenAI-compatible API does: token counts come only with the stream's last
+    chunk; after Ctrl-C (``abort``) the stream goes on until it is dropped, and never reports them."""
+
+    def __init__(self):
+        super().__init__()
+        self.aborted = threading.Event()
+
+    def generate_stream(self, prompt, params, rid):
+        yield "Hel", {"id": rid}
+        self.aborted.wait(30)
+        yield "lo", {"id": rid}
+
+    def abort(self, rid):
+        self.aborted.set()
+
+
+def test_a_gen_stopped_before_the_backend_reported_its_usage_shows_prompt_unknown_not_0(ip, monkeypatch):
+    """The summary said "prompt 0, cached 0 (n/a hit)" for an interrupted cell over an OpenAI
+    backend, whose usage comes only at the stream's end."""
+    from lmnb_kernel.widgets import RunView
+
+    tick = RunView.tick
+
+    def ctrl_c_once_text_came(self):
+        if self.model.lane("main").completion_tokens and not getattr(self, "_pressed", False):
+            self._pressed = True
+            raise KeyboardInterrupt
+        tick(self)
+
+    monkeypatch.setattr(RunView, "tick", ctrl_c_once_text_came)
+    magics = ip._lmnb_magics
+    real, fake = magics.session, Session()
+    fake.connect(UsageAtTheEnd(), "a server")
+    magics.session = fake
+    try:
+        result, out = run(ip, "%%lm --static\nSay:{gen a max_tokens=50}")
+    finally:
+        magics.session = real
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    [meta] = summaries(out)
+    assert meta["status"] == "interrupted"
+    assert meta["tokens"] == {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 1, "unreported_prompts": 1}
+    assert out.outputs[-1].data["text/plain"].endswith(
+        "tokens: prompt unknown, cached unknown (a gen was stopped before the backend reported its prompt), "
+        "completion 1")

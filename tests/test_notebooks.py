@@ -488,6 +488,20 @@ def test_the_run_summary_counts_quiet_lm_cells_and_says_their_tokens_are_missing
     assert "prompt 10, cached 4 (hit rate 40%), completion 3 (1 %%lm cell without a summary not counted)" in text
 
 
+def test_the_run_summary_says_the_prompts_of_stopped_gens_are_not_counted():
+    """A gen stopped before an OpenAI-compatible API reported its usage has no prompt count: the
+    summary's total read as if it were complete."""
+    from lmnb_kernel.run import summary as run_summary
+
+    nb = nbformat.v4.new_notebook()
+    stopped = nbformat.v4.new_code_cell("%%lm\nhi{gen a}", execution_count=1)
+    stopped.outputs = [nbformat.v4.new_output("display_data", data={"text/plain": "..."}, metadata={
+        "lmnb": {"tokens": {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 5, "unreported_prompts": 2}}})]
+    nb.cells = [stopped]
+    text = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
+    assert "prompt 0, cached 0 (hit rate n/a), completion 5 (the prompts of 2 stopped gens are not counted)" in text
+
+
 def test_the_run_summary_names_the_cells_that_raised():
     """With --allow-errors the run goes on past a failing cell and exits 0; the summary said
     nothing of the errors. Numbers are the source notebook's, as in the failure report."""

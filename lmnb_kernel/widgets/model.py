@@ -169,8 +169,11 @@ class RunModel:
     cell: Tally = field(default_factory=Tally)
     cumulative: Tally = field(default_factory=Tally)
     # Tokens streamed into gens that were stopped (Ctrl-C, abort) before their request reported its
-    # counts: no RequestRecord holds them, but they were generated.
+    # counts: no RequestRecord holds them, but they were generated. ``unfinished_gens``: how many
+    # such gens, whose prompt counts are unknown (an OpenAI-compatible API reports usage only at
+    # the stream's end).
     unfinished_tokens: int = 0
+    unfinished_gens: int = 0
 
     # --- queries -------------------------------------------------------------------------------
     def lane(self, lane_id: str) -> Lane:

@@ -441,6 +441,7 @@ class RunView:
             last = ln.segments[-1] if ln.segments else None
             if last is not None and last.kind == "gen" and last.open:  # stopped before on_gen_end
                 self.model.unfinished_tokens += sum(t.n_tokens for t in last.tokens)
+                self.model.unfinished_gens += 1
             self._close_gen(ln)
         self.model.status = status
         if error is not None:
