@@ -179,6 +179,21 @@ def test_timing_magics_keep_their_statement_and_imports_are_no_parameters(tmp_pa
     compile((tmp_path / "job.py").read_text(encoding="utf-8"), "job.py", "exec")
 
 
+def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
+    """%%time over %%lm runs the %%lm cell in IPython; the exporter took the body for Python and
+    dropped it as IPython syntax, so the job lacked that program (and its variable)."""
+    from lmnb.export.cells import Dropped, LMCell, read_cells
+
+    nb = notebook('q = "x"', "%%time\n%%lm\n{q}{gen a max_tokens=1}", "%%capture out\n%%bash\necho hi",
+                  "%%time\nprint(a)")
+    source, p = export_notebook(nb)
+    cells = read_cells(nb)
+    assert isinstance(cells[1], LMCell) and cells[1].captures == ("a",)
+    assert isinstance(cells[2], Dropped) and cells[2].first_line == "%%bash"
+    assert "def cell_2(s, q):" in source and 's += lmnb.gen("a", max_tokens=1)' in source
+    assert p.inputs == ("q",) and not [n for n in p.notes if "IPython syntax" in n]
+
+
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     from lmnb_kernel.cli import main
 

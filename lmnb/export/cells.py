@@ -143,6 +143,9 @@ def _code_cell(index: int, source: str, tags: tuple) -> Cell:
         body = "\n".join(lines[1:])
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
             return _lm_cell(index, first[4:].strip(), cell_body(body))
+        if name in PYTHON_BODY_MAGICS and body.lstrip("\n").startswith("%%"):
+            # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
+            return _code_cell(index, body, tags)
         if name in PYTHON_BODY_MAGICS:
             code = python_cell(index, body, tags)
             code.magic = first.strip()
