@@ -22,6 +22,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+from lmnb.export.cells import is_lm_cell
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_kernel.cell_failure import describe_failure
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
@@ -460,7 +461,7 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
     lm_cells = unreported = unknown_prompts = 0
     for c in ran:
-        if not c.source.lstrip().startswith("%%lm"):
+        if not is_lm_cell(c.source):
             continue
         lm_cells += 1
         counts = [o["metadata"]["lmnb"]["tokens"] for o in c.get("outputs", [])

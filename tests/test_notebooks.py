@@ -502,6 +502,20 @@ def test_the_run_summary_says_the_prompts_of_stopped_gens_are_not_counted():
     assert "prompt 0, cached 0 (hit rate n/a), completion 5 (the prompts of 2 stopped gens are not counted)" in text
 
 
+def test_the_run_summary_counts_a_timed_lm_cell():
+    """%%time over %%lm runs the program, but the summary counted only cells beginning with %%lm:
+    "(0 %%lm)" and none of its tokens."""
+    from lmnb_kernel.run import summary as run_summary
+
+    nb = nbformat.v4.new_notebook()
+    timed = nbformat.v4.new_code_cell("%%time\n%%lm\nhi{gen a}", execution_count=1)
+    timed.outputs = [nbformat.v4.new_output("display_data", data={"text/plain": "..."}, metadata={
+        "lmnb": {"tokens": {"prompt_tokens": 7, "cached_tokens": 0, "completion_tokens": 3}}})]
+    nb.cells = [timed, nbformat.v4.new_code_cell("%%time\nx = 1", execution_count=2)]
+    text = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
+    assert "cells run: 2 of 2 (1 %%lm)" in text and "prompt 7, cached 0 (hit rate 0%), completion 3\n" in text
+
+
 def test_the_run_summary_names_the_cells_that_raised():
     """With --allow-errors the run goes on past a failing cell and exits 0; the summary said
     nothing of the errors. Numbers are the source notebook's, as in the failure report."""

@@ -123,7 +123,7 @@ def read_cells(nb) -> list[Cell]:
     for index, cell in enumerate(nb.cells, start=1):
         source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
         source = source.replace("\r\n", "\n")
-        if not source.lstrip("\n").startswith("%%lm"):  # a lone \r ends a line for Python and IPython (a prompt keeps it)
+        if not is_lm_cell(source):  # a lone \r ends a line for Python and IPython (a prompt keeps it)
             source = source.replace("\r", "\n")
         if not source.strip() or cell.cell_type == "raw":
             continue
@@ -135,15 +135,27 @@ def read_cells(nb) -> list[Cell]:
     return out
 
 
+def _cell_magic(source: str) -> tuple[str, str, str]:
+    """(name, first line, body) of a cell that begins with a cell magic; ("", "", source) otherwise."""
+    first, _, body = source.lstrip("\n").partition("\n")
+    if not first.startswith("%%"):
+        return "", "", source
+    return (first[2:].split(None, 1)[0] if first[2:].strip() else ""), first, body
+
+
+def is_lm_cell(source: str) -> bool:
+    """Whether a code cell runs a ``%%lm`` program: it begins with ``%%lm``, or with a cell magic
+    whose body IPython runs as a cell (``%%time``) over one."""
+    name, _, body = _cell_magic(source)
+    return name == "lm" or (name in PYTHON_BODY_MAGICS and is_lm_cell(body))
+
+
 def _code_cell(index: int, source: str, tags: tuple) -> Cell:
-    lines = source.lstrip("\n").split("\n")
-    first = lines[0]
-    if first.startswith("%%"):
-        name = first[2:].split(None, 1)[0] if first[2:].strip() else ""
-        body = "\n".join(lines[1:])
+    name, first, body = _cell_magic(source)
+    if first:
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
             return _lm_cell(index, first[4:].strip(), cell_body(body))
-        if name in PYTHON_BODY_MAGICS and body.lstrip("\n").startswith("%%"):
+        if name in PYTHON_BODY_MAGICS and _cell_magic(body)[1]:
             # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
             return _code_cell(index, body, tags)
         if name in PYTHON_BODY_MAGICS:
