@@ -194,6 +194,28 @@ def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     assert p.inputs == ("q",) and not [n for n in p.notes if "IPython syntax" in n]
 
 
+def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(tmp_path, capsys):
+    """A notebook saved with a UTF-8 byte order mark (Notepad) was "not JSON" to lmnb export and
+    lmnb run; a Latin-1 one was refused with the codec's bare message."""
+    from lmnb.export import read_notebook
+    from lmnb_kernel.cli import main
+
+    plain = tmp_path / "qa.ipynb"
+    nbformat.write(QA, plain)
+    bom = tmp_path / "bom.ipynb"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_notebook(bom) == read_notebook(plain)
+    assert main(["export", str(bom), "-o", str(tmp_path / "qa.py")]) == 0
+    assert (tmp_path / "qa.py").read_text() == export_notebook(QA, "bom.ipynb", "qa.py")[0]
+    latin = tmp_path / "latin.ipynb"
+    latin.write_bytes(plain.read_bytes().replace(b"Q: ", "Q\u00e9: ".encode("latin-1"), 1))
+    capsys.readouterr()
+    assert main(["export", str(latin), "-o", str(tmp_path / "l.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lmnb export: cannot read {latin}: not UTF-8 text (invalid continuation byte at byte ")
+    assert err.endswith("a notebook is UTF-8 JSON: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)\n")
+
+
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     from lmnb_kernel.cli import main
 

@@ -23,17 +23,24 @@ __all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook
 
 
 def read_notebook(path: Path):
-    """``nbformat.read(path, as_version=4)``.
+    """``nbformat.read(path, as_version=4)``, also of a file that begins with a UTF-8 byte order mark
+    (Windows editors write one; nbformat refused it as "does not appear to be JSON").
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not JSON, or JSON that is not a notebook (the message names what is
-            missing; nbformat's own ``ValidationError`` prints the whole schema).
+        ValueError: it is not UTF-8, not JSON, or JSON that is not a notebook (the message names
+            what is missing; nbformat's own ``ValidationError`` prints the whole schema).
     """
     import nbformat
 
+    data = Path(path).read_bytes()
     try:
-        return nbformat.read(path, as_version=4)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}); a notebook is UTF-8 JSON: save it as "
+                         "UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    try:
+        return nbformat.reads(text, as_version=4)
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}") from None
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
