@@ -15,6 +15,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CELL_FRAME = re.compile(r"(Cell In\[\d+\]|Input In \[\d+\])")
 _FILE_FRAME = re.compile(r"File \S")  # "File ~/lib/python3.11/json/decoder.py:353, in ..."
 FIRST_LINE_CHARS = 80
+# A frame or error message longer than this (ValueError("x" * 10**6)) keeps its head and tail: the
+# report is read in a terminal, and the saved notebook has it whole.
+PART_HEAD_CHARS, PART_TAIL_CHARS = 1500, 500
 
 
 def describe_failure(cell, name: str, ename: str, evalue: str) -> str:
@@ -47,7 +50,15 @@ def describe_failure(cell, name: str, ename: str, evalue: str) -> str:
     if left_out:
         parts.append(f"({left_out} frame{'s' * (left_out > 1)} in library code left out; the saved notebook "
                      "has the whole traceback)")
-    return "\n\n".join(parts)
+    return "\n\n".join(_elide(part) for part in parts)
+
+
+def _elide(text: str) -> str:
+    hidden = len(text) - PART_HEAD_CHARS - PART_TAIL_CHARS
+    if hidden <= 0:
+        return text
+    return (f"{text[:PART_HEAD_CHARS]} … {hidden:,} characters left out (the saved notebook has them) … "
+            f"{text[-PART_TAIL_CHARS:]}")
 
 
 def _first_line(source) -> str:

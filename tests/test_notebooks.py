@@ -169,6 +169,24 @@ def test_a_cell_that_raises_is_named_with_its_error_and_its_own_frames(tmp_path,
     assert nbformat.read(out, as_version=4).cells[3].get("execution_count") is None
 
 
+def test_a_huge_error_message_is_reported_by_its_head_and_tail():
+    """ValueError("boom " * 200000) put a 1 MB line into the report on the terminal."""
+    from lmnb_kernel.cell_failure import PART_HEAD_CHARS, PART_TAIL_CHARS, describe_failure
+
+    message = "".join(f"{i:07d} " for i in range(100_000))  # 800,000 characters, each place its own
+    cell = nbformat.v4.new_code_cell("raise ValueError(m)", execution_count=1)
+    cell.outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue=message, traceback=[
+        "Cell In[1], line 1\n----> 1 raise ValueError(m)", f"ValueError: {message}"])]
+    report = describe_failure(cell, "cell 1", "ValueError", message)
+    last = report.split("\n\n")[-1]
+    whole = f"ValueError: {message}"
+    hidden = len(whole) - PART_HEAD_CHARS - PART_TAIL_CHARS
+    assert last == (f"{whole[:PART_HEAD_CHARS]} … {hidden:,} characters left out (the saved notebook has them) … "
+                    f"{whole[-PART_TAIL_CHARS:]}")
+    assert report.startswith("cell 1 (In [1]) raised ValueError; the cell begins: raise ValueError(m)\n\n"
+                             "Cell In[1], line 1\n----> 1 raise ValueError(m)\n\n")
+
+
 def test_after_p_the_report_numbers_cells_as_the_source_notebook_does(tmp_path, capsys):
     # the injected parameters cell shifted every later number by one
     from lmnb_kernel.run import run
