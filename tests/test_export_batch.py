@@ -4,6 +4,7 @@ numbers, per-row errors, resuming without writing a row twice, torn lines, ids, 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -1109,3 +1110,24 @@ def test_ctrl_c_twice_stops_a_backend_shutdown_that_hangs(tmp_path, capsys, monk
     assert not finished.is_set()
     assert "the backend's shutdown was stopped (Ctrl-C twice)" in capsys.readouterr().err
     assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == [0, 1]
+
+
+def test_the_demo_model_named_is_the_default_model_not_other_settings(tmp_path, monkeypatch):
+    """A run without --model (the built-in demo model) then `--model <the demo model's directory>`
+    (or $LMNB_MODEL naming it) was refused as a rerun with other settings ("--model: None there,
+    '/.../demo_model' now"), though both run the same checkpoint; another directory still is."""
+    import lmnb_engine
+
+    demo = os.path.join(os.path.dirname(lmnb_engine.__file__), "demo_model")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(4)])
+    assert run_job(tmp_path, "--input", rows, "--limit", 1) == 0
+    assert run_job(tmp_path, "--input", rows, "--limit", 2, "--model", demo + os.sep) == 0
+    monkeypatch.setenv("LMNB_MODEL", demo)
+    assert run_job(tmp_path, "--input", rows, "--limit", 3) == 0
+    monkeypatch.delenv("LMNB_MODEL")
+    assert run_job(tmp_path, "--input", rows) == 0
+    results = read_results(tmp_path / "out.jsonl")
+    assert sorted(r["row"] for r in results) == [0, 1, 2, 3]
+    assert [r["settings"]["--model"] for r in results] == [None] * 4
+    (tmp_path / "other").mkdir()
+    assert run_job(tmp_path, "--input", rows, "--retry-errors", "--model", tmp_path / "other") == 2

@@ -146,7 +146,8 @@ class Job:
     def settings(self) -> dict:
         """What the rows' results depend on besides their fields: the notebook parameters and the
         backend options, as JSON values (``repr`` for others). Each record carries them. A model
-        given as a local directory is recorded as its real path, however it was spelled, and a server
+        given as a local directory is recorded as its real path, however it was spelled (the
+        built-in demo model's directory as None, as a run without --model records it), and a server
         URL without a trailing "/"."""
         a = self.args
         # the user's --model, or $LMNB_MODEL where it picks the engine's model (a notebook's own
@@ -154,6 +155,8 @@ class Job:
         model = a.model if a.model or self.default_model else engine_model(a)
         if model and os.path.isdir(model):  # ("ckpt", "./ckpt/" and its absolute path are one model)
             model = os.path.realpath(model)
+            if model == _demo_model_dir():  # the default's model, named: recorded as the default is
+                model = None
         backend = a.backend if a.backend == "engine" else a.backend.rstrip("/")  # (a URL, with or without "/")
         values = {**{f"parameter {k}": v for k, v in self.parameter_values.items()}, "--backend": backend,
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
@@ -228,3 +231,12 @@ class Job:
             return EXIT_INTERRUPTED
         finally:
             store.close()
+
+
+def _demo_model_dir() -> str:
+    """The real path of the built-in demo model's directory (``lmnb_engine/demo_model``), found
+    without importing the engine (which imports torch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lmnb_engine")
+    return os.path.realpath(os.path.join(list(spec.submodule_search_locations)[0], "demo_model"))
