@@ -1131,3 +1131,48 @@ def test_the_demo_model_named_is_the_default_model_not_other_settings(tmp_path, 
     assert [r["settings"]["--model"] for r in results] == [None] * 4
     (tmp_path / "other").mkdir()
     assert run_job(tmp_path, "--input", rows, "--retry-errors", "--model", tmp_path / "other") == 2
+
+
+def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(tmp_path, capsys):
+    """`job.py --backend URL/v1 --openai MODEL` with a name the server does not serve wrote an error
+    record for every row (HTTP 404), and the rerun with the right name was refused as other settings;
+    the job now asks the server's GET /models first, as %lm connect does: exit 2, nothing written."""
+    import http.server
+    import threading
+
+    from lmnb.batch.options import make_backend
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            known = self.path.rstrip("/") == "/v1/models"
+            body = json.dumps({"object": "list", "data": [{"id": "served-m", "object": "model", "created": 0,
+                                                           "owned_by": "t"}]} if known else {}).encode()
+            self.send_response(200 if known else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+
+        def job(model):
+            return Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                               "--backend", url, "--openai", model, "--completion",
+                                               "--api-key", "k", "--no-progress"])
+
+        assert job("typo-m").run(run_row, programs=[echo]) == 2
+        err = capsys.readouterr().err
+        assert f"{url} does not serve model 'typo-m' (it serves: served-m); pass one of those to --openai" in err
+        assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []
+        right = job("served-m")
+        assert make_backend(right._parser().parse_args(right.argv)).model_name == "served-m"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -169,11 +169,33 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
                          "model (use --openai MODEL to name an OpenAI-compatible server's model)")
     timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     if args.openai:
-        return lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
-                           is_chat_model=False if args.completion else None, **timeout)
+        backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
+                              is_chat_model=False if args.completion else None, **timeout)
+        if url != "engine":
+            _check_served_model(backend, args.openai, url)
+        return backend
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
     return lmnb.RuntimeEndpoint(url, api_key=args.api_key, **timeout)
+
+
+def _check_served_model(backend, model: str, url: str) -> None:
+    """Ask the OpenAI-compatible server at ``url`` for its models (``GET /models``), as ``%lm
+    connect`` does, so that a ``--openai`` name it does not serve stops the job before any row runs
+    (exit 2) instead of writing an error record for every row, which a rerun with the right name
+    could not retry (its settings differ). A server that does not answer, or answers without a
+    model list (some proxies), passes: its rows fail as before, and a rerun retries them.
+
+    Raises:
+        ValueError: the server's list lacks ``model``.
+    """
+    try:
+        served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
+    except Exception:
+        return
+    if model not in served:
+        raise ValueError(f"{url} does not serve model {model!r} (it serves: {', '.join(served) or 'none'}); "
+                         "pass one of those to --openai")
 
 
 def _whole_number(text: str) -> int:
