@@ -142,6 +142,9 @@ class LMMagics(Magics):
         words = _split(line)
         shown = _help(line_parser(), words)
         if shown is not None:
+            if words[0].startswith("-"):  # %lm --help: also the cell options, which %%lm --help alone
+                # cannot show (IPython refuses a cell magic with an empty body, pointing to %lm)
+                shown += "\nCells: %%lm [options], then the prompt on the lines below.\n" + cell_parser().format_help()
             return print(shown)
         args = line_parser().parse_args(words)
         if args.command is None:

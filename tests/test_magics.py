@@ -739,3 +739,15 @@ def test_a_gen_stopped_before_the_backend_reported_its_usage_shows_prompt_unknow
     assert out.outputs[-1].data["text/plain"].endswith(
         "tokens: prompt unknown, cached unknown (a gen was stopped before the backend reported its prompt), "
         "completion 1")
+
+
+def test_line_magic_help_also_lists_the_cell_options(ip):
+    """`%%lm --help` alone in a cell is refused by IPython (an empty cell body), which points to the
+    line magic; `%lm --help` listed only the subcommands, so the cell options were shown nowhere."""
+    result, out = run(ip, "%lm --help")
+    assert result.success
+    for words in ("SUBCOMMAND", "Cells: %%lm [options]", "--state NAME", "--temperature", "--max-tokens",
+                  "--seed", "--out VAR", "--quiet", "--static", "--python"):
+        assert words in out.stdout, (words, out.stdout)
+    result, out = run(ip, "%lm load --help")  # a subcommand's help stays its own
+    assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout
