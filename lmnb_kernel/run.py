@@ -121,6 +121,7 @@ def run(args) -> int:
     )
     t0 = time.monotonic()
     failed, status = None, 0
+    timed_out = None  # the cell nbclient stopped at --timeout (its error is the KeyboardInterrupt that stopped it)
     try:
         # With -o -, the kernel's own fd 1 (native code's prints, not a cell's output) goes to
         # stderr, so that stdout holds the notebook alone.
@@ -131,6 +132,7 @@ def run(args) -> int:
         else:
             failed, status = (f"{cell_name(ctrl_c.cell_number)} ran longer than --timeout {args.timeout:g} s; "
                               "give a larger --timeout (0: no limit)"), 1
+            timed_out = ctrl_c.cell_number
     except DeadKernelError:
         # On a second Ctrl-C, a cell that did not stop after the first, or SIGTERM (nbclient's own
         # handler, which notes the future it started), the kernel is shut down, so the cell then
@@ -165,7 +167,8 @@ def run(args) -> int:
                 # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
                 atexit.unregister(client._cleanup_kernel)
     where = "stdout" if to_stdout and saved == out else saved
-    print(summary(nb, src, where, time.monotonic() - t0, cell_name), file=sys.stderr if to_stdout else sys.stdout)
+    print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out),
+          file=sys.stderr if to_stdout else sys.stdout)
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are {'written to' if where == 'stdout' else 'saved in'} "
               f"{where})", file=sys.stderr)
@@ -452,10 +455,12 @@ def _finite(number) -> bool:
     return all(math.isfinite(p) for p in parts)
 
 
-def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}") -> str:
+def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}",
+            timed_out: int | None = None) -> str:
     """The printed summary: cells run, ``%%lm`` cells, the cells that raised (with
     ``--allow-errors`` the run goes on past them, and nothing else would say so), tokens and hit
-    rate, time. ``cell_name(number)`` names the cell at 1-based ``number`` of ``nb``."""
+    rate, time. ``cell_name(number)`` names the cell at 1-based ``number`` of ``nb``;
+    ``timed_out``: the one stopped at ``--timeout``, whose KeyboardInterrupt says so."""
     code = [c for c in nb.cells if c.cell_type == "code"]
     ran = [c for c in code if c.get("execution_count") is not None]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
@@ -478,15 +483,21 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
         missing += f" (the prompts of {unknown_prompts} stopped gen{'s' * (unknown_prompts > 1)} are not counted)"
     return (f"lmnb run: {src} -> {out}\n"
             f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
-            + _raised(nb, cell_name) +
+            + _raised(nb, cell_name, timed_out) +
             f"  tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}{missing}\n"
             f"  time: {seconds:.1f} s")
 
 
-def _raised(nb, cell_name, shown: int = 3) -> str:
+def _raised(nb, cell_name, timed_out: int | None = None, shown: int = 3) -> str:
     """The summary's line for the cells whose outputs hold an error ("" if none): how many, and
-    the first ``shown`` of them with their error's name."""
-    raised = [f"{cell_name(number)} ({o.get('ename', 'error')})" for number, c in enumerate(nb.cells, start=1)
+    the first ``shown`` of them with their error's name (the timed-out cell's KeyboardInterrupt,
+    nbclient's interrupt at ``--timeout``, says so: it read as a Ctrl-C)."""
+    def name(number: int, output) -> str:
+        ename = output.get("ename", "error")
+        at_timeout = number == timed_out and ename == "KeyboardInterrupt"
+        return f"{cell_name(number)} ({ename}{' at --timeout' if at_timeout else ''})"
+
+    raised = [name(number, o) for number, c in enumerate(nb.cells, start=1)
               if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
     if not raised:
         return ""

@@ -88,8 +88,11 @@ def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_
     out = tmp_path / "new" / "dir" / "out.ipynb"  # a folder that does not exist yet is made first
     args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=timeout, allow_errors=False)
     assert run(args) == 1
-    err = capfd.readouterr().err  # the kernel's stderr too: shut down mid-cell, it printed a ZMQ traceback
+    captured = capfd.readouterr()
+    err = captured.err  # the kernel's stderr too: shut down mid-cell, it printed a ZMQ traceback
     assert f"lmnb run: {message}" in err and f"outputs so far are saved in {out}" in err and "Traceback" not in err
+    if timeout == 3:  # the summary listed the timed-out cell as "cell 2 (KeyboardInterrupt)", as if Ctrl-C stopped it
+        assert "cells that raised: 1: cell 2 (KeyboardInterrupt at --timeout)" in captured.out
     done = nbformat.read(out, as_version=4)
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
 
@@ -548,6 +551,9 @@ def test_the_run_summary_names_the_cells_that_raised():
     assert "\n  cells that raised: 4: cell 3 (E2), cell 4 (E3), cell 6 (E5), and 1 more\n" in text
     named = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0, cell_name=lambda n: f"#{n - 1}")
     assert "cells that raised: 4: #2 (E2), #3 (E3), #5 (E5), and 1 more" in named
+    cells[1].outputs = [nbformat.v4.new_output("error", ename="KeyboardInterrupt", evalue="", traceback=[])]
+    timed = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0, timed_out=3)  # cells[1] is cell 3
+    assert "cells that raised: 4: cell 3 (KeyboardInterrupt at --timeout), cell 4 (E3), cell 6 (E5)" in timed
     nb.cells = cells[:1]
     assert "raised" not in run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
 
