@@ -139,11 +139,18 @@ def test_a_null_field_is_bad_input_not_the_text_none(tmp_path, capsys):
     assert (results[0]["status"], results[0]["error"]) == (
         "bad_input", "line 1: field 'question' is null; give a value, or leave the row out")
     assert results[1]["status"] == "ok"
+    assert capsys.readouterr().err.rstrip().endswith(
+        'rows with "status": "bad_input" say why in "error"; fix the input and run again: rows whose input '
+        "changed run again")
 
 
-def test_retry_errors_reruns_failed_rows_once(tmp_path):
+def test_retry_errors_reruns_failed_rows_once(tmp_path, capsys):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "fine"}])
     assert run_job(tmp_path, "--input", rows) == 1
+    # a backend error is not the input's fault: the hint names --retry-errors (a bad_input one does not)
+    assert capsys.readouterr().err.rstrip().endswith(
+        'rows with "status": "error" say why in "error"; fix the input and run again: rows whose input changed '
+        "run again; --retry-errors also reruns failed rows on the same input (after a backend error)")
     assert run_job(tmp_path, "--input", rows) == 1  # errors count as done: nothing is rerun
     assert len(read_results(tmp_path / "out.jsonl")) == 2
     fixed = ScriptedBackend(lambda prompt, params: "OK")

@@ -325,9 +325,11 @@ class RowRunner:
         elif self.signals and self.left:
             lines.append("  stopped early: run the same command again to do the remaining rows")
         elif c[ERROR] or c[BAD_INPUT]:
-            lines.append("  rows with \"status\": \"error\" or \"bad_input\" say why in \"error\"; "
-                         "fix the input and run again (rows whose input changed run again; --retry-errors "
-                         "also reruns failed rows on the same input)")
+            kinds = " or ".join(f'"{k}"' for k, n in (("error", c[ERROR]), ("bad_input", c[BAD_INPUT])) if n)
+            hint = "fix the input and run again: rows whose input changed run again"
+            if c[ERROR]:  # an error need not be the input's: the backend failed, or timed out
+                hint += "; --retry-errors also reruns failed rows on the same input (after a backend error)"
+            lines.append(f'  rows with "status": {kinds} say why in "error"; {hint}')
         if self.signals and not self.left and not self.pipe_closed:
             lines.append("  Ctrl-C came, but every row is written: the job is complete")
         print("\n".join(lines), file=sys.stderr)
