@@ -194,6 +194,14 @@ def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     assert p.inputs == ("q",) and not [n for n in p.notes if "IPython syntax" in n]
 
 
+def test_a_cell_magic_line_ends_at_a_lone_carriage_return_as_in_ipython():
+    """IPython ends a cell's first line at a lone \\r (str.splitlines); the exporter read the whole
+    cell as the %%lm line: "unrecognized arguments: {q}{gen a max_tokens=1}"."""
+    expected = export_notebook(notebook('q = "x"', "%%lm\n{q}\r{gen a max_tokens=1}"))[0]
+    assert export_notebook(notebook('q = "x"', "%%lm\r{q}\r{gen a max_tokens=1}"))[0] == expected
+    assert 's += f"{q}\\r"' in expected  # (the prompt keeps its own \r, as the kernel's does)
+
+
 def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(tmp_path, capsys):
     """A notebook saved with a UTF-8 byte order mark (Notepad) was "not JSON" to lmnb export and
     lmnb run; a Latin-1 one was refused with the codec's bare message."""

@@ -136,8 +136,12 @@ def read_cells(nb) -> list[Cell]:
 
 
 def _cell_magic(source: str) -> tuple[str, str, str]:
-    """(name, first line, body) of a cell that begins with a cell magic; ("", "", source) otherwise."""
-    first, _, body = source.lstrip("\n").partition("\n")
+    """(name, first line, body) of a cell that begins with a cell magic; ("", "", source) otherwise.
+    The first line ends where IPython ends it, at any line break ``str.splitlines`` knows (a lone
+    ``\r`` too); the body keeps its own line breaks."""
+    text = source.lstrip("\n")
+    line = text.splitlines(keepends=True)[0] if text else ""
+    first, body = (line.splitlines() or [""])[0], text[len(line):]
     if not first.startswith("%%"):
         return "", "", source
     return (first[2:].split(None, 1)[0] if first[2:].strip() else ""), first, body
