@@ -194,6 +194,16 @@ def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     assert p.inputs == ("q",) and not [n for n in p.notes if "IPython syntax" in n]
 
 
+def test_an_lm_cell_magic_below_the_first_line_is_named_in_the_refusal():
+    """A comment above %%lm made the prompt Python to IPython: the refusal said only "invalid
+    syntax. Perhaps you forgot a comma?" about the prompt's line."""
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "x"', "# ask\n%%lm\nQ: {q}{gen a max_tokens=1}"))
+    assert str(e.value).startswith("cell 2, line 3: invalid Python: ")
+    assert str(e.value).endswith("; %%lm on line 2: a cell magic works only on a cell's first line; move it up, "
+                                 "or split the cell there")
+
+
 def test_a_cell_magic_line_ends_at_a_lone_carriage_return_as_in_ipython():
     """IPython ends a cell's first line at a lone \\r (str.splitlines); the exporter read the whole
     cell as the %%lm line: "unrecognized arguments: {q}{gen a max_tokens=1}"."""

@@ -204,7 +204,11 @@ def python_cell(index: int, source: str, tags: tuple = ()) -> Code:
     try:
         tree = ast.parse(text, filename=f"<cell {index}>")
     except SyntaxError as e:
-        raise ExportError(f"cell {index}, line {e.lineno}: invalid Python: {e.msg}") from None
+        lines = source.split("\n")  # (IPython reads "%%lm" below the first line as a line magic "%lm %lm")
+        late = next((n for n, line in enumerate(lines[1:], start=2) if line.startswith("%%")), None)
+        hint = "" if late is None else (f"; {lines[late - 1].split()[0]} on line {late}: a cell magic works only on "
+                                        "a cell's first line; move it up, or split the cell there")
+        raise ExportError(f"cell {index}, line {e.lineno}: invalid Python: {e.msg}{hint}") from None
     awaited = _top_level_await(tree)
     if awaited is not None:
         raise ExportError(f"cell {index}, line {awaited}: top-level await (IPython runs it, a script cannot); "
