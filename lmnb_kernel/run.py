@@ -22,7 +22,7 @@ import time
 import unicodedata
 from pathlib import Path
 
-from lmnb.export.cells import is_lm_cell
+from lmnb.export.cells import ExportError, is_lm_cell, python_cell
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_kernel.cell_failure import describe_failure
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
@@ -384,12 +384,15 @@ def parameter_defaults(nb) -> dict:
 
 
 def _parameters(cells) -> dict | None:
-    """What the first cell tagged ``parameters`` sets (``read_parameters``); None without such a
-    cell, or when it holds IPython syntax (it is not read then)."""
+    """What the first cell tagged ``parameters`` sets (``read_parameters``), its IPython syntax
+    (``%env``, ``!pip``) left out as the exporter leaves it out, so both read the same names and
+    defaults; None without such a cell, or when it is not Python even so."""
     cell = next((c for c in cells if _is_parameters(c)), None)
+    if cell is None:
+        return None
     try:
-        return read_parameters(cell.source) if cell is not None else None
-    except SyntaxError:
+        return read_parameters(python_cell(0, cell.source).source)
+    except (ExportError, SyntaxError):
         return None
 
 

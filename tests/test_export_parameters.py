@@ -3,7 +3,6 @@ job's options and for ``lmnb run -p`` alike."""
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
 from helpers_export import notebook
@@ -59,11 +58,17 @@ def test_lmnb_run_and_the_export_read_the_same_parameters(capsys):
     assert nb.cells[1].metadata["tags"] == ["injected-parameters"]
 
 
-def test_a_parameters_cell_with_ipython_syntax_gives_lmnb_run_no_names_to_check(capsys):
-    from lmnb_kernel.run import inject_parameters, parameter_defaults
+def test_a_parameters_cell_with_ipython_syntax_is_read_by_lmnb_run_as_by_the_export(capsys):
+    """lmnb run did not read a parameters cell holding IPython syntax, while the export read it
+    with that syntax left out: `-p limit 5` was the int 5 in the run and the text "5" in the job
+    (whose option reads it like the default "3"), and a misspelt -p name went unwarned."""
+    from lmnb_kernel.run import inject_parameters, parameter_defaults, parse_value
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%env X=1\nn = 2", metadata={"tags": ["parameters"]})]
+    nb = notebook(("parameters", '%env X=1\n!echo hi\nlimit = "3"\nn = 2'), "%%lm\n{limit}{gen out max_tokens=n}")
+    assert plan_notebook(nb).parameters == ("limit", "n")
+    assert parameter_defaults(nb) == {"limit": "3", "n": 2}
+    assert parse_value("5", parameter_defaults(nb)["limit"]) == "5"
+    inject_parameters(nb, {"limt": "5"})
+    assert "parameter 'limt' is not set in the cell tagged 'parameters' (it sets limit, n)" in capsys.readouterr().err
+    nb.cells[0].source = "files = !ls\nn = 2"  # (the export refuses it: no names to check, no warning)
     assert parameter_defaults(nb) == {}
-    inject_parameters(nb, {"m": 1})  # not a misspelling warning: the cell could not be read
-    assert capsys.readouterr().err == ""
