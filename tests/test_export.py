@@ -232,6 +232,10 @@ def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(
     err = capsys.readouterr().err
     assert err.startswith(f"lmnb export: cannot read {latin}: not UTF-8 text (invalid continuation byte at byte ")
     assert err.endswith("a notebook is UTF-8 JSON: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)\n")
+    (tmp_path / "empty.ipynb").write_bytes(b"\n")
+    assert main(["export", str(tmp_path / "empty.ipynb"), "-o", str(tmp_path / "e.py")]) == 2
+    assert capsys.readouterr().err == (f"lmnb export: cannot read {tmp_path / 'empty.ipynb'}: the file is empty; "
+                                       "save the notebook from Jupyter again (File > Save)\n")
 
 
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):

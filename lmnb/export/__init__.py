@@ -39,6 +39,8 @@ def read_notebook(path: Path):
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}); a notebook is UTF-8 JSON: save it as "
                          "UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    if not text.strip():  # (nbformat: "Notebook does not appear to be JSON: ''")
+        raise ValueError("the file is empty; save the notebook from Jupyter again (File > Save)")
     try:
         return nbformat.reads(text, as_version=4)
     except nbformat.ValidationError as e:
