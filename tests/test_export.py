@@ -194,6 +194,16 @@ def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     assert p.inputs == ("q",) and not [n for n in p.notes if "IPython syntax" in n]
 
 
+def test_a_named_capture_is_said_to_be_unset_in_the_job():
+    """%%capture out binds out in the notebook; the job ran without it and each row failed with a
+    NameError that the export had not mentioned."""
+    nb = notebook('q = "x"', "%%capture --no-stderr out\n%%lm\n{q}{gen a max_tokens=1}", "%%capture\ny = 1",
+                  "%%capture log\nprint(a)")
+    notes = [n for n in export_notebook(nb)[1].notes if "capture" in n]
+    assert notes == [f"cell {i}: %%capture {opts}: the job does not set {v} (IPython's captured output), so a cell "
+                     "that reads it fails there" for i, opts, v in ((2, "--no-stderr out", "out"), (4, "log", "log"))]
+
+
 def test_an_lm_cell_magic_below_the_first_line_is_named_in_the_refusal():
     """A comment above %%lm made the prompt Python to IPython: the refusal said only "invalid
     syntax. Perhaps you forgot a comma?" about the prompt's line."""

@@ -108,6 +108,7 @@ class LMCell:
     reads: tuple = ()
     captures: tuple = ()
     mutates: tuple = ()  # (--python) globals its body changes in place: each row needs its own copy
+    notes: list = field(default_factory=list)  # for the export's warnings
 
 
 Cell = Union[Markdown, Dropped, Code, LMCell]
@@ -159,13 +160,16 @@ def _code_cell(index: int, source: str, tags: tuple) -> Cell:
     if first:
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
             return _lm_cell(index, first[4:].strip(), cell_body(body))
-        if name in PYTHON_BODY_MAGICS and _cell_magic(body)[1]:
-            # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
-            return _code_cell(index, body, tags)
         if name in PYTHON_BODY_MAGICS:
-            code = python_cell(index, body, tags)
-            code.magic = first.strip()
-            return code
+            # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
+            inner = _code_cell(index, body, tags) if _cell_magic(body)[1] else python_cell(index, body, tags)
+            if isinstance(inner, Code) and inner.magic is None:
+                inner.magic = first.strip()
+            variable = next((w for w in first.split()[1:] if not w.startswith("-")), None)
+            if name == "capture" and variable and not isinstance(inner, Dropped):
+                inner.notes.append(f"cell {index}: {first.strip()}: the job does not set {variable} (IPython's "
+                                   "captured output), so a cell that reads it fails there")
+            return inner
         return Dropped(index, first.strip(), f"IPython cell magic %%{name}: its body is not Python")
     return python_cell(index, source, tags)
 
