@@ -740,6 +740,14 @@ def test_a_failed_row_whose_input_was_fixed_runs_again_without_retry_errors(tmp_
     assert run_job(tmp_path, "--input", rows, "--retry-errors", backend=ScriptedBackend(lambda p, q: "OK")) == 0
 
 
+def test_a_run_with_limit_keeps_the_bad_input_records_of_rows_it_does_not_read(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"q": 1}, {"question": "c"}, {"q": 3}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    before = (tmp_path / "out.jsonl").read_bytes()
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 1
+    assert (tmp_path / "out.jsonl").read_bytes() == before  # (row 3's record was dropped, the file rewritten)
+
+
 def test_a_bad_row_without_an_id_is_replaced_once_fixed(tmp_path):
     """With --id-field, a bad row without an id is keyed by its position; fixed, it has an id, so
     it ran, but its old bad_input record stayed beside the new one and the job exited 1 forever."""

@@ -80,7 +80,8 @@ class RowRunner:
         A ``bad_input`` record says what the input was when it was read, so each run reads it again:
         the record stands while its row is unusable in the same way, and is replaced otherwise (the
         row was fixed, so it runs; keyed by position because it had no id, it now has one, or the
-        line is gone). A failed row (``error``) whose input changed is run again on the new input.
+        line is gone); those of rows past ``--limit``, which this run does not read, stay. A failed
+        row (``error``) whose input changed is run again on the new input.
 
         Raises:
             StoreError: a done row's record was written for other input than the row under its key
@@ -135,7 +136,9 @@ class RowRunner:
             todo.append((row, base))
         if changed:
             raise StoreError(self._changed_input(changed))
-        self.store.forget(set(redo) | (old_bad.keys() - kept))
+        cut = self.args.limit is not None and len(self.rows) == self.args.limit  # (rows past it were not read)
+        stale = {k for k in old_bad.keys() - kept if not (cut and self.store.failed[k]["row"] >= len(self.rows))}
+        self.store.forget(set(redo) | stale)
         self.store.drop_forgotten()  # (not before the input is known to fit the file)
         for base, error in bad:
             print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
