@@ -352,6 +352,8 @@ def test_a_json_error_marks_its_own_node_when_a_key_holds_a_dot():
     soup = BeautifulSoup(render_structured(rec, "out", "main"), "html.parser")
     marked = sorted(m.parent.get_text().split(":")[0] for m in soup.select(".lmnb-json-error"))
     assert marked == ['"2"', '"a.b"']  # not b inside a, nor l[2]
+    rec = check_structured('{"café": 1}', json_schema={"properties": {"café": {"type": "string"}}})
+    assert [e["path"] for e in rec["errors"]] == ['$["café"]']  # (as written, not "caf\\u00e9")
 
 
 def json_dumps(x):

@@ -22,7 +22,7 @@ def path_step(path: str, key: Any) -> str:
     key "2" from index 2. The view marks errors on nodes by this path."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    return f"{path}.{key}" if key.isidentifier() and key.isascii() else f"{path}[{json.dumps(key)}]"
+    return f"{path}.{key}" if key.isidentifier() and key.isascii() else f"{path}[{json.dumps(key, ensure_ascii=False)}]"
 
 
 def _path_str(path) -> str:
