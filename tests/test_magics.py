@@ -739,6 +739,9 @@ def test_a_gen_stopped_before_the_backend_reported_its_usage_shows_prompt_unknow
     assert out.outputs[-1].data["text/plain"].endswith(
         "tokens: prompt unknown, cached unknown (a gen was stopped before the backend reported its prompt), "
         "completion 1")
+    view = [o.data["text/plain"] for o in out.outputs if "view" in (o.metadata or {}).get("lmnb", {})][-1]
+    assert view.splitlines()[1].startswith("KV cache: this cell 0/0 prompt tokens cached (–) + unknown (1 gen stopped "
+                                           "before the backend reported its prompt); session ")
 
 
 def test_line_magic_help_also_lists_the_cell_options(ip):

@@ -204,13 +204,22 @@ def render_header(model: RunModel) -> str:
     return out
 
 
+def unreported(model: RunModel) -> str:
+    """What the cell's prompt counts leave out, or "": gens stopped before their backend reported
+    them (an OpenAI-compatible API reports usage only at the stream's end)."""
+    n = model.unfinished_gens
+    if not n:
+        return ""
+    return f" + unknown ({n} gen{'s' * (n > 1)} stopped before the backend reported {'their' if n > 1 else 'its'} prompt)"
+
+
 def render_cache(model: RunModel) -> str:
     """Cached / prompt tokens and hit rate for this cell and cumulatively for the session."""
-    def one(label: str, t, cls: str) -> str:
+    def one(label: str, t, cls: str, note: str = "") -> str:
         return tag("span", esc(f"{label}: {t.cached_tokens} / {t.prompt_tokens} prompt tokens cached ")
                    + bar(t.hit_rate, fg="#2da44e", bg=COMPUTED_BG, title=f"hit rate {pct(t.hit_rate)}")
-                   + tag("b", esc(pct(t.hit_rate))), cls=cls, style="margin-right:14px")
-    return esc("KV cache · ") + one("this cell", model.cell, "lmnb-hit-cell") + one(
+                   + tag("b", esc(pct(t.hit_rate))) + esc(note), cls=cls, style="margin-right:14px")
+    return esc("KV cache · ") + one("this cell", model.cell, "lmnb-hit-cell", unreported(model)) + one(
         "session", model.cumulative, "lmnb-hit-session")
 
 
@@ -372,7 +381,8 @@ def render_run_text(model: RunModel) -> str:
     """Plain-text summary for terminals and diffs: header, cache line, each lane's text."""
     c, s = model.cell, model.cumulative
     lines = [f"[lmnb {model.title}: {model.status}, {model.elapsed_s:.1f} s]",
-             f"KV cache: this cell {c.cached_tokens}/{c.prompt_tokens} prompt tokens cached ({pct(c.hit_rate)}); "
+             f"KV cache: this cell {c.cached_tokens}/{c.prompt_tokens} prompt tokens cached ({pct(c.hit_rate)})"
+             f"{unreported(model)}; "
              f"session {s.cached_tokens}/{s.prompt_tokens} ({pct(s.hit_rate)})"]
     if model.error:
         lines.append(f"error: {model.error}")
