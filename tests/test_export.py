@@ -248,6 +248,25 @@ def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(
                                        "save the notebook from Jupyter again (File > Save)\n")
 
 
+def test_a_notebook_without_cell_ids_is_read_without_nbformats_warning(tmp_path):
+    """nbformat 4.5 cells without ids (a hand-made notebook) made lmnb export and lmnb run print
+    nbformat's MissingIDFieldWarning, four lines advising normalize(); Jupyter adds ids silently."""
+    import warnings
+
+    from lmnb.export import read_notebook
+
+    data = json.loads(nbformat.writes(QA))
+    for cell in data["cells"]:
+        del cell["id"]
+    (tmp_path / "noids.ipynb").write_text(json.dumps(data))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        nb = read_notebook(tmp_path / "noids.ipynb")
+    assert [str(w.message) for w in caught] == []
+    assert len({c["id"] for c in nb.cells}) == len(QA.cells)  # (ids added, one per cell)
+    assert [c.source for c in nb.cells] == [c.source for c in QA.cells]
+
+
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     from lmnb_kernel.cli import main
 

@@ -41,8 +41,16 @@ def read_notebook(path: Path):
                          "UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     if not text.strip():  # (nbformat: "Notebook does not appear to be JSON: ''")
         raise ValueError("the file is empty; save the notebook from Jupyter again (File > Save)")
+    import warnings
+
+    from nbformat.warnings import MissingIDFieldWarning
+
     try:
-        return nbformat.reads(text, as_version=4)
+        with warnings.catch_warnings():
+            # A notebook (4.5+) without cell ids, hand-made or an older tool's: nbformat adds them, as
+            # Jupyter does, but warned in four lines advising a call to normalize().
+            warnings.simplefilter("ignore", MissingIDFieldWarning)
+            return nbformat.reads(text, as_version=4)
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}") from None
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
