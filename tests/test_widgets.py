@@ -418,6 +418,31 @@ def test_select_scores_as_bars_with_the_chosen_marked():
     assert spans(b["text/html"], "lmnb-select-choice") == ["search"]
 
 
+def test_a_select_over_many_choices_and_a_cell_of_many_requests_draw_bounded_tables():
+    """Every choice of a select and every request was a table row: a select over 8000 labels made
+    4.5 MB of HTML in the saved notebook (its data keeps every score)."""
+    from lmnb_kernel.widgets.render_run import MAX_REQUEST_ROWS, MAX_SELECT_ROWS
+
+    v = RunView(live=False, session=Tally())
+    n = MAX_SELECT_ROWS + 70
+    scores = [-float(i) for i in range(n)]
+    scores[3] = float("nan")  # (unscored: last)
+    v.on_select("main", name="label", choices=[f"c{i}" for i in range(n)], scores=scores, chosen=n - 1)
+    for _ in range(MAX_REQUEST_ROWS + 5):
+        v.on_prompt("main", prompt_tokens=2, cached_tokens=1)
+    b = v.finish()
+    soup = BeautifulSoup(b["text/html"], "html.parser")
+    shown = [r.td.get_text().removeprefix("✓ ") for r in soup.select(".lmnb-select tr")]
+    best = [f"c{i}" for i in range(MAX_SELECT_ROWS + 1) if i != 3]  # the 50 best scores
+    assert shown == best + [f"c{n - 1}"]  # and the chosen one, in the choices' order
+    assert soup.select_one(".lmnb-select .lmnb-more").get_text() == "… 69 more choices, with lower scores, not shown"
+    assert len(b[VIEW_MIME]["selects"][0]["scores"]) == n
+    assert len(soup.select(".lmnb-requests tbody tr")) == MAX_REQUEST_ROWS
+    assert soup.select_one(".lmnb-requests .lmnb-more").get_text() == "… 5 more requests not shown"
+    assert b["text/plain"].splitlines()[-1].endswith(f"*'c{n - 1}'={-(n - 1):.3f}, … 69 more choices, with lower "
+                                                     "scores, not shown")
+
+
 # --- sanitizer safety -----------------------------------------------------------------------------
 # Transcribed from JupyterLab's sanitizer (packages/apputils/src/sanitizer.ts): the tags and
 # attributes we may use, and for each CSS property we use, the value grammar it accepts.

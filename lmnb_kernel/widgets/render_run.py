@@ -28,6 +28,8 @@ TEXT_HEAD, TEXT_TAIL = 1200, 2400
 MAX_JSON_NODES = 500  # JSON tree nodes drawn per structured output
 MAX_JSON_DEPTH = 32  # JSON tree levels drawn as nested <details>; deeper values are JSON text
 LANES_PER_ROW = 4  # fork lanes side by side; more wrap onto further rows of the fork's table
+MAX_SELECT_ROWS = 50  # choices drawn per select: the best-scored ones and the chosen one
+MAX_REQUEST_ROWS = 200  # rows of the requests table (a fork of thousands makes one request each)
 
 STATUS_COLORS = {"running": GEN_LINE, "stopping": "#9a6700", "done": OK, "error": BAD, "interrupted": "#9a6700"}
 CACHE_STYLE = {"cached": f"background-color:{CACHED_BG}", "computed": f"background-color:{COMPUTED_BG}"}
@@ -308,11 +310,27 @@ def render_structured(rec: dict, name: str, lane: str) -> str:
                style="border-top:1px solid #d0d7de;padding-top:4px;margin-top:4px")
 
 
+def shown_choices(rec) -> list[int]:
+    """Indexes of the select's choices the view shows, in their order: the ``MAX_SELECT_ROWS``
+    best-scored and the chosen one (a select over thousands of labels drew a row each: megabytes of
+    HTML in the saved notebook)."""
+    best = sorted(range(len(rec.choices)), key=lambda i: -rec.scores[i] if math.isfinite(rec.scores[i]) else math.inf)
+    drawn = set(best[:MAX_SELECT_ROWS]) | {rec.chosen}
+    return [i for i in range(len(rec.choices)) if i in drawn]
+
+
+def _more_choices(rec, shown: list[int]) -> str:
+    hidden = len(rec.choices) - len(shown)
+    return f"… {hidden} more choices, with lower scores, not shown" if hidden > 0 else ""
+
+
 def render_select(model: RunModel, rec) -> str:
     """HTML table of a select's choices, scores and relative likelihoods."""
     rel = rec.relative_likelihoods()
     rows = []
-    for i, (choice, score, r) in enumerate(zip(rec.choices, rec.scores, rel)):
+    shown = shown_choices(rec)
+    for i in shown:
+        choice, score, r = rec.choices[i], rec.scores[i], rel[i]
         chosen = i == rec.chosen
         score_txt = f"{score:.3f}" if math.isfinite(score) else "–"
         rows.append(tag("tr", "".join([
@@ -324,8 +342,10 @@ def render_select(model: RunModel, rec) -> str:
         ]), cls="lmnb-choice lmnb-chosen" if chosen else "lmnb-choice", style=ROW_COLORS))
     head = tag("div", tag("b", esc(rec.name)) + esc(f" ({lane_label(model, rec.lane)}) select · bar = exp(score − best), "
                                                     "score = normalized prompt logprob"))
-    return tag("div", head + tag("table", tag("tbody", "".join(rows)), style=f"border-collapse:collapse;{TABLE_COLORS}"),
-               cls="lmnb-select", style="border-top:1px solid #d0d7de;padding-top:4px;margin-top:4px")
+    more = _more_choices(rec, shown)
+    more = more and tag("div", esc(more), cls="lmnb-more", style=f"color:{MUTED};font-size:12px")
+    return tag("div", head + tag("table", tag("tbody", "".join(rows)), style=f"border-collapse:collapse;{TABLE_COLORS}")
+               + more, cls="lmnb-select", style="border-top:1px solid #d0d7de;padding-top:4px;margin-top:4px")
 
 
 def render_requests(model: RunModel) -> str:
@@ -340,8 +360,11 @@ def render_requests(model: RunModel) -> str:
         for v in (lane_label(model, r.lane), r.name or "", r.prompt_tokens, r.cached_tokens,
                   pct(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else None),
                   "" if r.completion_tokens is None else r.completion_tokens, r.finish_reason or "")),
-        style=ROW_COLORS) for r in model.requests)
+        style=ROW_COLORS) for r in model.requests[:MAX_REQUEST_ROWS])
     table = tag("table", tag("thead", head) + tag("tbody", rows), style=f"border-collapse:collapse;{MONO};{TABLE_COLORS}")
+    hidden = len(model.requests) - MAX_REQUEST_ROWS
+    if hidden > 0:
+        table += tag("div", esc(f"… {hidden} more requests not shown"), cls="lmnb-more", style=f"color:{MUTED}")
     return tag("details", tag("summary", esc(f"requests ({len(model.requests)})")) + table,
                cls="lmnb-requests", style="margin-top:4px;font-size:12px")
 
@@ -412,7 +435,8 @@ def render_run_text(model: RunModel) -> str:
         lines.append(f"{rec.get('name')}: {'valid' if rec['valid'] else 'INVALID'} "
                      f"{'JSON' if rec['kind'] == 'json' else 'regex'} output")
     for sel in model.selects:
-        scores = ", ".join(f"{'*' if i == sel.chosen else ''}{ch!r}={sc:.3f}"
-                           for i, (ch, sc) in enumerate(zip(sel.choices, sel.scores)))
-        lines.append(f"select {sel.name}: {scores}")
+        shown = shown_choices(sel)
+        scores = ", ".join(f"{'*' if i == sel.chosen else ''}{sel.choices[i]!r}={sel.scores[i]:.3f}" for i in shown)
+        more = _more_choices(sel, shown)
+        lines.append(f"select {sel.name}: {scores}" + (f", {more}" if more else ""))
     return "\n".join(lines)
