@@ -111,8 +111,20 @@ def stop_body(state, grace_s: float = 0.5) -> bool:
         ident = ex.body_thread
         if ident is None or ident == -1 or ident == threading.get_ident():
             return False
+        _wait_while_a_thread_starts()
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(BodyStopped))
         return True
+
+
+def _wait_while_a_thread_starts(timeout_s: float = 2.0) -> None:
+    """Wait (at most ``timeout_s``) until no thread is starting. CPython gives a starting thread's
+    state the id of the thread that starts it until the new thread runs, and
+    ``PyThreadState_SetAsyncExc`` raises into the first state with the id: the stop meant for the
+    body went to a thread the body was starting (the state's worker, on its first ``s +=``), which
+    died of it, and the body ran on. ``threading.enumerate`` lists a starting thread without an ident."""
+    deadline = time.monotonic() + timeout_s
+    while any(t.ident is None for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
