@@ -372,6 +372,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
         ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
         ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),
+        ("a {ｉn}", 2, 4, "'ｉn' reads as the Python keyword 'in'"),  # exported as def cell(s, in): ...
+        ("{gen x max_tokens=ｉｆ}", 2, 19, "'ｉｆ' reads as the Python keyword 'if'"),
     ],
 )
 def test_malformed_cells_report_line_and_column(cell, line, col, words):
@@ -379,6 +381,14 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
         parse(cell, first_line=2)
     assert (e.value.line, e.value.col) == (line, col), str(e.value)
     assert words in str(e.value)
+
+
+def test_debug_in_a_hole_is_pythons_constant_not_a_kernel_variable():
+    # it was an argument, so the export began "def cell(s, __debug__):", which does not compile
+    t = parse("{__debug__}")
+    assert t.arguments == ()
+    one, two = faces("{__debug__}")
+    assert one == two == [((), "add", ("text", "True"))]
 
 
 def test_a_gen_name_is_any_python_identifier_that_is_not_a_keyword():

@@ -488,6 +488,11 @@ class _Parser:
         return Expr(source, at, tuple(refs), tree, code)
 
     def resolve(self, name: str, offset: int) -> RefKind | None:
+        if name == "__debug__":  # a constant Python compiles in, never a variable
+            return None
+        if keyword.iskeyword(name):  # "ｉn": Python reads the name NFKC-normalized, as a keyword
+            raise self.error(f"{_IDENT.match(self.src, offset).group(0)!r} reads as the Python keyword {name!r}, "
+                             "so no variable can have this name", offset, hint="write the name in plain letters")
         if self.scope.is_local(name):
             return "local"
         if name in self.scope.vars:
