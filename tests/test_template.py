@@ -383,6 +383,14 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
     assert words in str(e.value)
 
 
+def test_a_lone_carriage_return_ends_a_line_as_it_does_for_python():
+    # ast numbered the lines of "{x/\ry}" at \r and the parser at \n only: an IndexError, not a position
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse("a\r{x +\r* 2}", first_line=2)
+    assert (e.value.line, e.value.col) == (4, 1), str(e.value)
+    assert parse("{x/\ry}").arguments == ("x", "y")
+
+
 def test_debug_in_a_hole_is_pythons_constant_not_a_kernel_variable():
     # it was an argument, so the export began "def cell(s, __debug__):", which does not compile
     t = parse("{__debug__}")

@@ -87,7 +87,8 @@ def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> Te
     """
     from lmnb.template.template import Template
 
-    return Template(**_Parser(source.replace("\r\n", "\n"), first_line, filename).run())
+    source = source.replace("\r\n", "\n").replace("\r", "\n")  # a lone \r ends a line for Python too
+    return Template(**_Parser(source, first_line, filename).run())
 
 
 class _Parser:
