@@ -126,6 +126,21 @@ def test_select_unnamed_gen_and_options_with_commas_or_spaces():
     check(cell, ref, x=3, labels=["yes", "no"])
 
 
+def test_a_bare_tuple_as_an_option_value_or_fork_items_is_one_value_in_the_export_too():
+    # the export wrote choices="a", "b" and list(a, b): a SyntaxError and a TypeError
+    cell = '{select v choices="yes", "no"}{fork t in a, b}{t}{join}'
+
+    @lmnb.function
+    def ref(s, a, b):
+        s += lmnb.select("v", choices=["yes", "no"])
+        forks = s.fork(2)
+        for f, t in zip(forks, ["A", "B"]):
+            f += t
+        forks.join()
+
+    check(cell, ref, a="A", b="B")
+
+
 def test_roles_on_their_own_lines_hold_exactly_the_lines_between_tags():
     cell = (
         "{system}\nYou are terse.\n{/system}\n"
