@@ -126,6 +126,12 @@ def test_select_unnamed_gen_and_options_with_commas_or_spaces():
     check(cell, ref, x=3, labels=["yes", "no"])
 
 
+def test_kernel_variables_named_like_the_programs_own_helpers_are_read_as_any_other():
+    # program() called _execute(_template, ...), which a parameter of the same name hid
+    one, two = faces("{_execute} {_template}", _execute="E", _template="T")
+    assert one == two == [((), "add", ("text", "E T"))]
+
+
 def test_a_bare_tuple_as_an_option_value_or_fork_items_is_one_value_in_the_export_too():
     # the export wrote choices="a", "b" and list(a, b): a SyntaxError and a TypeError
     cell = '{select v choices="yes", "no"}{fork t in a, b}{t}{join}'

@@ -97,8 +97,9 @@ class Template:
         params = self.parameters
         names = ", ".join(["s", *params.values()])
         mapping = ", ".join(f"{k!r}: {v}" for k, v in params.items())
-        namespace = {"_execute": execute, "_template": self}
-        exec(f"def {name}({names}):\n    _execute(_template, s, {{{mapping}}})\n", namespace)
+        run = python_name("_execute", set(params.values()))  # a parameter named _execute would hide it
+        namespace = {run: functools.partial(execute, self)}
+        exec(f"def {name}({names}):\n    {run}(s, {{{mapping}}})\n", namespace)
         return lmnb.function(namespace[name])
 
     def to_python(self, name: str = "cell", parameters: tuple[str, ...] | None = None) -> str:
