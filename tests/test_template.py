@@ -126,6 +126,12 @@ def test_select_unnamed_gen_and_options_with_commas_or_spaces():
     check(cell, ref, x=3, labels=["yes", "no"])
 
 
+def test_a_format_spec_may_start_with_an_equals_sign_as_in_f_strings():
+    # "{x:=^5}" was read as the walrus "x := ^5" and refused as invalid Python
+    one, two = faces("[{x:=^5}] [{x:=+4}]", x=1)
+    assert one == two == [((), "add", ("text", "[")), ((), "add", ("text", "==1==] [+  1]"))]
+
+
 def test_kernel_variables_named_like_the_programs_own_helpers_are_read_as_any_other():
     # program() called _execute(_template, ...), which a parameter of the same name hid
     one, two = faces("{_execute} {_template}", _execute="E", _template="T")

@@ -233,7 +233,7 @@ class _Parser:
                     raise self.error("a conversion is !r, !s or !a", rest_at + i)
                 spec = tail[1:] if tail.startswith(":") else ""
                 break
-            if c == ":" and nxt != "=":
+            if c == ":":  # even before "=": f"{x:=^5}" is x centred with "=" fill, not a walrus
                 end, spec = i, rest[i + 1 :]
                 break
         if "{" in spec or "}" in spec:
