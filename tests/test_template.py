@@ -399,6 +399,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
         ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
         ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),
+        ("a {(yield)}", 2, 5, "'yield' outside function"),  # Python's compiler refused it: a bare SyntaxError
+        ("{gen a stop=await x}", 2, 13, "'await' outside function"),
         ("a {ｉn}", 2, 4, "'ｉn' reads as the Python keyword 'in'"),  # exported as def cell(s, in): ...
         ("{gen x max_tokens=ｉｆ}", 2, 19, "'ｉｆ' reads as the Python keyword 'if'"),
     ],

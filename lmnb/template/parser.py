@@ -471,6 +471,7 @@ class _Parser:
         wrapped = "(" + source + ")"
         try:
             tree = ast.parse(wrapped, mode="eval")
+            code = compile(tree, self.filename, "eval")  # refuses what parses but cannot run: (yield), await
         except SyntaxError as e:
             comment = _comment_at(source)
             if comment is not None:  # "#" swallows the closing ")" of the wrapper: say what is wrong
@@ -485,7 +486,6 @@ class _Parser:
             kind = self.resolve(name, at + node_offset(wrapped, node) - (node.lineno == 1))
             if kind is not None:
                 refs.append((name, kind))
-        code = compile(tree, self.filename, "eval")
         return Expr(source, at, tuple(refs), tree, code)
 
     def resolve(self, name: str, offset: int) -> RefKind | None:
