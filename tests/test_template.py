@@ -472,6 +472,17 @@ def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col
     assert words in str(e.value)
 
 
+def test_an_expression_too_deep_for_pythons_parser_is_a_syntax_error_at_its_hole():
+    # ast.parse raised MemoryError or RecursionError, not SyntaxError, out of parse
+    for deep in ("-" * 100_000 + "1", "x" + ".a" * 5_000):
+        with pytest.raises(TemplateSyntaxError) as e:
+            parse("ab\n  {gen x max_tokens=" + deep + "}", first_line=2)
+        assert (e.value.line, e.value.col) == (3, 21) and "too deeply for Python's parser" in str(e.value)
+        with pytest.raises(TemplateSyntaxError) as e:
+            parse_python("s += " + deep, first_line=2)
+        assert (e.value.line, e.value.col) == (2, 1) and "too deeply for Python's parser" in str(e.value)
+
+
 def test_python_mode_syntax_error_position():
     with pytest.raises(TemplateSyntaxError) as e:
         parse_python("s += 'a'\ns += (", first_line=2)

@@ -24,6 +24,11 @@ def node_offset(source: str, node) -> int:
     return offset_of(source, node.lineno, len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace")))
 
 
+# Python's parser raises MemoryError or RecursionError, not SyntaxError, for code nested this deep.
+TOO_DEEP = "this is too long or nested too deeply for Python's parser"
+TOO_DEEP_HINT = "build the value in a Python cell and use the variable here"
+
+
 class TemplateError(Exception):
     """A problem located in a cell: ``line``/``col`` (1-based) say where, ``message`` says what.
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from lmnb.ir import OUTPUT_OPTIONS
 from lmnb.template import options as opts
-from lmnb.template.errors import TemplateSyntaxError, node_offset, offset_of
+from lmnb.template.errors import TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of
 from lmnb.template.nodes import (
     Expr, Fork, Interp, Media, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
 )
@@ -472,6 +472,8 @@ class _Parser:
         try:
             tree = ast.parse(wrapped, mode="eval")
             code = compile(tree, self.filename, "eval")  # refuses what parses but cannot run: (yield), await
+        except (MemoryError, RecursionError):
+            raise self.error(TOO_DEEP, at, hint=TOO_DEEP_HINT) from None
         except SyntaxError as e:
             comment = _comment_at(source)
             if comment is not None:  # "#" swallows the closing ")" of the wrapper: say what is wrong

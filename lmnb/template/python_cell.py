@@ -8,7 +8,7 @@ import sys
 import tokenize
 from dataclasses import dataclass, field
 
-from lmnb.template.errors import TemplateSyntaxError, node_offset, offset_of
+from lmnb.template.errors import TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
     source = source.replace("\r\n", "\n").replace("\r", "\n")  # a lone \r ends a line for Python too
     try:
         tree = ast.parse(source, filename=filename)
+    except (MemoryError, RecursionError):
+        raise TemplateSyntaxError(TOO_DEEP, source, 0, first_line, TOO_DEEP_HINT) from None
     except SyntaxError as e:
         lines = source.split("\n")
         lineno = min(max(e.lineno or 1, 1), len(lines))
