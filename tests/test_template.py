@@ -472,6 +472,15 @@ def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col
     assert words in str(e.value)
 
 
+def test_forks_nest_as_deep_as_the_exported_loops_can():
+    # 21 nested forks exported as 21 nested for loops: "too many statically nested blocks"
+    deepest = parse("{fork 1}" * 20 + "x" + "{join}" * 20)
+    compile(deepest.to_python(), "<export>", "exec")
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse("{fork 1}" * 21 + "x" + "{join}" * 21, first_line=2)
+    assert (e.value.line, e.value.col) == (2, 161) and "forks nest at most 20 deep" in str(e.value)
+
+
 def test_an_expression_too_deep_for_pythons_parser_is_a_syntax_error_at_its_hole():
     # ast.parse raised MemoryError or RecursionError, not SyntaxError, out of parse
     for deep in ("-" * 100_000 + "1", "x" + ".a" * 5_000):

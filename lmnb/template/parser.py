@@ -33,6 +33,7 @@ KEYWORDS = ("gen", "select", "fork", "join") + MEDIA + ROLES
 _BLOCK_OPEN = {"role", "fork"}
 _BLOCK_CLOSE = {"close_role", "join"}
 _WORD = re.compile(r"(\s*)(/?)([A-Za-z_][A-Za-z_0-9]*)")
+_MAX_FORK_DEPTH = 20  # Python's limit on statically nested blocks ("too many statically nested blocks")
 _IDENT = re.compile(r"[^\W\d]\w*")  # a Python identifier's shape, Unicode letters included
 
 # Builtins an expression may call without the kernel defining them. Other builtin names
@@ -388,6 +389,9 @@ class _Parser:
     def open_fork(self, start: int, rest_at: int, rest: str) -> None:
         if not rest.strip():
             raise self.error("{fork} needs a branch count or 'NAME in ITEMS'", start, hint="e.g. {fork 3} or {fork tip in tips}")
+        if sum(b.kind == "fork" for b in self.stack) == _MAX_FORK_DEPTH:
+            raise self.error(f"forks nest at most {_MAX_FORK_DEPTH} deep: each is a loop in the exported program, "
+                             "and Python allows no deeper", start, hint="close an outer fork with {join} first")
         split = next((i for i, _ in top_level(rest) if _is_in_keyword(rest, i)), None)
         count = items = target = None
         if split is None:
