@@ -401,6 +401,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),
         ("a {(yield)}", 2, 5, "'yield' outside function"),  # Python's compiler refused it: a bare SyntaxError
         ("{gen a stop=await x}", 2, 13, "'await' outside function"),
+        ("{x}\n{(x := 1)}", 3, 3, "':=' cannot go in a hole"),  # the export then read 1 for {x}, the kernel x
+        ("{gen a stop=[y := 'a' for q in z]}", 2, 14, "':=' cannot go in a hole"),
         ("a {ｉn}", 2, 4, "'ｉn' reads as the Python keyword 'in'"),  # exported as def cell(s, in): ...
         ("{gen x max_tokens=ｉｆ}", 2, 19, "'ｉｆ' reads as the Python keyword 'if'"),
     ],

@@ -55,9 +55,9 @@ class _Writer:
 
     def expr(self, expr: Expr, state: str, local: dict[str, str]) -> str:
         names = self.rename(expr, state, local)
-        # The parser read the source inside parentheses; a bare tuple, walrus or generator needs them
+        # The parser read the source inside parentheses; a bare tuple or generator needs them
         # as a call argument (choices="a", "b" would be two arguments), and unparse writes them.
-        bare = isinstance(expr.tree.body, (ast.Tuple, ast.NamedExpr, ast.GeneratorExp))
+        bare = isinstance(expr.tree.body, (ast.Tuple, ast.GeneratorExp))
         if all(v == k for k, v in names.items()) and "\n" not in expr.source and not bare:
             return expr.source
         tree = copy.deepcopy(expr.tree)

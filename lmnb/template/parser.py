@@ -485,6 +485,12 @@ class _Parser:
             pos = at + _syntax_offset(source, e)
             hint = "to write literal braces, double them: '{{' and '}}'" if hint_braces else None
             raise self.error(f"invalid Python expression: {e.msg}", pos, hint=hint) from None
+        walrus = next((n for n in ast.walk(tree) if isinstance(n, ast.NamedExpr)), None)
+        if walrus is not None:  # exported, it would assign a variable of the program's function
+            raise self.error("':=' cannot go in a hole: the exported program would assign that variable and "
+                             "read it in later holes, where the cell reads the kernel's",
+                             at + node_offset(wrapped, walrus) - (walrus.lineno == 1),
+                             hint="assign the variable in a Python cell")
         refs: list[tuple[str, RefKind]] = []
         for name, node in _free_names(tree):
             if any(r[0] == name for r in refs):
@@ -590,8 +596,6 @@ def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:
             a = node.args
             bound.update(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
             bound.update(x.arg for x in (a.vararg, a.kwarg) if x is not None)
-        elif isinstance(node, ast.NamedExpr):
-            bound.add(node.target.id)
     names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
     names.sort(key=lambda n: (n.lineno, n.col_offset))
     return [(n.id, n) for n in names if n.id not in bound]
