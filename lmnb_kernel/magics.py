@@ -22,10 +22,12 @@ from IPython.display import display
 from lmnb.template.cell_options import (
     STATE_NAME,
     STATE_NAME_RULE,
+    CellLineError,
     CellOptions,
     add_cell_options,
     add_connect_arguments,
     add_load_arguments,
+    checked_out,
     suggest_option,
 )
 from lmnb_kernel import commands
@@ -223,11 +225,10 @@ class LMMagics(Magics):
             args = parser.parse_args(words)
         except UsageError as e:
             raise UsageError(suggest_option(str(e), parser)) from None
-        for key in ("state", "out"):
-            value = getattr(args, key)
-            if value is not None and not (STATE_NAME.match(value) if key == "state" else value.isidentifier()):
-                rule = STATE_NAME_RULE if key == "state" else "--out takes a Python variable name"
-                raise UsageError(f"--{key} {value!r} is not a valid name: {rule}")
+        try:
+            args.out = checked_out(args)
+        except CellLineError as e:
+            raise UsageError(str(e)) from None
         if not cell.strip():
             raise UsageError("%%lm: the cell body is empty; write the prompt below the %%lm line")
         cell = cell_body(cell)

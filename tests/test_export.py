@@ -37,6 +37,9 @@ def test_cell_line_options_are_the_magics_options():
                                            "--out", "--quiet", "--static"}
     o = parse_cell_line("--state chat.v1 --temperature 0 --max-tokens 7 --seed 3 --out st --quiet --static")
     assert (o.state, o.out) == ("chat.v1", "st")
+    assert parse_cell_line("--out ｓｔ").out == "st"  # the name Python code reads it by
+    with pytest.raises(CellLineError, match="--out 'None' is reserved in Python"):  # the script did not compile
+        parse_cell_line("--out None")
     assert o.run_kwargs() == {"temperature": 0.0, "max_new_tokens": 7, "seed": 3}
     with pytest.raises(CellLineError) as e:  # no guess that shares only the "--" and a letter or two
         parse_cell_line("--bogus 3")

@@ -185,6 +185,9 @@ def test_help_options_show_the_help(ip):
         ("%%lm --temperature warm\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got 'warm'"),
         ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
         ("%%lm --out 1x\nx", "--out '1x' is not a valid name: --out takes a Python variable name"),
+        # it ran and stored the state under a name no Python code can read
+        ("%%lm --out ｉｆ\nx", "--out 'ｉｆ' is reserved in Python, so the variable could never be read; pick another "
+                              "name, e.g. --out if_"),
         # the summary said a = '...' while the kernel's a was the ProgramState
         ("%%lm --out a\nX:{gen a max_tokens=1}", "--out a is also a variable the cell captures"),
         # it said only "is not a valid name", though '3bad' is all letters and digits

@@ -12,6 +12,7 @@ import argparse
 import difflib
 import re
 import shlex
+import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
@@ -180,11 +181,30 @@ def parse_cell_line(line: str) -> CellOptions:
     except ValueError as e:
         raise CellLineError(f"cannot read the options {line!r}: {e}") from None
     args = _parse(words)
+    return CellOptions(args.python, args.state, args.temperature, args.max_tokens, args.seed, checked_out(args))
+
+
+def checked_out(args: argparse.Namespace) -> Optional[str]:
+    """``args.out`` NFKC-normalized, as Python code reads the name, after checking ``args.state`` and
+    ``args.out`` (the magic's and the exporter's check).
+
+    Raises:
+        CellLineError: a ``--state`` that breaks ``STATE_NAME_RULE``; an ``--out`` that is not a Python
+        name, or is a keyword Python code could never read (``--out if``).
+    """
+    from lmnb.template.parser import is_reserved
+
     if args.state is not None and not STATE_NAME.match(args.state):
         raise CellLineError(f"--state {args.state!r} is not a valid name: {STATE_NAME_RULE}")
-    if args.out is not None and not args.out.isidentifier():
-        raise CellLineError(f"--out {args.out!r} is not a valid Python name")
-    return CellOptions(args.python, args.state, args.temperature, args.max_tokens, args.seed, args.out)
+    if args.out is None:
+        return None
+    if not args.out.isidentifier():
+        raise CellLineError(f"--out {args.out!r} is not a valid name: --out takes a Python variable name")
+    out = unicodedata.normalize("NFKC", args.out)
+    if is_reserved(out):
+        raise CellLineError(f"--out {args.out!r} is reserved in Python, so the variable could never be read; "
+                            f"pick another name, e.g. --out {out}_")
+    return out
 
 
 def _parse(words: list[str]) -> argparse.Namespace:
