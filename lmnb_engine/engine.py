@@ -435,14 +435,14 @@ class Engine:
         Raises:
             ValueError: naming how many placeholders there are and how to pass the images.
         """
-        from lmnb_engine.multimodal.processor import placeholder_id
+        from lmnb_engine.multimodal.processor import placeholder_id, placeholders
 
         tid = placeholder_id(self.loaded.config.multimodal_hf_config)
         n = sum(1 for t in ids if t == tid)
         if n:
             token = self.tokenizer.convert_ids_to_tokens(tid)
             raise ValueError(
-                f"the prompt has {n} {token!r} placeholder(s) but no images were given; pass one image per "
+                f"the prompt has {placeholders(n, token)} but no images were given; pass one image per "
                 f"{token} (a MultimodalPrompt, lmnb's image(), or /generate's image_data), or remove the "
                 "placeholder from the text")
 

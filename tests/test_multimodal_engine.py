@@ -173,11 +173,12 @@ def test_bad_image_input_is_a_clear_error(engine, tmp_path):
         (MultimodalPrompt(Q1, ["https://example.com/cat.png"]), "not fetched"),
         (MultimodalPrompt(Q1, [42]), "must be a file path"),
         ({"text": Q1, "image_data": [_image(1)]}, r"keys 'text' and 'images'; got \['image_data', 'text'\]"),
-        (MultimodalPrompt(Q1, []), "placeholders"),
-        (MultimodalPrompt("<|user|>no image here", [_image(1)]), "placeholders"),
+        (MultimodalPrompt(Q1, []), "1 '<image>' placeholder but 0 images were given"),
         # a plain prompt holding the placeholder: the model read its embedding as an image
-        (Q1, "1 '<image>' placeholder\\(s\\) but no images were given"),
-        (engine.encode(Q1 + Q1), "2 '<image>' placeholder\\(s\\) but no images"),
+        (Q1, "1 '<image>' placeholder but no images were given"),
+        (engine.encode(Q1 + Q1), "2 '<image>' placeholders but no images"),
+        (MultimodalPrompt("<|user|>no image here", [_image(1)]), "0 '<image>' placeholders but 1 image was given"),
+        (MultimodalPrompt(Q1 + Q1, [_image(1)]), "2 '<image>' placeholders but 1 image was given"),
     ]
     for prompt, message in cases:
         with pytest.raises(ValueError, match=message):

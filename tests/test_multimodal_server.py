@@ -389,13 +389,13 @@ def test_generate_reads_image_data_as_data_urls_or_bare_base64(served):
     ({"text": "<image>a", "image_data": "https://example.com/cat.png"}, "fetches no URLs"),
     ({"text": "<image>a", "image_data": base64.b64encode(b"not an image").decode()}, "not a readable image"),
     ({"text": "a", "image_data": "data:image/png;base64," + base64.b64encode(png_bytes(random_image(1))).decode()},
-     "placeholders but 1 images"),
+     "0 '<image>' placeholders but 1 image was given"),  # it read "1 images were given"
     ({"text": ["<image>a", "<image>b"], "image_data": ["x"]}, "one entry per prompt"),
     ({"text": "<image>a", "video_data": "clip.mp4"}, "frames as images in image_data"),
     # the placeholder without an image ran as a token of its own (HTTP 200)
-    ({"text": "<image>a", "image_data": ""}, "placeholder(s) but no images were given"),
-    ({"text": "<image>a", "image_data": []}, "placeholder(s) but no images were given"),
-    ({"text": "<image>a"}, "placeholder(s) but no images were given"),
+    ({"text": "<image>a", "image_data": ""}, "1 '<image>' placeholder but no images were given"),
+    ({"text": "<image>a", "image_data": []}, "1 '<image>' placeholder but no images were given"),
+    ({"text": "<image>a"}, "1 '<image>' placeholder but no images were given"),
 ])
 def test_generate_image_data_errors_name_the_fix(served, body, message):
     _, _, url = served

@@ -29,6 +29,16 @@ from lmnb_engine.multimodal.inputs import (
 _PIXEL_CACHE_SIZE = 64  # preprocessed images kept by content hash (repeat questions skip resizing)
 
 
+def counted(n: int, noun: str) -> str:
+    """``"1 image"``, ``"2 images"``, ``"0 images"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def placeholders(n: int, token: str) -> str:
+    """``"1 '<image>' placeholder"``, ``"2 '<image>' placeholders"`` (for error messages)."""
+    return counted(n, f"{token!r} placeholder")
+
+
 def placeholder_id(mm_config: Any) -> int:
     """The token id of the image placeholder of a vision-language model's HF config (LLaVA's
     ``image_token_id``, ``image_token_index`` in older configs)."""
@@ -97,8 +107,9 @@ class MultimodalProcessor:
         where = [i for i, t in enumerate(ids) if t == self.image_token_id]
         if len(where) != len(p.images):
             raise ValueError(
-                f"the prompt has {len(where)} {self.image_token!r} placeholders but {len(p.images)} images were "
-                f"given; put one {self.image_token} in the text where each image goes, in order"
+                f"the prompt has {placeholders(len(where), self.image_token)} but {counted(len(p.images), 'image')} "
+                f"{'was' if len(p.images) == 1 else 'were'} given; put one {self.image_token} in the text where "
+                "each image goes, in order"
             )
         images = [load_image(src, max_bytes=self.max_image_bytes) for src in p.images]
         pixels = self._pixel_values(images)  # (pixel_values, image_size, tokens) per image
