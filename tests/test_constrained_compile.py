@@ -410,6 +410,16 @@ def test_classes_that_python_and_the_automaton_read_differently_are_refused(back
         backend.submit(backend.to_regex(json_schema=schema, whitespace_pattern=whitespace)).result()
 
 
+def test_an_ambiguous_class_gets_a_fix_written_from_its_own_pattern():
+    # the fix always read '[\\[:alpha:]]' and '[A-Za-z]', whatever the pattern was
+    for pattern, fix in [("[a&&b]x", r"write '[a\\&\\&b]x' to mean the characters"),
+                         ("d[[:digit:]]+", r"write 'd[\\[:digit:]]+' to mean the characters, or 'd[0-9]+' for [:digit:]")]:
+        with pytest.raises(GrammarError) as e:
+            automaton_syntax(pattern)
+        assert str(e.value).endswith(fix), str(e.value)
+        assert "alpha" not in str(e.value)
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):

@@ -234,6 +234,28 @@ def _refuse_unsupported(pattern: str, parsed) -> None:
                            "constrained decoding does not support; put (?x) at the start of the pattern")
 
 
+# Python spellings of the POSIX classes a user most likely meant by "[[:name:]]".
+_POSIX = {"alpha": "A-Za-z", "digit": "0-9", "alnum": "A-Za-z0-9", "upper": "A-Z", "lower": "a-z",
+          "space": "\\s", "xdigit": "0-9A-Fa-f"}
+
+
+def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
+    """How to write ``pattern`` so both readers agree, made from the pattern itself: the character(s)
+    Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||", "~~"), and for a
+    known POSIX class the Python class it stands for."""
+    m = re.search(r"at position (\d+)", str(warning))
+    if m is None:  # (every Python that warns names the position; say what to do anyway)
+        return "escape the '[' or the doubled character to mean the characters themselves"
+    i = int(m.group(1))
+    n = 1 if pattern[i] == "[" else 2
+    escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
+    fix = f"write {escaped!r} to mean the characters"
+    posix = re.match(r"\[:(\w+):\]", pattern[i:])
+    if posix and posix.group(1) in _POSIX:
+        fix += f", or {pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end() + i:]!r} for [:{posix.group(1)}:]"
+    return fix
+
+
 def automaton_syntax(pattern: str) -> str:
     """``pattern`` (Python ``re`` syntax) rewritten into the automaton library's syntax with the
     same meaning (see the module docstring); a pattern Python cannot parse is returned unchanged
@@ -252,8 +274,7 @@ def automaton_syntax(pattern: str) -> str:
         except FutureWarning as w:
             raise GrammarError(
                 f"regex {pattern!r}: {w} — Python reads it as literal characters, the automaton library as a "
-                "POSIX class or a set operation; escape the character (e.g. '[\\[:alpha:]]' for the "
-                "characters, '[A-Za-z]' for letters)") from None
+                f"POSIX class or a set operation; {_ambiguity_fix(pattern, w)}") from None
         except (re.error, RecursionError, OverflowError):
             return pattern
     _refuse_unsupported(pattern, parsed)
