@@ -518,8 +518,14 @@ def test_python_mode_refuses_a_body_that_yields_but_not_a_function_defined_in_it
         ("s += 'a'\nawait something", 3, 1, "'await' outside async function"),
         ("s += 'a'\nif s:\n    nonlocal q", 4, 5, "no binding for nonlocal 'q' found"),
         # s = ... silently cut the program off from its state: the cell ran and showed nothing
-        ("s = 'You are helpful.'\ns += lmnb.gen('x')", 2, 1, "s is the program's state; s = ... replaces it"),
+        ("s = 'You are helpful.'\ns += lmnb.gen('x')", 2, 1, "s is the program's state; binding it (s = ..."),
         ("x = 1\nif x:\n    s: str = 'a'", 4, 5, "s is the program's state"),
+        # only s = ... and s: T = ... were caught; these cut the program off from its state as silently
+        ("s += 'a'\nfor s in ['b']:\n    pass\ns += lmnb.gen('x')", 3, 5, "s is the program's state"),
+        ("s, t = 'a', 'b'", 2, 1, "s is the program's state"),
+        ("s += 'a'\nwith open('f') as s:\n    pass", 3, 19, "s is the program's state"),
+        ("import s", 2, 8, "s is the program's state"),
+        ("s += (s := 'a')", 2, 7, "s is the program's state"),
     ],
 )
 def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, words):
@@ -528,6 +534,7 @@ def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, wo
     assert (e.value.line, e.value.col) == (line, col), str(e.value)
     assert words in str(e.value)
     parse_python("def helper(s):\n    s = s.strip()\n    return s\ns += helper(' a ')", first_line=2)  # its own s
+    parse_python("s += ''.join(s for s in 'ab')\ns.x = 1\ns[0] += 'a'", first_line=2)  # neither rebinds the state
 
 
 def test_constant_prefix_is_visible_to_the_batch_tracer():

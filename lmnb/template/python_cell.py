@@ -74,8 +74,9 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
                                   source, node_offset(source, found), first_line)
     found = _assignment_to_s(tree)
     if found is not None:  # s = "..." leaves the state behind: nothing after it reaches the model
-        raise TemplateSyntaxError("s is the program's state; s = ... replaces it with another value, so nothing "
-                                  "after it reaches the model; add to it with s += ... (or use another name)",
+        raise TemplateSyntaxError("s is the program's state; binding it (s = ..., for s in ..., import ... as s) "
+                                  "replaces it with another value, so nothing after it reaches the model; add to "
+                                  "it with s += ... (or use another name)",
                                   source, node_offset(source, found), first_line)
     ast.increment_lineno(tree, first_line - 1)
     cell = PythonCell(source, first_line, filename, tree)
@@ -102,18 +103,29 @@ def _yield_in_body(tree: ast.AST) -> ast.AST | None:
 
 
 def _assignment_to_s(tree: ast.AST) -> ast.AST | None:
-    """The first ``s = ...`` (or ``s: T = ...``) of the body itself (not of a function defined in it)."""
+    """The first binding of ``s`` by the body itself other than ``s += ...`` (``s = ...``, ``s, t = ...``,
+    ``for s in``, ``with ... as s``, ``import ... as s``, ``del s``, ...); functions, classes, lambdas
+    and comprehensions defined in it have their own ``s``."""
+    found = []
     todo = list(ast.iter_child_nodes(tree))
     while todo:
-        node = todo.pop(0)
-        targets = (node.targets if isinstance(node, ast.Assign)
-                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
-        for target in targets:
-            if isinstance(target, ast.Name) and target.id == "s":
-                return target
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+        node = todo.pop()
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            todo.append(node.value)  # s += ... adds to the state
+            continue
+        name = (node.id if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)
+                else (node.asname or node.name.split(".")[0]) if isinstance(node, ast.alias)
+                else getattr(node, "name", None) if isinstance(node, _NAMED_BINDINGS) else None)
+        if name == "s":
+            found.append(node)
+        if not isinstance(node, _OWN_SCOPE):
             todo.extend(ast.iter_child_nodes(node))
-    return None
+    return min(found, key=lambda n: (n.lineno, n.col_offset), default=None)
+
+
+_NAMED_BINDINGS = (ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+              ast.DictComp, ast.GeneratorExp)
 
 
 def _indent(source: str) -> str:
