@@ -43,6 +43,18 @@ def _token_count(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    """argparse ``type=`` of ``--seed``: an integer the engine takes (64 bits); a bigger one failed
+    mid-run, and only in gens outside a fork (a branch derives its own seed from it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 2**63  # (argparse would name this function in its message)
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer that fits in 64 bits, got {text!r}")
+    return value
+
+
 def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``%%lm`` options, with their help texts, to ``parser``; returns ``parser``."""
     parser.add_argument("--python", action="store_true",
@@ -52,7 +64,7 @@ def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                              "its prefix stays in the KV cache")
     parser.add_argument("--temperature", type=_temperature, help="default temperature of every gen (0 = greedy)")
     parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", help="default max_tokens of every gen")
-    parser.add_argument("--seed", type=int, help="seed for sampling, so a sampled cell can be repeated")
+    parser.add_argument("--seed", type=_seed, help="seed for sampling, so a sampled cell can be repeated")
     parser.add_argument("--out", metavar="VAR", help="also store the program state in kernel variable VAR")
     parser.add_argument("--quiet", action="store_true", help="show nothing; still capture variables")
     parser.add_argument("--static", action="store_true",
