@@ -494,6 +494,15 @@ def test_an_expression_too_deep_for_pythons_parser_is_a_syntax_error_at_its_hole
         assert (e.value.line, e.value.col) == (2, 1) and "too deeply for Python's parser" in str(e.value)
 
 
+def test_python_mode_body_of_only_comments_is_an_empty_program():
+    # compiling it failed with "ValueError: AST node line range (2, 1) is not valid", and the export
+    # was a def holding only the comment (IndentationError)
+    cell = parse_python("# to do: ask the model\n", first_line=2)
+    assert record(cell.program({}).func) == []
+    assert cell.to_python("p") == "@lmnb.function\ndef p(s):\n    # to do: ask the model\n    pass\n"
+    compile(cell.to_python("p"), "<export>", "exec")
+
+
 def test_python_mode_syntax_error_position():
     with pytest.raises(TemplateSyntaxError) as e:
         parse_python("s += 'a'\ns += (", first_line=2)

@@ -43,7 +43,8 @@ class PythonCell:
         if sys.version_info >= (3, 12):
             func.type_params = []
         module = ast.Module(body=[func], type_ignores=[])
-        ast.copy_location(func, self.tree.body[0] if self.tree.body else ast.Pass(lineno=self.first_line, col_offset=0))
+        here = ast.Pass(lineno=self.first_line, col_offset=0, end_lineno=self.first_line, end_col_offset=0)
+        ast.copy_location(func, self.tree.body[0] if self.tree.body else here)  # (a body of comments has none)
         ast.fix_missing_locations(module)
         return compile(module, self.filename, "exec")
 
@@ -51,8 +52,10 @@ class PythonCell:
         """Source of ``@lmnb.function def <name>(s, *parameters): <body>``; multi-line strings keep
         their text. ``parameters`` turn names the body reads from globals into arguments (the
         exporter passes a batch row's fields this way)."""
-        body = _indent(self.source.rstrip("\n")) if self.source.strip() else "    pass"
-        return f"@lmnb.function\ndef {name}({', '.join(['s', *parameters])}):\n{body}\n"
+        lines = [_indent(self.source.rstrip("\n"))] if self.source.strip() else []
+        if not self.tree.body:  # empty, or comments only: a function needs a statement
+            lines.append("    pass")
+        return f"@lmnb.function\ndef {name}({', '.join(['s', *parameters])}):\n" + "\n".join(lines) + "\n"
 
 
 def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> PythonCell:
