@@ -398,6 +398,10 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
         ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
+        # the engine refused these only once the gen was sent, away from the hole
+        ('{gen x seed="a"}', 2, 13, "seed='a' is invalid: must be None or an integer that fits in 64 bits"),
+        ("{gen x min_p=2}", 2, 14, "min_p=2 is invalid: must be in [0, 1]"),
+        ("{gen x ignore_eos='yes'}", 2, 19, "ignore_eos='yes' is invalid: must be true or false"),
         ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),
         ("a {(yield)}", 2, 5, "'yield' outside function"),  # Python's compiler refused it: a bare SyntaxError
         ("{gen a stop=await x}", 2, 13, "'await' outside function"),

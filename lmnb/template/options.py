@@ -64,7 +64,20 @@ def check_literal(primitive: str, key: str, value) -> str | None:
 
         problem = stop_regex_problem(value)
         return f"stop_regex {problem}" if problem else None
+    elif key in _SAMPLING_FIELDS and value is not None:  # (None: the default)
+        from lmnb_engine.params import SamplingParams  # the engine's own check (no torch)
+
+        try:
+            SamplingParams(**{key: value}).validate()
+        except ValueError as e:  # "SamplingParams.seed='a' is invalid: must be ..."
+            return str(e).replace("SamplingParams.", "", 1)
     return None
+
+
+# Options that are SamplingParams fields of the same name, which the engine checked only once the gen
+# was sent: a literal seed="a" or min_p=2 failed mid-run, away from its hole.
+_SAMPLING_FIELDS = ("min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob",
+                    "top_logprobs_num", "logprob_start_len", "stop_token_ids")
 
 
 def _is_int(value) -> bool:
