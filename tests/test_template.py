@@ -466,6 +466,8 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
         ("{fork doc in docs}{doc}{join}", {"docs": []}, 14, "docs has no items"),
         ("{fork doc in docs}{doc}{join}", {"docs": 5}, 14, "docs is not iterable (got int)"),
         ("{fork n}x{join}", {"n": 0}, 7, "fork count must be an integer >= 1, got 0"),
+        # the engine refused it only once the gen was sent, away from the hole
+        ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be None or an integer"),
     ],
 )
 def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col, words):

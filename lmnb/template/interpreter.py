@@ -11,7 +11,7 @@ from typing import Any
 
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
-from lmnb.template.options import check_literal
+from lmnb.template.options import SAMPLING_FIELDS, check_literal
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -145,10 +145,11 @@ class _Run:
 
 def _check_value(primitive: str, key: str, value):
     """``options.check_literal`` of a ``regex`` string, a ``json_schema`` dict or JSON string,
-    ``choices`` and ``stop_regex`` (a message, or None): the checks that lmnb makes too, but where
-    the value is known. Other values (numbers lmnb reads from numpy scalars, a pydantic class) are
-    left to lmnb."""
-    if key in ("choices", "stop_regex") or (key == "regex" and isinstance(value, str)) or (
+    ``choices``, ``stop_regex`` and the engine's sampling fields (``seed``, ``min_p``, ..., whose
+    check reads numpy scalars as their values) (a message, or None): the checks that lmnb or the
+    engine make too, but where the value is known. Other values (numbers lmnb reads from numpy
+    scalars, a pydantic class) are left to lmnb."""
+    if key in ("choices", "stop_regex", *SAMPLING_FIELDS) or (key == "regex" and isinstance(value, str)) or (
             key == "json_schema" and isinstance(value, (str, dict))):
         return check_literal(primitive, key, value)
     return None

@@ -64,7 +64,7 @@ def check_literal(primitive: str, key: str, value) -> str | None:
 
         problem = stop_regex_problem(value)
         return f"stop_regex {problem}" if problem else None
-    elif key in _SAMPLING_FIELDS and value is not None:  # (None: the default)
+    elif key in SAMPLING_FIELDS and value is not None:  # (None: the default)
         from lmnb_engine.params import SamplingParams  # the engine's own check (no torch)
 
         try:
@@ -75,8 +75,8 @@ def check_literal(primitive: str, key: str, value) -> str | None:
 
 
 # Options that are SamplingParams fields of the same name, which the engine checked only once the gen
-# was sent: a literal seed="a" or min_p=2 failed mid-run, away from its hole.
-_SAMPLING_FIELDS = ("min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob",
+# was sent: seed="a" or min_p=2 failed mid-run, away from its hole.
+SAMPLING_FIELDS = ("min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob",
                     "top_logprobs_num", "logprob_start_len", "stop_token_ids")
 
 
