@@ -11,12 +11,12 @@ reading a variable, using an argument's value, running another program). Bound a
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+from typing import Any, Optional
 
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import ConstantText, Expr, ExprList, RoleBegin, RoleEnd, as_expr
 
-_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("lmnb_tracing", default=False)
+_tracing: contextvars.ContextVar[Optional["_TracingState"]] = contextvars.ContextVar("lmnb_tracing", default=None)
 
 
 class _StopTrace(Exception):
@@ -27,8 +27,9 @@ def stop_if_tracing() -> None:
     """End the trace where the traced program runs another program (``run``, ``run_batch`` or a
     call of it): that program's text comes from the model, and running it would send real
     requests (with placeholder arguments) only to find a prefix."""
-    if _tracing.get():
-        raise _StopTrace()
+    state = _tracing.get()
+    if state is not None:
+        state.stop()
 
 
 class _Placeholder(Expr):
@@ -36,15 +37,18 @@ class _Placeholder(Expr):
     (so the text before it still counts, as with SGLang's ``SglArgument``); any other use of its
     value, and reaching it in the prompt, ends the trace."""
 
+    def __init__(self, state: "_TracingState"):
+        object.__setattr__(self, "_state", state)
+
     def _stop(self, *args, **kwargs):
-        raise _StopTrace()
+        self._state.stop()
 
     __str__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = __call__ = _stop
     __bool__ = __int__ = __float__ = __index__ = __eq__ = __lt__ = __gt__ = _stop
     __hash__ = None  # type: ignore[assignment]
 
     def __getattr__(self, name):
-        raise _StopTrace()
+        self._state.stop()
 
 
 class _TracingState:
@@ -55,8 +59,17 @@ class _TracingState:
         self.text = ""
         self.messages = 0
         self.role = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End the trace. For good: a body that catches the exception (``except Exception``) and
+        goes on must not add the text after a gen to the prefix."""
+        self.stopped = True
+        raise _StopTrace()
 
     def _run(self, expr: Expr) -> None:
+        if self.stopped:
+            self.stop()
         if isinstance(expr, ExprList):
             for e in expr.exprs:
                 self._run(e)
@@ -72,7 +85,7 @@ class _TracingState:
             self.role = None
             self.messages += 1
         else:
-            raise _StopTrace()
+            self.stop()
 
     def __iadd__(self, other: Any) -> "_TracingState":
         self._run(as_expr(other))
@@ -94,10 +107,10 @@ class _TracingState:
         return self._role("assistant", expr)
 
     def __getattr__(self, name):  # fork, text, s["x"], var_scope, ...: the prefix ends here
-        raise _StopTrace()
+        self.stop()
 
     def __getitem__(self, name):
-        raise _StopTrace()
+        self.stop()
 
 
 class _RoleScope:
@@ -120,9 +133,9 @@ def extract_prefix(program, chat_template: ChatTemplate) -> str:
     Never raises: a program that fails under tracing yields the prefix traced so far.
     """
     state = _TracingState(chat_template)
-    kwargs = {name: _Placeholder() for name in program.arg_names}
+    kwargs = {name: _Placeholder(state) for name in program.arg_names}
     kwargs.update(program.bind_arguments)
-    token = _tracing.set(True)
+    token = _tracing.set(state)
     try:
         program.func(state, **kwargs)
     except _StopTrace:

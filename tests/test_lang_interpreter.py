@@ -1126,6 +1126,35 @@ def test_tracer_stops_at_arguments_and_model_calls():
     assert extract_prefix(gen_first, CHATML) == "<|im_start|>user\nfixed<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.mark.parametrize("stop", ["gen", "argument", "nested program", "fork"])
+def test_a_trace_ends_for_good_where_the_body_catches_its_stop(stop):
+    """A body that caught the trace's stop (``except Exception``) and went on added the text after
+    the gen, argument or nested program to the prefix: run_batch prefilled text no run begins with."""
+    from lmnb.tracer import extract_prefix
+
+    @sgl.function
+    def other(s):
+        s += "o"
+
+    @sgl.function
+    def prog(s, topic):
+        s += "Intro. "
+        try:
+            if stop == "gen":
+                s += sgl.gen("a")
+            elif stop == "argument":
+                s += str(topic)
+            elif stop == "nested program":
+                other.run()
+            else:
+                s.fork(2)
+        except Exception:
+            pass
+        s += "after"
+
+    assert extract_prefix(prog, CHATML) == "Intro. "
+
+
 def test_abort_stops_inflight_request_and_reads_raise():
     be = ScriptedBackend(lambda p, params: "slow", delay=5.0)
 
