@@ -146,7 +146,9 @@ _listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listene
 def observe(callback: Callable[[ProgramEvent], None]):
     """Within this block, program states created in this context (and their fork branches) call
     ``callback(event)`` for every ``ProgramEvent``. Callbacks run on executor threads and must be
-    quick; their exceptions are turned into warnings."""
+    quick; their exceptions are turned into warnings. A callback that reads its state in a way that
+    waits (``text()``, ``s[name]`` of a variable not set yet) gets a ``RuntimeError``: the thread
+    it runs on is the one the wait would be for."""
     token = _listeners.set(_listeners.get() + (callback,))
     try:
         yield
@@ -292,6 +294,7 @@ class StreamExecutor:
         self._cv = threading.Condition()
         self._queue: collections.deque = collections.deque()
         self._draining = False
+        self._drainer: Optional[int] = None  # the thread running the queue (an event listener's too)
         self._pending: collections.Counter = collections.Counter()  # var name -> writes queued
         self._version = 0  # bumped on every text/variable change (streaming readers wait on it)
         self._inflight: set[str] = set()
@@ -342,10 +345,13 @@ class StreamExecutor:
 
     def _drain(self) -> None:
         interrupted = None
+        with self._cv:
+            self._drainer = threading.get_ident()
         while True:
             with self._cv:
                 if not self._queue:
                     self._draining = False
+                    self._drainer = None
                     self._version += 1
                     self._cv.notify_all()
                     break
@@ -397,11 +403,24 @@ class StreamExecutor:
         with self._cv:
             return not self._queue and not self._draining
 
+    def _wait(self, timeout: Optional[float] = None) -> None:
+        """(Lock held.) Wait for a change of this state.
+
+        Raises:
+            RuntimeError: called on the thread that runs this state's primitives (in an
+                ``lmnb.observe`` callback): that thread makes the changes, so the wait never ended.
+        """
+        if self._drainer == threading.get_ident():
+            raise RuntimeError("this program state was read (text(), s[name], sync(), ...) on the thread that runs its "
+                               "primitives, from an lmnb.observe callback: it would wait for itself forever; use the "
+                               "event's fields, or read the state on another thread")
+        self._cv.wait(timeout)
+
     def wait_idle(self) -> None:
         """Block until every submitted primitive has run (or was skipped after an error)."""
         with self._cv:
             while self._queue or self._draining:
-                self._cv.wait()
+                self._wait()
 
     def _body_elsewhere(self) -> bool:
         """(Lock held.) A streamed program body is running on another thread than the caller's,
@@ -415,7 +434,7 @@ class StreamExecutor:
         """Block until a streamed program body running on another thread has returned."""
         with self._cv:
             while self._body_elsewhere():
-                self._cv.wait(_BODY_POLL_S)  # (the body may start waiting for this thread meanwhile)
+                self._wait(_BODY_POLL_S)  # (the body may start waiting for this thread meanwhile)
 
     def raise_if_failed(self) -> None:
         """Raise the state's error (``ProgramError``) if a primitive failed."""
@@ -439,7 +458,7 @@ class StreamExecutor:
                         )
                 elif name in self.variables or not self._body_elsewhere():
                     break
-                self._cv.wait(_BODY_POLL_S)
+                self._wait(_BODY_POLL_S)
             if self.error_ is not None and (name in self._lost or name not in self.variables):
                 raise self.error_
             if name not in self.variables:
@@ -892,7 +911,7 @@ class StreamExecutor:
         while True:
             with self._cv:
                 if self._version == seen:
-                    self._cv.wait(_BODY_POLL_S)  # (or the body starts waiting for this thread)
+                    self._wait(_BODY_POLL_S)  # (or the body starts waiting for this thread)
                 seen = self._version
                 if var_name is None:
                     current = self.text_

@@ -1191,6 +1191,32 @@ def test_observer_sees_fork_join_and_text_events():
     assert any(e.kind == "text" and e.source == "gen" and e.text == "z" for e in events)
 
 
+@pytest.mark.timeout(30)  # (it hung)
+def test_reading_a_state_in_an_observe_callback_on_its_own_worker_thread_raises_instead_of_hanging():
+    be = ScriptedBackend(lambda p, params: "ok")
+    holder, seen = [], []
+
+    def on_event(e):
+        if e.kind == "var" and e.name == "a":
+            seen.append(holder[0]["a"])  # set already: no wait, no error
+            try:
+                holder[0].text()  # waits for the queue this very thread is running
+            except RuntimeError as err:
+                seen.append(str(err))
+
+    @sgl.function
+    def prog(s):
+        holder.append(s)
+        s += "Q: " + sgl.gen("a")
+
+    with sgl.observe(on_event):
+        st = prog.run(backend=be)
+    assert st.text() == "Q: ok"
+    assert seen == ["ok", "this program state was read (text(), s[name], sync(), ...) on the thread that runs its "
+                          "primitives, from an lmnb.observe callback: it would wait for itself forever; use the "
+                          "event's fields, or read the state on another thread"]
+
+
 def test_bad_arguments_fail_early_with_names():
     @sgl.function
     def prog(s, a, b=1):
