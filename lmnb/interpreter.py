@@ -166,9 +166,25 @@ class ProgramState:
         return ex.error_
 
     def get_var(self, name: str) -> Any:
-        """The value of variable ``name``, as ``s[name]``: waits for it; raises the state's error."""
-        with self._abort_on_interrupt():
+        """The value of variable ``name``, as ``s[name]``: waits for it; raises the state's error.
+
+        Raises:
+            KeyError: nothing set ``name``, nor will; naming the variables there are, or the
+                ``var_scope`` block of that name still open.
+        """
+        with self._abort_on_interrupt(), self._scope_hint(name):
             return self.stream_executor.get_var(name)
+
+    @contextlib.contextmanager
+    def _scope_hint(self, name: Optional[str]):
+        """A KeyError for a variable whose ``var_scope`` block is still open says so."""
+        try:
+            yield
+        except KeyError:
+            if name in self._open_scopes:
+                raise KeyError(f"variable {name!r} is set when its var_scope block ends; read it after the "
+                               "with block") from None
+            raise
 
     def set_var(self, name: str, value: Any) -> None:
         """Set variable ``name`` to ``value`` now (not queued behind the state's pending work)."""
@@ -197,7 +213,7 @@ class ProgramState:
         """Yield the text (or variable ``var_name``) piece by piece as it is produced; with
         ``stream=True`` a gen arrives token by token. A variable of ``gen(dtype=...)`` yields the
         text the model wrote (``"42"``), not its parsed value."""
-        with self._abort_on_interrupt():
+        with self._abort_on_interrupt(), self._scope_hint(var_name):
             yield from self.stream_executor.iter_text(var_name)
 
     async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):

@@ -1217,6 +1217,25 @@ def test_reading_a_state_in_an_observe_callback_on_its_own_worker_thread_raises_
                           "event's fields, or read the state on another thread"]
 
 
+def test_reading_a_var_scope_inside_its_open_block_says_the_block_has_not_ended():
+    """It said "no variable 'v' in this program state; it has []", as for a misspelt name."""
+    be = ScriptedBackend(lambda p, params: "ok")
+    seen = []
+
+    @sgl.function
+    def prog(s):
+        with s.var_scope("v"):
+            s += "a" + sgl.gen("x")
+            for read in (lambda: s["v"], lambda: list(s.text_iter("v"))):
+                with pytest.raises(KeyError) as e:
+                    read()
+                seen.append(e.value.args[0])
+        seen.append(s["v"])
+
+    prog.run(backend=be)
+    assert seen == ["variable 'v' is set when its var_scope block ends; read it after the with block"] * 2 + ["aok"]
+
+
 def test_bad_arguments_fail_early_with_names():
     @sgl.function
     def prog(s, a, b=1):
