@@ -377,16 +377,21 @@ def run_program(
     """Run ``program`` (an ``SglFunction``) once and return its state.
 
     Without ``stream`` this returns when the program body returned and every primitive ran; an
-    exception of the body itself propagates (``raise_errors``). With ``stream`` the body runs on a
+    exception of the body itself propagates (``raise_errors``), after aborting what the body
+    started in a new state (its gens and fork branches), which no one could read. With ``stream`` the body runs on a
     thread and the state is returned at once (read it with ``text_iter``). With ``state`` the body
     continues that existing state (``StreamExecutor.reopen``) instead of a new one.
     """
     listeners = _listeners.get() if listeners is None else listeners
     if state is not None:
         state.stream_executor.reopen(default_params, stream, listeners)
-    else:
-        state = _new_state(program, backend, kwargs, default_params, stream, use_thread, listeners)
-    return _start(state, program, args, kwargs, stream, raise_errors)
+        return _start(state, program, args, kwargs, stream, raise_errors)
+    state = _new_state(program, backend, kwargs, default_params, stream, use_thread, listeners)
+    try:
+        return _start(state, program, args, kwargs, stream, raise_errors)
+    except BaseException:
+        state.abort()  # the caller gets the body's exception, not the state: nothing still running can be read
+        raise
 
 
 def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool, raise_errors: bool) -> ProgramState:

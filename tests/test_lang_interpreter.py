@@ -1155,6 +1155,36 @@ def test_a_trace_ends_for_good_where_the_body_catches_its_stop(stop):
     assert extract_prefix(prog, CHATML) == "Intro. "
 
 
+def test_a_body_exception_raised_by_run_aborts_the_requests_no_one_can_read():
+    """run() raised the body's exception while its gens (and fork branches) ran on to the end for a
+    state the caller never got; a state continued with run(state=...) is the caller's and runs on."""
+    be = ScriptedBackend(lambda p, params: "done", delay=0.5)
+
+    @sgl.function
+    def prog(s):
+        before = be.kinds().count("generate")
+        s += "Q: " + sgl.gen("a")
+        forks = s.fork(2)  # (waits for a)
+        forks += sgl.gen("b")
+        while be.kinds().count("generate") < before + 3:  # (both branches' requests are in flight)
+            time.sleep(0.01)
+        raise ValueError("body failed")
+
+    with pytest.raises(ValueError, match="body failed"):
+        prog.run(backend=be)
+    assert len(be.aborted) == 2  # the two branches' gens
+
+    @sgl.function
+    def start(s):
+        s += "x"
+
+    st = start.run(backend=be)
+    with pytest.raises(ValueError, match="body failed"):
+        prog.run(backend=be, state=st)
+    assert len(be.aborted) == 2 and st.error() is None  # (nothing more aborted)
+    assert st.text() == "xQ: done"
+
+
 def test_abort_stops_inflight_request_and_reads_raise():
     be = ScriptedBackend(lambda p, params: "slow", delay=5.0)
 
