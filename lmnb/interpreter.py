@@ -428,14 +428,14 @@ def run_program_batch(
     """
     from lmnb.tracer import extract_prefix
 
-    if len(batch_kwargs) > 1:
-        prefix = extract_prefix(program, backend.get_chat_template())
-        if prefix:
-            backend.cache_prefix(prefix, uuid.uuid4().hex)
     if num_threads == "auto":
         num_threads = max(96, multiprocessing.cpu_count() * 16)
     if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:  # (True is an int)
         raise ValueError(f"num_threads must be 'auto' or an integer >= 1, got {num_threads!r}")
+    if len(batch_kwargs) > 1:  # (after the checks: a refused batch runs nothing, not even its trace)
+        prefix = extract_prefix(program, backend.get_chat_template())
+        if prefix:
+            backend.cache_prefix(prefix, uuid.uuid4().hex)
     num_threads = max(1, min(num_threads, len(batch_kwargs)))
     listeners = _listeners.get()
     running: set[ProgramState] = set()  # the items' states while their bodies run

@@ -1031,9 +1031,11 @@ def test_run_batch_item_failure_does_not_stop_the_batch():
         states[3].text()
     with pytest.raises(TypeError, match="item 1"):
         prog.run_batch([{"n": 1}, {"m": 2}])
+    calls = len(be.calls)
     for bad in (0, 2.0, True):  # (True ran on one thread: a bool is an int)
         with pytest.raises(ValueError, match=f"^num_threads must be 'auto' or an integer >= 1, got {bad!r}$"):
             prog.run_batch([(1,), (2,)], num_threads=bad, backend=be)
+    assert len(be.calls) == calls  # refused before the batch's prefix was traced and prefilled
 
 
 @pytest.mark.timeout(60)
