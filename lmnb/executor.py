@@ -422,13 +422,14 @@ class StreamExecutor:
             while self._queue or self._draining:
                 self._wait()
 
-    def _body_elsewhere(self) -> bool:
+    def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
         """(Lock held.) A streamed program body is running on another thread than the caller's,
         and is not blocked waiting for the caller (a helper thread the body joins, or a pool
         worker running a future the body waits for, acts for the body: waiting for the body to
         return would deadlock both)."""
         body = self.root.body_thread  # (a fork branch is extended by its root's body)
-        return body is not None and body != threading.get_ident() and not _waits_for_caller(body)
+        reader = threading.get_ident() if reader is None else reader
+        return body is not None and body != reader and not _waits_for_caller(body)
 
     def wait_body(self) -> None:
         """Block until a streamed program body running on another thread has returned."""
@@ -888,7 +889,7 @@ class StreamExecutor:
 
     # -- streaming
 
-    def iter_text(self, var_name: Optional[str] = None) -> Iterator[str]:
+    def iter_text(self, var_name: Optional[str] = None, reader: Optional[int] = None) -> Iterator[str]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
         state is closed and idle (or the variable is complete); read by the program body itself
         (or with no streamed body running), until the work queued so far has run. A variable holding a parsed value
@@ -906,6 +907,9 @@ class StreamExecutor:
             KeyError: ``var_name`` was never set and nothing left can set it (the program body
                 returned, or this is the body asking): a misspelt name, named with the variables
                 there are. SGLang's yields ``""`` once there.
+
+        ``reader``: the thread the text is for, when another one runs this iterator for it
+        (``text_async_iter`` steps it on worker threads for the thread of the event loop).
         """
         pos, seen = None, -1
         while True:
@@ -916,14 +920,14 @@ class StreamExecutor:
                 if var_name is None:
                     current = self.text_
                     # (the body itself reading, or no body left: nothing more comes once idle)
-                    ended = self.closed or not self._body_elsewhere()
+                    ended = self.closed or not self._body_elsewhere(reader)
                     done = (ended and not self._queue and not self._draining) or self.error_ is not None
                 else:
                     current = self.var_log.get(var_name, "")
                     started = var_name in self.variables or self._pending[var_name] > 0
                     # nothing set it, nothing queued will, and no body is left to queue it: a
                     # misspelt name (SGLang's yields "" then, indistinguishable from an empty gen)
-                    if not started and self.error_ is None and not self._body_elsewhere():
+                    if not started and self.error_ is None and not self._body_elsewhere(reader):
                         raise KeyError(f"no variable {var_name!r} in this program state, and the program set "
                                        f"none of that name; it has {sorted(self.variables)}")
                     done = self.error_ is not None or (self._pending[var_name] == 0 and started)

@@ -213,14 +213,19 @@ class ProgramState:
         """Yield the text (or variable ``var_name``) piece by piece as it is produced; with
         ``stream=True`` a gen arrives token by token. A variable of ``gen(dtype=...)`` yields the
         text the model wrote (``"42"``), not its parsed value."""
+        return self._text_iter(var_name, None)
+
+    def _text_iter(self, var_name: Optional[str], reader: Optional[int]) -> Iterator[str]:
         with self._abort_on_interrupt(), self._scope_hint(var_name):
-            yield from self.stream_executor.iter_text(var_name)
+            yield from self.stream_executor.iter_text(var_name, reader)
 
     async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):
         """``text_iter`` as an async iterator; with ``return_meta_data`` and a ``var_name`` yields
         ``(chunk, meta_info of var_name)`` (the whole text has no meta info: its chunks come alone,
         as in SGLang)."""
-        it = self.text_iter(var_name)
+        # steps run on worker threads, for this thread: an event loop that a streamed body runs
+        # (asyncio.run in the body) reads as the body, which cannot add text while it reads
+        it = self._text_iter(var_name, threading.get_ident())
         end = object()
         while True:
             chunk = await asyncio.to_thread(next, it, end)

@@ -615,6 +615,31 @@ def test_text_iter_of_the_whole_text_inside_the_body_ends_once_its_queued_work_r
     assert "".join(shared[0].text_iter()) == "aok|more"
 
 
+@pytest.mark.timeout(30)  # (it hung)
+def test_text_async_iter_in_an_event_loop_of_a_streamed_body_reads_as_the_body():
+    """Its steps run on worker threads, which counted as outside readers: they waited for the body
+    to return, while the body waited in asyncio.run for them."""
+    be = ScriptedBackend(lambda p, params: "ok")
+
+    async def collect(it):
+        return [c async for c in it]
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        whole = "".join(asyncio.run(collect(s.text_async_iter())))
+        try:
+            asyncio.run(collect(s.text_async_iter("nope")))
+        except KeyError as e:
+            missing = e.args[0]
+        return whole, missing
+
+    st = prog.run(backend=be, stream=True)
+    st.sync()
+    assert st.ret_value == ("Q: ok", "no variable 'nope' in this program state, and the program set none of that "
+                                     "name; it has ['a']")
+
+
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
     be = ScriptedBackend(lambda p, params: "42")
 
