@@ -459,14 +459,13 @@ def run_program_batch(
             with lock:
                 running.discard(state)
 
-    pbar = None
-    if progress_bar:
-        from tqdm.auto import tqdm
-
-        pbar = tqdm(total=len(batch_kwargs))
-
     def results():
         nonlocal stopping
+        pbar = None
+        if progress_bar:  # (here: a generator_style batch starts when first iterated, and its bar with it)
+            from tqdm.auto import tqdm
+
+            pbar = tqdm(total=len(batch_kwargs))
         try:
             with ThreadPoolExecutor(num_threads) as pool:
                 try:

@@ -1063,6 +1063,37 @@ def test_run_batch_item_failure_does_not_stop_the_batch():
     assert len(be.calls) == calls  # refused before the batch's prefix was traced and prefilled
 
 
+def test_a_run_batch_generators_progress_bar_starts_with_the_batch_and_counts_the_items(monkeypatch):
+    """The bar was made when run_batch was called, though a generator_style batch starts only when
+    first iterated: its clock ran from then, and a generator never iterated left it open."""
+    import tqdm.auto
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total):
+            self.total, self.n, self.closed = total, 0, False
+            bars.append(self)
+
+        def update(self):
+            self.n += 1
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    be = ScriptedBackend(lambda p, params: "x")
+
+    @sgl.function
+    def prog(s, n):
+        s += "v" + sgl.gen("a")
+
+    states = prog.run_batch([(i,) for i in range(3)], progress_bar=True, generator_style=True, backend=be)
+    assert bars == []
+    assert [st["a"] for st in states] == ["x"] * 3
+    assert [(b.total, b.n, b.closed) for b in bars] == [(3, 3, True)]
+
+
 @pytest.mark.timeout(60)
 def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
     """Breaking out of generator_style (or Ctrl-C) ran every remaining item before returning."""
