@@ -276,6 +276,7 @@ class StreamExecutor:
         self.fork_start_text_pos: Optional[int] = None
         self.fork_start_messages: int = 0
         self.fork_start_images: int = 0  # [issue 10] images_ inherited at the fork
+        self.fork_start_role: Optional[str] = None  # the chat role open at the fork
         self.vars_set: list[str] = []  # names this executor set itself (what join gathers)
         # all text written to each variable, in order (a gen in a loop writes one name again and again),
         # and where its current value's text begins: what iter_text(name) reads
@@ -845,6 +846,7 @@ class StreamExecutor:
             c.fork_start_text_pos = len(self.text_)
             c.fork_start_messages = len(self.messages_)
             c.fork_start_images = len(self.images_)
+            c.fork_start_role = self.cur_role
             children.append(c)
         self._children += children
         self._forked += size

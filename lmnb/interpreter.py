@@ -295,7 +295,9 @@ class ProgramStateGroup:
         gen prefills the joined text.
 
         Raises:
-            ValueError: unknown mode.
+            ValueError: unknown mode; with ``concate_and_append``, a branch that ends in another chat
+                role than it was forked in (it began a role and did not end it, or ended the
+                parent's), whose text would break the parent's roles.
             RuntimeError: the group was joined already (a second join would merge it twice), or the
                 state it was forked from is a fork branch joined already (nothing can merge into it).
             ForkError: a branch failed; nothing is merged and every branch stays readable.
@@ -316,6 +318,16 @@ class ProgramStateGroup:
         if errors:
             raise ForkError(errors, self)
         exes = [st.stream_executor for st in self.states]
+        if mode == "concate_and_append":
+            for i, ex in enumerate(exes):
+                if ex.cur_role != ex.fork_start_role:  # its text would open or close the parent's role
+                    def where(role):
+                        return f"inside role {role!r}" if role else "outside any role"
+
+                    raise ValueError(
+                        f"join('concate_and_append'): fork branch {i} was forked {where(ex.fork_start_role)} but "
+                        f"ends {where(ex.cur_role)}, so its text would break the parent's chat roles; begin and end "
+                        "a role within the branch, or around the whole fork (nothing was joined)")
         names: list[str] = []
         for ex in exes:
             names += [n for n in ex.vars_set if n not in names]

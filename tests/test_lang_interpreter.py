@@ -313,6 +313,39 @@ def test_joining_an_inner_fork_after_its_outer_fork_says_so_and_leaves_it_joinab
                     "join the inner fork before the outer one"] * 2 + ["z"]
 
 
+def test_concate_and_append_refuses_branches_that_leave_a_chat_role_open_or_end_the_parents():
+    """Such branches were spliced in as they were: the parent's text held two unclosed user
+    prefixes, or its user role ended once per branch, and its messages were wrong."""
+    be = ScriptedBackend(lambda p, params: "ok", chat_template=CHATML)
+    seen = []
+
+    @sgl.function
+    def prog(s, opens):
+        if not opens:
+            s += sgl.user_begin()
+        f = s.fork(2)
+        f[1] += "x" + (sgl.user_begin() if opens else sgl.user_end())
+        with pytest.raises(ValueError) as e:
+            f.join("concate_and_append")
+        seen.append(str(e.value))
+        f[1] += sgl.user_end() if opens else sgl.user_begin()  # mended, the branch joins
+        f.join("concate_and_append")
+        if not opens:
+            s += sgl.user_end()
+
+    assert prog.run(opens=True, backend=be).text() == "x<|im_start|>user\n<|im_end|>\n"
+    st = prog.run(opens=False, backend=be)
+    assert st.text() == "<|im_start|>user\nx<|im_end|>\n<|im_start|>user\n<|im_end|>\n"
+    assert seen == [
+        "join('concate_and_append'): fork branch 1 was forked outside any role but ends inside role 'user', so its "
+        "text would break the parent's chat roles; begin and end a role within the branch, or around the whole "
+        "fork (nothing was joined)",
+        "join('concate_and_append'): fork branch 1 was forked inside role 'user' but ends outside any role, so its "
+        "text would break the parent's chat roles; begin and end a role within the branch, or around the whole "
+        "fork (nothing was joined)",
+    ]
+
+
 def test_the_error_of_a_long_prompt_names_its_ends_not_all_of_it():
     def reply(p, params):
         raise RuntimeError("model exploded")
