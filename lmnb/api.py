@@ -6,6 +6,7 @@ default backend. Names, arguments and defaults are SGLang's (``python/sglang/lan
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 from typing import Any, Callable, Optional, Union
 
@@ -453,7 +454,8 @@ def select(
     the method's scores instead of taking the best.
 
     Raises:
-        ValueError: choices missing, empty, or not all non-empty strings; negative temperature.
+        ValueError: choices missing, empty, or not all non-empty strings; a temperature that is
+            not a finite number >= 0.
     """
     _check_name("select", name)
     return _select("select()", name, choices, temperature, choices_method)
@@ -468,8 +470,11 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
         raise ValueError(f"{caller} choices must be non-empty strings; got {bad!r}")
     for c in choices:
         check_text(c, f"the {caller} choice")
-    if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"{caller} temperature must be >= 0, got {temperature!r}")
+    # (NaN compared as not > 0 and picked greedily; True sampled at temperature 1)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+            0 <= temperature < math.inf):
+        raise ValueError(f"{caller} temperature must be a finite number >= 0 (0 picks the likeliest), "
+                         f"got {temperature!r}")
     if not isinstance(choices_method, ChoicesSamplingMethod):
         raise TypeError("choices_method must be one of lmnb.token_length_normalized, "
                         "lmnb.greedy_token_selection, lmnb.unconditional_likelihood_normalized")

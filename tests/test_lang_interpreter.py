@@ -1383,8 +1383,12 @@ def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
     assert isinstance(sgl.gen("x", choices=["a", "b"], n=1), type(sgl.select("x", ["a", "b"])))  # n=1: one pick
     with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) needs choices: a non-empty list"):
         sgl.gen("x", choices=[])
-    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) temperature must be >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) temperature must be a finite number >= 0 "
+                                         r"\(0 picks the likeliest\), got -1$"):
         sgl.gen("x", choices=["a"], temperature=-1)
+    for bad in (float("nan"), float("inf"), True, "0.5"):  # (NaN picked greedily, True sampled at 1.0)
+        with pytest.raises(ValueError, match=f"^select\\(\\) temperature must be a finite number >= 0 .*got {bad!r}$"):
+            sgl.select("x", choices=["a", "b"], temperature=bad)
     with pytest.raises(ValueError, match=r"^the gen\(\.\.\., choices=\.\.\.\) choice 'b\\ud83d' holds"):
         sgl.gen("x", choices=["a", "b\ud83d"])
     with pytest.raises(ValueError, match=r"^select\(\) choices must be non-empty strings"):
