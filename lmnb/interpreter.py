@@ -47,6 +47,10 @@ class ProgramState:
     def __iadd__(self, other: Any) -> "ProgramState":
         if other is None:
             raise ValueError("cannot add None to a program state")
+        role = getattr(other, "_submitted_by_role", None)
+        if role is not None and role[1] is self.stream_executor:
+            raise ValueError(f"s.{role[0]}(...) adds its message itself; s += s.{role[0]}(...) would add it twice: "
+                             f"write s.{role[0]}(...) alone, or s += lmnb.{role[0]}(...)")
         self.stream_executor.submit(other)
         return self
 
@@ -56,6 +60,7 @@ class ProgramState:
             # again (s += s.user(x)) would write the message twice
             submitted = ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
             self.stream_executor.submit(submitted)
+            submitted._submitted_by_role = (role, self.stream_executor)  # (so s += s.user(x) is refused)
             return submitted
 
         @contextlib.contextmanager

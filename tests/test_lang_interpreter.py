@@ -131,6 +131,14 @@ def test_role_methods_with_an_expression_return_what_they_submitted():
     assert st.text() == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
                          "<|im_start|>assistant\nhi<|im_end|>\n")
 
+    @sgl.function
+    def twice(s):  # (this raised "cannot add None" while s.user returned None; it must not now add it twice)
+        s += s.user("hello")
+
+    with pytest.raises(ValueError, match=r"^s\.user\(\.\.\.\) adds its message itself; s \+= s\.user\(\.\.\.\) would "
+                                         r"add it twice: write s\.user\(\.\.\.\) alone, or s \+= lmnb\.user\(\.\.\.\)$"):
+        twice.run(backend=be)
+
 
 def test_unknown_and_nested_roles_raise():
     be = ScriptedBackend(chat_template=get_chat_template("gemma-it"))  # no system role
