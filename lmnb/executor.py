@@ -536,7 +536,20 @@ class StreamExecutor:
     def reopen(self, default_params: GenParams, stream: bool, listeners: tuple) -> None:
         """Prepare this state for another program run on it (a notebook's next cell): new
         sampling defaults, stream flag and listeners; a previous error is forgotten (the text is
-        kept as it was when it happened)."""
+        kept as it was when it happened).
+
+        Raises:
+            RuntimeError: the body of a ``run(stream=True)`` program is still running on this
+                state: the two bodies' text would interleave, and the first reader would stop
+                waiting when the second body returned.
+        """
+        with self._cv:
+            if self.body_thread == threading.get_ident():
+                raise RuntimeError("a program body cannot continue its own state with run(state=s); call the "
+                                   "other program's function on it instead: other.func(s, ...)")
+            if self.body_thread is not None:
+                raise RuntimeError("this state is still running the body of a run(stream=True) program; wait for "
+                                   "it (state.sync()) before continuing it with run(state=...)")
         self.wait_idle()
         with self._cv:
             self.default_params = default_params

@@ -681,6 +681,41 @@ def test_text_async_iter_in_an_event_loop_of_a_streamed_body_reads_as_the_body()
                                      "name; it has ['a']")
 
 
+@pytest.mark.timeout(60)
+def test_continuing_a_state_whose_streamed_body_still_runs_is_refused():
+    """run(state=st) ran a second body beside the first: their text interleaved ("AC"), and when
+    the second returned, st.text() stopped waiting for the first (its "B" came after)."""
+    be = ScriptedBackend(lambda p, params: "ok")
+    release, inner = threading.Event(), []
+
+    @sgl.function
+    def more(s):
+        s += "C"
+
+    @sgl.function
+    def slow(s):
+        s += "A"
+        try:
+            more.run(backend=be, state=s)
+        except RuntimeError as e:
+            inner.append(str(e))
+        release.wait(10)
+        s += "B"
+
+    st = slow.run(backend=be, stream=True)
+    deadline = time.monotonic() + 10
+    while not inner and time.monotonic() < deadline:  # (the body's own try has run)
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError, match=r"^this state is still running the body of a run\(stream=True\) program; "
+                                           r"wait for it \(state\.sync\(\)\) before continuing it"):
+        more.run(backend=be, state=st)
+    release.set()
+    assert st.text() == "AB"
+    assert inner == ["a program body cannot continue its own state with run(state=s); call the other program's "
+                     "function on it instead: other.func(s, ...)"]
+    assert more.run(backend=be, state=st).text() == "ABC"  # once it returned
+
+
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
     be = ScriptedBackend(lambda p, params: "42")
 
