@@ -172,7 +172,7 @@ class SglFunction:
 
         Raises:
             TypeError: arguments that do not fit the program's signature; a ``backend`` that is a URL
-                or a class, not a backend object.
+                or a class, not a backend object; a ``state`` that is not a ``ProgramState``.
         """
         from lmnb.interpreter import run_program
         from lmnb.tracer import stop_if_tracing
@@ -195,6 +195,11 @@ class SglFunction:
             top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
         )
         if state is not None:
+            from lmnb.interpreter import ProgramState
+
+            if not isinstance(state, ProgramState):  # (it failed as "'str' object has no attribute ...")
+                raise TypeError(f"run(state=...) continues a ProgramState (what run() returned), not a "
+                                f"{type(state).__name__}")
             backend = backend or state.stream_executor.backend
             if backend is not state.stream_executor.backend:
                 raise ValueError("run(state=...) continues a state on its own backend; do not pass another")

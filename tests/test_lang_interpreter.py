@@ -714,6 +714,10 @@ def test_continuing_a_state_whose_streamed_body_still_runs_is_refused():
     assert inner == ["a program body cannot continue its own state with run(state=s); call the other program's "
                      "function on it instead: other.func(s, ...)"]
     assert more.run(backend=be, state=st).text() == "ABC"  # once it returned
+    for bad in ("text", st.stream_executor):  # (an AttributeError: no attribute 'stream_executor')
+        with pytest.raises(TypeError, match=r"^run\(state=\.\.\.\) continues a ProgramState \(what run\(\) returned\), "
+                                            f"not a {type(bad).__name__}$"):
+            more.run(backend=be, state=bad)
 
 
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
