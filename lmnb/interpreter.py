@@ -91,8 +91,11 @@ class ProgramState:
         """Capture the text appended inside the block into variable ``name``.
 
         Raises:
+            TypeError: ``name`` is not a string (None captured nothing, 5 made an int key).
             ValueError: a scope of the same name is open already (the inner one would close it).
         """
+        if not isinstance(name, str):
+            raise TypeError(f"var_scope name must be a string (the variable to capture the text into), got {name!r}")
         if name in self._open_scopes:
             raise ValueError(f"var_scope {name!r} is open already; a nested scope needs another name")
         self._open_scopes.add(name)

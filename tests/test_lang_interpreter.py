@@ -1403,6 +1403,16 @@ def test_reading_a_var_scope_inside_its_open_block_says_the_block_has_not_ended(
     prog.run(backend=be)
     assert seen == ["variable 'v' is set when its var_scope block ends; read it after the with block"] * 2 + ["aok"]
 
+    @sgl.function
+    def named(s, name):  # (None captured nothing without a word; 5 made an int key)
+        with s.var_scope(name):
+            s += "x"
+
+    for bad in (None, 5):
+        with pytest.raises(TypeError, match=f"^var_scope name must be a string \\(the variable to capture the text "
+                                            f"into\\), got {bad!r}$"):
+            named.run(name=bad, backend=be)
+
 
 def test_bad_arguments_fail_early_with_names():
     @sgl.function
