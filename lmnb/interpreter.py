@@ -374,6 +374,7 @@ def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, ra
             raise
         ex.wait_idle()  # what the body submitted before it raised still runs
         ex.fail(f"the body of program {getattr(func, '__name__', '?')!r}", e)
+        ex.abort()  # (the error is set: this stops only the unjoined fork branches, which nothing can join now)
     finally:
         ex.close()
 

@@ -1323,6 +1323,28 @@ def test_a_body_exception_raised_by_run_aborts_the_requests_no_one_can_read():
     assert st.text() == "xQ: done"
 
 
+@pytest.mark.timeout(60)
+def test_a_streamed_body_that_raises_aborts_its_unjoined_fork_branches():
+    """Its state failed with the body's error, but the branches it had started ran on to the end,
+    though nothing could join them any more (run_batch items alike)."""
+    be = ScriptedBackend(lambda p, params: "done", delay=60)  # (branch gens run until aborted)
+
+    @sgl.function
+    def prog(s):
+        before = len(be.calls)
+        forks = s.fork(2)
+        forks += sgl.gen("b")
+        while len(be.calls) < before + 2:  # (both branches' requests are in flight)
+            time.sleep(0.01)
+        raise ValueError("body failed")
+
+    st = prog.run(backend=be, stream=True)
+    assert "body failed" in str(st.error())
+    assert len(be.aborted) == 2
+    (item,) = prog.run_batch([{}], backend=be)
+    assert "body failed" in str(item.error()) and len(be.aborted) == 4
+
+
 def test_abort_stops_inflight_request_and_reads_raise():
     be = ScriptedBackend(lambda p, params: "slow", delay=5.0)
 
