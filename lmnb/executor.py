@@ -217,15 +217,16 @@ def _waits_for_caller(thread_id: int) -> bool:
     """Whether thread ``thread_id`` is blocked in ``Thread.join`` of the calling thread, or in
     ``Future.result``/``exception`` of a future the calling thread is running for a
     ``ThreadPoolExecutor``. Read from the threads' stacks: Python records no other link."""
-    from concurrent.futures import Future
-    from concurrent.futures.thread import _WorkItem
+    from concurrent.futures import Future, thread
 
     frame = sys._current_frames().get(thread_id)
     mine: set[int] = {id(threading.current_thread())}
+    # (the pool's private work item; were it renamed, only the join of a helper thread is seen)
+    run_item = getattr(getattr(thread, "_WorkItem", None), "run", None)
     caller = sys._getframe()
-    while caller is not None:  # the futures this thread runs
-        if caller.f_code is _WorkItem.run.__code__:
-            mine.add(id(caller.f_locals["self"].future))
+    while caller is not None and run_item is not None:  # the futures this thread runs
+        if caller.f_code is run_item.__code__:
+            mine.add(id(getattr(caller.f_locals["self"], "future", None)))
         caller = caller.f_back
     waits = (threading.Thread.join.__code__, Future.result.__code__, Future.exception.__code__)
     while frame is not None:
