@@ -10,12 +10,19 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
   pattern cannot hold beside digit counts, it is refused;
 * otherwise: a JSON number, with the bounds (the bounded number grammar holds them).
 
+Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
+``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
+a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
+cannot hold them (pydantic's schema drops them).
+
 Torch-free, so ``lmnb`` converts a model class with it before any backend is chosen.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+NAIVE_DATE_TIME = "naive-date-time"  # lmnb's format: an RFC 3339 date-time without its offset
 
 
 def pydantic_json_schema(model: type) -> dict:
@@ -42,7 +49,35 @@ def pydantic_json_schema(model: type) -> dict:
                 )
             return {"type": "string", "pattern": decimal_pattern(digits, places)}
 
+        def datetime_schema(self, schema: Any) -> dict:
+            _refuse_temporal_bounds(schema)
+            if schema.get("tz_constraint") == "naive":
+                return {"type": "string", "format": NAIVE_DATE_TIME}
+            if isinstance(schema.get("tz_constraint"), int):
+                raise ValueError("a datetime field fixed to one UTC offset (TzInfo constraint) cannot be constrained "
+                                 "(any offset would be written); use datetime or AwareDatetime")
+            return super().datetime_schema(schema)
+
+        def date_schema(self, schema: Any) -> dict:
+            return _refuse_temporal_bounds(schema) or super().date_schema(schema)
+
+        def time_schema(self, schema: Any) -> dict:
+            return _refuse_temporal_bounds(schema) or super().time_schema(schema)
+
+        def timedelta_schema(self, schema: Any) -> dict:
+            return _refuse_temporal_bounds(schema) or super().timedelta_schema(schema)
+
     return model.model_json_schema(schema_generator=_ExactDecimals)
+
+
+def _refuse_temporal_bounds(schema: Any) -> None:
+    """Refuse a date, time, datetime or timedelta core schema with bounds (``gt``, ``le`` ...) or
+    ``now_op`` (``PastDate``, ``FutureDatetime``): its format would write values outside them."""
+    bounds = [k for k in ("gt", "ge", "lt", "le", "now_op") if schema.get(k) is not None]
+    if bounds:
+        what = "past/future" if bounds == ["now_op"] else "/".join(bounds)
+        raise ValueError(f"a {schema['type']} field with {what} bounds cannot be constrained (its format would "
+                         f"write {schema['type']}s outside them); drop the bounds and check them after generation")
 
 
 def decimal_pattern(max_digits: int | None, decimal_places: int | None) -> str:

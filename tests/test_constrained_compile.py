@@ -1724,3 +1724,40 @@ def test_pydantic_decimal_fields_compile_to_what_the_model_validates(backend):
     with pytest.raises(GrammarError, match=r"json_schema Both: a Decimal field with max_digits/decimal_places and gt "
                                            r"cannot be constrained exactly"):
         backend.to_regex(json_schema=Both)
+
+
+def _pydantic_agrees(rx: re.Pattern, model: type, texts) -> None:
+    """Each JSON text matches the compiled regex exactly when ``model`` (the reference) accepts it."""
+    for text in texts:
+        try:
+            model.model_validate_json(text)
+            accepted = True
+        except pydantic.ValidationError:
+            accepted = False
+        assert bool(rx.fullmatch(text)) == accepted, text
+
+
+def test_a_pydantic_naive_datetime_is_written_without_an_offset(backend):
+    """pydantic's schema gives NaiveDatetime plain date-time, whose strings all carry an offset
+    (Z or +hh:mm) that NaiveDatetime refuses: every output failed validation."""
+    class Stamp(pydantic.BaseModel):
+        at: pydantic.NaiveDatetime
+
+    rx = re.compile(backend.to_regex(json_schema=Stamp))
+    _pydantic_agrees(rx, Stamp, [json.dumps({"at": t}) for t in (
+        "2024-02-29T10:00:00", "2024-02-29T23:59:59.123456", "2024-02-29T10:00:00Z", "2024-02-29T10:00:00+01:00",
+        "2023-02-29T10:00:00", "2024-02-29T24:00:00")])
+
+
+@pytest.mark.parametrize("field", [
+    pydantic.PastDate, pydantic.FutureDatetime,
+    typing.Annotated[datetime.date, pydantic.Field(gt=datetime.date(2020, 1, 1))],
+    typing.Annotated[datetime.time, pydantic.Field(lt=datetime.time(3))],
+    typing.Annotated[datetime.timedelta, pydantic.Field(gt=datetime.timedelta(0))],
+])
+def test_bounded_pydantic_dates_and_times_are_refused(backend, field):
+    """pydantic's schema drops a temporal field's bounds, so its format wrote "0001-01-01" for a
+    date gt 2020-01-01, "P0D" for a positive timedelta, and years to 9999 for a PastDate."""
+    model = pydantic.create_model("When", v=(field, ...))
+    with pytest.raises(GrammarError, match=r"json_schema When: a \w+ field with [\w/]+ bounds cannot be constrained"):
+        backend.to_regex(json_schema=model)

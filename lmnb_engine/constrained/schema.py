@@ -53,7 +53,7 @@ from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.pydantic_schema import pydantic_json_schema
+from lmnb_engine.pydantic_schema import NAIVE_DATE_TIME, pydantic_json_schema
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -93,7 +93,8 @@ _DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]
          f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
 # full-time: hh:mm:ss, up to 6 fraction digits, then "Z" or an offset (the upper-case letters, and
 # no leap second 60: what every validator accepts).
-_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
+_TIME = _CLOCK + r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 # RFC 1123 host names of up to 4 labels, at most 253 characters (the last label at most 61); the
 # last one starts with a letter (URL parsers read an all-digit one as an IPv4 address:
 # http://1.2.3.256 fails).
@@ -121,6 +122,7 @@ _FORMAT_PATTERN = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
+    NAIVE_DATE_TIME: f"{_DATE}T{_CLOCK}",  # (lmnb's own, from pydantic_schema: no offset)
     "duration": f"P(?:[0-9]{{1,6}}D(?:{_DURATION_TIME})?|{_DURATION_TIME}|[0-9]{{1,6}}W)",
     "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     # pydantic's UUID1 ... UUID8: that version digit, and RFC 4122's variant (else Python's
