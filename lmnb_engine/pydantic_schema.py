@@ -10,7 +10,8 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
   pattern cannot hold beside digit counts, it is refused;
 * otherwise: a JSON number, with the bounds (the bounded number grammar holds them).
 
-Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
+A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
+``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
 ``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
 a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
 cannot hold them (pydantic's schema drops them).
@@ -48,6 +49,22 @@ def pydantic_json_schema(model: type) -> dict:
                     "constrained exactly (a pattern holds the digits, not the bounds); drop one of them"
                 )
             return {"type": "string", "pattern": decimal_pattern(digits, places)}
+
+        def json_schema(self, schema: Any) -> dict:
+            raise ValueError("a Json field holds JSON text inside a string, which constrained decoding cannot "
+                             "shape (any string would be written); give the field the inner type instead")
+
+        def complex_schema(self, schema: Any) -> dict:
+            raise ValueError("a complex field is a string in Python's complex() syntax, which constrained decoding "
+                             "does not write (any string would be); use two float fields")
+
+        def bytes_schema(self, schema: Any) -> dict:
+            json_schema = super().bytes_schema(schema)
+            if json_schema["format"] == "binary" and "maxLength" in json_schema:
+                # pydantic counts the UTF-8 bytes, maxLength the characters: ASCII makes them one
+                del json_schema["format"]
+                json_schema["pattern"] = "^[\\x00-\\x7f]*$"
+            return json_schema
 
         def datetime_schema(self, schema: Any) -> dict:
             _refuse_temporal_bounds(schema)

@@ -1761,3 +1761,32 @@ def test_bounded_pydantic_dates_and_times_are_refused(backend, field):
     model = pydantic.create_model("When", v=(field, ...))
     with pytest.raises(GrammarError, match=r"json_schema When: a \w+ field with [\w/]+ bounds cannot be constrained"):
         backend.to_regex(json_schema=model)
+
+
+def test_pydantic_bytes_with_max_length_count_bytes_not_characters(backend):
+    """pydantic reads a bytes field as the UTF-8 of the JSON string and counts its bytes; the schema's
+    maxLength counts characters, so "abé" (4 bytes) was written for max_length=3."""
+    class Blob(pydantic.BaseModel):
+        data: bytes = pydantic.Field(max_length=3)
+
+    rx = re.compile(backend.to_regex(json_schema=Blob))
+    for data, written in (("abc", True), ("a\\tb", True), ("", True), ("ab\u00e9", False), ("\U0001F600", False),
+                          ("abcd", False)):
+        text = '{"data": "%s"}' % data
+        assert bool(rx.fullmatch(text)) == written, data
+        if written:
+            Blob.model_validate_json(text)
+        elif len(data) <= 3:  # (the characters fit: only the byte count refuses it)
+            with pytest.raises(pydantic.ValidationError, match="at most 3 bytes"):
+                Blob.model_validate_json(text)
+
+
+@pytest.mark.parametrize("field, message", [(pydantic.Json[int], "a Json field holds JSON text inside a string"),
+                                            (pydantic.Json, "a Json field holds JSON text inside a string"),
+                                            (complex, "a complex field is a string in Python's complex")])
+def test_pydantic_fields_parsed_from_any_string_are_refused(backend, field, message):
+    """pydantic's schema for Json[int] and complex is a string of any text: "m" was written, which
+    neither parses."""
+    model = pydantic.create_model("Parsed", v=(field, ...))
+    with pytest.raises(GrammarError, match=f"json_schema Parsed: {re.escape(message)}"):
+        backend.to_regex(json_schema=model)
