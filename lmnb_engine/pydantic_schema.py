@@ -10,7 +10,8 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
   pattern cannot hold beside digit counts, it is refused;
 * otherwise: a JSON number, with the bounds (the bounded number grammar holds them).
 
-A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
+A ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves) starts
+and ends with no whitespace. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
 ``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
 ``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
 a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
@@ -49,6 +50,17 @@ def pydantic_json_schema(model: type) -> dict:
                     "constrained exactly (a pattern holds the digits, not the bounds); drop one of them"
                 )
             return {"type": "string", "pattern": decimal_pattern(digits, places)}
+
+        def str_schema(self, schema: Any) -> dict:
+            json_schema = super().str_schema(schema)
+            stripped = schema.get("strip_whitespace") or self._config.str_strip_whitespace
+            if stripped and json_schema.get("minLength") and "pattern" not in json_schema:
+                # pydantic counts the characters left after stripping: write none to strip (the
+                # lengths go into the pattern, which lmnb cannot narrow to them)
+                lo, hi = json_schema.pop("minLength"), json_schema.pop("maxLength", None)
+                middle = "" if hi == 1 else f"(?:[\\s\\S]{{{max(lo - 2, 0)},{'' if hi is None else hi - 2}}}\\S)"
+                json_schema["pattern"] = f"^\\S{middle}{'?' if lo == 1 and middle else ''}$"
+            return json_schema
 
         def json_schema(self, schema: Any) -> dict:
             raise ValueError("a Json field holds JSON text inside a string, which constrained decoding cannot "

@@ -1790,3 +1790,19 @@ def test_pydantic_fields_parsed_from_any_string_are_refused(backend, field, mess
     model = pydantic.create_model("Parsed", v=(field, ...))
     with pytest.raises(GrammarError, match=f"json_schema Parsed: {re.escape(message)}"):
         backend.to_regex(json_schema=model)
+
+
+@pytest.mark.parametrize("config", [{}, {"str_strip_whitespace": True}])
+def test_a_stripped_pydantic_str_has_its_min_length_after_stripping(backend, config):
+    """pydantic strips a strip_whitespace str (the field's or the model config's) before counting
+    min_length, so the two characters of "\\ta" were one: the string now ends in no whitespace."""
+    field = pydantic.constr(strip_whitespace=True, min_length=2, max_length=4) if not config else \
+        typing.Annotated[str, pydantic.Field(min_length=2, max_length=4)]
+    model = pydantic.create_model("Named", __config__=pydantic.ConfigDict(**config), name=(field, ...))
+    rx = re.compile(backend.to_regex(json_schema=model))
+    for name, written in (("ab", True), ("a b", True), ("a\\nbc", True), ("\\ta", False), ("a ", False),
+                          ("\\u00a0a", False), ("  ab", False), ("a", False), ("abcde", False)):
+        text = '{"name": "%s"}' % name
+        assert bool(rx.fullmatch(text)) == written, name
+        if written:
+            model.model_validate_json(text)
