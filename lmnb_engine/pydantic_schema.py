@@ -11,7 +11,8 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
 * otherwise: a JSON number, with the bounds (the bounded number grammar holds them).
 
 A ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves) starts
-and ends with no whitespace. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
+and ends with no whitespace. A field whose validation aliases are all ``AliasPath`` (pydantic's schema names the field, which
+it refuses) is refused. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
 ``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
 ``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
 a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
@@ -61,6 +62,19 @@ def pydantic_json_schema(model: type) -> dict:
                 middle = "" if hi == 1 else f"(?:[\\s\\S]{{{max(lo - 2, 0)},{'' if hi is None else hi - 2}}}\\S)"
                 json_schema["pattern"] = f"^\\S{middle}{'?' if lo == 1 and middle else ''}$"
             return json_schema
+
+        def _get_alias_name(self, field: Any, name: str) -> str:
+            key = super()._get_alias_name(field, name)
+            paths = field.get("validation_alias") if self.mode == "validation" else None
+            if isinstance(paths, list) and paths and not isinstance(paths[0], list):
+                paths = [paths]  # (one AliasPath: a path, not a list of them)
+            # only AliasPath ones: pydantic's schema falls back to the field name, which it then refuses
+            if key == name and isinstance(paths, list) and not self._config.validate_by_name and not any(
+                    len(p) == 1 and isinstance(p[0], str) for p in paths):
+                raise ValueError(f"field {name!r} has only AliasPath validation aliases, which constrained decoding "
+                                 f"cannot write (the key {name!r} would be, which the model refuses); add a plain "
+                                 "name to its AliasChoices, or set validate_by_name=True")
+            return key
 
         def json_schema(self, schema: Any) -> dict:
             raise ValueError("a Json field holds JSON text inside a string, which constrained decoding cannot "

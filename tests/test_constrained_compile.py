@@ -1806,3 +1806,25 @@ def test_a_stripped_pydantic_str_has_its_min_length_after_stripping(backend, con
         assert bool(rx.fullmatch(text)) == written, name
         if written:
             model.model_validate_json(text)
+
+
+def test_a_pydantic_field_with_only_alias_path_aliases_is_refused(backend):
+    """pydantic's schema names a field whose validation aliases are all AliasPath by its own name,
+    which the model then refuses ('Field required'): every output failed validation."""
+    class Nested(pydantic.BaseModel):
+        x: int = pydantic.Field(validation_alias=pydantic.AliasPath("a", 0))
+
+    with pytest.raises(GrammarError, match=r"json_schema Nested: field 'x' has only AliasPath validation aliases"):
+        backend.to_regex(json_schema=Nested)
+    with pytest.raises(pydantic.ValidationError, match="Field required"):  # what was written
+        Nested.model_validate_json('{"x": 1}')
+
+    class ByName(Nested):  # the field's name is accepted too, or a plain alias beside the path
+        model_config = pydantic.ConfigDict(validate_by_name=True)
+
+    class Choices(pydantic.BaseModel):
+        x: int = pydantic.Field(validation_alias=pydantic.AliasChoices(pydantic.AliasPath("a", 0), "ex"))
+
+    for model, text in ((ByName, '{"x": 1}'), (Choices, '{"ex": 1}')):
+        assert re.fullmatch(backend.to_regex(json_schema=model), text)
+        model.model_validate_json(text)
