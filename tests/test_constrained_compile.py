@@ -1828,3 +1828,14 @@ def test_a_pydantic_field_with_only_alias_path_aliases_is_refused(backend):
     for model, text in ((ByName, '{"x": 1}'), (Choices, '{"ex": 1}')):
         assert re.fullmatch(backend.to_regex(json_schema=model), text)
         model.model_validate_json(text)
+
+
+def test_a_pattern_whitespace_class_writes_what_pydantic_reads_as_whitespace(backend):
+    """Python's \\s (jsonschema's) holds \\x1c-\\x1f, pydantic's Rust regex's does not: "a\\u001cb"
+    was written for pattern ^a\\sb$ and pydantic refused it."""
+    class Spaced(pydantic.BaseModel):
+        v: str = pydantic.Field(pattern=r"^a\sb$")
+
+    rx = re.compile(backend.to_regex(json_schema=Spaced))
+    _pydantic_agrees(rx, Spaced, ['{"v": "a%sb"}' % c for c in (" ", "\\t", "\\n", "\\u000b", "\\f", "\\r", "\\u001c",
+                                                                   "\\u001f", "", "x")])

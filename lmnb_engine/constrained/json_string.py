@@ -11,7 +11,8 @@ written out again over JSON text:
   escape (``\\"``, ``\\\\``, ``\\n``, ``\\u001f``), every other one as itself (never escaped);
 * a class or ``.`` is split the same way; ``\\d``, ``\\w``, ``\\s`` and their negations, whose
   Unicode tables differ between Python and the automaton library, are narrowed to the ASCII
-  characters Python's ``re`` puts in them, so every output passes Python's check;
+  characters Python's ``re`` puts in them, so every output passes Python's check, and that pydantic's
+  Rust regex puts in them too (its ``\\s`` lacks ``\\x1c``-``\\x1f``, as under ``re.ASCII``);
 * ``^`` / ``$`` at the ends are dropped, also at the ends of the alternatives and groups that reach
   them (``^a$|^b$``): the whole string must match, as in outlines-core, SGLang and vLLM (narrower
   than JSON Schema's search, so every output still validates);
@@ -108,9 +109,9 @@ def _class(op, av) -> str:
     ranges = [(v, v) if o is _c.LITERAL else v for o, v in items if o in (_c.LITERAL, _c.RANGE)]
     categories = [_CATEGORY[v] for o, v in items if o is _c.CATEGORY]
 
-    def member(ch: str) -> bool:
-        inside = any(a <= ord(ch) <= b for a, b in ranges) or any(re.fullmatch(c, ch) for c in categories)
-        return inside != negated
+    def member(ch: str) -> bool:  # by Python's reading and by pydantic's (Rust's regex, read as re.ASCII reads it)
+        return all((any(a <= ord(ch) <= b for a, b in ranges) or any(re.fullmatch(c, ch, flags) for c in categories))
+                   != negated for flags in (0, re.ASCII))
 
     return _char_set(member, bool(categories), ranges, negated)
 
