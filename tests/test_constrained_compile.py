@@ -1839,3 +1839,14 @@ def test_a_pattern_whitespace_class_writes_what_pydantic_reads_as_whitespace(bac
     rx = re.compile(backend.to_regex(json_schema=Spaced))
     _pydantic_agrees(rx, Spaced, ['{"v": "a%sb"}' % c for c in (" ", "\\t", "\\n", "\\u000b", "\\f", "\\r", "\\u001c",
                                                                    "\\u001f", "", "x")])
+
+
+def test_a_pydantic_path_field_takes_any_string(backend):
+    """pydantic writes Path as format 'path', which was refused as an unsupported format, though
+    pydantic reads any string as a Path."""
+    class Saved(pydantic.BaseModel):
+        to: Path
+
+    rx = re.compile(backend.to_regex(json_schema=Saved))
+    _pydantic_agrees(rx, Saved, ['{"to": "/tmp/x.txt"}', '{"to": ""}', '{"to": "a\\nb"}', '{"to": 3}',
+                                 '{"to": null}'])

@@ -116,8 +116,8 @@ _OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"  # no leading zeros (Py
 # RFC 3339 appendix A durations without weeks mixed in: P[nD][T[nH][nM][nS]], at least one part;
 # 6 digits a part, so the sum stays within Python's timedelta (999999999 days; pydantic's limit).
 _DURATION_TIME = "T(?:[0-9]{1,6}H(?:[0-9]{1,6}M)?(?:[0-9]{1,6}S)?|[0-9]{1,6}M(?:[0-9]{1,6}S)?|[0-9]{1,6}S)"
-# Formats that constrain nothing: pydantic's SecretStr and bytes take any string.
-_ANY_STRING_FORMATS = ("password", "binary")
+# Formats that constrain nothing: pydantic's SecretStr, bytes and Path take any string.
+_ANY_STRING_FORMATS = ("password", "binary", "path")
 _FORMAT_PATTERN = {
     "date": _DATE,
     "time": _TIME,
