@@ -12,7 +12,7 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
 
 A ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves) starts
 and ends with no whitespace. A field whose validation aliases are all ``AliasPath`` (pydantic's schema names the field, which
-it refuses) is refused. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
+it refuses) is refused. A ``FilePath``/``DirectoryPath``/``NewPath``/``SocketPath`` field (checked against the disk) is refused. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
 ``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
 ``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
 a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
@@ -75,6 +75,13 @@ def pydantic_json_schema(model: type) -> dict:
                                  f"cannot write (the key {name!r} would be, which the model refuses); add a plain "
                                  "name to its AliasChoices, or set validate_by_name=True")
             return key
+
+        def function_after_schema(self, schema: Any) -> dict:
+            check = getattr(schema["function"]["function"], "__qualname__", "")
+            if check.startswith("PathType.validate_"):  # (FilePath, NewPath ...: NewPath's schema is plain 'path')
+                raise ValueError(f"a {check.removeprefix('PathType.validate_')} path field checks the disk, which "
+                                 "constrained decoding cannot know (it would write any path); use pathlib.Path")
+            return super().function_after_schema(schema)
 
         def json_schema(self, schema: Any) -> dict:
             raise ValueError("a Json field holds JSON text inside a string, which constrained decoding cannot "

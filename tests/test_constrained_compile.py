@@ -1850,3 +1850,12 @@ def test_a_pydantic_path_field_takes_any_string(backend):
     rx = re.compile(backend.to_regex(json_schema=Saved))
     _pydantic_agrees(rx, Saved, ['{"to": "/tmp/x.txt"}', '{"to": ""}', '{"to": "a\\nb"}', '{"to": 3}',
                                  '{"to": null}'])
+
+
+@pytest.mark.parametrize("field", [pydantic.NewPath, pydantic.FilePath, pydantic.DirectoryPath, pydantic.SocketPath])
+def test_pydantic_paths_checked_against_the_disk_are_refused(backend, field):
+    """pydantic writes NewPath as plain format 'path' (any string): "" was written, "." exists and
+    NewPath refused it; FilePath's 'file-path' was refused only as an unknown format."""
+    model = pydantic.create_model("Saved", to=(field, ...))
+    with pytest.raises(GrammarError, match=r"json_schema Saved: a \w+ path field checks the disk.*use pathlib.Path"):
+        backend.to_regex(json_schema=model)
