@@ -12,7 +12,7 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
 
 A ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves) starts
 and ends with no whitespace. A field whose validation aliases are all ``AliasPath`` (pydantic's schema names the field, which
-it refuses) is refused. A ``FilePath``/``DirectoryPath``/``NewPath``/``SocketPath`` field (checked against the disk) is refused. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
+it refuses) is refused. A ``dict`` whose key type pydantic's schema drops (``int``, ``Literal[1, 2]``) is refused. A ``FilePath``/``DirectoryPath``/``NewPath``/``SocketPath`` field (checked against the disk) is refused. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
 ``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
 ``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
 a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
@@ -75,6 +75,18 @@ def pydantic_json_schema(model: type) -> dict:
                                  f"cannot write (the key {name!r} would be, which the model refuses); add a plain "
                                  "name to its AliasChoices, or set validate_by_name=True")
             return key
+
+        def dict_schema(self, schema: Any) -> dict:
+            json_schema = super().dict_schema(schema)
+            keys = schema.get("keys_schema", {"type": "any"})
+            while keys["type"].startswith("function-") and "schema" in keys:  # (a validator around the key type)
+                keys = keys["schema"]
+            if keys["type"] not in ("str", "any") and not {"propertyNames", "patternProperties"} & set(json_schema):
+                # pydantic's schema drops such a key type: any string key would be written
+                raise ValueError(f"a dict field with {keys['type']} keys cannot be constrained (pydantic's schema "
+                                 "allows any string key, which it then refuses); use str keys, or Literal "
+                                 "string keys ('1', '2')")
+            return json_schema
 
         def function_after_schema(self, schema: Any) -> dict:
             check = getattr(schema["function"]["function"], "__qualname__", "")

@@ -1859,3 +1859,25 @@ def test_pydantic_paths_checked_against_the_disk_are_refused(backend, field):
     model = pydantic.create_model("Saved", to=(field, ...))
     with pytest.raises(GrammarError, match=r"json_schema Saved: a \w+ path field checks the disk.*use pathlib.Path"):
         backend.to_regex(json_schema=model)
+
+
+@pytest.mark.parametrize("keys", [int, bool, typing.Literal[1, 2]])
+def test_pydantic_dicts_whose_key_type_the_schema_drops_are_refused(backend, keys):
+    """pydantic's schema for dict[int, str] is any object of strings: '{"": "x"}' was written and
+    the model refused its key."""
+    model = pydantic.create_model("Table", v=(dict[keys, str], ...))
+    with pytest.raises(pydantic.ValidationError):  # what was written
+        model.model_validate_json('{"v": {"x": "y"}}')
+    with pytest.raises(GrammarError, match=r"json_schema Table: a dict field with \w+ keys cannot be constrained"):
+        backend.to_regex(json_schema=model)
+
+
+def test_pydantic_dicts_with_string_keys_still_compile(backend):
+    class Tables(pydantic.BaseModel):
+        plain: dict[str, int]
+        checked: dict[typing.Annotated[str, pydantic.AfterValidator(str.strip)], int]
+        named: dict[typing.Literal["a"], int]
+
+    text = '{"plain": {"x": 1}, "checked": {"y": 2}, "named": {"a": 3}}'
+    assert re.fullmatch(backend.to_regex(json_schema=Tables), text)
+    Tables.model_validate_json(text)
