@@ -13,7 +13,8 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
 A ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves) starts
 and ends with no whitespace. A field whose validation aliases are all ``AliasPath`` (pydantic's schema names the field, which
 it refuses) is refused. A ``dict`` whose key type pydantic's schema drops (``int``, ``Literal[1, 2]``) is refused. A ``FilePath``/``DirectoryPath``/``NewPath``/``SocketPath`` field (checked against the disk) is refused. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
-``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
+``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII, one read as
+base64 (``val_json_bytes``; pydantic's schema said any string, or refused base64url) as padded base64. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
 ``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
 a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
 cannot hold them (pydantic's schema drops them).
@@ -26,6 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 NAIVE_DATE_TIME = "naive-date-time"  # lmnb's format: an RFC 3339 date-time without its offset
+# padded base64 whose unused low bits are 0 (pydantic refuses "YR==")
+BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$"
 
 
 def pydantic_json_schema(model: type) -> dict:
@@ -104,10 +107,15 @@ def pydantic_json_schema(model: type) -> dict:
                              "does not write (any string would be); use two float fields")
 
         def bytes_schema(self, schema: Any) -> dict:
-            json_schema = super().bytes_schema(schema)
-            if json_schema["format"] == "binary" and "maxLength" in json_schema:
+            # (pydantic's format follows ser_json_bytes; validation reads val_json_bytes)
+            json_schema = {k: v for k, v in super().bytes_schema(schema).items() if k != "format"}
+            if self._config.val_json_bytes == "base64":
+                if "minLength" in json_schema or "maxLength" in json_schema:
+                    raise ValueError("a bytes field read as base64 (val_json_bytes) with min_length/max_length "
+                                     "cannot be constrained (they count the decoded bytes); drop them")
+                json_schema["pattern"] = BASE64_PATTERN
+            elif "maxLength" in json_schema:
                 # pydantic counts the UTF-8 bytes, maxLength the characters: ASCII makes them one
-                del json_schema["format"]
                 json_schema["pattern"] = "^[\\x00-\\x7f]*$"
             return json_schema
 

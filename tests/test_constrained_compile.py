@@ -1881,3 +1881,18 @@ def test_pydantic_dicts_with_string_keys_still_compile(backend):
     text = '{"plain": {"x": 1}, "checked": {"y": 2}, "named": {"a": 3}}'
     assert re.fullmatch(backend.to_regex(json_schema=Tables), text)
     Tables.model_validate_json(text)
+
+
+@pytest.mark.parametrize("config", [{"val_json_bytes": "base64"},
+                                    {"val_json_bytes": "base64", "ser_json_bytes": "base64"}])
+def test_pydantic_bytes_read_as_base64_are_written_as_padded_base64(backend, config):
+    """pydantic's bytes format follows ser_json_bytes, not the val_json_bytes validation reads: with
+    val_json_bytes='base64' alone any string ("m") was written, with both the format was refused."""
+    model = pydantic.create_model("Blob", __config__=pydantic.ConfigDict(**config), data=(bytes, ...))
+    rx = re.compile(backend.to_regex(json_schema=model))
+    _pydantic_agrees(rx, model, ['{"data": "%s"}' % b for b in ("", "YQ==", "YWI=", "YWJj", "+/8=", "YWJjYQ==",
+                                                                 "YR==", "YWJ=", "m", "Y Q==")])
+    limited = pydantic.create_model("Short", __config__=pydantic.ConfigDict(**config),
+                                    data=(bytes, pydantic.Field(max_length=2)))
+    with pytest.raises(GrammarError, match=r"json_schema Short: a bytes field read as base64 .* with min_length/max"):
+        backend.to_regex(json_schema=limited)
