@@ -10,14 +10,19 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
   pattern cannot hold beside digit counts, it is refused;
 * otherwise: a JSON number, with the bounds (the bounded number grammar holds them).
 
-A ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves) starts
-and ends with no whitespace. A field whose validation aliases are all ``AliasPath`` (pydantic's schema names the field, which
-it refuses) is refused. A ``dict`` whose key type pydantic's schema drops (``int``, ``Literal[1, 2]``) is refused. A ``FilePath``/``DirectoryPath``/``NewPath``/``SocketPath`` field (checked against the disk) is refused. A ``Json`` or ``complex`` field (a string pydantic parses, any text in its schema) is refused; a
-``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII, one read as
-base64 (``val_json_bytes``; pydantic's schema said any string, or refused base64url) as padded base64. Its date and time schemas are tightened too: a ``NaiveDatetime`` (pydantic writes plain
-``date-time``, whose strings carry an offset it refuses) gets lmnb's ``NAIVE_DATE_TIME`` format, and
-a date, time, datetime or timedelta with bounds (``gt``, ``PastDate`` ...) is refused: a format
-cannot hold them (pydantic's schema drops them).
+Other fields whose pydantic schema allows text the model refuses:
+
+* a ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves)
+  starts and ends with no whitespace;
+* a ``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII, one read
+  as base64 (``val_json_bytes``; pydantic's format follows ``ser_json_bytes``) as padded base64;
+* a ``NaiveDatetime`` (pydantic writes plain ``date-time``, whose strings carry an offset it
+  refuses) gets the pattern of a date-time without the offset;
+* refused with a one-line error: a date, time, datetime or timedelta with bounds (``gt``,
+  ``PastDate`` ...; pydantic's schema drops them), a field whose validation aliases are all
+  ``AliasPath`` (pydantic's schema names the field, which it refuses), a ``dict`` whose key type the
+  schema drops (``int``, ``Literal[1, 2]``), a path checked against the disk (``FilePath``,
+  ``NewPath`` ...), and a ``Json`` or ``complex`` field (a string pydantic parses).
 
 Torch-free, so ``lmnb`` converts a model class with it before any backend is chosen.
 """
@@ -26,23 +31,31 @@ from __future__ import annotations
 
 from typing import Any
 
-NAIVE_DATE_TIME = "naive-date-time"  # lmnb's format: an RFC 3339 date-time without its offset
+# RFC 3339 §5.6 full-date: years 0001-9999 (Python's and so jsonschema's range), each month's days,
+# 29 February in leap years (divisible by 4, centuries only by 400).
+_YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+        f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
+# partial-time: hh:mm:ss, up to 6 fraction digits (no leap second 60: what every validator accepts).
+# Here, not in constrained.schema (its formats' source), because a NaiveDatetime needs them torch-free.
+CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
 # padded base64 whose unused low bits are 0 (pydantic refuses "YR==")
 BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$"
 
 
 def pydantic_json_schema(model: type) -> dict:
-    """``model.model_json_schema()``, with ``Decimal`` fields as above.
+    """``model.model_json_schema()``, with the fields above tightened.
 
     Args:
         model: a pydantic ``BaseModel`` subclass.
 
     Raises:
-        ValueError: a ``Decimal`` field with both digit limits and bounds.
+        ValueError: a ``Decimal`` field with both digit limits and bounds, or a field refused above.
     """
     from pydantic.json_schema import GenerateJsonSchema
 
-    class _ExactDecimals(GenerateJsonSchema):
+    class _Exact(GenerateJsonSchema):
         def decimal_schema(self, schema: Any) -> dict:
             digits, places = schema.get("max_digits"), schema.get("decimal_places")
             if digits is None and places is None:
@@ -122,7 +135,7 @@ def pydantic_json_schema(model: type) -> dict:
         def datetime_schema(self, schema: Any) -> dict:
             _refuse_temporal_bounds(schema)
             if schema.get("tz_constraint") == "naive":
-                return {"type": "string", "format": NAIVE_DATE_TIME}
+                return {"type": "string", "pattern": f"^{DATE}T{CLOCK}$"}  # (date-time's, without the offset)
             if isinstance(schema.get("tz_constraint"), int):
                 raise ValueError("a datetime field fixed to one UTC offset (TzInfo constraint) cannot be constrained "
                                  "(any offset would be written); use datetime or AwareDatetime")
@@ -137,7 +150,7 @@ def pydantic_json_schema(model: type) -> dict:
         def timedelta_schema(self, schema: Any) -> dict:
             return _refuse_temporal_bounds(schema) or super().timedelta_schema(schema)
 
-    return model.model_json_schema(schema_generator=_ExactDecimals)
+    return model.model_json_schema(schema_generator=_Exact)
 
 
 def _refuse_temporal_bounds(schema: Any) -> None:

@@ -1747,6 +1747,10 @@ def test_a_pydantic_naive_datetime_is_written_without_an_offset(backend):
     _pydantic_agrees(rx, Stamp, [json.dumps({"at": t}) for t in (
         "2024-02-29T10:00:00", "2024-02-29T23:59:59.123456", "2024-02-29T10:00:00Z", "2024-02-29T10:00:00+01:00",
         "2023-02-29T10:00:00", "2024-02-29T24:00:00")])
+    from lmnb_engine.pydantic_schema import pydantic_json_schema
+
+    # a plain pattern (no format of lmnb's own), which other backends (OpenAI, a server) read too
+    assert set(pydantic_json_schema(Stamp)["properties"]["at"]) == {"type", "pattern", "title"}
 
 
 @pytest.mark.parametrize("field", [

@@ -53,7 +53,7 @@ from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.pydantic_schema import NAIVE_DATE_TIME, pydantic_json_schema
+from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
 from lmnb_engine.json_schema import checked_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -85,15 +85,8 @@ _FINITE_NUMBER = r"((-)?(0|[1-9][0-9]{0,99}))(\.[0-9]+)?([eE](-[0-9]+|\+[01]?[0-
 
 # The formats, as Python regexes (written over JSON text by json_string, like a pattern), each a
 # subset of its RFC that jsonschema's format checker (with its optional checkers) accepts; ASCII only.
-# RFC 3339 §5.6 full-date: years 0001-9999 (Python's and so jsonschema's range), each month's days,
-# 29 February in leap years (divisible by 4, centuries only by 400).
-_YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
-_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
-_DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
-         f"|02-(?:0[1-9]|1[0-9]|2[0-8]))|{_LEAP_YEAR}-02-29)")
-# full-time: hh:mm:ss, up to 6 fraction digits, then "Z" or an offset (the upper-case letters, and
-# no leap second 60: what every validator accepts).
-_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
+# RFC 3339 full-date and partial-time (_DATE, _CLOCK) are pydantic_schema's (torch-free: for NaiveDatetime);
+# full-time: then "Z" or an offset (the upper-case letters: what every validator accepts).
 _TIME = _CLOCK + r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 # RFC 1123 host names of up to 4 labels, at most 253 characters (the last label at most 61); the
 # last one starts with a letter (URL parsers read an all-digit one as an IPv4 address:
@@ -122,7 +115,6 @@ _FORMAT_PATTERN = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
-    NAIVE_DATE_TIME: f"{_DATE}T{_CLOCK}",  # (lmnb's own, from pydantic_schema: no offset)
     "duration": f"P(?:[0-9]{{1,6}}D(?:{_DURATION_TIME})?|{_DURATION_TIME}|[0-9]{{1,6}}W)",
     "uuid": "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     # pydantic's UUID1 ... UUID8: that version digit, and RFC 4122's variant (else Python's
