@@ -85,7 +85,7 @@ def pydantic_json_schema(model: type) -> dict:
             if isinstance(paths, list) and paths and not isinstance(paths[0], list):
                 paths = [paths]  # (one AliasPath: a path, not a list of them)
             # only AliasPath ones: pydantic's schema falls back to the field name, which it then refuses
-            if key == name and isinstance(paths, list) and not self._config.validate_by_name and not any(
+            if key == name and isinstance(paths, list) and not getattr(self._config, "validate_by_name", False) and not any(
                     len(p) == 1 and isinstance(p[0], str) for p in paths):
                 raise ValueError(f"field {name!r} has only AliasPath validation aliases, which constrained decoding "
                                  f"cannot write (the key {name!r} would be, which the model refuses); add a plain "
@@ -122,7 +122,7 @@ def pydantic_json_schema(model: type) -> dict:
         def bytes_schema(self, schema: Any) -> dict:
             # (pydantic's format follows ser_json_bytes; validation reads val_json_bytes)
             json_schema = {k: v for k, v in super().bytes_schema(schema).items() if k != "format"}
-            if self._config.val_json_bytes == "base64":
+            if getattr(self._config, "val_json_bytes", "utf8") == "base64":  # (config options of pydantic >= 2.11)
                 if "minLength" in json_schema or "maxLength" in json_schema:
                     raise ValueError("a bytes field read as base64 (val_json_bytes) with min_length/max_length "
                                      "cannot be constrained (they count the decoded bytes); drop them")
