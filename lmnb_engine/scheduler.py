@@ -851,15 +851,19 @@ class Scheduler:
         self._release(req)
         self._emit(req)
 
+    def _requests(self) -> list[Req]:
+        """Every request the scheduler holds: waiting, running and the one being chunked."""
+        return self.waiting + self.running + ([self.chunked] if self.chunked else [])
+
     def abort(self, rid: str, message: str = "aborted by Engine.abort") -> int:
         """Finish every sample of ``rid`` with reason abort; returns how many were live."""
-        live = [r for r in self.waiting + self.running + ([self.chunked] if self.chunked else []) if r.rid == rid]
+        live = [r for r in self._requests() if r.rid == rid]
         for r in live:
             self._finish(r, FinishReason("abort", message=message))
         return len(live)
 
     def _abort_all(self, message: str) -> None:
-        for r in self.waiting + self.running + ([self.chunked] if self.chunked else []):
+        for r in self._requests():
             if not r.finished:
                 self._finish(r, FinishReason("abort", message=message))
         self._inflight = None
@@ -909,7 +913,7 @@ class Scheduler:
         rather than waiting on a loop that is gone."""
         logger.exception("scheduler recovery failed; the engine stops")
         message = f"internal error, and the engine could not recover: {type(exc).__name__}: {exc}"
-        for req in self.waiting + self.running + ([self.chunked] if self.chunked else []):
+        for req in self._requests():
             if not req.finished:
                 self._report_failure(req, message)
         self.waiting, self.running, self.chunked, self._inflight = [], [], None, None
