@@ -935,9 +935,10 @@ class StreamExecutor:
                 seen = self._version
                 if var_name is None:
                     current = self.text_
-                    # (the body itself reading, or no body left: nothing more comes once idle)
-                    ended = self.closed or not self._body_elsewhere(reader)
-                    done = (ended and not self._queue and not self._draining) or self.error_ is not None
+                    # idle, and the body itself reading or no body left: nothing more comes (the
+                    # body check, a walk of its stack, only once idle: not at every streamed piece)
+                    idle = not self._queue and not self._draining
+                    done = (idle and (self.closed or not self._body_elsewhere(reader))) or self.error_ is not None
                 else:
                     current = self.var_log.get(var_name, "")
                     started = var_name in self.variables or self._pending[var_name] > 0
