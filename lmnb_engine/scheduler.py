@@ -876,6 +876,11 @@ class Scheduler:
         self._step_reqs = []
         clean = True
         for req in affected:
+            if req.finished and req.req_pool_idx is not None:
+                # its own clean-up raised (the failure of this step): finished, never answered
+                clean = False
+                self._report_failure(req, message)
+                continue
             if req.finished:
                 continue
             try:

@@ -534,6 +534,19 @@ def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine,
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
 
 
+def test_a_finished_request_whose_clean_up_fails_is_answered_and_the_memory_rebuilt(engine, hf, monkeypatch):
+    """A request's own release failing as it finished (finish reason set, KV not returned) was
+    skipped by the recovery as finished: its handle waited forever and its KV leaked."""
+    monkeypatch.setattr(engine.scheduler, "_release", failing_at_call(engine.scheduler._release, 1, "simulated leak"))
+    r = engine.submit("the cat", GREEDY).result(timeout=60)
+    assert r.finish_reason.type == "abort" and "simulated leak" in r.finish_reason.message
+    monkeypatch.undo()
+    assert_idle_accounting(engine)
+    assert engine.runner.kv_pool.available_size() == engine.runner.max_total_tokens  # rebuilt, empty
+    p = engine.encode("the cat")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+
+
 def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_everyone(tiny_llama, monkeypatch):
     """Out of memory while rebuilding the pools (a GPU whose memory another process took) killed
     the loop thread: requests waiting behind the failed one were never answered."""
