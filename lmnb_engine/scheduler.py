@@ -859,7 +859,12 @@ class Scheduler:
         """Finish every sample of ``rid`` with reason abort; returns how many were live."""
         live = [r for r in self._requests() if r.rid == rid]
         for r in live:
-            self._finish(r, FinishReason("abort", message=message))
+            try:
+                self._finish(r, FinishReason("abort", message=message))
+            except Exception as exc:
+                # (its clean-up raised: the caller hears of it, and the handle must still end)
+                self._report_failure(r, f"internal error: {type(exc).__name__}: {exc}")
+                raise
         return len(live)
 
     def _abort_all(self, message: str) -> None:

@@ -547,6 +547,18 @@ def test_a_finished_request_whose_clean_up_fails_is_answered_and_the_memory_rebu
     assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
 
 
+def test_an_abort_whose_clean_up_fails_still_ends_the_handle(engine, monkeypatch):
+    """Engine.abort raised the release's error, but the request, already marked finished and out
+    of the running list, was never answered: its handle waited forever, even after shutdown."""
+    h = engine.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    next(h.events(timeout=60))
+    monkeypatch.setattr(engine.scheduler, "_release", failing_at_call(engine.scheduler._release, 1, "simulated leak"))
+    with pytest.raises(RuntimeError, match="simulated leak"):
+        h.abort()
+    r = h.result(timeout=10)
+    assert r.finish_reason.type == "abort" and "simulated leak" in r.finish_reason.message
+
+
 def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_everyone(tiny_llama, monkeypatch):
     """Out of memory while rebuilding the pools (a GPU whose memory another process took) killed
     the loop thread: requests waiting behind the failed one were never answered."""
