@@ -870,7 +870,11 @@ class Scheduler:
     def _abort_all(self, message: str) -> None:
         for r in self._requests():
             if not r.finished:
-                self._finish(r, FinishReason("abort", message=message))
+                try:
+                    self._finish(r, FinishReason("abort", message=message))
+                except Exception:  # noqa: BLE001 - the engine stops: the others and the stop go on
+                    logger.exception("could not release request %s at shutdown", r.rid)
+                    self._report_failure(r, message)
         self._inflight = None
 
     def _recover(self, exc: Exception) -> None:

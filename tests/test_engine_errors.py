@@ -559,6 +559,23 @@ def test_an_abort_whose_clean_up_fails_still_ends_the_handle(engine, monkeypatch
     assert r.finish_reason.type == "abort" and "simulated leak" in r.finish_reason.message
 
 
+def test_a_release_failing_at_shutdown_still_stops_the_engine(tiny_llama, monkeypatch):
+    """A request's release raising while shutdown aborted everyone lost the stop command: shutdown
+    waited forever, the loop ran on, and that request was never answered."""
+    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+    hs = [eng.submit(f"the cat {i}", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+          for i in range(3)]
+    next(hs[0].events(timeout=60))
+    monkeypatch.setattr(eng.scheduler, "_release", failing_at_call(eng.scheduler._release, 1, "simulated leak"))
+    stopper = threading.Thread(target=eng.shutdown, daemon=True)
+    stopper.start()
+    stopper.join(20)
+    assert not stopper.is_alive() and not eng.scheduler.alive
+    for h in hs:
+        r = h.result(timeout=10)
+        assert r.finish_reason.type == "abort" and r.finish_reason.message == "engine shut down"
+
+
 def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_everyone(tiny_llama, monkeypatch):
     """Out of memory while rebuilding the pools (a GPU whose memory another process took) killed
     the loop thread: requests waiting behind the failed one were never answered."""
