@@ -60,6 +60,8 @@ def pydantic_json_schema(model: type) -> dict:
             digits, places = schema.get("max_digits"), schema.get("decimal_places")
             if digits is None and places is None:
                 return super().decimal_schema(schema)["anyOf"][0]  # the number with its bounds
+            if digits == 0:  # (pydantic counts a lone 0 as a digit: it accepts no value at all)
+                raise ValueError("a Decimal field with max_digits=0 accepts no value; give it at least 1")
             bounds = [k for k in ("gt", "ge", "lt", "le", "multiple_of") if schema.get(k) is not None]
             if bounds:
                 raise ValueError(

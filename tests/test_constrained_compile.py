@@ -1725,6 +1725,12 @@ def test_pydantic_decimal_fields_compile_to_what_the_model_validates(backend):
                                            r"cannot be constrained exactly"):
         backend.to_regex(json_schema=Both)
 
+    class Nothing(pydantic.BaseModel):  # the pattern wrote "0", which pydantic refuses (1 digit)
+        amount: Decimal = pydantic.Field(max_digits=0)
+
+    with pytest.raises(GrammarError, match=r"json_schema Nothing: a Decimal field with max_digits=0 accepts no value"):
+        backend.to_regex(json_schema=Nothing)
+
 
 def _pydantic_agrees(rx: re.Pattern, model: type, texts) -> None:
     """Each JSON text matches the compiled regex exactly when ``model`` (the reference) accepts it."""
