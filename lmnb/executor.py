@@ -229,10 +229,13 @@ def _waits_for_caller(thread_id: int) -> bool:
             mine.add(id(getattr(caller.f_locals["self"], "future", None)))
         caller = caller.f_back
     waits = (threading.Thread.join.__code__, Future.result.__code__, Future.exception.__code__)
-    while frame is not None:
-        if frame.f_code in waits and id(frame.f_locals.get("self")) in mine:
-            return True
-        frame = frame.f_back
+    try:
+        while frame is not None:
+            if frame.f_code in waits and id(frame.f_locals.get("self")) in mine:
+                return True
+            frame = frame.f_back
+    except AttributeError:  # a running thread's stack changed under the walk (seen on CPython 3.11)
+        return False  # (cannot tell: wait for the body, as before this check existed)
     return False
 
 
