@@ -852,11 +852,14 @@ class StreamExecutor:
                 "model: the role's gens run as one call at its end, which a branch never reaches, so they would "
                 "never run; fork before the role begins or after it ends"
             )
+        with self._cv:  # several threads of one body may fork this state at once: each takes its own places
+            first = self._forked
+            self._forked += size
         children = []
         for i in range(size):
             c = self._copy(self.branch + (i,), self.sid)
             c.root = self.root
-            c.seed_path = self.seed_path + (self._forked + i,)
+            c.seed_path = self.seed_path + (first + i,)
             # the API speculation left over is one sample of the parent's: branches sharing it wrote
             # the same text (no call made), where a fork asks for a sample each
             c.speculation = Speculation()
@@ -865,8 +868,8 @@ class StreamExecutor:
             c.fork_start_images = len(self.images_)
             c.fork_start_role = self.cur_role
             children.append(c)
-        self._children += children
-        self._forked += size
+        with self._cv:
+            self._children += children
         self._emit("fork", children=tuple(c.sid for c in children))
         return children
 
@@ -903,7 +906,8 @@ class StreamExecutor:
             self.body_thread = None
             self._version += 1
             self._cv.notify_all()
-        for c in self._children:
+            children = list(self._children)
+        for c in children:
             c.close()
 
     # -- streaming

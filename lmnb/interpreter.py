@@ -350,7 +350,8 @@ class ProgramStateGroup:
         for ex in exes:
             ex.joined = True
             ex.close()
-        parent._children = [c for c in parent._children if c not in exes]
+        with parent._cv:  # (a thread of the body may be forking the parent meanwhile)
+            parent._children = [c for c in parent._children if c not in exes]
         parent.submit(
             _JoinApply(variables, meta, text, messages, tuple(ex.sid for ex in exes), mode, tuple(images))
         )

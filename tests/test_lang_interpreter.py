@@ -4,12 +4,14 @@ streaming, dtype, API speculative execution, run_batch and its prefix hint."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -868,6 +870,48 @@ def test_a_fork_after_a_joined_fork_samples_anew_from_the_run_seed():
     again = prog.run(backend=be, seed=3, temperature=1.0)
     assert (again["first_pick"], again["second_pick"]) == (st["first_pick"], st["second_pick"])  # reproducible
     assert sorted(gen_seeds(be.calls[done:])) == sorted(seeds)  # (branches call in any order)
+
+
+@pytest.mark.timeout(60)
+def test_threads_of_one_body_forking_a_state_at_once_get_branches_of_their_own(monkeypatch):
+    """Two threads of a body forking one state at once both read the fork counter before either
+    raised it: their branches had the same seed path, hence the same seed (one sample twice). The
+    counter's first read in each thread waits (up to 1 s) for the other thread's, which made that
+    certain; where the read is under a lock, the wait times out and the threads take turns."""
+    from lmnb.executor import StreamExecutor
+
+    together = threading.Barrier(2, timeout=1)
+    waited: set[int] = set()
+
+    def read(self):
+        value = self.__dict__["_forked_now"]
+        if threading.get_ident() not in waited and self.branch == () and self.text_:
+            waited.add(threading.get_ident())
+            with contextlib.suppress(threading.BrokenBarrierError):
+                together.wait()
+        return value
+
+    def write(self, value):
+        self.__dict__["_forked_now"] = value
+
+    monkeypatch.setattr(StreamExecutor, "_forked", property(read, write), raising=False)
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s):
+        s += "Q:"
+        with ThreadPoolExecutor(2) as pool:
+            groups = list(pool.map(lambda _: s.fork(1), range(2)))
+        for g in groups:
+            g += sgl.gen("a", max_tokens=2)
+        for g in groups:
+            g.join()
+        return sorted(g[0].stream_executor.seed_path for g in groups)
+
+    st = prog.run(backend=be, seed=5, temperature=1.0)
+    assert st.ret_value == [(0,), (1,)]
+    seeds = [payload[1].seed for kind, payload in be.calls if kind == "generate"]
+    assert len(seeds) == 2 and seeds[0] != seeds[1]
 
 
 def test_select_meta_info_has_sglangs_keys_and_entry_shapes():
