@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import BaseBackend
 from lmnb.executor import ForkError, ProgramError, StreamExecutor, _JoinApply, _listeners
-from lmnb.ir import Expr, ExprList, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, as_expr
+from lmnb.ir import Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, role_message
 
 
 # ------------------------------------------------------------------------------ program states
@@ -47,20 +47,14 @@ class ProgramState:
     def __iadd__(self, other: Any) -> "ProgramState":
         if other is None:
             raise ValueError("cannot add None to a program state")
-        role = getattr(other, "_submitted_by_role", None)
-        if role is not None and role[1] is self.stream_executor:
-            raise ValueError(f"s.{role[0]}(...) adds its message itself; s += s.{role[0]}(...) would add it twice: "
-                             f"write s.{role[0]}(...) alone, or s += lmnb.{role[0]}(...)")
+        added_twice(other, self.stream_executor)
         self.stream_executor.submit(other)
         return self
 
     def _role(self, role: str, expr: Any = None):
         if expr is not None:
-            # returned as SGLang's does, for inspection; it is submitted already, so adding it
-            # again (s += s.user(x)) would write the message twice
-            submitted = ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
+            submitted = role_message(role, expr, self.stream_executor)
             self.stream_executor.submit(submitted)
-            submitted._submitted_by_role = (role, self.stream_executor)  # (so s += s.user(x) is refused)
             return submitted
 
         @contextlib.contextmanager

@@ -304,6 +304,27 @@ class RoleEnd(Expr):
         return f"RoleEnd({self.role!r})"
 
 
+def role_message(role: str, expr: Any, owner: object) -> ExprList:
+    """What ``s.user(expr)`` (or system/assistant) submits to state ``owner`` and returns, as
+    SGLang's does: the message, marked so that ``owner`` refuses it if it is added again
+    (``s += s.user(x)`` would write the message twice; ``added_twice`` says so)."""
+    message = ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)])
+    message._submitted_by_role = (role, owner)
+    return message
+
+
+def added_twice(expr: Any, owner: object) -> None:
+    """Refuse ``expr`` being added to ``owner`` when ``owner.<role>(...)`` submitted it already.
+
+    Raises:
+        ValueError: ``s += s.user(x)``, naming the two ways to write it once.
+    """
+    role = getattr(expr, "_submitted_by_role", None)
+    if role is not None and role[1] is owner:
+        raise ValueError(f"s.{role[0]}(...) adds its message itself; s += s.{role[0]}(...) would add it twice: "
+                         f"write s.{role[0]}(...) alone, or s += lmnb.{role[0]}(...)")
+
+
 class Image(Expr):
     """An image input (path, PIL image, bytes or data URL); see ``lmnb.image``."""
 

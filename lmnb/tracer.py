@@ -14,7 +14,7 @@ import contextvars
 from typing import Any, Optional
 
 from lmnb.chat_template import ChatTemplate
-from lmnb.ir import ConstantText, Expr, ExprList, RoleBegin, RoleEnd, as_expr
+from lmnb.ir import ConstantText, Expr, ExprList, RoleBegin, RoleEnd, added_twice, as_expr, role_message
 
 _tracing: contextvars.ContextVar[Optional["_TracingState"]] = contextvars.ContextVar("lmnb_tracing", default=None)
 
@@ -88,13 +88,18 @@ class _TracingState:
             self.stop()
 
     def __iadd__(self, other: Any) -> "_TracingState":
+        try:
+            added_twice(other, self)
+        except ValueError:  # (the real run raises it there)
+            self.stop()
         self._run(as_expr(other))
         return self
 
     def _role(self, role: str, expr: Any = None):
-        if expr is not None:
-            self._run(ExprList([RoleBegin(role), as_expr(expr), RoleEnd(role)]))
-            return None
+        if expr is not None:  # returned as in a real run, where the body may go on to use it
+            message = role_message(role, expr, self)
+            self._run(message)
+            return message
         return _RoleScope(self, role)
 
     def system(self, expr: Any = None):

@@ -1308,6 +1308,33 @@ def test_tracer_stops_at_arguments_and_model_calls():
     assert extract_prefix(gen_first, CHATML) == "<|im_start|>user\nfixed<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_a_traced_role_call_returns_the_message_as_a_run_does():
+    """While run_batch traced the prefix, s.system(x) returned None where a run returns the message
+    it submitted: a body using it failed under the trace, whose prefix then ended there. Returned,
+    it must still end the trace at s += s.user(x), which a run refuses, not add the message twice."""
+    from lmnb.tracer import extract_prefix
+
+    returned = []
+
+    @sgl.function
+    def prog(s, q):
+        rule = s.system("Be brief.")
+        returned.append(repr(rule))
+        s += sgl.user("Rule " + str(len(rule.exprs)))
+        s += sgl.user(q)
+
+    @sgl.function
+    def twice(s):
+        s += "Intro. "
+        s += s.user("hi")
+
+    assert extract_prefix(prog, CHATML) == ("<|im_start|>system\nBe brief.<|im_end|>\n"
+                                            "<|im_start|>user\nRule 3<|im_end|>\n<|im_start|>user\n")
+    prog.run(q="x", backend=ScriptedBackend())
+    assert returned == ["ExprList([RoleBegin('system'), ConstantText('Be brief.'), RoleEnd('system')])"] * 2
+    assert extract_prefix(twice, CHATML) == "Intro. <|im_start|>user\nhi<|im_end|>\n"  # (added once)
+
+
 @pytest.mark.parametrize("stop", ["gen", "argument", "nested program", "fork"])
 def test_a_trace_ends_for_good_where_the_body_catches_its_stop(stop):
     """A body that caught the trace's stop (``except Exception``) and went on added the text after
