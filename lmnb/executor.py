@@ -291,6 +291,9 @@ class StreamExecutor:
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
         # readers on other threads wait for it, as it may still submit what they read
         self.body_thread: Optional[int] = None
+        # the thread running a program body that is not streamed, None when none runs: a second
+        # body on this state (run(state=s)) is refused meanwhile, as while body_thread is set
+        self.plain_body: Optional[int] = None
         self.root = self  # the state whose program body adds to this one (a fork branch's: the root's)
         self.joined = False  # a fork branch merged into its parent: it takes no more primitives
         self.speculation = Speculation()  # completion-model API speculation left over
@@ -540,22 +543,23 @@ class StreamExecutor:
     def reopen(self, default_params: GenParams, stream: bool, listeners: tuple) -> None:
         """Prepare this state for another program run on it (a notebook's next cell): new
         sampling defaults, stream flag and listeners; a previous error is forgotten (the text is
-        kept as it was when it happened).
+        kept as it was when it happened). The run's body is marked as running from here on.
 
         Raises:
-            RuntimeError: the body of a ``run(stream=True)`` program is still running on this
-                state: the two bodies' text would interleave, and the first reader would stop
-                waiting when the second body returned.
+            RuntimeError: a program body is still running on this state (streamed or not, on
+                this thread or another): the two bodies' text would interleave, the second would
+                replace the first's sampling defaults and close the state under it, and the first
+                reader would stop waiting when the second body returned.
         """
         with self._cv:
-            if self.body_thread == threading.get_ident():
-                raise RuntimeError("a program body cannot continue its own state with run(state=s); call the "
-                                   "other program's function on it instead: other.func(s, ...)")
-            if self.body_thread is not None:
-                raise RuntimeError("this state is still running the body of a run(stream=True) program; wait for "
-                                   "it (state.sync()) before continuing it with run(state=...)")
+            self._refuse_a_second_body()
         self.wait_idle()
         with self._cv:
+            self._refuse_a_second_body()  # (again: another run may have begun it while this one waited)
+            if stream:
+                self.body_thread = -1  # started by the caller
+            else:
+                self.plain_body = threading.get_ident()
             self.default_params = default_params
             self.stream = stream
             self.listeners = listeners
@@ -563,6 +567,18 @@ class StreamExecutor:
             self._lost.clear()
             self.closed = False
             self._spec_terms = []
+
+    def _refuse_a_second_body(self) -> None:
+        """(Lock held.) Raise if a program body runs on this state (``reopen``)."""
+        if threading.get_ident() in (self.body_thread, self.plain_body):
+            raise RuntimeError("a program body cannot continue its own state with run(state=s); call the "
+                               "other program's function on it instead: other.func(s, ...)")
+        if self.body_thread is not None:
+            raise RuntimeError("this state is still running the body of a run(stream=True) program; wait for "
+                               "it (state.sync()) before continuing it with run(state=...)")
+        if self.plain_body is not None:
+            raise RuntimeError("this state is still running the body of a program on another thread; wait for its "
+                               "run() to return before continuing it with run(state=...)")
 
     # -- execution
 
@@ -903,7 +919,7 @@ class StreamExecutor:
         """Mark the program (or branch) finished: streaming readers end once it is idle."""
         with self._cv:
             self.closed = True
-            self.body_thread = None
+            self.body_thread = self.plain_body = None
             self._version += 1
             self._cv.notify_all()
             children = list(self._children)

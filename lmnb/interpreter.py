@@ -358,6 +358,8 @@ def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, ra
     ex = state.stream_executor
     if ex.body_thread is not None:  # a streamed body: readers on other threads wait for this one
         ex.body_thread = threading.get_ident()
+    else:
+        ex.plain_body = threading.get_ident()
     try:
         state.ret_value = func(state, *args, **kwargs)
         ex.wait_idle()

@@ -684,6 +684,45 @@ def test_text_async_iter_in_an_event_loop_of_a_streamed_body_reads_as_the_body()
 
 
 @pytest.mark.timeout(60)
+def test_continuing_a_state_whose_plain_body_still_runs_is_refused():
+    """A body run without stream=True that continued its own state with run(state=s) (or had a
+    thread of its own do it) ran the second body inside the first: the second's sampling defaults
+    replaced the first's for the rest of the first body (its later gen sampled at 0.3, not 0.9)
+    and the state was closed while the first body still ran."""
+    be = ScriptedBackend(lambda p, params: "ok")
+    refused = []
+
+    @sgl.function
+    def more(s):
+        s += "C"
+
+    def try_more(s):
+        try:
+            more.run(backend=be, state=s, temperature=0.3)
+        except RuntimeError as e:
+            refused.append(str(e))
+
+    @sgl.function
+    def outer(s):
+        s += "A"
+        try_more(s)
+        helper = threading.Thread(target=try_more, args=(s,))
+        helper.start()
+        helper.join()
+        closed = s.stream_executor.closed
+        s += "B" + sgl.gen("y")
+        return closed
+
+    st = outer.run(backend=be, temperature=0.9)
+    assert refused == ["a program body cannot continue its own state with run(state=s); call the other program's "
+                       "function on it instead: other.func(s, ...)",
+                       "this state is still running the body of a program on another thread; wait for its run() to "
+                       "return before continuing it with run(state=...)"]
+    assert (st.text(), st.ret_value, be.calls[-1][1][1].temperature) == ("ABok", False, 0.9)
+    assert more.run(backend=be, state=st).text() == "ABokC"  # once it returned
+
+
+@pytest.mark.timeout(60)
 def test_continuing_a_state_whose_streamed_body_still_runs_is_refused():
     """run(state=st) ran a second body beside the first: their text interleaved ("AC"), and when
     the second returned, st.text() stopped waiting for the first (its "B" came after)."""
