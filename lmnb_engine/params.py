@@ -7,6 +7,7 @@ sampling_params.py``) so that programs written for SGLang mean the same thing he
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -198,3 +199,14 @@ def stop_regex_problem(value: Any) -> str | None:
             return (f"{pattern!r} matches the empty string, so it would stop before the first token; make it "
                     "match at least one character")
     return None
+
+
+def in_front_end_names(message: str, names: dict[str, str]) -> str:
+    """An engine or ``SamplingParams`` error ``message`` in a front end's own field names
+    (``names``: engine field -> the front end's), so that a user told to "lower max_new_tokens"
+    is told the field they wrote: the OpenAI routes' ``max_tokens``, the language's
+    ``gen(max_tokens=...)``."""
+    message = message.replace("SamplingParams.", "")
+    for field_name, name in names.items():
+        message = re.sub(rf"\b{field_name}\b", name, message)
+    return message

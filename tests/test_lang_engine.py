@@ -239,6 +239,23 @@ def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
         sgl.gen("x", stop_regex=5)
 
 
+def test_an_engine_refusal_names_gens_max_tokens_not_the_engines_max_new_tokens(backend, hf, tiny_engine):
+    """The engine refused a gen too long for the context in its own words, "lower
+    max_new_tokens", a name gen() does not have: the program is told max_tokens (min_tokens too)."""
+    n = len(hf[0].encode("Hello"))  # (the prompt's tokens, BOS included)
+    limit = tiny_engine.context_len
+
+    @sgl.function
+    def prog(s, **kw):
+        s += "Hello" + sgl.gen("x", **kw)
+
+    err = prog.run(max_tokens=limit, backend=backend).error()
+    assert str(err) == (f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens={limit} exceeds the model's "
+                        f"context length of {limit} tokens; shorten the prompt or lower max_tokens")
+    err = prog.run(max_tokens=2, min_tokens=3, backend=backend).error()
+    assert str(err) == "Gen('x') failed: ValueError: min_tokens=3 is invalid: must not exceed max_tokens=2"
+
+
 def test_a_sampled_select_is_reproducible_with_the_run_seed(backend):
     @sgl.function
     def prog(s):

@@ -81,7 +81,7 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
     assert get_session().states["chat"].state.text() == kept  # the copy failed, not the state
     assert "r3" in ip.user_ns  # a variable finished before the failure is still delivered
     failed, out4 = run(ip, "%%lm --static --state chat\n\nlong{gen r4 max_tokens=10000000}")
-    assert not failed.success and "max_new_tokens=10000000 exceeds the model's context length" in out4.stdout
+    assert not failed.success and "max_tokens=10000000 exceeds the model's context length" in out4.stdout
     assert "branch" not in out4.stdout  # the cell ran on a copy of the state, not on a fork branch of it
     failed, out5 = run(ip, "%%lm --static\nQ:{fork 5}{gen r5 max_tokens=10000000}{join}")
     assert not failed.success and out5.stdout.count("exceeds the model's context length") == 1  # it was 5 times

@@ -44,6 +44,10 @@ def engine_sampling_params(params: GenParams, **overrides: Any):
     return sp
 
 
+# gen()'s names of the engine's SamplingParams fields that it names differently
+GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+
 def media_cache(slots: Sequence[Any], counts: Sequence[int], cached_tokens: int) -> list[dict]:
     """[issue 10] How much of each ``image()``/``video()`` input's KV came from the radix cache.
 
@@ -219,12 +223,29 @@ class Engine(AssignableChatTemplate, BaseBackend):
             return self.offline_generate(prompt, **{k: v for k, v in given.items() if v is not None}, **offline)
         ids, counts = self._engine_prompt(prompt)
         ids, first = self._first_token(ids, params)
-        handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
+        handle = self._submit_gen(ids, params, rid)
         results = handle.result()
         if not isinstance(results, list):
             results = [results]
         return [Completion(r.text, self._meta(r, params, ids, counts, prompt.text, first))
                 for r in sorted(results, key=lambda r: r.index)]
+
+    def _submit_gen(self, ids: Any, params: GenParams, rid: str) -> Any:
+        """Submit a gen's request. The engine's refusal (a prompt too long for its max_new_tokens)
+        is worded in gen()'s names: a program says max_tokens.
+
+        Raises:
+            ValueError: the engine refused the request.
+        """
+        from lmnb_engine.params import in_front_end_names
+
+        try:
+            return self.engine.submit(ids, engine_sampling_params(params), rid=rid)
+        except ValueError as e:
+            shown = in_front_end_names(str(e), GEN_NAMES)
+            if shown == str(e):
+                raise
+            raise ValueError(shown) from None
 
     def offline_generate(self, prompt: Any = None, sampling_params: Optional[dict] = None, input_ids: Any = None,
                          return_logprob: bool = False, logprob_start_len: Optional[int] = None,
@@ -310,7 +331,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
         ids, first = self._first_token(ids, params)
         from lmnb_engine.http_server.protocol import StreamMeta
 
-        handle = self.engine.submit(ids, engine_sampling_params(params), rid=rid)
+        handle = self._submit_gen(ids, params, rid)
         completion_tokens = 0
         partial = StreamMeta(rid, self.engine.decode if params.return_text_in_logprobs else None,
                              params.top_logprobs_num or 0)

@@ -11,7 +11,6 @@ rejected with a 400 naming them rather than ignored.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import uuid
@@ -26,7 +25,7 @@ from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
-from lmnb_engine.params import SamplingParams
+from lmnb_engine.params import SamplingParams, in_front_end_names
 
 _REPLACEMENT = "\ufffd"  # what a byte token that is not a whole character decodes to
 
@@ -160,9 +159,7 @@ def _api_names(message: str, req: _SamplingRequest) -> str:
     """An engine or ``SamplingParams`` ``message`` in the request's own field names: the engine's
     ``max_new_tokens`` / ``min_new_tokens`` are ``max_tokens`` (or ``max_completion_tokens``) /
     ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field."""
-    message = message.replace("SamplingParams.", "")
-    message = re.sub(r"\bmax_new_tokens\b", _max_name(req), message)
-    return re.sub(r"\bmin_new_tokens\b", "min_tokens", message)
+    return in_front_end_names(message, {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens"})
 
 
 async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list) -> list:
