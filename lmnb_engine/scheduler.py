@@ -152,6 +152,9 @@ class Scheduler:
         self._post_lock = threading.Lock()  # a command is queued before the stop, or refused after it
         self._exit_hooks: list[Callable[[], None]] = []
         self._death = ""  # why the loop stopped on its own (a failed recovery), for later callers
+        # an abort's release raised: that request's KV is neither free nor held; the loop rebuilds
+        # the memory before its next step, as after a failed step
+        self._kv_suspect = False
         self.reset_stats()
 
     # --- setup and stats ------------------------------------------------------------------------
@@ -255,9 +258,11 @@ class Scheduler:
             try:
                 if not self._has_work():  # idle: the decode reserve starts over (as SGLang's)
                     self.new_token_ratio = self.config.init_new_token_ratio
-                if not self._drain_inbox(block=not self._has_work()):
+                if not self._drain_inbox(block=not self._has_work() and not self._kv_suspect):
                     self._run_exit_hooks()
                     return
+                if self._kv_suspect:
+                    self._rebuild_memory()  # (raising, it is tried once more by _recover)
                 if self._has_work():
                     self._step()
             except Exception as exc:  # noqa: BLE001 - any failure must not kill the loop
@@ -862,8 +867,10 @@ class Scheduler:
             try:
                 self._finish(r, FinishReason("abort", message=message))
             except Exception as exc:
-                # (its clean-up raised: the caller hears of it, and the handle must still end)
+                # (its clean-up raised: the caller hears of it, the handle must still end, and the
+                # KV it did not return is recovered by a rebuild before the next step)
                 self._report_failure(r, f"internal error: {type(exc).__name__}: {exc}")
+                self._kv_suspect = True
                 raise
         return len(live)
 
@@ -897,7 +904,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - memory state is suspect; rebuild below
                 clean = False
                 self._report_failure(req, message)
-        if not clean:
+        if not clean or self._kv_suspect:
             self._rebuild_memory()
 
     def _report_failure(self, req: Req, message: str) -> None:
@@ -920,6 +927,7 @@ class Scheduler:
             req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
         self.runner.reset_pools()
         self._build_cache()
+        self._kv_suspect = False
 
     def _stop_after_failed_recovery(self, exc: Exception) -> None:
         """End the loop when even new KV pools could not be made (out of memory on the GPU, say):

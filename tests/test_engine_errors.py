@@ -559,6 +559,26 @@ def test_an_abort_whose_clean_up_fails_still_ends_the_handle(engine, monkeypatch
     assert r.finish_reason.type == "abort" and "simulated leak" in r.finish_reason.message
 
 
+def test_an_abort_whose_clean_up_fails_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
+    """The aborted request's KV, neither returned nor held by anyone, leaked: idle, free +
+    evictable + protected fell short of the pool by its tokens (the prompt and those generated). It is
+    rebuilt as after a failed step: the other running request fails with the reset, the pools start empty."""
+    params = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+    h, other = engine.submit("the cat", params), engine.submit("a dog", params)
+    next(h.events(timeout=60))
+    next(other.events(timeout=60))
+    monkeypatch.setattr(engine.scheduler, "_release", failing_at_call(engine.scheduler._release, 1, "simulated leak"))
+    with pytest.raises(RuntimeError, match="simulated leak"):
+        h.abort()
+    monkeypatch.undo()
+    reset = other.result(timeout=60).finish_reason
+    assert_idle_accounting(engine)
+    assert reset.message == "internal error: KV memory was reset"
+    assert engine.runner.kv_pool.available_size() == engine.runner.max_total_tokens  # rebuilt, empty
+    p = engine.encode("the cat")
+    assert engine.generate(p, GREEDY).token_ids == hf.greedy(p, 8)
+
+
 def test_a_release_failing_at_shutdown_still_stops_the_engine(tiny_llama, monkeypatch):
     """A request's release raising while shutdown aborted everyone lost the stop command: shutdown
     waited forever, the loop ran on, and that request was never answered."""
@@ -574,6 +594,29 @@ def test_a_release_failing_at_shutdown_still_stops_the_engine(tiny_llama, monkey
     for h in hs:
         r = h.result(timeout=10)
         assert r.finish_reason.type == "abort" and r.finish_reason.message == "engine shut down"
+
+
+@pytest.mark.timeout(120)
+def test_an_abort_whose_clean_up_fails_and_no_new_pools_can_be_made_stops_the_engine(engine, monkeypatch):
+    """The rebuild after a failed abort is the failed step's: tried once more, then the engine
+    stops, answering everyone, rather than running on over pools it could not make."""
+    params = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+    h, other = engine.submit("the cat", params), engine.submit("a dog", params)
+    next(h.events(timeout=60))
+    next(other.events(timeout=60))
+    sched, tries = engine.scheduler, []
+
+    def out_of_memory():
+        tries.append(1)
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(sched, "_release", failing_at_call(sched._release, 1, "simulated leak"))
+    monkeypatch.setattr(engine.runner, "reset_pools", out_of_memory)
+    with pytest.raises(RuntimeError, match="simulated leak"):
+        h.abort()
+    sched._thread.join(30)
+    assert not sched.alive and len(tries) == 2
+    assert other.result(timeout=10).finish_reason.message == "internal error: KV memory was reset"
 
 
 def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_everyone(tiny_llama, monkeypatch):
