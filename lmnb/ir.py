@@ -117,17 +117,16 @@ class GenParams:
     @property
     def stop_list(self) -> list[str]:
         """``stop`` as a list of non-empty strings."""
-        if not self.stop:
-            return []
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        return [s for s in stops if s]
+        from lmnb_engine.params import as_list  # torch-free: the engine's own reading
+
+        return [s for s in as_list(self.stop) if s]
 
     @property
     def stop_regexes(self) -> list[str]:
         """``stop_regex`` as a list."""
-        if self.stop_regex is None:
-            return []
-        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+        from lmnb_engine.params import as_list
+
+        return as_list(self.stop_regex)
 
     def first_stop(self, text: str) -> int:
         """Where in ``text`` the first stop begins (a stop string, or a ``stop_regex`` match), -1 if none.

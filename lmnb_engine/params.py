@@ -83,17 +83,12 @@ class SamplingParams:
     @property
     def stop_strings(self) -> list[str]:
         """``stop`` as a list (empty strings dropped)."""
-        if self.stop is None:
-            return []
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        return [s for s in stops if s]
+        return [s for s in as_list(self.stop) if s]
 
     @property
     def stop_regexes(self) -> list[str]:
         """``stop_regex`` as a list."""
-        if self.stop_regex is None:
-            return []
-        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+        return as_list(self.stop_regex)
 
     @property
     def greedy(self) -> bool:
@@ -175,6 +170,14 @@ class SamplingParams:
             bad("extra", "must be a dict whose only key is 'whitespace_pattern' (a regex string)")
         if not isinstance(self.extra.get("whitespace_pattern", ""), (str, type(None))):
             bad("extra", "whitespace_pattern must be a regex string")
+
+
+def as_list(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """A ``stop`` or ``stop_regex`` value (None, a string, or a list of them) as a new list. The
+    language's ``GenParams`` reads its own with it too (this module is torch-free)."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
 
 
 def stop_regex_problem(value: Any) -> str | None:
