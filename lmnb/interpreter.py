@@ -257,6 +257,7 @@ class ProgramStateGroup:
     def __init__(self, states: list[ProgramState], src_state: ProgramState):
         self.states = states
         self.src_state = src_state
+        self._join_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.states)
@@ -306,6 +307,10 @@ class ProgramStateGroup:
         """
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
+        with self._join_lock:  # a second thread joining this group meanwhile waits, then is refused
+            self._join(mode)
+
+    def _join(self, mode: str) -> None:
         if any(st.stream_executor.joined for st in self.states):
             raise RuntimeError("this fork group was joined already; fork the state again for new branches")
         parent = self.src_state.stream_executor

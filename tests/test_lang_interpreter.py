@@ -953,6 +953,48 @@ def test_threads_of_one_body_forking_a_state_at_once_get_branches_of_their_own(m
     assert len(seeds) == 2 and seeds[0] != seeds[1]
 
 
+@pytest.mark.timeout(60)
+def test_two_threads_joining_one_fork_group_at_once_merge_it_once(monkeypatch):
+    """Both threads found the group not joined yet, waited for its branches, and both merged it: the
+    branches' text was appended twice. Each join's wait for the branches waits (up to 1 s) for the
+    other thread's, which made that certain; where joins take turns, the wait times out."""
+    from lmnb.executor import StreamExecutor
+
+    together = threading.Barrier(2, timeout=1)
+    waited: set[int] = set()
+    wait_idle = StreamExecutor.wait_idle
+
+    def wait_idle_together(self):
+        if self.branch and threading.get_ident() not in waited:  # (a join waiting for a branch)
+            waited.add(threading.get_ident())
+            with contextlib.suppress(threading.BrokenBarrierError):
+                together.wait()
+        wait_idle(self)
+
+    monkeypatch.setattr(StreamExecutor, "wait_idle", wait_idle_together)
+    be = ScriptedBackend(lambda p, params: "ok")
+
+    @sgl.function
+    def prog(s):
+        s += "Q:"
+        forks = s.fork(2)
+        forks += "-" + sgl.gen("b")
+
+        def join():
+            try:
+                forks.join("concate_and_append")
+                return "joined"
+            except RuntimeError as e:
+                return str(e)
+
+        with ThreadPoolExecutor(2) as pool:
+            return sorted(pool.map(lambda _: join(), range(2)))
+
+    st = prog.run(backend=be)
+    assert st.ret_value == ["joined", "this fork group was joined already; fork the state again for new branches"]
+    assert (st.text(), st["b"]) == ("Q:-ok-ok", ["ok", "ok"])
+
+
 def test_select_meta_info_has_sglangs_keys_and_entry_shapes():
     # SGLang's select meta: unconditional_token_logprobs in [logprob, token id, text] entries like
     # input_token_logprobs, output_token_logprobs, and each method's own key.
