@@ -193,6 +193,44 @@ def test_abort_reaches_fork_branches(backend):
         assert b is f.error() and b.partial_text.startswith("Many words:") and len(b.partial_text) > len("Many words:")
 
 
+@pytest.mark.timeout(120)
+def test_aborting_a_state_whose_request_release_fails_still_aborts_every_branch(tiny_llama, monkeypatch):
+    """The engine raising from abort (a request whose release failed) raised out of s.abort(): the
+    state's other fork branches were never aborted, and the ProgramAborted listed none of them."""
+    from lmnb_engine import Engine
+
+    from tests.helpers_engine import assert_idle_accounting
+
+    with Engine(str(tiny_llama), max_total_tokens=1024) as eng:
+        release = eng.scheduler._release
+        calls = []
+
+        def fail_first(req):
+            calls.append(req.rid)
+            if len(calls) == 1:
+                raise RuntimeError("simulated leak")
+            return release(req)
+
+        @sgl.function
+        def prog(s):
+            s += "Q:"
+            forks = s.fork(3)
+            forks += sgl.gen("x", max_tokens=400, ignore_eos=True)
+            forks.join()
+
+        st = prog.run(backend=sgl.Engine(engine=eng), stream=True, temperature=0)
+        while eng.cache_stats()["running_requests"] < 3:  # (every branch's request is decoding)
+            time.sleep(0.01)
+        monkeypatch.setattr(eng.scheduler, "_release", fail_first)
+        st.abort()
+        err = st.error()
+        # (a branch may have failed first with the memory reset that follows the failed release)
+        assert type(err) is sgl.ProgramAborted and [e.branch for e in err.branches] == [(0,), (1,), (2,)]
+        while eng.cache_stats()["running_requests"]:  # (the branches' requests end)
+            time.sleep(0.01)
+        assert_idle_accounting(eng)
+
+
 def test_dtype_int_ends_at_the_first_space_or_newline_and_keeps_it_out_of_the_text(backend, tiny_engine):
     # SGLang's int regex allows trailing whitespace and adds the stops " " and "\n"; the reference
     # is the same regex decoded with no stops at all, cut where the first stop occurs.

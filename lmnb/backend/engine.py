@@ -9,6 +9,7 @@ for it (``research/features.md`` §1.9); ``Engine`` here is that missing backend
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
@@ -433,12 +434,17 @@ class Engine(AssignableChatTemplate, BaseBackend):
         return out
 
     def abort(self, rid: str) -> None:
+        """Stop request ``rid`` (a select's: all its requests), best effort, as the other backends
+        do: the engine raising (it was shut down, or the request's release failed) ends the
+        request all the same, with that reason, and must not stop the abort of the rest (the
+        other requests of the select, the state's other fork branches)."""
         with self._lock:
             if rid in self._sub_rids:  # a select: what it submits after this is not submitted
                 self._aborted.add(rid)
             rids = [rid] + self._sub_rids.get(rid, [])
         for r in rids:
-            self.engine.abort(r)
+            with contextlib.suppress(Exception):  # (what a failed release raised: of any type)
+                self.engine.abort(r)
 
     def flush_cache(self, empty_cache: bool = True) -> bool:
         """Drop the engine's prefix cache. ``empty_cache`` (SGLang's ``RuntimeEndpoint.flush_cache``
