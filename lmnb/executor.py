@@ -886,6 +886,11 @@ class StreamExecutor:
             children.append(c)
         with self._cv:
             self._children += children
+            stopped = self.error_
+        if stopped is not None:  # aborted while the branches were made (after the check above): none may run
+            for c in children:
+                c.abort()
+            raise stopped
         self._emit("fork", children=tuple(c.sid for c in children))
         return children
 

@@ -995,6 +995,39 @@ def test_two_threads_joining_one_fork_group_at_once_merge_it_once(monkeypatch):
     assert (st.text(), st["b"]) == ("Q:-ok-ok", ["ok", "ok"])
 
 
+def test_an_abort_while_a_fork_makes_its_branches_stops_them(monkeypatch):
+    """An abort (another thread, a stopped cell) that came after fork() checked the state but before
+    it registered the branches missed them: fork returned, and the branches ran their gens for a
+    state no one could join any more. The abort is made to come then, from the branch copy."""
+    from lmnb.executor import StreamExecutor
+
+    copy = StreamExecutor._copy
+
+    def copy_then_abort(self, branch, parent_sid):
+        if parent_sid is not None:
+            self.abort()
+        return copy(self, branch, parent_sid)
+
+    monkeypatch.setattr(StreamExecutor, "_copy", copy_then_abort)
+    be = ScriptedBackend()
+    branches = []
+
+    @sgl.function
+    def prog(s):
+        s += "Q:"
+        try:
+            forks = s.fork(2)
+        except sgl.ProgramAborted:
+            branches.extend(s.stream_executor._children)
+            raise
+        forks += sgl.gen("a")
+
+    st = prog.run(backend=be, stream=True)
+    assert type(st.error()) is sgl.ProgramAborted
+    assert len(branches) == 2 and all(type(b.error_) is sgl.ProgramAborted for b in branches)
+    assert "generate" not in be.kinds()
+
+
 def test_select_meta_info_has_sglangs_keys_and_entry_shapes():
     # SGLang's select meta: unconditional_token_logprobs in [logprob, token id, text] entries like
     # input_token_logprobs, output_token_logprobs, and each method's own key.
