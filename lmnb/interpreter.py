@@ -449,7 +449,8 @@ def run_program_batch(
     (a generator of them with ``generator_style``).
 
     Before the batch, the program's constant prefix (found by tracing, ``lmnb.tracer``) is
-    prefilled once so every item's request hits the prefix cache (paper §3). An item whose body
+    prefilled once so every item's request hits the prefix cache (paper §3); a prefill that fails
+    (a prefix too long for the model) is skipped, and each item reports the error. An item whose body
     raises does not stop the batch: its state's ``error()`` holds the exception and reading it
     raises. A consumer of the generator that stops early (``break``) or a Ctrl-C while waiting
     cancels the items not started yet and aborts those running (their bodies still return first).
@@ -463,7 +464,10 @@ def run_program_batch(
     if len(batch_kwargs) > 1:  # (after the checks: a refused batch runs nothing, not even its trace)
         prefix = extract_prefix(program, backend.get_chat_template())
         if prefix:
-            backend.cache_prefix(prefix, uuid.uuid4().hex)
+            try:
+                backend.cache_prefix(prefix, uuid.uuid4().hex)
+            except Exception:  # noqa: BLE001 - only a hint: every item begins with this text and reports the error itself
+                pass
     num_threads = max(1, min(num_threads, len(batch_kwargs)))
     listeners = _listeners.get()
     running: set[ProgramState] = set()  # the items' states while their bodies run

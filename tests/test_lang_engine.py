@@ -294,6 +294,23 @@ def test_an_engine_refusal_names_gens_max_tokens_not_the_engines_max_new_tokens(
     assert str(err) == "Gen('x') failed: ValueError: min_tokens=3 is invalid: must not exceed max_tokens=2"
 
 
+def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_reports_it(backend, hf, tiny_engine):
+    """The prefill of the traced prefix (a hint) raised out of run_batch when the prefix alone was too
+    long for the context: no item ran, where a failing item does not stop a batch."""
+    prefix = "x " * 600
+    n = len(hf[0].encode(prefix + "a"))  # (the items' prompts, "a" and "b" each one token after it)
+
+    @sgl.function
+    def prog(s, q):
+        s += prefix
+        s += q + sgl.gen("a", max_tokens=2)
+
+    states = prog.run_batch([{"q": "a"}, {"q": "b"}], backend=backend)
+    assert [str(st.error()) for st in states] == [
+        f"Gen('a') failed: ValueError: prompt of {n} tokens exceeds the model's context length of "
+        f"{tiny_engine.context_len} tokens; shorten the prompt"] * 2
+
+
 def test_a_sampled_select_is_reproducible_with_the_run_seed(backend):
     @sgl.function
     def prog(s):
