@@ -933,7 +933,8 @@ class StreamExecutor:
 
     # -- streaming
 
-    def iter_text(self, var_name: Optional[str] = None, reader: Optional[int] = None) -> Iterator[str]:
+    def iter_text(self, var_name: Optional[str] = None, reader: Optional[int] = None,
+                  with_meta: bool = False) -> Iterator[Any]:
         """Yield text as it is appended (of the whole state, or of variable ``var_name``) until the
         state is closed and idle (or the variable is complete); read by the program body itself
         (or with no streamed body running), until the work queued so far has run. A variable holding a parsed value
@@ -954,6 +955,8 @@ class StreamExecutor:
 
         ``reader``: the thread the text is for, when another one runs this iterator for it
         (``text_async_iter`` steps it on worker threads for the thread of the event loop).
+        ``with_meta``: yield ``(chunk, meta_info of var_name)``, the meta info read with the chunk
+        (read after it, it could be ahead: a later chunk's token count and logprobs).
         """
         pos, seen = None, -1
         while True:
@@ -980,10 +983,11 @@ class StreamExecutor:
                     pos = 0 if var_name is None else self.var_start.get(var_name, 0)
                 chunk = current[pos:]
                 pos = len(current)
+                meta = self.meta_info.get(var_name) if with_meta else None
                 failed = self.error_ is not None and (
                     var_name is None or var_name in self._lost or var_name not in self.variables)
             if chunk:
-                yield chunk
+                yield (chunk, meta) if with_meta else chunk
             if failed:
                 raise self.error_
             if done:

@@ -217,26 +217,24 @@ class ProgramState:
         text the model wrote (``"42"``), not its parsed value."""
         return self._text_iter(var_name, None)
 
-    def _text_iter(self, var_name: Optional[str], reader: Optional[int]) -> Iterator[str]:
+    def _text_iter(self, var_name: Optional[str], reader: Optional[int], with_meta: bool = False) -> Iterator[Any]:
         with self._abort_on_interrupt(), self._scope_hint(var_name):
-            yield from self.stream_executor.iter_text(var_name, reader)
+            yield from self.stream_executor.iter_text(var_name, reader, with_meta)
 
     async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False):
         """``text_iter`` as an async iterator; with ``return_meta_data`` and a ``var_name`` yields
-        ``(chunk, meta_info of var_name)`` (the whole text has no meta info: its chunks come alone,
-        as in SGLang)."""
+        ``(chunk, meta_info of var_name)``, the meta info as of that chunk (the whole text has no
+        meta info: its chunks come alone, as in SGLang)."""
         # steps run on worker threads, for this thread: an event loop that a streamed body runs
         # (asyncio.run in the body) reads as the body, which cannot add text while it reads
-        it = self._text_iter(var_name, threading.get_ident())
+        # (with meta data, each chunk's own: read with it, under the state's lock)
+        it = self._text_iter(var_name, threading.get_ident(), return_meta_data and var_name is not None)
         end = object()
         while True:
             chunk = await asyncio.to_thread(next, it, end)
             if chunk is end:
                 return
-            if return_meta_data and var_name is not None:
-                yield chunk, self.stream_executor.meta_info.get(var_name)
-            else:
-                yield chunk
+            yield chunk
 
     def abort(self) -> None:
         """Abort in-flight requests and skip queued primitives (reads then raise

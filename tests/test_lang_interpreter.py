@@ -2009,6 +2009,40 @@ def test_text_async_iter_of_the_whole_text_yields_strings_even_with_return_meta_
         assert "".join(asyncio.run(read(stream))) == "A:ok"
 
 
+def test_text_async_iter_pairs_each_chunk_with_its_own_meta_info(monkeypatch):
+    """The meta info was read after the chunk came, so a gen that went on meanwhile paired the first
+    chunk "a" with the finished gen's meta info (10 tokens, finish reason set), not the one token it
+    was. Here the gen goes on to its end between each chunk's read and the next."""
+    class TwoStep(ScriptedBackend):
+        def generate_stream(self, prompt, params, rid):  # "a", then (once it was read) "b" to "j"
+            yield "a", {"completion_tokens": 1, "finish_reason": None}
+            first_read.wait(10)
+            for i, ch in enumerate("bcdefghij", start=2):
+                yield ch, {"completion_tokens": i, "finish_reason": None}
+            yield "", {"completion_tokens": 10, "finish_reason": {"type": "length"}}
+
+    first_read = threading.Event()
+    to_thread = asyncio.to_thread
+
+    async def read_then_let_the_gen_end(fn, *args):
+        chunk = await to_thread(fn, *args)
+        first_read.set()
+        await to_thread(st.stream_executor.wait_idle)
+        return chunk
+
+    @sgl.function
+    def prog(s):
+        s += "A:" + sgl.gen("x")
+
+    async def read():
+        return [(c, m["completion_tokens"], m["finish_reason"]) async for c, m in
+                st.text_async_iter("x", return_meta_data=True)]
+
+    st = prog.run(backend=TwoStep(), stream=True)
+    monkeypatch.setattr(asyncio, "to_thread", read_then_let_the_gen_end)
+    assert asyncio.run(read()) == [("a", 1, None), ("bcdefghij", 10, {"type": "length"})]
+
+
 def test_a_mistyped_keyword_is_named_with_the_missing_argument():
     # bind() names only the first problem: "missing a required argument: 'question'", not the typo
     @sgl.function
