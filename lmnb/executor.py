@@ -333,9 +333,7 @@ class StreamExecutor:
     def submit(self, expr: Any) -> None:
         """Queue ``expr`` (an ``Expr`` or str) to run after everything submitted before it."""
         expr = as_expr(expr)
-        if self.joined:
-            raise RuntimeError(f"fork branch {'.'.join(map(str, self.branch))} was joined into its parent; "
-                               "extend the parent state, or fork it again")
+        self._refuse_if_joined()
         with self._cv:
             for name in _var_names(expr):
                 if self.error_ is not None:
@@ -350,6 +348,12 @@ class StreamExecutor:
             threading.Thread(target=self._drain, daemon=True, name=f"lmnb-state-{self.sid[:8]}").start()
         else:
             self._drain()
+
+    def _refuse_if_joined(self) -> None:
+        """Raise if this is a fork branch joined into its parent already: it takes nothing more."""
+        if self.joined:
+            raise RuntimeError(f"fork branch {'.'.join(map(str, self.branch))} was joined into its parent; "
+                               "extend the parent state, or fork it again")
 
     def _drain(self) -> None:
         interrupted = None
@@ -858,6 +862,7 @@ class StreamExecutor:
                 speculation (the branches' gens would wait for a role end that never comes).
         """
         size = _fork_size(size)
+        self._refuse_if_joined()  # (fork(1) submits nothing that would refuse it)
         if size > 1:
             self.submit(CommitLazy())
         self.wait_idle()

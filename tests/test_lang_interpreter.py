@@ -1028,6 +1028,31 @@ def test_an_abort_while_a_fork_makes_its_branches_stops_them(monkeypatch):
     assert "generate" not in be.kinds()
 
 
+@pytest.mark.parametrize("how", ["fork(1)", "fork(2)", "copy()"])
+def test_forking_a_joined_branch_is_refused_alike_whatever_the_size(how):
+    """fork(2) of a joined branch was refused (its prefix prefill is submitted to the branch), but
+    fork(1) made branches of it that ran, and copy() failed only at its end, saying to join an inner
+    fork before the outer one, which the program never nested."""
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s):
+        s += "Q:"
+        forks = s.fork(2)
+        forks.join()
+        if how == "copy()":
+            with forks[0].copy() as c:
+                c += sgl.gen("x")
+        else:
+            inner = forks[0].fork(int(how[5]))
+            inner += sgl.gen("x")
+
+    with pytest.raises(RuntimeError, match=r"^fork branch 0 was joined into its parent; extend the parent state, "
+                                           r"or fork it again$"):
+        prog.run(backend=be)
+    assert "generate" not in be.kinds()
+
+
 def test_select_meta_info_has_sglangs_keys_and_entry_shapes():
     # SGLang's select meta: unconditional_token_logprobs in [logprob, token id, text] entries like
     # input_token_logprobs, output_token_logprobs, and each method's own key.
