@@ -571,6 +571,22 @@ def test_openai_errors_name_the_requests_own_length_fields(backends, engines):
     assert r.json()["error"]["message"] == "min_tokens=3 is invalid: must not exceed max_tokens=2"
 
 
+def test_a_servers_refusal_of_a_gen_names_gens_max_tokens(backends, engines):
+    """Through RuntimeEndpoint the server's words reached the program: "lower max_new_tokens", a
+    name the program's gen(max_tokens=...) does not have (SGLang's server parameter)."""
+    _, remote, _ = backends
+    ctx_len = engines[1].context_len
+
+    @sgl.function
+    def prog(s):
+        s += "hi" + sgl.gen("x", max_tokens=ctx_len)
+
+    for stream in (False, True):
+        message = str(prog.run(backend=remote, stream=stream).error())
+        assert f"+ max_tokens={ctx_len} exceeds the model's context length of {ctx_len} tokens" in message
+        assert message.endswith("lower max_tokens") and "new_tokens" not in message
+
+
 def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):
     """gen(stop_regex=...) reaches every backend: the output is the free greedy output cut before
     the first occurrence of a character picked from it (a one-character pattern completes where it

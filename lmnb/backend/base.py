@@ -59,6 +59,15 @@ class BackendError(RuntimeError):
     """A backend call failed (server error, bad response); the message names the call and cause."""
 
 
+def in_gen_names(message: str) -> str:
+    """An engine's or server's error ``message`` about a gen's request in ``gen()``'s names: the
+    sampling parameters ``max_new_tokens`` and ``min_new_tokens`` (SGLang's, the engine's) are
+    ``gen(max_tokens=..., min_tokens=...)`` in a program."""
+    from lmnb_engine.params import in_front_end_names  # torch-free
+
+    return in_front_end_names(message, {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"})
+
+
 class BaseBackend:
     """Interface every backend implements. Methods may be called from many threads at once."""
 

@@ -15,7 +15,9 @@ import math
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
-from lmnb.backend.base import DELTA_TOKENS, AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt
+from lmnb.backend.base import (
+    DELTA_TOKENS, AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, in_gen_names,
+)
 from lmnb.backend.media import expand_frames
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -43,10 +45,6 @@ def engine_sampling_params(params: GenParams, **overrides: Any):
     sp = SamplingParams(**kw)
     sp.validate()
     return sp
-
-
-# gen()'s names of the engine's SamplingParams fields that it names differently
-GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
 def media_cache(slots: Sequence[Any], counts: Sequence[int], cached_tokens: int) -> list[dict]:
@@ -238,12 +236,10 @@ class Engine(AssignableChatTemplate, BaseBackend):
         Raises:
             ValueError: the engine refused the request.
         """
-        from lmnb_engine.params import in_front_end_names
-
         try:
             return self.engine.submit(ids, engine_sampling_params(params), rid=rid)
         except ValueError as e:
-            shown = in_front_end_names(str(e), GEN_NAMES)
+            shown = in_gen_names(str(e))
             if shown == str(e):
                 raise
             raise ValueError(shown) from None

@@ -18,7 +18,9 @@ import threading
 import uuid
 from typing import Any, Iterator, Optional, Sequence
 
-from lmnb.backend.base import AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
+from lmnb.backend.base import (
+    AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, in_gen_names,
+)
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -183,7 +185,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
         payload, counts = self._payload(prompt)
         data = {**payload, "sampling_params": _sampling_params(params), "rid": rid, **_logprob_fields(params)}
-        res = self._request("POST", "/generate", data)
+        try:
+            res = self._request("POST", "/generate", data)
+        except BackendError as e:  # (the server names SGLang's sampling parameters)
+            raise BackendError(in_gen_names(str(e))) from None
         items = res if isinstance(res, list) else [res]
         return [Completion(it["text"], per_input(it.get("meta_info", {}), counts)) for it in items]
 
@@ -197,7 +202,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             with self.client.stream("POST", "/generate", json=data) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise BackendError(f"POST {self.base_url}/generate: HTTP {r.status_code}: {_error_text(r)}")
+                    raise BackendError(
+                        f"POST {self.base_url}/generate: HTTP {r.status_code}: {in_gen_names(_error_text(r))}")
                 pos = 0
                 for line in r.iter_lines():
                     if not line.startswith("data:"):
@@ -209,7 +215,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                     if "error" in obj:  # the server's own words, as for a non-streamed error (_error_text)
                         err = obj["error"]
                         message = err.get("message", err) if isinstance(err, dict) else err
-                        raise BackendError(f"POST {self.base_url}/generate stream: {message}")
+                        raise BackendError(f"POST {self.base_url}/generate stream: {in_gen_names(str(message))}")
                     text = obj["text"]  # cumulative, as SGLang streams it
                     yield text[pos:], per_input(obj.get("meta_info", {}), counts)
                     pos = len(text)
