@@ -126,6 +126,18 @@ def test_select_unnamed_gen_and_options_with_commas_or_spaces():
     check(cell, ref, x=3, labels=["yes", "no"])
 
 
+def test_the_parameters_of_a_lambda_option_value_are_not_options():
+    # "q=1" in the lambda's parameters was read as an option q (an invalid expression "lambda")
+    # (a syntax error at the hole); now it is the lambda, which the option's own check refuses
+    cell = "{gen v stop=lambda q=1, r=lambda t=2: t: q max_tokens=3}"
+    t = parse(cell)
+    assert [(o.key, o.value.source) for o in t.body[0].options] == [
+        ("stop", "lambda q=1, r=lambda t=2: t: q"), ("max_tokens", "3")]
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func)
+    assert (e.value.line, e.value.col) == (1, 1) and "give a string or a list of strings" in str(e.value)
+
+
 def test_a_format_spec_may_start_with_an_equals_sign_as_in_f_strings():
     # "{x:=^5}" was read as the walrus "x := ^5" and refused as invalid Python
     one, two = faces("[{x:=^5}] [{x:=+4}]", x=1)

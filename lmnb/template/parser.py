@@ -562,14 +562,27 @@ def _comment_at(source: str) -> int | None:
 
 
 def _option_starts(rest: str) -> list[tuple[int, str, int]]:
-    """(offset, key, offset of '=') of each top-level ``key=`` in a primitive's option text."""
+    """(offset, key, offset of '=') of each top-level ``key=`` in a primitive's option text.
+
+    The parameters of a top-level ``lambda`` (up to its ``:``) are not options: in
+    ``stop=lambda q=1: q`` the ``q=`` is a default value.
+    """
     found = []
+    lambdas = 0  # lambdas whose parameter list is still open
     for i, c in top_level(rest):
+        if c == ":" and lambdas:
+            lambdas -= 1
+            continue
         if not (c.isalpha() or c == "_"):
             continue
-        if i > 0 and not (rest[i - 1].isspace() or rest[i - 1] == ","):
-            continue
+        if i > 0 and (rest[i - 1].isalnum() or rest[i - 1] == "_"):
+            continue  # inside a word
         m = _IDENT.match(rest, i)
+        if m.group(0) == "lambda":
+            lambdas += 1
+            continue
+        if lambdas or (i > 0 and not (rest[i - 1].isspace() or rest[i - 1] == ",")):
+            continue
         j = m.end()
         while j < len(rest) and rest[j] in " \t":
             j += 1
