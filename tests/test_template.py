@@ -553,6 +553,13 @@ def test_python_mode_refuses_a_body_that_yields_but_not_a_function_defined_in_it
         ("s += 'a'\nwith open('f') as s:\n    pass", 3, 19, "s is the program's state"),
         ("import s", 2, 8, "s is the program's state"),
         ("s += (s := 'a')", 2, 7, "s is the program's state"),
+        # a comprehension has its own scope, but := in it (or a default value, a decorator, a base
+        # class) binds the enclosing function's name: these rebound the state unnoticed
+        ("s += 'a'\nx = [(s := 1) for _ in range(1)]", 3, 7, "s is the program's state"),
+        ("x = [[(s := 1) for _ in y] for y in [[1]]]", 2, 8, "s is the program's state"),
+        ("def f(a=(s := 1)):\n    pass", 2, 10, "s is the program's state"),
+        ("f = lambda a=(s := 1): a", 2, 15, "s is the program's state"),
+        ("class C((s := object)):\n    pass", 2, 10, "s is the program's state"),
     ],
 )
 def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, words):
@@ -562,6 +569,7 @@ def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, wo
     assert words in str(e.value)
     parse_python("def helper(s):\n    s = s.strip()\n    return s\ns += helper(' a ')", first_line=2)  # its own s
     parse_python("s += ''.join(s for s in 'ab')\ns.x = 1\ns[0] += 'a'", first_line=2)  # neither rebinds the state
+    parse_python("fs = [lambda: (s := 1) for _ in 'ab']", first_line=2)  # the lambda's own s
 
 
 def test_constant_prefix_is_visible_to_the_batch_tracer():

@@ -121,14 +121,44 @@ def _assignment_to_s(tree: ast.AST) -> ast.AST | None:
                 else getattr(node, "name", None) if isinstance(node, _NAMED_BINDINGS) else None)
         if name == "s":
             found.append(node)
-        if not isinstance(node, _OWN_SCOPE):
+        if isinstance(node, _COMPREHENSIONS):
+            found.extend(_walrus_to_s(node))  # := in a comprehension binds the enclosing function's name
+        if isinstance(node, _OWN_SCOPE):
+            todo.extend(_evaluated_outside(node))
+        else:
             todo.extend(ast.iter_child_nodes(node))
     return min(found, key=lambda n: (n.lineno, n.col_offset), default=None)
 
 
+def _walrus_to_s(comprehension: ast.AST) -> list[ast.AST]:
+    """The ``s := ...`` of a comprehension (nested ones included, not functions or lambdas in it)."""
+    found = []
+    todo = [comprehension]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.NamedExpr) and node.target.id == "s":
+            found.append(node.target)
+        if isinstance(node, _OWN_SCOPE) and not isinstance(node, _COMPREHENSIONS):
+            todo.extend(_evaluated_outside(node))
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _evaluated_outside(node: ast.AST) -> list[ast.AST]:
+    """The parts of a function, lambda, class or comprehension that run in the enclosing scope:
+    default values, decorators, base classes, the first iterable of a comprehension."""
+    if isinstance(node, _COMPREHENSIONS):
+        return [node.generators[0].iter]
+    if isinstance(node, ast.ClassDef):
+        return [*node.decorator_list, *node.bases, *node.keywords]
+    parts = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    return parts + (node.decorator_list if not isinstance(node, ast.Lambda) else [])
+
+
 _NAMED_BINDINGS = (ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-_OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
-              ast.DictComp, ast.GeneratorExp)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, *_COMPREHENSIONS)
 
 
 def _indent(source: str) -> str:
