@@ -138,6 +138,13 @@ def test_the_parameters_of_a_lambda_option_value_are_not_options():
     assert (e.value.line, e.value.col) == (1, 1) and "give a string or a list of strings" in str(e.value)
 
 
+def test_a_kernel_variable_named_builtins_does_not_replace_the_builtins_of_a_hole():
+    # the hole was eval'ed with its names as globals, so __builtins__={"a": 1} became its builtins:
+    # len was a NameError. Names read in a comprehension or lambda in the hole are seen too.
+    one, two = faces("{len(__builtins__)} {[x + n for x in xs]} {(lambda: n)()}", __builtins__={"a": 1}, xs=[1, 2], n=10)
+    assert one == two == [((), "add", ("text", "1 [11, 12] 10"))]
+
+
 def test_a_format_spec_may_start_with_an_equals_sign_as_in_f_strings():
     # "{x:=^5}" was read as the walrus "x := ^5" and refused as invalid Python
     one, two = faces("[{x:=^5}] [{x:=+4}]", x=1)

@@ -131,11 +131,10 @@ class _Run:
     def value(self, expr: Expr, s, local: dict[str, Any], what: str = ""):
         """``expr`` evaluated; a failure is a ``TemplateRuntimeError`` at it, naming ``what`` it is
         (default: the hole ``{expr}``)."""
-        env: dict[str, Any] = {"__builtins__": builtins}
         try:
-            for name, kind in expr.refs:
-                env[name] = local[name] if kind == "local" else s[name] if kind == "var" else self.args[name]
-            return eval(expr.code, env)
+            values = [local[name] if kind == "local" else s[name] if kind == "var" else self.args[name]
+                      for name, kind in expr.refs]
+            return eval(expr.code, {"__builtins__": builtins})(*values)
         except Exception as e:
             raise TemplateRuntimeError(
                 f"{what or '{' + expr.source + '}'} failed: {type(e).__name__}: {e}", self.t.source, expr.offset,

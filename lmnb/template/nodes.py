@@ -24,7 +24,8 @@ RefKind = Literal["local", "var", "arg"]
 class Expr:
     """A Python expression written in a hole or as an option value.
 
-    ``refs`` lists the free names it reads, in order of first use, with where each comes from.
+    ``refs`` lists the free names it reads, in order of first use, with where each comes from;
+    ``code`` evaluates to a function taking their values in that order and returning the value.
     """
 
     source: str

@@ -475,7 +475,7 @@ class _Parser:
         wrapped = "(" + source + ")"
         try:
             tree = ast.parse(wrapped, mode="eval")
-            code = compile(tree, self.filename, "eval")  # refuses what parses but cannot run: (yield), await
+            compile(tree, self.filename, "eval")  # refuses what parses but cannot run: (yield), await
         except (MemoryError, RecursionError):
             raise self.error(TOO_DEEP, at, hint=TOO_DEEP_HINT) from None
         except SyntaxError as e:
@@ -498,6 +498,15 @@ class _Parser:
             kind = self.resolve(name, at + node_offset(wrapped, node) - (node.lineno == 1))
             if kind is not None:
                 refs.append((name, kind))
+        # Compiled as a function of the names it reads: a variable named __builtins__ is then a
+        # parameter, where as a global of eval() it would replace the builtins the hole calls.
+        params = ast.arguments(posonlyargs=[], args=[ast.arg(name) for name, _ in refs], kwonlyargs=[],
+                               kw_defaults=[], defaults=[])
+        func = ast.Expression(ast.copy_location(ast.Lambda(params, tree.body), tree.body))
+        try:
+            code = compile(ast.fix_missing_locations(func), self.filename, "eval")
+        except (MemoryError, RecursionError):
+            raise self.error(TOO_DEEP, at, hint=TOO_DEEP_HINT) from None
         return Expr(source, at, tuple(refs), tree, code)
 
     def resolve(self, name: str, offset: int) -> RefKind | None:
