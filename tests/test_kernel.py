@@ -141,6 +141,19 @@ def test_second_cell_on_a_state_reports_the_first_prompt_as_cached(kernel):
     assert stdout(out).strip() == "str str"
 
 
+def test_printed_lone_surrogates_show_as_replacement_characters_not_a_traceback(kernel):
+    # the packer raised UnicodeEncodeError in the IO thread: the output was lost and a traceback
+    # printed instead
+    km, kc = kernel
+    reply, messages = execute(kc, 'print("a\\ud800b\\ud83d\\ude00")')
+    assert reply["content"]["status"] == "ok"
+    assert stdout(messages) == "a\ufffdb\U0001f600\n"  # a lone one replaced; a pair is its character
+    reply, messages = execute(kc, '%%lm --static --python\nprint("x\\udc00")\ns += "y"')
+    assert reply["content"]["status"] == "ok"
+    assert stdout(messages) == "x\ufffd\n"
+    assert not [m for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
+
+
 def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel):
     km, kc = kernel
     sent = {}
