@@ -8,7 +8,8 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(shell) -> None:
-    """Register ``%%lm`` / ``%lm``, the clean error display and the tree refresh hook, make the
+    """Register ``%%lm`` / ``%lm``, the clean error display, the tree refresh hook and the hooks that
+    keep the running cell's text (for line numbers), make the
     session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine), and
     define ``lmnb`` in the namespace unless a name ``lmnb`` exists (``%%lm --python`` bodies
     write ``lmnb.gen(...)``; hidden from ``%who``)."""
@@ -24,6 +25,8 @@ def load_ipython_extension(shell) -> None:
     shell.register_magics(magics)
     shell.set_custom_exc((CellError,), show_cell_error)
     shell.events.register("post_run_cell", magics.refresh_tree)
+    shell.events.register("pre_run_cell", magics.note_cell)
+    shell.events.register("post_run_cell", magics.forget_cell)
     shell._lmnb_magics = magics
     shell._lmnb_pushed = define_lmnb(shell)
 
@@ -40,6 +43,8 @@ def unload_ipython_extension(shell) -> None:
     magics = getattr(shell, "_lmnb_magics", None)
     if magics is not None:
         shell.events.unregister("post_run_cell", magics.refresh_tree)
+        shell.events.unregister("pre_run_cell", magics.note_cell)
+        shell.events.unregister("post_run_cell", magics.forget_cell)
         shell.set_custom_exc((), None)
         for kind in ("line", "cell"):  # IPython has no unregister_magics; its table is per kind
             shell.magics_manager.magics[kind].pop("lm", None)

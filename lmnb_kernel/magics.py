@@ -120,6 +120,19 @@ class LMMagics(Magics):
         self.session = get_session()
         self.tree_view = None  # shown by %lm tree, refreshed after every cell
         self.recent_cells: dict = {}  # "cell [n]" -> its final ProgramState, the last RECENT_CELLS runs
+        # The running cells as typed (pre_run_cell), outermost first: %%capture runs its body as a
+        # cell of its own, and a %%lm below it counts its lines in the cell the user typed.
+        self.raw_cells: list[str] = []
+
+    def note_cell(self, info) -> None:
+        """pre_run_cell hook: remember the cell as typed, for the line numbers of a ``%%lm`` below
+        ``%%time`` or ``%%capture``."""
+        self.raw_cells.append(info.raw_cell)
+
+    def forget_cell(self, result) -> None:
+        """post_run_cell hook: the cell ended (a silent run, which fires no hook, must not see it)."""
+        if result is not None and self.raw_cells and self.raw_cells[-1] == result.info.raw_cell:
+            self.raw_cells.pop()  # (an empty cell fires only this hook)
 
     @no_var_expand
     @line_cell_magic
@@ -235,12 +248,13 @@ class LMMagics(Magics):
         count = _cell_number(self.shell)
         filename = f"<%%lm cell {count}>"
         ns = self.shell.user_ns
+        first_line = _first_body_line(self.raw_cells[0] if self.raw_cells else None, cell)
         try:
             if args.python:
                 define_lmnb(self.shell)  # again: %reset removes it
-                program, params = parse_python(cell, first_line=2, filename=filename).program(ns), {}
+                program, params = parse_python(cell, first_line=first_line, filename=filename).program(ns), {}
             else:
-                template = parse(cell, first_line=2, filename=filename)
+                template = parse(cell, first_line=first_line, filename=filename)
                 program, params = template.program(), template.bind(ns)
                 _warn_shadowed_builtins(template.captures, ns)
         except TemplateError as e:
@@ -341,6 +355,17 @@ class LMMagics(Magics):
                 display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
         except KeyboardInterrupt:
             raise cell_interrupt("the cell was stopped while its view was drawn; its results are kept") from None
+
+
+def _first_body_line(raw_cell: str | None, body: str) -> int:
+    """The cell line where the ``%%lm`` body starts: 2 when ``%%lm`` opens the cell, further down when
+    another cell magic (``%%time``, ``%%capture``) or blank lines come first. The body is the end of
+    the cell as typed; when it is not (a cell run by code, not typed), 2."""
+    raw = (raw_cell or "").replace("\r\n", "\n").rstrip("\n")
+    body = body.rstrip("\n")
+    if body and raw.endswith("\n" + body):
+        return raw[: len(raw) - len(body)].count("\n") + 1
+    return 2
 
 
 def _warn_shadowed_builtins(names, ns) -> None:

@@ -154,6 +154,14 @@ def test_printed_lone_surrogates_show_as_replacement_characters_not_a_traceback(
     assert not [m for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
 
 
+def test_a_cell_magic_above_lm_keeps_the_cells_line_numbers(kernel):
+    # an error below %%time said line 3 for the cell's line 4 (lines counted from the %%lm line)
+    km, kc = kernel
+    reply, messages = execute(kc, "%%time\n%%lm --static\nline three\n  {gen a max_token=3}")
+    [error] = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert "line 4, col 10: gen has no option 'max_token'" in "\n".join(error["traceback"])
+
+
 def test_interrupt_aborts_generation_keeps_partial_text_and_engine_works(kernel):
     km, kc = kernel
     sent = {}

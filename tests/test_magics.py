@@ -200,6 +200,9 @@ def test_help_options_show_the_help(ip):
         ("%%lm\n   ", "the cell body is empty"),
         ("%%lm\nline two\n  {gen a max_token=3}", "line 3, col 10: gen has no option 'max_token'"),
         ("%%lm\nHi {nobody_defined_this}", "line 2, col 5: name 'nobody_defined_this' is not defined"),
+        # below another cell magic, or blank lines, lines were counted from the %%lm line
+        ("%%time\n%%lm\nline three\n  {gen a max_token=3}", "line 4, col 10: gen has no option 'max_token'"),
+        ("\n\n%%lm\nHi {nobody_defined_this}", "line 4, col 5: name 'nobody_defined_this' is not defined"),
         ("%lm", "needs a subcommand"),
         ("%lm frobnicate", "invalid choice: 'frobnicate'"),
         ("%lm pin nosuchstate", "no state named 'nosuchstate'"),
@@ -212,6 +215,18 @@ def test_bad_usage_gets_one_clear_message(ip, cell, words):
     assert not result.success
     assert words in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_capture_above_lm_holds_the_view_and_summary_and_errors_count_the_cells_lines(ip):
+    result, out = run(ip, "%%capture c\n%%lm --static --temperature 0\nHi{gen cap_a max_tokens=2}")
+    assert result.success and out.outputs == [] and out.stdout == ""  # all of it went to c, as any output
+    captured = ip.user_ns["c"].outputs
+    assert [o.metadata["lmnb"]["captured"] for o in captured if "tokens" in o.metadata["lmnb"]] == [["cap_a"]]
+    views = [o for o in captured if o.metadata["lmnb"].get("view") == "run"]
+    assert views[-1].metadata["lmnb"]["status"] == "done" and views[-1].update  # c.show() redraws it in place
+    # %%capture runs its body as a cell of its own: the error said line 3 for the cell's line 4
+    run(ip, "%%capture c\n%%lm --python\ns += 'a'\ns = 'b'")
+    assert "line 4, col 1: s is the program's state" in ip.user_ns["c"].stdout
 
 
 def test_usage_lines_name_the_magics_as_typed(ip):
