@@ -252,6 +252,30 @@ def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(
                                        "save the notebook from Jupyter again (File > Save)\n")
 
 
+def test_nbconvert_reads_a_notebook_with_a_byte_order_mark_and_names_one_not_in_utf8(tmp_path):
+    """nbconvert reads the file itself: a byte order mark was "not JSON" to it (lmnb export read it),
+    and a Latin-1 notebook ended nbconvert on a UnicodeDecodeError traceback."""
+    from lmnb.export.exporter import LMScriptExporter
+
+    plain = tmp_path / "qa.ipynb"
+    nbformat.write(QA, plain)
+    bom = tmp_path / "bom.ipynb"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(bom)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == export_notebook(QA, "bom.ipynb", "bom.py")[0]
+    with open(bom, "rb") as f:  # a binary stream, as a caller of the exporter may pass
+        assert LMScriptExporter().from_file(f, {"metadata": {"name": "bom"}, "unique_key": "bom"})[0] == out.stdout
+    latin = tmp_path / "latin.ipynb"
+    latin.write_bytes(plain.read_bytes().replace(b"Q: ", "Q\u00e9: ".encode("latin-1"), 1))
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(latin)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and not (tmp_path / "latin.py").exists()
+    assert out.stderr.rstrip().endswith("a notebook is UTF-8 JSON: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    assert "NotebookExportError: not UTF-8 text (invalid continuation byte at byte " in out.stderr
+
+
 def test_a_notebook_without_cell_ids_is_read_without_nbformats_warning(tmp_path):
     """nbformat 4.5 cells without ids (a hand-made notebook) made lmnb export and lmnb run print
     nbformat's MissingIDFieldWarning, four lines advising normalize(); Jupyter adds ids silently."""

@@ -19,7 +19,8 @@ from lmnb.export.cells import ExportError, read_cells
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
 
-__all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "plan_notebook", "read_notebook"]
+__all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "notebook_from_text", "plan_notebook",
+           "read_notebook"]
 
 
 def read_notebook(path: Path):
@@ -31,14 +32,26 @@ def read_notebook(path: Path):
         ValueError: it is not UTF-8, not JSON, or JSON that is not a notebook (the message names
             what is missing; nbformat's own ``ValidationError`` prints the whole schema).
     """
-    import nbformat
-
     data = Path(path).read_bytes()
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}); a notebook is UTF-8 JSON: save it as "
-                         "UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise not_utf8(e) from None
+    return notebook_from_text(text)
+
+
+def not_utf8(e: UnicodeDecodeError) -> ValueError:
+    """The error for a notebook file that is not UTF-8 (``e``: where decoding it failed)."""
+    return ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}); a notebook is UTF-8 JSON: save it as "
+                      "UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+def notebook_from_text(text: str):
+    """The v4 notebook in ``text`` (a notebook file's text; a leading byte order mark is skipped).
+    Raises ``ValueError`` as ``read_notebook`` does."""
+    import nbformat
+
+    text = text.removeprefix("\ufeff")
     if not text.strip():  # (nbformat: "Notebook does not appear to be JSON: ''")
         raise ValueError("the file is empty; save the notebook from Jupyter again (File > Save)")
     import warnings

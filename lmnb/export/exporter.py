@@ -13,7 +13,7 @@ from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
-from lmnb.export import ExportError, export_notebook
+from lmnb.export import ExportError, export_notebook, not_utf8, notebook_from_text
 
 
 class NotebookExportError(ExportError, ConversionException):
@@ -37,6 +37,18 @@ class LMScriptExporter(Exporter):
 
     def _file_extension_default(self):
         return ".py"
+
+    def from_file(self, file_stream, resources=None, **kw):
+        """Export the notebook read from ``file_stream`` (text, or bytes) as ``lmnb export`` reads a
+        file: one that starts with a UTF-8 byte order mark too, which nbformat refused as not JSON."""
+        try:
+            data = file_stream.read()
+            nb = notebook_from_text(data.decode("utf-8-sig") if isinstance(data, bytes) else data)
+        except UnicodeDecodeError as e:
+            raise NotebookExportError(str(not_utf8(e))) from None
+        except ValueError as e:
+            raise NotebookExportError(str(e)) from None
+        return self.from_notebook_node(nb, resources=resources, **kw)
 
     def from_notebook_node(self, nb, resources=None, **kw):
         nb_copy, resources = super().from_notebook_node(nb, resources, **kw)
