@@ -16,11 +16,11 @@ KERNEL_NAME = "lmnb"
 DISPLAY_NAME = "lmnb (Python 3)"
 
 
-def kernel_spec(python: str | None = None) -> dict:
+def kernel_spec(python: str | None = None, display_name: str = DISPLAY_NAME) -> dict:
     """The kernel.json contents (``interrupt_mode: signal``: Ctrl-C reaches the cell as SIGINT)."""
     return {
         "argv": [python or sys.executable, "-m", "lmnb_kernel", "-f", "{connection_file}"],
-        "display_name": DISPLAY_NAME,
+        "display_name": display_name,
         "language": "python",
         "interrupt_mode": "signal",
         "env": {"TOKENIZERS_PARALLELISM": "false"},
@@ -36,6 +36,15 @@ def install_arguments(parser) -> None:
     where.add_argument("--sys-prefix", action="store_true", help=f"install into this environment ({sys.prefix})")
     where.add_argument("--prefix", metavar="PATH", help="install under PATH/share/jupyter/kernels")
     parser.add_argument("--name", default=KERNEL_NAME, help=f"kernelspec name (default {KERNEL_NAME!r})")
+    parser.add_argument("--display-name", metavar="TEXT",
+                        help=f"the name Jupyter's launcher and kernel menu show (default {DISPLAY_NAME!r}, "
+                             f"and {display_name('NAME')!r} with --name NAME)")
+
+
+def display_name(name: str) -> str:
+    """The default display name of kernelspec ``name``: two installs under different names (two
+    environments) would otherwise look the same in JupyterLab's launcher."""
+    return DISPLAY_NAME if name == KERNEL_NAME else f"{DISPLAY_NAME[:-1]}, {name})"
 
 
 def install(args) -> int:
@@ -44,9 +53,14 @@ def install(args) -> int:
     from jupyter_client.kernelspec import KernelSpecManager
 
     prefix = sys.prefix if args.sys_prefix else args.prefix
+    shown = display_name(args.name) if args.display_name is None else args.display_name.strip()
+    if not shown:
+        print("lmnb install-kernel: --display-name is empty; give the text the launcher should show, or leave "
+              "the option out", file=sys.stderr)
+        return 2
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_spec(), indent=2))
+            (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_spec(display_name=shown), indent=2))
             dest = KernelSpecManager().install_kernel_spec(
                 tmp, kernel_name=args.name, user=prefix is None, prefix=prefix
             )
@@ -58,5 +72,5 @@ def install(args) -> int:
         print(f"lmnb install-kernel: cannot install with {where}: {e}; choose a folder you can write "
               "(--user, or --prefix PATH)", file=sys.stderr)
         return 2
-    print(f"installed kernelspec {args.name!r} in {dest}")
+    print(f"installed kernelspec {args.name!r} ({shown}) in {dest}")
     return 0

@@ -16,7 +16,20 @@ def test_install_kernel_writes_the_spec_under_the_prefix(tmp_path):
     out = _install("--prefix", str(tmp_path), "--name", "lmnb-test")
     assert out.returncode == 0, out.stderr
     spec = json.loads((tmp_path / "share/jupyter/kernels/lmnb-test/kernel.json").read_text())
-    assert spec["argv"][1:3] == ["-m", "lmnb_kernel"] and spec["display_name"] == "lmnb (Python 3)"
+    assert spec["argv"][1:3] == ["-m", "lmnb_kernel"] and spec["display_name"] == "lmnb (Python 3, lmnb-test)"
+    assert out.stdout.startswith("installed kernelspec 'lmnb-test' (lmnb (Python 3, lmnb-test)) in ")
+
+
+def test_install_kernel_display_names_tell_installs_apart(tmp_path):
+    # every install was "lmnb (Python 3)": two of them looked the same in JupyterLab's launcher
+    kernels = tmp_path / "share/jupyter/kernels"
+    assert _install("--prefix", str(tmp_path)).returncode == 0
+    assert _install("--prefix", str(tmp_path), "--name", "lmnb-gpu", "--display-name", " lmnb on the GPU ").returncode == 0
+    shown = {d.name: json.loads((d / "kernel.json").read_text())["display_name"] for d in kernels.iterdir()}
+    assert shown == {"lmnb": "lmnb (Python 3)", "lmnb-gpu": "lmnb on the GPU"}
+    out = _install("--prefix", str(tmp_path), "--name", "other", "--display-name", "  ")
+    assert out.returncode == 2 and out.stderr.startswith("lmnb install-kernel: --display-name is empty")
+    assert not (kernels / "other").exists()
 
 
 def test_install_kernel_with_a_name_jupyter_refuses_says_so_without_a_traceback(tmp_path):

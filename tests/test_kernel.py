@@ -32,7 +32,7 @@ def lmnb_kernel_env() -> dict:
 
         root = Path(tempfile.mkdtemp(prefix="lmnb-kernel-test-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
-        install(argparse.Namespace(prefix=str(root / "jp"), sys_prefix=False, user=False, name="lmnb"))
+        install(argparse.Namespace(prefix=str(root / "jp"), sys_prefix=False, user=False, name="lmnb", display_name=None))
         ckpt = make_tiny_checkpoint(root / "ckpt", max_position_embeddings=8192)
         _ENV = {
             "JUPYTER_PATH": str(root / "jp" / "share" / "jupyter"),

@@ -169,7 +169,7 @@ def lmnb_env(tmp_path_factory, tiny_checkpoint_factory):
 
     ckpt = tiny_checkpoint_factory("llama", max_position_embeddings=4096)
     prefix = tmp_path_factory.mktemp("jupyter-prefix")
-    install(argparse.Namespace(prefix=str(prefix), sys_prefix=False, user=False, name="lmnb"))
+    install(argparse.Namespace(prefix=str(prefix), sys_prefix=False, user=False, name="lmnb", display_name=None))
     env = {"JUPYTER_PATH": str(prefix / "share" / "jupyter"), "LMNB_MODEL": str(ckpt), "OMP_NUM_THREADS": "1"}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():

@@ -80,7 +80,7 @@ def lab(tmp_path, tiny_checkpoint_factory):
         if not need.exists():
             pytest.fail(f"{need} is missing: run tests/browser/setup.sh ({fix})")
     ckpt = tiny_checkpoint_factory("llama", max_position_embeddings=4096)
-    install(argparse.Namespace(prefix=str(tmp_path / "jp"), sys_prefix=False, user=False, name="lmnb"))
+    install(argparse.Namespace(prefix=str(tmp_path / "jp"), sys_prefix=False, user=False, name="lmnb", display_name=None))
     root, cfg = tmp_path / "root", tmp_path / "cfg"
     (cfg / "labconfig").mkdir(parents=True)
     root.mkdir()
