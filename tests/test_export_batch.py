@@ -748,6 +748,17 @@ def test_a_run_with_limit_keeps_the_bad_input_records_of_rows_it_does_not_read(t
     assert (tmp_path / "out.jsonl").read_bytes() == before  # (row 3's record was dropped, the file rewritten)
 
 
+def test_the_bad_input_record_of_a_deleted_last_line_goes_also_when_limit_equals_the_rows_left(tmp_path):
+    # --limit 2 over 2 rows was taken for "rows past the limit were not read": row 2's record stayed
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "b"}, {"q": 3}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    assert sorted((r["row"], r["status"]) for r in read_results(out)) == [(0, "ok"), (1, "ok"), (2, "bad_input")]
+    write_rows(rows, [{"question": "a"}, {"question": "b"}])
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    assert sorted((r["row"], r["status"]) for r in read_results(out)) == [(0, "ok"), (1, "ok")]
+
+
 def test_a_bad_row_without_an_id_is_replaced_once_fixed(tmp_path):
     """With --id-field, a bad row without an id is keyed by its position; fixed, it has an id, so
     it ran, but its old bad_input record stayed beside the new one and the job exited 1 forever."""

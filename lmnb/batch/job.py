@@ -207,6 +207,7 @@ class Job:
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
             print(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run",
                   file=sys.stderr)
+        unread = args.limit is not None and len(rows) > args.limit  # rows past --limit, kept as they are
         if args.limit is not None:
             rows = rows[: args.limit]
         store = ResultStore(args.output, args.id_field, self.settings(), code_fingerprint(run_row))
@@ -219,7 +220,7 @@ class Job:
                       f"run by another version of this script (its code changed since) and {'are' if plural else 'is'} "
                       "kept; to run every row on this version, write to a new output file (--retry-errors runs the "
                       "failed ones again)", file=sys.stderr)
-            return RowRunner(self, args, store, rows, run_row, programs, backend).run()
+            return RowRunner(self, args, store, rows, run_row, programs, backend, unread=unread).run()
         except BrokenPipeError:  # stderr (progress, summary) went to a pipe that closed: stop as SIGPIPE does
             silence_stream("stdout")
             silence_stream("stderr")

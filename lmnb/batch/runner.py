@@ -26,8 +26,10 @@ EXIT_BROKEN_PIPE = 128 + 13  # (SIGPIPE's number): what a shell reports for a to
 class RowRunner:
     """One run of a job over its rows (``Job.run`` makes one); ``run`` returns the exit status."""
 
-    def __init__(self, job, args, store: ResultStore, rows: list[InputRow], run_row, programs, backend=None):
+    def __init__(self, job, args, store: ResultStore, rows: list[InputRow], run_row, programs, backend=None,
+                 unread: bool = False):
         self.job, self.args, self.store, self.backend = job, args, store, backend
+        self.unread = unread  # the input has rows past --limit, which this run does not read
         self.rows, self.run_row, self.programs = rows, run_row, list(programs)
         self.skipped = 0
         self.new = {OK: 0, ERROR: 0, BAD_INPUT: 0}
@@ -136,8 +138,9 @@ class RowRunner:
             todo.append((row, base))
         if changed:
             raise StoreError(self._changed_input(changed))
-        cut = self.args.limit is not None and len(self.rows) == self.args.limit  # (rows past it were not read)
-        stale = {k for k in old_bad.keys() - kept if not (cut and self.store.failed[k]["row"] >= len(self.rows))}
+        # (with exactly --limit rows left, the rows past them are gone, not unread: their records go too)
+        stale = {k for k in old_bad.keys() - kept
+                 if not (self.unread and self.store.failed[k]["row"] >= len(self.rows))}
         self.store.forget(set(redo) | stale)
         self.store.drop_forgotten()  # (not before the input is known to fit the file)
         for base, error in bad:
