@@ -891,6 +891,49 @@ def test_a_deep_path_is_indented_up_to_max_indent_levels_then_numbered():
     assert all(b <= a + 1 for a, b in zip(depths, depths[1:]))  # (a row is at most one level below the last)
 
 
+def _tree(texts=None):
+    """root → 1 → 2 → 3, then 3 → 4 → 5 (both locked) and 3 → 6 → 7 (7 locked): by hand, the
+    rows are root, 1-3, 4-5, 6 and 7."""
+    texts = texts or {1: "The ", 2: "cat ", 3: "sat", 4: " on", 5: " mat", 6: " down", 7: "."}
+    shape = {1: (0, 2, 0, 10.0), 2: (1, 2, 0, 30.0), 3: (2, 1, 0, 20.0), 4: (3, 1, 1, 50.0), 5: (4, 2, 1, 50.0),
+             6: (3, 1, 0, 40.0), 7: (6, 1, 1, 60.0)}  # id: (parent, tokens, lock_ref, last access)
+    return [{"node_id": 0, "parent_id": None, "num_tokens": 0}] + [
+        {"node_id": i, "parent_id": p, "num_tokens": t, "text": texts[i], "lock_ref": lock, "last_access": at}
+        for i, (p, t, lock, at) in shape.items()]
+
+
+def test_a_chain_of_single_child_nodes_is_one_row_in_the_html_and_the_text():
+    # each node was a row, one level deeper than its parent: a path of single-child nodes (a
+    # sibling evicted, or each turn of a chat its own node) was a staircase of rows
+    bundle = TreeView(kv_bytes_per_token=10, clock=lambda: 100.0).update(_tree(), paths={"s": 5})
+    assert bundle["text/plain"].splitlines() == [
+        "radix tree: 7 nodes",
+        "root (0 tok, lock 0)",
+        "  'The cat sat' (5 tok in 3 nodes, lock 0)",
+        "    ' on mat' (3 tok in 2 nodes, lock 1) <s>",
+        "    ' down' (1 tok, lock 0)",  # (its child is locked: another row)
+        "      '.' (1 tok, lock 1)",
+    ]
+    soup = BeautifulSoup(bundle["text/html"], "html.parser")
+    rows = soup.select(".lmnb-node")
+    assert [r.select_one(".lmnb-node-text").get_text() for r in rows] == [
+        "root", "'The cat sat'", "' on mat'", "' down'", "'.'"]
+    chained = rows[1].get_text()
+    assert rows[1]["title"] == "nodes 1, 2, 3 · on paths: s"
+    assert "5 tok" in chained and "3 nodes" in chained and "age 70.0 s" in chained  # the newest access: 30 s
+    assert "evictable 50 B" in chained  # 5 tokens × 10 bytes
+    assert [len(r.find_parents("ul")) for r in rows] == [1, 2, 3, 3, 4]  # a level per row, not per node
+    assert [b.get_text() for b in rows[2].select(".lmnb-path")] == ["s"]
+
+
+def test_a_chain_stops_where_a_path_ends_and_after_a_cut_preview():
+    text = TreeView(clock=lambda: 100.0).update(_tree(), paths={"p": 2})["text/plain"].splitlines()
+    assert text[2:4] == ["  'The cat ' (4 tok in 2 nodes, lock 0) <p>", "    'sat' (1 tok, lock 0)"]
+    texts = {1: "The long …", 2: "cat ", 3: "sat", 4: " on", 5: " mat", 6: " down", 7: "."}
+    text = TreeView(clock=lambda: 100.0).update(_tree(texts))["text/plain"].splitlines()
+    assert text[2] == "  'The long …' (5 tok in 3 nodes, lock 0)"  # (not "…cat sat": the edge text was cut)
+
+
 def test_tree_view_refresh_updates_the_same_display(shell):
     recs = [{"node_id": 0, "parent_id": None, "num_tokens": 0},
             {"node_id": 1, "parent_id": 0, "num_tokens": 3, "text_preview": "abc", "pinned": True}]

@@ -1,9 +1,10 @@
 """Render the radix tree (``TreeHistory``) as sanitizer-safe HTML and as plain text.
 
-Each node row shows its edge text preview, token count, lock_ref, pinned flag, LRU age and
+Each row shows a node's edge text preview, token count, lock_ref, pinned flag, LRU age and
 evictable bytes; the named states / cells whose paths end at a node are badges on it (and listed in
 the tooltip of every node on the path); evicted nodes stay as faded, struck-through ghosts under
-their last parent. Nested ``<details open>`` make the tree collapsible without a script.
+their last parent. A chain of single-child nodes alike in all of that is one row, as a radix tree
+is drawn (``chain``). Nested ``<details open>`` make the tree collapsible without a script.
 """
 
 from __future__ import annotations
@@ -51,6 +52,39 @@ def subtree_size(kids: Mapping[Optional[Hashable], list[NodeInfo]], node: NodeIn
     return count
 
 
+def children(kids: Mapping[Optional[Hashable], list[NodeInfo]], n: NodeInfo) -> list[NodeInfo]:
+    """The rows under ``n``, in id order (a node listed as its own parent is not its child)."""
+    return [c for c in sorted(kids.get(n.id, []), key=lambda c: str(c.id)) if c.id != n.id]
+
+
+def chain(kids: Mapping[Optional[Hashable], list[NodeInfo]], n: NodeInfo, ghosts: Mapping,
+          ends: Mapping[Hashable, list[str]]) -> list[NodeInfo]:
+    """``n`` and the nodes one row shows with it: while the last has exactly one child, the child
+    joins if the row's figures hold for it too (evicted or not, lock_ref, pin). A chain stops at a
+    node where a path ends (its badge marks that point), and the root has its own row."""
+    run = [n]
+    while run[-1].parent is not None and run[-1].id not in ends:
+        below = children(kids, run[-1])
+        if len(below) != 1:
+            break
+        last, c = run[-1], below[0]
+        if (c.id in ghosts) != (last.id in ghosts) or (c.lock_ref, c.pinned) != (last.lock_ref, last.pinned):
+            break
+        run.append(c)
+    return run
+
+
+def _chain_text(run: list[NodeInfo]) -> str:
+    """The edge texts of a chain joined; a text cut short ("…", as the engine's previews of long
+    edges are) ends it, since what follows would not continue it."""
+    text = ""
+    for m in run:
+        text += m.text
+        if m.text.endswith("…"):
+            break
+    return text
+
+
 def path_labels(history: TreeHistory, paths: Mapping[str, Hashable]) -> dict[Hashable, list[str]]:
     """Node id -> labels of the paths passing through it (a path is root → its end node)."""
     everything = {**history.ghosts, **history.nodes}
@@ -79,13 +113,17 @@ def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
         kids.setdefault(n.parent if (n.parent in nodes or n.parent in ghosts) else None, []).append(n)
     budget = [MAX_NODES]
 
-    def row(n: NodeInfo, evicted: bool, depth: int) -> str:
+    def row(run: list[NodeInfo], evicted: bool, depth: int) -> str:
+        n = run[-1]  # (a chain's figures are those of each of its nodes, but text, tokens and age)
         is_root = n.parent is None and not evicted
-        bits = [tag("span", esc("root" if is_root else repr(_preview(n.text))), cls="lmnb-node-text",
-                    style=MONO)]
+        bits = [tag("span", esc("root" if is_root else repr(_preview(_chain_text(run)))),
+                    cls="lmnb-node-text", style=MONO)]
         if _depth_mark(depth):
             bits.insert(0, tag("span", esc(_depth_mark(depth)), cls="lmnb-depth", style=f"color:{MUTED}"))
-        bits.append(esc(f"{n.num_tokens} tok"))
+        tokens = sum(m.num_tokens for m in run)
+        bits.append(esc(f"{tokens} tok"))
+        if len(run) > 1:
+            bits.append(tag("span", esc(f"{len(run)} nodes"), cls="lmnb-chain", style=f"color:{MUTED}"))
         if evicted:
             bits.append(badge("evicted", color=BAD, cls="lmnb-badge lmnb-evicted-badge"))
         else:
@@ -94,14 +132,14 @@ def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
             if n.pinned:
                 bits.append(badge("pinned", color="#8250df", cls="lmnb-badge lmnb-pinned"))
             if not is_root:
-                bits.append(esc(f"age {_age(now, n.last_access)}"))
+                accessed = [m.last_access for m in run if m.last_access is not None]
+                bits.append(esc(f"age {_age(now, max(accessed) if accessed else None)}"))
                 if n.evictable:
-                    ev = (human_bytes(n.num_tokens * kv_bytes_per_token) if kv_bytes_per_token
-                          else f"{n.num_tokens} tok")
+                    ev = human_bytes(tokens * kv_bytes_per_token) if kv_bytes_per_token else f"{tokens} tok"
                     bits.append(tag("span", esc(f"evictable {ev}"), cls="lmnb-evictable", style=f"color:{OK}"))
         for label in ends.get(n.id, []):
             bits.append(badge(label, color="#0a7b83", cls="lmnb-badge lmnb-path"))
-        tip = f"node {n.id}"
+        tip = f"node {n.id}" if len(run) == 1 else f"nodes {', '.join(str(m.id) for m in run)}"
         if through.get(n.id):
             tip += " · on paths: " + ", ".join(through[n.id])
         style = "opacity:0.45;text-decoration:line-through" if evicted else ""
@@ -111,21 +149,22 @@ def render_tree_html(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
     def subtree(n: NodeInfo, depth: int) -> str:
         budget[0] -= 1
         evicted = n.id in ghosts
-        children = [c for c in sorted(kids.get(n.id, []), key=lambda c: str(c.id)) if c.id != n.id]
-        if not children:
-            return tag("li", row(n, evicted, depth), style="list-style-type:none")
+        run = chain(kids, n, ghosts, ends)
+        below = children(kids, run[-1])
+        if not below:
+            return tag("li", row(run, evicted, depth), style="list-style-type:none")
         shown = []
-        for c in children:
+        for c in below:
             if budget[0] <= 0:
                 # the hidden siblings' whole subtrees, not just the siblings: each node the budget
                 # leaves out is counted in exactly one such note
-                hidden = sum(subtree_size(kids, h) for h in children[len(shown):])
+                hidden = sum(subtree_size(kids, h) for h in below[len(shown):])
                 shown.append(tag("li", esc(f"… {hidden} more nodes not shown"),
                                  style=f"list-style-type:none;color:{MUTED}"))
                 break
             shown.append(subtree(c, depth + 1))
         indent = 18 if depth < MAX_INDENT else 0
-        inner = tag("summary", row(n, evicted, depth)) + tag("ul", "".join(shown), style=f"margin:0;padding-left:{indent}px")
+        inner = tag("summary", row(run, evicted, depth)) + tag("ul", "".join(shown), style=f"margin:0;padding-left:{indent}px")
         return tag("li", tag("details", inner, extra="open"), style="list-style-type:none")
 
     roots = sorted(kids.get(None, []), key=lambda n: (n.parent is not None, str(n.id)))
@@ -174,14 +213,16 @@ def render_tree_text(history: TreeHistory, *, paths: Optional[Mapping[str, Hasha
         if len(lines) > MAX_NODES:
             hidden[0] += subtree_size(kids, n)  # said in a last line: a cut tree must not read as whole
             return
+        run = chain(kids, n, history.ghosts, ends)
+        n = run[-1]
         mark = " [evicted]" if n.id in history.ghosts else ""
         label = f" <{', '.join(ends[n.id])}>" if n.id in ends else ""
-        text = "root" if n.parent is None else repr(_preview(n.text))
+        text = "root" if n.parent is None else repr(_preview(_chain_text(run)))
         depth_mark = _depth_mark(depth) and f"[{_depth_mark(depth)}] "
-        lines.append(f"{'  ' * min(depth, MAX_INDENT)}{depth_mark}{text} ({n.num_tokens} tok, lock {n.lock_ref}){mark}{label}")
-        for c in sorted(kids.get(n.id, []), key=lambda c: str(c.id)):
-            if c.id != n.id:
-                walk(c, depth + 1)
+        size = f"{sum(m.num_tokens for m in run)} tok" + (f" in {len(run)} nodes" if len(run) > 1 else "")
+        lines.append(f"{'  ' * min(depth, MAX_INDENT)}{depth_mark}{text} ({size}, lock {n.lock_ref}){mark}{label}")
+        for c in children(kids, n):
+            walk(c, depth + 1)
 
     for r in sorted(kids.get(None, []), key=lambda n: (n.parent is not None, str(n.id))):
         walk(r, 0)
