@@ -567,6 +567,12 @@ def test_python_mode_refuses_a_body_that_yields_but_not_a_function_defined_in_it
         ("def f(a=(s := 1)):\n    pass", 2, 10, "s is the program's state"),
         ("f = lambda a=(s := 1): a", 2, 15, "s is the program's state"),
         ("class C((s := object)):\n    pass", 2, 10, "s is the program's state"),
+        # a helper declaring nonlocal s (directly, or below a function that does not bind s, or in
+        # a method) rebinds the state too
+        ("def f():\n    nonlocal s\n    s = 'x'\nf()", 4, 5, "s is the program's state"),
+        ("def f():\n    def g():\n        nonlocal s\n        s = 1\n    g()", 5, 9, "s is the program's state"),
+        ("class C:\n    s = 1\n    def m(self):\n        nonlocal s\n        s = 2", 6, 9,
+         "s is the program's state"),
     ],
 )
 def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, words):
@@ -577,6 +583,9 @@ def test_python_mode_refuses_what_a_function_body_cannot_run(body, line, col, wo
     parse_python("def helper(s):\n    s = s.strip()\n    return s\ns += helper(' a ')", first_line=2)  # its own s
     parse_python("s += ''.join(s for s in 'ab')\ns.x = 1\ns[0] += 'a'", first_line=2)  # neither rebinds the state
     parse_python("fs = [lambda: (s := 1) for _ in 'ab']", first_line=2)  # the lambda's own s
+    parse_python("def add(t):\n    nonlocal s\n    s += t\nadd('x')", first_line=2)  # adds to the state
+    parse_python("def f():\n    s = 1\n    def g():\n        nonlocal s\n        s = 2", first_line=2)  # f's s
+    parse_python("class C:\n    s = 1", first_line=2)  # an attribute of C
 
 
 def test_constant_prefix_is_visible_to_the_batch_tracer():

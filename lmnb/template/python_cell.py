@@ -108,14 +108,47 @@ def _yield_in_body(tree: ast.AST) -> ast.AST | None:
 def _assignment_to_s(tree: ast.AST) -> ast.AST | None:
     """The first binding of ``s`` by the body itself other than ``s += ...`` (``s = ...``, ``s, t = ...``,
     ``for s in``, ``with ... as s``, ``import ... as s``, ``del s``, ...); functions, classes, lambdas
-    and comprehensions defined in it have their own ``s``."""
+    and comprehensions defined in it have their own ``s``, unless they reach the body's
+    (``nonlocal s`` in a helper, ``:=`` in a comprehension)."""
+    found = _program_s_bindings(tree.body)
+    return min(found, key=lambda n: (n.lineno, n.col_offset), default=None)
+
+
+def _program_s_bindings(body: list[ast.AST]) -> list[ast.AST]:
+    """The bindings of the program's ``s`` in ``body``, the statements of a scope whose ``s`` is
+    the program's, and in the functions and classes defined there whose ``s`` is that one too."""
+    found, scopes, _ = _own_bindings(body)
+    return found + _reaching(scopes)
+
+
+def _reaching(scopes: list[ast.AST]) -> list[ast.AST]:
+    """The bindings of the program's ``s`` in functions and classes defined where ``s`` is the
+    program's: a function's ``s`` is its own if it is a parameter, or the function binds it
+    without ``nonlocal s``; a class body never hides it from the functions in the class."""
     found = []
-    todo = list(ast.iter_child_nodes(tree))
+    for scope in scopes:
+        own, inner, declared = _own_bindings(scope.body)
+        if declared == "nonlocal":
+            found += own + _reaching(inner)
+        elif isinstance(scope, ast.ClassDef):
+            found += _reaching(inner) if declared is None else []
+        elif declared is None and not own and "s" not in _parameters(scope):
+            found += _reaching(inner)
+    return found
+
+
+def _own_bindings(body: list[ast.AST]) -> tuple[list[ast.AST], list[ast.AST], str | None]:
+    """(bindings of ``s`` by the statements of one scope, the functions and classes defined in it,
+    ``"nonlocal"`` / ``"global"`` if the scope declares ``s`` so)."""
+    found, scopes, declared = [], [], None
+    todo = list(body)
     while todo:
         node = todo.pop()
         if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
             todo.append(node.value)  # s += ... adds to the state
             continue
+        if isinstance(node, (ast.Nonlocal, ast.Global)) and "s" in node.names:
+            declared = "nonlocal" if isinstance(node, ast.Nonlocal) else "global"
         name = (node.id if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)
                 else (node.asname or node.name.split(".")[0]) if isinstance(node, ast.alias)
                 else getattr(node, "name", None) if isinstance(node, _NAMED_BINDINGS) else None)
@@ -123,11 +156,18 @@ def _assignment_to_s(tree: ast.AST) -> ast.AST | None:
             found.append(node)
         if isinstance(node, _COMPREHENSIONS):
             found.extend(_walrus_to_s(node))  # := in a comprehension binds the enclosing function's name
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scopes.append(node)
         if isinstance(node, _OWN_SCOPE):
             todo.extend(_evaluated_outside(node))
         else:
             todo.extend(ast.iter_child_nodes(node))
-    return min(found, key=lambda n: (n.lineno, n.col_offset), default=None)
+    return found, scopes, declared
+
+
+def _parameters(func: ast.AST) -> set[str]:
+    a = func.args
+    return {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None}
 
 
 def _walrus_to_s(comprehension: ast.AST) -> list[ast.AST]:
