@@ -252,6 +252,24 @@ def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(
                                        "save the notebook from Jupyter again (File > Save)\n")
 
 
+def test_a_notebook_holding_a_lone_surrogate_is_refused_at_its_cell_and_line(tmp_path, capsys):
+    # JSON can escape half a UTF-16 pair ("\ud800"); lmnb export and lmnb run ended on a
+    # UnicodeEncodeError traceback (ast.parse, and nbformat.write after every cell had run)
+    from lmnb_kernel.cli import main
+
+    data = json.loads(nbformat.writes(notebook("x = 1", "%%lm\nQ: {x}\nA: \ud800{gen a max_tokens=2}")))
+    path = tmp_path / "half.ipynb"
+    path.write_text(json.dumps(data))  # (ensure_ascii: the surrogate is written as the escape \ud800)
+    why = ("cell 2, line 3 holds the lone surrogate '\\ud800', half of a UTF-16 pair and no character, which "
+           "Python can neither run nor save; delete it, or write the character it was part of\n")
+    capsys.readouterr()
+    assert main(["export", str(path), "-o", str(tmp_path / "half.py")]) == 2
+    assert capsys.readouterr().err == f"lmnb export: cannot read {path}: {why}"
+    assert main(["run", str(path)]) == 2
+    assert capsys.readouterr().err == f"lmnb run: cannot read {path}: {why}"
+    assert not (tmp_path / "half.py").exists() and not (tmp_path / "half.out.ipynb").exists()
+
+
 def test_nbconvert_reads_a_notebook_with_a_byte_order_mark_and_names_one_not_in_utf8(tmp_path):
     """nbconvert reads the file itself: a byte order mark was "not JSON" to it (lmnb export read it),
     and a Latin-1 notebook ended nbconvert on a UnicodeDecodeError traceback."""

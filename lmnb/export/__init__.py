@@ -11,6 +11,7 @@ Which cells run once and which per row is explained in ``lmnb.export.plan``.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -63,11 +64,23 @@ def notebook_from_text(text: str):
             # A notebook (4.5+) without cell ids, hand-made or an older tool's: nbformat adds them, as
             # Jupyter does, but warned in four lines advising a call to normalize().
             warnings.simplefilter("ignore", MissingIDFieldWarning)
-            return nbformat.reads(text, as_version=4)
+            nb = nbformat.reads(text, as_version=4)
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}") from None
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
+    for number, cell in enumerate(nb.cells, start=1):
+        source = cell.get("source", "")
+        lone = _SURROGATE.search(source) if isinstance(source, str) else None
+        if lone:  # (JSON can escape one, "\ud800"; Python can neither compile nor save such text)
+            line = source.count("\n", 0, lone.start()) + 1
+            raise ValueError(f"cell {number}, line {line} holds the lone surrogate {lone.group()!r}, half of a "
+                             "UTF-16 pair and no character, which Python can neither run nor save; delete it, or "
+                             "write the character it was part of")
+    return nb
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:
