@@ -130,8 +130,9 @@ class LMMagics(Magics):
         self.raw_cells.append(info.raw_cell)
 
     def forget_cell(self, result) -> None:
-        """post_run_cell hook: the cell ended (a silent run, which fires no hook, must not see it)."""
-        if result is not None and self.raw_cells and self.raw_cells[-1] == result.info.raw_cell:
+        """post_run_cell hook: the cell ended (a silent run, which fires no hook, must not see it).
+        ``result`` is None for a cell ipykernel cancelled (Ctrl-C while it awaited)."""
+        if self.raw_cells and (result is None or self.raw_cells[-1] == result.info.raw_cell):
             self.raw_cells.pop()  # (an empty cell fires only this hook)
 
     @no_var_expand

@@ -229,6 +229,17 @@ def test_capture_above_lm_holds_the_view_and_summary_and_errors_count_the_cells_
     assert "line 4, col 1: s is the program's state" in ip.user_ns["c"].stdout
 
 
+def test_a_cell_cancelled_without_a_result_does_not_leave_its_text_behind(ip):
+    # ipykernel fires post_run_cell with None for a cell it cancelled: its text stayed the
+    # outermost cell, so later cells below %%time counted their lines from the %%lm line again
+    from types import SimpleNamespace
+
+    ip.events.trigger("pre_run_cell", SimpleNamespace(raw_cell="%%lm\nstopped"))
+    ip.events.trigger("post_run_cell", None)
+    _, out = run(ip, "%%time\n%%lm\nline three\n  {gen a max_token=3}")
+    assert "line 4, col 10: gen has no option 'max_token'" in out.stdout
+
+
 def test_usage_lines_name_the_magics_as_typed(ip):
     _, out = run(ip, "%lm")
     assert "\n  %lm SUBCOMMAND ...\n" in out.stdout + out.stderr  # IPython prefixes its own "%"; it was %%lm
