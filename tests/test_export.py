@@ -207,6 +207,21 @@ def test_a_named_capture_is_said_to_be_unset_in_the_job():
                      "that reads it fails there" for i, opts, v in ((2, "--no-stderr out", "out"), (4, "log", "log"))]
 
 
+@pytest.mark.parametrize("source, where", [
+    # lines were counted from the innermost cell magic, as if it opened the cell
+    ("%%time\n%%lm\nQ: {q}\nA:{gen a max_token=3}", "cell 2 (%%lm): line 4, col 10: gen has no option"),
+    ("\n\n%%lm\nQ: {q}\nA:{gen a max_token=3}", "cell 2 (%%lm): line 5, col 10: gen has no option"),
+    ("%%time\n%%capture c\n%%lm --python\ns += 'a'\ns = 1", "cell 2 (%%lm): line 5, col 1: s is the program's"),
+    ("%%time\nx = 1\ny = (", "cell 2, line 3: invalid Python: '(' was never closed"),
+    ("%%time\nx = 1\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 5: invalid Python: invalid syntax. Perhaps you "
+     "forgot a comma?; %%lm on line 4: a cell magic works only on a cell's first line"),
+])
+def test_errors_below_a_cell_magic_give_the_notebook_cells_lines(source, where):
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "x"', source))
+    assert str(e.value).startswith(where), str(e.value)
+
+
 def test_an_lm_cell_magic_below_the_first_line_is_named_in_the_refusal():
     """A comment above %%lm made the prompt Python to IPython: the refusal said only "invalid
     syntax. Perhaps you forgot a comma?" about the prompt's line."""

@@ -155,14 +155,19 @@ def is_lm_cell(source: str) -> bool:
     return name == "lm" or (name in PYTHON_BODY_MAGICS and is_lm_cell(body))
 
 
-def _code_cell(index: int, source: str, tags: tuple) -> Cell:
+def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cell:
+    """The cell of ``source``, which starts at line ``first_line`` of the notebook cell (below a
+    ``%%time``, say): errors give the notebook cell's lines, as the kernel does."""
     name, first, body = _cell_magic(source)
     if first:
+        # the line below the magic's line, past the blank lines IPython skips before it
+        body_line = first_line + len(source) - len(source.lstrip("\n")) + 1
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
-            return _lm_cell(index, first[4:].strip(), cell_body(body))
+            return _lm_cell(index, first[4:].strip(), cell_body(body), body_line)
         if name in PYTHON_BODY_MAGICS:
             # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
-            inner = _code_cell(index, body, tags) if _cell_magic(body)[1] else python_cell(index, body, tags)
+            inner = (_code_cell(index, body, tags, body_line) if _cell_magic(body)[1]
+                     else python_cell(index, body, tags, body_line))
             if isinstance(inner, Code) and inner.magic is None:
                 inner.magic = first.strip()
             variable = next((w for w in first.split()[1:] if not w.startswith("-")), None)
@@ -174,7 +179,7 @@ def _code_cell(index: int, source: str, tags: tuple) -> Cell:
     return python_cell(index, source, tags)
 
 
-def _lm_cell(index: int, line: str, body: str) -> LMCell:
+def _lm_cell(index: int, line: str, body: str, first_line: int = 2) -> LMCell:
     from lmnb.template import TemplateError, parse, parse_python
 
     try:
@@ -186,19 +191,20 @@ def _lm_cell(index: int, line: str, body: str) -> LMCell:
     filename = f"<%%lm cell {index}>"
     try:
         if options.python:
-            program = parse_python(body, first_line=2, filename=filename)
+            program = parse_python(body, first_line=first_line, filename=filename)
             reads = python_program_reads(body)
             return LMCell(index, line, options, python=program, reads=reads,
                           captures=python_program_captures(program.tree),
                           mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"))
-        template = parse(body, first_line=2, filename=filename)
+        template = parse(body, first_line=first_line, filename=filename)
     except TemplateError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
     return LMCell(index, line, options, template=template, reads=template.arguments, captures=template.captures)
 
 
-def python_cell(index: int, source: str, tags: tuple = ()) -> Code:
-    """A Python cell with IPython syntax replaced, and its names. Raises ``ExportError``."""
+def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) -> Code:
+    """A Python cell with IPython syntax replaced, and its names; ``source`` starts at line
+    ``first_line`` of the notebook cell. Raises ``ExportError``."""
     code = Code(index, "", tags)
     text = source
     try:
@@ -210,12 +216,12 @@ def python_cell(index: int, source: str, tags: tuple = ()) -> Code:
     except SyntaxError as e:
         lines = source.split("\n")  # (IPython reads "%%lm" below the first line as a line magic "%lm %lm")
         late = next((n for n, line in enumerate(lines[1:], start=2) if line.startswith("%%")), None)
-        hint = "" if late is None else (f"; {lines[late - 1].split()[0]} on line {late}: a cell magic works only on "
-                                        "a cell's first line; move it up, or split the cell there")
-        raise ExportError(f"cell {index}, line {e.lineno}: invalid Python: {e.msg}{hint}") from None
+        hint = "" if late is None else (f"; {lines[late - 1].split()[0]} on line {late + first_line - 1}: a cell "
+                                        "magic works only on a cell's first line; move it up, or split the cell there")
+        raise ExportError(f"cell {index}, line {(e.lineno or 1) + first_line - 1}: invalid Python: {e.msg}{hint}") from None
     awaited = _top_level_await(tree)
     if awaited is not None:
-        raise ExportError(f"cell {index}, line {awaited}: top-level await (IPython runs it, a script cannot); "
+        raise ExportError(f"cell {index}, line {awaited + first_line - 1}: top-level await (IPython runs it, a script cannot); "
                           "put the code in an async function and call it with asyncio.run(...)")
     code.source = text.strip("\n")
     code.reads, code.uses, code.assigns = names(text, tree)
