@@ -197,16 +197,20 @@ def save(nb, out: Path) -> Path:
 
     import nbformat
 
+    # A lone surrogate (a markdown cell's broken character, read from a "\ud800" escape) is
+    # written as that escape again: backslashreplace writes it so, and JSON holds it only in strings.
     try:
         if str(out) == "-":
-            sys.stdout.write(nbformat.writes(nb) + "\n")  # (as nbformat.write ends a file)
+            text = nbformat.writes(nb) + "\n"  # (as nbformat.write ends a file)
+            sys.stdout.write(text.encode("utf-8", "backslashreplace").decode("utf-8"))
             sys.stdout.flush()
         else:
-            nbformat.write(nb, out)
+            with open(out, "w", encoding="utf-8", errors="backslashreplace") as f:
+                nbformat.write(nb, f)
         return out
     except OSError as e:
         fd, fallback = tempfile.mkstemp(prefix=f"{out.stem}-", suffix=".ipynb")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             nbformat.write(nb, f)
         print(f"lmnb run: cannot save {'to stdout' if str(out) == '-' else out}: {e}; the executed notebook "
               f"is saved in {fallback} instead",

@@ -609,6 +609,29 @@ def test_an_output_the_process_cannot_write_is_found_before_the_run_even_as_root
     assert "lmnb run: cannot write /proc/lmnb-out.ipynb: " in capsys.readouterr().err
 
 
+def test_a_markdown_cell_with_a_lone_surrogate_is_saved_as_it_was_read(tmp_path, capsys):
+    """JSON can escape half a UTF-16 pair ("\\ud800"): every cell ran, then saving the notebook
+    ended in a UnicodeEncodeError traceback and the run was lost."""
+    import json
+
+    from lmnb_kernel.run import run
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("broken \ud83d character"), nbformat.v4.new_code_cell("print('ran')")]
+    src = tmp_path / "nb.ipynb"
+    src.write_text(json.dumps(nb))  # (ensure_ascii: the surrogate is written as its escape)
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=60, allow_errors=False)
+    assert run(args) == 0
+    saved = json.loads(out.read_text(encoding="utf-8"))
+    assert "".join(saved["cells"][0]["source"]) == "broken \ud83d character"  # (json: the escape read back)
+    assert "".join(saved["cells"][1]["outputs"][0]["text"]) == "ran\n"
+    args.output = "-"
+    capsys.readouterr()
+    assert run(args) == 0
+    assert "".join(json.loads(capsys.readouterr().out)["cells"][0]["source"]) == "broken \ud83d character"
+
+
 def test_a_notebook_that_cannot_be_saved_at_the_end_is_saved_elsewhere(tmp_path, capsys, monkeypatch):
     """A write that fails only at the end (the disk filled up during the run) was a traceback, and
     the executed notebook was lost."""
@@ -623,7 +646,7 @@ def test_a_notebook_that_cannot_be_saved_at_the_end_is_saved_elsewhere(tmp_path,
     write = nbf.write
 
     def full_disk(nb, fp, *a, **k):
-        if str(fp) == str(out):
+        if str(getattr(fp, "name", fp)) == str(out):
             raise OSError(errno.ENOSPC, "No space left on device", str(out))
         return write(nb, fp, *a, **k)
 

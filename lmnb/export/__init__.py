@@ -71,12 +71,12 @@ def notebook_from_text(text: str):
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
     for number, cell in enumerate(nb.cells, start=1):
         source = cell.get("source", "")
-        lone = _SURROGATE.search(source) if isinstance(source, str) else None
-        if lone:  # (JSON can escape one, "\ud800"; Python can neither compile nor save such text)
+        lone = _SURROGATE.search(source) if cell.get("cell_type") == "code" and isinstance(source, str) else None
+        if lone:  # (JSON can escape one, "\ud800"; Python cannot compile text that holds one)
             line = source.count("\n", 0, lone.start()) + 1
             raise ValueError(f"cell {number}, line {line} holds the lone surrogate {lone.group()!r}, half of a "
-                             "UTF-16 pair and no character, which Python can neither run nor save; delete it, or "
-                             "write the character it was part of")
+                             "UTF-16 pair and no character, which Python cannot run; delete it, or write the "
+                             "character it was part of")
     return nb
 
 
