@@ -46,7 +46,9 @@ def test_cell_line_options_are_the_magics_options():
     assert str(e.value) == "unrecognized arguments: --bogus 3"
     for line, message in [("--temprature 0", "did you mean: --temprature → --temperature?"),
                           ("--qiet", "did you mean: --qiet → --quiet?"),
-                          ("--temperature nan", "--temperature: must be a number >= 0")]:
+                          ("--temperature nan", "--temperature: must be a number >= 0"),
+                          # it said "did you mean: --python → --python?"
+                          ("-- --python", "unrecognized arguments: -- --python ('--' ends the options; remove it)")]:
         with pytest.raises(CellLineError, match=re.escape(message)):
             parse_cell_line(line)
 

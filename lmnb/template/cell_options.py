@@ -109,9 +109,12 @@ def suggest_option(message: str, parser: argparse.ArgumentParser) -> str:
         return message
     known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
     # compared without the "--" every option shares: with it, "--bogus" was "close" to "--out"
+    words = message.split()[2:]
+    if "--" in words:  # the options after it are read as words: a guess would name them as they are
+        return message + " ('--' ends the options; remove it)"
     guesses = [(w, difflib.get_close_matches(w.split("=")[0][2:], [k[2:] for k in known], n=1))
-               for w in message.split()[2:] if w.startswith("--")]
-    hints = [f"{w.split('=')[0]} → --{g[0]}" for w, g in guesses if g]
+               for w in words if w.startswith("--")]
+    hints = [f"{w.split('=')[0]} → --{g[0]}" for w, g in guesses if g and g[0] != w.split("=")[0][2:]]
     return message + (f" (did you mean: {', '.join(hints)}?)" if hints else "")
 
 
