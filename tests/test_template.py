@@ -138,6 +138,15 @@ def test_the_parameters_of_a_lambda_option_value_are_not_options():
     assert (e.value.line, e.value.col) == (1, 1) and "give a string or a list of strings" in str(e.value)
 
 
+def test_a_name_bound_in_a_lambda_or_comprehension_is_read_from_the_kernel_outside_it():
+    # a lambda's parameter or a comprehension's target counted as bound in the whole hole: the
+    # kernel's x was never passed, and the hole failed with NameError: x
+    t = parse("{(lambda x: x)(1) + x} {[x for x in xs] + [x]} {[(a, b) for a in xs for b in range(a) if b > n]}")
+    assert t.arguments == ("x", "xs", "n")
+    one, two = faces(t.source, x=2, xs=[3], n=1)
+    assert one == two == [((), "add", ("text", "3 [3, 2] [(3, 2)]"))]
+
+
 def test_a_kernel_variable_named_builtins_does_not_replace_the_builtins_of_a_hole():
     # the hole was eval'ed with its names as globals, so __builtins__={"a": 1} became its builtins:
     # len was a NameError. Names read in a comprehension or lambda in the hole are seen too.

@@ -608,19 +608,34 @@ def _close_match(word: str, options) -> str | None:
 
 
 def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:
-    """(name, node) of names an expression reads from outside itself, in source order."""
-    bound: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            for g in node.generators:
-                bound.update(n.id for n in ast.walk(g.target) if isinstance(n, ast.Name))
-        elif isinstance(node, ast.Lambda):
+    """(name, node) of names an expression reads from outside itself, in source order. A lambda's
+    parameters and a comprehension's targets are bound only inside them (``[x for x in xs] + [x]``
+    reads the outer ``x``); their default values and first iterable are read outside. An explicit
+    stack, not recursion: an expression can nest as deep as the parser allows."""
+    names = []
+    stack: list[tuple[ast.AST, frozenset]] = [(tree, frozenset())]
+    while stack:
+        node, bound = stack.pop()
+        if isinstance(node, ast.Lambda):
             a = node.args
-            bound.update(x.arg for x in a.posonlyargs + a.args + a.kwonlyargs)
-            bound.update(x.arg for x in (a.vararg, a.kwarg) if x is not None)
-    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+            params = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None}
+            stack += [(d, bound) for d in (*a.defaults, *a.kw_defaults) if d is not None]
+            stack.append((node.body, bound | params))
+        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            inner = bound
+            for k, g in enumerate(node.generators):
+                stack.append((g.iter, inner if k else bound))  # (the first iterable is read outside)
+                inner = inner | {n.id for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+                stack += [(cond, inner) for cond in g.ifs]
+            parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
+            stack += [(part, inner) for part in parts]
+        elif isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load) and node.id not in bound:
+                names.append(node)
+        else:
+            stack += [(child, bound) for child in ast.iter_child_nodes(node)]
     names.sort(key=lambda n: (n.lineno, n.col_offset))
-    return [(n.id, n) for n in names if n.id not in bound]
+    return [(n.id, n) for n in names]
 
 
 def _syntax_offset(source: str, err: SyntaxError) -> int:
