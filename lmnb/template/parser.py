@@ -623,8 +623,8 @@ def _free_names(tree: ast.AST) -> list[tuple[str, ast.Name]]:
             stack.append((node.body, bound | params))
         elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
             inner = bound
-            for k, g in enumerate(node.generators):
-                stack.append((g.iter, inner if k else bound))  # (the first iterable is read outside)
+            for g in node.generators:
+                stack.append((g.iter, inner))  # (the first one is read outside: nothing is bound yet)
                 inner = inner | {n.id for n in ast.walk(g.target) if isinstance(n, ast.Name)}
                 stack += [(cond, inner) for cond in g.ifs]
             parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
