@@ -277,8 +277,8 @@ def test_a_notebook_holding_a_lone_surrogate_is_refused_at_its_cell_and_line(tmp
     data = json.loads(nbformat.writes(notebook("x = 1", "%%lm\nQ: {x}\nA: \ud800{gen a max_tokens=2}")))
     path = tmp_path / "half.ipynb"
     path.write_text(json.dumps(data))  # (ensure_ascii: the surrogate is written as the escape \ud800)
-    why = ("cell 2, line 3 holds the lone surrogate '\\ud800', half of a UTF-16 pair and no character, which "
-           "Python cannot run; delete it, or write the character it was part of\n")
+    why = ("cell 2, line 3: the lone surrogate '\\ud800' is half of a UTF-16 pair and no character, so Python "
+           "cannot run code that holds it; delete it, or write the character it was part of\n")
     capsys.readouterr()
     assert main(["export", str(path), "-o", str(tmp_path / "half.py")]) == 2
     assert capsys.readouterr().err == f"lmnb export: cannot read {path}: {why}"

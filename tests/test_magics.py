@@ -203,6 +203,8 @@ def test_help_options_show_the_help(ip):
         # below another cell magic, or blank lines, lines were counted from the %%lm line
         ("%%time\n%%lm\nline three\n  {gen a max_token=3}", "line 4, col 10: gen has no option 'max_token'"),
         ("\n\n%%lm\nHi {nobody_defined_this}", "line 4, col 5: name 'nobody_defined_this' is not defined"),
+        # Python's parser raised UnicodeEncodeError from inside the magic
+        ("%%lm --python\ns += 'a\ud800'", "line 2, col 8: the lone surrogate '\\ud800' is half of a UTF-16 pair"),
         ("%lm", "needs a subcommand"),
         ("%lm frobnicate", "invalid choice: 'frobnicate'"),
         ("%lm pin nosuchstate", "no state named 'nosuchstate'"),

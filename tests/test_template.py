@@ -147,6 +147,16 @@ def test_a_name_bound_in_a_lambda_or_comprehension_is_read_from_the_kernel_outsi
     assert one == two == [((), "add", ("text", "3 [3, 2] [(3, 2)]"))]
 
 
+@pytest.mark.parametrize("cell, col", [('Q: {"a\ud800"}', 7), ("{gen a stop='\ud800'}", 14), ("{fork x\ud800 in xs}{join}", 8)])
+def test_a_lone_surrogate_in_a_hole_is_refused_at_it(cell, col):
+    # (JSON can escape one into a notebook) Python's parser raised UnicodeEncodeError: a traceback
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    assert (e.value.line, e.value.col) == (1, col)
+    assert e.value.message == ("the lone surrogate '\\ud800' is half of a UTF-16 pair and no character, so Python "
+                               "cannot run code that holds it; delete it, or write the character it was part of")
+
+
 def test_a_kernel_variable_named_builtins_does_not_replace_the_builtins_of_a_hole():
     # the hole was eval'ed with its names as globals, so __builtins__={"a": 1} became its builtins:
     # len was a NameError. Names read in a comprehension or lambda in the hole are seen too.
@@ -535,6 +545,12 @@ def test_python_mode_body_of_only_comments_is_an_empty_program():
     assert record(cell.program({}).func) == []
     assert cell.to_python("p") == "@lmnb.function\ndef p(s):\n    # to do: ask the model\n    pass\n"
     compile(cell.to_python("p"), "<export>", "exec")
+
+
+def test_python_mode_refuses_a_lone_surrogate_at_it():
+    with pytest.raises(TemplateSyntaxError) as e:  # ast.parse raised UnicodeEncodeError: a traceback
+        parse_python("s += 'a'\ns += '\ud800'", first_line=2)
+    assert (e.value.line, e.value.col) == (3, 7) and e.value.message.startswith("the lone surrogate '\\ud800'")
 
 
 def test_python_mode_syntax_error_position():

@@ -11,7 +11,6 @@ Which cells run once and which per row is explained in ``lmnb.export.plan``.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -19,6 +18,7 @@ from typing import Optional, Sequence
 from lmnb.export.cells import ExportError, read_cells
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
+from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
 
 __all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "notebook_from_text", "plan_notebook",
            "read_notebook"]
@@ -71,16 +71,11 @@ def notebook_from_text(text: str):
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
     for number, cell in enumerate(nb.cells, start=1):
         source = cell.get("source", "")
-        lone = _SURROGATE.search(source) if cell.get("cell_type") == "code" and isinstance(source, str) else None
-        if lone:  # (JSON can escape one, "\ud800"; Python cannot compile text that holds one)
+        lone = LONE_SURROGATE.search(source) if cell.get("cell_type") == "code" and isinstance(source, str) else None
+        if lone:
             line = source.count("\n", 0, lone.start()) + 1
-            raise ValueError(f"cell {number}, line {line} holds the lone surrogate {lone.group()!r}, half of a "
-                             "UTF-16 pair and no character, which Python cannot run; delete it, or write the "
-                             "character it was part of")
+            raise ValueError(f"cell {number}, line {line}: {surrogate_problem(lone.group())}")
     return nb
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:

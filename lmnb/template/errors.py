@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def line_col(source: str, offset: int, first_line: int = 1) -> tuple[int, int]:
     """1-based (line, column) of character ``offset`` in ``source``; ``first_line`` numbers line 1."""
@@ -22,6 +24,17 @@ def node_offset(source: str, node) -> int:
     """Character offset in ``source`` of an ``ast`` node (ast columns count UTF-8 bytes)."""
     line = source.split("\n")[node.lineno - 1]
     return offset_of(source, node.lineno, len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace")))
+
+
+# Half of a UTF-16 pair: JSON can escape one ("\ud800"), so a notebook's text can hold it, but it
+# is no character, and Python's parser (which reads UTF-8) fails on it with UnicodeEncodeError.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def surrogate_problem(char: str) -> str:
+    """What is wrong with code that holds the lone surrogate ``char``, and the fix."""
+    return (f"the lone surrogate {char!r} is half of a UTF-16 pair and no character, so Python cannot run "
+            "code that holds it; delete it, or write the character it was part of")
 
 
 # Python's parser raises MemoryError or RecursionError, not SyntaxError, for code nested this deep.

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 
 from lmnb.ir import OUTPUT_OPTIONS
 from lmnb.template import options as opts
-from lmnb.template.errors import TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of
+from lmnb.template.errors import (
+    LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of, surrogate_problem,
+)
 from lmnb.template.nodes import (
     Expr, Fork, Interp, Media, Node, Option, Primitive, RefKind, Role, Target, Text, target_names,
 )
@@ -413,6 +415,9 @@ class _Parser:
 
     def target(self, text: str, offset: int) -> Target:
         lead = _lead(text)
+        lone = LONE_SURROGATE.search(text)
+        if lone:
+            raise self.error(surrogate_problem(lone.group()), offset + lone.start())
         try:
             tree = ast.parse("(" + text.strip() + ")", mode="eval").body
         except SyntaxError:
@@ -472,6 +477,9 @@ class _Parser:
         at = offset + lead
         if not source:
             raise self.error("empty expression", offset)
+        lone = LONE_SURROGATE.search(source)
+        if lone:
+            raise self.error(surrogate_problem(lone.group()), at + lone.start())
         wrapped = "(" + source + ")"
         try:
             tree = ast.parse(wrapped, mode="eval")

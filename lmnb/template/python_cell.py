@@ -8,7 +8,8 @@ import sys
 import tokenize
 from dataclasses import dataclass, field
 
-from lmnb.template.errors import TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of
+from lmnb.template.errors import (LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset,
+                                  offset_of, surrogate_problem)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class PythonCell:
 def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> PythonCell:
     """Parse a ``%%lm --python`` body. Raises ``TemplateSyntaxError`` with the cell line and column."""
     source = source.replace("\r\n", "\n").replace("\r", "\n")  # a lone \r ends a line for Python too
+    lone = LONE_SURROGATE.search(source)
+    if lone:
+        raise TemplateSyntaxError(surrogate_problem(lone.group()), source, lone.start(), first_line)
     try:
         tree = ast.parse(source, filename=filename)
     except (MemoryError, RecursionError):
