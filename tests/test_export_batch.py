@@ -759,6 +759,25 @@ def test_the_bad_input_record_of_a_deleted_last_line_goes_also_when_limit_equals
     assert sorted((r["row"], r["status"]) for r in read_results(out)) == [(0, "ok"), (1, "ok")]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_that_prints_a_lone_surrogate_runs_and_prints_a_replacement_character(tmp_path, capsys, threads):
+    # the stream's UTF-8 encoder raised, and the row failed with UnicodeEncodeError; in the notebook
+    # (the lmnb kernel) the same print shows U+FFFD
+    def printing_row(question):
+        run_row(question)
+        print(question + "\ud800!\ud83d\ude00")
+        print("err\udc80", file=sys.stderr)
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "b"}])
+    job = Job("test job", ("question",), argv=["--output", str(tmp_path / "out.jsonl"), "--no-progress", "--input",
+                                               str(rows), "--num-threads", str(threads)])
+    assert job.run(printing_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["ok", "ok"]
+    out = capsys.readouterr()
+    assert sorted(out.out.splitlines()) == ["a\ufffd!\U0001f600", "b\ufffd!\U0001f600"]
+    assert out.err.count("err\ufffd\n") == 2
+
+
 def test_a_bad_row_without_an_id_is_replaced_once_fixed(tmp_path):
     """With --id-field, a bad row without an id is keyed by its position; fixed, it has an id, so
     it ran, but its old bad_input record stayed beside the new one and the job exited 1 forever."""

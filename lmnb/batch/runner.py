@@ -38,7 +38,7 @@ class RowRunner:
         self.signals = 0  # SIGINT count; SIGTERM counts as two
         self.left = 0  # rows this run should do and has not written (a Ctrl-C that leaves none ends nothing)
         self.pipe_closed = False  # a row's print met a closed stdout (`job.py | head -1`)
-        self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr while rows run on several threads
+        self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr kept per row (several threads)
 
     def run(self) -> int:
         """Run the rows not yet done (``triage``) and print the summary; returns the exit status."""
@@ -209,15 +209,15 @@ class RowRunner:
         start = time.perf_counter()
         pool = ThreadPoolExecutor(self.args.num_threads, thread_name_prefix="lmnb-row")
         inflight: set = set()
-        if self.args.num_threads > 1:
-            self.outputs = sys.stdout, sys.stderr = RowOutput(sys.stdout), RowOutput(sys.stderr)
+        streams = sys.stdout, sys.stderr = RowOutput(sys.stdout), RowOutput(sys.stderr)
+        if self.args.num_threads > 1:  # (one row at a time: its prints go out as they come)
+            self.outputs = streams
         with _StopOnSignals(self):  # (until the pool is shut down: a Ctrl-C is counted, never raised)
             try:
                 self._run_pool(pool, pending, inflight, window, bar)
             finally:
-                if self.outputs:
-                    sys.stdout, sys.stderr = (out.target for out in self.outputs)
-                    self.outputs = ()
+                sys.stdout, sys.stderr = (out.target for out in streams)
+                self.outputs = ()
             bar.close()
             self.seconds = time.perf_counter() - start
             pool.shutdown(wait=not inflight, cancel_futures=True)
@@ -342,8 +342,9 @@ class RowRunner:
 
 
 class RowOutput:
-    """``sys.stdout`` (or ``sys.stderr``) while rows run on several threads: what a row's thread
-    prints is kept and written in one piece when the row ends, so the lines of rows running
+    """``sys.stdout`` (or ``sys.stderr``) while rows run. It writes a lone surrogate, which no
+    stream can encode, as U+FFFD. On several threads (``begin`` / ``end`` around each row), what a
+    row's thread prints is kept and written in one piece when the row ends, so the lines of rows running
     together do not interleave (nor do the pieces of one ``print``: its text and its newline are
     two writes). GNU parallel groups its jobs' output the same way by default. A row's piece ends
     its last line, so the next row's starts on a line of its own. Other threads (the main one, and
@@ -378,6 +379,9 @@ class RowOutput:
                 self.target.flush()
 
     def write(self, text: str) -> int:
+        # A lone surrogate (print("\\ud800")) no stream can encode failed the row that printed it;
+        # it is written as U+FFFD, as the lmnb kernel shows it (a valid pair as its character).
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
         buffer = getattr(self._local, "buffer", None)
         if buffer is not None:
             return buffer.write(text)
