@@ -228,6 +228,7 @@ class LMMagics(Magics):
     # -- %%lm -----------------------------------------------------------------------------------
     def run_program(self, line: str, cell: str) -> None:
         """Run a ``%%lm`` cell: parse options and body, run the program with a view, capture its variables."""
+        from lmnb.export.cells import lm_cell_parts
         from lmnb.template import TemplateError, cell_body, parse, parse_python
 
         parser = cell_parser()
@@ -245,11 +246,18 @@ class LMMagics(Magics):
             raise UsageError(str(e)) from None
         if not cell.strip():
             raise UsageError("%%lm: the cell body is empty; write the prompt below the %%lm line")
+        # The body as typed, from the running cell: IPython cleans a cell up as Python first (it
+        # drops '>>> ' / 'In [1]: ' prompts when the second line has one, blanks whitespace-only
+        # lines), which changed the prompt, and the export reads it as typed. Its first line is
+        # the cell's line below the %%lm line (and any %%time above it).
+        typed = lm_cell_parts(self.raw_cells[0]) if self.raw_cells else None
+        first_line = 2
+        if typed is not None and typed[0] == line.strip():
+            _, cell, first_line = typed
         cell = cell_body(cell)
         count = _cell_number(self.shell)
         filename = f"<%%lm cell {count}>"
         ns = self.shell.user_ns
-        first_line = _first_body_line(self.raw_cells[0] if self.raw_cells else None, cell)
         try:
             if args.python:
                 define_lmnb(self.shell)  # again: %reset removes it
@@ -356,17 +364,6 @@ class LMMagics(Magics):
                 display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
         except KeyboardInterrupt:
             raise cell_interrupt("the cell was stopped while its view was drawn; its results are kept") from None
-
-
-def _first_body_line(raw_cell: str | None, body: str) -> int:
-    """The cell line where the ``%%lm`` body starts: 2 when ``%%lm`` opens the cell, further down when
-    another cell magic (``%%time``, ``%%capture``) or blank lines come first. The body is the end of
-    the cell as typed; when it is not (a cell run by code, not typed), 2."""
-    raw = (raw_cell or "").replace("\r\n", "\n").rstrip("\n")
-    body = body.rstrip("\n")
-    if body and raw.endswith("\n" + body):
-        return raw[: len(raw) - len(body)].count("\n") + 1
-    return 2
 
 
 def _warn_shadowed_builtins(names, ns) -> None:

@@ -231,6 +231,19 @@ def test_capture_above_lm_holds_the_view_and_summary_and_errors_count_the_cells_
     assert "line 4, col 1: s is the program's state" in ip.user_ns["c"].stdout
 
 
+@pytest.mark.parametrize("above", ["", "%%time\n"])
+def test_the_prompt_is_the_cell_as_typed_not_ipythons_python_clean_up(ip, above):
+    # IPython cleans a cell up as Python before the magic gets it: a second line starting with
+    # ">>> " stripped every line's ">>> " / "... ", and whitespace-only lines lost their spaces,
+    # so the model saw another prompt than the one written (and than the exported job sends)
+    prompt = ">>> 2 + 2\n4\n... \n   \n>>> 3 * 3\n"
+    result, out = run(ip, f"{above}%%lm --static --temperature 0 --out typed_st\n{prompt}{{gen typed_a max_tokens=2}}")
+    assert result.success, out.stdout
+    assert ip.user_ns["typed_st"].text() == prompt + ip.user_ns["typed_a"]
+    _, out = run(ip, f"{above}%%lm\n>>> 1\n{{gen a max_token=3}}")  # (and its lines are the cell's)
+    assert f"line {3 + bool(above)}, col 8: gen has no option 'max_token'" in out.stdout
+
+
 def test_a_cell_cancelled_without_a_result_does_not_leave_its_text_behind(ip):
     # ipykernel fires post_run_cell with None for a cell it cancelled: its text stayed the
     # outermost cell, so later cells below %%time counted their lines from the %%lm line again

@@ -155,6 +155,21 @@ def is_lm_cell(source: str) -> bool:
     return name == "lm" or (name in PYTHON_BODY_MAGICS and is_lm_cell(body))
 
 
+def lm_cell_parts(source: str) -> tuple[str, str, int] | None:
+    """(options line, body, cell line of the body's first line) of a cell's source that runs a
+    ``%%lm`` program, as typed (it may stand below ``%%time``, ``%%timeit``, ``%%capture`` and
+    blank lines); None for any other cell."""
+    first_line = 1
+    while True:
+        name, first, body = _cell_magic(source)
+        if not first or (name != "lm" and name not in PYTHON_BODY_MAGICS):
+            return None
+        first_line += len(source) - len(source.lstrip("\n")) + 1  # (the line below the magic's)
+        if name == "lm":
+            return first[4:].strip(), body, first_line
+        source = body
+
+
 def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cell:
     """The cell of ``source``, which starts at line ``first_line`` of the notebook cell (below a
     ``%%time``, say): errors give the notebook cell's lines, as the kernel does."""
