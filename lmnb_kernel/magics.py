@@ -246,14 +246,15 @@ class LMMagics(Magics):
             raise UsageError(str(e)) from None
         if not cell.strip():
             raise UsageError("%%lm: the cell body is empty; write the prompt below the %%lm line")
-        # The body as typed, from the running cell: IPython cleans a cell up as Python first (it
+        # The prompt as typed, from the running cell: IPython cleans a cell up as Python first (it
         # drops '>>> ' / 'In [1]: ' prompts when the second line has one, blanks whitespace-only
-        # lines), which changed the prompt, and the export reads it as typed. Its first line is
-        # the cell's line below the %%lm line (and any %%time above it).
+        # lines), which changed the prompt, and the export reads it as typed (a --python body is
+        # Python: its clean-up stands). Its first line is the cell's line below the %%lm line.
         typed = lm_cell_parts(self.raw_cells[0]) if self.raw_cells else None
         first_line = 2
         if typed is not None and typed[0] == line.strip():
-            _, cell, first_line = typed
+            first_line = typed[2]
+            cell = cell if args.python else typed[1]
         cell = cell_body(cell)
         count = _cell_number(self.shell)
         filename = f"<%%lm cell {count}>"

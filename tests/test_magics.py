@@ -242,6 +242,8 @@ def test_the_prompt_is_the_cell_as_typed_not_ipythons_python_clean_up(ip, above)
     assert ip.user_ns["typed_st"].text() == prompt + ip.user_ns["typed_a"]
     _, out = run(ip, f"{above}%%lm\n>>> 1\n{{gen a max_token=3}}")  # (and its lines are the cell's)
     assert f"line {3 + bool(above)}, col 8: gen has no option 'max_token'" in out.stdout
+    result, out = run(ip, f"{above}%%lm --python --static\n>>> s += 'a'\n... \n")  # Python: pasted prompts go
+    assert result.success, out.stdout
 
 
 def test_a_cell_cancelled_without_a_result_does_not_leave_its_text_behind(ip):
