@@ -24,12 +24,18 @@ Other fields whose pydantic schema allows text the model refuses:
   schema drops (``int``, ``Literal[1, 2]``), a path checked against the disk (``FilePath``,
   ``NewPath`` ...), and a ``Json`` or ``complex`` field (a string pydantic parses).
 
+Errors name the field (``field 'amount'``; ``field 'Inner.amount'`` in a nested class). Custom
+validators (``field_validator``, ``model_validator``, ``AfterValidator`` ...) are code, which no
+schema holds: the output is constrained to the schema of the types and ``Field`` constraints
+alone, and a validator may still refuse it.
+
 Torch-free, so ``lmnb`` converts a model class with it before any backend is chosen.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 # RFC 3339 §5.6 full-date: years 0001-9999 (Python's and so jsonschema's range), each month's days,
 # 29 February in leap years (divisible by 4, centuries only by 400).
@@ -47,15 +53,99 @@ BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2
 def pydantic_json_schema(model: type) -> dict:
     """``model.model_json_schema()``, with the fields above tightened.
 
+    Only pydantic's public API is used (the core schema's ``config`` and fields, the generator's
+    documented per-type methods), so a pydantic release moving its private helpers changes nothing.
+
     Args:
         model: a pydantic ``BaseModel`` subclass.
 
     Raises:
-        ValueError: a ``Decimal`` field with both digit limits and bounds, or a field refused above.
+        ValueError: a field refused above, named (``field 'amount': a Decimal field with ...``; a
+            field of a nested class as ``Inner.amount``).
     """
     from pydantic.json_schema import GenerateJsonSchema
 
     class _Exact(GenerateJsonSchema):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # (class name, core config) of each model, dataclass or TypedDict being written: the
+            # config applies to the fields of the innermost one, as pydantic-core applies it
+            self.lmnb_owners: list[tuple[str, dict]] = []
+            self.lmnb_field_names: dict[int, str] = {}  # id of a field's core schema -> its name
+
+        def lmnb_config(self, key: str, default: Any = None) -> Any:
+            """The innermost class's core config value ``key`` (pydantic-core's name)."""
+            return self.lmnb_owners[-1][1].get(key, default) if self.lmnb_owners else default
+
+        @contextlib.contextmanager
+        def lmnb_owner(self, schema: Any) -> Iterator[None]:
+            """Write the fields of a model, dataclass or TypedDict core schema under its name and config."""
+            self.lmnb_owners.append((getattr(schema.get("cls"), "__name__", ""), schema.get("config") or {}))
+            try:
+                yield
+            finally:
+                self.lmnb_owners.pop()
+
+        def model_schema(self, schema: Any) -> dict:
+            with self.lmnb_owner(schema):
+                return super().model_schema(schema)
+
+        def dataclass_schema(self, schema: Any) -> dict:
+            with self.lmnb_owner(schema):
+                return super().dataclass_schema(schema)
+
+        def typed_dict_schema(self, schema: Any) -> dict:
+            with self.lmnb_owner(schema):
+                self.lmnb_named(schema["fields"])
+                return super().typed_dict_schema(schema)
+
+        def model_fields_schema(self, schema: Any) -> dict:
+            self.lmnb_named(schema["fields"])
+            return super().model_fields_schema(schema)
+
+        def dataclass_args_schema(self, schema: Any) -> dict:
+            self.lmnb_named({field["name"]: field for field in schema["fields"]})
+            return super().dataclass_args_schema(schema)
+
+        def lmnb_named(self, fields: dict) -> None:
+            """Remember the fields' names (so an error names its field); refuse a field whose
+            validation aliases are all ``AliasPath``: pydantic's schema then keys it by its name,
+            which the model refuses unless it validates by name."""
+            for name, field in fields.items():
+                self.lmnb_field_names[id(field)] = name
+                paths = field.get("validation_alias") if self.mode == "validation" else None
+                if isinstance(paths, list) and paths and not isinstance(paths[0], list):
+                    paths = [paths]  # (one AliasPath: a path, not a list of them)
+                by_name = self.lmnb_config("validate_by_name") or self.lmnb_config("populate_by_name")
+                named = isinstance(paths, list) and any(len(p) == 1 and isinstance(p[0], str) for p in paths)
+                if isinstance(paths, list) and not named and not by_name:
+                    raise ValueError(f"{self.lmnb_field(field)} has only AliasPath validation aliases, which "
+                                     f"constrained decoding cannot write (the key {name!r} would be, which the model "
+                                     "refuses); add a plain name to its AliasChoices, or set validate_by_name=True")
+
+        def lmnb_field(self, field: Any) -> str:
+            """``field 'name'``, or ``field 'Inner.name'`` in a class nested in ``model``."""
+            name = self.lmnb_field_names.get(id(field), "?")
+            owner = self.lmnb_owners[-1][0] if self.lmnb_owners else ""
+            return f"field {name!r}" if owner in ("", model.__name__) else f"field '{owner}.{name}'"
+
+        def lmnb_in_field(self, schema: Any, write: Any) -> dict:
+            try:
+                return write(schema)
+            except ValueError as e:
+                if str(e).startswith("field '"):  # (named deeper already)
+                    raise
+                raise ValueError(f"{self.lmnb_field(schema)}: {e}") from None
+
+        def model_field_schema(self, schema: Any) -> dict:
+            return self.lmnb_in_field(schema, super().model_field_schema)
+
+        def dataclass_field_schema(self, schema: Any) -> dict:
+            return self.lmnb_in_field(schema, super().dataclass_field_schema)
+
+        def typed_dict_field_schema(self, schema: Any) -> dict:
+            return self.lmnb_in_field(schema, super().typed_dict_field_schema)
+
         def decimal_schema(self, schema: Any) -> dict:
             digits, places = schema.get("max_digits"), schema.get("decimal_places")
             if digits is None and places is None:
@@ -72,27 +162,15 @@ def pydantic_json_schema(model: type) -> dict:
 
         def str_schema(self, schema: Any) -> dict:
             json_schema = super().str_schema(schema)
-            stripped = schema.get("strip_whitespace") or self._config.str_strip_whitespace
-            if stripped and json_schema.get("minLength") and "pattern" not in json_schema:
+            if not (schema.get("strip_whitespace") or self.lmnb_config("str_strip_whitespace")):
+                return json_schema
+            if json_schema.get("minLength") and "pattern" not in json_schema:
                 # pydantic counts the characters left after stripping: write none to strip (the
                 # lengths go into the pattern, which lmnb cannot narrow to them)
                 lo, hi = json_schema.pop("minLength"), json_schema.pop("maxLength", None)
                 middle = "" if hi == 1 else f"(?:[\\s\\S]{{{max(lo - 2, 0)},{'' if hi is None else hi - 2}}}\\S)"
                 json_schema["pattern"] = f"^\\S{middle}{'?' if lo == 1 and middle else ''}$"
             return json_schema
-
-        def _get_alias_name(self, field: Any, name: str) -> str:
-            key = super()._get_alias_name(field, name)
-            paths = field.get("validation_alias") if self.mode == "validation" else None
-            if isinstance(paths, list) and paths and not isinstance(paths[0], list):
-                paths = [paths]  # (one AliasPath: a path, not a list of them)
-            # only AliasPath ones: pydantic's schema falls back to the field name, which it then refuses
-            if key == name and isinstance(paths, list) and not getattr(self._config, "validate_by_name", False) and not any(
-                    len(p) == 1 and isinstance(p[0], str) for p in paths):
-                raise ValueError(f"field {name!r} has only AliasPath validation aliases, which constrained decoding "
-                                 f"cannot write (the key {name!r} would be, which the model refuses); add a plain "
-                                 "name to its AliasChoices, or set validate_by_name=True")
-            return key
 
         def dict_schema(self, schema: Any) -> dict:
             json_schema = super().dict_schema(schema)
@@ -107,11 +185,20 @@ def pydantic_json_schema(model: type) -> dict:
             return json_schema
 
         def function_after_schema(self, schema: Any) -> dict:
-            check = getattr(schema["function"]["function"], "__qualname__", "")
-            if check.startswith("PathType.validate_"):  # (FilePath, NewPath ...: NewPath's schema is plain 'path')
-                raise ValueError(f"a {check.removeprefix('PathType.validate_')} path field checks the disk, which "
+            check = schema["function"]["function"]
+            name = getattr(check, "__qualname__", "")
+            if name.startswith("PathType.validate_"):  # (FilePath, NewPath ...: NewPath's schema is plain 'path')
+                raise ValueError(f"a {name.removeprefix('PathType.validate_')} path field checks the disk, which "
                                  "constrained decoding cannot know (it would write any path); use pathlib.Path")
-            return super().function_after_schema(schema)
+            json_schema = super().function_after_schema(schema)
+            return json_schema
+
+        def lmnb_bytes_length(self, json_schema: dict, has_max: bool) -> None:
+            if self.lmnb_config("val_json_bytes", "utf8") == "base64":  # (config options of pydantic >= 2.11)
+                raise ValueError("a bytes field read as base64 (val_json_bytes) with min_length/max_length "
+                                 "cannot be constrained (they count the decoded bytes); drop them")
+            if has_max:  # pydantic counts the UTF-8 bytes, maxLength the characters: ASCII makes them one
+                json_schema["pattern"] = "^[\\x00-\\x7f]*$"
 
         def json_schema(self, schema: Any) -> dict:
             raise ValueError("a Json field holds JSON text inside a string, which constrained decoding cannot "
@@ -124,14 +211,10 @@ def pydantic_json_schema(model: type) -> dict:
         def bytes_schema(self, schema: Any) -> dict:
             # (pydantic's format follows ser_json_bytes; validation reads val_json_bytes)
             json_schema = {k: v for k, v in super().bytes_schema(schema).items() if k != "format"}
-            if getattr(self._config, "val_json_bytes", "utf8") == "base64":  # (config options of pydantic >= 2.11)
-                if "minLength" in json_schema or "maxLength" in json_schema:
-                    raise ValueError("a bytes field read as base64 (val_json_bytes) with min_length/max_length "
-                                     "cannot be constrained (they count the decoded bytes); drop them")
+            if "minLength" in json_schema or "maxLength" in json_schema:
+                self.lmnb_bytes_length(json_schema, "maxLength" in json_schema)
+            elif self.lmnb_config("val_json_bytes", "utf8") == "base64":
                 json_schema["pattern"] = BASE64_PATTERN
-            elif "maxLength" in json_schema:
-                # pydantic counts the UTF-8 bytes, maxLength the characters: ASCII makes them one
-                json_schema["pattern"] = "^[\\x00-\\x7f]*$"
             return json_schema
 
         def datetime_schema(self, schema: Any) -> dict:
@@ -153,6 +236,7 @@ def pydantic_json_schema(model: type) -> dict:
             return _refuse_temporal_bounds(schema) or super().timedelta_schema(schema)
 
     return model.model_json_schema(schema_generator=_Exact)
+
 
 
 def _refuse_temporal_bounds(schema: Any) -> None:

@@ -1721,14 +1721,14 @@ def test_pydantic_decimal_fields_compile_to_what_the_model_validates(backend):
     class Both(pydantic.BaseModel):
         amount: Decimal = pydantic.Field(max_digits=5, decimal_places=2, gt=0)
 
-    with pytest.raises(GrammarError, match=r"json_schema Both: a Decimal field with max_digits/decimal_places and gt "
+    with pytest.raises(GrammarError, match=r"json_schema Both: field 'amount': a Decimal field with max_digits/decimal_places and gt "
                                            r"cannot be constrained exactly"):
         backend.to_regex(json_schema=Both)
 
     class Nothing(pydantic.BaseModel):  # the pattern wrote "0", which pydantic refuses (1 digit)
         amount: Decimal = pydantic.Field(max_digits=0)
 
-    with pytest.raises(GrammarError, match=r"json_schema Nothing: a Decimal field with max_digits=0 accepts no value"):
+    with pytest.raises(GrammarError, match=r"json_schema Nothing: field 'amount': a Decimal field with max_digits=0 accepts no value"):
         backend.to_regex(json_schema=Nothing)
 
 
@@ -1769,7 +1769,7 @@ def test_bounded_pydantic_dates_and_times_are_refused(backend, field):
     """pydantic's schema drops a temporal field's bounds, so its format wrote "0001-01-01" for a
     date gt 2020-01-01, "P0D" for a positive timedelta, and years to 9999 for a PastDate."""
     model = pydantic.create_model("When", v=(field, ...))
-    with pytest.raises(GrammarError, match=r"json_schema When: a \w+ field with [\w/]+ bounds cannot be constrained"):
+    with pytest.raises(GrammarError, match=r"json_schema When: field 'v': a \w+ field with [\w/]+ bounds cannot be constrained"):
         backend.to_regex(json_schema=model)
 
 
@@ -1798,7 +1798,7 @@ def test_pydantic_fields_parsed_from_any_string_are_refused(backend, field, mess
     """pydantic's schema for Json[int] and complex is a string of any text: "m" was written, which
     neither parses."""
     model = pydantic.create_model("Parsed", v=(field, ...))
-    with pytest.raises(GrammarError, match=f"json_schema Parsed: {re.escape(message)}"):
+    with pytest.raises(GrammarError, match=f"json_schema Parsed: field 'v': {re.escape(message)}"):
         backend.to_regex(json_schema=model)
 
 
@@ -1867,7 +1867,7 @@ def test_pydantic_paths_checked_against_the_disk_are_refused(backend, field):
     """pydantic writes NewPath as plain format 'path' (any string): "" was written, "." exists and
     NewPath refused it; FilePath's 'file-path' was refused only as an unknown format."""
     model = pydantic.create_model("Saved", to=(field, ...))
-    with pytest.raises(GrammarError, match=r"json_schema Saved: a \w+ path field checks the disk.*use pathlib.Path"):
+    with pytest.raises(GrammarError, match=r"json_schema Saved: field 'to': a \w+ path field checks the disk.*use pathlib.Path"):
         backend.to_regex(json_schema=model)
 
 
@@ -1878,7 +1878,7 @@ def test_pydantic_dicts_whose_key_type_the_schema_drops_are_refused(backend, key
     model = pydantic.create_model("Table", v=(dict[keys, str], ...))
     with pytest.raises(pydantic.ValidationError):  # what was written
         model.model_validate_json('{"v": {"x": "y"}}')
-    with pytest.raises(GrammarError, match=r"json_schema Table: a dict field with \w+ keys cannot be constrained"):
+    with pytest.raises(GrammarError, match=r"json_schema Table: field 'v': a dict field with \w+ keys cannot be constrained"):
         backend.to_regex(json_schema=model)
 
 
@@ -1904,5 +1904,62 @@ def test_pydantic_bytes_read_as_base64_are_written_as_padded_base64(backend, con
                                                                  "YR==", "YWJ=", "m", "Y Q==")])
     limited = pydantic.create_model("Short", __config__=pydantic.ConfigDict(**config),
                                     data=(bytes, pydantic.Field(max_length=2)))
-    with pytest.raises(GrammarError, match=r"json_schema Short: a bytes field read as base64 .* with min_length/max"):
+    with pytest.raises(GrammarError, match=r"json_schema Short: field 'data': a bytes field read as base64 .* with min_length/max"):
         backend.to_regex(json_schema=limited)
+
+
+def test_pydantic_errors_name_the_field_and_its_class(backend):
+    """A refused field was described by its type alone; in a model of many fields (or nested
+    classes) nothing said which one."""
+    class Inner(pydantic.BaseModel):
+        ok: int
+        when: pydantic.PastDate
+
+    class Outer(pydantic.BaseModel):
+        name: str
+        inner: Inner
+
+    with pytest.raises(GrammarError, match=r"json_schema Outer: field 'Inner.when': a date field with past/future"):
+        backend.to_regex(json_schema=Outer)
+
+
+def test_the_pydantic_schema_generator_uses_no_private_pydantic_hook(backend):
+    """The generator overrode pydantic's private _get_alias_name and read its private _config: a
+    release moving either would break every pydantic json_schema. It now overrides only documented
+    per-type methods and reads the config from the core schema; nested classes keep their own."""
+    from pydantic.json_schema import GenerateJsonSchema
+
+    generators = []
+
+    class Inner(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(str_strip_whitespace=True)
+        word: str = pydantic.Field(min_length=2)
+
+    class Outer(pydantic.BaseModel):  # (not stripped: its own config)
+        word: str = pydantic.Field(min_length=2)
+        inner: Inner
+
+        @classmethod
+        def model_json_schema(cls, *args, **kwargs):
+            generators.append(kwargs["schema_generator"])
+            return super().model_json_schema(*args, **kwargs)
+
+    rx = re.compile(backend.to_regex(json_schema=Outer))
+    for text, written in (('{"word": " a", "inner": {"word": "ab"}}', True),
+                          ('{"word": "ab", "inner": {"word": " a"}}', False)):
+        assert bool(rx.fullmatch(text)) == written, text
+    Outer.model_validate_json('{"word": " a", "inner": {"word": "ab"}}')
+    with pytest.raises(pydantic.ValidationError):
+        Outer.model_validate_json('{"word": "ab", "inner": {"word": " a"}}')
+
+    private = {name for name in dir(GenerateJsonSchema) if name.startswith("_") and not name.startswith("__")}
+    (generator,) = set(generators)
+    for name, member in vars(generator).items():
+        if name.startswith("__"):
+            continue
+        assert name.startswith("lmnb_") or (name in dir(GenerateJsonSchema) and name not in private), name
+        code = getattr(member, "__code__", None) or getattr(getattr(member, "__wrapped__", None), "__code__", None)
+        names = set(code.co_names) if code else set()
+        for const in code.co_consts if code else ():  # (nested functions and comprehensions)
+            names |= set(getattr(const, "co_names", ()))
+        assert not names & private, (name, names & private)
