@@ -16,6 +16,8 @@ Other fields whose pydantic schema allows text the model refuses:
   starts and ends with no whitespace;
 * a ``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII, one read
   as base64 (``val_json_bytes``; pydantic's format follows ``ser_json_bytes``) as padded base64;
+* a ``ByteSize`` (pydantic's pattern is unanchored at its end and takes any word as the unit) is a
+  non-negative integer or a decimal with an optional unit of pydantic's (``"1.5 KiB"``);
 * a ``NaiveDatetime`` (pydantic writes plain ``date-time``, whose strings carry an offset it
   refuses) gets the pattern of a date-time without the offset;
 * refused with a one-line error: a date, time, datetime or timedelta with bounds (``gt``,
@@ -48,6 +50,10 @@ DATE = (f"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|
 CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
 # padded base64 whose unused low bits are 0 (pydantic refuses "YR==")
 BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$"
+# a ByteSize string: a decimal (up to 100 digits a side: float() of it times 2**60 stays finite),
+# an optional space, an optional unit of pydantic's (b, k ... e, kb, kib, bit, kbit, kibit ...; any case)
+BYTE_SIZE_PATTERN = ("^(?:[0-9]{1,100}(?:\\.[0-9]{1,100})?|\\.[0-9]{1,100}) ?"
+                     "(?:[kKmMgGtTpPeE](?:[iI]?[bB](?:[iI][tT])?)?|[bB](?:[iI][tT])?)?$")
 
 
 def pydantic_json_schema(model: type) -> dict:
@@ -190,6 +196,10 @@ def pydantic_json_schema(model: type) -> dict:
             if name.startswith("PathType.validate_"):  # (FilePath, NewPath ...: NewPath's schema is plain 'path')
                 raise ValueError(f"a {name.removeprefix('PathType.validate_')} path field checks the disk, which "
                                  "constrained decoding cannot know (it would write any path); use pathlib.Path")
+            if name == "ByteSize._validate":
+                # pydantic's pattern is unanchored at its end ("1kbx" passed it) and takes any word as
+                # the unit, which the validator then refuses
+                return {"anyOf": [{"type": "string", "pattern": BYTE_SIZE_PATTERN}, {"type": "integer", "minimum": 0}]}
             json_schema = super().function_after_schema(schema)
             return json_schema
 

@@ -1908,6 +1908,32 @@ def test_pydantic_bytes_read_as_base64_are_written_as_padded_base64(backend, con
         backend.to_regex(json_schema=limited)
 
 
+def _only_what_pydantic_accepts(rx: re.Pattern, model: type, texts) -> int:
+    """Every JSON text the compiled regex matches validates with ``model`` (the reference); the
+    number that matched."""
+    matched = [text for text in texts if rx.fullmatch(text)]
+    for text in matched:
+        model.model_validate_json(text)
+    return len(matched)
+
+
+def test_a_pydantic_byte_size_is_a_number_and_a_unit_pydantic_reads(backend):
+    """pydantic's ByteSize pattern ^\\s*(\\d*\\.?\\d+)\\s*(\\w+)? is unanchored at its end and takes any
+    word as the unit, which the validator then looks up: "1kbx" and "1 ki" were written."""
+    class Quota(pydantic.BaseModel):
+        size: pydantic.ByteSize
+
+    rx = re.compile(backend.to_regex(json_schema=Quota))
+    rng = random.Random(0)
+    texts = ['{"size": "%s"}' % "".join(rng.choice("0123456789. kKmMgGeEiIbBtTx\\t") for _ in range(rng.randint(0, 7)))
+             for _ in range(5000)]
+    assert _only_what_pydantic_accepts(rx, Quota, texts) > 200
+    for size, written in (("1", True), ("1.5 KiB", True), (".5eb", True), ("12 kbit", True), ("3 EiBit", True),
+                          ("1kbx", False), ("1 ki", False), ("1 2", False), ("", False), ("1" * 101, False)):
+        assert bool(rx.fullmatch('{"size": "%s"}' % size)) == written, size
+    _pydantic_agrees(rx, Quota, ['{"size": 0}', '{"size": 1024}', '{"size": -1}', '{"size": 1.5}'])
+
+
 def test_pydantic_errors_name_the_field_and_its_class(backend):
     """A refused field was described by its type alone; in a model of many fields (or nested
     classes) nothing said which one."""
