@@ -18,6 +18,8 @@ Other fields whose pydantic schema allows text the model refuses:
   as base64 (``val_json_bytes``; pydantic's format follows ``ser_json_bytes``) as padded base64;
 * a ``ByteSize`` (pydantic's pattern is unanchored at its end and takes any word as the unit) is a
   non-negative integer or a decimal with an optional unit of pydantic's (``"1.5 KiB"``);
+* a ``Hashable`` (any value in pydantic's schema) is a string, number, boolean or null: an object
+  or array reads as an unhashable dict or list;
 * a ``NaiveDatetime`` (pydantic writes plain ``date-time``, whose strings carry an offset it
   refuses) gets the pattern of a date-time without the offset;
 * refused with a one-line error: a date, time, datetime or timedelta with bounds (``gt``,
@@ -209,6 +211,13 @@ def pydantic_json_schema(model: type) -> dict:
                                  "cannot be constrained (they count the decoded bytes); drop them")
             if has_max:  # pydantic counts the UTF-8 bytes, maxLength the characters: ASCII makes them one
                 json_schema["pattern"] = "^[\\x00-\\x7f]*$"
+
+        def custom_error_schema(self, schema: Any) -> dict:
+            if schema.get("custom_error_type") == "is_hashable":
+                # pydantic's schema for Hashable is any value; a JSON object or array reads as an
+                # unhashable dict or list, which it refuses
+                return {"type": ["string", "number", "boolean", "null"]}
+            return super().custom_error_schema(schema)
 
         def json_schema(self, schema: Any) -> dict:
             raise ValueError("a Json field holds JSON text inside a string, which constrained decoding cannot "

@@ -1934,6 +1934,17 @@ def test_a_pydantic_byte_size_is_a_number_and_a_unit_pydantic_reads(backend):
     _pydantic_agrees(rx, Quota, ['{"size": 0}', '{"size": 1024}', '{"size": -1}', '{"size": 1.5}'])
 
 
+def test_a_pydantic_hashable_is_a_json_scalar(backend):
+    """pydantic's schema for Hashable is any value: an object or array was written, which reads as
+    an unhashable dict or list."""
+    class Key(pydantic.BaseModel):
+        key: typing.Hashable
+
+    rx = re.compile(backend.to_regex(json_schema=Key))
+    _pydantic_agrees(rx, Key, ['{"key": %s}' % v for v in ('"a"', "1", "-2.5", "true", "null", "[]", "[1]", "{}",
+                                                          '{"a": 1}')])
+
+
 def test_pydantic_errors_name_the_field_and_its_class(backend):
     """A refused field was described by its type alone; in a model of many fields (or nested
     classes) nothing said which one."""
