@@ -14,8 +14,9 @@ Other fields whose pydantic schema allows text the model refuses:
 
 * a ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves)
   starts and ends with no whitespace;
-* a ``bytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written in ASCII, one read
-  as base64 (``val_json_bytes``; pydantic's format follows ``ser_json_bytes``) as padded base64;
+* a ``bytes`` or ``SecretBytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written
+  in ASCII, one read as base64 (``val_json_bytes``; pydantic's format follows ``ser_json_bytes``) as
+  padded base64;
 * a ``ByteSize`` (pydantic's pattern is unanchored at its end and takes any word as the unit) is a
   non-negative integer or a decimal with an optional unit of pydantic's (``"1.5 KiB"``);
 * a ``Hashable`` (any value in pydantic's schema) is a string, number, boolean or null: an object
@@ -203,6 +204,10 @@ def pydantic_json_schema(model: type) -> dict:
                 # the unit, which the validator then refuses
                 return {"anyOf": [{"type": "string", "pattern": BYTE_SIZE_PATTERN}, {"type": "integer", "minimum": 0}]}
             json_schema = super().function_after_schema(schema)
+            limit = getattr(getattr(check, "func", None), "__name__", "")  # (a functools.partial)
+            if limit in ("min_length_validator", "max_length_validator") and _json_type(schema["schema"]) == "bytes":
+                # a length around a bytes type (SecretBytes): pydantic counts its bytes, as for bytes
+                self.lmnb_bytes_length(json_schema, limit == "max_length_validator")
             return json_schema
 
         def lmnb_bytes_length(self, json_schema: dict, has_max: bool) -> None:
@@ -211,6 +216,8 @@ def pydantic_json_schema(model: type) -> dict:
                                  "cannot be constrained (they count the decoded bytes); drop them")
             if has_max:  # pydantic counts the UTF-8 bytes, maxLength the characters: ASCII makes them one
                 json_schema["pattern"] = "^[\\x00-\\x7f]*$"
+                if json_schema.get("format") == "password":  # (SecretBytes: an annotation, and a format
+                    del json_schema["format"]  # beside a pattern is refused)
 
         def custom_error_schema(self, schema: Any) -> dict:
             if schema.get("custom_error_type") == "is_hashable":
@@ -255,6 +262,17 @@ def pydantic_json_schema(model: type) -> dict:
             return _refuse_temporal_bounds(schema) or super().timedelta_schema(schema)
 
     return model.model_json_schema(schema_generator=_Exact)
+
+
+def _json_type(schema: Any) -> str:
+    """The core schema type JSON input is validated by, under wrappers (``SecretBytes``: a
+    lax-or-strict of json-or-python of an after-validator of ``bytes``)."""
+    while True:
+        inner = {"lax-or-strict": "lax_schema", "json-or-python": "json_schema"}.get(schema["type"], "schema")
+        if inner not in schema or not (schema["type"] in ("lax-or-strict", "json-or-python")
+                                       or schema["type"].startswith("function-")):
+            return schema["type"]
+        schema = schema[inner]
 
 
 

@@ -1945,6 +1945,18 @@ def test_a_pydantic_hashable_is_a_json_scalar(backend):
                                                           '{"a": 1}')])
 
 
+def test_pydantic_secret_bytes_with_max_length_count_bytes_not_characters(backend):
+    """SecretBytes(max_length=3) counts the UTF-8 bytes, as bytes does: "ab\\u00e9" (4 bytes) was written."""
+    class Token(pydantic.BaseModel):
+        token: pydantic.SecretBytes = pydantic.Field(max_length=3)
+
+    rx = re.compile(backend.to_regex(json_schema=Token))
+    texts = {t: '{"token": "%s"}' % t for t in ("", "abc", "a\\tb", "ab\u00e9", "\u00e9\u00e9", "abcd")}
+    assert _only_what_pydantic_accepts(rx, Token, texts.values()) == 3  # (ASCII: then characters are bytes)
+    with pytest.raises(pydantic.ValidationError, match="at most 3 items"):  # what was written
+        Token.model_validate_json(texts["ab\u00e9"])
+
+
 def test_pydantic_errors_name_the_field_and_its_class(backend):
     """A refused field was described by its type alone; in a model of many fields (or nested
     classes) nothing said which one."""
