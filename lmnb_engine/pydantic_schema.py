@@ -13,7 +13,8 @@ against the schema and still failed ``Model.model_validate_json``. Here a ``Deci
 Other fields whose pydantic schema allows text the model refuses:
 
 * a ``str`` with ``strip_whitespace`` and ``min_length`` (pydantic counts what stripping leaves)
-  starts and ends with no whitespace;
+  starts and ends with no whitespace; with a ``pattern`` (checked on the stripped text too) it is
+  refused unless no match of the pattern begins or ends with whitespace;
 * a ``bytes`` or ``SecretBytes`` field with ``max_length`` (pydantic counts UTF-8 bytes) is written
   in ASCII, one read as base64 (``val_json_bytes``; pydantic's format follows ``ser_json_bytes``) as
   padded base64;
@@ -173,7 +174,16 @@ def pydantic_json_schema(model: type) -> dict:
             json_schema = super().str_schema(schema)
             if not (schema.get("strip_whitespace") or self.lmnb_config("str_strip_whitespace")):
                 return json_schema
-            if json_schema.get("minLength") and "pattern" not in json_schema:
+            if "pattern" in json_schema:
+                # pydantic checks the pattern and the lengths on the stripped text: "a " passed ^[a-z ]+$ and
+                # was one character for min_length=2; a pattern whose matches never begin or end with
+                # whitespace makes the written text the stripped one
+                if pattern_can_touch_whitespace(json_schema["pattern"]):
+                    raise ValueError(f"a str field with strip_whitespace and the pattern {json_schema['pattern']!r}, "
+                                     "which can begin or end with whitespace, cannot be constrained (pydantic checks "
+                                     "the pattern and lengths on the stripped text); make the pattern begin and end "
+                                     r"with a non-space (e.g. \S), or drop strip_whitespace")
+            elif json_schema.get("minLength"):
                 # pydantic counts the characters left after stripping: write none to strip (the
                 # lengths go into the pattern, which lmnb cannot narrow to them)
                 lo, hi = json_schema.pop("minLength"), json_schema.pop("maxLength", None)
@@ -274,6 +284,22 @@ def _json_type(schema: Any) -> str:
             return schema["type"]
         schema = schema[inner]
 
+
+# pydantic-core's str_strip_whitespace trims what Rust's str::trim does: Unicode White_Space
+_WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+
+
+def pattern_can_touch_whitespace(pattern: str) -> bool:
+    """Whether some string matching ``pattern`` (whole, as the decoder writes it) begins or ends
+    with whitespace, found with the ``regex`` package's partial matching (forwards, and in reverse
+    for the end). A pattern it cannot read counts as one that can."""
+    import regex
+
+    try:
+        forwards, backwards = regex.compile(pattern), regex.compile(pattern, regex.REVERSE)
+    except regex.error:
+        return True
+    return any(forwards.fullmatch(c, partial=True) or backwards.fullmatch(c, partial=True) for c in _WHITE_SPACE)
 
 
 def _refuse_temporal_bounds(schema: Any) -> None:

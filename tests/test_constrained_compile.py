@@ -1957,6 +1957,30 @@ def test_pydantic_secret_bytes_with_max_length_count_bytes_not_characters(backen
         Token.model_validate_json(texts["ab\u00e9"])
 
 
+@pytest.mark.parametrize("config", [{}, {"str_strip_whitespace": True}])
+def test_a_stripped_pydantic_str_with_a_pattern_that_can_touch_whitespace_is_refused(backend, config):
+    """pydantic checks a stripped str's pattern and min_length on the stripped text: " a" matched
+    ^[a-z ]+$ with min_length=2 and was written; stripped, it is one character."""
+    strip = {} if config else {"strip_whitespace": True}
+    model = pydantic.create_model("Named", __config__=pydantic.ConfigDict(**config), name=(
+        typing.Annotated[str, pydantic.StringConstraints(pattern=r"^[a-z ]+$", min_length=2, **strip)], ...))
+    with pytest.raises(pydantic.ValidationError):  # what was written
+        model.model_validate_json('{"name": " a"}')
+    with pytest.raises(GrammarError, match=r"json_schema Named: field 'name': a str field with strip_whitespace and "
+                                           r"the pattern '\^\[a-z \]\+\$', which can begin or end with whitespace"):
+        backend.to_regex(json_schema=model)
+
+
+def test_a_stripped_pydantic_str_with_a_pattern_free_of_edge_whitespace_compiles(backend):
+    """A pattern that never begins or ends with whitespace leaves nothing to strip: the written
+    text is checked as written."""
+    model = pydantic.create_model("Named", name=(pydantic.constr(strip_whitespace=True, pattern=r"^[a-z][a-z ]*[a-z]$",
+                                                                 min_length=3, max_length=5), ...))
+    rx = re.compile(backend.to_regex(json_schema=model))
+    texts = ['{"name": "%s"}' % "".join(p) for n in range(7) for p in itertools.product(("a", " ", "\\t"), repeat=n)]
+    assert _only_what_pydantic_accepts(rx, model, texts) == sum(2 ** (n - 2) for n in (3, 4, 5))  # a[a ]*a
+
+
 def test_pydantic_errors_name_the_field_and_its_class(backend):
     """A refused field was described by its type alone; in a model of many fields (or nested
     classes) nothing said which one."""
