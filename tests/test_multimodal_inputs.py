@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 
 import numpy as np
 import pytest
@@ -39,6 +40,16 @@ def test_transparent_pixels_are_composited_onto_white():
     pal.putdata([0, 1])
     pal.info["transparency"] = 0
     assert np.asarray(load_image(png_bytes(pal)).image).tolist() == [[[255, 255, 255], [10, 20, 30]]]
+
+
+def test_a_sixteen_bit_grayscale_png_keeps_its_transparent_value():
+    """A 16-bit grey PNG's tRNS value was dropped with the 16 bits: its transparent pixels stayed
+    grey, where every other transparent image's are composited onto white."""
+    values = np.array([[0, 1000, 1001, 65535]], dtype=np.uint16)  # 1000 and 1001 are both 4 in 8 bits
+    buf = io.BytesIO()
+    Image.fromarray(values).save(buf, "PNG", transparency=1000)
+    assert Image.open(io.BytesIO(buf.getvalue())).info["transparency"] == 1000  # (Pillow reads the tRNS)
+    assert np.asarray(load_image(buf.getvalue()).image).tolist() == [[[0] * 3, [255] * 3, [4] * 3, [255] * 3]]
 
 
 def test_a_photo_is_turned_upright_by_its_exif_orientation(tmp_path):

@@ -258,8 +258,15 @@ def _to_8_bit(image: Image.Image) -> Image.Image:
     """16-bit grayscale (a PNG or TIFF from a scanner, a microscope, a depth camera) as 8-bit "L",
     each value v becoming round(v / 257), so 65535 is 255. ``convert("RGB")`` clips every value
     above 255 instead, and such an image came out almost all white (transformers' ``load_image``
-    does the same). Other modes are returned as they are."""
+    does the same). A transparent value (a PNG's tRNS, a 16-bit one) becomes an alpha band ("LA"):
+    scaled to 8 bits it would also mark the values that round onto it. Other modes are returned
+    as they are."""
     if image.mode not in SIXTEEN_BIT_MODES:
         return image
     values = np.asarray(image, dtype=np.float64)
-    return Image.fromarray(np.clip(np.rint(values / 257), 0, 255).astype(np.uint8))
+    gray = Image.fromarray(np.clip(np.rint(values / 257), 0, 255).astype(np.uint8))
+    transparent = image.info.get("transparency")
+    if not isinstance(transparent, int):  # (none, or not a grey value: nothing is transparent)
+        return gray
+    alpha = Image.fromarray(np.where(values == transparent, 0, 255).astype(np.uint8))
+    return Image.merge("LA", (gray, alpha))
