@@ -351,7 +351,9 @@ def gen(
 
     ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
     fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class) constrain the
-    output and reach the backend unchanged (``True``, JSON Schema's any value, too). ``seed`` (lmnb extension) makes a sampled gen
+    output and reach the backend unchanged (``True``, JSON Schema's any value, too); the output
+    of a pydantic class is validated with it (the variable holds the text), since its validators
+    are code no schema holds. ``seed`` (lmnb extension) makes a sampled gen
     reproducible. ``stop_regex`` (an lmnb extension: SGLang's server parameter) ends the output at
     the first match of a pattern or of any in a list, like a stop string (checked here; the
     official OpenAI API has none). ``dtype`` (int, float, bool, str) constrains with a
@@ -401,7 +403,7 @@ def gen(
         top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
         regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
     )
-    return Gen(name, params)
+    return Gen(name, params, model=json_schema if isinstance(json_schema, type) else None)
 
 
 def _check_name(primitive: str, name: Any) -> None:

@@ -717,6 +717,8 @@ class StreamExecutor:
         self._emit("var", meta_info=meta)
 
     def _parsed(self, expr: Gen, text: str, parse, meta_info: Any = None) -> Any:
+        if expr.model is not None:
+            self._validate(expr, text, meta_info)
         if parse is None:
             return text
         try:
@@ -746,6 +748,32 @@ class StreamExecutor:
                 f"gen {expr.name!r} with dtype={shown} produced {text!r}, which does not parse; the backend "
                 "did not enforce the dtype's regex"
             ) from None
+
+    def _validate(self, expr: Gen, text: str, meta_info: Any) -> None:
+        """Raise a one-line error if the pydantic class of ``gen(json_schema=Model)`` refuses the
+        output: the decoder wrote the class's schema, which its custom validators (and a cut
+        output) can still fail."""
+        import pydantic  # (loaded: expr.model is a pydantic class)
+
+        try:
+            expr.model.model_validate_json(text)
+            return
+        except pydantic.ValidationError as e:
+            errors = e.errors()
+        what = f"gen {expr.name!r} with json_schema={expr.model.__name__}"
+        finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
+        if finish.get("type") == "length":
+            raise ValueError(f"{what} ran out of tokens before its JSON was complete; raise max_tokens")
+        if finish.get("type") == "stop" and isinstance(finish.get("matched"), str):
+            raise ValueError(f"{what} was cut by the stop string {finish['matched']!r} before its JSON was complete; "
+                             "drop that stop for this gen")
+        where = ".".join(map(str, errors[0]["loc"]))
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(
+            f"{what} wrote JSON the class refuses: {f'field {where!r}' if where else 'the model'}: "
+            f"{errors[0]['msg']}{more}; constrained decoding follows the schema, not custom validators: "
+            f"loosen the validator, or skip this check with json_schema={expr.model.__name__}.model_json_schema()"
+        )
 
     def _execute_gen(self, expr: Gen) -> None:
         params, parse = self._resolve_params(expr.params)

@@ -260,11 +260,16 @@ class ConstantText(Expr):
 
 
 class Gen(Expr):
-    """Generate text from the model and store it in variable ``name`` (None: text only)."""
+    """Generate text from the model and store it in variable ``name`` (None: text only).
 
-    def __init__(self, name: Optional[str], params: GenParams):
+    ``model``: the pydantic class given as ``json_schema``, which the output is validated with (its
+    validators are code, which the schema in ``params`` cannot hold).
+    """
+
+    def __init__(self, name: Optional[str], params: GenParams, model: Optional[type] = None):
         self.name = name
         self.params = params
+        self.model = model
 
     def __repr__(self) -> str:
         return f"Gen({self.name!r})"

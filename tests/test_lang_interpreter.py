@@ -784,6 +784,48 @@ def test_dtype_int_becomes_regex_stops_and_parsed_value():
         sgl.gen("x", regex="(" * 1000 + "a" + ")" * 1000)  # re.compile's RecursionError escaped gen()
 
 
+def test_a_pydantic_json_schema_output_is_validated_with_the_class():
+    """A field_validator is code no JSON schema holds: output the schema allows but the class
+    refuses was returned as if valid (and a cut output too); the gen now fails naming the field."""
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+        @pydantic.field_validator("age")
+        @classmethod
+        def plausible(cls, age: int) -> int:
+            if age > 150:
+                raise ValueError("over 150")
+            return age
+
+    @sgl.function
+    def prog(s):
+        s += "P: " + sgl.gen("p", json_schema=Person, n=2)
+
+    ok = '{"name": "Ann", "age": 31}'
+    assert prog.run(backend=ScriptedBackend(lambda p, params: ok))["p"] == [ok, ok]  # (the text, as before)
+    refused = '{"name": "Ann", "age": 200}'
+    with pytest.raises(pydantic.ValidationError, match="over 150"):  # the reference
+        Person.model_validate_json(refused)
+    state = prog.run(backend=ScriptedBackend(lambda p, params: refused))
+    with pytest.raises(sgl.ProgramError, match=r"gen 'p' with json_schema=Person wrote JSON the class refuses: "
+                                               r"field 'age': Value error, over 150; constrained decoding follows"):
+        state["p"]
+    assert state.error().partial_text == "P: " + refused  # (the text is kept)
+
+    @sgl.function
+    def streamed(s):
+        s += sgl.gen("p", json_schema=Person)
+
+    cut = ScriptedBackend(lambda p, params: '{"name": "An')  # (its stream ends with finish reason length)
+    with pytest.raises(sgl.ProgramError, match=r"gen 'p' with json_schema=Person ran out of tokens before its JSON "
+                                               r"was complete; raise max_tokens"):
+        streamed.run(backend=cut, stream=True)["p"]
+    assert streamed.run(backend=ScriptedBackend(lambda p, params: ok), stream=True)["p"] == ok
+
+
 def test_dtype_int_above_pythons_digit_limit_says_so_and_parses_once_the_limit_is_raised():
     """A 5000-digit int failed as "does not parse; the backend did not enforce the dtype's regex"."""
     be = ScriptedBackend(lambda p, params: "-" + "9" * 5000)
