@@ -13,6 +13,7 @@ sampled frames, each with an image token of its own in the text (SGLang's fronte
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import threading
 import uuid
@@ -115,6 +116,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}{hint}")
         try:
             return r.json()
+        except UnicodeDecodeError as e:  # (a ValueError too; JSON is UTF-8)
+            raise BackendError(f"{method} {self.base_url}{path} returned a body that is not UTF-8 (byte {e.start}: "
+                               f"{e.object[e.start:e.start + 1]!r}); JSON responses must be UTF-8") from None
         except ValueError:
             raise BackendError(f"{method} {self.base_url}{path} returned non-JSON: {r.text[:200]!r}") from None
 
@@ -178,9 +182,22 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         payload, counts = self._payload(text)
         return per_input(self._prefill(payload, rid), counts)
 
+    def _result(self, item: Any, what: str) -> tuple[str, dict]:
+        """The text and meta_info of one ``/generate`` result (``what``: the request, for the error).
+
+        Raises:
+            BackendError: not SGLang's shape (an object with a ``text`` string and a ``meta_info``
+                object), as from a server of another protocol.
+        """
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str) or not isinstance(meta, (dict, type(None))):
+            raise BackendError(f"{what} returned {_shown(item)}, not SGLang's result (an object with a 'text' string "
+                               f"and a 'meta_info' object); is {self.base_url} an SGLang or lmnb server?")
+        return item["text"], meta or {}
+
     def _prefill(self, payload: dict, rid: str) -> dict:
         res = self._request("POST", "/generate", {**payload, "sampling_params": {"max_new_tokens": 0}, "rid": rid})
-        return res.get("meta_info", {})
+        return self._result(res, f"POST {self.base_url}/generate")[1]
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
         payload, counts = self._payload(prompt)
@@ -189,8 +206,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             res = self._request("POST", "/generate", data)
         except BackendError as e:  # (the server names SGLang's sampling parameters)
             raise BackendError(in_gen_names(str(e))) from None
-        items = res if isinstance(res, list) else [res]
-        return [Completion(it["text"], per_input(it.get("meta_info", {}), counts)) for it in items]
+        results = [self._result(it, f"POST {self.base_url}/generate") for it in (res if isinstance(res, list) else [res])]
+        return [Completion(text, per_input(meta, counts)) for text, meta in results]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
         payload, counts = self._payload(prompt)
@@ -198,29 +215,42 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             **payload, "sampling_params": _sampling_params(params), "rid": rid, "stream": True,
             **_logprob_fields(params),
         }
+        what = f"POST {self.base_url}/generate stream"
         try:
             with self.client.stream("POST", "/generate", json=data) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise BackendError(
-                        f"POST {self.base_url}/generate: HTTP {r.status_code}: {in_gen_names(_error_text(r))}")
-                pos = 0
-                for line in r.iter_lines():
+                    raise BackendError(f"{what}: HTTP {r.status_code}: {in_gen_names(_error_text(r))}")
+                text, meta, done = "", {}, False
+                for line in _utf8_lines(r.iter_bytes(), what):
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == "[DONE]":
+                        done = True
                         break
-                    obj = json.loads(payload)
-                    if "error" in obj:  # the server's own words, as for a non-streamed error (_error_text)
+                    try:
+                        obj = json.loads(payload)
+                    except ValueError:
+                        raise BackendError(f"{what} sent an event that is not JSON: {payload[:200]!r}") from None
+                    if isinstance(obj, dict) and "error" in obj:  # the server's own words, as _error_text
                         err = obj["error"]
                         message = err.get("message", err) if isinstance(err, dict) else err
-                        raise BackendError(f"POST {self.base_url}/generate stream: {in_gen_names(str(message))}")
-                    text = obj["text"]  # cumulative, as SGLang streams it
-                    yield text[pos:], per_input(obj.get("meta_info", {}), counts)
-                    pos = len(text)
+                        raise BackendError(f"{what}: {in_gen_names(str(message))}")
+                    cumulative, meta = self._result(obj, what)
+                    if not cumulative.startswith(text):  # (a delta read as the whole text lost the output)
+                        raise BackendError(
+                            f"{what} sent {cumulative!r} after {text[-40:]!r}, which does not continue it: SGLang's "
+                            "stream carries the whole text so far in each event; turn off the server's incremental "
+                            "(disjoint) streaming output")
+                    yield cumulative[len(text):], per_input(meta, counts)
+                    text = cumulative
+                if not done and finish_reason_dict(meta).get("type") is None:
+                    # the connection closed mid-output: what came would pass for the whole output
+                    raise BackendError(f"{what} ended after {len(text)} characters with no finish reason and no "
+                                       "[DONE]: the connection was cut mid-output; run it again")
         except self._httpx.HTTPError as e:
-            raise self._failure(f"POST {self.base_url}/generate stream", e) from None
+            raise self._failure(what, e) from None
 
     # -- select
 
@@ -243,10 +273,14 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     def _entries(item: dict) -> tuple[list[Optional[int]], list[Optional[float]]]:
         """(token ids, logprobs) of a scoring result. Raises ``BackendError`` if the server aborted it
         (its logprobs would be missing or noise, e.g. after NaN logits)."""
-        fr = finish_reason_dict(item.get("meta_info", {}))
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        fr = finish_reason_dict(meta if isinstance(meta, dict) else {})
         if fr.get("type") == "abort":
             raise BackendError(f"scoring on the server was aborted: {fr.get('message') or 'no reason given'}")
-        entries = item["meta_info"]["input_token_logprobs"]
+        entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+        if not isinstance(entries, list):
+            raise BackendError("the server returned no input_token_logprobs for a select(), which needs them "
+                               "(SGLang's return_logprob with logprob_start_len)")
         return [e[1] for e in entries], [e[0] for e in entries]
 
     def score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
@@ -322,6 +356,30 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     def shutdown(self) -> None:
         self.client.close()
+
+
+def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
+    """The lines of a byte stream, each decoded as UTF-8 (httpx's ``iter_lines`` writes U+FFFD for
+    bytes that are not, which would pass for generated text).
+
+    Raises:
+        BackendError: a line that is not UTF-8.
+    """
+    pending = b""
+    for chunk in itertools.chain(chunks, [b"\n"]):  # (the newline ends a last line without one)
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            try:
+                yield line.rstrip(b"\r").decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise BackendError(f"{what} sent a line that is not UTF-8 (byte {e.start}: "
+                                   f"{line[e.start:e.start + 1]!r}): {line[:120]!r}") from None
+
+
+def _shown(value: Any) -> str:
+    """``value`` (a response's JSON) in an error message: its start, on one line."""
+    text = json.dumps(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _error_text(r) -> str:

@@ -1,0 +1,158 @@
+"""Both HTTP backends against servers that answer wrongly: each answer the protocol does not allow
+(a result of another shape, an event that is not JSON, bytes that are not UTF-8, a stream cut
+before its end) is a ``BackendError`` of one line naming the request and the problem, where a
+``KeyError``/``TypeError`` escaped, or a cut stream's text passed for the whole output."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+import pytest
+
+import lmnb
+from lmnb.backend.base import BackendError, Prompt
+from lmnb.ir import GenParams
+
+PARAMS = GenParams(max_new_tokens=4)
+
+
+class Scripted:
+    """A local HTTP server whose POST answers come from ``self.answer(handler, body)``; GET
+    answers SGLang's ``/get_model_info``."""
+
+    def __init__(self):
+        self.answer: Callable = lambda handler, body: None
+        scripted = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                send(self, 200, json.dumps({"model_path": "stub"}).encode())
+
+            def do_POST(self):
+                scripted.answer(self, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def send(handler, status: int, data: bytes, kind: str = "application/json") -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", kind)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def events(handler, items, done: bool = True) -> None:
+    """A server-sent event stream of ``items`` (JSON values, or raw bytes), ended by ``[DONE]``
+    when ``done``; the body ends when the connection closes."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    for item in items:
+        handler.wfile.write(item if isinstance(item, bytes) else b"data: " + json.dumps(item).encode() + b"\n\n")
+    if done:
+        handler.wfile.write(b"data: [DONE]\n\n")
+    handler.close_connection = True
+
+
+@pytest.fixture
+def server():
+    s = Scripted()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def endpoint(server):
+    backend = lmnb.RuntimeEndpoint(server.url, timeout=5)
+    yield backend
+    backend.shutdown()
+
+
+def _stream(backend) -> list:
+    return list(backend.generate_stream(Prompt("Hi"), PARAMS, "r1"))
+
+
+@pytest.mark.parametrize("body", [b'{"meta_info": {}}', b"null", b'"Hello"', b'{"text": null}', b'{"text": 5}',
+                                  b'{"text": "a", "meta_info": []}', b'[{"text": "a"}, {"meta_info": {}}]'])
+def test_a_generate_result_of_another_shape_is_named(server, endpoint, body):
+    """A KeyError ('text'), a TypeError or an AttributeError escaped; a null or numeric text passed."""
+    server.answer = lambda h, b: send(h, 200, body)
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate returned .*, not SGLang's result \\(an "
+                                           f"object with a 'text' string and a 'meta_info' object\\); is "
+                                           f"{server.url} an SGLang or lmnb server\\?$"):
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+
+
+def test_a_stream_cut_before_its_end_is_an_error_not_a_short_output(server, endpoint):
+    """A stream whose connection closed after 'Hel' (no finish reason, no [DONE]) returned 'Hel' as
+    if it were the whole output."""
+    server.answer = lambda h, b: events(h, [{"text": "Hel", "meta_info": {"finish_reason": None}}], done=False)
+    got = []
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate stream ended after 3 characters with no "
+                                           "finish reason and no \\[DONE\\]: the connection was cut mid-output"):
+        for delta, _ in endpoint.generate_stream(Prompt("Hi"), PARAMS, "r1"):
+            got.append(delta)
+    assert got == ["Hel"]
+    # the last event's finish reason, or [DONE], is a whole stream
+    server.answer = lambda h, b: events(h, [{"text": "Hel", "meta_info": {}},
+                                           {"text": "Hello", "meta_info": {"finish_reason": {"type": "length"}}}],
+                                        done=False)
+    assert [d for d, _ in _stream(endpoint)] == ["Hel", "lo"]
+    server.answer = lambda h, b: events(h, [{"text": "Hel", "meta_info": {}}])
+    assert [d for d, _ in _stream(endpoint)] == ["Hel"]
+
+
+def test_a_stream_of_disjoint_pieces_is_refused_not_garbled(server, endpoint):
+    """A server streaming each piece alone (not the whole text so far) lost text: 'He', 'llo' read
+    as cumulative gave 'He' and then nothing."""
+    server.answer = lambda h, b: events(h, [{"text": "He", "meta_info": {}}, {"text": "llo", "meta_info": {}}])
+    with pytest.raises(BackendError, match=r"stream sent 'llo' after 'He', which does not continue it: SGLang's "
+                                           r"stream carries the whole text so far"):
+        _stream(endpoint)
+
+
+@pytest.mark.parametrize("event, problem", [(b"data: {oops\n\n", "sent an event that is not JSON: '{oops'"),
+                                            (b"data: [1, 2]\n\n", r"returned \[1, 2\], not SGLang's result"),
+                                            (b'data: {"meta_info": {}}\n\n', "returned .*, not SGLang's result")])
+def test_a_stream_event_of_another_shape_is_named(server, endpoint, event, problem):
+    """A JSONDecodeError, TypeError or KeyError escaped."""
+    server.answer = lambda h, b: events(h, [event])
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate stream {problem}"):
+        _stream(endpoint)
+
+
+def test_bytes_that_are_not_utf8_are_named_not_replaced(server, endpoint):
+    """A streamed event's invalid byte became U+FFFD in the output; a response's was called
+    'non-JSON'."""
+    server.answer = lambda h, b: events(h, [b'data: {"text": "a\xff", "meta_info": {}}\n\n'])
+    with pytest.raises(BackendError, match=r"stream sent a line that is not UTF-8 \(byte 17: b'\\xff'\)"):
+        _stream(endpoint)
+    server.answer = lambda h, b: send(h, 200, b'{"text": "a\xff", "meta_info": {}}')
+    with pytest.raises(BackendError, match=r"returned a body that is not UTF-8 \(byte 11: b'\\xff'\)"):
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+
+
+def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
+    """A server that returns no input_token_logprobs failed select() with KeyError('input_token_logprobs')."""
+    server.answer = lambda h, b: send(h, 200, json.dumps(
+        [{"text": "", "meta_info": {"prompt_tokens": 3}}] * len(b["text"]) if isinstance(b["text"], list)
+        else {"text": "", "meta_info": {"prompt_tokens": 3}}).encode())
+    with pytest.raises(BackendError, match="^the server returned no input_token_logprobs for a select"):
+        endpoint.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
