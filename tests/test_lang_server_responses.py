@@ -100,6 +100,15 @@ def test_a_generate_result_of_another_shape_is_named(server, endpoint, body):
         endpoint.generate(Prompt("Hi"), PARAMS, "r1")
 
 
+def test_a_generate_with_fewer_results_than_samples_is_named(server, endpoint):
+    """n=2 answered with one result gave the program one sample where it asked for two (and none
+    at all an IndexError)."""
+    for body, count in ((b'{"text": "a", "meta_info": {}}', 1), (b"[]", 0)):
+        server.answer = lambda h, b: send(h, 200, body)
+        with pytest.raises(BackendError, match=f"^POST {server.url}/generate returned {count} results for n=2$"):
+            endpoint.generate(Prompt("Hi"), GenParams(max_new_tokens=4, n=2), "r1")
+
+
 def test_a_stream_cut_before_its_end_is_an_error_not_a_short_output(server, endpoint):
     """A stream whose connection closed after 'Hel' (no finish reason, no [DONE]) returned 'Hel' as
     if it were the whole output."""
@@ -156,3 +165,4 @@ def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
         else {"text": "", "meta_info": {"prompt_tokens": 3}}).encode())
     with pytest.raises(BackendError, match="^the server returned no input_token_logprobs for a select"):
         endpoint.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
+

@@ -207,6 +207,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         except BackendError as e:  # (the server names SGLang's sampling parameters)
             raise BackendError(in_gen_names(str(e))) from None
         results = [self._result(it, f"POST {self.base_url}/generate") for it in (res if isinstance(res, list) else [res])]
+        if len(results) != (params.n or 1):  # (the executor reads one sample per asked one)
+            raise BackendError(f"POST {self.base_url}/generate returned {len(results)} results for n={params.n or 1}")
         return [Completion(text, per_input(meta, counts)) for text, meta in results]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
