@@ -166,3 +166,77 @@ def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
     with pytest.raises(BackendError, match="^the server returned no input_token_logprobs for a select"):
         endpoint.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
 
+
+# --- the OpenAI-compatible backend ------------------------------------------------------------
+
+CHAT = Prompt("Hi", messages=[{"role": "user", "content": "Hi"}], role="assistant")
+
+
+def _chunk(content=None, finish=None) -> dict:
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": [{"index": 0, "delta": {} if content is None else {"content": content}, "finish_reason": finish}]}
+
+
+@pytest.fixture
+def chat(server):
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.mark.parametrize("body", [b"{}", b'{"id": "x", "choices": null}', b"null", b'"Hello"',
+                                  b'{"id": "x", "choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}',
+                                  b'{"id": "x", "choices": [{"index": 0, "message": {"content": 5}}]}'])
+def test_an_openai_response_of_another_shape_is_named(server, chat, body):
+    """A TypeError ('NoneType' object is not iterable) or AttributeError escaped; a numeric content passed."""
+    server.answer = lambda h, b: send(h, 200, body)
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ returned .*, not an OpenAI response \\(a 'choices' "
+                                           "list, each with a 'message.content' string\\); is it an OpenAI-compatible"):
+        chat.generate(CHAT, PARAMS, "r1")
+
+
+def test_an_openai_response_with_too_few_choices_is_named(server, chat):
+    """No choice at all returned an empty list, and the program failed with an IndexError."""
+    server.answer = lambda h, b: send(h, 200, b'{"id": "x", "choices": []}')
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ returned 0 choices for n=1$"):
+        chat.generate(CHAT, PARAMS, "r1")
+
+
+@pytest.mark.parametrize("body, problem", [(b'{"id": "x", "choi', "JSONDecodeError"),
+                                           (b'{"id": "x\xff", "choices": []}', "UnicodeDecodeError")])
+def test_an_openai_body_that_is_not_utf8_json_is_named(server, chat, body, problem):
+    """The client's JSONDecodeError / UnicodeDecodeError escaped bare."""
+    server.answer = lambda h, b: send(h, 200, body)
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ returned a body that is not UTF-8 JSON \\({problem}: "):
+        chat.generate(CHAT, PARAMS, "r1")
+
+
+def test_an_openai_error_page_is_quoted(server, chat):
+    """An HTTP 500 with an HTML body said only 'Error code: 500'."""
+    server.answer = lambda h, b: send(h, 500, b"<html>Proxy: upstream down</html>", "text/html")
+    with pytest.raises(BackendError, match=r"HTTP 500: Error code: 500: <html>Proxy: upstream down</html>$"):
+        chat.generate(CHAT, PARAMS, "r1")
+
+
+def test_an_openai_stream_cut_before_its_finish_reason_is_an_error(server, chat):
+    """A stream whose connection closed after 'He' returned 'He' as the whole output."""
+    server.answer = lambda h, b: events(h, [_chunk("He")], done=False)
+    got = []
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream ended after 2 characters with no finish "
+                                           "reason: the connection was cut mid-output"):
+        for delta, _ in chat.generate_stream(CHAT, PARAMS, "r1"):
+            got.append(delta)
+    assert got == ["He"]
+    server.answer = lambda h, b: events(h, [_chunk("He"), _chunk("llo", "length")], done=False)
+    assert [d for d, _ in chat.generate_stream(CHAT, PARAMS, "r1")] == ["He", "llo", ""]
+
+
+@pytest.mark.parametrize("event, problem", [
+    (b"data: {oops\n\n", "sent an event that is not UTF-8 JSON \\(JSONDecodeError: "),
+    (b'data: {"id": "c\xff", "choices": []}\n\n', "sent an event that is not UTF-8 JSON \\(UnicodeDecodeError: "),
+    (b"data: [1, 2]\n\n", "sent \\[1, 2\\], not an OpenAI stream chunk")])
+def test_an_openai_stream_event_of_another_shape_is_named(server, chat, event, problem):
+    """A JSONDecodeError, UnicodeDecodeError or AttributeError escaped."""
+    server.answer = lambda h, b: events(h, [event])
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream {problem}"):
+        list(chat.generate_stream(CHAT, PARAMS, "r1"))

@@ -60,7 +60,10 @@ class OpenAI(BaseBackend):
             import openai
         except ImportError:
             raise ImportError("lmnb.OpenAI needs the openai package: pip install openai") from None
+        import httpx  # (the openai client's transport)
+
         self._openai = openai
+        self._httpx = httpx
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
         cls = openai.AzureOpenAI if is_azure else openai.OpenAI
         try:
@@ -200,6 +203,8 @@ class OpenAI(BaseBackend):
             # e.message repeats the status ("Error code: 400 - {...}"); the server's own words are in body
             body = e.body if isinstance(e.body, dict) else {}
             message = body.get("message") if isinstance(body.get("message"), str) else e.message
+            if isinstance(e.body, str) and e.body.strip():  # (a body that is not JSON: an HTML error page)
+                message = f"{message}: {e.body.strip()[:300]}"
             root = str(self.client.base_url).rstrip("/")
             if e.status_code == 404 and not self.is_official and not root.endswith("/v1"):
                 # the server's root URL given as base_url: its OpenAI routes are one level down
@@ -208,6 +213,23 @@ class OpenAI(BaseBackend):
             raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}") from None
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
+        except ValueError as e:  # (the client's json.loads: JSONDecodeError, UnicodeDecodeError)
+            raise BackendError(f"{self.client.base_url} returned a body that is not UTF-8 JSON "
+                               f"({type(e).__name__}: {e})") from None
+
+    def _choices(self, ret: Any) -> list:
+        """The choices of a response, in index order, each with the text its kind of model has.
+
+        Raises:
+            BackendError: a response of another shape (the client builds whatever JSON came).
+        """
+        choices = getattr(ret, "choices", None)
+        field = "message.content" if self.is_chat_model else "text"
+        if not isinstance(choices, list) or not all(isinstance(_text(c, self.is_chat_model), (str, type(None)))
+                                                    for c in choices):
+            raise BackendError(f"{self.client.base_url} returned {_shown(ret)}, not an OpenAI response (a 'choices' "
+                               f"list, each with a '{field}' string); is it an OpenAI-compatible API?")
+        return sorted(choices, key=lambda c: getattr(c, "index", 0) or 0)
 
     @staticmethod
     def _usage_meta(ret_id: str, usage: Any) -> dict:
@@ -262,9 +284,12 @@ class OpenAI(BaseBackend):
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
         ret = self._call(**self._prompt_kwargs(prompt), **self._kwargs(params))
+        choices = self._choices(ret)
+        if len(choices) != (params.n or 1):  # (the executor reads one sample per asked one)
+            raise BackendError(f"{self.client.base_url} returned {len(choices)} choices for n={params.n or 1}")
         out = []
-        for choice in sorted(ret.choices, key=lambda c: c.index):
-            text = (choice.message.content if self.is_chat_model else choice.text) or ""
+        for choice in choices:
+            text = _text(choice, self.is_chat_model) or ""
             self._check_regex(text, choice.finish_reason, params)
             meta = self._usage_meta(ret.id, ret.usage)
             meta["finish_reason"] = {"type": choice.finish_reason}
@@ -279,11 +304,12 @@ class OpenAI(BaseBackend):
         )
         meta: dict[str, Any] = {}
         text = ""
+        where = f"{self.client.base_url} stream"
         try:
             for chunk in stream:
-                if chunk.usage is not None:
+                if getattr(chunk, "usage", None) is not None:
                     meta.update(self._usage_meta(chunk.id, chunk.usage))
-                for choice in chunk.choices:
+                for choice in self._chunk_choices(chunk, where):
                     delta = (choice.delta.content if self.is_chat_model else choice.text) or ""
                     if choice.finish_reason is not None:
                         meta["finish_reason"] = {"type": choice.finish_reason}
@@ -293,9 +319,29 @@ class OpenAI(BaseBackend):
                         text += delta
                         yield delta, dict(meta, id=chunk.id)
         except self._openai.APIError as e:
-            raise BackendError(f"{self.client.base_url} stream: {type(e).__name__}: {e}") from None
-        self._check_regex(text, meta.get("finish_reason", {}).get("type"), params)
+            raise BackendError(f"{where}: {type(e).__name__}: {e}") from None
+        except ValueError as e:  # (the client's json.loads of an event)
+            raise BackendError(f"{where} sent an event that is not UTF-8 JSON ({type(e).__name__}: {e})") from None
+        except self._httpx.HTTPError as e:  # (the client wraps errors of the request, not of its stream)
+            raise BackendError(f"{where} failed: {type(e).__name__}: {e}") from None
+        if "finish_reason" not in meta:  # the connection closed mid-output: what came would pass for all of it
+            raise BackendError(f"{where} ended after {len(text)} characters with no finish reason: the connection "
+                               "was cut mid-output; run it again")
+        self._check_regex(text, meta["finish_reason"]["type"], params)
         yield "", meta
+
+    def _chunk_choices(self, chunk: Any, where: str) -> list:
+        """The choices of a streamed chunk (none in a usage-only chunk).
+
+        Raises:
+            BackendError: a chunk of another shape.
+        """
+        choices = getattr(chunk, "choices", None) or []
+        if not hasattr(chunk, "id") or not isinstance(choices, list) or not all(
+                hasattr(c, "delta" if self.is_chat_model else "text") for c in choices):
+            raise BackendError(f"{where} sent {_shown(chunk)}, not an OpenAI stream chunk; is it an "
+                               "OpenAI-compatible API?")
+        return choices
 
     def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
         """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request returns the prompt
@@ -317,7 +363,10 @@ class OpenAI(BaseBackend):
             model=self.model_name, prompt=[prompt.text] + [prompt.text + c for c in choices],
             echo=True, max_tokens=0, logprobs=0, temperature=0,
         )
-        rows = sorted(ret.choices, key=lambda c: c.index)
+        rows = self._choices(ret)
+        if len(rows) != len(choices) + 1:
+            raise BackendError(f"{self.client.base_url} returned {len(rows)} choices for {len(choices) + 1} prompts; "
+                               "it cannot run select()")
         if any(r.logprobs is None or not r.logprobs.tokens for r in rows):
             raise BackendError(f"{self.client.base_url} returned no echoed prompt logprobs; it cannot run select()")
         p_tokens = rows[0].logprobs.tokens
@@ -332,3 +381,19 @@ class OpenAI(BaseBackend):
 
     def shutdown(self) -> None:
         self.client.close()
+
+
+def _text(choice: Any, chat: bool) -> Any:
+    """A response choice's text: ``message.content`` (chat) or ``text``; ``0`` (not a string) where
+    the choice has neither."""
+    if chat:
+        return getattr(getattr(choice, "message", None), "content", 0)
+    return getattr(choice, "text", 0)
+
+
+def _shown(value: Any) -> str:
+    """A response object (a pydantic model of the openai client, or raw JSON) in an error message:
+    its start, on one line."""
+    dump = getattr(value, "model_dump_json", None)
+    text = dump(exclude_none=True, warnings=False) if callable(dump) else json.dumps(value, default=str)
+    return text if len(text) <= 200 else text[:200] + "..."
