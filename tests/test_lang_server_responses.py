@@ -167,6 +167,27 @@ def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
         endpoint.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
 
 
+
+def test_an_abort_does_not_wait_for_a_wedged_server(server, endpoint):
+    """abort() posted /abort_request on the caller's thread and waited up to 5 s for it: aborting a
+    state with many requests in flight on a stuck server took 5 s per request."""
+    release, calls = threading.Event(), []
+
+    def post(path, **kwargs):
+        calls.append((path, kwargs["json"], threading.current_thread() is threading.main_thread()))
+        release.wait(10)  # (a server that does not answer)
+
+    endpoint.client.post = post
+    for rid in ("r1", "r2"):
+        endpoint.abort(rid)
+    assert not release.is_set()  # (both returned while their posts wait)
+    for _ in range(1000):  # (each went out from a thread of its own)
+        if len(calls) == 2:
+            break
+        threading.Event().wait(0.01)
+    release.set()
+    assert sorted(calls, key=str) == [("/abort_request", {"rid": "r1"}, False), ("/abort_request", {"rid": "r2"}, False)]
+
 # --- the OpenAI-compatible backend ------------------------------------------------------------
 
 CHAT = Prompt("Hi", messages=[{"role": "user", "content": "Hi"}], role="assistant")

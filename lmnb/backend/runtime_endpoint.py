@@ -336,9 +336,15 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     # -- control
 
     def abort(self, rid: str) -> None:
+        """Ask the server to stop request ``rid``, from a thread of its own: a wedged server held
+        the caller up to 5 s per request (a fork's branches and a batch's rows are aborted one
+        after another), where aborting is best effort anyway."""
+        threading.Thread(target=self._abort, args=(rid,), name=f"lmnb-abort-{rid}", daemon=True).start()
+
+    def _abort(self, rid: str) -> None:
         try:
             self.client.post("/abort_request", json={"rid": rid}, timeout=5.0)
-        except self._httpx.HTTPError:
+        except (self._httpx.HTTPError, RuntimeError):  # (RuntimeError: the client was shut down meanwhile)
             pass  # the request may be gone already; aborting is best effort
 
     def get_model_name(self) -> str:
