@@ -21,10 +21,11 @@ PARAMS = GenParams(max_new_tokens=4)
 
 class Scripted:
     """A local HTTP server whose POST answers come from ``self.answer(handler, body)``; GET
-    answers SGLang's ``/get_model_info``."""
+    answers ``self.model_info`` (SGLang's ``/get_model_info``)."""
 
     def __init__(self):
         self.answer: Callable = lambda handler, body: None
+        self.model_info = json.dumps({"model_path": "stub"}).encode()
         scripted = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -34,7 +35,7 @@ class Scripted:
                 pass
 
             def do_GET(self):
-                send(self, 200, json.dumps({"model_path": "stub"}).encode())
+                send(self, 200, scripted.model_info)
 
             def do_POST(self):
                 scripted.answer(self, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
@@ -87,6 +88,24 @@ def endpoint(server):
 
 def _stream(backend) -> list:
     return list(backend.generate_stream(Prompt("Hi"), PARAMS, "r1"))
+
+
+@pytest.mark.parametrize("info", [b"{}", b"[]", b"null", b'{"model_path": 5}'])
+def test_model_info_of_another_shape_is_named(server, info):
+    """A KeyError ('model_path') or TypeError escaped, from the constructor or from a later call."""
+    server.model_info = info
+    with pytest.raises(BackendError, match=f"^GET {server.url}/get_model_info returned .*, not SGLang's model info "
+                                           "\\(an object with a 'model_path' string\\)"):
+        lmnb.RuntimeEndpoint(server.url)
+
+
+def test_a_chat_template_that_is_not_a_string_falls_back_to_the_model_paths(server):
+    """A non-string chat_template failed every program with jinja's TypeError ("Can't compile non
+    template nodes"); like a server that sends none, the template comes from the model path."""
+    server.model_info = json.dumps({"model_path": "Qwen/Qwen2.5-0.5B-Instruct", "chat_template": 5}).encode()
+    backend = lmnb.RuntimeEndpoint(server.url)
+    assert backend.get_chat_template() == lmnb.get_chat_template("qwen")
+    backend.shutdown()
 
 
 @pytest.mark.parametrize("body", [b'{"meta_info": {}}', b"null", b'"Hello"', b'{"text": null}', b'{"text": 5}',

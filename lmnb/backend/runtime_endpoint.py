@@ -98,6 +98,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         if self.base_url.endswith("/v1"):
             hint += ": drop the /v1, or use lmnb.OpenAI(model, base_url=...) for the OpenAI API it serves"
         self.model_info = self._request("GET", "/get_model_info", not_found=hint)
+        if not isinstance(self.model_info, dict) or not isinstance(self.model_info.get("model_path"), str):
+            raise BackendError(f"GET {self.base_url}/get_model_info returned {_shown(self.model_info)}, not SGLang's "
+                               f"model info (an object with a 'model_path' string); is {self.base_url} an SGLang or "
+                               "lmnb server?")
         self._template_name = chat_template_name
         self._template: Optional[ChatTemplate] = None
         self._lock = threading.Lock()
@@ -145,7 +149,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 else:
                     info = self.model_info
                     special = {k: info[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if isinstance(info.get(k), str)}
-                    tmpl = from_jinja(info.get("chat_template"), special, str(info.get("model_path") or ""))
+                    jinja = info.get("chat_template") if isinstance(info.get("chat_template"), str) else None
+                    tmpl = from_jinja(jinja, special, info["model_path"])
                     if tmpl.bos and info.get("encode_adds_bos"):
                         tmpl = dataclasses.replace(tmpl, bos="")
                     if isinstance(info.get("image_token"), str):  # [issue 10] lmnb serve names it
