@@ -177,6 +177,18 @@ def test_bytes_that_are_not_utf8_are_named_not_replaced(server, endpoint):
         endpoint.generate(Prompt("Hi"), PARAMS, "r1")
 
 
+def test_a_lone_surrogate_is_named_where_it_comes_in(server, endpoint):
+    """'a\\ud800' (valid JSON, no UTF-8 text) was taken as output, and the program's next request
+    failed with UnicodeEncodeError, blamed on the gen after it."""
+    server.answer = lambda h, b: send(h, 200, b'{"text": "a\\ud800", "meta_info": {}}')
+    with pytest.raises(BackendError, match=r"^POST .*/generate returned text with the lone surrogate '\\ud800' "
+                                           r"\(a JSON \\u escape that no UTF-8 text holds\) after 'a'$"):
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+    server.answer = lambda h, b: events(h, [b'data: {"text": "a\\ud800", "meta_info": {}}\n\n'])
+    with pytest.raises(BackendError, match=r"^POST .*/generate stream returned text with the lone surrogate"):
+        _stream(endpoint)
+
+
 def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
     """A server that returns no input_token_logprobs failed select() with KeyError('input_token_logprobs')."""
     server.answer = lambda h, b: send(h, 200, json.dumps(
@@ -279,4 +291,16 @@ def test_an_openai_stream_event_of_another_shape_is_named(server, chat, event, p
     """A JSONDecodeError, UnicodeDecodeError or AttributeError escaped."""
     server.answer = lambda h, b: events(h, [event])
     with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream {problem}"):
+        list(chat.generate_stream(CHAT, PARAMS, "r1"))
+
+
+def test_an_openai_lone_surrogate_is_named_where_it_comes_in(server, chat):
+    """As for RuntimeEndpoint: the next request failed with UnicodeEncodeError."""
+    body = {"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "a\ud800"},
+                                    "finish_reason": "stop"}]}
+    server.answer = lambda h, b: send(h, 200, json.dumps(body).encode())
+    with pytest.raises(BackendError, match=r"/v1/ returned text with the lone surrogate '\\ud800'"):
+        chat.generate(CHAT, PARAMS, "r1")
+    server.answer = lambda h, b: events(h, [_chunk("a\ud800", "stop")])
+    with pytest.raises(BackendError, match=r"/v1/ stream returned text with the lone surrogate '\\ud800'"):
         list(chat.generate_stream(CHAT, PARAMS, "r1"))

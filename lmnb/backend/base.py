@@ -167,3 +167,18 @@ def finish_reason_dict(meta_info: dict) -> dict:
     if isinstance(fr, str):
         return {"type": fr}
     return fr or {}
+
+
+def check_utf8(text: str, what: str) -> str:
+    """``text``, a server's output, if UTF-8 can hold it.
+
+    Raises:
+        BackendError: a lone surrogate (a JSON escape such as ``\\ud800``, which ``json.loads``
+            lets through): it failed the program's next request, far from where it came in.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BackendError(f"{what} returned text with the lone surrogate {text[e.start]!r} (a JSON \\u escape "
+                           f"that no UTF-8 text holds) after {text[max(e.start - 40, 0):e.start]!r}") from None
+    return text

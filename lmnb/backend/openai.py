@@ -20,7 +20,7 @@ import json
 import os
 from typing import Any, Iterator, Optional
 
-from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt
+from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, check_utf8
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -289,7 +289,7 @@ class OpenAI(BaseBackend):
             raise BackendError(f"{self.client.base_url} returned {len(choices)} choices for n={params.n or 1}")
         out = []
         for choice in choices:
-            text = _text(choice, self.is_chat_model) or ""
+            text = check_utf8(_text(choice, self.is_chat_model) or "", str(self.client.base_url))
             self._check_regex(text, choice.finish_reason, params)
             meta = self._usage_meta(ret.id, ret.usage)
             meta["finish_reason"] = {"type": choice.finish_reason}
@@ -310,7 +310,7 @@ class OpenAI(BaseBackend):
                 if getattr(chunk, "usage", None) is not None:
                     meta.update(self._usage_meta(chunk.id, chunk.usage))
                 for choice in self._chunk_choices(chunk, where):
-                    delta = (choice.delta.content if self.is_chat_model else choice.text) or ""
+                    delta = check_utf8((choice.delta.content if self.is_chat_model else choice.text) or "", where)
                     if choice.finish_reason is not None:
                         meta["finish_reason"] = {"type": choice.finish_reason}
                     for key, lps in self._logprobs(choice, params).items():  # each chunk: its tokens'

@@ -20,7 +20,8 @@ import uuid
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, in_gen_names,
+    AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, check_utf8, finish_reason_dict,
+    in_gen_names,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -198,7 +199,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         if not isinstance(item, dict) or not isinstance(item.get("text"), str) or not isinstance(meta, (dict, type(None))):
             raise BackendError(f"{what} returned {_shown(item)}, not SGLang's result (an object with a 'text' string "
                                f"and a 'meta_info' object); is {self.base_url} an SGLang or lmnb server?")
-        return item["text"], meta or {}
+        return check_utf8(item["text"], what), meta or {}
 
     def _prefill(self, payload: dict, rid: str) -> dict:
         res = self._request("POST", "/generate", {**payload, "sampling_params": {"max_new_tokens": 0}, "rid": rid})
