@@ -189,6 +189,22 @@ def test_a_lone_surrogate_is_named_where_it_comes_in(server, endpoint):
         _stream(endpoint)
 
 
+def test_a_redirect_is_named_with_where_it_points(server, endpoint):
+    """A redirect (http to https behind a proxy) was reported as "returned non-JSON: ''"."""
+    def redirect(h, b):
+        h.send_response(308)
+        h.send_header("Location", "https://models.example/generate")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    server.answer = redirect
+    for call in (lambda: endpoint.generate(Prompt("Hi"), PARAMS, "r1"), lambda: _stream(endpoint)):
+        with pytest.raises(BackendError, match=r"/generate( stream)?: HTTP 308, a redirect to "
+                                               r"'https://models.example/generate'; give RuntimeEndpoint the server's "
+                                               r"own root URL"):
+            call()
+
+
 def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
     """A server that returns no input_token_logprobs failed select() with KeyError('input_token_logprobs')."""
     server.answer = lambda h, b: send(h, 200, json.dumps(

@@ -119,6 +119,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else ""
             raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}{hint}")
+        _refuse_redirect(r, f"{method} {self.base_url}{path}")
         try:
             return r.json()
         except UnicodeDecodeError as e:  # (a ValueError too; JSON is UTF-8)
@@ -228,7 +229,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             with self.client.stream("POST", "/generate", json=data) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise BackendError(f"{what}: HTTP {r.status_code}: {in_gen_names(_error_text(r))}")
+                    raise BackendError(
+                        f"POST {self.base_url}/generate: HTTP {r.status_code}: {in_gen_names(_error_text(r))}")
+                _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 for line in _utf8_lines(r.iter_bytes(), what):
                     if not line.startswith("data:"):
@@ -388,6 +391,14 @@ def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
             except UnicodeDecodeError as e:
                 raise BackendError(f"{what} sent a line that is not UTF-8 (byte {e.start}: "
                                    f"{line[e.start:e.start + 1]!r}): {line[:120]!r}") from None
+
+
+def _refuse_redirect(r: Any, what: str) -> None:
+    """Raise ``BackendError`` for a redirect (httpx does not follow one here; its empty body was
+    reported as "non-JSON: ''"), naming where it points."""
+    if 300 <= r.status_code < 400:
+        raise BackendError(f"{what}: HTTP {r.status_code}, a redirect to {r.headers.get('location')!r}; give "
+                           "RuntimeEndpoint the server's own root URL (an https:// one, if that is where it points)")
 
 
 def _shown(value: Any) -> str:
