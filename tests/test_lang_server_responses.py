@@ -320,3 +320,45 @@ def test_an_openai_lone_surrogate_is_named_where_it_comes_in(server, chat):
     server.answer = lambda h, b: events(h, [_chunk("a\ud800", "stop")])
     with pytest.raises(BackendError, match=r"/v1/ stream returned text with the lone surrogate '\\ud800'"):
         list(chat.generate_stream(CHAT, PARAMS, "r1"))
+
+
+def test_an_aborted_openai_stream_is_closed_so_the_server_stops(server, chat):
+    """abort() did nothing for the OpenAI backend: an aborted streamed gen's connection stayed open
+    and the server generated (a hosted API billed) every token to the end. Closing the stream makes
+    the server's next write fail, and the stream ends with an abort."""
+    outcome, first = {}, threading.Event()
+
+    def stream(h, b):
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        try:
+            for i in range(200):
+                h.wfile.write(b"data: " + json.dumps(_chunk("x")).encode() + b"\n\n")
+                h.wfile.flush()
+                first.set()
+                threading.Event().wait(0.02)
+            outcome["server"] = "wrote every token"
+        except OSError:
+            outcome["server"] = "saw its client leave"
+
+    server.answer = stream
+    events_seen = []
+
+    def consume():
+        for delta, meta in chat.generate_stream(CHAT, PARAMS, "r1"):
+            events_seen.append((delta, meta.get("finish_reason")))
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    assert first.wait(10)
+    chat.abort("r1")
+    reader.join(30)
+    assert events_seen[-1] == ("", {"type": "abort", "message": "the request was aborted"})
+    for _ in range(1000):  # (the server notices at its next writes)
+        if outcome:
+            break
+        threading.Event().wait(0.01)
+    assert outcome == {"server": "saw its client leave"}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any, Iterator, Optional
 
 from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, check_utf8
@@ -77,6 +78,8 @@ class OpenAI(BaseBackend):
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
         host = str(self.client.base_url)
         self.is_official = "api.openai.com" in host or is_azure
+        self._streams: dict[str, Any] = {}  # request id -> its open stream, which abort() closes
+        self._streams_lock = threading.Lock()
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template if not self.is_chat_model else get_chat_template("default")
@@ -305,6 +308,9 @@ class OpenAI(BaseBackend):
         meta: dict[str, Any] = {}
         text = ""
         where = f"{self.client.base_url} stream"
+        with self._streams_lock:
+            self._streams[rid] = stream
+        error: Optional[Exception] = None
         try:
             for chunk in stream:
                 if getattr(chunk, "usage", None) is not None:
@@ -318,17 +324,32 @@ class OpenAI(BaseBackend):
                     if delta:
                         text += delta
                         yield delta, dict(meta, id=chunk.id)
-        except self._openai.APIError as e:
-            raise BackendError(f"{where}: {type(e).__name__}: {e}") from None
-        except ValueError as e:  # (the client's json.loads of an event)
-            raise BackendError(f"{where} sent an event that is not UTF-8 JSON ({type(e).__name__}: {e})") from None
-        except self._httpx.HTTPError as e:  # (the client wraps errors of the request, not of its stream)
-            raise BackendError(f"{where} failed: {type(e).__name__}: {e}") from None
+        except Exception as e:  # (also where abort() closed the stream under the loop)
+            error = e
+        finally:
+            with self._streams_lock:
+                aborted = self._streams.pop(rid, None) is None
+            stream.close()  # (a consumer that stopped early too: the server sees its client leave)
+        if aborted:  # abort() closed the stream: what came is not the whole output
+            yield "", dict(meta, finish_reason={"type": "abort", "message": "the request was aborted"})
+            return
+        if error is not None:
+            raise self._stream_failure(error, where) from None
         if "finish_reason" not in meta:  # the connection closed mid-output: what came would pass for all of it
             raise BackendError(f"{where} ended after {len(text)} characters with no finish reason: the connection "
                                "was cut mid-output; run it again")
         self._check_regex(text, meta["finish_reason"]["type"], params)
         yield "", meta
+
+    def _stream_failure(self, e: Exception, where: str) -> Exception:
+        """The error to raise for ``e``, raised while a stream was read (``where``: its server)."""
+        if isinstance(e, self._openai.APIError):
+            return BackendError(f"{where}: {type(e).__name__}: {e}")
+        if isinstance(e, ValueError) and not isinstance(e, BackendError):  # (the client's json.loads of an event)
+            return BackendError(f"{where} sent an event that is not UTF-8 JSON ({type(e).__name__}: {e})")
+        if isinstance(e, self._httpx.HTTPError):  # (the client wraps errors of the request, not of its stream)
+            return BackendError(f"{where} failed: {type(e).__name__}: {e}")
+        return e
 
     def _chunk_choices(self, chunk: Any, where: str) -> list:
         """The choices of a streamed chunk (none in a usage-only chunk).
@@ -342,6 +363,15 @@ class OpenAI(BaseBackend):
             raise BackendError(f"{where} sent {_shown(chunk)}, not an OpenAI stream chunk; is it an "
                                "OpenAI-compatible API?")
         return choices
+
+    def abort(self, rid: str) -> None:
+        """Close the stream of request ``rid`` (a streamed gen), so that the server sees its client
+        leave and stops: the stream ran on to its end, every token generated (and, on a hosted API,
+        paid for). A call that is not streamed cannot be stopped; it ends on its own."""
+        with self._streams_lock:
+            stream = self._streams.pop(rid, None)
+        if stream is not None:
+            stream.close()
 
     def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
         """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request returns the prompt
