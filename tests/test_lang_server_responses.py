@@ -210,7 +210,19 @@ def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
     server.answer = lambda h, b: send(h, 200, json.dumps(
         [{"text": "", "meta_info": {"prompt_tokens": 3}}] * len(b["text"]) if isinstance(b["text"], list)
         else {"text": "", "meta_info": {"prompt_tokens": 3}}).encode())
-    with pytest.raises(BackendError, match="^the server returned no input_token_logprobs for a select"):
+    with pytest.raises(BackendError, match=r"^the server returned no input_token_logprobs \(\[logprob, token id"):
+        endpoint.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
+
+
+def test_a_select_scored_with_fewer_results_than_prompts_is_named(server, endpoint):
+    """Scoring two choices answered with two results (of three prompts) was misread: the error
+    blamed choice 'a' as leaving no token to score (one result fewer: an IndexError)."""
+    def answer(h, b):
+        scored = {"text": "", "meta_info": {"prompt_tokens": 2, "input_token_logprobs": [[None, 1], [-0.5, 2]]}}
+        send(h, 200, json.dumps([scored] * 2 if isinstance(b["text"], list) else scored).encode())
+
+    server.answer = answer
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate returned 2 results for 3 prompts$"):
         endpoint.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
 
 

@@ -277,8 +277,18 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         }
         if images:
             body["image_data"] = [images] * len(texts)
-        res = self._request("POST", "/generate", body)
-        return res if isinstance(res, list) else [res]
+        return self._batch(self._request("POST", "/generate", body), len(texts))
+
+    def _batch(self, res: Any, count: int) -> list:
+        """The results of a ``/generate`` call for ``count`` prompts (one: SGLang answers an object).
+
+        Raises:
+            BackendError: another number of results (``zip`` dropped choices, an index failed).
+        """
+        items = res if isinstance(res, list) else [res]
+        if len(items) != count:
+            raise BackendError(f"POST {self.base_url}/generate returned {len(items)} results for {count} prompts")
+        return items
 
     @staticmethod
     def _entries(item: dict) -> tuple[list[Optional[int]], list[Optional[float]]]:
@@ -289,9 +299,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         if fr.get("type") == "abort":
             raise BackendError(f"scoring on the server was aborted: {fr.get('message') or 'no reason given'}")
         entries = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
-        if not isinstance(entries, list):
-            raise BackendError("the server returned no input_token_logprobs for a select(), which needs them "
-                               "(SGLang's return_logprob with logprob_start_len)")
+        if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) >= 2 for e in entries):
+            raise BackendError("the server returned no input_token_logprobs ([logprob, token id, ...] entries) for a "
+                               "select(), which needs them (SGLang's return_logprob with logprob_start_len)")
         return [e[1] for e in entries], [e[0] for e in entries]
 
     def score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
@@ -332,7 +342,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 "return_logprob": True,
                 "logprob_start_len": len(ctx),
             })
-            res = res if isinstance(res, list) else [res]
+            res = self._batch(res, len(out))
             out = [dataclasses.replace(s, unconditional_logprobs=self._entries(r)[1]) for s, r in zip(out, res)]
         return out
 
