@@ -374,3 +374,18 @@ def test_an_aborted_openai_stream_is_closed_so_the_server_stops(server, chat):
             break
         threading.Event().wait(0.01)
     assert outcome == {"server": "saw its client leave"}
+
+
+def test_openai_select_logprobs_that_do_not_match_their_tokens_are_named(server):
+    """token_logprobs shorter than tokens were cut to fit (the choice scored on fewer tokens than it
+    has); none at all raised a bare TypeError."""
+    backend = lmnb.OpenAI("m", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
+    for logprobs in ([None, -1.0], None):
+        rows = [{"index": i, "text": t, "finish_reason": "length",
+                 "logprobs": {"tokens": list(t), "token_logprobs": logprobs, "top_logprobs": None, "text_offset": []}}
+                for i, t in enumerate(("Hi", "Hia", "Hib"))]
+        server.answer = lambda h, b: send(h, 200, json.dumps({"id": "x", "choices": rows}).encode())
+        with pytest.raises(BackendError, match=r"/v1/ returned no echoed prompt logprobs \(a token_logprobs entry per "
+                                               r"token\); it cannot run select\(\)$"):
+            backend.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
+    backend.shutdown()

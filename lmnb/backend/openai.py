@@ -397,8 +397,10 @@ class OpenAI(BaseBackend):
         if len(rows) != len(choices) + 1:
             raise BackendError(f"{self.client.base_url} returned {len(rows)} choices for {len(choices) + 1} prompts; "
                                "it cannot run select()")
-        if any(r.logprobs is None or not r.logprobs.tokens for r in rows):
-            raise BackendError(f"{self.client.base_url} returned no echoed prompt logprobs; it cannot run select()")
+        if any(r.logprobs is None or not r.logprobs.tokens or len(r.logprobs.token_logprobs or ()) != len(r.logprobs.tokens)
+               for r in rows):  # (zip below would drop the tokens beyond the logprobs)
+            raise BackendError(f"{self.client.base_url} returned no echoed prompt logprobs (a token_logprobs entry "
+                               "per token); it cannot run select()")
         p_tokens = rows[0].logprobs.tokens
         out = []
         for c, row in zip(choices, rows[1:]):
