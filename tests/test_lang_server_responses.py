@@ -389,3 +389,28 @@ def test_openai_select_logprobs_that_do_not_match_their_tokens_are_named(server)
                                                r"token\); it cannot run select\(\)$"):
             backend.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
     backend.shutdown()
+
+
+def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
+    """A stalled server failed with the client's "Request timed out.", after 3 tries of 600 s by
+    default (half an hour), naming neither."""
+    release = threading.Event()
+
+    def stall(h, b):
+        if b.get("stream"):
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.end_headers()
+            h.wfile.write(b"data: " + json.dumps(_chunk("He")).encode() + b"\n\n")
+            h.wfile.flush()
+        release.wait(10)
+
+    server.answer = stall
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=1, timeout=0.3)
+    fix = "; check that the server is not stuck or overloaded, or change the limits with OpenAI\\(\\.\\.\\., timeout=SECONDS"
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/: no answer within the read timeout of 0.3 s, in 2 tries{fix}"):
+        backend.generate(CHAT, PARAMS, "r1")
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no answer within the read timeout of 0.3 s{fix}"):
+        list(backend.generate_stream(CHAT, PARAMS, "r2"))  # (a stream that began is not tried again)
+    release.set()
+    backend.shutdown()

@@ -214,6 +214,8 @@ class OpenAI(BaseBackend):
                 message += (f"; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
                             f"base_url={root + '/v1'!r}")
             raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}") from None
+        except self._openai.APITimeoutError:
+            raise self._timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
         except ValueError as e:  # (the client's json.loads: JSONDecodeError, UnicodeDecodeError)
@@ -233,6 +235,15 @@ class OpenAI(BaseBackend):
             raise BackendError(f"{self.client.base_url} returned {_shown(ret)}, not an OpenAI response (a 'choices' "
                                f"list, each with a '{field}' string); is it an OpenAI-compatible API?")
         return sorted(choices, key=lambda c: getattr(c, "index", 0) or 0)
+
+    def _timeout_error(self, where: str, tries: int) -> BackendError:
+        """The error for a call that timed out after ``tries`` tries (the client's "Request timed
+        out." said neither how long it waited nor that it tried again: 600 s and 3 tries by
+        default, half an hour; a stream is not tried again once it has begun)."""
+        seconds = getattr(self.client.timeout, "read", self.client.timeout)
+        return BackendError(f"{where}: no answer within the read timeout of {seconds} s"
+                            f"{f', in {tries} tries' if tries > 1 else ''}; check that the server is not stuck or "
+                            "overloaded, or change the limits with OpenAI(..., timeout=SECONDS, max_retries=N)")
 
     @staticmethod
     def _usage_meta(ret_id: str, usage: Any) -> dict:
@@ -343,6 +354,8 @@ class OpenAI(BaseBackend):
 
     def _stream_failure(self, e: Exception, where: str) -> Exception:
         """The error to raise for ``e``, raised while a stream was read (``where``: its server)."""
+        if isinstance(e, self._openai.APITimeoutError):
+            return self._timeout_error(where, 1)
         if isinstance(e, self._openai.APIError):
             return BackendError(f"{where}: {type(e).__name__}: {e}")
         if isinstance(e, ValueError) and not isinstance(e, BackendError):  # (the client's json.loads of an event)
