@@ -33,7 +33,8 @@ Other fields whose pydantic schema allows text the model refuses:
 Errors name the field (``field 'amount'``; ``field 'Inner.amount'`` in a nested class). Custom
 validators (``field_validator``, ``model_validator``, ``AfterValidator`` ...) are code, which no
 schema holds: the output is constrained to the schema of the types and ``Field`` constraints
-alone, and a validator may still refuse it.
+alone, and a validator may still refuse it (``lmnb``'s ``gen(json_schema=Model)`` then validates
+the output with the class and fails naming the field).
 
 Torch-free, so ``lmnb`` converts a model class with it before any backend is chosen.
 """
