@@ -38,7 +38,7 @@ class Scripted:
                 send(self, 200, scripted.model_info)
 
             def do_POST(self):
-                scripted.answer(self, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                scripted.answer(self, json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"null"))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -203,6 +203,17 @@ def test_a_redirect_is_named_with_where_it_points(server, endpoint):
                                                r"'https://models.example/generate'; give RuntimeEndpoint the server's "
                                                r"own root URL"):
             call()
+
+
+def test_flush_cache_takes_sglangs_plain_text_answer(server, endpoint):
+    """SGLang answers /flush_cache with plain text ("Cache flushed.\\n..."), which failed as
+    "returned non-JSON" though the cache was flushed."""
+    flushed = b"Cache flushed.\nPlease check backend logs for more details.\n"
+    server.answer = lambda h, b: send(h, 200, flushed, "text/plain") if h.path == "/flush_cache" else None
+    assert endpoint.flush_cache() is True
+    server.answer = lambda h, b: send(h, 400, b"Flush cache failed.\n", "text/plain")
+    with pytest.raises(BackendError, match=f"^POST {server.url}/flush_cache: HTTP 400: Flush cache failed."):
+        endpoint.flush_cache()
 
 
 def test_a_select_without_prompt_logprobs_is_named(server, endpoint):
@@ -414,3 +425,4 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
         list(backend.generate_stream(CHAT, PARAMS, "r2"))  # (a stream that began is not tried again)
     release.set()
     backend.shutdown()
+

@@ -110,8 +110,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     # -- transport
 
-    def _request(self, method: str, path: str, body: Optional[dict] = None, not_found: str = "") -> Any:
-        """``not_found``: said after the server's words when it answers 404."""
+    def _request(self, method: str, path: str, body: Optional[dict] = None, not_found: str = "",
+                 reply: bool = True) -> Any:
+        """``not_found``: said after the server's words when it answers 404; ``reply``: whether
+        the answer's JSON is wanted (False: any body, e.g. SGLang's plain-text ``/flush_cache``)."""
         try:
             r = self.client.request(method, path, json=body)
         except self._httpx.HTTPError as e:
@@ -120,6 +122,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             hint = not_found if r.status_code == 404 else ""
             raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}{hint}")
         _refuse_redirect(r, f"{method} {self.base_url}{path}")
+        if not reply:
+            return None
         try:
             return r.json()
         except UnicodeDecodeError as e:  # (a ValueError too; JSON is UTF-8)
@@ -372,7 +376,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     def flush_cache(self, empty_cache: bool = True) -> bool:
         """Drop the server's prefix cache. ``empty_cache`` (SGLang's) is accepted and ignored."""
-        self._request("POST", "/flush_cache")  # refused while requests run: HTTP 409, a BackendError
+        # refused while requests run: HTTP 409 (SGLang: 400), a BackendError; SGLang answers in plain text
+        self._request("POST", "/flush_cache", reply=False)
         return True
 
     def get_server_info(self) -> dict:
