@@ -426,3 +426,23 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
     release.set()
     backend.shutdown()
 
+
+def test_an_openai_stream_aborted_while_it_starts_is_closed_at_once(server, chat):
+    """An abort() between the request and its first chunk found no stream to close (the stream was
+    registered once the request returned): the stream then ran to its end."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_start(h, b):
+        started.set()
+        release.wait(10)  # (the response headers wait: the client is still inside the request)
+        events(h, [_chunk("x"), _chunk("y", "stop")])
+
+    server.answer = slow_start
+    seen = []
+    reader = threading.Thread(target=lambda: seen.extend(chat.generate_stream(CHAT, PARAMS, "r1")))
+    reader.start()
+    assert started.wait(10)
+    chat.abort("r1")
+    release.set()
+    reader.join(30)
+    assert seen == [("", {"finish_reason": {"type": "abort", "message": "the request was aborted"}})]

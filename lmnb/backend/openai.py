@@ -312,15 +312,28 @@ class OpenAI(BaseBackend):
         return out
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
-        stream = self._call(
-            **self._prompt_kwargs(prompt), **self._kwargs(params), stream=True,
-            stream_options={"include_usage": True},
-        )
         meta: dict[str, Any] = {}
         text = ""
         where = f"{self.client.base_url} stream"
         with self._streams_lock:
-            self._streams[rid] = stream
+            self._streams[rid] = None  # (starting: an abort() meanwhile removes it)
+        try:
+            stream = self._call(
+                **self._prompt_kwargs(prompt), **self._kwargs(params), stream=True,
+                stream_options={"include_usage": True},
+            )
+        except BaseException:
+            with self._streams_lock:
+                self._streams.pop(rid, None)
+            raise
+        with self._streams_lock:
+            started = rid in self._streams
+            if started:
+                self._streams[rid] = stream
+        if not started:  # aborted while the request was made
+            stream.close()
+            yield "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}}
+            return
         error: Optional[Exception] = None
         try:
             for chunk in stream:
@@ -383,7 +396,7 @@ class OpenAI(BaseBackend):
         paid for). A call that is not streamed cannot be stopped; it ends on its own."""
         with self._streams_lock:
             stream = self._streams.pop(rid, None)
-        if stream is not None:
+        if stream is not None:  # (None: still starting, and now marked aborted)
             stream.close()
 
     def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
