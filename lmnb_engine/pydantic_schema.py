@@ -227,8 +227,6 @@ def pydantic_json_schema(model: type) -> dict:
                                  "cannot be constrained (they count the decoded bytes); drop them")
             if has_max:  # pydantic counts the UTF-8 bytes, maxLength the characters: ASCII makes them one
                 json_schema["pattern"] = "^[\\x00-\\x7f]*$"
-                if json_schema.get("format") == "password":  # (SecretBytes: an annotation, and a format
-                    del json_schema["format"]  # beside a pattern is refused)
 
         def custom_error_schema(self, schema: Any) -> dict:
             if schema.get("custom_error_type") == "is_hashable":
