@@ -218,7 +218,7 @@ class OpenAI(BaseBackend):
             raise self._timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
-        except ValueError as e:  # (the client's json.loads: JSONDecodeError, UnicodeDecodeError)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (the client's json.loads of the body)
             raise BackendError(f"{self.client.base_url} returned a body that is not UTF-8 JSON "
                                f"({type(e).__name__}: {e})") from None
 
@@ -371,7 +371,7 @@ class OpenAI(BaseBackend):
             return self._timeout_error(where, 1)
         if isinstance(e, self._openai.APIError):
             return BackendError(f"{where}: {type(e).__name__}: {e}")
-        if isinstance(e, ValueError) and not isinstance(e, BackendError):  # (the client's json.loads of an event)
+        if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):  # (the client's json.loads of an event)
             return BackendError(f"{where} sent an event that is not UTF-8 JSON ({type(e).__name__}: {e})")
         if isinstance(e, self._httpx.HTTPError):  # (the client wraps errors of the request, not of its stream)
             return BackendError(f"{where} failed: {type(e).__name__}: {e}")
@@ -392,8 +392,8 @@ class OpenAI(BaseBackend):
 
     def abort(self, rid: str) -> None:
         """Close the stream of request ``rid`` (a streamed gen), so that the server sees its client
-        leave and stops: the stream ran on to its end, every token generated (and, on a hosted API,
-        paid for). A call that is not streamed cannot be stopped; it ends on its own."""
+        leave and stops (left open, it would generate, and a hosted API bill, every token to the
+        end). A call that is not streamed cannot be stopped; it ends on its own."""
         with self._streams_lock:
             stream = self._streams.pop(rid, None)
         if stream is not None:  # (None: still starting, and now marked aborted)
