@@ -446,3 +446,12 @@ def test_an_openai_stream_aborted_while_it_starts_is_closed_at_once(server, chat
     release.set()
     reader.join(30)
     assert seen == [("", {"finish_reason": {"type": "abort", "message": "the request was aborted"}})]
+
+
+def test_stream_lines_are_split_across_chunks_and_decoded_whole():
+    """The SSE line splitter of RuntimeEndpoint: a line spanning chunks (a long event arrives in
+    many), a multi-byte character split between chunks, a last line without its newline."""
+    from lmnb.backend.runtime_endpoint import _utf8_lines
+
+    chunks = [b"data: {\"text\": \"caf", b"\xc3", b"\xa9\"}\r\n", b"\n: ping\ndata: [DO", b"NE]"]
+    assert list(_utf8_lines(iter(chunks), "s")) == ['data: {"text": "café"}', "", ": ping", "data: [DONE]"]

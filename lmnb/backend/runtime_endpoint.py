@@ -359,9 +359,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     # -- control
 
     def abort(self, rid: str) -> None:
-        """Ask the server to stop request ``rid``, from a thread of its own: a wedged server held
-        the caller up to 5 s per request (a fork's branches and a batch's rows are aborted one
-        after another), where aborting is best effort anyway."""
+        """Ask the server to stop request ``rid``, from a thread of its own: waiting for a wedged
+        server would hold the caller up to 5 s per request (a fork's branches and a batch's rows
+        are aborted one after another), and aborting is best effort anyway."""
         threading.Thread(target=self._abort, args=(rid,), name=f"lmnb-abort-{rid}", daemon=True).start()
 
     def _abort(self, rid: str) -> None:
@@ -397,9 +397,13 @@ def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
     Raises:
         BackendError: a line that is not UTF-8.
     """
-    pending = b""
-    for chunk in itertools.chain(chunks, [b"\n"]):  # (the newline ends a last line without one)
-        *lines, pending = (pending + chunk).split(b"\n")
+    pending: list[bytes] = []  # (the parts of a line that spans chunks, joined once it ends: a long
+    for chunk in itertools.chain(chunks, [b"\n"]):  # event re-joined per chunk copied quadratically)
+        *lines, rest = chunk.split(b"\n")  # (the last newline ends a last line without one)
+        if lines:
+            lines[0] = b"".join(pending + [lines[0]])
+            pending = []
+        pending.append(rest)
         for line in lines:
             try:
                 yield line.rstrip(b"\r").decode("utf-8")
