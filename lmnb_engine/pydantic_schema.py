@@ -74,6 +74,7 @@ def pydantic_json_schema(model: type) -> dict:
         ValueError: a field refused above, named (``field 'amount': a Decimal field with ...``; a
             field of a nested class as ``Inner.amount``).
     """
+    from pydantic import ByteSize
     from pydantic.json_schema import GenerateJsonSchema
 
     class _Exact(GenerateJsonSchema):
@@ -173,6 +174,10 @@ def pydantic_json_schema(model: type) -> dict:
 
         def str_schema(self, schema: Any) -> dict:
             json_schema = super().str_schema(schema)
+            if schema.get("pattern") == ByteSize.byte_string_pattern:
+                # ByteSize's string: pydantic's pattern is unanchored at its end ("1kbx" passed it) and
+                # takes any word as the unit, which the validator then refuses
+                return {**json_schema, "pattern": BYTE_SIZE_PATTERN}
             if not (schema.get("strip_whitespace") or self.lmnb_config("str_strip_whitespace")):
                 return json_schema
             if "pattern" in json_schema:
@@ -210,10 +215,6 @@ def pydantic_json_schema(model: type) -> dict:
             if name.startswith("PathType.validate_"):  # (FilePath, NewPath ...: NewPath's schema is plain 'path')
                 raise ValueError(f"a {name.removeprefix('PathType.validate_')} path field checks the disk, which "
                                  "constrained decoding cannot know (it would write any path); use pathlib.Path")
-            if name == "ByteSize._validate":
-                # pydantic's pattern is unanchored at its end ("1kbx" passed it) and takes any word as
-                # the unit, which the validator then refuses
-                return {"anyOf": [{"type": "string", "pattern": BYTE_SIZE_PATTERN}, {"type": "integer", "minimum": 0}]}
             json_schema = super().function_after_schema(schema)
             limit = getattr(getattr(check, "func", None), "__name__", "")  # (a functools.partial)
             if limit in ("min_length_validator", "max_length_validator") and _json_type(schema["schema"]) == "bytes":
