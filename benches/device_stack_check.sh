@@ -20,6 +20,11 @@ EOF
   "$VENV/bin/pip" install -q -r "$VENV/lmnb-reqs.txt" "torch==2.11.0" "triton==3.6.0" "transformers==5.17.0" "numpy<2.4" \
     || exit 1
 fi
+# lmnb itself, editable and without dependencies: its tests read what only an installed package has
+# (the nbconvert.exporters entry point, the `lmnb` command, importlib.metadata's version). Done on
+# every run, so the metadata is this checkout's. setuptools: pyproject needs >= 77, torch 2.11 < 82.
+"$VENV/bin/pip" install -q "setuptools>=77,<82" \
+  && "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . || exit 1
 export PYTHONPATH="$PWD" PATH="$VENV/bin:$PATH"
 "$VENV/bin/python" -m lmnb_kernel.cli install-kernel --sys-prefix > /dev/null || exit 1
 "$VENV/bin/python" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
