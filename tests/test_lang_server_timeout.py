@@ -142,3 +142,76 @@ def test_the_jobs_and_the_magics_timeout_option_reach_the_backend(silent_url):
         parse_backend_line("connect", [silent_url, "--timeout", "-2"])
     with pytest.raises(CellLineError, match="^argument --timeout: must be a positive number of seconds, got 'ten'$"):
         parse_backend_line("connect", [silent_url, "--timeout", "ten"])  # not "invalid positive_seconds value"
+
+
+@pytest.fixture
+def scripted_stream_url():
+    """Answers ``/get_model_info``; ``/generate`` streams ``script[0]``, (seconds to wait, bytes to
+    send) pairs, until it ends or the client leaves (``script`` is the list the test fills)."""
+    script: list = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            data = json.dumps({"model_path": "stub"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            try:
+                for wait, data in script[0]:
+                    time.sleep(wait)
+                    self.wfile.write(data)
+                    self.wfile.flush()
+            except OSError:  # (the client left)
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", script
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _event(text: str, finish: bool = False) -> bytes:
+    meta = {"finish_reason": {"type": "length"} if finish else None}
+    return b"data: " + json.dumps({"text": text, "meta_info": meta}).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("filler", [b": keep-alive\n\n", b"\n", b"event: ping\n\n", b"x"],
+                         ids=["comment", "empty event", "event without data", "a line that never ends"])
+def test_a_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(scripted_stream_url, filler):
+    """Any byte reset httpx's read timeout: a stalled stream whose server (or a proxy before it)
+    sent a keep-alive comment every few seconds never failed; the timeout is now per event."""
+    url, script = scripted_stream_url
+    backend = lmnb.RuntimeEndpoint(url, timeout=0.5)
+    script.append([(0, _event("Hel"))] + [(0.05, filler)] * 100)  # 5 s of filler, 20 a second
+    got, t0 = [], time.monotonic()
+    with pytest.raises(BackendError) as e:
+        for delta, _ in backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r1"):
+            got.append(delta)
+    assert 0.5 <= time.monotonic() - t0 < 2.5 and got == ["Hel"]
+    assert str(e.value) == (
+        f"POST {url}/generate stream: the server at {url} sent no event for 0.5 s (the read timeout), only "
+        "keep-alive comments, empty events or part of a line; check that it is not stuck or overloaded, or raise "
+        "the timeout (RuntimeEndpoint(..., timeout=SECONDS); --timeout SECONDS for %lm connect and for an "
+        "exported job)")
+    # events that keep coming, keep-alives between them, run past the timeout: each event resets it
+    script[0] = [(0, _event("a"))] + [(0.1, b": keep-alive\n\n"), (0.1, b": keep-alive\n\n"), (0.1, _event("ab"))] * 4
+    script[0] += [(0.1, _event("abc", finish=True))]
+    t0 = time.monotonic()
+    assert "".join(d for d, _ in backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r2")) == "abc"
+    assert time.monotonic() - t0 > 1.2  # (longer than the timeout, all told)
+    backend.shutdown()

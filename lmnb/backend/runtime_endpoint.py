@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import json
 import threading
+import time
 import uuid
 from typing import Any, Iterator, Optional, Sequence
 
@@ -38,6 +39,9 @@ CONNECT_TIMEOUT_S = 10.0
 # non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
 # server fails a batch job's rows instead of hanging the job forever.
 READ_TIMEOUT_S = 600.0
+# What a timeout's error says to do about it.
+_TIMEOUT_FIX = ("check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., timeout=SECONDS); "
+                "--timeout SECONDS for %lm connect and for an exported job)")
 
 
 def _sampling_params(params: GenParams) -> dict:
@@ -68,7 +72,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             the model's Jinja template in ``/get_model_info``; an SGLang server does not, and then
             the template is chosen from the model path, as SGLang does).
         timeout: seconds to wait for a response, or for a stream's next event (default
-            ``READ_TIMEOUT_S``; None: no limit). Connecting may take ``CONNECT_TIMEOUT_S``.
+            ``READ_TIMEOUT_S``; None: no limit). Connecting may take ``CONNECT_TIMEOUT_S``. A
+            stream's keep-alive comments, empty events and unfinished lines are not events: a
+            stream that sends only those for ``timeout`` seconds fails as one that sends nothing.
 
     Raises:
         BackendError: the server cannot be reached, does not answer within ``timeout``, or
@@ -138,10 +144,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             return BackendError(f"{what}: no connection within {CONNECT_TIMEOUT_S:g} s; is the server running "
                                 f"at {self.base_url}, and are the host and port right?")
         if isinstance(e, self._httpx.TimeoutException):
-            return BackendError(
-                f"{what}: the server at {self.base_url} sent nothing for {self.timeout:g} s (the read timeout); "
-                "check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., "
-                "timeout=SECONDS); --timeout SECONDS for %lm connect and for an exported job)")
+            return BackendError(f"{what}: the server at {self.base_url} sent nothing for {self.timeout:g} s (the "
+                                f"read timeout); {_TIMEOUT_FIX}")
         if isinstance(e, self._httpx.ConnectError):  # refused: no server (any more) at that host and port
             return BackendError(f"{what}: nothing answers at {self.base_url} ({type(e).__name__}: {e}); is the "
                                 "server running, and are the host and port right?")
@@ -237,9 +241,23 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                         f"POST {self.base_url}/generate: HTTP {r.status_code}: {in_gen_names(_error_text(r))}")
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
-                for line in _utf8_lines(r.iter_bytes(), what):
+                last_event = time.monotonic()  # (or the response's start)
+
+                def chunks() -> Iterator[bytes]:
+                    """The body's bytes, failing once ``timeout`` passes without an event: a chunk
+                    resets httpx's read timeout, and keep-alive comments would reset it forever."""
+                    for chunk in r.iter_bytes():
+                        if self.timeout is not None and time.monotonic() - last_event > self.timeout:
+                            raise BackendError(
+                                f"{what}: the server at {self.base_url} sent no event for {self.timeout:g} s (the "
+                                "read timeout), only keep-alive comments, empty events or part of a line; "
+                                f"{_TIMEOUT_FIX}")
+                        yield chunk
+
+                for line in _utf8_lines(chunks(), what):
                     if not line.startswith("data:"):
                         continue
+                    last_event = time.monotonic()
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         done = True
