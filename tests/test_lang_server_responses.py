@@ -6,7 +6,9 @@ before its end) is a ``BackendError`` of one line naming the request and the pro
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -257,6 +259,84 @@ def test_an_abort_does_not_wait_for_a_wedged_server(server, endpoint):
         threading.Event().wait(0.01)
     release.set()
     assert sorted(calls, key=str) == [("/abort_request", {"rid": "r1"}, False), ("/abort_request", {"rid": "r2"}, False)]
+
+
+def test_a_busy_server_is_asked_again_a_few_times_then_named(server, endpoint, monkeypatch):
+    """SGLang answers HTTP 503 when its queue is full, lmnb serve when its grammar compiler is busy:
+    the request failed at once, with no word of what to do; it is now sent again, up to 4 times,
+    after each of RETRY_503_DELAYS_S (or the server's Retry-After), streamed or not."""
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "RETRY_503_DELAYS_S", (0.01, 0.02, 0.03, 0.04))
+    tries = []
+
+    def busy_then(answer, busy: int, **headers):
+        def respond(h, b):
+            tries.append(b["rid"])
+            if len(tries) > busy:
+                return answer(h, b)
+            full = b'{"error": "The request queue is full."}'
+            h.send_response(503)
+            for k, v in {"Content-Type": "application/json", "Content-Length": str(len(full)), **headers}.items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(full)
+        return respond
+
+    result = b'{"text": "Hello", "meta_info": {"finish_reason": {"type": "length"}}}'
+    server.answer = busy_then(lambda h, b: send(h, 200, result), busy=4)
+    assert [c.text for c in endpoint.generate(Prompt("Hi"), PARAMS, "r1")] == ["Hello"]
+    assert tries == ["r1"] * 5  # (the same request id: the server refused the request, so none is running)
+    tries.clear()
+    server.answer = busy_then(lambda h, b: events(h, [{"text": "Hel", "meta_info": {}}]), busy=2)
+    assert [d for d, _ in _stream(endpoint)] == ["Hel"] and len(tries) == 3
+    tries.clear()
+    server.answer = busy_then(lambda h, b: send(h, 200, result), busy=5)
+    busy = ("HTTP 503: The request queue is full.; the server is overloaded or not ready yet (it answered 503 to 5 "
+            "tries in a row): run it again later, or send it fewer requests at once")
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate: {re.escape(busy)}$"):
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+    assert len(tries) == 5
+    tries.clear()
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate: {re.escape(busy)}$"):
+        _stream(endpoint)
+    assert len(tries) == 5
+    # the server's Retry-After is waited instead of the next delay; other errors are not sent again
+    monkeypatch.setattr(runtime_endpoint, "RETRY_503_DELAYS_S", (30.0,))
+    tries.clear()
+    server.answer, t0 = busy_then(lambda h, b: send(h, 200, result), busy=1, **{"Retry-After": "0"}), time.monotonic()
+    assert [c.text for c in endpoint.generate(Prompt("Hi"), PARAMS, "r1")] == ["Hello"]
+    assert len(tries) == 2 and time.monotonic() - t0 < 10
+    tries.clear()
+    server.answer = lambda h, b: (tries.append(b["rid"]), send(h, 500, b'{"error": "boom"}'))
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate: HTTP 500: boom$"):
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+    assert tries == ["r1"]
+
+
+def test_a_request_aborted_while_it_waits_for_a_busy_server_is_not_sent_again(server, endpoint, monkeypatch):
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "RETRY_503_DELAYS_S", (30.0,))
+    tried = threading.Event()
+
+    def busy(h, b):
+        if h.path == "/generate":
+            tried.set()
+        send(h, 503, b'{"error": "The request queue is full."}')
+
+    server.answer, failed = busy, []
+    worker = threading.Thread(target=lambda: failed.append(pytest.raises(BackendError, endpoint.generate,
+                                                                         Prompt("Hi"), PARAMS, "r1")))
+    worker.start()
+    assert tried.wait(10)
+    t0 = time.monotonic()
+    endpoint.abort("r1")
+    worker.join(10)
+    assert time.monotonic() - t0 < 5 and not worker.is_alive()
+    assert str(failed[0].value) == (f"POST {server.url}/generate: aborted while waiting to send it again to a busy "
+                                    "server (HTTP 503)")
+    assert endpoint._retrying == {}
 
 # --- the OpenAI-compatible backend ------------------------------------------------------------
 

@@ -12,6 +12,7 @@ sampled frames, each with an image token of its own in the text (SGLang's fronte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -39,6 +40,11 @@ CONNECT_TIMEOUT_S = 10.0
 # non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
 # server fails a batch job's rows instead of hanging the job forever.
 READ_TIMEOUT_S = 600.0
+# Seconds to wait before trying again a request answered HTTP 503 (SGLang: its queue is full; lmnb
+# serve: its grammar compiler is busy), which the server refused before doing any of it; a
+# Retry-After of whole seconds, up to RETRY_AFTER_MAX_S, is waited instead.
+RETRY_503_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
+RETRY_AFTER_MAX_S = 10.0
 # What a timeout's error says to do about it.
 _TIMEOUT_FIX = ("check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., timeout=SECONDS); "
                 "--timeout SECONDS for %lm connect and for an exported job)")
@@ -76,6 +82,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             stream's keep-alive comments, empty events and unfinished lines are not events: a
             stream that sends only those for ``timeout`` seconds fails as one that sends nothing.
 
+    A request the server answers with HTTP 503 (busy, or not ready) is sent again after each of
+    ``RETRY_503_DELAYS_S`` in turn, unless ``abort`` is called for it meanwhile.
+
     Raises:
         BackendError: the server cannot be reached, does not answer within ``timeout``, or
             ``/get_model_info`` fails.
@@ -100,6 +109,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
         )
         self._httpx = httpx
+        self._retrying: dict[str, threading.Event] = {}  # request id -> set by abort() while it waits to retry
+        self._retry_lock = threading.Lock()
         # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server
         hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
         if self.base_url.endswith("/v1"):
@@ -121,11 +132,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         """``not_found``: said after the server's words when it answers 404; ``reply``: whether
         the answer's JSON is wanted (False: any body, e.g. SGLang's plain-text ``/flush_cache``)."""
         try:
-            r = self.client.request(method, path, json=body)
+            r = self._send(method, path, body)
         except self._httpx.HTTPError as e:
             raise self._failure(f"{method} {self.base_url}{path}", e) from None
         if r.status_code >= 400:
-            hint = not_found if r.status_code == 404 else ""
+            hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
             raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}{hint}")
         _refuse_redirect(r, f"{method} {self.base_url}{path}")
         if not reply:
@@ -137,6 +148,35 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                                f"{e.object[e.start:e.start + 1]!r}); JSON responses must be UTF-8") from None
         except ValueError:
             raise BackendError(f"{method} {self.base_url}{path} returned non-JSON: {r.text[:200]!r}") from None
+
+    def _send(self, method: str, path: str, body: Optional[dict], stream: bool = False) -> Any:
+        """httpx's response to the request, sent again while the server answers 503 (a streamed
+        response is not read: the caller closes it).
+
+        Raises:
+            httpx.HTTPError: as httpx's ``send``.
+            BackendError: ``abort`` was called for the request (its ``rid``) while it waited to
+                be sent again.
+        """
+        rid = body.get("rid") if isinstance(body, dict) and isinstance(body.get("rid"), str) else None
+        aborted = threading.Event()
+        if rid is not None:
+            with self._retry_lock:
+                self._retrying[rid] = aborted
+        try:
+            for delay in (*RETRY_503_DELAYS_S, None):
+                r = self.client.send(self.client.build_request(method, path, json=body), stream=stream)
+                if r.status_code != 503 or delay is None:
+                    return r
+                r.close()
+                after = r.headers.get("retry-after", "")
+                if aborted.wait(min(float(after), RETRY_AFTER_MAX_S) if after.isdigit() else delay):
+                    raise BackendError(f"{method} {self.base_url}{path}: aborted while waiting to send it again to "
+                                       "a busy server (HTTP 503)")
+        finally:
+            if rid is not None:
+                with self._retry_lock:
+                    self._retrying.pop(rid, None)
 
     def _failure(self, what: str, e: Exception) -> BackendError:
         """The error for a request (``what``: method and URL) that raised httpx's ``e``."""
@@ -234,11 +274,11 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         }
         what = f"POST {self.base_url}/generate stream"
         try:
-            with self.client.stream("POST", "/generate", json=data) as r:
+            with contextlib.closing(self._send("POST", "/generate", data, stream=True)) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise BackendError(
-                        f"POST {self.base_url}/generate: HTTP {r.status_code}: {in_gen_names(_error_text(r))}")
+                    raise BackendError(f"POST {self.base_url}/generate: HTTP {r.status_code}: "
+                                       f"{in_gen_names(_error_text(r))}{_busy() if r.status_code == 503 else ''}")
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 last_event = time.monotonic()  # (or the response's start)
@@ -379,7 +419,12 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     def abort(self, rid: str) -> None:
         """Ask the server to stop request ``rid``, from a thread of its own: waiting for a wedged
         server would hold the caller up to 5 s per request (a fork's branches and a batch's rows
-        are aborted one after another), and aborting is best effort anyway."""
+        are aborted one after another), and aborting is best effort anyway. A request waiting to be
+        sent again (the server answered 503) is not sent."""
+        with self._retry_lock:
+            waiting = self._retrying.get(rid)
+        if waiting is not None:
+            waiting.set()
         threading.Thread(target=self._abort, args=(rid,), name=f"lmnb-abort-{rid}", daemon=True).start()
 
     def _abort(self, rid: str) -> None:
@@ -428,6 +473,12 @@ def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
             except UnicodeDecodeError as e:
                 raise BackendError(f"{what} sent a line that is not UTF-8 (byte {e.start}: "
                                    f"{line[e.start:e.start + 1]!r}): {line[:120]!r}") from None
+
+
+def _busy() -> str:
+    """What an error for a request answered HTTP 503 at every try adds to the server's words."""
+    return (f"; the server is overloaded or not ready yet (it answered 503 to {len(RETRY_503_DELAYS_S) + 1} tries "
+            "in a row): run it again later, or send it fewer requests at once")
 
 
 def _refuse_redirect(r: Any, what: str) -> None:
