@@ -5,6 +5,7 @@ before its end) is a ``BackendError`` of one line naming the request and the pro
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -535,3 +536,34 @@ def test_stream_lines_are_split_across_chunks_and_decoded_whole():
 
     chunks = [b"data: {\"text\": \"caf", b"\xc3", b"\xa9\"}\r\n", b"\n: ping\ndata: [DO", b"NE]"]
     assert list(_utf8_lines(iter(chunks), "s")) == ['data: {"text": "café"}', "", ": ping", "data: [DONE]"]
+
+
+def test_a_line_longer_than_the_limit_fails_as_soon_as_that_much_has_come(server, endpoint, monkeypatch):
+    """A server sending a line that never ends filled the memory: the splitter kept every byte of
+    it, waiting for its newline."""
+    from lmnb.backend import runtime_endpoint
+    from lmnb.backend.runtime_endpoint import _utf8_lines
+
+    monkeypatch.setattr(runtime_endpoint, "MAX_LINE_BYTES", 100)
+    sent = []
+
+    def endless():
+        for i in itertools.count():
+            sent.append(i)
+            yield b"data: " if i == 0 else b"x" * 30
+
+    with pytest.raises(BackendError, match=r"^s sent a line longer than 100 bytes, starting b'data: xxx.*': no event "
+                                           r"is that long \(is the server, or a proxy before it, sending a line that "
+                                           r"never ends\?\); if its events are, raise lmnb\.backend\.runtime_endpoint"
+                                           r"\.MAX_LINE_BYTES$"):
+        list(_utf8_lines(endless(), "s"))
+    assert len(sent) == 5  # 6 + 3 * 30 = 96 bytes were within the limit, the fourth 30 were not
+    # a line of the limit, whole in a chunk or across chunks, passes; a byte more fails either way
+    assert list(_utf8_lines(iter([b"a" * 100 + b"\nb"]), "s")) == ["a" * 100, "b"]
+    assert list(_utf8_lines(iter([b"a" * 60, b"a" * 40 + b"\nb"]), "s")) == ["a" * 100, "b"]
+    for chunks in ([b"a" * 101 + b"\n"], [b"a" * 60, b"a" * 41 + b"\n"], [b"a" * 60, b"a" * 41]):
+        with pytest.raises(BackendError, match="^s sent a line longer than 100 bytes, starting b'aaa"):
+            list(_utf8_lines(iter(chunks), "s"))
+    server.answer = lambda h, b: events(h, [b"data: " + b"x" * 5000])
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate stream sent a line longer than 100 bytes"):
+        _stream(endpoint)

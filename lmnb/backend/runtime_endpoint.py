@@ -45,6 +45,10 @@ READ_TIMEOUT_S = 600.0
 # Retry-After of whole seconds, up to RETRY_AFTER_MAX_S, is waited instead.
 RETRY_503_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
 RETRY_AFTER_MAX_S = 10.0
+# The longest line a stream may send, in bytes: far above any real event (SGLang's events carry
+# the whole text and logprobs so far: top-20 logprobs of a 128k-token prompt are about 90 MB), so
+# that a server sending a line that never ends fails before it fills the memory.
+MAX_LINE_BYTES = 256 * 2**20
 # What a timeout's error says to do about it.
 _TIMEOUT_FIX = ("check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., timeout=SECONDS); "
                 "--timeout SECONDS for %lm connect and for an exported job)")
@@ -458,15 +462,24 @@ def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
     bytes that are not, which would pass for generated text).
 
     Raises:
-        BackendError: a line that is not UTF-8.
+        BackendError: a line that is not UTF-8, or one longer than ``MAX_LINE_BYTES`` (raised as
+            soon as that much of it has come).
     """
     pending: list[bytes] = []  # (the parts of a line that spans chunks, joined once it ends: a long
-    for chunk in itertools.chain(chunks, [b"\n"]):  # event re-joined per chunk copied quadratically)
+    pending_bytes = 0  # event re-joined per chunk copied quadratically)
+    for chunk in itertools.chain(chunks, [b"\n"]):
         *lines, rest = chunk.split(b"\n")  # (the last newline ends a last line without one)
         if lines:
             lines[0] = b"".join(pending + [lines[0]])
-            pending = []
+            pending, pending_bytes = [], 0
         pending.append(rest)
+        pending_bytes += len(rest)
+        too_long = next((line for line in lines if len(line) > MAX_LINE_BYTES), None)
+        if too_long is not None or pending_bytes > MAX_LINE_BYTES:
+            start = (too_long or b"".join(pending))[:60]
+            raise BackendError(f"{what} sent a line longer than {MAX_LINE_BYTES} bytes, starting {start!r}: no event "
+                               "is that long (is the server, or a proxy before it, sending a line that never ends?); "
+                               "if its events are, raise lmnb.backend.runtime_endpoint.MAX_LINE_BYTES")
         for line in lines:
             try:
                 yield line.rstrip(b"\r").decode("utf-8")
