@@ -567,3 +567,39 @@ def test_a_line_longer_than_the_limit_fails_as_soon_as_that_much_has_come(server
     server.answer = lambda h, b: events(h, [b"data: " + b"x" * 5000])
     with pytest.raises(BackendError, match=f"^POST {server.url}/generate stream sent a line longer than 100 bytes"):
         _stream(endpoint)
+
+
+def test_a_body_longer_than_the_limit_fails_as_soon_as_that_much_has_come(server, endpoint, monkeypatch):
+    """A response that is not streamed (or a stream's error page) was read whole, however long: a
+    server sending an endless body filled the memory."""
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "MAX_BODY_BYTES", 1000)
+    result = b'{"text": "Hello", "meta_info": {}}'
+    server.answer = lambda h, b: send(h, 200, result + b" " * (1000 - len(result)))  # the limit passes
+    assert [c.text for c in endpoint.generate(Prompt("Hi"), PARAMS, "r1")] == ["Hello"]
+
+    def endless(status):
+        def respond(h, b):
+            h.send_response(status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            try:
+                for i in range(10_000):  # 3 MB (unless the client leaves first)
+                    piece = b'{"text": "' + b"x" * 290 if i == 0 else b"x" * 300
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    h.wfile.flush()
+            except OSError:
+                pass
+        return respond
+
+    limit = (r"returned a body longer than 1000 bytes, starting b'\{\"text\": \"xxx.*': no answer is that long \(is "
+             r"the server, or a proxy before it, sending an endless body\?\); if its answers are, raise "
+             r"lmnb\.backend\.runtime_endpoint\.MAX_BODY_BYTES$")
+    server.answer = endless(200)
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate {limit}"):
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+    server.answer = endless(400)  # a stream's error page
+    with pytest.raises(BackendError, match=f"^POST {server.url}/generate {limit}"):
+        _stream(endpoint)

@@ -49,6 +49,9 @@ RETRY_AFTER_MAX_S = 10.0
 # the whole text and logprobs so far: top-20 logprobs of a 128k-token prompt are about 90 MB), so
 # that a server sending a line that never ends fails before it fills the memory.
 MAX_LINE_BYTES = 256 * 2**20
+# The largest body a response that is not streamed may have, in bytes (a batch of results with
+# logprobs is several events' worth); beyond it, it is refused as it comes.
+MAX_BODY_BYTES = 2**30
 # What a timeout's error says to do about it.
 _TIMEOUT_FIX = ("check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., timeout=SECONDS); "
                 "--timeout SECONDS for %lm connect and for an exported job)")
@@ -135,23 +138,28 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                  reply: bool = True) -> Any:
         """``not_found``: said after the server's words when it answers 404; ``reply``: whether
         the answer's JSON is wanted (False: any body, e.g. SGLang's plain-text ``/flush_cache``)."""
+        what = f"{method} {self.base_url}{path}"
         try:
-            r = self._send(method, path, body)
+            r = self._send(method, path, body, stream=True)
+            try:
+                content = _read_body(r, what)
+            finally:
+                r.close()
         except self._httpx.HTTPError as e:
-            raise self._failure(f"{method} {self.base_url}{path}", e) from None
+            raise self._failure(what, e) from None
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
-            raise BackendError(f"{method} {self.base_url}{path}: HTTP {r.status_code}: {_error_text(r)}{hint}")
-        _refuse_redirect(r, f"{method} {self.base_url}{path}")
+            raise BackendError(f"{what}: HTTP {r.status_code}: {_error_text(content)}{hint}")
+        _refuse_redirect(r, what)
         if not reply:
             return None
         try:
-            return r.json()
+            return json.loads(content)
         except UnicodeDecodeError as e:  # (a ValueError too; JSON is UTF-8)
-            raise BackendError(f"{method} {self.base_url}{path} returned a body that is not UTF-8 (byte {e.start}: "
+            raise BackendError(f"{what} returned a body that is not UTF-8 (byte {e.start}: "
                                f"{e.object[e.start:e.start + 1]!r}); JSON responses must be UTF-8") from None
         except ValueError:
-            raise BackendError(f"{method} {self.base_url}{path} returned non-JSON: {r.text[:200]!r}") from None
+            raise BackendError(f"{what} returned non-JSON: {content[:800].decode('utf-8', 'replace')[:200]!r}") from None
 
     def _send(self, method: str, path: str, body: Optional[dict], stream: bool = False) -> Any:
         """httpx's response to the request, sent again while the server answers 503 (a streamed
@@ -280,9 +288,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         try:
             with contextlib.closing(self._send("POST", "/generate", data, stream=True)) as r:
                 if r.status_code >= 400:
-                    r.read()
+                    error = _error_text(_read_body(r, f"POST {self.base_url}/generate"))
                     raise BackendError(f"POST {self.base_url}/generate: HTTP {r.status_code}: "
-                                       f"{in_gen_names(_error_text(r))}{_busy() if r.status_code == 503 else ''}")
+                                       f"{in_gen_names(error)}{_busy() if r.status_code == 503 else ''}")
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 last_event = time.monotonic()  # (or the response's start)
@@ -508,11 +516,31 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _error_text(r) -> str:
+def _read_body(r: Any, what: str) -> bytes:
+    """The body of httpx's streamed response ``r`` (``what``: its request, for the error).
+
+    Raises:
+        BackendError: a body longer than ``MAX_BODY_BYTES`` (raised as soon as that much has come).
+        httpx.HTTPError: as httpx's ``iter_bytes``.
+    """
+    parts, size = [], 0
+    for chunk in r.iter_bytes():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BackendError(f"{what} returned a body longer than {MAX_BODY_BYTES} bytes, starting "
+                               f"{(parts or [chunk])[0][:60]!r}: no answer is that long (is the server, or a proxy "
+                               "before it, sending an endless body?); if its answers are, raise "
+                               "lmnb.backend.runtime_endpoint.MAX_BODY_BYTES")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _error_text(content: bytes) -> str:
+    """The server's words in an error response's body ``content``."""
     try:
-        body = r.json()
+        body = json.loads(content)
     except ValueError:
-        return r.text[:500]
+        return content[:2000].decode("utf-8", "replace")[:500]  # (2000 bytes hold 500 characters)
     err = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(err, dict):
         return str(err.get("message", err))
