@@ -296,6 +296,9 @@ class StreamExecutor:
         self.plain_body: Optional[int] = None
         self.root = self  # the state whose program body adds to this one (a fork branch's: the root's)
         self.joined = False  # a fork branch merged into its parent: it takes no more primitives
+        # joins of this state's fork groups whose merge is not submitted yet: this state's own join
+        # into its parent waits for them (``join_ready``), or it would read this state without them
+        self._merging = 0
         self.speculation = Speculation()  # completion-model API speculation left over
         self._spec_terms: list[tuple] = []  # chat-model API speculation inside an assistant role
 
@@ -333,8 +336,8 @@ class StreamExecutor:
     def submit(self, expr: Any) -> None:
         """Queue ``expr`` (an ``Expr`` or str) to run after everything submitted before it."""
         expr = as_expr(expr)
-        self._refuse_if_joined()
-        with self._cv:
+        with self._cv:  # (a join of this branch marks it joined under this lock: nothing slips in after)
+            self._refuse_if_joined()
             for name in _var_names(expr):
                 if self.error_ is not None:
                     self._lost.add(name)  # it will be skipped
@@ -433,6 +436,40 @@ class StreamExecutor:
         with self._cv:
             while self._queue or self._draining:
                 self._wait()
+
+    @contextlib.contextmanager
+    def merging(self):
+        """Held by a join of one of this state's fork groups until it has submitted its merge, so
+        that a join of this state (itself a fork branch) into its parent, on another thread, waits
+        for that merge instead of reading this state without it.
+
+        Raises:
+            RuntimeError: this state is a fork branch joined into its parent already, so nothing
+                can merge into it.
+        """
+        with self._cv:
+            if self.joined:
+                raise RuntimeError(
+                    f"these branches were forked from fork branch {'.'.join(map(str, self.branch))}, which was "
+                    "joined into its parent already; join the inner fork before the outer one")
+            self._merging += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._merging -= 1
+                self._version += 1
+                self._cv.notify_all()
+
+    def join_ready(self) -> None:
+        """Wait until this fork branch has run everything submitted to it, the merges of joins of
+        its own forks included (``merging``), then mark it joined: from then on it refuses new
+        primitives (``submit``), so what its join reads is all it will ever hold. ``joined`` is
+        set back to False by a join that then fails."""
+        with self._cv:
+            while self._queue or self._draining or self._merging:
+                self._wait()
+            self.joined = True
 
     def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
         """(Lock held.) A streamed program body is running on another thread than the caller's,

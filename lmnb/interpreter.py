@@ -293,7 +293,8 @@ class ProgramStateGroup:
         one entry per branch (None for a branch that did not set it); meta info likewise.
         ``concate_and_append``: additionally appends each branch's new text (and chat messages)
         to the source state in branch order, with the images/videos added in the branches; the next
-        gen prefills the joined text.
+        gen prefills the joined text. A join of one of the branches' own forks that another
+        thread has begun is waited for, so its merge is part of what this join takes.
 
         Raises:
             ValueError: unknown mode; with ``concate_and_append``, a branch that ends in another chat
@@ -312,17 +313,25 @@ class ProgramStateGroup:
         if any(st.stream_executor.joined for st in self.states):
             raise RuntimeError("this fork group was joined already; fork the state again for new branches")
         parent = self.src_state.stream_executor
-        if parent.joined:  # (checked before the branches are marked joined: nothing is merged)
-            raise RuntimeError(f"these branches were forked from fork branch {'.'.join(map(str, parent.branch))}, "
-                               "which was joined into its parent already; join the inner fork before the outer one")
-        errors = {}
-        for i, st in enumerate(self.states):
-            st.stream_executor.wait_idle()
-            if st.stream_executor.error_ is not None:
-                errors[i] = st.stream_executor.error_
+        with parent.merging():  # (refused if the parent is a branch joined already: nothing is merged)
+            exes = [st.stream_executor for st in self.states]
+            for ex in exes:  # (first without refusing anything: a branch may take long)
+                ex.wait_idle()
+            try:
+                for ex in exes:  # what they hold now is final: joins of their own forks are merged first
+                    ex.join_ready()
+                self._check(exes, mode)
+            except BaseException:  # (a failed branch, Ctrl-C) nothing was joined: the branches stay usable
+                for ex in exes:
+                    ex.joined = False
+                raise
+            self._merge(parent, exes, mode)
+
+    def _check(self, exes: list, mode: str) -> None:
+        """Raise if the branches cannot be joined (see ``join``)."""
+        errors = {i: ex.error_ for i, ex in enumerate(exes) if ex.error_ is not None}
         if errors:
             raise ForkError(errors, self)
-        exes = [st.stream_executor for st in self.states]
         if mode == "concate_and_append":
             for i, ex in enumerate(exes):
                 if ex.cur_role != ex.fork_start_role:  # its text would open or close the parent's role
@@ -333,6 +342,10 @@ class ProgramStateGroup:
                         f"join('concate_and_append'): fork branch {i} was forked {where(ex.fork_start_role)} but "
                         f"ends {where(ex.cur_role)}, so its text would break the parent's chat roles; begin and end "
                         "a role within the branch, or around the whole fork (nothing was joined)")
+
+    @staticmethod
+    def _merge(parent: StreamExecutor, exes: list, mode: str) -> None:
+        """Submit the branches' variables (and text) to ``parent``; close the branches."""
         names: list[str] = []
         for ex in exes:
             names += [n for n in ex.vars_set if n not in names]
@@ -345,7 +358,6 @@ class ProgramStateGroup:
                 messages += ex.messages_[ex.fork_start_messages:]
                 images += ex.images_[ex.fork_start_images:]
         for ex in exes:
-            ex.joined = True
             ex.close()
         with parent._cv:  # (a thread of the body may be forking the parent meanwhile)
             parent._children = [c for c in parent._children if c not in exes]

@@ -1038,6 +1038,59 @@ def test_two_threads_joining_one_fork_group_at_once_merge_it_once(monkeypatch):
     assert (st.text(), st["b"]) == ("Q:-ok-ok", ["ok", "ok"])
 
 
+@pytest.mark.timeout(60)
+def test_an_inner_join_made_while_the_outer_join_waits_is_merged_by_it(monkeypatch):
+    """A thread joining the outer fork waited for branch 0, then for branch 1; an inner fork of
+    branch 0 joined by another thread meanwhile was merged into branch 0 after the outer join had
+    read it, so the inner join's variables were lost (its text, appended first, was there). The
+    outer join is made to wait for branch 1 first; branch 0's merge of the inner join is held in
+    a listener until the outer join has had 2 s to read branch 0 without it."""
+    from lmnb.executor import StreamExecutor
+
+    slow, merging, release = threading.Event(), threading.Event(), threading.Event()
+    waits_for_branch_1 = threading.Event()
+    wait_idle = StreamExecutor.wait_idle
+
+    def wait_idle_noted(self):
+        if self.branch == (1,):
+            waits_for_branch_1.set()
+        wait_idle(self)
+
+    monkeypatch.setattr(StreamExecutor, "wait_idle", wait_idle_noted)
+
+    def reply(prompt, params):
+        if prompt.text.endswith("slow:"):
+            slow.wait(10)
+            return "s"
+        return "z"
+
+    def hold_the_merge(event):  # branch 0 appended the inner branches' text; their variables come next
+        if event.kind == "text" and event.source == "join" and event.text.startswith("|in"):
+            merging.set()
+            release.wait(10)
+
+    @sgl.function
+    def prog(s):
+        s += "Q"
+        outer = s.fork(2)
+        outer[1] += "slow:" + sgl.gen("w")
+        inner = outer[0].fork(2)
+        inner += "|in" + sgl.gen("z")
+        joiner = threading.Thread(target=outer.join, args=("concate_and_append",))
+        joiner.start()
+        assert waits_for_branch_1.wait(10)  # (branch 0 was idle: the outer join went past it)
+        inner.join("concate_and_append")
+        assert merging.wait(10)
+        slow.set()
+        joiner.join(2)  # where the outer join reads branch 0 without waiting for its merge, it ends here
+        release.set()
+        joiner.join()
+
+    with sgl.observe(hold_the_merge):
+        st = prog.run(backend=ScriptedBackend(reply))
+    assert (st.text(), st["z"], st["w"]) == ("Q|inz|inzslow:s", [["z", "z"], None], [None, "s"])
+
+
 def test_an_abort_while_a_fork_makes_its_branches_stops_them(monkeypatch):
     """An abort (another thread, a stopped cell) that came after fork() checked the state but before
     it registered the branches missed them: fork returned, and the branches ran their gens for a
