@@ -294,7 +294,9 @@ class StreamExecutor:
         # the thread running a program body that is not streamed, None when none runs: a second
         # body on this state (run(state=s)) is refused meanwhile, as while body_thread is set
         self.plain_body: Optional[int] = None
-        self.root = self  # the state whose program body adds to this one (a fork branch's: the root's)
+        # the state whose program body adds to this one: a fork branch's is its parent's root, or
+        # its parent when a body of the parent's own ran there (run(state=branch))
+        self.root = self
         self.joined = False  # a fork branch merged into its parent: it takes no more primitives
         # joins of this state's fork groups whose merge is not submitted yet: this state's own join
         # into its parent waits for them (``join_ready``), or it would read this state without them
@@ -476,7 +478,8 @@ class StreamExecutor:
         and is not blocked waiting for the caller (a helper thread the body joins, or a pool
         worker running a future the body waits for, acts for the body: waiting for the body to
         return would deadlock both)."""
-        body = self.root.body_thread  # (a fork branch is extended by its root's body)
+        # a fork branch is extended by its root's body, or by one of its own (run(state=branch))
+        body = self.body_thread if self.body_thread is not None else self.root.body_thread
         reader = threading.get_ident() if reader is None else reader
         return body is not None and body != reader and not _waits_for_caller(body)
 
@@ -942,7 +945,7 @@ class StreamExecutor:
         children = []
         for i in range(size):
             c = self._copy(self.branch + (i,), self.sid)
-            c.root = self.root
+            c.root = self if self.runs_a_body() else self.root  # (a branch running a body of its own)
             c.seed_path = self.seed_path + (first + i,)
             # the API speculation left over is one sample of the parent's: branches sharing it wrote
             # the same text (no call made), where a fork asks for a sample each
@@ -989,15 +992,31 @@ class StreamExecutor:
         return c
 
     def close(self) -> None:
-        """Mark the program (or branch) finished: streaming readers end once it is idle."""
+        """Mark the program (or branch) finished: streaming readers end once it is idle. Its fork
+        branches are closed with it, but for one running a program body of its own
+        (``run(state=branch)``): that body's ``end_body`` closes it."""
         with self._cv:
             self.closed = True
-            self.body_thread = self.plain_body = None
             self._version += 1
             self._cv.notify_all()
             children = list(self._children)
         for c in children:
-            c.close()
+            if not c.runs_a_body():
+                c.close()
+
+    def runs_a_body(self) -> bool:
+        """Whether a program body (streamed or not) runs on this state now."""
+        with self._cv:
+            return self.body_thread is not None or self.plain_body is not None
+
+    def end_body(self) -> None:
+        """The program body running on this state returned: readers waiting for it stop waiting,
+        another body may continue the state (``reopen``), and the state is closed. Only the
+        body's runner calls this: the end of another body (its parent's, a join) leaves the
+        flags of this one alone, or a second body could start beside this one."""
+        with self._cv:
+            self.body_thread = self.plain_body = None
+        self.close()
 
     # -- streaming
 

@@ -388,7 +388,7 @@ def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, ra
         ex.fail(f"the body of program {getattr(func, '__name__', '?')!r}", e)
         ex.abort()  # (the error is set: this stops only the unjoined fork branches, which nothing can join now)
     finally:
-        ex.close()
+        ex.end_body()
 
 
 def _new_state(program, backend: BaseBackend, kwargs: dict, default_params: GenParams, stream: bool,

@@ -100,7 +100,7 @@ def stop_body(state, grace_s: float = 0.5) -> bool:
     after the abort: an aborted state's reads and writes end the body, but plain Python (a loop,
     a computation) would run on, with the GIL, for as long as the kernel lives. True if it was
     asked to stop. The exception is raised while the state's lock is held, so the body has not
-    passed ``close`` (which takes the lock and clears ``body_thread``) and the id is its thread's."""
+    passed ``end_body`` (which takes the lock and clears ``body_thread``) and the id is its thread's."""
     import ctypes
 
     ex = state.stream_executor

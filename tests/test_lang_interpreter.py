@@ -761,6 +761,77 @@ def test_continuing_a_state_whose_streamed_body_still_runs_is_refused():
             more.run(backend=be, state=bad)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_body_running_on_a_fork_branch_is_not_ended_by_the_end_of_its_parents_next_body(stream):
+    """The end of a body on the parent closed its fork branches, and closing cleared their body
+    marks, also the mark of a body still running on a branch (run(state=branch)): a second body
+    was then let run on that branch beside the first (the text "QAC" + "B"); a streamed one's
+    readers stopped waiting for it."""
+    be = ScriptedBackend()
+    started, release, groups = threading.Event(), threading.Event(), []
+
+    @sgl.function
+    def outer(s):
+        s += "Q"
+        groups.append(s.fork(1))
+
+    @sgl.function
+    def slow(s):
+        s += "A"
+        started.set()
+        release.wait(10)
+        s += "B"
+
+    @sgl.function
+    def more(s):
+        s += "C"
+
+    st = outer.run(backend=be)
+    branch = groups[0][0]
+    body = threading.Thread(target=slow.run, kwargs={"backend": be, "state": branch, "stream": stream})
+    body.start()  # (with stream, the run returns at once and the body runs on a thread of its own)
+    assert started.wait(10)
+    assert more.run(backend=be, state=st).text() == "QC"  # (its end closes the parent, and its branches)
+    running = ("still running the body of a run(stream=True) program" if stream
+               else "still running the body of a program on another thread")
+    with pytest.raises(RuntimeError, match=re.escape(running)):
+        more.run(backend=be, state=branch)
+    release.set()
+    body.join()
+    assert branch.text() == "QAB"  # (a streamed body's reader waits for it)
+    assert more.run(backend=be, state=branch).text() == "QABC"  # once it returned
+
+
+@pytest.mark.timeout(60)
+def test_readers_of_a_fork_branch_wait_for_a_streamed_body_running_on_it():
+    """They waited for the body of the branch's root only: with that one returned, the text of a
+    branch running run(state=branch, stream=True), or of a fork that body made, was read before
+    the body had added its end ("QA", not "QAB")."""
+    be = ScriptedBackend()
+    groups = []
+
+    @sgl.function
+    def outer(s):
+        s += "Q"
+        groups.append(s.fork(1))
+
+    @sgl.function
+    def slow(s):
+        s += "A"
+        inner = s.fork(1)
+        groups.append(inner)
+        time.sleep(0.5)
+        s += "B"
+        inner[0] += "b"
+
+    outer.run(backend=be)
+    branch = slow.run(backend=be, state=groups[0][0], stream=True)
+    while len(groups) < 2:
+        time.sleep(0.01)
+    assert (groups[1][0].text(), branch.text()) == ("QAb", "QAB")
+
+
 def test_dtype_int_becomes_regex_stops_and_parsed_value():
     be = ScriptedBackend(lambda p, params: "42")
 
