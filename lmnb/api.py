@@ -276,18 +276,35 @@ class SglFunction:
         )
 
     def cache(self, backend=None) -> None:
-        """Prefill the program's constant prompt prefix (found by tracing, ``lmnb.tracer``) into
-        the prefix cache of ``backend`` (default: the default backend), as ``run_batch`` does
-        before a batch: SGLang's ``SglFunction.cache``."""
+        """Prefill the program's constant prefix (the text every run of it begins with, found by
+        tracing, ``lmnb.tracer``) into the prefix cache of ``backend`` (default: the default
+        backend), as ``run_batch`` does before a batch: SGLang's ``SglFunction.cache``. A program
+        that begins with an argument's value or a gen has none, and nothing is prefilled.
+
+        Raises:
+            ValueError, BackendError: the backend refused the prefill (a prefix too long for the
+                model), said of the prefix: ``cache() could not prefill the program's constant
+                prefix: prefix of N tokens exceeds the model's context length ...``; the backend's
+                own words say "prompt", the prefill request's.
+        """
+        import re
         import uuid
 
+        from lmnb.backend.base import BackendError
         from lmnb.tracer import extract_prefix
 
         _check_backend(backend)
         backend = backend or get_default_backend()
         prefix = extract_prefix(self, backend.get_chat_template())
-        if prefix:
+        if not prefix:
+            return
+        try:
             backend.cache_prefix(prefix, uuid.uuid4().hex)
+        except (ValueError, BackendError) as e:
+            if type(e) not in (ValueError, BackendError):  # (a subclass may take other arguments)
+                raise
+            said = re.sub(r"\bprompt\b", "prefix", str(e))
+            raise type(e)(f"cache() could not prefill the program's constant prefix: {said}") from e
 
     def __call__(self, *args, **kwargs):
         return self.run(*args, **kwargs)

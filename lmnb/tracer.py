@@ -1,4 +1,5 @@
-"""Find a program's constant prompt prefix without running it (the batch prefix hint, paper §3).
+"""Find a program's constant prefix (the text every run of it begins with) without running it
+(the batch prefix hint, paper §3).
 
 ``run_batch`` prefills this prefix once before starting the items, so all of them find it in the
 prefix cache instead of racing to compute it. Like SGLang's ``extract_prefix_by_tracing``, the

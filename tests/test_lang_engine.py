@@ -311,6 +311,23 @@ def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_re
         f"{tiny_engine.context_len} tokens; shorten the prompt"] * 2
 
 
+def test_cache_of_a_prefix_too_long_for_the_model_says_prefix(backend, hf, tiny_engine):
+    """prog.cache() passed on the engine's words for its prefill request, "prompt of N tokens ...;
+    shorten the prompt", for the program's constant prefix, which the caller never called a prompt."""
+    prefix = "x " * 600
+    n = len(hf[0].encode(prefix))
+
+    @sgl.function
+    def prog(s, q):
+        s += prefix
+        s += q + sgl.gen("a", max_tokens=2)
+
+    with pytest.raises(ValueError) as e:
+        prog.cache(backend=backend)
+    assert str(e.value) == (f"cache() could not prefill the program's constant prefix: prefix of {n} tokens exceeds "
+                            f"the model's context length of {tiny_engine.context_len} tokens; shorten the prefix")
+
+
 def test_a_sampled_select_is_reproducible_with_the_run_seed(backend):
     @sgl.function
     def prog(s):

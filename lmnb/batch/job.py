@@ -189,7 +189,7 @@ class Job:
         stopped because the rows printed into a pipe that closed (``| head``; those rows are not
         recorded, so a rerun does them), or stderr did (``2>&1 | head``).
 
-        ``programs``: the notebook's ``@lmnb.function``s; their constant prompt prefixes are put in
+        ``programs``: the notebook's ``@lmnb.function``s; their constant prefixes are put in
         the prefix cache before the rows start (as ``run_batch`` does), so all rows share them.
         ``backend``: an lmnb backend to use instead of the one the options name (not shut down).
         """
