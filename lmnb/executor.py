@@ -213,29 +213,47 @@ def _fork_size(size: Any) -> int:
 _BODY_POLL_S = 0.25  # how often a reader waiting for a streamed body checks whether the body waits for it
 
 
-def _waits_for_caller(thread_id: int) -> bool:
-    """Whether thread ``thread_id`` is blocked in ``Thread.join`` of the calling thread, or in
-    ``Future.result``/``exception`` of a future the calling thread is running for a
-    ``ThreadPoolExecutor``. Read from the threads' stacks: Python records no other link."""
+def _waits_for(waiter: int, reader: int) -> bool:
+    """Whether thread ``waiter`` is blocked waiting for thread ``reader``: in ``Thread.join`` of
+    it, or in ``Future.result``/``exception`` of a future it runs for a ``ThreadPoolExecutor``,
+    directly or through a chain of threads each blocked so on the next (the body joins a helper
+    thread that waits for a pool worker's future). Read from the threads' stacks, a snapshot
+    taken while they run: Python records no other link."""
     from concurrent.futures import Future, thread
 
-    frame = sys._current_frames().get(thread_id)
-    mine: set[int] = {id(threading.current_thread())}
-    # (the pool's private work item; were it renamed, only the join of a helper thread is seen)
-    run_item = getattr(getattr(thread, "_WorkItem", None), "run", None)
-    caller = sys._getframe()
-    while caller is not None and run_item is not None:  # the futures this thread runs
-        if caller.f_code is run_item.__code__:
-            mine.add(id(getattr(caller.f_locals["self"], "future", None)))
-        caller = caller.f_back
-    waits = (threading.Thread.join.__code__, Future.result.__code__, Future.exception.__code__)
-    try:
+    frames = sys._current_frames()
+    threads = {id(t): t.ident for t in threading.enumerate()}
+    joins = threading.Thread.join.__code__
+    results = (Future.result.__code__, Future.exception.__code__)
+    # (the pool's private work item; were it renamed, only joins of threads would be seen)
+    run_item = getattr(getattr(getattr(thread, "_WorkItem", None), "run", None), "__code__", None)
+
+    def stack(ident: int) -> Iterator:
+        frame = frames.get(ident)
         while frame is not None:
-            if frame.f_code in waits and id(frame.f_locals.get("self")) in mine:
-                return True
+            yield frame
             frame = frame.f_back
+
+    try:
+        running: Optional[dict] = None  # id of a future -> the pool worker running it (looked up once needed)
+        seen, todo = set(), [waiter]
+        while todo:
+            ident = todo.pop()
+            if ident == reader:
+                return True
+            if ident in seen:
+                continue
+            seen.add(ident)
+            for f in stack(ident):
+                if f.f_code is joins:
+                    todo.append(threads.get(id(f.f_locals.get("self"))))
+                elif f.f_code in results:
+                    if running is None:
+                        running = {id(getattr(w.f_locals.get("self"), "future", None)): worker
+                                   for worker in frames for w in stack(worker) if w.f_code is run_item}
+                    todo.append(running.get(id(f.f_locals.get("self"))))
     except AttributeError:  # a running thread's stack changed under the walk (seen on CPython 3.11)
-        return False  # (cannot tell: wait for the body, as before this check existed)
+        return False  # (cannot tell: wait for the body, and look again at the next poll)
     return False
 
 
@@ -481,7 +499,7 @@ class StreamExecutor:
         # a fork branch is extended by its root's body, or by one of its own (run(state=branch))
         body = self.body_thread if self.body_thread is not None else self.root.body_thread
         reader = threading.get_ident() if reader is None else reader
-        return body is not None and body != reader and not _waits_for_caller(body)
+        return body is not None and body != reader and not _waits_for(body, reader)
 
     def wait_body(self) -> None:
         """Block until a streamed program body running on another thread has returned."""

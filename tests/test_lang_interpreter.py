@@ -620,6 +620,39 @@ def test_a_helper_thread_the_streamed_body_waits_for_reads_the_state_without_dea
 
 
 @pytest.mark.timeout(30)  # (it hung)
+@pytest.mark.parametrize("helper", ["event loop", "pool in a thread"])
+def test_a_helper_that_reads_through_another_thread_for_the_streamed_body_reads_without_deadlock(helper):
+    """Only a thread the body itself waited for read as the body: a thread the body joins that ran
+    an event loop reading with text_async_iter (whose steps run on worker threads, for the loop's
+    thread), or that waited for a pool worker reading s.text(), was waited for by the reader,
+    while the body waited for it: all hung."""
+    import concurrent.futures
+
+    be = ScriptedBackend(lambda p, params: "ans")
+
+    async def collect(it):
+        return "".join([c async for c in it])
+
+    def read(s):
+        if helper == "event loop":
+            return asyncio.run(collect(s.text_async_iter()))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(s.text).result()
+
+    @sgl.function
+    def prog(s):
+        s += "Q: " + sgl.gen("a")
+        got = []
+        t = threading.Thread(target=lambda: got.append(read(s)))
+        t.start()
+        t.join()
+        s += "|" + got[0]
+
+    st = prog.run(backend=be, stream=True)
+    assert st.text() == "Q: ans|Q: ans"
+
+
+@pytest.mark.timeout(30)  # (it hung)
 @pytest.mark.parametrize("stream", [False, True])
 def test_text_iter_of_the_whole_text_inside_the_body_ends_once_its_queued_work_ran(stream):
     """s.text_iter() (and a fork branch's) in the program body waited for the state to be closed,
