@@ -173,6 +173,8 @@ class SglFunction:
         Raises:
             TypeError: arguments that do not fit the program's signature; a ``backend`` that is a URL
                 or a class, not a backend object; a ``state`` that is not a ``ProgramState``.
+            RuntimeError: with ``stream=True``, no thread could be started for the body (a
+                continued ``state`` is left as it was, usable).
         """
         from lmnb.interpreter import run_program
         from lmnb.tracer import stop_if_tracing

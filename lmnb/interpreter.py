@@ -433,14 +433,26 @@ def run_program(
 
 
 def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool, raise_errors: bool) -> ProgramState:
-    """Run ``program``'s body on ``state``: here, or with ``stream`` on a thread of its own."""
+    """Run ``program``'s body on ``state``: here, or with ``stream`` on a thread of its own.
+
+    Raises:
+        RuntimeError: with ``stream``, the body's thread could not be started; the state runs no
+            body then, so it can be read and continued.
+    """
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
-        state.stream_executor.body_thread = -1  # started below
+        ex = state.stream_executor
+        ex.body_thread = -1  # started below
         ctx = contextvars.copy_context()
-        threading.Thread(
-            target=ctx.run, args=(_run_body, state, program.func, args, kwargs, False), daemon=True
-        ).start()
+        try:
+            threading.Thread(
+                target=ctx.run, args=(_run_body, state, program.func, args, kwargs, False), daemon=True
+            ).start()
+        except BaseException as e:  # (RuntimeError "can't start new thread": too many threads)
+            ex.end_body()  # no body runs: the state is not left "still running" one forever
+            raise RuntimeError(f"run(stream=True) could not start the thread for the program body: "
+                               f"{type(e).__name__}: {e}; nothing of the body ran; retry once fewer threads "
+                               "run, or run without stream=True") from e
         return state
     _run_body(state, program.func, args, kwargs, raise_errors)
     return state

@@ -2286,3 +2286,35 @@ def test_a_mistyped_keyword_is_named_with_the_missing_argument():
     with pytest.raises(TypeError) as e:
         open_ended.run(questoin="hi", backend=ScriptedBackend(lambda p, params: ""))
     assert str(e.value).startswith("program 'open_ended': missing a required argument: 'question'; its arguments")
+
+
+@pytest.mark.timeout(60)
+def test_a_streamed_run_whose_thread_cannot_start_fails_and_leaves_the_state_usable(monkeypatch):
+    """Thread.start raising ("can't start new thread") left the state marked as running a
+    streamed body that never began: every reader waited forever, and run(state=s) was refused
+    as "still running". The run now raises, and the state reads and continues as before."""
+    be = ScriptedBackend()
+
+    @sgl.function
+    def first(s):
+        s += "A"
+
+    @sgl.function
+    def more(s):
+        s += "B"
+
+    st = first.run(backend=be)
+    real_start = threading.Thread.start
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    for state in (st, None):  # continuing a state, and a new one
+        with pytest.raises(RuntimeError, match=r"^run\(stream=True\) could not start the thread for the program body: "
+                                               r"RuntimeError: can't start new thread; nothing of the body ran") as e:
+            more.run(backend=be, state=state, stream=True)
+        assert str(e.value.__cause__) == "can't start new thread"
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert st.text() == "A" and st.error() is None
+    assert more.run(backend=be, state=st, stream=True).text() == "AB"
