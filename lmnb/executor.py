@@ -483,13 +483,40 @@ class StreamExecutor:
 
     def join_ready(self) -> None:
         """Wait until this fork branch has run everything submitted to it, the merges of joins of
-        its own forks included (``merging``), then mark it joined: from then on it refuses new
-        primitives (``submit``), so what its join reads is all it will ever hold. ``joined`` is
-        set back to False by a join that then fails."""
+        its own forks included (``merging``), and a program body running on it
+        (``run(state=branch)``, streamed or not) has returned, then mark it joined: from then on it
+        refuses new primitives (``submit``), so what its join reads is all it will ever hold.
+        ``joined`` is set back to False by a join that then fails.
+
+        Raises:
+            RuntimeError: the body running on this branch is the caller, or is blocked waiting for
+                it (joins its thread, waits for a future it runs): waiting for it would hang both.
+        """
         with self._cv:
-            while self._queue or self._draining or self._merging:
-                self._wait()
+            while True:
+                body = self.body_thread if self.body_thread is not None else self.plain_body
+                if not (self._queue or self._draining or self._merging or body is not None):
+                    break
+                if body is not None:
+                    self._refuse_to_wait_for(body)
+                    self._wait(_BODY_POLL_S)  # (the body may start waiting for this thread meanwhile)
+                else:
+                    self._wait()
             self.joined = True
+
+    def _refuse_to_wait_for(self, body: int) -> None:
+        """(Lock held.) Raise if the join of this branch, on the caller's thread, cannot wait for
+        the program body running on the branch (thread ``body``; -1 until it starts)."""
+        where = f"fork branch {'.'.join(map(str, self.branch))}"
+        me = threading.get_ident()
+        if body == me:
+            raise RuntimeError(f"the program body running on {where} (run(state=branch)) joined that branch's fork "
+                               "group: the join waits for the body to return, so it would wait for itself; join "
+                               "the group after that run returns, from the parent's program")
+        if body != -1 and _waits_for(body, me):
+            raise RuntimeError(f"the join of {where} waits for the program body running on it (run(state=branch)), "
+                               "which is blocked waiting for the thread joining it: both would hang; let the body "
+                               "return before joining its branch")
 
     def _body_elsewhere(self, reader: Optional[int] = None) -> bool:
         """(Lock held.) A streamed program body is running on another thread than the caller's,
@@ -608,12 +635,14 @@ class StreamExecutor:
         kept as it was when it happened). The run's body is marked as running from here on.
 
         Raises:
-            RuntimeError: a program body is still running on this state (streamed or not, on
+            RuntimeError: this is a fork branch joined into its parent already; a program body
+                is still running on this state (streamed or not, on
                 this thread or another): the two bodies' text would interleave, the second would
                 replace the first's sampling defaults and close the state under it, and the first
                 reader would stop waiting when the second body returned.
         """
         with self._cv:
+            self._refuse_if_joined()  # (its body's first s += ... would fail so)
             self._refuse_a_second_body()
         self.wait_idle()
         with self._cv:

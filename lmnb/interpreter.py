@@ -294,14 +294,16 @@ class ProgramStateGroup:
         ``concate_and_append``: additionally appends each branch's new text (and chat messages)
         to the source state in branch order, with the images/videos added in the branches; the next
         gen prefills the joined text. A join of one of the branches' own forks that another
-        thread has begun is waited for, so its merge is part of what this join takes.
+        thread has begun is waited for, so its merge is part of what this join takes; so is a
+        program body running on a branch (``run(state=branch)``), until it returns.
 
         Raises:
             ValueError: unknown mode; with ``concate_and_append``, a branch that ends in another chat
                 role than it was forked in (it began a role and did not end it, or ended the
                 parent's), whose text would break the parent's roles.
-            RuntimeError: the group was joined already (a second join would merge it twice), or the
-                state it was forked from is a fork branch joined already (nothing can merge into it).
+            RuntimeError: the group was joined already (a second join would merge it twice), the
+                state it was forked from is a fork branch joined already (nothing can merge into it),
+                or a body running on a branch is the caller or waits for it (both would hang).
             ForkError: a branch failed; nothing is merged and every branch stays readable.
         """
         if mode not in ("gather_variable", "concate_and_append"):

@@ -2318,3 +2318,81 @@ def test_a_streamed_run_whose_thread_cannot_start_fails_and_leaves_the_state_usa
     monkeypatch.setattr(threading.Thread, "start", real_start)
     assert st.text() == "A" and st.error() is None
     assert more.run(backend=be, state=st, stream=True).text() == "AB"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_join_waits_for_the_body_running_on_a_fork_branch(stream):
+    """A join waited for a branch running run(state=branch) to be idle only, not for its body to
+    return: the join took "QA", and the body's next s += ... failed with "was joined into its
+    parent" (its "B" lost). The join now waits for that body, as for the branch's queued work;
+    a joined branch refuses another run(state=branch) at once."""
+    be = ScriptedBackend()
+    groups, started = [], threading.Event()
+
+    @sgl.function
+    def outer(s):
+        s += "Q"
+        groups.append(s.fork(1))
+
+    @sgl.function
+    def slow(s):
+        s += "A"
+        started.set()
+        time.sleep(0.5)  # (idle here: only the body can add more)
+        s += "B"
+        s += sgl.gen("x")
+
+    st = outer.run(backend=be)
+    branch = groups[0][0]
+    runs = ThreadPoolExecutor(1)
+    done = runs.submit(slow.run, backend=be, state=branch, stream=stream)
+    assert started.wait(10)
+    groups[0].join("concate_and_append")
+    assert st.text() == "QABok" and st["x"] == ["ok"]
+    assert done.result().error() is None and branch.error() is None
+    with pytest.raises(RuntimeError, match=r"^fork branch 0 was joined into its parent; extend the parent state"):
+        slow.run(backend=be, state=branch, stream=stream)
+    runs.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_join_that_would_wait_for_a_body_waiting_for_it_is_refused():
+    """A body on a branch that joins its own branch's group, or waits for the thread joining it,
+    would hang with the join that now waits for it: both are refused with the reason, nothing is
+    joined, and the branch's body goes on; a join after it returned takes all of its text."""
+    be = ScriptedBackend()
+    groups, errors = [], []
+
+    @sgl.function
+    def outer(s):
+        s += "Q"
+        groups.append(s.fork(1))
+
+    def join_catching():
+        try:
+            groups[0].join("concate_and_append")
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    @sgl.function
+    def body(s):
+        s += "A"
+        join_catching()  # (on the body's own thread)
+        helper = threading.Thread(target=join_catching)
+        helper.start()
+        helper.join()  # (the body waits for the thread joining)
+        s += "B"
+
+    st = outer.run(backend=be)
+    branch = body.run(backend=be, state=groups[0][0])
+    assert errors == [
+        "the program body running on fork branch 0 (run(state=branch)) joined that branch's fork group: the join "
+        "waits for the body to return, so it would wait for itself; join the group after that run returns, from "
+        "the parent's program",
+        "the join of fork branch 0 waits for the program body running on it (run(state=branch)), which is blocked "
+        "waiting for the thread joining it: both would hang; let the body return before joining its branch",
+    ]
+    assert branch.text() == "QAB" and branch.error() is None
+    groups[0].join("concate_and_append")
+    assert st.text() == "QAB"
