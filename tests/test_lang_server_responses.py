@@ -502,7 +502,8 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
     fix = "; check that the server is not stuck or overloaded, or change the limits with OpenAI\\(\\.\\.\\., timeout=SECONDS"
     with pytest.raises(BackendError, match=f"^{server.url}/v1/: no answer within the read timeout of 0.3 s, in 2 tries{fix}"):
         backend.generate(CHAT, PARAMS, "r1")
-    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no answer within the read timeout of 0.3 s{fix}"):
+    with pytest.raises(BackendError, match=f"^{server.url}/v1/ stream: no chunk \\(keep-alive comments and empty "
+                                           f"lines do not count\\) within the read timeout of 0.3 s{fix}"):
         list(backend.generate_stream(CHAT, PARAMS, "r2"))  # (a stream that began is not tried again)
     release.set()
     backend.shutdown()
@@ -603,3 +604,70 @@ def test_a_body_longer_than_the_limit_fails_as_soon_as_that_much_has_come(server
     server.answer = endless(400)  # a stream's error page
     with pytest.raises(BackendError, match=f"^POST {server.url}/generate {limit}"):
         _stream(endpoint)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("filler", [b": keep-alive\n\n", b"\n"], ids=["comment", "empty line"])
+def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(server, filler):
+    """Any byte reset httpx's read timeout and the openai client drops comments, so a stalled
+    stream sending a keep-alive every few seconds never failed; the timeout now counts from the
+    last chunk, and the server sees its client leave. A consumer slow between chunks does not
+    count against the server."""
+    outcome = {}
+
+    def stalled(h, b):
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        try:
+            h.wfile.write(b"data: " + json.dumps(_chunk("He")).encode() + b"\n\n")
+            for _ in range(100):  # 5 s of filler, 20 a second
+                h.wfile.flush()
+                time.sleep(0.05)
+                h.wfile.write(filler)
+            outcome["server"] = "wrote all the filler"
+        except OSError:
+            outcome["server"] = "saw its client leave"
+
+    server.answer = stalled
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=0.5)
+    got, t0 = [], time.monotonic()
+    with pytest.raises(BackendError) as e:
+        for delta, _ in backend.generate_stream(CHAT, PARAMS, "r1"):
+            got.append(delta)
+    assert 0.5 <= time.monotonic() - t0 < 2.5 and got == ["He"]
+    assert str(e.value) == (
+        f"{server.url}/v1/ stream: no chunk (keep-alive comments and empty lines do not count) within the read "
+        "timeout of 0.5 s; check that the server is not stuck or overloaded, or change the limits with "
+        "OpenAI(..., timeout=SECONDS, max_retries=N)")
+    for _ in range(500):  # (the server notices at its next writes)
+        if outcome:
+            break
+        time.sleep(0.01)
+    assert outcome == {"server": "saw its client leave"}
+
+    def slow_but_alive(h, b):  # chunks keep coming, keep-alives between them, past the timeout all told
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        for piece in ("a", "b", "c", "d"):
+            for _ in range(2):
+                time.sleep(0.1)
+                h.wfile.write(filler)
+                h.wfile.flush()
+            h.wfile.write(b"data: " + json.dumps(_chunk(piece)).encode() + b"\n\n")
+            h.wfile.flush()
+        h.wfile.write(b"data: " + json.dumps(_chunk(None, "stop")).encode() + b"\n\ndata: [DONE]\n\n")
+
+    server.answer = slow_but_alive
+    t0, text = time.monotonic(), ""
+    for delta, _ in backend.generate_stream(CHAT, PARAMS, "r2"):
+        if not text:
+            time.sleep(0.6)  # (the consumer holds the first chunk longer than the timeout)
+        text += delta
+    assert text == "abcd" and time.monotonic() - t0 > 0.75
+    backend.shutdown()

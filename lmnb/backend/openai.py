@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any, Iterator, Optional
 
 from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, check_utf8
@@ -46,7 +47,9 @@ class OpenAI(BaseBackend):
         is_azure: use ``openai.AzureOpenAI``.
         base_url: API root (e.g. ``http://127.0.0.1:30000/v1``); None = the official API.
         api_key: default ``$OPENAI_API_KEY``; servers that need none get ``"EMPTY"``.
-        **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...).
+        **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...). A streamed gen
+            fails once the read timeout passes with no chunk: keep-alive comments and empty lines,
+            which reset httpx's read timeout, do not count.
 
     Raises:
         ImportError: the ``openai`` package is missing (``pip install openai``).
@@ -236,12 +239,21 @@ class OpenAI(BaseBackend):
                                f"list, each with a '{field}' string); is it an OpenAI-compatible API?")
         return sorted(choices, key=lambda c: getattr(c, "index", 0) or 0)
 
-    def _timeout_error(self, where: str, tries: int) -> BackendError:
+    def _read_timeout(self) -> Optional[float]:
+        """The client's read timeout in seconds (``timeout=``, a number or an ``httpx.Timeout``),
+        or None for none."""
+        seconds = getattr(self.client.timeout, "read", self.client.timeout)
+        return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+
+    def _timeout_error(self, where: str, tries: int, stream: bool = False) -> BackendError:
         """The error for a call that timed out after ``tries`` tries (the client's "Request timed
         out." said neither how long it waited nor that it tried again: 600 s and 3 tries by
-        default, half an hour; a stream is not tried again once it has begun)."""
+        default, half an hour; a stream is not tried again once it has begun). For a ``stream``
+        that began, the timeout counts from its last chunk: keep-alive comments and empty lines
+        do not count."""
         seconds = getattr(self.client.timeout, "read", self.client.timeout)
-        return BackendError(f"{where}: no answer within the read timeout of {seconds} s"
+        what = "chunk (keep-alive comments and empty lines do not count)" if stream else "answer"
+        return BackendError(f"{where}: no {what} within the read timeout of {seconds} s"
                             f"{f', in {tries} tries' if tries > 1 else ''}; check that the server is not stuck or "
                             "overloaded, or change the limits with OpenAI(..., timeout=SECONDS, max_retries=N)")
 
@@ -335,8 +347,14 @@ class OpenAI(BaseBackend):
             yield "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}}
             return
         error: Optional[Exception] = None
+        watch: Optional[_StallWatch] = None
         try:
+            seconds = self._read_timeout()
+            if seconds is not None:
+                watch = _StallWatch(stream, seconds)
             for chunk in stream:
+                if watch is not None:
+                    watch.pause()  # (a chunk came; the consumer's time below is not the server's)
                 if getattr(chunk, "usage", None) is not None:
                     meta.update(self._usage_meta(chunk.id, chunk.usage))
                 for choice in self._chunk_choices(chunk, where):
@@ -348,15 +366,21 @@ class OpenAI(BaseBackend):
                     if delta:
                         text += delta
                         yield delta, dict(meta, id=chunk.id)
-        except Exception as e:  # (also where abort() closed the stream under the loop)
+                if watch is not None:
+                    watch.resume()
+        except Exception as e:  # (also where abort() or the watch closed the stream under the loop)
             error = e
         finally:
+            if watch is not None:
+                watch.stop()
             with self._streams_lock:
                 aborted = self._streams.pop(rid, None) is None
             stream.close()  # (a consumer that stopped early too: the server sees its client leave)
         if aborted:  # abort() closed the stream: what came is not the whole output
             yield "", dict(meta, finish_reason={"type": "abort", "message": "the request was aborted"})
             return
+        if watch is not None and watch.stalled:  # (whatever the close made the loop raise, or none)
+            raise self._timeout_error(where, 1, stream=True) from None
         if error is not None:
             raise self._stream_failure(error, where) from None
         if "finish_reason" not in meta:  # the connection closed mid-output: what came would pass for all of it
@@ -368,7 +392,7 @@ class OpenAI(BaseBackend):
     def _stream_failure(self, e: Exception, where: str) -> Exception:
         """The error to raise for ``e``, raised while a stream was read (``where``: its server)."""
         if isinstance(e, self._openai.APITimeoutError):
-            return self._timeout_error(where, 1)
+            return self._timeout_error(where, 1, stream=True)
         if isinstance(e, self._openai.APIError):
             return BackendError(f"{where}: {type(e).__name__}: {e}")
         if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):  # (the client's json.loads of an event)
@@ -439,6 +463,46 @@ class OpenAI(BaseBackend):
 
     def shutdown(self) -> None:
         self.client.close()
+
+
+class _StallWatch:
+    """Closes a stream whose server sent no chunk for ``seconds`` while it was read: bytes reset
+    httpx's read timeout, and the openai client drops SSE comments, so a stalled stream that
+    sends only keep-alive comments (a proxy's, a server's) would never time out. A thread of its
+    own waits; the reader then fails at the next bytes that come (or at the read timeout), and
+    ``stalled`` says why. The time the consumer holds a chunk (``pause`` to ``resume``) does not
+    count: that is not the server's."""
+
+    def __init__(self, stream: Any, seconds: float):
+        self.stream = stream
+        self.seconds = seconds
+        self.stalled = False
+        self._since: Optional[float] = time.monotonic()  # when the reader began waiting; None: paused
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="lmnb-openai-stall-watch").start()
+
+    def pause(self) -> None:
+        with self._lock:
+            self._since = None
+
+    def resume(self) -> None:
+        with self._lock:
+            self._since = time.monotonic()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                left = self.seconds if self._since is None else self._since + self.seconds - time.monotonic()
+                if left <= 0:
+                    self.stalled = True
+                    break
+            if self._done.wait(left):
+                return
+        self.stream.close()  # (as abort() does: the server sees its client leave)
 
 
 def _text(choice: Any, chat: bool) -> Any:
