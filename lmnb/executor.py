@@ -354,7 +354,9 @@ class StreamExecutor:
     # -- submission and waiting
 
     def submit(self, expr: Any) -> None:
-        """Queue ``expr`` (an ``Expr`` or str) to run after everything submitted before it."""
+        """Queue ``expr`` (an ``Expr`` or str) to run after everything submitted before it. Where
+        the worker thread cannot be started, the state fails with that error (``ProgramError``
+        at its reads) and what was queued is skipped."""
         expr = as_expr(expr)
         with self._cv:  # (a join of this branch marks it joined under this lock: nothing slips in after)
             self._refuse_if_joined()
@@ -368,7 +370,13 @@ class StreamExecutor:
                 return
             self._draining = True
         if self.use_thread:
-            threading.Thread(target=self._drain, daemon=True, name=f"lmnb-state-{self.sid[:8]}").start()
+            try:
+                threading.Thread(target=self._drain, daemon=True, name=f"lmnb-state-{self.sid[:8]}").start()
+            except BaseException as e:  # (RuntimeError "can't start new thread": too many threads)
+                # the state fails with it, and the queue is settled here (each primitive skipped),
+                # or it would wait for a worker that never started: every read of it hung
+                self.fail("starting the thread that runs this state's primitives", e)
+                self._drain()
         else:
             self._drain()
 

@@ -2396,3 +2396,30 @@ def test_a_join_that_would_wait_for_a_body_waiting_for_it_is_refused():
     assert branch.text() == "QAB" and branch.error() is None
     groups[0].join("concate_and_append")
     assert st.text() == "QAB"
+
+
+@pytest.mark.timeout(60)
+def test_a_state_whose_worker_thread_cannot_start_fails_with_that_error(monkeypatch):
+    """s += ... queued its primitive for a worker thread; Thread.start raising ("can't start new
+    thread") left the state marked as draining with no worker, so every read hung. The state now
+    fails with that error, and a later run on it, with threads again, goes on."""
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s):
+        s += "A" + sgl.gen("x")
+
+    st = prog.run(backend=be)
+    real_start = threading.Thread.start
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    failed = prog.run(backend=be, state=st)
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    message = ("starting the thread that runs this state's primitives failed: RuntimeError: can't start new thread")
+    with pytest.raises(sgl.ProgramError, match=f"^{re.escape(message)}$"):
+        failed["x"]
+    assert str(failed.error()) == message and failed.error().partial_text == "Aok"
+    assert prog.run(backend=be, state=st).text() == "AokAok"
