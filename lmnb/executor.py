@@ -372,9 +372,10 @@ class StreamExecutor:
         if self.use_thread:
             try:
                 threading.Thread(target=self._drain, daemon=True, name=f"lmnb-state-{self.sid[:8]}").start()
-            except BaseException as e:  # (RuntimeError "can't start new thread": too many threads)
-                # the state fails with it, and the queue is settled here (each primitive skipped),
-                # or it would wait for a worker that never started: every read of it hung
+            except RuntimeError as e:  # ("can't start new thread"; not a Ctrl-C or the kernel's BodyStopped
+                # raised in Thread.start's wait for a thread that did start.) The state fails with it
+                # and the queue is settled here, each primitive skipped: it would wait for a worker
+                # that never started, and every read of it hung
                 self.fail("starting the thread that runs this state's primitives", e)
                 self._drain()
         else:

@@ -450,7 +450,8 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
             threading.Thread(
                 target=ctx.run, args=(_run_body, state, program.func, args, kwargs, False), daemon=True
             ).start()
-        except BaseException as e:  # (RuntimeError "can't start new thread": too many threads)
+        except RuntimeError as e:  # ("can't start new thread": too many threads; not BaseException: a Ctrl-C
+            # in Thread.start's wait for a thread that did start must not land here)
             ex.end_body()  # no body runs: the state is not left "still running" one forever
             raise RuntimeError(f"run(stream=True) could not start the thread for the program body: "
                                f"{type(e).__name__}: {e}; nothing of the body ran; retry once fewer threads "
