@@ -57,7 +57,16 @@ CHAT = notebook(
     "{assistant}\n{gen reply2 max_tokens=3}\n{/assistant}",
 )
 
-BUILTIN = {"qa": QA, "chat": CHAT}
+# Cells as IPython runs them but not as typed: an indented %%lm cell (IPython drops the shared
+# indentation) and a --python body pasted from an interactive session (IPython drops its prompts).
+PASTED = notebook(
+    'question = "What color is the sky?"',
+    "  %%lm --temperature 0\n  Q: {question}\n    \n  A:{gen answer max_tokens=4}",
+    '    %%lm --python --temperature 0 --max-tokens 3\n    >>> for w in ["Say:", answer]:\n'
+    '    ...     s += w\n    >>> s += lmnb.gen("said")',
+)
+
+BUILTIN = {"qa": QA, "chat": CHAT, "pasted": PASTED}
 
 
 def notebooks() -> dict:

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 
 import nbformat
 import pytest
@@ -232,6 +233,34 @@ def test_an_lm_cell_magic_below_the_first_line_is_named_in_the_refusal():
     assert str(e.value).startswith("cell 2, line 3: invalid Python: ")
     assert str(e.value).endswith("; %%lm on line 2: a cell magic works only on a cell's first line; move it up, "
                                  "or split the cell there")
+
+
+@pytest.mark.parametrize("indent", ["  ", "\t"])
+def test_an_indented_lm_cell_exports_as_the_kernel_runs_it(indent):
+    """IPython drops the indentation all of a cell's lines share, so the kernel runs an indented
+    %%lm cell; the exporter read it as Python and refused it ("unexpected indent")."""
+    cell = "%%lm\nQ: {q}\n\nA:{gen a max_tokens=1}"
+    expected = export_notebook(notebook('q = "x"', cell))[0]
+    indented = "\n".join(indent + line if line else line for line in cell.split("\n"))
+    assert export_notebook(notebook('q = "x"', indented))[0] == expected
+    assert export_notebook(notebook('q = "x"', f"\n{indent}\n{indented}"))[0] == expected  # (blank lines above)
+    timed = export_notebook(notebook('q = "x"', f"%%time\n{cell}"))[0]
+    assert export_notebook(notebook('q = "x"', textwrap.indent(f"%%time\n{cell}", indent)))[0] == timed
+    # with a line less indented than %%lm, IPython does not see a cell magic: the kernel refuses it too
+    with pytest.raises(ExportError, match=r"^cell 2, line 1: invalid Python: unexpected indent"):
+        export_notebook(notebook('q = "x"', f"{indent}%%lm\nQ: {{q}}{{gen a max_tokens=1}}"))
+
+
+def test_a_pasted_session_in_a_python_lm_cell_exports_as_the_kernel_runs_it():
+    """IPython takes the '>>> ' / '... ' prompts of a pasted session off a --python body, so the
+    kernel runs it; the exporter parsed the body as typed: "invalid syntax"."""
+    clean = '%%lm --python\nfor w in ["A", q]:\n    s += w\ns += lmnb.gen("a", max_tokens=1)'
+    pasted = '%%lm --python\n>>> for w in ["A", q]:\n...     s += w\n>>> s += lmnb.gen("a", max_tokens=1)'
+    expected = export_notebook(notebook('q = "x"', clean))[0]
+    assert export_notebook(notebook('q = "x"', pasted))[0] == expected
+    assert export_notebook(notebook('q = "x"', textwrap.indent(pasted, "    ")))[0] == expected
+    # a prompt cell keeps its '>>> ' lines: they are text for the model
+    assert 's += ">>> 1\\n"' in export_notebook(notebook("%%lm\n>>> 1\n{gen a max_tokens=1}"))[0]
 
 
 def test_a_cell_magic_line_ends_at_a_lone_carriage_return_as_in_ipython():

@@ -246,6 +246,22 @@ def test_the_prompt_is_the_cell_as_typed_not_ipythons_python_clean_up(ip, above)
     assert result.success, out.stdout
 
 
+@pytest.mark.parametrize("above", ["", "%%time\n"])
+def test_an_indented_cell_is_read_as_typed_less_the_indentation_its_lines_share(ip, above):
+    # IPython drops the shared indentation, so the magic ran; but its first line "  %%lm" was not
+    # found in the cell as typed, so the prompt was IPython's clean-up of it as Python ('>>> '
+    # taken off, a whitespace-only line emptied), another prompt than the exported job's
+    def indented(*lines):
+        return "\n".join("  " + line for line in [*above.split("\n")[:-1], *lines])
+
+    result, out = run(ip, indented("%%lm --static --temperature 0 --out ind_st", ">>> 2 + 2", "4", "   ",
+                                   "{gen ind_a max_tokens=2}"))
+    assert result.success, out.stdout
+    assert ip.user_ns["ind_st"].text() == ">>> 2 + 2\n4\n   \n" + ip.user_ns["ind_a"]
+    _, out = run(ip, indented("%%lm", ">>> 1", "{gen a max_token=3}"))  # (and its lines are the cell's)
+    assert f"line {3 + bool(above)}, col 8: gen has no option 'max_token'" in out.stdout
+
+
 def test_a_cell_cancelled_without_a_result_does_not_leave_its_text_behind(ip):
     # ipykernel fires post_run_cell with None for a cell it cancelled: its text stayed the
     # outermost cell, so later cells below %%time counted their lines from the %%lm line again

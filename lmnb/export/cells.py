@@ -10,6 +10,7 @@ whose bodies are kept. Each cell also records the global names it reads and bind
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import symtable
@@ -24,6 +25,7 @@ from lmnb.template.cell_options import CellLineError, CellOptions, parse_backend
 PYTHON_BODY_MAGICS = ("time", "timeit", "capture")
 DISPLAY_COMMANDS = ("stats", "tree", "states")  # %lm commands that only display
 SESSION_COMMANDS = ("reset", "flush", "pin", "unpin")  # %lm commands about the kernel's session
+_INDENT = re.compile(r"^([ \t]*)[^ \t\n]", re.MULTILINE)  # a line's indentation, where it holds text (textwrap's)
 _LM_LINE = re.compile(r"^(\s*)%lm(?:\s+(.*))?$")
 # %time STMT, %timeit [-n N -r R ...] STMT
 _TIMING_LINE = re.compile(r"^(\s*)%(?:time|timeit(?:\s+-[nrp]\s*\d+|\s+-[tcqov])*)\s+(.+)$")
@@ -136,35 +138,60 @@ def read_cells(nb) -> list[Cell]:
     return out
 
 
-def _cell_magic(source: str) -> tuple[str, str, str]:
-    """(name, first line, body) of a cell that begins with a cell magic; ("", "", source) otherwise.
-    The first line ends where IPython ends it, at any line break ``str.splitlines`` knows (a lone
-    ``\r`` too); the body keeps its own line breaks."""
-    text = source.lstrip("\n")
+def _cell_magic(source: str) -> tuple[str, str, str, int]:
+    """(name, first line, body, lines above the first line) of a cell that begins with a cell
+    magic; ("", "", source, 0) otherwise. As in IPython, blank lines above the magic are skipped
+    and the indentation all lines share is dropped (so an indented ``%%lm`` cell is one); the body
+    is otherwise as typed. The first line ends where IPython ends it, at any line break
+    ``str.splitlines`` knows (a lone ``\r`` too); the body keeps its own line breaks."""
+    lines = source.splitlines(keepends=True)
+    skipped = next((i for i, line in enumerate(lines) if not line.isspace()), len(lines))
+    text = _dedent("".join(lines[skipped:]))
     line = text.splitlines(keepends=True)[0] if text else ""
     first, body = (line.splitlines() or [""])[0], text[len(line):]
     if not first.startswith("%%"):
-        return "", "", source
-    return (first[2:].split(None, 1)[0] if first[2:].strip() else ""), first, body
+        return "", "", source, 0
+    return (first[2:].split(None, 1)[0] if first[2:].strip() else ""), first, body, skipped
+
+
+def _dedent(text: str) -> str:
+    """``text`` less the leading spaces and tabs its lines with text all begin with, as IPython
+    (``textwrap.dedent``) takes them off a cell, but with lines of only whitespace kept as typed
+    (beyond that indentation): they are part of a prompt."""
+    margin = os.path.commonprefix(_INDENT.findall(text))
+    return re.sub("(?m)^" + re.escape(margin), "", text) if margin else text
+
+
+def ipython_magic_body(source: str) -> str:
+    """The body IPython hands the cell magic on the first line of ``source``: the cell after
+    IPython's clean-up as Python (blank lines above and common indentation dropped, pasted
+    ``>>> `` / ``In [1]:`` prompts taken off, whitespace-only lines emptied), less its first line.
+    A ``%%lm --python`` body runs so in the kernel."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    lines = (source if source.endswith("\n") else source + "\n").splitlines(keepends=True)
+    for transform in TransformerManager().cleanup_transforms:
+        lines = transform(lines)
+    return "".join(lines[1:])
 
 
 def is_lm_cell(source: str) -> bool:
     """Whether a code cell runs a ``%%lm`` program: it begins with ``%%lm``, or with a cell magic
     whose body IPython runs as a cell (``%%time``) over one."""
-    name, _, body = _cell_magic(source)
+    name, _, body, _ = _cell_magic(source)
     return name == "lm" or (name in PYTHON_BODY_MAGICS and is_lm_cell(body))
 
 
 def lm_cell_parts(source: str) -> tuple[str, str, int] | None:
     """(options line, body, cell line of the body's first line) of a cell's source that runs a
     ``%%lm`` program, as typed (it may stand below ``%%time``, ``%%timeit``, ``%%capture`` and
-    blank lines); None for any other cell."""
+    blank lines, and be indented: see ``_cell_magic``); None for any other cell."""
     first_line = 1
     while True:
-        name, first, body = _cell_magic(source)
+        name, first, body, skipped = _cell_magic(source)
         if not first or (name != "lm" and name not in PYTHON_BODY_MAGICS):
             return None
-        first_line += len(source) - len(source.lstrip("\n")) + 1  # (the line below the magic's)
+        first_line += skipped + 1  # (the line below the magic's)
         if name == "lm":
             return first[4:].strip(), body, first_line
         source = body
@@ -173,12 +200,13 @@ def lm_cell_parts(source: str) -> tuple[str, str, int] | None:
 def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cell:
     """The cell of ``source``, which starts at line ``first_line`` of the notebook cell (below a
     ``%%time``, say): errors give the notebook cell's lines, as the kernel does."""
-    name, first, body = _cell_magic(source)
+    name, first, body, skipped = _cell_magic(source)
     if first:
         # the line below the magic's line, past the blank lines IPython skips before it
-        body_line = first_line + len(source) - len(source.lstrip("\n")) + 1
+        body_line = first_line + skipped + 1
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
-            return _lm_cell(index, first[4:].strip(), cell_body(body), body_line)
+            return _lm_cell(index, first[4:].strip(), cell_body(body), body_line,
+                            cell_body(ipython_magic_body(source)))
         if name in PYTHON_BODY_MAGICS:
             # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
             inner = (_code_cell(index, body, tags, body_line) if _cell_magic(body)[1]
@@ -194,7 +222,9 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cel
     return python_cell(index, source, tags)
 
 
-def _lm_cell(index: int, line: str, body: str, first_line: int = 2) -> LMCell:
+def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str) -> LMCell:
+    """The ``%%lm`` cell of options ``line``: a prompt ``body`` as typed, or with ``--python``
+    ``python_body``, the body as IPython cleaned it up (``ipython_magic_body``), as the kernel runs them."""
     from lmnb.template import TemplateError, parse, parse_python
 
     try:
@@ -206,6 +236,7 @@ def _lm_cell(index: int, line: str, body: str, first_line: int = 2) -> LMCell:
     filename = f"<%%lm cell {index}>"
     try:
         if options.python:
+            body = python_body
             program = parse_python(body, first_line=first_line, filename=filename)
             reads = python_program_reads(body)
             return LMCell(index, line, options, python=program, reads=reads,
