@@ -402,6 +402,7 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{user}\nhi\n{/assistant}", 4, 1, "does not match {user}"),
         ("{assistant}\n{gen a}", 2, 1, "never closed"),
         ("{fork 0}{join}", 2, 7, "integer >= 1"),
+        ("{fork 100000}{join}", 2, 7, "fork count 100000 is over the limit of 256 branches per {fork N}"),
         ("{join}", 2, 1, "without an open {fork}"),
         ("{fork 2}\n{user}x\n{join}", 4, 1, "{join} inside {user}"),
         ("{user}{fork 2}{/user}{join}", 2, 15, "inside the {fork}"),
@@ -516,6 +517,25 @@ def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col
         record(t.program().func, **t.bind(kernel))
     assert (e.value.line, e.value.col) == (2, col), str(e.value)
     assert words in str(e.value)
+
+
+def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_and_the_export_alike():
+    """{fork N} had no bound: a typo ({fork n} with n = 100000) forked that many states, each
+    with its own requests. The limit holds for a literal (at parse time) and for a count from a
+    variable, in the kernel's run and in the exported program, with the same message."""
+    why = ("fork count 257 is over the limit of 256 branches per {fork N} (a typo?); for more branches, fork in a "
+           "%%lm --python cell (forks = s.fork(n)), or run one program per input with run_batch")
+    t = parse("{fork n}x{join}")
+    with pytest.raises(TemplateRuntimeError) as kernel:
+        record(t.program().func, **t.bind({"n": 257}))
+    ns = {"lmnb": lmnb}
+    exec(t.to_python("cell"), ns)
+    with pytest.raises(ValueError) as export:
+        record(ns["cell"].func, **t.bind({"n": 257}))
+    assert str(kernel.value).startswith("line 1, col 7: " + why + "\n") and str(export.value) == why
+    assert faces("{fork n}x{join}", n=256)[0] == faces("{fork n}x{join}", n=256)[1]
+    assert [e for e in faces("{fork n}x{join}", n=256)[0] if e[1] == "fork"] == [((), "fork", 256)]
+    assert "s.fork(3)" in parse("{fork 3}x{join}").to_python()  # a literal was checked at parse time
 
 
 def test_forks_nest_as_deep_as_the_exported_loops_can():

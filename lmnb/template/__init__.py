@@ -18,17 +18,20 @@ Only Python's standard library is used here; lmnb is imported when a program is 
 
 from lmnb.template.cell import cell_body, split_cell
 from lmnb.template.errors import TemplateError, TemplateRuntimeError, TemplateSyntaxError
+from lmnb.template.options import MAX_FORK_BRANCHES, fork_count
 from lmnb.template.parser import parse
 from lmnb.template.python_cell import PythonCell, parse_python
 from lmnb.template.template import Template
 
 __all__ = [
+    "MAX_FORK_BRANCHES",
     "PythonCell",
     "Template",
     "TemplateError",
     "TemplateRuntimeError",
     "TemplateSyntaxError",
     "cell_body",
+    "fork_count",
     "parse",
     "parse_python",
     "split_cell",

@@ -113,7 +113,10 @@ class _Writer:
         forks, branch, items = f"forks{d}", f"f{d}", f"items{d}"
         inner = dict(local)
         if node.count is not None:
-            self.emit(indent, f"{forks} = {state}.fork({self.expr(node.count, state, local)})")
+            count = self.expr(node.count, state, local)
+            if not _is_literal(node.count):  # (a literal count was checked when the cell was parsed)
+                count = f"lmnb.template.fork_count({count})"
+            self.emit(indent, f"{forks} = {state}.fork({count})")
             self.emit(indent, f"for {branch} in {forks}:")
         else:
             taken = set(self.params.values()) | set(local.values())
@@ -212,6 +215,14 @@ def _escape(text: str) -> str:
 
 def _literal(text: str) -> str:
     return f'"{_escape(text)}"'
+
+
+def _is_literal(expr: Expr) -> bool:
+    try:
+        ast.literal_eval(expr.tree.body)
+    except (ValueError, TypeError, SyntaxError):
+        return False
+    return True
 
 
 def _target_source(target: Target, local: dict[str, str], taken: set[str]) -> str:

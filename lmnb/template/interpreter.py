@@ -11,7 +11,7 @@ from typing import Any
 
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
-from lmnb.template.options import SAMPLING_FIELDS, check_literal
+from lmnb.template.options import SAMPLING_FIELDS, check_literal, fork_count
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -87,9 +87,10 @@ class _Run:
     def fork(self, node: Fork, s, local) -> None:
         if node.count is not None:
             n = self.value(node.count, s, local)
-            if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-                raise TemplateRuntimeError(f"fork count must be an integer >= 1, got {n!r}", self.t.source,
-                                           node.count.offset, self.t.first_line)
+            try:
+                fork_count(n)
+            except ValueError as e:
+                raise TemplateRuntimeError(str(e), self.t.source, node.count.offset, self.t.first_line) from None
             forks = s.fork(n)
             for f in forks:
                 self.block(f, node.body, local)

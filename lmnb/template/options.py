@@ -14,6 +14,28 @@ import re
 from lmnb.ir import is_stop
 
 
+# Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
+# the kernel's view), so a count past this is most likely a typo ({fork 100000} for {fork 10}).
+MAX_FORK_BRANCHES = 256
+
+
+def fork_count(n):
+    """``n``, checked as the branch count of a ``{fork N}``: the kernel checks it so, and the
+    exported program calls this for a count it reads from a variable (a literal is checked when
+    the cell is parsed).
+
+    Raises:
+        ValueError: not an integer >= 1, or more than ``MAX_FORK_BRANCHES``; the message names the fix.
+    """
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise ValueError(f"fork count must be an integer >= 1, got {n!r}")
+    if n > MAX_FORK_BRANCHES:
+        raise ValueError(f"fork count {n} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a typo?); "
+                         "for more branches, fork in a %%lm --python cell (forks = s.fork(n)), or run one program "
+                         "per input with run_batch")
+    return n
+
+
 def allowed(primitive: str) -> tuple[str, ...]:
     """Keyword options of ``lmnb.<primitive>`` other than ``name``, in signature order."""
     import lmnb

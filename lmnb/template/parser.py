@@ -402,8 +402,11 @@ class _Parser:
                 n = ast.literal_eval(count.tree.body)
             except (ValueError, TypeError, SyntaxError):
                 n = None
-            if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-                raise self.error(f"fork count must be an integer >= 1, got {n!r}", count.offset)
+            if n is not None:
+                try:
+                    opts.fork_count(n)
+                except ValueError as e:
+                    raise self.error(str(e), count.offset) from None
         else:
             target = self.target(rest[:split], rest_at)
             items = self.expr(rest[split + 2 :], rest_at + split + 2)
