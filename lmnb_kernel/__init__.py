@@ -10,9 +10,10 @@ __version__ = "0.1.0"
 def load_ipython_extension(shell) -> None:
     """Register ``%%lm`` / ``%lm``, the clean error display, the tree refresh hook and the hooks that
     keep the running cell's text (for line numbers), make the
-    session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine), and
+    session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine),
     define ``lmnb`` in the namespace unless a name ``lmnb`` exists (``%%lm --python`` bodies
-    write ``lmnb.gen(...)``; hidden from ``%who``)."""
+    write ``lmnb.gen(...)``; hidden from ``%who``), and, in a Jupyter kernel other than ``lmnb``'s,
+    make its session send text with lone surrogates (``lmnb_kernel.surrogates``), as ``lmnb``'s does."""
     import lmnb
 
     from lmnb_kernel.errors import CellError, show_cell_error
@@ -29,12 +30,27 @@ def load_ipython_extension(shell) -> None:
     shell.events.register("post_run_cell", magics.forget_cell)
     shell._lmnb_magics = magics
     shell._lmnb_pushed = define_lmnb(shell)
+    session = getattr(getattr(shell, "kernel", None), "session", None)  # (a terminal IPython has none)
+    if session is not None:
+        from lmnb_kernel.surrogates import make_session_surrogate_safe
+
+        replaced = make_session_surrogate_safe(session)  # (None in the lmnb kernel: its session is safe for good)
+        if replaced is not None:
+            shell._lmnb_replaced_pack = replaced
 
 
 def unload_ipython_extension(shell) -> None:
-    """Remove ``%%lm`` / ``%lm``, the hook, the error handler, lmnb's default backend and the
-    ``lmnb`` name (set at load); the session (engine, states) stays for a reload."""
+    """Remove ``%%lm`` / ``%lm``, the hook, the error handler, lmnb's default backend, the
+    ``lmnb`` name and the kernel session's surrogate-safe packer (set at load); the session
+    (engine, states) stays for a reload."""
     import lmnb
+
+    replaced = getattr(shell, "_lmnb_replaced_pack", None)
+    if replaced is not None:
+        del shell._lmnb_replaced_pack
+        session = shell.kernel.session
+        if getattr(session.pack, "surrogate_safe", False):
+            session.pack = replaced
 
     if getattr(shell, "_lmnb_pushed", False):
         del shell._lmnb_pushed

@@ -17,6 +17,7 @@ import sys
 from ipykernel.ipkernel import IPythonKernel
 
 from lmnb_kernel import __version__
+from lmnb_kernel.surrogates import make_session_surrogate_safe
 
 SHUTDOWN_TIMEOUT_S = 2.0
 
@@ -30,7 +31,7 @@ class LMNBKernel(IPythonKernel):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.session.pack = surrogate_safe(self.session.pack)  # (the session of stdout/stderr too)
+        make_session_surrogate_safe(self.session)  # (the session of stdout/stderr too; for good, past an unload)
         self.shell.extension_manager.load_extension("lmnb_kernel")
 
     async def do_shutdown(self, restart):
@@ -43,32 +44,6 @@ class LMNBKernel(IPythonKernel):
         # Registered last, so it runs first when the interpreter exits.
         atexit.register(_exit_now, self.shell)
         return reply
-
-
-def surrogate_safe(pack):
-    """``pack`` (a jupyter_client ``Session``'s message packer), but a message whose text holds a
-    lone surrogate (``print("\\ud800")``: no UTF-8 can carry one) is sent with each replaced by
-    U+FFFD, where the packer raised: in the IO thread, which printed a traceback and lost the output."""
-
-    def safe_pack(obj):
-        try:
-            return pack(obj)
-        except UnicodeEncodeError:
-            return pack(_without_surrogates(obj))
-
-    return safe_pack
-
-
-def _without_surrogates(obj):
-    """``obj`` with every string's lone surrogates replaced by U+FFFD; a high surrogate followed by
-    a low one is the character the pair stands for (UTF-16 decodes it so)."""
-    if isinstance(obj, str):
-        return obj.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    if isinstance(obj, dict):
-        return {_without_surrogates(k): _without_surrogates(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_without_surrogates(v) for v in obj]
-    return obj
 
 
 def _exit_now(shell) -> None:

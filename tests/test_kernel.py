@@ -154,6 +154,24 @@ def test_printed_lone_surrogates_show_as_replacement_characters_not_a_traceback(
     assert not [m for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
 
 
+def test_a_plain_ipykernel_with_the_extension_sends_lone_surrogates_as_replacement_characters():
+    # only the lmnb kernel's session was made safe: in a plain IPython kernel with
+    # %load_ext lmnb_kernel, printing a lone surrogate lost the output to a traceback in the IO thread
+    with kernel_env():
+        km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        reply, _ = execute(kc, "%load_ext lmnb_kernel")
+        assert reply["content"]["status"] == "ok"
+        reply, messages = execute(kc, 'print("a\\ud800b\\ud83d\\ude00")')
+        assert reply["content"]["status"] == "ok"
+        assert stdout(messages) == "a\ufffdb\U0001f600\n"
+        reply, messages = execute(kc, '%%lm --static --python\nprint("x\\udc00")\ns += "y"')
+        assert reply["content"]["status"] == "ok" and stdout(messages) == "x\ufffd\n"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def test_a_cell_magic_above_lm_keeps_the_cells_line_numbers(kernel):
     # an error below %%time said line 3 for the cell's line 4 (lines counted from the %%lm line)
     km, kc = kernel

@@ -619,6 +619,34 @@ def test_unloading_the_extension_removes_the_magics_and_loading_brings_them_back
     assert result.success, out.stdout
 
 
+def test_in_a_kernel_the_extension_makes_the_session_surrogate_safe_until_it_is_unloaded(ip, monkeypatch):
+    # a plain ipykernel's session (shell.kernel.session) kept its packer, which raised on a lone
+    # surrogate; the extension now wraps it, and gives the kernel its own packer back at unload
+    from types import SimpleNamespace
+
+    from lmnb_kernel.surrogates import surrogate_safe
+
+    def pack(obj):
+        return obj.encode("utf-8")
+
+    session = SimpleNamespace(pack=pack)
+    monkeypatch.setattr(ip, "kernel", SimpleNamespace(session=session), raising=False)
+    ip.extension_manager.unload_extension("lmnb_kernel")
+    try:
+        ip.extension_manager.load_extension("lmnb_kernel")
+        assert session.pack("a\ud800b") == "a\ufffdb".encode("utf-8")
+        ip.extension_manager.unload_extension("lmnb_kernel")
+        assert session.pack is pack
+        session.pack = safe = surrogate_safe(pack)  # the lmnb kernel's session: wrapped for good
+        ip.extension_manager.load_extension("lmnb_kernel")
+        assert session.pack is safe
+        ip.extension_manager.unload_extension("lmnb_kernel")
+        assert session.pack is safe
+    finally:
+        if "lmnb_kernel" not in ip.extension_manager.loaded:
+            ip.extension_manager.load_extension("lmnb_kernel")
+
+
 def test_the_first_cell_shows_its_view_while_the_model_loads(ip, tiny_llama, monkeypatch):
     # the first cell of a kernel showed nothing while its model loaded (seconds, minutes for a big one)
     shown_while_loading = []
