@@ -162,7 +162,7 @@ def _dedent(text: str) -> str:
     return re.sub("(?m)^" + re.escape(margin), "", text) if margin else text
 
 
-def ipython_magic_body(source: str) -> str:
+def _ipython_magic_body(source: str) -> str:
     """The body IPython hands the cell magic on the first line of ``source``: the cell after
     IPython's clean-up as Python (blank lines above and common indentation dropped, pasted
     ``>>> `` / ``In [1]:`` prompts taken off, whitespace-only lines emptied), less its first line.
@@ -206,7 +206,7 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cel
         body_line = first_line + skipped + 1
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
             return _lm_cell(index, first[4:].strip(), cell_body(body), body_line,
-                            cell_body(ipython_magic_body(source)))
+                            cell_body(_ipython_magic_body(source)))
         if name in PYTHON_BODY_MAGICS:
             # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
             inner = (_code_cell(index, body, tags, body_line) if _cell_magic(body)[1]
@@ -224,7 +224,7 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cel
 
 def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str) -> LMCell:
     """The ``%%lm`` cell of options ``line``: a prompt ``body`` as typed, or with ``--python``
-    ``python_body``, the body as IPython cleaned it up (``ipython_magic_body``), as the kernel runs them."""
+    ``python_body``, the body as IPython cleaned it up (``_ipython_magic_body``), as the kernel runs them."""
     from lmnb.template import TemplateError, parse, parse_python
 
     try:
