@@ -16,7 +16,7 @@ def qa(s, question):
 Only Python's standard library is used here; lmnb is imported when a program is built.
 """
 
-from lmnb.template.cell import cell_body, split_cell
+from lmnb.template.cell import cell_body
 from lmnb.template.errors import TemplateError, TemplateRuntimeError, TemplateSyntaxError
 from lmnb.template.options import MAX_FORK_BRANCHES, fork_count
 from lmnb.template.parser import parse
@@ -34,5 +34,4 @@ __all__ = [
     "fork_count",
     "parse",
     "parse_python",
-    "split_cell",
 ]

@@ -13,14 +13,3 @@ def cell_body(body: str) -> str:
     body = body.replace("\r\n", "\n")
     return body[:-1] if body.endswith("\n") else body
 
-
-def split_cell(source: str) -> tuple[str, str] | None:
-    """``(options line, prompt)`` of a notebook cell's source that starts with ``%%lm``, else None.
-
-    The options line is what follows ``%%lm`` on the first line (parse it with
-    ``lmnb.template.cell_options.parse_cell_line``); the prompt is ``cell_body`` of the rest.
-    """
-    first, _, body = source.replace("\r\n", "\n").partition("\n")
-    if first.split(None, 1)[:1] != ["%%lm"]:
-        return None
-    return first[len("%%lm"):].strip(), cell_body(body)
