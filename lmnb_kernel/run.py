@@ -114,10 +114,18 @@ def run(args) -> int:
     # before the kernel is up, when CtrlC takes over SIGINT); the end of the run, we do.
     km = kernel_manager()
     ctrl_c = CtrlC(km)
+    # cell number -> error name of each cell whose execute reply was an error: a UsageError (a
+    # misspelt %%lm option, an unknown %lm subcommand) leaves no error output, only stderr text
+    errors: dict[int, str] = {}
+
+    def on_cell_error(cell, cell_index, execute_reply, **_) -> None:
+        errors[cell_index + 1] = execute_reply.get("content", {}).get("ename") or "error"
+
     client = NotebookClient(
         nb, km=km, timeout=cell_timeout(args.timeout), startup_timeout=120, allow_errors=args.allow_errors,
         resources={"metadata": {"path": str(src.resolve().parent)}},
         on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=ctrl_c.check,
+        on_cell_error=on_cell_error,
     )
     t0 = time.monotonic()
     failed, status = None, 0
@@ -167,7 +175,7 @@ def run(args) -> int:
                 # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
                 atexit.unregister(client._cleanup_kernel)
     where = "stdout" if to_stdout and saved == out else saved
-    print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out),
+    print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out, errors),
           file=sys.stderr if to_stdout else sys.stdout)
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are {'written to' if where == 'stdout' else 'saved in'} "
@@ -463,11 +471,12 @@ def _finite(number) -> bool:
 
 
 def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}",
-            timed_out: int | None = None) -> str:
+            timed_out: int | None = None, errors: dict | None = None) -> str:
     """The printed summary: cells run, ``%%lm`` cells, the cells that raised (with
     ``--allow-errors`` the run goes on past them, and nothing else would say so), tokens and hit
     rate, time. ``cell_name(number)`` names the cell at 1-based ``number`` of ``nb``;
-    ``timed_out``: the one stopped at ``--timeout``, whose KeyboardInterrupt says so."""
+    ``timed_out``: the one stopped at ``--timeout``, whose KeyboardInterrupt says so; ``errors``:
+    cell number -> error name of the cells whose execute reply was an error (``_raised``)."""
     code = [c for c in nb.cells if c.cell_type == "code"]
     ran = [c for c in code if c.get("execution_count") is not None]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
@@ -490,22 +499,30 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
         missing += f" (the prompts of {unknown_prompts} stopped gen{'s' * (unknown_prompts > 1)} are not counted)"
     return (f"lmnb run: {src} -> {out}\n"
             f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
-            + _raised(nb, cell_name, timed_out) +
+            + _raised(nb, cell_name, timed_out, errors=errors) +
             f"  tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}{missing}\n"
             f"  time: {seconds:.1f} s")
 
 
-def _raised(nb, cell_name, timed_out: int | None = None, shown: int = 3) -> str:
-    """The summary's line for the cells whose outputs hold an error ("" if none): how many, and
-    the first ``shown`` of them with their error's name (the timed-out cell's KeyboardInterrupt,
-    nbclient's interrupt at ``--timeout``, says so: it read as a Ctrl-C)."""
-    def name(number: int, output) -> str:
-        ename = output.get("ename", "error")
+def _raised(nb, cell_name, timed_out: int | None = None, shown: int = 3, errors: dict | None = None) -> str:
+    """The summary's line for the cells whose outputs hold an error, or whose execute reply was
+    one (``errors``: cell number -> error name; IPython shows a UsageError as stderr text, with no
+    error output) ("" if none): how many, and the first ``shown`` of them with their error's name
+    (the timed-out cell's KeyboardInterrupt, nbclient's interrupt at ``--timeout``, says so: it
+    read as a Ctrl-C)."""
+    def name(number: int, ename: str) -> str:
         at_timeout = number == timed_out and ename == "KeyboardInterrupt"
         return f"{cell_name(number)} ({ename}{' at --timeout' if at_timeout else ''})"
 
-    raised = [name(number, o) for number, c in enumerate(nb.cells, start=1)
-              if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = errors or {}
+    raised = []
+    for number, c in enumerate(nb.cells, start=1):
+        if c.cell_type != "code":
+            continue
+        shown_errors = [o.get("ename", "error") for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        if not shown_errors and number in errors:
+            shown_errors = [errors[number]]
+        raised += [name(number, ename) for ename in shown_errors]
     if not raised:
         return ""
     more = f", and {len(raised) - shown} more" if len(raised) > shown else ""

@@ -558,6 +558,22 @@ def test_the_run_summary_names_the_cells_that_raised():
     assert "raised" not in run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
 
 
+def test_the_run_summary_names_a_cell_that_raised_a_usage_error(tmp_path, capsys):
+    """A misspelt %%lm option or an unknown %lm subcommand raises UsageError, which IPython shows
+    as stderr text, not as an error output: with --allow-errors the summary listed only the other
+    cell that raised, and without it the failing cell was reported but missing from the list."""
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "x = 1", "%lm bogus", "y = 2", "1 / 0")
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "out.ipynb"), parameter=[], timeout=60,
+                              allow_errors=True)
+    assert run(args) == 0
+    assert "\n  cells that raised: 2: cell 2 (UsageError), cell 4 (ZeroDivisionError)\n" in capsys.readouterr().out
+    args.allow_errors = False
+    assert run(args) == 3
+    assert "\n  cells that raised: 1: cell 2 (UsageError)\n" in capsys.readouterr().out
+
+
 def test_p_values_that_are_not_finite_are_injected_as_python_that_reads_back():
     """`-p x 1e400` injected `x = inf`, a NameError in the kernel (inf and nan are no Python names)."""
     import math
