@@ -184,8 +184,14 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
         return p
     s = str(model)
     if not _HUB_ID.match(s) or s.startswith((".", "~")):
-        raise FileNotFoundError(f"no checkpoint directory at {s!r}; check the path")
+        raise FileNotFoundError(f"no checkpoint directory at {s!r}; check the path{_presets_hint(random_weights)}")
     return _from_hub(s, random_weights)
+
+
+def _presets_hint(random_weights: bool) -> str:
+    """With ``random_weights`` the model may also be a shape preset: a misspelt preset name was
+    reported as a path or hub id only, so the error did not say which names exist."""
+    return f", or name a shape preset ({', '.join(PRESETS)})" if random_weights else ""
 
 
 def _hub_offline() -> bool:
@@ -210,13 +216,16 @@ def _from_hub(repo_id: str, random_weights: bool) -> Path:
             f"{repo_id!r} is neither a local directory nor in the Hugging Face cache "
             f"({constants.HF_HUB_CACHE}), and downloads are off (HF_HUB_OFFLINE). Fix: pass a local "
             f"checkpoint directory, or run `hf download {repo_id}` where the network is reachable"
+            f"{_presets_hint(random_weights)}"
         )
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, ignore_patterns=_HUB_IGNORE))
-    except Exception as e:
+    except Exception as e:  # (the hub client's messages run over several lines: the first says what)
+        first = (str(e).strip().splitlines() or [""])[0]
         raise FileNotFoundError(
             f"{repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
-            f"({type(e).__name__}: {e}). Fix: check the id, log in for gated models, or pass a local path"
+            f"({type(e).__name__}: {first}). Fix: check the id, log in for gated models, or pass a local path"
+            f"{_presets_hint(random_weights)}"
         ) from None
 
 

@@ -141,6 +141,37 @@ def test_uncached_hub_id_offline(monkeypatch):
         load_model("lmnb-test/does-not-exist")
 
 
+def test_a_misspelt_preset_with_random_weights_names_the_presets(monkeypatch):
+    """A name that is no preset, path or cached hub id, with random_weights, was reported as a
+    path or hub id only (offline, or with the hub client's several-line network error pasted in):
+    nothing said which preset names exist."""
+    import huggingface_hub
+
+    presets = "llama-2-7b, llama-3-8b, llama-3.2-1b, mistral-7b, qwen2.5-0.5b, qwen3-0.6b"
+    with pytest.raises(FileNotFoundError) as e:
+        load_model("./lama-3-8b", random_weights=True)
+    assert str(e.value) == f"no checkpoint directory at './lama-3-8b'; check the path, or name a shape preset ({presets})"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError) as e:
+        load_model("lama-3-8b", random_weights=True)
+    assert str(e.value).endswith(f"where the network is reachable, or name a shape preset ({presets})")
+
+    def snapshot_download(repo_id, local_files_only=False, **kw):
+        raise OSError("no cache" if local_files_only else "Got: ConnectError: Name or service not known\nPlease check")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(FileNotFoundError) as e:
+        load_model("lama-3-8b", random_weights=True)
+    assert str(e.value) == ("'lama-3-8b' is not a local directory and could not be fetched from the Hugging Face hub "
+                            "(OSError: Got: ConnectError: Name or service not known). Fix: check the id, log in for "
+                            f"gated models, or pass a local path, or name a shape preset ({presets})")
+    with pytest.raises(FileNotFoundError) as e:
+        load_model("lama-3-8b")
+    assert "preset" not in str(e.value)
+
+
 def test_dir_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_model(tmp_path)
