@@ -112,6 +112,23 @@ def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
     assert [ln["parent"] for ln in lanes] == [None, "main", "main"]
 
 
+def test_a_result_named_get_ipython_is_refused_before_the_cell_runs(ip):
+    """{gen get_ipython} set the kernel variable IPython calls to run every magic: each later %%lm
+    or %lm cell failed with "TypeError: 'str' object is not callable"."""
+    try:
+        for cell in ("%%lm --quiet --temperature 0\nSay:{gen get_ipython max_tokens=1}",
+                     "%%lm --quiet --out get_ipython\nSay:{gen ok max_tokens=1}"):
+            result, out = run(ip, cell)
+            assert not result.success and type(result.error_in_exec).__name__ == "UsageError"
+            assert "'get_ipython' would replace IPython's get_ipython" in str(result.error_in_exec)
+            assert "e.g. get_ipython_" in str(result.error_in_exec)
+            assert ip.user_ns["get_ipython"] == ip.get_ipython  # still IPython's
+    finally:  # (the module's other tests share this shell)
+        ip.user_ns["get_ipython"] = ip.get_ipython
+    result, out = run(ip, "%%lm --quiet --temperature 0\nSay:{gen after max_tokens=1}")
+    assert result.success and ip.user_ns["after"] == greedy(ip, "Say:", 1)
+
+
 def test_python_mode_runs_a_program_body_with_state_s(ip):
     assert ip.user_ns["lmnb"] is lmnb  # defined by the extension, as docs/CELL_LANGUAGE.md says
     ip.user_ns["who"] = "Bo"
