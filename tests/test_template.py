@@ -164,6 +164,21 @@ def test_a_kernel_variable_named_builtins_does_not_replace_the_builtins_of_a_hol
     assert one == two == [((), "add", ("text", "1 [11, 12] 10"))]
 
 
+def test_a_value_whose_str_raises_is_reported_at_its_hole():
+    # only TypeError/ValueError from formatting were: a __str__ raising anything else surfaced as
+    # "the body of program 'cell' failed: RuntimeError: no str", with no line or column
+    class Bad:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(parse("Q:\nsee {b} now").program().func, b=Bad())
+    assert (e.value.line, e.value.col) == (2, 5) and e.value.message == "cannot format {b}: RuntimeError: no str"
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(parse("{x:.2f}").program().func, x="abc")
+    assert e.value.message == "cannot format {x}: Unknown format code 'f' for object of type 'str'"
+
+
 def test_a_format_spec_may_start_with_an_equals_sign_as_in_f_strings():
     # "{x:=^5}" was read as the walrus "x := ^5" and refused as invalid Python
     one, two = faces("[{x:=^5}] [{x:=+4}]", x=1)

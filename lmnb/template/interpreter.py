@@ -124,9 +124,10 @@ class _Run:
         value = self.value(node.expr, s, local)
         try:
             return node.render(value)
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
+            detail = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
             raise TemplateRuntimeError(
-                f"cannot format {{{node.expr.source}}}: {e}", self.t.source, node.offset, self.t.first_line
+                f"cannot format {{{node.expr.source}}}: {detail}", self.t.source, node.offset, self.t.first_line
             ) from e
 
     def value(self, expr: Expr, s, local: dict[str, Any], what: str = ""):
