@@ -109,7 +109,7 @@ def stats(args, session: Session) -> None:
         return
     s = session.engine("%lm stats").cache_stats()
     rows = [
-        ("hit rate (engine, cumulative)", percent(s["cached_tokens"], s["prompt_tokens"])),
+        ("hit rate (engine, since load or %lm flush)", percent(s["cached_tokens"], s["prompt_tokens"])),
         ("prompt tokens / cached", f"{s['prompt_tokens']} / {s['cached_tokens']}"),
         ("KV pool used / size (tokens)", f"{s['pool_used']} / {s['pool_size']}"),
         ("free / evictable / protected", f"{s['free_tokens']} / {s['evictable_tokens']} / {s['protected_tokens']}"),
@@ -149,7 +149,7 @@ def flush(args, session: Session) -> None:
     """``%lm flush``: evict every unpinned prefix from the radix cache."""
     if not session.engine("%lm flush").flush_cache():
         raise CellError("%lm flush: requests are still running; try again when they are done")
-    msg = "radix cache flushed (pinned prefixes stay)"
+    msg = "radix cache flushed (pinned prefixes stay); the engine's hit-rate counters start again"
     display({"text/plain": msg, "text/html": f"<div>{msg}</div>"}, raw=True)
 
 

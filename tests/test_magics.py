@@ -391,6 +391,18 @@ def test_stats_and_tree_show_the_engine(ip):
     assert result.success and "radix tree" in out.outputs[0].data["text/plain"]
 
 
+def test_stats_say_the_hit_rate_counts_since_the_last_flush(ip):
+    """%lm flush resets the engine's counters (Engine.flush_cache), but %lm stats labelled the hit
+    rate "cumulative": after a flush it read n/a, as if nothing had run."""
+    run(ip, "%%lm --quiet --temperature 0\nA prompt before the flush.{gen f max_tokens=2}")
+    result, out = run(ip, "%lm flush")
+    assert result.success and "hit-rate counters start again" in out.outputs[0].data["text/plain"]
+    result, out = run(ip, "%lm stats")
+    text = out.outputs[0].data["text/plain"]
+    assert out.outputs[0].metadata["lmnb"]["stats"]["prompt_tokens"] == 0
+    assert "hit rate (engine, since load or %lm flush)" in text and "cumulative" not in text
+
+
 @contextmanager
 def separate_session(ip):
     """Run the magics on a fresh session (so the module's in-process engine stays loaded)."""
