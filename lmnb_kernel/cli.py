@@ -38,11 +38,14 @@ def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="lmnb", description="lmnb: LM programs in notebooks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    subparsers = {}
     for name, (module, func, help_) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_.replace("%", "%%"), description=help_)  # (descriptions are not formatted)
+        p = subparsers[name] = sub.add_parser(name, help=help_.replace("%", "%%"), description=help_)  # (descriptions are not formatted)
         if name == chosen:
             getattr(importlib.import_module(module), f"{func}_arguments")(p)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not "usage: lmnb [-h] COMMAND ...", which shows none of its options
+        (subparsers[chosen] if chosen else parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if chosen is None:
         parser.print_help()
         return 2

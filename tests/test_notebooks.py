@@ -205,6 +205,19 @@ def test_after_p_the_report_numbers_cells_as_the_source_notebook_does(tmp_path, 
     assert "lmnb run: cell 3 (In [3]) raised ZeroDivisionError; the cell begins: 1 / (n - 2)" in capsys.readouterr().err
 
 
+def test_an_unknown_option_shows_the_subcommands_usage(capsys):
+    """`lmnb run --bogus nb.ipynb` printed "usage: lmnb [-h] COMMAND ...", which shows none of
+    run's options, and an error from "lmnb" rather than "lmnb run"."""
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--bogus", "nb.ipynb"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: lmnb run [-h] [-o OUTPUT]")
+    assert err.endswith("lmnb run: error: unrecognized arguments: --bogus\n")
+
+
 def test_the_exit_statuses_are_in_the_help(capsys):
     from lmnb_kernel.cli import main
 
