@@ -259,6 +259,31 @@ def test_a_rerun_with_other_parameters_or_backend_is_refused_not_mixed_into_the_
     assert all(r["settings"]["parameter style"] == "long" and r["settings"]["--backend"] == "engine" for r in results)
 
 
+def test_an_input_field_that_is_a_parameter_is_refused_before_any_row_runs(tmp_path, capsys):
+    """The export of 01-quickstart makes `person` an option (--person), not a row field: rows
+    {"person": "Corin"} all ran with the default "Arvel" and were written as ok, without a word."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q0", "style": "long"}, {"question": "q1"}])
+    out = tmp_path / "out.jsonl"
+    job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(out), "--no-progress"])
+    job.parameters(style="terse", limit=3)
+    assert job.run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 2
+    assert capsys.readouterr().err == (
+        "lmnb batch: the input rows have the field 'style' (--style 'terse'), but it is the notebook's parameter, "
+        "set once for the whole job by its option, not read from each row; to read it from the rows, export again "
+        "with --inputs question,style; to use the option, leave the field out of the input\n")
+    assert not out.exists()
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q0", "style": "long", "limit": 1}])
+    job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(out), "--no-progress"])
+    job.parameters(style="terse", limit=3)  # (--limit is the job's own option: the parameter's is --param-limit)
+    assert job.run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 2
+    assert "have the fields 'style' (--style 'terse'), 'limit' (--param-limit 3), but they are" in capsys.readouterr().err
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q0", "other": 1}])  # other fields are no parameter
+    job = Job("t", ["question"], argv=["--input", str(rows), "--output", str(out), "--no-progress"])
+    job.parameters(style="terse")
+    assert job.run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    assert [r["variables"]["answer"] for r in read_results(out)] == ["Q0"]
+
+
 def test_output_that_is_the_input_file_is_refused(tmp_path, capsys):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
     job = Job("", ["question"], argv=["--input", str(rows), "--output", str(rows), "--no-progress"])

@@ -20,7 +20,8 @@ import sys
 from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch.inputs import InputError, read_rows
-from lmnb.batch.options import add_parameters, backend_label, engine_model, job_parser, make_backend
+from lmnb.batch.options import (add_parameters, backend_label, engine_model, job_parser, make_backend,
+                                parameter_options)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
 
@@ -204,6 +205,9 @@ class Job:
             rows = list(read_rows(args.input, args.input_format))
         except InputError as e:
             return fatal(str(e))
+        shadowed = self._parameter_fields(rows)
+        if shadowed:
+            return fatal(shadowed)
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
             print(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run",
                   file=sys.stderr)
@@ -232,6 +236,26 @@ class Job:
             return EXIT_INTERRUPTED
         finally:
             store.close()
+
+
+    def _parameter_fields(self, rows) -> Optional[str]:
+        """The error for input rows that hold a field named like a notebook parameter that is no
+        row field (None if none do): the job ran every such row with the parameter's one value and
+        wrote the results as ok, so `{"person": "Corin"}` rows of an export of 01-quickstart all
+        answered for the default "Arvel", without a word."""
+        params = [n for n in self.parameter_values if n not in self.inputs and n != self.args.id_field]
+        seen = {k for row in rows if row.error is None for k in row.fields}
+        fields = [n for n in params if n in seen]
+        if not fields:
+            return None
+        options = parameter_options(fields, self.per_row)
+        listed = ", ".join(f"{n!r} ({options[n]} {self.parameter_values[n]!r})" for n in fields)
+        plural = len(fields) > 1
+        return (f"the input rows have the field{'s' * plural} {listed}, but {'they are' if plural else 'it is'} "
+                f"the notebook's parameter{'s' * plural}, set once for the whole job by "
+                f"{'their options' if plural else 'its option'}, not read from each row; to read "
+                f"{'them' if plural else 'it'} from the rows, export again with --inputs {','.join(self.inputs + fields)}; "
+                f"to use the option, leave the field{'s' * plural} out of the input")
 
 
 def _demo_model_dir() -> str:
