@@ -359,6 +359,27 @@ def test_a_notebook_without_cell_ids_is_read_without_nbformats_warning(tmp_path)
     assert [c.source for c in nb.cells] == [c.source for c in QA.cells]
 
 
+def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):
+    """`lmnb export nb.ipynb` wrote nb.py over any file of that name: a jupytext pairing's script
+    or the user's own code was lost without a word. An earlier export is replaced, as before."""
+    from lmnb_kernel.cli import main
+
+    nb_path = tmp_path / "qa.ipynb"
+    nbformat.write(QA, nb_path)
+    mine = tmp_path / "qa.py"
+    mine.write_text("# jupytext pairing\nprint('my code')\n")
+    assert main(["export", str(nb_path)]) == 2
+    assert mine.read_text() == "# jupytext pairing\nprint('my code')\n"
+    assert capsys.readouterr().err == (
+        f"lmnb export: {mine} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), "
+        f"so it is left as it is; give another -o, e.g. -o {tmp_path / 'qa_job.py'}, or move it away first\n")
+    expected = export_notebook(nbformat.read(nb_path, as_version=4), "qa.ipynb", "job.py")[0]
+    job = tmp_path / "job.py"
+    job.write_text(expected + "# an edit of an earlier export\n")
+    assert main(["export", str(nb_path), "-o", str(job)]) == 0  # an earlier export is replaced
+    assert job.read_text() == expected
+
+
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     from lmnb_kernel.cli import main
 

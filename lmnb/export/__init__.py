@@ -111,6 +111,21 @@ def file_in_the_way(path: Path) -> Optional[Path]:
     return existing if existing is not None and not existing.is_dir() else None
 
 
+def not_an_export(path: Path) -> bool:
+    """Whether ``path`` is an existing file that ``lmnb export`` did not write: ``lmnb export
+    nb.ipynb`` replaced any ``nb.py`` without a word (a jupytext pairing's script, the user's own
+    code). An earlier export (its docstring says so in its first lines) is replaced, as a re-export
+    should be."""
+    if not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512).decode("utf-8", "replace")
+    except OSError:
+        return False  # (the write reports it)
+    return "exported by `lmnb export` from " not in head
+
+
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``lmnb export``."""
     parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%%%lm cells")
@@ -147,6 +162,11 @@ def export(args: argparse.Namespace) -> int:
     if str(out) == "-":
         sys.stdout.write(source)
         return 0
+    if not_an_export(out):
+        print(f"lmnb export: {out} exists and was not written by lmnb export (a script of yours, or a jupytext "
+              f"pairing?), so it is left as it is; give another -o, e.g. -o {out.with_name(out.stem + '_job.py')}, "
+              "or move it away first", file=sys.stderr)
+        return 2
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(source, encoding="utf-8")
