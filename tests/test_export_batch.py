@@ -1252,3 +1252,20 @@ def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_model_from_lmnb_model_that_cannot_load_is_named_as_coming_from_it(tmp_path, capsys, monkeypatch):
+    """With $LMNB_MODEL pointing nowhere, the job said "could not start the backend (engine):
+    ... no checkpoint directory at '/nowhere'", naming a path no option of the job holds."""
+    monkeypatch.setenv("LMNB_MODEL", str(tmp_path / "nowhere"))
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress"])
+    assert job.run(run_row, programs=[echo]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"lmnb batch: could not start the backend (engine, model {tmp_path / 'nowhere'} from $LMNB_MODEL; --model "
+        f"names another): FileNotFoundError: no checkpoint directory at '{tmp_path / 'nowhere'}'")
+    job = Job("", ["question"], model=str(tmp_path / "nb_model"),  # the notebook's own model wins over the variable
+              argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress"])
+    assert job.run(run_row, programs=[echo]) == 2
+    assert capsys.readouterr().err.startswith("lmnb batch: could not start the backend (engine): FileNotFoundError: "
+                                              f"no checkpoint directory at '{tmp_path / 'nb_model'}'")

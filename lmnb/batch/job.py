@@ -178,7 +178,7 @@ class Job:
         try:
             backend = make_backend(self.args, self.default_model)
         except (OSError, ValueError, RuntimeError, ImportError) as e:
-            raise SystemExit(fatal(f"could not start the backend ({backend_label(self.args)}): {type(e).__name__}: {e}"))
+            raise SystemExit(fatal(f"could not start the backend ({backend_label(self.args, self.default_model)}): {type(e).__name__}: {e}"))
         lmnb.set_default_backend(backend)
         return backend
 

@@ -139,11 +139,15 @@ def engine_model(args: argparse.Namespace, default_model: Optional[str] = None) 
     return model_or_env(args.model or default_model)
 
 
-def backend_label(args: argparse.Namespace) -> str:
+def backend_label(args: argparse.Namespace, default_model: Optional[str] = None) -> str:
     """The backend the options name, for messages: ``engine``, a URL, or ``--openai MODEL`` and
-    where it goes (``--backend engine`` with ``--openai`` is the official OpenAI API, not the engine)."""
+    where it goes (``--backend engine`` with ``--openai`` is the official OpenAI API, not the engine).
+    An engine whose model comes from ``$LMNB_MODEL`` says so: a model that failed to load was
+    named in no option, so the message did not say where it came from."""
     if args.openai:
         return f"--openai {args.openai} at " + ("the official OpenAI API" if args.backend == "engine" else args.backend)
+    if args.backend == "engine" and not (args.model or default_model) and engine_model(args):
+        return f"engine, model {engine_model(args)} from ${MODEL_ENV}; --model names another"
     return args.backend
 
 

@@ -50,7 +50,7 @@ class RowRunner:
             try:
                 backend = make_backend(self.args, self.job.default_model)
             except (OSError, ValueError, RuntimeError, ImportError) as e:
-                return fatal(f"could not start the backend ({backend_label(self.args)}): {type(e).__name__}: {e}")
+                return fatal(f"could not start the backend ({backend_label(self.args, self.job.default_model)}): {type(e).__name__}: {e}")
             try:
                 self.execute(backend, todo)
             finally:
