@@ -158,6 +158,9 @@ class Session:
             # engine's message has no fix of its own (dtype, memory, a hub id to download...).
             hint = ("\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id)"
                     if isinstance(e, OSError) and "Fix: " not in str(e) else "")
+            if hint and not config.model and os.environ.get(MODEL_ENV):  # (every plain %lm load reads it again)
+                hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
+                         f"demo model (del os.environ['{MODEL_ENV}'])")
             raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {e}{hint}") from e
 
     def engine(self, what: str):

@@ -575,6 +575,10 @@ def test_a_model_from_the_environment_is_named_as_such(monkeypatch):
     with pytest.raises(CellError) as e:
         session.backend()
     assert str(e.value).startswith("could not load /no/such/model (from $LMNB_MODEL): FileNotFoundError")
+    # the fix named only %lm load, though the variable is what names the model (every cell reads it again)
+    assert str(e.value).endswith("\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face checkpoint directory or hub id); "
+                                 "or point $LMNB_MODEL at a checkpoint (%env LMNB_MODEL=PATH), or remove it for the "
+                                 "demo model (del os.environ['LMNB_MODEL'])")
     assert session.current() == "the in-process engine on /no/such/model (from $LMNB_MODEL) (it starts with the first %%lm cell)"
     monkeypatch.delenv("LMNB_MODEL")
     assert session.config.describe() == "the built-in demo model"
