@@ -473,8 +473,9 @@ def _finite(number) -> bool:
 def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}",
             timed_out: int | None = None, errors: dict | None = None) -> str:
     """The printed summary: cells run, ``%%lm`` cells, the cells that raised (with
-    ``--allow-errors`` the run goes on past them, and nothing else would say so), tokens and hit
-    rate, time. ``cell_name(number)`` names the cell at 1-based ``number`` of ``nb``;
+    ``--allow-errors`` the run goes on past them, and nothing else would say so), the ``%%lm``
+    cells' tokens and hit rate (labelled so: a notebook whose Python cells ran programs, as
+    06-batch's ``run_batch``, read "tokens: prompt 0"), time. ``cell_name(number)`` names the cell at 1-based ``number`` of ``nb``;
     ``timed_out``: the one stopped at ``--timeout``, whose KeyboardInterrupt says so; ``errors``:
     cell number -> error name of the cells whose execute reply was an error (``_raised``)."""
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -500,7 +501,7 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     return (f"lmnb run: {src} -> {out}\n"
             f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
             + _raised(nb, cell_name, timed_out, errors=errors) +
-            f"  tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}{missing}\n"
+            f"  %%lm tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}{missing}\n"
             f"  time: {seconds:.1f} s")
 
 

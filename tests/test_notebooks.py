@@ -519,6 +519,8 @@ def test_the_run_summary_counts_quiet_lm_cells_and_says_their_tokens_are_missing
                 nbformat.v4.new_code_cell("x = 1", execution_count=3)]
     text = run_summary(nb, Path("in.ipynb"), Path("out.ipynb"), 1.0)
     assert "cells run: 3 of 3 (2 %%lm)" in text  # it said 1: the quiet cell has no summary output
+    # "tokens: prompt 0" read as the notebook's total, also where Python cells ran programs (run_batch)
+    assert "\n  %%lm tokens: prompt 10, cached 4" in text
     assert "prompt 10, cached 4 (hit rate 40%), completion 3 (1 %%lm cell without a summary not counted)" in text
 
 
