@@ -60,7 +60,10 @@ def run(args) -> int:
 
     src = Path(args.notebook)
     if not src.is_file():
-        print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
+        if src.is_dir():  # (it said "no such notebook")
+            print(f"lmnb run: {src} is a folder, not a notebook; name the .ipynb file in it", file=sys.stderr)
+        else:
+            print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
         return 2
     out = Path(args.output) if args.output else src.with_suffix(".out.ipynb")
     to_stdout = args.output == "-"  # papermill's and lmnb export's "-": the notebook on stdout
