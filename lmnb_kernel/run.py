@@ -132,12 +132,14 @@ def run(args) -> int:
     )
     t0 = time.monotonic()
     failed, status = None, 0
+    still_running = False  # a cell nbclient stopped waiting for (--timeout) may still run in the kernel
     timed_out = None  # the cell nbclient stopped at --timeout (its error is the KeyboardInterrupt that stopped it)
     try:
         # With -o -, the kernel's own fd 1 (native code's prints, not a cell's output) goes to
         # stderr, so that stdout holds the notebook alone.
         client.execute(env=env, **({"stdout": 2} if to_stdout else {}))
     except CellTimeoutError:
+        still_running = True
         if ctrl_c.count:
             failed, status = f"interrupted (Ctrl-C) in {cell_name(ctrl_c.cell_number)}; it did not stop", 130
         else:
@@ -171,7 +173,7 @@ def run(args) -> int:
             saved = save(nb, out)
         finally:
             try:
-                _shutdown(km, busy=failed is not None)
+                _shutdown(km, busy=failed is not None, running=still_running)
             finally:
                 km.cleanup_connection_dir()
                 # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
@@ -253,15 +255,20 @@ def cell_timeout(seconds: float) -> int | None:
     return math.ceil(seconds)
 
 
-def _shutdown(km, busy: bool) -> None:
+def _shutdown(km, busy: bool, running: bool = False) -> None:
     """Shut the kernel down and wait for it (left running, it would notice this process exit and
-    stop on its own, after it). A kernel that may still run a cell (``busy``: a timeout) is
-    interrupted first: shut down mid-cell, it prints a traceback when the cell ends."""
+    stop on its own, after it). A kernel that may still run a cell (``busy``: the run failed) is
+    interrupted first: shut down mid-cell, it prints a traceback when the cell ends. A cell known
+    to be running (``running``: past --timeout) is given up to ``STOP_S`` to end: a ``%%lm --python``
+    body stops half a second after the interrupt, past the 0.5 s waited before, so the kernel was
+    shut down mid-cell and printed a ZMQ traceback into the run's output."""
     from jupyter_core.utils import run_sync
 
     async def stop() -> None:
         if km.has_kernel and await km.is_alive():
-            if busy:
+            if running:
+                await _interrupt_and_wait_idle(km, STOP_S)
+            elif busy:
                 await km.interrupt_kernel()
                 await asyncio.sleep(0.5)  # for the cell to end (its reply has no reader; no harm)
             await km.shutdown_kernel()
@@ -275,6 +282,29 @@ def _shutdown(km, busy: bool) -> None:
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
+
+
+STOP_S = 5.0  # how long a cell still running at --timeout is given to end after the interrupt
+
+
+async def _interrupt_and_wait_idle(km, limit: float) -> None:
+    """Interrupt the kernel and wait, up to ``limit`` seconds, for it to say it is idle (the
+    interrupted cell ended)."""
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await asyncio.sleep(0.2)  # (a subscriber that joins late misses what is sent before)
+        await km.interrupt_kernel()
+        deadline = time.monotonic() + limit
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = await kc.get_iopub_msg(timeout=left)
+            except Exception:  # (queue.Empty at the limit)
+                return
+            if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+                return
+    finally:
+        kc.stop_channels()
 
 
 class Interrupted(Exception):

@@ -99,6 +99,23 @@ def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
 
 
+def test_a_cell_past_the_timeout_may_clean_up_before_the_kernel_is_shut_down(tmp_path, capfd):
+    """A cell that takes a moment to end after the interrupt (a finally block; a %%lm --python body
+    stops half a second after it): the run waited 0.5 s and shut the kernel down mid-cell, which
+    printed a ZMQ "Socket operation on non-socket" traceback into the run's output."""
+    from lmnb_kernel.run import run
+
+    slow_stop = ("import time\ntry:\n    time.sleep(60)\nfinally:\n    t = time.time()\n"
+                 "    while time.time() - t < 1.5:\n        pass")
+    src = _notebook(tmp_path / "nb.ipynb", "x = 1", slow_stop, "y = 2")
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "out.ipynb"), parameter=[], timeout=3,
+                              allow_errors=False)
+    assert run(args) == 1
+    err = capfd.readouterr().err
+    assert "lmnb run: cell 2 ran longer than --timeout 3 s" in err
+    assert "Traceback" not in err and "ZMQError" not in err
+
+
 def test_a_fractional_timeout_is_enforced_and_a_negative_one_refused(tmp_path, capfd):
     """--timeout 2.5 ended in a traitlets TraitError traceback (nbclient's timeout is an int):
     it now waits 3 s, the whole seconds rounded up; 0 is no limit, and -1 is refused by argparse."""
