@@ -1269,3 +1269,24 @@ def test_a_model_from_lmnb_model_that_cannot_load_is_named_as_coming_from_it(tmp
     assert job.run(run_row, programs=[echo]) == 2
     assert capsys.readouterr().err.startswith("lmnb batch: could not start the backend (engine): FileNotFoundError: "
                                               f"no checkpoint directory at '{tmp_path / 'nb_model'}'")
+
+
+def test_a_job_without_row_fields_warns_that_the_rows_fields_are_not_used(tmp_path, capsys):
+    """An export whose %%lm cells read no variable (02-few-shot-select) ran rows {"person": ...}
+    as the same program each time, without a word that the field went unused."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"person": "Corin"}, {"person": "Hesta", "x": 1}])
+
+    def same(**fields):
+        echo.run("fixed", temperature=0).sync()
+
+    job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress"])
+    assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    err = capsys.readouterr().err
+    assert ("lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read none), "
+            "so every row runs the same programs and 'person', 'x' are not used; to read them, export the notebook "
+            "again with --inputs NAMES\n") in err
+    assert [r["variables"]["answer"] for r in read_results(tmp_path / "out.jsonl")] == ["FIXED", "FIXED"]
+    write_rows(rows, [{}, {}])
+    job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out2.jsonl"), "--no-progress"])
+    assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    assert "warning" not in capsys.readouterr().err
