@@ -329,6 +329,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                             "stream carries the whole text so far in each event; turn off the server's incremental "
                             "(disjoint) streaming output")
                     yield cumulative[len(text):], per_input(meta, counts)
+                    last_event = time.monotonic()  # (the time the consumer held the event is not the server's)
                     text = cumulative
                 if not done and finish_reason_dict(meta).get("type") is None:
                     # the connection closed mid-output: what came would pass for the whole output

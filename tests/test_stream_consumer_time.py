@@ -1,0 +1,64 @@
+"""A streamed gen's read timeout counts the server's time, not the consumer's: a reader that holds
+an event longer than the timeout (a slow listener) must not fail a healthy stream whose next
+events have come already."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import lmnb
+from lmnb.backend.base import Prompt
+from lmnb.ir import GenParams
+
+
+@pytest.fixture
+def fast_url():
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            data = json.dumps({"model_path": "stub"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for text, fin in (("Hel", None), ("Hello", None), ("Hello!", {"type": "stop"})):
+                event = {"text": text, "meta_info": {"finish_reason": fin}}
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_slow_consumer_does_not_time_out_a_healthy_stream(fast_url):
+    backend = lmnb.RuntimeEndpoint(fast_url, timeout=0.3)
+    try:
+        out = []
+        for delta, _ in backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=8), "r1"):
+            out.append(delta)
+            time.sleep(0.6)  # the consumer, not the server, holds the stream
+        assert "".join(out) == "Hello!"
+    finally:
+        backend.shutdown()
