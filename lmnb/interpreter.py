@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import BaseBackend
-from lmnb.executor import ForkError, ProgramError, StreamExecutor, _JoinApply, _listeners
+from lmnb.executor import _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, _JoinApply, _listeners
 from lmnb.ir import Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, role_message
 
 
@@ -308,8 +308,24 @@ class ProgramStateGroup:
         """
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or 'concate_and_append'")
-        with self._join_lock:  # a second thread joining this group meanwhile waits, then is refused
+        # a second thread joining this group meanwhile waits, then is refused; but not a body running
+        # on a branch (or a thread it waits for): the join holding the lock waits for that body to
+        # return, so both would hang; it is refused as join_ready refuses it
+        while not self._join_lock.acquire(timeout=_BODY_POLL_S):
+            self._refuse_to_wait_for_bodies()
+        try:
             self._join(mode)
+        finally:
+            self._join_lock.release()
+
+    def _refuse_to_wait_for_bodies(self) -> None:
+        """Raise if a program body running on a branch is the caller or waits for it."""
+        for st in self.states:
+            ex = st.stream_executor
+            with ex._cv:
+                body = ex.body_thread if ex.body_thread is not None else ex.plain_body
+                if body is not None:
+                    ex._refuse_to_wait_for(body)
 
     def _join(self, mode: str) -> None:
         if any(st.stream_executor.joined for st in self.states):
