@@ -182,7 +182,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                     return r
                 r.close()
                 after = r.headers.get("retry-after", "")
-                if aborted.wait(min(float(after), RETRY_AFTER_MAX_S) if after.isdigit() else delay):
+                if aborted.wait(min(float(after), RETRY_AFTER_MAX_S) if after.isascii() and after.isdigit() else delay):
                     raise BackendError(f"{method} {self.base_url}{path}: aborted while waiting to send it again to "
                                        "a busy server (HTTP 503)")
         finally:
