@@ -549,7 +549,7 @@ def user_end() -> RoleEnd:
 
 
 def assistant_begin() -> RoleBegin:
-    """Open a assistant message; the text added until ``assistant_end()`` is its content."""
+    """Open an assistant message; the text added until ``assistant_end()`` is its content."""
     return RoleBegin("assistant")
 
 
