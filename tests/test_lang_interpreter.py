@@ -1751,6 +1751,8 @@ def test_a_streamed_body_that_raises_aborts_its_unjoined_fork_branches():
 
     st = prog.run(backend=be, stream=True)
     assert "body failed" in str(st.error())
+    # (a failed state's error() answers at once: the body records its error, then aborts the branches)
+    st.stream_executor.wait_body()
     assert len(be.aborted) == 2
     (item,) = prog.run_batch([{}], backend=be)
     assert "body failed" in str(item.error()) and len(be.aborted) == 4
