@@ -21,6 +21,22 @@ from lmnb.ir import REGEX_INT
 
 from helpers_lang import ScriptedBackend
 
+
+def _interrupt_main_when(ready, timeout=30.0):
+    """A started thread that sends SIGINT to the main thread once ``ready()`` holds (polled), not
+    after a fixed delay: a loaded machine may not have made the requests to abort by then."""
+    import signal
+
+    def run():
+        deadline = time.monotonic() + timeout
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
 CHATML = get_chat_template("chatml")
 
 
@@ -493,6 +509,9 @@ def test_ctrl_c_while_reading_a_streamed_state_aborts_its_requests(read):
         s += "Q: " + sgl.gen("a")
 
     st = prog.run(backend=be, stream=True)
+    deadline = time.monotonic() + 30
+    while not be.calls and time.monotonic() < deadline:  # (the gen is in flight: there is a request to abort)
+        time.sleep(0.01)
     timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     # Python's own SIGINT handler, whatever one the process holds: once in a full CI run the
     # signal was swallowed (not reproduced since, with a per-test check of the handler)
@@ -527,11 +546,10 @@ def test_ctrl_c_during_a_gen_of_run_use_thread_false_aborts_it_and_stops_the_pro
         after.append("continued")
         s += sgl.gen("b")
 
-    timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        timer.start()
         with pytest.raises(KeyboardInterrupt):
+            timer = _interrupt_main_when(lambda: be.calls)  # (once the gen runs, on this thread)
             prog.run(backend=be, use_thread=False)
         timer.join()
     finally:
@@ -1593,11 +1611,11 @@ def test_ctrl_c_in_run_batch_aborts_the_running_items_and_starts_no_more():
     def prog(s, n):
         s += f"{n}: " + sgl.gen("a")
 
-    timer = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        timer.start()
         with pytest.raises(KeyboardInterrupt):
+            # (once the 4 running items' gens are in flight)
+            timer = _interrupt_main_when(lambda: be.kinds().count("generate") >= 4)
             prog.run_batch([(i,) for i in range(10)], num_threads=4, backend=be)
         timer.join()
     finally:
