@@ -997,16 +997,30 @@ def test_text_iter_of_a_variable_written_in_a_loop_yields_every_write_whole():
     # gens after the first into the same name lost their start: the reader's position ran on from
     # the earlier value's text (it read "alphaetaamma")
     answers = iter(["alpha", "beta", "gamma"])
-    be = ScriptedBackend(lambda p, params: next(answers))
+    queued, first_read = threading.Event(), threading.Event()
+
+    def reply(p, params):
+        word = next(answers)
+        if word == "alpha":  # (the reader ends once no gen of the name is pending: all three are queued first)
+            queued.wait(10)
+        elif word == "beta":  # (a reader that began after beta's first delta would start from beta)
+            first_read.wait(10)
+        return word
+
+    be = ScriptedBackend(reply)
 
     @sgl.function
     def prog(s):
         time.sleep(0.2)  # the reader below starts before the first gen
         for i in range(3):
             s += f"Step {i}:" + sgl.gen("step") + "\n"
+        queued.set()
 
     st = prog.run(backend=be, stream=True)
-    assert "".join(st.text_iter("step")) == "alphabetagamma"
+    reader = st.text_iter("step")
+    first = next(reader)
+    first_read.set()
+    assert first + "".join(reader) == "alphabetagamma"
     assert st.text() == "Step 0:alpha\nStep 1:beta\nStep 2:gamma\n"
     assert list(st.text_iter("step")) == ["gamma"]  # read after the run: the value, as st["step"]
 
