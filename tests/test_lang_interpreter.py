@@ -1600,7 +1600,7 @@ def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
     """Breaking out of generator_style (or Ctrl-C) ran every remaining item before returning."""
     be = ScriptedBackend(lambda p, params: "x")
     release = threading.Event()
-    ran = []
+    ran, held = [], []
 
     @sgl.function
     def prog(s, n):
@@ -1608,12 +1608,19 @@ def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
         if isinstance(n, int):  # (not the trace run, whose n is a placeholder)
             ran.append(n)
             if n > 0:
+                held.append(s)
                 release.wait(10)  # (so they are still running when the loop breaks)
         s += sgl.gen("a")
 
+    def release_once_aborted():  # (lets the running items finish, once the break cancelled the rest)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(h.stream_executor.error_ is not None for h in held):
+            time.sleep(0.01)
+        release.set()
+
     for st in prog.run_batch([(i,) for i in range(50)], num_threads=2, generator_style=True, backend=be):
         assert st["a"] == "x"
-        threading.Timer(0.3, release.set).start()  # (lets the running items finish)
+        threading.Thread(target=release_once_aborted, daemon=True).start()
         break
     # 0 done, 1 running, 2 running unless the break came before a worker took it; none of 3..49
     assert sorted(ran) in ([0, 1], [0, 1, 2])
