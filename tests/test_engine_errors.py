@@ -484,9 +484,12 @@ def test_a_request_posted_while_the_engine_stops_is_aborted_not_left_waiting(tin
     eng = Engine(str(tiny_llama), max_total_tokens=512)
     inbox = eng.scheduler._inbox
 
+    entered = threading.Event()
+
     class SlowInbox:  # widens the window between the check and the put, for one thread only
         def put(self, item):
             if threading.current_thread().name == "late":
+                entered.set()
                 time.sleep(0.5)
             inbox.put(item)
 
@@ -500,7 +503,7 @@ def test_a_request_posted_while_the_engine_stops_is_aborted_not_left_waiting(tin
     out = {}
     late = threading.Thread(name="late", target=lambda: out.update(h=eng.submit([5, 6, 7], GREEDY)))
     late.start()
-    time.sleep(0.1)  # the late thread has passed the check and sleeps before its put
+    assert entered.wait(30)  # the late thread has passed the check and sleeps before its put
     eng.shutdown()
     late.join(10)
     r = out["h"].result(timeout=10)
