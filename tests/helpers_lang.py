@@ -191,19 +191,22 @@ def live_server(engine, api_key=None, served_model_name=None):
     from lmnb_engine.http_server import create_app
 
     app = create_app(engine, api_key=api_key, served_model_name=served_model_name)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # the server listens on this very socket: a port found free, closed and bound again by uvicorn
+    # could be taken meanwhile (another test process, an outgoing connection's ephemeral port)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
     try:
+        while not server.started:
+            if time.time() > deadline or not thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(10)
+        sock.close()
