@@ -1239,7 +1239,9 @@ def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_othe
     try:
         with pytest.raises(GrammarError, match=r"compiling the constraint 'a\+' took longer than 0\.5 s"):
             backend.wait("a+")
+        backend.compile_timeout_s = 30.0  # (a real compile, in a child process: not 0.5 s on a loaded machine)
         assert backend.wait("b+").regex == "b+"  # the other worker serves other patterns meanwhile
+        backend.compile_timeout_s = 0.5
         backend.submit("a+|x")  # now both workers are busy with slow patterns
         with pytest.raises(GrammarError, match="compiler is busy: its 2 workers .* this one did not start"):
             backend.wait("c+")  # queued behind them: not blamed for being slow, and cancelled
@@ -1312,6 +1314,7 @@ def test_an_exploding_automaton_is_killed_at_the_time_limit_and_asking_again_com
         again = backend.submit("[a-z]*a[a-z]{40}")  # a stopped compile is not cached: it compiles again
         assert again is not first and backend.cache.misses == 2
         assert isinstance(again.exception(timeout=10), GrammarCompileStopped)
+        backend.compile_timeout_s = 30.0  # (a compile that must succeed: not held to 2 s on a loaded machine)
         grammar = backend.wait("[a-z]{40}")
         assert not grammar.is_final(grammar.initial_state)
     finally:
