@@ -423,15 +423,14 @@ def test_connect_to_a_served_engine_gives_the_in_process_result(ip, tiny_llama):
 
     import httpx
 
-    with socket.socket() as sock:
+    with socket.socket() as sock, socket.socket() as other:  # (bound at once: two different ports)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+        other.bind(("127.0.0.1", 0))
+        closed = other.getsockname()[1]  # a port nothing listens on
     server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),
                                "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        closed = sock.getsockname()[1]
     try:
         deadline = time.monotonic() + 120
         while True:
