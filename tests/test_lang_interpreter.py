@@ -459,22 +459,44 @@ def test_copy_runs_a_branch_and_gathers_back():
 
 
 def test_streaming_yields_chunks_before_the_end_sync_and_async():
-    be = ScriptedBackend(lambda p, params: "streamed text")
+    read = threading.Event()
+
+    class Paced(ScriptedBackend):
+        """Streams its next delta once the reader has taken a chunk: a reader that a loaded
+        machine held up while the whole text streamed would get it as one chunk."""
+
+        def generate_stream(self, prompt, params, rid):
+            for i, item in enumerate(super().generate_stream(prompt, params, rid)):
+                if i:
+                    read.wait(10)
+                    read.clear()
+                yield item
+
+    be = Paced(lambda p, params: "streamed text")
+
+    def taken(chunks):
+        for chunk in chunks:
+            read.set()
+            yield chunk
 
     @sgl.function
     def prog(s):
         s += "Q: " + sgl.gen("a")
 
     st = prog.run(backend=be, stream=True)
-    chunks = list(st.text_iter())
+    chunks = list(taken(st.text_iter()))
     assert len(chunks) > 2 and "".join(chunks) == "Q: streamed text"
     st2 = prog.run(backend=be, stream=True)
-    var_chunks = list(st2.text_iter("a"))
+    var_chunks = list(taken(st2.text_iter("a")))
     assert len(var_chunks) > 2 and "".join(var_chunks) == "streamed text"
 
     async def collect():
         st3 = prog.run(backend=be, stream=True)
-        return [c async for c in st3.text_async_iter("a")]
+        got = []
+        async for c in st3.text_async_iter("a"):
+            read.set()
+            got.append(c)
+        return got
 
     got = asyncio.run(collect())
     assert len(got) > 2 and "".join(got) == "streamed text"
