@@ -95,6 +95,26 @@ class ScriptedBackend(BaseBackend):
         return [k for k, _ in self.calls]
 
 
+def pace_stream(backend, monkeypatch) -> threading.Event:
+    """Make ``backend.generate_stream`` send each delta after a non-empty one only once the reader
+    has set the returned event (on taking a chunk), at most 10 s later: a test counting the chunks
+    of a short stream got it as one chunk when a loaded machine held the reader up meanwhile."""
+    taken = threading.Event()
+    real = backend.generate_stream
+
+    def generate_stream(*args, **kwargs):
+        sent_text = False
+        for delta, meta in real(*args, **kwargs):
+            if sent_text:
+                taken.wait(10)
+                taken.clear()
+            sent_text = bool(delta)
+            yield delta, meta
+
+    monkeypatch.setattr(backend, "generate_stream", generate_stream)
+    return taken
+
+
 class _FakeTokenizer:
     bos_token, eos_token, pad_token, unk_token = "<s>", "</s>", None, None
     bos_token_id = None

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lmnb as sgl
+from helpers_lang import pace_stream
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +101,18 @@ def test_select_prefills_the_prompt_once_and_choices_hit_the_cache(backend, tiny
         assert cached >= min(start, n_prompt) - 1
 
 
-def test_streaming_is_incremental_and_equals_the_plain_run(backend):
+def test_streaming_is_incremental_and_equals_the_plain_run(backend, monkeypatch):
     @sgl.function
     def story(s):
         s += "Once upon a time" + sgl.gen("rest", max_tokens=12)
 
     plain = story.run(backend=backend, temperature=0)
+    taken = pace_stream(backend, monkeypatch)
     st = story.run(backend=backend, temperature=0, stream=True)
-    chunks = list(st.text_iter("rest"))
+    chunks = []
+    for chunk in st.text_iter("rest"):
+        taken.set()
+        chunks.append(chunk)
     assert len(chunks) > 1
     assert "".join(chunks) == plain["rest"] == st["rest"]
 
@@ -421,7 +426,7 @@ def test_a_gen_of_0_tokens_with_logprobs_gives_the_next_tokens_top_logprobs(back
     assert meta["output_token_logprobs"] == [top[0]]  # the greedy next token
 
 
-def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend):
+def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend, monkeypatch):
     # SGLang streams each chunk's meta_info with the output logprobs so far (and finish_reason
     # None until the end), so `async for chunk, meta in s.text_async_iter(v, return_meta_data=True)`
     # can read meta["output_token_logprobs"]; lmnb's chunks before the last had only id and count.
@@ -433,10 +438,15 @@ def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend):
                                                    return_text_in_logprobs=True)
 
     whole = prog.run(backend=backend, temperature=0).get_meta_info("a")
+    taken = pace_stream(backend, monkeypatch)
 
     async def chunks():
         st = prog.run(backend=backend, temperature=0, stream=True)
-        return [(c, m) async for c, m in st.text_async_iter("a", return_meta_data=True)]
+        got = []
+        async for c, m in st.text_async_iter("a", return_meta_data=True):
+            taken.set()
+            got.append((c, m))
+        return got
 
     got = asyncio.run(chunks())
     assert len(got) > 1

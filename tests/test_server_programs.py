@@ -10,7 +10,7 @@ import openai
 import pytest
 
 import lmnb as sgl
-from helpers_lang import live_server
+from helpers_lang import live_server, pace_stream
 from lmnb.backend.base import finish_reason_dict
 from lmnb.choices import first_difference
 
@@ -199,7 +199,7 @@ def test_every_streamed_chunk_of_generate_carries_the_prompt_counts_as_sglangs_d
     assert [(c["meta_info"]["prompt_tokens"], c["meta_info"]["cached_tokens"]) for c in chunks] == [(n, n - 1)] * len(chunks)
 
 
-def test_streaming_over_http_yields_chunks_before_the_end(backends):
+def test_streaming_over_http_yields_chunks_before_the_end(backends, monkeypatch):
     local, remote, _ = backends
 
     @sgl.function
@@ -207,8 +207,12 @@ def test_streaming_over_http_yields_chunks_before_the_end(backends):
         s += "Once upon a time in a city" + sgl.gen("rest", max_tokens=10)
 
     want = story.run(backend=local, temperature=0)["rest"]
+    taken = pace_stream(remote, monkeypatch)
     st = story.run(backend=remote, temperature=0, stream=True)
-    chunks = list(st.text_iter("rest"))
+    chunks = []
+    for chunk in st.text_iter("rest"):
+        taken.set()
+        chunks.append(chunk)
     assert len(chunks) > 1 and "".join(chunks) == want
 
 
