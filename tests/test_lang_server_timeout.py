@@ -208,10 +208,13 @@ def test_a_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(scripted
         "keep-alive comments, empty events or part of a line; check that it is not stuck or overloaded, or raise "
         "the timeout (RuntimeEndpoint(..., timeout=SECONDS); --timeout SECONDS for %lm connect and for an "
         "exported job)")
+    backend.shutdown()
     # events that keep coming, keep-alives between them, run past the timeout: each event resets it
-    script[0] = [(0, _event("a"))] + [(0.1, b": keep-alive\n\n"), (0.1, b": keep-alive\n\n"), (0.1, _event("ab"))] * 4
+    # (a timeout 5 times the 0.3 s between events: 0.5 s left a loaded machine 0.2 s to spare)
+    backend = lmnb.RuntimeEndpoint(url, timeout=1.5)
+    script[0] = [(0, _event("a"))] + [(0.1, b": keep-alive\n\n"), (0.1, b": keep-alive\n\n"), (0.1, _event("ab"))] * 6
     script[0] += [(0.1, _event("abc", finish=True))]
     t0 = time.monotonic()
     assert "".join(d for d, _ in backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r2")) == "abc"
-    assert time.monotonic() - t0 > 1.2  # (longer than the timeout, all told)
+    assert time.monotonic() - t0 > 1.8  # (longer than the timeout, all told)
     backend.shutdown()
