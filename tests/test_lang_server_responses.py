@@ -654,7 +654,7 @@ def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(
         h.send_header("Connection", "close")
         h.end_headers()
         h.close_connection = True
-        for piece in ("a", "b", "c", "d"):
+        for piece in "abcdefgh":
             for _ in range(2):
                 time.sleep(0.1)
                 h.wfile.write(filler)
@@ -664,10 +664,13 @@ def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(
         h.wfile.write(b"data: " + json.dumps(_chunk(None, "stop")).encode() + b"\n\ndata: [DONE]\n\n")
 
     server.answer = slow_but_alive
+    backend.shutdown()
+    # (a timeout 7 times the 0.2 s between chunks: 0.5 s left a loaded machine 0.3 s to spare)
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=1.5)
     t0, text = time.monotonic(), ""
     for delta, _ in backend.generate_stream(CHAT, PARAMS, "r2"):
         if not text:
-            time.sleep(0.6)  # (the consumer holds the first chunk longer than the timeout)
+            time.sleep(1.6)  # (the consumer holds the first chunk longer than the timeout)
         text += delta
-    assert text == "abcd" and time.monotonic() - t0 > 0.75
+    assert text == "abcdefgh" and time.monotonic() - t0 > 1.6
     backend.shutdown()
