@@ -136,6 +136,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     arrived for ``poll_s`` seconds, so throttled updates are never held back.
     """
     failure: list[BaseException] = []
+    stopping = threading.Event()  # Ctrl-C or Stop: stop_body ends the body, the waiter does not wait for it
 
     def wait() -> None:
         try:
@@ -144,6 +145,7 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
                     pass
             except ProgramError:  # (error() below gets it, once the body returned too)
                 pass
+            _wait_for_the_body(state, stopping)
             err = state.error()
             if err is not None:
                 failure.append(err)
@@ -152,11 +154,15 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
 
     waiter = threading.Thread(target=wait, name="lmnb-cell", daemon=True)
     waiter.start()
+    def stop() -> None:
+        stopping.set()
+        abort_tree(state, listener)
+
     try:
-        _pump(listener, feeder, view, poll_s, on_stop=lambda: abort_tree(state, listener))
+        _pump(listener, feeder, view, poll_s, on_stop=stop)
     except KeyboardInterrupt as interrupt:
         t0 = time.monotonic()
-        abort_tree(state, listener)
+        stop()
         try:
             waiter.join(interrupt_wait_s)
             stop_body(state)
@@ -174,6 +180,19 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     if failure:
         return CellOutcome(state, "error", failure[0], dict(feeder.captured))
     return CellOutcome(state, "done", None, dict(feeder.captured))
+
+
+def _wait_for_the_body(state, stopping: threading.Event) -> None:
+    """Wait until the program body has returned. A failed state's ``text_iter`` and ``error()``
+    end at once while its body may run on (plain Python after a gen that failed): the cell ended
+    under it, its later events dropped and its prints landing in the next cell. Not once the cell
+    is stopped (``stopping``): an aborted body may never return by itself, and ``stop_body`` ends it."""
+    from lmnb.executor import _BODY_POLL_S
+
+    ex = state.stream_executor
+    with ex._cv:
+        while ex._body_elsewhere() and not stopping.is_set():
+            ex._wait(_BODY_POLL_S)  # (polled: the body may start waiting for this thread, and stopping has no notify)
 
 
 def _pump(listener: Listener, feeder, view, poll_s: float, on_stop: Callable[[], None]) -> None:

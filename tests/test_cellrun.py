@@ -142,3 +142,26 @@ def test_a_second_ctrl_c_while_the_first_stops_the_cell_still_stops_the_body(mon
         assert ended.wait(20), "the body's thread is still running after Ctrl-C twice"
     finally:
         release.set()
+
+
+def test_a_cell_whose_gen_failed_ends_once_its_body_returned():
+    # a failed state's text_iter and error() end at once: the cell ended as "error" while a
+    # --python body ran on after the gen that failed (its prints then landed in the next cell)
+    import time
+
+    after = []
+
+    def reply(p, params):
+        raise RuntimeError("model exploded")
+
+    @lmnb.function
+    def body(s):
+        s += "Q:" + lmnb.gen("a")
+        time.sleep(0.3)  # plain Python after the gen, which has failed meanwhile
+        after.append("returned")
+
+    listener = Listener()
+    state = start_run(body, {}, ScriptedBackend(reply), {}, listener)
+    outcome = run_cell(state, listener, _Feeder(), _View())
+    assert outcome.status == "error" and "model exploded" in str(outcome.error)
+    assert after == ["returned"], "the cell ended while its body still ran"
