@@ -218,3 +218,44 @@ def test_a_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(scripted
     assert "".join(d for d, _ in backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r2")) == "abc"
     assert time.monotonic() - t0 > 1.8  # (longer than the timeout, all told)
     backend.shutdown()
+
+
+def test_connecting_to_a_host_that_never_answers_fails_fast_without_a_timeout_given(silent_url, monkeypatch):
+    """Connecting waited the whole read timeout (600 s by default) for the model info of a host that
+    took the connection and never answered: ``%lm connect`` hung the notebook for ten minutes. The
+    model info now waits at most MODEL_INFO_TIMEOUT_S (here made short), whatever the read timeout."""
+    from lmnb.backend import runtime_endpoint
+    from lmnb.template.cell_options import parse_backend_line
+    from lmnb_kernel import commands
+    from lmnb_kernel.errors import CellError
+
+    monkeypatch.setattr(runtime_endpoint, "MODEL_INFO_TIMEOUT_S", 0.3)
+    expected = (f"GET {silent_url}/get_model_info: {silent_url} took the connection but sent no answer within "
+                "0.3 s, where an SGLang or lmnb server answers at once; check that the URL is the server's")
+    for timeout in ({}, {"timeout": None}, {"timeout": 600.0}):
+        t0 = time.monotonic()
+        with pytest.raises(BackendError) as e:
+            lmnb.RuntimeEndpoint(silent_url, **timeout)
+        assert time.monotonic() - t0 < 5
+        assert str(e.value).startswith(expected) and "MODEL_INFO_TIMEOUT_S" in str(e.value)
+    t0 = time.monotonic()
+    with pytest.raises(CellError) as e:  # %lm connect URL, no --timeout
+        commands.connect(parse_backend_line("connect", [silent_url]), session=None)
+    assert time.monotonic() - t0 < 5
+    assert str(e.value).startswith(f"could not connect to {silent_url}: {expected}")
+    # a read timeout shorter than that limit is the one waited, and named as the read timeout
+    with pytest.raises(BackendError, match="sent nothing for 0.1 s \\(the read timeout\\)"):
+        lmnb.RuntimeEndpoint(silent_url, timeout=0.1)
+
+
+def test_generate_keeps_the_long_read_timeout(stalling_url, monkeypatch):
+    """Only the model info is asked with the short limit: a gen slower than it is waited for."""
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "MODEL_INFO_TIMEOUT_S", 0.2)
+    backend = lmnb.RuntimeEndpoint(stalling_url, timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match="sent nothing for 1 s \\(the read timeout\\)"):
+        backend.generate(Prompt("Hi"), GenParams(max_new_tokens=4), "r1")
+    assert time.monotonic() - t0 >= 1.0
+    backend.shutdown()

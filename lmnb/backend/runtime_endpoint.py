@@ -40,6 +40,10 @@ CONNECT_TIMEOUT_S = 10.0
 # non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
 # server fails a batch job's rows instead of hanging the job forever.
 READ_TIMEOUT_S = 600.0
+# Seconds to wait for the model info when connecting (at most ``timeout``): a server answers it at
+# once, so a host that takes the connection and says nothing (a wedged server, another service on
+# that port, a proxy with no backend) fails the connect now, not after READ_TIMEOUT_S.
+MODEL_INFO_TIMEOUT_S = 20.0
 # Seconds to wait before trying again a request answered HTTP 503 (SGLang: its queue is full; lmnb
 # serve: its grammar compiler is busy), which the server refused before doing any of it; a
 # Retry-After of whole seconds, up to RETRY_AFTER_MAX_S, is waited instead.
@@ -85,7 +89,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             the model's Jinja template in ``/get_model_info``; an SGLang server does not, and then
             the template is chosen from the model path, as SGLang does).
         timeout: seconds to wait for a response, or for a stream's next event (default
-            ``READ_TIMEOUT_S``; None: no limit). Connecting may take ``CONNECT_TIMEOUT_S``. A
+            ``READ_TIMEOUT_S``; None: no limit). Connecting may take ``CONNECT_TIMEOUT_S``, and the
+            model info asked at once waits at most ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less). A
             stream's keep-alive comments, empty events and unfinished lines are not events: a
             stream that sends only those for ``timeout`` seconds fails as one that sends nothing.
 
@@ -93,8 +98,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     ``RETRY_503_DELAYS_S`` in turn, unless ``abort`` is called for it meanwhile.
 
     Raises:
-        BackendError: the server cannot be reached, does not answer within ``timeout``, or
-            ``/get_model_info`` fails.
+        BackendError: the server cannot be reached, does not answer ``/get_model_info`` within
+            ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails.
         ValueError: a ``timeout`` that is not a positive number of seconds.
     """
 
@@ -122,7 +127,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
         if self.base_url.endswith("/v1"):
             hint += ": drop the /v1, or use lmnb.OpenAI(model, base_url=...) for the OpenAI API it serves"
-        self.model_info = self._request("GET", "/get_model_info", not_found=hint)
+        self.model_info = self._request("GET", "/get_model_info", not_found=hint, quick=self._quick_timeout())
         if not isinstance(self.model_info, dict) or not isinstance(self.model_info.get("model_path"), str):
             raise BackendError(f"GET {self.base_url}/get_model_info returned {_shown(self.model_info)}, not SGLang's "
                                f"model info (an object with a 'model_path' string); is {self.base_url} an SGLang or "
@@ -134,19 +139,26 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     # -- transport
 
+    def _quick_timeout(self) -> Optional[float]:
+        """The read timeout of a request the server answers at once (its model info), when
+        ``MODEL_INFO_TIMEOUT_S`` is shorter than ``timeout``; else None (``timeout`` is)."""
+        return MODEL_INFO_TIMEOUT_S if self.timeout is None or self.timeout > MODEL_INFO_TIMEOUT_S else None
+
     def _request(self, method: str, path: str, body: Optional[dict] = None, not_found: str = "",
-                 reply: bool = True) -> Any:
+                 reply: bool = True, quick: Optional[float] = None) -> Any:
         """``not_found``: said after the server's words when it answers 404; ``reply``: whether
-        the answer's JSON is wanted (False: any body, e.g. SGLang's plain-text ``/flush_cache``)."""
+        the answer's JSON is wanted (False: any body, e.g. SGLang's plain-text ``/flush_cache``);
+        ``quick``: seconds to wait for an answer the server gives at once, instead of ``timeout``."""
         what = f"{method} {self.base_url}{path}"
+        timeout = self._httpx.Timeout(quick, connect=CONNECT_TIMEOUT_S) if quick is not None else None
         try:
-            r = self._send(method, path, body, stream=True)
+            r = self._send(method, path, body, stream=True, timeout=timeout)
             try:
                 content = _read_body(r, what)
             finally:
                 r.close()
         except self._httpx.HTTPError as e:
-            raise self._failure(what, e) from None
+            raise self._failure(what, e, quick) from None
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
             raise BackendError(f"{what}: HTTP {r.status_code}: {_error_text(content)}{hint}")
@@ -161,9 +173,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         except ValueError:
             raise BackendError(f"{what} returned non-JSON: {content[:800].decode('utf-8', 'replace')[:200]!r}") from None
 
-    def _send(self, method: str, path: str, body: Optional[dict], stream: bool = False) -> Any:
+    def _send(self, method: str, path: str, body: Optional[dict], stream: bool = False, timeout: Any = None) -> Any:
         """httpx's response to the request, sent again while the server answers 503 (a streamed
-        response is not read: the caller closes it).
+        response is not read: the caller closes it); ``timeout``: httpx's, instead of the client's.
 
         Raises:
             httpx.HTTPError: as httpx's ``send``.
@@ -177,7 +189,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 self._retrying[rid] = aborted
         try:
             for delay in (*RETRY_503_DELAYS_S, None):
-                r = self.client.send(self.client.build_request(method, path, json=body), stream=stream)
+                request = self.client.build_request(method, path, json=body,
+                                                    timeout=self._httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+                r = self.client.send(request, stream=stream)
                 if r.status_code != 503 or delay is None:
                     return r
                 r.close()
@@ -190,11 +204,19 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 with self._retry_lock:
                     self._retrying.pop(rid, None)
 
-    def _failure(self, what: str, e: Exception) -> BackendError:
-        """The error for a request (``what``: method and URL) that raised httpx's ``e``."""
+    def _failure(self, what: str, e: Exception, quick: Optional[float] = None) -> BackendError:
+        """The error for a request (``what``: method and URL; ``quick``: its own read timeout, as
+        ``_request``'s) that raised httpx's ``e``."""
         if isinstance(e, self._httpx.ConnectTimeout):
             return BackendError(f"{what}: no connection within {CONNECT_TIMEOUT_S:g} s; is the server running "
                                 f"at {self.base_url}, and are the host and port right?")
+        if isinstance(e, self._httpx.TimeoutException) and quick is not None:
+            return BackendError(
+                f"{what}: {self.base_url} took the connection but sent no answer within {quick:g} s, where an "
+                "SGLang or lmnb server answers at once; check that the URL is the server's (not another service "
+                "on that port, or a proxy with nothing behind it), that the server has finished starting, and "
+                "that it is not stuck (if it is only slow, raise "
+                "lmnb.backend.runtime_endpoint.MODEL_INFO_TIMEOUT_S)")
         if isinstance(e, self._httpx.TimeoutException):
             return BackendError(f"{what}: the server at {self.base_url} sent nothing for {self.timeout:g} s (the "
                                 f"read timeout); {_TIMEOUT_FIX}")
@@ -458,7 +480,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     def get_server_info(self) -> dict:
         try:
-            return self._request("GET", "/get_server_info")
+            return self._request("GET", "/get_server_info", quick=self._quick_timeout())
         except BackendError:
             return dict(self.model_info)
 

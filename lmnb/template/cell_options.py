@@ -140,7 +140,7 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The arguments of ``%lm connect`` (the magic's and the exporter's)."""
-    from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
+    from lmnb.backend.runtime_endpoint import MODEL_INFO_TIMEOUT_S, READ_TIMEOUT_S
 
     parser.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
     parser.add_argument("--openai", metavar="MODEL", help="the server is OpenAI-compatible; use this model name")
@@ -149,7 +149,8 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--api-key", help="API key sent to the server")
     parser.add_argument("--timeout", type=positive_seconds, metavar="SECONDS",
                         help=f"seconds to wait for the server's response before the cell fails "
-                             f"(default {READ_TIMEOUT_S:g})")
+                             f"(default {READ_TIMEOUT_S:g}); connecting to an SGLang-protocol server waits at "
+                             f"most {MODEL_INFO_TIMEOUT_S:g} s (or this, if less) for its model info")
     return parser
 
 
