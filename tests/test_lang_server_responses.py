@@ -337,7 +337,7 @@ def test_a_request_aborted_while_it_waits_for_a_busy_server_is_not_sent_again(se
     assert time.monotonic() - t0 < 5 and not worker.is_alive()
     assert str(failed[0].value) == (f"POST {server.url}/generate: aborted while waiting to send it again to a busy "
                                     "server (HTTP 503)")
-    assert endpoint._retrying == {}
+    assert endpoint._calls == {}
 
 # --- the OpenAI-compatible backend ------------------------------------------------------------
 

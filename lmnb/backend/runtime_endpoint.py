@@ -12,6 +12,7 @@ sampled frames, each with an image token of its own in the text (SGLang's fronte
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -49,6 +50,15 @@ MODEL_INFO_TIMEOUT_S = 20.0
 # Retry-After of whole seconds, up to RETRY_AFTER_MAX_S, is waited instead.
 RETRY_503_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
 RETRY_AFTER_MAX_S = 10.0
+# Request ids aborted while no call of theirs ran, the latest ABORTED_KEPT: a call that begins after
+# the abort of its id is not sent (the executor names a request id before the call reaches the
+# backend, and an abort in between was lost: the request ran to its end).
+ABORTED_KEPT = 4096
+# An abort of a request that is being sent (not answered yet) is posted again every ABORT_REPEAT_S,
+# up to ABORT_POSTS posts in all, until the request is answered: a server ignores the abort of a
+# request id it has not received yet, which the abort's own post may overtake.
+ABORT_REPEAT_S = 0.5
+ABORT_POSTS = 5
 # The longest line a stream may send, in bytes: far above any real event (SGLang's events carry
 # the whole text and logprobs so far: top-20 logprobs of a 128k-token prompt are about 90 MB), so
 # that a server sending a line that never ends fails before it fills the memory.
@@ -67,6 +77,16 @@ def _sampling_params(params: GenParams) -> dict:
     if "seed" in sp:
         sp["sampling_seed"] = sp.pop("seed")
     return sp
+
+
+class _Call:
+    """The calls running under one request id (``RuntimeEndpoint._calling``); two calls may share
+    an id, and ``abort`` of the id stops both."""
+
+    def __init__(self) -> None:
+        self.aborted = threading.Event()  # set by abort()
+        self.users = 0  # calls running under the id
+        self.sending = 0  # requests sent whose response has not begun
 
 
 def _logprob_fields(params: GenParams) -> dict:
@@ -95,7 +115,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             stream that sends only those for ``timeout`` seconds fails as one that sends nothing.
 
     A request the server answers with HTTP 503 (busy, or not ready) is sent again after each of
-    ``RETRY_503_DELAYS_S`` in turn, unless ``abort`` is called for it meanwhile.
+    ``RETRY_503_DELAYS_S`` in turn, unless ``abort`` is called for it meanwhile. A call whose
+    request id was aborted before it began sends nothing (``abort``).
 
     Raises:
         BackendError: the server cannot be reached, does not answer ``/get_model_info`` within
@@ -121,8 +142,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
         )
         self._httpx = httpx
-        self._retrying: dict[str, threading.Event] = {}  # request id -> set by abort() while it waits to retry
-        self._retry_lock = threading.Lock()
+        self._calls: dict[str, _Call] = {}  # request id -> its running calls
+        self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids aborted before a call
+        self._calls_lock = threading.Lock()
         # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server
         hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
         if self.base_url.endswith("/v1"):
@@ -144,15 +166,35 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         ``MODEL_INFO_TIMEOUT_S`` is shorter than ``timeout``; else None (``timeout`` is)."""
         return MODEL_INFO_TIMEOUT_S if self.timeout is None or self.timeout > MODEL_INFO_TIMEOUT_S else None
 
+    @contextlib.contextmanager
+    def _calling(self, rid: str) -> Iterator[_Call]:
+        """Register a call under request id ``rid`` while it runs, for ``abort``; a call whose id
+        was aborted before it began starts aborted (and ``_send`` sends nothing for it)."""
+        with self._calls_lock:
+            call = self._calls.get(rid)
+            if call is None:
+                call = self._calls[rid] = _Call()
+                if self._aborted.pop(rid, False) is None:
+                    call.aborted.set()
+            call.users += 1
+        try:
+            yield call
+        finally:
+            with self._calls_lock:
+                call.users -= 1
+                if not call.users:
+                    del self._calls[rid]
+
     def _request(self, method: str, path: str, body: Optional[dict] = None, not_found: str = "",
-                 reply: bool = True, quick: Optional[float] = None) -> Any:
+                 reply: bool = True, quick: Optional[float] = None, call: Optional[_Call] = None) -> Any:
         """``not_found``: said after the server's words when it answers 404; ``reply``: whether
         the answer's JSON is wanted (False: any body, e.g. SGLang's plain-text ``/flush_cache``);
-        ``quick``: seconds to wait for an answer the server gives at once, instead of ``timeout``."""
+        ``quick``: seconds to wait for an answer the server gives at once, instead of ``timeout``;
+        ``call``: as ``_send``'s."""
         what = f"{method} {self.base_url}{path}"
         timeout = self._httpx.Timeout(quick, connect=CONNECT_TIMEOUT_S) if quick is not None else None
         try:
-            r = self._send(method, path, body, stream=True, timeout=timeout)
+            r = self._send(method, path, body, stream=True, timeout=timeout, call=call)
             try:
                 content = _read_body(r, what)
             finally:
@@ -173,36 +215,40 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         except ValueError:
             raise BackendError(f"{what} returned non-JSON: {content[:800].decode('utf-8', 'replace')[:200]!r}") from None
 
-    def _send(self, method: str, path: str, body: Optional[dict], stream: bool = False, timeout: Any = None) -> Any:
+    def _send(self, method: str, path: str, body: Optional[dict], stream: bool = False, timeout: Any = None,
+              call: Optional[_Call] = None) -> Any:
         """httpx's response to the request, sent again while the server answers 503 (a streamed
-        response is not read: the caller closes it); ``timeout``: httpx's, instead of the client's.
+        response is not read: the caller closes it); ``timeout``: httpx's, instead of the client's;
+        ``call``: the call (``_calling``) the request belongs to, which ``abort`` stops.
 
         Raises:
             httpx.HTTPError: as httpx's ``send``.
-            BackendError: ``abort`` was called for the request (its ``rid``) while it waited to
-                be sent again.
+            BackendError: ``abort`` was called for the request's call before it was sent, or while
+                it waited to be sent again.
         """
-        rid = body.get("rid") if isinstance(body, dict) and isinstance(body.get("rid"), str) else None
-        aborted = threading.Event()
-        if rid is not None:
-            with self._retry_lock:
-                self._retrying[rid] = aborted
-        try:
-            for delay in (*RETRY_503_DELAYS_S, None):
-                request = self.client.build_request(method, path, json=body,
-                                                    timeout=self._httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        aborted = call.aborted if call is not None else threading.Event()
+        for delay in (*RETRY_503_DELAYS_S, None):
+            request = self.client.build_request(method, path, json=body,
+                                                timeout=self._httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+            if call is not None:
+                with self._calls_lock:  # (an abort from here on sees it being sent)
+                    if aborted.is_set():
+                        raise BackendError(f"{method} {self.base_url}{path}: aborted before it was sent; it was "
+                                           "not sent")
+                    call.sending += 1
+            try:
                 r = self.client.send(request, stream=stream)
-                if r.status_code != 503 or delay is None:
-                    return r
-                r.close()
-                after = r.headers.get("retry-after", "")
-                if aborted.wait(min(float(after), RETRY_AFTER_MAX_S) if after.isascii() and after.isdigit() else delay):
-                    raise BackendError(f"{method} {self.base_url}{path}: aborted while waiting to send it again to "
-                                       "a busy server (HTTP 503)")
-        finally:
-            if rid is not None:
-                with self._retry_lock:
-                    self._retrying.pop(rid, None)
+            finally:
+                if call is not None:
+                    with self._calls_lock:
+                        call.sending -= 1
+            if r.status_code != 503 or delay is None:
+                return r
+            r.close()
+            after = r.headers.get("retry-after", "")
+            if aborted.wait(min(float(after), RETRY_AFTER_MAX_S) if after.isascii() and after.isdigit() else delay):
+                raise BackendError(f"{method} {self.base_url}{path}: aborted while waiting to send it again to "
+                                   "a busy server (HTTP 503)")
 
     def _failure(self, what: str, e: Exception, quick: Optional[float] = None) -> BackendError:
         """The error for a request (``what``: method and URL; ``quick``: its own read timeout, as
@@ -268,8 +314,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         """Prefill ``text`` (a str, or [issue 10] a ``Prompt`` with images) on the server. ``rid``
         is optional, as in SGLang's ``RuntimeEndpoint.cache_prefix(prefix_str)``."""
         rid = rid or uuid.uuid4().hex
-        payload, counts = self._payload(text)
-        return per_input(self._prefill(payload, rid), counts)
+        with self._calling(rid) as call:
+            payload, counts = self._payload(text)
+            return per_input(self._prefill(payload, rid, call), counts)
 
     def _result(self, item: Any, what: str) -> tuple[str, dict]:
         """The text and meta_info of one ``/generate`` result (``what``: the request, for the error).
@@ -284,23 +331,37 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                                f"and a 'meta_info' object); is {self.base_url} an SGLang or lmnb server?")
         return check_utf8(item["text"], what), meta or {}
 
-    def _prefill(self, payload: dict, rid: str) -> dict:
-        res = self._request("POST", "/generate", {**payload, "sampling_params": {"max_new_tokens": 0}, "rid": rid})
+    def _prefill(self, payload: dict, rid: str, call: _Call) -> dict:
+        res = self._request("POST", "/generate", {**payload, "sampling_params": {"max_new_tokens": 0}, "rid": rid},
+                            call=call)
         return self._result(res, f"POST {self.base_url}/generate")[1]
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
-        payload, counts = self._payload(prompt)
-        data = {**payload, "sampling_params": _sampling_params(params), "rid": rid, **_logprob_fields(params)}
-        try:
-            res = self._request("POST", "/generate", data)
-        except BackendError as e:  # (the server names SGLang's sampling parameters)
-            raise BackendError(in_gen_names(str(e))) from None
+        with self._calling(rid) as call:
+            payload, counts = self._payload(prompt)
+            data = {**payload, "sampling_params": _sampling_params(params), "rid": rid, **_logprob_fields(params)}
+            try:
+                res = self._request("POST", "/generate", data, call=call)
+            except BackendError as e:  # (the server names SGLang's sampling parameters)
+                raise BackendError(in_gen_names(str(e))) from None
         results = [self._result(it, f"POST {self.base_url}/generate") for it in (res if isinstance(res, list) else [res])]
         if len(results) != (params.n or 1):  # (the executor reads one sample per asked one)
             raise BackendError(f"POST {self.base_url}/generate returned {len(results)} results for n={params.n or 1}")
         return [Completion(text, per_input(meta, counts)) for text, meta in results]
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
+        """``generate``'s output delta by delta. An abort that reaches the stream before the
+        server's own abort does (the server got the request after the abort's post) closes it, so
+        that the server stops, and ends it with an ``abort`` finish reason, as the server's would.
+
+        Raises:
+            BackendError: as ``_send`` (aborted before the request was sent, among others), or the
+                stream fails (an error event, a timeout, a cut or malformed stream).
+        """
+        with self._calling(rid) as call:
+            yield from self._stream(prompt, params, rid, call)
+
+    def _stream(self, prompt: Prompt, params: GenParams, rid: str, call: _Call) -> Iterator[tuple[str, dict]]:
         payload, counts = self._payload(prompt)
         data = {
             **payload, "sampling_params": _sampling_params(params), "rid": rid, "stream": True,
@@ -308,7 +369,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         }
         what = f"POST {self.base_url}/generate stream"
         try:
-            with contextlib.closing(self._send("POST", "/generate", data, stream=True)) as r:
+            with contextlib.closing(self._send("POST", "/generate", data, stream=True, call=call)) as r:
+                if call.aborted.is_set():  # while it was sent: the server may have missed the abort
+                    yield "", {"finish_reason": _aborted_reason()}
+                    return
                 if r.status_code >= 400:
                     error = _error_text(_read_body(r, f"POST {self.base_url}/generate"))
                     raise BackendError(f"POST {self.base_url}/generate: HTTP {r.status_code}: "
@@ -345,6 +409,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                         message = err.get("message", err) if isinstance(err, dict) else err
                         raise BackendError(f"{what}: {in_gen_names(str(message))}")
                     cumulative, meta = self._result(obj, what)
+                    if call.aborted.is_set() and finish_reason_dict(meta).get("type") != "abort":
+                        yield "", per_input({**meta, "finish_reason": _aborted_reason()}, counts)  # (its text came after it)
+                        return
                     if not cumulative.startswith(text):  # (a delta read as the whole text lost the output)
                         raise BackendError(
                             f"{what} sent {cumulative!r} after {text[-40:]!r}, which does not continue it: SGLang's "
@@ -405,13 +472,18 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         """Prefill the prompt once, then score every ``prompt + choice`` in one batched request
         returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
         differing token is found (``lmnb.choices``)."""
+        with self._calling(rid) as call:
+            return self._score_choices(prompt, choices, unconditional, rid, call)
+
+    def _score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str,
+                       call: _Call) -> list[ChoiceLogprobs]:
         payload, counts = self._payload(prompt)  # [issue 10] images are encoded once for every request
         text, images = payload["text"], payload.get("image_data")
         token = self.get_chat_template().image_token
         for c in choices if images else ():
             if token in c:
                 raise ValueError(f"select choice {c!r} holds the image placeholder; images go in image(), not in choices")
-        prefill = per_input(self._prefill(payload, rid), counts) if text else None
+        prefill = per_input(self._prefill(payload, rid, call), counts) if text else None
         n_prompt = (prefill or {}).get("prompt_tokens", 0)
         start = max(n_prompt - SCORE_WINDOW, 0)
         items = self._window([text] + [text + c for c in choices], start, rid, images)
@@ -455,18 +527,32 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         """Ask the server to stop request ``rid``, from a thread of its own: waiting for a wedged
         server would hold the caller up to 5 s per request (a fork's branches and a batch's rows
         are aborted one after another), and aborting is best effort anyway. A request waiting to be
-        sent again (the server answered 503) is not sent."""
-        with self._retry_lock:
-            waiting = self._retrying.get(rid)
-        if waiting is not None:
-            waiting.set()
-        threading.Thread(target=self._abort, args=(rid,), name=f"lmnb-abort-{rid}", daemon=True).start()
+        sent again (the server answered 503) is not sent; nor is a call under ``rid`` that begins
+        after this (the latest ``ABORTED_KEPT`` ids are kept for that: do not use an aborted id
+        again). While a request is being sent, the abort is posted again every ``ABORT_REPEAT_S``
+        until it is answered, ``ABORT_POSTS`` posts at most: the first may reach the server before it."""
+        with self._calls_lock:
+            call = self._calls.get(rid)
+            if call is not None:
+                call.aborted.set()
+            else:
+                self._aborted[rid] = None
+                while len(self._aborted) > ABORTED_KEPT:
+                    self._aborted.popitem(last=False)
+        threading.Thread(target=self._abort, args=(rid, call), name=f"lmnb-abort-{rid}", daemon=True).start()
 
-    def _abort(self, rid: str) -> None:
-        try:
-            self.client.post("/abort_request", json={"rid": rid}, timeout=5.0)
-        except (self._httpx.HTTPError, RuntimeError):  # (RuntimeError: the client was shut down meanwhile)
-            pass  # the request may be gone already; aborting is best effort
+    def _abort(self, rid: str, call: Optional[_Call]) -> None:
+        for posts in range(1, ABORT_POSTS + 1):
+            try:
+                self.client.post("/abort_request", json={"rid": rid}, timeout=5.0)
+            except (self._httpx.HTTPError, RuntimeError):  # (RuntimeError: the client was shut down meanwhile)
+                pass  # the request may be gone already; aborting is best effort
+            if call is None or posts == ABORT_POSTS:
+                return
+            time.sleep(ABORT_REPEAT_S)
+            with self._calls_lock:
+                if not call.sending:  # answered (or not sent: _send sends nothing once it is aborted)
+                    return
 
     def get_model_name(self) -> str:
         """The server's ``model_path`` (SGLang's ``RuntimeEndpoint.get_model_name``)."""
@@ -517,6 +603,11 @@ def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
             except UnicodeDecodeError as e:
                 raise BackendError(f"{what} sent a line that is not UTF-8 (byte {e.start}: "
                                    f"{line[e.start:e.start + 1]!r}): {line[:120]!r}") from None
+
+
+def _aborted_reason() -> dict:
+    """The finish reason of a stream ``abort`` closed (SGLang's for a stream its server aborted)."""
+    return {"type": "abort", "message": "the request was aborted"}
 
 
 def _busy() -> str:

@@ -1,0 +1,166 @@
+"""``RuntimeEndpoint.abort`` of a request that has not reached the server yet. The executor names a
+request id before its call reaches the backend, and the abort's own post may overtake the request:
+an abort then was lost, and the request ran to its end. The abort is now kept for a call that has
+not begun, posted again while its request is being sent, and a stream it reaches first is closed."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from lmnb.backend.base import BackendError, Prompt
+
+from test_lang_server_responses import PARAMS, endpoint, send, server  # noqa: F401 - fixtures
+
+RESULT = b'{"text": "Hello", "meta_info": {"finish_reason": {"type": "length"}}}'
+
+
+def _wait_for(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def test_a_call_whose_id_was_aborted_before_it_began_sends_nothing(server, endpoint):  # noqa: F811
+    sent = []
+
+    def answer(h, b):
+        sent.append((h.path, b.get("rid")))
+        send(h, 200, b'{"success": false}' if h.path == "/abort_request" else RESULT)
+
+    server.answer = answer
+    calls = {
+        "r1": lambda: endpoint.generate(Prompt("Hi"), PARAMS, "r1"),
+        "r2": lambda: list(endpoint.generate_stream(Prompt("Hi"), PARAMS, "r2")),
+        "r3": lambda: endpoint.cache_prefix("Hi", "r3"),
+        "r4": lambda: endpoint.score_choices(Prompt("Hi"), ["a", "b"], False, "r4"),
+    }
+    for rid, run in calls.items():
+        endpoint.abort(rid)
+        with pytest.raises(BackendError) as e:
+            run()
+        assert str(e.value) == f"POST {server.url}/generate: aborted before it was sent; it was not sent"
+    _wait_for(lambda: len(sent) == 4)  # (the abort posts, each from a thread of its own)
+    assert sorted(sent) == [("/abort_request", rid) for rid in calls]  # and no /generate
+    assert [c.text for c in endpoint.generate(Prompt("Hi"), PARAMS, "r5")] == ["Hello"]  # another id runs
+    assert endpoint._calls == {}
+
+
+def test_an_abort_stops_every_call_under_its_id(server, endpoint, monkeypatch):  # noqa: F811
+    """Two calls sharing a request id, both waiting to send again to a busy server: the second one's
+    registration replaced the first's, so the abort reached only the second, and the first went on
+    sending for as long as the server was busy."""
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "RETRY_503_DELAYS_S", (30.0,))
+    tries = []
+
+    def busy(h, b):
+        if h.path == "/generate":
+            tries.append(b["rid"])
+        send(h, 503, b'{"error": "The request queue is full."}')
+
+    server.answer, failed = busy, []
+    workers = [threading.Thread(target=lambda: failed.append(pytest.raises(
+        BackendError, endpoint.generate, Prompt("Hi"), PARAMS, "r1"))) for _ in range(2)]
+    for w in workers:
+        w.start()
+    _wait_for(lambda: len(tries) == 2)
+    t0 = time.monotonic()
+    endpoint.abort("r1")
+    for w in workers:
+        w.join(10)
+    assert time.monotonic() - t0 < 5 and not any(w.is_alive() for w in workers)
+    assert [str(f.value) for f in failed] == [f"POST {server.url}/generate: aborted while waiting to send it again "
+                                              "to a busy server (HTTP 503)"] * 2
+    assert tries == ["r1", "r1"] and endpoint._calls == {}
+
+
+class LateServer:
+    """``/generate`` is received, then held until ``release``, then registered: an abort posted
+    before that is ignored (``honour_aborts``: one after it ends the request at once; else every
+    abort is ignored, as by a server that starts a stream before it registers its request)."""
+
+    def __init__(self, scripted, honour_aborts: bool):
+        self.received, self.release, self.aborted = threading.Event(), threading.Event(), threading.Event()
+        self.registered, self.abort_posts, self.client_left = False, 0, threading.Event()
+        self.honour_aborts = honour_aborts
+        scripted.answer = self.answer
+
+    def answer(self, h, b):
+        if h.path == "/abort_request":
+            self.abort_posts += 1
+            if self.registered and self.honour_aborts:
+                self.aborted.set()
+            return send(h, 200, json.dumps({"success": self.registered}).encode())
+        self.received.set()
+        self.release.wait(10)
+        self.registered = True
+        if not b.get("stream"):
+            reason = "abort" if self.aborted.wait(10) else "length"
+            return send(h, 200, json.dumps({"text": "", "meta_info": {"finish_reason": {"type": reason}}}).encode())
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        try:
+            for i in range(1, 101):  # 5 s of tokens
+                h.wfile.write(b"data: " + json.dumps({"text": "a" * i, "meta_info": {
+                    "prompt_tokens": 2, "completion_tokens": i, "finish_reason": None}}).encode() + b"\n\n")
+                h.wfile.flush()
+                time.sleep(0.05)
+            h.wfile.write(b'data: {"text": "", "meta_info": {"finish_reason": {"type": "length"}}}\n\ndata: [DONE]\n\n')
+        except OSError:
+            self.client_left.set()
+
+
+def test_an_abort_that_overtakes_its_request_is_posted_again_until_the_request_is_answered(
+        server, endpoint, monkeypatch):  # noqa: F811
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "ABORT_REPEAT_S", 0.1)
+    late, got = LateServer(server, honour_aborts=True), []
+    worker = threading.Thread(target=lambda: got.extend(endpoint.generate(Prompt("Hi"), PARAMS, "r1")))
+    worker.start()
+    assert late.received.wait(10)
+    t0 = time.monotonic()
+    endpoint.abort("r1")
+    _wait_for(lambda: late.abort_posts == 1)  # (it came before the request was registered: ignored)
+    late.release.set()
+    worker.join(10)
+    assert time.monotonic() - t0 < 3 and not worker.is_alive()
+    assert got[0].meta_info["finish_reason"] == {"type": "abort"}  # the server's own abort
+    assert 2 <= late.abort_posts <= runtime_endpoint.ABORT_POSTS
+
+
+@pytest.mark.parametrize("when", ["while it is sent", "after its first event"])
+def test_a_stream_an_abort_reaches_before_the_server_does_is_closed_as_aborted(server, endpoint, when):  # noqa: F811
+    late, events = LateServer(server, honour_aborts=False), []
+
+    def consume():
+        for delta, meta in endpoint.generate_stream(Prompt("Hi"), PARAMS, "r1"):
+            events.append((delta, meta))
+            if when == "after its first event" and len(events) == 1:
+                endpoint.abort("r1")
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    assert late.received.wait(10)
+    if when == "while it is sent":
+        endpoint.abort("r1")
+    t0 = time.monotonic()
+    late.release.set()
+    worker.join(10)
+    assert time.monotonic() - t0 < 2 and not worker.is_alive()
+    aborted = {"type": "abort", "message": "the request was aborted"}
+    if when == "while it is sent":
+        assert events == [("", {"finish_reason": aborted})]
+    else:  # the second event's text is dropped; its counts are kept
+        assert events == [("a", {"prompt_tokens": 2, "completion_tokens": 1, "finish_reason": None}),
+                          ("", {"prompt_tokens": 2, "completion_tokens": 2, "finish_reason": aborted})]
+    assert late.client_left.wait(5)  # the stream was closed, so that the server stops it
