@@ -164,3 +164,77 @@ def test_a_stream_an_abort_reaches_before_the_server_does_is_closed_as_aborted(s
         assert events == [("a", {"prompt_tokens": 2, "completion_tokens": 1, "finish_reason": None}),
                           ("", {"prompt_tokens": 2, "completion_tokens": 2, "finish_reason": aborted})]
     assert late.client_left.wait(5)  # the stream was closed, so that the server stops it
+
+
+def _scored(texts) -> bytes:
+    """Scoring results with a token per character of each text (token i + 1 for its i-th)."""
+    def one(text):
+        entries = [[None if i == 0 else -0.5, i + 1] for i in range(len(text))]
+        return {"text": "", "meta_info": {"prompt_tokens": len(text), "input_token_logprobs": entries}}
+    return json.dumps([one(t) for t in texts] if isinstance(texts, list) else one(texts)).encode()
+
+
+@pytest.mark.parametrize("unconditional", [False, True])
+def test_an_abort_stops_a_select_waiting_to_send_its_scoring_again(server, endpoint, monkeypatch,  # noqa: F811
+                                                                   unconditional):
+    """A select's scoring requests (one batch with a request id per prompt; with unconditional
+    likelihood, another with none) went on being sent to a busy server for all of
+    RETRY_503_DELAYS_S after the select was aborted: only a request with a single id was stopped."""
+    from lmnb.backend import runtime_endpoint
+
+    monkeypatch.setattr(runtime_endpoint, "RETRY_503_DELAYS_S", (30.0,))
+    busy, batches = threading.Event(), []
+
+    def answer(h, b):
+        if h.path == "/abort_request":
+            return send(h, 200, b'{"success": false}')
+        batches.append(b.get("rid"))
+        if "input_ids" in b or (not unconditional and isinstance(b["text"], list)):
+            busy.set()
+            return send(h, 503, b'{"error": "The request queue is full."}')
+        send(h, 200, _scored(b.get("text")))
+
+    server.answer, failed = answer, []
+    worker = threading.Thread(target=lambda: failed.append(pytest.raises(
+        BackendError, endpoint.score_choices, Prompt("Hi"), ["a", "b"], unconditional, "r1")))
+    worker.start()
+    assert busy.wait(10)
+    t0 = time.monotonic()
+    endpoint.abort("r1")
+    worker.join(10)
+    assert time.monotonic() - t0 < 5 and not worker.is_alive()
+    assert str(failed[0].value) == (f"POST {server.url}/generate: aborted while waiting to send it again to a busy "
+                                    "server (HTTP 503)")
+    window = ["r1-0", "r1-1", "r1-2"]
+    assert batches == (["r1", window, ["r1-0"], ["r1-u0", "r1-u1"]] if unconditional else ["r1", window])
+    assert endpoint._calls == {}
+
+
+def test_an_abort_of_a_select_reaches_its_scoring_requests_on_the_server(server, endpoint):  # noqa: F811
+    """Each scoring request has an id of its own ("{rid}-{i}"), which SGLang's /abort_request of
+    the select's id does not stop: a long scoring batch ran to its end."""
+    scoring, stopped, posted = threading.Event(), threading.Event(), []
+
+    def answer(h, b):
+        if h.path == "/abort_request":
+            posted.append(b["rid"])
+            if b["rid"] == "r1-2":  # (the last one posted)
+                stopped.set()
+            return send(h, 200, b'{"success": true}')
+        if not isinstance(b["text"], list):
+            return send(h, 200, _scored(b["text"]))
+        scoring.set()
+        reason = {"type": "abort", "message": "aborted by the client"} if stopped.wait(10) else None
+        send(h, 200, json.dumps([{"text": "", "meta_info": {"finish_reason": reason}}] * 3).encode())
+
+    server.answer, failed = answer, []
+    worker = threading.Thread(target=lambda: failed.append(pytest.raises(
+        BackendError, endpoint.score_choices, Prompt("Hi"), ["a", "b"], False, "r1")))
+    worker.start()
+    assert scoring.wait(10)
+    t0 = time.monotonic()
+    endpoint.abort("r1")
+    worker.join(10)
+    assert time.monotonic() - t0 < 3 and not worker.is_alive()
+    assert str(failed[0].value) == "scoring on the server was aborted: aborted by the client"
+    assert posted[:4] == ["r1", "r1-0", "r1-1", "r1-2"]

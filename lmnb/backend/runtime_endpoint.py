@@ -87,6 +87,7 @@ class _Call:
         self.aborted = threading.Event()  # set by abort()
         self.users = 0  # calls running under the id
         self.sending = 0  # requests sent whose response has not begun
+        self.sub_rids: list[str] = []  # the request ids of a batch being sent (a select's), aborted with it
 
 
 def _logprob_fields(params: GenParams) -> dict:
@@ -227,6 +228,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 it waited to be sent again.
         """
         aborted = call.aborted if call is not None else threading.Event()
+        batch_rids = body["rid"] if isinstance(body, dict) and isinstance(body.get("rid"), list) else []
         for delay in (*RETRY_503_DELAYS_S, None):
             request = self.client.build_request(method, path, json=body,
                                                 timeout=self._httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
@@ -236,12 +238,15 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                         raise BackendError(f"{method} {self.base_url}{path}: aborted before it was sent; it was "
                                            "not sent")
                     call.sending += 1
+                    call.sub_rids += batch_rids
             try:
                 r = self.client.send(request, stream=stream)
             finally:
                 if call is not None:
                     with self._calls_lock:
                         call.sending -= 1
+                        for sub in batch_rids:
+                            call.sub_rids.remove(sub)
             if r.status_code != 503 or delay is None:
                 return r
             r.close()
@@ -429,9 +434,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     # -- select
 
-    def _window(self, texts: list[str], start: int, rid: str, images: Optional[list[str]] = None) -> list[dict]:
+    def _window(self, texts: list[str], start: int, rid: str, call: _Call,
+                images: Optional[list[str]] = None) -> list[dict]:
         """Prompt logprobs of every text from token ``start`` on (each text after ``images``, the
-        same data URLs for all, when the prompt has [issue 10] images)."""
+        same data URLs for all, when the prompt has [issue 10] images), as part of ``call``."""
         body = {
             "text": texts,
             "sampling_params": {"max_new_tokens": 0, "temperature": 0},
@@ -441,7 +447,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         }
         if images:
             body["image_data"] = [images] * len(texts)
-        return self._batch(self._request("POST", "/generate", body), len(texts))
+        return self._batch(self._request("POST", "/generate", body, call=call), len(texts))
 
     def _batch(self, res: Any, count: int) -> list:
         """The results of a ``/generate`` call for ``count`` prompts (one: SGLang answers an object).
@@ -486,7 +492,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         prefill = per_input(self._prefill(payload, rid, call), counts) if text else None
         n_prompt = (prefill or {}).get("prompt_tokens", 0)
         start = max(n_prompt - SCORE_WINDOW, 0)
-        items = self._window([text] + [text + c for c in choices], start, rid, images)
+        items = self._window([text] + [text + c for c in choices], start, rid, call, images)
         p_ids, _ = self._entries(items[0])
         out = []
         for i, c in enumerate(choices):
@@ -494,8 +500,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             rel = first_difference(p_ids, ids)
             offset = start
             if rel == 0 and start > 0:  # differs before the window: fetch the whole prompt
-                ids, lps = self._entries(self._window([text + c], 0, rid, images)[0])
-                rel, offset = first_difference(self._entries(self._window([text], 0, rid, images)[0])[0], ids), 0
+                ids, lps = self._entries(self._window([text + c], 0, rid, call, images)[0])
+                rel, offset = first_difference(self._entries(self._window([text], 0, rid, call, images)[0])[0], ids), 0
             first = max(offset + rel, 1) - offset  # absolute token 0 has no context to be scored in
             if first >= len(ids) or any(lp is None for lp in lps[first:]):
                 raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
@@ -504,20 +510,21 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 int(items[i + 1]["meta_info"].get("cached_tokens", 0)), prompt_meta=prefill,
             ))
         if unconditional:
-            ctx = self._context_ids(rid)
+            ctx = self._context_ids(rid, call)
             res = self._request("POST", "/generate", {
                 "input_ids": [ctx + s.token_ids for s in out],
                 "sampling_params": {"max_new_tokens": 0, "temperature": 0},
                 "return_logprob": True,
                 "logprob_start_len": len(ctx),
-            })
+                "rid": [f"{rid}-u{i}" for i in range(len(out))],
+            }, call=call)
             res = self._batch(res, len(out))
             out = [dataclasses.replace(s, unconditional_logprobs=self._entries(r)[1]) for s, r in zip(out, res)]
         return out
 
-    def _context_ids(self, rid: str) -> list[int]:
+    def _context_ids(self, rid: str, call: _Call) -> list[int]:
         if self._unconditional_ids is None:
-            ids, _ = self._entries(self._window([UNCONDITIONAL_CONTEXT], 0, rid)[0])
+            ids, _ = self._entries(self._window([UNCONDITIONAL_CONTEXT], 0, rid, call)[0])
             self._unconditional_ids = [int(t) for t in ids]
         return self._unconditional_ids
 
@@ -542,11 +549,16 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         threading.Thread(target=self._abort, args=(rid, call), name=f"lmnb-abort-{rid}", daemon=True).start()
 
     def _abort(self, rid: str, call: Optional[_Call]) -> None:
+        """Post the abort of ``rid`` and of the batch ``call`` is sending (a select's scoring
+        requests, each with a request id of its own), again while it is being sent."""
         for posts in range(1, ABORT_POSTS + 1):
-            try:
-                self.client.post("/abort_request", json={"rid": rid}, timeout=5.0)
-            except (self._httpx.HTTPError, RuntimeError):  # (RuntimeError: the client was shut down meanwhile)
-                pass  # the request may be gone already; aborting is best effort
+            with self._calls_lock:
+                rids = [rid] + (list(call.sub_rids) if call is not None else [])
+            for r in rids:
+                try:
+                    self.client.post("/abort_request", json={"rid": r}, timeout=5.0)
+                except (self._httpx.HTTPError, RuntimeError):  # (RuntimeError: the client was shut down meanwhile)
+                    pass  # the request may be gone already; aborting is best effort
             if call is None or posts == ABORT_POSTS:
                 return
             time.sleep(ABORT_REPEAT_S)
