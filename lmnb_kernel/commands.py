@@ -146,11 +146,37 @@ def reset(args, session: Session) -> None:
 
 
 def flush(args, session: Session) -> None:
-    """``%lm flush``: evict every unpinned prefix from the radix cache."""
+    """``%lm flush``: evict every unpinned prefix from the radix cache: the in-process engine's, or
+    the server's (``POST /flush_cache``) when connected to an SGLang-protocol server.
+
+    Raises:
+        CellError: requests are running; the server refused or failed the flush; the session is
+            connected to an OpenAI-compatible server, whose API cannot flush a cache.
+    """
+    if session.remote is not None:
+        return _flush_server(session)
     if not session.engine("%lm flush").flush_cache():
         raise CellError("%lm flush: requests are still running; try again when they are done")
     msg = "radix cache flushed (pinned prefixes stay); the engine's hit-rate counters start again"
     display({"text/plain": msg, "text/html": f"<div>{msg}</div>"}, raw=True)
+
+
+def _flush_server(session: Session) -> None:
+    """``%lm flush`` on the server the session is connected to (see ``flush``)."""
+    import lmnb
+    from lmnb.backend.base import BackendError
+
+    backend = session.backend()
+    if not isinstance(backend, lmnb.RuntimeEndpoint):
+        raise CellError(f"%lm flush: {session.remote} speaks the OpenAI-compatible API, which has no route to "
+                        "flush the server's prefix cache; flush it on the server (SGLang and lmnb serve: POST /flush_cache "
+                        "at the server's root URL), or %lm connect to that root URL without --openai")
+    try:
+        backend.flush_cache()
+    except BackendError as e:  # the server's words: e.g. HTTP 409, requests are running
+        raise CellError(f"%lm flush: {e}") from None
+    msg = f"the server's radix cache flushed ({session.remote}); cells after this one prefill their prompts afresh"
+    display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
 
 
 def pin(args, session: Session) -> None:

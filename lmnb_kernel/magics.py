@@ -34,7 +34,7 @@ from lmnb_kernel import commands
 from lmnb_kernel.cellrun import CellOutcome, Listener, run_cell, start_run
 from lmnb_kernel.errors import CellError, cell_interrupt
 from lmnb_kernel.feed import ViewFeeder
-from lmnb_kernel.session import get_session
+from lmnb_kernel.session import NO_TREE_ROUTE, get_session
 from lmnb_kernel.tables import cell_summary
 
 # Output mode for every cell: "live" (a widget while running), "static" (display updates only) or
@@ -65,7 +65,8 @@ def line_parser() -> MagicArgumentParser:
     add("tree", "the radix tree (refreshed after every cell; lmnb run keeps it as it was)")
     add("states", "the named states")
     add("reset", "forget a named state (all without NAME)").add_argument("name", nargs="?")
-    add("flush", "evict every unpinned prefix from the radix cache")
+    add("flush", "evict every unpinned prefix from the radix cache (connected to an SGLang-protocol server: "
+                 "flush the server's cache)")
     add("pin", "keep a named state's prefix in the cache").add_argument("name")
     add("unpin", "let a named state's prefix be evicted again").add_argument("name")
     return p
@@ -189,7 +190,7 @@ class LMMagics(Magics):
         """Display the radix tree view (``%lm tree``)."""
         from lmnb_kernel.widgets import TreeView, kv_bytes_per_token
 
-        engine = self.session.engine("%lm tree")
+        engine = self.session.engine("%lm tree", NO_TREE_ROUTE)
         self.tree_view = TreeView(kv_bytes_per_token=kv_bytes_per_token(engine.model_info()))
         self.tree_view.show(engine.tree_snapshot(), **self.tree_labels(engine))
 

@@ -112,6 +112,11 @@ class Totals:
         self.completion_tokens += completion_tokens
 
 
+# Why %lm pin and %lm tree cannot work on a server (Session.engine's ``why``).
+NO_PIN_ROUTE = "SGLang's server API, which %lm connect speaks, has no route to pin a prefix in the server's cache"
+NO_TREE_ROUTE = "SGLang's server API, which %lm connect speaks, has no route to read the server's radix tree"
+
+
 class Session:
     """Backend, named states and pins of one kernel. All methods are called from the main thread;
     ``close`` may also be called from the kernel's shutdown handler."""
@@ -163,14 +168,15 @@ class Session:
                          f"demo model (del os.environ['{MODEL_ENV}'])")
             raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {e}{hint}") from e
 
-    def engine(self, what: str):
-        """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``).
+    def engine(self, what: str, why: str = ""):
+        """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``; ``why``: why
+        a server cannot do it, said when the session is connected to one).
 
         Raises ``CellError`` if none is running yet or the session is connected to a server.
         """
         if self.remote is not None:
-            raise CellError(f"{what} needs the in-process engine; this kernel is connected to {self.remote} "
-                            "(use %lm load to go back to an in-process engine)")
+            raise CellError(f"{what} needs the in-process engine{f' ({why})' if why else ''}; this kernel is "
+                            f"connected to {self.remote} (use %lm load to go back to an in-process engine)")
         if self._backend is None:
             raise CellError(f"{what}: the engine starts with the first %%lm cell (or %lm load MODEL); none is running yet")
         return self._backend.engine
@@ -242,7 +248,7 @@ class Session:
         is what the next cell continuing the state sends; it is not evicted until ``unpin``.
         """
         named = self.state(name)
-        engine = self.engine("%lm pin")
+        engine = self.engine("%lm pin", NO_PIN_ROUTE)
         try:
             ids = self.prompt_ids(named.state)
             if not ids:

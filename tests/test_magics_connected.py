@@ -1,0 +1,80 @@
+"""``%lm flush``, ``%lm pin`` and ``%lm tree`` while the kernel is connected to a server. ``%lm
+flush`` refused ("needs the in-process engine"), though SGLang's server API (and ``lmnb serve``)
+has ``POST /flush_cache``; it now flushes the server's cache. An OpenAI-compatible API has no such
+route, and SGLang's none to pin a prefix or read the radix tree: those refuse, saying why."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import lmnb
+from lmnb_kernel import commands
+from lmnb_kernel.errors import CellError
+from lmnb_kernel.magics import LMMagics
+from lmnb_kernel.session import Session
+
+from test_lang_server_responses import send, server  # noqa: F401 - fixtures
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """What the commands display (their text/plain)."""
+    out = []
+    monkeypatch.setattr(commands, "display", lambda bundle, raw=False, **kw: out.append(bundle["text/plain"]))
+    return out
+
+
+def _connected(backend, what: str) -> Session:
+    session = Session()
+    session.connect(backend, what)
+    return session
+
+
+def test_flush_while_connected_flushes_the_servers_cache(server, shown):  # noqa: F811
+    posts = []
+    server.answer = lambda h, b: (posts.append(h.path), send(h, 200, b"Cache flushed.\n", "text/plain"))
+    session = _connected(lmnb.RuntimeEndpoint(server.url), f"SGLang-protocol server {server.url}")
+    commands.flush(None, session)
+    assert posts == ["/flush_cache"]
+    assert shown == [f"the server's radix cache flushed (SGLang-protocol server {server.url}); cells after this one "
+                     "prefill their prompts afresh"]
+    # refused while requests run (lmnb serve: 409; SGLang: 400): the server's words, and no "flushed"
+    server.answer = lambda h, b: send(h, 409, b'{"success": false, "message": "Cache not flushed: requests are '
+                                              b'running; retry when idle."}')
+    with pytest.raises(CellError) as e:
+        commands.flush(None, session)
+    assert str(e.value) == (f"%lm flush: POST {server.url}/flush_cache: HTTP 409: Cache not flushed: requests are "
+                            "running; retry when idle.")
+    assert len(shown) == 1
+    session.close()
+
+
+def test_flush_on_an_openai_server_and_pin_and_tree_on_any_server_refuse_saying_why(server, shown):  # noqa: F811
+    posts = []
+    server.answer = lambda h, b: (posts.append(h.path), send(h, 200, b"{}"))
+    what = f"OpenAI-compatible server {server.url}/v1 (model m)"
+    session = _connected(lmnb.OpenAI("m", base_url=server.url + "/v1", api_key="k"), what)
+    with pytest.raises(CellError) as e:
+        commands.flush(None, session)
+    assert str(e.value) == (f"%lm flush: {what} speaks the OpenAI-compatible API, which has no route to flush the "
+                            "server's prefix cache; flush it on the server (SGLang and lmnb serve: POST /flush_cache at the "
+                            "server's root URL), or %lm connect to that root URL without --openai")
+    assert posts == [] and shown == []
+    session.close()
+
+    session = _connected(lmnb.RuntimeEndpoint(server.url), f"SGLang-protocol server {server.url}")
+    session.states["chat"] = types.SimpleNamespace(name="chat", state=None, cells=[1], pin=None)
+    with pytest.raises(CellError) as e:
+        commands.pin(types.SimpleNamespace(name="chat"), session)
+    assert str(e.value) == (
+        "%lm pin needs the in-process engine (SGLang's server API, which %lm connect speaks, has no route to pin a "
+        f"prefix in the server's cache); this kernel is connected to SGLang-protocol server {server.url} (use "
+        "%lm load to go back to an in-process engine)")
+    with pytest.raises(CellError) as e:
+        LMMagics.show_tree(types.SimpleNamespace(session=session))
+    assert str(e.value).startswith("%lm tree needs the in-process engine (SGLang's server API, which %lm connect "
+                                   "speaks, has no route to read the server's radix tree); this kernel is connected")
+    assert posts == [] and shown == []
+    session.close()
