@@ -250,12 +250,13 @@ class LMMagics(Magics):
         # The prompt as typed, from the running cell: IPython cleans a cell up as Python first (it
         # drops '>>> ' / 'In [1]: ' prompts when the second line has one, blanks whitespace-only
         # lines), which changed the prompt, and the export reads it as typed (a --python body is
-        # Python: its clean-up stands). Its first line is the cell's line below the %%lm line.
+        # Python: its clean-up stands). Its first line is the cell's line below the %%lm line, and
+        # columns count the indentation an indented cell's lines share, which IPython took off.
         typed = lm_cell_parts(self.raw_cells[0]) if self.raw_cells else None
-        first_line = 2
+        first_line, indent = 2, ""
         if typed is not None and typed[0] == line.strip():
-            first_line = typed[2]
-            cell = cell if args.python else typed[1]
+            _, body, first_line, indent = typed
+            cell = cell if args.python else body
         cell = cell_body(cell)
         count = _cell_number(self.shell)
         filename = f"<%%lm cell {count}>"
@@ -263,9 +264,10 @@ class LMMagics(Magics):
         try:
             if args.python:
                 define_lmnb(self.shell)  # again: %reset removes it
-                program, params = parse_python(cell, first_line=first_line, filename=filename).program(ns), {}
+                python = parse_python(cell, first_line=first_line, filename=filename, indent=indent)
+                program, params = python.program(ns), {}
             else:
-                template = parse(cell, first_line=first_line, filename=filename)
+                template = parse(cell, first_line=first_line, filename=filename, indent=indent)
                 program, params = template.program(), template.bind(ns)
                 _refuse_ipython_names(template.captures, "the result")
                 _warn_shadowed_builtins(template.captures, ns)

@@ -251,6 +251,19 @@ def test_an_indented_lm_cell_exports_as_the_kernel_runs_it(indent):
         export_notebook(notebook('q = "x"', f"{indent}%%lm\nQ: {{q}}{{gen a max_tokens=1}}"))
 
 
+@pytest.mark.parametrize("cell, where", [
+    ("\t%%lm\n\tQ: {q}{gen a max_token=1}", "line 2, col 15"),  # the tab is a character: 'm' is the 15th
+    ("%%time\n  %%lm\n  Q: {q}{gen a max_token=1}", "line 3, col 16"),  # IPython dedents the %%time body
+    ("  %%time\n    %%lm\n    Q: {q}{gen a max_token=1}", "line 3, col 18"),  # ... after the cell
+])
+def test_an_indented_lm_cell_is_refused_at_its_column_as_typed(cell, where):
+    """The columns of an indented %%lm cell were counted without the indentation its lines share
+    (col 14 for each of these), left of the text they named; the kernel counts it too."""
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "x"', cell))
+    assert str(e.value).startswith(f"cell 2 (%%lm): {where}: gen has no option 'max_token'"), str(e.value)
+
+
 def test_a_pasted_session_in_a_python_lm_cell_exports_as_the_kernel_runs_it():
     """IPython takes the '>>> ' / '... ' prompts of a pasted session off a --python body, so the
     kernel runs it; the exporter parsed the body as typed: "invalid syntax"."""

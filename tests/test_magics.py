@@ -276,7 +276,13 @@ def test_an_indented_cell_is_read_as_typed_less_the_indentation_its_lines_share(
     assert result.success, out.stdout
     assert ip.user_ns["ind_st"].text() == ">>> 2 + 2\n4\n   \n" + ip.user_ns["ind_a"]
     _, out = run(ip, indented("%%lm", ">>> 1", "{gen a max_token=3}"))  # (and its lines are the cell's)
-    assert f"line {3 + bool(above)}, col 8: gen has no option 'max_token'" in out.stdout
+    # and its columns: 'max_token' is the 10th character of "  {gen a max_token=3}" (it said col 8)
+    assert f"line {3 + bool(above)}, col 10: gen has no option 'max_token'" in out.stdout
+    assert "\n      {gen a max_token=3}\n             ^" in out.stdout  # the line as typed, the caret under 'm'
+    _, out = run(ip, indented("%%lm", "Hi {nobody_defined_this}"))  # a run-time error: as typed too
+    assert f"line {2 + bool(above)}, col 7: name 'nobody_defined_this' is not defined" in out.stdout
+    _, out = run(ip, indented("%%lm --python", "s += 'a'", "if False:", "    yield 1"))  # yield: 7th as typed
+    assert f"line {4 + bool(above)}, col 7: a --python body cannot use yield" in out.stdout
 
 
 def test_a_cell_cancelled_without_a_result_does_not_leave_its_text_behind(ip):

@@ -510,6 +510,37 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
     assert str(e.value).startswith("line 1, col 22: gen option max_tokens=1 // zero failed: ZeroDivisionError")
 
 
+@pytest.mark.parametrize("indent, col", [("    ", 12), ("\t", 9)])
+def test_columns_count_the_indentation_an_indented_cell_was_typed_with(indent, col):
+    # an indented %%lm cell is read without the indentation its lines share (IPython drops it);
+    # its columns were counted without it too, so they pointed left of the text they named
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse("x\n{gen a max_token=3}", first_line=2, indent=indent)  # as typed: indent + "{gen a max_token=3}"
+    assert (e.value.line, e.value.col) == (3, col)  # 'max_token' is the typed line's 8th character past indent
+    assert str(e.value).startswith(f"line 3, col {col}: gen has no option 'max_token'")
+    assert f"\n    {indent}{{gen a max_token=3}}\n    {indent}       ^" in str(e.value)  # the caret under 'm'
+
+
+def test_every_position_an_indented_cell_reports_is_as_typed():
+    # typed "  {f(a]}": '(' is the 5th character, ']' the 7th
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse("{f(a]}", first_line=2, indent="  ")
+    assert str(e.value).startswith("line 2, col 7: ']' does not match '(' opened at col 5")
+    with pytest.raises(TemplateSyntaxError) as e:  # typed "  {user}" ... "  {/assistant}"
+        parse("{user}\nhi\n{/assistant}", first_line=2, indent="  ")
+    assert str(e.value).startswith("line 4, col 3: {/assistant} does not match {user} opened at line 2, col 3")
+    t = parse("Hi {who}\nand {1 / zero}", first_line=2, indent="  ")  # typed "  Hi {who}", "  and {1 / zero}"
+    with pytest.raises(TemplateRuntimeError) as e:
+        t.bind({})
+    assert (e.value.line, e.value.col) == (2, 7)
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func, **t.bind({"who": "x", "zero": 0}))
+    assert (e.value.line, e.value.col) == (3, 8)
+    with pytest.raises(TemplateSyntaxError) as e:  # typed "\tif False:", "\t    yield 1": yield is the 6th
+        parse_python("s += 'Hi'\nif False:\n    yield 1", first_line=2, indent="\t")
+    assert (e.value.line, e.value.col) == (4, 6)
+
+
 @pytest.mark.parametrize(
     "cell, kernel, col, words",
     [

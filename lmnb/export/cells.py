@@ -138,28 +138,28 @@ def read_cells(nb) -> list[Cell]:
     return out
 
 
-def _cell_magic(source: str) -> tuple[str, str, str, int]:
-    """(name, first line, body, lines above the first line) of a cell that begins with a cell
-    magic; ("", "", source, 0) otherwise. As in IPython, blank lines above the magic are skipped
-    and the indentation all lines share is dropped (so an indented ``%%lm`` cell is one); the body
-    is otherwise as typed. The first line ends where IPython ends it, at any line break
+def _cell_magic(source: str) -> tuple[str, str, str, int, str]:
+    """(name, first line, body, lines above the first line, indentation dropped) of a cell that
+    begins with a cell magic; ("", "", source, 0, "") otherwise. As in IPython, blank lines above
+    the magic are skipped and the indentation all lines share is dropped (so an indented ``%%lm``
+    cell is one; the last item is that indentation); the body is otherwise as typed. The first line ends where IPython ends it, at any line break
     ``str.splitlines`` knows (a lone ``\r`` too); the body keeps its own line breaks."""
     lines = source.splitlines(keepends=True)
     skipped = next((i for i, line in enumerate(lines) if not line.isspace()), len(lines))
-    text = _dedent("".join(lines[skipped:]))
+    text, margin = _dedent("".join(lines[skipped:]))
     line = text.splitlines(keepends=True)[0] if text else ""
     first, body = (line.splitlines() or [""])[0], text[len(line):]
     if not first.startswith("%%"):
-        return "", "", source, 0
-    return (first[2:].split(None, 1)[0] if first[2:].strip() else ""), first, body, skipped
+        return "", "", source, 0, ""
+    return (first[2:].split(None, 1)[0] if first[2:].strip() else ""), first, body, skipped, margin
 
 
-def _dedent(text: str) -> str:
-    """``text`` less the leading spaces and tabs its lines with text all begin with, as IPython
-    (``textwrap.dedent``) takes them off a cell, but with lines of only whitespace kept as typed
-    (beyond that indentation): they are part of a prompt."""
+def _dedent(text: str) -> tuple[str, str]:
+    """(``text`` less the leading spaces and tabs its lines with text all begin with, those spaces
+    and tabs): as IPython (``textwrap.dedent``) takes them off a cell, but with lines of only
+    whitespace kept as typed (beyond that indentation): they are part of a prompt."""
     margin = os.path.commonprefix(_INDENT.findall(text))
-    return re.sub("(?m)^" + re.escape(margin), "", text) if margin else text
+    return (re.sub("(?m)^" + re.escape(margin), "", text) if margin else text), margin
 
 
 def _ipython_magic_body(source: str) -> str:
@@ -178,38 +178,41 @@ def _ipython_magic_body(source: str) -> str:
 def is_lm_cell(source: str) -> bool:
     """Whether a code cell runs a ``%%lm`` program: it begins with ``%%lm``, or with a cell magic
     whose body IPython runs as a cell (``%%time``) over one."""
-    name, _, body, _ = _cell_magic(source)
+    name, _, body, _, _ = _cell_magic(source)
     return name == "lm" or (name in PYTHON_BODY_MAGICS and is_lm_cell(body))
 
 
-def lm_cell_parts(source: str) -> tuple[str, str, int] | None:
-    """(options line, body, cell line of the body's first line) of a cell's source that runs a
-    ``%%lm`` program, as typed (it may stand below ``%%time``, ``%%timeit``, ``%%capture`` and
-    blank lines, and be indented: see ``_cell_magic``); None for any other cell."""
-    first_line = 1
+def lm_cell_parts(source: str) -> tuple[str, str, int, str] | None:
+    """(options line, body, cell line of the body's first line, indentation taken off the body's
+    lines) of a cell's source that runs a ``%%lm`` program, as typed (it may stand below ``%%time``,
+    ``%%timeit``, ``%%capture`` and blank lines, and be indented: see ``_cell_magic``; error columns
+    count the indentation back); None for any other cell."""
+    first_line, indent = 1, ""
     while True:
-        name, first, body, skipped = _cell_magic(source)
+        name, first, body, skipped, margin = _cell_magic(source)
         if not first or (name != "lm" and name not in PYTHON_BODY_MAGICS):
             return None
         first_line += skipped + 1  # (the line below the magic's)
+        indent += margin  # (a %%time body is dedented again when IPython runs it)
         if name == "lm":
-            return first[4:].strip(), body, first_line
+            return first[4:].strip(), body, first_line, indent
         source = body
 
 
-def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cell:
+def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent: str = "") -> Cell:
     """The cell of ``source``, which starts at line ``first_line`` of the notebook cell (below a
-    ``%%time``, say): errors give the notebook cell's lines, as the kernel does."""
-    name, first, body, skipped = _cell_magic(source)
+    ``%%time``, say) with ``indent`` taken off its lines: errors give the notebook cell's lines
+    and columns, as the kernel does."""
+    name, first, body, skipped, margin = _cell_magic(source)
     if first:
         # the line below the magic's line, past the blank lines IPython skips before it
-        body_line = first_line + skipped + 1
+        body_line, indent = first_line + skipped + 1, indent + margin
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
             return _lm_cell(index, first[4:].strip(), cell_body(body), body_line,
-                            cell_body(_ipython_magic_body(source)))
+                            cell_body(_ipython_magic_body(source)), indent)
         if name in PYTHON_BODY_MAGICS:
             # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
-            inner = (_code_cell(index, body, tags, body_line) if _cell_magic(body)[1]
+            inner = (_code_cell(index, body, tags, body_line, indent) if _cell_magic(body)[1]
                      else python_cell(index, body, tags, body_line))
             if isinstance(inner, Code) and inner.magic is None:
                 inner.magic = first.strip()
@@ -222,9 +225,10 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1) -> Cel
     return python_cell(index, source, tags)
 
 
-def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str) -> LMCell:
+def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str, indent: str = "") -> LMCell:
     """The ``%%lm`` cell of options ``line``: a prompt ``body`` as typed, or with ``--python``
-    ``python_body``, the body as IPython cleaned it up (``_ipython_magic_body``), as the kernel runs them."""
+    ``python_body``, the body as IPython cleaned it up (``_ipython_magic_body``), as the kernel runs
+    them; ``indent`` was taken off the lines of an indented cell (error columns count it)."""
     from lmnb.template import TemplateError, parse, parse_python
 
     try:
@@ -237,12 +241,12 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
     try:
         if options.python:
             body = python_body
-            program = parse_python(body, first_line=first_line, filename=filename)
+            program = parse_python(body, first_line=first_line, filename=filename, indent=indent)
             reads = python_program_reads(body)
             return LMCell(index, line, options, python=program, reads=reads,
                           captures=python_program_captures(program.tree),
                           mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"))
-        template = parse(body, first_line=first_line, filename=filename)
+        template = parse(body, first_line=first_line, filename=filename, indent=indent)
     except TemplateError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
     return LMCell(index, line, options, template=template, reads=template.arguments, captures=template.captures)

@@ -5,11 +5,19 @@ from __future__ import annotations
 import re
 
 
-def line_col(source: str, offset: int, first_line: int = 1) -> tuple[int, int]:
-    """1-based (line, column) of character ``offset`` in ``source``; ``first_line`` numbers line 1."""
+def line_col(source: str, offset: int, first_line: int = 1, indent: str = "") -> tuple[int, int]:
+    """1-based (line, column) of character ``offset`` in ``source``; ``first_line`` numbers line 1.
+
+    ``indent`` is the indentation taken off each line of an indented cell (IPython drops what the
+    lines of a cell share) before ``source`` was read: the column counts it, as the cell was typed.
+    An empty line keeps column 1 (as typed it may have been shorter than ``indent``).
+    """
     offset = max(0, min(offset, len(source)))
     line = source.count("\n", 0, offset)
-    col = offset - (source.rfind("\n", 0, offset) + 1) + 1
+    start = source.rfind("\n", 0, offset) + 1
+    col = offset - start + 1
+    if indent and source[start:start + 1] not in ("", "\n"):
+        col += len(indent)
     return line + first_line, col
 
 
@@ -47,22 +55,28 @@ class TemplateError(Exception):
 
     ``str(err)`` is ``"line L, col C: message"`` followed by the offending source line with a caret
     under the column and, when there is one, a hint that says how to fix it.
+
+    ``indent`` is the indentation taken off the lines of an indented cell before ``source`` was
+    read (see ``line_col``): the column and the line shown are those of the cell as typed.
     """
 
     kind = "error"
 
-    def __init__(self, message: str, source: str, offset: int, first_line: int = 1, hint: str | None = None):
+    def __init__(self, message: str, source: str, offset: int, first_line: int = 1, hint: str | None = None,
+                 indent: str = ""):
         self.message = message
         self.hint = hint
-        self.line, self.col = line_col(source, offset, first_line)
+        self.line, self.col = line_col(source, offset, first_line, indent)
         lines = source.split("\n")
         self.source_line = lines[self.line - first_line] if 0 <= self.line - first_line < len(lines) else ""
+        self._margin = indent if indent and self.source_line else ""  # (put back: the line as typed)
+        self.source_line = self._margin + self.source_line
         super().__init__(self._render())
 
     def _render(self) -> str:
         out = f"line {self.line}, col {self.col}: {self.message}"
-        if self.source_line.strip():
-            out += f"\n    {self.source_line}\n    {' ' * (self.col - 1)}^"
+        if self.source_line.strip():  # (a tab in the margin stays a tab, so the caret lines up under it)
+            out += f"\n    {self.source_line}\n    {self._margin}{' ' * (self.col - 1 - len(self._margin))}^"
         if self.hint:
             out += f"\n  hint: {self.hint}"
         return out

@@ -24,6 +24,10 @@ class _Run:
         self.t = template
         self.args = arguments
 
+    def error(self, message: str, offset: int) -> TemplateRuntimeError:
+        """The failure ``message`` at character ``offset`` of the cell body, placed in the cell as typed."""
+        return TemplateRuntimeError(message, self.t.source, offset, self.t.first_line, indent=self.t.indent)
+
     def block(self, s, nodes, local: dict[str, Any]) -> None:
         run: list = []
         for node in nodes:
@@ -54,12 +58,12 @@ class _Run:
             kwargs[o.key] = value = self.value(o.value, s, local, f"{node.primitive} option {o.key}={o.value.source}")
             problem = _check_value(node.primitive, o.key, value)
             if problem:  # a value from a variable gets the check a literal got at parse time
-                raise TemplateRuntimeError(problem, self.t.source, o.value.offset, self.t.first_line)
+                raise self.error(problem, o.value.offset)
         fn = getattr(lmnb, node.primitive)
         try:
             return fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
         except (TypeError, ValueError) as e:  # lmnb refused a value the check above lets through
-            raise TemplateRuntimeError(f"{node.primitive}: {e}", self.t.source, node.offset, self.t.first_line) from e
+            raise self.error(f"{node.primitive}: {e}", node.offset) from e
 
     def media(self, node: Media, s, local):
         import lmnb
@@ -71,7 +75,7 @@ class _Run:
         try:
             return lmnb.video(source, frames)
         except ValueError as e:  # a frame count that is not a positive int
-            raise TemplateRuntimeError(str(e), self.t.source, node.frames.offset, self.t.first_line) from e
+            raise self.error(str(e), node.frames.offset) from e
 
     def role(self, node: Role, s, local) -> None:
         import lmnb
@@ -90,7 +94,7 @@ class _Run:
             try:
                 fork_count(n)
             except ValueError as e:
-                raise TemplateRuntimeError(str(e), self.t.source, node.count.offset, self.t.first_line) from None
+                raise self.error(str(e), node.count.offset) from None
             forks = s.fork(n)
             for f in forks:
                 self.block(f, node.body, local)
@@ -99,21 +103,18 @@ class _Run:
             try:
                 items = list(items)
             except TypeError as e:
-                raise TemplateRuntimeError(f"{node.items.source} is not iterable (got {type(items).__name__}); a "
-                                           "fork makes one branch per item", self.t.source, node.items.offset,
-                                           self.t.first_line) from e
+                raise self.error(f"{node.items.source} is not iterable (got {type(items).__name__}); a "
+                                 "fork makes one branch per item", node.items.offset) from e
             if not items:
-                raise TemplateRuntimeError(f"{node.items.source} has no items; a fork needs at least one branch",
-                                           self.t.source, node.items.offset, self.t.first_line)
+                raise self.error(f"{node.items.source} has no items; a fork needs at least one branch",
+                                 node.items.offset)
             forks = s.fork(len(items))
             for f, item in zip(forks, items):
                 inner = dict(local)
                 try:
                     _bind(node.target, item, inner)
                 except (TypeError, ValueError) as e:
-                    raise TemplateRuntimeError(
-                        f"fork target: {e}", self.t.source, node.items.offset, self.t.first_line
-                    ) from e
+                    raise self.error(f"fork target: {e}", node.items.offset) from e
                 self.block(f, node.body, inner)
         if node.join == "gather_variable":
             forks.join()
@@ -126,9 +127,7 @@ class _Run:
             return node.render(value)
         except Exception as e:  # a __str__ / __format__ that raises anything else is the hole's failure too
             detail = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
-            raise TemplateRuntimeError(
-                f"cannot format {{{node.expr.source}}}: {detail}", self.t.source, node.offset, self.t.first_line
-            ) from e
+            raise self.error(f"cannot format {{{node.expr.source}}}: {detail}", node.offset) from e
 
     def value(self, expr: Expr, s, local: dict[str, Any], what: str = ""):
         """``expr`` evaluated; a failure is a ``TemplateRuntimeError`` at it, naming ``what`` it is
@@ -138,10 +137,8 @@ class _Run:
                       for name, kind in expr.refs]
             return eval(expr.code, {"__builtins__": builtins})(*values)
         except Exception as e:
-            raise TemplateRuntimeError(
-                f"{what or '{' + expr.source + '}'} failed: {type(e).__name__}: {e}", self.t.source, expr.offset,
-                self.t.first_line
-            ) from e
+            raise self.error(f"{what or '{' + expr.source + '}'} failed: {type(e).__name__}: {e}",
+                             expr.offset) from e
 
 
 def _check_value(primitive: str, key: str, value):

@@ -82,8 +82,10 @@ class _Block:
     outer_scope: _Scope | None = None
 
 
-def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> Template:
-    """Parse a cell body. ``first_line`` is the cell line of the body's first line (2 under ``%%lm``).
+def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>", indent: str = "") -> Template:
+    """Parse a cell body. ``first_line`` is the cell line of the body's first line (2 under ``%%lm``);
+    ``indent`` the indentation taken off each line of an indented cell, which columns count (so
+    errors point into the cell as typed).
 
     Returns a ``Template``. Raises ``TemplateSyntaxError`` (with line and column) for any cell that
     does not follow the grammar.
@@ -91,13 +93,14 @@ def parse(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> Te
     from lmnb.template.template import Template
 
     source = source.replace("\r\n", "\n").replace("\r", "\n")  # a lone \r ends a line for Python too
-    return Template(**_Parser(source, first_line, filename).run())
+    return Template(**_Parser(source, first_line, filename, indent).run())
 
 
 class _Parser:
-    def __init__(self, source: str, first_line: int, filename: str):
+    def __init__(self, source: str, first_line: int, filename: str, indent: str = ""):
         self.src = source
         self.first_line = first_line
+        self.indent = indent
         self.filename = filename
         self.scope = _Scope()
         self.top = self.scope
@@ -107,17 +110,17 @@ class _Parser:
 
     # -- errors ---------------------------------------------------------------------------------
     def error(self, message: str, offset: int, hint: str | None = None) -> TemplateSyntaxError:
-        return TemplateSyntaxError(message, self.src, offset, self.first_line, hint)
+        return TemplateSyntaxError(message, self.src, offset, self.first_line, hint, self.indent)
 
     def where(self, offset: int) -> str:
         from lmnb.template.errors import line_col
 
-        line, col = line_col(self.src, offset, self.first_line)
+        line, col = line_col(self.src, offset, self.first_line, self.indent)
         return f"line {line}, col {col}"
 
     # -- driver ---------------------------------------------------------------------------------
     def run(self) -> dict:
-        pieces = scan(self.src, self.first_line)
+        pieces = scan(self.src, self.first_line, self.indent)
         holes = {p.start: self.classify(p.start, p.end) for p in pieces if p.kind == "hole"}
         deleted = self.standalone_lines(pieces, holes)
         for p in pieces:
@@ -140,6 +143,7 @@ class _Parser:
             argument_offsets=dict(self.arguments),
             captures=tuple(self.top.captured),
             first_line=self.first_line,
+            indent=self.indent,
             filename=self.filename,
         )
 

@@ -59,32 +59,33 @@ class PythonCell:
         return f"@lmnb.function\ndef {name}({', '.join(['s', *parameters])}):\n" + "\n".join(lines) + "\n"
 
 
-def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>") -> PythonCell:
-    """Parse a ``%%lm --python`` body. Raises ``TemplateSyntaxError`` with the cell line and column."""
+def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>", indent: str = "") -> PythonCell:
+    """Parse a ``%%lm --python`` body. Raises ``TemplateSyntaxError`` with the cell line and column
+    (``indent``: the indentation taken off each line of an indented cell, which columns count)."""
     source = source.replace("\r\n", "\n").replace("\r", "\n")  # a lone \r ends a line for Python too
     lone = LONE_SURROGATE.search(source)
     if lone:
-        raise TemplateSyntaxError(surrogate_problem(lone.group()), source, lone.start(), first_line)
+        raise TemplateSyntaxError(surrogate_problem(lone.group()), source, lone.start(), first_line, indent=indent)
     try:
         tree = ast.parse(source, filename=filename)
     except (MemoryError, RecursionError):
-        raise TemplateSyntaxError(TOO_DEEP, source, 0, first_line, TOO_DEEP_HINT) from None
+        raise TemplateSyntaxError(TOO_DEEP, source, 0, first_line, TOO_DEEP_HINT, indent) from None
     except SyntaxError as e:
         lines = source.split("\n")
         lineno = min(max(e.lineno or 1, 1), len(lines))
         offset = offset_of(source, lineno, max((e.offset or 1) - 1, 0))
-        raise TemplateSyntaxError(f"invalid Python: {e.msg}", source, offset, first_line) from None
+        raise TemplateSyntaxError(f"invalid Python: {e.msg}", source, offset, first_line, indent=indent) from None
     found = _yield_in_body(tree)
     if found is not None:  # the body would become a generator function: the cell would run nothing
         raise TemplateSyntaxError("a --python body cannot use yield: it runs as the program's function, which "
                                   "yield would turn into a generator that never runs; use s += ... instead",
-                                  source, node_offset(source, found), first_line)
+                                  source, node_offset(source, found), first_line, indent=indent)
     found = _assignment_to_s(tree)
     if found is not None:  # s = "..." leaves the state behind: nothing after it reaches the model
         raise TemplateSyntaxError("s is the program's state; binding it (s = ..., for s in ..., import ... as s) "
                                   "replaces it with another value, so nothing after it reaches the model; add to "
                                   "it with s += ... (or use another name)",
-                                  source, node_offset(source, found), first_line)
+                                  source, node_offset(source, found), first_line, indent=indent)
     ast.increment_lineno(tree, first_line - 1)
     cell = PythonCell(source, first_line, filename, tree)
     try:  # what only a function body refuses (await, nonlocal) shows here, not as a traceback later
@@ -93,7 +94,7 @@ def parse_python(source: str, first_line: int = 1, filename: str = "<%%lm cell>"
         line = min(max((e.lineno or first_line) - first_line + 1, 1), source.count("\n") + 1)
         offset = offset_of(source, line, max((e.offset or 1) - 1, 0))
         raise TemplateSyntaxError(f"invalid Python in a --python body (it runs as the program's function): "
-                                  f"{e.msg}", source, offset, first_line) from None
+                                  f"{e.msg}", source, offset, first_line, indent=indent) from None
     return cell
 
 

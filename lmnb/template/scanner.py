@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmnb.template.errors import TemplateSyntaxError
+from lmnb.template.errors import TemplateSyntaxError, line_col
 
 _OPEN = "([{"
 _CLOSE = {")": "(", "]": "[", "}": "{"}
@@ -27,8 +27,9 @@ class Piece:
     end: int
 
 
-def scan(source: str, first_line: int = 1) -> list[Piece]:
-    """Pieces covering ``source`` in order. Raises ``TemplateSyntaxError`` for lone or unclosed braces."""
+def scan(source: str, first_line: int = 1, indent: str = "") -> list[Piece]:
+    """Pieces covering ``source`` in order. Raises ``TemplateSyntaxError`` for lone or unclosed braces
+    (``first_line`` and ``indent`` place it in the cell as typed: see ``errors.line_col``)."""
     pieces: list[Piece] = []
     i = text_start = 0
     n = len(source)
@@ -38,7 +39,7 @@ def scan(source: str, first_line: int = 1) -> list[Piece]:
             if source.startswith("{{", i):
                 i += 2
                 continue
-            end = hole_end(source, i, first_line)
+            end = hole_end(source, i, first_line, indent)
             if text_start < i:
                 pieces.append(Piece("text", text_start, i))
             pieces.append(Piece("hole", i, end))
@@ -48,7 +49,7 @@ def scan(source: str, first_line: int = 1) -> list[Piece]:
                 i += 2
                 continue
             raise TemplateSyntaxError(
-                "single '}' outside a hole", source, i, first_line, hint="write '}}' for a literal '}'"
+                "single '}' outside a hole", source, i, first_line, indent=indent, hint="write '}}' for a literal '}'"
             )
         else:
             i += 1
@@ -62,14 +63,14 @@ def decode_text(raw: str) -> str:
     return raw.replace("{{", "{").replace("}}", "}")
 
 
-def hole_end(source: str, start: int, first_line: int = 1) -> int:
+def hole_end(source: str, start: int, first_line: int = 1, indent: str = "") -> int:
     """Index one past the ``}`` that closes the hole opened at ``source[start] == "{"``."""
     stack: list[tuple[str, int]] = []
     j = start + 1
     while j < len(source):
         c = source[j]
         if c in "'\"":
-            j = string_end(source, j, first_line)
+            j = string_end(source, j, first_line, indent)
             continue
         if c in _OPEN:
             stack.append((c, j))
@@ -77,21 +78,21 @@ def hole_end(source: str, start: int, first_line: int = 1) -> int:
             if not stack:
                 if c == "}":
                     return j + 1
-                raise TemplateSyntaxError(f"unmatched '{c}' in hole", source, j, first_line)
+                raise TemplateSyntaxError(f"unmatched '{c}' in hole", source, j, first_line, indent=indent)
             opener, at = stack.pop()
             if opener != _CLOSE[c]:
                 raise TemplateSyntaxError(
-                    f"'{c}' does not match '{opener}' opened at col {at - source.rfind(chr(10), 0, at)}",
-                    source, j, first_line,
+                    f"'{c}' does not match '{opener}' opened at col {line_col(source, at, 1, indent)[1]}",
+                    source, j, first_line, indent=indent,
                 )
         j += 1
     raise TemplateSyntaxError(
-        "'{' opens a hole that is never closed", source, start, first_line,
+        "'{' opens a hole that is never closed", source, start, first_line, indent=indent,
         hint="close the hole with '}', or write '{{' for a literal '{'",
     )
 
 
-def string_end(source: str, start: int, first_line: int = 1) -> int:
+def string_end(source: str, start: int, first_line: int = 1, indent: str = "") -> int:
     """Index one past the Python string literal whose opening quote is at ``start``.
 
     A backslash always skips the next character (true for raw strings too, as far as finding the
@@ -111,7 +112,7 @@ def string_end(source: str, start: int, first_line: int = 1) -> int:
         if c == "\n" and not triple:
             break
         j += 1
-    raise TemplateSyntaxError("unterminated string literal in hole", source, start, first_line)
+    raise TemplateSyntaxError("unterminated string literal in hole", source, start, first_line, indent=indent)
 
 
 def top_level(text: str):

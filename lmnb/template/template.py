@@ -45,6 +45,7 @@ class Template:
         captures: variables the program captures at top level (gen/select names, and lists gathered
             from fork branches), in order.
         first_line: cell line number of the body's first line (error positions count from it).
+        indent: the indentation taken off each line of an indented cell (error columns count it).
     """
 
     source: str
@@ -52,6 +53,7 @@ class Template:
     arguments: tuple[str, ...]
     captures: tuple[str, ...]
     first_line: int = 1
+    indent: str = ""
     filename: str = "<%%lm cell>"
     argument_offsets: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -65,7 +67,7 @@ class Template:
 
     def where(self, offset: int) -> tuple[int, int]:
         """(line, col) in the cell of a character offset of ``source``."""
-        return line_col(self.source, offset, self.first_line)
+        return line_col(self.source, offset, self.first_line, self.indent)
 
     def bind(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
         """Program arguments (parameter name → value) read from ``namespace`` (the kernel's variables).
@@ -78,7 +80,7 @@ class Template:
             if name not in namespace:
                 raise TemplateRuntimeError(
                     f"name {name!r} is not defined", self.source, self.argument_offsets.get(name, 0),
-                    self.first_line, hint=f"define {name} in a Python cell first, or write {{{{ }}}} for literal braces",
+                    self.first_line, indent=self.indent, hint=f"define {name} in a Python cell first, or write {{{{ }}}} for literal braces",
                 )
             out[params[name]] = namespace[name]
         return out
