@@ -456,22 +456,34 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
     Raises:
         RuntimeError: with ``stream``, the body's thread could not be started; the state runs no
             body then, so it can be read and continued.
+        KeyboardInterrupt: with ``stream``, Ctrl-C while the body's thread was starting: the state
+            is aborted, as by Ctrl-C while reading it, so a body that had begun stops at its next
+            primitive (and marks the state when it returns); one that had not begun never runs.
     """
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
         ex = state.stream_executor
         ex.body_thread = -1  # started below
         ctx = contextvars.copy_context()
+        # taken by the body as it begins, or by a start that Ctrl-C cut short: then the body never runs
+        claim = threading.Lock()
+
+        def body() -> None:
+            if claim.acquire(blocking=False):
+                _run_body(state, program.func, args, kwargs, False)
+
         try:
-            threading.Thread(
-                target=ctx.run, args=(_run_body, state, program.func, args, kwargs, False), daemon=True
-            ).start()
-        except RuntimeError as e:  # ("can't start new thread": too many threads; not BaseException: a Ctrl-C
-            # in Thread.start's wait for a thread that did start must not land here)
+            threading.Thread(target=ctx.run, args=(body,), daemon=True).start()
+        except RuntimeError as e:  # ("can't start new thread": too many threads)
             ex.end_body()  # no body runs: the state is not left "still running" one forever
             raise RuntimeError(f"run(stream=True) could not start the thread for the program body: "
                                f"{type(e).__name__}: {e}; nothing of the body ran; retry once fewer threads "
                                "run, or run without stream=True") from e
+        except KeyboardInterrupt:  # the thread may have started, and its body begun: no one would own it
+            state.abort()
+            if claim.acquire(blocking=False):  # the body had not begun, and now never will
+                ex.end_body()
+            raise
         return state
     _run_body(state, program.func, args, kwargs, raise_errors)
     return state

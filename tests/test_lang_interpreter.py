@@ -2390,6 +2390,57 @@ def test_a_streamed_run_whose_thread_cannot_start_fails_and_leaves_the_state_usa
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("when", ["before the thread started", "before the body began", "after the body began"])
+def test_ctrl_c_while_a_streamed_run_starts_its_thread_leaves_no_body_running_unowned(monkeypatch, when):
+    """A KeyboardInterrupt in Thread.start of run(stream=True) propagated while the state went on:
+    a body that had begun was not stopped (its gen was sent for no one), one that had not begun yet
+    ran later, and with no thread started the state stayed "still running" a body forever. Now the
+    state is aborted, as by Ctrl-C while reading it, and a body that had not begun never runs."""
+    be = ScriptedBackend()
+    began, release, ran = threading.Event(), threading.Event(), []
+
+    @sgl.function
+    def first(s):
+        s += "A"
+
+    @sgl.function
+    def more(s):
+        ran.append("began")
+        began.set()
+        release.wait(30)
+        s += "B" + sgl.gen("b", max_tokens=1)
+
+    st = first.run(backend=be)
+    real_start, threads, gate = threading.Thread.start, [], threading.Event()
+
+    def interrupted_start(self):  # Ctrl-C landing in Thread.start, at the point `when` names
+        if when == "before the thread started":
+            raise KeyboardInterrupt
+        threads.append(self)
+        if when == "before the body began":  # the new thread waits at the gate until the interrupt is handled
+            target = self._target
+            self._target = lambda *a: (gate.wait(30), target(*a))
+        real_start(self)
+        if when == "after the body began":
+            began.wait(30)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt):
+        more.run(backend=be, state=st, stream=True)
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    gate.set()
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert not st.stream_executor.runs_a_body()
+    assert ran == (["began"] if when == "after the body began" else [])
+    assert isinstance(st.error(), sgl.ProgramAborted)
+    assert "generate" not in be.kinds() and st.stream_executor.text_ == "A"  # nothing of the body's went on
+    assert first.run(backend=be, state=st, stream=True).text() == "AA"  # the state continues as before
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_join_waits_for_the_body_running_on_a_fork_branch(stream):
     """A join waited for a branch running run(state=branch) to be idle only, not for its body to
