@@ -276,6 +276,20 @@ def test_a_pasted_session_in_a_python_lm_cell_exports_as_the_kernel_runs_it():
     assert 's += ">>> 1\\n"' in export_notebook(notebook("%%lm\n>>> 1\n{gen a max_tokens=1}"))[0]
 
 
+def test_a_python_lm_cell_of_comments_only_exports_as_the_program_the_kernel_runs():
+    """The kernel runs a --python body of comments only as a program that adds nothing; the
+    exporter failed on it with a bare IndentationError traceback (reading the names it uses)."""
+    from helpers_lang import ScriptedBackend
+
+    source, p = export_notebook(notebook('q = "x"', "%%lm --python\n# to do: ask about {q}\n",
+                                         "%%lm\nQ: {q}{gen a max_tokens=1}"))
+    assert "    # to do: ask about {q}\n    pass\n" in source
+    assert [c.reads for c in p.lm_cells] == [(), ("q",)]  # (the comment reads nothing)
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    assert ns["cell_2"].run(backend=ScriptedBackend()).text() == ""
+
+
 def test_a_cell_magic_line_ends_at_a_lone_carriage_return_as_in_ipython():
     """IPython ends a cell's first line at a lone \\r (str.splitlines); the exporter read the whole
     cell as the %%lm line: "unrecognized arguments: {q}{gen a max_tokens=1}"."""

@@ -462,8 +462,9 @@ def _bound_by(stmt: ast.stmt) -> list[str]:
 
 def python_program_reads(body: str) -> tuple:
     """Global names a ``%%lm --python`` body reads (it runs as ``def cell(s): <body>``)."""
-    # Indenting changes multi-line strings' text but not which names the body reads.
-    wrapped = "def _cell(s):\n" + textwrap.indent(body.rstrip("\n") or "pass", "    ", lambda _: True) + "\n"
+    # Indenting changes multi-line strings' text but not which names the body reads; the closing
+    # pass gives a body of comments only (which the kernel runs, as nothing) a statement.
+    wrapped = "def _cell(s):\n" + textwrap.indent(body.rstrip("\n"), "    ", lambda _: True) + "\n    pass\n"
     table = symtable.symtable(wrapped, "<cell>", "exec")
     read = _nested_globals(table)
     return _in_order(ast.parse(wrapped), read)
