@@ -69,6 +69,9 @@ def check_literal(primitive: str, key: str, value) -> str | None:
     elif key == "choices":
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
             return "choices must be a non-empty list of strings"
+        empty = next((i for i, c in enumerate(value, start=1) if not c), None)
+        if empty is not None:  # (lmnb.select refuses it too, but once the cell runs, pointing at the hole)
+            return f"choices must be non-empty strings: choice {empty} of {len(value)} is ''"
     elif key in ("max_tokens", "min_tokens") and not (_is_int(value) and value >= 0):
         return f"{key} must be an integer >= 0, got {value!r}"
     elif key == "n" and not (_is_int(value) and value >= 1):
