@@ -49,6 +49,34 @@ def executed(tmp_path_factory, tiny_checkpoint_factory):
     return done, ckpt, printed_summary
 
 
+@pytest.mark.parametrize("cell, problem", [
+    ('{"cell_type": "code", "source": 5, "metadata": {}, "outputs": []}', "cell 2 has the source 5, not text"),
+    ('{"cell_type": "code", "source": null, "metadata": {}, "outputs": []}', "cell 2 has no source"),
+    ('{"cell_type": "code", "metadata": {}, "outputs": []}', "cell 2 has no source"),
+    ('{"source": "x = 1", "metadata": {}}', "cell 2 has no cell_type"),
+    ('{"cell_type": "markdown", "source": {"a": 1}, "metadata": {}}', "cell 2 has the source {'a': 1}, not text"),
+])
+def test_a_notebook_cell_without_a_type_or_text_is_named_by_run_and_export(tmp_path, capsys, cell, problem):
+    """nbformat reads a notebook whose cell has "source": 5 (hand-edited JSON); lmnb run and lmnb
+    export then failed with a bare AttributeError or TypeError traceback (a dict source of a
+    markdown cell was exported as its keys)."""
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run
+
+    path = tmp_path / "edited.ipynb"
+    path.write_text('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": ['
+                    '{"cell_type": "code", "source": ["x = ", "1"], "metadata": {}, "outputs": []}, ' + cell + "]}")
+    said = f"cannot read {path}: not a Jupyter notebook: {problem} (a cell has a cell_type such as"
+    args = argparse.Namespace(notebook=str(path), output=None, parameter=[], timeout=60, allow_errors=False)
+    assert run(args) == 2
+    err = capsys.readouterr().err
+    assert f"lmnb run: {said}" in err and "Traceback" not in err
+    assert main(["export", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"lmnb export: {said}" in err and "Traceback" not in err
+    assert not (tmp_path / "edited.out.ipynb").exists() and not (tmp_path / "edited.py").exists()
+
+
 def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp_path, capsys):
     from lmnb_kernel.run import run
 

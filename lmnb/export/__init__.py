@@ -70,12 +70,29 @@ def notebook_from_text(text: str):
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
     for number, cell in enumerate(nb.cells, start=1):
-        source = cell.get("source", "")
-        lone = LONE_SURROGATE.search(source) if cell.get("cell_type") == "code" and isinstance(source, str) else None
+        problem = _cell_problem(cell)
+        if problem:  # (nbformat reads it; running or exporting it failed later with a bare AttributeError)
+            raise ValueError(f"not a Jupyter notebook: cell {number} {problem} (a cell has a cell_type such as "
+                             "\"code\" or \"markdown\", and a source: a string, or a list of strings, its lines); fix "
+                             "the cell in the file's JSON, or delete it")
+        source = cell.source
+        lone = LONE_SURROGATE.search(source) if cell.cell_type == "code" else None
         if lone:
             line = source.count("\n", 0, lone.start()) + 1
             raise ValueError(f"cell {number}, line {line}: {surrogate_problem(lone.group())}")
     return nb
+
+
+def _cell_problem(cell) -> Optional[str]:
+    """What makes a cell of a read notebook one that cannot run or export, said after "cell N"
+    (None if nothing): its type and its text must be strings (nbformat has joined a list of lines
+    into one already)."""
+    kind, source = cell.get("cell_type"), cell.get("source")
+    if not isinstance(kind, str):
+        return "has no cell_type" if kind is None else f"has the cell_type {kind!r:.40}, not a name"
+    if not isinstance(source, str):
+        return "has no source" if source is None else f"has the source {source!r:.40}, not text"
+    return None
 
 
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:
