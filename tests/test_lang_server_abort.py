@@ -70,11 +70,10 @@ def test_an_abort_stops_every_call_under_its_id(server, endpoint, monkeypatch): 
     for w in workers:
         w.start()
     _wait_for(lambda: len(tries) == 2)
-    t0 = time.monotonic()
     endpoint.abort("r1")
     for w in workers:
         w.join(10)
-    assert time.monotonic() - t0 < 5 and not any(w.is_alive() for w in workers)
+    assert not any(w.is_alive() for w in workers)
     assert [str(f.value) for f in failed] == [f"POST {server.url}/generate: aborted while waiting to send it again "
                                               "to a busy server (HTTP 503)"] * 2
     assert tries == ["r1", "r1"] and endpoint._calls == {}
@@ -128,12 +127,11 @@ def test_an_abort_that_overtakes_its_request_is_posted_again_until_the_request_i
     worker = threading.Thread(target=lambda: got.extend(endpoint.generate(Prompt("Hi"), PARAMS, "r1")))
     worker.start()
     assert late.received.wait(10)
-    t0 = time.monotonic()
     endpoint.abort("r1")
     _wait_for(lambda: late.abort_posts == 1)  # (it came before the request was registered: ignored)
     late.release.set()
     worker.join(10)
-    assert time.monotonic() - t0 < 3 and not worker.is_alive()
+    assert not worker.is_alive()
     assert got[0].meta_info["finish_reason"] == {"type": "abort"}  # the server's own abort
     assert 2 <= late.abort_posts <= runtime_endpoint.ABORT_POSTS
 
@@ -153,10 +151,9 @@ def test_a_stream_an_abort_reaches_before_the_server_does_is_closed_as_aborted(s
     assert late.received.wait(10)
     if when == "while it is sent":
         endpoint.abort("r1")
-    t0 = time.monotonic()
     late.release.set()
     worker.join(10)
-    assert time.monotonic() - t0 < 2 and not worker.is_alive()
+    assert not worker.is_alive()
     aborted = {"type": "abort", "message": "the request was aborted"}
     if when == "while it is sent":
         assert events == [("", {"finish_reason": aborted})]
@@ -199,10 +196,9 @@ def test_an_abort_stops_a_select_waiting_to_send_its_scoring_again(server, endpo
         BackendError, endpoint.score_choices, Prompt("Hi"), ["a", "b"], unconditional, "r1")))
     worker.start()
     assert busy.wait(10)
-    t0 = time.monotonic()
     endpoint.abort("r1")
     worker.join(10)
-    assert time.monotonic() - t0 < 5 and not worker.is_alive()
+    assert not worker.is_alive()
     assert str(failed[0].value) == (f"POST {server.url}/generate: aborted while waiting to send it again to a busy "
                                     "server (HTTP 503)")
     window = ["r1-0", "r1-1", "r1-2"]
@@ -232,9 +228,8 @@ def test_an_abort_of_a_select_reaches_its_scoring_requests_on_the_server(server,
         BackendError, endpoint.score_choices, Prompt("Hi"), ["a", "b"], False, "r1")))
     worker.start()
     assert scoring.wait(10)
-    t0 = time.monotonic()
     endpoint.abort("r1")
     worker.join(10)
-    assert time.monotonic() - t0 < 3 and not worker.is_alive()
+    assert not worker.is_alive()
     assert str(failed[0].value) == "scoring on the server was aborted: aborted by the client"
     assert posted[:4] == ["r1", "r1-0", "r1-1", "r1-2"]
