@@ -259,3 +259,16 @@ def test_generate_keeps_the_long_read_timeout(stalling_url, monkeypatch):
         backend.generate(Prompt("Hi"), GenParams(max_new_tokens=4), "r1")
     assert time.monotonic() - t0 >= 1.0
     backend.shutdown()
+
+
+def test_the_backend_docs_give_the_model_info_limit_of_connecting():
+    """docs/language.md said a RuntimeEndpoint's connecting takes 10 s and every response waits
+    ``timeout``; the model info asked when connecting waits at most MODEL_INFO_TIMEOUT_S (or
+    ``timeout``, if less), which it did not say."""
+    from pathlib import Path
+
+    from lmnb.backend import runtime_endpoint
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "language.md").read_text(encoding="utf-8")
+    row = next(line for line in docs.splitlines() if line.startswith("| `RuntimeEndpoint("))
+    assert f"model info it asks for: at most {runtime_endpoint.MODEL_INFO_TIMEOUT_S:g} s" in row
