@@ -112,9 +112,10 @@ class Totals:
         self.completion_tokens += completion_tokens
 
 
-# Why %lm pin and %lm tree cannot work on a server (Session.engine's ``why``).
-NO_PIN_ROUTE = "SGLang's server API, which %lm connect speaks, has no route to pin a prefix in the server's cache"
-NO_TREE_ROUTE = "SGLang's server API, which %lm connect speaks, has no route to read the server's radix tree"
+# Why %lm pin and %lm tree cannot work on a server (Session.engine's ``why``; {api}: the API the
+# session speaks to it).
+NO_PIN_ROUTE = "{api}, which %lm connect speaks, has no route to pin a prefix in the server's cache"
+NO_TREE_ROUTE = "{api}, which %lm connect speaks, has no route to read the server's radix tree"
 
 
 class Session:
@@ -170,11 +171,16 @@ class Session:
 
     def engine(self, what: str, why: str = ""):
         """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``; ``why``: why
-        a server cannot do it, said when the session is connected to one).
+        a server cannot do it, said when the session is connected to one; ``{api}`` in it names the
+        API the session speaks to the server).
 
         Raises ``CellError`` if none is running yet or the session is connected to a server.
         """
         if self.remote is not None:
+            from lmnb.backend.runtime_endpoint import RuntimeEndpoint
+
+            api = "SGLang's server API" if isinstance(self._backend, RuntimeEndpoint) else "the OpenAI-compatible API"
+            why = why.format(api=api)
             raise CellError(f"{what} needs the in-process engine{f' ({why})' if why else ''}; this kernel is "
                             f"connected to {self.remote} (use %lm load to go back to an in-process engine)")
         if self._backend is None:

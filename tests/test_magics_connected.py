@@ -78,3 +78,26 @@ def test_flush_on_an_openai_server_and_pin_and_tree_on_any_server_refuse_saying_
                                    "speaks, has no route to read the server's radix tree); this kernel is connected")
     assert posts == [] and shown == []
     session.close()
+
+
+def test_pin_and_tree_on_an_openai_server_name_the_api_it_speaks(server, shown):  # noqa: F811
+    """Connected with --openai, %lm pin and %lm tree said "SGLang's server API, which %lm connect
+    speaks, has no route ...": the kernel speaks the OpenAI-compatible API there."""
+    posts = []
+    server.answer = lambda h, b: (posts.append(h.path), send(h, 200, b"{}"))
+    what = f"OpenAI-compatible server {server.url}/v1 (model m)"
+    session = _connected(lmnb.OpenAI("m", base_url=server.url + "/v1", api_key="k"), what)
+    session.states["chat"] = types.SimpleNamespace(name="chat", state=None, cells=[1], pin=None)
+    with pytest.raises(CellError) as e:
+        commands.pin(types.SimpleNamespace(name="chat"), session)
+    assert str(e.value) == (
+        "%lm pin needs the in-process engine (the OpenAI-compatible API, which %lm connect speaks, has no route to "
+        f"pin a prefix in the server's cache); this kernel is connected to {what} (use %lm load to go back to an "
+        "in-process engine)")
+    with pytest.raises(CellError) as e:
+        LMMagics.show_tree(types.SimpleNamespace(session=session))
+    assert str(e.value).startswith("%lm tree needs the in-process engine (the OpenAI-compatible API, which %lm "
+                                   "connect speaks, has no route to read the server's radix tree); this kernel is "
+                                   "connected")
+    assert posts == [] and shown == []
+    session.close()
