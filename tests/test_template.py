@@ -586,6 +586,45 @@ def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_an
     assert "s.fork(3)" in parse("{fork 3}x{join}").to_python()  # a literal was checked at parse time
 
 
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("Arvel", "{fork ... in person}: person is a str ('Arvel'), which would fork one branch per character; "
+                  "fork over a list of items, e.g. {fork ... in [person]}"),
+        (b"Ar", "{fork ... in person}: person is a bytes (b'Ar'), which would fork one branch per byte; "
+                "fork over a list of items, e.g. {fork ... in [person]}"),
+        ({"Arvel": 1, "Bo": 2}, "{fork ... in person}: person is a dict, which would fork one branch per key; say "
+                                "which you mean: person.keys(), person.values() or person.items(), or a list of "
+                                "items, e.g. [person]"),
+        (5, "{fork ... in person}: person is not iterable (got int); a fork makes one branch per item: fork over "
+            "a list of items, e.g. [person]"),
+        ([], "{fork ... in person}: person has no items; a fork needs at least one branch"),
+    ],
+)
+def test_fork_over_a_string_dict_or_non_iterable_is_refused_by_the_kernel_and_the_export_alike(value, why):
+    """{fork q in person} with person = "Arvel" forked five branches, one per character, in the
+    kernel and in the exported program; a dict forked one per key. Both now refuse, at the hole
+    in the kernel, with the same message."""
+    t = parse("Hi {fork q in person}{q}{join}")
+    with pytest.raises(TemplateRuntimeError) as kernel:
+        record(t.program().func, **t.bind({"person": value}))
+    ns = {"lmnb": lmnb}
+    exec(t.to_python("cell"), ns)
+    with pytest.raises((TypeError, ValueError)) as export:
+        record(ns["cell"].func, **t.bind({"person": value}))
+    assert str(kernel.value).startswith("line 1, col 15: " + why + "\n") and str(export.value) == why
+    # what the user is told to write instead forks once, over the whole value, in both
+    one, two = faces("Hi {fork q in [person]}{q!r}{join}", person=value)
+    assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 1)]
+
+
+def test_fork_over_a_dicts_items_or_a_generator_still_forks_once_per_item():
+    one, two = faces("{fork k, v in d.items()}{k}={v}{join}", d={"a": 1, "b": 2})
+    assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 2)]
+    one, two = faces("{fork c in (c for c in word)}{c}{join}", word="ab")
+    assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 2)]
+
+
 def test_forks_nest_as_deep_as_the_exported_loops_can():
     # 21 nested forks exported as 21 nested for loops: "too many statically nested blocks"
     deepest = parse("{fork 1}" * 20 + "x" + "{join}" * 20)

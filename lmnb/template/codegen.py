@@ -121,7 +121,8 @@ class _Writer:
         else:
             taken = set(self.params.values()) | set(local.values())
             target = _target_source(node.target, inner, taken)
-            self.emit(indent, f"{items} = list({self.expr(node.items, state, local)})")
+            source = self.expr(node.items, state, local)
+            self.emit(indent, f"{items} = lmnb.template.fork_items({source}, {_literal(node.items.source)})")
             self.emit(indent, f"{forks} = {state}.fork(len({items}))")
             self.emit(indent, f"for {branch}, {target} in zip({forks}, {items}):")
         before = len(self.lines)

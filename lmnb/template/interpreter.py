@@ -11,7 +11,7 @@ from typing import Any
 
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
-from lmnb.template.options import SAMPLING_FIELDS, check_literal, fork_count
+from lmnb.template.options import SAMPLING_FIELDS, check_literal, fork_count, fork_items
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -101,13 +101,9 @@ class _Run:
         else:
             items = self.value(node.items, s, local)
             try:
-                items = list(items)
-            except TypeError as e:
-                raise self.error(f"{node.items.source} is not iterable (got {type(items).__name__}); a "
-                                 "fork makes one branch per item", node.items.offset) from e
-            if not items:
-                raise self.error(f"{node.items.source} has no items; a fork needs at least one branch",
-                                 node.items.offset)
+                items = fork_items(items, node.items.source)
+            except (TypeError, ValueError) as e:
+                raise self.error(str(e), node.items.offset) from None
             forks = s.fork(len(items))
             for f, item in zip(forks, items):
                 inner = dict(local)

@@ -10,6 +10,8 @@ import inspect
 import json
 import math
 import re
+import reprlib
+from collections.abc import Mapping
 
 from lmnb.ir import is_stop
 
@@ -34,6 +36,39 @@ def fork_count(n):
                          "for more branches, fork in a %%lm --python cell (forks = s.fork(n)), or run one program "
                          "per input with run_batch")
     return n
+
+
+def fork_items(items, source: str) -> list:
+    """``items`` as the list of branches of a ``{fork x in ITEMS}`` whose ``ITEMS`` is written
+    ``source``: the kernel checks them so, and the exported program calls this, so both refuse
+    the same values with the same message.
+
+    A string or bytes is refused rather than forked once per character, and a mapping rather than
+    forked once per key, since either is far more often one value (or a table) put where a list
+    was meant; the message names the explicit spelling of each intent.
+
+    Raises:
+        TypeError: ``items`` is a str, bytes, bytearray or mapping, or is not iterable.
+        ValueError: ``items`` has no items (a fork needs at least one branch).
+    """
+    where = f"{{fork ... in {source}}}"
+    if isinstance(items, (str, bytes, bytearray)):
+        kind = "character" if isinstance(items, str) else "byte"
+        raise TypeError(f"{where}: {source} is a {type(items).__name__} ({reprlib.repr(items)}), which would fork "
+                        f"one branch per {kind}; fork over a list of items, e.g. {{fork ... in [{source}]}}")
+    if isinstance(items, Mapping):
+        raise TypeError(f"{where}: {source} is a {type(items).__name__}, which would fork one branch per key; say "
+                        f"which you mean: {source}.keys(), {source}.values() or {source}.items(), or a list of "
+                        f"items, e.g. [{source}]")
+    try:
+        iterator = iter(items)
+    except TypeError:
+        raise TypeError(f"{where}: {source} is not iterable (got {type(items).__name__}); a fork makes one "
+                        f"branch per item: fork over a list of items, e.g. [{source}]") from None
+    branches = list(iterator)
+    if not branches:
+        raise ValueError(f"{where}: {source} has no items; a fork needs at least one branch")
+    return branches
 
 
 def allowed(primitive: str) -> tuple[str, ...]:
