@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from lmnb.template.errors import TemplateRuntimeError, line_col
+from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Node
 
 # Names the generated code uses itself: the state ``s``, the ``lmnb`` module, and per fork depth d
@@ -64,10 +64,6 @@ class Template:
         for name in self.arguments:
             out[name] = python_name(name, set(out.values()))
         return out
-
-    def where(self, offset: int) -> tuple[int, int]:
-        """(line, col) in the cell of a character offset of ``source``."""
-        return line_col(self.source, offset, self.first_line, self.indent)
 
     def bind(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
         """Program arguments (parameter name → value) read from ``namespace`` (the kernel's variables).
