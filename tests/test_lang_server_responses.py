@@ -674,3 +674,39 @@ def test_an_openai_stream_that_sends_only_keep_alives_times_out_as_a_silent_one(
         text += delta
     assert text == "abcdefgh" and time.monotonic() - t0 > 1.6
     backend.shutdown()
+
+
+def test_an_html_error_page_is_shown_as_its_text_not_its_markup():
+    """Connecting to a server that is not SGLang's (``python -m http.server``) quoted its whole
+    404 HTML page, 13 lines of markup, and said RuntimeEndpoint takes the root URL, which it was
+    given."""
+    page = (b'<!DOCTYPE HTML>\n<html lang="en">\n    <head>\n        <meta charset="utf-8">\n'
+            b"        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n"
+            b"        <p>Error code: 404</p>\n        <p>Message: File not found.</p>\n    </body>\n</html>\n")
+    import http.server as hs
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            send(self, 404, page, "text/html")
+
+    other = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    other.daemon_threads = True
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{other.server_address[1]}"
+    try:
+        with pytest.raises(BackendError) as e:
+            lmnb.RuntimeEndpoint(url)
+    finally:
+        other.shutdown()
+        other.server_close()
+    message = str(e.value)
+    assert "<" not in message and "\n" not in message, message
+    assert message.startswith(f"GET {url}/get_model_info: HTTP 404: an HTML page (Error response Error response "
+                              "Error code: 404 Message: File not found.)"), message
+    assert f"is {url} an SGLang or lmnb server?" in message
+    assert "takes the server's root URL" not in message

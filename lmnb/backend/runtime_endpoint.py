@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import re
 import threading
 import time
 import uuid
@@ -146,8 +147,12 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         self._calls: dict[str, _Call] = {}  # request id -> its running calls
         self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids aborted before a call
         self._calls_lock = threading.Lock()
-        # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server
-        hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
+        # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server;
+        # at a root URL, another kind of server (python -m http.server, a web app)
+        if not self.client.base_url.path.strip("/"):
+            hint = f"; is {self.base_url} an SGLang or lmnb server? It has no /get_model_info"
+        else:
+            hint = "; RuntimeEndpoint takes the server's root URL (http://HOST:PORT), where SGLang's native routes are"
         if self.base_url.endswith("/v1"):
             hint += ": drop the /v1, or use lmnb.OpenAI(model, base_url=...) for the OpenAI API it serves"
         self.model_info = self._request("GET", "/get_model_info", not_found=hint, quick=self._quick_timeout())
@@ -666,7 +671,11 @@ def _error_text(content: bytes) -> str:
     try:
         body = json.loads(content)
     except ValueError:
-        return content[:2000].decode("utf-8", "replace")[:500]  # (2000 bytes hold 500 characters)
+        text = content[:20000].decode("utf-8", "replace")
+        if re.match(r"\s*<(!doctype html|html|head|body)\b", text, re.IGNORECASE):  # a web server's error page
+            text = " ".join(re.sub(r"<!--.*?-->|<[^>]*>", " ", text, flags=re.DOTALL).split())
+            return f"an HTML page ({text[:300]})" if text else "an HTML page"
+        return text[:500]
     err = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(err, dict):
         return str(err.get("message", err))
