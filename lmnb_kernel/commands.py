@@ -43,6 +43,10 @@ def connect(args, session: Session) -> None:
 
     if args.completion and not args.openai:
         raise CellError("%lm connect --completion goes with --openai MODEL")
+    scheme, sep, _ = args.url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        example = f"http://{args.url}" if not sep else "http://HOST:PORT"
+        raise CellError(f"%lm connect takes an http(s) URL, e.g. {example}; got {args.url!r}")
     v1 = args.url.rstrip("/").endswith("/v1")
     timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     try:

@@ -226,6 +226,10 @@ def test_help_options_show_the_help(ip):
         ("%lm frobnicate", "invalid choice: 'frobnicate'"),
         ("%lm pin nosuchstate", "no state named 'nosuchstate'"),
         ("%lm connect http://127.0.0.1:9", "could not connect to http://127.0.0.1:9"),
+        # httpx's "UnsupportedProtocol: Request URL is missing an 'http://' or 'https://' protocol."
+        ("%lm connect 127.0.0.1:9", "%lm connect takes an http(s) URL, e.g. http://127.0.0.1:9; got '127.0.0.1:9'"),
+        ("%lm connect localhost:9 --openai m", "%lm connect takes an http(s) URL, e.g. http://localhost:9; got"),
+        ("%lm connect ftp://h:9", "%lm connect takes an http(s) URL, e.g. http://HOST:PORT; got 'ftp://h:9'"),
         ("%lm load /no/such/checkpoint", "could not load /no/such/checkpoint"),
     ],
 )
