@@ -59,6 +59,9 @@ def connect(args, session: Session) -> None:
             what = f"SGLang-protocol server {args.url}"
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
         hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""
+        if not args.openai and "/get_model_info: HTTP 401: " in str(e):  # (RuntimeEndpoint's words)
+            hint += ("; the server refused the --api-key given: check it" if args.api_key else
+                     "; the server asks for an API key: %lm connect URL --api-key KEY")
         raise CellError(f"could not connect to {args.url}: {e}{hint}") from e
     if args.openai:
         what += _served_models_note(backend, args, v1)

@@ -101,3 +101,41 @@ def test_pin_and_tree_on_an_openai_server_name_the_api_it_speaks(server, shown):
                                    "connected")
     assert posts == [] and shown == []
     session.close()
+
+
+@pytest.mark.parametrize("key, advice", [
+    (None, "; the server asks for an API key: %lm connect URL --api-key KEY"),
+    ("wrong", "; the server refused the --api-key given: check it"),
+])
+def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, advice):
+    """``%lm connect URL`` to ``lmnb serve --api-key K`` said "missing or wrong API key (send
+    Authorization: Bearer <key>)", the server's words for an HTTP client, not how to give the key
+    to %lm connect."""
+    import http.server as hs
+    import threading
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            send(self, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
+                            b'"code": 401}}')
+
+    keyed = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    keyed.daemon_threads = True
+    threading.Thread(target=keyed.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{keyed.server_address[1]}"
+    session = Session()
+    args = types.SimpleNamespace(url=url, api_key=key, openai=None, completion=False, timeout=5)
+    try:
+        with pytest.raises(CellError) as e:
+            commands.connect(args, session)
+    finally:
+        keyed.shutdown()
+        keyed.server_close()
+        session.close()
+    assert str(e.value) == (f"could not connect to {url}: GET {url}/get_model_info: HTTP 401: missing or wrong API "
+                            f"key (send Authorization: Bearer <key>){advice}")
