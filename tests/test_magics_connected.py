@@ -139,3 +139,41 @@ def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, advice):
         session.close()
     assert str(e.value) == (f"could not connect to {url}: GET {url}/get_model_info: HTTP 401: missing or wrong API "
                             f"key (send Authorization: Bearer <key>){advice}")
+
+
+@pytest.mark.parametrize("key, advice", [
+    (None, "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY"),
+    ("wrong", "the server refused the --api-key given: check it"),
+])
+def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, advice):
+    """With --openai, a 401 on the model list connected anyway ("could not list its models
+    (AuthenticationError)"), and then every cell failed with HTTP 401."""
+    import http.server as hs
+    import threading
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            send(self, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
+                            b'"code": 401}}')
+
+    keyed = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    keyed.daemon_threads = True
+    threading.Thread(target=keyed.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{keyed.server_address[1]}/v1"
+    session = Session()
+    args = types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True, timeout=5)
+    try:
+        with pytest.raises(CellError) as e:
+            commands.connect(args, session)
+    finally:
+        keyed.shutdown()
+        keyed.server_close()
+    assert str(e.value).startswith(f"could not connect to {url}: GET /models: HTTP 401 ("), str(e.value)
+    assert str(e.value).endswith(f"); {advice}"), str(e.value)
+    assert session.remote is None  # still the in-process engine
+    session.close()
