@@ -20,8 +20,8 @@ import sys
 from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch.inputs import InputError, read_rows
-from lmnb.batch.options import (add_parameters, backend_label, engine_model, job_parser, make_backend,
-                                parameter_options)
+from lmnb.batch.options import (add_parameters, engine_model, job_parser, make_backend,
+                                parameter_options, start_failure)
 from lmnb.batch.runner import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, RowRunner, fatal, silence_stream
 from lmnb.batch.store import ResultStore, StoreError
 
@@ -178,7 +178,7 @@ class Job:
         try:
             backend = make_backend(self.args, self.default_model)
         except (OSError, ValueError, RuntimeError, ImportError) as e:
-            raise SystemExit(fatal(f"could not start the backend ({backend_label(self.args, self.default_model)}): {type(e).__name__}: {e}"))
+            raise SystemExit(fatal(start_failure(self.args, self.default_model, e)))
         lmnb.set_default_backend(backend)
         return backend
 

@@ -139,6 +139,16 @@ def engine_model(args: argparse.Namespace, default_model: Optional[str] = None) 
     return model_or_env(args.model or default_model)
 
 
+def start_failure(args: argparse.Namespace, default_model: Optional[str], e: BaseException) -> str:
+    """The line that says why the backend ``args`` name did not start (``e``), with the job's
+    option to give when a server refused it for its API key."""
+    text = f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: {e}"
+    if not getattr(args, "openai", None) and "/get_model_info: HTTP 401: " in str(e):  # (RuntimeEndpoint's words)
+        text += ("; the server refused the --api-key given" if getattr(args, "api_key", None) else
+                 "; the server asks for an API key: pass --api-key KEY")
+    return text
+
+
 def backend_label(args: argparse.Namespace, default_model: Optional[str] = None) -> str:
     """The backend the options name, for messages: ``engine``, a URL, or ``--openai MODEL`` and
     where it goes (``--backend engine`` with ``--openai`` is the official OpenAI API, not the engine).

@@ -15,7 +15,7 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from lmnb.batch.inputs import InputRow, input_format
-from lmnb.batch.options import backend_label, make_backend
+from lmnb.batch.options import make_backend, start_failure
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
 
@@ -50,7 +50,7 @@ class RowRunner:
             try:
                 backend = make_backend(self.args, self.job.default_model)
             except (OSError, ValueError, RuntimeError, ImportError) as e:
-                return fatal(f"could not start the backend ({backend_label(self.args, self.job.default_model)}): {type(e).__name__}: {e}")
+                return fatal(start_failure(self.args, self.job.default_model, e))
             try:
                 self.execute(backend, todo)
             finally:
