@@ -88,8 +88,8 @@ def _served_models_note(backend, args, v1: bool) -> str:
         # took the connection but gave no model list (some proxies; a read timeout)
         unreachable = isinstance(e, openai.APIConnectionError) and (
             not isinstance(e, openai.APITimeoutError) or isinstance(e.__cause__, httpx.ConnectTimeout))
-        if isinstance(e, (openai.AuthenticationError, openai.PermissionDeniedError)):  # 401 / 403
-            # every cell would fail alike
+        if isinstance(e, openai.AuthenticationError):  # 401: every cell would fail alike (a 403 may be a
+            # key allowed to generate but not to list models, as OpenAI's restricted project keys are)
             advice = ("the server refused the --api-key given: check it" if args.api_key else
                       "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY")
             raise CellError(f"could not connect to {args.url}: GET /models: HTTP {e.status_code} ({e}); "
