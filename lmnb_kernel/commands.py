@@ -40,6 +40,7 @@ def _show_loaded(session: Session, config: EngineConfig, dropped: list[str]) -> 
 def connect(args, session: Session) -> None:
     """``%lm connect URL``: run cells on a server (SGLang native protocol, or OpenAI-compatible)."""
     import lmnb
+    from lmnb.backend.base import BackendAuthError
 
     if args.completion and not args.openai:
         raise CellError("%lm connect --completion goes with --openai MODEL")
@@ -59,7 +60,7 @@ def connect(args, session: Session) -> None:
             what = f"SGLang-protocol server {args.url}"
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
         hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""
-        if not args.openai and "/get_model_info: HTTP 401: " in str(e):  # (RuntimeEndpoint's words)
+        if isinstance(e, BackendAuthError):
             hint += ("; the server refused the --api-key given: check it" if args.api_key else
                      "; the server asks for an API key: %lm connect URL --api-key KEY")
         raise CellError(f"could not connect to {args.url}: {e}{hint}") from e

@@ -230,3 +230,34 @@ def live_server(engine, api_key=None, served_model_name=None):
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@contextlib.contextmanager
+def keyed_server():
+    """A server on a free 127.0.0.1 port that answers every GET as ``lmnb serve --api-key K``
+    does to a client without the key (HTTP 401, "missing or wrong API key"); yields its URL."""
+    import http.server as hs
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            data = (b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
+                    b'"code": 401}}')
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    keyed = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    keyed.daemon_threads = True
+    threading.Thread(target=keyed.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{keyed.server_address[1]}"
+    finally:
+        keyed.shutdown()
+        keyed.server_close()

@@ -218,3 +218,61 @@ def test_suite_cut_short_by_sigterm_still_reports(tmp_path):
     assert len(cut) == 1 and cut[0].startswith("tiny-llama: lmnb"), res["skipped"]  # the micro step, or the next
     assert len(res["targets"]) == 6 and res["roofline"]
     assert "== lmnb suite" in "".join(out)
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1", "matmul"),  # cuBLAS
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "matmul"),
+    ("_decode_split_kernel", "attention"), ("_decode_merge_kernel", "attention"), ("_extend_kernel", "attention"),
+    ("_store_kv_kernel", "kv store"), ("_rms_norm_kernel", "norm"), ("_rotary_kernel", "rope"),
+    ("_silu_and_mul_kernel", "activation"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
+     "unsigned int, long, 4, 4> >", "sampling"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>, std::array<char*, 1ul> >",
+     "other"),
+])
+def test_profile_classifies_lmnb_and_cublas_kernels(name, cls):
+    """The profile's coarse classes for the kernel names a decode step launches on the GPU: lmnb's
+    own Triton kernels (``lmnb_engine/**/triton_ops``), cuBLAS's GEMMs, torch's argmax."""
+    import gpu_profile
+
+    assert gpu_profile.classify(name) == cls
+
+
+def test_profile_sums_operator_time_by_name():
+    """profile_call on CPU: two matmuls and one add under the profiler come back as aten::mm x2 and
+    aten::add x1, and the total is the sum of the classes."""
+    import torch
+
+    import gpu_profile
+
+    a = torch.randn(256, 256)
+    r = gpu_profile.profile_call(lambda: (a @ a, a @ a, a + a), "cpu")
+    calls = {t["name"]: (t["calls"], t["class"]) for t in r["top"]}
+    assert calls["aten::mm"] == (2, "matmul") and calls["aten::add"] == (1, "other")
+    assert r["kernel_ms"] == pytest.approx(sum(r["by_class"].values()), abs=1e-2)
+    assert sum(t["share"] for t in r["top"]) <= 1.0 + 1e-3
+
+
+def test_profile_smoke_profiles_every_run(tmp_path):
+    """``gpu_profile.py --smoke``: the four runs (graphs or eager decode at batch 1, decode at
+    batch 32, prefill), each with the model's matmuls among its operators and no error; the
+    linear layers' shapes are the model's, their bandwidth the bytes they move over their time."""
+    import gpu_profile
+
+    assert gpu_profile.main(["--smoke", "--out-dir", str(tmp_path)]) == 0
+    (result_file,) = tmp_path.glob("*-profile-smoke.json")
+    res = json.loads(result_file.read_text())
+    assert res["errors"] == [] and list(res["runs"]) == ["decode_b1", "decode_b1_eager", "decode_b32", "prefill"]
+    for name, r in res["runs"].items():
+        assert r["steps"] == (1 if name == "prefill" else 4)
+        assert r["by_class"].get("matmul", 0) > 0, (name, r["by_class"])
+        assert r["kernel_ms_per_step"] == pytest.approx(r["kernel_ms"] / r["steps"], abs=1e-3)
+    # the smoke checkpoint: hidden 128, 4 heads of 32, 2 KV heads, MLP 256, vocabulary 512 (the
+    # default), float32: qkv 128 -> 128 + 2 * 64, o_proj 128 -> 128, gate_up 128 -> 512, down
+    # 256 -> 128, lm_head 128 -> 512; one row per forward at batch 1
+    eager = res["runs"]["decode_b1_eager"]["linears"]
+    assert {(x["m"], x["k"], x["n"]) for x in eager} == {(1, 128, 256), (1, 128, 128), (1, 128, 512), (1, 256, 128)}
+    for x in eager:
+        moved = 4 * (x["m"] * x["k"] + x["n"] * x["k"] + x["m"] * x["n"])
+        assert x["gbps"] == pytest.approx(moved / (x["us_per_call"] * 1e-6) / 1e9, rel=0.02)

@@ -12,7 +12,7 @@ import pytest
 
 import lmnb
 from helpers_export import read_results, write_rows
-from helpers_lang import ScriptedBackend
+from helpers_lang import ScriptedBackend, keyed_server
 from lmnb.batch import InputError, Job, ResultStore, StoreError, read_rows
 
 
@@ -1298,35 +1298,11 @@ def test_a_server_that_wants_a_key_is_named_with_the_option_that_gives_it(tmp_pa
     """A job whose --backend (or notebook's %lm connect URL) is ``lmnb serve --api-key K`` said only
     the server's words for an HTTP client, "send Authorization: Bearer <key>", not the job's
     --api-key option."""
-    import http.server as hs
-    import threading
-
-    class Handler(hs.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            data = b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)"}}'
-            self.send_response(401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    keyed = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    keyed.daemon_threads = True
-    threading.Thread(target=keyed.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{keyed.server_address[1]}"
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
-    try:
+    with keyed_server() as url:
         job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
                                           "--backend", url, "--no-progress", *key])
         assert job.run(run_row, programs=[echo]) == 2
-    finally:
-        keyed.shutdown()
-        keyed.server_close()
     err = capsys.readouterr().err
-    assert (f"lmnb batch: could not start the backend ({url}): BackendError: GET {url}/get_model_info: HTTP 401: "
+    assert (f"lmnb batch: could not start the backend ({url}): BackendAuthError: GET {url}/get_model_info: HTTP 401: "
             f"missing or wrong API key (send Authorization: Bearer <key>){advice}\n") in err, err

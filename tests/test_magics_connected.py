@@ -10,11 +10,13 @@ import types
 import pytest
 
 import lmnb
+from lmnb.backend.base import BackendAuthError
 from lmnb_kernel import commands
 from lmnb_kernel.errors import CellError
 from lmnb_kernel.magics import LMMagics
 from lmnb_kernel.session import Session
 
+import helpers_lang
 from test_lang_server_responses import send, server  # noqa: F401 - fixtures
 
 
@@ -103,40 +105,29 @@ def test_pin_and_tree_on_an_openai_server_name_the_api_it_speaks(server, shown):
     session.close()
 
 
+@pytest.fixture
+def keyed_server():
+    with helpers_lang.keyed_server() as url:
+        yield url
+
+
 @pytest.mark.parametrize("key, advice", [
     (None, "; the server asks for an API key: %lm connect URL --api-key KEY"),
     ("wrong", "; the server refused the --api-key given: check it"),
 ])
-def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, advice):
+def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, advice, keyed_server):
     """``%lm connect URL`` to ``lmnb serve --api-key K`` said "missing or wrong API key (send
     Authorization: Bearer <key>)", the server's words for an HTTP client, not how to give the key
     to %lm connect."""
-    import http.server as hs
-    import threading
-
-    class Handler(hs.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            send(self, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
-                            b'"code": 401}}')
-
-    keyed = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    keyed.daemon_threads = True
-    threading.Thread(target=keyed.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{keyed.server_address[1]}"
+    url = keyed_server
     session = Session()
     args = types.SimpleNamespace(url=url, api_key=key, openai=None, completion=False, timeout=5)
     try:
         with pytest.raises(CellError) as e:
             commands.connect(args, session)
     finally:
-        keyed.shutdown()
-        keyed.server_close()
         session.close()
+    assert isinstance(e.value.__cause__, BackendAuthError)
     assert str(e.value) == (f"could not connect to {url}: GET {url}/get_model_info: HTTP 401: missing or wrong API "
                             f"key (send Authorization: Bearer <key>){advice}")
 
@@ -145,34 +136,14 @@ def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, advice):
     (None, "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY"),
     ("wrong", "the server refused the --api-key given: check it"),
 ])
-def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, advice):
+def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, advice, keyed_server):
     """With --openai, a 401 on the model list connected anyway ("could not list its models
     (AuthenticationError)"), and then every cell failed with HTTP 401."""
-    import http.server as hs
-    import threading
-
-    class Handler(hs.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            send(self, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
-                            b'"code": 401}}')
-
-    keyed = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    keyed.daemon_threads = True
-    threading.Thread(target=keyed.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{keyed.server_address[1]}/v1"
+    url = f"{keyed_server}/v1"
     session = Session()
     args = types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True, timeout=5)
-    try:
-        with pytest.raises(CellError) as e:
-            commands.connect(args, session)
-    finally:
-        keyed.shutdown()
-        keyed.server_close()
+    with pytest.raises(CellError) as e:
+        commands.connect(args, session)
     assert str(e.value).startswith(f"could not connect to {url}: GET /models: HTTP 401 ("), str(e.value)
     assert str(e.value).endswith(f"); {advice}"), str(e.value)
     assert session.remote is None  # still the in-process engine

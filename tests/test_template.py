@@ -599,12 +599,17 @@ def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_an
         (5, "{fork ... in person}: person is not iterable (got int); a fork makes one branch per item: fork over "
             "a list of items, e.g. [person]"),
         ([], "{fork ... in person}: person has no items; a fork needs at least one branch"),
+        ({"Arvel", "Bo"}, "{fork ... in person}: person is a set, whose order (the branches' order, and the order "
+                          "a join puts them in) changes from run to run; fork over sorted(person) or a list"),
+        (frozenset({"Bo"}), "{fork ... in person}: person is a frozenset, whose order (the branches' order, and "
+                            "the order a join puts them in) changes from run to run; fork over sorted(person) or a "
+                            "list"),
     ],
 )
-def test_fork_over_a_string_dict_or_non_iterable_is_refused_by_the_kernel_and_the_export_alike(value, why):
+def test_fork_over_a_string_dict_set_or_non_iterable_is_refused_by_the_kernel_and_the_export_alike(value, why):
     """{fork q in person} with person = "Arvel" forked five branches, one per character, in the
-    kernel and in the exported program; a dict forked one per key. Both now refuse, at the hole
-    in the kernel, with the same message."""
+    kernel and in the exported program; a dict forked one per key; a set forked in an order that
+    changes with PYTHONHASHSEED. Both now refuse, at the hole in the kernel, with the same message."""
     t = parse("Hi {fork q in person}{q}{join}")
     with pytest.raises(TemplateRuntimeError) as kernel:
         record(t.program().func, **t.bind({"person": value}))
@@ -621,6 +626,10 @@ def test_fork_over_a_string_dict_or_non_iterable_is_refused_by_the_kernel_and_th
 def test_fork_over_a_dicts_items_or_a_generator_still_forks_once_per_item():
     one, two = faces("{fork k, v in d.items()}{k}={v}{join}", d={"a": 1, "b": 2})
     assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 2)]
+    one, two = faces("{fork k in d.keys()}{k}{join}", d={"a": 1, "b": 2})  # a keys view is a Set, but ordered
+    assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 2)]
+    one, two = faces("{fork k in sorted(names)}{k}{join}", names={"b", "a", "c"})
+    assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 3)]
     one, two = faces("{fork c in (c for c in word)}{c}{join}", word="ab")
     assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 2)]
 

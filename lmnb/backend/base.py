@@ -59,6 +59,11 @@ class BackendError(RuntimeError):
     """A backend call failed (server error, bad response); the message names the call and cause."""
 
 
+class BackendAuthError(BackendError):
+    """The server refused a call for its API key (HTTP 401): none was given, or the wrong one.
+    Front ends add how to give one (``%lm connect URL --api-key KEY``, a job's ``--api-key``)."""
+
+
 def in_gen_names(message: str) -> str:
     """An engine's or server's error ``message`` about a gen's request in ``gen()``'s names: the
     sampling parameters ``max_new_tokens`` and ``min_new_tokens`` (SGLang's, the engine's) are

@@ -24,8 +24,8 @@ import uuid
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, check_utf8, finish_reason_dict,
-    in_gen_names,
+    AssignableChatTemplate, BackendAuthError, BackendError, BaseBackend, Completion, Prompt, check_utf8,
+    finish_reason_dict, in_gen_names,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -122,7 +122,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
     Raises:
         BackendError: the server cannot be reached, does not answer ``/get_model_info`` within
-            ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails.
+            ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails;
+            ``BackendAuthError`` (a ``BackendError``) when it fails with HTTP 401 (``api_key``).
         ValueError: a ``timeout`` that is not a positive number of seconds.
     """
 
@@ -209,7 +210,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             raise self._failure(what, e, quick) from None
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
-            raise BackendError(f"{what}: HTTP {r.status_code}: {_error_text(content)}{hint}")
+            error = BackendAuthError if r.status_code == 401 else BackendError
+            raise error(f"{what}: HTTP {r.status_code}: {_error_text(content)}{hint}")
         _refuse_redirect(r, what)
         if not reply:
             return None

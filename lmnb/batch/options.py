@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from lmnb.backend.base import BackendAuthError
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS
 from lmnb.template.cell_options import positive_seconds
@@ -143,7 +144,7 @@ def start_failure(args: argparse.Namespace, default_model: Optional[str], e: Bas
     """The line that says why the backend ``args`` name did not start (``e``), with the job's
     option to give when a server refused it for its API key."""
     text = f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: {e}"
-    if not getattr(args, "openai", None) and "/get_model_info: HTTP 401: " in str(e):  # (RuntimeEndpoint's words)
+    if isinstance(e, BackendAuthError):
         text += ("; the server refused the --api-key given" if getattr(args, "api_key", None) else
                  "; the server asks for an API key: pass --api-key KEY")
     return text

@@ -45,10 +45,12 @@ def fork_items(items, source: str) -> list:
 
     A string or bytes is refused rather than forked once per character, and a mapping rather than
     forked once per key, since either is far more often one value (or a table) put where a list
-    was meant; the message names the explicit spelling of each intent.
+    was meant; the message names the explicit spelling of each intent. A set is refused too: its
+    order of iteration, so the branches' order and a join's, depends on the process's string
+    hashes (``PYTHONHASHSEED``), and a notebook rerun or its exported job would order them otherwise.
 
     Raises:
-        TypeError: ``items`` is a str, bytes, bytearray or mapping, or is not iterable.
+        TypeError: ``items`` is a str, bytes, bytearray, mapping or set, or is not iterable.
         ValueError: ``items`` has no items (a fork needs at least one branch).
     """
     where = f"{{fork ... in {source}}}"
@@ -60,6 +62,10 @@ def fork_items(items, source: str) -> list:
         raise TypeError(f"{where}: {source} is a {type(items).__name__}, which would fork one branch per key; say "
                         f"which you mean: {source}.keys(), {source}.values() or {source}.items(), or a list of "
                         f"items, e.g. [{source}]")
+    if isinstance(items, (set, frozenset)):
+        raise TypeError(f"{where}: {source} is a {type(items).__name__}, whose order (the branches' order, and "
+                        f"the order a join puts them in) changes from run to run; fork over sorted({source}) or "
+                        "a list")
     try:
         iterator = iter(items)
     except TypeError:
