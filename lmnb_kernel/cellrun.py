@@ -18,7 +18,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from lmnb import ProgramError
+from lmnb import ProgramAborted, ProgramError
 
 _DONE = object()
 
@@ -176,6 +176,8 @@ def run_cell(state, listener: Listener, feeder, view, poll_s: float = 0.05,
     listener.close()
     if view.stop_requested.is_set():  # the view's Stop button: like Ctrl-C, but the cell ends quietly
         stop_body(state)
+        if failure and not isinstance(failure[0], ProgramAborted):  # it had failed before the Stop (its
+            return CellOutcome(state, "error", failure[0], dict(feeder.captured))  # body ran on): say why
         return CellOutcome(state, "interrupted", None, dict(feeder.captured))
     if failure:
         return CellOutcome(state, "error", failure[0], dict(feeder.captured))

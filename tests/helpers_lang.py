@@ -253,11 +253,22 @@ def keyed_server():
             self.end_headers()
             self.wfile.write(data)
 
-    keyed = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    keyed.daemon_threads = True
-    threading.Thread(target=keyed.serve_forever, daemon=True).start()
+    with serve_http(Handler) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_http(handler):
+    """``handler`` (an ``http.server.BaseHTTPRequestHandler`` class, or a factory of one) served by
+    a ``ThreadingHTTPServer`` on a free 127.0.0.1 port in a thread; yields the base URL
+    (``http://127.0.0.1:PORT``) and shuts the server down after."""
+    import http.server as hs
+
+    server = hs.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True  # a handler still blocked (a stalled stream) does not hold the exit
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{keyed.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
-        keyed.shutdown()
-        keyed.server_close()
+        server.shutdown()
+        server.server_close()

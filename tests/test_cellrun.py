@@ -165,3 +165,36 @@ def test_a_cell_whose_gen_failed_ends_once_its_body_returned():
     outcome = run_cell(state, listener, _Feeder(), _View())
     assert outcome.status == "error" and "model exploded" in str(outcome.error)
     assert after == ["returned"], "the cell ended while its body still ran"
+
+
+def test_a_stop_pressed_after_a_gen_failed_still_reports_the_failure():
+    # the cell's gen failed while its --python body ran on (plain Python); Stop ended the body, and
+    # the cell said only "interrupted", the gen's error lost
+    release, ended = threading.Event(), threading.Event()
+
+    def reply(p, params):
+        raise RuntimeError("model exploded")
+
+    @lmnb.function
+    def body(s):
+        try:
+            s += "Q:" + lmnb.gen("a")
+            while not release.is_set():  # the test's way out if the body is not stopped
+                pass
+        finally:
+            ended.set()
+
+    class StopOnError(_Feeder):  # the user presses Stop once the view shows the error
+        def apply(self, event):
+            if event.kind == "error":
+                view.stop_requested.set()
+
+    listener = Listener()
+    state = start_run(body, {}, ScriptedBackend(reply), {}, listener)
+    view = _View()
+    try:
+        outcome = run_cell(state, listener, StopOnError(), view)
+        assert outcome.status == "error" and "model exploded" in str(outcome.error)
+        assert ended.wait(20), "the body's thread is still running after the Stop"
+    finally:
+        release.set()

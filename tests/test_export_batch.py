@@ -12,7 +12,7 @@ import pytest
 
 import lmnb
 from helpers_export import read_results, write_rows
-from helpers_lang import ScriptedBackend, keyed_server
+from helpers_lang import ScriptedBackend, keyed_server, serve_http
 from lmnb.batch import InputError, Job, ResultStore, StoreError, read_rows
 
 
@@ -1214,7 +1214,6 @@ def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(
     record for every row (HTTP 404), and the rerun with the right name was refused as other settings;
     the job now asks the server's GET /models first, as %lm connect does: exit 2, nothing written."""
     import http.server
-    import threading
 
     from lmnb.batch.options import make_backend
 
@@ -1232,11 +1231,9 @@ def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    try:
-        rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    with serve_http(Models) as base:
+        url = f"{base}/v1"
 
         def job(model):
             return Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
@@ -1249,9 +1246,6 @@ def test_an_openai_model_the_server_does_not_serve_stops_the_job_before_any_row(
         assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []
         right = job("served-m")
         assert make_backend(right._parser().parse_args(right.argv)).model_name == "served-m"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_model_from_lmnb_model_that_cannot_load_is_named_as_coming_from_it(tmp_path, capsys, monkeypatch):

@@ -19,6 +19,8 @@ import lmnb
 from lmnb.backend.base import BackendError, Prompt
 from lmnb.ir import GenParams
 
+from helpers_lang import serve_http
+
 PARAMS = GenParams(max_new_tokens=4)
 
 
@@ -694,16 +696,8 @@ def test_an_html_error_page_is_shown_as_its_text_not_its_markup():
         def do_GET(self):
             send(self, 404, page, "text/html")
 
-    other = hs.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    other.daemon_threads = True
-    threading.Thread(target=other.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{other.server_address[1]}"
-    try:
-        with pytest.raises(BackendError) as e:
-            lmnb.RuntimeEndpoint(url)
-    finally:
-        other.shutdown()
-        other.server_close()
+    with serve_http(Handler) as url, pytest.raises(BackendError) as e:
+        lmnb.RuntimeEndpoint(url)
     message = str(e.value)
     assert "<" not in message and "\n" not in message, message
     assert message.startswith(f"GET {url}/get_model_info: HTTP 404: an HTML page (Error response Error response "

@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -16,6 +16,8 @@ import pytest
 import lmnb
 from lmnb.backend.base import BackendError, Prompt
 from lmnb.ir import GenParams
+
+from helpers_lang import serve_http
 
 
 @pytest.fixture
@@ -57,15 +59,11 @@ def stalling_url():
             self.end_headers()
             self.wfile.write(data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+    with serve_http(Handler) as url:
+        try:
+            yield url
+        finally:
+            release.set()  # the stalled handlers end before the server shuts down
 
 
 def _read_timeout_error(url: str, seconds: str) -> str:
@@ -175,14 +173,8 @@ def scripted_stream_url():
             except OSError:  # (the client left)
                 pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", script
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(Handler) as url:
+        yield url, script
 
 
 def _event(text: str, finish: bool = False) -> bytes:

@@ -12,7 +12,7 @@ import pytest
 
 import lmnb as sgl
 from lmnb.executor import ProgramError
-from tests.helpers_lang import live_server
+from tests.helpers_lang import live_server, serve_http
 from tests.helpers_multimodal import (
     ask_image,
     ask_video,
@@ -131,22 +131,16 @@ def test_a_remote_image_with_an_upper_case_scheme_is_fetched(monkeypatch, tmp_pa
     file"; with fetching on, FileNotFoundError in data_url)."""
     import functools
     import http.server
-    import threading
 
     from lmnb.backend.media import data_url
 
     (tmp_path / "x.png").write_bytes(png_bytes(random_image(46)))
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("LMNB_ALLOW_REMOTE_MEDIA", "1")
     for proxy in ("http_proxy", "HTTP_PROXY"):  # the test server is on this machine
         monkeypatch.delenv(proxy, raising=False)
-    try:
-        url = data_url(f"HTTP://127.0.0.1:{server.server_address[1]}/x.png")
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(handler) as base:
+        url = data_url(base.replace("http://", "HTTP://") + "/x.png")
     assert url == "data:image/png;base64," + base64.b64encode(png_bytes(random_image(46))).decode()
 
 

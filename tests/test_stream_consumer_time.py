@@ -5,15 +5,16 @@ events have come already."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 import lmnb
 from lmnb.backend.base import Prompt
 from lmnb.ir import GenParams
+
+from helpers_lang import serve_http
 
 
 @pytest.fixture
@@ -42,14 +43,8 @@ def fast_url():
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(Handler) as url:
+        yield url
 
 
 def test_slow_consumer_does_not_time_out_a_healthy_stream(fast_url):
