@@ -128,14 +128,14 @@ def test_select_unnamed_gen_and_options_with_commas_or_spaces():
 
 def test_the_parameters_of_a_lambda_option_value_are_not_options():
     # "q=1" in the lambda's parameters was read as an option q (an invalid expression "lambda")
-    # (a syntax error at the hole); now it is the lambda, which the option's own check refuses
+    # (a syntax error at the hole); now it is the lambda, which the option's own check refuses, at it
     cell = "{gen v stop=lambda q=1, r=lambda t=2: t: q max_tokens=3}"
     t = parse(cell)
     assert [(o.key, o.value.source) for o in t.body[0].options] == [
         ("stop", "lambda q=1, r=lambda t=2: t: q"), ("max_tokens", "3")]
     with pytest.raises(TemplateRuntimeError) as e:
         record(t.program().func)
-    assert (e.value.line, e.value.col) == (1, 1) and "give a string or a list of strings" in str(e.value)
+    assert (e.value.line, e.value.col) == (1, 13) and "give a string or a list of strings" in str(e.value)
 
 
 def test_a_name_bound_in_a_lambda_or_comprehension_is_read_from_the_kernel_outside_it():
@@ -555,6 +555,9 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         ("{fork n}x{join}", {"n": 0}, 7, "fork count must be an integer >= 1, got 0"),
         # the engine refused it only once the gen was sent, away from the hole
         ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be None or an integer"),
+        # refused by lmnb's gen itself (the message names the option): at that option, not the hole
+        ("{gen x max_tokens=8 stop=st}", {"st": 5}, 26, "stop=5 is invalid: give a string or a list of strings"),
+        ("{gen x stop_token_ids=ids}", {"ids": [-1]}, 23, "stop_token_ids=[-1] is invalid"),
     ],
 )
 def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col, words):

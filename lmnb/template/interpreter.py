@@ -7,6 +7,7 @@ docs/CELL_LANGUAGE.md); a test runs both faces on a recording state and compares
 from __future__ import annotations
 
 import builtins
+import re
 from typing import Any
 
 from lmnb.template.errors import TemplateRuntimeError
@@ -63,7 +64,9 @@ class _Run:
         try:
             return fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
         except (TypeError, ValueError) as e:  # lmnb refused a value the check above lets through
-            raise self.error(f"{node.primitive}: {e}", node.offset) from e
+            # at the option the message names ("stop=5 is invalid"), if exactly one; else the hole
+            named = [o for o in node.options if re.search(rf"\b{re.escape(o.key)}\b", str(e))]
+            raise self.error(f"{node.primitive}: {e}", named[0].value.offset if len(named) == 1 else node.offset) from e
 
     def media(self, node: Media, s, local):
         import lmnb
