@@ -272,3 +272,28 @@ def serve_http(handler):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def served_url(proc) -> str:
+    """The URL in the "serving ... on URL" line of ``lmnb serve`` running as ``proc`` (a Popen with
+    its output merged into a text stdout), once /health answers there (``--port 0`` servers: the
+    line names the port the system picked)."""
+    import httpx
+
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("lmnb serve: serving "):
+            url = line.rsplit(" on ", 1)[1].strip()
+            break
+    else:
+        raise AssertionError("lmnb serve ended without serving:\n" + "".join(lines))
+    deadline = time.time() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.time() < deadline, "lmnb serve did not answer /health"
+        time.sleep(0.2)

@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 from helpers_export import (
     NotebookRunner, example_values, jsonable, notebook, notebooks, read_results, run_script, script_env, write_rows,
 )
+from helpers_lang import served_url
 from lmnb.export import export_notebook
 
 NOTEBOOKS = notebooks()
@@ -190,30 +189,13 @@ def test_bad_rows_and_a_missing_field_are_per_row_errors(tiny_llama, tmp_path):
     assert "rows.jsonl line 2: missing field 'pattern'" in err
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_script_against_lmnb_serve_gives_the_same_results(runner, tiny_llama, tmp_path):
     """The same scripts on a server: SGLang's native protocol, and the OpenAI-compatible API."""
-    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),
-                               "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning"],
-                              env=script_env(tiny_llama), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+                               "--port", "0", "--served-model-name", "tiny", "--log-level", "warning"],
+                              env=script_env(tiny_llama), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, server.stderr.read().decode()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "lmnb serve did not start"
-            time.sleep(0.2)
+        url = served_url(server)
         for name, backend in (("builtin:qa", [url]), ("builtin:chat", [url + "/v1", "--openai", "tiny"])):
             nb = NOTEBOOKS[name]
             script, plan = export(tmp_path, nb)

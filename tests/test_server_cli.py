@@ -6,38 +6,22 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
-
-import httpx
 
 import lmnb as sgl
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers_lang import served_url
 
 
 def test_lmnb_serve_subprocess_serves_a_program(tiny_llama):
-    port = _free_port()
+    # --port 0: the system picks a free port, which the "serving" line names (a port found free by
+    # the test and bound by the server later could be taken meanwhile)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama), "--port", str(port),
+        [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama), "--port", "0",
          "--max-total-tokens", "4096", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, "lmnb serve did not come up"
-            time.sleep(0.2)
+        url = served_url(proc)
+        assert url.startswith("http://127.0.0.1:") and int(url.rsplit(":", 1)[1]) > 0
 
         @sgl.function
         def prog(s):
@@ -53,7 +37,7 @@ def test_lmnb_serve_subprocess_serves_a_program(tiny_llama):
 
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tmp_path / "nope"), "--port", str(_free_port())],
+        [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tmp_path / "nope"), "--port", "0"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2 and "lmnb serve:" in out.stderr and "nope" in out.stderr
@@ -76,7 +60,7 @@ def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
     # the warning came from warnings.warn, with the server module's path and its source line
     out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0",
                           "--model", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2  # (the missing model ends it before anything binds)
+    assert out.returncode == 2  # (the missing model ends it before it serves)
     assert out.stderr.splitlines()[0] == ("lmnb serve: warning: serving on 0.0.0.0 without --api-key: anyone who "
                                           "can reach it can use the model; add --api-key KEY")
     assert "UserWarning" not in out.stderr and "http_server" not in out.stderr
@@ -112,9 +96,9 @@ def test_lmnb_serve_without_model_loads_lmnb_model_as_load_and_batch_jobs_do(mon
     monkeypatch.setenv("LMNB_MODEL", "/models/from-env")
     parser = argparse.ArgumentParser()
     serve_arguments(parser)
-    assert serve(parser.parse_args(["--port", str(_free_port())])) == 2
+    assert serve(parser.parse_args(["--port", "0"])) == 2
     assert capsys.readouterr().err == ("lmnb serve: no checkpoint at /models/from-env (the model /models/from-env "
                                        "came from $LMNB_MODEL; --model names another)\n")
-    assert serve(parser.parse_args(["--port", str(_free_port()), "--model", "/models/given"])) == 2
+    assert serve(parser.parse_args(["--port", "0", "--model", "/models/given"])) == 2
     assert loaded == ["/models/from-env", "/models/given"]
     assert capsys.readouterr().err == "lmnb serve: no checkpoint at /models/given\n"

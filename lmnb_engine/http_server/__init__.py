@@ -23,7 +23,7 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help=f"HF checkpoint directory or hub id (default: ${MODEL_ENV}, else the demo model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one, named in the 'serving' line)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request but GET /health")
     parser.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -40,28 +40,36 @@ def create_app(engine, api_key=None, served_model_name=None):
     return _create_app(engine, api_key=api_key, served_model_name=served_model_name)
 
 
-def address_problem(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on (a host that does not resolve, a port in use), or
-    None. Checked before the model loads: uvicorn finds out only after, and exits 3."""
+def listen(host: str, port: int):
+    """A socket bound to ``host:port`` and listening (port 0: a free port the system picks), or a
+    message saying why it cannot be (a host that does not resolve, a port in use). Bound before
+    the model loads, so that uvicorn, which would find out only after and exit 3, serves on it; and
+    no other process can take the port meanwhile."""
     import errno
     import socket
 
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            sock.bind(address)
+        sock = socket.socket(family, kind, proto)
     except socket.gaierror as e:
         return f"the host does not resolve ({e.strerror}); give an address of this machine, e.g. 127.0.0.1"
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's default backlog
     except OSError as e:
+        sock.close()
         if e.errno == errno.EADDRINUSE:
             return "the port is in use (another server?); choose another --port"
         return f"{e.strerror or e}; give an address of this machine (--host) and a free --port"
-    return None
+    return sock
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Load the model, then serve until interrupted. Returns the exit status."""
+    """Load the model, then serve until interrupted. Returns the exit status.
+
+    Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
+    ``--port 0`` that is how a caller learns the port the system picked."""
     import uvicorn
 
     from lmnb_engine import Engine
@@ -73,21 +81,25 @@ def serve(args: argparse.Namespace) -> int:
         # a line of the command's own, not warnings.warn: that showed this file's path and source line
         print(f"lmnb serve: warning: serving on {args.host} without --api-key: anyone who can reach it can use "
               "the model; add --api-key KEY", file=sys.stderr)
-    problem = address_problem(args.host, args.port)
-    if problem:
-        print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
-        return 2
     model = model_or_env(args.model)
-    try:
-        engine = Engine(model=model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
-    except (FileNotFoundError, ValueError) as e:
-        # (a path the command line never named: say where it came from)
-        source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
-        print(f"lmnb serve: {e}{source}", file=sys.stderr)
+    sock = listen(args.host, args.port)
+    if isinstance(sock, str):
+        print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {sock}", file=sys.stderr)
         return 2
-    app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    finally:
-        engine.shutdown()
+    with sock:
+        try:
+            engine = Engine(model=model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
+        except (FileNotFoundError, ValueError) as e:
+            # (a path the command line never named: say where it came from)
+            source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
+            print(f"lmnb serve: {e}{source}", file=sys.stderr)
+            return 2
+        app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
+        try:
+            uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
+        finally:
+            engine.shutdown()
     return 0
