@@ -108,7 +108,7 @@ def profile_call(fn, device: str, elt_bytes: int = 2) -> dict:
         by_class[r["class"]] = by_class.get(r["class"], 0.0) + r["ms"]
         r["share"] = round(r["ms"] / total, 4) if total else 0.0
         r["ms"] = round(r["ms"], 3)
-    linears = []
+    linears = []  # (total microseconds, record)
     for e in prof.key_averages(group_by_input_shape=True):
         shapes = e.input_shapes
         if e.key != "aten::linear" or len(shapes) < 2 or len(shapes[0]) != 2 or len(shapes[1]) != 2:
@@ -117,16 +117,17 @@ def profile_call(fn, device: str, elt_bytes: int = 2) -> dict:
         us = e.device_time_total if cuda else e.cpu_time_total
         if us > 0:
             moved = elt_bytes * (m * k + n * k + m * n) * e.count
-            linears.append({"m": m, "k": k, "n": n, "calls": e.count, "us_per_call": round(us / e.count, 2),
-                            "gbps": round(moved / (us * 1e-6) / 1e9, 1), "_us": us})
-    linears.sort(key=lambda r: -r.pop("_us"))
+            linears.append((us, {"m": m, "k": k, "n": n, "calls": e.count, "us_per_call": round(us / e.count, 2),
+                                 "gbps": round(moved / (us * 1e-6) / 1e9, 1)}))
+    linears.sort(key=lambda pair: -pair[0])
     return {"wall_ms": round(wall * 1e3, 2), "kernel_ms": round(total, 3), "top": rows[:TOP],
             "by_class": {k: round(v, 3) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
-            "linears": linears}
+            "linears": [record for _, record in linears]}
 
 
 def scenarios(engine, smoke: bool):
-    """(name, steps, fn, graphs) for each profiled run; ``fn`` runs one measured generate call."""
+    """(name, steps, setup, graphs) for each profiled run: ``setup()`` prefills what the run needs
+    and returns ``fn``, which runs the one measured generate call."""
     from lmnb_engine import SamplingParams
 
     vocab = engine.loaded.config.vocab_size
@@ -153,8 +154,8 @@ def scenarios(engine, smoke: bool):
         engine.flush_cache()
         engine.generate([tokens(seq) for _ in range(n_seq)], SamplingParams(max_new_tokens=1, **greedy))
 
-    return [("decode_b1", new, decode(1), True), ("decode_b1_eager", new, decode(1), False),
-            ("decode_b32", new, decode(4 if smoke else 32), True), ("prefill", 1, prefill, True)]
+    return [("decode_b1", new, lambda: decode(1), True), ("decode_b1_eager", new, lambda: decode(1), False),
+            ("decode_b32", new, lambda: decode(4 if smoke else 32), True), ("prefill", 1, lambda: prefill, True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # CUPTI torn down after one profile and set up again for the next failed (crashes, or no GPU
+    # events) with CUDA graphs captured before it (pytorch#112507, kineto#1554): keep it up
+    os.environ.setdefault("TEARDOWN_CUPTI", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -183,22 +187,26 @@ def main(argv: list[str] | None = None) -> int:
         else:
             model = args.model
             engine = Engine(model, random_weights=True, device="cuda", dtype="bfloat16")
-        res = {"meta": {"date": datetime.date.today().isoformat(), "machine": machine, "model": args.model,
+        res = {"meta": {"date": datetime.date.today().isoformat(), "machine": machine,
+                        "model": "tiny-llama (smoke)" if args.smoke else args.model,
                         "torch": torch.__version__, "attention_backend": engine.runner.attn.name,
                         "cuda_graphs": engine.runner.graph_runner is not None}, "runs": {}, "errors": []}
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{res['meta']['date']}-{machine}-profile{'-smoke' if args.smoke else ''}.json"
         try:
-            for name, steps, fn, graphs in scenarios(engine, args.smoke):
+            for name, steps, setup, graphs in scenarios(engine, args.smoke):
                 runner = engine.runner
                 saved = runner.graph_runner
                 if not graphs:
                     runner.graph_runner = None  # eager forwards: what the graph saves, kernel by kernel
                 try:
-                    r = profile_call(fn, device, elt_bytes=4 if args.smoke else 2)
+                    r = profile_call(setup(), device, elt_bytes=4 if args.smoke else 2)
+                    if not r["top"]:  # (a profiler that recorded nothing must not pass for a profile)
+                        raise RuntimeError("the profiler recorded no kernel")
                 except Exception as exc:  # noqa: BLE001 - one failed profile must not lose the others
                     res["errors"].append({"run": name, "error": f"{type(exc).__name__}: {exc}"})
+                    path.write_text(json.dumps(res, indent=1))
                     continue
                 finally:
                     runner.graph_runner = saved

@@ -704,3 +704,19 @@ def test_an_html_error_page_is_shown_as_its_text_not_its_markup():
                               "Error code: 404 Message: File not found.)"), message
     assert f"is {url} an SGLang or lmnb server?" in message
     assert "takes the server's root URL" not in message
+
+
+def test_a_401_on_generate_is_an_auth_error_streamed_or_not(server, endpoint):
+    """A key refused by /generate (revoked after the connect, or a proxy guarding that route
+    only) came out as a plain BackendError: BackendAuthError is the 401 of every call."""
+    from lmnb.backend.base import BackendAuthError
+
+    server.answer = lambda handler, body: send(handler, 401, b'{"detail": "Invalid token"}')
+    with pytest.raises(BackendAuthError, match=r"^POST .*/generate: HTTP 401: Invalid token$"):
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+    with pytest.raises(BackendAuthError, match=r"^POST .*/generate: HTTP 401: Invalid token$"):
+        _stream(endpoint)
+    server.answer = lambda handler, body: send(handler, 403, b'{"detail": "Forbidden"}')
+    with pytest.raises(BackendError) as e:  # (another refusal is no auth error)
+        endpoint.generate(Prompt("Hi"), PARAMS, "r1")
+    assert type(e.value) is BackendError

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 import lmnb as sgl
 from helpers_lang import served_url
 
@@ -58,7 +60,7 @@ def test_lmnb_serve_refuses_an_unknown_log_level_before_loading():
 
 def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
     # the warning came from warnings.warn, with the server module's path and its source line
-    out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0",
+    out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0", "--port", "0",
                           "--model", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2  # (the missing model ends it before it serves)
     assert out.stderr.splitlines()[0] == ("lmnb serve: warning: serving on 0.0.0.0 without --api-key: anyone who "
@@ -102,3 +104,21 @@ def test_lmnb_serve_without_model_loads_lmnb_model_as_load_and_batch_jobs_do(mon
     assert serve(parser.parse_args(["--port", "0", "--model", "/models/given"])) == 2
     assert loaded == ["/models/from-env", "/models/given"]
     assert capsys.readouterr().err == "lmnb serve: no checkpoint at /models/given\n"
+
+
+def test_the_port_is_bound_before_the_model_loads_and_refuses_connections_until_it_is_served():
+    """``lmnb serve`` binds first, so that a bad address is named before the model loads, and
+    listens only once it is loaded: meanwhile a client is refused at once (it waited, with no
+    answer, for its whole timeout), as by a server not yet started."""
+    from lmnb_engine.http_server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        assert port > 0
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        sock.listen()
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    finally:
+        sock.close()

@@ -603,10 +603,11 @@ def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_an
             "a list of items, e.g. [person]"),
         ([], "{fork ... in person}: person has no items; a fork needs at least one branch"),
         ({"Arvel", "Bo"}, "{fork ... in person}: person is a set, whose order (the branches' order, and the order "
-                          "a join puts them in) changes from run to run; fork over sorted(person) or a list"),
+                          "a join puts them in) can change from run to run (strings hash differently in each "
+                          "process); fork over a list in the order you want, e.g. sorted(person)"),
         (frozenset({"Bo"}), "{fork ... in person}: person is a frozenset, whose order (the branches' order, and "
-                            "the order a join puts them in) changes from run to run; fork over sorted(person) or a "
-                            "list"),
+                            "the order a join puts them in) can change from run to run (strings hash differently in "
+                            "each process); fork over a list in the order you want, e.g. sorted(person)"),
     ],
 )
 def test_fork_over_a_string_dict_set_or_non_iterable_is_refused_by_the_kernel_and_the_export_alike(value, why):

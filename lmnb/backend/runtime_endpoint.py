@@ -355,7 +355,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             try:
                 res = self._request("POST", "/generate", data, call=call)
             except BackendError as e:  # (the server names SGLang's sampling parameters)
-                raise BackendError(in_gen_names(str(e))) from None
+                raise type(e)(in_gen_names(str(e))) from None  # (a BackendAuthError stays one)
         results = [self._result(it, f"POST {self.base_url}/generate") for it in (res if isinstance(res, list) else [res])]
         if len(results) != (params.n or 1):  # (the executor reads one sample per asked one)
             raise BackendError(f"POST {self.base_url}/generate returned {len(results)} results for n={params.n or 1}")
@@ -387,8 +387,9 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                     return
                 if r.status_code >= 400:
                     error = _error_text(_read_body(r, f"POST {self.base_url}/generate"))
-                    raise BackendError(f"POST {self.base_url}/generate: HTTP {r.status_code}: "
-                                       f"{in_gen_names(error)}{_busy() if r.status_code == 503 else ''}")
+                    raise (BackendAuthError if r.status_code == 401 else BackendError)(
+                        f"POST {self.base_url}/generate: HTTP {r.status_code}: "
+                        f"{in_gen_names(error)}{_busy() if r.status_code == 503 else ''}")
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 last_event = time.monotonic()  # (or the response's start)
@@ -678,7 +679,9 @@ def _error_text(content: bytes) -> str:
             text = " ".join(re.sub(r"<!--.*?-->|<[^>]*>", " ", text, flags=re.DOTALL).split())
             return f"an HTML page ({text[:300]})" if text else "an HTML page"
         return text[:500]
-    err = body.get("error", body) if isinstance(body, dict) else body
+    # SGLang's and lmnb's {"error": {"message": ...}}; FastAPI's HTTPException (a proxy, another
+    # server in front) answers {"detail": ...}
+    err = body.get("error", body.get("detail", body)) if isinstance(body, dict) else body
     if isinstance(err, dict):
         return str(err.get("message", err))
     return str(err)

@@ -64,8 +64,8 @@ def fork_items(items, source: str) -> list:
                         f"items, e.g. [{source}]")
     if isinstance(items, (set, frozenset)):
         raise TypeError(f"{where}: {source} is a {type(items).__name__}, whose order (the branches' order, and "
-                        f"the order a join puts them in) changes from run to run; fork over sorted({source}) or "
-                        "a list")
+                        "the order a join puts them in) can change from run to run (strings hash differently in "
+                        f"each process); fork over a list in the order you want, e.g. sorted({source})")
     try:
         iterator = iter(items)
     except TypeError:

@@ -40,11 +40,12 @@ def create_app(engine, api_key=None, served_model_name=None):
     return _create_app(engine, api_key=api_key, served_model_name=served_model_name)
 
 
-def listen(host: str, port: int):
-    """A socket bound to ``host:port`` and listening (port 0: a free port the system picks), or a
-    message saying why it cannot be (a host that does not resolve, a port in use). Bound before
-    the model loads, so that uvicorn, which would find out only after and exit 3, serves on it; and
-    no other process can take the port meanwhile."""
+def bind(host: str, port: int):
+    """A socket bound to ``host:port`` (port 0: a free port the system picks), not yet listening,
+    or a message saying why it cannot be (a host that does not resolve, a port in use). Bound
+    before the model loads, so that a bad address is named at once (uvicorn would find out only
+    after the load, and exit 3); listening only after it, so that meanwhile clients are refused at
+    once, as by a server not yet started, rather than left waiting for an answer."""
     import errno
     import socket
 
@@ -56,7 +57,6 @@ def listen(host: str, port: int):
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         sock.bind(address)
-        sock.listen(2048)  # uvicorn's default backlog
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
@@ -77,15 +77,15 @@ def serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
         return 2
+    model = model_or_env(args.model)
+    sock = bind(args.host, args.port)
+    if isinstance(sock, str):
+        print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {sock}", file=sys.stderr)
+        return 2
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         # a line of the command's own, not warnings.warn: that showed this file's path and source line
         print(f"lmnb serve: warning: serving on {args.host} without --api-key: anyone who can reach it can use "
               "the model; add --api-key KEY", file=sys.stderr)
-    model = model_or_env(args.model)
-    sock = listen(args.host, args.port)
-    if isinstance(sock, str):
-        print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {sock}", file=sys.stderr)
-        return 2
     with sock:
         try:
             engine = Engine(model=model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
@@ -98,6 +98,12 @@ def serve(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
+        try:
+            sock.listen(2048)  # (uvicorn's backlog)
+        except OSError as e:  # another server began listening on the port while the model loaded
+            engine.shutdown()
+            print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+            return 2
         try:
             uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
         finally:
