@@ -122,3 +122,41 @@ def test_the_port_is_bound_before_the_model_loads_and_refuses_connections_until_
         socket.create_connection(("127.0.0.1", port), timeout=10).close()
     finally:
         sock.close()
+
+
+def test_a_server_that_takes_the_port_while_the_model_loads_is_a_clear_exit(monkeypatch, capsys):
+    """The port is bound before the load and listened on after it; another server (binding with
+    SO_REUSEADDR, as uvicorn does) may begin listening there meanwhile: a one-line exit 2, the
+    engine shut down, not a traceback from inside uvicorn."""
+    import argparse
+
+    import lmnb_engine.engine
+    from lmnb_engine.http_server import serve, serve_arguments
+
+    with socket.socket() as probe:  # a free port, for this test only (the serve under test binds it)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    other, stopped = [], []
+
+    class Engine:
+        def __init__(self, model=None, **kwargs):  # the "load": another server takes the port
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            other.append(s)
+
+        def shutdown(self):
+            stopped.append(True)
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
+    monkeypatch.setattr("lmnb_engine.http_server.create_app", lambda engine, **kw: object())
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    try:
+        assert serve(parser.parse_args(["--port", str(port)])) == 2
+    finally:
+        for s in other:
+            s.close()
+    assert stopped == [True]
+    assert capsys.readouterr().err == f"lmnb serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"

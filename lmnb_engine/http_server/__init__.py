@@ -95,15 +95,15 @@ def serve(args: argparse.Namespace) -> int:
             print(f"lmnb serve: {e}{source}", file=sys.stderr)
             return 2
         app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
         try:
             sock.listen(2048)  # (uvicorn's backlog)
         except OSError as e:  # another server began listening on the port while the model loaded
             engine.shutdown()
             print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
             return 2
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
         try:
             uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
         finally:
