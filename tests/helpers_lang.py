@@ -232,6 +232,15 @@ def live_server(engine, api_key=None, served_model_name=None):
         sock.close()
 
 
+def send(handler, status: int, data: bytes, kind: str = "application/json") -> None:
+    """Answer ``handler``'s request (a ``BaseHTTPRequestHandler``) with ``status`` and body ``data``."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", kind)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 @contextlib.contextmanager
 def keyed_server():
     """A server on a free 127.0.0.1 port that answers every GET as ``lmnb serve --api-key K``
@@ -245,13 +254,8 @@ def keyed_server():
             pass
 
         def do_GET(self):
-            data = (b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
-                    b'"code": 401}}')
-            self.send_response(401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send(self, 401, b'{"error": {"message": "missing or wrong API key (send Authorization: Bearer <key>)", '
+                            b'"code": 401}}')
 
     with serve_http(Handler) as url:
         yield url

@@ -10,7 +10,7 @@ import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Callable
 
 import pytest
@@ -19,14 +19,15 @@ import lmnb
 from lmnb.backend.base import BackendError, Prompt
 from lmnb.ir import GenParams
 
-from helpers_lang import serve_http
+from helpers_lang import send, serve_http
 
 PARAMS = GenParams(max_new_tokens=4)
 
 
 class Scripted:
-    """A local HTTP server whose POST answers come from ``self.answer(handler, body)``; GET
-    answers ``self.model_info`` (SGLang's ``/get_model_info``)."""
+    """The script of a local HTTP server (``handler``, served by the ``server`` fixture at
+    ``url``): POST answers come from ``self.answer(handler, body)``; GET answers
+    ``self.model_info`` (SGLang's ``/get_model_info``)."""
 
     def __init__(self):
         self.answer: Callable = lambda handler, body: None
@@ -45,22 +46,8 @@ class Scripted:
             def do_POST(self):
                 scripted.answer(self, json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"null"))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def send(handler, status: int, data: bytes, kind: str = "application/json") -> None:
-    handler.send_response(status)
-    handler.send_header("Content-Type", kind)
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
+        self.handler = Handler
+        self.url = ""
 
 
 def events(handler, items, done: bool = True) -> None:
@@ -80,8 +67,8 @@ def events(handler, items, done: bool = True) -> None:
 @pytest.fixture
 def server():
     s = Scripted()
-    yield s
-    s.close()
+    with serve_http(s.handler) as s.url:
+        yield s
 
 
 @pytest.fixture

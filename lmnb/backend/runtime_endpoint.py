@@ -210,8 +210,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             raise self._failure(what, e, quick) from None
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
-            error = BackendAuthError if r.status_code == 401 else BackendError
-            raise error(f"{what}: HTTP {r.status_code}: {_error_text(content)}{hint}")
+            raise _http_failure(what, r.status_code, _error_text(content), hint)
         _refuse_redirect(r, what)
         if not reply:
             return None
@@ -387,9 +386,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                     return
                 if r.status_code >= 400:
                     error = _error_text(_read_body(r, f"POST {self.base_url}/generate"))
-                    raise (BackendAuthError if r.status_code == 401 else BackendError)(
-                        f"POST {self.base_url}/generate: HTTP {r.status_code}: "
-                        f"{in_gen_names(error)}{_busy() if r.status_code == 503 else ''}")
+                    raise _http_failure(f"POST {self.base_url}/generate", r.status_code, in_gen_names(error),
+                                        _busy() if r.status_code == 503 else "")
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 last_event = time.monotonic()  # (or the response's start)
@@ -667,6 +665,12 @@ def _read_body(r: Any, what: str) -> bytes:
                                "lmnb.backend.runtime_endpoint.MAX_BODY_BYTES")
         parts.append(chunk)
     return b"".join(parts)
+
+
+def _http_failure(what: str, status: int, words: str, hint: str = "") -> BackendError:
+    """The error of the call ``what`` that the server answered with HTTP ``status`` (>= 400) and
+    ``words``: a ``BackendAuthError`` for 401 (its API key), else a ``BackendError``."""
+    return (BackendAuthError if status == 401 else BackendError)(f"{what}: HTTP {status}: {words}{hint}")
 
 
 def _error_text(content: bytes) -> str:
