@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # The one prepared device script of issue 9: correctness of the Triton path against the torch path
-# on the GPU, then the whole benchmark suite, then a per-kernel profile, in 8 minutes on one H200.
+# on the GPU, the attention kernels' launch configurations timed, then the whole benchmark suite,
+# then a per-kernel profile, in 9 minutes on one H200.
 #
 # Before the call, on the workstation (pip works there, not on the device machine):
 #     bash benches/fetch_gpu_wheels.sh          # outlines-core for the device's Python 3.12 -> .whl/
 # Then, through the device tool:
-#     run(command="bash benches/gpu_check.sh", carry=[".whl"], timeout_s=540)
-# Results come back under $OUT: check.json and check.log, the suite's JSON and plot, the profile's
-# JSON, suite.log (the suite's and the profile's output), gpu.txt and triton_cache.tgz, 8 files,
-# the most the tool brings back. Copy them into benches/results/ and commit them. Nothing here
-# changes the GPU's settings.
+#     run(command="bash benches/gpu_check.sh", carry=[".whl"], timeout_s=590)
+# Results come back under $OUT: check.json, check.log (the GPU and versions, the correctness
+# checks' and the kernel timings' output), the kernel timings' JSON, the suite's JSON and plot,
+# the profile's JSON, suite.log (the suite's and the profile's output) and triton_cache.tgz, 8
+# files, the most the tool brings back. Copy them into benches/results/ and commit them. Nothing
+# here changes the GPU's settings.
 #
 # A second call on a fresh machine need not compile the kernels again: the run leaves its Triton
 # cache in $OUT/triton_cache.tgz; unpack it here into .triton_cache/ (git-ignored) and carry it:
 #     mkdir -p .triton_cache && tar xzf <files_at>/triton_cache.tgz -C .triton_cache
-#     run(command="SKIP_CHECK=1 SCRIPT_S=300 SUITE_ARGS='--skip-hf' bash benches/gpu_check.sh",
+#     run(command="SKIP_CHECK=1 SKIP_KERNELS=1 SCRIPT_S=300 SUITE_ARGS='--skip-hf' bash benches/gpu_check.sh",
 #         carry=[".whl", ".triton_cache"], timeout_s=360)
-# SCRIPT_S (default 480) is the whole script's time; SUITE_ARGS go to gpu_suite.py.
+# SCRIPT_S (default 540) is the whole script's time; SUITE_ARGS go to gpu_suite.py; SKIP_CHECK
+# and SKIP_KERNELS leave out the correctness checks and the kernel timings.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -24,7 +27,8 @@ OUT="${OUT:-$PWD/benches/results}"
 mkdir -p "$OUT"
 PY=python3
 START=$(date +%s)
-SCRIPT_S="${SCRIPT_S:-480}"   # 8 minutes: with the machine's start, time for a second call in a 15-minute lease
+SCRIPT_S="${SCRIPT_S:-540}"   # 9 minutes: with the machine's start, 4 minutes left of a 15-minute lease
+KERNELS_S=80                  # the kernel timings: about 30 kernel variants to compile, each timed
 PROFILE_S=90                  # the profile, last: a 7B engine's start and four profiled runs
 mkdir -p .triton_cache
 export TRITON_CACHE_DIR="$PWD/.triton_cache"
@@ -34,29 +38,37 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site" || echo "WARNING: wheel install failed; the JSON workload may be skipped"
 fi
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm --format=csv 2>&1 | tee "$OUT/gpu.txt"
-$PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+{ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm --format=csv 2>&1
+  $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+} | tee "$OUT/check.log"
 
 CHECK=skipped
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
-  echo "== 1/3 correctness: Triton vs torch on the GPU =="
+  echo "== 1/4 correctness: Triton vs torch on the GPU =="
   # 240 s: a fresh device has no Triton cache and compiles about 50 kernel variants before the checks
-  timeout 240 $PY benches/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/check.log"
+  timeout 240 $PY benches/gpu_check.py --out "$OUT" 2>&1 | tee -a "$OUT/check.log"
   CHECK=${PIPESTATUS[0]}
   [ "$CHECK" -eq 0 ] || echo "!! correctness check FAILED (exit $CHECK): the suite below still runs, but its numbers are suspect"
 fi
 
+KERNELS=skipped
+if [ "${SKIP_KERNELS:-0}" != 1 ]; then
+  echo "== 2/4 attention kernel configurations (up to ${KERNELS_S} s) ==" | tee -a "$OUT/check.log"
+  timeout -k 10 "$KERNELS_S" $PY benches/gpu_kernels.py --out-dir "$OUT" 2>&1 | tee -a "$OUT/check.log"
+  KERNELS=${PIPESTATUS[0]}
+fi
+
 ELAPSED=$(( $(date +%s) - START ))
 BUDGET=$(( SCRIPT_S - PROFILE_S - ELAPSED ))
-echo "== 2/3 benchmark suite (budget ${BUDGET} s) =="
+echo "== 3/4 benchmark suite (budget ${BUDGET} s) =="
 # shellcheck disable=SC2086  # SUITE_ARGS: words for gpu_suite.py
 timeout -k 15 $(( BUDGET + 30 )) $PY benches/gpu_suite.py --budget-s "$BUDGET" --out-dir "$OUT" ${SUITE_ARGS:-} 2>&1 \
   | tee "$OUT/suite.log"
 SUITE=${PIPESTATUS[0]}
-echo "== 3/3 per-kernel profile (up to ${PROFILE_S} s) ==" | tee -a "$OUT/suite.log"
+echo "== 4/4 per-kernel profile (up to ${PROFILE_S} s) ==" | tee -a "$OUT/suite.log"
 # its own process: a profiler fault cannot cost the suite's figures, already written above
 timeout -k 10 "$PROFILE_S" $PY benches/gpu_profile.py --out-dir "$OUT" 2>&1 | grep -v "^USDT:" | tee -a "$OUT/suite.log"
 PROFILE=${PIPESTATUS[0]}
 # the compiled kernels, for a later call on a fresh machine (see the top); left out if over 16 MiB
 tar czf "$OUT/triton_cache.tgz" -C .triton_cache . && du -h "$OUT/triton_cache.tgz"
-echo "gpu_check.sh: correctness exit $CHECK, suite exit $SUITE, profile exit $PROFILE, total $(( $(date +%s) - START )) s"
+echo "gpu_check.sh: correctness exit $CHECK, kernels exit $KERNELS, suite exit $SUITE, profile exit $PROFILE, total $(( $(date +%s) - START )) s"

@@ -6,6 +6,8 @@ suite (every workload on every system; achieved hit rate never above the optimal
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -120,8 +122,6 @@ def test_gpu_check_smoke_passes_every_check(tmp_path):
     """The device script's correctness half (``benches/gpu_check.py``) runs on CPU with tiny
     shapes, kernels interpreted: every check it would run on the H200 passes here, so a GPU
     session does not find it broken."""
-    import subprocess
-
     proc = subprocess.run([sys.executable, str(BENCHES / "gpu_check.py"), "--smoke", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -153,8 +153,6 @@ def test_gpu_check_norm_tolerance_allows_the_rounding_of_another_summation_order
     ulps off (a summation in another order, as the GPU kernel's is) flips a few normalized
     values by one bf16 step, and the weight multiply rounds them again; that passes, a norm 2%
     off does not."""
-    import subprocess
-
     proc = subprocess.run([sys.executable, "-c", NORM_CASE, str(BENCHES)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -188,8 +186,6 @@ def test_gpu_check_bf16_engines_agree_up_to_rounding():
     an attention whose outputs differ from torch's by bf16 rounding alone must pass that
     comparison. It does with the weights ``tiny_engine_load`` gives bf16 (std 0.02); the
     checkpoint's own (std 0.2) amplify the rounding into different tokens, and fail it."""
-    import subprocess
-
     proc = subprocess.run([sys.executable, "-c", BF16_CASE, str(BENCHES)], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -200,8 +196,6 @@ def test_suite_cut_short_by_sigterm_still_reports(tmp_path):
     """gpu_check.sh's ``timeout`` ends an overrunning suite with SIGTERM: the results file then
     names the step it cut, and the report (targets, plot) of what was measured is still written."""
     import signal
-    import subprocess
-
     proc = subprocess.Popen([sys.executable, str(BENCHES / "gpu_suite.py"), "--smoke", "--out-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = []
@@ -277,3 +271,44 @@ def test_profile_smoke_profiles_every_run(tmp_path):
         moved = 4 * (x["m"] * x["k"] + x["n"] * x["k"] + x["m"] * x["n"])
         # (gbps is rounded to 0.1 GB/s, us_per_call to 0.01 us)
         assert x["gbps"] == pytest.approx(moved / (x["us_per_call"] * 1e-6) / 1e9, rel=0.01, abs=0.051)
+
+
+def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
+    """``gpu_kernels.py --smoke`` (its own process: it interprets Triton): both extend cases and
+    both decode cases, every configuration timed and equal to the default's output (float32,
+    only the tiling differs), FLOPs and K/V bytes as counted by hand, one best per case."""
+    proc = subprocess.run([sys.executable, str(BENCHES / "gpu_kernels.py"), "--smoke", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result_file,) = tmp_path.glob("*-kernels-smoke.json")
+    res = json.loads(result_file.read_text())
+    assert res["errors"] == []
+    # tiny model: 2 query heads, 2 KV heads, head_dim 16. Prefill [0, 0] + [40, 24] new: 40*41/2 +
+    # 24*25/2 = 1120 visible pairs; prefix [20, 9] + [12, 17]: 20*12 + 12*13/2 + 9*17 + 17*18/2 = 624
+    extend = {r["case"]: r for r in res["extend"]}
+    assert {c: (r["pairs"], r["flops"]) for c, r in extend.items()} == {
+        "tiny/prefill": (1120, 4 * 16 * 2 * 1120), "tiny/prefix": (624, 4 * 16 * 2 * 624)}
+    # decode, float32: 2 (K and V) x 2 KV heads x 16 x 4 bytes per token; 70 and 70+33+90+5 tokens
+    decode = {r["case"]: r for r in res["decode"]}
+    assert {c: r["kv_bytes"] for c, r in decode.items()} == {"tiny/b1": 256 * 70, "tiny/b4": 256 * 198}
+    for r in res["extend"] + res["decode"]:
+        rows = r["configs"]
+        assert sum(x["default"] for x in rows) == 1 and rows[0]["default"], r["case"]
+        assert all("error" not in x and x["rel_err"] < 1e-5 and not x["wrong"] for x in rows), rows
+        (best,) = [x for x in rows if x.get("best")]
+        assert best["ms"] == min(x["ms"] for x in rows)
+    assert len(extend["tiny/prefill"]["configs"]) == 2  # the default (16x16) and 32x16
+    # b1: 3 configs at the grid's 4 splits, then the default at 8 and 16
+    assert [(x["config"]["block_n"], x["splits"]) for x in decode["tiny/b1"]["configs"]] == [
+        (16, 4), (16, 4), (32, 4), (16, 8), (16, 16)]
+
+
+def test_kernel_tuner_never_picks_a_wrong_config():
+    import gpu_kernels
+
+    res = gpu_kernels._mark_best({"configs": [{"ms": 1.0, "wrong": True, "default": False},
+                                              {"ms": 2.0, "wrong": False, "default": True},
+                                              {"error": "does not compile", "default": False}]})
+    assert [x.get("best", False) for x in res["configs"]] == [False, True, False]
+    assert res["best_speedup"] == 1.0

@@ -59,6 +59,32 @@ def test_extend_matches_torch_backend(case):
     assert torch.equal(pool.k_buffer[0], twin.k_buffer[0]) and torch.equal(pool.v_buffer[0], twin.v_buffer[0])
 
 
+# GPU-shaped tiles: a query tile of several key blocks, so a tile's causal range has whole blocks
+# (unmasked) before its diagonal blocks (masked), as 128x64 tiles do on a GPU; tiles are taken
+# heaviest first. Lengths straddle the block and tile edges.
+@pytest.mark.parametrize("block_m,block_n", [(32, 16), (64, 16), (32, 32)])
+def test_extend_with_gpu_shaped_tiles_matches_float64(block_m, block_n):
+    config = EXTEND_OPS.ExtendConfig(block_m, block_n, 4, 2)
+    for prefix, ext in (([0, 17, 48, 5], [100, 33, 64, 1]), ([31, 0], [15, 129])):
+        pool, batch, q, k, v = setup_batch(prefix, ext, 4, 2, 16, seed=5)
+        pool.set_kv(0, batch.out_cache_loc, k, v)
+        out = torch.full(q.shape, float("nan"))
+        starts = torch.cumsum(torch.tensor([0] + ext[:-1]), 0)
+        EXTEND_OPS.extend_attention_fwd(q, k, v, out, pool.k_buffer[0], pool.v_buffer[0], batch.req_to_token,
+                                        batch.req_pool_indices, torch.tensor(prefix), torch.tensor(ext), starts,
+                                        max(ext), 16**-0.5, config=config)
+        torch.testing.assert_close(out.double(), naive_attention(pool, batch, q, k, v), atol=2e-5, rtol=1e-4)
+
+
+def test_extend_refuses_a_tile_that_is_not_whole_key_blocks():
+    pool, batch, q, k, v = setup_batch([0], [4], 2, 2, 16)
+    with pytest.raises(ValueError, match="block_m must be a multiple of block_n"):
+        EXTEND_OPS.extend_attention_fwd(q, k, v, torch.empty_like(q), pool.k_buffer[0], pool.v_buffer[0],
+                                        batch.req_to_token, batch.req_pool_indices, torch.tensor([0]),
+                                        torch.tensor([4]), torch.tensor([0]), 4, 0.25,
+                                        config=EXTEND_OPS.ExtendConfig(48, 32, 4, 1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_half_precision_extend_and_decode_match_float64(dtype):
     """bf16 included: the interpreter's dot of bf16 blocks multiplies raw bits, so interpreted
@@ -97,6 +123,13 @@ def test_decode_matches_torch_backend(case):
     assert torch.equal(pool.k_buffer[0], twin.k_buffer[0])
 
 
+def test_decode_split_grid_aims_at_two_programs_per_sm():
+    """132 SMs: Llama-2-7B at batch 1 (32 KV heads) needs ceil(264 / 32) = 9 splits; at batch 32,
+    1024 programs already fill the GPU (1); 2 requests x 8 KV heads would want 17, capped at 16."""
+    grid = BACKEND.decode_split_grid
+    assert [grid(1, 32, 1, 132, 16), grid(32, 32, 1, 132, 16), grid(2, 8, 1, 132, 16)] == [9, 1, 16]
+
+
 def test_decode_kernel_with_empty_splits_and_one_split():
     """seq 5 in 4 splits of 2 leaves the last split empty; seq 1 in 8 splits leaves 7 empty."""
     prefix = [4, 0, 30]
@@ -108,6 +141,19 @@ def test_decode_kernel_with_empty_splits_and_one_split():
                                     batch.req_pool_indices, batch.seq_lens, splits, 8, 16**-0.5)
     ref = naive_attention(pool, batch, q, k, v)  # pool already holds k, v; the reference reads them from k, v
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_decode_with_other_block_sizes_matches_float64(block_n):
+    """The tuner's configurations: 64-key blocks (the GPU's) over splits shorter than a block."""
+    prefix = [4, 90, 200]
+    pool, batch, q, k, v = setup_batch(prefix, [1, 1, 1], 8, 2, 16, seed=6)
+    pool.set_kv(0, batch.out_cache_loc, k, v)
+    out = torch.full(q.shape, float("nan"))
+    DECODE_OPS.decode_attention_fwd(q, pool.k_buffer[0], pool.v_buffer[0], out, batch.req_to_token,
+                                    batch.req_pool_indices, batch.seq_lens, torch.tensor([1, 3, 5]), 5, 16**-0.5,
+                                    config=DECODE_OPS.DecodeConfig(block_n, 4, 1))
+    torch.testing.assert_close(out.double(), naive_attention(pool, batch, q, k, v), atol=2e-5, rtol=1e-4)
 
 
 def test_decode_larger_than_reserved_keeps_the_reserved_workspace():

@@ -25,6 +25,15 @@ DEFAULT_MAX_KV_SPLITS = 16
 DEFAULT_MIN_SPLIT_TOKENS = 64
 
 
+def decode_split_grid(batch_size: int, num_kv_heads: int, head_blocks: int, sm_count: int, max_kv_splits: int) -> int:
+    """Splits per request the decode grid has room for: enough that the split kernel's
+    ``batch_size x num_kv_heads x head_blocks`` programs become about two per multiprocessor,
+    within ``[1, max_kv_splits]``. It depends on the batch size and the model alone, so one CUDA
+    graph per batch size fixes it."""
+    programs = batch_size * num_kv_heads * head_blocks
+    return max(1, min(max_kv_splits, -(-2 * sm_count // programs)))
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -65,16 +74,13 @@ class TritonAttentionBackend(AttentionBackend):
         self._workspace = decode_workspace(max_batch_size, num_q_heads, head_dim, self.max_kv_splits, device)
 
     def _decode_splits(self, batch: ForwardBatch, num_kv_heads: int, head_blocks: int) -> None:
-        """Choose the split grid and each request's split count (device ops only, no host sync).
-
-        The grid gives the GPU about two programs per SM; it depends on the batch size and the
-        model alone, so one CUDA graph per batch size fixes it. Each request then takes
-        ``ceil(seq_len / min_split_tokens)`` splits, clamped to ``[1, grid]``.
-        """
+        """Choose the split grid (``decode_split_grid``) and each request's split count (device
+        ops only, no host sync): ``ceil(seq_len / min_split_tokens)`` splits, clamped to
+        ``[1, grid]``."""
         if self._sms is None:
             self._sms = _num_sms(batch.seq_lens.device)
-        programs = batch.batch_size * num_kv_heads * head_blocks
-        self._grid_splits = max(1, min(self.max_kv_splits, -(-2 * self._sms // programs)))
+        self._grid_splits = decode_split_grid(batch.batch_size, num_kv_heads, head_blocks, self._sms,
+                                              self.max_kv_splits)
         splits = torch.div(batch.seq_lens + (self.min_split_tokens - 1), self.min_split_tokens, rounding_mode="floor")
         self._num_splits = splits.clamp_(1, self._grid_splits).to(torch.int32)
 

@@ -19,12 +19,23 @@ so a decode step can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from lmnb_engine import triton_support
 from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step
+
+
+class DecodeConfig(NamedTuple):
+    """One launch configuration of the split kernel: key block ``block_n``, ``num_warps``, and
+    ``num_stages`` (the depth of Triton's software pipelining of the key loop)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
 @triton.jit
@@ -68,7 +79,8 @@ def _decode_split_kernel(
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
         v = tl.load(V_pool + slots[:, None] * stride_vpt + kvh * stride_vph + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale, F32_DOT)
+        acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale,
+                                            MASKED=True, F32_DOT=F32_DOT)
 
     # An empty split writes nothing; the merge skips it. (lo is broadcast to a vector first: the
     # CPU interpreter turns `bool vector & bool scalar` into integers, which masks reject.)
@@ -110,13 +122,14 @@ def decode_workspace(batch_size: int, num_q_heads: int, head_dim: int, max_kv_sp
             torch.empty((batch_size, num_q_heads, max_kv_splits), dtype=torch.float32, device=device))
 
 
-def _tiles(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
-    """(BLOCK_N, num_warps): 64-token tiles with 4 warps on GPUs (SGLang's choice), 32 for
-    float32, whose tiles of 64 overflow the 99 KB of shared memory of sm_86/89 at head_dim 256
-    and spill at 128 (``lmnb_engine.testing.triton_compile``); 16 under the CPU interpreter."""
+def decode_config(device: torch.device, dtype: torch.dtype) -> DecodeConfig:
+    """The split kernel's launch configuration for ``device``: 64-token blocks with 4 warps on
+    GPUs (SGLang's choice) and two pipeline stages; 32-token blocks for float32, whose blocks of
+    64 overflow the 99 KB of shared memory of sm_86/89 at head_dim 256 and spill at 128
+    (``lmnb_engine.testing.triton_compile``); 16 under the CPU interpreter."""
     if triton_support.device_arch(device) is None:
-        return 16, 4
-    return (32, 4) if dtype == torch.float32 else (64, 4)
+        return DecodeConfig(16, 4, 2)
+    return DecodeConfig(32, 4, 2) if dtype == torch.float32 else DecodeConfig(64, 4, 2)
 
 
 def decode_attention_fwd(
@@ -131,6 +144,7 @@ def decode_attention_fwd(
     max_kv_splits: int,
     sm_scale: float,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """Attention of one query per request over positions ``[0, seq_lens[b])``; writes ``out``.
 
@@ -145,6 +159,8 @@ def decode_attention_fwd(
         sm_scale: softmax scale.
         workspace: ``decode_workspace(B', Hq, D, S', ...)`` with ``B' >= B`` and ``S' >=
             max_kv_splits`` (allocated here if None; pass a fixed one under CUDA-graph capture).
+        config: the split kernel's launch configuration (default ``decode_config`` for the
+            device; the kernel tuner, ``benches/gpu_kernels.py``, passes others).
     Returns:
         ``out``.
     Raises:
@@ -168,7 +184,7 @@ def decode_attention_fwd(
     group = num_q_heads // num_kv_heads
     block_h = max(16, min(triton.next_power_of_2(group), 64))  # tl.dot needs >= 16 rows
     head_blocks = triton.cdiv(group, block_h)
-    block_n, num_warps = _tiles(q.device, q.dtype)
+    cfg = config or decode_config(q.device, q.dtype)
     block_d = triton.next_power_of_2(max(head_dim, 16))
     _decode_split_kernel[(B, num_kv_heads * head_blocks, max_kv_splits)](
         q, k_pool, v_pool, req_to_token, req_pool_indices, seq_lens, num_kv_splits, mid_o, mid_lse,
@@ -177,8 +193,8 @@ def decode_attention_fwd(
         req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_BLOCKS=head_blocks, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_H=block_h, BLOCK_N=block_n, F32_DOT=triton_support.f32_dot(q),
-        num_warps=num_warps, num_stages=2, enable_fp_fusion=True,
+        BLOCK_H=block_h, BLOCK_N=cfg.block_n, F32_DOT=triton_support.f32_dot(q),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True,
     )
     _decode_merge_kernel[(B, num_q_heads)](
         mid_o, mid_lse, seq_lens, num_kv_splits, out,

@@ -1,0 +1,308 @@
+"""Launch configurations of the Triton attention kernels, timed on the GPU (issue 9).
+
+    python benches/gpu_kernels.py                  # on a GPU: Llama-2-7B and Llama-3-8B heads, bf16
+    python benches/gpu_kernels.py --smoke          # CPU interpreter, tiny shapes (checks it runs)
+
+The first H200 run (``results/2026-12-04-nvidia-h200.md``) missed prefill (38.7k tok/s against
+45k) and Llama-2-7B decode at batch 32 (4325 tok/s against 4500), where the KV cache read by
+decode attention is about 40 % of the bytes a step moves. This script times each kernel alone
+over a set of launch configurations (tiles, warps, software-pipelining stages; for decode also
+the number of key splits) so the next change to ``extend_config`` / ``decode_config`` rests on
+measurements:
+
+- extend ``prefill``: 4 requests x 2048 new tokens, no cached prefix (the suite's prefill);
+  ``prefix``: 4 x 512 new tokens over 1536 cached ones. Rate: TFLOP/s, counting 4·D FLOPs per
+  visible (query, key) pair per query head. torch's SDPA (causal flash attention) on the same
+  prefill is timed as a bar;
+- decode ``b1`` and ``b32``: 1 and 32 requests of 576 tokens (the suite's decode at its
+  midpoint). Rate: GB/s of K/V read (2·Hkv·D·2 bytes per token), against a device-to-device copy
+  of 1 GiB (read + write) timed here.
+
+Every configuration's output is compared with the default configuration's: one that differs by
+more than bf16 rounding allows is reported ``wrong`` and never chosen. The configuration the
+engine uses now is marked ``default``; the fastest correct one per case ``best``.
+Writes ``<out-dir>/<date>-<machine>-kernels.json`` (after every case) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, when not installed
+
+# (block_m, block_n, num_warps, num_stages) and (block_n, num_warps, num_stages) tried on a GPU
+EXTEND_CONFIGS = [(128, 64, 8, 1), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 1), (128, 128, 8, 2),
+                  (64, 64, 4, 1), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 4, 2)]
+DECODE_CONFIGS = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (64, 4, 1), (64, 4, 2), (64, 4, 3), (128, 4, 1),
+                  (128, 4, 2), (128, 4, 3), (64, 8, 2), (128, 8, 2)]
+SPLIT_FACTORS = (1, 2, 4)  # the decode grid's splits, times these (up to max_kv_splits)
+# (name, query heads, KV heads, head_dim) of the models timed
+MODELS = [("llama-2-7b", 32, 32, 128), ("llama-3-8b", 32, 8, 128)]
+SMOKE_MODELS = [("tiny", 2, 2, 16)]
+SMOKE_EXTEND = [(16, 16, 4, 1), (32, 16, 4, 1)]
+SMOKE_DECODE = [(16, 4, 1), (32, 4, 1)]
+TOLERANCE = 2e-2  # max |out - default out| / max |default out|: bf16 rounding, not a wrong result
+
+
+def _timer(smoke: bool):
+    """ms per call of ``fn``: ``triton.testing.do_bench`` (mean, L2 flushed) on a GPU; one
+    wall-clock call in the interpreter."""
+    if smoke:
+        def timed(fn):
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+        return timed
+    import triton.testing
+
+    return lambda fn: triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="mean")
+
+
+def _pool(n_tokens: int, hkv: int, d: int, dtype, device):
+    """K and V pool buffers [n_tokens + 1, Hkv, D] with random contents (slot 0 is padding)."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(0)
+    shape = (n_tokens + 1, hkv, d)
+    return (torch.randn(shape, generator=g, device=device).to(dtype),
+            torch.randn(shape, generator=g, device=device).to(dtype))
+
+
+def _table(seq_lens: list[int], device):
+    """req_to_token int32 [B, max] giving each request a contiguous run of slots from 1 (as a
+    fresh prefill gets them), and req_pool_indices int64 [B]."""
+    import torch
+
+    table = torch.zeros((len(seq_lens), max(seq_lens)), dtype=torch.int32, device=device)
+    start = 1
+    for i, n in enumerate(seq_lens):
+        table[i, :n] = torch.arange(start, start + n, dtype=torch.int32, device=device)
+        start += n
+    return table, torch.arange(len(seq_lens), device=device)
+
+
+def _rel_err(out, ref) -> float:
+    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6))
+
+
+def extend_cases(models, smoke: bool):
+    """(case name, model, Hq, Hkv, D, prefix_lens, extend_lens) timed for extend."""
+    cases = []
+    for name, hq, hkv, d in models:
+        if smoke:
+            cases += [(f"{name}/prefill", name, hq, hkv, d, [0, 0], [40, 24]),
+                      (f"{name}/prefix", name, hq, hkv, d, [20, 9], [12, 17])]
+        else:
+            cases += [(f"{name}/prefill", name, hq, hkv, d, [0] * 4, [2048] * 4),
+                      (f"{name}/prefix", name, hq, hkv, d, [1536] * 4, [512] * 4)]
+    return cases
+
+
+def run_extend(case, configs, timed, device, dtype) -> dict:
+    """Time ``extend_attention_fwd`` on one case under each configuration."""
+    import torch
+
+    from lmnb_engine.attention.triton_ops.extend_attention import ExtendConfig, extend_attention_fwd, extend_config
+
+    name, _, hq, hkv, d, prefix, ext = case
+    T = sum(ext)
+    g = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn((T, hq, d), generator=g, device=device).to(dtype)
+    k = torch.randn((T, hkv, d), generator=g, device=device).to(dtype)
+    v = torch.randn((T, hkv, d), generator=g, device=device).to(dtype)
+    rows_per_req = [max(p, 1) for p in prefix]  # a table row even for no prefix (never read)
+    k_pool, v_pool = _pool(sum(rows_per_req), hkv, d, dtype, device)
+    table, rows = _table(rows_per_req, device)
+    prefix_t = torch.tensor(prefix, device=device)
+    ext_t = torch.tensor(ext, device=device)
+    starts = torch.cumsum(ext_t, 0) - ext_t
+    pairs = sum(p * e + e * (e + 1) // 2 for p, e in zip(prefix, ext))  # visible (query, key) pairs
+    flops = 4 * d * hq * pairs
+    default = extend_config(q.device, d, dtype)
+
+    def call(cfg):
+        out = torch.empty_like(q)
+        extend_attention_fwd(q, k, v, out, k_pool, v_pool, table, rows, prefix_t, ext_t, starts, max(ext),
+                             d**-0.5, config=cfg)
+        return out
+
+    ref = call(default)
+    rows_out = []
+    for c in dict.fromkeys([tuple(default)] + list(configs)):  # the default first, each once
+        cfg = ExtendConfig(*c)
+        rec = {"config": cfg._asdict(), "default": cfg == default}
+        try:
+            rec["rel_err"] = _rel_err(call(cfg), ref)
+            rec["wrong"] = rec["rel_err"] > TOLERANCE
+            rec["ms"] = round(timed(lambda: call(cfg)), 4)
+            rec["tflops"] = round(flops / (rec["ms"] * 1e-3) / 1e12, 1)
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows_out.append(rec)
+    res = {"case": name, "pairs": pairs, "flops": flops, "configs": rows_out}
+    if prefix == [0] * len(prefix) and len(set(ext)) == 1 and device.type == "cuda":
+        res["sdpa"] = _sdpa_bar(q, k, v, len(ext), ext[0], timed, flops)
+    return _mark_best(res)
+
+
+def _sdpa_bar(q, k, v, batch: int, seq: int, timed, flops: int) -> dict:
+    """torch SDPA's causal attention on the same prefill (requests of equal length, no prefix)."""
+    import torch.nn.functional as F
+
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    qb = q.view(batch, seq, hq, d).transpose(1, 2)
+    kb = k.view(batch, seq, hkv, d).transpose(1, 2)
+    vb = v.view(batch, seq, hkv, d).transpose(1, 2)
+    try:
+        ms = timed(lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=hq != hkv))
+        return {"ms": round(ms, 4), "tflops": round(flops / (ms * 1e-3) / 1e12, 1)}
+    except Exception as exc:  # noqa: BLE001 - the bar is optional
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def decode_cases(models, smoke: bool):
+    """(case name, model, Hq, Hkv, D, seq_lens) timed for decode: Llama-2-7B's, where it was short."""
+    name, hq, hkv, d = models[0]
+    if smoke:
+        return [(f"{name}/b1", name, hq, hkv, d, [70]), (f"{name}/b4", name, hq, hkv, d, [70, 33, 90, 5])]
+    return [(f"{name}/b1", name, hq, hkv, d, [576]), (f"{name}/b32", name, hq, hkv, d, [576] * 32)]
+
+
+def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
+    """Time ``decode_attention_fwd`` on one case under each configuration and split grid."""
+    import torch
+
+    from lmnb_engine.attention.triton_backend import DEFAULT_MAX_KV_SPLITS, DEFAULT_MIN_SPLIT_TOKENS, decode_split_grid
+    from lmnb_engine.attention.triton_ops.decode_attention import (
+        DecodeConfig, decode_attention_fwd, decode_config, decode_workspace)
+
+    name, _, hq, hkv, d, seq_lens = case
+    B = len(seq_lens)
+    g = torch.Generator(device=device).manual_seed(2)
+    q = torch.randn((B, hq, d), generator=g, device=device).to(dtype)
+    k_pool, v_pool = _pool(sum(seq_lens), hkv, d, dtype, device)
+    table, rows = _table(seq_lens, device)
+    seq_t = torch.tensor(seq_lens, device=device)
+    kv_bytes = 2 * hkv * d * k_pool.element_size() * sum(seq_lens)
+    grid = decode_split_grid(B, hkv, 1, sm_count, DEFAULT_MAX_KV_SPLITS)
+    default = decode_config(q.device, dtype)
+    ws = decode_workspace(B, hq, d, DEFAULT_MAX_KV_SPLITS, device)
+
+    def call(cfg, splits: int):
+        per_req = torch.clamp((seq_t + DEFAULT_MIN_SPLIT_TOKENS - 1) // DEFAULT_MIN_SPLIT_TOKENS, 1, splits)
+        out = torch.empty_like(q)
+        decode_attention_fwd(q, k_pool, v_pool, out, table, rows, seq_t, per_req.to(torch.int32), splits,
+                             d**-0.5, workspace=ws, config=cfg)
+        return out
+
+    ref = call(default, grid)
+    variants = [(tuple(default), grid)] + [(c, grid) for c in configs]
+    variants += [(tuple(default), min(grid * f, DEFAULT_MAX_KV_SPLITS)) for f in SPLIT_FACTORS[1:]]
+    rows_out = []
+    for c, splits in dict.fromkeys(variants):
+        cfg = DecodeConfig(*c)
+        rec = {"config": cfg._asdict(), "splits": splits, "default": cfg == default and splits == grid}
+        try:
+            rec["rel_err"] = _rel_err(call(cfg, splits), ref)
+            rec["wrong"] = rec["rel_err"] > TOLERANCE
+            rec["ms"] = round(timed(lambda: call(cfg, splits)), 4)
+            rec["gbps"] = round(kv_bytes / (rec["ms"] * 1e-3) / 1e9, 1)
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows_out.append(rec)
+    return _mark_best({"case": name, "kv_bytes": kv_bytes, "grid_splits": grid, "configs": rows_out})
+
+
+def _mark_best(res: dict) -> dict:
+    timed_ok = [r for r in res["configs"] if "ms" in r and not r["wrong"]]
+    if timed_ok:
+        best = min(timed_ok, key=lambda r: r["ms"])
+        best["best"] = True
+        default = next((r for r in timed_ok if r["default"]), None)
+        if default:
+            res["best_speedup"] = round(default["ms"] / best["ms"], 3)
+    return res
+
+
+def _copy_gbps(device, timed) -> float:
+    """Device-to-device copy of 1 GiB, counting bytes read and written."""
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src))
+    return round(2 * src.numel() / (ms * 1e-3) / 1e9, 1)
+
+
+def report(res: dict, rate: str) -> str:
+    lines = [f"== {res['case']}" + (f"  (best / default: {res['best_speedup']}x)" if "best_speedup" in res else "")]
+    for r in res["configs"]:
+        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items()) + (f" splits={r['splits']}" if "splits" in r else "")
+        mark = " ".join(word for word, on in (("default", r["default"]), ("BEST", r.get("best")),
+                                               ("WRONG", r.get("wrong"))) if on)
+        body = r["error"] if "error" in r else f"{r['ms']:9.4f} ms {r[rate]:8.1f} {rate}  err {r['rel_err']:.1e}"
+        lines.append(f"   {cfg:48s} {body}  {mark}")
+    if "sdpa" in res:
+        s = res["sdpa"]
+        body = s["error"] if "error" in s else f"{s['ms']:.4f} ms {s['tflops']} tflops"
+        lines.append(f"   torch SDPA (causal) {body}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes in the CPU interpreter (checks the script runs)")
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import torch
+
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: use --smoke on a CPU")
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16  # the interpreter's dots are float32 anyway
+    machine = "cpu" if args.smoke else torch.cuda.get_device_name(0).lower().replace(" ", "-")
+    sm_count = 4 if args.smoke else torch.cuda.get_device_properties(0).multi_processor_count
+    timed = _timer(args.smoke)
+    models = SMOKE_MODELS if args.smoke else MODELS
+    res = {"meta": {"date": datetime.date.today().isoformat(), "machine": machine, "torch": torch.__version__,
+                    "dtype": str(dtype)[6:], "tolerance": TOLERANCE},
+           "extend": [], "decode": [], "errors": []}
+    import triton
+
+    res["meta"]["triton"] = triton.__version__
+    if not args.smoke:
+        res["meta"]["copy_gbps"] = _copy_gbps(device, timed)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{res['meta']['date']}-{machine}-kernels{'-smoke' if args.smoke else ''}.json"
+    jobs = [("extend", c, lambda c=c: run_extend(c, SMOKE_EXTEND if args.smoke else EXTEND_CONFIGS, timed, device,
+                                                 dtype)) for c in extend_cases(models, args.smoke)]
+    jobs += [("decode", c, lambda c=c: run_decode(c, SMOKE_DECODE if args.smoke else DECODE_CONFIGS, timed, device,
+                                                  dtype, sm_count)) for c in decode_cases(models, args.smoke)]
+    for kind, case, job in jobs:
+        try:
+            r = job()
+        except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others
+            res["errors"].append({"case": case[0], "error": f"{type(exc).__name__}: {exc}"})
+        else:
+            res[kind].append(r)
+            print(report(r, "tflops" if kind == "extend" else "gbps"), flush=True)
+        path.write_text(json.dumps(res, indent=1))
+    if "copy_gbps" in res["meta"]:
+        print(f"device copy: {res['meta']['copy_gbps']} GB/s (read + write)")
+    for e in res["errors"]:
+        print(f"ERROR {e['case']}: {e['error']}")
+    print(f"kernels: {path}")
+    return 1 if res["errors"] or not (res["extend"] and res["decode"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
