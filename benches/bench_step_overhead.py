@@ -5,9 +5,10 @@ host side, detokenizing, stop checks, events) runs while the GPU is idle, since 
 with the sampled ids coming back to the host. At batch 1 of a 7B model a forward takes ~3.2 ms
 on an H200 (research runtime_bench §6), so every 100 us of host time costs ~3% of decode speed.
 This bench measures that host time on a CPU, with a model so small that its forward is cheap,
-and splits each step into the forward (``ModelRunner.forward``) and the rest. With overlapped
-decoding (the default) the rest would run while the GPU computes the next step; on a CPU
-nothing runs concurrently, so here it is the host work itself, overlapped or not.
+and splits each step into the forward (``ModelRunner.forward``) and the rest; and the same for a
+4 x 2048-token prefill (the suite's), whose host part the GPU's prefill figure includes. With
+overlapped decoding (the default) the rest would run while the GPU computes the next step; on a
+CPU nothing runs concurrently, so here it is the host work itself, overlapped or not.
 
     python benches/bench_step_overhead.py [--out benches/results/<date>-cpu-step-overhead.md]
 """
@@ -65,6 +66,33 @@ def measure(engine, batch: int, new_tokens: int, repeats: int) -> dict:
     return {"batch": batch, "step_us": steps[best], "forward_us": fwd[best], "host_us": steps[best] - fwd[best]}
 
 
+def measure_prefill(engine, n_seq: int, seq: int, repeats: int) -> dict:
+    """Host time (ms) of one ``generate`` of ``n_seq`` random ``seq``-token prompts (1 new token,
+    cache flushed first) outside ``ModelRunner.forward``: the caller's prompt checks, admission,
+    batch building, sampling, events (gpu_suite's prefill figure counts all of it)."""
+    import torch
+
+    from lmnb_engine import SamplingParams
+
+    runner = engine.scheduler.runner
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
+    runs = []
+    for _ in range(repeats):
+        prompts = [torch.randint(10, 400, (seq,), generator=g).tolist() for _ in range(n_seq)]
+        engine.flush_cache()
+        forward = _Timer(runner.forward)
+        runner.forward = forward
+        try:
+            t = time.perf_counter()
+            engine.generate(prompts, params)
+            total = time.perf_counter() - t
+        finally:
+            del runner.forward
+        runs.append((total - forward.total) * 1e3)
+    return {"prompts": f"{n_seq} x {seq}", "host_ms": min(runs)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -82,6 +110,11 @@ def main() -> int:
         with Engine(str(path), device="cpu", max_total_tokens=8192, attention_backend="torch") as eng:
             for batch in (1, 8, 32):
                 rows.append(measure(eng, batch, args.new_tokens, args.repeats))
+        long_path = make_tiny_checkpoint(f"{tmp}/long", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
+        with Engine(str(long_path), device="cpu", max_total_tokens=16384, chunked_prefill_size=8192,
+                    attention_backend="torch") as eng:
+            prefill = measure_prefill(eng, 4, 2048, args.repeats)
     lines = [f"# Host time per decode step, {datetime.date.today().isoformat()}", "",
              cpu_bench.machine_line(threads),
              "- model: random Llama, 1 layer, hidden 64 (its forward stands in for a GPU's launch work)",
@@ -90,6 +123,8 @@ def main() -> int:
              "|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['step_us']:.0f} | {r['forward_us']:.0f} | {r['host_us']:.0f} |")
+    lines += ["", f"Prefill of {prefill['prompts']} tokens (one forward, 1 new token), host time outside the "
+              f"forward, caller's prompt checks included: {prefill['host_ms']:.1f} ms"]
     cpu_bench.write_report(lines, args.out)
     return 0
 

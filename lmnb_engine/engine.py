@@ -159,6 +159,12 @@ def _is_token_id(t: Any) -> bool:
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)
 
 
+def _all_integral(items: Sequence[Any]) -> bool:
+    """Whether every item is a ``numbers.Integral`` (bools and numpy integers too). Plain ints are
+    tested by exact type first: the ABC test costs about 1 us an item, 9 ms on an 8k-token prompt."""
+    return all(type(t) is int for t in items) or all(isinstance(t, numbers.Integral) for t in items)
+
+
 def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
     """Refuse an ``Engine`` option of the wrong type before the model loads (ranges are checked
     where each option is used). A string such as ``"no"`` would otherwise pass as a true flag.
@@ -411,6 +417,8 @@ class Engine:
             if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):
                 # the text wrote its own BOS (apply_chat_template's output): the tokenizer's is one too many
                 ids = ids[1:]
+        elif isinstance(prompt, (list, tuple)) and all(type(t) is int for t in prompt):
+            ids = list(prompt)  # plain ints, by exact type (not bools), before the slow ABC test below
         elif isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
             ids = [int(t) for t in prompt]  # numpy integers too (a tokenizer's array, .tolist() or not)
         elif isinstance(prompt, (list, tuple)):
@@ -468,7 +476,7 @@ class Engine:
 
     def _split_batch(self, prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[list[int]], bool]:
         """(list of id lists, whether the caller passed a batch)."""
-        if isinstance(prompt, (list, tuple)) and prompt and not all(isinstance(t, numbers.Integral) for t in prompt):
+        if isinstance(prompt, (list, tuple)) and prompt and not _all_integral(prompt):
             return [self._to_ids(p) for p in prompt], True
         return [self._to_ids(prompt)], False
 

@@ -150,6 +150,20 @@ def test_params_that_are_not_sampling_params_raise_a_clear_type_error(engine):
     assert_idle_accounting(engine)
 
 
+def test_prompt_ids_of_mixed_int_types_are_read_and_bools_refused(engine, hf):
+    """Plain ints take a fast path (exact type); a list that mixes in numpy ints still reads as
+    one prompt, and a bool (an int subclass) is refused by both paths, naming its place."""
+    import numpy as np
+
+    ids = engine.encode("the red cat")
+    mixed = [ids[0], np.int64(ids[1])] + ids[2:]
+    assert engine.generate(mixed, GREEDY).token_ids == engine.generate(tuple(ids), GREEDY).token_ids == hf.greedy(ids, 8)
+    for bad in ([ids[0], True] + ids[2:], [np.int64(ids[0]), True]):
+        with pytest.raises(TypeError, match=r"list of token ids \(ints\); item 1 is True"):
+            engine.generate(bad, GREEDY)
+    assert_idle_accounting(engine)
+
+
 def test_numpy_token_ids_are_a_prompt_not_a_batch(engine, hf):
     # a list of numpy integers (a tokenizer's array turned into a list) used to be read as a batch
     # of prompts and refused with "a prompt is a string or a list of token ids, got int64"
