@@ -30,7 +30,7 @@ mkdir -p "$OUT"
 PY=python3
 START=$(date +%s)
 SCRIPT_S="${SCRIPT_S:-530}"   # under 9 minutes: with the machine's start, 4 minutes left of a 15-minute lease
-KERNELS_S=80                  # the kernel timings: about 30 kernel variants to compile, each timed
+KERNELS_S=100                 # the kernel timings: about 25 kernel variants to compile (~4 s each for extend)
 PROFILE_S=90                  # the profile, last: a 7B engine's start and four profiled runs
 [ "${SKIP_PROFILE:-0}" = 1 ] && PROFILE_S=0
 mkdir -p .triton_cache
@@ -47,11 +47,12 @@ fi
 
 CHECK=skipped
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
-  echo "== 1/4 correctness: Triton vs torch on the GPU =="
+  echo "== 1/4 correctness: Triton vs torch on the GPU ==" | tee -a "$OUT/check.log"
   # 240 s: a fresh device has no Triton cache and compiles about 50 kernel variants before the checks
   timeout 240 $PY benches/gpu_check.py --out "$OUT" 2>&1 | tee -a "$OUT/check.log"
   CHECK=${PIPESTATUS[0]}
-  [ "$CHECK" -eq 0 ] || echo "!! correctness check FAILED (exit $CHECK): the suite below still runs, but its numbers are suspect"
+  [ "$CHECK" -eq 0 ] || echo "!! correctness check FAILED (exit $CHECK): the suite below still runs, but its numbers are suspect" \
+    | tee -a "$OUT/check.log"
 fi
 
 KERNELS=skipped

@@ -287,8 +287,14 @@ def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
     # tiny model: 2 query heads, 2 KV heads, head_dim 16. Prefill [0, 0] + [40, 24] new: 40*41/2 +
     # 24*25/2 = 1120 visible pairs; prefix [20, 9] + [12, 17]: 20*12 + 12*13/2 + 9*17 + 17*18/2 = 624
     extend = {r["case"]: r for r in res["extend"]}
-    assert {c: (r["pairs"], r["flops"]) for c, r in extend.items()} == {
+    assert {c: (r["pairs"], r["flops"]) for c, r in extend.items() if c.startswith("tiny/")} == {
         "tiny/prefill": (1120, 4 * 16 * 2 * 1120), "tiny/prefix": (624, 4 * 16 * 2 * 624)}
+    # the second model (4 query heads) tries the default, then the fastest two of the first's prefill
+    assert extend["tiny-gqa/prefill"]["flops"] == 4 * 16 * 4 * 1120
+    ranked = sorted(extend["tiny/prefill"]["configs"], key=lambda x: x["ms"])
+    assert [x["config"] for x in extend["tiny-gqa/prefix"]["configs"]] == [
+        {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}] + [
+        x["config"] for x in ranked if not x["default"]]
     # decode, float32: 2 (K and V) x 2 KV heads x 16 x 4 bytes per token; 70 and 70+33+90+5 tokens
     decode = {r["case"]: r for r in res["decode"]}
     assert {c: r["kv_bytes"] for c, r in decode.items()} == {"tiny/b1": 256 * 70, "tiny/b4": 256 * 198}
@@ -305,7 +311,20 @@ def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
 
 
 def test_kernel_tuner_never_picks_a_wrong_config():
+    import torch
+
     import gpu_kernels
+
+    ref = torch.tensor([1.0, -2.0, 4.0])
+    for out, err in ((ref + 0.04, 0.01), (ref + 0.2, 0.05), (torch.tensor([1.0, float("nan"), 4.0]), None),
+                     (torch.tensor([1.0, float("inf"), 4.0]), None)):
+        rec = {}
+        gpu_kernels._check(rec, out, ref)
+        assert rec["rel_err"] == (pytest.approx(err) if err is not None else None)
+        assert rec["wrong"] is (err is None or err > gpu_kernels.TOLERANCE)
+    rec = {}
+    gpu_kernels._check(rec, ref, torch.tensor([1.0, float("nan"), 4.0]))  # a default gone wrong: none passes
+    assert rec["wrong"]
 
     res = gpu_kernels._mark_best({"configs": [{"ms": 1.0, "wrong": True, "default": False},
                                               {"ms": 2.0, "wrong": False, "default": True},
