@@ -17,12 +17,15 @@ prefill (each config compiles anew for another GQA group), to fit gpu_check.sh's
   prefill is timed as a bar;
 - decode ``b1`` and ``b32``: 1 and 32 requests of 576 tokens (the suite's decode at its
   midpoint). Rate: GB/s of K/V read (2·Hkv·D·2 bytes per token), against a device-to-device copy
-  of 1 GiB (read + write) timed here.
+  of 1 GiB (read + write) timed here;
+- ``gemv/*``: an experimental Triton GEMV (``gemv_kernel.py``) against cuBLAS (``F.linear`` of one
+  row, what the engine runs now) on each of Llama-2-7B's weight matrices, for batch-1 decode
+  (MBU 0.71 on the first run). Rate: GB/s of weights and vectors moved.
 
 Every configuration's output is compared with the default configuration's: one that differs by
 more than bf16 rounding allows, or holds a NaN or an infinity, is reported ``wrong`` and never
 chosen. The configuration the
-engine uses now is marked ``default``; the fastest correct one per case ``best``.
+engine uses now (for a GEMV, cuBLAS) is marked ``default``; the fastest correct one per case ``best``.
 Writes ``<out-dir>/<date>-<machine>-kernels.json`` (after every case) and prints a table.
 """
 
@@ -47,6 +50,14 @@ RERUN_BEST = 2
 DECODE_CONFIGS = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (64, 4, 1), (64, 4, 2), (64, 4, 3), (128, 4, 1),
                   (128, 4, 2), (128, 4, 3), (64, 8, 2), (128, 8, 2)]
 SPLIT_FACTORS = (1, 2, 4)  # the decode grid's splits, times these (up to max_kv_splits)
+# (block_n, block_k, num_warps, num_stages) of the experimental Triton GEMV (gemv_kernel.py)
+GEMV_CONFIGS = [(4, 1024, 4, 2), (8, 256, 4, 2), (8, 512, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 3), (16, 256, 4, 2),
+                (16, 512, 8, 2), (32, 128, 4, 3)]
+# Llama-2-7B's matrices a batch-1 decode step multiplies by (N rows x K): qkv, o, gate_up, down, LM head
+GEMV_SHAPES = [("qkv", 12288, 4096), ("o", 4096, 4096), ("gate_up", 22016, 4096), ("down", 4096, 11008),
+               ("lm_head", 32000, 4096)]
+SMOKE_GEMV = [(8, 32, 4, 1), (16, 16, 4, 1)]
+SMOKE_GEMV_SHAPES = [("odd", 45, 70)]
 # (name, query heads, KV heads, head_dim) of the models timed
 MODELS = [("llama-2-7b", 32, 32, 128), ("llama-3-8b", 32, 8, 128)]
 SMOKE_MODELS = [("tiny", 2, 2, 16), ("tiny-gqa", 4, 2, 16)]
@@ -237,6 +248,36 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
     return _mark_best({"case": name, "kv_bytes": kv_bytes, "grid_splits": grid, "configs": rows_out})
 
 
+def run_gemv(shape, configs, timed, device, dtype) -> dict:
+    """Time the Triton GEMV of ``gemv_kernel.py`` against cuBLAS (``F.linear`` of one row, what
+    the engine runs) on one weight matrix; cuBLAS is the row marked ``default``."""
+    import torch
+    import torch.nn.functional as F
+
+    from gemv_kernel import gemv
+
+    name, n, k = shape
+    g = torch.Generator(device=device).manual_seed(3)
+    w = (torch.randn((n, k), generator=g, device=device) * k**-0.5).to(dtype)
+    x = torch.randn((k,), generator=g, device=device).to(dtype)
+    moved = (n * k + n + k) * w.element_size()
+    ref = F.linear(x[None, :], w)[0]
+    rows_out = [{"config": {"cublas": True}, "default": True, "rel_err": 0.0, "wrong": False,
+                 "ms": round(timed(lambda: F.linear(x[None, :], w)), 4)}]
+    for c in configs:
+        rec = {"config": dict(zip(("block_n", "block_k", "num_warps", "num_stages"), c)), "default": False}
+        try:
+            _check(rec, gemv(x, w, *c), ref)
+            rec["ms"] = round(timed(lambda: gemv(x, w, *c)), 4)
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows_out.append(rec)
+    for rec in rows_out:
+        if "ms" in rec:
+            rec["gbps"] = round(moved / (rec["ms"] * 1e-3) / 1e9, 1)
+    return _mark_best({"case": f"gemv/{name}", "n": n, "k": k, "bytes": moved, "configs": rows_out})
+
+
 def _mark_best(res: dict) -> dict:
     timed_ok = [r for r in res["configs"] if "ms" in r and not r["wrong"]]
     if timed_ok:
@@ -300,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     models = SMOKE_MODELS if args.smoke else MODELS
     res = {"meta": {"date": datetime.date.today().isoformat(), "machine": machine, "torch": torch.__version__,
                     "dtype": str(dtype)[6:], "tolerance": TOLERANCE},
-           "extend": [], "decode": [], "errors": []}
+           "extend": [], "decode": [], "gemv": [], "errors": []}
     import triton
 
     res["meta"]["triton"] = triton.__version__
@@ -320,8 +361,12 @@ def main(argv: list[str] | None = None) -> int:
             return SMOKE_EXTEND if args.smoke else EXTEND_CONFIGS
         return fastest(res["extend"], f"{first_model}/prefill", RERUN_BEST)
 
-    jobs += [("extend", c, lambda c=c: run_extend(c, extend_configs(c), timed, device, dtype))
-             for c in extend_cases(models, args.smoke)]
+    extend_jobs = [("extend", c, lambda c=c: run_extend(c, extend_configs(c), timed, device, dtype))
+                   for c in extend_cases(models, args.smoke)]
+    gemv_jobs = [("gemv", (f"gemv/{s[0]}",), lambda s=s: run_gemv(s, SMOKE_GEMV if args.smoke else GEMV_CONFIGS,
+                                                                 timed, device, dtype))
+                 for s in (SMOKE_GEMV_SHAPES if args.smoke else GEMV_SHAPES)]
+    jobs += extend_jobs[:2] + gemv_jobs + extend_jobs[2:]  # the GEMVs (8 quick compiles) before the second model
     for kind, case, job in jobs:
         try:
             r = job()
@@ -338,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     for e in res["errors"]:
         print(f"ERROR {e['case']}: {e['error']}")
     print(f"kernels: {path}")
-    return 1 if res["errors"] or not (res["extend"] and res["decode"]) else 0
+    return 1 if res["errors"] or not (res["extend"] and res["decode"] and res["gemv"]) else 0
 
 
 if __name__ == "__main__":

@@ -274,9 +274,10 @@ def test_profile_smoke_profiles_every_run(tmp_path):
 
 
 def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
-    """``gpu_kernels.py --smoke`` (its own process: it interprets Triton): both extend cases and
-    both decode cases, every configuration timed and equal to the default's output (float32,
-    only the tiling differs), FLOPs and K/V bytes as counted by hand, one best per case."""
+    """``gpu_kernels.py --smoke`` (its own process: it interprets Triton): the extend cases of two
+    models, both decode cases and a GEMV against torch's, every configuration timed and equal to
+    the default's output (float32, only the tiling differs), FLOPs and bytes as counted by hand,
+    one best per case."""
     proc = subprocess.run([sys.executable, str(BENCHES / "gpu_kernels.py"), "--smoke", "--out-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -298,7 +299,11 @@ def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
     # decode, float32: 2 (K and V) x 2 KV heads x 16 x 4 bytes per token; 70 and 70+33+90+5 tokens
     decode = {r["case"]: r for r in res["decode"]}
     assert {c: r["kv_bytes"] for c, r in decode.items()} == {"tiny/b1": 256 * 70, "tiny/b4": 256 * 198}
-    for r in res["extend"] + res["decode"]:
+    # GEMV, float32, 45 x 70 weights: (45 * 70 + 45 + 70) * 4 bytes; cuBLAS the default, then 2 configs
+    (gemv,) = res["gemv"]
+    assert (gemv["case"], gemv["bytes"]) == ("gemv/odd", 13060)
+    assert [x["config"].get("block_n") for x in gemv["configs"]] == [None, 8, 16]
+    for r in res["extend"] + res["decode"] + res["gemv"]:
         rows = r["configs"]
         assert sum(x["default"] for x in rows) == 1 and rows[0]["default"], r["case"]
         assert all("error" not in x and x["rel_err"] < 1e-5 and not x["wrong"] for x in rows), rows
