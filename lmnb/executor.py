@@ -95,13 +95,28 @@ class ForkError(ProgramError):
     """
 
     def __init__(self, errors: dict, states: "ProgramStateGroup"):
-        def line(i: int, e: BaseException) -> str:  # the whole path (a nested fork's "0.1"), the message once
-            return f"branch {'.'.join(map(str, getattr(e, 'branch', ()) or (i,)))}: {getattr(e, 'message', e)}"
-
-        lines = "; ".join(line(i, e) for i, e in sorted(errors.items()))
-        super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {lines}")
+        # branches that failed alike are named once ("branches 0-15: ..."): a fork of 16 over a
+        # prompt too long for the model listed the same message 16 times
+        groups: dict[str, list[tuple]] = {}
+        for i, e in sorted(errors.items()):  # the whole path: a nested fork's branch is "0.1"
+            groups.setdefault(str(getattr(e, "message", e)), []).append(getattr(e, "branch", ()) or (i,))
+        parts = [f"branch{'es' * (len(paths) > 1)} {_branch_list(paths)}: {message}"
+                 for message, paths in groups.items()]
+        super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {'; '.join(parts)}")
         self.errors = errors
         self.states = states
+
+
+def _branch_list(paths: list[tuple]) -> str:
+    """Branch paths as "0.1, 2", with runs of consecutive branches of one fork as "0-15"."""
+    runs: list[list[tuple]] = []
+    for path in paths:
+        last = runs[-1][-1] if runs else None
+        if last is not None and last[:-1] == path[:-1] and last[-1] + 1 == path[-1]:
+            runs[-1].append(path)
+        else:
+            runs.append([path])
+    return ", ".join(".".join(map(str, r[0])) + (f"-{r[-1][-1]}" if len(r) > 1 else "") for r in runs)
 
 
 # ----------------------------------------------------------------------------------- observers

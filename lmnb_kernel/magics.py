@@ -409,30 +409,6 @@ def _tokens(model) -> dict:
     return tokens
 
 
-def _fork_failure(error) -> str:
-    """A ``ForkError`` with the branches that failed alike named once: ``{fork 16}`` over a prompt
-    too long for the model listed the same message 16 times."""
-    groups: dict[str, list] = {}
-    for i, e in sorted(error.errors.items()):
-        path = getattr(e, "branch", ()) or (i,)
-        groups.setdefault(str(getattr(e, "message", e)), []).append(path)
-    parts = [f"branch{'es' * (len(paths) > 1)} {_branch_list(paths)}: {message}" for message, paths in groups.items()]
-    return f"ForkError: {len(error.errors)} of {len(error.states)} fork branches failed: {'; '.join(parts)}"
-
-
-def _branch_list(paths: list) -> str:
-    """Branch paths as "0.1, 2", with runs of consecutive branches of one fork as "0-15"."""
-    runs: list[list] = []
-    for path in paths:
-        last = runs[-1][-1] if runs else None
-        if last is not None and last[:-1] == path[:-1] and last[-1] + 1 == path[-1]:
-            runs[-1].append(path)
-        else:
-            runs.append([path])
-    names = [".".join(map(str, r[0])) + (f"-{r[-1][-1]}" if len(r) > 1 else "") for r in runs]
-    return ", ".join(names)
-
-
 def _describe(error: BaseException, filename: str) -> str:
     """One message for a failed cell: the template's own position, or the cell line of Python code."""
     from lmnb.executor import ForkError
@@ -446,8 +422,8 @@ def _describe(error: BaseException, filename: str) -> str:
     for exc in chain:
         if isinstance(exc, TemplateError):
             return str(exc)
-    if isinstance(error, ForkError):
-        return _fork_failure(error)
+    if isinstance(error, ForkError):  # the join's line says nothing of which branch failed where
+        return f"ForkError: {error}"
     for exc in reversed(chain):  # innermost first: where the cell's own code failed
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
         if frames:
