@@ -100,6 +100,18 @@ class _Flight:
     unsampled: list[tuple[Req, int]] = field(default_factory=list)
 
 
+def _slots(table: torch.Tensor, spans: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The KV slots of a step's new tokens, int [sum of counts], from the host copy of
+    ``req_to_token`` (``table``) and a ``(row, first position, count)`` span per request.
+
+    A decode step (one token each) takes one indexed read; a step with longer spans, a slice per
+    request: indexing token by token built two Python lists and index tensors as long as the
+    step (4 ms for a 4 x 2048 prefill on a 2-core VM, against 0.03 ms for the slices)."""
+    if all(n == 1 for _, _, n in spans):
+        return table[torch.tensor([r for r, _, _ in spans]), torch.tensor([p for _, p, _ in spans])]
+    return torch.cat([table[r, p:p + n] for r, p, n in spans])
+
+
 def _peeks_next_token(req: Req) -> bool:
     """Whether ``req`` scores the token after its prompt without generating it: SGLang's prefill of
     a ``max_new_tokens=0`` request with ``return_logprob`` reports that token's logprob and top
@@ -587,8 +599,7 @@ class Scheduler:
         """
         ahead = int(input_ids is not None)
         ids: list[int] = []
-        loc_rows: list[int] = []
-        loc_cols: list[int] = []
+        spans: list[tuple[int, int, int]] = []  # (req_to_token row, first position, tokens) per request
         logit_rows: list[int] = []
         sample_at: dict[int, int] = {}  # row -> index into logits
         verify_at: dict[int, int] = {}  # row -> first of its jump-forward draft's logits rows
@@ -600,8 +611,7 @@ class Scheduler:
             start = req.kv_committed_len
             if not ahead:
                 ids += req.token_slice(start, start + n)
-            loc_rows += [req.req_pool_idx] * n
-            loc_cols += range(start, start + n)
+            spans.append((req.req_pool_idx, start, n))
             if not req.prompt_logprobs_done:
                 lo = max(start, req.params.logprob_start_len - 1, 0)
                 hi = min(start + n, req.prompt_len - 1)  # logits at p score token p + 1
@@ -623,7 +633,7 @@ class Scheduler:
         batch = ForwardBatch.build(
             mode,
             ids if not ahead else [0] * len(rows),
-            self.req_to_token_pool.host[torch.tensor(loc_rows), torch.tensor(loc_cols)],
+            _slots(self.req_to_token_pool.host, spans),
             self.req_to_token_pool.req_to_token,
             [r.req_pool_idx for r, _ in rows],
             [r.kv_committed_len for r, _ in rows],
