@@ -91,7 +91,7 @@ class ReqToTokenPool:
 
     The scheduler and the prefix cache read and write the host copy ``host``, so finding a
     request's slots never waits for the device; ``req_to_token`` is the table on the model's
-    device that the attention kernels read, kept equal to ``host`` by ``write`` and ``write_at``
+    device that the attention kernels read, kept equal to ``host`` by ``write`` and ``write_spans``
     (one host-to-device copy per call). On a CPU device the two are one tensor.
     """
 
@@ -108,11 +108,12 @@ class ReqToTokenPool:
         if self.req_to_token is not self.host:
             self.req_to_token[row, start:end].copy_(self.host[row, start:end], non_blocking=True)
 
-    def write_at(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
-        """``req_to_token[rows[i], cols[i]] = slots[i]`` for every i (slots: int [n], host)."""
-        if not rows:
+    def write_spans(self, spans: list[tuple[int, int, int]], slots: torch.Tensor) -> None:
+        """For each ``(row, start, n)`` of ``spans`` in turn, positions ``[start, start + n)`` of
+        ``row`` get the next ``n`` of ``slots`` (int [sum of n], host)."""
+        if not spans:
             return
-        index = torch.tensor([rows, cols], dtype=torch.int64)
+        index = span_index(spans)
         self.host[index[0], index[1]] = slots.to(torch.int32)
         if self.req_to_token is not self.host:
             packed = torch.cat([index, slots.to(torch.int64)[None, :]]).to(self.req_to_token.device, non_blocking=True)
@@ -131,3 +132,14 @@ class ReqToTokenPool:
     def free(self, row: int) -> None:
         """Return ``row`` to the free rows."""
         self._free_rows.append(row)
+
+
+def span_index(spans: list[tuple[int, int, int]]) -> torch.Tensor:
+    """int64 [2, sum of n]: the (row, position) of every table entry that the ``(row, start, n)``
+    spans cover, span by span. Spans of one position (a decode step) are listed in Python, which
+    is cheaper than a tensor op per request; longer ones (a prefill) are made by tensor ops, which
+    is cheaper than Python lists as long as the prompts (1.5 ms for 4 x 2048 on a 2-core VM)."""
+    if all(n == 1 for _, _, n in spans):
+        return torch.tensor([[r for r, _, _ in spans], [p for _, p, _ in spans]], dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.tensor([r for r, _, _ in spans]), torch.tensor([n for _, _, n in spans]))
+    return torch.stack([rows, torch.cat([torch.arange(p, p + n) for _, p, n in spans])])

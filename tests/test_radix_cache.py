@@ -273,3 +273,24 @@ def test_snapshot_of_a_path_deeper_than_the_recursion_limit():
         stack.extend((c, d + 1) for c in v.children)
     assert (nodes, tokens, deepest) == (2 * depth, 2 * depth, depth)
     assert_accounting(pool, cache)
+
+
+@pytest.mark.parametrize("spans", [[(3, 5, 2), (1, 0, 3), (0, 9, 1)], [(2, 7, 1), (0, 0, 1), (3, 127, 1)]],
+                         ids=["prefill-spans", "decode-spans"])
+def test_req_to_token_spans_write_and_read_back_position_by_position(spans):
+    """``write_spans`` fills each (row, start, n) span with the next n slots in turn; the same
+    index (``span_index``) reads them back: checked against a table filled entry by entry."""
+    from lmnb_engine.kv_pool import span_index
+
+    rows = ReqToTokenPool(4, 128, "cpu")
+    total = sum(n for _, _, n in spans)
+    slots = torch.arange(100, 100 + total)
+    rows.write_spans(spans, slots)
+    expected = torch.zeros_like(rows.host)
+    i = 0
+    for r, p, n in spans:
+        for j in range(n):
+            expected[r, p + j] = 100 + i
+            i += 1
+    assert torch.equal(rows.host, expected) and rows.req_to_token is rows.host
+    assert rows.host[tuple(span_index(spans))].tolist() == list(range(100, 100 + total))
