@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from lmnb_engine import triton_support
-from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step
+from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step, pool_block
 
 
 class DecodeConfig(NamedTuple):
@@ -72,13 +72,8 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
-        pos = n0 + offs_n
-        n_valid = pos < hi
-        slots = tl.load(Req_to_token + req * stride_req + pos, mask=n_valid, other=0).to(tl.int64)
-        k = tl.load(K_pool + slots[None, :] * stride_kpt + kvh * stride_kph + offs_d[:, None],
-                    mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        v = tl.load(V_pool + slots[:, None] * stride_vpt + kvh * stride_vph + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        k, v, n_valid = pool_block(K_pool, V_pool, Req_to_token + req * stride_req, n0, hi, kvh * stride_kph,
+                                   kvh * stride_vph, stride_kpt, stride_vpt, offs_n, offs_d, d_valid, MASKED=True)
         acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale,
                                             MASKED=True, F32_DOT=F32_DOT)
 

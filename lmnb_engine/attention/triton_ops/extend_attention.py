@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from lmnb_engine import triton_support
-from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step
+from lmnb_engine.attention.triton_ops.online_softmax import kv_block, online_softmax_step, pool_block
 
 
 class ExtendConfig(NamedTuple):
@@ -40,42 +40,6 @@ class ExtendConfig(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
-
-
-@triton.jit
-def _pool_block(K_pool, V_pool, slot_row, n0, limit, kv_k, kv_v, stride_kpt, stride_vpt, offs_n, offs_d, d_valid,
-                MASKED: tl.constexpr):
-    """K [BLOCK_D, BLOCK_N] (transposed) and V [BLOCK_N, BLOCK_D] of prefix positions
-    ``n0 + offs_n``, gathered from the pool through the request's ``req_to_token`` row; with
-    ``MASKED``, positions from ``limit`` on read as zeros (the prefix's last, partial block)."""
-    pos = n0 + offs_n
-    n_valid = pos < limit
-    if MASKED:
-        slots = tl.load(slot_row + pos, mask=n_valid, other=0).to(tl.int64)
-        k_mask = n_valid[None, :] & d_valid[:, None]
-        v_mask = n_valid[:, None] & d_valid[None, :]
-    else:
-        slots = tl.load(slot_row + pos).to(tl.int64)
-        k_mask = d_valid[:, None]
-        v_mask = d_valid[None, :]
-    k = tl.load(K_pool + kv_k + slots[None, :] * stride_kpt + offs_d[:, None], mask=k_mask, other=0.0)
-    v = tl.load(V_pool + kv_v + slots[:, None] * stride_vpt + offs_d[None, :], mask=v_mask, other=0.0)
-    return k, v, n_valid
-
-
-@triton.jit
-def _new_block(K_new, V_new, rows, stride_kt, stride_vt, kv_k, kv_v, n_valid, offs_d, d_valid, MASKED: tl.constexpr):
-    """K [BLOCK_D, BLOCK_N] (transposed) and V [BLOCK_N, BLOCK_D] of the new tokens at packed
-    ``rows``; with ``MASKED``, rows where ``n_valid`` is False read as zeros."""
-    if MASKED:
-        k_mask = n_valid[None, :] & d_valid[:, None]
-        v_mask = n_valid[:, None] & d_valid[None, :]
-    else:
-        k_mask = d_valid[:, None]
-        v_mask = d_valid[None, :]
-    k = tl.load(K_new + kv_k + rows[None, :] * stride_kt + offs_d[:, None], mask=k_mask, other=0.0)
-    v = tl.load(V_new + kv_v + rows[:, None] * stride_vt + offs_d[None, :], mask=v_mask, other=0.0)
-    return k, v
 
 
 @triton.jit
@@ -123,12 +87,12 @@ def _extend_kernel(
     kv_v = kvh * stride_vph
     whole = prefix_len - prefix_len % BLOCK_N
     for n0 in range(0, whole, BLOCK_N):
-        k, v, n_valid = _pool_block(K_pool, V_pool, slot_row, n0, prefix_len, kv_k, kv_v, stride_kpt, stride_vpt,
+        k, v, n_valid = pool_block(K_pool, V_pool, slot_row, n0, prefix_len, kv_k, kv_v, stride_kpt, stride_vpt,
                                     offs_n, offs_d, d_valid, MASKED=False)
         acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale,
                                             MASKED=False, F32_DOT=F32_DOT)
     for n0 in range(whole, prefix_len, BLOCK_N):
-        k, v, n_valid = _pool_block(K_pool, V_pool, slot_row, n0, prefix_len, kv_k, kv_v, stride_kpt, stride_vpt,
+        k, v, n_valid = pool_block(K_pool, V_pool, slot_row, n0, prefix_len, kv_k, kv_v, stride_kpt, stride_vpt,
                                     offs_n, offs_d, d_valid, MASKED=True)
         acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale,
                                             MASKED=True, F32_DOT=F32_DOT)
@@ -140,16 +104,16 @@ def _extend_kernel(
     diagonal = tile * BLOCK_M * active
     for n0 in range(0, diagonal, BLOCK_N):
         kn = n0 + offs_n
-        k, v = _new_block(K_new, V_new, start + kn, stride_kt, stride_vt, kn_k, kn_v, kn < ext_len, offs_d, d_valid,
-                          MASKED=False)
+        k, v = kv_block(K_new, V_new, start + kn, stride_kt, stride_vt, kn_k, kn_v, kn < ext_len, offs_d, d_valid,
+                        MASKED=False)
         acc, l_i, m_i = online_softmax_step(q, k, v, kn[None, :] < ext_len, acc, l_i, m_i, sm_scale,
                                             MASKED=False, F32_DOT=F32_DOT)
     end = tl.minimum(ext_len, (tile + 1) * BLOCK_M) * active
     for n0 in range(diagonal, end, BLOCK_N):
         kn = n0 + offs_n
         n_valid = kn < ext_len
-        k, v = _new_block(K_new, V_new, start + kn, stride_kt, stride_vt, kn_k, kn_v, n_valid, offs_d, d_valid,
-                          MASKED=True)
+        k, v = kv_block(K_new, V_new, start + kn, stride_kt, stride_vt, kn_k, kn_v, n_valid, offs_d, d_valid,
+                        MASKED=True)
         visible = n_valid[None, :] & (offs_m[:, None] >= kn[None, :])
         acc, l_i, m_i = online_softmax_step(q, k, v, visible, acc, l_i, m_i, sm_scale,
                                             MASKED=True, F32_DOT=F32_DOT)
