@@ -296,16 +296,6 @@ def fastest(results: list[dict], case: str, n: int) -> list[tuple]:
     return [tuple(r["config"].values()) for r in ok[:n]]
 
 
-def _copy_gbps(device, timed) -> float:
-    """Device-to-device copy of 1 GiB, counting bytes read and written."""
-    import torch
-
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = timed(lambda: dst.copy_(src))
-    return round(2 * src.numel() / (ms * 1e-3) / 1e9, 1)
-
-
 def report(res: dict, rate: str) -> str:
     lines = [f"== {res['case']}" + (f"  (best / default: {res['best_speedup']}x)" if "best_speedup" in res else "")]
     for r in res["configs"]:
@@ -331,11 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     import torch
 
+    from gpu_suite import copy_gbps, machine_name
+
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --smoke on a CPU")
     device = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16  # the interpreter's dots are float32 anyway
-    machine = "cpu" if args.smoke else torch.cuda.get_device_name(0).lower().replace(" ", "-")
+    machine = machine_name(device.type)
     sm_count = 4 if args.smoke else torch.cuda.get_device_properties(0).multi_processor_count
     timed = _timer(args.smoke)
     models = SMOKE_MODELS if args.smoke else MODELS
@@ -346,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
     res["meta"]["triton"] = triton.__version__
     if not args.smoke:
-        res["meta"]["copy_gbps"] = _copy_gbps(device, timed)
+        res["meta"]["copy_gbps"] = round(copy_gbps("cuda", 1 << 30, lambda fn: timed(fn) * 1e-3), 1)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{res['meta']['date']}-{machine}-kernels{'-smoke' if args.smoke else ''}.json"

@@ -171,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
+    from gpu_suite import machine_name
     from lmnb_engine import Engine
 
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --smoke on a CPU")
     device = "cpu" if args.smoke else "cuda"
-    machine = "cpu" if args.smoke else torch.cuda.get_device_name(0).lower().replace(" ", "-")
+    machine = machine_name(device)
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
             from lmnb_engine.testing import make_tiny_checkpoint

@@ -75,7 +75,7 @@ class Suite:
         self.t0 = time.perf_counter()
         self.expansions = ThreadPoolExecutor(512, thread_name_prefix="sot-expand")
         self.scale = wl.SMOKE if self.smoke else wl.FULL
-        machine = _machine(self.device)
+        machine = machine_name(self.device)
         date = datetime.date.today().isoformat()
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -193,14 +193,12 @@ class Suite:
 
         dev = self.device
         n = (1 << 30) if dev == "cuda" else (1 << 22)
-        a = torch.empty(n, dtype=torch.uint8, device=dev)
-        b = torch.empty_like(a)
-        s = _timed(dev, lambda: b.copy_(a), reps=10)
+        copy = copy_gbps(dev, n, lambda fn: _timed(dev, fn, reps=10))
         k = 8192 if dev == "cuda" else 256
         dt = torch.bfloat16 if dev == "cuda" else torch.float32
         x, y = torch.randn(k, k, dtype=dt, device=dev), torch.randn(k, k, dtype=dt, device=dev)
         m = _timed(dev, lambda: x @ y, reps=10)
-        self.results["roofline"] = {"copy_gbps_rw": 2 * n / s / 1e9, "matmul_tflops": 2 * k**3 / m / 1e12,
+        self.results["roofline"] = {"copy_gbps_rw": copy, "matmul_tflops": 2 * k**3 / m / 1e12,
                                     "matmul_dtype": str(dt), "copy_bytes": n, "matmul_k": k}
 
     def lmnb_micro(self, model: str, engine) -> None:
@@ -462,12 +460,24 @@ class Suite:
 
 # --- helpers -------------------------------------------------------------------------------------
 
-def _machine(device: str) -> str:
+def machine_name(device: str) -> str:
+    """The machine in result file names: the GPU's name ("nvidia-h200") on "cuda", else "cpu"
+    (shared with gpu_profile.py and gpu_kernels.py, so one run's files sort together)."""
     import torch
 
     if device == "cuda":
         return torch.cuda.get_device_name(0).lower().replace(" ", "-")
     return "cpu"
+
+
+def copy_gbps(device: str, n_bytes: int, timed) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting the bytes read and written, of a buffer
+    of ``n_bytes``; ``timed(fn)`` gives the seconds of one call of ``fn``."""
+    import torch
+
+    a = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    return 2 * n_bytes / timed(lambda: b.copy_(a)) / 1e9
 
 
 def _env(device: str, machine: str, args) -> dict:
