@@ -118,6 +118,19 @@ def _check(rec: dict, out, ref) -> None:
     rec["wrong"] = rec["rel_err"] is None or rec["rel_err"] > TOLERANCE
 
 
+def _measure(rec: dict, run, ref, timed, amount: float, rate: str, unit: float) -> dict:
+    """Check one configuration's output (``run()``) against ``ref``, then time it: ``rec`` gets
+    ``rel_err``, ``wrong``, ``ms`` and ``rate`` (``amount`` per second, in ``unit``s), or the
+    ``error`` of a configuration that does not compile or run (a result too)."""
+    try:
+        _check(rec, run(), ref)
+        rec["ms"] = round(timed(run), 4)
+        rec[rate] = round(amount / (rec["ms"] * 1e-3) / unit, 1)
+    except Exception as exc:  # noqa: BLE001 - the other configurations still run
+        rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return rec
+
+
 def extend_cases(models, smoke: bool):
     """(case name, model, Hq, Hkv, D, prefix_lens, extend_lens) timed for extend."""
     cases = []
@@ -164,13 +177,7 @@ def run_extend(case, configs, timed, device, dtype) -> dict:
     for c in dict.fromkeys([tuple(default)] + list(configs)):  # the default first, each once
         cfg = ExtendConfig(*c)
         rec = {"config": cfg._asdict(), "default": cfg == default}
-        try:
-            _check(rec, call(cfg), ref)
-            rec["ms"] = round(timed(lambda: call(cfg)), 4)
-            rec["tflops"] = round(flops / (rec["ms"] * 1e-3) / 1e12, 1)
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        rows_out.append(rec)
+        rows_out.append(_measure(rec, lambda: call(cfg), ref, timed, flops, "tflops", 1e12))
     res = {"case": name, "pairs": pairs, "flops": flops, "configs": rows_out}
     if prefix == [0] * len(prefix) and len(set(ext)) == 1 and device.type == "cuda":
         res["sdpa"] = _sdpa_bar(q, k, v, len(ext), ext[0], timed, flops)
@@ -238,13 +245,7 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
     for c, splits in dict.fromkeys(variants):
         cfg = DecodeConfig(*c)
         rec = {"config": cfg._asdict(), "splits": splits, "default": cfg == default and splits == grid}
-        try:
-            _check(rec, call(cfg, splits), ref)
-            rec["ms"] = round(timed(lambda: call(cfg, splits)), 4)
-            rec["gbps"] = round(kv_bytes / (rec["ms"] * 1e-3) / 1e9, 1)
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        rows_out.append(rec)
+        rows_out.append(_measure(rec, lambda: call(cfg, splits), ref, timed, kv_bytes, "gbps", 1e9))
     return _mark_best({"case": name, "kv_bytes": kv_bytes, "grid_splits": grid, "configs": rows_out})
 
 
@@ -262,19 +263,11 @@ def run_gemv(shape, configs, timed, device, dtype) -> dict:
     x = torch.randn((k,), generator=g, device=device).to(dtype)
     moved = (n * k + n + k) * w.element_size()
     ref = F.linear(x[None, :], w)[0]
-    rows_out = [{"config": {"cublas": True}, "default": True, "rel_err": 0.0, "wrong": False,
-                 "ms": round(timed(lambda: F.linear(x[None, :], w)), 4)}]
+    rows_out = [_measure({"config": {"cublas": True}, "default": True}, lambda: F.linear(x[None, :], w)[0], ref,
+                         timed, moved, "gbps", 1e9)]
     for c in configs:
         rec = {"config": dict(zip(("block_n", "block_k", "num_warps", "num_stages"), c)), "default": False}
-        try:
-            _check(rec, gemv(x, w, *c), ref)
-            rec["ms"] = round(timed(lambda: gemv(x, w, *c)), 4)
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        rows_out.append(rec)
-    for rec in rows_out:
-        if "ms" in rec:
-            rec["gbps"] = round(moved / (rec["ms"] * 1e-3) / 1e9, 1)
+        rows_out.append(_measure(rec, lambda: gemv(x, w, *c), ref, timed, moved, "gbps", 1e9))
     return _mark_best({"case": f"gemv/{name}", "n": n, "k": k, "bytes": moved, "configs": rows_out})
 
 
