@@ -275,8 +275,9 @@ def test_snapshot_of_a_path_deeper_than_the_recursion_limit():
     assert_accounting(pool, cache)
 
 
-@pytest.mark.parametrize("spans", [[(3, 5, 2), (1, 0, 3), (0, 9, 1)], [(2, 7, 1), (0, 0, 1), (3, 127, 1)]],
-                         ids=["prefill-spans", "decode-spans"])
+@pytest.mark.parametrize("spans", [[(3, 5, 2), (1, 0, 3), (0, 9, 1)], [(2, 7, 1), (0, 0, 1), (3, 127, 1)],
+                                   [(0, 40, 1), (2, 0, 0), (1, 10, 1), (3, 0, 6), (2, 33, 1)]],
+                         ids=["prefill-spans", "decode-spans", "decodes-beside-a-chunk-and-an-empty-span"])
 def test_req_to_token_spans_write_and_read_back_position_by_position(spans):
     """``write_spans`` fills each (row, start, n) span with the next n slots in turn; the same
     index (``span_index``) reads them back: checked against a table filled entry by entry."""
