@@ -142,7 +142,8 @@ def norm_close(ref: torch.Tensor, got: torch.Tensor) -> tuple[bool, float]:
 def check_layer_kernels() -> None:
     from lmnb_engine.layers.mlp import SiluAndMul
     from lmnb_engine.layers.rmsnorm import RMSNorm
-    from lmnb_engine.layers.rotary import ApplyRotary, RotaryEmbedding
+    from lmnb_engine.kv_pool import TokenToKVPool
+    from lmnb_engine.layers.rotary import RotaryEmbedding, RotaryStoreKV
 
     dtype = torch.float16 if SMOKE else torch.bfloat16  # the interpreter truncates bf16 (tests/test_triton_layers)
     name = str(dtype)[6:]
@@ -169,13 +170,22 @@ def check_layer_kernels() -> None:
     ref, got = both(SiluAndMul(), rand(T, 2 * inter, scale=4))
     record(f"SiLU-and-mul ({name})", torch.equal(ref, got), max_diff=f"{float((ref.float() - got.float()).abs().max()):.2e}")
     qkv = rand(T, (hq + 2 * hkv) * d, scale=2)
-    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     from types import SimpleNamespace
 
     rope_cfg = SimpleNamespace(rope_type="default", head_dim=d, rope_theta=500000.0)
     cos, sin = RotaryEmbedding(rope_cfg).to(DEV).cos_sin(torch.randint(0, 8000, (T,), generator=g).to(DEV), dtype)
-    (rq, rk), (gq, gk) = both(ApplyRotary(), q.view(T, hq, d), k.view(T, hkv, d), cos, sin)
-    record(f"RoPE in place ({name})", torch.equal(rq, gq) and torch.equal(rk, gk),
+    loc = (torch.randperm(T, generator=g) + 1).to(DEV)
+    rope, pools = RotaryStoreKV(), [TokenToKVPool(T, 1, hkv, d, dtype, DEV) for _ in range(2)]
+    (rq, rk), (gq, gk) = (
+        rope.forward_torch(q.clone().view(T, hq, d), k.clone().view(T, hkv, d), v.view(T, hkv, d), cos, sin,
+                           pools[0], 0, loc),
+        rope.forward_triton(q.clone().view(T, hq, d), k.clone().view(T, hkv, d), v.view(T, hkv, d), cos, sin,
+                            pools[1], 0, loc))
+    pool_same = all(torch.equal(a, b) for a, b in zip(pools[0].k_buffer + pools[0].v_buffer,
+                                                      pools[1].k_buffer + pools[1].v_buffer))
+    record(f"RoPE in place with the KV-pool write ({name})", torch.equal(rq, gq) and torch.equal(rk, gk) and pool_same,
+           pool_identical=pool_same,
            max_diff=f"{float(max((rq.float() - gq.float()).abs().max(), (rk.float() - gk.float()).abs().max())):.2e}")
 
 

@@ -1,5 +1,5 @@
-"""The fused Triton layer kernels (RMSNorm with the residual add, RoPE in place, SiLU-and-mul, KV
-store), run by Triton's CPU interpreter, against the torch forwards of the same layers (which
+"""The fused Triton layer kernels (RMSNorm with the residual add, RoPE in place with the KV-pool
+write, SiLU-and-mul, KV store), run by Triton's CPU interpreter, against the torch forwards of the same layers (which
 ``test_model_parity`` pins to transformers), and whole engines on the Triton path against the
 torch path for every architecture family.
 
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from lmnb_engine.layers.kernel_op import KernelOp, use_triton_kernels  # noqa: E402
 from lmnb_engine.layers.mlp import SiluAndMul  # noqa: E402
 from lmnb_engine.layers.rmsnorm import RMSNorm  # noqa: E402
-from lmnb_engine.layers.rotary import ApplyRotary  # noqa: E402
+from lmnb_engine.layers.rotary import RotaryStoreKV  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -111,10 +111,14 @@ def test_silu_and_mul(dtype):
     torch.testing.assert_close(got.double(), gate * torch.sigmoid(gate) * up, rtol=2e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rotary_in_place_on_qkv_views(dtype):
-    """q and k as views of one fused qkv output (GQA: 4 query heads, 2 KV heads), as the model
-    splits them; the Triton op rotates them in place, v stays untouched."""
+@pytest.mark.parametrize("dtype, pool_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
+                                               (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+                         ids=str)
+def test_rotary_in_place_on_qkv_views_writes_kv_into_the_pool(dtype, pool_dtype):
+    """q, k, v as views of one fused qkv output (GQA: 4 query heads, 2 KV heads), as the model
+    splits them; the Triton op rotates q and k in place, leaves v alone, and writes the rotated k
+    and v into layer 1's pool buffers at ``loc`` (cast to the pool's dtype) and nowhere else."""
+    from lmnb_engine.kv_pool import TokenToKVPool
     from lmnb_engine.layers.rotary import apply_rotary
 
     g = torch.Generator().manual_seed(3)
@@ -125,16 +129,23 @@ def test_rotary_in_place_on_qkv_views(dtype):
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     q, k, v = qkv.split([4 * d, 2 * d, 2 * d], dim=-1)
-    q, k, v_before = q.view(T, 4, d), k.view(T, 2, d), v.clone()
+    q, k, v = q.view(T, 4, d), k.view(T, 2, d), v.view(T, 2, d)
+    v_before = v.clone()
     magnitude = float(qkv.abs().max())  # of the products that cancel in x1*c - x2*s
     want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    op = ApplyRotary()
+    pool = TokenToKVPool(40, 2, 2, d, pool_dtype, "cpu")
+    loc = torch.tensor([5, 39, 1, 17, 2, 30, 8, 9, 22])
+    op = RotaryStoreKV()
     op.triton = True
-    got_q, got_k = op(q, k, cos, sin)
+    got_q, got_k = op(q, k, v, cos, sin, pool, 1, loc)
     assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()  # in place
     _assert_match(got_q, want_q, exact=True, operands=magnitude)
     _assert_match(got_k, want_k, exact=True, operands=magnitude)
     assert torch.equal(v, v_before)
+    want_k_pool, want_v_pool = torch.zeros_like(pool.k_buffer[1]), torch.zeros_like(pool.v_buffer[1])
+    want_k_pool[loc], want_v_pool[loc] = got_k.to(pool_dtype), v_before.to(pool_dtype)
+    assert torch.equal(pool.k_buffer[1], want_k_pool) and torch.equal(pool.v_buffer[1], want_v_pool)
+    assert not pool.k_buffer[0].any() and not pool.v_buffer[0].any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -157,7 +168,7 @@ def test_store_kv_writes_the_slots_of_strided_views(dtype):
 
 
 def test_bad_inputs_name_the_problem():
-    from lmnb_engine.layers.triton_ops import rms_norm, silu_and_mul
+    from lmnb_engine.layers.triton_ops import rms_norm, rotary_store_kv_, silu_and_mul
 
     with pytest.raises(ValueError, match="contiguous"):
         rms_norm(torch.randn(4, 8).t(), torch.ones(4), 1e-5)
@@ -165,6 +176,13 @@ def test_bad_inputs_name_the_problem():
         rms_norm(torch.randn(4, 8), torch.ones(5), 1e-5)
     with pytest.raises(ValueError, match=r"\[T, 2\*I\]"):
         silu_and_mul(torch.randn(4, 7))
+    q, k, pool = torch.randn(3, 4, 8), torch.randn(3, 2, 8), torch.zeros(10, 2, 8)
+    cos = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="do not match"):
+        rotary_store_kv_(q, k, k[:2], cos, cos, pool, pool, torch.arange(3))
+    with pytest.raises(ValueError, match="even head_dim"):
+        rotary_store_kv_(q[..., :7], k[..., :7], k[..., :7], cos[:, :7], cos[:, :7], pool[..., :7], pool[..., :7],
+                         torch.arange(3))
 
 
 def test_runner_switches_layers_with_the_backend(tiny_llama):

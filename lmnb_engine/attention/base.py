@@ -2,7 +2,8 @@
 
 A backend computes, for every new token of a ``ForwardBatch``, causal attention over its own
 sequence: the cached prefix read from the KV pool through ``req_to_token`` plus the new tokens.
-It also writes the new tokens' K/V into the pool. Backends are interchangeable: the torch backend
+It also writes the new tokens' K/V into the pool, unless the caller already did (``save_kv=False``:
+the models' RoPE kernel writes them, ``layers.rotary.RotaryStoreKV``). Backends are interchangeable: the torch backend
 is the CPU path and the reference the Triton kernels are tested against.
 """
 
@@ -52,6 +53,7 @@ class AttentionBackend(ABC):
         batch: ForwardBatch,
         kv_pool: TokenToKVPool,
         scale: float,
+        save_kv: bool = True,
     ) -> torch.Tensor:
         """Attention output for the new tokens.
 
@@ -60,6 +62,8 @@ class AttentionBackend(ABC):
                 already rotated). GQA: query head h reads kv head h // (num_q_heads // num_kv_heads).
             layer_id: index of the layer whose pool buffers to use.
             scale: softmax scale (usually head_dim ** -0.5).
+            save_kv: write k, v into the pool at ``batch.out_cache_loc`` first (False: the
+                caller has written them there already, as SGLang's ``save_kv_cache``).
         Returns:
             [T, num_q_heads, head_dim], same dtype as q.
         """

@@ -96,14 +96,16 @@ class TorchAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         kv_pool: TokenToKVPool,
         scale: float,
+        save_kv: bool = True,
     ) -> torch.Tensor:
-        """Write k, v at ``batch.out_cache_loc``, then attend; see ``AttentionBackend.forward``.
+        """Write k, v at ``batch.out_cache_loc`` (``save_kv``), then attend; see ``AttentionBackend.forward``.
 
         q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D] in q's dtype.
         """
         if self._cold_single is None:
             raise RuntimeError("TorchAttentionBackend.forward called before init_forward(batch)")
-        kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
+        if save_kv:
+            kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         if self._cold_single:
             qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))  # [1, H, T, D]
             return sdpa_gqa(qt, kt, vt, scale, is_causal=True)[0].transpose(0, 1)

@@ -100,15 +100,17 @@ class TritonAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         kv_pool: TokenToKVPool,
         scale: float,
+        save_kv: bool = True,
     ) -> torch.Tensor:
-        """Write k, v at ``batch.out_cache_loc``, then attend; see ``AttentionBackend.forward``.
+        """Write k, v at ``batch.out_cache_loc`` (``save_kv``), then attend; see ``AttentionBackend.forward``.
 
         q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D] in q's dtype.
         """
         if self._mode is None:
             raise RuntimeError("TritonAttentionBackend.forward called before init_forward(batch)")
         k_pool, v_pool = kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id]
-        store_kv(k, v, k_pool, v_pool, batch.out_cache_loc)
+        if save_kv:
+            store_kv(k, v, k_pool, v_pool, batch.out_cache_loc)
         return self._attend(q, k, v, k_pool, v_pool, batch, scale)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,

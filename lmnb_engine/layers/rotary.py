@@ -27,7 +27,7 @@ def _inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(nn.Module):
-    """Computes cos/sin for a batch of positions (``apply_rotary`` then rotates q and k).
+    """Computes cos/sin for a batch of positions (``RotaryStoreKV`` then rotates q and k).
 
     Args:
         config: supplies ``head_dim``, ``rope_type``, ``rope_theta`` and the HF config.
@@ -53,20 +53,26 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
-class ApplyRotary(KernelOp):
-    """RoPE on a layer's queries and keys: ``(q, k, cos, sin) -> (q_rotated, k_rotated)``.
+class RotaryStoreKV(KernelOp):
+    """RoPE on a layer's queries and keys, and the new tokens' K/V written into the KV pool:
+    ``(q, k, v, cos, sin, kv_pool, layer_id, loc) -> (q_rotated, k_rotated)``.
 
-    q: [T, Hq, D]; k: [T, Hk, D]; cos, sin: [T, D] from ``RotaryEmbedding.cos_sin``. The Triton
-    forward rotates q and k in place (they are views of the fresh qkv projection) and returns them.
+    q: [T, Hq, D]; k, v: [T, Hk, D]; cos, sin: [T, D] from ``RotaryEmbedding.cos_sin``; the
+    rotated k and v go to ``kv_pool``'s buffers of ``layer_id`` at slots ``loc`` (int64 [T]),
+    as ``TokenToKVPool.set_kv`` writes them; the attention backend is then called with
+    ``save_kv=False``. The Triton forward does it all in one kernel (SGLang's
+    ``fused_set_kv_buffer``), rotating q and k in place (views of the fresh qkv projection).
     """
 
-    def forward_torch(self, q, k, cos, sin):
-        """Apply RoPE to q and k in torch."""
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    def forward_torch(self, q, k, v, cos, sin, kv_pool, layer_id, loc):
+        """Apply RoPE to q and k, then write k and v into the pool, in torch."""
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        kv_pool.set_kv(layer_id, loc, k, v)
+        return q, k
 
-    def forward_triton(self, q, k, cos, sin):
-        """Apply RoPE to q and k with the Triton kernel."""
-        from lmnb_engine.layers.triton_ops import apply_rotary_
+    def forward_triton(self, q, k, v, cos, sin, kv_pool, layer_id, loc):
+        """Apply RoPE to q and k and write k and v into the pool with one Triton kernel."""
+        from lmnb_engine.layers.triton_ops import rotary_store_kv_
 
-        apply_rotary_(q, k, cos, sin)
+        rotary_store_kv_(q, k, v, cos, sin, kv_pool.k_buffer[layer_id], kv_pool.v_buffer[layer_id], loc)
         return q, k

@@ -22,12 +22,13 @@ from lmnb_engine.forward_batch import ForwardBatch
 from lmnb_engine.kv_pool import TokenToKVPool
 from lmnb_engine.layers.mlp import GatedMLP
 from lmnb_engine.layers.rmsnorm import RMSNorm
-from lmnb_engine.layers.rotary import ApplyRotary, RotaryEmbedding
+from lmnb_engine.layers.rotary import RotaryEmbedding, RotaryStoreKV
 from lmnb_engine.model_config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention of one layer: fused qkv projection, optional q/k RMSNorm, RoPE, backend, o_proj."""
+    """Self-attention of one layer: fused qkv projection, optional q/k RMSNorm, RoPE with the KV-pool
+    write, backend, o_proj."""
 
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
@@ -44,7 +45,7 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.rope = ApplyRotary()
+        self.rope = RotaryStoreKV()
 
     def forward(
         self,
@@ -63,8 +64,8 @@ class LlamaAttention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, k, cos, sin)
-        out = attn.forward(q, k, v, self.layer_id, batch, kv_pool, self.scale)
+        q, k = self.rope(q, k, v, cos, sin, kv_pool, self.layer_id, batch.out_cache_loc)  # and stores k, v
+        out = attn.forward(q, k, v, self.layer_id, batch, kv_pool, self.scale, save_kv=False)
         return self.o_proj(out.reshape(T, self.q_size))
 
 

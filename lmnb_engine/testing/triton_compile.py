@@ -104,7 +104,7 @@ def _wrapper_calls(hq: int, hkv: int, d: int, hidden: int, inter: int, dtype: to
     """Calls of every kernel wrapper on tiny CPU tensors of one model shape (only the head
     counts, sizes and dtype decide a launch's compiled form; batch and lengths do not)."""
     from lmnb_engine.attention.triton_ops import decode_attention_fwd, extend_attention_fwd, store_kv
-    from lmnb_engine.layers.triton_ops import apply_rotary_, rms_norm, silu_and_mul
+    from lmnb_engine.layers.triton_ops import rms_norm, rotary_store_kv_, silu_and_mul
 
     T, B, slots = 4, 2, 16
     q = torch.zeros(T, hq, d, dtype=dtype)
@@ -120,12 +120,14 @@ def _wrapper_calls(hq: int, hkv: int, d: int, hidden: int, inter: int, dtype: to
         lambda: extend_attention_fwd(q, k, k, torch.empty_like(q), pool, pool, table, i64, i64, lens, i64, 2, d**-0.5),
         lambda: decode_attention_fwd(q[:B], pool, pool, torch.empty_like(q[:B]), table, i64, lens, splits, 16,
                                      d**-0.5),
+        lambda: decode_attention_fwd(q[:B], pool, pool, torch.empty_like(q[:B]), table, i64, lens, splits, 1,
+                                     d**-0.5),  # one split: the output written directly
         lambda: store_kv(k, k, pool, pool, torch.zeros(T, dtype=torch.int64)),
         lambda: rms_norm(x, torch.ones(hidden, dtype=dtype), 1e-5, residual=x),
         lambda: rms_norm(x, torch.ones(hidden, dtype=dtype), 1e-5),
         lambda: rms_norm(q, torch.ones(d, dtype=dtype), 1e-6),  # Qwen3's per-head q/k norm
         lambda: silu_and_mul(torch.zeros(T, 2 * inter, dtype=dtype)),
-        lambda: apply_rotary_(q, k, cos, cos),
+        lambda: rotary_store_kv_(q, k, k, cos, cos, pool, pool, torch.zeros(T, dtype=torch.int64)),
     ]
 
 

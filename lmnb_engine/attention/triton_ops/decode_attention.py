@@ -12,6 +12,10 @@ runtime_bench §3), in two kernels:
 2. ``_decode_merge_kernel``, grid ``(B, Hq)``: combines the slices, weighting each partial output
    by ``exp(lse - max_lse)``.
 
+With one split per request (a batch large enough to fill the GPU without splitting:
+``max_kv_splits == 1``) the split kernel writes the output itself and the merge is not launched:
+a kernel launch less per layer, and the same values (merging one slice multiplies it by 1).
+
 Splitting the keys lets a small batch still fill the GPU: parallelism comes from the sequence
 length, not only from batch x heads. Everything the kernels read is on the device (no host sync),
 so a decode step can be captured in a CUDA graph.
@@ -40,12 +44,12 @@ class DecodeConfig(NamedTuple):
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K_pool, V_pool, Req_to_token, Req_idx, Seq_len, Num_splits, Mid_o, Mid_lse,
+    Q, K_pool, V_pool, Req_to_token, Req_idx, Seq_len, Num_splits, Mid_o, Mid_lse, O,
     sm_scale,
     stride_qb, stride_qh, stride_kpt, stride_kph, stride_vpt, stride_vph, stride_req,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr, DIRECT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1) // HEAD_BLOCKS
@@ -77,13 +81,17 @@ def _decode_split_kernel(
         acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale,
                                             MASKED=True, F32_DOT=F32_DOT)
 
-    # An empty split writes nothing; the merge skips it. (lo is broadcast to a vector first: the
-    # CPU interpreter turns `bool vector & bool scalar` into integers, which masks reject.)
-    written = h_valid & ((lo + tl.zeros([BLOCK_H], dtype=tl.int32)) < hi)
-    l_safe = tl.where(l_i > 0, l_i, 1.0)  # l == 0 only in empty splits, whose stores are masked
-    tl.store(Mid_o + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
-             acc / l_safe[:, None], mask=written[:, None] & d_valid[None, :])
-    tl.store(Mid_lse + b * stride_mlb + heads * stride_mlh + split, m_i + tl.log(l_safe), mask=written)
+    if DIRECT:  # the only split (seq_len >= 1, so l > 0): the output itself
+        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 (acc / l_i[:, None]).to(O.dtype.element_ty), mask=h_valid[:, None] & d_valid[None, :])
+    else:
+        # An empty split writes nothing; the merge skips it. (lo is broadcast to a vector first: the
+        # CPU interpreter turns `bool vector & bool scalar` into integers, which masks reject.)
+        written = h_valid & ((lo + tl.zeros([BLOCK_H], dtype=tl.int32)) < hi)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)  # l == 0 only in empty splits, whose stores are masked
+        tl.store(Mid_o + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
+                 acc / l_safe[:, None], mask=written[:, None] & d_valid[None, :])
+        tl.store(Mid_lse + b * stride_mlb + heads * stride_mlh + split, m_i + tl.log(l_safe), mask=written)
 
 
 @triton.jit
@@ -154,6 +162,7 @@ def decode_attention_fwd(
         sm_scale: softmax scale.
         workspace: ``decode_workspace(B', Hq, D, S', ...)`` with ``B' >= B`` and ``S' >=
             max_kv_splits`` (allocated here if None; pass a fixed one under CUDA-graph capture).
+            Unused when ``max_kv_splits`` is 1: the split kernel then writes ``out`` directly.
         config: the split kernel's launch configuration (default ``decode_config`` for the
             device; the kernel tuner, ``benches/gpu_kernels.py``, passes others).
     Returns:
@@ -170,31 +179,37 @@ def decode_attention_fwd(
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
     if B == 0:
         return out
-    if workspace is None:
-        workspace = decode_workspace(B, num_q_heads, head_dim, max_kv_splits, q.device)
-    mid_o, mid_lse = workspace
-    if mid_o.shape[0] < B or mid_o.shape[1] != num_q_heads or mid_o.shape[2] < max_kv_splits or mid_o.shape[3] != head_dim:
-        raise ValueError(f"decode workspace {tuple(mid_o.shape)} is too small for batch {B}, {num_q_heads} heads, "
-                         f"{max_kv_splits} splits, head_dim {head_dim}")
+    direct = max_kv_splits == 1
+    if direct:  # the split kernel writes ``out``; ``out`` stands in for the workspace it never touches
+        mid_o = mid_lse = out
+        ws_strides = (0,) * 5
+    else:
+        if workspace is None:
+            workspace = decode_workspace(B, num_q_heads, head_dim, max_kv_splits, q.device)
+        mid_o, mid_lse = workspace
+        if (mid_o.shape[0] < B or mid_o.shape[1] != num_q_heads or mid_o.shape[2] < max_kv_splits
+                or mid_o.shape[3] != head_dim):
+            raise ValueError(f"decode workspace {tuple(mid_o.shape)} is too small for batch {B}, {num_q_heads} "
+                             f"heads, {max_kv_splits} splits, head_dim {head_dim}")
+        ws_strides = (mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1))
     group = num_q_heads // num_kv_heads
     block_h = max(16, min(triton.next_power_of_2(group), 64))  # tl.dot needs >= 16 rows
     head_blocks = triton.cdiv(group, block_h)
     cfg = config or decode_config(q.device, q.dtype)
     block_d = triton.next_power_of_2(max(head_dim, 16))
     _decode_split_kernel[(B, num_kv_heads * head_blocks, max_kv_splits)](
-        q, k_pool, v_pool, req_to_token, req_pool_indices, seq_lens, num_kv_splits, mid_o, mid_lse,
+        q, k_pool, v_pool, req_to_token, req_pool_indices, seq_lens, num_kv_splits, mid_o, mid_lse, out,
         sm_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        req_to_token.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        req_to_token.stride(0), *ws_strides, out.stride(0), out.stride(1),
         GROUP=group, HEAD_BLOCKS=head_blocks, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_H=block_h, BLOCK_N=cfg.block_n, F32_DOT=triton_support.f32_dot(q),
+        BLOCK_H=block_h, BLOCK_N=cfg.block_n, F32_DOT=triton_support.f32_dot(q), DIRECT=direct,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True,
     )
+    if direct:
+        return out
     _decode_merge_kernel[(B, num_q_heads)](
-        mid_o, mid_lse, seq_lens, num_kv_splits, out,
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
+        mid_o, mid_lse, seq_lens, num_kv_splits, out, *ws_strides, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(max_kv_splits),
         num_warps=4, enable_fp_fusion=True,
     )
