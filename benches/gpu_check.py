@@ -331,10 +331,9 @@ def main() -> int:
         ENV["triton"] = f"missing: {e}"
     global FLASH
     if DEV == "cuda":
-        from lmnb_engine.attention.flash_backend import find_flash_attn
-        from lmnb_engine.attention.selector import flash_modules
+        from lmnb_engine.attention.selector import extend_candidates
 
-        found, problems = find_flash_attn(flash_modules(torch.device(DEV)))
+        found, problems = extend_candidates(torch.device(DEV))  # torch 2.11+'s own FlashAttention-2 too
         FLASH = found or None
         ENV["flash_attn_problems"] = problems
     ENV["flash_attn"] = [f.label for f in FLASH] if FLASH else "not installed (extend runs on Triton)"

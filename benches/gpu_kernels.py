@@ -13,8 +13,9 @@ prefill (each config compiles anew for another GQA group), to fit gpu_check.sh's
 
 - extend ``prefill``: 4 requests x 2048 new tokens, no cached prefix (the suite's prefill);
   ``prefix``: 4 x 512 new tokens over 1536 cached ones. Rate: TFLOP/s, counting 4·D FLOPs per
-  visible (query, key) pair per query head. torch's SDPA (causal flash attention) on the same
-  prefill is timed as a bar;
+  visible (query, key) pair per query head. torch's SDPA (causal flash attention) and torch's
+  own varlen FlashAttention-2 (``varlen_attn``, which "auto" weighs against the Triton kernel
+  at engine start) on the same prefill are timed as bars;
 - decode ``b1`` and ``b32``: 1 and 32 requests of 576 tokens (the suite's decode at its
   midpoint). Rate: GB/s of K/V read (2·Hkv·D·2 bytes per token), against a device-to-device copy
   of 1 GiB (read + write) timed here;
@@ -179,12 +180,21 @@ def run_extend(case, configs, timed, device, dtype) -> dict:
         rec = {"config": cfg._asdict(), "default": cfg == default}
         rows_out.append(_measure(rec, lambda: call(cfg), ref, timed, flops, "tflops", 1e12))
     res = {"case": name, "pairs": pairs, "flops": flops, "configs": rows_out}
-    if prefix == [0] * len(prefix) and len(set(ext)) == 1 and device.type == "cuda":
-        res["sdpa"] = _sdpa_bar(q, k, v, len(ext), ext[0], timed, flops)
+    if prefix == [0] * len(prefix) and device.type == "cuda":
+        from lmnb_engine.attention.flash_backend import torch_varlen
+
+        if len(set(ext)) == 1:
+            res["sdpa"] = _bar(_sdpa_call(q, k, v, len(ext), ext[0]), timed, flops)
+        builtin = torch_varlen()  # what "auto" weighs against the Triton kernel at engine start
+        if builtin is not None:
+            cu = torch.nn.functional.pad(torch.cumsum(ext_t, 0, dtype=torch.int32), (1, 0))
+            res["varlen"] = _bar(lambda: builtin.varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(ext),
+                                                        max_seqlen_k=max(ext), softmax_scale=d**-0.5, causal=True),
+                                 timed, flops)
     return _mark_best(res)
 
 
-def _sdpa_bar(q, k, v, batch: int, seq: int, timed, flops: int) -> dict:
+def _sdpa_call(q, k, v, batch: int, seq: int):
     """torch SDPA's causal attention on the same prefill (requests of equal length, no prefix)."""
     import torch.nn.functional as F
 
@@ -192,10 +202,15 @@ def _sdpa_bar(q, k, v, batch: int, seq: int, timed, flops: int) -> dict:
     qb = q.view(batch, seq, hq, d).transpose(1, 2)
     kb = k.view(batch, seq, hkv, d).transpose(1, 2)
     vb = v.view(batch, seq, hkv, d).transpose(1, 2)
+    return lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=hq != hkv)
+
+
+def _bar(fn, timed, flops: int) -> dict:
+    """A comparison bar: ``fn``'s time and TFLOP/s on the case, or the error it raised."""
     try:
-        ms = timed(lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=hq != hkv))
+        ms = timed(fn)
         return {"ms": round(ms, 4), "tflops": round(flops / (ms * 1e-3) / 1e12, 1)}
-    except Exception as exc:  # noqa: BLE001 - the bar is optional
+    except Exception as exc:  # noqa: BLE001 - a bar is optional
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
@@ -298,10 +313,11 @@ def report(res: dict, rate: str) -> str:
         err = "not finite" if r.get("rel_err", 0) is None else f"{r.get('rel_err', 0):.1e}"
         body = r["error"] if "error" in r else f"{r['ms']:9.4f} ms {r[rate]:8.1f} {rate}  err {err}"
         lines.append(f"   {cfg:48s} {body}  {mark}")
-    if "sdpa" in res:
-        s = res["sdpa"]
-        body = s["error"] if "error" in s else f"{s['ms']:.4f} ms {s['tflops']} tflops"
-        lines.append(f"   torch SDPA (causal) {body}")
+    for key, label in (("sdpa", "torch SDPA (causal)"), ("varlen", "torch varlen_attn (FlashAttention-2)")):
+        if key in res:
+            s = res[key]
+            body = s["error"] if "error" in s else f"{s['ms']:.4f} ms {s['tflops']} tflops"
+            lines.append(f"   {label} {body}")
     return "\n".join(lines)
 
 

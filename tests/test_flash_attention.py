@@ -194,6 +194,91 @@ def test_start_up_check_calls_as_the_model_does_and_the_next_candidate_is_tried(
             4, 2, 16, torch.float16, "cpu")
 
 
+def install_torch_varlen(monkeypatch, calls: list, version: str = "2.11") -> None:
+    """Put a ``torch.nn.attention.varlen`` whose ``varlen_attn`` has the signature of ``version``
+    (2.11: ``scale`` and the causal ``window_size=(-1, 0)``; 2.10: ``is_causal``, no scale) and
+    computes as flash-attn does."""
+    ref = make_varlen(calls)
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1)):
+        assert return_aux is None and window_size in ((-1, 0), (-1, -1))
+        return ref(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, softmax_scale=scale,
+                   causal=window_size == (-1, 0))
+
+    def varlen_attn_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        raise AssertionError("not reached")
+
+    mod = types.ModuleType("torch.nn.attention.varlen")
+    mod.varlen_attn = varlen_attn if version == "2.11" else varlen_attn_2_10
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", mod)
+    monkeypatch.setattr(torch.nn.attention, "varlen", mod, raising=False)
+
+
+def test_torchs_own_flash_attention_is_called_as_flash_attn(monkeypatch):
+    """torch 2.11's ``varlen_attn`` takes the causal mask as ``window_size=(-1, 0)`` and the scale
+    as ``scale``: mapped wrong, the start-up check (causal, with cached prefixes) would fail. The
+    2.10 one (``is_causal``, no scale) is not used."""
+    from lmnb_engine.attention.flash_backend import torch_varlen
+
+    calls: list = []
+    install_torch_varlen(monkeypatch, calls)
+    builtin = torch_varlen()
+    assert builtin.optional and builtin.label == f"torch {torch.__version__} varlen_attn"
+    backend = FlashAttentionBackend([builtin], strict=True)
+    backend.prepare(4, 2, 16, torch.float16, "cpu")
+    assert backend.flash is builtin and len(calls) == 2  # the check's two batches
+    install_torch_varlen(monkeypatch, calls, version="2.10")
+    assert torch_varlen() is None
+
+
+def test_extend_candidates_add_torchs_own_after_the_installed_ones_on_sm80_and_later(monkeypatch):
+    from lmnb_engine.attention import selector
+
+    install_torch_varlen(monkeypatch, [])
+    install(monkeypatch, "flash_attn", make_varlen([]))
+    for arch, labels in ((90, ["flash_attn 2.7.4", f"torch {torch.__version__} varlen_attn"]),
+                         (80, ["flash_attn 2.7.4", f"torch {torch.__version__} varlen_attn"]), (75, [])):
+        monkeypatch.setattr(selector, "device_arch", lambda dev, arch=arch: arch)
+        assert [c.label for c in selector.extend_candidates(torch.device("cuda", 0))[0]] == labels
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # passing a slower kernel over is not a fault
+def test_auto_keeps_the_triton_kernel_where_flash_attn_is_not_faster(monkeypatch, caplog):
+    """Under "auto" a flash-attn that passes its check runs extend only if the timed prefill
+    (``_extend_times``: flash-attn ms, Triton ms) says it is faster; by name it is used as asked."""
+    from lmnb_engine.attention import flash_backend
+
+    calls: list = []
+    times: list = [(2.0, 1.0)]
+
+    def extend_times(flash, hq, hkv, d, dtype, device):
+        assert (hq, hkv, d, dtype) == (4, 2, 16, torch.float16)
+        if isinstance(times[0], Exception):
+            raise times[0]
+        return times[0]
+
+    monkeypatch.setattr(flash_backend, "_extend_times", extend_times)
+    slow, fast = stand_in(calls, "flash_attn_interface 3.0.0b1"), stand_in(calls, "flash_attn 2.7.4")
+    caplog.set_level("INFO", logger=flash_backend.__name__)
+    backend = FlashAttentionBackend([slow])
+    backend.prepare(4, 2, 16, torch.float16, "cpu")
+    assert not backend.active
+    assert ("flash_attn_interface 3.0.0b1: it is not faster than the Triton extend kernel on a 2 x 2048-token "
+            "prefill of this model's heads (2.000 ms against 1.000 ms); the Triton kernels run it instead") in caplog.text
+    times[0] = RuntimeError("CUDA error: an illegal memory access")
+    backend.prepare(4, 2, 16, torch.float16, "cpu")
+    assert not backend.active and "it failed while timed (RuntimeError: CUDA error" in caplog.text
+    times[0] = (0.5, 1.0)
+    backend = FlashAttentionBackend([slow, fast])
+    backend.prepare(4, 2, 16, torch.float16, "cpu")
+    assert backend.flash is slow
+    times[0] = (2.0, 1.0)
+    backend = FlashAttentionBackend([slow], strict=True)  # by name: not timed
+    backend.prepare(4, 2, 16, torch.float16, "cpu")
+    assert backend.flash is slow
+
+
 def test_a_failing_call_falls_back_to_triton_without_losing_the_batch():
     calls: list = []
     broken: list = []
@@ -288,7 +373,7 @@ def test_finding_prefers_flash_attention_3_and_reports_broken_builds(monkeypatch
 
 
 def test_selector(monkeypatch, tmp_path):
-    from lmnb_engine.attention import selector
+    from lmnb_engine.attention import flash_backend, selector
 
     with pytest.raises(ImportError, match=r"needs flash-attn.*none is installed.*lmnb\[flash\].*backend='triton'"):
         select_attention_backend("cpu", "flash_attn")
@@ -310,6 +395,7 @@ def test_selector(monkeypatch, tmp_path):
     monkeypatch.delitem(sys.modules, "flash_attn")
     monkeypatch.setattr(selector, "flash_modules", lambda dev: ("flash_attn",))
     monkeypatch.setattr(selector, "device_arch", lambda dev: 86)
+    monkeypatch.setattr(flash_backend, "torch_varlen", lambda: None)  # a torch older than 2.11
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
     install(monkeypatch, "flash_attn_interface", make_varlen([]), version="3.0.0b1")
     with pytest.raises(ImportError, match="flash_attn_interface is installed but not built for this GPU .sm_86."):

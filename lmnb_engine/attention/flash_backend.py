@@ -1,7 +1,9 @@
 """``AttentionBackend`` that runs extend attention on flash-attn when it is installed.
 
 flash-attn is an optional extra (``pip install lmnb[flash]``, or a Hopper build of FlashAttention-3
-that provides ``flash_attn_interface``); nothing requires it. What it is used for, and why:
+that provides ``flash_attn_interface``); nothing requires it. torch 2.11 and later ship the same
+FlashAttention-2 varlen kernel (``torch.nn.attention.varlen.varlen_attn``, ``torch_varlen``),
+tried after any installed flash-attn. What it is used for, and why:
 
 - EXTEND batches (prefills, chunks, cache-hit extends, mixed batches) whose new tokens are at
   least as many as their cached ones call its variable-length kernel, ``flash_attn_varlen_func``,
@@ -29,12 +31,19 @@ than for lack of memory), or returns a tensor of the wrong shape, dtype or devic
 the Triton kernels for that batch and every later one, with a warning, so the batch's requests
 are not lost; out of memory, only that batch runs on Triton. A sticky CUDA error (an illegal
 memory access) cannot be recovered that way, nor is a NaN noticed after the start-up check.
+
+Under "auto" (not ``strict``) a flash-attn that passes its check must also beat the Triton
+extend kernel on a timed prefill of the model's heads (``slower_than_triton``); otherwise the
+Triton kernels keep extend, as they would without flash-attn. FlashAttention-2 is not always
+the faster of the two: Triton compiles the extend kernel for the GPU it runs on (Hopper's
+warpgroup MMA included), which FlashAttention-2 does not use.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import logging
 import warnings
 from dataclasses import dataclass
@@ -57,14 +66,21 @@ MODULES = ("flash_attn_interface", "flash_attn")
 # Worst error the start-up check accepts: outputs are averages of values in [-1, 1], so 16-bit
 # rounding of the softmax weights and the output stays under 2**-8; a wrong mask is off by ~0.1.
 CHECK_TOLERANCE = 2 ** -6
+# The prefill "auto" times a flash-attn on against the Triton extend kernel (``slower_than_triton``).
+TIMED_BATCH, TIMED_SEQ = 2, 2048
 
 
 @dataclass(frozen=True)
 class FlashAttn:
-    """One importable flash-attn: its ``flash_attn_varlen_func`` and a label for messages."""
+    """One importable flash-attn: its ``flash_attn_varlen_func`` and a label for messages.
+
+    ``optional``: one lmnb found by itself (torch's own, ``torch_varlen``) rather than one the
+    user installed, so its failing the start-up check is logged, not warned about.
+    """
 
     varlen: Callable
     label: str
+    optional: bool = False
 
 
 def find_flash_attn(modules: Sequence[str] = MODULES) -> tuple[list[FlashAttn], list[str]]:
@@ -88,6 +104,31 @@ def find_flash_attn(modules: Sequence[str] = MODULES) -> tuple[list[FlashAttn], 
         else:
             found.append(FlashAttn(fn, label))
     return found, problems
+
+
+def torch_varlen() -> Optional[FlashAttn]:
+    """torch's own FlashAttention-2 varlen kernel (``torch.nn.attention.varlen.varlen_attn``) in
+    flash-attn's calling convention, or None where this torch has none that takes ``scale`` and
+    the causal ``window_size=(-1, 0)`` (torch 2.11 on; 2.10's has neither).
+
+    It is the kernel of ``flash_attn_varlen_func`` built into torch's CUDA wheels, so a GPU
+    without the flash-attn package still gets it; like an installed flash-attn it must pass the
+    start-up check (``self_check``) before it runs anything.
+    """
+    try:
+        from torch.nn.attention import varlen
+    except ImportError:
+        return None
+    fn = getattr(varlen, "varlen_attn", None)
+    if fn is None or not {"scale", "window_size"} <= set(inspect.signature(fn).parameters):
+        return None
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale=None, causal=False):
+        return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=softmax_scale,
+                  window_size=(-1, 0) if causal else (-1, -1))
+
+    return FlashAttn(flash_attn_varlen_func, f"torch {torch.__version__} varlen_attn", optional=True)
 
 
 def unsupported(head_dim: int, dtype: torch.dtype) -> Optional[str]:
@@ -168,6 +209,55 @@ def self_check(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype,
     return None
 
 
+def _gpu_ms(fn: Callable[[], object], reps: int) -> float:
+    """Milliseconds per call of ``fn`` on the current CUDA stream, after one warm-up call (which
+    compiles a Triton kernel, or lets flash-attn allocate its workspace)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _extend_times(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype, device: torch.device,
+                  batch: int = TIMED_BATCH, seq: int = TIMED_SEQ, reps: int = 5) -> Optional[tuple[float, float]]:
+    """(flash-attn ms, Triton extend kernel ms) on a cold causal prefill of ``batch`` prompts of
+    ``seq`` tokens with the model's heads; None off CUDA (nothing to time)."""
+    if device.type != "cuda":
+        return None
+    from lmnb_engine.attention.triton_ops import extend_attention_fwd
+
+    T, scale = batch * seq, d ** -0.5
+    qkv = torch.randn(T, (hq + 2 * hkv) * d, dtype=dtype, device=device)
+    q, k, v = (x.view(T, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=1))
+    lens = torch.full((batch,), seq, dtype=torch.int64, device=device)
+    cu = F.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+    pool = torch.zeros(1, hkv, d, dtype=dtype, device=device)  # no cached prefix: never read
+    table = torch.zeros(batch, 1, dtype=torch.int32, device=device)
+    rows, out = torch.arange(batch, device=device), torch.empty_like(q)
+    return (_gpu_ms(lambda: _call(flash, q, k, v, cu, cu, seq, seq, scale), reps),
+            _gpu_ms(lambda: extend_attention_fwd(q, k, v, out, pool, pool, table, rows, torch.zeros_like(lens), lens,
+                                                 cu[:-1].long(), seq, scale), reps))
+
+
+def slower_than_triton(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype,
+                       device: torch.device) -> Optional[str]:
+    """Why the Triton extend kernel should run this model's prefills instead of ``flash`` (it is
+    faster, or ``flash`` failed while timed), or None: ``flash`` is at least as fast, or there is
+    nothing to time (not CUDA)."""
+    try:
+        times = _extend_times(flash, hq, hkv, d, dtype, device)
+    except Exception as exc:  # noqa: BLE001 - the Triton kernels run it, whatever went wrong
+        return f"it failed while timed ({type(exc).__name__}: {exc})"
+    if times is None or times[0] < times[1]:
+        return None
+    return (f"it is not faster than the Triton extend kernel on a {TIMED_BATCH} x {TIMED_SEQ}-token prefill of "
+            f"this model's heads ({times[0]:.3f} ms against {times[1]:.3f} ms)")
+
+
 class FlashAttentionBackend(TritonAttentionBackend):
     """flash-attn for extend attention, the Triton kernels for decode and everything else.
 
@@ -203,7 +293,9 @@ class FlashAttentionBackend(TritonAttentionBackend):
 
     def prepare(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                 device: torch.device | str) -> None:
-        """Pick the first candidate that can run this model and passes ``self_check``.
+        """Pick the first candidate that can run this model and passes ``self_check``; unless
+        ``strict``, also one that is faster than the Triton extend kernel on this model's heads
+        (``slower_than_triton``, on CUDA), so that "auto" never trades a fast kernel for a slower one.
 
         Raises:
             ValueError: ``strict`` and flash-attn does not take this model (dtype, head_dim), as
@@ -212,20 +304,24 @@ class FlashAttentionBackend(TritonAttentionBackend):
                 why, for each).
         """
         self.flash = None
+        dev = torch.device(device)
         not_taken = unsupported(head_dim, dtype)
-        failures = []
+        reasons, failed = [], False
         for cand in self.candidates if not_taken is None else ():
-            problem = self_check(cand, num_q_heads, num_kv_heads, head_dim, dtype, torch.device(device))
+            problem = self_check(cand, num_q_heads, num_kv_heads, head_dim, dtype, dev)
+            failed |= problem is not None and not cand.optional  # an installed build that fails: warn
+            if problem is None and not self.strict:
+                problem = slower_than_triton(cand, num_q_heads, num_kv_heads, head_dim, dtype, dev)
             if problem is None:
                 self.flash = cand
                 return
-            failures.append(f"{cand.label}: {problem}")
+            reasons.append(f"{cand.label}: {problem}")
         labels = ", ".join(c.label for c in self.candidates)
-        msg = f"flash-attn ({labels}) cannot run extend attention for this model: {not_taken or '; '.join(failures)}"
+        msg = f"flash-attn ({labels}) does not run extend attention for this model: {not_taken or '; '.join(reasons)}"
         if self.strict:
             fix = refusal_fix(dtype)
             raise (ValueError if not_taken else RuntimeError)(f"{msg}. {fix[0].upper()}{fix[1:]}")
-        if failures:  # a model flash-attn does not take is expected; a build that fails its check is not
+        if failed:  # a model flash-attn does not take, or a slower one, is expected; a broken build is not
             warnings.warn(f"{msg}. The Triton kernels run it instead", RuntimeWarning, stacklevel=2)
         else:
             log.info("%s; the Triton kernels run it instead", msg)

@@ -1,5 +1,6 @@
 """Pick the attention backend for a device: on NVIDIA GPUs flash-attn (extend) with Triton
-(decode) when flash-attn is installed, Triton alone when importable; torch otherwise.
+(decode) when flash-attn is installed or torch has its own (and it is the faster on the model,
+``FlashAttentionBackend.prepare``), Triton alone when importable; torch otherwise.
 
 flash-attn is optional: the Triton kernels cover extend and decode over the token-level pool by
 themselves. ``LMNB_ATTENTION_BACKEND`` (``auto``/``torch``/``triton``/``flash_attn``) overrides
@@ -38,6 +39,18 @@ def flash_modules(dev: torch.device) -> tuple[str, ...]:
     return MODULES if arch == 90 else ("flash_attn",) if arch >= 80 else ()
 
 
+def extend_candidates(dev: torch.device) -> tuple[list, list[str]]:
+    """The flash-attns to try for extend on ``dev``, in order, and why an installed one cannot be
+    (``find_flash_attn`` over ``flash_modules``): the installed ones, then torch's own
+    FlashAttention-2 (``flash_backend.torch_varlen``) on sm_80 and later."""
+    from lmnb_engine.attention.flash_backend import find_flash_attn, torch_varlen
+
+    found, problems = find_flash_attn(flash_modules(dev))
+    arch = device_arch(dev)
+    builtin = torch_varlen() if arch is not None and arch >= 80 else None
+    return found + ([builtin] if builtin else []), problems
+
+
 def _present(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -59,9 +72,9 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
     Args:
         device: where the model runs.
         name: "auto" (default; also from ``LMNB_ATTENTION_BACKEND``): on CUDA with ``triton``,
-            flash-attn for extend when one imports (``FlashAttentionBackend``, which falls back to
-            Triton with a warning if flash-attn fails its start-up check) or else Triton; torch
-            otherwise. "torch"; "triton" (CUDA, or any device under ``TRITON_INTERPRET=1``, the
+            flash-attn for extend when one imports or torch has one (``extend_candidates``;
+            ``FlashAttentionBackend``, which keeps Triton for extend if flash-attn fails its
+            start-up check or is slower on the model) or else Triton; torch otherwise. "torch"; "triton" (CUDA, or any device under ``TRITON_INTERPRET=1``, the
             CPU interpreter used by the tests); "flash_attn" (as "triton", and flash-attn must
             import and pass its check).
     Raises:
@@ -79,9 +92,7 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
     if name == "auto":
         name = "triton" if dev.type == "cuda" and triton_available() else "torch"
         if name == "triton":
-            from lmnb_engine.attention.flash_backend import find_flash_attn
-
-            flash, problems = find_flash_attn(flash_modules(dev))
+            flash, problems = extend_candidates(dev)
             for problem in problems:  # installed, so wanted: say why it is not used
                 log.warning("%s; extend attention runs on the Triton kernels", problem)
     if name == "torch":
@@ -101,18 +112,19 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
                          "for a GPU; set it before anything imports triton (in the shell, or first in the script)")
 
     if name == "flash_attn" or flash:
-        from lmnb_engine.attention.flash_backend import MODULES, FlashAttentionBackend, find_flash_attn
+        from lmnb_engine.attention.flash_backend import MODULES, FlashAttentionBackend
 
         strict = name == "flash_attn"  # asked for by name: flash-attn must work
         if strict:
             modules = flash_modules(dev)
-            flash, problems = find_flash_attn(modules)
+            flash, problems = extend_candidates(dev)
             if not flash:
                 problems += [f"{m} is installed but not built for this GPU (sm_{device_arch(dev)})"
                              for m in MODULES if m not in modules and _present(m)]
                 found = "; ".join(problems) or "none is installed"
                 raise ImportError(f"attention backend 'flash_attn' needs flash-attn (FlashAttention-2 on sm_80+, "
-                                  f"or a FlashAttention-3 build on sm_90), and {found}: pip install 'lmnb[flash]' "
-                                  "--no-build-isolation, or use attention_backend='triton'")
+                                  f"or a FlashAttention-3 build on sm_90, or torch 2.11+ on sm_80+, which has its "
+                                  f"own), and {found}: pip install 'lmnb[flash]' --no-build-isolation, or use "
+                                  "attention_backend='triton'")
         return FlashAttentionBackend(flash, strict=strict)
     return TritonAttentionBackend()
