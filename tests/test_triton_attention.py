@@ -147,14 +147,16 @@ def test_decode_kernel_with_empty_splits_and_one_split():
 def test_decode_with_one_split_writes_the_output_without_the_merge(dtype):
     """A grid of one split (``max_kv_splits == 1``, a batch that fills the GPU): the split kernel
     writes ``out`` and leaves the workspace alone; the values are exactly those of the two-kernel
-    path when every request has one split (merging one slice multiplies it by exp(0) = 1)."""
-    prefix = [4, 0, 70]
-    pool, batch, q, k, v = setup_batch(prefix, [1, 1, 1], 8, 2, 16, dtype=dtype, seed=8)
+    path when every request has one split (merging one slice multiplies it by exp(0) = 1).
+    Sequences of 32 and 64 are whole 16-key blocks (no masked tail), 5 and 1 a tail alone."""
+    prefix = [4, 0, 70, 31, 63]
+    B = len(prefix)
+    pool, batch, q, k, v = setup_batch(prefix, [1] * B, 8, 2, 16, dtype=dtype, seed=8)
     pool.set_kv(0, batch.out_cache_loc, k, v)
-    one = torch.ones(3, dtype=torch.int32)
+    one = torch.ones(B, dtype=torch.int32)
     args = (pool.k_buffer[0], pool.v_buffer[0])
     table = (batch.req_to_token, batch.req_pool_indices, batch.seq_lens, one)
-    workspace = DECODE_OPS.decode_workspace(3, 8, 16, 2, "cpu")
+    workspace = DECODE_OPS.decode_workspace(B, 8, 16, 2, "cpu")
     for t in workspace:
         t.fill_(float("nan"))
     direct = DECODE_OPS.decode_attention_fwd(q, *args, torch.full_like(q, float("nan")), *table, 1, 16**-0.5,
