@@ -159,7 +159,7 @@ class LlamaForCausalLM(nn.Module):
         instead of embedding ``batch.input_ids``; a vision-language model passes image features in).
 
         Calls ``attn.init_forward(batch)`` once, then runs every layer; each layer's attention
-        writes the new K/V into ``kv_pool`` at ``batch.out_cache_loc``.
+        writes the new K/V into ``kv_pool`` at ``batch.out_cache_loc`` (its RoPE op does, fused).
 
         Returns:
             float32 [len(batch.logits_indices), vocab_size]: logits of the rows
