@@ -42,7 +42,10 @@ class RotaryEmbedding(nn.Module):
         """positions: int64 [T] -> (cos, sin), each [T, head_dim] in ``dtype``."""
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.scaling != 1.0:  # (YaRN's attention factor) x * 1.0 is x: two launches less a step
+            cos, sin = cos * self.scaling, sin * self.scaling
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
