@@ -161,6 +161,11 @@ def test_prompt_ids_of_mixed_int_types_are_read_and_bools_refused(engine, hf):
     for bad in ([ids[0], True] + ids[2:], [np.int64(ids[0]), True]):
         with pytest.raises(TypeError, match=r"list of token ids \(ints\); item 1 is True"):
             engine.generate(bad, GREEDY)
+    # an id list with a stray item is one bad prompt, named by its place (it was read as a batch
+    # and refused as "a prompt is ..., got int", blaming the good first id)
+    for bad, shown in (([ids[0], 6.0], "6.0"), ([ids[0], ids[1], "x"], "'x'"), ([ids[0], [ids[1]]], r"\[\d+\]")):
+        with pytest.raises(TypeError, match=rf"list of token ids \(ints\); item {len(bad) - 1} is {shown}"):
+            engine.generate(bad, GREEDY)
     assert_idle_accounting(engine)
 
 
