@@ -108,7 +108,8 @@ class ForkError(ProgramError):
 
 
 def _branch_list(paths: list[tuple]) -> str:
-    """Branch paths as "0.1, 2", with runs of consecutive branches of one fork as "0-15"."""
+    """Branch paths as "0.1, 2", with runs of consecutive branches of one fork as "0-15" (nested:
+    "0.0-0.11", both ends in full, since "0.0-11" reads like a range of numbers)."""
     runs: list[list[tuple]] = []
     for path in paths:
         last = runs[-1][-1] if runs else None
@@ -116,7 +117,7 @@ def _branch_list(paths: list[tuple]) -> str:
             runs[-1].append(path)
         else:
             runs.append([path])
-    return ", ".join(".".join(map(str, r[0])) + (f"-{r[-1][-1]}" if len(r) > 1 else "") for r in runs)
+    return ", ".join("-".join(".".join(map(str, p)) for p in ([r[0], r[-1]] if len(r) > 1 else r)) for r in runs)
 
 
 # ----------------------------------------------------------------------------------- observers

@@ -436,7 +436,7 @@ def test_branch_failure_raises_at_join_with_index_and_keeps_other_branches():
     with pytest.raises(sgl.ForkError) as e:
         nested.run(backend=be)
     # the whole path; branches that failed alike named once
-    assert str(e.value) == "2 of 2 fork branches failed: branches 0.0-1: Gen('v') failed: ValueError: cannot do it"
+    assert str(e.value) == "2 of 2 fork branches failed: branches 0.0-0.1: Gen('v') failed: ValueError: cannot do it"
     assert err.errors[1].branch == (1,)
     forks = seen["forks"]
     assert forks[0]["v"] == "good" and forks[2]["v"] == "good"
