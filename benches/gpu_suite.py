@@ -351,6 +351,8 @@ class Suite:
         engine = self.step(f"{model}: start lmnb engine", 40, self.engine, model, True)
         if engine is None:
             return []
+        # what runs this model's attention ("auto" times a flash-attn against Triton at start-up)
+        self.model_slot(model)["attention_backend"] = engine.model_info()["attention_backend"]
         tokenizer = engine.tokenizer  # the JSON literals are real text tokens
         works = wl.build(engine.loaded.config.vocab_size, self.scale, seed=0,
                          encode=lambda s: list(tokenizer.encode(s, add_special_tokens=False)),
@@ -493,15 +495,6 @@ def _env(device: str, machine: str, args) -> dict:
             info[dist.replace("-", "_")] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             info[dist.replace("-", "_")] = "missing"
-    from lmnb_engine.attention.selector import select_attention_backend
-
-    # what the suite's bf16 Llama engines run ("auto"): Triton, or flash-attn for extend when one
-    # is installed and passes its check for these shapes
-    backend = select_attention_backend(device)
-    if hasattr(backend, "candidates"):
-        backend.prepare(32, 8, 128, torch.bfloat16, device)
-    flash = getattr(backend, "flash", None)
-    info["attention_backend"] = type(backend).__name__ + (f" ({flash.label} for extend)" if flash else "")
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
         info.update(gpu=p.name, gpu_mem_gib=round(p.total_memory / 2**30, 1), sms=p.multi_processor_count)
@@ -565,7 +558,7 @@ def _report(res: dict) -> str:
              f"roofline: copy {_f(roof.get('copy_gbps_rw'))} GB/s (read+write), matmul {_f(roof.get('matmul_tflops'))} "
              f"TFLOP/s ({roof.get('matmul_dtype')})"]
     for model, m in res["models"].items():
-        lines.append(f"-- {model}")
+        lines.append(f"-- {model}" + (f" (attention: {m['attention_backend']})" if "attention_backend" in m else ""))
         for sys_name, micro in m["micro"].items():
             lines.append(f"   micro {sys_name}: " + ", ".join(
                 f"{k} {v.get('tok_s')} tok/s" + (f" (MBU {v['mbu']})" if "mbu" in v else "")

@@ -61,6 +61,7 @@ def test_smoke_suite_runs_every_workload_on_every_system(tmp_path):
     assert res["errors"] == [] and res["skipped"] == []
     ws = res["models"]["tiny-llama"]["workloads"]
     assert sorted(ws) == sorted(w.name for w in workloads.build(512, workloads.SMOKE))
+    assert res["models"]["tiny-llama"]["attention_backend"] == "torch"  # what the engine ran (on a CPU)
     for name, r in ws.items():
         for system in ("lmnb", "lmnb_nocache", "hf"):
             assert r[system]["programs_per_s"] > 0 and r[system]["latency_s"] > 0, (name, system)
