@@ -17,7 +17,8 @@ prefill (each config compiles anew for another GQA group), to fit gpu_check.sh's
   own varlen FlashAttention-2 (``varlen_attn``, which "auto" weighs against the Triton kernel
   at engine start) on the same prefill are timed as bars;
 - decode ``b1`` and ``b32``: 1 and 32 requests of 576 tokens (the suite's decode at its
-  midpoint). Rate: GB/s of K/V read (2·Hkv·D·2 bytes per token), against a device-to-device copy
+  midpoint): at batch 32 each config at the engine's split grid, and for both the default config
+  also at 0, 1/2, 2 and 4 times that grid (a grid of 1: the merge-free direct kernel). Rate: GB/s of K/V read (2·Hkv·D·2 bytes per token), against a device-to-device copy
   of 1 GiB (read + write) timed here;
 - ``gemv/*``: an experimental Triton GEMV (``gemv_kernel.py``) against cuBLAS (``F.linear`` of one
   row, what the engine runs now) on each of Llama-2-7B's weight matrices, for batch-1 decode
@@ -50,7 +51,8 @@ EXTEND_CONFIGS = [(128, 64, 8, 1), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 
 RERUN_BEST = 2
 DECODE_CONFIGS = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (64, 4, 1), (64, 4, 2), (64, 4, 3), (128, 4, 1),
                   (128, 4, 2), (128, 4, 3), (64, 8, 2), (128, 8, 2)]
-SPLIT_FACTORS = (1, 2, 4)  # the decode grid's splits, times these (up to max_kv_splits)
+SPLIT_FACTORS = (0, 0.5, 1, 2, 4)  # the decode grid's splits, times these (at least 1: the direct,
+# merge-free kernel; at most max_kv_splits)
 # (block_n, block_k, num_warps, num_stages) of the experimental Triton GEMV (gemv_kernel.py)
 GEMV_CONFIGS = [(4, 1024, 4, 2), (8, 256, 4, 2), (8, 512, 4, 2), (8, 512, 4, 3), (8, 1024, 8, 3), (16, 256, 4, 2),
                 (16, 512, 8, 2), (32, 128, 4, 3)]
@@ -252,7 +254,7 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
         return out
 
     variants = [(tuple(default), grid)] + [(c, grid) for c in configs]
-    variants += [(tuple(default), min(grid * f, DEFAULT_MAX_KV_SPLITS)) for f in SPLIT_FACTORS[1:]]
+    variants += [(tuple(default), max(1, min(int(grid * f), DEFAULT_MAX_KV_SPLITS))) for f in SPLIT_FACTORS]
     for _, splits in variants:
         per_req[splits] = torch.clamp(wanted, 1, splits).to(torch.int32)
     ref = call(default, grid)
@@ -353,8 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     path = out_dir / f"{res['meta']['date']}-{machine}-kernels{'-smoke' if args.smoke else ''}.json"
     # decode first: its few compiles fit any budget, and Llama-3-8B's extend cases come last
     # (gpu_check.sh gives this script a fixed time; the JSON is written after each case)
-    jobs = [("decode", c, lambda c=c: run_decode(c, SMOKE_DECODE if args.smoke else DECODE_CONFIGS, timed, device,
-                                                 dtype, sm_count)) for c in decode_cases(models, args.smoke)]
+    # the configs on the batched case only, where decode attention reads ~40 % of a step's bytes (at
+    # batch 1, ~2 %: there only the split grid is worth a look); it goes first
+    decode_configs = SMOKE_DECODE if args.smoke else DECODE_CONFIGS
+    jobs = [("decode", c, lambda c=c: run_decode(c, decode_configs if len(c[-1]) > 1 else [], timed, device, dtype,
+                                                 sm_count)) for c in decode_cases(models, args.smoke)[::-1]]
     first_model = models[0][0]
 
     def extend_configs(case) -> list:

@@ -311,9 +311,12 @@ def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
         (best,) = [x for x in rows if x.get("best")]
         assert best["ms"] == min(x["ms"] for x in rows)
     assert len(extend["tiny/prefill"]["configs"]) == 2  # the default (16x16) and 32x16
-    # b1: 3 configs at the grid's 4 splits, then the default at 8 and 16
+    # b1: the default at the grid's 4 splits, then at 1 (direct, no merge), 2, 8 and 16; b4 (a grid
+    # of 1): the default and the 2 configs, then the default at 2 and 4 splits
     assert [(x["config"]["block_n"], x["splits"]) for x in decode["tiny/b1"]["configs"]] == [
-        (16, 4), (16, 4), (32, 4), (16, 8), (16, 16)]
+        (16, 4), (16, 1), (16, 2), (16, 8), (16, 16)]
+    assert [(x["config"]["block_n"], x["splits"]) for x in decode["tiny/b4"]["configs"]] == [
+        (16, 1), (16, 1), (32, 1), (16, 2), (16, 4)]
 
 
 def test_kernel_tuner_never_picks_a_wrong_config():
