@@ -20,22 +20,10 @@ from lmnb_engine import triton_support
 
 
 @triton.jit
-def _rotate_heads(X, stride_h, n_heads, offs_h, offs_d, d_valid, c, s, HALF: tl.constexpr):
-    """Rotates one token's heads of X in place; returns the rotated halves and their mask."""
-    valid = (offs_h < n_heads)[:, None] & d_valid[None, :]
-    ptr = X + offs_h[:, None] * stride_h + offs_d[None, :]
-    x1 = tl.load(ptr, mask=valid, other=0.0)
-    x2 = tl.load(ptr + HALF, mask=valid, other=0.0)
-    dt = x1.dtype
-    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    x1c = (x1 * c).to(dt).to(tl.float32)
-    x2s = (x2 * s).to(dt).to(tl.float32)
-    x2c = (x2 * c).to(dt).to(tl.float32)
-    x1s = (x1 * s).to(dt).to(tl.float32)
-    r1, r2 = (x1c - x2s).to(dt), (x2c + x1s).to(dt)
-    tl.store(ptr, r1, mask=valid)
-    tl.store(ptr + HALF, r2, mask=valid)
-    return r1, r2, valid
+def _load_halves(Src, stride_h, offs_h, offs_d, valid, HALF: tl.constexpr):
+    """A token's heads at ``Src`` as their two halves of the head dimension."""
+    ptr = Src + offs_h[:, None] * stride_h + offs_d[None, :]
+    return tl.load(ptr, mask=valid, other=0.0), tl.load(ptr + HALF, mask=valid, other=0.0)
 
 
 @triton.jit
@@ -44,6 +32,22 @@ def _store_halves(Dst, stride_h, offs_h, offs_d, x1, x2, valid, HALF: tl.constex
     ptr = Dst + offs_h[:, None] * stride_h + offs_d[None, :]
     tl.store(ptr, x1.to(Dst.dtype.element_ty), mask=valid)
     tl.store(ptr + HALF, x2.to(Dst.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _rotate_heads(X, stride_h, n_heads, offs_h, offs_d, d_valid, c, s, HALF: tl.constexpr):
+    """Rotates one token's heads of X in place; returns the rotated halves and their mask."""
+    valid = (offs_h < n_heads)[:, None] & d_valid[None, :]
+    x1, x2 = _load_halves(X, stride_h, offs_h, offs_d, valid, HALF)
+    dt = x1.dtype
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    x1c = (x1 * c).to(dt).to(tl.float32)
+    x2s = (x2 * s).to(dt).to(tl.float32)
+    x2c = (x2 * c).to(dt).to(tl.float32)
+    x1s = (x1 * s).to(dt).to(tl.float32)
+    r1, r2 = (x1c - x2s).to(dt), (x2c + x1s).to(dt)
+    _store_halves(X, stride_h, offs_h, offs_d, r1, r2, valid, HALF)
+    return r1, r2, valid
 
 
 @triton.jit
@@ -64,9 +68,7 @@ def _rotary_kernel(
     k1, k2, valid = _rotate_heads(K + t * stride_kt, stride_kh, n_k_heads, offs_hk, offs_d, d_valid, c, s, HALF)
     slot = tl.load(Loc + t).to(tl.int64)
     _store_halves(K_pool + slot * stride_kpt, stride_kph, offs_hk, offs_d, k1, k2, valid, HALF)
-    v_ptr = V + t * stride_vt + offs_hk[:, None] * stride_vh + offs_d[None, :]
-    v1 = tl.load(v_ptr, mask=valid, other=0.0)
-    v2 = tl.load(v_ptr + HALF, mask=valid, other=0.0)
+    v1, v2 = _load_halves(V + t * stride_vt, stride_vh, offs_hk, offs_d, valid, HALF)
     _store_halves(V_pool + slot * stride_vpt, stride_vph, offs_hk, offs_d, v1, v2, valid, HALF)
 
 
