@@ -30,7 +30,7 @@ mkdir -p "$OUT"
 PY=python3
 START=$(date +%s)
 SCRIPT_S="${SCRIPT_S:-530}"   # under 9 minutes: with the machine's start, 4 minutes left of a 15-minute lease
-KERNELS_S=100                 # the kernel timings: about 25 kernel variants to compile (~4 s each for extend)
+KERNELS_S=100                 # the kernel timings: about 30 kernel variants to compile (~4 s each for extend)
 PROFILE_S=90                  # the profile, last: a 7B engine's start and four profiled runs
 [ "${SKIP_PROFILE:-0}" = 1 ] && PROFILE_S=0
 mkdir -p .triton_cache

@@ -353,10 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{res['meta']['date']}-{machine}-kernels{'-smoke' if args.smoke else ''}.json"
-    # decode first: its few compiles fit any budget, and Llama-3-8B's extend cases come last
-    # (gpu_check.sh gives this script a fixed time; the JSON is written after each case)
-    # the configs on the batched case only, where decode attention reads ~40 % of a step's bytes (at
-    # batch 1, ~2 %: there only the split grid is worth a look); it goes first
+    # decode first, the batched case before batch 1: gpu_check.sh gives this script a fixed time
+    # (the JSON is written after each case), so Llama-3-8B's extend cases come last. The configs
+    # are tried on the batched case only, where decode attention reads ~40 % of a step's bytes (at
+    # batch 1, ~2 %: there only the split grid is worth a look).
     decode_configs = SMOKE_DECODE if args.smoke else DECODE_CONFIGS
     jobs = [("decode", c, lambda c=c: run_decode(c, decode_configs if len(c[-1]) > 1 else [], timed, device, dtype,
                                                  sm_count)) for c in decode_cases(models, args.smoke)[::-1]]

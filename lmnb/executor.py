@@ -117,7 +117,11 @@ def _branch_list(paths: list[tuple]) -> str:
             runs[-1].append(path)
         else:
             runs.append([path])
-    return ", ".join("-".join(".".join(map(str, p)) for p in ([r[0], r[-1]] if len(r) > 1 else r)) for r in runs)
+
+    def dotted(path: tuple) -> str:
+        return ".".join(map(str, path))
+
+    return ", ".join(dotted(r[0]) + (f"-{dotted(r[-1])}" if len(r) > 1 else "") for r in runs)
 
 
 # ----------------------------------------------------------------------------------- observers

@@ -148,7 +148,7 @@ def test_decode_with_one_split_writes_the_output_without_the_merge(dtype):
     """A grid of one split (``max_kv_splits == 1``, a batch that fills the GPU): the split kernel
     writes ``out`` and leaves the workspace alone; the values are exactly those of the two-kernel
     path when every request has one split (merging one slice multiplies it by exp(0) = 1).
-    Sequences of 32 and 64 are whole 16-key blocks (no masked tail), 5 and 1 a tail alone."""
+    Sequences of 32 and 64 fill whole 16-key blocks, 5 and 1 part of one."""
     prefix = [4, 0, 70, 31, 63]
     B = len(prefix)
     pool, batch, q, k, v = setup_batch(prefix, [1] * B, 8, 2, 16, dtype=dtype, seed=8)

@@ -229,16 +229,17 @@ def _gpu_ms(fn: Callable[[], object], reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _extend_times(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype, device: torch.device,
-                  batch: int = TIMED_BATCH, seq: int = TIMED_SEQ, reps: int = 5) -> Optional[tuple[float, float]]:
-    """(flash-attn ms, Triton extend kernel ms) on a cold causal prefill of ``batch`` prompts of
-    ``seq`` tokens with the model's heads, or None where there is nothing to compare: off CUDA,
+def _extend_times(flash: FlashAttn, hq: int, hkv: int, d: int, dtype: torch.dtype,
+                  device: torch.device) -> Optional[tuple[float, float]]:
+    """(flash-attn ms, Triton extend kernel ms) on a cold causal prefill of ``TIMED_BATCH`` prompts
+    of ``TIMED_SEQ`` tokens with the model's heads (5 calls each), or None where there is nothing to compare: off CUDA,
     the Triton kernel failing on it, or flash-attn running out of memory (which, as at run time,
     does not make it unusable). Raises what another failure of the flash-attn call raises."""
     if device.type != "cuda":
         return None
     from lmnb_engine.attention.triton_ops import extend_attention_fwd
 
+    batch, seq, reps = TIMED_BATCH, TIMED_SEQ, 5
     T, scale = batch * seq, d ** -0.5
     qkv = torch.randn(T, (hq + 2 * hkv) * d, dtype=dtype, device=device)
     q, k, v = (x.view(T, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=1))

@@ -74,9 +74,10 @@ def select_attention_backend(device: torch.device | str, name: str | None = None
         name: "auto" (default; also from ``LMNB_ATTENTION_BACKEND``): on CUDA with ``triton``,
             flash-attn for extend when one imports or torch has one (``extend_candidates``;
             ``FlashAttentionBackend``, which keeps Triton for extend if flash-attn fails its
-            start-up check or is slower on the model) or else Triton; torch otherwise. "torch"; "triton" (CUDA, or any device under ``TRITON_INTERPRET=1``, the
-            CPU interpreter used by the tests); "flash_attn" (as "triton", and flash-attn must
-            import and pass its check).
+            start-up check or is slower on the model) or else Triton; torch otherwise. "torch";
+            "triton" (CUDA, or any device under ``TRITON_INTERPRET=1``, the CPU interpreter used
+            by the tests); "flash_attn" (as "triton", and flash-attn must import and pass its
+            check).
     Raises:
         ValueError: an unknown name, or "triton"/"flash_attn" on a device they cannot run on.
         ImportError: "triton" or "flash_attn" asked for but the package is missing (the message
