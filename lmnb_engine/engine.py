@@ -159,6 +159,14 @@ def _is_token_id(t: Any) -> bool:
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)
 
 
+def is_prompt_batch(prompt: Any) -> bool:
+    """Whether ``generate``'s ``prompt`` is a batch of prompts: a non-empty list or tuple whose
+    first item is not an integer. A list that starts with an integer (numpy's too) is one prompt
+    of token ids, since a batch's items are prompts, never ints; so a bad item further on is named
+    in its place ("item 1 is 6.0"), not read as a batch of one int prompt."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and not isinstance(prompt[0], numbers.Integral)
+
+
 def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
     """Refuse an ``Engine`` option of the wrong type before the model loads (ranges are checked
     where each option is used). A string such as ``"no"`` would otherwise pass as a true flag.
@@ -469,12 +477,19 @@ class Engine:
             return self._mm_processor
 
     def _split_batch(self, prompt: Union[Prompt, Sequence[Prompt]]) -> tuple[list[list[int]], bool]:
-        """(list of id lists, whether the caller passed a batch). A list that starts with an integer
-        is one prompt of token ids (a batch's items are prompts, never ints), so a bad item further
-        on is named by ``_to_ids`` ("item 1 is 6.0"), not taken for a batch of one int prompt."""
-        if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], numbers.Integral):
-            return [self._to_ids(p) for p in prompt], True
-        return [self._to_ids(prompt)], False
+        """(list of id lists, whether the caller passed a batch: ``is_prompt_batch``). A bad prompt
+        of a batch is named by its place ("prompt 2 of the batch: ...")."""
+        if not is_prompt_batch(prompt):
+            return [self._to_ids(prompt)], False
+        ids = []
+        for i, p in enumerate(prompt):
+            try:
+                ids.append(self._to_ids(p))
+            except (TypeError, ValueError) as e:
+                if type(e) not in (TypeError, ValueError):  # a subclass of its own (multimodal): as it is
+                    raise
+                raise type(e)(f"prompt {i} of the batch: {e}") from None
+        return ids, True
 
     def _check(self, ids: list[int], params: SamplingParams) -> None:
         if not isinstance(params, SamplingParams):

@@ -166,6 +166,13 @@ def test_prompt_ids_of_mixed_int_types_are_read_and_bools_refused(engine, hf):
     for bad, shown in (([ids[0], 6.0], "6.0"), ([ids[0], ids[1], "x"], "'x'"), ([ids[0], [ids[1]]], r"\[\d+\]")):
         with pytest.raises(TypeError, match=rf"list of token ids \(ints\); item {len(bad) - 1} is {shown}"):
             engine.generate(bad, GREEDY)
+    # a bad prompt of a batch is named by its place in the batch too, and keeps its error type
+    with pytest.raises(TypeError, match=r"^prompt 2 of the batch: .*\(ints\); item 0 is 7\.0$"):
+        engine.generate([[5], [6], [7.0]], GREEDY)
+    with pytest.raises(ValueError, match=r"^prompt 1 of the batch: empty prompt"):
+        engine.generate([[5, 6], []], GREEDY)
+    with pytest.raises(TypeError, match=r"^prompt 1 of the batch: a prompt is a string or a list of token ids, got int"):
+        engine.generate(["a", 5], GREEDY)
     assert_idle_accounting(engine)
 
 

@@ -527,6 +527,14 @@ def test_engine_streams_sglangs_offline_generate_and_async_generate(backend, tin
     assert [w["text"] for w in whole] == [want] and async_texts == texts
     with pytest.raises(ValueError, match="streams one prompt"):
         backend.generate(["a", "b"], sp, stream=True)
+    # token ids as numpy integers (a tokenizer's array, listed) are one prompt, as the engine reads
+    # them; the stream refused them as a batch
+    import numpy as np
+
+    ids = tiny_engine.encode("Hello, my name is")
+    np_chunks = list(backend.generate(input_ids=list(np.array(ids)), sampling_params=sp, stream=True))
+    assert np_chunks[-1]["output_ids"] == tiny_engine.generate(ids, SamplingParams(temperature=0,
+                                                                                   max_new_tokens=6)).token_ids
 
 
 def test_cancelling_an_async_generate_stream_is_a_cancellation_and_aborts_the_request(backend, tiny_engine):

@@ -258,6 +258,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
             ValueError: bad sampling params (unknown keys are refused, not ignored), neither or
                 both of ``prompt`` and ``input_ids``, or ``stream`` with a list of prompts.
         """
+        from lmnb_engine.engine import is_prompt_batch
         from lmnb_engine.http_server.protocol import meta_info, sampling_params_from_json
 
         if (prompt is None) == (input_ids is None):
@@ -266,7 +267,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
         source = prompt if prompt is not None else input_ids
         decode = self.engine.decode if return_text_in_logprobs else None
         if stream:
-            if isinstance(source, (list, tuple)) and source and not isinstance(source[0], int):
+            if is_prompt_batch(source):
                 raise ValueError("generate(..., stream=True) streams one prompt; call it once per prompt")
             return self._offline_stream(source, params, decode)
         results = self.engine.generate(source, params)
