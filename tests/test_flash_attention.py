@@ -177,8 +177,16 @@ def test_start_up_check_calls_as_the_model_does_and_the_next_candidate_is_tried(
 
     good = stand_in(calls, "flash_attn 2.7.4")
     backend = FlashAttentionBackend([strided_refused, FlashAttn(returns_float32, "odd"), good], strict=True)
-    backend.prepare(4, 2, 16, torch.float16, "cpu")
+    with pytest.warns(RuntimeWarning, match=r"flash_attn_interface 3\.0\.0b1: flash_attn_varlen_func failed.*"
+                                            r"odd: it returned.*flash_attn 2\.7\.4 runs it instead"):
+        backend.prepare(4, 2, 16, torch.float16, "cpu")  # the broken builds passed over are named
     assert backend.flash is good
+    # an installed build that fails is named even when torch's own (optional) runs instead
+    with pytest.warns(RuntimeWarning, match=r"contiguous.*torch varlen_attn runs it instead"):
+        backend = FlashAttentionBackend([strided_refused, FlashAttn(make_varlen(calls), "torch varlen_attn",
+                                                                    optional=True)])
+        backend.prepare(4, 2, 16, torch.float16, "cpu")
+    assert backend.flash.label == "torch varlen_attn"
     with pytest.raises(RuntimeError) as err:
         FlashAttentionBackend([strided_refused, FlashAttn(returns_float32, "odd")], strict=True).prepare(
             4, 2, 16, torch.float16, "cpu")

@@ -310,7 +310,8 @@ class FlashAttentionBackend(TritonAttentionBackend):
 
     def prepare(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                 device: torch.device | str) -> None:
-        """Pick the first candidate that can run this model and passes ``self_check``; unless
+        """Pick the first candidate that can run this model and passes ``self_check`` (warning
+        about any installed one passed over for failing it); unless
         ``strict``, also one that is faster than the Triton extend kernel on this model's heads
         (``slower_than_triton``, on CUDA), so that "auto" never trades a fast kernel for a slower
         one. Under tensor parallelism each rank times its own shard's heads.
@@ -338,6 +339,9 @@ class FlashAttentionBackend(TritonAttentionBackend):
                         continue
             if problem is None:
                 self.flash = cand
+                if failed:  # an installed build passed over for a later candidate: say so all the same
+                    warnings.warn(f"flash-attn does not run extend attention for this model: {'; '.join(reasons)}. "
+                                  f"{cand.label} runs it instead", RuntimeWarning, stacklevel=2)
                 return
             failed |= not cand.optional  # an installed build that fails: warn
             reasons.append(f"{cand.label}: {problem}")
