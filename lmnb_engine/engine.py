@@ -13,7 +13,7 @@ import random
 import threading
 import uuid
 import weakref
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.model_runner import ModelRunner
@@ -161,10 +161,28 @@ def _is_token_id(t: Any) -> bool:
 
 def is_prompt_batch(prompt: Any) -> bool:
     """Whether ``generate``'s ``prompt`` is a batch of prompts: a non-empty list or tuple whose
-    first item is not an integer. A list that starts with an integer (numpy's too) is one prompt
-    of token ids, since a batch's items are prompts, never ints; so a bad item further on is named
-    in its place ("item 1 is 6.0"), not read as a batch of one int prompt."""
-    return isinstance(prompt, (list, tuple)) and bool(prompt) and not isinstance(prompt[0], numbers.Integral)
+    first item is not a number. A list that starts with a number (an int, a float, a bool, numpy's
+    scalars too) is one prompt of token ids, since a batch's items are prompts, never numbers; so a
+    bad item is named in its place ("item 1 is 6.0"), not read as a batch of number prompts."""
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        return False
+    first = prompt[0]
+    # numpy's bool_ is no numbers.Number; like every numpy scalar it has ndim 0
+    return not (isinstance(first, numbers.Number) or getattr(first, "ndim", None) == 0)
+
+
+def _token_id_list(items: Sequence[Any]) -> list[int]:
+    """``items`` as a list of Python ints: Python's or numpy's integers, not bools.
+
+    Raises:
+        TypeError: naming the first item that is no token id and its place.
+    """
+    if all(type(t) is int for t in items):  # plain ints, by exact type, before the slow ABC test below
+        return list(items)
+    for i, t in enumerate(items):
+        if not _is_token_id(t):
+            raise TypeError(f"a prompt is a string or a list of token ids (ints); item {i} is {t!r}")
+    return [int(t) for t in items]
 
 
 def _check_option_types(ints: dict, flags: dict, mem_fraction: Any) -> None:
@@ -419,13 +437,8 @@ class Engine:
             if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):
                 # the text wrote its own BOS (apply_chat_template's output): the tokenizer's is one too many
                 ids = ids[1:]
-        elif isinstance(prompt, (list, tuple)) and all(type(t) is int for t in prompt):
-            ids = list(prompt)  # plain ints, by exact type (not bools), before the slow ABC test below
-        elif isinstance(prompt, (list, tuple)) and all(_is_token_id(t) for t in prompt):
-            ids = [int(t) for t in prompt]  # numpy integers too (a tokenizer's array, .tolist() or not)
         elif isinstance(prompt, (list, tuple)):
-            i, bad = next((i, t) for i, t in enumerate(prompt) if not _is_token_id(t))
-            raise TypeError(f"a prompt is a string or a list of token ids (ints); item {i} is {bad!r}")
+            ids = _token_id_list(prompt)  # numpy integers too (a tokenizer's array, .tolist() or not)
         elif isinstance(prompt, dict):  # [issue 10] the form with images, its key misspelt ("image_data")
             raise ValueError(f"a prompt dict is a prompt with images, with the keys 'text' and 'images'; got "
                              f"{sorted(prompt)}")
@@ -437,6 +450,14 @@ class Engine:
         if self.loaded.config.multimodal_hf_config is not None:  # [issue 10]
             self._check_no_placeholder(ids)
         return ids
+
+    def _one_prompt_ids(self, prompt: Any) -> list[int]:
+        """``score``'s and ``pin_prefix``'s intake: one prompt as ``generate`` takes it (a text,
+        token ids, a prompt with images, prepared or not) or any other iterable of token ids (a
+        numpy array, a range). Raises as ``_to_ids``: a number or a string's characters are never
+        read as ids."""
+        whole = isinstance(prompt, (str, list, tuple, dict, MultimodalPrompt)) or not isinstance(prompt, Iterable)
+        return self._to_ids(prompt if whole else list(prompt))
 
     def _check_no_placeholder(self, ids: Sequence[int]) -> None:
         """[issue 10] A plain prompt (no images) for a vision-language model must not hold its image
@@ -655,12 +676,15 @@ class Engine:
         Bad input raises here, before any iteration (as ``submit``)."""
         return _EventStream(self.submit(prompt, params))
 
-    def score(self, prompt_ids: Sequence[int], start: int) -> list[float]:
+    def score(self, prompt_ids: Union[Prompt, Iterable[int]], start: int) -> list[float]:
         """Logprobs (natural log) of ``prompt_ids[j]`` given ``prompt_ids[:j]`` for j in
         ``[start, len)`` — what ``select`` compares (paper §2). Uses and fills the radix cache.
+        ``prompt_ids`` is token ids (a list, a numpy array, ...) or one prompt as ``generate``
+        takes it (a text is encoded as there, and ``start`` counts its tokens).
 
-        Raises ``ValueError`` unless ``1 <= start < len(prompt_ids)``."""
-        ids = self._to_ids(list(prompt_ids))
+        Raises ``ValueError`` unless ``1 <= start < len(prompt_ids)``; ``TypeError`` / ``ValueError``
+        for a bad prompt, as ``generate``."""
+        ids = self._one_prompt_ids(prompt_ids)
         if not 1 <= start < len(ids):
             raise ValueError(f"start={start} must be in [1, {len(ids)}) for a prompt of {len(ids)} tokens")
         result = self.generate(ids, SamplingParams(max_new_tokens=0, logprob_start_len=start))
@@ -724,7 +748,13 @@ class Engine:
         for the deepest node its longest cached prefix reaches (the prefix may end inside that
         node's edge), or None when none of it is cached. No edge is split, no LRU time refreshed
         and no lock taken, so widgets can label ``tree_snapshot()`` paths freely."""
-        ids = getattr(token_ids, "input_key", None) or [int(t) for t in token_ids]
+        if isinstance(token_ids, MultimodalTokens):
+            ids = token_ids.input_key
+        elif isinstance(token_ids, (str, dict, MultimodalPrompt)) or not isinstance(token_ids, Iterable):
+            raise TypeError(f"match_node takes token ids (a list of ints) or a prepared MultimodalTokens, got "
+                            f"{type(token_ids).__name__}; for a text pass engine.encode(text)")
+        else:
+            ids = _token_id_list(list(token_ids))
         node, n = self._call(lambda: self.scheduler.cache.peek_prefix(ids))
         return (node, n) if node is not None else None
 
@@ -761,8 +791,7 @@ class Engine:
         ``ValueError`` for a bad prefix."""
         if self.scheduler.disable_radix_cache:
             raise RuntimeError("the radix cache is disabled (disable_radix_cache=True); nothing can be pinned")
-        whole = isinstance(token_ids, (str, MultimodalTokens)) or is_multimodal_prompt(token_ids)
-        ids = self._to_ids(token_ids if whole else list(token_ids))
+        ids = self._one_prompt_ids(token_ids)
         self._check(ids, SamplingParams(max_new_tokens=0))
         key = getattr(ids, "input_key", ids)  # [issue 10] image positions are keyed by pixel hash
 

@@ -166,6 +166,11 @@ def test_prompt_ids_of_mixed_int_types_are_read_and_bools_refused(engine, hf):
     for bad, shown in (([ids[0], 6.0], "6.0"), ([ids[0], ids[1], "x"], "'x'"), ([ids[0], [ids[1]]], r"\[\d+\]")):
         with pytest.raises(TypeError, match=rf"list of token ids \(ints\); item {len(bad) - 1} is {shown}"):
             engine.generate(bad, GREEDY)
+    # a list that starts with any number, numpy's bool too, is one prompt (np.True_ was read as a
+    # batch and refused as "prompt 0 of the batch: ..., got bool")
+    for bad, shown in (([np.True_, ids[0]], "(np.)?True_?"), ([6.0, ids[0]], "6.0")):
+        with pytest.raises(TypeError, match=rf"^a prompt is a string or a list of token ids \(ints\); item 0 is {shown}$"):
+            engine.generate(bad, GREEDY)
     # a bad prompt of a batch is named by its place in the batch too, and keeps its error type
     with pytest.raises(TypeError, match=r"^prompt 2 of the batch: .*\(ints\); item 0 is 7\.0$"):
         engine.generate([[5], [6], [7.0]], GREEDY)
@@ -189,6 +194,36 @@ def test_numpy_token_ids_are_a_prompt_not_a_batch(engine, hf):
     assert [r.token_ids for r in batch] == [hf.greedy(ids, 8), hf.greedy(ids[:2], 8)]
     with pytest.raises(ValueError, match=r"outside the vocabulary"):
         engine.generate([np.int64(10**6)], GREEDY)
+    assert_idle_accounting(engine)
+
+
+def test_score_pin_prefix_and_match_node_take_a_prompt_as_generate_does(engine, hf):
+    """A text is encoded (score's was read one character per "id": "item 0 is 'h'"), any iterable
+    of ids is read, and a number or a stray item is refused by name (they were raw "'int' object is
+    not iterable" and int() errors)."""
+    import numpy as np
+
+    text = "the red cat"
+    ids = engine.encode(text)
+    want = hf.token_logprobs(ids)
+    for prompt in (text, ids, np.array(ids), tuple(ids)):
+        assert engine.score(prompt, 1) == pytest.approx(want, abs=1e-4)
+    for call in (lambda: engine.score(5, 1), lambda: engine.pin_prefix(5)):
+        with pytest.raises(TypeError, match=r"^a prompt is a string or a list of token ids, got int$"):
+            call()
+    with pytest.raises(TypeError, match=r"\(ints\); item 1 is 'a'$"):
+        engine.score([ids[0], "a"], 1)
+    engine.flush_cache()
+    handle = engine.pin_prefix(np.array(ids))
+    node, cached = engine.match_node(np.array(ids))
+    assert cached == len(ids) and engine.pinned_node_ids() == [node]
+    assert engine.match_node([ids[0], np.int64(ids[1])])[1] == 2
+    with pytest.raises(TypeError, match=r"\(ints\); item 1 is 'a'$"):
+        engine.match_node([ids[0], "a"])
+    for bad, name in ((text, "str"), (5, "int")):
+        with pytest.raises(TypeError, match=rf"match_node takes token ids .*, got {name}; for a text pass engine.encode"):
+            engine.match_node(bad)
+    engine.unpin(handle)
     assert_idle_accounting(engine)
 
 

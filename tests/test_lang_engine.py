@@ -501,6 +501,10 @@ def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
     assert isinstance(one, dict) and len(one["meta_info"]["output_top_logprobs"]) == 3
     ids = tiny_engine.encode(prompts[1])
     assert backend.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})["text"] == outs[1]["text"]
+    # text as input_ids was encoded as if it were the prompt
+    for text in (prompts[0], prompts):
+        with pytest.raises(TypeError, match=r"^input_ids takes token ids .*; pass a text as prompt=$"):
+            backend.generate(input_ids=text, sampling_params={"max_new_tokens": 1})
 
 
 def test_engine_streams_sglangs_offline_generate_and_async_generate(backend, tiny_engine):

@@ -150,6 +150,22 @@ def test_a_prefix_with_an_image_can_be_pinned(engine, hf):
         engine.unpin(handle)
 
 
+def test_score_of_a_prompt_with_an_image_matches_transformers(engine, hf):
+    """``score`` keeps a prompt's images: a prepared one (``MultimodalTokens``) was read as a plain
+    id list and refused for its placeholders, a ``MultimodalPrompt`` as "not iterable"."""
+    model, proc = hf
+    img = _image(15)
+    inputs = proc(text=Q1, images=img, return_tensors="pt")
+    ids = inputs["input_ids"][0].tolist()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(**inputs).logits[0].double(), -1)
+    _, start = _image_span(hf, Q1, img)
+    want = [logprobs[j - 1, ids[j]].item() for j in range(start, len(ids))]
+    prepared = engine.multimodal.prepare(MultimodalPrompt(Q1, [img]))
+    for prompt in (prepared, MultimodalPrompt(Q1, [img])):
+        assert engine.score(prompt, start) == pytest.approx(want, abs=1e-4)
+
+
 def test_one_image_may_be_given_alone(engine, tmp_path):
     img = _image(13)
     path = tmp_path / "one.png"

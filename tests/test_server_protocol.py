@@ -177,7 +177,7 @@ def _post(url, path, body, **kw):
         ("/generate", {"text": "a", "stream": "no"}, 400, "stream must be true or false, not 'no'"),  # bool("no")
         ("/generate", {"text": "a", "return_logprob": "yes"}, 400, "return_logprob='yes' is invalid"),
         ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, 400, "fits in 64 bits"),
-        ("/v1/completions", {"model": "rec", "prompt": [True, False]}, 400, "prompt"),  # not token ids 1, 0
+        ("/v1/completions", {"model": "rec", "prompt": [True, False]}, 400, "item 0 is true, not a token id"),  # not 1, 0
         ("/generate", {"text": "a", "sampling_params": {"n": 100000}}, 400, "at most 128"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "n": 100000}, 400, "at most 128"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "n": 129}, 400, "at most 128"),
@@ -191,7 +191,13 @@ def _post(url, path, body, **kw):
          "messages.0.content.list[ContentPart].0.type: Field required"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
          400, "messages.0.content.list[ContentPart].0.text: Input should be a valid string"),
-        ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400, "prompt.list[str].1: Input should be a valid string"),
+        # the prompt's form is read from its first item and a wrong item named in its place: pydantic's union
+        # message blamed the first alternative it tried ("prompt.list[str].0" for the good id 5 of [5, true])
+        ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400, "prompt: item 1 is 5 in a list of strings; a prompt is"),
+        ("/v1/completions", {"model": "rec", "prompt": [5, True]}, 400, "prompt: item 1 is true, not a token id; a prompt is"),
+        ("/v1/completions", {"model": "rec", "prompt": [[5], [6, "a"]]}, 400, 'prompt: item 1 of prompt 1 is "a", not a token id'),
+        ("/v1/completions", {"model": "rec", "prompt": [[5], 6]}, 400, "prompt: item 1 is 6 in a list of token-id lists"),
+        ("/v1/completions", {"model": "rec", "prompt": 5}, 400, "prompt: it is 5; a prompt is a string, a list of strings"),
         # pydantic read true/false as 1/0: the chat API's "logprobs": false asked /v1/completions for logprobs
         ("/v1/completions", {"model": "rec", "prompt": "a", "logprobs": False}, 400, "logprobs must be a number, not false"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "max_tokens": True},

@@ -257,12 +257,16 @@ class Engine(AssignableChatTemplate, BaseBackend):
         Raises:
             ValueError: bad sampling params (unknown keys are refused, not ignored), neither or
                 both of ``prompt`` and ``input_ids``, or ``stream`` with a list of prompts.
+            TypeError: text given as ``input_ids``, or a bad prompt (as ``lmnb_engine.Engine``).
         """
         from lmnb_engine.engine import is_prompt_batch
         from lmnb_engine.http_server.protocol import meta_info, sampling_params_from_json
 
         if (prompt is None) == (input_ids is None):
             raise ValueError("generate() takes a prompt (or a list of prompts) or input_ids, not both or neither")
+        if isinstance(input_ids, str) or (is_prompt_batch(input_ids) and any(isinstance(p, str) for p in input_ids)):
+            raise TypeError("input_ids takes token ids (a list of ints, or one such list per prompt); pass a text "
+                            "as prompt=")
         params = sampling_params_from_json(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
         source = prompt if prompt is not None else input_ids
         decode = self.engine.decode if return_text_in_logprobs else None

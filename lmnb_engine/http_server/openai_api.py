@@ -11,6 +11,7 @@ rejected with a 400 naming them rather than ignored.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -19,7 +20,8 @@ from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_a
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
@@ -96,11 +98,57 @@ class _SamplingRequest(_Strict):
 
 class CompletionRequest(_SamplingRequest):
     """The body of ``POST /v1/completions``."""
-    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]  # strict: true is no token id
+    prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
     logprobs: Optional[int] = None
     best_of: Optional[int] = None
     suffix: Optional[str] = None
+
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _one_prompt_form(cls, value: Any, handler: Any) -> Any:
+        """The prompt's form is read from its first item (a string, a token id, a list of ids) and
+        a wrong item is named in its place: pydantic's union message blamed the first alternative
+        it tried, so ``[5, true]`` was refused for its good id 5. A bool is no token id."""
+        if isinstance(value, str) or (isinstance(value, list) and not value):
+            return value  # ([] is refused as an empty prompt by the route)
+        if not isinstance(value, list):
+            raise _prompt_error(f"it is {_json(value)}")
+        if isinstance(value[0], str):
+            bad = next((i for i, x in enumerate(value) if not isinstance(x, str)), None)
+            if bad is not None:
+                raise _prompt_error(f"item {bad} is {_json(value[bad])} in a list of strings")
+            return value
+        if not isinstance(value[0], list):
+            return _token_ids(value, "")
+        for i, x in enumerate(value):
+            if not isinstance(x, list):
+                raise _prompt_error(f"item {i} is {_json(x)} in a list of token-id lists")
+            _token_ids(x, f"of prompt {i} ")
+        return value
+
+
+def _token_ids(items: list, where: str) -> list:
+    """``items`` if each is an int (a JSON integer, not true or false), else the error naming it."""
+    for i, t in enumerate(items):
+        if type(t) is not int:
+            raise _prompt_error(f"item {i} {where}is {_json(t)}, not a token id")
+    return items
+
+
+def _prompt_error(what: str) -> PydanticCustomError:
+    # (the text goes in as context: a template would read braces in the value as its fields)
+    return PydanticCustomError("prompt", "{msg}", {"msg": f"{what}; {_PROMPT_FORMS}"})
+
+
+def _json(value: Any) -> str:
+    """``value`` as the client wrote it (true, null, "a"), shortened."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+_PROMPT_FORMS = "a prompt is a string, a list of strings, a list of token ids (ints) or a list of such lists"
 
 
 class ContentPart(BaseModel):
