@@ -111,6 +111,50 @@ def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path, 
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def _agree_main(rank: int, picks: list, rendezvous: str, out) -> None:
+    """Rank ``rank`` of a 2-rank gloo group: a backend stand-in that chose ``picks[rank]`` (an
+    index into its candidates, or None for Triton) runs ``agree_on_extend_kernel``."""
+    import types
+
+    import torch.distributed as dist
+
+    from lmnb_engine.distributed import TPGroup
+    from lmnb_engine.distributed.runner import agree_on_extend_kernel
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    try:
+        candidates = ["flash_attn_interface", "flash_attn", "torch varlen_attn"]
+        pick = picks[rank]
+        attn = types.SimpleNamespace(candidates=candidates, flash=None if pick is None else candidates[pick])
+        agree_on_extend_kernel(attn, TPGroup(rank, WORLD), torch.device("cpu"))
+        out.put((rank, attn.flash))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("picks, agreed", [
+    ((1, 1), "flash_attn"),  # the same choice stands
+    ((None, None), None),
+    ((2, None), None),  # a rank that timed Triton faster, or whose check failed: all run Triton
+    ((0, 2), None),  # different flash-attns: Triton, not a kernel one rank never checked
+])
+def test_tensor_parallel_ranks_agree_on_the_extend_kernel(picks, agreed, tmp_path, monkeypatch):
+    """Under "auto" each rank times flash-attn on its own shard; a near-tie falling differently on
+    two ranks left them on different kernels (and model_info told rank 0's)."""
+    main = sys.modules["__main__"]
+    if not hasattr(main, "__spec__"):  # (as above)
+        monkeypatch.setattr(main, "__spec__", None, raising=False)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_agree_main, args=(r, list(picks), str(tmp_path / "rdv"), out)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in range(WORLD))
+    for p in procs:
+        p.join(60)
+    assert got == {0: agreed, 1: agreed} and all(p.exitcode == 0 for p in procs)
+
+
 def test_shard_refuses_heads_that_do_not_split(tiny_checkpoint_factory):
     from lmnb_engine.distributed import TPGroup, shard_model_
     from lmnb_engine.model_loader import load_model

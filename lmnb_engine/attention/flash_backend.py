@@ -314,7 +314,8 @@ class FlashAttentionBackend(TritonAttentionBackend):
         about any installed one passed over for failing it); unless
         ``strict``, also one that is faster than the Triton extend kernel on this model's heads
         (``slower_than_triton``, on CUDA), so that "auto" never trades a fast kernel for a slower
-        one. Under tensor parallelism each rank times its own shard's heads.
+        one. Under tensor parallelism each rank times its own shard's heads, and the ranks then agree
+        (``distributed.runner.agree_on_extend_kernel``).
 
         Raises:
             ValueError: ``strict`` and flash-attn does not take this model (dtype, head_dim), as

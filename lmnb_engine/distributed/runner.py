@@ -11,6 +11,7 @@ requests; broadcasting batches keeps lmnb's single scheduler and costs one small
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Optional
 
 import torch
@@ -20,6 +21,8 @@ from lmnb_engine.distributed.layers import TPGroup
 from lmnb_engine.distributed.shard import local_config, shard_model_
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
 from lmnb_engine.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 _MODES = (ForwardMode.EXTEND, ForwardMode.DECODE)
 _STOP = -1
@@ -55,6 +58,8 @@ class TensorParallelRunner(ModelRunner):
         loaded = dataclasses.replace(loaded, config=local_config(loaded.config, tp))
         super().__init__(loaded, max_total_tokens, max_running_requests, mem_fraction, attention_backend,
                          cuda_graph_max_bs)
+        if tp.size > 1:
+            agree_on_extend_kernel(self.attn, tp, self._comm_device)
         sizes = torch.tensor([self.max_total_tokens, self.max_running_requests], device=self._comm_device)
         if tp.size > 1:
             dist.all_reduce(sizes, op=dist.ReduceOp.MIN, group=tp.group)
@@ -132,3 +137,24 @@ def worker_loop(runner: TensorParallelRunner) -> int:
         ModelRunner.forward(runner, batch)
         n += 1
     return n
+
+
+def agree_on_extend_kernel(attn, tp: TPGroup, device: torch.device) -> None:
+    """[issue 9] Make every rank run extend attention on one kernel. Under "auto" each rank checks
+    and times flash-attn on its own shard's heads (``FlashAttentionBackend.prepare``), so a near-tie
+    may fall either way; where the ranks' choices differ, every rank runs the Triton kernel, which
+    all of them have. One request's heads then come from one kernel, and ``model_info`` (rank 0's)
+    holds for every rank.
+
+    A collective: every rank of ``tp`` calls it once, after ``prepare``, with its own backend
+    (``attn.flash`` among ``attn.candidates``; any other backend counts as no flash-attn).
+    ``device``: where the message lives (the GPU for NCCL, the CPU for gloo)."""
+    flash = getattr(attn, "flash", None)
+    mine = attn.candidates.index(flash) if flash is not None else -1
+    picks = torch.tensor([mine, -mine], device=device)
+    dist.all_reduce(picks, op=dist.ReduceOp.MAX, group=tp.group)  # the highest pick and minus the lowest
+    highest, lowest = int(picks[0]), -int(picks[1])
+    if highest != lowest:
+        log.info("the tensor-parallel ranks chose different extend-attention kernels (each timed its own "
+                 "shard); every rank runs the Triton kernel")
+        attn.flash = None
