@@ -13,7 +13,8 @@ import random
 import threading
 import uuid
 import weakref
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.model_runner import ModelRunner
@@ -167,8 +168,22 @@ def is_prompt_batch(prompt: Any) -> bool:
     if not isinstance(prompt, (list, tuple)) or not prompt:
         return False
     first = prompt[0]
-    # numpy's bool_ is no numbers.Number; like every numpy scalar it has ndim 0
-    return not (isinstance(first, numbers.Number) or getattr(first, "ndim", None) == 0)
+    # numpy's bool_ is no numbers.Number; like every numpy scalar (its str_ too: a text) it has ndim 0
+    return isinstance(first, str) or not (isinstance(first, numbers.Number) or getattr(first, "ndim", None) == 0)
+
+
+def _id_items(prompt: Any) -> Optional[Sequence[Any]]:
+    """The items of a prompt given as a sequence of token ids: a list or tuple, a 1-D array
+    (numpy's or torch's, by its ``tolist``), a range or an iterator; None for anything else (a
+    text, bytes, a set, a dict, a number, an array of another rank), for the caller to refuse.
+    Bytes and sets are not read as ids: their items are characters' codes, or in no order."""
+    if isinstance(prompt, (list, tuple)):
+        return prompt
+    if hasattr(prompt, "tolist") and getattr(prompt, "ndim", None) == 1:
+        return prompt.tolist()
+    if isinstance(prompt, (range, Iterator)):
+        return list(prompt)
+    return None
 
 
 def _token_id_list(items: Sequence[Any]) -> list[int]:
@@ -437,8 +452,8 @@ class Engine:
             if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):
                 # the text wrote its own BOS (apply_chat_template's output): the tokenizer's is one too many
                 ids = ids[1:]
-        elif isinstance(prompt, (list, tuple)):
-            ids = _token_id_list(prompt)  # numpy integers too (a tokenizer's array, .tolist() or not)
+        elif (items := _id_items(prompt)) is not None:
+            ids = _token_id_list(items)  # numpy integers too (a tokenizer's array, .tolist() or not)
         elif isinstance(prompt, dict):  # [issue 10] the form with images, its key misspelt ("image_data")
             raise ValueError(f"a prompt dict is a prompt with images, with the keys 'text' and 'images'; got "
                              f"{sorted(prompt)}")
@@ -450,14 +465,6 @@ class Engine:
         if self.loaded.config.multimodal_hf_config is not None:  # [issue 10]
             self._check_no_placeholder(ids)
         return ids
-
-    def _one_prompt_ids(self, prompt: Any) -> list[int]:
-        """``score``'s and ``pin_prefix``'s intake: one prompt as ``generate`` takes it (a text,
-        token ids, a prompt with images, prepared or not) or any other iterable of token ids (a
-        numpy array, a range). Raises as ``_to_ids``: a number or a string's characters are never
-        read as ids."""
-        whole = isinstance(prompt, (str, list, tuple, dict, MultimodalPrompt)) or not isinstance(prompt, Iterable)
-        return self._to_ids(prompt if whole else list(prompt))
 
     def _check_no_placeholder(self, ids: Sequence[int]) -> None:
         """[issue 10] A plain prompt (no images) for a vision-language model must not hold its image
@@ -628,8 +635,8 @@ class Engine:
     def generate(
         self, prompt: Union[Prompt, Sequence[Prompt]], params: Optional[SamplingParams] = None
     ) -> Union[GenerateResult, list[GenerateResult]]:
-        """Generate for one prompt (str or token ids) or a list of prompts, blocking. A text that
-        begins with the BOS token (``apply_chat_template``'s output) gets no second one from the
+        """Generate for one prompt (str or token ids: a list or tuple, a 1-D numpy or torch array,
+        a range) or a list of prompts, blocking. A text that begins with the BOS token (``apply_chat_template``'s output) gets no second one from the
         tokenizer.
 
         [issue 10] With a LLaVA checkpoint a prompt may carry images:
@@ -684,7 +691,9 @@ class Engine:
 
         Raises ``ValueError`` unless ``1 <= start < len(prompt_ids)``; ``TypeError`` / ``ValueError``
         for a bad prompt, as ``generate``."""
-        ids = self._one_prompt_ids(prompt_ids)
+        if isinstance(start, bool) or not isinstance(start, numbers.Integral):
+            raise TypeError(f"start={start!r} must be an int: the first position whose logprob is wanted")
+        ids = self._to_ids(prompt_ids)
         if not 1 <= start < len(ids):
             raise ValueError(f"start={start} must be in [1, {len(ids)}) for a prompt of {len(ids)} tokens")
         result = self.generate(ids, SamplingParams(max_new_tokens=0, logprob_start_len=start))
@@ -750,11 +759,11 @@ class Engine:
         and no lock taken, so widgets can label ``tree_snapshot()`` paths freely."""
         if isinstance(token_ids, MultimodalTokens):
             ids = token_ids.input_key
-        elif isinstance(token_ids, (str, dict, MultimodalPrompt)) or not isinstance(token_ids, Iterable):
+        elif (items := _id_items(token_ids)) is not None:
+            ids = _token_id_list(items)
+        else:
             raise TypeError(f"match_node takes token ids (a list of ints) or a prepared MultimodalTokens, got "
                             f"{type(token_ids).__name__}; for a text pass engine.encode(text)")
-        else:
-            ids = _token_id_list(list(token_ids))
         node, n = self._call(lambda: self.scheduler.cache.peek_prefix(ids))
         return (node, n) if node is not None else None
 
@@ -791,7 +800,7 @@ class Engine:
         ``ValueError`` for a bad prefix."""
         if self.scheduler.disable_radix_cache:
             raise RuntimeError("the radix cache is disabled (disable_radix_cache=True); nothing can be pinned")
-        ids = self._one_prompt_ids(token_ids)
+        ids = self._to_ids(token_ids)
         self._check(ids, SamplingParams(max_new_tokens=0))
         key = getattr(ids, "input_key", ids)  # [issue 10] image positions are keyed by pixel hash
 

@@ -206,21 +206,34 @@ def test_score_pin_prefix_and_match_node_take_a_prompt_as_generate_does(engine, 
     text = "the red cat"
     ids = engine.encode(text)
     want = hf.token_logprobs(ids)
-    for prompt in (text, ids, np.array(ids), tuple(ids)):
+    arrays = (np.array(ids), torch.tensor(ids), np.array(ids, dtype=np.uint32))
+    for prompt in (text, ids, tuple(ids), iter(ids)) + arrays:
         assert engine.score(prompt, 1) == pytest.approx(want, abs=1e-4)
-    for call in (lambda: engine.score(5, 1), lambda: engine.pin_prefix(5)):
-        with pytest.raises(TypeError, match=r"^a prompt is a string or a list of token ids, got int$"):
-            call()
-    with pytest.raises(TypeError, match=r"\(ints\); item 1 is 'a'$"):
-        engine.score([ids[0], "a"], 1)
+    assert engine.score(range(5, 9), 2) == pytest.approx(hf.token_logprobs([5, 6, 7, 8])[1:], abs=1e-4)
+    for prompt in arrays:  # generate takes a 1-D array as one prompt of ids too
+        assert engine.generate(prompt, GREEDY).token_ids == hf.greedy(ids, 8)
+    # a number, a 0-d array, bytes and sets are no id sequences (bytes were read as character codes,
+    # a set in no order, a 0-d array raised numpy's "iteration over a 0-d array")
+    for bad, name in ((5, "int"), (np.array(5), "ndarray"), (torch.tensor(5), "Tensor"), (b"hello", "bytes"),
+                      ({ids[0], ids[1]}, "set"), (np.array([ids, ids]), "ndarray")):
+        for call in (lambda: engine.score(bad, 1), lambda: engine.pin_prefix(bad), lambda: engine.generate(bad)):
+            with pytest.raises(TypeError, match=rf"^a prompt is a string or a list of token ids, got {name}$"):
+                call()
+    for bad in ([ids[0], "a"], np.array([1.0, 2.0])):
+        with pytest.raises(TypeError, match=r"\(ints\); item [01] is ('a'|1\.0)$"):
+            engine.score(bad, 1)
+    for start in ("1", None, True, 1.0):
+        with pytest.raises(TypeError, match=r"^start=.* must be an int"):
+            engine.score(ids, start)
     engine.flush_cache()
     handle = engine.pin_prefix(np.array(ids))
     node, cached = engine.match_node(np.array(ids))
     assert cached == len(ids) and engine.pinned_node_ids() == [node]
     assert engine.match_node([ids[0], np.int64(ids[1])])[1] == 2
+    assert engine.match_node(torch.tensor(ids[:3]))[1] == 3
     with pytest.raises(TypeError, match=r"\(ints\); item 1 is 'a'$"):
         engine.match_node([ids[0], "a"])
-    for bad, name in ((text, "str"), (5, "int")):
+    for bad, name in ((text, "str"), (5, "int"), (b"ab", "bytes"), (np.array(5), "ndarray")):
         with pytest.raises(TypeError, match=rf"match_node takes token ids .*, got {name}; for a text pass engine.encode"):
             engine.match_node(bad)
     engine.unpin(handle)

@@ -489,6 +489,8 @@ def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
     # SGLang's sgl.Engine is also its offline engine: examples/frontend_language/usage/srt_engine.py
     # calls llm.generate(prompts, {"temperature": 0.8, "top_p": 0.95}) and reads output["text"];
     # lmnb's Engine raised "generate() missing 1 required positional argument: 'rid'".
+    import numpy as np
+
     from lmnb_engine import SamplingParams
 
     prompts = ["Hello, my name is", "The capital of France is"]
@@ -502,9 +504,12 @@ def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
     ids = tiny_engine.encode(prompts[1])
     assert backend.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})["text"] == outs[1]["text"]
     # text as input_ids was encoded as if it were the prompt
-    for text in (prompts[0], prompts):
-        with pytest.raises(TypeError, match=r"^input_ids takes token ids .*; pass a text as prompt=$"):
+    for text in (prompts[0], prompts, [np.str_(p) for p in prompts], {"text": prompts[0], "images": []}):
+        with pytest.raises(TypeError, match=r"^input_ids takes token ids .*; pass a text \(or a prompt with images\) as prompt=$"):
             backend.generate(input_ids=text, sampling_params={"max_new_tokens": 1})
+    # a numpy string array is a batch of texts (np.str_ was read as a number: one bad prompt)
+    assert [o["text"] for o in backend.generate(list(np.array(prompts)), {"temperature": 0, "max_new_tokens": 5})] == [
+        o["text"] for o in outs]
 
 
 def test_engine_streams_sglangs_offline_generate_and_async_generate(backend, tiny_engine):

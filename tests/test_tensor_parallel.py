@@ -112,8 +112,8 @@ def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path, 
 
 
 def _agree_main(rank: int, picks: list, rendezvous: str, out) -> None:
-    """Rank ``rank`` of a 2-rank gloo group: a backend stand-in that chose ``picks[rank]`` (an
-    index into its candidates, or None for Triton) runs ``agree_on_extend_kernel``."""
+    """Rank ``rank`` of a 2-rank gloo group: a backend stand-in that chose the flash-attn labelled
+    ``picks[rank]`` (None: Triton) runs ``agree_on_extend_kernel``."""
     import types
 
     import torch.distributed as dist
@@ -123,20 +123,20 @@ def _agree_main(rank: int, picks: list, rendezvous: str, out) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     try:
-        candidates = ["flash_attn_interface", "flash_attn", "torch varlen_attn"]
         pick = picks[rank]
-        attn = types.SimpleNamespace(candidates=candidates, flash=None if pick is None else candidates[pick])
+        attn = types.SimpleNamespace(flash=None if pick is None else types.SimpleNamespace(label=pick))
         agree_on_extend_kernel(attn, TPGroup(rank, WORLD), torch.device("cpu"))
-        out.put((rank, attn.flash))
+        out.put((rank, attn.flash and attn.flash.label))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("picks, agreed", [
-    ((1, 1), "flash_attn"),  # the same choice stands
+    (("flash-attn 2", "flash-attn 2"), "flash-attn 2"),  # the same choice stands
     ((None, None), None),
-    ((2, None), None),  # a rank that timed Triton faster, or whose check failed: all run Triton
-    ((0, 2), None),  # different flash-attns: Triton, not a kernel one rank never checked
+    (("torch varlen_attn", None), None),  # a rank that timed Triton faster, or whose check failed: all run Triton
+    # different flash-attns (each rank's candidates depend on its GPU): Triton, not a kernel a rank never checked
+    (("FlashAttention-3", "flash-attn 2"), None),
 ])
 def test_tensor_parallel_ranks_agree_on_the_extend_kernel(picks, agreed, tmp_path, monkeypatch):
     """Under "auto" each rank times flash-attn on its own shard; a near-tie falling differently on

@@ -261,12 +261,14 @@ class Engine(AssignableChatTemplate, BaseBackend):
         """
         from lmnb_engine.engine import is_prompt_batch
         from lmnb_engine.http_server.protocol import meta_info, sampling_params_from_json
+        from lmnb_engine.multimodal.inputs import is_multimodal_prompt
 
         if (prompt is None) == (input_ids is None):
             raise ValueError("generate() takes a prompt (or a list of prompts) or input_ids, not both or neither")
-        if isinstance(input_ids, str) or (is_prompt_batch(input_ids) and any(isinstance(p, str) for p in input_ids)):
+        if any(isinstance(p, str) or is_multimodal_prompt(p)
+               for p in (input_ids if is_prompt_batch(input_ids) else [input_ids])):
             raise TypeError("input_ids takes token ids (a list of ints, or one such list per prompt); pass a text "
-                            "as prompt=")
+                            "(or a prompt with images) as prompt=")
         params = sampling_params_from_json(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
         source = prompt if prompt is not None else input_ids
         decode = self.engine.decode if return_text_in_logprobs else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import zlib
 from typing import Optional
 
 import torch
@@ -147,11 +148,15 @@ def agree_on_extend_kernel(attn, tp: TPGroup, device: torch.device) -> None:
     holds for every rank.
 
     A collective: every rank of ``tp`` calls it once, after ``prepare``, with its own backend
-    (``attn.flash`` among ``attn.candidates``; any other backend counts as no flash-attn).
-    ``device``: where the message lives (the GPU for NCCL, the CPU for gloo)."""
+    (``attn.flash``, named by its ``label``; any other backend counts as no flash-attn). Kernels
+    are compared by name, not by place in a rank's candidate list, which depends on its GPU.
+    ``device``: where the message lives (the GPU for NCCL, the CPU for gloo).
+
+    Later, a rank whose flash-attn fails on a batch (out of memory, a fault) falls back to Triton
+    alone; its heads are still attended exactly, only by another kernel."""
     flash = getattr(attn, "flash", None)
-    mine = attn.candidates.index(flash) if flash is not None else -1
-    picks = torch.tensor([mine, -mine], device=device)
+    mine = zlib.crc32(flash.label.encode()) if flash is not None else -1  # (str hash() differs by process)
+    picks = torch.tensor([mine, -mine], dtype=torch.int64, device=device)
     dist.all_reduce(picks, op=dist.ReduceOp.MAX, group=tp.group)  # the highest pick and minus the lowest
     highest, lowest = int(picks[0]), -int(picks[1])
     if highest != lowest:
