@@ -111,10 +111,15 @@ def check_kernels() -> None:
     half = torch.bfloat16  # the dtype the engine runs on GPUs (interpreted: dots in float32)
     for dtype, tol in ((half, 1e-2), (torch.float32, 1e-4)):
         for hq, hkv, d in heads:
+            # the decode split grid follows the SM count: these three pin it to the default's, 16
+            # splits (as on a GPU with many more SMs) and one (the split kernel writing the output
+            # itself, as Llama-2-7B's batch 32 runs on 132 SMs)
             for name, (pre, ext), kw in (("extend", extend, {}),
                                          ("decode", (decode, [1] * len(decode)), {}),
-                                         ("decode, many splits", (decode, [1] * len(decode)),
-                                          dict(max_kv_splits=16, min_split_tokens=16))):
+                                         ("decode, 16 splits", (decode, [1] * len(decode)),
+                                          dict(max_kv_splits=16, min_split_tokens=16, sm_count=1024)),
+                                         ("decode, one split (direct)", (decode, [1] * len(decode)),
+                                          dict(max_kv_splits=1))):
                 pool, batch, q, k, v = batch_on_pool(pre, ext, hq, hkv, d, dtype, seed=hq + hkv)
                 twin = TokenToKVPool.__new__(TokenToKVPool)
                 twin.__dict__.update(pool.__dict__)
@@ -125,6 +130,49 @@ def check_kernels() -> None:
                 finite = bool(torch.isfinite(out).all())
                 record(f"kernel {name} {str(dtype)[6:]} Hq={hq} Hkv={hkv} D={d}", finite and rel < tol,
                        rel_err=f"{rel:.2e}", tol=tol, tokens=batch.num_tokens)
+            if dtype == half:  # flash-attn runs 16-bit models only
+                check_flash_extend(hq, hkv, d, dtype, tol, extend)
+
+
+def _reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+    """flash-attn's ``flash_attn_varlen_func`` in float32 torch: the --smoke stand-in for one."""
+    from lmnb_engine.attention.flash_backend import _reference_extend
+
+    q_lens, k_lens = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
+    return _reference_extend(q, k, v, q_lens, k_lens, softmax_scale).to(q.dtype)
+
+
+def check_flash_extend(hq, hkv, d, dtype, tol, extend) -> None:
+    """Each flash-attn the GPU has (torch's own too) running extend in ``FlashAttentionBackend``,
+    against the torch backend: on new prompts, and on a batch whose cached prefixes are no longer
+    than its new tokens, so the backend gathers the prefix K/V from the pool for flash-attn (a
+    batch mostly of cached tokens goes to Triton). Under --smoke a float32 reference stands in."""
+    from lmnb_engine.attention.flash_backend import FlashAttentionBackend, FlashAttn
+
+    flashes = FLASH or ([FlashAttn(_reference_varlen, "float32 reference (smoke stand-in)")] if SMOKE else [])
+    prefixed = ([0, 2, 10, 1], [9, 3, 12, 20]) if SMOKE else ([0, 100, 500, 63, 1000], [300, 200, 513, 2048, 1000])
+    for cand in flashes:
+        calls = []
+        counted = FlashAttn(lambda *a, _f=cand.varlen, **kw: calls.append(1) or _f(*a, **kw), cand.label)
+        backend = FlashAttentionBackend([counted], strict=True)
+        try:
+            backend.prepare(hq, hkv, d, dtype, DEV)
+        except (RuntimeError, ValueError) as exc:
+            record(f"kernel extend on {cand.label} Hq={hq} Hkv={hkv} D={d}", False, error=str(exc)[:400])
+            continue
+        for name, (pre, ext) in (("new prompts", ([0] * len(extend[1]), extend[1])), ("cached prefixes", prefixed)):
+            pool, batch, q, k, v = batch_on_pool(pre, ext, hq, hkv, d, dtype, seed=hq + hkv + 1)
+            twin = TokenToKVPool.__new__(TokenToKVPool)
+            twin.__dict__.update(pool.__dict__)
+            twin.k_buffer, twin.v_buffer = [pool.k_buffer[0].clone()], [pool.v_buffer[0].clone()]
+            before = len(calls)
+            out = run_backend(backend, pool, batch, q, k, v).float()
+            ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v).float()
+            rel = float((out - ref).norm() / ref.norm())
+            ran = len(calls) > before and backend.flash is not None  # (not a fallback to Triton)
+            record(f"kernel extend on {cand.label}, {name}, {str(dtype)[6:]} Hq={hq} Hkv={hkv} D={d}",
+                   ran and bool(torch.isfinite(out).all()) and rel < tol, rel_err=f"{rel:.2e}", tol=tol,
+                   flash_ran=ran, tokens=batch.num_tokens)
 
 
 def norm_close(ref: torch.Tensor, got: torch.Tensor) -> tuple[bool, float]:

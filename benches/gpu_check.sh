@@ -81,6 +81,8 @@ if [ "$PROFILE_S" -gt 0 ]; then
   timeout -k 10 "$PROFILE_S" $PY benches/gpu_profile.py --out-dir "$OUT" 2>&1 | grep -v "^USDT:" | tee -a "$OUT/suite.log"
   PROFILE=${PIPESTATUS[0]}
 fi
+# a results file half-written when a step was killed (its .tmp) would be a ninth file, one over what comes back
+rm -f "$OUT"/*.tmp
 # the compiled kernels, for a later call on a fresh machine (see the top); left out if over 16 MiB
 tar czf "$OUT/triton_cache.tgz" -C .triton_cache . && du -h "$OUT/triton_cache.tgz"
 echo "gpu_check.sh: correctness exit $CHECK, kernels exit $KERNELS, suite exit $SUITE, profile exit $PROFILE, total $(( $(date +%s) - START )) s"

@@ -94,11 +94,14 @@ def _pool(n_tokens: int, hkv: int, d: int, dtype, device):
 
 
 def _table(seq_lens: list[int], device):
-    """req_to_token int32 [B, max] giving each request a contiguous run of slots from 1 (as a
-    fresh prefill gets them), and req_pool_indices int64 [B]."""
+    """req_to_token int32 [B, W] giving each request a contiguous run of slots from 1 (as a
+    fresh prefill gets them), and req_pool_indices int64 [B]. W is the longest request rounded up
+    to a multiple of 16, as the engine's table is: Triton compiles another specialization of a
+    kernel for a row stride of 1 (or one not divisible by 16), which the engine never runs."""
     import torch
 
-    table = torch.zeros((len(seq_lens), max(seq_lens)), dtype=torch.int32, device=device)
+    width = -(-max(seq_lens) // 16) * 16
+    table = torch.zeros((len(seq_lens), width), dtype=torch.int32, device=device)
     start = 1
     for i, n in enumerate(seq_lens):
         table[i, :n] = torch.arange(start, start + n, dtype=torch.int32, device=device)

@@ -129,7 +129,8 @@ def test_gpu_check_smoke_passes_every_check(tmp_path):
     checks = json.loads((tmp_path / "check.json").read_text())["checks"]
     names = " | ".join(c["check"] for c in checks)
     assert all(c["ok"] for c in checks) and len(checks) >= 16
-    for part in ("kernel extend", "kernel decode", "fused add + RMSNorm", "SiLU-and-mul", "RoPE", "greedy"):
+    for part in ("kernel extend", "kernel decode", "one split (direct)", "16 splits", "kernel extend on",
+                 "cached prefixes", "fused add + RMSNorm", "SiLU-and-mul", "RoPE", "greedy"):
         assert part in names
 
 

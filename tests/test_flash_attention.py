@@ -309,6 +309,17 @@ def test_auto_keeps_the_triton_kernel_where_flash_attn_is_not_clearly_faster(mon
     assert backend.flash is slow
 
 
+def test_the_timed_race_alternates_so_a_rising_clock_favours_neither_kernel():
+    """A GPU clock still rising after the warm-ups makes the first timings 4x, then 2x as slow as
+    at speed. Timed in turn, each kernel's best timing is at speed (1.0 and 0.9 ms); one kernel's
+    three timings before the other's would have given flash-attn 2.0 ms, twice its cost."""
+    from lmnb_engine.attention import flash_backend
+
+    slowdown = iter([4.0, 4.0, 2.0, 2.0] + [1.0] * 100)
+    cost = {"flash": 1.0, "triton": 0.9}
+    assert flash_backend._alternating_ms(["flash", "triton"], lambda fn: cost[fn] * next(slowdown), rounds=3) == [1.0, 0.9]
+
+
 def test_a_failing_call_falls_back_to_triton_without_losing_the_batch():
     calls: list = []
     broken: list = []
