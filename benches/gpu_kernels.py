@@ -155,6 +155,7 @@ def run_extend(case, configs, timed, device, dtype) -> dict:
     import torch
 
     from lmnb_engine.attention.triton_ops.extend_attention import ExtendConfig, extend_attention_fwd, extend_config
+    from lmnb_engine.attention.triton_ops.tuned import config_key
 
     name, _, hq, hkv, d, prefix, ext = case
     T = sum(ext)
@@ -170,7 +171,7 @@ def run_extend(case, configs, timed, device, dtype) -> dict:
     starts = torch.cumsum(ext_t, 0) - ext_t
     pairs = sum(p * e + e * (e + 1) // 2 for p, e in zip(prefix, ext))  # visible (query, key) pairs
     flops = 4 * d * hq * pairs
-    default = extend_config(q.device, d, dtype)
+    default = extend_config(q.device, d, dtype, tuned=False)  # the built-in one, whatever a tuned file says
 
     def call(cfg):
         out = torch.empty_like(q)
@@ -184,7 +185,7 @@ def run_extend(case, configs, timed, device, dtype) -> dict:
         cfg = ExtendConfig(*c)
         rec = {"config": cfg._asdict(), "default": cfg == default}
         rows_out.append(_measure(rec, lambda: call(cfg), ref, timed, flops, "tflops", 1e12))
-    res = {"case": name, "pairs": pairs, "flops": flops, "configs": rows_out}
+    res = {"case": name, "key": config_key(d, hq // hkv, dtype), "pairs": pairs, "flops": flops, "configs": rows_out}
     if prefix == [0] * len(prefix) and device.type == "cuda":
         from lmnb_engine.attention.flash_backend import torch_varlen
 
@@ -234,6 +235,7 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
     from lmnb_engine.attention.triton_backend import DEFAULT_MAX_KV_SPLITS, DEFAULT_MIN_SPLIT_TOKENS, decode_split_grid
     from lmnb_engine.attention.triton_ops.decode_attention import (
         DecodeConfig, decode_attention_fwd, decode_config, decode_workspace)
+    from lmnb_engine.attention.triton_ops.tuned import config_key
 
     name, _, hq, hkv, d, seq_lens = case
     B = len(seq_lens)
@@ -244,7 +246,7 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
     seq_t = torch.tensor(seq_lens, device=device)
     kv_bytes = 2 * hkv * d * k_pool.element_size() * sum(seq_lens)
     grid = decode_split_grid(B, hkv, 1, sm_count, DEFAULT_MAX_KV_SPLITS)
-    default = decode_config(q.device, dtype)
+    default = decode_config(q.device, dtype, d, hq // hkv, tuned=False)
     ws = decode_workspace(B, hq, d, DEFAULT_MAX_KV_SPLITS, device)
 
     wanted = (seq_t + DEFAULT_MIN_SPLIT_TOKENS - 1) // DEFAULT_MIN_SPLIT_TOKENS  # as the backend splits
@@ -266,7 +268,8 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
         cfg = DecodeConfig(*c)
         rec = {"config": cfg._asdict(), "splits": splits, "default": cfg == default and splits == grid}
         rows_out.append(_measure(rec, lambda: call(cfg, splits), ref, timed, kv_bytes, "gbps", 1e9))
-    return _mark_best({"case": name, "kv_bytes": kv_bytes, "grid_splits": grid, "configs": rows_out})
+    return _mark_best({"case": name, "key": config_key(d, hq // hkv, dtype), "kv_bytes": kv_bytes, "grid_splits": grid,
+                       "configs": rows_out})
 
 
 def run_gemv(shape, configs, timed, device, dtype) -> dict:
@@ -302,6 +305,37 @@ def _mark_best(res: dict) -> dict:
     return res
 
 
+def tuned_table(res: dict, device_name: str, triton_version: str) -> dict:
+    """The tuned file (``lmnb_engine.attention.triton_ops.tuned``) these timings support. For each
+    kind and key (head_dim, GQA group, dtype): over the key's cases, each configuration's total
+    time where it ran beside the default (decode: at the engine's split grid) against the
+    default's there; the least is kept if at least ``TUNED_MARGIN`` below, and only for a
+    configuration correct in every case it ran (a compile or run error counts as wrong)."""
+    from lmnb_engine.attention.triton_ops.tuned import TUNED_MARGIN
+
+    table: dict = {"device": device_name, "triton": triton_version, "extend": {}, "decode": {}}
+    for kind in ("extend", "decode"):
+        by_key: dict = {}
+        for r in res[kind]:
+            by_key.setdefault(r["key"], []).append(r)
+        for key, cases in by_key.items():
+            pairs: dict = {}  # config (a dict's items) -> [(ms, the default's ms in that case)]
+            wrong, fields = set(), None
+            for r in cases:
+                rows = [x for x in r["configs"] if x.get("splits") == r.get("grid_splits")]
+                default = next((x for x in rows if x["default"] and "ms" in x and not x["wrong"]), None)
+                for x in rows:
+                    cfg, fields = tuple(x["config"].values()), tuple(x["config"])
+                    if "ms" not in x or x["wrong"]:
+                        wrong.add(cfg)
+                    elif default is not None and not x["default"]:
+                        pairs.setdefault(cfg, []).append((x["ms"], default["ms"]))
+            ratios = [(sum(a for a, _ in v) / sum(b for _, b in v), cfg) for cfg, v in pairs.items() if cfg not in wrong]
+            if ratios and min(ratios)[0] <= 1 - TUNED_MARGIN:
+                table[kind][key] = dict(zip(fields, min(ratios)[1]))
+    return table
+
+
 def fastest(results: list[dict], case: str, n: int) -> list[tuple]:
     """The configurations (tuples) of the ``n`` fastest correct runs of ``case`` in ``results``."""
     rows = next((r["configs"] for r in results if r["case"] == case), [])
@@ -330,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in the CPU interpreter (checks the script runs)")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--write-tuned", metavar="PATH",
+                    help="also write the tuned configurations (kept where >= 5%% faster) as a file for "
+                         "$LMNB_TRITON_CONFIGS or lmnb_engine/attention/triton_ops/configs/ (they are in the JSON too)")
     args = ap.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -343,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.float32 if args.smoke else torch.bfloat16  # the interpreter's dots are float32 anyway
     machine = machine_name(device.type)
     sm_count = 4 if args.smoke else torch.cuda.get_device_properties(0).multi_processor_count
+    device_name = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(0)
     timed = _timer(args.smoke)
     models = SMOKE_MODELS if args.smoke else MODELS
     res = {"meta": {"date": datetime.date.today().isoformat(), "machine": machine, "torch": torch.__version__,
@@ -384,13 +422,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             res[kind].append(r)
             print(report(r, "tflops" if kind == "extend" else "gbps"), flush=True)
-        tmp = path.with_suffix(".tmp")  # whole or not at all, should `timeout` end the script here
-        tmp.write_text(json.dumps(res, indent=1))
-        tmp.replace(path)
+        res["tuned"] = tuned_table(res, device_name, triton.__version__)
+        for out, text in ((path, json.dumps(res, indent=1)),
+                          (Path(args.write_tuned) if args.write_tuned else None, json.dumps(res["tuned"], indent=1))):
+            if out is not None:
+                tmp = out.with_suffix(".tmp")  # whole or not at all, should `timeout` end the script here
+                tmp.write_text(text)
+                tmp.replace(out)
     if "copy_gbps" in res["meta"]:
         print(f"device copy: {res['meta']['copy_gbps']} GB/s (read + write)")
     for e in res["errors"]:
         print(f"ERROR {e['case']}: {e['error']}")
+    print(f"tuned (>= 5% faster than the built-in configuration): {json.dumps(res['tuned'])}")
     print(f"kernels: {path}")
     return 1 if res["errors"] or not (res["extend"] and res["decode"] and res["gemv"]) else 0
 

@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpu_suite import machine_name
     from lmnb_engine import Engine
+    from lmnb_engine.attention.triton_ops.tuned import table_in_effect
 
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --smoke on a CPU")
@@ -191,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         res = {"meta": {"date": datetime.date.today().isoformat(), "machine": machine,
                         "model": "tiny-llama (smoke)" if args.smoke else args.model,
                         "torch": torch.__version__, "attention_backend": engine.runner.attn.name,
-                        "cuda_graphs": engine.runner.graph_runner is not None}, "runs": {}, "errors": []}
+                        "cuda_graphs": engine.runner.graph_runner is not None,
+                        "triton_configs": table_in_effect(engine.runner.device)}, "runs": {}, "errors": []}
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{res['meta']['date']}-{machine}-profile{'-smoke' if args.smoke else ''}.json"

@@ -496,8 +496,11 @@ def _env(device: str, machine: str, args) -> dict:
         except importlib.metadata.PackageNotFoundError:
             info[dist.replace("-", "_")] = "missing"
     if device == "cuda":
+        from lmnb_engine.attention.triton_ops.tuned import table_in_effect
+
         p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, gpu_mem_gib=round(p.total_memory / 2**30, 1), sms=p.multi_processor_count)
+        info.update(gpu=p.name, gpu_mem_gib=round(p.total_memory / 2**30, 1), sms=p.multi_processor_count,
+                    triton_configs=table_in_effect(torch.device("cuda", 0)))  # tuned ones in effect, if any
     else:
         info["cpu_threads"] = torch.get_num_threads()
     return info

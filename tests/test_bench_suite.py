@@ -280,7 +280,9 @@ def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
     models, both decode cases and a GEMV against torch's, every configuration timed and equal to
     the default's output (float32, only the tiling differs), FLOPs and bytes as counted by hand,
     one best per case."""
-    proc = subprocess.run([sys.executable, str(BENCHES / "gpu_kernels.py"), "--smoke", "--out-dir", str(tmp_path)],
+    tuned_path = tmp_path / "tuned.json"
+    proc = subprocess.run([sys.executable, str(BENCHES / "gpu_kernels.py"), "--smoke", "--out-dir", str(tmp_path),
+                           "--write-tuned", str(tuned_path)],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -318,6 +320,46 @@ def test_kernel_tuner_smoke_times_every_config_against_the_default(tmp_path):
         (16, 4), (16, 1), (16, 2), (16, 8), (16, 16)]
     assert [(x["config"]["block_n"], x["splits"]) for x in decode["tiny/b4"]["configs"]] == [
         (16, 1), (16, 1), (32, 1), (16, 2), (16, 4)]
+    # the tuned file, keyed by head_dim / GQA group / dtype, is the JSON's "tuned" (what it holds
+    # depends on the interpreter's timings: its rule is tested below)
+    tuned = json.loads(tuned_path.read_text())
+    assert tuned == res["tuned"] and tuned["device"] == "cpu (smoke)"
+    assert set(tuned["extend"]) <= {"d16/g1/float32", "d16/g2/float32"} and set(tuned["decode"]) <= {"d16/g1/float32"}
+    assert {r["key"] for r in res["extend"]} == {"d16/g1/float32", "d16/g2/float32"}
+
+
+def test_tuned_configurations_are_kept_only_where_correct_and_5_percent_faster():
+    """``tuned_table``: per key, a configuration's total time over the cases it ran beside the
+    default, against the default's there; decode rows count at the engine's split grid only."""
+    sys.path.insert(0, str(BENCHES))
+    import gpu_kernels
+
+    def row(cfg, ms, default=False, wrong=False, splits=None):
+        r = {"config": dict(zip(("block_n", "num_warps", "num_stages"), cfg)), "default": default, "wrong": wrong,
+             "ms": ms}
+        return r if splits is None else {**r, "splits": splits}
+
+    res = {"extend": [
+        # key A: (1, 4, 1) is 10 % faster on both cases; (2, 4, 1) 20 % faster on one but wrong on the other
+        {"key": "A", "configs": [row((9, 4, 1), 10.0, default=True), row((1, 4, 1), 9.0), row((2, 4, 1), 8.0)]},
+        {"key": "A", "configs": [row((9, 4, 1), 10.0, default=True), row((1, 4, 1), 9.0),
+                                 row((2, 4, 1), 8.0, wrong=True)]},
+        # key B: 4 % faster in all (8 + 11.2 against 8.5 + 11.5): below the margin, nothing kept
+        {"key": "B", "configs": [row((9, 4, 1), 8.5, default=True), row((3, 4, 1), 8.0)]},
+        {"key": "B", "configs": [row((9, 4, 1), 11.5, default=True), row((3, 4, 1), 11.2)]},
+        # key C: the faster one failed to compile: nothing kept
+        {"key": "C", "configs": [row((9, 4, 1), 10.0, default=True), {"config": {"block_n": 4, "num_warps": 4,
+                                  "num_stages": 1}, "default": False, "error": "out of resources"}]},
+    ], "decode": [
+        # the default at another split count (16) is faster still, but is no configuration to keep;
+        # at the engine's grid (1) (5, 4, 2) is 25 % faster
+        {"key": "D", "grid_splits": 1, "configs": [row((9, 4, 2), 4.0, default=True, splits=1),
+                                                   row((5, 4, 2), 3.0, splits=1), row((9, 4, 2), 1.0, splits=16)]},
+    ]}
+    table = gpu_kernels.tuned_table(res, "GPU X", "3.6.0")
+    assert table == {"device": "GPU X", "triton": "3.6.0",
+                     "extend": {"A": {"block_n": 1, "num_warps": 4, "num_stages": 1}},
+                     "decode": {"D": {"block_n": 5, "num_warps": 4, "num_stages": 2}}}
 
 
 def test_kernel_tuner_never_picks_a_wrong_config():

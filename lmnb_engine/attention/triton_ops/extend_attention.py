@@ -29,6 +29,7 @@ import triton.language as tl
 
 from lmnb_engine import triton_support
 from lmnb_engine.attention.triton_ops.online_softmax import kv_block, online_softmax_step, pool_block
+from lmnb_engine.attention.triton_ops.tuned import tuned_config
 
 
 class ExtendConfig(NamedTuple):
@@ -123,8 +124,11 @@ def _extend_kernel(
              out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
 
-def extend_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> ExtendConfig:
-    """The launch configuration for ``device``, chosen so that the kernel compiles without
+def extend_config(device: torch.device, head_dim: int, dtype: torch.dtype, group: int = 1,
+                  tuned: bool = True) -> ExtendConfig:
+    """The launch configuration for ``device``: one tuned on this GPU model for these heads
+    (``group`` query heads per KV head) where there is one (``tuned.tuned_config``; ``tuned=False``
+    leaves it out, for the tuner), else the built-in one, chosen so that the kernel compiles without
     register spills and within the architecture's shared memory (``lmnb_engine.testing.
     triton_compile`` checks every GPU it serves: sm_80, 86, 89, 90).
 
@@ -139,6 +143,9 @@ def extend_config(device: torch.device, head_dim: int, dtype: torch.dtype) -> Ex
     arch = triton_support.device_arch(device)
     if arch is None:
         return ExtendConfig(16, 16, 4, 1)
+    found = tuned_config("extend", torch.device(device), head_dim, group, dtype, ExtendConfig) if tuned else None
+    if found is not None:
+        return found
     if dtype == torch.float32:
         return ExtendConfig(32, 16, 4, 1)
     stages = 2 if arch == 90 else 1
@@ -191,7 +198,7 @@ def extend_attention_fwd(
     for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("k_pool", k_pool), ("v_pool", v_pool)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
-    cfg = config or extend_config(q.device, head_dim, q.dtype)
+    cfg = config or extend_config(q.device, head_dim, q.dtype, num_q_heads // num_kv_heads)
     if cfg.block_m % cfg.block_n:
         raise ValueError(f"extend config {cfg}: block_m must be a multiple of block_n")
     B = req_pool_indices.shape[0]

@@ -1,0 +1,109 @@
+"""Launch configurations of the attention kernels measured on one GPU model, used in place of the
+built-in defaults (``extend_config``, ``decode_config``) on that GPU.
+
+vLLM and SGLang ship their Triton kernels' tuned configurations the same way: one JSON file per
+device name, written by a tuning script and looked up at launch. Here the script is
+``benches/gpu_kernels.py --write-tuned PATH``, which times each configuration on the device and
+keeps one only where it is correct and at least ``TUNED_MARGIN`` faster than the default. A file
+is read from ``$LMNB_TRITON_CONFIGS`` if set, else ``configs/<device name>.json`` beside this
+module; it applies only on a GPU whose name it gives (tiles sized for an H200's shared memory
+may not fit an A10G's). The file::
+
+    {"device": "NVIDIA H200", "triton": "3.6.0",
+     "extend": {"d128/g1/bfloat16": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}},
+     "decode": {"d128/g4/bfloat16": {"block_n": 64, "num_warps": 4, "num_stages": 2}}}
+
+keys ``d<head_dim>/g<query heads per KV head>/<dtype>``; values the fields of ``ExtendConfig`` /
+``DecodeConfig``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Callable, Optional, TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "LMNB_TRITON_CONFIGS"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+TUNED_MARGIN = 0.05  # how much faster than the default a configuration must be to be kept
+T = TypeVar("T", bound=tuple)
+
+
+def config_key(head_dim: int, group: int, dtype: torch.dtype) -> str:
+    """The key of a configuration in a tuned file: ``d<head_dim>/g<group>/<dtype>``."""
+    return f"d{head_dim}/g{group}/{str(dtype).replace('torch.', '')}"
+
+
+def file_name(device_name: str) -> str:
+    """The package file of a device: its name in lower case, runs of other characters as one
+    '-' (``NVIDIA H200`` -> ``nvidia-h200.json``)."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ".json"
+
+
+def tuned_config(kind: str, device: torch.device, head_dim: int, group: int, dtype: torch.dtype,
+                 make: Callable[..., T]) -> Optional[T]:
+    """The tuned ``kind`` ("extend" or "decode") configuration for these heads on ``device``'s
+    GPU model, made by ``make`` (``ExtendConfig`` / ``DecodeConfig``) from its entry; None where
+    there is none (off CUDA, no file, another GPU's file, no entry) or the entry is not a set of
+    positive ints for ``make`` (warned about once)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _lookup(kind, index, head_dim, group, dtype, make, os.environ.get(ENV_VAR) or None)
+
+
+def table_in_effect(device: torch.device) -> dict:
+    """The tuned file that applies on ``device`` ({} where none, and off CUDA): what a benchmark
+    records beside its figures."""
+    if device.type != "cuda":
+        return {}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _table(torch.cuda.get_device_name(index), os.environ.get(ENV_VAR) or None)
+
+
+@functools.lru_cache(maxsize=None)  # (looked up at every kernel launch outside a CUDA graph)
+def _lookup(kind: str, index: int, head_dim: int, group: int, dtype: torch.dtype, make: Callable[..., T],
+            env_path: Optional[str]) -> Optional[T]:
+    entry = _table(torch.cuda.get_device_name(index), env_path).get(kind, {}).get(config_key(head_dim, group, dtype))
+    if entry is None:
+        return None
+    try:
+        cfg = make(**entry)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in cfg):
+            raise ValueError("every field must be an int >= 1")
+    except (TypeError, ValueError) as exc:
+        log.warning("tuned %s configuration %s = %r not used (%s); the built-in one runs", kind,
+                    config_key(head_dim, group, dtype), entry, exc)
+        return None
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _table(device_name: str, env_path: Optional[str]) -> dict:
+    """The tuned file for ``device_name`` (``env_path``, else the package's), read once. A file
+    that cannot be read, or names another device, is warned about (once) and left out: the
+    defaults run."""
+    path = Path(env_path) if env_path else CONFIG_DIR / file_name(device_name)
+    if not env_path and not path.is_file():
+        return {}
+    try:
+        table = json.loads(path.read_text())
+        if not isinstance(table, dict) or not all(isinstance(table.get(k, {}), dict) for k in ("extend", "decode")):
+            raise ValueError("not an object with 'extend' and 'decode' objects")
+    except (OSError, ValueError) as exc:
+        log.warning("tuned Triton configurations %s not used (%s); the built-in ones run", path, exc)
+        return {}
+    if table.get("device") != device_name:
+        log.warning("tuned Triton configurations %s are for %r, not this %r; the built-in ones run",
+                    path, table.get("device"), device_name)
+        return {}
+    log.info("Triton attention configurations tuned for %s from %s", device_name, path)
+    return table
