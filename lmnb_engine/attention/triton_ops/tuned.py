@@ -56,8 +56,7 @@ def tuned_config(kind: str, device: torch.device, head_dim: int, group: int, dty
     positive ints for ``make`` (warned about once)."""
     if device.type != "cuda":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _lookup(kind, index, head_dim, group, dtype, make, os.environ.get(ENV_VAR) or None)
+    return _lookup(kind, _index(device), head_dim, group, dtype, make, os.environ.get(ENV_VAR) or None)
 
 
 def table_in_effect(device: torch.device) -> dict:
@@ -65,8 +64,11 @@ def table_in_effect(device: torch.device) -> dict:
     records beside its figures."""
     if device.type != "cuda":
         return {}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _table(torch.cuda.get_device_name(index), os.environ.get(ENV_VAR) or None)
+    return _table(torch.cuda.get_device_name(_index(device)), os.environ.get(ENV_VAR) or None)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)  # (looked up at every kernel launch outside a CUDA graph)
