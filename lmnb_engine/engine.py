@@ -458,7 +458,10 @@ class Engine:
             raise ValueError(f"a prompt dict is a prompt with images, with the keys 'text' and 'images'; got "
                              f"{sorted(prompt)}")
         else:
-            raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+            ndim = getattr(prompt, "ndim", None)
+            shape = f"a {ndim}-d {type(prompt).__name__}" if isinstance(ndim, int) else type(prompt).__name__
+            fix = "; for a batch, pass a list of prompts (list(array))" if ndim == 2 else ""
+            raise TypeError(f"a prompt is a string or a list of token ids, got {shape}{fix}")
         if not ids:
             raise ValueError("empty prompt: give at least one token (a non-empty string or id list)")
         self._check_in_vocabulary(ids, "prompt token ids")

@@ -214,8 +214,9 @@ def test_score_pin_prefix_and_match_node_take_a_prompt_as_generate_does(engine, 
         assert engine.generate(prompt, GREEDY).token_ids == hf.greedy(ids, 8)
     # a number, a 0-d array, bytes and sets are no id sequences (bytes were read as character codes,
     # a set in no order, a 0-d array raised numpy's "iteration over a 0-d array")
-    for bad, name in ((5, "int"), (np.array(5), "ndarray"), (torch.tensor(5), "Tensor"), (b"hello", "bytes"),
-                      ({ids[0], ids[1]}, "set"), (np.array([ids, ids]), "ndarray")):
+    for bad, name in ((5, "int"), (np.array(5), "a 0-d ndarray"), (torch.tensor(5), "a 0-d Tensor"), (b"hello", "bytes"),
+                      ({ids[0], ids[1]}, "set"),
+                      (np.array([ids, ids]), r"a 2-d ndarray; for a batch, pass a list of prompts \(list\(array\)\)")):
         for call in (lambda: engine.score(bad, 1), lambda: engine.pin_prefix(bad), lambda: engine.generate(bad)):
             with pytest.raises(TypeError, match=rf"^a prompt is a string or a list of token ids, got {name}$"):
                 call()
