@@ -99,7 +99,7 @@ def run_backend(backend, pool, batch, q, k, v):
     return out
 
 
-def check_kernels() -> None:
+def check_kernels(prefix: str = "", flash: bool = True) -> None:
     if SMOKE:
         extend = ([0, 3, 17], [5, 20, 1])
         decode = [0, 9, 40]
@@ -128,9 +128,9 @@ def check_kernels() -> None:
                 ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v).float()
                 rel = float((out - ref).norm() / ref.norm())
                 finite = bool(torch.isfinite(out).all())
-                record(f"kernel {name} {str(dtype)[6:]} Hq={hq} Hkv={hkv} D={d}", finite and rel < tol,
+                record(f"{prefix}kernel {name} {str(dtype)[6:]} Hq={hq} Hkv={hkv} D={d}", finite and rel < tol,
                        rel_err=f"{rel:.2e}", tol=tol, tokens=batch.num_tokens)
-            if dtype == half:  # flash-attn runs 16-bit models only
+            if flash and dtype == half:  # flash-attn runs 16-bit models only
                 check_flash_extend(hq, hkv, d, dtype, tol, extend)
 
 
@@ -363,10 +363,41 @@ def check_7b() -> None:
            divergences_on_near_ties=c["on_ties"], seconds=round(time.perf_counter() - t, 1))
 
 
+def check_tuned() -> int:
+    """The attention kernel checks again, where the engine now takes its launch configurations
+    from a tuned file (``$LMNB_TRITON_CONFIGS``, written by ``gpu_kernels.py``, which compared
+    each only on its own few cases): before a benchmark runs with them. Adds to check.json."""
+    from lmnb_engine.attention.triton_ops.tuned import table_in_effect
+
+    path = OUT_DIR / "check.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        ENV.update(old.get("env", {}))
+        RESULTS.extend(old.get("checks", []))
+    tuned = table_in_effect(torch.device(DEV)) if DEV == "cuda" else {}
+    ENV["tuned_triton_configs"] = tuned
+    if not (tuned.get("extend") or tuned.get("decode")) and not SMOKE:
+        print("gpu_check --tuned: no tuned configuration in effect; nothing to check", flush=True)
+        return 0
+    before = len(RESULTS)
+    try:
+        check_kernels(prefix="tuned configs: ", flash=False)
+    except Exception as exc:  # noqa: BLE001 - recorded like the other checks
+        record("tuned configs: check_kernels", False, error=f"{type(exc).__name__}: {exc}",
+               trace=traceback.format_exc()[-1500:])
+    failed = [r["check"] for r in RESULTS[before:] if not r["ok"]]
+    print(f"gpu_check --tuned: {len(RESULTS) - before - len(failed)}/{len(RESULTS) - before} passed"
+          + (f"; FAILED: {failed}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, TRITON_INTERPRET=1")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for check.json")
+    ap.add_argument("--tuned", action="store_true",
+                    help="only the attention kernel checks, run again with the tuned configurations of "
+                         "$LMNB_TRITON_CONFIGS, their results added to check.json")
     args = ap.parse_args()
     if not SMOKE and not torch.cuda.is_available():
         print("no CUDA device; run with --smoke on a CPU", file=sys.stderr)
@@ -374,6 +405,8 @@ def main() -> int:
     global OUT_DIR
     OUT_DIR = Path(args.out)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    if args.tuned:
+        return check_tuned()
     ENV.update(torch=torch.__version__, device=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu")
     try:
         import triton

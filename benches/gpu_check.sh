@@ -12,8 +12,9 @@
 # the profile's JSON, suite.log (the suite's and the profile's output) and triton_cache.tgz, 8
 # files, the most the tool brings back. Copy them into benches/results/ and commit them. Nothing
 # here changes the GPU's settings. The suite and the profile run with the kernel configurations
-# the timings found correct and >= 5 % faster ($LMNB_TRITON_CONFIGS; both JSONs record them as
-# triton_configs); to keep them, copy the kernels JSON's "tuned" object to
+# the timings found correct and >= 5 % faster, once the attention checks pass with them too
+# ($LMNB_TRITON_CONFIGS; both JSONs record them as triton_configs); to keep them, copy the
+# kernels JSON's "tuned" object to
 # lmnb_engine/attention/triton_ops/configs/<gpu name>.json (tuned.file_name) and commit it.
 #
 # A second call on a fresh machine need not compile the kernels again: the run leaves its Triton
@@ -61,12 +62,22 @@ fi
 KERNELS=skipped
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
   echo "== 2/4 attention kernel configurations (up to ${KERNELS_S} s) ==" | tee -a "$OUT/check.log"
+  rm -f /tmp/lmnb-tuned.json  # (a warm machine's earlier run must not lend its file)
   timeout -k 10 "$KERNELS_S" $PY benches/gpu_kernels.py --out-dir "$OUT" --write-tuned /tmp/lmnb-tuned.json 2>&1 \
     | tee -a "$OUT/check.log"
   KERNELS=${PIPESTATUS[0]}
-  # the suite and the profile run with the configurations the timings found >= 5 % faster (their
-  # JSONs record them as triton_configs; the kernels JSON keeps them as "tuned", for configs/)
-  [ -s /tmp/lmnb-tuned.json ] && export LMNB_TRITON_CONFIGS=/tmp/lmnb-tuned.json
+  # the suite and the profile run with the configurations the timings found correct and >= 5 %
+  # faster (their JSONs record them as triton_configs; the kernels JSON keeps them as "tuned",
+  # for configs/), once the attention checks pass with them too (added to check.json)
+  if [ -s /tmp/lmnb-tuned.json ]; then
+    if LMNB_TRITON_CONFIGS=/tmp/lmnb-tuned.json timeout 60 $PY benches/gpu_check.py --tuned --out "$OUT" 2>&1 \
+        | tee -a "$OUT/check.log"; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+      export LMNB_TRITON_CONFIGS=/tmp/lmnb-tuned.json
+    else
+      echo "!! the tuned configurations failed a check (or it did not finish): the suite runs the built-in ones" \
+        | tee -a "$OUT/check.log"
+    fi
+  fi
 fi
 
 ELAPSED=$(( $(date +%s) - START ))

@@ -67,6 +67,7 @@ SMOKE_MODELS = [("tiny", 2, 2, 16), ("tiny-gqa", 4, 2, 16)]
 SMOKE_EXTEND = [(16, 16, 4, 1), (32, 16, 4, 1)]
 SMOKE_DECODE = [(16, 4, 1), (32, 4, 1)]
 TOLERANCE = 2e-2  # max |out - default out| / max |default out|: bf16 rounding, not a wrong result
+NOISE = 0.02  # a tuned configuration may be this much slower than the default in one case: timing noise
 
 
 def _timer(smoke: bool):
@@ -150,12 +151,25 @@ def extend_cases(models, smoke: bool):
     return cases
 
 
+def case_key(kind: str, case: tuple, dtype, sm_count: int = 0) -> str:
+    """The tuned-file key (``tuned.config_key``) of an extend or decode ``case``: its head_dim,
+    GQA group and dtype; for decode also whether the engine's split grid for it is one (the
+    direct kernel) or more."""
+    from lmnb_engine.attention.triton_backend import DEFAULT_MAX_KV_SPLITS, decode_split_grid
+    from lmnb_engine.attention.triton_ops.tuned import config_key
+
+    _, _, hq, hkv, d = case[:5]
+    if kind == "extend":
+        return config_key(d, hq // hkv, dtype)
+    direct = decode_split_grid(len(case[-1]), hkv, 1, sm_count, DEFAULT_MAX_KV_SPLITS) == 1
+    return config_key(d, hq // hkv, dtype, "direct" if direct else "split")
+
+
 def run_extend(case, configs, timed, device, dtype) -> dict:
     """Time ``extend_attention_fwd`` on one case under each configuration."""
     import torch
 
     from lmnb_engine.attention.triton_ops.extend_attention import ExtendConfig, extend_attention_fwd, extend_config
-    from lmnb_engine.attention.triton_ops.tuned import config_key
 
     name, _, hq, hkv, d, prefix, ext = case
     T = sum(ext)
@@ -185,7 +199,7 @@ def run_extend(case, configs, timed, device, dtype) -> dict:
         cfg = ExtendConfig(*c)
         rec = {"config": cfg._asdict(), "default": cfg == default}
         rows_out.append(_measure(rec, lambda: call(cfg), ref, timed, flops, "tflops", 1e12))
-    res = {"case": name, "key": config_key(d, hq // hkv, dtype), "pairs": pairs, "flops": flops, "configs": rows_out}
+    res = {"case": name, "key": case_key("extend", case, dtype), "pairs": pairs, "flops": flops, "configs": rows_out}
     if prefix == [0] * len(prefix) and device.type == "cuda":
         from lmnb_engine.attention.flash_backend import torch_varlen
 
@@ -235,7 +249,6 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
     from lmnb_engine.attention.triton_backend import DEFAULT_MAX_KV_SPLITS, DEFAULT_MIN_SPLIT_TOKENS, decode_split_grid
     from lmnb_engine.attention.triton_ops.decode_attention import (
         DecodeConfig, decode_attention_fwd, decode_config, decode_workspace)
-    from lmnb_engine.attention.triton_ops.tuned import config_key
 
     name, _, hq, hkv, d, seq_lens = case
     B = len(seq_lens)
@@ -246,7 +259,7 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
     seq_t = torch.tensor(seq_lens, device=device)
     kv_bytes = 2 * hkv * d * k_pool.element_size() * sum(seq_lens)
     grid = decode_split_grid(B, hkv, 1, sm_count, DEFAULT_MAX_KV_SPLITS)
-    default = decode_config(q.device, dtype, d, hq // hkv, tuned=False)
+    default = decode_config(q.device, dtype, d, hq // hkv, direct=grid == 1, tuned=False)
     ws = decode_workspace(B, hq, d, DEFAULT_MAX_KV_SPLITS, device)
 
     wanted = (seq_t + DEFAULT_MIN_SPLIT_TOKENS - 1) // DEFAULT_MIN_SPLIT_TOKENS  # as the backend splits
@@ -268,8 +281,8 @@ def run_decode(case, configs, timed, device, dtype, sm_count: int) -> dict:
         cfg = DecodeConfig(*c)
         rec = {"config": cfg._asdict(), "splits": splits, "default": cfg == default and splits == grid}
         rows_out.append(_measure(rec, lambda: call(cfg, splits), ref, timed, kv_bytes, "gbps", 1e9))
-    return _mark_best({"case": name, "key": config_key(d, hq // hkv, dtype), "kv_bytes": kv_bytes, "grid_splits": grid,
-                       "configs": rows_out})
+    return _mark_best({"case": name, "key": case_key("decode", case, dtype, sm_count), "kv_bytes": kv_bytes,
+                       "grid_splits": grid, "configs": rows_out})
 
 
 def run_gemv(shape, configs, timed, device, dtype) -> dict:
@@ -305,12 +318,14 @@ def _mark_best(res: dict) -> dict:
     return res
 
 
-def tuned_table(res: dict, device_name: str, triton_version: str) -> dict:
+def tuned_table(res: dict, device_name: str, triton_version: str, incomplete: frozenset = frozenset()) -> dict:
     """The tuned file (``lmnb_engine.attention.triton_ops.tuned``) these timings support. For each
-    kind and key (head_dim, GQA group, dtype): over the key's cases, each configuration's total
-    time where it ran beside the default (decode: at the engine's split grid) against the
-    default's there; the least is kept if at least ``TUNED_MARGIN`` below, and only for a
-    configuration correct in every case it ran (a compile or run error counts as wrong)."""
+    kind and key (head_dim, GQA group, dtype; decode: direct or split kernel) whose cases all ran
+    (none of them in ``incomplete``, the keys of cases not yet run or failed): a configuration
+    run correctly in every case beside the default (decode: at the engine's split grid), slower
+    than the default in none beyond ``NOISE``, is kept if its total time is at least
+    ``TUNED_MARGIN`` below the default's (the least such total per key). A prefill-only gain is
+    not enough: with flash-attn running prefills, Triton runs the prefix-heavy extends."""
     from lmnb_engine.attention.triton_ops.tuned import TUNED_MARGIN
 
     table: dict = {"device": device_name, "triton": triton_version, "extend": {}, "decode": {}}
@@ -319,20 +334,21 @@ def tuned_table(res: dict, device_name: str, triton_version: str) -> dict:
         for r in res[kind]:
             by_key.setdefault(r["key"], []).append(r)
         for key, cases in by_key.items():
-            pairs: dict = {}  # config (a dict's items) -> [(ms, the default's ms in that case)]
-            wrong, fields = set(), None
+            if key in incomplete:
+                continue
+            pairs: dict = {}  # config (its values) -> [(ms, the default's ms), one per case]
+            fields = None
             for r in cases:
                 rows = [x for x in r["configs"] if x.get("splits") == r.get("grid_splits")]
                 default = next((x for x in rows if x["default"] and "ms" in x and not x["wrong"]), None)
                 for x in rows:
-                    cfg, fields = tuple(x["config"].values()), tuple(x["config"])
-                    if "ms" not in x or x["wrong"]:
-                        wrong.add(cfg)
-                    elif default is not None and not x["default"]:
-                        pairs.setdefault(cfg, []).append((x["ms"], default["ms"]))
-            ratios = [(sum(a for a, _ in v) / sum(b for _, b in v), cfg) for cfg, v in pairs.items() if cfg not in wrong]
-            if ratios and min(ratios)[0] <= 1 - TUNED_MARGIN:
-                table[kind][key] = dict(zip(fields, min(ratios)[1]))
+                    if default is not None and not x["default"] and "ms" in x and not x["wrong"]:
+                        fields = tuple(x["config"])
+                        pairs.setdefault(tuple(x["config"].values()), []).append((x["ms"], default["ms"]))
+            kept = [(sum(a for a, _ in v) / sum(b for _, b in v), cfg) for cfg, v in pairs.items()
+                    if len(v) == len(cases) and all(a <= (1 + NOISE) * b for a, b in v)]
+            if kept and min(kept)[0] <= 1 - TUNED_MARGIN:
+                table[kind][key] = dict(zip(fields, min(kept)[1]))
     return table
 
 
@@ -414,15 +430,19 @@ def main(argv: list[str] | None = None) -> int:
                                                                  timed, device, dtype))
                  for s in (SMOKE_GEMV_SHAPES if args.smoke else GEMV_SHAPES)]
     jobs += extend_jobs[:2] + gemv_jobs + extend_jobs[2:]  # the GEMVs (8 quick compiles) before the second model
-    for kind, case, job in jobs:
+    # a key is tuned only once all its cases ran: a run cut short must not tune on half the cases
+    pending = [case_key(kind, case, dtype, sm_count) if kind != "gemv" else None for kind, case, _ in jobs]
+    failed: set = set()
+    for i, (kind, case, job) in enumerate(jobs):
         try:
             r = job()
         except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others
             res["errors"].append({"case": case[0], "error": f"{type(exc).__name__}: {exc}"})
+            failed.add(pending[i])
         else:
             res[kind].append(r)
             print(report(r, "tflops" if kind == "extend" else "gbps"), flush=True)
-        res["tuned"] = tuned_table(res, device_name, triton.__version__)
+        res["tuned"] = tuned_table(res, device_name, triton.__version__, frozenset(pending[i + 1:]) | failed)
         for out, text in ((path, json.dumps(res, indent=1)),
                           (Path(args.write_tuned) if args.write_tuned else None, json.dumps(res["tuned"], indent=1))):
             if out is not None:

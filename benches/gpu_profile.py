@@ -158,6 +158,15 @@ def scenarios(engine, smoke: bool):
             ("decode_b32", new, lambda: decode(4 if smoke else 32), True), ("prefill", 1, lambda: prefill, True)]
 
 
+def tuned_in_effect(engine) -> dict:
+    """The tuned kernel configurations the engine's GPU runs with ({} on CPU: nothing imported)."""
+    if engine.runner.device.type != "cuda":
+        return {}
+    from lmnb_engine.attention.triton_ops.tuned import table_in_effect
+
+    return table_in_effect(engine.runner.device)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="a tiny checkpoint on CPU (checks the script runs)")
@@ -173,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpu_suite import machine_name
     from lmnb_engine import Engine
-    from lmnb_engine.attention.triton_ops.tuned import table_in_effect
 
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: use --smoke on a CPU")
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                         "model": "tiny-llama (smoke)" if args.smoke else args.model,
                         "torch": torch.__version__, "attention_backend": engine.runner.attn.name,
                         "cuda_graphs": engine.runner.graph_runner is not None,
-                        "triton_configs": table_in_effect(engine.runner.device)}, "runs": {}, "errors": []}
+                        "triton_configs": tuned_in_effect(engine)}, "runs": {}, "errors": []}
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{res['meta']['date']}-{machine}-profile{'-smoke' if args.smoke else ''}.json"

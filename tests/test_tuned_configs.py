@@ -52,34 +52,36 @@ def test_the_key_and_file_name():
 
 def test_without_a_file_the_built_in_configurations_run(h200):
     assert extend_config(GPU, 128, torch.bfloat16, group=4) == BUILT_IN_EXTEND
-    assert decode_config(GPU, torch.bfloat16, 128, 1) == BUILT_IN_DECODE
+    assert decode_config(GPU, torch.bfloat16, 128, 1, direct=True) == BUILT_IN_DECODE
     assert tuned.table_in_effect(GPU) == {}
 
 
 def test_a_package_file_for_this_gpu_replaces_the_built_in_ones_for_its_keys_only(h200):
     write(h200 / "configs" / "nvidia-h200.json",
           extend={"d128/g4/bfloat16": {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}},
-          decode={"d128/g1/bfloat16": {"block_n": 128, "num_warps": 4, "num_stages": 1}})
+          decode={"d128/g1/bfloat16/direct": {"block_n": 128, "num_warps": 4, "num_stages": 1}})
     assert extend_config(GPU, 128, torch.bfloat16, group=4) == ExtendConfig(64, 64, 4, 3)
     assert extend_config(GPU, 128, torch.bfloat16, group=1) == BUILT_IN_EXTEND  # another GQA group
     assert extend_config(GPU, 128, torch.float16, group=4) == BUILT_IN_EXTEND  # another dtype
     assert extend_config(GPU, 128, torch.bfloat16, group=4, tuned=False) == BUILT_IN_EXTEND  # the tuner's default
-    assert decode_config(GPU, torch.bfloat16, 128, 1) == DecodeConfig(128, 4, 1)
-    assert decode_config(GPU, torch.bfloat16, 128, 4) == BUILT_IN_DECODE
-    assert decode_config(torch.device("cpu"), torch.bfloat16, 128, 1) == DecodeConfig(16, 4, 2)  # interpreted
+    assert decode_config(GPU, torch.bfloat16, 128, 1, direct=True) == DecodeConfig(128, 4, 1)
+    assert decode_config(GPU, torch.bfloat16, 128, 1, direct=False) == BUILT_IN_DECODE  # the split kernel
+    assert decode_config(GPU, torch.bfloat16, 128, 4, direct=True) == BUILT_IN_DECODE
+    assert decode_config(torch.device("cpu"), torch.bfloat16, 128, 1, direct=True) == DecodeConfig(16, 4, 2)
     assert tuned.table_in_effect(GPU)["device"] == "NVIDIA H200"
 
 
 def test_the_environment_variable_names_the_file_and_another_gpus_file_is_not_used(h200, monkeypatch, caplog):
-    write(h200 / "configs" / "nvidia-h200.json", decode={"d128/g1/bfloat16": {"block_n": 32, "num_warps": 4,
-                                                                               "num_stages": 1}})
-    mine = write(h200 / "mine.json", decode={"d128/g1/bfloat16": {"block_n": 128, "num_warps": 8, "num_stages": 2}})
+    write(h200 / "configs" / "nvidia-h200.json", decode={"d128/g1/bfloat16/split": {"block_n": 32, "num_warps": 4,
+                                                                                     "num_stages": 1}})
+    mine = write(h200 / "mine.json", decode={"d128/g1/bfloat16/split": {"block_n": 128, "num_warps": 8,
+                                                                        "num_stages": 2}})
     monkeypatch.setenv(tuned.ENV_VAR, str(mine))
     assert decode_config(GPU, torch.bfloat16, 128, 1) == DecodeConfig(128, 8, 2)  # the variable's, not the package's
     # tiles sized for an H200's shared memory may not fit another GPU: its file is refused by name
     monkeypatch.setenv(tuned.ENV_VAR, str(write(h200 / "a10g.json", device="NVIDIA A10G",
-                                                decode={"d128/g1/bfloat16": {"block_n": 128, "num_warps": 8,
-                                                                             "num_stages": 2}})))
+                                                decode={"d128/g1/bfloat16/split": {"block_n": 128, "num_warps": 8,
+                                                                                   "num_stages": 2}})))
     with caplog.at_level(logging.WARNING, logger=tuned.__name__):
         assert decode_config(GPU, torch.bfloat16, 128, 1) == BUILT_IN_DECODE
     assert "are for 'NVIDIA A10G', not this 'NVIDIA H200'; the built-in ones run" in caplog.text
@@ -101,11 +103,33 @@ def test_an_unreadable_file_is_warned_about_and_the_built_in_ones_run(h200, monk
     assert caplog.text.count("not used") == 1 and why in caplog.text  # (read once)
 
 
-@pytest.mark.parametrize("entry", [{"block_n": 64, "num_warps": 4}, {"block_n": 64, "num_warps": 4, "num_stages": 0},
-                                   {"block_n": "64", "num_warps": 4, "num_stages": 2},
-                                   {"block_n": 64, "num_warps": 4, "num_stages": 2, "block_h": 16}])
-def test_a_malformed_entry_is_warned_about_and_the_built_in_one_runs(h200, monkeypatch, caplog, entry):
-    monkeypatch.setenv(tuned.ENV_VAR, str(write(h200 / "t.json", decode={"d128/g1/bfloat16": entry})))
+@pytest.mark.parametrize("kind, entry, why", [
+    ("decode", {"block_n": 64, "num_warps": 4}, "missing 1 required positional argument: 'num_stages'"),
+    ("decode", {"block_n": 64, "num_warps": 4, "num_stages": 2, "block_h": 16}, "unexpected keyword argument"),
+    ("decode", {"block_n": "64", "num_warps": 4, "num_stages": 2}, "every field must be an int"),
+    ("decode", {"block_n": 64, "num_warps": 4, "num_stages": 0}, "num_stages=0 must be 1 to 8"),
+    # launches Triton refuses deep inside a forward ("arange's range must be a power of 2")
+    ("decode", {"block_n": 24, "num_warps": 4, "num_stages": 2}, "block_n=24 must be a power of two from 16 to 256"),
+    ("decode", {"block_n": 2**40, "num_warps": 4, "num_stages": 2}, "must be a power of two from 16 to 256"),
+    ("decode", {"block_n": 64, "num_warps": 3, "num_stages": 2}, "num_warps=3 must be a power of two up to 32"),
+    ("extend", {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 2}, "block_m must be a multiple of block_n"),
+])
+def test_an_entry_the_kernel_cannot_launch_is_warned_about_and_the_built_in_one_runs(h200, monkeypatch, caplog,
+                                                                                    kind, entry, why):
+    key = "d128/g1/bfloat16" + ("/direct" if kind == "decode" else "")
+    monkeypatch.setenv(tuned.ENV_VAR, str(write(h200 / "t.json", **{kind: {key: entry}})))
     with caplog.at_level(logging.WARNING, logger=tuned.__name__):
-        assert decode_config(GPU, torch.bfloat16, 128, 1) == BUILT_IN_DECODE
-    assert "tuned decode configuration d128/g1/bfloat16" in caplog.text and "the built-in one runs" in caplog.text
+        got = decode_config(GPU, torch.bfloat16, 128, 1, direct=True) if kind == "decode" else \
+            extend_config(GPU, 128, torch.bfloat16, 1)
+    assert got == (BUILT_IN_DECODE if kind == "decode" else BUILT_IN_EXTEND)
+    assert f"tuned {kind} configuration {key}" in caplog.text and why in caplog.text
+    assert "the built-in one runs" in caplog.text
+
+
+def test_a_tuned_file_nested_too_deeply_is_warned_about(h200, monkeypatch, caplog):
+    path = h200 / "deep.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    monkeypatch.setenv(tuned.ENV_VAR, str(path))
+    with caplog.at_level(logging.WARNING, logger=tuned.__name__):
+        assert extend_config(GPU, 128, torch.bfloat16) == BUILT_IN_EXTEND
+    assert "not used" in caplog.text

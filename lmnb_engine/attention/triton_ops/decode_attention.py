@@ -31,7 +31,7 @@ import triton.language as tl
 
 from lmnb_engine import triton_support
 from lmnb_engine.attention.triton_ops.online_softmax import online_softmax_step, pool_block
-from lmnb_engine.attention.triton_ops.tuned import tuned_config
+from lmnb_engine.attention.triton_ops.tuned import config_key, tuned_config
 
 
 class DecodeConfig(NamedTuple):
@@ -127,16 +127,18 @@ def decode_workspace(batch_size: int, num_q_heads: int, head_dim: int, max_kv_sp
 
 
 def decode_config(device: torch.device, dtype: torch.dtype, head_dim: int = 128, group: int = 1,
-                  tuned: bool = True) -> DecodeConfig:
+                  direct: bool = False, tuned: bool = True) -> DecodeConfig:
     """The split kernel's launch configuration for ``device``: one tuned on this GPU model for
-    these heads (``group`` query heads per KV head) where there is one (``tuned.tuned_config``;
-    ``tuned=False`` leaves it out, for the tuner), else 64-token blocks with 4 warps on GPUs
+    these heads (``group`` query heads per KV head) and this form of the kernel (``direct``: one
+    split, no merge) where there is one (``tuned.tuned_config``; ``tuned=False`` leaves it out,
+    for the tuner), else 64-token blocks with 4 warps on GPUs
     (SGLang's choice) and two pipeline stages; 32-token blocks for float32, whose blocks of
     64 overflow the 99 KB of shared memory of sm_86/89 at head_dim 256 and spill at 128
     (``lmnb_engine.testing.triton_compile``); 16 under the CPU interpreter."""
     if triton_support.device_arch(device) is None:
         return DecodeConfig(16, 4, 2)
-    found = tuned_config("decode", torch.device(device), head_dim, group, dtype, DecodeConfig) if tuned else None
+    key = config_key(head_dim, group, dtype, "direct" if direct else "split")
+    found = tuned_config("decode", torch.device(device), key, DecodeConfig) if tuned else None
     if found is not None:
         return found
     return DecodeConfig(32, 4, 2) if dtype == torch.float32 else DecodeConfig(64, 4, 2)
@@ -202,7 +204,7 @@ def decode_attention_fwd(
     group = num_q_heads // num_kv_heads
     block_h = max(16, min(triton.next_power_of_2(group), 64))  # tl.dot needs >= 16 rows
     head_blocks = triton.cdiv(group, block_h)
-    cfg = config or decode_config(q.device, q.dtype, head_dim, group)
+    cfg = config or decode_config(q.device, q.dtype, head_dim, group, direct)
     block_d = triton.next_power_of_2(max(head_dim, 16))
     _decode_split_kernel[(B, num_kv_heads * head_blocks, max_kv_splits)](
         q, k_pool, v_pool, req_to_token, req_pool_indices, seq_lens, num_kv_splits, mid_o, mid_lse, out,

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from lmnb_engine import triton_support
 from lmnb_engine.attention.triton_ops.online_softmax import kv_block, online_softmax_step, pool_block
-from lmnb_engine.attention.triton_ops.tuned import tuned_config
+from lmnb_engine.attention.triton_ops.tuned import config_key, tuned_config
 
 
 class ExtendConfig(NamedTuple):
@@ -143,7 +143,8 @@ def extend_config(device: torch.device, head_dim: int, dtype: torch.dtype, group
     arch = triton_support.device_arch(device)
     if arch is None:
         return ExtendConfig(16, 16, 4, 1)
-    found = tuned_config("extend", torch.device(device), head_dim, group, dtype, ExtendConfig) if tuned else None
+    found = tuned_config("extend", torch.device(device), config_key(head_dim, group, dtype), ExtendConfig) \
+        if tuned else None
     if found is not None:
         return found
     if dtype == torch.float32:
