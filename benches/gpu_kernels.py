@@ -431,18 +431,18 @@ def main(argv: list[str] | None = None) -> int:
                  for s in (SMOKE_GEMV_SHAPES if args.smoke else GEMV_SHAPES)]
     jobs += extend_jobs[:2] + gemv_jobs + extend_jobs[2:]  # the GEMVs (8 quick compiles) before the second model
     # a key is tuned only once all its cases ran: a run cut short must not tune on half the cases
-    pending = [case_key(kind, case, dtype, sm_count) if kind != "gemv" else None for kind, case, _ in jobs]
+    keys = [case_key(kind, case, dtype, sm_count) if kind != "gemv" else None for kind, case, _ in jobs]
     failed: set = set()
     for i, (kind, case, job) in enumerate(jobs):
         try:
             r = job()
         except Exception as exc:  # noqa: BLE001 - one failed case must not lose the others
             res["errors"].append({"case": case[0], "error": f"{type(exc).__name__}: {exc}"})
-            failed.add(pending[i])
+            failed.add(keys[i])
         else:
             res[kind].append(r)
             print(report(r, "tflops" if kind == "extend" else "gbps"), flush=True)
-        res["tuned"] = tuned_table(res, device_name, triton.__version__, frozenset(pending[i + 1:]) | failed)
+        res["tuned"] = tuned_table(res, device_name, triton.__version__, frozenset(keys[i + 1:]) | failed)
         for out, text in ((path, json.dumps(res, indent=1)),
                           (Path(args.write_tuned) if args.write_tuned else None, json.dumps(res["tuned"], indent=1))):
             if out is not None:
