@@ -639,8 +639,8 @@ class Engine:
         self, prompt: Union[Prompt, Sequence[Prompt]], params: Optional[SamplingParams] = None
     ) -> Union[GenerateResult, list[GenerateResult]]:
         """Generate for one prompt (str or token ids: a list or tuple, a 1-D numpy or torch array,
-        a range) or a list of prompts, blocking. A text that begins with the BOS token (``apply_chat_template``'s output) gets no second one from the
-        tokenizer.
+        a range) or a list of prompts, blocking. A text that begins with the BOS token
+        (``apply_chat_template``'s output) gets no second one from the tokenizer.
 
         [issue 10] With a LLaVA checkpoint a prompt may carry images:
         ``MultimodalPrompt("<image>\nwhat is this?", [path_or_pil_or_bytes_or_data_url])`` or
