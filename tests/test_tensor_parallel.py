@@ -81,7 +81,9 @@ def checkpoints(tiny_checkpoint_factory):
     return [str(untied), str(tied_odd_vocab)]
 
 
-def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path, monkeypatch):
+def _spawn_ranks(target, args: tuple, n_messages: int, timeout: float, monkeypatch) -> tuple[list, list]:
+    """Run ``target(rank, *args, queue)`` in ``WORLD`` spawned processes; returns the
+    ``n_messages`` they put on the queue and the processes (joined)."""
     main = sys.modules["__main__"]
     if not hasattr(main, "__spec__"):
         # IPython's test shell (started by other test modules) replaces __main__ with a module
@@ -89,12 +91,18 @@ def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path, 
         monkeypatch.setattr(main, "__spec__", None, raising=False)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, checkpoints, str(tmp_path / "rdv"), out)) for r in range(WORLD)]
+    procs = [ctx.Process(target=target, args=(r, *args, out)) for r in range(WORLD)]
     for p in procs:
         p.start()
-    messages = [out.get(timeout=240) for _ in range(2 * len(checkpoints))]
+    messages = [out.get(timeout=timeout) for _ in range(n_messages)]
     for p in procs:
         p.join(60)
+    return messages, procs
+
+
+def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path, monkeypatch):
+    messages, procs = _spawn_ranks(_rank_main, (checkpoints, str(tmp_path / "rdv")), 2 * len(checkpoints), 240,
+                                   monkeypatch)
     errors = [m for m in messages if m[0] == "error"]
     assert not errors, errors
     assert all(p.exitcode == 0 for p in procs)
@@ -141,17 +149,8 @@ def _agree_main(rank: int, picks: list, rendezvous: str, out) -> None:
 def test_tensor_parallel_ranks_agree_on_the_extend_kernel(picks, agreed, tmp_path, monkeypatch):
     """Under "auto" each rank times flash-attn on its own shard; a near-tie falling differently on
     two ranks left them on different kernels (and model_info told rank 0's)."""
-    main = sys.modules["__main__"]
-    if not hasattr(main, "__spec__"):  # (as above)
-        monkeypatch.setattr(main, "__spec__", None, raising=False)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_agree_main, args=(r, list(picks), str(tmp_path / "rdv"), out)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got = dict(out.get(timeout=120) for _ in range(WORLD))
-    for p in procs:
-        p.join(60)
+    messages, procs = _spawn_ranks(_agree_main, (list(picks), str(tmp_path / "rdv")), WORLD, 120, monkeypatch)
+    got = dict(messages)
     assert got == {0: agreed, 1: agreed} and all(p.exitcode == 0 for p in procs)
 
 
