@@ -99,6 +99,17 @@ def run_backend(backend, pool, batch, q, k, v):
     return out
 
 
+def against_torch(backend, pool, batch, q, k, v) -> tuple[float, bool]:
+    """(relative error, all finite) of ``backend``'s output against the torch backend's on the
+    same batch, each writing the new K/V into its own copy of ``pool``."""
+    twin = TokenToKVPool.__new__(TokenToKVPool)
+    twin.__dict__.update(pool.__dict__)
+    twin.k_buffer, twin.v_buffer = [pool.k_buffer[0].clone()], [pool.v_buffer[0].clone()]
+    out = run_backend(backend, pool, batch, q, k, v).float()
+    ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v).float()
+    return float((out - ref).norm() / ref.norm()), bool(torch.isfinite(out).all())
+
+
 def check_kernels(prefix: str = "", flash: bool = True) -> None:
     if SMOKE:
         extend = ([0, 3, 17], [5, 20, 1])
@@ -121,13 +132,7 @@ def check_kernels(prefix: str = "", flash: bool = True) -> None:
                                          ("decode, one split (direct)", (decode, [1] * len(decode)),
                                           dict(max_kv_splits=1))):
                 pool, batch, q, k, v = batch_on_pool(pre, ext, hq, hkv, d, dtype, seed=hq + hkv)
-                twin = TokenToKVPool.__new__(TokenToKVPool)
-                twin.__dict__.update(pool.__dict__)
-                twin.k_buffer, twin.v_buffer = [pool.k_buffer[0].clone()], [pool.v_buffer[0].clone()]
-                out = run_backend(TritonAttentionBackend(**kw), pool, batch, q, k, v).float()
-                ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v).float()
-                rel = float((out - ref).norm() / ref.norm())
-                finite = bool(torch.isfinite(out).all())
+                rel, finite = against_torch(TritonAttentionBackend(**kw), pool, batch, q, k, v)
                 record(f"{prefix}kernel {name} {str(dtype)[6:]} Hq={hq} Hkv={hkv} D={d}", finite and rel < tol,
                        rel_err=f"{rel:.2e}", tol=tol, tokens=batch.num_tokens)
             if flash and dtype == half:  # flash-attn runs 16-bit models only
@@ -162,17 +167,12 @@ def check_flash_extend(hq, hkv, d, dtype, tol, extend) -> None:
             continue
         for name, (pre, ext) in (("new prompts", ([0] * len(extend[1]), extend[1])), ("cached prefixes", prefixed)):
             pool, batch, q, k, v = batch_on_pool(pre, ext, hq, hkv, d, dtype, seed=hq + hkv + 1)
-            twin = TokenToKVPool.__new__(TokenToKVPool)
-            twin.__dict__.update(pool.__dict__)
-            twin.k_buffer, twin.v_buffer = [pool.k_buffer[0].clone()], [pool.v_buffer[0].clone()]
             before = len(calls)
-            out = run_backend(backend, pool, batch, q, k, v).float()
-            ref = run_backend(TorchAttentionBackend(), twin, batch, q, k, v).float()
-            rel = float((out - ref).norm() / ref.norm())
+            rel, finite = against_torch(backend, pool, batch, q, k, v)
             ran = len(calls) > before and backend.flash is not None  # (not a fallback to Triton)
             record(f"kernel extend on {cand.label}, {name}, {str(dtype)[6:]} Hq={hq} Hkv={hkv} D={d}",
-                   ran and bool(torch.isfinite(out).all()) and rel < tol, rel_err=f"{rel:.2e}", tol=tol,
-                   flash_ran=ran, tokens=batch.num_tokens)
+                   ran and finite and rel < tol, rel_err=f"{rel:.2e}", tol=tol, flash_ran=ran,
+                   tokens=batch.num_tokens)
 
 
 def norm_close(ref: torch.Tensor, got: torch.Tensor) -> tuple[bool, float]:
