@@ -104,7 +104,6 @@ class CompletionRequest(_SamplingRequest):
     best_of: Optional[int] = None
     suffix: Optional[str] = None
 
-
     @field_validator("prompt", mode="wrap")
     @classmethod
     def _one_prompt_form(cls, value: Any, handler: Any) -> Any:

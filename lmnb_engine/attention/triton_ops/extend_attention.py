@@ -89,12 +89,12 @@ def _extend_kernel(
     whole = prefix_len - prefix_len % BLOCK_N
     for n0 in range(0, whole, BLOCK_N):
         k, v, n_valid = pool_block(K_pool, V_pool, slot_row, n0, prefix_len, kv_k, kv_v, stride_kpt, stride_vpt,
-                                    offs_n, offs_d, d_valid, MASKED=False)
+                                   offs_n, offs_d, d_valid, MASKED=False)
         acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale,
                                             MASKED=False, F32_DOT=F32_DOT)
     for n0 in range(whole, prefix_len, BLOCK_N):
         k, v, n_valid = pool_block(K_pool, V_pool, slot_row, n0, prefix_len, kv_k, kv_v, stride_kpt, stride_vpt,
-                                    offs_n, offs_d, d_valid, MASKED=True)
+                                   offs_n, offs_d, d_valid, MASKED=True)
         acc, l_i, m_i = online_softmax_step(q, k, v, n_valid[None, :], acc, l_i, m_i, sm_scale,
                                             MASKED=True, F32_DOT=F32_DOT)
 
