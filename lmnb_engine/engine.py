@@ -156,7 +156,10 @@ class _EventStream:
 
 
 def _is_token_id(t: Any) -> bool:
-    """An integer (Python's or numpy's) that is not a bool."""
+    """An integer (Python's or numpy's, or a 0-d integer tensor: an item of ``list(tensor)``) that
+    is not a bool."""
+    if getattr(t, "ndim", None) == 0 and hasattr(t, "item") and not isinstance(t, numbers.Number):
+        t = t.item()  # (a torch scalar; numpy's are numbers.Integral already)
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)
 
 

@@ -212,6 +212,11 @@ def test_score_pin_prefix_and_match_node_take_a_prompt_as_generate_does(engine, 
     assert engine.score(range(5, 9), 2) == pytest.approx(hf.token_logprobs([5, 6, 7, 8])[1:], abs=1e-4)
     for prompt in arrays:  # generate takes a 1-D array as one prompt of ids too
         assert engine.generate(prompt, GREEDY).token_ids == hf.greedy(ids, 8)
+    # and a list of a tensor's 0-d items (it was "item 0 is tensor(5)"); a 0-d bool or float is no id
+    assert engine.generate(list(torch.tensor(ids)), GREEDY).token_ids == hf.greedy(ids, 8)
+    for bad, shown in ((torch.tensor(True), r"tensor\(True\)"), (torch.tensor(5.0), r"tensor\(5\.\)")):
+        with pytest.raises(TypeError, match=rf"\(ints\); item 1 is {shown}$"):
+            engine.generate([ids[0], bad], GREEDY)
     # a number, a 0-d array, bytes and sets are no id sequences (bytes were read as character codes,
     # a set in no order, a 0-d array raised numpy's "iteration over a 0-d array")
     for bad, name in ((5, "int"), (np.array(5), "a 0-d ndarray"), (torch.tensor(5), "a 0-d Tensor"), (b"hello", "bytes"),
