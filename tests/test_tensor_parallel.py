@@ -119,9 +119,10 @@ def test_two_rank_tensor_parallel_matches_single_process(checkpoints, tmp_path, 
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def _agree_main(rank: int, picks: list, rendezvous: str, out) -> None:
+def _agree_main(rank: int, picks: list, strict: bool, rendezvous: str, out) -> None:
     """Rank ``rank`` of a 2-rank gloo group: a backend stand-in that chose the flash-attn labelled
-    ``picks[rank]`` (None: Triton) runs ``agree_on_extend_kernel``."""
+    ``picks[rank]`` (None: Triton; ``strict``: asked for by name) runs ``agree_on_extend_kernel``;
+    puts the label it keeps, or the error it raises."""
     import types
 
     import torch.distributed as dist
@@ -132,9 +133,13 @@ def _agree_main(rank: int, picks: list, rendezvous: str, out) -> None:
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     try:
         pick = picks[rank]
-        attn = types.SimpleNamespace(flash=None if pick is None else types.SimpleNamespace(label=pick))
-        agree_on_extend_kernel(attn, TPGroup(rank, WORLD), torch.device("cpu"))
-        out.put((rank, attn.flash and attn.flash.label))
+        attn = types.SimpleNamespace(flash=None if pick is None else types.SimpleNamespace(label=pick), strict=strict)
+        try:
+            agree_on_extend_kernel(attn, TPGroup(rank, WORLD), torch.device("cpu"))
+        except RuntimeError as exc:
+            out.put((rank, str(exc)))
+        else:
+            out.put((rank, attn.flash and attn.flash.label))
     finally:
         dist.destroy_process_group()
 
@@ -149,9 +154,21 @@ def _agree_main(rank: int, picks: list, rendezvous: str, out) -> None:
 def test_tensor_parallel_ranks_agree_on_the_extend_kernel(picks, agreed, tmp_path, monkeypatch):
     """Under "auto" each rank times flash-attn on its own shard; a near-tie falling differently on
     two ranks left them on different kernels (and model_info told rank 0's)."""
-    messages, procs = _spawn_ranks(_agree_main, (list(picks), str(tmp_path / "rdv")), WORLD, 120, monkeypatch)
+    messages, procs = _spawn_ranks(_agree_main, (list(picks), False, str(tmp_path / "rdv")), WORLD, 120, monkeypatch)
     got = dict(messages)
     assert got == {0: agreed, 1: agreed} and all(p.exitcode == 0 for p in procs)
+
+
+def test_flash_attn_by_name_refuses_ranks_that_found_different_builds(tmp_path, monkeypatch):
+    """Asked for by name, flash-attn is not dropped for Triton in silence (as "auto" does): every
+    rank raises, naming its own build."""
+    picks = ["FlashAttention-3", "flash-attn 2"]
+    messages, procs = _spawn_ranks(_agree_main, (picks, True, str(tmp_path / "rdv")), WORLD, 120, monkeypatch)
+    for rank, message in messages:
+        assert message == (f"attention_backend='flash_attn': the tensor-parallel ranks run different flash-attn builds "
+                           f"(rank {rank}: {picks[rank]}); install one build for all the GPUs, or use "
+                           "attention_backend='triton'")
+    assert sorted(rank for rank, _ in messages) == [0, 1]
 
 
 def test_shard_refuses_heads_that_do_not_split(tiny_checkpoint_factory):

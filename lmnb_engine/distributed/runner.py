@@ -153,13 +153,22 @@ def agree_on_extend_kernel(attn, tp: TPGroup, device: torch.device) -> None:
     ``device``: where the message lives (the GPU for NCCL, the CPU for gloo).
 
     Later, a rank whose flash-attn fails on a batch (out of memory, a fault) falls back to Triton
-    alone; its heads are still attended exactly, only by another kernel."""
+    alone; its heads are still attended exactly, only by another kernel.
+
+    Raises:
+        RuntimeError: on every rank, when flash-attn was asked for by name (``strict``) and the
+            ranks found different builds (GPUs of different kinds): none is dropped silently."""
     flash = getattr(attn, "flash", None)
     mine = zlib.crc32(flash.label.encode()) if flash is not None else -1  # (str hash() differs by process)
     picks = torch.tensor([mine, -mine], dtype=torch.int64, device=device)
     dist.all_reduce(picks, op=dist.ReduceOp.MAX, group=tp.group)  # the highest pick and minus the lowest
     highest, lowest = int(picks[0]), -int(picks[1])
-    if highest != lowest:
-        log.info("the tensor-parallel ranks chose different extend-attention kernels (each timed its own "
-                 "shard); every rank runs the Triton kernel")
-        attn.flash = None
+    if highest == lowest:
+        return
+    if getattr(attn, "strict", False):  # (every rank was given the same name: all raise)
+        raise RuntimeError(f"attention_backend='flash_attn': the tensor-parallel ranks run different flash-attn "
+                           f"builds (rank {tp.rank}: {flash.label if flash is not None else 'none'}); install one "
+                           "build for all the GPUs, or use attention_backend='triton'")
+    log.info("the tensor-parallel ranks chose different extend-attention kernels (each timed its own "
+             "shard); every rank runs the Triton kernel")
+    attn.flash = None
