@@ -12,6 +12,8 @@ turn into a stop string is held back from the stream, so a matched stop string i
 
 from __future__ import annotations
 
+import collections
+import time
 from typing import Any, Callable, Sequence
 
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
@@ -95,6 +97,59 @@ class IncrementalDetokenizer:
         self.text = self.text[:text_len]
 
 
+# The time a sample's stop regex searches may take in all, in seconds. One search over an output's
+# tail takes microseconds; a pattern that backtracks catastrophically ("(x|x)+y" on many x's)
+# takes seconds and doubles with each character, on the scheduler's thread, where it stalls every
+# request: past this budget the search is given up and the request aborted.
+REGEX_BUDGET_S = 0.5
+
+
+class _StopPrefixes:
+    """Aho-Corasick automaton over the stop strings (Aho & Corasick, "Efficient string matching",
+    CACM 1975), used for its state only: after reading a text, the state's depth is the length of
+    the text's longest suffix that is a prefix of some stop. Read incrementally, that costs O(1)
+    amortized per new character whatever the number and length of the stops (testing each suffix
+    against each stop cost their product on every token)."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._goto: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        for s in stops:
+            node = 0
+            for ch in s:
+                if ch not in self._goto[node]:
+                    self._goto[node][ch] = len(self._goto)
+                    self._goto.append({})
+                    self._depth.append(self._depth[node] + 1)
+                node = self._goto[node][ch]
+        self._fail = [0] * len(self._goto)
+        queue = collections.deque(self._goto[0].values())  # breadth first: a node's fail link is shallower
+        while queue:
+            node = queue.popleft()
+            for ch, child in self._goto[node].items():
+                self._fail[child] = self._next(self._fail[node], ch) if node else 0
+                queue.append(child)
+        self._text, self._state = "", 0
+
+    def _next(self, node: int, ch: str) -> int:
+        while node and ch not in self._goto[node]:
+            node = self._fail[node]
+        return self._goto[node].get(ch, 0)
+
+    def suffix_len(self, text: str, limit: int) -> int:
+        """Length of ``text``'s longest suffix that is a prefix of some stop and at most ``limit``
+        characters long."""
+        if not text.startswith(self._text):  # not the last text extended: read it from the start
+            self._text, self._state = "", 0
+        state = self._state
+        for ch in text[len(self._text):]:
+            state = self._next(state, ch)
+        self._text, self._state = text, state
+        while self._depth[state] > limit:  # the next shorter such suffix
+            state = self._fail[state]
+        return self._depth[state]
+
+
 class StopStringMatcher:
     """Finds the first stop string or stop regex match in generated text and says how much text
     is safe to stream.
@@ -103,11 +158,15 @@ class StopStringMatcher:
         stops: the stop strings (empty strings are ignored).
         regexes: stop regular expressions (``SamplingParams.stop_regex``, checked there: none
             matches the empty string).
+
+    Stop regex searches that use up ``REGEX_BUDGET_S`` between them are given up, and ``problem``
+    says so: the scheduler then aborts the request with that message.
     """
 
     def __init__(self, stops: Sequence[str], regexes: Sequence[str] = ()) -> None:
         self.stops = [s for s in stops if s]
         self._longest = max((len(s) for s in self.stops), default=0)
+        self._prefixes = _StopPrefixes(self.stops) if self.stops else None
         if regexes:
             import regex  # its partial matching says where a match may yet begin
 
@@ -118,9 +177,19 @@ class StopStringMatcher:
         # any text extending it: the searches start there, not over the whole output each token
         self._seen = ""
         self._floors = [0] * len(self._regexes)
+        self.problem: str | None = None
+        self._regex_s = 0.0  # time spent in stop regex searches so far
+
+    def _budget(self) -> float:
+        return max(REGEX_BUDGET_S - self._regex_s, 1e-6)
 
     def _floor(self, i: int, text: str) -> int:
         return self._floors[i] if text.startswith(self._seen) else 0
+
+    def _timed_out(self, rx: Any, text: str) -> None:
+        self.problem = (f"stop_regex {rx.pattern!r} took over {REGEX_BUDGET_S:g} s to search {len(text)} characters "
+                        "of output (catastrophic backtracking, as in a repeat of overlapping alternatives like "
+                        "'(x|x)+'); rewrite it so each character can be matched one way only")
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
         """Earliest stop in ``text`` that ends after ``new_from`` (the length of the text already
@@ -133,8 +202,16 @@ class StopStringMatcher:
                 best = (i, s)
         for i, rx in enumerate(self._regexes):  # (a match ending in checked text is new when its lookahead,
             # which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
-            m = next((m for m in rx.finditer(text, self._floor(i, text))
-                      if m.end() > new_from or rx.match(text, m.start(), new_from) is None), None)
+            began = time.perf_counter()
+            try:
+                m = next((m for m in rx.finditer(text, self._floor(i, text), timeout=self._budget())
+                          if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=self._budget()) is None),
+                         None)
+            except TimeoutError:
+                self._timed_out(rx, text)
+                return best
+            finally:
+                self._regex_s += time.perf_counter() - began
             if m is not None and (best is None or m.start() < best[0]):
                 best = (m.start(), m.group())
         return best
@@ -143,23 +220,26 @@ class StopStringMatcher:
         """Length of the prefix of ``text`` that cannot become part of a stop: the text minus its
         longest suffix that is a proper prefix of some stop string, or from where a stop regex
         may still match once more text comes."""
-        safe = len(text)
-        for k in range(min(self._longest - 1, len(text)), 0, -1):
-            tail = text[-k:]
-            if any(s.startswith(tail) for s in self.stops):
-                safe = len(text) - k
-                break
+        # (a whole stop at the end was found already, unless it lies in the first min_new_tokens)
+        safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
         floors = []
         for i, rx in enumerate(self._regexes):
             pos = self._floor(i, text)
-            while (m := rx.search(text, pos, partial=True)) is not None:
-                if m.partial:  # a match may begin here
-                    safe = min(safe, m.start())
-                    pos = m.start()
-                    break
-                pos = max(m.end(), m.start() + 1)  # a whole match in text not checked (min_new_tokens)
-            else:
-                pos = len(text)
+            began = time.perf_counter()
+            try:
+                while (m := rx.search(text, pos, partial=True, timeout=self._budget())) is not None:
+                    if m.partial:  # a match may begin here
+                        safe = min(safe, m.start())
+                        pos = m.start()
+                        break
+                    pos = max(m.end(), m.start() + 1)  # a whole match in text not checked (min_new_tokens)
+                else:
+                    pos = len(text)
+            except TimeoutError:
+                self._timed_out(rx, text)
+                return min(safe, pos)
+            finally:
+                self._regex_s += time.perf_counter() - began
             floors.append(pos)
         if self._regexes:
             self._seen, self._floors = text, floors

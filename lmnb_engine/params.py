@@ -15,6 +15,11 @@ from typing import Any
 # Temperatures below this sample greedily (SGLang's _SAMPLING_EPS): logits / 1e-300 is inf, and
 # softmax of inf is NaN, so such a "sample" was noise.
 SAMPLING_EPS = 1e-6
+# Bounds on ``stop``: each string is looked for after every token, on the scheduler's thread, so a
+# request with thousands of long stops slowed every request (OpenAI's API takes 4; SGLang and vLLM
+# set no bound).
+MAX_STOP_STRINGS = 512
+MAX_STOP_CHARS = 32768
 
 
 def _is_numpy_scalar(v: Any) -> bool:
@@ -35,7 +40,8 @@ class SamplingParams:
         frequency_penalty, presence_penalty: OpenAI-style additive penalties over generated tokens.
         repetition_penalty: CTRL-style multiplicative penalty over prompt + generated tokens (1 = off).
         stop: string or list of strings; matched on the detokenized output (also across token
-            boundaries); the matched stop text is not returned.
+            boundaries); the matched stop text is not returned. At most ``MAX_STOP_STRINGS``
+            strings of ``MAX_STOP_CHARS`` characters in all.
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
         stop_regex: a regular expression (the ``regex`` package's syntax: Python ``re``'s, plus
             ``\\p{L}``, POSIX classes ...) or a list of them; the output ends
@@ -43,7 +49,9 @@ class SamplingParams:
             ``stop_regex``; the finish reason's ``matched`` is the matched text). A match counts
             as soon as the text so far holds it, as in SGLang's check: ``foo\\b`` or ``\\.$`` at
             the text's current end stops it, whatever would follow. Streaming holds back text
-            that could still become the start of a match.
+            that could still become the start of a match. A sample's searches may take
+            ``detokenizer.REGEX_BUDGET_S`` seconds in all; one that backtracks catastrophically
+            uses that up, and its request is aborted with a message naming the pattern.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.
@@ -143,6 +151,13 @@ class SamplingParams:
             or (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop))
         ):
             bad("stop", "must be a string or a list of strings")
+        stops = self.stop_strings
+        if len(stops) > MAX_STOP_STRINGS or sum(map(len, stops)) > MAX_STOP_CHARS:  # (not shown whole: it is long)
+            raise ValueError(
+                f"SamplingParams.stop is invalid: {len(stops)} string{'s' * (len(stops) != 1)} of {sum(map(len, stops))} "
+                "characters in all, "
+                f"above the limit of {MAX_STOP_STRINGS} strings and {MAX_STOP_CHARS} characters (each is looked for "
+                "in the output on every token); keep the stops that can occur, or write them as one stop_regex")
         problem = stop_regex_problem(self.stop_regex)
         if problem:
             bad("stop_regex", problem)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -91,6 +93,28 @@ def test_stop_matcher_without_stops_and_earliest_match():
     assert m.find("abcdx", 0) == (1, "bcd")
     assert m.safe_len("zzb") == 2 and m.safe_len("zbc") == 1 and m.safe_len("zz") == 2
 
+
+
+def held_back_by_definition(stops: list[str], text: str) -> int:
+    """safe_len's stop-string rule as its docstring states it, checked suffix by suffix: the text
+    minus its longest suffix (shorter than the longest stop) that begins some stop."""
+    longest = max(map(len, stops))
+    return next((len(text) - k for k in range(min(longest - 1, len(text)), 0, -1)
+                 if any(s.startswith(text[-k:]) for s in stops)), len(text))
+
+
+def test_safe_len_agrees_with_the_suffix_rule_on_growing_and_rewritten_texts():
+    # the automaton reads each text from where the last one ended; a text that does not extend
+    # the last (a detokenizer's rewrite, a test's jump) is read again from its start
+    rng = random.Random(0)
+    for _ in range(2000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 4))]
+        m, text = StopStringMatcher(stops), ""
+        for _ in range(12):
+            if rng.random() < 0.15:
+                text = text[: rng.randint(0, len(text))]
+            text += "".join(rng.choice("abc") for _ in range(rng.randint(0, 3)))
+            assert m.safe_len(text) == held_back_by_definition(stops, text), (stops, text)
 
 def test_a_stop_ending_before_the_new_text_is_not_found_again():
     # a short stop was looked for as far back as the longest one: "\n" ending before the new
@@ -191,3 +215,17 @@ def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
     calls, decode = [], tok.decode
     tok.decode = lambda ids, **kw: calls.append(ids) or decode(ids, **kw)
     assert _decoder(tok, True)(ids) == decode(ids, skip_special_tokens=True) and calls == [ids]
+
+
+def test_stops_beyond_the_bounds_are_refused_with_their_count_not_their_text():
+    from lmnb_engine import SamplingParams
+    from lmnb_engine.params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+    SamplingParams(stop=["x"] * MAX_STOP_STRINGS).validate()
+    SamplingParams(stop=["x" * MAX_STOP_CHARS]).validate()
+    with pytest.raises(ValueError, match=rf"{MAX_STOP_STRINGS + 1} strings of {MAX_STOP_STRINGS + 1} characters in all, "
+                                         rf"above the limit of {MAX_STOP_STRINGS} strings") as e:
+        SamplingParams(stop=["x"] * (MAX_STOP_STRINGS + 1)).validate()
+    assert len(str(e.value)) < 400
+    with pytest.raises(ValueError, match=rf"1 string of {MAX_STOP_CHARS + 1} characters"):
+        SamplingParams(stop="y" * (MAX_STOP_CHARS + 1)).validate()
