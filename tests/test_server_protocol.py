@@ -206,6 +206,15 @@ def _post(url, path, body, **kw):
         # and a string as its number ("2" was read as 2 here, refused by /generate and OpenAI)
         ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": "2"}, 400,
          "max_tokens must be a number, not the string '2'"),
+        # and anything but true or false as a flag: pydantic read "on", "yes" and 1 as true, so these streamed
+        # with logprobs and echoed the prompt (found by a review helper); /generate refused them already
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "stream": "on"},
+         400, 'stream must be true or false, not "on"'),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "logprobs": "yes"},
+         400, 'logprobs must be true or false, not "yes"'),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "echo": 1}, 400, "echo must be true or false, not 1"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "stream": True, "stream_options": {"include_usage": "yes"}},
+         400, "stream_options.include_usage: Input should be a valid boolean"),
         # the chat API's field is top_logprobs; the error named logprobs ("top logprobs must be in [0, 20]")
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "logprobs": True,
                                   "top_logprobs": 21}, 400, "top_logprobs=21 is out of range: give 0 to 20"),

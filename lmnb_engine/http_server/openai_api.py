@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_a
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
@@ -40,8 +40,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     """``stream_options`` of an OpenAI request."""
-    include_usage: Optional[bool] = False
-    continuous_usage_stats: Optional[bool] = False  # vLLM's and SGLang's; only false (the default) is served
+    include_usage: Optional[StrictBool] = False
+    continuous_usage_stats: Optional[StrictBool] = False  # vLLM's and SGLang's; only false (the default) is served
 
 
 class JsonSchemaSpec(BaseModel):
@@ -51,7 +51,7 @@ class JsonSchemaSpec(BaseModel):
     name: Optional[str] = None
     description: Optional[str] = None
     schema_: Optional[dict] = Field(default=None, alias="schema")
-    strict: Optional[bool] = None
+    strict: Optional[StrictBool] = None
 
 
 class ResponseFormat(_Strict):
@@ -66,7 +66,7 @@ class _SamplingRequest(_Strict):
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     n: int = 1
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
     presence_penalty: float = 0.0
@@ -80,10 +80,10 @@ class _SamplingRequest(_Strict):
     min_p: float = 0.0
     min_tokens: int = 0
     repetition_penalty: float = 1.0
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     stop_token_ids: Optional[list[StrictInt]] = None
     stop_regex: Optional[Union[str, list[str]]] = None
-    skip_special_tokens: bool = True
+    skip_special_tokens: StrictBool = True
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict]] = None
 
@@ -99,7 +99,7 @@ class _SamplingRequest(_Strict):
 class CompletionRequest(_SamplingRequest):
     """The body of ``POST /v1/completions``."""
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    echo: bool = False
+    echo: StrictBool = False
     logprobs: Optional[int] = None
     best_of: Optional[int] = None
     suffix: Optional[str] = None
@@ -169,11 +169,11 @@ class ChatRequest(_SamplingRequest):
     """The body of ``POST /v1/chat/completions``."""
     messages: list[ChatMessage]
     max_completion_tokens: Optional[int] = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: Optional[int] = None
     tools: Optional[list] = None
     tool_choice: Optional[Any] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[StrictBool] = None
 
 
 def _constraint(req: _SamplingRequest) -> dict:
@@ -390,10 +390,10 @@ def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, promp
                               () if req.echo else prompt_ids).add(head + list(result.logprobs or []))
 
 
-def _is_number(annotation: Any) -> bool:
-    """Whether a field of this type (``int``, ``Optional[float]``...) holds a number."""
+def _holds(annotation: Any, kinds: tuple) -> bool:
+    """Whether a field of this type (``int``, ``Optional[float]``, ``bool``...) holds one of ``kinds``."""
     args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) is Union else [annotation]
-    return len(args) == 1 and args[0] in (int, float)
+    return len(args) == 1 and args[0] in kinds
 
 
 def _validate(model: type, body: Any, path: str) -> Any:
@@ -401,17 +401,22 @@ def _validate(model: type, body: Any, path: str) -> Any:
     fields ``path`` takes (as ``/generate`` does), not with pydantic's "Extra inputs" line. A
     number field given true or false is refused too: pydantic reads them as 1 and 0, so the chat
     API's ``"logprobs": false`` sent to /v1/completions asked for logprobs (``logprobs=0``). So is
-    a string (``"max_tokens": "2"``), which OpenAI's API and /generate refuse."""
+    a string (``"max_tokens": "2"``), which OpenAI's API and /generate refuse, and a flag given
+    anything but true or false (pydantic read ``"stream": "on"`` and ``"echo": 1`` as true); the
+    flags of nested objects are ``StrictBool`` for that."""
     if isinstance(body, dict):
         unknown = sorted(k for k in body if k not in model.model_fields)
         if unknown:
             raise RequestError(f"unknown field {unknown[0]!r}; {path} takes {sorted(model.model_fields)}",
                                param=unknown[0])
         for key, value in body.items():
-            if isinstance(value, (bool, str)) and _is_number(model.model_fields[key].annotation):
+            annotation = model.model_fields[key].annotation
+            if isinstance(value, (bool, str)) and _holds(annotation, (int, float)):
                 shown = str(value).lower() if isinstance(value, bool) else f"the string {value!r}"
                 raise RequestError(f"{key} must be a number, not {shown}; leave it out for the default",
                                    param=key)
+            if value is not None and not isinstance(value, bool) and _holds(annotation, (bool,)):
+                raise RequestError(f"{key} must be true or false, not {json.dumps(value)}", param=key)
     return model.model_validate(body)
 
 
