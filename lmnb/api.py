@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import threading
 from typing import Any, Callable, Optional, Union
 
@@ -38,8 +39,9 @@ _LMNB_RUN_OPTIONS = {"n": 1, "seed": None, "use_thread": True, "state": None}
 
 
 def _check_backend(backend: Any) -> None:
-    """Refuse the non-backends easily given for one (None is "the default"): a server's URL, or a
-    backend class; they failed deep in the run with an AttributeError.
+    """Refuse the non-backends easily given for one (None is "the default"): a server's URL, a
+    backend class, or the runtime's own ``lmnb_engine.Engine``; they failed deep in the run with an
+    AttributeError.
 
     Raises:
         TypeError: naming the backend object to pass instead.
@@ -49,6 +51,10 @@ def _check_backend(backend: Any) -> None:
                         "or SGLang server, lmnb.OpenAI(model, base_url=URL) for an OpenAI-compatible API, or lmnb.Engine()")
     if isinstance(backend, type):
         raise TypeError(f"backend={backend.__name__} is a class; pass an instance of it ({backend.__name__}(...))")
+    runtime = sys.modules.get("lmnb_engine.engine")  # (not imported: no runtime engine can have been made)
+    if runtime is not None and isinstance(backend, runtime.Engine):
+        raise TypeError("backend= is an lmnb_engine.Engine, the inference runtime, not a language backend; wrap it: "
+                        "lmnb.Engine(engine=that_engine)")
 
 
 def set_default_backend(backend) -> None:
@@ -101,6 +107,11 @@ class SglFunction:
         params = list(inspect.signature(func).parameters.values())
         if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
             raise TypeError(f"@function {func.__name__!r} must take the program state as its first parameter (s)")
+        kind = ("an async def" if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func) else
+                "a generator (it yields)" if inspect.isgeneratorfunction(func) else None)
+        if kind:  # (calling it only made a coroutine or generator: the program ran nothing, silently)
+            raise TypeError(f"@function {func.__name__!r} is {kind}; a program body is a plain def with no await or "
+                            "yield (the interpreter runs it on a thread; its gens run concurrently already)")
         if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
             raise ValueError(f"num_api_spec_tokens must be a positive integer, got {num_api_spec_tokens!r}")
         self.func = func
@@ -251,11 +262,16 @@ class SglFunction:
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
         items = []
+        params = list(self.signature.parameters.values())[1:]
+        positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]  # what a tuple's values fill
         for i, item in enumerate(batch_kwargs):
             if isinstance(item, (list, tuple)):
-                if len(item) > len(self.arg_names):
-                    raise TypeError(f"run_batch item {i} has {len(item)} values for arguments {self.arg_names}")
-                item = dict(zip(self.arg_names, item))
+                if len(item) > len(positional):
+                    varargs = [f"*{p.name}" for p in params if p.kind is p.VAR_POSITIONAL]
+                    extra = (f"; a batch item cannot fill {varargs[0]}: pass each item's arguments by name, or call "
+                             "run per item" if varargs else "")
+                    raise TypeError(f"run_batch item {i} has {len(item)} values for arguments {positional}{extra}")
+                item = dict(zip(positional, item))
             if not isinstance(item, dict):
                 raise TypeError(f"run_batch item {i} is a {type(item).__name__}, not a dict or tuple")
             try:

@@ -642,8 +642,21 @@ class StreamExecutor:
 
     # -- abort
 
+    def _finished(self) -> bool:
+        """Whether nothing runs or will run on this state and its branches: its body returned and
+        no primitive is queued or in flight."""
+        with self._cv:
+            done = (self.closed and self.body_thread is None and self.plain_body is None and not self._queue
+                    and not self._draining and not self._inflight)
+            children = list(self._children)
+        return done and all(c._finished() for c in children)
+
     def abort(self) -> None:
-        """Stop this state: in-flight requests are aborted, queued primitives skipped."""
+        """Stop this state: in-flight requests are aborted, queued primitives skipped. A finished
+        state is left as it is, its text readable (an abort of a finished request does nothing
+        in SGLang either)."""
+        if self._finished():
+            return
         aborted = None
         with self._cv:
             if self.error_ is None:
@@ -837,10 +850,14 @@ class StreamExecutor:
             self._validate(expr, text, meta_info)
         if parse is None:
             return text
+        shown = getattr(expr.params.dtype, "__name__", expr.params.dtype)
+        finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
+        if shown in ("int", "float") and finish.get("type") == "length":  # "15" cut to "1" parses, wrongly
+            raise ValueError(f"gen {expr.name!r} with dtype={shown} ran out of tokens after {text!r}, before its "
+                             "value was complete; raise max_tokens")
         try:
             return parse(text)
         except (ValueError, KeyError):
-            shown = getattr(expr.params.dtype, "__name__", expr.params.dtype)
             digits = text.strip().lstrip("+-")
             limit = sys.get_int_max_str_digits()
             if shown == "int" and digits.isdigit() and 0 < limit < len(digits):  # the model did write an int
@@ -849,7 +866,6 @@ class StreamExecutor:
                     f"digits Python's int() reads; raise that limit with sys.set_int_max_str_digits({len(digits)}) "
                     "(0 lifts it), or keep the text with gen(regex=r'[-+]?[0-9]+')"
                 ) from None
-            finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
             if finish.get("type") == "length":
                 raise ValueError(
                     f"gen {expr.name!r} with dtype={shown} ran out of tokens after {text!r}, before its value "

@@ -20,7 +20,8 @@ from lmnb.choices import ChoiceLogprobs
 
 
 class ScriptedBackend(BaseBackend):
-    """Replies ``reply(prompt, params) -> str``; records ``(kind, payload)`` calls in order."""
+    """Replies ``reply(prompt, params) -> str``; records ``(kind, payload)`` calls in order. A
+    reply ends with finish reason "stop", or ``stream_finish`` (default "length") when streamed."""
 
     def __init__(
         self,
@@ -29,8 +30,10 @@ class ScriptedBackend(BaseBackend):
         is_chat_model: bool = False,
         choice_scores: Optional[Callable] = None,
         delay: float = 0.0,
+        stream_finish: str = "length",
     ):
         self.reply = reply or (lambda prompt, params: "ok")
+        self.stream_finish = stream_finish
         self.template = chat_template or get_chat_template("default")
         self.is_chat_model = is_chat_model
         self.choice_scores = choice_scores
@@ -77,7 +80,7 @@ class ScriptedBackend(BaseBackend):
         for i, ch in enumerate(text):
             time.sleep(0.002)
             yield ch, {"id": rid, "completion_tokens": i + 1}
-        yield "", {"id": rid, "completion_tokens": len(text), "finish_reason": {"type": "length"}}
+        yield "", {"id": rid, "completion_tokens": len(text), "finish_reason": {"type": self.stream_finish}}
 
     def score_choices(self, prompt, choices, unconditional, rid):
         self._record("score", (prompt, list(choices), unconditional))

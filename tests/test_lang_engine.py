@@ -267,6 +267,15 @@ def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
         s += "The answer is" + sgl.gen("v", dtype=int, max_tokens=8)
 
     full = number.run(temperature=0, backend=backend)["v"]  # 678117 on this checkpoint
+
+    @sgl.function
+    def first_token(s):
+        s += "The answer is" + sgl.gen("v", dtype=int, max_tokens=1)
+
+    # a number cut by max_tokens is refused though its first digits parse: "678117" cut to "6" was 6
+    assert str(full)[0].isdigit() and len(str(full)) > 1
+    err = str(first_token.run(temperature=0, backend=backend).error())
+    assert f"dtype=int ran out of tokens after {str(full)[0]!r}, before its value was complete" in err
     cut = str(full)[0]  # a stop string that leaves no number: stops apply to constrained output now
     err = number.run(temperature=0, stop=cut, backend=backend).error()
     assert f"dtype=int was cut by the stop string {cut!r} after ''" in str(err)
@@ -696,3 +705,19 @@ def test_an_abort_before_a_select_submits_its_prompt_scores_no_choice(backend, t
     with sgl.observe(events.append):
         st = prog.run(backend=backend)
     assert isinstance(st.error(), sgl.ProgramAborted) and submitted == []
+
+
+def test_the_runtime_engine_given_as_a_backend_is_refused_with_its_wrapper_named(tiny_engine):
+    # it failed deep in the run: "'Engine' object has no attribute 'get_chat_template'" (found by a review helper)
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("a", max_tokens=2)
+
+    want = ("backend= is an lmnb_engine.Engine, the inference runtime, not a language backend; wrap it: "
+            "lmnb.Engine(engine=that_engine)")
+    for call in (lambda: prog.run(backend=tiny_engine), lambda: prog.run_batch([{}], backend=tiny_engine),
+                 lambda: sgl.set_default_backend(tiny_engine)):
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value) == want
+    assert prog.run(temperature=0, backend=sgl.Engine(engine=tiny_engine)).error() is None

@@ -1000,7 +1000,7 @@ def test_dtype_int_above_pythons_digit_limit_says_so_and_parses_once_the_limit_i
 def test_text_iter_of_a_dtype_variable_yields_the_written_text_with_and_without_stream():
     # The value is parsed (42), the text the gen wrote is "42": text_iter yields that text,
     # as a streamed run does token by token (it yielded nothing without stream=True).
-    be = ScriptedBackend(lambda p, params: "42")
+    be = ScriptedBackend(lambda p, params: "42", stream_finish="stop")  # ("length": cut short, refused)
 
     @sgl.function
     def prog(s):
@@ -1564,6 +1564,37 @@ def test_cache_prefills_the_traced_prefix_as_sglang_does():
                                        "<|im_start|>assistant\n")
 
 
+
+def test_async_and_generator_bodies_are_refused_at_the_decorator():
+    # calling one only made a coroutine or a generator: the program ran nothing and text() was ''
+    async def coro(s):
+        s += "x"
+
+    async def agen(s):
+        yield
+
+    def gen(s):
+        yield
+
+    for body, kind in ((coro, "an async def"), (agen, "an async def"), (gen, "a generator")):
+        with pytest.raises(TypeError, match=rf"^@function {body.__name__!r} is {kind}"):
+            sgl.function(body)
+
+
+def test_run_batch_tuples_fill_the_named_arguments_and_never_star_args():
+    # a tuple's values were zipped onto every name, *args's included: "got an unexpected keyword
+    # argument 'args'; its arguments are ['args']" (found by a review helper)
+    be = ScriptedBackend(lambda p, params: "")
+
+    @sgl.function
+    def prog(s, q, *rest):
+        s += q
+
+    assert [st.text() for st in prog.run_batch([("a",), ("b",)], backend=be)] == ["a", "b"]
+    with pytest.raises(TypeError, match=r"^run_batch item 0 has 2 values for arguments \['q'\]; a batch item cannot "
+                                        r"fill \*rest: pass each item's arguments by name, or call run per item$"):
+        prog.run_batch([("a", "b")], backend=be)
+
 def test_run_batch_item_failure_does_not_stop_the_batch():
     be = ScriptedBackend(lambda p, params: "x")
 
@@ -1839,6 +1870,26 @@ def test_abort_stops_inflight_request_and_reads_raise():
         st["a"]
     assert len(be.aborted) == 1
 
+
+
+def test_abort_of_a_finished_state_leaves_its_text_readable():
+    # it made the finished state's text(), messages() and variables raise ProgramAborted, though
+    # nothing ran any more (found by a review helper)
+    be = ScriptedBackend(lambda p, params: "ok")
+
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("a")
+        f = s.fork(2)
+        f += sgl.gen("b")
+        f.join()
+
+    for stream in (False, True):
+        st = prog.run(backend=be, stream=stream)
+        st.sync()
+        st.abort()
+        assert st.text() == "xok" and st["a"] == "ok" and st["b"] == ["ok", "ok"] and st.error() is None
+        assert be.aborted == []
 
 def test_observer_sees_fork_join_and_text_events():
     be = ScriptedBackend(lambda p, params: "z")
