@@ -169,11 +169,15 @@ def run(args) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
         failed, status = "interrupted", 130
     finally:
+        # Saved after the shutdown, which interrupts a cell still running past --timeout and waits
+        # for it to end: nbclient's reader of that cell's output (left running on its event loop,
+        # which the shutdown's wait runs) adds what the cell shows then, its KeyboardInterrupt and
+        # an %%lm view's last state. Saved before, the cell was kept as it was at the timeout.
         try:
-            saved = save(nb, out)
+            _shutdown(km, busy=failed is not None, running=still_running)
         finally:
             try:
-                _shutdown(km, busy=failed is not None, running=still_running)
+                saved = save(nb, out)
             finally:
                 km.cleanup_connection_dir()
                 # nbclient leaves its exit hook registered when the kernel dies at start-up; run at

@@ -125,6 +125,8 @@ def test_a_dead_kernel_or_a_cell_timeout_ends_the_run_and_keeps_the_outputs(tmp_
         assert "cells that raised: 1: cell 2 (KeyboardInterrupt at --timeout)" in captured.out
     done = nbformat.read(out, as_version=4)
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
+    if timeout == 3:  # the interrupt's error is kept: the notebook was saved before the cell ended, without it
+        assert [o.get("ename") for o in done.cells[1].outputs] == ["KeyboardInterrupt"]
 
 
 def test_a_cell_past_the_timeout_may_clean_up_before_the_kernel_is_shut_down(tmp_path, capfd):
