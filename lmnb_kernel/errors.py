@@ -23,7 +23,31 @@ def cell_interrupt(message: str) -> KeyboardInterrupt:
 
 
 def show_cell_error(shell, etype, value, tb, tb_offset=None):
-    """IPython custom exception handler: print ``CellError: message`` on stderr without frames."""
-    stb = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"]
+    """IPython custom exception handler: print ``CellError: message`` on stderr without the
+    magic's frames, after the frames of the code the cell called into, if any (``called_frames``)."""
+    stb = [*called_frames(shell, value), f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}"]
     shell._showtraceback(etype, value, stb)
     return stb
+
+
+def called_frames(shell, error: BaseException) -> list[str]:
+    """IPython's traceback of the frames that the cell's code (a hole, an ``--python`` body, both
+    compiled as ``<%%lm cell N>``) called into when the innermost cause of ``error`` was raised:
+    a helper function defined in another cell, a library. The message names the cell's own line
+    already; [] when the cell's code raised itself (``{1/0}``). Without them a helper's failure
+    showed as one line, though a plain cell calling it shows where in the helper it failed."""
+    inner, seen = error, set()
+    while inner.__cause__ is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        inner = inner.__cause__
+    called, tb = None, inner.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith("<%%lm cell"):
+            called = tb.tb_next
+        tb = tb.tb_next
+    if called is None:
+        return []
+    try:
+        return shell.InteractiveTB.structured_traceback(type(inner), inner, called)
+    except Exception:  # (IPython's formatter on an odd frame: the one-line message still stands)
+        return []

@@ -892,3 +892,19 @@ def test_line_magic_help_also_lists_the_cell_options(ip):
         assert words in out.stdout, (words, out.stdout)
     result, out = run(ip, "%lm load --help")  # a subcommand's help stays its own
     assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout
+
+
+def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_error(ip):
+    # the cell error was one line, so a function defined in another cell and called from a hole or
+    # an --python body failed with no hint of where inside it (found by a review helper)
+    run(ip, "def halve_to_nothing(x):\n    y = x * 2\n    return y / 0\n")
+    for cell, where in (("%%lm --static\nQ: {halve_to_nothing(3)}", "line 2, col 5: {halve_to_nothing(3)} failed"),
+                        ("%%lm --static --python\ns += str(halve_to_nothing(3))", "line 2: ZeroDivisionError")):
+        result, out = run(ip, cell)
+        assert not result.success
+        frames, _, error = out.stdout.rpartition("CellError")
+        assert "in halve_to_nothing(x)" in frames and "----> 3     return y / 0" in frames
+        assert "ZeroDivisionError: division by zero" in frames
+        assert where in error
+    result, out = run(ip, "%%lm --static\nQ: {1/0}")  # the cell's own code raised: its position says it all
+    assert not result.success and "Traceback" not in out.stdout and "{1/0} failed: ZeroDivisionError" in out.stdout
