@@ -71,8 +71,9 @@ def backend(tokenizer):
         (r"(?=ab)a[a-z]", "lookahead"),
         (r"x(?<=x)y", "lookbehind"),
         (r"a(?!b)[a-z]", "negative lookahead"),
-        (r"^abc", "'^' anchor"),
-        (r"abc$", "'$' anchor"),
+        (r"a^bc", "'^' anchor"),  # (at the edges they are dropped: test_anchors_at_the_edges_are_dropped)
+        (r"ab$c", "'$' anchor"),
+        (r"(^a)b", "'^' anchor"),
         (r"a\bb", "word boundary"),
         (r"(a)?(?(1)b|c)", "conditional group"),
         (r"(?>ab)c", "atomic group"),
@@ -82,6 +83,22 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
     with pytest.raises(GrammarError, match=re.escape(feature)):
         backend.to_regex(regex=pattern)
 
+
+
+def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
+    # SGLang programs write regex=r"^\d{3}$": xgrammar drops such anchors; they were refused here
+    from lmnb_engine.constrained.regex_check import without_edge_anchors
+
+    for anchored, bare in ((r"^\d{3}$", r"\d{3}"), (r"^yes$|^no$", "yes|no"), (r"\Aab\Z", "ab"),
+                           (r"(?i)^yes$", "(?i)yes"), (r"[$^]|(a|^b)$", r"[$^]|(a|^b)"), (r"[]|^]x$", "[]|^]x"),
+                           (r"a\$", r"a\$"), (r"a\\$", "a\\\\"), (r"\^a", r"\^a")):
+        assert without_edge_anchors(anchored) == bare, anchored
+    assert backend.to_regex(regex=r"^yes$|^no$") == backend.to_regex(regex="yes|no")
+    # the same whole matches, by Python's re, on every string over the patterns' alphabet up to length 3
+    strings = ["".join(p) for n in range(4) for p in itertools.product("ab$^|", repeat=n)]
+    for anchored in (r"^a$|^b", r"^(a|b)+$", r"\Aa|b\Z", r"^[$^]$", r"^a\$$|\^b", r"^a|(b|a)$"):
+        bare = without_edge_anchors(anchored)
+        assert [x for x in strings if re.fullmatch(anchored, x)] == [x for x in strings if re.fullmatch(bare, x)]
 
 @pytest.mark.parametrize(
     "schema, names",

@@ -3,6 +3,7 @@ Hugging Face computation, streaming is incremental, states continue with their c
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -721,3 +722,13 @@ def test_the_runtime_engine_given_as_a_backend_is_refused_with_its_wrapper_named
             call()
         assert str(e.value) == want
     assert prog.run(temperature=0, backend=sgl.Engine(engine=tiny_engine)).error() is None
+
+
+def test_an_anchored_regex_as_sglang_programs_write_it_constrains_the_whole_output(backend):
+    # regex=r"^\d{3}$" was refused ("uses a '^' anchor"); xgrammar, SGLang's grammar backend, drops edge anchors
+    @sgl.function
+    def prog(s):
+        s += "Code:" + sgl.gen("c", regex=r"^\d{3}$", max_tokens=8) + " or " + sgl.gen("d", regex=r"^yes$|^no$")
+
+    st = prog.run(temperature=0, backend=backend)
+    assert st.error() is None and re.fullmatch(r"\d{3}", st["c"]) and st["d"] in ("yes", "no")

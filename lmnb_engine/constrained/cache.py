@@ -21,7 +21,7 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup
-from lmnb_engine.constrained.regex_check import check_regex
+from lmnb_engine.constrained.regex_check import check_regex, without_edge_anchors
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
@@ -164,6 +164,7 @@ class GrammarBackend:
                 self._regex_of.move_to_end(key)
                 return self._regex_of[key]
         if regex is not None:
+            regex = without_edge_anchors(regex)
             check_regex(regex)
             if regex == "":
                 raise GrammarError("regex is empty; it would only allow an empty output")
