@@ -17,19 +17,23 @@ class FinishReason:
     """Why a request ended.
 
     type: ``"stop"`` (EOS, a stop token id or a stop string; ``matched`` holds it),
-    ``"length"`` (max_new_tokens or the context length was reached), ``"abort"`` (``Engine.abort``,
-    shutdown or an error; ``message`` says which).
+    ``"length"`` (max_new_tokens or the context length was reached; ``length`` holds the output
+    tokens then), ``"abort"`` (``Engine.abort``, shutdown or an error; ``message`` says which).
     """
 
     type: FinishType
     matched: str | int | None = None
     message: str | None = None
+    length: int | None = None
 
     def to_dict(self) -> dict:
-        """SGLang's ``finish_reason`` JSON: ``type``, and ``matched``/``message`` when set."""
+        """SGLang's ``finish_reason`` JSON: ``type``, and ``matched``/``length``/``message`` when set
+        (SGLang's ``FINISH_LENGTH`` says ``{"type": "length", "length": N}``)."""
         d: dict = {"type": self.type}
         if self.matched is not None:
             d["matched"] = self.matched
+        if self.length is not None:
+            d["length"] = self.length
         if self.message is not None:
             d["message"] = self.message
         return d

@@ -686,7 +686,7 @@ class Scheduler:
         for req, n in rows:
             if not req.finished and req.kv_committed_len == req.seq_len and req.params.max_new_tokens == 0:
                 message = req.grammar.incomplete_message() if req.grammar else None  # '' may not match
-                self._finish(req, FinishReason("length", message=message))
+                self._finish(req, FinishReason("length", message=message, length=0))
             if req.finished:
                 continue
             new = id(req) not in running
@@ -762,12 +762,13 @@ class Scheduler:
             elif req.grammar is not None and req.grammar.is_terminated():
                 reason = FinishReason("stop")
         if reason is None and len(req.output_ids) >= p.max_new_tokens:
-            reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None)
+            reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None,
+                                  length=len(req.output_ids))
         if reason is None and req.seq_len >= self.context_len:
             message = f"reached the context length ({self.context_len} tokens)"
             if req.grammar is not None and req.grammar.incomplete_message():
                 message += "; " + req.grammar.incomplete_message()
-            reason = FinishReason("length", message=message)
+            reason = FinishReason("length", message=message, length=len(req.output_ids))
         if reason is not None:
             self._finish(req, reason)
         else:

@@ -170,9 +170,9 @@ def test_stop_token_ids_eos_min_and_max_new_tokens(engine, hf):
     assert r.finish_reason.type == "stop" and r.finish_reason.matched == ref[4]
     assert r.text == engine.tokenizer.decode(ref[:first], skip_special_tokens=True)
     r = engine.generate(p, GREEDY.copy(max_new_tokens=5))
-    assert r.token_ids == ref[:5] and r.finish_reason.type == "length"
+    assert r.token_ids == ref[:5] and r.finish_reason.to_dict() == {"type": "length", "length": 5}  # SGLang's form
     r = engine.generate(p, GREEDY.copy(max_new_tokens=0))
-    assert r.token_ids == [] and r.text == "" and r.finish_reason.type == "length"
+    assert r.token_ids == [] and r.text == "" and r.finish_reason.to_dict() == {"type": "length", "length": 0}
     # min_new_tokens masks the stop token id: generation runs past it
     r = engine.generate(p, GREEDY.copy(stop_token_ids=[ref[0]], min_new_tokens=3, max_new_tokens=6))
     assert r.token_ids[0] != ref[0] and len(r.token_ids) >= 3
