@@ -519,7 +519,8 @@ def test_prompts_states_and_line_breaks_are_the_kernels(monkeypatch):
 
     nb = notebook('q = "x"', "%%lm --state n --temperature 0\n{q}{gen a max_tokens=1}\n", 'k = 1\rw = a + "?"',
                   "%lm reset n", "%%lm --state n --temperature 0\nB{gen b max_tokens=1}\n",
-                  "%%lm --state n --temperature 0\nC{gen c max_tokens=1}", "%%lm --temperature 0\n{w}{gen d max_tokens=1}")
+                  "%%lm --state n --temperature 0\nC{gen c max_tokens=1}", "%%lm --temperature 0\n{w}{gen d max_tokens=1}",
+                  "%lm load", "%%lm --state n --temperature 0\nD{gen e max_tokens=1}")  # load drops states too
     source, p = export_notebook(nb)
     assert p.inputs == ("q",)
     monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl"])
@@ -529,7 +530,7 @@ def test_prompts_states_and_line_breaks_are_the_kernels(monkeypatch):
     monkeypatch.setattr(lmnb.api, "_default_backend", backend)
     ns["run_row"]("x")
     prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
-    assert prompts == ["x", "B", "B!C", "!?"]
+    assert prompts == ["x", "B", "B!C", "!?", "D"]
 
 
 @pytest.mark.parametrize("lines, backend, note", [
@@ -750,3 +751,23 @@ def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
     assert job.run(lambda question: None) == 2
     assert capsys.readouterr().err == (f"lmnb batch: the folder of the output file {blocker / 'out.jsonl'} is a file, "
                                        f"{blocker}, not a folder\n")
+
+
+def test_an_out_state_keeps_its_text_when_a_later_cell_continues_the_named_state(monkeypatch):
+    """The kernel continues a --state on a copy, so `--out st` keeps the state as its cell left it;
+    the job extended the same object, and st.text() read the later cells' text too (found by a
+    review helper)."""
+    from helpers_lang import ScriptedBackend
+
+    import lmnb
+
+    nb = notebook('q = "x"', "%%lm --state a --out st --temperature 0\nQ{q}{gen a max_tokens=1}",
+                  "%%lm --state a --temperature 0\nL{gen b max_tokens=1}", "%%lm --temperature 0\n[{st.text()}]{gen c}")
+    source, _ = export_notebook(nb)
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    monkeypatch.setattr(lmnb.api, "_default_backend", backend)
+    ns["run_row"]("x")
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Qx", "Qx!L", "[Qx!]"]

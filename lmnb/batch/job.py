@@ -47,6 +47,19 @@ def code_fingerprint(func: Callable) -> Optional[str]:
     return hashlib.sha256(ast.unparse(tree).encode("utf-8")).hexdigest()[:16]
 
 
+def continued(state: Any) -> Any:
+    """A new ``ProgramState`` with ``state``'s text, messages and variables, for the next ``%%lm
+    --state`` cell to extend, as the kernel continues a named state on a copy
+    (``StreamExecutor.continuation``): ``state`` itself, which an earlier cell's ``--out`` may have
+    bound, stays as that cell left it, as in the notebook.
+
+    Raises:
+        ProgramError: ``state`` failed (the row stops there, as the notebook stopped)."""
+    from lmnb.interpreter import ProgramState
+
+    return ProgramState(state.stream_executor.continuation())
+
+
 def row_copy(value: Any) -> Any:
     """A row's own copy of a module value that its cells change: a deep copy of built-in
     containers (list, dict, set, bytearray), other values as they are (modules, models, clients
@@ -108,6 +121,12 @@ class Job:
         per_row: False for a notebook without ``%%lm`` cells: no input rows, only the backend and
             parameter options (the script calls ``start`` instead of ``run``).
     """
+
+    # The script's run_row calls these through the job object, whose name the exporter keeps free:
+    # a notebook cell in the row that imports or assigns ``lmnb`` made ``lmnb.batch...`` there an
+    # UnboundLocalError.
+    continued = staticmethod(continued)
+    row_copy = staticmethod(row_copy)
 
     def __init__(self, description: str = "", inputs: Sequence[str] = (), *, model: Optional[str] = None,
                  backend: Optional[str] = None, openai_model: Optional[str] = None,

@@ -35,7 +35,7 @@ class Plan:
     binds: ``%%lm`` cell index → captured variables bound as locals after it runs. strip: moved
     setup cell index → row fields whose literal assignments are commented out there. copied:
     module-level names the row part rebinds or changes in place (each row starts from a copy of
-    the module value: ``lmnb.batch.row_copy``).
+    the module value: ``Job.row_copy``).
     """
 
     cells: list
@@ -243,5 +243,6 @@ def _backend(setup: list, row: list) -> tuple[Backend, list]:
     for c in row:
         if getattr(c, "backends", None):
             notes.append(f"cell {c.index}: %lm load/connect after the first %%lm cell is not followed; "
-                         "the job runs every row on one backend (its --backend / --model)")
+                         "the job runs every row on one backend (its --backend / --model); the named "
+                         "states it drops start afresh in the job too")
     return chosen, notes

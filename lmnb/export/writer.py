@@ -185,7 +185,7 @@ class _Writer:
                f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
         body = [doc]
         for name in p.copied:
-            body.append(f'{name} = lmnb.batch.row_copy(globals()["{name}"])  # changed below: each row starts '
+            body.append(f'{name} = {n.job}.row_copy(globals()["{name}"])  # changed below: each row starts '
                         "from the module value")
         for cell in p.row:
             body.append(self.row_cell(cell))
@@ -208,10 +208,11 @@ class _Writer:
         args = list(self.p.lm_params[cell.index])
         args += [f"{k}={v!r}" for k, v in o.run_kwargs().items()]
         earlier = [c.index for c in self.p.lm_cells if c.index < cell.index and c.options.state == o.state]
-        reset = earlier and any(isinstance(c, Code) and (None in c.resets or o.state in c.resets)
+        # %lm reset forgets the state; so do %lm load and %lm connect (the backend is not followed)
+        reset = earlier and any(isinstance(c, Code) and (None in c.resets or o.state in c.resets or c.backends)
                                 and earlier[-1] < c.index < cell.index for c in self.p.row)
-        if o.state and earlier and not reset:  # the same --state continues, unless %lm reset forgot it
-            args.append(f"state={state}")
+        if o.state and earlier and not reset:  # the same --state continues, unless that forgot it
+            args.append(f"state={n.job}.continued({state})")  # (on a copy: an earlier --out keeps its state)
         lines = [f"# -- cell {cell.index}: %%lm {cell.line}".rstrip(),
                  f"{state} = {n.function(cell)}.run({', '.join(args)})", f"{state}.sync()"]
         for name in self.p.binds[cell.index]:
