@@ -771,3 +771,15 @@ def test_an_out_state_keeps_its_text_when_a_later_cell_continues_the_named_state
     monkeypatch.setattr(lmnb.api, "_default_backend", backend)
     ns["run_row"]("x")
     assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Qx", "Qx!L", "[Qx!]"]
+
+
+def test_computed_gen_names_in_a_python_cell_are_warned_about():
+    # the kernel bound g0 and g1; the job bound neither and every row failed on `print(g0, g1)`
+    # with a NameError, though the export said nothing (found by a review helper)
+    nb = notebook('q = "x"', '%%lm --python\nfor i in range(2):\n    s += q + lmnb.gen(f"g{i}", max_tokens=1)\n'
+                  's += lmnb.gen("h", max_tokens=1)')
+    _, p = export_notebook(nb)
+    assert ("cell 2: gen/select names f'g{i}' are computed, so the job does not bind them as variables (the "
+            "kernel does); name them with string literals, or read them from the cell's --out state") in p.notes
+    assert not any("computed" in n for n in export_notebook(notebook('q = "x"', '%%lm --python\ns += q + '
+                                                                     'lmnb.gen("h", max_tokens=1)'))[1].notes)

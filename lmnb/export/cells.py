@@ -245,7 +245,8 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
             reads = python_program_reads(body)
             return LMCell(index, line, options, python=program, reads=reads,
                           captures=python_program_captures(program.tree),
-                          mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"))
+                          mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"),
+                          notes=computed_capture_notes(index, program.tree))
         template = parse(body, first_line=first_line, filename=filename, indent=indent)
     except TemplateError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
@@ -470,9 +471,9 @@ def python_program_reads(body: str) -> tuple:
     return _in_order(ast.parse(wrapped), read)
 
 
-def python_program_captures(tree: ast.Module) -> tuple:
-    """Variables a ``--python`` body's ``gen``/``select`` calls name with a string literal."""
-    out: list = []
+def _captured_names(tree: ast.Module) -> list:
+    """The name arguments (AST nodes) of a ``--python`` body's ``gen``/``select`` calls."""
+    names = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -481,6 +482,28 @@ def python_program_captures(tree: ast.Module) -> tuple:
         if fname not in _CAPTURING:
             continue
         arg = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
+        if arg is not None:
+            names.append(arg)
+    return names
+
+
+def python_program_captures(tree: ast.Module) -> tuple:
+    """Variables a ``--python`` body's ``gen``/``select`` calls name with a string literal."""
+    out: list = []
+    for arg in _captured_names(tree):
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value not in out:
             out.append(arg.value)
     return tuple(out)
+
+
+def computed_capture_notes(index: int, tree: ast.Module) -> list:
+    """Warnings for the ``gen``/``select`` names a ``--python`` body computes (``f"g{i}"``): the
+    kernel binds whatever name comes out, the job only the literal ones, so a later cell reading
+    such a variable fails there with a NameError."""
+    computed = [ast.unparse(a) for a in _captured_names(tree)
+                if not (isinstance(a, ast.Constant) and isinstance(a.value, str))]
+    if not computed:
+        return []
+    return [f"cell {index}: gen/select names {', '.join(dict.fromkeys(computed))} are computed, so the job does "
+            "not bind them as variables (the kernel does); name them with string literals, or read them from "
+            "the cell's --out state"]
