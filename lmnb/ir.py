@@ -433,6 +433,9 @@ def check_regex(regex: Optional[str]) -> None:
     """
     if regex is None:
         return
+    if isinstance(regex, re.Pattern):
+        raise ValueError(f"regex must be a string, not a compiled Pattern; pass its text, regex={regex.pattern!r} "
+                         "(flags written inline, e.g. '(?i)...')")
     if not isinstance(regex, str):
         raise ValueError(f"regex must be a string, not {type(regex).__name__}")
     try:

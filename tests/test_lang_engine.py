@@ -732,3 +732,19 @@ def test_an_anchored_regex_as_sglang_programs_write_it_constrains_the_whole_outp
 
     st = prog.run(temperature=0, backend=backend)
     assert st.error() is None and re.fullmatch(r"\d{3}", st["c"]) and st["d"] in ("yes", "no")
+
+
+def test_a_select_choice_that_overflows_the_context_is_named_not_the_prompt(backend, hf, tiny_engine):
+    # "prompt of 540 tokens exceeds the model's context length": the prompt fit, the choice did not
+    limit, encode = tiny_engine.context_len, hf[0].encode
+    prompt = next(p for k in range(limit, 0, -1) if len(encode(p := "x " * k)) <= limit - 2)
+    long = "y z " * 20
+
+    @sgl.function
+    def prog(s):
+        s += prompt + sgl.select("c", choices=["a", long])
+
+    err = str(prog.run(backend=backend).error())
+    assert (f"select choice {long[:30]!r}... makes the prompt {len(encode(prompt + long))} tokens "
+            f"({len(encode(prompt))} without it), more than the model's context length of {limit} tokens; shorten "
+            "the prompt or the choice") in err

@@ -1061,6 +1061,10 @@ def test_regex_and_json_schema_reach_the_backend_unchanged():
     assert got[0].regex == r"\d{3}-[a-z]+" and got[0].json_schema is None
     assert got[1].json_schema == schema and got[1].regex is None
     assert got[2].json_schema == '{"type": "integer"}'
+    # a compiled pattern is refused with its text to pass (it said only "not Pattern")
+    with pytest.raises(ValueError, match="^" + re.escape("regex must be a string, not a compiled Pattern; pass its text, "
+                                                          "regex='\\\\d+' (flags written inline")):
+        sgl.gen("d", regex=re.compile(r"\d+"))
 
 
 def test_select_methods_decide_by_hand_computed_scores():

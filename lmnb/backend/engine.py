@@ -415,6 +415,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
             if start >= len(c_ids):
                 raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
             jobs.append((c_ids, start))
+        self._check_choice_lengths(choices, [ids for ids, _ in jobs], len(p_ids))
         if unconditional:
             ctx = eng.encode(UNCONDITIONAL_CONTEXT)
             jobs += [(ctx + ids[start:], len(ctx)) for ids, start in list(jobs)]
@@ -435,6 +436,19 @@ class Engine(AssignableChatTemplate, BaseBackend):
             unc = [lp.logprob for lp in results[k + i].prompt_logprobs] if unconditional else None
             out.append(ChoiceLogprobs(ids[start:], lps, start, r.meta.cached_tokens, unc, prefill))
         return out
+
+    def _check_choice_lengths(self, choices: Sequence[str], ids: list, prompt_len: int) -> None:
+        """Raise ``ValueError`` naming the choice whose prompt + choice tokens do not fit the
+        context or the KV pool: the engine's own message blamed the prompt, which fits alone."""
+        info = self.engine.model_info()
+        for c, c_ids in zip(choices, ids):
+            for what, limit, fix in (("the model's context length", info["context_len"], ""),
+                                     ("the KV pool", info["max_total_tokens"], ", or raise max_total_tokens")):
+                if len(c_ids) > limit:
+                    shown = repr(c) if len(c) <= 40 else repr(c[:30]) + "..."
+                    raise ValueError(f"select choice {shown} makes the prompt {len(c_ids)} tokens ({prompt_len} "
+                                     f"without it), more than {what} of {limit} tokens; shorten the prompt or the "
+                                     f"choice{fix}")
 
     def abort(self, rid: str) -> None:
         """Stop request ``rid`` (a select's: all its requests), best effort, as the other backends
