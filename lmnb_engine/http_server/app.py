@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hmac
 import json
 import logging
 import uuid
@@ -296,7 +297,9 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def check_api_key(request: Request) -> None:
         if api_key and request.url.path != "/health":
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or token != api_key:  # the scheme is case-insensitive (RFC 7235)
+            # the scheme is case-insensitive (RFC 7235); the key is compared in constant time, so the
+            # time a refusal takes says nothing of how much of a guess was right
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), api_key.encode()):
                 raise RequestError("missing or wrong API key (send Authorization: Bearer <key>)", 401)
 
     app = FastAPI(title="lmnb serve", docs_url=None, redoc_url=None, dependencies=[Depends(check_api_key)])
