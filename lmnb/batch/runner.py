@@ -312,9 +312,9 @@ class RowRunner:
         """Print the output file's row counts and this run's rows, speed and tokens to stderr."""
         c, n, t = self.store.counts, self.new, self.tokens
         ran = n[OK] + n[ERROR]
-        lines = [f"lmnb batch: {self.args.output}: {sum(c.values())} rows "
+        lines = [f"lmnb batch: {self.args.output}: {_rows(sum(c.values()))} "
                  f"({c[OK]} ok, {c[ERROR]} failed, {c[BAD_INPUT]} bad input)"]
-        lines.append(f"  this run: {ran} rows ran ({n[OK]} ok, {n[ERROR]} failed), {n[BAD_INPUT]} bad input, "
+        lines.append(f"  this run: {_rows(ran)} ran ({n[OK]} ok, {n[ERROR]} failed), {n[BAD_INPUT]} bad input, "
                      f"{self.skipped} already done" + (f", {self.store.retried} errors retried" if self.store.retried else ""))
         if ran and self.seconds > 0:
             lines.append(f"  {self.seconds:.1f} s: {ran / self.seconds:.2f} rows/s, "
@@ -339,6 +339,10 @@ class RowRunner:
         if self.signals and not self.left and not self.pipe_closed:
             lines.append("  Ctrl-C came, but every row is written: the job is complete")
         print("\n".join(lines), file=sys.stderr)
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
 
 
 class RowOutput:

@@ -181,7 +181,8 @@ class _Writer:
     def run_row(self) -> str:
         n, p = self.names, self.p
         cells = _ranges([c.index for c in p.row if isinstance(c, (Code, LMCell))])
-        doc = (f'"""Notebook cells {cells} for one input row. The job records what the %%lm cells\n'
+        which = "cell" if cells.isdigit() else "cells"
+        doc = (f'"""Notebook {which} {cells} for one input row. The job records what the %%lm cells\n'
                f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
         body = [doc]
         for name in p.copied:
