@@ -263,7 +263,7 @@ class SglFunction:
             raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
         items = []
         params = list(self.signature.parameters.values())[1:]
-        positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]  # what a tuple's values fill
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # a tuple's
         for i, item in enumerate(batch_kwargs):
             if isinstance(item, (list, tuple)):
                 if len(item) > len(positional):

@@ -854,7 +854,7 @@ class StreamExecutor:
         finish = finish_reason_dict(meta_info if isinstance(meta_info, dict) else {})
         if shown in ("int", "float") and finish.get("type") == "length":  # "15" cut to "1" parses, wrongly
             raise ValueError(f"gen {expr.name!r} with dtype={shown} ran out of tokens after {text!r}, before its "
-                             "value was complete; raise max_tokens")
+                             "value was known to be complete; raise max_tokens")
         try:
             return parse(text)
         except (ValueError, KeyError):

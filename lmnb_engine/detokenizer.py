@@ -13,7 +13,6 @@ turn into a stop string is held back from the stream, so a matched stop string i
 from __future__ import annotations
 
 import collections
-import time
 from typing import Any, Callable, Sequence
 
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
@@ -97,11 +96,12 @@ class IncrementalDetokenizer:
         self.text = self.text[:text_len]
 
 
-# The time a sample's stop regex searches may take in all, in seconds. One search over an output's
-# tail takes microseconds; a pattern that backtracks catastrophically ("(x|x)+y" on many x's)
-# takes seconds and doubles with each character, on the scheduler's thread, where it stalls every
-# request: past this budget the search is given up and the request aborted.
-REGEX_BUDGET_S = 0.5
+# How long one search of a stop regex may take, in seconds. A search over an output's tail takes
+# microseconds, well under a millisecond for a linear pattern over tens of thousands of characters;
+# one that backtracks catastrophically ("(x|x)+y" on many x's) takes seconds, doubling with each
+# character, on the scheduler's thread, where it stalls every request. Past this the search is given
+# up and the request aborted: it stalls the others about twice this, once.
+REGEX_TIMEOUT_S = 0.05
 
 
 class _StopPrefixes:
@@ -109,7 +109,8 @@ class _StopPrefixes:
     CACM 1975), used for its state only: after reading a text, the state's depth is the length of
     the text's longest suffix that is a prefix of some stop. Read incrementally, that costs O(1)
     amortized per new character whatever the number and length of the stops (testing each suffix
-    against each stop cost their product on every token)."""
+    against each stop cost their product on every token), plus one comparison of the text with the
+    last one read."""
 
     def __init__(self, stops: Sequence[str]) -> None:
         self._goto: list[dict[str, int]] = [{}]
@@ -150,6 +151,25 @@ class _StopPrefixes:
         return self._depth[state]
 
 
+class StopRegexes:
+    """The compiled stop regexes of one request, shared by its ``n`` samples: a search of one that
+    runs past ``REGEX_TIMEOUT_S`` sets ``problem`` for all of them, so the other samples are
+    aborted without searching again (one stall per request, not one per sample).
+
+    Args:
+        patterns: ``SamplingParams.stop_regex`` as a list (checked there).
+    """
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        if patterns:
+            import regex  # its partial matching says where a match may yet begin
+
+            self.compiled = [regex.compile(p) for p in patterns]
+        else:
+            self.compiled = []
+        self.problem: str | None = None
+
+
 class StopStringMatcher:
     """Finds the first stop string or stop regex match in generated text and says how much text
     is safe to stream.
@@ -157,39 +177,36 @@ class StopStringMatcher:
     Args:
         stops: the stop strings (empty strings are ignored).
         regexes: stop regular expressions (``SamplingParams.stop_regex``, checked there: none
-            matches the empty string).
+            matches the empty string), or the request's ``StopRegexes``, shared by its samples.
 
-    Stop regex searches that use up ``REGEX_BUDGET_S`` between them are given up, and ``problem``
-    says so: the scheduler then aborts the request with that message.
+    A stop regex search that runs past ``REGEX_TIMEOUT_S`` is given up, and ``problem`` says so
+    (for every sample of the request): the scheduler then aborts the request with that message.
     """
 
-    def __init__(self, stops: Sequence[str], regexes: Sequence[str] = ()) -> None:
+    def __init__(self, stops: Sequence[str], regexes: Sequence[str] | StopRegexes = ()) -> None:
         self.stops = [s for s in stops if s]
         self._longest = max((len(s) for s in self.stops), default=0)
         self._prefixes = _StopPrefixes(self.stops) if self.stops else None
-        if regexes:
-            import regex  # its partial matching says where a match may yet begin
-
-            self._regexes = [regex.compile(p) for p in regexes]
-        else:
-            self._regexes = []
+        self._shared = regexes if isinstance(regexes, StopRegexes) else StopRegexes(regexes)
+        self._regexes = self._shared.compiled
         # safe_len's last text and, per regex, the position before which no match can begin in
         # any text extending it: the searches start there, not over the whole output each token
         self._seen = ""
         self._floors = [0] * len(self._regexes)
-        self.problem: str | None = None
-        self._regex_s = 0.0  # time spent in stop regex searches so far
 
-    def _budget(self) -> float:
-        return max(REGEX_BUDGET_S - self._regex_s, 1e-6)
+    @property
+    def problem(self) -> str | None:
+        """Why the stop regexes were given up (a search ran too long), or None."""
+        return self._shared.problem
 
     def _floor(self, i: int, text: str) -> int:
         return self._floors[i] if text.startswith(self._seen) else 0
 
     def _timed_out(self, rx: Any, text: str) -> None:
-        self.problem = (f"stop_regex {rx.pattern!r} took over {REGEX_BUDGET_S:g} s to search {len(text)} characters "
-                        "of output (catastrophic backtracking, as in a repeat of overlapping alternatives like "
-                        "'(x|x)+'); rewrite it so each character can be matched one way only")
+        self._shared.problem = (
+            f"stop_regex {rx.pattern!r} took over {REGEX_TIMEOUT_S:g} s to search {len(text)} characters of output "
+            "(catastrophic backtracking, as in a repeat of overlapping alternatives like '(x|x)+'); rewrite it so "
+            "each character can be matched one way only")
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
         """Earliest stop in ``text`` that ends after ``new_from`` (the length of the text already
@@ -200,18 +217,15 @@ class StopStringMatcher:
             i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
-        for i, rx in enumerate(self._regexes):  # (a match ending in checked text is new when its lookahead,
-            # which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
-            began = time.perf_counter()
+        for i, rx in enumerate(self._regexes if self.problem is None else ()):  # (a match ending in checked
+            # text is new when its lookahead, which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
             try:
-                m = next((m for m in rx.finditer(text, self._floor(i, text), timeout=self._budget())
-                          if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=self._budget()) is None),
+                m = next((m for m in rx.finditer(text, self._floor(i, text), timeout=REGEX_TIMEOUT_S)
+                          if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None),
                          None)
             except TimeoutError:
                 self._timed_out(rx, text)
                 return best
-            finally:
-                self._regex_s += time.perf_counter() - began
             if m is not None and (best is None or m.start() < best[0]):
                 best = (m.start(), m.group())
         return best
@@ -222,12 +236,13 @@ class StopStringMatcher:
         may still match once more text comes."""
         # (a whole stop at the end was found already, unless it lies in the first min_new_tokens)
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
+        if self.problem is not None:  # (no more searches: show nothing past where a match may begin)
+            return min(safe, *(self._floor(i, text) for i in range(len(self._regexes))))
         floors = []
         for i, rx in enumerate(self._regexes):
             pos = self._floor(i, text)
-            began = time.perf_counter()
             try:
-                while (m := rx.search(text, pos, partial=True, timeout=self._budget())) is not None:
+                while (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
                     if m.partial:  # a match may begin here
                         safe = min(safe, m.start())
                         pos = m.start()
@@ -238,8 +253,6 @@ class StopStringMatcher:
             except TimeoutError:
                 self._timed_out(rx, text)
                 return min(safe, pos)
-            finally:
-                self._regex_s += time.perf_counter() - began
             floors.append(pos)
         if self._regexes:
             self._seen, self._floors = text, floors

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, is_multimodal_prompt
 from lmnb_engine.outputs import GenerateResult, StreamEvent
@@ -611,8 +612,10 @@ class Engine:
         if grammar is not None:  # EOS only where the text matches (lmnb_engine.constrained)
             params = params.copy(ignore_eos=False)
         mm_key, mm_inputs = getattr(ids, "input_key", None), getattr(ids, "mm_inputs", None)  # [issue 10]
+        stop_regexes = StopRegexes(params.stop_regexes)  # one per request: a search gone wrong stops every sample
         reqs = [
-            Req(rid, i, ids, params, self.tokenizer, handle._put, seeds[i], input_key=mm_key, mm_inputs=mm_inputs)
+            Req(rid, i, ids, params, self.tokenizer, handle._put, seeds[i], input_key=mm_key, mm_inputs=mm_inputs,
+                stop_regexes=stop_regexes)
             for i in range(params.n)
         ]
         if grammar is not None:

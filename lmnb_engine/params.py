@@ -49,9 +49,9 @@ class SamplingParams:
             ``stop_regex``; the finish reason's ``matched`` is the matched text). A match counts
             as soon as the text so far holds it, as in SGLang's check: ``foo\\b`` or ``\\.$`` at
             the text's current end stops it, whatever would follow. Streaming holds back text
-            that could still become the start of a match. A sample's searches may take
-            ``detokenizer.REGEX_BUDGET_S`` seconds in all; one that backtracks catastrophically
-            uses that up, and its request is aborted with a message naming the pattern.
+            that could still become the start of a match. A search may take
+            ``detokenizer.REGEX_TIMEOUT_S`` seconds; one that backtracks catastrophically runs
+            past that, and its request is aborted with a message naming the pattern.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.

@@ -20,7 +20,7 @@ from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
 
 import torch
 
-from lmnb_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from lmnb_engine.detokenizer import IncrementalDetokenizer, StopRegexes, StopStringMatcher
 from lmnb_engine.outputs import FinishReason, TokenLogprob
 from lmnb_engine.params import SamplingParams
 
@@ -96,6 +96,8 @@ class Req:
         seed: seed of this request's sampling draws (``sample_draw``).
         mm_inputs: [issue 10] the images of a multimodal prompt
             (``lmnb_engine.multimodal.MultimodalInputs``), handed to the model with each forward.
+        stop_regexes: the request's compiled ``stop_regex`` (``StopRegexes``), shared by its samples;
+            default: compiled from ``params`` for this sample alone.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class Req:
         seed: int,
         input_key: Optional[Sequence[Hashable]] = None,
         mm_inputs: Optional[Any] = None,
+        stop_regexes: Optional[StopRegexes] = None,
     ) -> None:
         self.rid = rid
         self.index = index
@@ -136,7 +139,7 @@ class Req:
 
         # output state
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.origin_input_ids, params.skip_special_tokens)
-        self.stop_matcher = StopStringMatcher(params.stop_strings, params.stop_regexes)
+        self.stop_matcher = StopStringMatcher(params.stop_strings, stop_regexes or params.stop_regexes)
         self.sent_text_len = 0  # characters of detokenizer.text already streamed
         self.sent_token_len = 0  # output ids already streamed
         self.final_text: Optional[str] = None

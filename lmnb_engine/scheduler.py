@@ -754,11 +754,11 @@ class Scheduler:
             hit = None
             if len(req.output_ids) >= p.min_new_tokens:
                 hit = req.stop_matcher.find(req.detokenizer.text, checked)
-            if req.stop_matcher.problem:  # a stop regex search ran too long (this token's, or the last stream's)
-                reason = FinishReason("abort", message=req.stop_matcher.problem)
-            elif hit is not None:  # before the grammar's end: the stop text is never output
+            if hit is not None:  # before the grammar's end: the stop text is never output
                 req.final_text = req.detokenizer.text[: max(hit[0], req.sent_text_len)]
                 reason = FinishReason("stop", matched=hit[1])
+            elif req.stop_matcher.problem:  # a stop regex search ran too long (this sample's or another's)
+                reason = FinishReason("abort", message=req.stop_matcher.problem)
             elif req.grammar is not None and req.grammar.is_terminated():
                 reason = FinishReason("stop")
         if reason is None and len(req.output_ids) >= p.max_new_tokens:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import traceback
+
 
 class CellError(Exception):
     """What went wrong in the cell and how to fix it; IPython shows only ``CellError: message``.
@@ -30,24 +33,36 @@ def show_cell_error(shell, etype, value, tb, tb_offset=None):
     return stb
 
 
+_OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package, "")
+              for package in ("lmnb", "lmnb_kernel", "lmnb_engine"))
+
+
+def _is_ours(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_OURS)
+
+
 def called_frames(shell, error: BaseException) -> list[str]:
     """IPython's traceback of the frames that the cell's code (a hole, an ``--python`` body, both
-    compiled as ``<%%lm cell N>``) called into when the innermost cause of ``error`` was raised:
-    a helper function defined in another cell, a library. The message names the cell's own line
+    compiled as ``<%%lm cell N>``) called into when the failure was raised: a helper function
+    defined in another cell, a library. It is that of the innermost exception in ``error``'s
+    ``__cause__`` chain raised through the cell's code (a helper's own ``raise ... from e`` is
+    shown with its cause, as IPython shows chains). The message names the cell's own line
     already; [] when the cell's code raised itself (``{1/0}``). Without them a helper's failure
     showed as one line, though a plain cell calling it shows where in the helper it failed."""
-    inner, seen = error, set()
-    while inner.__cause__ is not None and id(inner) not in seen:
-        seen.add(id(inner))
-        inner = inner.__cause__
-    called, tb = None, inner.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith("<%%lm cell"):
-            called = tb.tb_next
-        tb = tb.tb_next
-    if called is None:
-        return []
+    called, exc, seen = None, error, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb, after = exc.__traceback__, None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.startswith("<%%lm cell"):
+                after = (exc, tb.tb_next)
+            tb = tb.tb_next
+        called = after or called
+        exc = exc.__cause__
+    if called is None or called[1] is None or all(_is_ours(f.filename) for f in traceback.extract_tb(called[1])):
+        return []  # (lmnb's own check of a gen's arguments: the message says it all)
+    inner, frames = called
     try:
-        return shell.InteractiveTB.structured_traceback(type(inner), inner, called)
+        return shell.InteractiveTB.structured_traceback(type(inner), inner, frames)
     except Exception:  # (IPython's formatter on an odd frame: the one-line message still stands)
         return []

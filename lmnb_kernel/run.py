@@ -169,20 +169,27 @@ def run(args) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
         failed, status = "interrupted", 130
     finally:
-        # Saved after the shutdown, which interrupts a cell still running past --timeout and waits
-        # for it to end: nbclient's reader of that cell's output (left running on its event loop,
-        # which the shutdown's wait runs) adds what the cell shows then, its KeyboardInterrupt and
-        # an %%lm view's last state. Saved before, the cell was kept as it was at the timeout.
+        # Saved before the shutdown (which may take seconds), and for a cell still running past
+        # --timeout again after it: the shutdown interrupts that cell and waits for it to end, while
+        # nbclient's reader of its output (left running on its event loop, which the wait runs)
+        # adds what it shows then, its KeyboardInterrupt and an %%lm view's last state. (To stdout
+        # it is written once, after the shutdown.)
+        saved = None
         try:
-            _shutdown(km, busy=failed is not None, running=still_running)
+            if not to_stdout:
+                saved = save(nb, out)
         finally:
             try:
-                saved = save(nb, out)
+                _shutdown(km, busy=failed is not None, running=still_running)
             finally:
-                km.cleanup_connection_dir()
-                # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
-                # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
-                atexit.unregister(client._cleanup_kernel)
+                try:
+                    if to_stdout or (still_running and saved == out):
+                        saved = save(nb, out)
+                finally:
+                    km.cleanup_connection_dir()
+                    # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
+                    # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
+                    atexit.unregister(client._cleanup_kernel)
     where = "stdout" if to_stdout and saved == out else saved
     print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out, errors),
           file=sys.stderr if to_stdout else sys.stdout)

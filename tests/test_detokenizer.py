@@ -229,3 +229,16 @@ def test_stops_beyond_the_bounds_are_refused_with_their_count_not_their_text():
     assert len(str(e.value)) < 400
     with pytest.raises(ValueError, match=rf"1 string of {MAX_STOP_CHARS + 1} characters"):
         SamplingParams(stop="y" * (MAX_STOP_CHARS + 1)).validate()
+
+
+def test_a_linear_stop_regex_over_a_long_output_is_never_given_up():
+    # a per-sample budget summed the searches: '\\{[^{}]*\\}\\s*\\n\\nDONE', searched again from the open
+    # brace on every token, was aborted as "catastrophic backtracking" after 3400 tokens (found by a
+    # review helper); each search is timed alone now
+    m, text = StopStringMatcher([], [r"\{[^{}]*\}\s*\n\nDONE"]), "{"
+    for _ in range(5000):
+        checked = len(text)
+        text += "word "
+        assert m.find(text, checked) is None and m.safe_len(text) == 0
+    assert m.problem is None
+    assert m.find(text + "}\n\nDONE", len(text)) == (0, text + "}\n\nDONE")

@@ -781,5 +781,5 @@ def test_computed_gen_names_in_a_python_cell_are_warned_about():
     _, p = export_notebook(nb)
     assert ("cell 2: gen/select names f'g{i}' are computed, so the job does not bind them as variables (the "
             "kernel does); name them with string literals, or read them from the cell's --out state") in p.notes
-    assert not any("computed" in n for n in export_notebook(notebook('q = "x"', '%%lm --python\ns += q + '
-                                                                     'lmnb.gen("h", max_tokens=1)'))[1].notes)
+    for body in ('lmnb.gen("h", max_tokens=1)', "lmnb.gen(None, max_tokens=1)", "lmnb.gen(name=None)"):
+        assert not any("computed" in n for n in export_notebook(notebook('q = "x"', f"%%lm --python\ns += q + {body}"))[1].notes)

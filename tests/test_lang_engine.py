@@ -276,7 +276,7 @@ def test_dtype_cut_by_max_tokens_says_so_and_bad_stops_are_named(backend):
     # a number cut by max_tokens is refused though its first digits parse: "678117" cut to "6" was 6
     assert str(full)[0].isdigit() and len(str(full)) > 1
     err = str(first_token.run(temperature=0, backend=backend).error())
-    assert f"dtype=int ran out of tokens after {str(full)[0]!r}, before its value was complete" in err
+    assert f"dtype=int ran out of tokens after {str(full)[0]!r}, before its value was known to be complete" in err
     cut = str(full)[0]  # a stop string that leaves no number: stops apply to constrained output now
     err = number.run(temperature=0, stop=cut, backend=backend).error()
     assert f"dtype=int was cut by the stop string {cut!r} after ''" in str(err)

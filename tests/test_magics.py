@@ -908,3 +908,18 @@ def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_
         assert where in error
     result, out = run(ip, "%%lm --static\nQ: {1/0}")  # the cell's own code raised: its position says it all
     assert not result.success and "Traceback" not in out.stdout and "{1/0} failed: ZeroDivisionError" in out.stdout
+    # and lmnb's own check of a gen's arguments (its frames are lmnb's): the message says it all
+    result, out = run(ip, "%%lm --static --python\ns += lmnb.gen('x', regex='(')")
+    assert not result.success and "Traceback" not in out.stdout and "is not a valid regular expression" in out.stdout
+
+
+def test_a_helper_that_wraps_its_error_shows_its_frames_and_the_cause(ip):
+    # the innermost cause (int's ValueError) was never raised through the cell's code, so nothing
+    # was shown (found by a review helper)
+    run(ip, "def parse_or_explain(x):\n    try:\n        return int(x)\n    except ValueError as e:\n"
+            "        raise RuntimeError('not a number') from e\n")
+    result, out = run(ip, "%%lm --static\nQ: {parse_or_explain('x')}")
+    frames, _, error = out.stdout.rpartition("CellError")
+    assert not result.success and "{parse_or_explain('x')} failed: RuntimeError: not a number" in error
+    assert "ValueError: invalid literal for int()" in frames and "in parse_or_explain(x)" in frames
+    assert "----> 5     raise RuntimeError('not a number') from e" in frames

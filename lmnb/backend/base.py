@@ -42,7 +42,7 @@ class Completion:
     """One generated sample: its text and SGLang-style ``meta_info``.
 
     meta_info keys: ``id``, ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
-    ``finish_reason`` (``{"type": "stop"|"length"|"abort", "matched"?, "message"?}``) and, when
+    ``finish_reason`` (``{"type": "stop"|"length"|"abort", "matched"?, "length"?, "message"?}``) and, when
     asked, ``output_token_logprobs`` (``[[logprob, token_id, text_or_None], ...]``),
     ``output_top_logprobs`` and ``input_token_logprobs`` in the same form.
     """

@@ -500,8 +500,8 @@ def computed_capture_notes(index: int, tree: ast.Module) -> list:
     """Warnings for the ``gen``/``select`` names a ``--python`` body computes (``f"g{i}"``): the
     kernel binds whatever name comes out, the job only the literal ones, so a later cell reading
     such a variable fails there with a NameError."""
-    computed = [ast.unparse(a) for a in _captured_names(tree)
-                if not (isinstance(a, ast.Constant) and isinstance(a.value, str))]
+    computed = [ast.unparse(a) for a in _captured_names(tree)  # (gen(None, ...) names no variable)
+                if not isinstance(a, (ast.Constant, ast.Starred))]
     if not computed:
         return []
     return [f"cell {index}: gen/select names {', '.join(dict.fromkeys(computed))} are computed, so the job does "

@@ -137,7 +137,7 @@ def without_edge_anchors(pattern: str) -> str:
     Constrained output must match the whole pattern, so there they always hold; xgrammar, SGLang's
     default grammar backend, drops them too, and so do JSON Schema patterns here
     (``json_string``). Other anchors are left for ``check_regex`` to refuse by name."""
-    flags = re.match(r"\(\?[aiLmsux]+\)", pattern)  # global inline flags come first: (?i)^yes$
+    flags = re.match(r"(?:\(\?[aiLmsux]+\))+", pattern)  # global inline flags come first: (?i)^yes$
     head = flags.group() if flags else ""
     return head + "|".join(_trim_anchors(alt) for alt in _top_level_alternatives(pattern[len(head):]))
 
