@@ -509,27 +509,32 @@ def test_globals_named_like_the_generated_code_are_passed_as_arguments(monkeypat
     assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["a?", "b?"]
 
 
-def test_prompts_states_and_line_breaks_are_the_kernels(monkeypatch):
-    """As the kernel runs the notebook: a %%lm cell's final line break is not part of its prompt,
-    `%lm reset NAME` makes the next cell with that --state start a new state, and a lone \\r
-    ends a line (a code cell 'k = 1\\rw = ...' ran at module level, where `a` is undefined)."""
+def row_prompts(nb, monkeypatch, row: str = "x") -> tuple[list, object]:
+    """The prompts the exported job of ``nb`` (one row field) sends for ``row``, every gen answered
+    "!", and the export's plan."""
     from helpers_lang import ScriptedBackend
 
     import lmnb
 
-    nb = notebook('q = "x"', "%%lm --state n --temperature 0\n{q}{gen a max_tokens=1}\n", 'k = 1\rw = a + "?"',
-                  "%lm reset n", "%%lm --state n --temperature 0\nB{gen b max_tokens=1}\n",
-                  "%%lm --state n --temperature 0\nC{gen c max_tokens=1}", "%%lm --temperature 0\n{w}{gen d max_tokens=1}",
-                  "%lm load", "%%lm --state n --temperature 0\nD{gen e max_tokens=1}")  # load drops states too
     source, p = export_notebook(nb)
-    assert p.inputs == ("q",)
     monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl"])
     ns = {"__name__": "exported"}
     exec(compile(source, "job.py", "exec"), ns)
     backend = ScriptedBackend(lambda prompt, params: "!")
     monkeypatch.setattr(lmnb.api, "_default_backend", backend)
-    ns["run_row"]("x")
-    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    ns["run_row"](row)
+    return [c[1][0].text for c in backend.calls if c[0] == "generate"], p
+
+def test_prompts_states_and_line_breaks_are_the_kernels(monkeypatch):
+    """As the kernel runs the notebook: a %%lm cell's final line break is not part of its prompt,
+    `%lm reset NAME` makes the next cell with that --state start a new state, and a lone \\r
+    ends a line (a code cell 'k = 1\\rw = ...' ran at module level, where `a` is undefined)."""
+    nb = notebook('q = "x"', "%%lm --state n --temperature 0\n{q}{gen a max_tokens=1}\n", 'k = 1\rw = a + "?"',
+                  "%lm reset n", "%%lm --state n --temperature 0\nB{gen b max_tokens=1}\n",
+                  "%%lm --state n --temperature 0\nC{gen c max_tokens=1}", "%%lm --temperature 0\n{w}{gen d max_tokens=1}",
+                  "%lm load", "%%lm --state n --temperature 0\nD{gen e max_tokens=1}")  # load drops states too
+    prompts, p = row_prompts(nb, monkeypatch)
+    assert p.inputs == ("q",)
     assert prompts == ["x", "B", "B!C", "!?", "D"]
 
 
@@ -757,20 +762,9 @@ def test_an_out_state_keeps_its_text_when_a_later_cell_continues_the_named_state
     """The kernel continues a --state on a copy, so `--out st` keeps the state as its cell left it;
     the job extended the same object, and st.text() read the later cells' text too (found by a
     review helper)."""
-    from helpers_lang import ScriptedBackend
-
-    import lmnb
-
     nb = notebook('q = "x"', "%%lm --state a --out st --temperature 0\nQ{q}{gen a max_tokens=1}",
                   "%%lm --state a --temperature 0\nL{gen b max_tokens=1}", "%%lm --temperature 0\n[{st.text()}]{gen c}")
-    source, _ = export_notebook(nb)
-    monkeypatch.setattr(sys, "argv", ["job.py", "--input", "x.jsonl", "--output", "y.jsonl"])
-    ns = {"__name__": "exported"}
-    exec(compile(source, "job.py", "exec"), ns)
-    backend = ScriptedBackend(lambda prompt, params: "!")
-    monkeypatch.setattr(lmnb.api, "_default_backend", backend)
-    ns["run_row"]("x")
-    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Qx", "Qx!L", "[Qx!]"]
+    assert row_prompts(nb, monkeypatch)[0] == ["Qx", "Qx!L", "[Qx!]"]
 
 
 def test_computed_gen_names_in_a_python_cell_are_warned_about():
