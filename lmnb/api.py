@@ -263,7 +263,11 @@ class SglFunction:
             raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
         items = []
         params = list(self.signature.parameters.values())[1:]
-        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]  # a tuple's
+        only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+        if only:  # (an item reaches the body as keyword arguments, as in SGLang)
+            raise TypeError(f"program {self.__name__!r} has positional-only arguments {only} (before '/'), which "
+                            "run_batch passes by name; drop the '/', or call run per item")
+        positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]  # what a tuple's values fill
         for i, item in enumerate(batch_kwargs):
             if isinstance(item, (list, tuple)):
                 if len(item) > len(positional):

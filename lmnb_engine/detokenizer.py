@@ -153,8 +153,10 @@ class _StopPrefixes:
 
 class StopRegexes:
     """The compiled stop regexes of one request, shared by its ``n`` samples: a search of one that
-    runs past ``REGEX_TIMEOUT_S`` sets ``problem`` for all of them, so the other samples are
-    aborted without searching again (one stall per request, not one per sample).
+    runs past ``REGEX_TIMEOUT_S`` gives that pattern up for all of them (``given_up``) and sets
+    ``problem``, so the other samples are aborted without searching it again (one stall per
+    request, not one per sample); the other patterns are still searched, and a match of one on
+    the same token still ends its sample with "stop".
 
     Args:
         patterns: ``SamplingParams.stop_regex`` as a list (checked there).
@@ -167,6 +169,7 @@ class StopRegexes:
             self.compiled = [regex.compile(p) for p in patterns]
         else:
             self.compiled = []
+        self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
 
@@ -202,7 +205,8 @@ class StopStringMatcher:
     def _floor(self, i: int, text: str) -> int:
         return self._floors[i] if text.startswith(self._seen) else 0
 
-    def _timed_out(self, rx: Any, text: str) -> None:
+    def _timed_out(self, i: int, rx: Any, text: str) -> None:
+        self._shared.given_up.add(i)
         self._shared.problem = (
             f"stop_regex {rx.pattern!r} took over {REGEX_TIMEOUT_S:g} s to search {len(text)} characters of output "
             "(catastrophic backtracking, as in a repeat of overlapping alternatives like '(x|x)+'); rewrite it so "
@@ -217,15 +221,17 @@ class StopStringMatcher:
             i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
-        for i, rx in enumerate(self._regexes if self.problem is None else ()):  # (a match ending in checked
-            # text is new when its lookahead, which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
+        for i, rx in enumerate(self._regexes):  # (a match ending in checked text is new when its lookahead,
+            # which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
+            if i in self._shared.given_up:
+                continue
             try:
                 m = next((m for m in rx.finditer(text, self._floor(i, text), timeout=REGEX_TIMEOUT_S)
                           if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None),
                          None)
             except TimeoutError:
-                self._timed_out(rx, text)
-                return best
+                self._timed_out(i, rx, text)
+                continue
             if m is not None and (best is None or m.start() < best[0]):
                 best = (m.start(), m.group())
         return best
@@ -236,11 +242,13 @@ class StopStringMatcher:
         may still match once more text comes."""
         # (a whole stop at the end was found already, unless it lies in the first min_new_tokens)
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
-        if self.problem is not None:  # (no more searches: show nothing past where a match may begin)
-            return min(safe, *(self._floor(i, text) for i in range(len(self._regexes))))
         floors = []
         for i, rx in enumerate(self._regexes):
             pos = self._floor(i, text)
+            if i in self._shared.given_up:  # (not searched: show nothing past where a match might begin)
+                safe = min(safe, pos)
+                floors.append(pos)
+                continue
             try:
                 while (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
                     if m.partial:  # a match may begin here
@@ -251,8 +259,8 @@ class StopStringMatcher:
                 else:
                     pos = len(text)
             except TimeoutError:
-                self._timed_out(rx, text)
-                return min(safe, pos)
+                self._timed_out(i, rx, text)
+                safe = min(safe, pos)
             floors.append(pos)
         if self._regexes:
             self._seen, self._floors = text, floors

@@ -45,8 +45,9 @@ def called_frames(shell, error: BaseException) -> list[str]:
     """IPython's traceback of the frames that the cell's code (a hole, an ``--python`` body, both
     compiled as ``<%%lm cell N>``) called into when the failure was raised: a helper function
     defined in another cell, a library. It is that of the innermost exception in ``error``'s
-    ``__cause__`` chain raised through the cell's code (a helper's own ``raise ... from e`` is
-    shown with its cause, as IPython shows chains). The message names the cell's own line
+    ``__cause__`` chain raised through the cell's code into frames not all lmnb's own (lmnb's
+    checks of a gen's arguments say all in their message); a helper's ``raise ... from e`` is
+    shown with its cause, as IPython shows chains. The message names the cell's own line
     already; [] when the cell's code raised itself (``{1/0}``). Without them a helper's failure
     showed as one line, though a plain cell calling it shows where in the helper it failed."""
     called, exc, seen = None, error, set()
@@ -55,12 +56,13 @@ def called_frames(shell, error: BaseException) -> list[str]:
         tb, after = exc.__traceback__, None
         while tb is not None:
             if tb.tb_frame.f_code.co_filename.startswith("<%%lm cell"):
-                after = (exc, tb.tb_next)
+                after = tb.tb_next
             tb = tb.tb_next
-        called = after or called
+        if after is not None and not all(_is_ours(f.filename) for f in traceback.extract_tb(after)):
+            called = (exc, after)
         exc = exc.__cause__
-    if called is None or called[1] is None or all(_is_ours(f.filename) for f in traceback.extract_tb(called[1])):
-        return []  # (lmnb's own check of a gen's arguments: the message says it all)
+    if called is None:
+        return []
     inner, frames = called
     try:
         return shell.InteractiveTB.structured_traceback(type(inner), inner, frames)

@@ -183,8 +183,8 @@ def run(args) -> int:
                 _shutdown(km, busy=failed is not None, running=still_running)
             finally:
                 try:
-                    if to_stdout or (still_running and saved == out):
-                        saved = save(nb, out)
+                    if to_stdout or still_running:  # (again where the first save went: a fallback too)
+                        saved = save(nb, out if saved is None else saved)
                 finally:
                     km.cleanup_connection_dir()
                     # nbclient leaves its exit hook registered when the kernel dies at start-up; run at

@@ -242,3 +242,18 @@ def test_a_linear_stop_regex_over_a_long_output_is_never_given_up():
         assert m.find(text, checked) is None and m.safe_len(text) == 0
     assert m.problem is None
     assert m.find(text + "}\n\nDONE", len(text)) == (0, text + "}\n\nDONE")
+
+
+def test_a_regex_given_up_by_one_sample_leaves_the_others_searching_the_rest(monkeypatch):
+    # the first version stopped every regex search of every sample once one timed out: a sibling's
+    # "END" was never found and its sample was aborted with the stop text in it (found by a review helper)
+    from lmnb_engine import detokenizer
+    from lmnb_engine.detokenizer import StopRegexes
+
+    monkeypatch.setattr(detokenizer, "REGEX_TIMEOUT_S", 0.01)
+    shared = StopRegexes(["END", "(x|x)+y"])
+    first, second = StopStringMatcher([], shared), StopStringMatcher([], shared)
+    assert first.find("x" * 40, 39) is None and "'(x|x)+y' took over 0.01 s" in first.problem
+    assert second.problem == first.problem and shared.given_up == {1}
+    assert second.find("abc END", 6) == (4, "END")
+    assert second.safe_len("abc EN") == 0  # the given-up pattern might match anywhere it was not yet searched

@@ -2598,3 +2598,17 @@ def test_a_state_whose_worker_thread_cannot_start_fails_with_that_error(monkeypa
         failed["x"]
     assert str(failed.error()) == message and failed.error().partial_text == "Aok"
     assert prog.run(backend=be, state=st).text() == "AokAok"
+
+
+def test_run_batch_refuses_positional_only_arguments_by_name():
+    # an item reaches the body as keyword arguments: "'a' parameter is positional only, but was
+    # passed as a keyword" came per item, after a change that claimed to fill them (found by a review helper)
+    @sgl.function
+    def prog(s, a, /, b):
+        s += f"{a}-{b}"
+
+    be = ScriptedBackend(lambda p, params: "")
+    assert prog.run(1, 2, backend=be).text() == "1-2"
+    with pytest.raises(TypeError, match=r"^program 'prog' has positional-only arguments \['a'\] \(before '/'\), "
+                                        r"which run_batch passes by name; drop the '/', or call run per item$"):
+        prog.run_batch([(1, 2)], backend=be)

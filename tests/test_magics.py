@@ -911,6 +911,12 @@ def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_
     # and lmnb's own check of a gen's arguments (its frames are lmnb's): the message says it all
     result, out = run(ip, "%%lm --static --python\ns += lmnb.gen('x', regex='(')")
     assert not result.success and "Traceback" not in out.stdout and "is not a valid regular expression" in out.stdout
+    # unless the cell's own handler passed that error to a helper that raised another: its frames show
+    run(ip, "def rewrap(e):\n    raise RuntimeError('my helper rejects it') from e\n")
+    result, out = run(ip, "%%lm --static --python\ntry:\n    s += lmnb.gen('x', regex='(')\nexcept ValueError as e:\n"
+                          "    rewrap(e)")
+    frames = out.stdout.rpartition("CellError")[0]
+    assert not result.success and "in rewrap(e)" in frames and "RuntimeError: my helper rejects it" in frames
 
 
 def test_a_helper_that_wraps_its_error_shows_its_frames_and_the_cause(ip):

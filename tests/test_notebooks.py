@@ -712,16 +712,20 @@ def test_a_markdown_cell_with_a_lone_surrogate_is_saved_as_it_was_read(tmp_path,
     assert "".join(json.loads(capsys.readouterr().out)["cells"][0]["source"]) == "broken \ud83d character"
 
 
-def test_a_notebook_that_cannot_be_saved_at_the_end_is_saved_elsewhere(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("cell, timeout", [("print('ran')", 60),
+                                           ("import time\nprint('ran')\ntry:\n    time.sleep(60)\n"
+                                            "finally:\n    print('cleanup')", 3)])
+def test_a_notebook_that_cannot_be_saved_at_the_end_is_saved_elsewhere(tmp_path, capsys, monkeypatch, cell, timeout):
     """A write that fails only at the end (the disk filled up during the run) was a traceback, and
-    the executed notebook was lost."""
+    the executed notebook was lost. A cell stopped at --timeout gets what it printed as it ended
+    there too (it was written to the output path only, which failed)."""
     import errno
 
     import nbformat as nbf
 
     from lmnb_kernel.run import run
 
-    src = _notebook(tmp_path / "nb.ipynb", "print('ran')")
+    src = _notebook(tmp_path / "nb.ipynb", cell)
     out = tmp_path / "out.ipynb"
     write = nbf.write
 
@@ -731,10 +735,13 @@ def test_a_notebook_that_cannot_be_saved_at_the_end_is_saved_elsewhere(tmp_path,
         return write(nb, fp, *a, **k)
 
     monkeypatch.setattr(nbf, "write", full_disk)
-    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=60, allow_errors=False)
-    assert run(args) == 2  # (EXIT_STATUSES: the output cannot be written)
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=timeout, allow_errors=False)
+    assert run(args) == (2 if timeout == 60 else 1)  # (EXIT_STATUSES: the output cannot be written; --timeout)
     err = capsys.readouterr().err
     fallback = Path(err.split("the executed notebook is saved in ", 1)[1].split(" instead")[0])
     assert f"lmnb run: cannot save {out}: [Errno 28] No space left on device" in err
-    assert nbf.read(fallback, as_version=4).cells[0].outputs[0]["text"] == "ran\n"
+    outputs = nbf.read(fallback, as_version=4).cells[0].outputs
+    assert outputs[0]["text"].startswith("ran\n")
+    if timeout == 3:
+        assert "cleanup" in "".join(o.get("text", "") for o in outputs) and outputs[-1]["ename"] == "KeyboardInterrupt"
     fallback.unlink()
