@@ -97,6 +97,12 @@ def get_server_info(backend=None) -> dict:
     return (backend or get_default_backend()).get_server_info()
 
 
+def _run_options() -> set:
+    """The keyword options of ``SglFunction.run`` that a program argument cannot share a name with
+    (``n``, ``seed``, ``use_thread`` and ``state`` go to a program declaring them)."""
+    return set(inspect.signature(SglFunction.run).parameters) - {"self", "args", "kwargs", *_LMNB_RUN_OPTIONS}
+
+
 class SglFunction:
     """An LM program: a Python function whose first parameter is the program state.
 
@@ -142,6 +148,9 @@ class SglFunction:
                 k for k in kwargs if k not in self.arg_names]
             if unknown and "unexpected keyword" not in str(e):  # (bind names only the first problem it meets)
                 e = f"{e}; unexpected keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+            taken = [n for n in self.arg_names if n in _run_options() and f"'{n}'" in str(e)]
+            if taken:  # (run(stop=...) is the sampling option, so the program's own `stop` never got it)
+                e = f"{e}; {taken[0]!r} is also an option of run(), which takes the value: rename the program's argument"
             raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}") from None
 
     def run(

@@ -2612,3 +2612,18 @@ def test_run_batch_refuses_positional_only_arguments_by_name():
     with pytest.raises(TypeError, match=r"^program 'prog' has positional-only arguments \['a'\] \(before '/'\), "
                                         r"which run_batch passes by name; drop the '/', or call run per item$"):
         prog.run_batch([(1, 2)], backend=be)
+
+
+def test_a_program_argument_named_like_a_run_option_is_told_to_be_renamed():
+    # run(stop="y") is the sampling option, so the program's own `stop` was "missing", though given
+    # (found by a review helper); a run_batch item still reaches it, and n/seed go to the program
+    @sgl.function
+    def prog(s, stop):
+        s += "x" + stop
+
+    be = ScriptedBackend()
+    with pytest.raises(TypeError, match=r"^program 'prog': missing a required argument: 'stop'; 'stop' is also an "
+                                        r"option of run\(\), which takes the value: rename the program's argument; "
+                                        r"its arguments are \['stop'\]$"):
+        prog.run(stop="y", backend=be)
+    assert [st.text() for st in prog.run_batch([{"stop": "y"}], backend=be)] == ["xy"]
