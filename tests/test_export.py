@@ -49,7 +49,10 @@ def test_cell_line_options_are_the_magics_options():
                           ("--qiet", "did you mean: --qiet → --quiet?"),
                           ("--temperature nan", "--temperature: must be a number >= 0"),
                           # it said "did you mean: --python → --python?"
-                          ("-- --python", "unrecognized arguments: -- --python ('--' ends the options; remove it)")]:
+                          ("-- --python", "unrecognized arguments: -- --python ('--' ends the options; remove it)"),
+                          # argparse kept the last silently: this cell sampled
+                          ("--temperature 0 --temperature 1", "--temperature is given twice; give it once"),
+                          ("--state a --out x --state b", "--state is given twice; give it once")]:
         with pytest.raises(CellLineError, match=re.escape(message)):
             parse_cell_line(line)
 

@@ -929,3 +929,11 @@ def test_a_helper_that_wraps_its_error_shows_its_frames_and_the_cause(ip):
     assert not result.success and "{parse_or_explain('x')} failed: RuntimeError: not a number" in error
     assert "ValueError: invalid literal for int()" in frames and "in parse_or_explain(x)" in frames
     assert "----> 5     raise RuntimeError('not a number') from e" in frames
+
+
+def test_a_cell_option_given_twice_is_refused_before_anything_runs(ip):
+    # "%%lm --temperature 0 --temperature 1" sampled at 1, silently (found by a review helper)
+    result, _ = run(ip, "%%lm --static --temperature 0 --temperature 1\nhi{gen never_set max_tokens=1}")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert "--temperature is given twice; give it once" in str(result.error_in_exec)
+    assert "never_set" not in ip.user_ns

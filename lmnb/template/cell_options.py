@@ -55,17 +55,27 @@ def _seed(text: str) -> int:
     return value
 
 
+class _Once(argparse.Action):
+    """Store the option's value, refusing the option a second time: argparse keeps the last one
+    silently, so ``--temperature 0 --temperature 1`` sampled (a gen's options refuse a repeat too)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given twice; give it once")
+        setattr(namespace, self.dest, values)
+
+
 def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``%%lm`` options, with their help texts, to ``parser``; returns ``parser``."""
     parser.add_argument("--python", action="store_true",
                         help="the body is Python: an lmnb program body with the state as `s`")
-    parser.add_argument("--state", metavar="NAME",
+    parser.add_argument("--state", metavar="NAME", action=_Once,
                         help="continue the named program state (created by the first cell that names it); "
                              "its prefix stays in the KV cache")
-    parser.add_argument("--temperature", type=_temperature, help="default temperature of every gen (0 = greedy)")
-    parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", help="default max_tokens of every gen")
-    parser.add_argument("--seed", type=_seed, help="seed for sampling, so a sampled cell can be repeated")
-    parser.add_argument("--out", metavar="VAR", help="also store the program state in kernel variable VAR")
+    parser.add_argument("--temperature", type=_temperature, action=_Once, help="default temperature of every gen (0 = greedy)")
+    parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", action=_Once, help="default max_tokens of every gen")
+    parser.add_argument("--seed", type=_seed, action=_Once, help="seed for sampling, so a sampled cell can be repeated")
+    parser.add_argument("--out", metavar="VAR", action=_Once, help="also store the program state in kernel variable VAR")
     parser.add_argument("--quiet", action="store_true", help="show nothing; still capture variables")
     parser.add_argument("--static", action="store_true",
                         help="no live widget: update the output in place (display_id) while running")
