@@ -256,6 +256,11 @@ def test_chat_logprob_bytes_join_into_the_reply_when_tokens_split_characters(bac
         chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
         text = "".join(c.delta.content or "" for c in chunks)
         content = [t for c in chunks if c.logprobs for t in c.logprobs.content]
+        # each chunk carries the logprobs of the tokens whose text it carries: under jump-forward one
+        # event holds several tokens, and a trailing byte token rode ahead of its character
+        for c in chunks:
+            assert bytes(b for t in (c.logprobs.content if c.logprobs else []) for b in t.bytes) == \
+                (c.delta.content or "").encode()
     else:
         choice = client.chat.completions.create(**kw).choices[0]
         text, content = choice.message.content, choice.logprobs.content
@@ -283,8 +288,10 @@ def test_completion_byte_tokens_are_written_as_their_bytes(backends, engines, st
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
     kw = dict(model="tiny", prompt="hi", max_tokens=12, temperature=0, logprobs=5, extra_body={"regex": "é🙂"})
     if stream:
-        lps = [c.choices[0].logprobs for c in client.completions.create(stream=True, **kw) if c.choices[0].logprobs]
-        tokens = [t for lp in lps for t in lp.tokens]
+        chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw)]
+        tokens = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
+        for c in chunks:  # each chunk with the logprobs of the tokens whose text it carries
+            assert b"".join(_token_bytes(t) for t in (c.logprobs.tokens if c.logprobs else [])) == c.text.encode()
     else:
         tokens = client.completions.create(**kw).choices[0].logprobs.tokens
     assert len(tokens) > 2 and all("\ufffd" not in t for t in tokens)

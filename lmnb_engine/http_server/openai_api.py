@@ -593,6 +593,17 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
     return out
 
 
+def _unfinished_tail(engine: Any, lps: list) -> int:
+    """How many of the last tokens of ``lps`` (``TokenLogprob``s not yet sent, which begin at a
+    character boundary) end inside a character: the streamed text holds it back until it is whole
+    (the detokenizer's U+FFFD rule), so their logprobs must wait too."""
+    ids = [lp.token_id for lp in lps]
+    for whole in range(len(ids), 0, -1):
+        if not engine.decode(ids[:whole]).endswith(_REPLACEMENT):
+            return len(ids) - whole
+    return len(ids)
+
+
 async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kind: str, req: Any,
                   texts: Optional[list] = None, prompt_ids: Optional[list] = None) -> AsyncIterator[str]:
     """SSE chunks of a streamed completion or chat completion (OpenAI's chunk format). Each chunk
@@ -638,6 +649,11 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                 if done:
                     results.append(ev.result)
                 lps = waiting.pop(ev.index, None)
+                if lps and not done:  # one event may hold several tokens (jump-forward), the last ones a
+                    # character's first bytes, whose text comes later: their logprobs wait for it
+                    keep = await ctx.run(_unfinished_tail, engine, lps)
+                    if keep:
+                        waiting[ev.index], lps = lps[-keep:], lps[:-keep]
                 if lps and chat:
                     lp = await ctx.run(_chat_logprobs, engine, lps)
                 elif lps:
