@@ -244,23 +244,19 @@ class StopStringMatcher:
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
         floors = []
         for i, rx in enumerate(self._regexes):
+            # pos ends where a match may yet begin (len(text): nowhere); a pattern given up, or whose
+            # search timed out, stops where the search stood: nothing past it is shown
             pos = self._floor(i, text)
-            if i in self._shared.given_up:  # (not searched: show nothing past where a match might begin)
-                safe = min(safe, pos)
-                floors.append(pos)
-                continue
-            try:
-                while (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
-                    if m.partial:  # a match may begin here
-                        safe = min(safe, m.start())
-                        pos = m.start()
-                        break
-                    pos = max(m.end(), m.start() + 1)  # a whole match in text not checked (min_new_tokens)
-                else:
-                    pos = len(text)
-            except TimeoutError:
-                self._timed_out(i, rx, text)
-                safe = min(safe, pos)
+            if i not in self._shared.given_up:
+                try:
+                    # (a whole match in text not checked, the first min_new_tokens, is passed over)
+                    while ((m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None
+                           and not m.partial):
+                        pos = max(m.end(), m.start() + 1)
+                    pos = len(text) if m is None else m.start()
+                except TimeoutError:
+                    self._timed_out(i, rx, text)
+            safe = min(safe, pos)
             floors.append(pos)
         if self._regexes:
             self._seen, self._floors = text, floors

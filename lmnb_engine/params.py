@@ -152,12 +152,13 @@ class SamplingParams:
         ):
             bad("stop", "must be a string or a list of strings")
         stops = self.stop_strings
-        if len(stops) > MAX_STOP_STRINGS or sum(map(len, stops)) > MAX_STOP_CHARS:  # (not shown whole: it is long)
+        chars = sum(map(len, stops))
+        if len(stops) > MAX_STOP_STRINGS or chars > MAX_STOP_CHARS:  # (not shown whole: it is long)
             raise ValueError(
-                f"SamplingParams.stop is invalid: {len(stops)} string{'s' * (len(stops) != 1)} of {sum(map(len, stops))} "
-                "characters in all, "
-                f"above the limit of {MAX_STOP_STRINGS} strings and {MAX_STOP_CHARS} characters (each is looked for "
-                "in the output on every token); keep the stops that can occur, or write them as one stop_regex")
+                f"SamplingParams.stop is invalid: {len(stops)} string{'s' * (len(stops) != 1)} of {chars} characters "
+                f"in all, above the limit of {MAX_STOP_STRINGS} strings and {MAX_STOP_CHARS} characters (each is "
+                "looked for in the output on every token); keep the stops that can occur, or write them as one "
+                "stop_regex")
         problem = stop_regex_problem(self.stop_regex)
         if problem:
             bad("stop_regex", problem)

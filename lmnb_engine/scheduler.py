@@ -33,7 +33,7 @@ import math
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -686,7 +686,7 @@ class Scheduler:
         for req, n in rows:
             if not req.finished and req.kv_committed_len == req.seq_len and req.params.max_new_tokens == 0:
                 message = req.grammar.incomplete_message() if req.grammar else None  # '' may not match
-                self._finish(req, FinishReason("length", message=message, length=0))
+                self._finish(req, FinishReason("length", message=message))
             if req.finished:
                 continue
             new = id(req) not in running
@@ -763,13 +763,12 @@ class Scheduler:
             elif req.grammar is not None and req.grammar.is_terminated():
                 reason = FinishReason("stop")
         if reason is None and len(req.output_ids) >= p.max_new_tokens:
-            reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None,
-                                  length=len(req.output_ids))
+            reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None)
         if reason is None and req.seq_len >= self.context_len:
             message = f"reached the context length ({self.context_len} tokens)"
             if req.grammar is not None and req.grammar.incomplete_message():
                 message += "; " + req.grammar.incomplete_message()
-            reason = FinishReason("length", message=message, length=len(req.output_ids))
+            reason = FinishReason("length", message=message)
         if reason is not None:
             self._finish(req, reason)
         else:
@@ -846,6 +845,8 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         self._drop_draft(req)
+        if reason.type == "length":  # (SGLang's FINISH_LENGTH says how long the output got)
+            reason = replace(reason, length=len(req.output_ids))
         req.finish_reason = reason
         req.status = ReqStatus.FINISHED
         if req in self.running:

@@ -650,8 +650,9 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                     results.append(ev.result)
                 lps = waiting.pop(ev.index, None)
                 if lps and not done:  # one event may hold several tokens (jump-forward), the last ones a
-                    # character's first bytes, whose text comes later: their logprobs wait for it
-                    keep = await ctx.run(_unfinished_tail, engine, lps)
+                    # character's first bytes, whose text comes later: their logprobs wait for it (a
+                    # decode of the few tokens pending, here: microseconds, less than a worker's hop)
+                    keep = _unfinished_tail(engine, lps)
                     if keep:
                         waiting[ev.index], lps = lps[-keep:], lps[:-keep]
                 if lps and chat:
