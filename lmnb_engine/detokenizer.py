@@ -12,6 +12,7 @@ turn into a stop string is held back from the stream, so a matched stop string i
 
 from __future__ import annotations
 
+import bisect
 import collections
 from typing import Any, Callable, Sequence
 
@@ -85,6 +86,16 @@ class IncrementalDetokenizer:
         self._prefix = self._read = len(self._ids)
         self._history[-1] = (self._prefix, self._read, len(self.text))
         return delta
+
+    def whole_tokens(self, num_chars: int) -> tuple[int, int]:
+        """``(n, length)``: the most leading output tokens whose text all lies in
+        ``text[:num_chars]``, and the length of their text (``<= num_chars``). A token whose bytes
+        end inside a character, or that adds no text of its own (a skipped special token), counts
+        only with the later token that completes the text. A stream cut there sends ids and text
+        in step."""
+        k = bisect.bisect_right(self._history, num_chars, key=lambda h: h[2]) - 1
+        _, read, length = self._history[k]
+        return read - self._n_context, length
 
     def rollback(self, num_kept: int) -> None:
         """Forget output tokens after the first ``num_kept`` (jump-forward / retokenization)."""

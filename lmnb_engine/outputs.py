@@ -92,10 +92,13 @@ class GenerateResult:
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """One streamed step of a request: new text and ids since the previous event.
+    """One streamed step of a request: new text, and the ids whose text it completes.
 
     ``finished`` is True on the last event of the request, which carries ``result``.
-    ``text_delta`` is always valid UTF-8 (bytes of an unfinished character are held back).
+    ``text_delta`` is always valid UTF-8 (bytes of an unfinished character are held back, as is
+    text that may turn into a stop string). Ids and text go in step: an event carries whole
+    tokens, ids (and logprobs) with their text, as OpenAI and vLLM stream logprobs; the last event
+    carries every id left, e.g. a stop token's or those of a stop string's text.
     ``logprobs``: one ``TokenLogprob`` per id in ``token_ids`` when the request asked for
     ``return_logprob`` (NaN for tokens forced by jump-forward, which were not sampled), else None.
     ``prompt_tokens`` / ``cached_tokens``: the request's prompt length and how much of it the radix

@@ -796,15 +796,17 @@ class Scheduler:
             if req.final_text is None:
                 req.detokenizer.flush()
                 req.final_text = req.detokenizer.text
-            visible = req.final_text
+            visible, upto = req.final_text, len(req.output_ids)
         else:
             text = req.detokenizer.text
-            visible = text[: req.stop_matcher.safe_len(text)]
+            # what may begin a stop string is held back, and a token goes out with all its text
+            upto, cut = req.detokenizer.whole_tokens(req.stop_matcher.safe_len(text))
+            visible = text[:cut]
         delta = visible[req.sent_text_len :]
         req.sent_text_len = max(req.sent_text_len, len(visible))
-        ids = req.output_ids[req.sent_token_len :]
-        lps = req.output_logprobs[req.sent_token_len :] if req.params.return_logprob else None
-        req.sent_token_len = len(req.output_ids)
+        ids = req.output_ids[req.sent_token_len : upto]
+        lps = req.output_logprobs[req.sent_token_len : upto] if req.params.return_logprob else None
+        req.sent_token_len = max(req.sent_token_len, upto)
         result = self._result(req) if req.finished else None
         req.emit(StreamEvent(req.rid, delta, ids, req.finished, result, req.index, lps, req.prompt_len,
                              req.cached_tokens or 0))

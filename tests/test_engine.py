@@ -136,6 +136,38 @@ def test_stop_string_across_a_token_boundary(engine, hf):
     assert result.token_ids == ref[: len(result.token_ids)]
 
 
+def _assert_ids_in_step_with_text(engine, events) -> None:
+    """Each event's ids are the tokens whose text the stream has sent: after every event but the
+    last, the ids so far decode to the text so far; the last sends the rest."""
+    ids, text = [], ""
+    for ev in events[:-1]:
+        ids += ev.token_ids
+        text += ev.text_delta
+        assert engine.decode(ids) == text
+        assert len(ev.logprobs) == len(ev.token_ids)
+    assert ids + events[-1].token_ids == events[-1].result.token_ids
+
+
+@pytest.mark.parametrize("held_for", ["stop", "character"])
+def test_stream_events_carry_whole_tokens_with_their_text(engine, hf, held_for):
+    # text that may begin a stop string, or a character's first bytes, is held back from the
+    # stream; the tokens that wrote it went out ahead of it (and their logprobs in OpenAI chunks)
+    p = prompts(engine)[0]
+    if held_for == "stop":
+        full = engine.decode(hf.greedy_ignore_eos(p, 32))
+        # each 2 characters from every third begin a stop string that never comes
+        stops = [full[j : j + 2] + "\x07" for j in range(0, len(full) - 2, 3)]
+        params = GREEDY.copy(stop=stops, ignore_eos=True, return_logprob=True)
+    else:  # the tiny vocabulary spells these in byte tokens, sampled one by one
+        params = GREEDY.copy(regex="(é|🙂)+", max_new_tokens=12, return_logprob=True)
+    events = list(engine.stream(p, params))
+    _assert_ids_in_step_with_text(engine, events)
+    # some tokens were held back: an event carried none, a later one several
+    assert any(not e.token_ids for e in events[:-1]) and any(len(e.token_ids) > 1 for e in events)
+    if held_for == "stop":
+        assert events[-1].result.finish_reason.type == "length" and events[-1].result.text == full
+
+
 def test_stop_regex_ends_at_its_first_match_and_streams_nothing_of_it(engine, hf):
     # SGLang's stop_regex; the match straddles a token boundary, so its first character was
     # streamable text until the next token came

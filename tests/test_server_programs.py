@@ -270,6 +270,22 @@ def test_chat_logprob_bytes_join_into_the_reply_when_tokens_split_characters(bac
     assert all(b"\xef\xbf\xbd" not in bytes(x.bytes) for t in content for x in t.top_logprobs)
 
 
+def test_streamed_logprobs_wait_with_text_held_back_for_a_stop_string(backends):
+    """Text that may begin a stop string is held back; the logprobs of its tokens went out a chunk
+    ahead of it. Each chunk's logprob tokens spell its text."""
+    _, _, url = backends
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    kw = dict(model="tiny", prompt="The river", max_tokens=16, temperature=0, logprobs=0,
+              extra_body={"regex": "[a-z ]+"})  # (whole characters: a random model writes stray bytes)
+    full = client.completions.create(**kw).choices[0].text
+    stops = [full[j : j + 2] + "\x07" for j in range(0, len(full) - 2, 3)][:4]  # never completed (OpenAI: 4)
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, stop=stops, **kw)]
+    assert "".join(c.text for c in chunks) == full and chunks[-1].finish_reason == "length"
+    for c in chunks:
+        assert b"".join(_token_bytes(t) for t in (c.logprobs.tokens if c.logprobs else [])) == c.text.encode()
+    assert len(chunks) < 16  # some of the 16 tokens waited for the next one
+
+
 def _token_bytes(token: str) -> bytes:
     """The bytes an OpenAI logprob token stands for: ``bytes:`` tokens escape the bytes of partial
     characters as ``\\xNN``."""

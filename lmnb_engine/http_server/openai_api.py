@@ -593,22 +593,11 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
     return out
 
 
-def _unfinished_tail(engine: Any, lps: list) -> int:
-    """How many of the last tokens of ``lps`` (``TokenLogprob``s not yet sent, which begin at a
-    character boundary) end inside a character: the streamed text holds it back until it is whole
-    (the detokenizer's U+FFFD rule), so their logprobs must wait too."""
-    ids = [lp.token_id for lp in lps]
-    for whole in range(len(ids), 0, -1):
-        if not engine.decode(ids[:whole]).endswith(_REPLACEMENT):
-            return len(ids) - whole
-    return len(ids)
-
-
 async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kind: str, req: Any,
                   texts: Optional[list] = None, prompt_ids: Optional[list] = None) -> AsyncIterator[str]:
     """SSE chunks of a streamed completion or chat completion (OpenAI's chunk format). Each chunk
-    carries the logprobs of the tokens whose text it carries (a token whose bytes end inside a
-    character waits for the chunk that completes it), as OpenAI and vLLM stream them; with
+    carries the logprobs of the tokens whose text it carries (the engine's events send a token
+    with the last of its text: ``StreamEvent``), as OpenAI and vLLM stream them; with
     ``echo``, a choice's logprobs all come with its last chunk, the prompt's first, as in the
     unstreamed reply (the prompt's are known only at the end). The prompts stream one after
     another; all are aborted if the stream ends early (client gone, an error)."""
@@ -636,25 +625,16 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
             elif req.echo:
                 for i in range(h.n):
                     yield chunk([{"index": base + i, "text": texts[k], "logprobs": None, "finish_reason": None}])
-            waiting: dict[int, list] = {}  # sample -> logprobs of its tokens whose text is not sent yet
             offsets: dict[int, CompletionLogprobs] = {}  # sample -> its completions logprobs so far
             async for ev in ctx.events(h):
                 i = base + ev.index
                 done = ev.finished and ev.result is not None
-                if streamed:
-                    waiting.setdefault(ev.index, []).extend(ev.logprobs or [])
-                if not ev.text_delta and not done:
+                if not ev.text_delta and not done:  # (an event carries no ids before their text)
                     continue
                 lp = None
                 if done:
                     results.append(ev.result)
-                lps = waiting.pop(ev.index, None)
-                if lps and not done:  # one event may hold several tokens (jump-forward), the last ones a
-                    # character's first bytes, whose text comes later: their logprobs wait for it (a
-                    # decode of the few tokens pending, here: microseconds, less than a worker's hop)
-                    keep = _unfinished_tail(engine, lps)
-                    if keep:
-                        waiting[ev.index], lps = lps[-keep:], lps[:-keep]
+                lps = ev.logprobs if streamed else None
                 if lps and chat:
                     lp = await ctx.run(_chat_logprobs, engine, lps)
                 elif lps:
