@@ -8,13 +8,14 @@ All methods are thread-safe; the scheduler state is only touched on its own thre
 
 from __future__ import annotations
 
+import logging
 import numbers
 import random
 import threading
 import uuid
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.detokenizer import StopRegexes
@@ -33,6 +34,7 @@ Prompt = Union[str, Sequence[int], MultimodalPrompt, dict]
 DEFAULT_CHUNKED_PREFILL = {"cpu": 2048, "cuda": 8192}
 _PREVIEW_TOKENS = 24
 _PREVIEW_CHARS = 60
+logger = logging.getLogger(__name__)
 
 
 def _stop(scheduler: Scheduler, tp_group: Any) -> None:
@@ -67,6 +69,7 @@ class RequestHandle:
         self._events: list[StreamEvent] = []
         self._results: dict[int, GenerateResult] = {}
         self._cond = threading.Condition()
+        self._listeners: list[Callable[[StreamEvent], None]] = []
 
     def _put(self, event: StreamEvent) -> None:  # scheduler thread
         with self._cond:
@@ -74,6 +77,22 @@ class RequestHandle:
             if event.finished and event.result is not None:
                 self._results[event.index] = event.result
             self._cond.notify_all()
+            for listener in list(self._listeners):
+                try:
+                    listener(event)
+                except Exception:  # noqa: BLE001 - a consumer gone (its event loop closed) must not stop the engine
+                    logger.exception("a listener of request %s failed; it hears no more events", self.rid)
+                    self._listeners.remove(listener)
+
+    def subscribe(self, listener: Callable[[StreamEvent], None]) -> None:
+        """Call ``listener(event)`` with each ``StreamEvent`` so far, then with each new one as it
+        comes, in order, on the scheduler thread: it must not block (an asyncio consumer hands the
+        event to its loop with ``call_soon_threadsafe``). Waiting so takes no thread, where
+        ``events()`` holds one: a server streams any number of requests on its event loop."""
+        with self._cond:
+            for event in self._events:
+                listener(event)
+            self._listeners.append(listener)
 
     @property
     def done(self) -> bool:

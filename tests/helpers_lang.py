@@ -131,6 +131,10 @@ class RecordingHandle:
     def events(self):
         yield from self._events
 
+    def subscribe(self, listener):
+        for ev in self._events:
+            listener(ev)
+
     def result(self):
         return self._events[-1].result
 

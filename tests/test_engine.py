@@ -136,6 +136,31 @@ def test_stop_string_across_a_token_boundary(engine, hf):
     assert result.token_ids == ref[: len(result.token_ids)]
 
 
+def test_a_listener_hears_past_then_new_events_in_order_and_a_failing_one_is_dropped(caplog):
+    from lmnb_engine.engine import RequestHandle
+    from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent
+
+    h = RequestHandle(None, "r", 1)
+    evs = [StreamEvent("r", c, [i]) for i, c in enumerate("abc")]
+    result = GenerateResult("r", "abc", [0, 1, 2], FinishReason("length"), RequestMeta(1, 0, 3))
+    evs.append(StreamEvent("r", "", [], True, result))
+    heard, failed = [], []
+
+    def failing(ev):
+        failed.append(ev)
+        if len(failed) == 3:
+            raise RuntimeError("its event loop is closed")
+
+    h._put(evs[0])
+    h.subscribe(heard.append)
+    h._put(evs[1])
+    h.subscribe(failing)  # (hears evs[0:2] as it subscribes)
+    for ev in evs[2:]:  # its failure on evs[2] is logged, and it hears no more; the others do
+        h._put(ev)
+    assert heard == evs and failed == evs[:3] and list(h.events()) == evs and h.done
+    assert "hears no more events" in caplog.text
+
+
 def _assert_ids_in_step_with_text(engine, events) -> None:
     """Each event's ids are the tokens whose text the stream has sent: after every event but the
     last, the ids so far decode to the text so far; the last sends the rest."""

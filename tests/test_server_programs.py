@@ -199,6 +199,38 @@ def test_every_streamed_chunk_of_generate_carries_the_prompt_counts_as_sglangs_d
     assert [(c["meta_info"]["prompt_tokens"], c["meta_info"]["cached_tokens"]) for c in chunks] == [(n, n - 1)] * len(chunks)
 
 
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+def test_a_streamed_batch_interleaves_its_prompts_as_they_generate(backends, path):
+    """SGLang streams a batch's prompts as they generate, each chunk with its index; lmnb streamed
+    them one after another, the second's first text only once the first had finished."""
+    import json
+
+    import httpx
+
+    _, _, url = backends
+    prompts = ["The river", "Once upon a time", "A fox and a"]
+    if path == "/generate":
+        body = {"text": prompts, "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+    else:
+        body = {"model": "tiny", "prompt": prompts, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    whole = httpx.post(url + path, json=body, timeout=60).json()
+    if path != "/generate":
+        body["stream_options"] = {"include_usage": True}
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and line != "data: [DONE]"]
+    if path == "/generate":
+        order = [c["index"] for c in chunks]
+        texts = {c["index"]: c["text"] for c in chunks}  # (each chunk: the sample's text so far)
+        assert [texts[i] for i in range(3)] == [w["text"] for w in whole]
+    else:
+        order = [c["choices"][0]["index"] for c in chunks if c["choices"]]
+        texts = ["".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
+                 for i in range(3)]
+        assert texts == [c["text"] for c in whole["choices"]]
+        assert chunks[-1]["usage"] == whole["usage"]
+    assert order.index(1) < len(order) - 1 - order[::-1].index(0)  # the second began before the first ended
+
+
 def test_streaming_over_http_yields_chunks_before_the_end(backends, monkeypatch):
     local, remote, _ = backends
 

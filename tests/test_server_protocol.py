@@ -4,6 +4,7 @@ JSON errors and never take the server down."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -390,6 +391,9 @@ class _UntilAborted:
         self.aborted.wait(60)
         yield from self._inner.events()
 
+    def subscribe(self, listener):
+        threading.Thread(target=lambda: [listener(ev) for ev in self.events()], daemon=True).start()
+
     def abort(self):
         self.aborted.set()
         return True
@@ -468,11 +472,14 @@ class _Ticking:
     def done(self):
         return self.aborted.is_set()
 
-    def events(self):
+    def subscribe(self, listener):
         from lmnb_engine.outputs import StreamEvent
 
-        while not self.aborted.wait(0.02):
-            yield StreamEvent(self.rid, "x", [ord("x")])
+        def tick():
+            while not self.aborted.wait(0.02):
+                listener(StreamEvent(self.rid, "x", [ord("x")]))
+
+        threading.Thread(target=tick, daemon=True).start()
 
     def abort(self):
         self.aborted.set()
@@ -484,8 +491,8 @@ class _Ticking:
     ("/v1/completions", {"model": "rec", "prompt": ["a", "b", "c"], "max_tokens": 4, "stream": True}),
 ])
 def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt(path, body):
-    """The prompts of a batch stream one after another; a client that leaves during the first must
-    not leave the later ones running (only the one being streamed was aborted)."""
+    """A client that leaves a streamed batch early must not leave any of its prompts running (when
+    they streamed one after another, only the one being streamed was aborted)."""
     handles: list = []
 
     class Engine(RecordingEngine):
@@ -500,6 +507,43 @@ def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt(path, body):
         assert len(handles) == 3
         for i, h in enumerate(handles):
             assert h.aborted.wait(10), f"prompt {i} kept running after its client left"
+
+
+class _Silent(_UntilAborted):
+    """A request handle that sends nothing until it is aborted (a long prefill, a long queue)."""
+
+    def subscribe(self, listener):
+        pass
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}, "stream": True}),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 4, "stream": True}),
+])
+def test_open_streams_are_not_bounded_by_the_server_threads(monkeypatch, path, body):
+    """Each open stream held a pool thread while it waited for its next event: with every thread
+    held by streams waiting, the next request's submit waited for one of them to end."""
+    from lmnb_engine.http_server import app as app_module
+
+    monkeypatch.setattr(app_module, "MAX_WAITING_THREADS", 2)
+    handles: list = []
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            handle = super().submit(prompt, params, rid)
+            if len(handles) < 2:  # the first two wait (as many as the threads)
+                handle = _Silent(handle)
+            handles.append(handle)
+            return handle
+
+    with live_server(Engine(), served_model_name="rec") as url, httpx.Client(timeout=10) as client:
+        with contextlib.ExitStack() as waiting:
+            for _ in range(2):
+                waiting.enter_context(client.stream("POST", url + path, json=body))
+            lines = [x for x in client.post(url + path, json=body).text.splitlines() if x.startswith("data:")]
+            assert lines[-1] == "data: [DONE]" and len(lines) == 6  # 4 tokens, the finish, [DONE]
+    for h in handles[:2]:
+        assert h.aborted.wait(10)
 
 
 def test_the_openai_client_retrieves_the_served_model_and_a_wrong_name_is_a_404():
@@ -524,11 +568,11 @@ def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message(
         def submit(self, prompt, params, rid=None):
             handle = super().submit(prompt, params, rid)
 
-            def events():
-                yield next(iter(handle._events))
+            def subscribe(listener):
+                listener(handle._events[0])
                 raise RuntimeError("the model fell over")
 
-            handle.events = events
+            handle.subscribe = subscribe
             return handle
 
     @sgl.function

@@ -19,6 +19,7 @@ import asyncio
 import base64
 import binascii
 import hmac
+import itertools
 import json
 import logging
 import uuid
@@ -124,22 +125,23 @@ class ServerContext:
                 if not h.done:
                     h.abort()
 
-    async def events(self, handle: Any) -> AsyncIterator[Any]:
-        """The handle's ``StreamEvent``s without blocking the event loop; aborts the request if
-        the consumer stops early (client gone)."""
-        it = handle.events()
-        end = object()
-        finished = False
-        try:
-            while True:
-                ev = await self.run(next, it, end)
-                if ev is end:
-                    finished = True
-                    return
-                yield ev
-        finally:
-            if not finished and not handle.done:
-                handle.abort()
+    @staticmethod
+    async def events(handles: list) -> AsyncIterator[tuple[int, Any]]:
+        """``(k, event)``: the ``StreamEvent``s of every ``handles[k]`` as they come, the prompts
+        of a batch interleaved (SGLang streams a batch so, each chunk with its ``index``), until
+        every sample has finished. The handles' listeners (``RequestHandle.subscribe``) hand the
+        events to this loop: no thread waits, so open streams are not bounded by the pool. The
+        caller aborts the unfinished handles if it stops early (``abort_unfinished``)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        for k, h in enumerate(handles):
+            h.subscribe(lambda ev, k=k: loop.call_soon_threadsafe(queue.put_nowait, (k, ev)))
+        left = sum(h.n for h in handles)
+        while left:
+            k, ev = await queue.get()
+            if ev.finished and ev.result is not None:
+                left -= 1
+            yield k, ev
 
     @staticmethod
     def abort_unfinished(handles: list) -> None:
@@ -450,28 +452,27 @@ async def _with_cached_chars(ctx: ServerContext, meta: dict, text: Any, prompt: 
 
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
                            firsts: list, prompts: list, prompt_texts: list) -> AsyncIterator[str]:
-    """SSE events of /generate: one per new text, each with the cumulative text (SGLang's form).
-    The prompts of a batch stream one after another; all are aborted if the stream ends early."""
-    base = 0
+    """SSE events of /generate: one per new text, each with its sample's cumulative text (SGLang's
+    form) and ``index``. The prompts of a batch stream interleaved, as they generate; all are
+    aborted if the stream ends early."""
+    bases = list(itertools.accumulate((h.n for h in handles), initial=0))  # index of each prompt's first sample
+    chunks = [StreamChunks(h.rid, decode, p.top_logprobs_num) for h, p in zip(handles, params)]
     try:
-        for h, p, first, x, text in zip(handles, params, firsts, prompts, prompt_texts):
-            chunks = StreamChunks(h.rid, decode, p.top_logprobs_num)
-            try:
-                async for ev in ctx.events(h):
-                    chunks.add(ev)
-                    if ev.finished and ev.result is not None:
-                        meta = _with_image_meta(meta_info(ev.result, decode, p.top_logprobs_num, first), x)
-                        await _with_cached_chars(ctx, meta, text, x)
-                    elif ev.text_delta:
-                        meta = None  # (the partial meta_info)
-                    else:
-                        continue
-                    yield sse(chunks.chunk(ev, meta, index=base + ev.index))
-            except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
-                logger.exception("stream failed")
-                yield sse(error_body(f"{type(e).__name__}: {e}", 500))
-                break
-            base += h.n
+        try:
+            async for k, ev in ctx.events(handles):
+                chunks[k].add(ev)
+                if ev.finished and ev.result is not None:
+                    meta = _with_image_meta(meta_info(ev.result, decode, params[k].top_logprobs_num, firsts[k]),
+                                            prompts[k])
+                    await _with_cached_chars(ctx, meta, prompt_texts[k], prompts[k])
+                elif ev.text_delta:
+                    meta = None  # (the partial meta_info)
+                else:
+                    continue
+                yield sse(chunks[k].chunk(ev, meta, index=bases[k] + ev.index))
+        except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
+            logger.exception("stream failed")
+            yield sse(error_body(f"{type(e).__name__}: {e}", 500))
         yield SSE_DONE
     finally:
         ctx.abort_unfinished(handles)

@@ -11,6 +11,7 @@ rejected with a 400 naming them rather than ignored.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -599,8 +600,9 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     carries the logprobs of the tokens whose text it carries (the engine's events send a token
     with the last of its text: ``StreamEvent``), as OpenAI and vLLM stream them; with
     ``echo``, a choice's logprobs all come with its last chunk, the prompt's first, as in the
-    unstreamed reply (the prompt's are known only at the end). The prompts stream one after
-    another; all are aborted if the stream ends early (client gone, an error)."""
+    unstreamed reply (the prompt's are known only at the end). The prompts of a batch stream
+    interleaved, as they generate (SGLang's and vLLM's order); all are aborted if the stream ends
+    early (client gone, an error)."""
     engine = ctx.engine
     chat = kind == "chat.completion.chunk"
 
@@ -612,11 +614,12 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
             body["usage"] = usage
         return sse(body)
 
-    results = []
-    base = 0
+    results: list[list] = [[] for _ in handles]  # per prompt, as _usage_total counts them
+    bases = list(itertools.accumulate((h.n for h in handles), initial=0))  # index of each prompt's first choice
     # Logprobs go with the chunk that carries their tokens' text, except with echo: the prompt's
     # come first in a choice's logprobs and are known only at the end.
     streamed = bool(req.logprobs) if chat else req.logprobs is not None and not req.echo
+    offsets: dict[int, CompletionLogprobs] = {}  # choice -> its completions logprobs so far
     try:
         for k, h in enumerate(handles):
             if chat:
@@ -624,34 +627,31 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
             elif req.echo:
                 for i in range(h.n):
-                    yield chunk([{"index": base + i, "text": texts[k], "logprobs": None, "finish_reason": None}])
-            offsets: dict[int, CompletionLogprobs] = {}  # sample -> its completions logprobs so far
-            async for ev in ctx.events(h):
-                i = base + ev.index
-                done = ev.finished and ev.result is not None
-                if not ev.text_delta and not done:  # (an event carries no ids before their text)
-                    continue
-                lp = None
-                if done:
-                    results.append(ev.result)
-                lps = ev.logprobs if streamed else None
-                if lps and chat:
-                    lp = await ctx.run(_chat_logprobs, engine, lps)
-                elif lps:
-                    so_far = offsets.setdefault(ev.index,
-                                                CompletionLogprobs(engine, len(texts[k]), None, prompt_ids[k]))
-                    lp = await ctx.run(so_far.add, lps)
-                elif done and not chat and req.logprobs is not None and req.echo:
-                    lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])
-                finish = _finish(ev.result) if done else None
-                if chat:
-                    delta = {"content": ev.text_delta} if ev.text_delta else {}
-                    yield chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}])
-                else:
-                    yield chunk([{"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": finish}])
-            base += h.n
+                    yield chunk([{"index": bases[k] + i, "text": texts[k], "logprobs": None, "finish_reason": None}])
+        async for k, ev in ctx.events(handles):
+            i = bases[k] + ev.index
+            done = ev.finished and ev.result is not None
+            if not ev.text_delta and not done:  # (an event carries no ids before their text)
+                continue
+            lp = None
+            if done:
+                results[k].append(ev.result)
+            lps = ev.logprobs if streamed else None
+            if lps and chat:
+                lp = await ctx.run(_chat_logprobs, engine, lps)
+            elif lps:
+                so_far = offsets.setdefault(i, CompletionLogprobs(engine, len(texts[k]), None, prompt_ids[k]))
+                lp = await ctx.run(so_far.add, lps)
+            elif done and not chat and req.logprobs is not None and req.echo:
+                lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])
+            finish = _finish(ev.result) if done else None
+            if chat:
+                delta = {"content": ev.text_delta} if ev.text_delta else {}
+                yield chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+            else:
+                yield chunk([{"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": finish}])
         if with_usage:
-            yield chunk([], _usage_total(results, len(handles)))
+            yield chunk([], _usage_total([r for rs in results for r in rs], len(handles)))
     except Exception as e:  # noqa: BLE001 - the status line is sent; report in the stream
         from lmnb_engine.http_server.app import error_body
 
