@@ -5,6 +5,7 @@ default backend. Names, arguments and defaults are SGLang's (``python/sglang/lan
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import sys
@@ -97,10 +98,33 @@ def get_server_info(backend=None) -> dict:
     return (backend or get_default_backend()).get_server_info()
 
 
-def _run_options() -> set:
-    """The keyword options of ``SglFunction.run`` that a program argument cannot share a name with
-    (``n``, ``seed``, ``use_thread`` and ``state`` go to a program declaring them)."""
-    return set(inspect.signature(SglFunction.run).parameters) - {"self", "args", "kwargs", *_LMNB_RUN_OPTIONS}
+def _refuse_shadowed_parameters(method: Callable, run: Optional[Callable] = None) -> Callable:
+    """``run``/``run_batch`` refusing an option given by name that is also a parameter of the
+    program (``def f(s, q, stop=".")``; ``f.run(q="x", stop="!")``): the option would take the value
+    and the program's parameter keep its default, silently. A wrapper checks, because the method
+    itself cannot tell an option given from one left at its default. ``run``'s ``n``, ``seed``,
+    ``use_thread`` and ``state`` are no such options: they go to a program declaring them. With
+    ``run`` (wrapping ``run_batch``), the options ``run`` has too are checked (``n`` and ``seed``
+    among them, which ``run`` would give the program); ``num_threads``, ``progress_bar`` and
+    ``generator_style`` are run_batch's alone, never a program's argument."""
+    def names(m: Callable) -> frozenset:
+        return frozenset(inspect.signature(m).parameters) - {"self", "args", "kwargs", "batch_kwargs"}
+
+    options = names(method) - set(_LMNB_RUN_OPTIONS) if run is None else names(method) & names(run)
+
+    @functools.wraps(method)  # (inspect.signature and help() still show the method's own options)
+    def checked(self, *args, **kwargs):
+        shadowed = [k for k in kwargs if k in options and k in self.arg_names]
+        if shadowed:
+            k, caller = shadowed[0], method.__name__
+            named = (f"a parameter {k!r}, which is also the name of a {caller}() option" if len(shadowed) == 1 else
+                     f"parameters {', '.join(map(repr, shadowed))}, which are also names of {caller}() options")
+            raise TypeError(f"program {self.__name__!r} has {named}: {caller}({k}=...) sets the option, and the "
+                            f"program's {k!r} would not get the value; rename the program's parameter (e.g. to "
+                            f"{k + '_'!r}) and pass the value under that name")
+        return method(self, *args, **kwargs)
+
+    return checked
 
 
 class SglFunction:
@@ -148,11 +172,9 @@ class SglFunction:
                 k for k in kwargs if k not in self.arg_names]
             if unknown and "unexpected keyword" not in str(e):  # (bind names only the first problem it meets)
                 e = f"{e}; unexpected keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
-            taken = [n for n in self.arg_names if n in _run_options() and f"'{n}'" in str(e)]
-            if taken:  # (run(stop=...) is the sampling option, so the program's own `stop` never got it)
-                e = f"{e}; {taken[0]!r} is also an option of run(), which takes the value: rename the program's argument"
             raise TypeError(f"program {self.__name__!r}: {e}; its arguments are {self.arg_names}") from None
 
+    @_refuse_shadowed_parameters
     def run(
         self,
         *args,
@@ -191,8 +213,10 @@ class SglFunction:
         arguments where it declares one of those names (``def tips(s, n)``), as under SGLang.
 
         Raises:
-            TypeError: arguments that do not fit the program's signature; a ``backend`` that is a URL
-                or a class, not a backend object; a ``state`` that is not a ``ProgramState``.
+            TypeError: arguments that do not fit the program's signature; an option given by name that
+                is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``: rename the
+                parameter); a ``backend`` that is a URL or a class, not a backend object; a ``state``
+                that is not a ``ProgramState``.
             RuntimeError: with ``stream=True``, no thread could be started for the body (a
                 continued ``state`` is left as it was, usable).
         """
@@ -229,6 +253,7 @@ class SglFunction:
             self, backend or get_default_backend(), args, kwargs, defaults, stream, use_thread, state=state
         )
 
+    @functools.partial(_refuse_shadowed_parameters, run=run)
     def run_batch(
         self,
         batch_kwargs,
@@ -260,8 +285,9 @@ class SglFunction:
         order (a generator with ``generator_style``). A failing item does not stop the others.
 
         Raises:
-            TypeError: an item that does not fit the program's signature (checked before any run); a
-                ``backend`` that is a URL or a class.
+            TypeError: an item that does not fit the program's signature (checked before any run); an
+                option given that is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``:
+                rename the parameter); a ``backend`` that is a URL or a class.
         """
         from lmnb.interpreter import run_program_batch
         from lmnb.tracer import stop_if_tracing

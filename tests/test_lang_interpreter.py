@@ -2614,16 +2614,57 @@ def test_run_batch_refuses_positional_only_arguments_by_name():
         prog.run_batch([(1, 2)], backend=be)
 
 
-def test_a_program_argument_named_like_a_run_option_is_told_to_be_renamed():
+def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_with_a_rename_hint():
     # run(stop="y") is the sampling option, so the program's own `stop` was "missing", though given
-    # (found by a review helper); a run_batch item still reaches it, and n/seed go to the program
+    # (found by a review helper), and with a default (stop=".") it silently kept the default; a
+    # positional value and a run_batch item still reach it, and n/seed go to the program
+    def message(run, names, first):
+        named = (f"a parameter '{first}', which is also the name of a {run}() option" if names == [first] else
+                 f"parameters {', '.join(map(repr, names))}, which are also names of {run}() options")
+        return re.escape(f"program 'prog' has {named}: {run}({first}=...) sets the option, and the program's "
+                         f"'{first}' would not get the value; rename the program's parameter (e.g. to "
+                         f"'{first}_') and pass the value under that name")
+
     @sgl.function
     def prog(s, stop):
         s += "x" + stop
 
     be = ScriptedBackend()
-    with pytest.raises(TypeError, match=r"^program 'prog': missing a required argument: 'stop'; 'stop' is also an "
-                                        r"option of run\(\), which takes the value: rename the program's argument; "
-                                        r"its arguments are \['stop'\]$"):
+    with pytest.raises(TypeError, match=f"^{message('run', ['stop'], 'stop')}$"):
         prog.run(stop="y", backend=be)
+    assert prog.run("y", backend=be).text() == "xy"
     assert [st.text() for st in prog.run_batch([{"stop": "y"}], backend=be)] == ["xy"]
+
+    @sgl.function
+    def prog(s, q, stop=".", temperature=0):
+        s += q + stop + sgl.gen("a", max_tokens=2)
+
+    be = ScriptedBackend(lambda p, params: f"<{params.stop}>")
+    with pytest.raises(TypeError, match=f"^{message('run', ['stop'], 'stop')}$"):
+        prog.run(q="x", stop="!", backend=be)
+    with pytest.raises(TypeError, match=f"^{message('run', ['temperature', 'stop'], 'temperature')}$"):
+        prog(q="x", temperature=0.5, stop="!", backend=be)  # (calling the program is run)
+    with pytest.raises(TypeError, match=f"^{message('run_batch', ['stop'], 'stop')}$"):
+        prog.run_batch([{"q": "x"}], stop="!", backend=be)
+    assert be.calls == []  # refused before anything ran
+    assert prog.run(q="x", backend=be).text() == "x.<[]>"  # not given: the parameter's default
+    assert prog.bind(stop="?").run(q="x", backend=be).text() == "x?<[]>"
+    assert [st.text() for st in prog.run_batch([{"q": "x", "stop": "!"}], backend=be)] == ["x!<[]>"]
+
+    # a program with no parameter of that name (or only **kwargs) takes the option as before
+    @sgl.function
+    def plain(s, q, **more):
+        s += q + sgl.gen("a", max_tokens=2)
+
+    assert plain.run(q="x", stop="!", backend=be).text() == "x<['!']>"
+    assert [st.text() for st in plain.run_batch([{"q": "y"}], stop="?", backend=be)] == ["y<['?']>"]
+
+    # run_batch's own options are no program's argument (its items give those); n and seed, which
+    # run gives a program declaring them, are refused there as sampling options
+    @sgl.function
+    def prog(s, num_threads, seed=0):
+        s += f"{num_threads}/{seed}" + sgl.gen("a", max_tokens=2)
+
+    assert [st.text() for st in prog.run_batch([{"num_threads": 7}], num_threads=2, backend=be)] == ["7/0<[]>"]
+    with pytest.raises(TypeError, match=f"^{message('run_batch', ['seed'], 'seed')}$"):
+        prog.run_batch([{"num_threads": 7}], seed=1, backend=be)

@@ -447,8 +447,8 @@ def test_stop_regex_of_gen_and_run_ends_the_output_at_its_first_match_on_every_b
     completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
 
     @sgl.function
-    def prog(s, stop_regex=None):
-        s += "The bird in the tree" + sgl.gen("x", max_tokens=16, stop_regex=stop_regex)
+    def prog(s, pattern=None):  # (a parameter named stop_regex would be refused beside run(stop_regex=...))
+        s += "The bird in the tree" + sgl.gen("x", max_tokens=16, stop_regex=pattern)
 
     full = prog.run(backend=local, temperature=0)["x"]
     char = next(c for c in full[2:] if c.isascii() and c.isalnum())  # a character the greedy output holds
