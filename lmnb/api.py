@@ -283,6 +283,8 @@ class SglFunction:
         """Run the program once per item of ``batch_kwargs`` (dicts of arguments, or tuples
         mapped onto the arguments in order) on ``num_threads`` threads; returns the states in
         order (a generator with ``generator_style``). A failing item does not stop the others.
+        Keyword-only arguments (after ``*`` in the program's signature) are filled by a dict item,
+        by name; a tuple's values fill only the arguments before the ``*``.
 
         Raises:
             TypeError: an item that does not fit the program's signature (checked before any run); an
@@ -303,12 +305,19 @@ class SglFunction:
             raise TypeError(f"program {self.__name__!r} has positional-only arguments {only} (before '/'), which "
                             "run_batch passes by name; drop the '/', or call run per item")
         positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]  # what a tuple's values fill
+        # keyword-only arguments (after '*') are given by name, as in a call: a dict item fills them, a tuple does not
+        keyword_only = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+        required = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+                    and p.name not in self.bind_arguments]
+        by_name = (f"; keyword-only arguments {keyword_only} (after '*') take no value from a tuple: give the item "
+                   "as a dict of arguments by name" if keyword_only else "")
         for i, item in enumerate(batch_kwargs):
-            if isinstance(item, (list, tuple)):
+            from_tuple = isinstance(item, (list, tuple))
+            if from_tuple:
                 if len(item) > len(positional):
                     varargs = [f"*{p.name}" for p in params if p.kind is p.VAR_POSITIONAL]
                     extra = (f"; a batch item cannot fill {varargs[0]}: pass each item's arguments by name, or call "
-                             "run per item" if varargs else "")
+                             "run per item" if varargs else by_name)
                     raise TypeError(f"run_batch item {i} has {len(item)} values for arguments {positional}{extra}")
                 item = dict(zip(positional, item))
             if not isinstance(item, dict):
@@ -316,7 +325,8 @@ class SglFunction:
             try:
                 self._check_args((), item)
             except TypeError as e:
-                raise TypeError(f"run_batch item {i}: {e}") from None
+                hint = by_name if from_tuple and required else ""
+                raise TypeError(f"run_batch item {i}: {e}{hint}") from None
             items.append(item)
         if not items:
             return []

@@ -2614,6 +2614,27 @@ def test_run_batch_refuses_positional_only_arguments_by_name():
         prog.run_batch([(1, 2)], backend=be)
 
 
+def test_run_batch_fills_keyword_only_arguments_from_dict_items_and_says_a_tuple_cannot():
+    # a tuple's values fill the arguments before '*': one for a keyword-only argument was "2 values
+    # for arguments ['a']", and one missing it "missing a required argument: 'b'", with no word of why
+    @sgl.function
+    def prog(s, a, *, b, c="C"):
+        s += f"{a}-{b}-{c}" + sgl.gen("x", max_tokens=2)
+
+    be = ScriptedBackend(lambda p, params: "!")
+    states = prog.run_batch([{"a": 1, "b": 2}, {"a": 3, "b": 4, "c": 5}], backend=be)
+    assert [st.text() for st in states] == ["1-2-C!", "3-4-5!"]
+    assert [st.text() for st in prog.bind(b="B").run_batch([(1,), (2,)], backend=be)] == ["1-B-C!", "2-B-C!"]
+    hint = ("; keyword-only arguments ['b', 'c'] (after '*') take no value from a tuple: give the item as a dict of "
+            "arguments by name")
+    too_many = "run_batch item 1 has 2 values for arguments ['a']" + hint
+    with pytest.raises(TypeError, match=f"^{re.escape(too_many)}$"):
+        prog.run_batch([{"a": 1, "b": 2}, (1, 2)], backend=be)
+    missing = "run_batch item 0: program 'prog': missing a required argument: 'b'; its arguments are ['a', 'b', 'c']"
+    with pytest.raises(TypeError, match=f"^{re.escape(missing + hint)}$"):
+        prog.run_batch([(1,)], backend=be)
+
+
 def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_with_a_rename_hint():
     # run(stop="y") is the sampling option, so the program's own `stop` was "missing", though given
     # (found by a review helper), and with a default (stop=".") it silently kept the default; a
