@@ -45,8 +45,6 @@ class ProgramState:
     # -- building
 
     def __iadd__(self, other: Any) -> "ProgramState":
-        if other is None:
-            raise ValueError("cannot add None to a program state")
         added_twice(other, self.stream_executor)
         self.stream_executor.submit(other)
         return self

@@ -222,7 +222,7 @@ def as_expr(x: Any) -> Expr:
     """A string as ``ConstantText``, an ``Expr`` as is.
 
     Raises:
-        TypeError: anything else (name the type so the user can convert it with ``str()``).
+        TypeError: None (said as such), or anything else (naming the type, to convert with ``str()``).
         ValueError: a string holding a lone surrogate (``check_text``).
     """
     if isinstance(x, Expr):
@@ -230,6 +230,9 @@ def as_expr(x: Any) -> Expr:
     if isinstance(x, str):
         check_text(x, "the text")
         return ConstantText(x)
+    if x is None:  # (most often a helper's result that returns nothing, not a value to convert)
+        raise TypeError("cannot add None to an lmnb program (a function that returns nothing?); add a str or a "
+                        "primitive such as gen(...)")
     raise TypeError(
         f"cannot add a {type(x).__name__} to an lmnb program; add a str (e.g. str(value)) or a "
         "primitive such as gen(...)"

@@ -1988,6 +1988,36 @@ def test_bad_arguments_fail_early_with_names():
         sgl.gen("x") + 5
 
 
+def test_adding_none_is_a_type_error_as_adding_an_int_is():
+    # s += None was a ValueError ("cannot add None to a program state"), s += 5 a TypeError
+    none = re.escape("cannot add None to an lmnb program (a function that returns nothing?); add a str or a "
+                     "primitive such as gen(...)")
+    number = re.escape("cannot add a int to an lmnb program; add a str (e.g. str(value)) or a primitive such as gen(...)")
+
+    def helper():  # (it forgot to return its primitive)
+        "Q: " + sgl.gen("x")
+
+    @sgl.function
+    def prog(s, value, fork):
+        s += "A"
+        if fork:
+            forks = s.fork(2)
+            forks += value
+        else:
+            s += value
+
+    be = ScriptedBackend()
+    for value, message in ((None, none), (helper(), none), (5, number)):
+        for fork in (False, True):
+            with pytest.raises(TypeError, match=f"^{message}$"):
+                prog.run(value, fork, backend=be)
+    with pytest.raises(TypeError, match=f"^{none}$"):
+        sgl.gen("x") + None
+    with pytest.raises(TypeError, match=f"^{none}$"):
+        None + sgl.gen("x")
+    assert prog.run("B", False, backend=be).text() == "AB"
+
+
 def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
     """gen(choices=..., n=2) ran one pick without a word (SGLang drops n there too), and its errors
     said select(), which the user never wrote."""
