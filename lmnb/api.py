@@ -5,6 +5,7 @@ default backend. Names, arguments and defaults are SGLang's (``python/sglang/lan
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import math
@@ -545,8 +546,9 @@ def select(
     the method's scores instead of taking the best.
 
     Raises:
-        ValueError: choices missing, empty, or not all non-empty strings; a temperature that is
-            not a finite number >= 0.
+        ValueError: choices missing, empty, not all non-empty strings, or listing one more than once
+            (SGLang accepts repeats, but which entry was picked would be ambiguous); a temperature
+            that is not a finite number >= 0.
     """
     _check_name("select", name)
     return _select("select()", name, choices, temperature, choices_method)
@@ -561,6 +563,11 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
         raise ValueError(f"{caller} choices must be non-empty strings; got {bad!r}")
     for c in choices:
         check_text(c, f"the {caller} choice")
+    # (SGLang accepts repeats; the pick and its scores would not say which of the equal entries won)
+    repeated = [c for c, count in collections.Counter(choices).items() if count > 1]
+    if repeated:
+        raise ValueError(f"{caller} choices must differ; {', '.join(map(repr, repeated))} "
+                         f"{'is' if len(repeated) == 1 else 'are'} listed more than once: drop the repeats")
     # (NaN compared as not > 0 and picked greedily; True sampled at temperature 1)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
             0 <= temperature < math.inf):

@@ -2018,6 +2018,17 @@ def test_adding_none_is_a_type_error_as_adding_an_int_is():
     assert prog.run("B", False, backend=be).text() == "AB"
 
 
+def test_select_refuses_a_choice_listed_twice_naming_it():
+    # select("x", choices=["a", "a", "b"]) ran (as SGLang's does), and its pick could not say which "a" won
+    with pytest.raises(ValueError, match=r"^select\(\) choices must differ; 'a' is listed more than once: "
+                                         r"drop the repeats$"):
+        sgl.select("x", choices=["a", "a", "b"])
+    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) choices must differ; 'b', 'a' are listed "
+                                         r"more than once: drop the repeats$"):
+        sgl.gen("x", choices=("b", "a", "c", "b", "a"))
+    assert sgl.select("x", choices=["a", "A", "a "]).choices == ["a", "A", "a "]  # (distinct strings)
+
+
 def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
     """gen(choices=..., n=2) ran one pick without a word (SGLang drops n there too), and its errors
     said select(), which the user never wrote."""
