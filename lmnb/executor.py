@@ -324,6 +324,9 @@ class StreamExecutor:
         # and where its current value's text begins: what iter_text(name) reads
         self.var_log: dict[str, str] = {}
         self.var_start: dict[str, int] = {}
+        # variables whose value a join gathered (a list, one entry per branch): no text of this
+        # state's is theirs, so iter_text(name) says so rather than end with nothing
+        self.gathered: set[str] = set()
         self.error_: Optional[ProgramError] = None
         self.closed = False  # the program body returned (or the branch was joined)
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
@@ -593,12 +596,17 @@ class StreamExecutor:
             return self.variables[name]
 
     def set_var(self, name: str, value: Any, meta_info: Any = None, record: bool = True,
-                text: Optional[str] = None, streamed: bool = False) -> None:
+                text: Optional[str] = None, streamed: bool = False, gathered: bool = False) -> None:
         """Set variable ``name``; ``text``: what the gen wrote, when ``value`` is parsed from it
         (``gen(dtype=int)``), so that ``iter_text(name)`` yields that text; ``streamed``: that text
-        is in ``var_log`` already, delta by delta (``_log_delta``)."""
+        is in ``var_log`` already, delta by delta (``_log_delta``); ``gathered``: ``value`` is a
+        join's list of the branches' values."""
         with self._cv:
             self.variables[name] = value
+            if gathered:
+                self.gathered.add(name)
+            else:
+                self.gathered.discard(name)
             written = text if text is not None else value if isinstance(value, str) else None
             if not streamed:  # (a value set with no text, s["n"] = 7, has none to yield)
                 self.var_start[name] = len(self.var_log.get(name, ""))
@@ -618,10 +626,10 @@ class StreamExecutor:
             self.var_start[name] = len(log)
         self.var_log[name] = log + delta
 
-    def _finish_var(self, name: Optional[str], value: Any, meta_info: Any,
-                    constraint: Optional[dict] = None, text: Optional[str] = None, streamed: bool = False) -> None:
+    def _finish_var(self, name: Optional[str], value: Any, meta_info: Any, constraint: Optional[dict] = None,
+                    text: Optional[str] = None, streamed: bool = False, gathered: bool = False) -> None:
         if name is not None:
-            self.set_var(name, value, meta_info, text=text, streamed=streamed)
+            self.set_var(name, value, meta_info, text=text, streamed=streamed, gathered=gathered)
             with self._cv:
                 self._pending[name] = max(0, self._pending[name] - 1)
                 self._cv.notify_all()
@@ -1004,7 +1012,7 @@ class StreamExecutor:
             self._execute_fill(j.text, "join")
         self.messages_.extend(j.messages)
         for name, value in j.variables.items():
-            self._finish_var(name, value, j.meta_info.get(name))
+            self._finish_var(name, value, j.meta_info.get(name), gathered=True)
         self._emit("join", children=j.children, source=j.mode)
 
     # -- fork
@@ -1076,6 +1084,7 @@ class StreamExecutor:
         c.variables = dict(self.variables)
         c.var_log = dict(self.var_log)
         c.var_start = dict(self.var_start)
+        c.gathered = set(self.gathered)
         c.meta_info = dict(self.meta_info)
         c.cur_role = self.cur_role
         c.cur_role_begin_pos = self.cur_role_begin_pos
@@ -1131,6 +1140,9 @@ class StreamExecutor:
             KeyError: ``var_name`` was never set and nothing left can set it (the program body
                 returned, or this is the body asking): a misspelt name, named with the variables
                 there are. SGLang's yields ``""`` once there.
+            TypeError: ``var_name``'s value is a list a ``join`` gathered from fork branches
+                (once any text an earlier write of it left is yielded): no text of this state is
+                that value's; iterate the branches' own ``text_iter`` before the join.
 
         ``reader``: the thread the text is for, when another one runs this iterator for it
         (``text_async_iter`` steps it on worker threads for the thread of the event loop).
@@ -1165,9 +1177,14 @@ class StreamExecutor:
                 meta = self.meta_info.get(var_name) if with_meta else None
                 failed = self.error_ is not None and (
                     var_name is None or var_name in self._lost or var_name not in self.variables)
+                gathered = var_name in self.gathered
             if chunk:
                 yield (chunk, meta) if with_meta else chunk
             if failed:
                 raise self.error_
+            if done and gathered:
+                raise TypeError(f"variable {var_name!r} was gathered by join(): it holds a list with one value per "
+                                "fork branch, not text of this state's, so there is no text to iterate; read "
+                                f"s[{var_name!r}], or iterate each branch's text_iter({var_name!r}) before the join")
             if done:
                 return

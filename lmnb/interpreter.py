@@ -212,7 +212,9 @@ class ProgramState:
     def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
         """Yield the text (or variable ``var_name``) piece by piece as it is produced; with
         ``stream=True`` a gen arrives token by token. A variable of ``gen(dtype=...)`` yields the
-        text the model wrote (``"42"``), not its parsed value."""
+        text the model wrote (``"42"``), not its parsed value. A variable that ``join`` gathered (a
+        list, one value per fork branch) has no text: iterating it raises ``TypeError`` saying so;
+        iterate each branch's ``text_iter`` before the join, or read ``s[var_name]``."""
         return self._text_iter(var_name, None)
 
     def _text_iter(self, var_name: Optional[str], reader: Optional[int], with_meta: bool = False) -> Iterator[Any]:

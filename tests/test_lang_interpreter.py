@@ -629,6 +629,44 @@ def test_text_iter_of_a_variable_the_program_never_sets_raises_a_key_error_namin
     assert inside == ["checked"] and "".join(st.text_iter("answer")) == "text"
 
 
+@pytest.mark.timeout(30)
+def test_text_iter_of_a_variable_gathered_by_join_raises_a_type_error_saying_why():
+    """A join's list has no text in the state, so text_iter("t") ended having yielded nothing."""
+    be = ScriptedBackend(lambda p, params: f"<{p.text[-1]}>")
+    branch_text = []
+
+    @sgl.function
+    def prog(s):
+        s += "Q"
+        forks = s.fork(2)
+        forks += lambda i: str(i) + sgl.gen("t", max_tokens=2)
+        branch_text.extend("".join(f.text_iter("t")) for f in forks)  # a branch's own gen streams
+        forks.join()
+
+    message = re.escape("variable 't' was gathered by join(): it holds a list with one value per fork branch, not "
+                        "text of this state's, so there is no text to iterate; read s['t'], or iterate each "
+                        "branch's text_iter('t') before the join")
+    st = prog.run(backend=be)
+    with pytest.raises(TypeError, match=f"^{message}$"):
+        list(st.text_iter("t"))
+
+    async def read_async():
+        return [chunk async for chunk in st.text_async_iter("t")]
+
+    with pytest.raises(TypeError, match=f"^{message}$"):
+        asyncio.run(read_async())
+    assert st["t"] == ["<0>", "<1>"] and branch_text == ["<0>", "<1>"]
+    later = st.fork(1)[0]  # (a branch forked after the join inherits the gathered list)
+    with pytest.raises(TypeError, match=f"^{message}$"):
+        list(later.text_iter("t"))
+
+    @sgl.function
+    def again(s):  # written again by a gen, the variable is text once more
+        s += "R" + sgl.gen("t", max_tokens=2)
+
+    assert list(again.run(backend=be, state=st).text_iter("t")) == ["<R>"]
+
+
 @pytest.mark.timeout(30)  # (it hung)
 @pytest.mark.parametrize("helper", ["thread", "pool"])
 def test_a_helper_thread_the_streamed_body_waits_for_reads_the_state_without_deadlock(helper):
