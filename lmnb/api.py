@@ -209,7 +209,13 @@ class SglFunction:
         Returns the ``ProgramState`` when done, or at once with ``stream=True`` (read it with
         ``text_iter``). Errors of primitives surface when the state is read. ``state`` (an lmnb
         extension) continues an existing ``ProgramState`` — its text, messages, variables and
-        backend — instead of starting empty; a previous error of that state is forgotten. ``n``,
+        backend — instead of starting empty. A state that failed (or was aborted) is continued too,
+        and its error is forgotten: the new body goes on from the text as it was when the error
+        happened (without the failed primitive's output and the primitives skipped after it),
+        ``error()`` then tells only of the new run, and a variable the failed primitive was to set
+        is missing (``KeyError``) instead of raising the error. So a state whose failure was
+        passing (a backend that was down) can be carried on; check ``state.error()`` before
+        continuing one whose earlier output matters. ``n``,
         ``seed``, ``use_thread`` and ``state``, which SGLang's ``run`` lacks, are the program's own
         arguments where it declares one of those names (``def tips(s, n)``), as under SGLang.
 

@@ -2652,6 +2652,36 @@ def test_a_join_that_would_wait_for_a_body_waiting_for_it_is_refused():
     assert st.text() == "QAB"
 
 
+def test_run_continuing_a_failed_state_forgets_its_error_as_documented():
+    """run(state=failed) goes on from the text as it was at the failure; the earlier error is
+    forgotten (run's docstring and docs/language.md say so): pinned, so a change is deliberate."""
+    calls = []
+
+    def reply(prompt, params):
+        calls.append(prompt.text)
+        if len(calls) == 1:
+            raise RuntimeError("backend down")
+        return "ok"
+
+    be = ScriptedBackend(reply)
+
+    @sgl.function
+    def ask(s):
+        s += "Q:" + sgl.gen("a", max_tokens=2) + "|after"
+
+    @sgl.function
+    def more(s):
+        s += " more" + sgl.gen("b", max_tokens=2)
+
+    st = ask.run(backend=be)
+    assert str(st.error()) == "Gen('a') failed: RuntimeError: backend down" and st.error().partial_text == "Q:"
+    assert more.run(backend=be, state=st) is st
+    assert st.error() is None and st.text() == "Q: moreok" and st["b"] == "ok"
+    assert calls == ["Q:", "Q: more"]
+    with pytest.raises(KeyError, match="'a'"):
+        st["a"]
+
+
 @pytest.mark.timeout(60)
 def test_a_state_whose_worker_thread_cannot_start_fails_with_that_error(monkeypatch):
     """s += ... queued its primitive for a worker thread; Thread.start raising ("can't start new
