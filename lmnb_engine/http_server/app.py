@@ -45,8 +45,9 @@ from lmnb_engine.tokenizer import find_lone_surrogate
 
 logger = logging.getLogger("lmnb.serve")
 
-# Blocking engine calls (submit, waiting for results) run on this many threads; a request holds
-# one while it waits, so this bounds concurrent requests, not throughput.
+# Blocking engine calls (submit, waiting for results) run on this many threads; a request that is
+# not streamed holds one while it waits, so this bounds those at once, not throughput (a stream
+# waits on the event loop: ServerContext.events).
 MAX_WAITING_THREADS = 512
 
 
