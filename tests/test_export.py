@@ -52,7 +52,10 @@ def test_cell_line_options_are_the_magics_options():
                           ("-- --python", "unrecognized arguments: -- --python ('--' ends the options; remove it)"),
                           # argparse kept the last silently: this cell sampled
                           ("--temperature 0 --temperature 1", "--temperature is given twice; give it once"),
-                          ("--state a --out x --state b", "--state is given twice; give it once")]:
+                          ("--state a --out x --state b", "--state is given twice; give it once"),
+                          # a flag too: argparse's store_true took --quiet --quiet as one
+                          ("--quiet --static --quiet", "--quiet is given twice; give it once"),
+                          ("--python --python", "--python is given twice; give it once")]:
         with pytest.raises(CellLineError, match=re.escape(message)):
             parse_cell_line(line)
 

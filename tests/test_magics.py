@@ -937,3 +937,11 @@ def test_a_cell_option_given_twice_is_refused_before_anything_runs(ip):
     assert type(result.error_in_exec).__name__ == "UsageError"
     assert "--temperature is given twice; give it once" in str(result.error_in_exec)
     assert "never_set" not in ip.user_ns
+
+
+def test_a_cell_flag_given_twice_is_refused_before_anything_runs(ip):
+    # argparse's store_true took "--quiet --quiet" as one --quiet, where a repeated option is refused
+    result, out = run(ip, "%%lm --quiet --static --quiet\nhi{gen never_set max_tokens=1}")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert "--quiet is given twice; give it once" in str(result.error_in_exec)
+    assert "never_set" not in ip.user_ns

@@ -65,9 +65,23 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _OnceFlag(argparse.Action):
+    """A flag (``store_true``) refused a second time, as ``_Once`` refuses a repeated option:
+    ``--quiet --quiet`` is a slip (a line edited twice, a pasted option) worth a word, not a
+    silent no-op."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, required=required, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, False):
+            parser.error(f"{option_string} is given twice; give it once")
+        setattr(namespace, self.dest, True)
+
+
 def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``%%lm`` options, with their help texts, to ``parser``; returns ``parser``."""
-    parser.add_argument("--python", action="store_true",
+    parser.add_argument("--python", action=_OnceFlag,
                         help="the body is Python: an lmnb program body with the state as `s`")
     parser.add_argument("--state", metavar="NAME", action=_Once,
                         help="continue the named program state (created by the first cell that names it); "
@@ -76,8 +90,8 @@ def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", action=_Once, help="default max_tokens of every gen")
     parser.add_argument("--seed", type=_seed, action=_Once, help="seed for sampling, so a sampled cell can be repeated")
     parser.add_argument("--out", metavar="VAR", action=_Once, help="also store the program state in kernel variable VAR")
-    parser.add_argument("--quiet", action="store_true", help="show nothing; still capture variables")
-    parser.add_argument("--static", action="store_true",
+    parser.add_argument("--quiet", action=_OnceFlag, help="show nothing; still capture variables")
+    parser.add_argument("--static", action=_OnceFlag,
                         help="no live widget: update the output in place (display_id) while running")
     return parser
 
