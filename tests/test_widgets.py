@@ -985,3 +985,22 @@ def test_tree_view_cut_at_max_nodes_counts_every_hidden_node():
     text = render_tree_text(history).splitlines()
     assert text[-1] == f"… {501 - MAX_NODES} more nodes not shown"
     assert len(text) == 1 + MAX_NODES + 1  # header, rows, the note
+
+
+def test_a_long_prompt_is_saved_whole_once():
+    # a failed cell with a 1 MB prompt saved it twice: whole in the view's JSON and again whole in
+    # text/plain (the HTML already kept head and tail only)
+    from lmnb_kernel.widgets.render_run import TEXT_HEAD, TEXT_TAIL
+
+    prompt = "".join(f"{i:07d} " for i in range(125_000))  # 1,000,000 characters, no two parts alike
+    v = RunView(live=False, session=Tally())
+    v.on_text("main", prompt)
+    bundle = v.finish("error", error=ValueError("prompt of 250000 tokens exceeds the model's context length"))
+    assert bundle[VIEW_MIME]["lanes"][0]["segments"][0]["text"] == prompt
+    hidden = 1_000_000 - TEXT_HEAD - TEXT_TAIL
+    shown = prompt[:TEXT_HEAD] + f" … {hidden:,} characters not shown … " + prompt[-TEXT_TAIL:]
+    lines = bundle["text/plain"].splitlines()
+    assert lines[2:4] == ["error: ValueError: prompt of 250000 tokens exceeds the model's context length",
+                          "── main ──"]
+    assert lines[4] == shown and len(lines) == 5
+    assert "0062500 " not in bundle["text/plain"] + bundle["text/html"]  # (the middle is in the JSON alone)

@@ -60,13 +60,24 @@ def render_tokens(tokens: list[Token], start: int = 0) -> str:
     return "".join(out)
 
 
+def _elided_note(text: str) -> str:
+    """What stands for the middle of a program text longer than ``MAX_TEXT_CHARS``."""
+    return f" … {len(text) - TEXT_HEAD - TEXT_TAIL:,} characters not shown … "
+
+
 def _elide(text: str) -> str:
     if len(text) <= MAX_TEXT_CHARS:
         return esc(text)
-    hidden = len(text) - TEXT_HEAD - TEXT_TAIL
-    note = tag("span", esc(f" … {hidden:,} characters not shown … "), cls="lmnb-elided",
-               style=f"color:{MUTED};font-style:italic")
+    note = tag("span", esc(_elided_note(text)), cls="lmnb-elided", style=f"color:{MUTED};font-style:italic")
     return esc(text[:TEXT_HEAD]) + note + esc(text[-TEXT_TAIL:])
+
+
+def _elide_plain(text: str) -> str:
+    """``_elide`` for the text/plain view: the saved notebook holds a cell's whole text once, in the
+    view's JSON; text/plain held it whole too, so a 1 MB prompt was saved twice."""
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    return text[:TEXT_HEAD] + _elided_note(text) + text[-TEXT_TAIL:]
 
 
 def render_segment(model: RunModel, lane: Lane, index: int, *, live: bool) -> str:
@@ -426,7 +437,7 @@ def render_run_text(model: RunModel) -> str:
             elif seg.kind == "join":
                 buf += f"\n[joined {', '.join(model.lane(l).label or l for l in seg.lanes)}]\n"
             else:
-                buf += seg.text
+                buf += _elide_plain(seg.text) if seg.kind == "text" else seg.text
         if buf:
             lines.append(indent + buf.replace("\n", "\n" + indent))
 
