@@ -27,6 +27,7 @@ from lmnb.template.cell_options import (
     add_cell_options,
     add_connect_arguments,
     add_load_arguments,
+    check_cell_names,
     checked_out,
     suggest_option,
 )
@@ -269,19 +270,17 @@ class LMMagics(Magics):
             else:
                 template = parse(cell, first_line=first_line, filename=filename, indent=indent)
                 program, params = template.program(), template.bind(ns)
-                _refuse_ipython_names(template.captures, "the result")
-                _warn_shadowed_builtins(template.captures, ns)
         except TemplateError as e:
             raise CellError(str(e)) from None
         except KeyboardInterrupt:  # (the first JSON schema check imports jsonschema: a second or so)
             raise cell_interrupt("the cell was stopped while it was being read; nothing ran") from None
-        if args.out and not args.python and args.out in template.captures:  # the state would replace the value
-            raise UsageError(f"--out {args.out} is also a variable the cell captures ({{gen {args.out}}}/"
-                             f"{{select {args.out}}}), which --out would overwrite with the program state; "
-                             f"give --out another name, e.g. --out {args.out}_state")
-        if args.out:  # --out print hides print() as {gen print} does
-            _refuse_ipython_names([args.out], "--out")
-            _warn_shadowed_builtins([args.out], ns)
+        captures = () if args.python else template.captures
+        try:
+            check_cell_names(args.out, captures)
+        except CellLineError as e:
+            raise UsageError(str(e)) from None
+        # --out print hides print() as {gen print} does
+        _warn_shadowed_builtins([*captures, *([args.out] if args.out else [])], ns)
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
         previous = self.session.states.get(args.state) if args.state else None
         starting = not self.session.started
@@ -370,18 +369,6 @@ class LMMagics(Magics):
                 display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
         except KeyboardInterrupt:
             raise cell_interrupt("the cell was stopped while its view was drawn; its results are kept") from None
-
-
-def _refuse_ipython_names(names, what: str) -> None:
-    """Refuse a kernel variable named ``get_ipython`` before the cell runs: IPython runs every
-    magic as ``get_ipython().run_cell_magic(...)`` in the kernel's namespace, so ``{gen get_ipython}``
-    made every later cell with a magic (``%%lm`` and ``%lm`` included) fail with "'str' object is not
-    callable"."""
-    for name in names:
-        if name == "get_ipython":
-            raise UsageError(f"{what} {name!r} would replace IPython's get_ipython, which every magic "
-                             f"(%%lm and %lm included) calls, so no magic could run after this cell; "
-                             f"rename it, e.g. {name}_")
 
 
 def _warn_shadowed_builtins(names, ns) -> None:

@@ -163,6 +163,31 @@ def test_bad_cells_are_reported_with_their_cell_number(cell, words):
         assert w in str(e.value)
 
 
+@pytest.mark.parametrize("cell, message", [
+    # the kernel refuses these before they run (lmnb.template.cell_options.check_cell_names); the
+    # export wrote a job of them, though the notebook could never have run the cell
+    ("%%lm --out o\nQ: {gen o max_tokens=1}",
+     "cell 2 (%%lm): --out o is also a variable the cell captures ({gen o}/{select o}), which --out would "
+     "overwrite with the program state; give --out another name, e.g. --out o_state"),
+    ("%%lm\nQ: {select get_ipython choices=['a', 'b']}",
+     "cell 2 (%%lm): the result 'get_ipython' would replace IPython's get_ipython, which every magic (%%lm and "
+     "%lm included) calls, so no magic could run after this cell; rename it, e.g. get_ipython_"),
+    ("%%lm --python --out get_ipython\ns += 'Q:'",
+     "cell 2 (%%lm): --out 'get_ipython' would replace IPython's get_ipython, which every magic (%%lm and %lm "
+     "included) calls, so no magic could run after this cell; rename it, e.g. get_ipython_"),
+])
+def test_cells_the_kernel_refuses_are_refused_at_export_with_its_message(cell, message):
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook("x = 1", cell))
+    assert str(e.value) == message
+
+
+def test_a_python_cells_out_may_name_a_gen_as_in_the_kernel():
+    # the kernel knows a --python body's names only as it runs, and runs this cell: so does the export
+    _, p = export_notebook(notebook('q = "x"', "%%lm --python --out o\ns += q + lmnb.gen('o', max_tokens=1)"))
+    assert p.lm_cells[0].options.out == "o" and p.lm_cells[0].captures == ("o",)
+
+
 @pytest.mark.parametrize("cells, words", [
     # each was written into a script that failed at import (SyntaxError, NameError, RecursionError)
     (["import asyncio\nawait asyncio.sleep(0)"], ["cell 3, line 2: top-level await", "asyncio.run"]),

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from lmnb.template.cell import cell_body
-from lmnb.template.cell_options import CellLineError, CellOptions, parse_backend_line, parse_cell_line
+from lmnb.template.cell_options import (CellLineError, CellOptions, check_cell_names, parse_backend_line,
+                                        parse_cell_line)
 
 # Cell magics whose body is Python: the body is kept, the magic is dropped.
 PYTHON_BODY_MAGICS = ("time", "timeit", "capture")
@@ -243,14 +244,21 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
             body = python_body
             program = parse_python(body, first_line=first_line, filename=filename, indent=indent)
             reads = python_program_reads(body)
-            return LMCell(index, line, options, python=program, reads=reads,
+            cell = LMCell(index, line, options, python=program, reads=reads,
                           captures=python_program_captures(program.tree),
                           mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"),
                           notes=computed_capture_notes(index, program.tree))
-        template = parse(body, first_line=first_line, filename=filename, indent=indent)
+        else:
+            template = parse(body, first_line=first_line, filename=filename, indent=indent)
+            cell = LMCell(index, line, options, template=template, reads=template.arguments,
+                          captures=template.captures)
     except TemplateError as e:
         raise ExportError(f"cell {index} (%%lm): {e}") from None
-    return LMCell(index, line, options, template=template, reads=template.arguments, captures=template.captures)
+    try:  # the kernel's checks, which refuse the cell before it runs (a --python body's names: as it runs)
+        check_cell_names(options.out, () if options.python else cell.captures)
+    except CellLineError as e:
+        raise ExportError(f"cell {index} (%%lm): {e}") from None
+    return cell
 
 
 def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) -> Code:

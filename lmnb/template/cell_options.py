@@ -14,7 +14,7 @@ import re
 import shlex
 import unicodedata
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
 STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -245,6 +245,28 @@ def checked_out(args: argparse.Namespace) -> Optional[str]:
         raise CellLineError(f"--out {args.out!r} is reserved in Python, so the variable could never be read; "
                             f"pick another name, e.g. --out {out}_")
     return out
+
+
+def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
+    """The checks of a ``%%lm`` cell's variable names, once its body is read (the magic's and the
+    exporter's, so a notebook the kernel refuses does not export): ``out`` is the cell's ``--out``
+    (``checked_out``), ``captures`` the variables its prompt template captures (none for a
+    ``--python`` body, whose names are known only as it runs).
+
+    Raises:
+        CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
+            every magic, so no later ``%%lm`` or ``%lm`` cell could run); an ``--out`` that is also a
+            captured variable (the state would overwrite the value).
+    """
+    for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
+        if name == "get_ipython":
+            raise CellLineError(f"{what} {name!r} would replace IPython's get_ipython, which every magic "
+                                f"(%%lm and %lm included) calls, so no magic could run after this cell; "
+                                f"rename it, e.g. {name}_")
+    if out is not None and out in captures:
+        raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
+                            f"which --out would overwrite with the program state; give --out another name, e.g. "
+                            f"--out {out}_state")
 
 
 def _parse(words: list[str]) -> argparse.Namespace:
