@@ -808,3 +808,30 @@ def test_computed_gen_names_in_a_python_cell_are_warned_about():
             "kernel does); name them with string literals, or read them from the cell's --out state") in p.notes
     for body in ('lmnb.gen("h", max_tokens=1)', "lmnb.gen(None, max_tokens=1)", "lmnb.gen(name=None)"):
         assert not any("computed" in n for n in export_notebook(notebook('q = "x"', f"%%lm --python\ns += q + {body}"))[1].notes)
+
+
+COMPUTED = ("gen/select names {} are computed, so the job does not bind them as variables (the kernel does); "
+            "name them with string literals, or read them from the cell's --out state")
+
+
+@pytest.mark.parametrize("setup, body, captures, computed", [
+    # another library's select is no lmnb primitive: the export warned of f'g{i}' and c{q} and took
+    # np.select("x") for a captured variable
+    ("import numpy as np", 'for i in range(2):\n    s += str(np.select([True], [f"g{i}"]))\ns += np.select("x")',
+     (), None),
+    ("class D:\n    def select(self, name): return name\ndf = D()", 's += df.select(f"c{q}") + lmnb.gen("h")',
+     ("h",), None),
+    ("x = 1", 'def gen(name): return name\ns += gen(f"x{q}")', (), None),  # the body's own gen
+    # lmnb's primitives by other names: an alias of the module, an import, a partial of one (it was missed)
+    ("import lmnb as sgl", 's += sgl.select(f"v{q}", choices=["a"]) + sgl.gen("w")', ("w",), "f'v{q}'"),
+    ("from lmnb import gen as g", 's += g(name=f"n{q}") + g("m")', ("m",), "f'n{q}'"),
+    ("from functools import partial", 'for i in range(2):\n    s += partial(lmnb.gen, f"g{i}", max_tokens=1)()',
+     (), "f'g{i}'"),
+    ("import functools\nfrom lmnb import gen", 'ask = functools.partial(gen, max_tokens=1)\n'
+     'for i in range(2):\n    s += ask(f"a{i}")\ns += ask("lit") + functools.partial(gen, name="p")()',
+     ("lit", "p"), "f'a{i}'"),
+])
+def test_only_lmnbs_gen_and_select_name_a_python_cells_variables(setup, body, captures, computed):
+    _, p = export_notebook(notebook('q = "x"', setup, "%%lm --python\n" + body))
+    assert p.lm_cells[0].captures == captures
+    assert [n for n in p.notes if "computed" in n] == ([f"cell 3: {COMPUTED.format(computed)}"] if computed else [])

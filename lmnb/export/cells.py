@@ -124,6 +124,7 @@ def read_cells(nb) -> list[Cell]:
         ExportError: a ``%%lm`` cell or a Python cell that does not parse (cell number, line, fix).
     """
     out: list[Cell] = []
+    names = LmnbNames()  # as the cells so far bind them: a --python body reads the kernel's names
     for index, cell in enumerate(nb.cells, start=1):
         source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
         source = source.replace("\r\n", "\n")
@@ -135,7 +136,9 @@ def read_cells(nb) -> list[Cell]:
             out.append(Markdown(index, source.strip("\n")))
         elif cell.cell_type == "code":
             tags = tuple(cell.get("metadata", {}).get("tags", ()))
-            out.append(_code_cell(index, source, tags))
+            out.append(_code_cell(index, source, tags, names=names))
+            if isinstance(out[-1], Code):
+                names = names.seen(ast.parse(out[-1].source))
     return out
 
 
@@ -200,20 +203,21 @@ def lm_cell_parts(source: str) -> tuple[str, str, int, str] | None:
         source = body
 
 
-def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent: str = "") -> Cell:
+def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent: str = "", *,
+               names: LmnbNames) -> Cell:
     """The cell of ``source``, which starts at line ``first_line`` of the notebook cell (below a
     ``%%time``, say) with ``indent`` taken off its lines: errors give the notebook cell's lines
-    and columns, as the kernel does."""
+    and columns, as the kernel does. ``names``: lmnb's names the cells above it bind."""
     name, first, body, skipped, margin = _cell_magic(source)
     if first:
         # the line below the magic's line, past the blank lines IPython skips before it
         body_line, indent = first_line + skipped + 1, indent + margin
         if name == "lm":  # (the prompt without its final line break, as in the kernel)
             return _lm_cell(index, first[4:].strip(), cell_body(body), body_line,
-                            cell_body(_ipython_magic_body(source)), indent)
+                            cell_body(_ipython_magic_body(source)), indent, names)
         if name in PYTHON_BODY_MAGICS:
             # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
-            inner = (_code_cell(index, body, tags, body_line, indent) if _cell_magic(body)[1]
+            inner = (_code_cell(index, body, tags, body_line, indent, names=names) if _cell_magic(body)[1]
                      else python_cell(index, body, tags, body_line))
             if isinstance(inner, Code) and inner.magic is None:
                 inner.magic = first.strip()
@@ -226,10 +230,12 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent
     return python_cell(index, source, tags)
 
 
-def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str, indent: str = "") -> LMCell:
+def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str, indent: str,
+             names: LmnbNames) -> LMCell:
     """The ``%%lm`` cell of options ``line``: a prompt ``body`` as typed, or with ``--python``
     ``python_body``, the body as IPython cleaned it up (``_ipython_magic_body``), as the kernel runs
-    them; ``indent`` was taken off the lines of an indented cell (error columns count it)."""
+    them; ``indent`` was taken off the lines of an indented cell (error columns count it);
+    ``names``: what the cells above call lmnb's gen/select (a ``--python`` body's captures)."""
     from lmnb.template import TemplateError, parse, parse_python
 
     try:
@@ -245,9 +251,9 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
             program = parse_python(body, first_line=first_line, filename=filename, indent=indent)
             reads = python_program_reads(body)
             cell = LMCell(index, line, options, python=program, reads=reads,
-                          captures=python_program_captures(program.tree),
+                          captures=python_program_captures(program.tree, names),
                           mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"),
-                          notes=computed_capture_notes(index, program.tree))
+                          notes=computed_capture_notes(index, program.tree, names))
         else:
             template = parse(body, first_line=first_line, filename=filename, indent=indent)
             cell = LMCell(index, line, options, template=template, reads=template.arguments,
@@ -479,36 +485,90 @@ def python_program_reads(body: str) -> tuple:
     return _in_order(ast.parse(wrapped), read)
 
 
-def _captured_names(tree: ast.Module) -> list:
-    """The name arguments (AST nodes) of a ``--python`` body's ``gen``/``select`` calls."""
-    names = []
+@dataclass(frozen=True)
+class LmnbNames:
+    """What a notebook's code calls lmnb's capturing primitives (``_CAPTURING``) by, as its cells
+    bind them in order. modules: names of the lmnb module (``lmnb``, which the kernel defines for
+    ``--python`` bodies; ``import lmnb as sgl``); functions: names of a primitive (``from lmnb
+    import gen as g``, ``ask = functools.partial(lmnb.gen, max_tokens=5)``). A ``gen`` or
+    ``select`` of anything else (``np.select``, ``df.select``, the user's own ``gen``) names no
+    variable of the cell."""
+
+    modules: frozenset = frozenset({"lmnb"})
+    functions: frozenset = frozenset()
+
+    def seen(self, tree: ast.AST) -> "LmnbNames":
+        """These names and those that ``tree``'s imports and ``partial`` assignments bind."""
+        modules, functions = set(self.modules), set(self.functions)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules |= {a.asname for a in node.names if a.name == "lmnb" and a.asname}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "lmnb":
+                functions |= {a.asname or a.name for a in node.names if a.name in _CAPTURING}
+        names = LmnbNames(frozenset(modules), frozenset(functions))
+        # ask = partial(gen, max_tokens=5) names no variable: ask("x") does, as gen("x") would
+        aliases = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                   and names.is_partial_primitive(node.value)
+                   and _name_argument(node.value.args[1:], node.value.keywords) is None
+                   for t in node.targets if isinstance(t, ast.Name)}
+        return LmnbNames(names.modules, names.functions | aliases)
+
+    def is_primitive(self, func: ast.expr) -> bool:
+        """Whether the expression ``func`` is one of lmnb's capturing primitives."""
+        if isinstance(func, ast.Attribute):
+            return func.attr in _CAPTURING and isinstance(func.value, ast.Name) and func.value.id in self.modules
+        return isinstance(func, ast.Name) and func.id in self.functions
+
+    def is_partial_primitive(self, call: ast.Call) -> bool:
+        """Whether ``call`` is ``partial(PRIMITIVE, ...)`` (``functools.partial`` too)."""
+        func = call.func
+        partial = ((isinstance(func, ast.Name) and func.id == "partial")
+                   or (isinstance(func, ast.Attribute) and func.attr == "partial"
+                       and isinstance(func.value, ast.Name) and func.value.id == "functools"))
+        return partial and bool(call.args) and self.is_primitive(call.args[0])
+
+    def partial_name(self, call: ast.Call):
+        """The name argument that ``partial(PRIMITIVE, NAME)`` (or ``name=NAME``) binds, else None."""
+        if not self.is_partial_primitive(call):
+            return None
+        return _name_argument(call.args[1:], call.keywords)
+
+
+def _name_argument(args: list, keywords: list):
+    """The name argument (AST node) of a primitive called with ``args`` and ``keywords``, or None."""
+    return args[0] if args else next((k.value for k in keywords if k.arg == "name"), None)
+
+
+def _captured_names(tree: ast.Module, names: LmnbNames) -> list:
+    """The name arguments (AST nodes) of a ``--python`` body's calls of lmnb's ``gen``/``select``
+    (and of ``partial(gen, NAME)``), its own imports counted with ``names``."""
+    names = names.seen(tree)
+    out = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        func = node.func
-        fname = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-        if fname not in _CAPTURING:
-            continue
-        arg = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
+        arg = (_name_argument(node.args, node.keywords) if names.is_primitive(node.func)
+               else names.partial_name(node))
         if arg is not None:
-            names.append(arg)
-    return names
+            out.append(arg)
+    return out
 
 
-def python_program_captures(tree: ast.Module) -> tuple:
-    """Variables a ``--python`` body's ``gen``/``select`` calls name with a string literal."""
+def python_program_captures(tree: ast.Module, names: LmnbNames) -> tuple:
+    """Variables a ``--python`` body's ``gen``/``select`` calls name with a string literal
+    (``names``: what the cells above call them, see ``LmnbNames``)."""
     out: list = []
-    for arg in _captured_names(tree):
+    for arg in _captured_names(tree, names):
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value not in out:
             out.append(arg.value)
     return tuple(out)
 
 
-def computed_capture_notes(index: int, tree: ast.Module) -> list:
+def computed_capture_notes(index: int, tree: ast.Module, names: LmnbNames) -> list:
     """Warnings for the ``gen``/``select`` names a ``--python`` body computes (``f"g{i}"``): the
     kernel binds whatever name comes out, the job only the literal ones, so a later cell reading
     such a variable fails there with a NameError."""
-    computed = [ast.unparse(a) for a in _captured_names(tree)  # (gen(None, ...) names no variable)
+    computed = [ast.unparse(a) for a in _captured_names(tree, names)  # (gen(None, ...) names no variable)
                 if not isinstance(a, (ast.Constant, ast.Starred))]
     if not computed:
         return []
