@@ -56,7 +56,7 @@ def run(args) -> int:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from lmnb.export import file_in_the_way, read_notebook
+    from lmnb.export import file_in_the_way, make_folders, read_notebook
 
     src = Path(args.notebook)
     if not src.is_file():
@@ -76,7 +76,9 @@ def run(args) -> int:
         if out.is_dir() and not to_stdout:
             raise IsADirectoryError("it is a directory; give a file name, e.g. -o DIR/out.ipynb")
         if not to_stdout:
-            out.parent.mkdir(parents=True, exist_ok=True)
+            made = make_folders(out)
+            if made is not None:
+                print(f"lmnb run: created the folder {made} (it did not exist) for {out}", file=sys.stderr)
             _try_writing(out)
     except OSError as e:
         blocker = file_in_the_way(out)  # (mkdir's "File exists" / "Not a directory" name another path)

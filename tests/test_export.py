@@ -762,6 +762,32 @@ def test_the_printed_command_runs_a_script_whose_path_has_a_space(tmp_path, caps
     assert shlex.split(capsys.readouterr().err.splitlines()[-1]) == ["python", str(tmp_path / "my dir" / "my nb.py")]
 
 
+def test_folders_made_for_the_output_are_named(tmp_path, capsys, monkeypatch):
+    """`-o jbos/job.py` made the folder jbos without a word (export and run): a typo went unseen."""
+    import argparse
+
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    assert main(["export", "qa.ipynb", "-o", "jobs/new/job.py"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "lmnb export: created the folder jobs (it did not exist) for jobs/new/job.py"
+    assert err[1].startswith("wrote jobs/new/job.py ") and (tmp_path / "jobs" / "new" / "job.py").is_file()
+    assert main(["export", "qa.ipynb", "-o", "jobs/new/job.py"]) == 0  # the folder is there now: no word of it
+    assert capsys.readouterr().err.startswith("wrote jobs/new/job.py ")
+    assert main(["export", "qa.ipynb", "-o", "jobs/other/job.py"]) == 0  # only the folder made is named
+    assert capsys.readouterr().err.splitlines()[0] == ("lmnb export: created the folder jobs/other (it did not exist) "
+                                                       "for jobs/other/job.py")
+    target = tmp_path / "runs" / "out.ipynb"  # (checked before the kernel starts: a bad -p stops the run there)
+    args = argparse.Namespace(notebook="qa.ipynb", output=str(target), parameter=[("1x", "2")], timeout=60,
+                              allow_errors=False)
+    assert run(args) == 2
+    assert capsys.readouterr().err.splitlines()[0] == (f"lmnb run: created the folder {tmp_path / 'runs'} (it did "
+                                                       f"not exist) for {target}")
+
+
 def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
     """`-o notes.txt/job.py` (notes.txt a file) said "[Errno 17] File exists: 'notes.txt'" for
     export and run, and the job "[Errno 20] Not a directory: 'notes.txt/out.jsonl'"."""

@@ -128,6 +128,20 @@ def file_in_the_way(path: Path) -> Optional[Path]:
     return existing if existing is not None and not existing.is_dir() else None
 
 
+def make_folders(path: Path) -> Optional[Path]:
+    """Make the folders ``path`` goes in that do not exist yet; returns the outermost one made
+    (None if none was), for the command to say so: a mistyped ``-o jbos/job.py`` made a folder
+    without a word, and the file seemed lost. Made, not refused: a new folder for the output is
+    the common case, and saying so shows a typo at once.
+
+    Raises:
+        OSError: a folder cannot be made (``file_in_the_way`` names a file in its place).
+    """
+    made = next((parent for parent in reversed(path.parents) if not parent.exists()), None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return made
+
+
 def not_an_export(path: Path) -> bool:
     """Whether ``path`` is an existing file that ``lmnb export`` did not write: ``lmnb export
     nb.ipynb`` replaced any ``nb.py`` without a word (a jupytext pairing's script, the user's own
@@ -185,7 +199,9 @@ def export(args: argparse.Namespace) -> int:
               "or move it away first", file=sys.stderr)
         return 2
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        made = make_folders(out)
+        if made is not None:
+            print(f"lmnb export: created the folder {made} (it did not exist) for {out}", file=sys.stderr)
         out.write_text(source, encoding="utf-8")
     except OSError as e:
         blocker = file_in_the_way(out)
