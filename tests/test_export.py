@@ -861,3 +861,31 @@ def test_only_lmnbs_gen_and_select_name_a_python_cells_variables(setup, body, ca
     _, p = export_notebook(notebook('q = "x"', setup, "%%lm --python\n" + body))
     assert p.lm_cells[0].captures == captures
     assert [n for n in p.notes if "computed" in n] == ([f"cell 3: {COMPUTED.format(computed)}"] if computed else [])
+
+
+def test_row_fields_whose_example_is_text_must_be_text_in_the_job(tmp_path, monkeypatch):
+    """{"question": 7} ran as a row: a prompt written for text got 7 (here question.strip() failed
+    the row with an AttributeError that said nothing of the input)."""
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook(("parameters", 'style = "terse"\nn = 2'), 'question = "What?"', 'prompt = f"Q: {question}"',
+                  "%%lm --temperature 0\n{prompt.strip()} {topic}{style}{n}{gen a max_tokens=1}")
+    source, p = export_notebook(nb)
+    # topic: read and never set, so its type is unknown; style is a parameter, not a row field
+    assert (p.inputs, p.texts) == (("question", "topic"), ("question",))
+    assert "job = lmnb.batch.Job(__doc__, inputs=['question', 'topic'], texts=['question'])" in source
+    assert "Text, as the notebook's examples are (a JSON string, not a number or a list): question." in source
+    assert "also on a rerun that\nleaves it so" in source  # the exit status, in --help
+    assert export_notebook(nb, inputs=["question", "n"])[1].texts == ("question",)  # n's example is a number
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": 7, "topic": 1}, {"question": "Why?", "topic": [3]}])
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 1
+    results = {r["row"]: r for r in read_results(out)}
+    assert (results[0]["status"], results[1]["status"]) == ("bad_input", "ok")
+    assert results[0]["error"].startswith("line 1: field 'question' is a number, 7; the notebook's example of it is text")
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Q: Why? [3]terse2"]

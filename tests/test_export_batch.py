@@ -1300,3 +1300,36 @@ def test_a_server_that_wants_a_key_is_named_with_the_option_that_gives_it(tmp_pa
     err = capsys.readouterr().err
     assert (f"lmnb batch: could not start the backend ({url}): BackendAuthError: GET {url}/get_model_info: HTTP 401: "
             f"missing or wrong API key (send Authorization: Bearer <key>){advice}\n") in err, err
+
+
+def test_a_text_field_given_another_json_value_is_bad_input_and_the_good_rows_run(tmp_path, capsys):
+    """A row field whose notebook example is text, given as 7 or [1, 2]: the job ran the row on
+    it (a prompt of "7", or an AttributeError from code written for text) as though it were fine."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": 7}, {"question": "b"}, {"question": [1, 2]},
+                                                {"question": True}, {"question": {"k": "v"}}])
+    out = tmp_path / "out.jsonl"
+    job = lambda: Job("", ["question"], texts=["question"],  # noqa: E731
+                      argv=["--input", str(rows), "--output", str(out), "--no-progress"])
+    backend = ScriptedBackend(reply)
+    assert job().run(run_row, programs=[echo], backend=backend) == 1
+    results = by_row(read_results(out))
+    assert [results[i]["status"] for i in range(5)] == ["bad_input", "ok", "bad_input", "bad_input", "bad_input"]
+    assert results[0]["error"] == ("line 1: field 'question' is a number, 7; the notebook's example of it is text, "
+                                   'which its code was written for: give a string (in quotes, e.g. "7")')
+    assert results[2]["error"].startswith("line 3: field 'question' is a list, [1, 2]; ")
+    assert results[2]["error"].endswith('(in quotes, e.g. "[1, 2]")')
+    assert results[3]["error"].startswith("line 4: field 'question' is a boolean, true; ")
+    assert results[4]["error"].startswith('line 5: field \'question\' is an object, {"k": "v"}; ')
+    assert results[1]["variables"] == {"answer": "B"}
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Q: b\nA:"]  # the bad rows never ran
+    assert f"lmnb batch: {rows} line 1: field 'question' is a number, 7;" in capsys.readouterr().err
+    # A rerun on the same input: nothing runs, the file stands, and the status is still 1, as the
+    # output still lacks those rows' results (a pipeline's next step must not take it as complete).
+    before = out.read_bytes()
+    assert job().run(run_row, programs=[echo], backend=backend) == 1
+    assert out.read_bytes() == before and len([c for c in backend.calls if c[0] == "generate"]) == 1
+    assert "(1 ok, 0 failed, 4 bad input)" in capsys.readouterr().err
+    write_rows(rows, [{"question": "7"}, {"question": "b"}, {"question": "[1, 2]"}, {"question": "true"},
+                      {"question": "v"}])  # fixed: those rows run, and the job is complete
+    assert job().run(run_row, programs=[echo], backend=backend) == 0
+    assert sorted(r["variables"]["answer"] for r in read_results(out)) == ["7", "B", "TRUE", "V", "[1, 2]"]

@@ -111,6 +111,10 @@ class Job:
     Args:
         description: help text of the command line (the script's docstring).
         inputs: names of the fields every input row must have; they become ``run_row``'s arguments.
+        texts: those of ``inputs`` whose value must be a string (the notebook's example of each is):
+            a row giving a number, a boolean, a list or an object there is bad input, named as such,
+            instead of a run on code that was written for text (``question.strip()`` failed the row
+            with an AttributeError; ``{question}`` quietly prompted with ``7`` or ``[1, 2]``).
         model: default ``--model`` (a notebook's ``%lm load``); None = ``$LMNB_MODEL``, else the
             built-in demo model.
         backend: default ``--backend`` (a notebook's ``%lm connect URL``); None = ``engine``.
@@ -128,12 +132,13 @@ class Job:
     continued = staticmethod(continued)
     row_copy = staticmethod(row_copy)
 
-    def __init__(self, description: str = "", inputs: Sequence[str] = (), *, model: Optional[str] = None,
-                 backend: Optional[str] = None, openai_model: Optional[str] = None,
+    def __init__(self, description: str = "", inputs: Sequence[str] = (), *, texts: Sequence[str] = (),
+                 model: Optional[str] = None, backend: Optional[str] = None, openai_model: Optional[str] = None,
                  completion: bool = False, timeout: Optional[float] = None,
                  argv: Optional[Sequence[str]] = None, per_row: bool = True):
         self.description = description
         self.inputs = list(inputs)
+        self.texts = list(texts)
         self.per_row = per_row
         self.default_model = model
         self.default_backend = backend
@@ -204,8 +209,10 @@ class Job:
     def run(self, run_row: Callable[..., Any], programs: Sequence[Any] = (), backend: Any = None) -> int:
         """Run ``run_row(**fields)`` for every input row not yet in the output; returns the exit
         status: 0 every row in the output is ok, 1 some rows failed or their input was unusable
-        (their records say why), 2 the job could not start, 130 stopped by Ctrl-C / SIGTERM before every
-        row was written (after that, the job ends as usual, saying so), 141
+        (their records say why), also on a rerun that leaves them so (the output is not complete: a
+        script that goes on to read it must not take it for the whole), 2 the job could not start,
+        130 stopped by Ctrl-C / SIGTERM before every row was written (after that, the job ends as
+        usual, saying so), 141
         stopped because the rows printed into a pipe that closed (``| head``; those rows are not
         recorded, so a rerun does them), or stderr did (``2>&1 | head``).
 

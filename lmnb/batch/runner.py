@@ -6,6 +6,7 @@ row prints (stdout, and stderr apart) comes out in one piece when the row ends (
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import sys
@@ -122,6 +123,8 @@ class RowRunner:
                 if nulls and not missing:  # (a null would run into the prompt as the text "None")
                     error = (f"line {row.line}: {'fields' if len(nulls) > 1 else 'field'} {', '.join(map(repr, nulls))} "
                              f"{'are' if len(nulls) > 1 else 'is'} null; give a value, or leave the row out")
+                elif not missing:
+                    error = _not_text(row, self.job.texts)
             key = row_key(base)
             if self.store.done(key):
                 if self._replaced(key, base["input_hash"], error, old_bad):
@@ -339,6 +342,22 @@ class RowRunner:
         if self.signals and not self.left and not self.pipe_closed:
             lines.append("  Ctrl-C came, but every row is written: the job is complete")
         print("\n".join(lines), file=sys.stderr)
+
+
+_JSON_KINDS = ((bool, "a boolean"), ((int, float), "a number"), (list, "a list"), (dict, "an object"))
+
+
+def _not_text(row: InputRow, texts) -> str | None:
+    """The error for a row that gives a text field (``Job.texts``) a value other than a string
+    (null is said apart), or None."""
+    wrong = [(f, row.fields[f]) for f in texts if row.fields.get(f) is not None and not isinstance(row.fields[f], str)]
+    if not wrong:
+        return None
+    shown = "; ".join(f"field {f!r} is {next(kind for t, kind in _JSON_KINDS if isinstance(v, t))}, {json.dumps(v):.40}"
+                      for f, v in wrong)
+    example = json.dumps(f"{json.dumps(wrong[0][1]):.40}")
+    return (f"line {row.line}: {shown}; the notebook's example of {'it' if len(wrong) == 1 else 'each'} is text, "
+            f"which its code was written for: give a string (in quotes, e.g. {example})")
 
 
 def _rows(n: int) -> str:

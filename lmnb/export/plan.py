@@ -32,7 +32,9 @@ class Plan:
     is in ``row``; its ``@lmnb.function`` is defined at module level). inputs: row fields, in order
     of first use. parameters: variables of the parameters cell. lm_params: ``%%lm`` cell index →
     row-local variables its program takes as arguments (other names it reads are module globals).
-    binds: ``%%lm`` cell index → captured variables bound as locals after it runs. strip: moved
+    binds: ``%%lm`` cell index → captured variables bound as locals after it runs. texts: the row
+    fields whose notebook example is a string (the job refuses a row that gives another value,
+    which the notebook's code was never run on). strip: moved
     setup cell index → row fields whose literal assignments are commented out there. copied:
     module-level names the row part rebinds or changes in place (each row starts from a copy of
     the module value: ``Job.row_copy``).
@@ -48,6 +50,7 @@ class Plan:
     binds: dict = field(default_factory=dict)
     strip: dict = field(default_factory=dict)
     copied: tuple = ()
+    texts: tuple = ()
     backend: Backend = field(default_factory=Backend)
     notes: list = field(default_factory=list)
 
@@ -96,21 +99,22 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     first = lm[0].index
     before = [c for c in cells if c.index < first and c is not params_cell]
     after = [c for c in cells if c.index >= first and c is not params_cell]
+    first_binding: dict = {}  # name -> whether the cells before the first %%lm cell first bind it to a string
+    for c in cells:
+        if isinstance(c, Code) and (c.index < first or c is params_cell):
+            for name, literal in c.bindings:
+                first_binding.setdefault(name, literal)
     if given is not None:
         examples = set(given)
     else:
-        first_binding: dict = {}
-        for c in before:
-            if isinstance(c, Code):
-                for name, literal in c.bindings:
-                    first_binding.setdefault(name, literal)
-        examples = {n for n, literal in first_binding.items() if literal} - set(parameters)
+        examples = {n for n, literal in first_binding.items() if literal and n not in parameters}
 
     moved = _moved_setup_cells(before, after, examples)
     setup = [c for c in cells if (c in before and c not in moved) or c is params_cell]
     row = [c for c in cells if c in moved or c in after]
     p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
     p.inputs = _fields(p, examples, given, parameters)
+    p.texts = tuple(n for n in p.inputs if first_binding.get(n))
     p.strip = {c.index: {n for n in p.inputs if n in c.string_assignments} for c in moved}
     for c in moved:
         _check_strippable(c, p.strip[c.index])

@@ -96,6 +96,9 @@ class _Writer:
             "",
             f"Each input row (a JSON object per line, or a CSV row under a header) gives: {fields}.",
         ]
+        if p.texts:
+            lines.append(f"Text, as the notebook's examples are (a JSON string, not a number or a list): "
+                         f"{', '.join(p.texts)}.")
         if p.parameters:
             lines.append(f"Notebook parameters, as options: {', '.join(parameter_options(p.parameters).values())}.")
         lines += [
@@ -108,6 +111,11 @@ class _Writer:
             "refused, rows run by an edited script are counted). The output is appended to as rows finish",
             "(with --num-threads above 1 that is not input order: sort on row); run the same command again",
             "after a crash or Ctrl-C and it continues with the rows not yet written.",
+            "",
+            "Exit status: 0 every row of the output is ok; 1 some row failed or its input was unusable (its",
+            "record says why; each row is checked before any runs, and the good ones run), also on a rerun that",
+            "leaves it so: the output is not complete until every row is ok; 2 the job could not start; 130",
+            "stopped by Ctrl-C before every row was written.",
         ]
         body = "\n".join(lines).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
         return f'"""{body}\n"""'
@@ -134,7 +142,8 @@ class _Writer:
     def job_line(self, per_row: bool = True) -> str:
         if not per_row:
             return f"{self.names.job} = lmnb.batch.Job(__doc__, per_row=False{self.backend_kwargs()})"
-        return f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{self.backend_kwargs()})"
+        texts = f", texts={list(self.p.texts)!r}" if self.p.texts else ""
+        return f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{texts}{self.backend_kwargs()})"
 
     def backend_kwargs(self) -> str:
         kwargs = []
