@@ -511,6 +511,29 @@ def test_missing_kernel_variable_and_failing_expression_point_at_the_hole():
     assert str(e.value).startswith("line 1, col 22: gen option max_tokens=1 // zero failed: ZeroDivisionError")
 
 
+@pytest.mark.parametrize("before, after, shown, caret", [
+    # 1,000,000 characters before the error: its 100 before the column, and 100 from it
+    ("x" * 1_000_000, "y" * 1000, "…" + "x" * 93 + "{gen a max_token=3}" + "y" * 88 + "…", 1 + 93 + 7),
+    ("x" * 50, "y" * 1000, "x" * 50 + "{gen a max_token=3}" + "y" * 88 + "…", 57),  # the line's start is near
+    ("x" * 1000, "", "…" + "x" * 93 + "{gen a max_token=3}", 101),  # and its end
+    ("x" * 100, "y" * 121, "x" * 100 + "{gen a max_token=3}" + "y" * 121, 107),  # 240 characters: quoted whole
+])
+def test_a_long_line_is_quoted_around_the_error(before, after, shown, caret):
+    # a %%lm cell with a 1 MB prompt line and a typo quoted the whole line and a caret line as long:
+    # 4 MB in the saved notebook, whose error record holds the message twice (evalue and traceback)
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(before + "{gen a max_token=3}" + after)
+    assert str(e.value).split("\n")[:3] == [
+        f"line 1, col {len(before) + 8}: gen has no option 'max_token'; did you mean 'max_tokens'?",
+        "    " + shown, "    " + " " * caret + "^"]
+
+
+def test_a_long_indented_line_keeps_its_margin_when_its_start_is_shown():
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse("{gen a max_token=3}" + "y" * 300, indent="\t")
+    assert str(e.value).split("\n")[1:3] == ["    \t{gen a max_token=3}" + "y" * 88 + "…", "    \t       ^"]
+
+
 @pytest.mark.parametrize("indent, col", [("    ", 12), ("\t", 9)])
 def test_columns_count_the_indentation_an_indented_cell_was_typed_with(indent, col):
     # an indented %%lm cell is read without the indentation its lines share (IPython drops it);

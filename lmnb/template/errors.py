@@ -45,6 +45,11 @@ def surrogate_problem(char: str) -> str:
             "code that holds it; delete it, or write the character it was part of")
 
 
+# A line longer than this is quoted around the error's column, QUOTED_AROUND characters on each
+# side: a 1 MB prompt line was quoted whole (with a caret line as long), and a failed cell's saved
+# error holds its message twice (Jupyter's evalue and traceback).
+QUOTED_LINE_CHARS, QUOTED_AROUND = 240, 100
+
 # Python's parser raises MemoryError or RecursionError, not SyntaxError, for code nested this deep.
 TOO_DEEP = "this is too long or nested too deeply for Python's parser"
 TOO_DEEP_HINT = "build the value in a Python cell and use the variable here"
@@ -75,8 +80,14 @@ class TemplateError(Exception):
 
     def _render(self) -> str:
         out = f"line {self.line}, col {self.col}: {self.message}"
-        if self.source_line.strip():  # (a tab in the margin stays a tab, so the caret lines up under it)
-            out += f"\n    {self.source_line}\n    {self._margin}{' ' * (self.col - 1 - len(self._margin))}^"
+        line, at, margin = self.source_line, self.col - 1, self._margin
+        if len(line) > QUOTED_LINE_CHARS:
+            start, end = max(0, at - QUOTED_AROUND), at + QUOTED_AROUND
+            if start:  # (the margin is cut off; the caret counts the "…" before the rest)
+                line, at, margin = "…" + line[start:], at - start + 1, ""
+            line = line[: at + QUOTED_AROUND] + ("…" if end < len(self.source_line) else "")
+        if line.strip():  # (a tab in the margin stays a tab, so the caret lines up under it)
+            out += f"\n    {line}\n    {margin}{' ' * (at - len(margin))}^"
         if self.hint:
             out += f"\n  hint: {self.hint}"
         return out
