@@ -20,6 +20,19 @@ SAMPLING_EPS = 1e-6
 # set no bound).
 MAX_STOP_STRINGS = 512
 MAX_STOP_CHARS = 32768
+# Bound on ``top_logprobs_num``, the OpenAI routes' too (OpenAI's API takes 0 to 20): a stream's
+# every event resends the alternatives of every token so far, so its size grows with this times
+# the square of the output's length (one stream asking for thousands reached 582 MB).
+MAX_TOP_LOGPROBS = 20
+
+
+class SamplingParamsError(ValueError):
+    """A ``SamplingParams`` field is invalid: ``field`` names it, so that a front end names its own
+    field for it (an HTTP error's ``param``)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
 
 
 def _is_numpy_scalar(v: Any) -> bool:
@@ -58,7 +71,8 @@ class SamplingParams:
         seed: per-request seed; the same seed and prompt give the same sample.
         n: number of samples sharing one prefill of the prompt.
         return_logprob: return the logprob of each generated token.
-        top_logprobs_num: also return this many top alternatives per position.
+        top_logprobs_num: also return this many top alternatives per position (at most
+            ``MAX_TOP_LOGPROBS``).
         logprob_start_len: return prompt logprobs for prompt tokens from this index on (-1 = none).
         regex, json_schema: constrained decoding (see ``lmnb_engine.constrained``); at most one.
         extra: ``{"whitespace_pattern": regex}``, the whitespace a ``json_schema`` output may have
@@ -108,7 +122,8 @@ class SamplingParams:
         return replace(self, **changes)
 
     def validate(self) -> None:
-        """Check every field; raise ``ValueError`` naming the field, the value and the allowed range."""
+        """Check every field; raise ``SamplingParamsError`` (a ``ValueError``) naming the field, the
+        value and the allowed range."""
 
         for f in fields(self):  # numpy scalars (np.int64(3), np.float32(0.5)) as the Python values they hold
             v = getattr(self, f.name)
@@ -118,7 +133,7 @@ class SamplingParams:
                 setattr(self, f.name, [t.item() if _is_numpy_scalar(t) else t for t in v])
 
         def bad(name: str, rule: str) -> None:
-            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {rule}")
+            raise SamplingParamsError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {rule}", name)
 
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
@@ -174,8 +189,8 @@ class SamplingParams:
             bad("seed", "must be None or an integer that fits in 64 bits (-2**63 <= seed < 2**63)")
         if not is_int(self.n) or self.n < 1:
             bad("n", "must be an integer >= 1")
-        if not is_int(self.top_logprobs_num) or self.top_logprobs_num < 0:
-            bad("top_logprobs_num", "must be an integer >= 0")
+        if not is_int(self.top_logprobs_num) or not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
+            bad("top_logprobs_num", f"must be an integer from 0 to {MAX_TOP_LOGPROBS} (top alternatives per token)")
         if not is_int(self.logprob_start_len) or self.logprob_start_len < -1:
             bad("logprob_start_len", "must be -1 (no prompt logprobs) or an index >= 0")
         if self.regex is not None and self.json_schema is not None:

@@ -645,3 +645,26 @@ def test_openai_official_api_refuses_stop_regex_instead_of_dropping_it():
 
     with pytest.raises(sgl.ProgramError, match="the OpenAI API has no stop_regex; use stop strings"):
         prog.run(backend=official).text()
+
+
+def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(served):
+    # /generate took any number, and a stream resends every token's alternatives so far: one stream
+    # asking for thousands reached 582 MB. 20 is the OpenAI routes' cap (and OpenAI's).
+    from lmnb_engine import SamplingParams
+
+    SamplingParams(return_logprob=True, top_logprobs_num=20).validate()
+    with pytest.raises(ValueError, match=r"top_logprobs_num=21 is invalid: must be an integer from 0 to 20"):
+        SamplingParams(return_logprob=True, top_logprobs_num=21).validate()
+    _, url = served
+    ok = _post(url, "/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 20,
+                                  "sampling_params": {"max_new_tokens": 1}})
+    assert ok.status_code == 200
+    for body in ({"text": "a", "return_logprob": True, "top_logprobs_num": 1000},
+                 {"text": ["a", "b"], "return_logprob": True, "top_logprobs_num": [2, 1000]}):
+        r = _post(url, "/generate", body)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "top_logprobs_num"
+        assert "top_logprobs_num=1000 is invalid: must be an integer from 0 to 20" in err["message"]
+    # a sampling parameter's error still names sampling_params, where it was given
+    r = _post(url, "/generate", {"text": "a", "sampling_params": {"temperature": -1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"

@@ -28,11 +28,9 @@ from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
-from lmnb_engine.params import SamplingParams, in_front_end_names
+from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, in_front_end_names
 
 _REPLACEMENT = "\ufffd"  # what a byte token that is not a whole character decodes to
-
-MAX_TOP_LOGPROBS = 20
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,7 @@ import math
 from typing import Any, Callable, Optional
 
 from lmnb_engine.outputs import GenerateResult, StreamEvent, TokenLogprob
-from lmnb_engine.params import SamplingParams
+from lmnb_engine.params import SamplingParams, SamplingParamsError
 
 
 class RequestError(ValueError):
@@ -60,6 +60,8 @@ _SAMPLING_KEYS = {
     "regex": "regex",
     "json_schema": "json_schema",
 }
+# SamplingParams fields that /generate takes beside sampling_params, at the request's top level.
+_REQUEST_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 # Accepted only at their neutral value (SGLang clients send them; lmnb has no other behaviour).
 _NEUTRAL_KEYS = {"spaces_between_special_tokens": True, "no_stop_trim": False, "ebnf": None, "structural_tag": None}
 
@@ -113,7 +115,8 @@ def sampling_params_from_json(
         params = SamplingParams(**kwargs)
         params.validate()
     except (TypeError, ValueError) as e:
-        raise RequestError(str(e), param="sampling_params") from None
+        field = e.field if isinstance(e, SamplingParamsError) else None
+        raise RequestError(str(e), param=field if field in _REQUEST_KEYS else "sampling_params") from None
     check_n(params.n)
     return params
 
