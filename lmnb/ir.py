@@ -416,15 +416,16 @@ def check_stop_regex(stop_regex: Any) -> None:
 
     Raises:
         ValueError: not a pattern or a list of them, an invalid pattern (``regex`` package syntax),
-            or one that matches the empty string.
+            one that matches the empty string, or more patterns than the engine takes.
     """
     if stop_regex is None:  # (a plain gen() loads nothing of the engine)
         return
-    from lmnb_engine.params import stop_regex_problem  # torch-free
+    from lmnb_engine.params import MAX_STOP_REGEXES, stop_regex_problem  # torch-free
 
     problem = stop_regex_problem(stop_regex)
-    if problem:
-        raise ValueError(f"gen(stop_regex={stop_regex!r}) is invalid: {problem}")
+    if problem:  # (too many patterns are counted, not shown)
+        many = isinstance(stop_regex, (list, tuple)) and len(stop_regex) > MAX_STOP_REGEXES
+        raise ValueError(f"gen(stop_regex{'' if many else f'={stop_regex!r}'}) is invalid: {problem}")
 
 
 def check_regex(regex: Optional[str]) -> None:

@@ -20,6 +20,10 @@ SAMPLING_EPS = 1e-6
 # set no bound).
 MAX_STOP_STRINGS = 512
 MAX_STOP_CHARS = 32768
+# Bound on ``stop_regex``: each pattern is searched after every token (for a match, and for where
+# one may yet begin), on the scheduler's thread, each search for up to
+# ``detokenizer.REGEX_TIMEOUT_S``. Patterns join into one with ``|``, so a few suffice.
+MAX_STOP_REGEXES = 32
 # Bound on ``top_logprobs_num``, the OpenAI routes' too (OpenAI's API takes 0 to 20): a stream's
 # every event resends the alternatives of every token so far, so its size grows with this times
 # the square of the output's length (one stream asking for thousands reached 582 MB).
@@ -64,7 +68,8 @@ class SamplingParams:
             the text's current end stops it, whatever would follow. Streaming holds back text
             that could still become the start of a match. A search may take
             ``detokenizer.REGEX_TIMEOUT_S`` seconds; one that backtracks catastrophically runs
-            past that, and its request is aborted with a message naming the pattern.
+            past that, and its request is aborted with a message naming the pattern. At most
+            ``MAX_STOP_REGEXES`` patterns.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.
@@ -132,8 +137,9 @@ class SamplingParams:
             elif f.name == "stop_token_ids" and isinstance(v, (list, tuple)) and any(map(_is_numpy_scalar, v)):
                 setattr(self, f.name, [t.item() if _is_numpy_scalar(t) else t for t in v])
 
-        def bad(name: str, rule: str) -> None:
-            raise SamplingParamsError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {rule}", name)
+        def bad(name: str, rule: str, show: bool = True) -> None:
+            shown = f"={getattr(self, name)!r}" if show else ""  # (not shown: thousands of stops, say)
+            raise SamplingParamsError(f"SamplingParams.{name}{shown} is invalid: {rule}", name)
 
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
@@ -166,17 +172,13 @@ class SamplingParams:
             or (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop))
         ):
             bad("stop", "must be a string or a list of strings")
-        stops = self.stop_strings
-        chars = sum(map(len, stops))
-        if len(stops) > MAX_STOP_STRINGS or chars > MAX_STOP_CHARS:  # (not shown whole: it is long)
-            raise ValueError(
-                f"SamplingParams.stop is invalid: {len(stops)} string{'s' * (len(stops) != 1)} of {chars} characters "
-                f"in all, above the limit of {MAX_STOP_STRINGS} strings and {MAX_STOP_CHARS} characters (each is "
-                "looked for in the output on every token); keep the stops that can occur, or write them as one "
-                "stop_regex")
+        problem = stop_problem(self.stop)
+        if problem:
+            bad("stop", problem, show=False)
         problem = stop_regex_problem(self.stop_regex)
         if problem:
-            bad("stop_regex", problem)
+            bad("stop_regex", problem, show=not isinstance(self.stop_regex, (list, tuple))
+                or len(self.stop_regex) <= MAX_STOP_REGEXES)
         if self.stop_token_ids is not None and not (
             isinstance(self.stop_token_ids, (list, tuple))
             and all(is_int(t) and t >= 0 for t in self.stop_token_ids)
@@ -211,6 +213,21 @@ def as_list(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+def stop_problem(value: str | list[str] | tuple[str, ...] | None) -> str | None:
+    """Why ``value`` (None, a string, or a list of strings) is not a valid ``stop``, or None when
+    it is: the limit it exceeds, ``MAX_STOP_STRINGS`` or ``MAX_STOP_CHARS``."""
+    stops = [s for s in as_list(value) if s]
+    count, chars = len(stops), sum(map(len, stops))
+    fix = ("(each is looked for in the output on every token); keep the stops that can occur, or write them as "
+           "one stop_regex")
+    if count > MAX_STOP_STRINGS:
+        return f"{count} strings, above the limit of {MAX_STOP_STRINGS} strings {fix}"
+    if chars > MAX_STOP_CHARS:
+        return (f"{count} string{'s' * (count != 1)} of {chars} characters in all, above the limit of "
+                f"{MAX_STOP_CHARS} characters {fix}")
+    return None
+
+
 def stop_regex_problem(value: Any) -> str | None:
     """Why ``value`` is not a valid ``stop_regex``, or None when it is (None, a pattern, or a list of them).
 
@@ -224,6 +241,9 @@ def stop_regex_problem(value: Any) -> str | None:
 
     if not (isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value))):
         return "must be a regular expression (a string) or a list of them"
+    if not isinstance(value, str) and len(value) > MAX_STOP_REGEXES:
+        return (f"{len(value)} patterns, above the limit of {MAX_STOP_REGEXES} (each is searched in the output on "
+                "every token); join alternatives into one pattern with |")
     for pattern in [value] if isinstance(value, str) else value:
         try:
             compiled = regex.compile(pattern)

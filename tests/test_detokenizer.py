@@ -219,16 +219,42 @@ def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
 
 def test_stops_beyond_the_bounds_are_refused_with_their_count_not_their_text():
     from lmnb_engine import SamplingParams
-    from lmnb_engine.params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
-    SamplingParams(stop=["x"] * MAX_STOP_STRINGS).validate()
-    SamplingParams(stop=["x" * MAX_STOP_CHARS]).validate()
-    with pytest.raises(ValueError, match=rf"{MAX_STOP_STRINGS + 1} strings of {MAX_STOP_STRINGS + 1} characters in all, "
-                                         rf"above the limit of {MAX_STOP_STRINGS} strings") as e:
-        SamplingParams(stop=["x"] * (MAX_STOP_STRINGS + 1)).validate()
-    assert len(str(e.value)) < 400
-    with pytest.raises(ValueError, match=rf"1 string of {MAX_STOP_CHARS + 1} characters"):
-        SamplingParams(stop="y" * (MAX_STOP_CHARS + 1)).validate()
+    SamplingParams(stop=["x"] * 512).validate()
+    SamplingParams(stop=["x" * 32768]).validate()
+    # the message names the one limit exceeded: it said "the limit of 512 strings and 32768 characters"
+    # of 513 one-character stops
+    with pytest.raises(ValueError) as e:
+        SamplingParams(stop=["x"] * 513).validate()
+    assert str(e.value).startswith("SamplingParams.stop is invalid: 513 strings, above the limit of 512 strings (")
+    assert "characters" not in str(e.value) and len(str(e.value)) < 400
+    with pytest.raises(ValueError) as e:
+        SamplingParams(stop=["y" * 16384, "z" * 16385]).validate()
+    assert str(e.value).startswith("SamplingParams.stop is invalid: 2 strings of 32769 characters in all, above the "
+                                   "limit of 32768 characters (")
+    assert "512" not in str(e.value) and "yyy" not in str(e.value)
+    with pytest.raises(ValueError, match=r"1 string of 32769 characters in all"):
+        SamplingParams(stop="y" * 32769).validate()
+
+
+def test_stop_regexes_beyond_their_bound_are_refused_with_their_count():
+    from lmnb_engine import SamplingParams
+    from lmnb_engine.params import stop_regex_problem
+
+    SamplingParams(stop_regex=[f"x{i}" for i in range(32)]).validate()
+    with pytest.raises(ValueError) as e:
+        SamplingParams(stop_regex=[f"x{i}" for i in range(33)]).validate()
+    assert str(e.value) == ("SamplingParams.stop_regex is invalid: 33 patterns, above the limit of 32 (each is "
+                            "searched in the output on every token); join alternatives into one pattern with |")
+    # the language's gen(stop_regex=...) and the cell parser ask the same question, where they are written
+    import lmnb as sgl
+
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", stop_regex=["a"] * 33)
+    assert str(e.value).startswith("gen(stop_regex) is invalid: 33 patterns, above the limit of 32 (")
+    assert stop_regex_problem(("a",) * 33).startswith("33 patterns, above the limit of 32")
+    # one pattern is never too many, however long
+    assert stop_regex_problem("|".join(f"x{i}" for i in range(100))) is None
 
 
 def test_a_linear_stop_regex_over_a_long_output_is_never_given_up():
