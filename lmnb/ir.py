@@ -98,6 +98,12 @@ class GenParams:
         # (with the chat template's stops in it), and a non-list would fail deep inside.
         if not is_stop(self.stop):
             raise TypeError(f"stop={self.stop!r} is invalid: give a string or a list of strings")
+        if self.stop is not None:  # (a plain gen() loads nothing of the engine)
+            from lmnb_engine.params import stop_problem  # torch-free: the engine's own rule
+
+            problem = stop_problem(self.stop)
+            if problem:  # (the value not shown: it may be hundreds of strings)
+                raise ValueError(f"stop is invalid: {problem}")
         ids = self.stop_token_ids
         if ids is not None and not (isinstance(ids, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
@@ -116,10 +122,10 @@ class GenParams:
 
     @property
     def stop_list(self) -> list[str]:
-        """``stop`` as a list of non-empty strings."""
+        """``stop`` as a list."""
         from lmnb_engine.params import as_list  # torch-free: the engine's own reading
 
-        return [s for s in as_list(self.stop) if s]
+        return as_list(self.stop)
 
     @property
     def stop_regexes(self) -> list[str]:

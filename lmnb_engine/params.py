@@ -58,7 +58,7 @@ class SamplingParams:
         repetition_penalty: CTRL-style multiplicative penalty over prompt + generated tokens (1 = off).
         stop: string or list of strings; matched on the detokenized output (also across token
             boundaries); the matched stop text is not returned. At most ``MAX_STOP_STRINGS``
-            strings of ``MAX_STOP_CHARS`` characters in all.
+            strings of ``MAX_STOP_CHARS`` characters in all, none of them empty.
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
         stop_regex: a regular expression (the ``regex`` package's syntax: Python ``re``'s, plus
             ``\\p{L}``, POSIX classes ...) or a list of them; the output ends
@@ -109,8 +109,8 @@ class SamplingParams:
 
     @property
     def stop_strings(self) -> list[str]:
-        """``stop`` as a list (empty strings dropped)."""
-        return [s for s in as_list(self.stop) if s]
+        """``stop`` as a list."""
+        return as_list(self.stop)
 
     @property
     def stop_regexes(self) -> list[str]:
@@ -215,8 +215,15 @@ def as_list(value: str | list[str] | tuple[str, ...] | None) -> list[str]:
 
 def stop_problem(value: str | list[str] | tuple[str, ...] | None) -> str | None:
     """Why ``value`` (None, a string, or a list of strings) is not a valid ``stop``, or None when
-    it is: the limit it exceeds, ``MAX_STOP_STRINGS`` or ``MAX_STOP_CHARS``."""
-    stops = [s for s in as_list(value) if s]
+    it is: an empty string (every text holds it, so it names no place to stop: SGLang stopped
+    after one token, lmnb ignored it), or the limit it exceeds, ``MAX_STOP_STRINGS`` or
+    ``MAX_STOP_CHARS``. The language's ``gen(stop=...)`` and the cell parser ask the same question
+    before anything runs."""
+    stops = as_list(value)
+    if "" in stops:
+        where = "" if isinstance(value, str) else f" (item {stops.index('')})"
+        return (f"an empty string{where} names no place to stop: every text holds it; remove it (leave stop out "
+                "for no stop string)")
     count, chars = len(stops), sum(map(len, stops))
     fix = ("(each is looked for in the output on every token); keep the stops that can occur, or write them as "
            "one stop_regex")

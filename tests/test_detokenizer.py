@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -235,6 +236,22 @@ def test_stops_beyond_the_bounds_are_refused_with_their_count_not_their_text():
     assert "512" not in str(e.value) and "yyy" not in str(e.value)
     with pytest.raises(ValueError, match=r"1 string of 32769 characters in all"):
         SamplingParams(stop="y" * 32769).validate()
+
+
+def test_an_empty_stop_string_is_refused_by_the_engine_and_the_language():
+    # every text holds "": SGLang stopped after one token, lmnb dropped it; neither is what was asked
+    import lmnb as sgl
+    from lmnb_engine import SamplingParams
+
+    for stop, where in (("", ""), ([""], " (item 0)"), (["\n", "", "x"], " (item 1)")):
+        with pytest.raises(ValueError) as e:
+            SamplingParams(stop=stop).validate()
+        assert str(e.value) == (f"SamplingParams.stop is invalid: an empty string{where} names no place to stop: "
+                                "every text holds it; remove it (leave stop out for no stop string)")
+        with pytest.raises(ValueError, match=rf"^stop is invalid: an empty string{re.escape(where)} names no place"):
+            sgl.gen("x", stop=stop)
+    SamplingParams(stop=["\n", " "]).validate()
+    assert sgl.gen("x", stop=" ") is not None
 
 
 def test_stop_regexes_beyond_their_bound_are_refused_with_their_count():

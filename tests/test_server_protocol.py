@@ -185,6 +185,13 @@ def _post(url, path, body, **kw):
         ("/generate", {"text": "a", "sampling_params": {"stop_regex": "(ab"}}, 400,
          "stop_regex='(ab' is invalid: '(ab' is not a valid regular expression (missing )"),
         ("/generate", {"text": "a", "sampling_params": {"stop_regex": ["x", "a*"]}}, 400, "'a*' matches the empty string"),
+        # an empty stop string names no place to stop (SGLang stopped after one token, lmnb ignored it)
+        ("/generate", {"text": "a", "sampling_params": {"stop": [""]}}, 400,
+         "stop is invalid: an empty string (item 0) names no place to stop"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "stop": ["\n", ""]}, 400,
+         "stop is invalid: an empty string (item 1) names no place to stop"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "stop": ""}, 400,
+         "stop is invalid: an empty string names no place to stop"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "stop_regex": "[z"}, 400, "not a valid regular expression"),
         # a union's deepest error names the problem; the first named the string alternative ("content.str:
         # Input should be a valid string") for a list of parts whose part lacked its type

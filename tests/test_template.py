@@ -453,6 +453,7 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
         ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
+        ('{gen x stop=["a", ""]}', 2, 13, "stop is invalid: an empty string (item 1) names no place to stop"),
         # the engine refused these only once the gen was sent, away from the hole
         ('{gen x seed="a"}', 2, 13, "seed='a' is invalid: must be None or an integer that fits in 64 bits"),
         ("{gen x min_p=2}", 2, 14, "min_p=2 is invalid: must be in [0, 1]"),

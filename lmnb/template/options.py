@@ -123,8 +123,13 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         return f"top_p must be a number in (0, 1], got {value!r}"
     elif key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
         return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
-    elif key == "stop" and not is_stop(value):
-        return f"stop must be a string or a list of strings, got {value!r}"
+    elif key == "stop":
+        from lmnb_engine.params import stop_problem  # the engine's own check (no torch)
+
+        if not is_stop(value):
+            return f"stop must be a string or a list of strings, got {value!r}"
+        problem = stop_problem(value)
+        return f"stop is invalid: {problem}" if problem else None
     elif key == "stop_regex":
         from lmnb_engine.params import stop_regex_problem  # the engine's own check (no torch)
 

@@ -230,7 +230,6 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
         name = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"  # the field that asked for them
         raise RequestError(f"{name}={top} is out of range: give 0 to {MAX_TOP_LOGPROBS} top logprobs per token",
                            param=name)
-    stop = [req.stop] if isinstance(req.stop, str) else req.stop
     try:
         params = SamplingParams(
             max_new_tokens=max_tokens,
@@ -242,7 +241,7 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
             frequency_penalty=req.frequency_penalty,
             presence_penalty=req.presence_penalty,
             repetition_penalty=req.repetition_penalty,
-            stop=stop,
+            stop=req.stop,
             stop_token_ids=req.stop_token_ids,
             stop_regex=req.stop_regex,
             ignore_eos=req.ignore_eos,
