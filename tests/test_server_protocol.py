@@ -675,3 +675,61 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
     # a sampling parameter's error still names sampling_params, where it was given
     r = _post(url, "/generate", {"text": "a", "sampling_params": {"temperature": -1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"
+
+
+_USER = [{"role": "user", "content": "a"}]
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        # SamplingParams' refusals, named by the request's own field (they had a null param)
+        ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": -1}, "temperature"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "top_k": 0}, "top_k"),
+        ("/v1/chat/completions", {"model": "rec", "messages": _USER, "presence_penalty": 3}, "presence_penalty"),
+        ("/v1/chat/completions", {"model": "rec", "messages": _USER, "max_tokens": -1}, "max_tokens"),
+        ("/v1/chat/completions", {"model": "rec", "messages": _USER, "max_completion_tokens": -1},
+         "max_completion_tokens"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 2, "min_tokens": 3}, "min_tokens"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "stop": ["x", ""]}, "stop"),
+        ("/v1/completions", {"model": "rec", "prompt": "a", "stop_regex": "a*"}, "stop_regex"),
+        ("/v1/chat/completions", {"model": "rec", "messages": _USER, "seed": 2**64}, "seed"),
+        # a route's own check made inside the same try (it lost its param there)
+        ("/v1/completions", {"model": "rec", "prompt": "a", "json_schema": {}, "response_format": {"type": "json_object"}},
+         "json_schema"),
+        # pydantic's errors: the deepest loc
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"content": "a"}]}, "messages.0.role"),
+    ],
+)
+def test_an_openai_route_error_names_the_field_in_param(served, path, body, param):
+    _, url = served
+    r = _post(url, path, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+def test_an_engine_refusal_on_an_openai_route_names_the_prompt_the_constraint_or_the_stop_ids():
+    from lmnb_engine.constrained import GrammarError
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            if params.regex is not None or params.json_schema is not None:
+                raise GrammarError("the constraint uses a lookahead")
+            if params.stop_token_ids:
+                raise ValueError(f"stop_token_ids {params.stop_token_ids} are outside the vocabulary [0, 100)")
+            raise ValueError("prompt of 9 tokens + max_new_tokens=5 exceeds the model's context length of 10 tokens")
+
+    cases = [
+        ({"prompt": "a", "max_tokens": 5}, "/v1/completions", "prompt"),
+        ({"messages": _USER, "max_tokens": 5}, "/v1/chat/completions", "messages"),
+        ({"prompt": "a", "stop_token_ids": [500]}, "/v1/completions", "stop_token_ids"),
+        ({"prompt": "a", "regex": "(?=a)"}, "/v1/completions", "regex"),
+        ({"messages": _USER, "json_schema": {"type": "string"}}, "/v1/chat/completions", "json_schema"),
+        ({"messages": _USER, "response_format": {"type": "json_object"}}, "/v1/chat/completions", "response_format"),
+    ]
+    with live_server(Engine(), served_model_name="rec") as url:
+        for body, path, param in cases:
+            r = _post(url, path, {"model": "rec", **body})
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == param, (body, err)
+        # and in the request's own words (the engine's max_new_tokens is max_tokens here)
+        assert "max_tokens=5 exceeds" in _post(url, "/v1/completions", {"model": "rec", **cases[0][0]}).json()["error"]["message"]

@@ -88,9 +88,10 @@ class ServerContext:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    async def submit(self, prompts: list, params: list, rids: list) -> list:
+    async def submit(self, prompts: list, params: list, rids: list,
+                     param_of: Optional[Callable[[Exception], Optional[str]]] = None) -> list:
         """Submit every prompt; if one is rejected, abort those already queued and re-raise as a
-        ``RequestError`` (the engine names the problem)."""
+        ``RequestError`` (the engine names the problem) whose ``param`` is ``param_of(error)``."""
         handles = []
         try:
             for prompt, p, rid in zip(prompts, params, rids):
@@ -103,7 +104,7 @@ class ServerContext:
             # a busy or restarting compiler is the server's state: 503, which clients retry. A pattern
             # too large to compile stays a 400: a retry would spend the whole time limit again.
             transient = isinstance(e, GrammarCompileStopped) and e.transient
-            raise RequestError(str(e), status=503 if transient else 400) from None
+            raise RequestError(str(e), status=503 if transient else 400, param=param_of(e) if param_of else None) from None
         return handles
 
     async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:

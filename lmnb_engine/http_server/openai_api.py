@@ -28,7 +28,7 @@ from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
-from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, in_front_end_names
+from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
 
 _REPLACEMENT = "\ufffd"  # what a byte token that is not a whole character decodes to
 
@@ -208,11 +208,33 @@ def _api_names(message: str, req: _SamplingRequest) -> str:
     return in_front_end_names(message, {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens"})
 
 
+def _param(req: _SamplingRequest, field: str) -> str:
+    """The request's field for ``SamplingParams`` field ``field`` (an error's ``param``)."""
+    constraint = "regex" if req.regex is not None else "json_schema" if req.json_schema is not None else "response_format"
+    return {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens", "return_logprob": "logprobs",
+            "top_logprobs_num": "top_logprobs" if isinstance(req, ChatRequest) else "logprobs",
+            "logprob_start_len": "echo", "regex": constraint, "json_schema": constraint}.get(field, field)
+
+
+def _refused_param(req: _SamplingRequest, e: Exception) -> str:
+    """The request's field that the engine's refusal ``e`` is about: a parameter, the constraint
+    (a grammar that does not compile), else the prompt (too long, ids outside the vocabulary)."""
+    from lmnb_engine.constrained.errors import GrammarError
+
+    if isinstance(e, SamplingParamsError):
+        return _param(req, e.field)
+    if isinstance(e, GrammarError):
+        return _param(req, "regex")
+    if str(e).startswith("stop_token_ids"):  # (Engine._check_in_vocabulary names the ids' field first)
+        return "stop_token_ids"
+    return "messages" if isinstance(req, ChatRequest) else "prompt"
+
+
 async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list) -> list:
     """``ctx.submit`` with new rids; the engine's refusal (a prompt too long for ``max_tokens``...)
-    is worded in the request's field names (``_api_names``)."""
+    is worded in the request's field names (``_api_names``) and names the field as ``param``."""
     try:
-        return await ctx.submit(prompts, params, [uuid.uuid4().hex for _ in prompts])
+        return await ctx.submit(prompts, params, [uuid.uuid4().hex for _ in prompts], lambda e: _refused_param(req, e))
     except RequestError as e:
         raise RequestError(_api_names(str(e), req), e.status, e.param) from None
 
@@ -227,7 +249,7 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
         raise RequestError("stream_options.continuous_usage_stats is not supported: usage comes in the last "
                            "chunk (include_usage)", param="stream_options")
     if not 0 <= top <= MAX_TOP_LOGPROBS:
-        name = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"  # the field that asked for them
+        name = _param(req, "top_logprobs_num")  # the field that asked for them
         raise RequestError(f"{name}={top} is out of range: give 0 to {MAX_TOP_LOGPROBS} top logprobs per token",
                            param=name)
     try:
@@ -254,8 +276,8 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
             **_constraint(req),
         )
         params.validate()
-    except (TypeError, ValueError) as e:
-        raise RequestError(_api_names(str(e), req)) from None
+    except SamplingParamsError as e:
+        raise RequestError(_api_names(str(e), req), param=_param(req, e.field)) from None
     check_n(params.n)
     return params
 
