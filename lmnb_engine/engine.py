@@ -27,6 +27,7 @@ from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
 from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
+from lmnb_engine.tokenizer import text_too_long
 
 # [issue 10] a MultimodalPrompt (or {"text": ..., "images": [...]}) carries images for LLaVA models
 Prompt = Union[str, Sequence[int], MultimodalPrompt, dict]
@@ -470,6 +471,9 @@ class Engine:
         if is_multimodal_prompt(prompt):  # [issue 10] ids + radix keys + pixels (MultimodalTokens)
             return self.multimodal.prepare(prompt)
         if isinstance(prompt, str):
+            too_long = text_too_long(prompt, self.tokenizer, self.context_len)
+            if too_long:
+                raise ValueError(f"{too_long}{self._window_note()}; shorten the prompt")
             ids = self.encode(prompt)
             bos = getattr(self.tokenizer, "bos_token_id", None)
             if bos is not None and ids[:2] == [bos, bos] and prompt.startswith(self.tokenizer.bos_token):

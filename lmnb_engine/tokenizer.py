@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -153,3 +155,129 @@ def covered_chars(engine: Any, text: str, n_tokens: int) -> int:
     added = list(engine.encode(""))
     start = len(added) if ids[: len(added)] == added else 0
     return min(len(engine.decode(ids[start : max(n_tokens, start)], skip_special_tokens=False)), len(text))
+
+
+# How many UTF-8 bytes of text NFC normalization (Qwen's tokenizers) may turn into one byte:
+# U+0390 (2 bytes) is the NFC form of U+1FBE U+0308 U+0341 (7 bytes); no character is the form of
+# more per byte of it (unicodedata 14, worked out in tests/test_tokenizer_bound.py). 4 leaves room
+# for a Unicode version between the tokenizers library's and Python's.
+NFC_SHRINK = 4
+
+_MAX_TOKEN_BYTES: "weakref.WeakKeyDictionary[Any, Optional[int]]" = weakref.WeakKeyDictionary()
+_MAX_TOKEN_BYTES_LOCK = threading.Lock()
+
+
+def max_token_bytes(tokenizer: Any) -> Optional[int]:
+    """The most UTF-8 bytes of a text that one token of ``tokenizer`` can stand for, or None where
+    no bound is known to hold; worked out once per tokenizer.
+
+    A text of B bytes then encodes to at least B / (this) tokens. That holds where every byte of
+    the text ends up in some token and a token stands for no more bytes than its own, which is
+    checked here, not assumed (any other tokenizer gets None):
+
+    * the model is BPE that never drops or fuses what it does not know: byte-level (GPT-2, Llama
+      3, Qwen; every byte a token of the vocabulary) or with byte fallback (Llama 2, Mistral;
+      every ``<0xNN>`` in the vocabulary), so no ``<unk>`` stands for a run of text;
+    * the pre-tokenizer splits without dropping anything (a ``Whitespace`` split drops spaces);
+    * the normalizer only adds (``Prepend``), replaces a string by one no shorter (Llama 2's " " ->
+      "▁"), or is NFC (Qwen), which turns at most
+      ``NFC_SHRINK`` bytes into one; NFKC, lowercasing, stripping may shrink a text without bound;
+    * no added token strips the whitespace beside it (``lstrip``/``rstrip``), which would make it
+      stand for any amount of text.
+
+    A token's bytes are those of its string (an added token's: BOS, ``<|im_start|>``, matched in
+    the text), byte-level ones read with GPT-2's byte->unicode table and ``<0xNN>`` as one byte. A
+    "▁" counts its own 3 bytes, not the space it stands for: a text may hold the character itself,
+    which Llama 2's tokenizer reads as a space.
+    """
+    with _MAX_TOKEN_BYTES_LOCK:
+        if tokenizer not in _MAX_TOKEN_BYTES:
+            try:
+                _MAX_TOKEN_BYTES[tokenizer] = _max_token_bytes(tokenizer)
+            except TypeError:  # not weak-referenceable: worked out on every call
+                return _max_token_bytes(tokenizer)
+        return _MAX_TOKEN_BYTES[tokenizer]
+
+
+def _types(spec: Optional[dict], key: str) -> list[dict]:
+    """The components of a tokenizer.json normalizer or pre-tokenizer ``spec``, ``Sequence``s flattened."""
+    if not spec:
+        return []
+    if spec.get("type") == "Sequence":
+        return [c for s in spec.get(key) or [] for c in _types(s, key)]
+    return [spec]
+
+
+def _max_token_bytes(tokenizer: Any) -> Optional[int]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") != "BPE" or not isinstance(vocab, dict):
+        return None
+    pre = _types(spec.get("pre_tokenizer"), "pretokenizers")
+    if any(p.get("type") not in ("ByteLevel", "Metaspace", "Digits", "Split", "Punctuation", "UnicodeScripts")
+           or p.get("behavior") == "Removed" for p in pre):
+        return None
+    # (bytes that occur in UTF-8 text: all but C0, C1 and F5-FF)
+    utf8_bytes = [b for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5]
+    if any(p.get("type") == "ByteLevel" for p in pre):
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        to_char = bytes_to_unicode()
+        char_to_byte = {c: b for b, c in to_char.items()}
+        if any(to_char[b] not in vocab for b in utf8_bytes):
+            return None
+
+        def size(token: str) -> int:  # (a string off the byte table: its UTF-8 length, no less)
+            return len(token) if all(c in char_to_byte for c in token) else len(token.encode())
+    elif model.get("byte_fallback"):
+        if any(f"<0x{b:02X}>" not in vocab for b in utf8_bytes):
+            return None
+
+        def size(token: str) -> int:
+            return 1 if _BYTE_TOKEN.fullmatch(token) else len(token.encode())
+    else:
+        return None
+    for n in _types(spec.get("normalizer"), "normalizers"):
+        kind = n.get("type")
+        if kind == "Replace":
+            pattern = (n.get("pattern") or {}).get("String")
+            if pattern is None or len((n.get("content") or "").encode()) < len(pattern.encode()):
+                return None
+        elif kind not in ("Prepend", "NFC"):
+            return None
+    added = spec.get("added_tokens") or []
+    if any(t.get("lstrip") or t.get("rstrip") for t in added):
+        return None
+    longest = max([size(t) for t in vocab] + [len(t.get("content", "").encode()) for t in added])
+    nfc = any(n.get("type") == "NFC" for n in _types(spec.get("normalizer"), "normalizers"))
+    return longest * NFC_SHRINK if nfc else longest
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def min_prompt_tokens(text: str, tokenizer: Any, context_len: int) -> int:
+    """A lower bound on the tokens ``text`` encodes to, without encoding it: its UTF-8 bytes over
+    ``max_token_bytes``; 0 where the tokenizer has no known bound. Only a text of more than
+    ``context_len`` bytes is measured (a shorter one cannot be shown too long so), so most
+    prompts cost no look at the vocabulary."""
+    if len(text) * 4 <= context_len:  # (at most 4 bytes a character)
+        return 0
+    size = len(text.encode("utf-8", "surrogatepass"))
+    per_token = max_token_bytes(tokenizer) if size > context_len else None
+    return -(-size // per_token) if per_token else 0
+
+
+def text_too_long(text: str, tokenizer: Any, context_len: int) -> Optional[str]:
+    """Why the prompt ``text`` cannot fit ``context_len`` tokens, found without encoding it (a
+    20 MB text took 20 s to encode, to be refused then), or None when that is not certain
+    (``min_prompt_tokens``). The caller adds the fix."""
+    at_least = min_prompt_tokens(text, tokenizer, context_len)
+    if at_least <= context_len:
+        return None
+    return (f"prompt of at least {at_least} tokens ({len(text)} characters, counted without encoding them) exceeds "
+            f"the model's context length of {context_len} tokens")

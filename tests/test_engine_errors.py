@@ -113,6 +113,21 @@ def test_a_text_longer_than_the_model_is_refused_by_the_engine_alone(engine, mon
         engine.generate("the cat sat on the mat " * 200, GREEDY)
 
 
+def test_a_text_certainly_longer_than_the_context_is_refused_without_encoding_it(engine, monkeypatch):
+    # a 20 MB prompt took 20 s to encode before its refusal; no token of this tokenizer stands for
+    # more than max_token_bytes bytes, so a longer text is refused by its size alone
+    from lmnb_engine.tokenizer import max_token_bytes
+
+    text = "a" * (512 * max_token_bytes(engine.tokenizer) + 1)
+    monkeypatch.setattr(engine, "encode", lambda *a, **k: pytest.fail("encoded a text that cannot fit"))
+    with pytest.raises(ValueError) as e:
+        engine.generate(text, GREEDY)
+    assert str(e.value) == (f"prompt of at least 513 tokens ({len(text)} characters, counted without encoding them) "
+                            "exceeds the model's context length of 512 tokens; shorten the prompt")
+    monkeypatch.undo()
+    assert engine.generate("the cat", GREEDY).token_ids  # still serving
+
+
 def test_a_kv_pool_too_large_to_allocate_is_a_clear_error(tiny_llama):
     from lmnb_engine.kv_pool import TokenToKVPool
 

@@ -733,3 +733,39 @@ def test_an_engine_refusal_on_an_openai_route_names_the_prompt_the_constraint_or
             assert r.status_code == 400 and err["param"] == param, (body, err)
         # and in the request's own words (the engine's max_new_tokens is max_tokens here)
         assert "max_tokens=5 exceeds" in _post(url, "/v1/completions", {"model": "rec", **cases[0][0]}).json()["error"]["message"]
+
+
+def test_a_prompt_certainly_longer_than_the_context_is_refused_before_it_is_encoded():
+    # a 20 MB prompt took 20 s to encode before its 400: a token stands for at most max_token_bytes
+    # bytes of text, so a longer text is refused by its size alone
+    from transformers import PreTrainedTokenizerFast
+
+    from lmnb_engine.testing import train_tiny_tokenizer
+    from lmnb_engine.tokenizer import max_token_bytes
+
+    encoded: list = []
+
+    class Engine(RecordingEngine):
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=train_tiny_tokenizer())
+
+        def encode(self, text, add_special_tokens=True):
+            encoded.append(len(text))
+            return super().encode(text, add_special_tokens)
+
+    text = "a" * (4096 * max_token_bytes(Engine.tokenizer) + 1)
+    at_least = "prompt of at least 4097 tokens ("
+    with live_server(Engine(), served_model_name="rec") as url:
+        for path, body, param in (
+            ("/v1/completions", {"model": "rec", "prompt": text}, "prompt"),
+            ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": text}]}, "messages"),
+            ("/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0}, "text"),
+        ):
+            r = _post(url, path, body)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == param, err
+            # (the chat template's text adds its role markers' bytes)
+            assert err["message"].startswith(at_least if param != "messages" else "prompt of at least 4098 tokens (")
+            assert err["message"].endswith(f"exceeds the model's context length of 4096 tokens; shorten the {param}")
+        assert not [n for n in encoded if n >= len(text)]
+        ok = _post(url, "/v1/completions", {"model": "rec", "prompt": "a" * 100, "max_tokens": 1})
+        assert ok.status_code == 200 and encoded[0] == 100  # (the stand-in encodes its reply too)

@@ -41,7 +41,7 @@ from lmnb_engine.http_server.protocol import (
     meta_info,
     sampling_params_from_json,
 )
-from lmnb_engine.tokenizer import find_lone_surrogate
+from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
 logger = logging.getLogger("lmnb.serve")
 
@@ -271,6 +271,16 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     return prompts, params, rids, batch, opts
 
 
+def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    """``engine.encode(text)``; a text certainly longer than the context is refused (a 400 naming
+    ``param``) without encoding it: a 20 MB prompt took 20 s to encode, to be refused then. On a
+    worker thread: the first look at a vocabulary takes a moment."""
+    too_long = text_too_long(text, engine.tokenizer, engine.context_len)
+    if too_long:
+        raise RequestError(f"{too_long}; shorten the {param}", param=param)
+    return engine.encode(text, add_special_tokens)
+
+
 def _lone_surrogate_place(body: Any) -> Optional[str]:
     """The place (``messages.0.content``; "" for the body itself) of the first lone surrogate in a
     parsed JSON body, or None."""
@@ -385,8 +395,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         prompt_texts = list(prompts)  # (the text prompts, before some are encoded below)
         # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
         # that needs it is tokenized here (off the event loop) and submitted as its ids.
-        prompts = [await ctx.run(engine.encode, x) if isinstance(x, str) and p.logprob_start_len == 0 else x
-                   for x, p in zip(prompts, params)]
+        prompts = [await ctx.run(encode_prompt, engine, x, "text") if isinstance(x, str) and p.logprob_start_len == 0
+                   else x for x, p in zip(prompts, params)]
         firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
         if any(opts["images"]):
             prompts = [await _with_images(ctx, x, images) if images else x for x, images in zip(prompts, opts["images"])]

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
-from lmnb_engine.http_server.app import SSE_DONE, ServerContext, sse
+from lmnb_engine.http_server.app import SSE_DONE, ServerContext, encode_prompt, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
@@ -482,7 +482,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
         # token ids up front, so echoed logprobs can name the first prompt token too
-        ids = [await ctx.run(engine.encode, x) if isinstance(x, str) else list(x) for x in prompts]
+        ids = [await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x) for x in prompts]
         handles = await _submit(ctx, req, ids, [params] * len(ids))  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
         texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
@@ -520,7 +520,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             text = await ctx.run(engine.apply_chat_template, messages, True)
         except Exception as e:  # the template's own checks (e.g. roles must alternate)
             raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
-        ids = await ctx.run(engine.encode, text, False)  # add_special_tokens=False: the template wrote any BOS
+        # add_special_tokens=False: the template wrote any BOS
+        ids = await ctx.run(encode_prompt, engine, text, "messages", False)
         token = image_token(engine)
         extra = sum(1 for t in ids if t == engine.multimodal.image_token_id) - len(images) if token else 0
         if extra:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
