@@ -209,15 +209,16 @@ class RecordingEngine:
 
 
 @contextlib.contextmanager
-def live_server(engine, api_key=None, served_model_name=None):
-    """``lmnb serve``'s app for ``engine`` on a free 127.0.0.1 port in a thread; yields the URL."""
+def live_server(engine, api_key=None, served_model_name=None, **app_options):
+    """``lmnb serve``'s app for ``engine`` on a free 127.0.0.1 port in a thread; yields the URL.
+    ``app_options`` go to ``create_app`` (``max_body_mb``)."""
     import socket
 
     import uvicorn
 
     from lmnb_engine.http_server import create_app
 
-    app = create_app(engine, api_key=api_key, served_model_name=served_model_name)
+    app = create_app(engine, api_key=api_key, served_model_name=served_model_name, **app_options)
     # the server listens on this very socket: a port found free, closed and bound again by uvicorn
     # could be taken meanwhile (another test process, an outgoing connection's ephemeral port)
     sock = socket.socket()

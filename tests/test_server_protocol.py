@@ -769,3 +769,34 @@ def test_a_prompt_certainly_longer_than_the_context_is_refused_before_it_is_enco
         assert not [n for n in encoded if n >= len(text)]
         ok = _post(url, "/v1/completions", {"model": "rec", "prompt": "a" * 100, "max_tokens": 1})
         assert ok.status_code == 200 and encoded[0] == 100  # (the stand-in encodes its reply too)
+
+
+def test_a_body_over_the_size_limit_is_a_413_naming_the_limit_and_the_flag():
+    engine = RecordingEngine()
+    limit = 1000 / 2**20  # MiB: 1000 bytes
+    with live_server(engine, served_model_name="rec", max_body_mb=limit) as url:
+        small = {"model": "rec", "prompt": "a" * 900, "max_tokens": 1}
+        assert _post(url, "/v1/completions", small).status_code == 200
+        big = {"model": "rec", "prompt": "a" * 1000, "max_tokens": 1}
+        chunked = (json.dumps({"text": "a" * 1000}).encode()[i:i + 100] for i in range(0, 1100, 100))
+        for r in (_post(url, "/v1/completions", big),
+                  httpx.post(url + "/generate", content=chunked)):  # no Content-Length: counted as read
+            err = r.json()["error"]
+            assert r.status_code == 413 and err["code"] == 413
+            assert err["message"] == (f"the request body is larger than the server's limit of {limit:g} MiB; send a "
+                                       "smaller one (split a batch into several requests), or start the server with "
+                                       "a larger --max-body-mb")
+        assert len(engine.prompts) == 1  # (the small one)
+        assert httpx.get(url + "/health").status_code == 200
+
+
+def test_the_body_limit_is_256_mib_unless_max_body_mb_says_otherwise(monkeypatch, capsys):
+    import argparse
+
+    from lmnb_engine.http_server import serve, serve_arguments
+
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    assert parser.parse_args([]).max_body_mb == 256 and parser.parse_args(["--max-body-mb", "1.5"]).max_body_mb == 1.5
+    assert serve(parser.parse_args(["--max-body-mb", "0"])) == 2  # (before any model loads)
+    assert "--max-body-mb 0 must be more than 0" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """``lmnb serve``: the in-process engine over HTTP — SGLang's native protocol and the OpenAI API.
 
 ``serve_arguments(parser)`` / ``serve(args)`` are the CLI entry (``lmnb_kernel.cli``);
-``create_app(engine, api_key=None, served_model_name=None)`` builds the ASGI app for any engine
+``create_app(engine, api_key=None, served_model_name=None, max_body_mb=256)`` builds the ASGI app for any engine
 (tests pass a small one). Importing this package loads neither fastapi nor torch.
 """
 
@@ -13,6 +13,10 @@ import sys
 from lmnb_engine import MODEL_ENV, model_or_env
 
 DEFAULT_PORT = 30000  # SGLang's default
+# The largest request body read, in MiB, unless ``--max-body-mb`` says otherwise: room for a long
+# context's text many times over and for images inline as base64 (/generate's image_data), while a
+# client cannot make the server hold gigabytes (a body is read whole before it is parsed).
+DEFAULT_MAX_BODY_MB = 256
 # uvicorn's names (uvicorn.config.LOG_LEVELS), listed here so a misspelt one is refused by argparse
 # before the model loads; uvicorn itself fails on it with a KeyError traceback after the load.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -29,15 +33,17 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: from the free memory)")
+    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_MB,
+                        help=f"refuse request bodies larger than this many MiB with a 413 (default {DEFAULT_MAX_BODY_MB})")
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS,
                         help=f"uvicorn log level: {', '.join(LOG_LEVELS)} (default info)")
 
 
-def create_app(engine, api_key=None, served_model_name=None):
+def create_app(engine, api_key=None, served_model_name=None, max_body_mb=DEFAULT_MAX_BODY_MB):
     """See ``lmnb_engine.http_server.app.create_app``."""
     from lmnb_engine.http_server.app import create_app as _create_app
 
-    return _create_app(engine, api_key=api_key, served_model_name=served_model_name)
+    return _create_app(engine, api_key=api_key, served_model_name=served_model_name, max_body_mb=max_body_mb)
 
 
 def bind(host: str, port: int):
@@ -77,6 +83,9 @@ def serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
         return 2
+    if not args.max_body_mb > 0:
+        print(f"lmnb serve: --max-body-mb {args.max_body_mb:g} must be more than 0", file=sys.stderr)
+        return 2
     model = model_or_env(args.model)
     sock = bind(args.host, args.port)
     if isinstance(sock, str):
@@ -94,7 +103,8 @@ def serve(args: argparse.Namespace) -> int:
             source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
             print(f"lmnb serve: {e}{source}", file=sys.stderr)
             return 2
-        app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name)
+        app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name,
+                         max_body_mb=args.max_body_mb)
         try:
             sock.listen(2048)  # (uvicorn's backlog)
         except OSError as e:  # another server began listening on the port while the model loaded

@@ -33,6 +33,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lmnb_engine.http_server import DEFAULT_MAX_BODY_MB
 from lmnb_engine.http_server.protocol import (
     RequestError,
     RequestFailed,
@@ -296,10 +297,12 @@ def _flag(body: dict, key: str) -> bool:
     return bool(value)
 
 
-def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Optional[str] = None):
+def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Optional[str] = None,
+               max_body_mb: float = DEFAULT_MAX_BODY_MB):
     """The ASGI app serving ``engine`` (an ``lmnb_engine.Engine`` or anything with its methods).
 
     ``api_key``: when set, every route except ``/health`` needs ``Authorization: Bearer <key>``.
+    ``max_body_mb``: a request body larger than this many MiB is refused with a 413, unread.
     """
     from lmnb_engine.http_server.openai_api import add_openai_routes
 
@@ -347,9 +350,23 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def http_error(request: Request, exc: StarletteHTTPException):
         return JSONResponse(error_body(str(exc.detail), exc.status_code), exc.status_code)
 
+    max_body = int(max_body_mb * 2**20)
+    too_large = RequestError(f"the request body is larger than the server's limit of {max_body_mb:g} MiB; send a "
+                             "smaller one (split a batch into several requests), or start the server with a larger "
+                             "--max-body-mb", 413)
+
     async def json_body(request: Request) -> Any:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body:  # refused before a byte of it is read
+            raise too_large
+        raw, size = [], 0
+        async for chunk in request.stream():  # (a chunked body declares no length: counted as it comes)
+            size += len(chunk)
+            if size > max_body:
+                raise too_large
+            raw.append(chunk)
         try:
-            body = await request.json()
+            body = json.loads(b"".join(raw))
             where = _lone_surrogate_place(body)
         except ValueError:
             raise RequestError("the body is not valid JSON") from None
