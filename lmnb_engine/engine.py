@@ -84,6 +84,8 @@ class RequestHandle:
                 except Exception:  # noqa: BLE001 - a consumer gone (its event loop closed) must not stop the engine
                     logger.exception("a listener of request %s failed; it hears no more events", self.rid)
                     self._listeners.remove(listener)
+            if self.done:  # (the last event: let go of the listeners, and what they hold)
+                self._listeners.clear()
 
     def subscribe(self, listener: Callable[[StreamEvent], None]) -> None:
         """Call ``listener(event)`` with each ``StreamEvent`` so far, then with each new one as it
@@ -93,7 +95,8 @@ class RequestHandle:
         with self._cond:
             for event in self._events:
                 listener(event)
-            self._listeners.append(listener)
+            if not self.done:
+                self._listeners.append(listener)
 
     @property
     def done(self) -> bool:

@@ -4,6 +4,7 @@ shared prefixes show up as cached tokens; streaming is incremental."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import openai
@@ -203,8 +204,6 @@ def test_every_streamed_chunk_of_generate_carries_the_prompt_counts_as_sglangs_d
 def test_a_streamed_batch_interleaves_its_prompts_as_they_generate(backends, path):
     """SGLang streams a batch's prompts as they generate, each chunk with its index; lmnb streamed
     them one after another, the second's first text only once the first had finished."""
-    import json
-
     import httpx
 
     _, _, url = backends
@@ -229,6 +228,25 @@ def test_a_streamed_batch_interleaves_its_prompts_as_they_generate(backends, pat
         assert texts == [c["text"] for c in whole["choices"]]
         assert chunks[-1]["usage"] == whole["usage"]
     assert order.index(1) < len(order) - 1 - order[::-1].index(0)  # the second began before the first ended
+
+
+def test_streamed_usage_counts_each_prompts_cached_tokens_as_the_unstreamed_reply_does(backends):
+    """A prompt's n samples may report different cached tokens (the first prefilled the prompt the
+    others found cached); the streamed usage took each prompt's sample that finished first."""
+    import httpx
+
+    _, _, url = backends
+    body = {"model": "tiny", "prompt": ["Hello there my friend how are you", "The quick brown fox jumps"],
+            "max_tokens": 30, "temperature": 1.0, "n": 4, "seed": 3, "stop": ["e"]}  # (samples end apart)
+    usages = []
+    for stream in (False, True, True, True):
+        httpx.post(url + "/flush_cache", timeout=60)
+        extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+        with httpx.stream("POST", url + "/v1/completions", json={**body, **extra}, timeout=60) as r:
+            lines = [line for line in r.iter_lines() if line.startswith(("data:", "{"))]
+        usage = json.loads(lines[-2][5:] if stream else "".join(lines))["usage"]
+        usages.append(usage["prompt_tokens_details"]["cached_tokens"])
+    assert usages[1:] == [usages[0]] * 3
 
 
 def test_streaming_over_http_yields_chunks_before_the_end(backends, monkeypatch):

@@ -523,13 +523,14 @@ class _Silent(_UntilAborted):
         pass
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("path, body", [
-    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}, "stream": True}),
-    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 4, "stream": True}),
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}}),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 4}),
 ])
-def test_open_streams_are_not_bounded_by_the_server_threads(monkeypatch, path, body):
-    """Each open stream held a pool thread while it waited for its next event: with every thread
-    held by streams waiting, the next request's submit waited for one of them to end."""
+def test_waiting_requests_are_not_bounded_by_the_server_threads(monkeypatch, path, body, stream):
+    """A request waiting for its events or result held a pool thread: with every thread held by
+    requests waiting, the next request's submit waited for one of them to end."""
     from lmnb_engine.http_server import app as app_module
 
     monkeypatch.setattr(app_module, "MAX_WAITING_THREADS", 2)
@@ -543,14 +544,27 @@ def test_open_streams_are_not_bounded_by_the_server_threads(monkeypatch, path, b
             handles.append(handle)
             return handle
 
-    with live_server(Engine(), served_model_name="rec") as url, httpx.Client(timeout=10) as client:
+    body = {**body, "stream": stream}
+    with live_server(Engine(), served_model_name="rec") as url:
+        host, port = url.removeprefix("http://").split(":")
+        payload = json.dumps(body).encode()
         with contextlib.ExitStack() as waiting:
             for _ in range(2):
-                waiting.enter_context(client.stream("POST", url + path, json=body))
-            lines = [x for x in client.post(url + path, json=body).text.splitlines() if x.startswith("data:")]
-            assert lines[-1] == "data: [DONE]" and len(lines) == 6  # 4 tokens, the finish, [DONE]
-    for h in handles[:2]:
-        assert h.aborted.wait(10)
+                sock = waiting.enter_context(socket.create_connection((host, int(port)), timeout=30))
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            deadline = time.monotonic() + 30
+            while len(handles) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            reply = httpx.post(url + path, json=body, timeout=10)  # (a hang guard: 10 s)
+            if stream:
+                lines = [x for x in reply.text.splitlines() if x.startswith("data:")]
+                assert lines[-1] == "data: [DONE]" and len(lines) == 6  # 4 tokens, the finish, [DONE]
+            else:
+                text = reply.json()["text"] if path == "/generate" else reply.json()["choices"][0]["text"]
+                assert text == "xxxx"
+        for h in handles[:2]:  # (the clients left)
+            assert h.aborted.wait(10)
 
 
 def test_the_openai_client_retrieves_the_served_model_and_a_wrong_name_is_a_404():

@@ -2,7 +2,7 @@
 
 ``serve_arguments(parser)`` / ``serve(args)`` are the CLI entry (``lmnb_kernel.cli``);
 ``create_app(engine, api_key=None, served_model_name=None, max_body_mb=256)`` builds the ASGI app for any engine
-(tests pass a small one). Importing this package loads neither fastapi nor torch.
+with ``lmnb_engine.Engine``'s surface, its handles' ``subscribe`` included (tests pass a small one). Importing this package loads neither fastapi nor torch.
 """
 
 from __future__ import annotations

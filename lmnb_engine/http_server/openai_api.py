@@ -671,7 +671,9 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
             else:
                 yield chunk([{"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": finish}])
         if with_usage:
-            yield chunk([], _usage_total([r for rs in results for r in rs], len(handles)))
+            # (in sample order, as unstreamed: a prompt's samples may report different cached tokens)
+            ordered = [r for rs in results for r in sorted(rs, key=lambda r: r.index)]
+            yield chunk([], _usage_total(ordered, len(handles)))
     except Exception as e:  # noqa: BLE001 - the status line is sent; report in the stream
         from lmnb_engine.http_server.app import error_body
 
