@@ -101,9 +101,11 @@ def get_server_info(backend=None) -> dict:
 
 def _refuse_shadowed_parameters(method: Callable, run: Optional[Callable] = None) -> Callable:
     """``run``/``run_batch`` refusing an option given by name that is also a parameter of the
-    program (``def f(s, q, stop=".")``; ``f.run(q="x", stop="!")``): the option would take the value
-    and the program's parameter keep its default, silently. A wrapper checks, because the method
-    itself cannot tell an option given from one left at its default. ``run``'s ``n``, ``seed``,
+    program which gets no value otherwise (``def f(s, q, stop=".")``; ``f.run(q="x", stop="!")``):
+    the option would take the value and the parameter keep its default, silently. A parameter
+    given a value positionally, by ``bind``, or (``run_batch``) by every item takes that value,
+    and the option is the option, as under SGLang. A wrapper checks, because the method itself
+    cannot tell an option given from one left at its default. ``run``'s ``n``, ``seed``,
     ``use_thread`` and ``state`` are no such options: they go to a program declaring them. With
     ``run`` (wrapping ``run_batch``), the options ``run`` has too are checked (``n`` and ``seed``
     among them, which ``run`` would give the program); ``num_threads``, ``progress_bar`` and
@@ -115,13 +117,26 @@ def _refuse_shadowed_parameters(method: Callable, run: Optional[Callable] = None
 
     @functools.wraps(method)  # (inspect.signature and help() still show the method's own options)
     def checked(self, *args, **kwargs):
-        shadowed = [k for k in kwargs if k in options and k in self.arg_names]
-        if shadowed:
-            k, caller = shadowed[0], method.__name__
+        given = [k for k in kwargs if k in options and k in self.arg_names and k not in self.bind_arguments]
+        positional = [p.name for p in list(self.signature.parameters.values())[1:]
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if run is None:  # the parameters run's positional values fill
+            fills = [set(positional[: len(args)])]
+        else:  # each item's (an item that is neither a dict nor a tuple is run_batch's own error)
+            batch = args[0] if args else kwargs.get("batch_kwargs")
+            items = batch if isinstance(batch, (list, tuple)) else []
+            fills = [set(x) if isinstance(x, dict) else set(positional[: len(x)]) for x in items
+                     if isinstance(x, (dict, list, tuple))]
+        unfilled = {k: next(i for i, f in enumerate(fills) if k not in f) for k in given
+                    if any(k not in f for f in fills)}
+        if unfilled:
+            shadowed, caller = list(unfilled), method.__name__
+            k = shadowed[0]
             named = (f"a parameter {k!r}, which is also the name of a {caller}() option" if len(shadowed) == 1 else
                      f"parameters {', '.join(map(repr, shadowed))}, which are also names of {caller}() options")
+            which = f" (item {unfilled[k]} gives it none)" if run is not None else ""
             raise TypeError(f"program {self.__name__!r} has {named}: {caller}({k}=...) sets the option, and the "
-                            f"program's {k!r} would not get the value; rename the program's parameter (e.g. to "
+                            f"program's {k!r} would not get the value{which}; rename the program's parameter (e.g. to "
                             f"{k + '_'!r}) and pass the value under that name")
         return method(self, *args, **kwargs)
 

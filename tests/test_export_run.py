@@ -189,6 +189,25 @@ def test_bad_rows_and_a_missing_field_are_per_row_errors(tiny_llama, tmp_path):
     assert "rows.jsonl line 2: missing field 'pattern'" in err
 
 
+def test_a_python_cell_reading_a_variable_named_like_its_cell_option_runs_in_the_job(tiny_llama, tmp_path):
+    # the job calls cell.run(temperature, temperature=0.0): the program's parameter has its value
+    # positionally, and the option is the cell's; refusing it failed every row (found by a review helper)
+    nb = notebook('temperature = "21 degrees"',
+                  "%%lm --python --temperature 0\ns += 'Today: ' + temperature\ns += lmnb.gen('c4', max_tokens=3)")
+    script, plan = export(tmp_path, nb)
+    assert plan.inputs == ("temperature",)
+    write_rows(tmp_path / "rows.jsonl", [{"temperature": "cold"}])
+    code, err, _ = run_script(script, "--input", tmp_path / "rows.jsonl", "--output", tmp_path / "out.jsonl",
+                              "--no-progress", model=tiny_llama)
+    [result] = read_results(tmp_path / "out.jsonl")
+    assert code == 0 and result["status"] == "ok", err
+    from lmnb_engine import Engine, SamplingParams
+
+    with Engine(str(tiny_llama), max_total_tokens=1024) as engine:  # the row's value reached the prompt, greedily
+        want = engine.generate("Today: cold", SamplingParams(max_new_tokens=3, temperature=0)).text
+    assert result["variables"] == {"c4": want}
+
+
 def test_script_against_lmnb_serve_gives_the_same_results(runner, tiny_llama, tmp_path):
     """The same scripts on a server: SGLang's native protocol, and the OpenAI-compatible API."""
     server = subprocess.Popen([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama),

@@ -2748,11 +2748,12 @@ def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_wi
     # run(stop="y") is the sampling option, so the program's own `stop` was "missing", though given
     # (found by a review helper), and with a default (stop=".") it silently kept the default; a
     # positional value and a run_batch item still reach it, and n/seed go to the program
-    def message(run, names, first):
+    def message(run, names, first, item=None):
         named = (f"a parameter '{first}', which is also the name of a {run}() option" if names == [first] else
                  f"parameters {', '.join(map(repr, names))}, which are also names of {run}() options")
+        which = f" (item {item} gives it none)" if item is not None else ""
         return re.escape(f"program 'prog' has {named}: {run}({first}=...) sets the option, and the program's "
-                         f"'{first}' would not get the value; rename the program's parameter (e.g. to "
+                         f"'{first}' would not get the value{which}; rename the program's parameter (e.g. to "
                          f"'{first}_') and pass the value under that name")
 
     @sgl.function
@@ -2774,12 +2775,18 @@ def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_wi
         prog.run(q="x", stop="!", backend=be)
     with pytest.raises(TypeError, match=f"^{message('run', ['temperature', 'stop'], 'temperature')}$"):
         prog(q="x", temperature=0.5, stop="!", backend=be)  # (calling the program is run)
-    with pytest.raises(TypeError, match=f"^{message('run_batch', ['stop'], 'stop')}$"):
-        prog.run_batch([{"q": "x"}], stop="!", backend=be)
+    with pytest.raises(TypeError, match=f"^{message('run_batch', ['stop'], 'stop', 1)}$"):
+        prog.run_batch([{"q": "x", "stop": ","}, {"q": "x"}], stop="!", backend=be)
     assert be.calls == []  # refused before anything ran
     assert prog.run(q="x", backend=be).text() == "x.<[]>"  # not given: the parameter's default
     assert prog.bind(stop="?").run(q="x", backend=be).text() == "x?<[]>"
     assert [st.text() for st in prog.run_batch([{"q": "x", "stop": "!"}], backend=be)] == ["x!<[]>"]
+    # the parameter given a value otherwise (positionally, by bind, by every item): the option is the option
+    # (a notebook's exported job calls cell.run(temperature, temperature=0.0): found by a review helper)
+    assert prog.run("x", "!", stop="?", backend=be).text() == "x!<['?']>"
+    assert prog.bind(stop="!").run(q="x", stop="?", backend=be).text() == "x!<['?']>"
+    assert [st.text() for st in prog.run_batch([("x", "!"), {"q": "y", "stop": ","}], stop="?", backend=be)] == \
+        ["x!<['?']>", "y,<['?']>"]
 
     # a program with no parameter of that name (or only **kwargs) takes the option as before
     @sgl.function
@@ -2796,5 +2803,5 @@ def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_wi
         s += f"{num_threads}/{seed}" + sgl.gen("a", max_tokens=2)
 
     assert [st.text() for st in prog.run_batch([{"num_threads": 7}], num_threads=2, backend=be)] == ["7/0<[]>"]
-    with pytest.raises(TypeError, match=f"^{message('run_batch', ['seed'], 'seed')}$"):
+    with pytest.raises(TypeError, match=f"^{message('run_batch', ['seed'], 'seed', 0)}$"):
         prog.run_batch([{"num_threads": 7}], seed=1, backend=be)
