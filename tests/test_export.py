@@ -889,3 +889,20 @@ def test_row_fields_whose_example_is_text_must_be_text_in_the_job(tmp_path, monk
     assert (results[0]["status"], results[1]["status"]) == ("bad_input", "ok")
     assert results[0]["error"].startswith("line 1: field 'question' is a number, 7; the notebook's example of it is text")
     assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Q: Why? [3]terse2"]
+
+
+def test_a_python_cell_reading_a_variable_named_seed_with_its_seed_option_is_refused_at_export():
+    # the job's cell.run(seed, seed=1) gave the program's seed two values, failing every row: the
+    # kernel runs the body with seed as a global, where the job passes it as a parameter (found by a
+    # review helper); a template cell's parameter is renamed, and without --seed the value passes
+    cell = "%%lm --python{}\ns += seed + lmnb.gen('x', max_tokens=2)"
+    with pytest.raises(ExportError, match=re.escape(
+            "cell 2 (%%lm --python): the body reads a variable named 'seed', which the job's run() also takes "
+            "for the cell's --seed; rename the variable (e.g. seed_) in the notebook")):
+        export_notebook(notebook('seed = "abc"', cell.format(" --seed 1")), "nb.ipynb", "job.py")
+    source, _ = export_notebook(notebook('seed = "abc"', cell.format("")), "nb.ipynb", "job.py")
+    assert ".run(seed)" in source
+    source, _ = export_notebook(notebook('seed = "abc"', "%%lm --seed 1\n{seed}{gen x max_tokens=2}"), "nb.ipynb",
+                                "job.py")
+    assert "seed=1)" in source
+

@@ -223,6 +223,18 @@ class _Writer:
                                 and earlier[-1] < c.index < cell.index for c in self.p.row)
         if o.state and earlier and not reset:  # the same --state continues, unless that forgot it
             args.append(f"state={n.job}.continued({state})")  # (on a copy: an earlier --out keeps its state)
+        # run() gives a program declaring seed (or state) the value of seed= (state=): a --python
+        # body reading a variable of that name, a parameter here, would get it twice
+        keywords = {a.split("=", 1)[0] for a in args if "=" in a}
+        taken = [] if cell.template is not None else sorted(  # (a template's parameter is renamed: seed_)
+            keywords & {"seed", "state"} & set(self.p.lm_params[cell.index]))
+        if taken:
+            from lmnb.export.cells import ExportError
+
+            option = "--seed" if taken[0] == "seed" else "--state"
+            raise ExportError(f"cell {cell.index} (%%lm --python): the body reads a variable named {taken[0]!r}, "
+                              f"which the job's run() also takes for the cell's {option}; rename the variable "
+                              f"(e.g. {taken[0]}_) in the notebook")
         lines = [f"# -- cell {cell.index}: %%lm {cell.line}".rstrip(),
                  f"{state} = {n.function(cell)}.run({', '.join(args)})", f"{state}.sync()"]
         for name in self.p.binds[cell.index]:
