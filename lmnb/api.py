@@ -5,7 +5,6 @@ default backend. Names, arguments and defaults are SGLang's (``python/sglang/lan
 
 from __future__ import annotations
 
-import collections
 import functools
 import inspect
 import math
@@ -13,7 +12,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Union
 
-from lmnb.choices import ChoicesSamplingMethod, token_length_normalized
+from lmnb.choices import ChoicesSamplingMethod, repeated_choices_problem, token_length_normalized
 from lmnb.ir import (
     OUTPUT_OPTIONS,
     ExprList,
@@ -584,11 +583,9 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
         raise ValueError(f"{caller} choices must be non-empty strings; got {bad!r}")
     for c in choices:
         check_text(c, f"the {caller} choice")
-    # (SGLang accepts repeats; the pick and its scores would not say which of the equal entries won)
-    repeated = [c for c, count in collections.Counter(choices).items() if count > 1]
+    repeated = repeated_choices_problem(choices)
     if repeated:
-        raise ValueError(f"{caller} choices must differ; {', '.join(map(repr, repeated))} "
-                         f"{'is' if len(repeated) == 1 else 'are'} listed more than once: drop the repeats")
+        raise ValueError(f"{caller} {repeated}")
     # (NaN compared as not > 0 and picked greedily; True sampled at temperature 1)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
             0 <= temperature < math.inf):

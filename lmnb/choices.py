@@ -9,10 +9,21 @@ everything before it, and keeps logprobs that are exactly 0.0.
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
+
+
+def repeated_choices_problem(choices: Sequence[str]) -> Optional[str]:
+    """Why ``choices`` cannot be a ``select``'s, naming the repeated ones, or None. SGLang accepts
+    repeats; the pick and its scores would not say which of the equal entries won."""
+    repeated = [c for c, count in collections.Counter(choices).items() if count > 1]
+    if not repeated:
+        return None
+    return (f"choices must differ; {', '.join(map(repr, repeated))} {'is' if len(repeated) == 1 else 'are'} "
+            "listed more than once: drop the repeats")
 
 
 @dataclass(frozen=True)

@@ -406,6 +406,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen a stop=}", 2, 12, "has no value"),
         ("{select pick}", 2, 1, "choices"),
         ('{select pick choices=["", "a"]}', 2, 22, "choices must be non-empty strings: choice 1 of 2 is ''"),
+        # at export too, where a job ran with it and every row failed (found by a review helper)
+        ('{select pick choices=["a", "b", "a"]}', 2, 22, "choices must differ; 'a' is listed more than once"),
         ('{gen n regex="(ab"}', 2, 14, "invalid regex"),
         ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex '(ab' is not a valid regular expression"),
         ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex 'a*' matches the empty string"),
@@ -574,6 +576,7 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         ("{gen x json_schema=S}", {"S": {"type": "objectx"}}, 20, "not a valid JSON Schema"),
         ("{select x choices=labels}", {"labels": "ab"}, 19, "choices must be a non-empty list of strings"),
         ("{select x choices=labels}", {"labels": ["a", ""]}, 19, "choices must be non-empty strings: choice 2 of 2 is ''"),
+        ("{select x choices=labels}", {"labels": ["a", "a"]}, 19, "choices must differ; 'a' is listed more than once"),
         ("{fork doc in docs}{doc}{join}", {"docs": []}, 14, "docs has no items"),
         ("{fork doc in docs}{doc}{join}", {"docs": 5}, 14, "docs is not iterable (got int)"),
         ("{fork n}x{join}", {"n": 0}, 7, "fork count must be an integer >= 1, got 0"),

@@ -113,6 +113,9 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         empty = next((i for i, c in enumerate(value, start=1) if not c), None)
         if empty is not None:  # (lmnb.select refuses it too, but once the cell runs, pointing at the hole)
             return f"choices must be non-empty strings: choice {empty} of {len(value)} is ''"
+        from lmnb.choices import repeated_choices_problem
+
+        return repeated_choices_problem(value)
     elif key in ("max_tokens", "min_tokens") and not (_is_int(value) and value >= 0):
         return f"{key} must be an integer >= 0, got {value!r}"
     elif key == "n" and not (_is_int(value) and value >= 1):
