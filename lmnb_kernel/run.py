@@ -56,7 +56,7 @@ def run(args) -> int:
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from lmnb.export import file_in_the_way, make_folders, read_notebook
+    from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook
 
     src = Path(args.notebook)
     if not src.is_file():
@@ -72,9 +72,11 @@ def run(args) -> int:
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
         return 2
+    folder = folder_given(args.output or "", src.with_suffix(".out.ipynb").name)
+    if folder:  # (before the run: it would be lost at the end)
+        print(f"lmnb run: {folder}", file=sys.stderr)
+        return 2
     try:  # before the run: a path that cannot be written would lose it at the end
-        if out.is_dir() and not to_stdout:
-            raise IsADirectoryError("it is a directory; give a file name, e.g. -o DIR/out.ipynb")
         if not to_stdout:
             made = make_folders(out)
             if made is not None:

@@ -773,13 +773,17 @@ def test_folders_made_for_the_output_are_named(tmp_path, capsys, monkeypatch):
     nbformat.write(QA, tmp_path / "qa.ipynb")
     assert main(["export", "qa.ipynb", "-o", "jobs/new/job.py"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "lmnb export: created the folder jobs (it did not exist) for jobs/new/job.py"
+    assert err[0] == "lmnb export: created the folder jobs/new (it did not exist) for jobs/new/job.py"
     assert err[1].startswith("wrote jobs/new/job.py ") and (tmp_path / "jobs" / "new" / "job.py").is_file()
     assert main(["export", "qa.ipynb", "-o", "jobs/new/job.py"]) == 0  # the folder is there now: no word of it
     assert capsys.readouterr().err.startswith("wrote jobs/new/job.py ")
     assert main(["export", "qa.ipynb", "-o", "jobs/other/job.py"]) == 0  # only the folder made is named
     assert capsys.readouterr().err.splitlines()[0] == ("lmnb export: created the folder jobs/other (it did not exist) "
                                                        "for jobs/other/job.py")
+    for out in ("jobs", "jobs/more/"):  # a folder (-o jobs/more/ wrote a script file named more)
+        assert main(["export", "qa.ipynb", "-o", out]) == 2
+        assert capsys.readouterr().err == f"lmnb export: {out} is a folder; give a file name, e.g. -o {out.rstrip('/')}/qa.py\n"
+    assert not (tmp_path / "jobs" / "more").exists()
     target = tmp_path / "runs" / "out.ipynb"  # (checked before the kernel starts: a bad -p stops the run there)
     args = argparse.Namespace(notebook="qa.ipynb", output=str(target), parameter=[("1x", "2")], timeout=60,
                               allow_errors=False)

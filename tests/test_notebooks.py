@@ -369,10 +369,17 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, ca
 
     src = _notebook(tmp_path / "nb.ipynb", "print('x')")
     (tmp_path / "file").write_text("")
-    for out, why in [(tmp_path / "file" / "out.ipynb", ""), (tmp_path, ": it is a directory")]:
-        args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=60, allow_errors=False)
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "file" / "out.ipynb"), parameter=[],
+                              timeout=60, allow_errors=False)
+    assert run(args) == 2
+    assert f"lmnb run: cannot write {tmp_path / 'file' / 'out.ipynb'}" in capsys.readouterr().err
+    # a folder, existing or not (-o runs/ wrote a notebook file named runs): a file name is asked for
+    for out in (str(tmp_path), f"{tmp_path}/runs/"):
+        args = argparse.Namespace(notebook=str(src), output=out, parameter=[], timeout=60, allow_errors=False)
         assert run(args) == 2
-        assert f"lmnb run: cannot write {out}{why}" in capsys.readouterr().err
+        assert capsys.readouterr().err == (f"lmnb run: {out} is a folder; give a file name, e.g. -o "
+                                           f"{Path(out) / 'nb.out.ipynb'}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "nb.ipynb"]
     for name in ("1x", "class", "__debug__", "__ｄｅｂｕｇ__"):  # the injected cell would fail in the kernel
         args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "o.ipynb"), parameter=[[name, "3"]],
                                   timeout=60, allow_errors=False)

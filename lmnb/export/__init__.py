@@ -11,6 +11,7 @@ Which cells run once and which per row is explained in ``lmnb.export.plan``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -129,17 +130,26 @@ def file_in_the_way(path: Path) -> Optional[Path]:
 
 
 def make_folders(path: Path) -> Optional[Path]:
-    """Make the folders ``path`` goes in that do not exist yet; returns the outermost one made
-    (None if none was), for the command to say so: a mistyped ``-o jbos/job.py`` made a folder
-    without a word, and the file seemed lost. Made, not refused: a new folder for the output is
-    the common case, and saying so shows a typo at once.
+    """Make the folders ``path`` goes in that do not exist yet; returns the folder it goes in if
+    any was made (None if none was), for the command to say so: a mistyped ``-o jbos/job.py`` made
+    a folder without a word, and the file seemed lost. Made, not refused: a new folder for the
+    output is the common case, and saying so shows a typo at once.
 
     Raises:
         OSError: a folder cannot be made (``file_in_the_way`` names a file in its place).
     """
-    made = next((parent for parent in reversed(path.parents) if not parent.exists()), None)
+    made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return made
+    return path.parent if made else None
+
+
+def folder_given(out: str, example: str) -> Optional[str]:
+    """Why the output path ``out`` (an ``-o``) names a folder, not a file, or None: an existing
+    folder, or one written with a trailing slash (``-o runs/``, which wrote a file named ``runs``).
+    ``example``: a file name to suggest in it; "" (no ``-o``) and "-" (stdout) name no folder."""
+    if out not in ("", "-") and (out.endswith(("/", os.sep)) or Path(out).is_dir()):
+        return f"{out} is a folder; give a file name, e.g. -o {Path(out) / example}"
+    return None
 
 
 def not_an_export(path: Path) -> bool:
@@ -160,7 +170,7 @@ def not_an_export(path: Path) -> bool:
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``lmnb export``."""
     parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%%%lm cells")
-    parser.add_argument("-o", "--output", type=Path, default=None,
+    parser.add_argument("-o", "--output", default=None,  # (a str: Path drops a trailing slash, "runs/")
                         help="the script to write (default: the notebook's name with .py; '-' = stdout)")
     parser.add_argument("--inputs", default=None, metavar="A,B",
                         help="the fields each input row gives (default: the notebook's example inputs: "
@@ -170,7 +180,7 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
 def export(args: argparse.Namespace) -> int:
     """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
     path: Path = args.notebook
-    out: Path = args.output or path.with_suffix(".py")
+    out = Path(args.output) if args.output else path.with_suffix(".py")
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
     if str(out) != "-" and (out.suffix.lower() == ".ipynb" or out.resolve() == path.resolve()):
         # the script would replace a notebook (a slip of -o, or tab completion): refuse, lose nothing
@@ -181,6 +191,10 @@ def export(args: argparse.Namespace) -> int:
         nb = read_notebook(path)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
+        return 2
+    folder = folder_given(args.output or "", path.with_suffix(".py").name)
+    if folder:
+        print(f"lmnb export: {folder}", file=sys.stderr)
         return 2
     script_name = "job.py" if str(out) == "-" else out.name
     try:
