@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lmnb_engine.cli_options import Once, OnceFlag
+
 KERNEL_NAME = "lmnb"
 DISPLAY_NAME = "lmnb (Python 3)"
 
@@ -32,11 +34,11 @@ def kernel_spec(python: str | None = None, display_name: str = DISPLAY_NAME) -> 
 def install_arguments(parser) -> None:
     """Add the options of ``lmnb install-kernel`` to ``parser``."""
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--user", action="store_true", help="install for the current user (the default)")
-    where.add_argument("--sys-prefix", action="store_true", help=f"install into this environment ({sys.prefix})")
-    where.add_argument("--prefix", metavar="PATH", help="install under PATH/share/jupyter/kernels")
-    parser.add_argument("--name", default=KERNEL_NAME, help=f"kernelspec name (default {KERNEL_NAME!r})")
-    parser.add_argument("--display-name", metavar="TEXT",
+    where.add_argument("--user", action=OnceFlag, help="install for the current user (the default)")
+    where.add_argument("--sys-prefix", action=OnceFlag, help=f"install into this environment ({sys.prefix})")
+    where.add_argument("--prefix", metavar="PATH", action=Once, help="install under PATH/share/jupyter/kernels")
+    parser.add_argument("--name", default=KERNEL_NAME, action=Once, help=f"kernelspec name (default {KERNEL_NAME!r})")
+    parser.add_argument("--display-name", metavar="TEXT", action=Once,
                         help=f"the name Jupyter's launcher and kernel menu show (default {DISPLAY_NAME!r}, "
                              f"and {display_name('NAME')!r} with --name NAME)")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from lmnb.export.cells import ExportError, is_lm_cell, python_cell
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
+from lmnb_engine.cli_options import Once, OnceFlag
 from lmnb_kernel.cell_failure import describe_failure
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 
@@ -39,14 +40,15 @@ def run_arguments(parser) -> None:
     """Options of ``lmnb run``, with the exit statuses as the help's epilog."""
     parser.epilog = f"exit status: {EXIT_STATUSES}"
     parser.add_argument("notebook", help="the .ipynb to execute")
-    parser.add_argument("-o", "--output", help="where to save the executed notebook (default: NAME.out.ipynb; "
-                                               "-: stdout, and the summary goes to stderr)")
+    parser.add_argument("-o", "--output", action=Once,
+                        help="where to save the executed notebook (default: NAME.out.ipynb; "
+                             "-: stdout, and the summary goes to stderr)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="set a parameter, read like its default in the parameters cell as the exported job "
-                             "reads it (else a Python literal, else the text); repeatable")
-    parser.add_argument("--timeout", type=_seconds, default=1800,
+                             "reads it (else a Python literal, else the text); repeatable, once per NAME")
+    parser.add_argument("--timeout", type=_seconds, default=1800, action=Once,
                         help="seconds one cell may take (default 1800; 0: no limit)")
-    parser.add_argument("--allow-errors", action="store_true", help="keep going after a failing cell")
+    parser.add_argument("--allow-errors", action=OnceFlag, help="keep going after a failing cell")
 
 
 def run(args) -> int:
@@ -58,6 +60,11 @@ def run(args) -> int:
 
     from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook
 
+    names = [name for name, _ in args.parameter]
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:  # (the last value would win silently, as a repeated option's did)
+        print(f"lmnb run: -p {twice} is given twice; give it once", file=sys.stderr)
+        return 2
     src = Path(args.notebook)
     if not src.is_file():
         if src.is_dir():  # (it said "no such notebook")

@@ -60,6 +60,43 @@ def test_cell_line_options_are_the_magics_options():
             parse_cell_line(line)
 
 
+@pytest.mark.parametrize("command, words, message", [
+    ("load", ["m", "--dtype", "float32", "--dtype", "float16"], "--dtype is given twice; give it once"),
+    ("load", ["--random-weights", "--random-weights"], "--random-weights is given twice; give it once"),
+    ("connect", ["http://h:9", "--timeout", "5", "--timeout", "9"], "--timeout is given twice; give it once"),
+    ("connect", ["http://h:9", "--completion", "--openai", "m", "--completion"],
+     "--completion is given twice; give it once"),
+])
+def test_a_backend_line_option_given_twice_is_refused(command, words, message):
+    """``%lm load`` / ``%lm connect`` kept the last of a repeated option silently, as ``%%lm`` did."""
+    from lmnb.template.cell_options import parse_backend_line
+
+    with pytest.raises(CellLineError) as e:
+        parse_backend_line(command, words)
+    assert str(e.value) == message
+
+
+def test_a_backend_line_option_given_once_is_read():
+    from lmnb.template.cell_options import parse_backend_line
+
+    load = parse_backend_line("load", ["m", "--dtype", "float16", "--random-weights"])
+    assert (load.model, load.dtype, load.random_weights) == ("m", "float16", True)
+    connect = parse_backend_line("connect", ["http://h:9", "--timeout", "5", "--completion"])
+    assert (connect.url, connect.timeout, connect.completion, connect.openai) == ("http://h:9", 5.0, True, None)
+
+
+def test_lmnb_export_refuses_an_option_given_twice(tmp_path, capsys):
+    """``lmnb export nb.ipynb -o a.py -o b.py`` wrote b.py only, silently."""
+    from lmnb_kernel.cli import main
+
+    for words, option in [(["-o", "a.py", "--output", "b.py"], "-o/--output"), (["--inputs", "q", "--inputs", "r"], "--inputs")]:
+        with pytest.raises(SystemExit) as e:
+            main(["export", str(tmp_path / "nb.ipynb"), *words])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.rstrip().endswith(f"lmnb export: error: {option} is given twice; give it once")
+    assert not list(tmp_path.iterdir())
+
+
 def test_script_is_plain_python_with_one_function_per_lm_cell(tmp_path):
     source, plan = export_notebook(QA, "qa.ipynb", "qa.py")
     tree = ast.parse(source)
@@ -86,9 +123,11 @@ def test_script_imports_neither_ipython_nor_torch_and_parameters_are_options(tmp
     script.write_text(export_notebook(QA, "qa.ipynb", "qa.py")[0])
     probe = ("import runpy, sys\nsys.argv = ['qa.py', '--help']\n"
              "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             # (lmnb_engine's package itself is cheap: it names $LMNB_MODEL for every front end)
+             # (lmnb_engine's package itself is cheap: it names $LMNB_MODEL for every front end, and
+             # cli_options holds the argparse actions every lmnb command line shares)
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'IPython', 'torch', 'transformers', 'lmnb_kernel'}"
-             " | {m for m in sys.modules if m.startswith('lmnb_engine.')} - {'lmnb_engine.outputs', 'lmnb_engine.params'}))")
+             " | {m for m in sys.modules if m.startswith('lmnb_engine.')}"
+             " - {'lmnb_engine.outputs', 'lmnb_engine.params', 'lmnb_engine.cli_options'}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("[]")

@@ -235,6 +235,34 @@ def test_a_count_option_that_is_no_whole_number_is_named_in_words(capsys, option
     assert err.rstrip().endswith(message) and "_count" not in err and "_positive_int" not in err
 
 
+@pytest.mark.parametrize("words, option", [
+    # the same value as the default twice: the namespace already held 16 before either was read
+    (["--num-threads", "16", "--num-threads", "2"], "--num-threads"),
+    (["--retry-errors", "--limit", "3", "--retry-errors"], "--retry-errors"),
+    (["--completion", "--completion"], "--completion"),
+    (["--backend", "engine", "--backend", "http://h:9"], "--backend"),
+    (["--style", "terse", "--style", "long"], "--style"),  # a notebook parameter's option
+])
+def test_a_job_option_given_twice_is_refused(capsys, words, option):
+    """An exported job kept the last of a repeated option silently (``--num-threads 16 --num-threads 2``
+    ran 2 threads); a notebook's ``%%lm`` line already refused a repeat."""
+    job = Job("", ["q"], argv=["--input", "x.jsonl", "--output", "y.jsonl", *words])
+    with pytest.raises(SystemExit) as e:
+        job.parameters(style="plain")
+    assert e.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"error: {option} is given twice; give it once")
+
+
+def test_a_job_parser_reads_an_option_once_on_each_command_line():
+    """The repeat is counted per command line: a parser that read ``--num-threads`` reads it again."""
+    from lmnb.batch.options import job_parser
+
+    parser = job_parser()
+    for threads in ("2", "3"):
+        args = parser.parse_args(["--input", "x", "--output", "y", "--num-threads", threads, "--retry-errors"])
+        assert (args.num_threads, args.retry_errors) == (int(threads), True)
+
+
 def test_a_rerun_with_other_parameters_or_backend_is_refused_not_mixed_into_the_file(tmp_path, capsys):
     """Rows 0-1 were answered for one --style, the rerun would have answered rows 2-3 for another
     and reported '2 already done'; each record now says what it was run with."""

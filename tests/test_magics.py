@@ -233,6 +233,9 @@ def test_help_options_show_the_help(ip):
         ("%lm connect localhost:9 --openai m", "%lm connect takes an http(s) URL, e.g. http://localhost:9; got"),
         ("%lm connect ftp://h:9", "%lm connect takes an http(s) URL, e.g. http://HOST:PORT; got 'ftp://h:9'"),
         ("%lm load /no/such/checkpoint", "could not load /no/such/checkpoint"),
+        # argparse kept the last silently, where a %%lm option given twice is refused
+        ("%lm load /no/such/checkpoint --device cpu --device cuda", "--device is given twice; give it once"),
+        ("%lm connect http://127.0.0.1:9 --api-key a --api-key b", "--api-key is given twice; give it once"),
     ],
 )
 def test_bad_usage_gets_one_clear_message(ip, cell, words):

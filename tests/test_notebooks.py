@@ -77,6 +77,29 @@ def test_a_notebook_cell_without_a_type_or_text_is_named_by_run_and_export(tmp_p
     assert not (tmp_path / "edited.out.ipynb").exists() and not (tmp_path / "edited.py").exists()
 
 
+def test_lmnb_run_refuses_an_option_or_a_parameter_given_twice(tmp_path, capsys):
+    """``lmnb run nb.ipynb -o a.ipynb -o b.ipynb`` saved b only, and ``-p n 1 -p n 2`` set n to 2,
+    silently; ``-p`` repeats for several parameters."""
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run_arguments
+
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("n = 0")]), path)
+    for words, option in [(["-o", str(tmp_path / "a.ipynb"), "--output", str(tmp_path / "b.ipynb")], "-o/--output"),
+                          (["--allow-errors", "--allow-errors"], "--allow-errors"),
+                          (["--timeout", "1800", "--timeout", "5"], "--timeout")]:
+        with pytest.raises(SystemExit) as e:
+            main(["run", str(path), *words])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.rstrip().endswith(f"lmnb run: error: {option} is given twice; give it once")
+    assert main(["run", str(path), "-p", "n", "1", "-p", "m", "3", "-p", "n", "2"]) == 2
+    assert capsys.readouterr().err == "lmnb run: -p n is given twice; give it once\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]  # nothing run, nothing written
+    parser = argparse.ArgumentParser()
+    run_arguments(parser)
+    assert parser.parse_args(["x", "-p", "n", "1", "-p", "m", "3"]).parameter == [["n", "1"], ["m", "3"]]
+
+
 def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp_path, capsys):
     from lmnb_kernel.run import run
 

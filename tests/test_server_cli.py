@@ -58,6 +58,19 @@ def test_lmnb_serve_refuses_an_unknown_log_level_before_loading():
     assert "argument --log-level: invalid choice: 'loud'" in out.stderr and "'debug'" in out.stderr
 
 
+@pytest.mark.parametrize("words, option", [(["--port", "30000", "--port", "99999"], "--port"),
+                                           (["--log-level", "info", "--log-level", "debug"], "--log-level"),
+                                           (["--model", "a", "--device", "cpu", "--model", "b"], "--model")])
+def test_lmnb_serve_refuses_an_option_given_twice_before_loading(capsys, words, option):
+    """``--port 30000 --port 0`` served on a free port, silently: argparse kept the last."""
+    from lmnb_kernel.cli import main
+
+    with pytest.raises(SystemExit) as e:  # (--port 99999, a bad port, stops a serve that took the repeat)
+        main(["serve", "--port", "99999", *words] if option != "--port" else ["serve", *words])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"lmnb serve: error: {option} is given twice; give it once")
+
+
 def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
     # the warning came from warnings.warn, with the server module's path and its source line
     out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "serve", "--host", "0.0.0.0", "--port", "0",

@@ -16,6 +16,7 @@ from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
+from lmnb_engine.cli_options import Once, OnceFlag
 
 DEFAULT_THREADS = 16
 
@@ -54,44 +55,44 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.notebook_backend = (backend, openai_model, completion, timeout)
     with_backend = " with the default --backend" if backend else ""
     if per_row:
-        p.add_argument("--input", required=True, type=Path, metavar="ROWS",
+        p.add_argument("--input", action=Once, required=True, type=Path, metavar="ROWS",
                        help="the rows: JSON lines (.jsonl, one object per line) or CSV/TSV with a header "
                             "(CSV values are strings)")
-        p.add_argument("--output", required=True, type=Path, metavar="RESULTS",
+        p.add_argument("--output", action=Once, required=True, type=Path, metavar="RESULTS",
                        help="results, one JSON line per row; appended to, so rerunning continues where it stopped")
-    p.add_argument("--backend", default=None, metavar="engine|URL",
+    p.add_argument("--backend", action=Once, default=None, metavar="engine|URL",
                    help="'engine': a model in this process; a URL: an SGLang or 'lmnb serve' server, or with "
                         "--openai an OpenAI-compatible API root (…/v1) (default: "
                         + (f"{backend}, the notebook's" if backend else "engine") + ")")
-    p.add_argument("--openai", metavar="MODEL", default=None,
+    p.add_argument("--openai", action=Once, metavar="MODEL", default=None,
                    help="the backend is an OpenAI-compatible API; use this model name"
                         + (f" (default{with_backend}: {openai_model})" if openai_model else ""))
-    p.add_argument("--completion", action="store_true", default=None,
+    p.add_argument("--completion", action=OnceFlag, default=None,
                    help="with --openai: a completion model (prompts go out as text, not chat messages)"
                         + (f" (the default{with_backend} and --openai)" if completion else ""))
-    p.add_argument("--api-key", help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
-    p.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", default=None,
+    p.add_argument("--api-key", action=Once, help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
+    p.add_argument("--timeout", action=Once, type=positive_seconds, metavar="SECONDS", default=None,
                    help=f"server backends: seconds to wait for the server's response before the row fails "
                         f"(default{with_backend if timeout is not None else ''}: "
                         f"{timeout if timeout is not None else READ_TIMEOUT_S:g})")
-    p.add_argument("--model", metavar="PATH", default=None,
+    p.add_argument("--model", action=Once, metavar="PATH", default=None,
                    help="engine backend: HF checkpoint directory or hub id (default: "
                         + (model or f"${MODEL_ENV}, else the built-in demo model") + ")")
-    p.add_argument("--device", help="engine backend: cuda or cpu")
-    p.add_argument("--dtype", help="engine backend: float32, bfloat16 or float16")
+    p.add_argument("--device", action=Once, help="engine backend: cuda or cpu")
+    p.add_argument("--dtype", action=Once, help="engine backend: float32, bfloat16 or float16")
     if not per_row:
         return p
-    p.add_argument("--num-threads", type=_positive_int, default=DEFAULT_THREADS, metavar="N",
+    p.add_argument("--num-threads", action=Once, type=_positive_int, default=DEFAULT_THREADS, metavar="N",
                    help=f"rows run at once (default {DEFAULT_THREADS}); with more than one, what a row "
                    "prints comes out in one piece when the row ends")
-    p.add_argument("--limit", type=_count, metavar="N", help="use only the first N rows of the input")
-    p.add_argument("--id-field", metavar="F", help="key rows by this field instead of their position "
+    p.add_argument("--limit", action=Once, type=_count, metavar="N", help="use only the first N rows of the input")
+    p.add_argument("--id-field", action=Once, metavar="F", help="key rows by this field instead of their position "
                    "(use it if the input may change between runs)")
-    p.add_argument("--input-format", choices=FORMATS, help="default: from the input file's suffix")
-    p.add_argument("--retry-errors", action="store_true",
+    p.add_argument("--input-format", action=Once, choices=FORMATS, help="default: from the input file's suffix")
+    p.add_argument("--retry-errors", action=OnceFlag,
                    help="run again the rows whose results are errors (their old records are removed); "
                         "rows whose input changed since run again without it")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action=OnceFlag, help="no progress bar")
     p.epilog = JOB_EXIT_STATUSES
     return p
 
@@ -127,7 +128,7 @@ def add_parameters(parser: argparse.ArgumentParser, defaults: dict, per_row: boo
     for name, default in defaults.items():
         dests[name] = f"param_{name}"
         group.add_argument(options[name], dest=dests[name], default=default, type=parameter_type(default),
-                           metavar="VALUE", help=f"(default: {default!r})")
+                           action=Once, metavar="VALUE", help=f"(default: {default!r})")
     return dests
 
 

@@ -20,6 +20,7 @@ from lmnb.export.cells import ExportError, read_cells
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
 from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
+from lmnb_engine.cli_options import Once
 
 __all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "notebook_from_text", "plan_notebook",
            "read_notebook"]
@@ -170,9 +171,9 @@ def not_an_export(path: Path) -> bool:
 def export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``lmnb export``."""
     parser.add_argument("notebook", type=Path, help="the .ipynb notebook with %%%%lm cells")
-    parser.add_argument("-o", "--output", default=None,  # (a str: Path drops a trailing slash, "runs/")
+    parser.add_argument("-o", "--output", default=None, action=Once,  # (a str: Path drops a trailing slash, "runs/")
                         help="the script to write (default: the notebook's name with .py; '-' = stdout)")
-    parser.add_argument("--inputs", default=None, metavar="A,B",
+    parser.add_argument("--inputs", default=None, metavar="A,B", action=Once,
                         help="the fields each input row gives (default: the notebook's example inputs: "
                              "variables the %%lm cells depend on that a cell sets to a string)")
 

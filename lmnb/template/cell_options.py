@@ -16,6 +16,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from lmnb_engine.cli_options import Once, OnceFlag
+
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
 STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 STATE_NAME_RULE = "a state name starts with a letter or _ and goes on with letters, digits, _ . or - (e.g. chat.v2)"
@@ -55,43 +57,19 @@ def _seed(text: str) -> int:
     return value
 
 
-class _Once(argparse.Action):
-    """Store the option's value, refusing the option a second time: argparse keeps the last one
-    silently, so ``--temperature 0 --temperature 1`` sampled (a gen's options refuse a repeat too)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(namespace, self.dest, None) is not None:
-            parser.error(f"{option_string} is given twice; give it once")
-        setattr(namespace, self.dest, values)
-
-
-class _OnceFlag(argparse.Action):
-    """A flag (``store_true``) refused a second time, as ``_Once`` refuses a repeated option:
-    ``--quiet --quiet`` is a slip (a line edited twice, a pasted option) worth a word, not a
-    silent no-op."""
-
-    def __init__(self, option_strings, dest, default=False, required=False, help=None):
-        super().__init__(option_strings, dest, nargs=0, default=default, required=required, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(namespace, self.dest, False):
-            parser.error(f"{option_string} is given twice; give it once")
-        setattr(namespace, self.dest, True)
-
-
 def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``%%lm`` options, with their help texts, to ``parser``; returns ``parser``."""
-    parser.add_argument("--python", action=_OnceFlag,
+    parser.add_argument("--python", action=OnceFlag,
                         help="the body is Python: an lmnb program body with the state as `s`")
-    parser.add_argument("--state", metavar="NAME", action=_Once,
+    parser.add_argument("--state", metavar="NAME", action=Once,
                         help="continue the named program state (created by the first cell that names it); "
                              "its prefix stays in the KV cache")
-    parser.add_argument("--temperature", type=_temperature, action=_Once, help="default temperature of every gen (0 = greedy)")
-    parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", action=_Once, help="default max_tokens of every gen")
-    parser.add_argument("--seed", type=_seed, action=_Once, help="seed for sampling, so a sampled cell can be repeated")
-    parser.add_argument("--out", metavar="VAR", action=_Once, help="also store the program state in kernel variable VAR")
-    parser.add_argument("--quiet", action=_OnceFlag, help="show nothing; still capture variables")
-    parser.add_argument("--static", action=_OnceFlag,
+    parser.add_argument("--temperature", type=_temperature, action=Once, help="default temperature of every gen (0 = greedy)")
+    parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", action=Once, help="default max_tokens of every gen")
+    parser.add_argument("--seed", type=_seed, action=Once, help="seed for sampling, so a sampled cell can be repeated")
+    parser.add_argument("--out", metavar="VAR", action=Once, help="also store the program state in kernel variable VAR")
+    parser.add_argument("--quiet", action=OnceFlag, help="show nothing; still capture variables")
+    parser.add_argument("--static", action=OnceFlag,
                         help="no live widget: update the output in place (display_id) while running")
     return parser
 
@@ -155,10 +133,10 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     """The arguments of ``%lm load`` (the magic's and the exporter's)."""
     parser.add_argument("model", nargs="?", help="Hugging Face checkpoint directory or hub id (or a preset with "
                         "--random-weights); default: $LMNB_MODEL, else the built-in demo model")
-    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--dtype", help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
-    parser.add_argument("--max-total-tokens", type=int, help="KV pool size in tokens")
-    parser.add_argument("--random-weights", action="store_true", help="seeded random weights (benchmarks)")
+    parser.add_argument("--device", action=Once, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", action=Once, help="bfloat16, float16 or float32 (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--max-total-tokens", type=int, action=Once, help="KV pool size in tokens")
+    parser.add_argument("--random-weights", action=OnceFlag, help="seeded random weights (benchmarks)")
     return parser
 
 
@@ -167,11 +145,11 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     from lmnb.backend.runtime_endpoint import MODEL_INFO_TIMEOUT_S, READ_TIMEOUT_S
 
     parser.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
-    parser.add_argument("--openai", metavar="MODEL", help="the server is OpenAI-compatible; use this model name")
-    parser.add_argument("--completion", action="store_true",
+    parser.add_argument("--openai", metavar="MODEL", action=Once, help="the server is OpenAI-compatible; use this model name")
+    parser.add_argument("--completion", action=OnceFlag,
                         help="with --openai: a completion model (prompts go out as text, not chat messages)")
-    parser.add_argument("--api-key", help="API key sent to the server")
-    parser.add_argument("--timeout", type=positive_seconds, metavar="SECONDS",
+    parser.add_argument("--api-key", action=Once, help="API key sent to the server")
+    parser.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", action=Once,
                         help=f"seconds to wait for the server's response before the cell fails "
                              f"(default {READ_TIMEOUT_S:g}); connecting to an SGLang-protocol server waits at "
                              f"most {MODEL_INFO_TIMEOUT_S:g} s (or this, if less) for its model info")

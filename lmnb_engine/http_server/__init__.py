@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from lmnb_engine import MODEL_ENV, model_or_env
+from lmnb_engine.cli_options import Once
 
 DEFAULT_PORT = 30000  # SGLang's default
 # The largest request body read, in MiB, unless ``--max-body-mb`` says otherwise: room for a long
@@ -24,18 +25,18 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``lmnb serve`` options to ``parser``."""
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--model", action=Once, default=None,
                         help=f"HF checkpoint directory or hub id (default: ${MODEL_ENV}, else the demo model)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one, named in the 'serving' line)")
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request but GET /health")
-    parser.add_argument("--served-model-name", default=None, help="model name in the OpenAI API (default: the model path)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
-    parser.add_argument("--max-total-tokens", type=int, default=None, help="KV cache size in tokens (default: from the free memory)")
-    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_MB,
+    parser.add_argument("--host", action=Once, default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", action=Once, type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one, named in the 'serving' line)")
+    parser.add_argument("--api-key", action=Once, default=None, help="require 'Authorization: Bearer KEY' on every request but GET /health")
+    parser.add_argument("--served-model-name", action=Once, default=None, help="model name in the OpenAI API (default: the model path)")
+    parser.add_argument("--device", action=Once, default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--dtype", action=Once, default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--max-total-tokens", action=Once, type=int, default=None, help="KV cache size in tokens (default: from the free memory)")
+    parser.add_argument("--max-body-mb", action=Once, type=float, default=DEFAULT_MAX_BODY_MB,
                         help=f"refuse request bodies larger than this many MiB with a 413 (default {DEFAULT_MAX_BODY_MB})")
-    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS,
+    parser.add_argument("--log-level", action=Once, default="info", type=str.lower, choices=LOG_LEVELS,
                         help=f"uvicorn log level: {', '.join(LOG_LEVELS)} (default info)")
 
 

@@ -1,0 +1,53 @@
+"""argparse actions that refuse an option given twice on one command line.
+
+argparse keeps the last of a repeated option silently, so ``lmnb run -o a.ipynb -o b.ipynb`` wrote
+b.ipynb only and ``--temperature 0 --temperature 1`` sampled. Every lmnb command line (``%%lm``,
+``%lm load`` / ``%lm connect``, ``lmnb run`` / ``export`` / ``serve`` / ``install-kernel``, an
+exported job's options) stores its options with these instead; options meant to repeat keep
+``action="append"``. Defined here, at the bottom of the import chain (lmnb_kernel → lmnb →
+lmnb_engine), so that all of them share it without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import weakref
+
+
+def _nowhere() -> None:
+    return None
+
+
+class _GivenOnce(argparse.Action):
+    """Remembers the namespace this option was last parsed into, to refuse it a second time there.
+    The namespace's value cannot tell: an option whose default is not None (``--port 30000``) holds
+    a value before it is given. A weak reference, not an attribute on the namespace, which
+    ``vars(args)`` would show."""
+
+    _given_in = staticmethod(_nowhere)
+
+    def _refuse_repeat(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> None:
+        if self._given_in() is namespace:
+            parser.error(f"{'/'.join(self.option_strings)} is given twice; give it once")
+        self._given_in = weakref.ref(namespace)
+
+
+class Once(_GivenOnce):
+    """``action="store"`` (the default action), refusing the option a second time."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        self._refuse_repeat(parser, namespace)
+        setattr(namespace, self.dest, values)
+
+
+class OnceFlag(_GivenOnce):
+    """``action="store_true"``, refusing the flag a second time: ``--quiet --quiet`` is a slip (a line
+    edited twice, a pasted option) worth a word, not a silent no-op. ``default`` is False unless
+    given (the batch job's ``--completion`` is None when not given, to tell it from the notebook's)."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, required=required, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        self._refuse_repeat(parser, namespace)
+        setattr(namespace, self.dest, True)
