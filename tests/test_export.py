@@ -899,6 +899,19 @@ COMPUTED = ("gen/select names {} are computed, so the job does not bind them as 
     ("import functools\nfrom lmnb import gen", 'ask = functools.partial(gen, max_tokens=1)\n'
      'for i in range(2):\n    s += ask(f"a{i}")\ns += ask("lit") + functools.partial(gen, name="p")()',
      ("lit", "p"), "f'a{i}'"),
+    # ... and by names the export did not follow: a star import, the api module, partial renamed
+    ("from lmnb import *", 's += gen(f"s{q}") + select("t", choices=["a"])', ("t",), "f's{q}'"),
+    ("import lmnb.api as A", 's += A.gen(f"u{q}") + A.gen("v")', ("v",), "f'u{q}'"),
+    ("from lmnb import api", 's += api.gen(f"u{q}")', (), "f'u{q}'"),
+    ("from functools import partial as p", 's += p(lmnb.gen, f"w{q}")() + p(lmnb.select, "y", choices=["a"])()',
+     ("y",), "f'w{q}'"),
+    ("import lmnb\ng = lmnb.gen", 's += g(f"z{q}")', (), "f'z{q}'"),
+    # lmnb's gen bound to another function afterwards (in the cell above, in the body) is no primitive
+    ("from lmnb import gen\ndef mine(name): return name\ngen = mine", 's += gen(f"x{q}") + gen("lit")', (), None),
+    ("from lmnb import gen", 'gen = str\ns += gen(f"x{q}") + lmnb.gen("k")', ("k",), None),
+    ("from lmnb import gen\nclass gen: pass", 's += gen(f"x{q}")', (), None),
+    # a gen bound inside a function is that function's own: the cell's gen is still lmnb's
+    ("from lmnb import gen\ndef f():\n    gen = 1\n    return gen", 's += gen(f"x{q}")', (), "f'x{q}'"),
 ])
 def test_only_lmnbs_gen_and_select_name_a_python_cells_variables(setup, body, captures, computed):
     _, p = export_notebook(notebook('q = "x"', setup, "%%lm --python\n" + body))

@@ -488,30 +488,32 @@ def python_program_reads(body: str) -> tuple:
 @dataclass(frozen=True)
 class LmnbNames:
     """What a notebook's code calls lmnb's capturing primitives (``_CAPTURING``) by, as its cells
-    bind them in order. modules: names of the lmnb module (``lmnb``, which the kernel defines for
-    ``--python`` bodies; ``import lmnb as sgl``); functions: names of a primitive (``from lmnb
-    import gen as g``, ``ask = functools.partial(lmnb.gen, max_tokens=5)``). A ``gen`` or
-    ``select`` of anything else (``np.select``, ``df.select``, the user's own ``gen``) names no
-    variable of the cell."""
+    bind them in order. modules: names of a module that has them (``lmnb``, which the kernel defines
+    for ``--python`` bodies; ``import lmnb as sgl``, ``import lmnb.api as A``); functions: names of
+    a primitive (``from lmnb import gen as g``, ``from lmnb import *``, ``ask =
+    functools.partial(lmnb.gen, max_tokens=5)``); partials: names of ``functools.partial`` (``from
+    functools import partial as p``). A ``gen`` or ``select`` of anything else (``np.select``,
+    ``df.select``, the user's own ``gen``, a ``gen`` imported from lmnb and then bound to another
+    function) names no variable of the cell."""
 
     modules: frozenset = frozenset({"lmnb"})
     functions: frozenset = frozenset()
+    partials: frozenset = frozenset({"partial"})
 
     def seen(self, tree: ast.AST) -> "LmnbNames":
-        """These names and those that ``tree``'s imports and ``partial`` assignments bind."""
-        modules, functions = set(self.modules), set(self.functions)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules |= {a.asname for a in node.names if a.name == "lmnb" and a.asname}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "lmnb":
-                functions |= {a.asname or a.name for a in node.names if a.name in _CAPTURING}
-        names = LmnbNames(frozenset(modules), frozenset(functions))
-        # ask = partial(gen, max_tokens=5) names no variable: ask("x") does, as gen("x") would
-        aliases = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                   and names.is_partial_primitive(node.value)
-                   and _name_argument(node.value.args[1:], node.value.keywords) is None
-                   for t in node.targets if isinstance(t, ast.Name)}
-        return LmnbNames(names.modules, names.functions | aliases)
+        """These names as ``tree``'s bindings (``_lmnb_name_bindings``) leave them, taken in
+        source order: imports of lmnb or of ``partial`` and ``partial(PRIMITIVE)`` assignments add
+        names, any other binding of a name (``gen = my_function``, ``def gen``) takes it out."""
+        names = self
+        for node in sorted(_lmnb_name_bindings(tree), key=lambda n: (n.lineno, n.col_offset)):
+            kept = {"module": set(names.modules), "function": set(names.functions), "partial": set(names.partials)}
+            for name, kind in _bound_names(node, names):
+                for known in kept.values():  # (a name bound anew is only what it is now)
+                    known.discard(name)
+                if kind is not None:
+                    kept[kind].add(name)
+            names = LmnbNames(*(frozenset(kept[k]) for k in ("module", "function", "partial")))
+        return names
 
     def is_primitive(self, func: ast.expr) -> bool:
         """Whether the expression ``func`` is one of lmnb's capturing primitives."""
@@ -522,7 +524,7 @@ class LmnbNames:
     def is_partial_primitive(self, call: ast.Call) -> bool:
         """Whether ``call`` is ``partial(PRIMITIVE, ...)`` (``functools.partial`` too)."""
         func = call.func
-        partial = ((isinstance(func, ast.Name) and func.id == "partial")
+        partial = ((isinstance(func, ast.Name) and func.id in self.partials)
                    or (isinstance(func, ast.Attribute) and func.attr == "partial"
                        and isinstance(func.value, ast.Name) and func.value.id == "functools"))
         return partial and bool(call.args) and self.is_primitive(call.args[0])
@@ -532,6 +534,56 @@ class LmnbNames:
         if not self.is_partial_primitive(call):
             return None
         return _name_argument(call.args[1:], call.keywords)
+
+
+def _lmnb_name_bindings(tree: ast.AST) -> list:
+    """The statements of ``tree`` that ``LmnbNames.seen`` reads: its imports, also those inside a
+    function (the kernel may run them), and the assignments, ``def`` and ``class`` statements of
+    its top scope (those inside a function or class bind names of their own)."""
+    out, todo = [], list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, *_SCOPES)):
+            out.append(node)
+        if isinstance(node, _SCOPES):
+            out += [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        else:
+            todo += ast.iter_child_nodes(node)
+    return out
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_LMNB_MODULES = ("lmnb", "lmnb.api")  # the modules whose gen/select are lmnb's
+
+
+def _bound_names(node: ast.stmt, names: LmnbNames) -> list:
+    """(name, kind) for each name that ``node`` binds: kind is "module", "function" or "partial" for
+    a module of lmnb's primitives, a primitive (``partial(PRIMITIVE)`` without a name too) and
+    ``functools.partial``, as ``names`` call them, else None."""
+    if isinstance(node, _SCOPES):
+        return [(node.name, None)]
+    if isinstance(node, ast.Import):  # (import lmnb.api binds lmnb; import lmnb.api as A, the module api)
+        return [(a.asname, "module" if a.name in _LMNB_MODULES else None) if a.asname else
+                (a.name.split(".")[0], "module" if a.name.split(".")[0] == "lmnb" else None) for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        module = node.module if node.level == 0 else None
+        out = []
+        for a in node.names:
+            if a.name == "*":  # another module's * binds names unknown here
+                out += [(n, "function") for n in _CAPTURING] if module in _LMNB_MODULES else []
+                continue
+            kind = ("function" if (module or "").split(".")[0] == "lmnb" and a.name in _CAPTURING
+                    else "module" if module == "lmnb" and a.name == "api"
+                    else "partial" if module == "functools" and a.name == "partial" else None)
+            out.append((a.asname or a.name, kind))
+        return out
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if node.value is not None else []
+    value = node.value
+    alias = (names.is_primitive(value) or isinstance(value, ast.Call) and names.is_partial_primitive(value)
+             and _name_argument(value.args[1:], value.keywords) is None)
+    # ask = partial(gen, max_tokens=5) names no variable: ask("x") does, as gen("x") would
+    return [(t.id, "function" if alias and isinstance(t, ast.Name) and t is target else None)
+            for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)]
 
 
 def _name_argument(args: list, keywords: list):
