@@ -906,6 +906,7 @@ COMPUTED = ("gen/select names {} are computed, so the job does not bind them as 
     ("from functools import partial as p", 's += p(lmnb.gen, f"w{q}")() + p(lmnb.select, "y", choices=["a"])()',
      ("y",), "f'w{q}'"),
     ("import lmnb\ng = lmnb.gen", 's += g(f"z{q}")', (), "f'z{q}'"),
+    ("L = lmnb", 's += L.gen("a2") + L.gen(f"b{q}")', ("a2",), "f'b{q}'"),  # (found by a review helper)
     # lmnb's gen bound to another function afterwards (in the cell above, in the body) is no primitive
     ("from lmnb import gen\ndef mine(name): return name\ngen = mine", 's += gen(f"x{q}") + gen("lit")', (), None),
     ("from lmnb import gen", 'gen = str\ns += gen(f"x{q}") + lmnb.gen("k")', ("k",), None),
@@ -961,4 +962,12 @@ def test_a_python_cell_reading_a_variable_named_seed_with_its_seed_option_is_ref
     source, _ = export_notebook(notebook('seed = "abc"', "%%lm --seed 1\n{seed}{gen x max_tokens=2}"), "nb.ipynb",
                                 "job.py")
     assert "seed=1)" in source
+
+
+def test_names_a_star_import_of_lmnb_binds_are_no_row_fields():
+    # symtable lists no name that `from lmnb import *` binds: the --python cell's gen was taken for
+    # a row field, and every row was bad_input "missing field 'gen'" (found by a review helper)
+    nb = notebook("from lmnb import *", 'q = "x"', '%%lm --python\ns += q + gen("star", max_tokens=2)', "print(star)")
+    _, p = export_notebook(nb)
+    assert p.inputs == ("q",) and p.lm_cells[0].captures == ("star",)
 

@@ -417,6 +417,11 @@ def names(source: str, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
             first_bound.setdefault(name, i)
     outside = {n for n, i in first_read.items() if n in read and i <= first_bound.get(n, i)}
     bound = tuple(s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported())
+    if any(isinstance(n, ast.ImportFrom) and n.module in _LMNB_MODULES and n.level == 0
+           and any(a.name == "*" for a in n.names) for n in tree.body):
+        import lmnb  # (symtable lists no name a star import binds: a row field "gen" was made)
+
+        bound += tuple(n for n in lmnb.__all__ if n not in bound)
     return _in_order(tree, outside), _in_order(tree, read), bound
 
 
@@ -582,7 +587,8 @@ def _bound_names(node: ast.stmt, names: LmnbNames) -> list:
     alias = (names.is_primitive(value) or isinstance(value, ast.Call) and names.is_partial_primitive(value)
              and _name_argument(value.args[1:], value.keywords) is None)
     # ask = partial(gen, max_tokens=5) names no variable: ask("x") does, as gen("x") would
-    return [(t.id, "function" if alias and isinstance(t, ast.Name) and t is target else None)
+    kind = "function" if alias else "module" if isinstance(value, ast.Name) and value.id in names.modules else None
+    return [(t.id, kind if isinstance(t, ast.Name) and t is target else None)
             for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)]
 
 
