@@ -52,8 +52,9 @@ def _check_backend(backend: Any) -> None:
                         "or SGLang server, lmnb.OpenAI(model, base_url=URL) for an OpenAI-compatible API, or lmnb.Engine()")
     if isinstance(backend, type):
         raise TypeError(f"backend={backend.__name__} is a class; pass an instance of it ({backend.__name__}(...))")
-    runtime = sys.modules.get("lmnb_engine.engine")  # (not imported: no runtime engine can have been made)
-    if runtime is not None and isinstance(backend, runtime.Engine):
+    # (not imported, or still being imported on another thread: no runtime engine can have been made)
+    runtime = getattr(sys.modules.get("lmnb_engine.engine"), "Engine", None)
+    if runtime is not None and isinstance(backend, runtime):
         raise TypeError("backend= is an lmnb_engine.Engine, the inference runtime, not a language backend; wrap it: "
                         "lmnb.Engine(engine=that_engine)")
 
