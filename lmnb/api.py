@@ -343,7 +343,7 @@ class SglFunction:
                     raise TypeError(f"run_batch item {i} has {len(item)} values for arguments {positional}{extra}")
                 item = dict(zip(positional, item))
             if not isinstance(item, dict):
-                raise TypeError(f"run_batch item {i} is a {type(item).__name__}, not a dict or tuple")
+                raise TypeError(f"run_batch item {i} is {type(item).__name__} {item!r:.40}, not a dict or tuple")
             try:
                 self._check_args((), item)
             except TypeError as e:

@@ -2739,6 +2739,8 @@ def test_run_batch_fills_keyword_only_arguments_from_dict_items_and_says_a_tuple
     too_many = "run_batch item 1 has 2 values for arguments ['a']" + hint
     with pytest.raises(TypeError, match=f"^{re.escape(too_many)}$"):
         prog.run_batch([{"a": 1, "b": 2}, (1, 2)], backend=be)
+    with pytest.raises(TypeError, match=r"^run_batch item 1 is int 5, not a dict or tuple$"):  # (it said "a int")
+        prog.run_batch([{"a": 1, "b": 2}, 5], backend=be)
     missing = "run_batch item 0: program 'prog': missing a required argument: 'b'; its arguments are ['a', 'b', 'c']"
     with pytest.raises(TypeError, match=f"^{re.escape(missing + hint)}$"):
         prog.run_batch([(1,)], backend=be)
