@@ -221,13 +221,14 @@ class _Writer:
         # %lm reset forgets the state; so do %lm load and %lm connect (the backend is not followed)
         reset = earlier and any(isinstance(c, Code) and (None in c.resets or o.state in c.resets or c.backends)
                                 and earlier[-1] < c.index < cell.index for c in self.p.row)
-        if o.state and earlier and not reset:  # the same --state continues, unless that forgot it
+        continues = bool(o.state and earlier and not reset)  # the same --state continues, unless that forgot it
+        if continues:
             args.append(f"state={n.job}.continued({state})")  # (on a copy: an earlier --out keeps its state)
         # run() gives a program declaring seed (or state) the value of seed= (state=): a --python
         # body reading a variable of that name, a parameter here, would get it twice
-        keywords = {a.split("=", 1)[0] for a in args if "=" in a}
+        passed = set(o.run_kwargs()) | ({"state"} if continues else set())
         taken = [] if cell.template is not None else sorted(  # (a template's parameter is renamed: seed_)
-            keywords & {"seed", "state"} & set(self.p.lm_params[cell.index]))
+            passed & {"seed", "state"} & set(self.p.lm_params[cell.index]))
         if taken:
             from lmnb.export.cells import ExportError
 

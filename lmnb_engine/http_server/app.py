@@ -526,24 +526,23 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
     bases = list(itertools.accumulate((h.n for h in handles), initial=0))  # index of each prompt's first sample
     chunks = [StreamChunks(h.rid, decode, p.top_logprobs_num) for h, p in zip(handles, params)]
     try:
-        try:
-            async for k, ev in ctx.events(handles):
-                chunks[k].add(ev)
-                if ev.finished and ev.result is not None:
-                    meta = _with_image_meta(meta_info(ev.result, decode, params[k].top_logprobs_num, firsts[k]),
-                                            prompts[k])
-                    await _with_cached_chars(ctx, meta, prompt_texts[k], prompts[k])
-                elif ev.text_delta:
-                    meta = None  # (the partial meta_info)
-                else:
-                    continue
-                yield sse(chunks[k].chunk(ev, meta, index=bases[k] + ev.index))
-        except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
-            logger.exception("stream failed")
-            yield sse(error_body(f"{type(e).__name__}: {e}", 500))
-        yield SSE_DONE
+        async for k, ev in ctx.events(handles):
+            chunks[k].add(ev)
+            if ev.finished and ev.result is not None:
+                meta = _with_image_meta(meta_info(ev.result, decode, params[k].top_logprobs_num, firsts[k]),
+                                        prompts[k])
+                await _with_cached_chars(ctx, meta, prompt_texts[k], prompts[k])
+            elif ev.text_delta:
+                meta = None  # (the partial meta_info)
+            else:
+                continue
+            yield sse(chunks[k].chunk(ev, meta, index=bases[k] + ev.index))
+    except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
+        logger.exception("stream failed")
+        yield sse(error_body(f"{type(e).__name__}: {e}", 500))
     finally:
         ctx.abort_unfinished(handles)
+    yield SSE_DONE
 
 
 def model_info_dict(engine: Any, served_model_name: str) -> dict:
