@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -819,9 +820,9 @@ def test_folders_made_for_the_output_are_named(tmp_path, capsys, monkeypatch):
     assert main(["export", "qa.ipynb", "-o", "jobs/other/job.py"]) == 0  # only the folder made is named
     assert capsys.readouterr().err.splitlines()[0] == ("lmnb export: created the folder jobs/other (it did not exist) "
                                                        "for jobs/other/job.py")
-    for out in ("jobs", "jobs/more/"):  # a folder (-o jobs/more/ wrote a script file named more)
+    for out in ("jobs", "jobs/more/", "jobs/more/."):  # a folder (-o jobs/more/ wrote a script file named more)
         assert main(["export", "qa.ipynb", "-o", out]) == 2
-        assert capsys.readouterr().err == f"lmnb export: {out} is a folder; give a file name, e.g. -o {out.rstrip('/')}/qa.py\n"
+        assert capsys.readouterr().err == f"lmnb export: {out} is a folder; give a file name, e.g. -o {Path(out)}/qa.py\n"
     assert not (tmp_path / "jobs" / "more").exists()
     target = tmp_path / "runs" / "out.ipynb"  # (checked before the kernel starts: a bad -p stops the run there)
     args = argparse.Namespace(notebook="qa.ipynb", output=str(target), parameter=[("1x", "2")], timeout=60,

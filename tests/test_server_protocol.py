@@ -814,3 +814,5 @@ def test_the_body_limit_is_256_mib_unless_max_body_mb_says_otherwise(monkeypatch
     assert parser.parse_args([]).max_body_mb == 256 and parser.parse_args(["--max-body-mb", "1.5"]).max_body_mb == 1.5
     assert serve(parser.parse_args(["--max-body-mb", "0"])) == 2  # (before any model loads)
     assert "--max-body-mb 0 must be more than 0" in capsys.readouterr().err
+    assert serve(parser.parse_args(["--max-body-mb", "inf"])) == 2  # (an OverflowError traceback after the load)
+    assert "--max-body-mb inf must be more than 0 and finite" in capsys.readouterr().err

@@ -146,9 +146,11 @@ def make_folders(path: Path) -> Optional[Path]:
 
 def folder_given(out: str, example: str) -> Optional[str]:
     """Why the output path ``out`` (an ``-o``) names a folder, not a file, or None: an existing
-    folder, or one written with a trailing slash (``-o runs/``, which wrote a file named ``runs``).
-    ``example``: a file name to suggest in it; "" (no ``-o``) and "-" (stdout) name no folder."""
-    if out not in ("", "-") and (out.endswith(("/", os.sep)) or Path(out).is_dir()):
+    folder, or one written as such (``-o runs/`` or ``-o runs/.`` wrote a file named ``runs``: ``Path``
+    drops the ending). ``example``: a file name to suggest in it; "" (no ``-o``) and "-" (stdout) name
+    no folder."""
+    ending = out.replace(os.sep, "/").rsplit("/", 1)[-1]
+    if out not in ("", "-") and (ending in ("", ".", "..") or Path(out).is_dir()):
         return f"{out} is a folder; give a file name, e.g. -o {Path(out) / example}"
     return None
 

@@ -8,6 +8,7 @@ with ``lmnb_engine.Engine``'s surface, its handles' ``subscribe`` included (test
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from lmnb_engine import MODEL_ENV, model_or_env
@@ -84,8 +85,8 @@ def serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
         return 2
-    if not args.max_body_mb > 0:
-        print(f"lmnb serve: --max-body-mb {args.max_body_mb:g} must be more than 0", file=sys.stderr)
+    if not 0 < args.max_body_mb < math.inf:  # (inf failed later, as an OverflowError traceback)
+        print(f"lmnb serve: --max-body-mb {args.max_body_mb:g} must be more than 0 and finite", file=sys.stderr)
         return 2
     model = model_or_env(args.model)
     sock = bind(args.host, args.port)
