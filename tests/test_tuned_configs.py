@@ -12,6 +12,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton (see test
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 from lmnb_engine import triton_support  # noqa: E402
 from lmnb_engine.attention.triton_ops import tuned  # noqa: E402
@@ -38,9 +39,10 @@ def h200(monkeypatch, tmp_path):
         cached.cache_clear()
 
 
-def write(path, device="NVIDIA H200", extend=None, decode=None):
+def write(path, device="NVIDIA H200", extend=None, decode=None, triton_version=None):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"device": device, "triton": "3.6.0", "extend": extend or {}, "decode": decode or {}}))
+    path.write_text(json.dumps({"device": device, "triton": triton_version or triton.__version__,
+                                "extend": extend or {}, "decode": decode or {}}))
     return path
 
 
@@ -85,6 +87,23 @@ def test_the_environment_variable_names_the_file_and_another_gpus_file_is_not_us
     with caplog.at_level(logging.WARNING, logger=tuned.__name__):
         assert decode_config(GPU, torch.bfloat16, 128, 1) == BUILT_IN_DECODE
     assert "are for 'NVIDIA A10G', not this 'NVIDIA H200'; the built-in ones run" in caplog.text
+
+
+@pytest.mark.parametrize("tuned_with, running, used", [
+    ("3.6.0", "3.6.0", True), ("3.6.0", "3.6.1", True),  # a patch release keeps the code generator
+    ("3.6.0", "3.9.0", False), ("3.6.0", "4.6.0", False), (None, "3.6.0", False),
+])
+def test_a_file_applies_only_under_the_triton_release_it_was_measured_with(h200, monkeypatch, caplog, tuned_with,
+                                                                           running, used):
+    entry = {"d128/g1/bfloat16/direct": {"block_n": 128, "num_warps": 4, "num_stages": 1}}
+    path = write(h200 / "configs" / "nvidia-h200.json", decode=entry, triton_version=tuned_with)
+    if tuned_with is None:  # a file without the field
+        path.write_text(json.dumps({"device": "NVIDIA H200", "extend": {}, "decode": entry}))
+    monkeypatch.setattr(triton, "__version__", running)
+    with caplog.at_level(logging.WARNING, logger=tuned.__name__):
+        got = decode_config(GPU, torch.bfloat16, 128, 1, direct=True)
+    assert got == (DecodeConfig(128, 4, 1) if used else BUILT_IN_DECODE)
+    assert ("not this " + running in caplog.text) == (not used)
 
 
 @pytest.mark.parametrize("content, why", [

@@ -8,7 +8,10 @@ keeps one only where it is correct in every case and at least ``TUNED_MARGIN`` f
 default over them, slower in none. A file
 is read from ``$LMNB_TRITON_CONFIGS`` if set, else ``configs/<device name>.json`` beside this
 module; it applies only on a GPU whose name it gives (tiles sized for an H200's shared memory
-may not fit an A10G's). The file::
+may not fit an A10G's) and under the Triton release (major.minor) it was measured with: another
+compiler allocates registers and shared memory its own way, so a tile that fit may no longer
+compile, and the timings that chose it no longer hold (SGLang keeps its tuned Triton configurations
+in one directory per Triton version for the same reason). The file::
 
     {"device": "NVIDIA H200", "triton": "3.6.0",
      "extend": {"d128/g1/bfloat16": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}},
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 import torch
+import triton
 
 log = logging.getLogger(__name__)
 
@@ -127,5 +131,15 @@ def _table(device_name: str, env_path: Optional[str]) -> dict:
         log.warning("tuned Triton configurations %s are for %r, not this %r; the built-in ones run",
                     path, table.get("device"), device_name)
         return {}
+    if _release(str(table.get("triton"))) != _release(triton.__version__):
+        log.warning("tuned Triton configurations %s were measured under Triton %s, not this %s; the built-in ones "
+                    "run (retune with benches/gpu_kernels.py --write-tuned)", path, table.get("triton"),
+                    triton.__version__)
+        return {}
     log.info("Triton attention configurations tuned for %s from %s", device_name, path)
     return table
+
+
+def _release(version: str) -> str:
+    """``major.minor`` of a version string ("3.6.0" -> "3.6"; "3.6.0+git1a2b" -> "3.6")."""
+    return ".".join(version.split(".")[:2])
