@@ -686,9 +686,36 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
         err = r.json()["error"]
         assert r.status_code == 400 and err["param"] == "top_logprobs_num"
         assert "top_logprobs_num=1000 is invalid: must be an integer from 0 to 20" in err["message"]
-    # a sampling parameter's error still names sampling_params, where it was given
+    # a sampling parameter's error names it inside sampling_params, where it was given
     r = _post(url, "/generate", {"text": "a", "sampling_params": {"temperature": -1}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.temperature"
+
+
+@pytest.mark.parametrize("body, param, message", [
+    # a request field is named as sent, at the top level (the message said SamplingParams.top_logprobs_num)
+    ({"top_logprobs_num": 25, "return_logprob": True}, "top_logprobs_num",
+     "top_logprobs_num=25 is invalid: must be an integer from 0 to 20 (top alternatives per token)"),
+    # a sampling parameter inside sampling_params (the param was "sampling_params", the message SamplingParams')
+    ({"sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens",
+     "sampling_params.max_new_tokens=-1 is invalid: must be an integer >= 0"),
+    # by the key the client used: sampling_seed is SamplingParams' seed
+    ({"sampling_params": {"sampling_seed": 2**64}}, "sampling_params.sampling_seed",
+     f"sampling_params.sampling_seed={2**64} is invalid: must be None or an integer that fits in 64 bits"),
+    ({"sampling_params": {"seed": 2**64}}, "sampling_params.seed", f"sampling_params.seed={2**64} is invalid"),
+    # a request field put inside sampling_params: told where it goes, not that it is unknown
+    ({"sampling_params": {"top_logprobs_num": 5}}, "sampling_params.top_logprobs_num",
+     "top_logprobs_num is a field of the request, not a sampling parameter: send it beside sampling_params, "
+     "at the top level"),
+    ({"sampling_params": {"top_q": 1}}, "sampling_params.top_q", "unknown sampling parameter 'top_q'; supported: ["),
+    ({"sampling_params": {"no_stop_trim": True}}, "sampling_params.no_stop_trim",
+     "sampling_params.no_stop_trim=True is not supported by lmnb"),
+])
+def test_a_generate_error_names_the_field_as_the_client_sent_it(served, body, param, message):
+    _, url = served
+    r = _post(url, "/generate", {"text": "a", **body})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and err["message"].startswith(message), err
+    assert "SamplingParams" not in err["message"]
 
 
 _USER = [{"role": "user", "content": "a"}]

@@ -91,17 +91,23 @@ def sampling_params_from_json(
         raise RequestError("sampling_params must be a JSON object", param="sampling_params")
     d = dict(d or {})
     kwargs: dict[str, Any] = {}
+    # SamplingParams field -> the name the client sent it as, for errors (sampling_seed is seed)
+    sent = {key: key for key in _REQUEST_KEYS}
     for key, value in d.items():
         if key in _SAMPLING_KEYS:
+            sent[_SAMPLING_KEYS[key]] = f"sampling_params.{key}"
             if value is not None:
                 kwargs[_SAMPLING_KEYS[key]] = value
         elif key in _NEUTRAL_KEYS:
             if value is not None and value != _NEUTRAL_KEYS[key]:
-                raise RequestError(f"sampling_params.{key}={value!r} is not supported by lmnb", param=key)
+                raise RequestError(f"sampling_params.{key}={value!r} is not supported by lmnb",
+                                   param=f"sampling_params.{key}")
+        elif key in _REQUEST_KEYS:  # (SGLang's GenerateReqInput field, not a sampling parameter)
+            raise RequestError(f"{key} is a field of the request, not a sampling parameter: send it beside "
+                               "sampling_params, at the top level", param=f"sampling_params.{key}")
         else:
-            raise RequestError(
-                f"unknown sampling parameter {key!r}; supported: {sorted(_SAMPLING_KEYS)}", param=key
-            )
+            raise RequestError(f"unknown sampling parameter {key!r}; supported: {sorted(_SAMPLING_KEYS)}",
+                               param=f"sampling_params.{key}")
     if isinstance(kwargs.get("stop"), str):
         kwargs["stop"] = [kwargs["stop"]]
     return_logprob = False if return_logprob is None else return_logprob  # SGLang's default is null
@@ -114,9 +120,11 @@ def sampling_params_from_json(
     try:
         params = SamplingParams(**kwargs)
         params.validate()
+    except SamplingParamsError as e:  # named as the client sent it, not as SamplingParams' field
+        name = sent.get(e.field, f"sampling_params.{e.field}")
+        raise RequestError(str(e).replace(f"SamplingParams.{e.field}", name, 1), param=name) from None
     except (TypeError, ValueError) as e:
-        field = e.field if isinstance(e, SamplingParamsError) else None
-        raise RequestError(str(e), param=field if field in _REQUEST_KEYS else "sampling_params") from None
+        raise RequestError(str(e), param="sampling_params") from None
     check_n(params.n)
     return params
 
