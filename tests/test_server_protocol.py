@@ -188,6 +188,9 @@ def _post(url, path, body, **kw):
         # an empty stop string names no place to stop (SGLang stopped after one token, lmnb ignored it)
         ("/generate", {"text": "a", "sampling_params": {"stop": [""]}}, 400,
          "stop is invalid: an empty string (item 0) names no place to stop"),
+        # a string is no list: no item index (the string was made a list first, and named "(item 0)")
+        ("/generate", {"text": "a", "sampling_params": {"stop": ""}}, 400,
+         "sampling_params.stop is invalid: an empty string names no place to stop"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "stop": ["\n", ""]}, 400,
          "stop is invalid: an empty string (item 1) names no place to stop"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "stop": ""}, 400,
@@ -252,6 +255,8 @@ def test_native_generate_batches_n_samples_and_model_info(served):
     # SGLang's stop_regex (a string or a list) reaches the engine; lmnb refused it
     assert _post(url, "/generate", {"text": "ab", "sampling_params": {"stop_regex": r"\d+"}}).status_code == 200
     assert engine.received[-1].stop_regexes == [r"\d+"]
+    assert _post(url, "/generate", {"text": "ab", "sampling_params": {"stop": "\n"}}).status_code == 200
+    assert engine.received[-1].stop_strings == ["\n"]  # (a string stop is one stop string)
     body = {"model": "rec", "prompt": "a", "stop_regex": [r"\d", "x{2}"]}
     assert _post(url, "/v1/completions", body).status_code == 200 and engine.received[-1].stop_regexes == [r"\d", "x{2}"]
     body = {"text": "ab", "logprob_start_len": 0, "return_logprob": None}  # null: SGLang's default

@@ -108,8 +108,6 @@ def sampling_params_from_json(
         else:
             raise RequestError(f"unknown sampling parameter {key!r}; supported: {sorted(_SAMPLING_KEYS)}",
                                param=f"sampling_params.{key}")
-    if isinstance(kwargs.get("stop"), str):
-        kwargs["stop"] = [kwargs["stop"]]
     return_logprob = False if return_logprob is None else return_logprob  # SGLang's default is null
     kwargs.update(
         return_logprob=return_logprob,
