@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 FinishType = Literal["stop", "length", "abort"]
+# The message of an abort that was asked for (``Engine.abort``: a client's /abort_request, one that
+# left), as against one for an error (NaN logits, an internal error, shutdown): the OpenAI routes
+# report the first as the choice's finish reason and the second as a failure, as SGLang tells its
+# graceful aborts from those with an error status.
+ABORT_REQUESTED = "aborted by Engine.abort"
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,11 @@ class FinishReason:
     matched: str | int | None = None
     message: str | None = None
     length: int | None = None
+
+    @property
+    def requested_abort(self) -> bool:
+        """Whether this is an abort that was asked for (``Engine.abort``), not an error's."""
+        return self.type == "abort" and self.message == ABORT_REQUESTED
 
     def to_dict(self) -> dict:
         """SGLang's ``finish_reason`` JSON: ``type``, and ``matched``/``length``/``message`` when set

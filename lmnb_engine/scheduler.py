@@ -41,7 +41,7 @@ import torch
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
 from lmnb_engine.kv_pool import span_index
 from lmnb_engine.model_runner import ModelRunner
-from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
+from lmnb_engine.outputs import ABORT_REQUESTED, FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
@@ -864,7 +864,7 @@ class Scheduler:
         """Every request the scheduler holds: waiting, running and the one being chunked."""
         return self.waiting + self.running + ([self.chunked] if self.chunked else [])
 
-    def abort(self, rid: str, message: str = "aborted by Engine.abort") -> int:
+    def abort(self, rid: str, message: str = ABORT_REQUESTED) -> int:
         """Finish every sample of ``rid`` with reason abort; returns how many were live."""
         live = [r for r in self._requests() if r.rid == rid]
         for r in live:

@@ -848,3 +848,123 @@ def test_the_body_limit_is_256_mib_unless_max_body_mb_says_otherwise(monkeypatch
     assert "--max-body-mb 0 must be more than 0" in capsys.readouterr().err
     assert serve(parser.parse_args(["--max-body-mb", "inf"])) == 2  # (an OverflowError traceback after the load)
     assert "--max-body-mb inf must be more than 0 and finite" in capsys.readouterr().err
+
+
+class _Held:
+    """A request handle of ``n`` samples, each sending "x" every 10 ms until the request is aborted
+    (each sample then ends with the abort ``Engine.abort`` makes) or ``release`` is set (each then
+    ends with finish reason length)."""
+
+    def __init__(self, rid, n, release):
+        self.rid, self.n, self.release = rid, n, release
+        self.aborted, self.finished = threading.Event(), threading.Event()
+        self._results: list = []
+
+    @property
+    def done(self):
+        return self.finished.is_set()
+
+    def subscribe(self, listener):
+        from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent
+
+        def run():
+            sent = 0
+            while not self.aborted.is_set() and not self.release.wait(0.01):
+                for i in range(self.n):
+                    listener(StreamEvent(self.rid, "x", [120], index=i))
+                sent += 1
+            aborted = FinishReason("abort", message="aborted by Engine.abort")  # (Engine.abort's)
+            reason = aborted if self.aborted.is_set() else FinishReason("length")
+            meta = RequestMeta(prompt_tokens=1, cached_tokens=0, completion_tokens=sent)
+            self._results = [GenerateResult(self.rid, "x" * sent, [120] * sent, reason, meta, index=i)
+                             for i in range(self.n)]
+            self.finished.set()
+            for i, r in enumerate(self._results):
+                listener(StreamEvent(self.rid, "", [], True, r, i))
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def result(self):
+        self.finished.wait(60)
+        return self._results if self.n > 1 else self._results[0]
+
+    def abort(self):
+        live = not self.done
+        self.aborted.set()
+        return live
+
+
+class _HeldEngine(RecordingEngine):
+    """A ``RecordingEngine`` whose requests run until aborted (by rid, as ``Engine.abort``) or released."""
+
+    def __init__(self):
+        super().__init__()
+        self.handles: list = []
+        self.release = threading.Event()
+
+    def submit(self, prompt, params, rid=None):
+        self.handles.append(_Held(rid, params.n, self.release))
+        return self.handles[-1]
+
+    def abort(self, rid):
+        return any([h.abort() for h in self.handles if h.rid == rid])
+
+    def wait_for(self, count):
+        deadline = time.monotonic() + 30
+        while len(self.handles) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.handles) == count
+
+
+def _sse_json(lines) -> list:
+    """The JSON events of an SSE stream's lines, up to [DONE]."""
+    events = [line[5:].strip() for line in lines if line.startswith("data:")]
+    assert events[-1] == "[DONE]", events[-3:]
+    return [json.loads(e) for e in events[:-1]]
+
+
+def _choices(chunks: list) -> tuple[dict, dict]:
+    """Each choice's text and finish reason from OpenAI completion chunks."""
+    texts: dict = {}
+    finish: dict = {}
+    for c in chunks:
+        assert "error" not in c, c
+        for ch in c["choices"]:
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+            if ch["finish_reason"] is not None:
+                finish[ch["index"]] = ch["finish_reason"]
+    return texts, finish
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_an_aborted_prompt_of_an_openai_batch_ends_alone_with_finish_reason_abort(stream):
+    """One prompt of a batch aborted (/abort_request) ended the whole stream, cutting the others off
+    mid-output, and made the unstreamed reply a 500; as in SGLang, its choice now ends with
+    finish_reason "abort" and the others go on."""
+    engine = _HeldEngine()
+    body = {"model": "rec", "prompt": ["a", "b", "c"], "max_tokens": 1000, "stream": stream}
+    with live_server(engine, served_model_name="rec") as url:
+        def abort_the_second():
+            engine.wait_for(3)
+            r = _post(url, "/abort_request", {"rid": engine.handles[1].rid})
+            assert r.json() == {"success": True}
+            engine.release.set()  # (after the abort: the others end with length)
+
+        if stream:
+            with httpx.Client(timeout=30) as client, client.stream("POST", url + "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                first = next(lines)
+                abort_the_second()
+                chunks = _sse_json([first, *lines])
+            texts, finish = _choices(chunks)
+        else:
+            thread = threading.Thread(target=abort_the_second)
+            thread.start()
+            r = _post(url, "/v1/completions", body, timeout=30)
+            thread.join()
+            assert r.status_code == 200, r.text
+            texts = {c["index"]: c["text"] for c in r.json()["choices"]}
+            finish = {c["index"]: c["finish_reason"] for c in r.json()["choices"]}
+    assert finish == {0: "length", 1: "abort", 2: "length"}
+    for i, h in enumerate(engine.handles):  # each choice has its whole output, the aborted one what it had
+        assert texts[i] == h.result().text and h.aborted.is_set() == (i == 1)

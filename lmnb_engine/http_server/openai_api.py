@@ -282,14 +282,15 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
     return params
 
 
-_FINISH = {"stop": "stop", "length": "length"}
-
-
 def _finish(result) -> str:
+    """A choice's finish reason: ``stop``, ``length``, or ``abort`` for an abort that was asked for
+    (/abort_request), as SGLang's OpenAI routes report a graceful abort, streamed or not, the other
+    choices going on. An abort for an error (NaN logits, shutdown) is a ``RequestFailed``: the
+    choice has no field for its message (SGLang's error response for an abort with a status)."""
     fr = result.finish_reason
-    if fr.type == "abort":
+    if fr.type == "abort" and not fr.requested_abort:
         raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
-    return _FINISH[fr.type]
+    return fr.type
 
 
 def _usage(results: list) -> dict:
