@@ -968,3 +968,32 @@ def test_an_aborted_prompt_of_an_openai_batch_ends_alone_with_finish_reason_abor
     assert finish == {0: "length", 1: "abort", 2: "length"}
     for i, h in enumerate(engine.handles):  # each choice has its whole output, the aborted one what it had
         assert texts[i] == h.result().text and h.aborted.is_set() == (i == 1)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "max_tokens": 1000}),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 1000, "n": 2}),
+    ("/v1/chat/completions", {"model": "rec", "messages": _USER, "max_tokens": 1000, "n": 2}),
+])
+def test_abort_request_takes_an_openai_response_id_and_aborts_all_its_choices(path, body):
+    """An OpenAI request could not be aborted: its engine rids were uuids of their own, which the
+    client never saw. The response id is now the rid (<id>-<k> for prompt k of several)."""
+    engine = _HeldEngine()
+    with live_server(engine, served_model_name="rec") as url:
+        with httpx.Client(timeout=30) as client, client.stream("POST", url + path, json={**body, "stream": True}) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            rid = json.loads(first[5:])["id"]
+            assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": True}
+            chunks = _sse_json([first, *lines])
+        assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": False}  # (ended: nothing to abort)
+        finish = {ch["index"]: ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]}
+        assert finish == {0: "abort", 1: "abort"}
+        prompts = len(body.get("prompt", [])) if isinstance(body.get("prompt"), list) else 1
+        assert [h.rid for h in engine.handles] == ([rid] if prompts == 1 else [f"{rid}-0", f"{rid}-1"])
+        assert all(h.aborted.is_set() for h in engine.handles)
+        # unstreamed, the same rids (the reply's id is known only once it ends)
+        engine.release.set()
+        reply = _post(url, path, body).json()
+        assert [h.rid for h in engine.handles[prompts:]] == (
+            [reply["id"]] if prompts == 1 else [f"{reply['id']}-0", f"{reply['id']}-1"])

@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Optional
 
@@ -107,6 +108,10 @@ class _Inbox:
             queue.put_nowait(item)
 
 
+class Batch(list):
+    """The handles of one OpenAI request of several prompts (a list that can be weakly referenced)."""
+
+
 class ServerContext:
     """What every route needs: the engine, the served model name and a thread pool."""
 
@@ -114,6 +119,9 @@ class ServerContext:
         self.engine = engine
         self.model_name = served_model_name
         self.pool = ThreadPoolExecutor(MAX_WAITING_THREADS, thread_name_prefix="lmnb-serve")
+        # OpenAI response id -> its prompts' handles, for /abort_request (their engine rids are
+        # <id>-<k>); weak: an entry goes when its request's route or stream lets go of the handles
+        self.batches: weakref.WeakValueDictionary[str, Batch] = weakref.WeakValueDictionary()
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
 
     async def run(self, fn: Callable, *args) -> Any:
@@ -443,6 +451,9 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         rid = body.get("rid") if isinstance(body, dict) else None
         if not isinstance(rid, str):
             raise RequestError("abort_request needs {\"rid\": <request id>}", param="rid")
+        batch = ctx.batches.get(rid)  # an OpenAI response id of several prompts: each has a rid of its own
+        if batch is not None:
+            return {"success": any([await ctx.run(h.abort) for h in batch])}
         return {"success": bool(await ctx.run(engine.abort, rid))}
 
     @app.post("/generate")

@@ -6,7 +6,9 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``stop_regex``, ``skip_special_tokens``, ``regex``, ``json_schema``). ``response_format`` ``json_schema`` /
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
-rejected with a 400 naming them rather than ignored.
+rejected with a 400 naming them rather than ignored. A response's ``id`` is its request's rid, as
+in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
+``abort``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
-from lmnb_engine.http_server.app import SSE_DONE, ServerContext, encode_prompt, sse
+from lmnb_engine.http_server.app import SSE_DONE, Batch, ServerContext, encode_prompt, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
@@ -230,13 +232,21 @@ def _refused_param(req: _SamplingRequest, e: Exception) -> str:
     return "messages" if isinstance(req, ChatRequest) else "prompt"
 
 
-async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list) -> list:
-    """``ctx.submit`` with new rids; the engine's refusal (a prompt too long for ``max_tokens``...)
-    is worded in the request's field names (``_api_names``) and names the field as ``param``."""
+async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list, rid: str) -> list:
+    """``ctx.submit`` of the response ``rid``'s prompts: one prompt's engine rid is ``rid`` (as
+    SGLang's response id is its request's rid), prompt k's of several is ``<rid>-<k>``; either way
+    ``/abort_request`` with ``rid`` aborts them all (``ServerContext.batches``). The engine's refusal
+    (a prompt too long for ``max_tokens``...) is worded in the request's field names
+    (``_api_names``) and names the field as ``param``."""
+    rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
     try:
-        return await ctx.submit(prompts, params, [uuid.uuid4().hex for _ in prompts], lambda e: _refused_param(req, e))
+        handles = await ctx.submit(prompts, params, rids, lambda e: _refused_param(req, e))
     except RequestError as e:
         raise RequestError(_api_names(str(e), req), e.status, e.param) from None
+    if len(handles) > 1:
+        handles = Batch(handles)
+        ctx.batches[rid] = handles
+    return handles
 
 
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
@@ -484,10 +494,10 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                            0 if req.echo and req.logprobs is not None else -1)
         # token ids up front, so echoed logprobs can name the first prompt token too
         ids = [await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x) for x in prompts]
-        handles = await _submit(ctx, req, ids, [params] * len(ids))  # checks the ids
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        handles = await _submit(ctx, req, ids, [params] * len(ids), rid)  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
         texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return StreamingResponse(
                 _stream(ctx, handles, rid, created, "text_completion", req, texts=texts, prompt_ids=ids),
@@ -545,8 +555,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
-        handles = await _submit(ctx, req, [prompt], [params])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        handles = await _submit(ctx, req, [prompt], [params], rid)
         if req.stream:
             return StreamingResponse(_stream(ctx, handles, rid, created, "chat.completion.chunk", req),
                                      media_type="text/event-stream")
