@@ -173,3 +173,25 @@ def test_a_server_that_takes_the_port_while_the_model_loads_is_a_clear_exit(monk
             s.close()
     assert stopped == [True]
     assert capsys.readouterr().err == f"lmnb serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_lmnb_serve_incremental_streaming_output_reaches_the_app_and_is_off_by_default(monkeypatch):
+    import argparse
+    import types
+
+    import uvicorn
+
+    import lmnb_engine.engine
+    import lmnb_engine.http_server as http_server
+    from helpers_lang import RecordingEngine
+
+    made = []
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", lambda **kwargs: RecordingEngine())
+    monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: made.append(kwargs))
+    monkeypatch.setattr(uvicorn, "Config", lambda app, **kwargs: None)
+    monkeypatch.setattr(uvicorn, "Server", lambda config: types.SimpleNamespace(run=lambda sockets: None))
+    parser = argparse.ArgumentParser()
+    http_server.serve_arguments(parser)
+    for argv, incremental in (([], False), (["--incremental-streaming-output"], True)):
+        assert http_server.serve(parser.parse_args(["--port", "0", *argv])) == 0
+        assert made[-1]["incremental_streaming_output"] is incremental

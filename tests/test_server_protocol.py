@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import lmnb as sgl
-from helpers_lang import RecordingEngine, live_server
+from helpers_lang import RecordingEngine, RecordingHandle, live_server
 from lmnb.backend.base import BackendError
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
@@ -997,3 +997,44 @@ def test_abort_request_takes_an_openai_response_id_and_aborts_all_its_choices(pa
         reply = _post(url, path, body).json()
         assert [h.rid for h in engine.handles[prompts:]] == (
             [reply["id"]] if prompts == 1 else [f"{reply['id']}-0", f"{reply['id']}-1"])
+
+
+class _LogprobEngine(RecordingEngine):
+    """A ``RecordingEngine`` that replies "abcd" with logprobs in four events: "a"; the id of "b"
+    with its text held back; "bc"; and "d" with the last one."""
+
+    def submit(self, prompt, params, rid=None):
+        from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
+
+        lps = [TokenLogprob(t, -0.25 * (k + 1), ((t, -0.25 * (k + 1)),)) for k, t in enumerate(b"abcd")]
+        meta = RequestMeta(prompt_tokens=1, cached_tokens=0, completion_tokens=4)
+        result = GenerateResult(rid, "abcd", list(b"abcd"), FinishReason("length"), meta, logprobs=lps)
+        events = [StreamEvent(rid, "a", [97], logprobs=lps[:1]), StreamEvent(rid, "", [98], logprobs=lps[1:2]),
+                  StreamEvent(rid, "bc", [99], logprobs=lps[2:3]),
+                  StreamEvent(rid, "d", [100], True, result, logprobs=lps[3:])]
+        return RecordingHandle(rid, events)
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_incremental_streaming_output_sends_each_chunks_new_text_ids_and_logprobs_only(incremental):
+    """A /generate stream with logprobs resent every logprob so far in each chunk: its size grew with
+    the square of its length. ``lmnb serve --incremental-streaming-output`` sends what is new, as SGLang
+    does with that option; without it, each chunk holds everything so far, as SGLang's clients read it."""
+    body = {"text": "q", "sampling_params": {"max_new_tokens": 4}, "stream": True, "return_logprob": True,
+            "top_logprobs_num": 1}
+    with live_server(_LogprobEngine(), incremental_streaming_output=incremental) as url:
+        with httpx.stream("POST", url + "/generate", json=body) as r:
+            chunks = _sse_json(r.iter_lines())
+        info = httpx.get(url + "/get_server_info").json()
+    assert info["incremental_streaming_output"] is incremental
+    lps = [[-0.25, 97, None], [-0.5, 98, None], [-0.75, 99, None], [-1.0, 100, None]]
+    tops = [[[lp, t, None]] for lp, t, _ in lps]
+    if incremental:  # the held-back "b" goes with "bc"
+        parts = [("a", [97], slice(0, 1)), ("bc", [98, 99], slice(1, 3)), ("d", [100], slice(3, 4))]
+    else:
+        parts = [("a", [97], slice(0, 1)), ("abc", [97, 98, 99], slice(0, 3)), ("abcd", [97, 98, 99, 100], slice(0, 4))]
+    assert [(c["text"], c["output_ids"]) for c in chunks] == [(text, ids) for text, ids, _ in parts]
+    assert [c["meta_info"]["output_token_logprobs"] for c in chunks] == [lps[s] for _, _, s in parts]
+    assert [c["meta_info"]["output_top_logprobs"] for c in chunks] == [tops[s] for _, _, s in parts]
+    assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 3, 4]  # (a count: the whole so far)
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length"}

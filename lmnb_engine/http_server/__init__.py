@@ -1,7 +1,7 @@
 """``lmnb serve``: the in-process engine over HTTP — SGLang's native protocol and the OpenAI API.
 
 ``serve_arguments(parser)`` / ``serve(args)`` are the CLI entry (``lmnb_kernel.cli``);
-``create_app(engine, api_key=None, served_model_name=None, max_body_mb=256)`` builds the ASGI app for any engine
+``create_app(engine, api_key=None, served_model_name=None, max_body_mb=256, incremental_streaming_output=False)`` builds the ASGI app for any engine
 with ``lmnb_engine.Engine``'s surface, its handles' ``subscribe`` included (tests pass a small one). Importing this package loads neither fastapi nor torch.
 """
 
@@ -37,15 +37,20 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-total-tokens", action=Once, type=int, default=None, help="KV cache size in tokens (default: from the free memory)")
     parser.add_argument("--max-body-mb", action=Once, type=float, default=DEFAULT_MAX_BODY_MB,
                         help=f"refuse request bodies larger than this many MiB with a 413 (default {DEFAULT_MAX_BODY_MB})")
+    parser.add_argument("--incremental-streaming-output", action="store_true",
+                        help="send only the new text, output_ids and output logprobs in each /generate stream chunk "
+                             "(SGLang's option; default: everything so far in each chunk, which SGLang clients read)")
     parser.add_argument("--log-level", action=Once, default="info", type=str.lower, choices=LOG_LEVELS,
                         help=f"uvicorn log level: {', '.join(LOG_LEVELS)} (default info)")
 
 
-def create_app(engine, api_key=None, served_model_name=None, max_body_mb=DEFAULT_MAX_BODY_MB):
+def create_app(engine, api_key=None, served_model_name=None, max_body_mb=DEFAULT_MAX_BODY_MB,
+               incremental_streaming_output=False):
     """See ``lmnb_engine.http_server.app.create_app``."""
     from lmnb_engine.http_server.app import create_app as _create_app
 
-    return _create_app(engine, api_key=api_key, served_model_name=served_model_name, max_body_mb=max_body_mb)
+    return _create_app(engine, api_key=api_key, served_model_name=served_model_name, max_body_mb=max_body_mb,
+                       incremental_streaming_output=incremental_streaming_output)
 
 
 def bind(host: str, port: int):
@@ -106,7 +111,7 @@ def serve(args: argparse.Namespace) -> int:
             print(f"lmnb serve: {e}{source}", file=sys.stderr)
             return 2
         app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name,
-                         max_body_mb=args.max_body_mb)
+                         max_body_mb=args.max_body_mb, incremental_streaming_output=args.incremental_streaming_output)
         try:
             sock.listen(2048)  # (uvicorn's backlog)
         except OSError as e:  # another server began listening on the port while the model loaded

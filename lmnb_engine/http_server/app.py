@@ -2,8 +2,9 @@
 
 Routes (SGLang's ``srt/entrypoints/http_server.py`` names and shapes): ``POST /generate`` (one
 prompt or a batch, ``text`` or ``input_ids``, streaming as server-sent events with the cumulative
-text in each event), ``GET /get_model_info``, ``GET /get_server_info``, ``GET|POST /flush_cache``,
-``POST /abort_request``, ``GET /health``; the OpenAI routes come from ``openai_api``. [issue 10]
+text in each event, or only the new text with ``incremental_streaming_output``), ``GET
+/get_model_info``, ``GET /get_server_info``, ``GET|POST /flush_cache``, ``POST /abort_request``,
+``GET /health``; the OpenAI routes come from ``openai_api``. [issue 10]
 ``/generate`` takes SGLang's ``image_data`` for a vision-language model: per prompt a string or a
 list of strings, each a ``data:image/...;base64,`` URL or bare base64 (what SGLang's frontend
 sends; one string for a whole batch is every prompt's image), one per image token in the prompt;
@@ -115,9 +116,10 @@ class Batch(list):
 class ServerContext:
     """What every route needs: the engine, the served model name and a thread pool."""
 
-    def __init__(self, engine: Any, served_model_name: str):
+    def __init__(self, engine: Any, served_model_name: str, incremental_streaming_output: bool = False):
         self.engine = engine
         self.model_name = served_model_name
+        self.incremental_streaming_output = incremental_streaming_output  # (/generate's stream: StreamChunks)
         self.pool = ThreadPoolExecutor(MAX_WAITING_THREADS, thread_name_prefix="lmnb-serve")
         # OpenAI response id -> its prompts' handles, for /abort_request (their engine rids are
         # <id>-<k>); weak: an entry goes when its request's route or stream lets go of the handles
@@ -345,16 +347,18 @@ def _flag(body: dict, key: str) -> bool:
 
 
 def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Optional[str] = None,
-               max_body_mb: float = DEFAULT_MAX_BODY_MB):
+               max_body_mb: float = DEFAULT_MAX_BODY_MB, incremental_streaming_output: bool = False):
     """The ASGI app serving ``engine`` (an ``lmnb_engine.Engine`` or anything with its methods).
 
     ``api_key``: when set, every route except ``/health`` needs ``Authorization: Bearer <key>``.
     ``max_body_mb``: a request body larger than this many MiB is refused with a 413, unread.
+    ``incremental_streaming_output``: each ``/generate`` stream chunk carries only the text, ids
+    and output logprobs new since its sample's last one (SGLang's server option of that name).
     """
     from lmnb_engine.http_server.openai_api import add_openai_routes
 
     name = served_model_name or (engine.model_path or "lmnb-model")
-    ctx = ServerContext(engine, name)
+    ctx = ServerContext(engine, name, incremental_streaming_output)
 
     # A route dependency, not an HTTP middleware: Starlette's middleware wraps the ASGI receive
     # channel, and then ``request.is_disconnected()`` never sees a client leave (ServerContext.results).
@@ -437,6 +441,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def get_server_info():
         info = await ctx.run(model_info_dict, engine, name)
         info["cache_stats"] = await ctx.run(engine.cache_stats)
+        info["incremental_streaming_output"] = ctx.incremental_streaming_output  # (a server arg, as SGLang's)
         return info
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -532,10 +537,11 @@ async def _with_cached_chars(ctx: ServerContext, meta: dict, text: Any, prompt: 
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
                            firsts: list, prompts: list, prompt_texts: list) -> AsyncIterator[str]:
     """SSE events of /generate: one per new text, each with its sample's cumulative text (SGLang's
-    form) and ``index``. The prompts of a batch stream interleaved, as they generate; all are
+    form; only the new text with ``--incremental-streaming-output``) and ``index``. The prompts of a batch stream interleaved, as they generate; all are
     aborted if the stream ends early."""
     bases = list(itertools.accumulate((h.n for h in handles), initial=0))  # index of each prompt's first sample
-    chunks = [StreamChunks(h.rid, decode, p.top_logprobs_num) for h, p in zip(handles, params)]
+    chunks = [StreamChunks(h.rid, decode, p.top_logprobs_num, ctx.incremental_streaming_output)
+              for h, p in zip(handles, params)]
     try:
         async for k, ev in ctx.events(handles):
             chunks[k].add(ev)

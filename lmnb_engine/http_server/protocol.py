@@ -176,27 +176,38 @@ class StreamMeta:
         if self.top_logprobs_num:
             self.tops += [_top(lp, self.decode) for lp in ev.logprobs]
 
-    def dict(self, completion_tokens: int) -> dict:
-        """The chunk's meta_info after ``completion_tokens`` tokens."""
+    def dict(self, completion_tokens: int, start: int = 0) -> dict:
+        """The chunk's meta_info after ``completion_tokens`` tokens, with the output logprobs of
+        the tokens from ``start`` on."""
         m = {"id": self.rid, "prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
              "cached_tokens": self.cached_tokens, "finish_reason": None}
         if self.logprobs:
-            m["output_token_logprobs"] = list(self.tokens)
+            m["output_token_logprobs"] = self.tokens[start:]
             if self.top_logprobs_num:
-                m["output_top_logprobs"] = list(self.tops)
+                m["output_top_logprobs"] = self.tops[start:]
         return m
+
+
+# meta_info keys that an incremental stream sends only the new entries of (SGLang's
+# INCREMENTAL_STREAMING_META_INFO_KEYS, less the token-ids logprobs lmnb does not have)
+_OUTPUT_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
 
 
 class StreamChunks:
     """SGLang's stream chunks of one request (``/generate``'s SSE events, the offline engine's
-    ``generate(stream=True)``): each carries its sample's whole text and ids so far. Feed every
+    ``generate(stream=True)``): each carries its sample's whole text, ids and output logprobs so
+    far or, ``incremental`` (SGLang's ``--incremental-streaming-output``), only those new since the
+    sample's last chunk: a long stream then sends each once, not its length's square. Feed every
     ``StreamEvent`` to ``add``, then take ``chunk`` for the events that make one."""
 
-    def __init__(self, rid: str, decode: Optional[Callable[[list[int]], str]] = None, top_logprobs_num: int = 0):
+    def __init__(self, rid: str, decode: Optional[Callable[[list[int]], str]] = None, top_logprobs_num: int = 0,
+                 incremental: bool = False):
         self.rid, self.decode, self.top_logprobs_num = rid, decode, top_logprobs_num
+        self.incremental = incremental
         self.texts: dict[int, str] = {}
         self.ids: dict[int, list[int]] = {}
         self.partial: dict[int, StreamMeta] = {}
+        self.sent: dict[int, tuple[int, int]] = {}  # sample -> (characters, tokens) sent, when incremental
 
     def add(self, ev: StreamEvent) -> None:
         """Take one event of sample ``ev.index``: its text, token ids and counts."""
@@ -210,8 +221,14 @@ class StreamChunks:
         is the finished sample's meta_info, None for the partial one; ``index`` defaults to
         ``ev.index``."""
         i = ev.index
-        meta = meta if meta is not None else self.partial[i].dict(len(self.ids[i]))
-        return {"text": self.texts[i], "output_ids": list(self.ids[i]), "meta_info": meta,
+        chars, tokens = self.sent.get(i, (0, 0))
+        if meta is None:
+            meta = self.partial[i].dict(len(self.ids[i]), tokens)
+        elif tokens:
+            meta = {**meta, **{k: meta[k][tokens:] for k in _OUTPUT_LOGPROB_KEYS if k in meta}}
+        if self.incremental:
+            self.sent[i] = (len(self.texts[i]), len(self.ids[i]))
+        return {"text": self.texts[i][chars:], "output_ids": self.ids[i][tokens:], "meta_info": meta,
                 "index": i if index is None else index}
 
 
