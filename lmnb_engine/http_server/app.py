@@ -537,8 +537,8 @@ async def _with_cached_chars(ctx: ServerContext, meta: dict, text: Any, prompt: 
 async def _stream_generate(ctx: ServerContext, handles: list, params: list, decode,
                            firsts: list, prompts: list, prompt_texts: list) -> AsyncIterator[str]:
     """SSE events of /generate: one per new text, each with its sample's cumulative text (SGLang's
-    form; only the new text with ``--incremental-streaming-output``) and ``index``. The prompts of a batch stream interleaved, as they generate; all are
-    aborted if the stream ends early."""
+    form; only the new text with ``--incremental-streaming-output``) and ``index``. The prompts of
+    a batch stream interleaved, as they generate; all are aborted if the stream ends early."""
     bases = list(itertools.accumulate((h.n for h in handles), initial=0))  # index of each prompt's first sample
     chunks = [StreamChunks(h.rid, decode, p.top_logprobs_num, ctx.incremental_streaming_output)
               for h, p in zip(handles, params)]
