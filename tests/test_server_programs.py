@@ -692,3 +692,28 @@ def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):
         assert st.text() == prompt + whole[:k]
     finish = cut.run(backend=local, temperature=0).get_meta_info("x")["finish_reason"]
     assert finish == {"type": "stop", "matched": whole[k]}
+
+
+def test_runtime_endpoint_streams_from_a_server_with_incremental_output_as_from_one_without(engines, backends):
+    # an incremental server's events each carry only the new text and logprobs; read as the
+    # whole text so far, a repeated piece ("x" after "x") passed for no new text and was lost
+    _, remote = engines
+    _, cumulative, _ = backends
+
+    @sgl.function
+    def prog(s):
+        s += "The bird in the tree" + sgl.gen("x", max_tokens=12, return_logprob=True, top_logprobs_num=2)
+
+    want = prog.run(backend=cumulative, temperature=0, stream=True)
+    want_text = "".join(want.text_iter("x"))
+    with live_server(remote, incremental_streaming_output=True) as url:
+        backend = sgl.RuntimeEndpoint(url)
+        got = prog.run(backend=backend, temperature=0, stream=True)
+        pieces = list(got.text_iter("x"))
+        assert backend.get_server_info()["incremental_streaming_output"] is True
+    assert "".join(pieces) == want_text == got["x"]
+    a, b = want.get_meta_info("x"), got.get_meta_info("x")
+    assert [e[1] for e in b["output_token_logprobs"]] == [e[1] for e in a["output_token_logprobs"]]
+    assert [[e[1] for e in top] for top in b["output_top_logprobs"]] == \
+        [[e[1] for e in top] for top in a["output_top_logprobs"]]
+    assert len(a["output_token_logprobs"]) == a["completion_tokens"] > 1

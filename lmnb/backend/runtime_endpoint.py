@@ -67,6 +67,9 @@ MAX_LINE_BYTES = 256 * 2**20
 # The largest body a response that is not streamed may have, in bytes (a batch of results with
 # logprobs is several events' worth); beyond it, it is refused as it comes.
 MAX_BODY_BYTES = 2**30
+# The meta_info lists an incremental stream sends in pieces (SGLang's
+# INCREMENTAL_STREAMING_META_INFO_KEYS that lmnb reads).
+_OUTPUT_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
 # What a timeout's error says to do about it.
 _TIMEOUT_FIX = ("check that it is not stuck or overloaded, or raise the timeout (RuntimeEndpoint(..., timeout=SECONDS); "
                 "--timeout SECONDS for %lm connect and for an exported job)")
@@ -163,6 +166,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                                "lmnb server?")
         self._template_name = chat_template_name
         self._template: Optional[ChatTemplate] = None
+        self._incremental: Optional[bool] = None  # (_incremental_output: asked at the first stream)
         self._lock = threading.Lock()
         self._unconditional_ids: Optional[list[int]] = None
 
@@ -390,6 +394,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                                         _busy() if r.status_code == 503 else "")
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
+                incremental = self._incremental_output()
+                logprobs: dict[str, list] = {}  # (incremental: the output logprobs so far)
                 last_event = time.monotonic()  # (or the response's start)
 
                 def chunks() -> Iterator[bytes]:
@@ -420,14 +426,20 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                         message = err.get("message", err) if isinstance(err, dict) else err
                         raise BackendError(f"{what}: {in_gen_names(str(message))}")
                     cumulative, meta = self._result(obj, what)
+                    if incremental:  # each event carries what is new: add it up to SGLang's usual form
+                        cumulative = text + cumulative
+                        for key in _OUTPUT_LOGPROB_KEYS:
+                            if isinstance(meta.get(key), list):
+                                logprobs.setdefault(key, []).extend(meta[key])
+                        meta = {**meta, **logprobs}
                     if call.aborted.is_set() and finish_reason_dict(meta).get("type") != "abort":
                         yield "", per_input({**meta, "finish_reason": _aborted_reason()}, counts)  # (its text came after it)
                         return
                     if not cumulative.startswith(text):  # (a delta read as the whole text lost the output)
                         raise BackendError(
                             f"{what} sent {cumulative!r} after {text[-40:]!r}, which does not continue it: SGLang's "
-                            "stream carries the whole text so far in each event; turn off the server's incremental "
-                            "(disjoint) streaming output")
+                            "stream carries the whole text so far in each event, unless the server's "
+                            "/get_server_info says incremental_streaming_output, and this one did not")
                     yield cumulative[len(text):], per_input(meta, counts)
                     last_event = time.monotonic()  # (the time the consumer held the event is not the server's)
                     text = cumulative
@@ -581,6 +593,16 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         # refused while requests run: HTTP 409 (SGLang: 400), a BackendError; SGLang answers in plain text
         self._request("POST", "/flush_cache", reply=False)
         return True
+
+    def _incremental_output(self) -> bool:
+        """Whether the server's ``/generate`` streams send only what is new in each event (SGLang's
+        and ``lmnb serve``'s ``--incremental-streaming-output``, which their ``/get_server_info``
+        reports), not the whole text and logprobs so far; asked once, at the first stream. A
+        server that does not say is taken to stream SGLang's default, the whole text."""
+        if self._incremental is None:
+            info = self.get_server_info()
+            self._incremental = isinstance(info, dict) and info.get("incremental_streaming_output") is True
+        return self._incremental
 
     def get_server_info(self) -> dict:
         try:
