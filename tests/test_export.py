@@ -972,3 +972,26 @@ def test_names_a_star_import_of_lmnb_binds_are_no_row_fields():
     _, p = export_notebook(nb)
     assert p.inputs == ("q",) and p.lm_cells[0].captures == ("star",)
 
+
+
+def test_names_a_star_import_of_another_module_binds_are_no_row_fields(tmp_path, monkeypatch):
+    # `from math import *` binds pi, which symtable does not list: pi became a row field, and every
+    # row without a "pi" was bad_input (found by a review)
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook('from math import *\nquestion = "What?"', "%%lm --temperature 0\n{question} {pi:.2f}{gen a max_tokens=1}",
+                  '%%lm --python --temperature 0\ns += str(floor(e)) + lmnb.gen("b", max_tokens=1)')
+    source, p = export_notebook(nb)
+    assert p.inputs == ("question",)
+    assert ("pi, floor, e: read by the %%lm cells and set by no cell, so taken to come from `from math import *` "
+            "(cell 1), not to be row fields; name the row fields with --inputs if one is") in p.notes
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "Why?"}])
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 0
+    assert [r["status"] for r in read_results(out)] == ["ok"]
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Why? 3.14", "2"]

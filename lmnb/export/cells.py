@@ -89,6 +89,7 @@ class Code:
     backends: list = field(default_factory=list)
     resets: list = field(default_factory=list)  # %lm reset [NAME] lines: the state names, None for all
     magic: Optional[str] = None  # "%%time" etc. when the cell had a Python-bodied cell magic
+    star_imports: tuple = ()  # modules other than lmnb's it star-imports (``from math import *``): names unknown here
 
     @property
     def is_parameters(self) -> bool:
@@ -292,6 +293,9 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
     code.reads, code.uses, code.assigns = names(text, tree)
     code.bindings, code.string_assignments = _bindings(tree)
     code.mutates = _mutated(tree)
+    code.star_imports = tuple("." * n.level + (n.module or "") for n in ast.walk(tree)
+                              if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"
+                              and not (n.module in _LMNB_MODULES and n.level == 0))
     return code
 
 

@@ -5,7 +5,8 @@ The model (written into every exported script's docstring):
   Python cells before it run once, at import (setup), in order.
 - The row's fields are the notebook's example inputs: variables that the per-row part reads and
   that setup first binds to a string literal (``question = "What is 2+2?"``), or that a ``%%lm``
-  cell reads and nothing binds. ``lmnb export --inputs a,b`` names them instead.
+  cell reads and nothing binds (unless a cell star-imports a module other than lmnb, which may
+  bind it: ``from math import *``). ``lmnb export --inputs a,b`` names them instead.
 - A setup cell that computes something the per-row part needs from a row field (``prompt =
   f"Q: {question}"``) runs per row too, without its example assignments of row fields.
 - The papermill ``parameters`` cell runs once wherever it is; its variables become options.
@@ -113,13 +114,18 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     setup = [c for c in cells if (c in before and c not in moved) or c is params_cell]
     row = [c for c in cells if c in moved or c in after]
     p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
-    p.inputs = _fields(p, examples, given, parameters)
+    p.inputs, from_star = _fields(p, examples, given, parameters)
     p.texts = tuple(n for n in p.inputs if first_binding.get(n))
     p.strip = {c.index: {n for n in p.inputs if n in c.string_assignments} for c in moved}
     for c in moved:
         _check_strippable(c, p.strip[c.index])
     p.copied = _copied(setup, row, p.inputs, parameters)
     p.backend, p.notes = _backend(setup, row)
+    if from_star:
+        stars = ", ".join(f"`from {m} import *` (cell {c.index})" for c in cells if isinstance(c, Code)
+                          for m in c.star_imports)
+        p.notes.append(f"{', '.join(from_star)}: read by the %%lm cells and set by no cell, so taken to come from "
+                       f"{stars}, not to be row fields; name the row fields with --inputs if one is")
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
@@ -153,8 +159,13 @@ def _moved_setup_cells(before: list, after: list, examples: set) -> list:
     return moved
 
 
-def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -> tuple:
+def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -> tuple[tuple, tuple]:
+    """(the row fields, the names left out of them as a star import's): a name a %%lm cell reads and
+    no cell sets is a row field, unless a cell star-imports another module than lmnb, which may set
+    it (``from math import *`` sets pi: it became a field every row had to give)."""
     defined = set(parameters)
+    star = any(c.star_imports for c in p.cells if isinstance(c, Code))
+    from_star: list = []
     for c in p.cells:
         if isinstance(c, Code):
             defined |= set(c.assigns)
@@ -176,8 +187,10 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
                 if n in local or n in fields or n in parameters:
                     continue
                 undefined = n not in defined and n not in _BUILTINS and n != "lmnb"
-                if n in examples or (isinstance(c, LMCell) and undefined):
+                if n in examples or (isinstance(c, LMCell) and undefined and not star):
                     fields.append(n)
+                elif isinstance(c, LMCell) and undefined and n not in from_star:
+                    from_star.append(n)
         if isinstance(c, LMCell):
             # A global named like the generated code's own names (s, items, forks, ...) is passed
             # as an argument too: the parser renames parameters, not globals.
@@ -206,7 +219,7 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
     if given is not None and unused:
         raise ExportError(f"--inputs {', '.join(unused)}: the cells that run per row never read "
                           f"{'it' if len(unused) == 1 else 'them'}")
-    return tuple(fields)
+    return tuple(fields), tuple(from_star)
 
 
 def _check_strippable(cell: Code, names: set) -> None:
