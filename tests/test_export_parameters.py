@@ -3,6 +3,8 @@ job's options and for ``lmnb run -p`` alike."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from helpers_export import notebook
@@ -72,3 +74,23 @@ def test_a_parameters_cell_with_ipython_syntax_is_read_by_lmnb_run_as_by_the_exp
     assert "parameter 'limt' is not set in the cell tagged 'parameters' (it sets limit, n)" in capsys.readouterr().err
     nb.cells[0].source = "files = !ls\nn = 2"  # (the export refuses it: no names to check, no warning)
     assert parameter_defaults(nb) == {}
+
+
+@pytest.mark.parametrize("cell", ["limit = 1\nparam_limit = 2", "param_limit = 2\nlimit = 1"])
+def test_two_parameters_that_would_be_one_option_are_refused_at_export(cell, monkeypatch):
+    """limit's option is --param-limit (--limit is the job's own), as is param_limit's: the export
+    wrote the script, and it failed as it started with argparse's "conflicting option string"."""
+    from lmnb.export import ExportError, export_notebook
+
+    nb = notebook(("parameters", cell), "%%lm\n{gen out max_tokens=limit}{param_limit}")
+    with pytest.raises(ExportError) as e:
+        export_notebook(nb)
+    assert str(e.value) == ("cell 1 (parameters): the parameters limit and param_limit would both be the job's option "
+                            "--param-limit (the job has a --limit of its own, so limit becomes --param-limit); rename "
+                            "one of them in the parameters cell")
+    # a script that runs its cells once has no --limit: limit is --limit, and the two options differ
+    source, _ = export_notebook(notebook(("parameters", cell), "got = (limit, param_limit)"))
+    monkeypatch.setattr(sys, "argv", ["job.py", "--limit", "5", "--param-limit", "6"])
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(source, "job.py", "exec"), ns)
+    assert ns["got"] == (5, 6)

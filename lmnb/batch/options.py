@@ -111,12 +111,26 @@ JOB_EXIT_STATUSES = """exit status:
 
 def parameter_options(names, per_row: bool = True) -> dict:
     """name → command-line option of each notebook parameter: ``--max-len`` for ``max_len``, or
-    ``--param-limit`` for a name whose option the job itself has (``--limit``)."""
+    ``--param-limit`` for a name whose option the job itself has (``--limit``).
+
+    Raises:
+        ValueError: two parameters would have one option (``limit`` and ``param_limit``: argparse
+            refused the second as a "conflicting option string" when the job started).
+    """
     taken = set(job_parser(per_row=per_row)._option_string_actions)
-    out = {}
+    out: dict = {}
     for name in names:
         option = "--" + name.replace("_", "-")
-        out[name] = "--param-" + name.replace("_", "-") if option in taken else option
+        own = option if option in taken else None
+        if own:
+            option = "--param-" + name.replace("_", "-")
+        other = next((n for n, o in out.items() if o == option), None)
+        if other is not None:
+            renamed, plain = (name, other) if own else (other, name)
+            raise ValueError(f"the parameters {renamed} and {plain} would both be the job's option {option} (the job "
+                             f"has a {'--' + renamed.replace('_', '-')} of its own, so {renamed} becomes {option}); "
+                             "rename one of them in the parameters cell")
+        out[name] = option
     return out
 
 

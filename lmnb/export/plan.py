@@ -18,6 +18,7 @@ import builtins
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from lmnb.batch.options import parameter_options
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell
 from lmnb.export.parameters import read_parameters
 from lmnb.template.template import python_name
@@ -90,6 +91,10 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             raise ExportError(f"--inputs {', '.join(bad)}: an input must be a variable name")
         parameters = tuple(n for n in parameters if n not in given)
     lm = [c for c in cells if isinstance(c, LMCell)]
+    try:  # (a job with no per-row part has no --limit of its own)
+        parameter_options(parameters, per_row=bool(lm))
+    except ValueError as e:
+        raise ExportError(f"cell {params_cell.index} (parameters): {e}") from None
     if not lm:
         if given:
             raise ExportError(f"--inputs {', '.join(given)}: the notebook has no %%lm cell to run per row")
