@@ -995,3 +995,27 @@ def test_names_a_star_import_of_another_module_binds_are_no_row_fields(tmp_path,
     assert ns["job"].run(ns["run_row"], backend=backend) == 0
     assert [r["status"] for r in read_results(out)] == ["ok"]
     assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Why? 3.14", "2"]
+
+
+@pytest.mark.parametrize("setup, body, where, called", [
+    ("x = 1", 's += lmnb.select("v", ["a", "b", "a"])', "line 3, col 23", "lmnb.select"),
+    ("from lmnb import gen as g", 'if True:\n    s += g("v", choices=("a", "a"))', "line 4, col 25", "g"),
+    ("import lmnb as sgl", 's += sgl.select(choices=["a", "a"], name="v")', "line 3, col 25", "sgl.select"),
+])
+def test_a_python_cells_literal_choices_listed_twice_are_refused_at_export(setup, body, where, called):
+    # a template cell's {select v choices=["a", "a"]} is refused at export; a --python cell's
+    # lmnb.select failed only when the job ran, in every row (found by a review)
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook(setup, '%%lm --python\ns += "Q"\n' + body))
+    assert str(e.value).startswith(f"cell 2 (%%lm): {where}: {called}() choices must differ; 'a' is listed more "
+                                   "than once: drop the repeats\n"), str(e.value)
+
+
+@pytest.mark.parametrize("body", [
+    's += lmnb.select("v", ["a", "b"])',  # no repeat
+    'c = ["a"]\ns += lmnb.select("v", c + c)',  # computed: found as it runs, as in the kernel
+    's += str(np.select([1, 1], ["a", "a"]))',  # not lmnb's select
+    's += lmnb.gen("v", 3, choices=None)',
+])
+def test_a_python_cells_choices_that_are_no_literal_repeats_export(body):
+    export_notebook(notebook("import numpy as np", "%%lm --python\n" + body))

@@ -255,6 +255,7 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
                           captures=python_program_captures(program.tree, names),
                           mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"),
                           notes=computed_capture_notes(index, program.tree, names))
+            _check_python_choices(program, names, indent)
         else:
             template = parse(body, first_line=first_line, filename=filename, indent=indent)
             cell = LMCell(index, line, options, template=template, reads=template.arguments,
@@ -624,6 +625,36 @@ def python_program_captures(tree: ast.Module, names: LmnbNames) -> tuple:
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value not in out:
             out.append(arg.value)
     return tuple(out)
+
+
+def _check_python_choices(program, names: LmnbNames, indent: str) -> None:
+    """Refuse a ``--python`` body's call of lmnb's ``select`` / ``gen`` whose choices are a literal
+    list that names one choice twice (``lmnb.choices.repeated_choices_problem``), as a template
+    cell's ``{select ...}`` is refused before anything runs; it failed only when the job ran.
+    Computed lists are found as the cell runs, as in the kernel.
+
+    Raises:
+        TemplateSyntaxError: at the choices, in cell lines and columns (``indent``: see ``_lm_cell``).
+    """
+    from lmnb.choices import repeated_choices_problem
+    from lmnb.template.errors import TemplateSyntaxError, node_offset
+
+    tree = ast.parse(program.source)  # (program.tree counts the cell's lines)
+    names = names.seen(tree)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and names.is_primitive(n.func)]
+    for call in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
+        called = ast.unparse(call.func)
+        positional = call.args[1] if called.rsplit(".", 1)[-1] == "select" and len(call.args) > 1 else None
+        choices = next((k.value for k in call.keywords if k.arg == "choices"), positional)
+        try:
+            value = ast.literal_eval(choices) if choices is not None else None
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if isinstance(value, (list, tuple)) and all(isinstance(c, str) for c in value):
+            problem = repeated_choices_problem(value)
+            if problem:
+                raise TemplateSyntaxError(f"{called}() {problem}", program.source, node_offset(program.source, choices),
+                                          program.first_line, indent=indent)
 
 
 def computed_capture_notes(index: int, tree: ast.Module, names: LmnbNames) -> list:
