@@ -60,10 +60,18 @@ def run(args) -> int:
 
     from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook
 
-    names = [name for name, _ in args.parameter]
+    parameters = [(name, name, text) for name, text in args.parameter]
+    names = [name for name, _, _ in parameters]
     twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
     if twice is not None:  # (the last value would win silently, as a repeated option's did)
         print(f"lmnb run: -p {twice} is given twice; give it once", file=sys.stderr)
+        return 2
+    from lmnb.template.parser import is_reserved
+
+    bad = [typed for name, typed, _ in parameters if not name.isidentifier() or is_reserved(name)]
+    if bad:  # the injected cell would be a SyntaxError, found only once the kernel has started
+        print(f"lmnb run: -p {bad[0]!r} is not a Python variable name; name a variable the notebook sets",
+              file=sys.stderr)
         return 2
     src = Path(args.notebook)
     if not src.is_file():
@@ -83,6 +91,15 @@ def run(args) -> int:
     if folder:  # (before the run: it would be lost at the end)
         print(f"lmnb run: {folder}", file=sys.stderr)
         return 2
+    values = {}
+    defaults = parameter_defaults(nb) if parameters else {}
+    for name, typed, text in parameters:
+        try:
+            values[name] = parse_value(text, defaults.get(name, NO_DEFAULT))
+        except ValueError as e:
+            print(f"lmnb run: -p {typed} {text!r}: {e}", file=sys.stderr)
+            return 2
+    # (the folders are made after every check: a refused run left them behind, empty)
     try:  # before the run: a path that cannot be written would lose it at the end
         if not to_stdout:
             made = make_folders(out)
@@ -94,25 +111,7 @@ def run(args) -> int:
         print(f"lmnb run: cannot write {out}: {f'{blocker} is a file, not a folder' if blocker else e}",
               file=sys.stderr)
         return 2
-    from lmnb.template.parser import is_reserved
-
-    bad = [k for k, _ in args.parameter if not k.isidentifier() or is_reserved(k)]
-    if bad:  # the injected cell would be a SyntaxError, found only once the kernel has started
-        print(f"lmnb run: -p {bad[0]!r} is not a Python variable name; name a variable the notebook sets",
-              file=sys.stderr)
-        return 2
-    if args.parameter:
-        defaults = parameter_defaults(nb)
-        values = {}
-        for name, text in args.parameter:
-            try:
-                values[name] = parse_value(text, defaults.get(name, NO_DEFAULT))
-            except ValueError as e:
-                print(f"lmnb run: -p {name} {text!r}: {e}", file=sys.stderr)
-                return 2
-        injected = inject_parameters(nb, values)
-    else:
-        injected = None
+    injected = inject_parameters(nb, values) if values else None
     clear_outputs(nb)
 
     def cell_name(number: int) -> str:  # in the source notebook's numbering, without the injected cell

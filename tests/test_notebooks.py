@@ -100,6 +100,25 @@ def test_lmnb_run_refuses_an_option_or_a_parameter_given_twice(tmp_path, capsys)
     assert parser.parse_args(["x", "-p", "n", "1", "-p", "m", "3"]).parameter == [["n", "1"], ["m", "3"]]
 
 
+@pytest.mark.parametrize("parameter, message", [
+    (["1x", "3"], "-p '1x' is not a Python variable name; name a variable the notebook sets"),
+    (["n", "many"], "-p n 'many': the parameters cell sets it to 2, so an integer is expected (invalid literal for "
+                    "int() with base 10: 'many')"),
+])
+def test_a_refused_p_leaves_no_output_folder_behind(tmp_path, capsys, parameter, message):
+    """The -o folders were made before -p was checked: a refused run left empty folders behind."""
+    from lmnb_kernel.run import run
+
+    src = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("n = 2", metadata={"tags": ["parameters"]})]),
+                   src)
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "runs" / "a" / "out.ipynb"),
+                              parameter=[parameter], timeout=60, allow_errors=False)
+    assert run(args) == 2
+    assert capsys.readouterr().err == f"lmnb run: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
+
+
 def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp_path, capsys):
     from lmnb_kernel.run import run
 
