@@ -60,11 +60,14 @@ def run(args) -> int:
 
     from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook
 
-    parameters = [(name, name, text) for name, text in args.parameter]
+    # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read
+    parameters = [(unicodedata.normalize("NFKC", name), name, text) for name, text in args.parameter]
     names = [name for name, _, _ in parameters]
     twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
     if twice is not None:  # (the last value would win silently, as a repeated option's did)
-        print(f"lmnb run: -p {twice} is given twice; give it once", file=sys.stderr)
+        spellings = list(dict.fromkeys(typed for name, typed, _ in parameters if name == twice))
+        same = f" ({' and '.join(spellings)} are one name to Python)" if len(spellings) > 1 else ""
+        print(f"lmnb run: -p {twice} is given twice{same}; give it once", file=sys.stderr)
         return 2
     from lmnb.template.parser import is_reserved
 

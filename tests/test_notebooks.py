@@ -119,6 +119,23 @@ def test_a_refused_p_leaves_no_output_folder_behind(tmp_path, capsys, parameter,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
 
 
+def test_p_names_are_python_names_after_nfkc_normalization(tmp_path, capsys):
+    """-p ｘ sets x (Python reads identifiers NFKC-normalized), but passed the "given twice" check
+    next to -p x, and was not matched with the parameters cell's x, so its value was not read like
+    x's default."""
+    from lmnb_kernel.cli import main
+
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2", metadata={"tags": ["parameters"]})]),
+                   path)
+    assert main(["run", str(path), "-p", "\uff58", "1", "-p", "x", "2"]) == 2
+    assert capsys.readouterr().err == "lmnb run: -p x is given twice (\uff58 and x are one name to Python); give it once\n"
+    assert main(["run", str(path), "-p", "\uff58", "1.5"]) == 2  # read like x's default, 2: an integer
+    assert capsys.readouterr().err.startswith("lmnb run: -p \uff58 '1.5': the parameters cell sets it to 2, so an "
+                                              "integer is expected")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
+
+
 def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp_path, capsys):
     from lmnb_kernel.run import run
 
