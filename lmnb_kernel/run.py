@@ -83,8 +83,9 @@ def run(args) -> int:
         else:
             print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
         return 2
-    out = Path(args.output) if args.output else src.with_suffix(".out.ipynb")
-    to_stdout = args.output == "-"  # papermill's and lmnb export's "-": the notebook on stdout
+    # papermill's and lmnb export's "-": the notebook on stdout (None); ./- is a file named -
+    to_stdout = args.output == "-"
+    out = None if to_stdout else Path(args.output) if args.output else src.with_suffix(".out.ipynb")
     try:
         nb = read_notebook(src)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
@@ -226,10 +227,10 @@ def _try_writing(out: Path) -> None:
         out.unlink()
 
 
-def save(nb, out: Path) -> Path:
-    """Write the executed ``nb`` to ``out`` (``-``: stdout); when that fails (the disk filled up,
+def save(nb, out: Path | None) -> Path | None:
+    """Write the executed ``nb`` to ``out`` (None: stdout); when that fails (the disk filled up,
     the folder went away during the run, a closed pipe), to a new file in the temporary folder
-    instead, saying so, so the run's work is not lost. Returns the path written."""
+    instead, saying so, so the run's work is not lost. Returns the path written (None: stdout)."""
     import tempfile
 
     import nbformat
@@ -237,7 +238,7 @@ def save(nb, out: Path) -> Path:
     # A lone surrogate (a markdown cell's broken character, read from a "\ud800" escape) is
     # written as that escape again: backslashreplace writes it so, and JSON holds it only in strings.
     try:
-        if str(out) == "-":
+        if out is None:
             text = nbformat.writes(nb) + "\n"  # (as nbformat.write ends a file)
             sys.stdout.write(text.encode("utf-8", "backslashreplace").decode("utf-8"))
             sys.stdout.flush()
@@ -246,10 +247,10 @@ def save(nb, out: Path) -> Path:
                 nbformat.write(nb, f)
         return out
     except OSError as e:
-        fd, fallback = tempfile.mkstemp(prefix=f"{out.stem}-", suffix=".ipynb")
+        fd, fallback = tempfile.mkstemp(prefix=f"{'stdout' if out is None else out.stem}-", suffix=".ipynb")
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             nbformat.write(nb, f)
-        print(f"lmnb run: cannot save {'to stdout' if str(out) == '-' else out}: {e}; the executed notebook "
+        print(f"lmnb run: cannot save {'to stdout' if out is None else out}: {e}; the executed notebook "
               f"is saved in {fallback} instead",
               file=sys.stderr)
         return Path(fallback)

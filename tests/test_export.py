@@ -802,6 +802,23 @@ def test_the_printed_command_runs_a_script_whose_path_has_a_space(tmp_path, caps
     assert shlex.split(capsys.readouterr().err.splitlines()[-1]) == ["python", str(tmp_path / "my dir" / "my nb.py")]
 
 
+def test_export_output_dot_slash_dash_is_a_file_named_dash(tmp_path, capsys, monkeypatch):
+    """Only a bare -o - is stdout, as for lmnb run (and Unix tools); ./- is a file named -, and the
+    command printed to run it says ./- (python - reads a script from stdin)."""
+    import shlex
+
+    from lmnb_kernel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    assert main(["export", "qa.ipynb", "-o", "./-"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and (tmp_path / "-").read_text(encoding="utf-8") == export_notebook(QA, "qa.ipynb", "-")[0]
+    assert shlex.split(err.splitlines()[-1]) == ["python", "./-", "--input", "rows.jsonl", "--output", "results.jsonl"]
+    assert main(["export", "qa.ipynb", "-o", "-"]) == 0
+    assert capsys.readouterr().out == export_notebook(QA, "qa.ipynb", "job.py")[0]
+
+
 def test_folders_made_for_the_output_are_named(tmp_path, capsys, monkeypatch):
     """`-o jbos/job.py` made the folder jbos without a word (export and run): a typo went unseen."""
     import argparse

@@ -423,6 +423,20 @@ def test_output_dash_writes_the_executed_notebook_to_stdout_and_the_summary_to_s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]  # no file named '-' (nor NB.out.ipynb)
 
 
+def test_output_dot_slash_dash_is_a_file_named_dash(tmp_path, capsys, monkeypatch):
+    """Only a bare -o - is stdout (the Unix convention, and lmnb export's): -o ./- wrote the notebook
+    to stdout too (Path("./-") reads "-"), the run summary with it."""
+    from lmnb_kernel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    _notebook(tmp_path / "nb.ipynb", "print('hello')")
+    assert main(["run", "nb.ipynb", "-o", "./-"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("lmnb run: nb.ipynb -> -\n  cells run: 1 of 1 (0 %%lm)\n"), out
+    done = nbformat.read(tmp_path / "-", as_version=4)
+    assert [o.get("text") for o in done.cells[0].outputs] == ["hello\n"]
+
+
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
     from lmnb_kernel.run import run
 

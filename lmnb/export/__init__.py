@@ -183,9 +183,10 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
 def export(args: argparse.Namespace) -> int:
     """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
     path: Path = args.notebook
+    to_stdout = args.output == "-"  # only a bare "-", as for lmnb run (and Unix tools): ./- is a file named -
     out = Path(args.output) if args.output else path.with_suffix(".py")
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
-    if str(out) != "-" and (out.suffix.lower() == ".ipynb" or out.resolve() == path.resolve()):
+    if not to_stdout and (out.suffix.lower() == ".ipynb" or out.resolve() == path.resolve()):
         # the script would replace a notebook (a slip of -o, or tab completion): refuse, lose nothing
         print(f"lmnb export: the output {out} is a notebook; the script goes to a .py file, e.g. -o "
               f"{path.with_suffix('.py')}", file=sys.stderr)
@@ -199,7 +200,7 @@ def export(args: argparse.Namespace) -> int:
     if folder:
         print(f"lmnb export: {folder}", file=sys.stderr)
         return 2
-    script_name = "job.py" if str(out) == "-" else out.name
+    script_name = "job.py" if to_stdout else out.name
     try:
         source, p = export_notebook(nb, path.name, script_name, inputs)
     except ExportError as e:
@@ -207,7 +208,7 @@ def export(args: argparse.Namespace) -> int:
         return 2
     for note in p.notes:
         print(f"lmnb export: {path}: {note}", file=sys.stderr)
-    if str(out) == "-":
+    if to_stdout:
         sys.stdout.write(source)
         return 0
     if not_an_export(out):
@@ -227,7 +228,9 @@ def export(args: argparse.Namespace) -> int:
         return 2
     import shlex
 
-    script = shlex.quote(str(out))  # the command is copied into a shell: a path with a space stays one word
+    # the command is copied into a shell: a path with a space stays one word, and one that begins
+    # with "-" (-o ./-) is not read by python as an option (python - reads the script from stdin)
+    script = shlex.quote(f"./{out}" if str(out).startswith("-") else str(out))
     if not p.row:
         print(f"wrote {out}; run it with\n  python {script}", file=sys.stderr)
         return 0
