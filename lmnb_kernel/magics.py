@@ -12,7 +12,6 @@ import argparse
 import os
 import sys
 import traceback
-import types
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
@@ -380,9 +379,6 @@ def _warn_shadowed_builtins(names, ns) -> None:
     for name in hidden:
         sys.stderr.write(f"lmnb: the result {name!r} becomes a kernel variable that hides Python's builtin "
                          f"{name!r} (del {name} brings it back); rename it, e.g. {name}_\n")
-    if "lmnb" in names and isinstance(ns.get("lmnb"), types.ModuleType):  # --python bodies write lmnb.gen(...)
-        sys.stderr.write("lmnb: the result 'lmnb' replaces the lmnb module in the kernel, so lmnb.gen(...) fails "
-                         "from now on (import lmnb brings it back); rename it, e.g. lmnb_\n")
 
 
 def _tokens(model) -> dict:

@@ -215,6 +215,12 @@ def test_bad_cells_are_reported_with_their_cell_number(cell, words):
     ("%%lm --python --out get_ipython\ns += 'Q:'",
      "cell 2 (%%lm): --out 'get_ipython' would replace IPython's get_ipython, which every magic (%%lm and %lm "
      "included) calls, so no magic could run after this cell; rename it, e.g. get_ipython_"),
+    ("%%lm --out lmnb\nQ: {gen a max_tokens=1}",  # (it was warned about only, found by a review)
+     "cell 2 (%%lm): --out 'lmnb' would replace the lmnb module, which %%lm --python bodies call (lmnb.gen, "
+     "lmnb.select), so every later --python cell would fail; rename it, e.g. lmnb_"),
+    ("%%lm\nQ: {gen lmnb max_tokens=1}",
+     "cell 2 (%%lm): the result 'lmnb' would replace the lmnb module, which %%lm --python bodies call (lmnb.gen, "
+     "lmnb.select), so every later --python cell would fail; rename it, e.g. lmnb_"),
 ])
 def test_cells_the_kernel_refuses_are_refused_at_export_with_its_message(cell, message):
     with pytest.raises(ExportError) as e:

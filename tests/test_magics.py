@@ -156,10 +156,24 @@ def test_a_result_named_like_a_builtin_is_flagged_once(ip):
     assert result.success and isinstance(ip.user_ns["vars"], lmnb.ProgramState)
     assert out.stderr.count("hides Python's builtin 'vars'") == 1
     del ip.user_ns["vars"]
-    # {gen lmnb} replaced the module: the next --python cell failed with "'str' object has no attribute 'gen'"
-    result, out = run(ip, "%%lm --quiet --temperature 0\nSay:{gen lmnb max_tokens=1}")
-    assert result.success and "the result 'lmnb' replaces the lmnb module" in out.stderr
-    ip.user_ns["lmnb"] = lmnb
+
+
+@pytest.mark.parametrize("cell, what", [("%%lm --quiet --temperature 0\nSay:{gen lmnb max_tokens=1}", "the result"),
+                                        ("%%lm --quiet --out lmnb\nSay:{gen ok max_tokens=1}", "--out")])
+def test_a_result_named_lmnb_is_refused_before_the_cell_runs(ip, cell, what):
+    """{gen lmnb} / --out lmnb replaced the lmnb module in the kernel (with a warning only): every
+    later --python cell failed with "'str' object has no attribute 'gen'"."""
+    try:
+        result, out = run(ip, cell)
+        assert not result.success and type(result.error_in_exec).__name__ == "UsageError"
+        assert str(result.error_in_exec) == (f"{what} 'lmnb' would replace the lmnb module, which %%lm --python "
+                                             "bodies call (lmnb.gen, lmnb.select), so every later --python cell "
+                                             "would fail; rename it, e.g. lmnb_")
+        assert ip.user_ns["lmnb"] is lmnb
+    finally:  # (the module's other tests share this shell)
+        ip.user_ns["lmnb"] = lmnb
+    result, out = run(ip, '%%lm --quiet --python --temperature 0\ns += "Say:" + lmnb.gen("later", max_tokens=1)')
+    assert result.success and ip.user_ns["later"] == greedy(ip, "Say:", 1)
 
 
 def test_quiet_shows_nothing_and_python_cells_share_the_engine(ip):

@@ -233,14 +233,19 @@ def check_cell_names(out: Optional[str], captures: Sequence[str]) -> None:
 
     Raises:
         CellLineError: a result or ``--out`` named ``get_ipython`` (it replaced IPython's, which runs
-            every magic, so no later ``%%lm`` or ``%lm`` cell could run); an ``--out`` that is also a
-            captured variable (the state would overwrite the value).
+            every magic, so no later ``%%lm`` or ``%lm`` cell could run) or ``lmnb`` (it replaced the
+            module that ``--python`` bodies call, so every later one failed); an ``--out`` that is
+            also a captured variable (the state would overwrite the value).
     """
     for what, name in [*(("the result", c) for c in captures), ("--out", out)]:
         if name == "get_ipython":
             raise CellLineError(f"{what} {name!r} would replace IPython's get_ipython, which every magic "
                                 f"(%%lm and %lm included) calls, so no magic could run after this cell; "
                                 f"rename it, e.g. {name}_")
+        if name == "lmnb":
+            raise CellLineError(f"{what} {name!r} would replace the lmnb module, which %%lm --python bodies call "
+                                f"(lmnb.gen, lmnb.select), so every later --python cell would fail; rename it, "
+                                f"e.g. {name}_")
     if out is not None and out in captures:
         raise CellLineError(f"--out {out} is also a variable the cell captures ({{gen {out}}}/{{select {out}}}), "
                             f"which --out would overwrite with the program state; give --out another name, e.g. "
