@@ -145,6 +145,19 @@ def test_a_null_field_is_bad_input_not_the_text_none(tmp_path, capsys):
         "changed run again")
 
 
+def test_a_rerun_counts_rows_still_bad_input_as_bad_input_not_as_done(tmp_path, capsys):
+    """A rerun said "0 bad input, 3 already done" of a row still bad input, and did not name it."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"other": 1}, {"question": "c"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    capsys.readouterr()
+    written = (tmp_path / "out.jsonl").read_bytes()
+    assert run_job(tmp_path, "--input", rows) == 1
+    err = capsys.readouterr().err
+    assert f"lmnb batch: {rows} line 2: missing field 'question' (the row has other)\n" in err
+    assert "  this run: 0 rows ran (0 ok, 0 failed), 1 bad input, 2 already done\n" in err
+    assert (tmp_path / "out.jsonl").read_bytes() == written  # (its record stands)
+
+
 def test_retry_errors_reruns_failed_rows_once(tmp_path, capsys):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "fine"}])
     assert run_job(tmp_path, "--input", rows) == 1

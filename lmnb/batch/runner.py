@@ -32,7 +32,8 @@ class RowRunner:
         self.job, self.args, self.store, self.backend = job, args, store, backend
         self.unread = unread  # the input has rows past --limit, which this run does not read
         self.rows, self.run_row, self.programs = rows, run_row, list(programs)
-        self.skipped = 0
+        self.skipped = 0  # done rows left as they are (rows still bad input are counted as that instead)
+        self.bad_again = 0  # rows still unusable as their bad_input record says (the record stands)
         self.new = {OK: 0, ERROR: 0, BAD_INPUT: 0}
         self.tokens = {"prompt": 0, "cached": 0, "completion": 0}
         self.seconds = 0.0
@@ -133,7 +134,10 @@ class RowRunner:
                     if not self.store.same_input(key, base["input_hash"]):
                         changed.append((row, key))
                     kept.add(key)
-                    self.skipped += 1
+                    if key in old_bad:  # still bad input: said again, and counted so (its record stands)
+                        bad.append((None, error))
+                    else:
+                        self.skipped += 1
                     continue
             if error is not None:
                 bad.append((base, error))
@@ -148,7 +152,10 @@ class RowRunner:
         self.store.drop_forgotten()  # (not before the input is known to fit the file)
         for base, error in bad:
             print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
-            self.write({**base, "status": BAD_INPUT, "error": error})
+            if base is None:
+                self.bad_again += 1
+            else:
+                self.write({**base, "status": BAD_INPUT, "error": error})
         return todo
 
     def _replaced(self, key: tuple, digest: str, error, old_bad: dict) -> bool:
@@ -317,7 +324,8 @@ class RowRunner:
         ran = n[OK] + n[ERROR]
         lines = [f"lmnb batch: {self.args.output}: {_rows(sum(c.values()))} "
                  f"({c[OK]} ok, {c[ERROR]} failed, {c[BAD_INPUT]} bad input)"]
-        lines.append(f"  this run: {_rows(ran)} ran ({n[OK]} ok, {n[ERROR]} failed), {n[BAD_INPUT]} bad input, "
+        bad = n[BAD_INPUT] + self.bad_again
+        lines.append(f"  this run: {_rows(ran)} ran ({n[OK]} ok, {n[ERROR]} failed), {bad} bad input, "
                      f"{self.skipped} already done" + (f", {self.store.retried} errors retried" if self.store.retried else ""))
         if ran and self.seconds > 0:
             lines.append(f"  {self.seconds:.1f} s: {ran / self.seconds:.2f} rows/s, "
