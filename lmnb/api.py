@@ -471,7 +471,8 @@ def gen(
             json_schema, dtype and choices (each decides the output alone), ``n`` > 1 with
             choices, or with choices another option a pick cannot use (``max_tokens``, ``stop``,
             ``top_p``, ``seed``, ...: all but ``temperature`` and ``choices_method``), or choices
-            that ``select`` refuses.
+            that ``select`` refuses, a ``top_logprobs_num`` that is not an integer >= 0 (its upper
+            bound is the backend's: the engine's is 20).
         TypeError: ``name`` is not a string or None.
     """
     _check_name("gen", name)

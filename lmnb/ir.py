@@ -108,6 +108,13 @@ class GenParams:
         if ids is not None and not (isinstance(ids, (list, tuple)) and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
             raise TypeError(f"stop_token_ids={ids!r} is invalid: give a list of non-negative token ids")
+        # Only what every backend refuses: the upper bound is the backend's own (the engine and
+        # lmnb serve take 20, OpenAI's chat API 20 and its completions API 5, an SGLang server
+        # sets none), so it is left to the backend, which names it.
+        k = self.top_logprobs_num
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+            raise ValueError(f"top_logprobs_num={k!r} is invalid: give a count of top alternatives per token, "
+                             "an integer >= 0")
 
     def merged_over(self, defaults: "GenParams") -> "GenParams":
         """These values where set, ``defaults`` elsewhere (a new object; lists are copied)."""

@@ -2103,6 +2103,27 @@ def test_gen_with_choices_refuses_the_options_a_pick_cannot_use_naming_them():
     assert pick.temperature == 0.5 and pick.choices_method is sgl.greedy_token_selection
 
 
+def test_top_logprobs_num_that_no_backend_takes_is_refused_where_it_is_given():
+    """gen(top_logprobs_num=-1) was refused only by the backend when the gen ran (and OpenAI's
+    backend sent it on); a count above the engine's 20 is still the backend's to refuse, since
+    an SGLang server sets no bound."""
+    for bad in (-1, True, "3", 2.0):
+        with pytest.raises(ValueError, match=f"^top_logprobs_num={re.escape(repr(bad))} is invalid: give a count "
+                                             "of top alternatives per token, an integer >= 0$"):
+            sgl.gen("x", return_logprob=True, top_logprobs_num=bad)
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("x", max_tokens=2, return_logprob=True, top_logprobs_num=25)
+
+    with pytest.raises(ValueError, match=r"^top_logprobs_num=-2 is invalid"):
+        prog.run(backend=be, top_logprobs_num=-2)
+    assert be.calls == []
+    prog.run(backend=be)
+    assert [p.top_logprobs_num for kind, (_, p) in be.calls if kind == "generate"] == [25]
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_text_iter_of_a_gen_with_several_samples_yields_the_first_samples_text(stream):
     """It yielded nothing (the variable holds a list, which has no text): now the text the gen
