@@ -99,7 +99,7 @@ def get_server_info(backend=None) -> dict:
     return (backend or get_default_backend()).get_server_info()
 
 
-def _refuse_shadowed_parameters(method: Callable, run: Optional[Callable] = None) -> Callable:
+def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callable:
     """``run``/``run_batch`` refusing an option given by name that is also a parameter of the
     program which gets no value otherwise (``def f(s, q, stop=".")``; ``f.run(q="x", stop="!")``):
     the option would take the value and the parameter keep its default, silently. A parameter
@@ -107,24 +107,24 @@ def _refuse_shadowed_parameters(method: Callable, run: Optional[Callable] = None
     and the option is the option, as under SGLang. A wrapper checks, because the method itself
     cannot tell an option given from one left at its default. ``run``'s ``n``, ``seed``,
     ``use_thread`` and ``state`` are no such options: they go to a program declaring them. With
-    ``run`` (wrapping ``run_batch``), the options ``run`` has too are checked (``n`` and ``seed``
-    among them, which ``run`` would give the program); ``num_threads``, ``progress_bar`` and
-    ``generator_style`` are run_batch's alone, never a program's argument."""
+    ``batch`` (wrapping ``run_batch``), every option of it is checked, ``n``, ``seed`` and its own
+    ``num_threads``, ``progress_bar`` and ``generator_style`` too: run_batch gives none of them
+    to the program, so each item must."""
     def names(m: Callable) -> frozenset:
         return frozenset(inspect.signature(m).parameters) - {"self", "args", "kwargs", "batch_kwargs"}
 
-    options = names(method) - set(_LMNB_RUN_OPTIONS) if run is None else names(method) & names(run)
+    options = names(method) if batch else names(method) - set(_LMNB_RUN_OPTIONS)
 
     @functools.wraps(method)  # (inspect.signature and help() still show the method's own options)
     def checked(self, *args, **kwargs):
         given = [k for k in kwargs if k in options and k in self.arg_names and k not in self.bind_arguments]
         positional = [p.name for p in list(self.signature.parameters.values())[1:]
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if run is None:  # the parameters run's positional values fill
+        if not batch:  # the parameters run's positional values fill
             fills = [set(positional[: len(args)])]
         else:  # each item's (an item that is neither a dict nor a tuple is run_batch's own error)
-            batch = args[0] if args else kwargs.get("batch_kwargs")
-            items = batch if isinstance(batch, (list, tuple)) else []
+            batch_kwargs = args[0] if args else kwargs.get("batch_kwargs")
+            items = batch_kwargs if isinstance(batch_kwargs, (list, tuple)) else []
             fills = [set(x) if isinstance(x, dict) else set(positional[: len(x)]) for x in items
                      if isinstance(x, (dict, list, tuple))]
         unfilled = {k: next(i for i, f in enumerate(fills) if k not in f) for k in given
@@ -134,7 +134,7 @@ def _refuse_shadowed_parameters(method: Callable, run: Optional[Callable] = None
             k = shadowed[0]
             named = (f"a parameter {k!r}, which is also the name of a {caller}() option" if len(shadowed) == 1 else
                      f"parameters {', '.join(map(repr, shadowed))}, which are also names of {caller}() options")
-            which = f" (item {unfilled[k]} gives it none)" if run is not None else ""
+            which = f" (item {unfilled[k]} gives it none)" if batch else ""
             raise TypeError(f"program {self.__name__!r} has {named}: {caller}({k}=...) sets the option, and the "
                             f"program's {k!r} would not get the value{which}; rename the program's parameter (e.g. to "
                             f"{k + '_'!r}) and pass the value under that name")
@@ -275,7 +275,7 @@ class SglFunction:
             self, backend or get_default_backend(), args, kwargs, defaults, stream, use_thread, state=state
         )
 
-    @functools.partial(_refuse_shadowed_parameters, run=run)
+    @functools.partial(_refuse_shadowed_parameters, batch=True)
     def run_batch(
         self,
         batch_kwargs,

@@ -2828,3 +2828,15 @@ def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_wi
     assert [st.text() for st in prog.run_batch([{"num_threads": 7}], num_threads=2, backend=be)] == ["7/0<[]>"]
     with pytest.raises(TypeError, match=f"^{message('run_batch', ['seed'], 'seed', 0)}$"):
         prog.run_batch([{"num_threads": 7}], seed=1, backend=be)
+
+    # ... and so are its own options when an item gives the parameter none: progress_bar=True
+    # was taken by run_batch while the program's progress_bar silently kept its default
+    @sgl.function
+    def prog(s, q, progress_bar="-", num_threads="-", generator_style="-"):
+        s += f"{q}{progress_bar}{num_threads}{generator_style}"
+
+    for option, value in [("progress_bar", True), ("num_threads", 2), ("generator_style", True)]:
+        with pytest.raises(TypeError, match=f"^{message('run_batch', [option], option, 1)}$"):
+            prog.run_batch([{"q": "x", option: "!"}, {"q": "y"}], backend=be, **{option: value})
+    assert [st.text() for st in prog.run_batch([{"q": "x", "progress_bar": "!"}], progress_bar=False,
+                                               backend=be)] == ["x!--"]
