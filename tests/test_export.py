@@ -942,6 +942,18 @@ COMPUTED = ("gen/select names {} are computed, so the job does not bind them as 
     ("from lmnb import gen\nclass gen: pass", 's += gen(f"x{q}")', (), None),
     # a gen bound inside a function is that function's own: the cell's gen is still lmnb's
     ("from lmnb import gen\ndef f():\n    gen = 1\n    return gen", 's += gen(f"x{q}")', (), "f'x{q}'"),
+    # ... and so is one a lambda's := binds; but a for or with target, a := (a comprehension's too)
+    # and a function's `global gen` rebind the cell's gen, which the export kept as lmnb's (found by a review)
+    ("from lmnb import gen\nf = lambda: (gen := 1)", 's += gen(f"x{q}")', (), "f'x{q}'"),
+    ("from lmnb import gen", 'for gen in [str]:\n    s += gen(f"x{q}") + gen("lit")', (), None),
+    ("from lmnb import gen\nfor i, (gen, _) in enumerate([(str, 1)]): pass", 's += gen(f"x{q}") + lmnb.gen("k")',
+     ("k",), None),
+    ("import contextlib\nfrom lmnb import gen\nwith contextlib.nullcontext(str) as gen: pass", 's += gen(f"x{q}")',
+     (), None),
+    ("from lmnb import gen\nif (gen := str): pass", 's += gen(f"x{q}") + gen("lit")', (), None),
+    ("from lmnb import gen\n[(gen := str) for _ in [1]]", 's += gen(f"x{q}")', (), None),
+    ("from lmnb import gen\ndef f():\n    global gen\n    gen = str", 's += gen(f"x{q}") + gen("lit")', (), None),
+    ("import lmnb\nif (g := lmnb.gen): pass", 's += g(f"z{q}") + g("w")', ("w",), "f'z{q}'"),  # still lmnb's
 ])
 def test_only_lmnbs_gen_and_select_name_a_python_cells_variables(setup, body, captures, computed):
     _, p = export_notebook(notebook('q = "x"', setup, "%%lm --python\n" + body))

@@ -547,22 +547,26 @@ class LmnbNames:
 
 
 def _lmnb_name_bindings(tree: ast.AST) -> list:
-    """The statements of ``tree`` that ``LmnbNames.seen`` reads: its imports, also those inside a
-    function (the kernel may run them), and the assignments, ``def`` and ``class`` statements of
-    its top scope (those inside a function or class bind names of their own)."""
+    """The nodes of ``tree`` that ``LmnbNames.seen`` reads: its imports and ``global`` statements,
+    also those inside a function (the kernel may run them, and a function declares a name global
+    to bind it), and what binds a name in its top scope: assignments, ``for`` and ``with ... as``
+    targets, ``:=``, ``def`` and ``class`` (those inside a function, class or lambda bind names
+    of their own)."""
     out, todo = [], list(ast.iter_child_nodes(tree))
     while todo:
         node = todo.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, *_SCOPES)):
+        if isinstance(node, (ast.Import, ast.ImportFrom, *_TOP_BINDINGS, *_SCOPES)):
             out.append(node)
         if isinstance(node, _SCOPES):
-            out += [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
-        else:
+            out += [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom, ast.Global))]
+        elif not isinstance(node, ast.Lambda):  # (a := inside a lambda binds the lambda's own name)
             todo += ast.iter_child_nodes(node)
     return out
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# Statements and expressions that bind the names of their targets, as plain values.
+_TOP_BINDINGS = (ast.Assign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr)
 _LMNB_MODULES = ("lmnb", "lmnb.api")  # the modules whose gen/select are lmnb's
 
 
@@ -572,6 +576,13 @@ def _bound_names(node: ast.stmt, names: LmnbNames) -> list:
     ``functools.partial``, as ``names`` call them, else None."""
     if isinstance(node, _SCOPES):
         return [(node.name, None)]
+    if isinstance(node, ast.Global):
+        return [(name, None) for name in node.names]
+    if isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):  # (values unknown here)
+        targets = ([node.target] if isinstance(node, (ast.For, ast.AsyncFor)) else
+                   [item.optional_vars for item in node.items if item.optional_vars is not None])
+        return [(t.id, None) for target in targets for t in ast.walk(target)
+                if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)]  # (not the i of `for a[i] in`)
     if isinstance(node, ast.Import):  # (import lmnb.api binds lmnb; import lmnb.api as A, the module api)
         return [(a.asname, "module" if a.name in _LMNB_MODULES else None) if a.asname else
                 (a.name.split(".")[0], "module" if a.name.split(".")[0] == "lmnb" else None) for a in node.names]
