@@ -41,7 +41,7 @@ from lmnb.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from lmnb.executor import ForkError, ProgramAborted, ProgramError, ProgramEvent, observe
+from lmnb.executor import ForkError, ProgramAborted, ProgramError, ProgramEvent, UnjoinedForkError, observe
 from lmnb.interpreter import ProgramState, ProgramStateGroup
 
 try:  # SGLang has sgl.__version__; programs print or compare it
@@ -98,6 +98,7 @@ __all__ = [
     "Runtime",
     "RuntimeEndpoint",
     "SglFunction",
+    "UnjoinedForkError",
     "assistant",
     "assistant_begin",
     "assistant_end",

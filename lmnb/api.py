@@ -222,7 +222,9 @@ class SglFunction:
         every gen that gives none; ``seed`` is an lmnb extension).
 
         Returns the ``ProgramState`` when done, or at once with ``stream=True`` (read it with
-        ``text_iter``). Errors of primitives surface when the state is read. ``state`` (an lmnb
+        ``text_iter``). Errors of primitives surface when the state is read; so does that of a
+        fork branch never joined whose error the program did not read (``UnjoinedForkError``,
+        once the body returned and such branches ran). ``state`` (an lmnb
         extension) continues an existing ``ProgramState`` — its text, messages, variables and
         backend — instead of starting empty. A state that failed (or was aborted) is continued too,
         and its error is forgotten: the new body goes on from the text as it was when the error

@@ -95,16 +95,39 @@ class ForkError(ProgramError):
     """
 
     def __init__(self, errors: dict, states: "ProgramStateGroup"):
-        # branches that failed alike are named once ("branches 0-15: ..."): a fork of 16 over a
-        # prompt too long for the model listed the same message 16 times
-        groups: dict[str, list[tuple]] = {}
-        for i, e in sorted(errors.items()):  # the whole path: a nested fork's branch is "0.1"
-            groups.setdefault(str(getattr(e, "message", e)), []).append(getattr(e, "branch", ()) or (i,))
-        parts = [f"branch{'es' * (len(paths) > 1)} {_branch_list(paths)}: {message}"
-                 for message, paths in groups.items()]
-        super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {'; '.join(parts)}")
+        # the whole path: a nested fork's branch is "0.1"
+        failures = _failures([(getattr(e, "branch", ()) or (i,), e) for i, e in sorted(errors.items())])
+        super().__init__(f"{len(errors)} of {len(states)} fork branches failed: {failures}")
         self.errors = errors
         self.states = states
+
+
+class UnjoinedForkError(ProgramError):
+    """Fork branches that no join took failed, and the program read none of their errors: the
+    state's error once its program body returned (a join raises ``ForkError`` instead).
+
+    Attributes:
+        branches: those errors, in fork order, each with its ``branch`` path and ``partial_text``.
+    """
+
+    def __init__(self, errors: list, branch: tuple, partial_text: str):
+        n = len(errors)
+        super().__init__(f"{n} fork branch{'es' * (n > 1)} that no join took failed: "
+                         f"{_failures([(e.branch, e) for e in errors])}; join the fork (its join raises its branches' "
+                         "errors), or read each branch's error() where the program handles them", branch, "",
+                         partial_text)
+        self.branches = errors
+
+
+def _failures(errors: list) -> str:
+    """``(branch path, error)`` pairs as "branch 0: ...; branches 1-15: ...": branches that failed
+    alike are named once (a fork of 16 over a prompt too long for the model listed the same
+    message 16 times)."""
+    groups: dict[str, list[tuple]] = {}
+    for path, e in errors:
+        groups.setdefault(str(getattr(e, "message", e)), []).append(path)
+    return "; ".join(f"branch{'es' * (len(paths) > 1)} {_branch_list(paths)}: {message}"
+                     for message, paths in groups.items())
 
 
 def _branch_list(paths: list[tuple]) -> str:
@@ -328,6 +351,9 @@ class StreamExecutor:
         # state's is theirs, so iter_text(name) says so rather than end with nothing
         self.gathered: set[str] = set()
         self.error_: Optional[ProgramError] = None
+        # the program was told of error_ (it raised to a reader, error() returned it, a join named
+        # it): an unjoined fork branch's error it never was told of surfaces on the root instead
+        self.error_read = False
         self.closed = False  # the program body returned (or the branch was joined)
         # the thread running a streamed program's body (-1 until it starts), None when none runs:
         # readers on other threads wait for it, as it may still submit what they read
@@ -568,8 +594,30 @@ class StreamExecutor:
 
     def raise_if_failed(self) -> None:
         """Raise the state's error (``ProgramError``) if a primitive failed."""
-        if self.error_ is not None:
-            raise self.error_
+        error = self.read_error()
+        if error is not None:
+            raise error
+
+    def read_error(self) -> Optional[ProgramError]:
+        """The state's error (None if none), counted as told to the program (``error_read``)."""
+        error = self.error_
+        if error is not None:
+            self.error_read = True
+        return error
+
+    def take_unread_branch_errors(self) -> list[ProgramError]:
+        """The errors of this state's unjoined fork branches (and of theirs) that the program was
+        never told of, once the branches have run what was submitted to them; each is counted as
+        told now."""
+        with self._cv:
+            children = list(self._children)
+        out = []
+        for c in children:
+            c.wait_idle()
+            if c.error_ is not None and not c.error_read:
+                out.append(c.read_error())
+            out += c.take_unread_branch_errors()
+        return out
 
     def get_var(self, name: str) -> Any:
         """The value of variable ``name``, waiting for queued writes to it.
@@ -590,7 +638,7 @@ class StreamExecutor:
                     break
                 self._wait(_BODY_POLL_S)
             if self.error_ is not None and (name in self._lost or name not in self.variables):
-                raise self.error_
+                raise self.read_error()
             if name not in self.variables:
                 raise KeyError(f"no variable {name!r} in this program state; it has {sorted(self.variables)}")
             return self.variables[name]
@@ -667,6 +715,7 @@ class StreamExecutor:
             return
         aborted = None
         with self._cv:
+            self.error_read = True  # (whoever aborts a state is done with it, whatever error it had)
             if self.error_ is None:
                 self.error_ = aborted = ProgramAborted("the program state was aborted", self.branch, "", self.text_)
             rids = list(self._inflight)
@@ -705,6 +754,7 @@ class StreamExecutor:
             self.stream = stream
             self.listeners = listeners
             self.error_ = None
+            self.error_read = False
             self._lost.clear()
             self.closed = False
             self._spec_terms = []
@@ -1181,7 +1231,7 @@ class StreamExecutor:
             if chunk:
                 yield (chunk, meta) if with_meta else chunk
             if failed:
-                raise self.error_
+                raise self.read_error()
             if done and gathered:
                 raise TypeError(f"variable {var_name!r} was gathered by join(): it holds a list with one value per "
                                 "fork branch, not text of this state's, so there is no text to iterate; read "

@@ -21,7 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import BaseBackend
-from lmnb.executor import _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, _JoinApply, _listeners
+from lmnb.executor import (
+    _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
+)
 from lmnb.ir import Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, role_message
 
 
@@ -163,7 +165,7 @@ class ProgramState:
             if ex.error_ is None:
                 ex.wait_body()
                 ex.wait_idle()
-        return ex.error_
+        return ex.read_error()
 
     def get_var(self, name: str) -> Any:
         """The value of variable ``name``, as ``s[name]``: waits for it; raises the state's error.
@@ -347,7 +349,7 @@ class ProgramStateGroup:
 
     def _check(self, exes: list, mode: str) -> None:
         """Raise if the branches cannot be joined (see ``join``)."""
-        errors = {i: ex.error_ for i, ex in enumerate(exes) if ex.error_ is not None}
+        errors = {i: ex.read_error() for i, ex in enumerate(exes) if ex.error_ is not None}
         if errors:
             raise ForkError(errors, self)
         if mode == "concate_and_append":
@@ -396,6 +398,13 @@ def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, ra
     try:
         state.ret_value = func(state, *args, **kwargs)
         ex.wait_idle()
+        if ex.error_ is None:
+            # A branch no join took, that failed where the program never read it, would fail
+            # unseen (SGLang warns of every executor's error as it happens; lmnb raises errors
+            # where the state is read, so the state carries it).
+            unread = ex.take_unread_branch_errors()
+            if unread:
+                ex.fail("", UnjoinedForkError(unread, ex.branch, ex.text_))
     except KeyboardInterrupt:
         ex.abort()
         raise

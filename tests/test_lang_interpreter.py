@@ -1897,6 +1897,53 @@ def test_a_streamed_body_that_raises_aborts_its_unjoined_fork_branches():
     assert "body failed" in str(item.error()) and len(be.aborted) == 4
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_fork_branch_no_join_took_fails_the_state_unless_the_program_read_its_error(stream):
+    """A fork never joined lost its branches' errors: run() returned a state whose error() was None
+    and whose text() read fine, though a branch had failed (found by a review)."""
+    def reply(p, params):
+        if p.text.endswith("bad"):
+            raise ValueError("cannot do it")
+        return "good"
+
+    be = ScriptedBackend(reply, delay=0.05)  # (the branches fail after the body has returned)
+
+    @sgl.function
+    def prog(s, handle):
+        s += "start "
+        forks = s.fork(3)
+        forks += ["ok", "bad", "ok"]
+        forks += sgl.gen("v")
+        inner = forks[0].fork(2)  # a fork of an unjoined branch: its path names both
+        inner += ["bad", "bad"]
+        inner += sgl.gen("w")
+        s += "end"
+        if handle == "read":
+            assert forks[1].error() is not None and isinstance(inner[0].error(), sgl.ProgramError)
+            with pytest.raises(sgl.ProgramError):
+                inner[1]["w"]
+        elif handle == "abort":  # (whoever aborted a branch knows)
+            forks[1].abort()
+            inner[0].abort()
+            inner[1].abort()
+
+    st = prog.run("ignore", backend=be, stream=stream)
+    with pytest.raises(sgl.UnjoinedForkError) as e:
+        st.sync()
+    assert str(e.value) == ("3 fork branches that no join took failed: branches 0.0-0.1: Gen('w') failed: ValueError: "
+                            "cannot do it; branch 1: Gen('v') failed: ValueError: cannot do it; join the fork (its "
+                            "join raises its branches' errors), or read each branch's error() where the program "
+                            "handles them")
+    assert e.value.partial_text == "start end" and e.value.branch == ()
+    assert [err.branch for err in e.value.branches] == [(0, 0), (0, 1), (1,)]
+    assert st.error() is e.value
+    # a run continuing the state tells of no branch error of the run before, which its error told of
+    assert prog.run("read", backend=be, state=st).text() == "start endstart end"
+    for handle in ("read", "abort"):
+        st = prog.run(handle, backend=be, stream=stream)
+        assert st.error() is None and st.text() == "start end"
+
+
 def test_abort_stops_inflight_request_and_reads_raise():
     be = ScriptedBackend(lambda p, params: "slow", delay=5.0)
 
