@@ -233,3 +233,58 @@ def test_an_abort_of_a_select_reaches_its_scoring_requests_on_the_server(server,
     assert not worker.is_alive()
     assert str(failed[0].value) == "scoring on the server was aborted: aborted by the client"
     assert posted[:4] == ["r1", "r1-0", "r1-1", "r1-2"]
+
+
+@pytest.mark.parametrize("call", ["generate", "select"])
+def test_an_aborted_openai_call_that_is_not_streamed_closes_its_connection(server, call):  # noqa: F811
+    """lmnb.OpenAI's abort() stopped only streamed calls: a gen or select that was not streamed
+    waited for the whole answer, which the server generated (a hosted API billed) to its end."""
+    import socket
+
+    import lmnb
+
+    received, posts, outcome = threading.Event(), [], []
+
+    def answer_unless_the_client_leaves(h, b):
+        posts.append(h.path)
+        received.set()
+        h.connection.settimeout(10)
+        try:  # the client sends nothing more: only its leaving ends the wait early
+            left = h.connection.recv(1, socket.MSG_PEEK) == b""
+        except socket.timeout:
+            left = False
+        outcome.append("saw its client leave" if left else "answered")
+        if not left:
+            text = {"text": "Hello"} if call == "select" else {"message": {"role": "assistant", "content": "Hello"}}
+            send(h, 200, json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", **text}]}).encode())
+
+    server.answer = answer_unless_the_client_leaves
+    # (max_retries: a call stopped so is not tried again; timeout: longer than the server waits)
+    backend = lmnb.OpenAI("m", is_chat_model=call == "generate", base_url=server.url + "/v1", max_retries=2,
+                          timeout=30)
+    run = {"generate": lambda: backend.generate(Prompt("Hi", messages=[{"role": "user", "content": "Hi"}],
+                                                       role="assistant"), PARAMS, "r1"),
+           "select": lambda: backend.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")}[call]
+    got = []
+
+    def worker_run():
+        try:
+            got.append(run())
+        except BackendError as e:
+            got.append(str(e))
+
+    worker = threading.Thread(target=worker_run)
+    worker.start()
+    assert received.wait(10)
+    backend.abort("r1")
+    worker.join(30)
+    assert not worker.is_alive()
+    if call == "generate":
+        (completion,) = got[0]
+        assert (completion.text, completion.meta_info) == (
+            "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}})
+    else:
+        assert got == [f"{server.url}/v1/: the scoring request of select() was aborted"]
+    _wait_for(lambda: outcome)
+    assert outcome == ["saw its client leave"] and posts == [f"/v1/{'chat/' * (call == 'generate')}completions"]
+    backend.shutdown()

@@ -16,6 +16,8 @@ in the message.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import threading
@@ -30,6 +32,8 @@ from lmnb.ir import GenParams
 
 # Completion-only models of the official API (SGLang's INSTRUCT_MODEL_NAMES, extended).
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
+# What a call that abort() stopped returns (not None: a server may answer null).
+_ABORTED = object()
 
 
 class OpenAI(BaseBackend):
@@ -49,7 +53,8 @@ class OpenAI(BaseBackend):
         api_key: default ``$OPENAI_API_KEY``; servers that need none get ``"EMPTY"``.
         **client_kwargs: passed to ``openai.OpenAI`` (timeout, max_retries, ...). A streamed gen
             fails once the read timeout passes with no chunk: keep-alive comments and empty lines,
-            which reset httpx's read timeout, do not count.
+            which reset httpx's read timeout, do not count. With ``http_client`` (an
+            ``httpx.Client``) a call that is not streamed cannot be aborted.
 
     Raises:
         ImportError: the ``openai`` package is missing (``pip install openai``).
@@ -70,8 +75,15 @@ class OpenAI(BaseBackend):
         self._httpx = httpx
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
         cls = openai.AzureOpenAI if is_azure else openai.OpenAI
+        async_cls = openai.AsyncAzureOpenAI if is_azure else openai.AsyncOpenAI
         try:
             self.client = cls(base_url=base_url, api_key=api_key, **client_kwargs)
+            # Calls that are not streamed run on this client, on an event loop of their own: a
+            # blocking call cannot be stopped (its response's headers come with the whole answer),
+            # while a cancelled one closes its connection, so the server sees its client leave,
+            # and is not tried again. An httpx.Client given is for blocking calls only.
+            self._async_client = (None if "http_client" in client_kwargs else
+                                  async_cls(base_url=base_url, api_key=api_key, **client_kwargs))
         except openai.OpenAIError as e:  # not a ValueError: callers (an exported job) showed its traceback
             fix = "" if api_key else (" Give the API key: api_key= (an exported job's --api-key KEY, "
                                       "%lm connect --api-key KEY) or $OPENAI_API_KEY.")
@@ -81,8 +93,11 @@ class OpenAI(BaseBackend):
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
         host = str(self.client.base_url)
         self.is_official = "api.openai.com" in host or is_azure
-        self._streams: dict[str, Any] = {}  # request id -> its open stream, which abort() closes
-        self._streams_lock = threading.Lock()
+        # request id -> its open stream, or the future of its call that is not streamed, which
+        # abort() closes or cancels (None while it starts: an abort() meanwhile removes it)
+        self._requests: dict[str, Any] = {}
+        self._requests_lock = threading.Lock()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # started by the first such call
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template if not self.is_chat_model else get_chat_template("default")
@@ -200,8 +215,16 @@ class OpenAI(BaseBackend):
             )
         return {"messages": self._messages(prompt)}
 
-    def _call(self, **kw):
+    def _call(self, rid: Optional[str] = None, **kw):
+        """The client's answer to a request of ``kw``; with ``rid`` (a call that is not streamed),
+        ``_ABORTED`` once ``abort(rid)`` stopped it.
+
+        Raises:
+            BackendError: the server refused the request, did not answer, or sent no JSON.
+        """
         try:
+            if rid is not None and self._async_client is not None:
+                return self._abortable_call(rid, kw)
             if self.is_chat_model:
                 return self.client.chat.completions.create(**kw)
             return self.client.completions.create(**kw)
@@ -224,6 +247,34 @@ class OpenAI(BaseBackend):
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (the client's json.loads of the body)
             raise BackendError(f"{self.client.base_url} returned a body that is not UTF-8 JSON "
                                f"({type(e).__name__}: {e})") from None
+
+    def _abortable_call(self, rid: str, kw: dict) -> Any:
+        """The async client's answer to ``kw``, waited for here; ``_ABORTED`` if ``abort(rid)``
+        cancelled it."""
+        with self._requests_lock:
+            self._requests[rid] = None
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="lmnb-openai", daemon=True).start()
+            loop = self._loop
+        api = self._async_client.chat.completions if self.is_chat_model else self._async_client.completions
+        future = asyncio.run_coroutine_threadsafe(api.create(**kw), loop)
+        with self._requests_lock:
+            started = rid in self._requests
+            if started:
+                self._requests[rid] = future
+        if not started:  # aborted while the call was made
+            future.cancel()
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            return _ABORTED
+        except KeyboardInterrupt:  # (a call on the main thread) no one will read its answer
+            future.cancel()
+            raise
+        finally:
+            with self._requests_lock:
+                self._requests.pop(rid, None)
 
     def _choices(self, ret: Any) -> list:
         """The choices of a response, in index order, each with the text its kind of model has.
@@ -309,7 +360,10 @@ class OpenAI(BaseBackend):
     # -- BaseBackend
 
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
-        ret = self._call(**self._prompt_kwargs(prompt), **self._kwargs(params))
+        ret = self._call(rid, **self._prompt_kwargs(prompt), **self._kwargs(params))
+        if ret is _ABORTED:
+            return [Completion("", {"finish_reason": {"type": "abort", "message": "the request was aborted"}})
+                    for _ in range(params.n or 1)]
         choices = self._choices(ret)
         if len(choices) != (params.n or 1):  # (the executor reads one sample per asked one)
             raise BackendError(f"{self.client.base_url} returned {len(choices)} choices for n={params.n or 1}")
@@ -327,21 +381,21 @@ class OpenAI(BaseBackend):
         meta: dict[str, Any] = {}
         text = ""
         where = f"{self.client.base_url} stream"
-        with self._streams_lock:
-            self._streams[rid] = None  # (starting: an abort() meanwhile removes it)
+        with self._requests_lock:
+            self._requests[rid] = None  # (starting: an abort() meanwhile removes it)
         try:
             stream = self._call(
                 **self._prompt_kwargs(prompt), **self._kwargs(params), stream=True,
                 stream_options={"include_usage": True},
             )
         except BaseException:
-            with self._streams_lock:
-                self._streams.pop(rid, None)
+            with self._requests_lock:
+                self._requests.pop(rid, None)
             raise
-        with self._streams_lock:
-            started = rid in self._streams
+        with self._requests_lock:
+            started = rid in self._requests
             if started:
-                self._streams[rid] = stream
+                self._requests[rid] = stream
         if not started:  # aborted while the request was made
             stream.close()
             yield "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}}
@@ -373,8 +427,8 @@ class OpenAI(BaseBackend):
         finally:
             if watch is not None:
                 watch.stop()
-            with self._streams_lock:
-                aborted = self._streams.pop(rid, None) is None
+            with self._requests_lock:
+                aborted = self._requests.pop(rid, None) is None
             stream.close()  # (a consumer that stopped early too: the server sees its client leave)
         if aborted:  # abort() closed the stream: what came is not the whole output
             yield "", dict(meta, finish_reason={"type": "abort", "message": "the request was aborted"})
@@ -415,13 +469,16 @@ class OpenAI(BaseBackend):
         return choices
 
     def abort(self, rid: str) -> None:
-        """Close the stream of request ``rid`` (a streamed gen), so that the server sees its client
-        leave and stops (left open, it would generate, and a hosted API bill, every token to the
-        end). A call that is not streamed cannot be stopped; it ends on its own."""
-        with self._streams_lock:
-            stream = self._streams.pop(rid, None)
-        if stream is not None:  # (None: still starting, and now marked aborted)
-            stream.close()
+        """Close the stream of request ``rid`` (a streamed gen), or cancel its call that is not
+        streamed, so that the server sees its client leave and stops (left open, it would
+        generate, and a hosted API bill, every token to the end). Only a call made with an
+        ``http_client`` of the caller's, which blocks, cannot be stopped; it ends on its own."""
+        with self._requests_lock:
+            request = self._requests.pop(rid, None)
+        if isinstance(request, concurrent.futures.Future):
+            request.cancel()
+        elif request is not None:  # (None: still starting, and now marked aborted)
+            request.close()
 
     def score_choices(self, prompt: Prompt, choices, unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
         """Completion models: one ``echo=True, max_tokens=0, logprobs=0`` request returns the prompt
@@ -440,9 +497,11 @@ class OpenAI(BaseBackend):
                 "not return; use token_length_normalized, lmnb.Engine or lmnb.RuntimeEndpoint"
             )
         ret = self._call(
-            model=self.model_name, prompt=[prompt.text] + [prompt.text + c for c in choices],
+            rid, model=self.model_name, prompt=[prompt.text] + [prompt.text + c for c in choices],
             echo=True, max_tokens=0, logprobs=0, temperature=0,
         )
+        if ret is _ABORTED:
+            raise BackendError(f"{self.client.base_url}: the scoring request of select() was aborted")
         rows = self._choices(ret)
         if len(rows) != len(choices) + 1:
             raise BackendError(f"{self.client.base_url} returned {len(rows)} choices for {len(choices) + 1} prompts; "
@@ -463,6 +522,11 @@ class OpenAI(BaseBackend):
 
     def shutdown(self) -> None:
         self.client.close()
+        with self._requests_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self._async_client.close(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
 
 
 class _StallWatch:
