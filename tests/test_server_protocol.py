@@ -521,6 +521,49 @@ def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt(path, body):
             assert h.aborted.wait(10), f"prompt {i} kept running after its client left"
 
 
+@pytest.mark.parametrize("spec_version", ["2.4", "2.3"])  # (Starlette streams each differently)
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 4}, "stream": True}),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 4, "stream": True}),
+    ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "stream": True}),
+])
+def test_a_client_gone_before_its_stream_starts_aborts_every_prompt(path, body, spec_version):
+    """The events' generator aborts its requests in its clean-up, which runs only once it has
+    started; a client gone before the response started never started it."""
+    import asyncio
+
+    from lmnb_engine.http_server import create_app
+
+    handles: list = []
+    app = create_app(_until_aborted_engine(handles)(), served_model_name="rec")
+    payload = json.dumps(body).encode()
+    messages = [{"type": "http.request", "body": payload, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(3600)  # (2.4: nothing more comes; 2.3: the disconnect below comes first)
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            raise OSError("the client has gone")  # (uvicorn's send, when the socket has closed)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                          (b"content-length", str(len(payload)).encode())],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 30000)}
+
+    async def main():
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(app(scope, receive, send), 30)
+
+    asyncio.run(main())
+    assert len(handles) == len(body.get("text", [0]) if path == "/generate" else [0])
+    for i, h in enumerate(handles):
+        assert h.aborted.is_set(), f"prompt {i} kept running after its client left"
+
+
 class _Silent(_UntilAborted):
     """A request handle that sends nothing until it is aborted (a long prefill, a long queue)."""
 

@@ -204,6 +204,24 @@ class ServerContext:
                 h.abort()
 
 
+class EventStream(StreamingResponse):
+    """The server-sent events of ``handles``' requests, aborting those not done however the
+    response ends. The events' generator aborts them in its own clean-up, but that runs only once
+    the generator has started: a client that left before the first event (the response's start
+    failed, or the server heard the disconnect first) never starts it, and its requests ran on to
+    their last token."""
+
+    def __init__(self, events: AsyncIterator[str], handles: list) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.handles = handles
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            ServerContext.abort_unfinished(self.handles)
+
+
 def error_body(message: str, status: int, param: Optional[str] = None) -> dict:
     """The JSON body of an error response (OpenAI's shape): message, type from ``status``, param, code."""
     kind = "invalid_request_error" if status < 500 else "server_error"
@@ -475,8 +493,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         handles = await ctx.submit(prompts, params, rids)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
-            return StreamingResponse(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts),
-                                     media_type="text/event-stream")
+            return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)
         outputs = []
         for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, prompt_texts):
             for r in res if isinstance(res, list) else [res]:

@@ -22,12 +22,11 @@ import weakref
 from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_args, get_origin
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
-from lmnb_engine.http_server.app import SSE_DONE, Batch, ServerContext, encode_prompt, sse
+from lmnb_engine.http_server.app import SSE_DONE, Batch, EventStream, ServerContext, encode_prompt, sse
 from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
@@ -499,10 +498,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
         texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
         if req.stream:
-            return StreamingResponse(
-                _stream(ctx, handles, rid, created, "text_completion", req, texts=texts, prompt_ids=ids),
-                media_type="text/event-stream"
-            )
+            return EventStream(_stream(ctx, handles, rid, created, "text_completion", req, texts=texts, prompt_ids=ids),
+                               handles)
         choices, results = [], []
         for k, res in enumerate(await ctx.results(handles, request)):
             for r in res if isinstance(res, list) else [res]:
@@ -558,8 +555,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         handles = await _submit(ctx, req, [prompt], [params], rid)
         if req.stream:
-            return StreamingResponse(_stream(ctx, handles, rid, created, "chat.completion.chunk", req),
-                                     media_type="text/event-stream")
+            return EventStream(_stream(ctx, handles, rid, created, "chat.completion.chunk", req), handles)
         [res] = await ctx.results(handles, request)
         results = res if isinstance(res, list) else [res]
         choices = [{
