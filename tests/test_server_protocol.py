@@ -757,6 +757,16 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
     ({"sampling_params": {"top_q": 1}}, "sampling_params.top_q", "unknown sampling parameter 'top_q'; supported: ["),
     ({"sampling_params": {"no_stop_trim": True}}, "sampling_params.no_stop_trim",
      "sampling_params.no_stop_trim=True is not supported by lmnb"),
+    # a field given per prompt: its entry is named (each prompt's entry has the field)
+    ({"text": ["a", "b"], "sampling_params": [{}, {"max_new_tokens": -1}]}, "sampling_params[1].max_new_tokens",
+     "sampling_params[1].max_new_tokens=-1 is invalid: must be an integer >= 0"),
+    ({"text": ["a", "b"], "sampling_params": [{"top_q": 1}, {}]}, "sampling_params[0].top_q",
+     "sampling_params[0]: unknown sampling parameter 'top_q'; supported: ["),
+    ({"text": ["a", "b"], "return_logprob": True, "top_logprobs_num": [1, 25]}, "top_logprobs_num[1]",
+     "top_logprobs_num[1]=25 is invalid: must be an integer from 0 to 20"),
+    # given once for the batch: no entry to name
+    ({"text": ["a", "b"], "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens",
+     "sampling_params.max_new_tokens=-1 is invalid"),
 ])
 def test_a_generate_error_names_the_field_as_the_client_sent_it(served, body, param, message):
     _, url = served

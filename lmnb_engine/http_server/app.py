@@ -46,6 +46,7 @@ from lmnb_engine.http_server.protocol import (
     meta_info,
     sampling_params_from_json,
 )
+from lmnb_engine.params import SamplingParams
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
 logger = logging.getLogger("lmnb.serve")
@@ -249,6 +250,23 @@ def _per_item(value: Any, n: int, name: str) -> list:
     return [value] * n
 
 
+def _prompt_params(body: dict, k: int, *fields) -> SamplingParams:
+    """``sampling_params_from_json(*fields)`` of prompt ``k``; an error in a field the body gave
+    per prompt (a list) names the entry: ``sampling_params[1].temperature``, not a field that
+    every prompt's entry has."""
+    try:
+        return sampling_params_from_json(*fields)
+    except RequestError as e:
+        key = next((key for key in _PER_PROMPT_KEYS if isinstance(body.get(key), list) and e.param
+                    and (e.param == key or e.param.startswith(key + "."))), None)
+        if key is None:
+            raise
+        entry = f"{key}[{k}]"
+        message = str(e).replace(key, entry, 1) if key in str(e) else f"{entry}: {e}"
+        raise RequestError(message, e.status, entry + e.param[len(key):]) from None
+
+
+_PER_PROMPT_KEYS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 _GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "image_data",
@@ -322,7 +340,7 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     want_lp = _per_item(body.get("return_logprob", False), n, "return_logprob")
     starts = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len")
     tops = _per_item(body.get("top_logprobs_num", 0), n, "top_logprobs_num")
-    params = [sampling_params_from_json(sp, lp, st, tp) for sp, lp, st, tp in zip(sps, want_lp, starts, tops)]
+    params = [_prompt_params(body, k, *item) for k, item in enumerate(zip(sps, want_lp, starts, tops))]
     rid = body.get("rid")
     if rid is None:
         rids = [uuid.uuid4().hex for _ in range(n)]
