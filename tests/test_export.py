@@ -184,6 +184,9 @@ def test_inputs_option_overrides_and_is_checked():
     # a field named twice is one field (it was run_row(person, person): "the script does not compile")
     source, p = export_notebook(params, inputs=["person", "person"])
     assert p.inputs == ("person",) and "def run_row(person):" in source
+    # a name in another Unicode form is Python's same name (NFKC): it was "never read"
+    source, p = export_notebook(params, inputs=["ｐｅｒｓｏｎ", "person"])
+    assert p.inputs == ("person",) and "def run_row(person):" in source
     once = plan_notebook(notebook("x = 1"))
     assert once.row == [] and any("runs its cells once" in n for n in once.notes)
     with pytest.raises(ExportError, match="no %%lm cell"):

@@ -15,6 +15,7 @@ The model (written into every exported script's docstring):
 from __future__ import annotations
 
 import builtins
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -83,8 +84,9 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     """
     params_cell = next((c for c in cells if isinstance(c, Code) and c.is_parameters), None)
     parameters = tuple(read_parameters(params_cell.source)) if params_cell else ()
-    # (a name given twice is one field: it became a duplicate parameter of run_row, a SyntaxError)
-    given = None if inputs is None else tuple(dict.fromkeys(inputs))
+    # (a name given twice is one field: it became a duplicate parameter of run_row, a SyntaxError;
+    # in Python's NFKC form, as the cells' code reads it: --inputs ｑ is the cells' q)
+    given = None if inputs is None else tuple(dict.fromkeys(unicodedata.normalize("NFKC", n) for n in inputs))
     if given is not None:
         bad = [n for n in given if not n.isidentifier()]
         if bad:
