@@ -288,3 +288,35 @@ def test_an_aborted_openai_call_that_is_not_streamed_closes_its_connection(serve
     _wait_for(lambda: outcome)
     assert outcome == ["saw its client leave"] and posts == [f"/v1/{'chat/' * (call == 'generate')}completions"]
     backend.shutdown()
+
+
+@pytest.mark.parametrize("http_client", [False, True], ids=["async", "own-http-client"])
+def test_an_openai_call_whose_id_was_aborted_before_it_began_sends_nothing(server, http_client):  # noqa: F811
+    """As RuntimeEndpoint's: the executor names a request id before its call reaches the backend,
+    and lmnb.OpenAI forgot an abort that came in between, so the call ran to its end."""
+    import httpx
+
+    import lmnb
+
+    posts = []
+
+    def answer(h, b):
+        posts.append(h.path)
+        send(h, 200, json.dumps({"id": "x", "choices": [{"index": 0, "finish_reason": "stop", "text": "Hello"}]}
+                                ).encode())
+
+    server.answer = answer
+    kw = {"http_client": httpx.Client()} if http_client else {}
+    backend = lmnb.OpenAI("m", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, **kw)
+    aborted = {"type": "abort", "message": "the request was aborted"}
+    backend.abort("r1")
+    assert [(c.text, c.meta_info) for c in backend.generate(Prompt("Hi"), PARAMS, "r1")] == [("", {"finish_reason": aborted})]
+    backend.abort("r2")
+    assert list(backend.generate_stream(Prompt("Hi"), PARAMS, "r2")) == [("", {"finish_reason": aborted})]
+    backend.abort("r3")
+    with pytest.raises(BackendError, match="the scoring request of select\\(\\) was aborted"):
+        backend.score_choices(Prompt("Hi"), ["a", "b"], False, "r3")
+    assert posts == []
+    assert [c.text for c in backend.generate(Prompt("Hi"), PARAMS, "r4")] == ["Hello"]  # another id runs
+    assert posts == ["/v1/completions"] and backend._requests == {}
+    backend.shutdown()

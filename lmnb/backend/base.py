@@ -10,6 +10,7 @@ interpreter side (``lmnb.choices``) so every backend feeds the same method the s
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
@@ -145,6 +146,28 @@ class BaseBackend:
 
     def shutdown(self) -> None:
         """Free the backend's resources."""
+
+
+class AbortedIds:
+    """Request ids aborted while no call of theirs ran, the latest ``kept``: a remote backend's
+    call that begins after the abort of its id must not be sent. The executor names a request id
+    before the call reaches the backend, and an abort in between was lost: the request ran to its
+    end. Not thread-safe: the backend's lock guards it with its calls."""
+
+    kept = 4096
+
+    def __init__(self) -> None:
+        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def add(self, rid: str) -> None:
+        """Remember that ``rid`` was aborted (the oldest id is forgotten past ``kept``)."""
+        self._ids[rid] = None
+        while len(self._ids) > self.kept:
+            self._ids.popitem(last=False)
+
+    def take(self, rid: str) -> bool:
+        """Whether ``rid`` was aborted before its call began (forgotten now: the call ends it)."""
+        return self._ids.pop(rid, False) is None
 
 
 class AssignableChatTemplate:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
-from lmnb.backend.base import BackendError, BaseBackend, Completion, Prompt, check_utf8
+from lmnb.backend.base import AbortedIds, BackendError, BaseBackend, Completion, Prompt, check_utf8
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -96,6 +96,7 @@ class OpenAI(BaseBackend):
         # request id -> its open stream, or the future of its call that is not streamed, which
         # abort() closes or cancels (None while it starts: an abort() meanwhile removes it)
         self._requests: dict[str, Any] = {}
+        self._aborted = AbortedIds()  # ids aborted before a call of theirs began
         self._requests_lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # started by the first such call
 
@@ -225,6 +226,10 @@ class OpenAI(BaseBackend):
         try:
             if rid is not None and self._async_client is not None:
                 return self._abortable_call(rid, kw)
+            if rid is not None:  # (a blocking call: only one not begun can be stopped)
+                with self._requests_lock:
+                    if self._aborted.take(rid):
+                        return _ABORTED
             if self.is_chat_model:
                 return self.client.chat.completions.create(**kw)
             return self.client.completions.create(**kw)
@@ -252,6 +257,8 @@ class OpenAI(BaseBackend):
         """The async client's answer to ``kw``, waited for here; ``_ABORTED`` if ``abort(rid)``
         cancelled it."""
         with self._requests_lock:
+            if self._aborted.take(rid):  # aborted before its call began
+                return _ABORTED
             self._requests[rid] = None
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
@@ -382,7 +389,12 @@ class OpenAI(BaseBackend):
         text = ""
         where = f"{self.client.base_url} stream"
         with self._requests_lock:
-            self._requests[rid] = None  # (starting: an abort() meanwhile removes it)
+            aborted = self._aborted.take(rid)  # before its call began
+            if not aborted:
+                self._requests[rid] = None  # (starting: an abort() meanwhile removes it)
+        if aborted:
+            yield "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}}
+            return
         try:
             stream = self._call(
                 **self._prompt_kwargs(prompt), **self._kwargs(params), stream=True,
@@ -474,7 +486,11 @@ class OpenAI(BaseBackend):
         generate, and a hosted API bill, every token to the end). Only a call made with an
         ``http_client`` of the caller's, which blocks, cannot be stopped; it ends on its own."""
         with self._requests_lock:
-            request = self._requests.pop(rid, None)
+            if rid in self._requests:
+                request = self._requests.pop(rid)
+            else:  # its call has not begun (or has ended): one that begins is not sent
+                request = None
+                self._aborted.add(rid)
         if isinstance(request, concurrent.futures.Future):
             request.cancel()
         elif request is not None:  # (None: still starting, and now marked aborted)

@@ -12,7 +12,6 @@ sampled frames, each with an image token of its own in the text (SGLang's fronte
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import itertools
@@ -24,7 +23,7 @@ import uuid
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    AssignableChatTemplate, BackendAuthError, BackendError, BaseBackend, Completion, Prompt, check_utf8,
+    AbortedIds, AssignableChatTemplate, BackendAuthError, BackendError, BaseBackend, Completion, Prompt, check_utf8,
     finish_reason_dict, in_gen_names,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
@@ -51,10 +50,6 @@ MODEL_INFO_TIMEOUT_S = 20.0
 # Retry-After of whole seconds, up to RETRY_AFTER_MAX_S, is waited instead.
 RETRY_503_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
 RETRY_AFTER_MAX_S = 10.0
-# Request ids aborted while no call of theirs ran, the latest ABORTED_KEPT: a call that begins after
-# the abort of its id is not sent (the executor names a request id before the call reaches the
-# backend, and an abort in between was lost: the request ran to its end).
-ABORTED_KEPT = 4096
 # An abort of a request that is being sent (not answered yet) is posted again every ABORT_REPEAT_S,
 # up to ABORT_POSTS posts in all, until the request is answered: a server ignores the abort of a
 # request id it has not received yet, which the abort's own post may overtake.
@@ -149,7 +144,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         )
         self._httpx = httpx
         self._calls: dict[str, _Call] = {}  # request id -> its running calls
-        self._aborted: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids aborted before a call
+        self._aborted = AbortedIds()  # ids aborted before a call of theirs began
         self._calls_lock = threading.Lock()
         # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server;
         # at a root URL, another kind of server (python -m http.server, a web app)
@@ -185,7 +180,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             call = self._calls.get(rid)
             if call is None:
                 call = self._calls[rid] = _Call()
-                if self._aborted.pop(rid, False) is None:
+                if self._aborted.take(rid):
                     call.aborted.set()
             call.users += 1
         try:
@@ -553,7 +548,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         server would hold the caller up to 5 s per request (a fork's branches and a batch's rows
         are aborted one after another), and aborting is best effort anyway. A request waiting to be
         sent again (the server answered 503) is not sent; nor is a call under ``rid`` that begins
-        after this (the latest ``ABORTED_KEPT`` ids are kept for that: do not use an aborted id
+        after this (the latest ``AbortedIds.kept`` ids are kept for that: do not use an aborted id
         again). While a request is being sent, the abort is posted again every ``ABORT_REPEAT_S``
         until it is answered, ``ABORT_POSTS`` posts at most: the first may reach the server before it."""
         with self._calls_lock:
@@ -561,9 +556,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             if call is not None:
                 call.aborted.set()
             else:
-                self._aborted[rid] = None
-                while len(self._aborted) > ABORTED_KEPT:
-                    self._aborted.popitem(last=False)
+                self._aborted.add(rid)
         threading.Thread(target=self._abort, args=(rid, call), name=f"lmnb-abort-{rid}", daemon=True).start()
 
     def _abort(self, rid: str, call: Optional[_Call]) -> None:
