@@ -728,12 +728,13 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
     ok = _post(url, "/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 20,
                                   "sampling_params": {"max_new_tokens": 1}})
     assert ok.status_code == 200
-    for body in ({"text": "a", "return_logprob": True, "top_logprobs_num": 1000},
-                 {"text": ["a", "b"], "return_logprob": True, "top_logprobs_num": [2, 1000]}):
+    for body, param in (({"text": "a", "return_logprob": True, "top_logprobs_num": 1000}, "top_logprobs_num"),
+                        ({"text": ["a", "b"], "return_logprob": True, "top_logprobs_num": [2, 1000]},
+                         "top_logprobs_num[1]")):
         r = _post(url, "/generate", body)
         err = r.json()["error"]
-        assert r.status_code == 400 and err["param"] == "top_logprobs_num"
-        assert "top_logprobs_num=1000 is invalid: must be an integer from 0 to 20" in err["message"]
+        assert r.status_code == 400 and err["param"] == param
+        assert f"{param}=1000 is invalid: must be an integer from 0 to 20" in err["message"]
     # a sampling parameter's error names it inside sampling_params, where it was given
     r = _post(url, "/generate", {"text": "a", "sampling_params": {"temperature": -1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.temperature"
