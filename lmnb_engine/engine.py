@@ -78,20 +78,28 @@ class RequestHandle:
             if event.finished and event.result is not None:
                 self._results[event.index] = event.result
             self._cond.notify_all()
-            for listener in list(self._listeners):
-                try:
-                    listener(event)
-                except Exception:  # noqa: BLE001 - a consumer gone (its event loop closed) must not stop the engine
-                    logger.exception("a listener of request %s failed; it hears no more events", self.rid)
-                    self._listeners.remove(listener)
+            listeners = list(self._listeners)
             if self.done:  # (the last event: let go of the listeners, and what they hold)
                 self._listeners.clear()
+        # Outside the lock: a slow listener must not hold up readers (result(timeout) waited for it
+        # past its timeout). The scheduler thread alone calls _put, so each listener still hears
+        # the events in order, and subscribe's replay (under the lock) ends before any new one.
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 - a consumer gone (its event loop closed) must not stop the engine
+                logger.exception("a listener of request %s failed; it hears no more events", self.rid)
+                with self._cond:
+                    if listener in self._listeners:
+                        self._listeners.remove(listener)
 
     def subscribe(self, listener: Callable[[StreamEvent], None]) -> None:
         """Call ``listener(event)`` with each ``StreamEvent`` so far, then with each new one as it
         comes, in order, on the scheduler thread: it must not block (an asyncio consumer hands the
-        event to its loop with ``call_soon_threadsafe``). Waiting so takes no thread, where
-        ``events()`` holds one: a server streams any number of requests on its event loop."""
+        event to its loop with ``call_soon_threadsafe``), and it cannot wait for a request (that
+        raises ``RuntimeError``: the thread it would wait on is its own). Waiting so takes no
+        thread, where ``events()`` holds one: a server streams any number of requests on its event
+        loop. A listener that raises hears no more events (logged)."""
         with self._cond:
             for event in self._events:
                 listener(event)
@@ -113,6 +121,7 @@ class RequestHandle:
                 while i >= len(self._events):
                     if self.done:
                         return
+                    self._refuse_waiting_on_the_scheduler("the events")
                     if not self._cond.wait(timeout):
                         raise TimeoutError(f"no event for request {self.rid} within {timeout} s")
                 event = self._events[i]
@@ -124,10 +133,20 @@ class RequestHandle:
 
         Raises ``TimeoutError`` after ``timeout`` seconds (None = wait)."""
         with self._cond:
+            if not self.done:
+                self._refuse_waiting_on_the_scheduler("the result")
             if not self._cond.wait_for(lambda: self.done, timeout):
                 raise TimeoutError(f"request {self.rid} did not finish within {timeout} s")
         out = [self._results[i] for i in range(self.n)]
         return out[0] if self.n == 1 else out
+
+    def _refuse_waiting_on_the_scheduler(self, what: str) -> None:
+        """Raise ``RuntimeError`` on the scheduler thread (a ``subscribe`` listener calling
+        ``Engine.generate``): the wait would be for the thread that runs the request, forever."""
+        if self._engine.scheduler.on_loop_thread:
+            raise RuntimeError(f"{what} of request {self.rid} cannot be waited for on the engine's scheduler thread "
+                               "(in a subscribe listener?): that thread runs the request, so the wait would never "
+                               "end; wait on another thread, or submit() there and take the events in a listener")
 
     def abort(self) -> bool:
         """Abort the request (``Engine.abort``); True if it was still running or waiting.

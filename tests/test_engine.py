@@ -161,6 +161,49 @@ def test_a_listener_hears_past_then_new_events_in_order_and_a_failing_one_is_dro
     assert "hears no more events" in caplog.text
 
 
+def test_a_listener_that_waits_for_a_request_is_refused_and_the_engine_goes_on(engine):
+    # the listener runs on the scheduler thread, which would have to run the request it waits for:
+    # Engine.generate there waited forever, and every later request with it
+    import threading
+
+    h = engine.submit("Hello", GREEDY.copy(max_new_tokens=2))
+    raised, heard = [], threading.Event()
+
+    def listener(ev):
+        if ev.finished:
+            try:
+                engine.generate("hi", GREEDY.copy(max_new_tokens=1))
+            except RuntimeError as e:
+                raised.append(str(e))
+            finally:
+                heard.set()
+
+    h.subscribe(listener)
+    assert len(h.result(timeout=60).token_ids) == 2
+    assert heard.wait(60) and len(raised) == 1
+    assert "cannot be waited for on the engine's scheduler thread" in raised[0]
+    assert len(engine.generate("hi", GREEDY.copy(max_new_tokens=1)).token_ids) == 1  # (not wedged)
+    assert_idle_accounting(engine)
+
+
+def test_a_slow_listener_does_not_hold_up_the_requests_readers(engine):
+    # listeners were called under the handle's lock, so result(timeout) and events(timeout) waited
+    # for a slow one past their timeouts
+    import threading
+
+    release, read = threading.Event(), []
+    h = engine.submit("Hello", GREEDY.copy(max_new_tokens=3))
+    h.subscribe(lambda ev: release.wait(60))
+    reader = threading.Thread(target=lambda: read.append(next(h.events(timeout=30))))
+    reader.start()
+    reader.join(20)
+    try:
+        assert read and read[0].rid == h.rid, "the reader waited for the listener"
+    finally:
+        release.set()
+    assert len(h.result(timeout=60).token_ids) == 3
+
+
 def _assert_ids_in_step_with_text(engine, events) -> None:
     """Each event's ids are the tokens whose text the stream has sent: after every event but the
     last, the ids so far decode to the text so far; the last sends the rest."""
