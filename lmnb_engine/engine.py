@@ -22,7 +22,7 @@ from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, is_multimodal_prompt
 from lmnb_engine.outputs import GenerateResult, StreamEvent
-from lmnb_engine.params import SamplingParams
+from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
 from lmnb_engine.schedule_policy import POLICIES
@@ -603,7 +603,27 @@ class Engine:
             )
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
-        self._grammar(params)
+        grammar = self._grammar(params)
+        if grammar is not None and params.min_new_tokens:
+            self._check_first_token_allowed(grammar, params)
+
+    def _check_first_token_allowed(self, grammar: Any, params: SamplingParams) -> None:
+        """Refuse a grammar whose every first token is one that ``min_new_tokens`` bans (a stop token
+        id or EOS): no output could begin. It costs one mask, the initial state's; a conflict
+        further on aborts the request when it is reached (``sampler.blocked_message``)."""
+        from lmnb_engine.constrained import RequestGrammar
+
+        vocab = self.loaded.config.vocab_size
+        allowed = RequestGrammar(grammar).allowed_token_mask(vocab)
+        banned = [t for t in set(params.stop_token_ids or ()) | self.eos_token_ids if t < vocab]
+        allowed[banned] = False  # (a grammar request never ignores EOS)
+        if not bool(allowed.any()):
+            what = "regex" if params.regex is not None else "json_schema"
+            m = params.min_new_tokens
+            raise SamplingParamsError(
+                f"SamplingParams.min_new_tokens={m} conflicts with the {what}: every token the {what} allows first "
+                f"is a stop token id or EOS, which min_new_tokens bans until {m} tokens are out; set "
+                f"min_new_tokens=0 or remove those stop_token_ids", "min_new_tokens")
 
     def _grammar(self, params: SamplingParams) -> Any:
         """The compiled grammar of a regex / json_schema request (None if unconstrained).

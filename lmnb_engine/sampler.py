@@ -20,6 +20,11 @@ from them is noise (softmax over +inf is NaN everywhere), so the scheduler fails
 instead of streaming it. SGLang's ``enable_nan_detection`` logs and replaces NaN logits; failing
 the request is our choice, as the output would be meaningless either way. The flag rides along
 with the sampled ids (no extra host sync).
+
+Rows whose masks leave no token (a grammar that allows only the stop token ids or EOS that
+``min_new_tokens`` still bans) are flagged in ``SampleOutput.blocked_rows`` the same way, and the
+scheduler aborts those requests with ``blocked_message``: SGLang and vLLM define nothing here (their
+sampling then runs on all -inf logits).
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ from lmnb_engine.request import Req, sample_draw
 class SampleOutput:
     """``token_ids``: one sampled id per row; ``logprobs``: per row, a ``TokenLogprob`` when the
     row's request asked for logprobs, else None; ``bad_rows``: the rows whose raw logits were not
-    finite (their token is meaningless)."""
+    finite (their token is meaningless); ``blocked_rows``: the other rows whose grammar and
+    ``min_new_tokens`` masks together allowed no token (their token is meaningless too)."""
 
     token_ids: list[int]
     logprobs: list[Optional[TokenLogprob]]
     bad_rows: frozenset[int] = frozenset()
+    blocked_rows: frozenset[int] = frozenset()
 
 
 def _padded(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -79,6 +86,18 @@ def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
     be chosen). A raw -inf logit elsewhere is a model's own mask and fine. One reduction: ``amax``
     propagates NaN (torch documents it), so the row maximum is finite exactly for the good rows."""
     return ~torch.isfinite(logits.amax(dim=-1))
+
+
+def blocked_message(req: Req) -> str:
+    """Why no token was allowed for ``req`` (a ``SampleOutput.blocked_rows`` row), with the fix."""
+    what = "the regex" if req.params.regex is not None else "the JSON schema" if req.grammar else "the model"
+    m = req.params.min_new_tokens
+    if len(req.output_ids) < m:
+        return (f"no token was allowed at output token {len(req.output_ids) + 1}: {what} allows only tokens that "
+                f"min_new_tokens={m} bans until {m} tokens are out: the stop token ids / EOS; lower min_new_tokens "
+                f"or remove those stop_token_ids")
+    return (f"no token was allowed at output token {len(req.output_ids) + 1}: {what} allows only tokens whose "
+            "logits the model set to -inf")
 
 
 def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: frozenset[int], grammar: bool) -> None:
@@ -175,11 +194,12 @@ class PendingSample:
     """
 
     def __init__(self, reqs: Sequence[Req], token_ids: torch.Tensor, bad: torch.Tensor, lp_rows: list[int],
-                 lp_parts: tuple, top_k: list[int], tell_grammar: bool) -> None:
+                 lp_parts: tuple, top_k: list[int], tell_grammar: bool, blocked: Optional[torch.Tensor] = None) -> None:
         self.reqs = reqs
         self.token_ids = token_ids
         self._ids = _to_host(token_ids)
         self._bad = _to_host(bad)
+        self._blocked = _to_host(blocked)
         self._lp_rows = lp_rows
         self._lp = tuple(_to_host(x) for x in lp_parts)
         self._top_k = top_k
@@ -198,6 +218,8 @@ class PendingSample:
             self._event.synchronize()
         ids = self._ids.tolist()
         bad_rows = frozenset(i for i, bad in enumerate(self._bad.tolist()) if bad)
+        blocked = [] if self._blocked is None else self._blocked.tolist()
+        blocked_rows = frozenset(i for i, b in enumerate(blocked) if b and i not in bad_rows)
         logprobs: list[Optional[TokenLogprob]] = [None] * len(self.reqs)
         if self._lp_rows:
             chosen, top_vals, top_ids = (None if x is None else x.tolist() for x in self._lp)
@@ -206,9 +228,9 @@ class PendingSample:
                 logprobs[i] = e
         if self._tell_grammar:
             for i, (r, t) in enumerate(zip(self.reqs, ids)):
-                if r.grammar is not None and i not in bad_rows:  # that request is failed, not advanced
+                if r.grammar is not None and i not in bad_rows | blocked_rows:  # failed, not advanced
                     r.grammar.accept_token(t)
-        self._out = SampleOutput(ids, logprobs, bad_rows)
+        self._out = SampleOutput(ids, logprobs, bad_rows, blocked_rows)
         return self._out
 
 
@@ -258,9 +280,11 @@ def sample_async(
         x = x.clone() if x is logits else x
         apply_token_bitmask_(x, grammar_bitmask)
     use_grammar = grammar_bitmask is None
+    blocked = None
     if any((use_grammar and r.grammar is not None) or len(r.output_ids) < r.params.min_new_tokens for r in reqs):
         x = x.clone() if x is logits else x
         _apply_masks(x, reqs, eos_token_ids, use_grammar)
+        blocked = nonfinite_rows(x)  # every logit -inf after the masks (or NaN already in bad rows)
 
     next_ids = x.argmax(dim=-1)
     rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
@@ -275,4 +299,4 @@ def sample_async(
     if lp_rows:
         idx = torch.tensor(lp_rows, device=x.device)
         lp_parts = _logprob_tensors(torch.log_softmax(logits[idx].float(), dim=-1), next_ids[idx], top_k)
-    return PendingSample(reqs, next_ids, nonfinite_rows(logits), lp_rows, lp_parts, top_k, use_grammar)
+    return PendingSample(reqs, next_ids, nonfinite_rows(logits), lp_rows, lp_parts, top_k, use_grammar, blocked)

@@ -286,3 +286,40 @@ def test_sampled_formats_lengths_and_decimal_bounds_validate(engines):
     values = [json.loads(r.text) for r in rs if r.finish_reason.type == "stop"]
     assert len(values) >= 3, [r.text for r in rs]
     assert all(validator.is_valid(v) for v in values), values
+
+
+def test_a_grammar_allowing_only_tokens_min_new_tokens_bans_is_refused_or_aborted_by_name(engines, caplog):
+    """A grammar whose every allowed token is a stop token id (or EOS) that min_new_tokens still
+    bans left no token: the argmax of all -inf logits, token 0, failed the grammar, and the request
+    aborted as an "internal error" with a "scheduler step failed" traceback at ERROR. A conflict at
+    the first token is refused at submission; a later one aborts that request, naming it."""
+    import logging
+
+    from lmnb_engine.params import SamplingParamsError
+
+    on = engines[0]
+    a = on.encode("a", add_special_tokens=False)[-1]
+    digits = [on.encode(str(d), add_special_tokens=False)[-1] for d in range(10)]
+    for regex, stops in (("a+", [a]), ("[0-9]", digits)):
+        with pytest.raises(SamplingParamsError, match="min_new_tokens=2 conflicts with the regex: every token the "
+                           "regex allows first is a stop token id or EOS") as e:
+            on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=2, regex=regex, stop_token_ids=stops))
+        assert e.value.field == "min_new_tokens"
+    # each digit is one token of the tiny vocabulary, and none is part of a longer one with "a":
+    # after the digit only "a" may follow, and min_new_tokens bans it
+    assert not any(re.fullmatch("[0-9]a.*", on.decode([t])) for t in range(on.loaded.config.vocab_size))
+    plain = SamplingParams(temperature=0.0, max_new_tokens=5)
+    alone = on.generate("Go:", plain)
+    bad = SamplingParams(temperature=0.0, max_new_tokens=5, min_new_tokens=2, regex="[0-9]a", stop_token_ids=[a])
+    with caplog.at_level(logging.ERROR):
+        h_bad, h_plain = on.submit("Digits:", bad), on.submit("Go:", plain)
+        r, other = h_bad.result(), h_plain.result()
+    assert r.finish_reason.type == "abort" and len(r.token_ids) == 1 and r.token_ids[0] in digits
+    assert r.finish_reason.message == (
+        "no token was allowed at output token 2: the regex allows only tokens that min_new_tokens=2 bans until 2 "
+        "tokens are out: the stop token ids / EOS; lower min_new_tokens or remove those stop_token_ids")
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert other.token_ids == alone.token_ids and other.finish_reason == alone.finish_reason
+    ok = on.generate("Digits:", bad.copy(min_new_tokens=1))  # and the engine goes on: "a" may now stop it
+    assert ok.token_ids == [r.token_ids[0], a] and ok.finish_reason.type == "stop" and ok.finish_reason.matched == a
+    assert_idle_accounting(on)

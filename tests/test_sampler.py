@@ -181,6 +181,29 @@ def test_grammar_hook_masks_and_accepts():
     assert g.accepted == [3]
 
 
+def test_a_row_whose_grammar_allows_only_tokens_min_new_tokens_bans_is_blocked_not_advanced():
+    """The grammar mask and the min_new_tokens ban left every logit -inf: argmax took token 0 and
+    the grammar, told it, raised. The row is flagged instead, and its grammar is not told."""
+    class OnlyOne:
+        def __init__(self):
+            self.accepted = []
+
+        def allowed_token_mask(self, vocab_size):
+            return torch.arange(vocab_size) == 1
+
+        def accept_token(self, token_id):
+            self.accepted.append(token_id)
+
+    logits = torch.tensor([[5.0, 4.0, 3.0], [5.0, 4.0, 3.0]])
+    rows = [req(temperature=0.0, min_new_tokens=2, stop_token_ids=[1]), req(temperature=0.7, min_new_tokens=2)]
+    grammars = [OnlyOne(), OnlyOne()]
+    for r, g in zip(rows, grammars):
+        r.grammar = g
+    out = sample(logits, rows, frozenset({0}))
+    assert out.blocked_rows == {0} and out.bad_rows == frozenset() and out.token_ids[1] == 1
+    assert [g.accepted for g in grammars] == [[], [1]]
+
+
 def test_rows_with_nonfinite_logits_are_flagged_and_their_grammar_is_not_advanced():
     class Recording:
         def __init__(self):
