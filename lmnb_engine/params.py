@@ -55,7 +55,8 @@ class SamplingParams:
             ``SAMPLING_EPS`` it is greedy too, as in SGLang: dividing by it would overflow.
         top_p, top_k, min_p: nucleus / top-k (-1 = off) / min-p filtering, applied after temperature.
         frequency_penalty, presence_penalty: OpenAI-style additive penalties over generated tokens.
-        repetition_penalty: CTRL-style multiplicative penalty over prompt + generated tokens (1 = off).
+        repetition_penalty: CTRL-style multiplicative penalty over prompt + generated tokens, in
+            (0, 2] as in SGLang (1 = off).
         stop: string or list of strings; matched on the detokenized output (also across token
             boundaries); the matched stop text is not returned. At most ``MAX_STOP_STRINGS``
             strings of ``MAX_STOP_CHARS`` characters in all, none of them empty.
@@ -165,8 +166,9 @@ class SamplingParams:
             v = getattr(self, name)
             if not is_num(v) or not -2 <= v <= 2:
                 bad(name, "must be in [-2, 2]")
-        if not is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            bad("repetition_penalty", "must be > 0 (1 = off)")
+        # SGLang's range (vLLM takes any finite value > 0); the sampler keeps even 1e-300 finite
+        if not is_num(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
+            bad("repetition_penalty", "must be in (0, 2] (1 = off, above 1 discourages repeats, below 1 favours them)")
         if self.stop is not None and not (
             isinstance(self.stop, str)
             or (isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) for s in self.stop))

@@ -77,7 +77,11 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         seen = torch.zeros((b, vocab + 1), dtype=torch.bool, device=dev)
         seen.scatter_(1, prompt_ids, True)
         seen = seen[:, :vocab] | (counts > 0)
-        penalized = torch.where(logits < 0, logits * rep[:, None], logits / rep[:, None])
+        # A tiny penalty (1e-40) overflowed positive logits to inf, and softmax over inf is NaN: the
+        # quotient is capped at the dtype's largest value. Zero logits multiply (equal to HF's
+        # division), as a penalty below float32's range is 0 there and 0 / 0 is NaN.
+        penalized = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        penalized.clamp_(max=torch.finfo(logits.dtype).max)
         logits.copy_(torch.where(seen, penalized, logits))
 
 

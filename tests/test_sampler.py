@@ -4,6 +4,7 @@ support and frequencies, per-request seeds, min_new_tokens, the grammar hook and
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -62,6 +63,29 @@ def test_repetition_penalty_matches_transformers():
     # and the sampler uses it: token 2 (logit 1.0, seen in the prompt) drops to 0.01 < 0.5
     strong = torch.tensor([[0.5, 0.0, 1.0, 0.0]])
     assert sample(strong, [req(prompt=[2], temperature=0.0, repetition_penalty=100.0)], frozenset()).token_ids == [0]
+
+
+@pytest.mark.parametrize("penalty", [1e-40, 1e-300])
+def test_a_tiny_repetition_penalty_keeps_the_logits_finite(penalty):
+    """1e-40 overflowed a seen token's positive logit to inf in float32 (1e-300, 0 in float32, also
+    made a zero logit 0 / 0 = NaN): softmax was NaN and every draw took token 0. The seen token
+    with the positive logit now holds float32's largest value, so every draw takes it."""
+    logits = torch.tensor([[1.0, 0.5, 3.0, 0.0, -1.0]])
+    rows = [req(seed=s, prompt=[2, 3, 4], temperature=1.0, repetition_penalty=penalty) for s in range(6)]
+    penalised = logits.clone()
+    apply_penalties(penalised, rows[:1])
+    assert penalised[0, :4].tolist() == [1.0, 0.5, torch.finfo(torch.float32).max, 0.0]
+    assert -1e-30 < penalised[0, 4].item() <= 0.0
+    assert sample(logits.expand(6, 5), rows, frozenset()).token_ids == [2] * 6
+
+
+def test_repetition_penalty_is_in_sglangs_range():
+    for ok in (1e-300, 0.5, 2.0):
+        SamplingParams(repetition_penalty=ok).validate()
+    for bad in (0.0, -1.0, 2.5, float("inf")):
+        with pytest.raises(ValueError, match=re.escape(f"SamplingParams.repetition_penalty={bad!r} is invalid: must "
+                                                       "be in (0, 2]")):
+            SamplingParams(repetition_penalty=bad).validate()
 
 
 def test_frequency_and_presence_penalties_by_hand():
