@@ -341,6 +341,8 @@ class Engine:
             raise ValueError(f"unknown schedule_policy {schedule_policy!r}; choose one of {', '.join(POLICIES)}")
         if chunked_prefill_size is not None and chunked_prefill_size < 1:
             raise ValueError(f"chunked_prefill_size={chunked_prefill_size} must be >= 1 (None: the default)")
+        if cuda_graph_max_bs is not None and cuda_graph_max_bs < 0:
+            raise ValueError(f"cuda_graph_max_bs={cuda_graph_max_bs} must be >= 0 (0 = no CUDA graphs, None: the default)")
         t = grammar_compile_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < float("inf")):
             raise ValueError(f"grammar_compile_timeout_s={t!r} must be a number of seconds > 0 (or None for 60)")

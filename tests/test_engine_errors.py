@@ -56,6 +56,12 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         Engine(str(tmp_path / "missing"), disable_radix_cache="no")
     with pytest.raises(TypeError, match=r"mem_fraction must be a number"):
         Engine(str(tmp_path / "missing"), mem_fraction="0.5")
+    with pytest.raises(TypeError, match=r"Engine\(cuda_graph_max_bs=2.5\): cuda_graph_max_bs must be an int"):
+        Engine(str(tmp_path / "missing"), cuda_graph_max_bs=2.5)
+    # a negative size was accepted (and meant off, as 0); only None and 0 are documented
+    with pytest.raises(ValueError, match=re.escape("cuda_graph_max_bs=-1 must be >= 0 (0 = no CUDA graphs, None: "
+                                                   "the default)")):
+        Engine(str(tmp_path / "missing"), cuda_graph_max_bs=-1)
     # scheduler settings too: found after a tensor-parallel start, they left its worker and the
     # process group behind, and no later tensor-parallel engine could start in the process
     import multiprocessing
