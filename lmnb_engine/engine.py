@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
-from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, is_multimodal_prompt
+from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as_multimodal_prompt, is_multimodal_prompt
 from lmnb_engine.outputs import GenerateResult, StreamEvent
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.prefix_cache import TreeNodeView
@@ -493,7 +493,10 @@ class Engine:
         if isinstance(prompt, MultimodalTokens):  # [issue 10] prepared already (``multimodal.prepare``)
             return prompt
         if is_multimodal_prompt(prompt):  # [issue 10] ids + radix keys + pixels (MultimodalTokens)
-            return self.multimodal.prepare(prompt)
+            mm = as_multimodal_prompt(prompt)
+            if mm.images or self.loaded.config.multimodal_hf_config is not None:
+                return self.multimodal.prepare(mm)
+            prompt = mm.text  # no images for a text-only model: a plain prompt (SGLang's image_data=[] too)
         if isinstance(prompt, str):
             too_long = text_too_long(prompt, self.tokenizer, self.context_len)
             if too_long:

@@ -359,7 +359,15 @@ def test_an_image_on_a_text_only_model_fails_where_it_is_added(backend):
         s += "Look:" + sgl.image("nope.png")  # no gen follows: it finished "done" before
 
     err = prog.run(backend=backend).error()
-    assert err is not None and "is a text-only model: it cannot take images" in str(err)
+    assert err is not None and "image() and video() need a vision-language model, and LlamaForCausalLM is a " \
+        "text-only model; load a LLaVA checkpoint" in str(err)
+
+    @sgl.function
+    def with_video(s):
+        s += "Look:" + sgl.video("nope.mp4", 2)
+
+    err = with_video.run(backend=backend).error()  # it spoke of images only
+    assert err is not None and "video() need a vision-language model" in str(err)
 
 
 @pytest.mark.parametrize("stream", [False, True])

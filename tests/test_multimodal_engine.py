@@ -218,6 +218,14 @@ def test_text_only_model_rejects_images(tiny_llama):
     try:
         with pytest.raises(ValueError, match="text-only model"):
             eng.generate(MultimodalPrompt("hello <image>", [_image(1)]), _greedy(2))
+        # no image at all is a plain prompt, as SGLang takes image_data=[]: it was refused as images
+        plain = eng.generate("hello there", _greedy(3))
+        for prompt in (MultimodalPrompt("hello there", []), {"text": "hello there", "images": []},
+                       {"text": eng.encode("hello there"), "images": ()}):
+            r = eng.generate(prompt, _greedy(3))
+            assert (r.token_ids, r.text, r.meta.prompt_tokens) == (plain.token_ids, plain.text, plain.meta.prompt_tokens)
+        with pytest.raises(ValueError, match="empty prompt"):  # and the text is checked as a plain one
+            eng.generate({"text": "", "images": []}, _greedy(3))
     finally:
         eng.scheduler.stop()
 

@@ -186,7 +186,13 @@ class Engine(AssignableChatTemplate, BaseBackend):
         return self._meta(result, GenParams(), ids, counts, text.text if counts else "")
 
     def check_images(self) -> None:
-        """[issue 10] Raises ``ValueError`` naming a text-only model (the engine's multimodal check)."""
+        """[issue 10] Raises ``ValueError`` naming a text-only model for image() and video() alike, as
+        ``RuntimeEndpoint`` does (the engine's own message speaks of images only), or a checkpoint
+        without its image processor (the engine's multimodal check)."""
+        config = self.engine.loaded.config
+        if config.multimodal_hf_config is None:
+            raise ValueError(f"image() and video() need a vision-language model, and {config.architecture} is a "
+                             "text-only model; load a LLaVA checkpoint (LlavaForConditionalGeneration)")
         self.engine.multimodal
 
     def _engine_prompt(self, prompt: Prompt) -> tuple[Any, list[int]]:
