@@ -24,6 +24,7 @@ from lmnb.ir import (
     Select,
     Video,
     as_expr,
+    check_flag,
     check_regex,
     check_stop_regex,
     check_text,
@@ -240,7 +241,8 @@ class SglFunction:
             TypeError: arguments that do not fit the program's signature; an option given by name that
                 is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``: rename the
                 parameter); a ``backend`` that is a URL or a class, not a backend object; a ``state``
-                that is not a ``ProgramState``.
+                that is not a ``ProgramState``; a flag (``stream``, ``return_logprob``, ``ignore_eos``, ...)
+                that is not True or False.
             RuntimeError: with ``stream=True``, no thread could be started for the body (a
                 continued ``state`` is left as it was, usable).
         """
@@ -255,6 +257,8 @@ class SglFunction:
                 kwargs[name] = value
                 options[name] = _UNSET
         n, seed, use_thread, state = (_LMNB_RUN_OPTIONS[k] if v is _UNSET else v for k, v in options.items())
+        check_flag("stream", stream)
+        check_flag("use_thread", use_thread)
         self._check_args(args, kwargs)
         check_stop_regex(stop_regex)
         defaults = GenParams(
@@ -313,13 +317,16 @@ class SglFunction:
         Raises:
             TypeError: an item that does not fit the program's signature (checked before any run); an
                 option given that is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``:
-                rename the parameter); a ``backend`` that is a URL or a class.
+                rename the parameter); a ``backend`` that is a URL or a class; a flag (``progress_bar``,
+                ``return_logprob``, ``ignore_eos``, ...) that is not True or False.
         """
         from lmnb.interpreter import run_program_batch
         from lmnb.tracer import stop_if_tracing
 
         stop_if_tracing()
         _check_backend(backend)
+        check_flag("progress_bar", progress_bar)
+        check_flag("generator_style", generator_style)
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
         items = []
@@ -475,7 +482,8 @@ def gen(
             ``top_p``, ``seed``, ...: all but ``temperature`` and ``choices_method``), or choices
             that ``select`` refuses, a ``top_logprobs_num`` that is not an integer >= 0 (its upper
             bound is the backend's: the engine's is 20).
-        TypeError: ``name`` is not a string or None.
+        TypeError: ``name`` is not a string or None; ``ignore_eos``, ``return_logprob`` or
+            ``return_text_in_logprobs`` is not True, False or None.
     """
     _check_name("gen", name)
     chosen = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "choices": choices}

@@ -31,6 +31,17 @@ def is_stop(value: Any) -> bool:
         isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value))
 
 
+def check_flag(name: str, value: Any) -> None:
+    """Refuse a flag that is not True or False (None, "inherit", passes): a truthy string such as
+    "no" would otherwise mean yes. The engine's ``SamplingParams`` refuses the same for ``ignore_eos``.
+
+    Raises:
+        TypeError: ``value`` is neither a bool nor None.
+    """
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} is invalid: must be True or False")
+
+
 _PARAM_FIELDS = (
     "max_new_tokens",
     "min_new_tokens",
@@ -94,6 +105,8 @@ class GenParams:
     dtype: Optional[Any] = None
 
     def __post_init__(self) -> None:
+        for flag in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
+            check_flag(flag, getattr(self, flag))
         # Checked here, where gen() or run() was called: the engine would name the merged list
         # (with the chat template's stops in it), and a non-list would fail deep inside.
         if not is_stop(self.stop):

@@ -2171,6 +2171,35 @@ def test_top_logprobs_num_that_no_backend_takes_is_refused_where_it_is_given():
     assert [p.top_logprobs_num for kind, (_, p) in be.calls if kind == "generate"] == [25]
 
 
+def test_flags_that_are_not_true_or_false_are_refused_where_they_are_given():
+    """return_logprob="no" was truthy, so it returned logprobs (and run(stream="no") streamed),
+    while the engine refused ignore_eos="no": every flag of gen, run and run_batch now takes only
+    True or False (or None, inherit, where that is its default)."""
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("x", max_tokens=2)
+
+    for flag in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
+        for bad in ("no", 0, 1):
+            with pytest.raises(TypeError, match=f"^{flag}={re.escape(repr(bad))} is invalid: must be True or False$"):
+                sgl.gen("x", **{flag: bad})
+            with pytest.raises(TypeError, match=f"^{flag}={re.escape(repr(bad))} is invalid"):
+                prog.run(backend=be, **{flag: bad})
+            with pytest.raises(TypeError, match=f"^{flag}={re.escape(repr(bad))} is invalid"):
+                prog.run_batch([{}], backend=be, **{flag: bad})
+    for flag in ("stream", "use_thread"):
+        with pytest.raises(TypeError, match=f"^{flag}='no' is invalid: must be True or False$"):
+            prog.run(backend=be, **{flag: "no"})
+    for flag in ("progress_bar", "generator_style"):
+        with pytest.raises(TypeError, match=f"^{flag}='no' is invalid: must be True or False$"):
+            prog.run_batch([{}], backend=be, **{flag: "no"})
+    assert be.calls == []
+    assert prog.run(backend=be, return_logprob=False, stream=False)["x"] == "ok"
+    assert sgl.gen("x", ignore_eos=True, return_logprob=False).params.ignore_eos is True
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_text_iter_of_a_gen_with_several_samples_yields_the_first_samples_text(stream):
     """It yielded nothing (the variable holds a list, which has no text): now the text the gen
