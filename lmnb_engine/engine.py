@@ -27,7 +27,7 @@ from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
 from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
-from lmnb_engine.tokenizer import text_too_long
+from lmnb_engine.tokenizer import encode_text, text_too_long
 
 # [issue 10] a MultimodalPrompt (or {"text": ..., "images": [...]}) carries images for LLaVA models
 Prompt = Union[str, Sequence[int], MultimodalPrompt, dict]
@@ -460,8 +460,13 @@ class Engine:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (the tokenizer's ``encode``; without its warning about a text longer
-        than the model: submitting such a prompt fails with the engine's own message)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens, verbose=False))
+        than the model: submitting such a prompt fails with the engine's own message). Every text
+        prompt is encoded here.
+
+        Raises:
+            ValueError: ``text`` holds a lone UTF-16 surrogate (named, with its position and the fix).
+        """
+        return encode_text(self.tokenizer, text, add_special_tokens=add_special_tokens, verbose=False)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of token ``ids`` (the tokenizer's ``decode``)."""

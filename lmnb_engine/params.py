@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from lmnb_engine.tokenizer import lone_surrogate_problem
+
 
 # Temperatures below this sample greedily (SGLang's _SAMPLING_EPS): logits / 1e-300 is inf, and
 # softmax of inf is NaN, so such a "sample" was noise.
@@ -226,6 +228,10 @@ def stop_problem(value: str | list[str] | tuple[str, ...] | None) -> str | None:
         where = "" if isinstance(value, str) else f" (item {stops.index('')})"
         return (f"an empty string{where} names no place to stop: every text holds it; remove it (leave stop out "
                 "for no stop string)")
+    for i, stop in enumerate(stops):  # (the output is text, so it can never hold one)
+        problem = lone_surrogate_problem(stop)
+        if problem:
+            return f"the stop string{'' if isinstance(value, str) else f' (item {i})'} {problem}"
     count, chars = len(stops), sum(map(len, stops))
     fix = ("(each is looked for in the output on every token); keep the stops that can occur, or write them as "
            "one stop_regex")
@@ -254,6 +260,9 @@ def stop_regex_problem(value: Any) -> str | None:
         return (f"{len(value)} patterns, above the limit of {MAX_STOP_REGEXES} (each is searched in the output on "
                 "every token); join alternatives into one pattern with |")
     for pattern in [value] if isinstance(value, str) else value:
+        problem = lone_surrogate_problem(pattern)  # (the output is text, so it can never match one)
+        if problem:
+            return f"the pattern {problem}"
         try:
             compiled = regex.compile(pattern)
         except regex.error as e:

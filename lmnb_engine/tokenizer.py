@@ -43,6 +43,32 @@ def find_lone_surrogate(value: Any) -> Optional[tuple[tuple, bool]]:
     return None
 
 
+def lone_surrogate_problem(text: str) -> Optional[str]:
+    """Why no tokenizer can take ``text``, when it holds a lone surrogate (a file read with
+    ``errors="surrogateescape"``, half of a ``\\ud83d\\ude00`` pair): the text around it, the
+    character, its position and the fix, for the caller to put after what the text is; else None.
+    (The tokenizer's own words are "TextEncodeInput must be Union[...]".)"""
+    found = LONE_SURROGATE.search(text)
+    if found is None:
+        return None
+    i = found.start()
+    return (f"{text[max(0, i - 20):i + 20]!r} holds the lone surrogate {found.group()!r} at position {i}, which is "
+            "no Unicode character (text decoded with errors='surrogateescape', or half of a \\ud83d\\ude00 pair); "
+            "fix the text, e.g. text.encode('utf-8', 'replace').decode()")
+
+
+def encode_text(tokenizer: Any, text: str, **kwargs: Any) -> list[int]:
+    """``tokenizer.encode(text, **kwargs)`` as a list, for every text the engine encodes.
+
+    Raises:
+        ValueError: ``text`` holds a lone surrogate (``lone_surrogate_problem``).
+    """
+    problem = lone_surrogate_problem(text) if isinstance(text, str) else None
+    if problem:
+        raise ValueError(f"the text {problem}")
+    return list(tokenizer.encode(text, **kwargs))
+
+
 def has_tokenizer(path: Path) -> bool:
     """True if ``path`` holds tokenizer files ``AutoTokenizer`` can load."""
     return any((path / f).is_file() for f in _TOKENIZER_FILES)

@@ -288,6 +288,40 @@ def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
     assert engine.cache_stats()["prompt_tokens"] == 0
 
 
+def test_a_lone_surrogate_is_refused_by_name_wherever_the_engine_takes_text(engine):
+    """Each of these failed in the tokenizer's words ("TextEncodeInput must be Union[...]", a
+    TypeError), and a stop string or stop_regex holding one was taken and could never match."""
+    why = ("holds the lone surrogate '\\ud800' at position 1, which is no Unicode character (text decoded with "
+           "errors='surrogateescape', or half of a \\ud83d\\ude00 pair); fix the text, e.g. "
+           "text.encode('utf-8', 'replace').decode()")
+    text = "a\ud800b"
+    calls = {
+        "encode": lambda: engine.encode(text),
+        "generate": lambda: engine.generate(text, GREEDY),
+        "stream": lambda: engine.stream(text, GREEDY),
+        "submit": lambda: engine.submit(text, GREEDY),
+        "score": lambda: engine.score(text, 1),
+        "pin_prefix": lambda: engine.pin_prefix(text),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == f"the text 'a\\ud800b' {why}", name
+    with pytest.raises(ValueError) as e:
+        engine.generate(["fine", text], GREEDY)
+    assert str(e.value) == f"prompt 1 of the batch: the text 'a\\ud800b' {why}"
+    for params, said in [
+        (GREEDY.copy(stop="x\ud800"), "SamplingParams.stop is invalid: the stop string 'x\\ud800' "),
+        (GREEDY.copy(stop=["a", "x\ud800"]), "SamplingParams.stop is invalid: the stop string (item 1) 'x\\ud800' "),
+        (GREEDY.copy(stop_regex="x\ud800"), "SamplingParams.stop_regex='x\\ud800' is invalid: the pattern 'x\\ud800' "),
+    ]:
+        with pytest.raises(ValueError) as e:
+            engine.generate("the cat", params)
+        assert str(e.value) == said + why
+    assert engine.cache_stats()["prompt_tokens"] == 0
+    assert engine.generate("the cat", GREEDY).token_ids  # still serving
+
+
 def test_abort_mid_decode_frees_everything(engine, hf):
     h = engine.submit("the dog", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
     events = h.events(timeout=60)

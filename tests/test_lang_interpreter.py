@@ -2171,6 +2171,15 @@ def test_top_logprobs_num_that_no_backend_takes_is_refused_where_it_is_given():
     assert [p.top_logprobs_num for kind, (_, p) in be.calls if kind == "generate"] == [25]
 
 
+def test_a_stop_string_or_stop_regex_holding_a_lone_surrogate_is_refused_where_it_is_given():
+    """It was taken and could never match (the output is text, which holds none)."""
+    with pytest.raises(ValueError, match=r"^stop is invalid: the stop string \(item 1\) 'x\\udc00' holds the lone "
+                                         r"surrogate '\\udc00' at position 1"):
+        sgl.gen("x", stop=["a", "x\udc00"])
+    with pytest.raises(ValueError, match=r"the pattern 'x\\udc00' holds the lone surrogate"):
+        sgl.gen("x", stop_regex="x\udc00")
+
+
 def test_flags_that_are_not_true_or_false_are_refused_where_they_are_given():
     """return_logprob="no" was truthy, so it returned logprobs (and run(stream="no") streamed),
     while the engine refused ignore_eos="no": every flag of gen, run and run_batch now takes only

@@ -200,6 +200,8 @@ def test_bad_image_input_is_a_clear_error(engine, tmp_path):
         (engine.encode(Q1 + Q1), "2 '<image>' placeholders but no images"),
         (MultimodalPrompt("<|user|>no image here", [_image(1)]), "0 '<image>' placeholders but 1 image was given"),
         (MultimodalPrompt(Q1 + Q1, [_image(1)]), "2 '<image>' placeholders but 1 image was given"),
+        # the tokenizer's "TextEncodeInput must be Union[...]" (a TypeError)
+        (MultimodalPrompt(Q1 + "\ud800", [_image(1)]), f"holds the lone surrogate '\\\\ud800' at position {len(Q1)}"),
     ]
     for prompt, message in cases:
         with pytest.raises(ValueError, match=message):
