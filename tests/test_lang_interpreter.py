@@ -1961,6 +1961,40 @@ def test_abort_stops_inflight_request_and_reads_raise():
 
 
 
+def test_leaving_text_iter_early_leaves_the_gen_running_and_abort_stops_it():
+    """As docs/language.md says (and as in SGLang): a break out of text_iter aborts nothing, the
+    gen runs on; s.abort() stops it."""
+
+    class Endless(ScriptedBackend):
+        """Streams three chunks, then runs on until its request is aborted."""
+
+        def generate_stream(self, prompt, params, rid):
+            self._record("stream", (prompt, params))
+            aborted = self._abort_events.setdefault(rid, threading.Event())
+            for i in range(3):
+                yield "w ", {"id": rid, "completion_tokens": i + 1}
+            if aborted.wait(30):
+                yield "", {"id": rid, "finish_reason": {"type": "abort", "message": "aborted"}}
+            else:
+                yield "", {"id": rid, "completion_tokens": 3, "finish_reason": {"type": "length"}}
+
+    be = Endless()
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("a", max_tokens=400)
+
+    st = prog.run(backend=be, stream=True)
+    chunks = st.text_iter("a")
+    assert next(chunks).startswith("w ")  # (chunks that came together are read as one)
+    del chunks  # (closed here: CPython frees it at once)
+    assert be.aborted == []
+    st.abort()
+    assert len(be.aborted) == 1
+    with pytest.raises(sgl.ProgramAborted):
+        st["a"]
+
+
 def test_abort_of_a_finished_state_leaves_its_text_readable():
     # it made the finished state's text(), messages() and variables raise ProgramAborted, though
     # nothing ran any more (found by a review helper)
