@@ -189,6 +189,12 @@ class AssignableChatTemplate:
             self._template = template
 
 
+def aborted_reason() -> dict:
+    """The finish reason of a remote call that ``abort`` stopped (SGLang's for a request its
+    server aborted)."""
+    return {"type": "abort", "message": "the request was aborted"}
+
+
 def finish_reason_dict(meta_info: dict) -> dict:
     """``meta_info["finish_reason"]`` as a dict (SGLang servers may send a bare string)."""
     fr = meta_info.get("finish_reason")

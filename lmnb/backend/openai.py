@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
-from lmnb.backend.base import AbortedIds, BackendError, BaseBackend, Completion, Prompt, check_utf8
+from lmnb.backend.base import AbortedIds, BackendError, BaseBackend, Completion, Prompt, aborted_reason, check_utf8
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -253,24 +253,40 @@ class OpenAI(BaseBackend):
             raise BackendError(f"{self.client.base_url} returned a body that is not UTF-8 JSON "
                                f"({type(e).__name__}: {e})") from None
 
-    def _abortable_call(self, rid: str, kw: dict) -> Any:
-        """The async client's answer to ``kw``, waited for here; ``_ABORTED`` if ``abort(rid)``
-        cancelled it."""
+    def _begin(self, rid: str) -> bool:
+        """Register the call of request ``rid`` as starting, for ``abort``; False if ``abort(rid)``
+        came before it (the call must send nothing)."""
         with self._requests_lock:
-            if self._aborted.take(rid):  # aborted before its call began
-                return _ABORTED
-            self._requests[rid] = None
+            if self._aborted.take(rid):
+                return False
+            self._requests[rid] = None  # (starting: an abort() meanwhile removes it)
+            return True
+
+    def _started(self, rid: str, request: Any) -> bool:
+        """Keep ``rid``'s open stream or pending future for ``abort``; False if ``abort(rid)``
+        came while the call started (the caller closes or cancels ``request``)."""
+        with self._requests_lock:
+            if rid not in self._requests:
+                return False
+            self._requests[rid] = request
+            return True
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop of the calls that are not streamed, started with the first of them."""
+        with self._requests_lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 threading.Thread(target=self._loop.run_forever, name="lmnb-openai", daemon=True).start()
-            loop = self._loop
+            return self._loop
+
+    def _abortable_call(self, rid: str, kw: dict) -> Any:
+        """The async client's answer to ``kw``, waited for here; ``_ABORTED`` if ``abort(rid)``
+        cancelled it."""
+        if not self._begin(rid):
+            return _ABORTED
         api = self._async_client.chat.completions if self.is_chat_model else self._async_client.completions
-        future = asyncio.run_coroutine_threadsafe(api.create(**kw), loop)
-        with self._requests_lock:
-            started = rid in self._requests
-            if started:
-                self._requests[rid] = future
-        if not started:  # aborted while the call was made
+        future = asyncio.run_coroutine_threadsafe(api.create(**kw), self._event_loop())
+        if not self._started(rid, future):  # aborted while the call was made
             future.cancel()
         try:
             return future.result()
@@ -369,7 +385,7 @@ class OpenAI(BaseBackend):
     def generate(self, prompt: Prompt, params: GenParams, rid: str) -> list[Completion]:
         ret = self._call(rid, **self._prompt_kwargs(prompt), **self._kwargs(params))
         if ret is _ABORTED:
-            return [Completion("", {"finish_reason": {"type": "abort", "message": "the request was aborted"}})
+            return [Completion("", {"finish_reason": aborted_reason()})
                     for _ in range(params.n or 1)]
         choices = self._choices(ret)
         if len(choices) != (params.n or 1):  # (the executor reads one sample per asked one)
@@ -388,12 +404,8 @@ class OpenAI(BaseBackend):
         meta: dict[str, Any] = {}
         text = ""
         where = f"{self.client.base_url} stream"
-        with self._requests_lock:
-            aborted = self._aborted.take(rid)  # before its call began
-            if not aborted:
-                self._requests[rid] = None  # (starting: an abort() meanwhile removes it)
-        if aborted:
-            yield "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}}
+        if not self._begin(rid):
+            yield "", {"finish_reason": aborted_reason()}
             return
         try:
             stream = self._call(
@@ -404,13 +416,9 @@ class OpenAI(BaseBackend):
             with self._requests_lock:
                 self._requests.pop(rid, None)
             raise
-        with self._requests_lock:
-            started = rid in self._requests
-            if started:
-                self._requests[rid] = stream
-        if not started:  # aborted while the request was made
+        if not self._started(rid, stream):  # aborted while the request was made
             stream.close()
-            yield "", {"finish_reason": {"type": "abort", "message": "the request was aborted"}}
+            yield "", {"finish_reason": aborted_reason()}
             return
         error: Optional[Exception] = None
         watch: Optional[_StallWatch] = None
@@ -443,7 +451,7 @@ class OpenAI(BaseBackend):
                 aborted = self._requests.pop(rid, None) is None
             stream.close()  # (a consumer that stopped early too: the server sees its client leave)
         if aborted:  # abort() closed the stream: what came is not the whole output
-            yield "", dict(meta, finish_reason={"type": "abort", "message": "the request was aborted"})
+            yield "", dict(meta, finish_reason=aborted_reason())
             return
         if watch is not None and watch.stalled:  # (whatever the close made the loop raise, or none)
             raise self._timeout_error(where, 1, stream=True) from None

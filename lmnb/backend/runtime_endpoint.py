@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
     AbortedIds, AssignableChatTemplate, BackendAuthError, BackendError, BaseBackend, Completion, Prompt, check_utf8,
-    finish_reason_dict, in_gen_names,
+    aborted_reason, finish_reason_dict, in_gen_names,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -381,7 +381,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         try:
             with contextlib.closing(self._send("POST", "/generate", data, stream=True, call=call)) as r:
                 if call.aborted.is_set():  # while it was sent: the server may have missed the abort
-                    yield "", {"finish_reason": _aborted_reason()}
+                    yield "", {"finish_reason": aborted_reason()}
                     return
                 if r.status_code >= 400:
                     error = _error_text(_read_body(r, f"POST {self.base_url}/generate"))
@@ -428,7 +428,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                                 logprobs.setdefault(key, []).extend(meta[key])
                         meta = {**meta, **logprobs}
                     if call.aborted.is_set() and finish_reason_dict(meta).get("type") != "abort":
-                        yield "", per_input({**meta, "finish_reason": _aborted_reason()}, counts)  # (its text came after it)
+                        yield "", per_input({**meta, "finish_reason": aborted_reason()}, counts)  # (its text came after it)
                         return
                     if not cumulative.startswith(text):  # (a delta read as the whole text lost the output)
                         raise BackendError(
@@ -636,11 +636,6 @@ def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
             except UnicodeDecodeError as e:
                 raise BackendError(f"{what} sent a line that is not UTF-8 (byte {e.start}: "
                                    f"{line[e.start:e.start + 1]!r}): {line[:120]!r}") from None
-
-
-def _aborted_reason() -> dict:
-    """The finish reason of a stream ``abort`` closed (SGLang's for a stream its server aborted)."""
-    return {"type": "abort", "message": "the request was aborted"}
 
 
 def _busy() -> str:
