@@ -972,8 +972,10 @@ class StreamExecutor:
                 self._spec_terms.append(("gen", expr, params, parse))
                 return
             # every unconstrained gen of a completion model (SGLang); leftover text was not
-            # generated under a regex, schema or dtype, so those gens make their own call
-            unconstrained = params.regex is None and params.json_schema is None
+            # generated under a regex, schema or dtype, nor with EOS and stops held off for this
+            # gen's min_tokens (SGLang passes those on and cuts at the first stop regardless), so
+            # those gens make their own call
+            unconstrained = params.regex is None and params.json_schema is None and not params.min_new_tokens
             if not self.backend.is_chat_model and (params.n or 1) == 1 and unconstrained:
                 text, meta = speculative.spec_gen(self, params, expr)
                 self._append(text, "gen", expr.name)

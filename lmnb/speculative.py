@@ -25,7 +25,8 @@ SPEC_MAX_TRIES = 3  # chat models: calls before giving up on a pattern (SGLang's
 class Speculation:
     """A completion-model speculation left over: ``text`` not yet used by a fill or gen, and
     ``ends``, the character offset in ``text`` where each of its tokens ends (None when the
-    backend gave no per-token text, or it did not add up to ``text``)."""
+    backend gave no per-token text, or it did not add up to ``text``); a token that adds no text
+    (a special token the text skips) ends where the one before it ends."""
 
     text: str = ""
     ends: Optional[tuple[int, ...]] = None
@@ -33,17 +34,24 @@ class Speculation:
     @classmethod
     def from_completion(cls, text: str, meta: dict) -> "Speculation":
         """The speculation of one completion call: its ``text`` and, when ``meta`` holds per-token texts
-        that add up to it, the character offsets where its tokens end (else None)."""
+        that add up to it (special tokens the text skips aside), the character offsets where its
+        tokens end (else None)."""
         tokens = meta.get("output_token_logprobs") or []
         pieces = [t[2] for t in tokens if isinstance(t, (list, tuple)) and len(t) > 2 and isinstance(t[2], str)]
-        # the tokens may go on past the text: a stop string is matched in them, not returned
-        if len(pieces) != len(tokens) or not "".join(pieces).startswith(text):
+        if len(pieces) != len(tokens):
             return cls(text, None)
         ends, pos = [], 0
         for piece in pieces:
-            pos += len(piece)
-            ends.append(min(pos, len(text)))
-        return cls(text, tuple(dict.fromkeys(e for e in ends if e > 0)))
+            if pos == len(text):  # the tokens may go on past the text: a stop string matched in them
+                break
+            if text.startswith(piece, pos) or piece.startswith(text[pos:]):
+                pos = min(pos + len(piece), len(text))
+            # else a token the text skips (a special token such as "</s>" generated under ignore_eos):
+            # it adds no text but still counts towards max_tokens, as it does without speculation
+            ends.append(pos)
+        if pos < len(text):  # (byte tokens shown as "\ufffd" do not add up to the text)
+            return cls(text, None)
+        return cls(text, tuple(ends))
 
     def drop(self, n: int) -> "Speculation":
         """What is left after the first ``n`` characters are used (a token cut in two counts as one)."""

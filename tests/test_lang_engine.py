@@ -168,6 +168,35 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
 
 
+def test_api_speculative_execution_counts_special_tokens_and_leaves_min_tokens_gens_their_own_call():
+    """max_tokens went by characters (' 6\n\nQ: What is 2 plu' for 20 tokens): the speculative
+    call's token texts hold the "</s>"/"<s>" the text skips (ignore_eos), so no token boundary was
+    kept. And a gen with min_tokens cut the leftover at its first stop, ' 6', where without
+    speculation the stop is held off for min_tokens tokens."""
+    question = "Q: What is 2 plus 4?\nA:"
+
+    def prog(s):  # the 40 tokens span the special tokens, "b" starts after them
+        s += question + sgl.gen("a", max_tokens=40, ignore_eos=True)
+        s += sgl.gen("b", max_tokens=5, ignore_eos=True)
+
+    def held(s):
+        s += question + sgl.gen("a", max_tokens=8, min_tokens=6, stop="\n")
+
+    backend = sgl.Engine()
+    try:
+        runs = {f: (sgl.function(f).run(backend=backend, temperature=0),
+                    sgl.function(num_api_spec_tokens=64)(f).run(backend=backend, temperature=0)) for f in (prog, held)}
+    finally:
+        backend.shutdown()
+    plain, spec = runs[prog]
+    assert len(plain["a"]) > 40  # (the demo model's tokens are words and characters)
+    assert (spec["a"], spec["b"]) == (plain["a"], plain["b"])
+    assert spec.get_meta_info("a")["speculative"]
+    plain, spec = runs[held]
+    assert spec["a"] == plain["a"] and "\n" in plain["a"]  # (the stop came within the 6 tokens)
+    assert "speculative" not in spec.get_meta_info("a")  # it made its own call
+
+
 def test_abort_reaches_fork_branches(backend):
     import threading
 

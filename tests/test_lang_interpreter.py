@@ -1487,6 +1487,10 @@ def test_speculation_token_ends_by_hand():
     # a stop string matched in the tokens but not returned: the ends stop at the text
     assert Speculation.from_completion("ab c", {"output_token_logprobs": lps["output_token_logprobs"][:2]
                                                 + [[-0.4, 4, "\nQ"]]}).ends == (2, 4)
+    # special tokens the text skips (ignore_eos) add no text but count
+    s = Speculation.from_completion("a\nQb", {"output_token_logprobs": [[0, 1, "a\n"], [0, 2, "</s>"], [0, 3, "<s>"],
+                                                                        [0, 4, "Q"], [0, 5, "b"], [0, 2, "</s>"]]})
+    assert s.ends == (2, 2, 2, 3, 4) and s.end_of_tokens(3) == 2 and s.drop(2).ends == (1, 2)
     # byte tokens whose texts do not add up to the text: characters stand in for tokens
     s = Speculation.from_completion("é!", {"output_token_logprobs": [[0, 5, "\ufffd"], [0, 6, "\ufffd"], [0, 7, "!"]]})
     assert s.ends is None and s.end_of_tokens(1) == 1 and s.end_of_tokens(3) is None
