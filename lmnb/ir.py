@@ -161,12 +161,18 @@ class GenParams:
         where the engine, matching as tokens arrive, takes the first match to complete; the two
         differ only for patterns whose later-starting match ends sooner.
         """
-        hits = [i for i in (text.find(s) for s in self.stop_list) if i >= 0]
+        hit = self.first_stop_match(text)
+        return -1 if hit is None else hit[0]
+
+    def first_stop_match(self, text: str) -> Optional[tuple[int, str]]:
+        """``(where it begins, the text it matched)`` of the first stop in ``text`` (as ``first_stop``
+        finds it), None if none: the matched text is the engine's ``finish_reason.matched``."""
+        hits = [(i, s) for s in self.stop_list if (i := text.find(s)) >= 0]
         if self.stop_regexes:
             import regex  # torch-free; the engine's matcher uses the same package
 
-            hits += [m.start() for m in (regex.search(p, text) for p in self.stop_regexes) if m]
-        return min(hits) if hits else -1
+            hits += [(m.start(), m.group()) for m in (regex.search(p, text) for p in self.stop_regexes) if m]
+        return min(hits, key=lambda hit: hit[0]) if hits else None  # (a tie: the first listed)
 
     def with_stops(self, extra: Sequence[str]) -> "GenParams":
         """A copy whose ``stop`` list also holds ``extra`` (order kept, no duplicates)."""

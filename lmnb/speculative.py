@@ -67,6 +67,15 @@ class Speculation:
             return k if len(self.text) >= k else None
         return self.ends[k - 1] if len(self.ends) >= k else None
 
+    def tokens_in(self, n: int) -> Optional[int]:
+        """How many tokens the first ``n`` characters hold (a token cut in two counts); None if
+        boundaries are unknown."""
+        if self.ends is None:
+            return None
+        whole = sum(1 for e in self.ends if e <= n)  # (ends never decrease)
+        cut = whole < len(self.ends) and (self.ends[whole - 1] if whole else 0) < n
+        return whole + cut
+
 
 def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, dict]:
     """Completion-model API speculative execution (SGLang's ``_spec_gen``): one call generates
@@ -78,15 +87,20 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
     comes first), as it would without speculation; the call asks for per-token text to find them
     (SGLang counts characters instead, which is also the fallback where a backend gives no token
     texts). A gen without stops calls again when fewer tokens than that are left over.
+
+    Returns the gen's text and its meta_info: its own share of the call, ``completion_tokens``
+    (left out where token boundaries are unknown) and ``finish_reason`` (``length``, or ``stop``
+    with the stop it matched), as the same gen without speculation reports them; the gen that
+    made the call also has the call's ``prompt_tokens`` etc., and the call's own
+    ``completion_tokens`` and ``finish_reason`` in ``speculative_call``.
     """
     stops = bool(params.stop_list or params.stop_regexes)
-    first_stop = params.first_stop
     limit = params.max_new_tokens  # resolved by the executor (the run's default, else 128)
 
-    meta: dict = {"speculative": True}
+    call: Optional[dict] = None
     left = ex.speculation
     if stops:  # the leftover serves this gen if it holds one of its stops; without stops, max_tokens tokens
-        serves = first_stop(left.text) >= 0
+        serves = params.first_stop(left.text) >= 0
     else:
         serves = bool(left.text) and left.end_of_tokens(limit or 0) is not None
     if not serves:
@@ -97,17 +111,31 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         comps = ex._call(ex.backend.generate, ex._prompt(), spec)
         ex._check_finish([comps[0].meta_info])
         left = Speculation.from_completion(comps[0].text, comps[0].meta_info)
-        meta = dict(comps[0].meta_info, speculative=True)
-        if not params.return_logprob:  # asked for the cut only
-            meta.pop("output_token_logprobs", None)
-            meta.pop("output_top_logprobs", None)
-    pos = first_stop(left.text) if stops else -1
+        call = comps[0].meta_info
+    hit = params.first_stop_match(left.text) if stops else None
     end = left.end_of_tokens(limit) if limit is not None else None
-    if end is not None and (pos < 0 or end < pos):  # max_tokens ends it before any stop would
-        pos = end
-    elif pos < 0:
-        pos = len(left.text)
+    if end is not None and (hit is None or end <= hit[0]):  # max_tokens ends it before any stop would
+        pos, used, finish = end, end, {"type": "length", "length": limit}
+    elif hit is not None:  # (the tokens that wrote the stop count, as they do without speculation)
+        pos, used, finish = hit[0], hit[0] + len(hit[1]), {"type": "stop", "matched": hit[1]}
+    else:  # the call ended first: this gen takes all of it
+        pos, used, finish = len(left.text), len(left.text), None
     ex.speculation = left.drop(pos)
+    meta = dict(call or {}, speculative=True)
+    if call is not None:  # (usage counts the call's tokens, not the share of the gen that made it)
+        meta["speculative_call"] = {k: call[k] for k in ("completion_tokens", "finish_reason") if k in call}
+    if finish is not None:  # this gen's share (SGLang gives the whole call's meta_info, or none)
+        meta["finish_reason"] = finish
+        meta.pop("completion_tokens", None)
+        tokens = left.tokens_in(used)
+        if tokens is not None:
+            meta["completion_tokens"] = tokens
+            for key in ("output_token_logprobs", "output_top_logprobs"):
+                if isinstance(meta.get(key), list):
+                    meta[key] = meta[key][:tokens]
+    if not params.return_logprob:  # asked for the cut only
+        meta.pop("output_token_logprobs", None)
+        meta.pop("output_top_logprobs", None)
     return left.text[:pos], meta
 
 

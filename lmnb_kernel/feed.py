@@ -107,6 +107,8 @@ class ViewFeeder:
             self._media(lane, meta[0] if meta else {})
         elif isinstance(meta, dict) and "prompt_tokens" in meta:  # a gen (possibly with no text, or unnamed)
             constraint = ev.constraint or {}
+            # a gen that made an API speculative call has its share of it; the request row is the call's
+            meta = {**meta, **meta.get("speculative_call", {})}
             self.view.on_gen_end(lane, meta=meta, finish_reason=meta.get("finish_reason"), name=ev.name,
                                  regex=constraint.get("regex"), json_schema=constraint.get("json_schema"))
             self._media(lane, meta)  # [issue 10] how much of each image's KV came from the cache

@@ -134,6 +134,12 @@ def test_continuing_a_state_reuses_its_cached_prefix(backend, tiny_engine):
     assert st.get_meta_info("a")["cached_tokens"] >= first_prompt - 1
 
 
+def own(state, name: str) -> tuple:
+    """A gen's own completion_tokens and finish_reason."""
+    meta = state.get_meta_info(name)
+    return meta["completion_tokens"], meta["finish_reason"]
+
+
 def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     """Greedy: one speculative call cut at each gen's max_tokens (by the engine's per-token texts)
     gives exactly what separate calls give. On the demo model, whose tokens are whole characters
@@ -162,9 +168,12 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     assert [spec[k] for k in "abc"] == [plain[k] for k in "abc"]
     assert spec.text() == plain.text()
     assert [spec.get_meta_info(k)["speculative"] for k in "abc"] == [True] * 3
-    assert spec.get_meta_info("a")["completion_tokens"] == 16  # b and c came from the same call
+    # each gen's meta is its share of the call (the call's 16 tokens and finish reason were a's)
+    assert [own(spec, k) for k in "abc"] == [own(plain, k) for k in "abc"]
+    assert spec.get_meta_info("a")["speculative_call"]["completion_tokens"] == 16  # b and c came from it
     plain, spec = runs[more]
     assert [spec[k] for k in "abcdefg"] == [plain[k] for k in "abcdefg"] and spec["d"] == ""
+    assert [own(spec, k) for k in "acfg"] == [own(plain, k) for k in "acfg"]  # (c and g cut by a stop)
     assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
 
 
@@ -191,7 +200,8 @@ def test_api_speculative_execution_counts_special_tokens_and_leaves_min_tokens_g
     plain, spec = runs[prog]
     assert len(plain["a"]) > 40  # (the demo model's tokens are words and characters)
     assert (spec["a"], spec["b"]) == (plain["a"], plain["b"])
-    assert spec.get_meta_info("a")["speculative"]
+    assert [own(spec, k) for k in "ab"] == [own(plain, k) for k in "ab"]  # not the call's 64 tokens
+    assert spec.get_meta_info("a")["speculative_call"]["completion_tokens"] == 64
     plain, spec = runs[held]
     assert spec["a"] == plain["a"] and "\n" in plain["a"]  # (the stop came within the 6 tokens)
     assert "speculative" not in spec.get_meta_info("a")  # it made its own call

@@ -1476,6 +1476,54 @@ def test_api_speculative_gens_without_stops_keep_their_max_tokens():
     assert "output_token_logprobs" not in st.get_meta_info("a")  # asked for the cut, not shown
 
 
+def test_api_speculative_gens_report_their_own_share_of_the_call():
+    """The gen that made the call reported the whole call (8 tokens, finish length 64), the
+    gens served from it nothing; each now reports its own tokens and finish reason, as it would
+    without speculation. The call's totals stay with the gen that made it, and usage counts them."""
+    from lmnb.backend.base import Completion
+    from lmnb.batch.record import RowRecorder
+    from lmnb_kernel.feed import ViewFeeder
+    from lmnb_kernel.magics import _tokens
+    from lmnb_kernel.widgets import RunView, Tally
+
+    pieces = [" Al", "ice", "\n", "Age", ":", " 3", "0\n", "Ci"]
+
+    class Tokens(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            return [Completion("".join(pieces), {
+                "id": rid, "prompt_tokens": 5, "cached_tokens": 0, "completion_tokens": 8,
+                "finish_reason": {"type": "length", "length": 64},
+                "output_token_logprobs": [[-0.5, i, piece] for i, piece in enumerate(pieces)]})]
+
+    @sgl.function(num_api_spec_tokens=64)
+    def prog(s):
+        s += "Name:" + sgl.gen("name", stop="\n", return_logprob=True)  # " Al" "ice" and the stop's "\n"
+        s += "\nAge:" + sgl.gen("age", stop=["0"])  # " 3" and "0\n", which holds the stop
+        s += sgl.gen("rest", max_tokens=2)  # the rest of "0\n", and "Ci"
+
+    be, events = Tokens(), []
+    with sgl.observe(events.append):
+        st = prog.run(backend=be)
+    assert (st["name"], st["age"], st["rest"]) == (" Alice", " 3", "0\nCi") and be.kinds() == ["generate"]
+    share = {k: (st.get_meta_info(k)["completion_tokens"], st.get_meta_info(k)["finish_reason"])
+             for k in ("name", "age", "rest")}
+    assert share == {"name": (3, {"type": "stop", "matched": "\n"}), "age": (2, {"type": "stop", "matched": "0"}),
+                     "rest": (2, {"type": "length", "length": 2})}
+    name = st.get_meta_info("name")
+    assert name["prompt_tokens"] == 5 and [t[2] for t in name["output_token_logprobs"]] == pieces[:3]
+    assert name["speculative_call"] == {"completion_tokens": 8, "finish_reason": {"type": "length", "length": 64}}
+    assert "prompt_tokens" not in st.get_meta_info("age")  # (no request of its own)
+    recorder, view = RowRecorder(), RunView(live=False, session=Tally())
+    feeder = ViewFeeder(view, next(ev.sid for ev in events if ev.kind == "state"))
+    for ev in events:  # (the view is fed on its own thread, as the kernel's pump does)
+        recorder(ev)
+        feeder.apply(ev)
+    assert recorder.tokens == {"prompt": 5, "cached": 0, "completion": 8}
+    assert [(r.completion_tokens, r.finish_reason) for r in view.model.requests] == [(8, "length")]
+    assert _tokens(view.model)["completion_tokens"] == 8
+
+
 def test_speculation_token_ends_by_hand():
     from lmnb.speculative import Speculation
 

@@ -49,7 +49,8 @@ class RowRecorder:
         if "prompt_tokens" in meta:  # a generation request (or a prefill)
             self.tokens["prompt"] += int(meta.get("prompt_tokens") or 0)
             self.tokens["cached"] += int(meta.get("cached_tokens") or 0)
-            self.tokens["completion"] += int(meta.get("completion_tokens") or 0)
+            # (a gen that made an API speculative call has its share; the call generated its total)
+            self.tokens["completion"] += int(meta.get("speculative_call", meta).get("completion_tokens") or 0)
         elif "scores" in meta and "prefix_len" in meta:  # select: one scoring request per choice
             self._count(meta.get("prompt_prefill"))  # and the prompt's own prefill before them
             for prefix, scored, cached in zip(meta["prefix_len"], meta.get("input_token_logprobs", []),
