@@ -26,10 +26,12 @@ class Speculation:
     """A completion-model speculation left over: ``text`` not yet used by a fill or gen, and
     ``ends``, the character offset in ``text`` where each of its tokens ends (None when the
     backend gave no per-token text, or it did not add up to ``text``); a token that adds no text
-    (a special token the text skips) ends where the one before it ends."""
+    (a special token the text skips) ends where the one before it ends. ``ignore_eos``: the call
+    went on past EOS, so its text serves only gens that do too."""
 
     text: str = ""
     ends: Optional[tuple[int, ...]] = None
+    ignore_eos: bool = False
 
     @classmethod
     def from_completion(cls, text: str, meta: dict) -> "Speculation":
@@ -56,7 +58,7 @@ class Speculation:
     def drop(self, n: int) -> "Speculation":
         """What is left after the first ``n`` characters are used (a token cut in two counts as one)."""
         ends = None if self.ends is None else tuple(e - n for e in self.ends if e > n)
-        return Speculation(self.text[n:], ends)
+        return dataclasses.replace(self, text=self.text[n:], ends=ends)
 
     def end_of_tokens(self, k: int) -> Optional[int]:
         """Characters in the first ``k`` tokens; None if fewer are left (or boundaries are unknown:
@@ -99,7 +101,9 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
 
     call: Optional[dict] = None
     left = ex.speculation
-    if stops:  # the leftover serves this gen if it holds one of its stops; without stops, max_tokens tokens
+    if left.ignore_eos and not params.ignore_eos:  # this gen would stop at an EOS in that text
+        serves = False
+    elif stops:  # the leftover serves this gen if it holds one of its stops; without stops, max_tokens tokens
         serves = params.first_stop(left.text) >= 0
     else:
         serves = bool(left.text) and left.end_of_tokens(limit or 0) is not None
@@ -110,7 +114,8 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
         )
         comps = ex._call(ex.backend.generate, ex._prompt(), spec)
         ex._check_finish([comps[0].meta_info])
-        left = Speculation.from_completion(comps[0].text, comps[0].meta_info)
+        left = dataclasses.replace(Speculation.from_completion(comps[0].text, comps[0].meta_info),
+                                   ignore_eos=bool(params.ignore_eos))
         call = comps[0].meta_info
     hit = params.first_stop_match(left.text) if stops else None
     end = left.end_of_tokens(limit) if limit is not None else None

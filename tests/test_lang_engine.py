@@ -177,11 +177,12 @@ def test_api_speculative_execution_gives_the_same_gens_as_without_it():
     assert "speculative" not in spec.get_meta_info("b")  # it made its own, constrained call
 
 
-def test_api_speculative_execution_counts_special_tokens_and_leaves_min_tokens_gens_their_own_call():
+def test_api_speculative_execution_with_ignore_eos_or_min_tokens_gives_the_same_gens_as_without_it():
     """max_tokens went by characters (' 6\n\nQ: What is 2 plu' for 20 tokens): the speculative
     call's token texts hold the "</s>"/"<s>" the text skips (ignore_eos), so no token boundary was
-    kept. And a gen with min_tokens cut the leftover at its first stop, ' 6', where without
-    speculation the stop is held off for min_tokens tokens."""
+    kept. A gen with min_tokens cut the leftover at its first stop, ' 6', where without
+    speculation the stop is held off for min_tokens tokens. And a gen without ignore_eos took
+    the text another's call wrote past EOS, where it would have stopped."""
     question = "Q: What is 2 plus 4?\nA:"
 
     def prog(s):  # the 40 tokens span the special tokens, "b" starts after them
@@ -191,10 +192,15 @@ def test_api_speculative_execution_counts_special_tokens_and_leaves_min_tokens_g
     def held(s):
         s += question + sgl.gen("a", max_tokens=8, min_tokens=6, stop="\n")
 
+    def past_eos(s):  # the leftover after "a": "A: 6", EOS, "Q: What is 2 plus 4?..."
+        s += question + sgl.gen("a", max_tokens=32, ignore_eos=True)
+        s += sgl.gen("b", max_tokens=20, stop="?")
+
     backend = sgl.Engine()
     try:
         runs = {f: (sgl.function(f).run(backend=backend, temperature=0),
-                    sgl.function(num_api_spec_tokens=64)(f).run(backend=backend, temperature=0)) for f in (prog, held)}
+                    sgl.function(num_api_spec_tokens=64)(f).run(backend=backend, temperature=0))
+                for f in (prog, held, past_eos)}
     finally:
         backend.shutdown()
     plain, spec = runs[prog]
@@ -205,6 +211,9 @@ def test_api_speculative_execution_counts_special_tokens_and_leaves_min_tokens_g
     plain, spec = runs[held]
     assert spec["a"] == plain["a"] and "\n" in plain["a"]  # (the stop came within the 6 tokens)
     assert "speculative" not in spec.get_meta_info("a")  # it made its own call
+    plain, spec = runs[past_eos]
+    assert (spec["a"], spec["b"]) == (plain["a"], plain["b"]) and "?" not in plain["b"]  # (it stopped at EOS)
+    assert own(spec, "b") == own(plain, "b") and "prompt_tokens" in spec.get_meta_info("b")  # a call of its own
 
 
 def test_abort_reaches_fork_branches(backend):
