@@ -147,15 +147,16 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
 def spec_role_end(ex: "StreamExecutor") -> None:
     """Chat-model API speculative execution: the assistant role's gens were deferred; one chat
     call (``max_tokens=num_api_spec_tokens``) answers them all, and its reply is matched
-    against the role's pattern of fills and gens (up to ``SPEC_MAX_TRIES`` calls)."""
+    against the role's pattern of fills and gens (up to ``SPEC_MAX_TRIES`` calls). The first gen's
+    meta_info is the call's, the others' only ``speculative``."""
     terms, ex._spec_terms = ex._spec_terms, []
     gens = [t for t in terms if t[0] == "gen"]
-    values = None
+    values, meta = None, {}
     if gens:
         params = dataclasses.replace(
             gens[0][2], max_new_tokens=ex.num_api_spec_tokens, stop=list(ex.chat_template.stop_str), stop_regex=None
         )
-        reply, meta = "", {}
+        reply = ""
         for _ in range(SPEC_MAX_TRIES):
             comps = ex._call(ex.backend.generate, ex._prompt(), params)
             reply, meta = comps[0].text, comps[0].meta_info
@@ -170,6 +171,7 @@ def spec_role_end(ex: "StreamExecutor") -> None:
                 "num_api_spec_tokens, add stop strings, or turn speculative execution off"
             )
     vi = iter(values or [])
+    call = dict(meta, speculative=True)  # (the first gen's: usage counts the call once, as for completion models)
     for term in terms:
         if term[0] == "text":
             ex._append(term[1], "fill")
@@ -177,7 +179,8 @@ def spec_role_end(ex: "StreamExecutor") -> None:
             _, expr, _, parse = term
             text = next(vi)
             ex._append(text, "gen", expr.name)
-            ex._finish_var(expr.name, ex._parsed(expr, text, parse), dict(meta, speculative=True), text=text)
+            ex._finish_var(expr.name, ex._parsed(expr, text, parse), call, text=text)
+            call = {"speculative": True}
 
 
 def spec_match(terms: list[tuple], reply: str) -> Optional[list[str]]:

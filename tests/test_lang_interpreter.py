@@ -1566,6 +1566,30 @@ def test_api_speculative_execution_on_a_chat_model_matches_the_role_pattern():
     assert be_bad.kinds() == ["generate"] * 3
 
 
+def test_a_speculated_chat_reply_is_counted_once_not_once_per_gen():
+    # every gen of the role had the reply's meta_info: usage counted its 9 prompt and 6 completion tokens twice
+    from lmnb.backend.base import Completion
+    from lmnb.batch.record import RowRecorder
+
+    class Counted(ScriptedBackend):
+        def generate(self, prompt, params, rid):
+            self._record("generate", (prompt, params))
+            return [Completion("Name: Carol\nAge: 41", {"id": rid, "prompt_tokens": 9, "cached_tokens": 0,
+                                                        "completion_tokens": 6, "finish_reason": {"type": "stop"}})]
+
+    @sgl.function(num_api_spec_tokens=32)
+    def prog(s):
+        s += sgl.user("Describe a person.")
+        s += sgl.assistant("Name: " + sgl.gen("name", stop="\n") + "\nAge: " + sgl.gen("age", stop="\n"))
+
+    recorder = RowRecorder()
+    with sgl.observe(recorder):
+        st = prog.run(backend=Counted(chat_template=CHATML, is_chat_model=True))
+    assert (st["name"], st["age"]) == ("Carol", "41")
+    assert recorder.tokens == {"prompt": 9, "cached": 0, "completion": 6}
+    assert st.get_meta_info("name")["completion_tokens"] == 6 and st.get_meta_info("age") == {"speculative": True}
+
+
 def test_a_fork_inside_a_speculated_chat_assistant_role_is_refused_not_silently_dropped():
     # the branches' gens were held for their role's end, which only the parent reaches: they never
     # ran, the join gathered nothing, and s["x"] was a KeyError
