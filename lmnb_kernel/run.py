@@ -95,6 +95,11 @@ def run(args) -> int:
     if folder:  # (before the run: it would be lost at the end)
         print(f"lmnb run: {folder}", file=sys.stderr)
         return 2
+    if out is not None and out.is_file() and not _is_notebook(out):  # (-o job.py, a slip for lmnb export)
+        print(f"lmnb run: {out} exists and is not a notebook, which the executed notebook would replace; name "
+              f"a .ipynb file with -o (e.g. -o {src.with_suffix('.out.ipynb')}), or move {out} away first",
+              file=sys.stderr)
+        return 2
     values = {}
     defaults = parameter_defaults(nb) if parameters else {}
     for name, typed, text in parameters:
@@ -225,6 +230,17 @@ def _try_writing(out: Path) -> None:
         pass
     if not existed:
         out.unlink()
+
+
+def _is_notebook(path: Path) -> bool:
+    """Whether ``path`` reads as a notebook (an earlier run's output, which a run may replace)."""
+    from lmnb.export import read_notebook
+
+    try:
+        read_notebook(path)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def save(nb, out: Path | None) -> Path | None:

@@ -863,6 +863,33 @@ def test_folders_made_for_the_output_are_named(tmp_path, capsys, monkeypatch):
                                                        f"not exist) for {target}")
 
 
+def test_lmnb_run_does_not_replace_a_file_that_is_not_a_notebook(tmp_path, capsys, monkeypatch):
+    """`lmnb run nb.ipynb -o job.py` (a slip for lmnb export) or `-o rows.jsonl` replaced the
+    user's file with notebook JSON, exit 0; an earlier run's output notebook is replaced as before."""
+    import argparse
+
+    from lmnb_kernel.run import run
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    precious = tmp_path / "job.py"
+    precious.write_text("print(1)\n")
+    args = argparse.Namespace(notebook="qa.ipynb", output="job.py", parameter=[], timeout=60, allow_errors=False)
+    assert run(args) == 2
+    assert capsys.readouterr().err == ("lmnb run: job.py exists and is not a notebook, which the executed notebook "
+                                       "would replace; name a .ipynb file with -o (e.g. -o qa.out.ipynb), or move "
+                                       "job.py away first\n")
+    assert precious.read_text() == "print(1)\n"
+
+    def no_kernel():  # (past the checks, the kernel starts: the run stops there)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lmnb_kernel.run.kernel_manager", no_kernel)
+    nbformat.write(QA, tmp_path / "earlier.out.ipynb")
+    with pytest.raises(KeyboardInterrupt):
+        run(argparse.Namespace(**{**vars(args), "output": "earlier.out.ipynb"}))
+
+
 def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
     """`-o notes.txt/job.py` (notes.txt a file) said "[Errno 17] File exists: 'notes.txt'" for
     export and run, and the job "[Errno 20] Not a directory: 'notes.txt/out.jsonl'"."""
