@@ -91,6 +91,11 @@ def run(args) -> int:
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
         return 2
+    language = _kernel_language(nb)
+    if language is not None and language.lower() != "python":  # (its cells ran as Python: a NameError per line)
+        print(f"lmnb run: the kernel of {src} is for {language}, and lmnb run executes Python cells on the lmnb "
+              "kernel; run it with its own kernel (jupyter nbconvert --execute)", file=sys.stderr)
+        return 2
     folder = folder_given(args.output or "", src.with_suffix(".out.ipynb").name)
     if folder:  # (before the run: it would be lost at the end)
         print(f"lmnb run: {folder}", file=sys.stderr)
@@ -230,6 +235,14 @@ def _try_writing(out: Path) -> None:
         pass
     if not existed:
         out.unlink()
+
+
+def _kernel_language(nb) -> str | None:
+    """The language of ``nb``'s kernel (its kernelspec's, else its language_info's), None when it
+    names none."""
+    meta = nb.get("metadata", {})
+    language = meta.get("kernelspec", {}).get("language") or meta.get("language_info", {}).get("name")
+    return language if isinstance(language, str) and language else None
 
 
 def _is_notebook(path: Path) -> bool:

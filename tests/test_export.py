@@ -890,6 +890,24 @@ def test_lmnb_run_does_not_replace_a_file_that_is_not_a_notebook(tmp_path, capsy
         run(argparse.Namespace(**{**vars(args), "output": "earlier.out.ipynb"}))
 
 
+def test_lmnb_run_refuses_a_notebook_of_another_language(tmp_path, capsys):
+    """An R notebook's cells ran as Python on the lmnb kernel: one NameError after another."""
+    import argparse
+
+    from lmnb_kernel.run import run
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x <- 1")])
+    nb.metadata["kernelspec"] = {"name": "ir", "display_name": "R", "language": "R"}
+    nbformat.write(nb, tmp_path / "r.ipynb")
+    args = argparse.Namespace(notebook=str(tmp_path / "r.ipynb"), output=None, parameter=[], timeout=60,
+                              allow_errors=False)
+    assert run(args) == 2
+    assert capsys.readouterr().err == (f"lmnb run: the kernel of {tmp_path / 'r.ipynb'} is for R, and lmnb run "
+                                       "executes Python cells on the lmnb kernel; run it with its own kernel "
+                                       "(jupyter nbconvert --execute)\n")
+    assert not (tmp_path / "r.out.ipynb").exists()
+
+
 def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
     """`-o notes.txt/job.py` (notes.txt a file) said "[Errno 17] File exists: 'notes.txt'" for
     export and run, and the job "[Errno 20] Not a directory: 'notes.txt/out.jsonl'"."""
