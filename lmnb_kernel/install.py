@@ -55,6 +55,10 @@ def install(args) -> int:
     from jupyter_client.kernelspec import KernelSpecManager
 
     prefix = sys.prefix if args.sys_prefix else args.prefix
+    if not args.name:  # (jupyter_client then names the spec after its temporary source folder)
+        print(f"lmnb install-kernel: --name is empty; give the kernelspec's name, or leave the option out for "
+              f"{KERNEL_NAME!r}", file=sys.stderr)
+        return 2
     shown = display_name(args.name) if args.display_name is None else args.display_name.strip()
     if not shown:
         print("lmnb install-kernel: --display-name is empty; give the text the launcher should show, or leave "

@@ -38,6 +38,11 @@ def test_install_kernel_with_a_name_jupyter_refuses_says_so_without_a_traceback(
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("lmnb install-kernel: --name 'my kernel': Invalid kernel name")
     assert not (tmp_path / "share").exists()
+    # an empty name: jupyter_client named the spec after its temporary folder ("tmpmyj8xppx")
+    out = _install("--prefix", str(tmp_path), "--name", "")
+    assert (out.returncode, out.stderr) == (2, "lmnb install-kernel: --name is empty; give the kernelspec's name, or "
+                                                "leave the option out for 'lmnb'\n")
+    assert not (tmp_path / "share").exists()
 
 
 def test_install_kernel_under_a_prefix_that_is_a_file_says_so_without_a_traceback(tmp_path):
