@@ -495,6 +495,20 @@ def _parameters(cells) -> dict | None:
         return None
 
 
+def _first_setter(cells, name: str) -> int | None:
+    """The number of the first Python code cell that assigns ``name`` (as the exporter reads its
+    names), None if none does."""
+    for number, cell in enumerate(cells, start=1):
+        if cell.cell_type != "code" or is_lm_cell(cell.source):
+            continue
+        try:
+            if name in python_cell(number, cell.source).assigns:
+                return number
+        except (ExportError, SyntaxError):
+            continue
+    return None
+
+
 def _is_parameters(cell) -> bool:
     return "parameters" in cell.get("metadata", {}).get("tags", [])
 
@@ -521,6 +535,12 @@ def inject_parameters(nb, params: dict) -> int | None:
         return None
     if not tagged:
         print("lmnb run: no cell is tagged 'parameters'; the parameters go in a new first cell", file=sys.stderr)
+        for name in params:
+            setter = _first_setter(cells, unicodedata.normalize("NFKC", name))
+            if setter is not None:  # (the notebook's value then replaced the one given, silently)
+                print(f"lmnb run: warning: cell {setter} sets {name} after the new first cell, so -p {name} has no "
+                      "effect; tag the cell that sets the notebook's parameters 'parameters' (papermill's "
+                      "convention), and the parameters go after it", file=sys.stderr)
     cells.insert(tagged[0] + 1 if tagged else 0, cell)
     return tagged[0] + 1 if tagged else 0
 

@@ -474,6 +474,21 @@ def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):
     assert nb.cells[1].source == "# Parameters\npersn = 'Corin'\n"  # still injected, as papermill does
 
 
+def test_a_parameter_a_later_cell_sets_is_warned_about_when_no_cell_is_tagged(capsys):
+    # without a parameters cell the parameters go first, and a cell that sets the name replaced the
+    # value given, without a word
+    from lmnb_kernel.run import inject_parameters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("person = 1"), nbformat.v4.new_code_cell("%%lm\n{gen n}"),
+                nbformat.v4.new_code_cell("import os\nperson = 'Arvel'\nprint(person)")]
+    inject_parameters(nb, {"person": "Bexa", "n": 3, "other": 1})
+    assert capsys.readouterr().err == (
+        "lmnb run: no cell is tagged 'parameters'; the parameters go in a new first cell\n"
+        "lmnb run: warning: cell 3 sets person after the new first cell, so -p person has no effect; tag the cell "
+        "that sets the notebook's parameters 'parameters' (papermill's convention), and the parameters go after it\n")
+
+
 def test_p_values_are_read_like_the_exported_jobs_options():
     """`-p short false` gave the (truthy) string 'false' and `-p ratio 1` the int 1, where the
     exported job's --short false / --ratio 1 gave False and 1.0: the prompts differed."""
