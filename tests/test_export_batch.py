@@ -1374,3 +1374,20 @@ def test_a_text_field_given_another_json_value_is_bad_input_and_the_good_rows_ru
                       {"question": "v"}])  # fixed: those rows run, and the job is complete
     assert job().run(run_row, programs=[echo], backend=backend) == 0
     assert sorted(r["variables"]["answer"] for r in read_results(out)) == ["7", "B", "TRUE", "V", "[1, 2]"]
+
+
+def test_a_rerun_on_a_shorter_input_warns_of_the_records_of_rows_it_no_longer_has(tmp_path, capsys):
+    # the output still held rows 3-6 of the longer input and counted them as done, without a word
+    out, rows = tmp_path / "out.jsonl", tmp_path / "rows.jsonl"
+    write_rows(rows, [{"question": f"q{i}"} for i in range(7)])
+    assert run_job(tmp_path, "--input", rows) == 0
+    write_rows(rows, [{"question": f"q{i}"} for i in range(3)])
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", rows) == 0
+    err = capsys.readouterr().err
+    assert (f"lmnb batch: warning: {out} holds 4 records of rows this input does not have (row 3, row 4, row 5, "
+            "row 6); they are kept and counted below; write to another --output to have this input's rows alone\n"
+            ) in err
+    assert len(read_results(out)) == 7
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0  # rows past --limit are unread, not gone
+    assert "warning" not in capsys.readouterr().err

@@ -92,7 +92,7 @@ class RowRunner:
                 now (the input was edited, sorted or replaced); nothing is written then.
         """
         todo, seen_ids, bad, changed, redo = [], {}, [], [], []
-        old_bad, kept = self.store.bad_inputs(), set()
+        old_bad, kept, keys = self.store.bad_inputs(), set(), set()
         id_field = self.args.id_field
         for row in self.rows:
             base: dict = {"row": row.index, "line": row.line, "input_hash": input_hash(self._program_input(row))}
@@ -127,6 +127,7 @@ class RowRunner:
                 elif not missing:
                     error = _not_text(row, self.job.texts)
             key = row_key(base)
+            keys.add(key)
             if self.store.done(key):
                 if self._replaced(key, base["input_hash"], error, old_bad):
                     redo.append(key)  # (below: written as bad input again, or run)
@@ -150,6 +151,8 @@ class RowRunner:
                  if not (self.unread and self.store.failed[k]["row"] >= len(self.rows))}
         self.store.forget(set(redo) | stale)
         self.store.drop_forgotten()  # (not before the input is known to fit the file)
+        if not self.unread:
+            self._warn_of_other_rows(self.store.keys - keys)
         for base, error in bad:
             print(f"lmnb batch: {self.args.input} {error}", file=sys.stderr)
             if base is None:
@@ -157,6 +160,19 @@ class RowRunner:
             else:
                 self.write({**base, "status": BAD_INPUT, "error": error})
         return todo
+
+    def _warn_of_other_rows(self, others: set) -> None:
+        """Warn of the records of rows this input no longer has (it was cut short, or rows were
+        taken out): they stay, and the summary counts them, while the bad_input records of such
+        rows are dropped (``triage``)."""
+        if not others:
+            return
+        keys = sorted(others, key=lambda k: (k[0], k[1] if k[0] == "row" else 0, str(k[1])))  # (row 10 after row 9)
+        names = [f"id {k[1]!r}" if k[0] == "id" else f"row {k[1]}" for k in keys]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        print(f"lmnb batch: warning: {self.args.output} holds {len(names)} record{'s' * (len(names) > 1)} of rows "
+              f"this input does not have ({shown}); they are kept and counted below; write to another --output to "
+              "have this input's rows alone", file=sys.stderr)
 
     def _replaced(self, key: tuple, digest: str, error, old_bad: dict) -> bool:
         """Whether the done row under ``key`` is done again: its record is bad input other than the
