@@ -467,6 +467,9 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen a stop=[y := 'a' for q in z]}", 2, 14, "':=' cannot go in a hole"),
         ("a {ｉn}", 2, 4, "'ｉn' reads as the Python keyword 'in'"),  # exported as def cell(s, in): ...
         ("{gen x max_tokens=ｉｆ}", 2, 19, "'ｉｆ' reads as the Python keyword 'if'"),
+        # braces around a variable, as around a hole: a set, refused only as the gen ran, with no position
+        ("A: {gen x max_tokens={n}}", 2, 22, "max_tokens={n} is a set: inside a hole an option's value is a Python "
+                                             "expression already"),
     ],
 )
 def test_malformed_cells_report_line_and_column(cell, line, col, words):

@@ -353,6 +353,12 @@ class _Parser:
 
     def check_literal(self, kind: str, key: str, expr: Expr) -> None:
         """Catch mistakes in literal option values at parse time, pointing at the value."""
+        body = expr.tree.body
+        if isinstance(body, ast.Set) and len(body.elts) == 1 and not isinstance(body.elts[0], ast.Constant):
+            # max_tokens={n}: braces as around a hole, which make a set here (found only as the gen ran)
+            inner = ast.unparse(body.elts[0])
+            raise self.error(f"{key}={{{inner}}} is a set: inside a hole an option's value is a Python expression "
+                             "already", expr.offset, hint=f"write {key}={inner}")
         try:
             value = ast.literal_eval(expr.tree.body)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
