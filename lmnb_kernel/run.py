@@ -83,6 +83,10 @@ def run(args) -> int:
         else:
             print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
         return 2
+    if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
+        print(f"lmnb run: -o is empty; give a file name, or leave -o out for {src.with_suffix('.out.ipynb')}",
+              file=sys.stderr)
+        return 2
     # papermill's and lmnb export's "-": the notebook on stdout (None); ./- is a file named -
     to_stdout = args.output == "-"
     out = None if to_stdout else Path(args.output) if args.output else src.with_suffix(".out.ipynb")

@@ -890,6 +890,23 @@ def test_lmnb_run_does_not_replace_a_file_that_is_not_a_notebook(tmp_path, capsy
         run(argparse.Namespace(**{**vars(args), "output": "earlier.out.ipynb"}))
 
 
+def test_an_empty_output_name_is_refused_not_read_as_the_default(tmp_path, capsys, monkeypatch):
+    # -o "$OUT" with OUT unset wrote the default file without a word
+    import argparse
+
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run
+
+    monkeypatch.chdir(tmp_path)
+    nbformat.write(QA, tmp_path / "qa.ipynb")
+    assert main(["export", "qa.ipynb", "-o", ""]) == 2
+    assert capsys.readouterr().err == "lmnb export: -o is empty; give a file name, or leave -o out for qa.py\n"
+    args = argparse.Namespace(notebook="qa.ipynb", output="", parameter=[], timeout=60, allow_errors=False)
+    assert run(args) == 2
+    assert capsys.readouterr().err == "lmnb run: -o is empty; give a file name, or leave -o out for qa.out.ipynb\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qa.ipynb"]
+
+
 def test_lmnb_run_refuses_a_notebook_of_another_language(tmp_path, capsys):
     """An R notebook's cells ran as Python on the lmnb kernel: one NameError after another."""
     import argparse

@@ -183,6 +183,10 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
 def export(args: argparse.Namespace) -> int:
     """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
     path: Path = args.notebook
+    if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
+        print(f"lmnb export: -o is empty; give a file name, or leave -o out for {path.with_suffix('.py')}",
+              file=sys.stderr)
+        return 2
     to_stdout = args.output == "-"  # only a bare "-", as for lmnb run (and Unix tools): ./- is a file named -
     out = Path(args.output) if args.output else path.with_suffix(".py")
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
