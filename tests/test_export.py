@@ -124,11 +124,12 @@ def test_script_imports_neither_ipython_nor_torch_and_parameters_are_options(tmp
     script.write_text(export_notebook(QA, "qa.ipynb", "qa.py")[0])
     probe = ("import runpy, sys\nsys.argv = ['qa.py', '--help']\n"
              "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             # (lmnb_engine's package itself is cheap: it names $LMNB_MODEL for every front end, and
-             # cli_options holds the argparse actions every lmnb command line shares)
+             # (lmnb_engine's package itself is cheap: it names $LMNB_MODEL for every front end,
+             # cli_options holds the argparse actions every lmnb command line shares, and tokenizer,
+             # standard library only until a tokenizer loads, the lone-surrogate check params uses)
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'IPython', 'torch', 'transformers', 'lmnb_kernel'}"
              " | {m for m in sys.modules if m.startswith('lmnb_engine.')}"
-             " - {'lmnb_engine.outputs', 'lmnb_engine.params', 'lmnb_engine.cli_options'}))")
+             " - {'lmnb_engine.outputs', 'lmnb_engine.params', 'lmnb_engine.cli_options', 'lmnb_engine.tokenizer'}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("[]")
