@@ -488,6 +488,30 @@ def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):
     assert job.read_text() == expected
 
 
+def test_nbconvert_leaves_a_file_it_did_not_write_as_it_is(tmp_path):
+    """`jupyter nbconvert --to lmnb nb.ipynb` wrote nb.py over a jupytext pairing's script (lmnb
+    export refused); it now fails as for a notebook it cannot export. An earlier export is replaced."""
+    nb_path = tmp_path / "qa.ipynb"
+    nbformat.write(QA, nb_path)
+    mine = "# jupytext pairing\nprint('my code')\n"
+    (tmp_path / "qa.py").write_text(mine)
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "qa.py").write_text(mine)
+    for extra, out in (([], tmp_path / "qa.py"), (["--output-dir", str(tmp_path / "dist")], tmp_path / "dist" / "qa.py")):
+        run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", *extra, str(nb_path)],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1 and out.read_text() == mine
+        assert run.stderr.rstrip().endswith(
+            f"NotebookExportError: {out} exists and was not written by lmnb export (a script of yours, or a jupytext "
+            "pairing?), so it is left as it is; give another name with --output, e.g. --output qa_job, or run lmnb "
+            "export with -o, or move the file away first")
+    (tmp_path / "qa.py").write_text(export_notebook(QA, "qa.ipynb", "qa.py")[0] + "# an earlier export\n")
+    run = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(nb_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "qa.py").read_text() == export_notebook(QA, "qa.ipynb", "qa.py")[0]
+
+
 def test_lmnb_export_cli_and_nbconvert_write_the_same_script(tmp_path, capsys):
     from lmnb_kernel.cli import main
 

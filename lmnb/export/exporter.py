@@ -8,12 +8,14 @@ subclass with ``file_extension`` and ``from_notebook_node``.
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Optional
 
 from nbconvert.exporters import Exporter
 from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
-from lmnb.export import ExportError, export_notebook, not_utf8, notebook_from_text
+from lmnb.export import ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text
 
 
 class NotebookExportError(ExportError, ConversionException):
@@ -59,7 +61,31 @@ class LMScriptExporter(Exporter):
             source, plan = export_notebook(nb_copy, f"{name}.ipynb", f"{script}.py", self.inputs)
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(str(e)) from None
+        out = app_output_path(resources, script)
+        if out is not None and not_an_export(out):  # (lmnb export refuses it too)
+            raise NotebookExportError(
+                f"{out} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), so it "
+                f"is left as it is; give another name with --output, e.g. --output {script}_job, or run lmnb export "
+                "with -o, or move the file away first")
         for note in plan.notes:
             self.log.warning("%s", note)
         resources["output_extension"] = ".py"
         return source, resources
+
+
+def app_output_path(resources: dict, script: str) -> Optional[Path]:
+    """The file ``jupyter nbconvert --to lmnb`` will write the script to (``script``: its name without
+    .py), or None when no nbconvert app writes files: the exporter called from Python (the caller
+    writes), or ``--stdout``. The app's ``FilesWriter`` writes to its ``build_directory``
+    (``--output-dir``), else to the notebook's folder, the file named as ``unique_key`` says (a
+    relative ``--output`` such as ``jobs/renamed`` keeps its folder). A writer of another class
+    (``--writer``) is not known, so its output is not checked."""
+    from nbconvert.nbconvertapp import NbConvertApp
+    from nbconvert.writers import FilesWriter
+
+    writer = getattr(NbConvertApp.instance(), "writer", None) if NbConvertApp.initialized() else None
+    if not isinstance(writer, FilesWriter):
+        return None
+    folder = writer.build_directory or (resources.get("metadata") or {}).get("path") or ""
+    key = resources.get("unique_key") or script
+    return Path(folder) / f"{key}.py"
