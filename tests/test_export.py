@@ -1127,6 +1127,30 @@ def test_names_a_star_import_of_another_module_binds_are_no_row_fields(tmp_path,
     assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["Why? 3.14", "2"]
 
 
+def test_a_notebook_calling_jupyters_display_runs_as_a_job(tmp_path, monkeypatch, capsys):
+    # display is a Jupyter built-in: the job failed every row on "NameError: name 'display' is not
+    # defined", and the export said nothing (found by a review helper)
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook('person = "A"', "%%lm --temperature 0\n{person}{gen x max_tokens=2}", "display(x + '?')")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("person",) and p.notes == []
+    rows = write_rows(tmp_path / "rows.jsonl", [{"person": "B"}])
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 0
+    assert [r["status"] for r in read_results(out)] == ["ok"]
+    assert "!?\n" in capsys.readouterr().out
+    # a notebook with a display of its own keeps it (and imports nothing)
+    own = export_notebook(notebook("def display(v):\n    print('mine', v)", *[c.source for c in nb.cells[1:]]))[0]
+    assert "IPython" not in own
+    # nor is it a row field when a --python cell's body calls it
+    assert export_notebook(notebook('person = "A"', "%%lm --python\ns += person\ndisplay(s)"))[1].inputs == ("person",)
+
+
 @pytest.mark.parametrize("setup, body, where, called", [
     ("x = 1", 's += lmnb.select("v", ["a", "b", "a"])', "line 3, col 23", "lmnb.select"),
     ("from lmnb import gen as g", 'if True:\n    s += g("v", choices=("a", "a"))', "line 4, col 25", "g"),

@@ -1,8 +1,8 @@
 """Notebook → batch script: ``lmnb export NOTEBOOK.ipynb -o job.py`` and ``nbconvert --to lmnb``.
 
-The script is plain Python importing only ``lmnb``: each ``%%lm`` cell becomes an
-``@lmnb.function`` written by the cell-language parser (``lmnb.template``, the same parse the
-``%%lm`` magic runs), Python cells are kept in order, display-only magics are dropped with a
+The script is plain Python importing only ``lmnb`` (and IPython's ``display`` if called): each
+``%%lm`` cell becomes an ``@lmnb.function`` written by the cell-language parser (``lmnb.template``,
+the same parse the ``%%lm`` magic runs), Python cells are kept in order, display-only magics are dropped with a
 comment, and the papermill ``parameters`` cell becomes command-line options. Running it
 (``python job.py --input rows.jsonl --output results.jsonl``) is ``lmnb.batch.Job``'s work.
 Which cells run once and which per row is explained in ``lmnb.export.plan``.

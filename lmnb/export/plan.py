@@ -25,6 +25,8 @@ from lmnb.export.parameters import read_parameters
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
+# Jupyter's own built-ins that the script defines when the code uses them (writer._imports): no row fields
+JUPYTER_BUILTINS = frozenset({"display"})
 
 
 @dataclass
@@ -193,7 +195,7 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
             for n in reads:
                 if n in local or n in fields or n in parameters:
                     continue
-                undefined = n not in defined and n not in _BUILTINS and n != "lmnb"
+                undefined = n not in defined and n not in _BUILTINS | JUPYTER_BUILTINS and n != "lmnb"
                 if n in examples or (isinstance(c, LMCell) and undefined and not star):
                     fields.append(n)
                 elif isinstance(c, LMCell) and undefined and n not in from_star:

@@ -1,4 +1,5 @@
-"""Write a ``Plan`` as a plain Python script that imports only ``lmnb``.
+"""Write a ``Plan`` as a plain Python script that imports only ``lmnb`` (and IPython's ``display``
+when the notebook's code calls it).
 
 Layout: docstring (how to run it, what a row needs, what it writes), ``job = lmnb.batch.Job(...)``,
 the setup cells and one ``@lmnb.function`` per ``%%lm`` cell at module level in notebook order,
@@ -14,7 +15,7 @@ import re
 
 from lmnb.batch.options import parameter_options
 from lmnb.export.cells import Code, Dropped, LMCell, Markdown
-from lmnb.export.plan import Plan
+from lmnb.export.plan import JUPYTER_BUILTINS, Plan
 
 _INDENT = "    "
 RUN_LINE = ("python {script} --input rows.jsonl --output results.jsonl [--backend engine|URL] [--model PATH]\n"
@@ -27,7 +28,7 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     w = _Writer(p, names)
     if not p.row:
         return _join(w.run_once(notebook_name, script_name))
-    parts = [w.docstring(notebook_name, script_name), "import lmnb\nimport lmnb.batch\n", w.job_line()]
+    parts = [w.docstring(notebook_name, script_name), _imports(p), w.job_line()]
     for cell in p.setup + [c for c in p.row if isinstance(c, LMCell)]:
         parts.append(w.module_cell(cell))
     parts.append(w.run_row())
@@ -37,6 +38,18 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     parts.append(f'if __name__ == "__main__":\n{_INDENT}raise SystemExit({names.job}.run({names.run_row}, '
                  f"programs=[{programs}]))\n")
     return _join(parts)
+
+
+def _imports(p: Plan) -> str:
+    """The script's imports: lmnb, and IPython's ``display`` when the notebook's code calls it
+    without defining it (a Jupyter built-in: every row failed on a NameError; outside IPython it
+    prints its arguments)."""
+    lines = ["import lmnb", "import lmnb.batch"]
+    read = {n for c in p.cells for n in getattr(c, "reads", ())}
+    defined = {n for c in p.cells for n in getattr(c, "assigns", ())}
+    for name in sorted(JUPYTER_BUILTINS & read - defined):  # (display)
+        lines.append(f"from IPython.display import {name}  # Jupyter's built-in, used by the notebook's code")
+    return "\n".join(lines) + "\n"
 
 
 def _join(parts: list) -> str:
@@ -130,7 +143,7 @@ class _Writer:
                + "".join(f" [{o} VALUE]" for o in parameter_options(self.p.parameters, per_row=False).values())
                + '\n"""')
         start = f"{n.job}.start()  # the backend the notebook's programs run on (--backend, --model)"
-        parts = [doc, "import lmnb\nimport lmnb.batch\n", self.job_line(per_row=False)]
+        parts = [doc, _imports(self.p), self.job_line(per_row=False)]
         if not self.p.parameters:
             parts.append(start)
         for cell in self.p.setup:
