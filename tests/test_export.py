@@ -1151,6 +1151,43 @@ def test_a_notebook_calling_jupyters_display_runs_as_a_job(tmp_path, monkeypatch
     assert export_notebook(notebook('person = "A"', "%%lm --python\ns += person\ndisplay(s)"))[1].inputs == ("person",)
 
 
+def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_path, monkeypatch, capsys):
+    # run_row is a function, where `from math import *` is a SyntaxError: the export failed with "the
+    # exported script does not compile ... simplify expressions in their {...} holes" (found by a review helper)
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    lm = "%%lm --temperature 0\n{q}{gen city max_tokens=3}"
+    later = notebook('q = "Arvel"', lm, "x = 1\nfrom math import *\nprint(sqrt(4), city)\nprint(x / 0)")
+    moved = notebook('from math import *\nperson = "Arvel"\nq = person.upper() + str(floor(e))', lm)
+    for nb, row, printed in ((later, {"q": "B"}, "2.0 !\n"), (moved, {"person": "b"}, "")):
+        source, p = export_notebook(nb)
+        assert re.search(r"\nfrom math import \*\n+def run_row\(", source)
+        rows = write_rows(tmp_path / "rows.jsonl", [row])
+        out = tmp_path / "out.jsonl"
+        out.unlink(missing_ok=True)
+        monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
+        ns = {"__name__": "exported"}
+        (tmp_path / "job.py").write_text(source)  # (the error names the cell from the file's comments)
+        exec(compile(source, str(tmp_path / "job.py"), "exec"), ns)
+        backend = ScriptedBackend(lambda prompt, params: "!")
+        ns["job"].run(ns["run_row"], backend=backend)
+        assert printed in capsys.readouterr().out
+        results = read_results(out)
+        if nb is moved:
+            assert [r["status"] for r in results] == ["ok"]
+            assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["B2"]
+        else:  # the cell keeps its lines: the error is on the cell's line 4
+            assert results[0]["status"] == "error" and "# from math import *  <- made at module level" in source
+            line = int(re.search(r"job.py line (\d+)", results[0]["error"]).group(1))
+            assert source.split("\n")[line - 1] == "    print(x / 0)" and "notebook cell 3" in results[0]["error"]
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook('q = "A"', lm, "if True:\n    from math import *"))
+    assert str(e.value) == ("cell 3, line 2: `from math import *` in a block of a cell that runs per input row, where "
+                            "the script cannot make it (a function cannot star-import); move it to a cell of its own "
+                            "before the first %%lm cell")
+
+
 @pytest.mark.parametrize("setup, body, where, called", [
     ("x = 1", 's += lmnb.select("v", ["a", "b", "a"])', "line 3, col 23", "lmnb.select"),
     ("from lmnb import gen as g", 'if True:\n    s += g("v", choices=("a", "a"))', "line 4, col 25", "g"),

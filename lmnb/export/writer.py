@@ -31,6 +31,7 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     parts = [w.docstring(notebook_name, script_name), _imports(p), w.job_line()]
     for cell in p.setup + [c for c in p.row if isinstance(c, LMCell)]:
         parts.append(w.module_cell(cell))
+    parts.append(w.star_imports())
     parts.append(w.run_row())
     # Prefix hints trace each program once before the rows; a --python body is the user's own code,
     # whose side effects (a print, a file or API write) would run an extra time, on placeholders.
@@ -200,6 +201,17 @@ class _Writer:
         return python_program_source(cell.python, name, params)
 
     # -- per row --------------------------------------------------------------------------------
+    def star_imports(self) -> str:
+        """The star imports of the per-row cells, made at module level before ``run_row`` (a
+        function cannot make one; run_row's code reads the names as globals). Empty if none."""
+        found = {c.index: _star_imports(c) for c in self.p.row if isinstance(c, Code)}
+        statements = list(dict.fromkeys(text for stars in found.values() for _, _, text in stars))
+        if not statements:
+            return ""
+        cells = _ranges([i for i, stars in found.items() if stars])
+        return (f"# -- the star imports of {'cell' if cells.isdigit() else 'cells'} {cells}, which run per row: "
+                "here, as a function (run_row) cannot make one\n" + "\n".join(statements))
+
     def run_row(self) -> str:
         n, p = self.names, self.p
         cells = _ranges([c.index for c in p.row if isinstance(c, (Code, LMCell))])
@@ -222,7 +234,11 @@ class _Writer:
             return f"# -- cell {cell.index}: {cell.first_line} -- dropped: {cell.reason}"
         if isinstance(cell, Code):
             source = _strip_examples(cell, self.p.strip.get(cell.index, set()))
-            return f"# -- cell {cell.index}{_magic_note(cell)}\n{source}"
+            lines = source.split("\n")
+            for first, last, _ in _star_imports(cell):  # (commented out line by line: the cell's line numbers stay)
+                lines[first - 1:last] = ["# " + line for line in lines[first - 1:last]]
+                lines[last - 1] += "  <- made at module level, before run_row"
+            return f"# -- cell {cell.index}{_magic_note(cell)}\n" + "\n".join(lines)
         return self.row_lm(cell)
 
     def row_lm(self, cell: LMCell) -> str:
@@ -288,6 +304,35 @@ def _mark_examples(cell: Code, fields: tuple) -> str:
         for _, last in cell.string_assignments.get(name, []):
             lines[last - 1] += f"  # the notebook's example; each input row gives its own {name}"
     return "\n".join(lines)
+
+
+def _star_imports(cell: Code) -> list:
+    """The ``from M import *`` statements of a cell that runs per row, as (first line, last line,
+    the statement) in the cell's source; the script makes them at module level.
+
+    Raises:
+        ExportError: one the script cannot move: in a block (``if``, ``try``) or on a line with other code.
+    """
+    import ast
+
+    if "*" not in cell.source:
+        return []
+    from lmnb.export.cells import ExportError
+
+    tree = ast.parse(cell.source)
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ImportFrom) and node.names[0].name == "*"):
+            continue
+        statement = f"from {'.' * node.level}{node.module or ''} import *"
+        shared = [s for s in tree.body if s is not node and s.lineno <= node.end_lineno and s.end_lineno >= node.lineno]
+        if node not in tree.body or shared:
+            where = "in a block" if node not in tree.body else "on a line with other code"
+            raise ExportError(f"cell {cell.index}, line {node.lineno}: `{statement}` {where} of a cell that runs per "
+                              "input row, where the script cannot make it (a function cannot star-import); move it "
+                              "to a cell of its own before the first %%lm cell")
+        out.append((node.lineno, node.end_lineno, statement))
+    return out
 
 
 def _strip_examples(cell: Code, names: set) -> str:
