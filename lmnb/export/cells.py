@@ -291,7 +291,10 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
         raise ExportError(f"cell {index}, line {awaited + first_line - 1}: top-level await (IPython runs it, a script cannot); "
                           "put the code in an async function and call it with asyncio.run(...)")
     code.source = text.strip("\n")
-    code.reads, code.uses, code.assigns = names(text, tree)
+    try:
+        code.reads, code.uses, code.assigns = names(text, tree)
+    except SyntaxError as e:  # what ast.parse lets by and symtable refuses, as Python does (import * in a def)
+        raise ExportError(f"cell {index}, line {(e.lineno or 1) + first_line - 1}: invalid Python: {e.msg}") from None
     code.bindings, code.string_assignments = _bindings(tree)
     code.mutates = _mutated(tree)
     code.star_imports = tuple("." * n.level + (n.module or "") for n in ast.walk(tree)
