@@ -141,8 +141,8 @@ def run(args) -> int:
     # rarely. The setting goes to the kernel's environment only, never into this process's os.environ.
     env = {**os.environ, "LMNB_VIEW": os.environ.get("LMNB_VIEW", "headless")}
     # Our manager, not one nbclient owns: on SIGINT nbclient cleans up an owned one twice and fails
-    # on an assertion. Its signal handler still shuts the kernel down on SIGTERM (and on a Ctrl-C
-    # before the kernel is up, when CtrlC takes over SIGINT); the end of the run, we do.
+    # on an assertion. Its signal handler still shuts the kernel down on a Ctrl-C or SIGTERM before
+    # the kernel is up, when CtrlC takes both over; the end of the run, we do.
     km = kernel_manager()
     ctrl_c = CtrlC(km)
     # cell number -> error name of each cell whose execute reply was an error: a UsageError (a
@@ -169,15 +169,15 @@ def run(args) -> int:
     except CellTimeoutError:
         still_running = True
         if ctrl_c.count:
-            failed, status = f"interrupted (Ctrl-C) in {cell_name(ctrl_c.cell_number)}; it did not stop", 130
+            failed, status = f"interrupted ({ctrl_c.name}) in {cell_name(ctrl_c.cell_number)}; it did not stop", 130
         else:
             failed, status = (f"{cell_name(ctrl_c.cell_number)} ran longer than --timeout {args.timeout:g} s; "
                               "give a larger --timeout (0: no limit)"), 1
             timed_out = ctrl_c.cell_number
     except DeadKernelError:
-        # On a second Ctrl-C, a cell that did not stop after the first, or SIGTERM (nbclient's own
-        # handler, which notes the future it started), the kernel is shut down, so the cell then
-        # ends as if the kernel had died.
+        # On a second Ctrl-C, a cell that did not stop after the first, or SIGTERM (CtrlC's handler,
+        # or nbclient's at start-up, which notes the future it started), the kernel is shut down, so
+        # the cell then ends as if the kernel had died.
         if ctrl_c.forced:
             failed, status = (f"interrupted (Ctrl-C); {cell_name(ctrl_c.cell_number)} did not stop within "
                               f"{CtrlC.GRACE_S:g} s, so the kernel was shut down"), 130
@@ -187,7 +187,7 @@ def run(args) -> int:
             failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
     except (CellExecutionError, Interrupted) as e:  # the cell raised (KeyboardInterrupt after a Ctrl-C)
         if ctrl_c.count:
-            failed, status = (f"interrupted (Ctrl-C) in {cell_name(ctrl_c.cell_number)}; the cells after it did "
+            failed, status = (f"interrupted ({ctrl_c.name}) in {cell_name(ctrl_c.cell_number)}; the cells after it did "
                               "not run"), 130
         else:  # (the cell hooks noted the cell it raised in)
             cell = nb.cells[ctrl_c.cell_number - 1]
@@ -208,7 +208,9 @@ def run(args) -> int:
                 saved = save(nb, out)
         finally:
             try:
-                _shutdown(km, busy=failed is not None, running=still_running)
+                # (after the shutdowns a Ctrl-C, SIGTERM or nbclient's handler started, which it awaits)
+                _shutdown(km, busy=failed is not None, running=still_running,
+                          pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
             finally:
                 try:
                     if to_stdout or still_running:  # (again where the first save went: a fallback too)
@@ -313,23 +315,41 @@ def cell_timeout(seconds: float) -> int | None:
     return math.ceil(seconds)
 
 
-def _shutdown(km, busy: bool, running: bool = False) -> None:
+def _shutdown(km, busy: bool, running: bool = False, pending=()) -> None:
     """Shut the kernel down and wait for it (left running, it would notice this process exit and
     stop on its own, after it). A kernel that may still run a cell (``busy``: the run failed) is
     interrupted first: shut down mid-cell, it prints a traceback when the cell ends. A cell known
     to be running (``running``: past --timeout) is given up to ``STOP_S`` to end: a ``%%lm --python``
     body stops half a second after the interrupt, past the 0.5 s waited before, so the kernel was
-    shut down mid-cell and printed a ZMQ traceback into the run's output."""
+    shut down mid-cell and printed a ZMQ traceback into the run's output.
+
+    ``pending``: shutdowns already started (tasks, or None), awaited first, their errors dropped: one
+    running alongside this one made both fail on ZMQError. When this one fails all the same (a
+    kernel already going), the kernel is killed; a kill that fails too is said in one line."""
     from jupyter_core.utils import run_sync
 
     async def stop() -> None:
-        if km.has_kernel and await km.is_alive():
-            if running:
-                await _interrupt_and_wait_idle(km, STOP_S)
-            elif busy:
-                await km.interrupt_kernel()
-                await asyncio.sleep(0.5)  # for the cell to end (its reply has no reader; no harm)
-            await km.shutdown_kernel()
+        for task in pending:
+            if task is not None:
+                try:
+                    await task
+                except (Exception, asyncio.CancelledError):  # (it was retrieved: no "never retrieved")
+                    pass
+        try:
+            if km.has_kernel and await km.is_alive():
+                if running:
+                    await _interrupt_and_wait_idle(km, STOP_S)
+                elif busy:
+                    await km.interrupt_kernel()
+                    await asyncio.sleep(0.5)  # for the cell to end (its reply has no reader; no harm)
+                await km.shutdown_kernel()
+        except Exception:  # e.g. zmq.ZMQError "Operation not supported": its sockets already closed
+            try:
+                if km.has_kernel:
+                    await km.shutdown_kernel(now=True)
+            except Exception as e:
+                print(f"lmnb run: could not shut the kernel down ({type(e).__name__}: {e}); "
+                      "it may still be running", file=sys.stderr)
 
     # A Ctrl-C now would cut the shutdown short, leave the manager broken and print its traceback;
     # the kernel stops within seconds (killed after the manager's wait), so it is not taken.
@@ -377,19 +397,25 @@ class CtrlC:
     the first (an interrupt that lands in ipykernel outside the cell's code loses the cell's
     reply, which nbclient would wait for until ``--timeout``). (nbclient's own handler shuts the
     kernel down at once: the cell's reply was lost and the kernel printed a ZMQ traceback.) The
-    kernel runs in a session of its own, so the terminal's Ctrl-C reaches only this process."""
+    kernel runs in a session of its own, so the terminal's Ctrl-C reaches only this process.
+    SIGTERM counts as the second Ctrl-C: nbclient's handler asked a busy kernel to shut down
+    (it printed a ZMQ traceback when the cell ended) while the run's own shutdown of the same
+    kernel ran, and failed on ZMQError without a summary."""
 
     GRACE_S = 30.0  # long enough for an %%lm cell to abort its requests, or a model load to end
 
     def __init__(self, km):
         self.km, self.count, self.cell_number = km, 0, None
-        self.forced = False
+        self.forced = self.terminated = False
         self._grace = None
+        self.stopping = None  # the task that kills the kernel, once one was started
 
     def install(self, notebook) -> None:
-        """``on_notebook_start``: once the kernel is up, replace nbclient's SIGINT handler."""
+        """``on_notebook_start``: once the kernel is up, replace nbclient's SIGINT and SIGTERM handlers."""
         try:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self._on_sigint)
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+            loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
         except (NotImplementedError, RuntimeError):  # no signal handlers (Windows, not the main thread)
             pass
 
@@ -410,6 +436,16 @@ class CtrlC:
         elif self.count == 2:
             self._stop_kernel()
 
+    def _on_sigterm(self) -> None:
+        self.terminated = True
+        self.count = max(self.count, 2)
+        self._stop_kernel()
+
+    @property
+    def name(self) -> str:
+        """What interrupted the run, for its messages: "SIGTERM" or "Ctrl-C"."""
+        return "SIGTERM" if self.terminated else "Ctrl-C"
+
     def _force(self) -> None:
         self.forced = True
         self._stop_kernel()
@@ -417,7 +453,8 @@ class CtrlC:
     def _stop_kernel(self) -> None:
         if self._grace is not None:
             self._grace.cancel()
-        asyncio.ensure_future(self.km.shutdown_kernel(now=True))
+        if self.stopping is None:  # (once: two shutdowns of one kernel at a time fail on ZMQError)
+            self.stopping = asyncio.ensure_future(self.km.shutdown_kernel(now=True))
 
 
 def kernel_manager():

@@ -335,9 +335,10 @@ def test_the_exit_statuses_are_in_the_help(capsys):
     assert "exit status: 0 every cell ran" in shown and "3 a cell raised an error" in shown
 
 
-def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str):
-    """``lmnb run`` as a terminal runs it, sent ``signals`` SIGINTs once the cell ``cell`` is
-    running (it touches the file ``{marker}`` first). Returns (exit status, stderr, saved notebook)."""
+def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str, sig=signal.SIGINT):
+    """``lmnb run`` as a terminal runs it, sent ``signals`` SIGINTs (or ``sig``) once the cell ``cell``
+    is running (it touches the file ``{marker}`` first). Returns (exit status, stderr, saved notebook,
+    stdout)."""
 
     marker = tmp_path / "started"
     src = _notebook(tmp_path / "nb.ipynb", "print('first')", cell.format(marker=str(marker)), "print('never')")
@@ -350,12 +351,12 @@ def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         for _ in range(signals):
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             time.sleep(1.0)
-        _, err = proc.communicate(timeout=60)
+        stdout, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    return proc.returncode, err, nbformat.read(out, as_version=4)
+    return proc.returncode, err, nbformat.read(out, as_version=4), stdout
 
 
 @pytest.mark.parametrize("options", [(), ("--allow-errors",)])
@@ -365,7 +366,7 @@ def test_ctrl_c_interrupts_the_running_cell_keeps_its_output_and_ends_the_run_wi
     the cell's output was lost and the kernel printed a ZMQ traceback.)"""
     cell = ("import pathlib, time\nprint('partial', flush=True)\npathlib.Path({marker!r}).touch()\n"
             "time.sleep(120)")
-    status, err, done = _run_and_interrupt(tmp_path, cell, 1, *options)
+    status, err, done, _ = _run_and_interrupt(tmp_path, cell, 1, *options)
     assert status == 130, err
     assert "lmnb run: interrupted (Ctrl-C) in cell 2; the cells after it did not run" in err
     assert "Traceback" not in err and "without encryption" not in err, err  # ipc transport: no TCP warning
@@ -387,10 +388,82 @@ def test_a_kernel_whose_cell_does_not_stop_is_shut_down(tmp_path, signals, messa
     assert CtrlC.GRACE_S == 30.0
     cell = ("import pathlib, time\npathlib.Path({marker!r}).touch()\n"
             "for _ in range(600):\n    try:\n        time.sleep(0.2)\n    except KeyboardInterrupt:\n        pass")
-    status, err, done = _run_and_interrupt(tmp_path, cell, signals)
+    status, err, done, _ = _run_and_interrupt(tmp_path, cell, signals)
     assert status == 130, err
     assert message in err
     assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
+
+
+def test_sigterm_while_a_cell_is_slow_to_stop_shuts_the_kernel_down_quietly_with_the_summary(tmp_path):
+    """SIGTERM (``timeout``, a scheduler) while a cell takes a while to end after its interrupt, as an
+    %%lm cell aborting its requests does: nbclient's handler asked the busy kernel to shut down,
+    the kernel printed a ZMQ traceback when the cell ended, and the run's own shutdown of the
+    same kernel could fail on ZMQError, with no summary and exit 1. Now the kernel is killed, and
+    the run ends as after two Ctrl-Cs."""
+    cell = ("import pathlib, time\npathlib.Path({marker!r}).touch()\n"
+            "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    time.sleep(2)")
+    status, err, done, out = _run_and_interrupt(tmp_path, cell, 1, sig=signal.SIGTERM)
+    assert status == 130, err
+    assert "lmnb run: interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down" in err
+    assert "Traceback" not in err and "ZMQError" not in err, err
+    assert "cells run: 2 of 3" in out, out
+    assert done.cells[0].outputs[0]["text"] == "first\n" and done.cells[2].get("execution_count") is None
+
+
+class _GoingKernel:
+    """A kernel manager whose kernel is already going: its graceful shutdown fails on ZMQError, as
+    jupyter_client's does once another shutdown closed its sockets; killing it works."""
+
+    has_kernel = True
+
+    def __init__(self):
+        self.killed = False
+
+    async def is_alive(self):
+        return True
+
+    async def interrupt_kernel(self):
+        pass
+
+    async def shutdown_kernel(self, now=False):
+        import errno
+
+        import zmq
+
+        if not now:
+            raise zmq.ZMQError(errno.ENOTSUP)
+        self.killed = True
+
+
+def test_a_shutdown_that_fails_on_zmq_error_kills_the_kernel_instead(capsys):
+    """The run's shutdown raised ``zmq.error.ZMQError: Operation not supported`` (a kernel another
+    shutdown had already closed the sockets of) out of ``lmnb run``: a traceback, exit 1, no summary."""
+    from lmnb_kernel.run import _shutdown
+
+    km = _GoingKernel()
+    _shutdown(km, busy=False)
+    assert km.killed and capsys.readouterr().err == ""
+
+
+def test_a_shutdown_already_started_is_awaited_and_its_error_dropped(capsys):
+    """nbclient's SIGTERM handler's shutdown task, when it failed, printed "Task exception was never
+    retrieved" with its traceback at exit; the run's shutdown now awaits it first."""
+    import gc
+
+    from jupyter_core.utils import ensure_event_loop
+
+    from lmnb_kernel.run import _shutdown
+
+    async def failing():
+        raise AttributeError("'NoneType' object has no attribute 'cleanup_resources'")
+
+    task = ensure_event_loop().create_task(failing())
+    km = _GoingKernel()
+    _shutdown(km, busy=False, pending=(None, task))
+    assert task.done() and km.killed
+    del task
+    gc.collect()
+    assert capsys.readouterr().err == ""
 
 
 def test_ctrl_c_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_path):
