@@ -612,6 +612,56 @@ def test_ctrl_c_lets_the_running_rows_finish_and_starts_no_queued_one(tmp_path, 
     assert sorted(r["row"] for r in read_results(tmp_path / "out.jsonl")) == list(range(10))
 
 
+@pytest.mark.parametrize("threads, running", [(1, "the row"), (2, "the 2 rows")])
+def test_a_second_ctrl_c_stops_at_once_without_the_running_rows_and_says_so(tmp_path, monkeypatch, threads,
+                                                                           running):
+    """The second Ctrl-C, while rows ran Python code, ended the job with no word of it but the
+    summary's "stopped early", and one row running was "the 1 rows". It now says that the job
+    stops without the rows still running: they are not written, and a rerun does them."""
+    import signal
+    import threading
+
+    notices, stopping, release = [], threading.Event(), threading.Event()
+    everyone = threading.Barrier(threads)
+
+    class Stderr:  # the job's stderr: the first stop notice lets the row press Ctrl-C again
+        def write(self, text):
+            notices.append(text)
+            if "stopping;" in text:
+                stopping.set()
+            return len(text)
+
+        def flush(self):
+            pass
+
+    def row(question):  # a row's Python code, still running at the second Ctrl-C
+        if everyone.wait(30) == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+            stopping.wait(30)
+            os.kill(os.getpid(), signal.SIGINT)
+        release.wait(30)
+
+    def exit_(status):
+        raise SystemExit(status)
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    monkeypatch.setattr(os, "_exit", exit_)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(6)])
+    argv = ["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress", "--num-threads",
+            str(threads)]
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            Job("t", ["question"], argv=argv).run(row, backend=ScriptedBackend(reply))
+    finally:
+        release.set()
+    assert stopped.value.code == 130
+    err = "".join(notices)
+    assert f"lmnb batch: stopping; finishing {running} already running (Ctrl-C again to stop now)\n" in err
+    it = "it" if threads == 1 else "them"
+    assert f"lmnb batch: stopping now, without {running} still running (a rerun does {it})\n" in err, err
+    assert read_results(tmp_path / "out.jsonl") == []
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_ctrl_c_that_leaves_no_row_undone_ends_the_job_as_usual_and_says_so(tmp_path, capsys, threads):
     """A Ctrl-C while the last row finished ended the job with 130 and 'run the same command again

@@ -248,6 +248,9 @@ class RowRunner:
             self.seconds = time.perf_counter() - start
             pool.shutdown(wait=not inflight, cancel_futures=True)
         if inflight:  # stopped at once: rows still running are not written; a rerun does them
+            n = len(inflight)
+            print(f"lmnb batch: stopping now, without {_the_rows(n)} still running (a rerun does "
+                  f"{'it' if n == 1 else 'them'})", file=sys.stderr)
             self.summary()
             self.store.close()
             sys.stderr.flush()
@@ -284,7 +287,7 @@ class RowRunner:
                     if future.cancel():
                         inflight.discard(future)
                 if inflight:  # (none: the rows all finished, or the rest were not started)
-                    bar.write(f"lmnb batch: stopping; finishing the {len(inflight)} rows already running "
+                    bar.write(f"lmnb batch: stopping; finishing {_the_rows(len(inflight))} already running "
                               "(Ctrl-C again to stop now)", file=sys.stderr)
 
     def cache_prefixes(self, backend) -> None:
@@ -386,6 +389,11 @@ def _not_text(row: InputRow, texts) -> str | None:
 
 def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def _the_rows(n: int) -> str:
+    """"the row" or "the N rows" (it said "the 1 rows")."""
+    return "the row" if n == 1 else f"the {n} rows"
 
 
 class RowOutput:
