@@ -1072,9 +1072,7 @@ def test_row_fields_whose_example_is_text_must_be_text_in_the_job(tmp_path, monk
     assert export_notebook(nb, inputs=["question", "n"])[1].texts == ("question",)  # n's example is a number
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": 7, "topic": 1}, {"question": "Why?", "topic": [3]}])
     out = tmp_path / "out.jsonl"
-    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
-    ns = {"__name__": "exported"}
-    exec(compile(source, "job.py", "exec"), ns)
+    ns = _load_job(source, monkeypatch, rows, out)
     backend = ScriptedBackend(lambda prompt, params: "!")
     assert ns["job"].run(ns["run_row"], backend=backend) == 1
     results = {r["row"]: r for r in read_results(out)}
@@ -1122,9 +1120,7 @@ def test_names_a_star_import_of_another_module_binds_are_no_row_fields(tmp_path,
             "(cell 1), not to be row fields; name the row fields with --inputs if one is") in p.notes
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "Why?"}])
     out = tmp_path / "out.jsonl"
-    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
-    ns = {"__name__": "exported"}
-    exec(compile(source, "job.py", "exec"), ns)
+    ns = _load_job(source, monkeypatch, rows, out)
     backend = ScriptedBackend(lambda prompt, params: "!")
     assert ns["job"].run(ns["run_row"], backend=backend) == 0
     assert [r["status"] for r in read_results(out)] == ["ok"]
@@ -1142,9 +1138,7 @@ def test_a_notebook_calling_jupyters_display_runs_as_a_job(tmp_path, monkeypatch
     assert p.inputs == ("person",) and p.notes == []
     rows = write_rows(tmp_path / "rows.jsonl", [{"person": "B"}])
     out = tmp_path / "out.jsonl"
-    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
-    ns = {"__name__": "exported"}
-    exec(compile(source, "job.py", "exec"), ns)
+    ns = _load_job(source, monkeypatch, rows, out)
     assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 0
     assert [r["status"] for r in read_results(out)] == ["ok"]
     assert "!?\n" in capsys.readouterr().out
@@ -1214,3 +1208,12 @@ def test_a_python_cells_literal_choices_listed_twice_are_refused_at_export(setup
 ])
 def test_a_python_cells_choices_that_are_no_literal_repeats_export(body):
     export_notebook(notebook("import numpy as np", "%%lm --python\n" + body))
+
+
+def _load_job(source: str, monkeypatch, rows, out) -> dict:
+    """The exported script ``source`` run as a module (not as __main__), its command line set to
+    ``--input rows --output out --no-progress``; returns its namespace (``job``, ``run_row``, ...)."""
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
+    ns = {"__name__": "exported"}
+    exec(compile(source, "job.py", "exec"), ns)
+    return ns
