@@ -184,7 +184,8 @@ def run(args) -> int:
         elif ctrl_c.count > 1 or getattr(client, "_async_cleanup_kernel_future", None) is not None:
             failed, status = "interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down", 130
         else:
-            failed, status = "the kernel died while a cell ran (out of memory, or a crash in native code)", 1
+            which = "a cell" if ctrl_c.cell_number is None else cell_name(ctrl_c.cell_number)
+            failed, status = f"the kernel died while {which} ran (out of memory, or a crash in native code)", 1
     except (CellExecutionError, Interrupted) as e:  # the cell raised (KeyboardInterrupt after a Ctrl-C)
         if ctrl_c.count:
             failed, status = (f"interrupted ({ctrl_c.name}) in {cell_name(ctrl_c.cell_number)}; the cells after it did "
