@@ -1217,3 +1217,16 @@ def _load_job(source: str, monkeypatch, rows, out) -> dict:
     ns = {"__name__": "exported"}
     exec(compile(source, "job.py", "exec"), ns)
     return ns
+
+
+def test_a_load_after_the_first_lm_cell_is_said_not_to_be_followed_and_not_called_the_default():
+    # its comment in the script called it "the job's default --model", which the export's note contradicted
+    nb = notebook("%lm load first-model", "%%lm --temperature 0\nQ: {gen a max_tokens=1}", "%lm load other-model",
+                  "%%lm --temperature 0\nQ: {gen b max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.backend.model == "first-model"
+    assert any(n.startswith("cell 3: %lm load/connect after the first %%lm cell is not followed") for n in p.notes)
+    for model in ("first-model", "other-model"):
+        assert (f"# %lm load {model}: the job's default --model if before the first %%lm cell (the job loads one "
+                "model, once)") in source
+

@@ -387,9 +387,10 @@ def _lm_command(code: Code, line: str) -> str:
         if lost:
             code.notes.append(f"cell {code.index}: {shown}: {', '.join(lost)} not carried into the job; pass "
                               "the job's own options (e.g. --dtype, --api-key) where it has them")
+        # (one after the first %%lm cell is not followed: the plan's note says so)
         if command == "load":
-            return f"{shown}: the job's default --model (the job loads it once)"
-        return f"{shown}: the job's default --backend"
+            return f"{shown}: the job's default --model if before the first %%lm cell (the job loads one model, once)"
+        return f"{shown}: the job's default --backend if before the first %%lm cell"
     if command in DISPLAY_COMMANDS:
         return f"{shown}: display only, dropped"
     if command == "reset":
