@@ -227,27 +227,19 @@ class Expr:
         return ExprList([as_expr(other), self])
 
 
-# a lone UTF-16 surrogate: no Unicode character, so no tokenizer or UTF-8 encoder takes it (the
-# engine's lmnb_engine.tokenizer.LONE_SURROGATE; spelled here so that `import lmnb` loads no engine)
-_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
 def check_text(text: str, what: str) -> None:
     """Refuse ``text`` (``what`` names it) holding a lone UTF-16 surrogate (a file read with
     ``errors="surrogateescape"``, half of a JSON ``\\ud83d\\ude00`` escape): no backend can send it,
     and each failed in its own words (the tokenizer's "TextEncodeInput must be Union[...]").
 
     Raises:
-        ValueError: naming the character, its position and the fix.
+        ValueError: naming the character, its position and the fix (the engine's own wording).
     """
-    found = _LONE_SURROGATE.search(text)
-    if found is not None:
-        i = found.start()
-        raise ValueError(
-            f"{what} {text[max(0, i - 20):i + 20]!r} holds the lone surrogate {found.group()!r} at position {i}, "
-            "which is no Unicode character (text decoded with errors='surrogateescape', or half of a "
-            "\\ud83d\\ude00 pair); fix the text, e.g. text.encode('utf-8', 'replace').decode()"
-        )
+    from lmnb_engine.tokenizer import lone_surrogate_problem  # torch-free, as the engine refuses such text
+
+    problem = lone_surrogate_problem(text)
+    if problem:
+        raise ValueError(f"{what} {problem}")
 
 
 def as_expr(x: Any) -> Expr:
