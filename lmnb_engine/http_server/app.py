@@ -166,14 +166,11 @@ class ServerContext:
             while not fut.done():
                 await asyncio.wait([fut], timeout=poll_s)
                 if not fut.done() and await request.is_disconnected():
-                    for h in handles:
-                        h.abort()
+                    self.abort_unfinished(handles)
                     break
             return await fut
         finally:
-            for h in handles:
-                if not h.done:
-                    h.abort()
+            self.abort_unfinished(handles)
 
     async def events(self, handles: list) -> AsyncIterator[tuple[int, Any]]:
         """``(k, event)``: the ``StreamEvent``s of every ``handles[k]`` as they come, the prompts
@@ -181,7 +178,7 @@ class ServerContext:
         every sample has finished. The handles' listeners (``RequestHandle.subscribe``) hand the
         events to this loop through the context's ``_Inbox``: no thread waits, so open streams are
         not bounded by the pool. The caller aborts the unfinished handles if it stops early
-        (``abort_unfinished``)."""
+        (``results``, ``EventStream``)."""
         loop = asyncio.get_running_loop()
         if self._inbox is None or self._inbox.loop is not loop:
             self._inbox = _Inbox(loop)
@@ -198,8 +195,7 @@ class ServerContext:
 
     @staticmethod
     def abort_unfinished(handles: list) -> None:
-        """Abort every handle not done: a stream of several prompts that ends early (client gone,
-        an error) must not leave the prompts after the one it was streaming running."""
+        """Abort every handle not done (a response that ended before its requests)."""
         for h in handles:
             if not h.done:
                 h.abort()
@@ -207,10 +203,11 @@ class ServerContext:
 
 class EventStream(StreamingResponse):
     """The server-sent events of ``handles``' requests, aborting those not done however the
-    response ends. The events' generator aborts them in its own clean-up, but that runs only once
-    the generator has started: a client that left before the first event (the response's start
-    failed, or the server heard the disconnect first) never starts it, and its requests ran on to
-    their last token."""
+    response ends (a client gone, an error): a stream of several prompts that ends early must not
+    leave the prompts after the one it was streaming running. Here, not in the events' generator:
+    its clean-up runs only once it has started, and a client that left before the first event (the
+    response's start failed, or the server heard the disconnect first) never starts it, so its
+    requests ran on to their last token."""
 
     def __init__(self, events: AsyncIterator[str], handles: list) -> None:
         super().__init__(events, media_type="text/event-stream")
@@ -573,7 +570,7 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
                            firsts: list, prompts: list, prompt_texts: list) -> AsyncIterator[str]:
     """SSE events of /generate: one per new text, each with its sample's cumulative text (SGLang's
     form; only the new text with ``--incremental-streaming-output``) and ``index``. The prompts of
-    a batch stream interleaved, as they generate; all are aborted if the stream ends early."""
+    a batch stream interleaved, as they generate; ``EventStream`` aborts them all if it ends early."""
     bases = list(itertools.accumulate((h.n for h in handles), initial=0))  # index of each prompt's first sample
     chunks = [StreamChunks(h.rid, decode, p.top_logprobs_num, ctx.incremental_streaming_output)
               for h, p in zip(handles, params)]
@@ -592,8 +589,6 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
     except Exception as e:  # noqa: BLE001 - report in-stream; the status line is already sent
         logger.exception("stream failed")
         yield sse(error_body(f"{type(e).__name__}: {e}", 500))
-    finally:
-        ctx.abort_unfinished(handles)
     yield SSE_DONE
 
 

@@ -628,8 +628,8 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     with the last of its text: ``StreamEvent``), as OpenAI and vLLM stream them; with
     ``echo``, a choice's logprobs all come with its last chunk, the prompt's first, as in the
     unstreamed reply (the prompt's are known only at the end). The prompts of a batch stream
-    interleaved, as they generate (SGLang's and vLLM's order); all are aborted if the stream ends
-    early (client gone, an error)."""
+    interleaved, as they generate (SGLang's and vLLM's order); ``EventStream`` aborts them all if
+    the stream ends early (client gone, an error)."""
     engine = ctx.engine
     chat = kind == "chat.completion.chunk"
 
@@ -685,6 +685,4 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
         from lmnb_engine.http_server.app import error_body
 
         yield sse(error_body(str(e) if isinstance(e, RequestFailed) else f"{type(e).__name__}: {e}", 500))
-    finally:
-        ctx.abort_unfinished(handles)
     yield SSE_DONE
