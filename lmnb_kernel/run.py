@@ -83,13 +83,13 @@ def run(args) -> int:
         else:
             print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
         return 2
+    default = src.with_suffix(".out.ipynb")
     if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
-        print(f"lmnb run: -o is empty; give a file name, or leave -o out for {src.with_suffix('.out.ipynb')}",
-              file=sys.stderr)
+        print(f"lmnb run: -o is empty; give a file name, or leave -o out for {default}", file=sys.stderr)
         return 2
     # papermill's and lmnb export's "-": the notebook on stdout (None); ./- is a file named -
     to_stdout = args.output == "-"
-    out = None if to_stdout else Path(args.output) if args.output else src.with_suffix(".out.ipynb")
+    out = None if to_stdout else Path(args.output) if args.output else default
     try:
         nb = read_notebook(src)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
@@ -100,13 +100,13 @@ def run(args) -> int:
         print(f"lmnb run: the kernel of {src} is for {language}, and lmnb run executes Python cells on the lmnb "
               "kernel; run it with its own kernel (jupyter nbconvert --execute)", file=sys.stderr)
         return 2
-    folder = folder_given(args.output or "", src.with_suffix(".out.ipynb").name)
+    folder = folder_given(args.output or "", default.name)
     if folder:  # (before the run: it would be lost at the end)
         print(f"lmnb run: {folder}", file=sys.stderr)
         return 2
     if out is not None and out.is_file() and not _is_notebook(out):  # (-o job.py, a slip for lmnb export)
         print(f"lmnb run: {out} exists and is not a notebook, which the executed notebook would replace; name "
-              f"a .ipynb file with -o (e.g. -o {src.with_suffix('.out.ipynb')}), or move {out} away first",
+              f"a .ipynb file with -o (e.g. -o {default}), or move {out} away first",
               file=sys.stderr)
         return 2
     values = {}

@@ -183,24 +183,24 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
 def export(args: argparse.Namespace) -> int:
     """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
     path: Path = args.notebook
+    default = path.with_suffix(".py")
     if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
-        print(f"lmnb export: -o is empty; give a file name, or leave -o out for {path.with_suffix('.py')}",
-              file=sys.stderr)
+        print(f"lmnb export: -o is empty; give a file name, or leave -o out for {default}", file=sys.stderr)
         return 2
     to_stdout = args.output == "-"  # only a bare "-", as for lmnb run (and Unix tools): ./- is a file named -
-    out = Path(args.output) if args.output else path.with_suffix(".py")
+    out = Path(args.output) if args.output else default
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
     if not to_stdout and (out.suffix.lower() == ".ipynb" or out.resolve() == path.resolve()):
         # the script would replace a notebook (a slip of -o, or tab completion): refuse, lose nothing
         print(f"lmnb export: the output {out} is a notebook; the script goes to a .py file, e.g. -o "
-              f"{path.with_suffix('.py')}", file=sys.stderr)
+              f"{default}", file=sys.stderr)
         return 2
     try:
         nb = read_notebook(path)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
         return 2
-    folder = folder_given(args.output or "", path.with_suffix(".py").name)
+    folder = folder_given(args.output or "", default.name)
     if folder:
         print(f"lmnb export: {folder}", file=sys.stderr)
         return 2
