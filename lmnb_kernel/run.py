@@ -96,7 +96,7 @@ def run(args) -> int:
         print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
         return 2
     language = _kernel_language(nb)
-    if language is not None and language.lower() != "python":  # (its cells ran as Python: a NameError per line)
+    if language is not None and not language.lower().startswith("python"):  # (its cells ran as Python: NameErrors)
         print(f"lmnb run: the kernel of {src} is for {language}, and lmnb run executes Python cells on the lmnb "
               "kernel; run it with its own kernel (jupyter nbconvert --execute)", file=sys.stderr)
         return 2
@@ -104,7 +104,8 @@ def run(args) -> int:
     if folder:  # (before the run: it would be lost at the end)
         print(f"lmnb run: {folder}", file=sys.stderr)
         return 2
-    if out is not None and out.is_file() and not _is_notebook(out):  # (-o job.py, a slip for lmnb export)
+    # (-o job.py, a slip for lmnb export; an .ipynb is replaced, even one a failed save left cut short)
+    if out is not None and out.is_file() and out.suffix.lower() != ".ipynb" and not _is_notebook(out):
         print(f"lmnb run: {out} exists and is not a notebook, which the executed notebook would replace; name "
               f"a .ipynb file with -o (e.g. -o {default}), or move {out} away first",
               file=sys.stderr)
@@ -247,8 +248,10 @@ def _try_writing(out: Path) -> None:
 def _kernel_language(nb) -> str | None:
     """The language of ``nb``'s kernel (its kernelspec's, else its language_info's), None when it
     names none."""
-    meta = nb.get("metadata", {})
-    language = meta.get("kernelspec", {}).get("language") or meta.get("language_info", {}).get("name")
+    meta = nb.get("metadata") or {}
+    spec, info = meta.get("kernelspec"), meta.get("language_info")  # (either may be null, or not an object)
+    language = (spec.get("language") if isinstance(spec, dict) else None) or \
+        (info.get("name") if isinstance(info, dict) else None)
     return language if isinstance(language, str) and language else None
 
 

@@ -915,8 +915,10 @@ def test_lmnb_run_does_not_replace_a_file_that_is_not_a_notebook(tmp_path, capsy
 
     monkeypatch.setattr("lmnb_kernel.run.kernel_manager", no_kernel)
     nbformat.write(QA, tmp_path / "earlier.out.ipynb")
-    with pytest.raises(KeyboardInterrupt):
-        run(argparse.Namespace(**{**vars(args), "output": "earlier.out.ipynb"}))
+    (tmp_path / "cut.out.ipynb").write_text('{"cells": [')  # (a save that failed partway left it so)
+    for output in ("earlier.out.ipynb", "cut.out.ipynb"):
+        with pytest.raises(KeyboardInterrupt):
+            run(argparse.Namespace(**{**vars(args), "output": output}))
 
 
 def test_an_empty_output_name_is_refused_not_read_as_the_default(tmp_path, capsys, monkeypatch):
@@ -952,6 +954,26 @@ def test_lmnb_run_refuses_a_notebook_of_another_language(tmp_path, capsys):
                                        "executes Python cells on the lmnb kernel; run it with its own kernel "
                                        "(jupyter nbconvert --execute)\n")
     assert not (tmp_path / "r.out.ipynb").exists()
+
+
+@pytest.mark.parametrize("metadata", [{"kernelspec": None}, {"language_info": None}, {"kernelspec": "python3"},
+                                      {"kernelspec": {"name": "py", "language": "python3"}}])
+def test_lmnb_run_takes_a_notebook_whose_kernel_metadata_is_null_or_names_python3(tmp_path, monkeypatch, metadata):
+    # a null kernelspec was an AttributeError traceback, and language "python3" was refused as another language
+    import argparse
+
+    from lmnb_kernel.run import run
+
+    def no_kernel():  # (past the checks, the kernel starts: the run stops there)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lmnb_kernel.run.kernel_manager", no_kernel)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nb.metadata.update(metadata)
+    (tmp_path / "nb.ipynb").write_text(json.dumps(nb))
+    with pytest.raises(KeyboardInterrupt):
+        run(argparse.Namespace(notebook=str(tmp_path / "nb.ipynb"), output=None, parameter=[], timeout=60,
+                               allow_errors=False))
 
 
 def test_a_file_where_the_outputs_folder_goes_is_named(tmp_path, capsys):
