@@ -12,7 +12,7 @@ import pytest
 
 import lmnb as sgl
 from helpers_lang import live_server, pace_stream
-from lmnb.backend.base import finish_reason_dict
+from lmnb.backend.base import BackendError, finish_reason_dict
 from lmnb.choices import first_difference
 
 FEW_SHOT = (
@@ -711,6 +711,18 @@ def test_runtime_endpoint_streams_from_a_server_with_incremental_output_as_from_
         got = prog.run(backend=backend, temperature=0, stream=True)
         pieces = list(got.text_iter("x"))
         assert backend.get_server_info()["incremental_streaming_output"] is True
+        # a probe that got no answer is asked again, not remembered as "not incremental" for good
+        probing = sgl.RuntimeEndpoint(url)
+        request, failed = probing._request, []
+
+        def once_unanswered(method, path, *args, **kw):
+            if path == "/get_server_info" and not failed:
+                failed.append(path)
+                raise BackendError(f"GET {url}/get_server_info timed out")
+            return request(method, path, *args, **kw)
+
+        probing._request = once_unanswered
+        assert (probing._incremental_output(), probing._incremental_output()) == (False, True) and failed
     assert "".join(pieces) == want_text == got["x"]
     a, b = want.get_meta_info("x"), got.get_meta_info("x")
     assert [e[1] for e in b["output_token_logprobs"]] == [e[1] for e in a["output_token_logprobs"]]

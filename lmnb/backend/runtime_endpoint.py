@@ -590,10 +590,14 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     def _incremental_output(self) -> bool:
         """Whether the server's ``/generate`` streams send only what is new in each event (SGLang's
         and ``lmnb serve``'s ``--incremental-streaming-output``, which their ``/get_server_info``
-        reports), not the whole text and logprobs so far; asked once, at the first stream. A
-        server that does not say is taken to stream SGLang's default, the whole text."""
+        reports), not the whole text and logprobs so far; asked at the first stream, and again at
+        the next while it gets no answer (a timeout must not settle it). A server that answers
+        without saying is taken to stream SGLang's default, the whole text."""
         if self._incremental is None:
-            info = self.get_server_info()
+            try:
+                info = self._request("GET", "/get_server_info", quick=self._quick_timeout())
+            except BackendError:
+                return False  # (this stream then fails on a piece that does not continue the text)
             self._incremental = isinstance(info, dict) and info.get("incremental_streaming_output") is True
         return self._incremental
 
