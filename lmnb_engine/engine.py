@@ -632,7 +632,7 @@ class Engine:
             m = params.min_new_tokens
             raise SamplingParamsError(
                 f"SamplingParams.min_new_tokens={m} conflicts with the {what}: every token the {what} allows first "
-                f"is a stop token id or EOS, which min_new_tokens bans until {m} tokens are out; set "
+                f"is a stop token id or EOS, which min_new_tokens bans until {m} token{'s are' if m != 1 else ' is'} out; set "
                 f"min_new_tokens=0 or remove those stop_token_ids", "min_new_tokens")
 
     def _grammar(self, params: SamplingParams) -> Any:

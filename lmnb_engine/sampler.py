@@ -98,7 +98,7 @@ def blocked_message(req: Req) -> str:
     m = req.params.min_new_tokens
     if len(req.output_ids) < m:
         return (f"no token was allowed at output token {len(req.output_ids) + 1}: {what} allows only tokens that "
-                f"min_new_tokens={m} bans until {m} tokens are out: the stop token ids / EOS; lower min_new_tokens "
+                f"min_new_tokens={m} bans until {m} token{'s are' if m != 1 else ' is'} out: the stop token ids / EOS; lower min_new_tokens "
                 f"or remove those stop_token_ids")
     return (f"no token was allowed at output token {len(req.output_ids) + 1}: {what} allows only tokens whose "
             "logits the model set to -inf")

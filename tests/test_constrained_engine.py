@@ -305,6 +305,8 @@ def test_a_grammar_allowing_only_tokens_min_new_tokens_bans_is_refused_or_aborte
                            "regex allows first is a stop token id or EOS") as e:
             on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=2, regex=regex, stop_token_ids=stops))
         assert e.value.field == "min_new_tokens"
+    with pytest.raises(SamplingParamsError, match="which min_new_tokens bans until 1 token is out; "):  # ("1 tokens are")
+        on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=1, regex="a+", stop_token_ids=[a]))
     # each digit is one token of the tiny vocabulary, and none is part of a longer one with "a":
     # after the digit only "a" may follow, and min_new_tokens bans it
     assert not any(re.fullmatch("[0-9]a.*", on.decode([t])) for t in range(on.loaded.config.vocab_size))
