@@ -95,11 +95,13 @@ class RequestHandle:
 
     def subscribe(self, listener: Callable[[StreamEvent], None]) -> None:
         """Call ``listener(event)`` with each ``StreamEvent`` so far, then with each new one as it
-        comes, in order, on the scheduler thread: it must not block (an asyncio consumer hands the
-        event to its loop with ``call_soon_threadsafe``), and it cannot wait for a request (that
-        raises ``RuntimeError``: the thread it would wait on is its own). Waiting so takes no
-        thread, where ``events()`` holds one: a server streams any number of requests on its event
-        loop. A listener that raises hears no more events (logged)."""
+        comes, in order: the events so far here, on the caller's thread and under the handle's lock
+        (so that no new one comes between them), the new ones on the scheduler thread. It must not
+        block (an asyncio consumer hands the event to its loop with ``call_soon_threadsafe``): on
+        the scheduler thread, waiting for a request raises ``RuntimeError`` (the thread it would
+        wait on is its own), and here, a wait holds the scheduler up until it ends. Waiting so takes
+        no thread, where ``events()`` holds one: a server streams any number of requests on its
+        event loop. A listener that raises hears no more events (logged)."""
         with self._cond:
             for event in self._events:
                 listener(event)
