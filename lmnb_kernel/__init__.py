@@ -8,7 +8,8 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(shell) -> None:
-    """Register ``%%lm`` / ``%lm``, the clean error display, the tree refresh hook and the hooks that
+    """Register ``%%lm`` / ``%lm``, the clean error display, the tree refresh hook, the input
+    transform that names a ``%%lm`` line below a comment (``lmnb_kernel.transforms``), the hooks that
     keep the running cell's text (for line numbers), make the
     session's backend lmnb's default (so Python cells share the ``%%lm`` cells' engine),
     define ``lmnb`` in the namespace unless a name ``lmnb`` exists (``%%lm --python`` bodies
@@ -19,6 +20,7 @@ def load_ipython_extension(shell) -> None:
     from lmnb_kernel.errors import CellError, show_cell_error
     from lmnb_kernel.magics import LMMagics, define_lmnb
     from lmnb_kernel.session import SessionBackend, get_session
+    from lmnb_kernel.transforms import refuse_lm_below_comments
 
     lmnb.set_default_backend(SessionBackend(get_session()))
 
@@ -29,6 +31,8 @@ def load_ipython_extension(shell) -> None:
     shell.events.register("pre_run_cell", magics.note_cell)
     shell.events.register("post_run_cell", magics.forget_cell)
     shell._lmnb_magics = magics
+    if refuse_lm_below_comments not in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.append(refuse_lm_below_comments)
     shell._lmnb_pushed = define_lmnb(shell)
     session = getattr(getattr(shell, "kernel", None), "session", None)  # (a terminal IPython has none)
     if session is not None:
@@ -40,10 +44,12 @@ def load_ipython_extension(shell) -> None:
 
 
 def unload_ipython_extension(shell) -> None:
-    """Remove ``%%lm`` / ``%lm``, the hook, the error handler, lmnb's default backend, the
+    """Remove ``%%lm`` / ``%lm``, the hook, the error handler, the input transform, lmnb's default backend, the
     ``lmnb`` name and the kernel session's surrogate-safe packer (set at load); the session
     (engine, states) stays for a reload."""
     import lmnb
+
+    from lmnb_kernel.transforms import refuse_lm_below_comments
 
     replaced = getattr(shell, "_lmnb_replaced_pack", None)
     if replaced is not None:
@@ -62,6 +68,8 @@ def unload_ipython_extension(shell) -> None:
         shell.events.unregister("pre_run_cell", magics.note_cell)
         shell.events.unregister("post_run_cell", magics.forget_cell)
         shell.set_custom_exc((), None)
+        if refuse_lm_below_comments in shell.input_transformers_cleanup:
+            shell.input_transformers_cleanup.remove(refuse_lm_below_comments)
         for kind in ("line", "cell"):  # IPython has no unregister_magics; its table is per kind
             shell.magics_manager.magics[kind].pop("lm", None)
         del shell._lmnb_magics

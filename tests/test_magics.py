@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 from helpers_shell import lm_shell
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import lmnb
@@ -678,6 +679,29 @@ def test_unloading_the_extension_removes_the_magics_and_loading_brings_them_back
         ip.extension_manager.load_extension("lmnb_kernel")
     result, out = run(ip, "%%lm --static --temperature 0\nhello{gen x max_tokens=2}")
     assert result.success, out.stdout
+
+
+def test_a_comment_above_the_lm_line_is_named_and_code_above_it_is_left_to_ipython(ip):
+    # IPython read the cell as Python ("%lm" line magic, then the prompt) and said only
+    # "invalid syntax. Perhaps you forgot a comma?" for the prompt's text
+    result, out = run(ip, "# ask about the capital\n\n%%lm --temperature 0\nThe capital of France is {gen c}")
+    assert isinstance(result.error_before_exec, UsageError) and "c" not in ip.user_ns
+    assert out.stderr.strip() == ("UsageError: %%lm on line 3, below a comment: a cell magic works only on a cell's "
+                                  "first line; move it up, or split the cell there; a comment above the %%lm line "
+                                  "makes IPython read the cell as Python")
+    # with code above, "%%lm" may be text in a string: IPython's reading stands
+    result, _ = run(ip, 'lm_text = """\n%%lm --static\n"""')
+    assert result.success and ip.user_ns["lm_text"] == "\n%%lm --static\n"
+    result, _ = run(ip, "# only comments\n# here")
+    assert result.success
+    # a console's Enter (the completeness check) runs cleanup transforms expecting only SyntaxError
+    assert ip.input_transformer_manager.check_complete("# c\n%%lm\nhi\n\n")[0] in ("complete", "invalid")
+    ip.extension_manager.unload_extension("lmnb_kernel")
+    try:  # unloaded, IPython's own reading is back
+        result, _ = run(ip, "# c\n%%lm\nthe capital of France is")
+        assert isinstance(result.error_before_exec, SyntaxError)
+    finally:
+        ip.extension_manager.load_extension("lmnb_kernel")
 
 
 def test_in_a_kernel_the_extension_makes_the_session_surrogate_safe_until_it_is_unloaded(ip, monkeypatch):

@@ -32,6 +32,8 @@ _LM_LINE = re.compile(r"^(\s*)%lm(?:\s+(.*))?$")
 _TIMING_LINE = re.compile(r"^(\s*)%(?:time|timeit(?:\s+-[nrp]\s*\d+|\s+-[tcqov])*)\s+(.+)$")
 # lmnb primitives whose first argument (or name=) names a captured variable.
 _CAPTURING = ("gen", "gen_int", "gen_string", "select")
+# Said of a cell magic below a cell's first line, here and by the kernel (lmnb_kernel.transforms).
+LATE_CELL_MAGIC = "a cell magic works only on a cell's first line; move it up, or split the cell there"
 
 
 class ExportError(ValueError):
@@ -283,8 +285,7 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
     except SyntaxError as e:
         lines = source.split("\n")  # (IPython reads "%%lm" below the first line as a line magic "%lm %lm")
         late = next((n for n, line in enumerate(lines[1:], start=2) if line.startswith("%%")), None)
-        hint = "" if late is None else (f"; {lines[late - 1].split()[0]} on line {late + first_line - 1}: a cell "
-                                        "magic works only on a cell's first line; move it up, or split the cell there")
+        hint = "" if late is None else f"; {lines[late - 1].split()[0]} on line {late + first_line - 1}: {LATE_CELL_MAGIC}"
         raise ExportError(f"cell {index}, line {(e.lineno or 1) + first_line - 1}: invalid Python: {e.msg}{hint}") from None
     awaited = _top_level_await(tree)
     if awaited is not None:
