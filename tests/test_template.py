@@ -783,3 +783,25 @@ def test_a_boolean_json_schema_literal_is_checked_as_json_schema_reads_it():
     assert lmnb.gen("c", json_schema=True).params.json_schema is True
     with pytest.raises(TemplateSyntaxError, match="JSON schema false accepts no value"):
         parse("{gen c json_schema='false'}")
+
+
+def test_top_logprobs_num_above_the_engines_bound_is_left_to_the_backend_as_gen_leaves_it():
+    """{gen ... top_logprobs_num=25} was refused when the cell was parsed, with the engine's bound
+    (20), whatever the backend (an SGLang server sets none), where gen(top_logprobs_num=25) is
+    sent on: the cell now parses, and the engine refuses it with its own message when it runs."""
+    from helpers_lang import RecordingEngine
+
+    from lmnb.executor import ProgramError
+
+    t = parse("Q: {gen x max_tokens=2 return_logprob=True top_logprobs_num=25}")
+    engine = RecordingEngine()
+    state = t.program().run(backend=lmnb.Engine(engine=engine))
+    with pytest.raises(ProgramError, match=r"Gen\('x'\) failed: ValueError: top_logprobs_num=25 is invalid: must be "
+                                           r"an integer from 0 to 20 \(top alternatives per token\)$"):
+        state.sync()
+    assert engine.received == []
+    # what no backend takes is still refused at the option, with gen()'s message
+    with pytest.raises(TemplateSyntaxError, match="top_logprobs_num=-1 is invalid: give a count of top alternatives "
+                                                  "per token, an integer >= 0") as e:
+        parse("Q: {gen x top_logprobs_num=-1}")
+    assert e.value.col == 28

@@ -13,7 +13,7 @@ import re
 import reprlib
 from collections.abc import Mapping
 
-from lmnb.ir import is_stop
+from lmnb.ir import GenParams, is_stop
 
 
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
@@ -138,6 +138,11 @@ def check_literal(primitive: str, key: str, value) -> str | None:
 
         problem = stop_regex_problem(value)
         return f"stop_regex {problem}" if problem else None
+    elif key == "top_logprobs_num":  # gen()'s own check: the upper bound is the backend's (the engine's is 20)
+        try:
+            GenParams(top_logprobs_num=value)
+        except ValueError as e:
+            return str(e)
     elif key in SAMPLING_FIELDS and value is not None:  # (None: the default)
         from lmnb_engine.params import SamplingParams  # the engine's own check (no torch)
 
@@ -149,9 +154,10 @@ def check_literal(primitive: str, key: str, value) -> str | None:
 
 
 # Options that are SamplingParams fields of the same name, which the engine checked only once the gen
-# was sent: seed="a" or min_p=2 failed mid-run, away from its hole.
+# was sent: seed="a" or min_p=2 failed mid-run, away from its hole. (top_logprobs_num is one too, but
+# the engine's bound on it is not every backend's: it gets gen()'s check instead.)
 SAMPLING_FIELDS = ("min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob",
-                    "top_logprobs_num", "logprob_start_len", "stop_token_ids")
+                    "logprob_start_len", "stop_token_ids")
 
 
 def _is_int(value) -> bool:
