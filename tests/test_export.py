@@ -1070,6 +1070,18 @@ COMPUTED = ("gen/select names {} are computed, so the job does not bind them as 
     ("from lmnb import gen\n[(gen := str) for _ in [1]]", 's += gen(f"x{q}")', (), None),
     ("from lmnb import gen\ndef f():\n    global gen\n    gen = str", 's += gen(f"x{q}") + gen("lit")', (), None),
     ("import lmnb\nif (g := lmnb.gen): pass", 's += g(f"z{q}") + g("w")', ("w",), "f'z{q}'"),  # still lmnb's
+    # ... as do an except or case clause's name, del and an augmented assignment, which the export
+    # also kept as lmnb's (found by a review)
+    ("from lmnb import gen\ntry:\n    1 / 0\nexcept ZeroDivisionError as gen:\n    pass", 's += gen(f"x{q}")',
+     (), None),
+    ("from lmnb import gen", 'try:\n    pass\nexcept OSError as gen:\n    pass\ns += gen(f"x{q}") + lmnb.gen("k")',
+     ("k",), None),
+    ("from lmnb import gen\nmatch str:\n    case type() as gen: pass", 's += gen(f"x{q}") + gen("lit")', (), None),
+    ("from lmnb import gen\nmatch [str]:\n    case [*gen]: pass", 's += gen(f"x{q}")', (), None),
+    ("from lmnb import gen\ndel gen", 's += gen(f"x{q}") + gen("lit")', (), None),
+    ("import lmnb as sgl", 'del sgl\ns += sgl.gen(f"x{q}") + lmnb.gen("k")', ("k",), None),
+    ("from lmnb import gen\ngen += 1", 's += gen(f"x{q}") + gen("lit")', (), None),
+    ("from lmnb import select", 'select += ""\ns += select("y", choices=["a"])', (), None),
 ])
 def test_only_lmnbs_gen_and_select_name_a_python_cells_variables(setup, body, captures, computed):
     _, p = export_notebook(notebook('q = "x"', setup, "%%lm --python\n" + body))

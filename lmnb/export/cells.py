@@ -555,8 +555,9 @@ def _lmnb_name_bindings(tree: ast.AST) -> list:
     """The nodes of ``tree`` that ``LmnbNames.seen`` reads: its imports and ``global`` statements,
     also those inside a function (the kernel may run them, and a function declares a name global
     to bind it), and what binds a name in its top scope: assignments, ``for`` and ``with ... as``
-    targets, ``:=``, ``def`` and ``class`` (those inside a function, class or lambda bind names
-    of their own)."""
+    targets, ``:=``, ``except ... as``, ``case ... as`` and ``case [*rest]`` names, ``del``, augmented
+    assignments (``gen += ...``), ``def`` and ``class`` (those inside a function, class or lambda
+    bind names of their own)."""
     out, todo = [], list(ast.iter_child_nodes(tree))
     while todo:
         node = todo.pop()
@@ -570,8 +571,11 @@ def _lmnb_name_bindings(tree: ast.AST) -> list:
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-# Statements and expressions that bind the names of their targets, as plain values.
-_TOP_BINDINGS = (ast.Assign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr)
+# What binds (or unbinds) names other than by an import, def or class: the names of its targets, or
+# the name of an except/case clause.
+_NAMED = (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)
+_TARGETS = (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.AugAssign, ast.Delete)  # (values unknown here)
+_TOP_BINDINGS = (ast.Assign, ast.AnnAssign, ast.NamedExpr, *_TARGETS, *_NAMED)
 _LMNB_MODULES = ("lmnb", "lmnb.api")  # the modules whose gen/select are lmnb's
 
 
@@ -583,11 +587,14 @@ def _bound_names(node: ast.stmt, names: LmnbNames) -> list:
         return [(node.name, None)]
     if isinstance(node, ast.Global):
         return [(name, None) for name in node.names]
-    if isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):  # (values unknown here)
-        targets = ([node.target] if isinstance(node, (ast.For, ast.AsyncFor)) else
-                   [item.optional_vars for item in node.items if item.optional_vars is not None])
-        return [(t.id, None) for target in targets for t in ast.walk(target)
-                if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)]  # (not the i of `for a[i] in`)
+    if isinstance(node, _NAMED):  # (except E as gen, case str() as gen, case [*gen])
+        return [(node.name, None)] if node.name else []
+    if isinstance(node, _TARGETS):
+        targets = (node.targets if isinstance(node, ast.Delete) else
+                   [item.optional_vars for item in node.items if item.optional_vars is not None]
+                   if isinstance(node, (ast.With, ast.AsyncWith)) else [node.target])
+        return [(t.id, None) for target in targets for t in ast.walk(target)  # (not the i of `for a[i] in`)
+                if isinstance(t, ast.Name) and not isinstance(t.ctx, ast.Load)]  # (del gen unbinds it)
     if isinstance(node, ast.Import):  # (import lmnb.api binds lmnb; import lmnb.api as A, the module api)
         return [(a.asname, "module" if a.name in _LMNB_MODULES else None) if a.asname else
                 (a.name.split(".")[0], "module" if a.name.split(".")[0] == "lmnb" else None) for a in node.names]
