@@ -380,6 +380,8 @@ class StreamExecutor:
         self._inflight: set[str] = set()
         self._lost: set[str] = set()  # variables whose pending write was cancelled by an error
         self._scopes: dict[str, int] = {}
+        # its fork branches no join took, and theirs that were left when their join took them
+        # (a join hands a branch's unjoined forks to the state it joins into)
         self._children: list[StreamExecutor] = []
         # which child of which fork this is, on the way from the root (each element: the child's
         # place among all its parent's fork children), so a second fork of one state gets seeds
@@ -606,9 +608,9 @@ class StreamExecutor:
         return error
 
     def take_unread_branch_errors(self) -> list[ProgramError]:
-        """The errors of this state's unjoined fork branches (and of theirs) that the program was
-        never told of, once the branches have run what was submitted to them; each is counted as
-        told now."""
+        """The errors of this state's unjoined fork branches (and of theirs, and of the forks of
+        joined branches that no join took) that the program was never told of, once the branches
+        have run what was submitted to them; each is counted as told now."""
         with self._cv:
             children = list(self._children)
         out = []

@@ -377,10 +377,13 @@ class ProgramStateGroup:
                 text += ex.text_[ex.fork_start_text_pos:]
                 messages += ex.messages_[ex.fork_start_messages:]
                 images += ex.images_[ex.fork_start_images:]
+        unjoined = []  # the branches' own forks that no join took: the parent keeps them (their errors, abort)
         for ex in exes:
             ex.close()
+            with ex._cv:
+                unjoined += ex._children
         with parent._cv:  # (a thread of the body may be forking the parent meanwhile)
-            parent._children = [c for c in parent._children if c not in exes]
+            parent._children = [c for c in parent._children if c not in exes] + unjoined
         parent.submit(
             _JoinApply(variables, meta, text, messages, tuple(ex.sid for ex in exes), mode, tuple(images))
         )

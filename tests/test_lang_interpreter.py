@@ -2020,6 +2020,65 @@ def test_a_failed_fork_branch_no_join_took_fails_the_state_unless_the_program_re
         assert st.error() is None and st.text() == "start end"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_fork_no_join_took_inside_a_branch_that_was_joined_fails_the_state(stream):
+    """A join dropped the joined branches with their own forks that no join took, so a failed
+    branch of such a fork failed unseen: run() returned a state whose error() was None."""
+    def reply(p, params):
+        if p.text.endswith("bad"):
+            raise ValueError("cannot do it")
+        return "good"
+
+    be = ScriptedBackend(reply, delay=0.05)  # (the inner branches fail after the outer join)
+
+    @sgl.function
+    def prog(s, handle):
+        s += "start "
+        forks = s.fork(2)
+        inner = forks[1].fork(3)  # branches 1.0-1.2, never joined
+        inner += ["ok", "bad", "bad"]
+        inner += sgl.gen("w")
+        deeper = inner[0].fork(2)  # branches 1.0.0-1.0.1 of a branch never joined
+        deeper += ["ok", "bad"]
+        deeper += sgl.gen("u")
+        forks += sgl.gen("v")
+        forks.join()
+        s += "end"
+        if handle == "read":
+            assert all(st.error() is not None for st in (inner[1], inner[2], deeper[1]))
+
+    st = prog.run("ignore", backend=be, stream=stream)
+    with pytest.raises(sgl.UnjoinedForkError) as e:
+        st.sync()
+    assert str(e.value) == ("3 fork branches that no join took failed: branch 1.0.1: Gen('u') failed: ValueError: "
+                            "cannot do it; branches 1.1-1.2: Gen('w') failed: ValueError: cannot do it; join the fork "
+                            "(its join raises its branches' errors), or read each branch's error() where the program "
+                            "handles them")
+    assert [err.branch for err in e.value.branches] == [(1, 0, 1), (1, 1), (1, 2)]
+    assert e.value.partial_text == "start end"
+    st = prog.run("read", backend=be, stream=stream)
+    assert st.error() is None and st.text() == "start end" and st["v"] == ["good", "good"]
+
+
+def test_aborting_a_state_stops_a_fork_no_join_took_inside_a_branch_that_was_joined():
+    """The join dropped such a fork from the state, so the state's abort did not reach it."""
+    be = ScriptedBackend(lambda p, params: "x", delay=30.0)
+
+    @sgl.function
+    def prog(s):
+        forks = s.fork(2)
+        inner = forks[1].fork(1)
+        inner += sgl.gen("w")
+        forks.join()
+        s += "joined"
+
+    st = prog.run(backend=be, stream=True)
+    while not (be.calls and st.stream_executor.text_ == "joined"):  # (the inner gen is in flight, the join done)
+        time.sleep(0.01)
+    st.abort()
+    assert len(be.aborted) == 1
+
+
 def test_abort_stops_inflight_request_and_reads_raise():
     be = ScriptedBackend(lambda p, params: "slow", delay=5.0)
 
