@@ -363,6 +363,44 @@ def test_an_openai_response_with_too_few_choices_is_named(server, chat):
         chat.generate(CHAT, PARAMS, "r1")
 
 
+def test_openai_backends_run_their_calls_that_are_not_streamed_on_one_shared_thread(server):
+    """Each lmnb.OpenAI backend that made a call that was not streamed kept an event-loop thread
+    of its own until its shutdown(): a notebook that made many backends had as many threads."""
+    reply = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "Hello"}}]}
+    server.answer = lambda h, b: send(h, 200, json.dumps(reply).encode())
+    backends = [lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5) for _ in range(3)]
+    for backend in backends:
+        assert [c.text for c in backend.generate(CHAT, PARAMS, "r1")] == ["Hello"]
+    assert len([t for t in threading.enumerate() if t.name == "lmnb-openai"]) == 1
+    backends[0].shutdown()  # (the loop runs on for the others)
+    assert [c.text for c in backends[1].generate(CHAT, PARAMS, "r2")] == ["Hello"]
+    for backend in backends[1:]:
+        backend.shutdown()
+
+
+def test_the_shared_openai_event_loop_starts_again_in_a_forked_process(server):
+    """A process made by os.fork has no thread running its parent's loop: a call there waited forever."""
+    import multiprocessing
+
+    reply = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "Hello"}}]}
+    server.answer = lambda h, b: send(h, 200, json.dumps(reply).encode())
+
+    def call():
+        backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5)
+        assert [c.text for c in backend.generate(CHAT, PARAMS, "r1")] == ["Hello"]
+        backend.shutdown()
+
+    call()  # (the parent's loop runs)
+    child = multiprocessing.get_context("fork").Process(target=call)
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+
+
 @pytest.mark.parametrize("body, problem", [(b'{"id": "x", "choi', "JSONDecodeError"),
                                            (b'{"id": "x\xff", "choices": []}', "UnicodeDecodeError")])
 def test_an_openai_body_that_is_not_utf8_json_is_named(server, chat, body, problem):

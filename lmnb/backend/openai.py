@@ -34,6 +34,23 @@ from lmnb.ir import GenParams
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 # What a call that abort() stopped returns (not None: a server may answer null).
 _ABORTED = object()
+# The event loop that every lmnb.OpenAI backend's calls that are not streamed run on, on a daemon
+# thread of its own (one for all backends: a notebook that made many had a thread per backend).
+_loop_lock = threading.Lock()
+_loop: Optional[asyncio.AbstractEventLoop] = None
+_loop_thread: Optional[threading.Thread] = None
+
+
+def _shared_loop() -> asyncio.AbstractEventLoop:
+    """The event loop of every backend's calls that are not streamed, started with the first of
+    them, and again in a process made by ``os.fork``, which has no thread running the parent's."""
+    global _loop, _loop_thread
+    with _loop_lock:
+        if _loop_thread is None or not _loop_thread.is_alive():
+            _loop = asyncio.new_event_loop()
+            _loop_thread = threading.Thread(target=_loop.run_forever, name="lmnb-openai", daemon=True)
+            _loop_thread.start()
+        return _loop
 
 
 class OpenAI(BaseBackend):
@@ -78,7 +95,7 @@ class OpenAI(BaseBackend):
         async_cls = openai.AsyncAzureOpenAI if is_azure else openai.AsyncOpenAI
         try:
             self.client = cls(base_url=base_url, api_key=api_key, **client_kwargs)
-            # Calls that are not streamed run on this client, on an event loop of their own: a
+            # Calls that are not streamed run on this client, on an event loop (shared): a
             # blocking call cannot be stopped (its response's headers come with the whole answer),
             # while a cancelled one closes its connection, so the server sees its client leave,
             # and is not tried again. An httpx.Client given is for blocking calls only.
@@ -98,7 +115,7 @@ class OpenAI(BaseBackend):
         self._requests: dict[str, Any] = {}
         self._aborted = AbortedIds()  # ids aborted before a call of theirs began
         self._requests_lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None  # started by the first such call
+        self._async_used = False  # a call ran on the async client (shutdown closes it)
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template if not self.is_chat_model else get_chat_template("default")
@@ -271,21 +288,14 @@ class OpenAI(BaseBackend):
             self._requests[rid] = request
             return True
 
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop of the calls that are not streamed, started with the first of them."""
-        with self._requests_lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, name="lmnb-openai", daemon=True).start()
-            return self._loop
-
     def _abortable_call(self, rid: str, kw: dict) -> Any:
         """The async client's answer to ``kw``, waited for here; ``_ABORTED`` if ``abort(rid)``
         cancelled it."""
         if not self._begin(rid):
             return _ABORTED
         api = self._async_client.chat.completions if self.is_chat_model else self._async_client.completions
-        future = asyncio.run_coroutine_threadsafe(api.create(**kw), self._event_loop())
+        self._async_used = True
+        future = asyncio.run_coroutine_threadsafe(api.create(**kw), _shared_loop())
         if not self._started(rid, future):  # aborted while the call was made
             future.cancel()
         try:
@@ -545,12 +555,12 @@ class OpenAI(BaseBackend):
         return out
 
     def shutdown(self) -> None:
+        """Close the clients' connections (the shared event loop runs on for other backends)."""
         self.client.close()
         with self._requests_lock:
-            loop, self._loop = self._loop, None
-        if loop is not None:
-            asyncio.run_coroutine_threadsafe(self._async_client.close(), loop).result()
-            loop.call_soon_threadsafe(loop.stop)
+            used, self._async_used = self._async_used, False
+        if used:
+            asyncio.run_coroutine_threadsafe(self._async_client.close(), _shared_loop()).result()
 
 
 class _StallWatch:
