@@ -1183,6 +1183,28 @@ def test_a_notebook_calling_jupyters_display_runs_as_a_job(tmp_path, monkeypatch
     assert export_notebook(notebook('person = "A"', "%%lm --python\ns += person\ndisplay(s)"))[1].inputs == ("person",)
 
 
+def test_jupyters_display_is_imported_when_a_cell_calls_it_before_a_later_cell_defines_its_own(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    # a cell defining display anywhere left the import out, so a cell calling Jupyter's display
+    # before that definition failed every row with a NameError (found by a review helper)
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook('person = "A"', "%%lm --temperature 0\n{person}{gen x max_tokens=2}", "display(x + '?')",
+                  "def display(v):\n    print('mine', v)", "display(x)")
+    source, p = export_notebook(nb)
+    assert "from IPython.display import display" in source
+    rows = write_rows(tmp_path / "rows.jsonl", [{"person": "B"}])
+    out = tmp_path / "out.jsonl"
+    ns = _load_job(source, monkeypatch, rows, out)
+    assert ns["job"].run(ns["run_row"], backend=ScriptedBackend(lambda prompt, params: "!")) == 0
+    assert [r["status"] for r in read_results(out)] == ["ok"]
+    # as in the notebook: Jupyter's display first, then the notebook's own
+    assert capsys.readouterr().out.endswith("!?\nmine !\n")
+    # defined before any use: the notebook's own, no import
+    assert "IPython" not in export_notebook(notebook(*[c.source for c in nb.cells[:2]], *[c.source for c in nb.cells[3:]]))[0]
+
+
 def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_path, monkeypatch, capsys):
     # run_row is a function, where `from math import *` is a SyntaxError: the export failed with "the
     # exported script does not compile ... simplify expressions in their {...} holes" (found by a review helper)

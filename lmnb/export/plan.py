@@ -42,7 +42,8 @@ class Plan:
     which the notebook's code was never run on). strip: moved
     setup cell index → row fields whose literal assignments are commented out there. copied:
     module-level names the row part rebinds or changes in place (each row starts from a copy of
-    the module value: ``Job.row_copy``).
+    the module value: ``Job.row_copy``). jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the
+    code reads before a cell binds a name of its own to them: the script imports them.
     """
 
     cells: list
@@ -56,6 +57,7 @@ class Plan:
     strip: dict = field(default_factory=dict)
     copied: tuple = ()
     texts: tuple = ()
+    jupyter: tuple = ()
     backend: Backend = field(default_factory=Backend)
     notes: list = field(default_factory=list)
 
@@ -103,6 +105,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         if given:
             raise ExportError(f"--inputs {', '.join(given)}: the notebook has no %%lm cell to run per row")
         p = Plan(list(cells), list(cells), [], (), parameters, params_cell.index if params_cell else None)
+        p.jupyter = _jupyter_builtins(cells)
         p.backend, p.notes = _backend(cells, [])
         p.notes.append("the notebook has no %%lm cell: the script runs its cells once, with no input rows")
         return p
@@ -128,7 +131,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.strip = {c.index: {n for n in p.inputs if n in c.string_assignments} for c in moved}
     for c in moved:
         _check_strippable(c, p.strip[c.index])
-    p.copied = _copied(setup, row, p.inputs, parameters)
+    p.jupyter = _jupyter_builtins(cells)
+    p.copied = _copied(setup, row, p.inputs, parameters + p.jupyter)
     p.backend, p.notes = _backend(setup, row)
     if from_star:
         stars = ", ".join(f"`from {m} import *` (cell {c.index})" for c in cells if isinstance(c, Code)
@@ -245,8 +249,26 @@ def _check_strippable(cell: Code, names: set) -> None:
                 )
 
 
-def _copied(setup: list, row: list, inputs: tuple, parameters: tuple) -> tuple:
-    module = set(parameters)
+def _jupyter_builtins(cells: Sequence[Cell]) -> tuple:
+    """The Jupyter built-ins (``JUPYTER_BUILTINS``) that a cell reads before any cell binds the name
+    (``display(x)`` in cell 3, ``def display`` in cell 5: cell 3 called Jupyter's; the import was left
+    out for the later definition, and cell 3 failed with a NameError)."""
+    out = []
+    for name in sorted(JUPYTER_BUILTINS):
+        for c in cells:
+            if name in getattr(c, "reads", ()):
+                out.append(name)
+                break
+            bound = c.assigns if isinstance(c, Code) else (*c.captures, c.options.out) if isinstance(c, LMCell) else ()
+            if name in bound:
+                break
+    return tuple(out)
+
+
+def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple:
+    """The module-level names (``module_names``: parameters and the like, and what setup cells bind)
+    that the row part reads and rebinds or changes in place (``Plan.copied``)."""
+    module = set(module_names)
     for c in setup:
         if isinstance(c, Code):
             module |= set(c.assigns)

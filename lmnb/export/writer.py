@@ -15,7 +15,7 @@ import re
 
 from lmnb.batch.options import parameter_options
 from lmnb.export.cells import Code, Dropped, LMCell, Markdown
-from lmnb.export.plan import JUPYTER_BUILTINS, Plan
+from lmnb.export.plan import Plan
 
 _INDENT = "    "
 RUN_LINE = ("python {script} --input rows.jsonl --output results.jsonl [--backend engine|URL] [--model PATH]\n"
@@ -42,13 +42,11 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
 
 
 def _imports(p: Plan) -> str:
-    """The script's imports: lmnb, and IPython's ``display`` when the notebook's code calls it
-    without defining it (a Jupyter built-in: every row failed on a NameError; outside IPython it
-    prints its arguments)."""
+    """The script's imports: lmnb, and Jupyter's built-ins (IPython's ``display``) that the notebook's
+    code calls before defining its own (``Plan.jupyter``: every row failed on a NameError; outside
+    IPython ``display`` prints its arguments)."""
     lines = ["import lmnb", "import lmnb.batch"]
-    read = {n for c in p.cells for n in getattr(c, "reads", ())}
-    defined = {n for c in p.cells for n in getattr(c, "assigns", ())}
-    for name in sorted(JUPYTER_BUILTINS & read - defined):  # (display)
+    for name in p.jupyter:
         lines.append(f"from IPython.display import {name}  # Jupyter's built-in, used by the notebook's code")
     return "\n".join(lines) + "\n"
 
