@@ -10,7 +10,6 @@ as JupyterLab's stop button does, and ends the run; a second Ctrl-C shuts the ke
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import atexit
 import math
@@ -499,25 +498,20 @@ def kernel_manager():
 def parse_value(text: str, default=NO_DEFAULT):
     """A ``-p`` value, read like the parameter's ``default`` from the parameters cell, as the
     exported job reads ``--NAME`` (``lmnb.batch.options.parameter_type``: ``false`` is False for
-    a bool, ``1`` is 1.0 for a float); without a literal default, a Python literal (``3``,
-    ``[1, 2]``, ``'x'``) or else the string.
+    a bool, ``1`` is 1.0 for a float, ``0x20`` is 32 for an int, ``[1, 2]`` a list for a list);
+    without a literal default, as for a None one: a Python literal (``3``, ``[1, 2]``, ``'x'``) or
+    else the string.
 
     Raises:
-        ValueError: text the default's type cannot take."""
-    if default is NO_DEFAULT:
-        try:
-            return ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text
+        ValueError: text the default's type cannot take (what is expected, with an example)."""
     import argparse
 
     from lmnb.batch.options import parameter_type
 
     try:
-        return parameter_type(default)(text)
-    except (argparse.ArgumentTypeError, ValueError) as e:
-        kind = {int: "an integer", float: "a number", bool: "true or false"}.get(type(default), type(default).__name__)
-        raise ValueError(f"the parameters cell sets it to {default!r}, so {kind} is expected ({e})") from None
+        return parameter_type(None if default is NO_DEFAULT else default)(text)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"the parameters cell sets it to {default!r:.60}: {e}") from None
 
 
 def parameter_defaults(nb) -> dict:

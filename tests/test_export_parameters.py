@@ -94,3 +94,48 @@ def test_two_parameters_that_would_be_one_option_are_refused_at_export(cell, mon
     ns: dict = {"__name__": "__main__"}
     exec(compile(source, "job.py", "exec"), ns)
     assert ns["got"] == (5, 6)
+
+
+def test_list_tuple_set_and_none_defaults_read_python_literals_and_ints_read_python_int_literals(tmp_path, capsys):
+    """`-p tags b` (and the job's `--tags b`) for `tags = ["a"]` gave the text "b", which a cell
+    looping over tags read letter by letter, without a word; `-p n 0x20` was refused for `n = 3`.
+    A list / tuple / set / dict default now takes a Python literal of its type (else an error with
+    an example); None, as papermill's -p: a literal (None, 3, [1]) or else the text; an int, any
+    Python integer literal."""
+    import argparse
+
+    import nbformat
+
+    from lmnb.batch import Job
+    from lmnb_kernel.run import parse_value, run
+
+    assert [parse_value(t, 3) for t in ("0x20", "0o17", "0b101", "1_000", "-7", "010")] == [32, 15, 5, 1000, -7, 10]
+    assert parse_value("['b', 'c']", ["a"]) == ["b", "c"]
+    assert parse_value("(1, 2)", ()) == (1, 2) and parse_value("{3}", {1}) == {3}
+    assert parse_value("{'k': 1}", {}) == {"k": 1}
+    assert [parse_value(t, None) for t in ("None", "3", "[1]", "abc")] == [None, 3, [1], "abc"]
+    for text, default, problem in [("b", ["a"], "expected a list as a Python literal, e.g. [1, 2]"),
+                                   ("[1]", (1,), "expected a tuple as a Python literal, e.g. (1, 2)"),
+                                   ("x", {1}, "expected a set as a Python literal, e.g. {1, 2}"),
+                                   ("2.5", 3, "expected an integer (e.g. 3, 1_000 or 0x20), got '2.5'")]:
+        with pytest.raises(ValueError) as e:
+            parse_value(text, default)
+        assert str(e.value).startswith(f"the parameters cell sets it to {default!r}: {problem}")
+    # the exported job reads its options the same way
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y", "--n", "0x20", "--tags", "['b']", "--opt", "x"])
+    assert vars(job.parameters(n=3, tags=["a"], opt=None)) == {"n": 32, "tags": ["b"], "opt": "x"}
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y", "--tags", "b"])
+    with pytest.raises(SystemExit) as e:
+        job.parameters(tags=["a"])
+    assert e.value.code == 2
+    assert ("argument --tags: expected a list as a Python literal, e.g. [1, 2] (in quotes for the shell: '[1, 2]'), "
+            "got 'b'") in capsys.readouterr().err
+    # lmnb run names the parameter, and runs nothing
+    src = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('tags = ["a"]',
+                                                                             metadata={"tags": ["parameters"]})]), src)
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "out.ipynb"), parameter=[["tags", "b"]],
+                              timeout=60, allow_errors=False)
+    assert run(args) == 2
+    assert capsys.readouterr().err == ("lmnb run: -p tags 'b': the parameters cell sets it to ['a']: expected a list as "
+                                       "a Python literal, e.g. [1, 2] (in quotes for the shell: '[1, 2]'), got 'b'\n")

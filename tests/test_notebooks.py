@@ -102,8 +102,8 @@ def test_lmnb_run_refuses_an_option_or_a_parameter_given_twice(tmp_path, capsys)
 
 @pytest.mark.parametrize("parameter, message", [
     (["1x", "3"], "-p '1x' is not a Python variable name; name a variable the notebook sets"),
-    (["n", "many"], "-p n 'many': the parameters cell sets it to 2, so an integer is expected (invalid literal for "
-                    "int() with base 10: 'many')"),
+    (["n", "many"], "-p n 'many': the parameters cell sets it to 2: expected an integer (e.g. 3, 1_000 "
+                    "or 0x20), got 'many'"),
 ])
 def test_a_refused_p_leaves_no_output_folder_behind(tmp_path, capsys, parameter, message):
     """The -o folders were made before -p was checked: a refused run left empty folders behind."""
@@ -131,8 +131,8 @@ def test_p_names_are_python_names_after_nfkc_normalization(tmp_path, capsys):
     assert main(["run", str(path), "-p", "\uff58", "1", "-p", "x", "2"]) == 2
     assert capsys.readouterr().err == "lmnb run: -p x is given twice (\uff58 and x are one name to Python); give it once\n"
     assert main(["run", str(path), "-p", "\uff58", "1.5"]) == 2  # read like x's default, 2: an integer
-    assert capsys.readouterr().err.startswith("lmnb run: -p \uff58 '1.5': the parameters cell sets it to 2, so an "
-                                              "integer is expected")
+    assert capsys.readouterr().err.startswith("lmnb run: -p \uff58 '1.5': the parameters cell sets it to 2: expected "
+                                              "an integer")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
 
 
@@ -578,9 +578,9 @@ def test_p_values_are_read_like_the_exported_jobs_options():
     assert {k: parse_value(v, defaults[k]) for k, v in given.items()} == expected == {
         "short": False, "ratio": 1.0, "name": "3", "tags": ["b", "c"]}
     assert all(type(parse_value(v, defaults[k])) is type(expected[k]) for k, v in given.items())
-    with pytest.raises(ValueError, match="sets it to True, so true or false is expected"):
+    with pytest.raises(ValueError, match="sets it to True: expected true or false"):
         parse_value("maybe", True)
-    with pytest.raises(ValueError, match="sets it to 3, so an integer is expected"):  # it said "a int"
+    with pytest.raises(ValueError, match="sets it to 3: expected an integer"):  # it said "a int"
         parse_value("2.5", 3)
     assert parse_value("[1, 2]") == [1, 2] and parse_value("Corin") == "Corin"  # no default: a literal, else text
 

@@ -156,7 +156,8 @@ class Job:
     def parameters(self, **defaults: Any) -> argparse.Namespace:
         """Parse the command line now, with one option per notebook parameter (papermill's
         ``parameters`` cell): ``--name VALUE`` replaces the default, parsed like the default's type
-        (bool: true/false; int; float; str; anything else: a Python literal). Returns the values.
+        (``lmnb.batch.options.parameter_type``: bool: true/false; int; float; str; list, tuple, set,
+        dict: a Python literal of that type; None: a Python literal, else the text). Returns the values.
 
         Exits with usage help (status 2) on bad options, as ``argparse`` does.
         """

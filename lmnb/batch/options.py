@@ -251,15 +251,23 @@ def _count(text: str) -> int:
 
 
 def parameter_type(default: Any) -> Callable[[str], Any]:
-    """How a parameter's command-line text is read, from its default's type (bool: true/false,
-    yes/no, 1/0; int; float; str; anything else: a Python literal, else the text). ``lmnb run -p``
-    reads values the same way, so a notebook and its exported job agree.
+    """How a parameter's command-line text is read, from its default's type: bool: true/false,
+    yes/no, 1/0; int: a Python integer literal (``1_000``, ``0x20``); float; str; a list, tuple, set
+    or dict: a Python literal of that type (``[1, 2]``); None (or another default): a Python literal,
+    else the text (papermill reads ``-p`` values so: True, False, None, numbers, else text). ``lmnb
+    run -p`` reads values the same way, so a notebook and its exported job agree.
 
-    The returned function raises ``argparse.ArgumentTypeError`` / ``ValueError`` for bad text."""
+    The returned function raises ``argparse.ArgumentTypeError`` for bad text, saying what is expected."""
     if isinstance(default, bool):
         return _bool
-    if isinstance(default, (int, float, str)):
-        return type(default)
+    if isinstance(default, int):
+        return _int
+    if isinstance(default, float):
+        return _float
+    if isinstance(default, str):
+        return str
+    if isinstance(default, (list, tuple, set, dict)):
+        return _literal_of(type(default))
     return _literal
 
 
@@ -272,9 +280,49 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _int(text: str) -> int:
+    """An integer as Python writes one (``12``, ``-3``, ``1_000``, ``0x20``, ``0o17``, ``0b101``;
+    ``010`` is 10, as ``int`` reads it)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return int(text.strip(), 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer (e.g. 3, 1_000 or 0x20), got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number (e.g. 0.5, 2 or 1e-3), got {text!r}") from None
+
+
+_LITERAL_KINDS = {list: ("a list", "[1, 2]"), tuple: ("a tuple", "(1, 2)"), set: ("a set", "{1, 2}"),
+                  dict: ("a dict", "{'a': 1}")}
+
+
+def _literal_of(kind: type) -> Callable[[str], Any]:
+    """Reads a Python literal of ``kind`` (list, tuple, set or dict): other text, or a literal of
+    another type, is refused (it ran on as text: ``--tags a,b`` set tags to the string "a,b")."""
+    def read(text: str):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            value = None
+        if not isinstance(value, kind):
+            name, example = _LITERAL_KINDS[kind]
+            raise argparse.ArgumentTypeError(f"expected {name} as a Python literal, e.g. {example} (in quotes for "
+                                             f"the shell: '{example}'), got {text!r}")
+        return value
+
+    return read
+
+
 def _literal(text: str) -> Any:
     """A Python literal (list, dict, number, None, ...); other text is taken as a string."""
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
