@@ -20,8 +20,9 @@ import threading
 import time
 import unicodedata
 from pathlib import Path
+from types import SimpleNamespace
 
-from lmnb.export.cells import ExportError, is_lm_cell, python_cell
+from lmnb.export.cells import Code, ExportError, LMCell, is_lm_cell, python_cell, read_cells
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_engine.cli_options import Once, OnceFlag
 from lmnb_kernel.cell_failure import describe_failure
@@ -535,17 +536,29 @@ def _parameters(cells) -> dict | None:
 
 
 def _first_setter(cells, name: str) -> int | None:
-    """The number of the first Python code cell that assigns ``name`` (as the exporter reads its
-    names), None if none does."""
+    """The number of the first code cell that sets ``name`` (as the exporter reads the cell, see
+    ``_cell_sets``), None if none does."""
     for number, cell in enumerate(cells, start=1):
-        if cell.cell_type != "code" or is_lm_cell(cell.source):
+        if cell.cell_type != "code":
             continue
         try:
-            if name in python_cell(number, cell.source).assigns:
-                return number
-        except (ExportError, SyntaxError):
+            read = read_cells(SimpleNamespace(cells=[cell]))
+        except ExportError:
             continue
+        if read and name in _cell_sets(read[0]):
+            return number
     return None
+
+
+def _cell_sets(cell) -> tuple:
+    """The names a cell (``lmnb.export.cells.read_cells``) sets when the kernel runs it: a Python
+    cell's top-level bindings (also below ``%%time`` / ``%%capture``, and ``%%capture``'s variable),
+    a ``%%lm`` cell's ``{gen NAME}`` / ``{select NAME}`` variables and its ``--out`` state."""
+    if isinstance(cell, Code):
+        return cell.assigns + ((cell.captured_output,) if cell.captured_output else ())
+    if isinstance(cell, LMCell):
+        return cell.captures + ((cell.options.out,) if cell.options.out else ())
+    return ()
 
 
 def _is_parameters(cell) -> bool:

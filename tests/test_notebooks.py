@@ -559,7 +559,24 @@ def test_a_parameter_a_later_cell_sets_is_warned_about_when_no_cell_is_tagged(ca
     assert capsys.readouterr().err == (
         "lmnb run: no cell is tagged 'parameters'; the parameters go in a new first cell\n"
         "lmnb run: warning: cell 3 sets person after the new first cell, so -p person has no effect; tag the cell "
+        "that sets the notebook's parameters 'parameters' (papermill's convention), and the parameters go after it\n"
+        "lmnb run: warning: cell 2 sets n after the new first cell, so -p n has no effect; tag the cell "
         "that sets the notebook's parameters 'parameters' (papermill's convention), and the parameters go after it\n")
+
+
+def test_a_parameter_that_a_later_lm_or_cell_magic_cell_sets_is_warned_about_when_no_cell_is_tagged(capsys):
+    # only plain Python cells were looked at: a %%lm cell's --out state and {gen}/{select} variables,
+    # and the assignments below %%time / %%capture (and %%capture's variable) replaced the -p value silently
+    from lmnb_kernel.run import inject_parameters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%%lm --out st\nQ: {gen a max_tokens=2}"),
+                nbformat.v4.new_code_cell('%%lm\n{select pick choices=["x", "y"]}'),
+                nbformat.v4.new_code_cell("%%time\nt = 1"), nbformat.v4.new_code_cell("%%capture cap\nprint(1)"),
+                nbformat.v4.new_code_cell("%%bash\necho unseen=1")]
+    inject_parameters(nb, {"st": 1, "a": 2, "pick": 3, "t": 4, "cap": 5, "unseen": 6})
+    setters = re.findall(r"warning: cell (\d+) sets (\w+) after", capsys.readouterr().err)
+    assert setters == [("1", "st"), ("1", "a"), ("2", "pick"), ("3", "t"), ("4", "cap")]
 
 
 def test_p_values_are_read_like_the_exported_jobs_options():

@@ -92,6 +92,7 @@ class Code:
     resets: list = field(default_factory=list)  # %lm reset [NAME] lines: the state names, None for all
     magic: Optional[str] = None  # "%%time" etc. when the cell had a Python-bodied cell magic
     star_imports: tuple = ()  # modules other than lmnb's it star-imports (``from math import *``): names unknown here
+    captured_output: Optional[str] = None  # the VARIABLE of ``%%capture VARIABLE``: IPython binds it, the job does not
 
     @property
     def is_parameters(self) -> bool:
@@ -226,6 +227,7 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent
                 inner.magic = first.strip()
             variable = next((w for w in first.split()[1:] if not w.startswith("-")), None)
             if name == "capture" and variable and not isinstance(inner, Dropped):
+                inner.captured_output = variable
                 inner.notes.append(f"cell {index}: {first.strip()}: the job does not set {variable} (IPython's "
                                    "captured output), so a cell that reads it fails there")
             return inner
