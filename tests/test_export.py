@@ -1205,6 +1205,39 @@ def test_jupyters_display_is_imported_when_a_cell_calls_it_before_a_later_cell_d
     assert "IPython" not in export_notebook(notebook(*[c.source for c in nb.cells[:2]], *[c.source for c in nb.cells[3:]]))[0]
 
 
+def test_a_parameter_named_in_inputs_reads_each_rows_value_as_its_defaults_type(tmp_path, monkeypatch):
+    # --inputs n for `n = 3`: a CSV row's "4" ran as the text "4" (n * 2 was "44"), "0x20" too, and the
+    # job's --n option went away without a word (found by a review helper)
+    from helpers_export import read_results
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook(("parameters", "n = 3"), "m = n * 2", "%%lm --temperature 0\n{m}{gen x max_tokens=1}")
+    source, p = export_notebook(nb, inputs=["n"])
+    assert p.types == {"n": int}
+    assert ("n: a parameter of cell 1, read from each input row (--inputs), so the job has no --n option; a row's n "
+            "is read as its default's type, int") in p.notes
+    rows = tmp_path / "rows.csv"
+    rows.write_text("n\n4\n0x20\nmany\n4.5\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    ns = _load_job(source, monkeypatch, rows, out)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 1
+    results = {r["row"]: r for r in read_results(out)}
+    assert [results[i]["status"] for i in range(4)] == ["ok", "ok", "bad_input", "bad_input"]
+    assert results[2]["error"] == ("line 4: field 'n': expected an integer (e.g. 3, 1_000 or 0x20), got 'many'; it is "
+                                   "the notebook's parameter n, whose default is of type int")
+    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["64", "8"]  # 4 * 2, 0x20 * 2
+    # JSON rows: a number as it is, a string read as the option reads it, a boolean refused
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"n": 5}\n{"n": "6"}\n{"n": true}\n', encoding="utf-8")
+    out = tmp_path / "out2.jsonl"
+    ns = _load_job(source, monkeypatch, rows, out)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 1
+    assert [r["status"] for r in sorted(read_results(out), key=lambda r: r["row"])] == ["ok", "ok", "bad_input"]
+    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["10", "12"]
+
+
 def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_path, monkeypatch, capsys):
     # run_row is a function, where `from math import *` is a SyntaxError: the export failed with "the
     # exported script does not compile ... simplify expressions in their {...} holes" (found by a review helper)

@@ -115,6 +115,11 @@ class Job:
             a row giving a number, a boolean, a list or an object there is bad input, named as such,
             instead of a run on code that was written for text (``question.strip()`` failed the row
             with an AttributeError; ``{question}`` quietly prompted with ``7`` or ``[1, 2]``).
+        types: those of ``inputs`` that are notebook parameters (``lmnb export --inputs``) → their
+            default's type (int, float, bool, list, ...): a row's value is read as the parameter's
+            option reads its text (``lmnb.batch.options.parameter_type``: ``"32"`` or 32 is 32 for
+            an int); one that does not read so is bad input, named as such (a CSV row's "32" ran
+            as text, and ``range(n)`` failed the row).
         model: default ``--model`` (a notebook's ``%lm load``); None = ``$LMNB_MODEL``, else the
             built-in demo model.
         backend: default ``--backend`` (a notebook's ``%lm connect URL``); None = ``engine``.
@@ -133,12 +138,14 @@ class Job:
     row_copy = staticmethod(row_copy)
 
     def __init__(self, description: str = "", inputs: Sequence[str] = (), *, texts: Sequence[str] = (),
+                 types: Optional[dict] = None,
                  model: Optional[str] = None, backend: Optional[str] = None, openai_model: Optional[str] = None,
                  completion: bool = False, timeout: Optional[float] = None,
                  argv: Optional[Sequence[str]] = None, per_row: bool = True):
         self.description = description
         self.inputs = list(inputs)
         self.texts = list(texts)
+        self.types = dict(types or {})
         self.per_row = per_row
         self.default_model = model
         self.default_backend = backend

@@ -5,6 +5,7 @@ row prints (stdout, and stderr apart) comes out in one piece when the row ends (
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -16,7 +17,7 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from lmnb.batch.inputs import InputRow, input_format
-from lmnb.batch.options import make_backend, start_failure
+from lmnb.batch.options import make_backend, parameter_type, start_failure
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
 
@@ -125,7 +126,7 @@ class RowRunner:
                     error = (f"line {row.line}: {'fields' if len(nulls) > 1 else 'field'} {', '.join(map(repr, nulls))} "
                              f"{'are' if len(nulls) > 1 else 'is'} null; give a value, or leave the row out")
                 elif not missing:
-                    error = _not_text(row, self.job.texts)
+                    error = _not_text(row, self.job.texts) or _read_typed(row, self.job.types)
             key = row_key(base)
             keys.add(key)
             if self.store.done(key):
@@ -385,6 +386,20 @@ def _not_text(row: InputRow, texts) -> str | None:
     example = json.dumps(f"{json.dumps(wrong[0][1]):.40}")
     return (f"line {row.line}: {shown}; the notebook's example of {'it' if len(wrong) == 1 else 'each'} is text, "
             f"which its code was written for: give a string (in quotes, e.g. {example})")
+
+
+def _read_typed(row: InputRow, types: dict) -> str | None:
+    """Read the row's fields that are notebook parameters (``Job.types``) as their options read
+    text, in place (a JSON value as its Python literal: 32, [1, 2]); the error for the first that
+    does not read so, or None."""
+    for name, kind in types.items():
+        value = row.fields[name]
+        try:
+            row.fields[name] = parameter_type(kind())(value if isinstance(value, str) else repr(value))
+        except argparse.ArgumentTypeError as e:
+            return (f"line {row.line}: field {name!r}: {e}; it is the notebook's parameter {name}, whose default is "
+                    f"of type {kind.__name__}")
+    return None
 
 
 def _rows(n: int) -> str:

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from lmnb.batch.options import parameter_options
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell
-from lmnb.export.parameters import read_parameters
+from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
@@ -39,7 +39,9 @@ class Plan:
     row-local variables its program takes as arguments (other names it reads are module globals).
     binds: ``%%lm`` cell index → captured variables bound as locals after it runs. texts: the row
     fields whose notebook example is a string (the job refuses a row that gives another value,
-    which the notebook's code was never run on). strip: moved
+    which the notebook's code was never run on). types: the row fields that are parameters (named in
+    ``--inputs``) with a default other than text → the default's type, which the job reads a row's
+    value as (``Job``'s types). strip: moved
     setup cell index → row fields whose literal assignments are commented out there. copied:
     module-level names the row part rebinds or changes in place (each row starts from a copy of
     the module value: ``Job.row_copy``). jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the
@@ -57,6 +59,7 @@ class Plan:
     strip: dict = field(default_factory=dict)
     copied: tuple = ()
     texts: tuple = ()
+    types: dict = field(default_factory=dict)
     jupyter: tuple = ()
     backend: Backend = field(default_factory=Backend)
     notes: list = field(default_factory=list)
@@ -87,7 +90,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             example assignment that shares its line with other code.
     """
     params_cell = next((c for c in cells if isinstance(c, Code) and c.is_parameters), None)
-    parameters = tuple(read_parameters(params_cell.source)) if params_cell else ()
+    defaults = read_parameters(params_cell.source) if params_cell else {}
+    parameters = tuple(defaults)
     # (a name given twice is one field: it became a duplicate parameter of run_row, a SyntaxError;
     # in Python's NFKC form, as the cells' code reads it: --inputs ｑ is the cells' q)
     given = None if inputs is None else tuple(dict.fromkeys(unicodedata.normalize("NFKC", n) for n in inputs))
@@ -128,12 +132,18 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
     p.inputs, from_star = _fields(p, examples, given, parameters)
     p.texts = tuple(n for n in p.inputs if first_binding.get(n))
+    p.types = {n: type(defaults[n]) for n in p.inputs if n in defaults and defaults[n] not in (NO_DEFAULT, None)
+               and not isinstance(defaults[n], str)}
     p.strip = {c.index: {n for n in p.inputs if n in c.string_assignments} for c in moved}
     for c in moved:
         _check_strippable(c, p.strip[c.index])
     p.jupyter = _jupyter_builtins(cells)
     p.copied = _copied(setup, row, p.inputs, parameters + p.jupyter)
     p.backend, p.notes = _backend(setup, row)
+    for n, kind in p.types.items():
+        p.notes.append(f"{n}: a parameter of cell {params_cell.index}, read from each input row (--inputs), so the job "
+                       f"has no {parameter_options([n])[n]} option; a row's {n} is read as its default's type, "
+                       f"{kind.__name__}")
     if from_star:
         stars = ", ".join(f"`from {m} import *` (cell {c.index})" for c in cells if isinstance(c, Code)
                           for m in c.star_imports)

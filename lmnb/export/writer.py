@@ -155,6 +155,8 @@ class _Writer:
         if not per_row:
             return f"{self.names.job} = lmnb.batch.Job(__doc__, per_row=False{self.backend_kwargs()})"
         texts = f", texts={list(self.p.texts)!r}" if self.p.texts else ""
+        if self.p.types:  # (the type's name: the builtin, as the job line comes before the notebook's code)
+            texts += ", types={" + ", ".join(f"{n!r}: {t.__name__}" for n, t in self.p.types.items()) + "}"
         return f"{self.names.job} = lmnb.batch.Job(__doc__, inputs={list(self.p.inputs)!r}{texts}{self.backend_kwargs()})"
 
     def backend_kwargs(self) -> str:
