@@ -1265,7 +1265,10 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
             assert [r["status"] for r in results] == ["ok"]
             assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["B2"]
         else:  # the cell keeps its lines: the error is on the cell's line 4
-            assert results[0]["status"] == "error" and "# from math import *  <- made at module level" in source
+            assert results[0]["status"] == "error"
+            # x, bound above it, takes math's x if it has one, as in the notebook
+            assert ("    q, city, x = job.star_values('math', q=q, city=city, x=x)  # from math import *: made at "
+                    "module level") in source
             line = int(re.search(r"job.py line (\d+)", results[0]["error"]).group(1))
             assert source.split("\n")[line - 1] == "    print(x / 0)" and "notebook cell 3" in results[0]["error"]
     with pytest.raises(ExportError) as e:
@@ -1273,6 +1276,41 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
     assert str(e.value) == ("cell 3, line 2: `from math import *` in a block of a cell that runs per input row, where "
                             "the script cannot make it (a function cannot star-import); move it to a cell of its own "
                             "before the first %%lm cell")
+
+
+def test_a_star_import_of_a_per_row_cell_sets_the_names_the_row_bound_before_it(tmp_path, monkeypatch):
+    # the import is made at module level, so a row variable bound above it (pi = 3) kept its own
+    # value, where the notebook's import replaced it with math's (found by a review helper)
+    from helpers_export import read_results, write_rows
+    from helpers_lang import ScriptedBackend
+
+    code = "pi = 3\nx = 1\nfrom math import *\ny = 2"
+    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen e max_tokens=1}", code,
+                  "%%lm --temperature 0\n{pi} {x} {y} {e}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {"e": "!"}  # (cell 2's gen) then cell 3 as the notebook runs it
+    exec(code, notebook_ns)
+    assert notebook_ns["pi"] != 3 and notebook_ns["e"] != "!"  # math's pi and e replaced them
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}])
+    out = tmp_path / "out.jsonl"
+    ns = _load_job(source, monkeypatch, rows, out)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 0
+    assert [r["status"] for r in read_results(out)] == ["ok"]
+    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    assert prompts == ["B", " ".join(str(notebook_ns[n]) for n in ("pi", "x", "y", "e"))]
+    # the cell keeps its lines: the import's line is where the row takes the module's values
+    assert "    y = 2\n" in source.split("    pi = 3\n    x = 1\n", 1)[1].split("\n", 1)[1]
+    # a row field whose example comes after the import keeps the row's value (the notebook's row sets
+    # it there), as in the notebook: math's e does not replace it
+    nb = notebook('from math import *\ne = "x"\nprompt = e + str(floor(pi))', "%%lm --temperature 0\n{prompt}{gen z}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("e",)
+    rows = write_rows(tmp_path / "rows2.jsonl", [{"e": "B"}])
+    ns = _load_job(source, monkeypatch, rows, tmp_path / "out2.jsonl")
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 0
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["B3"]
 
 
 @pytest.mark.parametrize("setup, body, where, called", [

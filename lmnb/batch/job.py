@@ -60,6 +60,19 @@ def continued(state: Any) -> Any:
     return ProgramState(state.stream_executor.continuation())
 
 
+def star_values(module: str, /, **current: Any) -> tuple:
+    """The values of ``current``'s names (in order) after ``from module import *``: the module's
+    value where the star import sets the name, else the current one. The script makes a per-row
+    cell's star import at module level (a function cannot make one); run_row's own variables that
+    the cells bound before it take the module's values here, as the notebook's did at the import.
+
+    Raises:
+        ImportError: the module cannot be imported (the module-level import failed first)."""
+    names: dict = {}
+    exec(f"from {module} import *", names)
+    return tuple(names.get(name, value) for name, value in current.items())
+
+
 def row_copy(value: Any) -> Any:
     """A row's own copy of a module value that its cells change: a deep copy of built-in
     containers (list, dict, set, bytearray), other values as they are (modules, models, clients
@@ -136,6 +149,7 @@ class Job:
     # UnboundLocalError.
     continued = staticmethod(continued)
     row_copy = staticmethod(row_copy)
+    star_values = staticmethod(star_values)
 
     def __init__(self, description: str = "", inputs: Sequence[str] = (), *, texts: Sequence[str] = (),
                  types: Optional[dict] = None,

@@ -425,7 +425,7 @@ def names(source: str, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
                 first_read.setdefault(n.target.id, i)
             elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                 first_read.setdefault(n.id, i)
-        for name in _bound_by(stmt):
+        for name in bound_by(stmt):
             first_bound.setdefault(name, i)
     outside = {n for n, i in first_read.items() if n in read and i <= first_bound.get(n, i)}
     bound = tuple(s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported())
@@ -463,12 +463,14 @@ def _bindings(tree: ast.Module) -> tuple[tuple, dict]:
                     if literal:
                         strings.setdefault(t.id, []).append((stmt.lineno, stmt.end_lineno))
                 continue
-        for name in _bound_by(stmt):
+        for name in bound_by(stmt):
             bindings.append((name, False))
     return tuple(bindings), strings
 
 
-def _bound_by(stmt: ast.stmt) -> list[str]:
+def bound_by(stmt: ast.stmt) -> list[str]:
+    """The names a top-level statement binds in its scope (not those of functions, classes,
+    lambdas and comprehensions inside it)."""
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [stmt.name]
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):

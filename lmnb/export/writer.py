@@ -94,6 +94,9 @@ class _Names:
 class _Writer:
     def __init__(self, p: Plan, names: _Names):
         self.p, self.names = p, names
+        # row field → (cell, line) of the notebook's first example of it ((0, 0): none, the row gives it from the start)
+        self.field_at = {n: min(((c.index, first) for c in p.cells if isinstance(c, Code)
+                                 for first, _ in c.string_assignments.get(n, [])), default=(0, 0)) for n in p.inputs}
 
     # -- header ---------------------------------------------------------------------------------
     def docstring(self, notebook_name: str, script_name: str) -> str:
@@ -205,7 +208,7 @@ class _Writer:
         """The star imports of the per-row cells, made at module level before ``run_row`` (a
         function cannot make one; run_row's code reads the names as globals). Empty if none."""
         found = {c.index: _star_imports(c) for c in self.p.row if isinstance(c, Code)}
-        statements = list(dict.fromkeys(text for stars in found.values() for _, _, text in stars))
+        statements = list(dict.fromkeys(text for stars in found.values() for _, _, text, _ in stars))
         if not statements:
             return ""
         cells = _ranges([i for i, stars in found.items() if stars])
@@ -222,12 +225,18 @@ class _Writer:
         for name in p.copied:
             body.append(f'{name} = {n.job}.row_copy(globals()["{name}"])  # changed below: each row starts '
                         "from the module value")
+        bound = list(p.copied)  # run_row's variables so far (but the row fields), for star_values
         for cell in p.row:
-            body.append(self.row_cell(cell))
+            body.append(self.row_cell(cell, bound))
+            if isinstance(cell, Code):
+                bound += cell.assigns
+            elif isinstance(cell, LMCell):
+                bound += [*p.binds[cell.index], *([cell.options.out] if cell.options.out else [])]
         text = "\n\n".join(_indent(b) for b in body)
         return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
 
-    def row_cell(self, cell) -> str:
+    def row_cell(self, cell, bound: list) -> str:
+        """A cell of run_row; ``bound``: the variables run_row binds before it (``star_values``)."""
         if isinstance(cell, Markdown):
             return _markdown(cell)
         if isinstance(cell, Dropped):
@@ -235,9 +244,20 @@ class _Writer:
         if isinstance(cell, Code):
             source = _strip_examples(cell, self.p.strip.get(cell.index, set()))
             lines = source.split("\n")
-            for first, last, _ in _star_imports(cell):  # (commented out line by line: the cell's line numbers stay)
+            for first, last, statement, before in _star_imports(cell):  # (line by line: the cell's line numbers stay)
                 lines[first - 1:last] = ["# " + line for line in lines[first - 1:last]]
-                lines[last - 1] += "  <- made at module level, before run_row"
+                # a row field counts from where the notebook's example of it was (the row's value replaces it there)
+                fields = [n for n in self.p.inputs if self.field_at[n] < (cell.index, first)]
+                names = list(dict.fromkeys([*fields, *(n for n in [*bound, *before] if n not in self.p.inputs)]))
+                if not names:
+                    lines[last - 1] += "  <- made at module level, before run_row"
+                    continue
+                # the variables bound above take the module's values, as the notebook's import set them
+                module = statement.removeprefix("from ").removesuffix(" import *")
+                values = ", ".join(f"{n}={n}" for n in names)
+                lines[last - 1] = (f"{', '.join(names)}{',' * (len(names) == 1)} = "
+                                   f"{self.names.job}.star_values({module!r}, {values})  # {statement}: made at "
+                                   "module level, before run_row; here its values of the names bound above")
             return f"# -- cell {cell.index}{_magic_note(cell)}\n" + "\n".join(lines)
         return self.row_lm(cell)
 
@@ -308,7 +328,8 @@ def _mark_examples(cell: Code, fields: tuple) -> str:
 
 def _star_imports(cell: Code) -> list:
     """The ``from M import *`` statements of a cell that runs per row, as (first line, last line,
-    the statement) in the cell's source; the script makes them at module level.
+    the statement, the names the cell's statements above it bind) in the cell's source; the script
+    makes them at module level.
 
     Raises:
         ExportError: one the script cannot move: in a block (``if``, ``try``) or on a line with other code.
@@ -317,7 +338,7 @@ def _star_imports(cell: Code) -> list:
 
     if "*" not in cell.source:
         return []
-    from lmnb.export.cells import ExportError
+    from lmnb.export.cells import ExportError, bound_by
 
     tree = ast.parse(cell.source)
     out = []
@@ -331,7 +352,8 @@ def _star_imports(cell: Code) -> list:
             raise ExportError(f"cell {cell.index}, line {node.lineno}: `{statement}` {where} of a cell that runs per "
                               "input row, where the script cannot make it (a function cannot star-import); move it "
                               "to a cell of its own before the first %%lm cell")
-        out.append((node.lineno, node.end_lineno, statement))
+        above = [name for s in tree.body if s.end_lineno < node.lineno for name in bound_by(s)]
+        out.append((node.lineno, node.end_lineno, statement, above))
     return out
 
 
