@@ -257,8 +257,8 @@ class SglFunction:
                 kwargs[name] = value
                 options[name] = _UNSET
         n, seed, use_thread, state = (_LMNB_RUN_OPTIONS[k] if v is _UNSET else v for k, v in options.items())
-        check_flag("stream", stream)
-        check_flag("use_thread", use_thread)
+        stream = check_flag("stream", stream)
+        use_thread = check_flag("use_thread", use_thread)
         self._check_args(args, kwargs)
         check_stop_regex(stop_regex)
         defaults = GenParams(
@@ -325,8 +325,8 @@ class SglFunction:
 
         stop_if_tracing()
         _check_backend(backend)
-        check_flag("progress_bar", progress_bar)
-        check_flag("generator_style", generator_style)
+        progress_bar = check_flag("progress_bar", progress_bar)
+        generator_style = check_flag("generator_style", generator_style)
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError(f"run_batch takes a list of argument dicts, not {type(batch_kwargs).__name__}")
         items = []

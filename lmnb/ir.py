@@ -31,15 +31,21 @@ def is_stop(value: Any) -> bool:
         isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value))
 
 
-def check_flag(name: str, value: Any) -> None:
-    """Refuse a flag that is not True or False (None, "inherit", passes): a truthy string such as
-    "no" would otherwise mean yes. The engine's ``SamplingParams`` refuses the same for ``ignore_eos``.
+def check_flag(name: str, value: Any) -> Optional[bool]:
+    """``value`` as a Python bool (None, "inherit", passes): True, False or a numpy bool (an
+    ``np.bool_`` from an array or a comparison), refusing anything else: a truthy string such as
+    "no" would otherwise mean yes, and 0 / 1 are numbers. The engine's ``SamplingParams`` refuses
+    the same for ``ignore_eos``.
 
     Raises:
-        TypeError: ``value`` is neither a bool nor None.
+        TypeError: ``value`` is neither a bool, a numpy bool nor None.
     """
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} is invalid: must be True or False")
+    if value is None or isinstance(value, bool):
+        return value
+    kind = type(value)  # (numpy is not imported here: importing lmnb stays light)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):  # np.bool_ ("bool" since numpy 2)
+        return bool(value)
+    raise TypeError(f"{name}={value!r} is invalid: must be True or False")
 
 
 _PARAM_FIELDS = (
@@ -106,7 +112,7 @@ class GenParams:
 
     def __post_init__(self) -> None:
         for flag in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
-            check_flag(flag, getattr(self, flag))
+            setattr(self, flag, check_flag(flag, getattr(self, flag)))
         # Checked here, where gen() or run() was called: the engine would name the merged list
         # (with the chat template's stops in it), and a non-list would fail deep inside.
         if not is_stop(self.stop):

@@ -2378,6 +2378,31 @@ def test_flags_that_are_not_true_or_false_are_refused_where_they_are_given():
     assert sgl.gen("x", ignore_eos=True, return_logprob=False).params.ignore_eos is True
 
 
+def test_numpy_bools_are_taken_as_flags():
+    """A flag computed with numpy (``np.bool_``, from an array or a comparison) was refused as not
+    True or False; it is taken, as the Python bool it holds, while 0, 1 and numpy ints stay refused."""
+    import numpy as np
+
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("x", max_tokens=2)
+
+    for flag in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
+        for value in (True, False):
+            got = getattr(sgl.gen("x", **{flag: np.bool_(value)}).params, flag)
+            assert got is value  # a Python bool: it goes on into JSON requests
+        with pytest.raises(TypeError, match=f"^{flag}=.* is invalid: must be True or False$"):
+            sgl.gen("x", **{flag: np.int64(1)})
+    assert prog.run(backend=be, stream=np.bool_(False), use_thread=np.bool_(False),
+                    return_logprob=np.bool_(False))["x"] == "ok"
+    [state] = prog.run_batch([{}], backend=be, progress_bar=np.bool_(False), generator_style=np.bool_(False))
+    assert state["x"] == "ok"
+    with pytest.raises(TypeError, match="^stream=.* is invalid: must be True or False$"):
+        prog.run(backend=be, stream=np.int64(0))
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_text_iter_of_a_gen_with_several_samples_yields_the_first_samples_text(stream):
     """It yielded nothing (the variable holds a list, which has no text): now the text the gen
