@@ -749,7 +749,7 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
      "sampling_params.max_new_tokens=-1 is invalid: must be an integer >= 0"),
     # by the key the client used: sampling_seed is SamplingParams' seed
     ({"sampling_params": {"sampling_seed": 2**64}}, "sampling_params.sampling_seed",
-     f"sampling_params.sampling_seed={2**64} is invalid: must be None or an integer that fits in 64 bits"),
+     f"sampling_params.sampling_seed={2**64} is invalid: must be null or an integer that fits in 64 bits"),
     ({"sampling_params": {"seed": 2**64}}, "sampling_params.seed", f"sampling_params.seed={2**64} is invalid"),
     # a request field put inside sampling_params: told where it goes, not that it is unknown
     ({"sampling_params": {"top_logprobs_num": 5}}, "sampling_params.top_logprobs_num",
@@ -805,6 +805,21 @@ def test_an_openai_route_error_names_the_field_in_param(served, path, body, para
     _, url = served
     r = _post(url, path, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize("path, body, name", [
+    ("/generate", {"text": "a", "sampling_params": {"seed": 2**64}}, "sampling_params.seed"),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "seed": 2**64}, "seed"),
+    ("/v1/chat/completions", {"model": "rec", "messages": _USER, "seed": -(2**63) - 1}, "seed"),
+])
+def test_a_seed_error_says_null_as_a_json_client_writes_it(served, path, body, name):
+    """The seed error said "must be None or an integer": Python's word, not JSON's."""
+    _, url = served
+    err = _post(url, path, body).json()["error"]
+    seed = body.get("seed", 2**64)
+    assert err["message"] == (f"{name}={seed} is invalid: must be null or an integer that fits in 64 bits "
+                              "(-2**63 <= seed < 2**63)"), err
+    assert err["param"] == name
 
 
 def test_an_engine_refusal_on_an_openai_route_names_the_prompt_the_constraint_or_the_stop_ids():

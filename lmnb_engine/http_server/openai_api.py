@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, Batch, EventStream, ServerContext, encode_prompt, sse
-from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token
+from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token, wire_message
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
 
@@ -205,8 +205,9 @@ def _max_name(req: _SamplingRequest) -> str:
 def _api_names(message: str, req: _SamplingRequest) -> str:
     """An engine or ``SamplingParams`` ``message`` in the request's own field names: the engine's
     ``max_new_tokens`` / ``min_new_tokens`` are ``max_tokens`` (or ``max_completion_tokens``) /
-    ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field."""
-    return in_front_end_names(message, {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens"})
+    ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field; and in
+    JSON's words (``wire_message``)."""
+    return wire_message(in_front_end_names(message, {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens"}))
 
 
 def _param(req: _SamplingRequest, field: str) -> str:

@@ -32,6 +32,12 @@ class RequestFailed(RuntimeError):
     status = 500
 
 
+def wire_message(message: str) -> str:
+    """A ``SamplingParams`` message as a JSON client reads it: the Python API's ``None`` (``seed``
+    "must be None or an integer") is the ``null`` the client sends."""
+    return message.replace("must be None or", "must be null or")
+
+
 def finite(x: Optional[float]) -> Optional[float]:
     """``x``, or None (JSON null) where it is NaN or infinite: JSON has no such numbers, and a
     response carrying one would not be sent at all."""
@@ -120,7 +126,7 @@ def sampling_params_from_json(
         params.validate()
     except SamplingParamsError as e:  # named as the client sent it, not as SamplingParams' field
         name = sent.get(e.field, f"sampling_params.{e.field}")
-        raise RequestError(str(e).replace(f"SamplingParams.{e.field}", name, 1), param=name) from None
+        raise RequestError(wire_message(str(e).replace(f"SamplingParams.{e.field}", name, 1)), param=name) from None
     except (TypeError, ValueError) as e:
         raise RequestError(str(e), param="sampling_params") from None
     check_n(params.n)
