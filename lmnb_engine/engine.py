@@ -678,7 +678,8 @@ class Engine:
         with self._lock:
             old = self._handles.get(rid)
             if old is not None and not old.done:
-                raise ValueError(f"request id {rid!r} is already in use by a running request")
+                raise ValueError(f"rid={rid!r} is already in use by a running request; give another rid, or wait "
+                                 "for that request to end")
             self._handles = {k: h for k, h in self._handles.items() if not h.done}
             handle = RequestHandle(self, rid, params.n)
             self._handles[rid] = handle

@@ -606,9 +606,9 @@ def test_completion_token_ids_outside_the_vocabulary_are_a_400(backends, engines
     ("/generate", '{"text": "aCHARb", "sampling_params": {"max_new_tokens": 2}}', "text"),
     ("/v1/completions", '{"model": "tiny", "prompt": "aCHARb", "max_tokens": 2}', "prompt"),
     ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "CHAR"}], "max_tokens": 2}',
-     "messages.0.content"),
+     "messages[0].content"),
     ("/generate", '{"text": "a", "sampling_params": {"max_new_tokens": 2, "stop": ["x", "CHAR"]}}',
-     "sampling_params.stop.1"),
+     "sampling_params.stop[1]"),
 ])
 def test_a_lone_surrogate_escape_is_a_400_naming_its_field(backends, path, body, param):
     import httpx
@@ -729,3 +729,32 @@ def test_runtime_endpoint_streams_from_a_server_with_incremental_output_as_from_
     assert [[e[1] for e in top] for top in b["output_top_logprobs"]] == \
         [[e[1] for e in top] for top in a["output_top_logprobs"]]
     assert len(a["output_token_logprobs"]) == a["completion_tokens"] > 1
+
+
+def test_the_engines_own_refusals_on_generate_name_the_field_as_sent(backends, engines):
+    """The real engine's refusals of a /generate prompt (a grammar whose first tokens min_new_tokens
+    bans, a rid still running) came back with a null param and Python's SamplingParams name; they
+    name the field as the client sent it, with the entry of a batch."""
+    import httpx
+
+    from lmnb_engine import SamplingParams
+
+    url = backends[2]
+    remote = engines[1]
+    digits = [remote.encode(str(d), add_special_tokens=False)[-1] for d in range(10)]
+    conflict = {"max_new_tokens": 5, "min_new_tokens": 2, "regex": "[0-9]", "stop_token_ids": digits}
+    r = httpx.post(url + "/generate", json={"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}, conflict]},
+                   timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "sampling_params[1].min_new_tokens", err
+    assert err["message"].startswith("sampling_params[1].min_new_tokens=2 conflicts with the regex: every token the "
+                                     "regex allows first is a stop token id or EOS"), err
+    running = remote.submit("a", SamplingParams(max_new_tokens=remote.context_len - 8, ignore_eos=True), rid="held")
+    try:
+        r = httpx.post(url + "/generate", json={"text": "a", "rid": "held"}, timeout=60)
+    finally:
+        running.abort()
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "rid", err
+    assert err["message"] == ("rid='held' is already in use by a running request; give another rid, or wait for that "
+                              "request to end")

@@ -850,6 +850,93 @@ def test_an_engine_refusal_on_an_openai_route_names_the_prompt_the_constraint_or
         assert "max_tokens=5 exceeds" in _post(url, "/v1/completions", {"model": "rec", **cases[0][0]}).json()["error"]["message"]
 
 
+class _RefusingEngine(RecordingEngine):
+    """A ``RecordingEngine`` that refuses as ``Engine.submit`` does (its messages): a grammar with
+    min_new_tokens, a grammar that does not compile, stop ids outside the vocabulary, a prompt
+    longer than 5 tokens, a running rid ("busy"). Every handle it made is kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.handles: list = []
+
+    def submit(self, prompt, params, rid=None):
+        from lmnb_engine.constrained import GrammarError
+        from lmnb_engine.params import SamplingParamsError
+
+        m = params.min_new_tokens
+        if params.regex is not None and m:
+            raise SamplingParamsError(
+                f"SamplingParams.min_new_tokens={m} conflicts with the regex: every token the regex allows first is a "
+                f"stop token id or EOS, which min_new_tokens bans until {m} tokens are out; set min_new_tokens=0 or "
+                "remove those stop_token_ids", "min_new_tokens")
+        if params.json_schema is not None:
+            raise GrammarError("the JSON schema keyword 'not' is not supported")
+        if params.stop_token_ids:
+            raise ValueError(f"stop_token_ids {params.stop_token_ids} are outside the vocabulary [0, 100)")
+        if len(prompt) > 5:
+            raise ValueError(f"prompt of {len(prompt)} tokens exceeds the model's context length of 5 tokens; "
+                             "shorten the prompt")
+        if rid == "busy":
+            raise ValueError("rid='busy' is already in use by a running request; give another rid, or wait for "
+                             "that request to end")
+        self.handles.append(_UntilAborted(super().submit(prompt, params, rid)))
+        return self.handles[-1]
+
+
+_CONFLICT = {"regex": "a+", "min_new_tokens": 2}
+
+
+@pytest.mark.parametrize("body, param, message", [
+    # the grammar and min_new_tokens conflict: the message said SamplingParams.min_new_tokens
+    ({"text": "a", "sampling_params": _CONFLICT}, "sampling_params.min_new_tokens",
+     "sampling_params.min_new_tokens=2 conflicts with the regex: "),
+    ({"text": ["a", "b"], "sampling_params": [{}, _CONFLICT]}, "sampling_params[1].min_new_tokens",
+     "sampling_params[1].min_new_tokens=2 conflicts with the regex: "),
+    # given once for the batch: the same conflict for every prompt, no entry to name
+    ({"text": ["a", "b"], "sampling_params": _CONFLICT}, "sampling_params.min_new_tokens",
+     "sampling_params.min_new_tokens=2 conflicts with the regex: "),
+    ({"text": ["a", "b"], "sampling_params": [{}, {"json_schema": {"not": {}}}]}, "sampling_params[1].json_schema",
+     "sampling_params[1]: the JSON schema keyword 'not' is not supported"),
+    ({"text": "a", "sampling_params": {"stop_token_ids": [500]}}, "sampling_params.stop_token_ids",
+     "stop_token_ids [500] are outside the vocabulary [0, 100)"),
+    # the prompt of a batch that is too long: its entry
+    ({"text": ["a", "abcdefgh"]}, "text[1]",
+     "text[1]: prompt of 8 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
+    ({"input_ids": [[97], [97] * 9]}, "input_ids[1]", "input_ids[1]: prompt of 9 tokens exceeds"),
+    ({"text": "abcdefgh"}, "text", "prompt of 8 tokens exceeds"),
+    ({"text": ["a", "b"], "rid": ["x", "busy"]}, "rid[1]", "rid[1]='busy' is already in use by a running request"),
+    ({"text": "a", "rid": "busy"}, "rid", "rid='busy' is already in use by a running request"),
+])
+def test_an_engine_refusal_on_generate_names_the_field_and_the_entry_as_the_client_sent_them(body, param, message):
+    """The engine's refusals of a /generate prompt had a null param, named no entry of a batch, and
+    the grammar conflict named SamplingParams.min_new_tokens, a Python class's field; they now name
+    the field as sent, with the entry of a field given per prompt, as /generate's own checks do.
+    The prompts already queued are aborted."""
+    engine = _RefusingEngine()
+    with live_server(engine) as url:
+        r = _post(url, "/generate", body)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param and err["message"].startswith(message), err
+    assert "SamplingParams" not in err["message"]
+    assert all(h.aborted.is_set() for h in engine.handles)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/generate", {"text": "a", "sampling_params": {"stop": ["x", "CHAR"]}}, "sampling_params.stop[1]"),
+    ("/generate", {"text": ["a", "bCHAR"]}, "text[1]"),
+    ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "CHAR"}]},
+     "messages[0].content"),
+])
+def test_a_lone_surrogate_is_named_as_other_field_errors_name_a_place(served, path, body, param):
+    """Its place was named sampling_params.stop.1 where other errors say sampling_params[1]."""
+    _, url = served
+    r = httpx.post(url + path, content=json.dumps(body).replace("CHAR", "\\ud800"),
+                   headers={"content-type": "application/json"}, timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param, err
+    assert err["message"].startswith(f"{param} holds a lone UTF-16 surrogate escape"), err
+
+
 def test_a_prompt_certainly_longer_than_the_context_is_refused_before_it_is_encoded():
     # a 20 MB prompt took 20 s to encode before its 400: a token stands for at most max_token_bytes
     # bytes of text, so a longer text is refused by its size alone

@@ -24,6 +24,7 @@ import hmac
 import itertools
 import json
 import logging
+import re
 import threading
 import uuid
 import weakref
@@ -44,9 +45,12 @@ from lmnb_engine.http_server.protocol import (
     StreamChunks,
     image_token,
     meta_info,
+    refused_field,
+    sampling_field,
+    sampling_params_error,
     sampling_params_from_json,
 )
-from lmnb_engine.params import SamplingParams
+from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
 logger = logging.getLogger("lmnb.serve")
@@ -132,9 +136,10 @@ class ServerContext:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def submit(self, prompts: list, params: list, rids: list,
-                     param_of: Optional[Callable[[Exception], Optional[str]]] = None) -> list:
-        """Submit every prompt; if one is rejected, abort those already queued and re-raise as a
-        ``RequestError`` (the engine names the problem) whose ``param`` is ``param_of(error)``."""
+                     refused: Callable[[Exception, int], RequestError]) -> list:
+        """Submit every prompt; if prompt ``k`` is rejected, abort those already queued and raise
+        ``refused(error, k)``, the engine's refusal in the route's own field names: a 400, or a 503
+        for a busy grammar compiler."""
         handles = []
         try:
             for prompt, p, rid in zip(prompts, params, rids):
@@ -147,7 +152,8 @@ class ServerContext:
             # a busy or restarting compiler is the server's state: 503, which clients retry. A pattern
             # too large to compile stays a 400: a retry would spend the whole time limit again.
             transient = isinstance(e, GrammarCompileStopped) and e.transient
-            raise RequestError(str(e), status=503 if transient else 400, param=param_of(e) if param_of else None) from None
+            error = refused(e, len(handles))
+            raise RequestError(str(error), 503 if transient else 400, error.param) from None
         return handles
 
     async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:
@@ -247,23 +253,51 @@ def _per_item(value: Any, n: int, name: str) -> list:
     return [value] * n
 
 
-def _prompt_params(body: dict, k: int, *fields) -> SamplingParams:
-    """``sampling_params_from_json(*fields)`` of prompt ``k``; an error in a field the body gave
-    per prompt (a list) names the entry: ``sampling_params[1].temperature``, not a field that
-    every prompt's entry has."""
+def _prompt_params(body: dict, k: int, batch: bool, *fields) -> SamplingParams:
+    """``sampling_params_from_json(*fields)`` of prompt ``k``, an error naming the entry of a field
+    the body gave per prompt (``_entry_error``)."""
     try:
         return sampling_params_from_json(*fields)
     except RequestError as e:
-        key = next((key for key in _PER_PROMPT_KEYS if isinstance(body.get(key), list) and e.param
-                    and (e.param == key or e.param.startswith(key + "."))), None)
-        if key is None:
-            raise
-        entry = f"{key}[{k}]"
-        message = str(e).replace(key, entry, 1) if key in str(e) else f"{entry}: {e}"
-        raise RequestError(message, e.status, entry + e.param[len(key):]) from None
+        raise _entry_error(body, k, batch, e) from None
 
 
-_PER_PROMPT_KEYS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
+def _entry_error(body: dict, k: int, batch: bool, e: RequestError) -> RequestError:
+    """``e``, an error in prompt ``k``'s fields named as for a single prompt, naming the entry of
+    a field the body gave per prompt (a list): ``sampling_params[1].temperature``, ``text[1]``,
+    ``rid[1]``; a field that every prompt shares is named as it is."""
+    per_prompt = [key for key in _PER_PROMPT_KEYS if isinstance(body.get(key), list)]
+    if batch:
+        per_prompt.append("text" if body.get("text") is not None else "input_ids")
+    key = next((key for key in per_prompt if e.param and (e.param == key or e.param.startswith(key + "."))), None)
+    if key is None:
+        return e
+    entry = f"{key}[{k}]"
+    message = str(e)  # (a message names its field first, when it does: "sampling_params.top_p=2 is invalid")
+    message = entry + message[len(key):] if re.match(rf"{key}\b", message) else f"{entry}: {message}"
+    return RequestError(message, e.status, entry + e.param[len(key):])
+
+
+def _refusal(body: dict, params: list, batch: bool) -> Callable[[Exception, int], RequestError]:
+    """``ServerContext.submit``'s ``refused`` for /generate: the engine's refusal of prompt ``k``
+    naming its field as the client sent it (``refused_field``; the prompt, ``text`` or
+    ``input_ids``, where it names none), with the entry of a batch's prompt (``_entry_error``)."""
+    def refused(e: Exception, k: int) -> RequestError:
+        sp = body.get("sampling_params")
+        d = sp[k] if isinstance(sp, list) else sp
+        field = refused_field(e, params[k])
+        if isinstance(e, SamplingParamsError):
+            error = sampling_params_error(e, d)
+        elif field is None:
+            error = RequestError(str(e), param="text" if body.get("text") is not None else "input_ids")
+        else:
+            error = RequestError(str(e), param=field if field == "rid" else sampling_field(d, field))
+        return _entry_error(body, k, batch, error)
+
+    return refused
+
+
+_PER_PROMPT_KEYS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num", "rid")
 _GENERATE_KEYS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream", "image_data",
@@ -337,7 +371,7 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     want_lp = _per_item(body.get("return_logprob", False), n, "return_logprob")
     starts = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len")
     tops = _per_item(body.get("top_logprobs_num", 0), n, "top_logprobs_num")
-    params = [_prompt_params(body, k, *item) for k, item in enumerate(zip(sps, want_lp, starts, tops))]
+    params = [_prompt_params(body, k, batch, *item) for k, item in enumerate(zip(sps, want_lp, starts, tops))]
     rid = body.get("rid")
     if rid is None:
         rids = [uuid.uuid4().hex for _ in range(n)]
@@ -365,10 +399,12 @@ def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool =
 
 
 def _lone_surrogate_place(body: Any) -> Optional[str]:
-    """The place (``messages.0.content``; "" for the body itself) of the first lone surrogate in a
-    parsed JSON body, or None."""
+    """The place (``messages[0].content``, as other field errors name one; "" for the body
+    itself) of the first lone surrogate in a parsed JSON body, or None."""
     found = find_lone_surrogate(body)
-    return None if found is None else ".".join(str(k) for k in found[0])
+    if found is None:
+        return None
+    return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in found[0]).removeprefix(".")
 
 
 def _flag(body: dict, key: str) -> bool:
@@ -496,7 +532,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     @app.post("/generate")
     async def generate(request: Request):
-        prompts, params, rids, batch, opts = _parse_generate(await json_body(request))
+        body = await json_body(request)
+        prompts, params, rids, batch, opts = _parse_generate(body)
         prompt_texts = list(prompts)  # (the text prompts, before some are encoded below)
         # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
         # that needs it is tokenized here (off the event loop) and submitted as its ids.
@@ -505,7 +542,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
         if any(opts["images"]):
             prompts = [await _with_images(ctx, x, images) if images else x for x, images in zip(prompts, opts["images"])]
-        handles = await ctx.submit(prompts, params, rids)
+        handles = await ctx.submit(prompts, params, rids, _refusal(body, params, batch))
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
             return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)

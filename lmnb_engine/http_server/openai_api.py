@@ -27,7 +27,15 @@ from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import SSE_DONE, Batch, EventStream, ServerContext, encode_prompt, sse
-from lmnb_engine.http_server.protocol import RequestError, RequestFailed, check_n, finite, image_token, wire_message
+from lmnb_engine.http_server.protocol import (
+    RequestError,
+    RequestFailed,
+    check_n,
+    finite,
+    image_token,
+    refused_field,
+    wire_message,
+)
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
 
@@ -218,17 +226,13 @@ def _param(req: _SamplingRequest, field: str) -> str:
             "logprob_start_len": "echo", "regex": constraint, "json_schema": constraint}.get(field, field)
 
 
-def _refused_param(req: _SamplingRequest, e: Exception) -> str:
-    """The request's field that the engine's refusal ``e`` is about: a parameter, the constraint
-    (a grammar that does not compile), else the prompt (too long, ids outside the vocabulary)."""
-    from lmnb_engine.constrained.errors import GrammarError
-
-    if isinstance(e, SamplingParamsError):
-        return _param(req, e.field)
-    if isinstance(e, GrammarError):
-        return _param(req, "regex")
-    if str(e).startswith("stop_token_ids"):  # (Engine._check_in_vocabulary names the ids' field first)
-        return "stop_token_ids"
+def _refused_param(req: _SamplingRequest, params: SamplingParams, e: Exception) -> str:
+    """The request's field that the engine's refusal ``e`` is about (``refused_field``): a
+    parameter, the constraint (a grammar that does not compile), else the prompt (too long, ids
+    outside the vocabulary)."""
+    field = refused_field(e, params)
+    if field is not None:
+        return _param(req, field)
     return "messages" if isinstance(req, ChatRequest) else "prompt"
 
 
@@ -239,10 +243,8 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     (a prompt too long for ``max_tokens``...) is worded in the request's field names
     (``_api_names``) and names the field as ``param``."""
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
-    try:
-        handles = await ctx.submit(prompts, params, rids, lambda e: _refused_param(req, e))
-    except RequestError as e:
-        raise RequestError(_api_names(str(e), req), e.status, e.param) from None
+    handles = await ctx.submit(prompts, params, rids, lambda e, k: RequestError(
+        _api_names(str(e), req), param=_refused_param(req, params[k], e)))
     if len(handles) > 1:
         handles = Batch(handles)
         ctx.batches[rid] = handles

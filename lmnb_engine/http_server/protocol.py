@@ -97,11 +97,8 @@ def sampling_params_from_json(
         raise RequestError("sampling_params must be a JSON object", param="sampling_params")
     d = dict(d or {})
     kwargs: dict[str, Any] = {}
-    # SamplingParams field -> the name the client sent it as, for errors (sampling_seed is seed)
-    sent = {key: key for key in _REQUEST_KEYS}
     for key, value in d.items():
         if key in _SAMPLING_KEYS:
-            sent[_SAMPLING_KEYS[key]] = f"sampling_params.{key}"
             if value is not None:
                 kwargs[_SAMPLING_KEYS[key]] = value
         elif key in _NEUTRAL_KEYS:
@@ -125,12 +122,44 @@ def sampling_params_from_json(
         params = SamplingParams(**kwargs)
         params.validate()
     except SamplingParamsError as e:  # named as the client sent it, not as SamplingParams' field
-        name = sent.get(e.field, f"sampling_params.{e.field}")
-        raise RequestError(wire_message(str(e).replace(f"SamplingParams.{e.field}", name, 1)), param=name) from None
+        raise sampling_params_error(e, d) from None
     except (TypeError, ValueError) as e:
         raise RequestError(str(e), param="sampling_params") from None
     check_n(params.n)
     return params
+
+
+def sampling_field(d: Optional[dict], field: str) -> str:
+    """The name under which a /generate client sent ``SamplingParams`` field ``field`` (an
+    error's ``param``), ``d`` being its ``sampling_params``: a request field (``return_logprob``)
+    as it is, a sampling parameter inside ``sampling_params`` by the key the client used
+    (``sampling_params.sampling_seed`` for ``seed``)."""
+    if field in _REQUEST_KEYS:
+        return field
+    keys = [key for key in (d if isinstance(d, dict) else {}) if _SAMPLING_KEYS.get(key) == field]
+    return f"sampling_params.{keys[-1] if keys else field}"
+
+
+def sampling_params_error(e: SamplingParamsError, d: Optional[dict]) -> RequestError:
+    """``e`` (``SamplingParams``' refusal, or the engine's) as a /generate client reads it: the
+    field named as it was sent in ``sampling_params`` ``d`` (``sampling_field``), in JSON's words."""
+    name = sampling_field(d, e.field)
+    return RequestError(wire_message(str(e).replace(f"SamplingParams.{e.field}", name, 1)), param=name)
+
+
+def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
+    """The field that the engine's refusal ``e`` of a request with ``params`` is about: a
+    ``SamplingParams`` field (its own error's, ``regex`` or ``json_schema`` for a grammar that
+    does not compile, ``stop_token_ids`` outside the vocabulary, ``logprob_start_len`` past the
+    prompt), ``rid`` (in use), or None for the prompt (too long, ids outside the vocabulary)."""
+    from lmnb_engine.constrained.errors import GrammarError
+
+    if isinstance(e, SamplingParamsError):
+        return e.field
+    if isinstance(e, GrammarError):
+        return "regex" if params.regex is not None else "json_schema"
+    # (the engine's messages name these fields first: Engine._check_in_vocabulary, Engine._check ...)
+    return next((f for f in ("stop_token_ids", "logprob_start_len", "rid") if str(e).startswith(f)), None)
 
 
 # More samples than this per request is refused: n=100000 once queued 100000 requests and starved
