@@ -622,7 +622,7 @@ class Engine:
     def _check_first_token_allowed(self, grammar: Any, params: SamplingParams) -> None:
         """Refuse a grammar whose every first token is one that ``min_new_tokens`` bans (a stop token
         id or EOS): no output could begin. It costs one mask, the initial state's; a conflict
-        further on aborts the request when it is reached (``sampler.blocked_message``)."""
+        further on aborts the request when it is reached (``sampler.blocked_reason``)."""
         from lmnb_engine.constrained import RequestGrammar
 
         vocab = self.loaded.config.vocab_size

@@ -24,12 +24,16 @@ class FinishReason:
     type: ``"stop"`` (EOS, a stop token id or a stop string; ``matched`` holds it),
     ``"length"`` (max_new_tokens or the context length was reached; ``length`` holds the output
     tokens then), ``"abort"`` (``Engine.abort``, shutdown or an error; ``message`` says which).
+    field: for an abort that the request's own parameters caused (a grammar that, midway, allows
+    only tokens ``min_new_tokens`` still bans), the ``SamplingParams`` field to change: the
+    caller's mistake, not the engine's failure, which front ends report as such.
     """
 
     type: FinishType
     matched: str | int | None = None
     message: str | None = None
     length: int | None = None
+    field: str | None = None
 
     @property
     def requested_abort(self) -> bool:

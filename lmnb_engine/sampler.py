@@ -23,7 +23,7 @@ with the sampled ids (no extra host sync).
 
 Rows whose masks leave no token (a grammar that allows only the stop token ids or EOS that
 ``min_new_tokens`` still bans) are flagged in ``SampleOutput.blocked_rows`` the same way, and the
-scheduler aborts those requests with ``blocked_message``: SGLang and vLLM define nothing here (their
+scheduler aborts those requests with ``blocked_reason``: SGLang and vLLM define nothing here (their
 sampling then runs on all -inf logits).
 """
 
@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from lmnb_engine.outputs import TokenLogprob
+from lmnb_engine.outputs import FinishReason, TokenLogprob
 from lmnb_engine.request import Req, sample_draw
 
 
@@ -92,16 +92,18 @@ def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(logits.amax(dim=-1))
 
 
-def blocked_message(req: Req) -> str:
-    """Why no token was allowed for ``req`` (a ``SampleOutput.blocked_rows`` row), with the fix."""
+def blocked_reason(req: Req) -> FinishReason:
+    """The abort of ``req``, for which no token was allowed (a ``SampleOutput.blocked_rows`` row):
+    its message says why, with the fix; its ``field`` is ``min_new_tokens`` where that banned them."""
     what = "the regex" if req.params.regex is not None else "the JSON schema" if req.grammar else "the model"
     m = req.params.min_new_tokens
+    at = f"no token was allowed at output token {len(req.output_ids) + 1}"
     if len(req.output_ids) < m:
-        return (f"no token was allowed at output token {len(req.output_ids) + 1}: {what} allows only tokens that "
-                f"min_new_tokens={m} bans until {m} token{'s are' if m != 1 else ' is'} out: the stop token ids / EOS; lower min_new_tokens "
-                f"or remove those stop_token_ids")
-    return (f"no token was allowed at output token {len(req.output_ids) + 1}: {what} allows only tokens whose "
-            "logits the model set to -inf")
+        return FinishReason("abort", field="min_new_tokens", message=(
+            f"{at}: {what} allows only tokens that min_new_tokens={m} bans until {m} "
+            f"token{'s are' if m != 1 else ' is'} out: the stop token ids / EOS; lower min_new_tokens or remove those "
+            "stop_token_ids"))
+    return FinishReason("abort", message=f"{at}: {what} allows only tokens whose logits the model set to -inf")
 
 
 def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: frozenset[int], grammar: bool) -> None:

@@ -45,7 +45,7 @@ from lmnb_engine.outputs import ABORT_REQUESTED, FinishReason, GenerateResult, R
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
-from lmnb_engine.sampler import PendingSample, blocked_message, nonfinite_rows, sample, sample_async, token_logprobs
+from lmnb_engine.sampler import PendingSample, blocked_reason, nonfinite_rows, sample, sample_async, token_logprobs
 from lmnb_engine.schedule_policy import SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -672,7 +672,7 @@ class Scheduler:
                 if i in out.bad_rows:
                     self._fail_nonfinite(req)
                 elif i in out.blocked_rows:  # a user's conflicting constraints: no traceback
-                    self._finish(req, FinishReason("abort", message=blocked_message(req)))
+                    self._finish(req, blocked_reason(req))
                 else:
                     self._append_token(req, tok, lp)
         for i, at in flight.verify_at.items():

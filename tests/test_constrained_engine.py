@@ -317,6 +317,7 @@ def test_a_grammar_allowing_only_tokens_min_new_tokens_bans_is_refused_or_aborte
         h_bad, h_plain = on.submit("Digits:", bad), on.submit("Go:", plain)
         r, other = h_bad.result(), h_plain.result()
     assert r.finish_reason.type == "abort" and len(r.token_ids) == 1 and r.token_ids[0] in digits
+    assert r.finish_reason.field == "min_new_tokens"  # (the caller's settings, not a failure: front ends say so)
     assert r.finish_reason.message == (
         "no token was allowed at output token 2: the regex allows only tokens that min_new_tokens=2 bans until 2 "
         "tokens are out: the stop token ids / EOS; lower min_new_tokens or remove those stop_token_ids")

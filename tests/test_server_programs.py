@@ -758,3 +758,25 @@ def test_the_engines_own_refusals_on_generate_name_the_field_as_sent(backends, e
     assert r.status_code == 400 and err["param"] == "rid", err
     assert err["message"] == ("rid='held' is already in use by a running request; give another rid, or wait for that "
                               "request to end")
+
+
+def test_an_openai_choice_blocked_by_its_own_min_tokens_is_a_400_or_ends_with_abort(backends, engines):
+    """A grammar with min_tokens it cannot satisfy: refused at the first token, a 400 naming
+    min_tokens; found midway (a digit, then only "a", which min_tokens bans), a 500 for the whole
+    request; that choice now ends with finish_reason "abort", as /generate ends that entry."""
+    import httpx
+
+    url = backends[2]
+    remote = engines[1]
+    a = remote.encode("a", add_special_tokens=False)[-1]
+    digits = [remote.encode(str(d), add_special_tokens=False)[-1] for d in range(10)]
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 5, "min_tokens": 2, "regex": "[0-9]", "stop_token_ids": digits}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "min_tokens", err
+    assert err["message"].startswith("min_tokens=2 conflicts with the regex"), err
+    midway = {**body, "prompt": "Digits:", "regex": "[0-9]a", "stop_token_ids": [a], "temperature": 0}
+    r = httpx.post(url + "/v1/completions", json=midway, timeout=60)
+    assert r.status_code == 200, r.text
+    [choice] = r.json()["choices"]
+    assert choice["finish_reason"] == "abort" and len(choice["text"]) == 1 and choice["text"] in "0123456789"

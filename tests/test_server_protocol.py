@@ -1155,6 +1155,66 @@ def test_abort_request_takes_an_openai_response_id_and_aborts_all_its_choices(pa
             [reply["id"]] if prompts == 1 else [f"{reply['id']}-0", f"{reply['id']}-1"])
 
 
+class _ConflictEngine(RecordingEngine):
+    """A ``RecordingEngine`` that aborts a prompt holding "!" after its first token, as the engine
+    does when a grammar then allows only tokens that min_new_tokens still bans (``blocked_reason``)."""
+
+    def submit(self, prompt, params, rid=None):
+        from types import SimpleNamespace
+
+        from lmnb_engine.outputs import GenerateResult, RequestMeta, StreamEvent
+        from lmnb_engine.sampler import blocked_reason
+
+        handle = super().submit(prompt, params, rid)
+        if "!" not in self.prompts[-1]:
+            return handle
+        reason = blocked_reason(SimpleNamespace(params=params, grammar=object(), output_ids=[120]))
+        result = GenerateResult(handle.rid, "x", [120], reason, RequestMeta(prompt_tokens=2, cached_tokens=0,
+                                                                           completion_tokens=1))
+        return RecordingHandle(handle.rid, [StreamEvent(handle.rid, "x", [120]),
+                                            StreamEvent(handle.rid, "", [], finished=True, result=result)])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_choice_its_own_constraints_block_midway_ends_alone_with_abort_not_a_500(stream):
+    """A grammar that, after some tokens, allows only tokens min_tokens still bans aborts that
+    request in the engine, by name; the OpenAI routes answered a 500 (the stream an error event),
+    discarding the other choices, for the client's own settings. That choice now ends with
+    finish_reason "abort", the others go on, as /generate ends only that entry."""
+    conflict = {"regex": "x+", "min_tokens": 2, "max_tokens": 3, "stream": stream}
+    with live_server(_ConflictEngine(), served_model_name="rec") as url:
+        for path, body, want in (
+            ("/v1/completions", {"prompt": ["a", "b!", "c"]}, {0: "xxx", 1: "x", 2: "xxx"}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "b!"}]}, {0: "x"}),
+        ):
+            body = {"model": "rec", **body, **conflict}
+            if stream:
+                with httpx.Client(timeout=30) as client, client.stream("POST", url + path, json=body) as r:
+                    chunks = _sse_json(list(r.iter_lines()))
+                assert not [c for c in chunks if "error" in c], chunks
+                texts: dict = {}
+                finish = {ch["index"]: ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]}
+                for c in chunks:
+                    for ch in c["choices"]:
+                        piece = ch["delta"].get("content", "") if "delta" in ch else ch["text"]
+                        texts[ch["index"]] = texts.get(ch["index"], "") + piece
+            else:
+                r = _post(url, path, body)
+                assert r.status_code == 200, r.text
+                choices = r.json()["choices"]
+                texts = {c["index"]: c["text"] if "text" in c else c["message"]["content"] for c in choices}
+                finish = {c["index"]: c["finish_reason"] for c in choices}
+            assert texts == want
+            assert finish == {i: "abort" if text == "x" else "length" for i, text in want.items()}
+        # as /generate ends that entry: finish reason abort, with the engine's message
+        r = _post(url, "/generate", {"text": ["a", "b!"], "sampling_params": {"regex": "x+", "min_new_tokens": 2,
+                                                                              "max_new_tokens": 3}})
+        meta = [o["meta_info"]["finish_reason"] for o in r.json()]
+        assert meta[0] == {"type": "length"} and meta[1]["type"] == "abort"
+        assert meta[1]["message"].startswith("no token was allowed at output token 2: the regex allows only tokens "
+                                             "that min_new_tokens=2 bans")
+
+
 class _LogprobEngine(RecordingEngine):
     """A ``RecordingEngine`` that replies "abcd" with logprobs in four events: "a"; the id of "b"
     with its text held back; "bc"; and "d" with the last one."""

@@ -297,10 +297,13 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
 def _finish(result) -> str:
     """A choice's finish reason: ``stop``, ``length``, or ``abort`` for an abort that was asked for
     (/abort_request), as SGLang's OpenAI routes report a graceful abort, streamed or not, the other
-    choices going on. An abort for an error (NaN logits, shutdown) is a ``RequestFailed``: the
-    choice has no field for its message (SGLang's error response for an abort with a status)."""
+    choices going on; so too for one that the request's own parameters caused midway
+    (``FinishReason.field``: a grammar allowing only tokens ``min_tokens`` bans), as /generate ends
+    that entry alone: no server failure. An abort for an error (NaN logits, shutdown) is a
+    ``RequestFailed``: the choice has no field for its message (SGLang's error response for an
+    abort with a status)."""
     fr = result.finish_reason
-    if fr.type == "abort" and not fr.requested_abort:
+    if fr.type == "abort" and not fr.requested_abort and fr.field is None:
         raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
     return fr.type
 
