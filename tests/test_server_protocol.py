@@ -1215,6 +1215,44 @@ def test_a_choice_its_own_constraints_block_midway_ends_alone_with_abort_not_a_5
                                              "that min_new_tokens=2 bans")
 
 
+@pytest.mark.parametrize("path, body, rids", [
+    ("/v1/completions", {"prompt": "a"}, ["mine"]),
+    ("/v1/completions", {"prompt": ["a", "b"]}, ["mine-0", "mine-1"]),
+    ("/v1/chat/completions", {"messages": _USER, "n": 2}, ["mine"]),
+])
+def test_an_unstreamed_openai_request_with_its_own_rid_can_be_aborted_while_it_runs(path, body, rids):
+    """A request that is not streamed learns its id only from its response, once it has ended, so
+    it could not be aborted. It now names its rid (SGLang's field): the response's id, which
+    /abort_request takes while it runs; its choices end with finish_reason "abort". The rid is
+    refused while that request runs."""
+    engine = _HeldEngine()
+    body = {"model": "rec", "max_tokens": 1000, "rid": "mine", **body}
+    replies: list = []
+    with live_server(engine, served_model_name="rec") as url:
+        request = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
+        request.start()
+        try:
+            engine.wait_for(len(rids))
+            again = _post(url, "/v1/completions", {"model": "rec", "prompt": "c", "rid": "mine"})
+            assert again.status_code == 400 and again.json()["error"] == {
+                "message": "rid='mine' is already in use by a running request; give another rid, or wait for that "
+                           "request to end", "type": "invalid_request_error", "param": "rid", "code": 400}
+            assert _post(url, "/abort_request", {"rid": "mine"}).json() == {"success": True}
+        finally:
+            engine.release.set()
+            request.join(30)
+        [r] = replies
+        assert r.status_code == 200, r.text
+        assert r.json()["id"] == "mine" and [h.rid for h in engine.handles] == rids
+        assert [c["finish_reason"] for c in r.json()["choices"]] == ["abort"] * len(rids) * body.get("n", 1)
+        assert all(h.aborted.is_set() for h in engine.handles)
+        # ended: the rid is free again
+        assert _post(url, path, body).json()["id"] == "mine"
+        for bad, message in (("", "rid must be a non-empty string"), (5, "rid: Input should be a valid string")):
+            err = _post(url, path, {**body, "rid": bad}).json()["error"]
+            assert err["param"] == "rid" and err["message"].startswith(message), err
+
+
 class _LogprobEngine(RecordingEngine):
     """A ``RecordingEngine`` that replies "abcd" with logprobs in four events: "a"; the id of "b"
     with its text held back; "bc"; and "d" with the last one."""

@@ -115,7 +115,7 @@ class _Inbox:
 
 
 class Batch(list):
-    """The handles of one OpenAI request of several prompts (a list that can be weakly referenced)."""
+    """The handles of one OpenAI request's prompts (a list that can be weakly referenced)."""
 
 
 class ServerContext:
@@ -126,8 +126,9 @@ class ServerContext:
         self.model_name = served_model_name
         self.incremental_streaming_output = incremental_streaming_output  # (/generate's stream: StreamChunks)
         self.pool = ThreadPoolExecutor(MAX_WAITING_THREADS, thread_name_prefix="lmnb-serve")
-        # OpenAI response id -> its prompts' handles, for /abort_request (their engine rids are
-        # <id>-<k>); weak: an entry goes when its request's route or stream lets go of the handles
+        # OpenAI response id -> its prompts' handles, for /abort_request and to refuse the id while it
+        # runs (engine rids: the id, or <id>-<k> for several prompts); weak: an entry goes when its
+        # request's route or stream lets go of the handles
         self.batches: weakref.WeakValueDictionary[str, Batch] = weakref.WeakValueDictionary()
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
 
@@ -525,7 +526,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         rid = body.get("rid") if isinstance(body, dict) else None
         if not isinstance(rid, str):
             raise RequestError("abort_request needs {\"rid\": <request id>}", param="rid")
-        batch = ctx.batches.get(rid)  # an OpenAI response id of several prompts: each has a rid of its own
+        batch = ctx.batches.get(rid)  # an OpenAI response id (of several prompts: each has a rid of its own)
         if batch is not None:
             return {"success": any([await ctx.run(h.abort) for h in batch])}
         return {"success": bool(await ctx.run(engine.abort, rid))}

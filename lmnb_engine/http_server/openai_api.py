@@ -8,7 +8,11 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
 rejected with a 400 naming them rather than ignored. A response's ``id`` is its request's rid, as
 in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
-``abort``.
+``abort``. A client names the rid itself with SGLang's ``rid`` field (a non-empty string), so that
+it can abort a request that is not streamed before its response brings the id; a rid still in use
+by a running request is a 400. The engine rid of one prompt is the rid itself (its ``n`` choices
+share it); of prompt k of several, ``<rid>-<k>`` (SGLang's per-sample rids are ``<rid>_<i>``):
+either way ``/abort_request`` with the rid aborts every choice.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class _SamplingRequest(_Strict):
     skip_special_tokens: StrictBool = True
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict]] = None
+    rid: Optional[str] = None  # SGLang's: the response id, for /abort_request (module docstring)
 
     @model_validator(mode="before")
     @classmethod
@@ -242,13 +247,22 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     ``/abort_request`` with ``rid`` aborts them all (``ServerContext.batches``). The engine's refusal
     (a prompt too long for ``max_tokens``...) is worded in the request's field names
     (``_api_names``) and names the field as ``param``."""
+    running = ctx.batches.get(rid)
+    if running is not None and not all(h.done for h in running):  # (one prompt's, the engine refuses too)
+        raise RequestError(f"rid={rid!r} is already in use by a running request; give another rid, or wait for "
+                           "that request to end", param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
-    handles = await ctx.submit(prompts, params, rids, lambda e, k: RequestError(
-        _api_names(str(e), req), param=_refused_param(req, params[k], e)))
-    if len(handles) > 1:
-        handles = Batch(handles)
-        ctx.batches[rid] = handles
+    handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: RequestError(
+        _api_names(str(e), req), param=_refused_param(req, params[k], e))))
+    ctx.batches[rid] = handles
     return handles
+
+
+def _response_id(req: _SamplingRequest, prefix: str) -> str:
+    """The request's ``rid``, else a new id starting with ``prefix`` (OpenAI's ``cmpl-``, ``chatcmpl-``)."""
+    if req.rid == "":
+        raise RequestError("rid must be a non-empty string; leave it out for an id the server picks", param="rid")
+    return req.rid or f"{prefix}{uuid.uuid4().hex}"
 
 
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
@@ -499,7 +513,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                            0 if req.echo and req.logprobs is not None else -1)
         # token ids up front, so echoed logprobs can name the first prompt token too
         ids = [await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x) for x in prompts]
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        rid, created = _response_id(req, "cmpl-"), int(time.time())
         handles = await _submit(ctx, req, ids, [params] * len(ids), rid)  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
         texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
@@ -558,7 +572,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        rid, created = _response_id(req, "chatcmpl-"), int(time.time())
         handles = await _submit(ctx, req, [prompt], [params], rid)
         if req.stream:
             return EventStream(_stream(ctx, handles, rid, created, "chat.completion.chunk", req), handles)
