@@ -761,7 +761,7 @@ class Scheduler:
                 reason = FinishReason("stop", matched=hit[1])
             elif req.stop_matcher.problem:  # a stop regex search ran too long (this sample's or another's)
                 req.final_text = req.detokenizer.text[: req.sent_text_len]  # (what was held back may be a stop)
-                reason = FinishReason("abort", message=req.stop_matcher.problem)
+                reason = FinishReason("abort", message=req.stop_matcher.problem, field="stop_regex")
             elif req.grammar is not None and req.grammar.is_terminated():
                 reason = FinishReason("stop")
         if reason is None and len(req.output_ids) >= p.max_new_tokens:

@@ -312,7 +312,8 @@ def _finish(result) -> str:
     """A choice's finish reason: ``stop``, ``length``, or ``abort`` for an abort that was asked for
     (/abort_request), as SGLang's OpenAI routes report a graceful abort, streamed or not, the other
     choices going on; so too for one that the request's own parameters caused midway
-    (``FinishReason.field``: a grammar allowing only tokens ``min_tokens`` bans), as /generate ends
+    (``FinishReason.field``: a grammar allowing only tokens ``min_tokens`` bans, a ``stop_regex``
+    backtracking past its time limit), as /generate ends
     that entry alone: no server failure. An abort for an error (NaN logits, shutdown) is a
     ``RequestFailed``: the choice has no field for its message (SGLang's error response for an
     abort with a status)."""
