@@ -40,11 +40,11 @@ def check_flag(name: str, value: Any) -> Optional[bool]:
     Raises:
         TypeError: ``value`` is neither a bool, a numpy bool nor None.
     """
+    from lmnb_engine.params import python_value  # torch-free
+
+    value = python_value(value)
     if value is None or isinstance(value, bool):
         return value
-    kind = type(value)  # (numpy is not imported here: importing lmnb stays light)
-    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):  # np.bool_ ("bool" since numpy 2)
-        return bool(value)
     raise TypeError(f"{name}={value!r} is invalid: must be True or False")
 
 
@@ -111,6 +111,10 @@ class GenParams:
     dtype: Optional[Any] = None
 
     def __post_init__(self) -> None:
+        from lmnb_engine.params import python_value  # torch-free: the engine's own reading
+
+        for f in _PARAM_FIELDS:  # numpy scalars as Python values, as the engine takes them (and for JSON)
+            setattr(self, f, python_value(getattr(self, f)))
         for flag in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
             setattr(self, flag, check_flag(flag, getattr(self, flag)))
         # Checked here, where gen() or run() was called: the engine would name the merged list

@@ -45,6 +45,17 @@ def _is_numpy_scalar(v: Any) -> bool:
     return type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 and hasattr(v, "item")
 
 
+def python_value(v: Any) -> Any:
+    """``v`` with numpy scalars (``np.int64(3)``, ``np.float32(0.5)``, ``np.bool_(True)``, from an
+    array or a comparison) as the Python values they hold, in a list or tuple too (a list then);
+    anything else as it is. Checks then read one type, and the value goes into JSON."""
+    if _is_numpy_scalar(v):
+        return v.item()
+    if isinstance(v, (list, tuple)) and any(map(_is_numpy_scalar, v)):
+        return [x.item() if _is_numpy_scalar(x) else x for x in v]
+    return v
+
+
 @dataclass
 class SamplingParams:
     """How to sample the continuation of one prompt.
@@ -133,12 +144,8 @@ class SamplingParams:
         """Check every field; raise ``SamplingParamsError`` (a ``ValueError``) naming the field, the
         value and the allowed range."""
 
-        for f in fields(self):  # numpy scalars (np.int64(3), np.float32(0.5)) as the Python values they hold
-            v = getattr(self, f.name)
-            if _is_numpy_scalar(v):
-                setattr(self, f.name, v.item())
-            elif f.name == "stop_token_ids" and isinstance(v, (list, tuple)) and any(map(_is_numpy_scalar, v)):
-                setattr(self, f.name, [t.item() if _is_numpy_scalar(t) else t for t in v])
+        for f in fields(self):
+            setattr(self, f.name, python_value(getattr(self, f.name)))
 
         def bad(name: str, rule: str, show: bool = True) -> None:
             shown = f"={getattr(self, name)!r}" if show else ""  # (not shown: thousands of stops, say)

@@ -2403,6 +2403,26 @@ def test_numpy_bools_are_taken_as_flags():
         prog.run(backend=be, stream=np.int64(0))
 
 
+def test_numpy_numbers_are_taken_as_the_python_values_they_hold():
+    """gen(top_logprobs_num=np.int64(3)) and stop_token_ids=[np.int64(3)] were refused, where the
+    engine takes numpy scalars; and a numpy value taken (max_tokens) went on as numpy, which a JSON
+    request to a server cannot carry. Every option now holds the Python value."""
+    import json
+
+    import numpy as np
+
+    params = sgl.gen("x", max_tokens=np.int64(4), top_logprobs_num=np.int64(3), stop_token_ids=[np.int64(7), 9],
+                     temperature=np.float32(0.5), top_k=np.int32(5), seed=np.uint64(2**63 - 1)).params
+    got = {k: getattr(params, k) for k in ("max_new_tokens", "top_logprobs_num", "stop_token_ids", "temperature",
+                                            "top_k", "seed")}
+    assert got == {"max_new_tokens": 4, "top_logprobs_num": 3, "stop_token_ids": [7, 9], "temperature": 0.5,
+                   "top_k": 5, "seed": 2**63 - 1}
+    assert {type(v) for k, v in got.items() if k != "stop_token_ids"} == {int, float}
+    assert json.loads(json.dumps(params.sampling_kwargs()))["stop_token_ids"] == [7, 9]
+    with pytest.raises(ValueError, match="^top_logprobs_num=-1 is invalid"):
+        sgl.gen("x", top_logprobs_num=np.int64(-1))
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_text_iter_of_a_gen_with_several_samples_yields_the_first_samples_text(stream):
     """It yielded nothing (the variable holds a list, which has no text): now the text the gen
