@@ -1238,6 +1238,27 @@ def test_a_parameter_named_in_inputs_reads_each_rows_value_as_its_defaults_type(
     assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["10", "12"]
 
 
+def test_a_json_list_is_a_tuple_or_set_parameters_value(tmp_path, monkeypatch):
+    # JSON has no tuple or set: a row's list for `pair = (1, 2)` was refused as "expected a tuple"
+    from helpers_export import read_results
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook(("parameters", "pair = (1, 2)\ntags = {'a'}"), "m = f'{type(pair).__name__}{pair} {sorted(tags)}'",
+                  "%%lm --temperature 0\n{m}{gen x max_tokens=1}")
+    source, _ = export_notebook(nb, inputs=["pair", "tags"])
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"pair": [3, 4], "tags": ["b", "c", "b"]}\n{"pair": [], "tags": []}\n'
+                    '{"pair": "(5,)", "tags": [[1]]}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    ns = _load_job(source, monkeypatch, rows, out)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 1
+    results = sorted(read_results(out), key=lambda r: r["row"])
+    assert [r["status"] for r in results] == ["ok", "ok", "bad_input"]
+    assert results[2]["error"].startswith("line 3: field 'tags': expected a set as a Python literal")
+    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["tuple() []", "tuple(3, 4) ['b', 'c']"]
+
+
 def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_path, monkeypatch, capsys):
     # run_row is a function, where `from math import *` is a SyntaxError: the export failed with "the
     # exported script does not compile ... simplify expressions in their {...} holes" (found by a review helper)

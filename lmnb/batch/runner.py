@@ -391,9 +391,13 @@ def _not_text(row: InputRow, texts) -> str | None:
 def _read_typed(row: InputRow, types: dict) -> str | None:
     """Read the row's fields that are notebook parameters (``Job.types``) as their options read
     text, in place (a JSON value as its Python literal: 32, [1, 2]); the error for the first that
-    does not read so, or None."""
+    does not read so, or None. JSON has no tuple or set: a JSON list is one for such a parameter."""
     for name, kind in types.items():
         value = row.fields[name]
+        if isinstance(value, list) and kind is tuple:
+            value = repr(tuple(value))
+        elif isinstance(value, list) and kind is set:
+            value = f"{{{repr(value)[1:-1]}}}" if value else "set()"
         try:
             row.fields[name] = parameter_type(kind())(value if isinstance(value, str) else repr(value))
         except argparse.ArgumentTypeError as e:
