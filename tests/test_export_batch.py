@@ -272,7 +272,7 @@ def test_a_job_parser_reads_an_option_once_on_each_command_line():
 
     parser = job_parser()
     for threads in ("2", "3"):
-        args = parser.parse_args(["--input", "x", "--output", "y", "--num-threads", threads, "--retry-errors"])
+        args = parser.parse_args(["--input", "x", "--output", "y.jsonl", "--num-threads", threads, "--retry-errors"])
         assert (args.num_threads, args.retry_errors) == (int(threads), True)
 
 
@@ -1441,3 +1441,19 @@ def test_a_rerun_on_a_shorter_input_warns_of_the_records_of_rows_it_no_longer_ha
     assert len(read_results(out)) == 7
     assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0  # rows past --limit are unread, not gone
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["res.csv", "res.tsv", "results"])
+def test_an_output_not_named_jsonl_is_refused_before_anything_runs(tmp_path, capsys, name):
+    """`--output res.csv` wrote JSON lines into a file named as CSV, without a word (and exited 0)."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    out = tmp_path / name
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(out), "--no-progress"])
+    with pytest.raises(SystemExit) as stopped:
+        job.run(run_row, backend=ScriptedBackend(reply))
+    assert stopped.value.code == 2
+    assert (f"argument --output: {str(out)!r}: the results are JSON lines (one record per row, read back to continue "
+            f"a stopped run), so the file is named .jsonl; use e.g. --output {tmp_path / 'res.jsonl'}"
+            if name != "results" else f"use e.g. --output {tmp_path / 'results.jsonl'}") in capsys.readouterr().err
+    assert not out.exists()
+

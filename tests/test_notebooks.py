@@ -590,7 +590,7 @@ def test_p_values_are_read_like_the_exported_jobs_options():
                                           metadata={"tags": ["parameters"]})]
     defaults = parameter_defaults(nb)
     given = {"short": "false", "ratio": "1", "name": "3", "tags": "['b', 'c']"}
-    job = Job("", ["q"], argv=["--input", "x", "--output", "y", *(w for k, v in given.items() for w in (f"--{k}", v))])
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", *(w for k, v in given.items() for w in (f"--{k}", v))])
     expected = vars(job.parameters(**defaults))
     assert {k: parse_value(v, defaults[k]) for k, v in given.items()} == expected == {
         "short": False, "ratio": 1.0, "name": "3", "tags": ["b", "c"]}

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from lmnb.backend.base import BackendAuthError
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
-from lmnb.batch.inputs import FORMATS
+from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
 from lmnb_engine.cli_options import Once, OnceFlag
@@ -58,8 +58,9 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
         p.add_argument("--input", action=Once, required=True, type=Path, metavar="ROWS",
                        help="the rows: JSON lines (.jsonl, one object per line) or CSV/TSV with a header "
                             "(CSV values are strings)")
-        p.add_argument("--output", action=Once, required=True, type=Path, metavar="RESULTS",
-                       help="results, one JSON line per row; appended to, so rerunning continues where it stopped")
+        p.add_argument("--output", action=Once, required=True, type=_results_path, metavar="RESULTS",
+                       help="results (.jsonl), one JSON line per row; appended to, so rerunning continues where "
+                            "it stopped; folders that do not exist are made")
     p.add_argument("--backend", action=Once, default=None, metavar="engine|URL",
                    help="'engine': a model in this process; a URL: an SGLang or 'lmnb serve' server, or with "
                         "--openai an OpenAI-compatible API root (…/v1) (default: "
@@ -226,6 +227,23 @@ def _check_served_model(backend, model: str, url: str) -> None:
     if model not in served:
         raise ValueError(f"{url} does not serve model {model!r} (it serves: {', '.join(served) or 'none'}); "
                          "pass one of those to --openai")
+
+
+def _results_path(text: str) -> Path:
+    # The results are JSON lines, read back to resume: `--output res.csv` wrote JSON lines into a
+    # file that every CSV reader then misread.
+    path = Path(text)
+    try:
+        fmt = input_format(path)
+    except InputError:
+        fmt = None
+    if fmt != "jsonl":
+        example = path / "results.jsonl" if not path.name or path.is_dir() else path.with_suffix(".jsonl")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the results are JSON lines (one record per row, read back to continue a stopped run), "
+            f"so the file is named .jsonl; use e.g. --output {example} (convert it to CSV "
+            "afterwards if needed, e.g. pandas.read_json(FILE, lines=True).to_csv(...))")
+    return path
 
 
 def _whole_number(text: str) -> int:
