@@ -1457,3 +1457,13 @@ def test_an_output_not_named_jsonl_is_refused_before_anything_runs(tmp_path, cap
             if name != "results" else f"use e.g. --output {tmp_path / 'results.jsonl'}") in capsys.readouterr().err
     assert not out.exists()
 
+
+def test_an_output_folder_that_does_not_exist_is_made_and_named(tmp_path, capsys):
+    """`--output nodir/out.jsonl` was refused ("does not exist") where lmnb run and lmnb export make the folder."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q1"}, {"question": "q2"}])
+    out = tmp_path / "runs" / "today" / "out.jsonl"
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(out), "--no-progress"])
+    assert job.run(run_row, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    assert f"lmnb batch: created the folder {out.parent} (it did not exist) for {out}\n" in capsys.readouterr().err
+    assert sorted(r["variables"]["answer"] for r in read_results(out)) == ["Q1", "Q2"]
+

@@ -271,6 +271,9 @@ class Job:
         store = ResultStore(args.output, args.id_field, self.settings(), code_fingerprint(run_row))
         try:
             store.open(retry_errors=args.retry_errors)
+            if store.made_folder is not None:
+                print(f"lmnb batch: created the folder {store.made_folder} (it did not exist) for {args.output}",
+                      file=sys.stderr)
             if store.other_script:  # kept (an edit that fixes failed rows must not discard the good ones), but said
                 n = store.other_script
                 plural = n > 1

@@ -92,21 +92,28 @@ class ResultStore:
         self._forgotten: set = set()  # keys whose records drop_forgotten() removes from the file
         self._fd: Optional[int] = None
         self._line_open = False  # the file's last line has no line break yet
+        self.made_folder: Optional[Path] = None  # the folder open() made for the file, if it made one
 
     # -- opening ------------------------------------------------------------------------------------
     def open(self, retry_errors: bool = False) -> None:
-        """Lock the file (creating it), cut off a torn last line and load the keys of done rows.
+        """Lock the file (creating it, and its folders that do not exist: ``made_folder``), cut off
+        a torn last line and load the keys of done rows.
 
         With ``retry_errors`` the records of failed rows are set aside (``forget``), so those rows
         run again.
 
         Raises:
-            StoreError: another run holds the lock, a line is not a JSON record, the records
+            StoreError: the file's folder cannot be made, another run holds the lock, a line is not a JSON record, the records
                 were keyed differently (with/without ``--id-field``), or a row has two records.
         """
-        if not self.path.parent.is_dir():  # (a file there was "[Errno 20] Not a directory" from open())
-            why = f"is a file, {self.path.parent}, not a folder" if self.path.parent.exists() else "does not exist"
-            raise StoreError(f"the folder of the output file {self.path} {why}")
+        from lmnb.export import file_in_the_way, make_folders  # (here: lmnb.export imports lmnb.batch)
+
+        try:  # (made, as lmnb run and lmnb export make theirs; said by the job)
+            self.made_folder = make_folders(self.path)
+        except OSError as e:  # (a file there was "[Errno 20] Not a directory" from open())
+            blocker = file_in_the_way(self.path)
+            why = f"is a file, {blocker}, not a folder" if blocker else f"cannot be made: {e}"
+            raise StoreError(f"the folder of the output file {self.path} {why}") from None
         if self.path.exists() and not self.path.is_file():  # (reading a pipe back would wait forever)
             what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"
             raise StoreError(f"the output {self.path} is {what}; the results are appended to a file and read "
