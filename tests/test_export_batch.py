@@ -1467,3 +1467,28 @@ def test_an_output_folder_that_does_not_exist_is_made_and_named(tmp_path, capsys
     assert f"lmnb batch: created the folder {out.parent} (it did not exist) for {out}\n" in capsys.readouterr().err
     assert sorted(r["variables"]["answer"] for r in read_results(out)) == ["Q1", "Q2"]
 
+
+@pytest.mark.parametrize("encoding, bom, named", [
+    ("utf-16-le", b"\xff\xfe", "UTF-16"), ("utf-16-be", b"\xfe\xff", "UTF-16"),
+    ("utf-32-le", b"\xff\xfe\x00\x00", "UTF-32"), ("utf-32-be", b"\x00\x00\xfe\xff", "UTF-32"),
+    ("utf-16-le", b"", None), ("utf-32-be", b"", None)])
+@pytest.mark.parametrize("name, text", [("rows.jsonl", '{"question": "q1"}\n{"question": "q2"}\n'),
+                                        ("rows.csv", "question\nq1\nq2\n")])
+def test_utf16_or_utf32_input_is_refused_as_a_whole_naming_the_encoding(tmp_path, capsys, encoding, bom, named,
+                                                                        name, text):
+    """A UTF-16 file (Notepad's "Unicode", PowerShell's >) was a "not UTF-8" or "invalid JSON"
+    bad_input record per line, with no word of the encoding."""
+    rows = tmp_path / name
+    rows.write_bytes(bom + text.encode(encoding))
+    if named:
+        message = (f"{rows} is {named} text, not UTF-8; save it again as UTF-8 (e.g. iconv -f {named} -t UTF-8 "
+                   f"{rows} > {tmp_path / ('rows-utf8' + rows.suffix)})")
+    else:
+        message = (f"{rows} is not UTF-8 text: its first line holds 0 bytes, as UTF-16 or UTF-32 text does; save it "
+                   "again as UTF-8")
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    assert str(refused.value) == message
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert capsys.readouterr().err == f"lmnb batch: {message}\n"
+    assert not (tmp_path / "out.jsonl").exists()

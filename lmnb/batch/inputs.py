@@ -18,7 +18,7 @@ _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "c
 
 
 class InputError(ValueError):
-    """The input file as a whole cannot be read (missing, unknown format, no CSV header)."""
+    """The input file as a whole cannot be read (missing, unknown format, not UTF-8, no CSV header)."""
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,32 @@ def read_rows(path: Path, fmt: Optional[str] = None) -> Iterator[InputRow]:
     return _jsonl(path) if fmt == "jsonl" else _delimited(path, "\t" if fmt == "tsv" else ",")
 
 
+# Byte order marks of the encodings whose text is not UTF-8 at all (UTF-32's first: it starts as UTF-16 LE's does)
+_WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+              (b"\xfe\xff", "UTF-16"))
+
+
+def _first_line(raw: bytes, path: Path) -> bytes:
+    """The file's first line without a UTF-8 byte order mark (as some editors write). Raises
+    ``InputError`` for UTF-16 or UTF-32 text (Notepad's "Unicode", PowerShell's ``>``): its every
+    line read as a row of garbage, "not UTF-8" or "invalid JSON", with no word of the encoding."""
+    encoding = next((name for bom, name in _WIDE_BOMS if raw.startswith(bom)), None)
+    if encoding is not None:
+        converted = path.with_name(f"{path.stem}-utf8{path.suffix}")
+        raise InputError(f"{path} is {encoding} text, not UTF-8; save it again as UTF-8 (e.g. iconv -f {encoding} "
+                         f"-t UTF-8 {path} > {converted})")
+    if b"\x00" in raw[:4]:  # (without an order mark: ASCII text as UTF-16 or UTF-32 has 0 bytes between)
+        raise InputError(f"{path} is not UTF-8 text: its first line holds 0 bytes, as UTF-16 or UTF-32 text does; "
+                         "save it again as UTF-8")
+    return raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+
+
 def _jsonl(path: Path) -> Iterator[InputRow]:
     index = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]  # a UTF-8 byte order mark, as some editors write
+            if lineno == 1:
+                raw = _first_line(raw, path)
             if not raw.strip():
                 continue
             if index == 0 and raw.lstrip().startswith(b"["):  # (each of its lines would be a bad row)
@@ -153,8 +173,8 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
 
 def _decoded_lines(f, path: Path) -> Iterator[str]:
     for lineno, raw in enumerate(f, start=1):
-        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
+        if lineno == 1:
+            raw = _first_line(raw, path)
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as e:
