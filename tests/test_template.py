@@ -805,3 +805,18 @@ def test_top_logprobs_num_above_the_engines_bound_is_left_to_the_backend_as_gen_
                                                   "per token, an integer >= 0") as e:
         parse("Q: {gen x top_logprobs_num=-1}")
     assert e.value.col == 28
+
+
+@pytest.mark.parametrize("before, padding", [
+    ("a\tb\t", " \t \t"),  # tabs are kept: the terminal expands both lines alike
+    ("日本語 ", "       "),  # each wide character is two columns: 3 * 2 + 1
+    ("🙂x", "   "),  # an emoji is wide too
+    ("e\u0301 ", "  "),  # a combining accent takes no column
+])
+def test_the_caret_is_under_the_column_on_a_line_with_tabs_or_wide_characters(before, padding):
+    """The caret was padded with one space per character: on a line with tabs or CJK / emoji text
+    it stood left of the column (the column number itself was right)."""
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(before + "{gen a max_token=3}")
+    assert e.value.col == len(before) + 8
+    assert str(e.value).split("\n")[1:3] == ["    " + before + "{gen a max_token=3}", "    " + padding + "       ^"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 
 def line_col(source: str, offset: int, first_line: int = 1, indent: str = "") -> tuple[int, int]:
@@ -55,6 +56,15 @@ TOO_DEEP = "this is too long or nested too deeply for Python's parser"
 TOO_DEEP_HINT = "build the value in a Python cell and use the variable here"
 
 
+def caret_padding(text: str) -> str:
+    """What goes before a caret that points just past ``text`` (the start of a line): its tabs kept
+    (a terminal or notebook expands them alike on both lines), two spaces for a wide (CJK, emoji)
+    character, none for a combining mark, one space for any other. Spaces alone put the caret
+    columns to the left of where it points on such lines."""
+    return "".join("\t" if c == "\t" else "" if unicodedata.combining(c)
+                   else "  " if unicodedata.east_asian_width(c) in "WF" else " " for c in text)
+
+
 class TemplateError(Exception):
     """A problem located in a cell: ``line``/``col`` (1-based) say where, ``message`` says what.
 
@@ -74,20 +84,20 @@ class TemplateError(Exception):
         self.line, self.col = line_col(source, offset, first_line, indent)
         lines = source.split("\n")
         self.source_line = lines[self.line - first_line] if 0 <= self.line - first_line < len(lines) else ""
-        self._margin = indent if indent and self.source_line else ""  # (put back: the line as typed)
-        self.source_line = self._margin + self.source_line
+        if indent and self.source_line:  # (put back: the line as typed)
+            self.source_line = indent + self.source_line
         super().__init__(self._render())
 
     def _render(self) -> str:
         out = f"line {self.line}, col {self.col}: {self.message}"
-        line, at, margin = self.source_line, self.col - 1, self._margin
+        line, at = self.source_line, self.col - 1
         if len(line) > QUOTED_LINE_CHARS:
             start, end = max(0, at - QUOTED_AROUND), at + QUOTED_AROUND
-            if start:  # (the margin is cut off; the caret counts the "…" before the rest)
-                line, at, margin = "…" + line[start:], at - start + 1, ""
+            if start:  # (the caret counts the "…" before the rest)
+                line, at = "…" + line[start:], at - start + 1
             line = line[: at + QUOTED_AROUND] + ("…" if end < len(self.source_line) else "")
-        if line.strip():  # (a tab in the margin stays a tab, so the caret lines up under it)
-            out += f"\n    {line}\n    {margin}{' ' * (at - len(margin))}^"
+        if line.strip():
+            out += f"\n    {line}\n    {caret_padding(line[:at])}^"
         if self.hint:
             out += f"\n  hint: {self.hint}"
         return out
