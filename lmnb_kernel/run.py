@@ -179,13 +179,14 @@ def run(args) -> int:
         # On a second Ctrl-C, a cell that did not stop after the first, or SIGTERM (CtrlC's handler,
         # or nbclient's at start-up, which notes the future it started), the kernel is shut down, so
         # the cell then ends as if the kernel had died.
+        which = "a cell" if ctrl_c.cell_number is None else cell_name(ctrl_c.cell_number)
         if ctrl_c.forced:
-            failed, status = (f"interrupted (Ctrl-C); {cell_name(ctrl_c.cell_number)} did not stop within "
+            failed, status = (f"interrupted (Ctrl-C); {which} did not stop within "
                               f"{CtrlC.GRACE_S:g} s, so the kernel was shut down"), 130
         elif ctrl_c.count > 1 or getattr(client, "_async_cleanup_kernel_future", None) is not None:
-            failed, status = "interrupted (Ctrl-C twice, or SIGTERM); the kernel was shut down", 130
+            how = "SIGTERM" if ctrl_c.terminated else "Ctrl-C twice" if ctrl_c.count > 1 else "Ctrl-C or SIGTERM"
+            failed, status = f"interrupted ({how}) while {which} ran; the kernel was shut down", 130
         else:
-            which = "a cell" if ctrl_c.cell_number is None else cell_name(ctrl_c.cell_number)
             failed, status = f"the kernel died while {which} ran (out of memory, or a crash in native code)", 1
     except (CellExecutionError, Interrupted) as e:  # the cell raised (KeyboardInterrupt after a Ctrl-C)
         if ctrl_c.count:
