@@ -13,6 +13,11 @@ if __name__ == "__main__":
         from lmnb_kernel.cli import main as cli_main
 
         sys.exit(cli_main())
-    from lmnb_kernel.kernel import main
+    try:
+        from lmnb_kernel.kernel import main
 
-    main()
+        main()
+    except KeyboardInterrupt:  # (once started, ipykernel handles it: this is an interrupt while it starts)
+        # jupyter_client interrupts a kernel it shuts down (lmnb run on SIGTERM): one that was still
+        # starting printed a KeyboardInterrupt traceback into the run's output
+        sys.exit(130)

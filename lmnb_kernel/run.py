@@ -198,7 +198,7 @@ def run(args) -> int:
     except RuntimeError as e:  # e.g. "Kernel didn't respond in 120 seconds" at start-up
         failed, status = f"the lmnb kernel failed: {e}", 1
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
-        failed, status = "interrupted", 130
+        failed, status = "interrupted while the lmnb kernel was starting; no cell ran", 130
     finally:
         # Saved before the shutdown (which may take seconds), and for a cell still running past
         # --timeout again after it: the shutdown interrupts that cell and waits for it to end, while

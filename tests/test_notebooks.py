@@ -483,6 +483,21 @@ def test_ctrl_c_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_pat
     assert not (tmp_path / "nb.out.ipynb").exists()
 
 
+def test_a_kernel_interrupted_while_it_starts_exits_130_without_a_traceback():
+    """SIGTERM while ``lmnb run`` started its kernel: jupyter_client's shutdown interrupts the
+    kernel, and the kernel, still starting (here: its start-up raises KeyboardInterrupt as that
+    interrupt does), printed a KeyboardInterrupt traceback into the run's output."""
+    code = ("import runpy, sys\n"
+            "import lmnb_kernel.kernel\n"
+            "def interrupted():\n"
+            "    raise KeyboardInterrupt\n"
+            "lmnb_kernel.kernel.main = interrupted\n"
+            "sys.argv = ['lmnb_kernel', '-f', 'kernel.json']\n"
+            "runpy.run_module('lmnb_kernel', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "")
+
+
 def test_output_dash_writes_the_executed_notebook_to_stdout_and_the_summary_to_stderr(tmp_path):
     """-o - wrote a file named '-' (lmnb export and papermill read '-' as stdout). The reference:
     nbformat reads stdout back as the notebook, with the cell's own output in it."""
