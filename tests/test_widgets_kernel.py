@@ -295,3 +295,22 @@ def test_nbconvert_html_of_an_executed_lm_notebook_contains_the_static_views(lmn
     runs = soup.select(".lmnb-run.lmnb-done")
     assert "".join(s.get_text() for s in runs[1].select(".lmnb-cached")).startswith("Name two facts about water.")
     assert len(soup.select(".lmnb-tree .lmnb-node")) >= 3  # root, the shared prefix, the branches
+
+
+def test_a_notebook_executed_by_nbclient_keeps_no_copy_of_the_run_in_the_closed_views_widget_state(tmp_path):
+    """nbclient (papermill, nbconvert --execute, lmnb run with LMNB_VIEW=live) saves the last state
+    of every widget in the notebook's metadata, closed ones too: the live view's last snapshot
+    held the run's text a second time as HTML (14.8 KB for a 400-token gen), beside the output
+    that replaced it. Now the view empties its snapshot before it closes."""
+    cell = ("from lmnb_kernel.widgets import RunView\nv = RunView('saved')\nv.show()\n"
+            "for i in range(200):\n    v.on_delta('main', 'zebra ', token_ids=[i])\n    v.tick()\nv.finish();")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(cell)]
+    NotebookClient(nb, kernel_name=KERNEL, timeout=120, startup_timeout=120,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    [shown] = nb.cells[0].outputs
+    assert shown["data"][VIEW_MIME]["lanes"][0]["segments"][0]["text"] == "zebra " * 200  # the run, once
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    [snapshot] = [m["state"]["snapshot"] for m in states.values() if m["model_name"] == "AnyModel"]
+    assert snapshot["html"] == ""
+    assert "zebra" not in json.dumps(nb.metadata)

@@ -453,6 +453,9 @@ class RunView:
             self._handle.update(self._bundle, raw=True, metadata=self._metadata())
         if self._widget is not None:  # and its Layout, a widget (a comm) of its own that close() leaves open
             layout = getattr(self._widget, "layout", None)
+            # nbclient (papermill, nbconvert --execute) keeps a closed widget's last state in the
+            # notebook's metadata: its last snapshot held the run's text again, as the live HTML
+            self._widget.send_snapshot("")
             self._widget.close()
             if layout is not None:
                 layout.close()
