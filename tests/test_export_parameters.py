@@ -122,9 +122,9 @@ def test_list_tuple_set_and_none_defaults_read_python_literals_and_ints_read_pyt
             parse_value(text, default)
         assert str(e.value).startswith(f"the parameters cell sets it to {default!r}: {problem}")
     # the exported job reads its options the same way
-    job = Job("", ["q"], argv=["--input", "x", "--output", "y", "--n", "0x20", "--tags", "['b']", "--opt", "x"])
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--n", "0x20", "--tags", "['b']", "--opt", "x"])
     assert vars(job.parameters(n=3, tags=["a"], opt=None)) == {"n": 32, "tags": ["b"], "opt": "x"}
-    job = Job("", ["q"], argv=["--input", "x", "--output", "y", "--tags", "b"])
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--tags", "b"])
     with pytest.raises(SystemExit) as e:
         job.parameters(tags=["a"])
     assert e.value.code == 2
