@@ -1458,6 +1458,17 @@ def test_an_output_not_named_jsonl_is_refused_before_anything_runs(tmp_path, cap
     assert not out.exists()
 
 
+def test_an_output_of_a_dash_is_refused_as_stdout(tmp_path, capsys):
+    """`--output -` was refused with "use e.g. --output -.jsonl", as if '-' were a file name."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", "-", "--no-progress"])
+    with pytest.raises(SystemExit) as stopped:
+        job.run(run_row, backend=ScriptedBackend(reply))
+    assert stopped.value.code == 2
+    assert ("argument --output: '-': the results go to a file, which a rerun reads back to continue a stopped run, "
+            "not to stdout; use e.g. --output results.jsonl") in capsys.readouterr().err
+
+
 def test_an_output_folder_that_does_not_exist_is_made_and_named(tmp_path, capsys):
     """`--output nodir/out.jsonl` was refused ("does not exist") where lmnb run and lmnb export make the folder."""
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q1"}, {"question": "q2"}])

@@ -232,6 +232,9 @@ def _check_served_model(backend, model: str, url: str) -> None:
 def _results_path(text: str) -> Path:
     # The results are JSON lines, read back to resume: `--output res.csv` wrote JSON lines into a
     # file that every CSV reader then misread.
+    if text == "-":
+        raise argparse.ArgumentTypeError("'-': the results go to a file, which a rerun reads back to continue a "
+                                         "stopped run, not to stdout; use e.g. --output results.jsonl")
     path = Path(text)
     try:
         fmt = input_format(path)
