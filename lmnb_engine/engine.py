@@ -54,6 +54,17 @@ def _stop(scheduler: Scheduler, tp_group: Any) -> None:
             tp_group.shutdown()
 
 
+class _Subscription:
+    """One ``RequestHandle.subscribe`` listener. While its subscriber replays the events so far,
+    new events wait in ``pending`` (the subscriber delivers them next); after that the scheduler
+    thread delivers each event itself."""
+
+    def __init__(self, listener: Callable[[StreamEvent], None]) -> None:
+        self.listener = listener
+        self.replaying = True
+        self.pending: list[StreamEvent] = []
+
+
 class RequestHandle:
     """A submitted request (all ``n`` samples). Thread-safe; events are kept, so ``events()`` can
     be iterated by several consumers and ``result()`` called at any time.
@@ -70,7 +81,7 @@ class RequestHandle:
         self._events: list[StreamEvent] = []
         self._results: dict[int, GenerateResult] = {}
         self._cond = threading.Condition()
-        self._listeners: list[Callable[[StreamEvent], None]] = []
+        self._subs: list[_Subscription] = []
 
     def _put(self, event: StreamEvent) -> None:  # scheduler thread
         with self._cond:
@@ -78,35 +89,58 @@ class RequestHandle:
             if event.finished and event.result is not None:
                 self._results[event.index] = event.result
             self._cond.notify_all()
-            listeners = list(self._listeners)
+            direct = []
+            for sub in self._subs:
+                if sub.replaying:  # its subscriber delivers it after the events so far
+                    sub.pending.append(event)
+                else:
+                    direct.append(sub)
             if self.done:  # (the last event: let go of the listeners, and what they hold)
-                self._listeners.clear()
+                self._subs.clear()
         # Outside the lock: a slow listener must not hold up readers (result(timeout) waited for it
         # past its timeout). The scheduler thread alone calls _put, so each listener still hears
-        # the events in order, and subscribe's replay (under the lock) ends before any new one.
-        for listener in listeners:
+        # the events in order.
+        for sub in direct:
             try:
-                listener(event)
+                sub.listener(event)
             except Exception:  # noqa: BLE001 - a consumer gone (its event loop closed) must not stop the engine
                 logger.exception("a listener of request %s failed; it hears no more events", self.rid)
-                with self._cond:
-                    if listener in self._listeners:
-                        self._listeners.remove(listener)
+                self._unsubscribe(sub)
+
+    def _unsubscribe(self, sub: _Subscription) -> None:
+        with self._cond:
+            if sub in self._subs:
+                self._subs.remove(sub)
 
     def subscribe(self, listener: Callable[[StreamEvent], None]) -> None:
-        """Call ``listener(event)`` with each ``StreamEvent`` so far, then with each new one as it
-        comes, in order: the events so far here, on the caller's thread and under the handle's lock
-        (so that no new one comes between them), the new ones on the scheduler thread. It must not
-        block (an asyncio consumer hands the event to its loop with ``call_soon_threadsafe``): on
-        the scheduler thread, waiting for a request raises ``RuntimeError`` (the thread it would
-        wait on is its own), and here, a wait holds the scheduler up until it ends. Waiting so takes
-        no thread, where ``events()`` holds one: a server streams any number of requests on its
-        event loop. A listener that raises hears no more events (logged)."""
+        """Call ``listener(event)`` with each ``StreamEvent``, in order and each once: the events so
+        far, and those that come meanwhile, here on the caller's thread before ``subscribe``
+        returns; the later ones on the scheduler thread as they come. No lock is held while the
+        listener runs here, so it may wait (for the request's result, say) and the request goes on.
+
+        On the scheduler thread the listener must not block (an asyncio consumer hands the event to
+        its loop with ``call_soon_threadsafe``): a wait there holds up every request, and waiting
+        for a request raises ``RuntimeError`` (the thread it would wait on is its own). Waiting so
+        takes no thread, where ``events()`` holds one: a server streams any number of requests on
+        its event loop. A listener that raises on the scheduler thread hears no more events
+        (logged); one that raises here hears no more either, and ``subscribe`` raises its error."""
+        sub = _Subscription(listener)
         with self._cond:
-            for event in self._events:
-                listener(event)
+            batch = list(self._events)
             if not self.done:
-                self._listeners.append(listener)
+                self._subs.append(sub)
+        while True:
+            try:
+                for event in batch:
+                    listener(event)
+            except BaseException:
+                self._unsubscribe(sub)
+                raise
+            with self._cond:  # what came while the batch ran; none left: the scheduler delivers from now
+                batch, sub.pending = sub.pending, []
+                if not batch:
+                    sub.replaying = False
+                    return
 
     @property
     def done(self) -> bool:

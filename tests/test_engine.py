@@ -204,6 +204,100 @@ def test_a_slow_listener_does_not_hold_up_the_requests_readers(engine):
     assert len(h.result(timeout=60).token_ids) == 3
 
 
+def test_events_that_come_while_a_listener_replays_are_delivered_after_the_replay_once_each():
+    # subscribe replayed the events so far under the handle's lock: a new event (the scheduler's
+    # _put) waited for the whole replay, so a listener that waited for it there waited forever
+    import threading
+
+    from lmnb_engine.engine import RequestHandle
+    from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent
+
+    h = RequestHandle(None, "r", 1)
+    evs = [StreamEvent("r", c, [i]) for i, c in enumerate("abc")]
+    result = GenerateResult("r", "abc", [0, 1, 2], FinishReason("length"), RequestMeta(1, 0, 3))
+    evs.append(StreamEvent("r", "", [], True, result))
+    heard, put_during_replay = [], []
+
+    def listener(ev):
+        heard.append((ev, threading.current_thread().name))
+        if ev is evs[0]:  # the scheduler thread puts the next event while the replay runs
+            putter = threading.Thread(target=h._put, args=(evs[1],), name="scheduler")
+            putter.start()
+            putter.join(10)
+            put_during_replay.append(not putter.is_alive())
+
+    h._put(evs[0])
+    h.subscribe(listener)
+    assert put_during_replay == [True], "the new event waited for the replay to end"
+    for ev in evs[2:]:
+        h._put(ev)
+    me = threading.current_thread().name
+    # evs[1] came during the replay: the subscriber delivers it, after evs[0]; later ones go as they come
+    assert heard == [(evs[0], me), (evs[1], me), (evs[2], me), (evs[3], me)]
+    assert h.done and h._subs == []
+
+
+@pytest.mark.timeout(180)
+def test_a_listener_that_waits_for_another_request_while_it_replays_does_not_freeze_the_engine(engine):
+    # the replay held the handle's lock, so the scheduler, delivering the running request's next
+    # event, waited for that lock, and the other request the listener waited for never ran
+    import threading
+
+    long = engine.submit("the cat", SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True))
+    next(long.events(timeout=60))
+    other = engine.submit("a dog", SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True))
+    heard, waited = [], []
+
+    def listener(ev):
+        if not heard:
+            try:
+                waited.append(len(other.result(timeout=30).token_ids))
+            except TimeoutError as e:
+                waited.append(e)
+        heard.append(ev)
+
+    subscriber = threading.Thread(target=long.subscribe, args=(listener,), daemon=True)
+    subscriber.start()
+    subscriber.join(90)
+    assert not subscriber.is_alive() and waited == [40]
+    long.abort()
+    assert long.result(timeout=60).finish_reason.type == "abort"
+    assert heard == list(long.events(timeout=10))  # every event, once each, in order
+    assert_idle_accounting(engine)
+
+
+@pytest.mark.timeout(180)
+def test_listeners_subscribing_while_a_request_runs_hear_every_event_once_in_order(engine):
+    import threading
+
+    h = engine.submit("the cat", SamplingParams(max_new_tokens=150, temperature=0.0, ignore_eos=True))
+    lists: list[list] = []
+
+    def subscribe_one():
+        heard: list = []
+        lists.append(heard)
+
+        def listener(ev):
+            heard.append(ev)
+            if len(heard) % 7 == 0:
+                threading.Event().wait(0.001)  # a slower replay: new events come meanwhile
+
+        h.subscribe(listener)
+
+    subscribers = []
+    for _ in h.events(timeout=60):  # a new listener at every event, two of them from other threads
+        subscribe_one()
+        for _ in range(2):
+            t = threading.Thread(target=subscribe_one, daemon=True)
+            t.start()
+            subscribers.append(t)
+    for t in subscribers:
+        t.join(60)
+    events = list(h.events(timeout=10))
+    assert len(lists) > 100 and all(heard == events for heard in lists)
+    assert h.result(timeout=10).token_ids == [t for ev in events for t in ev.token_ids]
+
+
 def _assert_ids_in_step_with_text(engine, events) -> None:
     """Each event's ids are the tokens whose text the stream has sent: after every event but the
     last, the ids so far decode to the text so far; the last sends the rest."""
