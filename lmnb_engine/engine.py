@@ -747,7 +747,9 @@ class Engine:
     ) -> RequestHandle:
         """Queue one prompt without waiting; returns its ``RequestHandle``.
 
-        Raises ``ValueError``/``TypeError`` for a bad prompt or bad params (nothing is queued)."""
+        Raises ``ValueError``/``TypeError`` for a bad prompt or bad params (nothing is queued), and
+        ``RuntimeError`` once the engine is shut down. A request queued before the shutdown ends
+        with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do those running."""
         params = params or SamplingParams()
         ids = self._to_ids(prompt)
         self._check(ids, params)
@@ -769,6 +771,12 @@ class Engine:
         Returns a ``GenerateResult`` for one prompt with n == 1; otherwise a flat list, prompt by
         prompt, samples in index order. Every prompt is checked before any is queued. An
         interrupt (KeyboardInterrupt) while waiting aborts the requests.
+
+        Shutdown: a call made once the engine is shut down raises ``RuntimeError`` ("the engine is
+        shut down; create a new Engine"). A request the engine accepted, even just before another
+        thread's ``shutdown``, is answered like those already running: a result whose finish reason
+        is abort with the message ``outputs.ABORT_SHUTDOWN`` (naming the shutdown), and a batch keeps
+        the results of its prompts that had finished.
         """
         params = params or SamplingParams()
         prompts, is_batch = self._split_batch(prompt)
@@ -960,7 +968,9 @@ class Engine:
 
     # --- lifetime -----------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Abort pending requests and stop the scheduler thread (idempotent)."""
+        """Abort pending requests and stop the scheduler thread (idempotent). Every request accepted
+        before, running or queued, ends with finish reason abort and ``outputs.ABORT_SHUTDOWN``;
+        later calls raise ``RuntimeError``."""
         self._finalizer()
         if self._grammar_backend is not None:
             self._grammar_backend.shutdown()

@@ -15,6 +15,9 @@ FinishType = Literal["stop", "length", "abort"]
 # report the first as the choice's finish reason and the second as a failure, as SGLang tells its
 # graceful aborts from those with an error status.
 ABORT_REQUESTED = "aborted by Engine.abort"
+# The message of every request the engine had accepted (running, waiting, or queued just before the
+# stop) when it shut down; a call made after the shutdown raises RuntimeError instead.
+ABORT_SHUTDOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
 
 
 @dataclass(frozen=True)

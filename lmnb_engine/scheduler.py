@@ -41,7 +41,7 @@ import torch
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
 from lmnb_engine.kv_pool import span_index
 from lmnb_engine.model_runner import ModelRunner
-from lmnb_engine.outputs import ABORT_REQUESTED, FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
+from lmnb_engine.outputs import ABORT_REQUESTED, ABORT_SHUTDOWN, FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
@@ -190,7 +190,7 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Abort every request ("engine shut down") and end the thread; idempotent."""
+        """Abort every request (``ABORT_SHUTDOWN``) and end the thread; idempotent."""
         if self._thread is None or self._stopped.is_set():
             return
         self._inbox.put(("stop", None, None))
@@ -285,7 +285,7 @@ class Scheduler:
         while True:
             kind, payload, fut = item
             if kind == "stop":
-                self._abort_all("engine shut down")
+                self._abort_all(ABORT_SHUTDOWN)
                 with self._post_lock:
                     self._stopped.set()
                 self._fail_pending_commands()  # everything posted before the stop: nothing comes after
@@ -320,7 +320,7 @@ class Scheduler:
             return payload()
         raise ValueError(f"unknown scheduler command {kind!r}")
 
-    def _fail_pending_commands(self, message: str = "engine shut down") -> None:
+    def _fail_pending_commands(self, message: str = ABORT_SHUTDOWN) -> None:
         """Answer every queued command once the loop stops: requests abort with ``message`` (they
         were never admitted, so hold no KV), other commands raise."""
         while True:

@@ -14,6 +14,8 @@ from lmnb_engine.forward_batch import ForwardMode
 from tests.helpers_engine import HFReference, assert_idle_accounting, nan_embedding, unused_token
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
+# the abort of a request the engine had accepted when it shut down
+SHUT_DOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
 
 
 @pytest.fixture(scope="module")
@@ -642,7 +644,7 @@ def test_a_request_posted_while_the_engine_stops_is_aborted_not_left_waiting(tin
     eng.shutdown()
     late.join(10)
     r = out["h"].result(timeout=10)
-    assert r.finish_reason.type == "abort" and r.finish_reason.message == "engine shut down"
+    assert r.finish_reason.type == "abort" and r.finish_reason.message == SHUT_DOWN
 
 
 def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
@@ -656,6 +658,52 @@ def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
         eng.generate("x", GREEDY)
     # the handle's request ended with the shutdown: nothing left to abort (it raised RuntimeError)
     assert h.abort() is False
+
+
+@pytest.mark.timeout(180)
+def test_a_generate_accepted_just_before_the_shutdown_is_aborted_naming_the_shutdown(tiny_llama):
+    """A generate queued behind another thread's stop (accepted: the stop not yet handled) ended
+    with the bare message "engine shut down", where a later call raised "the engine is shut down;
+    create a new Engine". It ends as the running request does, with an abort whose message says
+    the engine shut down before the request finished; a call after the shutdown raises."""
+    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+    sched = eng.scheduler
+    running = eng.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    next(running.events(timeout=60))
+    gate, held = threading.Event(), threading.Event()
+    sched.call(lambda: (held.set(), gate.wait(120)))  # the loop waits here, between two steps
+    assert held.wait(60)
+    inbox, queued = sched._inbox, {"stop": threading.Event(), "add": threading.Event()}
+
+    class WatchedInbox:  # says when a command is queued (the loop, held, handles none meanwhile)
+        def put(self, item):
+            inbox.put(item)
+            if item[0] in queued:
+                queued[item[0]].set()
+
+        def get(self, *a, **k):
+            return inbox.get(*a, **k)
+
+        def get_nowait(self):
+            return inbox.get_nowait()
+
+    sched._inbox = WatchedInbox()
+    stopper = threading.Thread(target=eng.shutdown, daemon=True)
+    stopper.start()
+    assert queued["stop"].wait(60)
+    late = []
+    caller = threading.Thread(target=lambda: late.append(eng.generate("a dog", GREEDY)), daemon=True)
+    caller.start()
+    assert queued["add"].wait(60)  # accepted, behind the stop
+    gate.set()
+    stopper.join(60)
+    caller.join(60)
+    assert not stopper.is_alive() and not caller.is_alive()
+    assert late[0].finish_reason.type == "abort" and late[0].finish_reason.message == SHUT_DOWN
+    assert late[0].token_ids == []
+    assert running.result(timeout=10).finish_reason.message == SHUT_DOWN
+    with pytest.raises(RuntimeError, match=r"^the engine is shut down; create a new Engine$"):
+        eng.generate("a dog", GREEDY)
 
 
 def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
@@ -731,7 +779,7 @@ def test_a_release_failing_at_shutdown_still_stops_the_engine(tiny_llama, monkey
     assert not stopper.is_alive() and not eng.scheduler.alive
     for h in hs:
         r = h.result(timeout=10)
-        assert r.finish_reason.type == "abort" and r.finish_reason.message == "engine shut down"
+        assert r.finish_reason.type == "abort" and r.finish_reason.message == SHUT_DOWN
 
 
 @pytest.mark.timeout(120)

@@ -317,7 +317,8 @@ def test_an_engine_collected_on_its_scheduler_thread_releases_the_workers_after_
     eng.scheduler._start = start_then_collect
     handle = eng.submit("the cat", SamplingParams(max_new_tokens=4, temperature=0.0))
     result = handle.result(timeout=60)
-    assert (result.finish_reason.type, result.finish_reason.message) == ("abort", "engine shut down")
+    assert (result.finish_reason.type, result.finish_reason.message) == (
+        "abort", "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished")
     eng.scheduler._thread.join(60)
     (worker,) = eng._tp_group.procs
     assert not eng.scheduler._thread.is_alive() and worker.exitcode == 0
