@@ -678,19 +678,27 @@ class Engine:
         waits here, on the caller's thread: the scheduler never waits for a compile.
         Raises ``GrammarError`` (a ``ValueError``) naming an unsupported regex feature or schema
         keyword, a pattern this vocabulary can never complete, or a compile that took longer
-        than ``grammar_compile_timeout_s``."""
+        than ``grammar_compile_timeout_s``; ``RuntimeError`` as every call does once the engine is
+        shut down (its compiler stops with it)."""
         if params.regex is None and params.json_schema is None:
             return None
-        from lmnb_engine.constrained import GrammarBackend
+        from lmnb_engine.constrained import GrammarBackend, GrammarCompileStopped
 
         with self._lock:
+            if not self.scheduler.alive:  # no compiler for an engine that is gone (shutdown looks under this lock)
+                raise self.scheduler.shut_down_error()
             if self._grammar_backend is None:
                 self._grammar_backend = GrammarBackend(
                     self.tokenizer, self.eos_token_ids, vocab_size=self.loaded.config.vocab_size, **self._grammar_limits
                 )
         backend = self._grammar_backend
         regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
-        return backend.wait(regex, source=params.regex)
+        try:
+            return backend.wait(regex, source=params.regex)
+        except GrammarCompileStopped as e:
+            if e.by_shutdown and not self.scheduler.alive:
+                raise self.scheduler.shut_down_error() from e
+            raise
 
     def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
         handle, reqs = self._make_reqs(ids, params, rid)
@@ -972,8 +980,10 @@ class Engine:
         before, running or queued, ends with finish reason abort and ``outputs.ABORT_SHUTDOWN``;
         later calls raise ``RuntimeError``."""
         self._finalizer()
-        if self._grammar_backend is not None:
-            self._grammar_backend.shutdown()
+        with self._lock:  # (after the stop: no compiler is made from now on)
+            backend = self._grammar_backend
+        if backend is not None:
+            backend.shutdown()
 
     def __enter__(self) -> "Engine":
         return self

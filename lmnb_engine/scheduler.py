@@ -241,11 +241,15 @@ class Scheduler:
                 node = node.parent
         return total
 
+    def shut_down_error(self) -> RuntimeError:
+        """The error of a call made once the loop has stopped (a shutdown, or a failed recovery)."""
+        return RuntimeError(f"the engine is shut down{self._death}; create a new Engine")
+
     def _post(self, kind: str, payload: Any) -> Future:
         fut: Future = Future()
         with self._post_lock:  # else a command put just after the stop drained the inbox waits forever
             if not self.alive:
-                raise RuntimeError(f"the engine is shut down{self._death}; create a new Engine")
+                raise self.shut_down_error()
             self._inbox.put((kind, payload, fut))
         return fut
 
@@ -332,7 +336,7 @@ class Scheduler:
                 for req in payload:
                     self._finish(req, FinishReason("abort", message=message))
             if fut is not None and fut.set_running_or_notify_cancel():
-                fut.set_exception(RuntimeError(f"the engine is shut down{self._death}"))
+                fut.set_exception(self.shut_down_error())
 
     # --- one step -------------------------------------------------------------------------------
     def _step(self) -> None:

@@ -706,6 +706,54 @@ def test_a_generate_accepted_just_before_the_shutdown_is_aborted_naming_the_shut
         eng.generate("a dog", GREEDY)
 
 
+def test_a_constrained_generate_after_the_shutdown_raises_the_shutdown_error(tiny_llama):
+    """A regex not compiled yet was compiled for an engine already shut down (a compiler started
+    for nothing, never stopped), and one whose compiler had stopped raised GrammarCompileStopped
+    (a ValueError: "bad input") where every other call raised the shutdown's RuntimeError."""
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    eng.shutdown()
+    with pytest.raises(RuntimeError, match=r"^the engine is shut down; create a new Engine$"):
+        eng.generate("the cat", SamplingParams(max_new_tokens=4, regex="[ab]{3}"))
+    assert eng._grammar_backend is None  # no compiler started
+
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    assert re.fullmatch("[ab]{3}", eng.generate("the cat", SamplingParams(max_new_tokens=4, regex="[ab]{3}")).text)
+    eng.shutdown()
+    with pytest.raises(RuntimeError, match=r"^the engine is shut down; create a new Engine$"):
+        eng.generate("the cat", SamplingParams(max_new_tokens=4, regex="[cd]{3}"))
+
+
+@pytest.mark.timeout(180)
+def test_a_constrained_generate_whose_compile_the_shutdown_stops_raises_the_shutdown_error(tiny_llama):
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    eng.generate("the cat", SamplingParams(max_new_tokens=4, regex="[ab]{3}"))  # (the compiler runs)
+    backend = eng._grammar_backend
+    real_wait, entered, go = backend.wait, threading.Event(), threading.Event()
+
+    def held_wait(regex, source=None):  # the compile of the call below outlasts the shutdown
+        entered.set()
+        go.wait(120)
+        return real_wait(regex, source=source)
+
+    backend.wait = held_wait
+    raised = []
+
+    def call():
+        try:
+            eng.generate("the cat", SamplingParams(max_new_tokens=4, regex="[cd]{3}"))
+        except Exception as e:  # noqa: BLE001 - what it raised is the test
+            raised.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert entered.wait(60)
+    eng.shutdown()
+    go.set()
+    caller.join(60)
+    assert not caller.is_alive() and len(raised) == 1
+    assert type(raised[0]) is RuntimeError and str(raised[0]) == "the engine is shut down; create a new Engine"
+
+
 def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
     """When a failed step's requests cannot even be released, the pools are rebuilt empty: every
     request that held KV fails, and the engine serves the next request correctly."""
