@@ -216,20 +216,10 @@ class _EventStream:
             raise
 
     def close(self) -> None:
-        """Abort the request unless every sample has finished.
-
-        On the scheduler thread (the garbage collector finalizing a dropped stream there, maybe in
-        the middle of a step) the abort is queued for the next pause between steps: run at once it
-        would free a request the step is still using, and leak its KV slots."""
-        handle = self._handle
-        if handle.done:
-            return
-        scheduler = handle._engine.scheduler
-        if not scheduler.on_loop_thread:
-            handle.abort()
-        elif scheduler.alive:  # (once stopped, every request was aborted already)
-            rid = handle.rid
-            scheduler.call(lambda: scheduler.abort(rid))
+        """Abort the request unless every sample has finished (``RequestHandle.abort``; on the
+        scheduler thread, the garbage collector finalizing a dropped stream there, the abort is
+        queued for the next pause between steps, see ``Engine.abort``)."""
+        self._handle.abort()
 
     __del__ = close
 
@@ -840,8 +830,23 @@ class Engine:
         return [lp.logprob for lp in result.prompt_logprobs if lp is not None]
 
     def abort(self, rid: str) -> bool:
-        """Abort request ``rid`` (all its samples), freeing its KV; True if it was live."""
-        return bool(self._call(lambda: self.scheduler.abort(rid)))
+        """Abort request ``rid`` (all its samples), freeing its KV; True if it was live.
+
+        On the scheduler thread (a ``subscribe`` listener, or the garbage collector there) the abort
+        is queued for the next pause between steps, and True means the request had not finished
+        when asked: run at once, in the middle of a step, it would free a request the step is still
+        using (leaking its KV slots), or miss one the step has taken out of its queues (its first
+        event comes then) and return False while the request ran on to its end."""
+        scheduler = self.scheduler
+        if not scheduler.on_loop_thread:
+            return bool(self._call(lambda: scheduler.abort(rid)))
+        # (no lock: the garbage collector may run this on a thread that holds self._lock)
+        handle = self._handles.get(rid)
+        if handle is None or handle.done:
+            return False
+        if scheduler.alive:  # (once stopped, every request is being aborted already)
+            scheduler.call(lambda: scheduler.abort(rid))
+        return True
 
     # --- cache control and observability -----------------------------------------------------
     def _call(self, fn, timeout: Optional[float] = None):

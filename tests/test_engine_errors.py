@@ -754,6 +754,34 @@ def test_a_constrained_generate_whose_compile_the_shutdown_stops_raises_the_shut
     assert type(raised[0]) is RuntimeError and str(raised[0]) == "the engine is shut down; create a new Engine"
 
 
+@pytest.mark.timeout(180)
+def test_a_listener_that_aborts_its_request_at_its_first_event_ends_it(engine, hf):
+    """A listener runs on the scheduler thread, where Engine.abort ran at once, in the middle of the
+    step: at the request's first event (sent before the step puts the request among the running
+    ones) it found nothing to abort, returned False, and the request ran on to its end."""
+    gate = threading.Event()
+    engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: the first event comes after subscribe
+    other = engine.submit("a dog", GREEDY)
+    h = engine.submit("the cat", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
+    returned = []
+
+    def listener(ev):
+        if not returned:
+            with engine._lock:  # (as when the garbage collector closes a dropped stream inside a listener's submit)
+                returned.append((threading.current_thread() is engine.scheduler._thread, h.abort()))
+
+    h.subscribe(listener)
+    gate.set()
+    r = h.result(timeout=60)
+    assert returned == [(True, True)]
+    assert r.finish_reason.type == "abort" and r.finish_reason.message == "aborted by Engine.abort"
+    assert len(r.token_ids) < 200
+    p = engine.encode("a dog")
+    assert other.result(timeout=60).token_ids == hf.greedy(p, 8)  # the other request, untouched
+    assert h.abort() is False and engine.abort(h.rid) is False
+    assert_idle_accounting(engine)
+
+
 def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
     """When a failed step's requests cannot even be released, the pools are rebuilt empty: every
     request that held KV fails, and the engine serves the next request correctly."""
