@@ -103,7 +103,8 @@ class RequestHandle:
         for sub in direct:
             try:
                 sub.listener(event)
-            except Exception:  # noqa: BLE001 - a consumer gone (its event loop closed) must not stop the engine
+            except BaseException:  # noqa: BLE001 - a consumer gone (its event loop closed) must not stop the
+                # engine, nor must a BaseException (asyncio's CancelledError, SystemExit) end its thread
                 logger.exception("a listener of request %s failed; it hears no more events", self.rid)
                 self._unsubscribe(sub)
 

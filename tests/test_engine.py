@@ -298,6 +298,32 @@ def test_listeners_subscribing_while_a_request_runs_hear_every_event_once_in_ord
     assert h.result(timeout=10).token_ids == [t for ev in events for t in ev.token_ids]
 
 
+@pytest.mark.timeout(180)
+def test_a_listener_raising_a_base_exception_is_dropped_and_the_engine_goes_on(engine, hf, caplog):
+    # only an Exception was caught: asyncio's CancelledError (or SystemExit) from a listener ended
+    # the scheduler thread, and every request, this one and the others, waited forever
+    import asyncio
+    import threading
+
+    p, q = engine.encode("the cat"), engine.encode("a dog")
+    gate = threading.Event()
+    engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: every event comes after subscribe
+    other = engine.submit(q, GREEDY.copy(max_new_tokens=8))
+    h = engine.submit(p, GREEDY.copy(max_new_tokens=8))
+    calls = []
+
+    def listener(ev):
+        calls.append(ev)
+        raise asyncio.CancelledError()
+
+    h.subscribe(listener)
+    gate.set()
+    assert h.result(timeout=30).token_ids == hf.greedy(p, 8)
+    assert other.result(timeout=30).token_ids == hf.greedy(q, 8)
+    assert len(calls) == 1 and "hears no more events" in caplog.text
+    assert engine.generate(p, GREEDY.copy(max_new_tokens=8)).token_ids == hf.greedy(p, 8)
+
+
 def _assert_ids_in_step_with_text(engine, events) -> None:
     """Each event's ids are the tokens whose text the stream has sent: after every event but the
     last, the ids so far decode to the text so far; the last sends the rest."""
