@@ -921,7 +921,9 @@ class Engine:
 
         def flush() -> bool:
             s = self.scheduler
-            if s.running or s.waiting or s.chunked:
+            # (a listener calls this on the scheduler thread mid-step, where the step's new requests
+            # are in no queue yet: _step_reqs holds them)
+            if s._has_work() or s._step_reqs:
                 return False
             s.cache.evict(s.cache.evictable_size())
             encoder_cache = getattr(self.runner.model, "encoder_cache", None)  # [issue 10] LLaVA

@@ -782,6 +782,23 @@ def test_a_listener_that_aborts_its_request_at_its_first_event_ends_it(engine, h
     assert_idle_accounting(engine)
 
 
+@pytest.mark.timeout(180)
+def test_flush_cache_from_a_listener_at_the_first_event_refuses_while_the_request_runs(engine, hf):
+    """A listener runs on the scheduler thread, mid-step; at a request's first event the step's
+    new requests are in no queue yet, so flush_cache flushed (True) while that request ran."""
+    gate = threading.Event()
+    engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: the first event comes after subscribe
+    p = engine.encode("the cat")
+    h = engine.submit(p, GREEDY)
+    flushed = []
+    h.subscribe(lambda ev: flushed.append(engine.flush_cache()) if not flushed else None)
+    gate.set()
+    assert h.result(timeout=60).token_ids == hf.greedy(p, 8)
+    assert flushed == [False]
+    assert engine.flush_cache() is True  # idle: it flushes
+    assert_idle_accounting(engine)
+
+
 def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
     """When a failed step's requests cannot even be released, the pools are rebuilt empty: every
     request that held KV fails, and the engine serves the next request correctly."""
