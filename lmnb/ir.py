@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 # Regular expressions for ``gen(dtype=...)``, SGLang's (``REGEX_INT`` etc.): the trailing
@@ -31,6 +32,17 @@ def is_stop(value: Any) -> bool:
         isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value))
 
 
+def _python_value(value: Any) -> Any:
+    """``value`` with numpy scalars as Python values (``lmnb_engine.params.python_value``, the
+    engine's own reading); with numpy not loaded there can be none, and a plain gen() loads
+    nothing of the engine."""
+    if "numpy" not in sys.modules:
+        return value
+    from lmnb_engine.params import python_value  # torch-free
+
+    return python_value(value)
+
+
 def check_flag(name: str, value: Any) -> Optional[bool]:
     """``value`` as a Python bool (None, "inherit", passes): True, False or a numpy bool (an
     ``np.bool_`` from an array or a comparison), refusing anything else: a truthy string such as
@@ -40,9 +52,7 @@ def check_flag(name: str, value: Any) -> Optional[bool]:
     Raises:
         TypeError: ``value`` is neither a bool, a numpy bool nor None.
     """
-    from lmnb_engine.params import python_value  # torch-free
-
-    value = python_value(value)
+    value = _python_value(value)
     if value is None or isinstance(value, bool):
         return value
     raise TypeError(f"{name}={value!r} is invalid: must be True or False")
@@ -111,10 +121,8 @@ class GenParams:
     dtype: Optional[Any] = None
 
     def __post_init__(self) -> None:
-        from lmnb_engine.params import python_value  # torch-free: the engine's own reading
-
         for f in _PARAM_FIELDS:  # numpy scalars as Python values, as the engine takes them (and for JSON)
-            setattr(self, f, python_value(getattr(self, f)))
+            setattr(self, f, _python_value(getattr(self, f)))
         for flag in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
             setattr(self, flag, check_flag(flag, getattr(self, flag)))
         # Checked here, where gen() or run() was called: the engine would name the merged list
