@@ -1208,9 +1208,6 @@ def test_jupyters_display_is_imported_when_a_cell_calls_it_before_a_later_cell_d
 def test_a_parameter_named_in_inputs_reads_each_rows_value_as_its_defaults_type(tmp_path, monkeypatch):
     # --inputs n for `n = 3`: a CSV row's "4" ran as the text "4" (n * 2 was "44"), "0x20" too, and the
     # job's --n option went away without a word (found by a review helper)
-    from helpers_export import read_results
-    from helpers_lang import ScriptedBackend
-
     nb = notebook(("parameters", "n = 3"), "m = n * 2", "%%lm --temperature 0\n{m}{gen x max_tokens=1}")
     source, p = export_notebook(nb, inputs=["n"])
     assert p.types == {"n": int}
@@ -1218,45 +1215,31 @@ def test_a_parameter_named_in_inputs_reads_each_rows_value_as_its_defaults_type(
             "is read as its default's type, int") in p.notes
     rows = tmp_path / "rows.csv"
     rows.write_text("n\n4\n0x20\nmany\n4.5\n", encoding="utf-8")
-    out = tmp_path / "out.jsonl"
-    ns = _load_job(source, monkeypatch, rows, out)
-    backend = ScriptedBackend(lambda prompt, params: "!")
-    assert ns["job"].run(ns["run_row"], backend=backend) == 1
-    results = {r["row"]: r for r in read_results(out)}
-    assert [results[i]["status"] for i in range(4)] == ["ok", "ok", "bad_input", "bad_input"]
+    results, prompts = _run_job_rows(source, monkeypatch, rows)
+    assert [r["status"] for r in results] == ["ok", "ok", "bad_input", "bad_input"]
     assert results[2]["error"] == ("line 4: field 'n': expected an integer (e.g. 3, 1_000 or 0x20), got 'many'; it is "
                                    "the notebook's parameter n, whose default is of type int")
-    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["64", "8"]  # 4 * 2, 0x20 * 2
+    assert sorted(prompts) == ["64", "8"]  # 4 * 2, 0x20 * 2
     # JSON rows: a number as it is, a string read as the option reads it, a boolean refused
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"n": 5}\n{"n": "6"}\n{"n": true}\n', encoding="utf-8")
-    out = tmp_path / "out2.jsonl"
-    ns = _load_job(source, monkeypatch, rows, out)
-    backend = ScriptedBackend(lambda prompt, params: "!")
-    assert ns["job"].run(ns["run_row"], backend=backend) == 1
-    assert [r["status"] for r in sorted(read_results(out), key=lambda r: r["row"])] == ["ok", "ok", "bad_input"]
-    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["10", "12"]
+    results, prompts = _run_job_rows(source, monkeypatch, rows)
+    assert [r["status"] for r in results] == ["ok", "ok", "bad_input"]
+    assert sorted(prompts) == ["10", "12"]
 
 
 def test_a_json_list_is_a_tuple_or_set_parameters_value(tmp_path, monkeypatch):
     # JSON has no tuple or set: a row's list for `pair = (1, 2)` was refused as "expected a tuple"
-    from helpers_export import read_results
-    from helpers_lang import ScriptedBackend
-
     nb = notebook(("parameters", "pair = (1, 2)\ntags = {'a'}"), "m = f'{type(pair).__name__}{pair} {sorted(tags)}'",
                   "%%lm --temperature 0\n{m}{gen x max_tokens=1}")
     source, _ = export_notebook(nb, inputs=["pair", "tags"])
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"pair": [3, 4], "tags": ["b", "c", "b"]}\n{"pair": [], "tags": []}\n'
                     '{"pair": "(5,)", "tags": [[1]]}\n', encoding="utf-8")
-    out = tmp_path / "out.jsonl"
-    ns = _load_job(source, monkeypatch, rows, out)
-    backend = ScriptedBackend(lambda prompt, params: "!")
-    assert ns["job"].run(ns["run_row"], backend=backend) == 1
-    results = sorted(read_results(out), key=lambda r: r["row"])
+    results, prompts = _run_job_rows(source, monkeypatch, rows)
     assert [r["status"] for r in results] == ["ok", "ok", "bad_input"]
     assert results[2]["error"].startswith("line 3: field 'tags': expected a set as a Python literal")
-    assert sorted(c[1][0].text for c in backend.calls if c[0] == "generate") == ["tuple() []", "tuple(3, 4) ['b', 'c']"]
+    assert sorted(prompts) == ["tuple() []", "tuple(3, 4) ['b', 'c']"]
 
 
 def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_path, monkeypatch, capsys):
@@ -1302,8 +1285,7 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
 def test_a_star_import_of_a_per_row_cell_sets_the_names_the_row_bound_before_it(tmp_path, monkeypatch):
     # the import is made at module level, so a row variable bound above it (pi = 3) kept its own
     # value, where the notebook's import replaced it with math's (found by a review helper)
-    from helpers_export import read_results, write_rows
-    from helpers_lang import ScriptedBackend
+    from helpers_export import write_rows
 
     code = "pi = 3\nx = 1\nfrom math import *\ny = 2"
     nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen e max_tokens=1}", code,
@@ -1312,13 +1294,8 @@ def test_a_star_import_of_a_per_row_cell_sets_the_names_the_row_bound_before_it(
     notebook_ns = {"e": "!"}  # (cell 2's gen) then cell 3 as the notebook runs it
     exec(code, notebook_ns)
     assert notebook_ns["pi"] != 3 and notebook_ns["e"] != "!"  # math's pi and e replaced them
-    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}])
-    out = tmp_path / "out.jsonl"
-    ns = _load_job(source, monkeypatch, rows, out)
-    backend = ScriptedBackend(lambda prompt, params: "!")
-    assert ns["job"].run(ns["run_row"], backend=backend) == 0
-    assert [r["status"] for r in read_results(out)] == ["ok"]
-    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    results, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert [r["status"] for r in results] == ["ok"]
     assert prompts == ["B", " ".join(str(notebook_ns[n]) for n in ("pi", "x", "y", "e"))]
     # the cell keeps its lines: the import's line is where the row takes the module's values
     assert "    y = 2\n" in source.split("    pi = 3\n    x = 1\n", 1)[1].split("\n", 1)[1]
@@ -1327,11 +1304,8 @@ def test_a_star_import_of_a_per_row_cell_sets_the_names_the_row_bound_before_it(
     nb = notebook('from math import *\ne = "x"\nprompt = e + str(floor(pi))', "%%lm --temperature 0\n{prompt}{gen z}")
     source, p = export_notebook(nb)
     assert p.inputs == ("e",)
-    rows = write_rows(tmp_path / "rows2.jsonl", [{"e": "B"}])
-    ns = _load_job(source, monkeypatch, rows, tmp_path / "out2.jsonl")
-    backend = ScriptedBackend(lambda prompt, params: "!")
-    assert ns["job"].run(ns["run_row"], backend=backend) == 0
-    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["B3"]
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows2.jsonl", [{"e": "B"}]), 0)
+    assert prompts == ["B3"]
 
 
 @pytest.mark.parametrize("setup, body, where, called", [
@@ -1365,6 +1339,20 @@ def _load_job(source: str, monkeypatch, rows, out) -> dict:
     ns = {"__name__": "exported"}
     exec(compile(source, "job.py", "exec"), ns)
     return ns
+
+
+def _run_job_rows(source: str, monkeypatch, rows, exit_code: int = 1) -> tuple[list, list]:
+    """(the results by row, the prompts sent, in order) of the exported script ``source`` run on
+    the input file ``rows`` with a backend that answers "!"; the job must exit ``exit_code``."""
+    from helpers_export import read_results
+    from helpers_lang import ScriptedBackend
+
+    out = rows.parent / f"{rows.name}.out.jsonl"
+    ns = _load_job(source, monkeypatch, rows, out)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == exit_code
+    prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+    return sorted(read_results(out), key=lambda r: r["row"]), prompts
 
 
 def test_a_load_after_the_first_lm_cell_is_said_not_to_be_followed_and_not_called_the_default():

@@ -1973,16 +1973,18 @@ def test_a_streamed_body_that_raises_aborts_its_unjoined_fork_branches():
     assert "body failed" in str(item.error()) and len(be.aborted) == 4
 
 
+def _bad_branch_fails(p, params):
+    """A reply that fails for a branch whose prompt ends with "bad"."""
+    if p.text.endswith("bad"):
+        raise ValueError("cannot do it")
+    return "good"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failed_fork_branch_no_join_took_fails_the_state_unless_the_program_read_its_error(stream):
     """A fork never joined lost its branches' errors: run() returned a state whose error() was None
     and whose text() read fine, though a branch had failed (found by a review)."""
-    def reply(p, params):
-        if p.text.endswith("bad"):
-            raise ValueError("cannot do it")
-        return "good"
-
-    be = ScriptedBackend(reply, delay=0.05)  # (the branches fail after the body has returned)
+    be = ScriptedBackend(_bad_branch_fails, delay=0.05)  # (the branches fail after the body has returned)
 
     @sgl.function
     def prog(s, handle):
@@ -2024,12 +2026,7 @@ def test_a_failed_fork_branch_no_join_took_fails_the_state_unless_the_program_re
 def test_a_failed_fork_no_join_took_inside_a_branch_that_was_joined_fails_the_state(stream):
     """A join dropped the joined branches with their own forks that no join took, so a failed
     branch of such a fork failed unseen: run() returned a state whose error() was None."""
-    def reply(p, params):
-        if p.text.endswith("bad"):
-            raise ValueError("cannot do it")
-        return "good"
-
-    be = ScriptedBackend(reply, delay=0.05)  # (the inner branches fail after the outer join)
+    be = ScriptedBackend(_bad_branch_fails, delay=0.05)  # (the inner branches fail after the outer join)
 
     @sgl.function
     def prog(s, handle):
