@@ -197,11 +197,12 @@ def _post(url, path, body, **kw):
          "stop is invalid: an empty string names no place to stop"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "stop_regex": "[z"}, 400, "not a valid regular expression"),
         # a union's deepest error names the problem; the first named the string alternative ("content.str:
-        # Input should be a valid string") for a list of parts whose part lacked its type
+        # Input should be a valid string") for a list of parts whose part lacked its type. Its place is
+        # named as the client wrote it, without pydantic's name of the alternative (list[ContentPart])
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"text": "x"}]}]}, 400,
-         "messages.0.content.list[ContentPart].0.type: Field required"),
+         "messages[0].content[0].type: Field required"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-         400, "messages.0.content.list[ContentPart].0.text: Input should be a valid string"),
+         400, "messages[0].content[0].text: Input should be a valid string"),
         # the prompt's form is read from its first item and a wrong item named in its place: pydantic's union
         # message blamed the first alternative it tried ("prompt.list[str].0" for the good id 5 of [5, true])
         ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400, "prompt: item 1 is 5 in a list of strings; a prompt is"),
@@ -798,13 +799,29 @@ _USER = [{"role": "user", "content": "a"}]
         ("/v1/completions", {"model": "rec", "prompt": "a", "json_schema": {}, "response_format": {"type": "json_object"}},
          "json_schema"),
         # pydantic's errors: the deepest loc
-        ("/v1/chat/completions", {"model": "rec", "messages": [{"content": "a"}]}, "messages.0.role"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"content": "a"}]}, "messages[0].role"),
     ],
 )
 def test_an_openai_route_error_names_the_field_in_param(served, path, body, param):
     _, url = served
     r = _post(url, path, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize("body, place, problem", [
+    ({"messages": [{"content": "a"}]}, "messages[0].role", "Field required"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text"}, {"text": "b"}]}]},
+     "messages[1].content[1].type", "Field required"),
+    ({"messages": _USER, "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": 1}}},
+     "response_format.json_schema.strict", "Input should be a valid boolean"),
+])
+def test_a_pydantic_error_names_its_place_with_brackets_for_list_indices(served, body, place, problem):
+    """pydantic's errors named places with dots for list indices and its own names of a union's
+    alternatives (messages.0.content.list[ContentPart].1.type) where every other error writes
+    messages[1].content[1].type; message and param now do."""
+    _, url = served
+    err = _post(url, "/v1/chat/completions", {"model": "rec", **body}).json()["error"]
+    assert err == {"message": f"{place}: {problem}", "type": "invalid_request_error", "param": place, "code": 400}
 
 
 @pytest.mark.parametrize("path, body, name", [

@@ -399,13 +399,31 @@ def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool =
     return engine.encode(text, add_special_tokens)
 
 
+_UNKNOWN = object()
+
+
+def field_place(path: Any, body: Any = _UNKNOWN) -> str:
+    """The place in a request body that ``path`` (object keys and list indices, as a pydantic
+    error's ``loc``) names, written as every error names one: ``messages[0].content``, brackets
+    for a list index, dots for an object key; "" for the body itself. Given the ``body``, a key
+    where the body holds no object is left out: pydantic's name of a union's alternative, so
+    ``messages.0.content.list[ContentPart].0.type`` is ``messages[0].content[0].type``."""
+    place, at = "", body
+    for key in path:
+        if isinstance(key, int):
+            place += f"[{key}]"
+            at = at[key] if isinstance(at, list) and 0 <= key < len(at) else _UNKNOWN
+        elif at is _UNKNOWN or isinstance(at, dict):
+            place += f".{key}"
+            at = at.get(key, _UNKNOWN) if isinstance(at, dict) else _UNKNOWN
+    return place.removeprefix(".")
+
+
 def _lone_surrogate_place(body: Any) -> Optional[str]:
-    """The place (``messages[0].content``, as other field errors name one; "" for the body
-    itself) of the first lone surrogate in a parsed JSON body, or None."""
+    """The place (``field_place``; "" for the body itself) of the first lone surrogate in a
+    parsed JSON body, or None."""
     found = find_lone_surrogate(body)
-    if found is None:
-        return None
-    return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in found[0]).removeprefix(".")
+    return None if found is None else field_place(found[0])
 
 
 def _flag(body: dict, key: str) -> bool:
@@ -457,9 +475,10 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def validation_error(request: Request, exc: RequestValidationError):
         errs = exc.errors()
         # the deepest error: of a union's alternatives (a message's content is a string or a list of
-        # parts), the one the value got furthest in, e.g. content.list[ContentPart].0.type, not content.str
+        # parts), the one the value got furthest in, e.g. content[0].type, not content (a string)
         first = max(errs, key=lambda e: len(e.get("loc", ())), default={})
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        loc = first.get("loc", ())
+        where = field_place(loc[1:] if loc[:1] == ("body",) else loc, _UNKNOWN if exc.body is None else exc.body)
         msg = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
         return JSONResponse(error_body(msg, 400, where or None), 400)
 

@@ -26,7 +26,17 @@ import weakref
 from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_args, get_origin
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from fastapi.exceptions import RequestValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
@@ -468,7 +478,10 @@ def _validate(model: type, body: Any, path: str) -> Any:
                                    param=key)
             if value is not None and not isinstance(value, bool) and _holds(annotation, (bool,)):
                 raise RequestError(f"{key} must be true or false, not {json.dumps(value)}", param=key)
-    return model.model_validate(body)
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:  # (with the body: the error's place is named by it, field_place)
+        raise RequestValidationError(e.errors(), body=body) from None
 
 
 def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
