@@ -34,11 +34,13 @@ MAX_TOP_LOGPROBS = 20
 
 class SamplingParamsError(ValueError):
     """A ``SamplingParams`` field is invalid: ``field`` names it, so that a front end names its own
-    field for it (an HTTP error's ``param``)."""
+    field for it (an HTTP error's ``param``); ``value`` is its value, which the message shows as
+    Python writes it (a JSON front end writes it as JSON)."""
 
-    def __init__(self, message: str, field: str):
+    def __init__(self, message: str, field: str, value: Any = None):
         super().__init__(message)
         self.field = field
+        self.value = value
 
 
 def _is_numpy_scalar(v: Any) -> bool:
@@ -149,7 +151,7 @@ class SamplingParams:
 
         def bad(name: str, rule: str, show: bool = True) -> None:
             shown = f"={getattr(self, name)!r}" if show else ""  # (not shown: thousands of stops, say)
-            raise SamplingParamsError(f"SamplingParams.{name}{shown} is invalid: {rule}", name)
+            raise SamplingParamsError(f"SamplingParams.{name}{shown} is invalid: {rule}", name, getattr(self, name))
 
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)

@@ -494,7 +494,7 @@ def test_a_url_with_or_without_v1_given_to_the_wrong_backend_says_which_url_to_g
             f"base_url='{url}/v1'")
     # a 404 of the /v1 API itself names its own cause only
     state = multi_turn_chat.run("a", "b", backend=sgl.OpenAI("nope", base_url=f"{url}/v1", max_retries=0))
-    assert str(state.error().__cause__).endswith("HTTP 404: model 'nope' is not served here; use 'tiny'")
+    assert str(state.error().__cause__).endswith('HTTP 404: model "nope" is not served here; use "tiny"')
 
 
 @pytest.mark.parametrize("option,message", [
@@ -756,7 +756,7 @@ def test_the_engines_own_refusals_on_generate_name_the_field_as_sent(backends, e
         running.abort()
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "rid", err
-    assert err["message"] == ("rid='held' is already in use by a running request; give another rid, or wait for that "
+    assert err["message"] == ('rid="held" is already in use by a running request; give another rid, or wait for that '
                               "request to end")
 
 

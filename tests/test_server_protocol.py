@@ -175,16 +175,16 @@ def _post(url, path, body, **kw):
         ("/abort_request", {}, 400, "rid"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,
          "leaves no room for a reply in the model's context length of 4096"),  # not "max_new_tokens=0"
-        ("/generate", {"text": "a", "stream": "no"}, 400, "stream must be true or false, not 'no'"),  # bool("no")
-        ("/generate", {"text": "a", "return_logprob": "yes"}, 400, "return_logprob='yes' is invalid"),
+        ("/generate", {"text": "a", "stream": "no"}, 400, 'stream must be true or false, not "no"'),  # bool("no")
+        ("/generate", {"text": "a", "return_logprob": "yes"}, 400, 'return_logprob="yes" is invalid'),
         ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, 400, "fits in 64 bits"),
         ("/v1/completions", {"model": "rec", "prompt": [True, False]}, 400, "item 0 is true, not a token id"),  # not 1, 0
         ("/generate", {"text": "a", "sampling_params": {"n": 100000}}, 400, "at most 128"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "n": 100000}, 400, "at most 128"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "n": 129}, 400, "at most 128"),
         ("/generate", {"text": "a", "sampling_params": {"stop_regex": "(ab"}}, 400,
-         "stop_regex='(ab' is invalid: '(ab' is not a valid regular expression (missing )"),
-        ("/generate", {"text": "a", "sampling_params": {"stop_regex": ["x", "a*"]}}, 400, "'a*' matches the empty string"),
+         'stop_regex="(ab" is invalid: "(ab" is not a valid regular expression (missing )'),
+        ("/generate", {"text": "a", "sampling_params": {"stop_regex": ["x", "a*"]}}, 400, '"a*" matches the empty string'),
         # an empty stop string names no place to stop (SGLang stopped after one token, lmnb ignored it)
         ("/generate", {"text": "a", "sampling_params": {"stop": [""]}}, 400,
          "stop is invalid: an empty string (item 0) names no place to stop"),
@@ -217,7 +217,7 @@ def _post(url, path, body, **kw):
         ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": True}, 400, "temperature must be a number, not true"),
         # and a string as its number ("2" was read as 2 here, refused by /generate and OpenAI)
         ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": "2"}, 400,
-         "max_tokens must be a number, not the string '2'"),
+         'max_tokens must be a number, not the string "2"'),
         # and anything but true or false as a flag: pydantic read "on", "yes" and 1 as true, so these streamed
         # with logprobs and echoed the prompt (found by a review helper); /generate refused them already
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "stream": "on"},
@@ -628,7 +628,7 @@ def test_the_openai_client_retrieves_the_served_model_and_a_wrong_name_is_a_404(
             assert (card.id, card.object, card.owned_by) == ("org/tiny-model", "model", "lmnb")
         with pytest.raises(openai.NotFoundError) as e:
             client.models.retrieve("gpt-4")
-        assert e.value.body["message"] == "model 'gpt-4' is not served here; use 'org/tiny-model'"
+        assert e.value.body["message"] == 'model "gpt-4" is not served here; use "org/tiny-model"'
 
 
 def test_a_stream_that_fails_on_the_server_gives_the_native_backend_its_message():
@@ -758,7 +758,7 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
      "at the top level"),
     ({"sampling_params": {"top_q": 1}}, "sampling_params.top_q", "unknown sampling parameter 'top_q'; supported: ["),
     ({"sampling_params": {"no_stop_trim": True}}, "sampling_params.no_stop_trim",
-     "sampling_params.no_stop_trim=True is not supported by lmnb"),
+     "sampling_params.no_stop_trim=true is not supported by lmnb"),
     # a field given per prompt: its entry is named (each prompt's entry has the field)
     ({"text": ["a", "b"], "sampling_params": [{}, {"max_new_tokens": -1}]}, "sampling_params[1].max_new_tokens",
      "sampling_params[1].max_new_tokens=-1 is invalid: must be an integer >= 0"),
@@ -921,8 +921,8 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
      "text[1]: prompt of 8 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
     ({"input_ids": [[97], [97] * 9]}, "input_ids[1]", "input_ids[1]: prompt of 9 tokens exceeds"),
     ({"text": "abcdefgh"}, "text", "prompt of 8 tokens exceeds"),
-    ({"text": ["a", "b"], "rid": ["x", "busy"]}, "rid[1]", "rid[1]='busy' is already in use by a running request"),
-    ({"text": "a", "rid": "busy"}, "rid", "rid='busy' is already in use by a running request"),
+    ({"text": ["a", "b"], "rid": ["x", "busy"]}, "rid[1]", 'rid[1]="busy" is already in use by a running request'),
+    ({"text": "a", "rid": "busy"}, "rid", 'rid="busy" is already in use by a running request'),
 ])
 def test_an_engine_refusal_on_generate_names_the_field_and_the_entry_as_the_client_sent_them(body, param, message):
     """The engine's refusals of a /generate prompt had a null param, named no entry of a batch, and
@@ -1252,7 +1252,7 @@ def test_an_unstreamed_openai_request_with_its_own_rid_can_be_aborted_while_it_r
             engine.wait_for(len(rids))
             again = _post(url, "/v1/completions", {"model": "rec", "prompt": "c", "rid": "mine"})
             assert again.status_code == 400 and again.json()["error"] == {
-                "message": "rid='mine' is already in use by a running request; give another rid, or wait for that "
+                "message": 'rid="mine" is already in use by a running request; give another rid, or wait for that '
                            "request to end", "type": "invalid_request_error", "param": "rid", "code": 400}
             assert _post(url, "/abort_request", {"rid": "mine"}).json() == {"success": True}
         finally:
@@ -1309,3 +1309,58 @@ def test_incremental_streaming_output_sends_each_chunks_new_text_ids_and_logprob
     assert [c["meta_info"]["output_top_logprobs"] for c in chunks] == [tops[s] for _, _, s in parts]
     assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 3, 4]  # (a count: the whole so far)
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length"}
+
+
+_EMPTY_MATCH = "matches the empty string, so it would stop before the first token; make it match at least one character"
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/generate", {"text": "a", "return_logprob": "yes"},
+     'return_logprob="yes" is invalid: must be true or false'),
+    ("/generate", {"text": "a", "sampling_params": {"skip_special_tokens": None, "ignore_eos": "no"}},
+     'sampling_params.ignore_eos="no" is invalid: must be true or false'),
+    ("/generate", {"text": "a", "sampling_params": {"no_stop_trim": True}},
+     "sampling_params.no_stop_trim=true is not supported by lmnb"),
+    ("/generate", {"text": "a", "sampling_params": {"ebnf": "é"}}, 'sampling_params.ebnf="é" is not supported by lmnb'),
+    ("/generate", {"text": "a", "stream": "no"}, 'stream must be true or false, not "no"'),
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{}, {"stop_regex": ["x", "é*"]}]},
+     f'sampling_params[1].stop_regex=["x", "é*"] is invalid: "é*" {_EMPTY_MATCH}'),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "stop_regex": ["x", "é*"]},
+     f'stop_regex=["x", "é*"] is invalid: "é*" {_EMPTY_MATCH}'),
+    ("/v1/chat/completions", {"model": "rec", "messages": _USER, "stop_regex": "a*"},
+     f'stop_regex="a*" is invalid: "a*" {_EMPTY_MATCH}'),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": "2"},
+     'max_tokens must be a number, not the string "2"; leave it out for the default'),
+])
+def test_an_error_shows_the_clients_value_as_json(served, path, body, message):
+    """Errors showed the client's value as Python writes it (no_stop_trim=True, 'yes', ['x', 'a*'])
+    where the JSON client wrote true, "yes", ["x", "a*"]; they now show it as JSON, non-ASCII text
+    as it is."""
+    _, url = served
+    r = _post(url, path, body)
+    assert r.status_code == 400 and r.json()["error"]["message"] == message, r.json()
+
+
+def test_an_engine_refusal_shows_the_clients_regex_and_rid_as_json():
+    """The engine's refusals (a regex that does not compile, a rid in use) showed the client's value
+    as Python's repr ('(?=a)'); they now show it as JSON, on /generate and the OpenAI routes."""
+    from lmnb_engine.constrained import GrammarError
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            if params.regex is not None:
+                raise GrammarError(f"regex {params.regex!r} uses a lookahead, which constrained decoding cannot follow")
+            raise ValueError(f"rid={rid!r} is already in use by a running request; give another rid, or wait for "
+                             "that request to end")
+
+    lookahead = '"(?=é)" uses a lookahead, which constrained decoding cannot follow'
+    in_use = 'is already in use by a running request; give another rid, or wait for that request to end'
+    with live_server(Engine(), served_model_name="rec") as url:
+        for path, body, param, message in (
+            ("/generate", {"text": "a", "sampling_params": {"regex": "(?=é)"}}, "sampling_params.regex",
+             f"regex {lookahead}"),
+            ("/v1/completions", {"model": "rec", "prompt": "a", "regex": "(?=é)"}, "regex", f"regex {lookahead}"),
+            ("/generate", {"text": "a", "rid": "busy"}, "rid", f'rid="busy" {in_use}'),
+        ):
+            err = _post(url, path, body).json()["error"]
+            assert (err["param"], err["message"]) == (param, message), err

@@ -44,11 +44,14 @@ from lmnb_engine.http_server.protocol import (
     RequestFailed,
     StreamChunks,
     image_token,
+    json_value,
     meta_info,
     refused_field,
+    refused_value,
     sampling_field,
     sampling_params_error,
     sampling_params_from_json,
+    wire_message,
 )
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
@@ -279,20 +282,22 @@ def _entry_error(body: dict, k: int, batch: bool, e: RequestError) -> RequestErr
     return RequestError(message, e.status, entry + e.param[len(key):])
 
 
-def _refusal(body: dict, params: list, batch: bool) -> Callable[[Exception, int], RequestError]:
+def _refusal(body: dict, params: list, rids: list, batch: bool) -> Callable[[Exception, int], RequestError]:
     """``ServerContext.submit``'s ``refused`` for /generate: the engine's refusal of prompt ``k``
     naming its field as the client sent it (``refused_field``; the prompt, ``text`` or
-    ``input_ids``, where it names none), with the entry of a batch's prompt (``_entry_error``)."""
+    ``input_ids``, where it names none), with the entry of a batch's prompt (``_entry_error``),
+    and its value as JSON (``wire_message``)."""
     def refused(e: Exception, k: int) -> RequestError:
         sp = body.get("sampling_params")
         d = sp[k] if isinstance(sp, list) else sp
         field = refused_field(e, params[k])
+        message = wire_message(str(e), refused_value(e, params[k], rids[k]))
         if isinstance(e, SamplingParamsError):
             error = sampling_params_error(e, d)
         elif field is None:
-            error = RequestError(str(e), param="text" if body.get("text") is not None else "input_ids")
+            error = RequestError(message, param="text" if body.get("text") is not None else "input_ids")
         else:
-            error = RequestError(str(e), param=field if field == "rid" else sampling_field(d, field))
+            error = RequestError(message, param=field if field == "rid" else sampling_field(d, field))
         return _entry_error(body, k, batch, error)
 
     return refused
@@ -430,7 +435,7 @@ def _flag(body: dict, key: str) -> bool:
     """A boolean field (false when absent); "no" is a 400, not true."""
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
-        raise RequestError(f"{key} must be true or false, not {value!r}", param=key)
+        raise RequestError(f"{key} must be true or false, not {json_value(value)}", param=key)
     return bool(value)
 
 
@@ -562,7 +567,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
         if any(opts["images"]):
             prompts = [await _with_images(ctx, x, images) if images else x for x, images in zip(prompts, opts["images"])]
-        handles = await ctx.submit(prompts, params, rids, _refusal(body, params, batch))
+        handles = await ctx.submit(prompts, params, rids, _refusal(body, params, rids, batch))
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
             return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)

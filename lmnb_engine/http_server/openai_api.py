@@ -18,7 +18,6 @@ either way ``/abort_request`` with the rid aborts every choice.
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
 import uuid
@@ -47,7 +46,9 @@ from lmnb_engine.http_server.protocol import (
     check_n,
     finite,
     image_token,
+    json_value,
     refused_field,
+    refused_value,
     wire_message,
 )
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
@@ -136,17 +137,17 @@ class CompletionRequest(_SamplingRequest):
         if isinstance(value, str) or (isinstance(value, list) and not value):
             return value  # ([] is refused as an empty prompt by the route)
         if not isinstance(value, list):
-            raise _prompt_error(f"it is {_json(value)}")
+            raise _prompt_error(f"it is {json_value(value, 40)}")
         if isinstance(value[0], str):
             bad = next((i for i, x in enumerate(value) if not isinstance(x, str)), None)
             if bad is not None:
-                raise _prompt_error(f"item {bad} is {_json(value[bad])} in a list of strings")
+                raise _prompt_error(f"item {bad} is {json_value(value[bad], 40)} in a list of strings")
             return value
         if not isinstance(value[0], list):
             return _token_ids(value, "")
         for i, x in enumerate(value):
             if not isinstance(x, list):
-                raise _prompt_error(f"item {i} is {_json(x)} in a list of token-id lists")
+                raise _prompt_error(f"item {i} is {json_value(x, 40)} in a list of token-id lists")
             _token_ids(x, f"of prompt {i} ")
         return value
 
@@ -155,19 +156,13 @@ def _token_ids(items: list, where: str) -> list:
     """``items`` if each is an int (a JSON integer, not true or false), else the error naming it."""
     for i, t in enumerate(items):
         if type(t) is not int:
-            raise _prompt_error(f"item {i} {where}is {_json(t)}, not a token id")
+            raise _prompt_error(f"item {i} {where}is {json_value(t, 40)}, not a token id")
     return items
 
 
 def _prompt_error(what: str) -> PydanticCustomError:
     # (the text goes in as context: a template would read braces in the value as its fields)
     return PydanticCustomError("prompt", "{msg}", {"msg": f"{what}; {_PROMPT_FORMS}"})
-
-
-def _json(value: Any) -> str:
-    """``value`` as the client wrote it (true, null, "a"), shortened."""
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:40] + "…"
 
 
 _PROMPT_FORMS = "a prompt is a string, a list of strings, a list of token ids (ints) or a list of such lists"
@@ -225,12 +220,13 @@ def _max_name(req: _SamplingRequest) -> str:
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
 
 
-def _api_names(message: str, req: _SamplingRequest) -> str:
+def _api_names(message: str, req: _SamplingRequest, value: Any = None) -> str:
     """An engine or ``SamplingParams`` ``message`` in the request's own field names: the engine's
     ``max_new_tokens`` / ``min_new_tokens`` are ``max_tokens`` (or ``max_completion_tokens``) /
     ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field; and in
-    JSON's words (``wire_message``)."""
-    return wire_message(in_front_end_names(message, {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens"}))
+    JSON's words, ``value`` (the field's) as JSON (``wire_message``)."""
+    names = {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens"}
+    return wire_message(in_front_end_names(message, names), value)
 
 
 def _param(req: _SamplingRequest, field: str) -> str:
@@ -259,11 +255,11 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     (``_api_names``) and names the field as ``param``."""
     running = ctx.batches.get(rid)
     if running is not None and not all(h.done for h in running):  # (one prompt's, the engine refuses too)
-        raise RequestError(f"rid={rid!r} is already in use by a running request; give another rid, or wait for "
+        raise RequestError(f"rid={json_value(rid)} is already in use by a running request; give another rid, or wait for "
                            "that request to end", param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
     handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: RequestError(
-        _api_names(str(e), req), param=_refused_param(req, params[k], e))))
+        _api_names(str(e), req, refused_value(e, params[k], rids[k])), param=_refused_param(req, params[k], e))))
     ctx.batches[rid] = handles
     return handles
 
@@ -313,7 +309,7 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
         )
         params.validate()
     except SamplingParamsError as e:
-        raise RequestError(_api_names(str(e), req), param=_param(req, e.field)) from None
+        raise RequestError(_api_names(str(e), req, e.value), param=_param(req, e.field)) from None
     check_n(params.n)
     return params
 
@@ -473,11 +469,11 @@ def _validate(model: type, body: Any, path: str) -> Any:
         for key, value in body.items():
             annotation = model.model_fields[key].annotation
             if isinstance(value, (bool, str)) and _holds(annotation, (int, float)):
-                shown = str(value).lower() if isinstance(value, bool) else f"the string {value!r}"
+                shown = json_value(value) if isinstance(value, bool) else f"the string {json_value(value, 40)}"
                 raise RequestError(f"{key} must be a number, not {shown}; leave it out for the default",
                                    param=key)
             if value is not None and not isinstance(value, bool) and _holds(annotation, (bool,)):
-                raise RequestError(f"{key} must be true or false, not {json.dumps(value)}", param=key)
+                raise RequestError(f"{key} must be true or false, not {json_value(value, 40)}", param=key)
     try:
         return model.model_validate(body)
     except ValidationError as e:  # (with the body: the error's place is named by it, field_place)
@@ -490,7 +486,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
 
     def check_model(model: str) -> None:
         if model not in (ctx.model_name, engine.model_path, "default"):
-            raise RequestError(f"model {model!r} is not served here; use {ctx.model_name!r}", 404, "model")
+            raise RequestError(f"model {json_value(model, 40)} is not served here; use {json_value(ctx.model_name)}",
+                               404, "model")
 
     def model_card() -> dict:
         return {"id": ctx.model_name, "object": "model", "created": int(time.time()), "owned_by": "lmnb",
@@ -624,7 +621,7 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
     if isinstance(content, list):
         bad = [p.type for p in content if p.type not in ("text", "image_url")]
         if bad:
-            raise RequestError(f"messages[{i}] has {bad[0]!r} content: lmnb serves text and image_url parts",
+            raise RequestError(f"messages[{i}] has {json_value(bad[0], 40)} content: lmnb serves text and image_url parts",
                                param="messages")
         pieces = []
         for p in content:

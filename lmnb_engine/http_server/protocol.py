@@ -9,6 +9,7 @@ server returns it), so SGLang clients — its frontend's ``RuntimeEndpoint`` amo
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable, Optional
 
@@ -32,10 +33,23 @@ class RequestFailed(RuntimeError):
     status = 500
 
 
-def wire_message(message: str) -> str:
-    """A ``SamplingParams`` message as a JSON client reads it: the Python API's ``None`` (``seed``
-    "must be None or an integer") is the ``null`` the client sends."""
-    return message.replace("must be None or", "must be null or")
+def json_value(value: Any, limit: Optional[int] = None) -> str:
+    """``value`` as a JSON client writes it (``true``, ``null``, ``"a"``), cut after ``limit``
+    characters when given."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if limit is None or len(text) <= limit else text[:limit] + "…"
+
+
+def wire_message(message: str, value: Any = None) -> str:
+    """A ``SamplingParams`` or engine message as a JSON client reads it: the Python API's ``None``
+    (``seed`` "must be None or an integer") is the ``null`` the client sends, and ``value``, the
+    value of the field it is about, which it shows as Python writes it (``=True``, ``'x'``, the
+    items of a list of strings), is written as JSON (``=true``, ``"x"``)."""
+    message = message.replace("must be None or", "must be null or").replace(f"={value!r}", f"={json_value(value)}")
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, str):
+            message = message.replace(repr(item), json_value(item))
+    return message
 
 
 def finite(x: Optional[float]) -> Optional[float]:
@@ -103,7 +117,7 @@ def sampling_params_from_json(
                 kwargs[_SAMPLING_KEYS[key]] = value
         elif key in _NEUTRAL_KEYS:
             if value is not None and value != _NEUTRAL_KEYS[key]:
-                raise RequestError(f"sampling_params.{key}={value!r} is not supported by lmnb",
+                raise RequestError(f"sampling_params.{key}={json_value(value)} is not supported by lmnb",
                                    param=f"sampling_params.{key}")
         elif key in _REQUEST_KEYS:  # (SGLang's GenerateReqInput field, not a sampling parameter)
             raise RequestError(f"{key} is a field of the request, not a sampling parameter: send it beside "
@@ -144,7 +158,7 @@ def sampling_params_error(e: SamplingParamsError, d: Optional[dict]) -> RequestE
     """``e`` (``SamplingParams``' refusal, or the engine's) as a /generate client reads it: the
     field named as it was sent in ``sampling_params`` ``d`` (``sampling_field``), in JSON's words."""
     name = sampling_field(d, e.field)
-    return RequestError(wire_message(str(e).replace(f"SamplingParams.{e.field}", name, 1)), param=name)
+    return RequestError(wire_message(str(e).replace(f"SamplingParams.{e.field}", name, 1), e.value), param=name)
 
 
 def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
@@ -160,6 +174,15 @@ def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
         return "regex" if params.regex is not None else "json_schema"
     # (the engine's messages name these fields first: Engine._check_in_vocabulary, Engine._check ...)
     return next((f for f in ("stop_token_ids", "logprob_start_len", "rid") if str(e).startswith(f)), None)
+
+
+def refused_value(e: Exception, params: SamplingParams, rid: Optional[str]) -> Any:
+    """The value of the field that the engine's refusal ``e`` of a request with ``params`` and
+    ``rid`` is about (``refused_field``), as its message shows it (``wire_message``)."""
+    if isinstance(e, SamplingParamsError):
+        return e.value
+    field = refused_field(e, params)
+    return rid if field == "rid" else None if field is None else getattr(params, field)
 
 
 # More samples than this per request is refused: n=100000 once queued 100000 requests and starved
