@@ -1364,3 +1364,32 @@ def test_an_engine_refusal_shows_the_clients_regex_and_rid_as_json():
         ):
             err = _post(url, path, body).json()["error"]
             assert (err["param"], err["message"]) == (param, message), err
+
+
+@pytest.mark.parametrize("body, constraint", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"json_schema": {"type": "string"}}, "json_schema"),
+    ({"regex": "a+"}, "regex"),
+])
+def test_the_grammar_and_min_tokens_conflict_names_the_constraint_as_the_client_sent_it(body, constraint):
+    """The engine's refusal of a grammar whose every first token min_tokens bans said "conflicts with
+    the json_schema" to a client that sent response_format; it now names the field the client sent,
+    as the param of the grammar's own refusals does."""
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            from lmnb_engine.params import SamplingParamsError
+
+            what, m = "regex" if params.regex is not None else "json_schema", params.min_new_tokens
+            raise SamplingParamsError(  # (Engine._check_first_token_allowed's message)
+                f"SamplingParams.min_new_tokens={m} conflicts with the {what}: every token the {what} allows first "
+                f"is a stop token id or EOS, which min_new_tokens bans until {m} tokens are out; set "
+                "min_new_tokens=0 or remove those stop_token_ids", "min_new_tokens")
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        err = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "min_tokens": 2, **body}).json()
+    assert err["error"]["param"] == "min_tokens"
+    assert err["error"]["message"] == (
+        f"min_tokens=2 conflicts with the {constraint}: every token the {constraint} allows first is a stop token id "
+        "or EOS, which min_tokens bans until 2 tokens are out; set min_tokens=0 or remove those stop_token_ids")

@@ -223,9 +223,10 @@ def _max_name(req: _SamplingRequest) -> str:
 def _api_names(message: str, req: _SamplingRequest, value: Any = None) -> str:
     """An engine or ``SamplingParams`` ``message`` in the request's own field names: the engine's
     ``max_new_tokens`` / ``min_new_tokens`` are ``max_tokens`` (or ``max_completion_tokens``) /
-    ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field; and in
+    ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field; its
+    ``json_schema`` is the field that sent the schema (``response_format``, ``_param``); and in
     JSON's words, ``value`` (the field's) as JSON (``wire_message``)."""
-    names = {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens"}
+    names = {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens", "json_schema": _param(req, "json_schema")}
     return wire_message(in_front_end_names(message, names), value)
 
 
