@@ -974,18 +974,26 @@ def test_a_prompt_certainly_longer_than_the_context_is_refused_before_it_is_enco
     text = "a" * (4096 * max_token_bytes(Engine.tokenizer) + 1)
     at_least = "prompt of at least 4097 tokens ("
     with live_server(Engine(), served_model_name="rec") as url:
-        for path, body, param in (
-            ("/v1/completions", {"model": "rec", "prompt": text}, "prompt"),
-            ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": text}]}, "messages"),
-            ("/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0}, "text"),
+        for path, body, param, start in (
+            ("/v1/completions", {"model": "rec", "prompt": text}, "prompt", at_least),
+            # (the chat template's text adds its role markers' bytes)
+            ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": text}]}, "messages",
+             "prompt of at least 4098 tokens ("),
+            ("/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0}, "text", at_least),
+            # a prompt of several is named by its entry (it was named as the whole prompt, or text)
+            ("/v1/completions", {"model": "rec", "prompt": ["a", text]}, "prompt[1]",
+             "prompt[1] of at least 4097 tokens ("),
+            ("/generate", {"text": ["a", "b", text], "return_logprob": True, "logprob_start_len": 0}, "text[2]",
+             f"text[2]: {at_least}"),
         ):
             r = _post(url, path, body)
             err = r.json()["error"]
             assert r.status_code == 400 and err["param"] == param, err
-            # (the chat template's text adds its role markers' bytes)
-            assert err["message"].startswith(at_least if param != "messages" else "prompt of at least 4098 tokens (")
-            assert err["message"].endswith(f"exceeds the model's context length of 4096 tokens; shorten the {param}")
+            assert err["message"].startswith(start), err
+            assert err["message"].endswith(
+                f"exceeds the model's context length of 4096 tokens; shorten the {param.split('[')[0]}"), err
         assert not [n for n in encoded if n >= len(text)]
+        encoded.clear()  # (the batches' short prompts were encoded)
         ok = _post(url, "/v1/completions", {"model": "rec", "prompt": "a" * 100, "max_tokens": 1})
         assert ok.status_code == 200 and encoded[0] == 100  # (the stand-in encodes its reply too)
 
@@ -1393,3 +1401,23 @@ def test_the_grammar_and_min_tokens_conflict_names_the_constraint_as_the_client_
     assert err["error"]["message"] == (
         f"min_tokens=2 conflicts with the {constraint}: every token the {constraint} allows first is a stop token id "
         "or EOS, which min_tokens bans until 2 tokens are out; set min_tokens=0 or remove those stop_token_ids")
+
+
+@pytest.mark.parametrize("prompt, param, message", [
+    (["a", "abcdefgh"], "prompt[1]", "prompt[1] of 8 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
+    ([[97], [97] * 9], "prompt[1]", "prompt[1] of 9 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
+    ("abcdefgh", "prompt", "prompt of 8 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
+])
+def test_an_engine_refusal_of_one_prompt_of_several_names_its_entry_on_the_openai_routes(prompt, param, message):
+    """The engine's refusal of prompt k of a /v1/completions batch named the prompt as a whole
+    ("prompt"), not which of them; it is now named by its entry (prompt[1]), as /generate names
+    text[1]. The prompts already queued are aborted."""
+    engine = _RefusingEngine()
+    with live_server(engine, served_model_name="rec") as url:
+        r = _post(url, "/v1/completions", {"model": "rec", "prompt": prompt})
+        err = r.json()["error"]
+        assert r.status_code == 400 and (err["param"], err["message"]) == (param, message), err
+        assert all(h.aborted.is_set() for h in engine.handles)
+        # a field the prompts share is named as it is
+        err = _post(url, "/v1/completions", {"model": "rec", "prompt": ["a", "b"], "stop_token_ids": [500]}).json()
+        assert err["error"]["param"] == "stop_token_ids", err

@@ -29,7 +29,7 @@ import threading
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -267,12 +267,19 @@ def _prompt_params(body: dict, k: int, batch: bool, *fields) -> SamplingParams:
 
 
 def _entry_error(body: dict, k: int, batch: bool, e: RequestError) -> RequestError:
-    """``e``, an error in prompt ``k``'s fields named as for a single prompt, naming the entry of
-    a field the body gave per prompt (a list): ``sampling_params[1].temperature``, ``text[1]``,
-    ``rid[1]``; a field that every prompt shares is named as it is."""
+    """``entry_error`` of /generate's ``body``: the fields it gave per prompt are those it gave as a
+    list, and of a ``batch`` the prompt (``text`` or ``input_ids``)."""
     per_prompt = [key for key in _PER_PROMPT_KEYS if isinstance(body.get(key), list)]
     if batch:
         per_prompt.append("text" if body.get("text") is not None else "input_ids")
+    return entry_error(e, k, per_prompt)
+
+
+def entry_error(e: RequestError, k: int, per_prompt: Sequence[str]) -> RequestError:
+    """``e``, an error in prompt ``k``'s fields named as for a single prompt, naming the entry of
+    the field it is about where the request gave that field per prompt (``per_prompt``, each a
+    list): ``sampling_params[1].temperature``, ``text[1]``, ``rid[1]``, ``prompt[1]``; a field that
+    every prompt shares is named as it is."""
     key = next((key for key in per_prompt if e.param and (e.param == key or e.param.startswith(key + "."))), None)
     if key is None:
         return e
@@ -562,8 +569,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         prompt_texts = list(prompts)  # (the text prompts, before some are encoded below)
         # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
         # that needs it is tokenized here (off the event loop) and submitted as its ids.
-        prompts = [await ctx.run(encode_prompt, engine, x, "text") if isinstance(x, str) and p.logprob_start_len == 0
-                   else x for x, p in zip(prompts, params)]
+        prompts = [await _encoded(ctx, x, k, body, batch) if isinstance(x, str) and p.logprob_start_len == 0 else x
+                   for k, (x, p) in enumerate(zip(prompts, params))]
         firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
         if any(opts["images"]):
             prompts = [await _with_images(ctx, x, images) if images else x for x, images in zip(prompts, opts["images"])]
@@ -582,6 +589,15 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     add_openai_routes(app, ctx, json_body)
     return app
+
+
+async def _encoded(ctx: ServerContext, text: str, k: int, body: dict, batch: bool) -> list[int]:
+    """``encode_prompt`` of /generate's prompt ``k``, off the event loop; a prompt of a batch too
+    long to encode is named by its entry (``text[1]``)."""
+    try:
+        return await ctx.run(encode_prompt, ctx.engine, text, "text")
+    except RequestError as e:
+        raise _entry_error(body, k, batch, e) from None
 
 
 async def _with_images(ctx: ServerContext, prompt: Any, images: list) -> Any:

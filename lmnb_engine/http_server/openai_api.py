@@ -39,7 +39,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
-from lmnb_engine.http_server.app import SSE_DONE, Batch, EventStream, ServerContext, encode_prompt, sse
+from lmnb_engine.http_server.app import SSE_DONE, Batch, EventStream, ServerContext, encode_prompt, entry_error, sse
 from lmnb_engine.http_server.protocol import (
     RequestError,
     RequestFailed,
@@ -253,16 +253,24 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     SGLang's response id is its request's rid), prompt k's of several is ``<rid>-<k>``; either way
     ``/abort_request`` with ``rid`` aborts them all (``ServerContext.batches``). The engine's refusal
     (a prompt too long for ``max_tokens``...) is worded in the request's field names
-    (``_api_names``) and names the field as ``param``."""
+    (``_api_names``) and names the field as ``param``, the prompt of several by its entry
+    (``prompt[1]``, ``entry_error``)."""
     running = ctx.batches.get(rid)
     if running is not None and not all(h.done for h in running):  # (one prompt's, the engine refuses too)
         raise RequestError(f"rid={json_value(rid)} is already in use by a running request; give another rid, or wait for "
                            "that request to end", param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
-    handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: RequestError(
-        _api_names(str(e), req, refused_value(e, params[k], rids[k])), param=_refused_param(req, params[k], e))))
+    per_prompt = _per_prompt(prompts)
+    handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: entry_error(RequestError(
+        _api_names(str(e), req, refused_value(e, params[k], rids[k])), param=_refused_param(req, params[k], e)),
+        k, per_prompt)))
     ctx.batches[rid] = handles
     return handles
+
+
+def _per_prompt(prompts: list) -> tuple:
+    """The fields an OpenAI request gives per prompt (``entry_error``): ``prompt``, of several."""
+    return ("prompt",) if len(prompts) > 1 else ()
 
 
 def _response_id(req: _SamplingRequest, prefix: str) -> str:
@@ -524,7 +532,12 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
         # token ids up front, so echoed logprobs can name the first prompt token too
-        ids = [await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x) for x in prompts]
+        ids = []
+        for k, x in enumerate(prompts):
+            try:
+                ids.append(await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x))
+            except RequestError as e:  # (a prompt too long to encode, of several: prompt[k])
+                raise entry_error(e, k, _per_prompt(prompts)) from None
         rid, created = _response_id(req, "cmpl-"), int(time.time())
         handles = await _submit(ctx, req, ids, [params] * len(ids), rid)  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
