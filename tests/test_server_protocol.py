@@ -1421,3 +1421,56 @@ def test_an_engine_refusal_of_one_prompt_of_several_names_its_entry_on_the_opena
         # a field the prompts share is named as it is
         err = _post(url, "/v1/completions", {"model": "rec", "prompt": ["a", "b"], "stop_token_ids": [500]}).json()
         assert err["error"]["param"] == "stop_token_ids", err
+
+
+_BLOCKED = ("no token was allowed at output token 2: the regex allows only tokens that min_tokens=2 bans until 2 "
+            "tokens are out: the stop token ids / EOS; lower min_tokens or remove those stop_token_ids")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_aborted_choice_carries_the_engines_reason_in_abort_message(stream):
+    """An aborted choice said only finish_reason "abort": the engine's reason, which /generate's
+    meta_info carries (finish_reason.message), was lost, as it is in SGLang's choices. It is now
+    the choice's abort_message, in the request's field names (min_tokens, not min_new_tokens); the
+    other choices have no such field."""
+    conflict = {"model": "rec", "regex": "x+", "min_tokens": 2, "max_tokens": 3, "stream": stream}
+    with live_server(_ConflictEngine(), served_model_name="rec") as url:
+        for path, body in (("/v1/completions", {"prompt": ["a", "b!"]}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "b!"}], "n": 1})):
+            if stream:
+                with httpx.Client(timeout=30) as client, client.stream("POST", url + path, json={**conflict, **body}) as r:
+                    last = {ch["index"]: ch for c in _sse_json(list(r.iter_lines())) for ch in c["choices"]
+                            if ch["finish_reason"]}
+            else:
+                last = {ch["index"]: ch for ch in _post(url, path, {**conflict, **body}).json()["choices"]}
+            aborted = last[1 if path == "/v1/completions" else 0]
+            assert (aborted["finish_reason"], aborted["abort_message"]) == ("abort", _BLOCKED), aborted
+            if path == "/v1/completions":
+                assert last[0]["finish_reason"] == "length" and "abort_message" not in last[0], last[0]
+
+
+def test_the_openai_client_reads_an_aborted_choices_abort_message_and_an_abort_asked_for_says_so():
+    """abort_message is a field OpenAI's choices do not have: the official client keeps it among
+    the choice's extra fields. An abort asked for (/abort_request) says it was (Engine.abort's
+    message, as /generate's meta_info says it)."""
+    import openai
+
+    with live_server(_ConflictEngine(), served_model_name="rec") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        reply = client.completions.create(model="rec", prompt=["a", "b!"], max_tokens=3, extra_body={
+            "regex": "x+", "min_tokens": 2})
+        assert [c.finish_reason for c in reply.choices] == ["length", "abort"]
+        assert reply.choices[1].model_extra["abort_message"] == _BLOCKED
+        assert "abort_message" not in reply.choices[0].model_extra
+    engine = _HeldEngine()
+    with live_server(engine, served_model_name="rec") as url:
+        def abort():
+            engine.wait_for(1)
+            assert _post(url, "/abort_request", {"rid": engine.handles[0].rid}).json() == {"success": True}
+
+        thread = threading.Thread(target=abort)
+        thread.start()
+        [choice] = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "max_tokens": 1000},
+                         timeout=30).json()["choices"]
+        thread.join()
+        assert (choice["finish_reason"], choice["abort_message"]) == ("abort", "aborted by Engine.abort")

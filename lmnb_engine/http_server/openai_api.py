@@ -8,7 +8,7 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
 rejected with a 400 naming them rather than ignored. A response's ``id`` is its request's rid, as
 in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
-``abort``. A client names the rid itself with SGLang's ``rid`` field (a non-empty string), so that
+``abort`` (and lmnb's ``abort_message``: ``_finish``). A client names the rid itself with SGLang's ``rid`` field (a non-empty string), so that
 it can abort a request that is not streamed before its response brings the id; a rid still in use
 by a running request is a 400. The engine rid of one prompt is the rid itself (its ``n`` choices
 share it); of prompt k of several, ``<rid>-<k>`` (SGLang's per-sample rids are ``<rid>_<i>``):
@@ -323,19 +323,30 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
     return params
 
 
-def _finish(result) -> str:
-    """A choice's finish reason: ``stop``, ``length``, or ``abort`` for an abort that was asked for
-    (/abort_request), as SGLang's OpenAI routes report a graceful abort, streamed or not, the other
-    choices going on; so too for one that the request's own parameters caused midway
+def _finish(result, req: _SamplingRequest) -> dict:
+    """A choice's ``finish_reason``: ``stop``, ``length``, or ``abort`` for an abort that was asked
+    for (/abort_request), as SGLang's OpenAI routes report a graceful abort, streamed or not, the
+    other choices going on; so too for one that the request's own parameters caused midway
     (``FinishReason.field``: a grammar allowing only tokens ``min_tokens`` bans, a ``stop_regex``
-    backtracking past its time limit), as /generate ends
-    that entry alone: no server failure. An abort for an error (NaN logits, shutdown) is a
-    ``RequestFailed``: the choice has no field for its message (SGLang's error response for an
-    abort with a status)."""
+    backtracking past its time limit), as /generate ends that entry alone: no server failure.
+
+    An aborted choice also has ``abort_message``, the engine's reason (``FinishReason.message``)
+    in the request's field names (``_api_names``): "aborted by Engine.abort" for an abort asked
+    for, else what in the request to change. OpenAI's choices have no field for it, and SGLang's
+    lose it (its ``matched_stop`` is the matched stop only); lmnb adds it as /generate's
+    ``meta_info`` carries it (``finish_reason.message``). Clients ignore a field they do not know;
+    the official ``openai`` client keeps it among the choice's extra fields
+    (``choice.model_extra["abort_message"]``). Other choices have no such field.
+
+    An abort for an error (NaN logits, shutdown) is a ``RequestFailed``: not the client's doing,
+    it fails the request (SGLang's error response for an abort with a status)."""
     fr = result.finish_reason
     if fr.type == "abort" and not fr.requested_abort and fr.field is None:
         raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
-    return fr.type
+    if fr.type != "abort" or fr.message is None:
+        return {"finish_reason": fr.type}
+    value = None if fr.field is None else getattr(req, _param(req, fr.field))
+    return {"finish_reason": fr.type, "abort_message": _api_names(fr.message, req, value)}
 
 
 def _usage(results: list) -> dict:
@@ -552,7 +563,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 lp = await ctx.run(_choice_logprobs, engine, req, r, texts[k], ids[k])  # decodes every token
                 choices.append({
                     "index": len(choices), "text": (texts[k] if req.echo else "") + r.text,
-                    "logprobs": lp, "finish_reason": _finish(r),
+                    "logprobs": lp, **_finish(r, req),
                 })
         return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
                 "choices": choices, "usage": _usage_total(results, len(handles))}
@@ -607,7 +618,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             "index": r.index,
             "message": {"role": "assistant", "content": r.text},
             "logprobs": await ctx.run(_chat_logprobs, engine, r.logprobs) if req.logprobs else None,
-            "finish_reason": _finish(r),
+            **_finish(r, req),
         } for r in results]
         return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
                 "choices": choices, "usage": _usage(results)}
@@ -716,12 +727,12 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                 lp = await ctx.run(so_far.add, lps)
             elif done and not chat and req.logprobs is not None and req.echo:
                 lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])
-            finish = _finish(ev.result) if done else None
+            finish = _finish(ev.result, req) if done else {"finish_reason": None}
             if chat:
                 delta = {"content": ev.text_delta} if ev.text_delta else {}
-                yield chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+                yield chunk([{"index": i, "delta": delta, "logprobs": lp, **finish}])
             else:
-                yield chunk([{"index": i, "text": ev.text_delta, "logprobs": lp, "finish_reason": finish}])
+                yield chunk([{"index": i, "text": ev.text_delta, "logprobs": lp, **finish}])
         if with_usage:
             # (in sample order, as unstreamed: a prompt's samples may report different cached tokens)
             ordered = [r for rs in results for r in sorted(rs, key=lambda r: r.index)]
