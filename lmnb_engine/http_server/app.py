@@ -298,13 +298,12 @@ def _refusal(body: dict, params: list, rids: list, batch: bool) -> Callable[[Exc
         sp = body.get("sampling_params")
         d = sp[k] if isinstance(sp, list) else sp
         field = refused_field(e, params[k])
-        message = wire_message(str(e), refused_value(e, params[k], rids[k]))
         if isinstance(e, SamplingParamsError):
             error = sampling_params_error(e, d)
-        elif field is None:
-            error = RequestError(message, param="text" if body.get("text") is not None else "input_ids")
         else:
-            error = RequestError(message, param=field if field == "rid" else sampling_field(d, field))
+            param = (("text" if body.get("text") is not None else "input_ids") if field is None
+                     else field if field == "rid" else sampling_field(d, field))
+            error = RequestError(wire_message(str(e), refused_value(e, params[k], rids[k])), param=param)
         return _entry_error(body, k, batch, error)
 
     return refused

@@ -8,9 +8,9 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
 rejected with a 400 naming them rather than ignored. A response's ``id`` is its request's rid, as
 in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
-``abort`` (and lmnb's ``abort_message``: ``_finish``). A client names the rid itself with SGLang's ``rid`` field (a non-empty string), so that
-it can abort a request that is not streamed before its response brings the id; a rid still in use
-by a running request is a 400. The engine rid of one prompt is the rid itself (its ``n`` choices
+``abort`` (and lmnb's ``abort_message``: ``_finish``). A client names the rid itself with SGLang's
+``rid`` field (a non-empty string), so that it can abort a request that is not streamed before its
+response brings the id; a rid still in use by a running request is a 400. The engine rid of one prompt is the rid itself (its ``n`` choices
 share it); of prompt k of several, ``<rid>-<k>`` (SGLang's per-sample rids are ``<rid>_<i>``):
 either way ``/abort_request`` with the rid aborts every choice.
 """
@@ -226,7 +226,8 @@ def _api_names(message: str, req: _SamplingRequest, value: Any = None) -> str:
     ``min_tokens`` here, and a client told to "lower max_new_tokens" finds no such field; its
     ``json_schema`` is the field that sent the schema (``response_format``, ``_param``); and in
     JSON's words, ``value`` (the field's) as JSON (``wire_message``)."""
-    names = {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens", "json_schema": _param(req, "json_schema")}
+    names = {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens",
+             "json_schema": _param(req, "json_schema")}
     return wire_message(in_front_end_names(message, names), value)
 
 
@@ -257,8 +258,8 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     (``prompt[1]``, ``entry_error``)."""
     running = ctx.batches.get(rid)
     if running is not None and not all(h.done for h in running):  # (one prompt's, the engine refuses too)
-        raise RequestError(f"rid={json_value(rid)} is already in use by a running request; give another rid, or wait for "
-                           "that request to end", param="rid")
+        raise RequestError(f"rid={json_value(rid)} is already in use by a running request; give another rid, or "
+                           "wait for that request to end", param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
     per_prompt = _per_prompt(prompts)
     handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: entry_error(RequestError(
@@ -646,7 +647,8 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
     if isinstance(content, list):
         bad = [p.type for p in content if p.type not in ("text", "image_url")]
         if bad:
-            raise RequestError(f"messages[{i}] has {json_value(bad[0], 40)} content: lmnb serves text and image_url parts",
+            raise RequestError(f"messages[{i}] has {json_value(bad[0], 40)} content: lmnb serves text and image_url "
+                               "parts",
                                param="messages")
         pieces = []
         for p in content:
