@@ -117,6 +117,9 @@ def test_list_tuple_set_and_none_defaults_read_python_literals_and_ints_read_pyt
     for text, default, problem in [("b", ["a"], "expected a list as a Python literal, e.g. [1, 2]"),
                                    ("[1]", (1,), "expected a tuple as a Python literal, e.g. (1, 2)"),
                                    ("x", {1}, "expected a set as a Python literal, e.g. {1, 2}"),
+                                   # (it said '{'a': 1}', which the shell hands on as {a: 1}, no literal)
+                                   ("[1]", {}, """expected a dict as a Python literal, e.g. {"a": 1} (in quotes """
+                                               """for the shell: '{"a": 1}')"""),
                                    ("2.5", 3, "expected an integer (e.g. 3, 1_000 or 0x20), got '2.5'")]:
         with pytest.raises(ValueError) as e:
             parse_value(text, default)

@@ -321,7 +321,7 @@ def _float(text: str) -> float:
 
 
 _LITERAL_KINDS = {list: ("a list", "[1, 2]"), tuple: ("a tuple", "(1, 2)"), set: ("a set", "{1, 2}"),
-                  dict: ("a dict", "{'a': 1}")}
+                  dict: ("a dict", '{"a": 1}')}  # (double quotes: the message puts the example in single ones)
 
 
 def _literal_of(kind: type) -> Callable[[str], Any]:
