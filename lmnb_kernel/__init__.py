@@ -20,7 +20,7 @@ def load_ipython_extension(shell) -> None:
     from lmnb_kernel.errors import CellError, show_cell_error
     from lmnb_kernel.magics import LMMagics, define_lmnb
     from lmnb_kernel.session import SessionBackend, get_session
-    from lmnb_kernel.transforms import refuse_lm_below_comments
+    from lmnb_kernel.transforms import refuse_cell_magic_below_comments
 
     lmnb.set_default_backend(SessionBackend(get_session()))
 
@@ -31,8 +31,8 @@ def load_ipython_extension(shell) -> None:
     shell.events.register("pre_run_cell", magics.note_cell)
     shell.events.register("post_run_cell", magics.forget_cell)
     shell._lmnb_magics = magics
-    if refuse_lm_below_comments not in shell.input_transformers_cleanup:
-        shell.input_transformers_cleanup.append(refuse_lm_below_comments)
+    if refuse_cell_magic_below_comments not in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.append(refuse_cell_magic_below_comments)
     shell._lmnb_pushed = define_lmnb(shell)
     session = getattr(getattr(shell, "kernel", None), "session", None)  # (a terminal IPython has none)
     if session is not None:
@@ -49,7 +49,7 @@ def unload_ipython_extension(shell) -> None:
     (engine, states) stays for a reload."""
     import lmnb
 
-    from lmnb_kernel.transforms import refuse_lm_below_comments
+    from lmnb_kernel.transforms import refuse_cell_magic_below_comments
 
     replaced = getattr(shell, "_lmnb_replaced_pack", None)
     if replaced is not None:
@@ -68,8 +68,8 @@ def unload_ipython_extension(shell) -> None:
         shell.events.unregister("pre_run_cell", magics.note_cell)
         shell.events.unregister("post_run_cell", magics.forget_cell)
         shell.set_custom_exc((), None)
-        if refuse_lm_below_comments in shell.input_transformers_cleanup:
-            shell.input_transformers_cleanup.remove(refuse_lm_below_comments)
+        if refuse_cell_magic_below_comments in shell.input_transformers_cleanup:
+            shell.input_transformers_cleanup.remove(refuse_cell_magic_below_comments)
         for kind in ("line", "cell"):  # IPython has no unregister_magics; its table is per kind
             shell.magics_manager.magics[kind].pop("lm", None)
         del shell._lmnb_magics

@@ -689,6 +689,12 @@ def test_a_comment_above_the_lm_line_is_named_and_code_above_it_is_left_to_ipyth
     assert out.stderr.strip() == ("UsageError: %%lm on line 3, below a comment: a cell magic works only on a cell's "
                                   "first line; move it up, or split the cell there; a comment above the %%lm line "
                                   "makes IPython read the cell as Python")
+    # %%time over the %%lm line got "invalid syntax" for the prompt as well
+    result, out = run(ip, "# timed\n%%time\n%%lm --temperature 0\nThe capital of France is {gen c}")
+    assert isinstance(result.error_before_exec, UsageError) and "c" not in ip.user_ns
+    assert out.stderr.strip() == ("UsageError: %%time on line 2, below a comment: a cell magic works only on a cell's "
+                                  "first line; move it up, or split the cell there; a comment above the %%time line "
+                                  "makes IPython read the cell as Python")
     # with code above, "%%lm" may be text in a string: IPython's reading stands
     result, _ = run(ip, 'lm_text = """\n%%lm --static\n"""')
     assert result.success and ip.user_ns["lm_text"] == "\n%%lm --static\n"
