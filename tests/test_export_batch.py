@@ -1503,3 +1503,14 @@ def test_utf16_or_utf32_input_is_refused_as_a_whole_naming_the_encoding(tmp_path
     assert run_job(tmp_path, "--input", rows) == 2
     assert capsys.readouterr().err == f"lmnb batch: {message}\n"
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_the_iconv_command_for_a_utf16_file_quotes_a_name_with_spaces(tmp_path):
+    """The command was `iconv -f UTF-16 -t UTF-8 My Rows.csv > My Rows-utf8.csv`, which the shell
+    runs on files named My and Rows.csv, writing to My; Notepad's files often have spaces in their names."""
+    rows = tmp_path / "My Rows.csv"
+    rows.write_bytes(b"\xff\xfe" + "question\nq1\n".encode("utf-16-le"))
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    assert str(refused.value) == (f"{rows} is UTF-16 text, not UTF-8; save it again as UTF-8 (e.g. iconv -f UTF-16 "
+                                  f"-t UTF-8 '{tmp_path}/My Rows.csv' > '{tmp_path}/My Rows-utf8.csv')")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -78,7 +79,7 @@ def _first_line(raw: bytes, path: Path) -> bytes:
     if encoding is not None:
         converted = path.with_name(f"{path.stem}-utf8{path.suffix}")
         raise InputError(f"{path} is {encoding} text, not UTF-8; save it again as UTF-8 (e.g. iconv -f {encoding} "
-                         f"-t UTF-8 {path} > {converted})")
+                         f"-t UTF-8 {shlex.quote(str(path))} > {shlex.quote(str(converted))})")
     if b"\x00" in raw[:4]:  # (without an order mark: ASCII text as UTF-16 or UTF-32 has 0 bytes between)
         raise InputError(f"{path} is not UTF-8 text: its first line holds 0 bytes, as UTF-16 or UTF-32 text does; "
                          "save it again as UTF-8")
