@@ -1242,6 +1242,25 @@ def test_a_json_list_is_a_tuple_or_set_parameters_value(tmp_path, monkeypatch):
     assert sorted(prompts) == ["tuple() []", "tuple(3, 4) ['b', 'c']"]
 
 
+def test_a_json_array_or_object_holding_nan_or_infinity_is_a_container_parameters_value(tmp_path, monkeypatch):
+    # json reads NaN and Infinity as nan and inf, whose repr is no literal: `[NaN]` for `weights = [0.5]`
+    # was bad input, "expected a list as a Python literal ..., got '[nan]'"
+    from helpers_export import read_results
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook(("parameters", "weights = [0.5]\npair = (1.0, 2.0)\nlimits = {'low': 0.0}"),
+                  "m = f'{weights} {type(pair).__name__}{pair} {limits}'", "%%lm --temperature 0\n{m}{gen x max_tokens=1}")
+    source, _ = export_notebook(nb, inputs=["weights", "pair", "limits"])
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"weights": [NaN, 1], "pair": [Infinity, 2], "limits": {"low": -Infinity}}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    ns = _load_job(source, monkeypatch, rows, out)
+    backend = ScriptedBackend(lambda prompt, params: "!")
+    assert ns["job"].run(ns["run_row"], backend=backend) == 0
+    assert [r["status"] for r in read_results(out)] == ["ok"]
+    assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["[nan, 1] tuple(inf, 2) {'low': -inf}"]
+
+
 def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_path, monkeypatch, capsys):
     # run_row is a function, where `from math import *` is a SyntaxError: the export failed with "the
     # exported script does not compile ... simplify expressions in their {...} holes" (found by a review helper)

@@ -394,10 +394,13 @@ def _read_typed(row: InputRow, types: dict) -> str | None:
     does not read so, or None. JSON has no tuple or set: a JSON list is one for such a parameter."""
     for name, kind in types.items():
         value = row.fields[name]
-        if isinstance(value, list) and kind is tuple:
-            value = repr(tuple(value))
-        elif isinstance(value, list) and kind is set:
-            value = f"{{{repr(value)[1:-1]}}}" if value else "set()"
+        if isinstance(value, list) and kind in (list, tuple, set) or isinstance(value, dict) and kind is dict:
+            try:  # JSON's own array or object, as it is (read through its repr, one holding json's NaN or
+                # Infinity, nan and inf to Python, was no literal)
+                row.fields[name] = kind(value)
+                continue
+            except TypeError:  # an unhashable item for a set: refused below, as that set's literal
+                value = f"{{{repr(value)[1:-1]}}}"
         try:
             row.fields[name] = parameter_type(kind())(value if isinstance(value, str) else repr(value))
         except argparse.ArgumentTypeError as e:
