@@ -11,6 +11,7 @@ lmnb_engine), so that all of them share it without importing torch.
 from __future__ import annotations
 
 import argparse
+import re
 import weakref
 
 
@@ -51,3 +52,16 @@ class OnceFlag(_GivenOnce):
     def __call__(self, parser, namespace, values, option_string=None):
         self._refuse_repeat(parser, namespace)
         setattr(namespace, self.dest, True)
+
+
+# argparse reads an argument that starts with "-" as an option unless it looks like a negative number,
+# which before Python 3.14 is -1 or -1.5 only: `lmnb run -p lr -1e-3` (or -1_000, -0x20, -inf) said
+# "argument -p/--parameter: expected 2 arguments", though papermill takes it.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+
+def take_negative_numbers(parser: argparse.ArgumentParser) -> None:
+    """Let ``parser``'s options take any negative number as their value (``-1e-3``, ``-1_000``,
+    ``-0x20``, ``-inf``), not only argparse's -1 and -1.5. For a parser none of whose options
+    looks like a number (argparse then reads such arguments as values only)."""
+    parser._negative_number_matcher = _NEGATIVE_NUMBER

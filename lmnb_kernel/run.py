@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 from lmnb.export.cells import Code, ExportError, LMCell, is_lm_cell, python_cell, read_cells
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
-from lmnb_engine.cli_options import Once, OnceFlag
+from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
 from lmnb_kernel.cell_failure import describe_failure
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 
@@ -39,6 +39,7 @@ EXIT_STATUSES = ("0 every cell ran (with --allow-errors: also when some raised);
 def run_arguments(parser) -> None:
     """Options of ``lmnb run``, with the exit statuses as the help's epilog."""
     parser.epilog = f"exit status: {EXIT_STATUSES}"
+    take_negative_numbers(parser)  # (-p lr -1e-3)
     parser.add_argument("notebook", help="the .ipynb to execute")
     parser.add_argument("-o", "--output", action=Once,
                         help="where to save the executed notebook (default: NAME.out.ipynb; "

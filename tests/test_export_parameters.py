@@ -142,3 +142,22 @@ def test_list_tuple_set_and_none_defaults_read_python_literals_and_ints_read_pyt
     assert run(args) == 2
     assert capsys.readouterr().err == ("lmnb run: -p tags 'b': the parameters cell sets it to ['a']: expected a list as "
                                        "a Python literal, e.g. [1, 2] (in quotes for the shell: '[1, 2]'), got 'b'\n")
+
+
+def test_negative_numbers_of_every_form_are_values_of_p_and_of_the_jobs_options():
+    """argparse (before Python 3.14) took -1 and -1.5 alone for negative numbers: `-p lr -1e-3`
+    (or -1_000, -0x20, -inf) said "argument -p/--parameter: expected 2 arguments", and the job's
+    `--lr -1e-3` "expected one argument"; papermill takes them."""
+    import argparse
+
+    from lmnb.batch import Job
+    from lmnb_kernel.run import run_arguments
+
+    parser = argparse.ArgumentParser()
+    run_arguments(parser)
+    args = parser.parse_args(["nb.ipynb", "-p", "lr", "-1e-3", "-p", "n", "-0x20", "-p", "big", "-1_000",
+                              "-p", "low", "-inf", "-o", "out.ipynb"])
+    assert args.parameter == [["lr", "-1e-3"], ["n", "-0x20"], ["big", "-1_000"], ["low", "-inf"]]
+    assert args.output == "out.ipynb"
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--lr", "-1e-3", "--n", "-0x20", "--low", "-inf"])
+    assert vars(job.parameters(lr=0.1, n=3, low=0.0)) == {"lr": -0.001, "n": -32, "low": float("-inf")}

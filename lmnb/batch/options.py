@@ -16,7 +16,7 @@ from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
-from lmnb_engine.cli_options import Once, OnceFlag
+from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
 
 DEFAULT_THREADS = 16
 
@@ -53,6 +53,7 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     Without ``per_row`` only the backend options (a script that runs its cells once)."""
     p = _JobParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.notebook_backend = (backend, openai_model, completion, timeout)
+    take_negative_numbers(p)  # (a parameter's --lr -1e-3)
     with_backend = " with the default --backend" if backend else ""
     if per_row:
         p.add_argument("--input", action=Once, required=True, type=Path, metavar="ROWS",
