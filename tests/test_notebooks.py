@@ -594,6 +594,18 @@ def test_a_parameter_that_a_later_lm_or_cell_magic_cell_sets_is_warned_about_whe
     assert setters == [("1", "st"), ("1", "a"), ("2", "pick"), ("3", "t"), ("4", "cap")]
 
 
+def test_a_timeit_cells_assignments_are_not_warned_about_as_setting_a_parameter(capsys):
+    # IPython runs a %%timeit body in a function of its own, so `t = 1` there leaves the -p value be;
+    # lmnb run still warned "cell 1 sets t after the new first cell, so -p t has no effect"
+    from lmnb_kernel.run import inject_parameters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%%timeit -n1 -r1\nt = 1"),
+                nbformat.v4.new_code_cell("%%capture cap\n%%timeit -n1 -r1\nu = 1")]
+    inject_parameters(nb, {"t": 4, "u": 5, "cap": 6})
+    assert re.findall(r"warning: cell (\d+) sets (\w+) after", capsys.readouterr().err) == [("2", "cap")]
+
+
 def test_p_values_are_read_like_the_exported_jobs_options():
     """`-p short false` gave the (truthy) string 'false' and `-p ratio 1` the int 1, where the
     exported job's --short false / --ratio 1 gave False and 1.0: the prompts differed."""
