@@ -814,6 +814,8 @@ def test_top_logprobs_num_above_the_engines_bound_is_left_to_the_backend_as_gen_
     ("e\u0301 ", "  "),  # a combining accent takes no column
     ("กิน ", "   "),  # nor a Thai vowel sign (a nonspacing mark of combining class 0)
     ("हिंदी ", "     "),  # Devanagari: the vowel signs ि and ी take a column each, the ं none
+    ("❤\ufe0f ", "   "),  # the emoji variation selector shows the one-column ❤ two columns wide
+    ("🙂\ufe0f ", "   "),  # and leaves a wide one two
 ])
 def test_the_caret_is_under_the_column_on_a_line_with_tabs_or_wide_characters(before, padding):
     """The caret was padded with one space per character: on a line with tabs or CJK / emoji text

@@ -60,10 +60,17 @@ def caret_padding(text: str) -> str:
     """What goes before a caret that points just past ``text`` (the start of a line): its tabs kept
     (a terminal or notebook expands them alike on both lines), two spaces for a wide (CJK, emoji)
     character, none for a combining mark (a nonspacing or enclosing one: Thai and Devanagari vowel
-    signs too, which have no combining class), one space for any other. Spaces alone put the caret
+    signs too, which have no combining class), one space for any other; the emoji variation selector
+    (U+FE0F) makes a one-column character before it two (❤️, ⚠️). Spaces alone put the caret
     columns to the left of where it points on such lines."""
-    return "".join("\t" if c == "\t" else "" if unicodedata.category(c) in ("Mn", "Me")
-                   else "  " if unicodedata.east_asian_width(c) in "WF" else " " for c in text)
+    pads: list[str] = []
+    for c in text:
+        if c == "\ufe0f":
+            pads.append(" " if pads and pads[-1] == " " else "")
+        else:
+            pads.append("\t" if c == "\t" else "" if unicodedata.category(c) in ("Mn", "Me")
+                        else "  " if unicodedata.east_asian_width(c) in "WF" else " ")
+    return "".join(pads)
 
 
 class TemplateError(Exception):
