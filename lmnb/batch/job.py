@@ -73,6 +73,18 @@ def star_values(module: str, /, **current: Any) -> tuple:
     return tuple(names.get(name, value) for name, value in current.items())
 
 
+def _settings_value(value: Any) -> Any:
+    """``Job.settings``' JSON for a value JSON has not: a set as a list in a fixed order (its own
+    order, and so its repr, changes from one process to the next for strings: a rerun with the
+    same --tags was refused as one with other settings), another value as its repr."""
+    if isinstance(value, (set, frozenset)):
+        try:
+            return sorted(value)
+        except TypeError:  # (items of several types: {1, 'a'})
+            return sorted(value, key=repr)
+    return repr(value)
+
+
 def row_copy(value: Any) -> Any:
     """A row's own copy of a module value that its cells change: a deep copy of built-in
     containers (list, dict, set, bytearray), other values as they are (modules, models, clients
@@ -209,7 +221,7 @@ class Job:
                   "--openai": a.openai, "--model": model, "--device": a.device, "--dtype": a.dtype}
         if a.completion:  # (only when set: results files written before the option stay readable)
             values["--completion"] = True
-        return json.loads(json.dumps(values, default=repr))
+        return json.loads(json.dumps(values, default=_settings_value))
 
     def start(self):
         """For a script without input rows: parse the options (unless ``parameters`` did), start
