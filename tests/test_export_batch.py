@@ -1481,6 +1481,17 @@ def test_an_output_of_a_dash_is_refused_as_stdout(tmp_path, capsys):
             "not to stdout; use e.g. --output results.jsonl") in capsys.readouterr().err
 
 
+def test_an_output_that_is_a_device_is_refused_as_such(tmp_path, capsys):
+    """`--output /dev/null` (or /dev/stdout on a terminal) said "use e.g. --output /dev/null.jsonl"."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", "/dev/null", "--no-progress"])
+    with pytest.raises(SystemExit) as stopped:
+        job.run(run_row, backend=ScriptedBackend(reply))
+    assert stopped.value.code == 2
+    assert ("argument --output: '/dev/null': the results go to a file, which a rerun reads back to continue a stopped "
+            "run, not to a device or pipe; use e.g. --output results.jsonl") in capsys.readouterr().err
+
+
 def test_an_output_folder_that_does_not_exist_is_made_and_named(tmp_path, capsys):
     """`--output nodir/out.jsonl` was refused ("does not exist") where lmnb run and lmnb export make the folder."""
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q1"}, {"question": "q2"}])

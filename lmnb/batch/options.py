@@ -233,15 +233,17 @@ def _check_served_model(backend, model: str, url: str) -> None:
 def _results_path(text: str) -> Path:
     # The results are JSON lines, read back to resume: `--output res.csv` wrote JSON lines into a
     # file that every CSV reader then misread.
-    if text == "-":
-        raise argparse.ArgumentTypeError("'-': the results go to a file, which a rerun reads back to continue a "
-                                         "stopped run, not to stdout; use e.g. --output results.jsonl")
     path = Path(text)
     try:
         fmt = input_format(path)
     except InputError:
         fmt = None
     if fmt != "jsonl":
+        # (/dev/null, /dev/stdout on a terminal: "use e.g. --output /dev/null.jsonl" it said)
+        if text == "-" or path.exists() and not path.is_file() and not path.is_dir():
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: the results go to a file, which a rerun reads back to continue a stopped run, not to "
+                f"{'stdout' if text == '-' else 'a device or pipe'}; use e.g. --output results.jsonl")
         example = path / "results.jsonl" if not path.name or path.is_dir() else path.with_suffix(".jsonl")
         raise argparse.ArgumentTypeError(
             f"{text!r}: the results are JSON lines (one record per row, read back to continue a stopped run), "
