@@ -684,14 +684,15 @@ def test_unloading_the_extension_removes_the_magics_and_loading_brings_them_back
 def test_a_comment_above_the_lm_line_is_named_and_code_above_it_is_left_to_ipython(ip):
     # IPython read the cell as Python ("%lm" line magic, then the prompt) and said only
     # "invalid syntax. Perhaps you forgot a comma?" for the prompt's text
-    result, out = run(ip, "# ask about the capital\n\n%%lm --temperature 0\nThe capital of France is {gen c}")
-    assert isinstance(result.error_before_exec, UsageError) and "c" not in ip.user_ns
+    # (a name no other test of this shell binds: `c` was, so the check failed when the whole file ran)
+    result, out = run(ip, "# ask about the capital\n\n%%lm --temperature 0\nThe capital of France is {gen late_c}")
+    assert isinstance(result.error_before_exec, UsageError) and "late_c" not in ip.user_ns
     assert out.stderr.strip() == ("UsageError: %%lm on line 3, below a comment: a cell magic works only on a cell's "
                                   "first line; move it up, or split the cell there; a comment above the %%lm line "
                                   "makes IPython read the cell as Python")
     # %%time over the %%lm line got "invalid syntax" for the prompt as well
-    result, out = run(ip, "# timed\n%%time\n%%lm --temperature 0\nThe capital of France is {gen c}")
-    assert isinstance(result.error_before_exec, UsageError) and "c" not in ip.user_ns
+    result, out = run(ip, "# timed\n%%time\n%%lm --temperature 0\nThe capital of France is {gen timed_c}")
+    assert isinstance(result.error_before_exec, UsageError) and "timed_c" not in ip.user_ns
     assert out.stderr.strip() == ("UsageError: %%time on line 2, below a comment: a cell magic works only on a cell's "
                                   "first line; move it up, or split the cell there; a comment above the %%time line "
                                   "makes IPython read the cell as Python")
