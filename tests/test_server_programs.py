@@ -780,3 +780,25 @@ def test_an_openai_choice_blocked_by_its_own_min_tokens_is_a_400_or_ends_with_ab
     assert r.status_code == 200, r.text
     [choice] = r.json()["choices"]
     assert choice["finish_reason"] == "abort" and len(choice["text"]) == 1 and choice["text"] in "0123456789"
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
+def test_an_openai_choice_ended_by_a_stop_token_names_it_in_matched_stop(backends, engines, chat):
+    """SGLang's choices carry matched_stop, the stop token id (or string) that ended them; lmnb's
+    had none. With the greedy first token as a stop token id, the choice stops there and names it;
+    at max_tokens it is null."""
+    import httpx
+
+    from lmnb_engine import SamplingParams
+
+    url, remote = backends[2], engines[1]
+    path, body = (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}) if chat
+                  else ("/v1/completions", {"prompt": "x"}))
+    prompt = remote.apply_chat_template([{"role": "user", "content": "x"}], True) if chat else "x"
+    ids = remote.encode(prompt, add_special_tokens=not chat)
+    first = remote.generate(ids, SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)).token_ids[0]
+    body = {"model": "tiny", "max_tokens": 4, "temperature": 0, **body}
+    [choice] = httpx.post(url + path, json={**body, "stop_token_ids": [first]}, timeout=60).json()["choices"]
+    assert (choice["finish_reason"], choice["matched_stop"]) == ("stop", first), choice
+    [choice] = httpx.post(url + path, json={**body, "ignore_eos": True}, timeout=60).json()["choices"]
+    assert (choice["finish_reason"], choice["matched_stop"]) == ("length", None), choice

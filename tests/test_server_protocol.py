@@ -5,6 +5,7 @@ JSON errors and never take the server down."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -1474,3 +1475,47 @@ def test_the_openai_client_reads_an_aborted_choices_abort_message_and_an_abort_a
                          timeout=30).json()["choices"]
         thread.join()
         assert (choice["finish_reason"], choice["abort_message"]) == ("abort", "aborted by Engine.abort")
+
+
+class _StopEngine(RecordingEngine):
+    """A ``RecordingEngine`` that ends a request as the engine ends one that stopped: on its first
+    stop string ("END" when given), else its first stop token id, else EOS (id 2); with ignore_eos,
+    at max_tokens (length)."""
+
+    def submit(self, prompt, params, rid=None):
+        from lmnb_engine.outputs import FinishReason
+
+        handle = super().submit(prompt, params, rid)
+        if params.ignore_eos:
+            reason = FinishReason("length")
+        else:
+            matched = params.stop_strings[0] if params.stop_strings else (params.stop_token_ids or [2])[0]
+            reason = FinishReason("stop", matched=matched)
+        *events, last = handle._events
+        result = dataclasses.replace(last.result, finish_reason=reason)
+        return RecordingHandle(handle.rid, [*events, dataclasses.replace(last, result=result)])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("extra, finish, matched", [
+    ({"stop": ["END", "\n"]}, "stop", "END"),
+    ({"stop_token_ids": [7]}, "stop", 7),
+    ({}, "stop", 2),  # EOS: its token id, as SGLang's
+    ({"ignore_eos": True}, "length", None),
+], ids=["stop-string", "stop-token", "eos", "length"])
+def test_a_choice_names_the_stop_that_ended_it_in_matched_stop(stream, extra, finish, matched):
+    """SGLang's OpenAI choices carry matched_stop (the stop string or token id that ended them,
+    null otherwise); lmnb's had no such field. Each choice now has it, streamed on the chunk with
+    its finish reason (the chunks before it have null)."""
+    with live_server(_StopEngine(), served_model_name="rec") as url:
+        for path, body in (("/v1/completions", {"prompt": ["a", "b"]}), ("/v1/chat/completions", {"messages": _USER})):
+            body = {"model": "rec", "max_tokens": 3, "stream": stream, **extra, **body}
+            if stream:
+                with httpx.Client(timeout=30) as client, client.stream("POST", url + path, json=body) as r:
+                    chunks = [ch for c in _sse_json(list(r.iter_lines())) for ch in c["choices"]]
+                last = {ch["index"]: ch for ch in chunks if ch["finish_reason"]}
+                assert all(ch["matched_stop"] is None for ch in chunks if not ch["finish_reason"]), chunks
+            else:
+                last = {ch["index"]: ch for ch in _post(url, path, body).json()["choices"]}
+            assert len(last) == (2 if path == "/v1/completions" else 1)
+            assert all((ch["finish_reason"], ch["matched_stop"]) == (finish, matched) for ch in last.values()), last

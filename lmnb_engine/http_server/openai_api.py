@@ -325,7 +325,14 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
 
 
 def _finish(result, req: _SamplingRequest) -> dict:
-    """A choice's ``finish_reason``: ``stop``, ``length``, or ``abort`` for an abort that was asked
+    """A choice's ``finish_reason`` and SGLang's ``matched_stop``: the stop string, stop token id
+    or EOS token id that ended it (``FinishReason.matched``; a ``stop_regex``'s matched text), null
+    for ``length``, ``abort`` and a grammar's completion (which lmnb's engine ends without sampling
+    an EOS, where SGLang's names the EOS its grammar allowed last). Streamed, the chunk with the
+    finish reason carries it, the chunks before null, as SGLang's do. SGLang clients read it; the
+    official ``openai`` client keeps it among a choice's extra fields.
+
+    ``finish_reason``: ``stop``, ``length``, or ``abort`` for an abort that was asked
     for (/abort_request), as SGLang's OpenAI routes report a graceful abort, streamed or not, the
     other choices going on; so too for one that the request's own parameters caused midway
     (``FinishReason.field``: a grammar allowing only tokens ``min_tokens`` bans, a ``stop_regex``
@@ -344,10 +351,15 @@ def _finish(result, req: _SamplingRequest) -> dict:
     fr = result.finish_reason
     if fr.type == "abort" and not fr.requested_abort and fr.field is None:
         raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
+    finish = {"finish_reason": fr.type, "matched_stop": fr.matched}
     if fr.type != "abort" or fr.message is None:
-        return {"finish_reason": fr.type}
+        return finish
     value = None if fr.field is None else getattr(req, _param(req, fr.field))
-    return {"finish_reason": fr.type, "abort_message": _api_names(fr.message, req, value)}
+    return {**finish, "abort_message": _api_names(fr.message, req, value)}
+
+
+# A choice's finish fields before it ends (every chunk but its last one carries them, null).
+_UNFINISHED = {"finish_reason": None, "matched_stop": None}
 
 
 def _usage(results: list) -> dict:
@@ -709,10 +721,11 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
         for k, h in enumerate(handles):
             if chat:
                 for i in range(h.n):
-                    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+                    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  **_UNFINISHED}])
             elif req.echo:
                 for i in range(h.n):
-                    yield chunk([{"index": bases[k] + i, "text": texts[k], "logprobs": None, "finish_reason": None}])
+                    yield chunk([{"index": bases[k] + i, "text": texts[k], "logprobs": None, **_UNFINISHED}])
         async for k, ev in ctx.events(handles):
             i = bases[k] + ev.index
             done = ev.finished and ev.result is not None
@@ -729,7 +742,7 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
                 lp = await ctx.run(so_far.add, lps)
             elif done and not chat and req.logprobs is not None and req.echo:
                 lp = await ctx.run(_choice_logprobs, engine, req, ev.result, texts[k], prompt_ids[k])
-            finish = _finish(ev.result, req) if done else {"finish_reason": None}
+            finish = _finish(ev.result, req) if done else _UNFINISHED
             if chat:
                 delta = {"content": ev.text_delta} if ev.text_delta else {}
                 yield chunk([{"index": i, "delta": delta, "logprobs": lp, **finish}])
