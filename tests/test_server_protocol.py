@@ -1452,8 +1452,8 @@ def test_an_aborted_choice_carries_the_engines_reason_in_abort_message(stream):
 
 def test_the_openai_client_reads_an_aborted_choices_abort_message_and_an_abort_asked_for_says_so():
     """abort_message is a field OpenAI's choices do not have: the official client keeps it among
-    the choice's extra fields. An abort asked for (/abort_request) says it was (Engine.abort's
-    message, as /generate's meta_info says it)."""
+    the choice's extra fields. An abort asked for says it was, naming /abort_request (as
+    /generate's meta_info does), not the in-process API's Engine.abort."""
     import openai
 
     with live_server(_ConflictEngine(), served_model_name="rec") as url:
@@ -1474,7 +1474,7 @@ def test_the_openai_client_reads_an_aborted_choices_abort_message_and_an_abort_a
         [choice] = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "max_tokens": 1000},
                          timeout=30).json()["choices"]
         thread.join()
-        assert (choice["finish_reason"], choice["abort_message"]) == ("abort", "aborted by Engine.abort")
+        assert (choice["finish_reason"], choice["abort_message"]) == ("abort", "aborted by /abort_request")
 
 
 class _StopEngine(RecordingEngine):
@@ -1519,3 +1519,27 @@ def test_a_choice_names_the_stop_that_ended_it_in_matched_stop(stream, extra, fi
                 last = {ch["index"]: ch for ch in _post(url, path, body).json()["choices"]}
             assert len(last) == (2 if path == "/v1/completions" else 1)
             assert all((ch["finish_reason"], ch["matched_stop"]) == (finish, matched) for ch in last.values()), last
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_generate_names_an_abort_asked_for_by_abort_request_not_by_engine_abort(stream):
+    """/generate's meta_info said "aborted by Engine.abort", a Python method, to an HTTP client that
+    had sent /abort_request; it now names what the client did. The in-process API's message stays
+    (the engine's result here carries it)."""
+    engine = _HeldEngine()
+    with live_server(engine, served_model_name="rec") as url:
+        def abort():
+            engine.wait_for(1)
+            assert _post(url, "/abort_request", {"rid": "held"}).json() == {"success": True}
+
+        thread = threading.Thread(target=abort)
+        thread.start()
+        body = {"text": "a", "rid": "held", "stream": stream}
+        if stream:
+            with httpx.Client(timeout=30) as client, client.stream("POST", url + "/generate", json=body) as r:
+                reply = _sse_json(list(r.iter_lines()))[-1]
+        else:
+            reply = _post(url, "/generate", body, timeout=30).json()
+        thread.join()
+    assert reply["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}, reply
+    assert engine.handles[0].result().finish_reason.message == "aborted by Engine.abort"

@@ -51,6 +51,7 @@ from lmnb_engine.http_server.protocol import (
     sampling_field,
     sampling_params_error,
     sampling_params_from_json,
+    served_message,
     wire_message,
 )
 from lmnb_engine.params import SamplingParams, SamplingParamsError
@@ -580,7 +581,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         outputs = []
         for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, prompt_texts):
             for r in res if isinstance(res, list) else [res]:
-                meta = _with_image_meta(meta_info(r, decode, p.top_logprobs_num, first), x)
+                meta = _finished_meta(r, decode, p.top_logprobs_num, first, x)
                 await _with_cached_chars(ctx, meta, text, x)
                 outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta,
                                 "index": len(outputs)})
@@ -619,6 +620,16 @@ async def _with_images(ctx: ServerContext, prompt: Any, images: list) -> Any:
         raise RequestError(str(e), param="image_data") from None
 
 
+def _finished_meta(result: Any, decode, top_logprobs_num: int, first: Optional[int], prompt: Any) -> dict:
+    """/generate's ``meta_info`` of a finished ``result`` of ``prompt``: ``meta_info``, with the
+    finish reason's message as a client of the server reads it (``served_message``: "aborted by
+    /abort_request", not the in-process API's Engine.abort) and [issue 10] images (``_with_image_meta``)."""
+    meta = meta_info(result, decode, top_logprobs_num, first)
+    if result.finish_reason.message is not None:
+        meta["finish_reason"]["message"] = served_message(result.finish_reason)
+    return _with_image_meta(meta, prompt)
+
+
 def _with_image_meta(meta: dict, prompt: Any) -> dict:
     """``meta`` (a finished request's meta_info) with [issue 10] ``images`` when ``prompt`` held
     images: per image in prompt order ``{"tokens": its placeholder positions, "cached_tokens":
@@ -655,8 +666,7 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
         async for k, ev in ctx.events(handles):
             chunks[k].add(ev)
             if ev.finished and ev.result is not None:
-                meta = _with_image_meta(meta_info(ev.result, decode, params[k].top_logprobs_num, firsts[k]),
-                                        prompts[k])
+                meta = _finished_meta(ev.result, decode, params[k].top_logprobs_num, firsts[k], prompts[k])
                 await _with_cached_chars(ctx, meta, prompt_texts[k], prompts[k])
             elif ev.text_delta:
                 meta = None  # (the partial meta_info)

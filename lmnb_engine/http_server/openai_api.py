@@ -49,6 +49,7 @@ from lmnb_engine.http_server.protocol import (
     json_value,
     refused_field,
     refused_value,
+    served_message,
     wire_message,
 )
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
@@ -339,8 +340,8 @@ def _finish(result, req: _SamplingRequest) -> dict:
     backtracking past its time limit), as /generate ends that entry alone: no server failure.
 
     An aborted choice also has ``abort_message``, the engine's reason (``FinishReason.message``)
-    in the request's field names (``_api_names``): "aborted by Engine.abort" for an abort asked
-    for, else what in the request to change. OpenAI's choices have no field for it, and SGLang's
+    in the request's field names (``_api_names``): "aborted by /abort_request" for an abort asked
+    for (``served_message``), else what in the request to change. OpenAI's choices have no field for it, and SGLang's
     lose it (its ``matched_stop`` is the matched stop only); lmnb adds it as /generate's
     ``meta_info`` carries it (``finish_reason.message``). Clients ignore a field they do not know;
     the official ``openai`` client keeps it among the choice's extra fields
@@ -355,7 +356,7 @@ def _finish(result, req: _SamplingRequest) -> dict:
     if fr.type != "abort" or fr.message is None:
         return finish
     value = None if fr.field is None else getattr(req, _param(req, fr.field))
-    return {**finish, "abort_message": _api_names(fr.message, req, value)}
+    return {**finish, "abort_message": _api_names(served_message(fr), req, value)}
 
 
 # A choice's finish fields before it ends (every chunk but its last one carries them, null).

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any, Callable, Optional
 
-from lmnb_engine.outputs import GenerateResult, StreamEvent, TokenLogprob
+from lmnb_engine.outputs import FinishReason, GenerateResult, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 
 
@@ -50,6 +50,19 @@ def wire_message(message: str, value: Any = None) -> str:
         if isinstance(item, str):
             message = message.replace(repr(item), json_value(item))
     return message
+
+
+# What an abort asked for says to the server's clients: the route they asked with, where the engine
+# names its Python method (``outputs.ABORT_REQUESTED``, which the in-process API keeps). SGLang
+# says only "Aborted" (its FINISH_ABORT's default), or "Abort before prefill" for a waiting request.
+ABORTED_BY_REQUEST = "aborted by /abort_request"
+
+
+def served_message(fr: FinishReason) -> Optional[str]:
+    """``fr.message`` as a client of the server reads it: an abort that was asked for
+    (``FinishReason.requested_abort``, which only ``/abort_request`` asks for a request whose
+    client still listens) is ``ABORTED_BY_REQUEST``."""
+    return ABORTED_BY_REQUEST if fr.requested_abort else fr.message
 
 
 def finite(x: Optional[float]) -> Optional[float]:
