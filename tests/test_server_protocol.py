@@ -1543,3 +1543,23 @@ def test_generate_names_an_abort_asked_for_by_abort_request_not_by_engine_abort(
         thread.join()
     assert reply["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted by /abort_request"}, reply
     assert engine.handles[0].result().finish_reason.message == "aborted by Engine.abort"
+
+
+@pytest.mark.parametrize("constraint, name", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format"),
+    ({"json_schema": {"type": "object"}}, "json_schema"),
+    ({"regex": "x+"}, "regex"),
+])
+def test_an_aborted_choices_message_names_the_schema_as_the_field_the_client_sent_it_in(constraint, name):
+    """The engine's midway abort of a schema's grammar (only tokens min_tokens bans are allowed)
+    said "the JSON schema allows only tokens" to a client that had sent response_format; the
+    choice's abort_message now names the field it was sent in, as the other OpenAI messages do."""
+    body = {"model": "rec", "min_tokens": 2, "max_tokens": 3, "messages": [{"role": "user", "content": "b!"}],
+            **constraint}
+    with live_server(_ConflictEngine(), served_model_name="rec") as url:
+        [choice] = _post(url, "/v1/chat/completions", body).json()["choices"]
+    assert choice["abort_message"] == (
+        f"no token was allowed at output token 2: the {name} allows only tokens that min_tokens=2 bans until 2 "
+        "tokens are out: the stop token ids / EOS; lower min_tokens or remove those stop_token_ids"), choice

@@ -355,8 +355,17 @@ def _finish(result, req: _SamplingRequest) -> dict:
     finish = {"finish_reason": fr.type, "matched_stop": fr.matched}
     if fr.type != "abort" or fr.message is None:
         return finish
+    return {**finish, "abort_message": _finish_message(fr, req)}
+
+
+def _finish_message(fr: Any, req: _SamplingRequest) -> str:
+    """A choice's ``FinishReason`` message as the client reads it (``served_message``), in the
+    request's field names (``_api_names``); the engine's name of a schema's grammar ("the JSON
+    schema allows only tokens ...") is the field the client sent the schema in (the
+    ``response_format``), as ``_api_names`` names the field ``json_schema``."""
     value = None if fr.field is None else getattr(req, _param(req, fr.field))
-    return {**finish, "abort_message": _api_names(served_message(fr), req, value)}
+    message = served_message(fr).replace("the JSON schema", f"the {_param(req, 'json_schema')}")
+    return _api_names(message, req, value)
 
 
 # A choice's finish fields before it ends (every chunk but its last one carries them, null).
