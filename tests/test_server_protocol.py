@@ -986,6 +986,10 @@ def test_a_prompt_certainly_longer_than_the_context_is_refused_before_it_is_enco
              "prompt[1] of at least 4097 tokens ("),
             ("/generate", {"text": ["a", "b", text], "return_logprob": True, "logprob_start_len": 0}, "text[2]",
              f"text[2]: {at_least}"),
+            # so is the one prompt of a list (it was named as the whole prompt), as /generate's text[0]
+            ("/v1/completions", {"model": "rec", "prompt": [text]}, "prompt[0]", "prompt[0] of at least 4097 tokens ("),
+            ("/generate", {"text": [text], "return_logprob": True, "logprob_start_len": 0}, "text[0]",
+             f"text[0]: {at_least}"),
         ):
             r = _post(url, path, body)
             err = r.json()["error"]
@@ -1408,6 +1412,12 @@ def test_the_grammar_and_min_tokens_conflict_names_the_constraint_as_the_client_
     (["a", "abcdefgh"], "prompt[1]", "prompt[1] of 8 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
     ([[97], [97] * 9], "prompt[1]", "prompt[1] of 9 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
     ("abcdefgh", "prompt", "prompt of 8 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
+    ([97] * 9, "prompt", "prompt of 9 tokens exceeds the model's context length of 5 tokens; shorten the prompt"),
+    # a list of one prompt is a list too: its entry is named (it was named "prompt"), as /generate's text[0]
+    (["abcdefgh"], "prompt[0]", "prompt[0] of 8 tokens exceeds the model's context length of 5 tokens; shorten the "
+                                "prompt"),
+    ([[97] * 9], "prompt[0]", "prompt[0] of 9 tokens exceeds the model's context length of 5 tokens; shorten the "
+                              "prompt"),
 ])
 def test_an_engine_refusal_of_one_prompt_of_several_names_its_entry_on_the_openai_routes(prompt, param, message):
     """The engine's refusal of prompt k of a /v1/completions batch named the prompt as a whole

@@ -255,14 +255,14 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     SGLang's response id is its request's rid), prompt k's of several is ``<rid>-<k>``; either way
     ``/abort_request`` with ``rid`` aborts them all (``ServerContext.batches``). The engine's refusal
     (a prompt too long for ``max_tokens``...) is worded in the request's field names
-    (``_api_names``) and names the field as ``param``, the prompt of several by its entry
-    (``prompt[1]``, ``entry_error``)."""
+    (``_api_names``) and names the field as ``param``, a prompt of a list by its entry
+    (``prompt[1]``, ``entry_error``, ``_per_prompt``)."""
     running = ctx.batches.get(rid)
     if running is not None and not all(h.done for h in running):  # (one prompt's, the engine refuses too)
         raise RequestError(f"rid={json_value(rid)} is already in use by a running request; give another rid, or "
                            "wait for that request to end", param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
-    per_prompt = _per_prompt(prompts)
+    per_prompt = _per_prompt(req)
     handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: entry_error(RequestError(
         _api_names(str(e), req, refused_value(e, params[k], rids[k])), param=_refused_param(req, params[k], e)),
         k, per_prompt)))
@@ -270,9 +270,12 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     return handles
 
 
-def _per_prompt(prompts: list) -> tuple:
-    """The fields an OpenAI request gives per prompt (``entry_error``): ``prompt``, of several."""
-    return ("prompt",) if len(prompts) > 1 else ()
+def _per_prompt(req: _SamplingRequest) -> tuple:
+    """The fields an OpenAI request gives per prompt (``entry_error``): ``prompt`` when it is a list
+    of prompts (strings, or lists of token ids), one of them too: its entry is then ``prompt[0]``, as
+    /generate names ``text[0]`` of a batch of one."""
+    prompt = getattr(req, "prompt", None)
+    return ("prompt",) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else ()
 
 
 def _response_id(req: _SamplingRequest, prefix: str) -> str:
@@ -571,7 +574,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             try:
                 ids.append(await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x))
             except RequestError as e:  # (a prompt too long to encode, of several: prompt[k])
-                raise entry_error(e, k, _per_prompt(prompts)) from None
+                raise entry_error(e, k, _per_prompt(req)) from None
         rid, created = _response_id(req, "cmpl-"), int(time.time())
         handles = await _submit(ctx, req, ids, [params] * len(ids), rid)  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
