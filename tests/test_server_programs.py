@@ -802,3 +802,26 @@ def test_an_openai_choice_ended_by_a_stop_token_names_it_in_matched_stop(backend
     assert (choice["finish_reason"], choice["matched_stop"]) == ("stop", first), choice
     [choice] = httpx.post(url + path, json={**body, "ignore_eos": True}, timeout=60).json()["choices"]
     assert (choice["finish_reason"], choice["matched_stop"]) == ("length", None), choice
+
+
+def test_an_openai_choice_cut_before_its_grammar_matched_says_so_in_finish_message(backends):
+    """The engine's message for output the token limit cut before it matched its regex / JSON schema
+    did not reach the OpenAI routes, whose choices said only "length": a client parsed a truncated
+    JSON unwarned. The choice's finish_message says so, naming the constraint as it was sent; a
+    choice the limit cut without a grammar has no such field."""
+    import httpx
+
+    url = backends[2]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}
+    [choice] = httpx.post(url + "/v1/chat/completions", json=chat, timeout=60).json()["choices"]
+    assert (choice["finish_reason"], choice["finish_message"]) == (
+        "length", "incomplete: the token limit was reached before the output matched its response_format"), choice
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 3, "temperature": 0, "regex": "[0-9]{40}"}
+    [choice] = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"]
+    assert (choice["finish_reason"], choice["finish_message"]) == (
+        "length", "incomplete: the token limit was reached before the output matched its regex"), choice
+    [choice] = httpx.post(url + "/v1/completions", json={**body, "regex": None, "ignore_eos": True},
+                          timeout=60).json()["choices"]
+    assert choice["finish_reason"] == "length" and "finish_message" not in choice, choice

@@ -1439,10 +1439,10 @@ _BLOCKED = ("no token was allowed at output token 2: the regex allows only token
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_an_aborted_choice_carries_the_engines_reason_in_abort_message(stream):
+def test_an_aborted_choice_carries_the_engines_reason_in_finish_message(stream):
     """An aborted choice said only finish_reason "abort": the engine's reason, which /generate's
     meta_info carries (finish_reason.message), was lost, as it is in SGLang's choices. It is now
-    the choice's abort_message, in the request's field names (min_tokens, not min_new_tokens); the
+    the choice's finish_message, in the request's field names (min_tokens, not min_new_tokens); the
     other choices have no such field."""
     conflict = {"model": "rec", "regex": "x+", "min_tokens": 2, "max_tokens": 3, "stream": stream}
     with live_server(_ConflictEngine(), served_model_name="rec") as url:
@@ -1455,13 +1455,13 @@ def test_an_aborted_choice_carries_the_engines_reason_in_abort_message(stream):
             else:
                 last = {ch["index"]: ch for ch in _post(url, path, {**conflict, **body}).json()["choices"]}
             aborted = last[1 if path == "/v1/completions" else 0]
-            assert (aborted["finish_reason"], aborted["abort_message"]) == ("abort", _BLOCKED), aborted
+            assert (aborted["finish_reason"], aborted["finish_message"]) == ("abort", _BLOCKED), aborted
             if path == "/v1/completions":
-                assert last[0]["finish_reason"] == "length" and "abort_message" not in last[0], last[0]
+                assert last[0]["finish_reason"] == "length" and "finish_message" not in last[0], last[0]
 
 
-def test_the_openai_client_reads_an_aborted_choices_abort_message_and_an_abort_asked_for_says_so():
-    """abort_message is a field OpenAI's choices do not have: the official client keeps it among
+def test_the_openai_client_reads_an_aborted_choices_finish_message_and_an_abort_asked_for_says_so():
+    """finish_message is a field OpenAI's choices do not have: the official client keeps it among
     the choice's extra fields. An abort asked for says it was, naming /abort_request (as
     /generate's meta_info does), not the in-process API's Engine.abort."""
     import openai
@@ -1471,8 +1471,8 @@ def test_the_openai_client_reads_an_aborted_choices_abort_message_and_an_abort_a
         reply = client.completions.create(model="rec", prompt=["a", "b!"], max_tokens=3, extra_body={
             "regex": "x+", "min_tokens": 2})
         assert [c.finish_reason for c in reply.choices] == ["length", "abort"]
-        assert reply.choices[1].model_extra["abort_message"] == _BLOCKED
-        assert "abort_message" not in reply.choices[0].model_extra
+        assert reply.choices[1].model_extra["finish_message"] == _BLOCKED
+        assert "finish_message" not in reply.choices[0].model_extra
     engine = _HeldEngine()
     with live_server(engine, served_model_name="rec") as url:
         def abort():
@@ -1484,7 +1484,7 @@ def test_the_openai_client_reads_an_aborted_choices_abort_message_and_an_abort_a
         [choice] = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "max_tokens": 1000},
                          timeout=30).json()["choices"]
         thread.join()
-        assert (choice["finish_reason"], choice["abort_message"]) == ("abort", "aborted by /abort_request")
+        assert (choice["finish_reason"], choice["finish_message"]) == ("abort", "aborted by /abort_request")
 
 
 class _StopEngine(RecordingEngine):
@@ -1565,11 +1565,49 @@ def test_generate_names_an_abort_asked_for_by_abort_request_not_by_engine_abort(
 def test_an_aborted_choices_message_names_the_schema_as_the_field_the_client_sent_it_in(constraint, name):
     """The engine's midway abort of a schema's grammar (only tokens min_tokens bans are allowed)
     said "the JSON schema allows only tokens" to a client that had sent response_format; the
-    choice's abort_message now names the field it was sent in, as the other OpenAI messages do."""
+    choice's finish_message now names the field it was sent in, as the other OpenAI messages do."""
     body = {"model": "rec", "min_tokens": 2, "max_tokens": 3, "messages": [{"role": "user", "content": "b!"}],
             **constraint}
     with live_server(_ConflictEngine(), served_model_name="rec") as url:
         [choice] = _post(url, "/v1/chat/completions", body).json()["choices"]
-    assert choice["abort_message"] == (
+    assert choice["finish_message"] == (
         f"no token was allowed at output token 2: the {name} allows only tokens that min_tokens=2 bans until 2 "
         "tokens are out: the stop token ids / EOS; lower min_tokens or remove those stop_token_ids"), choice
+
+
+class _CutEngine(RecordingEngine):
+    """A ``RecordingEngine`` that ends a constrained request as the engine ends one whose output the
+    token limit cut before it matched its grammar: finish reason length, ``INCOMPLETE_MESSAGE``."""
+
+    def submit(self, prompt, params, rid=None):
+        from lmnb_engine.constrained import INCOMPLETE_MESSAGE
+        from lmnb_engine.outputs import FinishReason
+
+        handle = super().submit(prompt, params, rid)
+        *events, last = handle._events
+        result = dataclasses.replace(last.result, finish_reason=FinishReason("length", message=INCOMPLETE_MESSAGE))
+        return RecordingHandle(handle.rid, [*events, dataclasses.replace(last, result=result)])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("constraint, name", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"json_schema": {"type": "object"}}, "json_schema"),
+    ({"regex": "x+"}, "regex"),
+], ids=["response_format", "json_schema", "regex"])
+def test_a_choice_cut_before_its_grammar_matched_says_so_in_finish_message(stream, constraint, name):
+    """A length finish whose grammar was not complete (the JSON cut short) carried the engine's
+    message, which /generate's meta_info has, but the OpenAI choice said only "length", and a
+    client parsed the truncated JSON unwarned. The choice now has finish_message, the field
+    aborts' reasons have too (renamed from abort_message), naming the constraint as sent."""
+    expected = f"incomplete: the token limit was reached before the output matched its {name}"
+    with live_server(_CutEngine(), served_model_name="rec") as url:
+        for path, body in (("/v1/completions", {"prompt": "a"}), ("/v1/chat/completions", {"messages": _USER})):
+            body = {"model": "rec", "max_tokens": 3, "stream": stream, **constraint, **body}
+            if stream:
+                with httpx.Client(timeout=30) as client, client.stream("POST", url + path, json=body) as r:
+                    [choice] = [ch for c in _sse_json(list(r.iter_lines())) for ch in c["choices"]
+                                if ch["finish_reason"]]
+            else:
+                [choice] = _post(url, path, body).json()["choices"]
+            assert (choice["finish_reason"], choice["finish_message"]) == ("length", expected), choice

@@ -8,7 +8,7 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
 rejected with a 400 naming them rather than ignored. A response's ``id`` is its request's rid, as
 in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
-``abort`` (and lmnb's ``abort_message``: ``_finish``). A client names the rid itself with SGLang's
+``abort`` (and lmnb's ``finish_message``: ``_finish``). A client names the rid itself with SGLang's
 ``rid`` field (a non-empty string), so that it can abort a request that is not streamed before its
 response brings the id; a rid still in use by a running request is a 400. The engine rid of one prompt is the rid itself (its ``n`` choices
 share it); of prompt k of several, ``<rid>-<k>`` (SGLang's per-sample rids are ``<rid>_<i>``):
@@ -342,13 +342,18 @@ def _finish(result, req: _SamplingRequest) -> dict:
     (``FinishReason.field``: a grammar allowing only tokens ``min_tokens`` bans, a ``stop_regex``
     backtracking past its time limit), as /generate ends that entry alone: no server failure.
 
-    An aborted choice also has ``abort_message``, the engine's reason (``FinishReason.message``)
-    in the request's field names (``_api_names``): "aborted by /abort_request" for an abort asked
-    for (``served_message``), else what in the request to change. OpenAI's choices have no field for it, and SGLang's
-    lose it (its ``matched_stop`` is the matched stop only); lmnb adds it as /generate's
-    ``meta_info`` carries it (``finish_reason.message``). Clients ignore a field they do not know;
-    the official ``openai`` client keeps it among the choice's extra fields
-    (``choice.model_extra["abort_message"]``). Other choices have no such field.
+    A choice whose ``FinishReason`` has a message also has lmnb's ``finish_message``: that message
+    in the request's field names (``_finish_message``). For ``abort``, why: "aborted by
+    /abort_request" for an abort asked for, else what in the request to change. For ``length``,
+    what the cut left undone: "incomplete: the token limit was reached before the output matched
+    its response_format" (or regex, json_schema) when a grammar's output was cut short, which a
+    client must know before it parses the truncated JSON, and "reached the context length" when
+    that, not ``max_tokens``, ended it. OpenAI's choices have no field for it, and SGLang's lose it
+    (its ``matched_stop`` is the matched stop only); lmnb adds it as /generate's ``meta_info``
+    carries it (``finish_reason.message``), under one name for every finish reason (the field was
+    ``abort_message`` when only aborts had it). Clients ignore a field they do not know; the
+    official ``openai`` client keeps it among the choice's extra fields
+    (``choice.model_extra["finish_message"]``). Other choices have no such field.
 
     An abort for an error (NaN logits, shutdown) is a ``RequestFailed``: not the client's doing,
     it fails the request (SGLang's error response for an abort with a status)."""
@@ -356,18 +361,17 @@ def _finish(result, req: _SamplingRequest) -> dict:
     if fr.type == "abort" and not fr.requested_abort and fr.field is None:
         raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
     finish = {"finish_reason": fr.type, "matched_stop": fr.matched}
-    if fr.type != "abort" or fr.message is None:
-        return finish
-    return {**finish, "abort_message": _finish_message(fr, req)}
+    return finish if fr.message is None else {**finish, "finish_message": _finish_message(fr, req)}
 
 
 def _finish_message(fr: Any, req: _SamplingRequest) -> str:
     """A choice's ``FinishReason`` message as the client reads it (``served_message``), in the
-    request's field names (``_api_names``); the engine's name of a schema's grammar ("the JSON
-    schema allows only tokens ...") is the field the client sent the schema in (the
-    ``response_format``), as ``_api_names`` names the field ``json_schema``."""
+    request's field names (``_api_names``); the engine's names of a grammar ("the JSON schema
+    allows only tokens ...", "matched its regex / JSON schema") are the field the client sent it
+    in (the ``response_format``), as ``_api_names`` names the field ``json_schema``."""
     value = None if fr.field is None else getattr(req, _param(req, fr.field))
-    message = served_message(fr).replace("the JSON schema", f"the {_param(req, 'json_schema')}")
+    message = (served_message(fr).replace("the JSON schema", f"the {_param(req, 'json_schema')}")
+               .replace("regex / JSON schema", _param(req, "regex")))
     return _api_names(message, req, value)
 
 
