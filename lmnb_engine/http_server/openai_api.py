@@ -577,7 +577,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         for k, x in enumerate(prompts):
             try:
                 ids.append(await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x))
-            except RequestError as e:  # (a prompt too long to encode, of several: prompt[k])
+            except RequestError as e:  # (a prompt too long to encode, of a list: prompt[k])
                 raise entry_error(e, k, _per_prompt(req)) from None
         rid, created = _response_id(req, "cmpl-"), int(time.time())
         handles = await _submit(ctx, req, ids, [params] * len(ids), rid)  # checks the ids
