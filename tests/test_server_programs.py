@@ -474,7 +474,8 @@ def test_stop_regex_of_gen_and_run_ends_the_output_at_its_first_match_on_every_b
     for backend in (local, remote, completion):
         state = prog.run(f"[{char}]", backend=backend, temperature=0, stream=stream)
         assert state["x"] == want
-        assert finish_reason_dict(state.get_meta_info("x"))["type"] == "stop"
+        # (lmnb.OpenAI dropped the server's matched_stop: the finish reason was {"type": "stop"} only)
+        assert finish_reason_dict(state.get_meta_info("x")) == {"type": "stop", "matched": char}
         assert prog.run(backend=backend, temperature=0, stream=stream, stop_regex=["QQQ", f"[{char}]"])["x"] == want
 
 
@@ -825,3 +826,14 @@ def test_an_openai_choice_cut_before_its_grammar_matched_says_so_in_finish_messa
     [choice] = httpx.post(url + "/v1/completions", json={**body, "regex": None, "ignore_eos": True},
                           timeout=60).json()["choices"]
     assert choice["finish_reason"] == "length" and "finish_message" not in choice, choice
+    # lmnb.OpenAI keeps it as SGLang's meta_info does, in the finish reason's message
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+
+    @sgl.function
+    def digits(s):
+        s += "x" + sgl.gen("x", max_tokens=3, regex="[0-9]{40}")
+
+    for stream in (False, True):
+        state = digits.run(backend=completion, temperature=0, stream=stream)
+        assert finish_reason_dict(state.get_meta_info("x")) == {
+            "type": "length", "message": "incomplete: the token limit was reached before the output matched its regex"}

@@ -405,7 +405,7 @@ class OpenAI(BaseBackend):
             text = check_utf8(_text(choice, self.is_chat_model) or "", str(self.client.base_url))
             self._check_regex(text, choice.finish_reason, params)
             meta = self._usage_meta(ret.id, ret.usage)
-            meta["finish_reason"] = {"type": choice.finish_reason}
+            meta["finish_reason"] = _finish_reason(choice)
             meta.update(self._logprobs(choice, params))
             out.append(Completion(text, meta))
         return out
@@ -444,7 +444,7 @@ class OpenAI(BaseBackend):
                 for choice in self._chunk_choices(chunk, where):
                     delta = check_utf8((choice.delta.content if self.is_chat_model else choice.text) or "", where)
                     if choice.finish_reason is not None:
-                        meta["finish_reason"] = {"type": choice.finish_reason}
+                        meta["finish_reason"] = _finish_reason(choice)
                     for key, lps in self._logprobs(choice, params).items():  # each chunk: its tokens'
                         meta[key] = meta.get(key, []) + lps
                     if delta:
@@ -561,6 +561,18 @@ class OpenAI(BaseBackend):
             used, self._async_used = self._async_used, False
         if used:
             asyncio.run_coroutine_threadsafe(self._async_client.close(), _shared_loop()).result()
+
+
+def _finish_reason(choice: Any) -> dict:
+    """A choice's finish reason as SGLang's ``meta_info`` writes one: its ``type``, and where the
+    server sent them (fields beyond OpenAI's), ``matched`` from SGLang's ``matched_stop`` (the stop
+    string or token id; lmnb serve's too) and ``message`` from lmnb serve's ``finish_message``."""
+    out = {"type": choice.finish_reason}
+    extra = choice.model_extra or {}
+    for key, field in (("matched", "matched_stop"), ("message", "finish_message")):
+        if extra.get(field) is not None:
+            out[key] = extra[field]
+    return out
 
 
 class _StallWatch:
