@@ -190,12 +190,21 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Abort every request (``ABORT_SHUTDOWN``) and end the thread; idempotent."""
+        """Abort every request (``ABORT_SHUTDOWN``) and end the thread; idempotent.
+
+        On the loop thread (a ``subscribe`` listener shutting the engine down, or an engine
+        collected there, mid-step) the loop stops at its next pause, and from now on it counts as
+        stopped: later commands are refused (``shut_down_error``), as after a stop from another
+        thread, which waits for the loop to end."""
         if self._thread is None or self._stopped.is_set():
             return
+        if self.on_loop_thread:
+            with self._post_lock:
+                self._inbox.put(("stop", None, None))
+                self._stopped.set()
+            return
         self._inbox.put(("stop", None, None))
-        if not self.on_loop_thread:  # (an engine collected on this thread)
-            self._thread.join(timeout)
+        self._thread.join(timeout)
 
     def on_exit(self, fn: Callable[[], None]) -> None:
         """Run ``fn()`` on the scheduler thread once the loop has ended (after a stop). Call it

@@ -724,6 +724,36 @@ def test_a_constrained_generate_after_the_shutdown_raises_the_shutdown_error(tin
 
 
 @pytest.mark.timeout(180)
+def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny_llama):
+    """Engine.shutdown on the scheduler thread (a listener) only queued the stop, and the engine
+    still counted as running until the step ended: the same listener's submit was accepted (to be
+    aborted), and a constrained generate started a grammar compiler for the dead engine (its
+    thread outlived it) and raised the refusal to wait on the scheduler thread."""
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    h = eng.submit("the cat", SamplingParams(max_new_tokens=100, temperature=0.0, ignore_eos=True))
+    raised = []
+
+    def listener(ev):
+        if raised:
+            return
+        eng.shutdown()
+        for call in (lambda: eng.submit("a dog", GREEDY),
+                     lambda: eng.generate("a dog", SamplingParams(max_new_tokens=4, regex="[ab]{3}"))):
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 - what it raised is the test
+                raised.append((type(e), str(e)))
+
+    h.subscribe(listener)
+    r = h.result(timeout=60)
+    assert raised == [(RuntimeError, "the engine is shut down; create a new Engine")] * 2
+    assert r.finish_reason.type == "abort" and r.finish_reason.message == SHUT_DOWN
+    assert eng._grammar_backend is None  # no compiler started
+    eng.scheduler._thread.join(30)
+    assert not eng.scheduler._thread.is_alive()
+
+
+@pytest.mark.timeout(180)
 def test_a_constrained_generate_whose_compile_the_shutdown_stops_raises_the_shutdown_error(tiny_llama):
     eng = Engine(str(tiny_llama), max_total_tokens=512)
     eng.generate("the cat", SamplingParams(max_new_tokens=4, regex="[ab]{3}"))  # (the compiler runs)
