@@ -1036,8 +1036,9 @@ class Scheduler:
 
     # --- observability (scheduler thread) -------------------------------------------------------
     def held_by_requests(self) -> int:
-        """KV slots owned by running requests (not by the cache)."""
-        reqs = self.running + ([self.chunked] if self.chunked else [])
+        """KV slots owned by running requests (not by the cache). Mid-step (a ``subscribe``
+        listener asking) these include the step's new requests, not among the running ones yet."""
+        reqs = dict.fromkeys(self.running + ([self.chunked] if self.chunked else []) + self._step_reqs)
         return sum(r.kv_allocated_len - r.cache_protected_len for r in reqs if r.req_pool_idx is not None)
 
     def check_invariants(self) -> None:

@@ -829,6 +829,33 @@ def test_flush_cache_from_a_listener_at_the_first_event_refuses_while_the_reques
     assert_idle_accounting(engine)
 
 
+@pytest.mark.timeout(180)
+def test_check_invariants_from_a_listener_mid_step_counts_the_steps_new_requests(engine, hf):
+    """A listener runs on the scheduler thread, mid-step; at a request's first event the step's new
+    requests are not among the running ones yet, so their KV was counted nowhere and
+    check_invariants raised "KV accounting broken" (free + evictable + protected + held short of
+    the pool size by their slots) while nothing was."""
+    gate = threading.Event()
+    engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: both requests start in one step
+    ps = [engine.encode("the cat"), engine.encode("a dog sat on the mat")]
+    hs = [engine.submit(p, GREEDY) for p in ps]
+    checked = []
+
+    def listener(ev):
+        try:
+            engine.check_invariants()
+            checked.append(engine.cache_stats()["held_tokens"] > 0)
+        except AssertionError as e:
+            checked.append(str(e))
+
+    for h in hs:
+        h.subscribe(listener)
+    gate.set()
+    assert [h.result(timeout=60).token_ids for h in hs] == [hf.greedy(p, 8) for p in ps]
+    assert checked[0] is True and set(checked) <= {True, False}  # (every event: no broken accounting)
+    assert_idle_accounting(engine)
+
+
 def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
     """When a failed step's requests cannot even be released, the pools are rebuilt empty: every
     request that held KV fails, and the engine serves the next request correctly."""
