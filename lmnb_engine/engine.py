@@ -707,6 +707,10 @@ class Engine:
         params = params.copy()
         if self._tp_group is not None:  # [issue 9] a dead worker rank: say so, queue nothing
             self._tp_group.check_alive()
+        # before the rid is taken: a failure here (a busy compiler) must leave it free for a retry
+        grammar = self._grammar(params)
+        if grammar is not None:  # EOS only where the text matches (lmnb_engine.constrained)
+            params = params.copy(ignore_eos=False)
         rid = rid or uuid.uuid4().hex
         with self._lock:
             old = self._handles.get(rid)
@@ -719,9 +723,6 @@ class Engine:
             seeds = [
                 params.seed + i if params.seed is not None else self._rng.randrange(2**62) for i in range(params.n)
             ]
-        grammar = self._grammar(params)
-        if grammar is not None:  # EOS only where the text matches (lmnb_engine.constrained)
-            params = params.copy(ignore_eos=False)
         mm_key, mm_inputs = getattr(ids, "input_key", None), getattr(ids, "mm_inputs", None)  # [issue 10]
         stop_regexes = StopRegexes(params.stop_regexes)  # one per request: a search gone wrong stops every sample
         reqs = [

@@ -753,6 +753,32 @@ def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny
     assert not eng.scheduler._thread.is_alive()
 
 
+def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engine, monkeypatch):
+    """submit registered the rid, then fetched the grammar again (its compile may have left the
+    cache, and the recompile hit a busy compiler: a transient error, "retry later"); the error left
+    an unfinished handle under the rid, so every retry with that rid was refused as in use by a
+    running request, for good."""
+    from lmnb_engine.constrained import GrammarCompileStopped
+
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, regex="[ab]{3}")
+    engine.generate("the cat", params)  # (compiled and cached)
+    backend, calls = engine._grammar_backend, []
+    real_wait = backend.wait
+
+    def wait(regex, source=None):  # the submission's second look fails
+        calls.append(regex)
+        if len(calls) == 2:
+            raise GrammarCompileStopped("the grammar compiler is busy; retry later", transient=True)
+        return real_wait(regex, source=source)
+
+    monkeypatch.setattr(backend, "wait", wait)
+    with pytest.raises(GrammarCompileStopped, match="busy"):
+        engine.submit("the cat", params, rid="mine")
+    r = engine.submit("the cat", params, rid="mine").result(timeout=60)
+    assert r.rid == "mine" and re.fullmatch("[ab]{3}", r.text)
+    assert engine.abort("mine") is False
+
+
 @pytest.mark.timeout(180)
 def test_a_constrained_generate_whose_compile_the_shutdown_stops_raises_the_shutdown_error(tiny_llama):
     eng = Engine(str(tiny_llama), max_total_tokens=512)
