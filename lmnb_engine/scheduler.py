@@ -150,7 +150,9 @@ class Scheduler:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._stopped = threading.Event()
-        self._post_lock = threading.Lock()  # a command is queued before the stop, or refused after it
+        # a command is queued before the stop, or refused after it; re-entrant: the garbage collector
+        # can finalize a stream or an engine inside _post on the loop thread, and that posts too
+        self._post_lock = threading.RLock()
         self._exit_hooks: list[Callable[[], None]] = []
         self._death = ""  # why the loop stopped on its own (a failed recovery), for later callers
         # an abort's release raised: that request's KV is neither free nor held; the loop rebuilds

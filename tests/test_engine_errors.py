@@ -882,6 +882,46 @@ def test_check_invariants_from_a_listener_mid_step_counts_the_steps_new_requests
     assert_idle_accounting(engine)
 
 
+@pytest.mark.timeout(240)
+def test_a_stream_collected_while_the_scheduler_thread_posts_a_command_does_not_wedge_it(engine, hf):
+    """The garbage collector can run on the scheduler thread at any allocation, also inside
+    Scheduler._post (a listener's abort or submit), under its lock; a dropped stream it finalizes
+    there aborts its request by posting too, and waited for that lock, held by its own thread:
+    the engine froze. (The stream's close is called where the collector would call it.)"""
+    gate = threading.Event()
+    engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: both requests start together
+    long = SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True)
+    dropped = engine.stream("a dog", long)
+    target = engine.submit("a cat", long)
+    p = engine.encode("the cat")
+    h = engine.submit(p, GREEDY)
+    sched, inbox = engine.scheduler, engine.scheduler._inbox
+
+    class CollectingInbox:  # the collector finalizes the dropped stream inside the listener's post
+        def put(self, item):
+            if sched.on_loop_thread and item[0] == "call":
+                sched._inbox = inbox
+                dropped.close()
+            inbox.put(item)
+
+        def get(self, *a, **k):
+            return inbox.get(*a, **k)
+
+        def get_nowait(self):
+            return inbox.get_nowait()
+
+    aborted = []
+    h.subscribe(lambda ev: aborted.append(engine.abort(target.rid)) if not aborted else None)
+    sched._inbox = CollectingInbox()
+    gate.set()
+    assert h.result(timeout=60).token_ids == hf.greedy(p, 8)
+    assert aborted == [True]
+    for other in (target, dropped._handle):
+        r = other.result(timeout=60)
+        assert r.finish_reason.type == "abort" and r.finish_reason.message == "aborted by Engine.abort"
+    assert_idle_accounting(engine)
+
+
 def test_a_failed_clean_up_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
     """When a failed step's requests cannot even be released, the pools are rebuilt empty: every
     request that held KV fails, and the engine serves the next request correctly."""
