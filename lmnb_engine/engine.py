@@ -989,6 +989,7 @@ class Engine:
         before, running or queued, ends with finish reason abort and ``outputs.ABORT_SHUTDOWN``;
         later calls raise ``RuntimeError``."""
         self._finalizer()
+        self.scheduler.stop()  # (a second caller, the finalizer spent: waits for the first one's stop too)
         with self._lock:  # (after the stop: no compiler is made from now on)
             backend = self._grammar_backend
         if backend is not None:

@@ -197,15 +197,17 @@ class Scheduler:
         On the loop thread (a ``subscribe`` listener shutting the engine down, or an engine
         collected there, mid-step) the loop stops at its next pause, and from now on it counts as
         stopped: later commands are refused (``shut_down_error``), as after a stop from another
-        thread, which waits for the loop to end."""
-        if self._thread is None or self._stopped.is_set():
+        thread, which waits for the loop to end (whoever stopped it)."""
+        if self._thread is None:
             return
         if self.on_loop_thread:
             with self._post_lock:
-                self._inbox.put(("stop", None, None))
-                self._stopped.set()
+                if not self._stopped.is_set():
+                    self._inbox.put(("stop", None, None))
+                    self._stopped.set()
             return
-        self._inbox.put(("stop", None, None))
+        if not self._stopped.is_set():
+            self._inbox.put(("stop", None, None))
         self._thread.join(timeout)
 
     def on_exit(self, fn: Callable[[], None]) -> None:

@@ -724,6 +724,40 @@ def test_a_constrained_generate_after_the_shutdown_raises_the_shutdown_error(tin
 
 
 @pytest.mark.timeout(180)
+def test_a_second_shutdown_waits_for_the_first_and_later_calls_raise(tiny_llama):
+    """Engine.shutdown called while another thread's shutdown was still stopping the engine
+    returned at once (the finalizer it calls was spent), with the engine still running: that
+    thread's next generate was accepted and came back aborted, where a call after the shutdown
+    raises RuntimeError."""
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    gate, held = threading.Event(), threading.Event()
+    eng.scheduler.call(lambda: (held.set(), gate.wait(120)))  # the loop waits: the first stop is not handled yet
+    assert held.wait(60)
+    first = threading.Thread(target=eng.shutdown, daemon=True)
+    first.start()
+    while eng._finalizer.alive:  # (until the first shutdown has begun)
+        first.join(0.01)
+    raised = []
+
+    def second():
+        eng.shutdown()
+        try:
+            eng.generate("the cat", GREEDY)
+        except RuntimeError as e:
+            raised.append(str(e))
+
+    caller = threading.Thread(target=second, daemon=True)
+    caller.start()
+    caller.join(0.5)
+    assert caller.is_alive()  # it waits for the stop, as the first does
+    gate.set()
+    first.join(60)
+    caller.join(60)
+    assert not first.is_alive() and not caller.is_alive()
+    assert raised == ["the engine is shut down; create a new Engine"]
+
+
+@pytest.mark.timeout(180)
 def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny_llama):
     """Engine.shutdown on the scheduler thread (a listener) only queued the stop, and the engine
     still counted as running until the step ended: the same listener's submit was accepted (to be
@@ -731,7 +765,7 @@ def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny
     thread outlived it) and raised the refusal to wait on the scheduler thread."""
     eng = Engine(str(tiny_llama), max_total_tokens=512)
     h = eng.submit("the cat", SamplingParams(max_new_tokens=100, temperature=0.0, ignore_eos=True))
-    raised = []
+    raised, stopped, go_on = [], threading.Event(), threading.Event()
 
     def listener(ev):
         if raised:
@@ -743,14 +777,23 @@ def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny
                 call()
             except Exception as e:  # noqa: BLE001 - what it raised is the test
                 raised.append((type(e), str(e)))
+        stopped.set()
+        go_on.wait(120)  # the step goes on
 
     h.subscribe(listener)
-    r = h.result(timeout=60)
+    assert stopped.wait(60)
+    # a shutdown from another thread now (the listener's, spent) waits for the loop to end as well
+    other = threading.Thread(target=eng.shutdown, daemon=True)
+    other.start()
+    other.join(0.5)
+    assert other.is_alive()
+    go_on.set()
+    other.join(60)
+    assert not other.is_alive() and not eng.scheduler._thread.is_alive() and h.done
+    r = h.result(timeout=0)
     assert raised == [(RuntimeError, "the engine is shut down; create a new Engine")] * 2
     assert r.finish_reason.type == "abort" and r.finish_reason.message == SHUT_DOWN
     assert eng._grammar_backend is None  # no compiler started
-    eng.scheduler._thread.join(30)
-    assert not eng.scheduler._thread.is_alive()
 
 
 def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engine, monkeypatch):
