@@ -1470,6 +1470,17 @@ def test_an_output_not_named_jsonl_is_refused_before_anything_runs(tmp_path, cap
     assert not out.exists()
 
 
+def test_an_option_is_not_taken_for_the_longer_one_it_begins(tmp_path, capsys):
+    """With a row field named num (a parameter read from the rows, so no --num option), argparse
+    took --num 5 for --num-threads 5 without a word: abbreviations are off."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"num": "1"}])
+    job = Job("", ["num"], argv=["--input", str(rows), "--output", str(tmp_path / "o.jsonl"), "--num", "5"])
+    with pytest.raises(SystemExit) as stopped:
+        job.run(run_row, backend=ScriptedBackend(reply))
+    assert stopped.value.code == 2
+    assert "error: unrecognized arguments: --num 5" in capsys.readouterr().err
+
+
 def test_an_output_of_a_dash_is_refused_as_stdout(tmp_path, capsys):
     """`--output -` was refused with "use e.g. --output -.jsonl", as if '-' were a file name."""
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])

@@ -51,7 +51,9 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     are the notebook's defaults (its ``%lm load`` / ``%lm connect`` line); an explicit ``--backend``
     leaves the notebook's ``openai_model``, ``completion`` and ``timeout`` out.
     Without ``per_row`` only the backend options (a script that runs its cells once)."""
-    p = _JobParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # allow_abbrev off: a parameter's option is the notebook's name, and with a row field named num
+    # (no --num option) argparse took --num 5 for --num-threads 5 without a word
+    p = _JobParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.notebook_backend = (backend, openai_model, completion, timeout)
     take_negative_numbers(p)  # (a parameter's --lr -1e-3)
     with_backend = " with the default --backend" if backend else ""
