@@ -1228,6 +1228,18 @@ def test_a_parameter_named_in_inputs_reads_each_rows_value_as_its_defaults_type(
     assert sorted(prompts) == ["10", "12"]
 
 
+def test_a_parameter_of_another_default_named_in_inputs_keeps_its_rows_values(tmp_path, monkeypatch):
+    # `x = ...` (or b"", None) has no type its option reads text as: the script said types={'x': ellipsis},
+    # a NameError before any row ran (found by a review helper)
+    nb = notebook(("parameters", "x = ...\ny = b''\nn = 1"), "%%lm --temperature 0\n{x} {y} {n}{gen z max_tokens=1}")
+    source, p = export_notebook(nb, inputs=["x", "y", "n"])
+    assert p.types == {"n": int}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"x": "a", "y": "b", "n": "2"}\n{"x": "a", "y": "b", "n": "two"}\n', encoding="utf-8")
+    results, prompts = _run_job_rows(source, monkeypatch, rows)
+    assert [r["status"] for r in results] == ["ok", "bad_input"] and prompts == ["a b 2"]
+
+
 def test_a_json_list_is_a_tuple_or_set_parameters_value(tmp_path, monkeypatch):
     # JSON has no tuple or set: a row's list for `pair = (1, 2)` was refused as "expected a tuple"
     nb = notebook(("parameters", "pair = (1, 2)\ntags = {'a'}"), "m = f'{type(pair).__name__}{pair} {sorted(tags)}'",

@@ -276,6 +276,10 @@ def _count(text: str) -> int:
     return value
 
 
+# Defaults whose options read text as their type (parameter_type); others: a literal, else the text.
+TYPED_DEFAULTS = (bool, int, float, list, tuple, set, dict)
+
+
 def parameter_type(default: Any) -> Callable[[str], Any]:
     """How a parameter's command-line text is read, from its default's type: bool: true/false,
     yes/no, 1/0; int: a Python integer literal (``1_000``, ``0x20``); float; str; a list, tuple, set

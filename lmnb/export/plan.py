@@ -19,9 +19,9 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from lmnb.batch.options import parameter_options
+from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell
-from lmnb.export.parameters import NO_DEFAULT, read_parameters
+from lmnb.export.parameters import read_parameters
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
@@ -132,8 +132,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
     p.inputs, from_star = _fields(p, examples, given, parameters)
     p.texts = tuple(n for n in p.inputs if first_binding.get(n))
-    p.types = {n: type(defaults[n]) for n in p.inputs if n in defaults and defaults[n] not in (NO_DEFAULT, None)
-               and not isinstance(defaults[n], str)}
+    # (the script names the type: `types={'x': ellipsis}` for `x = ...` was a NameError)
+    p.types = {n: type(defaults[n]) for n in p.inputs if type(defaults.get(n)) in TYPED_DEFAULTS}
     p.strip = {c.index: {n for n in p.inputs if n in c.string_assignments} for c in moved}
     for c in moved:
         _check_strippable(c, p.strip[c.index])
