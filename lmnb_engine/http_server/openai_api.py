@@ -10,9 +10,10 @@ rejected with a 400 naming them rather than ignored. A response's ``id`` is its 
 in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
 ``abort`` (and lmnb's ``finish_message``: ``_finish``). A client names the rid itself with SGLang's
 ``rid`` field (a non-empty string), so that it can abort a request that is not streamed before its
-response brings the id; a rid still in use by a running request is a 400. The engine rid of one prompt is the rid itself (its ``n`` choices
-share it); of prompt k of several, ``<rid>-<k>`` (SGLang's per-sample rids are ``<rid>_<i>``):
-either way ``/abort_request`` with the rid aborts every choice.
+response brings the id; a rid still in use by a running request is a 400. The engine rid of one
+prompt is the rid itself (its ``n`` choices share it); of prompt k of several, ``<rid>-<k>``
+(SGLang's per-sample rids are ``<rid>_<i>``): either way ``/abort_request`` with the rid aborts
+every choice.
 """
 
 from __future__ import annotations
@@ -329,34 +330,29 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
 
 
 def _finish(result, req: _SamplingRequest) -> dict:
-    """A choice's ``finish_reason`` and SGLang's ``matched_stop``: the stop string, stop token id
-    or EOS token id that ended it (``FinishReason.matched``; a ``stop_regex``'s matched text), null
-    for ``length``, ``abort`` and a grammar's completion (which lmnb's engine ends without sampling
-    an EOS, where SGLang's names the EOS its grammar allowed last). Streamed, the chunk with the
-    finish reason carries it, the chunks before null, as SGLang's do. SGLang clients read it; the
-    official ``openai`` client keeps it among a choice's extra fields.
+    """A choice's finish fields.
 
-    ``finish_reason``: ``stop``, ``length``, or ``abort`` for an abort that was asked
-    for (/abort_request), as SGLang's OpenAI routes report a graceful abort, streamed or not, the
-    other choices going on; so too for one that the request's own parameters caused midway
-    (``FinishReason.field``: a grammar allowing only tokens ``min_tokens`` bans, a ``stop_regex``
-    backtracking past its time limit), as /generate ends that entry alone: no server failure.
+    ``finish_reason``: ``stop``, ``length``, or ``abort`` for an abort that was asked for
+    (/abort_request) or that the request's own parameters caused midway (``FinishReason.field``: a
+    grammar allowing only tokens ``min_tokens`` bans, a ``stop_regex`` backtracking past its time
+    limit), as SGLang's OpenAI routes report a graceful abort and /generate ends that entry alone,
+    the other choices going on. An abort for an error (NaN logits, shutdown) is a
+    ``RequestFailed``: not the client's doing, it fails the request (SGLang's error response).
 
-    A choice whose ``FinishReason`` has a message also has lmnb's ``finish_message``: that message
-    in the request's field names (``_finish_message``). For ``abort``, why: "aborted by
-    /abort_request" for an abort asked for, else what in the request to change. For ``length``,
-    what the cut left undone: "incomplete: the token limit was reached before the output matched
-    its response_format" (or regex, json_schema) when a grammar's output was cut short, which a
-    client must know before it parses the truncated JSON, and "reached the context length" when
-    that, not ``max_tokens``, ended it. OpenAI's choices have no field for it, and SGLang's lose it
-    (its ``matched_stop`` is the matched stop only); lmnb adds it as /generate's ``meta_info``
-    carries it (``finish_reason.message``), under one name for every finish reason (the field was
-    ``abort_message`` when only aborts had it). Clients ignore a field they do not know; the
-    official ``openai`` client keeps it among the choice's extra fields
-    (``choice.model_extra["finish_message"]``). Other choices have no such field.
+    ``matched_stop`` (SGLang's): the stop string, stop token id or EOS token id that ended the
+    choice (``FinishReason.matched``; a ``stop_regex``'s matched text), null for ``length``,
+    ``abort`` and a grammar's completion (lmnb's engine ends it without sampling an EOS, where
+    SGLang names the EOS its grammar allowed last). Streamed, the chunk with the finish reason
+    carries it, the chunks before null, as SGLang's do.
 
-    An abort for an error (NaN logits, shutdown) is a ``RequestFailed``: not the client's doing,
-    it fails the request (SGLang's error response for an abort with a status)."""
+    ``finish_message`` (lmnb's, only where ``FinishReason`` has a message): that message in the
+    request's field names (``_finish_message``): why an ``abort`` ("aborted by /abort_request", or
+    what in the request to change); for ``length``, what the cut left undone ("incomplete: the token
+    limit was reached before the output matched its response_format", which a client must know
+    before it parses the truncated JSON; "reached the context length"). OpenAI's choices have no
+    field for it and SGLang's lose it; /generate's ``meta_info`` carries it as
+    ``finish_reason.message``. Clients ignore fields they do not know; the official ``openai``
+    client keeps both among a choice's extra fields (``choice.model_extra``)."""
     fr = result.finish_reason
     if fr.type == "abort" and not fr.requested_abort and fr.field is None:
         raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
