@@ -647,7 +647,11 @@ class Engine:
     def _check_first_token_allowed(self, grammar: Any, params: SamplingParams) -> None:
         """Refuse a grammar whose every first token is one that ``min_new_tokens`` bans (a stop token
         id or EOS): no output could begin. It costs one mask, the initial state's; a conflict
-        further on aborts the request when it is reached (``sampler.blocked_reason``)."""
+        further on aborts the request when it is reached (``sampler.blocked_reason``), as does a
+        grammar complete before ``min_new_tokens`` output tokens (``sampler.grammar_end_reason``).
+        Its longest output is not checked here: in tokens, that takes every transition of the
+        token-level automaton (which is built lazily, state by state, as requests reach them), not
+        one mask; a grammar that can go on forever never meets it."""
         from lmnb_engine.constrained import RequestGrammar
 
         vocab = self.loaded.config.vocab_size

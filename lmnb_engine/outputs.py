@@ -28,7 +28,8 @@ class FinishReason:
     ``"length"`` (max_new_tokens or the context length was reached; ``length`` holds the output
     tokens then), ``"abort"`` (``Engine.abort``, shutdown or an error; ``message`` says which).
     field: for an abort that the request's own parameters caused (a grammar that, midway, allows
-    only tokens ``min_new_tokens`` still bans; a ``stop_regex`` that backtracks past its time
+    only tokens ``min_new_tokens`` still bans, or is complete before ``min_new_tokens`` output
+    tokens, so that only its banned EOS could follow; a ``stop_regex`` that backtracks past its time
     limit), the ``SamplingParams`` field to change: the caller's mistake, not the engine's
     failure, which front ends report as such.
     """

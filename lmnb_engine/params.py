@@ -65,7 +65,10 @@ class SamplingParams:
     Attributes:
         max_new_tokens: upper bound on generated tokens (int >= 0; 0 = prefill only, which caches
             the prompt and returns no tokens — the frontend's fork hint, paper §3).
-        min_new_tokens: EOS and stop token ids are masked until this many tokens exist.
+        min_new_tokens: EOS and stop token ids are masked until this many tokens exist. With a
+            ``regex`` / ``json_schema`` that then allows only those tokens (a first token: refused
+            at submission), or is complete (nothing but EOS can follow) before this many tokens,
+            the request ends with an abort whose ``FinishReason.field`` is ``min_new_tokens``.
         temperature: 0 means greedy (argmax); otherwise logits are divided by it. Below
             ``SAMPLING_EPS`` it is greedy too, as in SGLang: dividing by it would overflow.
         top_p, top_k, min_p: nucleus / top-k (-1 = off) / min-p filtering, applied after temperature.

@@ -24,7 +24,10 @@ with the sampled ids (no extra host sync).
 Rows whose masks leave no token (a grammar that allows only the stop token ids or EOS that
 ``min_new_tokens`` still bans) are flagged in ``SampleOutput.blocked_rows`` the same way, and the
 scheduler aborts those requests with ``blocked_reason``: SGLang and vLLM define nothing here (their
-sampling then runs on all -inf logits).
+sampling then runs on all -inf logits). A grammar that is complete (nothing but EOS can follow)
+before ``min_new_tokens`` output tokens exist is the same conflict, met one step earlier: the
+scheduler ends such a request itself, without sampling, and ``grammar_end_reason`` aborts it the
+same way (``field`` ``min_new_tokens``) where it would otherwise stop.
 """
 
 from __future__ import annotations
@@ -92,18 +95,42 @@ def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(logits.amax(dim=-1))
 
 
+def _constraint(req: Req) -> str:
+    """What constrained ``req``'s tokens, as its messages name it."""
+    return "the regex" if req.params.regex is not None else "the JSON schema" if req.grammar else "the model"
+
+
+def _min_new_tokens_conflict(req: Req, at: str, banned: str, fix: str) -> FinishReason:
+    """The abort of ``req`` whose constraint allows, ``at`` this point, only ``banned`` tokens,
+    which ``min_new_tokens`` still bans: the caller's settings (``field``), with the ``fix``."""
+    m = req.params.min_new_tokens
+    return FinishReason("abort", field="min_new_tokens", message=(
+        f"{at}: {_constraint(req)} allows only tokens that min_new_tokens={m} bans until {m} "
+        f"token{'s are' if m != 1 else ' is'} out: {banned}; {fix}"))
+
+
 def blocked_reason(req: Req) -> FinishReason:
     """The abort of ``req``, for which no token was allowed (a ``SampleOutput.blocked_rows`` row):
     its message says why, with the fix; its ``field`` is ``min_new_tokens`` where that banned them."""
-    what = "the regex" if req.params.regex is not None else "the JSON schema" if req.grammar else "the model"
-    m = req.params.min_new_tokens
     at = f"no token was allowed at output token {len(req.output_ids) + 1}"
-    if len(req.output_ids) < m:
-        return FinishReason("abort", field="min_new_tokens", message=(
-            f"{at}: {what} allows only tokens that min_new_tokens={m} bans until {m} "
-            f"token{'s are' if m != 1 else ' is'} out: the stop token ids / EOS; lower min_new_tokens or remove those "
-            "stop_token_ids"))
-    return FinishReason("abort", message=f"{at}: {what} allows only tokens whose logits the model set to -inf")
+    if len(req.output_ids) < req.params.min_new_tokens:
+        return _min_new_tokens_conflict(req, at, "the stop token ids / EOS",
+                                        "lower min_new_tokens or remove those stop_token_ids")
+    return FinishReason("abort", message=f"{at}: {_constraint(req)} allows only tokens whose logits the model set "
+                                         "to -inf")
+
+
+def grammar_end_reason(req: Req) -> FinishReason:
+    """How ``req`` ends when its grammar is complete (``is_terminated``): nothing but EOS can
+    follow, and the engine ends it without sampling one. ``stop``, unless fewer than
+    ``min_new_tokens`` output tokens exist then (jump-forward's unverified draft not counted):
+    that EOS is banned, and the request aborts as ``blocked_reason`` would at the next token."""
+    n = len(req.output_ids) - req.num_speculative
+    if n >= req.params.min_new_tokens:
+        return FinishReason("stop")
+    return _min_new_tokens_conflict(
+        req, f"output token {n} completed the match", "EOS, as nothing can follow the match",
+        f"lower min_new_tokens to at most {n} or let {_constraint(req)} match longer output")
 
 
 def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: frozenset[int], grammar: bool) -> None:

@@ -45,7 +45,7 @@ from lmnb_engine.outputs import ABORT_REQUESTED, ABORT_SHUTDOWN, FinishReason, G
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
-from lmnb_engine.sampler import PendingSample, blocked_reason, nonfinite_rows, sample, sample_async, token_logprobs
+from lmnb_engine.sampler import PendingSample, blocked_reason, grammar_end_reason, nonfinite_rows, sample, sample_async, token_logprobs
 from lmnb_engine.schedule_policy import SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -780,7 +780,7 @@ class Scheduler:
                 req.final_text = req.detokenizer.text[: req.sent_text_len]  # (what was held back may be a stop)
                 reason = FinishReason("abort", message=req.stop_matcher.problem, field="stop_regex")
             elif req.grammar is not None and req.grammar.is_terminated():
-                reason = FinishReason("stop")
+                reason = grammar_end_reason(req)  # (an abort if min_new_tokens bans the EOS it ends with)
         if reason is None and len(req.output_ids) >= p.max_new_tokens:
             reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None)
         if reason is None and req.seq_len >= self.context_len:
@@ -999,7 +999,7 @@ class Scheduler:
             req.append_forced(draft)
             req.num_speculative = len(draft) - certain
         if req.grammar.is_terminated():
-            self._finish(req, FinishReason("stop"))
+            self._finish(req, grammar_end_reason(req))
 
     def _verify_jump(self, req: Req, logits: torch.Tensor) -> None:
         """Sample each draft position (rows of ``logits``, float [k+1, V]) under its own mask; keep
@@ -1020,7 +1020,7 @@ class Scheduler:
         if req.params.return_logprob:
             req.output_logprobs[first : first + kept] = out.logprobs[:kept]
         if token is None:  # the kept draft completed the output
-            self._finish(req, FinishReason("stop"))
+            self._finish(req, grammar_end_reason(req))
         else:
             self._append_token(req, token, out.logprobs[kept])
 

@@ -326,3 +326,61 @@ def test_a_grammar_allowing_only_tokens_min_new_tokens_bans_is_refused_or_aborte
     ok = on.generate("Digits:", bad.copy(min_new_tokens=1))  # and the engine goes on: "a" may now stop it
     assert ok.token_ids == [r.token_ids[0], a] and ok.finish_reason.type == "stop" and ok.finish_reason.matched == a
     assert_idle_accounting(on)
+
+
+def test_a_grammar_that_completes_before_min_new_tokens_aborts_by_name_and_no_sooner(engines):
+    """A finite grammar that can produce fewer tokens than min_new_tokens ended quietly with
+    finish reason stop after its last token: the engine ends a complete grammar itself (no EOS is
+    sampled), so min_new_tokens, which bans that EOS, was never checked. It now aborts as the
+    other grammar / min_new_tokens conflicts do (field min_new_tokens, the message naming both and
+    the fix), with the tokens up to the match; min_new_tokens up to the grammar's length stops."""
+    on, off = engines
+    vocab = range(on.loaded.config.vocab_size)
+    # every token the regex can take is one character (no "aa" or "12" token): always 3 tokens
+    assert [on.decode([t]) for t in vocab if re.fullmatch("a+", on.decode([t]))] in (["a"], ["a", "a"])
+    assert all(len(on.decode([t])) == 1 for t in vocab if re.fullmatch("[0-9]+", on.decode([t])))
+    for eng in (on, off):
+        for regex, text in (("a{3}", "aaa"), ("[0-9]{3}", None)):
+            done = SamplingParams(temperature=0.0, max_new_tokens=10, min_new_tokens=3, regex=regex)
+            ok = eng.generate("Digits:", done)
+            assert ok.finish_reason.type == "stop" and ok.finish_reason.field is None and len(ok.token_ids) == 3
+            assert ok.text == (text or ok.text) and re.fullmatch(regex, ok.text)
+            assert eng.generate("Digits:", done.copy(min_new_tokens=0)).token_ids == ok.token_ids
+            for m in (4, 8):
+                r = eng.generate("Digits:", done.copy(min_new_tokens=m))
+                assert (r.token_ids, r.text) == (ok.token_ids, ok.text)  # the output up to the match, kept
+                assert r.finish_reason.type == "abort" and r.finish_reason.field == "min_new_tokens"
+                assert r.finish_reason.message == (
+                    f"output token 3 completed the match: the regex allows only tokens that min_new_tokens={m} bans "
+                    f"until {m} tokens are out: EOS, as nothing can follow the match; lower min_new_tokens to at "
+                    "most 3 or let the regex match longer output")
+    # a JSON schema's: its one token, then nothing but EOS
+    five = on.encode("5", add_special_tokens=False)[-1]
+    r = on.generate("x", SamplingParams(temperature=0.0, max_new_tokens=5, min_new_tokens=2, json_schema={"const": 5}))
+    assert r.token_ids == [five] and (r.finish_reason.type, r.finish_reason.field) == ("abort", "min_new_tokens")
+    assert r.finish_reason.message == (
+        "output token 1 completed the match: the JSON schema allows only tokens that min_new_tokens=2 bans until 2 "
+        "tokens are out: EOS, as nothing can follow the match; lower min_new_tokens to at most 1 or let the JSON "
+        "schema match longer output")
+    assert on.generate("x", SamplingParams(temperature=0.0, max_new_tokens=5, min_new_tokens=1,
+                                           json_schema={"const": 5})).finish_reason.type == "stop"
+    assert_idle_accounting(on)
+    assert_idle_accounting(off)
+
+
+def test_a_grammar_completed_by_a_jump_counts_the_output_then_not_its_unverified_draft():
+    """Jump-forward appends a draft and ends a request whose certain tokens complete the grammar:
+    the count against min_new_tokens is of output tokens then, not of a draft still unverified."""
+    from types import SimpleNamespace
+
+    from lmnb_engine.sampler import grammar_end_reason
+
+    def req(n, speculative, m):
+        return SimpleNamespace(params=SamplingParams(regex="a{3}", max_new_tokens=10, min_new_tokens=m),
+                               grammar=object(), output_ids=[1] * n, num_speculative=speculative)
+
+    assert grammar_end_reason(req(5, 2, 3)).type == "stop"
+    r = grammar_end_reason(req(5, 2, 4))
+    assert (r.type, r.field) == ("abort", "min_new_tokens") and r.message.startswith("output token 3 completed")
+    assert grammar_end_reason(req(1, 0, 1)).type == "stop"
+    assert grammar_end_reason(req(1, 0, 0)).type == "stop"

@@ -781,6 +781,18 @@ def test_an_openai_choice_blocked_by_its_own_min_tokens_is_a_400_or_ends_with_ab
     assert r.status_code == 200, r.text
     [choice] = r.json()["choices"]
     assert choice["finish_reason"] == "abort" and len(choice["text"]) == 1 and choice["text"] in "0123456789"
+    # a grammar complete before min_tokens (three digits, one token each) ended with "stop": now "abort" too
+    short = {"model": "tiny", "prompt": "Digits:", "max_tokens": 10, "min_tokens": 8, "regex": "[0-9]{3}", "temperature": 0}
+    r = httpx.post(url + "/v1/completions", json=short, timeout=60)
+    assert r.status_code == 200, r.text
+    [choice] = r.json()["choices"]
+    assert choice["finish_reason"] == "abort" and re.fullmatch("[0-9]{3}", choice["text"]), choice
+    assert choice["finish_message"] == (
+        "output token 3 completed the match: the regex allows only tokens that min_tokens=8 bans until 8 tokens are "
+        "out: EOS, as nothing can follow the match; lower min_tokens to at most 3 or let the regex match longer output")
+    r = httpx.post(url + "/v1/completions", json={**short, "min_tokens": 3}, timeout=60)
+    [choice] = r.json()["choices"]
+    assert choice["finish_reason"] == "stop" and re.fullmatch("[0-9]{3}", choice["text"]), choice
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])

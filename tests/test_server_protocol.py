@@ -1575,6 +1575,53 @@ def test_an_aborted_choices_message_names_the_schema_as_the_field_the_client_sen
         "tokens are out: the stop token ids / EOS; lower min_tokens or remove those stop_token_ids"), choice
 
 
+class _DoneEarlyEngine(RecordingEngine):
+    """A ``RecordingEngine`` that ends a prompt holding "!" after its first token as the engine
+    ends a grammar complete before min_new_tokens output tokens (``grammar_end_reason``)."""
+
+    def submit(self, prompt, params, rid=None):
+        from types import SimpleNamespace
+
+        from lmnb_engine.outputs import GenerateResult, RequestMeta, StreamEvent
+        from lmnb_engine.sampler import grammar_end_reason
+
+        handle = super().submit(prompt, params, rid)
+        if "!" not in self.prompts[-1]:
+            return handle
+        reason = grammar_end_reason(SimpleNamespace(params=params, grammar=object(), output_ids=[120], num_speculative=0))
+        result = GenerateResult(handle.rid, "x", [120], reason, RequestMeta(prompt_tokens=2, cached_tokens=0,
+                                                                           completion_tokens=1))
+        return RecordingHandle(handle.rid, [StreamEvent(handle.rid, "x", [120]),
+                                            StreamEvent(handle.rid, "", [], finished=True, result=result)])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("constraint, name", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format"),
+    ({"regex": "x"}, "regex"),
+])
+def test_a_choice_whose_grammar_completes_before_min_tokens_ends_alone_with_abort_and_says_why(stream, constraint, name):
+    """The engine's abort of a grammar complete before min_new_tokens output tokens (it ended with
+    stop, min_tokens unchecked) has field min_new_tokens, as the other grammar conflicts: its choice
+    ends with finish_reason "abort" and a finish_message in the request's names, the others go on."""
+    body = {"model": "rec", "min_tokens": 2, "max_tokens": 3, "prompt": ["a", "b!"], "stream": stream, **constraint}
+    with live_server(_DoneEarlyEngine(), served_model_name="rec") as url:
+        if stream:
+            with httpx.Client(timeout=30) as client, client.stream("POST", url + "/v1/completions", json=body) as r:
+                last = {ch["index"]: ch for c in _sse_json(list(r.iter_lines())) for ch in c["choices"]
+                        if ch["finish_reason"]}
+        else:
+            r = _post(url, "/v1/completions", body)
+            assert r.status_code == 200, r.text
+            last = {ch["index"]: ch for ch in r.json()["choices"]}
+    assert last[0]["finish_reason"] == "length" and "finish_message" not in last[0], last[0]
+    assert (last[1]["finish_reason"], last[1]["finish_message"]) == ("abort", (
+        f"output token 1 completed the match: the {name} allows only tokens that min_tokens=2 bans until 2 tokens "
+        f"are out: EOS, as nothing can follow the match; lower min_tokens to at most 1 or let the {name} match "
+        "longer output")), last[1]
+
+
 class _CutEngine(RecordingEngine):
     """A ``RecordingEngine`` that ends a constrained request as the engine ends one whose output the
     token limit cut before it matched its grammar: finish reason length, ``INCOMPLETE_MESSAGE``."""

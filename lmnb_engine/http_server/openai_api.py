@@ -334,10 +334,11 @@ def _finish(result, req: _SamplingRequest) -> dict:
 
     ``finish_reason``: ``stop``, ``length``, or ``abort`` for an abort that was asked for
     (/abort_request) or that the request's own parameters caused midway (``FinishReason.field``: a
-    grammar allowing only tokens ``min_tokens`` bans, a ``stop_regex`` backtracking past its time
-    limit), as SGLang's OpenAI routes report a graceful abort and /generate ends that entry alone,
-    the other choices going on. An abort for an error (NaN logits, shutdown) is a
-    ``RequestFailed``: not the client's doing, it fails the request (SGLang's error response).
+    grammar allowing only tokens ``min_tokens`` bans, or complete before ``min_tokens`` tokens, so
+    that only the EOS it bans could follow; a ``stop_regex`` backtracking past its time limit), as
+    SGLang's OpenAI routes report a graceful abort and /generate ends that entry alone, the other
+    choices going on. An abort for an error (NaN logits, shutdown) is a ``RequestFailed``: not the
+    client's doing, it fails the request (SGLang's error response).
 
     ``matched_stop`` (SGLang's): the stop string, stop token id or EOS token id that ended the
     choice (``FinishReason.matched``; a ``stop_regex``'s matched text), null for ``length``,
