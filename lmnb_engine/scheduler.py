@@ -45,7 +45,15 @@ from lmnb_engine.outputs import ABORT_REQUESTED, ABORT_SHUTDOWN, FinishReason, G
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
-from lmnb_engine.sampler import PendingSample, blocked_reason, grammar_end_reason, nonfinite_rows, sample, sample_async, token_logprobs
+from lmnb_engine.sampler import (
+    PendingSample,
+    blocked_reason,
+    grammar_end_reason,
+    nonfinite_rows,
+    sample,
+    sample_async,
+    token_logprobs,
+)
 from lmnb_engine.schedule_policy import SchedulePolicy
 
 logger = logging.getLogger(__name__)
