@@ -1481,26 +1481,17 @@ def test_an_option_is_not_taken_for_the_longer_one_it_begins(tmp_path, capsys):
     assert "error: unrecognized arguments: --num 5" in capsys.readouterr().err
 
 
-def test_an_output_of_a_dash_is_refused_as_stdout(tmp_path, capsys):
-    """`--output -` was refused with "use e.g. --output -.jsonl", as if '-' were a file name."""
+@pytest.mark.parametrize("output, where", [("-", "to stdout"), ("/dev/null", "to a device or pipe")])
+def test_an_output_of_a_dash_or_a_device_is_refused_as_such(tmp_path, capsys, output, where):
+    """`--output -` was refused with "use e.g. --output -.jsonl", as if '-' were a file name, and
+    `--output /dev/null` (or /dev/stdout on a terminal) with "use e.g. --output /dev/null.jsonl"."""
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
-    job = Job("", ["question"], argv=["--input", str(rows), "--output", "-", "--no-progress"])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", output, "--no-progress"])
     with pytest.raises(SystemExit) as stopped:
         job.run(run_row, backend=ScriptedBackend(reply))
     assert stopped.value.code == 2
-    assert ("argument --output: '-': the results go to a file, which a rerun reads back to continue a stopped run, "
-            "not to stdout; use e.g. --output results.jsonl") in capsys.readouterr().err
-
-
-def test_an_output_that_is_a_device_is_refused_as_such(tmp_path, capsys):
-    """`--output /dev/null` (or /dev/stdout on a terminal) said "use e.g. --output /dev/null.jsonl"."""
-    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
-    job = Job("", ["question"], argv=["--input", str(rows), "--output", "/dev/null", "--no-progress"])
-    with pytest.raises(SystemExit) as stopped:
-        job.run(run_row, backend=ScriptedBackend(reply))
-    assert stopped.value.code == 2
-    assert ("argument --output: '/dev/null': the results go to a file, which a rerun reads back to continue a stopped "
-            "run, not to a device or pipe; use e.g. --output results.jsonl") in capsys.readouterr().err
+    assert (f"argument --output: '{output}': the results go to a file, which a rerun reads back to continue a stopped "
+            f"run, not {where}; use e.g. --output results.jsonl") in capsys.readouterr().err
 
 
 def test_an_output_folder_that_does_not_exist_is_made_and_named(tmp_path, capsys):
