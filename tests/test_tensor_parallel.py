@@ -54,9 +54,11 @@ def _rank_main(rank: int, paths: list[str], rendezvous: str, out) -> None:
     import torch.distributed as dist
 
     from lmnb_engine.distributed import TPGroup, worker_loop
+    from lmnb_engine.distributed.launch import exit_rank
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    code = 0
     try:
         for path in paths:
             runner = _runner(path, TPGroup(rank, WORLD))
@@ -69,9 +71,12 @@ def _rank_main(rank: int, paths: list[str], rendezvous: str, out) -> None:
                 out.put(("worker", path, worker_loop(runner), runner.config.num_kv_heads))
     except BaseException as exc:  # noqa: BLE001 - the parent reports it
         out.put(("error", rank, repr(exc), None))
-        raise
+        code = 1
     finally:
         dist.destroy_process_group()
+    out.close()
+    out.join_thread()  # (the queue's feeder thread has sent everything: exit_rank skips the teardown)
+    exit_rank(code)  # as the engine's worker ranks end (gloo at interpreter teardown aborted one in ~20-40)
 
 
 @pytest.fixture(scope="module")
