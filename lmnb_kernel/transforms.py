@@ -31,8 +31,9 @@ def refuse_cell_magic_below_comments(lines: list[str]) -> list[str]:
             continue
         if number > 1 and text.startswith("%%"):
             magic = text.split()[0]
-            raise UsageError(f"{magic} on line {number}, below a comment: {LATE_CELL_MAGIC}; a comment "
-                             f"above the {magic} line makes IPython read the cell as Python")
+            # (no line number: IPython has dropped the cell's leading blank lines from ``lines``)
+            raise UsageError(f"{magic} below a comment: {LATE_CELL_MAGIC}; a comment above the {magic} line "
+                             "makes IPython read the cell as Python")
         return lines
     return lines
 
