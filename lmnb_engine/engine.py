@@ -21,7 +21,7 @@ from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as_multimodal_prompt, is_multimodal_prompt
-from lmnb_engine.outputs import GenerateResult, StreamEvent
+from lmnb_engine.outputs import GenerateResult, StreamEvent, rid_in_use
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
@@ -719,8 +719,7 @@ class Engine:
         with self._lock:
             old = self._handles.get(rid)
             if old is not None and not old.done:
-                raise ValueError(f"rid={rid!r} is already in use by a running request; give another rid, or wait "
-                                 "for that request to end")
+                raise ValueError(rid_in_use(rid))
             self._handles = {k: h for k, h in self._handles.items() if not h.done}
             handle = RequestHandle(self, rid, params.n)
             self._handles[rid] = handle

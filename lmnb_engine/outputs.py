@@ -20,6 +20,13 @@ ABORT_REQUESTED = "aborted by Engine.abort"
 ABORT_SHUTDOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
 
 
+
+def rid_in_use(rid: str) -> str:
+    """The refusal of a new request whose ``rid`` a running request holds (``Engine.submit``, and
+    the OpenAI routes for a rid the engine has not seen yet: prompt k of several runs as <rid>-<k>)."""
+    return f"rid={rid!r} is already in use by a running request; give another rid, or wait for that request to end"
+
+
 @dataclass(frozen=True)
 class FinishReason:
     """Why a request ended.

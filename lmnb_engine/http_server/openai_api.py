@@ -54,6 +54,7 @@ from lmnb_engine.http_server.protocol import (
     wire_message,
 )
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
+from lmnb_engine.outputs import rid_in_use
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
 
 _REPLACEMENT = "\ufffd"  # what a byte token that is not a whole character decodes to
@@ -260,8 +261,7 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     (``prompt[1]``, ``entry_error``, ``_per_prompt``)."""
     running = ctx.batches.get(rid)
     if running is not None and not all(h.done for h in running):  # (one prompt's, the engine refuses too)
-        raise RequestError(f"rid={json_value(rid)} is already in use by a running request; give another rid, or "
-                           "wait for that request to end", param="rid")
+        raise RequestError(wire_message(rid_in_use(rid), rid), param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
     per_prompt = _per_prompt(req)
     handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: entry_error(RequestError(
