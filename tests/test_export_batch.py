@@ -1455,7 +1455,7 @@ def test_a_rerun_on_a_shorter_input_warns_of_the_records_of_rows_it_no_longer_ha
     assert "warning" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["res.csv", "res.tsv", "results"])
+@pytest.mark.parametrize("name", ["res.csv", "res.tsv", "results", ".jsonl"])
 def test_an_output_not_named_jsonl_is_refused_before_anything_runs(tmp_path, capsys, name):
     """`--output res.csv` wrote JSON lines into a file named as CSV, without a word (and exited 0)."""
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
@@ -1466,7 +1466,7 @@ def test_an_output_not_named_jsonl_is_refused_before_anything_runs(tmp_path, cap
     assert stopped.value.code == 2
     assert (f"argument --output: {str(out)!r}: the results are JSON lines (one record per row, read back to continue "
             f"a stopped run), so the file is named .jsonl; use e.g. --output {tmp_path / 'res.jsonl'}"
-            if name != "results" else f"use e.g. --output {tmp_path / 'results.jsonl'}") in capsys.readouterr().err
+            if name.startswith("res.") else f"use e.g. --output {tmp_path / 'results.jsonl'}") in capsys.readouterr().err
     assert not out.exists()
 
 

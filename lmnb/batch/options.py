@@ -246,7 +246,9 @@ def _results_path(text: str) -> Path:
             raise argparse.ArgumentTypeError(
                 f"{text!r}: the results go to a file, which a rerun reads back to continue a stopped run, not to "
                 f"{'stdout' if text == '-' else 'a device or pipe'}; use e.g. --output results.jsonl")
-        example = path / "results.jsonl" if not path.name or path.is_dir() else path.with_suffix(".jsonl")
+        # (".jsonl" is a hidden file's name, without a suffix: "use e.g. --output .jsonl.jsonl" it said)
+        name = "results" + path.name if path.name.startswith(".") else path.name
+        example = path / "results.jsonl" if not path.name or path.is_dir() else path.with_name(name).with_suffix(".jsonl")
         raise argparse.ArgumentTypeError(
             f"{text!r}: the results are JSON lines (one record per row, read back to continue a stopped run), "
             f"so the file is named .jsonl; use e.g. --output {example} (convert it to CSV "
