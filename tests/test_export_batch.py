@@ -117,15 +117,16 @@ def test_a_file_that_is_not_a_results_file_is_refused_and_left_as_it_was(tmp_pat
 def test_bad_lines_and_missing_fields_are_rows_with_errors_and_the_run_goes_on(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "a"}\n\n{"question": \n[1, 2]\n{"q": "x"}\n{"question": "boom"}\n{"question": "b"}\n'
-                    '{"question": "\\ud800 lone"}\n')
+                    '{"question": "\\ud800 lone"}\nnull\n')
     assert run_job(tmp_path, "--input", rows) == 1
     results = by_row(read_results(tmp_path / "out.jsonl"))
-    assert [results[i]["status"] for i in range(7)] == ["ok", "bad_input", "bad_input", "bad_input", "error", "ok",
-                                                        "bad_input"]
+    assert [results[i]["status"] for i in range(8)] == ["ok", "bad_input", "bad_input", "bad_input", "error", "ok",
+                                                        "bad_input", "bad_input"]
     # (it failed in the tokenizer: "TypeError: TextEncodeInput must be Union[...]")
     assert results[6]["error"].startswith("line 8: field 'question' holds a lone surrogate")
     assert results[1]["error"].startswith("line 3: invalid JSON")
-    assert results[2]["error"].startswith("line 4: a row must be a JSON object")
+    assert results[2]["error"] == 'line 4: a row must be a JSON object {"field": value, ...}, got [1, 2]'
+    assert results[7]["error"].endswith("got null")  # (it said "got NoneType")
     assert results[3]["error"] == "line 5: missing field 'question' (the row has q)"
     assert "model exploded" in results[4]["error"] and results[4]["line"] == 6
     assert results[5]["variables"] == {"answer": "B"}

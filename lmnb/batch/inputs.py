@@ -115,7 +115,9 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 elif isinstance(value, dict):
                     fields = value
                 else:
-                    error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {type(value).__name__}"
+                    shown = json.dumps(value, ensure_ascii=False)  # (as written: "got NoneType" said it of null)
+                    shown = shown if len(shown) <= 40 else shown[:40] + "…"
+                    error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {shown}"
             yield InputRow(index, lineno, fields, error)
             index += 1
 
