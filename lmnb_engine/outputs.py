@@ -20,7 +20,6 @@ ABORT_REQUESTED = "aborted by Engine.abort"
 ABORT_SHUTDOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
 
 
-
 def rid_in_use(rid: str) -> str:
     """The refusal of a new request whose ``rid`` a running request holds (``Engine.submit``, and
     the OpenAI routes for a rid the engine has not seen yet: prompt k of several runs as <rid>-<k>)."""

@@ -272,8 +272,13 @@ def _entry_error(body: dict, k: int, batch: bool, e: RequestError) -> RequestErr
     list, and of a ``batch`` the prompt (``text`` or ``input_ids``)."""
     per_prompt = [key for key in _PER_PROMPT_KEYS if isinstance(body.get(key), list)]
     if batch:
-        per_prompt.append("text" if body.get("text") is not None else "input_ids")
+        per_prompt.append(_prompt_field(body))
     return entry_error(e, k, per_prompt)
+
+
+def _prompt_field(body: dict) -> str:
+    """The field that holds /generate's prompts: ``text``, else ``input_ids``."""
+    return "text" if body.get("text") is not None else "input_ids"
 
 
 def entry_error(e: RequestError, k: int, per_prompt: Sequence[str]) -> RequestError:
@@ -302,9 +307,8 @@ def _refusal(body: dict, params: list, rids: list, batch: bool) -> Callable[[Exc
         if isinstance(e, SamplingParamsError):
             error = sampling_params_error(e, d)
         else:
-            param = (("text" if body.get("text") is not None else "input_ids") if field is None
-                     else field if field == "rid" else sampling_field(d, field))
-            error = RequestError(wire_message(str(e), refused_value(e, params[k], rids[k])), param=param)
+            param = (_prompt_field(body) if field is None else field if field == "rid" else sampling_field(d, field))
+            error = RequestError(wire_message(str(e), refused_value(e, field, params[k], rids[k])), param=param)
         return _entry_error(body, k, batch, error)
 
     return refused

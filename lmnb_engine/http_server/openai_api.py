@@ -242,11 +242,10 @@ def _param(req: _SamplingRequest, field: str) -> str:
             "logprob_start_len": "echo", "regex": constraint, "json_schema": constraint}.get(field, field)
 
 
-def _refused_param(req: _SamplingRequest, params: SamplingParams, e: Exception) -> str:
-    """The request's field that the engine's refusal ``e`` is about (``refused_field``): a
-    parameter, the constraint (a grammar that does not compile), else the prompt (too long, ids
-    outside the vocabulary)."""
-    field = refused_field(e, params)
+def _refused_param(req: _SamplingRequest, field: Optional[str]) -> str:
+    """The request's field that an engine's refusal is about, given its engine ``field``
+    (``refused_field``): a parameter, the constraint (a grammar that does not compile), else (None)
+    the prompt (too long, ids outside the vocabulary)."""
     if field is not None:
         return _param(req, field)
     return "messages" if isinstance(req, ChatRequest) else "prompt"
@@ -264,9 +263,13 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
         raise RequestError(wire_message(rid_in_use(rid), rid), param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
     per_prompt = _per_prompt(req)
-    handles = Batch(await ctx.submit(prompts, params, rids, lambda e, k: entry_error(RequestError(
-        _api_names(str(e), req, refused_value(e, params[k], rids[k])), param=_refused_param(req, params[k], e)),
-        k, per_prompt)))
+
+    def refused(e: Exception, k: int) -> RequestError:
+        field = refused_field(e, params[k])
+        message = _api_names(str(e), req, refused_value(e, field, params[k], rids[k]))
+        return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
+
+    handles = Batch(await ctx.submit(prompts, params, rids, refused))
     ctx.batches[rid] = handles
     return handles
 

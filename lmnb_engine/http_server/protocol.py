@@ -189,12 +189,11 @@ def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
     return next((f for f in ("stop_token_ids", "logprob_start_len", "rid") if str(e).startswith(f)), None)
 
 
-def refused_value(e: Exception, params: SamplingParams, rid: Optional[str]) -> Any:
-    """The value of the field that the engine's refusal ``e`` of a request with ``params`` and
-    ``rid`` is about (``refused_field``), as its message shows it (``wire_message``)."""
+def refused_value(e: Exception, field: Optional[str], params: SamplingParams, rid: Optional[str]) -> Any:
+    """The value of ``field`` (``refused_field`` of the engine's refusal ``e``) in a request with
+    ``params`` and ``rid``, as the message shows it (``wire_message``)."""
     if isinstance(e, SamplingParamsError):
         return e.value
-    field = refused_field(e, params)
     return rid if field == "rid" else None if field is None else getattr(params, field)
 
 
