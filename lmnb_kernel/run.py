@@ -561,7 +561,7 @@ def _cell_sets(cell) -> tuple:
         timed = cell.magic is not None and cell.magic.split()[0] == "%%timeit"
         return (() if timed else cell.assigns) + ((cell.captured_output,) if cell.captured_output else ())
     if isinstance(cell, LMCell):
-        return cell.captures + ((cell.options.out,) if cell.options.out else ())
+        return cell.sets
     return ()
 
 

@@ -117,6 +117,11 @@ class LMCell:
     mutates: tuple = ()  # (--python) globals its body changes in place: each row needs its own copy
     notes: list = field(default_factory=list)  # for the export's warnings
 
+    @property
+    def sets(self) -> tuple:
+        """The kernel variables the cell sets: its ``captures`` and its ``--out`` state."""
+        return self.captures + ((self.options.out,) if self.options.out else ())
+
 
 Cell = Union[Markdown, Dropped, Code, LMCell]
 

@@ -193,7 +193,7 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
         if isinstance(c, Code):
             defined |= set(c.assigns)
         elif isinstance(c, LMCell):
-            defined |= set(c.captures) | ({c.options.out} if c.options.out else set())
+            defined |= set(c.sets)
     fields: list = list(given or ())
     local: set = set()
     read_in_row: set = set()
@@ -229,7 +229,7 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
             local |= set(c.assigns) | set(c.mutates)  # (a changed object is the row's own copy)
     def sets(c, n: str) -> bool:  # (a moved cell's example assignment of a field is stripped)
         if isinstance(c, LMCell):
-            return n in c.captures or n == c.options.out
+            return n in c.sets
         return n in c.assigns and not (c in moved and n in c.string_assignments)
 
     for n in given or ():
@@ -269,7 +269,7 @@ def _jupyter_builtins(cells: Sequence[Cell]) -> tuple:
             if name in getattr(c, "reads", ()):
                 out.append(name)
                 break
-            bound = c.assigns if isinstance(c, Code) else (*c.captures, c.options.out) if isinstance(c, LMCell) else ()
+            bound = c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ()
             if name in bound:
                 break
     return tuple(out)
@@ -288,7 +288,7 @@ def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple
             rebound |= set(c.assigns) | set(c.mutates)
             read |= set(c.reads)
         elif isinstance(c, LMCell):
-            rebound |= set(c.captures) | set(c.mutates) | ({c.options.out} if c.options.out else set())
+            rebound |= set(c.sets) | set(c.mutates)
             read |= set(c.reads)
     return tuple(sorted((rebound & module & read) - set(inputs)))
 
