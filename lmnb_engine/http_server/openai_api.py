@@ -353,7 +353,8 @@ def _finish(result, req: _SamplingRequest) -> dict:
     request's field names (``_finish_message``): why an ``abort`` ("aborted by /abort_request", or
     what in the request to change); for ``length``, what the cut left undone ("incomplete: the token
     limit was reached before the output matched its response_format", which a client must know
-    before it parses the truncated JSON; "reached the context length"). OpenAI's choices have no
+    before it parses the truncated JSON; a cut by the context length is a cut by ``max_tokens`` here,
+    which a request without one gets as what the context leaves). OpenAI's choices have no
     field for it and SGLang's lose it; /generate's ``meta_info`` carries it as
     ``finish_reason.message``. Clients ignore fields they do not know; the official ``openai``
     client keeps both among a choice's extra fields (``choice.model_extra``)."""
