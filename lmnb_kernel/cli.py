@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 # subcommand -> (module, function, one-line help). Each module exposes
 # ``<function>_arguments(parser)`` and ``<function>(args) -> int``. Help texts are written as
@@ -22,22 +24,46 @@ SUBCOMMANDS = {
 }
 
 
+# Subcommands that SIGTERM stops as Ctrl-C does until they take it over: `lmnb run` exited 143
+# without a word when terminated in its first second or two (its imports), before its handlers.
+SIGTERM_AS_CTRL_C = ("run",)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (``SIGTERM_AS_CTRL_C``)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status; 130
     (the shell's code for SIGINT) when Ctrl-C comes before the subcommand takes it over, e.g.
-    while torch is being imported, instead of a traceback."""
+    while torch is being imported, instead of a traceback; for ``lmnb run``, SIGTERM too."""
     try:
         return _main(argv)
-    except KeyboardInterrupt:
-        print("lmnb: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print("lmnb: terminated (SIGTERM)" if isinstance(e, Terminated) else "lmnb: interrupted", file=sys.stderr)
         return 130
 
 
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    if chosen not in SIGTERM_AS_CTRL_C or threading.current_thread() is not threading.main_thread():
+        return _run(chosen, argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)  # (before the subcommand's imports, the slow part)
+    try:
+        return _run(chosen, argv)
+    finally:  # (a caller's own handler back, as in the tests; the subcommand's are gone by now)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(chosen: str | None, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lmnb", description="lmnb: LM programs in notebooks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     subparsers = {}
     for name, (module, func, help_) in SUBCOMMANDS.items():
         p = subparsers[name] = sub.add_parser(name, help=help_.replace("%", "%%"), description=help_)  # (descriptions are not formatted)

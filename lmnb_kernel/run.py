@@ -33,23 +33,61 @@ EXIT_CELL_ERROR = 3
 EXIT_STATUSES = ("0 every cell ran (with --allow-errors: also when some raised); 1 a cell ran past --timeout, "
                  "or the kernel died or did not start; 2 the notebook cannot be read, the output cannot be "
                  f"written, or a -p cannot be used; {EXIT_CELL_ERROR} a cell raised an error (the "
-                 "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C")
+                 "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C or SIGTERM")
 
 
 def run_arguments(parser) -> None:
     """Options of ``lmnb run``, with the exit statuses as the help's epilog."""
     parser.epilog = f"exit status: {EXIT_STATUSES}"
-    take_negative_numbers(parser)  # (-p lr -1e-3)
+    take_negative_numbers(parser)  # (--timeout -1: refused as a number, not as an unknown option)
     parser.add_argument("notebook", help="the .ipynb to execute")
     parser.add_argument("-o", "--output", action=Once,
                         help="where to save the executed notebook (default: NAME.out.ipynb; "
                              "-: stdout, and the summary goes to stderr)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                        help="set a parameter, read like its default in the parameters cell as the exported job "
-                             "reads it (else a Python literal, else the text); repeatable, once per NAME")
+                        help="set a parameter (or -p NAME=VALUE; VALUE may start with '-': -p name -Bob), read "
+                             "like its default in the parameters cell as the exported job reads it (else a Python "
+                             "literal, else the text); repeatable, once per NAME")
+    _read_parameters_first(parser)
     parser.add_argument("--timeout", type=_seconds, default=1800, action=Once,
                         help="seconds one cell may take (default 1800; 0: no limit)")
     parser.add_argument("--allow-errors", action=OnceFlag, help="keep going after a failing cell")
+
+
+def _read_parameters_first(parser) -> None:
+    """Make ``parser`` take each ``-p`` out of the arguments before argparse reads them:
+    ``-p NAME VALUE`` takes VALUE whatever it starts with (argparse read the -Bob of ``-p name
+    -Bob`` as an option, and said "expected 2 arguments"), and ``-p NAME=VALUE`` is one argument
+    (NAME, a Python name, holds no "="). The others go to argparse; ``--`` ends the options."""
+    parse_known_args = parser.parse_known_args
+
+    def is_parameter(arg: str) -> bool:  # -p, --parameter, or an abbreviation argparse allows
+        return arg == "-p" or arg.startswith("--p") and "--parameter".startswith(arg) and (
+            arg == "--parameter" or parser.allow_abbrev)
+
+    def parse(args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        given, rest, i = [], [], 0
+        while i < len(args):
+            if args[i] == "--":
+                rest += args[i:]
+                break
+            if not is_parameter(args[i]):
+                rest.append(args[i])
+                i += 1
+            elif i + 1 < len(args) and "=" in args[i + 1]:
+                given.append(args[i + 1].split("=", 1))
+                i += 2
+            elif i + 2 < len(args):
+                given.append([args[i + 1], args[i + 2]])
+                i += 3
+            else:
+                parser.error(f"argument -p/--parameter: expected NAME VALUE or NAME=VALUE after {args[i]}")
+        namespace, extra = parse_known_args(rest, namespace)
+        namespace.parameter = given
+        return namespace, extra
+
+    parser.parse_known_args = parse
 
 
 def run(args) -> int:
@@ -117,7 +155,8 @@ def run(args) -> int:
         try:
             values[name] = parse_value(text, defaults.get(name, NO_DEFAULT))
         except ValueError as e:
-            print(f"lmnb run: -p {typed} {text!r}: {e}", file=sys.stderr)
+            shown = text if len(text) <= 60 else text[:60] + "…"  # (a value of 5000 digits was written out whole)
+            print(f"lmnb run: -p {typed} {shown!r}: {e}", file=sys.stderr)
             return 2
     # (the folders are made after every check: a refused run left them behind, empty)
     try:  # before the run: a path that cannot be written would lose it at the end
@@ -502,11 +541,13 @@ def parse_value(text: str, default=NO_DEFAULT):
     """A ``-p`` value, read like the parameter's ``default`` from the parameters cell, as the
     exported job reads ``--NAME`` (``lmnb.batch.options.parameter_type``: ``false`` is False for
     a bool, ``1`` is 1.0 for a float, ``0x20`` is 32 for an int, ``[1, 2]`` a list for a list);
-    without a literal default, as for a None one: a Python literal (``3``, ``[1, 2]``, ``'x'``) or
-    else the string.
+    without a literal default, as for a None one: a Python literal (``3``, ``[1, 2]``, ``'x'``,
+    ``(1, 2)``) or else the string (``1,2``, a tuple without its parentheses, stays the string, as
+    papermill keeps it).
 
     Raises:
-        ValueError: text the default's type cannot take (what is expected, with an example)."""
+        ValueError: text the default's type cannot take (what is expected, with an example), or an
+            integer too long for Python to write in decimal."""
     import argparse
 
     from lmnb.batch.options import parameter_type
@@ -514,7 +555,8 @@ def parse_value(text: str, default=NO_DEFAULT):
     try:
         return parameter_type(None if default is NO_DEFAULT else default)(text)
     except argparse.ArgumentTypeError as e:
-        raise ValueError(f"the parameters cell sets it to {default!r:.60}: {e}") from None
+        where = "" if default is NO_DEFAULT else f"the parameters cell sets it to {default!r:.60}: "
+        raise ValueError(f"{where}{e}") from None
 
 
 def parameter_defaults(nb) -> dict:

@@ -1217,8 +1217,8 @@ def test_a_parameter_named_in_inputs_reads_each_rows_value_as_its_defaults_type(
     rows.write_text("n\n4\n0x20\nmany\n4.5\n", encoding="utf-8")
     results, prompts = _run_job_rows(source, monkeypatch, rows)
     assert [r["status"] for r in results] == ["ok", "ok", "bad_input", "bad_input"]
-    assert results[2]["error"] == ("line 4: field 'n': expected an integer (e.g. 3, 1_000 or 0x20), got 'many'; it is "
-                                   "the notebook's parameter n, whose default is of type int")
+    assert results[2]["error"] == ('line 4: field \'n\': expected an integer (e.g. 3, 1_000 or 0x20), got "many"; '
+                                   "it is the notebook's parameter n, whose default is of type int")
     assert sorted(prompts) == ["64", "8"]  # 4 * 2, 0x20 * 2
     # JSON rows: a number as it is, a string read as the option reads it, a boolean refused
     rows = tmp_path / "rows.jsonl"
@@ -1226,6 +1226,33 @@ def test_a_parameter_named_in_inputs_reads_each_rows_value_as_its_defaults_type(
     results, prompts = _run_job_rows(source, monkeypatch, rows)
     assert [r["status"] for r in results] == ["ok", "ok", "bad_input"]
     assert sorted(prompts) == ["10", "12"]
+    # the value as the row holds it, in JSON (it said "got 'True'")
+    assert results[2]["error"] == ("line 3: field 'n': expected an integer (e.g. 3, 1_000 or 0x20), got true; it is "
+                                   "the notebook's parameter n, whose default is of type int")
+
+
+def test_a_rows_field_of_the_wrong_type_is_shown_as_json_without_the_shells_quotes(tmp_path, monkeypatch):
+    # a row's error said "(in quotes for the shell: '[1, 2]')", which means nothing in a row, and
+    # showed JSON's true as Python's 'True' (found by the final review helper)
+    nb = notebook(("parameters", "tags = ['a']\nlimits = {'low': 0}"), "m = f'{tags} {limits}'",
+                  "%%lm --temperature 0\n{m}{gen x max_tokens=1}")
+    source, _ = export_notebook(nb, inputs=["tags", "limits"])
+    rows = tmp_path / "rows.jsonl"
+    long = "b" * 50
+    rows.write_text(f'{{"tags": "b", "limits": {{}}}}\n{{"tags": [], "limits": true}}\n'
+                    f'{{"tags": "{long}", "limits": {{}}}}\n{{"tags": [true, null], "limits": {{"a": null}}}}\n',
+                    encoding="utf-8")
+    results, prompts = _run_job_rows(source, monkeypatch, rows)
+    assert [r["status"] for r in results] == ["bad_input", "bad_input", "bad_input", "ok"]
+    why = "it is the notebook's parameter"
+    assert [r["error"] for r in results[:3]] == [
+        f'line 1: field \'tags\': expected a list as a Python literal or JSON, e.g. [1, 2], got "b"; {why} tags, '
+        "whose default is of type list",
+        f"line 2: field 'limits': expected a dict as a Python literal or JSON, e.g. {{\"a\": 1}}, got true; {why} "
+        "limits, whose default is of type dict",
+        f'line 3: field \'tags\': expected a list as a Python literal or JSON, e.g. [1, 2], got "{"b" * 39}…; {why} '
+        "tags, whose default is of type list"]
+    assert prompts == ["[True, None] {'a': None}"]
 
 
 def test_a_parameter_of_another_default_named_in_inputs_keeps_its_rows_values(tmp_path, monkeypatch):
@@ -1250,7 +1277,9 @@ def test_a_json_list_is_a_tuple_or_set_parameters_value(tmp_path, monkeypatch):
                     '{"pair": "(5,)", "tags": [[1]]}\n', encoding="utf-8")
     results, prompts = _run_job_rows(source, monkeypatch, rows)
     assert [r["status"] for r in results] == ["ok", "ok", "bad_input"]
-    assert results[2]["error"].startswith("line 3: field 'tags': expected a set as a Python literal")
+    assert results[2]["error"] == ("line 3: field 'tags': expected a set or a list as a Python literal or JSON, e.g. "
+                                   "{1, 2}, got [[1]]; it is the notebook's parameter tags, whose default is of type "
+                                   "set")
     assert sorted(prompts) == ["tuple() []", "tuple(3, 4) ['b', 'c']"]
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -1508,7 +1509,7 @@ def test_an_output_folder_that_does_not_exist_is_made_and_named(tmp_path, capsys
 @pytest.mark.parametrize("encoding, bom, named", [
     ("utf-16-le", b"\xff\xfe", "UTF-16"), ("utf-16-be", b"\xfe\xff", "UTF-16"),
     ("utf-32-le", b"\xff\xfe\x00\x00", "UTF-32"), ("utf-32-be", b"\x00\x00\xfe\xff", "UTF-32"),
-    ("utf-16-le", b"", None), ("utf-32-be", b"", None)])
+    ("utf-16-le", b"", None), ("utf-16-be", b"", None), ("utf-32-le", b"", None), ("utf-32-be", b"", None)])
 @pytest.mark.parametrize("name, text", [("rows.jsonl", '{"question": "q1"}\n{"question": "q2"}\n'),
                                         ("rows.csv", "question\nq1\nq2\n")])
 def test_utf16_or_utf32_input_is_refused_as_a_whole_naming_the_encoding(tmp_path, capsys, encoding, bom, named,
@@ -1523,12 +1524,54 @@ def test_utf16_or_utf32_input_is_refused_as_a_whole_naming_the_encoding(tmp_path
     else:
         message = (f"{rows} is not UTF-8 text: its first line holds 0 bytes, as UTF-16 or UTF-32 text does; save it "
                    "again as UTF-8")
+        if encoding.startswith("utf-16"):  # (iconv reads UTF-16 without an order mark as big-endian: named)
+            order = encoding[-2:].upper()
+            message += (f" (it looks like UTF-16{order}, without a byte order mark: e.g. iconv -f UTF-16{order} -t "
+                        f"UTF-8 {rows} > {tmp_path / ('rows-utf8' + rows.suffix)})")
     with pytest.raises(InputError) as refused:
         list(read_rows(rows))
     assert str(refused.value) == message
     assert run_job(tmp_path, "--input", rows) == 2
     assert capsys.readouterr().err == f"lmnb batch: {message}\n"
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("bom, encoding", [(b"\xff\xfe", "UTF-16"), (b"", "UTF-16LE")])
+def test_the_iconv_command_for_a_name_starting_with_a_dash_keeps_its_dot_slash(tmp_path, monkeypatch, bom, encoding):
+    """`--input ./-rows.csv` (Path drops the ./) was told `iconv -f UTF-16 -t UTF-8 -rows.csv > -rows-utf8.csv`,
+    which iconv reads as options (found by the final review helper); the command given now works.
+    So does the jq command for a JSON array."""
+    import shutil
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    rows = Path("./-rows.csv")
+    rows.write_bytes(bom + "question\nq1\n".encode("utf-16-le"))
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    command = f"iconv -f {encoding} -t UTF-8 ./-rows.csv > ./-rows-utf8.csv"
+    assert str(refused.value).endswith(f"e.g. {command})")
+    if shutil.which("iconv"):
+        subprocess.run(command, shell=True, check=True)
+        assert [r.fields for r in read_rows(Path("./-rows-utf8.csv"))] == [{"question": "q1"}]
+    array = Path("./-my rows.jsonl")
+    array.write_text('[{"question": "q1"}]\n', encoding="utf-8")
+    with pytest.raises(InputError) as refused:
+        list(read_rows(array))
+    assert "convert it with  jq -c '.[]' './-my rows.jsonl' > rows.jsonl" in str(refused.value)
+
+
+@pytest.mark.parametrize("output, said", [(" ", "blank"), ("", "empty")])
+def test_a_blank_output_name_is_refused_as_such(tmp_path, capsys, output, said):
+    """`--output ' '` was refused with "use e.g. --output ' .jsonl'" (found by the final review helper),
+    and `--output ''` as the folder '.'."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", output, "--no-progress"])
+    with pytest.raises(SystemExit) as stopped:
+        job.run(run_row, backend=ScriptedBackend(reply))
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: argument --output: {output!r}: the results file's name is {said}; "
+                                            "give one, e.g. --output results.jsonl\n")
 
 
 def test_the_iconv_command_for_a_utf16_file_quotes_a_name_with_spaces(tmp_path):

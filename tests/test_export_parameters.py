@@ -114,12 +114,12 @@ def test_list_tuple_set_and_none_defaults_read_python_literals_and_ints_read_pyt
     assert parse_value("(1, 2)", ()) == (1, 2) and parse_value("{3}", {1}) == {3}
     assert parse_value("{'k': 1}", {}) == {"k": 1}
     assert [parse_value(t, None) for t in ("None", "3", "[1]", "abc")] == [None, 3, [1], "abc"]
-    for text, default, problem in [("b", ["a"], "expected a list as a Python literal, e.g. [1, 2]"),
-                                   ("[1]", (1,), "expected a tuple as a Python literal, e.g. (1, 2)"),
-                                   ("x", {1}, "expected a set as a Python literal, e.g. {1, 2}"),
+    for text, default, problem in [("b", ["a"], "expected a list as a Python literal or JSON, e.g. [1, 2]"),
+                                   ("{1}", (1,), "expected a tuple or a list as a Python literal or JSON, e.g. (1, 2)"),
+                                   ("x", {1}, "expected a set or a list as a Python literal or JSON, e.g. {1, 2}"),
                                    # (it said '{'a': 1}', which the shell hands on as {a: 1}, no literal)
-                                   ("[1]", {}, """expected a dict as a Python literal, e.g. {"a": 1} (in quotes """
-                                               """for the shell: '{"a": 1}')"""),
+                                   ("[1]", {}, """expected a dict as a Python literal or JSON, e.g. {"a": 1} (in """
+                                               """quotes for the shell: '{"a": 1}')"""),
                                    ("2.5", 3, "expected an integer (e.g. 3, 1_000 or 0x20), got '2.5'")]:
         with pytest.raises(ValueError) as e:
             parse_value(text, default)
@@ -131,8 +131,8 @@ def test_list_tuple_set_and_none_defaults_read_python_literals_and_ints_read_pyt
     with pytest.raises(SystemExit) as e:
         job.parameters(tags=["a"])
     assert e.value.code == 2
-    assert ("argument --tags: expected a list as a Python literal, e.g. [1, 2] (in quotes for the shell: '[1, 2]'), "
-            "got 'b'") in capsys.readouterr().err
+    assert ("argument --tags: expected a list as a Python literal or JSON, e.g. [1, 2] (in quotes for the shell: "
+            "'[1, 2]'), got 'b'") in capsys.readouterr().err
     # lmnb run names the parameter, and runs nothing
     src = tmp_path / "nb.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('tags = ["a"]',
@@ -141,7 +141,8 @@ def test_list_tuple_set_and_none_defaults_read_python_literals_and_ints_read_pyt
                               timeout=60, allow_errors=False)
     assert run(args) == 2
     assert capsys.readouterr().err == ("lmnb run: -p tags 'b': the parameters cell sets it to ['a']: expected a list as "
-                                       "a Python literal, e.g. [1, 2] (in quotes for the shell: '[1, 2]'), got 'b'\n")
+                                       "a Python literal or JSON, e.g. [1, 2] (in quotes for the shell: '[1, 2]'), "
+                                       "got 'b'\n")
 
 
 def test_negative_numbers_of_every_form_are_values_of_p_and_of_the_jobs_options():
@@ -161,3 +162,70 @@ def test_negative_numbers_of_every_form_are_values_of_p_and_of_the_jobs_options(
     assert args.output == "out.ipynb"
     job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--lr", "-1e-3", "--n", "-0x20", "--low", "-inf"])
     assert vars(job.parameters(lr=0.1, n=3, low=0.0)) == {"lr": -0.001, "n": -32, "low": float("-inf")}
+
+
+def test_container_defaults_take_json_and_tuple_or_set_defaults_take_a_list(capsys):
+    """`-p limits '{"low": true}'` was refused for a dict default though its example reads as JSON,
+    and `-p pair '[1, 2]'` for a tuple one, though an input row's JSON list is taken for it
+    (found by the final review helper); Python literals are still read as before."""
+    from lmnb.batch import Job
+    from lmnb_kernel.run import parse_value
+
+    assert parse_value('{"a": true, "b": null, "c": [false]}', {}) == {"a": True, "b": None, "c": [False]}
+    assert parse_value("{'a': True}", {}) == {"a": True} and parse_value("[true, null]", ["x"]) == [True, None]
+    pair, tags = parse_value("[1, 2]", (0,)), parse_value('["b", "a", "b"]', {"x"})
+    assert (type(pair), pair, type(tags), tags) == (tuple, (1, 2), set, {"a", "b"})
+    with pytest.raises(ValueError, match=r"expected a set or a list as a Python literal or JSON, e\.g\. \{1, 2\} "
+                                         r"\(in quotes for the shell: '\{1, 2\}'\), got '\[\[1\]\]'"):
+        parse_value("[[1]]", {1})  # (a list can be no set member)
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--limits", '{"low": null}', "--pair", "[3]"])
+    assert vars(job.parameters(limits={"low": 0}, pair=(1, 2))) == {"limits": {"low": None}, "pair": (3,)}
+
+
+def test_a_none_default_keeps_a_tuple_without_parentheses_as_text_as_papermill_does():
+    """`-p x 1,2` for `x = None` was the tuple (1, 2); papermill keeps the text "1,2". A tuple in
+    its parentheses, and other literals, are still read (found by a review)."""
+    from lmnb.batch import Job
+    from lmnb_kernel.run import parse_value
+
+    for text in ("1,2", "1,", "(1), (2)", "'a', 'b'", " 1, 2 # c"):
+        assert parse_value(text, None) == text and parse_value(text) == text
+    assert [parse_value(t) for t in ("(1, 2)", "(1,)", "()", "((1, 2))", "[1, 2]", "3")] == [(1, 2), (1,), (), (1, 2),
+                                                                                         [1, 2], 3]
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--x", "1,2", "--y", "(1, 2)"])
+    assert vars(job.parameters(x=None, y=None)) == {"x": "1,2", "y": (1, 2)}
+
+
+@pytest.mark.parametrize("text", ["0x" + "f" * 5000, "1" * 5000, "[0x" + "f" * 5000 + "]"])
+def test_an_integer_too_long_to_write_in_decimal_is_refused_clearly(tmp_path, capsys, text):
+    """`-p n 0xfff…` (5000 hex digits) read, and then failed with a ValueError traceback where lmnb
+    run wrote it into the injected cell, as the job did where it recorded its parameters (Python
+    writes no integer of over 4300 decimal digits); 5000 decimal digits said "expected an integer"
+    (found by a review)."""
+    import argparse
+
+    import nbformat
+
+    from lmnb.batch import Job
+    from lmnb_kernel.run import parse_value, run
+
+    expected = ("expected an integer of at most 4300 decimal digits (Python's limit for writing an integer as text; "
+                f"PYTHONINTMAXSTRDIGITS raises it), got {text[:40] + '…'!r}")
+    defaults = [3, None, NO_DEFAULT] if not text.startswith("[") else [[1], None]
+    for default in defaults:
+        with pytest.raises(ValueError) as e:
+            parse_value(text, default)
+        assert str(e.value).endswith(expected)
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--n", text])
+    with pytest.raises(SystemExit) as stopped:
+        job.parameters(n=defaults[0])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: argument --n: {expected}\n")
+    src = tmp_path / "nb.ipynb"
+    cell = nbformat.v4.new_code_cell("n = None", metadata={"tags": ["parameters"]})
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), src)
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "out.ipynb"), parameter=[["n", text]],
+                              timeout=60, allow_errors=False)
+    assert run(args) == 2
+    shown = text[:60] + "…"  # (the text is cut here too)
+    assert capsys.readouterr().err == f"lmnb run: -p n {shown!r}: the parameters cell sets it to None: {expected}\n"

@@ -313,6 +313,38 @@ def test_after_p_the_report_numbers_cells_as_the_source_notebook_does(tmp_path, 
     assert "lmnb run: cell 3 (In [3]) raised ZeroDivisionError; the cell begins: 1 / (n - 2)" in capsys.readouterr().err
 
 
+def test_p_takes_a_value_that_starts_with_a_dash_and_a_name_equals_value_form(tmp_path, capsys):
+    """`-p name -Bob` said "argument -p/--parameter: expected 2 arguments" (argparse took -Bob for an
+    option), and there was no `-p NAME=VALUE` (found by a review)."""
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run_arguments
+
+    parser = argparse.ArgumentParser()
+    run_arguments(parser)
+    args = parser.parse_args(["nb.ipynb", "-p", "name", "-Bob", "-p", "who=-Al", "-p", "q", "a=b", "--parameter",
+                              "o", "-o", "-p", "e=", "--param", "x", "--", "-o", "out.ipynb"])
+    assert args.parameter == [["name", "-Bob"], ["who", "-Al"], ["q", "a=b"], ["o", "-o"], ["e", ""], ["x", "--"]]
+    assert (args.notebook, args.output) == ("nb.ipynb", "out.ipynb")
+    assert parser.parse_args(["-p", "n", "1", "--", "-p"]).notebook == "-p"  # (after --, no option)
+    for words in (["nb.ipynb", "-p"], ["nb.ipynb", "-p", "name"]):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(words)
+        assert e.value.code == 2
+        assert capsys.readouterr().err.endswith("error: argument -p/--parameter: expected NAME VALUE or NAME=VALUE "
+                                                "after -p\n")
+    # through the command line, into the injected cell (a None default keeps `1,2` as text, as papermill)
+    src = tmp_path / "nb.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('name = "A"\nn = 1\nx = None', metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("print(repr(name), n, repr(x))")]
+    nbformat.write(nb, src)
+    out = tmp_path / "out.ipynb"
+    assert main(["run", str(src), "-p", "name", "-Bob", "-p", "n=-0x10", "-p", "x", "1,2", "-o", str(out)]) == 0
+    ran = nbformat.read(out, as_version=4)
+    assert ran.cells[1].source == "# Parameters\nname = '-Bob'\nn = -16\nx = '1,2'\n"
+    assert ran.cells[2].outputs[0]["text"] == "'-Bob' -16 '1,2'\n"
+
+
 def test_an_unknown_option_shows_the_subcommands_usage(capsys):
     """`lmnb run --bogus nb.ipynb` printed "usage: lmnb [-h] COMMAND ...", which shows none of
     run's options, and an error from "lmnb" rather than "lmnb run"."""
@@ -466,21 +498,40 @@ def test_a_shutdown_already_started_is_awaited_and_its_error_dropped(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_ctrl_c_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_path):
+@pytest.mark.parametrize("sig, said", [(signal.SIGINT, "lmnb: interrupted"),
+                                       (signal.SIGTERM, "lmnb: terminated (SIGTERM)")])
+def test_ctrl_c_or_sigterm_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_path, sig, said):
     """A real SIGINT that lands while ``lmnb run`` imports its modules (torch and nbclient take
-    seconds on a cold disk), before its own Ctrl-C handling starts: a line and 130, not a traceback."""
+    seconds on a cold disk), before its own Ctrl-C handling starts: a line and 130, not a traceback.
+    SIGTERM then ended the run silently with 143 (found by a review): it is now said, as Ctrl-C is."""
     src = _notebook(tmp_path / "nb.ipynb", "print('x')")
     code = ("import importlib, os, signal, sys\n"
             "from lmnb_kernel import cli\n"
             "real = importlib.import_module\n"
             "def interrupted(name, *args):\n"
-            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            f"    os.kill(os.getpid(), {int(sig)})\n"
             "    return real(name, *args)\n"
             "importlib.import_module = interrupted\n"
             "sys.exit(cli.main(['run', sys.argv[1]]))\n")
     proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=120)
-    assert (proc.returncode, proc.stderr) == (130, "lmnb: interrupted\n")
+    assert (proc.returncode, proc.stderr) == (130, f"{said}\n")
     assert not (tmp_path / "nb.out.ipynb").exists()
+
+
+def test_lmnb_run_gives_the_callers_sigterm_handler_back(tmp_path, capsys):
+    """(run in this process, as the tests run it: its early SIGTERM handler must not outlive it)"""
+    from lmnb_kernel.cli import main
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert main(["run", str(tmp_path / "missing.ipynb")]) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err == f"lmnb run: no such notebook: {tmp_path / 'missing.ipynb'}\n"
 
 
 def test_a_kernel_interrupted_while_it_starts_exits_130_without_a_traceback():

@@ -77,13 +77,42 @@ def _first_line(raw: bytes, path: Path) -> bytes:
     line read as a row of garbage, "not UTF-8" or "invalid JSON", with no word of the encoding."""
     encoding = next((name for bom, name in _WIDE_BOMS if raw.startswith(bom)), None)
     if encoding is not None:
-        converted = path.with_name(f"{path.stem}-utf8{path.suffix}")
-        raise InputError(f"{path} is {encoding} text, not UTF-8; save it again as UTF-8 (e.g. iconv -f {encoding} "
-                         f"-t UTF-8 {shlex.quote(str(path))} > {shlex.quote(str(converted))})")
+        raise InputError(f"{path} is {encoding} text, not UTF-8; save it again as UTF-8 (e.g. "
+                         f"{_iconv(encoding, path)})")
     if b"\x00" in raw[:4]:  # (without an order mark: ASCII text as UTF-16 or UTF-32 has 0 bytes between)
-        raise InputError(f"{path} is not UTF-8 text: its first line holds 0 bytes, as UTF-16 or UTF-32 text does; "
-                         "save it again as UTF-8")
+        message = (f"{path} is not UTF-8 text: its first line holds 0 bytes, as UTF-16 or UTF-32 text does; "
+                   "save it again as UTF-8")
+        encoding = _utf16_without_bom(raw)
+        if encoding is not None:  # (iconv reads "UTF-16" without an order mark as big-endian: the byte order is named)
+            message += f" (it looks like {encoding}, without a byte order mark: e.g. {_iconv(encoding, path)})"
+        raise InputError(message)
     return raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+
+
+def _utf16_without_bom(raw: bytes) -> Optional[str]:
+    """"UTF-16LE" or "UTF-16BE" where the first line's first bytes hold a 0 byte at every second
+    place and none between (ASCII text in UTF-16: "q" is 71 00 little-endian), else None (UTF-32
+    has 0 bytes side by side; other text says nothing sure)."""
+    head = raw[:64]
+    if len(head) < 3:
+        return None
+    for encoding, zeros in (("UTF-16LE", 1), ("UTF-16BE", 0)):
+        if all((byte == 0) == (i % 2 == zeros) for i, byte in enumerate(head)):
+            return encoding
+    return None
+
+
+def _iconv(encoding: str, path: Path) -> str:
+    """The iconv command that writes ``path`` as UTF-8 beside it (NAME-utf8.SUFFIX)."""
+    converted = path.with_name(f"{path.stem}-utf8{path.suffix}")
+    return f"iconv -f {encoding} -t UTF-8 {shell_path(path)} > {shell_path(converted)}"
+
+
+def shell_path(path: Path) -> str:
+    """``path`` as a shell command's argument: quoted where needed, and with ``./`` before a name
+    that starts with "-" (Path drops the ``./`` given; the command then took the name for options)."""
+    text = str(path)
+    return shlex.quote("./" + text if text.startswith("-") else text)
 
 
 def _jsonl(path: Path) -> Iterator[InputRow]:
@@ -96,7 +125,7 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 continue
             if index == 0 and raw.lstrip().startswith(b"["):  # (each of its lines would be a bad row)
                 raise InputError(f"{path} is a JSON array; the input is JSON lines, one object per line: convert "
-                                 f"it with  jq -c '.[]' {path} > rows.jsonl  (pandas: to_json(..., "
+                                 f"it with  jq -c '.[]' {shell_path(path)} > rows.jsonl  (pandas: to_json(..., "
                                  "orient='records', lines=True))")
             fields, error = None, None
             try:
@@ -115,11 +144,16 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 elif isinstance(value, dict):
                     fields = value
                 else:
-                    shown = json.dumps(value, ensure_ascii=False)  # (as written: "got NoneType" said it of null)
-                    shown = shown if len(shown) <= 40 else shown[:40] + "…"
+                    shown = json_preview(value)  # (as written: "got NoneType" said it of null)
                     error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {shown}"
             yield InputRow(index, lineno, fields, error)
             index += 1
+
+
+def json_preview(value, width: int = 40) -> str:
+    """A row's value as JSON, for messages: cut to ``width`` characters with "…" where longer."""
+    shown = json.dumps(value, ensure_ascii=False)
+    return shown if len(shown) <= width else shown[:width] + "…"
 
 
 def _lone_surrogate(value) -> Optional[str]:

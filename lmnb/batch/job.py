@@ -190,7 +190,8 @@ class Job:
         """Parse the command line now, with one option per notebook parameter (papermill's
         ``parameters`` cell): ``--name VALUE`` replaces the default, parsed like the default's type
         (``lmnb.batch.options.parameter_type``: bool: true/false; int; float; str; list, tuple, set,
-        dict: a Python literal of that type; None: a Python literal, else the text). Returns the values.
+        dict: a Python literal or JSON of that type, a list for a tuple or set; None: a Python
+        literal, else the text, as ``1,2`` stays in papermill). Returns the values.
 
         Exits with usage help (status 2) on bad options, as ``argparse`` does.
         """

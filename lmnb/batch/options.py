@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
+import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -235,6 +237,9 @@ def _check_served_model(backend, model: str, url: str) -> None:
 def _results_path(text: str) -> Path:
     # The results are JSON lines, read back to resume: `--output res.csv` wrote JSON lines into a
     # file that every CSV reader then misread.
+    if not text.strip():  # (' ' was refused with "use e.g. --output ' .jsonl'"; '' was read as the folder '.')
+        raise argparse.ArgumentTypeError(f"{text!r}: the results file's name is {'blank' if text else 'empty'}; "
+                                         "give one, e.g. --output results.jsonl")
     path = Path(text)
     try:
         fmt = input_format(path)
@@ -282,25 +287,85 @@ def _count(text: str) -> int:
 TYPED_DEFAULTS = (bool, int, float, list, tuple, set, dict)
 
 
+class UnreadableValue(argparse.ArgumentTypeError):
+    """Text a parameter's type cannot read (``parameter_type``). Its message is the command line's:
+    what is expected, the example in quotes for the shell where it needs them, and the text as
+    given; ``saying`` words it for a value that came from elsewhere (an input row's JSON value, for
+    which the shell's quotes mean nothing).
+
+    Args:
+        expected: what the type takes, with an example ("expected an integer (e.g. 3, ...)").
+        text: the text that was read.
+        quoted: the example as the shell needs it ("'[1, 2]'"), or None where it needs no quotes.
+    """
+
+    def __init__(self, expected: str, text: str, quoted: Optional[str] = None):
+        self.expected = expected
+        shell = f" (in quotes for the shell: {quoted})" if quoted else ""
+        super().__init__(f"{expected}{shell}, got {text!r}")
+
+    def saying(self, shown: str) -> str:
+        """The message for a value shown as ``shown`` (e.g. its JSON), without the shell's quotes."""
+        return f"{self.expected}, got {shown}"
+
+
 def parameter_type(default: Any) -> Callable[[str], Any]:
     """How a parameter's command-line text is read, from its default's type: bool: true/false,
     yes/no, 1/0; int: a Python integer literal (``1_000``, ``0x20``); float; str; a list, tuple, set
-    or dict: a Python literal of that type (``[1, 2]``); None (or another default): a Python literal,
-    else the text (papermill reads ``-p`` values so: True, False, None, numbers, else text). ``lmnb
-    run -p`` reads values the same way, so a notebook and its exported job agree.
+    or dict: a Python literal or JSON of that type (``[1, 2]``, ``{"a": true}``; a list for a tuple
+    or a set, as an input row's JSON gives one); None (or another default): a Python literal, else
+    the text (papermill reads ``-p`` values as True, False, None, numbers, else text; a tuple
+    written without its parentheses, ``1,2``, stays the text, as papermill keeps it). ``lmnb run
+    -p`` reads values the same way, so a notebook and its exported job agree. A value whose integer
+    is too long for Python to write in decimal (its int-to-string limit, 4300 digits by default)
+    is refused: the job records its parameters as JSON and ``lmnb run`` writes them into a cell.
 
-    The returned function raises ``argparse.ArgumentTypeError`` for bad text, saying what is expected."""
+    The returned function raises ``UnreadableValue`` (an ``argparse.ArgumentTypeError``) for bad
+    text, saying what is expected."""
     if isinstance(default, bool):
-        return _bool
-    if isinstance(default, int):
-        return _int
-    if isinstance(default, float):
-        return _float
-    if isinstance(default, str):
+        read = _bool
+    elif isinstance(default, int):
+        read = _int
+    elif isinstance(default, float):
+        read = _float
+    elif isinstance(default, str):
         return str
-    if isinstance(default, (list, tuple, set, dict)):
-        return _literal_of(type(default))
-    return _literal
+    elif isinstance(default, (list, tuple, set, dict)):
+        read = _literal_of(type(default))
+    else:
+        read = _literal
+
+    def checked(text: str) -> Any:
+        value = read(text)
+        try:
+            repr(value)  # (a huge hexadecimal integer reads, and then failed with a traceback where written)
+        except ValueError:
+            raise _too_long(text) from None
+        return value
+
+    return checked
+
+
+def _too_long(text: str) -> UnreadableValue:
+    import sys
+
+    return UnreadableValue(f"expected an integer of at most {sys.get_int_max_str_digits()} decimal digits (Python's "
+                           "limit for writing an integer as text; PYTHONINTMAXSTRDIGITS raises it)",
+                           text if len(text) <= 40 else text[:40] + "…")
+
+
+# a decimal integer, as int() reads one
+_DECIMAL = re.compile(r"\s*[-+]?\d+(_\d+)*\s*")
+
+
+def _too_many_digits(text: str) -> bool:
+    """Whether ``text`` is a decimal integer that Python refuses to read for its length alone (its
+    int-to-string limit): it is refused for that, not as no integer (or, for a None default, taken
+    as text)."""
+    import sys
+
+    limit = sys.get_int_max_str_digits()
+    return bool(_DECIMAL.fullmatch(text)) and 0 < limit < sum(c.isdigit() for c in text)
 
 
 def _bool(text: str) -> bool:
@@ -309,7 +374,7 @@ def _bool(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    raise UnreadableValue("expected true or false", text)
 
 
 def _int(text: str) -> int:
@@ -321,40 +386,74 @@ def _int(text: str) -> int:
         try:
             return int(text.strip(), 0)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer (e.g. 3, 1_000 or 0x20), got {text!r}") from None
+            if _too_many_digits(text):
+                raise _too_long(text) from None
+            raise UnreadableValue("expected an integer (e.g. 3, 1_000 or 0x20)", text) from None
 
 
 def _float(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number (e.g. 0.5, 2 or 1e-3), got {text!r}") from None
+        raise UnreadableValue("expected a number (e.g. 0.5, 2 or 1e-3)", text) from None
 
 
-_LITERAL_KINDS = {list: ("a list", "[1, 2]"), tuple: ("a tuple", "(1, 2)"), set: ("a set", "{1, 2}"),
-                  dict: ("a dict", '{"a": 1}')}  # (double quotes: the message puts the example in single ones)
+# what each container default takes, and its example (double quotes: the shell's go round it)
+_LITERAL_KINDS = {list: ("a list", "[1, 2]"), tuple: ("a tuple or a list", "(1, 2)"),
+                  set: ("a set or a list", "{1, 2}"), dict: ("a dict", '{"a": 1}')}
 
 
 def _literal_of(kind: type) -> Callable[[str], Any]:
-    """Reads a Python literal of ``kind`` (list, tuple, set or dict): other text, or a literal of
-    another type, is refused (it ran on as text: ``--tags a,b`` set tags to the string "a,b")."""
+    """Reads a Python literal, else JSON, of ``kind`` (list, tuple, set or dict; a list for a tuple
+    or a set): other text, or a value of another type, is refused (it ran on as text: ``--tags a,b``
+    set tags to the string "a,b")."""
     def read(text: str):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            value = None
+        value = _python_or_json(text)
+        if isinstance(value, list) and kind in (tuple, set):
+            try:
+                value = kind(value)
+            except TypeError:  # (an unhashable item for a set)
+                value = None
         if not isinstance(value, kind):
             name, example = _LITERAL_KINDS[kind]
-            raise argparse.ArgumentTypeError(f"expected {name} as a Python literal, e.g. {example} (in quotes for "
-                                             f"the shell: '{example}'), got {text!r}")
+            raise UnreadableValue(f"expected {name} as a Python literal or JSON, e.g. {example}", text,
+                                  quoted=f"'{example}'")
         return value
 
     return read
 
 
-def _literal(text: str) -> Any:
-    """A Python literal (list, dict, number, None, ...); other text is taken as a string."""
+def _python_or_json(text: str) -> Any:
+    """``text`` as a Python literal, else as JSON (``true``, ``null``), else None."""
     try:
         return ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # (json.JSONDecodeError is a ValueError)
+        return None
+
+
+def _literal(text: str) -> Any:
+    """A Python literal (list, dict, number, None, ...); other text is taken as a string, and so is
+    a tuple without its parentheses (``1,2``: papermill's ``-p`` keeps it as text)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        if _too_many_digits(text):
+            raise _too_long(text) from None
         return text
+    if isinstance(value, tuple) and not _parenthesized(text):
+        return text
+    return value
+
+
+def _parenthesized(text: str) -> bool:
+    """Whether ``text``, a tuple's literal, is written inside its parentheses (``(1, 2)``, not
+    ``1, 2`` or ``(1), (2)``): inside a list's brackets, it is then a single tuple item."""
+    try:
+        items = ast.parse(f"[{text}\n]", mode="eval").body.elts
+    except (SyntaxError, AttributeError, MemoryError, RecursionError):
+        return False
+    return len(items) == 1 and isinstance(items[0], ast.Tuple)

@@ -5,7 +5,6 @@ row prints (stdout, and stderr apart) comes out in one piece when the row ends (
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -16,8 +15,8 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from lmnb.batch.inputs import InputRow, input_format
-from lmnb.batch.options import make_backend, parameter_type, start_failure
+from lmnb.batch.inputs import InputRow, input_format, json_preview
+from lmnb.batch.options import UnreadableValue, make_backend, parameter_type, start_failure
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
 
@@ -390,22 +389,17 @@ def _not_text(row: InputRow, texts) -> str | None:
 
 def _read_typed(row: InputRow, types: dict) -> str | None:
     """Read the row's fields that are notebook parameters (``Job.types``) as their options read
-    text, in place (a JSON value as its Python literal: 32, [1, 2]); the error for the first that
-    does not read so, or None. JSON has no tuple or set: a JSON list is one for such a parameter."""
+    text, in place (a JSON value as its JSON text, which the options read as the command line's:
+    32, [1, 2], a list for a tuple or a set, as JSON has neither); the error for the first that
+    does not read so, or None. The error shows the value as JSON, as the row holds it (``got
+    true``, not Python's ``'True'``), without the command line's hint of the shell's quotes."""
     for name, kind in types.items():
         value = row.fields[name]
-        if isinstance(value, list) and kind in (list, tuple, set) or isinstance(value, dict) and kind is dict:
-            try:  # JSON's own array or object, as it is (read through its repr, one holding json's NaN or
-                # Infinity, nan and inf to Python, was no literal)
-                row.fields[name] = kind(value)
-                continue
-            except TypeError:  # an unhashable item for a set: refused below, as that set's literal
-                value = f"{{{repr(value)[1:-1]}}}"
         try:
-            row.fields[name] = parameter_type(kind())(value if isinstance(value, str) else repr(value))
-        except argparse.ArgumentTypeError as e:
-            return (f"line {row.line}: field {name!r}: {e}; it is the notebook's parameter {name}, whose default is "
-                    f"of type {kind.__name__}")
+            row.fields[name] = parameter_type(kind())(value if isinstance(value, str) else json.dumps(value))
+        except UnreadableValue as e:
+            return (f"line {row.line}: field {name!r}: {e.saying(json_preview(value))}; it is the notebook's "
+                    f"parameter {name}, whose default is of type {kind.__name__}")
     return None
 
 
