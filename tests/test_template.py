@@ -442,7 +442,10 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{video c frames=}", 2, 16, "has no value"),
         ("{image 42}", 2, 8, "must be a path"),
         ("{image photo)}", 2, 13, "unmatched ')'"),
-        ("{gen image}", 2, 6, "not a variable name"),
+        # a cell keyword said "'image' is not a variable name", which it is in Python (found by the docs audit)
+        ("{gen image}", 2, 6, "'image' is a word of the %%lm cell language (its {image} tag), so it cannot name a gen"),
+        ('{select user choices=["a"]}', 2, 9, "'user' is a word of the %%lm cell language (its {user} tag), so it "
+                                              "cannot name a select result"),
         ("{gen if max_tokens=2}", 2, 6, "'if' is reserved in Python"),  # the exported script would not compile
         ('{select True choices=["a"]}', 2, 9, "'True' is reserved in Python"),
         ("{gen __debug__}", 2, 6, "'__debug__' is reserved in Python"),

@@ -264,7 +264,11 @@ class _Parser:
         head = rest[:head_end].strip().rstrip(",").strip()
         name = None
         if head:
-            if not head.isidentifier() or head in KEYWORDS:
+            if head in KEYWORDS:  # ({user} would be the role tag, so the result could not be read as {user})
+                raise self.error(
+                    f"{head!r} is a word of the %%lm cell language (its {{{head}}} tag), so it cannot name a "
+                    f"{kind} result", rest_at + _lead(rest), hint=f"pick another name, e.g. {head}_")
+            if not head.isidentifier():
                 raise self.error(
                     f"expected {{{kind} NAME option=value ...}}; {head!r} is not a variable name",
                     rest_at + _lead(rest),
