@@ -551,6 +551,18 @@ def test_runtime_endpoint_chat_template_can_be_read_and_replaced_as_in_sglang(ti
     assert prog.run(backend=runtime).text() == "<|im_start|>user\nhi<|im_end|>\n"
 
 
+def test_runtime_refuses_sglangs_server_arguments_naming_what_it_takes():
+    # SGLang's sgl.Runtime(model_path=..., port=30000, log_level=...) starts a server; lmnb's runs the
+    # engine in-process, and Python's message named Engine.__init__, not the Runtime the user called.
+    with pytest.raises(TypeError) as e:
+        sgl.Runtime(model_path="unused", port=30000, mem_fraction_static=0.8)
+    msg = str(e.value)
+    assert msg.startswith("lmnb.Runtime / lmnb.Engine got 'port', 'mem_fraction_static', which lmnb_engine.Engine "
+                          "does not take")
+    assert "model (or model_path), device, dtype, max_total_tokens," in msg  # the engine's own order
+    assert "closest to mem_fraction" in msg and "run `lmnb serve`" in msg
+
+
 def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
     # SGLang's sgl.Engine is also its offline engine: examples/frontend_language/usage/srt_engine.py
     # calls llm.generate(prompts, {"temperature": 0.8, "top_p": 0.95}) and reads output["text"];

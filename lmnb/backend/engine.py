@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import threading
 from typing import Any, Iterator, Optional, Sequence
@@ -88,6 +89,27 @@ def _extend_multimodal(mm: Any, p_ids: list[int], c_ids: list[int], d: int, choi
     return MultimodalTokens(list(mm[:at]) + c_ids[d:], mm.input_key[:at] + c_ids[d:], mm.mm_inputs), at
 
 
+def _check_engine_kwargs(engine_class: type, kwargs: dict) -> None:
+    """Refuse keywords that ``engine_class`` (``lmnb_engine.Engine``) does not take, naming those it
+    does: SGLang's ``Runtime`` takes its server's arguments (``port``, ``log_level``,
+    ``mem_fraction_static``), which a program ported from SGLang still passes, and Python's own
+    message would name ``Engine.__init__`` rather than the ``Runtime`` the user called.
+
+    Raises:
+        TypeError: an unknown keyword; the message lists the accepted ones.
+    """
+    accepted = [p for p in inspect.signature(engine_class).parameters if p != "model"]
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        hint = ("; SGLang's mem_fraction_static (weights and KV cache) is closest to mem_fraction here (the "
+                "share of free memory, after the weights, for the KV pool)" if "mem_fraction_static" in unknown else "")
+        raise TypeError(
+            f"lmnb.Runtime / lmnb.Engine got {', '.join(map(repr, unknown))}, which lmnb_engine.Engine does not take: "
+            f"it runs the model in this process and takes model (or model_path), {', '.join(accepted)}{hint}. "
+            "For a server (SGLang's port, host, log_level) run `lmnb serve` and connect with lmnb.RuntimeEndpoint"
+        )
+
+
 class Engine(AssignableChatTemplate, BaseBackend):
     """Run programs on an in-process ``lmnb_engine.Engine``.
 
@@ -105,6 +127,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
         if engine is None:
             from lmnb_engine import Engine as RuntimeEngine
 
+            _check_engine_kwargs(RuntimeEngine, engine_kwargs)
             engine = RuntimeEngine(model=model, **engine_kwargs)
         elif model is not None or engine_kwargs:
             raise ValueError("pass either engine= or model/engine arguments, not both")
