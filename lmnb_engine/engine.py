@@ -618,24 +618,25 @@ class Engine:
         # a stop token outside the vocabulary can never be sampled, so the stop would never happen
         self._check_in_vocabulary(params.stop_token_ids or (), "stop_token_ids")
         n = len(ids)
+        prompt = f"prompt of {n} token{'s' * (n != 1)}"
         # a prompt too long by itself is not fixed by fewer new tokens (a select's or a fork's
         # prefill asks for none), so the message then names the prompt alone
         if n > self.context_len:
-            raise ValueError(f"prompt of {n} tokens exceeds the model's context length of {self.context_len} "
+            raise ValueError(f"{prompt} exceeds the model's context length of {self.context_len} "
                              f"tokens{self._window_note()}; shorten the prompt")
         if n + params.max_new_tokens > self.context_len:
             raise ValueError(
-                f"prompt of {n} tokens + max_new_tokens={params.max_new_tokens} exceeds the model's "
+                f"{prompt} + max_new_tokens={params.max_new_tokens} exceeds the model's "
                 f"context length of {self.context_len} tokens{self._window_note()}; shorten the prompt or lower "
                 "max_new_tokens"
             )
         pool = self.runner.max_total_tokens
         if n > pool:
-            raise ValueError(f"prompt of {n} tokens does not fit the KV pool of {pool} tokens; raise "
+            raise ValueError(f"{prompt} does not fit the KV pool of {pool} tokens; raise "
                              "max_total_tokens or shorten the prompt")
         if n + params.max_new_tokens > pool:
             raise ValueError(
-                f"prompt of {n} tokens + max_new_tokens={params.max_new_tokens} does not fit the KV "
+                f"{prompt} + max_new_tokens={params.max_new_tokens} does not fit the KV "
                 f"pool of {pool} tokens; raise max_total_tokens or lower max_new_tokens"
             )
         if params.logprob_start_len > n:
