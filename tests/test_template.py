@@ -498,6 +498,16 @@ def test_debug_in_a_hole_is_pythons_constant_not_a_kernel_variable():
     assert one == two == [((), "add", ("text", "True"))]
 
 
+def test_the_literal_braces_hint_comes_only_for_a_name_that_opens_a_hole():
+    # {who} may be text meant literally ({{who}}); a name inside an option's value cannot be
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("Hi {who}").bind({})
+    assert e.value.hint == "define who in a Python cell first, or write {{ }} for literal braces"
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("Hi {gen x json_schema=Person}").bind({})
+    assert e.value.hint == "define Person in a Python cell first"
+
+
 def test_a_gen_name_is_any_python_identifier_that_is_not_a_keyword():
     cell = "Ciao {gen città max_tokens=2} {gen _x1 stop='#'} {gen é} {select 名前 choices=['a']} {gen caﬁle}"
     # NFKC-normalized, as Python normalizes the names in code ("caﬁle" with the ligature reads "cafile")

@@ -74,10 +74,13 @@ class Template:
         out = {}
         for name in self.arguments:
             if name not in namespace:
-                raise TemplateRuntimeError(
-                    f"name {name!r} is not defined", self.source, self.argument_offsets.get(name, 0),
-                    self.first_line, indent=self.indent, hint=f"define {name} in a Python cell first, or write {{{{ }}}} for literal braces",
-                )
+                offset = self.argument_offsets.get(name, 0)
+                hint = f"define {name} in a Python cell first"
+                # only a name that opens a hole ({name}) may be text meant literally
+                if self.source[offset - 1:offset] == "{":
+                    hint += ", or write {{ }} for literal braces"
+                raise TemplateRuntimeError(f"name {name!r} is not defined", self.source, offset, self.first_line,
+                                           indent=self.indent, hint=hint)
             out[params[name]] = namespace[name]
         return out
 
