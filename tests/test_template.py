@@ -8,6 +8,7 @@ the template emits (face 2) — run on a recording state; their lmnb calls must 
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 
@@ -506,6 +507,28 @@ def test_the_literal_braces_hint_comes_only_for_a_name_that_opens_a_hole():
     with pytest.raises(TemplateRuntimeError) as e:
         parse("Hi {gen x json_schema=Person}").bind({})
     assert e.value.hint == "define Person in a Python cell first"
+
+
+@pytest.mark.parametrize("hole,col,same", [
+    # what f-strings write for each form, by hand: f"{x=}" == "x=" + repr(x), f"{x = }" keeps the
+    # spaces, a conversion or a format spec replaces repr
+    ("{x=}", 6, "x={x!r}"),
+    ("{x = }", 7, "x = {x!r}"),
+    ("{x=!s}", 6, "x={x!s}"),
+    ("{a.b=:>5}", 8, "a.b={a.b:>5}"),
+])
+def test_fstrings_self_documenting_hole_is_refused_with_the_hole_that_writes_the_same(hole, col, same):
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse("Hi " + hole)
+    assert str(e.value).startswith(f"line 1, col {col}: f-strings' self-documenting {{expr=}} is not supported")
+    assert e.value.hint == f"write {same}"
+    x, a = 7, types.SimpleNamespace(b="q")
+    assert f"{x=}{x = }{x=!s}{a.b=:>5}" == "x={x!r}x = {x!r}x={x!s}a.b={a.b:>5}".format(x=x, a=a)  # f-string parity
+
+
+def test_an_expression_ending_in_a_comparison_is_still_plain_invalid_syntax():
+    with pytest.raises(TemplateSyntaxError, match="invalid Python expression"):
+        parse("Hi {x==}")
 
 
 def test_a_gen_name_is_any_python_identifier_that_is_not_a_keyword():

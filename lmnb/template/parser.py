@@ -245,6 +245,7 @@ class _Parser:
                 break
         if "{" in spec or "}" in spec:
             raise self.error("nested fields in a format spec are not supported", rest_at + rest.index("{", end) if "{" in spec else rest_at + end)
+        self._refuse_self_documenting(rest[:end], rest_at, conversion, spec)
         expr = self.expr(rest[:end], rest_at, hint_braces=True)
         if spec and isinstance(expr.tree.body, ast.Constant):
             # {"a": 1} parses as the constant "a" with format spec " 1": almost surely JSON text.
@@ -253,6 +254,23 @@ class _Parser:
                 hint="to write literal braces, double them: '{{' and '}}'",
             )
         self.emit(Interp(expr, start, conversion, spec))
+
+    def _refuse_self_documenting(self, text: str, at: int, conversion: str | None, spec: str) -> None:
+        """Refuse f-strings' ``{x=}`` (text ``x=`` then the value), which a hole does not take, with
+        the hole that writes the same; any other expression that ends in ``=`` is left to ``expr``."""
+        body = text.rstrip()
+        if not body.endswith("=") or not body[:-1].strip():
+            return
+        try:
+            ast.parse("(" + body[:-1] + ")", mode="eval")
+        except SyntaxError:
+            return
+        # f"{x = }" writes its text as it stands ("x = "), then repr(x) unless a conversion or
+        # format spec says otherwise
+        how = f"!{conversion}" if conversion else "" if spec else "!r"
+        same = text + "{" + body[:-1].strip() + how + (":" + spec if spec else "") + "}"
+        raise self.error("f-strings' self-documenting {expr=} is not supported in a %%lm hole", at + len(body) - 1,
+                         hint=f"write {same}")
 
     def primitive(self, kind: str, start: int, rest_at: int, rest: str) -> None:
         allowed = opts.allowed(kind)
