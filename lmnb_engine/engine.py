@@ -26,6 +26,7 @@ from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
 from lmnb_engine.schedule_policy import POLICIES
+from lmnb_engine.sampler import min_new_tokens_conflict
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
 from lmnb_engine.tokenizer import encode_text, text_too_long
 
@@ -657,15 +658,14 @@ class Engine:
 
         vocab = self.loaded.config.vocab_size
         allowed = RequestGrammar(grammar).allowed_token_mask(vocab)
-        banned = [t for t in set(params.stop_token_ids or ()) | self.eos_token_ids if t < vocab]
-        allowed[banned] = False  # (a grammar request never ignores EOS)
+        stops = [t for t in set(params.stop_token_ids or ()) - self.eos_token_ids if t < vocab]
+        stop_ids = bool(allowed[stops].any())  # (then removing those stop ids frees them; else only EOS is allowed)
+        allowed[stops + [t for t in self.eos_token_ids if t < vocab]] = False  # (a grammar request never ignores EOS)
         if not bool(allowed.any()):
             what = "regex" if params.regex is not None else "json_schema"
-            m = params.min_new_tokens
             raise SamplingParamsError(
-                f"SamplingParams.min_new_tokens={m} conflicts with the {what}: every token the {what} allows first "
-                f"is a stop token id or EOS, which min_new_tokens bans until {m} token{'s are' if m != 1 else ' is'} out; set "
-                f"min_new_tokens=0 or remove those stop_token_ids", "min_new_tokens")
+                f"SamplingParams.min_new_tokens={params.min_new_tokens} conflicts with the {what}: at output token 1 "
+                + min_new_tokens_conflict(f"the {what}", params.min_new_tokens, 0, stop_ids), "min_new_tokens")
 
     def _grammar(self, params: SamplingParams) -> Any:
         """The compiled grammar of a regex / json_schema request (None if unconstrained).

@@ -100,22 +100,37 @@ def _constraint(req: Req) -> str:
     return "the regex" if req.params.regex is not None else "the JSON schema" if req.grammar else "the model"
 
 
-def _min_new_tokens_conflict(req: Req, at: str, banned: str, fix: str) -> FinishReason:
-    """The abort of ``req`` whose constraint allows, ``at`` this point, only ``banned`` tokens,
-    which ``min_new_tokens`` still bans: the caller's settings (``field``), with the ``fix``."""
-    m = req.params.min_new_tokens
-    return FinishReason("abort", field="min_new_tokens", message=(
-        f"{at}: {_constraint(req)} allows only tokens that min_new_tokens={m} bans until {m} "
-        f"token{'s are' if m != 1 else ' is'} out: {banned}; {fix}"))
+def min_new_tokens_conflict(constraint: str, m: int, out: int, stop_ids: bool, ended: bool = False) -> str:
+    """Why ``constraint`` (as the message names it: "the regex", "the JSON schema") and
+    ``min_new_tokens=m`` leave no token after ``out`` output tokens, with the fix: the words of every
+    such conflict (the engine's refusal at the first token, the sampler's abort midway, the end of a
+    match that came too soon). ``stop_ids``: tokens the constraint allows there are stop token ids
+    (not EOS), which removing them from ``stop_token_ids`` frees; else only EOS is banned, and
+    the constraint must let the output go on. ``ended``: the match is complete, so only EOS can
+    follow."""
+    banned = "EOS, as nothing can follow the match" if ended else "the stop token ids / EOS" if stop_ids else "EOS"
+    lower = "set min_new_tokens=0" if out == 0 else f"lower min_new_tokens to at most {out}"
+    other = "remove those stop_token_ids" if stop_ids else f"let {constraint} match longer output"
+    return (f"{constraint} allows only tokens that min_new_tokens={m} bans until {m} "
+            f"token{'s are' if m != 1 else ' is'} out: {banned}; {lower} or {other}")
+
+
+def _min_new_tokens_abort(req: Req, at: str, out: int, stop_ids: bool, ended: bool = False) -> FinishReason:
+    """The abort of ``req`` whose constraint allows, ``at`` this point (``out`` output tokens), only
+    tokens that ``min_new_tokens`` still bans (``min_new_tokens_conflict``): the caller's settings
+    (``field``)."""
+    return FinishReason("abort", field="min_new_tokens", message=f"{at}: " + min_new_tokens_conflict(
+        _constraint(req), req.params.min_new_tokens, out, stop_ids, ended))
 
 
 def blocked_reason(req: Req) -> FinishReason:
     """The abort of ``req``, for which no token was allowed (a ``SampleOutput.blocked_rows`` row):
-    its message says why, with the fix; its ``field`` is ``min_new_tokens`` where that banned them."""
-    at = f"no token was allowed at output token {len(req.output_ids) + 1}"
-    if len(req.output_ids) < req.params.min_new_tokens:
-        return _min_new_tokens_conflict(req, at, "the stop token ids / EOS",
-                                        "lower min_new_tokens or remove those stop_token_ids")
+    its message says why, with the fix; its ``field`` is ``min_new_tokens`` where that banned them
+    (the stop token ids the request set, or only EOS where it set none)."""
+    n = len(req.output_ids)
+    at = f"no token was allowed at output token {n + 1}"
+    if n < req.params.min_new_tokens:
+        return _min_new_tokens_abort(req, at, n, stop_ids=bool(req.params.stop_token_ids))
     return FinishReason("abort", message=f"{at}: {_constraint(req)} allows only tokens whose logits the model set "
                                          "to -inf")
 
@@ -128,9 +143,7 @@ def grammar_end_reason(req: Req) -> FinishReason:
     n = len(req.output_ids) - req.num_speculative
     if n >= req.params.min_new_tokens:
         return FinishReason("stop")
-    return _min_new_tokens_conflict(
-        req, f"output token {n} completed the match", "EOS, as nothing can follow the match",
-        f"lower min_new_tokens to at most {n} or let {_constraint(req)} match longer output")
+    return _min_new_tokens_abort(req, f"output token {n} completed the match", n, stop_ids=False, ended=True)
 
 
 def _apply_masks(logits: torch.Tensor, reqs: Sequence[Req], eos_token_ids: frozenset[int], grammar: bool) -> None:

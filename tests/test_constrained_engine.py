@@ -301,11 +301,13 @@ def test_a_grammar_allowing_only_tokens_min_new_tokens_bans_is_refused_or_aborte
     a = on.encode("a", add_special_tokens=False)[-1]
     digits = [on.encode(str(d), add_special_tokens=False)[-1] for d in range(10)]
     for regex, stops in (("a+", [a]), ("[0-9]", digits)):
-        with pytest.raises(SamplingParamsError, match="min_new_tokens=2 conflicts with the regex: every token the "
-                           "regex allows first is a stop token id or EOS") as e:
+        with pytest.raises(SamplingParamsError, match=re.escape(
+                "min_new_tokens=2 conflicts with the regex: at output token 1 the regex allows only tokens that "
+                "min_new_tokens=2 bans until 2 tokens are out: the stop token ids / EOS; set min_new_tokens=0 or "
+                "remove those stop_token_ids")) as e:
             on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=2, regex=regex, stop_token_ids=stops))
         assert e.value.field == "min_new_tokens"
-    with pytest.raises(SamplingParamsError, match="which min_new_tokens bans until 1 token is out; "):  # ("1 tokens are")
+    with pytest.raises(SamplingParamsError, match="min_new_tokens=1 bans until 1 token is out: "):  # ("1 tokens are")
         on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=1, regex="a+", stop_token_ids=[a]))
     # each digit is one token of the tiny vocabulary, and none is part of a longer one with "a":
     # after the digit only "a" may follow, and min_new_tokens bans it
@@ -320,7 +322,7 @@ def test_a_grammar_allowing_only_tokens_min_new_tokens_bans_is_refused_or_aborte
     assert r.finish_reason.field == "min_new_tokens"  # (the caller's settings, not a failure: front ends say so)
     assert r.finish_reason.message == (
         "no token was allowed at output token 2: the regex allows only tokens that min_new_tokens=2 bans until 2 "
-        "tokens are out: the stop token ids / EOS; lower min_new_tokens or remove those stop_token_ids")
+        "tokens are out: the stop token ids / EOS; lower min_new_tokens to at most 1 or remove those stop_token_ids")
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
     assert other.token_ids == alone.token_ids and other.finish_reason == alone.finish_reason
     ok = on.generate("Digits:", bad.copy(min_new_tokens=1))  # and the engine goes on: "a" may now stop it
@@ -384,3 +386,29 @@ def test_a_grammar_completed_by_a_jump_counts_the_output_then_not_its_unverified
     assert (r.type, r.field) == ("abort", "min_new_tokens") and r.message.startswith("output token 3 completed")
     assert grammar_end_reason(req(1, 0, 1)).type == "stop"
     assert grammar_end_reason(req(1, 0, 0)).type == "stop"
+
+
+def test_a_min_new_tokens_conflict_with_only_eos_banned_says_to_let_the_grammar_go_on(engines):
+    """The min_new_tokens conflict messages (the engine's refusal at the first token, the sampler's
+    abort midway) both told the caller to "remove those stop_token_ids", and worded the rest
+    differently; where only EOS is banned (no stop token ids), removing them fixes nothing. Both now
+    come from one helper and say to lower min_new_tokens or let the grammar match longer output."""
+    from types import SimpleNamespace
+
+    from lmnb_engine.params import SamplingParamsError
+    from lmnb_engine.sampler import blocked_reason
+
+    on = engines[0]
+    # a regex matching only the empty text allows only EOS first
+    with pytest.raises(SamplingParamsError) as e:
+        on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=2, regex="a{0}"))
+    assert str(e.value) == (
+        "SamplingParams.min_new_tokens=2 conflicts with the regex: at output token 1 the regex allows only tokens "
+        "that min_new_tokens=2 bans until 2 tokens are out: EOS; set min_new_tokens=0 or let the regex match longer "
+        "output")
+    params = SamplingParams(max_new_tokens=5, min_new_tokens=3, json_schema={"type": "string"})
+    r = blocked_reason(SimpleNamespace(params=params, grammar=object(), output_ids=[7, 8]))
+    assert (r.type, r.field) == ("abort", "min_new_tokens")
+    assert r.message == (
+        "no token was allowed at output token 3: the JSON schema allows only tokens that min_new_tokens=3 bans until "
+        "3 tokens are out: EOS; lower min_new_tokens to at most 2 or let the JSON schema match longer output")

@@ -748,8 +748,8 @@ def test_the_engines_own_refusals_on_generate_name_the_field_as_sent(backends, e
                    timeout=60)
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "sampling_params[1].min_new_tokens", err
-    assert err["message"].startswith("sampling_params[1].min_new_tokens=2 conflicts with the regex: every token the "
-                                     "regex allows first is a stop token id or EOS"), err
+    assert err["message"].startswith("sampling_params[1].min_new_tokens=2 conflicts with the regex: at output token 1 "
+                                     "the regex allows only tokens that min_new_tokens=2 bans"), err
     running = remote.submit("a", SamplingParams(max_new_tokens=remote.context_len - 8, ignore_eos=True), rid="held")
     try:
         r = httpx.post(url + "/generate", json={"text": "a", "rid": "held"}, timeout=60)

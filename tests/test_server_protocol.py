@@ -884,9 +884,9 @@ class _RefusingEngine(RecordingEngine):
         m = params.min_new_tokens
         if params.regex is not None and m:
             raise SamplingParamsError(
-                f"SamplingParams.min_new_tokens={m} conflicts with the regex: every token the regex allows first is a "
-                f"stop token id or EOS, which min_new_tokens bans until {m} tokens are out; set min_new_tokens=0 or "
-                "remove those stop_token_ids", "min_new_tokens")
+                f"SamplingParams.min_new_tokens={m} conflicts with the regex: at output token 1 the regex allows only "
+                f"tokens that min_new_tokens={m} bans until {m} tokens are out: the stop token ids / EOS; set "
+                "min_new_tokens=0 or remove those stop_token_ids", "min_new_tokens")
         if params.json_schema is not None:
             raise GrammarError("the JSON schema keyword 'not' is not supported")
         if params.stop_token_ids:
@@ -1396,16 +1396,17 @@ def test_the_grammar_and_min_tokens_conflict_names_the_constraint_as_the_client_
 
             what, m = "regex" if params.regex is not None else "json_schema", params.min_new_tokens
             raise SamplingParamsError(  # (Engine._check_first_token_allowed's message)
-                f"SamplingParams.min_new_tokens={m} conflicts with the {what}: every token the {what} allows first "
-                f"is a stop token id or EOS, which min_new_tokens bans until {m} tokens are out; set "
+                f"SamplingParams.min_new_tokens={m} conflicts with the {what}: at output token 1 the {what} allows "
+                f"only tokens that min_new_tokens={m} bans until {m} tokens are out: the stop token ids / EOS; set "
                 "min_new_tokens=0 or remove those stop_token_ids", "min_new_tokens")
 
     with live_server(Engine(), served_model_name="rec") as url:
         err = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "min_tokens": 2, **body}).json()
     assert err["error"]["param"] == "min_tokens"
     assert err["error"]["message"] == (
-        f"min_tokens=2 conflicts with the {constraint}: every token the {constraint} allows first is a stop token id "
-        "or EOS, which min_tokens bans until 2 tokens are out; set min_tokens=0 or remove those stop_token_ids")
+        f"min_tokens=2 conflicts with the {constraint}: at output token 1 the {constraint} allows only tokens that "
+        "min_tokens=2 bans until 2 tokens are out: the stop token ids / EOS; set min_tokens=0 or remove those "
+        "stop_token_ids")
 
 
 @pytest.mark.parametrize("prompt, param, message", [
@@ -1435,7 +1436,7 @@ def test_an_engine_refusal_of_one_prompt_of_several_names_its_entry_on_the_opena
 
 
 _BLOCKED = ("no token was allowed at output token 2: the regex allows only tokens that min_tokens=2 bans until 2 "
-            "tokens are out: the stop token ids / EOS; lower min_tokens or remove those stop_token_ids")
+            "tokens are out: EOS; lower min_tokens to at most 1 or let the regex match longer output")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -1572,7 +1573,7 @@ def test_an_aborted_choices_message_names_the_schema_as_the_field_the_client_sen
         [choice] = _post(url, "/v1/chat/completions", body).json()["choices"]
     assert choice["finish_message"] == (
         f"no token was allowed at output token 2: the {name} allows only tokens that min_tokens=2 bans until 2 "
-        "tokens are out: the stop token ids / EOS; lower min_tokens or remove those stop_token_ids"), choice
+        f"tokens are out: EOS; lower min_tokens to at most 1 or let the {name} match longer output"), choice
 
 
 class _DoneEarlyEngine(RecordingEngine):
