@@ -30,7 +30,9 @@ def rid_in_use(rid: str) -> str:
 class FinishReason:
     """Why a request ended.
 
-    type: ``"stop"`` (EOS, a stop token id or a stop string; ``matched`` holds it),
+    type: ``"stop"`` (EOS, a stop token id or a stop string; ``matched`` holds it: for a regex /
+    JSON schema that is complete, which the engine ends without sampling an EOS, the model's EOS
+    id (its tokenizer's, where it has several), as SGLang names the EOS its grammar took),
     ``"length"`` (max_new_tokens or the context length was reached; ``length`` holds the output
     tokens then), ``"abort"`` (``Engine.abort``, shutdown or an error; ``message`` says which).
     field: for an abort that the request's own parameters caused (a grammar that, midway, allows

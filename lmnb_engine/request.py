@@ -30,8 +30,9 @@ class TokenGrammar(Protocol):
 
     The sampler calls ``allowed_token_mask`` before sampling a row (bool [vocab_size], True =
     allowed; None = no constraint this step) and ``accept_token`` with the sampled id. The
-    scheduler ends the request with finish reason ``stop`` once ``is_terminated()`` is True (an
-    abort with ``field`` ``min_new_tokens`` if fewer output tokens exist: ``sampler.grammar_end_reason``).
+    scheduler ends the request with finish reason ``stop`` (``matched``: the model's EOS id) once
+    ``is_terminated()`` is True (an abort with ``field`` ``min_new_tokens`` if fewer output tokens
+    exist: ``sampler.grammar_end_reason``).
     """
 
     def allowed_token_mask(self, vocab_size: int) -> Optional[torch.Tensor]:

@@ -135,14 +135,16 @@ def blocked_reason(req: Req) -> FinishReason:
                                          "to -inf")
 
 
-def grammar_end_reason(req: Req) -> FinishReason:
+def grammar_end_reason(req: Req, eos_token_id: Optional[int] = None) -> FinishReason:
     """How ``req`` ends when its grammar is complete (``is_terminated``): nothing but EOS can
-    follow, and the engine ends it without sampling one. ``stop``, unless fewer than
-    ``min_new_tokens`` output tokens exist then (jump-forward's unverified draft not counted):
-    that EOS is banned, and the request aborts as ``blocked_reason`` would at the next token."""
+    follow, and the engine ends it without sampling one. ``stop`` with ``matched`` the
+    ``eos_token_id`` the grammar allowed (SGLang samples that EOS, and its ``matched`` names it;
+    None for a model without EOS), unless fewer than ``min_new_tokens`` output tokens exist then
+    (jump-forward's unverified draft not counted): that EOS is banned, and the request aborts as
+    ``blocked_reason`` would at the next token."""
     n = len(req.output_ids) - req.num_speculative
     if n >= req.params.min_new_tokens:
-        return FinishReason("stop")
+        return FinishReason("stop", matched=eos_token_id)
     return _min_new_tokens_abort(req, f"output token {n} completed the match", n, stop_ids=False, ended=True)
 
 

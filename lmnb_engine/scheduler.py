@@ -142,6 +142,11 @@ class Scheduler:
         self.runner = runner
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        # the EOS a complete grammar's FinishReason.matched names (the engine ends it without
+        # sampling one; SGLang's matched_stop names the EOS its grammar took): the tokenizer's own
+        # EOS where it is one of the model's, else the smallest
+        primary = getattr(tokenizer, "eos_token_id", None)
+        self.grammar_eos = primary if primary in eos_token_ids else min(eos_token_ids, default=None)
         self.context_len = context_len
         self.config = config
         self.disable_radix_cache = disable_radix_cache
@@ -788,7 +793,7 @@ class Scheduler:
                 req.final_text = req.detokenizer.text[: req.sent_text_len]  # (what was held back may be a stop)
                 reason = FinishReason("abort", message=req.stop_matcher.problem, field="stop_regex")
             elif req.grammar is not None and req.grammar.is_terminated():
-                reason = grammar_end_reason(req)  # (an abort if min_new_tokens bans the EOS it ends with)
+                reason = grammar_end_reason(req, self.grammar_eos)  # (an abort if min_new_tokens bans that EOS)
         if reason is None and len(req.output_ids) >= p.max_new_tokens:
             reason = FinishReason("length", message=req.grammar.incomplete_message() if req.grammar else None)
         if reason is None and req.seq_len >= self.context_len:
@@ -1007,7 +1012,7 @@ class Scheduler:
             req.append_forced(draft)
             req.num_speculative = len(draft) - certain
         if req.grammar.is_terminated():
-            self._finish(req, grammar_end_reason(req))
+            self._finish(req, grammar_end_reason(req, self.grammar_eos))
 
     def _verify_jump(self, req: Req, logits: torch.Tensor) -> None:
         """Sample each draft position (rows of ``logits``, float [k+1, V]) under its own mask; keep
@@ -1028,7 +1033,7 @@ class Scheduler:
         if req.params.return_logprob:
             req.output_logprobs[first : first + kept] = out.logprobs[:kept]
         if token is None:  # the kept draft completed the output
-            self._finish(req, grammar_end_reason(req))
+            self._finish(req, grammar_end_reason(req, self.grammar_eos))
         else:
             self._append_token(req, token, out.logprobs[kept])
 

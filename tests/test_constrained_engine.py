@@ -388,6 +388,23 @@ def test_a_grammar_completed_by_a_jump_counts_the_output_then_not_its_unverified
     assert grammar_end_reason(req(1, 0, 0)).type == "stop"
 
 
+def test_a_complete_grammar_names_the_models_eos_in_matched(engines):
+    """A regex / JSON schema that is complete (nothing but EOS can follow) ends without sampling
+    EOS, and its finish reason's matched was None (the OpenAI routes' matched_stop null), where
+    SGLang's names the EOS its grammar took. It is now the model's EOS id, with jump-forward on and
+    off; the EOS is still not part of the output."""
+    from lmnb_engine.outputs import FinishReason
+
+    on, _ = engines
+    eos = on.tokenizer.eos_token_id
+    assert set(on.eos_token_ids) == {eos}  # (the tiny model has one EOS: the one to name)
+    for eng in engines:
+        for constraint in ({"regex": "a{3}"}, {"json_schema": {"const": 5}}):
+            r = eng.generate("x", SamplingParams(temperature=0.0, max_new_tokens=10, **constraint))
+            assert r.finish_reason == FinishReason("stop", matched=eos) and eos not in r.token_ids, r
+            assert r.finish_reason.to_dict() == {"type": "stop", "matched": eos}
+
+
 def test_a_min_new_tokens_conflict_with_only_eos_banned_says_to_let_the_grammar_go_on(engines):
     """The min_new_tokens conflict messages (the engine's refusal at the first token, the sampler's
     abort midway) both told the caller to "remove those stop_token_ids", and worded the rest

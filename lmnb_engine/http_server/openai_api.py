@@ -344,10 +344,10 @@ def _finish(result, req: _SamplingRequest) -> dict:
     client's doing, it fails the request (SGLang's error response).
 
     ``matched_stop`` (SGLang's): the stop string, stop token id or EOS token id that ended the
-    choice (``FinishReason.matched``; a ``stop_regex``'s matched text), null for ``length``,
-    ``abort`` and a grammar's completion (lmnb's engine ends it without sampling an EOS, where
-    SGLang names the EOS its grammar allowed last). Streamed, the chunk with the finish reason
-    carries it, the chunks before null, as SGLang's do.
+    choice (``FinishReason.matched``; a ``stop_regex``'s matched text; for a grammar's completion,
+    which lmnb's engine ends without sampling an EOS, the model's EOS id, as SGLang names the EOS
+    its grammar took), null for ``length`` and ``abort``. Streamed, the chunk with the finish
+    reason carries it, the chunks before null, as SGLang's do.
 
     ``finish_message`` (lmnb's, only where ``FinishReason`` has a message): that message in the
     request's field names (``_finish_message``): why an ``abort`` ("aborted by /abort_request", or
