@@ -83,6 +83,7 @@ class RequestHandle:
         self._results: dict[int, GenerateResult] = {}
         self._cond = threading.Condition()
         self._subs: list[_Subscription] = []
+        self._reqs: list[Req] = []  # its scheduler requests (Engine._make_reqs sets them)
 
     def _put(self, event: StreamEvent) -> None:  # scheduler thread
         with self._cond:
@@ -717,13 +718,9 @@ class Engine:
         if grammar is not None:  # EOS only where the text matches (lmnb_engine.constrained)
             params = params.copy(ignore_eos=False)
         rid = rid or uuid.uuid4().hex
+        handle = RequestHandle(self, rid, params.n)
         with self._lock:
-            old = self._handles.get(rid)
-            if old is not None and not old.done:
-                raise ValueError(rid_in_use(rid))
-            self._handles = {k: h for k, h in self._handles.items() if not h.done}
-            handle = RequestHandle(self, rid, params.n)
-            self._handles[rid] = handle
+            self._check_rid_free(rid)
             seeds = [
                 params.seed + i if params.seed is not None else self._rng.randrange(2**62) for i in range(params.n)
             ]
@@ -744,7 +741,20 @@ class Engine:
                         or p.stop_token_ids)
             for r in reqs:
                 r.grammar = RequestGrammar(grammar, jump_forward=jump, logprobs=p.return_logprob)
+        handle._reqs = reqs
+        # Registered only now that its requests exist: an abort that finds the handle can mark them
+        # (``_abort_here``) while another thread has yet to queue them.
+        with self._lock:
+            self._check_rid_free(rid)  # (again: another thread may have taken it meanwhile)
+            self._handles = {k: h for k, h in self._handles.items() if not h.done}
+            self._handles[rid] = handle
         return handle, reqs
+
+    def _check_rid_free(self, rid: str) -> None:
+        """Raise ``ValueError`` (``rid_in_use``) if a running request holds ``rid``. Under ``_lock``."""
+        old = self._handles.get(rid)
+        if old is not None and not old.done:
+            raise ValueError(rid_in_use(rid))
 
     def submit(
         self, prompt: Prompt, params: Optional[SamplingParams] = None, rid: Optional[str] = None
@@ -842,16 +852,33 @@ class Engine:
         is queued for the next pause between steps, and True means the request had not finished
         when asked: run at once, in the middle of a step, it would free a request the step is still
         using (leaking its KV slots), or miss one the step has taken out of its queues (its first
-        event comes then) and return False while the request ran on to its end."""
+        event comes then) and return False while the request ran on to its end.
+
+        A request that another thread is submitting (``submit`` has not returned) is aborted too,
+        once it reaches the scheduler, and True returned; one whose rid is not taken yet is not."""
         scheduler = self.scheduler
         if not scheduler.on_loop_thread:
-            return bool(self._call(lambda: scheduler.abort(rid)))
+            return bool(self._call(lambda: self._abort_here(rid)))
         # (no lock: the garbage collector may run this on a thread that holds self._lock)
         handle = self._handles.get(rid)
         if handle is None or handle.done:
             return False
         if scheduler.alive:  # (once stopped, every request is being aborted already)
-            scheduler.call(lambda: scheduler.abort(rid))
+            scheduler.call(lambda: self._abort_here(rid))
+        return True
+
+    def _abort_here(self, rid: str) -> bool:
+        """``Engine.abort`` on the scheduler thread, between steps: the requests of ``rid`` it
+        holds end now; those of a handle registered but not queued yet (another thread is between
+        ``_make_reqs`` and its post, which may come after this command) are marked, and the
+        scheduler ends them as they arrive. True if either."""
+        if self.scheduler.abort(rid):
+            return True
+        handle = self._handles.get(rid)
+        if handle is None or handle.done:
+            return False
+        for req in handle._reqs:
+            req.to_abort = True
         return True
 
     # --- cache control and observability -----------------------------------------------------

@@ -332,6 +332,9 @@ class Scheduler:
 
     def _handle(self, kind: str, payload: Any) -> Any:
         if kind == "add":
+            for req in [r for r in payload if r.to_abort]:  # (aborted while its submit was under way)
+                self._finish(req, FinishReason("abort", message=ABORT_REQUESTED))
+            payload = [r for r in payload if not r.to_abort]
             for req in payload:
                 req.arrival = self._arrivals
                 self._arrivals += 1

@@ -883,6 +883,53 @@ def test_a_listener_that_aborts_its_request_at_its_first_event_ends_it(engine, h
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("where", ["listener", "thread"])
+def test_an_abort_of_a_request_another_thread_is_submitting_ends_it(engine, where):
+    """Engine.abort of a request whose submit was under way on another thread (its rid taken, its
+    requests not yet queued): from a listener it returned True, but the abort it queued came
+    before the requests and found nothing, so the request ran on to its end; from another thread
+    it returned False, the request running on too. Both now end the request as it arrives."""
+    registered, go = threading.Event(), threading.Event()
+    post = engine.scheduler.submit
+
+    def held_post(reqs):  # the submitting thread, stopped between taking the rid and queueing
+        if reqs[0].rid == "late":
+            registered.set()
+            assert go.wait(60)
+        post(reqs)
+
+    engine.scheduler.submit = held_post
+    late = []
+    submitter = threading.Thread(target=lambda: late.append(engine.submit(
+        "the cat", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True), rid="late")), daemon=True)
+    submitter.start()
+    assert registered.wait(60)
+    returned = []
+    if where == "listener":
+        gate = threading.Event()
+        engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: the first event comes after subscribe
+        other = engine.submit("a dog", GREEDY)
+
+        def listener(ev):
+            if not returned:
+                returned.append(engine.abort("late"))
+                go.set()  # (its abort is queued now: the requests come after it)
+
+        other.subscribe(listener)
+        gate.set()
+        assert other.result(timeout=60).finish_reason.type != "abort"
+    else:
+        returned.append(engine.abort("late"))
+        go.set()
+    submitter.join(60)
+    r = late[0].result(timeout=60)
+    assert returned == [True]
+    assert (r.finish_reason.type, r.finish_reason.message, r.token_ids) == ("abort", "aborted by Engine.abort", [])
+    assert engine.abort("late") is False
+    assert_idle_accounting(engine)
+
+
+@pytest.mark.timeout(180)
 def test_flush_cache_from_a_listener_at_the_first_event_refuses_while_the_request_runs(engine, hf):
     """A listener runs on the scheduler thread, mid-step; at a request's first event the step's
     new requests are in no queue yet, so flush_cache flushed (True) while that request ran."""
