@@ -55,6 +55,15 @@ def _stop(scheduler: Scheduler, tp_group: Any) -> None:
             tp_group.shutdown()
 
 
+def _refuse_wait_on_scheduler(scheduler: Scheduler, what: str, fix: str) -> None:
+    """Raise ``RuntimeError`` on the scheduler thread (a ``subscribe`` listener calling
+    ``Engine.generate``, or waiting on a handle): ``what`` would be waited for on the thread that
+    computes it, forever. The message names ``what`` as the caller knows it, and the ``fix``."""
+    if scheduler.on_loop_thread:
+        raise RuntimeError(f"{what} cannot be waited for on the engine's scheduler thread (in a subscribe "
+                           f"listener?): that thread computes it, so the wait would never end; {fix}")
+
+
 class _Subscription:
     """One ``RequestHandle.subscribe`` listener. While its subscriber replays the events so far,
     new events wait in ``pending`` (the subscriber delivers them next); after that the scheduler
@@ -180,12 +189,10 @@ class RequestHandle:
         return out[0] if self.n == 1 else out
 
     def _refuse_waiting_on_the_scheduler(self, what: str) -> None:
-        """Raise ``RuntimeError`` on the scheduler thread (a ``subscribe`` listener calling
-        ``Engine.generate``): the wait would be for the thread that runs the request, forever."""
-        if self._engine.scheduler.on_loop_thread:
-            raise RuntimeError(f"{what} of request {self.rid} cannot be waited for on the engine's scheduler thread "
-                               "(in a subscribe listener?): that thread runs the request, so the wait would never "
-                               "end; wait on another thread, or submit() there and take the events in a listener")
+        """Raise ``RuntimeError`` on the scheduler thread: waiting for ``what`` there (a listener
+        waiting on this handle) would never end."""
+        _refuse_wait_on_scheduler(self._engine.scheduler, f"{what} of request {self.rid}",
+                                  "wait on another thread, or take the events in a listener (subscribe)")
 
     def abort(self) -> bool:
         """Abort the request (``Engine.abort``); True if it was still running or waiting.
@@ -750,6 +757,14 @@ class Engine:
             self._handles[rid] = handle
         return handle, reqs
 
+    def _refuse_waiting_here(self, what: str, fix: str) -> None:
+        """A blocking call on the scheduler thread (a ``subscribe`` listener): ``RuntimeError``
+        before anything is queued, naming the call (``_refuse_wait_on_scheduler``); once the engine
+        is shut down (by that listener, say), the shutdown's error, as every call raises then."""
+        if self.scheduler.on_loop_thread and not self.scheduler.alive:
+            raise self.scheduler.shut_down_error()
+        _refuse_wait_on_scheduler(self.scheduler, what, fix)
+
     def _check_rid_free(self, rid: str) -> None:
         """Raise ``ValueError`` (``rid_in_use``) if a running request holds ``rid``. Under ``_lock``."""
         old = self._handles.get(rid)
@@ -791,7 +806,12 @@ class Engine:
         thread's ``shutdown``, is answered like those already running: a result whose finish reason
         is abort with the message ``outputs.ABORT_SHUTDOWN`` (naming the shutdown), and a batch keeps
         the results of its prompts that had finished.
+
+        On the scheduler thread (a ``subscribe`` listener) it raises ``RuntimeError`` before
+        queueing anything: that thread would wait for itself.
         """
+        self._refuse_waiting_here("Engine.generate's result", "call generate on another thread, or submit() the "
+                                  "prompt and take its events in a listener (subscribe)")
         params = params or SamplingParams()
         prompts, is_batch = self._split_batch(prompt)
         for ids in prompts:
@@ -833,7 +853,8 @@ class Engine:
         takes it (a text is encoded as there, and ``start`` counts its tokens).
 
         Raises ``ValueError`` unless ``1 <= start < len(prompt_ids)``; ``TypeError`` / ``ValueError``
-        for a bad prompt, as ``generate``."""
+        for a bad prompt, and ``RuntimeError`` on the scheduler thread, as ``generate``."""
+        self._refuse_waiting_here("Engine.score's logprobs", "call score on another thread")
         if isinstance(start, bool) or not isinstance(start, numbers.Integral):
             raise TypeError(f"start={start!r} must be an int: the first position whose logprob is wanted")
         ids = self._to_ids(prompt_ids)
@@ -973,10 +994,12 @@ class Engine:
         ``cache_stats``.
 
         Raises ``RuntimeError`` when the radix cache is disabled, computing the prefix failed (the
-        message says why), or the pool is too busy to keep the prefix cached until it is locked;
-        ``ValueError`` for a bad prefix."""
+        message says why), the pool is too busy to keep the prefix cached until it is locked, or
+        the call is made on the scheduler thread (a ``subscribe`` listener, which would wait for
+        itself); ``ValueError`` for a bad prefix."""
         if self.scheduler.disable_radix_cache:
             raise RuntimeError("the radix cache is disabled (disable_radix_cache=True); nothing can be pinned")
+        self._refuse_waiting_here("Engine.pin_prefix's prefill of the prefix", "call pin_prefix on another thread")
         ids = self._to_ids(token_ids)
         self._check(ids, SamplingParams(max_new_tokens=0))
         key = getattr(ids, "input_key", ids)  # [issue 10] image positions are keyed by pixel hash

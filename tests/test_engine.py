@@ -186,6 +186,44 @@ def test_a_listener_that_waits_for_a_request_is_refused_and_the_engine_goes_on(e
     assert_idle_accounting(engine)
 
 
+def test_a_blocking_call_in_a_listener_is_refused_by_its_own_name_and_queues_nothing(engine):
+    """generate, score and pin_prefix in a listener were refused naming "request <rid>", an id the
+    engine made up for its own request (pin_prefix's prefill, a generate's prompt), which the
+    caller never saw, after that request had been queued (then aborted). Each is now refused by
+    the call's name, before anything is queued."""
+    import threading
+
+    before = engine.scheduler._arrivals
+    h = engine.submit("Hello", GREEDY.copy(max_new_tokens=1))
+    raised, heard = [], threading.Event()
+
+    def listener(ev):
+        if ev.finished:
+            for call in (lambda: engine.generate("hi", GREEDY), lambda: engine.score("hi there", 1),
+                         lambda: engine.pin_prefix("hi")):
+                try:
+                    call()
+                except RuntimeError as e:
+                    raised.append(str(e))
+            heard.set()
+
+    h.subscribe(listener)
+    h.result(timeout=60)
+    assert heard.wait(60)
+    engine.cache_stats()  # (a command: queued after anything the listener queued, so that has arrived)
+    assert engine.scheduler._arrivals == before + 1  # h alone: the refused calls queued nothing
+    waits = ("cannot be waited for on the engine's scheduler thread (in a subscribe listener?): that thread computes "
+             "it, so the wait would never end; ")
+    assert raised == [
+        "Engine.generate's result " + waits + "call generate on another thread, or submit() the prompt and take its "
+        "events in a listener (subscribe)",
+        "Engine.score's logprobs " + waits + "call score on another thread",
+        "Engine.pin_prefix's prefill of the prefix " + waits + "call pin_prefix on another thread",
+    ]
+    assert engine.pinned_node_ids() == []
+    assert_idle_accounting(engine)
+
+
 def test_a_slow_listener_does_not_hold_up_the_requests_readers(engine):
     # listeners were called under the handle's lock, so result(timeout) and events(timeout) waited
     # for a slow one past their timeouts
