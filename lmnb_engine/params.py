@@ -49,12 +49,18 @@ def _is_numpy_scalar(v: Any) -> bool:
 
 def python_value(v: Any) -> Any:
     """``v`` with numpy scalars (``np.int64(3)``, ``np.float32(0.5)``, ``np.bool_(True)``, from an
-    array or a comparison) as the Python values they hold, in a list or tuple too (a list then);
-    anything else as it is. Checks then read one type, and the value goes into JSON."""
+    array or a comparison) as the Python values they hold, at any depth of lists, tuples and
+    dicts (a ``json_schema``'s ``"maximum": np.int64(5)``): a new list (for a tuple too) or dict
+    where one was changed; anything else, and a container holding none, as it is. Checks then
+    read one type, and the value goes into JSON."""
     if _is_numpy_scalar(v):
         return v.item()
-    if isinstance(v, (list, tuple)) and any(map(_is_numpy_scalar, v)):
-        return [x.item() if _is_numpy_scalar(x) else x for x in v]
+    if isinstance(v, (list, tuple)):
+        items = [python_value(x) for x in v]
+        return items if any(a is not b for a, b in zip(items, v)) else v
+    if isinstance(v, dict):
+        values = {k: python_value(x) for k, x in v.items()}
+        return values if any(values[k] is not x for k, x in v.items()) else v
     return v
 
 

@@ -285,6 +285,32 @@ def test_numpy_sampling_values_are_read_as_the_numbers_they_hold(engine, hf):
     assert_idle_accounting(engine)
 
 
+def test_numpy_scalars_inside_a_json_schema_are_read_as_the_values_they_hold(engine):
+    """A numpy scalar inside a json_schema dict ("maximum": np.int64(4), an enum item np.str_("x"))
+    was refused: "json_schema holds a value JSON cannot represent (Object of type int64 is not JSON
+    serializable)". It is now read as the Python value it holds (params.python_value, at any depth),
+    as every other field's numpy scalars are."""
+    import numpy as np
+
+    from lmnb_engine.params import python_value
+
+    schema = {"type": "object", "required": ["n", "c"],
+              "properties": {"n": {"type": "integer", "minimum": np.int64(3), "maximum": np.int64(4)},
+                             "c": {"enum": [np.str_("x"), np.bool_(True)]}}}
+    plain = {"type": "object", "required": ["n", "c"],
+             "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 4}, "c": {"enum": ["x", True]}}}
+    read = python_value(schema)
+    assert read == plain and type(read["properties"]["n"]["maximum"]) is int
+    assert type(read["properties"]["c"]["enum"][1]) is bool and python_value(plain) is plain  # (nothing to change)
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, json_schema=schema)
+    r = engine.generate("x", params)
+    assert r.finish_reason.type == "stop", r
+    value = json.loads(r.text)
+    assert value["n"] in (3, 4) and value["c"] in ("x", True), value
+    assert r.text == engine.generate("x", params.copy(json_schema=plain)).text
+    assert_idle_accounting(engine)
+
+
 def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate(["fine", ""], GREEDY)
