@@ -204,6 +204,10 @@ def _post(url, path, body, **kw):
          "messages[0].content[0].type: Field required"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
          400, "messages[0].content[0].text: Input should be a valid string"),
+        # an object as the content was placed at "messages[0].content.str", the string alternative's name
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": {"text": "x"}}]}, 400,
+         "messages[0].content: Input should be a valid string"),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"content": "x"}]}, 400, "messages[0].role: Field required"),
         # the prompt's form is read from its first item and a wrong item named in its place: pydantic's union
         # message blamed the first alternative it tried ("prompt.list[str].0" for the good id 5 of [5, true])
         ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400, "prompt: item 1 is 5 in a list of strings; a prompt is"),

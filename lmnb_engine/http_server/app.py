@@ -418,18 +418,20 @@ def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool =
 _UNKNOWN = object()
 
 
-def field_place(path: Any, body: Any = _UNKNOWN) -> str:
+def field_place(path: Any, body: Any = _UNKNOWN, missing: bool = False) -> str:
     """The place in a request body that ``path`` (object keys and list indices, as a pydantic
     error's ``loc``) names, written as every error names one: ``messages[0].content``, brackets
     for a list index, dots for an object key; "" for the body itself. Given the ``body``, a key
-    where the body holds no object is left out: pydantic's name of a union's alternative, so
-    ``messages.0.content.list[ContentPart].0.type`` is ``messages[0].content[0].type``."""
+    where the body holds no object, or that its object lacks, is left out: pydantic's name of a
+    union's alternative, so ``messages.0.content.list[ContentPart].0.type`` is
+    ``messages[0].content[0].type``, and ``messages.0.content.str`` (an object as the content)
+    ``messages[0].content``; ``missing``: the error is that the last key is missing, so it stays."""
     place, at = "", body
-    for key in path:
+    for i, key in enumerate(path):
         if isinstance(key, int):
             place += f"[{key}]"
             at = at[key] if isinstance(at, list) and 0 <= key < len(at) else _UNKNOWN
-        elif at is _UNKNOWN or isinstance(at, dict):
+        elif at is _UNKNOWN or (isinstance(at, dict) and (key in at or (missing and i == len(path) - 1))):
             place += f".{key}"
             at = at.get(key, _UNKNOWN) if isinstance(at, dict) else _UNKNOWN
     return place.removeprefix(".")
@@ -494,7 +496,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         # parts), the one the value got furthest in, e.g. content[0].type, not content (a string)
         first = max(errs, key=lambda e: len(e.get("loc", ())), default={})
         loc = first.get("loc", ())
-        where = field_place(loc[1:] if loc[:1] == ("body",) else loc, _UNKNOWN if exc.body is None else exc.body)
+        where = field_place(loc[1:] if loc[:1] == ("body",) else loc, _UNKNOWN if exc.body is None else exc.body,
+                            missing=first.get("type") == "missing")
         msg = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
         return JSONResponse(error_body(msg, 400, where or None), 400)
 
