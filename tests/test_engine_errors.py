@@ -641,21 +641,24 @@ def test_a_failed_jump_forward_on_arrival_fails_that_request_only(engine, monkey
 
 def test_a_request_posted_while_the_engine_stops_is_aborted_not_left_waiting(tiny_llama):
     """The liveness check and the queueing of a command were not atomic with the stop: a command
-    queued just after the stop had drained the queue was never answered (its caller waited forever)."""
+    queued just after the stop had drained the queue was never answered (its caller waited forever).
+    The late thread is held between its check and its put until the stop is queued (an event, where
+    a sleep of 0.5 s made that order likely)."""
     import threading
-    import time
 
     eng = Engine(str(tiny_llama), max_total_tokens=512)
     inbox = eng.scheduler._inbox
 
-    entered = threading.Event()
+    entered, stop_queued = threading.Event(), threading.Event()
 
-    class SlowInbox:  # widens the window between the check and the put, for one thread only
+    class SlowInbox:  # holds the late thread's put until the stop is in the queue, before it
         def put(self, item):
             if threading.current_thread().name == "late":
                 entered.set()
-                time.sleep(0.5)
+                assert stop_queued.wait(30)
             inbox.put(item)
+            if item[0] == "stop":
+                stop_queued.set()
 
         def get(self, *a, **k):
             return inbox.get(*a, **k)
@@ -667,7 +670,7 @@ def test_a_request_posted_while_the_engine_stops_is_aborted_not_left_waiting(tin
     out = {}
     late = threading.Thread(name="late", target=lambda: out.update(h=eng.submit([5, 6, 7], GREEDY)))
     late.start()
-    assert entered.wait(30)  # the late thread has passed the check and sleeps before its put
+    assert entered.wait(30)  # the late thread has passed the check and waits before its put
     eng.shutdown()
     late.join(10)
     r = out["h"].result(timeout=10)
