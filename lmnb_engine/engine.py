@@ -21,12 +21,12 @@ from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as_multimodal_prompt, is_multimodal_prompt
-from lmnb_engine.outputs import GenerateResult, StreamEvent, rid_in_use
+from lmnb_engine.outputs import ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
-from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.sampler import min_new_tokens_conflict
+from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
 from lmnb_engine.tokenizer import encode_text, text_too_long
 
@@ -617,7 +617,9 @@ class Engine:
                 raise type(e)(f"prompt {i} of the batch: {e}") from None
         return ids, True
 
-    def _check(self, ids: list[int], params: SamplingParams) -> None:
+    def _check(self, ids: list[int], params: SamplingParams, grammar: bool = True) -> None:
+        """Refuse a bad request (``ValueError`` / ``TypeError`` naming it); ``grammar=False``: all
+        but the compiled grammar's checks (``_check_grammar``)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(
                 f"params must be a lmnb_engine.SamplingParams, got {type(params).__name__}; "
@@ -650,6 +652,12 @@ class Engine:
             )
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
+        if grammar:
+            self._check_grammar(params)
+
+    def _check_grammar(self, params: SamplingParams) -> None:
+        """Compile (waiting) ``params``' grammar, if any, and refuse it as ``_grammar`` does, or if
+        ``min_new_tokens`` bans its every first token."""
         grammar = self._grammar(params)
         if grammar is not None and params.min_new_tokens:
             self._check_first_token_allowed(grammar, params)
@@ -686,16 +694,9 @@ class Engine:
         shut down (its compiler stops with it)."""
         if params.regex is None and params.json_schema is None:
             return None
-        from lmnb_engine.constrained import GrammarBackend, GrammarCompileStopped
+        from lmnb_engine.constrained import GrammarCompileStopped
 
-        with self._lock:
-            if not self.scheduler.alive:  # no compiler for an engine that is gone (shutdown looks under this lock)
-                raise self.scheduler.shut_down_error()
-            if self._grammar_backend is None:
-                self._grammar_backend = GrammarBackend(
-                    self.tokenizer, self.eos_token_ids, vocab_size=self.loaded.config.vocab_size, **self._grammar_limits
-                )
-        backend = self._grammar_backend
+        backend = self._backend()
         regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
         try:
             return backend.wait(regex, source=params.regex)
@@ -704,25 +705,39 @@ class Engine:
                 raise self.scheduler.shut_down_error() from e
             raise
 
+    def _backend(self) -> Any:
+        """The ``GrammarBackend`` (made on first use); ``RuntimeError`` once the engine is shut down."""
+        from lmnb_engine.constrained import GrammarBackend
+
+        with self._lock:
+            if not self.scheduler.alive:  # no compiler for an engine that is gone (shutdown looks under this lock)
+                raise self.scheduler.shut_down_error()
+            if self._grammar_backend is None:
+                self._grammar_backend = GrammarBackend(
+                    self.tokenizer, self.eos_token_ids, vocab_size=self.loaded.config.vocab_size, **self._grammar_limits
+                )
+            return self._grammar_backend
+
     def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
         handle, reqs = self._make_reqs(ids, params, rid)
         self.scheduler.submit(reqs)
         return handle
 
     def _make_reqs(
-        self, ids: list[int], params: SamplingParams, rid: Optional[str] = None
+        self, ids: list[int], params: SamplingParams, rid: Optional[str] = None, compiled: bool = True
     ) -> tuple[RequestHandle, list[Req]]:
         """A handle and its ``n`` scheduler requests for one checked prompt (not yet queued).
 
         The requests get their own copy of ``params``: the scheduler reads it at every step, so
         the caller's object, changed after ``submit`` returns (a loop reusing one
-        ``SamplingParams``), must not change a running request or put unchecked values in it."""
+        ``SamplingParams``), must not change a running request or put unchecked values in it.
+        ``compiled=False``: a grammar's requests without it (``_submit_when_compiled`` adds it)."""
         params = params.copy()
         if self._tp_group is not None:  # [issue 9] a dead worker rank: say so, queue nothing
             self._tp_group.check_alive()
         # before the rid is taken: a failure here (a busy compiler) must leave it free for a retry
-        grammar = self._grammar(params)
-        if grammar is not None:  # EOS only where the text matches (lmnb_engine.constrained)
+        grammar = self._grammar(params) if compiled else None
+        if params.regex is not None or params.json_schema is not None:  # EOS only where the text matches
             params = params.copy(ignore_eos=False)
         rid = rid or uuid.uuid4().hex
         handle = RequestHandle(self, rid, params.n)
@@ -739,15 +754,7 @@ class Engine:
             for i in range(params.n)
         ]
         if grammar is not None:
-            from lmnb_engine.constrained import RequestGrammar
-
-            p = params
-            # A forced string skips the per-token stop checks, so stops decode token by token too.
-            jump = not (self.disable_jump_forward or p.min_new_tokens or p.repetition_penalty != 1
-                        or p.frequency_penalty or p.presence_penalty or p.stop_strings or p.stop_regex
-                        or p.stop_token_ids)
-            for r in reqs:
-                r.grammar = RequestGrammar(grammar, jump_forward=jump, logprobs=p.return_logprob)
+            self._attach_grammar(reqs, grammar)
         handle._reqs = reqs
         # Registered only now that its requests exist: an abort that finds the handle can mark them
         # (``_abort_here``) while another thread has yet to queue them.
@@ -756,6 +763,62 @@ class Engine:
             self._handles = {k: h for k, h in self._handles.items() if not h.done}
             self._handles[rid] = handle
         return handle, reqs
+
+    def _attach_grammar(self, reqs: list[Req], grammar: Any) -> None:
+        """Give each of ``reqs`` (one prompt's samples) its state in the compiled ``grammar``."""
+        from lmnb_engine.constrained import RequestGrammar
+
+        p = reqs[0].params
+        # A forced string skips the per-token stop checks, so stops decode token by token too.
+        jump = not (self.disable_jump_forward or p.min_new_tokens or p.repetition_penalty != 1
+                    or p.frequency_penalty or p.presence_penalty or p.stop_strings or p.stop_regex
+                    or p.stop_token_ids)
+        for r in reqs:
+            r.grammar = RequestGrammar(grammar, jump_forward=jump, logprobs=p.return_logprob)
+
+    def _compiling(self, params: SamplingParams) -> bool:
+        """Whether this is the scheduler thread (a ``subscribe`` listener) and ``params``' grammar
+        is still compiling (its compile started now if it had not). A constraint that cannot be
+        used raises ``GrammarError`` here, as everywhere (``GrammarBackend.to_regex``)."""
+        if not self.scheduler.on_loop_thread or (params.regex is None and params.json_schema is None):
+            return False
+        backend = self._backend()
+        regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
+        return not backend.submit(regex).done()
+
+    def _submit_when_compiled(self, ids: list[int], params: SamplingParams, rid: Optional[str]) -> RequestHandle:
+        """A listener's ``submit`` of a grammar still compiling: waiting for the compile there would
+        hold the scheduler thread, and every request with it, for as long as it takes. The handle
+        comes back now; a thread of its own waits for the compile and then queues the requests.
+        A failure then (a pattern this vocabulary cannot complete, a compile over its limits, a
+        first token ``min_new_tokens`` bans), which ``submit`` raises elsewhere, ends the request
+        with an abort naming it (``field``: the constraint, or ``min_new_tokens``, where the
+        request's settings caused it)."""
+        handle, reqs = self._make_reqs(ids, params, rid, compiled=False)
+        threading.Thread(target=self._queue_when_compiled, args=(reqs,), name="lmnb-grammar-wait", daemon=True).start()
+        return handle
+
+    def _queue_when_compiled(self, reqs: list[Req]) -> None:
+        """``_submit_when_compiled``'s thread: wait for the grammar, check it, queue ``reqs``."""
+        from lmnb_engine.constrained import GrammarError
+
+        params = reqs[0].params
+        try:
+            grammar = self._grammar(params)
+            if params.min_new_tokens:
+                self._check_first_token_allowed(grammar, params)
+            self._attach_grammar(reqs, grammar)
+        except Exception as e:  # noqa: BLE001 - what submit would have raised ends the request instead
+            field = getattr(e, "field", None)
+            if isinstance(e, GrammarError) and not getattr(e, "transient", False):
+                field = "regex" if params.regex is not None else "json_schema"
+            message = str(e) if isinstance(e, ValueError) else f"internal error: {type(e).__name__}: {e}"
+            for r in reqs:
+                r.to_abort = r.to_abort or FinishReason("abort", message=message, field=field)
+        try:
+            self.scheduler.submit(reqs)
+        except RuntimeError:  # shut down meanwhile (the engine's own stop ends the compile): answered here
+            self.scheduler.answer_unqueued(reqs)
 
     def _refuse_waiting_here(self, what: str, fix: str) -> None:
         """A blocking call on the scheduler thread (a ``subscribe`` listener): ``RuntimeError``
@@ -778,10 +841,19 @@ class Engine:
 
         Raises ``ValueError``/``TypeError`` for a bad prompt or bad params (nothing is queued), and
         ``RuntimeError`` once the engine is shut down. A request queued before the shutdown ends
-        with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do those running."""
+        with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do those running.
+
+        In a ``subscribe`` listener (the scheduler thread), a regex / JSON schema not compiled yet
+        does not hold that thread for the compile: the handle comes back at once, the request is
+        queued once the compile ends, and a failure found then (a pattern this vocabulary cannot
+        complete, a compile over its limits) ends it with an abort naming it instead of raising.
+        The constraint's own checks (an unsupported feature) still raise here."""
         params = params or SamplingParams()
         ids = self._to_ids(prompt)
-        self._check(ids, params)
+        self._check(ids, params, grammar=False)
+        if self._compiling(params):
+            return self._submit_when_compiled(ids, params, rid)
+        self._check_grammar(params)
         return self._submit_ids(ids, params, rid)
 
     def generate(
@@ -899,7 +971,7 @@ class Engine:
         if handle is None or handle.done:
             return False
         for req in handle._reqs:
-            req.to_abort = True
+            req.to_abort = req.to_abort or FinishReason("abort", message=ABORT_REQUESTED)
         return True
 
     # --- cache control and observability -----------------------------------------------------

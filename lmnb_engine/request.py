@@ -124,8 +124,9 @@ class Req:
         self.params = params
         self.emit = emit
         self.counted = True  # in the hit-rate figures of cache_stats (False: a pin's prefill, a cache action)
-        # Engine.abort came before the request reached the scheduler: it ends as it arrives (SGLang's to_abort)
-        self.to_abort = False
+        # how the request ends as it reaches the scheduler (SGLang's to_abort): Engine.abort came first,
+        # or a listener's submit found its grammar could not be used once compiled
+        self.to_abort: Optional[FinishReason] = None
         self.status = ReqStatus.WAITING
         self.finish_reason: Optional[FinishReason] = None
         self.grammar: Optional[TokenGrammar] = None

@@ -256,6 +256,12 @@ class Scheduler:
         """Run ``fn()`` on the scheduler thread between steps; the future holds its result."""
         return self._post("call", fn)
 
+    def answer_unqueued(self, reqs: list[Req]) -> None:
+        """End ``reqs``, which ``submit`` could not queue (the loop had stopped), with
+        ``ABORT_SHUTDOWN``, on the caller's thread: the loop never saw them, so nothing else will."""
+        for req in reqs:
+            self._report_failure(req, ABORT_SHUTDOWN)
+
     def pinned_tokens(self) -> int:
         """KV slots held by ``pin_prefix`` pins (each node on a pinned path once). Not
         ``protected_size``: that also counts the prefixes running requests lock."""
@@ -332,8 +338,8 @@ class Scheduler:
 
     def _handle(self, kind: str, payload: Any) -> Any:
         if kind == "add":
-            for req in [r for r in payload if r.to_abort]:  # (aborted while its submit was under way)
-                self._finish(req, FinishReason("abort", message=ABORT_REQUESTED))
+            for req in [r for r in payload if r.to_abort]:  # (aborted, or its grammar refused, before it came)
+                self._finish(req, req.to_abort)
             payload = [r for r in payload if not r.to_abort]
             for req in payload:
                 req.arrival = self._arrivals

@@ -429,3 +429,95 @@ def test_a_min_new_tokens_conflict_with_only_eos_banned_says_to_let_the_grammar_
     assert r.message == (
         "no token was allowed at output token 3: the JSON schema allows only tokens that min_new_tokens=3 bans until "
         "3 tokens are out: EOS; lower min_new_tokens to at most 2 or let the JSON schema match longer output")
+
+
+@pytest.mark.timeout(300)
+def test_a_listeners_submit_of_a_grammar_not_compiled_yet_does_not_hold_the_scheduler(engines, monkeypatch):
+    """A listener (on the scheduler thread) that submitted a regex not compiled yet waited there for
+    the compile, and every request waited with it. Its submit now returns at once and the request
+    is queued once the compile ends; a failure found then ends that request with an abort naming
+    it (its field: the constraint, or min_new_tokens), where a submit elsewhere raises it."""
+    import threading
+
+    from lmnb_engine.constrained import cache
+    from lmnb_engine.params import SamplingParamsError
+
+    on = engines[0]
+    release, real = threading.Event(), cache.compile_grammar
+
+    def held(*args, **kwargs):  # every compile waits until the test lets it go on
+        assert release.wait(240)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "compile_grammar", held)
+    digits = [on.encode(str(d), add_special_tokens=False)[-1] for d in range(10)]
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    constraints = [  # patterns no other test compiles: the grammar cache is the process's
+        greedy.copy(regex="q[rs]{3}"),
+        greedy.copy(regex="zq[^\\x00-\\U0010FFFF]"),  # a part that matches no text: found by the compile
+        greedy.copy(regex="[0-9]wq", min_new_tokens=2, stop_token_ids=digits),  # its every first token banned
+    ]
+    first = on.submit("x", greedy.copy(max_new_tokens=2))
+    submitted, done = [], threading.Event()
+
+    def listener(ev):
+        if not submitted:
+            submitted.extend(on.submit("Go:", p) for p in constraints)
+            done.set()
+
+    try:
+        first.subscribe(listener)
+        assert done.wait(30)  # (it waited for the compiles, which wait for the release)
+        # meanwhile the engine serves other requests, and the constrained ones wait for their compile
+        assert len(on.generate("a dog", greedy.copy(max_new_tokens=3)).token_ids) == 3
+        assert first.done and not any(h.done for h in submitted)
+    finally:
+        release.set()
+    ok, bad, conflict = (h.result(timeout=120) for h in submitted)
+    assert ok.finish_reason.type == "stop" and re.fullmatch("q[rs]{3}", ok.text), ok
+    assert ok.token_ids == on.generate("Go:", constraints[0]).token_ids
+    with pytest.raises(GrammarError) as e:
+        on.submit("Go:", constraints[1])
+    assert (bad.finish_reason.type, bad.finish_reason.field, bad.token_ids) == ("abort", "regex", [])
+    assert bad.finish_reason.message == str(e.value) and "matches no text" in str(e.value)
+    with pytest.raises(SamplingParamsError) as e:
+        on.submit("Go:", constraints[2])
+    assert (conflict.finish_reason.type, conflict.finish_reason.field, conflict.token_ids) == (
+        "abort", "min_new_tokens", [])
+    assert conflict.finish_reason.message == str(e.value) and str(e.value).startswith(
+        "SamplingParams.min_new_tokens=2 conflicts with the regex: at output token 1 ")
+    assert_idle_accounting(on)
+
+
+@pytest.mark.timeout(300)
+def test_a_listeners_submit_still_compiling_at_the_shutdown_ends_with_the_shutdown(tiny_llama, monkeypatch):
+    """A listener's constrained submit whose compile outlasts the engine ends as every request the
+    engine had accepted does at a shutdown: aborted with ABORT_SHUTDOWN (it never reached the
+    scheduler, so the thread waiting for its compile answers it)."""
+    import threading
+
+    from lmnb_engine.constrained import cache
+    from lmnb_engine.outputs import ABORT_SHUTDOWN
+
+    release, real = threading.Event(), cache.compile_grammar
+
+    def held(*args, **kwargs):
+        assert release.wait(240)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "compile_grammar", held)
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    first = eng.submit("x", SamplingParams(max_new_tokens=2, temperature=0.0))
+    late = []
+    first.subscribe(lambda ev: late.append(eng.submit("Go:", SamplingParams(regex="k[lm]{4}"))) if not late else None)
+    first.result(timeout=60)
+    stopper = threading.Thread(target=eng.shutdown, daemon=True)
+    try:
+        stopper.start()
+        eng.scheduler._thread.join(60)  # the loop has stopped: the compile ends after it
+        assert not eng.scheduler._thread.is_alive() and not late[0].done
+    finally:
+        release.set()
+    stopper.join(60)
+    r = late[0].result(timeout=60)
+    assert (r.finish_reason.type, r.finish_reason.message, r.token_ids) == ("abort", ABORT_SHUTDOWN, [])
