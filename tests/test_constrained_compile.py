@@ -1359,10 +1359,24 @@ def test_shutdown_refuses_a_compile_that_is_about_to_start_and_spares_another_en
     try:
         slow = a.submit("[a-z]*a[a-z]{40}")
         queued = a.submit("[0-9]{5}")  # behind it on a's only worker
-        served = {}
+        served, waiting = {}, threading.Event()
+        real_submit = b.submit
+
+        class Watched:  # b's future: says when b's wait reads it (where a sleep of 0.5 s made that likely)
+            def __init__(self, fut):
+                self._fut = fut
+
+            def result(self, timeout=None):
+                waiting.set()
+                return self._fut.result(timeout)
+
+            def __getattr__(self, name):
+                return getattr(self._fut, name)
+
+        b.submit = lambda regex: Watched(real_submit(regex))
         waiter = threading.Thread(target=lambda: served.update(g=b.wait("[0-9]{5}")))
         waiter.start()
-        time.sleep(0.5)
+        assert waiting.wait(30)  # b waits on the compile that a's shutdown cancels
         start = time.perf_counter()
         a.shutdown()  # right after submit: before, a child could start after the kill and be waited out
         assert time.perf_counter() - start < 10
