@@ -33,7 +33,7 @@ same way (``field`` ``min_new_tokens``) where it would otherwise stop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -133,6 +133,15 @@ def blocked_reason(req: Req) -> FinishReason:
         return _min_new_tokens_abort(req, at, n, stop_ids=bool(req.params.stop_token_ids))
     return FinishReason("abort", message=f"{at}: {_constraint(req)} allows only tokens whose logits the model set "
                                          "to -inf")
+
+
+def grammar_eos(tokenizer: Any, eos_token_ids: frozenset[int]) -> Optional[int]:
+    """The EOS id that a complete grammar's ``FinishReason.matched`` names (``grammar_end_reason``):
+    the engine ends it without sampling one, where SGLang's ``matched_stop`` names the EOS its
+    grammar took. The tokenizer's own EOS where it is one of the model's, else the smallest of
+    them; None for a model without EOS."""
+    primary = getattr(tokenizer, "eos_token_id", None)
+    return primary if primary in eos_token_ids else min(eos_token_ids, default=None)
 
 
 def grammar_end_reason(req: Req, eos_token_id: Optional[int] = None) -> FinishReason:

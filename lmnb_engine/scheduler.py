@@ -49,6 +49,7 @@ from lmnb_engine.sampler import (
     PendingSample,
     blocked_reason,
     grammar_end_reason,
+    grammar_eos,
     nonfinite_rows,
     sample,
     sample_async,
@@ -142,11 +143,7 @@ class Scheduler:
         self.runner = runner
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
-        # the EOS a complete grammar's FinishReason.matched names (the engine ends it without
-        # sampling one; SGLang's matched_stop names the EOS its grammar took): the tokenizer's own
-        # EOS where it is one of the model's, else the smallest
-        primary = getattr(tokenizer, "eos_token_id", None)
-        self.grammar_eos = primary if primary in eos_token_ids else min(eos_token_ids, default=None)
+        self.grammar_eos = grammar_eos(tokenizer, eos_token_ids)
         self.context_len = context_len
         self.config = config
         self.disable_radix_cache = disable_radix_cache

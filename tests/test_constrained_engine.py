@@ -403,6 +403,15 @@ def test_a_complete_grammar_names_the_models_eos_in_matched(engines):
             r = eng.generate("x", SamplingParams(temperature=0.0, max_new_tokens=10, **constraint))
             assert r.finish_reason == FinishReason("stop", matched=eos) and eos not in r.token_ids, r
             assert r.finish_reason.to_dict() == {"type": "stop", "matched": eos}
+    # a model with several EOS ids: its tokenizer's own, where it is one of them, else the smallest
+    from types import SimpleNamespace
+
+    from lmnb_engine.sampler import grammar_eos
+
+    assert grammar_eos(SimpleNamespace(eos_token_id=128009), frozenset({128001, 128008, 128009})) == 128009
+    assert grammar_eos(SimpleNamespace(eos_token_id=2), frozenset({128001, 128008})) == 128001
+    assert grammar_eos(SimpleNamespace(eos_token_id=None), frozenset({7, 5})) == 5
+    assert grammar_eos(SimpleNamespace(eos_token_id=2), frozenset()) is None
 
 
 def test_a_min_new_tokens_conflict_with_only_eos_banned_says_to_let_the_grammar_go_on(engines):
