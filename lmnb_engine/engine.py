@@ -947,8 +947,9 @@ class Engine:
         using (leaking its KV slots), or miss one the step has taken out of its queues (its first
         event comes then) and return False while the request ran on to its end.
 
-        A request that another thread is submitting (``submit`` has not returned) is aborted too,
-        once it reaches the scheduler, and True returned; one whose rid is not taken yet is not."""
+        A request accepted but not queued yet (another thread's ``submit`` has not returned, or a
+        listener's submit waits for its grammar's compile) is aborted too, as it reaches the
+        scheduler, and True returned; one whose rid is not taken yet is not."""
         scheduler = self.scheduler
         if not scheduler.on_loop_thread:
             return bool(self._call(lambda: self._abort_here(rid)))
