@@ -445,7 +445,8 @@ def test_a_listeners_submit_of_a_grammar_not_compiled_yet_does_not_hold_the_sche
     """A listener (on the scheduler thread) that submitted a regex not compiled yet waited there for
     the compile, and every request waited with it. Its submit now returns at once and the request
     is queued once the compile ends; a failure found then ends that request with an abort naming
-    it (its field: the constraint, or min_new_tokens), where a submit elsewhere raises it."""
+    it (its field: the constraint, or min_new_tokens), where a submit elsewhere raises it; an abort
+    while it compiles ends it as it arrives."""
     import threading
 
     from lmnb_engine.constrained import cache
@@ -465,6 +466,7 @@ def test_a_listeners_submit_of_a_grammar_not_compiled_yet_does_not_hold_the_sche
         greedy.copy(regex="q[rs]{3}"),
         greedy.copy(regex="zq[^\\x00-\\U0010FFFF]"),  # a part that matches no text: found by the compile
         greedy.copy(regex="[0-9]wq", min_new_tokens=2, stop_token_ids=digits),  # its every first token banned
+        greedy.copy(regex="v[uw]{2}"),  # aborted while it compiles
     ]
     first = on.submit("x", greedy.copy(max_new_tokens=2))
     submitted, done = [], threading.Event()
@@ -480,9 +482,12 @@ def test_a_listeners_submit_of_a_grammar_not_compiled_yet_does_not_hold_the_sche
         # meanwhile the engine serves other requests, and the constrained ones wait for their compile
         assert len(on.generate("a dog", greedy.copy(max_new_tokens=3)).token_ids) == 3
         assert first.done and not any(h.done for h in submitted)
+        assert submitted[3].abort() is True
     finally:
         release.set()
-    ok, bad, conflict = (h.result(timeout=120) for h in submitted)
+    ok, bad, conflict, aborted = (h.result(timeout=120) for h in submitted)
+    assert (aborted.finish_reason.type, aborted.finish_reason.message, aborted.token_ids) == (
+        "abort", "aborted by Engine.abort", [])
     assert ok.finish_reason.type == "stop" and re.fullmatch("q[rs]{3}", ok.text), ok
     assert ok.token_ids == on.generate("Go:", constraints[0]).token_ids
     with pytest.raises(GrammarError) as e:
