@@ -473,7 +473,8 @@ def gen(
     the first match of a pattern or of any in a list, like a stop string (checked here; the
     official OpenAI API has none). ``dtype`` (int, float, bool, str) constrains with a
     regex and stores the parsed value. With ``choices`` this is ``select`` (SGLang: greedy, scored
-    with ``choices_method``, default ``token_length_normalized``), one pick.
+    with ``choices_method``, default ``token_length_normalized``), one pick. Numbers may be numpy
+    scalars and ``stop_token_ids`` a 1-D numpy array: each is read as the Python values it holds.
 
     Raises:
         ValueError: an invalid regex, stop_regex, JSON schema or dtype, more than one of regex,
@@ -483,7 +484,9 @@ def gen(
             that ``select`` refuses, a ``top_logprobs_num`` that is not an integer >= 0 (its upper
             bound is the backend's: the engine's is 20).
         TypeError: ``name`` is not a string or None; ``ignore_eos``, ``return_logprob`` or
-            ``return_text_in_logprobs`` is not True, False or None.
+            ``return_text_in_logprobs`` is not True, False or None; a number option holds no
+            int (``max_tokens``, ``n``, ``top_k``, ...) or no int or float (``temperature``, ...):
+            every backend refuses it, a server's after it failed to encode the request as JSON.
     """
     _check_name("gen", name)
     chosen = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "choices": choices}

@@ -83,6 +83,16 @@ _PARAM_FIELDS = (
 )
 
 
+# The number options, each of which every backend refuses unless it holds an int (the first) or
+# an int or a float (the second): a numpy array (``max_tokens=np.array([3])``) failed on a server
+# backend in the JSON encoder's words ("Object of type ndarray is not JSON serializable"). Ranges are
+# the backend's (``top_logprobs_num``'s lower bound is checked on its own).
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "n", "top_k", "seed", "logprob_start_len")
+_NUMBER_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty")
+# The engine's (SGLang's) names of sampling parameters that ``gen()`` calls otherwise.
+GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+
 @dataclasses.dataclass
 class GenParams:
     """Sampling parameters of one ``gen``; ``None`` means "inherit the program-wide default".
@@ -125,6 +135,11 @@ class GenParams:
             setattr(self, f, _python_value(getattr(self, f)))
         for flag in ("ignore_eos", "return_logprob", "return_text_in_logprobs"):
             setattr(self, flag, check_flag(flag, getattr(self, flag)))
+        for f in _INT_FIELDS + _NUMBER_FIELDS:
+            v, whole = getattr(self, f), f in _INT_FIELDS
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else (int, float))):
+                raise TypeError(f"{GEN_NAMES.get(f, f)}={v!r} is invalid: must be "
+                                f"{'an integer' if whole else 'a number (an int or a float)'}")
         # Checked here, where gen() or run() was called: the engine would name the merged list
         # (with the chat template's stops in it), and a non-list would fail deep inside.
         if not is_stop(self.stop):

@@ -49,12 +49,15 @@ def _is_numpy_scalar(v: Any) -> bool:
 
 def python_value(v: Any) -> Any:
     """``v`` with numpy scalars (``np.int64(3)``, ``np.float32(0.5)``, ``np.bool_(True)``, from an
-    array or a comparison) as the Python values they hold, at any depth of lists, tuples and
-    dicts (a ``json_schema``'s ``"maximum": np.int64(5)``): a new list (for a tuple too) or dict
-    where one was changed; anything else, and a container holding none, as it is. Checks then
-    read one type, and the value goes into JSON."""
+    array or a comparison) as the Python values they hold, and a numpy array as the list of them
+    (``np.array([7, 9])``, token ids, is ``[7, 9]``), at any depth of lists, tuples and dicts (a
+    ``json_schema``'s ``"maximum": np.int64(5)``): a new list (for a tuple too) or dict where one
+    was changed; anything else, and a container holding none, as it is. Checks then read one
+    type, and the value goes into JSON."""
     if _is_numpy_scalar(v):
         return v.item()
+    if type(v).__module__ == "numpy" and hasattr(v, "tolist"):  # an ndarray (its items as Python values)
+        return v.tolist()
     if isinstance(v, (list, tuple)):
         items = [python_value(x) for x in v]
         return items if any(a is not b for a, b in zip(items, v)) else v

@@ -68,6 +68,35 @@ def test_constraints_reach_the_engine_through_the_openai_backend(served):
     assert engine.received[1].json_schema == SCHEMA
 
 
+def test_numpy_arrays_as_gen_options_are_read_alike_on_every_backend(served):
+    """gen(max_tokens=np.array([3])) failed on RuntimeEndpoint in the JSON encoder's words ("Object
+    of type ndarray is not JSON serializable") where the engine named the field; it is now refused
+    by gen() itself, for every backend. A 1-D array of stop_token_ids was refused ("give a list"):
+    it is now the list of its ids, on the engine, a server and the OpenAI backend alike."""
+    import numpy as np
+
+    engine, url = served
+
+    @sgl.function
+    def prog(s, options):
+        s += "Q:" + sgl.gen("x", **options)
+
+    backends = (sgl.Engine(engine=engine), sgl.RuntimeEndpoint(url),
+                sgl.OpenAI("rec", base_url=f"{url}/v1", is_chat_model=False))
+    for backend in backends:
+        engine.received.clear()
+        prog.run(options={"max_tokens": 2, "stop_token_ids": np.array([7, 9])}, backend=backend).sync()
+        assert [p.stop_token_ids for p in engine.received] == [[7, 9]], backend
+        with pytest.raises(TypeError, match=r"^max_tokens=\[3\] is invalid: must be an integer$"):
+            prog.run(options={"max_tokens": np.array([3])}, backend=backend).sync()
+    # and the engine's own SamplingParams (the offline API's sampling_params dict) reads the array so
+    from lmnb_engine.params import SamplingParams
+
+    params = SamplingParams(stop_token_ids=np.array([7, 9], dtype=np.int32))
+    params.validate()
+    assert params.stop_token_ids == [7, 9] and {type(t) for t in params.stop_token_ids} == {int}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_openai_server_that_ignores_the_regex_field_is_named_not_believed(stream):
     """vLLM reads guided_regex, not regex: its free output came back as the gen's constrained value."""

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.chat_template import ChatTemplate
 from lmnb.choices import ChoiceLogprobs
-from lmnb.ir import GenParams
+from lmnb.ir import GEN_NAMES, GenParams
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def in_gen_names(message: str) -> str:
     ``gen(max_tokens=..., min_tokens=...)`` in a program."""
     from lmnb_engine.params import in_front_end_names  # torch-free
 
-    return in_front_end_names(message, {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"})
+    return in_front_end_names(message, GEN_NAMES)
 
 
 class BaseBackend:
