@@ -8,6 +8,8 @@ it on a literal schema before anything runs (``lmnb.template.options``); importi
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 
 def checked_schema(schema: dict | bool) -> dict | bool:
@@ -33,7 +35,8 @@ def checked_schema(schema: dict | bool) -> dict | bool:
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
     if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key
-        raise ValueError(f"JSON schema at #/$schema must be a string (a draft's URI), not {schema['$schema']!r}")
+        raise ValueError(f"JSON schema at #/$schema must be a string (a draft's URI), not "
+                         f"{json.dumps(schema['$schema'], ensure_ascii=False)}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
@@ -44,5 +47,40 @@ def checked_schema(schema: dict | bool) -> dict | bool:
         hint = ("; patterns are Python regular expressions (as JSON Schema validators read them), which have no "
                 "\\p{...} classes: spell the characters out" if "is not a 'regex'" in e.message and "\\p" in
                 str(e.instance) else "")
-        raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {e.message}{hint}") from None
+        # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
+        message = in_json_words(e.message, json_parts([e.instance, e.validator_value]))
+        raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}{hint}") from None
     return schema
+
+
+def json_parts(value: Any) -> list:
+    """``value`` and every value inside it: a dict's keys and values, a list's or tuple's items."""
+    parts, todo = [], [value]
+    while todo:
+        v = todo.pop()
+        parts.append(v)
+        if isinstance(v, dict):
+            todo += [*v.keys(), *v.values()]
+        elif isinstance(v, (list, tuple)):
+            todo += v
+    return parts
+
+
+def in_json_words(message: str, values: list) -> str:
+    """``message``, which shows ``values`` (the parts of a JSON document: ``json_parts``) as Python
+    writes them (``'x'``, ``True``, ``None``, ``{'a': [1]}``), with each as JSON writes it
+    (``"x"``, ``true``, ``null``, ``{"a": [1]}``), as a client that wrote JSON reads it. Numbers
+    are left as they are: both write them alike."""
+    shown = {}
+    for v in values:
+        if v is None or isinstance(v, (str, bool, dict, list, tuple)):
+            try:
+                shown.setdefault(repr(v), json.dumps(v, ensure_ascii=False))
+            except (TypeError, ValueError):  # (a Python value JSON has no words for: left as it is)
+                pass
+    for py in sorted(shown, key=len, reverse=True):  # (a whole object before the strings inside it)
+        if py in ("True", "False", "None"):  # (as words: not inside another)
+            message = re.sub(rf"\b{py}\b", shown[py], message)
+        else:
+            message = message.replace(py, shown[py])
+    return message

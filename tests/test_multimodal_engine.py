@@ -275,7 +275,7 @@ def test_openai_chat_endpoint_takes_image_parts(engine, hf, tmp_path):
                 "model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": 2})
             error = refused.json()["error"]
             assert refused.status_code == 400 and error["param"] == "messages"
-            assert error["message"].startswith("the messages' text holds the image token '<image>' 1 time(s)")
+            assert error["message"].startswith('the messages\' text holds the image token "<image>" 1 time(s)')
 
 
 def test_chunked_prefill_splitting_an_image_matches_transformers(llava_ckpt, hf):

@@ -515,7 +515,8 @@ def _validate(model: type, body: Any, path: str) -> Any:
     if isinstance(body, dict):
         unknown = sorted(k for k in body if k not in model.model_fields)
         if unknown:
-            raise RequestError(f"unknown field {unknown[0]!r}; {path} takes {sorted(model.model_fields)}",
+            raise RequestError(f"unknown field {json_value(unknown[0], 40)}; {path} takes "
+                               f"{json_value(sorted(model.model_fields))}",
                                param=unknown[0])
         for key, value in body.items():
             annotation = model.model_fields[key].annotation
@@ -620,8 +621,9 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         token = image_token(engine)
         extra = sum(1 for t in ids if t == engine.multimodal.image_token_id) - len(images) if token else 0
         if extra:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
-            raise RequestError(f"the messages' text holds the image token {token!r} {extra} time(s); it stands for "
-                               "an image, and images come as image_url content parts: remove it from the text",
+            raise RequestError(f"the messages' text holds the image token {json_value(token)} {extra} time(s); it "
+                               "stands for an image, and images come as image_url content parts: remove it from the "
+                               "text",
                                param="messages")
         prompt = ids
         if images:  # [issue 10] decode, hash and preprocess off the event loop; bad images -> 400

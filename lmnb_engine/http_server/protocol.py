@@ -13,6 +13,7 @@ import json
 import math
 from typing import Any, Callable, Optional
 
+from lmnb_engine.json_schema import in_json_words, json_parts
 from lmnb_engine.outputs import FinishReason, GenerateResult, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 
@@ -44,12 +45,16 @@ def wire_message(message: str, value: Any = None) -> str:
     """A ``SamplingParams`` or engine message as a JSON client reads it: the Python API's ``None``
     (``seed`` "must be None or an integer") is the ``null`` the client sends, and ``value``, the
     value of the field it is about, which it shows as Python writes it (``=True``, ``'x'``, the
-    items of a list of strings), is written as JSON (``=true``, ``"x"``)."""
+    items of a list of strings, the keys and values of a JSON schema), is written as JSON
+    (``=true``, ``"x"``: ``in_json_words``). A schema sent as JSON text is shown parsed."""
     message = message.replace("must be None or", "must be null or").replace(f"={value!r}", f"={json_value(value)}")
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if isinstance(item, str):
-            message = message.replace(repr(item), json_value(item))
-    return message
+    parts = json_parts(value)
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            parts += json_parts(json.loads(value))
+        except ValueError:  # (no JSON: its message shows the text, which parts holds)
+            pass
+    return in_json_words(message, parts)
 
 
 # What an abort asked for says to the server's clients: the route they asked with, where the engine
@@ -136,7 +141,8 @@ def sampling_params_from_json(
             raise RequestError(f"{key} is a field of the request, not a sampling parameter: send it beside "
                                "sampling_params, at the top level", param=f"sampling_params.{key}")
         else:
-            raise RequestError(f"unknown sampling parameter {key!r}; supported: {sorted(_SAMPLING_KEYS)}",
+            raise RequestError(f"unknown sampling parameter {json_value(key, 40)}; supported: "
+                               f"{json_value(sorted(_SAMPLING_KEYS))}",
                                param=f"sampling_params.{key}")
     return_logprob = False if return_logprob is None else return_logprob  # SGLang's default is null
     kwargs.update(
