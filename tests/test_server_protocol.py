@@ -208,7 +208,7 @@ def _post(url, path, body, **kw):
         ("/generate", {"text": "a", "stream": "no"}, 400, 'stream must be true or false, not "no"'),  # bool("no")
         ("/generate", {"text": "a", "return_logprob": "yes"}, 400, 'return_logprob="yes" is invalid'),
         ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, 400, "fits in 64 bits"),
-        ("/v1/completions", {"model": "rec", "prompt": [True, False]}, 400, "item 0 is true, not a token id"),  # not 1, 0
+        ("/v1/completions", {"model": "rec", "prompt": [True, False]}, 400, "prompt[0]: true is not a token id"),  # not 1, 0
         ("/generate", {"text": "a", "sampling_params": {"n": 100000}}, 400, "at most 128"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "n": 100000}, 400, "at most 128"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "n": 129}, 400, "at most 128"),
@@ -239,10 +239,12 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"content": "x"}]}, 400, "messages[0].role: Field required"),
         # the prompt's form is read from its first item and a wrong item named in its place: pydantic's union
         # message blamed the first alternative it tried ("prompt.list[str].0" for the good id 5 of [5, true])
-        ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400, "prompt: item 1 is 5 in a list of strings; a prompt is"),
-        ("/v1/completions", {"model": "rec", "prompt": [5, True]}, 400, "prompt: item 1 is true, not a token id; a prompt is"),
-        ("/v1/completions", {"model": "rec", "prompt": [[5], [6, "a"]]}, 400, 'prompt: item 1 of prompt 1 is "a", not a token id'),
-        ("/v1/completions", {"model": "rec", "prompt": [[5], 6]}, 400, "prompt: item 1 is 6 in a list of token-id lists"),
+        ("/v1/completions", {"model": "rec", "prompt": ["a", 5]}, 400,
+         "prompt[1]: 5 is not a string, in a list of strings; a prompt is"),
+        ("/v1/completions", {"model": "rec", "prompt": [5, True]}, 400, "prompt[1]: true is not a token id; a prompt is"),
+        ("/v1/completions", {"model": "rec", "prompt": [[5], [6, "a"]]}, 400, 'prompt[1][1]: "a" is not a token id'),
+        ("/v1/completions", {"model": "rec", "prompt": [[5], 6]}, 400,
+         "prompt[1]: 6 is not a list of token ids, in a list of them"),
         ("/v1/completions", {"model": "rec", "prompt": 5}, 400, "prompt: it is 5; a prompt is a string, a list of strings"),
         # pydantic read true/false as 1/0: the chat API's "logprobs": false asked /v1/completions for logprobs
         ("/v1/completions", {"model": "rec", "prompt": "a", "logprobs": False}, 400, "logprobs must be a number, not false"),
@@ -260,7 +262,7 @@ def _post(url, path, body, **kw):
          400, 'logprobs must be true or false, not "yes"'),
         ("/v1/completions", {"model": "rec", "prompt": "a", "echo": 1}, 400, "echo must be true or false, not 1"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "stream": True, "stream_options": {"include_usage": "yes"}},
-         400, "stream_options.include_usage: Input should be a valid boolean"),
+         400, "stream_options.include_usage: Input should be a valid boolean (got \"yes\")"),
         # the chat API's field is top_logprobs; the error named logprobs ("top logprobs must be in [0, 20]")
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "logprobs": True,
                                   "top_logprobs": 21}, 400, "top_logprobs=21 is out of range: give 0 to 20"),
@@ -848,7 +850,7 @@ def test_an_openai_route_error_names_the_field_in_param(served, path, body, para
     ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text"}, {"text": "b"}]}]},
      "messages[1].content[1].type", "Field required"),
     ({"messages": _USER, "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": 1}}},
-     "response_format.json_schema.strict", "Input should be a valid boolean"),
+     "response_format.json_schema.strict", "Input should be a valid boolean (got 1)"),
 ])
 def test_a_pydantic_error_names_its_place_with_brackets_for_list_indices(served, body, place, problem):
     """pydantic's errors named places with dots for list indices and its own names of a union's
@@ -1696,3 +1698,31 @@ def test_a_choice_cut_before_its_grammar_matched_says_so_in_finish_message(strea
             else:
                 [choice] = _post(url, path, body).json()["choices"]
             assert (choice["finish_reason"], choice["finish_message"]) == ("length", expected), choice
+
+
+@pytest.mark.parametrize("path, body, param, message", [
+    # the value a field was refused for was not shown
+    ("/v1/completions", {"model": "rec", "prompt": "a", "rid": ["x"]}, "rid",
+     'rid: Input should be a valid string (got ["x"])'),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": [1]}, "temperature",
+     "temperature: Input should be a valid number (got [1])"),
+    # a literal's choices were in Python's quoting ('text')
+    ("/v1/chat/completions", {"model": "rec", "messages": _USER, "response_format": {"type": "xml"}},
+     "response_format.type", 'response_format.type: Input should be "text", "json_object" or "json_schema" (got "xml")'),
+    # a bad item inside a list prompt was "prompt: item 1 of prompt 1 ...", param "prompt"
+    ("/v1/completions", {"model": "rec", "prompt": [[5], [6, None]]}, "prompt[1][1]",
+     "prompt[1][1]: null is not a token id; a prompt is a string, a list of strings, a list of token ids (ints) or a "
+     "list of such lists"),
+    ("/v1/completions", {"model": "rec", "prompt": ["a", "b", ["c"]]}, "prompt[2]",
+     'prompt[2]: ["c"] is not a string, in a list of strings; a prompt is a string, a list of strings, a list of '
+     "token ids (ints) or a list of such lists"),
+])
+def test_a_refused_type_shows_the_clients_value_and_place(served, path, body, param, message):
+    """Found by the last review: a non-string rid or a list temperature got pydantic's message
+    without the value; a bad item of a list prompt was named in words with param "prompt". Each is
+    now named with the value as JSON and its place in brackets."""
+    engine, url = served
+    before = len(engine.received)
+    r = _post(url, path, body)
+    assert r.status_code == 400 and (r.json()["error"]["param"], r.json()["error"]["message"]) == (param, message), r.text
+    assert len(engine.received) == before  # (nothing reached the engine)

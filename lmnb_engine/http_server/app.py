@@ -438,6 +438,24 @@ def field_place(path: Any, body: Any = _UNKNOWN, missing: bool = False) -> str:
     return place.removeprefix(".")
 
 
+def pydantic_message(error: dict) -> str:
+    """A pydantic validation ``error``'s message as the server's other errors word theirs: in JSON's
+    words (a literal's choices ``"text", "json_object"``, not Python's ``'text'``), and with the
+    value the client sent as JSON (``json_value``), which pydantic's message leaves out ("Input
+    should be a valid string (got 5)"); not for a missing field (the value is the object around
+    it), nor for the prompt's own errors, which show it already."""
+    msg = error.get("msg", "invalid request")
+    kind = error.get("type")
+    if kind == "literal_error":  # (pydantic writes the choices with repr; they are short strings here)
+        msg = msg.replace("'", '"')
+    if kind not in ("missing", "prompt") and "input" in error:  # ("prompt": openai_api._prompt_error)
+        try:
+            msg += f" (got {json_value(error['input'], 40)})"
+        except (TypeError, ValueError):  # (a ValidationError of a value that is no JSON, raised by code)
+            pass
+    return msg
+
+
 def _lone_surrogate_place(body: Any) -> Optional[str]:
     """The place (``field_place``; "" for the body itself) of the first lone surrogate in a
     parsed JSON body, or None."""
@@ -499,8 +517,9 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         loc = first.get("loc", ())
         where = field_place(loc[1:] if loc[:1] == ("body",) else loc, _UNKNOWN if exc.body is None else exc.body,
                             missing=first.get("type") == "missing")
-        msg = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
-        return JSONResponse(error_body(msg, 400, where or None), 400)
+        where += (first.get("ctx") or {}).get("at", "")  # (the item of a prompt: openai_api._prompt_error)
+        msg = pydantic_message(first)
+        return JSONResponse(error_body(f"{where}: {msg}" if where else msg, 400, where or None), 400)
 
     @app.exception_handler(ValidationError)
     async def body_error(request: Request, exc: ValidationError):

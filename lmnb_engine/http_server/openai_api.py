@@ -135,37 +135,41 @@ class CompletionRequest(_SamplingRequest):
     @classmethod
     def _one_prompt_form(cls, value: Any, handler: Any) -> Any:
         """The prompt's form is read from its first item (a string, a token id, a list of ids) and
-        a wrong item is named in its place: pydantic's union message blamed the first alternative
-        it tried, so ``[5, true]`` was refused for its good id 5. A bool is no token id."""
+        a wrong item is named in its place (``prompt[1]``, ``prompt[1][0]``): pydantic's union
+        message blamed the first alternative it tried, so ``[5, true]`` was refused for its good id
+        5. A bool is no token id."""
         if isinstance(value, str) or (isinstance(value, list) and not value):
             return value  # ([] is refused as an empty prompt by the route)
         if not isinstance(value, list):
-            raise _prompt_error(f"it is {json_value(value, 40)}")
+            raise _prompt_error("", f"it is {json_value(value, 40)}")
         if isinstance(value[0], str):
             bad = next((i for i, x in enumerate(value) if not isinstance(x, str)), None)
             if bad is not None:
-                raise _prompt_error(f"item {bad} is {json_value(value[bad], 40)} in a list of strings")
+                raise _prompt_error(f"[{bad}]", f"{json_value(value[bad], 40)} is not a string, in a list of strings")
             return value
         if not isinstance(value[0], list):
             return _token_ids(value, "")
         for i, x in enumerate(value):
             if not isinstance(x, list):
-                raise _prompt_error(f"item {i} is {json_value(x, 40)} in a list of token-id lists")
-            _token_ids(x, f"of prompt {i} ")
+                raise _prompt_error(f"[{i}]", f"{json_value(x, 40)} is not a list of token ids, in a list of them")
+            _token_ids(x, f"[{i}]")
         return value
 
 
-def _token_ids(items: list, where: str) -> list:
-    """``items`` if each is an int (a JSON integer, not true or false), else the error naming it."""
+def _token_ids(items: list, at: str) -> list:
+    """``items`` (the prompt's list of ids at ``at``) if each is an int (a JSON integer, not true
+    or false), else the error naming the first that is not."""
     for i, t in enumerate(items):
         if type(t) is not int:
-            raise _prompt_error(f"item {i} {where}is {json_value(t, 40)}, not a token id")
+            raise _prompt_error(f"{at}[{i}]", f"{json_value(t, 40)} is not a token id")
     return items
 
 
-def _prompt_error(what: str) -> PydanticCustomError:
+def _prompt_error(at: str, what: str) -> PydanticCustomError:
+    """The prompt's error ``what`` about its item ``at`` (``[1][0]``; "" for the prompt itself),
+    which the server's validation-error handler appends to the field's place."""
     # (the text goes in as context: a template would read braces in the value as its fields)
-    return PydanticCustomError("prompt", "{msg}", {"msg": f"{what}; {_PROMPT_FORMS}"})
+    return PydanticCustomError("prompt", "{msg}", {"msg": f"{what}; {_PROMPT_FORMS}", "at": at})
 
 
 _PROMPT_FORMS = "a prompt is a string, a list of strings, a list of token ids (ints) or a list of such lists"
