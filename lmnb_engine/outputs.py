@@ -20,10 +20,15 @@ ABORT_REQUESTED = "aborted by Engine.abort"
 ABORT_SHUTDOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
 
 
-def rid_in_use(rid: str) -> str:
+def rid_in_use(rid: str, prompts: int = 1, k: int = 0) -> str:
     """The refusal of a new request whose ``rid`` a running request holds (``Engine.submit``, and
-    the OpenAI routes for a rid the engine has not seen yet: prompt k of several runs as <rid>-<k>)."""
-    return f"rid={rid!r} is already in use by a running request; give another rid, or wait for that request to end"
+    the OpenAI routes for a rid the engine has not seen yet: prompt k of several runs as <rid>-<k>).
+    Of a request of ``prompts`` > 1 prompts, it says that prompt ``k``'s rid, <rid>-<k>, is the
+    one in use: the client sent only <rid>."""
+    taken = f"rid={rid!r}"
+    if prompts > 1:
+        taken += f" names its {prompts} prompts {f'{rid}-0'!r} to {f'{rid}-{prompts - 1}'!r}, and {f'{rid}-{k}'!r}"
+    return f"{taken} is already in use by a running request; give another rid, or wait for that request to end"
 
 
 @dataclass(frozen=True)

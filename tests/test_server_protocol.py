@@ -1317,7 +1317,8 @@ def test_an_unstreamed_openai_request_with_its_own_rid_can_be_aborted_while_it_r
         assert all(h.aborted.is_set() for h in engine.handles)
         # ended: the rid is free again
         assert _post(url, path, body).json()["id"] == "mine"
-        for bad, message in (("", "rid must be a non-empty string"), (5, "rid: Input should be a valid string")):
+        for bad, message in (("", 'rid must hold a character other than whitespace, not ""'),
+                             (5, "rid: Input should be a valid string (got 5)")):
             err = _post(url, path, {**body, "rid": bad}).json()["error"]
             assert err["param"] == "rid" and err["message"].startswith(message), err
 
@@ -1701,7 +1702,16 @@ def test_a_choice_cut_before_its_grammar_matched_says_so_in_finish_message(strea
 
 
 @pytest.mark.parametrize("path, body, param, message", [
-    # the value a field was refused for was not shown
+    # a blank rid was taken (an empty one on /generate got an id of the engine's, which the client could not abort)
+    ("/generate", {"text": "a", "rid": " "}, "rid",
+     'rid must hold a character other than whitespace, not " "; leave it out for an id the server picks'),
+    ("/generate", {"text": ["a", "b"], "rid": ["a", ""]}, "rid[1]",
+     'rid[1] must hold a character other than whitespace, not ""; leave it out for an id the server picks'),
+    ("/v1/chat/completions", {"model": "rec", "messages": _USER, "rid": "\t "}, "rid",
+     'rid must hold a character other than whitespace, not "\\t "; leave it out for an id the server picks'),
+    # the value a rid or a number field was refused for was not shown
+    ("/generate", {"text": "a", "rid": 5}, "rid", "rid must be a string, not 5"),
+    ("/generate", {"text": ["a", "b"], "rid": "x"}, "rid", 'rid must be a list of 2 strings, one per prompt, not "x"'),
     ("/v1/completions", {"model": "rec", "prompt": "a", "rid": ["x"]}, "rid",
      'rid: Input should be a valid string (got ["x"])'),
     ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": [1]}, "temperature",
@@ -1717,12 +1727,69 @@ def test_a_choice_cut_before_its_grammar_matched_says_so_in_finish_message(strea
      'prompt[2]: ["c"] is not a string, in a list of strings; a prompt is a string, a list of strings, a list of '
      "token ids (ints) or a list of such lists"),
 ])
-def test_a_refused_type_shows_the_clients_value_and_place(served, path, body, param, message):
-    """Found by the last review: a non-string rid or a list temperature got pydantic's message
-    without the value; a bad item of a list prompt was named in words with param "prompt". Each is
-    now named with the value as JSON and its place in brackets."""
+def test_a_refused_rid_or_type_shows_the_clients_value_and_place(served, path, body, param, message):
+    """Found by the last review: a blank rid was accepted; a non-string rid or a list temperature
+    got pydantic's message without the value; a bad item of a list prompt was named in words with
+    param "prompt". Each is now refused or named with the value as JSON and its place in brackets."""
     engine, url = served
     before = len(engine.received)
     r = _post(url, path, body)
     assert r.status_code == 400 and (r.json()["error"]["param"], r.json()["error"]["message"]) == (param, message), r.text
     assert len(engine.received) == before  # (nothing reached the engine)
+
+
+class _RidEngine(_HeldEngine):
+    """A ``_HeldEngine`` that refuses a rid a running request holds, as ``Engine.submit`` does."""
+
+    def submit(self, prompt, params, rid=None):
+        from lmnb_engine.outputs import rid_in_use
+
+        if any(h.rid == rid and not h.done for h in self.handles):
+            raise ValueError(rid_in_use(rid))
+        return super().submit(prompt, params, rid)
+
+
+def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_it_expands():
+    """Found by the last review: an OpenAI request of several prompts with rid "Y" (run as Y-0,
+    Y-1) that clashed with a running "Y-1" was told only that "Y-1" was in use, a rid it never sent;
+    and one with rid "X" was taken while a /generate with rid "X" ran, the engine seeing X-0 and
+    X-1 only (and a /generate "Z" beside an OpenAI response "Z" likewise), so /abort_request "X"
+    could abort only one of them. SGLang takes both (it aborts by the exact engine rid); lmnb's
+    /abort_request aborts a response by its id, so the second request is now refused, on either
+    route, and the clash says how the rid expands."""
+    engine = _RidEngine()
+    in_use = "is already in use by a running request; give another rid, or wait for that request to end"
+    replies: list = []
+
+    def post(path, body):
+        thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
+        thread.start()
+        return thread
+
+    with live_server(engine, served_model_name="rec") as url:
+        threads = [post("/generate", {"text": ["a", "b"], "rid": ["Y-1", "X"]})]
+        engine.wait_for(2)
+        threads.append(post("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "Z"}))
+        engine.wait_for(4)
+        try:
+            for path, body, param, message in (
+                ("/v1/completions", {"model": "rec", "prompt": ["a", "b", "c"], "rid": "Y"}, "rid",
+                 f'rid="Y" names its 3 prompts "Y-0" to "Y-2", and "Y-1" {in_use}'),
+                ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}, "rid", f'rid="X" {in_use}'),
+                ("/generate", {"text": "a", "rid": "Z"}, "rid", f'rid="Z" {in_use}'),
+                ("/generate", {"text": ["a", "b"], "rid": ["W", "Z"]}, "rid[1]", f'rid[1]="Z" {in_use}'),
+            ):
+                r = _post(url, path, body)
+                assert r.status_code == 400 and (r.json()["error"]["param"], r.json()["error"]["message"]) == (
+                    param, message), r.text
+            # (Y-0 was queued before Y-1 was refused, and aborted with the refusal; nothing else was queued)
+            assert [h.rid for h in engine.handles] == ["Y-1", "X", "Z-0", "Z-1", "Y-0"]
+            assert engine.handles[-1].aborted.is_set()
+        finally:
+            engine.release.set()
+            for thread in threads:
+                thread.join(30)
+        assert sorted(r.status_code for r in replies) == [200, 200]
+        # ended: the rids are free again, on either route
+        assert _post(url, "/generate", {"text": "a", "rid": "Z", "sampling_params": {"max_new_tokens": 0}},
+                     timeout=30).status_code == 200

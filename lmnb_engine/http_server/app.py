@@ -54,6 +54,7 @@ from lmnb_engine.http_server.protocol import (
     served_message,
     wire_message,
 )
+from lmnb_engine.outputs import rid_in_use
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
@@ -134,7 +135,19 @@ class ServerContext:
         # runs (engine rids: the id, or <id>-<k> for several prompts); weak: an entry goes when its
         # request's route or stream lets go of the handles
         self.batches: weakref.WeakValueDictionary[str, Batch] = weakref.WeakValueDictionary()
+        # /generate's rid -> its request's handle, for ``in_use``; weak, as ``batches``
+        self.generating: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
+
+    def in_use(self, rid: str) -> bool:
+        """Whether ``rid`` names a request still running, which ``/abort_request`` with it aborts:
+        an OpenAI response (``batches``) or a /generate request (``generating``). Checked by both
+        routes before they submit, as the engine cannot see every clash: an OpenAI response of
+        several prompts runs as ``<rid>-<k>``, so the engine took a /generate ``rid`` beside it (or
+        the other way round), and /abort_request could not tell which the client meant. SGLang
+        takes both (it aborts by the exact engine rid), lmnb refuses the second."""
+        batch, handle = self.batches.get(rid), self.generating.get(rid)
+        return (batch is not None and not all(h.done for h in batch)) or (handle is not None and not handle.done)
 
     async def run(self, fn: Callable, *args) -> Any:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
@@ -398,12 +411,24 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     elif isinstance(rid, str) and n == 1:
         rids = [rid]
     else:
-        raise RequestError("rid must be a string, or a list of strings with one per prompt", param="rid")
+        want = "a string" if n == 1 else f"a list of {n} strings, one per prompt"
+        raise RequestError(f"rid must be {want}, not {json_value(rid, 40)}", param="rid")
+    for k, r in enumerate(rids if rid is not None else []):
+        check_rid(r, f"rid[{k}]" if isinstance(rid, list) else "rid")
     if len(set(rids)) != len(rids):
         raise RequestError("rid values must be distinct", param="rid")
     opts = {"stream": _flag(body, "stream"), "text_in_logprobs": _flag(body, "return_text_in_logprobs"),
             "images": _parse_images(body.get("image_data"), n, batch)}
     return prompts, params, rids, batch, opts
+
+
+def check_rid(rid: str, param: str = "rid") -> None:
+    """Refuse a client's request id (``param`` names it) that is empty or only whitespace: the
+    engine gave an empty one an id of its own, which the client could not abort by, and a blank
+    one is a mistake (an empty template variable) that no log shows."""
+    if not rid.strip():
+        raise RequestError(f"{param} must hold a character other than whitespace, not {json_value(rid)}; leave it "
+                           "out for an id the server picks", param=param)
 
 
 def encode_prompt(engine: Any, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
@@ -593,6 +618,9 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def generate(request: Request):
         body = await json_body(request)
         prompts, params, rids, batch, opts = _parse_generate(body)
+        for k, rid in enumerate(rids):  # (the engine cannot see an OpenAI response's rid: ServerContext.in_use)
+            if ctx.in_use(rid):
+                raise _entry_error(body, k, batch, RequestError(wire_message(rid_in_use(rid), rid), param="rid"))
         prompt_texts = list(prompts)  # (the text prompts, before some are encoded below)
         # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
         # that needs it is tokenized here (off the event loop) and submitted as its ids.
@@ -602,6 +630,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         if any(opts["images"]):
             prompts = [await _with_images(ctx, x, images) if images else x for x, images in zip(prompts, opts["images"])]
         handles = await ctx.submit(prompts, params, rids, _refusal(body, params, rids, batch))
+        ctx.generating.update(zip(rids, handles))
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
             return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)

@@ -40,7 +40,16 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer
-from lmnb_engine.http_server.app import SSE_DONE, Batch, EventStream, ServerContext, encode_prompt, entry_error, sse
+from lmnb_engine.http_server.app import (
+    SSE_DONE,
+    Batch,
+    EventStream,
+    ServerContext,
+    check_rid,
+    encode_prompt,
+    entry_error,
+    sse,
+)
 from lmnb_engine.http_server.protocol import (
     RequestError,
     RequestFailed,
@@ -262,14 +271,15 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     (a prompt too long for ``max_tokens``...) is worded in the request's field names
     (``_api_names``) and names the field as ``param``, a prompt of a list by its entry
     (``prompt[1]``, ``entry_error``, ``_per_prompt``)."""
-    running = ctx.batches.get(rid)
-    if running is not None and not all(h.done for h in running):  # (one prompt's, the engine refuses too)
+    if ctx.in_use(rid):  # (of one prompt, the engine refuses it too; of several, it sees only <rid>-<k>)
         raise RequestError(wire_message(rid_in_use(rid), rid), param="rid")
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
     per_prompt = _per_prompt(req)
 
     def refused(e: Exception, k: int) -> RequestError:
         field = refused_field(e, params[k])
+        if field == "rid" and len(rids) > 1:  # (the engine names <rid>-<k>, which the client never sent)
+            return RequestError(wire_message(rid_in_use(rid, len(rids), k), [rid, *rids]), param="rid")
         message = _api_names(str(e), req, refused_value(e, field, params[k], rids[k]))
         return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
 
@@ -288,9 +298,10 @@ def _per_prompt(req: _SamplingRequest) -> tuple:
 
 def _response_id(req: _SamplingRequest, prefix: str) -> str:
     """The request's ``rid``, else a new id starting with ``prefix`` (OpenAI's ``cmpl-``, ``chatcmpl-``)."""
-    if req.rid == "":
-        raise RequestError("rid must be a non-empty string; leave it out for an id the server picks", param="rid")
-    return req.rid or f"{prefix}{uuid.uuid4().hex}"
+    if req.rid is None:
+        return f"{prefix}{uuid.uuid4().hex}"
+    check_rid(req.rid)
+    return req.rid
 
 
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
