@@ -1701,6 +1701,24 @@ def test_a_choice_cut_before_its_grammar_matched_says_so_in_finish_message(strea
             assert (choice["finish_reason"], choice["finish_message"]) == ("length", expected), choice
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("constraint, value", [("regex", "x+"), ("json_schema", '{"type": "object"}')])
+def test_generate_names_the_constraint_it_was_sent_when_the_token_limit_cut_its_output(stream, constraint, value):
+    """/generate's finish_reason.message said "matched its regex / JSON schema" (the engine's
+    words) where only a regex was sent (found by the last review); it now names the sampling
+    parameter the request sent, as the OpenAI routes' finish_message does."""
+    body = {"text": "a", "sampling_params": {"max_new_tokens": 3, constraint: value}, "stream": stream}
+    with live_server(_CutEngine(), served_model_name="rec") as url:
+        if stream:
+            with httpx.Client(timeout=30) as client, client.stream("POST", url + "/generate", json=body) as r:
+                meta = _sse_json(list(r.iter_lines()))[-1]["meta_info"]
+        else:
+            meta = _post(url, "/generate", body).json()["meta_info"]
+    assert meta["finish_reason"] == {
+        "type": "length",
+        "message": f"incomplete: the token limit was reached before the output matched its {constraint}"}
+
+
 @pytest.mark.parametrize("path, body, param, message", [
     # a blank rid was taken (an empty one on /generate got an id of the engine's, which the client could not abort)
     ("/generate", {"text": "a", "rid": " "}, "rid",

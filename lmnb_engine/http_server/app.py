@@ -637,7 +637,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         outputs = []
         for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, prompt_texts):
             for r in res if isinstance(res, list) else [res]:
-                meta = _finished_meta(r, decode, p.top_logprobs_num, first, x)
+                meta = _finished_meta(r, decode, p, first, x)
                 await _with_cached_chars(ctx, meta, text, x)
                 outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta,
                                 "index": len(outputs)})
@@ -676,13 +676,16 @@ async def _with_images(ctx: ServerContext, prompt: Any, images: list) -> Any:
         raise RequestError(str(e), param="image_data") from None
 
 
-def _finished_meta(result: Any, decode, top_logprobs_num: int, first: Optional[int], prompt: Any) -> dict:
-    """/generate's ``meta_info`` of a finished ``result`` of ``prompt``: ``meta_info``, with the
-    finish reason's message as a client of the server reads it (``served_message``: "aborted by
-    /abort_request", not the in-process API's Engine.abort) and [issue 10] images (``_with_image_meta``)."""
-    meta = meta_info(result, decode, top_logprobs_num, first)
+def _finished_meta(result: Any, decode, params: SamplingParams, first: Optional[int], prompt: Any) -> dict:
+    """/generate's ``meta_info`` of a finished ``result`` of ``prompt`` with ``params``:
+    ``meta_info``, with the finish reason's message as a client of the server reads it
+    (``served_message``: "aborted by /abort_request", not the in-process API's Engine.abort;
+    "matched its regex", not "regex / JSON schema", for a request that sent a regex) and
+    [issue 10] images (``_with_image_meta``)."""
+    meta = meta_info(result, decode, params.top_logprobs_num, first)
     if result.finish_reason.message is not None:
-        meta["finish_reason"]["message"] = served_message(result.finish_reason)
+        grammar = "regex" if params.regex is not None else "json_schema"
+        meta["finish_reason"]["message"] = served_message(result.finish_reason, grammar)
     return _with_image_meta(meta, prompt)
 
 
@@ -722,7 +725,7 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
         async for k, ev in ctx.events(handles):
             chunks[k].add(ev)
             if ev.finished and ev.result is not None:
-                meta = _finished_meta(ev.result, decode, params[k].top_logprobs_num, firsts[k], prompts[k])
+                meta = _finished_meta(ev.result, decode, params[k], firsts[k], prompts[k])
                 await _with_cached_chars(ctx, meta, prompt_texts[k], prompts[k])
             elif ev.text_delta:
                 meta = None  # (the partial meta_info)

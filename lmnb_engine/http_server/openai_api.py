@@ -386,8 +386,7 @@ def _finish_message(fr: Any, req: _SamplingRequest) -> str:
     allows only tokens ...", "matched its regex / JSON schema") are the field the client sent it
     in (the ``response_format``), as ``_api_names`` names the field ``json_schema``."""
     value = None if fr.field is None else getattr(req, _param(req, fr.field))
-    message = (served_message(fr).replace("the JSON schema", f"the {_param(req, 'json_schema')}")
-               .replace("regex / JSON schema", _param(req, "regex")))
+    message = served_message(fr, _param(req, "regex")).replace("the JSON schema", f"the {_param(req, 'json_schema')}")
     return _api_names(message, req, value)
 
 

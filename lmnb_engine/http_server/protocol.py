@@ -63,11 +63,14 @@ def wire_message(message: str, value: Any = None) -> str:
 ABORTED_BY_REQUEST = "aborted by /abort_request"
 
 
-def served_message(fr: FinishReason) -> Optional[str]:
+def served_message(fr: FinishReason, grammar: str) -> Optional[str]:
     """``fr.message`` as a client of the server reads it: an abort that was asked for
     (``FinishReason.requested_abort``, which only ``/abort_request`` asks for a request whose
-    client still listens) is ``ABORTED_BY_REQUEST``."""
-    return ABORTED_BY_REQUEST if fr.requested_abort else fr.message
+    client still listens) is ``ABORTED_BY_REQUEST``; the engine's "regex / JSON schema" (a
+    grammar's output cut before it matched) is ``grammar``, the field that sent the request's."""
+    if fr.requested_abort:
+        return ABORTED_BY_REQUEST
+    return None if fr.message is None else fr.message.replace("regex / JSON schema", grammar)
 
 
 def finite(x: Optional[float]) -> Optional[float]:
