@@ -1771,11 +1771,14 @@ def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_
     """Found by the last review: an OpenAI request of several prompts with rid "Y" (run as Y-0,
     Y-1) that clashed with a running "Y-1" was told only that "Y-1" was in use, a rid it never sent;
     and one with rid "X" was taken while a /generate with rid "X" ran, the engine seeing X-0 and
-    X-1 only (and a /generate "Z" beside an OpenAI response "Z" likewise), so /abort_request "X"
-    could abort only one of them. SGLang takes both (it aborts by the exact engine rid); lmnb's
+    X-1 only (and a /generate "Z-1" beside an OpenAI response "Z-1" likewise, or an OpenAI request
+    "Z" of two prompts, whose second runs as Z-1), so /abort_request "X" could abort only one of
+    them. SGLang takes both (it aborts by the exact engine rid); lmnb's
     /abort_request aborts a response by its id, so the second request is now refused, on either
     route, and the clash says how the rid expands."""
     engine = _RidEngine()
+    # an engine rid the server did not give out (as one that another request took while this was checked)
+    engine.handles.append(_Held("P-1", 1, engine.release))
     in_use = "is already in use by a running request; give another rid, or wait for that request to end"
     replies: list = []
 
@@ -1786,22 +1789,28 @@ def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_
 
     with live_server(engine, served_model_name="rec") as url:
         threads = [post("/generate", {"text": ["a", "b"], "rid": ["Y-1", "X"]})]
-        engine.wait_for(2)
-        threads.append(post("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "Z"}))
-        engine.wait_for(4)
+        engine.wait_for(3)
+        threads.append(post("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "Z-1"}))
+        engine.wait_for(5)
         try:
             for path, body, param, message in (
                 ("/v1/completions", {"model": "rec", "prompt": ["a", "b", "c"], "rid": "Y"}, "rid",
                  f'rid="Y" names its 3 prompts "Y-0" to "Y-2", and "Y-1" {in_use}'),
                 ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}, "rid", f'rid="X" {in_use}'),
-                ("/generate", {"text": "a", "rid": "Z"}, "rid", f'rid="Z" {in_use}'),
-                ("/generate", {"text": ["a", "b"], "rid": ["W", "Z"]}, "rid[1]", f'rid[1]="Z" {in_use}'),
+                ("/generate", {"text": "a", "rid": "Z-1"}, "rid", f'rid="Z-1" {in_use}'),
+                ("/generate", {"text": ["a", "b"], "rid": ["W", "Z-1"]}, "rid[1]", f'rid[1]="Z-1" {in_use}'),
+                # (its prompt Z-1 would have run beside the response Z-1, which the engine knows as Z-1-0, Z-1-1)
+                ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "Z"}, "rid",
+                 f'rid="Z" names its 2 prompts "Z-0" to "Z-1", and "Z-1" {in_use}'),
+                # (refused by the engine, which names P-1)
+                ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "P"}, "rid",
+                 f'rid="P" names its 2 prompts "P-0" to "P-1", and "P-1" {in_use}'),
             ):
                 r = _post(url, path, body)
                 assert r.status_code == 400 and (r.json()["error"]["param"], r.json()["error"]["message"]) == (
                     param, message), r.text
-            # (Y-0 was queued before Y-1 was refused, and aborted with the refusal; nothing else was queued)
-            assert [h.rid for h in engine.handles] == ["Y-1", "X", "Z-0", "Z-1", "Y-0"]
+            # (each refused before any of its prompts was queued, but P, whose P-0 was aborted with the refusal)
+            assert [h.rid for h in engine.handles] == ["P-1", "Y-1", "X", "Z-1-0", "Z-1-1", "P-0"]
             assert engine.handles[-1].aborted.is_set()
         finally:
             engine.release.set()
@@ -1809,5 +1818,5 @@ def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_
                 thread.join(30)
         assert sorted(r.status_code for r in replies) == [200, 200]
         # ended: the rids are free again, on either route
-        assert _post(url, "/generate", {"text": "a", "rid": "Z", "sampling_params": {"max_new_tokens": 0}},
+        assert _post(url, "/generate", {"text": "a", "rid": "Z-1", "sampling_params": {"max_new_tokens": 0}},
                      timeout=30).status_code == 200

@@ -276,10 +276,18 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
     per_prompt = _per_prompt(req)
 
+    def clash(k: int) -> RequestError:  # (<rid>-<k> is in use: the client never sent it, so say how rid expands)
+        return RequestError(wire_message(rid_in_use(rid, len(rids), k), [rid, *rids]), param="rid")
+
+    # an engine rid <rid>-<k> that is a running response's id, which the engine cannot see (ServerContext.in_use)
+    taken = next((k for k, r in enumerate(rids) if r != rid and ctx.in_use(r)), None)
+    if taken is not None:
+        raise clash(taken)
+
     def refused(e: Exception, k: int) -> RequestError:
         field = refused_field(e, params[k])
-        if field == "rid" and len(rids) > 1:  # (the engine names <rid>-<k>, which the client never sent)
-            return RequestError(wire_message(rid_in_use(rid, len(rids), k), [rid, *rids]), param="rid")
+        if field == "rid" and len(rids) > 1:
+            return clash(k)
         message = _api_names(str(e), req, refused_value(e, field, params[k], rids[k]))
         return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
 
