@@ -1313,7 +1313,7 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
     moved = notebook('from math import *\nperson = "Arvel"\nq = person.upper() + str(floor(e))', lm)
     for nb, row, printed in ((later, {"q": "B"}, "2.0 !\n"), (moved, {"person": "b"}, "")):
         source, p = export_notebook(nb)
-        assert re.search(r"\nfrom math import \*\n+def run_row\(", source)
+        assert re.search(r"\njob.star_import\('math', globals\(\)\)\n+def run_row\(", source)
         rows = write_rows(tmp_path / "rows.jsonl", [row])
         out = tmp_path / "out.jsonl"
         out.unlink(missing_ok=True)
@@ -1331,8 +1331,8 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
         else:  # the cell keeps its lines: the error is on the cell's line 4
             assert results[0]["status"] == "error"
             # x, bound above it, takes math's x if it has one, as in the notebook
-            assert ("    q, city, x = job.star_values('math', q=q, city=city, x=x)  # from math import *: made at "
-                    "module level") in source
+            assert ("    q, city, x = job.star_values('math', locals(), 'q', 'city', 'x')  # from math import *: "
+                    "here its values of run_row's variables\n    print(sqrt(4), city)") in source
             line = int(re.search(r"job.py line (\d+)", results[0]["error"]).group(1))
             assert source.split("\n")[line - 1] == "    print(x / 0)" and "notebook cell 3" in results[0]["error"]
     with pytest.raises(ExportError) as e:
@@ -1366,6 +1366,51 @@ def test_a_star_import_of_a_per_row_cell_sets_the_names_the_row_bound_before_it(
     assert p.inputs == ("e",)
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows2.jsonl", [{"e": "B"}]), 0)
     assert prompts == ["B3"]
+
+
+def test_a_star_import_of_a_per_row_cell_sets_parameters_and_setup_variables_from_where_it_stands(tmp_path,
+                                                                                                    monkeypatch):
+    # the import was made at module level, before run_row: a parameter e = 2 read above the import
+    # was math's e in every row (the notebook's was 2), and --e 5 had no effect (found by the last review)
+    import math
+
+    from helpers_export import write_rows
+    from helpers_lang import ScriptedBackend
+
+    nb = notebook(("parameters", "e = 2"), 'q = "A"\nk = 7', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "b = (e, k)\nfrom math import *\nk = floor(k / 2)",
+                  "%%lm --temperature 0\n{b} {e} {k}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.star_locals == ("e",)  # (k, rebound by the cell, is a row copy already)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
+    for options, e in (([], 2), (["--e", "5"], 5)):
+        out = tmp_path / f"out{e}.jsonl"
+        monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress",
+                                          *options])
+        ns = {"__name__": "exported"}
+        exec(compile(source, "job.py", "exec"), ns)
+        backend = ScriptedBackend(lambda prompt, params: "!")
+        assert ns["job"].run(ns["run_row"], backend=backend) == 0
+        prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]
+        # each row: e as the parameter sets it above the import, math's e below it; k = 7 halved once per row
+        assert sorted(prompts) == sorted(["B", "C"] + [f"({e}, 7) {math.e} 3"] * 2)
+
+
+def test_a_per_row_star_import_sets_a_variable_the_cell_binds_below_it(tmp_path, monkeypatch):
+    # `from math import *; print(pi); pi = 3` in a per-row cell was an UnboundLocalError in the
+    # script (pi is run_row's variable, bound only below); the notebook printed math's pi (found by the
+    # last review). A variable the module does not set stays unbound, as in the notebook.
+    import math
+
+    from helpers_export import write_rows
+
+    code = ("if q == 'never':\n    y = 1\nfrom math import *\nc = str(pi)\npi = 3\n"
+            "try:\n    w = y\nexcept NameError:\n    w = 'unbound'")
+    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", code,
+                  "%%lm --temperature 0\n{c} {pi} {w}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    results, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", f"{math.pi} 3 unbound"]
 
 
 @pytest.mark.parametrize("setup, body, where, called", [

@@ -7,11 +7,11 @@ resumable results file; ``RowRecorder`` collects a row's captured variables and 
 """
 
 from lmnb.batch.inputs import InputError, InputRow, read_rows
-from lmnb.batch.job import Job, continued, row_copy, star_values
+from lmnb.batch.job import UNBOUND, Job, continued, row_copy, star_import, star_values
 from lmnb.batch.options import parameter_options
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.runner import RowRunner
 from lmnb.batch.store import ResultStore, StoreError, row_key
 
-__all__ = ["InputError", "InputRow", "Job", "ResultStore", "RowRecorder", "RowRunner", "StoreError",
-           "continued", "parameter_options", "read_rows", "row_copy", "row_key", "star_values"]
+__all__ = ["UNBOUND", "InputError", "InputRow", "Job", "ResultStore", "RowRecorder", "RowRunner", "StoreError",
+           "continued", "parameter_options", "read_rows", "row_copy", "row_key", "star_import", "star_values"]

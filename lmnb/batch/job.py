@@ -60,17 +60,44 @@ def continued(state: Any) -> Any:
     return ProgramState(state.stream_executor.continuation())
 
 
-def star_values(module: str, /, **current: Any) -> tuple:
-    """The values of ``current``'s names (in order) after ``from module import *``: the module's
-    value where the star import sets the name, else the current one. The script makes a per-row
-    cell's star import at module level (a function cannot make one); run_row's own variables that
-    the cells bound before it take the module's values here, as the notebook's did at the import.
+class _Unbound:
+    """``UNBOUND``'s type."""
+
+    def __repr__(self) -> str:
+        return "<unbound>"
+
+
+# What ``star_values`` gives for a name that is neither bound yet nor set by the import: the script
+# deletes that variable again (``if x is job.UNBOUND: del x``), so that it stays unbound, as in the notebook.
+UNBOUND = _Unbound()
+
+
+def star_import(module: str, namespace: dict) -> None:
+    """``from module import *`` into ``namespace`` (the script's globals), but for the names it
+    holds already. The script makes a per-row cell's star import so, at module level (a function
+    cannot make one): it gives run_row the names that no cell binds (``sqrt``), and leaves the
+    notebook's own variables (a parameter ``e``), which the import changes only from where the cell
+    makes it, in each row (``star_values``).
 
     Raises:
-        ImportError: the module cannot be imported (the module-level import failed first)."""
+        ImportError: the module cannot be imported."""
     names: dict = {}
     exec(f"from {module} import *", names)
-    return tuple(names.get(name, value) for name, value in current.items())
+    names.pop("__builtins__", None)
+    for name, value in names.items():
+        namespace.setdefault(name, value)
+
+
+def star_values(module: str, bound: dict, /, *names: str) -> tuple:
+    """The values of ``names`` (in order) after ``from module import *``, made where a per-row cell
+    makes it: the module's value where the import sets the name, else ``bound``'s (run_row's
+    ``locals()``), else ``UNBOUND``.
+
+    Raises:
+        ImportError: the module cannot be imported (``star_import`` failed first)."""
+    values: dict = {}
+    exec(f"from {module} import *", values)
+    return tuple(values[name] if name in values else bound.get(name, UNBOUND) for name in names)
 
 
 def _settings_value(value: Any) -> Any:
@@ -161,7 +188,9 @@ class Job:
     # UnboundLocalError.
     continued = staticmethod(continued)
     row_copy = staticmethod(row_copy)
+    star_import = staticmethod(star_import)
     star_values = staticmethod(star_values)
+    UNBOUND = UNBOUND
 
     def __init__(self, description: str = "", inputs: Sequence[str] = (), *, texts: Sequence[str] = (),
                  types: Optional[dict] = None,

@@ -44,8 +44,12 @@ class Plan:
     value as (``Job``'s types). strip: moved
     setup cell index → row fields whose literal assignments are commented out there. copied:
     module-level names the row part rebinds or changes in place (each row starts from a copy of
-    the module value: ``Job.row_copy``). jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the
-    code reads before a cell binds a name of its own to them: the script imports them.
+    the module value: ``Job.row_copy``). star_locals: the other module-level names that the row part
+    reads at or after a per-row star import (``from math import *`` sets e): run_row's own variables,
+    from the module value, so that the import changes them for the row from where it stands, as in
+    the notebook, and not the module's value for every row from the start. jupyter: Jupyter's
+    built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
+    them: the script imports them.
     """
 
     cells: list
@@ -58,6 +62,7 @@ class Plan:
     binds: dict = field(default_factory=dict)
     strip: dict = field(default_factory=dict)
     copied: tuple = ()
+    star_locals: tuple = ()
     texts: tuple = ()
     types: dict = field(default_factory=dict)
     jupyter: tuple = ()
@@ -139,6 +144,9 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         _check_strippable(c, p.strip[c.index])
     p.jupyter = _jupyter_builtins(cells)
     p.copied = _copied(setup, row, p.inputs, parameters + p.jupyter)
+    p.star_locals = _star_locals(setup, row, p.inputs + p.copied, parameters + p.jupyter)
+    for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
+        p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals)
     p.backend, p.notes = _backend(setup, row)
     for n, kind in p.types.items():
         p.notes.append(f"{n}: a parameter of cell {params_cell.index}, read from each input row (--inputs), so the job "
@@ -275,13 +283,19 @@ def _jupyter_builtins(cells: Sequence[Cell]) -> tuple:
     return tuple(out)
 
 
-def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple:
-    """The module-level names (``module_names``: parameters and the like, and what setup cells bind)
-    that the row part reads and rebinds or changes in place (``Plan.copied``)."""
+def _module_names(setup: list, module_names: tuple) -> set:
+    """The module-level names: ``module_names`` (parameters and the like) and what setup cells bind."""
     module = set(module_names)
     for c in setup:
         if isinstance(c, Code):
             module |= set(c.assigns)
+    return module
+
+
+def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple:
+    """The module-level names (``_module_names``) that the row part reads and rebinds or changes in
+    place (``Plan.copied``)."""
+    module = _module_names(setup, module_names)
     rebound, read = set(), set()
     for c in row:
         if isinstance(c, Code):
@@ -291,6 +305,17 @@ def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple
             rebound |= set(c.sets) | set(c.mutates)
             read |= set(c.reads)
     return tuple(sorted((rebound & module & read) - set(inputs)))
+
+
+def _star_locals(setup: list, row: list, locals_: tuple, module_names: tuple) -> tuple:
+    """The module-level names (``_module_names``) that the row cells read from the first one with a
+    star import on, but those in ``locals_`` (row fields and ``Plan.copied``: run_row's variables
+    already) and lmnb (the script's own import) (``Plan.star_locals``)."""
+    first = next((c.index for c in row if isinstance(c, Code) and c.star_imports), None)
+    if first is None:
+        return ()
+    read = set().union(*(set(c.reads) for c in row if isinstance(c, (Code, LMCell)) and c.index >= first))
+    return tuple(sorted((read & _module_names(setup, module_names)) - set(locals_) - {"lmnb"}))
 
 
 def _backend(setup: list, row: list) -> tuple[Backend, list]:

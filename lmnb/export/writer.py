@@ -10,8 +10,10 @@ The ``@lmnb.function`` bodies come from the cell-language parser's source face
 
 from __future__ import annotations
 
+import ast
 import keyword
 import re
+from dataclasses import dataclass
 
 from lmnb.batch.options import parameter_options
 from lmnb.export.cells import Code, Dropped, LMCell, Markdown
@@ -205,15 +207,18 @@ class _Writer:
 
     # -- per row --------------------------------------------------------------------------------
     def star_imports(self) -> str:
-        """The star imports of the per-row cells, made at module level before ``run_row`` (a
-        function cannot make one; run_row's code reads the names as globals). Empty if none."""
+        """The star imports of the per-row cells, made at module level before ``run_row`` for the
+        names that no variable of the script holds (a function cannot make one; run_row's code reads
+        them as globals): ``Job.star_import``. Empty if none."""
         found = {c.index: _star_imports(c) for c in self.p.row if isinstance(c, Code)}
-        statements = list(dict.fromkeys(text for stars in found.values() for _, _, text, _ in stars))
-        if not statements:
+        modules = list(dict.fromkeys(s.module for stars in found.values() for s in stars))
+        if not modules:
             return ""
         cells = _ranges([i for i, stars in found.items() if stars])
-        return (f"# -- the star imports of {'cell' if cells.isdigit() else 'cells'} {cells}, which run per row: "
-                "here, as a function (run_row) cannot make one\n" + "\n".join(statements))
+        return (f"# -- the star imports of {'cell' if cells.isdigit() else 'cells'} {cells}, which run per row: here, "
+                "as a function (run_row) cannot make one,\n# for the names no variable holds; run_row's variables "
+                "take the module's values where the cell imports\n"
+                + "\n".join(f"{self.names.job}.star_import({m!r}, globals())" for m in modules))
 
     def run_row(self) -> str:
         n, p = self.names, self.p
@@ -225,18 +230,30 @@ class _Writer:
         for name in p.copied:
             body.append(f'{name} = {n.job}.row_copy(globals()["{name}"])  # changed below: each row starts '
                         "from the module value")
-        bound = list(p.copied)  # run_row's variables so far (but the row fields), for star_values
-        for cell in p.row:
-            body.append(self.row_cell(cell, bound))
+        for name in p.star_locals:
+            body.append(f'{name} = globals()["{name}"]  # a star import below may set it: the row\'s own variable')
+        # run_row's variables so far (but the row fields), and those of them bound whatever ran (star_values)
+        bound = [*p.copied, *p.star_locals]
+        sure = set(bound)
+        for i, cell in enumerate(p.row):
+            body.append(self.row_cell(cell, bound, sure, p.row[i + 1:]))
             if isinstance(cell, Code):
                 bound += cell.assigns
+                sure |= _surely_bound(ast.parse(cell.source).body)
             elif isinstance(cell, LMCell):
-                bound += [*p.binds[cell.index], *([cell.options.out] if cell.options.out else [])]
+                bound += self.lm_sets(cell)
+                sure |= set(self.lm_sets(cell))
         text = "\n\n".join(_indent(b) for b in body)
         return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
 
-    def row_cell(self, cell, bound: list) -> str:
-        """A cell of run_row; ``bound``: the variables run_row binds before it (``star_values``)."""
+    def lm_sets(self, cell: LMCell) -> list:
+        """The variables run_row binds after a ``%%lm`` cell: its captures read later, its ``--out``."""
+        return [*self.p.binds[cell.index], *([cell.options.out] if cell.options.out else [])]
+
+    def row_cell(self, cell, bound: list, sure: set, later: list) -> str:
+        """A cell of run_row. ``bound``: the variables run_row binds before it; ``sure``: those of
+        them that it binds whatever ran (not only in an ``if``); ``later``: the row cells after it
+        (``star_values``)."""
         if isinstance(cell, Markdown):
             return _markdown(cell)
         if isinstance(cell, Dropped):
@@ -244,20 +261,35 @@ class _Writer:
         if isinstance(cell, Code):
             source = _strip_examples(cell, self.p.strip.get(cell.index, set()))
             lines = source.split("\n")
-            for first, last, statement, before in _star_imports(cell):  # (line by line: the cell's line numbers stay)
-                lines[first - 1:last] = ["# " + line for line in lines[first - 1:last]]
+            later_reads, later_binds = set(), set()
+            for c in later:
+                if isinstance(c, Code):
+                    later_reads |= set(c.reads)
+                    later_binds |= set(c.assigns)
+                elif isinstance(c, LMCell):
+                    later_reads |= set(c.reads)
+                    later_binds |= set(self.lm_sets(c))
+            for star in _star_imports(cell):  # (line by line: the cell's lines stay, up to the import's)
+                lines[star.first - 1:star.last] = ["# " + line for line in lines[star.first - 1:star.last]]
                 # a row field counts from where the notebook's example of it was (the row's value replaces it there)
-                fields = [n for n in self.p.inputs if self.field_at[n] < (cell.index, first)]
-                names = list(dict.fromkeys([*fields, *(n for n in [*bound, *before] if n not in self.p.inputs)]))
+                fields = [n for n in self.p.inputs if self.field_at[n] < (cell.index, star.first)]
+                known = [n for n in [*bound, *star.above] if n not in self.p.inputs]
+                # a variable bound below and read there may be read before it is bound: the import's value
+                reads, binds = later_reads | star.after_reads, later_binds | star.after_binds
+                below = sorted((reads & binds) - set(known) - set(self.p.inputs))
+                names = list(dict.fromkeys([*fields, *known, *below]))
                 if not names:
-                    lines[last - 1] += "  <- made at module level, before run_row"
+                    lines[star.last - 1] += "  <- made at module level, before run_row"
                     continue
-                # the variables bound above take the module's values, as the notebook's import set them
-                module = statement.removeprefix("from ").removesuffix(" import *")
-                values = ", ".join(f"{n}={n}" for n in names)
-                lines[last - 1] = (f"{', '.join(names)}{',' * (len(names) == 1)} = "
-                                   f"{self.names.job}.star_values({module!r}, {values})  # {statement}: made at "
-                                   "module level, before run_row; here its values of the names bound above")
+                # run_row's variables take the module's values, as the notebook's import set them
+                job = self.names.job
+                lines[star.last - 1] = (
+                    f"{', '.join(names)}{',' * (len(names) == 1)} = {job}.star_values({star.module!r}, locals(), "
+                    f"{', '.join(map(repr, names))})  # {star.statement}: here its values of run_row's variables")
+                for name in names:
+                    if name not in self.p.inputs and name not in sure and name not in star.above_sure:
+                        lines[star.last - 1] += (f"\nif {name} is {job}.UNBOUND:  # (not bound here, and "
+                                                 f"{star.module} has no {name})\n{_INDENT}del {name}")
             return f"# -- cell {cell.index}{_magic_note(cell)}\n" + "\n".join(lines)
         return self.row_lm(cell)
 
@@ -326,16 +358,31 @@ def _mark_examples(cell: Code, fields: tuple) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class _StarImport:
+    """A ``from M import *`` of a cell that runs per row: its lines in the cell's source, and the
+    names the cell's statements above it bind (all; those bound whatever ran) and below it read and bind."""
+
+    first: int
+    last: int
+    module: str
+    above: list
+    above_sure: set
+    after_reads: set
+    after_binds: set
+
+    @property
+    def statement(self) -> str:
+        return f"from {self.module} import *"
+
+
 def _star_imports(cell: Code) -> list:
-    """The ``from M import *`` statements of a cell that runs per row, as (first line, last line,
-    the statement, the names the cell's statements above it bind) in the cell's source; the script
-    makes them at module level.
+    """The ``from M import *`` statements of a cell that runs per row (``_StarImport``); the script
+    makes them at module level and sets run_row's variables from them where they stand.
 
     Raises:
         ExportError: one the script cannot move: in a block (``if``, ``try``) or on a line with other code.
     """
-    import ast
-
     if "*" not in cell.source:
         return []
     from lmnb.export.cells import ExportError, bound_by
@@ -352,9 +399,24 @@ def _star_imports(cell: Code) -> list:
             raise ExportError(f"cell {cell.index}, line {node.lineno}: `{statement}` {where} of a cell that runs per "
                               "input row, where the script cannot make it (a function cannot star-import); move it "
                               "to a cell of its own before the first %%lm cell")
-        above = [name for s in tree.body if s.end_lineno < node.lineno for name in bound_by(s)]
-        out.append((node.lineno, node.end_lineno, statement, above))
+        k = tree.body.index(node)
+        above, below = tree.body[:k], tree.body[k + 1:]
+        out.append(_StarImport(
+            node.lineno, node.end_lineno, statement.removeprefix("from ").removesuffix(" import *"),
+            [name for s in above for name in bound_by(s)], _surely_bound(above),
+            {n.id for s in below for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)},
+            {name for s in below for name in bound_by(s)}))
     return out
+
+
+def _surely_bound(statements: list) -> set:
+    """The names that top-level ``statements`` bind whenever they run through: assignments,
+    imports, ``def`` and ``class`` (not what an ``if``, ``for``, ``try`` or ``with`` binds)."""
+    from lmnb.export.cells import bound_by
+
+    kinds = (ast.Assign, ast.AugAssign, ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {name for s in statements if isinstance(s, kinds) or (isinstance(s, ast.AnnAssign) and s.value is not None)
+            for name in bound_by(s)}
 
 
 def _strip_examples(cell: Code, names: set) -> str:
