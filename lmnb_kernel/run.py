@@ -597,11 +597,10 @@ def _first_setter(cells, name: str) -> int | None:
 def _cell_sets(cell) -> tuple:
     """The names a cell (``lmnb.export.cells.read_cells``) sets when the kernel runs it: a Python
     cell's top-level bindings (also below ``%%time`` / ``%%capture``, and ``%%capture``'s variable;
-    none below ``%%timeit``, whose body IPython runs in a function of its own), a ``%%lm`` cell's
-    ``{gen NAME}`` / ``{select NAME}`` variables and its ``--out`` state."""
+    none below ``%%timeit``, whose body IPython runs in a function of its own: ``Code.assigns`` has
+    none), a ``%%lm`` cell's ``{gen NAME}`` / ``{select NAME}`` variables and its ``--out`` state."""
     if isinstance(cell, Code):
-        timed = cell.magic is not None and cell.magic.split()[0] == "%%timeit"
-        return (() if timed else cell.assigns) + ((cell.captured_output,) if cell.captured_output else ())
+        return cell.assigns + ((cell.captured_output,) if cell.captured_output else ())
     if isinstance(cell, LMCell):
         return cell.sets
     return ()

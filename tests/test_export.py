@@ -256,14 +256,34 @@ def test_timing_magics_keep_their_statement_and_imports_are_no_parameters(tmp_pa
     from lmnb_kernel.cli import main
 
     nb = notebook(("parameters", "import os\nlimit = 2"), "%time x = 5\n%timeit -n1 -r1 z = 3",
-                  ("md", "broken \ud83d character"), 'q = "x"', "%%lm\n{q}{x}{z}{limit}{gen a max_tokens=1}")
+                  ("md", "broken \ud83d character"), 'q = "x"', "%%lm\n{q}{x}{limit}{gen a max_tokens=1}")
     source, p = export_notebook(nb)
-    assert p.parameters == ("limit",) and p.inputs == ("q",)  # x and z were row fields: their cell was dropped
-    assert "\nx = 5\nz = 3\n" in source
+    assert p.parameters == ("limit",) and p.inputs == ("q",)  # x was a row field: its cell was dropped
+    # (IPython runs %timeit's statement in a function of its own: z is not set; the job runs it once)
+    assert "\nx = 5\ndef _timeit_body(): z = 3\n_timeit_body()\n" in source
     nb_path = tmp_path / "nb.ipynb"
     nb_path.write_text(json.dumps(nb))  # (json escapes the surrogate, as in a real file; nbformat.write fails)
     assert main(["export", str(nb_path), "-o", str(tmp_path / "job.py")]) == 0  # a lone surrogate: UnicodeEncodeError
     compile((tmp_path / "job.py").read_text(encoding="utf-8"), "job.py", "exec")
+
+
+def test_the_names_a_timeit_body_binds_are_not_set_in_the_job_as_in_the_kernel(tmp_path, monkeypatch):
+    # IPython runs a %%timeit body (and %timeit's statement) in a function of its own, so the kernel
+    # kept w = 1; the script ran the body at module level or in run_row, and set w = 2
+    # (found by the last review)
+    from helpers_export import write_rows
+
+    setup = 'q = "A"\nu = w = v = 1\nseen = []'
+    timed_setup = '%%timeit -n1 -r1\nu = 2'
+    timed_row = '%%timeit -n1 -r1\nw = 2\nseen.append(q)'
+    timed_line = 'if True:\n    %timeit -n1 -r1 v = 2'
+    nb = notebook(setup, timed_setup, "%%lm --temperature 0\n{q}{gen x max_tokens=1}", timed_row, timed_line,
+                  "%%lm --temperature 0\n{u} {w} {v} {seen}{gen y max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("q",) and "u" not in p.copied and "w" not in p.copied
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "A"}]), 0)
+    # as the kernel has them (IPython's %%timeit -n1 -r1: u, w, v stay 1; the body ran once)
+    assert prompts == ["A", "1 1 1 ['A']"]
 
 
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():

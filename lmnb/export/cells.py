@@ -4,7 +4,8 @@ IPython-only syntax is turned into plain Python here: ``%lm load`` / ``%lm conne
 job's default backend, the other ``%lm`` commands and IPython's own magics (``%time``, ``!ls``) are
 dropped with a comment (they only display or manage a kernel session), and cell magics other than
 ``%%lm`` are dropped with a comment (their bodies are not Python) except the timing/capture ones,
-whose bodies are kept. Each cell also records the global names it reads and binds (``symtable``).
+whose bodies are kept (run once; a ``%%timeit`` body, and ``%timeit``'s statement, in a function of
+its own, as IPython runs them, so the names they bind are not set). Each cell also records the global names it reads and binds (``symtable``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from lmnb.template.cell import cell_body
+from lmnb.template.python_cell import indent_code
 from lmnb.template.cell_options import (CellLineError, CellOptions, check_cell_names, parse_backend_line,
                                         parse_cell_line)
 
@@ -29,9 +31,12 @@ SESSION_COMMANDS = ("reset", "flush", "pin", "unpin")  # %lm commands about the 
 _INDENT = re.compile(r"^([ \t]*)[^ \t\n]", re.MULTILINE)  # a line's indentation, where it holds text (textwrap's)
 _LM_LINE = re.compile(r"^(\s*)%lm(?:\s+(.*))?$")
 # %time STMT, %timeit [-n N -r R ...] STMT
-_TIMING_LINE = re.compile(r"^(\s*)%(?:time|timeit(?:\s+-[nrp]\s*\d+|\s+-[tcqov])*)\s+(.+)$")
+_TIMING_LINE = re.compile(r"^(\s*)%(time|timeit(?:\s+-[nrp]\s*\d+|\s+-[tcqov])*)\s+(.+)$")
 # lmnb primitives whose first argument (or name=) names a captured variable.
 _CAPTURING = ("gen", "gen_int", "gen_string", "select")
+# The function a %%timeit body or a %timeit statement runs in: IPython runs it in a function of its
+# own, so the names it binds are not set (the script runs it once).
+TIMEIT_BODY = "_timeit_body"
 # Said of a cell magic below a cell's first line, here and by the kernel (lmnb_kernel.transforms).
 LATE_CELL_MAGIC = "a cell magic works only on a cell's first line; move it up, or split the cell there"
 
@@ -230,6 +235,8 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent
                      else python_cell(index, body, tags, body_line))
             if isinstance(inner, Code) and inner.magic is None:
                 inner.magic = first.strip()
+                if name == "timeit":
+                    _in_timeit_function(inner)
             variable = next((w for w in first.split()[1:] if not w.startswith("-")), None)
             if name == "capture" and variable and not isinstance(inner, Dropped):
                 inner.captured_output = variable
@@ -304,11 +311,23 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
     except SyntaxError as e:  # what ast.parse lets by and symtable refuses, as Python does (import * in a def)
         raise ExportError(f"cell {index}, line {(e.lineno or 1) + first_line - 1}: invalid Python: {e.msg}") from None
     code.bindings, code.string_assignments = _bindings(tree)
+    if f"def {TIMEIT_BODY}(): " in code.source:  # (%timeit STATEMENT lines: the function is the script's, no variable)
+        code.source = re.sub(rf"(?m)^(\s*)def {TIMEIT_BODY}\(\): .*$", rf"\g<0>\n\g<1>{TIMEIT_BODY}()", code.source)
+        code.assigns = tuple(n for n in code.assigns if n != TIMEIT_BODY)
+        code.bindings = tuple(b for b in code.bindings if b[0] != TIMEIT_BODY)
     code.mutates = _mutated(tree)
     code.star_imports = tuple("." * n.level + (n.module or "") for n in ast.walk(tree)
                               if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"
                               and not (n.module in _LMNB_MODULES and n.level == 0))
     return code
+
+
+def _in_timeit_function(code: Code) -> None:
+    """Make ``code`` (a ``%%timeit`` body) run in a function of its own, as IPython runs it, so
+    that the names it binds are not set: it binds none for the plan either."""
+    body = indent_code(code.source if ast.parse(code.source).body else code.source + "\npass")
+    code.source = f"def {TIMEIT_BODY}():\n{body}\n{TIMEIT_BODY}()"
+    code.assigns, code.bindings, code.string_assignments = (), (), {}
 
 
 def _mutated(tree: ast.Module) -> tuple:
@@ -347,7 +366,9 @@ def _replace_magics(source: str, code: Code) -> str:
             lines[i] = _comment(m.group(1), _lm_command(code, (m.group(2) or "").strip()))
         m = _TIMING_LINE.match(line)
         if m:  # %time / %timeit STATEMENT: the statement runs (once), its timing is display only
-            lines[i] = m.group(1) + m.group(2)
+            # (%timeit's in a function, as IPython runs it: python_cell adds the call on the next line)
+            timeit = m.group(2) != "time"
+            lines[i] = m.group(1) + (f"def {TIMEIT_BODY}(): " if timeit else "") + m.group(3)
     from IPython.core.inputtransformer2 import TransformerManager
 
     replaced = "\n".join(lines)

@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 
 from lmnb.batch.options import parameter_options
-from lmnb.export.cells import Code, Dropped, LMCell, Markdown
+from lmnb.export.cells import TIMEIT_BODY, Code, Dropped, LMCell, Markdown
+from lmnb.template.python_cell import indent_code
 from lmnb.export.plan import Plan
 
 _INDENT = "    "
@@ -243,7 +244,7 @@ class _Writer:
             elif isinstance(cell, LMCell):
                 bound += self.lm_sets(cell)
                 sure |= set(self.lm_sets(cell))
-        text = "\n\n".join(_indent(b) for b in body)
+        text = "\n\n".join(indent_code(b) for b in body)
         return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
 
     def lm_sets(self, cell: LMCell) -> list:
@@ -345,6 +346,9 @@ def _markdown(cell: Markdown) -> str:
 
 
 def _magic_note(cell: Code) -> str:
+    if cell.magic and cell.magic.split()[0] == "%%timeit":
+        return (f": {cell.magic} dropped, its body run once in a function ({TIMEIT_BODY}), as IPython runs it: "
+                "the names it binds are not set")
     return f": {cell.magic} dropped, its body kept" if cell.magic else ""
 
 
@@ -428,22 +432,6 @@ def _strip_examples(cell: Code, names: set) -> str:
             for i in range(first, last):
                 lines[i] = "# " + lines[i]
     return "\n".join(lines)
-
-
-def _indent(text: str) -> str:
-    """Indent code by one level, except lines inside multi-line string literals (kept verbatim)."""
-    import io
-    import tokenize
-
-    inside: set = set()
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
-                inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
-    except (tokenize.TokenError, SyntaxError):
-        pass
-    return "\n".join(line if (i in inside or not line) else _INDENT + line
-                     for i, line in enumerate(text.split("\n"), start=1))
 
 
 def _ranges(indexes: list) -> str:

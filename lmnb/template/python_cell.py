@@ -53,7 +53,7 @@ class PythonCell:
         """Source of ``@lmnb.function def <name>(s, *parameters): <body>``; multi-line strings keep
         their text. ``parameters`` turn names the body reads from globals into arguments (the
         exporter passes a batch row's fields this way)."""
-        lines = [_indent(self.source.rstrip("\n"))] if self.source.strip() else []
+        lines = [indent_code(self.source.rstrip("\n"))] if self.source.strip() else []
         if not self.tree.body:  # empty, or comments only: a function needs a statement
             lines.append("    pass")
         return f"@lmnb.function\ndef {name}({', '.join(['s', *parameters])}):\n" + "\n".join(lines) + "\n"
@@ -206,7 +206,7 @@ _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, *_COMPREHENSIONS)
 
 
-def _indent(source: str) -> str:
+def indent_code(source: str) -> str:
     """Indent each line by four spaces, except lines that continue a multi-line string literal."""
     inside: set[int] = set()  # 1-based lines that start inside a string token
     try:
