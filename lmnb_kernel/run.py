@@ -22,7 +22,7 @@ import unicodedata
 from pathlib import Path
 from types import SimpleNamespace
 
-from lmnb.export.cells import Code, ExportError, LMCell, is_lm_cell, python_cell, read_cells
+from lmnb.export.cells import Code, Dropped, ExportError, LMCell, is_lm_cell, python_cell, read_cells
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
 from lmnb_kernel.cell_failure import describe_failure
@@ -580,18 +580,62 @@ def _parameters(cells) -> dict | None:
 
 
 def _first_setter(cells, name: str) -> int | None:
-    """The number of the first code cell that sets ``name`` (as the exporter reads the cell, see
-    ``_cell_sets``), None if none does."""
+    """The number of the first code cell that sets ``name`` when the kernel runs it
+    (``_kernel_sets``), None if none does."""
     for number, cell in enumerate(cells, start=1):
-        if cell.cell_type != "code":
-            continue
-        try:
-            read = read_cells(SimpleNamespace(cells=[cell]))
-        except ExportError:
-            continue
-        if read and name in _cell_sets(read[0]):
+        if cell.cell_type == "code" and name in _kernel_sets(cell):
             return number
     return None
+
+
+def _kernel_sets(cell) -> tuple:
+    """The names a code cell (of nbformat) sets when the kernel runs it: as the exporter reads the cell
+    (``_cell_sets``), or, for a cell it refuses (``files = !ls``) or drops (``%%bash --out
+    VAR``), as IPython's own translation of the cell to Python binds them (``_ipython_sets``)."""
+    try:
+        read = read_cells(SimpleNamespace(cells=[cell]))
+    except ExportError:
+        read = None
+    if read is not None and not (read and isinstance(read[0], Dropped)):
+        return _cell_sets(read[0]) if read else ()
+    return _ipython_sets(cell.source if isinstance(cell.source, str) else "".join(cell.source))
+
+
+def _ipython_sets(source: str) -> tuple:
+    """The names IPython's translation of a cell to Python binds at top level (``files = !ls`` is
+    ``files = get_ipython().getoutput('ls')``), and those its cell magic sets: a script magic's
+    ``--out`` / ``--err`` (and ``--proc`` with ``--bg``: ``%%bash --out VAR``), what the body of
+    ``%%time`` or ``%%capture`` binds and ``%%capture``'s variable; () for a cell that is not Python
+    even so."""
+    import ast
+
+    from IPython.core.inputtransformer2 import TransformerManager
+    from IPython.core.magics._table import default_script_magics
+    from IPython.core.magics.script import ScriptMagics
+    from IPython.utils.process import arg_split
+
+    from lmnb.export.cells import bound_by
+
+    try:
+        tree = ast.parse(TransformerManager().transform_cell(source))
+    except (SyntaxError, ValueError):
+        return ()
+    out = [name for stmt in tree.body for name in bound_by(stmt)]
+    for stmt in tree.body:  # get_ipython().run_cell_magic(NAME, LINE, BODY)
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "run_cell_magic" and len(call.args) == 3
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args)):
+            continue
+        magic, line, body = (a.value for a in call.args)
+        if magic in ("script", *default_script_magics()):
+            args, _ = ScriptMagics.shebang.parser.parse_known_args(arg_split(line))
+            out += [n for n in (args.out, args.err, args.proc if args.bg else None) if n]
+        elif magic in ("time", "capture"):
+            out += _ipython_sets(body)
+            if magic == "capture":
+                out += [w for w in line.split() if not w.startswith("-")][:1]
+    return tuple(out)
 
 
 def _cell_sets(cell) -> tuple:

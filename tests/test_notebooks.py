@@ -645,6 +645,22 @@ def test_a_parameter_that_a_later_lm_or_cell_magic_cell_sets_is_warned_about_whe
     assert setters == [("1", "st"), ("1", "a"), ("2", "pick"), ("3", "t"), ("4", "cap")]
 
 
+def test_a_parameter_that_a_cell_the_exporter_refuses_or_drops_sets_is_warned_about(capsys):
+    # the check read the cells as the exporter does, and skipped those it refuses (files = !ls) or
+    # drops (%%bash --out VAR), which the kernel runs and which set the variable, replacing the -p
+    # value silently (found by the last review)
+    from lmnb_kernel.run import inject_parameters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("files = !ls"), nbformat.v4.new_code_cell("%%bash --out o --err e\necho"),
+                nbformat.v4.new_code_cell("%%time\nif True:\n    env = %env"),
+                nbformat.v4.new_code_cell("%%capture cap\n%%script bash --bg --proc p\necho"),
+                nbformat.v4.new_code_cell("%%timeit -n1 -r1\nt = !ls"), nbformat.v4.new_code_cell("%%bash\necho unseen=1")]
+    inject_parameters(nb, {"files": 1, "o": 2, "e": 3, "env": 4, "p": 5, "cap": 6, "t": 7, "unseen": 8})
+    setters = re.findall(r"warning: cell (\d+) sets (\w+) after", capsys.readouterr().err)
+    assert setters == [("1", "files"), ("2", "o"), ("2", "e"), ("3", "env"), ("4", "p"), ("4", "cap")]
+
+
 def test_a_timeit_cells_assignments_are_not_warned_about_as_setting_a_parameter(capsys):
     # IPython runs a %%timeit body in a function of its own, so `t = 1` there leaves the -p value be;
     # lmnb run still warned "cell 1 sets t after the new first cell, so -p t has no effect"
