@@ -330,6 +330,19 @@ def test_errors_below_a_cell_magic_give_the_notebook_cells_lines(source, where):
     assert str(e.value).startswith(where), str(e.value)
 
 
+def test_a_moved_setup_cell_with_blank_lines_above_its_code_strips_its_example_line(tmp_path, monkeypatch):
+    # the cell's source lost its blank lines above the code, and its example's line (counted with them)
+    # then named the line below it: the job commented out `prompt = ...` and kept `q = "x"`, so every
+    # row failed with a NameError (found while fixing the one-short line numbers)
+    from helpers_export import write_rows
+
+    nb = notebook('\n\nq = "x"\nprompt = q + "!"', "%%lm --temperature 0\n{prompt}{gen a max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("q",)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B!"]
+
+
 def test_an_lm_cell_magic_below_the_first_line_is_named_in_the_refusal():
     """A comment above %%lm made the prompt Python to IPython: the refusal said only "invalid
     syntax. Perhaps you forgot a comma?" about the prompt's line."""

@@ -305,7 +305,7 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
     if awaited is not None:
         raise ExportError(f"cell {index}, line {awaited + first_line - 1}: top-level await (IPython runs it, a script cannot); "
                           "put the code in an async function and call it with asyncio.run(...)")
-    code.source = text.strip("\n")
+    code.source = text.rstrip("\n")  # (its blank lines above stay: the lines of tree and source are the cell's)
     try:
         code.reads, code.uses, code.assigns = names(text, tree)
     except SyntaxError as e:  # what ast.parse lets by and symtable refuses, as Python does (import * in a def)
