@@ -372,7 +372,9 @@ def _replace_magics(source: str, code: Code) -> str:
     from IPython.core.inputtransformer2 import TransformerManager
 
     replaced = "\n".join(lines)
-    transformed = TransformerManager().transform_cell(replaced).rstrip("\n").split("\n")
+    # IPython drops the blank lines above the code: they stay, so errors give the cell's line numbers
+    blank = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    transformed = [""] * blank + TransformerManager().transform_cell(replaced).rstrip("\n").split("\n")
     same_lines = len(transformed) == len(lines)
     for i, line in enumerate(transformed):
         if "get_ipython()" in line:
