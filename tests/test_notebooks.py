@@ -1024,3 +1024,23 @@ def test_a_notebook_that_cannot_be_saved_at_the_end_is_saved_elsewhere(tmp_path,
     if timeout == 3:
         assert "cleanup" in "".join(o.get("text", "") for o in outputs) and outputs[-1]["ename"] == "KeyboardInterrupt"
     fallback.unlink()
+
+
+def test_lmnb_run_saves_no_state_of_the_widgets_a_cell_closed(tmp_path, capsys):
+    # nbclient keeps every widget's last state in the notebook's metadata, closed ones too: under
+    # LMNB_VIEW=live each %%lm cell's closed view left its JavaScript and layout there, about 6 KB
+    # (found by the last review); a widget left open keeps its state
+    import json
+
+    from lmnb_kernel.cli import main
+
+    view = ("from lmnb_kernel.widgets import RunView\nv = RunView('saved', live=True)\nv.show()\n"
+            "v.on_delta('main', 'zebra ', token_ids=[1])\nv.tick()\nv.finish();")
+    src = _notebook(tmp_path / "nb.ipynb", view, "import ipywidgets\nipywidgets.IntSlider(value=7)")
+    assert main(["run", str(src), "-o", str(tmp_path / "out.ipynb")]) == 0
+    done = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert "zebra " in json.dumps(done.cells[0].outputs)  # the static view replaced the closed one
+    states = done.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    # the slider, its layout and its style: not the view's AnyModel nor its layout
+    assert sorted(m["model_name"] for m in states.values()) == ["IntSliderModel", "LayoutModel", "SliderStyleModel"]
+    assert [m["state"]["value"] for m in states.values() if m["model_name"] == "IntSliderModel"] == [7]

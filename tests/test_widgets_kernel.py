@@ -298,8 +298,8 @@ def test_nbconvert_html_of_an_executed_lm_notebook_contains_the_static_views(lmn
 
 
 def test_a_notebook_executed_by_nbclient_keeps_no_copy_of_the_run_in_the_closed_views_widget_state(tmp_path):
-    """nbclient (papermill, nbconvert --execute, lmnb run with LMNB_VIEW=live) saves the last state
-    of every widget in the notebook's metadata, closed ones too: the live view's last snapshot
+    """nbclient (papermill, nbconvert --execute; lmnb run saves none of a closed widget) saves the last
+    state of every widget in the notebook's metadata, closed ones too: the live view's last snapshot
     held the run's text a second time as HTML (14.8 KB for a 400-token gen), beside the output
     that replaced it. Now the view empties its snapshot before it closes."""
     cell = ("from lmnb_kernel.widgets import RunView\nv = RunView('saved')\nv.show()\n"
