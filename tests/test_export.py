@@ -1352,7 +1352,7 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
     moved = notebook('from math import *\nperson = "Arvel"\nq = person.upper() + str(floor(e))', lm)
     for nb, row, printed in ((later, {"q": "B"}, "2.0 !\n"), (moved, {"person": "b"}, "")):
         source, p = export_notebook(nb)
-        assert re.search(r"\njob.star_import\('math', globals\(\)\)\n+def run_row\(", source)
+        assert re.search(r"\njob.star_import\(globals\(\), 'math'\)\n+def run_row\(", source)
         rows = write_rows(tmp_path / "rows.jsonl", [row])
         out = tmp_path / "out.jsonl"
         out.unlink(missing_ok=True)
@@ -1450,6 +1450,21 @@ def test_a_per_row_star_import_sets_a_variable_the_cell_binds_below_it(tmp_path,
     source, _ = export_notebook(nb)
     results, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
     assert prompts == ["B", f"{math.pi} 3 unbound"]
+
+
+def test_two_star_imports_in_a_per_row_cell_export_and_the_later_one_wins(tmp_path, monkeypatch):
+    # the second import's line listed "*" among the names bound above it: the script did not compile
+    # (found while fixing the per-row star imports)
+    import cmath
+
+    from helpers_export import write_rows
+
+    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "from math import *\nfrom cmath import *\nr = str(sqrt(-1))",
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", str(cmath.sqrt(-1))]  # cmath's sqrt, as in the notebook (math's raises)
 
 
 @pytest.mark.parametrize("setup, body, where, called", [

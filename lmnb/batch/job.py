@@ -72,17 +72,18 @@ class _Unbound:
 UNBOUND = _Unbound()
 
 
-def star_import(module: str, namespace: dict) -> None:
-    """``from module import *`` into ``namespace`` (the script's globals), but for the names it
-    holds already. The script makes a per-row cell's star import so, at module level (a function
-    cannot make one): it gives run_row the names that no cell binds (``sqrt``), and leaves the
-    notebook's own variables (a parameter ``e``), which the import changes only from where the cell
-    makes it, in each row (``star_values``).
+def star_import(namespace: dict, /, *modules: str) -> None:
+    """``from module import *`` for each of ``modules`` in order (a later one's name wins) into
+    ``namespace`` (the script's globals), but for the names it holds already. The script makes a
+    per-row cell's star imports so, at module level (a function cannot make one): they give run_row
+    the names that no cell binds (``sqrt``), and leave the notebook's own variables (a parameter
+    ``e``), which an import changes only from where the cell makes it, in each row (``star_values``).
 
     Raises:
-        ImportError: the module cannot be imported."""
+        ImportError: a module cannot be imported."""
     names: dict = {}
-    exec(f"from {module} import *", names)
+    for module in modules:
+        exec(f"from {module} import *", names)
     names.pop("__builtins__", None)
     for name, value in names.items():
         namespace.setdefault(name, value)

@@ -501,8 +501,8 @@ def bound_by(stmt: ast.stmt) -> list[str]:
     lambdas and comprehensions inside it)."""
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [stmt.name]
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        return [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):  # (a star import binds names unknown here)
+        return [(a.asname or a.name).split(".")[0] for a in stmt.names if a.name != "*"]
     out = []
     stack = [stmt]
     while stack:
@@ -517,7 +517,7 @@ def bound_by(stmt: ast.stmt) -> list[str]:
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             out.append(node.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            out += [(a.asname or a.name).split(".")[0] for a in node.names]
+            out += [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
         stack.extend(ast.iter_child_nodes(node))
     return out
 

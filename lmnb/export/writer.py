@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from lmnb.batch.options import parameter_options
 from lmnb.export.cells import TIMEIT_BODY, Code, Dropped, LMCell, Markdown
-from lmnb.template.python_cell import indent_code
 from lmnb.export.plan import Plan
+from lmnb.template.python_cell import indent_code
 
 _INDENT = "    "
 RUN_LINE = ("python {script} --input rows.jsonl --output results.jsonl [--backend engine|URL] [--model PATH]\n"
@@ -219,7 +219,7 @@ class _Writer:
         return (f"# -- the star imports of {'cell' if cells.isdigit() else 'cells'} {cells}, which run per row: here, "
                 "as a function (run_row) cannot make one,\n# for the names no variable holds; run_row's variables "
                 "take the module's values where the cell imports\n"
-                + "\n".join(f"{self.names.job}.star_import({m!r}, globals())" for m in modules))
+                + f"{self.names.job}.star_import(globals(), {', '.join(map(repr, modules))})")
 
     def run_row(self) -> str:
         n, p = self.names, self.p
