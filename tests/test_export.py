@@ -325,6 +325,9 @@ def test_a_named_capture_is_said_to_be_unset_in_the_job():
      "forgot a comma?; %%lm on line 4: a cell magic works only on a cell's first line"),
     ("\n\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 5: invalid Python: invalid syntax. Perhaps you "
      "forgot a comma?; %%lm on line 4: a cell magic works only on a cell's first line"),
+    # (an indented cell's: IPython drops the indentation; the line magic was not named)
+    ("%%time\n  # ask\n  %%lm\n  Q: {q}{gen a}", "cell 2, line 4: invalid Python: invalid syntax. Perhaps you "
+     "forgot a comma?; %%lm on line 3: a cell magic works only on a cell's first line"),
     # what Python refuses past its parser (symtable) ended lmnb export on a SyntaxError traceback
     ("%%time\nx = 1\n\ndef f():\n    from math import *", "cell 2, line 5: invalid Python: import * only allowed at "
      "module level"),

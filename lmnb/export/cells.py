@@ -298,7 +298,8 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
         tree = ast.parse(text, filename=f"<cell {index}>")
     except SyntaxError as e:
         lines = source.split("\n")  # (IPython reads "%%lm" below the first line as a line magic "%lm %lm")
-        late = next((n for n, line in enumerate(lines[1:], start=2) if line.startswith("%%")), None)
+        # (an indented cell's too: IPython drops the indentation its lines share)
+        late = next((n for n, line in enumerate(lines[1:], start=2) if line.lstrip().startswith("%%")), None)
         hint = "" if late is None else f"; {lines[late - 1].split()[0]} on line {late + first_line - 1}: {LATE_CELL_MAGIC}"
         raise ExportError(f"cell {index}, line {(e.lineno or 1) + first_line - 1}: invalid Python: {e.msg}{hint}") from None
     awaited = _top_level_await(tree)
