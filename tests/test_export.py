@@ -275,7 +275,7 @@ def test_the_names_a_timeit_body_binds_are_not_set_in_the_job_as_in_the_kernel(t
 
     setup = 'q = "A"\nu = w = v = 1\nseen = []'
     timed_setup = '%%timeit -n1 -r1\nu = 2'
-    timed_row = '%%timeit -n1 -r1\nw = 2\nseen.append(q)'
+    timed_row = '%%timeit -n1 -r1 t = q * 2\nw = 2\nseen.append(t)'  # (t = ...: setup code, before the body)
     timed_line = 'if True:\n    %timeit -n1 -r1 v = 2'
     nb = notebook(setup, timed_setup, "%%lm --temperature 0\n{q}{gen x max_tokens=1}", timed_row, timed_line,
                   "%%lm --temperature 0\n{u} {w} {v} {seen}{gen y max_tokens=1}")
@@ -283,7 +283,7 @@ def test_the_names_a_timeit_body_binds_are_not_set_in_the_job_as_in_the_kernel(t
     assert p.inputs == ("q",) and "u" not in p.copied and "w" not in p.copied
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "A"}]), 0)
     # as the kernel has them (IPython's %%timeit -n1 -r1: u, w, v stay 1; the body ran once)
-    assert prompts == ["A", "1 1 1 ['A']"]
+    assert prompts == ["A", "1 1 1 ['AA']"]
 
 
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():

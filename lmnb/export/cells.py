@@ -231,6 +231,11 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent
                             cell_body(_ipython_magic_body(source)), indent, names)
         if name in PYTHON_BODY_MAGICS:
             # %%time over %%lm (IPython runs the inner cell magic): the inner cell is the program
+            # %%timeit's statement on its line is setup code, run before the body: it leads the body, on
+            # the magic's line
+            setup = _TIMING_LINE.match(first[1:]) if name == "timeit" else None
+            if setup is not None and not setup.group(3).startswith("-"):
+                body, body_line = f"{setup.group(3)}\n{body}", body_line - 1
             inner = (_code_cell(index, body, tags, body_line, indent, names=names) if _cell_magic(body)[1]
                      else python_cell(index, body, tags, body_line))
             if isinstance(inner, Code) and inner.magic is None:
