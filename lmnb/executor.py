@@ -19,6 +19,7 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
+import gc
 import operator
 import random
 import sys
@@ -256,6 +257,20 @@ def _fork_size(size: Any) -> int:
 _BODY_POLL_S = 0.25  # how often a reader waiting for a streamed body checks whether the body waits for it
 
 
+def _current_frames() -> dict:
+    """``sys._current_frames()`` with the garbage collector off: on CPython 3.11 a collection
+    during the call can free a ``threading.local`` whose clean-up waits for the interpreter lock
+    the call holds, and the process hangs for good (python/cpython#106883; two test runs here hung
+    so under 3.11.7, gdb showed that stack)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _waits_for(waiter: int, reader: int) -> bool:
     """Whether thread ``waiter`` is blocked waiting for thread ``reader``: in ``Thread.join`` of
     it, or in ``Future.result``/``exception`` of a future it runs for a ``ThreadPoolExecutor``,
@@ -264,7 +279,7 @@ def _waits_for(waiter: int, reader: int) -> bool:
     taken while they run: Python records no other link."""
     from concurrent.futures import Future, thread
 
-    frames = sys._current_frames()
+    frames = _current_frames()
     threads = {id(t): t.ident for t in threading.enumerate()}
     joins = threading.Thread.join.__code__
     results = (Future.result.__code__, Future.exception.__code__)

@@ -3136,3 +3136,23 @@ def test_a_program_parameter_named_like_a_run_option_given_by_name_is_refused_wi
             prog.run_batch([{"q": "x", option: "!"}, {"q": "y"}], backend=be, **{option: value})
     assert [st.text() for st in prog.run_batch([{"q": "x", "progress_bar": "!"}], progress_bar=False,
                                                backend=be)] == ["x!--"]
+
+
+def test_the_thread_stack_snapshot_is_taken_with_the_garbage_collector_off(monkeypatch):
+    # CPython 3.11's sys._current_frames() hangs for good when a collection runs inside it
+    # (python/cpython#106883); the collector must be off for the call and back on after it
+    import gc
+
+    from lmnb import executor
+
+    seen = []
+    monkeypatch.setattr(executor.sys, "_current_frames", lambda: seen.append(gc.isenabled()) or {})
+    assert gc.isenabled()
+    assert executor._current_frames() == {}
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:  # (a caller that had it off keeps it off)
+        executor._current_frames()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
