@@ -1382,9 +1382,13 @@ def test_a_job_without_row_fields_warns_that_the_rows_fields_are_not_used(tmp_pa
     assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0
     err = capsys.readouterr().err
     assert ("lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read none), "
-            "so every row runs the same programs and 'person', 'x' are not used; to read them, export the notebook "
-            "again with --inputs NAMES\n") in err
+            "so every row runs the same programs and the fields 'person', 'x' are not used; to read them, export the "
+            "notebook again with --inputs NAMES\n") in err
     assert [r["variables"]["answer"] for r in read_results(tmp_path / "out.jsonl")] == ["FIXED", "FIXED"]
+    write_rows(rows, [{"person": "Corin"}])
+    job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out1.jsonl"), "--no-progress"])
+    assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0
+    assert "same programs and the field 'person' is not used;" in capsys.readouterr().err
     write_rows(rows, [{}, {}])
     job = Job("", [], argv=["--input", str(rows), "--output", str(tmp_path / "out2.jsonl"), "--no-progress"])
     assert job.run(same, programs=[echo], backend=ScriptedBackend(reply)) == 0

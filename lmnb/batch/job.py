@@ -302,8 +302,9 @@ class Job:
         unread_fields = sorted({str(k) for row in rows if row.error is None for k in row.fields} - {args.id_field})
         if not self.inputs and unread_fields:  # (not refused: running one program over and over may be meant)
             shown = ", ".join(map(repr, unread_fields[:5])) + (", ..." if len(unread_fields) > 5 else "")
+            fields = f"the fields {shown} are" if len(unread_fields) > 1 else f"the field {shown} is"
             print(f"lmnb batch: warning: this job reads no field of the input rows (its notebook's %%lm cells read "
-                  f"none), so every row runs the same programs and {shown} are not used; to read them, export "
+                  f"none), so every row runs the same programs and {fields} not used; to read them, export "
                   "the notebook again with --inputs NAMES", file=sys.stderr)
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
             print(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run",
