@@ -109,8 +109,8 @@ class RequestHandle:
             if self.done:  # (the last event: let go of the listeners, and what they hold)
                 self._subs.clear()
         # Outside the lock: a slow listener must not hold up readers (result(timeout) waited for it
-        # past its timeout). The scheduler thread alone calls _put, so each listener still hears
-        # the events in order.
+        # past its timeout). One thread at a time calls _put (the scheduler's; once it has stopped,
+        # Scheduler.answer_unqueued's), so each listener still hears the events in order.
         for sub in direct:
             try:
                 sub.listener(event)
@@ -127,7 +127,9 @@ class RequestHandle:
     def subscribe(self, listener: Callable[[StreamEvent], None]) -> None:
         """Call ``listener(event)`` with each ``StreamEvent``, in order and each once: the events so
         far, and those that come meanwhile, here on the caller's thread before ``subscribe``
-        returns; the later ones on the scheduler thread as they come. No lock is held while the
+        returns; the later ones on the scheduler thread as they come (but for one case: a listener's
+        submit whose grammar was still compiling when the engine shut down ends with its abort on
+        that compile's own thread, the scheduler's being gone). No lock is held while the
         listener runs here, so it may wait (for the request's result, say) and the request goes on.
 
         On the scheduler thread the listener must not block (an asyncio consumer hands the event to
