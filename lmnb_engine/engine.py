@@ -841,15 +841,23 @@ class Engine:
     ) -> RequestHandle:
         """Queue one prompt without waiting; returns its ``RequestHandle``.
 
-        Raises ``ValueError``/``TypeError`` for a bad prompt or bad params (nothing is queued), and
-        ``RuntimeError`` once the engine is shut down. A request queued before the shutdown ends
-        with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do those running.
+        ``rid``: the id ``abort`` takes (None: a random one); a running request's rid, or one with no
+        character but whitespace, is refused.
+
+        Raises ``ValueError``/``TypeError`` for a bad prompt, bad params or a bad rid (nothing is
+        queued), and ``RuntimeError`` once the engine is shut down. A request queued before the
+        shutdown ends with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do
+        those running.
 
         In a ``subscribe`` listener (the scheduler thread), a regex / JSON schema not compiled yet
         does not hold that thread for the compile: the handle comes back at once, the request is
         queued once the compile ends, and a failure found then (a pattern this vocabulary cannot
         complete, a compile over its limits) ends it with an abort naming it instead of raising.
         The constraint's own checks (an unsupported feature) still raise here."""
+        if rid is not None and not isinstance(rid, str):
+            raise TypeError(f"rid={rid!r} must be a string (or None for a random one)")
+        if rid is not None and not rid.strip():  # (an empty one was replaced by a random id abort() could not name)
+            raise ValueError(f"rid={rid!r} must hold a character other than whitespace (or be None for a random one)")
         params = params or SamplingParams()
         ids = self._to_ids(prompt)
         self._check(ids, params, grammar=False)

@@ -826,6 +826,18 @@ def test_calls_after_a_shutdown_made_by_a_listener_raise_the_shutdown_error(tiny
     assert eng._grammar_backend is None  # no compiler started
 
 
+@pytest.mark.parametrize("rid,error,match", [
+    ("", ValueError, r"^rid='' must hold a character other than whitespace"),
+    (" \t", ValueError, r"^rid=' \\t' must hold a character other than whitespace"),
+    (7, TypeError, r"^rid=7 must be a string"),
+])
+def test_submit_refuses_a_rid_abort_could_not_name(engine, rid, error, match):
+    # an empty rid was replaced by a random one, so abort("") never found the request
+    with pytest.raises(error, match=match):
+        engine.submit("the cat", SamplingParams(max_new_tokens=2), rid=rid)
+    assert_idle_accounting(engine)
+
+
 def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engine, monkeypatch):
     """submit registered the rid, then fetched the grammar again (its compile may have left the
     cache, and the recompile hit a busy compiler: a transient error, "retry later"); the error left
