@@ -1455,6 +1455,21 @@ def test_a_per_row_star_import_sets_a_variable_the_cell_binds_below_it(tmp_path,
     assert prompts == ["B", f"{math.pi} 3 unbound"]
 
 
+def test_a_per_row_star_import_replaces_the_names_of_a_setup_cells_star_import(tmp_path, monkeypatch):
+    # from math import * in a setup cell, then from cmath import * in a per-row cell: the notebook's
+    # sqrt is cmath's below it, but job.star_import kept math's (the script's globals held sqrt
+    # already), so sqrt(-1) failed every row with "math domain error" (found by the break-it review)
+    from helpers_export import write_rows
+
+    nb = notebook("from math import *\ne = 2", 'q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "from cmath import *\nr = str(sqrt(-1))", "%%lm --temperature 0\n{r} {e}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    results, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    import cmath
+
+    assert prompts == ["B", f"{str(cmath.sqrt(-1))} {cmath.e}"]
+
+
 def test_two_star_imports_in_a_per_row_cell_export_and_the_later_one_wins(tmp_path, monkeypatch):
     # the second import's line listed "*" among the names bound above it: the script did not compile
     # (found while fixing the per-row star imports)

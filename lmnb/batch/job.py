@@ -72,12 +72,16 @@ class _Unbound:
 UNBOUND = _Unbound()
 
 
-def star_import(namespace: dict, /, *modules: str) -> None:
+def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = ()) -> None:
     """``from module import *`` for each of ``modules`` in order (a later one's name wins) into
     ``namespace`` (the script's globals), but for the names it holds already. The script makes a
     per-row cell's star imports so, at module level (a function cannot make one): they give run_row
     the names that no cell binds (``sqrt``), and leave the notebook's own variables (a parameter
     ``e``), which an import changes only from where the cell makes it, in each row (``star_values``).
+    ``over``: the modules that the cells run once star-import (above, at module level): a name that
+    still holds such a module's value is no variable of the notebook, and takes ``modules``' value,
+    as the later import replaces it in the notebook (``from math import *`` once, then ``from cmath
+    import *`` per row: sqrt is cmath's).
 
     Raises:
         ImportError: a module cannot be imported."""
@@ -85,8 +89,12 @@ def star_import(namespace: dict, /, *modules: str) -> None:
     for module in modules:
         exec(f"from {module} import *", names)
     names.pop("__builtins__", None)
+    earlier: dict = {}
+    for module in over:
+        exec(f"from {module} import *", earlier)
     for name, value in names.items():
-        namespace.setdefault(name, value)
+        if name not in namespace or (name in earlier and namespace[name] is earlier[name]):
+            namespace[name] = value
 
 
 def star_values(module: str, bound: dict, /, *names: str) -> tuple:

@@ -216,10 +216,13 @@ class _Writer:
         if not modules:
             return ""
         cells = _ranges([i for i, stars in found.items() if stars])
+        # the setup cells' star imports, made above: their names are no variables, and a row's import replaces them
+        earlier = list(dict.fromkeys(m for c in self.p.setup if isinstance(c, Code) for m in c.star_imports))
+        over = f", over=({', '.join(map(repr, earlier))}{',' * (len(earlier) == 1)})" if earlier else ""
         return (f"# -- the star imports of {'cell' if cells.isdigit() else 'cells'} {cells}, which run per row: here, "
                 "as a function (run_row) cannot make one,\n# for the names no variable holds; run_row's variables "
                 "take the module's values where the cell imports\n"
-                + f"{self.names.job}.star_import(globals(), {', '.join(map(repr, modules))})")
+                + f"{self.names.job}.star_import(globals(), {', '.join(map(repr, modules))}{over})")
 
     def run_row(self) -> str:
         n, p = self.names, self.p
