@@ -1820,3 +1820,28 @@ def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_
         # ended: the rids are free again, on either route
         assert _post(url, "/generate", {"text": "a", "rid": "Z-1", "sampling_params": {"max_new_tokens": 0}},
                      timeout=30).status_code == 200
+
+
+def test_an_openai_response_id_that_a_running_responses_prompt_holds_is_refused():
+    """Found by the break-it review: while an OpenAI response "Z" of two prompts ran (engine rids
+    Z-0, Z-1), an OpenAI request of two prompts with rid "Z-1" was taken (the engine saw only
+    Z-1-0, Z-1-1), and /abort_request "Z-1", which aborted Z's second prompt, then aborted the new
+    response instead. It is now refused as a /generate "Z-1" is."""
+    engine = _RidEngine()
+    replies: list = []
+    with live_server(engine, served_model_name="rec") as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(
+            url, "/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "Z"}, timeout=30)))
+        thread.start()
+        engine.wait_for(2)
+        try:
+            r = _post(url, "/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "Z-1"})
+            assert r.status_code == 400, r.text
+            assert (r.json()["error"]["param"], r.json()["error"]["message"]) == (
+                "rid", 'rid="Z-1" is already in use by a running request; give another rid, or wait for that '
+                       "request to end")
+            assert [h.rid for h in engine.handles] == ["Z-0", "Z-1"]
+        finally:
+            engine.release.set()
+            thread.join(30)
+        assert [r.status_code for r in replies] == [200]

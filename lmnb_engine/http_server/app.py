@@ -145,9 +145,14 @@ class ServerContext:
         routes before they submit, as the engine cannot see every clash: an OpenAI response of
         several prompts runs as ``<rid>-<k>``, so the engine took a /generate ``rid`` beside it (or
         the other way round), and /abort_request could not tell which the client meant. SGLang
-        takes both (it aborts by the exact engine rid), lmnb refuses the second."""
+        takes both (it aborts by the exact engine rid), lmnb refuses the second. A running response's
+        prompt's engine rid (``<id>-<k>``) is in use too: /abort_request with it aborts that prompt,
+        and a response of several prompts given it as its id ran beside it (the engine saw only
+        ``<id>-<k>-0``, ...), which /abort_request then aborted instead."""
         batch, handle = self.batches.get(rid), self.generating.get(rid)
-        return (batch is not None and not all(h.done for h in batch)) or (handle is not None and not handle.done)
+        if (batch is not None and not all(h.done for h in batch)) or (handle is not None and not handle.done):
+            return True
+        return any(h.rid == rid and not h.done for running in list(self.batches.values()) for h in running)
 
     async def run(self, fn: Callable, *args) -> Any:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
