@@ -706,7 +706,10 @@ def inject_parameters(nb, params: dict) -> int | None:
 def clear_outputs(nb) -> None:
     """Empty every code cell's outputs and execution count, as papermill does before a run: nbclient
     clears only the cells it runs, so after a failure the cells below it kept the outputs of an
-    earlier run, the saved notebook showed them as run, and the summary counted their tokens."""
+    earlier run, the saved notebook showed them as run, and the summary counted their tokens. The
+    widget state saved with those outputs (JupyterLab's, for their widget views) goes with them:
+    nbclient replaces it only when the run leaves a widget open, so it stayed otherwise."""
+    nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = []

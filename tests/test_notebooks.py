@@ -1044,3 +1044,24 @@ def test_lmnb_run_saves_no_state_of_the_widgets_a_cell_closed(tmp_path, capsys):
     # the slider, its layout and its style: not the view's AnyModel nor its layout
     assert sorted(m["model_name"] for m in states.values()) == ["IntSliderModel", "LayoutModel", "SliderStyleModel"]
     assert [m["state"]["value"] for m in states.values() if m["model_name"] == "IntSliderModel"] == [7]
+
+
+def test_lmnb_run_keeps_no_widget_state_of_an_earlier_session_when_every_widget_it_made_is_closed(tmp_path):
+    # the source notebook's widget state (saved by JupyterLab beside the outputs it cleared) stayed in
+    # the executed notebook when the run's own widgets were all closed: nbclient writes the metadata
+    # only when some state is left, and lmnb run now forgets the closed ones' (found by the break-it
+    # review); the outputs that state belonged to are cleared, and so is it
+    from lmnb_kernel.cli import main
+
+    view = ("from lmnb_kernel.widgets import RunView\nv = RunView('saved', live=True)\nv.show()\n"
+            "v.on_delta('main', 'zebra ', token_ids=[1])\nv.tick()\nv.finish();")
+    for cells in ((view,), ("1 + 1",)):
+        src = _notebook(tmp_path / "nb.ipynb", *cells)
+        nb = nbformat.read(src, as_version=4)
+        nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+            "state": {"stale": {"model_name": "IntSliderModel", "model_module": "@jupyter-widgets/controls",
+                                "model_module_version": "2.0.0", "state": {"value": 3}}},
+            "version_major": 2, "version_minor": 0}}
+        nbformat.write(nb, src)
+        assert main(["run", str(src), "-o", str(tmp_path / "out.ipynb")]) == 0
+        assert "widgets" not in nbformat.read(tmp_path / "out.ipynb", as_version=4).metadata
