@@ -256,19 +256,23 @@ def _fork_size(size: Any) -> int:
 
 _BODY_POLL_S = 0.25  # how often a reader waiting for a streamed body checks whether the body waits for it
 
+_FRAMES_LOCK = threading.RLock()  # _current_frames' turns (an RLock: a finalizer the call runs may take a turn too)
+
 
 def _current_frames() -> dict:
     """``sys._current_frames()`` with the garbage collector off: on CPython 3.11 a collection
     during the call can free a ``threading.local`` whose clean-up waits for the interpreter lock
     the call holds, and the process hangs for good (python/cpython#106883; two test runs here hung
-    so under 3.11.7, gdb showed that stack)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return sys._current_frames()
-    finally:
-        if enabled:
-            gc.enable()
+    so under 3.11.7, gdb showed that stack). The snapshots take turns: of two at once, the first
+    turned the collector back on while the second's call ran (which had found it off and left it so)."""
+    with _FRAMES_LOCK:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return sys._current_frames()
+        finally:
+            if enabled:
+                gc.enable()
 
 
 def _waits_for(waiter: int, reader: int) -> bool:

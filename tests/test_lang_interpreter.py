@@ -3156,3 +3156,41 @@ def test_the_thread_stack_snapshot_is_taken_with_the_garbage_collector_off(monke
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_thread_stack_snapshot_never_runs_with_the_collector_turned_back_on_by_another(monkeypatch):
+    # two threads taking the snapshot at once (each row thread's reader checks _waits_for): the
+    # second found the collector off (the first's doing) and left it so, and the first turned it
+    # back on while the second's call ran, which is the hang of python/cpython#106883 (found by the
+    # break-it review); the snapshots now take turns
+    import gc
+
+    from lmnb import executor
+
+    second_inside, first_done = threading.Event(), threading.Event()
+    seen = {}
+
+    def frames():
+        if threading.current_thread().name == "first":
+            second_inside.wait(2)  # (never set where the second waits for its turn)
+        else:
+            second_inside.set()
+            first_done.wait(10)
+            seen["second"] = gc.isenabled()
+        return {}
+
+    def first():
+        executor._current_frames()
+        first_done.set()
+
+    monkeypatch.setattr(executor.sys, "_current_frames", frames)
+    assert gc.isenabled()
+    a = threading.Thread(target=first, name="first")
+    a.start()
+    while gc.isenabled():  # (the first is inside once the collector is off)
+        time.sleep(0.001)
+    b = threading.Thread(target=executor._current_frames, name="second")
+    b.start()
+    a.join(30)
+    b.join(30)
+    assert seen == {"second": False} and gc.isenabled()
