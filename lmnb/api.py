@@ -23,6 +23,7 @@ from lmnb.ir import (
     RoleEnd,
     Select,
     Video,
+    _python_value,
     as_expr,
     check_flag,
     check_regex,
@@ -590,7 +591,10 @@ def select(
 
 
 def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_method: Any) -> Select:
-    """``select``'s checks and node; errors name ``caller``, the form the user wrote."""
+    """``select``'s checks and node; errors name ``caller``, the form the user wrote. A numpy array
+    of choices (``df.label.unique()``) and numpy numbers are read as the Python values they hold,
+    as gen()'s other options are."""
+    choices, temperature = _python_value(choices), _python_value(temperature)
     if not choices or not isinstance(choices, (list, tuple)):
         raise ValueError(f"{caller} needs choices: a non-empty list of strings")
     bad = [c for c in choices if not isinstance(c, str) or not c]

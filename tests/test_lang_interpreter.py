@@ -2280,6 +2280,22 @@ def test_select_refuses_a_choice_listed_twice_naming_it():
     assert sgl.select("x", choices=["a", "A", "a "]).choices == ["a", "A", "a "]  # (distinct strings)
 
 
+def test_select_and_gen_choices_take_numpy_arrays_and_numbers():
+    # select("label", choices=df.label.unique()) failed with numpy's "The truth value of an array
+    # with more than one element is ambiguous", and temperature=np.float32(0.5) was refused as no
+    # finite number, where gen()'s other options read numpy values as the Python values they hold
+    # (found by the break-it review)
+    import numpy as np
+
+    for node in (sgl.select("x", choices=np.array(["yes", "no"]), temperature=np.float32(0.5)),
+                 sgl.gen("x", choices=np.array(["yes", "no"]), temperature=np.float32(0.5)),
+                 sgl.select("x", choices=[np.str_("yes"), np.str_("no")], temperature=np.float32(0.5))):
+        assert node.choices == ["yes", "no"] and all(type(c) is str for c in node.choices)
+        assert node.temperature == 0.5 and type(node.temperature) is float
+    with pytest.raises(ValueError, match=r"^select\(\) needs choices: a non-empty list of strings$"):
+        sgl.select("x", choices=np.array([], dtype=str))
+
+
 def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
     """gen(choices=..., n=2) ran one pick without a word (SGLang drops n there too), and its errors
     said select(), which the user never wrote."""
