@@ -1822,6 +1822,42 @@ def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_
                      timeout=30).status_code == 200
 
 
+@pytest.mark.parametrize("first, second, message", [
+    (("/generate", {"text": "a", "rid": "X"}), ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}),
+     'rid="X" is already in use'),
+    (("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}), ("/generate", {"text": "a", "rid": "X"}),
+     'rid="X" is already in use'),
+])
+def test_a_rid_is_refused_while_another_request_with_it_is_still_being_submitted(first, second, message):
+    """Found by the break-it review: the routes checked a rid (ServerContext.in_use) and then awaited
+    the submit (tokenizing, a grammar's compile) before recording it, so a request on the other
+    route with the same rid was taken meanwhile, the engine seeing X beside X-0, X-1; the rid is
+    now held from the check on."""
+    class Engine(_RidEngine):
+        entered, go = threading.Event(), threading.Event()
+
+        def submit(self, prompt, params, rid=None):
+            if rid in ("X", "X-0"):
+                self.entered.set()
+                self.go.wait(30)
+            return super().submit(prompt, params, rid)
+
+    engine = Engine()
+    replies: list = []
+    with live_server(engine, served_model_name="rec") as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(url, *first, timeout=30)))
+        thread.start()
+        try:
+            assert engine.entered.wait(30)
+            r = _post(url, *second)
+            assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+        finally:
+            engine.go.set()
+            engine.release.set()
+            thread.join(30)
+        assert [r.status_code for r in replies] == [200]
+
+
 def test_an_openai_response_id_that_a_running_responses_prompt_holds_is_refused():
     """Found by the break-it review: while an OpenAI response "Z" of two prompts ran (engine rids
     Z-0, Z-1), an OpenAI request of two prompts with rid "Z-1" was taken (the engine saw only

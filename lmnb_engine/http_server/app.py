@@ -20,6 +20,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import hmac
 import itertools
 import json
@@ -29,7 +30,7 @@ import threading
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Callable, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -137,6 +138,8 @@ class ServerContext:
         self.batches: weakref.WeakValueDictionary[str, Batch] = weakref.WeakValueDictionary()
         # /generate's rid -> its request's handle, for ``in_use``; weak, as ``batches``
         self.generating: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        # rids checked and not yet in batches / generating (their submit awaits tokenizing, a compile)
+        self.submitting: collections.Counter[str] = collections.Counter()
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
 
     def in_use(self, rid: str) -> bool:
@@ -149,10 +152,26 @@ class ServerContext:
         prompt's engine rid (``<id>-<k>``) is in use too: /abort_request with it aborts that prompt,
         and a response of several prompts given it as its id ran beside it (the engine saw only
         ``<id>-<k>-0``, ...), which /abort_request then aborted instead."""
+        if self.submitting[rid]:  # (checked by a request still being submitted: both would be taken)
+            return True
         batch, handle = self.batches.get(rid), self.generating.get(rid)
         if (batch is not None and not all(h.done for h in batch)) or (handle is not None and not handle.done):
             return True
         return any(h.rid == rid and not h.done for running in list(self.batches.values()) for h in running)
+
+    @contextlib.contextmanager
+    def holding(self, rids: list) -> Iterator[None]:
+        """Count ``rids`` in use (``in_use``) from their check until the route records its handles
+        (on leaving): the submit awaits in between, and a request on the other route with one of
+        them was taken meanwhile."""
+        self.submitting.update(rids)
+        try:
+            yield
+        finally:
+            self.submitting.subtract(rids)
+            for rid in rids:
+                if self.submitting[rid] <= 0:
+                    del self.submitting[rid]
 
     async def run(self, fn: Callable, *args) -> Any:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
@@ -627,15 +646,17 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
             if ctx.in_use(rid):
                 raise _entry_error(body, k, batch, RequestError(wire_message(rid_in_use(rid), rid), param="rid"))
         prompt_texts = list(prompts)  # (the text prompts, before some are encoded below)
-        # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
-        # that needs it is tokenized here (off the event loop) and submitted as its ids.
-        prompts = [await _encoded(ctx, x, k, body, batch) if isinstance(x, str) and p.logprob_start_len == 0 else x
-                   for k, (x, p) in enumerate(zip(prompts, params))]
-        firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
-        if any(opts["images"]):
-            prompts = [await _with_images(ctx, x, images) if images else x for x, images in zip(prompts, opts["images"])]
-        handles = await ctx.submit(prompts, params, rids, _refusal(body, params, rids, batch))
-        ctx.generating.update(zip(rids, handles))
+        with ctx.holding(rids):
+            # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
+            # that needs it is tokenized here (off the event loop) and submitted as its ids.
+            prompts = [await _encoded(ctx, x, k, body, batch) if isinstance(x, str) and p.logprob_start_len == 0
+                       else x for k, (x, p) in enumerate(zip(prompts, params))]
+            firsts = [int(x[0]) if p.logprob_start_len == 0 and x else None for x, p in zip(prompts, params)]
+            if any(opts["images"]):
+                prompts = [await _with_images(ctx, x, images) if images else x
+                           for x, images in zip(prompts, opts["images"])]
+            handles = await ctx.submit(prompts, params, rids, _refusal(body, params, rids, batch))
+            ctx.generating.update(zip(rids, handles))
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
             return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)

@@ -291,8 +291,9 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
         message = _api_names(str(e), req, refused_value(e, field, params[k], rids[k]))
         return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
 
-    handles = Batch(await ctx.submit(prompts, params, rids, refused))
-    ctx.batches[rid] = handles
+    with ctx.holding(list(dict.fromkeys([rid, *rids]))):
+        handles = Batch(await ctx.submit(prompts, params, rids, refused))
+        ctx.batches[rid] = handles
     return handles
 
 
