@@ -1858,6 +1858,52 @@ def test_a_rid_is_refused_while_another_request_with_it_is_still_being_submitted
         assert [r.status_code for r in replies] == [200]
 
 
+@pytest.mark.parametrize("path, body, rid", [
+    ("/generate", {"text": "a", "rid": "X"}, "X"),
+    ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}, "X"),
+    ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}, "X-1"),
+    ("/generate", {"text": ["a", "b"], "rid": ["X", "X-1"]}, "X-1"),
+])
+def test_an_abort_of_a_request_still_being_submitted_ends_it(path, body, rid):
+    """Found by the break-it review: /abort_request of a rid whose request was still being submitted
+    (tokenized, its grammar compiled: the engine knew no such rid yet) answered success false, and
+    the request then ran to its end; it is now aborted once its handles exist."""
+    class Engine(_RidEngine):
+        entered, go = threading.Event(), threading.Event()
+
+        def submit(self, prompt, params, rid=None):
+            if rid in ("X", "X-0"):
+                self.entered.set()
+                self.go.wait(30)
+            return super().submit(prompt, params, rid)
+
+    engine = Engine()
+    replies: list = []
+    with live_server(engine, served_model_name="rec") as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
+        thread.start()
+        try:
+            assert engine.entered.wait(30)
+            assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": True}
+            engine.go.set()
+            engine.wait_for(1 if body.get("text") == "a" else 2)  # (its prompts' handles)
+            expected = [rid != "X-1"] * (len(engine.handles) - 1) + [True]  # (X-1: the second prompt's alone)
+            for handle, aborted in zip(engine.handles, expected):
+                assert not aborted or handle.aborted.wait(15)  # (at once once it exists; never, as it was)
+            assert [h.aborted.is_set() for h in engine.handles] == expected
+        finally:
+            engine.go.set()
+            engine.release.set()
+            thread.join(30)
+        reply = replies[0].json()
+        if path == "/generate" and rid == "X":
+            assert reply["meta_info"]["finish_reason"]["type"] == "abort"
+        elif path == "/generate":  # (a batch: X-1 is its second prompt's own rid)
+            assert [r["meta_info"]["finish_reason"]["type"] for r in reply] == ["length", "abort"]
+        else:  # (the response's id aborts both prompts; X-1 its second alone, the first ends when released)
+            assert [c["finish_reason"] for c in reply["choices"]] == (["abort"] * 2 if rid == "X" else ["length", "abort"])
+
+
 def test_an_openai_response_id_that_a_running_responses_prompt_holds_is_refused():
     """Found by the break-it review: while an OpenAI response "Z" of two prompts ran (engine rids
     Z-0, Z-1), an OpenAI request of two prompts with rid "Z-1" was taken (the engine saw only

@@ -140,6 +140,8 @@ class ServerContext:
         self.generating: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         # rids checked and not yet in batches / generating (their submit awaits tokenizing, a compile)
         self.submitting: collections.Counter[str] = collections.Counter()
+        # those of them that /abort_request named meanwhile: the route aborts them once it has their handles
+        self.aborted_early: set[str] = set()
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
 
     def in_use(self, rid: str) -> bool:
@@ -172,6 +174,18 @@ class ServerContext:
             for rid in rids:
                 if self.submitting[rid] <= 0:
                     del self.submitting[rid]
+                    self.aborted_early.discard(rid)
+
+    async def abort_early(self, rids: Sequence[str], handles: Sequence[Any], response: Optional[str] = None) -> None:
+        """Abort each of ``handles`` (engine rids ``rids``) that /abort_request named while it was
+        being submitted (``holding``; the engine knew no such rid then), all of them if it named
+        ``response``, their OpenAI response's id. Called by the route once it has recorded them."""
+        if response is not None and response in self.aborted_early:
+            named = list(handles)
+        else:
+            named = [h for rid, h in zip(rids, handles) if rid in self.aborted_early]
+        for h in named:
+            await self.run(h.abort)
 
     async def run(self, fn: Callable, *args) -> Any:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
@@ -636,6 +650,9 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         batch = ctx.batches.get(rid)  # an OpenAI response id (of several prompts: each has a rid of its own)
         if batch is not None:
             return {"success": any([await ctx.run(h.abort) for h in batch])}
+        if ctx.submitting[rid]:  # (still being submitted, unknown to the engine yet: aborted once it is)
+            ctx.aborted_early.add(rid)
+            return {"success": True}
         return {"success": bool(await ctx.run(engine.abort, rid))}
 
     @app.post("/generate")
@@ -657,6 +674,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
                            for x, images in zip(prompts, opts["images"])]
             handles = await ctx.submit(prompts, params, rids, _refusal(body, params, rids, batch))
             ctx.generating.update(zip(rids, handles))
+            await ctx.abort_early(rids, handles)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
             return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)

@@ -294,6 +294,7 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
     with ctx.holding(list(dict.fromkeys([rid, *rids]))):
         handles = Batch(await ctx.submit(prompts, params, rids, refused))
         ctx.batches[rid] = handles
+        await ctx.abort_early(rids, handles, rid)
     return handles
 
 
