@@ -1297,6 +1297,19 @@ def test_a_rows_field_of_the_wrong_type_is_shown_as_json_without_the_shells_quot
     assert prompts == ["[True, None] {'a': None}"]
 
 
+def test_a_rows_list_or_dict_parameter_keeps_its_characters_outside_the_basic_plane(tmp_path, monkeypatch):
+    # a JSON row's list / dict value was written out as JSON with \\ud83d\\ude00 escapes and read back
+    # as a Python literal, where that is two lone surrogates: "😀" became half characters that no
+    # tokenizer encodes (found by the break-it review)
+    nb = notebook(("parameters", "tags = ['a']\nlimits = {'low': 0}"), "m = f'{tags[0]} {limits[\"k\"]}'",
+                  "%%lm --temperature 0\n{m}{gen x max_tokens=1}")
+    source, _ = export_notebook(nb, inputs=["tags", "limits"])
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"tags": ["\U0001F600 ok"], "limits": {"k": "\U00020000"}}) + "\n", encoding="utf-8")
+    results, prompts = _run_job_rows(source, monkeypatch, rows, 0)
+    assert [r["status"] for r in results] == ["ok"] and prompts == ["\U0001F600 ok \U00020000"]
+
+
 def test_a_parameter_of_another_default_named_in_inputs_keeps_its_rows_values(tmp_path, monkeypatch):
     # `x = ...` (or b"", None) has no type its option reads text as: the script said types={'x': ellipsis},
     # a NameError before any row ran (found by a review helper)

@@ -396,7 +396,9 @@ def _read_typed(row: InputRow, types: dict) -> str | None:
     for name, kind in types.items():
         value = row.fields[name]
         try:
-            row.fields[name] = parameter_type(kind())(value if isinstance(value, str) else json.dumps(value))
+            # (JSON's \ud83d\ude00 escapes, read back as a Python literal, were two lone surrogates)
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            row.fields[name] = parameter_type(kind())(text)
         except UnreadableValue as e:
             return (f"line {row.line}: field {name!r}: {e.saying(json_preview(value))}; it is the notebook's "
                     f"parameter {name}, whose default is of type {kind.__name__}")
