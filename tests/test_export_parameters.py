@@ -182,6 +182,24 @@ def test_container_defaults_take_json_and_tuple_or_set_defaults_take_a_list(caps
     assert vars(job.parameters(limits={"low": 0}, pair=(1, 2))) == {"limits": {"low": None}, "pair": (3,)}
 
 
+def test_json_with_escaped_characters_outside_the_basic_plane_is_read_as_json():
+    # json.dumps writes "😀" as "\\ud83d\\ude00" (its default ensure_ascii), which a Python literal
+    # reads as two lone surrogates: -p tags "$(python -c 'import json; print(json.dumps(["😀"]))')"
+    # gave half characters that no tokenizer encodes (found by the break-it review)
+    import json
+
+    from lmnb.batch import Job
+    from lmnb_kernel.run import parse_value
+
+    tags, limits = json.dumps(["\U0001F600 ok"]), json.dumps({"k": "\U00020000"})
+    assert "\\ud83d" in tags
+    assert parse_value(tags, ["a"]) == ["\U0001F600 ok"] and parse_value(tags) == ["\U0001F600 ok"]
+    assert parse_value(limits, {}) == {"k": "\U00020000"} and parse_value(limits, None) == {"k": "\U00020000"}
+    assert parse_value(tags, ("a",)) == ("\U0001F600 ok",)
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--tags", tags])
+    assert vars(job.parameters(tags=["a"])) == {"tags": ["\U0001F600 ok"]}
+
+
 def test_a_none_default_keeps_a_tuple_without_parentheses_as_text_as_papermill_does():
     """`-p x 1,2` for `x = None` was the tuple (1, 2); papermill keeps the text "1,2". A tuple in
     its parentheses, and other literals, are still read (found by a review)."""

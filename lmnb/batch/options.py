@@ -426,7 +426,7 @@ def _literal_of(kind: type) -> Callable[[str], Any]:
 def _python_or_json(text: str) -> Any:
     """``text`` as a Python literal, else as JSON (``true``, ``null``), else None."""
     try:
-        return ast.literal_eval(text)
+        return _literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         pass
     try:
@@ -435,11 +435,35 @@ def _python_or_json(text: str) -> Any:
         return None
 
 
+def _literal_eval(text: str) -> Any:
+    """``ast.literal_eval(text)``, but JSON's reading where the two differ: a character outside the
+    basic plane that JSON escapes as a surrogate pair (``json.dumps(["😀"])`` writes
+    ``"\\ud83d\\ude00"``) is one character in JSON and two lone surrogates in Python, which no
+    tokenizer encodes."""
+    value = ast.literal_eval(text)
+    if "\\u" in text and _has_surrogate(value):
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):  # (not JSON: the literal's own surrogates)
+            pass
+    return value
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_has_surrogate(x) for x in value)
+    return False
+
+
 def _literal(text: str) -> Any:
     """A Python literal (list, dict, number, None, ...); other text is taken as a string, and so is
     a tuple without its parentheses (``1,2``: papermill's ``-p`` keeps it as text)."""
     try:
-        value = ast.literal_eval(text)
+        value = _literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         if _too_many_digits(text):
             raise _too_long(text) from None
