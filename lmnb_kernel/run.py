@@ -65,6 +65,12 @@ def _read_parameters_first(parser) -> None:
         return arg == "-p" or arg.startswith("--p") and "--parameter".startswith(arg) and (
             arg == "--parameter" or parser.allow_abbrev)
 
+    def attached(arg: str):  # -pNAME[=VALUE], -p=NAME..., --parameter=NAME...: the words after -p, else None
+        if arg.startswith("-p") and not arg.startswith("--") and len(arg) > 2:
+            return arg[3:] if arg[2] == "=" else arg[2:]
+        option, equals, word = arg.partition("=")
+        return word if equals and option.startswith("--") and is_parameter(option) else None
+
     def parse(args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
         given, rest, i = [], [], 0
@@ -72,6 +78,9 @@ def _read_parameters_first(parser) -> None:
             if args[i] == "--":
                 rest += args[i:]
                 break
+            word = attached(args[i])
+            if word is not None:  # (argparse's attached forms: read as -p followed by that word)
+                args[i:i + 1] = ["-p", word]
             if not is_parameter(args[i]):
                 rest.append(args[i])
                 i += 1

@@ -313,6 +313,17 @@ def test_after_p_the_report_numbers_cells_as_the_source_notebook_does(tmp_path, 
     assert "lmnb run: cell 3 (In [3]) raised ZeroDivisionError; the cell begins: 1 / (n - 2)" in capsys.readouterr().err
 
 
+def test_p_takes_its_words_attached_as_argparse_writes_them():
+    # --parameter=n=5 and -pn=5 (argparse's attached forms of an option's argument, and -p NAME=VALUE)
+    # said "argument -p/--parameter: expected 2 arguments", as did -pn 5 (found by the break-it review)
+    from lmnb_kernel.run import run_arguments
+
+    parser = argparse.ArgumentParser()
+    run_arguments(parser)
+    args = parser.parse_args(["nb.ipynb", "--parameter=n=5", "-pm=-1", "-pk", "2", "--param=w", "x=y", "-p=v=3"])
+    assert args.parameter == [["n", "5"], ["m", "-1"], ["k", "2"], ["w", "x=y"], ["v", "3"]]
+
+
 def test_p_takes_a_value_that_starts_with_a_dash_and_a_name_equals_value_form(tmp_path, capsys):
     """`-p name -Bob` said "argument -p/--parameter: expected 2 arguments" (argparse took -Bob for an
     option), and there was no `-p NAME=VALUE` (found by a review)."""
