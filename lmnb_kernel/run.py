@@ -134,6 +134,10 @@ def run(args) -> int:
     if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
         print(f"lmnb run: -o is empty; give a file name, or leave -o out for {default}", file=sys.stderr)
         return 2
+    if args.output is not None and not args.output.strip():  # (a file named " " was written)
+        print(f"lmnb run: -o {args.output!r} is blank; give a file name, or leave -o out for {default}",
+              file=sys.stderr)
+        return 2
     # papermill's and lmnb export's "-": the notebook on stdout (None); ./- is a file named -
     to_stdout = args.output == "-"
     out = None if to_stdout else Path(args.output) if args.output else default

@@ -978,6 +978,13 @@ def test_an_empty_output_name_is_refused_not_read_as_the_default(tmp_path, capsy
     assert run(args) == 2
     assert capsys.readouterr().err == "lmnb run: -o is empty; give a file name, or leave -o out for qa.out.ipynb\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["qa.ipynb"]
+    # a blank one wrote a file named " " (the job's --output ' ' is refused as blank) (found by the break-it review)
+    assert main(["export", "qa.ipynb", "-o", " "]) == 2
+    assert capsys.readouterr().err == "lmnb export: -o ' ' is blank; give a file name, or leave -o out for qa.py\n"
+    assert run(argparse.Namespace(**{**vars(args), "output": "\t"})) == 2
+    assert capsys.readouterr().err == ("lmnb run: -o '\\t' is blank; give a file name, or leave -o out for "
+                                       "qa.out.ipynb\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qa.ipynb"]
 
 
 def test_lmnb_run_refuses_a_notebook_of_another_language(tmp_path, capsys):

@@ -187,6 +187,10 @@ def export(args: argparse.Namespace) -> int:
     if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
         print(f"lmnb export: -o is empty; give a file name, or leave -o out for {default}", file=sys.stderr)
         return 2
+    if args.output is not None and not args.output.strip():  # (a file named " " was written)
+        print(f"lmnb export: -o {args.output!r} is blank; give a file name, or leave -o out for {default}",
+              file=sys.stderr)
+        return 2
     to_stdout = args.output == "-"  # only a bare "-", as for lmnb run (and Unix tools): ./- is a file named -
     out = Path(args.output) if args.output else default
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
