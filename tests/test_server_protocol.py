@@ -201,6 +201,10 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": "hi"}, 400, "messages"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "tools": [{}]}, 400, "tool"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text-only"),
+        # a text part without its text was read as "" and answered 200 (OpenAI answers 400)
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                                            {"type": "text"}]}]}, 400,
+         "messages[0].content[1].text is missing: a text part holds its text"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}}, 400, "schema"),
         ("/abort_request", {}, 400, "rid"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,

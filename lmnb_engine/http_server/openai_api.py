@@ -707,9 +707,13 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
                                "parts",
                                param="messages")
         pieces = []
-        for p in content:
+        for j, p in enumerate(content):
             if p.type == "text":
-                pieces.append(p.text or "")
+                if p.text is None:  # (OpenAI's 400 too: a part without its text is a client's mistake)
+                    where = f"messages[{i}].content[{j}].text"
+                    raise RequestError(f"{where} is missing: a text part holds its text, "
+                                       '{"type": "text", "text": "..."}', param=where)
+                pieces.append(p.text)
                 continue
             token = image_token(engine)
             if token is None:
