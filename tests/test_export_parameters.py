@@ -164,6 +164,21 @@ def test_negative_numbers_of_every_form_are_values_of_p_and_of_the_jobs_options(
     assert vars(job.parameters(lr=0.1, n=3, low=0.0)) == {"lr": -0.001, "n": -32, "low": float("-inf")}
 
 
+def test_a_jobs_option_value_starting_with_a_dash_is_refused_with_the_equals_form(capsys):
+    # `--name -Bob` (not a number) is argparse's "expected one argument", which said nothing of
+    # --name=-Bob, the form the README gives
+    from lmnb.batch import Job
+
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--name", "-Bob"])
+    with pytest.raises(SystemExit):
+        job.parameters(name="Ann")
+    assert capsys.readouterr().err.endswith(
+        "error: argument --name: expected one argument; a value starting with '-' is written --name=VALUE "
+        "(e.g. --name=-x)\n")
+    job = Job("", ["q"], argv=["--input", "x", "--output", "y.jsonl", "--name=-Bob"])
+    assert vars(job.parameters(name="Ann")) == {"name": "-Bob"}
+
+
 def test_container_defaults_take_json_and_tuple_or_set_defaults_take_a_list(capsys):
     """`-p limits '{"low": true}'` was refused for a dict default though its example reads as JSON,
     and `-p pair '[1, 2]'` for a tuple one, though an input row's JSON list is taken for it

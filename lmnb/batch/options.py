@@ -32,6 +32,14 @@ class _JobParser(argparse.ArgumentParser):
 
     notebook_backend: tuple = (None, None, False, None)  # backend, openai model, completion, timeout
 
+    def error(self, message: str):
+        """argparse's refusal, with the way to write a value that starts with "-" where argparse
+        took it for an option (``--name -Bob``: "expected one argument")."""
+        if message.startswith("argument ") and message.endswith(": expected one argument"):
+            option = message[len("argument "):].split(":")[0].split("/")[-1]
+            message += f"; a value starting with '-' is written {option}=VALUE (e.g. {option}=-x)"
+        super().error(message)
+
     def parse_known_args(self, args=None, namespace=None):
         ns, rest = super().parse_known_args(args, namespace)
         if hasattr(ns, "backend"):
