@@ -317,17 +317,20 @@ def test_a_named_capture_is_said_to_be_unset_in_the_job():
     ("\n\n%%lm\nQ: {q}\nA:{gen a max_token=3}", "cell 2 (%%lm): line 5, col 10: gen has no option"),
     ("%%time\n%%capture c\n%%lm --python\ns += 'a'\ns = 1", "cell 2 (%%lm): line 5, col 1: s is the program's"),
     ("%%time\nx = 1\ny = (", "cell 2, line 3: invalid Python: '(' was never closed"),
-    ("%%time\nx = 1\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 5: invalid Python: invalid syntax. Perhaps you "
-     "forgot a comma?; %%lm on line 4: a cell magic works only on a cell's first line"),
+    ("%%time\nx = 1\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 4: %%lm is below the cell's first line, which the "
+     "kernel refuses: a cell magic works only on a cell's first line"),
     # IPython's clean-up dropped the blank lines above the comment: the error's line was one short per blank
     # line (found by the last review)
-    ("%%time\n\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 5: invalid Python: invalid syntax. Perhaps you "
-     "forgot a comma?; %%lm on line 4: a cell magic works only on a cell's first line"),
-    ("\n\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 5: invalid Python: invalid syntax. Perhaps you "
-     "forgot a comma?; %%lm on line 4: a cell magic works only on a cell's first line"),
+    ("%%time\n\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 4: %%lm is below the cell's first line"),
+    ("\n\n# ask\n%%lm\nQ: {q}{gen a}", "cell 2, line 4: %%lm is below the cell's first line"),
     # (an indented cell's: IPython drops the indentation; the line magic was not named)
-    ("%%time\n  # ask\n  %%lm\n  Q: {q}{gen a}", "cell 2, line 4: invalid Python: invalid syntax. Perhaps you "
-     "forgot a comma?; %%lm on line 3: a cell magic works only on a cell's first line"),
+    ("%%time\n  # ask\n  %%lm\n  Q: {q}{gen a}", "cell 2, line 3: %%lm is below the cell's first line"),
+    # a cell magic below the first line over a body that is Python: the kernel refuses the cell (IPython
+    # has no line magic "%%lm"), the export dropped the line with a note and ran the rest (found by the
+    # break-it review)
+    ("%%time\n# c\n%%lm\nprint(1)", "cell 2, line 3: %%lm is below the cell's first line, which the kernel "
+     "refuses: a cell magic works only on a cell's first line"),
+    ("x = 1\n\n%%time\nprint(x)", "cell 2, line 3: %%time is below the cell's first line"),
     # what Python refuses past its parser (symtable) ended lmnb export on a SyntaxError traceback
     ("%%time\nx = 1\n\ndef f():\n    from math import *", "cell 2, line 5: invalid Python: import * only allowed at "
      "module level"),
@@ -357,9 +360,8 @@ def test_an_lm_cell_magic_below_the_first_line_is_named_in_the_refusal():
     syntax. Perhaps you forgot a comma?" about the prompt's line."""
     with pytest.raises(ExportError) as e:
         export_notebook(notebook('q = "x"', "# ask\n%%lm\nQ: {q}{gen a max_tokens=1}"))
-    assert str(e.value).startswith("cell 2, line 3: invalid Python: ")
-    assert str(e.value).endswith("; %%lm on line 2: a cell magic works only on a cell's first line; move it up, "
-                                 "or split the cell there")
+    assert str(e.value) == ("cell 2, line 2: %%lm is below the cell's first line, which the kernel refuses: a cell "
+                            "magic works only on a cell's first line; move it up, or split the cell there")
 
 
 @pytest.mark.parametrize("indent", ["  ", "\t"])

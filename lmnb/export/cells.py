@@ -298,7 +298,7 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
     try:
         ast.parse(text)
     except SyntaxError:
-        text = _replace_magics(text, code)
+        text = _replace_magics(text, code, first_line)
     try:
         tree = ast.parse(text, filename=f"<cell {index}>")
     except SyntaxError as e:
@@ -363,8 +363,10 @@ def _top_level_await(tree: ast.Module) -> Optional[int]:
     return None
 
 
-def _replace_magics(source: str, code: Code) -> str:
-    """``%lm`` lines and IPython magics / shell escapes → comments (``pass`` when indented)."""
+def _replace_magics(source: str, code: Code, first_line: int = 1) -> str:
+    """``%lm`` lines and IPython magics / shell escapes → comments (``pass`` when indented).
+    Raises ``ExportError`` for what the kernel refuses: a cell magic below the first line, or
+    IPython syntax whose value is assigned."""
     lines = source.split("\n")
     for i, line in enumerate(lines):
         m = _LM_LINE.match(line)
@@ -385,6 +387,9 @@ def _replace_magics(source: str, code: Code) -> str:
     for i, line in enumerate(transformed):
         if "get_ipython()" in line:
             original = lines[i].strip() if same_lines else line.strip()
+            if original.startswith("%%") and i > blank:  # IPython runs it as the line magic "%%lm", which does not exist
+                raise ExportError(f"cell {code.index}, line {i + first_line}: {original.split()[0]} is below the "
+                                  f"cell's first line, which the kernel refuses: {LATE_CELL_MAGIC}")
             if re.match(r"\s*[\w.,\s\[\]]+=\s*get_ipython\(\)", line):  # x = !ls, x = %env: a value a script lacks
                 raise ExportError(f"cell {code.index}: {original!r} assigns what IPython syntax computes, which a "
                                   "plain script cannot; write it in Python (e.g. subprocess.run(..., "
