@@ -1931,3 +1931,51 @@ def test_an_openai_response_id_that_a_running_responses_prompt_holds_is_refused(
             engine.release.set()
             thread.join(30)
         assert [r.status_code for r in replies] == [200]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"model": "rec", "prompt": "slow", "rid": "X"}),
+    ("/v1/completions", {"model": "rec", "prompt": ["a", "slow"], "rid": "X"}),
+    ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "slow"}], "rid": "X"}),
+])
+def test_an_openai_rid_is_held_while_its_prompts_are_tokenized(path, body):
+    """Found by the second break-it review: an OpenAI route tokenized its prompts (applied a chat's
+    template, prepared its images) before it checked and held its rid, so /abort_request X meanwhile
+    answered success false and the request then ran to its end, and a /generate X meanwhile was
+    taken (the OpenAI request then got the 400). The rid is now held from before the tokenizing:
+    the abort answers true and ends the request once submitted, and the /generate is refused."""
+    class Engine(_RidEngine):
+        entered, go = threading.Event(), threading.Event()
+
+        def encode(self, text, add_special_tokens=True):
+            if "slow" in text:
+                self.entered.set()
+                self.go.wait(30)
+            return super().encode(text, add_special_tokens)
+
+    engine = Engine()
+    replies: list = []
+    with live_server(engine, served_model_name="rec") as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
+        thread.start()
+        try:
+            assert engine.entered.wait(30)
+            r = _post(url, "/generate", {"text": "a", "rid": "X"})
+            assert r.status_code == 400 and r.json()["error"]["message"].startswith('rid="X" is already in use'), r.text
+            assert _post(url, "/abort_request", {"rid": "X"}).json() == {"success": True}
+            assert engine.handles == []  # (nothing submitted yet: the /generate was refused)
+            engine.go.set()
+            n = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 1
+            engine.wait_for(n)
+            for handle in engine.handles:  # (each aborted once submitted; as it was, never)
+                assert handle.aborted.wait(15)
+        finally:
+            engine.go.set()
+            engine.release.set()
+            thread.join(30)
+        reply = replies[0]
+        assert reply.status_code == 200, reply.text
+        assert [c["finish_reason"] for c in reply.json()["choices"]] == ["abort"] * n
+        # the rid is free again once the request has ended
+        r = _post(url, "/generate", {"text": "a", "rid": "X"})
+        assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "length", r.text

@@ -18,12 +18,13 @@ every choice.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_args, get_origin
+from typing import Any, AsyncIterator, Iterator, Literal, Optional, Sequence, Union, get_args, get_origin
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -264,37 +265,49 @@ def _refused_param(req: _SamplingRequest, field: Optional[str]) -> str:
     return "messages" if isinstance(req, ChatRequest) else "prompt"
 
 
-async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list, rid: str) -> list:
-    """``ctx.submit`` of the response ``rid``'s prompts: one prompt's engine rid is ``rid`` (as
-    SGLang's response id is its request's rid), prompt k's of several is ``<rid>-<k>``; either way
-    ``/abort_request`` with ``rid`` aborts them all (``ServerContext.batches``). The engine's refusal
-    (a prompt too long for ``max_tokens``...) is worded in the request's field names
-    (``_api_names``) and names the field as ``param``, a prompt of a list by its entry
-    (``prompt[1]``, ``entry_error``, ``_per_prompt``)."""
+def _clash(rid: str, rids: list, k: int) -> RequestError:
+    """The 400 of engine rid ``rids[k]`` in use: the client never sent ``<rid>-<k>``, so say how rid expands."""
+    return RequestError(wire_message(rid_in_use(rid, len(rids), k), [rid, *rids]), param="rid")
+
+
+@contextlib.contextmanager
+def _holding(ctx: ServerContext, rid: str, n: int) -> Iterator[list]:
+    """The engine rids of the response ``rid``'s ``n`` prompts (one prompt's is ``rid``, as SGLang's
+    response id is its request's rid; prompt k's of several ``<rid>-<k>``), refused if in use
+    (``ServerContext.in_use``) and held (``ServerContext.holding``) from here, before the prompts
+    are tokenized (a chat's template applied, its images prepared), until ``_submit`` records the
+    handles: a /generate with the rid is refused meanwhile, and /abort_request with it aborts the
+    request once it is submitted."""
     if ctx.in_use(rid):  # (of one prompt, the engine refuses it too; of several, it sees only <rid>-<k>)
         raise RequestError(wire_message(rid_in_use(rid), rid), param="rid")
-    rids = [rid] if len(prompts) == 1 else [f"{rid}-{k}" for k in range(len(prompts))]
-    per_prompt = _per_prompt(req)
-
-    def clash(k: int) -> RequestError:  # (<rid>-<k> is in use: the client never sent it, so say how rid expands)
-        return RequestError(wire_message(rid_in_use(rid, len(rids), k), [rid, *rids]), param="rid")
-
+    rids = [rid] if n == 1 else [f"{rid}-{k}" for k in range(n)]
     # an engine rid <rid>-<k> that is a running response's id, which the engine cannot see (ServerContext.in_use)
     taken = next((k for k, r in enumerate(rids) if r != rid and ctx.in_use(r)), None)
     if taken is not None:
-        raise clash(taken)
+        raise _clash(rid, rids, taken)
+    with ctx.holding(list(dict.fromkeys([rid, *rids]))):
+        yield rids
+
+
+async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list, rid: str,
+                  rids: list) -> list:
+    """``ctx.submit`` of the response ``rid``'s prompts as engine rids ``rids`` (``_holding``, which
+    the caller holds): ``/abort_request`` with ``rid`` aborts them all (``ServerContext.batches``).
+    The engine's refusal (a prompt too long for ``max_tokens``...) is worded in the request's field
+    names (``_api_names``) and names the field as ``param``, a prompt of a list by its entry
+    (``prompt[1]``, ``entry_error``, ``_per_prompt``)."""
+    per_prompt = _per_prompt(req)
 
     def refused(e: Exception, k: int) -> RequestError:
         field = refused_field(e, params[k])
         if field == "rid" and len(rids) > 1:
-            return clash(k)
+            return _clash(rid, rids, k)
         message = _api_names(str(e), req, refused_value(e, field, params[k], rids[k]))
         return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
 
-    with ctx.holding(list(dict.fromkeys([rid, *rids]))):
-        handles = Batch(await ctx.submit(prompts, params, rids, refused))
-        ctx.batches[rid] = handles
-        await ctx.abort_early(rids, handles, rid)
+    handles = Batch(await ctx.submit(prompts, params, rids, refused))
+    ctx.batches[rid] = handles
+    await ctx.abort_early(rids, handles, rid)
     return handles
 
 
@@ -598,15 +611,16 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         top = req.logprobs or 0
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
-        # token ids up front, so echoed logprobs can name the first prompt token too
-        ids = []
-        for k, x in enumerate(prompts):
-            try:
-                ids.append(await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x))
-            except RequestError as e:  # (a prompt too long to encode, of a list: prompt[k])
-                raise entry_error(e, k, _per_prompt(req)) from None
         rid, created = _response_id(req, "cmpl-"), int(time.time())
-        handles = await _submit(ctx, req, ids, [params] * len(ids), rid)  # checks the ids
+        with _holding(ctx, rid, len(prompts)) as rids:
+            # token ids up front, so echoed logprobs can name the first prompt token too
+            ids = []
+            for k, x in enumerate(prompts):
+                try:
+                    ids.append(await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x))
+                except RequestError as e:  # (a prompt too long to encode, of a list: prompt[k])
+                    raise entry_error(e, k, _per_prompt(req)) from None
+            handles = await _submit(ctx, req, ids, [params] * len(ids), rid, rids)  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
         texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
         if req.stream:
@@ -636,37 +650,38 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             raise RequestError("this model has no chat template; use /v1/completions", param="messages")
         images: list = []  # [issue 10] image_url parts, in order; each left an image token in its message
         messages = [_plain_message(m, i, images, engine) for i, m in enumerate(req.messages)]
-        try:
-            text = await ctx.run(engine.apply_chat_template, messages, True)
-        except Exception as e:  # the template's own checks (e.g. roles must alternate)
-            raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
-        # add_special_tokens=False: the template wrote any BOS
-        ids = await ctx.run(encode_prompt, engine, text, "messages", False)
-        token = image_token(engine)
-        extra = sum(1 for t in ids if t == engine.multimodal.image_token_id) - len(images) if token else 0
-        if extra:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
-            raise RequestError(f"the messages' text holds the image token {json_value(token)} {extra} time(s); it "
-                               "stands for an image, and images come as image_url content parts: remove it from the "
-                               "text",
-                               param="messages")
-        prompt = ids
-        if images:  # [issue 10] decode, hash and preprocess off the event loop; bad images -> 400
-            try:
-                prompt = await ctx.run(engine.multimodal.prepare, MultimodalPrompt(ids, images))
-            except ValueError as e:
-                raise RequestError(str(e), param="messages") from None
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_tokens is None:
-            if len(prompt) >= engine.context_len:  # else the engine's message names a max_new_tokens no one set
-                raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
-                                   f"in the model's context length of {engine.context_len} tokens; shorten "
-                                   "the messages", param="messages")
-            max_tokens = engine.context_len - len(prompt)
-        if req.top_logprobs and not req.logprobs:
-            raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-        params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
         rid, created = _response_id(req, "chatcmpl-"), int(time.time())
-        handles = await _submit(ctx, req, [prompt], [params], rid)
+        with _holding(ctx, rid, 1) as rids:  # (from before the template and the images: a slow prepare)
+            try:
+                text = await ctx.run(engine.apply_chat_template, messages, True)
+            except Exception as e:  # the template's own checks (e.g. roles must alternate)
+                raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
+            # add_special_tokens=False: the template wrote any BOS
+            ids = await ctx.run(encode_prompt, engine, text, "messages", False)
+            token = image_token(engine)
+            extra = sum(1 for t in ids if t == engine.multimodal.image_token_id) - len(images) if token else 0
+            if extra:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
+                raise RequestError(f"the messages' text holds the image token {json_value(token)} {extra} time(s); it "
+                                   "stands for an image, and images come as image_url content parts: remove it from the "
+                                   "text",
+                                   param="messages")
+            prompt = ids
+            if images:  # [issue 10] decode, hash and preprocess off the event loop; bad images -> 400
+                try:
+                    prompt = await ctx.run(engine.multimodal.prepare, MultimodalPrompt(ids, images))
+                except ValueError as e:
+                    raise RequestError(str(e), param="messages") from None
+            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+            if max_tokens is None:
+                if len(prompt) >= engine.context_len:  # else the engine's message names a max_new_tokens no one set
+                    raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
+                                       f"in the model's context length of {engine.context_len} tokens; shorten "
+                                       "the messages", param="messages")
+                max_tokens = engine.context_len - len(prompt)
+            if req.top_logprobs and not req.logprobs:
+                raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+            params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
+            handles = await _submit(ctx, req, [prompt], [params], rid, rids)
         if req.stream:
             return EventStream(_stream(ctx, handles, rid, created, "chat.completion.chunk", req), handles)
         [res] = await ctx.results(handles, request)
