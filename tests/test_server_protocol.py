@@ -1979,3 +1979,50 @@ def test_an_openai_rid_is_held_while_its_prompts_are_tokenized(path, body):
         # the rid is free again once the request has ended
         r = _post(url, "/generate", {"text": "a", "rid": "X"})
         assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "length", r.text
+
+
+def test_an_abort_named_while_an_early_abort_is_being_done_is_done_too():
+    """Found by the second break-it review: a /generate batch with rids A and B, A aborted while
+    it was being submitted: once submitted the route aborted A (on the thread pool), and an
+    /abort_request B that came meanwhile found B still held, was marked and answered true, but the
+    route had already picked what to abort, and B ran to its end. It is now aborted too."""
+    class Handle(_Held):
+        entered, go = threading.Event(), threading.Event()
+
+        def abort(self):
+            self.entered.set()
+            self.go.wait(30)
+            return super().abort()
+
+    class Engine(_RidEngine):
+        entered, go = threading.Event(), threading.Event()
+
+        def submit(self, prompt, params, rid=None):
+            if rid == "A":
+                self.entered.set()
+                self.go.wait(30)
+                self.handles.append(Handle(rid, params.n, self.release))
+                return self.handles[-1]
+            return super().submit(prompt, params, rid)
+
+    engine = Engine()
+    replies: list = []
+    body = {"text": ["a", "b"], "rid": ["A", "B"]}
+    with live_server(engine) as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(url, "/generate", body, timeout=30)))
+        thread.start()
+        try:
+            assert engine.entered.wait(30)
+            assert _post(url, "/abort_request", {"rid": "A"}).json() == {"success": True}
+            engine.go.set()
+            assert Handle.entered.wait(30)  # (the route is aborting A)
+            assert _post(url, "/abort_request", {"rid": "B"}).json() == {"success": True}
+            Handle.go.set()
+            assert [h.rid for h in engine.handles] == ["A", "B"]
+            assert engine.handles[1].aborted.wait(15)  # (as it was, never)
+        finally:
+            engine.go.set()
+            Handle.go.set()
+            engine.release.set()
+            thread.join(30)
+        assert [r["meta_info"]["finish_reason"]["type"] for r in replies[0].json()] == ["abort", "abort"]

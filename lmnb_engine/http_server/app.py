@@ -179,13 +179,19 @@ class ServerContext:
     async def abort_early(self, rids: Sequence[str], handles: Sequence[Any], response: Optional[str] = None) -> None:
         """Abort each of ``handles`` (engine rids ``rids``) that /abort_request named while it was
         being submitted (``holding``; the engine knew no such rid then), all of them if it named
-        ``response``, their OpenAI response's id. Called by the route once it has recorded them."""
-        if response is not None and response in self.aborted_early:
-            named = list(handles)
-        else:
-            named = [h for rid, h in zip(rids, handles) if rid in self.aborted_early]
-        for h in named:
-            await self.run(h.abort)
+        ``response``, their OpenAI response's id. Called by the route once it has recorded them.
+        Until none is left: an abort naming another of them while one was being aborted here (its
+        rid still held) was marked, answered true, and never done."""
+        aborted: set[int] = set()
+        while True:
+            everyone = response is not None and response in self.aborted_early
+            named = [h for rid, h in zip(rids, handles)
+                     if id(h) not in aborted and (everyone or rid in self.aborted_early)]
+            if not named:  # (and the caller lets go of the rids with no await in between)
+                return
+            for h in named:
+                aborted.add(id(h))
+                await self.run(h.abort)
 
     async def run(self, fn: Callable, *args) -> Any:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
