@@ -2026,3 +2026,36 @@ def test_an_abort_named_while_an_early_abort_is_being_done_is_done_too():
             engine.release.set()
             thread.join(30)
         assert [r["meta_info"]["finish_reason"]["type"] for r in replies[0].json()] == ["abort", "abort"]
+
+
+def test_an_abort_names_the_running_request_and_not_a_finished_response_with_its_rid(monkeypatch):
+    """Found by the second break-it review: /abort_request looked up an OpenAI response by its id
+    first, and a finished response "Z" whose handles the server still held (its route still
+    writing the choices' logprobs, its stream ending) took the abort, which aborted nothing and
+    answered success false, while a /generate "Z" taken since (a finished rid is free again) ran
+    to its end. A finished response now leaves the rid to the request that runs with it."""
+    import lmnb_engine.http_server as http_server
+    from lmnb_engine.http_server.app import Batch
+
+    apps: list = []
+    create_app = http_server.create_app
+    monkeypatch.setattr(http_server, "create_app", lambda *a, **kw: apps.append(create_app(*a, **kw)) or apps[-1])
+    engine = _RidEngine()
+    finished = _Held("Z", 1, threading.Event())
+    finished.finished.set()  # (the response Z's handle: done, still held)
+    replies: list = []
+    with live_server(engine, served_model_name="rec") as url:
+        apps[0].state.ctx.batches["Z"] = held = Batch([finished])
+        thread = threading.Thread(target=lambda: replies.append(_post(url, "/generate", {"text": "a", "rid": "Z"},
+                                                                       timeout=30)))
+        thread.start()
+        try:
+            engine.wait_for(1)
+            assert _post(url, "/abort_request", {"rid": "Z"}).json() == {"success": True}
+            assert engine.handles[0].aborted.wait(15)  # (as it was, never)
+        finally:
+            engine.release.set()
+            thread.join(30)
+        assert replies[0].json()["meta_info"]["finish_reason"]["type"] == "abort"
+        assert _post(url, "/abort_request", {"rid": "Z"}).json() == {"success": False}  # (both finished)
+        del held

@@ -654,7 +654,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         if not isinstance(rid, str):
             raise RequestError("abort_request needs {\"rid\": <request id>}", param="rid")
         batch = ctx.batches.get(rid)  # an OpenAI response id (of several prompts: each has a rid of its own)
-        if batch is not None:
+        # (one finished, whose handles a route still holds, leaves the rid to a request taken since: in_use)
+        if batch is not None and not all(h.done for h in batch):
             return {"success": any([await ctx.run(h.abort) for h in batch])}
         if ctx.submitting[rid]:  # (still being submitted, unknown to the engine yet: aborted once it is)
             ctx.aborted_early.add(rid)
