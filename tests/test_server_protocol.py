@@ -2059,3 +2059,36 @@ def test_an_abort_names_the_running_request_and_not_a_finished_response_with_its
         assert replies[0].json()["meta_info"]["finish_reason"]["type"] == "abort"
         assert _post(url, "/abort_request", {"rid": "Z"}).json() == {"success": False}  # (both finished)
         del held
+
+
+def test_a_rid_is_checked_without_a_look_at_every_running_response():
+    """Found by the second break-it review: ServerContext.in_use looked for a running response's
+    prompt with the rid among every prompt of every running response, once per rid: a /generate
+    batch of 2000 prompts beside 2000 running OpenAI responses held the event loop (and every
+    stream) for half a second, a batch of 10000 beside 10000 for seconds. The prompts' engine rids
+    are now looked up: the check reads no other response's prompts."""
+    from lmnb_engine.http_server.app import Batch, ServerContext
+
+    reads = [0]
+
+    class Handle:
+        done = False
+
+        def __init__(self, rid):
+            self._rid = rid
+
+        @property
+        def rid(self):
+            reads[0] += 1
+            return self._rid
+
+    ctx = ServerContext(None, "m")
+    batches = [Batch([Handle(f"c{i}-0"), Handle(f"c{i}-1")]) for i in range(200)]
+    for i, batch in enumerate(batches):
+        ctx.batches[f"c{i}"] = batch
+        ctx.prompts.update(zip([f"c{i}-0", f"c{i}-1"], batch))
+    reads[0] = 0
+    assert [ctx.in_use(r) for r in ("x", "c7", "c7-1", "c7-2", "c199-0")] == [False, True, True, False, True]
+    assert reads[0] == 0  # (as it was, each rid not found read all 400)
+    batches[7][1].done = True  # (that prompt has finished: its rid is free, its response still runs)
+    assert [ctx.in_use(r) for r in ("c7", "c7-0", "c7-1")] == [True, True, False]

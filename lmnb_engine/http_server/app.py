@@ -138,6 +138,8 @@ class ServerContext:
         self.batches: weakref.WeakValueDictionary[str, Batch] = weakref.WeakValueDictionary()
         # /generate's rid -> its request's handle, for ``in_use``; weak, as ``batches``
         self.generating: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        # an OpenAI response's prompt's engine rid (<id>-<k>, or the id) -> its handle, for ``in_use``; weak
+        self.prompts: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         # rids checked and not yet in batches / generating (their submit awaits tokenizing, a compile)
         self.submitting: collections.Counter[str] = collections.Counter()
         # those of them that /abort_request named meanwhile: the route aborts them once it has their handles
@@ -159,7 +161,10 @@ class ServerContext:
         batch, handle = self.batches.get(rid), self.generating.get(rid)
         if (batch is not None and not all(h.done for h in batch)) or (handle is not None and not handle.done):
             return True
-        return any(h.rid == rid and not h.done for running in list(self.batches.values()) for h in running)
+        # (looked up, not searched for among every running response: a batch of 2000 rids beside 2000
+        # running responses held the event loop, and every stream, for half a second)
+        prompt = self.prompts.get(rid)
+        return prompt is not None and not prompt.done
 
     @contextlib.contextmanager
     def holding(self, rids: list) -> Iterator[None]:

@@ -307,6 +307,7 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
 
     handles = Batch(await ctx.submit(prompts, params, rids, refused))
     ctx.batches[rid] = handles
+    ctx.prompts.update(zip(rids, handles))
     await ctx.abort_early(rids, handles, rid)
     return handles
 
