@@ -387,8 +387,13 @@ def _replace_magics(source: str, code: Code, first_line: int = 1) -> str:
     for i, line in enumerate(transformed):
         if "get_ipython()" in line:
             original = lines[i].strip() if same_lines else line.strip()
-            if original.startswith("%%") and i > blank:  # IPython runs it as the line magic "%%lm", which does not exist
-                raise ExportError(f"cell {code.index}, line {i + first_line}: {original.split()[0]} is below the "
+            # IPython runs it as the line magic "%%lm", which does not exist (a "%..." line magic's name)
+            late = re.match(r"\s*get_ipython\(\)\.run_line_magic\('(%[^']*)'", line)
+            if late and i > blank:
+                magic, at = "%" + late.group(1), i
+                if not same_lines:  # (a line continued over several, which IPython joined: find it in the cell)
+                    at = next((j for j in range(blank + 1, len(lines)) if lines[j].split()[:1] == [magic]), i)
+                raise ExportError(f"cell {code.index}, line {at + first_line}: {magic} is below the "
                                   f"cell's first line, which the kernel refuses: {LATE_CELL_MAGIC}")
             if re.match(r"\s*[\w.,\s\[\]]+=\s*get_ipython\(\)", line):  # x = !ls, x = %env: a value a script lacks
                 raise ExportError(f"cell {code.index}: {original!r} assigns what IPython syntax computes, which a "
