@@ -2092,3 +2092,26 @@ def test_a_rid_is_checked_without_a_look_at_every_running_response():
     assert reads[0] == 0  # (as it was, each rid not found read all 400)
     batches[7][1].done = True  # (that prompt has finished: its rid is free, its response still runs)
     assert [ctx.in_use(r) for r in ("c7", "c7-0", "c7-1")] == [True, True, False]
+
+
+def test_a_chat_prompt_too_long_for_its_max_tokens_says_to_shorten_the_messages():
+    """Found by the second break-it review: a chat request whose prompt, made of its messages by
+    the chat template, left too little room for its max_tokens was told, with param "messages",
+    to "shorten the prompt", a field a chat request has not; it is now told to shorten the messages.
+    /v1/completions still says prompt."""
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            raise ValueError(f"prompt of {len(prompt)} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
+                             "model's context length of 20 tokens; shorten the prompt or lower max_new_tokens")
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        r = _post(url, "/v1/chat/completions", {"model": "rec", "max_tokens": 9,
+                                                "messages": [{"role": "user", "content": "abcdef"}]})
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": "prompt of 24 tokens + max_tokens=9 exceeds the model's context length of 20 tokens; shorten "
+                       "the messages or lower max_tokens",
+            "type": "invalid_request_error", "param": "messages", "code": 400}, r.text
+        r = _post(url, "/v1/completions", {"model": "rec", "max_tokens": 9, "prompt": "abcdef"})
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "prompt of 6 tokens + max_tokens=9 exceeds the model's context length of 20 tokens; shorten the prompt or "
+            "lower max_tokens"), r.text

@@ -245,6 +245,8 @@ def _api_names(message: str, req: _SamplingRequest, value: Any = None) -> str:
     JSON's words, ``value`` (the field's) as JSON (``wire_message``)."""
     names = {"max_new_tokens": _max_name(req), "min_new_tokens": "min_tokens",
              "json_schema": _param(req, "json_schema")}
+    if isinstance(req, ChatRequest):  # (a chat client sent no prompt: the template made it of the messages)
+        message = message.replace("shorten the prompt", "shorten the messages")
     return wire_message(in_front_end_names(message, names), value)
 
 
