@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+import types
 
 import httpx
 import pytest
@@ -906,6 +907,25 @@ def test_an_engine_refusal_on_an_openai_route_names_the_prompt_the_constraint_or
             assert r.status_code == 400 and err["param"] == param, (body, err)
         # and in the request's own words (the engine's max_new_tokens is max_tokens here)
         assert "max_tokens=5 exceeds" in _post(url, "/v1/completions", {"model": "rec", **cases[0][0]}).json()["error"]["message"]
+
+
+def test_a_request_the_stopped_engine_refuses_is_a_503_not_an_internal_error():
+    # the engine stopping while a request was submitted (the server shutting down) gave a 500
+    # "internal error" and a logged traceback (found by the second break-it review)
+    class Engine(RecordingEngine):
+        scheduler = types.SimpleNamespace(alive=False)  # (Engine.scheduler's, once stopped)
+
+        def submit(self, prompt, params, rid=None):
+            raise RuntimeError("the engine is shut down; create a new Engine")
+
+    with live_server(Engine(), served_model_name="rec") as url:
+        for path, body in (("/generate", {"text": "a"}), ("/v1/completions", {"model": "rec", "prompt": "a"}),
+                           ("/v1/chat/completions", {"model": "rec", "messages": _USER})):
+            r = _post(url, path, body)
+            assert r.status_code == 503, (path, r.text)
+            assert r.json()["error"]["message"] == (
+                "the server cannot take requests: its engine has stopped (the server is shutting down, or must be "
+                "restarted); the engine said: the engine is shut down; create a new Engine")
 
 
 class _RefusingEngine(RecordingEngine):

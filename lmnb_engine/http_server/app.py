@@ -206,7 +206,7 @@ class ServerContext:
                      refused: Callable[[Exception, int], RequestError]) -> list:
         """Submit every prompt; if prompt ``k`` is rejected, abort those already queued and raise
         ``refused(error, k)``, the engine's refusal in the route's own field names: a 400, or a 503
-        for a busy grammar compiler."""
+        for a busy grammar compiler; a 503 too once the engine has stopped (``RuntimeError``)."""
         handles = []
         try:
             for prompt, p, rid in zip(prompts, params, rids):
@@ -221,6 +221,14 @@ class ServerContext:
             transient = isinstance(e, GrammarCompileStopped) and e.transient
             error = refused(e, len(handles))
             raise RequestError(str(error), 503 if transient else 400, error.param) from None
+        except RuntimeError as e:
+            for h in handles:
+                h.abort()
+            if getattr(getattr(self.engine, "scheduler", None), "alive", True):
+                raise  # (a bug: the 500 "internal error")
+            # the engine stopped (the server shutting down, a failed recovery): the server's state, as a busy compiler
+            raise RequestError("the server cannot take requests: its engine has stopped (the server is shutting "
+                               f"down, or must be restarted); the engine said: {e}", 503) from None
         return handles
 
     async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:
