@@ -1846,6 +1846,21 @@ def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_
                      timeout=30).status_code == 200
 
 
+class _SubmittingXEngine(_RidEngine):
+    """A ``_RidEngine`` whose submit of rid X (or X-0, an OpenAI request's first prompt) sets
+    ``entered`` and waits for ``go``: the server is then still submitting that request."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def submit(self, prompt, params, rid=None):
+        if rid in ("X", "X-0"):
+            self.entered.set()
+            self.go.wait(30)
+        return super().submit(prompt, params, rid)
+
+
 @pytest.mark.parametrize("first, second, message", [
     (("/generate", {"text": "a", "rid": "X"}), ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}),
      'rid="X" is already in use'),
@@ -1857,16 +1872,7 @@ def test_a_rid_is_refused_while_another_request_with_it_is_still_being_submitted
     the submit (tokenizing, a grammar's compile) before recording it, so a request on the other
     route with the same rid was taken meanwhile, the engine seeing X beside X-0, X-1; the rid is
     now held from the check on."""
-    class Engine(_RidEngine):
-        entered, go = threading.Event(), threading.Event()
-
-        def submit(self, prompt, params, rid=None):
-            if rid in ("X", "X-0"):
-                self.entered.set()
-                self.go.wait(30)
-            return super().submit(prompt, params, rid)
-
-    engine = Engine()
+    engine = _SubmittingXEngine()
     replies: list = []
     with live_server(engine, served_model_name="rec") as url:
         thread = threading.Thread(target=lambda: replies.append(_post(url, *first, timeout=30)))
@@ -1892,16 +1898,7 @@ def test_an_abort_of_a_request_still_being_submitted_ends_it(path, body, rid):
     """Found by the break-it review: /abort_request of a rid whose request was still being submitted
     (tokenized, its grammar compiled: the engine knew no such rid yet) answered success false, and
     the request then ran to its end; it is now aborted once its handles exist."""
-    class Engine(_RidEngine):
-        entered, go = threading.Event(), threading.Event()
-
-        def submit(self, prompt, params, rid=None):
-            if rid in ("X", "X-0"):
-                self.entered.set()
-                self.go.wait(30)
-            return super().submit(prompt, params, rid)
-
-    engine = Engine()
+    engine = _SubmittingXEngine()
     replies: list = []
     with live_server(engine, served_model_name="rec") as url:
         thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
