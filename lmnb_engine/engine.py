@@ -680,7 +680,7 @@ class Engine:
         stop_ids = bool(allowed[stops].any())  # (then removing those stop ids frees them; else only EOS is allowed)
         allowed[stops + [t for t in self.eos_token_ids if t < vocab]] = False  # (a grammar request never ignores EOS)
         if not bool(allowed.any()):
-            what = "regex" if params.regex is not None else "json_schema"
+            what = params.constraint
             raise SamplingParamsError(
                 f"SamplingParams.min_new_tokens={params.min_new_tokens} conflicts with the {what}: at output token 1 "
                 + min_new_tokens_conflict(f"the {what}", params.min_new_tokens, 0, stop_ids), "min_new_tokens")
@@ -813,7 +813,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - what submit would have raised ends the request instead
             field = getattr(e, "field", None)
             if isinstance(e, GrammarError) and not getattr(e, "transient", False):
-                field = "regex" if params.regex is not None else "json_schema"
+                field = params.constraint
             message = str(e) if isinstance(e, ValueError) else f"internal error: {type(e).__name__}: {e}"
             for r in reqs:
                 r.to_abort = r.to_abort or FinishReason("abort", message=message, field=field)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Optional
 
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
@@ -144,6 +144,12 @@ class SamplingParams:
     def stop_regexes(self) -> list[str]:
         """``stop_regex`` as a list."""
         return as_list(self.stop_regex)
+
+    @property
+    def constraint(self) -> Optional[str]:
+        """The field that constrains the output: ``"regex"``, else ``"json_schema"`` where one is
+        set, else None (the field a grammar's error or abort is about)."""
+        return "regex" if self.regex is not None else "json_schema" if self.json_schema is not None else None
 
     @property
     def greedy(self) -> bool:

@@ -748,8 +748,7 @@ def _finished_meta(result: Any, decode, params: SamplingParams, first: Optional[
     [issue 10] images (``_with_image_meta``)."""
     meta = meta_info(result, decode, params.top_logprobs_num, first)
     if result.finish_reason.message is not None:
-        grammar = "regex" if params.regex is not None else "json_schema"
-        meta["finish_reason"]["message"] = served_message(result.finish_reason, grammar)
+        meta["finish_reason"]["message"] = served_message(result.finish_reason, params.constraint)
     return _with_image_meta(meta, prompt)
 
 

@@ -63,14 +63,17 @@ def wire_message(message: str, value: Any = None) -> str:
 ABORTED_BY_REQUEST = "aborted by /abort_request"
 
 
-def served_message(fr: FinishReason, grammar: str) -> Optional[str]:
+def served_message(fr: FinishReason, grammar: Optional[str]) -> Optional[str]:
     """``fr.message`` as a client of the server reads it: an abort that was asked for
     (``FinishReason.requested_abort``, which only ``/abort_request`` asks for a request whose
     client still listens) is ``ABORTED_BY_REQUEST``; the engine's "regex / JSON schema" (a
-    grammar's output cut before it matched) is ``grammar``, the field that sent the request's."""
+    grammar's output cut before it matched) is ``grammar``, the field that sent the request's
+    (None for a request without one, whose message never says so)."""
     if fr.requested_abort:
         return ABORTED_BY_REQUEST
-    return None if fr.message is None else fr.message.replace("regex / JSON schema", grammar)
+    if fr.message is None or grammar is None:
+        return fr.message
+    return fr.message.replace("regex / JSON schema", grammar)
 
 
 def finite(x: Optional[float]) -> Optional[float]:
@@ -193,7 +196,7 @@ def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
     if isinstance(e, SamplingParamsError):
         return e.field
     if isinstance(e, GrammarError):
-        return "regex" if params.regex is not None else "json_schema"
+        return params.constraint
     # (the engine's messages name these fields first: Engine._check_in_vocabulary, Engine._check ...)
     return next((f for f in ("stop_token_ids", "logprob_start_len", "rid") if str(e).startswith(f)), None)
 
