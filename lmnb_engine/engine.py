@@ -694,12 +694,11 @@ class Engine:
         keyword, a pattern this vocabulary can never complete, or a compile that took longer
         than ``grammar_compile_timeout_s``; ``RuntimeError`` as every call does once the engine is
         shut down (its compiler stops with it)."""
-        if params.regex is None and params.json_schema is None:
+        if params.constraint is None:
             return None
         from lmnb_engine.constrained import GrammarCompileStopped
 
-        backend = self._backend()
-        regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
+        backend, regex = self._grammar_regex(params)
         try:
             return backend.wait(regex, source=params.regex)
         except GrammarCompileStopped as e:
@@ -707,8 +706,10 @@ class Engine:
                 raise self.scheduler.shut_down_error() from e
             raise
 
-    def _backend(self) -> Any:
-        """The ``GrammarBackend`` (made on first use); ``RuntimeError`` once the engine is shut down."""
+    def _grammar_regex(self, params: SamplingParams) -> tuple[Any, str]:
+        """The ``GrammarBackend`` (made on first use) and the regex it compiles for ``params``'
+        constraint; ``GrammarError`` for a constraint it cannot use (``GrammarBackend.to_regex``),
+        ``RuntimeError`` once the engine is shut down."""
         from lmnb_engine.constrained import GrammarBackend
 
         with self._lock:
@@ -718,7 +719,8 @@ class Engine:
                 self._grammar_backend = GrammarBackend(
                     self.tokenizer, self.eos_token_ids, vocab_size=self.loaded.config.vocab_size, **self._grammar_limits
                 )
-            return self._grammar_backend
+            backend = self._grammar_backend
+        return backend, backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
 
     def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
         handle, reqs = self._make_reqs(ids, params, rid)
@@ -782,10 +784,9 @@ class Engine:
         """Whether this is the scheduler thread (a ``subscribe`` listener) and ``params``' grammar
         is still compiling (its compile started now if it had not). A constraint that cannot be
         used raises ``GrammarError`` here, as everywhere (``GrammarBackend.to_regex``)."""
-        if not self.scheduler.on_loop_thread or (params.regex is None and params.json_schema is None):
+        if not self.scheduler.on_loop_thread or params.constraint is None:
             return False
-        backend = self._backend()
-        regex = backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
+        backend, regex = self._grammar_regex(params)
         return not backend.submit(regex).done()
 
     def _submit_when_compiled(self, ids: list[int], params: SamplingParams, rid: Optional[str]) -> RequestHandle:
