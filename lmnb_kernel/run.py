@@ -105,7 +105,7 @@ def run(args) -> int:
     ``cell_failure.describe_failure``: its number and first line, the error, its frames."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook
+    from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook, unnamed_output
 
     # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read
     parameters = [(unicodedata.normalize("NFKC", name), name, text) for name, text in args.parameter]
@@ -131,12 +131,9 @@ def run(args) -> int:
             print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
         return 2
     default = src.with_suffix(".out.ipynb")
-    if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
-        print(f"lmnb run: -o is empty; give a file name, or leave -o out for {default}", file=sys.stderr)
-        return 2
-    if args.output is not None and not args.output.strip():  # (a file named " " was written)
-        print(f"lmnb run: -o {args.output!r} is blank; give a file name, or leave -o out for {default}",
-              file=sys.stderr)
+    unnamed = unnamed_output(args.output, default)
+    if unnamed:
+        print(f"lmnb run: {unnamed}", file=sys.stderr)
         return 2
     # papermill's and lmnb export's "-": the notebook on stdout (None); ./- is a file named -
     to_stdout = args.output == "-"

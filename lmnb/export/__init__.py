@@ -144,6 +144,16 @@ def make_folders(path: Path) -> Optional[Path]:
     return path.parent if made else None
 
 
+def unnamed_output(out: Optional[str], default: Path) -> Optional[str]:
+    """Why the ``-o`` given, ``out``, names no file, or None (also for no ``-o``): empty (an unset
+    variable in a script, which fell back to ``default`` silently) or blank (a file named " " was
+    written)."""
+    if out is None or out.strip():
+        return None
+    given = "is empty" if out == "" else f"{out!r} is blank"
+    return f"-o {given}; give a file name, or leave -o out for {default}"
+
+
 def folder_given(out: str, example: str) -> Optional[str]:
     """Why the output path ``out`` (an ``-o``) names a folder, not a file, or None: an existing
     folder, or one written as such (``-o runs/`` or ``-o runs/.`` wrote a file named ``runs``: ``Path``
@@ -184,12 +194,9 @@ def export(args: argparse.Namespace) -> int:
     """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
     path: Path = args.notebook
     default = path.with_suffix(".py")
-    if args.output == "":  # (an unset variable in a script: it fell back to the default silently)
-        print(f"lmnb export: -o is empty; give a file name, or leave -o out for {default}", file=sys.stderr)
-        return 2
-    if args.output is not None and not args.output.strip():  # (a file named " " was written)
-        print(f"lmnb export: -o {args.output!r} is blank; give a file name, or leave -o out for {default}",
-              file=sys.stderr)
+    unnamed = unnamed_output(args.output, default)
+    if unnamed:
+        print(f"lmnb export: {unnamed}", file=sys.stderr)
         return 2
     to_stdout = args.output == "-"  # only a bare "-", as for lmnb run (and Unix tools): ./- is a file named -
     out = Path(args.output) if args.output else default
