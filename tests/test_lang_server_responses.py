@@ -401,6 +401,39 @@ def test_the_shared_openai_event_loop_starts_again_in_a_forked_process(server):
     assert child.exitcode == 0
 
 
+def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_the_parent(server):
+    """A backend made before os.fork (multiprocessing's "fork" start method) failed in the child:
+    its async client's pooled connection was bound to the parent's event loop ("bound to a
+    different event loop"), and its pooled sockets were the parent's."""
+    import multiprocessing
+
+    reply = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": "Hello"}}]}
+
+    def answer(handler, body):
+        if body.get("stream"):
+            events(handler, [_chunk("He"), _chunk("llo", "stop")])
+        else:
+            send(handler, 200, json.dumps(reply).encode())
+
+    server.answer = answer
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5)
+
+    def call():
+        assert [c.text for c in backend.generate(CHAT, PARAMS, "r1")] == ["Hello"]
+        assert "".join(d for d, _ in backend.generate_stream(CHAT, PARAMS, "r2")) == "Hello"
+
+    call()  # (the parent's clients now hold a pooled connection)
+    child = multiprocessing.get_context("fork").Process(target=call)
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+    call()
+    backend.shutdown()
+
+
 @pytest.mark.parametrize("body, problem", [(b'{"id": "x", "choi', "JSONDecodeError"),
                                            (b'{"id": "x\xff", "choices": []}', "UnicodeDecodeError")])
 def test_an_openai_body_that_is_not_utf8_json_is_named(server, chat, body, problem):

@@ -22,6 +22,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from typing import Any, Iterator, Optional
 
 from lmnb.backend.base import AbortedIds, BackendError, BaseBackend, Completion, Prompt, aborted_reason, check_utf8
@@ -39,6 +40,10 @@ _ABORTED = object()
 _loop_lock = threading.Lock()
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_thread: Optional[threading.Thread] = None
+
+
+# Every live backend: a process made by os.fork gives each new clients (_after_fork_in_child).
+_backends: "weakref.WeakSet[OpenAI]" = weakref.WeakSet()
 
 
 def _shared_loop() -> asyncio.AbstractEventLoop:
@@ -73,6 +78,10 @@ class OpenAI(BaseBackend):
             which reset httpx's read timeout, do not count. With ``http_client`` (an
             ``httpx.Client``) a call that is not streamed cannot be aborted.
 
+    A backend made before ``os.fork`` (multiprocessing's "fork" start method) works in the child
+    process, which gets clients of its own; an ``http_client`` given stays shared with the parent,
+    so give each process its own.
+
     Raises:
         ImportError: the ``openai`` package is missing (``pip install openai``).
         ValueError: the client refused its arguments, e.g. the official API (no ``base_url``)
@@ -91,16 +100,9 @@ class OpenAI(BaseBackend):
         self._openai = openai
         self._httpx = httpx
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
-        cls = openai.AzureOpenAI if is_azure else openai.OpenAI
-        async_cls = openai.AsyncAzureOpenAI if is_azure else openai.AsyncOpenAI
+        self._client_args = (is_azure, dict(base_url=base_url, api_key=api_key, **client_kwargs))
         try:
-            self.client = cls(base_url=base_url, api_key=api_key, **client_kwargs)
-            # Calls that are not streamed run on this client, on an event loop (shared): a
-            # blocking call cannot be stopped (its response's headers come with the whole answer),
-            # while a cancelled one closes its connection, so the server sees its client leave,
-            # and is not tried again. An httpx.Client given is for blocking calls only.
-            self._async_client = (None if "http_client" in client_kwargs else
-                                  async_cls(base_url=base_url, api_key=api_key, **client_kwargs))
+            self._open_clients()
         except openai.OpenAIError as e:  # not a ValueError: callers (an exported job) showed its traceback
             fix = "" if api_key else (" Give the API key: api_key= (an exported job's --api-key KEY, "
                                       "%lm connect --api-key KEY) or $OPENAI_API_KEY.")
@@ -110,12 +112,35 @@ class OpenAI(BaseBackend):
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
         host = str(self.client.base_url)
         self.is_official = "api.openai.com" in host or is_azure
+        self._forget_requests()
+        _backends.add(self)
+
+    def _open_clients(self) -> None:
+        is_azure, kwargs = self._client_args
+        cls = self._openai.AzureOpenAI if is_azure else self._openai.OpenAI
+        async_cls = self._openai.AsyncAzureOpenAI if is_azure else self._openai.AsyncOpenAI
+        self.client = cls(**kwargs)
+        # Calls that are not streamed run on this client, on an event loop (shared): a blocking
+        # call cannot be stopped (its response's headers come with the whole answer), while a
+        # cancelled one closes its connection, so the server sees its client leave, and is not
+        # tried again. An httpx.Client given is for blocking calls only.
+        self._async_client = None if "http_client" in kwargs else async_cls(**kwargs)
+
+    def _forget_requests(self) -> None:
         # request id -> its open stream, or the future of its call that is not streamed, which
         # abort() closes or cancels (None while it starts: an abort() meanwhile removes it)
         self._requests: dict[str, Any] = {}
         self._aborted = AbortedIds()  # ids aborted before a call of theirs began
         self._requests_lock = threading.Lock()
         self._async_used = False  # a call ran on the async client (shutdown closes it)
+
+    def _after_fork(self) -> None:
+        """In a process made by ``os.fork``: clients of its own. The parent's pooled connections
+        are the parent's sockets (a request on one would read the parent's answers), and the async
+        client's are bound to the parent's event loop, which no thread runs here; the parent's
+        calls in flight, and its lock, are not this process's."""
+        self._open_clients()
+        self._forget_requests()
 
     def get_chat_template(self) -> ChatTemplate:
         return self.chat_template if not self.is_chat_model else get_chat_template("default")
@@ -561,6 +586,20 @@ class OpenAI(BaseBackend):
             used, self._async_used = self._async_used, False
         if used:
             asyncio.run_coroutine_threadsafe(self._async_client.close(), _shared_loop()).result()
+
+
+def _after_fork_in_child() -> None:
+    """Start the shared loop anew (its thread is the parent's; the parent may have held its lock
+    at the fork) and give every backend clients of its own: a backend made before ``os.fork``
+    (multiprocessing's "fork" start method) works in the child."""
+    global _loop_lock, _loop, _loop_thread
+    _loop_lock, _loop, _loop_thread = threading.Lock(), None, None
+    for backend in list(_backends):
+        backend._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX; Windows has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _finish_reason(choice: Any) -> dict:
