@@ -5,6 +5,7 @@ default backend. Names, arguments and defaults are SGLang's (``python/sglang/lan
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
 import math
@@ -473,7 +474,8 @@ def gen(
     reproducible. ``stop_regex`` (an lmnb extension: SGLang's server parameter) ends the output at
     the first match of a pattern or of any in a list, like a stop string (checked here; the
     official OpenAI API has none). ``dtype`` (int, float, bool, str) constrains with a
-    regex and stores the parsed value. With ``choices`` this is ``select`` (SGLang: greedy, scored
+    regex and stores the parsed value. With ``choices`` (strings: a list, or any iterable of them
+    such as a numpy array or a pandas Series) this is ``select`` (SGLang: greedy, scored
     with ``choices_method``, default ``token_length_normalized``), one pick. Numbers may be numpy
     scalars and ``stop_token_ids`` a 1-D numpy array: each is read as the Python values it holds.
 
@@ -577,6 +579,8 @@ def select(
 ):
     """Append the choice the model finds most likely and store it in ``name``.
 
+    ``choices``: strings, in a list or any other iterable (a tuple, a numpy array, a pandas Series).
+
     Scoring (``lmnb.choices``): each choice's tokens after the prompt, with token healing at the
     boundary, normalized by ``choices_method``. ``temperature`` > 0 samples from the softmax of
     the method's scores instead of taking the best.
@@ -593,8 +597,12 @@ def select(
 def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_method: Any) -> Select:
     """``select``'s checks and node; errors name ``caller``, the form the user wrote. A numpy array
     of choices (``df.label.unique()``) and numpy numbers are read as the Python values they hold,
-    as gen()'s other options are."""
+    as gen()'s other options are; any other iterable of choices (a pandas Series, a set, a
+    generator) as the list of its items."""
     choices, temperature = _python_value(choices), _python_value(temperature)
+    # (before the emptiness check below: a pandas Series' bool() raises "truth value is ambiguous")
+    if isinstance(choices, collections.abc.Iterable) and not isinstance(choices, (str, bytes, list, tuple)):
+        choices = _python_value(list(choices))
     if not choices or not isinstance(choices, (list, tuple)):
         raise ValueError(f"{caller} needs choices: a non-empty list of strings")
     bad = [c for c in choices if not isinstance(c, str) or not c]

@@ -2296,6 +2296,42 @@ def test_select_and_gen_choices_take_numpy_arrays_and_numbers():
         sgl.select("x", choices=np.array([], dtype=str))
 
 
+class _SeriesLike:
+    """What select() sees of a pandas Series (``df.label``): iterable, sized, and its bool() raises."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __bool__(self):
+        raise ValueError("The truth value of a Series is ambiguous. Use a.empty, a.bool(), a.item(), a.any() or a.all().")
+
+
+def test_select_and_gen_choices_take_any_iterable_of_strings_such_as_a_pandas_series():
+    # select("label", choices=df.label) failed with pandas' "truth value of a Series is ambiguous":
+    # only lists, tuples and numpy arrays were read
+    backend = ScriptedBackend(choice_scores=lambda prompt, c: ([-1.0] if c == "no" else [-3.0], [0.0]))
+
+    @sgl.function
+    def prog(s, labels):
+        s += "Q?" + sgl.select("a", choices=labels) + sgl.gen("b", choices=labels)
+
+    state = prog.run(_SeriesLike(["yes", "no", "maybe"]), backend=backend)
+    assert (state["a"], state["b"]) == ("no", "no")
+    assert [c for kind, (_, c, _) in backend.calls if kind == "score"] == [["yes", "no", "maybe"]] * 2
+    assert sgl.select("x", choices=(c for c in ["p", "q"])).choices == ["p", "q"]
+    for empty in (_SeriesLike([]), "yes"):  # (a string is no list of choices)
+        with pytest.raises(ValueError, match=r"^select\(\) needs choices: a non-empty list of strings$"):
+            sgl.select("x", choices=empty)
+    with pytest.raises(ValueError, match=r"^select\(\) choices must be non-empty strings; got \[3\]$"):
+        sgl.select("x", choices=_SeriesLike(["a", 3]))
+
+
 def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
     """gen(choices=..., n=2) ran one pick without a word (SGLang drops n there too), and its errors
     said select(), which the user never wrote."""
