@@ -401,6 +401,43 @@ def test_the_shared_openai_event_loop_starts_again_in_a_forked_process(server):
     assert child.exitcode == 0
 
 
+def test_openai_backends_count_token_usage_as_sglangs_do(server):
+    # SGLang's examples (openai_chat_speculative.py) call backend.token_usage.reset() and read its
+    # prompt_tokens / completion_tokens: an AttributeError on lmnb.OpenAI
+    def answer(handler, body):
+        usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+        if body.get("stream"):
+            events(handler, [_chunk("He"), _chunk("llo", "stop"),
+                             {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                              "choices": [], "usage": {**usage, "prompt_tokens": 5}}])
+        elif body["messages"][-1]["content"] == "no usage":
+            send(handler, 200, json.dumps({"id": "x", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]}).encode())
+        else:
+            send(handler, 200, json.dumps({"id": "x", "usage": usage, "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]}).encode())
+
+    server.answer = answer
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5)
+
+    @lmnb.function
+    def prog(s, question):
+        s += lmnb.user(question)
+        s += lmnb.assistant(lmnb.gen("a", max_tokens=4))
+        s += lmnb.user(question)
+        s += lmnb.assistant(lmnb.gen("b", max_tokens=4))
+
+    assert (backend.token_usage.prompt_tokens, backend.token_usage.completion_tokens) == (0, 0)
+    prog.run("Q", backend=backend)
+    assert (backend.token_usage.prompt_tokens, backend.token_usage.completion_tokens) == (14, 4)
+    prog.run("no usage", backend=backend)  # (an answer without usage adds nothing)
+    assert (backend.token_usage.prompt_tokens, backend.token_usage.completion_tokens) == (14, 4)
+    backend.token_usage.reset()
+    assert "".join(prog.run("Q", backend=backend, stream=True).text_iter("b")) == "Hello"
+    assert (backend.token_usage.prompt_tokens, backend.token_usage.completion_tokens) == (10, 4)
+    backend.shutdown()
+
+
 def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_the_parent(server):
     """A backend made before os.fork (multiprocessing's "fork" start method) failed in the child:
     its async client's pooled connection was bound to the parent's event loop ("bound to a

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import os
 import threading
@@ -40,6 +41,20 @@ _ABORTED = object()
 _loop_lock = threading.Lock()
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_thread: Optional[threading.Thread] = None
+
+
+@dataclasses.dataclass
+class TokenUsage:
+    """The tokens a backend's requests used, as the API's answers count them (SGLang's
+    ``OpenAI(...).token_usage``): to compare programs, e.g. with and without API speculative
+    execution. Answers that carry no usage add nothing."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def reset(self) -> None:
+        """Count from zero again."""
+        self.prompt_tokens = self.completion_tokens = 0
 
 
 # Every live backend: a process made by os.fork gives each new clients (_after_fork_in_child).
@@ -112,6 +127,7 @@ class OpenAI(BaseBackend):
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
         host = str(self.client.base_url)
         self.is_official = "api.openai.com" in host or is_azure
+        self.token_usage = TokenUsage()
         self._forget_requests()
         _backends.add(self)
 
@@ -366,6 +382,14 @@ class OpenAI(BaseBackend):
                             f"{f', in {tries} tries' if tries > 1 else ''}; check that the server is not stuck or "
                             "overloaded, or change the limits with OpenAI(..., timeout=SECONDS, max_retries=N)")
 
+    def _count_usage(self, usage: Any) -> None:
+        prompt, completion = (getattr(usage, k, None) for k in ("prompt_tokens", "completion_tokens"))
+        with self._requests_lock:  # (calls of a batch or of forks end on several threads)
+            if isinstance(prompt, int):
+                self.token_usage.prompt_tokens += prompt
+            if isinstance(completion, int):
+                self.token_usage.completion_tokens += completion
+
     @staticmethod
     def _usage_meta(ret_id: str, usage: Any) -> dict:
         meta: dict[str, Any] = {"id": ret_id}
@@ -423,6 +447,7 @@ class OpenAI(BaseBackend):
             return [Completion("", {"finish_reason": aborted_reason()})
                     for _ in range(params.n or 1)]
         choices = self._choices(ret)
+        self._count_usage(ret.usage)
         if len(choices) != (params.n or 1):  # (the executor reads one sample per asked one)
             raise BackendError(f"{self.client.base_url} returned {len(choices)} choices for n={params.n or 1}")
         out = []
@@ -465,6 +490,7 @@ class OpenAI(BaseBackend):
                 if watch is not None:
                     watch.pause()  # (a chunk came; the consumer's time below is not the server's)
                 if getattr(chunk, "usage", None) is not None:
+                    self._count_usage(chunk.usage)
                     meta.update(self._usage_meta(chunk.id, chunk.usage))
                 for choice in self._chunk_choices(chunk, where):
                     delta = check_utf8((choice.delta.content if self.is_chat_model else choice.text) or "", where)
@@ -562,6 +588,7 @@ class OpenAI(BaseBackend):
         if ret is _ABORTED:
             raise BackendError(f"{self.client.base_url}: the scoring request of select() was aborted")
         rows = self._choices(ret)
+        self._count_usage(ret.usage)
         if len(rows) != len(choices) + 1:
             raise BackendError(f"{self.client.base_url} returned {len(rows)} choices for {len(choices) + 1} prompts; "
                                "it cannot run select()")
