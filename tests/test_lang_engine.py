@@ -532,6 +532,15 @@ def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend, 
     assert final["finish_reason"] == whole["finish_reason"]
 
 
+def test_runtime_gives_the_models_tokenizer_as_sglangs_get_tokenizer_does(hf, tiny_engine):
+    # SGLang's Runtime.get_tokenizer() (used to count a gen's tokens, e.g. against min_tokens) was
+    # an AttributeError on lmnb.Runtime / lmnb.Engine
+    tok = sgl.Runtime(engine=tiny_engine).get_tokenizer()
+    text = "What is the capital of France? Paris."
+    assert tok(text).input_ids == hf[0](text).input_ids
+    assert tok.decode(hf[0](text).input_ids, skip_special_tokens=True) == text
+
+
 def test_runtime_endpoint_chat_template_can_be_read_and_replaced_as_in_sglang(tiny_engine):
     # SGLang's LLaVA examples write `runtime.endpoint.chat_template = get_chat_template("...")`
     # (and read `.chat_template.name`); lmnb's Runtime had no `endpoint` and the backends no

@@ -507,6 +507,11 @@ class Engine(AssignableChatTemplate, BaseBackend):
     def get_server_info(self) -> dict:
         return {**self.engine.model_info(), "cache_stats": self.engine.cache_stats()}
 
+    def get_tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer, as SGLang's ``Runtime.get_tokenizer()`` returns it
+        (to count a text's tokens, e.g. a gen's ``min_tokens``)."""
+        return self.engine.tokenizer
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 
