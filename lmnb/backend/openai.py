@@ -57,7 +57,7 @@ class TokenUsage:
         self.prompt_tokens = self.completion_tokens = 0
 
 
-# Every live backend: a process made by os.fork gives each new clients (_after_fork_in_child).
+# Every live backend: in a process made by os.fork, each makes new clients (_after_fork_in_child).
 _backends: "weakref.WeakSet[OpenAI]" = weakref.WeakSet()
 
 
@@ -116,6 +116,7 @@ class OpenAI(BaseBackend):
         self._httpx = httpx
         api_key = api_key or os.environ.get("OPENAI_API_KEY") or ("EMPTY" if base_url else None)
         self._client_args = (is_azure, dict(base_url=base_url, api_key=api_key, **client_kwargs))
+        self._clients: Optional[tuple] = None  # (the openai client, its async twin or None)
         try:
             self._open_clients()
         except openai.OpenAIError as e:  # not a ValueError: callers (an exported job) showed its traceback
@@ -131,16 +132,25 @@ class OpenAI(BaseBackend):
         self._forget_requests()
         _backends.add(self)
 
-    def _open_clients(self) -> None:
+    def _open_clients(self) -> tuple:
         is_azure, kwargs = self._client_args
         cls = self._openai.AzureOpenAI if is_azure else self._openai.OpenAI
         async_cls = self._openai.AsyncAzureOpenAI if is_azure else self._openai.AsyncOpenAI
-        self.client = cls(**kwargs)
-        # Calls that are not streamed run on this client, on an event loop (shared): a blocking
-        # call cannot be stopped (its response's headers come with the whole answer), while a
-        # cancelled one closes its connection, so the server sees its client leave, and is not
-        # tried again. An httpx.Client given is for blocking calls only.
-        self._async_client = None if "http_client" in kwargs else async_cls(**kwargs)
+        # Calls that are not streamed run on the async client, on an event loop (shared): a
+        # blocking call cannot be stopped (its response's headers come with the whole answer),
+        # while a cancelled one closes its connection, so the server sees its client leave, and is
+        # not tried again. An httpx.Client given is for blocking calls only.
+        self._clients = (cls(**kwargs), None if "http_client" in kwargs else async_cls(**kwargs))
+        return self._clients
+
+    @property
+    def client(self) -> Any:
+        """The openai client of blocking calls and streams."""
+        return (self._clients or self._open_clients())[0]
+
+    @property
+    def _async_client(self) -> Any:
+        return (self._clients or self._open_clients())[1]
 
     def _forget_requests(self) -> None:
         # request id -> its open stream, or the future of its call that is not streamed, which
@@ -151,11 +161,12 @@ class OpenAI(BaseBackend):
         self._async_used = False  # a call ran on the async client (shutdown closes it)
 
     def _after_fork(self) -> None:
-        """In a process made by ``os.fork``: clients of its own. The parent's pooled connections
-        are the parent's sockets (a request on one would read the parent's answers), and the async
+        """In a process made by ``os.fork``: clients of its own, made at their first use (not
+        here: a fork that runs ``exec`` next needs none). The parent's pooled connections are the
+        parent's sockets (a request on one would read the parent's answers), and the async
         client's are bound to the parent's event loop, which no thread runs here; the parent's
         calls in flight, and its lock, are not this process's."""
-        self._open_clients()
+        self._clients = None
         self._forget_requests()
 
     def get_chat_template(self) -> ChatTemplate:
@@ -617,8 +628,8 @@ class OpenAI(BaseBackend):
 
 def _after_fork_in_child() -> None:
     """Start the shared loop anew (its thread is the parent's; the parent may have held its lock
-    at the fork) and give every backend clients of its own: a backend made before ``os.fork``
-    (multiprocessing's "fork" start method) works in the child."""
+    at the fork) and have every backend make clients of its own: a backend made before
+    ``os.fork`` (multiprocessing's "fork" start method) works in the child."""
     global _loop_lock, _loop, _loop_thread
     _loop_lock, _loop, _loop_thread = threading.Lock(), None, None
     for backend in list(_backends):
