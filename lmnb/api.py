@@ -620,7 +620,8 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
                          f"got {temperature!r}")
     if not isinstance(choices_method, ChoicesSamplingMethod):
         raise TypeError("choices_method must be one of lmnb.token_length_normalized, "
-                        "lmnb.greedy_token_selection, lmnb.unconditional_likelihood_normalized")
+                        "lmnb.greedy_token_selection, lmnb.unconditional_likelihood_normalized, or an instance "
+                        f"of a lmnb.choices.ChoicesSamplingMethod subclass; got {choices_method!r}")
     return Select(name, list(choices), float(temperature), choices_method)
 
 

@@ -72,13 +72,16 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 class ChoicesSamplingMethod:
-    """Base: ``scores(choices, logprobs) -> one float per choice`` (higher is better)."""
+    """Base: ``scores(choices, logprobs) -> one float per choice`` (higher is better). A subclass
+    written for SGLang, which defines ``__call__`` instead (SGLang's calling form, returning a
+    ``ChoicesDecision``), decides by it."""
 
     requires_unconditional_logprobs = False
 
     def scores(self, scored: Sequence[ChoiceLogprobs]) -> list[float]:
         """One score per choice of ``scored`` (higher is better); a subclass's method."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} defines neither scores(scored) (lmnb's form of a choices "
+                                  "method) nor __call__(*, choices, normalized_prompt_logprobs, ...) (SGLang's)")
 
     def method_meta(self, scored: Sequence[ChoiceLogprobs], values: list[float]) -> dict:
         """Meta info keys of this method alone (SGLang's names)."""
@@ -115,7 +118,14 @@ class ChoicesSamplingMethod:
         sample from ``softmax(scores / temperature)`` (an lmnb extension; SGLang asserts 0) drawn
         with ``rng`` (default: the ``random`` module's generator). The meta info has SGLang's keys
         and entry shapes (``[logprob, token_id, None]`` per scored token) plus ``method_meta``'s.
-        ``values``: the scores, when the caller has them already."""
+        ``values``: the scores, when the caller has them already.
+
+        Raises:
+            ValueError: a method of SGLang's form (its own ``__call__``) with a ``temperature`` > 0
+                (it gives no scores to sample from), or deciding on a string not among ``choices``.
+        """
+        if values is None and type(self).__call__ is not ChoicesSamplingMethod.__call__:
+            return self._decide_by_call(choices, scored, temperature)
         values = self.scores(scored) if values is None else list(values)
         if temperature > 0:
             top = max(values)
@@ -123,25 +133,52 @@ class ChoicesSamplingMethod:
             index = (rng or random).choices(range(len(choices)), weights=weights)[0]
         else:
             index = max(range(len(values)), key=lambda i: (values[i], -i))
-        meta = {
-            "choices": list(choices),
-            "scores": values,
-            "normalized_prompt_logprobs": [_mean(s.logprobs) for s in scored],
-            "input_token_logprobs": [
-                [[lp, tid, None] for lp, tid in zip(s.logprobs, s.token_ids)] for s in scored
-            ],
-            "output_token_logprobs": [[] for _ in scored],  # SGLang's key: scoring generates nothing
-            "prefix_len": [s.prefix_len for s in scored],
-            "cached_tokens": [s.cached_tokens for s in scored],
-        }
-        if scored and scored[0].unconditional_logprobs is not None:
-            meta["unconditional_token_logprobs"] = [
-                [[lp, tid, None] for lp, tid in zip(s.unconditional_logprobs or [], s.token_ids)] for s in scored
-            ]
+        meta = _meta(choices, scored)
+        meta["scores"] = values
         meta.update(self.method_meta(scored, values))
-        if scored and scored[0].prompt_meta is not None:
-            meta["prompt_prefill"] = dict(scored[0].prompt_meta)
         return ChoicesDecision(decision=choices[index], meta_info=meta)
+
+    def _decide_by_call(self, choices: Sequence[str], scored: Sequence[ChoiceLogprobs],
+                        temperature: float) -> ChoicesDecision:
+        """The decision of a method of SGLang's form: its ``__call__`` given SGLang's arguments;
+        the meta info is ``decide``'s (no ``scores``) with the method's own on top."""
+        name = type(self).__name__
+        if temperature > 0:
+            raise ValueError(f"choices_method {name} decides by __call__ (SGLang's form) and gives no scores to "
+                             "sample from at temperature > 0: use temperature=0, or define scores(scored) instead")
+        meta = _meta(choices, scored)
+        decision = self(choices=list(choices), normalized_prompt_logprobs=meta["normalized_prompt_logprobs"],
+                        input_token_logprobs=meta["input_token_logprobs"],
+                        output_token_logprobs=meta["output_token_logprobs"],
+                        unconditional_token_logprobs=meta.get("unconditional_token_logprobs"))
+        picked = getattr(decision, "decision", None)
+        if picked not in choices:
+            raise ValueError(f"choices_method {name} returned {decision!r}, not a ChoicesDecision whose decision is "
+                             f"one of the choices {list(choices)!r}")
+        meta.update(decision.meta_info or {})
+        return ChoicesDecision(decision=picked, meta_info=meta)
+
+
+def _meta(choices: Sequence[str], scored: Sequence[ChoiceLogprobs]) -> dict:
+    """A select's meta info: SGLang's keys and entry shapes (``[logprob, token_id, None]`` per
+    scored token), and where each choice's scoring began."""
+    meta = {
+        "choices": list(choices),
+        "normalized_prompt_logprobs": [_mean(s.logprobs) for s in scored],
+        "input_token_logprobs": [
+            [[lp, tid, None] for lp, tid in zip(s.logprobs, s.token_ids)] for s in scored
+        ],
+        "output_token_logprobs": [[] for _ in scored],  # SGLang's key: scoring generates nothing
+        "prefix_len": [s.prefix_len for s in scored],
+        "cached_tokens": [s.cached_tokens for s in scored],
+    }
+    if scored and scored[0].unconditional_logprobs is not None:
+        meta["unconditional_token_logprobs"] = [
+            [[lp, tid, None] for lp, tid in zip(s.unconditional_logprobs or [], s.token_ids)] for s in scored
+        ]
+    if scored and scored[0].prompt_meta is not None:
+        meta["prompt_prefill"] = dict(scored[0].prompt_meta)
+    return meta
 
 
 class TokenLengthNormalized(ChoicesSamplingMethod):

@@ -2332,6 +2332,46 @@ def test_select_and_gen_choices_take_any_iterable_of_strings_such_as_a_pandas_se
         sgl.select("x", choices=_SeriesLike(["a", 3]))
 
 
+def test_a_choices_method_written_for_sglang_decides_by_its_call():
+    # SGLang's ChoicesSamplingMethod is subclassed by defining __call__(*, choices,
+    # normalized_prompt_logprobs, input_token_logprobs, ...) -> ChoicesDecision; lmnb called the
+    # base class's scores() instead, a bare NotImplementedError
+    from lmnb import ProgramError
+    from lmnb.choices import ChoicesDecision, ChoicesSamplingMethod
+
+    class LeastLikely(ChoicesSamplingMethod):
+        def __call__(self, *, choices, normalized_prompt_logprobs, input_token_logprobs, output_token_logprobs,
+                     unconditional_token_logprobs=None):
+            i = min(range(len(choices)), key=lambda i: normalized_prompt_logprobs[i])
+            return ChoicesDecision(decision=choices[i], meta_info={"seen": [len(t) for t in input_token_logprobs]})
+
+    logprobs = {"red": [-1.0, -2.0], "green": [-0.5], "blue": [-4.0, -1.0, -1.0]}  # means -1.5, -0.5, -2.0
+    backend = ScriptedBackend(choice_scores=lambda prompt, c: (logprobs[c], [0.0] * len(logprobs[c])))
+
+    @sgl.function
+    def prog(s, method, temperature=0.0):
+        s += "Color:" + sgl.select("c", choices=list(logprobs), choices_method=method, temperature=temperature)
+
+    state = prog.run(LeastLikely(), backend=backend)
+    assert state["c"] == "blue"
+    meta = state.get_meta_info("c")
+    assert meta["seen"] == [2, 1, 3] and meta["normalized_prompt_logprobs"] == [-1.5, -0.5, -2.0]
+    assert [[e[0] for e in row] for row in meta["input_token_logprobs"]] == list(logprobs.values())
+    with pytest.raises(ProgramError, match="LeastLikely decides by __call__ .* no scores to sample from at "
+                                           "temperature > 0: use temperature=0"):
+        prog.run(LeastLikely(), 0.5, backend=backend)["c"]
+
+    class Elsewhere(ChoicesSamplingMethod):
+        def __call__(self, **kwargs):
+            return ChoicesDecision(decision="purple")
+
+    with pytest.raises(ProgramError, match=r"Elsewhere returned ChoicesDecision\(decision='purple'.*, not a "
+                                           r"ChoicesDecision whose decision is one of the choices \['red'"):
+        prog.run(Elsewhere(), backend=backend)["c"]
+    with pytest.raises(ProgramError, match=r"Nothing defines neither scores\(scored\) .* nor __call__"):
+        prog.run(type("Nothing", (ChoicesSamplingMethod,), {})(), backend=backend)["c"]
+
+
 def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
     """gen(choices=..., n=2) ran one pick without a word (SGLang drops n there too), and its errors
     said select(), which the user never wrote."""
