@@ -570,6 +570,10 @@ def test_runtime_refuses_sglangs_server_arguments_naming_what_it_takes():
                           "does not take")
     assert "model (or model_path), device, dtype, max_total_tokens," in msg  # the engine's own order
     assert "closest to mem_fraction" in msg and "run `lmnb serve`" in msg
+    # SGLang's chat_template server argument was refused without naming lmnb's chat_template_name
+    with pytest.raises(TypeError, match=r"got 'chat_template', .*; SGLang's chat_template \(a registered template's "
+                                        r"name\) is chat_template_name here"):
+        sgl.Runtime(model_path="unused", chat_template="chatml")
 
 
 def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):

@@ -103,6 +103,9 @@ def _check_engine_kwargs(engine_class: type, kwargs: dict) -> None:
     if unknown:
         hint = ("; SGLang's mem_fraction_static (weights and KV cache) is closest to mem_fraction here (the "
                 "share of free memory, after the weights, for the KV pool)" if "mem_fraction_static" in unknown else "")
+        if "chat_template" in unknown:  # (SGLang's server argument; the backend's own argument has another name)
+            hint += ("; SGLang's chat_template (a registered template's name) is chat_template_name here "
+                     "(lmnb.Runtime(model_path=..., chat_template_name='chatml'))")
         raise TypeError(
             f"lmnb.Runtime / lmnb.Engine got {', '.join(map(repr, unknown))}, which lmnb_engine.Engine does not take: "
             f"it runs the model in this process and takes model (or model_path), {', '.join(accepted)}{hint}. "
