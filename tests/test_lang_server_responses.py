@@ -471,6 +471,35 @@ def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_th
     backend.shutdown()
 
 
+def test_a_runtime_endpoint_made_before_a_fork_has_connections_of_its_own_in_the_child(server):
+    """A RuntimeEndpoint made before os.fork sent the child's requests on the parent's pooled
+    connection: one socket shared by two processes, whose requests and answers could interleave."""
+    import multiprocessing
+
+    ports = []  # the client port of each /generate request: one per connection
+
+    def answer(handler, body):
+        ports.append(handler.client_address[1])
+        send(handler, 200, b'{"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}')
+
+    server.answer = answer
+    endpoint = lmnb.RuntimeEndpoint(server.url, timeout=5)
+
+    def call():
+        assert [c.text for c in endpoint.generate(Prompt("Hi"), PARAMS, "r1")] == ["ok"]
+
+    call()
+    child = multiprocessing.get_context("fork").Process(target=call)
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+    call()
+    endpoint.shutdown()
+    assert len(ports) == 3 and ports[0] == ports[2] != ports[1]
+
+
 @pytest.mark.parametrize("body, problem", [(b'{"id": "x", "choi', "JSONDecodeError"),
                                            (b'{"id": "x\xff", "choices": []}', "UnicodeDecodeError")])
 def test_an_openai_body_that_is_not_utf8_json_is_named(server, chat, body, problem):

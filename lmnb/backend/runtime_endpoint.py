@@ -16,10 +16,12 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import re
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
@@ -135,17 +137,17 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(
+        self._client_kwargs = dict(
             base_url=self.base_url,
             headers=headers,
             verify=True if verify is None else verify,
             timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
         )
+        self._client: Optional[Any] = httpx.Client(**self._client_kwargs)
         self._httpx = httpx
-        self._calls: dict[str, _Call] = {}  # request id -> its running calls
-        self._aborted = AbortedIds()  # ids aborted before a call of theirs began
-        self._calls_lock = threading.Lock()
+        self._forget_calls()
+        _endpoints.add(self)
         # a 404 here is mostly a URL with a path, often the /v1 root of the OpenAI API on the same server;
         # at a root URL, another kind of server (python -m http.server, a web app)
         if not self.client.base_url.path.strip("/"):
@@ -164,6 +166,27 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         self._incremental: Optional[bool] = None  # (_incremental_output: asked at the first stream)
         self._lock = threading.Lock()
         self._unconditional_ids: Optional[list[int]] = None
+
+    @property
+    def client(self) -> Any:
+        """The ``httpx.Client`` of every request (this process's: see ``_after_fork``)."""
+        if self._client is None:
+            self._client = self._httpx.Client(**self._client_kwargs)
+        return self._client
+
+    def _forget_calls(self) -> None:
+        self._calls: dict[str, _Call] = {}  # request id -> its running calls
+        self._aborted = AbortedIds()  # ids aborted before a call of theirs began
+        self._calls_lock = threading.Lock()
+
+    def _after_fork(self) -> None:
+        """In a process made by ``os.fork``: a client of its own, made at its first use (a fork
+        that runs ``exec`` next needs none). The parent's pooled connections are the parent's
+        sockets: a request of this process on one would share it with the parent's requests. The
+        parent's calls in flight, and its locks, are not this process's."""
+        self._client = None
+        self._forget_calls()
+        self._lock = threading.Lock()
 
     # -- transport
 
@@ -608,7 +631,23 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             return dict(self.model_info)
 
     def shutdown(self) -> None:
-        self.client.close()
+        if self._client is not None:  # (a forked process's, made at its first use: none yet)
+            self._client.close()
+
+
+# Every live endpoint: in a process made by os.fork, each makes a new client (_after_fork_in_child).
+_endpoints: "weakref.WeakSet[RuntimeEndpoint]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Have every endpoint made before ``os.fork`` (multiprocessing's "fork" start method) use
+    connections of its own in the child."""
+    for endpoint in list(_endpoints):
+        endpoint._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # (POSIX; Windows has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _utf8_lines(chunks: Iterator[bytes], what: str) -> Iterator[str]:
