@@ -436,6 +436,16 @@ def test_openai_backends_count_token_usage_as_sglangs_do(server):
     assert "".join(prog.run("Q", backend=backend, stream=True).text_iter("b")) == "Hello"
     assert (backend.token_usage.prompt_tokens, backend.token_usage.completion_tokens) == (10, 4)
     backend.shutdown()
+    # select's scoring request (a completion model's echoed prompts) counts too
+    completion = lmnb.OpenAI("m", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
+    rows = [{"index": i, "text": t, "finish_reason": "length", "logprobs": {
+        "tokens": list(t), "token_logprobs": [None] + [-1.0] * (len(t) - 1), "top_logprobs": None, "text_offset": []}}
+        for i, t in enumerate(("Hi", "Hia", "Hib"))]
+    server.answer = lambda h, b: send(h, 200, json.dumps({
+        "id": "x", "choices": rows, "usage": {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}}).encode())
+    completion.score_choices(Prompt("Hi"), ["a", "b"], False, "r1")
+    assert (completion.token_usage.prompt_tokens, completion.token_usage.completion_tokens) == (8, 0)
+    completion.shutdown()
 
 
 def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_the_parent(server):
