@@ -1861,6 +1861,23 @@ class _SubmittingXEngine(_RidEngine):
         return super().submit(prompt, params, rid)
 
 
+@contextlib.contextmanager
+def _posting_while_submitted(engine, url, path, body):
+    """Post ``body`` to ``url + path`` on a thread and wait until ``engine`` (a ``_SubmittingXEngine``
+    or one with its ``entered``, ``go`` and ``release`` events) is submitting it; yields the list
+    that gets its reply. On leaving, lets the engine go on and waits for the reply."""
+    replies: list = []
+    thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
+    thread.start()
+    try:
+        assert engine.entered.wait(30)
+        yield replies
+    finally:
+        engine.go.set()
+        engine.release.set()
+        thread.join(30)
+
+
 @pytest.mark.parametrize("first, second, message", [
     (("/generate", {"text": "a", "rid": "X"}), ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "X"}),
      'rid="X" is already in use'),
@@ -1873,19 +1890,10 @@ def test_a_rid_is_refused_while_another_request_with_it_is_still_being_submitted
     route with the same rid was taken meanwhile, the engine seeing X beside X-0, X-1; the rid is
     now held from the check on."""
     engine = _SubmittingXEngine()
-    replies: list = []
-    with live_server(engine, served_model_name="rec") as url:
-        thread = threading.Thread(target=lambda: replies.append(_post(url, *first, timeout=30)))
-        thread.start()
-        try:
-            assert engine.entered.wait(30)
-            r = _post(url, *second)
-            assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
-        finally:
-            engine.go.set()
-            engine.release.set()
-            thread.join(30)
-        assert [r.status_code for r in replies] == [200]
+    with live_server(engine, served_model_name="rec") as url, _posting_while_submitted(engine, url, *first) as replies:
+        r = _post(url, *second)
+        assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    assert [r.status_code for r in replies] == [200]
 
 
 @pytest.mark.parametrize("path, body, rid", [
@@ -1899,30 +1907,21 @@ def test_an_abort_of_a_request_still_being_submitted_ends_it(path, body, rid):
     (tokenized, its grammar compiled: the engine knew no such rid yet) answered success false, and
     the request then ran to its end; it is now aborted once its handles exist."""
     engine = _SubmittingXEngine()
-    replies: list = []
-    with live_server(engine, served_model_name="rec") as url:
-        thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
-        thread.start()
-        try:
-            assert engine.entered.wait(30)
-            assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": True}
-            engine.go.set()
-            engine.wait_for(1 if body.get("text") == "a" else 2)  # (its prompts' handles)
-            expected = [rid != "X-1"] * (len(engine.handles) - 1) + [True]  # (X-1: the second prompt's alone)
-            for handle, aborted in zip(engine.handles, expected):
-                assert not aborted or handle.aborted.wait(15)  # (at once once it exists; never, as it was)
-            assert [h.aborted.is_set() for h in engine.handles] == expected
-        finally:
-            engine.go.set()
-            engine.release.set()
-            thread.join(30)
-        reply = replies[0].json()
-        if path == "/generate" and rid == "X":
-            assert reply["meta_info"]["finish_reason"]["type"] == "abort"
-        elif path == "/generate":  # (a batch: X-1 is its second prompt's own rid)
-            assert [r["meta_info"]["finish_reason"]["type"] for r in reply] == ["length", "abort"]
-        else:  # (the response's id aborts both prompts; X-1 its second alone, the first ends when released)
-            assert [c["finish_reason"] for c in reply["choices"]] == (["abort"] * 2 if rid == "X" else ["length", "abort"])
+    with live_server(engine, served_model_name="rec") as url, _posting_while_submitted(engine, url, path, body) as replies:
+        assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": True}
+        engine.go.set()
+        engine.wait_for(1 if body.get("text") == "a" else 2)  # (its prompts' handles)
+        expected = [rid != "X-1"] * (len(engine.handles) - 1) + [True]  # (X-1: the second prompt's alone)
+        for handle, aborted in zip(engine.handles, expected):
+            assert not aborted or handle.aborted.wait(15)  # (at once once it exists; never, as it was)
+        assert [h.aborted.is_set() for h in engine.handles] == expected
+    reply = replies[0].json()
+    if path == "/generate" and rid == "X":
+        assert reply["meta_info"]["finish_reason"]["type"] == "abort"
+    elif path == "/generate":  # (a batch: X-1 is its second prompt's own rid)
+        assert [r["meta_info"]["finish_reason"]["type"] for r in reply] == ["length", "abort"]
+    else:  # (the response's id aborts both prompts; X-1 its second alone, the first ends when released)
+        assert [c["finish_reason"] for c in reply["choices"]] == (["abort"] * 2 if rid == "X" else ["length", "abort"])
 
 
 def test_an_openai_response_id_that_a_running_responses_prompt_holds_is_refused():
@@ -1971,12 +1970,8 @@ def test_an_openai_rid_is_held_while_its_prompts_are_tokenized(path, body):
             return super().encode(text, add_special_tokens)
 
     engine = Engine()
-    replies: list = []
     with live_server(engine, served_model_name="rec") as url:
-        thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
-        thread.start()
-        try:
-            assert engine.entered.wait(30)
+        with _posting_while_submitted(engine, url, path, body) as replies:
             r = _post(url, "/generate", {"text": "a", "rid": "X"})
             assert r.status_code == 400 and r.json()["error"]["message"].startswith('rid="X" is already in use'), r.text
             assert _post(url, "/abort_request", {"rid": "X"}).json() == {"success": True}
@@ -1986,10 +1981,6 @@ def test_an_openai_rid_is_held_while_its_prompts_are_tokenized(path, body):
             engine.wait_for(n)
             for handle in engine.handles:  # (each aborted once submitted; as it was, never)
                 assert handle.aborted.wait(15)
-        finally:
-            engine.go.set()
-            engine.release.set()
-            thread.join(30)
         reply = replies[0]
         assert reply.status_code == 200, reply.text
         assert [c["finish_reason"] for c in reply.json()["choices"]] == ["abort"] * n
