@@ -1,7 +1,9 @@
-"""The JSON Schema meta-schema check of a ``json_schema`` constraint, without torch.
+"""The JSON Schema meta-schema check of a ``json_schema`` constraint, and values in messages
+written as JSON writes them, without torch.
 
 Shared by the engine (``constrained.schema.load_schema``) and the ``%%lm`` cell parser, which runs
-it on a literal schema before anything runs (``lmnb.template.options``); importing it loads only
+it on a literal schema before anything runs (``lmnb.template.options``); the server's and ``lmnb
+export``'s messages show a client's values with ``json_value``. Importing it loads only
 ``jsonschema``.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Optional
 
 
 def checked_schema(schema: dict | bool) -> dict | bool:
@@ -35,8 +37,7 @@ def checked_schema(schema: dict | bool) -> dict | bool:
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
     if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key
-        raise ValueError(f"JSON schema at #/$schema must be a string (a draft's URI), not "
-                         f"{json.dumps(schema['$schema'], ensure_ascii=False)}")
+        raise ValueError(f"JSON schema at #/$schema must be a string (a draft's URI), not {json_value(schema['$schema'])}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
@@ -51,6 +52,13 @@ def checked_schema(schema: dict | bool) -> dict | bool:
         message = in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}{hint}") from None
     return schema
+
+
+def json_value(value: Any, limit: Optional[int] = None) -> str:
+    """``value`` as a JSON client writes it (``true``, ``null``, ``"a"``), cut after ``limit``
+    characters, with "…", when given."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 
 def json_parts(value: Any) -> list:

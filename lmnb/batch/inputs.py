@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from lmnb_engine.json_schema import json_value
+
 
 FORMATS = ("jsonl", "csv", "tsv")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -144,16 +146,10 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                 elif isinstance(value, dict):
                     fields = value
                 else:
-                    shown = json_preview(value)  # (as written: "got NoneType" said it of null)
+                    shown = json_value(value, 40)  # (as written: "got NoneType" said it of null)
                     error = f"line {lineno}: a row must be a JSON object {{\"field\": value, ...}}, got {shown}"
             yield InputRow(index, lineno, fields, error)
             index += 1
-
-
-def json_preview(value, width: int = 40) -> str:
-    """A row's value as JSON, for messages: cut to ``width`` characters with "…" where longer."""
-    shown = json.dumps(value, ensure_ascii=False)
-    return shown if len(shown) <= width else shown[:width] + "…"
 
 
 def _lone_surrogate(value) -> Optional[str]:

@@ -15,10 +15,11 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from lmnb.batch.inputs import InputRow, input_format, json_preview
+from lmnb.batch.inputs import InputRow, input_format
 from lmnb.batch.options import UnreadableValue, make_backend, parameter_type, start_failure
 from lmnb.batch.record import RowRecorder
 from lmnb.batch.store import BAD_INPUT, ERROR, OK, ResultStore, StoreError, input_hash, row_key
+from lmnb_engine.json_schema import json_value
 
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_FATAL, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_BROKEN_PIPE = 128 + 13  # (SIGPIPE's number): what a shell reports for a tool that `| head` closed
@@ -400,7 +401,7 @@ def _read_typed(row: InputRow, types: dict) -> str | None:
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             row.fields[name] = parameter_type(kind())(text)
         except UnreadableValue as e:
-            return (f"line {row.line}: field {name!r}: {e.saying(json_preview(value))}; it is the notebook's "
+            return (f"line {row.line}: field {name!r}: {e.saying(json_value(value, 40))}; it is the notebook's "
                     f"parameter {name}, whose default is of type {kind.__name__}")
     return None
 

@@ -45,7 +45,6 @@ from lmnb_engine.http_server.protocol import (
     RequestFailed,
     StreamChunks,
     image_token,
-    json_value,
     meta_info,
     refused_field,
     refused_value,
@@ -55,6 +54,7 @@ from lmnb_engine.http_server.protocol import (
     served_message,
     wire_message,
 )
+from lmnb_engine.json_schema import json_value
 from lmnb_engine.outputs import rid_in_use
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long

@@ -57,12 +57,12 @@ from lmnb_engine.http_server.protocol import (
     check_n,
     finite,
     image_token,
-    json_value,
     refused_field,
     refused_value,
     served_message,
     wire_message,
 )
+from lmnb_engine.json_schema import json_value
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
 from lmnb_engine.outputs import rid_in_use
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names

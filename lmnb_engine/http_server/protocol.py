@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any, Callable, Optional
 
-from lmnb_engine.json_schema import in_json_words, json_parts
+from lmnb_engine.json_schema import in_json_words, json_parts, json_value
 from lmnb_engine.outputs import FinishReason, GenerateResult, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 
@@ -32,13 +32,6 @@ class RequestFailed(RuntimeError):
     internal error, shutdown): an HTTP 500 JSON error with the engine's message."""
 
     status = 500
-
-
-def json_value(value: Any, limit: Optional[int] = None) -> str:
-    """``value`` as a JSON client writes it (``true``, ``null``, ``"a"``), cut after ``limit``
-    characters when given."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 
 def wire_message(message: str, value: Any = None) -> str:
