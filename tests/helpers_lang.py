@@ -212,19 +212,26 @@ class RecordingEngine:
 def live_server(engine, api_key=None, served_model_name=None, **app_options):
     """``lmnb serve``'s app for ``engine`` on a free 127.0.0.1 port in a thread; yields the URL.
     ``app_options`` go to ``create_app`` (``max_body_mb``)."""
-    import socket
-
     import uvicorn
 
     from lmnb_engine.http_server import create_app
 
     app = create_app(engine, api_key=api_key, served_model_name=served_model_name, **app_options)
+    with serving(uvicorn.Server(uvicorn.Config(app, log_level="warning"))) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serving(server):
+    """Run the uvicorn ``server`` on a free 127.0.0.1 port in a thread; yields its URL and the
+    thread, which ends when the server has stopped. Stops it on leaving."""
+    import socket
+
     # the server listens on this very socket: a port found free, closed and bound again by uvicorn
     # could be taken meanwhile (another test process, an outgoing connection's ephemeral port)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -233,7 +240,7 @@ def live_server(engine, api_key=None, served_model_name=None, **app_options):
             if time.time() > deadline or not thread.is_alive():
                 raise RuntimeError("the test server did not start")
             time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", thread
     finally:
         server.should_exit = True
         thread.join(10)

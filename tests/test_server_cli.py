@@ -179,17 +179,15 @@ def test_lmnb_serve_incremental_streaming_output_reaches_the_app_and_is_off_by_d
     import argparse
     import types
 
-    import uvicorn
-
     import lmnb_engine.engine
     import lmnb_engine.http_server as http_server
+    import lmnb_engine.http_server.app as http_app
     from helpers_lang import RecordingEngine
 
     made = []
     monkeypatch.setattr(lmnb_engine.engine, "Engine", lambda **kwargs: RecordingEngine())
     monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: made.append(kwargs))
-    monkeypatch.setattr(uvicorn, "Config", lambda app, **kwargs: None)
-    monkeypatch.setattr(uvicorn, "Server", lambda config: types.SimpleNamespace(run=lambda sockets: None))
+    monkeypatch.setattr(http_app, "Server", lambda app, **config: types.SimpleNamespace(run=lambda sockets: None))
     parser = argparse.ArgumentParser()
     http_server.serve_arguments(parser)
     for argv, incremental in (([], False), (["--incremental-streaming-output"], True)):

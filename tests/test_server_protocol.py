@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import lmnb as sgl
-from helpers_lang import RecordingEngine, RecordingHandle, live_server
+from helpers_lang import RecordingEngine, RecordingHandle, live_server, serving
 from lmnb.backend.base import BackendError
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
@@ -1122,8 +1122,7 @@ class _Held:
                 for i in range(self.n):
                     listener(StreamEvent(self.rid, "x", [120], index=i))
                 sent += 1
-            aborted = FinishReason("abort", message="aborted by Engine.abort")  # (Engine.abort's)
-            reason = aborted if self.aborted.is_set() else FinishReason("length")
+            reason = FinishReason("abort", message=self.abort_message) if self.aborted.is_set() else FinishReason("length")
             meta = RequestMeta(prompt_tokens=1, cached_tokens=0, completion_tokens=sent)
             self._results = [GenerateResult(self.rid, "x" * sent, [120] * sent, reason, meta, index=i)
                              for i in range(self.n)]
@@ -1137,8 +1136,9 @@ class _Held:
         self.finished.wait(60)
         return self._results if self.n > 1 else self._results[0]
 
-    def abort(self):
+    def abort(self, message="aborted by Engine.abort"):  # (Engine.abort's; Engine.shutdown's is another)
         live = not self.done
+        self.abort_message = message
         self.aborted.set()
         return live
 
@@ -1183,6 +1183,68 @@ def _choices(chunks: list) -> tuple[dict, dict]:
             if ch["finish_reason"] is not None:
                 finish[ch["index"]] = ch["finish_reason"]
     return texts, finish
+
+
+class _StoppingEngine(_HeldEngine):
+    """A ``_HeldEngine`` whose shutdown ends every request as ``Engine.shutdown`` does."""
+
+    def shutdown(self):
+        from lmnb_engine.outputs import ABORT_SHUTDOWN
+
+        for handle in self.handles:
+            handle.abort(ABORT_SHUTDOWN)
+
+
+_SHUT_DOWN = "the server shut down before the request finished; send it again once the server is restarted"
+
+
+@pytest.mark.parametrize("path, body, last", [
+    ("/generate", {"text": "a", "stream": True},
+     lambda event: event["meta_info"]["finish_reason"] == {"type": "abort", "message": _SHUT_DOWN}),
+    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 1000, "stream": True},
+     lambda event: event["error"] == {"message": f"the request was aborted: {_SHUT_DOWN}", "type": "server_error",
+                                      "param": None, "code": 500}),
+])
+def test_a_stopping_server_ends_its_open_streams_and_exits(path, body, last):
+    """uvicorn waited at shutdown (Ctrl-C, SIGTERM) for every open response to end, so a client
+    streaming a long generation kept the server up until its last token. The server now aborts
+    every request first: each stream ends with its last event, saying the server shut down, and
+    [DONE], and the server exits."""
+    from lmnb_engine.http_server import create_app
+    from lmnb_engine.http_server.app import Server
+
+    engine = _StoppingEngine()
+    server = Server(create_app(engine, served_model_name="rec"), log_level="warning")
+    with serving(server) as (url, thread):
+        with httpx.stream("POST", url + path, content=json.dumps(body), timeout=30) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            assert first.startswith("data:"), first  # (the request runs: it ends when aborted or released)
+            server.should_exit = True  # (what uvicorn's handler of Ctrl-C and SIGTERM does)
+            events = _sse_json([first, *lines])
+        thread.join(30)
+        assert not thread.is_alive()
+    assert last(events[-1]), events[-1]
+    assert engine.handles[0].aborted.is_set() and not engine.release.is_set()
+
+
+def test_a_stopping_server_answers_a_waiting_request_that_it_shut_down():
+    """An unstreamed /generate running when the server stops is answered, with the abort."""
+    from lmnb_engine.http_server import create_app
+    from lmnb_engine.http_server.app import Server
+
+    engine = _StoppingEngine()
+    server = Server(create_app(engine, served_model_name="rec"), log_level="warning")
+    replies: list = []
+    with serving(server) as (url, thread):
+        post = threading.Thread(target=lambda: replies.append(_post(url, "/generate", {"text": "a"}, timeout=30)))
+        post.start()
+        engine.wait_for(1)
+        server.should_exit = True
+        post.join(30)
+        thread.join(30)
+        assert not thread.is_alive()
+    assert replies[0].json()["meta_info"]["finish_reason"] == {"type": "abort", "message": _SHUT_DOWN}
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])

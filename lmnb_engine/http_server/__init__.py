@@ -79,13 +79,13 @@ def bind(host: str, port: int):
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Load the model, then serve until interrupted. Returns the exit status.
+    """Load the model, then serve until interrupted (Ctrl-C, SIGTERM: the open requests are
+    aborted, each told that the server shut down: ``app.Server``). Returns the exit status.
 
     Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
     ``--port 0`` that is how a caller learns the port the system picked."""
-    import uvicorn
-
     from lmnb_engine import Engine
+    from lmnb_engine.http_server.app import Server
 
     if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
@@ -122,7 +122,7 @@ def serve(args: argparse.Namespace) -> int:
         shown = f"[{host}]" if ":" in host else host
         print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
         try:
-            uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
+            Server(app, log_level=args.log_level).run(sockets=[sock])
         finally:
             engine.shutdown()
     return 0

@@ -32,6 +32,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
 
+import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -280,6 +281,31 @@ class ServerContext:
         for h in handles:
             if not h.done:
                 h.abort()
+
+
+# How long a stopping server waits, once its requests are aborted, for the open responses to send
+# their last events (a client that reads nothing holds its stream open) before it cuts them off.
+SHUTDOWN_GRACE_S = 5
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server of ``app`` (``create_app``'s), which ends the open requests when it stops
+    (Ctrl-C, SIGTERM, ``should_exit``): uvicorn waits for every open response to end, and a client
+    streaming a long generation kept the server up until its last token. The app's engine is shut
+    down first, which aborts every request (``ABORTED_BY_SHUTDOWN``): each stream sends its last
+    event (/generate's finish reason abort, an OpenAI stream's error) and ``[DONE]``, each
+    unstreamed request its answer, and a response still open ``SHUTDOWN_GRACE_S`` later is cut
+    off. ``config``: ``uvicorn.Config``'s keywords."""
+
+    def __init__(self, app: FastAPI, **config: Any) -> None:
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=SHUTDOWN_GRACE_S, **config))
+        self.engine = app.state.ctx.engine
+
+    async def shutdown(self, sockets: Optional[list] = None) -> None:
+        """Shut the engine down (off the event loop, which meanwhile sends the streams' last
+        events), then uvicorn's shutdown: it waits for the responses to end."""
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.shutdown)
+        await super().shutdown(sockets)
 
 
 class EventStream(StreamingResponse):

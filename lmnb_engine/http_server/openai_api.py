@@ -401,7 +401,7 @@ def _finish(result, req: _SamplingRequest) -> dict:
     client keeps both among a choice's extra fields (``choice.model_extra``)."""
     fr = result.finish_reason
     if fr.type == "abort" and not fr.requested_abort and fr.field is None:
-        raise RequestFailed(f"the request was aborted: {fr.message or 'no reason given'}")
+        raise RequestFailed(f"the request was aborted: {served_message(fr, None) or 'no reason given'}")
     finish = {"finish_reason": fr.type, "matched_stop": fr.matched}
     return finish if fr.message is None else {**finish, "finish_message": _finish_message(fr, req)}
 

@@ -14,7 +14,7 @@ import math
 from typing import Any, Callable, Optional
 
 from lmnb_engine.json_schema import in_json_words, json_parts, json_value
-from lmnb_engine.outputs import FinishReason, GenerateResult, StreamEvent, TokenLogprob
+from lmnb_engine.outputs import ABORT_SHUTDOWN, FinishReason, GenerateResult, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 
 
@@ -54,16 +54,22 @@ def wire_message(message: str, value: Any = None) -> str:
 # names its Python method (``outputs.ABORT_REQUESTED``, which the in-process API keeps). SGLang
 # says only "Aborted" (its FINISH_ABORT's default), or "Abort before prefill" for a waiting request.
 ABORTED_BY_REQUEST = "aborted by /abort_request"
+# What the engine's shutdown (``outputs.ABORT_SHUTDOWN``, which names the Python API) says to the
+# clients of a server stopped (Ctrl-C, SIGTERM) while their requests ran: ``app.Server``.
+ABORTED_BY_SHUTDOWN = "the server shut down before the request finished; send it again once the server is restarted"
 
 
 def served_message(fr: FinishReason, grammar: Optional[str]) -> Optional[str]:
     """``fr.message`` as a client of the server reads it: an abort that was asked for
     (``FinishReason.requested_abort``, which only ``/abort_request`` asks for a request whose
-    client still listens) is ``ABORTED_BY_REQUEST``; the engine's "regex / JSON schema" (a
-    grammar's output cut before it matched) is ``grammar``, the field that sent the request's
-    (None for a request without one, whose message never says so)."""
+    client still listens) is ``ABORTED_BY_REQUEST``, one by the engine's shutdown (the server
+    stopping) ``ABORTED_BY_SHUTDOWN``; the engine's "regex / JSON schema" (a grammar's output cut
+    before it matched) is ``grammar``, the field that sent the request's (None for a request
+    without one, whose message never says so)."""
     if fr.requested_abort:
         return ABORTED_BY_REQUEST
+    if fr.type == "abort" and fr.message == ABORT_SHUTDOWN:
+        return ABORTED_BY_SHUTDOWN
     if fr.message is None or grammar is None:
         return fr.message
     return fr.message.replace("regex / JSON schema", grammar)
