@@ -1815,7 +1815,8 @@ def test_generate_names_the_constraint_it_was_sent_when_the_token_limit_cut_its_
      'rid must hold a character other than whitespace, not "\\t "; leave it out for an id the server picks'),
     # the value a rid or a number field was refused for was not shown
     ("/generate", {"text": "a", "rid": 5}, "rid", "rid must be a string, not 5"),
-    ("/generate", {"text": ["a", "b"], "rid": "x"}, "rid", 'rid must be a list of 2 strings, one per prompt, not "x"'),
+    ("/generate", {"text": ["a", "b"], "rid": ["x"]}, "rid",
+     'rid must be a string (prompt k\'s rid is then <rid>-<k>) or a list of 2 strings, one per prompt, not ["x"]'),
     ("/v1/completions", {"model": "rec", "prompt": "a", "rid": ["x"]}, "rid",
      'rid: Input should be a valid string (got ["x"])'),
     ("/v1/completions", {"model": "rec", "prompt": "a", "temperature": [1]}, "temperature",
@@ -1906,6 +1907,47 @@ def test_a_rid_names_one_running_request_across_the_routes_and_a_clash_says_how_
         # ended: the rids are free again, on either route
         assert _post(url, "/generate", {"text": "a", "rid": "Z-1", "sampling_params": {"max_new_tokens": 0}},
                      timeout=30).status_code == 200
+
+
+def test_a_generate_batch_with_one_rid_runs_its_prompts_as_rid_k_and_is_aborted_by_it():
+    """A /generate batch with one string rid was refused ("rid must be a list of 3 strings");
+    SGLang takes it (its prompt k runs as <rid>_<k>). lmnb runs prompt k as <rid>-<k>, as it runs
+    an OpenAI response's: /abort_request with the rid aborts the whole batch, with <rid>-<k> prompt
+    k alone, and both are refused to other requests while it runs."""
+    engine = _RidEngine()
+    # an engine rid the server did not give out (as one that another request took while this was checked)
+    engine.handles.append(_Held("P-1", 1, engine.release))
+    in_use = "is already in use by a running request; give another rid, or wait for that request to end"
+    replies: list = []
+    with live_server(engine, served_model_name="rec") as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(url, "/generate", {"text": ["a", "b", "c"], "rid": "B"},
+                                                                       timeout=30)))
+        thread.start()
+        try:
+            engine.wait_for(4)
+            assert [h.rid for h in engine.handles] == ["P-1", "B-0", "B-1", "B-2"]
+            for path, body, message in (
+                ("/generate", {"text": "a", "rid": "B"}, f'rid="B" {in_use}'),
+                ("/generate", {"text": "a", "rid": "B-1"}, f'rid="B-1" {in_use}'),
+                ("/v1/completions", {"model": "rec", "prompt": "a", "rid": "B"}, f'rid="B" {in_use}'),
+                # (refused by the engine, which names P-1)
+                ("/generate", {"text": ["a", "b"], "rid": "P"},
+                 f'rid="P" names its 2 prompts "P-0" to "P-1", and "P-1" {in_use}'),
+            ):
+                r = _post(url, path, body)
+                assert r.status_code == 400 and (r.json()["error"]["param"], r.json()["error"]["message"]) == (
+                    "rid", message), r.text
+            assert engine.handles[-1].rid == "P-0" and engine.handles[-1].aborted.is_set()  # (with the refusal)
+            assert _post(url, "/abort_request", {"rid": "B-1"}).json() == {"success": True}
+            assert engine.handles[2].aborted.wait(15)
+            assert not engine.handles[1].aborted.is_set() and not engine.handles[3].aborted.is_set()
+            assert _post(url, "/abort_request", {"rid": "B"}).json() == {"success": True}
+            assert engine.handles[1].aborted.wait(15) and engine.handles[3].aborted.wait(15)
+        finally:
+            engine.release.set()
+            thread.join(30)
+    assert [(o["meta_info"]["id"], o["meta_info"]["finish_reason"]["type"]) for o in replies[0].json()] == [
+        ("B-0", "abort"), ("B-1", "abort"), ("B-2", "abort")]
 
 
 class _SubmittingXEngine(_RidEngine):

@@ -122,7 +122,20 @@ class _Inbox:
 
 
 class Batch(list):
-    """The handles of one OpenAI request's prompts (a list that can be weakly referenced)."""
+    """The handles of one response's prompts (a list that can be weakly referenced)."""
+
+
+def response_rids(rid: str, n: int) -> list[str]:
+    """The engine rids of the ``n`` prompts of a response whose client named it ``rid`` (an OpenAI
+    request's, a /generate batch's one string): ``rid`` itself for one prompt, ``<rid>-<k>`` for
+    prompt k of several; /abort_request with ``rid`` aborts them all, with ``<rid>-<k>`` one."""
+    return [rid] if n == 1 else [f"{rid}-{k}" for k in range(n)]
+
+
+def rid_clash(rid: str, rids: list, k: int) -> RequestError:
+    """The 400 of engine rid ``rids[k]`` (``response_rids``) in use: the client never sent
+    ``<rid>-<k>``, so say how ``rid`` expands."""
+    return RequestError(wire_message(rid_in_use(rid, len(rids), k), [rid, *rids]), param="rid")
 
 
 class ServerContext:
@@ -133,13 +146,13 @@ class ServerContext:
         self.model_name = served_model_name
         self.incremental_streaming_output = incremental_streaming_output  # (/generate's stream: StreamChunks)
         self.pool = ThreadPoolExecutor(MAX_WAITING_THREADS, thread_name_prefix="lmnb-serve")
-        # OpenAI response id -> its prompts' handles, for /abort_request and to refuse the id while it
-        # runs (engine rids: the id, or <id>-<k> for several prompts); weak: an entry goes when its
-        # request's route or stream lets go of the handles
+        # a response's id (an OpenAI request's, a /generate batch's one rid) -> its prompts' handles, for
+        # /abort_request and to refuse the id while it runs (engine rids: response_rids); weak: an
+        # entry goes when its request's route or stream lets go of the handles
         self.batches: weakref.WeakValueDictionary[str, Batch] = weakref.WeakValueDictionary()
-        # /generate's rid -> its request's handle, for ``in_use``; weak, as ``batches``
+        # /generate's rid (one per prompt) -> its request's handle, for ``in_use``; weak, as ``batches``
         self.generating: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-        # an OpenAI response's prompt's engine rid (<id>-<k>, or the id) -> its handle, for ``in_use``; weak
+        # a response's prompt's engine rid (<id>-<k>, or the id) -> its handle, for ``in_use``; weak
         self.prompts: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         # rids checked and not yet in batches / generating (their submit awaits tokenizing, a compile)
         self.submitting: collections.Counter[str] = collections.Counter()
@@ -149,8 +162,9 @@ class ServerContext:
 
     def in_use(self, rid: str) -> bool:
         """Whether ``rid`` names a request still running, which ``/abort_request`` with it aborts:
-        an OpenAI response (``batches``) or a /generate request (``generating``). Checked by both
-        routes before they submit, as the engine cannot see every clash: an OpenAI response of
+        a response (``batches``: an OpenAI one, a /generate batch with one rid) or a /generate
+        prompt (``generating``). Checked by both routes before they submit, as the engine cannot
+        see every clash: an OpenAI response of
         several prompts runs as ``<rid>-<k>``, so the engine took a /generate ``rid`` beside it (or
         the other way round), and /abort_request could not tell which the client meant. SGLang
         takes both (it aborts by the exact engine rid), lmnb refuses the second. A running response's
@@ -181,6 +195,34 @@ class ServerContext:
                 if self.submitting[rid] <= 0:
                     del self.submitting[rid]
                     self.aborted_early.discard(rid)
+
+    @contextlib.contextmanager
+    def holding_response(self, rid: str, rids: list) -> Iterator[None]:
+        """Refuse the response ``rid`` whose prompts run as engine rids ``rids``
+        (``response_rids``) if ``rid`` or one of them is in use (``in_use``; the engine sees only
+        ``<rid>-<k>``, and cannot tell that ``rid`` is a running response's id), and hold them all
+        (``holding``) until the route has submitted them (``submit_response``): a request with
+        one of them is refused meanwhile, and /abort_request with ``rid`` aborts the prompts once
+        they are submitted. Held from before the prompts are tokenized (a chat's template
+        applied, its images prepared)."""
+        if self.in_use(rid):  # (of one prompt, the engine refuses it too; of several, it sees only <rid>-<k>)
+            raise RequestError(wire_message(rid_in_use(rid), rid), param="rid")
+        taken = next((k for k, r in enumerate(rids) if r != rid and self.in_use(r)), None)
+        if taken is not None:
+            raise rid_clash(rid, rids, taken)
+        with self.holding(list(dict.fromkeys([rid, *rids]))):
+            yield
+
+    async def submit_response(self, rid: str, prompts: list, params: list, rids: list,
+                              refused: Callable[[Exception, int], RequestError]) -> "Batch":
+        """``submit`` of the response ``rid``'s prompts as engine rids ``rids``
+        (``holding_response``, which the caller holds), recorded so that /abort_request with
+        ``rid`` aborts them all (``batches``) and each of ``rids`` is in use while it runs."""
+        handles = Batch(await self.submit(prompts, params, rids, refused))
+        self.batches[rid] = handles
+        self.prompts.update(zip(rids, handles))
+        await self.abort_early(rids, handles, rid)
+        return handles
 
     async def abort_early(self, rids: Sequence[str], handles: Sequence[Any], response: Optional[str] = None) -> None:
         """Abort each of ``handles`` (engine rids ``rids``) that /abort_request named while it was
@@ -391,15 +433,19 @@ def entry_error(e: RequestError, k: int, per_prompt: Sequence[str]) -> RequestEr
     return RequestError(message, e.status, entry + e.param[len(key):])
 
 
-def _refusal(body: dict, params: list, rids: list, batch: bool) -> Callable[[Exception, int], RequestError]:
+def _refusal(body: dict, params: list, rids: list, batch: bool,
+             response: Optional[str]) -> Callable[[Exception, int], RequestError]:
     """``ServerContext.submit``'s ``refused`` for /generate: the engine's refusal of prompt ``k``
     naming its field as the client sent it (``refused_field``; the prompt, ``text`` or
     ``input_ids``, where it names none), with the entry of a batch's prompt (``_entry_error``),
-    and its value as JSON (``wire_message``)."""
+    and its value as JSON (``wire_message``); of a batch named by one rid, ``response``, a rid in
+    use says how that rid expands (``rid_clash``)."""
     def refused(e: Exception, k: int) -> RequestError:
         sp = body.get("sampling_params")
         d = sp[k] if isinstance(sp, list) else sp
         field = refused_field(e, params[k])
+        if field == "rid" and response is not None:
+            return rid_clash(response, rids, k)
         if isinstance(e, SamplingParamsError):
             error = sampling_params_error(e, d)
         else:
@@ -489,15 +535,16 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     rid = body.get("rid")
     if rid is None:
         rids = [uuid.uuid4().hex for _ in range(n)]
+    elif isinstance(rid, str):  # (of a batch, SGLang's prompt k runs as <rid>_<k>: docs/language.md)
+        check_rid(rid)
+        rids = response_rids(rid, n)
     elif isinstance(rid, list) and len(rid) == n and all(isinstance(r, str) for r in rid):
+        for k, r in enumerate(rid):
+            check_rid(r, f"rid[{k}]")
         rids = rid
-    elif isinstance(rid, str) and n == 1:
-        rids = [rid]
     else:
-        want = "a string" if n == 1 else f"a list of {n} strings, one per prompt"
+        want = "a string" if n == 1 else f"a string (prompt k's rid is then <rid>-<k>) or a list of {n} strings, one per prompt"
         raise RequestError(f"rid must be {want}, not {json_value(rid, 40)}", param="rid")
-    for k, r in enumerate(rids if rid is not None else []):
-        check_rid(r, f"rid[{k}]" if isinstance(rid, list) else "rid")
     if len(set(rids)) != len(rids):
         raise RequestError("rid values must be distinct", param="rid")
     opts = {"stream": _flag(body, "stream"), "text_in_logprobs": _flag(body, "return_text_in_logprobs"),
@@ -705,11 +752,14 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
     async def generate(request: Request):
         body = await json_body(request)
         prompts, params, rids, batch, opts = _parse_generate(body)
-        for k, rid in enumerate(rids):  # (the engine cannot see an OpenAI response's rid: ServerContext.in_use)
-            if ctx.in_use(rid):
-                raise _entry_error(body, k, batch, RequestError(wire_message(rid_in_use(rid), rid), param="rid"))
+        # a batch's one rid names it as an OpenAI rid names a response of several prompts
+        response = body["rid"] if isinstance(body.get("rid"), str) and len(rids) > 1 else None
+        if response is None:
+            for k, rid in enumerate(rids):  # (the engine cannot see an OpenAI response's rid: ServerContext.in_use)
+                if ctx.in_use(rid):
+                    raise _entry_error(body, k, batch, RequestError(wire_message(rid_in_use(rid), rid), param="rid"))
         prompt_texts = list(prompts)  # (the text prompts, before some are encoded below)
-        with ctx.holding(rids):
+        with ctx.holding(rids) if response is None else ctx.holding_response(response, rids):
             # Prompt token 0 has no logprob but its id is named in input_token_logprobs: a text prompt
             # that needs it is tokenized here (off the event loop) and submitted as its ids.
             prompts = [await _encoded(ctx, x, k, body, batch) if isinstance(x, str) and p.logprob_start_len == 0
@@ -718,9 +768,13 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
             if any(opts["images"]):
                 prompts = [await _with_images(ctx, x, images) if images else x
                            for x, images in zip(prompts, opts["images"])]
-            handles = await ctx.submit(prompts, params, rids, _refusal(body, params, rids, batch))
-            ctx.generating.update(zip(rids, handles))
-            await ctx.abort_early(rids, handles)
+            refused = _refusal(body, params, rids, batch, response)
+            if response is None:
+                handles = await ctx.submit(prompts, params, rids, refused)
+                ctx.generating.update(zip(rids, handles))
+                await ctx.abort_early(rids, handles)
+            else:
+                handles = await ctx.submit_response(response, prompts, params, rids, refused)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
             return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)

@@ -18,13 +18,12 @@ every choice.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 import time
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Iterator, Literal, Optional, Sequence, Union, get_args, get_origin
+from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_args, get_origin
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -43,12 +42,13 @@ from pydantic_core import PydanticCustomError
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import (
     SSE_DONE,
-    Batch,
     EventStream,
     ServerContext,
     check_rid,
     encode_prompt,
     entry_error,
+    response_rids,
+    rid_clash,
     sse,
 )
 from lmnb_engine.http_server.protocol import (
@@ -64,7 +64,6 @@ from lmnb_engine.http_server.protocol import (
 )
 from lmnb_engine.json_schema import json_value
 from lmnb_engine.multimodal.inputs import MultimodalPrompt
-from lmnb_engine.outputs import rid_in_use
 from lmnb_engine.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError, in_front_end_names
 
 _REPLACEMENT = "\ufffd"  # what a byte token that is not a whole character decodes to
@@ -267,51 +266,23 @@ def _refused_param(req: _SamplingRequest, field: Optional[str]) -> str:
     return "messages" if isinstance(req, ChatRequest) else "prompt"
 
 
-def _clash(rid: str, rids: list, k: int) -> RequestError:
-    """The 400 of engine rid ``rids[k]`` in use: the client never sent ``<rid>-<k>``, so say how rid expands."""
-    return RequestError(wire_message(rid_in_use(rid, len(rids), k), [rid, *rids]), param="rid")
-
-
-@contextlib.contextmanager
-def _holding(ctx: ServerContext, rid: str, n: int) -> Iterator[list]:
-    """The engine rids of the response ``rid``'s ``n`` prompts (one prompt's is ``rid``, as SGLang's
-    response id is its request's rid; prompt k's of several ``<rid>-<k>``), refused if in use
-    (``ServerContext.in_use``) and held (``ServerContext.holding``) from here, before the prompts
-    are tokenized (a chat's template applied, its images prepared), until ``_submit`` records the
-    handles: a /generate with the rid is refused meanwhile, and /abort_request with it aborts the
-    request once it is submitted."""
-    if ctx.in_use(rid):  # (of one prompt, the engine refuses it too; of several, it sees only <rid>-<k>)
-        raise RequestError(wire_message(rid_in_use(rid), rid), param="rid")
-    rids = [rid] if n == 1 else [f"{rid}-{k}" for k in range(n)]
-    # an engine rid <rid>-<k> that is a running response's id, which the engine cannot see (ServerContext.in_use)
-    taken = next((k for k, r in enumerate(rids) if r != rid and ctx.in_use(r)), None)
-    if taken is not None:
-        raise _clash(rid, rids, taken)
-    with ctx.holding(list(dict.fromkeys([rid, *rids]))):
-        yield rids
-
-
 async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list, rid: str,
                   rids: list) -> list:
-    """``ctx.submit`` of the response ``rid``'s prompts as engine rids ``rids`` (``_holding``, which
-    the caller holds): ``/abort_request`` with ``rid`` aborts them all (``ServerContext.batches``).
-    The engine's refusal (a prompt too long for ``max_tokens``...) is worded in the request's field
-    names (``_api_names``) and names the field as ``param``, a prompt of a list by its entry
-    (``prompt[1]``, ``entry_error``, ``_per_prompt``)."""
+    """``ctx.submit_response`` of the response ``rid``'s prompts as engine rids ``rids``
+    (``ServerContext.holding_response``, which the caller holds). The engine's refusal (a prompt
+    too long for ``max_tokens``...) is worded in the request's field names (``_api_names``) and
+    names the field as ``param``, a prompt of a list by its entry (``prompt[1]``, ``entry_error``,
+    ``_per_prompt``)."""
     per_prompt = _per_prompt(req)
 
     def refused(e: Exception, k: int) -> RequestError:
         field = refused_field(e, params[k])
         if field == "rid" and len(rids) > 1:
-            return _clash(rid, rids, k)
+            return rid_clash(rid, rids, k)
         message = _api_names(str(e), req, refused_value(e, field, params[k], rids[k]))
         return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
 
-    handles = Batch(await ctx.submit(prompts, params, rids, refused))
-    ctx.batches[rid] = handles
-    ctx.prompts.update(zip(rids, handles))
-    await ctx.abort_early(rids, handles, rid)
-    return handles
+    return await ctx.submit_response(rid, prompts, params, rids, refused)
 
 
 def _per_prompt(req: _SamplingRequest) -> tuple:
@@ -615,7 +586,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
         rid, created = _response_id(req, "cmpl-"), int(time.time())
-        with _holding(ctx, rid, len(prompts)) as rids:
+        rids = response_rids(rid, len(prompts))
+        with ctx.holding_response(rid, rids):
             # token ids up front, so echoed logprobs can name the first prompt token too
             ids = []
             for k, x in enumerate(prompts):
@@ -654,7 +626,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         images: list = []  # [issue 10] image_url parts, in order; each left an image token in its message
         messages = [_plain_message(m, i, images, engine) for i, m in enumerate(req.messages)]
         rid, created = _response_id(req, "chatcmpl-"), int(time.time())
-        with _holding(ctx, rid, 1) as rids:  # (from before the template and the images: a slow prepare)
+        rids = response_rids(rid, 1)
+        with ctx.holding_response(rid, rids):  # (from before the template and the images: a slow prepare)
             try:
                 text = await ctx.run(engine.apply_chat_template, messages, True)
             except Exception as e:  # the template's own checks (e.g. roles must alternate)
