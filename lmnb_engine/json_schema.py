@@ -56,8 +56,9 @@ def checked_schema(schema: dict | bool) -> dict | bool:
 
 def json_value(value: Any, limit: Optional[int] = None) -> str:
     """``value`` as a JSON client writes it (``true``, ``null``, ``"a"``), cut after ``limit``
-    characters, with "…", when given."""
-    text = json.dumps(value, ensure_ascii=False)
+    characters, with "…", when given. A lone surrogate (no character: it cannot be printed or
+    encoded) is written as its escape, ``"\\ud800"``."""
+    text = re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
     return text if limit is None or len(text) <= limit else text[:limit] + "…"
 
 

@@ -103,7 +103,7 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
 @pytest.mark.parametrize(
     "schema, names",
     [
-        ({"type": "object", "properties": {"a": {"type": "string", "foo": 1}}}, ["'foo'", "#/properties/a"]),
+        ({"type": "object", "properties": {"a": {"type": "string", "foo": 1}}}, ['"foo"', "#/properties/a"]),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
          ["has uniqueItems", "only over items that list their values", "drop uniqueItems"]),
         ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3},
@@ -111,17 +111,17 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         ({"type": "array", "items": {"enum": list(range(65))}, "uniqueItems": True}, ["65 item values", "limit of 64"]),
         ({"type": "array", "items": {"enum": list(range(20))}, "uniqueItems": True, "minItems": 2, "maxItems": 5},
          ["leave 21679 arrays", "limit of 1000"]),
-        ({"not": {"type": "string"}}, ["'not'"]),
-        ({"type": "object", "patternProperties": {"^a": {"type": "string"}}}, ["'patternProperties'"]),
-        ({"type": "string", "format": "ipv6"}, ["'ipv6'", "supported formats: date, date-time, duration"]),
+        ({"not": {"type": "string"}}, ['"not"']),
+        ({"type": "object", "patternProperties": {"^a": {"type": "string"}}}, ['"patternProperties"']),
+        ({"type": "string", "format": "ipv6"}, ['"ipv6"', "supported formats: date, date-time, duration"]),
         ({"type": "integer", "minimum": 5, "maximum": 3}, ["5 <= n <= 3"]),
         ({"type": "string", "pattern": "(?<=a)b"}, ["lookbehind"]),
         ("{not json", ["not valid JSON"]),
         # outlines-core concatenates allOf branches: '{"a":1}{"b":"x"}' is not even JSON
-        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, ["'allOf' with 2 subschemas", "merge them"]),
+        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, ['"allOf" with 2 subschemas', "merge them"]),
         # it alternates oneOf like anyOf: an integer matches both branches, which oneOf forbids
-        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ["branches 0 and 1", "numbers", "'anyOf'"]),
-        ({"oneOf": [{"const": "auto"}, {"type": "string"}]}, ["branches 0 and 1 that can both accept \"auto\"", "'anyOf'"]),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ["branches 0 and 1", "numbers", '"anyOf"']),
+        ({"oneOf": [{"const": "auto"}, {"type": "string"}]}, ['branches 0 and 1 that can both accept "auto"', '"anyOf"']),
         ({"oneOf": [{"type": "integer", "minimum": 0}, {"enum": [-1, 5]}]}, ["branches 0 and 1 that can both accept 5"]),
         # only provably disjoint branches pass: these let '{"b": 99}', '[]', '2' and '"a"' through
         ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
@@ -133,7 +133,7 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
          ["can both accept strings"]),
         ({"$defs": {"s": {"type": "string"}}, "oneOf": [{"$ref": "#/$defs/s"}, {"anyOf": [{"type": "string"}]}]},
          ["can both accept strings"]),
-        ({"enum": []}, ["empty 'enum'"]),  # outlines-core makes these match only the empty string
+        ({"enum": []}, ['empty "enum"']),  # outlines-core makes these match only the empty string
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, ["#/properties/a/anyOf", "should be non-empty"]),
         ({"type": []}, ["#/type is not a valid JSON Schema"]),
         # the meta-schema (outlines-core said only "Unsupported type: objekt")
@@ -144,19 +144,19 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         ({"type": "object", "required": True}, ['#/required is not a valid JSON Schema: true is not of type "array"']),
         # a required self-reference: no finite value validates (outlines-core cut it with an invalid '{}')
         ({"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},
-         ["no finite valid value", "'#' at #/properties/child", "make the recursion optional"]),
+         ["no finite valid value", '"#" at #/properties/child', "make the recursion optional"]),
         ({"$defs": {"x": {"type": "integer"}}, "properties": {"p": {"$ref": "#/$defs/x", "maximum": 3}}},
-         ["#/properties/p has 'maximum' beside '$ref'", "move them into that schema"]),
-        ({"$ref": "other.json#/$defs/x"}, ["'other.json#/$defs/x' at #", "another document"]),
-        ({"properties": {"p": {"$ref": "#/$defs/missing"}}}, ["'#/$defs/missing' at #/properties/p", "points at nothing"]),
+         ['#/properties/p has "maximum" beside "$ref"', "move them into that schema"]),
+        ({"$ref": "other.json#/$defs/x"}, ['"other.json#/$defs/x" at #', "another document"]),
+        ({"properties": {"p": {"$ref": "#/$defs/missing"}}}, ['"#/$defs/missing" at #/properties/p', "points at nothing"]),
         ({"properties": {"x": False}, "required": ["x"]}, ["no valid value", "false at #/properties/x"]),
         # a pointer into a value: its keywords were never checked ('{"b": 4}' for minimum 5)
         ({"properties": {"b": {"$ref": "#/$defs/h/default"}}, "$defs": {"h": {"default": {"type": "integer",
                                                                                      "minimum": 5}}}},
-         ["'#/$defs/h/default' at #/properties/b points into 'default', which holds no schema"]),
+         ['"#/$defs/h/default" at #/properties/b points into "default", which holds no schema']),
         # a pointer that only the rewritten copy held (jsonschema: PointerToNowhere on every output)
         ({"properties": {"a": {"type": ["integer", "string"], "minimum": 5}, "b": {"$ref": "#/properties/a/anyOf/1"}}},
-         ["points at nothing in this schema (no 'anyOf' there)"]),
+         ['points at nothing in this schema (no "anyOf" there)']),
         ({"const": float("nan")}, ["a value JSON cannot represent"]),
         ({"const": 2**64 + 1}, ["lists the integer 18446744073709551617, beyond 2**53"]),  # written as 1.8e+19
         ({"type": "array", "minItems": 3, "maxItems": 1}, ["minItems 3 above maxItems 1"]),  # "error building NFA"
@@ -165,10 +165,10 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         ({"type": "string", "pattern": "^(?i:[^k])$"}, ["case-insensitive matching (?i)"]),
         # what outlines-core dropped without a word: the 'type' ('1' matched), the required 'b' ('{"a": 9}'),
         # minItems ('[5]'), and the escaping of a key ('{"q"": null}')
-        ({"type": "string", "anyOf": [{"type": "integer"}, {"type": "string"}]}, ["'type' beside 'anyOf'"]),
-        ({"anyOf": [{"type": "integer"}], "oneOf": [{"type": "string"}]}, ["'oneOf' beside 'anyOf'"]),
+        ({"type": "string", "anyOf": [{"type": "integer"}, {"type": "string"}]}, ['"type" beside "anyOf"']),
+        ({"anyOf": [{"type": "integer"}], "oneOf": [{"type": "string"}]}, ['"oneOf" beside "anyOf"']),
         ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]},
-         ["requires 'b', which has no schema under 'properties'"]),
+         ['requires "b", which has no schema under "properties"']),
         ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 3}, ["1 prefixItems and minItems"]),
         ({"type": "object", "properties": {'q"': {"type": "null"}}}, ['object key "q\\""', "rename it"]),
         ({"const": {"a\\b": 1}}, ['object key "a\\\\b"']),
@@ -180,7 +180,7 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         ({"type": "string", "pattern": "^(?:a{999})+$", "maxLength": 999000},  # 1000 x 999, nested
          ["would count to 999000 (nested repeats multiplied)", "limit of 1000"]),
         ({"type": "string", "pattern": "^(ab|cde)$", "minLength": 4}, ["has no match of at least 4 characters"]),
-        ({"type": "string", "format": "date", "maxLength": 9}, ["format 'date'", "no match of at most 9"]),
+        ({"type": "string", "format": "date", "maxLength": 9}, ['format "date"', "no match of at most 9"]),
         # the location, and the bounds as written, in every message
         ({"properties": {"p": {"type": "string", "pattern": "x(^a|b)"}}}, ["pattern at #/properties/p", "'^' anchor"]),
         ({"properties": {"n": {"type": "integer", "minimum": 0.5, "maximum": 0.7}}},
@@ -188,12 +188,12 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         ({"properties": {"c": {"const": "a\ud800"}}}, ["at #/properties/c", "lone surrogate"]),  # "Expected a valid JSON string"
         ({"type": "string", "pattern": "^\\p{L}+$"}, ['is not a "regex"', "no \\p{...} classes"]),
         ({"type": "string", "format": "date-time", "maxLength": 25},
-         ["format 'date-time'", "more than one place", "the format fixes the shape"]),
+         ['format "date-time"', "more than one place", "the format fixes the shape"]),
         ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ["$ref beside its listed values", "/$defs/nope"]),
         # a true branch accepts everything ({} passes both): this raised AttributeError 'bool' has no 'get'
-        ({"oneOf": [{"type": "object"}, True]}, ["'oneOf' branches 0 and 1", "objects"]),
-        ({"const": "a", "enum": [False, {"b": 1}]}, ["const 'a'", "does not pass its own enum"]),
-        ({"oneOf": [{"type": "number", "minimum": 3}, True]}, ["'oneOf' branches 0 and 1", "numbers"]),
+        ({"oneOf": [{"type": "object"}, True]}, ['"oneOf" branches 0 and 1', "objects"]),
+        ({"const": "a", "enum": [False, {"b": 1}]}, ['const "a"', "does not pass its own enum"]),
+        ({"oneOf": [{"type": "number", "minimum": 3}, True]}, ['"oneOf" branches 0 and 1', "numbers"]),
     ],
 )
 def test_unsupported_schema_is_named(backend, schema, names):
@@ -660,12 +660,12 @@ def test_date_formats_match_exactly_what_the_format_checker_accepts():
                                   ({"type": "integer", "minimum": 0, "enum": [-3, 3]}, "3", "-3")]:
         rx = re.compile(schema_to_regex(schema))
         assert rx.fullmatch(kept) and not rx.fullmatch(dropped)
-    with pytest.raises(GrammarError, match="const 'yesterday', which does not pass its own type, format"):
+    with pytest.raises(GrammarError, match='const "yesterday", which does not pass its own type, format'):
         schema_to_regex({"type": "string", "format": "date-time", "const": "yesterday"})
     with pytest.raises(GrammarError, match="no enum value passes its own type, minimum"):
         schema_to_regex({"type": "integer", "minimum": 5, "enum": [1, 2]})
     # outlines-core enforced the pattern or length and dropped the format ('"abc"' matched)
-    with pytest.raises(GrammarError, match="format 'uuid' and a pattern"):
+    with pytest.raises(GrammarError, match='format "uuid" and a pattern'):
         schema_to_regex({"type": "string", "format": "uuid", "pattern": "^[a-z]+$"})
     fixed = re.compile(schema_to_regex({"type": "string", "format": "date", "maxLength": 10}))  # every date fits
     assert fixed.fullmatch('"2024-02-29"') and not fixed.fullmatch('"2023-02-29"') and not fixed.fullmatch('"ab"')
@@ -773,7 +773,7 @@ def test_patterns_naming_surrogates_compile_and_hold_on_the_decoded_string(token
     validator = jsonschema.Draft202012Validator(schema)
     for text in random_matches(regex_module.compile(regex), list('"ab\\\u00e9\ud7ff\ue000\U0001f600'), walks=30):
         assert validator.is_valid(json.loads(text)) and "a" not in json.loads(text), text
-    with pytest.raises(GrammarError, match=r"pattern '\^a\\ud800\$' at #/properties/s .*no surrogates"):
+    with pytest.raises(GrammarError, match=r'pattern "\^a\\ud800\$" at #/properties/s .*no surrogates'):
         schema_to_regex({"properties": {"s": {"type": "string", "pattern": "^a\ud800$"}}})
 
 
@@ -917,7 +917,7 @@ def test_a_schema_without_type_gets_the_type_its_keywords_imply(schema, kept, dr
         assert not rx.fullmatch(text), text
     for text in random_matches(rx, list('{}[]":,a.-1259'), walks=30):
         assert validator.is_valid(json.loads(text)), text
-    with pytest.raises(GrammarError, match="no 'type' and keywords for string and number values"):
+    with pytest.raises(GrammarError, match='no "type" and keywords for string and number values'):
         schema_to_regex({"maxLength": 3, "maximum": 2})
 
 
@@ -950,7 +950,7 @@ def test_property_names_listing_the_keys_make_a_map_of_those_keys():
                 assert not expected or validator.is_valid(json.loads(text)), text
     for schema, message in [({"type": "object", "propertyNames": {"pattern": "^a"}}, "only as a list of names"),
                             ({"type": "object", "propertyNames": {"enum": ["a"]}, "properties": {"b": {}}},
-                             "the property 'b', which its 'propertyNames' does not allow")]:
+                             'the property "b", which its "propertyNames" does not allow')]:
         with pytest.raises(GrammarError, match=message):
             schema_to_regex(schema)
 

@@ -36,7 +36,7 @@ def engines(tiny_llama):
     [
         ({"regex": r"(ab)\1"}, "backreference"),
         ({"regex": r"(?<=a)b"}, "lookbehind"),
-        ({"json_schema": {"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1}}, "'minProperties'"),
+        ({"json_schema": {"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1}}, '"minProperties"'),
         ({"regex": "a[^\\x00-\\U0010FFFF]"}, "has a part that matches no text"),
         ({"json_schema": False}, "JSON schema false accepts no value"),
     ],

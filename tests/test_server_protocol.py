@@ -948,7 +948,7 @@ class _RefusingEngine(RecordingEngine):
                 f"tokens that min_new_tokens={m} bans until {m} tokens are out: the stop token ids / EOS; set "
                 "min_new_tokens=0 or remove those stop_token_ids", "min_new_tokens")
         if params.json_schema is not None:
-            raise GrammarError("the JSON schema keyword 'not' is not supported")
+            raise GrammarError('the JSON schema keyword "not" is not supported')  # (the engine writes values as JSON)
         if params.stop_token_ids:
             raise ValueError(f"stop_token_ids {params.stop_token_ids} are outside the vocabulary [0, 100)")
         if len(prompt) > 5:
@@ -964,6 +964,29 @@ class _RefusingEngine(RecordingEngine):
 _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
 
 
+@pytest.mark.parametrize("schema, message", [
+    ({"properties": {"a": {"type": "string", "foo": True}}},
+     'JSON schema keyword "foo" at #/properties/a is not supported by constrained decoding'),
+    ({"properties": {"p": {"type": "string", "pattern": "(?<=a)b"}}},
+     'JSON schema pattern at #/properties/p: regex "(?<=a)b" uses a lookbehind'),
+    ({"$ref": "other.json#/$defs/x"}, 'JSON schema $ref "other.json#/$defs/x" at # points into another document'),
+    ({"properties": {"c": {"const": "a\ud800"}}}, 'JSON schema at #/properties/c lists the string "a\\ud800"'),
+])
+def test_a_json_schemas_error_reads_alike_in_process_and_over_http(schema, message):
+    """The engine's JSON schema errors wrote the schema's values as Python does ('foo', True),
+    which the server rewrote as JSON for its clients (wire_message): the two read differently,
+    and a value the server did not find in the schema stayed Python's. They write JSON at the
+    source now, which the server passes on unchanged, the schema sent as an object or as text."""
+    from lmnb_engine.constrained import GrammarError
+    from lmnb_engine.constrained.schema import schema_to_regex
+    from lmnb_engine.http_server.protocol import wire_message
+
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex(schema)
+    assert str(e.value).startswith(message), str(e.value)
+    assert wire_message(str(e.value), schema) == wire_message(str(e.value), json.dumps(schema)) == str(e.value)
+
+
 @pytest.mark.parametrize("body, param, message", [
     # the grammar and min_new_tokens conflict: the message said SamplingParams.min_new_tokens
     ({"text": "a", "sampling_params": _CONFLICT}, "sampling_params.min_new_tokens",
@@ -975,7 +998,7 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
      "sampling_params.min_new_tokens=2 conflicts with the regex: "),
     ({"text": ["a", "b"], "sampling_params": [{}, {"json_schema": {"not": {}}}]}, "sampling_params[1].json_schema",
      'sampling_params[1]: the JSON schema keyword "not" is not supported'),
-    # a schema sent as JSON text (as SGLang's frontend sends one): shown as JSON too
+    # a schema sent as JSON text (as SGLang's frontend sends one)
     ({"text": "a", "sampling_params": {"json_schema": '{"not": {}}'}}, "sampling_params.json_schema",
      'the JSON schema keyword "not" is not supported'),
     ({"text": "a", "sampling_params": {"stop_token_ids": [500]}}, "sampling_params.stop_token_ids",

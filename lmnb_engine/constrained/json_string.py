@@ -29,6 +29,7 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
+from lmnb_engine.json_schema import in_json_words, json_value
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
                   "\t": "\\\\t"}  # the regex text of each JSON escape
@@ -245,12 +246,12 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
             warnings.simplefilter("ignore")
             parsed = _p.parse(pattern)
     except (re.error, OverflowError, RecursionError) as e:
-        raise GrammarError(f"JSON schema pattern {pattern!r} at {where} is not a regular expression Python's re "
+        raise GrammarError(f"JSON schema pattern {json_value(pattern)} at {where} is not a regular expression Python's re "
                            f"reads ({e}), and JSON Schema validators check it with one; fix it") from None
     ignore_case = _c.SRE_FLAG_IGNORECASE
     if parsed.state.flags & ignore_case or any(op is _c.SUBPATTERN and av[1] & ignore_case for op, av in _walk(parsed)):
         # (classes are written out here, and case folding would have to be too: [^a-z] excludes 'K')
-        raise GrammarError(f"JSON schema pattern {pattern!r} at {where} uses case-insensitive matching (?i), which "
+        raise GrammarError(f"JSON schema pattern {json_value(pattern)} at {where} uses case-insensitive matching (?i), which "
                            "constrained strings do not support; spell both cases out, e.g. [Aa] or [A-Za-z]")
     # (JSON Schema searches: an end without its anchor lets other characters in there, so a length
     # no whole-string match has may still be valid)
@@ -260,21 +261,22 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         check_parsed(parsed, pattern)
     except GrammarError as e:
-        raise GrammarError(f"JSON schema pattern at {where}: {e}") from None
+        # (the regex checker writes the pattern as Python does; a schema's values are written as JSON)
+        raise GrammarError(f"JSON schema pattern at {where}: {in_json_words(str(e), [pattern])}") from None
     bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
               else f"{min_length} to {max_length}") + (" character" if max_length == 1 or (
                   max_length is None and min_length == 1) else " characters")
-    fix = ("put the length into the pattern (e.g. '^[A-Z]{1,8}$') and drop minLength/maxLength" if name is None
+    fix = ('put the length into the pattern (e.g. "^[A-Z]{1,8}$") and drop minLength/maxLength' if name is None
            else "drop minLength/maxLength (the format fixes the shape) or give a pattern instead")
-    name = name or f"pattern {pattern!r}"
+    name = name or f"pattern {json_value(pattern)}"
     try:
         parsed.data = _fit_length(items, parsed.state, min_length, max_length)
     except _NoFit:
-        if name == f"pattern {pattern!r}" and not anchored:
+        if name == f"pattern {json_value(pattern)}" and not anchored:
             raise GrammarError(f"JSON schema {name} at {where} has no whole-string match of {bounds} "
                                "(minLength/maxLength); constrained decoding writes a string the whole pattern "
-                               "matches, as if it were anchored ('^...$'): anchor it and spell out the characters "
-                               "around it, within the length (e.g. '^.{1,2}x$' rather than 'x' with "
+                               "matches, as if it were anchored (\"^...$\"): anchor it and spell out the characters "
+                               'around it, within the length (e.g. "^.{1,2}x$" rather than "x" with '
                                "minLength 2)") from None
         raise GrammarError(f"JSON schema {name} at {where} has no match of {bounds} "
                            "(minLength/maxLength): no string can validate; fix the pattern or the bounds") from None
@@ -289,6 +291,6 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         return '"' + _emit(parsed) + '"'
     except GrammarError:
-        raise GrammarError(f"JSON schema pattern {pattern!r} at {where} has a part no JSON string character "
+        raise GrammarError(f"JSON schema pattern {json_value(pattern)} at {where} has a part no JSON string character "
                            "can match here (constrained strings use ASCII for \\d, \\w, \\s and their "
                            "negations, and UTF-8 text holds no surrogates U+D800-U+DFFF); widen it") from None

@@ -54,7 +54,7 @@ from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, po
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
-from lmnb_engine.json_schema import checked_schema
+from lmnb_engine.json_schema import checked_schema, json_value
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
 _ENFORCED = {
@@ -191,11 +191,11 @@ def _bound_value(value: Any, key: str, where: str) -> Decimal:
     Raises:
         GrammarError: not a finite number, or more digits than a bounded grammar should spell out."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise GrammarError(f"JSON schema {key!r} at {where} must be a finite number, got {value!r}")
+        raise GrammarError(f"JSON schema {json_value(key)} at {where} must be a finite number, got {json_value(value)}")
     bound = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     whole, fraction = decimal_parts(abs(bound))
     if len(str(whole).lstrip("0")) + len(fraction) > _MAX_BOUND_DIGITS:
-        raise GrammarError(f"JSON schema {key}={value!r} at {where} spells more than {_MAX_BOUND_DIGITS} digits, "
+        raise GrammarError(f"JSON schema {key}={json_value(value)} at {where} spells more than {_MAX_BOUND_DIGITS} digits, "
                            "too many for a bounded number grammar; round the bound")
     return bound
 
@@ -233,10 +233,10 @@ def _filter_listed_values(node: dict, where: str, root: dict) -> None:
             return checker.is_valid(value)
         except referencing.exceptions.Unresolvable as e:
             raise GrammarError(f"JSON schema at {where} has a $ref beside its listed values that points at nothing "
-                               f"in this schema ({getattr(e, 'ref', e)!r}); fix the reference") from None
+                               f"in this schema ({json_value(getattr(e, 'ref', str(e)))}); fix the reference") from None
 
     if "const" in node and not valid(node["const"]):
-        raise _NoListedValue(f"JSON schema at {where} has const {node['const']!r}, which does not pass its own "
+        raise _NoListedValue(f"JSON schema at {where} has const {json_value(node['const'])}, which does not pass its own "
                            f"{', '.join(checks)}; no output could validate: fix the const")
     if "enum" in node:
         kept = [v for v in node["enum"] if valid(v)]
@@ -261,15 +261,16 @@ def _check_structure(node: dict, where: str) -> None:
     beside = [k for k in node if k not in _ANNOTATIONS and k not in (*_COMBINATORS, "$defs", "definitions")]
     if combinators and (beside or len(combinators) > 1) and not listed_values:
         other = beside[0] if beside else combinators[1]
-        raise GrammarError(f"JSON schema at {where} has {other!r} beside {combinators[0]!r}, which constrained "
-                           f"decoding cannot combine (only the branches would be generated); move {other!r} "
+        raise GrammarError(f"JSON schema at {where} has {json_value(other)} beside {json_value(combinators[0])}, which "
+                           "constrained decoding cannot combine (only the branches would be generated); move "
+                           f"{json_value(other)} "
                            "into each branch")
     properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     missing = [k for k in node.get("required", []) if k not in properties]
     if missing and not listed_values:
-        raise GrammarError(f"JSON schema at {where} requires {missing[0]!r}, which has no schema under "
-                           "'properties'; constrained decoding writes only the listed properties: add "
-                           f"'properties': {{{json.dumps(missing[0])}: {{}}}} (any value) or a schema for it")
+        raise GrammarError(f"JSON schema at {where} requires {json_value(missing[0])}, which has no schema under "
+                           '"properties"; constrained decoding writes only the listed properties: add '
+                           f'"properties": {{{json_value(missing[0])}: {{}}}} (any value) or a schema for it')
     for lo, hi in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minDigits", "maxDigits")):
         if isinstance(node.get(lo), int) and isinstance(node.get(hi), int) and node[lo] > node[hi]:
             raise GrammarError(f"JSON schema at {where} has {lo} {node[lo]} above {hi} {node[hi]}: no value fits; "
@@ -283,7 +284,7 @@ def _check_structure(node: dict, where: str) -> None:
     listed = [node["const"]] if "const" in node else node.get("enum", [])
     for key in [*properties, *(k for v in listed for k in _object_keys(v))]:
         if any(c in '"\\' or ord(c) < 0x20 for c in key):
-            raise GrammarError(f"JSON schema at {where} has the object key {json.dumps(key)}, which JSON writes "
+            raise GrammarError(f"JSON schema at {where} has the object key {json_value(key)}, which JSON writes "
                                "with escapes; constrained decoding writes keys as they are: rename it")
 
 
@@ -313,9 +314,9 @@ def _with_implied_type(node: dict, where: str) -> dict:
         return node
     implied = [t for t, keys in _TYPE_KEYWORDS.items() if any(k in node for k in keys)]
     if len(implied) > 1:
-        raise GrammarError(f"JSON schema at {where} has no 'type' and keywords for {' and '.join(implied)} values; "
-                           "constrained decoding writes one kind of value per subschema: add 'type', or split "
-                           "it into 'anyOf' branches")
+        raise GrammarError(f"JSON schema at {where} has no \"type\" and keywords for {' and '.join(implied)} values; "
+                           'constrained decoding writes one kind of value per subschema: add "type", or split '
+                           'it into "anyOf" branches')
     return dict(node, type=implied[0]) if implied else node
 
 
@@ -405,7 +406,7 @@ def _check_listed_text(node: dict, where: str) -> None:
         texts = [v] if isinstance(v, str) else list(v) if isinstance(v, dict) else []
         bad = next((t for t in texts if any(0xD800 <= ord(c) <= 0xDFFF for c in t)), None)
         if bad is not None:
-            raise GrammarError(f"JSON schema at {where} lists the string {bad!r}, which holds a lone surrogate "
+            raise GrammarError(f"JSON schema at {where} lists the string {json_value(bad)}, which holds a lone surrogate "
                                "(no UTF-8 text holds one); remove it or write the character it stands for")
         stack.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
 
@@ -454,11 +455,11 @@ def _check_combinations(node: dict, where: str) -> None:
     ``oneOf``: ``schema_oneof.check_one_of``. Beside ``enum``/``const`` ``allOf`` only filters the
     listed values (``_filter_listed_values``)."""
     if node.get("enum") == []:
-        raise _NoListedValue(f"JSON schema at {where} has an empty 'enum': no value can validate against it; "
+        raise _NoListedValue(f"JSON schema at {where} has an empty \"enum\": no value can validate against it; "
                            "list at least one value")
     listed_values = "enum" in node or "const" in node
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1 and not listed_values:
-        raise GrammarError(f"JSON schema at {where} has 'allOf' with {len(node['allOf'])} subschemas, which "
+        raise GrammarError(f"JSON schema at {where} has \"allOf\" with {len(node['allOf'])} subschemas, which "
                            "constrained decoding cannot intersect; merge them into one schema")
 
 
@@ -497,7 +498,7 @@ class _Rewriter:
         if node is False:
             return node  # no value: schema_refs.inline_refs prunes it
         if not isinstance(node, dict):
-            raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {node!r}")
+            raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {json_value(node)}")
         node = _without_moot_keywords(_with_implied_type(node, where))
         if node.get("format") in _ANY_STRING_FORMATS:
             node = {k: v for k, v in node.items() if k != "format"}
@@ -508,23 +509,23 @@ class _Rewriter:
                 if key == "uniqueItems":  # (enforced over listed item values: _unique_items)
                     continue
                 raise GrammarError(
-                    f"JSON schema keyword {key!r} at {where} is not supported by constrained decoding "
+                    f"JSON schema keyword {json_value(key)} at {where} is not supported by constrained decoding "
                     f"(it cannot be enforced while decoding); remove it. Supported keywords: "
                     f"{', '.join(sorted(_ENFORCED | set(_BOUNDS)))}"
                 )
         if "format" in node and node["format"] not in _FORMAT_PATTERN:
             raise GrammarError(
-                f"JSON schema format {node['format']!r} at {where} is not supported; supported formats: "
-                f"{', '.join(sorted(_FORMAT_PATTERN))} (or give a 'pattern' instead)"
+                f"JSON schema format {json_value(node['format'])} at {where} is not supported; supported formats: "
+                f"{', '.join(sorted(_FORMAT_PATTERN))} (or give a \"pattern\" instead)"
             )
         beside = [k for k in node if k not in _ANNOTATIONS and k not in ("$ref", "$defs", "definitions")]
         if "$ref" in node and beside:  # (2019-09 on they apply with the reference; draft 7 ignored them)
-            raise GrammarError(f"JSON schema at {where} has {', '.join(map(repr, beside))} beside '$ref', which "
+            raise GrammarError(f"JSON schema at {where} has {', '.join(map(json_value, beside))} beside \"$ref\", which "
                                "constrained decoding cannot intersect with the schema it refers to; move them "
                                "into that schema")
         listed = "enum" in node or "const" in node  # (those values are checked against all of them)
         if "format" in node and "pattern" in node and not listed:  # outlines-core enforced one, dropped the other
-            raise GrammarError(f"JSON schema at {where} has format {node['format']!r} and a pattern, which "
+            raise GrammarError(f"JSON schema at {where} has format {json_value(node['format'])} and a pattern, which "
                                "constrained decoding cannot intersect: drop one of them")
         shaped = "string" in _type_list(node, "string") and not listed and ("pattern" in node or "format" in node)
         for key in _COUNTS:
@@ -582,9 +583,9 @@ class _Rewriter:
         names_schema = self._deref(node["propertyNames"])
         if not (isinstance(names_schema, dict) and ("enum" in names_schema or "const" in names_schema)
                 and all(k in ("enum", "const", "type") or k in _ANNOTATIONS for k in names_schema)):
-            raise GrammarError(f"JSON schema 'propertyNames' at {where} is supported only as a list of names "
-                               "('enum' or 'const', e.g. pydantic's dict[Literal['a', 'b'], int]); list the names "
-                               "or give 'properties' instead")
+            raise GrammarError(f"JSON schema \"propertyNames\" at {where} is supported only as a list of names "
+                               '("enum" or "const", e.g. pydantic\'s dict[Literal[\'a\', \'b\'], int]); list the names '
+                               'or give "properties" instead')
         listed = [names_schema["const"]] if "const" in names_schema else names_schema["enum"]
         is_name = jsonschema.Draft202012Validator(names_schema).is_valid
         names = [v for v in listed if isinstance(v, str) and is_name(v)]
@@ -592,8 +593,8 @@ class _Rewriter:
         if "properties" in node:  # (only those are written: each must be an allowed name)
             bad = [k for k in node["properties"] if k not in names]
             if bad:
-                raise GrammarError(f"JSON schema at {where} has the property {bad[0]!r}, which its "
-                                   "'propertyNames' does not allow; drop it or add it to the names")
+                raise GrammarError(f"JSON schema at {where} has the property {json_value(bad[0])}, which its "
+                                   '"propertyNames" does not allow; drop it or add it to the names')
             return node
         value = node.get("additionalProperties", True)
         node["properties"] = {} if value is False else {name: copy.deepcopy(value) for name in names}  # (visits rewrite in place)
@@ -609,7 +610,7 @@ class _Rewriter:
                                                                          _ANNOTATIONS)
         if values is None:
             raise GrammarError(f"JSON schema at {where} has uniqueItems, which constrained decoding enforces only "
-                               "over items that list their values ('enum'/'const'/boolean, e.g. pydantic's "
+                               "over items that list their values (\"enum\"/\"const\"/boolean, e.g. pydantic's "
                                "set[Literal['a', 'b']] or set[SomeEnum]); list the item values, or use a list "
                                "(drop uniqueItems)")
         _check_listed_text({"enum": values}, f"{where}/items")
@@ -650,7 +651,7 @@ class _Rewriter:
         key = (fmt, pattern, lo, hi)
         if key not in self.strings:
             self.strings[key] = pattern_regex(_format_pattern(fmt, hi) if fmt is not None else pattern, where, lo, hi,
-                                              name=None if fmt is None else f"format {fmt!r}")
+                                              name=None if fmt is None else f"format {json_value(fmt)}")
         return self.strings[key]
 
     def _formatted(self, node: dict, where: str) -> dict:
@@ -671,7 +672,7 @@ class _Rewriter:
         numeric = [t for t in _type_list(node) if t in ("integer", "number")]
         if not numeric:
             raise GrammarError(
-                f"JSON schema at {where} has {', '.join(bounds)} but no type 'integer' or 'number'; "
+                f"JSON schema at {where} has {', '.join(bounds)} but no type \"integer\" or \"number\"; "
                 "add the type"
             )
         kind = "number" if "number" in numeric else "integer"

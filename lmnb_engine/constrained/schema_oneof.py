@@ -44,10 +44,10 @@ def check_one_of(branches: list, where: str, root: dict, resolve: Callable[[Any]
             overlap = _disjoint(a, b, resolve, valid)
             if overlap is not None:
                 raise GrammarError(
-                    f"JSON schema at {where} has 'oneOf' branches {i} and {j} that can both accept {overlap}, so "
-                    "an output could match both, which 'oneOf' forbids (constrained decoding writes the branches "
-                    "as alternatives); make them disjoint (other types, non-overlapping bounds or values, a "
-                    "required property with a different const in each), or use 'anyOf'")
+                    f"JSON schema at {where} has \"oneOf\" branches {i} and {j} that can both accept {overlap}, "
+                    'so an output could match both, which "oneOf" forbids (constrained decoding writes the '
+                    "branches as alternatives); make them disjoint (other types, non-overlapping bounds or values, "
+                    'a required property with a different const in each), or use "anyOf"')
 
 
 def _listed(node: Any) -> list | None:

@@ -9,7 +9,6 @@ server returns it), so SGLang clients — its frontend's ``RuntimeEndpoint`` amo
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Callable, Optional
 
@@ -38,16 +37,10 @@ def wire_message(message: str, value: Any = None) -> str:
     """A ``SamplingParams`` or engine message as a JSON client reads it: the Python API's ``None``
     (``seed`` "must be None or an integer") is the ``null`` the client sends, and ``value``, the
     value of the field it is about, which it shows as Python writes it (``=True``, ``'x'``, the
-    items of a list of strings, the keys and values of a JSON schema), is written as JSON
-    (``=true``, ``"x"``: ``in_json_words``). A schema sent as JSON text is shown parsed."""
+    items of a list of strings, a regex), is written as JSON (``=true``, ``"x"``:
+    ``in_json_words``). A JSON schema's messages write its values as JSON already."""
     message = message.replace("must be None or", "must be null or").replace(f"={value!r}", f"={json_value(value)}")
-    parts = json_parts(value)
-    if isinstance(value, str) and value.lstrip().startswith("{"):
-        try:
-            parts += json_parts(json.loads(value))
-        except ValueError:  # (no JSON: its message shows the text, which parts holds)
-            pass
-    return in_json_words(message, parts)
+    return in_json_words(message, json_parts(value))
 
 
 # What an abort asked for says to the server's clients: the route they asked with, where the engine
