@@ -1226,7 +1226,7 @@ _SHUT_DOWN = "the server shut down before the request finished; send it again on
      lambda event: event["meta_info"]["finish_reason"] == {"type": "abort", "message": _SHUT_DOWN}),
     ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 1000, "stream": True},
      lambda event: event["error"] == {"message": f"the request was aborted: {_SHUT_DOWN}", "type": "server_error",
-                                      "param": None, "code": 500}),
+                                      "param": None, "code": 503}),
 ])
 def test_a_stopping_server_ends_its_open_streams_and_exits(path, body, last):
     """uvicorn waited at shutdown (Ctrl-C, SIGTERM) for every open response to end, so a client
@@ -1251,8 +1251,15 @@ def test_a_stopping_server_ends_its_open_streams_and_exits(path, body, last):
     assert engine.handles[0].aborted.is_set() and not engine.release.is_set()
 
 
-def test_a_stopping_server_answers_a_waiting_request_that_it_shut_down():
-    """An unstreamed /generate running when the server stops is answered, with the abort."""
+@pytest.mark.parametrize("path, body, status, answer", [
+    ("/generate", {"text": "a"}, 200,
+     lambda reply: reply["meta_info"]["finish_reason"] == {"type": "abort", "message": _SHUT_DOWN}),
+    # a 503 as for a request the stopped engine refuses (a 500 said the server had failed)
+    ("/v1/completions", {"model": "rec", "prompt": "a", "max_tokens": 1000}, 503,
+     lambda reply: reply["error"]["message"] == f"the request was aborted: {_SHUT_DOWN}"),
+])
+def test_a_stopping_server_answers_a_waiting_request_that_it_shut_down(path, body, status, answer):
+    """An unstreamed request running when the server stops is answered, with the abort."""
     from lmnb_engine.http_server import create_app
     from lmnb_engine.http_server.app import Server
 
@@ -1260,14 +1267,14 @@ def test_a_stopping_server_answers_a_waiting_request_that_it_shut_down():
     server = Server(create_app(engine, served_model_name="rec"), log_level="warning")
     replies: list = []
     with serving(server) as (url, thread):
-        post = threading.Thread(target=lambda: replies.append(_post(url, "/generate", {"text": "a"}, timeout=30)))
+        post = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=30)))
         post.start()
         engine.wait_for(1)
         server.should_exit = True
         post.join(30)
         thread.join(30)
         assert not thread.is_alive()
-    assert replies[0].json()["meta_info"]["finish_reason"] == {"type": "abort", "message": _SHUT_DOWN}
+    assert replies[0].status_code == status and answer(replies[0].json()), replies[0].text
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])

@@ -52,6 +52,7 @@ from lmnb_engine.http_server.app import (
     sse,
 )
 from lmnb_engine.http_server.protocol import (
+    ABORTED_BY_SHUTDOWN,
     RequestError,
     RequestFailed,
     check_n,
@@ -372,7 +373,9 @@ def _finish(result, req: _SamplingRequest) -> dict:
     client keeps both among a choice's extra fields (``choice.model_extra``)."""
     fr = result.finish_reason
     if fr.type == "abort" and not fr.requested_abort and fr.field is None:
-        raise RequestFailed(f"the request was aborted: {served_message(fr, None) or 'no reason given'}")
+        message = served_message(fr, None)
+        raise RequestFailed(f"the request was aborted: {message or 'no reason given'}",
+                            503 if message == ABORTED_BY_SHUTDOWN else 500)
     finish = {"finish_reason": fr.type, "matched_stop": fr.matched}
     return finish if fr.message is None else {**finish, "finish_message": _finish_message(fr, req)}
 
@@ -794,5 +797,6 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     except Exception as e:  # noqa: BLE001 - the status line is sent; report in the stream
         from lmnb_engine.http_server.app import error_body
 
-        yield sse(error_body(str(e) if isinstance(e, RequestFailed) else f"{type(e).__name__}: {e}", 500))
+        failed = isinstance(e, RequestFailed)
+        yield sse(error_body(str(e) if failed else f"{type(e).__name__}: {e}", e.status if failed else 500))
     yield SSE_DONE

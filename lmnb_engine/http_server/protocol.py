@@ -28,9 +28,13 @@ class RequestError(ValueError):
 
 class RequestFailed(RuntimeError):
     """The engine ended a request without its result (finish reason ``abort``: NaN logits, an
-    internal error, shutdown): an HTTP 500 JSON error with the engine's message."""
+    internal error, shutdown): an HTTP JSON error with the engine's message, 500, or 503 for the
+    server shutting down (the engine-stopped refusal's status: clients retry a 503 elsewhere or
+    later)."""
 
-    status = 500
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
 
 
 def wire_message(message: str, value: Any = None) -> str:
