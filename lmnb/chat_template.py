@@ -5,7 +5,7 @@ A program builds its prompt left to right (``s += user(...)``), so a role must b
 ``from_jinja`` derives those strings from a model's own Jinja chat template (the one
 ``tokenizer.apply_chat_template`` renders) by rendering conversations with marker contents and
 cutting at the markers, then checks that the markers reproduce the template on test
-conversations. Templates that cannot be written as fixed markers fall back to a small registry
+conversations. Templates that cannot be written as fixed markers fall back to SGLang's registry
 (``get_chat_template``) chosen by model name.
 """
 
@@ -33,6 +33,10 @@ class ChatTemplate:
             a system message (e.g. Qwen2.5's), or None.
         stop_str: strings that end an assistant message; added to every unconstrained ``gen``'s stops.
         image_token: placeholder text for ``image()`` in the prompt.
+        llama2_style: Llama-2's form (SGLang's ``ChatTemplateStyle.LLAMA2``): a system message that
+            opens the conversation also opens the first user turn (the user prefix comes before
+            the system prefix), and the message after it (a user message) gets no prefix of its
+            own. As in SGLang this goes by position: message 0 and message 1.
     """
 
     name: str
@@ -41,6 +45,7 @@ class ChatTemplate:
     default_system_prompt: Optional[str] = None
     stop_str: tuple[str, ...] = ()
     image_token: str = "<image>"
+    llama2_style: bool = False
 
     def get_prefix_and_suffix(self, role: str) -> tuple[str, str]:
         """The ``(prefix, suffix)`` of ``role``.
@@ -65,6 +70,10 @@ class ChatTemplate:
             ValueError: unknown role.
         """
         prefix, _ = self.get_prefix_and_suffix(role)
+        if self.llama2_style and role == "system" and n_messages == 0:
+            prefix = self.get_prefix_and_suffix("user")[0] + prefix
+        elif self.llama2_style and role == "user" and n_messages == 1:
+            prefix = ""
         lead, implicit = "", None
         if n_messages == 0:
             if text_empty:
@@ -106,28 +115,92 @@ def get_chat_template(name: str) -> ChatTemplate:
 
 
 def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
-    """The registry template for a model name or path (SGLang's matchers, reduced); ``default``
-    when nothing matches."""
+    """The registry template for a model name or path; ``default`` when nothing matches.
+
+    SGLang's matchers, in SGLang's order, for the templates registered here, with four
+    differences: any Qwen checkpoint but a LLaVA one gets ``qwen`` (base checkpoints ship the same
+    template; Qwen-VL's text markers are ``qwen``'s), ``llama3`` counts as ``llama-3``, Gemma needs
+    ``-it`` (SGLang's bare ``it`` also matches ``gemma-2b`` under a path such as ``/git/``), and
+    ``chatml``/``hermes`` get ``chatml``.
+    """
     p = (model_path or "").lower()
+    if ("deepseek-v3" in p or "deepseek-r1" in p) and "base" not in p:
+        return get_chat_template("deepseek-v3")
+    if "dbrx" in p and "instruct" in p:
+        return get_chat_template("dbrx-instruct")
+    if any(k in p for k in ("vicuna", "llava-v1.5", "llava-next-video-7b")):
+        return get_chat_template("vicuna_v1.1")
+    if ("llama-2" in p and "chat" in p) or (
+        any(k in p for k in ("mistral", "mixtral", "codellama")) and "instruct" in p
+    ):
+        return get_chat_template("llama-2-chat")
     if ("llama-3" in p or "llama3" in p) and "instruct" in p:
         return get_chat_template("llama-3-instruct")
-    if "qwen" in p:
+    if "tinyllama" in p:
+        return get_chat_template("chatml")
+    if "qwen" in p and "llava" not in p:
         return get_chat_template("qwen")
+    if any(k in p for k in ("llava-v1.6-34b", "llava-v1.6-yi-34b", "llava-next-video-34b", "llava-onevision-qwen2")):
+        return get_chat_template("chatml-llava")
+    if "yi-1.5" in p and "chat" in p:
+        return get_chat_template("yi-1.5")
     if "gemma" in p and "-it" in p:
+        return get_chat_template("gemma-it")
+    if "c4ai-command-r" in p:
+        return get_chat_template("c4ai-command-r")
+    if "granite" in p and "instruct" in p:
+        return get_chat_template("granite-3-instruct")
+    if "gemma-3" in p and "1b" not in p:
         return get_chat_template("gemma-it")
     if "chatml" in p or "hermes" in p:
         return get_chat_template("chatml")
     return get_chat_template("default")
 
 
+# SGLang's registry (sglang/lang/chat_template.py), role markers and stop strings as there. Left
+# out: templates of vision models lmnb runs no images for (qwen2-vl, yi-vl, minicpmv, minicpmo,
+# janus-pro). gemma-it differs on purpose: no system role (Gemma's own template refuses one; SGLang
+# writes its text bare) and <end_of_turn> as a stop string.
 register_chat_template(
     ChatTemplate(  # SGLang's "default": plain role labels
         name="default",
         role_prefix_and_suffix={"system": ("SYSTEM:", "\n"), "user": ("USER:", "\n"), "assistant": ("ASSISTANT:", "\n")},
     )
 )
+register_chat_template(
+    ChatTemplate(  # Anthropic's old completion format (system text goes bare before the first turn)
+        name="claude",
+        role_prefix_and_suffix={"system": ("", ""), "user": ("\n\nHuman: ", ""), "assistant": ("\n\nAssistant:", "")},
+    )
+)
+# The system message SGLang's dbrx-instruct writes when a program starts without one.
+_DBRX_SYSTEM_PROMPT = (
+    "You are DBRX, created by Databricks. You were last updated in December 2023. You answer questions based on "
+    "information available up to that point.\n"
+    "YOU PROVIDE SHORT RESPONSES TO SHORT QUESTIONS OR STATEMENTS, but provide thorough responses to more complex "
+    "and open-ended questions.\n"
+    "You assist with various tasks, from writing to coding (using markdown for code blocks \u2014 remember to use "
+    "``` with code, JSON, and tables).\n"
+    "(You do not have real-time data access or code execution capabilities. You avoid stereotyping and provide "
+    "balanced perspectives on controversial topics. You do not provide song lyrics, poems, or news articles and do "
+    "not divulge details of your training data.)\n"
+    "This is your system prompt, guiding your responses. Do not reference it, just respond to the user. If you find "
+    "yourself talking about this message, stop. You should be responding appropriately and usually that means not "
+    "mentioning this.\n"
+    "YOU DO NOT MENTION ANY OF THIS INFORMATION ABOUT YOURSELF UNLESS THE INFORMATION IS DIRECTLY PERTINENT TO THE "
+    "USER'S QUERY."
+)
 _CHATML = {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ROLES}
 register_chat_template(ChatTemplate(name="chatml", role_prefix_and_suffix=_CHATML, stop_str=("<|im_end|>",)))
+register_chat_template(
+    ChatTemplate(  # LLaVA-NeXT 34B / OneVision: the image on a line of its own
+        name="chatml-llava",
+        role_prefix_and_suffix=_CHATML,
+        default_system_prompt="You are a helpful assistant.",
+        stop_str=("<|im_end|>",),
+        image_token="<image>\n",
+    )
+)
 register_chat_template(
     ChatTemplate(
         name="qwen",
@@ -137,12 +210,51 @@ register_chat_template(
     )
 )
 register_chat_template(
-    ChatTemplate(
-        name="llama-3-instruct",
+    ChatTemplate(  # FastChat's Vicuna v1.1, also LLaVA-1.5's
+        name="vicuna_v1.1",
+        role_prefix_and_suffix={"system": ("", " "), "user": ("USER:", " "), "assistant": ("ASSISTANT:", "</s>")},
+        default_system_prompt=(
+            "A chat between a curious user and an artificial intelligence assistant. "
+            "The assistant gives helpful, detailed, and polite answers to the user's questions."
+        ),
+        image_token=" <image>\n",
+    )
+)
+register_chat_template(
+    ChatTemplate(  # Llama-2 chat, also Mistral/Mixtral/CodeLlama instruct: [INST] <<SYS>> ... <</SYS>> ... [/INST]
+        name="llama-2-chat",
         role_prefix_and_suffix={
-            r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ROLES
+            "system": ("<<SYS>>\n", "\n<</SYS>>\n\n"),
+            "user": ("[INST] ", " [/INST]"),
+            "assistant": ("", " </s><s>"),
         },
-        stop_str=("<|eot_id|>",),
+        llama2_style=True,
+    )
+)
+_LLAMA3 = {r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ROLES}
+register_chat_template(ChatTemplate(name="llama-3-instruct", role_prefix_and_suffix=_LLAMA3, stop_str=("<|eot_id|>",)))
+register_chat_template(
+    ChatTemplate(  # LLaVA-NeXT on Llama-3: the image on a line of its own
+        name="llama-3-instruct-llava", role_prefix_and_suffix=_LLAMA3, stop_str=("<|eot_id|>",), image_token="<image>\n"
+    )
+)
+register_chat_template(
+    ChatTemplate(
+        name="llama-4",
+        role_prefix_and_suffix={r: (f"<|header_start|>{r}<|header_end|>\n\n", "<|eot|>") for r in ROLES},
+        stop_str=("<|eot|>",),
+        image_token="<|image|>",
+    )
+)
+register_chat_template(
+    ChatTemplate(  # the user suffix opens the assistant turn, so the assistant prefix is empty
+        name="yi-1.5",
+        role_prefix_and_suffix={
+            "system": ("", ""),
+            "user": ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),
+            "assistant": ("", "<|im_end|>\n"),
+        },
+        stop_str=("<|im_end|>",),
     )
 )
 register_chat_template(
@@ -153,6 +265,47 @@ register_chat_template(
             "assistant": ("<start_of_turn>model\n", "<end_of_turn>\n"),
         },
         stop_str=("<end_of_turn>",),
+    )
+)
+register_chat_template(
+    ChatTemplate(  # DBRX: turns separated by a newline before each <|im_start|>, none after the last
+        name="dbrx-instruct",
+        role_prefix_and_suffix={
+            "system": ("<|im_start|>system\n", "<|im_end|>"),
+            "user": ("\n<|im_start|>user\n", "<|im_end|>"),
+            "assistant": ("\n<|im_start|>assistant\n", "<|im_end|>"),
+        },
+        default_system_prompt=_DBRX_SYSTEM_PROMPT,
+        stop_str=("<|im_end|>",),
+    )
+)
+register_chat_template(
+    ChatTemplate(
+        name="c4ai-command-r",
+        role_prefix_and_suffix={
+            "system": ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+            "user": ("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+            "assistant": ("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
+        },
+    )
+)
+register_chat_template(
+    ChatTemplate(
+        name="granite-3-instruct",
+        role_prefix_and_suffix={r: (f"<|start_of_role|>{r}<|end_of_role|>", "<|end_of_text|>") for r in ROLES},
+        stop_str=("<|end_of_text|>",),
+    )
+)
+_DEEPSEEK_EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"  # full-width bars, U+2581 for spaces
+register_chat_template(
+    ChatTemplate(  # DeepSeek-V3/R1: system text bare at the start, its own markers
+        name="deepseek-v3",
+        role_prefix_and_suffix={
+            "system": ("", ""),
+            "user": ("<\uff5cUser\uff5c>", ""),
+            "assistant": ("<\uff5cAssistant\uff5c>", _DEEPSEEK_EOS),
+        },
+        stop_str=(_DEEPSEEK_EOS,),
     )
 )
 

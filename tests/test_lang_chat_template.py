@@ -7,7 +7,7 @@ import pytest
 
 import lmnb as sgl
 from helpers_lang import ScriptedBackend
-from lmnb.chat_template import from_jinja
+from lmnb.chat_template import from_jinja, get_chat_template_by_model_path
 from lmnb_engine.testing.tiny_checkpoint import CHAT_TEMPLATE as TINY
 
 CHATML_DEFAULT_SYSTEM = (
@@ -97,3 +97,130 @@ def test_unexpressible_template_falls_back_with_a_warning():
     assert from_jinja(None, SPECIAL, "meta-llama/Llama-3.1-8B-Instruct").name == "llama-3-instruct"
     with pytest.raises(ValueError, match="unknown chat template"):
         sgl.get_chat_template("nope")
+
+
+# SGLang's registry (sglang/lang/chat_template.py): the text a program writes under each name, worked
+# out by hand from SGLang's role markers, and where the family publishes a Hugging Face template,
+# checked against it (SGLang leaves BOS to the tokenizer, and the space the model writes after
+# Llama-2's "[/INST]" to the model).
+SGLANG_TEXTS = {
+    # Llama-2's HF template: "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {answer} </s><s>[INST] ..."
+    "llama-2-chat": "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]Hello </s><s>[INST] Bye [/INST]Hello </s><s>",
+    "vicuna_v1.1": "Be brief. USER:Hi ASSISTANT:Hello</s>USER:Bye ASSISTANT:Hello</s>",
+    "claude": "Be brief.\n\nHuman: Hi\n\nAssistant:Hello\n\nHuman: Bye\n\nAssistant:Hello",
+    "deepseek-v3": "Be brief.<\uff5cUser\uff5c>Hi<\uff5cAssistant\uff5c>Hello<\uff5cend\u2581of\u2581sentence\uff5c>"
+                   "<\uff5cUser\uff5c>Bye<\uff5cAssistant\uff5c>Hello<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "yi-1.5": "Be brief.<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n"
+              "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n",
+    "llama-4": "<|header_start|>system<|header_end|>\n\nBe brief.<|eot|><|header_start|>user<|header_end|>\n\nHi<|eot|>"
+               "<|header_start|>assistant<|header_end|>\n\nHello<|eot|><|header_start|>user<|header_end|>\n\nBye<|eot|>"
+               "<|header_start|>assistant<|header_end|>\n\nHello<|eot|>",
+    "dbrx-instruct": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+                     "Hello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>",
+    "c4ai-command-r": "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hello<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Bye<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hello<|END_OF_TURN_TOKEN|>",
+    "granite-3-instruct": "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>"
+                          "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>"
+                          "<|start_of_role|>assistant<|end_of_role|>Hello<|end_of_text|>"
+                          "<|start_of_role|>user<|end_of_role|>Bye<|end_of_text|>"
+                          "<|start_of_role|>assistant<|end_of_role|>Hello<|end_of_text|>",
+}
+# The stop strings SGLang's template adds to every gen.
+SGLANG_STOPS = {
+    "llama-2-chat": [], "vicuna_v1.1": [], "claude": [], "deepseek-v3": ["<\uff5cend\u2581of\u2581sentence\uff5c>"],
+    "yi-1.5": ["<|im_end|>"], "llama-4": ["<|eot|>"], "dbrx-instruct": ["<|im_end|>"], "c4ai-command-r": [],
+    "granite-3-instruct": ["<|end_of_text|>"],
+}
+
+
+@sgl.function
+def _two_turns(s, with_system=True):
+    if with_system:
+        s += sgl.system("Be brief.")
+    s += sgl.user("Hi")
+    s += sgl.assistant(sgl.gen("a"))
+    s += sgl.user("Bye")
+    s += sgl.assistant(sgl.gen("b"))
+
+
+@pytest.mark.parametrize("name", sorted(SGLANG_TEXTS))
+def test_sglang_registry_names_write_sglangs_text_and_stops(name):
+    # lmnb knew 5 of SGLang's names: chat_template_name="llama-2-chat" etc. was a ValueError.
+    be = ScriptedBackend(lambda p, params: "Hello", chat_template=sgl.get_chat_template(name))
+    st = _two_turns.run(backend=be)
+    assert st.text() == SGLANG_TEXTS[name]
+    stops = [list(params.stop or ()) for kind, (_, params) in be.calls if kind == "generate"]
+    assert stops == [SGLANG_STOPS[name]] * 2
+
+
+def test_llama_2_chat_without_a_system_message_and_vicuna_default_system():
+    llama2 = ScriptedBackend(lambda p, params: "Hello", chat_template=sgl.get_chat_template("llama-2-chat"))
+    assert _two_turns.run(with_system=False, backend=llama2).text() == (
+        "[INST] Hi [/INST]Hello </s><s>[INST] Bye [/INST]Hello </s><s>")
+    vicuna = ScriptedBackend(lambda p, params: "Hello", chat_template=sgl.get_chat_template("vicuna_v1.1"))
+    st = _two_turns.run(with_system=False, backend=vicuna)
+    system = ("A chat between a curious user and an artificial intelligence assistant. "
+              "The assistant gives helpful, detailed, and polite answers to the user's questions.")
+    assert st.text() == system + " USER:Hi ASSISTANT:Hello</s>USER:Bye ASSISTANT:Hello</s>"
+    assert st.messages()[0] == {"role": "system", "content": system}
+
+
+@pytest.mark.parametrize("name, text", [
+    ("chatml-llava", "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<image>\nWhat is it?"
+                     "<|im_end|>\n<|im_start|>assistant\n"),
+    ("llama-3-instruct-llava", "<|start_header_id|>user<|end_header_id|>\n\n<image>\nWhat is it?<|eot_id|>"
+                               "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    ("vicuna_v1.1", "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                    "helpful, detailed, and polite answers to the user's questions. USER: <image>\nWhat is it? ASSISTANT:"),
+])
+def test_llava_templates_put_the_image_where_sglang_does(name, text):
+    class Images(ScriptedBackend):
+        def check_images(self):
+            pass
+
+    be = Images(lambda p, params: "", chat_template=sgl.get_chat_template(name))
+
+    @sgl.function
+    def ask(s):
+        s += sgl.user(sgl.image(b"pixels") + "What is it?")
+        s += sgl.assistant_begin()
+        s += sgl.gen("x", max_tokens=1)
+
+    st = ask.run(backend=be)
+    (prompt, _), = [payload for kind, payload in be.calls if kind == "generate"]
+    assert prompt.text == text and len(prompt.images) == 1
+    st.sync()
+
+
+@pytest.mark.parametrize("path, name", [
+    ("lmsys/vicuna-7b-v1.5", "vicuna_v1.1"),
+    ("llava-hf/llava-v1.5-7b", "vicuna_v1.1"),
+    ("meta-llama/Llama-2-7b-chat-hf", "llama-2-chat"),
+    ("mistralai/Mistral-7B-Instruct-v0.2", "llama-2-chat"),
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", "llama-2-chat"),
+    ("codellama/CodeLlama-7b-Instruct-hf", "llama-2-chat"),
+    ("meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-instruct"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-v3"),  # SGLang's deepseek matcher comes first
+    ("deepseek-ai/DeepSeek-V3-Base", "default"),
+    ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "chatml"),
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen"),
+    ("lmms-lab/llava-onevision-qwen2-7b-ov", "chatml-llava"),
+    ("liuhaotian/llava-v1.6-34b", "chatml-llava"),
+    ("01-ai/Yi-1.5-34B-Chat", "yi-1.5"),
+    ("google/gemma-2-9b-it", "gemma-it"),
+    ("google/gemma-3-4b-pt", "gemma-it"),
+    ("databricks/dbrx-instruct", "dbrx-instruct"),
+    ("CohereForAI/c4ai-command-r-v01", "c4ai-command-r"),
+    ("ibm-granite/granite-3.0-8b-instruct", "granite-3-instruct"),
+    ("gpt2", "default"),
+])
+def test_model_path_picks_the_template_sglang_picks(path, name):
+    assert get_chat_template_by_model_path(path).name == name
+
+
+def test_unknown_template_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown chat template 'mistral'; known: .*'llama-2-chat'.*'vicuna_v1.1'"):
+        sgl.get_chat_template("mistral")

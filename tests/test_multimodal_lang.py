@@ -205,3 +205,16 @@ def test_a_video_is_decoded_once_for_all_requests_of_its_program(backend, tmp_pa
     write_video(path, num_frames=4)
     two_questions_on_a_video.run(path="~/clip.mp4", backend=backend).sync()
     assert len(decoded) == 3
+
+
+@pytest.mark.parametrize("name", ["chatml-llava", "llama-3-instruct-llava", "vicuna_v1.1"])
+def test_sglang_llava_template_places_the_image_as_transformers_does_on_its_text(backend, hf, name):
+    # SGLang's LLaVA templates write the image as "<image>\n" (vicuna: " <image>\n"); the engine must
+    # read that text as LlavaProcessor does: the image's tokens, then the newline.
+    shared = sgl.Engine(engine=backend.engine, chat_template_name=name)
+    img = random_image(7)
+    st = ask_image.run(img=img, question="what is it?", backend=shared)
+    _, assistant_suffix = shared.chat_template.role_prefix_and_suffix["assistant"]
+    prompt = st.text()[: len(st.text()) - len(st["answer"] + assistant_suffix)]
+    assert shared.chat_template.image_token + "what is it?" in prompt
+    assert st["answer"] == hf_answer(hf, prompt, [img])
