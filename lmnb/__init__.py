@@ -23,6 +23,7 @@ from lmnb.api import (
     gen_string,
     get_default_backend,
     get_server_info,
+    global_config,
     image,
     select,
     set_default_backend,
@@ -64,7 +65,6 @@ _NOT_IN_LMNB = {
                  "OpenAI-compatible proxy (LiteLLM's) with lmnb.OpenAI(model, base_url=...)",
     "separate_reasoning": "a reasoning model's text is not split here; cut it at the model's end-of-thinking "
                           "marker in Python",
-    "global_config": "lmnb has no global configuration object; pass settings to run() and Engine()",
 }
 _NOT_IN_LMNB["VertexAI"] = _NOT_IN_LMNB["LiteLLM"] = _NOT_IN_LMNB["Anthropic"]
 
@@ -110,6 +110,7 @@ __all__ = [
     "get_chat_template",
     "get_default_backend",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
     "image",
     "observe",

@@ -82,6 +82,49 @@ def get_default_backend():
         return _default_backend
 
 
+# SGLang's GlobalConfig settings a program may touch -> what lmnb does instead.
+_GLOBAL_CONFIG_HINTS = {
+    "verbosity": "lmnb prints nothing after a run; print(state.text()), or watch runs with lmnb.observe(callback)",
+    "enable_precache_with_tracing": "run_batch always prefills the program's constant prefix first, and "
+                                    "program.cache() does it on demand",
+    "enable_parallel_encoding": "join('concate_and_append') appends the branches' text, which the next gen "
+                                "prefills",
+}
+
+
+class GlobalConfig:
+    """``sgl.global_config``, SGLang's settings object, with the one setting lmnb has:
+    ``default_backend`` reads the backend ``set_default_backend`` set (None before one is set or
+    started, as in SGLang), and assigning it is ``set_default_backend``. SGLang's other settings
+    (``verbosity``, ``enable_precache_with_tracing``, ``enable_parallel_encoding``, the server's
+    runtime constants) raise an ``AttributeError`` naming what lmnb does instead."""
+
+    @property
+    def default_backend(self):
+        return _default_backend
+
+    @default_backend.setter
+    def default_backend(self, backend) -> None:
+        set_default_backend(backend)
+
+    def __getattr__(self, name: str):
+        raise AttributeError(self._refusal(name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name != "default_backend":
+            raise AttributeError(self._refusal(name))
+        super().__setattr__(name, value)
+
+    @staticmethod
+    def _refusal(name: str) -> str:
+        hint = _GLOBAL_CONFIG_HINTS.get(name, "engine settings are lmnb.Engine(...)'s arguments or lmnb serve's "
+                                               "options, sampling defaults are run()'s")
+        return f"lmnb's global_config has only default_backend, not {name!r}: {hint}"
+
+
+global_config = GlobalConfig()
+
+
 def flush_cache(backend=None, empty_cache: bool = True):
     """Drop the prefix cache of ``backend`` (default: the default backend). ``empty_cache`` is
     SGLang's (it also returns freed device memory to the driver there); lmnb accepts and ignores it:

@@ -2730,8 +2730,7 @@ def test_var_scope_captures_the_text_of_its_block_and_refuses_a_nested_scope_of_
 
 
 @pytest.mark.parametrize("name, hint", [("separate_reasoning", "end-of-thinking marker"),
-                                        ("LiteLLM", "lmnb.OpenAI(model, base_url=...)"),
-                                        ("global_config", "pass settings to run() and Engine()")])
+                                        ("LiteLLM", "lmnb.OpenAI(model, base_url=...)")])
 def test_an_sglang_name_lmnb_lacks_says_what_to_use(name, hint):
     # a bare "module 'lmnb' has no attribute" left an SGLang user guessing
     with pytest.raises(AttributeError, match=re.escape(hint)):

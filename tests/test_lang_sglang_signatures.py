@@ -118,3 +118,42 @@ def test_lmnb_has_a_version_as_sglang_does():
     pyproject = (pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert sgl.__version__ == re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
     assert "__version__" in sgl.__all__
+
+
+def test_global_config_default_backend_reads_and_sets_the_default_backend():
+    # SGLang programs read sgl.global_config.default_backend (None until one is set) and assign it;
+    # lmnb refused global_config altogether.
+    import pytest
+
+    import lmnb.api
+
+    previous = lmnb.api._default_backend
+    first, second = ScriptedBackend(), ScriptedBackend(reply=lambda prompt, params: "from second")
+    try:
+        sgl.set_default_backend(None)
+        assert sgl.global_config.default_backend is None
+        sgl.set_default_backend(first)
+        assert sgl.global_config.default_backend is first
+        sgl.global_config.default_backend = second
+        assert sgl.get_default_backend() is second
+
+        @sgl.function
+        def prog(s):
+            s += "a" + sgl.gen("x", max_tokens=2)
+
+        assert prog.run()["x"] == "from second" and first.calls == []
+        with pytest.raises(TypeError, match="is not a backend object"):
+            sgl.global_config.default_backend = "http://localhost:30000"
+    finally:
+        lmnb.api._default_backend = previous
+
+
+def test_global_configs_other_sglang_settings_say_what_lmnb_does_instead():
+    import pytest
+
+    with pytest.raises(AttributeError, match=r"has only default_backend, not 'verbosity': .*print\(state.text\(\)\)"):
+        sgl.global_config.verbosity
+    with pytest.raises(AttributeError, match=r"not 'enable_precache_with_tracing': run_batch always prefills"):
+        sgl.global_config.enable_precache_with_tracing = False
+    with pytest.raises(AttributeError, match=r"not 'default_init_new_token_ratio': engine settings are lmnb.Engine"):
+        sgl.global_config.default_init_new_token_ratio = 0.5
