@@ -662,6 +662,34 @@ def test_cancelling_an_async_generate_stream_is_a_cancellation_and_aborts_the_re
     assert stats["running_requests"] == 0 and stats["waiting_requests"] == 0  # (aborted, not run to 400)
 
 
+def test_runtime_add_request_streams_new_text_pieces_as_sglangs_and_aborts_when_left(tiny_engine):
+    # SGLang's Runtime.add_request (its async_generate's other name) is an async generator of the
+    # output's new text pieces; lmnb's Runtime had no add_request (AttributeError).
+    import asyncio
+
+    from lmnb_engine import SamplingParams
+
+    runtime = sgl.Runtime(engine=tiny_engine)
+    sp = {"temperature": 0, "max_new_tokens": 6}
+    want = tiny_engine.generate("Hello, my name is", SamplingParams(temperature=0, max_new_tokens=6)).text
+    texts = [c["text"] for c in runtime.generate("Hello, my name is", sp, stream=True)]
+    deltas = [b[len(a):] for a, b in zip([""] + texts, texts) if b != a]
+
+    async def collect():
+        return [piece async for piece in runtime.add_request("Hello, my name is", sp)]
+
+    async def leave_after_one_piece():
+        stream = runtime.add_request("Once", {"max_new_tokens": 400, "ignore_eos": True})
+        await anext(stream)
+        await stream.aclose()
+        return tiny_engine.cache_stats()  # (read before asyncio.run's own clean-up closes anything)
+
+    pieces = asyncio.run(collect())
+    assert "".join(pieces) == want and pieces == deltas
+    stats = asyncio.run(leave_after_one_piece())
+    assert stats["running_requests"] == 0 and stats["waiting_requests"] == 0  # (aborted, not run to 400)
+
+
 def test_the_run_seed_gives_every_fork_of_a_state_its_own_samples(backend):
     # a second fork (or copy()) of the same state got the first one's seeds: branch k wrote what
     # branch k of the first fork wrote

@@ -14,7 +14,7 @@ import dataclasses
 import inspect
 import math
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
     DELTA_TOKENS, AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, in_gen_names,
@@ -529,3 +529,20 @@ class Runtime(Engine):
         """SGLang's ``Runtime.endpoint`` (the ``RuntimeEndpoint`` its server is reached by): here
         the runtime itself, so ``runtime.endpoint.chat_template = ...`` works as there."""
         return self
+
+    async def add_request(self, prompt: str, sampling_params: Optional[dict] = None) -> AsyncIterator[str]:
+        """SGLang's ``Runtime.add_request`` (there another name for ``Runtime.async_generate``): an
+        async generator of the output's new text, piece by piece, ``async for piece in
+        runtime.add_request(prompt, sampling_params)``. Kept in SGLang's form under this name
+        because lmnb's ``async_generate`` is the offline engine's (awaited; whole-text chunks).
+        Closing it early (``await it.aclose()``, or ``contextlib.aclosing``) aborts the request."""
+        stream = await self.async_generate(prompt, sampling_params, stream=True)
+        pos = 0
+        try:
+            async for chunk in stream:
+                piece = chunk["text"][pos:]
+                if piece:
+                    yield piece
+                pos = len(chunk["text"])
+        finally:  # (leaving early closes this generator only; closing the stream aborts the request)
+            await stream.aclose()
