@@ -680,7 +680,7 @@ def test_runtime_add_request_streams_new_text_pieces_as_sglangs_and_aborts_when_
 
     async def leave_after_one_piece():
         stream = runtime.add_request("Once", {"max_new_tokens": 400, "ignore_eos": True})
-        await anext(stream)
+        await stream.__anext__()
         await stream.aclose()
         return tiny_engine.cache_stats()  # (read before asyncio.run's own clean-up closes anything)
 
