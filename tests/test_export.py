@@ -1482,6 +1482,30 @@ def test_a_per_row_star_import_sets_a_variable_the_cell_binds_below_it(tmp_path,
     assert prompts == ["B", f"{math.pi} 3 unbound"]
 
 
+@pytest.mark.parametrize("cells", [
+    ["y = 1\ndel y", "from math import *"],
+    ["y = 1", "del y\nfrom math import *"],
+    ["y = 1\nif q != 'never':\n    del y", "from math import *"],
+])
+def test_a_variable_deleted_above_a_per_row_star_import_stays_unbound(tmp_path, monkeypatch, cells):
+    # a name bound (whatever ran) and then deleted above the import was taken for bound there, so
+    # the import gave it job.UNBOUND, which the next cells read as a value ("<unbound>") where the
+    # notebook raised NameError
+    from helpers_export import write_rows
+
+    probe = "try:\n    w = repr(y)\nexcept NameError as e:\n    w = str(e)"
+    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells, probe,
+                  "%%lm --temperature 0\n{w}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {"q": "B", "x": "!"}  # (cells 1-2 as the row runs them) then the Python cells in order
+    for code in [*cells, probe]:
+        exec(code, notebook_ns)
+    assert notebook_ns["w"] == "name 'y' is not defined"
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    # (run_row's y is a local: Python says so in its own words, naming y)
+    assert prompts[1] == "cannot access local variable 'y' where it is not associated with a value"
+
+
 def test_a_per_row_star_import_replaces_the_names_of_a_setup_cells_star_import(tmp_path, monkeypatch):
     # from math import * in a setup cell, then from cmath import * in a per-row cell: the notebook's
     # sqrt is cmath's below it, but job.star_import kept math's (the script's globals held sqrt

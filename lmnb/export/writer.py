@@ -243,7 +243,7 @@ class _Writer:
             body.append(self.row_cell(cell, bound, sure, p.row[i + 1:]))
             if isinstance(cell, Code):
                 bound += cell.assigns
-                sure |= _surely_bound(ast.parse(cell.source).body)
+                sure = _surely_bound(ast.parse(cell.source).body, sure)
             elif isinstance(cell, LMCell):
                 bound += self.lm_sets(cell)
                 sure |= set(self.lm_sets(cell))
@@ -273,7 +273,7 @@ class _Writer:
                 elif isinstance(c, LMCell):
                     later_reads |= set(c.reads)
                     later_binds |= set(self.lm_sets(c))
-            for star in _star_imports(cell):  # (line by line: the cell's lines stay, up to the import's)
+            for star in _star_imports(cell, sure):  # (line by line: the cell's lines stay, up to the import's)
                 lines[star.first - 1:star.last] = ["# " + line for line in lines[star.first - 1:star.last]]
                 # a row field counts from where the notebook's example of it was (the row's value replaces it there)
                 fields = [n for n in self.p.inputs if self.field_at[n] < (cell.index, star.first)]
@@ -291,7 +291,7 @@ class _Writer:
                     f"{', '.join(names)}{',' * (len(names) == 1)} = {job}.star_values({star.module!r}, locals(), "
                     f"{', '.join(map(repr, names))})  # {star.statement}: here its values of run_row's variables")
                 for name in names:
-                    if name not in self.p.inputs and name not in sure and name not in star.above_sure:
+                    if name not in self.p.inputs and name not in star.above_sure:
                         lines[star.last - 1] += (f"\nif {name} is {job}.UNBOUND:  # (not bound here, and "
                                                  f"{star.module} has no {name})\n{_INDENT}del {name}")
             return f"# -- cell {cell.index}{_magic_note(cell)}\n" + "\n".join(lines)
@@ -367,8 +367,9 @@ def _mark_examples(cell: Code, fields: tuple) -> str:
 
 @dataclass
 class _StarImport:
-    """A ``from M import *`` of a cell that runs per row: its lines in the cell's source, and the
-    names the cell's statements above it bind (all; those bound whatever ran) and below it read and bind."""
+    """A ``from M import *`` of a cell that runs per row: its lines in the cell's source, the names
+    the cell's statements above it bind, those bound there whatever ran (with the names bound so
+    before the cell: ``_surely_bound``), and the names its statements below it read and bind."""
 
     first: int
     last: int
@@ -383,9 +384,10 @@ class _StarImport:
         return f"from {self.module} import *"
 
 
-def _star_imports(cell: Code) -> list:
+def _star_imports(cell: Code, sure: frozenset = frozenset()) -> list:
     """The ``from M import *`` statements of a cell that runs per row (``_StarImport``); the script
-    makes them at module level and sets run_row's variables from them where they stand.
+    makes them at module level and sets run_row's variables from them where they stand. ``sure``:
+    the names bound whatever ran before the cell.
 
     Raises:
         ExportError: one the script cannot move: in a block (``if``, ``try``) or on a line with other code.
@@ -410,20 +412,39 @@ def _star_imports(cell: Code) -> list:
         above, below = tree.body[:k], tree.body[k + 1:]
         out.append(_StarImport(
             node.lineno, node.end_lineno, statement.removeprefix("from ").removesuffix(" import *"),
-            [name for s in above for name in bound_by(s)], _surely_bound(above),
+            [name for s in above for name in bound_by(s)], _surely_bound(above, sure),
             {n.id for s in below for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)},
             {name for s in below for name in bound_by(s)}))
     return out
 
 
-def _surely_bound(statements: list) -> set:
-    """The names that top-level ``statements`` bind whenever they run through: assignments,
-    imports, ``def`` and ``class`` (not what an ``if``, ``for``, ``try`` or ``with`` binds)."""
+def _surely_bound(statements: list, sure: frozenset = frozenset()) -> set:
+    """``sure`` (names bound whatever ran before ``statements``) with the names that top-level
+    ``statements`` bind whenever they run through: assignments, imports, ``def`` and ``class`` (not
+    what an ``if``, ``for``, ``try`` or ``with`` binds); less those a ``del`` may unbind after that
+    (``y = 1; del y``: a star import below gives y ``UNBOUND``, which must be deleted again)."""
     from lmnb.export.cells import bound_by
 
     kinds = (ast.Assign, ast.AugAssign, ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    return {name for s in statements if isinstance(s, kinds) or (isinstance(s, ast.AnnAssign) and s.value is not None)
-            for name in bound_by(s)}
+    out = set(sure)
+    for s in statements:
+        if isinstance(s, kinds) or (isinstance(s, ast.AnnAssign) and s.value is not None):
+            out |= set(bound_by(s))
+        out -= _deleted(s)
+    return out
+
+
+def _deleted(stmt: ast.stmt) -> set:
+    """The names a ``del`` in ``stmt`` unbinds (in its scope: not in functions, classes, lambdas)."""
+    out, stack = set(), [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del):
+            out.add(node.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
 
 
 def _strip_examples(cell: Code, names: set) -> str:
