@@ -72,6 +72,17 @@ class _Unbound:
 UNBOUND = _Unbound()
 
 
+def _star_names(module: str) -> dict:
+    """Name → value of what ``from module import *`` binds.
+
+    Raises:
+        ImportError: the module cannot be imported."""
+    names: dict = {}
+    exec(f"from {module} import *", names)
+    names.pop("__builtins__", None)
+    return names
+
+
 def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = ()) -> None:
     """``from module import *`` for each of ``modules`` in order (a later one's name wins) into
     ``namespace`` (the script's globals), but for the names it holds already. The script makes a
@@ -87,11 +98,10 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = ()) -> 
         ImportError: a module cannot be imported."""
     names: dict = {}
     for module in modules:
-        exec(f"from {module} import *", names)
-    names.pop("__builtins__", None)
+        names.update(_star_names(module))
     earlier: dict = {}
     for module in over:
-        exec(f"from {module} import *", earlier)
+        earlier.update(_star_names(module))
     for name, value in names.items():
         if name not in namespace or (name in earlier and namespace[name] is earlier[name]):
             namespace[name] = value
@@ -104,8 +114,7 @@ def star_values(module: str, bound: dict, /, *names: str) -> tuple:
 
     Raises:
         ImportError: the module cannot be imported (``star_import`` failed first)."""
-    values: dict = {}
-    exec(f"from {module} import *", values)
+    values = _star_names(module)
     return tuple(values[name] if name in values else bound.get(name, UNBOUND) for name in names)
 
 
