@@ -1399,9 +1399,11 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
             assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["B2"]
         else:  # the cell keeps its lines: the error is on the cell's line 4
             assert results[0]["status"] == "error"
-            # x, bound above it, takes math's x if it has one, as in the notebook
-            assert ("    q, city, x = job.star_values('math', locals(), 'q', 'city', 'x')  # from math import *: "
-                    "here its values of run_row's variables\n    print(sqrt(4), city)") in source
+            # x, bound above it, takes math's x if it has one, as in the notebook; so do print and sqrt, which
+            # no cell binds
+            assert ("    q, print, sqrt, city, x = job.star_values('math', locals(), 'q', 'print', 'sqrt', 'city', 'x')"
+                    "  # from math import *: here its values of run_row's variables\n    if sqrt is job.UNBOUND:  "
+                    "# (not bound here, and math has no sqrt)\n        del sqrt\n    print(sqrt(4), city)") in source
             line = int(re.search(r"job.py line (\d+)", results[0]["error"]).group(1))
             assert source.split("\n")[line - 1] == "    print(x / 0)" and "notebook cell 3" in results[0]["error"]
     with pytest.raises(ExportError) as e:
@@ -1480,6 +1482,33 @@ def test_a_per_row_star_import_sets_a_variable_the_cell_binds_below_it(tmp_path,
     source, _ = export_notebook(nb)
     results, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
     assert prompts == ["B", f"{math.pi} 3 unbound"]
+
+
+@pytest.mark.parametrize("setup, cells", [
+    ("", ["from math import *\na = str(sqrt(4))\nfrom cmath import *\nb = str(sqrt(4))"]),
+    ("", ["from math import *", "a = str(sqrt(4))", "from cmath import *\nb = str(sqrt(4))"]),
+    ("from math import *", ["a = str(sqrt(4))", "from cmath import *\nb = str(sqrt(4))"]),  # (a: the setup's sqrt)
+    # a builtin that a star import replaces: the builtin above the import, a function reading it after it
+    ("", ["def f():\n    return str(pow(2, 3))\na = f()", "from math import *\nb = f() + ' ' + str(pow(2, 3))"]),
+])
+def test_each_per_row_star_import_sets_the_names_no_cell_binds_from_its_own_line_on(tmp_path, monkeypatch, setup,
+                                                                                     cells):
+    # the script made the row's star imports at module level, before run_row, so the last module's
+    # names held for the whole row: the notebook's `2.0 (2+0j)` for str(sqrt(4)) after `from math
+    # import *` and after `from cmath import *` was `(2+0j) (2+0j)` in the job, and pow above
+    # `from math import *` was math's (8.0) where the notebook's was the builtin (8)
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{a} {b}{gen z max_tokens=1}",
+                  '%%lm --python --temperature 0\ns += str(pow(2, 3)) + lmnb.gen("y", max_tokens=1)')
+    source, _ = export_notebook(nb)
+    notebook_ns = {"x": "!"}  # (cells 1-2 as the row runs them) then the Python cells in order
+    for code in [setup, *cells]:
+        exec(code, notebook_ns)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", f"{notebook_ns['a']} {notebook_ns['b']}", str(notebook_ns["pow"](2, 3))]
+    assert prompts[1] in ("2.0 (2+0j)", "8 8.0 8.0") and prompts[2] == "8.0"
 
 
 @pytest.mark.parametrize("cells", [

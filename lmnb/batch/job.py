@@ -86,9 +86,10 @@ def _star_names(module: str) -> dict:
 def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = ()) -> None:
     """``from module import *`` for each of ``modules`` in order (a later one's name wins) into
     ``namespace`` (the script's globals), but for the names it holds already. The script makes a
-    per-row cell's star imports so, at module level (a function cannot make one): they give run_row
-    the names that no cell binds (``sqrt``), and leave the notebook's own variables (a parameter
-    ``e``), which an import changes only from where the cell makes it, in each row (``star_values``).
+    per-row cell's star imports so, at module level (a function cannot make one): they give the
+    functions of the cells run once the names that no cell binds (``sqrt``), and leave the
+    notebook's own variables (a parameter ``e``); run_row reads its own variables of them, which an
+    import changes only from where the cell makes it, in each row (``star_start``, ``star_values``).
     ``over``: the modules that the cells run once star-import (above, at module level): a name that
     still holds such a module's value is no variable of the notebook, and takes ``modules``' value,
     as the later import replaces it in the notebook (``from math import *`` once, then ``from cmath
@@ -105,6 +106,24 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = ()) -> 
     for name, value in names.items():
         if name not in namespace or (name in earlier and namespace[name] is earlier[name]):
             namespace[name] = value
+
+
+def star_start(over: Sequence[str], /, *names: str) -> tuple:
+    """The values of ``names`` (in order) where a row's cells begin, which no cell binds but a
+    per-row cell's star import may set (``sqrt``; ``pow``, which ``from math import *``
+    replaces): what the star imports of ``over`` (the modules that the cells run once star-import,
+    in order) set, else the builtin, else ``UNBOUND``. As in the notebook, the row's own imports
+    change them only from their lines on (``star_values``); ``star_import`` filled the script's
+    globals before, for all of run_row.
+
+    Raises:
+        ImportError: a module cannot be imported (``star_import`` failed first)."""
+    import builtins
+
+    values = dict(vars(builtins))
+    for module in over:
+        values.update(_star_names(module))
+    return tuple(values.get(name, UNBOUND) for name in names)
 
 
 def star_values(module: str, bound: dict, /, *names: str) -> tuple:
@@ -207,6 +226,7 @@ class Job:
     continued = staticmethod(continued)
     row_copy = staticmethod(row_copy)
     star_import = staticmethod(star_import)
+    star_start = staticmethod(star_start)
     star_values = staticmethod(star_values)
     UNBOUND = UNBOUND
 

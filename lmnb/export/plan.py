@@ -47,7 +47,11 @@ class Plan:
     the module value: ``Job.row_copy``). star_locals: the other module-level names that the row part
     reads at or after a per-row star import (``from math import *`` sets e): run_row's own variables,
     from the module value, so that the import changes them for the row from where it stands, as in
-    the notebook, and not the module's value for every row from the start. jupyter: Jupyter's
+    the notebook, and not the module's value for every row from the start. star_names: where a
+    row cell star-imports, the names the row cells read that no cell binds (sqrt; a builtin such
+    as pow, which ``from math import *`` replaces): run_row's own variables too, holding the value
+    the notebook has before the row's first import (``Job.star_start``), each import's from its
+    line on (two imports in a row give each its own sqrt). jupyter: Jupyter's
     built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
     them: the script imports them.
     """
@@ -63,6 +67,7 @@ class Plan:
     strip: dict = field(default_factory=dict)
     copied: tuple = ()
     star_locals: tuple = ()
+    star_names: tuple = ()
     texts: tuple = ()
     types: dict = field(default_factory=dict)
     jupyter: tuple = ()
@@ -145,8 +150,10 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.jupyter = _jupyter_builtins(cells)
     p.copied = _copied(setup, row, p.inputs, parameters + p.jupyter)
     p.star_locals = _star_locals(setup, row, p.inputs + p.copied, parameters + p.jupyter)
+    p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
-        p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals)
+        p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
+                                     or n in p.star_names)
     p.backend, p.notes = _backend(setup, row)
     for n, kind in p.types.items():
         p.notes.append(f"{n}: a parameter of cell {params_cell.index}, read from each input row (--inputs), so the job "
@@ -316,6 +323,21 @@ def _star_locals(setup: list, row: list, locals_: tuple, module_names: tuple) ->
         return ()
     read = set().union(*(set(c.reads) for c in row if isinstance(c, (Code, LMCell)) and c.index >= first))
     return tuple(sorted((read & _module_names(setup, module_names)) - set(locals_) - {"lmnb"}))
+
+
+def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
+    """The names the row cells read that no cell binds, nor ``module_names`` (row fields,
+    parameters and the like), where a row cell star-imports (``Plan.star_names``); not lmnb nor
+    dunder names (``__name__`` is the script's, not a builtin's)."""
+    if not any(isinstance(c, Code) and c.star_imports for c in row):
+        return ()
+    bound = _module_names(setup, module_names) | {"lmnb"}
+    read: list = []
+    for c in row:
+        if isinstance(c, (Code, LMCell)):
+            bound |= set(c.assigns if isinstance(c, Code) else c.sets)
+            read += c.reads
+    return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__"))
 
 
 def _backend(setup: list, row: list) -> tuple[Backend, list]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from lmnb.batch.options import parameter_options
 from lmnb.export.cells import TIMEIT_BODY, Code, Dropped, LMCell, Markdown
-from lmnb.export.plan import Plan
+from lmnb.export.plan import _BUILTINS, Plan
 from lmnb.template.python_cell import indent_code
 
 _INDENT = "    "
@@ -209,20 +209,26 @@ class _Writer:
     # -- per row --------------------------------------------------------------------------------
     def star_imports(self) -> str:
         """The star imports of the per-row cells, made at module level before ``run_row`` for the
-        names that no variable of the script holds (a function cannot make one; run_row's code reads
-        them as globals): ``Job.star_import``. Empty if none."""
+        names that no variable of the script holds (a function cannot make one; the functions of the
+        setup cells read them as globals, run_row its own variables: ``Plan.star_names``):
+        ``Job.star_import``. Empty if none."""
         found = {c.index: _star_imports(c) for c in self.p.row if isinstance(c, Code)}
         modules = list(dict.fromkeys(s.module for stars in found.values() for s in stars))
         if not modules:
             return ""
         cells = _ranges([i for i, stars in found.items() if stars])
         # the setup cells' star imports, made above: their names are no variables, and a row's import replaces them
-        earlier = list(dict.fromkeys(m for c in self.p.setup if isinstance(c, Code) for m in c.star_imports))
-        over = f", over=({', '.join(map(repr, earlier))}{',' * (len(earlier) == 1)})" if earlier else ""
+        earlier = self.setup_star_modules()
+        over = f", over={earlier}" if earlier != "()" else ""
         return (f"# -- the star imports of {'cell' if cells.isdigit() else 'cells'} {cells}, which run per row: here, "
-                "as a function (run_row) cannot make one,\n# for the names no variable holds; run_row's variables "
-                "take the module's values where the cell imports\n"
+                "as a function (run_row) cannot make one,\n# for the functions of the cells run once; run_row's "
+                "variables take the module's values where the cell imports\n"
                 + f"{self.names.job}.star_import(globals(), {', '.join(map(repr, modules))}{over})")
+
+    def setup_star_modules(self) -> str:
+        """The modules the setup cells star-import, in order, as a tuple's source text."""
+        modules = list(dict.fromkeys(m for c in self.p.setup if isinstance(c, Code) for m in c.star_imports))
+        return f"({', '.join(map(repr, modules))}{',' * (len(modules) == 1)})"
 
     def run_row(self) -> str:
         n, p = self.names, self.p
@@ -237,8 +243,21 @@ class _Writer:
         for name in p.star_locals:
             body.append(f'{name} = globals()["{name}"]  # a star import below may set it: the row\'s own variable')
         # run_row's variables so far (but the row fields), and those of them bound whatever ran (star_values)
-        bound = [*p.copied, *p.star_locals]
-        sure = set(bound)
+        bound = [*p.copied, *p.star_locals, *p.star_names]
+        sure = set(bound) - set(p.star_names)
+        if p.star_names:
+            names = p.star_names
+            lines = ["# set by no cell, but a star import below may: the row's own variables, as the notebook has "
+                     "them before it",
+                     f"{', '.join(names)}{',' * (len(names) == 1)} = {n.job}.star_start("
+                     f"{self.setup_star_modules()}, {', '.join(map(repr, names))})"]
+            for name in names:
+                if name in _BUILTINS:
+                    sure.add(name)
+                else:
+                    lines.append(f"if {name} is {n.job}.UNBOUND:  # (no builtin, nor set by the cells run once)\n"
+                                 f"{_INDENT}del {name}")
+            body.append("\n".join(lines))
         for i, cell in enumerate(p.row):
             body.append(self.row_cell(cell, bound, sure, p.row[i + 1:]))
             if isinstance(cell, Code):
