@@ -286,6 +286,36 @@ def test_the_names_a_timeit_body_binds_are_not_set_in_the_job_as_in_the_kernel(t
     assert prompts == ["A", "1 1 1 ['AA']"]
 
 
+@pytest.mark.parametrize("cells", [
+    ["%%timeit -n1 -r1\nglobal g\ng = q + '!'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}"],
+    ["%%lm --temperature 0\n{q}{gen x max_tokens=1}", "%%timeit -n1 -r1\nglobal g\ng = q + '!'"],
+    ["def f():\n    global g\n    g = q + '!'\nf()", "%%lm --temperature 0\n{q}{gen x max_tokens=1}"],
+])
+def test_a_name_a_function_or_timeit_body_declares_global_is_bound_by_its_cell(tmp_path, monkeypatch, cells):
+    # the exporter did not see `global g` inside a function (a %%timeit body runs in one), so a later
+    # %%lm cell that read g made it a row field, and every row was bad_input "missing field 'g'"
+    from helpers_export import write_rows
+
+    nb = notebook('q = "A"', *cells, "%%lm --temperature 0\n{g}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("q",)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    # the notebook's g: IPython runs a %%timeit body in a function whose globals are the notebook's,
+    # so `global g` sets the notebook's g, as f() does
+    assert prompts == ["B", "B!"]
+    # the cell runs per row (it reads the row's q): its g is the script's global, which rows share
+    index = next(i for i, c in enumerate(cells, start=2) if not c.startswith("%%lm"))
+    assert (f"cell {index}: a function of this cell, which runs per row, sets g by `global`: the rows share the "
+            "script's globals, so rows running at once (--num-threads above 1) may read each other's value; return "
+            "the value from the function instead, or run the job with --num-threads 1") in p.notes
+
+
+def test_a_global_a_setup_function_sets_once_is_no_row_field_and_gets_no_note():
+    nb = notebook("def f():\n    global g\n    g = 'G'\nf()", 'q = "A"', "%%lm --temperature 0\n{q} {g}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("q",) and [c.index for c in p.setup] == [1, 2] and p.notes == []
+
+
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     """%%time over %%lm runs the %%lm cell in IPython; the exporter took the body for Python and
     dropped it as IPython syntax, so the job lacked that program (and its variable)."""

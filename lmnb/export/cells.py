@@ -5,7 +5,8 @@ job's default backend, the other ``%lm`` commands and IPython's own magics (``%t
 dropped with a comment (they only display or manage a kernel session), and cell magics other than
 ``%%lm`` are dropped with a comment (their bodies are not Python) except the timing/capture ones,
 whose bodies are kept (run once; a ``%%timeit`` body, and ``%timeit``'s statement, in a function of
-its own, as IPython runs them, so the names they bind are not set). Each cell also records the global names it reads and binds (``symtable``).
+its own, as IPython runs them, so the names they bind are not set, but those they declare ``global``).
+Each cell also records the global names it reads and binds (``symtable``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Code:
     resets: list = field(default_factory=list)  # %lm reset [NAME] lines: the state names, None for all
     magic: Optional[str] = None  # "%%time" etc. when the cell had a Python-bodied cell magic
     star_imports: tuple = ()  # modules other than lmnb's it star-imports (``from math import *``): names unknown here
+    declared_globals: tuple = ()  # names its functions declare ``global`` and bind (in ``assigns`` too)
     captured_output: Optional[str] = None  # the VARIABLE of ``%%capture VARIABLE``: IPython binds it, the job does not
 
     @property
@@ -322,6 +324,7 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
         code.assigns = tuple(n for n in code.assigns if n != TIMEIT_BODY)
         code.bindings = tuple(b for b in code.bindings if b[0] != TIMEIT_BODY)
     code.mutates = _mutated(tree)
+    code.declared_globals = declared_globals(text)
     code.star_imports = tuple("." * n.level + (n.module or "") for n in ast.walk(tree)
                               if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"
                               and not (n.module in _LMNB_MODULES and n.level == 0))
@@ -330,10 +333,11 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
 
 def _in_timeit_function(code: Code) -> None:
     """Make ``code`` (a ``%%timeit`` body) run in a function of its own, as IPython runs it, so
-    that the names it binds are not set: it binds none for the plan either."""
+    that the names it binds are not set: it binds only those it declares ``global`` for the plan."""
     body = indent_code(code.source if ast.parse(code.source).body else code.source + "\npass")
     code.source = f"def {TIMEIT_BODY}():\n{body}\n{TIMEIT_BODY}()"
-    code.assigns, code.bindings, code.string_assignments = (), (), {}
+    code.declared_globals = code.assigns = declared_globals(code.source)
+    code.bindings, code.string_assignments = (), {}
 
 
 def _mutated(tree: ast.Module) -> tuple:
@@ -451,8 +455,8 @@ def _lm_command(code: Code, line: str) -> str:
 
 # ------------------------------------------------------------------------------------- names
 def names(source: str, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
-    """(names the code reads from outside; every global it reads; names bound at top level); the
-    first two in order of first use.
+    """(names the code reads from outside; every global it reads; names bound at top level, or by a
+    function that declares them ``global``); the first two in order of first use.
 
     A global (``symtable``: read at top level or from inside a function) counts as read from
     outside unless a top-level statement binds it before the first statement that reads it
@@ -473,12 +477,30 @@ def names(source: str, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
             first_bound.setdefault(name, i)
     outside = {n for n, i in first_read.items() if n in read and i <= first_bound.get(n, i)}
     bound = tuple(s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported())
+    bound += tuple(n for n in _declared_global_bindings(table) if n not in bound)
     if any(isinstance(n, ast.ImportFrom) and n.module in _LMNB_MODULES and n.level == 0
            and any(a.name == "*" for a in n.names) for n in tree.body):
         import lmnb  # (symtable lists no name a star import binds: a row field "gen" was made)
 
         bound += tuple(n for n in lmnb.__all__ if n not in bound)
     return _in_order(tree, outside), _in_order(tree, read), bound
+
+
+def declared_globals(source: str) -> tuple:
+    """The names that functions and classes in ``source`` (a cell) declare ``global`` and bind."""
+    return tuple(_declared_global_bindings(symtable.symtable(source, "<cell>", "exec")))
+
+
+def _declared_global_bindings(table) -> dict:
+    """The names that functions and classes inside ``table`` (a cell) declare ``global`` and bind
+    (a %%timeit body, which runs in a function, too): the cell binds them when it calls them, as
+    far as can be told without running it (a later %%lm cell that read one made it a row field)."""
+    out: dict = {}
+    for child in table.get_children():
+        out.update(dict.fromkeys(s.get_name() for s in child.get_symbols()
+                                 if s.is_declared_global() and (s.is_assigned() or s.is_imported())))
+        out.update(_declared_global_bindings(child))
+    return out
 
 
 def _nested_globals(table) -> set:

@@ -167,6 +167,13 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
+    for c in row:  # (run_row's nested function writes the script's global, which the rows' threads share)
+        if isinstance(c, Code) and c.declared_globals:
+            shown = ", ".join(c.declared_globals)
+            p.notes.append(f"cell {c.index}: a function of this cell, which runs per row, sets {shown} by `global`: "
+                           "the rows share the script's globals, so rows running at once (--num-threads above 1) "
+                           "may read each other's value; return the value from the function instead, or run the "
+                           "job with --num-threads 1")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):

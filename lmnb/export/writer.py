@@ -370,7 +370,7 @@ def _markdown(cell: Markdown) -> str:
 def _magic_note(cell: Code) -> str:
     if cell.magic and cell.magic.split()[0] == "%%timeit":
         return (f": {cell.magic} dropped, its body run once in a function ({TIMEIT_BODY}), as IPython runs it: "
-                "the names it binds are not set")
+                "the names it binds are not set, but those it declares global")
     return f": {cell.magic} dropped, its body kept" if cell.magic else ""
 
 
