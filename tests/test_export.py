@@ -335,10 +335,11 @@ def test_a_named_capture_is_said_to_be_unset_in_the_job():
     """%%capture out binds out in the notebook; the job ran without it and each row failed with a
     NameError that the export had not mentioned."""
     nb = notebook('q = "x"', "%%capture --no-stderr out\n%%lm\n{q}{gen a max_tokens=1}", "%%capture\ny = 1",
-                  "%%capture log\nprint(a)")
+                  "%%capture log\nprint(a)", "%%capture cap\n%%bash\necho hi")  # (over a dropped magic too)
     notes = [n for n in export_notebook(nb)[1].notes if "capture" in n]
     assert notes == [f"cell {i}: %%capture {opts}: the job does not set {v} (IPython's captured output), so a cell "
-                     "that reads it fails there" for i, opts, v in ((2, "--no-stderr out", "out"), (4, "log", "log"))]
+                     "that reads it fails there" for i, opts, v in ((2, "--no-stderr out", "out"), (4, "log", "log"),
+                                                                    (5, "cap", "cap"))]
 
 
 @pytest.mark.parametrize("source, where", [

@@ -60,6 +60,7 @@ class Dropped:
     index: int
     first_line: str
     reason: str
+    notes: list = field(default_factory=list)  # for the export's warnings
 
 
 @dataclass
@@ -245,8 +246,9 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent
                 if name == "timeit":
                     _in_timeit_function(inner)
             variable = next((w for w in first.split()[1:] if not w.startswith("-")), None)
-            if name == "capture" and variable and not isinstance(inner, Dropped):
-                inner.captured_output = variable
+            if name == "capture" and variable:  # (over a dropped %%bash too: IPython binds it all the same)
+                if not isinstance(inner, Dropped):
+                    inner.captured_output = variable
                 inner.notes.append(f"cell {index}: {first.strip()}: the job does not set {variable} (IPython's "
                                    "captured output), so a cell that reads it fails there")
             return inner
