@@ -668,8 +668,8 @@ def _ipython_sets(source: str) -> tuple:
 def _cell_sets(cell) -> tuple:
     """The names a cell (``lmnb.export.cells.read_cells``) sets when the kernel runs it: a Python
     cell's top-level bindings (also below ``%%time`` / ``%%capture``, and ``%%capture``'s variable;
-    none below ``%%timeit``, whose body IPython runs in a function of its own: ``Code.assigns`` has
-    none), a ``%%lm`` cell's ``{gen NAME}`` / ``{select NAME}`` variables and its ``--out`` state."""
+    none below ``%%timeit``, whose body IPython runs in a function of its own, but those it declares
+    ``global``: ``Code.assigns`` has only those), a ``%%lm`` cell's ``{gen NAME}`` / ``{select NAME}`` variables and its ``--out`` state."""
     if isinstance(cell, Code):
         return cell.assigns + ((cell.captured_output,) if cell.captured_output else ())
     if isinstance(cell, LMCell):
