@@ -1542,6 +1542,32 @@ def test_each_per_row_star_import_sets_the_names_no_cell_binds_from_its_own_line
     assert prompts[1] in ("2.0 (2+0j)", "8 8.0 8.0") and prompts[2] == "8.0"
 
 
+def test_a_setup_function_reading_a_variable_a_per_row_star_import_sets_is_warned_of(tmp_path, monkeypatch, capsys):
+    # a function of a cell run once reads the script's globals, which the row's `from math import *`
+    # leaves (it sets run_row's own variables): f() gave (2, 3) in every row where the notebook's
+    # gave math's e and pi after the import, without a word
+    import math
+
+    from helpers_export import write_rows
+
+    setup = ("pi = 3\nk = 1\ndef f():\n    return (e, pi, k)\nclass C:\n    v = pi  # (run where it is defined)\n"
+             "    def m(self):\n        return pi\ndef g():\n    return k")
+    nb = notebook(("parameters", "e = 2"), setup, 'q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "from math import *\nr = str(f())", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {"e": 2}  # (the parameters cell) then the Python cells in order
+    for code in [setup, "from math import *\nr = str(f())"]:
+        exec(code, notebook_ns)
+    assert notebook_ns["r"] == str((math.e, math.pi, 1))
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts[1] == "(2, 3, 1)"  # (the job cannot set a global per row: its rows run at once)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"lmnb batch: warning: {where} reads {n}, which the per-row `from math import *` sets: in the "
+                        f"notebook it read the module's {n} after that import, in this job it reads the value the "
+                        f"cells run once set, in every row; pass {n} to it as an argument"
+                        for where, n in (("f (cell 2)", "e"), ("f (cell 2)", "pi"), ("C (cell 2)", "pi"))]
+
+
 @pytest.mark.parametrize("cells", [
     ["y = 1\ndel y", "from math import *"],
     ["y = 1", "del y\nfrom math import *"],

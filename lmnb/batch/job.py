@@ -83,7 +83,7 @@ def _star_names(module: str) -> dict:
     return names
 
 
-def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = ()) -> None:
+def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (), functions: Optional[dict] = None) -> None:
     """``from module import *`` for each of ``modules`` in order (a later one's name wins) into
     ``namespace`` (the script's globals), but for the names it holds already. The script makes a
     per-row cell's star imports so, at module level (a function cannot make one): they give the
@@ -93,19 +93,35 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = ()) -> 
     ``over``: the modules that the cells run once star-import (above, at module level): a name that
     still holds such a module's value is no variable of the notebook, and takes ``modules``' value,
     as the later import replaces it in the notebook (``from math import *`` once, then ``from cmath
-    import *`` per row: sqrt is cmath's).
+    import *`` per row: sqrt is cmath's). ``functions``: "f (cell 1)" → the notebook's variables
+    that a function (or class) of the cells run once reads: one that a module of ``modules`` sets is
+    said on stderr, as that function reads the script's global, which the rows' imports leave as it
+    is (rows run at once, so a row cannot change it), where the notebook's read the module's value
+    after the import.
 
     Raises:
         ImportError: a module cannot be imported."""
     names: dict = {}
+    setters: dict = {}  # name → the first of modules that sets it
     for module in modules:
-        names.update(_star_names(module))
+        found = _star_names(module)
+        names.update(found)
+        for name in found:
+            setters.setdefault(name, module)
     earlier: dict = {}
     for module in over:
         earlier.update(_star_names(module))
+    kept = set()  # the notebook's variables, which the import changes only in run_row
     for name, value in names.items():
         if name not in namespace or (name in earlier and namespace[name] is earlier[name]):
             namespace[name] = value
+        else:
+            kept.add(name)
+    for function, reads in (functions or {}).items():
+        for name in (n for n in reads if n in kept):
+            print(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {setters[name]} import *` "
+                  f"sets: in the notebook it read the module's {name} after that import, in this job it reads the "
+                  f"value the cells run once set, in every row; pass {name} to it as an argument", file=sys.stderr)
 
 
 def star_start(over: Sequence[str], /, *names: str) -> tuple:

@@ -505,6 +505,20 @@ def _declared_global_bindings(table) -> dict:
     return out
 
 
+def function_globals(source: str) -> dict:
+    """Name → the globals it reads when called, for each function and class that the top level of
+    ``source`` (a cell) defines: a function's body, and the functions in it; a class's methods (its
+    body runs where the cell defines it)."""
+    table = symtable.symtable(source, "<cell>", "exec")
+    out: dict = {}
+    for child in table.get_children():
+        read = _nested_globals(child)
+        if child.get_type() == "function":
+            read |= {s.get_name() for s in child.get_symbols() if s.is_referenced() and s.is_global()}
+        out[child.get_name()] = tuple(sorted(read))
+    return out
+
+
 def _nested_globals(table) -> set:
     out = set()
     for child in table.get_children():

@@ -53,7 +53,10 @@ class Plan:
     the notebook has before the row's first import (``Job.star_start``), each import's from its
     line on (two imports in a row give each its own sqrt). jupyter: Jupyter's
     built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
-    them: the script imports them.
+    them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
+    the module-level names that function (or class) of a setup cell reads: it reads the script's
+    globals, which a row's import leaves as they are (the job warns when it sets one:
+    ``Job.star_import``).
     """
 
     cells: list
@@ -71,6 +74,7 @@ class Plan:
     texts: tuple = ()
     types: dict = field(default_factory=dict)
     jupyter: tuple = ()
+    function_reads: dict = field(default_factory=dict)
     backend: Backend = field(default_factory=Backend)
     notes: list = field(default_factory=list)
 
@@ -151,6 +155,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.copied = _copied(setup, row, p.inputs, parameters + p.jupyter)
     p.star_locals = _star_locals(setup, row, p.inputs + p.copied, parameters + p.jupyter)
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
+    if p.star_names:
+        p.function_reads = _function_reads(setup, parameters)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
                                      or n in p.star_names)
@@ -345,6 +351,20 @@ def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
             bound |= set(c.assigns if isinstance(c, Code) else c.sets)
             read += c.reads
     return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__"))
+
+
+def _function_reads(setup: list, parameters: tuple) -> dict:
+    """``Plan.function_reads``."""
+    from lmnb.export.cells import function_globals
+
+    module = _module_names(setup, parameters)
+    out = {}
+    for c in setup:
+        if isinstance(c, Code):
+            for name, reads in function_globals(c.source).items():
+                if set(reads) & module:
+                    out[f"{name} (cell {c.index})"] = tuple(n for n in reads if n in module)
+    return out
 
 
 def _backend(setup: list, row: list) -> tuple[Backend, list]:
