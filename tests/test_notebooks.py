@@ -679,9 +679,10 @@ def test_a_timeit_cells_assignments_are_not_warned_about_as_setting_a_parameter(
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("%%timeit -n1 -r1\nt = 1"),
-                nbformat.v4.new_code_cell("%%capture cap\n%%timeit -n1 -r1\nu = 1")]
-    inject_parameters(nb, {"t": 4, "u": 5, "cap": 6})
-    assert re.findall(r"warning: cell (\d+) sets (\w+) after", capsys.readouterr().err) == [("2", "cap")]
+                nbformat.v4.new_code_cell("%%capture cap\n%%timeit -n1 -r1\nu = 1"),
+                nbformat.v4.new_code_cell("%%timeit -n1 -r1\nglobal g\ng = 1")]  # (but a name it declares global)
+    inject_parameters(nb, {"t": 4, "u": 5, "cap": 6, "g": 7})
+    assert re.findall(r"warning: cell (\d+) sets (\w+) after", capsys.readouterr().err) == [("2", "cap"), ("3", "g")]
 
 
 def test_p_values_are_read_like_the_exported_jobs_options():
