@@ -1542,6 +1542,30 @@ def test_each_per_row_star_import_sets_the_names_no_cell_binds_from_its_own_line
     assert prompts[1] in ("2.0 (2+0j)", "8 8.0 8.0") and prompts[2] == "8.0"
 
 
+def test_a_setup_function_reading_a_variable_the_row_cells_set_is_noted_at_export(tmp_path, monkeypatch):
+    # a function of a cell that runs once reads the script's globals, not run_row's variables: f()
+    # failed every row with NameError: name 'x' is not defined (the notebook's gave "!?"), and the
+    # export said nothing
+    from helpers_export import write_rows
+
+    define, lm = 'def f():\n    return x + "?"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}"
+    nb = notebook(f'{define}\nq = "A"', lm, "r = f()", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.notes == ["cell 1: f, defined in a cell that runs once, reads x, which the cells that run per row set: "
+                       "in the job it reads the script's globals, not the row's variables (a NameError, or the value "
+                       "the cells run once set); pass it as an argument to f, or move f into a cell below the first "
+                       "%%lm cell"]
+    results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]))
+    assert results[0]["error"].startswith("NameError: name 'x' is not defined")
+    # as the note says: defined below the first %%lm cell, f reads the row's x, as in the notebook
+    notebook_ns = {"q": "B", "x": "!"}  # (cells 1-2 as the row runs them)
+    exec(f"{define}\nr = f()", notebook_ns)
+    source, p = export_notebook(notebook('q = "A"', lm, define, "r = f()", "%%lm --temperature 0\n{r}{gen z max_tokens=1}"))
+    assert p.notes == []
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows2.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", notebook_ns["r"]] == ["B", "!?"]
+
+
 def test_a_setup_function_reading_a_variable_a_per_row_star_import_sets_is_warned_of(tmp_path, monkeypatch, capsys):
     # a function of a cell run once reads the script's globals, which the row's `from math import *`
     # leaves (it sets run_row's own variables): f() gave (2, 3) in every row where the notebook's

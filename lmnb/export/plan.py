@@ -173,6 +173,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
+    p.notes += _setup_functions_reading_row_variables(setup, row)
     for c in row:  # (run_row's nested function writes the script's global, which the rows' threads share)
         if isinstance(c, Code) and c.declared_globals:
             shown = ", ".join(c.declared_globals)
@@ -351,6 +352,29 @@ def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
             bound |= set(c.assigns if isinstance(c, Code) else c.sets)
             read += c.reads
     return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__"))
+
+
+def _setup_functions_reading_row_variables(setup: list, row: list) -> list:
+    """Notes for the functions (and classes' methods) of setup cells that read a variable the row
+    cells set: they read the script's globals, not run_row's variables, so in the job they get a
+    NameError or the value the setup cells left, where the notebook's read the row's value."""
+    from lmnb.export.cells import function_globals
+
+    bound = set()
+    for c in row:
+        bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
+    notes = []
+    for c in setup:
+        if isinstance(c, Code):
+            for name, reads in function_globals(c.source).items():
+                read = [n for n in reads if n in bound]
+                if read:
+                    them = "it as an argument" if len(read) == 1 else "them as arguments"
+                    notes.append(f"cell {c.index}: {name}, defined in a cell that runs once, reads {', '.join(read)}, "
+                                 "which the cells that run per row set: in the job it reads the script's globals, not "
+                                 "the row's variables (a NameError, or the value the cells run once set); pass "
+                                 f"{them} to {name}, or move {name} into a cell below the first %%lm cell")
+    return notes
 
 
 def _function_reads(setup: list, parameters: tuple) -> dict:
