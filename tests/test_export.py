@@ -1564,6 +1564,9 @@ def test_a_setup_function_reading_a_variable_the_row_cells_set_is_noted_at_expor
     assert p.notes == []
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows2.jsonl", [{"q": "B"}]), 0)
     assert prompts == ["B", notebook_ns["r"]] == ["B", "!?"]
+    # a comprehension runs where the cell defines it (Python 3.11 gives it a function's symbol table)
+    nb = notebook('n = 1\nns = [n for _ in range(2)]\nq = "A"', lm, "n = 2")
+    assert export_notebook(nb)[1].notes == []
 
 
 def test_a_setup_function_reading_a_variable_a_per_row_star_import_sets_is_warned_of(tmp_path, monkeypatch, capsys):

@@ -83,7 +83,8 @@ def _star_names(module: str) -> dict:
     return names
 
 
-def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (), functions: Optional[dict] = None) -> None:
+def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
+                functions: Optional[dict] = None) -> None:
     """``from module import *`` for each of ``modules`` in order (a later one's name wins) into
     ``namespace`` (the script's globals), but for the names it holds already. The script makes a
     per-row cell's star imports so, at module level (a function cannot make one): they give the

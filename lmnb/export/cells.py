@@ -506,12 +506,14 @@ def _declared_global_bindings(table) -> dict:
 
 
 def function_globals(source: str) -> dict:
-    """Name → the globals it reads when called, for each function and class that the top level of
-    ``source`` (a cell) defines: a function's body, and the functions in it; a class's methods (its
-    body runs where the cell defines it)."""
+    """Name → the globals it reads when called, for each function, lambda and class that the top
+    level of ``source`` (a cell) defines: a function's body, and the functions in it; a class's
+    methods (its body runs where the cell defines it). Not comprehensions, which run there too."""
     table = symtable.symtable(source, "<cell>", "exec")
     out: dict = {}
     for child in table.get_children():
+        if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr"):  # (their tables' names)
+            continue
         read = _nested_globals(child)
         if child.get_type() == "function":
             read |= {s.get_name() for s in child.get_symbols() if s.is_referenced() and s.is_global()}
