@@ -619,9 +619,9 @@ class Engine:
                 raise type(e)(f"prompt {i} of the batch: {e}") from None
         return ids, True
 
-    def _check(self, ids: list[int], params: SamplingParams, grammar: bool = True) -> None:
-        """Refuse a bad request (``ValueError`` / ``TypeError`` naming it); ``grammar=False``: all
-        but the compiled grammar's checks (``_check_grammar``)."""
+    def _check(self, ids: list[int], params: SamplingParams) -> None:
+        """Refuse a bad request (``ValueError`` / ``TypeError`` naming it); all but the compiled
+        grammar's checks (``_check_grammar``)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(
                 f"params must be a lmnb_engine.SamplingParams, got {type(params).__name__}; "
@@ -654,15 +654,14 @@ class Engine:
             )
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
-        if grammar:
-            self._check_grammar(params)
 
-    def _check_grammar(self, params: SamplingParams) -> None:
+    def _check_grammar(self, params: SamplingParams) -> Any:
         """Compile (waiting) ``params``' grammar, if any, and refuse it as ``_grammar`` does, or if
-        ``min_new_tokens`` bans its every first token."""
+        ``min_new_tokens`` bans its every first token; the compiled grammar (None: no constraint)."""
         grammar = self._grammar(params)
         if grammar is not None and params.min_new_tokens:
             self._check_first_token_allowed(grammar, params)
+        return grammar
 
     def _check_first_token_allowed(self, grammar: Any, params: SamplingParams) -> None:
         """Refuse a grammar whose every first token is one that ``min_new_tokens`` bans (a stop token
@@ -722,25 +721,22 @@ class Engine:
             backend = self._grammar_backend
         return backend, backend.to_regex(params.regex, params.json_schema, params.extra.get("whitespace_pattern"))
 
-    def _submit_ids(self, ids: list[int], params: SamplingParams, rid: Optional[str] = None) -> RequestHandle:
-        handle, reqs = self._make_reqs(ids, params, rid)
-        self.scheduler.submit(reqs)
-        return handle
-
     def _make_reqs(
-        self, ids: list[int], params: SamplingParams, rid: Optional[str] = None, compiled: bool = True
+        self, ids: list[int], params: SamplingParams, rid: Optional[str] = None, grammar: Any = None
     ) -> tuple[RequestHandle, list[Req]]:
-        """A handle and its ``n`` scheduler requests for one checked prompt (not yet queued).
+        """A handle and its ``n`` scheduler requests for one checked prompt, not yet queued; the
+        handle is registered under ``rid``, so ``abort(rid)`` finds it from now on (and marks the
+        requests to end as they reach the scheduler). A caller that then fails to queue them
+        ``_unregister``s the handle.
 
         The requests get their own copy of ``params``: the scheduler reads it at every step, so
         the caller's object, changed after ``submit`` returns (a loop reusing one
         ``SamplingParams``), must not change a running request or put unchecked values in it.
-        ``compiled=False``: a grammar's requests without it (``_submit_when_compiled`` adds it)."""
+        ``grammar``: the compiled grammar of ``params``' constraint, or None, the caller then
+        compiling it and adding it (``_attach_grammar``) before queueing the requests."""
         params = params.copy()
         if self._tp_group is not None:  # [issue 9] a dead worker rank: say so, queue nothing
             self._tp_group.check_alive()
-        # before the rid is taken: a failure here (a busy compiler) must leave it free for a retry
-        grammar = self._grammar(params) if compiled else None
         if params.regex is not None or params.json_schema is not None:  # EOS only where the text matches
             params = params.copy(ignore_eos=False)
         rid = rid or uuid.uuid4().hex
@@ -767,6 +763,14 @@ class Engine:
             self._handles = {k: h for k, h in self._handles.items() if not h.done}
             self._handles[rid] = handle
         return handle, reqs
+
+    def _unregister(self, handles: Iterable[RequestHandle]) -> None:
+        """Forget ``handles`` whose requests were never queued (their submission failed on the way):
+        nothing would ever end them, and their rids are free for a retry."""
+        with self._lock:
+            for h in handles:
+                if self._handles.get(h.rid) is h:
+                    del self._handles[h.rid]
 
     def _attach_grammar(self, reqs: list[Req], grammar: Any) -> None:
         """Give each of ``reqs`` (one prompt's samples) its state in the compiled ``grammar``."""
@@ -797,7 +801,7 @@ class Engine:
         first token ``min_new_tokens`` bans), which ``submit`` raises elsewhere, ends the request
         with an abort naming it (``field``: the constraint, or ``min_new_tokens``, where the
         request's settings caused it)."""
-        handle, reqs = self._make_reqs(ids, params, rid, compiled=False)
+        handle, reqs = self._make_reqs(ids, params, rid)
         threading.Thread(target=self._queue_when_compiled, args=(reqs,), name="lmnb-grammar-wait", daemon=True).start()
         return handle
 
@@ -846,7 +850,10 @@ class Engine:
         character but whitespace, is refused.
 
         Raises ``ValueError``/``TypeError`` for a bad prompt, bad params or a bad rid (nothing is
-        queued), and ``RuntimeError`` once the engine is shut down. A request queued before the
+        queued, and the rid is free again), and ``RuntimeError`` once the engine is shut down. The
+        rid is taken once the prompt and params are checked, before the grammar's compile: an
+        ``abort(rid)`` from another thread during that compile returns True and the request ends
+        with finish reason abort as soon as it is queued. A request queued before the
         shutdown ends with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do
         those running.
 
@@ -861,11 +868,21 @@ class Engine:
             raise ValueError(f"rid={rid!r} must hold a character other than whitespace (or be None for a random one)")
         params = params or SamplingParams()
         ids = self._to_ids(prompt)
-        self._check(ids, params, grammar=False)
+        self._check(ids, params)
         if self._compiling(params):
             return self._submit_when_compiled(ids, params, rid)
-        self._check_grammar(params)
-        return self._submit_ids(ids, params, rid)
+        # The rid is taken before the compile: an abort from another thread meanwhile finds the
+        # request (and ends it as it reaches the scheduler) instead of missing it and letting it run.
+        handle, reqs = self._make_reqs(ids, params, rid)
+        try:
+            grammar = self._check_grammar(params)
+            if grammar is not None:
+                self._attach_grammar(reqs, grammar)
+            self.scheduler.submit(reqs)
+        except BaseException:
+            self._unregister([handle])
+            raise
+        return handle
 
     def generate(
         self, prompt: Union[Prompt, Sequence[Prompt]], params: Optional[SamplingParams] = None
@@ -899,9 +916,10 @@ class Engine:
         prompts, is_batch = self._split_batch(prompt)
         for ids in prompts:
             self._check(ids, params)
+        grammar = self._check_grammar(params)  # (once: every prompt has these params)
         # One submission for the whole batch: the scheduler sees every prompt at once, so the
         # batch is ordered and admitted the same way whatever the thread timing.
-        results = self._run([self._make_reqs(ids, params) for ids in prompts])
+        results = self._run([self._make_reqs(ids, params, grammar=grammar) for ids in prompts])
         return results if is_batch or params.n > 1 else results[0]
 
     def _run(self, made: list) -> list[GenerateResult]:
@@ -958,9 +976,10 @@ class Engine:
         using (leaking its KV slots), or miss one the step has taken out of its queues (its first
         event comes then) and return False while the request ran on to its end.
 
-        A request accepted but not queued yet (another thread's ``submit`` has not returned, or a
-        listener's submit waits for its grammar's compile) is aborted too, as it reaches the
-        scheduler, and True returned; one whose rid is not taken yet is not."""
+        A request accepted but not queued yet (another thread's ``submit`` has not returned, even
+        while it waits for its grammar's compile, or a listener's submit waits for that compile) is
+        aborted too, as it reaches the scheduler, and True returned; one whose rid is not taken yet
+        (``submit`` takes it once the prompt and params are checked) is not."""
         scheduler = self.scheduler
         if not scheduler.on_loop_thread:
             return bool(self._call(lambda: self._abort_here(rid)))
@@ -975,8 +994,8 @@ class Engine:
     def _abort_here(self, rid: str) -> bool:
         """``Engine.abort`` on the scheduler thread, between steps: the requests of ``rid`` it
         holds end now; those of a handle registered but not queued yet (another thread is between
-        ``_make_reqs`` and its post, which may come after this command) are marked, and the
-        scheduler ends them as they arrive. True if either."""
+        ``_make_reqs`` and its post, compiling the grammar maybe, and the post may come after this
+        command) are marked, and the scheduler ends them as they arrive. True if either."""
         if self.scheduler.abort(rid):
             return True
         handle = self._handles.get(rid)

@@ -839,10 +839,9 @@ def test_submit_refuses_a_rid_abort_could_not_name(engine, rid, error, match):
 
 
 def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engine, monkeypatch):
-    """submit registered the rid, then fetched the grammar again (its compile may have left the
-    cache, and the recompile hit a busy compiler: a transient error, "retry later"); the error left
-    an unfinished handle under the rid, so every retry with that rid was refused as in use by a
-    running request, for good."""
+    """submit takes the rid before it compiles the grammar (so that an abort meanwhile finds the
+    request); a compile that fails then (a busy compiler: a transient error, "retry later") must
+    give the rid back, or every retry with it is refused as in use by a running request, for good."""
     from lmnb_engine.constrained import GrammarCompileStopped
 
     params = SamplingParams(max_new_tokens=4, temperature=0.0, regex="[ab]{3}")
@@ -850,9 +849,9 @@ def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engin
     backend, calls = engine._grammar_backend, []
     real_wait = backend.wait
 
-    def wait(regex, source=None):  # the submission's second look fails
+    def wait(regex, source=None):  # the first submission's compile fails
         calls.append(regex)
-        if len(calls) == 2:
+        if len(calls) == 1:
             raise GrammarCompileStopped("the grammar compiler is busy; retry later", transient=True)
         return real_wait(regex, source=source)
 
@@ -862,6 +861,35 @@ def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engin
     r = engine.submit("the cat", params, rid="mine").result(timeout=60)
     assert r.rid == "mine" and re.fullmatch("[ab]{3}", r.text)
     assert engine.abort("mine") is False
+
+
+@pytest.mark.timeout(180)
+def test_an_abort_while_another_threads_submit_compiles_its_grammar_ends_the_request(engine, monkeypatch):
+    """submit took the rid only once the regex had compiled: Engine.abort from another thread during
+    the compile knew no such request, returned False, and the request then ran to its end."""
+    engine.generate("the cat", SamplingParams(max_new_tokens=2, regex="[ab]{3}"))  # (the compiler runs)
+    backend = engine._grammar_backend
+    real_wait, compiling, go = backend.wait, threading.Event(), threading.Event()
+
+    def held_wait(regex, source=None):  # the submit below is still compiling when the abort comes
+        compiling.set()
+        assert go.wait(60)
+        return real_wait(regex, source=source)
+
+    monkeypatch.setattr(backend, "wait", held_wait)
+    late = []
+    params = SamplingParams(max_new_tokens=200, temperature=0.0, regex="[ab]{150}")
+    submitter = threading.Thread(target=lambda: late.append(engine.submit("the cat", params, rid="late")), daemon=True)
+    submitter.start()
+    assert compiling.wait(60)
+    returned = engine.abort("late")
+    go.set()
+    submitter.join(60)
+    assert returned is True and len(late) == 1
+    r = late[0].result(timeout=60)
+    assert (r.finish_reason.type, r.finish_reason.message, r.token_ids) == ("abort", "aborted by Engine.abort", [])
+    assert engine.abort("late") is False
+    assert_idle_accounting(engine)
 
 
 @pytest.mark.timeout(180)
