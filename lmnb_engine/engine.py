@@ -898,8 +898,10 @@ class Engine:
         its KV (``meta.cached_tokens``). A bad image raises ``ImageInputError`` (a ValueError).
 
         Returns a ``GenerateResult`` for one prompt with n == 1; otherwise a flat list, prompt by
-        prompt, samples in index order. Every prompt is checked before any is queued. An
-        interrupt (KeyboardInterrupt) while waiting aborts the requests.
+        prompt, samples in index order. Every prompt is checked before any is queued, and a
+        prompt that fails later on (a tensor-parallel worker found dead) fails the call with
+        nothing of it queued or registered. An interrupt (KeyboardInterrupt) while waiting aborts
+        the requests.
 
         Shutdown: a call made once the engine is shut down raises ``RuntimeError`` ("the engine is
         shut down; create a new Engine"). A request the engine accepted, even just before another
@@ -917,16 +919,28 @@ class Engine:
         for ids in prompts:
             self._check(ids, params)
         grammar = self._check_grammar(params)  # (once: every prompt has these params)
+        made: list[tuple[RequestHandle, list[Req]]] = []
+        try:
+            for ids in prompts:
+                made.append(self._make_reqs(ids, params, grammar=grammar))
+        except BaseException:  # (a prompt's failure fails the call: the earlier prompts' handles go too)
+            self._unregister(h for h, _ in made)
+            raise
         # One submission for the whole batch: the scheduler sees every prompt at once, so the
         # batch is ordered and admitted the same way whatever the thread timing.
-        results = self._run([self._make_reqs(ids, params, grammar=grammar) for ids in prompts])
+        results = self._run(made)
         return results if is_batch or params.n > 1 else results[0]
 
     def _run(self, made: list) -> list[GenerateResult]:
         """Queue the requests of ``made`` (``_make_reqs``' (handle, reqs) pairs) at once and wait for
-        their results, in order; an interrupt aborts them."""
+        their results, in order; an interrupt aborts them. Requests that cannot be queued (the
+        engine shut down meanwhile) leave no handle registered."""
         handles = [h for h, _ in made]
-        self.scheduler.submit([r for _, reqs in made for r in reqs])
+        try:
+            self.scheduler.submit([r for _, reqs in made for r in reqs])
+        except BaseException:
+            self._unregister(handles)
+            raise
         try:
             results: list[GenerateResult] = []
             for h in handles:

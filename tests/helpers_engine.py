@@ -66,7 +66,9 @@ def shared_prefix_prompts(tokenizer, n: int, seed: int = 0, prefix_words: int = 
 
 
 def assert_idle_accounting(engine, pinned_tokens: int = 0) -> None:
-    """Idle engine: free + evictable + protected == pool size, protected == pinned tokens."""
+    """Idle engine: free + evictable + protected == pool size, protected == pinned tokens, and no
+    request registered unfinished (``abort`` would find one, and it would never end)."""
+    assert [rid for rid, h in engine._handles.items() if not h.done] == []
     engine.check_invariants()
     s = engine.cache_stats()
     assert s["running_requests"] == 0 and s["waiting_requests"] == 0 and s["held_tokens"] == 0

@@ -892,6 +892,47 @@ def test_an_abort_while_another_threads_submit_compiles_its_grammar_ends_the_req
     assert_idle_accounting(engine)
 
 
+def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
+    """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
+    tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
+    handles stayed registered and unfinished, for good."""
+
+    class RankDiesMidBatch:  # (a TensorParallelGroup's check, alive for the first prompt only)
+        calls = 0
+
+        def check_alive(self) -> None:
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("tensor-parallel rank 1 has exited: this engine cannot run; shut it down "
+                                   "and create a new Engine")
+
+    with monkeypatch.context() as m:
+        m.setattr(engine, "_tp_group", RankDiesMidBatch())
+        with pytest.raises(RuntimeError, match="^tensor-parallel rank 1 has exited"):
+            engine.generate(["the cat", "a dog", "one two"], GREEDY)
+    assert engine.cache_stats()["prompt_tokens"] == 0  # nothing of the batch was queued
+    assert_idle_accounting(engine)
+    assert len(engine.generate(["the cat", "a dog"], GREEDY)) == 2
+
+
+def test_a_batch_made_as_the_engine_shuts_down_raises_and_leaves_nothing_registered(tiny_llama, monkeypatch):
+    """The shutdown came between making a batch's requests and queueing them: generate raised the
+    shutdown's error, but the batch's handles stayed registered, unfinished."""
+    eng = Engine(str(tiny_llama), max_total_tokens=512)
+    real_make, made = eng._make_reqs, []
+
+    def make_then_shut_down(*args, **kwargs):  # (the last prompt made, another thread's shutdown comes)
+        made.append(real_make(*args, **kwargs))
+        if len(made) == 2:
+            eng.shutdown()
+        return made[-1]
+
+    monkeypatch.setattr(eng, "_make_reqs", make_then_shut_down)
+    with pytest.raises(RuntimeError, match="^the engine is shut down; create a new Engine$"):
+        eng.generate(["the cat", "a dog"], GREEDY)
+    assert len(made) == 2 and [h for h in eng._handles.values() if not h.done] == []
+
+
 @pytest.mark.timeout(180)
 def test_a_constrained_generate_whose_compile_the_shutdown_stops_raises_the_shutdown_error(tiny_llama):
     eng = Engine(str(tiny_llama), max_total_tokens=512)
