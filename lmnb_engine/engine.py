@@ -885,11 +885,17 @@ class Engine:
         return handle
 
     def generate(
-        self, prompt: Union[Prompt, Sequence[Prompt]], params: Optional[SamplingParams] = None
+        self,
+        prompt: Union[Prompt, Sequence[Prompt]],
+        params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
     ) -> Union[GenerateResult, list[GenerateResult]]:
         """Generate for one prompt (str or token ids: a list or tuple, a 1-D numpy or torch array,
         a range) or a list of prompts, blocking. A text that begins with the BOS token
         (``apply_chat_template``'s output) gets no second one from the tokenizer.
+
+        ``params``: one ``SamplingParams`` for every prompt (None: the defaults), or for a list of
+        prompts a list of as many, one per prompt (SGLang's list of ``sampling_params``); then a
+        prompt refused with its params is named by its place ("prompt 2 of the batch: ...").
 
         [issue 10] With a LLaVA checkpoint a prompt may carry images:
         ``MultimodalPrompt("<image>\nwhat is this?", [path_or_pil_or_bytes_or_data_url])`` or
@@ -898,10 +904,10 @@ class Engine:
         its KV (``meta.cached_tokens``). A bad image raises ``ImageInputError`` (a ValueError).
 
         Returns a ``GenerateResult`` for one prompt with n == 1; otherwise a flat list, prompt by
-        prompt, samples in index order. Every prompt is checked before any is queued, and a
-        prompt that fails later on (a tensor-parallel worker found dead) fails the call with
-        nothing of it queued or registered. An interrupt (KeyboardInterrupt) while waiting aborts
-        the requests.
+        prompt, samples in index order (each prompt's ``n`` samples). Every prompt is checked
+        before any is queued, and a prompt that fails later on (a tensor-parallel worker found
+        dead) fails the call with nothing of it queued or registered. An interrupt
+        (KeyboardInterrupt) while waiting aborts the requests.
 
         Shutdown: a call made once the engine is shut down raises ``RuntimeError`` ("the engine is
         shut down; create a new Engine"). A request the engine accepted, even just before another
@@ -914,22 +920,55 @@ class Engine:
         """
         self._refuse_waiting_here("Engine.generate's result", "call generate on another thread, or submit() the "
                                   "prompt and take its events in a listener (subscribe)")
-        params = params or SamplingParams()
         prompts, is_batch = self._split_batch(prompt)
-        for ids in prompts:
-            self._check(ids, params)
-        grammar = self._check_grammar(params)  # (once: every prompt has these params)
+        each = self._params_per_prompt(params, len(prompts), is_batch)
+        grammars = {}  # by params object: one compile wait for a batch that shares its params
+        for i, (ids, p) in enumerate(zip(prompts, each)):
+            try:
+                self._check(ids, p)
+                if id(p) not in grammars:
+                    grammars[id(p)] = self._check_grammar(p)
+            except (TypeError, ValueError) as e:
+                if not (isinstance(params, (list, tuple)) and len(e.args) == 1 and isinstance(e.args[0], str)):
+                    raise
+                # a new error of its type with its fields (a front end reads SamplingParamsError.field),
+                # made without __init__, whose signature varies; not e changed: the grammar cache
+                # raises the same GrammarError object for every request of its pattern
+                named = type(e).__new__(type(e), f"prompt {i} of the batch: {e.args[0]}")
+                named.__dict__.update(vars(e))
+                raise named from None
         made: list[tuple[RequestHandle, list[Req]]] = []
         try:
-            for ids in prompts:
-                made.append(self._make_reqs(ids, params, grammar=grammar))
+            for ids, p in zip(prompts, each):
+                made.append(self._make_reqs(ids, p, grammar=grammars[id(p)]))
         except BaseException:  # (a prompt's failure fails the call: the earlier prompts' handles go too)
             self._unregister(h for h, _ in made)
             raise
         # One submission for the whole batch: the scheduler sees every prompt at once, so the
         # batch is ordered and admitted the same way whatever the thread timing.
         results = self._run(made)
-        return results if is_batch or params.n > 1 else results[0]
+        return results if is_batch or each[0].n > 1 else results[0]
+
+    @staticmethod
+    def _params_per_prompt(params: Any, count: int, is_batch: bool) -> list[SamplingParams]:
+        """``generate``'s ``params`` as one per prompt (not yet checked: ``_check`` refuses an item
+        that is no ``SamplingParams``).
+
+        Raises:
+            TypeError: a list of params for one prompt.
+            ValueError: a list of params whose length is not the batch's.
+        """
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, (list, tuple)):
+            return [params] * count
+        if not is_batch:
+            raise TypeError("a list of SamplingParams goes with a list of prompts, one per prompt; for one "
+                            "prompt pass one SamplingParams")
+        if len(params) != count:
+            raise ValueError(f"{len(params)} SamplingParams for {count} prompts: pass one per prompt, or one "
+                             "SamplingParams for them all")
+        return list(params)
 
     def _run(self, made: list) -> list[GenerateResult]:
         """Queue the requests of ``made`` (``_make_reqs``' (handle, reqs) pairs) at once and wait for

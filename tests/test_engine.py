@@ -109,6 +109,24 @@ def test_n_samples_share_one_prefill(engine):
     assert [r.index for r in many] == [0, 1, 0, 1]
 
 
+def test_a_batch_takes_a_list_of_params_one_per_prompt(engine, hf):
+    """SGLang's generate takes a list of sampling params, one per prompt; lmnb refused any list."""
+    a, b = prompts(engine)[:2]
+    each = [SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True),
+            SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True, n=2)]
+    out = engine.generate([a, b], each)
+    assert [(r.index, r.token_ids) for r in out] == [
+        (0, hf.greedy_ignore_eos(a, 3)), (0, hf.greedy_ignore_eos(b, 5)), (1, hf.greedy_ignore_eos(b, 5))]
+    assert type(engine.generate([a], each[:1])) is list  # (a batch of one is a list, as with one params)
+    with pytest.raises(ValueError, match=r"^2 SamplingParams for 3 prompts: pass one per prompt"):
+        engine.generate([a, b, a], each)
+    with pytest.raises(TypeError, match="^a list of SamplingParams goes with a list of prompts"):
+        engine.generate(a, each[:1])
+    with pytest.raises(TypeError, match=r"^prompt 1 of the batch: params must be a lmnb_engine.SamplingParams, got dict"):
+        engine.generate([a, b], [each[0], {"max_new_tokens": 3}])
+    assert_idle_accounting(engine)
+
+
 def test_stop_string_across_a_token_boundary(engine, hf):
     tok = engine.tokenizer
     p = prompts(engine)[0]

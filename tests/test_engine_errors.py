@@ -317,6 +317,35 @@ def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
     assert engine.cache_stats()["prompt_tokens"] == 0
 
 
+def test_a_bad_option_of_one_prompt_of_a_batch_is_named_by_its_place_and_queues_nothing(engine, monkeypatch):
+    from lmnb_engine.constrained import GrammarError
+    from lmnb_engine.params import SamplingParamsError
+
+    each = [GREEDY, GREEDY.copy(regex="[ab]{3}"), GREEDY.copy(top_p=0.0)]
+    with pytest.raises(SamplingParamsError, match=r"^prompt 2 of the batch: SamplingParams.top_p=0.0 is invalid") as e:
+        engine.generate(["the cat", "a dog", "one two"], each)
+    assert e.value.field == "top_p"  # (a front end names its own field by it)
+    too_long = [GREEDY, GREEDY.copy(max_new_tokens=engine.context_len)]
+    with pytest.raises(ValueError, match=r"^prompt 1 of the batch: prompt of 2 tokens \+ max_new_tokens=512 exceeds"):
+        engine.generate([[5, 6], [7, 8]], too_long)
+    # a compile's failure is cached: the grammar cache raises the same error object for each request
+    failed = GrammarError("the regex '[cd]{3}' cannot be completed by this vocabulary")
+
+    def grammar(params):
+        if params.regex == "[cd]{3}":
+            raise failed
+        return None
+
+    monkeypatch.setattr(engine, "_grammar", grammar)
+    for _ in range(2):
+        with pytest.raises(GrammarError) as e:
+            engine.generate([[5, 6], [7, 8]], [GREEDY, GREEDY.copy(regex="[cd]{3}")])
+        assert str(e.value) == "prompt 1 of the batch: the regex '[cd]{3}' cannot be completed by this vocabulary"
+    assert str(failed) == "the regex '[cd]{3}' cannot be completed by this vocabulary"
+    assert engine.cache_stats()["prompt_tokens"] == 0
+    assert_idle_accounting(engine)
+
+
 def test_a_lone_surrogate_is_refused_by_name_wherever_the_engine_takes_text(engine):
     """Each of these failed in the tokenizer's words ("TextEncodeInput must be Union[...]", a
     TypeError), and a stop string or stop_regex holding one was taken and could never match."""
