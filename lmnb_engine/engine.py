@@ -550,6 +550,9 @@ class Engine:
                 # the text wrote its own BOS (apply_chat_template's output): the tokenizer's is one too many
                 ids = ids[1:]
         elif (items := _id_items(prompt)) is not None:
+            if is_prompt_batch(items):  # (submit, stream, score, pin_prefix: else "item 0 is 'the cat'")
+                raise TypeError(f"one prompt is taken here (a string or a list of token ids), got a list of "
+                                f"{len(items)} prompts; pass them one at a time (generate takes a list of prompts)")
             ids = _token_id_list(items)  # numpy integers too (a tokenizer's array, .tolist() or not)
         elif isinstance(prompt, dict):  # [issue 10] the form with images, its key misspelt ("image_data")
             raise ValueError(f"a prompt dict is a prompt with images, with the keys 'text' and 'images'; got "

@@ -205,6 +205,19 @@ def test_prompt_ids_of_mixed_int_types_are_read_and_bools_refused(engine, hf):
     assert_idle_accounting(engine)
 
 
+def test_a_list_of_prompts_where_one_prompt_is_taken_is_named_as_such(engine):
+    """submit(["the cat", "a dog"]) (or stream, score, pin_prefix) said "a prompt is a string or a
+    list of token ids (ints); item 0 is 'the cat'", as if the first prompt were a bad token id."""
+    batch = "^one prompt is taken here .*, got a list of 2 prompts; pass them one at a time"
+    for call in (engine.submit, engine.stream, lambda p: engine.score(p, 1), engine.pin_prefix):
+        for prompts in (["the cat", "a dog"], [[5, 6], [7, 8]], iter(["the cat", "a dog"])):
+            with pytest.raises(TypeError, match=batch):
+                call(prompts)
+    with pytest.raises(TypeError, match="^prompt 1 of the batch: one prompt is taken here"):
+        engine.generate([[5, 6], [[7, 8], [9]]], GREEDY)
+    assert_idle_accounting(engine)
+
+
 def test_numpy_token_ids_are_a_prompt_not_a_batch(engine, hf):
     # a list of numpy integers (a tokenizer's array turned into a list) used to be read as a batch
     # of prompts and refused with "a prompt is a string or a list of token ids, got int64"
