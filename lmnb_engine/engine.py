@@ -869,7 +869,8 @@ class Engine:
             raise TypeError(f"rid={rid!r} must be a string (or None for a random one)")
         if rid is not None and not rid.strip():  # (an empty one was replaced by a random id abort() could not name)
             raise ValueError(f"rid={rid!r} must hold a character other than whitespace (or be None for a random one)")
-        params = params or SamplingParams()
+        if params is None:  # (not `params or ...`: an empty dict passed for the defaults, a fuller one was refused)
+            params = SamplingParams()
         ids = self._to_ids(prompt)
         self._check(ids, params)
         if self._compiling(params):

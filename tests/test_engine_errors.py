@@ -167,9 +167,12 @@ def test_prompt_plus_output_beyond_the_pool_is_rejected(tiny_llama):
 
 def test_params_that_are_not_sampling_params_raise_a_clear_type_error(engine):
     # an SGLang habit: sampling_params as a dict; it used to fail with "'dict' object has no attribute 'validate'"
-    for call in (engine.generate, engine.submit):
+    for call in (engine.generate, engine.submit, engine.stream):
         with pytest.raises(TypeError, match=r"SamplingParams\(\*\*d\)"):
             call("the cat", {"max_new_tokens": 2, "temperature": 0})
+        # an empty one too (submit read it as no params, the defaults, where a fuller one was refused)
+        with pytest.raises(TypeError, match=r"^params must be a lmnb_engine.SamplingParams, got dict"):
+            call("the cat", {})
     assert engine.generate("the cat", GREEDY).finish_reason.type in ("length", "stop")
     assert_idle_accounting(engine)
 
