@@ -1036,7 +1036,13 @@ class Engine:
         A request accepted but not queued yet (another thread's ``submit`` has not returned, even
         while it waits for its grammar's compile, or a listener's submit waits for that compile) is
         aborted too, as it reaches the scheduler, and True returned; one whose rid is not taken yet
-        (``submit`` takes it once the prompt and params are checked) is not."""
+        (``submit`` takes it once the prompt and params are checked) is not.
+
+        Raises ``TypeError`` for a ``rid`` that is no string (a ``RequestHandle`` passed for its rid
+        found nothing, and the request ran on), and ``RuntimeError`` once the engine is shut down."""
+        if not isinstance(rid, str):
+            fix = "; call handle.abort(), or abort(handle.rid)" if isinstance(rid, RequestHandle) else ""
+            raise TypeError(f"abort takes a request's rid, a string; got {type(rid).__name__}{fix}")
         scheduler = self.scheduler
         if not scheduler.on_loop_thread:
             return bool(self._call(lambda: self._abort_here(rid)))

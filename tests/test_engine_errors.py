@@ -412,6 +412,21 @@ def test_abort_mid_decode_frees_everything(engine, hf):
     assert_idle_accounting(engine)
 
 
+def test_an_abort_given_no_rid_string_raises_and_names_the_fix(engine):
+    """abort(handle), a handle passed for its rid, returned False (no such rid) and the request ran on
+    to its end; abort(["x"]) raised "unhashable type: 'list'" from the scheduler thread."""
+    h = engine.submit("the dog", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    with pytest.raises(TypeError, match=r"^abort takes a request's rid, a string; got RequestHandle; call "
+                                        r"handle.abort\(\), or abort\(handle.rid\)$"):
+        engine.abort(h)
+    for rid in (["x"], 5, None):
+        with pytest.raises(TypeError, match=rf"^abort takes a request's rid, a string; got {type(rid).__name__}$"):
+            engine.abort(rid)
+    assert engine.abort(h.rid) is True
+    assert h.result(timeout=60).finish_reason.type == "abort"
+    assert_idle_accounting(engine)
+
+
 def test_closing_a_stream_early_aborts_the_request(engine):
     stream = engine.stream("a bird", SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True))
     next(stream)
