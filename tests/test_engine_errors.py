@@ -1291,8 +1291,11 @@ def test_a_recovery_that_cannot_make_new_pools_stops_the_engine_and_answers_ever
         monkeypatch.setattr(runner, "forward", failing_at_call(runner.forward, 2, "simulated kernel failure"))
         monkeypatch.setattr(sched, "_release", failing_at_call(sched._release, 1, "simulated leak"))
         monkeypatch.setattr(runner, "reset_pools", failing_at_call(runner.reset_pools, 1, "CUDA out of memory"))
+        gate = threading.Event()
+        eng.scheduler.call(lambda: gate.wait(60))  # both queued before the first's failing step (else a race)
         first = eng.submit("the cat", GREEDY)
         second = eng.submit("the dog", GREEDY)  # waits: one running request at a time
+        gate.set()
         r1, r2 = first.result(timeout=60), second.result(timeout=60)
         assert "simulated kernel failure" in r1.finish_reason.message
         assert r2.finish_reason.type == "abort"
