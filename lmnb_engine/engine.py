@@ -270,17 +270,17 @@ def _id_items(prompt: Any) -> Optional[Sequence[Any]]:
     return None
 
 
-def _token_id_list(items: Sequence[Any]) -> list[int]:
+def _token_id_list(items: Sequence[Any], what: str = "a prompt is a string or a list of token ids (ints)") -> list[int]:
     """``items`` as a list of Python ints: Python's or numpy's integers, not bools.
 
     Raises:
-        TypeError: naming the first item that is no token id and its place.
+        TypeError: ``what`` the caller takes, and the first item that is no token id and its place.
     """
     if all(type(t) is int for t in items):  # plain ints, by exact type, before the slow ABC test below
         return list(items)
     for i, t in enumerate(items):
         if not _is_token_id(t):
-            raise TypeError(f"a prompt is a string or a list of token ids (ints); item {i} is {t!r}")
+            raise TypeError(f"{what}; item {i} is {t!r}")
     return [int(t) for t in items]
 
 
@@ -502,13 +502,28 @@ class Engine:
         prompt is encoded here.
 
         Raises:
+            TypeError: ``text`` is no string (the tokenizer's own error listed batch forms this takes not).
             ValueError: ``text`` holds a lone UTF-16 surrogate (named, with its position and the fix).
         """
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a text (a string), got {type(text).__name__}")
         return encode_text(self.tokenizer, text, add_special_tokens=add_special_tokens, verbose=False)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """The text of token ``ids`` (the tokenizer's ``decode``)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """The text of token ``ids`` (a list of ints, or a 1-D numpy or torch array; the tokenizer's
+        ``decode``).
+
+        Raises:
+            TypeError: ``ids`` is no sequence of token ids (a text, say), or an item is no int (named).
+            ValueError: naming the ids outside the vocabulary (the tokenizer decoded one too large
+                as "", and failed on a negative one with an ``OverflowError``).
+        """
+        items = _id_items(ids)
+        if items is None:
+            raise TypeError(f"decode takes token ids (a list of ints), got {type(ids).__name__}")
+        ids = _token_id_list(items, "decode takes token ids (ints)")
+        self._check_in_vocabulary(ids, "token ids")
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def _window_note(self) -> str:
         """Why the context is shorter than the checkpoint's ``max_position_embeddings``, when a

@@ -208,6 +208,26 @@ def test_prompt_ids_of_mixed_int_types_are_read_and_bools_refused(engine, hf):
     assert_idle_accounting(engine)
 
 
+def test_encode_and_decode_refuse_what_they_cannot_read_by_name(engine):
+    """decode([10**9]) was "" and decode([-1]) an OverflowError from the tokenizer; encode(None) was
+    the tokenizer's error listing batch forms that encode does not take."""
+    import numpy as np
+
+    vocab = engine.model_info()["vocab_size"]
+    for ids in ([5, vocab], [-1], np.array([vocab + 7])):
+        with pytest.raises(ValueError, match=rf"^token ids \[{ids[-1]}\] are outside the vocabulary \[0, {vocab}\)$"):
+            engine.decode(ids)
+    with pytest.raises(TypeError, match=r"^decode takes token ids \(ints\); item 1 is 'x'$"):
+        engine.decode([5, "x"])
+    with pytest.raises(TypeError, match=r"^decode takes token ids \(a list of ints\), got str$"):
+        engine.decode("the cat")
+    for text in (None, 5, ["the cat"]):
+        with pytest.raises(TypeError, match=rf"^encode takes a text \(a string\), got {type(text).__name__}$"):
+            engine.encode(text)
+    ids = engine.encode("the cat")
+    assert engine.decode(np.array(ids)) == engine.decode(ids) == engine.tokenizer.decode(ids)
+
+
 def test_a_list_of_prompts_where_one_prompt_is_taken_is_named_as_such(engine):
     """submit(["the cat", "a dog"]) (or stream, score, pin_prefix) said "a prompt is a string or a
     list of token ids (ints); item 0 is 'the cat'", as if the first prompt were a bad token id."""
