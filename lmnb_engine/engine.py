@@ -1211,7 +1211,8 @@ class Engine:
         """Release a ``pin_prefix`` lock (the prefix becomes evictable). ``ValueError`` if unknown."""
 
         def release() -> None:
-            node = self.scheduler.pins.pop(handle, None)
+            # (a bool is no handle: True, equal to 1 as a dict key, released the pin whose handle is 1)
+            node = None if isinstance(handle, bool) else self.scheduler.pins.pop(handle, None)
             if node is None:
                 raise ValueError(f"unknown pin handle {handle!r}")
             self.scheduler.cache.dec_lock_ref(node)

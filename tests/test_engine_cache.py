@@ -232,6 +232,19 @@ def test_pinned_prefix_survives_pressure_until_unpinned(tiny_llama, hf):
             eng.pin_prefix([1, "x"])
 
 
+def test_unpin_of_a_bool_releases_no_pin(tiny_llama):
+    """unpin(True) released the pin whose handle is 1 (True equals 1 as a dict key)."""
+    with engine(tiny_llama, max_total_tokens=128) as eng:
+        prefix = eng.encode("json key value true")
+        handle = eng.pin_prefix(prefix)
+        assert handle == 1
+        with pytest.raises(ValueError, match=r"^unknown pin handle True$"):
+            eng.unpin(True)
+        assert eng.cache_stats()["protected_tokens"] == len(prefix)
+        eng.unpin(handle)
+        assert_idle_accounting(eng)
+
+
 def test_retraction_requeues_requests_and_keeps_outputs(tiny_llama, hf):
     with engine(tiny_llama, max_total_tokens=200) as eng:
         ps = shared_prefix_prompts(eng.tokenizer, 6, seed=11, prefix_words=8)
