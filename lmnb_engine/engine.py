@@ -1025,12 +1025,16 @@ class Engine:
         ``prompt_ids`` is token ids (a list, a numpy array, ...) or one prompt as ``generate``
         takes it (a text is encoded as there, and ``start`` counts its tokens).
 
-        Raises ``ValueError`` unless ``1 <= start < len(prompt_ids)``; ``TypeError`` / ``ValueError``
-        for a bad prompt, and ``RuntimeError`` on the scheduler thread, as ``generate``."""
+        Raises ``ValueError`` unless ``1 <= start < len(prompt_ids)`` (a 1-token prompt: named);
+        ``TypeError`` / ``ValueError`` for a bad prompt, and ``RuntimeError`` on the scheduler
+        thread, as ``generate``."""
         self._refuse_waiting_here("Engine.score's logprobs", "call score on another thread")
         if isinstance(start, bool) or not isinstance(start, numbers.Integral):
             raise TypeError(f"start={start!r} must be an int: the first position whose logprob is wanted")
         ids = self._to_ids(prompt_ids)
+        if len(ids) == 1:  # (else "start=1 must be in [1, 1)": no start fits, and the message said not why)
+            raise ValueError("score needs a prompt of at least 2 tokens: the first token has no logprob (nothing "
+                             "comes before it), so a 1-token prompt has none to give")
         if not 1 <= start < len(ids):
             raise ValueError(f"start={start} must be in [1, {len(ids)}) for a prompt of {len(ids)} tokens")
         result = self.generate(ids, SamplingParams(max_new_tokens=0, logprob_start_len=start))

@@ -291,6 +291,10 @@ def test_score_pin_prefix_and_match_node_take_a_prompt_as_generate_does(engine, 
     for start in ("1", None, True, 1.0):
         with pytest.raises(TypeError, match=r"^start=.* must be an int"):
             engine.score(ids, start)
+    with pytest.raises(ValueError, match=r"^score needs a prompt of at least 2 tokens: the first token has no logprob"):
+        engine.score(ids[:1], 1)  # (it was "start=1 must be in [1, 1)", which no start fits)
+    with pytest.raises(ValueError, match=r"^start=3 must be in \[1, 3\) for a prompt of 3 tokens$"):
+        engine.score([5, 6, 7], 3)
     engine.flush_cache()
     handle = engine.pin_prefix(np.array(ids))
     node, cached = engine.match_node(np.array(ids))
