@@ -275,6 +275,17 @@ def _current_frames() -> dict:
                 gc.enable()
 
 
+def _fresh(error: BaseException) -> BaseException:
+    """``error``, a state's stored error, cleared of its traceback to be raised again by a read
+    (``text()``, ``s[name]``). Raised as it is, it kept the frames of every earlier raise of it
+    (another reader's, the kernel's waiter thread's) below the new ones, so a read's traceback grew
+    with each read and pointed at code that had not failed; where it really failed is in its
+    ``__cause__``. ``iter_text`` and the worker's own raises keep the frames: the kernel's waiter
+    reads through ``iter_text`` while a ``--python`` body may raise the same error, and the cell's
+    error message takes the body's line from the frames that raise left (``magics._describe``)."""
+    return error.with_traceback(None)
+
+
 def _waits_for(waiter: int, reader: int) -> bool:
     """Whether thread ``waiter`` is blocked waiting for thread ``reader``: in ``Thread.join`` of
     it, or in ``Future.result``/``exception`` of a future it runs for a ``ThreadPoolExecutor``,
@@ -617,7 +628,7 @@ class StreamExecutor:
         """Raise the state's error (``ProgramError``) if a primitive failed."""
         error = self.read_error()
         if error is not None:
-            raise error
+            raise _fresh(error)
 
     def read_error(self) -> Optional[ProgramError]:
         """The state's error (None if none), counted as told to the program (``error_read``)."""
@@ -659,7 +670,7 @@ class StreamExecutor:
                     break
                 self._wait(_BODY_POLL_S)
             if self.error_ is not None and (name in self._lost or name not in self.variables):
-                raise self.read_error()
+                raise _fresh(self.read_error())
             if name not in self.variables:
                 raise KeyError(f"no variable {name!r} in this program state; it has {sorted(self.variables)}")
             return self.variables[name]
@@ -1253,7 +1264,7 @@ class StreamExecutor:
                 gathered = var_name in self.gathered
             if chunk:
                 yield (chunk, meta) if with_meta else chunk
-            if failed:
+            if failed:  # (kept on the frames of earlier raises: see _fresh)
                 raise self.read_error()
             if done and gathered:
                 raise TypeError(f"variable {var_name!r} was gathered by join(): it holds a list with one value per "

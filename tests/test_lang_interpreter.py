@@ -226,6 +226,57 @@ def test_error_surfaces_on_read_with_partial_text_and_skips_the_rest():
     assert [k for k in be.kinds()] == ["generate", "generate"]  # z was skipped
 
 
+def test_each_read_of_a_failed_state_raises_with_its_own_traceback_only():
+    # the stored error kept every earlier raise's frames: a second read's traceback went on into
+    # the first reader's code (in the kernel, the cell's waiter thread) and grew with each read
+    import traceback
+
+    be = ScriptedBackend(lambda p, params: (_ for _ in ()).throw(RuntimeError("model exploded")))
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x")
+
+    state = prog.run(backend=be)
+
+    def first_reader():
+        with pytest.raises(sgl.ProgramError):
+            state.text()
+
+    first_reader()
+    for read in (lambda: state["x"], state.text):
+        with pytest.raises(sgl.ProgramError, match="model exploded") as ei:
+            read()
+        frames = traceback.extract_tb(ei.value.__traceback__)
+        assert "first_reader" not in [f.name for f in frames]
+        raises = [f for f in frames if f.filename.endswith("executor.py")]  # where the stored error is raised
+        assert len(raises) == 1 and raises[0] == frames[-1]  # once: this read's
+        assert isinstance(ei.value.__cause__, RuntimeError)  # where it really failed
+
+
+def test_text_iter_raises_a_failed_states_error_on_the_frames_a_read_left():
+    # the kernel's cell waiter reads through text_iter while a --python body may read (and raise)
+    # the same error: the cell's message takes the body's line from the frames that read left
+    import traceback
+
+    be = ScriptedBackend(lambda p, params: (_ for _ in ()).throw(RuntimeError("model exploded")))
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x")
+
+    state = prog.run(backend=be)
+
+    def body_line():
+        state["x"]
+
+    with pytest.raises(sgl.ProgramError):
+        body_line()
+    with pytest.raises(sgl.ProgramError) as ei:
+        list(state.text_iter())
+    assert "body_line" in [f.name for f in traceback.extract_tb(ei.value.__traceback__)]
+
+
 def test_fork_of_an_empty_state_and_prefill_before_branches():
     be = ScriptedBackend(lambda p, params: f"<{p.text[-1]}>")
 
