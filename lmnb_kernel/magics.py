@@ -9,6 +9,7 @@ manages the session (``lmnb_kernel.commands``).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import traceback
@@ -81,16 +82,33 @@ def _split(line: str) -> list[str]:
         raise UsageError(f"cannot read the options {line!r}: {e}") from None
 
 
+def _subcommands(parser) -> dict:
+    """The subcommand parsers of ``parser`` by name (none for the ``%%lm`` line's)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
 def _help(parser, words: list[str]) -> str | None:
     """``parser``'s help (its subcommand's, for ``%lm SUBCOMMAND --help``) if ``words`` ask for it
     with ``-h`` / ``--help``, else None. The magics' parsers have no help option of their own, so
     ``%%lm --help`` was refused as an unrecognized argument."""
     if "-h" not in words and "--help" not in words:
         return None
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and words[0] in action.choices:
-            return action.choices[words[0]].format_help()
-    return parser.format_help()
+    subcommand = _subcommands(parser).get(words[0])
+    return (subcommand or parser).format_help()
+
+
+def _suggest_subcommand(message: str, parser, words: list[str]) -> str:
+    """argparse's ``message`` for a ``%lm`` line, with "did you mean" for a misspelt subcommand
+    (``%lm stat``) or option of one (``%lm load --devise``), as ``%%lm`` options and gen options
+    get: the message only listed the subcommands, or named the option alone."""
+    subcommands = _subcommands(parser)
+    if words[0] in subcommands:
+        return suggest_option(message, subcommands[words[0]])
+    close = difflib.get_close_matches(words[0], list(subcommands), n=1)
+    return message + (f" (did you mean: %lm {close[0]}?)" if "invalid choice" in message and close else "")
 
 
 def define_lmnb(shell) -> bool:
@@ -163,7 +181,11 @@ class LMMagics(Magics):
                 # cannot show (IPython refuses a cell magic with an empty body, pointing to %lm)
                 shown += "\nCells: %%lm [options], then the prompt on the lines below.\n" + cell_parser().format_help()
             return print(shown)
-        args = line_parser().parse_args(words)
+        parser = line_parser()
+        try:
+            args = parser.parse_args(words)
+        except UsageError as e:
+            raise UsageError(_suggest_subcommand(str(e), parser, words)) from None
         if args.command is None:
             raise UsageError("%lm needs a subcommand:\n" + line_parser().format_help())
         name = getattr(args, "name", None)

@@ -241,6 +241,11 @@ def test_help_options_show_the_help(ip):
         ("%%lm --python\ns += 'a\ud800'", "line 2, col 8: the lone surrogate '\\ud800' is half of a UTF-16 pair"),
         ("%lm", "needs a subcommand"),
         ("%lm frobnicate", "invalid choice: 'frobnicate'"),
+        # a misspelt subcommand or option of one was named with no guess, as %%lm options get
+        ("%lm stat", "invalid choice: 'stat' (choose from 'load', 'connect', 'stats', 'tree', 'states', 'reset', "
+                     "'flush', 'pin', 'unpin') (did you mean: %lm stats?)"),
+        ("%lm connect http://127.0.0.1:9 --api_key k", "unrecognized arguments: --api_key k (did you mean: "
+                                                       "--api_key → --api-key?)"),
         ("%lm pin nosuchstate", "no state named 'nosuchstate'"),
         ("%lm connect http://127.0.0.1:9", "could not connect to http://127.0.0.1:9"),
         # httpx's "UnsupportedProtocol: Request URL is missing an 'http://' or 'https://' protocol."
