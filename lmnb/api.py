@@ -163,6 +163,7 @@ def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callab
 
     @functools.wraps(method)  # (inspect.signature and help() still show the method's own options)
     def checked(self, *args, **kwargs):
+        __tracebackhide__ = True  # see lmnb.interpreter._run_body
         given = [k for k in kwargs if k in options and k in self.arg_names and k not in self.bind_arguments]
         positional = [p.name for p in list(self.signature.parameters.values())[1:]
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -291,6 +292,7 @@ class SglFunction:
             RuntimeError: with ``stream=True``, no thread could be started for the body (a
                 continued ``state`` is left as it was, usable).
         """
+        __tracebackhide__ = True  # see lmnb.interpreter._run_body
         from lmnb.interpreter import run_program
         from lmnb.tracer import stop_if_tracing
 
@@ -450,6 +452,7 @@ class SglFunction:
             raise type(e)(f"cache() could not prefill the program's constant prefix: {said}") from e
 
     def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True  # see lmnb.interpreter._run_body
         return self.run(*args, **kwargs)
 
     def __getattr__(self, name: str):

@@ -393,6 +393,10 @@ class ProgramStateGroup:
 
 
 def _run_body(state: ProgramState, func: Callable, args: tuple, kwargs: dict, raise_errors: bool) -> None:
+    # IPython leaves frames that set __tracebackhide__ out of a traceback (all but the last; %xmode
+    # --show shows them): an exception of a program's body showed five frames of lmnb's between the
+    # call and the body's own line; so do run_program, _start and SglFunction.run/__call__
+    __tracebackhide__ = True
     ex = state.stream_executor
     if ex.body_thread is not None:  # a streamed body: readers on other threads wait for this one
         ex.body_thread = threading.get_ident()
@@ -450,6 +454,7 @@ def run_program(
     thread and the state is returned at once (read it with ``text_iter``). With ``state`` the body
     continues that existing state (``StreamExecutor.reopen``) instead of a new one.
     """
+    __tracebackhide__ = True  # see _run_body
     listeners = _listeners.get() if listeners is None else listeners
     if state is not None:
         state.stream_executor.reopen(default_params, stream, listeners)
@@ -472,6 +477,7 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
             is aborted, as by Ctrl-C while reading it, so a body that had begun stops at its next
             primitive (and marks the state when it returns); one that had not begun never runs.
     """
+    __tracebackhide__ = True  # see _run_body
     kwargs = {**program.bind_arguments, **kwargs}
     if stream:
         ex = state.stream_executor

@@ -973,6 +973,17 @@ def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_
     assert not result.success and "in rewrap(e)" in frames and "RuntimeError: my helper rejects it" in frames
 
 
+def test_an_lm_function_that_raises_shows_its_own_line_without_lmnb_frames(ip):
+    # five frames of lmnb's run machinery (api.py, interpreter.py) stood between the call and the
+    # program's own raise, from a plain cell and from a --python body alike
+    run(ip, "import lmnb\n@lmnb.function\ndef rejects(s, q):\n    s += q\n    raise ValueError('no good: ' + q)\n")
+    for cell in ("rejects.run(q='yo')", "rejects(q='yo')", "%%lm --static --python\nst = rejects.run(q='yo')"):
+        result, out = run(ip, cell)
+        assert not result.success
+        assert "----> 5     raise ValueError('no good: ' + q)" in out.stdout and "ValueError: no good: yo" in out.stdout
+        assert "lmnb/api.py" not in out.stdout and "lmnb/interpreter.py" not in out.stdout, out.stdout
+
+
 def test_a_helper_that_wraps_its_error_shows_its_frames_and_the_cause(ip):
     # the innermost cause (int's ValueError) was never raised through the cell's code, so nothing
     # was shown (found by a review helper)
