@@ -935,6 +935,19 @@ class StreamExecutor:
         meta["finish_reason"] = {"type": "abort", "message": "the program state was aborted"}
         self._emit("var", meta_info=meta)
 
+    def _parsed_all(self, expr: Gen, parse, outputs: list) -> list:
+        """The values of a gen's ``outputs`` (``(text, meta_info)``, one per request), as ``_parsed``
+        gives them. An output it refuses (a pydantic validator, a ``dtype`` that does not parse)
+        fails the gen, but its requests ran to the end: their prompt and tokens still reach views
+        and batch records first, as an aborted request's do (``_check_finish``); the cell's summary
+        said the gen was stopped before the backend reported its prompt."""
+        try:
+            return [self._parsed(expr, text, parse, meta) for text, meta in outputs]
+        except Exception:
+            metas = [meta for _, meta in outputs]
+            self._emit("var", meta_info=metas[0] if len(metas) == 1 else metas)
+            raise
+
     def _parsed(self, expr: Gen, text: str, parse, meta_info: Any = None) -> Any:
         if expr.model is not None:
             self._validate(expr, text, meta_info)
@@ -1011,7 +1024,8 @@ class StreamExecutor:
             if not self.backend.is_chat_model and (params.n or 1) == 1 and unconstrained:
                 text, meta = speculative.spec_gen(self, params, expr)
                 self._append(text, "gen", expr.name)
-                self._finish_var(expr.name, self._parsed(expr, text, parse, meta), meta, text=text)
+                [value] = self._parsed_all(expr, parse, [(text, meta)])
+                self._finish_var(expr.name, value, meta, text=text)
                 return
             self.speculation = Speculation()  # this gen's own call makes the leftover stale
         if self.stream and (params.n or 1) == 1:
@@ -1020,11 +1034,10 @@ class StreamExecutor:
         comps: list[Completion] = self._call(self.backend.generate, self._prompt(), params)
         self._check_finish([c.meta_info for c in comps])
         self._append(comps[0].text, "gen", expr.name)
+        values = self._parsed_all(expr, parse, [(c.text, c.meta_info) for c in comps])
         if len(comps) == 1:
-            value = self._parsed(expr, comps[0].text, parse, comps[0].meta_info)
-            self._finish_var(expr.name, value, comps[0].meta_info, _constraint(params), comps[0].text)
+            self._finish_var(expr.name, values[0], comps[0].meta_info, _constraint(params), comps[0].text)
         else:
-            values = [self._parsed(expr, c.text, parse, c.meta_info) for c in comps]
             # the variable holds every sample; iter_text(name) yields the text appended, the first's
             self._finish_var(expr.name, values, [c.meta_info for c in comps], text=comps[0].text)
 
@@ -1053,8 +1066,8 @@ class StreamExecutor:
 
         self._call(run)
         self._check_finish([meta])
-        self._finish_var(name, self._parsed(expr, text, parse, meta), meta, _constraint(params), text,
-                         streamed=text != "")
+        [value] = self._parsed_all(expr, parse, [(text, meta)])
+        self._finish_var(name, value, meta, _constraint(params), text, streamed=text != "")
 
     def _execute_select(self, expr: Select) -> None:
         self.speculation = Speculation()  # the chosen text follows, not the speculated one

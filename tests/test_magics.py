@@ -984,6 +984,24 @@ def test_an_lm_function_that_raises_shows_its_own_line_without_lmnb_frames(ip):
         assert "lmnb/api.py" not in out.stdout and "lmnb/interpreter.py" not in out.stdout, out.stdout
 
 
+def test_a_gen_whose_output_the_class_refuses_still_counts_its_request(ip):
+    # the request ran to its end, but its counts never reached the view: the summary said "prompt
+    # unknown (a gen was stopped before the backend reported its prompt)"
+    run(ip, "from pydantic import BaseModel, field_validator\n"
+            "class Flag(BaseModel):\n    ok: bool\n"
+            "class Refused(Flag):\n    @field_validator('ok')\n    @classmethod\n"
+            "    def never(cls, v):\n        raise ValueError('never valid')\n")
+    body = "\nFlag as JSON:{gen f json_schema=%s max_tokens=30}"
+    result, accepted = run(ip, "%%lm --static --temperature 0" + body % "Flag")
+    assert result.success
+    result, refused = run(ip, "%%lm --static --temperature 0" + body % "Refused")  # the same output: greedy
+    assert not result.success and "field 'ok': Value error, never valid" in refused.stdout
+    [ok], [failed] = summaries(accepted), summaries(refused)
+    assert failed["status"] == "error" and "unreported_prompts" not in failed["tokens"]
+    for key in ("prompt_tokens", "completion_tokens"):
+        assert failed["tokens"][key] == ok["tokens"][key] > 0
+
+
 def test_a_helper_that_wraps_its_error_shows_its_frames_and_the_cause(ip):
     # the innermost cause (int's ValueError) was never raised through the cell's code, so nothing
     # was shown (found by a review helper)
