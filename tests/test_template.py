@@ -418,6 +418,10 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{gen c json_schema={"$schema": []}}', 2, 20, "#/$schema must be a string"),  # was a TypeError
         ('{gen c json_schema={"enum": ("a", 1j)}}', 2, 20, "a value JSON cannot represent"),
         ("{user}hi{user}", 2, 9, "roles cannot nest"),
+        # a kernel variable named user, meant as text, got only the hint to close a chat turn
+        ("Hi {user}, bye {user}.", 2, 16, "before {user}; to insert a variable named user as text, write {(user)}"),
+        ("Hello {system}!", 2, 7, "add {/system} where the block ends; to insert a variable named system as text, "
+                                  "write {(system)}"),
         ("{user}\nhi\n{/assistant}", 4, 1, "does not match {user}"),
         ("{assistant}\n{gen a}", 2, 1, "never closed"),
         ("{fork 0}{join}", 2, 7, "integer >= 1"),

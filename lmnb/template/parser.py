@@ -135,7 +135,10 @@ class _Parser:
             b = self.stack[-1]
             close = "{join}" if b.kind == "fork" else "{/" + b.role + "}"
             opener = "{fork}" if b.kind == "fork" else "{" + b.role + "}"
-            raise self.error(f"{opener} is never closed", b.offset, hint=f"add {close} where the block ends")
+            hint = f"add {close} where the block ends"
+            if b.kind == "role":  # most often a Python variable named user or system, meant as text
+                hint += f"; to insert a variable named {b.role} as text, write {{({b.role})}}"
+            raise self.error(f"{opener} is never closed", b.offset, hint=hint)
         return dict(
             source=self.src,
             body=tuple(self.root),
@@ -399,7 +402,8 @@ class _Parser:
             if b.kind == "role":
                 raise self.error(
                     f"roles cannot nest: {{{b.role}}} opened at {self.where(b.offset)} is still open",
-                    start, hint=f"close it with {{/{b.role}}} before {{{role}}}",
+                    start, hint=f"close it with {{/{b.role}}} before {{{role}}}; to insert a variable named {role} as "
+                                f"text, write {{({role})}}",
                 )
         self.stack.append(_Block("role", start, role=role))
 
