@@ -344,9 +344,24 @@ class LMMagics(Magics):
             message = _describe(outcome.error, filename)
             # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
             if previous is not None and "tokens exceeds the model's context length" in message:
-                message += (f"\nthe state {args.state!r} has grown past the model's context; `%lm reset "
-                            f"{args.state}` starts it afresh, or continue in a new --state")
+                message += self._overflow_hint(args.state, previous.state)
             raise CellError(message) from outcome.error
+
+    def _overflow_hint(self, name: str, state) -> str:
+        """What to do about a ``--state`` cell whose prompt went past the model's context: the state
+        grew past it, or, where the in-process engine shows the state fits, this cell's text on top
+        of it did (then the hint to reset the state alone misled: the cell's own text was too long)."""
+        fix = f"`%lm reset {name}` starts it afresh, or continue in a new --state"
+        if self.session.remote is None:
+            context_len = self.session.engine("%%lm").context_len
+            try:
+                held = len(self.session.prompt_ids(state))
+            except ValueError:  # an image of the state that cannot be read any more
+                held = context_len
+            if held < context_len:
+                return (f"\nthe state {name!r} holds {held} of those tokens (the model's context is {context_len}): "
+                        f"shorten this cell's text, or {fix}")
+        return f"\nthe state {name!r} has grown past the model's context; {fix}"
 
     def make_view(self, args, count):
         """The cell's view for its options and ``$LMNB_VIEW`` (live widget, static or headless)."""

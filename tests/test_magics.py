@@ -99,6 +99,14 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
     failed, out7 = run(ip, "%%lm --static --state long\nmore{select c choices=[' a', ' b']}")
     assert not failed.success and "exceeds the model's context length" in out7.stdout
     assert "the state 'long' has grown past the model's context; `%lm reset long` starts it afresh" in out7.stdout
+    # a short state and a cell whose own text is too long: "the state has grown past the context" misled
+    small, out8 = run(ip, "%%lm --static --temperature 0 --state small\nHello there.")
+    assert small.success, out8.stdout
+    held = len(get_session().engine("test").encode(get_session().states["small"].state.text()))
+    failed, out9 = run(ip, "%%lm --static --state small\n" + "word " * context_len + "{gen w max_tokens=1}")
+    assert not failed.success and "has grown past" not in out9.stdout
+    assert (f"the state 'small' holds {held} of those tokens (the model's context is {context_len}): shorten this "
+            "cell's text, or `%lm reset small` starts it afresh") in out9.stdout
 
 
 def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
