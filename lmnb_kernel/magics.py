@@ -139,30 +139,32 @@ class LMMagics(Magics):
         self.session = get_session()
         self.tree_view = None  # shown by %lm tree, refreshed after every cell
         self.recent_cells: dict = {}  # "cell [n]" -> its final ProgramState, the last RECENT_CELLS runs
-        # The running cells as typed (pre_run_cell), outermost first: %%capture runs its body as a
-        # cell of its own, and a %%lm below it counts its lines in the cell the user typed.
-        self.raw_cells: list[str] = []
+        # The running cells (pre_run_cell's ExecutionInfo: the cell as typed, its Jupyter cell id),
+        # outermost first: %%capture runs its body as a cell of its own, and a %%lm below it counts
+        # its lines in the cell the user typed.
+        self.running_cells: list = []
 
     def note_cell(self, info) -> None:
         """pre_run_cell hook: remember the cell as typed, for the line numbers of a ``%%lm`` below
-        ``%%time`` or ``%%capture``."""
-        self.raw_cells.append(info.raw_cell)
+        ``%%time`` or ``%%capture``, and its cell id, which tells a re-run of a ``--state`` cell."""
+        self.running_cells.append(info)
 
     def forget_cell(self, result) -> None:
         """post_run_cell hook: the cell ended (a silent run, which fires no hook, must not see it).
         ``result`` is None for a cell ipykernel cancelled (Ctrl-C while it awaited)."""
-        if self.raw_cells and (result is None or self.raw_cells[-1] == result.info.raw_cell):
-            self.raw_cells.pop()  # (an empty cell fires only this hook)
+        if self.running_cells and (result is None or self.running_cells[-1].raw_cell == result.info.raw_cell):
+            self.running_cells.pop()  # (an empty cell fires only this hook)
 
     @no_var_expand
     @line_cell_magic
     def lm(self, line: str, cell: str | None = None):
         """LM programs in cells (docs/CELL_LANGUAGE.md).
 
-        ``%%lm [--state NAME] [--temperature T] [--max-tokens N] [--seed N] [--out VAR] [--quiet]
+        ``%%lm [--state NAME] [--append] [--temperature T] [--max-tokens N] [--seed N] [--out VAR] [--quiet]
         [--static] [--python]`` runs the cell: a prompt with holes (``{name}``, ``{gen NAME ...}``,
         ``{select NAME choices=[...]}``, ``{user}...{/user}``, ``{fork x in xs}...{join}``), or with
         ``--python`` an lmnb program body whose state is ``s``. Captured variables land in the kernel.
+        Re-running the cell that extended a state last replaces its turn (``--append`` adds another).
 
         ``%lm load [MODEL] | connect URL [--openai MODEL] | stats | tree | states | reset [NAME] |
         flush | pin NAME | unpin NAME`` manages the engine, the named states and the KV cache.
@@ -274,11 +276,14 @@ class LMMagics(Magics):
         # lines), which changed the prompt, and the export reads it as typed (a --python body is
         # Python: its clean-up stands). Its first line is the cell's line below the %%lm line, and
         # columns count the indentation an indented cell's lines share, which IPython took off.
-        typed = lm_cell_parts(self.raw_cells[0]) if self.raw_cells else None
-        first_line, indent = 2, ""
+        typed = lm_cell_parts(self.running_cells[0].raw_cell) if self.running_cells else None
+        first_line, indent, cell_id = 2, "", None
         if typed is not None and typed[0] == line.strip():
             _, body, first_line, indent = typed
             cell = cell if args.python else body
+            # The notebook's id of the cell (JupyterLab, Notebook 7 and VS Code send it): only for the
+            # %%lm the cell itself holds, not one that Python code (or %run) calls, maybe in a loop.
+            cell_id = self.running_cells[0].cell_id
         cell = cell_body(cell)
         count = _cell_number(self.shell)
         filename = f"<%%lm cell {count}>"
@@ -304,12 +309,15 @@ class LMMagics(Magics):
         _warn_shadowed_builtins([*captures, *([args.out] if args.out else [])], ns)
         defaults = CellOptions(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed).run_kwargs()
         previous = self.session.states.get(args.state) if args.state else None
+        rerun = _rerun(previous, cell_id, args.append)
+        # the state this cell continues: on a re-run that replaces its turn, the state before it
+        start = previous.before if rerun == "replace" else previous.state if previous is not None else None
         starting = not self.session.started
         view = self.make_view(args, count)
         if starting:
             view.loading()
-        if previous is not None:
-            view.on_text("main", previous.state.text(), source=f"state {args.state!r}")
+        if start is not None:
+            view.on_text("main", start.text(), source=f"state {args.state!r}")
         if not args.quiet:
             view.show()
         try:
@@ -324,7 +332,7 @@ class LMMagics(Magics):
             view.loaded(self._prefix_chars())
         listener = Listener()
         try:
-            state = start_run(program, params, backend, defaults, listener, previous.state if previous else None)
+            state = start_run(program, params, backend, defaults, listener, start)
         except KeyboardInterrupt:  # (the body may have started: stop every program it began)
             for executor in list(listener.roots):
                 executor.abort()
@@ -336,15 +344,15 @@ class LMMagics(Magics):
         except KeyboardInterrupt as interrupt:
             outcome = getattr(interrupt, "lmnb_outcome", None)  # None: a second Ctrl-C cut the abort short
             if outcome is not None:
-                self.finish(args, view, outcome, count)
+                self.finish(args, view, outcome, count, cell_id, rerun)
             raise cell_interrupt("the cell was stopped; its output so far and the variables it finished are "
                                   "kept") from None
-        self.finish(args, view, outcome, count)
+        self.finish(args, view, outcome, count, cell_id, rerun)
         if outcome.error is not None:
             message = _describe(outcome.error, filename)
             # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
-            if previous is not None and "tokens exceeds the model's context length" in message:
-                message += self._overflow_hint(args.state, previous.state)
+            if start is not None and "tokens exceeds the model's context length" in message:
+                message += self._overflow_hint(args.state, start)
             raise CellError(message) from outcome.error
 
     def _overflow_hint(self, name: str, state) -> str:
@@ -380,16 +388,17 @@ class LMMagics(Magics):
 
         return prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
 
-    def finish(self, args, view, outcome: CellOutcome, count) -> None:
+    def finish(self, args, view, outcome: CellOutcome, count, cell_id=None, rerun=None) -> None:
         """Put the results in the kernel namespace and keep the named state, then freeze the view
         and show the summary: a Ctrl-C while the view draws stops the cell in one line and loses
-        no result."""
+        no result. ``cell_id``: the cell's Jupyter id (None: none was sent); ``rerun``: what a re-run
+        does with the cell's earlier turn in the state (``_rerun``), which the summary says."""
         # Variables the program finished are results even if a later part failed or was stopped.
         self.shell.push(outcome.captured, interactive=False)
         if args.out:
             self.shell.push({args.out: outcome.state}, interactive=False)
         if outcome.status == "done" and args.state:
-            self.session.keep(args.state, outcome.state, count)
+            self.session.keep(args.state, outcome.state, count, cell_id, replace=rerun == "replace")
         elif outcome.status == "done" and self.session.remote is None:  # labels a path in %lm tree
             self.recent_cells[f"cell [{count}]"] = outcome.state
             while len(self.recent_cells) > RECENT_CELLS:
@@ -402,9 +411,31 @@ class LMMagics(Magics):
                 meta = {"lmnb": {"tokens": tokens, "captured": list(outcome.captured), "status": outcome.status}}
                 if outcome.interrupt_s is not None:  # Ctrl-C: how long stopping the requests took
                     meta["lmnb"]["interrupt_s"] = round(outcome.interrupt_s, 3)
-                display(cell_summary(outcome.captured, tokens, args.state), raw=True, metadata=meta)
+                note = _rerun_note(rerun, args.state) if outcome.status == "done" else None
+                display(cell_summary(outcome.captured, tokens, args.state, note), raw=True, metadata=meta)
         except KeyboardInterrupt:
             raise cell_interrupt("the cell was stopped while its view was drawn; its results are kept") from None
+
+
+def _rerun(named, cell_id, append: bool):
+    """What a ``--state`` cell with Jupyter id ``cell_id`` does with its earlier turn in ``named``
+    (the state's ``NamedState``, None if there is none yet): "replace" when it was the last cell to
+    extend the state (it runs from the state before that turn); "kept" when other cells extended it
+    since (it adds another turn: rewinding would drop theirs); None when it never extended it,
+    without a cell id, or with ``--append`` (it adds another turn, as asked)."""
+    if named is None or cell_id is None or cell_id not in named.cell_ids or append:
+        return None
+    return "replace" if named.last_cell_id == cell_id else "kept"
+
+
+def _rerun_note(rerun, name: str):
+    """The summary's line for a re-run (``_rerun``), None for a first run."""
+    if rerun == "replace":
+        return f"re-run: replaced this cell's earlier turn in state {name!r} (--append adds another instead)"
+    if rerun == "kept":
+        return (f"re-run: state {name!r} still holds this cell's earlier turn, as later cells extended it; "
+                f"to start over, %lm reset {name} and re-run its cells in order")
+    return None
 
 
 def _warn_shadowed_builtins(names, ns) -> None:

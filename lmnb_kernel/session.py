@@ -86,13 +86,20 @@ class NamedState:
     """A program state kept under a name by ``%%lm --state NAME``.
 
     ``cells``: execution counts of the cells that extended it; ``pin``: the engine's pin handle
-    while ``%lm pin NAME`` holds its prefix in the cache.
+    while ``%lm pin NAME`` holds its prefix in the cache. So that re-running the cell that extended
+    it last replaces that cell's turn: ``cell_ids``, the Jupyter cell ids of the cells that extended
+    it (a client that sends none adds none); ``last_cell_id``, the last of them to extend it (None:
+    that cell had no id); ``before``, the ``ProgramState`` as it was before that last extension
+    (None: that cell created it).
     """
 
     name: str
     state: Any  # lmnb.ProgramState
     cells: list = field(default_factory=list)
     pin: Optional[int] = None
+    cell_ids: set = field(default_factory=set)
+    last_cell_id: Optional[str] = None
+    before: Any = None
 
 
 @dataclass
@@ -223,12 +230,22 @@ class Session:
             known = ", ".join(sorted(self.states)) or "none yet"
             raise CellError(f"no state named {name!r} (known: {known}); create it with %%lm --state {name}") from None
 
-    def keep(self, name: str, state, cell: Optional[int]) -> NamedState:
-        """Store ``state`` under ``name``, replacing the previous one. A pinned state stays pinned:
-        the pin moves to the new, longer text (if that fails the old prefix stays pinned)."""
+    def keep(self, name: str, state, cell: Optional[int], cell_id: Optional[str] = None,
+             replace: bool = False) -> NamedState:
+        """Store ``state``, which cell ``cell`` (execution count; Jupyter cell id ``cell_id``) ran,
+        under ``name``. With ``replace`` it ran from the state as it was before that same cell's
+        previous run (``NamedState.before``), and that run's turn is gone. A pinned state stays
+        pinned: the pin moves to the new text (if that fails the old prefix stays pinned)."""
         old = self.states.get(name)
-        named = NamedState(name, state, (old.cells if old else []) + ([cell] if cell is not None else []),
-                           old.pin if old else None)
+        if old is None:
+            cells, before = [], None
+        elif replace:
+            cells, before = old.cells[:-1], old.before
+        else:
+            cells, before = old.cells, old.state
+        named = NamedState(name, state, cells + ([cell] if cell is not None else []), old.pin if old else None,
+                           (old.cell_ids if old else set()) | ({cell_id} if cell_id is not None else set()),
+                           cell_id, before)
         self.states[name] = named
         if named.pin is not None:
             try:

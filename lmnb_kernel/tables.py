@@ -36,8 +36,9 @@ def percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "n/a"
 
 
-def cell_summary(captured: dict, tokens: dict, state: str | None = None) -> dict:
-    """The summary under a cell's view: the variables it put in the kernel and its token counts.
+def cell_summary(captured: dict, tokens: dict, state: str | None = None, note: str | None = None) -> dict:
+    """The summary under a cell's view: the variables it put in the kernel, its token counts and
+    ``note``, a line on what a re-run did with the state (``--state`` cells).
 
     ``tokens``: prompt_tokens, cached_tokens, completion_tokens (ints) of the cell's requests;
     ``unreported_prompts``: how many gens were stopped before their prompt counts came (the
@@ -53,7 +54,7 @@ def cell_summary(captured: dict, tokens: dict, state: str | None = None) -> dict
                  f"backend reported its prompt), completion {g}")
     if state:
         count += f" · state {state!r}"
-    plain = [f"{name} = {short(value)}" for name, value in captured.items()] + [count]
+    plain = [f"{name} = {short(value)}" for name, value in captured.items()] + [count] + ([note] if note else [])
     rows = "".join(
         f"<tr><td {_CELL}><b>{html.escape(name)}</b></td><td {_CELL}>{html.escape(short(value))}</td></tr>"
         for name, value in captured.items()
@@ -61,5 +62,8 @@ def cell_summary(captured: dict, tokens: dict, state: str | None = None) -> dict
     page = '<div class="lmnb-summary" style="font-size:12px;font-family:monospace">'
     if rows:
         page += f"<table {_TABLE}>{rows}</table>"
-    page += f'<div style="color:#57606a;margin-top:2px">{html.escape(count)}</div></div>'
+    page += f'<div style="color:#57606a;margin-top:2px">{html.escape(count)}</div>'
+    if note:
+        page += f'<div style="color:#57606a">{html.escape(note)}</div>'
+    page += "</div>"
     return {"text/html": page, "text/plain": "\n".join(plain)}

@@ -36,9 +36,9 @@ def test_cell_line_options_are_the_magics_options():
     # the magic's parser and the exporter's are built from one definition: same options, same meaning
     assert options(option_parser()) == options(cell_parser())
     assert set(options(cell_parser())) == {"--python", "--state", "--temperature", "--max-tokens", "--seed",
-                                           "--out", "--quiet", "--static"}
-    o = parse_cell_line("--state chat.v1 --temperature 0 --max-tokens 7 --seed 3 --out st --quiet --static")
-    assert (o.state, o.out) == ("chat.v1", "st")
+                                           "--out", "--quiet", "--static", "--append"}
+    o = parse_cell_line("--state chat.v1 --temperature 0 --max-tokens 7 --seed 3 --out st --quiet --static --append")
+    assert (o.state, o.out) == ("chat.v1", "st")  # --append is accepted: an exported program runs each cell once
     assert parse_cell_line("--out ｓｔ").out == "st"  # the name Python code reads it by
     with pytest.raises(CellLineError, match="--out 'None' is reserved in Python"):  # the script did not compile
         parse_cell_line("--out None")
@@ -48,6 +48,9 @@ def test_cell_line_options_are_the_magics_options():
     assert str(e.value) == "unrecognized arguments: --bogus 3"
     for line, message in [("--temprature 0", "did you mean: --temprature → --temperature?"),
                           ("--qiet", "did you mean: --qiet → --quiet?"),
+                          ("--state s --apend", "did you mean: --apend → --append?"),
+                          # it would do nothing, silently
+                          ("--append", "--append only applies to a --state cell; add --state NAME, or remove --append"),
                           ("--temperature nan", "--temperature: must be a number >= 0"),
                           # it said "did you mean: --python → --python?"
                           ("-- --python", "unrecognized arguments: -- --python ('--' ends the options; remove it)"),

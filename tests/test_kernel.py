@@ -59,9 +59,17 @@ def start_kernel():
         return start_new_kernel(kernel_name="lmnb", startup_timeout=120)
 
 
-def execute(kc, code: str, timeout: float = 120, on_message=None):
-    """Run ``code``; return (execute_reply, iopub messages of the cell up to its idle status)."""
-    msg_id = kc.execute(code)
+def execute(kc, code: str, timeout: float = 120, on_message=None, cell_id: str | None = None):
+    """Run ``code``; return (execute_reply, iopub messages of the cell up to its idle status).
+    ``cell_id``: send it as JupyterLab sends a notebook cell's id (the request's ``cellId`` metadata)."""
+    if cell_id is None:
+        msg_id = kc.execute(code)
+    else:
+        content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                   "allow_stdin": False, "stop_on_error": True}
+        msg = kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
+        kc.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
     messages = []
     deadline = time.monotonic() + timeout
     while True:
@@ -139,6 +147,33 @@ def test_second_cell_on_a_state_reports_the_first_prompt_as_cached(kernel):
     assert summary_meta(second)["tokens"]["cached_tokens"] >= p1 > 0
     _, out = execute(kc, "print(type(r1).__name__, type(r2).__name__)")
     assert stdout(out).strip() == "str str"
+
+
+def test_rerunning_a_cell_with_its_jupyter_cell_id_replaces_its_turn_in_the_state(kernel):
+    """Re-running a --state cell appended its prompt to the state again, so a prompt edited and
+    re-run kept every earlier version; the cell is known by the id JupyterLab sends with it."""
+    km, kc = kernel
+    ask = "%%lm --static --temperature 0 --state rerun --out st\nUser: what is the color of the sky\nBot:{gen r1 max_tokens=4}"
+    follow_up = "%%lm --static --temperature 0 --state rerun --out st\n\nUser: and the {what}\nBot:{gen r2 max_tokens=4}"
+
+    def run_cell(code: str, cell_id: str | None) -> tuple:
+        """(the summary's last line, the state's text, r1, r2) after running ``code``."""
+        reply, messages = execute(kc, code, cell_id=cell_id)
+        assert reply["content"]["status"] == "ok", stdout(messages)
+        [summary] = [m["content"]["data"]["text/plain"] for m in messages if m["msg_type"] == "display_data"
+                     and "tokens" in m["content"].get("metadata", {}).get("lmnb", {})]
+        _, out = execute(kc, "print(repr((st.text(), r1, r2)))")
+        return (summary.splitlines()[-1], *eval(stdout(out)))
+
+    execute(kc, "what = 'sea'; r2 = None")
+    run_cell(ask, "cell-ask")
+    run_cell(follow_up, "cell-follow-up")
+    execute(kc, "what = 'grass'")
+    note, text, r1, r2 = run_cell(follow_up, "cell-follow-up")
+    assert note == "re-run: replaced this cell's earlier turn in state 'rerun' (--append adds another instead)"
+    assert text == f"User: what is the color of the sky\nBot:{r1}\nUser: and the grass\nBot:{r2}"
+    note, again, _, r2_again = run_cell(follow_up, None)  # a console sends no cell id: the turn is added
+    assert note.endswith("· state 'rerun'") and again == f"{text}\nUser: and the grass\nBot:{r2_again}"
 
 
 def test_printed_lone_surrogates_show_as_replacement_characters_not_a_traceback(kernel):

@@ -238,6 +238,8 @@ def test_help_options_show_the_help(ip):
         ("%%lm --out a\nX:{gen a max_tokens=1}", "--out a is also a variable the cell captures"),
         # it said only "is not a valid name", though '3bad' is all letters and digits
         ("%%lm --state 3bad\nx", "--state '3bad' is not a valid name: a state name starts with a letter or _"),
+        ("%%lm --append\nx", "--append only applies to a --state cell; add --state NAME, or remove --append"),
+        ("%%lm --state s --apend\nx", "unrecognized arguments: --apend (did you mean: --apend → --append?)"),
         ("%lm reset 3bad", "'3bad' is not a valid state name: a state name starts with a letter or _"),
         ("%%lm\n   ", "the cell body is empty"),
         ("%%lm\nline two\n  {gen a max_token=3}", "line 3, col 10: gen has no option 'max_token'"),
@@ -949,7 +951,7 @@ def test_line_magic_help_also_lists_the_cell_options(ip):
     line magic; `%lm --help` listed only the subcommands, so the cell options were shown nowhere."""
     result, out = run(ip, "%lm --help")
     assert result.success
-    for words in ("SUBCOMMAND", "Cells: %%lm [options]", "--state NAME", "--temperature", "--max-tokens",
+    for words in ("SUBCOMMAND", "Cells: %%lm [options]", "--state NAME", "--append", "--temperature", "--max-tokens",
                   "--seed", "--out VAR", "--quiet", "--static", "--python"):
         assert words in out.stdout, (words, out.stdout)
     result, out = run(ip, "%lm load --help")  # a subcommand's help stays its own
@@ -1036,3 +1038,72 @@ def test_a_cell_flag_given_twice_is_refused_before_anything_runs(ip):
     assert type(result.error_in_exec).__name__ == "UsageError"
     assert "--quiet is given twice; give it once" in str(result.error_in_exec)
     assert "never_set" not in ip.user_ns
+
+
+def run_in_cell(ip, code: str, cell_id: str | None):
+    """``run`` as a notebook runs a cell: with its Jupyter cell id (None: a console, which sends
+    none) and an execution count of its own."""
+    with capture_output() as out:
+        result = ip.run_cell(code, store_history=True, cell_id=cell_id)
+    assert result.success, out.stdout + out.stderr
+    return out.outputs[-1].data["text/plain"].splitlines()[-1]  # the summary's last line
+
+
+def test_rerunning_the_cell_that_extended_a_state_last_replaces_its_turn(ip):
+    """Re-running a --state cell (edit it, run it again) appended its prompt to the state again, so
+    the state kept every version of the edited cell's turn."""
+    replaced = "re-run: replaced this cell's earlier turn in state 'chat' (--append adds another instead)"
+    kept = ("re-run: state 'chat' still holds this cell's earlier turn, as later cells extended it; to start "
+            "over, %lm reset chat and re-run its cells in order")
+    first_a, a = "%%lm --static --state chat\nQ1:{gen a}", "%%lm --static --state chat\nQ1 edited:{gen a}"
+    b, b_edited = "%%lm --static --state chat\n\nQ2:{gen b}", "%%lm --static --state chat\n\nQ2 edited:{gen b}"
+    with recording(ip) as backend:
+        session = ip._lmnb_magics.session
+
+        def text() -> str:
+            return session.states["chat"].state.text()
+
+        assert run_in_cell(ip, first_a, "A").endswith("· state 'chat'")
+        run_in_cell(ip, a, "A")  # the cell that created the state: re-run, it creates it afresh
+        assert text() == "Q1 edited:ok" and backend.calls[-1][0] == "Q1 edited:"
+        [n] = session.states["chat"].cells
+        run_in_cell(ip, b, "B")
+        assert run_in_cell(ip, b_edited, "B") == replaced
+        assert backend.calls[-1][0] == "Q1 edited:ok\nQ2 edited:"  # from the state before B's first run
+        assert text() == "Q1 edited:ok\nQ2 edited:ok" and session.states["chat"].cells == [n, n + 2]
+        assert run_in_cell(ip, a, "A") == kept  # B extended it after A: rewinding would drop B's turn
+        assert text() == "Q1 edited:ok\nQ2 edited:okQ1 edited:ok"
+        assert run_in_cell(ip, a, "A") == replaced  # now A is the last: its re-run is idempotent
+        assert text() == "Q1 edited:ok\nQ2 edited:okQ1 edited:ok"
+        # a failed re-run leaves the state, and which cell extended it last, as they were
+        failed = ip.run_cell("%%lm --static --state chat\n\nbroken:{gen a}{1 / 0}", store_history=True, cell_id="A")
+        assert not failed.success and text() == "Q1 edited:ok\nQ2 edited:okQ1 edited:ok"
+        assert run_in_cell(ip, a, "A") == replaced and text() == "Q1 edited:ok\nQ2 edited:okQ1 edited:ok"
+        # --append: a chat loop re-runs one cell to go on; without a cell id (a console) each run adds too
+        for cell_id, loop in [("L", "%%lm --static --state chat --append\n\nMore:{gen m}"),
+                              (None, "%%lm --static --state chat\n\nMore:{gen m}")]:
+            run(ip, "%lm reset chat")
+            for _ in range(2):
+                assert run_in_cell(ip, loop, cell_id).endswith("· state 'chat'")
+            assert text() == "\nMore:ok\nMore:ok"
+        run_in_cell(ip, b, "B")
+        run(ip, "%lm reset chat")  # the reset forgets which cell extended it last too
+        assert run_in_cell(ip, b_edited, "B").endswith("· state 'chat'") and text() == "\nQ2 edited:ok"
+
+
+def test_a_rerun_through_python_code_or_a_cell_magic_above_lm(ip):
+    """Only the %%lm the cell holds takes the cell's id: a Python loop that runs %%lm cells adds a turn
+    each time, and a %%lm below %%capture is its cell's."""
+    with recording(ip):
+        session = ip._lmnb_magics.session
+        loop = "for q in ['x', 'y']:\n    get_ipython().run_cell_magic('lm', '--static --state chat', '\\n{q}:{gen a}')"
+        run(ip, "%lm reset chat")
+        for _ in range(2):
+            assert ip.run_cell(loop, store_history=True, cell_id="P").success
+        assert session.states["chat"].state.text() == "\nx:ok\ny:ok\nx:ok\ny:ok"
+        captured = "%%capture c\n%%lm --static --state chat\n\nQ:{gen a}"
+        for _ in range(2):
+            assert ip.run_cell(captured, store_history=True, cell_id="C").success
+        assert session.states["chat"].state.text() == "\nx:ok\ny:ok\nx:ok\ny:ok\nQ:ok"
+        assert ip.user_ns["c"].outputs[-1].data["text/plain"].splitlines()[-1] == (
+            "re-run: replaced this cell's earlier turn in state 'chat' (--append adds another instead)")

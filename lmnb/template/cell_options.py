@@ -63,7 +63,11 @@ def add_cell_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="the body is Python: an lmnb program body with the state as `s`")
     parser.add_argument("--state", metavar="NAME", action=Once,
                         help="continue the named program state (created by the first cell that names it); "
-                             "its prefix stays in the KV cache")
+                             "its prefix stays in the KV cache; re-running the cell that extended it last "
+                             "replaces that cell's earlier turn")
+    parser.add_argument("--append", action=OnceFlag,
+                        help="with --state: a re-run adds another turn to the state instead of replacing this "
+                             "cell's earlier one")
     parser.add_argument("--temperature", type=_temperature, action=Once, help="default temperature of every gen (0 = greedy)")
     parser.add_argument("--max-tokens", type=_token_count, dest="max_tokens", action=Once, help="default max_tokens of every gen")
     parser.add_argument("--seed", type=_seed, action=Once, help="seed for sampling, so a sampled cell can be repeated")
@@ -81,7 +85,8 @@ class CellOptions:
     python: the body is an lmnb program body (``%%lm --python``); state: named state to create or
     continue; temperature / max_tokens / seed: the run's sampling defaults (None = lmnb's);
     out: kernel variable that also gets the program state. ``--quiet`` and ``--static`` only change
-    the display and are not kept.
+    the display and are not kept, nor is ``--append``: it only changes how the kernel re-runs a
+    cell, and an exported program runs each cell once.
     """
 
     python: bool = False
@@ -203,17 +208,19 @@ def parse_cell_line(line: str) -> CellOptions:
 
 
 def checked_out(args: argparse.Namespace) -> Optional[str]:
-    """``args.out`` NFKC-normalized, as Python code reads the name, after checking ``args.state`` and
-    ``args.out`` (the magic's and the exporter's check).
+    """``args.out`` NFKC-normalized, as Python code reads the name, after checking ``args.state``,
+    ``args.append`` and ``args.out`` (the magic's and the exporter's check).
 
     Raises:
-        CellLineError: a ``--state`` that breaks ``STATE_NAME_RULE``; an ``--out`` that is not a Python
-        name, or is a keyword Python code could never read (``--out if``).
+        CellLineError: a ``--state`` that breaks ``STATE_NAME_RULE``; ``--append`` without ``--state``;
+        an ``--out`` that is not a Python name, or is a keyword Python code could never read (``--out if``).
     """
     from lmnb.template.parser import is_reserved
 
     if args.state is not None and not STATE_NAME.match(args.state):
         raise CellLineError(f"--state {args.state!r} is not a valid name: {STATE_NAME_RULE}")
+    if args.append and args.state is None:  # (it would do nothing, silently)
+        raise CellLineError("--append only applies to a --state cell; add --state NAME, or remove --append")
     if args.out is None:
         return None
     if not args.out.isidentifier():
