@@ -1010,6 +1010,20 @@ class StreamExecutor:
 
     def _execute_gen(self, expr: Gen) -> None:
         params, parse = self._resolve_params(expr.params)
+        try:
+            self._run_gen(expr, params, parse)
+        except ValueError as e:
+            limit = f"max_tokens={params.max_new_tokens} "
+            if type(e) is not ValueError or expr.params.max_new_tokens is not None or limit not in str(e):
+                raise
+            # the user never wrote this max_tokens (the run's default, 128 unless set): say where it came from
+            raise ValueError(
+                str(e).replace(limit, f"{limit.strip()} (the default of a gen without max_tokens) ", 1)
+                .replace("lower max_tokens", "give the gen its own smaller max_tokens=N")
+            ) from None
+
+    def _run_gen(self, expr: Gen, params: GenParams, parse: Optional[Callable[[str], Any]]) -> None:
+        """Run a gen with its resolved ``params`` (``_resolve_params``) and record its value."""
         if self.num_api_spec_tokens is not None:
             if self.stream:
                 raise ValueError("API speculative execution (num_api_spec_tokens) does not work with stream=True")

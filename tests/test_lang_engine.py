@@ -357,6 +357,26 @@ def test_an_engine_refusal_names_gens_max_tokens_not_the_engines_max_new_tokens(
     assert str(err) == "Gen('x') failed: ValueError: min_tokens=3 is invalid: must not exceed max_tokens=2"
 
 
+def test_a_refusal_of_the_default_max_tokens_says_it_is_the_default(backend, hf, tiny_engine):
+    """A gen without max_tokens on a long prompt was refused for "max_tokens=128", a number the user
+    never wrote: the message now says it is the default and that the gen can give its own."""
+    limit = tiny_engine.context_len
+    prompt = "x " * ((limit - 100) // 2)  # (two tokens each)
+    n = len(hf[0].encode(prompt))
+    assert n + 128 > limit >= n  # the prompt fits; the prompt and 128 new tokens do not
+
+    @sgl.function
+    def prog(s):
+        s += prompt + sgl.gen("x")
+
+    for stream in (False, True):
+        err = prog.run(backend=backend, stream=stream).error()
+        assert str(err) == (
+            f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=128 (the default of a gen without "
+            f"max_tokens) exceeds the model's context length of {limit} tokens; shorten the prompt or give the gen "
+            "its own smaller max_tokens=N")
+
+
 def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_reports_it(backend, hf, tiny_engine):
     """The prefill of the traced prefix (a hint) raised out of run_batch when the prefix alone was too
     long for the context: no item ran, where a failing item does not stop a batch."""

@@ -109,6 +109,18 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
             "cell's text, or `%lm reset small` starts it afresh") in out9.stdout
 
 
+def test_a_gen_without_max_tokens_refused_for_the_default_says_so(ip):
+    """{gen x} on a long prompt failed for "max_tokens=128", which the cell never wrote."""
+    context_len = get_session().engine("test").context_len
+    text = "x " * ((context_len - 100) // 2)
+    n = len(get_session().engine("test").encode(text))
+    assert n + 128 > context_len > n  # the text fits; the text and 128 new tokens do not
+    failed, out = run(ip, "%%lm --static\n" + text + "{gen w}")
+    assert not failed.success
+    assert (f"max_tokens=128 (the default of a gen without max_tokens) exceeds the model's context length of "
+            f"{context_len} tokens; shorten the prompt or give the gen its own smaller max_tokens=N") in out.stdout
+
+
 def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
     ip.user_ns["colors"] = ["red", "blue"]
     cell = ("%%lm --static --temperature 0\nPick:\n{fork c in colors}\nThe {c} one is{gen why max_tokens=4}\n{join}\n"
