@@ -65,3 +65,10 @@ def take_negative_numbers(parser: argparse.ArgumentParser) -> None:
     ``-0x20``, ``-inf``), not only argparse's -1 and -1.5. For a parser none of whose options
     looks like a number (argparse then reads such arguments as values only)."""
     parser._negative_number_matcher = _NEGATIVE_NUMBER
+
+
+def in_option_syntax(message: str) -> str:
+    """An engine's error ``message`` in command-line syntax: its fixes name ``Engine``'s keyword
+    arguments (``use device='cpu'``), which a command line (``%lm load``, ``lmnb run`` and exported
+    jobs, ``lmnb serve``) takes as options (``--device cpu``)."""
+    return re.sub(r"\bdevice='([\w:]+)'", r"--device \1", message)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lmnb_engine import MODEL_ENV, model_or_env
+from lmnb_engine.cli_options import in_option_syntax
 from lmnb_kernel.errors import CellError, cell_interrupt
 
 
@@ -174,7 +175,7 @@ class Session:
             if hint and not config.model and os.environ.get(MODEL_ENV):  # (every plain %lm load reads it again)
                 hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
                          f"demo model (del os.environ['{MODEL_ENV}'])")
-            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {e}{hint}") from e
+            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(str(e))}{hint}") from e
 
     def engine(self, what: str, why: str = ""):
         """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``; ``why``: why

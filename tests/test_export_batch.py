@@ -1370,6 +1370,19 @@ def test_a_model_from_lmnb_model_that_cannot_load_is_named_as_coming_from_it(tmp
                                               f"no checkpoint directory at '{tmp_path / 'nb_model'}'")
 
 
+def test_a_device_that_is_not_there_names_the_jobs_option_to_give(tmp_path, capsys, monkeypatch):
+    """A job run with --device cuda without CUDA said "use device='cpu'", the Python API's words."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress",
+                                      "--device", "cuda"])
+    assert job.run(run_row, programs=[echo]) == 2
+    assert capsys.readouterr().err.endswith(
+        "ValueError: device 'cuda' asked for, but torch sees no CUDA device; use --device cpu\n")
+
+
 def test_a_job_without_row_fields_warns_that_the_rows_fields_are_not_used(tmp_path, capsys):
     """An export whose %%lm cells read no variable (02-few-shot-select) ran rows {"person": ...}
     as the same program each time, without a word that the field went unused."""

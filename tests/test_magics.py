@@ -218,6 +218,16 @@ def test_a_load_error_other_than_a_missing_checkpoint_gives_the_engines_own_fix(
     assert "fix: %lm load PATH_OR_HF_ID" in out.stdout + out.stderr
 
 
+def test_a_load_on_a_device_that_is_not_there_names_the_option_to_give(ip, tiny_llama, monkeypatch):
+    """%lm load --device cuda without CUDA said "use device='cpu'", the Python API's words."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result, out = run(ip, f"%lm load {tiny_llama} --device cuda")
+    assert not result.success
+    assert "device 'cuda' asked for, but torch sees no CUDA device; use --device cpu\n" in out.stdout + out.stderr
+
+
 def test_help_options_show_the_help(ip):
     # the parsers have no -h of their own: "%%lm --help" was "unrecognized arguments: --help"
     for cell, words in [("%%lm --help\nx", "--temperature"), ("%%lm -h\nx", "--max-tokens"),

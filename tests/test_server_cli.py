@@ -119,6 +119,22 @@ def test_lmnb_serve_without_model_loads_lmnb_model_as_load_and_batch_jobs_do(mon
     assert capsys.readouterr().err == "lmnb serve: no checkpoint at /models/given\n"
 
 
+def test_lmnb_serve_on_a_device_that_is_not_there_names_the_option_to_give(tiny_llama, monkeypatch, capsys):
+    """lmnb serve --device cuda without CUDA said "use device='cpu'", the Python API's words."""
+    import argparse
+
+    import torch
+
+    from lmnb_engine.http_server import serve, serve_arguments
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    assert serve(parser.parse_args(["--port", "0", "--model", str(tiny_llama), "--device", "cuda"])) == 2
+    assert capsys.readouterr().err == ("lmnb serve: device 'cuda' asked for, but torch sees no CUDA device; "
+                                       "use --device cpu\n")
+
+
 def test_the_port_is_bound_before_the_model_loads_and_refuses_connections_until_it_is_served():
     """``lmnb serve`` binds first, so that a bad address is named before the model loads, and
     listens only once it is loaded: meanwhile a client is refused at once (it waited, with no

@@ -18,7 +18,7 @@ from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
-from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
+from lmnb_engine.cli_options import Once, OnceFlag, in_option_syntax, take_negative_numbers
 
 DEFAULT_THREADS = 16
 
@@ -172,7 +172,8 @@ def engine_model(args: argparse.Namespace, default_model: Optional[str] = None) 
 def start_failure(args: argparse.Namespace, default_model: Optional[str], e: BaseException) -> str:
     """The line that says why the backend ``args`` name did not start (``e``), with the job's
     option to give when a server refused it for its API key."""
-    text = f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: {e}"
+    text = (f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: "
+            f"{in_option_syntax(str(e))}")
     if isinstance(e, BackendAuthError):
         text += ("; the server refused the --api-key given" if getattr(args, "api_key", None) else
                  "; the server asks for an API key: pass --api-key KEY")

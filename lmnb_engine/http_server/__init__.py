@@ -12,7 +12,7 @@ import math
 import sys
 
 from lmnb_engine import MODEL_ENV, model_or_env
-from lmnb_engine.cli_options import Once
+from lmnb_engine.cli_options import Once, in_option_syntax
 
 DEFAULT_PORT = 30000  # SGLang's default
 # The largest request body read, in MiB, unless ``--max-body-mb`` says otherwise: room for a long
@@ -108,7 +108,7 @@ def serve(args: argparse.Namespace) -> int:
         except (FileNotFoundError, ValueError) as e:
             # (a path the command line never named: say where it came from)
             source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
-            print(f"lmnb serve: {e}{source}", file=sys.stderr)
+            print(f"lmnb serve: {in_option_syntax(str(e))}{source}", file=sys.stderr)
             return 2
         app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name,
                          max_body_mb=args.max_body_mb, incremental_streaming_output=args.incremental_streaming_output)
