@@ -73,6 +73,11 @@ class ProgramError(RuntimeError):
         self.partial_text = partial_text
 
 
+ABORTED = ("the program state was aborted; the text it had written is in the error's partial_text "
+           "(state.error().partial_text)")
+"""The message of a ``ProgramAborted``."""
+
+
 class ProgramAborted(ProgramError):
     """The state was aborted (``ProgramState.abort`` or Ctrl-C) while it ran.
 
@@ -749,7 +754,8 @@ class StreamExecutor:
         with self._cv:
             self.error_read = True  # (whoever aborts a state is done with it, whatever error it had)
             if self.error_ is None:
-                self.error_ = aborted = ProgramAborted("the program state was aborted", self.branch, "", self.text_)
+                # (reads of the state raise this error: say where what it wrote went)
+                self.error_ = aborted = ProgramAborted(ABORTED, self.branch, "", self.text_)
             rids = list(self._inflight)
             self._cancel_pending()
             children = list(self._children)

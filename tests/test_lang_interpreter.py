@@ -2138,9 +2138,13 @@ def test_abort_stops_inflight_request_and_reads_raise():
     while not be.calls:
         threading.Event().wait(0.01)
     st.abort()
-    with pytest.raises(sgl.ProgramAborted):
+    with pytest.raises(sgl.ProgramAborted) as e:
         st["a"]
     assert len(be.aborted) == 1
+    # the message says where the text written before the abort is (it said only "was aborted")
+    assert str(e.value) == ("the program state was aborted; the text it had written is in the error's partial_text "
+                            "(state.error().partial_text)")
+    assert st.error().partial_text == "x"
 
 
 
