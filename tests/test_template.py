@@ -186,6 +186,16 @@ def test_a_format_spec_may_start_with_an_equals_sign_as_in_f_strings():
     assert one == two == [((), "add", ("text", "[")), ((), "add", ("text", "==1==] [+  1]"))]
 
 
+def test_a_number_literal_with_a_format_spec_is_formatted_as_a_variable_is():
+    # {3.14159:.2f} was refused as "looks like JSON or a dict", though {x:.2f} worked
+    one, two = faces("pi is {3.14159:.2f}, {x:.2f} or {7:03d}", x=3.14159)
+    assert one == two
+    assert "".join(args[1] for _, _, args in one) == "pi is 3.14, 3.14 or 007"
+    for dict_like in ('{"a": 1}', "{1: 2}", "{1.5: 'x'}"):
+        with pytest.raises(TemplateSyntaxError, match="looks like JSON or a dict"):
+            parse(dict_like)
+
+
 def test_kernel_variables_named_like_the_programs_own_helpers_are_read_as_any_other():
     # program() called _execute(_template, ...), which a parameter of the same name hid
     one, two = faces("{_execute} {_template}", _execute="E", _template="T")

@@ -250,8 +250,10 @@ class _Parser:
             raise self.error("nested fields in a format spec are not supported", rest_at + rest.index("{", end) if "{" in spec else rest_at + end)
         self._refuse_self_documenting(rest[:end], rest_at, conversion, spec)
         expr = self.expr(rest[:end], rest_at, hint_braces=True)
-        if spec and isinstance(expr.tree.body, ast.Constant):
-            # {"a": 1} parses as the constant "a" with format spec " 1": almost surely JSON text.
+        body = expr.tree.body
+        if spec and isinstance(body, ast.Constant) and (isinstance(body.value, (str, bytes)) or spec[0].isspace()):
+            # {"a": 1} parses as the constant "a" with format spec " 1", {1: 2} as 1 with " 2": JSON
+            # or a dict, almost surely. A number with a spec ({3.14159:.2f}) is a hole like {x:.2f}.
             raise self.error(
                 "this hole looks like JSON or a dict, not an interpolation", start,
                 hint="to write literal braces, double them: '{{' and '}}'",
