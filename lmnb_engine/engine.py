@@ -626,6 +626,10 @@ class Engine:
         """(list of id lists, whether the caller passed a batch: ``is_prompt_batch``). A bad prompt
         of a batch is named by its place ("prompt 2 of the batch: ...")."""
         if not is_prompt_batch(prompt):
+            if isinstance(prompt, (list, tuple)) and not prompt:
+                # no item tells a batch from a list of ids: SGLang refuses it as empty input_ids too
+                raise ValueError("empty prompt: an empty list is read as one prompt of no token ids; give at "
+                                 "least one token id, or for a batch at least one prompt")
             return [self._to_ids(prompt)], False
         ids = []
         for i, p in enumerate(prompt):
@@ -921,6 +925,9 @@ class Engine:
         ``{"text": ..., "images": [...]}``, one ``<image>`` per image. Image positions are keyed
         in the radix cache by the pixels' SHA-256, so a later prompt with the same image reuses
         its KV (``meta.cached_tokens``). A bad image raises ``ImageInputError`` (a ValueError).
+
+        An empty list is one prompt of no token ids, refused (``ValueError``), as SGLang refuses
+        an empty ``input_ids``: a batch holds at least one prompt.
 
         Returns a ``GenerateResult`` for one prompt with n == 1; otherwise a flat list, prompt by
         prompt, samples in index order (each prompt's ``n`` samples). Every prompt is checked

@@ -203,6 +203,12 @@ def test_prompt_ids_of_mixed_int_types_are_read_and_bools_refused(engine, hf):
         engine.generate([[5], [6], [7.0]], GREEDY)
     with pytest.raises(ValueError, match=r"^prompt 1 of the batch: empty prompt"):
         engine.generate([[5, 6], []], GREEDY)
+    # an empty list: it was "empty prompt: give at least one token", to a caller who meant a batch
+    for empty in ([], ()):
+        with pytest.raises(ValueError) as e:
+            engine.generate(empty, GREEDY)
+        assert str(e.value) == ("empty prompt: an empty list is read as one prompt of no token ids; give at least "
+                                "one token id, or for a batch at least one prompt")
     with pytest.raises(TypeError, match=r"^prompt 1 of the batch: a prompt is a string or a list of token ids, got int"):
         engine.generate(["a", 5], GREEDY)
     assert_idle_accounting(engine)
