@@ -9,6 +9,7 @@ All methods are thread-safe; the scheduler state is only touched on its own thre
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import random
 import threading
@@ -162,9 +163,15 @@ class RequestHandle:
         return len(self._results) == self.n
 
     def events(self, timeout: Optional[float] = None) -> Iterator[StreamEvent]:
-        """Yield the request's ``StreamEvent``s in order until every sample finished.
+        """An iterator over the request's ``StreamEvent``s in order until every sample finished.
 
-        Raises ``TimeoutError`` if no event arrives within ``timeout`` seconds (None = wait)."""
+        Raises ``TimeoutError`` if no event arrives within ``timeout`` seconds (None = wait), and
+        at once ``TypeError`` / ``ValueError`` for a timeout that is not a number of seconds."""
+        _check_timeout(timeout)
+        return self._iter_events(timeout)
+
+    def _iter_events(self, timeout: Optional[float]) -> Iterator[StreamEvent]:
+        """``events``' generator, once its timeout is checked."""
         i = 0
         while True:
             with self._cond:
@@ -181,7 +188,9 @@ class RequestHandle:
     def result(self, timeout: Optional[float] = None) -> Union[GenerateResult, list[GenerateResult]]:
         """Wait for the end; a ``GenerateResult``, or a list ordered by sample index when n > 1.
 
-        Raises ``TimeoutError`` after ``timeout`` seconds (None = wait)."""
+        Raises ``TimeoutError`` after ``timeout`` seconds (None = wait), and at once ``TypeError`` /
+        ``ValueError`` for a timeout that is not a number of seconds."""
+        _check_timeout(timeout)
         with self._cond:
             if not self.done:
                 self._refuse_waiting_on_the_scheduler("the result")
@@ -204,6 +213,19 @@ class RequestHandle:
         if self.done:
             return False
         return self._engine.abort(self.rid)
+
+
+def _check_timeout(timeout: Any) -> None:
+    """Refuse a ``timeout`` that is neither None nor a number of seconds: Python's threading code
+    failed on it deep inside (a string), or waited in a busy loop that never ended (NaN)."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout={timeout!r} is not a number of seconds; give one (e.g. timeout=5.0), "
+                        "or None to wait for the end")
+    if math.isnan(timeout):
+        raise ValueError("timeout=nan is not a number of seconds; give one (e.g. timeout=5.0), or None to wait "
+                         "for the end")
 
 
 class _EventStream:

@@ -234,6 +234,25 @@ def test_encode_and_decode_refuse_what_they_cannot_read_by_name(engine):
     assert engine.decode(np.array(ids)) == engine.decode(ids) == engine.tokenizer.decode(ids)
 
 
+def test_a_timeout_that_is_not_a_number_of_seconds_is_refused_up_front(engine):
+    """result(timeout="5") failed with a TypeError from inside Python's threading code; NaN waited
+    in a loop that never ended. Both are refused before any wait, for a finished request too."""
+    h = engine.submit([5, 6], GREEDY.copy(max_new_tokens=2))
+    for bad in ("5", True):
+        message = f"timeout={bad!r} is not a number of seconds; give one (e.g. timeout=5.0), or None to wait for the end"
+        with pytest.raises(TypeError) as e:
+            h.result(timeout=bad)
+        assert str(e.value) == message
+        with pytest.raises(TypeError) as e:
+            h.events(timeout=bad)
+        assert str(e.value) == message
+    with pytest.raises(ValueError, match=r"^timeout=nan is not a number of seconds"):
+        h.result(timeout=float("nan"))
+    assert len(h.result(timeout=60).token_ids) == 2 and h.result(timeout=0).token_ids == h.result().token_ids
+    assert [t for ev in h.events(timeout=1) for t in ev.token_ids] == h.result().token_ids
+    assert_idle_accounting(engine)
+
+
 def test_a_list_of_prompts_where_one_prompt_is_taken_is_named_as_such(engine):
     """submit(["the cat", "a dog"]) (or stream, score, pin_prefix) said "a prompt is a string or a
     list of token ids (ints); item 0 is 'the cat'", as if the first prompt were a bad token id."""
