@@ -1680,7 +1680,13 @@ def test_a_python_cells_choices_that_are_no_literal_repeats_export(body):
 
 def _load_job(source: str, monkeypatch, rows, out) -> dict:
     """The exported script ``source`` run as a module (not as __main__), its command line set to
-    ``--input rows --output out --no-progress``; returns its namespace (``job``, ``run_row``, ...)."""
+    ``--input rows --output out --no-progress``; returns its namespace (``job``, ``run_row``, ...).
+    Until the test ends the process's IPython shell, if another test module started one, is
+    hidden, as it is from ``python job.py``: Jupyter's ``display`` prints ``str(value)`` without a
+    shell and publishes ``repr(value)`` with one, so the jobs' output depended on test order."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setattr(InteractiveShell, "_instance", None)
     monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
     ns = {"__name__": "exported"}
     exec(compile(source, "job.py", "exec"), ns)
