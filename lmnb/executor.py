@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from lmnb import speculative
 from lmnb.speculative import Speculation
-from lmnb.backend.base import DELTA_TOKENS, BaseBackend, Completion, Prompt, finish_reason_dict
+from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import (
     DTYPE_STOPS,
@@ -1018,12 +1018,12 @@ class StreamExecutor:
         params, parse = self._resolve_params(expr.params)
         try:
             self._run_gen(expr, params, parse)
-        except ValueError as e:
+        except (ValueError, BackendError) as e:  # (the in-process engine's refusal; a server's)
             limit = f"max_tokens={params.max_new_tokens} "
-            if type(e) is not ValueError or expr.params.max_new_tokens is not None or limit not in str(e):
+            if type(e) not in (ValueError, BackendError) or expr.params.max_new_tokens is not None or limit not in str(e):
                 raise
             # the user never wrote this max_tokens (the run's default, 128 unless set): say where it came from
-            raise ValueError(
+            raise type(e)(
                 str(e).replace(limit, f"{limit.strip()} (the default of a gen without max_tokens) ", 1)
                 .replace("lower max_tokens", "give the gen its own smaller max_tokens=N")
             ) from None

@@ -665,6 +665,27 @@ def test_a_servers_refusal_of_a_gen_names_gens_max_tokens(backends, engines):
         assert message.endswith("lower max_tokens") and "new_tokens" not in message
 
 
+def test_a_servers_refusal_of_the_default_max_tokens_says_it_is_the_default(backends, engines):
+    """A gen without max_tokens refused by the server for "max_tokens=128", a number the program
+    never wrote: the message says it is the default, as the in-process engine's does."""
+    _, remote, _ = backends
+    ctx_len = engines[1].context_len
+    prompt = "x " * ((ctx_len - 100) // 2)
+    n = len(engines[1].encode(prompt))
+    assert n + 128 > ctx_len > n  # the prompt fits; the prompt and 128 new tokens do not
+
+    @sgl.function
+    def prog(s):
+        s += prompt + sgl.gen("x")
+
+    for stream in (False, True):
+        err = prog.run(backend=remote, stream=stream).error()
+        assert isinstance(err.__cause__, BackendError)
+        assert str(err).endswith(
+            f"prompt of {n} tokens + max_tokens=128 (the default of a gen without max_tokens) exceeds the model's "
+            f"context length of {ctx_len} tokens; shorten the prompt or give the gen its own smaller max_tokens=N")
+
+
 def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):
     """gen(stop_regex=...) reaches every backend: the output is the free greedy output cut before
     the first occurrence of a character picked from it (a one-character pattern completes where it
