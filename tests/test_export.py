@@ -320,6 +320,34 @@ def test_a_global_a_setup_function_sets_once_is_no_row_field_and_gets_no_note():
     source, p = export_notebook(nb)
     assert p.inputs == ("q",) and [c.index for c in p.setup] == [1, 2] and p.notes == []
 
+_SETG = "def setg():\n    global g\n    g = 5\n"
+
+
+@pytest.mark.parametrize("setup, cells", [
+    ("g = 1", [_SETG + "setg()\nr = str(g)"]),  # (g = 1 rebound by the row: it was a run_row copy)
+    ("g = 1", [_SETG + "setg()", "r = str(g)"]),
+    ("g = 1", ["%%timeit -n1 -r1\nglobal g\ng = 5", "r = str(g)"]),
+    ("g = 1", ["from math import *\n" + _SETG + "setg()\nr = str(g)"]),
+    ("", [_SETG + "setg()", "from math import *\nr = str(g)"]),  # (the import gave run_row's g job.UNBOUND)
+    (_SETG, ["from math import *\nsetg()\nr = str(g)"]),  # (run_row read globals()["g"]: KeyError)
+])
+def test_a_global_a_function_sets_is_read_as_the_script_global_in_run_row(tmp_path, monkeypatch, setup, cells):
+    # since `global g` in a function counts as binding g, run_row took g for a variable of its own
+    # (a copy of the set-up's g, or one a per-row star import set), which hid the global the
+    # function set: the row read 1, or failed with UnboundLocalError or KeyError
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r} {g}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them (%%timeit -n1 -r1: its body once)
+    for code in [setup, *cells]:
+        exec(code.replace("%%timeit -n1 -r1\n", ""), notebook_ns)
+    assert (notebook_ns["r"], notebook_ns["g"]) == ("5", 5)
+    results, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", f"{notebook_ns['r']} {notebook_ns['g']}"]
+
+
 
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     """%%time over %%lm runs the %%lm cell in IPython; the exporter took the body for Python and

@@ -320,7 +320,7 @@ def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple
     rebound, read = set(), set()
     for c in row:
         if isinstance(c, Code):
-            rebound |= set(c.assigns) | set(c.mutates)
+            rebound |= set(c.top_assigns) | set(c.mutates)  # (not what a function sets by `global`)
             read |= set(c.reads)
         elif isinstance(c, LMCell):
             rebound |= set(c.sets) | set(c.mutates)
@@ -336,7 +336,9 @@ def _star_locals(setup: list, row: list, locals_: tuple, module_names: tuple) ->
     if first is None:
         return ()
     read = set().union(*(set(c.reads) for c in row if isinstance(c, (Code, LMCell)) and c.index >= first))
-    return tuple(sorted((read & _module_names(setup, module_names)) - set(locals_) - {"lmnb"}))
+    # a name that a function sets by `global` stays the script's global: a copy in run_row hid the function's value
+    by_functions = set().union(*(set(c.declared_globals) for c in setup + row if isinstance(c, Code)))
+    return tuple(sorted((read & _module_names(setup, module_names)) - set(locals_) - by_functions - {"lmnb"}))
 
 
 def _star_names(setup: list, row: list, module_names: tuple) -> tuple:

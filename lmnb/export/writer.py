@@ -263,7 +263,7 @@ class _Writer:
         for i, cell in enumerate(p.row):
             body.append(self.row_cell(cell, bound, sure, p.row[i + 1:]))
             if isinstance(cell, Code):
-                bound += cell.assigns
+                bound += cell.top_assigns  # (what its functions set by `global` stays the script's global)
                 sure = _surely_bound(ast.parse(cell.source).body, sure)
             elif isinstance(cell, LMCell):
                 bound += self.lm_sets(cell)
@@ -290,7 +290,7 @@ class _Writer:
             for c in later:
                 if isinstance(c, Code):
                     later_reads |= set(c.reads)
-                    later_binds |= set(c.assigns)
+                    later_binds |= set(c.top_assigns)
                 elif isinstance(c, LMCell):
                     later_reads |= set(c.reads)
                     later_binds |= set(self.lm_sets(c))
