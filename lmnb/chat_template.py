@@ -12,6 +12,7 @@ conversations. Templates that cannot be written as fixed markers fall back to SG
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from datetime import datetime
@@ -117,44 +118,53 @@ def get_chat_template(name: str) -> ChatTemplate:
 def get_chat_template_by_model_path(model_path: str) -> ChatTemplate:
     """The registry template for a model name or path; ``default`` when nothing matches.
 
-    SGLang's matchers, in SGLang's order, for the templates registered here, with four
+    SGLang's matchers, in SGLang's order, for the templates registered here, with five
     differences: any Qwen checkpoint but a LLaVA one gets ``qwen`` (base checkpoints ship the same
     template; Qwen-VL's text markers are ``qwen``'s), ``llama3`` counts as ``llama-3``, Gemma needs
-    ``-it`` (SGLang's bare ``it`` also matches ``gemma-2b`` under a path such as ``/git/``), and
-    ``chatml``/``hermes`` get ``chatml``.
+    ``-it`` (SGLang's bare ``it`` also matches ``gemma-2b`` under a path such as ``/git/``),
+    ``chatml``/``hermes`` get ``chatml``, and a path is matched by the model's own folder, its last
+    component (SGLang matches the whole path: a base model in a folder under one named
+    ``instruct`` or ``chat``, ``/work/instruct/Mistral-7B-v0.1``, got an instruct model's
+    template), or the one above a trainer's ``checkpoint-N`` or a Hugging Face cache's
+    ``models--org--name/snapshots/HASH``, which are named for no model.
     """
-    p = (model_path or "").lower()
+    parts = [p for p in (model_path or "").lower().replace("\\", "/").split("/") if p]
+    while len(parts) > 1 and (re.fullmatch(r"checkpoint-\d+", parts[-1]) or parts[-2] == "snapshots"):
+        parts = parts[:-2] if parts[-2] == "snapshots" else parts[:-1]
+    return get_chat_template(_template_name(parts[-1] if parts else ""))
+
+
+def _template_name(p: str) -> str:
+    """The registry name SGLang's matchers give ``p`` (a lower-cased model name)."""
     if ("deepseek-v3" in p or "deepseek-r1" in p) and "base" not in p:
-        return get_chat_template("deepseek-v3")
+        return "deepseek-v3"
     if "dbrx" in p and "instruct" in p:
-        return get_chat_template("dbrx-instruct")
+        return "dbrx-instruct"
     if any(k in p for k in ("vicuna", "llava-v1.5", "llava-next-video-7b")):
-        return get_chat_template("vicuna_v1.1")
-    if ("llama-2" in p and "chat" in p) or (
-        any(k in p for k in ("mistral", "mixtral", "codellama")) and "instruct" in p
-    ):
-        return get_chat_template("llama-2-chat")
+        return "vicuna_v1.1"
+    if ("llama-2" in p and "chat" in p) or (any(k in p for k in ("mistral", "mixtral", "codellama")) and "instruct" in p):
+        return "llama-2-chat"
     if ("llama-3" in p or "llama3" in p) and "instruct" in p:
-        return get_chat_template("llama-3-instruct")
+        return "llama-3-instruct"
     if "tinyllama" in p:
-        return get_chat_template("chatml")
+        return "chatml"
     if "qwen" in p and "llava" not in p:
-        return get_chat_template("qwen")
+        return "qwen"
     if any(k in p for k in ("llava-v1.6-34b", "llava-v1.6-yi-34b", "llava-next-video-34b", "llava-onevision-qwen2")):
-        return get_chat_template("chatml-llava")
+        return "chatml-llava"
     if "yi-1.5" in p and "chat" in p:
-        return get_chat_template("yi-1.5")
+        return "yi-1.5"
     if "gemma" in p and "-it" in p:
-        return get_chat_template("gemma-it")
+        return "gemma-it"
     if "c4ai-command-r" in p:
-        return get_chat_template("c4ai-command-r")
+        return "c4ai-command-r"
     if "granite" in p and "instruct" in p:
-        return get_chat_template("granite-3-instruct")
+        return "granite-3-instruct"
     if "gemma-3" in p and "1b" not in p:
-        return get_chat_template("gemma-it")
+        return "gemma-it"
     if "chatml" in p or "hermes" in p:
-        return get_chat_template("chatml")
-    return get_chat_template("default")
+        return "chatml"
+    return "default"
 
 
 # SGLang's registry (sglang/lang/chat_template.py), role markers and stop strings as there. Left

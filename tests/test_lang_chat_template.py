@@ -221,6 +221,22 @@ def test_model_path_picks_the_template_sglang_picks(path, name):
     assert get_chat_template_by_model_path(path).name == name
 
 
+@pytest.mark.parametrize("path, name", [
+    # a base model's folder under a project folder whose name holds a matcher's word: SGLang's
+    # matchers read the whole path, so these got an instruct model's template
+    ("/work/instruct/Mistral-7B-v0.1", "default"),
+    ("/home/me/chat-experiments/Llama-2-7b-hf", "default"),
+    ("/data/mistral-instruct-runs/Qwen2.5-0.5B", "qwen"),
+    ("C:\\models\\llama3-instruct-evals\\gemma-2-2b", "default"),
+    ("/models/vicuna-evals/gpt2/", "default"),
+    # the model's own name is further up: a trainer's checkpoint, a Hugging Face cache snapshot
+    ("/ckpt/Llama-3-8B-Instruct/checkpoint-500/", "llama-3-instruct"),
+    ("/root/.cache/huggingface/hub/models--mistralai--Mistral-7B-Instruct-v0.2/snapshots/3ad372f", "llama-2-chat"),
+])
+def test_model_path_is_matched_by_the_models_own_folder_not_the_folders_above_it(path, name):
+    assert get_chat_template_by_model_path(path).name == name
+
+
 def test_unknown_template_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown chat template 'mistral'; known: .*'llama-2-chat'.*'vicuna_v1.1'"):
         sgl.get_chat_template("mistral")
