@@ -1602,6 +1602,24 @@ def test_a_setup_function_reading_a_variable_the_row_cells_set_is_noted_at_expor
     assert export_notebook(nb)[1].notes == []
 
 
+def test_a_setup_function_reading_a_global_a_per_row_function_sets_gets_no_note(tmp_path, monkeypatch):
+    # show() reads the script's global g, which setg() of the per-row cell sets by `global`, as in the
+    # notebook; the export noted that show read the set-up's value or failed with a NameError
+    from helpers_export import write_rows
+
+    setup, cell = 'def show():\n    return str(g)\nq = "A"', "def setg():\n    global g\n    g = q + '!'\nsetg()\nr = show()"
+    nb = notebook(setup, "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert not [n for n in p.notes if "show" in n]
+    notebook_ns = {}  # the Python cells in order, the row's q set after cell 1
+    exec(setup, notebook_ns)
+    notebook_ns["q"] = "B"
+    exec(cell, notebook_ns)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", notebook_ns["r"]] == ["B", "B!"]
+
+
 def test_a_setup_function_reading_a_variable_a_per_row_star_import_sets_is_warned_of(tmp_path, monkeypatch, capsys):
     # a function of a cell run once reads the script's globals, which the row's `from math import *`
     # leaves (it sets run_row's own variables): f() gave (2, 3) in every row where the notebook's

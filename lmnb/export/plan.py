@@ -362,9 +362,9 @@ def _setup_functions_reading_row_variables(setup: list, row: list) -> list:
     NameError or the value the setup cells left, where the notebook's read the row's value."""
     from lmnb.export.cells import function_globals
 
-    bound = set()
+    bound = set()  # (not what a row cell's function sets by `global`: the script's global, which such a function reads)
     for c in row:
-        bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
+        bound |= set(c.top_assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
     notes = []
     for c in setup:
         if isinstance(c, Code):
