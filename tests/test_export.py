@@ -1575,6 +1575,30 @@ def test_each_per_row_star_import_sets_the_names_no_cell_binds_from_its_own_line
     assert prompts[1] in ("2.0 (2+0j)", "8 8.0 8.0") and prompts[2] == "8.0"
 
 
+@pytest.mark.parametrize("cells", [
+    ["r = str(len(q))", "len = 3"],
+    ["from math import *\nr = str(len(q))", "len = 3"],  # (the import gave run_row's len job.UNBOUND)
+    ["r = str(pow)\nfrom math import *\npow = 'P'\nr += pow"],
+    ["r = type(q).__name__", "%%lm --temperature 0\n{q}{gen type max_tokens=1}", "r += type"],
+])
+def test_a_builtin_a_row_cell_binds_is_the_builtin_where_a_row_cell_reads_it_before(tmp_path, monkeypatch, cells):
+    # a per-row cell that binds len makes it run_row's variable, so a row cell that read the
+    # builtin above it failed every row with UnboundLocalError; the notebook read the builtin there
+    from helpers_export import write_rows
+
+    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {"q": "BB", "x": "!"}  # (cells 1-2 as the row runs them) then the row's cells in order
+    for code in cells:
+        if code.startswith("%%lm"):
+            notebook_ns["type"] = "!"  # (its gen, as the job's backend answers)
+        else:
+            exec(code, notebook_ns)
+    results, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "BB"}]), 0)
+    assert prompts[-1] == notebook_ns["r"] and prompts[-1] in ("2", "<built-in function pow>P", "str!")
+
+
 def test_a_setup_function_reading_a_variable_the_row_cells_set_is_noted_at_export(tmp_path, monkeypatch):
     # a function of a cell that runs once reads the script's globals, not run_row's variables: f()
     # failed every row with NameError: name 'x' is not defined (the notebook's gave "!?"), and the

@@ -128,7 +128,8 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
 def star_start(over: Sequence[str], /, *names: str) -> tuple:
     """The values of ``names`` (in order) where a row's cells begin, which no cell binds but a
     per-row cell's star import may set (``sqrt``; ``pow``, which ``from math import *``
-    replaces): what the star imports of ``over`` (the modules that the cells run once star-import,
+    replaces), or which are builtins that a per-row cell binds (``len``: the builtin until
+    then): what the star imports of ``over`` (the modules that the cells run once star-import,
     in order) set, else the builtin, else ``UNBOUND``. As in the notebook, the row's own imports
     change them only from their lines on (``star_values``); ``star_import`` filled the script's
     globals before, for all of run_row.

@@ -51,7 +51,10 @@ class Plan:
     row cell star-imports, the names the row cells read that no cell binds (sqrt; a builtin such
     as pow, which ``from math import *`` replaces): run_row's own variables too, holding the value
     the notebook has before the row's first import (``Job.star_start``), each import's from its
-    line on (two imports in a row give each its own sqrt). jupyter: Jupyter's
+    line on (two imports in a row give each its own sqrt). rebound_builtins: the builtins (len)
+    that a row cell binds and a row cell reads: run_row's variables, which start as the builtin
+    (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
+    cell raised UnboundLocalError). jupyter: Jupyter's
     built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
     them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -71,6 +74,7 @@ class Plan:
     copied: tuple = ()
     star_locals: tuple = ()
     star_names: tuple = ()
+    rebound_builtins: tuple = ()
     texts: tuple = ()
     types: dict = field(default_factory=dict)
     jupyter: tuple = ()
@@ -155,11 +159,12 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.copied = _copied(setup, row, p.inputs, parameters + p.jupyter)
     p.star_locals = _star_locals(setup, row, p.inputs + p.copied, parameters + p.jupyter)
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
+    p.rebound_builtins = _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
     if p.star_names:
         p.function_reads = _function_reads(setup, parameters)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
-                                     or n in p.star_names)
+                                     or n in p.star_names or n in p.rebound_builtins)
     p.backend, p.notes = _backend(setup, row)
     for n, kind in p.types.items():
         p.notes.append(f"{n}: a parameter of cell {params_cell.index}, read from each input row (--inputs), so the job "
@@ -354,6 +359,18 @@ def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
             bound |= set(c.assigns if isinstance(c, Code) else c.sets)
             read += c.reads
     return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__"))
+
+
+def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
+    """``Plan.rebound_builtins``: not those the setup cells bind, nor ``module_names`` (row fields,
+    parameters and the like): run_row's variables from their module value already, or arguments."""
+    read, rebound = set(), set()
+    for c in row:
+        if isinstance(c, (Code, LMCell)):
+            read |= set(c.reads)
+            rebound |= set(c.top_assigns if isinstance(c, Code) else c.sets)
+    names = (read & rebound & _BUILTINS) - _module_names(setup, module_names)
+    return tuple(sorted(n for n in names if not n.startswith("__")))
 
 
 def _setup_functions_reading_row_variables(setup: list, row: list) -> list:

@@ -245,11 +245,13 @@ class _Writer:
         for name in p.star_locals:
             body.append(f'{name} = globals()["{name}"]  # a star import below may set it: the row\'s own variable')
         # run_row's variables so far (but the row fields), and those of them bound whatever ran (star_values)
-        bound = [*p.copied, *p.star_locals, *p.star_names]
+        bound = [*p.copied, *p.star_locals, *p.star_names, *p.rebound_builtins]
         sure = set(bound) - set(p.star_names)
-        if p.star_names:
-            names = p.star_names
-            lines = ["# set by no cell, but a star import below may: the row's own variables, as the notebook has "
+        if p.star_names or p.rebound_builtins:
+            names = (*p.star_names, *p.rebound_builtins)
+            lines = ["# set by no cell, but a star import below may, or builtins that a cell below binds: the row's "
+                     "own variables, as the notebook has them before it" if p.rebound_builtins else
+                     "# set by no cell, but a star import below may: the row's own variables, as the notebook has "
                      "them before it",
                      f"{', '.join(names)}{',' * (len(names) == 1)} = {n.job}.star_start("
                      f"{self.setup_star_modules()}, {', '.join(map(repr, names))})"]
