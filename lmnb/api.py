@@ -625,7 +625,8 @@ def select(
 ):
     """Append the choice the model finds most likely and store it in ``name``.
 
-    ``choices``: strings, in a list or any other iterable (a tuple, a numpy array, a pandas Series).
+    ``choices``: strings, in a list or any other iterable (a tuple, a numpy array, a pandas Series;
+    a set's are taken in sorted order).
 
     Scoring (``lmnb.choices``): each choice's tokens after the prompt, with token healing at the
     boundary, normalized by ``choices_method``. ``temperature`` > 0 samples from the softmax of
@@ -643,10 +644,13 @@ def select(
 def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_method: Any) -> Select:
     """``select``'s checks and node; errors name ``caller``, the form the user wrote. A numpy array
     of choices (``df.label.unique()``) and numpy numbers are read as the Python values they hold,
-    as gen()'s other options are; any other iterable of choices (a pandas Series, a set, a
-    generator) as the list of its items."""
+    as gen()'s other options are; any other iterable of choices (a pandas Series, a generator) as
+    the list of its items, a set's sorted (so that ties, a seeded sample and the meta info's order
+    do not change from run to run)."""
     choices, temperature = _python_value(choices), _python_value(temperature)
     # (before the emptiness check below: a pandas Series' bool() raises "truth value is ambiguous")
+    if isinstance(choices, (set, frozenset)):  # (its order changes from run to run: strings' hashes are salted)
+        choices = sorted(choices, key=str)
     if isinstance(choices, collections.abc.Iterable) and not isinstance(choices, (str, bytes, list, tuple)):
         choices = _python_value(list(choices))
     if not choices or not isinstance(choices, (list, tuple)):

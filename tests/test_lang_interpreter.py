@@ -2387,6 +2387,17 @@ def test_select_and_gen_choices_take_any_iterable_of_strings_such_as_a_pandas_se
         sgl.select("x", choices=_SeriesLike(["a", 3]))
 
 
+def test_a_set_of_choices_is_taken_in_the_same_order_in_every_process():
+    # a set's order follows its strings' hashes, which Python salts per process: a seeded sample
+    # (temperature > 0), a tie and the meta info's choices changed from run to run
+    import os
+
+    code = "import lmnb; print(lmnb.select('x', choices={'yes', 'no', 'maybe', 'unsure'}).choices)"
+    orders = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(5)}
+    assert orders == {"['maybe', 'no', 'unsure', 'yes']\n"}
+
+
 def test_a_choices_method_written_for_sglang_decides_by_its_call():
     # SGLang's ChoicesSamplingMethod is subclassed by defining __call__(*, choices,
     # normalized_prompt_logprobs, input_token_logprobs, ...) -> ChoicesDecision; lmnb called the
