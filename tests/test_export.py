@@ -315,6 +315,20 @@ def test_a_name_a_function_or_timeit_body_declares_global_is_bound_by_its_cell(t
             "the value from the function instead, or run the job with --num-threads 1") in p.notes
 
 
+@pytest.mark.parametrize("cells, line", [
+    (['q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "%%timeit -n1 -r1\nx = 1\nfrom math import *"], 3),
+    (["%%timeit x = 1\nfrom math import *", 'q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}"], 2),
+])
+def test_a_star_import_in_a_timeit_body_is_refused_naming_its_line(cells, line):
+    # IPython runs a %%timeit body in a function, where `from math import *` is a SyntaxError; the
+    # exporter's check of the names it declares global raised that SyntaxError bare, with no cell
+    index = next(i for i, c in enumerate(cells, start=1) if c.startswith("%%timeit"))
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook(*cells))
+    assert str(e.value) == (f"cell {index}, line {line}: invalid Python in a %%timeit body, which IPython runs in a "
+                            "function: import * only allowed at module level; move that line out of the %%timeit cell")
+
+
 def test_a_global_a_setup_function_sets_once_is_no_row_field_and_gets_no_note():
     nb = notebook("def f():\n    global g\n    g = 'G'\nf()", 'q = "A"', "%%lm --temperature 0\n{q} {g}{gen z max_tokens=1}")
     source, p = export_notebook(nb)

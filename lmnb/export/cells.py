@@ -253,7 +253,7 @@ def _code_cell(index: int, source: str, tags: tuple, first_line: int = 1, indent
             if isinstance(inner, Code) and inner.magic is None:
                 inner.magic = first.strip()
                 if name == "timeit":
-                    _in_timeit_function(inner)
+                    _in_timeit_function(inner, body_line)
             variable = next((w for w in first.split()[1:] if not w.startswith("-")), None)
             if name == "capture" and variable:  # (over a dropped %%bash too: IPython binds it all the same)
                 if not isinstance(inner, Dropped):
@@ -342,12 +342,21 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
     return code
 
 
-def _in_timeit_function(code: Code) -> None:
-    """Make ``code`` (a ``%%timeit`` body) run in a function of its own, as IPython runs it, so
-    that the names it binds are not set: it binds only those it declares ``global`` for the plan."""
+def _in_timeit_function(code: Code, first_line: int) -> None:
+    """Make ``code`` (a ``%%timeit`` body, from line ``first_line`` of its cell) run in a function
+    of its own, as IPython runs it, so that the names it binds are not set: it binds only those it
+    declares ``global`` for the plan.
+
+    Raises:
+        ExportError: what a function cannot hold (``from math import *``), as IPython refuses it."""
     body = indent_code(code.source if ast.parse(code.source).body else code.source + "\npass")
     code.source = f"def {TIMEIT_BODY}():\n{body}\n{TIMEIT_BODY}()"
-    code.declared_globals = code.assigns = declared_globals(code.source)
+    try:
+        code.declared_globals = code.assigns = declared_globals(code.source)
+    except SyntaxError as e:  # (line 1 is the def's: the body's line k is line k + 1)
+        raise ExportError(f"cell {code.index}, line {(e.lineno or 2) - 1 + first_line - 1}: invalid Python in a "
+                          f"%%timeit body, which IPython runs in a function: {e.msg}; move that line out of the "
+                          "%%timeit cell") from None
     code.bindings, code.string_assignments = (), {}
 
 
