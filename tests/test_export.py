@@ -1638,6 +1638,10 @@ def test_a_setup_function_reading_a_variable_the_row_cells_set_is_noted_at_expor
     # a comprehension runs where the cell defines it (Python 3.11 gives it a function's symbol table)
     nb = notebook('n = 1\nns = [n for _ in range(2)]\nq = "A"', lm, "n = 2")
     assert export_notebook(nb)[1].notes == []
+    # so does a %%timeit body (or %timeit line), in the function the script wraps it in: the note named
+    # that function, _timeit_body, which the notebook does not have
+    for timed in ("%%timeit -n1 -r1\nm = n * 2", "%timeit m = n * 2"):
+        assert export_notebook(notebook('n = 1\nq = "A"', timed, lm, "n = 2"))[1].notes == []
 
 
 def test_a_setup_function_reading_a_global_a_per_row_function_sets_gets_no_note(tmp_path, monkeypatch):

@@ -529,11 +529,12 @@ def _declared_global_bindings(table) -> dict:
 def function_globals(source: str) -> dict:
     """Name → the globals it reads when called, for each function, lambda and class that the top
     level of ``source`` (a cell) defines: a function's body, and the functions in it; a class's
-    methods (its body runs where the cell defines it). Not comprehensions, which run there too."""
+    methods (its body runs where the cell defines it). Not comprehensions, which run there too, nor
+    the function of a ``%%timeit`` body or a ``%timeit`` line (``TIMEIT_BODY``), called there."""
     table = symtable.symtable(source, "<cell>", "exec")
     out: dict = {}
     for child in table.get_children():
-        if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr"):  # (their tables' names)
+        if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr", TIMEIT_BODY):  # (their tables' names)
             continue
         read = _nested_globals(child)
         if child.get_type() == "function":
