@@ -315,6 +315,33 @@ def test_a_name_a_function_or_timeit_body_declares_global_is_bound_by_its_cell(t
             "the value from the function instead, or run the job with --num-threads 1") in p.notes
 
 
+_BUMP = "def bump():\n    global count\n    count += 1\n"
+
+
+@pytest.mark.parametrize("setup, cells", [
+    ("", ["count = 0\n" + _BUMP + "bump()\nr = str(count)"]),
+    ("", ["count = 0\n" + _BUMP + "from math import *\nbump()\nr = str(count)"]),
+    ("count = 0\n" + _BUMP, ["from math import *\nbump()\nr = str(count)"]),  # (run_row's copy of count)
+    ("", ["def more():\n    global x\n    x = x + '?'\nmore()\nr = x"]),  # (x: cell 2's gen)
+])
+def test_a_variable_a_cell_and_a_functions_global_both_set_is_one_in_run_row(tmp_path, monkeypatch, setup, cells):
+    # count = 0 in a per-row cell made count run_row's variable, while bump() set the script's global:
+    # bump() failed every row with NameError, or the row read its own count (or {gen x}'s x) unchanged;
+    # after a per-row star import, run_row read its own copy of the set-up's count
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    notebook_ns = {}  # the set-up, cell 2's gen as the job's backend answers, then the row's cells in order
+    exec(setup, notebook_ns)
+    notebook_ns["x"] = "!"
+    for code in cells:
+        exec(code, notebook_ns)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", notebook_ns["r"]] and notebook_ns["r"] in ("1", "!?")
+
+
 @pytest.mark.parametrize("cells, line", [
     (['q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "%%timeit -n1 -r1\nx = 1\nfrom math import *"], 3),
     (["%%timeit x = 1\nfrom math import *", 'q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}"], 2),

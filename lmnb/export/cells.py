@@ -99,22 +99,13 @@ class Code:
     resets: list = field(default_factory=list)  # %lm reset [NAME] lines: the state names, None for all
     magic: Optional[str] = None  # "%%time" etc. when the cell had a Python-bodied cell magic
     star_imports: tuple = ()  # modules other than lmnb's it star-imports (``from math import *``): names unknown here
-    # names its functions declare ``global`` and bind, but its top level does not (in ``assigns`` too)
-    declared_globals: tuple = ()
+    declared_globals: tuple = ()  # names its functions declare ``global`` and bind (in ``assigns`` too)
     captured_output: Optional[str] = None  # the VARIABLE of ``%%capture VARIABLE``: IPython binds it, the job does not
 
     @property
     def is_parameters(self) -> bool:
         """Whether the cell is tagged ``parameters`` (papermill's convention)."""
         return "parameters" in self.tags
-
-    @property
-    def top_assigns(self) -> tuple:
-        """``assigns`` but ``declared_globals``: the names its own statements bind. A per-row cell
-        runs in run_row, where those are run_row's variables, while the names its functions bind
-        by ``global`` stay the script's globals (a copy or a star import's value of one in run_row
-        hid what the function set)."""
-        return tuple(n for n in self.assigns if n not in self.declared_globals)
 
 
 @dataclass
@@ -507,11 +498,8 @@ def names(source: str, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
 
 
 def declared_globals(source: str) -> tuple:
-    """The names that functions and classes in ``source`` (a cell) declare ``global`` and bind,
-    but its top level does not bind."""
-    table = symtable.symtable(source, "<cell>", "exec")
-    top = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
-    return tuple(n for n in _declared_global_bindings(table) if n not in top)
+    """The names that functions and classes in ``source`` (a cell) declare ``global`` and bind."""
+    return tuple(_declared_global_bindings(symtable.symtable(source, "<cell>", "exec")))
 
 
 def _declared_global_bindings(table) -> dict:

@@ -54,7 +54,10 @@ class Plan:
     line on (two imports in a row give each its own sqrt). rebound_builtins: the builtins (len)
     that a row cell binds and a row cell reads: run_row's variables, which start as the builtin
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
-    cell raised UnboundLocalError). jupyter: Jupyter's
+    cell raised UnboundLocalError). shared: the names that a function of a row cell declares
+    ``global`` and binds (but row fields): the script's globals in run_row too, as in the notebook,
+    where the function and the cells' code set one variable (run_row's own hid what the function
+    set); rows share them. jupyter: Jupyter's
     built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
     them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -75,6 +78,7 @@ class Plan:
     star_locals: tuple = ()
     star_names: tuple = ()
     rebound_builtins: tuple = ()
+    shared: tuple = ()
     texts: tuple = ()
     types: dict = field(default_factory=dict)
     jupyter: tuple = ()
@@ -156,10 +160,15 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     for c in moved:
         _check_strippable(c, p.strip[c.index])
     p.jupyter = _jupyter_builtins(cells)
-    p.copied = _copied(setup, row, p.inputs, parameters + p.jupyter)
-    p.star_locals = _star_locals(setup, row, p.inputs + p.copied, parameters + p.jupyter)
+    p.shared = tuple(dict.fromkeys(n for c in row if isinstance(c, Code) for n in c.declared_globals
+                                   if n not in p.inputs))
+    p.copied = _copied(setup, row, p.inputs + p.shared, parameters + p.jupyter)
+    # (a name a set-up function sets by `global` is read as the script's global: a copy hid what a call set)
+    declared = tuple(n for c in setup if isinstance(c, Code) for n in c.declared_globals)
+    p.star_locals = _star_locals(setup, row, p.inputs + p.copied + p.shared + declared, parameters + p.jupyter)
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
-    p.rebound_builtins = _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
+    p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
+                               if n not in p.shared)
     if p.star_names:
         p.function_reads = _function_reads(setup, parameters)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
@@ -178,7 +187,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
-    p.notes += _setup_functions_reading_row_variables(setup, row)
+    p.notes += _setup_functions_reading_row_variables(setup, row, p.shared)
     for c in row:  # (run_row's nested function writes the script's global, which the rows' threads share)
         if isinstance(c, Code) and c.declared_globals:
             shown = ", ".join(c.declared_globals)
@@ -320,12 +329,12 @@ def _module_names(setup: list, module_names: tuple) -> set:
 
 def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple:
     """The module-level names (``_module_names``) that the row part reads and rebinds or changes in
-    place (``Plan.copied``)."""
+    place (``Plan.copied``), but ``inputs`` (the row fields, and ``Plan.shared``: no run_row variables)."""
     module = _module_names(setup, module_names)
     rebound, read = set(), set()
     for c in row:
         if isinstance(c, Code):
-            rebound |= set(c.top_assigns) | set(c.mutates)  # (not what a function sets by `global`)
+            rebound |= set(c.assigns) | set(c.mutates)
             read |= set(c.reads)
         elif isinstance(c, LMCell):
             rebound |= set(c.sets) | set(c.mutates)
@@ -336,14 +345,13 @@ def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple
 def _star_locals(setup: list, row: list, locals_: tuple, module_names: tuple) -> tuple:
     """The module-level names (``_module_names``) that the row cells read from the first one with a
     star import on, but those in ``locals_`` (row fields and ``Plan.copied``: run_row's variables
-    already) and lmnb (the script's own import) (``Plan.star_locals``)."""
+    already; names that functions set by ``global``: read as the script's globals) and lmnb (the
+    script's own import) (``Plan.star_locals``)."""
     first = next((c.index for c in row if isinstance(c, Code) and c.star_imports), None)
     if first is None:
         return ()
     read = set().union(*(set(c.reads) for c in row if isinstance(c, (Code, LMCell)) and c.index >= first))
-    # a name that a function sets by `global` stays the script's global: a copy in run_row hid the function's value
-    by_functions = set().union(*(set(c.declared_globals) for c in setup + row if isinstance(c, Code)))
-    return tuple(sorted((read & _module_names(setup, module_names)) - set(locals_) - by_functions - {"lmnb"}))
+    return tuple(sorted((read & _module_names(setup, module_names)) - set(locals_) - {"lmnb"}))
 
 
 def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
@@ -368,20 +376,22 @@ def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
     for c in row:
         if isinstance(c, (Code, LMCell)):
             read |= set(c.reads)
-            rebound |= set(c.top_assigns if isinstance(c, Code) else c.sets)
+            rebound |= set(c.assigns if isinstance(c, Code) else c.sets)
     names = (read & rebound & _BUILTINS) - _module_names(setup, module_names)
     return tuple(sorted(n for n in names if not n.startswith("__")))
 
 
-def _setup_functions_reading_row_variables(setup: list, row: list) -> list:
+def _setup_functions_reading_row_variables(setup: list, row: list, shared: tuple) -> list:
     """Notes for the functions (and classes' methods) of setup cells that read a variable the row
     cells set: they read the script's globals, not run_row's variables, so in the job they get a
-    NameError or the value the setup cells left, where the notebook's read the row's value."""
+    NameError or the value the setup cells left, where the notebook's read the row's value. Not
+    for ``shared`` names (``Plan.shared``), which run_row sets as the script's globals."""
     from lmnb.export.cells import function_globals
 
-    bound = set()  # (not what a row cell's function sets by `global`: the script's global, which such a function reads)
+    bound = set()
     for c in row:
-        bound |= set(c.top_assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
+        bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
+    bound -= set(shared)
     notes = []
     for c in setup:
         if isinstance(c, Code):

@@ -239,6 +239,11 @@ class _Writer:
         doc = (f'"""Notebook {which} {cells} for one input row. The job records what the %%lm cells\n'
                f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
         body = [doc]
+        # (a cell's code and a function's `global` set one variable, as in the notebook: not a run_row variable)
+        shared = [name for name in p.shared if any(
+            name in (c.assigns if isinstance(c, Code) else self.lm_sets(c)) for c in p.row if isinstance(c, (Code, LMCell)))]
+        if shared:
+            body.append(f"global {', '.join(shared)}  # set by a function's `global` too: the script's, which rows share")
         for name in p.copied:
             body.append(f'{name} = {n.job}.row_copy(globals()["{name}"])  # changed below: each row starts '
                         "from the module value")
@@ -265,10 +270,10 @@ class _Writer:
         for i, cell in enumerate(p.row):
             body.append(self.row_cell(cell, bound, sure, p.row[i + 1:]))
             if isinstance(cell, Code):
-                bound += cell.top_assigns  # (what its functions set by `global` stays the script's global)
+                bound += [name for name in cell.assigns if name not in p.shared]
                 sure = _surely_bound(ast.parse(cell.source).body, sure)
             elif isinstance(cell, LMCell):
-                bound += self.lm_sets(cell)
+                bound += [name for name in self.lm_sets(cell) if name not in p.shared]
                 sure |= set(self.lm_sets(cell))
         text = "\n\n".join(indent_code(b) for b in body)
         return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
@@ -292,7 +297,7 @@ class _Writer:
             for c in later:
                 if isinstance(c, Code):
                     later_reads |= set(c.reads)
-                    later_binds |= set(c.top_assigns)
+                    later_binds |= set(c.assigns) - set(self.p.shared)
                 elif isinstance(c, LMCell):
                     later_reads |= set(c.reads)
                     later_binds |= set(self.lm_sets(c))
@@ -300,10 +305,10 @@ class _Writer:
                 lines[star.first - 1:star.last] = ["# " + line for line in lines[star.first - 1:star.last]]
                 # a row field counts from where the notebook's example of it was (the row's value replaces it there)
                 fields = [n for n in self.p.inputs if self.field_at[n] < (cell.index, star.first)]
-                known = [n for n in [*bound, *star.above] if n not in self.p.inputs]
+                known = [n for n in [*bound, *star.above] if n not in self.p.inputs and n not in self.p.shared]
                 # a variable bound below and read there may be read before it is bound: the import's value
                 reads, binds = later_reads | star.after_reads, later_binds | star.after_binds
-                below = sorted((reads & binds) - set(known) - set(self.p.inputs))
+                below = sorted((reads & binds) - set(known) - set(self.p.inputs) - set(self.p.shared))
                 names = list(dict.fromkeys([*fields, *known, *below]))
                 if not names:
                     lines[star.last - 1] += "  <- made at module level, before run_row"
