@@ -1127,6 +1127,8 @@ class _Held:
     (each sample then ends with the abort ``Engine.abort`` makes) or ``release`` is set (each then
     ends with finish reason length)."""
 
+    piece = "x"  # (the text of each event)
+
     def __init__(self, rid, n, release):
         self.rid, self.n, self.release = rid, n, release
         self.aborted, self.finished = threading.Event(), threading.Event()
@@ -1143,8 +1145,9 @@ class _Held:
             sent = 0
             while not self.aborted.is_set() and not self.release.wait(0.01):
                 for i in range(self.n):
-                    listener(StreamEvent(self.rid, "x", [120], index=i))
+                    listener(StreamEvent(self.rid, self.piece, [120], index=i))
                 sent += 1
+                self.sent = sent
             reason = FinishReason("abort", message=self.abort_message) if self.aborted.is_set() else FinishReason("length")
             meta = RequestMeta(prompt_tokens=1, cached_tokens=0, completion_tokens=sent)
             self._results = [GenerateResult(self.rid, "x" * sent, [120] * sent, reason, meta, index=i)
@@ -1275,6 +1278,51 @@ def test_a_stopping_server_answers_a_waiting_request_that_it_shut_down(path, bod
         thread.join(30)
         assert not thread.is_alive()
     assert replies[0].status_code == status and answer(replies[0].json()), replies[0].text
+
+
+class _Flooding(_Held):
+    """A ``_Held`` whose every event carries 1 MiB of text."""
+
+    piece = "x" * 2**20
+
+
+def test_a_stopping_server_cuts_off_a_stream_its_client_does_not_read_without_a_traceback(monkeypatch):
+    """A client that read nothing kept its stream open past the shutdown's grace period; uvicorn
+    then cancelled the response's task and logged "Exception in ASGI application" with the
+    CancelledError's traceback, as for a crash. Its connection is now closed instead, and the
+    response ends as for a client that left."""
+    import logging
+
+    import lmnb_engine.http_server.app as http_app
+    from lmnb_engine.http_server import create_app
+
+    monkeypatch.setattr(http_app, "SHUTDOWN_GRACE_S", 0.5)
+    engine = _StoppingEngine()
+    monkeypatch.setattr(engine, "submit", lambda prompt, params, rid=None: engine.handles.append(
+        _Flooding(rid, params.n, engine.release)) or engine.handles[-1])
+    server = http_app.Server(create_app(engine, served_model_name="rec"), log_level="warning")
+    records: list = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        with serving(server) as (url, thread), socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: a small window)
+            client.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            body = json.dumps({"model": "rec", "prompt": "a", "max_tokens": 1000, "stream": True}).encode()
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body)  # and reads nothing
+            engine.wait_for(1)
+            deadline = time.monotonic() + 30  # (far more than the socket buffers hold, none of it read)
+            while getattr(engine.handles[0], "sent", 0) < 16 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            server.should_exit = True
+            thread.join(30)
+            assert not thread.is_alive()
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert engine.handles[0].aborted.is_set()
+    assert [r.getMessage() for r in records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])

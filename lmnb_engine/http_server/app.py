@@ -336,18 +336,37 @@ class Server(uvicorn.Server):
     streaming a long generation kept the server up until its last token. The app's engine is shut
     down first, which aborts every request (``ABORTED_BY_SHUTDOWN``): each stream sends its last
     event (/generate's finish reason abort, an OpenAI stream's error) and ``[DONE]``, each
-    unstreamed request its answer, and a response still open ``SHUTDOWN_GRACE_S`` later is cut
-    off. ``config``: ``uvicorn.Config``'s keywords."""
+    unstreamed request its answer, and a response still open ``SHUTDOWN_GRACE_S`` later (its
+    client reads nothing) is cut off: its connection is closed (``_cut_off``). ``config``:
+    ``uvicorn.Config``'s keywords."""
 
     def __init__(self, app: FastAPI, **config: Any) -> None:
-        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=SHUTDOWN_GRACE_S, **config))
+        # uvicorn's own limit cancels the tasks still running, and logs each one's CancelledError
+        # with its traceback: here only a backstop for a task that outlives its closed connection
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=2 * SHUTDOWN_GRACE_S, **config))
         self.engine = app.state.ctx.engine
 
     async def shutdown(self, sockets: Optional[list] = None) -> None:
         """Shut the engine down (off the event loop, which meanwhile sends the streams' last
-        events), then uvicorn's shutdown: it waits for the responses to end."""
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.shutdown)
-        await super().shutdown(sockets)
+        events), then uvicorn's shutdown: it waits for the responses to end, those still open
+        ``SHUTDOWN_GRACE_S`` from now being cut off."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.engine.shutdown)
+        cut = loop.call_later(SHUTDOWN_GRACE_S, self._cut_off)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()
+
+    def _cut_off(self) -> None:
+        """Close the connections still open: each response's task sees its client gone and ends
+        quietly, as for a client that left."""
+        connections = list(self.server_state.connections)
+        if connections:
+            logger.warning("cutting off %d response(s) still open %g s after the shutdown (their clients read "
+                           "nothing)", len(connections), SHUTDOWN_GRACE_S)
+        for connection in connections:
+            connection.transport.abort()
 
 
 class EventStream(StreamingResponse):
