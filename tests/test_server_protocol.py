@@ -2106,6 +2106,37 @@ def test_an_abort_of_a_request_still_being_submitted_ends_it(path, body, rid):
         assert [c["finish_reason"] for c in reply["choices"]] == (["abort"] * 2 if rid == "X" else ["length", "abort"])
 
 
+@pytest.mark.parametrize("path, body, rid", [
+    ("/generate", {"text": ["a", "b"], "rid": "B"}, "B"),
+    ("/generate", {"text": ["a", "b"], "rid": "B"}, "B-0"),
+    ("/v1/completions", {"model": "rec", "prompt": ["a", "b"], "rid": "B"}, "B"),
+])
+def test_an_abort_of_a_batch_whose_later_prompt_is_being_submitted_ends_its_earlier_prompt_at_once(path, body, rid):
+    """/abort_request of a batch (or of its first prompt) while its second prompt was still being
+    submitted (its grammar compiling, for up to a minute) answered success true, but the first
+    prompt, already in the engine, ran on until the second was submitted, only then aborted."""
+    class Engine(_RidEngine):
+        entered, go = threading.Event(), threading.Event()
+
+        def submit(self, prompt, params, rid=None):
+            if rid == "B-1":  # (compiling its grammar)
+                self.entered.set()
+                assert self.go.wait(30)
+            return super().submit(prompt, params, rid)
+
+    engine = Engine()
+    with live_server(engine, served_model_name="rec") as url, _posting_while_submitted(engine, url, path, body) as replies:
+        assert _post(url, "/abort_request", {"rid": rid}).json() == {"success": True}
+        assert engine.handles[0].aborted.wait(15)  # (before the second prompt is submitted)
+        engine.go.set()
+        engine.wait_for(2)
+        assert rid == "B-0" or engine.handles[1].aborted.wait(15)
+    reply = replies[0].json()
+    finish = [r["meta_info"]["finish_reason"]["type"] for r in reply] if path == "/generate" else [
+        c["finish_reason"] for c in reply["choices"]]
+    assert finish == (["abort", "length"] if rid == "B-0" else ["abort", "abort"])
+
+
 def test_an_openai_response_id_that_a_running_responses_prompt_holds_is_refused():
     """Found by the break-it review: while an OpenAI response "Z" of two prompts ran (engine rids
     Z-0, Z-1), an OpenAI request of two prompts with rid "Z-1" was taken (the engine saw only

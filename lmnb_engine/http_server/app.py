@@ -158,6 +158,9 @@ class ServerContext:
         self.submitting: collections.Counter[str] = collections.Counter()
         # those of them that /abort_request named meanwhile: the route aborts them once it has their handles
         self.aborted_early: set[str] = set()
+        # a response being submitted (holding_response) -> its prompts' engine rids, which /abort_request
+        # with its id aborts in the engine at once: those submitted already run meanwhile
+        self.held_responses: dict[str, list] = {}
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
 
     def in_use(self, rid: str) -> bool:
@@ -211,7 +214,11 @@ class ServerContext:
         if taken is not None:
             raise rid_clash(rid, rids, taken)
         with self.holding(list(dict.fromkeys([rid, *rids]))):
-            yield
+            self.held_responses[rid] = rids
+            try:
+                yield
+            finally:
+                del self.held_responses[rid]
 
     async def submit_response(self, rid: str, prompts: list, params: list, rids: list,
                               refused: Callable[[Exception, int], RequestError]) -> "Batch":
@@ -762,8 +769,12 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         # (one finished, whose handles a route still holds, leaves the rid to a request taken since: in_use)
         if batch is not None and not all(h.done for h in batch):
             return {"success": any([await ctx.run(h.abort) for h in batch])}
-        if ctx.submitting[rid]:  # (still being submitted, unknown to the engine yet: aborted once it is)
+        if ctx.submitting[rid]:  # (still being submitted: aborted once its handles exist)
             ctx.aborted_early.add(rid)
+            # and now, in the engine, whatever of it the engine has: an earlier prompt of a batch, running
+            # while a later one compiles its grammar (Engine.abort finds that one too)
+            for engine_rid in ctx.held_responses.get(rid, [rid]):
+                await ctx.run(engine.abort, engine_rid)
             return {"success": True}
         return {"success": bool(await ctx.run(engine.abort, rid))}
 
