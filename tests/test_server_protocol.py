@@ -971,6 +971,9 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
      'JSON schema pattern at #/properties/p: regex "(?<=a)b" uses a lookbehind'),
     ({"$ref": "other.json#/$defs/x"}, 'JSON schema $ref "other.json#/$defs/x" at # points into another document'),
     ({"properties": {"c": {"const": "a\ud800"}}}, 'JSON schema at #/properties/c lists the string "a\\ud800"'),
+    # a pattern the regex checker shows cut after 80 characters (Python's quotes were left there)
+    ({"properties": {"p": {"type": "string", "pattern": "^\u00e9\u0001" + "x" * 90 + "[a-z]{1,2000}$"}}},
+     'JSON schema pattern at #/properties/p: regex "^\u00e9\\u0001' + "x" * 77 + '"... repeats a part 2000 times'),
 ])
 def test_a_json_schemas_error_reads_alike_in_process_and_over_http(schema, message):
     """The engine's JSON schema errors wrote the schema's values as Python does ('foo', True),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import Callable
 
 from lmnb_engine.constrained.errors import GrammarError
 
@@ -229,9 +230,10 @@ def check_parsed(parsed, pattern: str) -> None:
         raise GrammarError(_too_many(pattern, str(count)))
 
 
-def _shown(pattern: str) -> str:
-    """``pattern`` quoted for a message, cut after 80 characters (a schema's regex runs to kilobytes)."""
-    return repr(pattern[:80]) + ("..." if len(pattern) > 80 else "")
+def _shown(pattern: str, quote: Callable[[str], str] = repr) -> str:
+    """``pattern`` quoted for a message (``quote``: as Python writes a string), cut after 80
+    characters (a schema's regex runs to kilobytes)."""
+    return quote(pattern[:80]) + ("..." if len(pattern) > 80 else "")
 
 
 def _check_nesting(pattern: str) -> None:
