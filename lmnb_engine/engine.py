@@ -1244,8 +1244,9 @@ class Engine:
         """Release a ``pin_prefix`` lock (the prefix becomes evictable). ``ValueError`` if unknown."""
 
         def release() -> None:
-            # (a bool is no handle: True, equal to 1 as a dict key, released the pin whose handle is 1)
-            node = None if isinstance(handle, bool) else self.scheduler.pins.pop(handle, None)
+            # (only an int is a handle: True or 1.0, equal to 1 as a dict key, released the pin whose handle is 1)
+            is_handle = isinstance(handle, numbers.Integral) and not isinstance(handle, bool)
+            node = self.scheduler.pins.pop(handle, None) if is_handle else None
             if node is None:
                 raise ValueError(f"unknown pin handle {handle!r}")
             self.scheduler.cache.dec_lock_ref(node)
