@@ -84,7 +84,7 @@ def in_json_words(message: str, values: list) -> str:
     for v in values:
         if v is None or isinstance(v, (str, bool, dict, list, tuple)):
             try:
-                shown.setdefault(repr(v), json.dumps(v, ensure_ascii=False))
+                shown.setdefault(repr(v), json_value(v))  # (a lone surrogate as its escape, as repr has it)
             except (TypeError, ValueError):  # (a Python value JSON has no words for: left as it is)
                 pass
     for py in sorted(shown, key=len, reverse=True):  # (a whole object before the strings inside it)

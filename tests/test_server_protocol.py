@@ -971,6 +971,9 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
      'JSON schema pattern at #/properties/p: regex "(?<=a)b" uses a lookbehind'),
     ({"$ref": "other.json#/$defs/x"}, 'JSON schema $ref "other.json#/$defs/x" at # points into another document'),
     ({"properties": {"c": {"const": "a\ud800"}}}, 'JSON schema at #/properties/c lists the string "a\\ud800"'),
+    # jsonschema's own message, put in JSON's words (in_json_words): the surrogate was written bare
+    ({"properties": {"a": {"type": "\ud800"}}},
+     'JSON schema at #/properties/a/type is not a valid JSON Schema: "\\ud800" is not valid under any of'),
     # a pattern the regex checker shows cut after 80 characters (Python's quotes were left there)
     ({"properties": {"p": {"type": "string", "pattern": "^\u00e9\u0001" + "x" * 90 + "[a-z]{1,2000}$"}}},
      'JSON schema pattern at #/properties/p: regex "^\u00e9\\u0001' + "x" * 77 + '"... repeats a part 2000 times'),
