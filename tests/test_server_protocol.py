@@ -1292,11 +1292,13 @@ class _Flooding(_Held):
     piece = "x" * 2**20
 
 
-def test_a_stopping_server_cuts_off_a_stream_its_client_does_not_read_without_a_traceback(monkeypatch):
+@pytest.mark.parametrize("force", [False, True], ids=["grace", "forced"])
+def test_a_stopping_server_cuts_off_a_stream_its_client_does_not_read_without_a_traceback(monkeypatch, force):
     """A client that read nothing kept its stream open past the shutdown's grace period; uvicorn
     then cancelled the response's task and logged "Exception in ASGI application" with the
-    CancelledError's traceback, as for a crash. Its connection is now closed instead, and the
-    response ends as for a client that left."""
+    CancelledError's traceback, as for a crash (and at once at a forced exit, a second Ctrl-C,
+    as the loop closed). Its connection is now closed instead, and the response ends as for a
+    client that left."""
     import logging
 
     import lmnb_engine.http_server.app as http_app
@@ -1322,6 +1324,7 @@ def test_a_stopping_server_cuts_off_a_stream_its_client_does_not_read_without_a_
             deadline = time.monotonic() + 30  # (far more than the socket buffers hold, none of it read)
             while getattr(engine.handles[0], "sent", 0) < 16 and time.monotonic() < deadline:
                 time.sleep(0.01)
+            server.force_exit = force  # (what uvicorn's handler of a second Ctrl-C does)
             server.should_exit = True
             thread.join(30)
             assert not thread.is_alive()

@@ -349,8 +349,11 @@ class Server(uvicorn.Server):
 
     def __init__(self, app: FastAPI, **config: Any) -> None:
         # uvicorn's own limit cancels the tasks still running, and logs each one's CancelledError
-        # with its traceback: here only a backstop for a task that outlives its closed connection
-        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=2 * SHUTDOWN_GRACE_S, **config))
+        # with its traceback: here only a backstop for a task that outlives its closed connection.
+        # No lifespan task (the app has no startup or shutdown hooks): a forced exit skips its
+        # shutdown, and the closing loop cancelled it, with a traceback too.
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=2 * SHUTDOWN_GRACE_S, lifespan="off",
+                                        **config))
         self.engine = app.state.ctx.engine
 
     async def shutdown(self, sockets: Optional[list] = None) -> None:
@@ -359,19 +362,23 @@ class Server(uvicorn.Server):
         ``SHUTDOWN_GRACE_S`` from now being cut off."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.engine.shutdown)
-        cut = loop.call_later(SHUTDOWN_GRACE_S, self._cut_off)
+        cut = loop.call_later(SHUTDOWN_GRACE_S, self._cut_off, f"{SHUTDOWN_GRACE_S:g} s after the shutdown")
         try:
             await super().shutdown(sockets)
         finally:
             cut.cancel()
+        if self.force_exit and self.server_state.tasks:  # a second Ctrl-C ("force quit") ended uvicorn's wait
+            # the responses still open end now; left running, the closing loop cancelled their tasks,
+            # each logged with a traceback
+            self._cut_off("at a forced exit")
+            await asyncio.wait(list(self.server_state.tasks), timeout=SHUTDOWN_GRACE_S)
 
-    def _cut_off(self) -> None:
+    def _cut_off(self, when: str) -> None:
         """Close the connections still open: each response's task sees its client gone and ends
         quietly, as for a client that left."""
         connections = list(self.server_state.connections)
         if connections:
-            logger.warning("cutting off %d response(s) still open %g s after the shutdown (their clients read "
-                           "nothing)", len(connections), SHUTDOWN_GRACE_S)
+            logger.warning("cutting off %d response(s) still open %s", len(connections), when)
         for connection in connections:
             connection.transport.abort()
 
