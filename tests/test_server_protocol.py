@@ -2146,6 +2146,18 @@ def test_an_abort_of_a_batch_whose_later_prompt_is_being_submitted_ends_its_earl
     assert finish == (["abort", "length"] if rid == "B-0" else ["abort", "abort"])
 
 
+def test_abort_request_on_a_stopped_engine_finds_nothing_to_abort(tiny_llama):
+    """/abort_request once the engine had stopped (the server shutting down) was a 500 "internal
+    error: RuntimeError: the engine is shut down": the stopped engine has ended every request."""
+    from lmnb_engine import Engine
+
+    engine = Engine(str(tiny_llama), max_total_tokens=512)
+    engine.shutdown()
+    with live_server(engine) as url:
+        r = _post(url, "/abort_request", {"rid": "x"})
+    assert (r.status_code, r.json()) == (200, {"success": False})
+
+
 def test_an_openai_response_id_that_a_running_responses_prompt_holds_is_refused():
     """Found by the break-it review: while an OpenAI response "Z" of two prompts ran (engine rids
     Z-0, Z-1), an OpenAI request of two prompts with rid "Z-1" was taken (the engine saw only

@@ -781,9 +781,19 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
             # and now, in the engine, whatever of it the engine has: an earlier prompt of a batch, running
             # while a later one compiles its grammar (Engine.abort finds that one too)
             for engine_rid in ctx.held_responses.get(rid, [rid]):
-                await ctx.run(engine.abort, engine_rid)
+                await engine_abort(engine_rid)
             return {"success": True}
-        return {"success": bool(await ctx.run(engine.abort, rid))}
+        return {"success": await engine_abort(rid)}
+
+    async def engine_abort(rid: str) -> bool:
+        """``engine.abort(rid)``; False once the engine has stopped (the server shutting down): it
+        has ended every request."""
+        try:
+            return bool(await ctx.run(engine.abort, rid))
+        except RuntimeError:
+            if getattr(getattr(engine, "scheduler", None), "alive", True):
+                raise  # (a bug: the 500 "internal error")
+            return False
 
     @app.post("/generate")
     async def generate(request: Request):
