@@ -667,10 +667,10 @@ class Engine:
         """Refuse a bad request (``ValueError`` / ``TypeError`` naming it); all but the compiled
         grammar's checks (``_check_grammar``)."""
         if not isinstance(params, SamplingParams):
-            raise TypeError(
-                f"params must be a lmnb_engine.SamplingParams, got {type(params).__name__}; "
-                "for a dict write SamplingParams(**d) (fields: max_new_tokens, temperature, top_p, stop, ...)"
-            )
+            # (None gets here only inside generate's list of params, where it is not read as the defaults)
+            fix = ("write SamplingParams() for the defaults" if params is None else
+                   "for a dict write SamplingParams(**d) (fields: max_new_tokens, temperature, top_p, stop, ...)")
+            raise TypeError(f"params must be a lmnb_engine.SamplingParams, got {type(params).__name__}; {fix}")
         params.validate()
         # a stop token outside the vocabulary can never be sampled, so the stop would never happen
         self._check_in_vocabulary(params.stop_token_ids or (), "stop_token_ids")

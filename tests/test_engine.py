@@ -124,6 +124,10 @@ def test_a_batch_takes_a_list_of_params_one_per_prompt(engine, hf):
         engine.generate(a, each[:1])
     with pytest.raises(TypeError, match=r"^prompt 1 of the batch: params must be a lmnb_engine.SamplingParams, got dict"):
         engine.generate([a, b], [each[0], {"max_new_tokens": 3}])
+    with pytest.raises(TypeError) as e:  # (a None there said to write SamplingParams(**d) for a dict)
+        engine.generate([a, b], [each[0], None])
+    assert str(e.value) == ("prompt 1 of the batch: params must be a lmnb_engine.SamplingParams, got NoneType; "
+                            "write SamplingParams() for the defaults")
     assert_idle_accounting(engine)
 
 
