@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import socket
 import threading
@@ -1153,7 +1154,6 @@ class _Held:
                 for i in range(self.n):
                     listener(StreamEvent(self.rid, self.piece, [120], index=i))
                 sent += 1
-                self.sent = sent
             reason = FinishReason("abort", message=self.abort_message) if self.aborted.is_set() else FinishReason("length")
             meta = RequestMeta(prompt_tokens=1, cached_tokens=0, completion_tokens=sent)
             self._results = [GenerateResult(self.rid, "x" * sent, [120] * sent, reason, meta, index=i)
@@ -1287,9 +1287,24 @@ def test_a_stopping_server_answers_a_waiting_request_that_it_shut_down(path, bod
 
 
 class _Flooding(_Held):
-    """A ``_Held`` whose every event carries 1 MiB of text."""
+    """A ``_Held`` whose every event carries 1 MiB of text; ``flooded`` is set once 48 are sent,
+    far more than the socket buffers of a client that reads nothing hold."""
 
     piece = "x" * 2**20
+
+    def __init__(self, rid, n, release):
+        super().__init__(rid, n, release)
+        self.flooded = threading.Event()
+
+    def subscribe(self, listener):
+        sent = itertools.count(1)
+
+        def counting(event):
+            listener(event)
+            if next(sent) == 48:
+                self.flooded.set()
+
+        super().subscribe(counting)
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["grace", "forced"])
@@ -1321,9 +1336,7 @@ def test_a_stopping_server_cuts_off_a_stream_its_client_does_not_read_without_a_
             client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            b"Content-Length: %d\r\n\r\n" % len(body) + body)  # and reads nothing
             engine.wait_for(1)
-            deadline = time.monotonic() + 30  # (far more than the socket buffers hold, none of it read)
-            while getattr(engine.handles[0], "sent", 0) < 16 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            assert engine.handles[0].flooded.wait(30)
             server.force_exit = force  # (what uvicorn's handler of a second Ctrl-C does)
             server.should_exit = True
             thread.join(30)
