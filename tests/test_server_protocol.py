@@ -2159,6 +2159,31 @@ def test_an_abort_of_a_batch_whose_later_prompt_is_being_submitted_ends_its_earl
     assert finish == (["abort", "length"] if rid == "B-0" else ["abort", "abort"])
 
 
+def test_an_abort_of_a_batch_being_submitted_asks_the_engine_for_its_prompts_at_once():
+    """Each Engine.abort waits for the engine's next pause between steps: asked one by one, the
+    abort of a batch of many prompts being submitted waited that many steps to answer."""
+    class Engine(_RidEngine):
+        entered, go, both = threading.Event(), threading.Event(), threading.Barrier(2)
+
+        def submit(self, prompt, params, rid=None):
+            if rid == "B-1":
+                self.entered.set()
+                assert self.go.wait(30)
+            return super().submit(prompt, params, rid)
+
+        def abort(self, rid):  # (passes only once both prompts' aborts are asked for together)
+            self.both.wait(15)
+            return super().abort(rid)
+
+    engine = Engine()
+    body = {"text": ["a", "b"], "rid": "B"}
+    with live_server(engine) as url, _posting_while_submitted(engine, url, "/generate", body) as replies:
+        r = _post(url, "/abort_request", {"rid": "B"}, timeout=60)
+        assert (r.status_code, r.json()) == (200, {"success": True})
+        assert engine.handles[0].aborted.is_set()
+    assert [o["meta_info"]["finish_reason"]["type"] for o in replies[0].json()] == ["abort", "abort"]
+
+
 def test_abort_request_on_a_stopped_engine_finds_nothing_to_abort(tiny_llama):
     """/abort_request once the engine had stopped (the server shutting down) was a 500 "internal
     error: RuntimeError: the engine is shut down": the stopped engine has ended every request."""

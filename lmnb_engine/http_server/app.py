@@ -779,9 +779,9 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         if ctx.submitting[rid]:  # (still being submitted: aborted once its handles exist)
             ctx.aborted_early.add(rid)
             # and now, in the engine, whatever of it the engine has: an earlier prompt of a batch, running
-            # while a later one compiles its grammar (Engine.abort finds that one too)
-            for engine_rid in ctx.held_responses.get(rid, [rid]):
-                await engine_abort(engine_rid)
+            # while a later one compiles its grammar (Engine.abort finds that one too). At once, not one
+            # by one: each waits for the engine's next pause between steps.
+            await asyncio.gather(*map(engine_abort, ctx.held_responses.get(rid, [rid])))
             return {"success": True}
         return {"success": await engine_abort(rid)}
 
