@@ -18,6 +18,9 @@ ABORT_REQUESTED = "aborted by Engine.abort"
 # The message of every request the engine had accepted (running, waiting, or queued just before the
 # stop) when it shut down; a call made after the shutdown raises RuntimeError instead.
 ABORT_SHUTDOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
+# The Python API's fix that ends the error of a call made once the engine has stopped (the
+# scheduler's ``shut_down_error``); a server's clients cannot act on it, so the server leaves it out.
+NEW_ENGINE_FIX = "; create a new Engine"
 
 
 def rid_in_use(rid: str, prompts: int = 1, k: int = 0) -> str:

@@ -41,7 +41,16 @@ import torch
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
 from lmnb_engine.kv_pool import span_index
 from lmnb_engine.model_runner import ModelRunner
-from lmnb_engine.outputs import ABORT_REQUESTED, ABORT_SHUTDOWN, FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
+from lmnb_engine.outputs import (
+    ABORT_REQUESTED,
+    ABORT_SHUTDOWN,
+    NEW_ENGINE_FIX,
+    FinishReason,
+    GenerateResult,
+    RequestMeta,
+    StreamEvent,
+    TokenLogprob,
+)
 from lmnb_engine.prefix_cache import NoPrefixCache, PrefixCache
 from lmnb_engine.radix_cache import RadixCache
 from lmnb_engine.request import Req, ReqStatus
@@ -272,7 +281,7 @@ class Scheduler:
 
     def shut_down_error(self) -> RuntimeError:
         """The error of a call made once the loop has stopped (a shutdown, or a failed recovery)."""
-        return RuntimeError(f"the engine is shut down{self._death}; create a new Engine")
+        return RuntimeError(f"the engine is shut down{self._death}{NEW_ENGINE_FIX}")
 
     def _post(self, kind: str, payload: Any) -> Future:
         fut: Future = Future()

@@ -926,7 +926,7 @@ def test_a_request_the_stopped_engine_refuses_is_a_503_not_an_internal_error():
             assert r.status_code == 503, (path, r.text)
             assert r.json()["error"]["message"] == (
                 "the server cannot take requests: its engine has stopped (the server is shutting down, or must be "
-                "restarted); the engine said: the engine is shut down; create a new Engine")
+                "restarted); the engine said: the engine is shut down")  # (not the Python API's "create a new Engine")
 
 
 class _RefusingEngine(RecordingEngine):

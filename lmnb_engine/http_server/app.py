@@ -56,7 +56,7 @@ from lmnb_engine.http_server.protocol import (
     wire_message,
 )
 from lmnb_engine.json_schema import json_value
-from lmnb_engine.outputs import rid_in_use
+from lmnb_engine.outputs import NEW_ENGINE_FIX, rid_in_use
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
@@ -278,7 +278,8 @@ class ServerContext:
                 raise  # (a bug: the 500 "internal error")
             # the engine stopped (the server shutting down, a failed recovery): the server's state, as a busy compiler
             raise RequestError("the server cannot take requests: its engine has stopped (the server is shutting "
-                               f"down, or must be restarted); the engine said: {e}", 503) from None
+                               f"down, or must be restarted); the engine said: {str(e).removesuffix(NEW_ENGINE_FIX)}",
+                               503) from None
         return handles
 
     async def results(self, handles: list, request: Any, poll_s: float = 0.5) -> list:
