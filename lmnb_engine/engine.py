@@ -209,10 +209,18 @@ class RequestHandle:
         """Abort the request (``Engine.abort``); True if it was still running or waiting.
 
         A finished request has nothing to abort: False, without asking the engine (which may be
-        shut down by then, and would raise ``RuntimeError``)."""
+        shut down by then, and would raise ``RuntimeError``). So is one that the engine's shutdown
+        ends while this abort waits behind it (the shutdown fails the queued abort: it raised that
+        ``RuntimeError``, which ``lmnb serve`` logged when a response that ended aborted its other
+        requests as the server stopped)."""
         if self.done:
             return False
-        return self._engine.abort(self.rid)
+        try:
+            return self._engine.abort(self.rid)
+        except RuntimeError:
+            if self._engine.scheduler.alive:
+                raise
+            return False  # (the shutdown aborted the request: every request ends with it)
 
 
 def _check_timeout(timeout: Any) -> None:

@@ -800,6 +800,57 @@ def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
 
 
 @pytest.mark.timeout(180)
+def test_a_handle_abort_that_the_shutdown_overtakes_does_not_raise(tiny_llama):
+    """RequestHandle.abort() asked while the engine shut down (the server's response that ended
+    aborts its other requests as the server stops) raised the shutdown's RuntimeError, which
+    `lmnb serve` logged as "Exception in ASGI application": the abort was queued behind the stop,
+    which ended the request itself and failed the queued abort. The shutdown aborts the request, so
+    the handle's abort returns False (nothing left for it to abort), as after the shutdown."""
+    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+    sched = eng.scheduler
+    running = eng.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    next(running.events(timeout=60))
+    gate, held = threading.Event(), threading.Event()
+    sched.call(lambda: (held.set(), gate.wait(120)))  # the loop waits here, between two steps
+    assert held.wait(60)
+    inbox, queued = sched._inbox, {"stop": threading.Event(), "call": threading.Event()}
+
+    class WatchedInbox:  # says when a command is queued (the loop, held, handles none meanwhile)
+        def put(self, item):
+            inbox.put(item)
+            if item[0] in queued:
+                queued[item[0]].set()
+
+        def get(self, *a, **k):
+            return inbox.get(*a, **k)
+
+        def get_nowait(self):
+            return inbox.get_nowait()
+
+    sched._inbox = WatchedInbox()
+    stopper = threading.Thread(target=eng.shutdown, daemon=True)
+    stopper.start()
+    assert queued["stop"].wait(60)
+    outcome = []
+
+    def abort():
+        try:
+            outcome.append(running.abort())
+        except Exception as e:  # noqa: BLE001 - the outcome under test
+            outcome.append(e)
+
+    aborter = threading.Thread(target=abort, daemon=True)
+    aborter.start()
+    assert queued["call"].wait(60)  # the abort is queued, behind the stop
+    gate.set()
+    stopper.join(60)
+    aborter.join(60)
+    assert not stopper.is_alive() and not aborter.is_alive()
+    assert outcome == [False], outcome
+    assert running.result(timeout=10).finish_reason.message == SHUT_DOWN
+
+
+@pytest.mark.timeout(180)
 def test_a_generate_accepted_just_before_the_shutdown_is_aborted_naming_the_shutdown(tiny_llama):
     """A generate queued behind another thread's stop (accepted: the stop not yet handled) ended
     with the bare message "engine shut down", where a later call raised "the engine is shut down;
