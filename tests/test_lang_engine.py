@@ -623,6 +623,27 @@ def test_engine_takes_sglangs_offline_generate_call(backend, tiny_engine):
         o["text"] for o in outs]
 
 
+def test_engine_offline_generate_takes_a_list_of_sampling_params_one_per_prompt(backend, tiny_engine):
+    """SGLang's offline Engine.generate takes sampling_params as a list of dicts, one per prompt;
+    lmnb's refused it with the server's "sampling_params must be a JSON object"."""
+    from lmnb_engine import SamplingParams
+
+    prompts = ["Hello, my name is", "The capital of France is"]
+    outs = backend.generate(prompts, [{"temperature": 0, "max_new_tokens": 2}, {"temperature": 0, "max_new_tokens": 4}])
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [2, 4]
+    assert [o["text"] for o in outs] == [tiny_engine.generate(p, SamplingParams(temperature=0, max_new_tokens=k)).text
+                                         for p, k in zip(prompts, (2, 4))]
+    ids = [tiny_engine.encode(p) for p in prompts]
+    assert [o["text"] for o in backend.generate(input_ids=ids, sampling_params=[
+        {"temperature": 0, "max_new_tokens": 2}, {"temperature": 0, "max_new_tokens": 4}])] == [o["text"] for o in outs]
+    with pytest.raises(ValueError, match=r"^a list of sampling_params gives one dict per prompt: 1 for 2 prompts; "):
+        backend.generate(prompts, [{"max_new_tokens": 1}])
+    with pytest.raises(ValueError, match=r"^a list of sampling_params gives one dict per prompt: 1 for one prompt; "):
+        backend.generate(prompts[0], [{"max_new_tokens": 1}])
+    with pytest.raises(ValueError, match=r"^sampling_params 1 of the batch: .*colour"):
+        backend.generate(prompts, [{"max_new_tokens": 1}, {"colour": 1}])
+
+
 def test_engine_streams_sglangs_offline_generate_and_async_generate(backend, tiny_engine):
     # SGLang's offline engine: `for chunk in llm.generate(p, sp, stream=True)` yields dicts whose
     # "text" is the whole text so far, and `await llm.async_generate(...)` (with stream=True, an

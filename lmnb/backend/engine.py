@@ -281,14 +281,16 @@ class Engine(AssignableChatTemplate, BaseBackend):
                          top_logprobs_num: Optional[int] = None, return_text_in_logprobs: bool = False,
                          stream: bool = False) -> Any:
         """SGLang's offline ``Engine.generate(prompt, sampling_params)``: a prompt (or ``input_ids``)
-        or a list of them, and SGLang's sampling-params dict. Returns SGLang's
+        or a list of them, and SGLang's sampling-params dict (for a list of prompts, one dict for
+        all or, as SGLang takes, a list of dicts, one per prompt). Returns SGLang's
         ``{"text", "meta_info"}`` for one prompt (with ``n`` > 1, a list), a flat list for a list.
         With ``stream=True`` (one prompt), an iterator of such dicts as the text grows, each with
         the whole text so far, as SGLang's offline stream yields them (``index``: the sample).
 
         Raises:
-            ValueError: bad sampling params (unknown keys are refused, not ignored), neither or
-                both of ``prompt`` and ``input_ids``, or ``stream`` with a list of prompts.
+            ValueError: bad sampling params (unknown keys are refused, not ignored; of a list,
+                named by their place), a list of them that is not one per prompt, neither or both
+                of ``prompt`` and ``input_ids``, or ``stream`` with a list of prompts.
             TypeError: text given as ``input_ids``, or a bad prompt (as ``lmnb_engine.Engine``).
         """
         from lmnb_engine.engine import is_prompt_batch
@@ -301,14 +303,30 @@ class Engine(AssignableChatTemplate, BaseBackend):
                for p in (input_ids if is_prompt_batch(input_ids) else [input_ids])):
             raise TypeError("input_ids takes token ids (a list of ints, or one such list per prompt); pass a text "
                             "(or a prompt with images) as prompt=")
-        params = sampling_params_from_json(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
         source = prompt if prompt is not None else input_ids
+        if isinstance(sampling_params, (list, tuple)):  # SGLang's list: one dict per prompt
+            if not is_prompt_batch(source) or len(sampling_params) != len(source):
+                given = f"{len(source)} prompts" if is_prompt_batch(source) else "one prompt"
+                raise ValueError(f"a list of sampling_params gives one dict per prompt: {len(sampling_params)} "
+                                 f"for {given}; pass one dict for all the prompts, or one per prompt")
+            params_list = []
+            for i, d in enumerate(sampling_params):
+                try:
+                    params_list.append(sampling_params_from_json(d, return_logprob, logprob_start_len,
+                                                                 top_logprobs_num))
+                except ValueError as e:
+                    raise type(e)(f"sampling_params {i} of the batch: {e}") from None
+            params = params_list[0] if params_list else None
+        else:
+            params = sampling_params_from_json(sampling_params, return_logprob, logprob_start_len, top_logprobs_num)
+            params_list = None
         decode = self.engine.decode if return_text_in_logprobs else None
         if stream:
             if is_prompt_batch(source):
                 raise ValueError("generate(..., stream=True) streams one prompt; call it once per prompt")
             return self._offline_stream(source, params, decode)
-        results = self.engine.generate(source, params)
+        # (the logprob fields are the call's, so every prompt's params have the same top_logprobs_num)
+        results = self.engine.generate(source, params if params_list is None else params_list)
         out = [{"text": r.text, "meta_info": meta_info(r, decode, params.top_logprobs_num)}
                for r in (results if isinstance(results, list) else [results])]
         return out if isinstance(results, list) else out[0]
