@@ -6,6 +6,7 @@ backend, with a feeder that raises ``KeyboardInterrupt`` as Ctrl-C does on the c
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import pytest
@@ -198,3 +199,49 @@ def test_a_stop_pressed_after_a_gen_failed_still_reports_the_failure():
         assert ended.wait(20), "the body's thread is still running after the Stop"
     finally:
         release.set()
+
+
+def test_a_fork_cell_that_ends_done_has_every_branch_event_in_its_final_view():
+    # A user once saw a fork cell's saved view with branch 1 cut short and no join while the cell
+    # said "done" and its variables were complete. Here branch 1's events and the join are held as
+    # they reach the cell's queue until its pump has gone idle (the moment a run counted finished
+    # without them would be frozen): the view still gets them all, because the executor threads
+    # queue each event before their state can count as finished. (Delivered from a thread of their
+    # own instead, the view lacked exactly those, as the user saw.)
+    from lmnb.template import parse
+    from lmnb_kernel.feed import ViewFeeder
+    from lmnb_kernel.widgets import RunView
+    from lmnb_kernel.widgets.render_run import render_run_text
+
+    idle = threading.Event()
+
+    class IdleView(RunView):
+        def tick(self):
+            super().tick()
+            idle.set()
+
+    held, branch1 = [], set()
+
+    class HeldQueue(queue.SimpleQueue):  # where an event reaches the cell, on whichever thread puts it
+        def put(self, item, block=True, timeout=None):
+            if getattr(item, "kind", None) == "state" and item.branch == (1,):
+                branch1.add(item.sid)
+            if getattr(item, "sid", None) in branch1 or getattr(item, "kind", None) == "join":
+                idle.clear()
+                held.append(idle.wait(20))  # (the pump ticks once its queue is empty)
+            super().put(item, block, timeout)
+
+    template = parse("Pick:{fork c in colors}\nThe {c} one is{gen why}{join}\nEnd.")
+    backend = ScriptedBackend(lambda prompt, params: " bright" if "blue" in prompt.text else " dark")
+    listener = Listener()
+    listener.queue = HeldQueue()
+    state = start_run(template.program(), template.bind({"colors": ["red", "blue"]}), backend, {}, listener)
+    view = IdleView("fork", live=False)
+    outcome = run_cell(state, listener, ViewFeeder(view, state.stream_executor.sid), view)
+    view.finish(outcome.status)
+    assert outcome.status == "done", outcome.error
+    assert outcome.captured == {"why": [" dark", " bright"]}
+    text = render_run_text(view.model)
+    assert "  ── branch 1 (fork of main) ──\n  \n  The blue one is bright\n" in text
+    assert text.endswith("[joined branch 0, branch 1]\n\nEnd.")
+    assert held and all(held), "a held event was never followed by an idle pump"
