@@ -1383,6 +1383,22 @@ def test_a_device_that_is_not_there_names_the_jobs_option_to_give(tmp_path, caps
         "ValueError: device 'cuda' asked for, but torch sees no CUDA device; use --device cpu\n")
 
 
+def test_max_total_tokens_sizes_the_jobs_engine_and_is_refused_for_a_server(tmp_path, tiny_llama, monkeypatch):
+    from lmnb.batch.options import job_parser, make_backend
+
+    monkeypatch.delenv("LMNB_MODEL", raising=False)
+    args = job_parser(per_row=False).parse_args(["--model", str(tiny_llama), "--device", "cpu",
+                                                 "--max-total-tokens", "64"])
+    backend = make_backend(args)
+    try:
+        assert backend.engine.model_info()["max_total_tokens"] == 64
+    finally:
+        backend.shutdown()
+    args = job_parser(per_row=False).parse_args(["--backend", "http://127.0.0.1:1", "--max-total-tokens", "64"])
+    with pytest.raises(ValueError, match=r"^--model/--device/--dtype/--max-total-tokens choose the in-process engine"):
+        make_backend(args)
+
+
 def test_a_job_without_row_fields_warns_that_the_rows_fields_are_not_used(tmp_path, capsys):
     """An export whose %%lm cells read no variable (02-few-shot-select) ran rows {"person": ...}
     as the same program each time, without a word that the field went unused."""

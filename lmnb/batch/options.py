@@ -94,6 +94,8 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
                         + (model or f"${MODEL_ENV}, else the built-in demo model") + ")")
     p.add_argument("--device", action=Once, help="engine backend: cuda or cpu")
     p.add_argument("--dtype", action=Once, help="engine backend: float32, bfloat16 or float16")
+    p.add_argument("--max-total-tokens", action=Once, type=int, metavar="N",
+                   help="engine backend: KV cache size in tokens (default: from the free memory)")
     if not per_row:
         return p
     p.add_argument("--num-threads", action=Once, type=_positive_int, default=DEFAULT_THREADS, metavar="N",
@@ -207,11 +209,11 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
     if url == "engine" and not args.openai:
         if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
             raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
-        kwargs = {k: getattr(args, k) for k in ("device", "dtype") if getattr(args, k)}
+        kwargs = {k: getattr(args, k) for k in ("device", "dtype", "max_total_tokens") if getattr(args, k) is not None}
         return lmnb.Engine(engine_model(args, default_model), **kwargs)
-    if args.model or args.device or args.dtype:
-        raise ValueError("--model/--device/--dtype choose the in-process engine; a server runs its own "
-                         "model (use --openai MODEL to name an OpenAI-compatible server's model)")
+    if args.model or args.device or args.dtype or args.max_total_tokens is not None:
+        raise ValueError("--model/--device/--dtype/--max-total-tokens choose the in-process engine; a server runs "
+                         "its own model (use --openai MODEL to name an OpenAI-compatible server's model)")
     timeout = {"timeout": args.timeout} if args.timeout is not None else {}  # else each backend's default
     if args.openai:
         backend = lmnb.OpenAI(args.openai, base_url=None if url == "engine" else url, api_key=args.api_key,
