@@ -5,7 +5,8 @@ b.ipynb only and ``--temperature 0 --temperature 1`` sampled. Every lmnb command
 ``%lm load`` / ``%lm connect``, ``lmnb run`` / ``export`` / ``serve`` / ``install-kernel``, an
 exported job's options) stores its options with these instead; options meant to repeat keep
 ``action="append"``. Defined here, at the bottom of the import chain (lmnb_kernel → lmnb →
-lmnb_engine), so that all of them share it without importing torch.
+lmnb_engine), so that all of them share it without importing torch. Also: how an engine's error
+names its fix in each front end's syntax (``option_error``, ``in_option_syntax``).
 """
 
 from __future__ import annotations
@@ -67,8 +68,38 @@ def take_negative_numbers(parser: argparse.ArgumentParser) -> None:
     parser._negative_number_matcher = _NEGATIVE_NUMBER
 
 
-def in_option_syntax(message: str) -> str:
-    """An engine's error ``message`` in command-line syntax: its fixes name ``Engine``'s keyword
-    arguments (``use device='cpu'``), which a command line (``%lm load``, ``lmnb run`` and exported
-    jobs, ``lmnb serve``) takes as options (``--device cpu``)."""
-    return re.sub(r"\bdevice='([\w:]+)'", r"--device \1", message)
+def option_error(kind: type, problem: str, *fixes: tuple) -> BaseException:
+    """A ``kind`` error that says ``problem`` and its ``fixes``, which name ``Engine``'s keyword
+    arguments (``use device='cpu'``); ``in_option_syntax`` says them in a command line's options
+    instead. Each fix is ``(text, keyword, value)``, ``text`` with ``{}`` where the keyword goes
+    (``value`` None: its name alone, e.g. to raise it), or ``(text,)`` for one that takes no option."""
+    e = kind(_said(problem, fixes, None))
+    e.option_fixes = (problem, fixes)  # (kept by pickling: a worker's error reaches the front end whole)
+    return e
+
+
+def in_option_syntax(e: BaseException, options) -> str:
+    """The message of ``e``, an engine's error, for a command line (``%lm load``, ``lmnb serve``, an
+    exported job) whose options are ``options`` (their dests, e.g. ``vars(args)``): a fix made by
+    ``option_error`` names ``--device cpu`` where the Python API says ``device='cpu'``, and is left
+    out where the command line has no such option (a job has no ``--random-weights``)."""
+    fixes = getattr(e, "option_fixes", None)
+    return str(e) if fixes is None else _said(*fixes, options)
+
+
+def _said(problem: str, fixes: tuple, options) -> str:
+    """``problem`` and the ``fixes`` a front end can take, in ``Engine``'s keyword syntax
+    (``options`` None) or as the command-line options among ``options``."""
+    said = []
+    for text, *option in fixes:
+        if option:
+            keyword, value = option
+            if options is None:
+                spelled = keyword if value is None else f"{keyword}={value!r}"
+            elif keyword in options:
+                spelled = "--" + keyword.replace("_", "-") + ("" if value is None or value is True else f" {value}")
+            else:
+                continue
+            text = text.format(spelled)
+        said.append(text)
+    return problem + ("; " + ", or ".join(said) if said else "")

@@ -21,6 +21,7 @@ from torch import nn
 
 import lmnb_engine
 from lmnb_engine import tokenizer as tok
+from lmnb_engine.cli_options import option_error
 from lmnb_engine.model_config import MULTIMODAL_ARCHITECTURES, SUPPORTED_ARCHITECTURES, ModelConfig
 from lmnb_engine.models.presets import PRESETS, preset_hf_config
 from lmnb_engine.models.registry import build_model
@@ -101,10 +102,8 @@ def load_model(
     dt = _resolve_dtype(dtype, dev)
     if isinstance(model, str) and model in PRESETS and not Path(model).exists():
         if not random_weights:
-            raise ValueError(
-                f"{model!r} is a shape preset without weights; pass random_weights=True, or give a "
-                "checkpoint directory or hub id"
-            )
+            raise option_error(ValueError, f"{model!r} is a shape preset without weights",
+                               ("pass {}", "random_weights", True), ("give a checkpoint directory or hub id",))
         hf_config, path = preset_hf_config(model), None
     else:
         path = _resolve_path(model, random_weights)
@@ -148,7 +147,8 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type not in ("cuda", "cpu"):
         raise ValueError(f"device {str(device)!r} is not supported: lmnb_engine runs on 'cuda', 'cuda:N' or 'cpu'")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {str(device)!r} asked for, but torch sees no CUDA device; use device='cpu'")
+        raise option_error(ValueError, f"device {str(device)!r} asked for, but torch sees no CUDA device",
+                           ("use {}", "device", "cpu"))
     return dev
 
 
@@ -265,11 +265,10 @@ def _refuse_quantized(hf_config: Any, path: Path) -> None:
     q = getattr(hf_config, "quantization_config", None)
     if q:
         method = q.get("quant_method", "unknown") if isinstance(q, dict) else getattr(q, "quant_method", "unknown")
-        raise ValueError(
-            f"{path} holds a quantized checkpoint (quantization_config.quant_method: {method}); lmnb_engine "
-            "loads unquantized float32/bfloat16/float16 weights: use the original model's checkpoint (or "
-            "random_weights=True for its shapes)"
-        )
+        raise option_error(
+            ValueError, f"{path} holds a quantized checkpoint (quantization_config.quant_method: {method}); "
+            "lmnb_engine loads unquantized float32/bfloat16/float16 weights",
+            ("use the original model's checkpoint",), ("pass {} for its shapes", "random_weights", True))
 
 
 def _instantiate(config: ModelConfig, tp: Any = None) -> nn.Module:
@@ -351,10 +350,9 @@ def _safetensors_files(path: Path) -> list[Path]:
         return [path / "model.safetensors"]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(
-            f"no *.safetensors weights in {path} (PyTorch .bin checkpoints are not supported: re-save "
-            "with save_pretrained(safe_serialization=True)), or pass random_weights=True"
-        )
+        raise option_error(
+            FileNotFoundError, f"no *.safetensors weights in {path} (PyTorch .bin checkpoints are not supported)",
+            ("re-save it with save_pretrained(safe_serialization=True)",), ("pass {}", "random_weights", True))
     return files
 
 

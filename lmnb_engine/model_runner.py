@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.cli_options import option_error
 from lmnb_engine.forward_batch import ForwardBatch
 from lmnb_engine.kv_pool import ReqToTokenPool, TokenToKVPool
 from lmnb_engine.layers.kernel_op import use_triton_kernels
@@ -80,12 +81,14 @@ class ModelRunner:
             if kind == "cpu":
                 max_total_tokens = min(max_total_tokens, CPU_MAX_POOL_TOKENS)
             if max_total_tokens < 2:
-                raise ValueError(
-                    f"mem_fraction={fraction} leaves room for only {max_total_tokens} KV tokens "
-                    f"({per_token} bytes each); raise mem_fraction or pass max_total_tokens"
-                )
+                raise option_error(
+                    ValueError, f"the KV pool's share of free memory on {self.device} ({fraction:g}) leaves room "
+                    f"for only {max_total_tokens} KV tokens ({per_token} bytes each)",
+                    ("raise {}", "mem_fraction", None), ("pass {}", "max_total_tokens", None),
+                    ("free some memory",))
         elif max_total_tokens < 2:
-            raise ValueError(f"max_total_tokens={max_total_tokens} must be >= 2")
+            raise option_error(ValueError, f"a KV pool of {max_total_tokens} tokens is too small",
+                               ("pass {} or more", "max_total_tokens", 2))
         if max_running_requests is None:
             max_running_requests = min(DEFAULT_MAX_RUNNING[kind], max_total_tokens)
         elif max_running_requests < 1:
@@ -141,10 +144,10 @@ class ModelRunner:
         except RuntimeError as e:  # torch.OutOfMemoryError on CUDA; an allocator error on CPU
             need = self.max_total_tokens * TokenToKVPool.bytes_per_token(
                 cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.dtype)
-            raise ValueError(
-                f"a KV pool of {self.max_total_tokens} tokens needs {need / 2**30:.1f} GiB on {self.device}, and "
-                f"allocating it failed ({str(e).splitlines()[0][:120]}); lower max_total_tokens (or mem_fraction)"
-            ) from None
+            raise option_error(
+                ValueError, f"a KV pool of {self.max_total_tokens} tokens needs {need / 2**30:.1f} GiB on "
+                f"{self.device}, and allocating it failed ({str(e).splitlines()[0][:120]})",
+                ("lower {}", "max_total_tokens", None), ("lower {}", "mem_fraction", None)) from None
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, cfg.context_len, self.device)
         if self.graph_runner is not None:  # [issue 9] graphs hold the old pools' addresses
             self.graph_runner.capture()

@@ -175,7 +175,7 @@ class Session:
             if hint and not config.model and os.environ.get(MODEL_ENV):  # (every plain %lm load reads it again)
                 hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
                          f"demo model (del os.environ['{MODEL_ENV}'])")
-            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(str(e))}{hint}") from e
+            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(e, vars(config))}{hint}") from e  # (config's fields: %lm load's options)
 
     def engine(self, what: str, why: str = ""):
         """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``; ``why``: why

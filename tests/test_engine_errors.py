@@ -149,6 +149,35 @@ def test_a_kv_pool_too_large_to_allocate_is_a_clear_error(tiny_llama):
     assert e.match(f"needs {10**10 * per_token / 2**30:.1f} GiB")
 
 
+def test_a_kv_pool_too_small_names_the_engine_arguments_that_fix_it(tiny_llama, monkeypatch):
+    """The Python API's load errors name Engine's keyword arguments; the command lines' tests
+    (test_magics, test_server_cli, test_export_batch) check their own options for the same errors."""
+    import lmnb_engine.model_runner as model_runner
+
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), device="cpu", max_total_tokens=1)
+    assert str(e.value) == "a KV pool of 1 tokens is too small; pass max_total_tokens=2 or more"
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
+    with pytest.raises(ValueError) as e:
+        Engine(str(tiny_llama), device="cpu", mem_fraction=0.5)
+    assert str(e.value) == ("the KV pool's share of free memory on cpu (0.5) leaves room for only 0 KV tokens "
+                            "(512 bytes each); raise mem_fraction, or pass max_total_tokens, or free some memory")
+
+
+def test_a_load_error_survives_pickling_with_its_fixes(tiny_llama):
+    """(A tensor-parallel worker's error crosses a process boundary.)"""
+    import pickle
+
+    from lmnb_engine.cli_options import in_option_syntax
+
+    with pytest.raises(ValueError) as e:
+        Engine("llama-3-8b", device="cpu")
+    copy = pickle.loads(pickle.dumps(e.value))
+    assert str(copy) == str(e.value)
+    assert in_option_syntax(copy, {"random_weights"}) == ("'llama-3-8b' is a shape preset without weights; pass "
+                                                          "--random-weights, or give a checkpoint directory or hub id")
+
+
 def test_max_running_requests_is_capped_at_the_kv_pool_size(tiny_llama):
     # each running request holds a KV slot: 10**5 rows (of a 512-token table: 200 MB) could never
     # run beside a 64-token pool; 10**7 took 20 GB before any request came

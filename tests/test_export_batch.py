@@ -1383,6 +1383,43 @@ def test_a_device_that_is_not_there_names_the_jobs_option_to_give(tmp_path, caps
         "ValueError: device 'cuda' asked for, but torch sees no CUDA device; use --device cpu\n")
 
 
+def _job_failure(tmp_path, capsys, *options) -> str:
+    """The last line a job on the engine backend with ``options`` prints when its model fails to load (exit 2)."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress",
+                                      "--device", "cpu", *map(str, options)])
+    assert job.run(run_row, programs=[echo]) == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+def test_load_errors_name_the_jobs_options_not_the_python_apis(tmp_path, capsys, tiny_llama, monkeypatch):
+    """They said 'pass max_total_tokens=2 or more', 'pass random_weights=True', 'raise mem_fraction
+    or pass max_total_tokens': keyword arguments, and options (--random-weights, --mem-fraction)
+    a job does not have. It takes --max-total-tokens, as lmnb serve and %lm load do."""
+    import shutil
+
+    import lmnb_engine.model_runner as model_runner
+
+    assert _job_failure(tmp_path, capsys, "--model", tiny_llama, "--max-total-tokens", 1).endswith(
+        "ValueError: a KV pool of 1 tokens is too small; pass --max-total-tokens 2 or more")
+    assert _job_failure(tmp_path, capsys, "--model", "llama-3-8b").endswith(
+        "ValueError: 'llama-3-8b' is a shape preset without weights; give a checkpoint directory or hub id")
+    pt_only = shutil.copytree(tiny_llama, tmp_path / "pt_only", ignore=shutil.ignore_patterns("*.safetensors"))
+    assert _job_failure(tmp_path, capsys, "--model", pt_only).endswith(
+        "(PyTorch .bin checkpoints are not supported); re-save it with save_pretrained(safe_serialization=True)")
+    awq = shutil.copytree(tiny_llama, tmp_path / "awq")
+    (awq / "config.json").write_text(json.dumps({**json.loads((awq / "config.json").read_text()),
+                                                 "quantization_config": {"quant_method": "awq"}}))
+    assert _job_failure(tmp_path, capsys, "--model", awq).endswith(
+        "lmnb_engine loads unquantized float32/bfloat16/float16 weights; use the original model's checkpoint")
+    assert _job_failure(tmp_path, capsys, "--model", tiny_llama, "--max-total-tokens", 10**10).endswith(
+        "; lower --max-total-tokens")
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
+    assert _job_failure(tmp_path, capsys, "--model", tiny_llama).endswith(
+        "ValueError: the KV pool's share of free memory on cpu (0.1) leaves room for only 0 KV tokens (512 bytes "
+        "each); pass --max-total-tokens, or free some memory")
+
+
 def test_max_total_tokens_sizes_the_jobs_engine_and_is_refused_for_a_server(tmp_path, tiny_llama, monkeypatch):
     from lmnb.batch.options import job_parser, make_backend
 

@@ -6,6 +6,7 @@ Expected values come from the engine itself, asked directly with the prompt the 
 
 from __future__ import annotations
 
+import json
 import threading
 from contextlib import contextmanager
 
@@ -226,6 +227,36 @@ def test_a_load_on_a_device_that_is_not_there_names_the_option_to_give(ip, tiny_
     result, out = run(ip, f"%lm load {tiny_llama} --device cuda")
     assert not result.success
     assert "device 'cuda' asked for, but torch sees no CUDA device; use --device cpu\n" in out.stdout + out.stderr
+
+
+def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, tmp_path, monkeypatch):
+    """They said 'pass max_total_tokens=2 or more', 'pass random_weights=True', 'raise mem_fraction
+    or pass max_total_tokens': keyword arguments, and an option (--mem-fraction) %lm load does not have."""
+    import shutil
+
+    import lmnb_engine.model_runner as model_runner
+
+    def load_failure(line: str) -> str:
+        result, out = run(ip, line)
+        assert not result.success
+        return out.stdout + out.stderr
+
+    assert "a KV pool of 1 tokens is too small; pass --max-total-tokens 2 or more\n" in load_failure(
+        f"%lm load {tiny_llama} --device cpu --max-total-tokens 1")
+    assert ("'llama-3-8b' is a shape preset without weights; pass --random-weights, or give a checkpoint directory "
+            "or hub id\n") in load_failure("%lm load llama-3-8b --device cpu")
+    pt_only = shutil.copytree(tiny_llama, tmp_path / "pt_only", ignore=shutil.ignore_patterns("*.safetensors"))
+    assert ("(PyTorch .bin checkpoints are not supported); re-save it with save_pretrained(safe_serialization=True), "
+            "or pass --random-weights") in load_failure(f"%lm load {pt_only} --device cpu")
+    awq = shutil.copytree(tiny_llama, tmp_path / "awq")
+    (awq / "config.json").write_text(json.dumps({**json.loads((awq / "config.json").read_text()),
+                                                 "quantization_config": {"quant_method": "awq"}}))
+    assert ("weights; use the original model's checkpoint, or pass --random-weights for its shapes\n"
+            in load_failure(f"%lm load {awq} --device cpu"))
+    assert "; lower --max-total-tokens\n" in load_failure(f"%lm load {tiny_llama} --device cpu --max-total-tokens 10000000000")
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
+    assert ("the KV pool's share of free memory on cpu (0.1) leaves room for only 0 KV tokens (512 bytes each); "
+            "pass --max-total-tokens, or free some memory\n") in load_failure(f"%lm load {tiny_llama} --device cpu")
 
 
 def test_help_options_show_the_help(ip):

@@ -135,6 +135,42 @@ def test_lmnb_serve_on_a_device_that_is_not_there_names_the_option_to_give(tiny_
                                        "use --device cpu\n")
 
 
+def _serve_failure(capsys, *options) -> str:
+    """What ``lmnb serve --port 0 OPTIONS`` says on stderr when its model fails to load (exit 2)."""
+    import argparse
+
+    from lmnb_engine.http_server import serve, serve_arguments
+
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    assert serve(parser.parse_args(["--port", "0", "--device", "cpu", *map(str, options)])) == 2
+    return capsys.readouterr().err
+
+
+def test_lmnb_serve_load_errors_name_its_options_not_the_python_apis(tiny_llama, tmp_path, monkeypatch, capsys):
+    """They said 'pass max_total_tokens=2 or more', 'pass random_weights=True', 'raise mem_fraction
+    or pass max_total_tokens': keyword arguments, and options (--random-weights, --mem-fraction)
+    lmnb serve does not have."""
+    import shutil
+
+    import lmnb_engine.model_runner as model_runner
+
+    assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", 1) == (
+        "lmnb serve: a KV pool of 1 tokens is too small; pass --max-total-tokens 2 or more\n")
+    assert _serve_failure(capsys, "--model", "llama-3-8b") == (
+        "lmnb serve: 'llama-3-8b' is a shape preset without weights; give a checkpoint directory or hub id\n")
+    pt_only = shutil.copytree(tiny_llama, tmp_path / "pt_only", ignore=shutil.ignore_patterns("*.safetensors"))
+    assert _serve_failure(capsys, "--model", pt_only) == (
+        f"lmnb serve: no *.safetensors weights in {pt_only} (PyTorch .bin checkpoints are not supported); "
+        "re-save it with save_pretrained(safe_serialization=True)\n")
+    assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", 10**10).endswith(
+        "; lower --max-total-tokens\n")
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
+    assert _serve_failure(capsys, "--model", tiny_llama) == (
+        "lmnb serve: the KV pool's share of free memory on cpu (0.1) leaves room for only 0 KV tokens (512 bytes "
+        "each); pass --max-total-tokens, or free some memory\n")
+
+
 def test_the_port_is_bound_before_the_model_loads_and_refuses_connections_until_it_is_served():
     """``lmnb serve`` binds first, so that a bad address is named before the model loads, and
     listens only once it is loaded: meanwhile a client is refused at once (it waited, with no

@@ -175,7 +175,7 @@ def start_failure(args: argparse.Namespace, default_model: Optional[str], e: Bas
     """The line that says why the backend ``args`` name did not start (``e``), with the job's
     option to give when a server refused it for its API key."""
     text = (f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: "
-            f"{in_option_syntax(str(e))}")
+            f"{in_option_syntax(e, vars(args))}")
     if isinstance(e, BackendAuthError):
         text += ("; the server refused the --api-key given" if getattr(args, "api_key", None) else
                  "; the server asks for an API key: pass --api-key KEY")

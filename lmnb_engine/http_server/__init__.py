@@ -108,7 +108,7 @@ def serve(args: argparse.Namespace) -> int:
         except (FileNotFoundError, ValueError) as e:
             # (a path the command line never named: say where it came from)
             source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
-            print(f"lmnb serve: {in_option_syntax(str(e))}{source}", file=sys.stderr)
+            print(f"lmnb serve: {in_option_syntax(e, vars(args))}{source}", file=sys.stderr)
             return 2
         app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name,
                          max_body_mb=args.max_body_mb, incremental_streaming_output=args.incremental_streaming_output)
