@@ -87,7 +87,7 @@ class ModelRunner:
                     ("raise {}", "mem_fraction", None), ("pass {}", "max_total_tokens", None),
                     ("free some memory",))
         elif max_total_tokens < 2:
-            raise option_error(ValueError, f"a KV pool of {max_total_tokens} tokens is too small",
+            raise option_error(ValueError, f"a KV pool of {max_total_tokens} token{'s' * (max_total_tokens != 1)} is too small",
                                ("pass {} or more", "max_total_tokens", 2))
         if max_running_requests is None:
             max_running_requests = min(DEFAULT_MAX_RUNNING[kind], max_total_tokens)

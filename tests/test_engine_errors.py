@@ -156,7 +156,7 @@ def test_a_kv_pool_too_small_names_the_engine_arguments_that_fix_it(tiny_llama, 
 
     with pytest.raises(ValueError) as e:
         Engine(str(tiny_llama), device="cpu", max_total_tokens=1)
-    assert str(e.value) == "a KV pool of 1 tokens is too small; pass max_total_tokens=2 or more"
+    assert str(e.value) == "a KV pool of 1 token is too small; pass max_total_tokens=2 or more"
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
     with pytest.raises(ValueError) as e:
         Engine(str(tiny_llama), device="cpu", mem_fraction=0.5)

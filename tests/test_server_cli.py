@@ -156,7 +156,7 @@ def test_lmnb_serve_load_errors_name_its_options_not_the_python_apis(tiny_llama,
     import lmnb_engine.model_runner as model_runner
 
     assert _serve_failure(capsys, "--model", tiny_llama, "--max-total-tokens", 1) == (
-        "lmnb serve: a KV pool of 1 tokens is too small; pass --max-total-tokens 2 or more\n")
+        "lmnb serve: a KV pool of 1 token is too small; pass --max-total-tokens 2 or more\n")
     assert _serve_failure(capsys, "--model", "llama-3-8b") == (
         "lmnb serve: 'llama-3-8b' is a shape preset without weights; give a checkpoint directory or hub id\n")
     pt_only = shutil.copytree(tiny_llama, tmp_path / "pt_only", ignore=shutil.ignore_patterns("*.safetensors"))
