@@ -31,7 +31,8 @@ from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 
 EXIT_CELL_ERROR = 3
 EXIT_STATUSES = ("0 every cell ran (with --allow-errors: also when some raised); 1 a cell ran past --timeout, "
-                 "or the kernel died or did not start; 2 the notebook cannot be read, the output cannot be "
+                 "the kernel died or did not start, or a %%lm cell's view is saved unfinished (the kernel's last "
+                 "update of it came too late); 2 the notebook cannot be read, the output cannot be "
                  f"written, or a -p cannot be used; {EXIT_CELL_ERROR} a cell raised an error (the "
                  "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C or SIGTERM")
 
@@ -202,10 +203,16 @@ def run(args) -> int:
     def on_cell_error(cell, cell_index, execute_reply, **_) -> None:
         errors[cell_index + 1] = execute_reply.get("content", {}).get("ename") or "error"
 
+    ended: list[int] = []  # the cells that ended (their reply came), whose views should be final
+
+    def on_cell_executed(cell, cell_index, **kwargs) -> None:
+        ended.append(cell_index + 1)
+        ctrl_c.check(cell, cell_index, **kwargs)
+
     client = notebook_client(
         nb, km=km, timeout=cell_timeout(args.timeout), startup_timeout=120, allow_errors=args.allow_errors,
-        resources={"metadata": {"path": str(src.resolve().parent)}},
-        on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=ctrl_c.check,
+        iopub_timeout=OUTPUT_WAIT_S, resources={"metadata": {"path": str(src.resolve().parent)}},
+        on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=on_cell_executed,
         on_cell_error=on_cell_error,
     )
     t0 = time.monotonic()
@@ -273,12 +280,42 @@ def run(args) -> int:
                     # exit, it failed on an assertion and printed "Exception ignored in atexit callback"
                     atexit.unregister(client._cleanup_kernel)
     where = "stdout" if to_stdout and saved == out else saved
-    print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out, errors),
+    cut_short = {number: unfinished_view(nb.cells[number - 1]) for number in ended}
+    cut_short = {number: said for number, said in cut_short.items() if said is not None}
+    print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out, errors, cut_short),
           file=sys.stderr if to_stdout else sys.stdout)
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are {'written to' if where == 'stdout' else 'saved in'} "
               f"{where})", file=sys.stderr)
+    elif cut_short:  # the cells ran, but the notebook saved does not show how they ended
+        cells = ", ".join(f"{cell_name(number)} (it says {said!r})" for number, said in cut_short.items())
+        many = len(cut_short) > 1
+        print(f"lmnb run: the %%lm view{'s' * many} of {cells} {'written to' if where == 'stdout' else 'saved in'} "
+              f"{where} {'are' if many else 'is'} unfinished, with no summary: the kernel's last update came more "
+              f"than {OUTPUT_WAIT_S:g} s after the cell ended (a loaded machine?), and lmnb run stopped waiting "
+              f"for {'them' if many else 'it'}; run the notebook again", file=sys.stderr)
+        status = 1
     return 2 if saved != out and status == 0 else status
+
+
+OUTPUT_WAIT_S = 60
+"""How long nbclient waits, after a cell's execute reply, for the rest of its output (its
+``iopub_timeout``, 4 s by default, past which it goes on to the next cell and drops what comes
+later): a ``%%lm`` cell's last view update and summary come at its very end, and a loaded machine
+delivered them later than 4 s. A kernel says it is idle as soon as they are sent, so a cell whose
+output came in full costs no wait."""
+
+FINAL_STATUSES = ("done", "error", "interrupted")  # a RunView's status once finish() froze it
+
+
+def unfinished_view(cell) -> str | None:
+    """The status a ``%%lm`` run view in ``cell``'s saved outputs says when it is not final
+    ("running", "loading", "stopping": the update that froze it never came), else None."""
+    for output in cell.get("outputs", []):
+        meta = output.get("metadata", {}).get("lmnb", {})
+        if meta.get("view") == "run" and meta.get("status") not in FINAL_STATUSES:
+            return str(meta.get("status"))
+    return None
 
 
 def notebook_client(nb, **kwargs):
@@ -749,24 +786,28 @@ def _finite(number) -> bool:
 
 
 def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}",
-            timed_out: int | None = None, errors: dict | None = None) -> str:
+            timed_out: int | None = None, errors: dict | None = None, cut_short: dict | None = None) -> str:
     """The printed summary: cells run, ``%%lm`` cells, the cells that raised (with
     ``--allow-errors`` the run goes on past them, and nothing else would say so), the ``%%lm``
     cells' tokens and hit rate (labelled so: a notebook whose Python cells ran programs, as
     06-batch's ``run_batch``, read "tokens: prompt 0"), time. ``cell_name(number)`` names the cell at 1-based ``number`` of ``nb``;
     ``timed_out``: the one stopped at ``--timeout``, whose KeyboardInterrupt says so; ``errors``:
-    cell number -> error name of the cells whose execute reply was an error (``_raised``)."""
+    cell number -> error name of the cells whose execute reply was an error (``_raised``);
+    ``cut_short``: cell number -> the status its unfinished ``%%lm`` view says (``unfinished_view``),
+    named apart from the cells without a summary (``--quiet``)."""
     code = [c for c in nb.cells if c.cell_type == "code"]
     ran = [c for c in code if c.get("execution_count") is not None]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
     lm_cells = unreported = unknown_prompts = 0
-    for c in ran:
-        if not is_lm_cell(c.source):
+    cut_short = cut_short or {}
+    for number, c in enumerate(nb.cells, start=1):
+        if c.cell_type != "code" or c.get("execution_count") is None or not is_lm_cell(c.source):
             continue
         lm_cells += 1
         counts = [o["metadata"]["lmnb"]["tokens"] for o in c.get("outputs", [])
                   if "tokens" in o.get("metadata", {}).get("lmnb", {})]
-        unreported += not counts  # --quiet (or a cell that failed before running) shows no summary
+        # --quiet (or a cell that failed before running) shows no summary
+        unreported += not counts and number not in cut_short
         for t in counts:
             for k in tokens:
                 tokens[k] += int(t.get(k, 0))
@@ -774,6 +815,9 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     p, ca, g = tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"]
     hit = f"{100 * ca / p:.0f}%" if p else "n/a"
     missing = f" ({unreported} %%lm cell{'s' * (unreported > 1)} without a summary not counted)" if unreported else ""
+    if cut_short:
+        names = ", ".join(cell_name(number) for number in cut_short)
+        missing += f" (not counted: the unfinished view{'s' * (len(cut_short) > 1)} of {names})"
     if unknown_prompts:  # (gens stopped before an OpenAI-compatible API reported their usage)
         missing += f" (the prompts of {unknown_prompts} stopped gen{'s' * (unknown_prompts > 1)} are not counted)"
     return (f"lmnb run: {src} -> {out}\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import contextlib
 import io
 import re
@@ -507,6 +508,79 @@ def test_a_shutdown_already_started_is_awaited_and_its_error_dropped(capsys):
     del task
     gc.collect()
     assert capsys.readouterr().err == ""
+
+
+def test_a_views_last_update_may_come_late_and_one_that_never_comes_in_time_is_reported(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """nbclient waited 4 s (its iopub_timeout) after a cell's reply for the rest of its output, then
+    went on without it: on a loaded machine the %%lm view's last update (its frozen state) came
+    later, and the notebook was saved with the view saying "running" and no summary, and a report
+    that said only "(1 %%lm cell without a summary not counted)", with exit 0. Here the kernel's
+    iopub messages are held back from the view's final update on, until the cell's reply has come
+    and the event loop's clock has moved on past the wait: 5 s for cell 2 (in time now), past
+    ``OUTPUT_WAIT_S`` for cell 3 (named in the report, exit 1)."""
+    import zmq
+    from jupyter_client.channels import AsyncZMQSocketChannel
+
+    from lmnb_kernel.run import OUTPUT_WAIT_S, run
+
+    delays = iter([5, OUTPUT_WAIT_S + 1])  # seconds each %%lm cell's last update comes after its reply
+    offset = []  # seconds added to the event loop's clock
+    holding = {}  # execute request id -> (set once the iopub reader is held, set to let it go)
+    get_msg = AsyncZMQSocketChannel.get_msg
+
+    def gates(msg_id):
+        return holding.setdefault(msg_id, (asyncio.Event(), asyncio.Event()))
+
+    async def let_go_later(msg_id, delay):
+        held, go = gates(msg_id)
+        await held.wait()
+        loop = asyncio.get_running_loop()
+        if not offset:  # (the loop nbclient runs the cells on)
+            clock = loop.time
+            monkeypatch.setattr(loop, "time", lambda: clock() + sum(offset))
+        offset.append(delay)  # nbclient's wait (a timer on this clock) now ran for `delay` seconds
+        loop.call_at(loop.time(), go.set)  # after the timers now due: a wait shorter than `delay` ends first
+
+    lm_requests = set()  # the execute requests of %%lm cells
+    send = AsyncZMQSocketChannel.send
+
+    def sending(self, msg):
+        if msg["header"]["msg_type"] == "execute_request" and msg["content"]["code"].startswith("%%lm"):
+            lm_requests.add(msg["header"]["msg_id"])
+        return send(self, msg)
+
+    async def getting(self, timeout=None):
+        msg = await get_msg(self, timeout)
+        parent = msg["parent_header"].get("msg_id")
+        if self.socket.type != zmq.SUB:  # the shell channel: a cell's reply
+            if msg["msg_type"] == "execute_reply" and parent in lm_requests:
+                asyncio.ensure_future(let_go_later(parent, next(delays)))
+            return msg
+        lmnb = msg["content"].get("metadata", {}).get("lmnb", {})
+        if msg["msg_type"] == "update_display_data" and lmnb.get("status") == "done":
+            held, go = gates(parent)
+            held.set()
+            await go.wait()
+        return msg
+
+    monkeypatch.setattr(AsyncZMQSocketChannel, "get_msg", getting)
+    monkeypatch.setattr(AsyncZMQSocketChannel, "send", sending)
+    monkeypatch.delenv("LMNB_MODEL", raising=False)  # the built-in demo model
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    src = _notebook(tmp_path / "nb.ipynb", "x = 1", "%%lm\nHello {gen a max_tokens=3}",
+                    "%%lm\nHi {gen b max_tokens=3}")
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=600, allow_errors=False)
+    assert run(args) == 1
+    captured = capsys.readouterr()
+    assert (f"lmnb run: the %%lm view of cell 3 (it says 'running') saved in {out} is unfinished, with no summary: "
+            f"the kernel's last update came more than {OUTPUT_WAIT_S} s after the cell ended") in captured.err
+    assert "(not counted: the unfinished view of cell 3)" in captured.out
+    assert "without a summary" not in captured.out
+    done = nbformat.read(out, as_version=4)
+    assert [[o["metadata"]["lmnb"].get("status") for o in c.outputs] for c in done.cells[1:]] == [
+        ["done", "done"], ["running"]]  # cell 2: its final view and its summary
 
 
 @pytest.mark.parametrize("sig, said", [(signal.SIGINT, "lmnb: interrupted"),
