@@ -1715,6 +1715,28 @@ def test_a_setup_function_reading_a_variable_a_per_row_star_import_sets_is_warne
                         for where, n in (("f (cell 2)", "e"), ("f (cell 2)", "pi"), ("C (cell 2)", "pi"))]
 
 
+def test_the_warning_comes_also_when_the_row_reads_nothing_else_the_star_import_sets(tmp_path, monkeypatch, capsys):
+    # the job warned only when the row's cells also read a name no cell binds (str, sqrt): with
+    # r = f() alone, f() gave 3 in every row where the notebook's gave math's pi, without a word
+    import math
+
+    from helpers_export import write_rows
+
+    setup, cell = 'pi = 3\ndef f():\n    return pi\nq = "A"', "from math import *\nr = f()"
+    nb = notebook(setup, "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell, "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {}
+    for code in (setup, cell):
+        exec(code, notebook_ns)
+    assert notebook_ns["r"] == math.pi
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts[1] == "3"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert warnings == ["lmnb batch: warning: f (cell 1) reads pi, which the per-row `from math import *` sets: in the "
+                        "notebook it read the module's pi after that import, in this job it reads the value the cells "
+                        "run once set, in every row; pass pi to it as an argument"]
+
+
 @pytest.mark.parametrize("cells", [
     ["y = 1\ndel y", "from math import *"],
     ["y = 1", "del y\nfrom math import *"],
