@@ -828,21 +828,19 @@ def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
     assert h.abort() is False
 
 
-@pytest.mark.timeout(180)
-def test_a_handle_abort_that_the_shutdown_overtakes_does_not_raise(tiny_llama):
-    """RequestHandle.abort() asked while the engine shut down (the server's response that ended
-    aborts its other requests as the server stops) raised the shutdown's RuntimeError, which
-    `lmnb serve` logged as "Exception in ASGI application": the abort was queued behind the stop,
-    which ended the request itself and failed the queued abort. The shutdown aborts the request, so
-    the handle's abort returns False (nothing left for it to abort), as after the shutdown."""
-    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+def _shutdown_queued_behind_a_held_loop(eng, command: str):
+    """Start a long request on ``eng``, hold the scheduler loop between two of its steps, and queue
+    the engine's shutdown (on a thread of its own) behind the hold. Returns ``(running, gate,
+    queued, stopper)``: the request's handle, the event that lets the loop go on, events set when
+    the loop's inbox gets a ``"stop"`` (already set) or a ``command`` (e.g. ``"call"``, ``"add"``),
+    and the shutdown's thread."""
     sched = eng.scheduler
     running = eng.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
     next(running.events(timeout=60))
     gate, held = threading.Event(), threading.Event()
     sched.call(lambda: (held.set(), gate.wait(120)))  # the loop waits here, between two steps
     assert held.wait(60)
-    inbox, queued = sched._inbox, {"stop": threading.Event(), "call": threading.Event()}
+    inbox, queued = sched._inbox, {"stop": threading.Event(), command: threading.Event()}
 
     class WatchedInbox:  # says when a command is queued (the loop, held, handles none meanwhile)
         def put(self, item):
@@ -860,6 +858,18 @@ def test_a_handle_abort_that_the_shutdown_overtakes_does_not_raise(tiny_llama):
     stopper = threading.Thread(target=eng.shutdown, daemon=True)
     stopper.start()
     assert queued["stop"].wait(60)
+    return running, gate, queued, stopper
+
+
+@pytest.mark.timeout(180)
+def test_a_handle_abort_that_the_shutdown_overtakes_does_not_raise(tiny_llama):
+    """RequestHandle.abort() asked while the engine shut down (the server's response that ended
+    aborts its other requests as the server stops) raised the shutdown's RuntimeError, which
+    `lmnb serve` logged as "Exception in ASGI application": the abort was queued behind the stop,
+    which ended the request itself and failed the queued abort. The shutdown aborts the request, so
+    the handle's abort returns False (nothing left for it to abort), as after the shutdown."""
+    eng = Engine(str(tiny_llama), max_total_tokens=1024)
+    running, gate, queued, stopper = _shutdown_queued_behind_a_held_loop(eng, "call")
     outcome = []
 
     def abort():
@@ -886,30 +896,7 @@ def test_a_generate_accepted_just_before_the_shutdown_is_aborted_naming_the_shut
     create a new Engine". It ends as the running request does, with an abort whose message says
     the engine shut down before the request finished; a call after the shutdown raises."""
     eng = Engine(str(tiny_llama), max_total_tokens=1024)
-    sched = eng.scheduler
-    running = eng.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
-    next(running.events(timeout=60))
-    gate, held = threading.Event(), threading.Event()
-    sched.call(lambda: (held.set(), gate.wait(120)))  # the loop waits here, between two steps
-    assert held.wait(60)
-    inbox, queued = sched._inbox, {"stop": threading.Event(), "add": threading.Event()}
-
-    class WatchedInbox:  # says when a command is queued (the loop, held, handles none meanwhile)
-        def put(self, item):
-            inbox.put(item)
-            if item[0] in queued:
-                queued[item[0]].set()
-
-        def get(self, *a, **k):
-            return inbox.get(*a, **k)
-
-        def get_nowait(self):
-            return inbox.get_nowait()
-
-    sched._inbox = WatchedInbox()
-    stopper = threading.Thread(target=eng.shutdown, daemon=True)
-    stopper.start()
-    assert queued["stop"].wait(60)
+    running, gate, queued, stopper = _shutdown_queued_behind_a_held_loop(eng, "add")
     late = []
     caller = threading.Thread(target=lambda: late.append(eng.generate("a dog", GREEDY)), daemon=True)
     caller.start()

@@ -379,10 +379,21 @@ def test_openai_backends_run_their_calls_that_are_not_streamed_on_one_shared_thr
         backend.shutdown()
 
 
-def test_the_shared_openai_event_loop_starts_again_in_a_forked_process(server):
-    """A process made by os.fork has no thread running its parent's loop: a call there waited forever."""
+def _runs_in_a_forked_child(call) -> None:
+    """Run ``call`` in a process made by os.fork (multiprocessing's "fork" start method), which
+    must end with exit status 0 (an assertion failing there ends it with 1)."""
     import multiprocessing
 
+    child = multiprocessing.get_context("fork").Process(target=call)
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+
+
+def test_the_shared_openai_event_loop_starts_again_in_a_forked_process(server):
+    """A process made by os.fork has no thread running its parent's loop: a call there waited forever."""
     reply = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop",
                                      "message": {"role": "assistant", "content": "Hello"}}]}
     server.answer = lambda h, b: send(h, 200, json.dumps(reply).encode())
@@ -393,12 +404,7 @@ def test_the_shared_openai_event_loop_starts_again_in_a_forked_process(server):
         backend.shutdown()
 
     call()  # (the parent's loop runs)
-    child = multiprocessing.get_context("fork").Process(target=call)
-    child.start()
-    child.join(60)
-    if child.is_alive():
-        child.kill()
-    assert child.exitcode == 0
+    _runs_in_a_forked_child(call)
 
 
 def test_openai_backends_count_token_usage_as_sglangs_do(server):
@@ -452,8 +458,6 @@ def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_th
     """A backend made before os.fork (multiprocessing's "fork" start method) failed in the child:
     its async client's pooled connection was bound to the parent's event loop ("bound to a
     different event loop"), and its pooled sockets were the parent's."""
-    import multiprocessing
-
     reply = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop",
                                      "message": {"role": "assistant", "content": "Hello"}}]}
 
@@ -471,12 +475,7 @@ def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_th
         assert "".join(d for d, _ in backend.generate_stream(CHAT, PARAMS, "r2")) == "Hello"
 
     call()  # (the parent's clients now hold a pooled connection)
-    child = multiprocessing.get_context("fork").Process(target=call)
-    child.start()
-    child.join(60)
-    if child.is_alive():
-        child.kill()
-    assert child.exitcode == 0
+    _runs_in_a_forked_child(call)
     call()
     backend.shutdown()
 
@@ -484,8 +483,6 @@ def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_th
 def test_a_runtime_endpoint_made_before_a_fork_has_connections_of_its_own_in_the_child(server):
     """A RuntimeEndpoint made before os.fork sent the child's requests on the parent's pooled
     connection: one socket shared by two processes, whose requests and answers could interleave."""
-    import multiprocessing
-
     ports = []  # the client port of each /generate request: one per connection
 
     def answer(handler, body):
@@ -499,12 +496,7 @@ def test_a_runtime_endpoint_made_before_a_fork_has_connections_of_its_own_in_the
         assert [c.text for c in endpoint.generate(Prompt("Hi"), PARAMS, "r1")] == ["ok"]
 
     call()
-    child = multiprocessing.get_context("fork").Process(target=call)
-    child.start()
-    child.join(60)
-    if child.is_alive():
-        child.kill()
-    assert child.exitcode == 0
+    _runs_in_a_forked_child(call)
     call()
     endpoint.shutdown()
     assert len(ports) == 3 and ports[0] == ports[2] != ports[1]
