@@ -217,8 +217,11 @@ class RequestHandle:
             return False
         try:
             return self._engine.abort(self.rid)
-        except RuntimeError:
-            if self._engine.scheduler.alive:
+        except RuntimeError as e:
+            scheduler = self._engine.scheduler
+            # Only the shutdown's own error: another, such as the abort's clean-up failing (after
+            # which a failed recovery may stop the engine), is the caller's to hear.
+            if scheduler.alive or str(e) != str(scheduler.shut_down_error()):
                 raise
             return False  # (the shutdown aborted the request: every request ends with it)
 

@@ -828,21 +828,13 @@ def test_shutdown_aborts_pending_work_and_is_idempotent(tiny_llama):
     assert h.abort() is False
 
 
-def _shutdown_queued_behind_a_held_loop(eng, command: str):
-    """Start a long request on ``eng``, hold the scheduler loop between two of its steps, and queue
-    the engine's shutdown (on a thread of its own) behind the hold. Returns ``(running, gate,
-    queued, stopper)``: the request's handle, the event that lets the loop go on, events set when
-    the loop's inbox gets a ``"stop"`` (already set) or a ``command`` (e.g. ``"call"``, ``"add"``),
-    and the shutdown's thread."""
-    sched = eng.scheduler
-    running = eng.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
-    next(running.events(timeout=60))
-    gate, held = threading.Event(), threading.Event()
-    sched.call(lambda: (held.set(), gate.wait(120)))  # the loop waits here, between two steps
-    assert held.wait(60)
-    inbox, queued = sched._inbox, {"stop": threading.Event(), command: threading.Event()}
+def _watch_inbox(sched, *kinds: str) -> dict:
+    """Replace the scheduler's inbox by one that sets an event when a command of one of ``kinds``
+    (``"stop"``, ``"add"``, ``"call"``: an abort is a call) is queued; returns the events by kind.
+    With the loop held, it handles none meanwhile."""
+    inbox, queued = sched._inbox, {kind: threading.Event() for kind in kinds}
 
-    class WatchedInbox:  # says when a command is queued (the loop, held, handles none meanwhile)
+    class WatchedInbox:
         def put(self, item):
             inbox.put(item)
             if item[0] in queued:
@@ -855,6 +847,22 @@ def _shutdown_queued_behind_a_held_loop(eng, command: str):
             return inbox.get_nowait()
 
     sched._inbox = WatchedInbox()
+    return queued
+
+
+def _shutdown_queued_behind_a_held_loop(eng, command: str):
+    """Start a long request on ``eng``, hold the scheduler loop between two of its steps, and queue
+    the engine's shutdown (on a thread of its own) behind the hold. Returns ``(running, gate,
+    queued, stopper)``: the request's handle, the event that lets the loop go on, events set when
+    the loop's inbox gets a ``"stop"`` (already set) or a ``command`` (e.g. ``"call"``, ``"add"``),
+    and the shutdown's thread."""
+    sched = eng.scheduler
+    running = eng.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True))
+    next(running.events(timeout=60))
+    gate, held = threading.Event(), threading.Event()
+    sched.call(lambda: (held.set(), gate.wait(120)))  # the loop waits here, between two steps
+    assert held.wait(60)
+    queued = _watch_inbox(sched, "stop", command)
     stopper = threading.Thread(target=eng.shutdown, daemon=True)
     stopper.start()
     assert queued["stop"].wait(60)
