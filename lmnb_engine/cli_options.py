@@ -78,18 +78,22 @@ def option_error(kind: type, problem: str, *fixes: tuple) -> BaseException:
     return e
 
 
-def in_option_syntax(e: BaseException, options) -> str:
+def in_option_syntax(e: BaseException, options, command: str = "") -> str:
     """The message of ``e``, an engine's error, for a command line (``%lm load``, ``lmnb serve``, an
     exported job) whose options are ``options`` (their dests, e.g. ``vars(args)``): a fix made by
     ``option_error`` names ``--device cpu`` where the Python API says ``device='cpu'``, and is left
-    out where the command line has no such option (a job has no ``--random-weights``)."""
+    out where the command line has no such option (a job has no ``--random-weights``; an HTTP
+    client, ``options`` empty, has none of the server's). ``options`` None: the Python API's
+    keywords, as ``str(e)``. ``command``: the command those options belong to, where the error
+    shows up elsewhere (a ``%%lm`` cell's request, whose engine ``%lm load`` made, says
+    "raise %lm load's --max-total-tokens": the cell has options of its own)."""
     fixes = getattr(e, "option_fixes", None)
-    return str(e) if fixes is None else _said(*fixes, options)
+    return str(e) if fixes is None else _said(*fixes, options, command)
 
 
-def _said(problem: str, fixes: tuple, options) -> str:
+def _said(problem: str, fixes: tuple, options, command: str = "") -> str:
     """``problem`` and the ``fixes`` a front end can take, in ``Engine``'s keyword syntax
-    (``options`` None) or as the command-line options among ``options``."""
+    (``options`` None) or as the command-line options among ``options`` (of ``command``)."""
     said = []
     for text, *option in fixes:
         if option:
@@ -97,7 +101,8 @@ def _said(problem: str, fixes: tuple, options) -> str:
             if options is None:
                 spelled = keyword if value is None else f"{keyword}={value!r}"
             elif keyword in options:
-                spelled = "--" + keyword.replace("_", "-") + ("" if value is None or value is True else f" {value}")
+                spelled = (f"{command}'s " if command else "") + "--" + keyword.replace("_", "-") + (
+                    "" if value is None or value is True else f" {value}")
             else:
                 continue
             text = text.format(spelled)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.cli_options import option_error
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as_multimodal_prompt, is_multimodal_prompt
@@ -698,15 +699,16 @@ class Engine:
                 f"context length of {self.context_len} tokens{self._window_note()}; shorten the prompt or lower "
                 "max_new_tokens"
             )
+        # (option_error: max_total_tokens is the engine's option, which each front end names its own way,
+        # or not at all: a server's client cannot size its KV pool; max_new_tokens is the request's field)
         pool = self.runner.max_total_tokens
         if n > pool:
-            raise ValueError(f"{prompt} does not fit the KV pool of {pool} tokens; raise "
-                             "max_total_tokens or shorten the prompt")
+            raise option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens",
+                               ("raise {}", "max_total_tokens", None), ("shorten the prompt",))
         if n + params.max_new_tokens > pool:
-            raise ValueError(
-                f"{prompt} + max_new_tokens={params.max_new_tokens} does not fit the KV "
-                f"pool of {pool} tokens; raise max_total_tokens or lower max_new_tokens"
-            )
+            raise option_error(ValueError, f"{prompt} + max_new_tokens={params.max_new_tokens} does not fit the KV "
+                               f"pool of {pool} tokens", ("raise {}", "max_total_tokens", None),
+                               ("lower max_new_tokens",))
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
 

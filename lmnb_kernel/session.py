@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from lmnb_engine import MODEL_ENV, model_or_env
@@ -80,6 +80,10 @@ class EngineConfig:
         if not self.model and os.environ.get(MODEL_ENV):
             return f"{os.environ[MODEL_ENV]} (from ${MODEL_ENV})"
         return self.model_name() or "the built-in demo model"
+
+
+# %lm load's options, which the engine's errors name (in_option_syntax): EngineConfig's fields.
+_LOAD_OPTIONS = frozenset(f.name for f in fields(EngineConfig))
 
 
 @dataclass
@@ -166,7 +170,7 @@ class Session:
         import lmnb
 
         try:
-            return lmnb.Engine(config.model_name(), **config.engine_kwargs())
+            backend = lmnb.Engine(config.model_name(), **config.engine_kwargs())
         except (OSError, ValueError, RuntimeError, ImportError) as e:
             # Only a checkpoint that cannot be found calls for another model, and only where the
             # engine's message has no fix of its own (dtype, memory, a hub id to download...).
@@ -175,7 +179,9 @@ class Session:
             if hint and not config.model and os.environ.get(MODEL_ENV):  # (every plain %lm load reads it again)
                 hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
                          f"demo model (del os.environ['{MODEL_ENV}'])")
-            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(e, vars(config))}{hint}") from e  # (config's fields: %lm load's options)
+            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(e, _LOAD_OPTIONS)}{hint}") from e
+        backend.front_end_options = (_LOAD_OPTIONS, "%lm load")  # (a cell's request errors: they show in the cell)
+        return backend
 
     def engine(self, what: str, why: str = ""):
         """The in-process ``lmnb_engine.Engine`` (for ``what``, e.g. ``"%lm stats"``; ``why``: why

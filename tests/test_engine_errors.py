@@ -164,6 +164,31 @@ def test_a_kv_pool_too_small_names_the_engine_arguments_that_fix_it(tiny_llama, 
                             "(512 bytes each); raise mem_fraction, or pass max_total_tokens, or free some memory")
 
 
+def test_a_request_too_large_for_the_kv_pool_names_the_engine_arguments_that_fix_it(tiny_llama):
+    """The Python API's words: Engine's keyword max_total_tokens, SamplingParams' max_new_tokens
+    (in a program, gen's max_tokens); test_magics, test_export_batch and test_server_protocol check
+    the same refusals where the pool is sized by an option, or not by the client at all."""
+    import lmnb
+
+    with Engine(str(tiny_llama), max_total_tokens=32) as eng:
+        with pytest.raises(ValueError) as e:
+            eng.generate([5] * 40, GREEDY.copy(max_new_tokens=1))
+        assert str(e.value) == ("prompt of 40 tokens does not fit the KV pool of 32 tokens; raise max_total_tokens, or "
+                                "shorten the prompt")
+        with pytest.raises(ValueError) as e:
+            eng.generate([5] * 10, GREEDY.copy(max_new_tokens=30))
+        assert str(e.value) == ("prompt of 10 tokens + max_new_tokens=30 does not fit the KV pool of 32 tokens; raise "
+                                "max_total_tokens, or lower max_new_tokens")
+
+        @lmnb.function
+        def prog(s):
+            s += "w" * 10 + lmnb.gen("x", max_tokens=30)
+
+        assert str(prog.run(backend=lmnb.Engine(engine=eng)).error()) == (
+            "Gen('x') failed: ValueError: prompt of 10 tokens + max_tokens=30 does not fit the KV pool of 32 tokens; "
+            "raise max_total_tokens, or lower max_tokens")
+
+
 def test_a_load_error_survives_pickling_with_its_fixes(tiny_llama):
     """(A tensor-parallel worker's error crosses a process boundary.)"""
     import pickle

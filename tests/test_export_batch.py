@@ -1420,6 +1420,19 @@ def test_load_errors_name_the_jobs_options_not_the_python_apis(tmp_path, capsys,
         "each); pass --max-total-tokens, or free some memory")
 
 
+def test_a_row_too_large_for_the_kv_pool_names_the_jobs_option(tmp_path, tiny_llama):
+    """A row's gen that did not fit the engine's KV pool was told to "raise max_total_tokens", the
+    Python API's keyword, in its error record: the job's pool is sized by its --max-total-tokens."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q" * 40}])
+    job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress",
+                                      "--model", str(tiny_llama), "--device", "cpu", "--max-total-tokens", "32"])
+    assert job.run(run_row, programs=[echo]) == 1
+    [record] = read_results(tmp_path / "out.jsonl")
+    assert record["status"] == "error"
+    assert ("Gen('answer') failed: ValueError: prompt of 46 tokens does not fit the KV pool of 32 tokens; raise "
+            "--max-total-tokens, or shorten the prompt") in record["error"]
+
+
 def test_max_total_tokens_sizes_the_jobs_engine_and_is_refused_for_a_server(tmp_path, tiny_llama, monkeypatch):
     from lmnb.batch.options import job_parser, make_backend
 

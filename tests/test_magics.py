@@ -18,7 +18,7 @@ from IPython.utils.capture import capture_output
 import lmnb
 from lmnb.backend.base import BaseBackend, Completion
 from lmnb_engine import SamplingParams
-from lmnb_kernel.session import Session, get_session
+from lmnb_kernel.session import EngineConfig, Session, get_session
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +257,28 @@ def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, t
     monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
     assert ("the KV pool's share of free memory on cpu (0.1) leaves room for only 0 KV tokens (512 bytes each); "
             "pass --max-total-tokens, or free some memory\n") in load_failure(f"%lm load {tiny_llama} --device cpu")
+
+
+def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tiny_llama):
+    """A cell's gen or select that did not fit the KV pool was told to "raise max_total_tokens", the
+    Python API's keyword: the kernel's pool is sized by %lm load's --max-total-tokens (a cell has
+    options of its own, so it is named as %lm load's)."""
+    def cell_failure(cell: str) -> str:
+        result, out = run(ip, cell)
+        assert not result.success
+        return out.stdout + out.stderr
+
+    assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 32")[0].success
+    try:
+        assert ("prompt of 40 tokens does not fit the KV pool of 32 tokens; raise %lm load's --max-total-tokens, or "
+                "shorten the prompt\n") in cell_failure("%%lm\n" + "w" * 40 + "{gen x max_tokens=4}")
+        assert ("prompt of 10 tokens + max_tokens=30 does not fit the KV pool of 32 tokens; raise %lm load's "
+                "--max-total-tokens, or lower max_tokens\n") in cell_failure("%%lm\n" + "w" * 10 + "{gen x max_tokens=30}")
+        assert ("makes the prompt 40 tokens (10 without it), more than the KV pool of 32 tokens; shorten the prompt or "
+                "the choice, or raise %lm load's --max-total-tokens\n") in cell_failure(
+                    "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 30 + "']}")
+    finally:
+        get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)
 
 
 def test_help_options_show_the_help(ip):

@@ -20,6 +20,7 @@ from lmnb.backend.base import (
     DELTA_TOKENS, AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, in_gen_names,
 )
 from lmnb.backend.media import expand_frames
+from lmnb_engine.cli_options import in_option_syntax, option_error
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
@@ -135,6 +136,10 @@ class Engine(AssignableChatTemplate, BaseBackend):
         elif model is not None or engine_kwargs:
             raise ValueError("pass either engine= or model/engine arguments, not both")
         self.engine = engine
+        # The options the front end that made this backend names the engine's by, and its command, for
+        # the engine's request errors (in_option_syntax): a kernel's cell says "raise %lm load's
+        # --max-total-tokens", an exported job "--max-total-tokens". (None, ""): the Python API's keywords.
+        self.front_end_options: tuple = (None, "")
         self._template: Optional[ChatTemplate] = get_chat_template(chat_template_name) if chat_template_name else None
         self._lock = threading.RLock()  # (an abort may come from within a submission: a hook, a test)
         self._sub_rids: dict[str, list[str]] = {}
@@ -268,10 +273,23 @@ class Engine(AssignableChatTemplate, BaseBackend):
         Raises:
             ValueError: the engine refused the request.
         """
-        try:
+        with self._worded_refusal():  # (engine_sampling_params refuses a gen's bad params too)
             return self.engine.submit(ids, engine_sampling_params(params), rid=rid)
+
+    def _worded(self, message: Any) -> str:
+        """The engine's ``message`` (an ``option_error``) as the front end that made this backend names
+        the engine's options (``front_end_options``)."""
+        return in_option_syntax(message, *self.front_end_options)
+
+    @contextlib.contextmanager
+    def _worded_refusal(self) -> Iterator[None]:
+        """Reword the engine's refusal of a request (a ``ValueError``) raised within, for the program
+        and its front end: in ``gen()``'s names (``in_gen_names``), and naming the engine's options
+        as the front end that made this backend does (``_worded``)."""
+        try:
+            yield
         except ValueError as e:
-            shown = in_gen_names(str(e))
+            shown = in_gen_names(self._worded(e))
             if shown == str(e):
                 raise
             raise ValueError(shown) from None
@@ -434,7 +452,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
             if rid in self._aborted:
                 raise RuntimeError("the select was aborted")
             self._sub_rids[rid] = [r for _, _, r in jobs if r != rid]
-            return [self.engine.submit(ids, params, rid=r) for ids, params, r in jobs]
+            with self._worded_refusal():
+                return [self.engine.submit(ids, params, rid=r) for ids, params, r in jobs]
 
     def _score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list:
         from lmnb_engine import SamplingParams
@@ -492,13 +511,14 @@ class Engine(AssignableChatTemplate, BaseBackend):
         context or the KV pool: the engine's own message blamed the prompt, which fits alone."""
         info = self.engine.model_info()
         for c, c_ids in zip(choices, ids):
-            for what, limit, fix in (("the model's context length", info["context_len"], ""),
-                                     ("the KV pool", info["max_total_tokens"], ", or raise max_total_tokens")):
+            for what, limit, fixes in (("the model's context length", info["context_len"], ()),
+                                       ("the KV pool", info["max_total_tokens"], (("raise {}", "max_total_tokens", None),))):
                 if len(c_ids) > limit:
                     shown = repr(c) if len(c) <= 40 else repr(c[:30]) + "..."
-                    raise ValueError(f"select choice {shown} makes the prompt {len(c_ids)} tokens ({prompt_len} "
-                                     f"without it), more than {what} of {limit} tokens; shorten the prompt or the "
-                                     f"choice{fix}")
+                    e = option_error(ValueError, f"select choice {shown} makes the prompt {len(c_ids)} tokens "
+                                     f"({prompt_len} without it), more than {what} of {limit} tokens",
+                                     ("shorten the prompt or the choice",), *fixes)
+                    raise ValueError(self._worded(e))
 
     def abort(self, rid: str) -> None:
         """Stop request ``rid`` (a select's: all its requests), best effort, as the other backends

@@ -210,7 +210,9 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
         if args.timeout is not None:  # it would be ignored: nothing is waited for over a network
             raise ValueError("--timeout is for a server backend (--backend URL); the in-process engine has none")
         kwargs = {k: getattr(args, k) for k in ("device", "dtype", "max_total_tokens") if getattr(args, k) is not None}
-        return lmnb.Engine(engine_model(args, default_model), **kwargs)
+        backend = lmnb.Engine(engine_model(args, default_model), **kwargs)
+        backend.front_end_options = (vars(args), "")  # (a row's error names the job's --max-total-tokens)
+        return backend
     if args.model or args.device or args.dtype or args.max_total_tokens is not None:
         raise ValueError("--model/--device/--dtype/--max-total-tokens choose the in-process engine; a server runs "
                          "its own model (use --openai MODEL to name an OpenAI-compatible server's model)")
