@@ -2374,6 +2374,26 @@ def test_a_rid_is_checked_without_a_look_at_every_running_response():
     assert [ctx.in_use(r) for r in ("c7", "c7-0", "c7-1")] == [True, True, False]
 
 
+def test_a_request_too_large_for_the_kv_pool_says_the_servers_cache_is_too_small(tiny_llama):
+    """The engine's refusal said "raise max_total_tokens": an option of the server's operator (its
+    --max-total-tokens), which no request can pass; a client is told the server's KV cache is too
+    small, and what it can change, in its own fields."""
+    from lmnb_engine import Engine
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=32) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        r = _post(url, "/generate", {"text": "w" * 40, "sampling_params": {"max_new_tokens": 1}})
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "prompt of 40 tokens does not fit the server's KV cache of 32 tokens; shorten the prompt"), r.text
+        r = _post(url, "/generate", {"text": "w" * 10, "sampling_params": {"max_new_tokens": 30}})
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "prompt of 10 tokens + max_new_tokens=30 does not fit the server's KV cache of 32 tokens; lower "
+            "max_new_tokens"), r.text
+        r = _post(url, "/v1/completions", {"model": "x", "prompt": "w" * 10, "max_tokens": 30})
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "prompt of 10 tokens + max_tokens=30 does not fit the server's KV cache of 32 tokens; lower max_tokens"), r.text
+
+
 def test_a_chat_prompt_too_long_for_its_max_tokens_says_to_shorten_the_messages():
     """Found by the second break-it review: a chat request whose prompt, made of its messages by
     the chat template, left too little room for its max_tokens was told, with param "messages",

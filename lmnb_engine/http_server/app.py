@@ -45,6 +45,7 @@ from lmnb_engine.http_server.protocol import (
     RequestError,
     RequestFailed,
     StreamChunks,
+    client_message,
     image_token,
     meta_info,
     refused_field,
@@ -484,7 +485,7 @@ def _refusal(body: dict, params: list, rids: list, batch: bool,
             error = sampling_params_error(e, d)
         else:
             param = (_prompt_field(body) if field is None else field if field == "rid" else sampling_field(d, field))
-            error = RequestError(wire_message(str(e), refused_value(e, field, params[k], rids[k])), param=param)
+            error = RequestError(wire_message(client_message(e), refused_value(e, field, params[k], rids[k])), param=param)
         return _entry_error(body, k, batch, error)
 
     return refused

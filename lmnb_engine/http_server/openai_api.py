@@ -56,6 +56,7 @@ from lmnb_engine.http_server.protocol import (
     RequestError,
     RequestFailed,
     check_n,
+    client_message,
     finite,
     image_token,
     refused_field,
@@ -280,7 +281,7 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
         field = refused_field(e, params[k])
         if field == "rid" and len(rids) > 1:
             return rid_clash(rid, rids, k)
-        message = _api_names(str(e), req, refused_value(e, field, params[k], rids[k]))
+        message = _api_names(client_message(e), req, refused_value(e, field, params[k], rids[k]))
         return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
 
     return await ctx.submit_response(rid, prompts, params, rids, refused)

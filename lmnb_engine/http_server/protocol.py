@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional
 
+from lmnb_engine.cli_options import in_option_syntax
 from lmnb_engine.json_schema import in_json_words, json_parts, json_value
 from lmnb_engine.outputs import ABORT_SHUTDOWN, FinishReason, GenerateResult, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams, SamplingParamsError
@@ -45,6 +46,14 @@ def wire_message(message: str, value: Any = None) -> str:
     ``in_json_words``). A JSON schema's messages write its values as JSON already."""
     message = message.replace("must be None or", "must be null or").replace(f"={value!r}", f"={json_value(value)}")
     return in_json_words(message, json_parts(value))
+
+
+def client_message(e: Exception) -> str:
+    """The engine's refusal ``e`` of a request as the server's client reads it: a fix that names
+    one of the engine's options (``raise max_total_tokens``) is the operator's to take, which no
+    request can, so it is left out (``in_option_syntax`` with no options), and the KV pool the
+    request did not fit is said to be the server's."""
+    return in_option_syntax(e, ()).replace("the KV pool", "the server's KV cache")
 
 
 # What an abort asked for says to the server's clients: the route they asked with, where the engine
