@@ -169,10 +169,8 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
     """The local checkpoint directory for ``model`` (see ``load_model``)."""
     if model is None:
         if not (DEMO_MODEL_PATH / "config.json").is_file():
-            raise FileNotFoundError(
-                f"the demo checkpoint is not built yet ({DEMO_MODEL_PATH} has no config.json); pass "
-                "a checkpoint directory or hub id as `model`"
-            )
+            raise option_error(FileNotFoundError, f"the demo checkpoint is not built yet ({DEMO_MODEL_PATH} has no "
+                               "config.json)", ("pass a checkpoint directory or hub id as `{}`", "model", None))
         return DEMO_MODEL_PATH
     p = Path(model).expanduser()
     if p.exists():

@@ -82,8 +82,9 @@ class EngineConfig:
         return self.model_name() or "the built-in demo model"
 
 
-# %lm load's options, which the engine's errors name (in_option_syntax): EngineConfig's fields.
-_LOAD_OPTIONS = frozenset(f.name for f in fields(EngineConfig))
+# %lm load's options, which the engine's errors name (in_option_syntax): EngineConfig's fields, but for
+# the model, a positional argument there (a failed load's hint says "%lm load PATH_OR_HF_ID").
+_LOAD_OPTIONS = frozenset(f.name for f in fields(EngineConfig)) - {"model"}
 
 
 @dataclass

@@ -259,6 +259,20 @@ def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, t
             "pass --max-total-tokens, or free some memory\n") in load_failure(f"%lm load {tiny_llama} --device cpu")
 
 
+def test_a_load_without_a_model_or_the_demo_checkpoint_names_the_positional_argument(ip, tmp_path, monkeypatch):
+    """It said to pass a checkpoint "as `model`", the Python API's argument: %lm load takes it as
+    its positional argument, which its own fix line names."""
+    import lmnb_engine.model_loader as model_loader
+
+    monkeypatch.delenv("LMNB_MODEL", raising=False)
+    monkeypatch.setattr(model_loader, "DEMO_MODEL_PATH", tmp_path / "demo_model")
+    result, out = run(ip, "%lm load --device cpu")
+    assert not result.success
+    assert (f"could not load the built-in demo model: FileNotFoundError: the demo checkpoint is not built yet "
+            f"({tmp_path / 'demo_model'} has no config.json)\nfix: %lm load PATH_OR_HF_ID (a local Hugging Face "
+            "checkpoint directory or hub id)\n") in out.stdout + out.stderr
+
+
 def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tiny_llama):
     """A cell's gen or select that did not fit the KV pool was told to "raise max_total_tokens", the
     Python API's keyword: the kernel's pool is sized by %lm load's --max-total-tokens (a cell has

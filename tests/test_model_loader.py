@@ -275,8 +275,10 @@ def test_activation_other_than_silu_is_refused(tiny_checkpoint_factory):
 
 def test_missing_demo_model(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "DEMO_MODEL_PATH", tmp_path / "demo_model")
-    with pytest.raises(FileNotFoundError, match="demo checkpoint"):
+    with pytest.raises(FileNotFoundError) as e:
         load_model(None)
+    assert str(e.value) == (f"the demo checkpoint is not built yet ({tmp_path / 'demo_model'} has no config.json); "
+                            "pass a checkpoint directory or hub id as `model`")
 
 
 def test_bad_dtype(tiny_llama):

@@ -171,6 +171,16 @@ def test_lmnb_serve_load_errors_name_its_options_not_the_python_apis(tiny_llama,
         "each); pass --max-total-tokens, or free some memory\n")
 
 
+def test_lmnb_serve_without_a_model_or_the_demo_checkpoint_names_its_model_option(tmp_path, monkeypatch, capsys):
+    """It said to pass a checkpoint "as `model`", the Python API's argument: lmnb serve's is --model."""
+    import lmnb_engine.model_loader as model_loader
+
+    monkeypatch.delenv("LMNB_MODEL", raising=False)
+    monkeypatch.setattr(model_loader, "DEMO_MODEL_PATH", tmp_path / "demo_model")
+    assert _serve_failure(capsys) == (f"lmnb serve: the demo checkpoint is not built yet ({tmp_path / 'demo_model'} "
+                                      "has no config.json); pass a checkpoint directory or hub id as `--model`\n")
+
+
 def test_the_port_is_bound_before_the_model_loads_and_refuses_connections_until_it_is_served():
     """``lmnb serve`` binds first, so that a bad address is named before the model loads, and
     listens only once it is loaded: meanwhile a client is refused at once (it waited, with no
