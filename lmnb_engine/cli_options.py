@@ -78,8 +78,21 @@ def option_error(kind: type, problem: str, *fixes: tuple) -> BaseException:
     return e
 
 
+class _OptionMessage(str):
+    """A message (``str``) that keeps the fixes ``option_message`` made it of, for ``in_option_syntax``."""
+
+
+def option_message(problem: str, *fixes: tuple) -> str:
+    """``option_error``'s message, for one that is not raised: an aborted request's
+    ``FinishReason.message``. A ``str`` in ``Engine``'s keyword syntax, which ``in_option_syntax``
+    says in a command line's options as it does an error's."""
+    message = _OptionMessage(_said(problem, fixes, None))
+    message.option_fixes = (problem, fixes)
+    return message
+
+
 def in_option_syntax(e: BaseException, options, command: str = "") -> str:
-    """The message of ``e``, an engine's error, for a command line (``%lm load``, ``lmnb serve``, an
+    """The message of ``e``, an engine's error (or ``option_message``), for a command line (``%lm load``, ``lmnb serve``, an
     exported job) whose options are ``options`` (their dests, e.g. ``vars(args)``): a fix made by
     ``option_error`` names ``--device cpu`` where the Python API says ``device='cpu'``, and is left
     out where the command line has no such option (a job has no ``--random-weights``; an HTTP

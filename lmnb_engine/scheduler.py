@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from lmnb_engine.cli_options import option_message
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
 from lmnb_engine.kv_pool import span_index
 from lmnb_engine.model_runner import ModelRunner
@@ -73,6 +74,9 @@ logger = logging.getLogger(__name__)
 IN_BATCH_PREFIX_THRESHOLD = 32
 # Cap on the max_new_tokens counted in the decode reserve (SGLang: CLIP_MAX_NEW_TOKENS).
 CLIP_MAX_NEW_TOKENS = 4096
+# What frees KV slots for a request that pinned prefixes keep out (option_message: each front end names
+# the engine's option its way, a %%lm cell "%lm load's --max-total-tokens").
+_POOL_FIXES = (("unpin prefixes",), ("raise {}", "max_total_tokens", None))
 
 
 @dataclass
@@ -470,9 +474,9 @@ class Scheduler:
                 budget -= n
                 self._note_in_flight(req, sim, in_flight)
             elif not self.running:
-                self._finish(req, FinishReason("abort", message=(
+                self._finish(req, FinishReason("abort", message=option_message(
                     f"a chunked prompt needs more KV slots but none of {self.kv_pool.size} can be freed "
-                    f"({self.pinned_tokens()} are pinned); unpin prefixes or raise max_total_tokens")))
+                    f"({self.pinned_tokens()} are pinned)", *_POOL_FIXES)))
                 return rows
             reserved += req.extend_len - n + self._reserve(req)
         if budget <= 0 or not self.waiting:
@@ -554,11 +558,11 @@ class Scheduler:
             head,
             FinishReason(
                 "abort",
-                message=(
+                message=option_message(
                     f"request needs {head.prompt_len + head.params.max_new_tokens} KV slots to finish "
                     f"({head.seq_len} for its tokens so far) but only "
                     f"{self.kv_pool.available_size() + self.cache.evictable_size()} of {self.kv_pool.size} can be "
-                    f"freed ({self.pinned_tokens()} are pinned); unpin prefixes or raise max_total_tokens"
+                    f"freed ({self.pinned_tokens()} are pinned)", *_POOL_FIXES
                 ),
             ),
         )

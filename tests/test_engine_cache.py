@@ -349,7 +349,7 @@ def test_a_prompt_that_cannot_fit_beside_pinned_prefixes_says_how_many_tokens_ar
         r = eng.generate([rng.randrange(10, 500) for _ in range(150)], SamplingParams(max_new_tokens=5))
         assert r.finish_reason.type == "abort"
         assert r.finish_reason.message == ("a chunked prompt needs more KV slots but none of 320 can be freed (200 are "
-                                           "pinned); unpin prefixes or raise max_total_tokens")
+                                           "pinned); unpin prefixes, or raise max_total_tokens")
         eng.unpin(handle)
         assert_idle_accounting(eng)
 
@@ -367,7 +367,7 @@ def test_a_request_that_cannot_finish_beside_pinned_prefixes_says_what_it_needs_
                          SamplingParams(max_new_tokens=10, ignore_eos=True))
         assert r.finish_reason.type == "abort"
         assert re.fullmatch(r"request needs 55 KV slots to finish \((4[5-9]|5[0-4]) for its tokens so far\) but only "
-                            r"50 of 100 can be freed \(50 are pinned\); unpin prefixes or raise max_total_tokens",
+                            r"50 of 100 can be freed \(50 are pinned\); unpin prefixes, or raise max_total_tokens",
                             r.finish_reason.message), r.finish_reason.message
         eng.unpin(handle)
         assert_idle_accounting(eng)

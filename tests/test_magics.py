@@ -291,7 +291,12 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
         assert ("makes the prompt 40 tokens (10 without it), more than the KV pool of 32 tokens; shorten the prompt or "
                 "the choice, or raise %lm load's --max-total-tokens\n") in cell_failure(
                     "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 30 + "']}")
+        # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise)
+        assert run(ip, "%%lm --state pool_pinned\n" + "w" * 20)[0].success and run(ip, "%lm pin pool_pinned")[0].success
+        assert ("(20 are pinned); unpin prefixes, or raise %lm load's --max-total-tokens\n" in
+                cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
     finally:
+        run(ip, "%lm reset pool_pinned")
         get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)
 
 

@@ -177,6 +177,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
 
         decode = self.engine.decode if params.return_text_in_logprobs else None
         meta = meta_info(result, decode, params.top_logprobs_num or 0, first)
+        if result.finish_reason is not None and result.finish_reason.message:  # (an abort's: pinned prefixes...)
+            meta["finish_reason"]["message"] = self._worded(result.finish_reason.message)
         if counts:  # [issue 10]
             meta["images"] = media_cache(ids.mm_inputs.images, counts, result.meta.cached_tokens)
             meta["cached_chars"] = self._cached_chars(text, ids, counts, result.meta.cached_tokens)
@@ -277,8 +279,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
             return self.engine.submit(ids, engine_sampling_params(params), rid=rid)
 
     def _worded(self, message: Any) -> str:
-        """The engine's ``message`` (an ``option_error``) as the front end that made this backend names
-        the engine's options (``front_end_options``)."""
+        """The engine's ``message`` (an ``option_error``, or an abort's ``option_message``) as the front
+        end that made this backend names the engine's options (``front_end_options``)."""
         return in_option_syntax(message, *self.front_end_options)
 
     @contextlib.contextmanager
@@ -472,7 +474,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
             [done] = self._submit_unless_aborted(rid, [(mm or p_ids, SamplingParams(max_new_tokens=0), rid)])
             done = done.result()
             if done.finish_reason.type == "abort":
-                raise RuntimeError(f"the select's prompt prefill was aborted: {done.finish_reason.message}")
+                raise RuntimeError(f"the select's prompt prefill was aborted: {self._worded(done.finish_reason.message)}")
             prefill = self._meta(done, GenParams(), mm, counts, prompt.text)
         jobs = []  # (token ids to submit, index of the first scored token)
         for c in choices:
@@ -497,7 +499,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
         for j, r in enumerate(results):  # the unconditional scores (j >= k) count as much
             if r.finish_reason.type == "abort":
                 how = " without its context (unconditional likelihood)" if j >= k else ""
-                raise RuntimeError(f"scoring choice {choices[j % k]!r}{how} was aborted: {r.finish_reason.message}")
+                raise RuntimeError(f"scoring choice {choices[j % k]!r}{how} was aborted: "
+                                   f"{self._worded(r.finish_reason.message)}")
         for i in range(k):
             ids, start = jobs[i]
             r = results[i]
