@@ -2184,6 +2184,79 @@ def test_an_abort_of_a_batch_being_submitted_asks_the_engine_for_its_prompts_at_
     assert [o["meta_info"]["finish_reason"]["type"] for o in replies[0].json()] == ["abort", "abort"]
 
 
+class _SlowAbort(_Held):
+    """A ``_Held`` handle whose abort waits, as ``Engine.abort`` waits for the engine's next pause
+    between steps: it meets its engine's other aborts and the test at the engine's ``gate`` (a
+    barrier, passed only by aborts asked for at once), then waits for ``go``."""
+
+    def __init__(self, rid, n, release, engine):
+        super().__init__(rid, n, release)
+        self.engine = engine
+
+    def abort(self, message="aborted by Engine.abort"):
+        if not self.aborted.is_set():  # (asked again before it has ended: nothing more to wait for)
+            self.engine.gate.wait(15)
+            assert self.engine.go.wait(30)
+        return super().abort(message)
+
+
+class _SlowAbortEngine(_HeldEngine):
+    """A ``_HeldEngine`` whose handles abort slowly (``_SlowAbort``, two at once with the test);
+    a prompt holding "!" is refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.go = threading.Barrier(3), threading.Event()
+
+    def submit(self, prompt, params, rid=None):
+        if "!" in (prompt if isinstance(prompt, str) else self.decode(prompt)):
+            raise ValueError("a prompt holding '!' is refused")
+        self.handles.append(_SlowAbort(rid, params.n, self.release, self))
+        return self.handles[-1]
+
+
+@pytest.mark.parametrize("how", ["refused", "stream_left", "client_left"])
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+def test_a_batchs_aborts_run_off_the_event_loop_at_once(path, how):
+    """Each abort waits for the engine's next pause between steps (a whole step): a batch's
+    prompts submitted before a later one was refused, and those of a client that left (streamed
+    or not), were aborted on the event loop, which answered no other request meanwhile."""
+    engine = _SlowAbortEngine()
+    prompts = ["a", "b", "c!"] if how == "refused" else ["a", "b"]
+    body = {"text": prompts} if path == "/generate" else {"model": "rec", "prompt": prompts, "max_tokens": 4}
+    body = {**body, "rid": "B", "stream": how == "stream_left"}
+    replies: list = []
+    threads = [threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=60)))]
+    with live_server(engine, served_model_name="rec") as url, contextlib.ExitStack() as stack:
+        try:
+            if how == "refused":
+                threads[0].start()
+                engine.wait_for(2)
+            elif how == "stream_left":
+                with httpx.Client(timeout=30) as client, client.stream("POST", url + path, json=body) as r:
+                    assert next(r.iter_lines()).startswith("data:")
+            else:
+                host, port = url.removeprefix("http://").split(":")
+                payload = json.dumps(body).encode()
+                sock = stack.enter_context(socket.create_connection((host, int(port)), timeout=30))
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+                engine.wait_for(2)
+                stack.close()  # (the client leaves)
+            engine.gate.wait(15)  # both aborts asked for at once
+            assert httpx.get(url + "/health", timeout=30).status_code == 200  # answered while they wait
+        finally:
+            engine.go.set()
+            engine.release.set()
+            for t in threads:
+                if t.is_alive():
+                    t.join(30)
+    assert [h.rid for h in engine.handles] == ["B-0", "B-1"]
+    assert all(h.aborted.is_set() for h in engine.handles)
+    if how == "refused":
+        assert replies[0].status_code == 400 and "'!' is refused" in replies[0].json()["error"]["message"]
+
+
 def test_abort_request_on_a_stopped_engine_finds_nothing_to_abort(tiny_llama):
     """/abort_request once the engine had stopped (the server shutting down) was a 500 "internal
     error: RuntimeError: the engine is shut down": the stopped engine has ended every request."""

@@ -245,9 +245,8 @@ class ServerContext:
                      if id(h) not in aborted and (everyone or rid in self.aborted_early)]
             if not named:  # (and the caller lets go of the rids with no await in between)
                 return
-            for h in named:
-                aborted.add(id(h))
-                await self.run(h.abort)
+            aborted.update(map(id, named))
+            await self.abort_unfinished(named)
 
     async def run(self, fn: Callable, *args) -> Any:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
@@ -265,16 +264,14 @@ class ServerContext:
         except (ValueError, TypeError) as e:
             from lmnb_engine.constrained.errors import GrammarCompileStopped
 
-            for h in handles:
-                h.abort()
+            await self.abort_unfinished(handles)
             # a busy or restarting compiler is the server's state: 503, which clients retry. A pattern
             # too large to compile stays a 400: a retry would spend the whole time limit again.
             transient = isinstance(e, GrammarCompileStopped) and e.transient
             error = refused(e, len(handles))
             raise RequestError(str(error), 503 if transient else 400, error.param) from None
         except RuntimeError as e:
-            for h in handles:
-                h.abort()
+            await self.abort_unfinished(handles)
             if getattr(getattr(self.engine, "scheduler", None), "alive", True):
                 raise  # (a bug: the 500 "internal error")
             # the engine stopped (the server shutting down, a failed recovery): the server's state, as a busy compiler
@@ -299,11 +296,11 @@ class ServerContext:
             while not fut.done():
                 await asyncio.wait([fut], timeout=poll_s)
                 if not fut.done() and await request.is_disconnected():
-                    self.abort_unfinished(handles)
+                    await self.abort_unfinished(handles)
                     break
             return await fut
         finally:
-            self.abort_unfinished(handles)
+            await self.abort_unfinished(handles)
 
     async def events(self, handles: list) -> AsyncIterator[tuple[int, Any]]:
         """``(k, event)``: the ``StreamEvent``s of every ``handles[k]`` as they come, the prompts
@@ -326,12 +323,15 @@ class ServerContext:
                 left -= 1
             yield k, ev
 
-    @staticmethod
-    def abort_unfinished(handles: list) -> None:
-        """Abort every handle not done (a response that ended before its requests)."""
-        for h in handles:
-            if not h.done:
-                h.abort()
+    async def abort_unfinished(self, handles: Sequence[Any]) -> list:
+        """Abort every handle not done (a response that ended before its requests, a batch refused
+        midway); each abort's result (``RequestHandle.abort``: True if it was live). On the thread
+        pool, all at once: each waits for the engine's next pause between steps (a whole step,
+        longer on a big batch), which on the event loop held every other request, and one after
+        another took a step each. Started before the first await, and shielded: a response
+        cancelled meanwhile (the server cutting it off) still aborts them all."""
+        aborts = [asyncio.wrap_future(self.pool.submit(h.abort)) for h in handles if not h.done]
+        return await asyncio.shield(asyncio.gather(*aborts))
 
 
 # How long a stopping server waits, once its requests are aborted, for the open responses to send
@@ -393,15 +393,15 @@ class EventStream(StreamingResponse):
     response's start failed, or the server heard the disconnect first) never starts it, so its
     requests ran on to their last token."""
 
-    def __init__(self, events: AsyncIterator[str], handles: list) -> None:
+    def __init__(self, ctx: ServerContext, events: AsyncIterator[str], handles: list) -> None:
         super().__init__(events, media_type="text/event-stream")
-        self.handles = handles
+        self.ctx, self.handles = ctx, handles
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            ServerContext.abort_unfinished(self.handles)
+            await self.ctx.abort_unfinished(self.handles)
 
 
 def error_body(message: str, status: int, param: Optional[str] = None) -> dict:
@@ -826,7 +826,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
                 handles = await ctx.submit_response(response, prompts, params, rids, refused)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
-            return EventStream(_stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)
+            return EventStream(ctx, _stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)
         outputs = []
         for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, prompt_texts):
             for r in res if isinstance(res, list) else [res]:

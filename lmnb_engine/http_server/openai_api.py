@@ -603,7 +603,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
         texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
         if req.stream:
-            return EventStream(_stream(ctx, handles, rid, created, "text_completion", req, texts=texts, prompt_ids=ids),
+            return EventStream(ctx, _stream(ctx, handles, rid, created, "text_completion", req, texts=texts, prompt_ids=ids),
                                handles)
         choices, results = [], []
         for k, res in enumerate(await ctx.results(handles, request)):
@@ -663,7 +663,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
             handles = await _submit(ctx, req, [prompt], [params], rid, rids)
         if req.stream:
-            return EventStream(_stream(ctx, handles, rid, created, "chat.completion.chunk", req), handles)
+            return EventStream(ctx, _stream(ctx, handles, rid, created, "chat.completion.chunk", req), handles)
         [res] = await ctx.results(handles, request)
         results = res if isinstance(res, list) else [res]
         choices = [{
