@@ -2215,23 +2215,29 @@ class _SlowAbortEngine(_HeldEngine):
         return self.handles[-1]
 
 
-@pytest.mark.parametrize("how", ["refused", "stream_left", "client_left"])
+@pytest.mark.parametrize("how", ["refused", "abort_request", "stream_left", "client_left"])
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
 def test_a_batchs_aborts_run_off_the_event_loop_at_once(path, how):
     """Each abort waits for the engine's next pause between steps (a whole step): a batch's
     prompts submitted before a later one was refused, and those of a client that left (streamed
-    or not), were aborted on the event loop, which answered no other request meanwhile."""
+    or not), were aborted on the event loop, which answered no other request meanwhile; and
+    /abort_request aborted a running batch's prompts one after another, a step each."""
     engine = _SlowAbortEngine()
     prompts = ["a", "b", "c!"] if how == "refused" else ["a", "b"]
     body = {"text": prompts} if path == "/generate" else {"model": "rec", "prompt": prompts, "max_tokens": 4}
     body = {**body, "rid": "B", "stream": how == "stream_left"}
     replies: list = []
     threads = [threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=60)))]
+    if how == "abort_request":
+        threads.append(threading.Thread(target=lambda: replies.append(_post(url, "/abort_request", {"rid": "B"},
+                                                                          timeout=60))))
     with live_server(engine, served_model_name="rec") as url, contextlib.ExitStack() as stack:
         try:
-            if how == "refused":
+            if how in ("refused", "abort_request"):
                 threads[0].start()
                 engine.wait_for(2)
+                if how == "abort_request":
+                    threads[1].start()
             elif how == "stream_left":
                 with httpx.Client(timeout=30) as client, client.stream("POST", url + path, json=body) as r:
                     assert next(r.iter_lines()).startswith("data:")
@@ -2247,14 +2253,20 @@ def test_a_batchs_aborts_run_off_the_event_loop_at_once(path, how):
             assert httpx.get(url + "/health", timeout=30).status_code == 200  # answered while they wait
         finally:
             engine.go.set()
-            engine.release.set()
-            for t in threads:
+            for t in reversed(threads):  # (the abort's first: the prompts it aborts are released after it)
                 if t.is_alive():
                     t.join(30)
+                engine.release.set()
     assert [h.rid for h in engine.handles] == ["B-0", "B-1"]
     assert all(h.aborted.is_set() for h in engine.handles)
     if how == "refused":
         assert replies[0].status_code == 400 and "'!' is refused" in replies[0].json()["error"]["message"]
+    elif how == "abort_request":
+        reply, abort = sorted(replies, key=lambda r: r.request.url.path == "/abort_request")
+        assert abort.json() == {"success": True}
+        finish = ([o["meta_info"]["finish_reason"]["type"] for o in reply.json()] if path == "/generate"
+                  else [c["finish_reason"] for c in reply.json()["choices"]])
+        assert finish == ["abort", "abort"]
 
 
 def test_abort_request_on_a_stopped_engine_finds_nothing_to_abort(tiny_llama):

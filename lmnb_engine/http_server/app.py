@@ -777,7 +777,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         batch = ctx.batches.get(rid)  # an OpenAI response id (of several prompts: each has a rid of its own)
         # (one finished, whose handles a route still holds, leaves the rid to a request taken since: in_use)
         if batch is not None and not all(h.done for h in batch):
-            return {"success": any([await ctx.run(h.abort) for h in batch])}
+            return {"success": any(await ctx.abort_unfinished(batch))}  # (at once: each waits for a pause)
         if ctx.submitting[rid]:  # (still being submitted: aborted once its handles exist)
             ctx.aborted_early.add(rid)
             # and now, in the engine, whatever of it the engine has: an earlier prompt of a batch, running
