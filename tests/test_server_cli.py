@@ -3,6 +3,7 @@ protocol, and a clear exit for a bad model path."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,27 @@ def test_lmnb_serve_subprocess_serves_a_program(tiny_llama):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_lmnb_serve_stopped_by_a_signal_says_so_and_exits_with_its_status(tiny_llama, sig, status):
+    """SIGTERM ended the server with no word (uvicorn raised it again once stopped), and SIGINT
+    said "lmnb: interrupted"; each says now that the server stopped and why, with the status of
+    a process the signal ended (128 + its number), which systemd and docker take for a stop."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tiny_llama), "--port", "0",
+         "--max-total-tokens", "4096", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        served_url(proc)
+        proc.send_signal(sig)
+        rest = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert (proc.returncode, rest) == (status, f"lmnb serve: stopped ({sig.name})\n")
 
 
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
@@ -249,7 +271,8 @@ def test_lmnb_serve_incremental_streaming_output_reaches_the_app_and_is_off_by_d
     made = []
     monkeypatch.setattr(lmnb_engine.engine, "Engine", lambda **kwargs: RecordingEngine())
     monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: made.append(kwargs))
-    monkeypatch.setattr(http_app, "Server", lambda app, **config: types.SimpleNamespace(run=lambda sockets: None))
+    server = types.SimpleNamespace(run=lambda sockets: None, stop_signal=None)  # (one no signal stopped)
+    monkeypatch.setattr(http_app, "Server", lambda app, **config: server)
     parser = argparse.ArgumentParser()
     http_server.serve_arguments(parser)
     for argv, incremental in (([], False), (["--incremental-streaming-output"], True)):

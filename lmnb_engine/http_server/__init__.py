@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 
 from lmnb_engine import MODEL_ENV, model_or_env
@@ -80,7 +81,9 @@ def bind(host: str, port: int):
 
 def serve(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted (Ctrl-C, SIGTERM: the open requests are
-    aborted, each told that the server shut down: ``app.Server``). Returns the exit status.
+    aborted, each told that the server shut down: ``app.Server``). Returns the exit status: 0,
+    or after a signal the shell's status of a process it ended (130 for SIGINT, 143 for SIGTERM),
+    having printed ``lmnb serve: stopped (SIGTERM)`` (stderr).
 
     Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
     ``--port 0`` that is how a caller learns the port the system picked."""
@@ -121,8 +124,14 @@ def serve(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
+        server = Server(app, log_level=args.log_level)
         try:
-            Server(app, log_level=args.log_level).run(sockets=[sock])
+            server.run(sockets=[sock])
         finally:
             engine.shutdown()
-    return 0
+    if server.stop_signal is None:
+        return 0
+    # a stop asked for, said as one line; the shell's status of a process the signal ended (130 for
+    # SIGINT, 143 for SIGTERM), which systemd and docker take for a normal stop
+    print(f"lmnb serve: stopped ({signal.Signals(server.stop_signal).name})", file=sys.stderr)
+    return 128 + server.stop_signal

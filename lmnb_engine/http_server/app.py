@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import re
+import signal
 import threading
 import uuid
 import weakref
@@ -357,6 +358,29 @@ class Server(uvicorn.Server):
         super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=2 * SHUTDOWN_GRACE_S, lifespan="off",
                                         **config))
         self.engine = app.state.ctx.engine
+        self.stop_signal: Optional[int] = None  # the signal that stopped it (handle_exit), if one did
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """uvicorn's handler of SIGINT and SIGTERM (stop; a second Ctrl-C forces the exit), which
+        keeps the first signal in ``stop_signal``: ``lmnb serve`` says why it stopped."""
+        if self.stop_signal is None:
+            self.stop_signal = sig
+        super().handle_exit(sig, frame)
+
+    def run(self, sockets: Optional[list] = None) -> None:
+        """uvicorn's ``run``, SIGINT and SIGTERM stopping the server (``handle_exit``) all the
+        while, the handlers from before back after it (on the main thread: no other can set
+        them). uvicorn sets its own handlers only while it serves, and after its clean stop raises
+        the signal again under the handlers it found: these, not Python's, which ended the process
+        by SIGTERM with no word, and made SIGINT a KeyboardInterrupt ("lmnb: interrupted")."""
+        if threading.current_thread() is not threading.main_thread():
+            return super().run(sockets)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            super().run(sockets)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     async def shutdown(self, sockets: Optional[list] = None) -> None:
         """Shut the engine down (off the event loop, which meanwhile sends the streams' last
