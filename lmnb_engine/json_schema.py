@@ -13,6 +13,11 @@ import json
 import re
 from typing import Any, Optional
 
+# A value in a schema's error message is cut after this many characters (``json_value``), as
+# ``regex_check`` cuts a pattern: a schema's const, enum or pattern can run to megabytes, which the
+# message then repeated whole; the message's place (``at #/...``) says where the whole value is.
+SHOWN_CHARS = 80
+
 
 def checked_schema(schema: dict | bool) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
@@ -37,7 +42,8 @@ def checked_schema(schema: dict | bool) -> dict | bool:
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
     if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key
-        raise ValueError(f"JSON schema at #/$schema must be a string (a draft's URI), not {json_value(schema['$schema'])}")
+        raise ValueError("JSON schema at #/$schema must be a string (a draft's URI), not "
+                         f"{json_value(schema['$schema'], SHOWN_CHARS)}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
@@ -78,13 +84,13 @@ def json_parts(value: Any) -> list:
 def in_json_words(message: str, values: list) -> str:
     """``message``, which shows ``values`` (the parts of a JSON document: ``json_parts``) as Python
     writes them (``'x'``, ``True``, ``None``, ``{'a': [1]}``), with each as JSON writes it
-    (``"x"``, ``true``, ``null``, ``{"a": [1]}``), as a client that wrote JSON reads it. Numbers
-    are left as they are: both write them alike."""
+    (``"x"``, ``true``, ``null``, ``{"a": [1]}``), as a client that wrote JSON reads it, cut after
+    ``SHOWN_CHARS`` characters. Numbers are left as they are: both write them alike."""
     shown = {}
     for v in values:
         if v is None or isinstance(v, (str, bool, dict, list, tuple)):
             try:
-                shown.setdefault(repr(v), json_value(v))  # (a lone surrogate as its escape, as repr has it)
+                shown.setdefault(repr(v), json_value(v, SHOWN_CHARS))  # (a lone surrogate as its escape, as repr has it)
             except (TypeError, ValueError):  # (a Python value JSON has no words for: left as it is)
                 pass
     for py in sorted(shown, key=len, reverse=True):  # (a whole object before the strings inside it)

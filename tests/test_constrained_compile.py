@@ -2072,3 +2072,22 @@ def test_the_pydantic_schema_generator_uses_no_private_pydantic_hook(backend):
         for const in code.co_consts if code else ():  # (nested functions and comprehensions)
             names |= set(getattr(const, "co_names", ()))
         assert not names & private, (name, names & private)
+
+
+_LONG = "a" * 100_000
+
+
+@pytest.mark.parametrize("schema, shown", [
+    ({"type": "integer", "const": _LONG}, '"' + "a" * 79),  # the const that fails its own type
+    ({"enum": _LONG}, '"' + "a" * 79),  # the meta-schema's (jsonschema's) message: enum must be an array
+    ({"type": "string", "pattern": "(" + _LONG}, '"(' + "a" * 78),  # not a regex
+    ({"type": "object", "properties": {}, "required": [_LONG], "additionalProperties": False}, '"' + "a" * 79),
+    ({"$ref": "#/$defs/" + _LONG}, '"#/$defs/' + "a" * 71),  # points at nothing
+])
+def test_a_schemas_error_shows_a_long_value_cut_after_80_characters(schema, shown):
+    """A schema's error message wrote the value it names whole: a const of 100,000 characters
+    gave a message of 100,000 characters. It is cut after 80, as a regex's error cuts its pattern."""
+    with pytest.raises(ValueError) as e:
+        schema_to_regex(schema)
+    message = str(e.value)
+    assert shown + "…" in message and "a" * 80 not in message, message[:300]

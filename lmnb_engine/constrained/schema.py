@@ -54,7 +54,7 @@ from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, po
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
-from lmnb_engine.json_schema import checked_schema, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, checked_schema, json_value
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
 _ENFORCED = {
@@ -191,11 +191,11 @@ def _bound_value(value: Any, key: str, where: str) -> Decimal:
     Raises:
         GrammarError: not a finite number, or more digits than a bounded grammar should spell out."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise GrammarError(f"JSON schema {json_value(key)} at {where} must be a finite number, got {json_value(value)}")
+        raise GrammarError(f"JSON schema {json_value(key, SHOWN_CHARS)} at {where} must be a finite number, got {json_value(value, SHOWN_CHARS)}")
     bound = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     whole, fraction = decimal_parts(abs(bound))
     if len(str(whole).lstrip("0")) + len(fraction) > _MAX_BOUND_DIGITS:
-        raise GrammarError(f"JSON schema {key}={json_value(value)} at {where} spells more than {_MAX_BOUND_DIGITS} digits, "
+        raise GrammarError(f"JSON schema {key}={json_value(value, SHOWN_CHARS)} at {where} spells more than {_MAX_BOUND_DIGITS} digits, "
                            "too many for a bounded number grammar; round the bound")
     return bound
 
@@ -233,10 +233,10 @@ def _filter_listed_values(node: dict, where: str, root: dict) -> None:
             return checker.is_valid(value)
         except referencing.exceptions.Unresolvable as e:
             raise GrammarError(f"JSON schema at {where} has a $ref beside its listed values that points at nothing "
-                               f"in this schema ({json_value(getattr(e, 'ref', str(e)))}); fix the reference") from None
+                               f"in this schema ({json_value(getattr(e, 'ref', str(e)), SHOWN_CHARS)}); fix the reference") from None
 
     if "const" in node and not valid(node["const"]):
-        raise _NoListedValue(f"JSON schema at {where} has const {json_value(node['const'])}, which does not pass its own "
+        raise _NoListedValue(f"JSON schema at {where} has const {json_value(node['const'], SHOWN_CHARS)}, which does not pass its own "
                            f"{', '.join(checks)}; no output could validate: fix the const")
     if "enum" in node:
         kept = [v for v in node["enum"] if valid(v)]
@@ -261,16 +261,16 @@ def _check_structure(node: dict, where: str) -> None:
     beside = [k for k in node if k not in _ANNOTATIONS and k not in (*_COMBINATORS, "$defs", "definitions")]
     if combinators and (beside or len(combinators) > 1) and not listed_values:
         other = beside[0] if beside else combinators[1]
-        raise GrammarError(f"JSON schema at {where} has {json_value(other)} beside {json_value(combinators[0])}, which "
+        raise GrammarError(f"JSON schema at {where} has {json_value(other, SHOWN_CHARS)} beside {json_value(combinators[0], SHOWN_CHARS)}, which "
                            "constrained decoding cannot combine (only the branches would be generated); move "
-                           f"{json_value(other)} "
+                           f"{json_value(other, SHOWN_CHARS)} "
                            "into each branch")
     properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     missing = [k for k in node.get("required", []) if k not in properties]
     if missing and not listed_values:
-        raise GrammarError(f"JSON schema at {where} requires {json_value(missing[0])}, which has no schema under "
+        raise GrammarError(f"JSON schema at {where} requires {json_value(missing[0], SHOWN_CHARS)}, which has no schema under "
                            '"properties"; constrained decoding writes only the listed properties: add '
-                           f'"properties": {{{json_value(missing[0])}: {{}}}} (any value) or a schema for it')
+                           f'"properties": {{{json_value(missing[0], SHOWN_CHARS)}: {{}}}} (any value) or a schema for it')
     for lo, hi in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minDigits", "maxDigits")):
         if isinstance(node.get(lo), int) and isinstance(node.get(hi), int) and node[lo] > node[hi]:
             raise GrammarError(f"JSON schema at {where} has {lo} {node[lo]} above {hi} {node[hi]}: no value fits; "
@@ -284,7 +284,7 @@ def _check_structure(node: dict, where: str) -> None:
     listed = [node["const"]] if "const" in node else node.get("enum", [])
     for key in [*properties, *(k for v in listed for k in _object_keys(v))]:
         if any(c in '"\\' or ord(c) < 0x20 for c in key):
-            raise GrammarError(f"JSON schema at {where} has the object key {json_value(key)}, which JSON writes "
+            raise GrammarError(f"JSON schema at {where} has the object key {json_value(key, SHOWN_CHARS)}, which JSON writes "
                                "with escapes; constrained decoding writes keys as they are: rename it")
 
 
@@ -406,7 +406,7 @@ def _check_listed_text(node: dict, where: str) -> None:
         texts = [v] if isinstance(v, str) else list(v) if isinstance(v, dict) else []
         bad = next((t for t in texts if any(0xD800 <= ord(c) <= 0xDFFF for c in t)), None)
         if bad is not None:
-            raise GrammarError(f"JSON schema at {where} lists the string {json_value(bad)}, which holds a lone surrogate "
+            raise GrammarError(f"JSON schema at {where} lists the string {json_value(bad, SHOWN_CHARS)}, which holds a lone surrogate "
                                "(no UTF-8 text holds one); remove it or write the character it stands for")
         stack.extend(v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
 
@@ -498,7 +498,7 @@ class _Rewriter:
         if node is False:
             return node  # no value: schema_refs.inline_refs prunes it
         if not isinstance(node, dict):
-            raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {json_value(node)}")
+            raise GrammarError(f"JSON schema at {where} must be an object or a boolean, got {json_value(node, SHOWN_CHARS)}")
         node = _without_moot_keywords(_with_implied_type(node, where))
         if node.get("format") in _ANY_STRING_FORMATS:
             node = {k: v for k, v in node.items() if k != "format"}
@@ -509,23 +509,23 @@ class _Rewriter:
                 if key == "uniqueItems":  # (enforced over listed item values: _unique_items)
                     continue
                 raise GrammarError(
-                    f"JSON schema keyword {json_value(key)} at {where} is not supported by constrained decoding "
+                    f"JSON schema keyword {json_value(key, SHOWN_CHARS)} at {where} is not supported by constrained decoding "
                     f"(it cannot be enforced while decoding); remove it. Supported keywords: "
                     f"{', '.join(sorted(_ENFORCED | set(_BOUNDS)))}"
                 )
         if "format" in node and node["format"] not in _FORMAT_PATTERN:
             raise GrammarError(
-                f"JSON schema format {json_value(node['format'])} at {where} is not supported; supported formats: "
+                f"JSON schema format {json_value(node['format'], SHOWN_CHARS)} at {where} is not supported; supported formats: "
                 f"{', '.join(sorted(_FORMAT_PATTERN))} (or give a \"pattern\" instead)"
             )
         beside = [k for k in node if k not in _ANNOTATIONS and k not in ("$ref", "$defs", "definitions")]
         if "$ref" in node and beside:  # (2019-09 on they apply with the reference; draft 7 ignored them)
-            raise GrammarError(f"JSON schema at {where} has {', '.join(map(json_value, beside))} beside \"$ref\", which "
+            raise GrammarError(f"JSON schema at {where} has {', '.join(json_value(b, SHOWN_CHARS) for b in beside)} beside \"$ref\", which "
                                "constrained decoding cannot intersect with the schema it refers to; move them "
                                "into that schema")
         listed = "enum" in node or "const" in node  # (those values are checked against all of them)
         if "format" in node and "pattern" in node and not listed:  # outlines-core enforced one, dropped the other
-            raise GrammarError(f"JSON schema at {where} has format {json_value(node['format'])} and a pattern, which "
+            raise GrammarError(f"JSON schema at {where} has format {json_value(node['format'], SHOWN_CHARS)} and a pattern, which "
                                "constrained decoding cannot intersect: drop one of them")
         shaped = "string" in _type_list(node, "string") and not listed and ("pattern" in node or "format" in node)
         for key in _COUNTS:
@@ -593,7 +593,7 @@ class _Rewriter:
         if "properties" in node:  # (only those are written: each must be an allowed name)
             bad = [k for k in node["properties"] if k not in names]
             if bad:
-                raise GrammarError(f"JSON schema at {where} has the property {json_value(bad[0])}, which its "
+                raise GrammarError(f"JSON schema at {where} has the property {json_value(bad[0], SHOWN_CHARS)}, which its "
                                    '"propertyNames" does not allow; drop it or add it to the names')
             return node
         value = node.get("additionalProperties", True)
@@ -651,7 +651,7 @@ class _Rewriter:
         key = (fmt, pattern, lo, hi)
         if key not in self.strings:
             self.strings[key] = pattern_regex(_format_pattern(fmt, hi) if fmt is not None else pattern, where, lo, hi,
-                                              name=None if fmt is None else f"format {json_value(fmt)}")
+                                              name=None if fmt is None else f"format {json_value(fmt, SHOWN_CHARS)}")
         return self.strings[key]
 
     def _formatted(self, node: dict, where: str) -> dict:

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.json_schema import json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 
 # How often one schema may be open on a path (the root counts): a list of itself holds up to this
 # many levels, as deep as outlines-core's own resolution went. Each level multiplies a tree's automaton.
@@ -89,12 +89,12 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
     def resolve(ref: str, where: str) -> tuple[str, Any]:
         doc, _, fragment = ref.partition("#")
         if doc and doc != base:
-            raise GrammarError(f"JSON schema $ref {json_value(ref)} at {where} points into another document, which "
+            raise GrammarError(f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} points into another document, which "
                                'constrained decoding cannot fetch; put that schema under "$defs" and refer to '
                                'it as "#/$defs/NAME"')
         pointer = unquote(fragment)
         if pointer and not pointer.startswith("/"):
-            raise GrammarError(f"JSON schema $ref {json_value(ref)} at {where} names an anchor, which is not supported; "
+            raise GrammarError(f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} names an anchor, which is not supported; "
                                'refer to the schema by its JSON pointer, e.g. "#/$defs/NAME"')
         node, written, expect = schema, original, "schema"
         for part in pointer_parts(ref):
@@ -103,7 +103,7 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
                 expect = "map" if part in _SCHEMA_MAPS else "list" if part in _SCHEMA_LISTS else \
                     "schema" if part in _SCHEMA_ITEMS else None
                 if expect is None:
-                    raise GrammarError(f"JSON schema $ref {json_value(ref)} at {where} points into {json_value(part)}, which "
+                    raise GrammarError(f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} points into {json_value(part, SHOWN_CHARS)}, which "
                                        'holds no schema; refer to a schema, e.g. "#/$defs/NAME"')
                 if expect == "schema" and isinstance(written, dict) and isinstance(written.get(part), list):
                     expect = "list"  # items as a list (draft 7's tuples)
@@ -111,8 +111,8 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
                 expect = "schema"
             written, node = child(written, part), child(node, part)
             if written is _MISSING or node is _MISSING:  # (the user's schema first: the rewritten copy may hold more)
-                raise GrammarError(f"JSON schema $ref {json_value(ref)} at {where} points at nothing in this schema "
-                                   f"(no {json_value(part)} there); fix the reference")
+                raise GrammarError(f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} points at nothing in this schema "
+                                   f"(no {json_value(part, SHOWN_CHARS)} there); fix the reference")
         return pointer, node
 
     def expand(node: Any, where: str, open_refs: tuple[str, ...]) -> Any:
@@ -178,7 +178,7 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
                 "schema needs a value there (a required property, the only branch, or an array with "
                 "minItems); remove it or make it optional") from None
         raise GrammarError(
-            f"JSON schema has no finite valid value: every value would nest the schema that $ref {json_value(e.ref)} "
+            f"JSON schema has no finite valid value: every value would nest the schema that $ref {json_value(e.ref, SHOWN_CHARS)} "
             f"at {e.where} refers to inside itself without end (a required property or the only branch "
             "refers back to its own schema); make the recursion optional, e.g. drop the property from "
             '"required" or add an "anyOf" branch {"type": "null"} beside the $ref'
