@@ -1525,6 +1525,43 @@ class _LogprobEngine(RecordingEngine):
         return RecordingHandle(rid, events)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_generates_finished_meta_info_is_made_off_the_event_loop(stream):
+    """A finished /generate request's meta_info, with return_text_in_logprobs, decodes the token
+    of every logprob (its prompt's too, and each top logprob's): made on the event loop, a long
+    one held every other request meanwhile, where the OpenAI routes make theirs on the pool."""
+    entered, go = threading.Event(), threading.Event()
+
+    class Engine(RecordingEngine):
+        def submit(self, prompt, params, rid=None):
+            from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
+
+            lps = [TokenLogprob(ord("z"), -0.5, ((ord("z"), -0.5),))]  # (the events carry none: only the result)
+            result = GenerateResult(rid, "z", [ord("z")], FinishReason("length"),
+                                    RequestMeta(prompt_tokens=1, cached_tokens=0, completion_tokens=1), logprobs=lps)
+            return RecordingHandle(rid, [StreamEvent(rid, "z", [ord("z")]), StreamEvent(rid, "", [], True, result)])
+
+        def decode(self, ids, skip_special_tokens=False):
+            if ids == [ord("z")]:  # (the finished meta_info's decode of its logprob's token)
+                entered.set()
+                assert go.wait(30)
+            return super().decode(ids, skip_special_tokens)
+
+    body = {"text": "a", "return_logprob": True, "return_text_in_logprobs": True, "stream": stream}
+    replies: list = []
+    with live_server(Engine()) as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(url, "/generate", body, timeout=60)))
+        thread.start()
+        try:
+            assert entered.wait(30)
+            assert httpx.get(url + "/health", timeout=30).status_code == 200  # answered while it decodes
+        finally:
+            go.set()
+            thread.join(30)
+    last = _sse_json(replies[0].text.splitlines())[-1] if stream else replies[0].json()
+    assert last["meta_info"]["output_token_logprobs"] == [[-0.5, ord("z"), "z"]]
+
+
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_incremental_streaming_output_sends_each_chunks_new_text_ids_and_logprobs_only(incremental):
     """A /generate stream with logprobs resent every logprob so far in each chunk: its size grew with

@@ -854,7 +854,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         outputs = []
         for res, p, first, x, text in zip(await ctx.results(handles, request), params, firsts, prompts, prompt_texts):
             for r in res if isinstance(res, list) else [res]:
-                meta = _finished_meta(r, decode, p, first, x)
+                meta = await ctx.run(_finished_meta, r, decode, p, first, x)  # (decodes every logprob's token)
                 await _with_cached_chars(ctx, meta, text, x)
                 outputs.append({"text": r.text, "output_ids": list(r.token_ids), "meta_info": meta,
                                 "index": len(outputs)})
@@ -940,8 +940,8 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
     try:
         async for k, ev in ctx.events(handles):
             chunks[k].add(ev)
-            if ev.finished and ev.result is not None:
-                meta = _finished_meta(ev.result, decode, params[k], firsts[k], prompts[k])
+            if ev.finished and ev.result is not None:  # (its meta_info decodes every logprob's token)
+                meta = await ctx.run(_finished_meta, ev.result, decode, params[k], firsts[k], prompts[k])
                 await _with_cached_chars(ctx, meta, prompt_texts[k], prompts[k])
             elif ev.text_delta:
                 meta = None  # (the partial meta_info)
