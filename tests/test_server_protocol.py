@@ -1562,6 +1562,34 @@ def test_generates_finished_meta_info_is_made_off_the_event_loop(stream):
     assert last["meta_info"]["output_token_logprobs"] == [[-0.5, ord("z"), "z"]]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_completions_prompt_of_ids_is_decoded_off_the_event_loop(stream):
+    """/v1/completions decoded each prompt of token ids (its choice's text with echo) on the
+    event loop: a batch of long ones held every other request meanwhile."""
+    entered, go = threading.Event(), threading.Event()
+
+    class Engine(RecordingEngine):
+        def decode(self, ids, skip_special_tokens=False):
+            if ids == [121, 122] and skip_special_tokens:  # (the route's decode of the prompt; submit's keeps them)
+                entered.set()
+                assert go.wait(30)
+            return super().decode(ids, skip_special_tokens)
+
+    body = {"model": "rec", "prompt": [[121, 122]], "max_tokens": 2, "echo": True, "stream": stream}
+    replies: list = []
+    with live_server(Engine(), served_model_name="rec") as url:
+        thread = threading.Thread(target=lambda: replies.append(_post(url, "/v1/completions", body, timeout=60)))
+        thread.start()
+        try:
+            assert entered.wait(30)
+            assert httpx.get(url + "/health", timeout=30).status_code == 200  # answered while it decodes
+        finally:
+            go.set()
+            thread.join(30)
+    chunks = _sse_json(replies[0].text.splitlines()) if stream else [replies[0].json()]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "yzxx"
+
+
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_incremental_streaming_output_sends_each_chunks_new_text_ids_and_logprobs_only(incremental):
     """A /generate stream with logprobs resent every logprob so far in each chunk: its size grew with

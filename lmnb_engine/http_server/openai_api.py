@@ -600,8 +600,10 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 except RequestError as e:  # (a prompt too long to encode, of a list: prompt[k])
                     raise entry_error(e, k, _per_prompt(req)) from None
             handles = await _submit(ctx, req, ids, [params] * len(ids), rid, rids)  # checks the ids
-        # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed)
-        texts = [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True) for x in prompts]
+        # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed);
+        # off the event loop, as the prompts' encoding (a batch of long prompts of ids)
+        texts = await ctx.run(lambda: [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True)
+                                       for x in prompts])
         if req.stream:
             return EventStream(ctx, _stream(ctx, handles, rid, created, "text_completion", req, texts=texts, prompt_ids=ids),
                                handles)
