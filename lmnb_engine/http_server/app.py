@@ -338,6 +338,8 @@ class ServerContext:
 # How long a stopping server waits, once its requests are aborted, for the open responses to send
 # their last events (a client that reads nothing holds its stream open) before it cuts them off.
 SHUTDOWN_GRACE_S = 5
+# How long, after that cut-off, uvicorn waits for the responses' tasks to end before it cancels them.
+CUT_OFF_WAIT_S = 10
 
 
 class Server(uvicorn.Server):
@@ -352,11 +354,12 @@ class Server(uvicorn.Server):
 
     def __init__(self, app: FastAPI, **config: Any) -> None:
         # uvicorn's own limit cancels the tasks still running, and logs each one's CancelledError
-        # with its traceback: here only a backstop for a task that outlives its closed connection.
+        # with its traceback: here only a backstop for a task that outlives its closed connection,
+        # a fixed time after the cut-off (a task on a loaded machine takes a while to see it).
         # No lifespan task (the app has no startup or shutdown hooks): a forced exit skips its
         # shutdown, and the closing loop cancelled it, with a traceback too.
-        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=2 * SHUTDOWN_GRACE_S, lifespan="off",
-                                        **config))
+        super().__init__(uvicorn.Config(app, timeout_graceful_shutdown=SHUTDOWN_GRACE_S + CUT_OFF_WAIT_S,
+                                        lifespan="off", **config))
         self.engine = app.state.ctx.engine
         self.stop_signal: Optional[int] = None  # the signal that stopped it (handle_exit), if one did
 
