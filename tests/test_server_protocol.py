@@ -2544,6 +2544,27 @@ def test_a_request_too_large_for_the_kv_pool_says_the_servers_cache_is_too_small
             "prompt of 10 tokens + max_tokens=30 does not fit the server's KV cache of 32 tokens; lower max_tokens"), r.text
 
 
+def test_an_abort_beside_pinned_prefixes_does_not_tell_the_client_to_raise_the_servers_option(tiny_llama):
+    """A request that prefixes pinned in the server's engine kept out of the KV pool was aborted
+    with the engine's message, "... unpin prefixes, or raise max_total_tokens": the operator's
+    option, which no request can pass (as a refusal, ``client_message``, leaves it out)."""
+    import random
+
+    from lmnb_engine import Engine
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=320, chunked_prefill_size=16) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        rng = random.Random(0)
+        pinned = engine.pin_prefix([rng.randrange(10, 500) for _ in range(200)])
+        r = _post(url, "/generate", {"input_ids": [rng.randrange(10, 500) for _ in range(150)],
+                                     "sampling_params": {"max_new_tokens": 5}})
+        engine.unpin(pinned)
+        assert r.status_code == 200, r.text
+        assert r.json()["meta_info"]["finish_reason"] == {
+            "type": "abort", "message": "a chunked prompt needs more KV slots but none of 320 can be freed (200 are "
+                                        "pinned); unpin prefixes"}, r.text
+
+
 def test_a_chat_prompt_too_long_for_its_max_tokens_says_to_shorten_the_messages():
     """Found by the second break-it review: a chat request whose prompt, made of its messages by
     the chat template, left too little room for its max_tokens was told, with param "messages",

@@ -48,8 +48,9 @@ def wire_message(message: str, value: Any = None) -> str:
     return in_json_words(message, json_parts(value))
 
 
-def client_message(e: Exception) -> str:
-    """The engine's refusal ``e`` of a request as the server's client reads it: a fix that names
+def client_message(e: Exception | str) -> str:
+    """The engine's refusal ``e`` of a request (or an abort's message, ``option_message``) as the
+    server's client reads it: a fix that names
     one of the engine's options (``raise max_total_tokens``) is the operator's to take, which no
     request can, so it is left out (``in_option_syntax`` with no options), and the KV pool the
     request did not fit is said to be the server's."""
@@ -71,14 +72,16 @@ def served_message(fr: FinishReason, grammar: Optional[str]) -> Optional[str]:
     client still listens) is ``ABORTED_BY_REQUEST``, one by the engine's shutdown (the server
     stopping) ``ABORTED_BY_SHUTDOWN``; the engine's "regex / JSON schema" (a grammar's output cut
     before it matched) is ``grammar``, the field that sent the request's (None for a request
-    without one, whose message never says so)."""
+    without one, whose message never says so). An abort's message that names a fix in the
+    engine's options is worded for the client as a refusal is (``client_message``)."""
     if fr.requested_abort:
         return ABORTED_BY_REQUEST
     if fr.type == "abort" and fr.message == ABORT_SHUTDOWN:
         return ABORTED_BY_SHUTDOWN
-    if fr.message is None or grammar is None:
-        return fr.message
-    return fr.message.replace("regex / JSON schema", grammar)
+    if fr.message is None:
+        return None
+    message = client_message(fr.message)  # (an abort's option_message: pinned prefixes fill the KV pool)
+    return message if grammar is None else message.replace("regex / JSON schema", grammar)
 
 
 def finite(x: Optional[float]) -> Optional[float]:
