@@ -759,6 +759,23 @@ def test_static_mode_updates_the_display_without_a_widget(comms, shell):
     assert len({o.transient["display_id"] for o in cap.outputs}) == 1
 
 
+def test_a_live_views_saved_output_says_it_is_unfinished_until_it_finishes(comms, shell):
+    """A live view's output had no status in its metadata until finish() replaced it: ``lmnb run``
+    under LMNB_VIEW=live saved a view whose last update came too late as if it were final, and
+    exited 0 (``unfinished_view`` found nothing to report)."""
+    from lmnb_kernel.run import unfinished_view
+
+    v = RunView("t", clock=Clock(), session=Tally())
+    with capture_output() as cap:
+        v.show()
+    [shown] = cap.outputs
+    assert unfinished_view({"outputs": [{"metadata": shown.metadata}]}) == "running"
+    with capture_output() as cap:
+        v.finish("error", error="boom")
+    [final] = cap.outputs
+    assert final.update and unfinished_view({"outputs": [{"metadata": final.metadata}]}) is None
+
+
 def test_events_from_another_thread_are_refused():
     v = RunView(live=False, session=Tally())
     errors = []

@@ -181,7 +181,8 @@ class RunView:
             self._mark_all_sent()
             data, md = self._widget._repr_mimebundle_()
             data = {**data, "text/html": LIVE_PLACEHOLDER}
-            self._handle = display(data, raw=True, metadata=md, display_id=True)
+            # (its status too, as a static view's: ``lmnb run`` tells a view whose finish never came)
+            self._handle = display(data, raw=True, metadata={**md, **self._metadata()}, display_id=True)
         else:
             self._handle = display(self._static_bundle(), raw=True, metadata=self._metadata(), display_id=True)
         self._last_frame = self._last_snapshot = self._clock()
