@@ -2565,6 +2565,48 @@ def test_an_abort_beside_pinned_prefixes_does_not_tell_the_client_to_raise_the_s
                                         "pinned); unpin prefixes"}, r.text
 
 
+def test_an_abort_that_fails_after_its_response_was_cancelled_is_logged_as_the_servers_error(caplog):
+    """abort_unfinished's aborts, shielded, run on after the response awaiting them is cancelled;
+    one that then failed was heard by no one: asyncio said "_GatheringFuture exception was never
+    retrieved" whenever the future was collected, or nothing."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmnb_engine.http_server.app import ServerContext
+
+    started, release = threading.Event(), threading.Event()
+
+    class Handle:
+        done = False
+
+        def abort(self):
+            started.set()
+            release.wait()
+            raise RuntimeError("its clean-up failed")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        unhandled = []
+        loop.set_exception_handler(lambda _loop, context: unhandled.append(context["message"]))
+        ctx = types.SimpleNamespace(pool=ThreadPoolExecutor(1))
+        task = asyncio.ensure_future(ServerContext.abort_unfinished(ctx, [Handle()]))
+        await loop.run_in_executor(None, started.wait)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await loop.run_in_executor(None, ctx.pool.shutdown)  # (the abort has failed)
+        for _ in range(10):  # (its result reaches the loop in a few turns)
+            await asyncio.sleep(0)
+        return unhandled
+
+    with caplog.at_level("ERROR", logger="lmnb.serve"):
+        assert asyncio.run(main()) == []
+    [record] = [r for r in caplog.records if r.name == "lmnb.serve"]
+    assert record.getMessage() == "aborting the requests of a response that was cut off failed"
+    assert str(record.exc_info[1]) == "its clean-up failed"
+
+
 def test_a_chat_prompt_too_long_for_its_max_tokens_says_to_shorten_the_messages():
     """Found by the second break-it review: a chat request whose prompt, made of its messages by
     the chat template, left too little room for its max_tokens was told, with param "messages",

@@ -330,9 +330,18 @@ class ServerContext:
         pool, all at once: each waits for the engine's next pause between steps (a whole step,
         longer on a big batch), which on the event loop held every other request, and one after
         another took a step each. Started before the first await, and shielded: a response
-        cancelled meanwhile (the server cutting it off) still aborts them all."""
-        aborts = [asyncio.wrap_future(self.pool.submit(h.abort)) for h in handles if not h.done]
-        return await asyncio.shield(asyncio.gather(*aborts))
+        cancelled meanwhile (the server cutting it off) still aborts them all, and an abort's error
+        that no one then hears is logged (else asyncio's "exception was never retrieved")."""
+        aborts = asyncio.gather(*[asyncio.wrap_future(self.pool.submit(h.abort)) for h in handles if not h.done])
+        shielded = asyncio.shield(aborts)
+
+        def unheard(_: asyncio.Future) -> None:
+            if shielded.cancelled() and not aborts.cancelled() and aborts.exception() is not None:
+                logger.error("aborting the requests of a response that was cut off failed",
+                             exc_info=aborts.exception())
+
+        aborts.add_done_callback(unheard)
+        return await shielded
 
 
 # How long a stopping server waits, once its requests are aborted, for the open responses to send
