@@ -164,10 +164,14 @@ class Session:
         with self._lock:
             if self._backend is None:
                 with interrupt_after():  # the engine is kept: the next cell need not load it again
-                    self._backend = self._start_engine(self.config)
+                    # (from a %%lm cell, whose own options are not %lm load's)
+                    self._backend = self._start_engine(self.config, "%lm load")
             return self._backend
 
-    def _start_engine(self, config: EngineConfig):
+    def _start_engine(self, config: EngineConfig, command: str = ""):
+        """A backend of a new in-process engine built from ``config``; its load error is a
+        ``CellError`` naming the load options, as ``command``'s where it shows up elsewhere (the
+        first ``%%lm`` cell starts the engine)."""
         import lmnb
 
         try:
@@ -180,7 +184,7 @@ class Session:
             if hint and not config.model and os.environ.get(MODEL_ENV):  # (every plain %lm load reads it again)
                 hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
                          f"demo model (del os.environ['{MODEL_ENV}'])")
-            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(e, _LOAD_OPTIONS)}{hint}") from e
+            raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(e, _LOAD_OPTIONS, command)}{hint}") from e
         backend.front_end_options = (_LOAD_OPTIONS, "%lm load")  # (a cell's request errors: they show in the cell)
         return backend
 

@@ -722,6 +722,22 @@ def test_a_model_from_the_environment_is_named_as_such(monkeypatch):
     assert session.config.describe() == "the built-in demo model"
 
 
+def test_a_load_error_in_the_first_lm_cell_names_lm_loads_option(tiny_llama, monkeypatch):
+    """The first %%lm cell, which starts the engine, said "pass --max-total-tokens" when the KV
+    pool did not fit: %%lm has no such option (it is %lm load's), as its request errors say."""
+    import lmnb_engine.model_runner as model_runner
+    from lmnb_kernel.errors import CellError
+
+    monkeypatch.setenv("LMNB_MODEL", str(tiny_llama))
+    monkeypatch.setattr(model_runner, "_free_memory_bytes", lambda device: 1000)
+    session = Session()
+    session.config = EngineConfig(device="cpu")
+    with pytest.raises(CellError) as e:
+        session.backend()
+    assert str(e.value).endswith("the KV pool's share of free memory on cpu (0.1) leaves room for only 0 KV tokens "
+                                 "(512 bytes each); pass %lm load's --max-total-tokens, or free some memory")
+
+
 def test_ctrl_c_while_a_cell_is_read_stops_it_in_one_line(ip, monkeypatch):
     # the first json_schema= cell spends a second importing jsonschema; Ctrl-C there showed 40 frames
     import lmnb.template
@@ -854,9 +870,9 @@ def test_the_first_cell_shows_its_view_while_the_model_loads(ip, tiny_llama, mon
     shown_while_loading = []
     start_engine = Session._start_engine
 
-    def start_and_look(self, config):
+    def start_and_look(self, config, command=""):
         shown_while_loading.append(ip.display_pub.outputs[-1]["data"]["text/plain"])  # (capture_output's)
-        return start_engine(self, config)
+        return start_engine(self, config, command)
 
     monkeypatch.setattr(Session, "_start_engine", start_and_look)
     monkeypatch.setenv("LMNB_MODEL", str(tiny_llama))
