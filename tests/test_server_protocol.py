@@ -1548,18 +1548,26 @@ def test_generates_finished_meta_info_is_made_off_the_event_loop(stream):
             return super().decode(ids, skip_special_tokens)
 
     body = {"text": "a", "return_logprob": True, "return_text_in_logprobs": True, "stream": stream}
-    replies: list = []
     with live_server(Engine()) as url:
-        thread = threading.Thread(target=lambda: replies.append(_post(url, "/generate", body, timeout=60)))
-        thread.start()
-        try:
-            assert entered.wait(30)
-            assert httpx.get(url + "/health", timeout=30).status_code == 200  # answered while it decodes
-        finally:
-            go.set()
-            thread.join(30)
-    last = _sse_json(replies[0].text.splitlines())[-1] if stream else replies[0].json()
+        reply = _answered_while_held(url, "/generate", body, entered, go)
+    last = _sse_json(reply.text.splitlines())[-1] if stream else reply.json()
     assert last["meta_info"]["output_token_logprobs"] == [[-0.5, ord("z"), "z"]]
+
+
+def _answered_while_held(url: str, path: str, body: dict, entered: threading.Event, go: threading.Event):
+    """Post ``body`` to ``path`` on a thread; once the engine is held in a call (``entered``, until
+    ``go``), check that the server still answers /health (the call is off the event loop); then let
+    it go on. Returns the reply."""
+    replies: list = []
+    thread = threading.Thread(target=lambda: replies.append(_post(url, path, body, timeout=60)))
+    thread.start()
+    try:
+        assert entered.wait(30)
+        assert httpx.get(url + "/health", timeout=30).status_code == 200  # answered while the engine is held
+    finally:
+        go.set()
+        thread.join(30)
+    return replies[0]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -1576,17 +1584,9 @@ def test_a_completions_prompt_of_ids_is_decoded_off_the_event_loop(stream):
             return super().decode(ids, skip_special_tokens)
 
     body = {"model": "rec", "prompt": [[121, 122]], "max_tokens": 2, "echo": True, "stream": stream}
-    replies: list = []
     with live_server(Engine(), served_model_name="rec") as url:
-        thread = threading.Thread(target=lambda: replies.append(_post(url, "/v1/completions", body, timeout=60)))
-        thread.start()
-        try:
-            assert entered.wait(30)
-            assert httpx.get(url + "/health", timeout=30).status_code == 200  # answered while it decodes
-        finally:
-            go.set()
-            thread.join(30)
-    chunks = _sse_json(replies[0].text.splitlines()) if stream else [replies[0].json()]
+        reply = _answered_while_held(url, "/v1/completions", body, entered, go)
+    chunks = _sse_json(reply.text.splitlines()) if stream else [reply.json()]
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "yzxx"
 
 
