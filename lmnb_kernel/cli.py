@@ -25,8 +25,9 @@ SUBCOMMANDS = {
 
 
 # Subcommands that SIGTERM stops as Ctrl-C does until they take it over: `lmnb run` exited 143
-# without a word when terminated in its first second or two (its imports), before its handlers.
-SIGTERM_AS_CTRL_C = ("run",)
+# without a word when terminated in its first second or two (its imports), before its handlers,
+# and `lmnb serve` while its model loaded, before its server's handlers.
+SIGTERM_AS_CTRL_C = ("run", "serve")
 
 
 class Terminated(KeyboardInterrupt):
@@ -40,17 +41,31 @@ def _terminated(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status; 130
     (the shell's code for SIGINT) when Ctrl-C comes before the subcommand takes it over, e.g.
-    while torch is being imported, instead of a traceback; for ``lmnb run``, SIGTERM too."""
+    while torch is being imported, instead of a traceback; for ``lmnb run``, SIGTERM too. SIGTERM
+    to ``lmnb serve`` before it serves (its model loading): a line that says so, and 143 (the
+    status of a process SIGTERM ended, as once it serves)."""
     try:
         return _main(argv)
-    except KeyboardInterrupt as e:
-        print("lmnb: terminated (SIGTERM)" if isinstance(e, Terminated) else "lmnb: interrupted", file=sys.stderr)
+    except Terminated:
+        if argv_command(argv) == "serve":
+            print("lmnb serve: stopped (SIGTERM) before it started serving", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        print("lmnb: terminated (SIGTERM)", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:
+        print("lmnb: interrupted", file=sys.stderr)
+        return 130
+
+
+def argv_command(argv: list[str] | None) -> str | None:
+    """The subcommand ``argv`` (default ``sys.argv[1:]``) names first, or None."""
+    argv = sys.argv[1:] if argv is None else argv
+    return argv[0] if argv and argv[0] in SUBCOMMANDS else None
 
 
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    chosen = argv_command(argv)
     if chosen not in SIGTERM_AS_CTRL_C or threading.current_thread() is not threading.main_thread():
         return _run(chosen, argv)
     previous = signal.signal(signal.SIGTERM, _terminated)  # (before the subcommand's imports, the slow part)

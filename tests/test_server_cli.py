@@ -59,6 +59,22 @@ def test_lmnb_serve_stopped_by_a_signal_says_so_and_exits_with_its_status(tiny_l
     assert (proc.returncode, rest) == (status, f"lmnb serve: stopped ({sig.name})\n")
 
 
+def test_lmnb_serve_stopped_by_sigterm_while_the_model_loads_says_so(tiny_llama):
+    """SIGTERM while the model loaded, before the server's own handlers: the process ended with
+    143 and no word. (The model's load sends it: the subprocess's Engine is one that does.)"""
+    code = ("import os, signal, sys\n"
+            "import lmnb_engine\n"
+            "from lmnb_kernel import cli\n"
+            "class Engine(lmnb_engine.Engine):\n"
+            "    def __init__(self, *args, **kwargs):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        super().__init__(*args, **kwargs)\n"
+            "lmnb_engine.Engine = Engine\n"
+            "sys.exit(cli.main(['serve', '--model', sys.argv[1], '--port', '0']))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_llama)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (143, "lmnb serve: stopped (SIGTERM) before it started serving\n")
+
+
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tmp_path / "nope"), "--port", "0"],

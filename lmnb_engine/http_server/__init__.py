@@ -83,7 +83,8 @@ def serve(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted (Ctrl-C, SIGTERM: the open requests are
     aborted, each told that the server shut down: ``app.Server``). Returns the exit status: 0,
     or after a signal the shell's status of a process it ended (130 for SIGINT, 143 for SIGTERM),
-    having printed ``lmnb serve: stopped (SIGTERM)`` (stderr).
+    having printed ``lmnb serve: stopped (SIGTERM)`` (stderr). (SIGTERM while the model loads:
+    ``lmnb_kernel.cli.main``.)
 
     Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
     ``--port 0`` that is how a caller learns the port the system picked."""
