@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 from lmnb.choices import ChoicesSamplingMethod, repeated_choices_problem, token_length_normalized
 from lmnb.ir import (
+    DEFAULT_MAX_NEW_TOKENS,
     OUTPUT_OPTIONS,
     ExprList,
     Gen,
@@ -241,7 +242,7 @@ class SglFunction:
     def run(
         self,
         *args,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         n: int = _UNSET,  # 1
         stop: Optional[Union[str, list[str]]] = None,
         stop_token_ids: Optional[list[int]] = None,
@@ -333,7 +334,7 @@ class SglFunction:
         self,
         batch_kwargs,
         *,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         n: int = 1,
         stop: Optional[Union[str, list[str]]] = None,
         stop_token_ids: Optional[list[int]] = None,

@@ -33,6 +33,7 @@ from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import (
+    DEFAULT_MAX_NEW_TOKENS,
     DTYPE_STOPS,
     CommitLazy,
     ConstantText,
@@ -53,6 +54,13 @@ from lmnb.ir import (
 
 if TYPE_CHECKING:
     from lmnb.interpreter import ProgramStateGroup
+
+
+def run_max_tokens(n: int) -> str:
+    """How an error names the run's default ``max_new_tokens`` (``n``) that a gen without
+    max_tokens took; front ends that set it from an option of theirs name that option instead
+    (``%%lm --max-tokens``)."""
+    return f"the run's max_new_tokens={n}"
 
 
 class ProgramError(RuntimeError):
@@ -1022,9 +1030,10 @@ class StreamExecutor:
             limit = f"max_tokens={params.max_new_tokens} "
             if type(e) not in (ValueError, BackendError) or expr.params.max_new_tokens is not None or limit not in str(e):
                 raise
-            # the user never wrote this max_tokens (the run's default, 128 unless set): say where it came from
+            # the gen never wrote this max_tokens (the run's default, 128 unless set): say where it came from
+            source = "" if params.max_new_tokens == DEFAULT_MAX_NEW_TOKENS else f"from {run_max_tokens(params.max_new_tokens)}, "
             raise type(e)(
-                str(e).replace(limit, f"{limit.strip()} (the default of a gen without max_tokens) ", 1)
+                str(e).replace(limit, f"{limit.strip()} ({source}the default of a gen without max_tokens) ", 1)
                 .replace("lower max_tokens", "give the gen its own smaller max_tokens=N")
             ) from None
 

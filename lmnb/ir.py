@@ -21,6 +21,8 @@ REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?[ \n]*"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""  # a JSON string literal, quotes included, as SGLang writes it
 DTYPE_STOPS = (" ", "\n")
+# max_tokens of a gen that gives none, unless the run sets another (``run(max_new_tokens=...)``)
+DEFAULT_MAX_NEW_TOKENS = 128
 
 # gen() options each of which decides the whole output; a gen takes at most one of them.
 OUTPUT_OPTIONS = ("regex", "json_schema", "dtype", "choices")

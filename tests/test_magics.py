@@ -122,6 +122,20 @@ def test_a_gen_without_max_tokens_refused_for_the_default_says_so(ip):
             f"{context_len} tokens; shorten the prompt or give the gen its own smaller max_tokens=N") in out.stdout
 
 
+def test_a_gen_refused_for_the_cells_max_tokens_names_the_option(ip):
+    """--max-tokens 30 made the refusal say "max_tokens=30 (the default of a gen without
+    max_tokens)", as if 30 were lmnb's own default; it names the cell's option now."""
+    context_len = get_session().engine("test").context_len
+    text = "x " * ((context_len - 20) // 2)
+    n = len(get_session().engine("test").encode(text))
+    assert n + 30 > context_len > n
+    failed, out = run(ip, "%%lm --static --max-tokens 30\n" + text + "{gen w}")
+    assert not failed.success
+    assert ("max_tokens=30 (from the cell's --max-tokens 30, the default of a gen without max_tokens) exceeds the "
+            f"model's context length of {context_len} tokens; shorten the prompt or give the gen its own smaller "
+            "max_tokens=N") in out.stdout
+
+
 def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
     ip.user_ns["colors"] = ["red", "blue"]
     cell = ("%%lm --static --temperature 0\nPick:\n{fork c in colors}\nThe {c} one is{gen why max_tokens=4}\n{join}\n"

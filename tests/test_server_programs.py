@@ -686,6 +686,26 @@ def test_a_servers_refusal_of_the_default_max_tokens_says_it_is_the_default(back
             f"context length of {ctx_len} tokens; shorten the prompt or give the gen its own smaller max_tokens=N")
 
 
+def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
+    """run(max_new_tokens=30) and a gen without max_tokens too long for the context: the message
+    called 30 "the default of a gen without max_tokens", as if it were lmnb's own 128."""
+    local, remote, _ = backends
+    ctx_len = engines[1].context_len
+    prompt = "x " * ((ctx_len - 20) // 2)
+    n = len(engines[1].encode(prompt))
+    assert n + 30 > ctx_len > n
+
+    @sgl.function
+    def prog(s):
+        s += prompt + sgl.gen("x")
+
+    for backend in (local, remote):
+        assert str(prog.run(backend=backend, max_new_tokens=30).error()).endswith(
+            f"prompt of {n} tokens + max_tokens=30 (from the run's max_new_tokens=30, the default of a gen without "
+            f"max_tokens) exceeds the model's context length of {ctx_len} tokens; shorten the prompt or give the gen "
+            "its own smaller max_tokens=N")
+
+
 def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):
     """gen(stop_regex=...) reaches every backend: the output is the free greedy output cut before
     the first occurrence of a character picked from it (a one-character pattern completes where it
