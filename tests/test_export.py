@@ -390,6 +390,29 @@ def test_a_global_a_function_sets_is_read_as_the_script_global_in_run_row(tmp_pa
 
 
 
+@pytest.mark.parametrize("setup, cells", [
+    ("", ["from math import *\ndel pow\nr = str(pow(2, 2))"]),
+    ("", ["from math import *", "if True: del pow  # c\nr = str(pow(2, 2))"]),  # (after it on its line)
+    ("pow = 5", ["from math import *\ndel pow\nr = str(pow(2, 2))"]),  # (the set-up's value is deleted too)
+    ("from math import *", ["pi = 3\nlen = 3\ndel pi, len\nr = str(len('ab'))"]),  # (no star import per row)
+])
+def test_a_del_of_a_builtins_name_in_a_row_cell_gives_the_builtin_back(tmp_path, monkeypatch, setup, cells):
+    # the notebook's `del pow` removes its global, so that pow(2, 2) finds the builtin; run_row's
+    # variable pow was left unbound, and every row failed with UnboundLocalError
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("q",)
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them
+    for code in [setup, *cells]:
+        exec(code, notebook_ns)
+    assert notebook_ns["r"] in ("4", "2")
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
+    assert prompts == ["B", notebook_ns["r"]]
+
+
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     """%%time over %%lm runs the %%lm cell in IPython; the exporter took the body for Python and
     dropped it as IPython syntax, so the job lacked that program (and its variable)."""

@@ -132,7 +132,8 @@ def star_start(over: Sequence[str], /, *names: str) -> tuple:
     then): what the star imports of ``over`` (the modules that the cells run once star-import,
     in order) set, else the builtin, else ``UNBOUND``. As in the notebook, the row's own imports
     change them only from their lines on (``star_values``); ``star_import`` filled the script's
-    globals before, for all of run_row.
+    globals before, for all of run_row. ``over`` empty after a per-row cell's ``del pow``: the
+    builtin, which the notebook reads once the ``del`` removed its global.
 
     Raises:
         ImportError: a module cannot be imported (``star_import`` failed first)."""

@@ -292,7 +292,7 @@ class _Writer:
             return f"# -- cell {cell.index}: {cell.first_line} -- dropped: {cell.reason}"
         if isinstance(cell, Code):
             source = _strip_examples(cell, self.p.strip.get(cell.index, set()))
-            lines = source.split("\n")
+            lines = _builtins_back(cell.source, source.split("\n"), self.names.job, self.p.shared)
             later_reads, later_binds = set(), set()
             for c in later:
                 if isinstance(c, Code):
@@ -444,6 +444,35 @@ def _star_imports(cell: Code, sure: frozenset = frozenset()) -> list:
             {n.id for s in below for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)},
             {name for s in below for name in bound_by(s)}))
     return out
+
+
+def _builtins_back(original: str, lines: list, job: str, shared: tuple) -> list:
+    """``lines`` (the cell's, from ``original``) with each ``del`` of a builtin's name (``del pow``
+    after ``from math import *``) followed by giving run_row's variable the builtin again: the
+    notebook's ``del`` removes its global, so that a later read finds the builtin, where run_row's
+    variable was left unbound (UnboundLocalError). Not in functions and classes (their own
+    variables), nor for the names run_row declares ``global`` (``shared``: the ``del`` removes the
+    global, as in the notebook)."""
+    places, stack = [], list(ast.parse(original).body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Delete):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in _BUILTINS and t.id not in shared]
+            if names:
+                places.append((node.end_lineno, node.end_col_offset, names))
+        stack.extend(ast.iter_child_nodes(node))
+    original_lines = original.split("\n")
+    for row, col, names in sorted(places, reverse=True):
+        line = lines[row - 1]
+        if line != original_lines[row - 1]:  # (commented out: a row field's example)
+            continue
+        head, tail = line.encode()[:col].decode(), line.encode()[col:].decode()  # (ast's columns count bytes)
+        # (after the statement on its line: within an `if x: del pow` too)
+        lines[row - 1] = (f"{head}; {', '.join(names)}{',' * (len(names) == 1)} = {job}.star_start((), "
+                          f"{', '.join(map(repr, names))}){tail}")
+    return lines
 
 
 def _surely_bound(statements: list, sure: frozenset = frozenset()) -> set:
