@@ -91,7 +91,7 @@ def option_message(problem: str, *fixes: tuple) -> str:
     return message
 
 
-def in_option_syntax(e: BaseException, options, command: str = "") -> str:
+def in_option_syntax(e: BaseException, options, command: str = "", reworded: dict | None = None) -> str:
     """The message of ``e``, an engine's error (or ``option_message``), for a command line (``%lm load``, ``lmnb serve``, an
     exported job) whose options are ``options`` (their dests, e.g. ``vars(args)``): a fix made by
     ``option_error`` names ``--device cpu`` where the Python API says ``device='cpu'``, and is left
@@ -99,14 +99,21 @@ def in_option_syntax(e: BaseException, options, command: str = "") -> str:
     client, ``options`` empty, has none of the server's). ``options`` None: the Python API's
     keywords, as ``str(e)``. ``command``: the command those options belong to, where the error
     shows up elsewhere (a ``%%lm`` cell's request, whose engine ``%lm load`` made, says
-    "raise %lm load's --max-total-tokens": the cell has options of its own)."""
+    "raise %lm load's --max-total-tokens": the cell has options of its own). ``reworded``: the
+    front end's own words for a fix that takes no option (a cell says ``UNPIN`` with the magic
+    that unpins, ``%lm unpin NAME``)."""
     fixes = getattr(e, "option_fixes", None)
-    return str(e) if fixes is None else _said(*fixes, options, command)
+    return str(e) if fixes is None else _said(*fixes, options, command, reworded)
 
 
-def _said(problem: str, fixes: tuple, options, command: str = "") -> str:
+# The fix of an abort that pinned prefixes cause, which a front end that pins its own way rewords.
+UNPIN = "unpin prefixes"
+
+
+def _said(problem: str, fixes: tuple, options, command: str = "", reworded: dict | None = None) -> str:
     """``problem`` and the ``fixes`` a front end can take, in ``Engine``'s keyword syntax
-    (``options`` None) or as the command-line options among ``options`` (of ``command``)."""
+    (``options`` None) or as the command-line options among ``options`` (of ``command``), a fix
+    that takes no option in the words ``reworded`` gives it."""
     said = []
     for text, *option in fixes:
         if option:
@@ -119,5 +126,7 @@ def _said(problem: str, fixes: tuple, options, command: str = "") -> str:
             else:
                 continue
             text = text.format(spelled)
+        else:
+            text = (reworded or {}).get(text, text)
         said.append(text)
     return problem + ("; " + ", or ".join(said) if said else "")

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from lmnb_engine.cli_options import option_message
+from lmnb_engine.cli_options import UNPIN, option_message
 from lmnb_engine.forward_batch import ForwardBatch, ForwardMode
 from lmnb_engine.kv_pool import span_index
 from lmnb_engine.model_runner import ModelRunner
@@ -75,8 +75,8 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 # Cap on the max_new_tokens counted in the decode reserve (SGLang: CLIP_MAX_NEW_TOKENS).
 CLIP_MAX_NEW_TOKENS = 4096
 # What frees KV slots for a request that pinned prefixes keep out (option_message: each front end names
-# the engine's option its way, a %%lm cell "%lm load's --max-total-tokens").
-_POOL_FIXES = (("unpin prefixes",), ("raise {}", "max_total_tokens", None))
+# the engine's option its way, a %%lm cell "%lm load's --max-total-tokens", and rewords UNPIN: "%lm unpin NAME").
+_POOL_FIXES = ((UNPIN,), ("raise {}", "max_total_tokens", None))
 
 
 @dataclass

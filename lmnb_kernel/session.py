@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from lmnb_engine import MODEL_ENV, model_or_env
-from lmnb_engine.cli_options import in_option_syntax
+from lmnb_engine.cli_options import UNPIN, in_option_syntax
 from lmnb_kernel.errors import CellError, cell_interrupt
 
 
@@ -185,7 +185,9 @@ class Session:
                 hint += (f"; or point ${MODEL_ENV} at a checkpoint (%env {MODEL_ENV}=PATH), or remove it for the "
                          f"demo model (del os.environ['{MODEL_ENV}'])")
             raise CellError(f"could not load {config.describe()}: {type(e).__name__}: {in_option_syntax(e, _LOAD_OPTIONS, command)}{hint}") from e
-        backend.front_end_options = (_LOAD_OPTIONS, "%lm load")  # (a cell's request errors: they show in the cell)
+        # (a cell's request errors: they show in the cell, where the kernel's states are pinned by magics)
+        backend.front_end_options = (_LOAD_OPTIONS, "%lm load", {
+            UNPIN: "unpin a state with %lm unpin NAME (%lm states shows which are pinned)"})
         return backend
 
     def engine(self, what: str, why: str = ""):

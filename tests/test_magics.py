@@ -307,7 +307,9 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
                     "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 30 + "']}")
         # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise)
         assert run(ip, "%%lm --state pool_pinned\n" + "w" * 20)[0].success and run(ip, "%lm pin pool_pinned")[0].success
-        assert ("(20 are pinned); unpin prefixes, or raise %lm load's --max-total-tokens\n" in
+        # (which names the kernel's unpin, %lm unpin NAME: the cell has no Engine.unpin to call)
+        assert ("(20 are pinned); unpin a state with %lm unpin NAME (%lm states shows which are pinned), or raise "
+                "%lm load's --max-total-tokens\n" in
                 cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
     finally:
         run(ip, "%lm reset pool_pinned")

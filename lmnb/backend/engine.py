@@ -138,7 +138,9 @@ class Engine(AssignableChatTemplate, BaseBackend):
         self.engine = engine
         # The options the front end that made this backend names the engine's by, and its command, for
         # the engine's request errors (in_option_syntax): a kernel's cell says "raise %lm load's
-        # --max-total-tokens", an exported job "--max-total-tokens". (None, ""): the Python API's keywords.
+        # --max-total-tokens", an exported job "--max-total-tokens"; a third item, its words for a fix
+        # with no option (in_option_syntax's reworded: a cell's "%lm unpin NAME"). (None, ""): the Python
+        # API's keywords.
         self.front_end_options: tuple = (None, "")
         self._template: Optional[ChatTemplate] = get_chat_template(chat_template_name) if chat_template_name else None
         self._lock = threading.RLock()  # (an abort may come from within a submission: a hook, a test)
