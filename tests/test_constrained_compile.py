@@ -42,6 +42,7 @@ from lmnb_engine.constrained import (
 from lmnb_engine.constrained import cache as cache_module
 from lmnb_engine.constrained.grammar import pack_token_ids
 from lmnb_engine.constrained.numeric import integer_range_regex, number_range_regex
+from lmnb_engine.constrained.regex_check import check_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb.ir import REGEX_FLOAT
 from lmnb_engine.constrained.schema_refs import MAX_REF_DEPTH
@@ -431,12 +432,39 @@ def test_classes_that_python_and_the_automaton_read_differently_are_refused(back
 
 def test_an_ambiguous_class_gets_a_fix_written_from_its_own_pattern():
     # the fix always read '[\\[:alpha:]]' and '[A-Za-z]', whatever the pattern was
-    for pattern, fix in [("[a&&b]x", r"write '[a\\&\\&b]x' to mean the characters"),
-                         ("d[[:digit:]]+", r"write 'd[\\[:digit:]]+' to mean the characters, or 'd[0-9]+' for [:digit:]")]:
+    for pattern, fix in [("[a&&b]x", r'write "[a\\&\\&b]x" to mean the characters'),
+                         ("d[[:digit:]]+", r'write "d[\\[:digit:]]+" to mean the characters, or "d[0-9]+" for [:digit:]')]:
         with pytest.raises(GrammarError) as e:
             automaton_syntax(pattern)
         assert str(e.value).endswith(fix), str(e.value)
         assert "alpha" not in str(e.value)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: check_regex("[a-z]{1,2000}\u00e9"),
+     'regex "[a-z]{1,2000}\u00e9" repeats a part 2000 times (nested repeats multiplied), above the limit of 1000: its '
+     'automaton would take too long to build; use an unbounded repeat ("+" or "*") and bound the length with '
+     "max_tokens instead"),
+    (lambda: check_regex("(?:x)" + "y" * 100 + "{1,2000}"),
+     'regex "(?:x)' + "y" * 74 + '\u2026 repeats a part 2000 times'),
+    (lambda: automaton_syntax("(?a)\\d"), 'regex "(?a)\\\\d" uses the ASCII flag (?a)'),
+    (lambda: automaton_syntax("a(?x:b)"), 'regex "a(?x:b)" scopes the verbose flag to a group'),
+    (lambda: automaton_syntax("\\ud800"), 'regex "\\\\ud800" has the surrogate U+D800 outside a class'),
+    (lambda: schema_to_regex({"type": "object"}, whitespace_pattern="([a"),
+     'whitespace_pattern "([a" is not a valid regular expression'),
+    (lambda: schema_to_regex({"type": "object"}, whitespace_pattern="[ a]"),
+     'whitespace_pattern "[ a]" can match characters other than JSON whitespace'),
+])
+def test_a_regex_error_writes_the_pattern_as_json(make, message):
+    # they wrote it as Python does ('(?a)\\d'), which the server rewrote for its clients (wire_message)
+    with pytest.raises(GrammarError) as e:
+        make()
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_a_constraint_not_compiled_for_the_shutdown_is_written_as_json():
+    assert str(GrammarCompileStopped.for_shutdown("it's" + "x" * 100)) == (
+        'the constraint "it\'s' + "x" * 75 + '\u2026 was not compiled: the engine shut down')
 
 
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
@@ -1256,7 +1284,7 @@ def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_othe
     monkeypatch.setattr(cache_module, "compile_grammar", slow_for_a)
     backend = GrammarBackend(tokenizer, max_workers=2, cache=GrammarCache(), compile_timeout_s=0.5)
     try:
-        with pytest.raises(GrammarError, match=r"compiling the constraint 'a\+' took longer than 0\.5 s"):
+        with pytest.raises(GrammarError, match=r'compiling the constraint "a\+" took longer than 0\.5 s'):
             backend.wait("a+")
         backend.compile_timeout_s = 30.0  # (a real compile, in a child process: not 0.5 s on a loaded machine)
         assert backend.wait("b+").regex == "b+"  # the other worker serves other patterns meanwhile
@@ -1323,7 +1351,7 @@ def test_an_exploding_automaton_is_killed_at_the_time_limit_and_asking_again_com
     backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_timeout_s=2.0)
     try:
         start = time.perf_counter()
-        slow = r"compiling the constraint '\[a-z\]\*a\[a-z\]\{40\}' took longer than 2 s"
+        slow = r'compiling the constraint "\[a-z\]\*a\[a-z\]\{40\}" took longer than 2 s'
         with pytest.raises(GrammarCompileStopped, match=slow):
             backend.wait("[a-z]*a[a-z]{40}")
         assert time.perf_counter() - start < 20
@@ -1458,7 +1486,7 @@ def test_without_a_usable_interpreter_the_index_is_built_here_and_a_crash_is_not
         with pytest.warns(RuntimeWarning, match="building in this process, without the time and memory limits"):
             assert backend.wait("[0-9]{3}").regex == "[0-9]{3}"
         monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, but is no Python
-        with pytest.raises(GrammarCompileStopped, match=r"stopped while compiling '\[a-z\]\+' \(exit status 1\)"):
+        with pytest.raises(GrammarCompileStopped, match=r'stopped while compiling "\[a-z\]\+" \(exit status 1\)'):
             backend.wait("[a-z]+")
         monkeypatch.undo()
         assert backend.wait("[a-z]+").regex == "[a-z]+"  # compiled anew, not the cached crash
@@ -1469,7 +1497,7 @@ def test_without_a_usable_interpreter_the_index_is_built_here_and_a_crash_is_not
 def test_an_exploding_automaton_stops_at_the_memory_limit(tokenizer):
     backend = GrammarBackend(tokenizer, cache=GrammarCache(), compile_memory_bytes=320 << 20)
     try:
-        with pytest.raises(GrammarCompileStopped, match=r"'\[a-z\]\*a\[a-z\]\{40\}' ran out of memory \(limit 0.312 GiB\)"):
+        with pytest.raises(GrammarCompileStopped, match=r'"\[a-z\]\*a\[a-z\]\{40\}" ran out of memory \(limit 0.312 GiB\)'):
             backend.wait("[a-z]*a[a-z]{40}")
         assert backend.wait("[a-z]{3}").regex == "[a-z]{3}"  # the limit leaves room for real patterns
     finally:
@@ -1643,8 +1671,8 @@ def test_a_part_that_matches_nothing_is_named_in_the_users_spelling(backend, pat
     # twice and blamed the tokenizer's vocabulary
     with pytest.raises(GrammarError) as e:
         backend.compile(regex=pattern)
-    assert str(e.value) == (f"regex {pattern!r} has a part that matches no text (e.g. a class with no character in it, "
-                            "'[^\\s\\S]'), which the automaton library refuses; remove that part")
+    assert str(e.value) == (f"regex {json.dumps(pattern)} has a part that matches no text (e.g. a class with no character "
+                            'in it, "[^\\\\s\\\\S]"), which the automaton library refuses; remove that part')
 
 
 @pytest.mark.parametrize("pattern, inside, outside", [

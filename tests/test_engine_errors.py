@@ -87,7 +87,7 @@ def test_bad_model_paths_and_settings_raise_clear_errors(tmp_path, tiny_llama):
         ([5] * 10, GREEDY.copy(stop_token_ids=[3, 10**6]), r"stop_token_ids \[1000000\] are outside the vocabulary"),
         ([5] * 10, GREEDY.copy(extra={"whitespace": " "}), r"extra=.* whose only key is 'whitespace_pattern'"),
         ([5] * 10, GREEDY.copy(json_schema={"type": "object"}, extra={"whitespace_pattern": "(["}),
-         r"whitespace_pattern '\(\[' is not a valid regular expression \(unterminated character set"),
+         r'whitespace_pattern "\(\[" is not a valid regular expression \(unterminated character set'),
         ([5] * 500, GREEDY.copy(max_new_tokens=20), "context length of 512"),
         # a prompt too long alone (a select's or fork's prefill asks for no new tokens): the fix is
         # not "lower max_new_tokens=0"

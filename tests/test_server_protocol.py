@@ -500,9 +500,9 @@ def test_a_busy_compiler_is_a_503_which_clients_retry_and_a_pattern_too_large_or
             if params.regex == "busy":
                 raise GrammarCompileStopped("the grammar compiler is busy: retry later", transient=True)
             if params.regex == "slow":  # a retry would spend the whole time limit again
-                raise GrammarCompileStopped("compiling the constraint 'slow' took longer than 60 s")
+                raise GrammarCompileStopped('compiling the constraint "slow" took longer than 60 s')
             if params.regex == "bad":
-                raise GrammarError("regex 'bad' uses a lookahead")
+                raise GrammarError('regex "bad" uses a lookahead')
             return super().submit(prompt, params, rid)
 
     with live_server(Engine(), served_model_name="rec") as url:
@@ -975,9 +975,9 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
     # jsonschema's own message, put in JSON's words (in_json_words): the surrogate was written bare
     ({"properties": {"a": {"type": "\ud800"}}},
      'JSON schema at #/properties/a/type is not a valid JSON Schema: "\\ud800" is not valid under any of'),
-    # a pattern the regex checker shows cut after 80 characters (Python's quotes were left there)
+    # a pattern the regex checker shows cut after 80 characters of its JSON, as a schema's values are
     ({"properties": {"p": {"type": "string", "pattern": "^\u00e9\u0001" + "x" * 90 + "[a-z]{1,2000}$"}}},
-     'JSON schema pattern at #/properties/p: regex "^\u00e9\\u0001' + "x" * 77 + '"... repeats a part 2000 times'),
+     'JSON schema pattern at #/properties/p: regex "^\u00e9\\u0001' + "x" * 71 + '… repeats a part 2000 times'),
 ])
 def test_a_json_schemas_error_reads_alike_in_process_and_over_http(schema, message):
     """The engine's JSON schema errors wrote the schema's values as Python does ('foo', True),
@@ -1649,11 +1649,14 @@ def test_an_engine_refusal_shows_the_clients_regex_and_rid_as_json():
     """The engine's refusals (a regex that does not compile, a rid in use) showed the client's value
     as Python's repr ('(?=a)'); they now show it as JSON, on /generate and the OpenAI routes."""
     from lmnb_engine.constrained import GrammarError
+    from lmnb_engine.json_schema import json_value
 
     class Engine(RecordingEngine):
         def submit(self, prompt, params, rid=None):
             if params.regex is not None:
-                raise GrammarError(f"regex {params.regex!r} uses a lookahead, which constrained decoding cannot follow")
+                # (the engine writes the pattern as JSON: the server passes it on)
+                raise GrammarError(f"regex {json_value(params.regex)} uses a lookahead, which constrained decoding "
+                                   "cannot follow")
             raise ValueError(f"rid={rid!r} is already in use by a running request; give another rid, or wait for "
                              "that request to end")
 
@@ -2542,6 +2545,28 @@ def test_a_request_too_large_for_the_kv_pool_says_the_servers_cache_is_too_small
         r = _post(url, "/v1/completions", {"model": "x", "prompt": "w" * 10, "max_tokens": 30})
         assert r.status_code == 400 and r.json()["error"]["message"] == (
             "prompt of 10 tokens + max_tokens=30 does not fit the server's KV cache of 32 tokens; lower max_tokens"), r.text
+
+
+@pytest.mark.parametrize("pattern, message", [
+    ("(?<=None)\u00e9\\d", 'regex "(?<=None)\u00e9\\\\d" uses a lookbehind'),
+    ("a[", 'regex "a[" cannot be compiled: it is not a valid regular expression (unterminated character set at '
+           "position 1); fix the pattern"),
+])
+def test_an_invalid_regexs_error_reads_the_same_in_process_and_over_http(tiny_llama, pattern, message):
+    """The engine's regex errors wrote the pattern as Python does ('a['), which the server rewrote
+    as JSON for its clients (wire_message): Engine.generate and the server's 400 worded one error
+    differently. They write it as JSON at the source, as a JSON schema's errors do, which the
+    server passes on unchanged (a "None" in the pattern is no null)."""
+    from lmnb_engine import Engine, SamplingParams
+    from lmnb_engine.constrained import GrammarError
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=64) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        with pytest.raises(GrammarError) as e:
+            engine.generate("a", SamplingParams(regex=pattern, max_new_tokens=2))
+        r = _post(url, "/generate", {"text": "a", "sampling_params": {"regex": pattern, "max_new_tokens": 2}})
+    assert str(e.value).startswith(message), str(e.value)
+    assert r.status_code == 400 and r.json()["error"]["message"] == str(e.value), r.text
 
 
 def test_an_abort_beside_pinned_prefixes_does_not_tell_the_client_to_raise_the_servers_option(tiny_llama):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+
 
 class GrammarError(ValueError):
     """A regex or JSON schema that cannot drive constrained decoding.
@@ -30,4 +32,4 @@ class GrammarCompileStopped(GrammarError):
     @classmethod
     def for_shutdown(cls, regex: str) -> "GrammarCompileStopped":
         """The error of a constraint that was not compiled because its engine shut down first."""
-        return cls(f"the constraint {regex[:80]!r} was not compiled: the engine shut down", by_shutdown=True)
+        return cls(f"the constraint {json_value(regex, SHOWN_CHARS)} was not compiled: the engine shut down", by_shutdown=True)

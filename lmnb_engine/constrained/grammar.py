@@ -326,17 +326,17 @@ def compile_grammar(
     except ValueError as e:
         text = str(e)
         if "following characters: []" in text:  # a state no character leads on from: a dead end in the pattern
-            raise GrammarError(f"regex {regex!r} has a part that matches no text (e.g. a class with no character in "
-                               "it, '[^\\s\\S]'), which the automaton library refuses; remove that part") from None
+            raise GrammarError(f"regex {_shown(regex)} has a part that matches no text (e.g. a class with no character in "
+                               "it, \"[^\\\\s\\\\S]\"), which the automaton library refuses; remove that part") from None
         if "incompatible" in text or "no transitions" in text.lower():
             raise GrammarError(
-                f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: {text}"
+                f"regex {_shown(regex)} can never be satisfied with this tokenizer's vocabulary: {text}"
             ) from None
         try:  # the library's own message ("error building NFA") does not say what is wrong; Python's does
             re.compile(regex)
         except re.error as py:
             raise GrammarError(
-                f"regex {regex!r} cannot be compiled: it is not a valid regular expression ({py.msg} at "
+                f"regex {_shown(regex)} cannot be compiled: it is not a valid regular expression ({py.msg} at "
                 f"position {py.pos}); fix the pattern"
             ) from None
         except (RecursionError, OverflowError):
@@ -346,11 +346,11 @@ def compile_grammar(
             raise GrammarError(
                 f"the constraint {_shown(regex)} nests parentheses {depth} levels deep, deeper than the automaton "
                 f"library builds ({text}); flatten the schema's nesting or its patterns") from None
-        raise GrammarError(f"regex {regex!r} cannot be compiled to a token index: {text}") from None
+        raise GrammarError(f"regex {_shown(regex)} cannot be compiled to a token index: {text}") from None
     grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start, marked)
     if not grammar._after_marker or grammar.initial_state in grammar._dead:
         raise GrammarError(
-            f"regex {regex!r} can never be satisfied with this tokenizer's vocabulary: no sequence of "
+            f"regex {_shown(regex)} can never be satisfied with this tokenizer's vocabulary: no sequence of "
             "its tokens reaches a full match (a character the pattern requires has no token)"
         )
     return grammar

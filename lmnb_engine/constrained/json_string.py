@@ -27,9 +27,9 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _shown, _walk, check_parsed, largest_repeat
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.json_schema import SHOWN_CHARS, in_json_words, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
                   "\t": "\\\\t"}  # the regex text of each JSON escape
@@ -261,10 +261,7 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         check_parsed(parsed, pattern)
     except GrammarError as e:
-        # (the regex checker writes the pattern as Python does, a long one cut: _shown; a schema's
-        # values are written as JSON)
-        message = in_json_words(str(e).replace(_shown(pattern), _shown(pattern, json_value)), [pattern])
-        raise GrammarError(f"JSON schema pattern at {where}: {message}") from None
+        raise GrammarError(f"JSON schema pattern at {where}: {e}") from None
     bounds = (f"at least {min_length}" if max_length is None else f"at most {max_length}" if not min_length
               else f"{min_length} to {max_length}") + (" character" if max_length == 1 or (
                   max_length is None and min_length == 1) else " characters")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Callable
 
 from lmnb_engine.constrained.errors import GrammarError
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 
 try:  # Python >= 3.11
     from re import _constants as _c
@@ -222,7 +222,7 @@ def check_parsed(parsed, pattern: str) -> None:
         if found is not None:
             feature, fix = found
             raise GrammarError(
-                f"regex {pattern!r} uses {feature}, which constrained decoding cannot support "
+                f"regex {_shown(pattern)} uses {feature}, which constrained decoding cannot support "
                 f"(patterns compile to a finite automaton): {fix}"
             )
     count = largest_repeat(parsed)
@@ -230,10 +230,11 @@ def check_parsed(parsed, pattern: str) -> None:
         raise GrammarError(_too_many(pattern, str(count)))
 
 
-def _shown(pattern: str, quote: Callable[[str], str] = repr) -> str:
-    """``pattern`` quoted for a message (``quote``: as Python writes a string), cut after 80
-    characters (a schema's regex runs to kilobytes)."""
-    return quote(pattern[:80]) + ("..." if len(pattern) > 80 else "")
+def _shown(pattern: str) -> str:
+    """``pattern`` for a message, written as JSON writes a string (``"a["``), so that the error reads
+    the same in Python and from the server, cut after ``SHOWN_CHARS`` characters (a schema's regex
+    runs to kilobytes)."""
+    return json_value(pattern, SHOWN_CHARS)
 
 
 def _check_nesting(pattern: str) -> None:
@@ -249,4 +250,4 @@ def _too_many(pattern: str, count: str) -> str:
     shown = _shown(pattern)
     return (f"regex {shown} repeats a part {count} times (nested repeats multiplied), above the limit of "
             f"{MAX_REPEAT_COUNT}: its automaton would take too long to build; use an unbounded repeat "
-            "('+' or '*') and bound the length with max_tokens instead")
+            '("+" or "*") and bound the length with max_tokens instead')

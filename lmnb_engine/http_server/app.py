@@ -521,7 +521,7 @@ def _refusal(body: dict, params: list, rids: list, batch: bool,
             error = sampling_params_error(e, d)
         else:
             param = (_prompt_field(body) if field is None else field if field == "rid" else sampling_field(d, field))
-            error = RequestError(wire_message(client_message(e), refused_value(e, field, params[k], rids[k])), param=param)
+            error = RequestError(wire_message(client_message(e), refused_value(e, field, rids[k])), param=param)
         return _entry_error(body, k, batch, error)
 
     return refused

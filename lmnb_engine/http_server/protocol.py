@@ -39,11 +39,14 @@ class RequestFailed(RuntimeError):
 
 
 def wire_message(message: str, value: Any = None) -> str:
-    """A ``SamplingParams`` or engine message as a JSON client reads it: the Python API's ``None``
+    """A ``SamplingParams`` or rid message as a JSON client reads it: the Python API's ``None``
     (``seed`` "must be None or an integer") is the ``null`` the client sends, and ``value``, the
     value of the field it is about, which it shows as Python writes it (``=True``, ``'x'``, the
-    items of a list of strings, a regex), is written as JSON (``=true``, ``"x"``:
-    ``in_json_words``). A JSON schema's messages write its values as JSON already."""
+    items of a list of strings), is written as JSON (``=true``, ``"x"``: ``in_json_words``).
+    Without a value (None) the message is returned as it is: the engine's other refusals show no
+    value of the client's, or (a regex's, a JSON schema's errors) write it as JSON already."""
+    if value is None:
+        return message
     message = message.replace("must be None or", "must be null or").replace(f"={value!r}", f"={json_value(value)}")
     return in_json_words(message, json_parts(value))
 
@@ -209,12 +212,14 @@ def refused_field(e: Exception, params: SamplingParams) -> Optional[str]:
     return next((f for f in ("stop_token_ids", "logprob_start_len", "rid") if str(e).startswith(f)), None)
 
 
-def refused_value(e: Exception, field: Optional[str], params: SamplingParams, rid: Optional[str]) -> Any:
+def refused_value(e: Exception, field: Optional[str], rid: Optional[str]) -> Any:
     """The value of ``field`` (``refused_field`` of the engine's refusal ``e``) in a request with
-    ``params`` and ``rid``, as the message shows it (``wire_message``)."""
+    rid ``rid`` that the message shows as Python writes it (``wire_message``): a
+    ``SamplingParams`` error's, or the rid in use; else None (a grammar's error writes its pattern
+    as JSON already, and the engine's other refusals name only numbers)."""
     if isinstance(e, SamplingParamsError):
         return e.value
-    return rid if field == "rid" else None if field is None else getattr(params, field)
+    return rid if field == "rid" else None
 
 
 # More samples than this per request is refused: n=100000 once queued 100000 requests and starved
