@@ -226,18 +226,23 @@ def test_error_surfaces_on_read_with_partial_text_and_skips_the_rest():
     assert [k for k in be.kinds()] == ["generate", "generate"]  # z was skipped
 
 
-def test_each_read_of_a_failed_state_raises_with_its_own_traceback_only():
-    # the stored error kept every earlier raise's frames: a second read's traceback went on into
-    # the first reader's code (in the kernel, the cell's waiter thread) and grew with each read
-    import traceback
-
+def _failed_state():
+    """The state of a program whose one gen failed: its backend raised "model exploded"."""
     be = ScriptedBackend(lambda p, params: (_ for _ in ()).throw(RuntimeError("model exploded")))
 
     @sgl.function
     def prog(s):
         s += "a" + sgl.gen("x")
 
-    state = prog.run(backend=be)
+    return prog.run(backend=be)
+
+
+def test_each_read_of_a_failed_state_raises_with_its_own_traceback_only():
+    # the stored error kept every earlier raise's frames: a second read's traceback went on into
+    # the first reader's code (in the kernel, the cell's waiter thread) and grew with each read
+    import traceback
+
+    state = _failed_state()
 
     def first_reader():
         with pytest.raises(sgl.ProgramError):
@@ -259,13 +264,7 @@ def test_text_iter_raises_a_failed_states_error_on_the_frames_a_read_left():
     # the same error: the cell's message takes the body's line from the frames that read left
     import traceback
 
-    be = ScriptedBackend(lambda p, params: (_ for _ in ()).throw(RuntimeError("model exploded")))
-
-    @sgl.function
-    def prog(s):
-        s += "a" + sgl.gen("x")
-
-    state = prog.run(backend=be)
+    state = _failed_state()
 
     def body_line():
         state["x"]
