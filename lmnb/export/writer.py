@@ -453,16 +453,12 @@ def _builtins_back(original: str, lines: list, job: str, shared: tuple) -> list:
     variable was left unbound (UnboundLocalError). Not in functions and classes (their own
     variables), nor for the names run_row declares ``global`` (``shared``: the ``del`` removes the
     global, as in the notebook)."""
-    places, stack = [], list(ast.parse(original).body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
+    places = []
+    for node in _in_scope(ast.parse(original).body):
         if isinstance(node, ast.Delete):
             names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in _BUILTINS and t.id not in shared]
             if names:
                 places.append((node.end_lineno, node.end_col_offset, names))
-        stack.extend(ast.iter_child_nodes(node))
     original_lines = original.split("\n")
     for row, col, names in sorted(places, reverse=True):
         line = lines[row - 1]
@@ -493,15 +489,18 @@ def _surely_bound(statements: list, sure: frozenset = frozenset()) -> set:
 
 def _deleted(stmt: ast.stmt) -> set:
     """The names a ``del`` in ``stmt`` unbinds (in its scope: not in functions, classes, lambdas)."""
-    out, stack = set(), [stmt]
+    return {node.id for node in _in_scope([stmt]) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del)}
+
+
+def _in_scope(nodes: list):
+    """``nodes`` and the nodes inside them, but not functions, classes and lambdas (their own scopes)."""
+    stack = list(nodes)
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del):
-            out.add(node.id)
+        yield node
         stack.extend(ast.iter_child_nodes(node))
-    return out
 
 
 def _strip_examples(cell: Code, names: set) -> str:
