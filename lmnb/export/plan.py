@@ -169,8 +169,9 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
                                if n not in p.shared)
+    functions = _setup_functions(setup)
     if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
-        p.function_reads = _function_reads(setup, parameters)
+        p.function_reads = _function_reads(setup, functions, parameters)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
                                      or n in p.star_names or n in p.rebound_builtins)
@@ -187,7 +188,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
-    p.notes += _setup_functions_reading_row_variables(setup, row, p.shared)
+    p.notes += _setup_functions_reading_row_variables(functions, row, p.shared)
     for c in row:  # (run_row's nested function writes the script's global, which the rows' threads share)
         if isinstance(c, Code) and c.declared_globals:
             shown = ", ".join(c.declared_globals)
@@ -381,43 +382,42 @@ def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
     return tuple(sorted(n for n in names if not n.startswith("__")))
 
 
-def _setup_functions_reading_row_variables(setup: list, row: list, shared: tuple) -> list:
-    """Notes for the functions (and classes' methods) of setup cells that read a variable the row
-    cells set: they read the script's globals, not run_row's variables, so in the job they get a
-    NameError or the value the setup cells left, where the notebook's read the row's value. Not
-    for ``shared`` names (``Plan.shared``), which run_row sets as the script's globals."""
+def _setup_functions(setup: list) -> list:
+    """(cell index, name, the globals it reads) for each function, lambda and class that a setup
+    cell defines (``function_globals``), in order."""
     from lmnb.export.cells import function_globals
 
+    return [(c.index, name, reads) for c in setup if isinstance(c, Code)
+            for name, reads in function_globals(c.source).items()]
+
+
+def _setup_functions_reading_row_variables(functions: list, row: list, shared: tuple) -> list:
+    """Notes for the functions (and classes' methods) of setup cells (``_setup_functions``) that
+    read a variable the row cells set: they read the script's globals, not run_row's variables, so
+    in the job they get a NameError or the value the setup cells left, where the notebook's read
+    the row's value. Not for ``shared`` names (``Plan.shared``), which run_row sets as the
+    script's globals."""
     bound = set()
     for c in row:
         bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
     bound -= set(shared)
     notes = []
-    for c in setup:
-        if isinstance(c, Code):
-            for name, reads in function_globals(c.source).items():
-                read = [n for n in reads if n in bound]
-                if read:
-                    them = "it as an argument" if len(read) == 1 else "them as arguments"
-                    notes.append(f"cell {c.index}: {name}, defined in a cell that runs once, reads {', '.join(read)}, "
-                                 "which the cells that run per row set: in the job it reads the script's globals, not "
-                                 "the row's variables (a NameError, or the value the cells run once set); pass "
-                                 f"{them} to {name}, or move {name} into a cell below the first %%lm cell")
+    for index, name, reads in functions:
+        read = [n for n in reads if n in bound]
+        if read:
+            them = "it as an argument" if len(read) == 1 else "them as arguments"
+            notes.append(f"cell {index}: {name}, defined in a cell that runs once, reads {', '.join(read)}, "
+                         "which the cells that run per row set: in the job it reads the script's globals, not "
+                         "the row's variables (a NameError, or the value the cells run once set); pass "
+                         f"{them} to {name}, or move {name} into a cell below the first %%lm cell")
     return notes
 
 
-def _function_reads(setup: list, parameters: tuple) -> dict:
-    """``Plan.function_reads``."""
-    from lmnb.export.cells import function_globals
-
+def _function_reads(setup: list, functions: list, parameters: tuple) -> dict:
+    """``Plan.function_reads``, of the setup cells' ``functions`` (``_setup_functions``)."""
     module = _module_names(setup, parameters)
-    out = {}
-    for c in setup:
-        if isinstance(c, Code):
-            for name, reads in function_globals(c.source).items():
-                if set(reads) & module:
-                    out[f"{name} (cell {c.index})"] = tuple(n for n in reads if n in module)
-    return out
+    return {f"{name} (cell {index})": tuple(n for n in reads if n in module)
+            for index, name, reads in functions if set(reads) & module}
 
 
 def _backend(setup: list, row: list) -> tuple[Backend, list]:
