@@ -249,6 +249,12 @@ class ServerContext:
             aborted.update(map(id, named))
             await self.abort_unfinished(named)
 
+    def engine_stopped(self) -> bool:
+        """Whether the engine has stopped (the server shutting down, a failed recovery): its
+        ``RuntimeError`` is then the server's state, not a bug. (An engine without a scheduler,
+        a test's stand-in, never stops.)"""
+        return not getattr(getattr(self.engine, "scheduler", None), "alive", True)
+
     async def run(self, fn: Callable, *args) -> Any:
         """``fn(*args)`` on the thread pool, awaited without blocking the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -273,7 +279,7 @@ class ServerContext:
             raise RequestError(str(error), 503 if transient else 400, error.param) from None
         except RuntimeError as e:
             await self.abort_unfinished(handles)
-            if getattr(getattr(self.engine, "scheduler", None), "alive", True):
+            if not self.engine_stopped():
                 raise  # (a bug: the 500 "internal error")
             # the engine stopped (the server shutting down, a failed recovery): the server's state, as a busy compiler
             raise RequestError("the server cannot take requests: its engine has stopped (the server is shutting "
@@ -829,7 +835,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         try:
             return bool(await ctx.run(engine.abort, rid))
         except RuntimeError:
-            if getattr(getattr(engine, "scheduler", None), "alive", True):
+            if not ctx.engine_stopped():
                 raise  # (a bug: the 500 "internal error")
             return False
 
