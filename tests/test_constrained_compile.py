@@ -1273,33 +1273,52 @@ def test_cache_shares_one_compiled_grammar_built_off_the_calling_thread(tokenize
 
 
 def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_other_pattern(tokenizer, monkeypatch):
+    # Deterministic: the slow compiles block on `release` and say when they have started, so no
+    # wait here races a worker's start; the waits that must time out are short, and the one that
+    # must not wait at all is caught by a spy on the compile's future, not by a clock.
     release = threading.Event()
+    started = {"a+": threading.Event(), "a+|x": threading.Event()}
     real = cache_module.compile_grammar
 
     def slow_for_a(regex, vocab, **limits):  # stands in for a compile that outlasts a request's wait
-        if regex.startswith("a+"):
+        if regex in started:
+            started[regex].set()
             release.wait(60)
         return real(regex, vocab, **limits)
 
     monkeypatch.setattr(cache_module, "compile_grammar", slow_for_a)
-    backend = GrammarBackend(tokenizer, max_workers=2, cache=GrammarCache(), compile_timeout_s=0.5)
+    # (submitted with a long limit: each compile is killed past the limit it started with, and the
+    # real compile after the release must not be)
+    backend = GrammarBackend(tokenizer, max_workers=2, cache=GrammarCache(), compile_timeout_s=600.0)
     try:
-        with pytest.raises(GrammarError, match=r'compiling the constraint "a\+" took longer than 0\.5 s'):
+        slow = backend.submit("a+")
+        assert started["a+"].wait(60)  # running: the wait below times out on it, it was not queued
+        backend.compile_timeout_s = 0.1
+        with pytest.raises(GrammarError, match=r'compiling the constraint "a\+" took longer than 0\.1 s'):
             backend.wait("a+")
-        backend.compile_timeout_s = 30.0  # (a real compile, in a child process: not 0.5 s on a loaded machine)
+        backend.compile_timeout_s = 600.0
         assert backend.wait("b+").regex == "b+"  # the other worker serves other patterns meanwhile
-        backend.compile_timeout_s = 0.5
-        backend.submit("a+|x")  # now both workers are busy with slow patterns
+        backend.submit("a+|x")
+        assert started["a+|x"].wait(60)  # now both workers are busy with slow patterns
+        backend.compile_timeout_s = 0.1
         with pytest.raises(GrammarError, match="compiler is busy: its 2 workers .* this one did not start"):
             backend.wait("c+")  # queued behind them: not blamed for being slow, and cancelled
         assert backend.submit("c+") is not None and backend.cache.misses == 5  # c+ was not left cached
-        backend.compile_timeout_s = 30.0  # longer than the release below: only the fast path can raise
-        threading.Timer(3.0, release.set).start()
-        with pytest.raises(GrammarError, match="took longer than 30 s"):
+        backend.compile_timeout_s = 600.0
+        waited = []
+        real_result = slow.result
+
+        def result_spy(timeout=None):  # a wait on the slow compile: let it end, so such a wait returns
+            waited.append(timeout)
+            release.set()
+            return real_result(timeout)
+
+        monkeypatch.setattr(slow, "result", result_spy)
+        with pytest.raises(GrammarError, match="took longer than 600 s"):
             backend.wait("a+")  # still compiling: fails at once instead of holding this request too
-        assert not release.is_set()
-        release.wait()
-        backend.submit("a+").result(timeout=30)
+        assert waited == [] and not release.is_set()
+        release.set()
+        slow.result(timeout=60)
         assert backend.wait("a+").regex == "a+"  # finished in the background, cached, served
     finally:
         release.set()
