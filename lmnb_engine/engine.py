@@ -878,7 +878,7 @@ class Engine:
                 field = params.constraint
             message = str(e) if isinstance(e, ValueError) else f"internal error: {type(e).__name__}: {e}"
             for r in reqs:
-                r.to_abort = r.to_abort or FinishReason("abort", message=message, field=field)
+                r.to_abort = FinishReason("abort", message=message, field=field)
         try:
             self.scheduler.submit(reqs)
         except RuntimeError:  # shut down meanwhile (the engine's own stop ends the compile): answered here
@@ -909,8 +909,10 @@ class Engine:
         Raises ``ValueError``/``TypeError`` for a bad prompt, bad params or a bad rid (nothing is
         queued, and the rid is free again), and ``RuntimeError`` once the engine is shut down. The
         rid is taken once the prompt and params are checked, before the grammar's compile: an
-        ``abort(rid)`` from another thread during that compile returns True and the request ends
-        with finish reason abort as soon as it is queued. A request queued before the
+        ``abort(rid)`` from another thread during that compile returns True, the request ends at
+        once with finish reason abort (the handle this call returns is that ended one), and the rid
+        is free for a new request, as once any request ends; the compile's end queues nothing
+        (SGLang's abort ends a request waiting for its grammar at once too). A request queued before the
         shutdown ends with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do
         those running.
 
@@ -930,7 +932,7 @@ class Engine:
         if self._compiling(params):
             return self._submit_when_compiled(ids, params, rid)
         # The rid is taken before the compile: an abort from another thread meanwhile finds the
-        # request (and ends it as it reaches the scheduler) instead of missing it and letting it run.
+        # request (and ends it) instead of missing it and letting it run.
         handle, reqs = self._make_reqs(ids, params, rid)
         try:
             grammar = self._check_grammar(params)
@@ -1096,8 +1098,8 @@ class Engine:
 
         A request accepted but not queued yet (another thread's ``submit`` has not returned, even
         while it waits for its grammar's compile, or a listener's submit waits for that compile) is
-        aborted too, as it reaches the scheduler, and True returned; one whose rid is not taken yet
-        (``submit`` takes it once the prompt and params are checked) is not.
+        aborted too, at once (its rid is free again), and True returned; one whose rid is not taken
+        yet (``submit`` takes it once the prompt and params are checked) is not.
 
         Raises ``TypeError`` for a ``rid`` that is no string (a ``RequestHandle`` passed for its rid
         found nothing, and the request ran on), and ``RuntimeError`` once the engine is shut down."""
@@ -1117,16 +1119,16 @@ class Engine:
 
     def _abort_here(self, rid: str) -> bool:
         """``Engine.abort`` on the scheduler thread, between steps: the requests of ``rid`` it
-        holds end now; those of a handle registered but not queued yet (another thread is between
-        ``_make_reqs`` and its post, compiling the grammar maybe, and the post may come after this
-        command) are marked, and the scheduler ends them as they arrive. True if either."""
+        holds end now; so do those of a handle registered but not queued yet (another thread is
+        between ``_make_reqs`` and its post, compiling the grammar maybe, and the post may come
+        after this command), which the scheduler then drops as they arrive: their rid is free at
+        once, not only once the compile ends. True if either."""
         if self.scheduler.abort(rid):
             return True
         handle = self._handles.get(rid)
         if handle is None or handle.done:
             return False
-        for req in handle._reqs:
-            req.to_abort = req.to_abort or FinishReason("abort", message=ABORT_REQUESTED)
+        self.scheduler.end_unqueued(handle._reqs, FinishReason("abort", message=ABORT_REQUESTED))
         return True
 
     # --- cache control and observability -----------------------------------------------------

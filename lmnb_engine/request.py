@@ -124,8 +124,8 @@ class Req:
         self.params = params
         self.emit = emit
         self.counted = True  # in the hit-rate figures of cache_stats (False: a pin's prefill, a cache action)
-        # how the request ends as it reaches the scheduler (SGLang's to_abort): Engine.abort came first,
-        # or a listener's submit found its grammar could not be used once compiled
+        # how the request ends as it reaches the scheduler (SGLang's to_abort): a listener's submit
+        # found its grammar could not be used once compiled (an Engine.abort before then ends it at once)
         self.to_abort: Optional[FinishReason] = None
         self.status = ReqStatus.WAITING
         self.finish_reason: Optional[FinishReason] = None

@@ -268,9 +268,21 @@ class Scheduler:
 
     def answer_unqueued(self, reqs: list[Req]) -> None:
         """End ``reqs``, which ``submit`` could not queue (the loop had stopped), with
-        ``ABORT_SHUTDOWN``, on the caller's thread: the loop never saw them, so nothing else will."""
+        ``ABORT_SHUTDOWN``, on the caller's thread: the loop never saw them, so nothing else will.
+        Those ended already (``end_unqueued``) are not answered twice."""
         for req in reqs:
-            self._report_failure(req, ABORT_SHUTDOWN)
+            if not req.finished:
+                self._report_failure(req, ABORT_SHUTDOWN)
+
+    def end_unqueued(self, reqs: list[Req], reason: FinishReason) -> None:
+        """End ``reqs`` now with ``reason``: made, but not queued yet (their ``Engine.submit`` is
+        still compiling the grammar). On the loop thread, between steps. Their handle hears the end
+        at once, so their rid is free for a new request, as SGLang's abort ends a request in its
+        grammar queue at once; when their submission comes later it is dropped (``_handle``). They
+        hold no KV and are in no queue, so only their end is emitted."""
+        for req in reqs:
+            if not req.finished:
+                self._finish(req, reason)
 
     def pinned_tokens(self) -> int:
         """KV slots held by ``pin_prefix`` pins (each node on a pinned path once). Not
@@ -348,7 +360,10 @@ class Scheduler:
 
     def _handle(self, kind: str, payload: Any) -> Any:
         if kind == "add":
-            for req in [r for r in payload if r.to_abort]:  # (aborted, or its grammar refused, before it came)
+            # (one ended before it came, aborted while its submit compiled the grammar: nothing more
+            # is said of it, and its rid may be a newer request's by now)
+            payload = [r for r in payload if not r.finished]
+            for req in [r for r in payload if r.to_abort]:  # (its grammar refused before it came)
                 self._finish(req, req.to_abort)
             payload = [r for r in payload if not r.to_abort]
             for req in payload:
@@ -378,7 +393,7 @@ class Scheduler:
             except queue.Empty:
                 return
             if kind == "add":
-                for req in payload:
+                for req in [r for r in payload if not r.finished]:  # (not those ended before they came)
                     self._finish(req, FinishReason("abort", message=message))
             if fut is not None and fut.set_running_or_notify_cancel():
                 fut.set_exception(self.shut_down_error())

@@ -1101,6 +1101,50 @@ def test_an_abort_while_another_threads_submit_compiles_its_grammar_ends_the_req
     assert_idle_accounting(engine)
 
 
+@pytest.mark.timeout(180)
+def test_a_rid_aborted_while_its_submit_compiles_is_free_at_once_and_the_late_compile_queues_nothing(
+        engine, monkeypatch):
+    """The abort ended the request only once its compile was over and it reached the scheduler: till
+    then a new submit with the same rid was refused as a duplicate, though abort had returned True.
+    Now the abort ends it at once (as SGLang's ends a request waiting in its grammar queue); the
+    late compile's post comes while the new request of that rid waits, and neither runs the old
+    request nor touches the new one."""
+    reference = engine.generate("a dog", GREEDY)
+    engine.generate("the cat", SamplingParams(max_new_tokens=2, regex="[ab]{3}"))  # (the compiler runs)
+    backend = engine._grammar_backend
+    real_wait, compiling, go = backend.wait, threading.Event(), threading.Event()
+
+    def held_wait(regex, source=None):  # the first submit is still compiling when the abort comes
+        compiling.set()
+        assert go.wait(60)
+        return real_wait(regex, source=source)
+
+    monkeypatch.setattr(backend, "wait", held_wait)
+    late = []
+    params = SamplingParams(max_new_tokens=200, temperature=0.0, regex="[ab]{150}")
+    submitter = threading.Thread(target=lambda: late.append(engine.submit("the cat", params, rid="same")), daemon=True)
+    submitter.start()
+    assert compiling.wait(60)
+    assert engine.abort("same") is True
+    blocked, hold = threading.Event(), threading.Event()
+    engine.scheduler.call(lambda: (blocked.set(), hold.wait(60)))  # (the new request waits, queued, below)
+    assert blocked.wait(60)
+    new = engine.submit("a dog", GREEDY, rid="same")  # the aborted rid is free while its compile runs on
+    go.set()
+    submitter.join(60)  # the late compile's requests are posted behind the new request's
+    hold.set()
+    r = new.result(timeout=60)
+    assert (r.rid, r.token_ids, r.text, r.finish_reason.type) == ("same", reference.token_ids, reference.text, "length")
+    old = late[0]
+    assert old is not new and old.rid == "same" and old.done
+    ends = [e for e in old.events(timeout=60) if e.finished]
+    assert len(ends) == 1 and len(list(old.events(timeout=60))) == 1  # one event: its abort, nothing run
+    assert (old.result().finish_reason.type, old.result().finish_reason.message, old.result().token_ids) == (
+        "abort", "aborted by Engine.abort", [])
+    assert engine.abort("same") is False
+    assert_idle_accounting(engine)
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
