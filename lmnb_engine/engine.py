@@ -23,7 +23,9 @@ from lmnb_engine.cli_options import option_error
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as_multimodal_prompt, is_multimodal_prompt
-from lmnb_engine.outputs import ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use
+from lmnb_engine.outputs import (
+    ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
+)
 from lmnb_engine.params import SamplingParams, SamplingParamsError
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
@@ -912,7 +914,10 @@ class Engine:
         ``abort(rid)`` from another thread during that compile returns True, the request ends at
         once with finish reason abort (the handle this call returns is that ended one), and the rid
         is free for a new request, as once any request ends; the compile's end queues nothing
-        (SGLang's abort ends a request waiting for its grammar at once too). A request queued before the
+        (SGLang's abort ends a request waiting for its grammar at once too). An interrupt
+        (KeyboardInterrupt) once submit may have queued the request ends it, with finish reason abort
+        and ``outputs.ABORT_INTERRUPTED``, before it propagates: no request runs whose handle no
+        caller got. A request queued before the
         shutdown ends with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do
         those running.
 
@@ -934,15 +939,17 @@ class Engine:
         # The rid is taken before the compile: an abort from another thread meanwhile finds the
         # request (and ends it) instead of missing it and letting it run.
         handle, reqs = self._make_reqs(ids, params, rid)
+        posting = False
         try:
             grammar = self._check_grammar(params)
             if grammar is not None:
                 self._attach_grammar(reqs, grammar)
+            posting = True
             self.scheduler.submit(reqs)
+            return handle  # (in the try: an interrupt just before the return still withdraws the request)
         except BaseException:
-            self._unregister([handle])
+            self._withdraw([handle], posting)
             raise
-        return handle
 
     def generate(
         self,
@@ -970,7 +977,8 @@ class Engine:
         prompt, samples in index order (each prompt's ``n`` samples). Every prompt is checked
         before any is queued, and a prompt that fails later on (a tensor-parallel worker found
         dead) fails the call with nothing of it queued or registered. An interrupt
-        (KeyboardInterrupt) while waiting aborts the requests.
+        (KeyboardInterrupt) once the requests may be queued, while waiting or just before, ends them
+        (finish reason abort, ``outputs.ABORT_INTERRUPTED``) before it propagates.
 
         Shutdown: a call made once the engine is shut down raises ``RuntimeError`` ("the engine is
         shut down; create a new Engine"). A request the engine accepted, even just before another
@@ -1038,22 +1046,38 @@ class Engine:
         their results, in order; an interrupt aborts them. Requests that cannot be queued (the
         engine shut down meanwhile) leave no handle registered."""
         handles = [h for h, _ in made]
-        try:
+        try:  # (one try from the post to the results: an interrupt anywhere in it ends the requests)
             self.scheduler.submit([r for _, reqs in made for r in reqs])
-        except BaseException:
-            self._unregister(handles)
-            raise
-        try:
             results: list[GenerateResult] = []
             for h in handles:
                 r = h.result()
                 results.extend(r if isinstance(r, list) else [r])
         except BaseException:
-            for h in handles:
-                if not h.done:
-                    h.abort()
+            self._withdraw(handles, posted=True)
             raise
         return results
+
+    def _withdraw(self, handles: list[RequestHandle], posted: bool) -> None:
+        """Undo a submission of ``handles`` that raised. Before its post (``posted`` False) nothing
+        was queued: the handles are forgotten (``_unregister``), their rids free at once for a retry.
+        From the post on, an interrupt (KeyboardInterrupt) may have come after the requests went in,
+        and no caller would hold their handles: so the scheduler ends them, aborted, wherever they
+        are (``Scheduler.end_requests``, which also drops them if they come later); waited for,
+        except on the scheduler thread, where it comes between steps. Once the engine is shut down
+        (the post failed so, or the stop came meanwhile) the stop answered whatever it had: the
+        handles are forgotten."""
+        scheduler = self.scheduler
+        if posted:
+            reqs, reason = [r for h in handles for r in h._reqs], FinishReason("abort", message=ABORT_INTERRUPTED)
+            try:
+                ended = scheduler.call(lambda: scheduler.end_requests(reqs, reason))
+                if not scheduler.on_loop_thread:
+                    ended.result()
+                return
+            except Exception:  # noqa: BLE001 - shut down (answered by the stop, or never queued), or a
+                # request's clean-up failed (answered with it): the caller hears of its own error, not this
+                pass
+        self._unregister(handles)
 
     def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[StreamEvent]:
         """Queue one prompt and return an iterator of its ``StreamEvent``s; the last event of each
@@ -1128,7 +1152,7 @@ class Engine:
         handle = self._handles.get(rid)
         if handle is None or handle.done:
             return False
-        self.scheduler.end_unqueued(handle._reqs, FinishReason("abort", message=ABORT_REQUESTED))
+        self.scheduler.end_requests(handle._reqs, FinishReason("abort", message=ABORT_REQUESTED))
         return True
 
     # --- cache control and observability -----------------------------------------------------

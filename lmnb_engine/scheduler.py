@@ -269,20 +269,33 @@ class Scheduler:
     def answer_unqueued(self, reqs: list[Req]) -> None:
         """End ``reqs``, which ``submit`` could not queue (the loop had stopped), with
         ``ABORT_SHUTDOWN``, on the caller's thread: the loop never saw them, so nothing else will.
-        Those ended already (``end_unqueued``) are not answered twice."""
+        Those ended already (``end_requests``) are not answered twice."""
         for req in reqs:
             if not req.finished:
                 self._report_failure(req, ABORT_SHUTDOWN)
 
-    def end_unqueued(self, reqs: list[Req], reason: FinishReason) -> None:
-        """End ``reqs`` now with ``reason``: made, but not queued yet (their ``Engine.submit`` is
-        still compiling the grammar). On the loop thread, between steps. Their handle hears the end
-        at once, so their rid is free for a new request, as SGLang's abort ends a request in its
-        grammar queue at once; when their submission comes later it is dropped (``_handle``). They
-        hold no KV and are in no queue, so only their end is emitted."""
+    def end_requests(self, reqs: list[Req], reason: FinishReason) -> None:
+        """End each of ``reqs`` not finished yet with ``reason``, wherever it is: waiting, running, or
+        made but not queued yet (an ``Engine.submit`` still compiling its grammar, or one whose post
+        was interrupted). On the loop thread, between steps. Their handle hears the end at once, so
+        their rid is free for a new request, as SGLang's abort ends a request in its grammar queue
+        at once; a submission of theirs that comes later is dropped (``_handle``).
+
+        Raises the first error a request's clean-up raised, once every request is ended (that one
+        is answered with it, and the KV it did not return is recovered by a rebuild before the next
+        step)."""
+        failure: Optional[Exception] = None
         for req in reqs:
-            if not req.finished:
+            if req.finished:
+                continue
+            try:
                 self._finish(req, reason)
+            except Exception as exc:  # noqa: BLE001 - raised below, once the others are ended too
+                self._report_failure(req, f"internal error: {type(exc).__name__}: {exc}")
+                self._kv_suspect = True
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def pinned_tokens(self) -> int:
         """KV slots held by ``pin_prefix`` pins (each node on a pinned path once). Not
@@ -933,15 +946,7 @@ class Scheduler:
     def abort(self, rid: str, message: str = ABORT_REQUESTED) -> int:
         """Finish every sample of ``rid`` with reason abort; returns how many were live."""
         live = [r for r in self._requests() if r.rid == rid]
-        for r in live:
-            try:
-                self._finish(r, FinishReason("abort", message=message))
-            except Exception as exc:
-                # (its clean-up raised: the caller hears of it, the handle must still end, and the
-                # KV it did not return is recovered by a rebuild before the next step)
-                self._report_failure(r, f"internal error: {type(exc).__name__}: {exc}")
-                self._kv_suspect = True
-                raise
+        self.end_requests(live, FinishReason("abort", message=message))
         return len(live)
 
     def _abort_all(self, message: str) -> None:

@@ -1145,6 +1145,38 @@ def test_a_rid_aborted_while_its_submit_compiles_is_free_at_once_and_the_late_co
     assert_idle_accounting(engine)
 
 
+@pytest.mark.parametrize("call", ["submit", "generate"])
+def test_an_interrupt_once_the_request_is_queued_ends_it_and_leaves_the_engine_idle(engine, monkeypatch, call):
+    """A KeyboardInterrupt that came after the scheduler's post had queued the request, but before
+    submit returned its handle (or generate began to wait), unregistered the handle: the request ran
+    on to its end with no one able to read it or abort it by its handle, and its rid was free for a
+    second request while it ran."""
+    from lmnb_engine.outputs import ABORT_INTERRUPTED
+
+    real_submit, queued = engine.scheduler.submit, []
+
+    def submit_then_interrupted(reqs):  # (Ctrl-C lands just after the requests went in)
+        real_submit(reqs)
+        queued.append(engine._handles[reqs[0].rid])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.scheduler, "submit", submit_then_interrupted)
+    params = SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True)
+    with pytest.raises(KeyboardInterrupt):
+        if call == "submit":
+            engine.submit("the cat", params, rid="ctrl-c")
+        else:
+            engine.generate("the cat", params)
+    monkeypatch.undo()
+    (handle,) = queued
+    assert handle.done  # ended before the interrupt left the call
+    r = handle.result()
+    assert (r.finish_reason.type, r.finish_reason.message) == ("abort", ABORT_INTERRUPTED)
+    assert len(r.token_ids) < 200
+    assert_idle_accounting(engine)
+    assert len(engine.submit("the cat", GREEDY, rid=handle.rid).result(timeout=60).token_ids) == 8  # its rid is free
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
