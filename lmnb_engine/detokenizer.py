@@ -185,8 +185,8 @@ class StopRegexes:
 
 
 class StopStringMatcher:
-    """Finds the first stop string or stop regex match in generated text and says how much text
-    is safe to stream.
+    """Finds the first stop string or stop regex match to end in generated text and says how much
+    text is safe to stream.
 
     Args:
         stops: the stop strings (empty strings are ignored).
@@ -224,28 +224,40 @@ class StopStringMatcher:
             "each character can be matched one way only")
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
-        """Earliest stop in ``text`` that ends after ``new_from`` (the length of the text already
-        checked; a stop string may also end at it); returns ``(start index, matched text)`` or None."""
-        best: tuple[int, str] | None = None
-        for s in self.stops:  # (each from its own length back: a shorter stop ending before
-            # new_from lies in text that was not checked, the first min_new_tokens, or already shown)
+        """The stop in ``text`` that ends first after ``new_from`` (the length of the text already
+        checked); returns ``(start index, matched text)`` or None.
+
+        Several stops may end in one token's text. The one whose match ends first wins, as when
+        the text is checked character by character; among matches ending at the same character,
+        stop strings before stop regexes, each in list order (a regex's match ends where its
+        matched text does). That is SGLang's result wherever it does not depend on the
+        tokenization: SGLang checks after each token, in list order, every stop in the text's tail
+        (``Req._check_str_based_finish``; its detokenizer then cuts at the matched stop's first
+        occurrence), so its list order decides between stops ending at the same character, but
+        also between those that one multi-character token completes at different places: there,
+        ``stop=["bc", "ab"]`` on "x" + "abc" stops before "bc" ("xa") where tokens "a", "b", "c"
+        stop before "ab" ("x"); this gives "x" for both."""
+        best: tuple[int, int, int, str] | None = None  # (end, rank, start, matched text); the least wins
+        for rank, s in enumerate(self.stops):  # (each from its own length back: a shorter stop ending
+            # before new_from lies in text that was not checked, the first min_new_tokens, or already shown)
             i = text.find(s, max(0, new_from - len(s) + 1))
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
-        for i, rx in enumerate(self._regexes):  # (a match ending in checked text is new when its lookahead,
+            if i != -1:
+                best = min(best or (i + len(s), rank, i, s), (i + len(s), rank, i, s))
+        for k, rx in enumerate(self._regexes):  # (a match ending in checked text is new when its lookahead,
             # which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
-            if i in self._shared.given_up:
+            if k in self._shared.given_up:
                 continue
             try:
-                m = next((m for m in rx.finditer(text, self._floor(i, text), timeout=REGEX_TIMEOUT_S)
+                m = next((m for m in rx.finditer(text, self._floor(k, text), timeout=REGEX_TIMEOUT_S)
                           if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None),
                          None)
             except TimeoutError:
-                self._timed_out(i, rx, text)
+                self._timed_out(k, rx, text)
                 continue
-            if m is not None and (best is None or m.start() < best[0]):
-                best = (m.start(), m.group())
-        return best
+            if m is not None:
+                found = (m.end(), len(self.stops) + k, m.start(), m.group())
+                best = min(best or found, found)
+        return None if best is None else (best[2], best[3])
 
     def safe_len(self, text: str) -> int:
         """Length of the prefix of ``text`` that cannot become part of a stop: the text minus its

@@ -85,8 +85,11 @@ class SamplingParams:
         repetition_penalty: CTRL-style multiplicative penalty over prompt + generated tokens, in
             (0, 2] as in SGLang (1 = off).
         stop: string or list of strings; matched on the detokenized output (also across token
-            boundaries); the matched stop text is not returned. At most ``MAX_STOP_STRINGS``
-            strings of ``MAX_STOP_CHARS`` characters in all, none of them empty.
+            boundaries); the matched stop text is not returned. Where one token completes several
+            stops, the match that ends first wins, and among those ending at one character the
+            first listed, stop strings before ``stop_regex`` (``StopStringMatcher.find``: SGLang's
+            result wherever its own does not depend on how the text was tokenized). At most
+            ``MAX_STOP_STRINGS`` strings of ``MAX_STOP_CHARS`` characters in all, none of them empty.
         stop_token_ids: extra token ids that end generation (the token is not returned as text).
         stop_regex: a regular expression (the ``regex`` package's syntax: Python ``re``'s, plus
             ``\\p{L}``, POSIX classes ...) or a list of them; the output ends

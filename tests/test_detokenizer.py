@@ -87,12 +87,48 @@ def test_stop_string_found_across_chunks_and_held_back():
     assert text[: hit[0]] == "Hell"
 
 
-def test_stop_matcher_without_stops_and_earliest_match():
+def test_stop_matcher_without_stops_and_first_ending_match():
     assert StopStringMatcher([]).find("anything", 0) is None
     assert StopStringMatcher([]).safe_len("abc") == 3
     m = StopStringMatcher(["cd", "bcd", "x"])
-    assert m.find("abcdx", 0) == (1, "bcd")
+    assert m.find("abcdx", 0) == (2, "cd")  # "cd" and "bcd" both end at "d": the first listed
+    assert StopStringMatcher(["bcd", "cd", "x"]).find("abcdx", 0) == (1, "bcd")
     assert m.safe_len("zzb") == 2 and m.safe_len("zbc") == 1 and m.safe_len("zz") == 2
+
+
+def test_overlapping_stops_in_one_token_end_where_a_character_by_character_check_would():
+    # Worked by hand, the text checked in one piece as when one token brings it all:
+    # - "ab" ends at index 3 of "xabcd", "bc" at 4: "ab" ends first, whatever the list order
+    #   (SGLang, taking its list in order over one token "abc", would stop at "bc": "xa")
+    # - "bc" and "abc" both end at 4: the first listed wins, as in SGLang for any tokenization
+    # - "c" ends at 4, "abcd" at 5: "c" is met first, though "abcd" starts earlier
+    for stops, hit in [(["bc", "ab"], (1, "ab")), (["ab", "bc"], (1, "ab")), (["bc", "abc"], (2, "bc")),
+                       (["abc", "bc"], (1, "abc")), (["c", "abcd"], (3, "c")), (["abcd", "c"], (3, "c"))]:
+        assert StopStringMatcher(stops).find("xabcd", 0) == hit, stops
+        assert stream(StopStringMatcher(stops), list("xabcd"))[1] == hit, stops  # character by character
+    # a stop string and a stop regex: the regex's match "EN" ends before "xEND"; at one end, strings first
+    assert StopStringMatcher(["xEND"], [r"EN"]).find("xEND!", 0) == (1, "EN")
+    assert StopStringMatcher(["END"], [r"N\w"]).find("xEND!", 0) == (1, "END")
+
+
+def first_stop_by_definition(stops: list[str], text: str) -> tuple[int, str] | None:
+    """The stop a check after each character finds first: the earliest end at which any stop
+    ends, and there the first in the list."""
+    for end in range(1, len(text) + 1):
+        for s in stops:
+            if text[:end].endswith(s):
+                return end - len(s), s
+    return None
+
+
+def test_the_stop_found_does_not_depend_on_how_the_text_is_split_into_tokens():
+    rng = random.Random(1)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 4))]
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 10)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, max(0, len(text) - 1)))) if len(text) > 1 else []
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        assert stream(StopStringMatcher(stops), pieces)[1] == first_stop_by_definition(stops, text), (stops, pieces)
 
 
 
