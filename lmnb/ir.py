@@ -192,9 +192,9 @@ class GenParams:
     def first_stop(self, text: str) -> int:
         """Where in ``text`` the first stop begins (a stop string, or a ``stop_regex`` match), -1 if none.
 
-        For text that is already whole (API speculative execution): the earliest start of any stop,
-        where the engine, matching as tokens arrive, takes the first match to complete; the two
-        differ only for patterns whose later-starting match ends sooner.
+        For text that is already whole (API speculative execution), the stop the engine finds as
+        tokens arrive: the match that ends first, and among those ending at one character the
+        first listed, stop strings before regexes (``StopStringMatcher.find``).
         """
         hit = self.first_stop_match(text)
         return -1 if hit is None else hit[0]
@@ -202,12 +202,9 @@ class GenParams:
     def first_stop_match(self, text: str) -> Optional[tuple[int, str]]:
         """``(where it begins, the text it matched)`` of the first stop in ``text`` (as ``first_stop``
         finds it), None if none: the matched text is the engine's ``finish_reason.matched``."""
-        hits = [(i, s) for s in self.stop_list if (i := text.find(s)) >= 0]
-        if self.stop_regexes:
-            import regex  # torch-free; the engine's matcher uses the same package
+        from lmnb_engine.detokenizer import StopStringMatcher  # (torch-free: the engine's own rule)
 
-            hits += [(m.start(), m.group()) for m in (regex.search(p, text) for p in self.stop_regexes) if m]
-        return min(hits, key=lambda hit: hit[0]) if hits else None  # (a tie: the first listed)
+        return StopStringMatcher(self.stop_list, self.stop_regexes).find(text, 0)
 
     def with_stops(self, extra: Sequence[str]) -> "GenParams":
         """A copy whose ``stop`` list also holds ``extra`` (order kept, no duplicates)."""

@@ -1465,6 +1465,20 @@ def test_api_speculative_execution_on_a_completion_model_uses_one_call():
     assert st["name"] == " Bob" and be2.kinds() == ["generate", "generate"]
 
 
+def test_api_speculation_cuts_a_gen_at_the_stop_the_engine_would_meet_first():
+    # worked by hand: in " xabcd\n", "c" ends at index 5 and "abcd" at 6; the engine, reading the
+    # text as it comes, meets "c" first (so does SGLang, however the text is tokenized); the
+    # speculative cut took the earliest-starting "abcd" and gave " x"
+    be = ScriptedBackend(lambda p, params: " xabcd\nAge: 30\n")
+
+    @sgl.function(num_api_spec_tokens=64)
+    def prog(s):
+        s += "Name:" + sgl.gen("name", stop=["abcd", "c"])
+
+    st = prog.run(backend=be)
+    assert st["name"] == " xab" and st.get_meta_info("name")["finish_reason"] == {"type": "stop", "matched": "c"}
+
+
 def test_fork_branches_do_not_share_the_api_speculation_left_over_before_the_fork():
     # every branch took the parent's leftover " 0" and made no call: fork(3) gave one sample thrice
     calls = iter(range(100))
