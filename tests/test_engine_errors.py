@@ -1447,6 +1447,20 @@ def test_an_abort_whose_clean_up_fails_still_ends_the_handle(engine, monkeypatch
     assert r.finish_reason.type == "abort" and "simulated leak" in r.finish_reason.message
 
 
+def test_an_abort_whose_clean_up_fails_for_one_sample_still_aborts_the_others(engine, monkeypatch):
+    """The abort stopped at the first sample whose release raised: the request's other sample ran
+    on until the memory rebuild failed it with "KV memory was reset", not with the abort asked for."""
+    h = engine.submit("the cat", SamplingParams(max_new_tokens=400, temperature=0.8, ignore_eos=True, n=2))
+    next(h.events(timeout=60))
+    monkeypatch.setattr(engine.scheduler, "_release", failing_at_call(engine.scheduler._release, 1, "simulated leak"))
+    with pytest.raises(RuntimeError, match="simulated leak"):
+        h.abort()
+    monkeypatch.undo()
+    messages = sorted(r.finish_reason.message for r in h.result(timeout=60))
+    assert messages == ["aborted by Engine.abort", "internal error: RuntimeError: simulated leak"]
+    assert_idle_accounting(engine)
+
+
 def test_an_abort_whose_clean_up_fails_rebuilds_the_kv_memory_and_the_engine_goes_on(engine, hf, monkeypatch):
     """The aborted request's KV, neither returned nor held by anyone, leaked: idle, free +
     evictable + protected fell short of the pool by its tokens (the prompt and those generated). It is
