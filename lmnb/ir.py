@@ -489,7 +489,8 @@ def check_regex(regex: Optional[str]) -> None:
 
     Raises:
         ValueError: not a string, not a valid Python regular expression, or nested too deeply
-            for Python's parser (some hundreds of parentheses).
+            for Python's parser (some hundreds of parentheses), worded as the engine and ``%%lm``
+            cells word it (``lmnb_engine.regex_errors.regex_problem``).
     """
     if regex is None:
         return
@@ -498,11 +499,8 @@ def check_regex(regex: Optional[str]) -> None:
                          "(flags written inline, e.g. '(?i)...')")
     if not isinstance(regex, str):
         raise ValueError(f"regex must be a string, not {type(regex).__name__}")
-    try:
-        re.compile(regex)
-    except re.error as e:
-        raise ValueError(f"regex {regex!r} is not a valid regular expression: {e}") from None
-    except RecursionError:  # Python's parser recurses per level of parentheses
-        shown = repr(regex[:80]) + ("..." if len(regex) > 80 else "")
-        raise ValueError(f"regex {shown} nests its parentheses too deeply for Python's re to read; flatten "
-                         "the pattern") from None
+    from lmnb_engine.regex_errors import regex_problem  # torch-free
+
+    problem = regex_problem(regex)
+    if problem:
+        raise ValueError(problem)

@@ -467,6 +467,24 @@ def test_a_constraint_not_compiled_for_the_shutdown_is_written_as_json():
         'the constraint "it\'s' + "x" * 75 + '\u2026 was not compiled: the engine shut down')
 
 
+def test_an_invalid_regex_is_worded_alike_by_gen_a_cell_and_the_engine(backend):
+    """One invalid pattern had three wordings: gen(regex=...)'s "regex 'a(b' is not a valid regular
+    expression: ...", a %%lm cell's "invalid regex: ...", and the engine's (and so the server's)
+    below, with the pattern written as JSON. All three say the engine's now."""
+    import lmnb
+    from lmnb.template import TemplateSyntaxError, parse
+
+    said = ('regex "a(b" cannot be compiled: it is not a valid regular expression (missing ), unterminated '
+            "subpattern at position 1); fix the pattern")  # the group left open begins at index 1
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", regex="a(b")
+    with pytest.raises(TemplateSyntaxError) as in_cell:
+        parse('{gen x regex="a(b"}')
+    with pytest.raises(GrammarError) as in_engine:
+        backend.submit("a(b").result()
+    assert [str(at_gen.value), in_cell.value.message, str(in_engine.value)] == [said] * 3
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):

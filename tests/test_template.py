@@ -419,7 +419,11 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{select pick choices=["", "a"]}', 2, 22, "choices must be non-empty strings: choice 1 of 2 is ''"),
         # at export too, where a job ran with it and every row failed (found by a review helper)
         ('{select pick choices=["a", "b", "a"]}', 2, 22, "choices must differ; 'a' is listed more than once"),
-        ('{gen n regex="(ab"}', 2, 14, "invalid regex"),
+        ('{gen n regex="(ab"}', 2, 14, 'regex "(ab" cannot be compiled: it is not a valid regular expression (missing '
+                                        "), unterminated subpattern at position 0); fix the pattern"),
+        # Python's parser ran out of recursion, and the RecursionError escaped parse
+        ('{gen n regex="' + "(" * 1000 + "a" + ")" * 1000 + '"}', 2, 14, 'regex "' + "(" * 79 + "\u2026 nests its "
+                                                                        "parentheses too deeply for Python's re"),
         ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex '(ab' is not a valid regular expression"),
         ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex 'a*' matches the empty string"),
         ('{gen c json_schema={"type": "objekt"}}', 2, 20, "#/type is not a valid JSON Schema"),  # before any gen runs
@@ -624,7 +628,8 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
 @pytest.mark.parametrize(
     "cell, kernel, col, words",
     [
-        ("{gen x regex=pat}", {"pat": "[a-"}, 14, "invalid regex"),
+        ("{gen x regex=pat}", {"pat": "[a-"}, 14, 'regex "[a-" cannot be compiled: it is not a valid regular '
+                                                   "expression (unterminated character set at position 0); fix the pattern"),
         ("{gen x stop_regex=pat}", {"pat": 5}, 19, "stop_regex must be a regular expression (a string)"),
         ("{gen x json_schema=S}", {"S": {"type": "objectx"}}, 20, "not a valid JSON Schema"),
         ("{select x choices=labels}", {"labels": "ab"}, 19, "choices must be a non-empty list of strings"),

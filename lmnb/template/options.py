@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import re
 import reprlib
 from collections.abc import Mapping
 
@@ -90,10 +89,9 @@ def check_literal(primitive: str, key: str, value) -> str | None:
     if key == "regex":
         if not isinstance(value, str):
             return f"regex must be a string, got {type(value).__name__}"
-        try:
-            re.compile(value)
-        except re.error as e:
-            return f"invalid regex: {e}"
+        from lmnb_engine.regex_errors import regex_problem  # gen()'s and the engine's words (no torch)
+
+        return regex_problem(value)
     elif key == "json_schema" and value is not None:  # (a literal; a pydantic class is a name, not checked here)
         try:
             schema = json.loads(value) if isinstance(value, str) else value

@@ -21,10 +21,11 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup
-from lmnb_engine.constrained.regex_check import _shown, check_regex, without_edge_anchors
+from lmnb_engine.constrained.regex_check import check_regex, without_edge_anchors
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
+from lmnb_engine.regex_errors import shown_regex
 
 
 class GrammarCache:
@@ -209,7 +210,7 @@ class GrammarBackend:
             if source is None or source == regex or isinstance(e, GrammarCompileStopped):
                 raise
             # (the message names the pattern first; an example after it may be spelt the same)
-            raise GrammarError(str(e).replace(_shown(regex), _shown(source), 1)) from None
+            raise GrammarError(str(e).replace(shown_regex(regex), shown_regex(source), 1)) from None
 
     def _wait(self, regex: str) -> CompiledGrammar:
         fut = self.submit(regex)

@@ -55,8 +55,9 @@ import torch
 
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
-from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, _shown, nesting_depth
+from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
+from lmnb_engine.regex_errors import invalid_regex, shown_regex
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
 
@@ -249,7 +250,7 @@ _TOO_LARGE = ("its automaton is very large (long counted repeats, or a long maxL
 
 def too_slow_message(regex: str, timeout_s: float | None) -> str:
     """The error of a constraint whose compile outlasted ``timeout_s`` seconds."""
-    return f"compiling the constraint {_shown(regex)} took longer than {timeout_s:g} s, so {_TOO_LARGE}"
+    return f"compiling the constraint {shown_regex(regex)} took longer than {timeout_s:g} s, so {_TOO_LARGE}"
 
 
 def may_hold(regex: str, code: int) -> bool:
@@ -314,43 +315,40 @@ def compile_grammar(
         if e.reason == "memory":
             limit = f" (limit {memory_bytes / 2**30:.3g} GiB)" if memory_bytes else ""
             raise GrammarCompileStopped(
-                f"compiling the constraint {_shown(regex)} ran out of memory{limit}, so {_TOO_LARGE}"
+                f"compiling the constraint {shown_regex(regex)} ran out of memory{limit}, so {_TOO_LARGE}"
             ) from None
         if e.reason == "stopped":
-            raise GrammarCompileStopped(f"the compile of {_shown(regex)} was stopped: the engine shut down",
+            raise GrammarCompileStopped(f"the compile of {shown_regex(regex)} was stopped: the engine shut down",
                                         by_shutdown=True) from None
         raise GrammarCompileStopped(
-            f"the grammar compiler stopped while compiling {_shown(regex)} ({e.detail}); retry the request",
+            f"the grammar compiler stopped while compiling {shown_regex(regex)} ({e.detail}); retry the request",
             transient=True,
         ) from None
     except ValueError as e:
         text = str(e)
         if "following characters: []" in text:  # a state no character leads on from: a dead end in the pattern
-            raise GrammarError(f"regex {_shown(regex)} has a part that matches no text (e.g. a class with no character in "
+            raise GrammarError(f"regex {shown_regex(regex)} has a part that matches no text (e.g. a class with no character in "
                                "it, \"[^\\\\s\\\\S]\"), which the automaton library refuses; remove that part") from None
         if "incompatible" in text or "no transitions" in text.lower():
             raise GrammarError(
-                f"regex {_shown(regex)} can never be satisfied with this tokenizer's vocabulary: {text}"
+                f"regex {shown_regex(regex)} can never be satisfied with this tokenizer's vocabulary: {text}"
             ) from None
         try:  # the library's own message ("error building NFA") does not say what is wrong; Python's does
             re.compile(regex)
-        except re.error as py:
-            raise GrammarError(
-                f"regex {_shown(regex)} cannot be compiled: it is not a valid regular expression ({py.msg} at "
-                f"position {py.pos}); fix the pattern"
-            ) from None
+        except re.error as py:  # (worded as the language's gen() and %%lm cells word it)
+            raise GrammarError(invalid_regex(regex, py)) from None
         except (RecursionError, OverflowError):
             pass
         depth = nesting_depth(regex)
         if depth > MAX_NESTING:  # (a JSON schema's regex: its structure and patterns nest together)
             raise GrammarError(
-                f"the constraint {_shown(regex)} nests parentheses {depth} levels deep, deeper than the automaton "
+                f"the constraint {shown_regex(regex)} nests parentheses {depth} levels deep, deeper than the automaton "
                 f"library builds ({text}); flatten the schema's nesting or its patterns") from None
-        raise GrammarError(f"regex {_shown(regex)} cannot be compiled to a token index: {text}") from None
+        raise GrammarError(f"regex {shown_regex(regex)} cannot be compiled to a token index: {text}") from None
     grammar = CompiledGrammar(regex, vocab, index, time.perf_counter() - start, marked)
     if not grammar._after_marker or grammar.initial_state in grammar._dead:
         raise GrammarError(
-            f"regex {_shown(regex)} can never be satisfied with this tokenizer's vocabulary: no sequence of "
+            f"regex {shown_regex(regex)} can never be satisfied with this tokenizer's vocabulary: no sequence of "
             "its tokens reaches a full match (a character the pattern requires has no token)"
         )
     return grammar

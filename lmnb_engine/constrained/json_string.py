@@ -27,8 +27,9 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _shown, _walk, check_parsed, largest_repeat
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
+from lmnb_engine.regex_errors import shown_regex
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
                   "\t": "\\\\t"}  # the regex text of each JSON escape
@@ -245,12 +246,12 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
             warnings.simplefilter("ignore")
             parsed = _p.parse(pattern)
     except (re.error, OverflowError, RecursionError) as e:
-        raise GrammarError(f"JSON schema pattern {_shown(pattern)} at {where} is not a regular expression Python's re "
+        raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} is not a regular expression Python's re "
                            f"reads ({e}), and JSON Schema validators check it with one; fix it") from None
     ignore_case = _c.SRE_FLAG_IGNORECASE
     if parsed.state.flags & ignore_case or any(op is _c.SUBPATTERN and av[1] & ignore_case for op, av in _walk(parsed)):
         # (classes are written out here, and case folding would have to be too: [^a-z] excludes 'K')
-        raise GrammarError(f"JSON schema pattern {_shown(pattern)} at {where} uses case-insensitive matching (?i), which "
+        raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} uses case-insensitive matching (?i), which "
                            "constrained strings do not support; spell both cases out, e.g. [Aa] or [A-Za-z]")
     # (JSON Schema searches: an end without its anchor lets other characters in there, so a length
     # no whole-string match has may still be valid)
@@ -266,11 +267,11 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
                   max_length is None and min_length == 1) else " characters")
     fix = ('put the length into the pattern (e.g. "^[A-Z]{1,8}$") and drop minLength/maxLength' if name is None
            else "drop minLength/maxLength (the format fixes the shape) or give a pattern instead")
-    name = name or f"pattern {_shown(pattern)}"
+    name = name or f"pattern {shown_regex(pattern)}"
     try:
         parsed.data = _fit_length(items, parsed.state, min_length, max_length)
     except _NoFit:
-        if name == f"pattern {_shown(pattern)}" and not anchored:
+        if name == f"pattern {shown_regex(pattern)}" and not anchored:
             raise GrammarError(f"JSON schema {name} at {where} has no whole-string match of {bounds} "
                                "(minLength/maxLength); constrained decoding writes a string the whole pattern "
                                "matches, as if it were anchored (\"^...$\"): anchor it and spell out the characters "
@@ -289,6 +290,6 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         return '"' + _emit(parsed) + '"'
     except GrammarError:
-        raise GrammarError(f"JSON schema pattern {_shown(pattern)} at {where} has a part no JSON string character "
+        raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} has a part no JSON string character "
                            "can match here (constrained strings use ASCII for \\d, \\w, \\s and their "
                            "negations, and UTF-8 text holds no surrogates U+D800-U+DFFF); widen it") from None

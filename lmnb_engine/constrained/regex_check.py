@@ -13,7 +13,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+from lmnb_engine.regex_errors import shown_regex
 
 try:  # Python >= 3.11
     from re import _constants as _c
@@ -222,7 +222,7 @@ def check_parsed(parsed, pattern: str) -> None:
         if found is not None:
             feature, fix = found
             raise GrammarError(
-                f"regex {_shown(pattern)} uses {feature}, which constrained decoding cannot support "
+                f"regex {shown_regex(pattern)} uses {feature}, which constrained decoding cannot support "
                 f"(patterns compile to a finite automaton): {fix}"
             )
     count = largest_repeat(parsed)
@@ -230,24 +230,17 @@ def check_parsed(parsed, pattern: str) -> None:
         raise GrammarError(_too_many(pattern, str(count)))
 
 
-def _shown(pattern: str) -> str:
-    """``pattern`` for a message, written as JSON writes a string (``"a["``), so that the error reads
-    the same in Python and from the server, cut after ``SHOWN_CHARS`` characters (a schema's regex
-    runs to kilobytes)."""
-    return json_value(pattern, SHOWN_CHARS)
-
-
 def _check_nesting(pattern: str) -> None:
     depth = nesting_depth(pattern)
     if depth > MAX_NESTING:
         raise GrammarError(
-            f"regex {_shown(pattern)} nests parentheses {depth} levels deep, above the limit of {MAX_NESTING}: the "
+            f"regex {shown_regex(pattern)} nests parentheses {depth} levels deep, above the limit of {MAX_NESTING}: the "
             "automaton library cannot build it; flatten the pattern (a group around a single item, or an "
             "alternative of alternatives, can be written without the extra level)")
 
 
 def _too_many(pattern: str, count: str) -> str:
-    shown = _shown(pattern)
+    shown = shown_regex(pattern)
     return (f"regex {shown} repeats a part {count} times (nested repeats multiplied), above the limit of "
             f"{MAX_REPEAT_COUNT}: its automaton would take too long to build; use an unbounded repeat "
             '("+" or "*") and bound the length with max_tokens instead')

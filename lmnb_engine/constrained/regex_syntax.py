@@ -40,8 +40,9 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import _c, _p, _shown, _walk
+from lmnb_engine.constrained.regex_check import _c, _p, _walk
 from lmnb_engine.constrained.vocab import START_MARKER
+from lmnb_engine.regex_errors import shown_regex
 
 MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it,
 # and the end with the next character, U+10FFFF (as text it would end a complete match there)
@@ -218,7 +219,7 @@ def _is_surrogate(code: int) -> bool:
 
 def _refuse_surrogate(pattern: str, code: int | None) -> None:
     if code is not None and _is_surrogate(code):
-        raise GrammarError(f"regex {_shown(pattern)} has the surrogate U+{code:04X} outside a class, which no UTF-8 text "
+        raise GrammarError(f"regex {shown_regex(pattern)} has the surrogate U+{code:04X} outside a class, which no UTF-8 text "
                            "holds, so no output can hold it; remove it (in a class, surrogates are left out)")
 
 
@@ -226,11 +227,11 @@ def _refuse_unsupported(pattern: str, parsed) -> None:
     """Refuse the flags the automaton library lacks or scopes otherwise."""
     scoped = [av[1] | av[2] for op, av in _walk(parsed) if op is _c.SUBPATTERN]
     if (parsed.state.flags & re.ASCII) or any(f & re.ASCII for f in scoped):
-        raise GrammarError(f"regex {_shown(pattern)} uses the ASCII flag (?a), which constrained decoding does not "
+        raise GrammarError(f"regex {shown_regex(pattern)} uses the ASCII flag (?a), which constrained decoding does not "
                            "support; write the classes out instead: [0-9] for \\d, [A-Za-z0-9_] for \\w, "
                            "[ \\t\\n\\r\\f\\v] for \\s")
     if any(f & re.VERBOSE for f in scoped):
-        raise GrammarError(f"regex {_shown(pattern)} scopes the verbose flag to a group ((?x:...)), which "
+        raise GrammarError(f"regex {shown_regex(pattern)} scopes the verbose flag to a group ((?x:...)), which "
                            "constrained decoding does not support; put (?x) at the start of the pattern")
 
 
@@ -249,10 +250,10 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     i = int(m.group(1))
     n = 1 if pattern[i] == "[" else 2
     escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
-    fix = f"write {_shown(escaped)} to mean the characters"
+    fix = f"write {shown_regex(escaped)} to mean the characters"
     posix = re.match(r"\[:(\w+):\]", pattern[i:])
     if posix and posix.group(1) in _POSIX:
-        fix += f", or {_shown(pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end() + i:])} for [:{posix.group(1)}:]"
+        fix += f", or {shown_regex(pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end() + i:])} for [:{posix.group(1)}:]"
     return fix
 
 
@@ -273,7 +274,7 @@ def automaton_syntax(pattern: str) -> str:
             parsed = _p.parse(pattern)
         except FutureWarning as w:
             raise GrammarError(
-                f"regex {_shown(pattern)}: {w} — Python reads it as literal characters, the automaton library as a "
+                f"regex {shown_regex(pattern)}: {w} — Python reads it as literal characters, the automaton library as a "
                 f"POSIX class or a set operation; {_ambiguity_fix(pattern, w)}") from None
         except (re.error, RecursionError, OverflowError):
             return pattern

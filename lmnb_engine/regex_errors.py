@@ -1,0 +1,44 @@
+"""A regular expression's errors in the words every front end uses, without torch.
+
+A ``regex`` constraint is checked in three places: where the language's ``gen(regex=...)`` is
+called (``lmnb.ir.check_regex``), in a ``%%lm`` cell's literal options (``lmnb.template.options``),
+and in the engine, for the server's clients too (``constrained.grammar.compile_grammar``). All
+three word an invalid pattern with ``invalid_regex``, and show a pattern with ``shown_regex``, so a
+user hears one error whichever way the pattern came. Importing it loads neither torch nor the
+engine's constrained-decoding package.
+"""
+
+from __future__ import annotations
+
+import re
+
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+
+
+def shown_regex(pattern: str) -> str:
+    """``pattern`` for a message, written as JSON writes a string (``"a["``), so that the error reads
+    the same in Python and from the server, cut after ``SHOWN_CHARS`` characters (a schema's regex
+    runs to kilobytes)."""
+    return json_value(pattern, SHOWN_CHARS)
+
+
+def invalid_regex(pattern: str, error: re.error) -> str:
+    """The message for a ``regex`` constraint that Python's ``re`` refused with ``error``: the
+    pattern (``shown_regex``), what is wrong and where (``error.msg`` at ``error.pos``, a character
+    index into ``pattern``), and the fix."""
+    return (f"regex {shown_regex(pattern)} cannot be compiled: it is not a valid regular expression ({error.msg} at "
+            f"position {error.pos}); fix the pattern")
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why Python's ``re`` cannot compile ``pattern`` (a ``regex`` constraint), or None when it can:
+    a syntax error (``invalid_regex``), or parentheses nested too deeply for its parser, which
+    recurses once per level (some hundreds of levels: a ``RecursionError``)."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return invalid_regex(pattern, e)
+    except RecursionError:
+        return (f"regex {shown_regex(pattern)} nests its parentheses too deeply for Python's re to read; flatten "
+                "the pattern")
+    return None
