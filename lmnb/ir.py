@@ -476,12 +476,14 @@ def check_stop_regex(stop_regex: Any) -> None:
     """
     if stop_regex is None:  # (a plain gen() loads nothing of the engine)
         return
-    from lmnb_engine.params import MAX_STOP_REGEXES, stop_regex_problem  # torch-free
+    from lmnb_engine.json_schema import SHOWN_CHARS, json_value  # torch-free
+    from lmnb_engine.params import MAX_STOP_REGEXES, stop_regex_problem
 
     problem = stop_regex_problem(stop_regex)
-    if problem:  # (too many patterns are counted, not shown)
+    if problem:  # (too many patterns are counted, not shown; the shown ones as JSON, as the engine shows them)
         many = isinstance(stop_regex, (list, tuple)) and len(stop_regex) > MAX_STOP_REGEXES
-        raise ValueError(f"gen(stop_regex{'' if many else f'={stop_regex!r}'}) is invalid: {problem}")
+        shown = "" if many else f"={json_value(stop_regex, SHOWN_CHARS)}"
+        raise ValueError(f"gen(stop_regex{shown}) is invalid: {problem}")
 
 
 def check_regex(regex: Optional[str]) -> None:

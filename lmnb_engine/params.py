@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+from lmnb_engine.regex_errors import shown_regex
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
 
@@ -170,8 +172,9 @@ class SamplingParams:
         for f in fields(self):
             setattr(self, f.name, python_value(getattr(self, f.name)))
 
-        def bad(name: str, rule: str, show: bool = True) -> None:
-            shown = f"={getattr(self, name)!r}" if show else ""  # (not shown: thousands of stops, say)
+        def bad(name: str, rule: str, show: bool = True, as_json: bool = False) -> None:
+            value = getattr(self, name)  # (not shown: thousands of stops, say)
+            shown = "" if not show else f"={json_value(value, SHOWN_CHARS)}" if as_json else f"={value!r}"
             raise SamplingParamsError(f"SamplingParams.{name}{shown} is invalid: {rule}", name, getattr(self, name))
 
         def is_int(v: Any) -> bool:
@@ -212,7 +215,7 @@ class SamplingParams:
         problem = stop_regex_problem(self.stop_regex)
         if problem:
             bad("stop_regex", problem, show=not isinstance(self.stop_regex, (list, tuple))
-                or len(self.stop_regex) <= MAX_STOP_REGEXES)
+                or len(self.stop_regex) <= MAX_STOP_REGEXES, as_json=True)  # (as the regex errors show a pattern)
         if self.stop_token_ids is not None and not (
             isinstance(self.stop_token_ids, (list, tuple))
             and all(is_int(t) and t >= 0 for t in self.stop_token_ids)
@@ -296,10 +299,10 @@ def stop_regex_problem(value: Any) -> str | None:
         try:
             compiled = regex.compile(pattern)
         except regex.error as e:
-            return f"{pattern!r} is not a valid regular expression ({e}); fix the pattern"
+            return f"{shown_regex(pattern)} is not a valid regular expression ({e}); fix the pattern"
         if compiled.search("") is not None:
-            return (f"{pattern!r} matches the empty string, so it would stop before the first token; make it "
-                    "match at least one character")
+            return (f"{shown_regex(pattern)} matches the empty string, so it would stop before the first token; "
+                    "make it match at least one character")
     return None
 
 

@@ -490,7 +490,7 @@ def test_a_lone_surrogate_is_refused_by_name_wherever_the_engine_takes_text(engi
     for params, said in [
         (GREEDY.copy(stop="x\ud800"), "SamplingParams.stop is invalid: the stop string 'x\\ud800' "),
         (GREEDY.copy(stop=["a", "x\ud800"]), "SamplingParams.stop is invalid: the stop string (item 1) 'x\\ud800' "),
-        (GREEDY.copy(stop_regex="x\ud800"), "SamplingParams.stop_regex='x\\ud800' is invalid: the pattern 'x\\ud800' "),
+        (GREEDY.copy(stop_regex="x\ud800"), "SamplingParams.stop_regex=\"x\\ud800\" is invalid: the pattern 'x\\ud800' "),
     ]:
         with pytest.raises(ValueError) as e:
             engine.generate("the cat", params)

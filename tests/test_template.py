@@ -424,8 +424,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         # Python's parser ran out of recursion, and the RecursionError escaped parse
         ('{gen n regex="' + "(" * 1000 + "a" + ")" * 1000 + '"}', 2, 14, 'regex "' + "(" * 79 + "\u2026 nests its "
                                                                         "parentheses too deeply for Python's re"),
-        ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex '(ab' is not a valid regular expression"),
-        ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex 'a*' matches the empty string"),
+        ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex \"(ab\" is not a valid regular expression"),
+        ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex \"a*\" matches the empty string"),
         ('{gen c json_schema={"type": "objekt"}}', 2, 20, "#/type is not a valid JSON Schema"),  # before any gen runs
         ("{gen c json_schema='[1]'}", 2, 20, "must be a JSON object"),
         ("{gen c json_schema=[1]}", 2, 20, "must be a JSON object"),
