@@ -514,7 +514,8 @@ def gen(
     (lmnb's) last.
 
     ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
-    fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class) constrain the
+    fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class; a string or
+    dict is checked here against the JSON Schema meta-schema, as the engine checks it) constrain the
     output and reach the backend unchanged (``True``, JSON Schema's any value, too); the output
     of a pydantic class is validated with it (the variable holds the text), since its validators
     are code no schema holds. ``seed`` (lmnb extension) makes a sampled gen

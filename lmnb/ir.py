@@ -8,7 +8,6 @@ and the meaning of every field follow SGLang's ``python/sglang/lang/ir.py``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
@@ -441,19 +440,25 @@ class CommitLazy(Expr):
 
 
 def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
-    """A JSON schema given as a str, a dict, a bool (JSON Schema's ``true``: any value, ``false``:
-    none), or a pydantic model class → the str, dict or bool.
+    """A JSON schema given as a str, a dict, a bool (JSON Schema's ``true``: any value), or a
+    pydantic model class → the str, dict or bool, unchanged but for the class.
+
+    A str, dict or bool is checked here, with the engine's own check and words
+    (``lmnb_engine.json_schema.loaded_schema``: JSON, a JSON object or boolean, valid under the
+    JSON Schema meta-schema), so a typo (``{"type": "strng"}``) fails at the ``gen`` call rather
+    than once the program runs, whichever backend runs it. Whether the engine's constrained
+    decoder supports every keyword is left to the backend: another may take what it does not.
 
     Raises:
-        TypeError: any other type; ValueError: a str that is not JSON.
+        TypeError: any other type; ValueError: a schema ``loaded_schema`` refuses (``false`` too:
+            no output could validate).
     """
-    if schema is None or isinstance(schema, (dict, bool)):
+    if schema is None:
         return schema
-    if isinstance(schema, str):
-        try:
-            json.loads(schema)
-        except ValueError as e:
-            raise ValueError(f"json_schema is not valid JSON: {e}") from None
+    if isinstance(schema, (str, dict, bool)):
+        from lmnb_engine.json_schema import loaded_schema  # torch-free
+
+        loaded_schema(schema)
         return schema
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         from lmnb_engine.pydantic_schema import pydantic_json_schema  # torch-free

@@ -1,10 +1,11 @@
 """The JSON Schema meta-schema check of a ``json_schema`` constraint, and values in messages
 written as JSON writes them, without torch.
 
-Shared by the engine (``constrained.schema.load_schema``) and the ``%%lm`` cell parser, which runs
-it on a literal schema before anything runs (``lmnb.template.options``); the server's and ``lmnb
-export``'s messages show a client's values with ``json_value``. Importing it loads only
-``jsonschema``.
+Shared by the engine (``constrained.schema.load_schema``), the language's ``gen(json_schema=...)``,
+which runs it where it is called (``lmnb.ir.json_schema_value``), and the ``%%lm`` cell parser,
+which runs it on a literal schema before anything runs (``lmnb.template.options``), so all three
+word a bad schema alike (``loaded_schema``); the server's and ``lmnb export``'s messages show a
+client's values with ``json_value``. Importing it loads only ``jsonschema``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,23 @@ def checked_schema(schema: dict | bool) -> dict | bool:
         message = in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}{hint}") from None
     return schema
+
+
+def loaded_schema(schema: str | dict | bool) -> dict | bool:
+    """``checked_schema`` of a ``json_schema`` given as a JSON string (parsed first), a dict or a bool.
+
+    Raises:
+        ValueError: a string that is not JSON, or whose JSON is neither an object nor a boolean
+            (an array, a number: no schema), or ``checked_schema``'s refusals.
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError(f"json_schema must be a JSON object or a boolean, got {json_value(schema, SHOWN_CHARS)}")
+    return checked_schema(schema)
 
 
 def json_value(value: Any, limit: Optional[int] = None) -> str:

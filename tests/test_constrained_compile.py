@@ -45,7 +45,10 @@ from lmnb_engine.constrained.numeric import integer_range_regex, number_range_re
 from lmnb_engine.constrained.regex_check import check_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb.ir import REGEX_FLOAT
+from lmnb_engine.pydantic_schema import pydantic_json_schema
 from lmnb_engine.constrained.schema_refs import MAX_REF_DEPTH
+
+from constrained_corpus import SCHEMAS
 
 
 @pytest.fixture(scope="module")
@@ -483,6 +486,47 @@ def test_an_invalid_regex_is_worded_alike_by_gen_a_cell_and_the_engine(backend):
     with pytest.raises(GrammarError) as in_engine:
         backend.submit("a(b").result()
     assert [str(at_gen.value), in_cell.value.message, str(in_engine.value)] == [said] * 3
+
+
+@pytest.mark.parametrize("schema, said", [
+    ('{"type": "strng"}', 'JSON schema at #/type is not a valid JSON Schema: "strng" is not valid under any of the given '
+                          "schemas"),  # (type's meta-schema is an anyOf: a type name or a list of them)
+    ({"type": "object", "properties": 5}, 'JSON schema at #/properties is not a valid JSON Schema: 5 is not of type '
+                                          '"object"'),
+    ("[1]", "json_schema must be a JSON object or a boolean, got [1]"),
+    ("{x", "json_schema is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+           "pass a dict or a JSON string"),
+    (False, "JSON schema false accepts no value: no output could validate; pass true or {} for any JSON value"),
+])
+def test_a_bad_json_schema_is_refused_at_the_gen_call_in_the_engines_words(schema, said):
+    """gen(json_schema=...) checked only that a string was JSON: a typo in a schema surfaced once
+    the program ran and the engine compiled it. It is refused at the call now, with the engine's
+    own check and words, as a %%lm cell refuses a literal one."""
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", json_schema=schema)
+    with pytest.raises(GrammarError) as in_engine:
+        schema_to_regex(schema)
+    assert [str(at_gen.value), check_literal("gen", "json_schema", schema), str(in_engine.value)] == [said] * 3
+
+
+@pytest.mark.parametrize("schema", [
+    *SCHEMAS, True, "true", {}, json.dumps(SCHEMAS[0]),
+    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array", "items": [{"type": "integer"}]},
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer", "minimum": 0, "exclusiveMinimum": True},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+], ids=lambda s: None)
+def test_a_schema_the_engine_takes_passes_the_gen_call_unchanged(schema):
+    import lmnb
+
+    schema_to_regex(schema)  # (the engine takes it)
+    sent = lmnb.gen("x", json_schema=schema).params.json_schema
+    if isinstance(schema, type):  # (a pydantic class: its schema is sent)
+        assert sent == pydantic_json_schema(schema)
+    else:
+        assert sent is schema
 
 
 def test_invalid_regex_syntax_says_what_is_wrong(backend):

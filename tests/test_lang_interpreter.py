@@ -51,6 +51,26 @@ def test_import_lmnb_loads_neither_torch_nor_engine():
     assert out.stdout.strip() == "[]"
 
 
+def test_gen_checks_a_regex_and_a_json_schema_without_torch():
+    """gen() refuses a bad regex or JSON schema where it is called, in the engine's words, with
+    the engine's torch-free code (lmnb_engine.regex_errors, lmnb_engine.json_schema): the
+    constrained-decoding package, which loads torch, stays unloaded."""
+    code = (
+        "import sys, lmnb\n"
+        "lmnb.gen('x', json_schema={'type': 'object'}); lmnb.gen('y', regex='a+')\n"
+        "for bad in ({'regex': 'a('}, {'json_schema': {'type': 'strng'}}):\n"
+        "    try:\n"
+        "        lmnb.gen('x', **bad)\n"
+        "    except ValueError as e:\n"
+        "        print(str(e).split(':')[0])\n"
+        "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') or 'constrained' in m])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ['regex "a(" cannot be compiled', "JSON schema at #/type is not a valid JSON Schema",
+                                       "[]"]
+
+
 def test_a_pydantic_schema_is_converted_without_torch_and_its_decimals_are_exact():
     """gen(json_schema=Model) turns the class into the schema every backend gets (the OpenAI one
     too), with a Decimal's digit limits as a pattern (lmnb_engine.pydantic_schema), loading no torch."""

@@ -7,7 +7,6 @@ their signatures), so a template option means what the same keyword means in Pyt
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import reprlib
 from collections.abc import Mapping
@@ -93,16 +92,12 @@ def check_literal(primitive: str, key: str, value) -> str | None:
 
         return regex_problem(value)
     elif key == "json_schema" and value is not None:  # (a literal; a pydantic class is a name, not checked here)
-        try:
-            schema = json.loads(value) if isinstance(value, str) else value
-        except json.JSONDecodeError as e:
-            return f"json_schema is not valid JSON: {e}"
-        if not isinstance(schema, (dict, bool)):  # (true: any JSON value; false, none: checked below)
-            return f"json_schema must be a JSON object or a boolean, got {type(schema).__name__}"
-        from lmnb_engine.json_schema import checked_schema  # the engine's own check (no torch), before anything runs
+        if not isinstance(value, (str, dict, bool)):  # (true: any JSON value; false: refused below)
+            return f"json_schema must be a JSON object or a boolean, got {type(value).__name__}"
+        from lmnb_engine.json_schema import loaded_schema  # gen()'s and the engine's check (no torch)
 
         try:
-            checked_schema(schema)
+            loaded_schema(value)
         except ValueError as e:
             return str(e)
     elif key == "choices":

@@ -54,7 +54,7 @@ from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, po
 from lmnb_engine.constrained.schema_unique import listed_item_values, unique_items_regex
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
-from lmnb_engine.json_schema import SHOWN_CHARS, checked_schema, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value, loaded_schema
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
 _ENFORCED = {
@@ -160,23 +160,19 @@ def load_schema(schema: Any) -> dict | bool:
     as a bool or as a JSON string.
 
     Raises:
-        GrammarError: the string is not JSON, a dict holds a value JSON cannot represent, the
-            schema breaks the JSON Schema meta-schema or is ``false`` (``json_schema.checked_schema``),
-            or the value is none of the accepted kinds.
+        GrammarError: the string is not JSON or its JSON is no object or boolean, a dict holds a
+            value JSON cannot represent, the schema breaks the JSON Schema meta-schema or is
+            ``false`` (``json_schema.loaded_schema``, as the language words them), or the value is
+            none of the accepted kinds.
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         try:
             return pydantic_json_schema(schema)
         except ValueError as e:
             raise GrammarError(f"json_schema {schema.__name__}: {e}") from None
-    if isinstance(schema, str):
+    if isinstance(schema, (str, bool, dict)):
         try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise GrammarError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
-    if isinstance(schema, (bool, dict)):
-        try:
-            return checked_schema(schema)
+            return loaded_schema(schema)
         except ValueError as e:
             raise GrammarError(str(e)) from None
     raise GrammarError(
