@@ -16,6 +16,8 @@ import bisect
 import collections
 from typing import Any, Callable, Sequence
 
+from lmnb_engine.regex_errors import shown_regex
+
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
 # (SGLang: INIT_INCREMENTAL_DETOKENIZATION_OFFSET).
 _CONTEXT_TOKENS = 5
@@ -219,9 +221,9 @@ class StopStringMatcher:
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)
         self._shared.problem = (
-            f"stop_regex {rx.pattern!r} took over {REGEX_TIMEOUT_S:g} s to search {len(text)} characters of output "
-            "(catastrophic backtracking, as in a repeat of overlapping alternatives like '(x|x)+'); rewrite it so "
-            "each character can be matched one way only")
+            f"stop_regex {shown_regex(rx.pattern)} took over {REGEX_TIMEOUT_S:g} s to search {len(text)} characters of "
+            'output (catastrophic backtracking, as in a repeat of overlapping alternatives like "(x|x)+"); rewrite it '
+            "so each character can be matched one way only")
 
     def find(self, text: str, new_from: int) -> tuple[int, str] | None:
         """The stop in ``text`` that ends first after ``new_from`` (the length of the text already
