@@ -19,6 +19,10 @@ from typing import Any, Optional
 # message then repeated whole; the message's place (``at #/...``) says where the whole value is.
 SHOWN_CHARS = 80
 
+# A schema Python's recursive code (json's encoder and decoder, jsonschema, re's parser) cannot
+# walk: some hundreds of levels of nesting, or of a pattern's parentheses.
+TOO_DEEP = "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"
+
 
 def checked_schema(schema: dict | bool) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
@@ -28,8 +32,8 @@ def checked_schema(schema: dict | bool) -> dict | bool:
 
     Raises:
         ValueError: the boolean schema ``false`` (valid JSON Schema, which no value passes), a
-            value JSON cannot represent, or a schema the meta-schema rejects (the message gives
-            the location, e.g. ``#/properties/a``).
+            value JSON cannot represent, a schema the meta-schema rejects (the message gives
+            the location, e.g. ``#/properties/a``), or one nested too deeply to check (``TOO_DEEP``).
     """
     if schema is False:
         raise ValueError("JSON schema false accepts no value: no output could validate; pass true or {} "
@@ -40,6 +44,8 @@ def checked_schema(schema: dict | bool) -> dict | bool:
 
     try:
         schema = json.loads(json.dumps(schema, allow_nan=False))  # NaN and inf are no JSON
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema holds a value JSON cannot represent ({e})") from None
     if not isinstance(schema.get("$schema", ""), str):  # validator_for looks it up as a dict key
@@ -48,8 +54,7 @@ def checked_schema(schema: dict | bool) -> dict | bool:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
-        raise ValueError("JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); "
-                         "flatten it") from None
+        raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
         hint = ("; patterns are Python regular expressions (as JSON Schema validators read them), which have no "
@@ -66,11 +71,14 @@ def loaded_schema(schema: str | dict | bool) -> dict | bool:
 
     Raises:
         ValueError: a string that is not JSON, or whose JSON is neither an object nor a boolean
-            (an array, a number: no schema), or ``checked_schema``'s refusals.
+            (an array, a number: no schema), or nests too deeply to read (``TOO_DEEP``), or
+            ``checked_schema``'s refusals.
     """
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
+        except RecursionError:  # (json's decoder recurses per level)
+            raise ValueError(TOO_DEEP) from None
         except json.JSONDecodeError as e:
             raise ValueError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
         if not isinstance(schema, (dict, bool)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
 import ipaddress
 import itertools
 import json
@@ -497,7 +498,11 @@ def test_an_invalid_regex_is_worded_alike_by_gen_a_cell_and_the_engine(backend):
     ("{x", "json_schema is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
            "pass a dict or a JSON string"),
     (False, "JSON schema false accepts no value: no output could validate; pass true or {} for any JSON value"),
-])
+    # json's decoder and encoder recurse per level: a RecursionError escaped all three (the server's 500)
+    ("[" * 100_000, "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"),
+    (functools.reduce(lambda inner, _: {"not": inner}, range(5000), {}),
+     "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"),
+], ids=["type strng", "properties 5", "an array", "not JSON", "false", "deep JSON text", "deep dict"])
 def test_a_bad_json_schema_is_refused_at_the_gen_call_in_the_engines_words(schema, said):
     """gen(json_schema=...) checked only that a string was JSON: a typo in a schema surfaced once
     the program ran and the engine compiled it. It is refused at the call now, with the engine's
