@@ -26,7 +26,7 @@ from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as
 from lmnb_engine.outputs import (
     ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
 )
-from lmnb_engine.params import SamplingParams, SamplingParamsError
+from lmnb_engine.params import SamplingParams, SamplingParamsError, does_not_fit
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
 from lmnb_engine.sampler import min_new_tokens_conflict
@@ -696,11 +696,11 @@ class Engine:
             raise ValueError(f"{prompt} exceeds the model's context length of {self.context_len} "
                              f"tokens{self._window_note()}; shorten the prompt")
         if n + params.max_new_tokens > self.context_len:
-            raise ValueError(
+            raise does_not_fit(ValueError(
                 f"{prompt} + max_new_tokens={params.max_new_tokens} exceeds the model's "
                 f"context length of {self.context_len} tokens{self._window_note()}; shorten the prompt or lower "
                 "max_new_tokens"
-            )
+            ))
         # (option_error: max_total_tokens is the engine's option, which each front end names its own way,
         # or not at all: a server's client cannot size its KV pool; max_new_tokens is the request's field)
         pool = self.runner.max_total_tokens
@@ -708,9 +708,9 @@ class Engine:
             raise option_error(ValueError, f"{prompt} does not fit the KV pool of {pool} tokens",
                                ("raise {}", "max_total_tokens", None), ("shorten the prompt",))
         if n + params.max_new_tokens > pool:
-            raise option_error(ValueError, f"{prompt} + max_new_tokens={params.max_new_tokens} does not fit the KV "
-                               f"pool of {pool} tokens", ("raise {}", "max_total_tokens", None),
-                               ("lower max_new_tokens",))
+            raise does_not_fit(option_error(
+                ValueError, f"{prompt} + max_new_tokens={params.max_new_tokens} does not fit the KV pool of {pool} "
+                "tokens", ("raise {}", "max_total_tokens", None), ("lower max_new_tokens",)))
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
 

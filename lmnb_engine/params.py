@@ -45,6 +45,21 @@ class SamplingParamsError(ValueError):
         self.value = value
 
 
+DOES_NOT_FIT = "does_not_fit"
+"""The ``reason`` of the engine's refusal of a request whose prompt fits but whose prompt plus
+``max_new_tokens`` does not (the model's context length, the KV pool), so that fewer new tokens
+would make it fit: an attribute of its ``ValueError`` (``does_not_fit``), and ``lmnb serve``'s
+JSON error's ``"reason"`` (an lmnb extension of OpenAI's error object). A front end that chose
+the request's ``max_new_tokens`` for its caller (a gen without its own ``max_tokens`` takes the
+run's default) reads it, not the message, to say where that number came from."""
+
+
+def does_not_fit(e: BaseException) -> BaseException:
+    """``e`` with its ``reason`` set to ``DOES_NOT_FIT`` (an attribute, kept by pickling)."""
+    e.reason = DOES_NOT_FIT
+    return e
+
+
 def _is_numpy_scalar(v: Any) -> bool:
     return type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 and hasattr(v, "item")
 

@@ -2547,6 +2547,29 @@ def test_a_request_too_large_for_the_kv_pool_says_the_servers_cache_is_too_small
             "prompt of 10 tokens + max_tokens=30 does not fit the server's KV cache of 32 tokens; lower max_tokens"), r.text
 
 
+def test_a_generate_prompt_that_fits_only_with_fewer_new_tokens_is_refused_with_that_reason(tiny_llama):
+    """lmnb's client says where a gen's default max_tokens came from when the prompt fits but not with
+    it: it reads the error's "reason" (docs/language.md), not its words. A prompt too long by itself
+    has no reason: fewer new tokens would not help. A batch's refused entry keeps it."""
+    from lmnb_engine import Engine
+
+    def error(body: dict) -> dict:
+        r = _post(url, "/generate", body)
+        assert r.status_code == 400, r.text
+        return r.json()["error"]
+
+    with Engine(str(tiny_llama), device="cpu", max_total_tokens=32) as engine, \
+            live_server(engine, served_model_name="x") as url:
+        over_context = error({"text": "w" * 10, "sampling_params": {"max_new_tokens": engine.context_len}})
+        over_pool = error({"text": "w" * 10, "sampling_params": {"max_new_tokens": 30}})
+        prompt_alone = error({"text": "w" * 40, "sampling_params": {"max_new_tokens": 1}})
+        batch = error({"text": ["w", "w" * 10], "sampling_params": {"max_new_tokens": 30}})
+    assert "exceeds the model's context length" in over_context["message"] and over_context["reason"] == "does_not_fit"
+    assert "does not fit the server's KV cache" in over_pool["message"] and over_pool["reason"] == "does_not_fit"
+    assert "+ max_new_tokens" not in prompt_alone["message"] and "reason" not in prompt_alone
+    assert batch["param"] == "text[1]" and batch["reason"] == "does_not_fit"
+
+
 @pytest.mark.parametrize("pattern, message", [
     ("(?<=None)\u00e9\\d", 'regex "(?<=None)\u00e9\\\\d" uses a lookbehind'),
     ("a[", 'regex "a[" cannot be compiled: it is not a valid regular expression (unterminated character set at '

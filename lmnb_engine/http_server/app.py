@@ -10,7 +10,8 @@ list of strings, each a ``data:image/...;base64,`` URL or bare base64 (what SGLa
 sends; one string for a whole batch is every prompt's image), one per image token in the prompt;
 the server reads no files and fetches no URLs; a finished request's ``meta_info`` says per image
 how much of its KV was cached. Every bad
-request is answered with a 4xx JSON error ``{"error": {"message", "type", "param", "code"}}``; an
+request is answered with a 4xx JSON error ``{"error": {"message", "type", "param", "code"}}`` (and
+``"reason"`` where a client acts on it: ``params.DOES_NOT_FIT``); an
 unexpected failure is a 500 JSON error, and the engine keeps serving.
 """
 
@@ -276,7 +277,7 @@ class ServerContext:
             # too large to compile stays a 400: a retry would spend the whole time limit again.
             transient = isinstance(e, GrammarCompileStopped) and e.transient
             error = refused(e, len(handles))
-            raise RequestError(str(error), 503 if transient else 400, error.param) from None
+            raise RequestError(str(error), 503 if transient else 400, error.param, error.reason) from None
         except RuntimeError as e:
             await self.abort_unfinished(handles)
             if not self.engine_stopped():
@@ -446,14 +447,16 @@ class EventStream(StreamingResponse):
             await self.ctx.abort_unfinished(self.handles)
 
 
-def error_body(message: str, status: int, param: Optional[str] = None) -> dict:
-    """The JSON body of an error response (OpenAI's shape): message, type from ``status``, param, code."""
+def error_body(message: str, status: int, param: Optional[str] = None, reason: Optional[str] = None) -> dict:
+    """The JSON body of an error response (OpenAI's shape): message, type from ``status``, param,
+    code; and ``reason`` where one is given (``RequestError.reason``, an lmnb extension)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 401:
         kind = "authentication_error"
     elif status == 404:
         kind = "not_found_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    error = {"message": message, "type": kind, "param": param, "code": status}
+    return {"error": {**error, "reason": reason} if reason is not None else error}
 
 
 def sse(obj: Any) -> str:
@@ -507,7 +510,7 @@ def entry_error(e: RequestError, k: int, per_prompt: Sequence[str]) -> RequestEr
     entry = f"{key}[{k}]"
     message = str(e)  # (a message names its field first, when it does: "sampling_params.top_p=2 is invalid")
     message = entry + message[len(key):] if re.match(rf"{key}\b", message) else f"{entry}: {message}"
-    return RequestError(message, e.status, entry + e.param[len(key):])
+    return RequestError(message, e.status, entry + e.param[len(key):], e.reason)
 
 
 def _refusal(body: dict, params: list, rids: list, batch: bool,
@@ -527,7 +530,8 @@ def _refusal(body: dict, params: list, rids: list, batch: bool,
             error = sampling_params_error(e, d)
         else:
             param = (_prompt_field(body) if field is None else field if field == "rid" else sampling_field(d, field))
-            error = RequestError(wire_message(client_message(e), refused_value(e, field, rids[k])), param=param)
+            error = RequestError(wire_message(client_message(e), refused_value(e, field, rids[k])), param=param,
+                                 reason=getattr(e, "reason", None))
         return _entry_error(body, k, batch, error)
 
     return refused
@@ -733,7 +737,7 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError):
-        return JSONResponse(error_body(str(exc), exc.status, exc.param), exc.status)
+        return JSONResponse(error_body(str(exc), exc.status, exc.param, exc.reason), exc.status)
 
     # A handler of its own: an ``Exception`` handler would reset the connection (``_Route``).
     @app.exception_handler(RequestFailed)

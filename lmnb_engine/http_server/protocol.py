@@ -19,12 +19,14 @@ from lmnb_engine.params import SamplingParams, SamplingParamsError
 
 
 class RequestError(ValueError):
-    """A bad request: becomes an HTTP 4xx JSON error naming the field and the fix."""
+    """A bad request: becomes an HTTP 4xx JSON error naming the field and the fix. ``reason``: what
+    the refusal was, for clients that act on it (``params.DOES_NOT_FIT``), None for most."""
 
-    def __init__(self, message: str, status: int = 400, param: Optional[str] = None):
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None, reason: Optional[str] = None):
         super().__init__(message)
         self.status = status
         self.param = param
+        self.reason = reason
 
 
 class RequestFailed(RuntimeError):
