@@ -17,12 +17,14 @@ from lmnb.choices import ChoicesSamplingMethod, repeated_choices_problem, token_
 from lmnb.ir import (
     DEFAULT_MAX_NEW_TOKENS,
     OUTPUT_OPTIONS,
+    RUN_MAX_TOKENS_OPTION,
     ExprList,
     Gen,
     GenParams,
     Image,
     RoleBegin,
     RoleEnd,
+    RunDefaults,
     Select,
     Video,
     _python_value,
@@ -41,6 +43,17 @@ _default_lock = threading.Lock()
 # an argument of one of these names (SGLang programs may: fork(n), a seed) gets the value instead.
 _UNSET = object()
 _LMNB_RUN_OPTIONS = {"n": 1, "seed": None, "use_thread": True, "state": None}
+
+
+def _run_defaults(max_new_tokens: Optional[int], **params: Any) -> RunDefaults:
+    """``run()``'s (``run_batch()``'s) defaults for its gens: ``max_new_tokens`` None is lmnb's
+    ``DEFAULT_MAX_NEW_TOKENS``; errors name one that was given as the option that gave it
+    (``executor.max_tokens_option``: the Python API's ``run(max_new_tokens=N)``, a cell's)."""
+    from lmnb.executor import current_max_tokens_option
+
+    given = max_new_tokens is not None
+    return RunDefaults(max_new_tokens=max_new_tokens if given else DEFAULT_MAX_NEW_TOKENS, **params,
+                       max_tokens_option=current_max_tokens_option(), max_tokens_given=given)
 
 
 def _check_backend(backend: Any) -> None:
@@ -242,7 +255,7 @@ class SglFunction:
     def run(
         self,
         *args,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: Optional[int] = None,  # DEFAULT_MAX_NEW_TOKENS
         n: int = _UNSET,  # 1
         stop: Optional[Union[str, list[str]]] = None,
         stop_token_ids: Optional[list[int]] = None,
@@ -294,6 +307,7 @@ class SglFunction:
                 continued ``state`` is left as it was, usable).
         """
         __tracebackhide__ = True  # see lmnb.interpreter._run_body
+        from lmnb.executor import max_tokens_option
         from lmnb.interpreter import run_program
         from lmnb.tracer import stop_if_tracing
 
@@ -309,8 +323,8 @@ class SglFunction:
         use_thread = check_flag("use_thread", use_thread)
         self._check_args(args, kwargs)
         check_stop_regex(stop_regex)
-        defaults = GenParams(
-            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
+        defaults = _run_defaults(
+            max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
@@ -325,16 +339,17 @@ class SglFunction:
             backend = backend or state.stream_executor.backend
             if backend is not state.stream_executor.backend:
                 raise ValueError("run(state=...) continues a state on its own backend; do not pass another")
-        return run_program(
-            self, backend or get_default_backend(), args, kwargs, defaults, stream, use_thread, state=state
-        )
+        with max_tokens_option(RUN_MAX_TOKENS_OPTION):  # the body's own run() calls are the Python API's
+            return run_program(
+                self, backend or get_default_backend(), args, kwargs, defaults, stream, use_thread, state=state
+            )
 
     @functools.partial(_refuse_shadowed_parameters, batch=True)
     def run_batch(
         self,
         batch_kwargs,
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: Optional[int] = None,  # DEFAULT_MAX_NEW_TOKENS
         n: int = 1,
         stop: Optional[Union[str, list[str]]] = None,
         stop_token_ids: Optional[list[int]] = None,
@@ -410,8 +425,8 @@ class SglFunction:
         if not items:
             return []
         check_stop_regex(stop_regex)
-        defaults = GenParams(
-            max_new_tokens=max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
+        defaults = _run_defaults(
+            max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,

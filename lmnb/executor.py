@@ -33,8 +33,8 @@ from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import (
-    DEFAULT_MAX_NEW_TOKENS,
     DTYPE_STOPS,
+    RUN_MAX_TOKENS_OPTION,
     CommitLazy,
     ConstantText,
     Expr,
@@ -44,6 +44,7 @@ from lmnb.ir import (
     Image,
     RoleBegin,
     RoleEnd,
+    RunDefaults,
     Select,
     VarScopeBegin,
     VarScopeEnd,
@@ -54,13 +55,6 @@ from lmnb.ir import (
 
 if TYPE_CHECKING:
     from lmnb.interpreter import ProgramStateGroup
-
-
-def run_max_tokens(n: int) -> str:
-    """How an error names the run's default ``max_new_tokens`` (``n``) that a gen without
-    max_tokens took; front ends that set it from an option of theirs name that option instead
-    (``%%lm --max-tokens``)."""
-    return f"the run's max_new_tokens={n}"
 
 
 class ProgramError(RuntimeError):
@@ -197,6 +191,27 @@ class ProgramEvent:
 
 
 _listeners: contextvars.ContextVar[tuple] = contextvars.ContextVar("lmnb_listeners", default=())
+# The option that sets a run's max_new_tokens, as run() calls made in this context name it (``RunDefaults``).
+_max_tokens_option: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "lmnb_max_tokens_option", default=RUN_MAX_TOKENS_OPTION)
+
+
+@contextlib.contextmanager
+def max_tokens_option(option: str):
+    """Within this block, ``run()`` and ``run_batch()`` calls (not those their program bodies make)
+    name their ``max_new_tokens`` in errors as the front end's ``option``, ``{}`` where the number
+    goes: a ``%%lm`` cell runs its program under ``"the cell's --max-tokens {}"``, where the
+    Python API says ``run(max_new_tokens={})`` (``RunDefaults.max_tokens_option``)."""
+    token = _max_tokens_option.set(option)
+    try:
+        yield
+    finally:
+        _max_tokens_option.reset(token)
+
+
+def current_max_tokens_option() -> str:
+    """The option that names a run's ``max_new_tokens`` here (``max_tokens_option``)."""
+    return _max_tokens_option.get()
 
 
 @contextlib.contextmanager
@@ -1027,15 +1042,14 @@ class StreamExecutor:
         try:
             self._run_gen(expr, params, parse)
         except (ValueError, BackendError) as e:  # (the in-process engine's refusal; a server's)
-            limit = f"max_tokens={params.max_new_tokens} "
-            if type(e) not in (ValueError, BackendError) or expr.params.max_new_tokens is not None or limit not in str(e):
+            from lmnb_engine.params import DOES_NOT_FIT  # torch-free (not at the top: import lmnb loads no engine)
+
+            defaults = self.default_params
+            if (getattr(e, "reason", None) != DOES_NOT_FIT or expr.params.max_new_tokens is not None
+                    or not isinstance(defaults, RunDefaults)):
                 raise
-            # the gen never wrote this max_tokens (the run's default, 128 unless set): say where it came from
-            source = "" if params.max_new_tokens == DEFAULT_MAX_NEW_TOKENS else f"from {run_max_tokens(params.max_new_tokens)}, "
-            raise type(e)(
-                str(e).replace(limit, f"{limit.strip()} ({source}the default of a gen without max_tokens) ", 1)
-                .replace("lower max_tokens", "give the gen its own smaller max_tokens=N")
-            ) from None
+            # the gen never wrote the max_tokens that did not fit: say where it came from
+            raise type(e)(f"{e} ({defaults.max_tokens_note()})") from None
 
     def _run_gen(self, expr: Gen, params: GenParams, parse: Optional[Callable[[str], Any]]) -> None:
         """Run a gen with its resolved ``params`` (``_resolve_params``) and record its value."""

@@ -226,6 +226,39 @@ class GenParams:
         return out
 
 
+# How the Python API names a run's default max_tokens (``{}``: the number), which a front end that
+# runs programs for its own option names otherwise (``executor.max_tokens_option``).
+RUN_MAX_TOKENS_OPTION = "run(max_new_tokens={})"
+
+
+@dataclasses.dataclass
+class RunDefaults(GenParams):
+    """A run's defaults for its gens (``run()``'s sampling arguments), which know where their
+    ``max_new_tokens`` came from, so that an error about it can say so (``max_tokens_note``).
+
+    Attributes:
+        max_tokens_option: the front end's option that sets a run's ``max_new_tokens``, ``{}``
+            where the number goes: ``RUN_MAX_TOKENS_OPTION``, a ``%%lm`` cell's
+            ``"the cell's --max-tokens {}"``.
+        max_tokens_given: the run was given its ``max_new_tokens`` (through that option); False:
+            it is lmnb's built-in ``DEFAULT_MAX_NEW_TOKENS``.
+    """
+
+    max_tokens_option: str = RUN_MAX_TOKENS_OPTION
+    max_tokens_given: bool = False
+
+    def max_tokens_note(self) -> str:
+        """What to say of a gen without its own ``max_tokens`` whose request did not fit for the
+        ``max_new_tokens`` it took from these defaults: where that number came from, and the fix
+        in the front end's words."""
+        n = self.max_new_tokens
+        if self.max_tokens_given:
+            option = self.max_tokens_option.format(n)
+            return f"the gen has no max_tokens of its own and took {option}: give it its own max_tokens=N, or lower that"
+        return (f"the gen has no max_tokens of its own and took lmnb's default of {n}: give it its own max_tokens=N, "
+                f"or set {self.max_tokens_option.format('N')}")
+
+
 def dtype_regex(dtype: Any) -> tuple[str, Callable[[str], Any]]:
     """``(regex, parse)`` for ``gen(dtype=...)``: int, float, bool or str (also their names).
 

@@ -63,18 +63,24 @@ class Listener:
         self.active = False
 
 
+# How a cell's errors name its default max_tokens (``executor.max_tokens_option``): the option it is set by.
+CELL_MAX_TOKENS = "the cell's --max-tokens {}"
+
+
 def start_run(program, params: dict, backend, defaults: dict, listener: Listener, previous=None):
     """Start ``program`` streaming, on a new state or on a copy of ``previous`` (a ``ProgramState``).
 
     ``params`` are the program's arguments, ``defaults`` ``run`` keyword arguments (temperature,
     max_new_tokens, seed). Continuing works on a copy (``StreamExecutor.continuation``) so that a
     failed or interrupted cell leaves the named state as it was. Returns the running state at once.
+    Errors name the run's max_new_tokens as the cell's ``--max-tokens`` option (``CELL_MAX_TOKENS``).
     """
     import lmnb
+    from lmnb.executor import max_tokens_option
     from lmnb.interpreter import ProgramState
 
     state = ProgramState(previous.stream_executor.continuation()) if previous is not None else None
-    with lmnb.observe(listener):
+    with lmnb.observe(listener), max_tokens_option(CELL_MAX_TOKENS):
         return program.run(stream=True, backend=None if state is not None else backend, state=state,
                            **defaults, **params)
 

@@ -350,10 +350,6 @@ class LMMagics(Magics):
         self.finish(args, view, outcome, count, cell_id, rerun)
         if outcome.error is not None:
             message = _describe(outcome.error, filename)
-            if args.max_tokens is not None:  # the run's default max_new_tokens is the cell's option
-                from lmnb.executor import run_max_tokens
-
-                message = message.replace(run_max_tokens(args.max_tokens), f"the cell's --max-tokens {args.max_tokens}")
             # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
             if start is not None and "tokens exceeds the model's context length" in message:
                 message += self._overflow_hint(args.state, start)

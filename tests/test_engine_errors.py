@@ -188,6 +188,16 @@ def test_a_request_too_large_for_the_kv_pool_names_the_engine_arguments_that_fix
             "Gen('x') failed: ValueError: prompt of 10 tokens + max_tokens=30 does not fit the KV pool of 32 tokens; "
             "raise max_total_tokens, or lower max_tokens")
 
+        @lmnb.function
+        def default(s):
+            s += "w" * 10 + lmnb.gen("x")
+
+        # a gen without max_tokens: the 30 is the run's, which the message says, as for the context length
+        assert str(default.run(backend=lmnb.Engine(engine=eng), max_new_tokens=30).error()) == (
+            "Gen('x') failed: ValueError: prompt of 10 tokens + max_tokens=30 does not fit the KV pool of 32 tokens; "
+            "raise max_total_tokens, or lower max_tokens (the gen has no max_tokens of its own and took "
+            "run(max_new_tokens=30): give it its own max_tokens=N, or lower that)")
+
 
 def test_a_load_error_survives_pickling_with_its_fixes(tiny_llama):
     """(A tensor-parallel worker's error crosses a process boundary.)"""

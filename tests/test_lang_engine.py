@@ -367,7 +367,8 @@ def test_an_engine_refusal_names_gens_max_tokens_not_the_engines_max_new_tokens(
 
 def test_a_refusal_of_the_default_max_tokens_says_it_is_the_default(backend, hf, tiny_engine):
     """A gen without max_tokens on a long prompt was refused for "max_tokens=128", a number the user
-    never wrote: the message now says it is the default and that the gen can give its own."""
+    never wrote: the message now says it is the default and that the gen can give its own; a
+    run(max_new_tokens=128) the user did write is named as that."""
     limit = tiny_engine.context_len
     prompt = "x " * ((limit - 100) // 2)  # (two tokens each)
     n = len(hf[0].encode(prompt))
@@ -377,12 +378,17 @@ def test_a_refusal_of_the_default_max_tokens_says_it_is_the_default(backend, hf,
     def prog(s):
         s += prompt + sgl.gen("x")
 
+    refusal = (f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=128 exceeds the model's context "
+               f"length of {limit} tokens; shorten the prompt or lower max_tokens")
     for stream in (False, True):
         err = prog.run(backend=backend, stream=stream).error()
-        assert str(err) == (
-            f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=128 (the default of a gen without "
-            f"max_tokens) exceeds the model's context length of {limit} tokens; shorten the prompt or give the gen "
-            "its own smaller max_tokens=N")
+        assert str(err) == (f"{refusal} (the gen has no max_tokens of its own and took lmnb's default of 128: give it "
+                            "its own max_tokens=N, or set run(max_new_tokens=N))")
+    # run(max_new_tokens=128) given: the same number, but the run's, not lmnb's default (it was
+    # read as the default because it equals DEFAULT_MAX_NEW_TOKENS)
+    err = prog.run(backend=backend, max_new_tokens=128).error()
+    assert str(err) == (f"{refusal} (the gen has no max_tokens of its own and took run(max_new_tokens=128): give it "
+                        "its own max_tokens=N, or lower that)")
 
 
 def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_reports_it(backend, hf, tiny_engine):

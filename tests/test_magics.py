@@ -110,30 +110,62 @@ def test_state_continues_from_cache_and_a_failed_cell_leaves_it_unchanged(ip):
             "cell's text, or `%lm reset small` starts it afresh") in out9.stdout
 
 
+def _refused_for_max_tokens(ip, options: str, limit: int):
+    """(The refusal's expected start, the cell's outputs) of a ``{gen w}`` cell with ``options`` whose text
+    fits the context but not with ``limit`` new tokens."""
+    context_len = get_session().engine("test").context_len
+    text = "x " * ((context_len - limit + 10) // 2)
+    n = len(get_session().engine("test").encode(text))
+    assert n + limit > context_len > n  # the text fits; the text and the limit's new tokens do not
+    failed, out = run(ip, f"%%lm --static {options}\n" + text + "{gen w}")
+    assert not failed.success
+    return (f"prompt of {n} tokens + max_tokens={limit} exceeds the model's context length of {context_len} tokens; "
+            "shorten the prompt or lower max_tokens"), out
+
+
+def _view_text(out) -> str:
+    """The cell's view as it was left (its static text), with its error line."""
+    return next(o.data["text/plain"] for o in out.outputs if "── main ──" in o.data.get("text/plain", "")
+                and "error" in o.data["text/plain"])
+
+
 def test_a_gen_without_max_tokens_refused_for_the_default_says_so(ip):
     """{gen x} on a long prompt failed for "max_tokens=128", which the cell never wrote."""
-    context_len = get_session().engine("test").context_len
-    text = "x " * ((context_len - 100) // 2)
-    n = len(get_session().engine("test").encode(text))
-    assert n + 128 > context_len > n  # the text fits; the text and 128 new tokens do not
-    failed, out = run(ip, "%%lm --static\n" + text + "{gen w}")
-    assert not failed.success
-    assert (f"max_tokens=128 (the default of a gen without max_tokens) exceeds the model's context length of "
-            f"{context_len} tokens; shorten the prompt or give the gen its own smaller max_tokens=N") in out.stdout
+    refusal, out = _refused_for_max_tokens(ip, "", 128)
+    assert (f"{refusal} (the gen has no max_tokens of its own and took lmnb's default of 128: give it its own "
+            "max_tokens=N, or set the cell's --max-tokens N)") in out.stdout
 
 
 def test_a_gen_refused_for_the_cells_max_tokens_names_the_option(ip):
     """--max-tokens 30 made the refusal say "max_tokens=30 (the default of a gen without
-    max_tokens)", as if 30 were lmnb's own default; it names the cell's option now."""
+    max_tokens)", as if 30 were lmnb's own default; it names the cell's option now, in the cell's
+    error and in its view, which said "the run's max_new_tokens=30"."""
+    refusal, out = _refused_for_max_tokens(ip, "--max-tokens 30", 30)
+    said = (f"{refusal} (the gen has no max_tokens of its own and took the cell's --max-tokens 30: give it its own "
+            "max_tokens=N, or lower that)")
+    assert said in out.stdout
+    assert said in _view_text(out)
+
+
+def test_a_cells_max_tokens_of_128_is_named_as_the_cells_not_as_lmnbs_default(ip):
+    """--max-tokens 128 is lmnb's default number, but the cell set it: the refusal said it was the
+    default of a gen without max_tokens."""
+    refusal, out = _refused_for_max_tokens(ip, "--max-tokens 128", 128)
+    assert (f"{refusal} (the gen has no max_tokens of its own and took the cell's --max-tokens 128: give it its own "
+            "max_tokens=N, or lower that)") in out.stdout
+
+
+def test_a_python_cells_own_run_names_run_not_the_cells_option(ip):
+    """A --python cell's body that calls run(max_new_tokens=...) itself: that run's limit is the
+    Python call's, not the cell's --max-tokens (which only the cell's own program takes)."""
     context_len = get_session().engine("test").context_len
-    text = "x " * ((context_len - 20) // 2)
-    n = len(get_session().engine("test").encode(text))
-    assert n + 30 > context_len > n
-    failed, out = run(ip, "%%lm --static --max-tokens 30\n" + text + "{gen w}")
-    assert not failed.success
-    assert ("max_tokens=30 (from the cell's --max-tokens 30, the default of a gen without max_tokens) exceeds the "
-            f"model's context length of {context_len} tokens; shorten the prompt or give the gen its own smaller "
-            "max_tokens=N") in out.stdout
+    ip.user_ns["long_text"] = "x " * ((context_len - 20) // 2)
+    ip.user_ns["errors"] = errors = []
+    failed, out = run(ip, "%%lm --python --static --max-tokens 5\n"
+                          "@lmnb.function\ndef inner(t):\n    t += long_text + lmnb.gen('w')\n"
+                          "errors.append(str(inner.run(max_new_tokens=30).error()))")
+    assert failed.success, out.stdout
+    assert errors[0].endswith("took run(max_new_tokens=30): give it its own max_tokens=N, or lower that)")
 
 
 def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):

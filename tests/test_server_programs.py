@@ -682,8 +682,13 @@ def test_a_servers_refusal_of_the_default_max_tokens_says_it_is_the_default(back
         err = prog.run(backend=remote, stream=stream).error()
         assert isinstance(err.__cause__, BackendError)
         assert str(err).endswith(
-            f"prompt of {n} tokens + max_tokens=128 (the default of a gen without max_tokens) exceeds the model's "
-            f"context length of {ctx_len} tokens; shorten the prompt or give the gen its own smaller max_tokens=N")
+            f"prompt of {n} tokens + max_tokens=128 exceeds the model's context length of {ctx_len} tokens; shorten the "
+            "prompt or lower max_tokens (the gen has no max_tokens of its own and took lmnb's default of 128: give it "
+            "its own max_tokens=N, or set run(max_new_tokens=N))")
+    # run(max_new_tokens=128) given: the same number, which the user set (it was read as lmnb's default)
+    assert str(prog.run(backend=remote, max_new_tokens=128).error()).endswith(
+        "lower max_tokens (the gen has no max_tokens of its own and took run(max_new_tokens=128): give it its own "
+        "max_tokens=N, or lower that)")
 
 
 def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
@@ -701,9 +706,9 @@ def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
 
     for backend in (local, remote):
         assert str(prog.run(backend=backend, max_new_tokens=30).error()).endswith(
-            f"prompt of {n} tokens + max_tokens=30 (from the run's max_new_tokens=30, the default of a gen without "
-            f"max_tokens) exceeds the model's context length of {ctx_len} tokens; shorten the prompt or give the gen "
-            "its own smaller max_tokens=N")
+            f"prompt of {n} tokens + max_tokens=30 exceeds the model's context length of {ctx_len} tokens; shorten the "
+            "prompt or lower max_tokens (the gen has no max_tokens of its own and took run(max_new_tokens=30): give "
+            "it its own max_tokens=N, or lower that)")
 
 
 def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):

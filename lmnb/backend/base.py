@@ -57,7 +57,12 @@ DELTA_TOKENS = "delta_tokens"
 
 
 class BackendError(RuntimeError):
-    """A backend call failed (server error, bad response); the message names the call and cause."""
+    """A backend call failed (server error, bad response); the message names the call and cause.
+    ``reason``: the server's JSON error's ``"reason"`` (lmnb serve's ``DOES_NOT_FIT``), else None."""
+
+    def __init__(self, message: str = "", reason: Optional[str] = None):
+        super().__init__(message)
+        self.reason = reason
 
 
 class BackendAuthError(BackendError):

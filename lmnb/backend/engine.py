@@ -289,14 +289,17 @@ class Engine(AssignableChatTemplate, BaseBackend):
     def _worded_refusal(self) -> Iterator[None]:
         """Reword the engine's refusal of a request (a ``ValueError``) raised within, for the program
         and its front end: in ``gen()``'s names (``in_gen_names``), and naming the engine's options
-        as the front end that made this backend does (``_worded``)."""
+        as the front end that made this backend does (``_worded``). The refusal's ``reason`` is kept
+        (the executor reads ``DOES_NOT_FIT``: a gen's default max_tokens did not fit)."""
         try:
             yield
         except ValueError as e:
             shown = in_gen_names(self._worded(e))
             if shown == str(e):
                 raise
-            raise ValueError(shown) from None
+            worded = ValueError(shown)
+            worded.reason = getattr(e, "reason", None)
+            raise worded from None
 
     def offline_generate(self, prompt: Any = None, sampling_params: Optional[dict] = None, input_ids: Any = None,
                          return_logprob: bool = False, logprob_start_len: Optional[int] = None,

@@ -232,7 +232,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             raise self._failure(what, e, quick) from None
         if r.status_code >= 400:
             hint = not_found if r.status_code == 404 else _busy() if r.status_code == 503 else ""
-            raise _http_failure(what, r.status_code, _error_text(content), hint)
+            raise _http_failure(what, r.status_code, _error_text(content), hint, _error_reason(content))
         _refuse_redirect(r, what)
         if not reply:
             return None
@@ -376,7 +376,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             try:
                 res = self._request("POST", "/generate", data, call=call)
             except BackendError as e:  # (the server names SGLang's sampling parameters)
-                raise type(e)(in_gen_names(str(e))) from None  # (a BackendAuthError stays one)
+                raise type(e)(in_gen_names(str(e)), e.reason) from None  # (a BackendAuthError stays one)
         results = [self._result(it, f"POST {self.base_url}/generate") for it in (res if isinstance(res, list) else [res])]
         if len(results) != (params.n or 1):  # (the executor reads one sample per asked one)
             raise BackendError(f"POST {self.base_url}/generate returned {len(results)} results for n={params.n or 1}")
@@ -407,9 +407,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                     yield "", {"finish_reason": aborted_reason()}
                     return
                 if r.status_code >= 400:
-                    error = _error_text(_read_body(r, f"POST {self.base_url}/generate"))
-                    raise _http_failure(f"POST {self.base_url}/generate", r.status_code, in_gen_names(error),
-                                        _busy() if r.status_code == 503 else "")
+                    content = _read_body(r, f"POST {self.base_url}/generate")
+                    raise _http_failure(f"POST {self.base_url}/generate", r.status_code,
+                                        in_gen_names(_error_text(content)), _busy() if r.status_code == 503 else "",
+                                        _error_reason(content))
                 _refuse_redirect(r, what)
                 text, meta, done = "", {}, False
                 incremental = self._incremental_output()
@@ -720,10 +721,23 @@ def _read_body(r: Any, what: str) -> bytes:
     return b"".join(parts)
 
 
-def _http_failure(what: str, status: int, words: str, hint: str = "") -> BackendError:
+def _http_failure(what: str, status: int, words: str, hint: str = "", reason: Optional[str] = None) -> BackendError:
     """The error of the call ``what`` that the server answered with HTTP ``status`` (>= 400) and
-    ``words``: a ``BackendAuthError`` for 401 (its API key), else a ``BackendError``."""
-    return (BackendAuthError if status == 401 else BackendError)(f"{what}: HTTP {status}: {words}{hint}")
+    ``words`` and ``reason`` (the error's, ``_error_reason``): a ``BackendAuthError`` for 401 (its
+    API key), else a ``BackendError``."""
+    return (BackendAuthError if status == 401 else BackendError)(f"{what}: HTTP {status}: {words}{hint}", reason)
+
+
+def _error_reason(content: bytes) -> Optional[str]:
+    """The ``"reason"`` of the server's JSON error in ``content`` (an lmnb serve extension), None
+    where it gives none (SGLang's server, a proxy, a body that is not JSON)."""
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    reason = error.get("reason") if isinstance(error, dict) else None
+    return reason if isinstance(reason, str) else None
 
 
 def _error_text(content: bytes) -> str:
