@@ -9,10 +9,12 @@ manages the session (``lmnb_kernel.commands``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import sys
 import traceback
+from typing import Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
@@ -320,40 +322,33 @@ class LMMagics(Magics):
             view.on_text("main", start.text(), source=f"state {args.state!r}")
         if not args.quiet:
             view.show()
-        try:
-            backend = self.session.backend()
-        except KeyboardInterrupt:  # (held while loading: the model is loaded, the cell stops)
-            view.finish("interrupted")
-            raise
-        except BaseException as e:
-            view.finish("error", error=e)
-            raise
-        if starting:
-            view.loaded(self._prefix_chars())
-        listener = Listener()
-        try:
-            state = start_run(program, params, backend, defaults, listener, start)
-        except KeyboardInterrupt:  # (the body may have started: stop every program it began)
-            for executor in list(listener.roots):
-                executor.abort()
-            view.finish("interrupted")
-            raise cell_interrupt("the cell was stopped as it started; the named state is as it was") from None
-        feeder = ViewFeeder(view, state.stream_executor.sid)
-        try:
-            outcome = run_cell(state, listener, feeder, view)
-        except KeyboardInterrupt as interrupt:
-            outcome = getattr(interrupt, "lmnb_outcome", None)  # None: a second Ctrl-C cut the abort short
-            if outcome is not None:
-                self.finish(args, view, outcome, count, cell_id, rerun)
-            raise cell_interrupt("the cell was stopped; its output so far and the variables it finished are "
-                                  "kept") from None
-        self.finish(args, view, outcome, count, cell_id, rerun)
-        if outcome.error is not None:
-            message = _describe(outcome.error, filename)
-            # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
-            if start is not None and "tokens exceeds the model's context length" in message:
-                message += self._overflow_hint(args.state, start)
-            raise CellError(message) from outcome.error
+        with _ending(view):  # (whatever it raises from here on ends the view too)
+            backend = self.session.backend()  # (Ctrl-C is held while loading: the model is loaded, the cell stops)
+            if starting:
+                view.loaded(self._prefix_chars())
+            listener = Listener()
+            try:
+                state = start_run(program, params, backend, defaults, listener, start)
+            except KeyboardInterrupt:  # (the body may have started: stop every program it began)
+                for executor in list(listener.roots):
+                    executor.abort()
+                raise cell_interrupt("the cell was stopped as it started; the named state is as it was") from None
+            feeder = ViewFeeder(view, state.stream_executor.sid)
+            try:
+                outcome = run_cell(state, listener, feeder, view)
+            except KeyboardInterrupt as interrupt:
+                outcome = getattr(interrupt, "lmnb_outcome", None)  # None: a second Ctrl-C cut the abort short
+                if outcome is not None:
+                    self.finish(args, view, outcome, count, cell_id, rerun)
+                raise cell_interrupt("the cell was stopped; its output so far and the variables it finished are "
+                                      "kept") from None
+            self.finish(args, view, outcome, count, cell_id, rerun)
+            if outcome.error is not None:
+                message = _describe(outcome.error, filename)
+                # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
+                if start is not None and "tokens exceeds the model's context length" in message:
+                    message += self._overflow_hint(args.state, start)
+                raise CellError(message) from outcome.error
 
     def _overflow_hint(self, name: str, state) -> str:
         """What to do about a ``--state`` cell whose prompt went past the model's context: the state
@@ -458,6 +453,24 @@ def _tokens(model) -> dict:
     if model.unfinished_gens:  # their prompts are in no count: the summary says "unknown", not a false 0
         tokens["unreported_prompts"] = model.unfinished_gens
     return tokens
+
+
+@contextlib.contextmanager
+def _ending(view) -> Iterator[None]:
+    """End ``view`` as interrupted (Ctrl-C) or as an error with whatever is raised within, then let
+    it go on: a view left "running" by a cell that raised (the program's thread could not start)
+    looked like a cell still running, and ``lmnb run --allow-errors`` reported the failed cell as
+    an unfinished view, cut short by a late update. A view already ended is left as it is."""
+    try:
+        yield
+    except BaseException as e:
+        if not view.finished:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            try:
+                view.finish("interrupted" if interrupted else "error", error=None if interrupted else e)
+            except KeyboardInterrupt:  # (Ctrl-C while it draws) the cell's own exception still ends the cell
+                pass
+        raise
 
 
 def _describe(error: BaseException, filename: str) -> str:

@@ -168,6 +168,22 @@ def test_a_python_cells_own_run_names_run_not_the_cells_option(ip):
     assert errors[0].endswith("took run(max_new_tokens=30): give it its own max_tokens=N, or lower that)")
 
 
+def test_a_cell_that_raises_as_its_program_starts_ends_its_view_as_an_error(ip, monkeypatch):
+    """Only Ctrl-C ended the view when the program could not start (its thread, here): the view was
+    left saying "running", as if the cell still ran, though the cell had raised."""
+    import lmnb_kernel.magics
+
+    def no_thread(*args, **kwargs):
+        raise RuntimeError("run(stream=True) could not start the thread for the program body")
+
+    monkeypatch.setattr(lmnb_kernel.magics, "start_run", no_thread)
+    failed, out = run(ip, "%%lm --static\nHello{gen w max_tokens=2}")
+    assert isinstance(failed.error_in_exec, RuntimeError)
+    views = [o for o in out.outputs if (o.metadata or {}).get("lmnb", {}).get("view") == "run"]
+    assert views[-1].metadata["lmnb"]["status"] == "error"
+    assert "RuntimeError: run(stream=True) could not start the thread" in views[-1].data["text/plain"]
+
+
 def test_fork_join_gathers_branch_values_and_select_picks_a_choice(ip):
     ip.user_ns["colors"] = ["red", "blue"]
     cell = ("%%lm --static --temperature 0\nPick:\n{fork c in colors}\nThe {c} one is{gen why max_tokens=4}\n{join}\n"

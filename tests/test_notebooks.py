@@ -583,6 +583,31 @@ def test_a_views_last_update_may_come_late_and_one_that_never_comes_in_time_is_r
         ["done", "done"], ["running"]]  # cell 2: its final view and its summary
 
 
+def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_view(tmp_path, capsys, monkeypatch):
+    """A %%lm cell that raised after its view was shown but where nothing ended the view (here its
+    program's thread could not start: cell 1 makes it so) left the view saying "running": with
+    --allow-errors, lmnb run reported it as an unfinished view cut short by a late update ("run the
+    notebook again", exit 1). It is the cell that raised, and its view says so."""
+    from lmnb_kernel.run import run
+
+    monkeypatch.delenv("LMNB_MODEL", raising=False)  # the built-in demo model
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    no_thread = ("import lmnb_kernel.magics\n"
+                 "def no_thread(*args, **kwargs):\n"
+                 "    raise RuntimeError(\"run(stream=True) could not start the thread for the program body\")\n"
+                 "lmnb_kernel.magics.start_run = no_thread")
+    src = _notebook(tmp_path / "nb.ipynb", no_thread, "%%lm\nHello {gen a max_tokens=3}", "x = 1")
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=600, allow_errors=True)
+    assert run(args) == 0
+    captured = capsys.readouterr()
+    assert "unfinished" not in captured.err
+    assert "\n  cells that raised: 1: cell 2 (RuntimeError)\n" in captured.out
+    views = [o for o in nbformat.read(out, as_version=4).cells[1].outputs if o.get("metadata", {}).get("lmnb")]
+    assert [o["metadata"]["lmnb"]["status"] for o in views] == ["error"]
+    assert "could not start the thread" in views[0]["data"]["text/plain"]
+
+
 @pytest.mark.parametrize("sig, said", [(signal.SIGINT, "lmnb: interrupted"),
                                        (signal.SIGTERM, "lmnb: terminated (SIGTERM)")])
 def test_ctrl_c_or_sigterm_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_path, sig, said):
