@@ -694,7 +694,7 @@ def test_a_servers_refusal_of_the_default_max_tokens_says_it_is_the_default(back
 def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
     """run(max_new_tokens=30) and a gen without max_tokens too long for the context: the message
     called 30 "the default of a gen without max_tokens", as if it were lmnb's own 128."""
-    local, remote, _ = backends
+    local, remote, url = backends
     ctx_len = engines[1].context_len
     prompt = "x " * ((ctx_len - 20) // 2)
     n = len(engines[1].encode(prompt))
@@ -709,6 +709,12 @@ def test_a_refusal_of_the_runs_max_new_tokens_names_it(backends, engines):
             f"prompt of {n} tokens + max_tokens=30 exceeds the model's context length of {ctx_len} tokens; shorten the "
             "prompt or lower max_tokens (the gen has no max_tokens of its own and took run(max_new_tokens=30): give "
             "it its own max_tokens=N, or lower that)")
+    # lmnb.OpenAI on lmnb serve's /v1 routes reads the same reason in their error
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+    assert str(prog.run(backend=completion, max_new_tokens=30).error()).endswith(
+        f"+ max_tokens=30 exceeds the model's context length of {ctx_len} tokens; shorten the prompt or lower max_tokens "
+        "(the gen has no max_tokens of its own and took run(max_new_tokens=30): give it its own max_tokens=N, or "
+        "lower that)")
 
 
 def test_gen_stop_regex_cuts_alike_in_process_native_and_openai(backends):

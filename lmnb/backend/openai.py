@@ -313,7 +313,8 @@ class OpenAI(BaseBackend):
                 # the server's root URL given as base_url: its OpenAI routes are one level down
                 message += (f"; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
                             f"base_url={root + '/v1'!r}")
-            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}") from None
+            reason = body.get("reason") if isinstance(body.get("reason"), str) else None  # (lmnb serve's DOES_NOT_FIT)
+            raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}", reason) from None
         except self._openai.APITimeoutError:
             raise self._timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
         except self._openai.APIError as e:

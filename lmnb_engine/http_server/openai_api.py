@@ -282,7 +282,8 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
         if field == "rid" and len(rids) > 1:
             return rid_clash(rid, rids, k)
         message = _api_names(client_message(e), req, refused_value(e, field, rids[k]))
-        return entry_error(RequestError(message, param=_refused_param(req, field)), k, per_prompt)
+        error = RequestError(message, param=_refused_param(req, field), reason=getattr(e, "reason", None))
+        return entry_error(error, k, per_prompt)
 
     return await ctx.submit_response(rid, prompts, params, rids, refused)
 
