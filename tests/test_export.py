@@ -392,6 +392,34 @@ def test_a_global_a_function_sets_is_read_as_the_script_global_in_run_row(tmp_pa
 
 
 @pytest.mark.parametrize("setup, cells", [
+    (_SETG, ["g = 1\nsetg()\nr = str(g)"]),
+    (_SETG, ["g = 1", "setg()\nr = str(g)"]),
+    ("g = 0\n" + _SETG, ["r = str(g)\ng = 1\nsetg()\nr += str(g)"]),  # (each row starts from the set-up's 0)
+    (_SETG, ["from math import *\ng = 1\nsetg()\nr = str(g)"]),
+])
+def test_a_global_a_setup_function_sets_is_the_one_the_row_cells_set_too(tmp_path, monkeypatch, setup, cells):
+    # a per-row cell's `g = 1` made g run_row's own variable, while the set-up's setg() set the script's
+    # global: the row read its own g (1) after setg(), where the notebook's read 5
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r} {g}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them
+    for code in [setup, *cells]:
+        exec(code, notebook_ns)
+    assert notebook_ns["g"] == 5 and notebook_ns["r"] in ("5", "05")
+    # two rows, one at a time: each row starts where the cells run once left g, as each notebook pass does
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
+    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    assert prompts == ["B", f"{notebook_ns['r']} 5", "C", f"{notebook_ns['r']} 5"]
+    assert ("cell 1: g, which a function of this cell (run once) sets by `global`, is set by the cells that run "
+            "per row too: the job keeps one g, the script's global, as the notebook does, which the rows share, so "
+            "rows running at once (--num-threads above 1) may read each other's value; return the value from the "
+            "function instead, or run the job with --num-threads 1") in p.notes
+
+
+@pytest.mark.parametrize("setup, cells", [
     ("", ["from math import *\ndel pow\nr = str(pow(2, 2))"]),
     ("", ["from math import *", "if True: del pow  # c\nr = str(pow(2, 2))"]),  # (after it on its line)
     ("pow = 5", ["from math import *\ndel pow\nr = str(pow(2, 2))"]),  # (the set-up's value is deleted too)
@@ -1839,29 +1867,31 @@ def test_a_python_cells_choices_that_are_no_literal_repeats_export(body):
     export_notebook(notebook("import numpy as np", "%%lm --python\n" + body))
 
 
-def _load_job(source: str, monkeypatch, rows, out) -> dict:
+def _load_job(source: str, monkeypatch, rows, out, options=()) -> dict:
     """The exported script ``source`` run as a module (not as __main__), its command line set to
-    ``--input rows --output out --no-progress``; returns its namespace (``job``, ``run_row``, ...).
+    ``--input rows --output out --no-progress`` and ``options``; returns its namespace (``job``, ``run_row``, ...).
     Until the test ends the process's IPython shell, if another test module started one, is
     hidden, as it is from ``python job.py``: Jupyter's ``display`` prints ``str(value)`` without a
     shell and publishes ``repr(value)`` with one, so the jobs' output depended on test order."""
     from IPython.core.interactiveshell import InteractiveShell
 
     monkeypatch.setattr(InteractiveShell, "_instance", None)
-    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress"])
+    monkeypatch.setattr(sys, "argv", ["job.py", "--input", str(rows), "--output", str(out), "--no-progress",
+                                      *options])
     ns = {"__name__": "exported"}
     exec(compile(source, "job.py", "exec"), ns)
     return ns
 
 
-def _run_job_rows(source: str, monkeypatch, rows, exit_code: int = 1) -> tuple[list, list]:
+def _run_job_rows(source: str, monkeypatch, rows, exit_code: int = 1, options=()) -> tuple[list, list]:
     """(the results by row, the prompts sent, in order) of the exported script ``source`` run on
-    the input file ``rows`` with a backend that answers "!"; the job must exit ``exit_code``."""
+    the input file ``rows`` (with the job's ``options``) with a backend that answers "!"; the job
+    must exit ``exit_code``."""
     from helpers_export import read_results
     from helpers_lang import ScriptedBackend
 
     out = rows.parent / f"{rows.name}.out.jsonl"
-    ns = _load_job(source, monkeypatch, rows, out)
+    ns = _load_job(source, monkeypatch, rows, out, options)
     backend = ScriptedBackend(lambda prompt, params: "!")
     assert ns["job"].run(ns["run_row"], backend=backend) == exit_code
     prompts = [c[1][0].text for c in backend.calls if c[0] == "generate"]

@@ -267,6 +267,20 @@ class Job:
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.args: Optional[argparse.Namespace] = None
         self.parameter_values: dict = {}
+        self._kept: dict = {}  # (keep)
+
+    def keep(self, namespace: dict, /, *names: str) -> None:
+        """Keep the values that ``namespace`` (the script's globals, once the cells run once ran)
+        holds for ``names``: those that a function sets by ``global`` and the cells run per row set
+        too, one variable the rows share; ``restore`` gives them back at the start of each row, as
+        each pass of the notebook starts from them. A name ``namespace`` lacks is not kept."""
+        self._kept = {name: namespace[name] for name in names if name in namespace}
+
+    def restore(self, namespace: dict) -> None:
+        """Set the names ``keep`` kept in ``namespace`` to a copy of their kept values (``row_copy``:
+        what a row changes in place is its own)."""
+        for name, value in self._kept.items():
+            namespace[name] = row_copy(value)
 
     def _parser(self) -> argparse.ArgumentParser:
         return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model,

@@ -55,9 +55,10 @@ class Plan:
     that a row cell binds and a row cell reads: run_row's variables, which start as the builtin
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
     cell raised UnboundLocalError). shared: the names that a function of a row cell declares
-    ``global`` and binds (but row fields): the script's globals in run_row too, as in the notebook,
-    where the function and the cells' code set one variable (run_row's own hid what the function
-    set); rows share them. jupyter: Jupyter's
+    ``global`` and binds, and those that a function of a setup cell declares so and a row cell binds
+    (but row fields): the script's globals in run_row too, as in the notebook, where the function
+    and the cells' code set one variable (run_row's own hid what the function set); rows share them,
+    and each row starts from the value the setup cells left (``Job.keep``). jupyter: Jupyter's
     built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
     them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -160,11 +161,10 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     for c in moved:
         _check_strippable(c, p.strip[c.index])
     p.jupyter = _jupyter_builtins(cells)
-    p.shared = tuple(dict.fromkeys(n for c in row if isinstance(c, Code) for n in c.declared_globals
-                                   if n not in p.inputs))
-    p.copied = _copied(setup, row, p.inputs + p.shared, parameters + p.jupyter)
     # (a name a set-up function sets by `global` is read as the script's global: a copy hid what a call set)
     declared = tuple(n for c in setup if isinstance(c, Code) for n in c.declared_globals)
+    p.shared = _shared(row, declared, p.inputs)
+    p.copied = _copied(setup, row, p.inputs + p.shared, parameters + p.jupyter)
     p.star_locals = _star_locals(setup, row, p.inputs + p.copied + p.shared + declared, parameters + p.jupyter)
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
@@ -193,14 +193,34 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         if isinstance(c, Code) and c.declared_globals:
             shown = ", ".join(c.declared_globals)
             p.notes.append(f"cell {c.index}: a function of this cell, which runs per row, sets {shown} by `global`: "
-                           "the rows share the script's globals, so rows running at once (--num-threads above 1) "
-                           "may read each other's value; return the value from the function instead, or run the "
-                           "job with --num-threads 1")
+                           f"the rows share the script's globals, {_RACE}")
+    for c in setup:
+        shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in p.shared)
+        if shown:
+            p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) sets by `global`, is "
+                           f"set by the cells that run per row too: the job keeps one {shown}, the script's global, "
+                           f"as the notebook does, which the rows share, {_RACE}")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
             p.notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
     return p
+
+
+# What sharing the script's globals between rows means, and the fixes
+_RACE = ("so rows running at once (--num-threads above 1) may read each other's value; return the value from the "
+         "function instead, or run the job with --num-threads 1")
+
+
+def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
+    """``Plan.shared``: the names that a function of a row cell declares ``global`` and binds, and
+    those of ``declared`` (what the setup cells' functions declare so) that a row cell binds too,
+    but row fields (``inputs``)."""
+    bound = set()
+    for c in row:
+        bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
+    names = [n for c in row if isinstance(c, Code) for n in c.declared_globals] + [n for n in declared if n in bound]
+    return tuple(n for n in dict.fromkeys(names) if n not in inputs)
 
 
 def _moved_setup_cells(before: list, after: list, examples: set) -> list:

@@ -35,6 +35,7 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     for cell in p.setup + [c for c in p.row if isinstance(c, LMCell)]:
         parts.append(w.module_cell(cell))
     parts.append(w.star_imports())
+    parts.append(w.keep())
     parts.append(w.run_row())
     # Prefix hints trace each program once before the rows; a --python body is the user's own code,
     # whose side effects (a print, a file or API write) would run an extra time, on placeholders.
@@ -232,6 +233,19 @@ class _Writer:
         modules = list(dict.fromkeys(m for c in self.p.setup if isinstance(c, Code) for m in c.star_imports))
         return f"({', '.join(map(repr, modules))}{',' * (len(modules) == 1)})"
 
+    def kept(self) -> list:
+        """The names of ``Plan.shared`` that the setup cells (or the parameters) bind: each row starts
+        from the value they left (``Job.keep``)."""
+        setup = set(self.p.parameters).union(*(c.assigns for c in self.p.setup if isinstance(c, Code)))
+        return [name for name in self.p.shared if name in setup]
+
+    def keep(self) -> str:
+        """The module-level line that keeps the values of ``kept()`` (``Job.keep``); empty if none."""
+        if not self.kept():
+            return ""
+        return (f"# set by a function's `global`, and in each row: each row starts from the value the cells run once "
+                f"left\n{self.names.job}.keep(globals(), {', '.join(map(repr, self.kept()))})")
+
     def run_row(self) -> str:
         n, p = self.names, self.p
         cells = _ranges([c.index for c in p.row if isinstance(c, (Code, LMCell))])
@@ -244,6 +258,8 @@ class _Writer:
             name in (c.assigns if isinstance(c, Code) else self.lm_sets(c)) for c in p.row if isinstance(c, (Code, LMCell)))]
         if shared:
             body.append(f"global {', '.join(shared)}  # set by a function's `global` too: the script's, which rows share")
+        if self.kept():
+            body.append(f"{n.job}.restore(globals())  # {', '.join(self.kept())}: as the cells run once left them")
         for name in p.copied:
             body.append(f'{name} = {n.job}.row_copy(globals()["{name}"])  # changed below: each row starts '
                         "from the module value")
