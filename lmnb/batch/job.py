@@ -84,7 +84,7 @@ def _star_names(module: str) -> dict:
 
 
 def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
-                functions: Optional[dict] = None) -> None:
+                functions: Optional[dict] = None, early: Optional[dict] = None) -> None:
     """``from module import *`` for each of ``modules`` in order (a later one's name wins) into
     ``namespace`` (the script's globals), but for the names it holds already. The script makes a
     per-row cell's star imports so, at module level (a function cannot make one): they give the
@@ -98,17 +98,23 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
     that a function (or class) of the cells run once reads: one that a module of ``modules`` sets is
     said on stderr, as that function reads the script's global, which the rows' imports leave as it
     is (rows run at once, so a row cannot change it), where the notebook's read the module's value
-    after the import.
+    after the import. ``early``: "f (cell 1)" → (where the rows use that function of the cells run
+    once above their last star import, the names it reads but the notebook's variables): one that
+    ``modules`` set here is said on stderr, as the function reads the module's value from the start
+    of every row, where the notebook's read it only from the import on (rows run at once, so a row
+    cannot give it the value it had before its import).
 
     Raises:
         ImportError: a module cannot be imported."""
     names: dict = {}
     setters: dict = {}  # name → the first of modules that sets it
+    last: dict = {}  # name → the module whose value it takes: the last that sets it
     for module in modules:
         found = _star_names(module)
         names.update(found)
         for name in found:
             setters.setdefault(name, module)
+            last[name] = module
     earlier: dict = {}
     for module in over:
         earlier.update(_star_names(module))
@@ -118,6 +124,14 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
             namespace[name] = value
         else:
             kept.add(name)
+    for function, (where, reads) in (early or {}).items():
+        short = function.split(" (")[0]
+        for name in (n for n in reads if n in names and n not in kept):
+            print(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {last[name]} import *` sets, "
+                  f"and the row uses {short} above that import ({where}): in the notebook {short} read the {name} it "
+                  f"had before the import there, in this job it reads {last[name]}'s {name} from the start of every "
+                  f"row; pass {name} to {short} as an argument, or use `import {last[name]}` and {last[name]}.{name} "
+                  "instead of the star import", file=sys.stderr)
     for function, reads in (functions or {}).items():
         for name in (n for n in reads if n in kept):
             print(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {setters[name]} import *` "

@@ -63,7 +63,11 @@ class Plan:
     them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
     globals, which a row's import leaves as they are (the job warns when it sets one:
-    ``Job.star_import``).
+    ``Job.star_import``). early_reads: where a row cell star-imports, "f (cell 1)" → (where the row
+    uses it above its last star import: "cell 3, line 1", or "through g, cell 3, line 1" for a setup
+    function g that reads f; the names but the module-level ones that f reads): the script makes the
+    import before the rows, so f reads the module's names from the start of every row (the job warns
+    when the import sets one: ``Job.star_import``), where the notebook's read them from the import on.
     """
 
     cells: list
@@ -84,6 +88,7 @@ class Plan:
     types: dict = field(default_factory=dict)
     jupyter: tuple = ()
     function_reads: dict = field(default_factory=dict)
+    early_reads: dict = field(default_factory=dict)
     backend: Backend = field(default_factory=Backend)
     notes: list = field(default_factory=list)
 
@@ -172,6 +177,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     functions = _setup_functions(setup)
     if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
         p.function_reads = _function_reads(setup, functions, parameters)
+        p.early_reads = _early_reads(functions, row, _module_names(setup, parameters))
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
                                      or n in p.star_names or n in p.rebound_builtins)
@@ -438,6 +444,50 @@ def _function_reads(setup: list, functions: list, parameters: tuple) -> dict:
     module = _module_names(setup, parameters)
     return {f"{name} (cell {index})": tuple(n for n in reads if n in module)
             for index, name, reads in functions if set(reads) & module}
+
+
+def _early_reads(functions: list, row: list, module: set) -> dict:
+    """``Plan.early_reads``, of the setup cells' ``functions`` (``_setup_functions``); ``module``:
+    the module-level names (``_module_names``)."""
+    defined = {name: (index, reads) for index, name, reads in functions}  # (a later definition wins, as it runs)
+    out: dict = {}
+    for used, where in _used_above_star_imports(row).items():
+        todo, seen = [used], set()
+        while todo:  # the setup function the row uses, and those it reads (calls), and so on
+            name = todo.pop()
+            if name in seen or name not in defined:
+                continue
+            seen.add(name)
+            index, reads = defined[name]
+            todo += reads
+            names = tuple(n for n in reads if n not in module)
+            if names:
+                out.setdefault(f"{name} (cell {index})", ((f"through {used}, " if name != used else "") + where, names))
+    return out
+
+
+def _used_above_star_imports(row: list) -> dict:
+    """Name → where the row cells first read it ("cell 3, line 1"; "cell 3" for a ``%%lm`` cell)
+    above the last star import of a row cell."""
+    import ast
+
+    last = max(c.index for c in row if isinstance(c, Code) and c.star_imports)
+    out: dict = {}
+    for c in row:
+        if c.index > last:
+            break
+        if isinstance(c, LMCell):
+            out.update({n: f"cell {c.index}" for n in c.reads if n not in out})
+        elif isinstance(c, Code):
+            body = ast.parse(c.source).body
+            if c.index == last:  # (the statements above its last star import; one in a block is refused later)
+                body = body[:max((i for i, s in enumerate(body) if isinstance(s, ast.ImportFrom)
+                                  and s.names[0].name == "*"), default=len(body))]
+            loads = sorted((n.lineno, n.col_offset, n.id) for s in body for n in ast.walk(s)
+                           if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+            for line, _, name in loads:
+                out.setdefault(name, f"cell {c.index}, line {line}")
+    return out
 
 
 def _backend(setup: list, row: list) -> tuple[Backend, list]:

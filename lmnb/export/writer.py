@@ -223,6 +223,8 @@ class _Writer:
         over = f", over={earlier}" if earlier != "()" else ""
         if self.p.function_reads:
             over += f", functions={self.p.function_reads!r}"
+        if self.p.early_reads:
+            over += f", early={self.p.early_reads!r}"
         return (f"# -- the star imports of {'cell' if cells.isdigit() else 'cells'} {cells}, which run per row: here, "
                 "as a function (run_row) cannot make one,\n# for the functions of the cells run once; run_row's "
                 "variables take the module's values where the cell imports\n"
