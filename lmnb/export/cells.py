@@ -316,17 +316,18 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
         raise ExportError(f"cell {index}, line {awaited + first_line - 1}: top-level await (IPython runs it, a script cannot); "
                           "put the code in an async function and call it with asyncio.run(...)")
     code.source = text.rstrip("\n")  # (its blank lines above stay: the lines of tree and source are the cell's)
-    try:
-        code.reads, code.uses, code.assigns = names(text, tree)
+    try:  # (one symbol table for the names and the globals its functions declare)
+        table = symtable.symtable(text, "<cell>", "exec")
     except SyntaxError as e:  # what ast.parse lets by and symtable refuses, as Python does (import * in a def)
         raise ExportError(f"cell {index}, line {(e.lineno or 1) + first_line - 1}: invalid Python: {e.msg}") from None
+    code.reads, code.uses, code.assigns = names(table, tree)
     code.bindings, code.string_assignments = _bindings(tree)
     if f"def {TIMEIT_BODY}(): " in code.source:  # (%timeit STATEMENT lines: the function is the script's, no variable)
         code.source = re.sub(rf"(?m)^(\s*)def {TIMEIT_BODY}\(\): .*$", rf"\g<0>\n\g<1>{TIMEIT_BODY}()", code.source)
         code.assigns = tuple(n for n in code.assigns if n != TIMEIT_BODY)
         code.bindings = tuple(b for b in code.bindings if b[0] != TIMEIT_BODY)
     code.mutates = _mutated(tree)
-    code.declared_globals = declared_globals(text)
+    code.declared_globals = tuple(_declared_global_bindings(table))
     code.star_imports = tuple("." * n.level + (n.module or "") for n in ast.walk(tree)
                               if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"
                               and not (n.module in _LMNB_MODULES and n.level == 0))
@@ -465,15 +466,15 @@ def _lm_command(code: Code, line: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- names
-def names(source: str, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
+def names(table: symtable.SymbolTable, tree: ast.Module) -> tuple[tuple, tuple, tuple]:
     """(names the code reads from outside; every global it reads; names bound at top level, or by a
-    function that declares them ``global``); the first two in order of first use.
+    function that declares them ``global``); the first two in order of first use. ``table`` and
+    ``tree``: the code's symbol table (``symtable.symtable(source, "<cell>", "exec")``) and syntax tree.
 
     A global (``symtable``: read at top level or from inside a function) counts as read from
     outside unless a top-level statement binds it before the first statement that reads it
     (a statement's reads come before its own binding, as in ``x = x + 1``).
     """
-    table = symtable.symtable(source, "<cell>", "exec")
     read = {s.get_name() for s in table.get_symbols() if s.is_referenced()} | _nested_globals(table)
     first_read: dict = {}  # name -> index of the first top-level statement reading it
     first_bound: dict = {}
