@@ -419,6 +419,34 @@ def test_a_global_a_setup_function_sets_is_the_one_the_row_cells_set_too(tmp_pat
             "function instead, or run the job with --num-threads 1") in p.notes
 
 
+_SETPI = "def setpi():\n    global pi\n    pi = 3\n"
+
+
+@pytest.mark.parametrize("setup, cells", [
+    ("", [_SETPI + "setpi()\nfrom math import *\nr = str(pi)"]),
+    ("", [_SETPI + "setpi()", "from math import *\nr = str(pi)"]),
+    (_SETPI, ["pi = 1\nsetpi()\nfrom math import *\nr = str(pi)"]),  # (a set-up function's, which the row sets too)
+    ("", [_SETG + "setg()\nfrom math import *\nr = str(g)"]),  # (math has no g: the function's value stays)
+])
+def test_a_per_row_star_import_sets_a_name_a_function_sets_by_global(tmp_path, monkeypatch, setup, cells):
+    # run_row reads such a name as the script's global, which the row's `from math import *` left as
+    # setpi() set it (3), where the notebook's import replaced it with math's pi
+    import math
+
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them
+    for code in [setup, *cells]:
+        exec(code, notebook_ns)
+    assert notebook_ns["r"] in (str(math.pi), "5")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
+    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]]
+
+
 @pytest.mark.parametrize("setup, cells", [
     ("", ["from math import *\ndel pow\nr = str(pow(2, 2))"]),
     ("", ["from math import *", "if True: del pow  # c\nr = str(pow(2, 2))"]),  # (after it on its line)

@@ -255,9 +255,7 @@ class _Writer:
         doc = (f'"""Notebook {which} {cells} for one input row. The job records what the %%lm cells\n'
                f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
         body = [doc]
-        # (a cell's code and a function's `global` set one variable, as in the notebook: not a run_row variable)
-        shared = [name for name in p.shared if any(
-            name in (c.assigns if isinstance(c, Code) else self.lm_sets(c)) for c in p.row if isinstance(c, (Code, LMCell)))]
+        shared = self.row_globals()
         if shared:
             body.append(f"global {', '.join(shared)}  # set by a function's `global` too: the script's, which rows share")
         if self.kept():
@@ -296,6 +294,12 @@ class _Writer:
         text = "\n\n".join(indent_code(b) for b in body)
         return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
 
+    def row_globals(self) -> list:
+        """The names of ``Plan.shared`` that run_row declares ``global``: those a row cell binds (a
+        cell's code and a function's ``global`` set one variable, as in the notebook)."""
+        return [name for name in self.p.shared if any(name in (c.assigns if isinstance(c, Code) else self.lm_sets(c))
+                                                      for c in self.p.row if isinstance(c, (Code, LMCell)))]
+
     def lm_sets(self, cell: LMCell) -> list:
         """The variables run_row binds after a ``%%lm`` cell: its captures read later, its ``--out``."""
         return [*self.p.binds[cell.index], *([cell.options.out] if cell.options.out else [])]
@@ -328,18 +332,25 @@ class _Writer:
                 reads, binds = later_reads | star.after_reads, later_binds | star.after_binds
                 below = sorted((reads & binds) - set(known) - set(self.p.inputs) - set(self.p.shared))
                 names = list(dict.fromkeys([*fields, *known, *below]))
-                if not names:
+                shared = self.row_globals()
+                if not names and not shared:
                     lines[star.last - 1] += "  <- made at module level, before run_row"
                     continue
                 # run_row's variables take the module's values, as the notebook's import set them
-                job = self.names.job
-                lines[star.last - 1] = (
-                    f"{', '.join(names)}{',' * (len(names) == 1)} = {job}.star_values({star.module!r}, locals(), "
-                    f"{', '.join(map(repr, names))})  # {star.statement}: here its values of run_row's variables")
-                for name in names:
+                job, values = self.names.job, []
+                if names:
+                    values.append(f"{', '.join(names)}{',' * (len(names) == 1)} = {job}.star_values({star.module!r}, "
+                                  f"locals(), {', '.join(map(repr, names))})  # {star.statement}: here its values of "
+                                  "run_row's variables")
+                if shared:  # (the script's globals in run_row: the module's value, else the global's)
+                    values.append(f"{', '.join(shared)}{',' * (len(shared) == 1)} = {job}.star_values("
+                                  f"{star.module!r}, globals(), {', '.join(map(repr, shared))})  # {star.statement}: "
+                                  "here its values of the globals that functions set")
+                for name in [*names, *shared]:
                     if name not in self.p.inputs and name not in star.above_sure:
-                        lines[star.last - 1] += (f"\nif {name} is {job}.UNBOUND:  # (not bound here, and "
-                                                 f"{star.module} has no {name})\n{_INDENT}del {name}")
+                        values.append(f"if {name} is {job}.UNBOUND:  # (not bound here, and {star.module} has no "
+                                      f"{name})\n{_INDENT}del {name}")
+                lines[star.last - 1] = "\n".join(values)
             return f"# -- cell {cell.index}{_magic_note(cell)}\n" + "\n".join(lines)
         return self.row_lm(cell)
 
