@@ -470,6 +470,34 @@ def test_a_del_of_a_builtins_name_in_a_row_cell_gives_the_builtin_back(tmp_path,
     assert prompts == ["B", notebook_ns["r"]]
 
 
+_DEL_POW = "try:\n    del pow\n    r = 'deleted'\nexcept NameError as e:\n    r = str(e)"
+
+
+@pytest.mark.parametrize("cells", [
+    ["from math import *\ndel pow\n" + _DEL_POW],  # (the first del gave the builtin back: a second one is a NameError)
+    ["from math import *", "del pow", _DEL_POW],
+    [_DEL_POW, "from math import *"],  # (no pow to delete before the import)
+    ["from math import *\n" + _DEL_POW],  # (math's pow, deleted)
+    ["from math import *", _DEL_POW],
+])
+def test_a_del_of_a_builtins_name_in_a_row_cell_deletes_as_the_notebooks_does(tmp_path, monkeypatch, cells):
+    # run_row's pow held the builtin again after `del pow`, so a second `del pow` succeeded where the
+    # notebook's raised NameError (its global was gone); a del of math's pow that no cell read failed
+    # with UnboundLocalError (run_row's pow was never given math's value)
+    from helpers_export import write_rows
+
+    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them
+    for code in cells:
+        exec(code, notebook_ns)
+    assert notebook_ns["r"] in ("deleted", "name 'pow' is not defined")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
+    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]]
+
+
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     """%%time over %%lm runs the %%lm cell in IPython; the exporter took the body for Python and
     dropped it as IPython syntax, so the job lacked that program (and its variable)."""

@@ -159,6 +159,21 @@ def star_start(over: Sequence[str], /, *names: str) -> tuple:
     return tuple(values.get(name, UNBOUND) for name in names)
 
 
+def deletable(bound: dict, /, *names: str) -> None:
+    """Raise the notebook's NameError for a per-row cell's ``del`` of a builtin's name (``del pow``)
+    where the notebook has no global of that name to delete: one that ``bound`` (run_row's
+    ``locals()``) lacks, or holds as the builtin, as run_row's variable does where the notebook's
+    global is unbound (before a star import sets it, after a ``del``: ``star_start``).
+
+    Raises:
+        NameError: the first such name."""
+    import builtins
+
+    for name in names:
+        if bound.get(name, getattr(builtins, name)) is getattr(builtins, name):
+            raise NameError(f"name {name!r} is not defined", name=name)
+
+
 def star_values(module: str, bound: dict, /, *names: str) -> tuple:
     """The values of ``names`` (in order) after ``from module import *``, made where a per-row cell
     makes it: the module's value where the import sets the name, else ``bound``'s (run_row's
@@ -261,6 +276,7 @@ class Job:
     star_import = staticmethod(star_import)
     star_start = staticmethod(star_start)
     star_values = staticmethod(star_values)
+    deletable = staticmethod(deletable)
     UNBOUND = UNBOUND
 
     def __init__(self, description: str = "", inputs: Sequence[str] = (), *, texts: Sequence[str] = (),

@@ -317,8 +317,8 @@ class _Writer:
             lines = _builtins_back(cell.source, source.split("\n"), self.names.job, self.p.shared)
             later_reads, later_binds = set(), set()
             for c in later:
-                if isinstance(c, Code):
-                    later_reads |= set(c.reads)
+                if isinstance(c, Code):  # (a `del` needs the variable bound: the import's value)
+                    later_reads |= set(c.reads) | set().union(*map(_deleted, ast.parse(c.source).body))
                     later_binds |= set(c.assigns) - set(self.p.shared)
                 elif isinstance(c, LMCell):
                     later_reads |= set(c.reads)
@@ -467,11 +467,12 @@ def _star_imports(cell: Code, sure: frozenset = frozenset()) -> list:
                               "to a cell of its own before the first %%lm cell")
         k = tree.body.index(node)
         above, below = tree.body[:k], tree.body[k + 1:]
+        deleted = set().union(*map(_deleted, below))  # (read and bound, for run_row: the import's value, then unbound)
         out.append(_StarImport(
             node.lineno, node.end_lineno, statement.removeprefix("from ").removesuffix(" import *"),
             [name for s in above for name in bound_by(s)], _surely_bound(above, sure),
-            {n.id for s in below for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)},
-            {name for s in below for name in bound_by(s)}))
+            {n.id for s in below for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            | deleted, {name for s in below for name in bound_by(s)} | deleted))
     return out
 
 
@@ -479,24 +480,26 @@ def _builtins_back(original: str, lines: list, job: str, shared: tuple) -> list:
     """``lines`` (the cell's, from ``original``) with each ``del`` of a builtin's name (``del pow``
     after ``from math import *``) followed by giving run_row's variable the builtin again: the
     notebook's ``del`` removes its global, so that a later read finds the builtin, where run_row's
-    variable was left unbound (UnboundLocalError). Not in functions and classes (their own
-    variables), nor for the names run_row declares ``global`` (``shared``: the ``del`` removes the
-    global, as in the notebook)."""
-    places = []
+    variable was left unbound (UnboundLocalError). Before it, ``Job.deletable`` raises the
+    notebook's NameError where its global is unbound (run_row's variable holds the builtin: a second
+    ``del pow``). Not in functions and classes (their own variables), nor for the names run_row
+    declares ``global`` (``shared``: the ``del`` removes the global, as in the notebook)."""
+    edits = []  # (line, column, text put there)
     for node in _in_scope(ast.parse(original).body):
         if isinstance(node, ast.Delete):
             names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in _BUILTINS and t.id not in shared]
             if names:
-                places.append((node.end_lineno, node.end_col_offset, names))
+                shown = ", ".join(map(repr, names))
+                # (on the statement's line, before and after it: within an `if x: del pow` too)
+                edits.append((node.lineno, node.col_offset, f"{job}.deletable(locals(), {shown}); "))
+                edits.append((node.end_lineno, node.end_col_offset,
+                               f"; {', '.join(names)}{',' * (len(names) == 1)} = {job}.star_start((), {shown})"))
     original_lines = original.split("\n")
-    for row, col, names in sorted(places, reverse=True):
-        line = lines[row - 1]
-        if line != original_lines[row - 1]:  # (commented out: a row field's example)
-            continue
-        head, tail = line.encode()[:col].decode(), line.encode()[col:].decode()  # (ast's columns count bytes)
-        # (after the statement on its line: within an `if x: del pow` too)
-        lines[row - 1] = (f"{head}; {', '.join(names)}{',' * (len(names) == 1)} = {job}.star_start((), "
-                          f"{', '.join(map(repr, names))}){tail}")
+    as_typed = {i for i, line in enumerate(lines) if line == original_lines[i]}  # (not a row field's example)
+    for row, col, text in sorted(edits, reverse=True):  # (from the end: the columns before stay right)
+        if row - 1 in as_typed:
+            line = lines[row - 1].encode()  # (ast's columns count bytes)
+            lines[row - 1] = line[:col].decode() + text + line[col:].decode()
     return lines
 
 
