@@ -419,6 +419,37 @@ def test_a_global_a_setup_function_sets_is_the_one_the_row_cells_set_too(tmp_pat
             "function instead, or run the job with --num-threads 1") in p.notes
 
 
+@pytest.mark.parametrize("setup, cells", [
+    ("count = 0\n" + _BUMP, ["bump()\nr = str(count)"]),
+    ("count = 0\n" + _BUMP + "def twice():\n    bump()\n    bump()", ["twice()", "r = str(count)"]),
+    # (a row's items.append made items the row's copy, which add's `global items` did not set)
+    ("items = []\ndef add(x):\n    global items\n    items = items + [x]", ["items.append(1)\nadd(2)\nr = str(items)"]),
+])
+def test_a_global_a_setup_function_sets_in_a_row_starts_each_row_from_the_setup_value(tmp_path, monkeypatch, setup,
+                                                                                      cells):
+    # bump() of the cells run once sets the script's global count, which the next row read on from:
+    # the second row gave 2 where each notebook pass gave 1
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them
+    for code in [setup, *cells]:
+        exec(code, notebook_ns)
+    assert notebook_ns["r"] in ("1", "2", "[1, 2]")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}, {"q": "D"}])
+    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"], "D", notebook_ns["r"]]
+    name = "items" if "items" in setup else "count"
+    assert any(n.startswith(f"cell 1: {name}, which a function of this cell (run once) sets by `global`") for n in p.notes)
+    # a function the rows do not use: its global is the set-up's, with no restore per row, nor a note
+    nb = notebook("def load():\n    global table\n    table = {'a': 1}\nload()\nq = 'A'",
+                  "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "r = str(table)")
+    source, p = export_notebook(nb)
+    assert "restore" not in source and p.notes == []
+
+
 _SETPI = "def setpi():\n    global pi\n    pi = 3\n"
 
 

@@ -516,19 +516,22 @@ def _declared_global_bindings(table) -> dict:
 
 
 def function_globals(source: str) -> dict:
-    """Name → the globals it reads when called, for each function, lambda and class that the top
-    level of ``source`` (a cell) defines: a function's body, and the functions in it; a class's
-    methods (its body runs where the cell defines it). Not comprehensions, which run there too, nor
-    the function of a ``%%timeit`` body or a ``%timeit`` line (``TIMEIT_BODY``), called there."""
+    """Name → (the globals it reads when called, those it declares ``global`` and binds), for each
+    function, lambda and class that the top level of ``source`` (a cell) defines: a function's
+    body, and the functions in it; a class's methods (its body runs where the cell defines it). Not
+    comprehensions, which run there too, nor the function of a ``%%timeit`` body or a ``%timeit``
+    line (``TIMEIT_BODY``), called there."""
     table = symtable.symtable(source, "<cell>", "exec")
     out: dict = {}
     for child in table.get_children():
         if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr", TIMEIT_BODY):  # (their tables' names)
             continue
-        read = _nested_globals(child)
+        read, declared = _nested_globals(child), dict(_declared_global_bindings(child))
         if child.get_type() == "function":
             read |= {s.get_name() for s in child.get_symbols() if s.is_referenced() and s.is_global()}
-        out[child.get_name()] = tuple(sorted(read))
+            declared.update(dict.fromkeys(s.get_name() for s in child.get_symbols()
+                                          if s.is_declared_global() and (s.is_assigned() or s.is_imported())))
+        out[child.get_name()] = (tuple(sorted(read)), tuple(declared))
     return out
 
 

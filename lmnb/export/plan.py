@@ -56,9 +56,12 @@ class Plan:
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
     cell raised UnboundLocalError). shared: the names that a function of a row cell declares
     ``global`` and binds, and those that a function of a setup cell declares so and a row cell binds
-    (but row fields): the script's globals in run_row too, as in the notebook, where the function
-    and the cells' code set one variable (run_row's own hid what the function set); rows share them,
-    and each row starts from the value the setup cells left (``Job.keep``). jupyter: Jupyter's
+    or changes in place (but row fields): the script's globals in run_row too, as in the notebook, where the function
+    and the cells' code set one variable (run_row's own hid what the function set); rows share them.
+    restored: the module-level names (but row fields) of ``shared``, and those that the functions of
+    setup cells that the row cells use (call) declare ``global`` and bind: each row starts from the
+    value the setup cells left (``Job.keep``), as each pass of the notebook does, where the next row
+    read on from what the last one set. jupyter: Jupyter's
     built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
     them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -84,6 +87,7 @@ class Plan:
     star_names: tuple = ()
     rebound_builtins: tuple = ()
     shared: tuple = ()
+    restored: tuple = ()
     texts: tuple = ()
     types: dict = field(default_factory=dict)
     jupyter: tuple = ()
@@ -175,6 +179,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
                                if n not in p.shared)
     functions = _setup_functions(setup)
+    p.restored = _restored(functions, row, p.shared, _module_names(setup, parameters), p.inputs)
     if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
         p.function_reads = _function_reads(setup, functions, parameters)
         p.early_reads = _early_reads(functions, row, _module_names(setup, parameters))
@@ -201,7 +206,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             p.notes.append(f"cell {c.index}: a function of this cell, which runs per row, sets {shown} by `global`: "
                            f"the rows share the script's globals, {_RACE}")
     for c in setup:
-        shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in p.shared)
+        shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in p.shared or n in p.restored)
         if shown:
             p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) sets by `global`, is "
                            f"set by the cells that run per row too: the job keeps one {shown}, the script's global, "
@@ -220,11 +225,12 @@ _RACE = ("so rows running at once (--num-threads above 1) may read each other's 
 
 def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
     """``Plan.shared``: the names that a function of a row cell declares ``global`` and binds, and
-    those of ``declared`` (what the setup cells' functions declare so) that a row cell binds too,
-    but row fields (``inputs``)."""
-    bound = set()
+    those of ``declared`` (what the setup cells' functions declare so) that a row cell binds or
+    changes in place too, but row fields (``inputs``)."""
+    bound = set()  # (a name a row cell changes in place is the row's copy otherwise: the function's value is hidden)
     for c in row:
-        bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
+        if isinstance(c, (Code, LMCell)):
+            bound |= set(c.assigns if isinstance(c, Code) else c.sets) | set(c.mutates)
     names = [n for c in row if isinstance(c, Code) for n in c.declared_globals] + [n for n in declared if n in bound]
     return tuple(n for n in dict.fromkeys(names) if n not in inputs)
 
@@ -409,12 +415,39 @@ def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
 
 
 def _setup_functions(setup: list) -> list:
-    """(cell index, name, the globals it reads) for each function, lambda and class that a setup
-    cell defines (``function_globals``), in order."""
+    """(cell index, name, the globals it reads, those it declares ``global`` and binds) for each
+    function, lambda and class that a setup cell defines (``function_globals``), in order."""
     from lmnb.export.cells import function_globals
 
-    return [(c.index, name, reads) for c in setup if isinstance(c, Code)
-            for name, reads in function_globals(c.source).items()]
+    return [(c.index, name, reads, declared) for c in setup if isinstance(c, Code)
+            for name, (reads, declared) in function_globals(c.source).items()]
+
+
+def _reached(functions: list, used) -> dict:
+    """Name → the name of ``used`` it is reached from, for each of the setup cells' ``functions``
+    (``_setup_functions``) that ``used`` (names the row cells read, in order) reach: one of them, or
+    one that such a function reads (calls), and so on. A later definition of a name is the one
+    reached, as in the notebook."""
+    defined = {f[1]: f for f in functions}
+    out: dict = {}
+    for entry in used:
+        todo = [entry]
+        while todo:
+            name = todo.pop()
+            if name in out or name not in defined:
+                continue
+            out[name] = entry
+            todo += defined[name][2]
+    return out
+
+
+def _restored(functions: list, row: list, shared: tuple, module: set, inputs: tuple) -> tuple:
+    """``Plan.restored``, of the setup cells' ``functions`` (``_setup_functions``); ``module``: the
+    module-level names (``_module_names``)."""
+    used = [n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)]
+    reached = _reached(functions, dict.fromkeys(used))
+    declared = [n for f in functions if f[1] in reached for n in f[3]]
+    return tuple(n for n in dict.fromkeys([*shared, *declared]) if n in module and n not in inputs)
 
 
 def _setup_functions_reading_row_variables(functions: list, row: list, shared: tuple) -> list:
@@ -428,7 +461,7 @@ def _setup_functions_reading_row_variables(functions: list, row: list, shared: t
         bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
     bound -= set(shared)
     notes = []
-    for index, name, reads in functions:
+    for index, name, reads, _ in functions:
         read = [n for n in reads if n in bound]
         if read:
             them = "it as an argument" if len(read) == 1 else "them as arguments"
@@ -443,26 +476,20 @@ def _function_reads(setup: list, functions: list, parameters: tuple) -> dict:
     """``Plan.function_reads``, of the setup cells' ``functions`` (``_setup_functions``)."""
     module = _module_names(setup, parameters)
     return {f"{name} (cell {index})": tuple(n for n in reads if n in module)
-            for index, name, reads in functions if set(reads) & module}
+            for index, name, reads, _ in functions if set(reads) & module}
 
 
 def _early_reads(functions: list, row: list, module: set) -> dict:
     """``Plan.early_reads``, of the setup cells' ``functions`` (``_setup_functions``); ``module``:
     the module-level names (``_module_names``)."""
-    defined = {name: (index, reads) for index, name, reads in functions}  # (a later definition wins, as it runs)
+    defined = {f[1]: f for f in functions}  # (a later definition wins, as it runs)
+    uses = _used_above_star_imports(row)
     out: dict = {}
-    for used, where in _used_above_star_imports(row).items():
-        todo, seen = [used], set()
-        while todo:  # the setup function the row uses, and those it reads (calls), and so on
-            name = todo.pop()
-            if name in seen or name not in defined:
-                continue
-            seen.add(name)
-            index, reads = defined[name]
-            todo += reads
-            names = tuple(n for n in reads if n not in module)
-            if names:
-                out.setdefault(f"{name} (cell {index})", ((f"through {used}, " if name != used else "") + where, names))
+    for name, entry in _reached(functions, uses).items():
+        index, _, reads, _ = defined[name]
+        names = tuple(n for n in reads if n not in module)
+        if names:
+            out[f"{name} (cell {index})"] = ((f"through {entry}, " if name != entry else "") + uses[entry], names)
     return out
 
 

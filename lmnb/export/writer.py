@@ -235,18 +235,12 @@ class _Writer:
         modules = list(dict.fromkeys(m for c in self.p.setup if isinstance(c, Code) for m in c.star_imports))
         return f"({', '.join(map(repr, modules))}{',' * (len(modules) == 1)})"
 
-    def kept(self) -> list:
-        """The names of ``Plan.shared`` that the setup cells (or the parameters) bind: each row starts
-        from the value they left (``Job.keep``)."""
-        setup = set(self.p.parameters).union(*(c.assigns for c in self.p.setup if isinstance(c, Code)))
-        return [name for name in self.p.shared if name in setup]
-
     def keep(self) -> str:
-        """The module-level line that keeps the values of ``kept()`` (``Job.keep``); empty if none."""
-        if not self.kept():
+        """The module-level line that keeps the values of ``Plan.restored`` (``Job.keep``); empty if none."""
+        if not self.p.restored:
             return ""
         return (f"# set by a function's `global`, and in each row: each row starts from the value the cells run once "
-                f"left\n{self.names.job}.keep(globals(), {', '.join(map(repr, self.kept()))})")
+                f"left\n{self.names.job}.keep(globals(), {', '.join(map(repr, self.p.restored))})")
 
     def run_row(self) -> str:
         n, p = self.names, self.p
@@ -258,8 +252,8 @@ class _Writer:
         shared = self.row_globals()
         if shared:
             body.append(f"global {', '.join(shared)}  # set by a function's `global` too: the script's, which rows share")
-        if self.kept():
-            body.append(f"{n.job}.restore(globals())  # {', '.join(self.kept())}: as the cells run once left them")
+        if p.restored:
+            body.append(f"{n.job}.restore(globals())  # {', '.join(p.restored)}: as the cells run once left them")
         for name in p.copied:
             body.append(f'{name} = {n.job}.row_copy(globals()["{name}"])  # changed below: each row starts '
                         "from the module value")
