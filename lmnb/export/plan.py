@@ -27,6 +27,9 @@ from lmnb.template.template import python_name
 _BUILTINS = frozenset(dir(builtins))
 # Jupyter's own built-ins that the script defines when the code uses them (writer._imports): no row fields
 JUPYTER_BUILTINS = frozenset({"display"})
+# What sharing the script's globals between rows means, and the fixes (the export's notes)
+_RACE = ("so rows running at once (--num-threads above 1) may read each other's value; return the value from the "
+         "function instead, or run the job with --num-threads 1")
 
 
 @dataclass
@@ -55,15 +58,15 @@ class Plan:
     that a row cell binds and a row cell reads: run_row's variables, which start as the builtin
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
     cell raised UnboundLocalError). shared: the names that a function of a row cell declares
-    ``global`` and binds, and those that a function of a setup cell declares so and a row cell binds
-    or changes in place (but row fields): the script's globals in run_row too, as in the notebook, where the function
-    and the cells' code set one variable (run_row's own hid what the function set); rows share them.
-    restored: the module-level names (but row fields) of ``shared``, and those that the functions of
-    setup cells that the row cells use (call) declare ``global`` and bind: each row starts from the
-    value the setup cells left (``Job.keep``), as each pass of the notebook does, where the next row
-    read on from what the last one set. jupyter: Jupyter's
-    built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a name of its own to
-    them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
+    ``global`` and binds, and those that a function of a setup cell declares so and a row cell
+    binds or changes in place (but row fields): the script's globals in run_row too, as in the
+    notebook, where the function and the cells' code set one variable (run_row's own hid what the
+    function set); rows share them. restored: the module-level names (but row fields) of
+    ``shared``, and those that the functions of setup cells that the row cells use (call) declare
+    ``global`` and bind: each row starts from the value the setup cells left (``Job.keep``), as
+    each pass of the notebook does, where the next row read on from what the last one set.
+    jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a
+    name of its own to them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
     globals, which a row's import leaves as they are (the job warns when it sets one:
     ``Job.star_import``). early_reads: where a row cell star-imports, "f (cell 1)" → (where the row
@@ -216,11 +219,6 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         if isinstance(c, Dropped):
             p.notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
     return p
-
-
-# What sharing the script's globals between rows means, and the fixes
-_RACE = ("so rows running at once (--num-threads above 1) may read each other's value; return the value from the "
-         "function instead, or run the job with --num-threads 1")
 
 
 def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
