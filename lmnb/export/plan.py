@@ -224,11 +224,14 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
 def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
     """``Plan.shared``: the names that a function of a row cell declares ``global`` and binds, and
     those of ``declared`` (what the setup cells' functions declare so) that a row cell binds or
-    changes in place too, but row fields (``inputs``)."""
+    changes in place too, or reads at or below a row cell's star import (which sets the script's
+    global there, as the notebook's import does), but row fields (``inputs``)."""
     bound = set()  # (a name a row cell changes in place is the row's copy otherwise: the function's value is hidden)
+    star = next((c.index for c in row if isinstance(c, Code) and c.star_imports), None)
     for c in row:
         if isinstance(c, (Code, LMCell)):
             bound |= set(c.assigns if isinstance(c, Code) else c.sets) | set(c.mutates)
+            bound |= set(c.reads) if star is not None and c.index >= star else set()
     names = [n for c in row if isinstance(c, Code) for n in c.declared_globals] + [n for n in declared if n in bound]
     return tuple(n for n in dict.fromkeys(names) if n not in inputs)
 

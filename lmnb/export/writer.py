@@ -290,9 +290,12 @@ class _Writer:
 
     def row_globals(self) -> list:
         """The names of ``Plan.shared`` that run_row declares ``global``: those a row cell binds (a
-        cell's code and a function's ``global`` set one variable, as in the notebook)."""
-        return [name for name in self.p.shared if any(name in (c.assigns if isinstance(c, Code) else self.lm_sets(c))
-                                                      for c in self.p.row if isinstance(c, (Code, LMCell)))]
+        cell's code and a function's ``global`` set one variable, as in the notebook), or a row
+        cell's star import sets."""
+        stars = any(isinstance(c, Code) and c.star_imports for c in self.p.row)
+        return [name for name in self.p.shared if stars or any(
+            name in (c.assigns if isinstance(c, Code) else self.lm_sets(c)) for c in self.p.row
+            if isinstance(c, (Code, LMCell)))]
 
     def lm_sets(self, cell: LMCell) -> list:
         """The variables run_row binds after a ``%%lm`` cell: its captures read later, its ``--out``."""
