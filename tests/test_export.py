@@ -1916,6 +1916,13 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_of_a_name_it_re
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows2.jsonl", [{"q": "B"}]), 0)
     assert prompts[1] == f"8 {math.pow(2, 3)}"
     assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    # nor where the import gives the name the value f read before it (the builtin itself)
+    nb = notebook(f'{define}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "a = f()\nfrom builtins import *\nr = a + ' ' + f()", "%%lm --temperature 0\n{r}{gen z}")
+    source, _ = export_notebook(nb)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows3.jsonl", [{"q": "B"}]), 0)
+    assert prompts[1] == "8 8"
+    assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
 
 
 @pytest.mark.parametrize("cells", [

@@ -124,9 +124,13 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
             namespace[name] = value
         else:
             kept.add(name)
+    import builtins
+
     for function, (where, reads) in (early or {}).items():
-        short = function.split(" (")[0]
+        short = function.split(" (cell ")[0]  # (the plan's "f (cell 1)")
         for name in (n for n in reads if n in names and n not in kept):
+            if names[name] is earlier.get(name, getattr(builtins, name, UNBOUND)):  # (the value it had: no change)
+                continue
             print(f"lmnb batch: warning: {function} reads {name}, which the per-row `from {last[name]} import *` sets, "
                   f"and the row uses {short} above that import ({where}): in the notebook {short} read the {name} it "
                   f"had before the import there, in this job it reads {last[name]}'s {name} from the start of every "
