@@ -106,6 +106,8 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
 
     Raises:
         ImportError: a module cannot be imported."""
+    import builtins
+
     names: dict = {}
     setters: dict = {}  # name → the first of modules that sets it
     last: dict = {}  # name → the module whose value it takes: the last that sets it
@@ -124,8 +126,6 @@ def star_import(namespace: dict, /, *modules: str, over: Sequence[str] = (),
             namespace[name] = value
         else:
             kept.add(name)
-    import builtins
-
     for function, (where, reads) in (early or {}).items():
         short = function.split(" (cell ")[0]  # (the plan's "f (cell 1)")
         for name in (n for n in reads if n in names and n not in kept):
