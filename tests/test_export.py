@@ -450,6 +450,34 @@ def test_a_global_a_setup_function_sets_in_a_row_starts_each_row_from_the_setup_
     assert "restore" not in source and p.notes == []
 
 
+@pytest.mark.parametrize("cells", [
+    ["total = 0\nfor ch in q:\n    total += 1\nr = str(total)"],
+    ["items.append(q)\nr = str(items)"],
+    ["from math import *\ntotal = 1\nr = str((total, e))"],
+])
+def test_a_global_of_a_setup_function_the_rows_do_not_call_stays_each_rows_own(tmp_path, monkeypatch, cells):
+    # init() runs once: the row's total (or items) is its own variable (or copy), which rows running at
+    # once do not share, as before; it was made the script's global, shared by the rows
+    from helpers_export import write_rows
+
+    setup = "def init():\n    global total, items\n    total = 0\n    items = []\ninit()"
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.shared == p.restored == () and "\n    global " not in source.split("def run_row")[1]
+    rows = [{"q": q} for q in ("B", "CC", "DDD")]
+    expected = []
+    for row in rows:  # each notebook pass: the Python cells in order, the row's q set after cell 1
+        notebook_ns = {}
+        exec(setup, notebook_ns)
+        notebook_ns["q"] = row["q"]
+        for code in cells:
+            exec(code, notebook_ns)
+        expected.append(notebook_ns["r"])
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0)
+    assert sorted(prompts) == sorted([row["q"] for row in rows] + expected)
+
+
 _SETPI = "def setpi():\n    global pi\n    pi = 3\n"
 
 

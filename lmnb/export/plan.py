@@ -58,8 +58,9 @@ class Plan:
     that a row cell binds and a row cell reads: run_row's variables, which start as the builtin
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
     cell raised UnboundLocalError). shared: the names that a function of a row cell declares
-    ``global`` and binds, and those that a function of a setup cell declares so and a row cell
-    binds or changes in place (but row fields): the script's globals in run_row too, as in the
+    ``global`` and binds, and those that a function of a setup cell that the row cells call
+    declares so and a row cell binds, changes in place, or reads below its star import (but row
+    fields): the script's globals in run_row too, as in the
     notebook, where the function and the cells' code set one variable (run_row's own hid what the
     function set); rows share them. restored: the module-level names (but row fields) of
     ``shared``, and those that the functions of setup cells that the row cells use (call) declare
@@ -173,16 +174,18 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     for c in moved:
         _check_strippable(c, p.strip[c.index])
     p.jupyter = _jupyter_builtins(cells)
-    # (a name a set-up function sets by `global` is read as the script's global: a copy hid what a call set)
-    declared = tuple(n for c in setup if isinstance(c, Code) for n in c.declared_globals)
+    functions = _setup_functions(setup)
+    # (a name a set-up function the row calls sets by `global` is read as the script's global: a copy hid
+    # what a call set; that of a function the row does not call stays the row's own, which rows do not share)
+    declared = _declared_by_called(functions, row)
     p.shared = _shared(row, declared, p.inputs)
     p.copied = _copied(setup, row, p.inputs + p.shared, parameters + p.jupyter)
     p.star_locals = _star_locals(setup, row, p.inputs + p.copied + p.shared + declared, parameters + p.jupyter)
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
                                if n not in p.shared)
-    functions = _setup_functions(setup)
-    p.restored = _restored(functions, row, p.shared, _module_names(setup, parameters), p.inputs)
+    module = _module_names(setup, parameters)
+    p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared]) if n in module and n not in p.inputs)
     if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
         p.function_reads = _function_reads(setup, functions, parameters)
         p.early_reads = _early_reads(functions, row, _module_names(setup, parameters))
@@ -209,7 +212,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             p.notes.append(f"cell {c.index}: a function of this cell, which runs per row, sets {shown} by `global`: "
                            f"the rows share the script's globals, {_RACE}")
     for c in setup:
-        shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in p.shared or n in p.restored)
+        shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in declared and n in p.restored + p.shared)
         if shown:
             p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) sets by `global`, is "
                            f"set by the cells that run per row too: the job keeps one {shown}, the script's global, "
@@ -223,9 +226,9 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
 
 def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
     """``Plan.shared``: the names that a function of a row cell declares ``global`` and binds, and
-    those of ``declared`` (what the setup cells' functions declare so) that a row cell binds or
-    changes in place too, or reads at or below a row cell's star import (which sets the script's
-    global there, as the notebook's import does), but row fields (``inputs``)."""
+    those of ``declared`` (what the setup functions that the row cells call declare so) that a row
+    cell binds or changes in place too, or reads at or below a row cell's star import (which sets
+    the script's global there, as the notebook's import does), but row fields (``inputs``)."""
     bound = set()  # (a name a row cell changes in place is the row's copy otherwise: the function's value is hidden)
     star = next((c.index for c in row if isinstance(c, Code) and c.star_imports), None)
     for c in row:
@@ -442,13 +445,12 @@ def _reached(functions: list, used) -> dict:
     return out
 
 
-def _restored(functions: list, row: list, shared: tuple, module: set, inputs: tuple) -> tuple:
-    """``Plan.restored``, of the setup cells' ``functions`` (``_setup_functions``); ``module``: the
-    module-level names (``_module_names``)."""
+def _declared_by_called(functions: list, row: list) -> tuple:
+    """The names that the setup cells' ``functions`` (``_setup_functions``) that the row cells use
+    (``_reached``) declare ``global`` and bind."""
     used = [n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)]
     reached = _reached(functions, dict.fromkeys(used))
-    declared = [n for f in functions if f[1] in reached for n in f[3]]
-    return tuple(n for n in dict.fromkeys([*shared, *declared]) if n in module and n not in inputs)
+    return tuple(dict.fromkeys(n for f in functions if f[1] in reached for n in f[3]))
 
 
 def _setup_functions_reading_row_variables(functions: list, row: list, shared: tuple) -> list:
