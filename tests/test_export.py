@@ -487,6 +487,7 @@ _SETPI = "def setpi():\n    global pi\n    pi = 3\n"
     (_SETPI, ["pi = 1\nsetpi()\nfrom math import *\nr = str(pi)"]),  # (a set-up function's, which the row sets too)
     ("", [_SETG + "setg()\nfrom math import *\nr = str(g)"]),  # (math has no g: the function's value stays)
     ("e = 0\n" + _BUMP.replace("count", "e"), ["bump()\nfrom math import *\nr = str(e)"]),  # (a set-up function's)
+    (_SETG, ["from math import *\ntry:\n    r = str(g)\nexcept NameError:\n    r = 'none'"]),  # (setg() not called)
 ])
 def test_a_per_row_star_import_sets_a_name_a_function_sets_by_global(tmp_path, monkeypatch, setup, cells):
     # run_row reads such a name as the script's global, which the row's `from math import *` left as
@@ -501,7 +502,7 @@ def test_a_per_row_star_import_sets_a_name_a_function_sets_by_global(tmp_path, m
     notebook_ns = {}  # the Python cells in order, as the notebook runs them
     for code in [setup, *cells]:
         exec(code, notebook_ns)
-    assert notebook_ns["r"] in (str(math.pi), "5", str(math.e))
+    assert notebook_ns["r"] in (str(math.pi), "5", str(math.e), "none")
     rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
     _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
     assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]]
