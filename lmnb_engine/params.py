@@ -308,9 +308,9 @@ def stop_regex_problem(value: Any) -> str | None:
         return (f"{len(value)} patterns, above the limit of {MAX_STOP_REGEXES} (each is searched in the output on "
                 "every token); join alternatives into one pattern with |")
     for pattern in [value] if isinstance(value, str) else value:
-        problem = lone_surrogate_problem(pattern)  # (the output is text, so it can never match one)
-        if problem:
-            return f"the pattern {problem}"
+        problem = lone_surrogate_problem(pattern, json_value)  # (the output is text, so it can never match one)
+        if problem:  # (a pattern is shown as JSON, as the other errors here show it)
+            return problem
         try:
             compiled = regex.compile(pattern)
         except regex.error as e:

@@ -11,7 +11,7 @@ import re
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -43,18 +43,20 @@ def find_lone_surrogate(value: Any) -> Optional[tuple[tuple, bool]]:
     return None
 
 
-def lone_surrogate_problem(text: str) -> Optional[str]:
+def lone_surrogate_problem(text: str, show: Callable[[str], str] = repr) -> Optional[str]:
     """Why no tokenizer can take ``text``, when it holds a lone surrogate (a file read with
     ``errors="surrogateescape"``, half of a ``\\ud83d\\ude00`` pair): the text around it, the
     character, its position and the fix, for the caller to put after what the text is; else None.
-    (The tokenizer's own words are "TextEncodeInput must be Union[...]".)"""
+    (The tokenizer's own words are "TextEncodeInput must be Union[...]".) ``show`` writes the text
+    and the character: Python's ``repr`` for text given in Python, ``json_value`` for a pattern,
+    which every other message writes as JSON (the escape, ``"\\ud800"``, either way)."""
     found = LONE_SURROGATE.search(text)
     if found is None:
         return None
     i = found.start()
-    return (f"{text[max(0, i - 20):i + 20]!r} holds the lone surrogate {found.group()!r} at position {i}, which is "
-            "no Unicode character (text decoded with errors='surrogateescape', or half of a \\ud83d\\ude00 pair); "
-            "fix the text, e.g. text.encode('utf-8', 'replace').decode()")
+    return (f"{show(text[max(0, i - 20):i + 20])} holds the lone surrogate {show(found.group())} at position {i}, "
+            "which is no Unicode character (text decoded with errors='surrogateescape', or half of a "
+            "\\ud83d\\ude00 pair); fix the text, e.g. text.encode('utf-8', 'replace').decode()")
 
 
 def encode_text(tokenizer: Any, text: str, **kwargs: Any) -> list[int]:

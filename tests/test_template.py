@@ -426,6 +426,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
                                                                         "parentheses too deeply for Python's re"),
         ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex \"(ab\" is not a valid regular expression"),
         ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex \"a*\" matches the empty string"),
+        # as JSON, as the other stop_regex errors write a pattern (it said "stop_regex the pattern 'x\\ud800'")
+        ('{gen n stop_regex="x\\ud800"}', 2, 19, 'stop_regex "x\\ud800" holds the lone surrogate "\\ud800" at position 1'),
         ('{gen c json_schema={"type": "objekt"}}', 2, 20, "#/type is not a valid JSON Schema"),  # before any gen runs
         ("{gen c json_schema='[1]'}", 2, 20, "must be a JSON object"),
         ("{gen c json_schema=[1]}", 2, 20, "must be a JSON object"),
