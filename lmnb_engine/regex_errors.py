@@ -4,13 +4,15 @@ A ``regex`` constraint is checked in three places: where the language's ``gen(re
 called (``lmnb.ir.check_regex``), in a ``%%lm`` cell's literal options (``lmnb.template.options``),
 and in the engine, for the server's clients too (``constrained.grammar.compile_grammar``). All
 three word an invalid pattern with ``invalid_regex``, and show a pattern with ``shown_regex``, so a
-user hears one error whichever way the pattern came. Importing it loads neither torch nor the
+user hears one error whichever way the pattern came; the language's two word a value that is no
+pattern (``gen(regex=5)``) with ``regex_problem`` too. Importing it loads neither torch nor the
 engine's constrained-decoding package.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 
@@ -30,10 +32,19 @@ def invalid_regex(pattern: str, error: re.error) -> str:
             f"position {error.pos}); fix the pattern")
 
 
-def regex_problem(pattern: str) -> str | None:
-    """Why Python's ``re`` cannot compile ``pattern`` (a ``regex`` constraint), or None when it can:
-    a syntax error (``invalid_regex``), or parentheses nested too deeply for its parser, which
+def regex_problem(pattern: Any) -> str | None:
+    """Why ``pattern``, a ``regex`` constraint as the language's ``gen()`` or a ``%%lm`` cell was
+    given it, is refused, or None for a pattern Python's ``re`` compiles or for None (no constraint):
+    not a string (a compiled ``re.Pattern``, whose text is wanted, or any other type, named), a
+    syntax error (``invalid_regex``), or parentheses nested too deeply for its parser, which
     recurses once per level (some hundreds of levels: a ``RecursionError``)."""
+    if pattern is None:
+        return None
+    if isinstance(pattern, re.Pattern):  # (a Python snippet to write, so repr: JSON's text could be cut)
+        return (f"regex must be a string, not a compiled Pattern; pass its text, regex={pattern.pattern!r} "
+                "(flags written inline, e.g. '(?i)...')")
+    if not isinstance(pattern, str):
+        return f"regex must be a string, not {type(pattern).__name__}"
     try:
         re.compile(pattern)
     except re.error as e:

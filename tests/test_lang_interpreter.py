@@ -18,6 +18,7 @@ import pytest
 import lmnb as sgl
 from lmnb.chat_template import get_chat_template
 from lmnb.ir import REGEX_INT
+from lmnb.template.options import check_literal
 
 from helpers_lang import ScriptedBackend
 
@@ -1176,6 +1177,12 @@ def test_regex_and_json_schema_reach_the_backend_unchanged():
     with pytest.raises(ValueError, match="^" + re.escape("regex must be a string, not a compiled Pattern; pass its text, "
                                                           "regex='\\\\d+' (flags written inline")):
         sgl.gen("d", regex=re.compile(r"\d+"))
+    # one wording with a %%lm cell's literal (it said "regex must be a string, got int")
+    for bad in (5, b"\\d+"):
+        with pytest.raises(ValueError) as e:
+            sgl.gen("d", regex=bad)
+        assert str(e.value) == f"regex must be a string, not {type(bad).__name__}"
+        assert str(e.value) == check_literal("gen", "regex", bad)
 
 
 def test_select_methods_decide_by_hand_computed_scores():

@@ -108,6 +108,17 @@ def test_text_interpolation_and_gen_with_braces_in_regex():
     assert t.arguments == ("item",) and t.captures == ("score",)
 
 
+def test_a_gen_with_regex_none_is_a_gen_with_no_regex_as_in_gen():
+    """regex=None is gen()'s default (no constraint); the cell refused the literal: "regex must be a
+    string, got NoneType"."""
+
+    @lmnb.function
+    def ref(s):
+        s += lmnb.gen("n", max_tokens=3)
+
+    check("{gen n max_tokens=3 regex=None}", ref)
+
+
 def test_select_unnamed_gen_and_options_with_commas_or_spaces():
     cell = (
         "Is {x} positive? {select verdict choices=labels, temperature=0}\n"
@@ -424,6 +435,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         # Python's parser ran out of recursion, and the RecursionError escaped parse
         ('{gen n regex="' + "(" * 1000 + "a" + ")" * 1000 + '"}', 2, 14, 'regex "' + "(" * 79 + "\u2026 nests its "
                                                                         "parentheses too deeply for Python's re"),
+        # gen()'s words for it (the cell said "got int"); tested to be gen()'s in test_lang_interpreter
+        ("{gen n regex=5}", 2, 14, "regex must be a string, not int"),
         ('{gen n stop_regex="(ab"}', 2, 19, "stop_regex \"(ab\" is not a valid regular expression"),
         ('{gen n stop_regex=["x", "a*"]}', 2, 19, "stop_regex \"a*\" matches the empty string"),
         # as JSON, as the other stop_regex errors write a pattern (it said "stop_regex the pattern 'x\\ud800'")

@@ -85,10 +85,8 @@ def allowed(primitive: str) -> tuple[str, ...]:
 
 def check_literal(primitive: str, key: str, value) -> str | None:
     """A message if a literal option value is certainly wrong, else None."""
-    if key == "regex":
-        if not isinstance(value, str):
-            return f"regex must be a string, got {type(value).__name__}"
-        from lmnb_engine.regex_errors import regex_problem  # gen()'s and the engine's words (no torch)
+    if key == "regex":  # (None, gen()'s default, is no constraint)
+        from lmnb_engine.regex_errors import regex_problem  # gen()'s words, and the engine's (no torch)
 
         return regex_problem(value)
     elif key == "json_schema" and value is not None:  # (a literal; a pydantic class is a name, not checked here)
