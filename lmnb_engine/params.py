@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
-from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
 from lmnb_engine.regex_errors import shown_regex
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
@@ -185,7 +185,11 @@ class SamplingParams:
         value and the allowed range."""
 
         for f in fields(self):
-            setattr(self, f.name, python_value(getattr(self, f.name)))
+            try:
+                setattr(self, f.name, python_value(getattr(self, f.name)))
+            except RecursionError:  # (python_value recurses per level; no value is shown: repr would recurse too)
+                rule = TOO_DEEP if f.name == "json_schema" else "nests too deeply to read; flatten it"
+                raise SamplingParamsError(f"SamplingParams.{f.name} is invalid: {rule}", f.name) from None
 
         def bad(name: str, rule: str, show: bool = True, as_json: bool = False) -> None:
             value = getattr(self, name)  # (not shown: thousands of stops, say)

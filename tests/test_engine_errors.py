@@ -440,6 +440,27 @@ def test_numpy_scalars_inside_a_json_schema_are_read_as_the_values_they_hold(eng
     assert_idle_accounting(engine)
 
 
+def test_a_json_schema_dict_nested_too_deeply_is_refused_by_name_not_with_a_recursion_error(engine):
+    """python_value, which reads numpy scalars at any depth, recursed per level: a dict schema some
+    thousands of levels deep escaped Engine.generate as a RecursionError. It is refused at the
+    call, in the words gen() and the server refuse it with (json_schema.TOO_DEEP)."""
+    from lmnb_engine.params import SamplingParamsError
+
+    deep, stops = {}, "x"
+    for _ in range(3000):  # (built iteratively: a recursive build would recurse itself)
+        deep, stops = {"not": deep}, [stops]
+    too_deep = "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"
+    for params, said in [
+        (GREEDY.copy(json_schema=deep), f"SamplingParams.json_schema is invalid: {too_deep}"),
+        (GREEDY.copy(stop=stops), "SamplingParams.stop is invalid: nests too deeply to read; flatten it"),
+    ]:
+        with pytest.raises(SamplingParamsError) as e:
+            engine.generate("x", params)
+        assert str(e.value) == said and e.value.field == said.split(".")[1].split(" ")[0]
+    assert_idle_accounting(engine)
+    assert engine.generate("x", GREEDY).token_ids  # still serving
+
+
 def test_a_bad_prompt_in_a_batch_queues_nothing(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate(["fine", ""], GREEDY)
