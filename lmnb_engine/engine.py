@@ -783,10 +783,12 @@ class Engine:
     def _make_reqs(
         self, ids: list[int], params: SamplingParams, rid: Optional[str] = None, grammar: Any = None
     ) -> tuple[RequestHandle, list[Req]]:
-        """A handle and its ``n`` scheduler requests for one checked prompt, not yet queued; the
-        handle is registered under ``rid``, so ``abort(rid)`` finds it from now on (and marks the
-        requests to end as they reach the scheduler). A caller that then fails to queue them
-        ``_unregister``s the handle.
+        """A handle and its ``n`` scheduler requests for one checked prompt, not yet queued nor
+        registered: an interrupt (KeyboardInterrupt) in here or before the caller's ``try`` leaves
+        nothing behind. The caller registers the handle (``_register``) as the first step of the
+        ``try`` whose failure withdraws it (``_withdraw``). ``ValueError`` (``rid_in_use``) for a
+        ``rid`` a running request holds, checked here so that a duplicate is refused before any
+        work, and again as it is registered.
 
         The requests get their own copy of ``params``: the scheduler reads it at every step, so
         the caller's object, changed after ``submit`` returns (a loop reusing one
@@ -815,13 +817,18 @@ class Engine:
         if grammar is not None:
             self._attach_grammar(reqs, grammar)
         handle._reqs = reqs
-        # Registered only now that its requests exist: an abort that finds the handle can mark them
-        # (``_abort_here``) while another thread has yet to queue them.
-        with self._lock:
-            self._check_rid_free(rid)  # (again: another thread may have taken it meanwhile)
-            self._handles = {k: h for k, h in self._handles.items() if not h.done}
-            self._handles[rid] = handle
         return handle, reqs
+
+    def _register(self, handles: list[RequestHandle]) -> None:
+        """Register ``handles`` (``_make_reqs``' own, their requests made) under their rids, so that
+        ``abort(rid)`` finds them from now on, and can end their requests (``_abort_here``) while
+        the caller has yet to queue them. ``ValueError`` (``rid_in_use``) if a running request
+        took a rid meanwhile (another thread's submit): a caller then ``_unregister``s them all."""
+        with self._lock:
+            self._handles = {k: h for k, h in self._handles.items() if not h.done}
+            for h in handles:
+                self._check_rid_free(h.rid)
+                self._handles[h.rid] = h
 
     def _unregister(self, handles: Iterable[RequestHandle]) -> None:
         """Forget ``handles`` whose requests were never queued (their submission failed on the way):
@@ -861,6 +868,8 @@ class Engine:
         with an abort naming it (``field``: the constraint, or ``min_new_tokens``, where the
         request's settings caused it)."""
         handle, reqs = self._make_reqs(ids, params, rid)
+        # (no interrupt to withdraw from: the scheduler's thread is never the main one, where they land)
+        self._register([handle])
         threading.Thread(target=self._queue_when_compiled, args=(reqs,), name="lmnb-grammar-wait", daemon=True).start()
         return handle
 
@@ -917,9 +926,9 @@ class Engine:
         (SGLang's abort ends a request waiting for its grammar at once too). An interrupt
         (KeyboardInterrupt) once submit may have queued the request ends it, with finish reason abort
         and ``outputs.ABORT_INTERRUPTED``, before it propagates: no request runs whose handle no
-        caller got. A request queued before the
-        shutdown ends with finish reason abort and the message ``outputs.ABORT_SHUTDOWN``, as do
-        those running.
+        caller got; one before leaves nothing queued or registered (the rid is free). A request
+        queued before the shutdown ends with finish reason abort and the message
+        ``outputs.ABORT_SHUTDOWN``, as do those running.
 
         In a ``subscribe`` listener (the scheduler thread), a regex / JSON schema not compiled yet
         does not hold that thread for the compile: the handle comes back at once, the request is
@@ -936,11 +945,12 @@ class Engine:
         self._check(ids, params)
         if self._compiling(params):
             return self._submit_when_compiled(ids, params, rid)
-        # The rid is taken before the compile: an abort from another thread meanwhile finds the
-        # request (and ends it) instead of missing it and letting it run.
         handle, reqs = self._make_reqs(ids, params, rid)
         posting = False
         try:
+            # The rid is taken before the compile: an abort from another thread meanwhile finds the
+            # request (and ends it) instead of missing it and letting it run.
+            self._register([handle])
             grammar = self._check_grammar(params)
             if grammar is not None:
                 self._attach_grammar(reqs, grammar)
@@ -1008,13 +1018,8 @@ class Engine:
                 named = type(e).__new__(type(e), f"prompt {i} of the batch: {e.args[0]}")
                 named.__dict__.update(vars(e))
                 raise named from None
-        made: list[tuple[RequestHandle, list[Req]]] = []
-        try:
-            for ids, p in zip(prompts, each):
-                made.append(self._make_reqs(ids, p, grammar=grammars[id(p)]))
-        except BaseException:  # (a prompt's failure fails the call: the earlier prompts' handles go too)
-            self._unregister(h for h, _ in made)
-            raise
+        # (not registered yet: a later prompt's failure, or an interrupt, leaves nothing registered)
+        made = [self._make_reqs(ids, p, grammar=grammars[id(p)]) for ids, p in zip(prompts, each)]
         # One submission for the whole batch: the scheduler sees every prompt at once, so the
         # batch is ordered and admitted the same way whatever the thread timing.
         results = self._run(made)
@@ -1042,18 +1047,21 @@ class Engine:
         return list(params)
 
     def _run(self, made: list) -> list[GenerateResult]:
-        """Queue the requests of ``made`` (``_make_reqs``' (handle, reqs) pairs) at once and wait for
-        their results, in order; an interrupt aborts them. Requests that cannot be queued (the
-        engine shut down meanwhile) leave no handle registered."""
+        """Register and queue the requests of ``made`` (``_make_reqs``' (handle, reqs) pairs) at once
+        and wait for their results, in order; an interrupt aborts them. Requests that cannot be
+        queued (the engine shut down meanwhile) leave no handle registered."""
         handles = [h for h, _ in made]
-        try:  # (one try from the post to the results: an interrupt anywhere in it ends the requests)
+        posting = False
+        try:  # (one try from the registration to the results: an interrupt anywhere in it withdraws them)
+            self._register(handles)
+            posting = True
             self.scheduler.submit([r for _, reqs in made for r in reqs])
             results: list[GenerateResult] = []
             for h in handles:
                 r = h.result()
                 results.extend(r if isinstance(r, list) else [r])
         except BaseException:
-            self._withdraw(handles, posted=True)
+            self._withdraw(handles, posting)
             raise
         return results
 
@@ -1144,7 +1152,7 @@ class Engine:
     def _abort_here(self, rid: str) -> bool:
         """``Engine.abort`` on the scheduler thread, between steps: the requests of ``rid`` it
         holds end now; so do those of a handle registered but not queued yet (another thread is
-        between ``_make_reqs`` and its post, compiling the grammar maybe, and the post may come
+        between ``_register`` and its post, compiling the grammar maybe, and the post may come
         after this command), which the scheduler then drops as they arrive: their rid is free at
         once, not only once the compile ends. True if either."""
         if self.scheduler.abort(rid):

@@ -1210,6 +1210,34 @@ def test_an_interrupt_once_the_request_is_queued_ends_it_and_leaves_the_engine_i
     assert len(engine.submit("the cat", GREEDY, rid=handle.rid).result(timeout=60).token_ids) == 8  # its rid is free
 
 
+@pytest.mark.parametrize("call", ["submit", "generate"])
+@pytest.mark.parametrize("at", ["_make_reqs", "_register"])
+def test_an_interrupt_before_the_post_leaves_nothing_registered(engine, monkeypatch, call, at):
+    """A KeyboardInterrupt just after _make_reqs had registered the handle (as _make_reqs returned,
+    before submit's try, or before generate's list took it) left the handle registered and unfinished
+    for good: nothing was queued to end it, and its rid stayed "in use". The registration is now the
+    first step of the try that withdraws it (_register); an interrupt just after it unregisters it."""
+    real, made = getattr(engine, at), []
+
+    def then_interrupted(*args, **kwargs):  # (Ctrl-C lands just after the step)
+        out = real(*args, **kwargs)
+        made.append(out[0] if at == "_make_reqs" else args[0][0])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, at, then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        if call == "submit":
+            engine.submit("the cat", GREEDY, rid="ctrl-c")
+        else:
+            engine.generate("the cat", GREEDY)
+    monkeypatch.undo()
+    (handle,) = made
+    assert not handle.done and engine.abort(handle.rid) is False  # never queued, and not found
+    assert engine.cache_stats()["prompt_tokens"] == 0
+    assert_idle_accounting(engine)
+    assert len(engine.submit("the cat", GREEDY, rid=handle.rid).result(timeout=60).token_ids) == 8  # its rid is free
+
+
 def test_a_batch_whose_later_prompt_cannot_be_made_leaves_nothing_registered(engine, monkeypatch):
     """generate made the batch's requests prompt by prompt; when a later prompt's failed (here the
     tensor-parallel check found a worker rank dead), the call raised, but the earlier prompts'
