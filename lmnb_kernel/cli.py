@@ -30,6 +30,12 @@ SUBCOMMANDS = {
 SIGTERM_AS_CTRL_C = ("run", "serve")
 
 
+# `lmnb serve`'s phase (``lmnb_engine.http_server.phase``) -> what the line of a SIGTERM that
+# reached ``main`` says of it: one while the server served, between its "serving" line and its own
+# handlers, says just that it stopped, as theirs does.
+SERVE_PHASE_WORDS = {"loading": " before it started serving", "serving": "", "shutting down": " while shutting down"}
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (``SIGTERM_AS_CTRL_C``)."""
 
@@ -42,19 +48,27 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status; 130
     (the shell's code for SIGINT) when Ctrl-C comes before the subcommand takes it over, e.g.
     while torch is being imported, instead of a traceback; for ``lmnb run``, SIGTERM too. SIGTERM
-    to ``lmnb serve`` before it serves (its model loading): a line that says so, and 143 (the
-    status of a process SIGTERM ended, as once it serves)."""
+    to ``lmnb serve`` outside its server's own handlers (its model loading, its engine shutting
+    down after the server stopped): a line that says which (``SERVE_PHASE_WORDS``), and 143 (the
+    status of a process SIGTERM ended, as while it serves)."""
     try:
         return _main(argv)
     except Terminated:
         if argv_command(argv) == "serve":
-            print("lmnb serve: stopped (SIGTERM) before it started serving", file=sys.stderr)
+            print(f"lmnb serve: stopped (SIGTERM){SERVE_PHASE_WORDS[_serve_phase()]}", file=sys.stderr)
             return 128 + signal.SIGTERM
         print("lmnb: terminated (SIGTERM)", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("lmnb: interrupted", file=sys.stderr)
         return 130
+
+
+def _serve_phase() -> str:
+    """``lmnb serve``'s phase; "loading" before its module is imported (its import is part of the
+    load), read without importing it."""
+    module = sys.modules.get("lmnb_engine.http_server")
+    return getattr(module, "phase", "loading")
 
 
 def argv_command(argv: list[str] | None) -> str | None:

@@ -75,6 +75,47 @@ def test_lmnb_serve_stopped_by_sigterm_while_the_model_loads_says_so(tiny_llama)
     assert (proc.returncode, proc.stderr) == (143, "lmnb serve: stopped (SIGTERM) before it started serving\n")
 
 
+@pytest.mark.parametrize("phase", ["loading", "serving", "shutting down"])
+def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing(monkeypatch, capsys, phase):
+    """A SIGTERM outside the server's own handlers said "before it started serving" however far
+    the command had gone: also once the server had stopped (here by SIGINT) and the engine was
+    shutting down, or between the "serving" line and uvicorn's start. The SIGTERM is sent from
+    the step of that phase (the load, the server's making, the engine's shutdown)."""
+    import os
+    import types
+
+    import lmnb_engine.engine
+    import lmnb_engine.http_server as http_server
+    import lmnb_engine.http_server.app as http_app
+    from lmnb_kernel import cli
+
+    def at(step):
+        if step == phase:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    class Engine:
+        def __init__(self, **kwargs):
+            at("loading")
+
+        def shutdown(self):
+            at("shutting down")
+
+    def make_server(app, **config):
+        at("serving")
+        return types.SimpleNamespace(run=lambda sockets: None, stop_signal=signal.SIGINT)
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
+    monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: object())
+    monkeypatch.setattr(http_app, "Server", make_server)
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 143
+    lines = capsys.readouterr().err.splitlines()
+    said = {"loading": " before it started serving", "serving": "", "shutting down": " while shutting down"}[phase]
+    assert lines[-1] == f"lmnb serve: stopped (SIGTERM){said}"
+    served = lines[:-1]  # the "serving" line, once the model has loaded
+    assert len(served) == (phase != "loading") and all(s.startswith("lmnb serve: serving m on http://127.0.0.1:")
+                                                       for s in served)
+
+
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tmp_path / "nope"), "--port", "0"],

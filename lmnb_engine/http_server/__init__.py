@@ -23,6 +23,11 @@ DEFAULT_MAX_BODY_MB = 256
 # uvicorn's names (uvicorn.config.LOG_LEVELS), listed here so a misspelt one is refused by argparse
 # before the model loads; uvicorn itself fails on it with a KeyError traceback after the load.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# What ``serve`` is doing: "loading" (until the model is loaded and the port listens), "serving"
+# (from its "serving" line), "shutting down" (the engine, once the server has stopped). A SIGTERM
+# outside the server's own handlers (``app.Server.run``) ends the command with a line that says
+# which (``lmnb_kernel.cli.main``): it came during the load, or after the server stopped.
+phase = "loading"
 
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,14 +88,16 @@ def serve(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted (Ctrl-C, SIGTERM: the open requests are
     aborted, each told that the server shut down: ``app.Server``). Returns the exit status: 0,
     or after a signal the shell's status of a process it ended (130 for SIGINT, 143 for SIGTERM),
-    having printed ``lmnb serve: stopped (SIGTERM)`` (stderr). (SIGTERM while the model loads:
-    ``lmnb_kernel.cli.main``.)
+    having printed ``lmnb serve: stopped (SIGTERM)`` (stderr). (SIGTERM while the model loads, or
+    while the engine shuts down once the server has stopped: ``phase``, ``lmnb_kernel.cli.main``.)
 
     Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
     ``--port 0`` that is how a caller learns the port the system picked."""
+    global phase
     from lmnb_engine import Engine
     from lmnb_engine.http_server.app import Server
 
+    phase = "loading"
     if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
         return 2
@@ -124,11 +131,13 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
+        phase = "serving"
         print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
         server = Server(app, log_level=args.log_level)
         try:
             server.run(sockets=[sock])
         finally:
+            phase = "shutting down"
             engine.shutdown()
     if server.stop_signal is None:
         return 0
