@@ -235,6 +235,59 @@ def test_engine_tp_settings_that_cannot_work_fail_before_any_worker_starts(tiny_
         Engine(path, device="cpu", tp_size=2, cuda_graph_max_bs=8)
 
 
+def test_a_workers_load_error_reaches_the_caller_as_a_single_process_load_raises_it(
+        tiny_checkpoint_factory, tmp_path, monkeypatch):
+    """A worker's load error came back as a RuntimeError holding its text, which lost its type and
+    the fixes that front ends say in their own syntax (``in_option_syntax``). The worker's load
+    is made to fail where rank 0's did not: the weights go once rank 0 has loaded its shard; the
+    single-process load of what is left is the reference."""
+    import shutil
+
+    import torch.distributed as dist
+
+    import lmnb_engine.distributed.launch as launch
+    from lmnb_engine import Engine
+    from lmnb_engine.cli_options import in_option_syntax
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint_factory("llama"), path)
+    start = launch.start_tensor_parallel
+
+    def start_without_the_weights(*args, **kwargs):
+        for weights in path.glob("*.safetensors"):
+            weights.unlink()
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "start_tensor_parallel", start_without_the_weights)
+    with pytest.raises(Exception) as tp:
+        Engine(str(path), device="cpu", tp_size=2, max_total_tokens=256)
+    assert not mp.active_children() and not dist.is_initialized()
+    with pytest.raises(Exception) as one:
+        Engine(str(path), device="cpu", max_total_tokens=256)
+    assert type(tp.value) is type(one.value) is FileNotFoundError
+    assert str(tp.value) == str(one.value)
+    options = {"random_weights": False}  # (a command line with --random-weights)
+    assert in_option_syntax(tp.value, options) == in_option_syntax(one.value, options)
+    assert "--random-weights" in in_option_syntax(tp.value, options)
+    assert str(tp.value.__cause__) == "tensor-parallel rank 1 could not load the model"
+
+
+def test_rank_0s_runner_refuses_its_settings_as_a_single_process_does(tiny_checkpoint_factory):
+    """``max_total_tokens=1``: a single process raises ValueError with the fix; tensor-parallel
+    start-up wrapped it (and rank 1's copy of it) in a RuntimeError."""
+    import torch.distributed as dist
+
+    from lmnb_engine import Engine
+
+    path = str(tiny_checkpoint_factory("llama"))
+    with pytest.raises(ValueError) as one:
+        Engine(path, device="cpu", max_total_tokens=1)
+    with pytest.raises(ValueError) as tp:
+        Engine(path, device="cpu", tp_size=2, max_total_tokens=1)
+    assert str(tp.value) == str(one.value) and tp.value.option_fixes == one.value.option_fixes
+    assert not mp.active_children() and not dist.is_initialized()
+
+
 @pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {}),
                                             ("llama", dict(vocab_size=509, tie_word_embeddings=True))])
 def test_loading_a_shard_equals_slicing_the_loaded_model(tiny_checkpoint_factory, arch, overrides):

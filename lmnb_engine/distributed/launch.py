@@ -7,7 +7,9 @@ error naming the rank rather than as a collective that never returns:
 1. rank 0 loads its shard of the model (this checks the path, the architecture and that the
    heads divide by N) before any process is spawned;
 2. the workers load their shards of the same checkpoint (same dtype) on their own device
-   (``cuda:rank``, or the CPU) and report back through a pipe; rank 0 waits for all;
+   (``cuda:rank``, or the CPU) and report back through a pipe; rank 0 waits for all, and raises
+   a worker's load error as it is (its type, its message, the fixes front ends reword):
+   the caller sees what a single process's load would have raised;
 3. every rank joins the process group (NCCL on GPUs, gloo on CPU; a rendezvous file in a fresh
    temporary directory) and builds its ``TensorParallelRunner`` shard; the workers then follow
    rank 0's broadcast batches in ``worker_loop``.
@@ -27,6 +29,7 @@ import contextlib
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -77,7 +80,7 @@ def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwar
             torch.cuda.set_device(rank)
             device = f"cuda:{rank}"
         loaded = load_model(device=device, tp=TPGroup(rank, size), **load_kwargs)
-        conn.send(("loaded", None))
+        conn.send(("loaded", None, None))
         stage = "join the process group"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                                 timeout=COLLECTIVE_TIMEOUT)
@@ -86,15 +89,26 @@ def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwar
         stage = "run a forward"
         worker_loop(runner)
     except BaseException as exc:  # noqa: BLE001 - reported to rank 0, then the worker ends
-        try:
-            conn.send(("error", f"could not {stage}: {type(exc).__name__}: {exc}"))
-        except OSError:
-            pass
+        _report(conn, stage, exc)
         code = 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     exit_rank(code)
+
+
+def _report(conn, stage: str, exc: BaseException) -> None:
+    """Tell rank 0 that this worker could not do ``stage``: ``("error", message, exc)``, ``exc``
+    only where it survives pickling (its ``option_fixes`` included), else None."""
+    message = f"could not {stage}: {type(exc).__name__}: {exc}"
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - an argument that does not pickle, or an __init__ that needs more
+        exc = None
+    try:
+        conn.send(("error", message, exc))
+    except OSError:
+        pass
 
 
 def exit_rank(code: int) -> None:
@@ -143,7 +157,7 @@ class TensorParallelGroup:
         for rank, conn in enumerate(self.conns, start=1):
             try:
                 while conn.poll():
-                    kind, msg = conn.recv()
+                    kind, msg, _ = conn.recv()
                     if kind == "error":
                         errors.append(f"rank {rank}: {msg}")
             except (EOFError, OSError):
@@ -174,8 +188,9 @@ class TensorParallelGroup:
 
 
 def _wait_loaded(group: TensorParallelGroup) -> None:
-    """Block until every worker reported its model loaded. Raises ``RuntimeError`` naming the
-    rank that failed or died, or that took longer than ``LOAD_TIMEOUT_S``."""
+    """Block until every worker reported its model loaded. Raises a worker's load error as the
+    worker raised it (caused by a ``RuntimeError`` naming the rank), else ``RuntimeError`` naming
+    the rank that failed or died, or that took longer than ``LOAD_TIMEOUT_S``."""
     pending = {rank: (conn, p.sentinel) for rank, (conn, p) in enumerate(zip(group.conns, group.procs), start=1)}
     while pending:
         waiting = {h: rank for rank, hs in pending.items() for h in hs}
@@ -190,9 +205,11 @@ def _wait_loaded(group: TensorParallelGroup) -> None:
             conn, _ = pending[rank]
             if handle is conn or conn.poll():
                 try:
-                    kind, msg = conn.recv()
+                    kind, msg, exc = conn.recv()
                 except EOFError:
-                    kind, msg = "error", "exited while loading the model"
+                    kind, msg, exc = "error", "exited while loading the model", None
+                if exc is not None:  # (its traceback, in the worker, is not sent: the cause names the rank)
+                    raise exc from RuntimeError(f"tensor-parallel rank {rank} could not load the model")
                 if kind == "error":
                     raise RuntimeError(f"tensor-parallel rank {rank} {msg}")
                 del pending[rank]
@@ -218,6 +235,8 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
         The ``TensorParallelGroup`` (its ``runner`` is rank 0's).
     Raises:
         ValueError: fewer GPUs than ranks, or an attention backend given as an object.
+        ValueError, TypeError: rank 0's runner refused its settings (``ModelRunner``'s errors).
+        Exception: a worker's load error, as its load raised it (``_wait_loaded``).
         RuntimeError: a process group already exists in this process, or a worker failed (the
             message names the rank and what it could not do).
     """
@@ -265,6 +284,8 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
         try:
             group.runner = TensorParallelRunner(loaded, TPGroup(0, tp_size), **runner_kwargs)
             group.runner.check_peers = group.check_alive
+        except (ValueError, TypeError):  # its settings, refused as by a single process's ModelRunner
+            raise
         except Exception as exc:  # rank 0's own error first; a worker's may be the cause of it
             errors = [f"rank 0: {type(exc).__name__}: {exc}"] + group.worker_errors()
             raise RuntimeError("tensor-parallel start-up failed: " + "; ".join(errors)) from exc
