@@ -2676,3 +2676,42 @@ def test_a_chat_prompt_too_long_for_its_max_tokens_says_to_shorten_the_messages(
         assert r.status_code == 400 and r.json()["error"]["message"] == (
             "prompt of 6 tokens + max_tokens=9 exceeds the model's context length of 20 tokens; shorten the prompt or "
             "lower max_tokens"), r.text
+
+
+@pytest.mark.parametrize("refusal, status, message", [
+    (ValueError("a text-only model: it cannot take images"), 400, "the served model is text-only"),
+    # a LLaVA model whose image processor this transformers builds only with torchvision: the
+    # server starts and serves text, and a request with images gets why (a 500: the fix is the server's)
+    (ImportError("needs torchvision; pip install torchvision"), 500, "needs torchvision; pip install torchvision"),
+])
+def test_the_models_image_processor_is_asked_for_once_as_the_app_is_made(refusal, status, message):
+    """[issue 10] The chat route asked ``engine.multimodal`` on the event loop for each request with
+    an image part, and /get_model_info and /generate's images asked again: the first ask makes
+    the processor (it reads the checkpoint's image processor config), which held every stream
+    meanwhile, and a text-only model's asks each failed anew. Now ``create_app`` asks once."""
+    asked: list = []
+
+    class ImagelessEngine(RecordingEngine):
+        @property
+        def multimodal(self):
+            asked.append(threading.get_ident())
+            raise refusal  # (Engine.multimodal's for a text-only model; _load_image_processor's)
+
+    from lmnb_engine.http_server import create_app
+
+    engine = ImagelessEngine()
+    create_app(engine)
+    assert asked == [threading.get_ident()]
+    asked.clear()
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with live_server(engine, served_model_name="m") as url:
+        chat = _post(url, "/v1/chat/completions", {"model": "m", "max_tokens": 2, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]}, timeout=30)
+        assert chat.status_code == status and message in chat.json()["error"]["message"], chat.text
+        plain = _post(url, "/v1/chat/completions", {"model": "m", "max_tokens": 2,
+                                                    "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        assert plain.status_code == 200, plain.text
+        generate = _post(url, "/generate", {"text": "a", "image_data": "AAAA"}, timeout=30)
+        assert generate.status_code == status and message in generate.json()["error"]["message"], generate.text
+        assert httpx.get(url + "/get_model_info", timeout=30).json()["image_token"] is None
+    assert asked == [threading.get_ident()]  # live_server's own create_app; no request asked

@@ -32,7 +32,7 @@ import threading
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, NoReturn, Optional, Sequence
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -48,8 +48,8 @@ from lmnb_engine.http_server.protocol import (
     RequestFailed,
     StreamChunks,
     client_message,
-    image_token,
     meta_info,
+    multimodal_processor,
     refused_field,
     refused_value,
     sampling_field,
@@ -148,6 +148,11 @@ class ServerContext:
         self.engine = engine
         self.model_name = served_model_name
         self.incremental_streaming_output = incremental_streaming_output  # (/generate's stream: StreamChunks)
+        # [issue 10] the model's image processor; None: it takes no images (images_unavailable: why a
+        # vision model's could not be made)
+        self.multimodal, self.images_unavailable = multimodal_processor(engine)
+        if self.images_unavailable is not None:
+            logger.warning("requests with images will fail: %s", self.images_unavailable)
         self.pool = ThreadPoolExecutor(MAX_WAITING_THREADS, thread_name_prefix="lmnb-serve")
         # a response's id (an OpenAI request's, a /generate batch's one rid) -> its prompts' handles, for
         # /abort_request and to refuse the id while it runs (engine rids: response_rids); weak: an
@@ -165,6 +170,14 @@ class ServerContext:
         # with its id aborts in the engine at once: those submitted already run meanwhile
         self.held_responses: dict[str, list] = {}
         self._inbox: Optional[_Inbox] = None  # (made on the server's event loop, by the first stream)
+
+    def refuse_images(self, text_only: RequestError) -> NoReturn:
+        """Raise for a request with images, which ``multimodal`` (None) cannot take:
+        ``RequestFailed`` (500) saying why a vision model's processor could not be made (the fix is
+        the server's), else ``text_only``, the route's 400 for a text-only model."""
+        if self.images_unavailable is not None:
+            raise RequestFailed(self.images_unavailable)
+        raise text_only
 
     def in_use(self, rid: str) -> bool:
         """Whether ``rid`` names a request still running, which ``/abort_request`` with it aborts:
@@ -799,11 +812,11 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     @app.get("/get_model_info")
     async def get_model_info():
-        return await ctx.run(model_info_dict, engine, name)
+        return await ctx.run(model_info_dict, ctx)
 
     @app.get("/get_server_info")
     async def get_server_info():
-        info = await ctx.run(model_info_dict, engine, name)
+        info = await ctx.run(model_info_dict, ctx)
         info["cache_stats"] = await ctx.run(engine.cache_stats)
         info["incremental_streaming_output"] = ctx.incremental_streaming_output  # (a server arg, as SGLang's)
         return info
@@ -900,11 +913,10 @@ async def _with_images(ctx: ServerContext, prompt: Any, images: list) -> Any:
     text-only model, a placeholder count that does not match, or an unreadable image is a 400."""
     from lmnb_engine.multimodal import MultimodalPrompt
 
-    try:
-        mm = await ctx.run(lambda: ctx.engine.multimodal)
-    except (ValueError, AttributeError):  # AttributeError: an engine stand-in without images
-        raise RequestError("image_data needs a vision-language model, and the served model is text-only; "
-                           "serve a LLaVA checkpoint to send images", param="image_data") from None
+    mm = ctx.multimodal
+    if mm is None:
+        ctx.refuse_images(RequestError("image_data needs a vision-language model, and the served model is "
+                                       "text-only; serve a LLaVA checkpoint to send images", param="image_data"))
     images = [_image(v) for v in images]
     if any(x is None for x in images):
         raise RequestError("image_data entries must be data:image/<type>;base64,<data> URLs or base64 strings; "
@@ -976,11 +988,12 @@ async def _stream_generate(ctx: ServerContext, handles: list, params: list, deco
     yield SSE_DONE
 
 
-def model_info_dict(engine: Any, served_model_name: str) -> dict:
+def model_info_dict(ctx: ServerContext) -> dict:
     """``/get_model_info``: SGLang's keys (``model_path``, ``tokenizer_path``, ``is_generation``)
     plus what a client needs to build prompts exactly as the model expects: the Jinja
     ``chat_template``, the special tokens it uses, whether encoding text adds BOS itself, and
     [issue 10] ``image_token`` (the placeholder of one image; None for a text-only model)."""
+    engine = ctx.engine
     tok = engine.tokenizer
     info = dict(engine.model_info())
     bos_id = getattr(tok, "bos_token_id", None)
@@ -989,11 +1002,11 @@ def model_info_dict(engine: Any, served_model_name: str) -> dict:
         model_path=engine.model_path,
         tokenizer_path=engine.model_path,
         is_generation=True,
-        served_model_name=served_model_name,
+        served_model_name=ctx.model_name,
         chat_template=engine.chat_template,
         encode_adds_bos=bos_id is not None and bool(probe) and probe[0] == bos_id,
         bos_token_id=bos_id,
-        image_token=image_token(engine),
+        image_token=ctx.multimodal.image_token if ctx.multimodal is not None else None,
     )
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
         value = getattr(tok, key, None)

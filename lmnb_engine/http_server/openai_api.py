@@ -58,7 +58,6 @@ from lmnb_engine.http_server.protocol import (
     check_n,
     client_message,
     finite,
-    image_token,
     refused_field,
     refused_value,
     served_message,
@@ -631,7 +630,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         if not engine.chat_template:
             raise RequestError("this model has no chat template; use /v1/completions", param="messages")
         images: list = []  # [issue 10] image_url parts, in order; each left an image token in its message
-        messages = [_plain_message(m, i, images, engine) for i, m in enumerate(req.messages)]
+        messages = [_plain_message(m, i, images, ctx) for i, m in enumerate(req.messages)]
         rid, created = _response_id(req, "chatcmpl-"), int(time.time())
         rids = response_rids(rid, 1)
         with ctx.holding_response(rid, rids):  # (from before the template and the images: a slow prepare)
@@ -641,8 +640,9 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                 raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
             # add_special_tokens=False: the template wrote any BOS
             ids = await ctx.run(encode_prompt, engine, text, "messages", False)
-            token = image_token(engine)
-            extra = sum(1 for t in ids if t == engine.multimodal.image_token_id) - len(images) if token else 0
+            mm = ctx.multimodal
+            token = mm.image_token if mm is not None else None
+            extra = sum(1 for t in ids if t == mm.image_token_id) - len(images) if token else 0
             if extra:  # [issue 10] the engine's message names MultimodalPrompt and image_data, not chat's image parts
                 raise RequestError(f"the messages' text holds the image token {json_value(token)} {extra} time(s); it "
                                    "stands for an image, and images come as image_url content parts: remove it from the "
@@ -651,7 +651,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             prompt = ids
             if images:  # [issue 10] decode, hash and preprocess off the event loop; bad images -> 400
                 try:
-                    prompt = await ctx.run(engine.multimodal.prepare, MultimodalPrompt(ids, images))
+                    prompt = await ctx.run(mm.prepare, MultimodalPrompt(ids, images))
                 except ValueError as e:
                     raise RequestError(str(e), param="messages") from None
             max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -693,10 +693,11 @@ def _usage_total(results: list, n_prompts: int) -> dict:
     }
 
 
-def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
+def _plain_message(m: ChatMessage, i: int, images: list, ctx: ServerContext) -> dict:
     """A message with string content (text parts joined). [issue 10] An ``image_url`` part
     (OpenAI's ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}``) becomes
-    the model's image token in the text and its URL is appended to ``images``; other parts are rejected."""
+    the model's image token in the text and its URL is appended to ``images``; other parts are
+    rejected (an image part too, where the model takes no images: ``ServerContext.refuse_images``)."""
     content = m.content
     if isinstance(content, list):
         bad = [p.type for p in content if p.type not in ("text", "image_url")]
@@ -713,10 +714,9 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
                                        '{"type": "text", "text": "..."}', param=where)
                 pieces.append(p.text)
                 continue
-            token = image_token(engine)
-            if token is None:
-                raise RequestError(f"messages[{i}] has an image_url part, but the served model is text-only; "
-                                   "serve a LLaVA checkpoint to send images", param="messages")
+            if ctx.multimodal is None:
+                ctx.refuse_images(RequestError(f"messages[{i}] has an image_url part, but the served model is "
+                                               "text-only; serve a LLaVA checkpoint to send images", param="messages"))
             url = (p.model_extra or {}).get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):
@@ -727,7 +727,7 @@ def _plain_message(m: ChatMessage, i: int, images: list, engine: Any) -> dict:
                 raise RequestError(f"messages[{i}] image_url.url must be a data: URL "
                                    "(data:image/png;base64,...); the server reads no files and fetches no URLs",
                                    param="messages")
-            pieces.append(token)
+            pieces.append(ctx.multimodal.image_token)
             images.append(url)
         content = "".join(pieces)
     # OpenAI's newer name for the system message (its o1 and later models): chat templates know "system"

@@ -123,13 +123,20 @@ _REQUEST_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 _NEUTRAL_KEYS = {"spaces_between_special_tokens": True, "no_stop_trim": False, "ebnf": None, "structural_tag": None}
 
 
-def image_token(engine: Any) -> Optional[str]:
-    """[issue 10] The text that stands for one image in ``engine``'s prompts; None for a text-only
-    model (or an engine stand-in without ``multimodal``)."""
+def multimodal_processor(engine: Any) -> tuple[Optional[Any], Optional[str]]:
+    """[issue 10] ``(engine.multimodal, None)``: the processor of its images (``image_token``, the
+    text that stands for one image in its prompts, ``image_token_id``, ``prepare``); ``(None,
+    None)`` for a text-only model (or an engine stand-in without ``multimodal``); ``(None, why)``
+    for a vision model whose processor cannot be made here (an ``ImportError``: this transformers
+    needs torchvision for it), whose text the server still serves. The server asks once, as it
+    makes its app (``ServerContext.multimodal``): the first ask reads the checkpoint's image
+    processor config, which on the event loop held every other request meanwhile."""
     try:
-        return engine.multimodal.image_token
+        return engine.multimodal, None
     except (ValueError, AttributeError):
-        return None
+        return None, None
+    except ImportError as e:
+        return None, str(e)
 
 
 def sampling_params_from_json(
