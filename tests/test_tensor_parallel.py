@@ -288,6 +288,36 @@ def test_rank_0s_runner_refuses_its_settings_as_a_single_process_does(tiny_check
     assert not mp.active_children() and not dist.is_initialized()
 
 
+def test_an_engine_starts_after_one_whose_rendezvous_failed(tiny_checkpoint_factory, tmp_path, monkeypatch):
+    """Rank 0's failed ``init_process_group`` (a worker gone before joining, Ctrl-C) left torch's
+    count of groups at 1, so the next engine's rank 0 named its group "1" where its fresh worker
+    named its "0", and start-up hung until the rendezvous timed out (10 minutes; 30 s here). The
+    failure is a real rendezvous that times out: rank 0 alone, on a file no worker knows."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import lmnb_engine.distributed.launch as launch
+    from lmnb_engine import Engine, SamplingParams
+
+    path = str(tiny_checkpoint_factory("llama"))
+    kw = dict(device="cpu", tp_size=2, max_total_tokens=256, attention_backend="torch")
+    init = dist.init_process_group
+
+    def init_alone(backend, **kwargs):
+        init(backend, init_method=f"file://{tmp_path / 'nobody'}", rank=0, world_size=2,
+             timeout=datetime.timedelta(seconds=1))
+
+    monkeypatch.setattr(dist, "init_process_group", init_alone)
+    with pytest.raises(RuntimeError, match="timeout"):
+        Engine(path, **kw)
+    monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setattr(launch, "COLLECTIVE_TIMEOUT", datetime.timedelta(seconds=30))
+    with Engine(path, **kw) as eng:
+        assert len(eng.generate("the cat", SamplingParams(max_new_tokens=2, temperature=0.0)).token_ids) == 2
+    assert not mp.active_children() and not dist.is_initialized()
+
+
 @pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {}),
                                             ("llama", dict(vocab_size=509, tie_word_embeddings=True))])
 def test_loading_a_shard_equals_slicing_the_loaded_model(tiny_checkpoint_factory, arch, overrides):

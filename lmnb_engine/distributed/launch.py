@@ -220,6 +220,18 @@ def _wait_loaded(group: TensorParallelGroup) -> None:
                                    f"(exit code {proc.exitcode})")
 
 
+def _uncount_failed_group() -> None:
+    """Undo what a failed ``init_process_group`` leaves behind: torch names each default group by
+    a per-process count (``distributed_c10d._world.group_count``) that only
+    ``destroy_process_group`` resets, which needs a group. Left at 1, the next engine's rank 0 named
+    its group "1" and its fresh workers theirs "0": their rendezvous keys never met, and start-up
+    hung for ``COLLECTIVE_TIMEOUT``."""
+    from torch.distributed import distributed_c10d
+
+    if not dist.is_initialized():
+        distributed_c10d._world.group_count = 0
+
+
 def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool, seed: int,
                           runner_kwargs: dict) -> TensorParallelGroup:
     """Start ranks 1..tp_size-1 and make rank 0's runner from ``loaded`` (already loaded here).
@@ -279,8 +291,12 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
             procs.append(p)
             conns.append(parent)
         _wait_loaded(group)
-        dist.init_process_group(backend, init_method=init_method, rank=0, world_size=tp_size,
-                                timeout=COLLECTIVE_TIMEOUT)
+        try:
+            dist.init_process_group(backend, init_method=init_method, rank=0, world_size=tp_size,
+                                    timeout=COLLECTIVE_TIMEOUT)
+        except BaseException:  # (a worker gone before joining, Ctrl-C)
+            _uncount_failed_group()
+            raise
         try:
             group.runner = TensorParallelRunner(loaded, TPGroup(0, tp_size), **runner_kwargs)
             group.runner.check_peers = group.check_alive
