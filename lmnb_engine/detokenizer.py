@@ -231,8 +231,9 @@ class StopStringMatcher:
 
         Several stops may end in one token's text. The one whose match ends first wins, as when
         the text is checked character by character; among matches ending at the same character,
-        stop strings before stop regexes, each in list order (a regex's match ends where its
-        matched text does). That is SGLang's result wherever it does not depend on the
+        stop strings before stop regexes, each in list order (a regex's match ends where a check
+        after each character would meet it: ``\\d+`` on "123" after "1", though the match
+        returned is all of "123"). That is SGLang's result wherever it does not depend on the
         tokenization: SGLang checks after each token, in list order, every stop in the text's tail
         (``Req._check_str_based_finish``; its detokenizer then cuts at the matched stop's first
         occurrence), so its list order decides between stops ending at the same character, but
@@ -253,12 +254,19 @@ class StopStringMatcher:
                 m = next((m for m in rx.finditer(text, self._floor(k, text), timeout=REGEX_TIMEOUT_S)
                           if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None),
                          None)
+                if m is None:
+                    continue
+                # ranked where a check after each character meets it, the end of the shortest text
+                # (past new_from) it matches in, not the end of its match over all of the text:
+                # r"\d+" on "123" is met once "1" is read, though it matches "123" (m itself
+                # matches by len(text), and an empty match, '(?<=b)', may end at its own start)
+                end = next(e for e in range(max(new_from + 1, m.start()), len(text) + 1)
+                           if rx.search(text, m.start(), e, timeout=REGEX_TIMEOUT_S) is not None)
             except TimeoutError:
                 self._timed_out(k, rx, text)
                 continue
-            if m is not None:
-                found = (m.end(), len(self.stops) + k, m.start(), m.group())
-                best = min(best or found, found)
+            found = (end, len(self.stops) + k, m.start(), m.group())
+            best = min(best or found, found)
         return None if best is None else (best[2], best[3])
 
     def safe_len(self, text: str) -> int:

@@ -111,6 +111,19 @@ def test_overlapping_stops_in_one_token_end_where_a_character_by_character_check
     assert StopStringMatcher(["END"], [r"N\w"]).find("xEND!", 0) == (1, "END")
 
 
+def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_longest_does():
+    # Worked by hand: on "x 123" read character by character, r"\d+" matches once "x 1" is read
+    # (its match "1" ends at 3) and "2" only ends at 4, so the text is cut at 2, before the
+    # number. The regex's greedy match over the whole token, "123", ends at 5: ranked by that end,
+    # "2" won and the cut fell at 3 ("x 1"), a cut no tokenization of the text gives one by one.
+    for stops, regexes, text, cut in [(["2"], [r"\d+"], "x 123", 2), (["q"], [r"a.*z"], " a z q z", 1)]:
+        assert stream(StopStringMatcher(stops, regexes), list(text))[1][0] == cut  # character by character
+        assert StopStringMatcher(stops, regexes).find(text, 0)[0] == cut, (stops, regexes)
+        assert stream(StopStringMatcher(stops, regexes), [text[:2], text[2:]])[1][0] == cut
+    # a match of no characters (a lookbehind) is met where it stands, at the end of the text read
+    assert stream(StopStringMatcher([], [r"(?<=b)"]), ["a", "b"])[1] == (2, "")
+
+
 def first_stop_by_definition(stops: list[str], text: str) -> tuple[int, str] | None:
     """The stop a check after each character finds first: the earliest end at which any stop
     ends, and there the first in the list."""
