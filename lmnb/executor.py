@@ -1045,8 +1045,10 @@ class StreamExecutor:
             from lmnb_engine.params import DOES_NOT_FIT  # torch-free (not at the top: import lmnb loads no engine)
 
             defaults = self.default_params
+            # (a speculative call asks for num_api_spec_tokens where that is more: not the default refused)
+            spec_asked_more = (self.num_api_spec_tokens or 0) > (params.max_new_tokens or 0)
             if (getattr(e, "reason", None) != DOES_NOT_FIT or expr.params.max_new_tokens is not None
-                    or not isinstance(defaults, RunDefaults)):
+                    or not isinstance(defaults, RunDefaults) or spec_asked_more):
                 raise
             # the gen never wrote the max_tokens that did not fit: say where it came from
             raise type(e)(f"{e} ({defaults.max_tokens_note()})") from None

@@ -391,6 +391,25 @@ def test_a_refusal_of_the_default_max_tokens_says_it_is_the_default(backend, hf,
                         "its own max_tokens=N, or lower that)")
 
 
+def test_a_speculative_call_refused_for_num_api_spec_tokens_is_not_blamed_on_the_default(backend, hf, tiny_engine):
+    """Under API speculative execution a gen without max_tokens asks for max(its 128,
+    num_api_spec_tokens) tokens: refused for num_api_spec_tokens=200, the error said the gen
+    "took lmnb's default of 128" and told it to give its own max_tokens, which changes nothing
+    (the call would still ask for 200)."""
+    limit = tiny_engine.context_len
+    prompt = "x " * ((limit - 150) // 2)  # (two tokens each)
+    n = len(hf[0].encode(prompt))
+    assert n + 200 > limit >= n + 128  # the prompt and 128 new tokens fit; with 200 they do not
+
+    @sgl.function(num_api_spec_tokens=200)
+    def prog(s):
+        s += prompt + sgl.gen("x")
+
+    assert str(prog.run(backend=backend).error()) == (
+        f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=200 exceeds the model's context length of "
+        f"{limit} tokens; shorten the prompt or lower max_tokens")
+
+
 def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_reports_it(backend, hf, tiny_engine):
     """The prefill of the traced prefix (a hint) raised out of run_batch when the prefix alone was too
     long for the context: no item ran, where a failing item does not stop a batch."""
