@@ -192,17 +192,28 @@ class GenParams:
 
         For text that is already whole (API speculative execution), the stop the engine finds as
         tokens arrive: the match that ends first, and among those ending at one character the
-        first listed, stop strings before regexes (``StopStringMatcher.find``).
+        first listed, stop strings before regexes (``StopStringMatcher.find``). Raises
+        ``ValueError`` as ``first_stop_match`` does.
         """
         hit = self.first_stop_match(text)
         return -1 if hit is None else hit[0]
 
     def first_stop_match(self, text: str) -> Optional[tuple[int, str]]:
         """``(where it begins, the text it matched)`` of the first stop in ``text`` (as ``first_stop``
-        finds it), None if none: the matched text is the engine's ``finish_reason.matched``."""
+        finds it), None if none: the matched text is the engine's ``finish_reason.matched``.
+
+        Raises:
+            ValueError: a ``stop_regex`` search ran past the engine's time limit (catastrophic
+                backtracking), as the engine aborts such a request: taken as "no stop", the gen
+                would silently take the whole text.
+        """
         from lmnb_engine.detokenizer import StopStringMatcher  # (torch-free: the engine's own rule)
 
-        return StopStringMatcher(self.stop_list, self.stop_regexes).find(text, 0)
+        matcher = StopStringMatcher(self.stop_list, self.stop_regexes)
+        hit = matcher.find(text, 0)
+        if matcher.problem:
+            raise ValueError(matcher.problem)
+        return hit
 
     def with_stops(self, extra: Sequence[str]) -> "GenParams":
         """A copy whose ``stop`` list also holds ``extra`` (order kept, no duplicates)."""

@@ -1509,6 +1509,24 @@ def test_api_speculation_cuts_a_gen_at_the_stop_the_engine_would_meet_first():
     assert st["name"] == " xab" and st.get_meta_info("name")["finish_reason"] == {"type": "stop", "matched": "c"}
 
 
+def test_api_speculation_with_a_stop_regex_given_up_for_backtracking_fails_the_gen(monkeypatch):
+    """The speculative cut searched the stop regexes with the engine's time limit (since 05d8286),
+    and a pattern given up for catastrophic backtracking was taken as "no stop": the gen silently
+    took the whole text. It fails now, with the engine's words, as the engine aborts such a request."""
+    from lmnb_engine import detokenizer
+
+    monkeypatch.setattr(detokenizer, "REGEX_TIMEOUT_S", 0.01)  # (40 x's take minutes to search)
+    be = ScriptedBackend(lambda p, params: " " + "x" * 40 + "!")
+
+    @sgl.function(num_api_spec_tokens=64)
+    def prog(s):
+        s += "Name:" + sgl.gen("name", stop_regex="(x|x)+y")
+
+    err = prog.run(backend=be).error()
+    assert isinstance(err, sgl.ProgramError) and isinstance(err.__cause__, ValueError)
+    assert 'stop_regex "(x|x)+y" took over 0.01 s to search 42 characters of output' in str(err)
+
+
 def test_fork_branches_do_not_share_the_api_speculation_left_over_before_the_fork():
     # every branch took the parent's leftover " 0" and made no call: fork(3) gave one sample thrice
     calls = iter(range(100))
