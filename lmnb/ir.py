@@ -8,6 +8,8 @@ and the meaning of every field follow SGLang's ``python/sglang/lang/ir.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -499,9 +501,10 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     if schema is None:
         return schema
     if isinstance(schema, (str, dict, bool)):
-        from lmnb_engine.json_schema import loaded_schema  # torch-free
+        if not _schema_passed(schema):
+            from lmnb_engine.json_schema import loaded_schema  # torch-free
 
-        loaded_schema(schema)
+            loaded_schema(schema)  # (refused in its own words, its keys in their own order)
         return schema
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         from lmnb_engine.pydantic_schema import pydantic_json_schema  # torch-free
@@ -513,6 +516,32 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     raise TypeError(
         f"json_schema must be a JSON string, a dict, a bool or a pydantic model class, not {type(schema).__name__}"
     )
+
+
+def _schema_passed(schema: Union[str, dict, bool]) -> bool:
+    """Whether ``loaded_schema`` takes ``schema``, remembered by its JSON text (a dict's keys
+    sorted): a program body's ``gen()`` runs once per ``run_batch`` item, and the check of a schema
+    of some dozens of properties takes milliseconds. False where unsure (a dict JSON cannot write
+    with sorted keys, a bool: cheap to check)."""
+    if isinstance(schema, bool):
+        return False
+    try:
+        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return _schema_text_passes(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_text_passes(text: str) -> bool:
+    """Whether ``loaded_schema`` takes the schema written as JSON ``text`` (``_schema_passed``)."""
+    from lmnb_engine.json_schema import loaded_schema  # torch-free
+
+    try:
+        loaded_schema(text)
+    except ValueError:
+        return False
+    return True
 
 
 def check_stop_regex(stop_regex: Any) -> None:

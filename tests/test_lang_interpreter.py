@@ -72,6 +72,27 @@ def test_gen_checks_a_regex_and_a_json_schema_without_torch():
                                        "[]"]
 
 
+def test_gen_checks_one_json_schema_once_however_often_it_is_called_with_it(monkeypatch):
+    """gen(json_schema=...) ran the meta-schema check at every call (since 4fbd604): a program body
+    runs its gen() once per run_batch item, and the check of a schema of some dozens of properties
+    takes milliseconds, each time. A schema written alike (its keys in any order, or as JSON text)
+    is checked once; a bad one is refused at every call, in the check's words."""
+    from lmnb_engine import json_schema
+
+    calls = []
+    real = json_schema.loaded_schema
+    monkeypatch.setattr(json_schema, "loaded_schema", lambda schema: calls.append(schema) or real(schema))
+    title = f"once {time.perf_counter_ns()}"  # (a schema no other test checked)
+    schema = {"title": title, "type": "object", "properties": {"a": {"type": "integer"}}}
+    for given in (schema, dict(reversed(list(schema.items()))), dict(schema)):
+        sgl.gen("x", json_schema=given)
+    assert len(calls) == 1
+    bad = {"title": title, "type": "strng"}
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^JSON schema at #/type is not a valid JSON Schema"):
+            sgl.gen("x", json_schema=bad)
+
+
 def test_a_pydantic_schema_is_converted_without_torch_and_its_decimals_are_exact():
     """gen(json_schema=Model) turns the class into the schema every backend gets (the OpenAI one
     too), with a Decimal's digit limits as a pattern (lmnb_engine.pydantic_schema), loading no torch."""
