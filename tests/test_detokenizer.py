@@ -120,6 +120,19 @@ def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_lon
         assert stream(StopStringMatcher(stops, regexes), list(text))[1][0] == cut  # character by character
         assert StopStringMatcher(stops, regexes).find(text, 0)[0] == cut, (stops, regexes)
         assert stream(StopStringMatcher(stops, regexes), [text[:2], text[2:]])[1][0] == cut
+    # random stops, regexes (none reading past its match's end) and tokenizations: the cut is the
+    # one a check after each character gives (this found 24 splits that moved it)
+    rng = random.Random(3)
+    patterns = [r"a+", r"ab+", r"b[ab]*a", r"(ab|b)", r"a.b", r"ba?"]
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 2))]
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(1, 9)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        by_char = stream(StopStringMatcher(stops, regexes), list(text))[1]
+        by_piece = stream(StopStringMatcher(stops, regexes), pieces)[1]
+        assert (by_piece and by_piece[0]) == (by_char and by_char[0]), (stops, regexes, pieces)
     # a match of no characters (a lookbehind) is met where it stands, at the end of the text read
     assert stream(StopStringMatcher([], [r"(?<=b)"]), ["a", "b"])[1] == (2, "")
 
