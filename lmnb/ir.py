@@ -492,7 +492,8 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     (``lmnb_engine.json_schema.loaded_schema``: JSON, a JSON object or boolean, valid under the
     JSON Schema meta-schema), so a typo (``{"type": "strng"}``) fails at the ``gen`` call rather
     than once the program runs, whichever backend runs it. Whether the engine's constrained
-    decoder supports every keyword is left to the backend: another may take what it does not.
+    decoder supports every keyword, and whether a ``pattern`` is a regex of the backend's dialect
+    (``patterns=False`` there), are left to the backend: another may take what it does not.
 
     Raises:
         TypeError: any other type; ValueError: a schema ``loaded_schema`` refuses (``false`` too:
@@ -504,7 +505,7 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
         if not _schema_passed(schema):
             from lmnb_engine.json_schema import loaded_schema  # torch-free
 
-            loaded_schema(schema)  # (refused in its own words, its keys in their own order)
+            loaded_schema(schema, patterns=False)  # (refused in its own words, its keys in their own order)
         return schema
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         from lmnb_engine.pydantic_schema import pydantic_json_schema  # torch-free
@@ -538,7 +539,7 @@ def _schema_text_passes(text: str) -> bool:
     from lmnb_engine.json_schema import loaded_schema  # torch-free
 
     try:
-        loaded_schema(text)
+        loaded_schema(text, patterns=False)
     except ValueError:
         return False
     return True

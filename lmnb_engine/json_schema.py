@@ -24,11 +24,14 @@ SHOWN_CHARS = 80
 TOO_DEEP = "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"
 
 
-def checked_schema(schema: dict | bool) -> dict | bool:
+def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
     they mean), checked against the JSON Schema meta-schema of its ``$schema`` draft (2020-12 when
     it names none) with ``jsonschema``. The boolean schema ``true`` (any JSON value) is returned
-    as it is.
+    as it is. ``patterns`` False leaves out the meta-schema's ``regex`` format check of each
+    ``pattern``: which regex dialect a pattern is in is the backend's question (the engine reads
+    Python's; an OpenAI-compatible API may take ECMA's ``\\p{Lu}``), so the language's checks, made
+    before a backend is known, skip it.
 
     Raises:
         ValueError: the boolean schema ``false`` (valid JSON Schema, which no value passes), a
@@ -52,7 +55,8 @@ def checked_schema(schema: dict | bool) -> dict | bool:
         raise ValueError("JSON schema at #/$schema must be a string (a draft's URI), not "
                          f"{json_value(schema['$schema'], SHOWN_CHARS)}")
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        validator = jsonschema.validators.validator_for(schema)
+        validator.check_schema(schema, **({} if patterns else {"format_checker": None}))
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
@@ -66,8 +70,9 @@ def checked_schema(schema: dict | bool) -> dict | bool:
     return schema
 
 
-def loaded_schema(schema: str | dict | bool) -> dict | bool:
-    """``checked_schema`` of a ``json_schema`` given as a JSON string (parsed first), a dict or a bool.
+def loaded_schema(schema: str | dict | bool, patterns: bool = True) -> dict | bool:
+    """``checked_schema`` of a ``json_schema`` given as a JSON string (parsed first), a dict or a
+    bool (``patterns``: as there).
 
     Raises:
         ValueError: a string that is not JSON, or whose JSON is neither an object nor a boolean
@@ -83,7 +88,7 @@ def loaded_schema(schema: str | dict | bool) -> dict | bool:
             raise ValueError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"json_schema must be a JSON object or a boolean, got {json_value(schema, SHOWN_CHARS)}")
-    return checked_schema(schema)
+    return checked_schema(schema, patterns)
 
 
 def json_value(value: Any, limit: Optional[int] = None) -> str:

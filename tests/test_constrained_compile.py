@@ -534,6 +534,21 @@ def test_a_schema_the_engine_takes_passes_the_gen_call_unchanged(schema):
         assert sent is schema
 
 
+@pytest.mark.parametrize("pattern", [r"^\p{Lu}", "(?<year>[0-9]{4})"], ids=["ECMA class", "ECMA named group"])
+def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend(pattern):
+    """A ``pattern`` is a regex of the backend's dialect: an OpenAI-compatible API reads ECMA's,
+    where ``\\p{Lu}`` and ``(?<name>...)`` are valid. gen() and a %%lm cell, which run before a
+    backend is known, pass it on; the engine, which reads Python's, refuses it with its hint."""
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    schema = {"type": "string", "pattern": pattern}
+    assert lmnb.gen("x", json_schema=schema).params.json_schema is schema
+    assert check_literal("gen", "json_schema", schema) is None
+    with pytest.raises(GrammarError, match=r"JSON schema at #/pattern is not a valid JSON Schema: .* is not a \"regex\""):
+        schema_to_regex(schema)
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):

@@ -92,10 +92,10 @@ def check_literal(primitive: str, key: str, value) -> str | None:
     elif key == "json_schema" and value is not None:  # (a literal; a pydantic class is a name, not checked here)
         if not isinstance(value, (str, dict, bool)):  # (true: any JSON value; false: refused below)
             return f"json_schema must be a JSON object or a boolean, got {type(value).__name__}"
-        from lmnb_engine.json_schema import loaded_schema  # gen()'s and the engine's check (no torch)
+        from lmnb_engine.json_schema import loaded_schema  # gen()'s check (no torch; patterns: json_schema_value)
 
         try:
-            loaded_schema(value)
+            loaded_schema(value, patterns=False)
         except ValueError as e:
             return str(e)
     elif key == "choices":
