@@ -20,7 +20,7 @@ ABORT_REQUESTED = "aborted by Engine.abort"
 ABORT_SHUTDOWN = "aborted: the engine shut down (Engine.shutdown, or the Engine was dropped) before the request finished"
 # The message of a request whose submitting call (submit, generate) was interrupted (Ctrl-C's
 # KeyboardInterrupt) once it may have queued it: no caller holds its handle, so it is ended.
-ABORT_INTERRUPTED = "aborted: the call that submitted it was interrupted (KeyboardInterrupt?) before it returned"
+ABORT_INTERRUPTED = "aborted: the call that submitted it was interrupted (Ctrl-C, a KeyboardInterrupt) before it returned"
 # The Python API's fix that ends the error of a call made once the engine has stopped (the
 # scheduler's ``shut_down_error``); a server's clients cannot act on it, so the server leaves it out.
 NEW_ENGINE_FIX = "; create a new Engine"
