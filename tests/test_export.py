@@ -478,6 +478,35 @@ def test_a_global_of_a_setup_function_the_rows_do_not_call_stays_each_rows_own(t
     assert sorted(prompts) == sorted([row["q"] for row in rows] + expected)
 
 
+_EMBED = ("import itertools\nloads = itertools.count(1)\nmodel = None\ndef embed(text):\n    global model\n"
+          "    if model is None:\n        model = next(loads)  # (loading a model: the how-many-th load this is)\n"
+          "    return model\n")
+
+
+@pytest.mark.parametrize("setup, cells", [
+    (_EMBED, ["r = str(embed(q))"]),
+    (_EMBED + "embed('warm')", ["r = str(embed(q))"]),  # (loaded by the set-up already)
+    (_EMBED, ["def vector(text):\n    return embed(text)\nr = str(vector(q))"]),  # (called by a row's function)
+])
+def test_a_global_a_setup_function_makes_on_first_use_is_made_once_for_the_rows(tmp_path, monkeypatch, setup, cells):
+    # model = None, and embed() loads it on first use: each row started from the set-up's None
+    # (Job.restore), so every row loaded the model again (each pass of the notebook loads it once:
+    # "1"), one more copy in memory for each row running at once
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them
+    for code in [setup, 'q = "A"', *cells]:
+        exec(code, notebook_ns)
+    assert notebook_ns["r"] == "1"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}, {"q": "D"}])
+    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    assert prompts == ["B", "1", "C", "1", "D", "1"]
+    assert p.notes == []  # (the rows share one model, as they share a set-up variable: nothing to warn of)
+
+
 _SETPI = "def setpi():\n    global pi\n    pi = 3\n"
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
-from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell
+from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, bound_by
 from lmnb.export.parameters import read_parameters
 from lmnb.template.template import python_name
 
@@ -65,7 +65,8 @@ class Plan:
     function set); rows share them. restored: the module-level names (but row fields) of
     ``shared``, and those that the functions of setup cells that the row cells use (call) declare
     ``global`` and bind: each row starts from the value the setup cells left (``Job.keep``), as
-    each pass of the notebook does, where the next row read on from what the last one set.
+    each pass of the notebook does, where the next row read on from what the last one set; but
+    those the setup cells set to None, made on first use (``_set_to_none``).
     jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a
     name of its own to them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -186,11 +187,12 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
                                if n not in p.shared)
-    module = _module_names(setup, parameters)
-    p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared]) if n in module and n not in p.inputs)
+    module, lazy = _module_names(setup, parameters), _set_to_none(setup)
+    p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared])
+                       if n in module and n not in p.inputs and n not in lazy)
     if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
         p.function_reads = _function_reads(setup, functions, parameters)
-        p.early_reads = _early_reads(functions, row, _module_names(setup, parameters))
+        p.early_reads = _early_reads(functions, row, module)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
                                      or n in p.star_names or n in p.rebound_builtins)
@@ -239,6 +241,22 @@ def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
             bound |= set(c.reads) if star is not None and c.index >= star else set()
     names = [n for c in row if isinstance(c, Code) for n in c.declared_globals] + [n for n in declared if n in bound]
     return tuple(n for n in dict.fromkeys(names) if n not in inputs)
+
+
+def _set_to_none(setup: list) -> set:
+    """The names that the setup cells last bind at top level by ``name = None``: a value a function
+    makes on first use (``global model; if model is None: model = load()``). Not ``Plan.restored``:
+    starting each row from None made every row load it again, where the rows can share the one the
+    first call makes, as the notebook's later passes do."""
+    import ast
+
+    last: dict = {}  # name → whether its last top-level binding is `= None`
+    for c in setup:
+        if isinstance(c, Code):
+            for stmt in ast.parse(c.source).body:
+                none = isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) and stmt.value.value is None
+                last.update(dict.fromkeys(bound_by(stmt), none))
+    return {name for name, none in last.items() if none}
 
 
 def _moved_setup_cells(before: list, after: list, examples: set) -> list:
