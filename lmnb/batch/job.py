@@ -305,9 +305,10 @@ class Job:
 
     def keep(self, namespace: dict, /, *names: str) -> None:
         """Keep the values that ``namespace`` (the script's globals, once the cells run once ran)
-        holds for ``names``: those that a function sets by ``global`` and the cells run per row set
-        too, one variable the rows share; ``restore`` gives them back at the start of each row, as
-        each pass of the notebook starts from them. A name ``namespace`` lacks is not kept."""
+        holds for ``names``: those that a function the cells run per row call sets by ``global``
+        (a counter), or that a function sets so and those cells set too, one variable the rows
+        share; ``restore`` gives them back at the start of each row, as each pass of the notebook
+        starts from them. A name ``namespace`` lacks is not kept."""
         self._kept = {name: namespace[name] for name in names if name in namespace}
 
     def restore(self, namespace: dict) -> None:
