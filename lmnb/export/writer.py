@@ -249,9 +249,9 @@ class _Writer:
         doc = (f'"""Notebook {which} {cells} for one input row. The job records what the %%lm cells\n'
                f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
         body = [doc]
-        shared = self.row_globals()
-        if shared:
-            body.append(f"global {', '.join(shared)}  # set by a function's `global` too: the script's, which rows share")
+        if p.shared:  # (a cell's code and a function's `global` set one variable, as in the notebook)
+            body.append(f"global {', '.join(p.shared)}  # set by a function's `global` too: the script's, which rows "
+                        "share")
         if p.restored:
             body.append(f"{n.job}.restore(globals())  # {', '.join(p.restored)}: as the cells run once left them")
         for name in p.copied:
@@ -288,15 +288,6 @@ class _Writer:
         text = "\n\n".join(indent_code(b) for b in body)
         return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
 
-    def row_globals(self) -> list:
-        """The names of ``Plan.shared`` that run_row declares ``global``: those a row cell binds (a
-        cell's code and a function's ``global`` set one variable, as in the notebook), or a row
-        cell's star import sets."""
-        stars = any(isinstance(c, Code) and c.star_imports for c in self.p.row)
-        return [name for name in self.p.shared if stars or any(
-            name in (c.assigns if isinstance(c, Code) else self.lm_sets(c)) for c in self.p.row
-            if isinstance(c, (Code, LMCell)))]
-
     def lm_sets(self, cell: LMCell) -> list:
         """The variables run_row binds after a ``%%lm`` cell: its captures read later, its ``--out``."""
         return [*self.p.binds[cell.index], *([cell.options.out] if cell.options.out else [])]
@@ -329,7 +320,7 @@ class _Writer:
                 reads, binds = later_reads | star.after_reads, later_binds | star.after_binds
                 below = sorted((reads & binds) - set(known) - set(self.p.inputs) - set(self.p.shared))
                 names = list(dict.fromkeys([*fields, *known, *below]))
-                shared = self.row_globals()
+                shared = self.p.shared
                 if not names and not shared:
                     lines[star.last - 1] += "  <- made at module level, before run_row"
                     continue
