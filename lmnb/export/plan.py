@@ -66,7 +66,7 @@ class Plan:
     ``shared``, and those that the functions of setup cells that the row cells use (call) declare
     ``global`` and bind: each row starts from the value the setup cells left (``Job.keep``), as
     each pass of the notebook does, where the next row read on from what the last one set; but
-    those the setup cells set to None, made on first use (``_set_to_none``).
+    those the setup cells set to None, made on first use (``_made_on_first_use``).
     jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a
     name of its own to them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -187,7 +187,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
                                if n not in p.shared)
-    module, lazy = _module_names(setup, parameters), _set_to_none(setup)
+    module, lazy = _module_names(setup, parameters), _made_on_first_use(setup)
     p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared])
                        if n in module and n not in p.inputs and n not in lazy)
     if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
@@ -243,20 +243,63 @@ def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
     return tuple(n for n in dict.fromkeys(names) if n not in inputs)
 
 
-def _set_to_none(setup: list) -> set:
-    """The names that the setup cells last bind at top level by ``name = None``: a value a function
-    makes on first use (``global model; if model is None: model = load()``). Not ``Plan.restored``:
-    starting each row from None made every row load it again, where the rows can share the one the
-    first call makes, as the notebook's later passes do."""
+def _made_on_first_use(setup: list) -> set:
+    """The names that the setup cells last bind at top level by ``name = None`` and that their
+    functions set by ``global`` only under ``if name is None:`` (or ``if not name:``): a value made
+    on first use and kept (``global model; if model is None: model = load()``). Not
+    ``Plan.restored``: starting each row from None made every row load it again, where the rows can
+    share the one the first call makes, which no call changes. (A running ``best`` that a function
+    sets under another test, ``if best is None or x > best:``, is restored.)"""
     import ast
 
+    trees = [ast.parse(c.source) for c in setup if isinstance(c, Code)]
     last: dict = {}  # name → whether its last top-level binding is `= None`
-    for c in setup:
-        if isinstance(c, Code):
-            for stmt in ast.parse(c.source).body:
-                none = isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) and stmt.value.value is None
-                last.update(dict.fromkeys(bound_by(stmt), none))
-    return {name for name, none in last.items() if none}
+    for tree in trees:
+        for stmt in tree.body:
+            none = isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) and stmt.value.value is None
+            last.update(dict.fromkeys(bound_by(stmt), none))
+    out = {name for name, none in last.items() if none}
+    functions = (n for tree in trees for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    for function in functions:
+        nodes = list(_own_nodes(function))
+        for name in {n for node, _ in nodes if isinstance(node, ast.Global) for n in node.names} & out:
+            if any(_binds(node, name) and not any(_tests_unset(test, name) for test in tests) for node, tests in nodes):
+                out.discard(name)
+    return out
+
+
+def _own_nodes(node, tests: tuple = ()):
+    """(node, the ``if`` tests whose body holds it) for each node inside ``node`` (a function) but
+    those of the functions, classes and lambdas in it, which have their own variables."""
+    import ast
+
+    for field_name, value in ast.iter_fields(node):
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, ast.AST) and not isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                inner = (*tests, node.test) if isinstance(node, ast.If) and field_name == "body" else tests
+                yield child, inner
+                yield from _own_nodes(child, inner)
+
+
+def _binds(node, name: str) -> bool:
+    """Whether ``node`` binds (or deletes) ``name``: an assignment's target, an import."""
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id == name and not isinstance(node.ctx, ast.Load)
+    return isinstance(node, ast.alias) and (node.asname or node.name).split(".")[0] == name
+
+
+def _tests_unset(test, name: str) -> bool:
+    """Whether ``test`` is ``name is None`` or ``not name``."""
+    import ast
+
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return isinstance(test.operand, ast.Name) and test.operand.id == name
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == name
+            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None)
 
 
 def _moved_setup_cells(before: list, after: list, examples: set) -> list:
