@@ -488,6 +488,9 @@ _EMBED = ("import itertools\nloads = itertools.count(1)\nmodel = None\ndef embed
     (_EMBED + "embed('warm')", ["r = str(embed(q))"]),  # (loaded by the set-up already)
     (_EMBED, ["def vector(text):\n    return embed(text)\nr = str(vector(q))"]),  # (called by a row's function)
     (_EMBED.replace("if model is None:", "if not model:"), ["r = str(embed(q))"]),
+    # (a flag that says it is made: model is set under the test of loaded)
+    (_EMBED.replace("model = None\n", "model = None\nloaded = False\n").replace("global model", "global model, loaded")
+     .replace("if model is None:", "if not loaded:\n        loaded = True"), ["r = str(embed(q))"]),
 ])
 def test_a_global_a_setup_function_makes_on_first_use_is_made_once_for_the_rows(tmp_path, monkeypatch, setup, cells):
     # model = None, and embed() loads it on first use: each row started from the set-up's None
@@ -508,29 +511,36 @@ def test_a_global_a_setup_function_makes_on_first_use_is_made_once_for_the_rows(
     assert p.notes == []  # (the rows share one model, as they share a set-up variable: nothing to warn of)
 
 
-def test_a_global_a_setup_function_sets_under_another_test_than_none_starts_each_row_from_none(tmp_path, monkeypatch):
+@pytest.mark.parametrize("setup, cells, expected", [
+    ("best = None\ndef consider(n):\n    global best\n    if best is None or n > best:\n        best = n\n",
+     ["for w in q.split():\n    consider(len(w))\nr = str(best)"], ["3", "1", "2"]),
+    ("failed = False\ndef fail():\n    global failed\n    failed = True\n",
+     ["if len(q) > 1:\n    fail()\nr = str(failed)"], ["True", "False", "True"]),
+])
+def test_a_global_a_setup_function_sets_under_another_test_than_none_starts_each_row_from_none(
+        tmp_path, monkeypatch, setup, cells, expected):
     # best = None, and consider() keeps the longest word: a value made on first use is not restored
     # per row (model = None), but this one, set under `best is None or ...`, changes on later calls:
-    # each row starts from the set-up's None, as each pass of the notebook does
+    # each row starts from the set-up's None, as each pass of the notebook does (and a flag set
+    # False, that a call sets True whatever it was)
     from helpers_export import write_rows
 
-    setup = "best = None\ndef consider(n):\n    global best\n    if best is None or n > best:\n        best = n\n"
-    cells = ["for w in q.split():\n    consider(len(w))\nr = str(best)"]
     nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
                   "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
     source, _ = export_notebook(nb)
     rows = [{"q": q} for q in ("BBB", "C", "DD")]
-    expected = []
+    prompts = []
     for row in rows:  # each notebook pass: the Python cells in order, the row's q set after cell 1
         notebook_ns = {}
         exec(setup, notebook_ns)
         notebook_ns["q"] = row["q"]
         for code in cells:
             exec(code, notebook_ns)
-        expected += [row["q"], notebook_ns["r"]]
-    assert expected == ["BBB", "3", "C", "1", "DD", "2"]
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0, ["--num-threads", "1"])
-    assert prompts == expected
+        prompts += [row["q"], notebook_ns["r"]]
+    assert prompts[1::2] == expected
+    _, job_prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                                   ["--num-threads", "1"])
+    assert job_prompts == prompts
 
 
 _SETPI = "def setpi():\n    global pi\n    pi = 3\n"

@@ -66,7 +66,7 @@ class Plan:
     ``shared``, and those that the functions of setup cells that the row cells use (call) declare
     ``global`` and bind: each row starts from the value the setup cells left (``Job.keep``), as
     each pass of the notebook does, where the next row read on from what the last one set; but
-    those the setup cells set to None, made on first use (``_made_on_first_use``).
+    those the setup cells set to None or False, made on first use (``_made_on_first_use``).
     jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a
     name of its own to them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -244,27 +244,34 @@ def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
 
 
 def _made_on_first_use(setup: list) -> set:
-    """The names that the setup cells last bind at top level by ``name = None`` and that their
-    functions set by ``global`` only under ``if name is None:`` (or ``if not name:``): a value made
-    on first use and kept (``global model; if model is None: model = load()``). Not
-    ``Plan.restored``: starting each row from None made every row load it again, where the rows can
-    share the one the first call makes, which no call changes. (A running ``best`` that a function
-    sets under another test, ``if best is None or x > best:``, is restored.)"""
+    """The names that the setup cells last bind at top level to None or False and that their
+    functions set by ``global`` only under ``if x is None:`` or ``if not x:`` of such a name x:
+    values made on first use and kept (``global model; if model is None: model = load()``, or a
+    ``loaded`` flag). Not ``Plan.restored``: starting each row from None made every row load it
+    again, where the rows can share the one the first call makes, which no call changes. (A
+    running ``best`` that a function sets under another test, ``if best is None or x > best:``, is
+    restored.)"""
     import ast
 
     trees = [ast.parse(c.source) for c in setup if isinstance(c, Code)]
-    last: dict = {}  # name → whether its last top-level binding is `= None`
+    last: dict = {}  # name → whether its last top-level binding is `= None` (or False)
     for tree in trees:
         for stmt in tree.body:
-            none = isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) and stmt.value.value is None
-            last.update(dict.fromkeys(bound_by(stmt), none))
-    out = {name for name, none in last.items() if none}
-    functions = (n for tree in trees for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    for function in functions:
-        nodes = list(_own_nodes(function))
-        for name in {n for node, _ in nodes if isinstance(node, ast.Global) for n in node.names} & out:
-            if any(_binds(node, name) and not any(_tests_unset(test, name) for test in tests) for node, tests in nodes):
-                out.discard(name)
+            unset = (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+                     and (stmt.value.value is None or stmt.value.value is False))
+            last.update(dict.fromkeys(bound_by(stmt), unset))
+    out = {name for name, unset in last.items() if unset}
+    functions = [[*_own_nodes(n)] for tree in trees for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    changed = True
+    while changed:  # (a name set under the test of one that is not made on first use is not either)
+        changed = False
+        for nodes in functions:
+            for name in {n for node, _ in nodes if isinstance(node, ast.Global) for n in node.names} & out:
+                if any(_binds(node, name) and not any(_tests_unset(test, out) for test in tests)
+                       for node, tests in nodes):
+                    out.discard(name)
+                    changed = True
     return out
 
 
@@ -291,13 +298,13 @@ def _binds(node, name: str) -> bool:
     return isinstance(node, ast.alias) and (node.asname or node.name).split(".")[0] == name
 
 
-def _tests_unset(test, name: str) -> bool:
-    """Whether ``test`` is ``name is None`` or ``not name``."""
+def _tests_unset(test, names: set) -> bool:
+    """Whether ``test`` is ``x is None`` or ``not x`` for a name x of ``names``."""
     import ast
 
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return isinstance(test.operand, ast.Name) and test.operand.id == name
-    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == name
+        return isinstance(test.operand, ast.Name) and test.operand.id in names
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id in names
             and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is)
             and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None)
 
