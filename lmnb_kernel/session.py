@@ -76,10 +76,13 @@ class EngineConfig:
 
     def describe(self) -> str:
         """The model in words, for messages (one taken from ``$LMNB_MODEL`` says so: a broken
-        variable made the first cell, and every ``%lm load``, fail on a path the notebook never named)."""
+        variable made the first cell, and every ``%lm load``, fail on a path the notebook never named);
+        with ``random_weights`` it says so, as the model's own weights are not the ones loaded."""
         if not self.model and os.environ.get(MODEL_ENV):
-            return f"{os.environ[MODEL_ENV]} (from ${MODEL_ENV})"
-        return self.model_name() or "the built-in demo model"
+            name = f"{os.environ[MODEL_ENV]} (from ${MODEL_ENV})"
+        else:
+            name = self.model_name() or "the built-in demo model"
+        return f"{name}, with random weights (--random-weights)" if self.random_weights else name
 
 
 # %lm load's options, which the engine's errors name (in_option_syntax): EngineConfig's fields, but for

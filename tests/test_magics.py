@@ -738,6 +738,17 @@ def test_load_starts_an_engine_now_and_a_failed_load_keeps_the_old_one(ip, tiny_
             assert result.success and session.backend().engine.model_info()["model_path"] == str(tiny_llama)
 
 
+def test_a_load_with_random_weights_says_so(ip, tiny_llama):
+    # it said "loaded <model>" as for the checkpoint's own weights, so its nonsense output read as the model's
+    with separate_session(ip) as session:
+        result, out = run(ip, f"%lm load {tiny_llama} --random-weights --max-total-tokens 256")
+        assert result.success and session.backend().engine.model_info()["max_total_tokens"] == 256
+        title = out.outputs[0].data["text/plain"].splitlines()[0]
+        assert title == f"loaded {tiny_llama}, with random weights (--random-weights)"
+        result, out = run(ip, f"%lm load {tiny_llama} --max-total-tokens 256")  # its own weights again
+        assert out.outputs[0].data["text/plain"].splitlines()[0] == f"loaded {tiny_llama}"
+
+
 def test_an_interrupt_while_the_engine_loads_waits_for_the_load_and_keeps_the_engine(monkeypatch, capsys):
     """Cut short, one of the ~1000 imports of an engine start left torch half-initialised, and
     every later load failed until the kernel restarted."""
