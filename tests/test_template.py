@@ -542,6 +542,20 @@ def test_the_literal_braces_hint_comes_only_for_a_name_that_opens_a_hole():
     assert e.value.hint == "define Person in a Python cell first"
 
 
+def test_a_json_constant_in_a_hole_is_told_its_python_spelling():
+    # json_schema={"required": true} or stop=null read a kernel variable `true`/`null`, and the hint said
+    # only "define true in a Python cell first"
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse('{gen x json_schema={"type": "object", "additionalProperties": false}}').bind({})
+    assert str(e.value).startswith("line 1, col 63: name 'false' is not defined")
+    assert e.value.hint == ("a hole holds Python, where JSON's false is False: write False, or define false in a "
+                            "Python cell first")
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("{gen x stop=null}").bind({})
+    assert e.value.hint == "a hole holds Python, where JSON's null is None: write None, or define null in a Python cell first"
+    assert parse("{gen x json_schema=true}").bind({"true": {}}) == {"true": {}}  # a variable of that name is read
+
+
 @pytest.mark.parametrize("hole,col,same", [
     # what f-strings write for each form, by hand: f"{x=}" == "x=" + repr(x), f"{x = }" keeps the
     # spaces, a conversion or a format spec replaces repr

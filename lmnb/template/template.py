@@ -34,6 +34,10 @@ def python_name(name: str, taken: set[str] = frozenset()) -> str:
     return name
 
 
+# JSON constants -> their Python spelling, for the hint of a hole that reads one as a variable
+_JSON_CONSTANTS = {"true": "True", "false": "False", "null": "None"}
+
+
 @dataclass(frozen=True)
 class Template:
     """A parsed cell (see ``lmnb.template.parse``).
@@ -76,6 +80,9 @@ class Template:
             if name not in namespace:
                 offset = self.argument_offsets.get(name, 0)
                 hint = f"define {name} in a Python cell first"
+                if name in _JSON_CONSTANTS:  # JSON's spelling, in a hole that is Python
+                    hint = (f"a hole holds Python, where JSON's {name} is {_JSON_CONSTANTS[name]}: write "
+                            f"{_JSON_CONSTANTS[name]}, or {hint}")
                 # only a name that opens a hole ({name}) may be text meant literally
                 if self.source[offset - 1:offset] == "{":
                     hint += ", or write {{ }} for literal braces"
