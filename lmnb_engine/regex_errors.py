@@ -3,9 +3,10 @@
 A ``regex`` constraint is checked in three places: where the language's ``gen(regex=...)`` is
 called (``lmnb.ir.check_regex``), in a ``%%lm`` cell's literal options (``lmnb.template.options``),
 and in the engine, for the server's clients too (``constrained.grammar.compile_grammar``). All
-three word an invalid pattern with ``invalid_regex``, and show a pattern with ``shown_regex``, so a
-user hears one error whichever way the pattern came; the language's two word a value that is no
-pattern (``gen(regex=5)``) with ``regex_problem`` too. Importing it loads neither torch nor the
+three word an invalid pattern with ``regex_problem`` (``invalid_regex``), and show a pattern with
+``shown_regex``, so a user hears one error whichever way the pattern came, and the language's early
+check refuses no pattern the engine takes (``\\p{L}``); the language's two word a value that is no
+pattern (``gen(regex=5)``) with it too. Importing it loads neither torch nor the
 engine's constrained-decoding package.
 """
 
@@ -34,7 +35,8 @@ def invalid_regex(pattern: str, error: re.error) -> str:
 
 def regex_problem(pattern: Any) -> str | None:
     """Why ``pattern``, a ``regex`` constraint as the language's ``gen()`` or a ``%%lm`` cell was
-    given it, is refused, or None for a pattern Python's ``re`` compiles or for None (no constraint):
+    given it, is refused, or None for a pattern Python's ``re`` compiles (or would, but for Unicode
+    property classes: ``_unicode_classes_error``) or for None (no constraint):
     not a string (a compiled ``re.Pattern``, whose text is wanted, or any other type, named), a
     syntax error (``invalid_regex``), or parentheses nested too deeply for its parser, which
     recurses once per level (some hundreds of levels: a ``RecursionError``)."""
@@ -48,8 +50,28 @@ def regex_problem(pattern: Any) -> str | None:
     try:
         re.compile(pattern)
     except re.error as e:
+        if e.msg in (r"bad escape \p", r"bad escape \P"):
+            e = _unicode_classes_error(pattern)
+            if e is None:
+                return None
         return invalid_regex(pattern, e)
     except RecursionError:
         return (f"regex {shown_regex(pattern)} nests its parentheses too deeply for Python's re to read; flatten "
                 "the pattern")
+    return None
+
+
+def _unicode_classes_error(pattern: str):
+    """What is wrong with ``pattern``, which Python's ``re`` refused at a ``\\p``/``\\P`` escape, once
+    Unicode property classes (``\\p{L}``, ``\\P{Lu}``) are read (a ``regex.error``, with ``msg`` and
+    ``pos`` as ``re.error``'s), or None when nothing is: ``re`` lacks those classes, the engine's
+    automaton library (Rust's ``regex-automata``) and SGLang's grammar backends read them, so the
+    language's early check leaves such a pattern to the backend. The ``regex`` package reads them
+    as Rust does and checks the rest of the pattern."""
+    import regex
+
+    try:
+        regex.compile(pattern)
+    except regex.error as e:
+        return e
     return None

@@ -399,9 +399,9 @@ def test_categories_hold_the_characters_python_gives_them(pattern):
     _assert_automaton_matches_as_python(pattern, "a_1.½\u2054\u093f\u0300\x1c \u00a0\u0663", 2)
 
 
-def _assert_automaton_matches_as_python(pattern, alphabet, max_len):
+def _assert_automaton_matches_as_python(pattern, alphabet, max_len, fullmatch=re.fullmatch):
     """Every text of up to ``max_len`` characters of ``alphabet`` is matched by the automaton built from
-    ``automaton_syntax(pattern)`` exactly when Python's ``re.fullmatch`` matches it."""
+    ``automaton_syntax(pattern)`` exactly when Python's ``re.fullmatch`` (or ``fullmatch``) matches it."""
     from outlines_core import Index, Vocabulary
 
     # between two marker characters of their own (as compile_grammar builds it): outlines-core drops a
@@ -421,7 +421,7 @@ def _assert_automaton_matches_as_python(pattern, alphabet, max_len):
     for k in range(max_len + 1):
         for chars in itertools.product(alphabet, repeat=k):
             text = "".join(chars)
-            assert automaton_matches(text) == bool(re.fullmatch(pattern, text)), text
+            assert automaton_matches(text) == bool(fullmatch(pattern, text)), text
 
 
 def test_classes_that_python_and_the_automaton_read_differently_are_refused(backend):
@@ -464,6 +464,30 @@ def test_a_regex_error_writes_the_pattern_as_json(make, message):
     with pytest.raises(GrammarError) as e:
         make()
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_unicode_property_classes_which_the_engine_reads_pass_the_languages_check(backend):
+    """Python's re lacks \\p{L}; the engine's automaton library reads it (as the regex package
+    does), and so did the engine, while gen() and a %%lm cell refused it ("bad escape \\p"). They
+    leave it to the backend now; a pattern wrong elsewhere too is refused by all three alike,
+    where it is wrong."""
+    import regex as regex_module
+
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    pattern = r"\p{Lu}\P{Lu}?"
+    assert lmnb.gen("x", regex=pattern).params.regex == pattern
+    assert check_literal("gen", "regex", pattern) is None
+    backend.submit(pattern).result()
+    _assert_automaton_matches_as_python(pattern, "aA1\u00c9 ", 3, fullmatch=regex_module.fullmatch)
+
+    said = 'regex "\\\\p{L}(" cannot be compiled: it is not a valid regular expression (missing ) at position 6); fix the pattern'
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", regex=r"\p{L}(")
+    with pytest.raises(GrammarError) as in_engine:
+        backend.submit(r"\p{L}(").result()
+    assert [str(at_gen.value), check_literal("gen", "regex", r"\p{L}("), str(in_engine.value)] == [said] * 3
 
 
 def test_a_constraint_not_compiled_for_the_shutdown_is_written_as_json():

@@ -57,7 +57,7 @@ from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
 from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
-from lmnb_engine.regex_errors import invalid_regex, shown_regex
+from lmnb_engine.regex_errors import regex_problem, shown_regex
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
 
@@ -335,8 +335,10 @@ def compile_grammar(
             ) from None
         try:  # the library's own message ("error building NFA") does not say what is wrong; Python's does
             re.compile(regex)
-        except re.error as py:  # (worded as the language's gen() and %%lm cells word it)
-            raise GrammarError(invalid_regex(regex, py)) from None
+        except re.error:  # (worded as the language's gen() and %%lm cells word it; \p{L} read as they read it)
+            problem = regex_problem(regex)
+            if problem:
+                raise GrammarError(problem) from None
         except (RecursionError, OverflowError):
             pass
         depth = nesting_depth(regex)
