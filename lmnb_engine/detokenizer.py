@@ -186,6 +186,14 @@ class StopRegexes:
         self.problem: str | None = None
 
 
+def _new_match(rx: Any, text: str, floor: int, new_from: int, endpos: int) -> Any:
+    """The first match of ``rx`` in ``text[floor:endpos]`` that is new past ``new_from`` (the text
+    already checked): it ends after it, or a lookahead, which sees past its end, could not match
+    there yet ('x(?=y)' once "y" comes). None if there is none."""
+    return next((m for m in rx.finditer(text, floor, endpos, timeout=REGEX_TIMEOUT_S)
+                 if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None), None)
+
+
 class StopStringMatcher:
     """Finds the first stop string or stop regex match to end in generated text and says how much
     text is safe to stream.
@@ -231,10 +239,10 @@ class StopStringMatcher:
 
         Several stops may end in one token's text. The one whose match ends first wins, as when
         the text is checked character by character; among matches ending at the same character,
-        stop strings before stop regexes, each in list order (a regex's match ends where a check
-        after each character would meet it: ``\\d+`` on "123" after "1", though the match
-        returned is all of "123"). That is SGLang's result wherever it does not depend on the
-        tokenization: SGLang checks after each token, in list order, every stop in the text's tail
+        stop strings before stop regexes, each in list order (a regex's match is the one a check
+        after each character meets: ``\\d+`` on "123" matches "1", and ``ab*c|b`` on "abbc"
+        matches "b", though over all of the text they match "123" and "abbc"). That is SGLang's
+        result wherever it does not depend on the tokenization: SGLang checks after each token, in list order, every stop in the text's tail
         (``Req._check_str_based_finish``; its detokenizer then cuts at the matched stop's first
         occurrence), so its list order decides between stops ending at the same character, but
         also between those that one multi-character token completes at different places: there,
@@ -246,22 +254,19 @@ class StopStringMatcher:
             i = text.find(s, max(0, new_from - len(s) + 1))
             if i != -1:
                 best = min(best or (i + len(s), rank, i, s), (i + len(s), rank, i, s))
-        for k, rx in enumerate(self._regexes):  # (a match ending in checked text is new when its lookahead,
-            # which sees past its end, could not match there yet: 'x(?=y)' once "y" comes)
+        for k, rx in enumerate(self._regexes):
             if k in self._shared.given_up:
                 continue
+            floor = self._floor(k, text)
             try:
-                m = next((m for m in rx.finditer(text, self._floor(k, text), timeout=REGEX_TIMEOUT_S)
-                          if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None),
-                         None)
-                if m is None:
+                if _new_match(rx, text, floor, new_from, len(text)) is None:
                     continue
-                # ranked where a check after each character meets it, the end of the shortest text
-                # (past new_from) it matches in, not the end of its match over all of the text:
-                # r"\d+" on "123" is met once "1" is read, though it matches "123" (m itself
-                # matches by len(text), and an empty match, '(?<=b)', may end at its own start)
-                end = next(e for e in range(max(new_from + 1, m.start()), len(text) + 1)
-                           if rx.search(text, m.start(), e, timeout=REGEX_TIMEOUT_S) is not None)
+                # met where a check after each character meets it: at the first end e (past
+                # new_from) by which the text holds a new match, and that match, which may end
+                # before the one over all of the text (r"\d+" on "123": "1") or begin after it
+                # (r"ab*c|b" on "abbc": "b", read before "c" comes)
+                end, m = next((e, m) for e in range(new_from + 1, len(text) + 1)
+                              if (m := _new_match(rx, text, floor, new_from, e)) is not None)
             except TimeoutError:
                 self._timed_out(k, rx, text)
                 continue

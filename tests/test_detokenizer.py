@@ -137,6 +137,30 @@ def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_lon
     assert stream(StopStringMatcher([], [r"(?<=b)"]), ["a", "b"])[1] == (2, "")
 
 
+def test_a_stop_regex_is_cut_at_the_match_a_check_after_each_character_meets():
+    # Worked by hand: r"ab*c|b" on "xabbc" read character by character holds no match after "xa",
+    # and after "xab" the match "b" at 2 (the branch "ab*c" waits for its "c"): cut at 2, "b".
+    # Over the whole text the leftmost match is "abbc" at 1: one token "xabbc" was cut at 1.
+    # Likewise r"\d+" on "x 123" is met as "1", whatever "23" the token brings after it.
+    for regex, text, hit in [(r"ab*c|b", "xabbc", (2, "b")), (r"\d+", "x 123", (2, "1"))]:
+        for pieces in ([text], list(text), [text[:2], text[2:]], [text[:3], text[3:]]):
+            assert stream(StopStringMatcher([], [regex]), pieces)[1] == hit, pieces
+    from lmnb.ir import GenParams  # API speculative execution cuts the whole text by the same rule
+
+    assert GenParams(stop_regex=r"ab*c|b").first_stop_match("xabbc") == (2, "b")
+    # random regexes whose leftmost match over all of the text is not the one met first, and
+    # random tokenizations: the stop (cut and matched text) is the one met character by character
+    rng = random.Random(5)
+    patterns = [r"ab*c|b", r"a[ab]*c|ba", r"\d+", r"a+b|a"]
+    for _ in range(2000):
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text = "".join(rng.choice("abc1") for _ in range(rng.randint(1, 9)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        by_char = stream(StopStringMatcher([], regexes), list(text))[1]
+        assert stream(StopStringMatcher([], regexes), pieces)[1] == by_char, (regexes, pieces)
+
+
 def first_stop_by_definition(stops: list[str], text: str) -> tuple[int, str] | None:
     """The stop a check after each character finds first: the earliest end at which any stop
     ends, and there the first in the list."""
