@@ -318,6 +318,39 @@ def test_an_engine_starts_after_one_whose_rendezvous_failed(tiny_checkpoint_fact
     assert not mp.active_children() and not dist.is_initialized()
 
 
+def test_a_failed_rendezvous_is_raised_as_it_is_where_torchs_private_group_count_cannot_be_set(
+        tiny_checkpoint_factory, monkeypatch):
+    """The reset of torch's group count after a failed ``init_process_group`` sets a private
+    attribute (``distributed_c10d._world.group_count``, which torch's source marks to go): a
+    torch where it cannot be set raised AttributeError from the reset, in place of the
+    rendezvous's own error. Here torch's ``_world`` as one whose ``group_count`` is read-only."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from lmnb_engine import Engine
+
+    class ReadOnlyCount:
+        def __init__(self, world):
+            self.__dict__["world"] = world
+
+        def __getattr__(self, name):
+            return getattr(self.world, name)
+
+        def __setattr__(self, name, value):
+            if name == "group_count":
+                raise AttributeError("property 'group_count' of '_World' object has no setter")
+            setattr(self.world, name, value)
+
+    def init_fails(backend, **kwargs):
+        raise RuntimeError("the rendezvous failed")
+
+    monkeypatch.setattr(distributed_c10d, "_world", ReadOnlyCount(distributed_c10d._world))
+    monkeypatch.setattr(dist, "init_process_group", init_fails)
+    with pytest.raises(RuntimeError, match="^the rendezvous failed$"):
+        Engine(str(tiny_checkpoint_factory("llama")), device="cpu", tp_size=2, max_total_tokens=256)
+    assert not mp.active_children()
+
+
 @pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {}),
                                             ("llama", dict(vocab_size=509, tie_word_embeddings=True))])
 def test_loading_a_shard_equals_slicing_the_loaded_model(tiny_checkpoint_factory, arch, overrides):

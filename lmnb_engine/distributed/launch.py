@@ -228,8 +228,12 @@ def _uncount_failed_group() -> None:
     hung for ``COLLECTIVE_TIMEOUT``."""
     from torch.distributed import distributed_c10d
 
-    if not dist.is_initialized():
+    if dist.is_initialized():
+        return
+    try:
         distributed_c10d._world.group_count = 0
+    except AttributeError:  # (private: a torch without it, or with it read-only, has no count to
+        pass  # reset here, and the failed init's own error must reach the caller, not this one)
 
 
 def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool, seed: int,
