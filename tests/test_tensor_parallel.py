@@ -318,6 +318,38 @@ def test_an_engine_starts_after_one_whose_rendezvous_failed(tiny_checkpoint_fact
     assert not mp.active_children() and not dist.is_initialized()
 
 
+class NeedyError(Exception):
+    """An error whose ``__init__`` needs more than its ``args``: it pickles, and fails to unpickle."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+
+
+@pytest.mark.parametrize("error, raised", [
+    # a worker's SystemExit (a library's sys.exit in its load), raised as it is in rank 0, ended
+    # the caller's process (a kernel, `lmnb serve`) without a word
+    (SystemExit(3), RuntimeError("tensor-parallel rank 1 could not load the model: SystemExit: 3")),
+    (FileNotFoundError("no weights"), FileNotFoundError("no weights")),
+    (NeedyError("x", 1), RuntimeError("tensor-parallel rank 1 could not load the model: NeedyError: x")),
+])
+def test_rank_0_raises_a_workers_load_error_as_it_is_only_where_it_is_an_exception_that_survives_pickling(
+        error, raised):
+    """What a worker reports of its failed load (``_report``) and what rank 0 makes of it
+    (``_wait_loaded``), over the pipe they use; the worker's process is a stand-in that never
+    ends (its sentinel, a pipe never written)."""
+    import types
+
+    import lmnb_engine.distributed.launch as launch
+
+    reader, writer = mp.Pipe(duplex=False)
+    never, _ = mp.Pipe(duplex=False)
+    launch._report(writer, "load the model", error)
+    group = types.SimpleNamespace(conns=[reader], procs=[types.SimpleNamespace(sentinel=never, exitcode=None)])
+    with pytest.raises(BaseException) as got:
+        launch._wait_loaded(group)
+    assert (type(got.value), str(got.value)) == (type(raised), str(raised))
+
+
 def test_a_failed_rendezvous_is_raised_as_it_is_where_torchs_private_group_count_cannot_be_set(
         tiny_checkpoint_factory, monkeypatch):
     """The reset of torch's group count after a failed ``init_process_group`` sets a private

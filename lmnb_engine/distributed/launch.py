@@ -99,14 +99,17 @@ def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwar
 
 def _report(conn, stage: str, exc: BaseException) -> None:
     """Tell rank 0 that this worker could not do ``stage``: ``("error", message, exc)``, ``exc``
-    only where it survives pickling (its ``option_fixes`` included), else None."""
-    message = f"could not {stage}: {type(exc).__name__}: {exc}"
+    only where it is an ``Exception`` that survives pickling (its ``option_fixes`` included), else
+    None: rank 0 raises it as it is, and a worker's SystemExit must not end the caller's process."""
+    message, sent = f"could not {stage}: {type(exc).__name__}: {exc}", None
+    if isinstance(exc, Exception):
+        try:
+            pickle.loads(pickle.dumps(exc))
+            sent = exc
+        except Exception:  # noqa: BLE001 - an argument that does not pickle, or an __init__ that needs more
+            pass
     try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - an argument that does not pickle, or an __init__ that needs more
-        exc = None
-    try:
-        conn.send(("error", message, exc))
+        conn.send(("error", message, sent))
     except OSError:
         pass
 
