@@ -410,3 +410,34 @@ def test_a_text_only_server_reports_no_image_token_and_refuses_images(tiny_llama
                 st.sync()
     finally:
         engine.shutdown()
+
+
+def test_a_vision_model_without_its_processor_config_is_not_called_text_only(llava_ckpt, tmp_path):
+    """A LLaVA checkpoint missing its processor config: its requests with images got the
+    text-only model's 400 ("the served model is text-only; serve a LLaVA checkpoint"), whose fix is
+    the one thing already done. They get a 500 saying the config is missing (the fix is the
+    server's), as when transformers needs torchvision; its text is still served."""
+    import shutil
+
+    from lmnb_engine import Engine
+
+    path = tmp_path / "llava"
+    shutil.copytree(llava_ckpt, path)
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        (path / name).unlink(missing_ok=True)
+    engine = Engine(model=str(path), device="cpu", max_total_tokens=512)
+    url_image = "data:image/png;base64," + base64.b64encode(png_bytes(random_image(1))).decode()
+    missing = f"{path} has no usable image processor config"
+    try:
+        with live_server(engine, served_model_name="llava") as url:
+            parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": url_image}}]
+            chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+                "model": "llava", "max_tokens": 2, "messages": [{"role": "user", "content": parts}]})
+            assert chat.status_code == 500 and chat.json()["error"]["message"].startswith(missing), chat.text
+            generate = httpx.post(f"{url}/generate", json={"text": "<image>a", "image_data": url_image}, timeout=60)
+            assert generate.status_code == 500 and generate.json()["error"]["message"].startswith(missing), generate.text
+            text = httpx.post(f"{url}/generate", timeout=60,
+                              json={"text": "a", "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+            assert text.status_code == 200, text.text
+    finally:
+        engine.shutdown()

@@ -128,15 +128,18 @@ def multimodal_processor(engine: Any) -> tuple[Optional[Any], Optional[str]]:
     text that stands for one image in its prompts, ``image_token_id``, ``prepare``); ``(None,
     None)`` for a text-only model (or an engine stand-in without ``multimodal``); ``(None, why)``
     for a vision model whose processor cannot be made here (an ``ImportError``: this transformers
-    needs torchvision for it), whose text the server still serves. The server asks once, as it
-    makes its app (``ServerContext.multimodal``): the first ask reads the checkpoint's image
-    processor config, which on the event loop held every other request meanwhile."""
+    needs torchvision for it; ``ImageProcessorUnavailable``: its checkpoint has no processor
+    config), whose text the server still serves. The server asks once, as it makes its app
+    (``ServerContext.multimodal``): the first ask reads the checkpoint's image processor config,
+    which on the event loop held every other request meanwhile."""
+    from lmnb_engine.multimodal.processor import ImageProcessorUnavailable
+
     try:
         return engine.multimodal, None
+    except (ImportError, ImageProcessorUnavailable) as e:
+        return None, str(e)
     except (ValueError, AttributeError):
         return None, None
-    except ImportError as e:
-        return None, str(e)
 
 
 def sampling_params_from_json(

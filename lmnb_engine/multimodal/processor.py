@@ -46,6 +46,11 @@ def placeholder_id(mm_config: Any) -> int:
     return int(getattr(mm_config, "image_token_id", None) or mm_config.image_token_index)
 
 
+class ImageProcessorUnavailable(ValueError):
+    """A vision-language model whose image processor cannot be made from its checkpoint (no
+    usable processor config): unlike a text-only model's refusal, the fix is the checkpoint's."""
+
+
 class MultimodalProcessor:
     """Prepares multimodal prompts for one loaded vision-language model (thread-safe).
 
@@ -54,8 +59,9 @@ class MultimodalProcessor:
             ``LlavaNextConfig``.
         max_image_bytes: largest encoded image accepted (``load_image``).
     Raises:
-        ValueError: the model is not a vision-language model, or its checkpoint has no
-            (image) processor config.
+        ValueError: the model is not a vision-language model.
+        ImageProcessorUnavailable (a ValueError): its checkpoint has no (image) processor config.
+        ImportError: this transformers cannot build its image processor without torchvision.
     """
 
     def __init__(self, loaded: Any, max_image_bytes: int = DEFAULT_MAX_BYTES) -> None:
@@ -175,8 +181,8 @@ class MultimodalProcessor:
 
 
 def _load_image_processor(path: Any) -> Any:
-    """The checkpoint's HF image processor. Raises ``ValueError`` when it has none, ``ImportError``
-    when this transformers cannot build one without torchvision."""
+    """The checkpoint's HF image processor. Raises ``ImageProcessorUnavailable`` when it has none,
+    ``ImportError`` when this transformers cannot build one without torchvision."""
     import transformers
 
     try:
@@ -186,7 +192,7 @@ def _load_image_processor(path: Any) -> Any:
         # model has a PIL image processor; AutoProcessor still builds the PIL one.
         why = _first_sentence(str(e))
     try:
-        processor = _load_processor(path, "AutoProcessor")  # ValueError when the checkpoint has none
+        processor = _load_processor(path, "AutoProcessor")  # ImageProcessorUnavailable when the checkpoint has none
     except ImportError:
         raise ImportError(
             f"transformers {transformers.__version__} cannot build the image processor of {path} without "
@@ -194,7 +200,7 @@ def _load_image_processor(path: Any) -> Any:
         ) from None
     image_processor = getattr(processor, "image_processor", None)
     if image_processor is None:  # a processor without an image part (a bare tokenizer, say)
-        raise ValueError(f"{path} has no image processor config (preprocessor_config.json / "
+        raise ImageProcessorUnavailable(f"{path} has no image processor config (preprocessor_config.json / "
                          "processor_config.json); save the model's processor there")
     return image_processor
 
@@ -204,11 +210,12 @@ def _first_sentence(text: str) -> str:
 
 
 def _load_processor(path: Any, kind: str) -> Any:
-    """The checkpoint's HF ``AutoImageProcessor`` or ``AutoProcessor``. Raises ``ValueError`` when it has none."""
+    """The checkpoint's HF ``AutoImageProcessor`` or ``AutoProcessor``. Raises
+    ``ImageProcessorUnavailable`` when it has none."""
     import transformers
 
     if path is None:
-        raise ValueError("a vision-language model needs its checkpoint directory (for the image processor)")
+        raise ImageProcessorUnavailable("a vision-language model needs its checkpoint directory (for the image processor)")
     # transformers warns when it falls back from the torchvision processor to the PIL one: both
     # give the same pixels, so the warning is noise here.
     logger = logging.getLogger("transformers")
@@ -217,7 +224,7 @@ def _load_processor(path: Any, kind: str) -> Any:
     try:
         return getattr(transformers, kind).from_pretrained(str(path))
     except (OSError, ValueError) as e:
-        raise ValueError(
+        raise ImageProcessorUnavailable(
             f"{path} has no usable image processor config (preprocessor_config.json / processor_config.json): "
             f"{type(e).__name__}: {_first_sentence(str(e))}; save the model's processor there"
         ) from None
