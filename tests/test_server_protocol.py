@@ -799,14 +799,19 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
      "top_logprobs_num is a field of the request, not a sampling parameter: send it beside sampling_params, "
      "at the top level"),
     ({"sampling_params": {"top_q": 1}}, "sampling_params.top_q",
-     'unknown sampling parameter "top_q"; supported: ["frequency_penalty", '),
+     'unknown sampling parameter "top_q" (did you mean "top_p"?); supported: ["frequency_penalty", '),
+    # OpenAI's name for SGLang's max_new_tokens: pointed to it
+    ({"sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens",
+     'unknown sampling parameter "max_tokens" (did you mean "max_new_tokens"?); supported: ["frequency_penalty", '),
+    ({"sampling_params": {"beam_width": 2}}, "sampling_params.beam_width",
+     'unknown sampling parameter "beam_width"; supported: ["frequency_penalty", '),
     ({"sampling_params": {"no_stop_trim": True}}, "sampling_params.no_stop_trim",
      "sampling_params.no_stop_trim=true is not supported by lmnb"),
     # a field given per prompt: its entry is named (each prompt's entry has the field)
     ({"text": ["a", "b"], "sampling_params": [{}, {"max_new_tokens": -1}]}, "sampling_params[1].max_new_tokens",
      "sampling_params[1].max_new_tokens=-1 is invalid: must be an integer >= 0"),
     ({"text": ["a", "b"], "sampling_params": [{"top_q": 1}, {}]}, "sampling_params[0].top_q",
-     'sampling_params[0]: unknown sampling parameter "top_q"; supported: ["frequency_penalty", '),
+     'sampling_params[0]: unknown sampling parameter "top_q" (did you mean "top_p"?); supported: ["frequency_penalty", '),
     ({"text": ["a", "b"], "return_logprob": True, "top_logprobs_num": [1, 25]}, "top_logprobs_num[1]",
      "top_logprobs_num[1]=25 is invalid: must be an integer from 0 to 20"),
     # given once for the batch: no entry to name

@@ -9,6 +9,7 @@ server returns it), so SGLang clients — its frontend's ``RuntimeEndpoint`` amo
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any, Callable, Optional
 
@@ -170,8 +171,10 @@ def sampling_params_from_json(
             raise RequestError(f"{key} is a field of the request, not a sampling parameter: send it beside "
                                "sampling_params, at the top level", param=f"sampling_params.{key}")
         else:
-            raise RequestError(f"unknown sampling parameter {json_value(key, 40)}; supported: "
-                               f"{json_value(sorted(_SAMPLING_KEYS))}",
+            close = difflib.get_close_matches(str(key), _SAMPLING_KEYS, n=1)  # (max_tokens: OpenAI's name)
+            raise RequestError(f"unknown sampling parameter {json_value(key, 40)}"
+                               + (f" (did you mean {json_value(close[0])}?)" if close else "")
+                               + f"; supported: {json_value(sorted(_SAMPLING_KEYS))}",
                                param=f"sampling_params.{key}")
     return_logprob = False if return_logprob is None else return_logprob  # SGLang's default is null
     kwargs.update(
