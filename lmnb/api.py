@@ -280,7 +280,9 @@ class SglFunction:
     ):
         """Run the program once; the sampling arguments are defaults for every ``gen`` in it
         (SGLang's: ``temperature=1.0`` samples unless a gen says otherwise; ``stop_regex`` applies to
-        every gen that gives none; ``seed`` is an lmnb extension).
+        every gen that gives none; ``seed`` is an lmnb extension). ``max_new_tokens`` None (the
+        default) is lmnb's 128 (``DEFAULT_MAX_NEW_TOKENS``); where a gen that took the run's number
+        does not fit the model, its error says whether it was that default or ``run(max_new_tokens=N)``.
 
         Returns the ``ProgramState`` when done, or at once with ``stream=True`` (read it with
         ``text_iter``). Errors of primitives surface when the state is read; so does that of a
@@ -374,6 +376,7 @@ class SglFunction:
         """Run the program once per item of ``batch_kwargs`` (dicts of arguments, or tuples
         mapped onto the arguments in order) on ``num_threads`` threads; returns the states in
         order (a generator with ``generator_style``). A failing item does not stop the others.
+        The sampling arguments are ``run``'s (``max_new_tokens`` None is lmnb's 128).
         Keyword-only arguments (after ``*`` in the program's signature) are filled by a dict item,
         by name; a tuple's values fill only the arguments before the ``*``.
 
@@ -530,7 +533,8 @@ def gen(
 
     ``max_tokens``/``min_tokens`` count tokens. ``regex`` (compiled here first, so a bad pattern
     fails at once) and ``json_schema`` (JSON string, dict, or pydantic model class; a string or
-    dict is checked here against the JSON Schema meta-schema, as the engine checks it) constrain the
+    dict is checked here against the JSON Schema meta-schema, as the engine checks it, but for
+    whether each ``pattern`` is a regex of the backend's dialect, which the backend checks) constrain the
     output and reach the backend unchanged (``True``, JSON Schema's any value, too); the output
     of a pydantic class is validated with it (the variable holds the text), since its validators
     are code no schema holds. ``seed`` (lmnb extension) makes a sampled gen
