@@ -918,7 +918,10 @@ class Engine:
         character but whitespace, is refused.
 
         Raises ``ValueError``/``TypeError`` for a bad prompt, bad params or a bad rid (nothing is
-        queued, and the rid is free again), and ``RuntimeError`` once the engine is shut down. The
+        queued, and the rid is free again; a prompt that fits the model but not with its
+        ``max_new_tokens``, the context length or the KV pool, is a ``ValueError`` whose ``reason``
+        is ``params.DOES_NOT_FIT``, ``"does_not_fit"``, as from ``generate``), and ``RuntimeError``
+        once the engine is shut down. The
         rid is taken once the prompt and params are checked, before the grammar's compile: an
         ``abort(rid)`` from another thread during that compile returns True, the request ends at
         once with finish reason abort (the handle this call returns is that ended one), and the rid
