@@ -350,6 +350,34 @@ def test_rank_0_raises_a_workers_load_error_as_it_is_only_where_it_is_an_excepti
     assert (type(got.value), str(got.value)) == (type(raised), str(raised))
 
 
+def test_a_workers_error_whose_class_rank_0_cannot_import_is_named_with_its_rank(monkeypatch, tmp_path):
+    """The worker's error pickles and unpickles where it was raised, but its class's module is not
+    importable in rank 0 (here: gone from ``sys.modules`` once reported). Unpickled inside
+    ``conn.recv()``, its ModuleNotFoundError escaped ``_wait_loaded`` and ``worker_errors`` in
+    place of the rank and the message; each says them now, over the pipe they use."""
+    import types
+
+    import lmnb_engine.distributed.launch as launch
+
+    module = types.ModuleType("lmnb_test_worker_only")
+    exec("class WorkerOnlyError(Exception):\n    pass\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    never, _ = mp.Pipe(duplex=False)
+    stand_in = types.SimpleNamespace(sentinel=never, exitcode=None)  # (a worker process that never ends)
+    readers = []
+    for _ in range(2):
+        reader, writer = mp.Pipe(duplex=False)
+        launch._report(writer, "load the model", module.WorkerOnlyError("no weights"))
+        readers.append(reader)
+    monkeypatch.delitem(sys.modules, module.__name__)
+
+    with pytest.raises(RuntimeError) as got:
+        launch._wait_loaded(types.SimpleNamespace(conns=readers[:1], procs=[stand_in]))
+    assert str(got.value) == "tensor-parallel rank 1 could not load the model: WorkerOnlyError: no weights"
+    group = launch.TensorParallelGroup(None, [stand_in], readers[1:], str(tmp_path))
+    assert group.worker_errors() == ["rank 1: could not load the model: WorkerOnlyError: no weights"]
+
+
 def test_a_failed_rendezvous_is_raised_as_it_is_where_torchs_private_group_count_cannot_be_set(
         tiny_checkpoint_factory, monkeypatch):
     """The reset of torch's group count after a failed ``init_process_group`` sets a private

@@ -98,20 +98,34 @@ def _worker_main(rank: int, size: int, init_method: str, backend: str, load_kwar
 
 
 def _report(conn, stage: str, exc: BaseException) -> None:
-    """Tell rank 0 that this worker could not do ``stage``: ``("error", message, exc)``, ``exc``
-    only where it is an ``Exception`` that survives pickling (its ``option_fixes`` included), else
-    None: rank 0 raises it as it is, and a worker's SystemExit must not end the caller's process."""
-    message, sent = f"could not {stage}: {type(exc).__name__}: {exc}", None
+    """Tell rank 0 that this worker could not do ``stage``: ``("error", message, pickled)``,
+    ``pickled`` the bytes of ``exc`` (its ``option_fixes`` included) where it is an ``Exception``
+    that pickles, else None: a worker's SystemExit must not end the caller's process. Bytes, not
+    the error itself: rank 0 unpickles them where a failure to (``_unpickled_error``) cannot lose
+    the rank and the message, as one inside ``conn.recv()`` would."""
+    message, pickled = f"could not {stage}: {type(exc).__name__}: {exc}", None
     if isinstance(exc, Exception):
         try:
-            pickle.loads(pickle.dumps(exc))
-            sent = exc
-        except Exception:  # noqa: BLE001 - an argument that does not pickle, or an __init__ that needs more
+            pickled = pickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - an argument that does not pickle: the message alone
             pass
     try:
-        conn.send(("error", message, sent))
+        conn.send(("error", message, pickled))
     except OSError:
         pass
+
+
+def _unpickled_error(pickled: bytes | None) -> Exception | None:
+    """The ``Exception`` a worker sent as ``pickled`` (``_report``), or None where there is none or
+    it does not unpickle here: a class this process cannot import, an ``__init__`` that needs more
+    than the error's ``args``. The caller then raises the worker's message instead."""
+    if pickled is None:
+        return None
+    try:
+        exc = pickle.loads(pickled)
+    except Exception:  # noqa: BLE001 - whatever unpickling raises, the message is still there
+        return None
+    return exc if isinstance(exc, Exception) else None
 
 
 def exit_rank(code: int) -> None:
@@ -193,7 +207,8 @@ class TensorParallelGroup:
 def _wait_loaded(group: TensorParallelGroup) -> None:
     """Block until every worker reported its model loaded. Raises a worker's load error as the
     worker raised it (caused by a ``RuntimeError`` naming the rank), else ``RuntimeError`` naming
-    the rank that failed or died, or that took longer than ``LOAD_TIMEOUT_S``."""
+    the rank that failed (with the error's text, where it does not unpickle here) or died, or that
+    took longer than ``LOAD_TIMEOUT_S``."""
     pending = {rank: (conn, p.sentinel) for rank, (conn, p) in enumerate(zip(group.conns, group.procs), start=1)}
     while pending:
         waiting = {h: rank for rank, hs in pending.items() for h in hs}
@@ -208,9 +223,10 @@ def _wait_loaded(group: TensorParallelGroup) -> None:
             conn, _ = pending[rank]
             if handle is conn or conn.poll():
                 try:
-                    kind, msg, exc = conn.recv()
+                    kind, msg, pickled = conn.recv()
                 except EOFError:
-                    kind, msg, exc = "error", "exited while loading the model", None
+                    kind, msg, pickled = "error", "exited while loading the model", None
+                exc = _unpickled_error(pickled)
                 if exc is not None:  # (its traceback, in the worker, is not sent: the cause names the rank)
                     raise exc from RuntimeError(f"tensor-parallel rank {rank} could not load the model")
                 if kind == "error":
