@@ -288,6 +288,43 @@ def test_rank_0s_runner_refuses_its_settings_as_a_single_process_does(tiny_check
     assert not mp.active_children() and not dist.is_initialized()
 
 
+def _setting_error():
+    from lmnb_engine.cli_options import option_error
+
+    return option_error(RuntimeError, "no room", ("pass {}", "max_total_tokens", None))
+
+
+@pytest.mark.parametrize("make_error, wrapped", [
+    # an internal error (a torch whose signature changed): it was raised bare since rank 0's
+    # ValueError/TypeError passed through, without the start-up's context and the workers' errors
+    (lambda: TypeError("forward() got an unexpected keyword argument 'x'"), True),
+    (_setting_error, False),  # a setting, whatever its type: front ends reword its fixes
+], ids=["internal error", "setting"])
+def test_rank_0s_runner_error_is_raised_as_it_is_only_where_it_is_a_setting(
+        tiny_checkpoint_factory, monkeypatch, make_error, wrapped):
+    """Rank 0's runner fails (a stand-in that raises) once the worker has joined the group."""
+    import torch.distributed as dist
+
+    import lmnb_engine.distributed.launch as launch
+    from lmnb_engine import Engine
+
+    error = make_error()
+
+    def failing_runner(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(launch, "TensorParallelRunner", failing_runner)
+    with pytest.raises(Exception) as got:
+        Engine(str(tiny_checkpoint_factory("llama")), device="cpu", tp_size=2, max_total_tokens=256,
+               attention_backend="torch")
+    assert not mp.active_children() and not dist.is_initialized()
+    if wrapped:
+        assert type(got.value) is RuntimeError and got.value.__cause__ is error
+        assert str(got.value) == f"tensor-parallel start-up failed: rank 0: TypeError: {error}"
+    else:
+        assert got.value is error
+
+
 def test_an_engine_starts_after_one_whose_rendezvous_failed(tiny_checkpoint_factory, tmp_path, monkeypatch):
     """Rank 0's failed ``init_process_group`` (a worker gone before joining, Ctrl-C) left torch's
     count of groups at 1, so the next engine's rank 0 named its group "1" where its fresh worker

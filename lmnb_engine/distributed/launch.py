@@ -270,10 +270,12 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
         The ``TensorParallelGroup`` (its ``runner`` is rank 0's).
     Raises:
         ValueError: fewer GPUs than ranks, or an attention backend given as an object.
-        ValueError, TypeError: rank 0's runner refused its settings (``ModelRunner``'s errors).
+        ValueError, or another error carrying ``option_fixes`` (``option_error``): rank 0's runner
+            refused its settings, raised as a single process's ``ModelRunner`` raises it.
         Exception: a worker's load error, as its load raised it (``_wait_loaded``).
         RuntimeError: a process group already exists in this process, or a worker failed (the
-            message names the rank and what it could not do).
+            message names the rank and what it could not do), or rank 0's runner failed otherwise
+            ("tensor-parallel start-up failed": its error, caused by it, and the workers').
     """
     device = torch.device(loaded.config.device)
     if device.type == "cuda" and torch.cuda.device_count() < tp_size:
@@ -323,9 +325,11 @@ def start_tensor_parallel(loaded, tp_size: int, model: Any, random_weights: bool
         try:
             group.runner = TensorParallelRunner(loaded, TPGroup(0, tp_size), **runner_kwargs)
             group.runner.check_peers = group.check_alive
-        except (ValueError, TypeError):  # its settings, refused as by a single process's ModelRunner
-            raise
-        except Exception as exc:  # rank 0's own error first; a worker's may be the cause of it
+        except Exception as exc:
+            if isinstance(exc, ValueError) or getattr(exc, "option_fixes", None) is not None:
+                raise  # its settings, refused as by a single process's ModelRunner (front ends reword them)
+            # anything else is no setting of the caller's (a bug, a torch that changed): rank 0's
+            # own error first, then the workers', which may be its cause
             errors = [f"rank 0: {type(exc).__name__}: {exc}"] + group.worker_errors()
             raise RuntimeError("tensor-parallel start-up failed: " + "; ".join(errors)) from exc
     except BaseException:
