@@ -89,6 +89,8 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
     import lmnb_engine.http_server.app as http_app
     from lmnb_kernel import cli
 
+    monkeypatch.setattr(http_server, "phase", http_server.phase)  # (restored for later tests)
+
     def at(step):
         if step == phase:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -114,6 +116,48 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
     served = lines[:-1]  # the "serving" line, once the model has loaded
     assert len(served) == (phase != "loading") and all(s.startswith("lmnb serve: serving m on http://127.0.0.1:")
                                                        for s in served)
+
+
+def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_serve_says_before_serving(
+        monkeypatch, capsys):
+    """One in-process ``serve`` that returned left its phase "shutting down", and the next one set
+    "loading" only after importing the engine and the server: a SIGTERM there (the import of
+    torch, on a first call) said "while shutting down". The SIGTERM is sent from that import."""
+    import os
+    import types
+
+    import lmnb_engine
+    import lmnb_engine.engine
+    import lmnb_engine.http_server as http_server
+    import lmnb_engine.http_server.app as http_app
+    from lmnb_kernel import cli
+
+    monkeypatch.setattr(http_server, "phase", http_server.phase)  # (restored for later tests)
+
+    class Engine:
+        def __init__(self, **kwargs):
+            pass
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
+    monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: object())
+    monkeypatch.setattr(http_app, "Server", lambda app, **config: types.SimpleNamespace(
+        run=lambda sockets: None, stop_signal=None))
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 0
+    assert http_server.phase == "shutting down"
+    lazy = lmnb_engine.__getattr__
+
+    def terminated_while_importing(name):
+        if name == "Engine":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return lazy(name)
+
+    monkeypatch.setattr(lmnb_engine, "__getattr__", terminated_while_importing)
+    capsys.readouterr()
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 143
+    assert capsys.readouterr().err == "lmnb serve: stopped (SIGTERM) before it started serving\n"
 
 
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):

@@ -94,10 +94,10 @@ def serve(args: argparse.Namespace) -> int:
     Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
     ``--port 0`` that is how a caller learns the port the system picked."""
     global phase
+    phase = "loading"  # first: a previous serve() in this process left "shutting down"
     from lmnb_engine import Engine
     from lmnb_engine.http_server.app import Server
 
-    phase = "loading"
     if not 0 <= args.port <= 65535:  # checked before the model loads, not by bind() after
         print(f"lmnb serve: --port {args.port} is not a TCP port; give 0-65535", file=sys.stderr)
         return 2
