@@ -80,7 +80,8 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
     """A SIGTERM outside the server's own handlers said "before it started serving" however far
     the command had gone: also once the server had stopped (here by SIGINT) and the engine was
     shutting down, or between the "serving" line and uvicorn's start. The SIGTERM is sent from
-    the step of that phase (the load, the server's making, the engine's shutdown)."""
+    the step of that phase (the load, the server's making, the engine's shutdown). The engine,
+    once loaded, is shut down: one stopped before the server's start was left running."""
     import os
     import types
 
@@ -91,6 +92,8 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
 
     monkeypatch.setattr(http_server, "phase", http_server.phase)  # (restored for later tests)
 
+    shut_down = []
+
     def at(step):
         if step == phase:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -100,6 +103,7 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
             at("loading")
 
         def shutdown(self):
+            shut_down.append(self)
             at("shutting down")
 
     def make_server(app, **config):
@@ -116,6 +120,7 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
     served = lines[:-1]  # the "serving" line, once the model has loaded
     assert len(served) == (phase != "loading") and all(s.startswith("lmnb serve: serving m on http://127.0.0.1:")
                                                        for s in served)
+    assert len(shut_down) == (phase != "loading")
 
 
 def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_serve_says_before_serving(

@@ -121,23 +121,28 @@ def serve(args: argparse.Namespace) -> int:
             source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
             print(f"lmnb serve: {in_option_syntax(e, vars(args))}{source}", file=sys.stderr)
             return 2
-        app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name,
-                         max_body_mb=args.max_body_mb, incremental_streaming_output=args.incremental_streaming_output)
+        # from here on the engine is shut down however serve() ends (its scheduler thread stopped, its
+        # memory freed), also where Ctrl-C or a SIGTERM comes before the server's own handlers
         try:
-            sock.listen(2048)  # (uvicorn's backlog)
-        except OSError as e:  # another server began listening on the port while the model loaded
-            engine.shutdown()
-            print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
-            return 2
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        phase = "serving"
-        print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr, flush=True)
-        server = Server(app, log_level=args.log_level)
-        try:
+            app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name,
+                             max_body_mb=args.max_body_mb,
+                             incremental_streaming_output=args.incremental_streaming_output)
+            try:
+                sock.listen(2048)  # (uvicorn's backlog)
+            except OSError as e:  # another server began listening on the port while the model loaded
+                print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+                return 2
+            host, port = sock.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            phase = "serving"
+            print(f"lmnb serve: serving {model or 'the demo model'} on http://{shown}:{port}", file=sys.stderr,
+                  flush=True)
+            server = Server(app, log_level=args.log_level)
             server.run(sockets=[sock])
-        finally:
+            # (not in `finally`: a signal raised before the server's handlers keeps the phase it
+            # came in, which main's line says)
             phase = "shutting down"
+        finally:
             engine.shutdown()
     if server.stop_signal is None:
         return 0
