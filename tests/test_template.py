@@ -516,6 +516,24 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
     assert words in str(e.value)
 
 
+@pytest.mark.parametrize("key, text, value", [
+    ("max_tokens", "3", 3), ("stop", "'.'", "."), ("seed", "k", 7), ("n", "2", 2), ("top_p", "0.5", 0.5)])
+def test_a_gen_with_choices_refuses_a_generation_option_at_the_option(key, text, value):
+    # lmnb.gen refused these only once the cell ran (after the model loaded), at the hole's column 1
+    cell = '{gen c choices=["x","y"] ' + f"{key}={text}}}"
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell, first_line=2)
+    assert (e.value.line, e.value.col) == (2, 26), str(e.value)  # the option's first character
+    assert e.value.hint.startswith(f"drop {key};")
+    with pytest.raises(ValueError):  # gen refuses the same combination (value: the variable k's, for seed)
+        lmnb.gen("c", choices=["x", "y"], **{key: value})
+
+
+def test_a_gen_with_choices_keeps_what_a_pick_takes():
+    t = parse('{gen c choices=labels, temperature=0.5, choices_method=m, n=1}')
+    assert t.arguments == ("labels", "m")
+
+
 def test_a_lone_carriage_return_ends_a_line_as_it_does_for_python():
     # ast numbered the lines of "{x/\ry}" at \r and the parser at \n only: an IndexError, not a position
     with pytest.raises(TemplateSyntaxError) as e:

@@ -330,9 +330,32 @@ class _Parser:
             second = next(o for o in options if o.key == clash[1])
             raise self.error(f"gen takes one of {', '.join(clash)}: they each decide the output; keep one",
                              second.offset)
+        if kind == "gen" and "choices" in seen:
+            self._refuse_unused_by_a_pick(options)
         if name is not None:
             self.capture(name, start)
         self.emit(Primitive(kind, name, tuple(options), start))
+
+    def _refuse_unused_by_a_pick(self, options: list[Option]) -> None:
+        """Refuse, at the option, what ``lmnb.gen`` refuses with ``choices`` (only once the cell ran,
+        pointing at the hole): a pick scores the choices and generates nothing, so it takes only
+        ``temperature`` and ``choices_method`` (and ``n`` of 1). A value that does nothing there
+        (None; 1 for ``n``) is let through as gen lets it; any other, a variable too, is refused,
+        since dropping it can change nothing (gen refuses all but those values)."""
+        for o in options:
+            if o.key in ("choices", "choices_method", "temperature"):
+                continue
+            value = _literal(o.value)
+            if value is None or (o.key == "n" and value == 1):
+                continue
+            if o.key == "n":
+                raise self.error("a gen with choices picks one choice, so it takes no n", o.offset,
+                                 hint="drop n; for several picks, {fork N} with a gen with choices=... temperature=... "
+                                      "in each branch, then {join}")
+            seeded = "; the cell's --seed (%%lm --seed N) makes a sampled pick reproducible" if o.key == "seed" else ""
+            raise self.error(f"a gen with choices scores them and generates nothing, so {o.key} would do nothing",
+                             o.offset, hint=f"drop {o.key}; with choices, gen takes only temperature and "
+                                            f"choices_method{seeded}")
 
     def media(self, kind: str, start: int, rest_at: int, rest: str) -> None:
         """``{image SRC}`` / ``{video SRC frames=N}``: SRC is any Python expression (up to the first
