@@ -108,7 +108,7 @@ def _suggest_subcommand(message: str, parser, words: list[str]) -> str:
     get: the message only listed the subcommands, or named the option alone."""
     subcommands = _subcommands(parser)
     if words[0] in subcommands:
-        return suggest_option(message, subcommands[words[0]])
+        return suggest_option(message, subcommands[words[0]], f"%lm {words[0]} --help")
     close = difflib.get_close_matches(words[0], list(subcommands), n=1)
     return message + (f" (did you mean: %lm {close[0]}?)" if "invalid choice" in message and close else "")
 
@@ -266,7 +266,7 @@ class LMMagics(Magics):
         try:
             args = parser.parse_args(words)
         except UsageError as e:
-            raise UsageError(suggest_option(str(e), parser)) from None
+            raise UsageError(suggest_option(str(e), parser, "%%lm --help")) from None
         try:
             args.out = checked_out(args)
         except CellLineError as e:

@@ -45,8 +45,13 @@ def test_cell_line_options_are_the_magics_options():
     assert o.run_kwargs() == {"temperature": 0.0, "max_new_tokens": 7, "seed": 3}
     with pytest.raises(CellLineError) as e:  # no guess that shares only the "--" and a letter or two
         parse_cell_line("--bogus 3")
-    assert str(e.value) == "unrecognized arguments: --bogus 3"
-    for line, message in [("--temprature 0", "did you mean: --temprature → --temperature?"),
+    # it said no more than "unrecognized arguments: --bogus 3": no fix
+    assert str(e.value) == "unrecognized arguments: --bogus 3 (%%lm --help lists the options)"
+    for line, message in [("--temprature 0", "unrecognized arguments: --temprature 0 (did you mean: --temprature → "
+                                             "--temperature?)"),
+                          ("--bogus --qiet", "unrecognized arguments: --bogus --qiet (did you mean: --qiet → --quiet?; "
+                                             "%%lm --help lists the options)"),
+                          ("3", "unrecognized arguments: 3 (%%lm --help lists the options)"),
                           ("--qiet", "did you mean: --qiet → --quiet?"),
                           ("--state s --apend", "did you mean: --apend → --append?"),
                           # it would do nothing, silently

@@ -378,7 +378,7 @@ def test_help_options_show_the_help(ip):
 @pytest.mark.parametrize(
     "cell, words",
     [
-        ("%%lm --bogus\nx", "unrecognized arguments: --bogus"),
+        ("%%lm --bogus\nx", "unrecognized arguments: --bogus (%%lm --help lists the options)"),
         ("%%lm --temprature 0\nx", "unrecognized arguments: --temprature 0 (did you mean: --temprature → --temperature?)"),
         ("%%lm --temperature -1\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got '-1'"),
         ("%%lm --max-tokens -5\nx", "argument --max-tokens: must be an integer >= 0, got '-5'"),
@@ -414,6 +414,8 @@ def test_help_options_show_the_help(ip):
                      "'flush', 'pin', 'unpin') (did you mean: %lm stats?)"),
         ("%lm connect http://127.0.0.1:9 --api_key k", "unrecognized arguments: --api_key k (did you mean: "
                                                        "--api_key → --api-key?)"),
+        ("%lm connect http://127.0.0.1:9 --bogus", "unrecognized arguments: --bogus (%lm connect --help lists the "
+                                                   "options)"),
         ("%lm pin nosuchstate", "no state named 'nosuchstate'"),
         ("%lm connect http://127.0.0.1:9", "could not connect to http://127.0.0.1:9"),
         # httpx's "UnsupportedProtocol: Request URL is missing an 'http://' or 'https://' protocol."

@@ -109,9 +109,11 @@ class CellOptions:
         return kw
 
 
-def suggest_option(message: str, parser: argparse.ArgumentParser) -> str:
+def suggest_option(message: str, parser: argparse.ArgumentParser, help_line: str) -> str:
     """argparse's ``message`` with "did you mean" for each unrecognized option close to a real one
-    (``--temprature`` → ``--temperature``), as ``{gen ...}`` options get."""
+    (``--temprature`` → ``--temperature``), as ``{gen ...}`` options get, and, for an unrecognized
+    word with no close option (``--bogus``), the line that lists the options (``help_line``, e.g.
+    ``%%lm --help``)."""
     if not message.startswith("unrecognized arguments:"):
         return message
     known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
@@ -122,7 +124,10 @@ def suggest_option(message: str, parser: argparse.ArgumentParser) -> str:
     guesses = [(w, difflib.get_close_matches(w.split("=")[0][2:], [k[2:] for k in known], n=1))
                for w in words if w.startswith("--")]
     hints = [f"{w.split('=')[0]} → --{g[0]}" for w, g in guesses if g and g[0] != w.split("=")[0][2:]]
-    return message + (f" (did you mean: {', '.join(hints)}?)" if hints else "")
+    notes = [f"did you mean: {', '.join(hints)}?"] if hints else []
+    if len(hints) < len(guesses) or not guesses:  # (no "--" word: a stray word, as in "%%lm 3")
+        notes.append(f"{help_line} lists the options")
+    return message + f" ({'; '.join(notes)})"
 
 
 class CellLineError(ValueError):
@@ -264,4 +269,4 @@ def _parse(words: list[str]) -> argparse.Namespace:
     try:
         return parser.parse_args(words)
     except (argparse.ArgumentError, CellLineError) as e:  # (ArgumentError instead of error() on some Pythons)
-        raise CellLineError(suggest_option(str(e), parser)) from None
+        raise CellLineError(suggest_option(str(e), parser, "%%lm --help")) from None
