@@ -320,7 +320,8 @@ class Session:
         """Let named state ``name``'s prefix be evicted again (``%lm unpin``)."""
         named = self.state(name)
         if named.pin is None:
-            raise CellError(f"state {name!r} is not pinned")
+            raise CellError(f"state {name!r} is not pinned, so there is nothing to unpin; %lm states shows which "
+                            "states are pinned")
         self.engine("%lm unpin").unpin(named.pin)
         named.pin = None
 

@@ -562,6 +562,10 @@ def test_pinned_state_survives_a_flush_and_unpinned_does_not(ip):
     assert "keep" in states_out and "yes" in states_out
     run(ip, "%lm unpin keep")
     assert engine.cache_stats()["pinned_prefixes"] == 0
+    result, out = run(ip, "%lm unpin keep")  # it said only "state 'keep' is not pinned": no next step
+    assert not result.success
+    assert ("state 'keep' is not pinned, so there is nothing to unpin; %lm states shows which states are pinned"
+            in out.stdout + out.stderr)
     run(ip, "%lm flush")
     _, out = run(ip, "%%lm --static --temperature 0 --state keep\n\nAgain{gen k3 max_tokens=2}")
     assert summaries(out)[0]["tokens"]["cached_tokens"] == 0
