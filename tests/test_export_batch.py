@@ -176,6 +176,51 @@ def test_retry_errors_reruns_failed_rows_once(tmp_path, capsys):
     assert results[0]["variables"] == {"answer": "OK"} and results[1]["variables"] == {"answer": "FINE"}
 
 
+def test_rows_that_could_not_reach_the_backend_are_not_blamed_on_the_input(tmp_path, capsys):
+    """An exported job whose --openai server does not answer wrote an error for every row and ended
+    with "fix the input and run again", though the input was fine."""
+    import socket
+
+    from helpers_export import notebook, run_script
+    from lmnb.export import export_notebook
+
+    source, _ = export_notebook(notebook('question = "Why?"', "%%lm --temperature 0\nQ: {question}\nA:{gen answer "
+                                         "max_tokens=4}"), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "b"}])
+    command = [tmp_path / "job.py", "--input", rows, "--output", tmp_path / "out.jsonl", "--backend", gone, "--openai",
+               "m", "--completion", "--api-key", "k", "--no-progress"]
+    code, err, _ = run_script(*command, model="unused")
+    assert code == 1
+    assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["error", "error"]
+    assert err.endswith(f"  2 rows failed because the backend could not be reached ({gone}/: APIConnectionError: "
+                        "Connection error.); once it answers, run the same command again with --retry-errors to "
+                        "rerun the failed rows (rows already done are kept)\n"), err
+    assert "fix the input" not in err
+    code, err, _ = run_script(*command, "--retry-errors", model="unused")  # (as it says: the same options take it)
+    assert code == 1 and "this run: 2 rows ran (0 ok, 2 failed), 0 bad input, 0 already done" in err, err
+
+
+def test_rows_that_failed_otherwise_are_named_beside_the_unreachable_ones(tmp_path, capsys):
+    from lmnb.backend.base import BackendUnreachable
+
+    def flaky(prompt, params):
+        if "down" in prompt.text:
+            raise BackendUnreachable("POST http://h:1/generate: nothing answers at http://h:1")
+        return reply(prompt, params)
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "down"}, {"question": "boom"}, {"question": "ok"},
+                                                {"other": 1}])
+    assert run_job(tmp_path, "--input", rows, backend=ScriptedBackend(flaky)) == 1
+    assert capsys.readouterr().err.endswith(
+        "  1 row failed because the backend could not be reached (POST http://h:1/generate: nothing answers at "
+        "http://h:1); once it answers, run the same command again with --retry-errors to rerun the failed rows (rows "
+        'already done are kept)\n  other rows with "status": "error" or "bad_input" say why in "error"\n')
+
+
 def test_csv_rows_with_wrong_column_counts_are_reported_with_line_numbers(tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text('question,id\n"multi\nline",1\nonly-one\nc,3,extra\n\nd,4\n')

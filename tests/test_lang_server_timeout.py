@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import lmnb
-from lmnb.backend.base import BackendError, Prompt
+from lmnb.backend.base import BackendError, BackendUnreachable, Prompt
 from lmnb.ir import GenParams
 
 from helpers_lang import serve_http
@@ -102,10 +102,11 @@ def test_a_server_that_went_away_is_named_with_the_fix(stalling_url):
         sock.bind(("127.0.0.1", 0))
         gone = f"http://127.0.0.1:{sock.getsockname()[1]}"
     backend.base_url = backend.client.base_url = gone  # (as if the server had stopped)
-    with pytest.raises(BackendError, match="^POST " + gone + "/generate stream: nothing answers at ") as e:
+    # a BackendUnreachable: a batch job's summary then blames the server, not the rows' input
+    with pytest.raises(BackendUnreachable, match="^POST " + gone + "/generate stream: nothing answers at ") as e:
         list(backend.generate_stream(Prompt("Hi"), GenParams(max_new_tokens=4), "r1"))
     assert "is the server running, and are the host and port right?" in str(e.value)
-    with pytest.raises(BackendError, match="^GET " + gone + "/get_model_info: nothing answers at "):
+    with pytest.raises(BackendUnreachable, match="^GET " + gone + "/get_model_info: nothing answers at "):
         lmnb.RuntimeEndpoint(gone)
     backend.shutdown()
 

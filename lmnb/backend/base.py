@@ -70,6 +70,12 @@ class BackendAuthError(BackendError):
     Front ends add how to give one (``%lm connect URL --api-key KEY``, a job's ``--api-key``)."""
 
 
+class BackendUnreachable(BackendError):
+    """No connection to the backend's server could be made (refused, no route, an unknown host, a
+    connect timeout): the request never reached it, so it says nothing of the request itself.
+    Front ends say to check the server and its URL (a batch job's summary does)."""
+
+
 def in_gen_names(message: str) -> str:
     """An engine's or server's error ``message`` about a gen's request in ``gen()``'s names: the
     sampling parameters ``max_new_tokens`` and ``min_new_tokens`` (SGLang's, the engine's) are

@@ -26,7 +26,9 @@ import time
 import weakref
 from typing import Any, Iterator, Optional
 
-from lmnb.backend.base import AbortedIds, BackendError, BaseBackend, Completion, Prompt, aborted_reason, check_utf8
+from lmnb.backend.base import (
+    AbortedIds, BackendError, BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_utf8,
+)
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
@@ -317,6 +319,8 @@ class OpenAI(BaseBackend):
             raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}", reason) from None
         except self._openai.APITimeoutError:
             raise self._timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
+        except self._openai.APIConnectionError as e:  # (not a timeout: caught above) refused, unknown host, ...
+            raise BackendUnreachable(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
         except self._openai.APIError as e:
             raise BackendError(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (the client's json.loads of the body)

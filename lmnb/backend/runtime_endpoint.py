@@ -25,8 +25,8 @@ import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    AbortedIds, AssignableChatTemplate, BackendAuthError, BackendError, BaseBackend, Completion, Prompt, check_utf8,
-    aborted_reason, finish_reason_dict, in_gen_names,
+    AbortedIds, AssignableChatTemplate, BackendAuthError, BackendError, BackendUnreachable, BaseBackend, Completion,
+    Prompt, aborted_reason, check_utf8, finish_reason_dict, in_gen_names,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -287,7 +287,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         """The error for a request (``what``: method and URL; ``quick``: its own read timeout, as
         ``_request``'s) that raised httpx's ``e``."""
         if isinstance(e, self._httpx.ConnectTimeout):
-            return BackendError(f"{what}: no connection within {CONNECT_TIMEOUT_S:g} s; is the server running "
+            return BackendUnreachable(f"{what}: no connection within {CONNECT_TIMEOUT_S:g} s; is the server running "
                                 f"at {self.base_url}, and are the host and port right?")
         if isinstance(e, self._httpx.TimeoutException) and quick is not None:
             return BackendError(
@@ -300,7 +300,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             return BackendError(f"{what}: the server at {self.base_url} sent nothing for {self.timeout:g} s (the "
                                 f"read timeout); {_TIMEOUT_FIX}")
         if isinstance(e, self._httpx.ConnectError):  # refused: no server (any more) at that host and port
-            return BackendError(f"{what}: nothing answers at {self.base_url} ({type(e).__name__}: {e}); is the "
+            return BackendUnreachable(f"{what}: nothing answers at {self.base_url} ({type(e).__name__}: {e}); is the "
                                 "server running, and are the host and port right?")
         return BackendError(f"{what} failed: {type(e).__name__}: {e}")
 

@@ -41,6 +41,9 @@ class RowRunner:
         self.signals = 0  # SIGINT count; SIGTERM counts as two
         self.left = 0  # rows this run should do and has not written (a Ctrl-C that leaves none ends nothing)
         self.pipe_closed = False  # a row's print met a closed stdout (`job.py | head -1`)
+        # the backend's words for each row this run that failed with no connection to it (pool threads
+        # append: list.append is atomic), so the summary blames the backend, not the input
+        self.unreachable: list[str] = []
         self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr kept per row (several threads)
 
     def run(self) -> int:
@@ -325,6 +328,9 @@ class RowRunner:
             return None
         except Exception as e:  # noqa: BLE001 - a failing row is written with its error
             error = f"{type(e).__name__}: {e}{_where(e, self.run_row)}"
+            unreachable = _unreachable(e)
+            if unreachable is not None:
+                self.unreachable.append(str(unreachable))
         record = {
             **base,
             "status": OK if error is None else ERROR,
@@ -361,6 +367,12 @@ class RowRunner:
                          "the same command again to do the remaining rows")
         elif self.signals and self.left:
             lines.append("  stopped early: run the same command again to do the remaining rows")
+        elif self.unreachable:  # not the input's fault: "fix the input" would send the user the wrong way
+            lines.append(f"  {_rows(len(self.unreachable))} failed because the backend could not be reached "
+                         f"({self.unreachable[0]}); once it answers, run the same command again with "
+                         "--retry-errors to rerun the failed rows (rows already done are kept)")
+            if len(self.unreachable) < c[ERROR] or c[BAD_INPUT]:  # (others failed otherwise, here or before)
+                lines.append('  other rows with "status": "error" or "bad_input" say why in "error"')
         elif c[ERROR] or c[BAD_INPUT]:
             kinds = " or ".join(f'"{k}"' for k, n in (("error", c[ERROR]), ("bad_input", c[BAD_INPUT])) if n)
             hint = "fix the input and run again: rows whose input changed run again"
@@ -506,6 +518,20 @@ def _other_separator(fields, missing: list) -> str:
                 return (f"; the column name {name!r} looks like several separated by {sep!r}: the input must be "
                         "comma-separated (CSV), or tab-separated (.tsv, --input-format tsv); save it so")
     return ""
+
+
+def _unreachable(error: BaseException):
+    """The ``BackendUnreachable`` in ``error``'s chain (a failed gen's ``ProgramError`` holds the
+    backend's error as its cause), or None."""
+    from lmnb.backend.base import BackendUnreachable
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, BackendUnreachable):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _where(error: BaseException, run_row) -> str:
