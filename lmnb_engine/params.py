@@ -6,6 +6,8 @@ sampling_params.py``) so that programs written for SGLang mean the same thing he
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -84,6 +86,30 @@ def python_value(v: Any) -> Any:
     return v
 
 
+def _naming_unknown_fields(cls):
+    """Class decorator for a dataclass: its ``__init__``, wrapped (its signature stays the
+    dataclass's), refuses a keyword that is no field naming the field meant and the fields there
+    are, where Python said only "unexpected keyword argument 'max_tokens'"."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        unknown = next((k for k in kwargs if k not in cls.__dataclass_fields__), None)
+        if unknown is not None:
+            names = [f.name for f in fields(cls)]
+            close = difflib.get_close_matches(unknown, names, n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            if unknown == "max_tokens":  # (the likeliest: OpenAI's name; SGLang's, as here, is max_new_tokens)
+                guess = " (OpenAI's max_tokens is max_new_tokens here, as in SGLang)"
+            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown!r}{guess}; its fields: "
+                            f"{', '.join(names)}")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_naming_unknown_fields
 @dataclass
 class SamplingParams:
     """How to sample the continuation of one prompt.

@@ -88,6 +88,24 @@ def test_repetition_penalty_is_in_sglangs_range():
             SamplingParams(repetition_penalty=bad).validate()
 
 
+FIELDS = ("max_new_tokens, min_new_tokens, temperature, top_p, top_k, min_p, frequency_penalty, presence_penalty, "
+          "repetition_penalty, stop, stop_token_ids, ignore_eos, skip_special_tokens, seed, n, return_logprob, "
+          "top_logprobs_num, logprob_start_len, regex, json_schema, stop_regex, extra")
+
+
+@pytest.mark.parametrize("keyword, said", [
+    ("max_tokens", " (OpenAI's max_tokens is max_new_tokens here, as in SGLang)"),
+    ("temprature", " (did you mean 'temperature'?)"),
+    ("bogus", ""),
+])
+def test_an_unknown_keyword_names_the_field_meant_and_the_fields(keyword, said):
+    # it was Python's bare "__init__() got an unexpected keyword argument 'max_tokens'"
+    with pytest.raises(TypeError) as e:
+        SamplingParams(**{keyword: 3})
+    assert str(e.value) == f"SamplingParams() got an unexpected keyword argument {keyword!r}{said}; its fields: {FIELDS}"
+    assert SamplingParams(7, top_k=2).max_new_tokens == 7  # (positional and known keywords as before)
+
+
 def test_frequency_and_presence_penalties_by_hand():
     # token 0: logit 1.0, generated twice -> 1.0 - 2*0.4 - 0.3 = -0.1; token 1: 0.5, unseen -> 0.5
     logits = torch.tensor([[1.0, 0.5, 0.0]])
