@@ -327,7 +327,7 @@ def python_cell(index: int, source: str, tags: tuple = (), first_line: int = 1) 
         code.assigns = tuple(n for n in code.assigns if n != TIMEIT_BODY)
         code.bindings = tuple(b for b in code.bindings if b[0] != TIMEIT_BODY)
     code.mutates = _mutated(tree)
-    code.declared_globals = tuple(_declared_global_bindings(table))
+    code.declared_globals = tuple(_scope_globals(table.get_children())[1])
     code.star_imports = tuple("." * n.level + (n.module or "") for n in ast.walk(tree)
                               if isinstance(n, ast.ImportFrom) and n.names[0].name == "*"
                               and not (n.module in _LMNB_MODULES and n.level == 0))
@@ -475,7 +475,8 @@ def names(table: symtable.SymbolTable, tree: ast.Module) -> tuple[tuple, tuple, 
     outside unless a top-level statement binds it before the first statement that reads it
     (a statement's reads come before its own binding, as in ``x = x + 1``).
     """
-    read = {s.get_name() for s in table.get_symbols() if s.is_referenced()} | _nested_globals(table)
+    inner_read, inner_declared = _scope_globals(table.get_children())
+    read = {s.get_name() for s in table.get_symbols() if s.is_referenced()} | inner_read
     first_read: dict = {}  # name -> index of the first top-level statement reading it
     first_bound: dict = {}
     for i, stmt in enumerate(tree.body):
@@ -489,7 +490,7 @@ def names(table: symtable.SymbolTable, tree: ast.Module) -> tuple[tuple, tuple, 
             first_bound.setdefault(name, i)
     outside = {n for n, i in first_read.items() if n in read and i <= first_bound.get(n, i)}
     bound = tuple(s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported())
-    bound += tuple(n for n in _declared_global_bindings(table) if n not in bound)
+    bound += tuple(n for n in inner_declared if n not in bound)
     if any(isinstance(n, ast.ImportFrom) and n.module in _LMNB_MODULES and n.level == 0
            and any(a.name == "*" for a in n.names) for n in tree.body):
         import lmnb  # (symtable lists no name a star import binds: a row field "gen" was made)
@@ -500,19 +501,7 @@ def names(table: symtable.SymbolTable, tree: ast.Module) -> tuple[tuple, tuple, 
 
 def declared_globals(source: str) -> tuple:
     """The names that functions and classes in ``source`` (a cell) declare ``global`` and bind."""
-    return tuple(_declared_global_bindings(symtable.symtable(source, "<cell>", "exec")))
-
-
-def _declared_global_bindings(table) -> dict:
-    """The names that functions and classes inside ``table`` (a cell) declare ``global`` and bind
-    (a %%timeit body, which runs in a function, too): the cell binds them when it calls them, as
-    far as can be told without running it (a later %%lm cell that read one made it a row field)."""
-    out: dict = {}
-    for child in table.get_children():
-        out.update(dict.fromkeys(s.get_name() for s in child.get_symbols()
-                                 if s.is_declared_global() and (s.is_assigned() or s.is_imported())))
-        out.update(_declared_global_bindings(child))
-    return out
+    return tuple(_scope_globals(symtable.symtable(source, "<cell>", "exec").get_children())[1])
 
 
 def function_globals(source: str) -> dict:
@@ -526,21 +515,27 @@ def function_globals(source: str) -> dict:
     for child in table.get_children():
         if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr", TIMEIT_BODY):  # (their tables' names)
             continue
-        read, declared = _nested_globals(child), dict(_declared_global_bindings(child))
-        if child.get_type() == "function":
-            read |= {s.get_name() for s in child.get_symbols() if s.is_referenced() and s.is_global()}
-            declared.update(dict.fromkeys(s.get_name() for s in child.get_symbols()
-                                          if s.is_declared_global() and (s.is_assigned() or s.is_imported())))
+        read, declared = _scope_globals([child] if child.get_type() == "function" else child.get_children())
         out[child.get_name()] = (tuple(sorted(read)), tuple(declared))
     return out
 
 
-def _nested_globals(table) -> set:
-    out = set()
-    for child in table.get_children():
-        out |= {s.get_name() for s in child.get_symbols() if s.is_referenced() and s.is_global()}
-        out |= _nested_globals(child)
-    return out
+def _scope_globals(tables) -> tuple[set, dict]:
+    """(the globals that the scopes of ``tables`` (symbol tables) and those inside them read, the
+    names they declare ``global`` and bind, in order). For the functions and classes inside a cell
+    (its table's children; a %%timeit body runs in a function too), those names are the ones the
+    cell binds when it calls them, as far as can be told without running it (a later %%lm cell that
+    read one made it a row field)."""
+    read, declared = set(), {}
+    for table in tables:
+        symbols = table.get_symbols()
+        read |= {s.get_name() for s in symbols if s.is_referenced() and s.is_global()}
+        declared.update(dict.fromkeys(s.get_name() for s in symbols
+                                      if s.is_declared_global() and (s.is_assigned() or s.is_imported())))
+        inner_read, inner_declared = _scope_globals(table.get_children())
+        read |= inner_read
+        declared.update(inner_declared)
+    return read, declared
 
 
 def _in_order(tree: ast.AST, wanted: set) -> tuple:
@@ -598,7 +593,7 @@ def python_program_reads(body: str) -> tuple:
     # pass gives a body of comments only (which the kernel runs, as nothing) a statement.
     wrapped = "def _cell(s):\n" + textwrap.indent(body.rstrip("\n"), "    ", lambda _: True) + "\n    pass\n"
     table = symtable.symtable(wrapped, "<cell>", "exec")
-    read = _nested_globals(table)
+    read = _scope_globals(table.get_children())[0]
     return _in_order(ast.parse(wrapped), read)
 
 
