@@ -418,8 +418,9 @@ def test_a_global_a_setup_function_sets_is_the_one_the_row_cells_set_too(tmp_pat
     rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
     _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
     assert prompts == ["B", f"{notebook_ns['r']} 5", "C", f"{notebook_ns['r']} 5"]
-    assert ("cell 1: g, which a function of this cell (run once) sets by `global`, is set by the cells that run "
-            "per row too: the job keeps one g, the script's global, as the notebook does, which the rows share, so "
+    assert ("cell 1: g, which a function of this cell (run once) sets by `global`, is set per row too (a cell that "
+            "runs per row sets it, or calls a function that does): the job keeps one g, the script's global, as the "
+            "notebook does, which the rows share, so "
             "rows running at once (--num-threads above 1) may read each other's value; return the value from the "
             "function instead, or run the job with --num-threads 1") in p.notes
 

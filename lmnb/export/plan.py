@@ -219,8 +219,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in declared and n in p.restored + p.shared)
         if shown:
             p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) sets by `global`, is "
-                           f"set by the cells that run per row too: the job keeps one {shown}, the script's global, "
-                           f"as the notebook does, which the rows share, {_RACE}")
+                           "set per row too (a cell that runs per row sets it, or calls a function that does): the job "
+                           f"keeps one {shown}, the script's global, as the notebook does, which the rows share, {_RACE}")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
