@@ -579,6 +579,29 @@ def test_a_per_row_star_import_sets_a_name_a_function_sets_by_global(tmp_path, m
     assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]]
 
 
+@pytest.mark.parametrize("cell, deleted", [
+    ("bump()\nfrom math import *\nr = str(count)", False),
+    ("bump()\ndel count\nfrom math import *\ntry:\n    r = str(count)\nexcept NameError:\n    r = 'none'", True),
+])
+def test_a_kept_global_is_deleted_after_a_per_row_star_import_only_where_the_row_deleted_it(tmp_path, monkeypatch,
+                                                                                          cell, deleted):
+    # job.restore binds the set-up's count at each row's start, so the script's `if count is
+    # job.UNBOUND: del count` after the import could not apply, but after the row's own `del count`
+    from helpers_export import write_rows
+
+    setup = "count = 0\n" + _BUMP
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    assert ("if count is job.UNBOUND:" in source) == deleted
+    notebook_ns = {}  # the Python cells in order, as the notebook runs them
+    for code in [setup, cell]:
+        exec(code, notebook_ns)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
+    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]] and notebook_ns["r"] in ("1", "none")
+
+
 @pytest.mark.parametrize("setup, cells", [
     ("", ["from math import *\ndel pow\nr = str(pow(2, 2))"]),
     ("", ["from math import *", "if True: del pow  # c\nr = str(pow(2, 2))"]),  # (after it on its line)

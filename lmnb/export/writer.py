@@ -262,6 +262,9 @@ class _Writer:
         # run_row's variables so far (but the row fields), and those of them bound whatever ran (star_values)
         bound = [*p.copied, *p.star_locals, *p.star_names, *p.rebound_builtins]
         sure = set(bound) - set(p.star_names)
+        # (and the kept globals that the cells run once bind whatever ran: job.restore binds them)
+        setup = [s for c in p.setup if isinstance(c, Code) for s in ast.parse(c.source).body]
+        sure |= set(p.restored) & _surely_bound(setup)
         if p.star_names or p.rebound_builtins:
             names = (*p.star_names, *p.rebound_builtins)
             lines = ["# set by no cell, but a star import below may, or builtins that a cell below binds: the row's "
