@@ -348,6 +348,36 @@ def test_a_variable_a_cell_and_a_functions_global_both_set_is_one_in_run_row(tmp
     assert prompts == ["B", notebook_ns["r"]] and notebook_ns["r"] in ("1", "!?")
 
 
+@pytest.mark.parametrize("setup, cell", [
+    ('stats = {"calls": 0}\ndef bump():\n    stats["calls"] += 1', 'stats["row"] = q\nbump()\nr = str(stats)'),
+    ("log = []\ndef note(x):\n    log.append(x)", "log.append(q)\nnote(q)\nr = str(len(log))"),
+])
+def test_a_setup_container_a_called_function_and_a_row_cell_change_in_place_is_one_object(tmp_path, monkeypatch,
+                                                                                         setup, cell):
+    # the row cell's change made stats a row copy (job.row_copy) while bump() changed the script's
+    # one: the row read {'calls': 0, 'row': 'B'}, the notebook {'calls': 1, 'row': 'B'}. One object
+    # now, as the function-only case was: within a row as the notebook, and it carries over between rows
+    from helpers_export import write_rows
+
+    nb = notebook(f'import lmnb\n{setup}', 'q = "A"', "%%lm --temperature 0\n{q}{gen a max_tokens=2}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    notebook_ns = {}  # the set-up once, then each row's cell with its q, in one namespace: the documented carry-over
+    exec(setup, notebook_ns)
+    expected = []
+    for q in ("B", "C", "D"):
+        notebook_ns["q"] = q
+        exec(cell, notebook_ns)
+        expected += [q, notebook_ns["r"]]
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}, {"q": "D"}])
+    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    assert prompts == expected and expected[1] in ("{'calls': 1, 'row': 'B'}", "2")
+    name = setup.split()[0]
+    assert name not in p.copied and f"row_copy(globals()[\"{name}\"])" not in source
+    assert any(n.startswith(f"cell 1: {name}, which a function of this cell (run once) changes in place, is changed "
+                            "in place per row too") and "what one row changes, the next row sees" in n for n in p.notes)
+
+
 @pytest.mark.parametrize("cells, line", [
     (['q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "%%timeit -n1 -r1\nx = 1\nfrom math import *"], 3),
     (["%%timeit x = 1\nfrom math import *", 'q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}"], 2),

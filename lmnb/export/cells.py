@@ -352,7 +352,7 @@ def _in_timeit_function(code: Code, first_line: int) -> None:
     code.bindings, code.string_assignments = (), {}
 
 
-def _mutated(tree: ast.Module) -> tuple:
+def _mutated(tree: ast.AST) -> tuple:
     """Names whose object the code may change in place: a method call on them, or an item or
     attribute assigned or deleted (``seen.append(x)``, ``d[k] = v``, ``del d[k]``, ``d[k] += 1``)."""
     out: dict = {}
@@ -505,18 +505,24 @@ def declared_globals(source: str) -> tuple:
 
 
 def function_globals(source: str) -> dict:
-    """Name → (the globals it reads when called, those it declares ``global`` and binds), for each
-    function, lambda and class that the top level of ``source`` (a cell) defines: a function's
-    body, and the functions in it; a class's methods (its body runs where the cell defines it). Not
-    comprehensions, which run there too, nor the function of a ``%%timeit`` body or a ``%timeit``
-    line (``TIMEIT_BODY``), called there."""
+    """Name → (the globals it reads when called, those it declares ``global`` and binds, those of
+    the globals it reads that it may change in place: ``stats["calls"] += 1``, ``log.append(x)``),
+    for each function, lambda and class that the top level of ``source`` (a cell) defines: a
+    function's body, and the functions in it; a class's methods (its body runs where the cell
+    defines it). Not comprehensions, which run there too, nor the function of a ``%%timeit`` body
+    or a ``%timeit`` line (``TIMEIT_BODY``), called there."""
     table = symtable.symtable(source, "<cell>", "exec")
+    changed: dict = {}  # (name, line) → the names that the definition there changes in place (_mutated)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            changed.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node))
     out: dict = {}
     for child in table.get_children():
         if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr", TIMEIT_BODY):  # (their tables' names)
             continue
         read, declared = _scope_globals([child] if child.get_type() == "function" else child.get_children())
-        out[child.get_name()] = (tuple(sorted(read)), tuple(declared))
+        mutated = changed.get((child.get_name(), child.get_lineno()), set()) & read  # (not its own variables)
+        out[child.get_name()] = (tuple(sorted(read)), tuple(declared), tuple(sorted(mutated)))
     return out
 
 

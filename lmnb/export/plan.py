@@ -47,7 +47,10 @@ class Plan:
     value as (``Job``'s types). strip: moved
     setup cell index → row fields whose literal assignments are commented out there. copied:
     module-level names the row part rebinds or changes in place (each row starts from a copy of
-    the module value: ``Job.row_copy``). star_locals: the other module-level names that the row part
+    the module value: ``Job.row_copy``), but those that it only changes in place and that a
+    function of a setup cell that the row cells call changes in place too (``stats["calls"] +=
+    1``): the script's one object, as in the notebook, where the cells and the function change it
+    together; it carries over between rows. star_locals: the other module-level names that the row part
     reads at or after a per-row star import (``from math import *`` sets e): run_row's own variables,
     from the module value, so that the import changes them for the row from where it stands, as in
     the notebook, and not the module's value for every row from the start. star_names: where a
@@ -178,9 +181,13 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     functions = _setup_functions(setup)
     # (a name a set-up function the row calls sets by `global` is read as the script's global: a copy hid
     # what a call set; that of a function the row does not call stays the row's own, which rows do not share)
-    declared = _declared_by_called(functions, row)
+    called = _called(functions, row)
+    declared = tuple(dict.fromkeys(n for f in called for n in f[3]))
     p.shared = _shared(row, declared, p.inputs)
-    p.copied = _copied(setup, row, p.inputs + p.shared, parameters + p.jupyter)
+    # (a set-up container that such a function changes in place is the script's one object in the row's cells
+    # too, as in the notebook: a row's copy hid what a call changed, and the calls missed what the cells changed)
+    changed = _changed_by_called(called, row)
+    p.copied = _copied(setup, row, p.inputs + p.shared + changed, parameters + p.jupyter)
     # (and any set-up function's `global`: one the set-up never called leaves no module value to start from)
     unbound = tuple(n for c in setup if isinstance(c, Code) for n in c.declared_globals)
     p.star_locals = _star_locals(setup, row, p.inputs + p.copied + p.shared + unbound, parameters + p.jupyter)
@@ -215,6 +222,15 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             shown = ", ".join(c.declared_globals)
             p.notes.append(f"cell {c.index}: a function of this cell, which runs per row, sets {shown} by `global`: "
                            f"the rows share the script's globals, {_RACE}")
+    changed_too = set().union(*(set(c.mutates) for c in row if isinstance(c, (Code, LMCell))))
+    for c in setup:
+        shown = ", ".join(n for n in dict.fromkeys(n for f in called if f[0] == c.index for n in f[4])
+                          if n in changed and n in changed_too and n in module and n not in p.inputs)
+        if shown:
+            p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) changes in place, is "
+                           "changed in place per row too (a cell that runs per row changes it, and calls the function): "
+                           f"the job keeps one {shown}, the script's, as the notebook does, not a copy per row: what "
+                           f"one row changes, the next row sees, and the rows share it, {_RACE}")
     for c in setup:
         shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in declared and n in p.restored + p.shared)
         if shown:
@@ -489,12 +505,13 @@ def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
 
 
 def _setup_functions(setup: list) -> list:
-    """(cell index, name, the globals it reads, those it declares ``global`` and binds) for each
-    function, lambda and class that a setup cell defines (``function_globals``), in order."""
+    """(cell index, name, the globals it reads, those it declares ``global`` and binds, those it
+    changes in place) for each function, lambda and class that a setup cell defines
+    (``function_globals``), in order."""
     from lmnb.export.cells import function_globals
 
-    return [(c.index, name, reads, declared) for c in setup if isinstance(c, Code)
-            for name, (reads, declared) in function_globals(c.source).items()]
+    return [(c.index, name, reads, declared, changed) for c in setup if isinstance(c, Code)
+            for name, (reads, declared, changed) in function_globals(c.source).items()]
 
 
 def _reached(functions: list, used) -> dict:
@@ -515,12 +532,19 @@ def _reached(functions: list, used) -> dict:
     return out
 
 
-def _declared_by_called(functions: list, row: list) -> tuple:
-    """The names that the setup cells' ``functions`` (``_setup_functions``) that the row cells use
-    (``_reached``) declare ``global`` and bind."""
+def _called(functions: list, row: list) -> list:
+    """The setup cells' ``functions`` (``_setup_functions``) that the row cells use (``_reached``)."""
     used = [n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)]
     reached = _reached(functions, dict.fromkeys(used))
-    return tuple(dict.fromkeys(n for f in functions if f[1] in reached for n in f[3]))
+    return [f for f in functions if f[1] in reached]
+
+
+def _changed_by_called(called: list, row: list) -> tuple:
+    """The globals that ``called`` (``_called``) change in place, but those a row cell binds: a row
+    cell's new object is run_row's variable, which the functions do not see either way."""
+    bound = set().union(*(set(c.assigns if isinstance(c, Code) else c.sets) for c in row
+                          if isinstance(c, (Code, LMCell))))
+    return tuple(n for n in dict.fromkeys(n for f in called for n in f[4]) if n not in bound)
 
 
 def _setup_functions_reading_row_variables(functions: list, row: list, shared: tuple) -> list:
@@ -534,7 +558,7 @@ def _setup_functions_reading_row_variables(functions: list, row: list, shared: t
         bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
     bound -= set(shared)
     notes = []
-    for index, name, reads, _ in functions:
+    for index, name, reads, _, _ in functions:
         read = [n for n in reads if n in bound]
         if read:
             them = "it as an argument" if len(read) == 1 else "them as arguments"
@@ -549,7 +573,7 @@ def _function_reads(setup: list, functions: list, parameters: tuple) -> dict:
     """``Plan.function_reads``, of the setup cells' ``functions`` (``_setup_functions``)."""
     module = _module_names(setup, parameters)
     return {f"{name} (cell {index})": tuple(n for n in reads if n in module)
-            for index, name, reads, _ in functions if set(reads) & module}
+            for index, name, reads, _, _ in functions if set(reads) & module}
 
 
 def _early_reads(functions: list, row: list, module: set) -> dict:
@@ -559,7 +583,7 @@ def _early_reads(functions: list, row: list, module: set) -> dict:
     uses = _used_above_star_imports(row)
     out: dict = {}
     for name, entry in _reached(functions, uses).items():
-        index, _, reads, _ = defined[name]
+        index, _, reads, _, _ = defined[name]
         names = tuple(n for n in reads if n not in module)
         if names:
             out[f"{name} (cell {index})"] = ((f"through {entry}, " if name != entry else "") + uses[entry], names)
