@@ -81,7 +81,7 @@ def test_gen_checks_one_json_schema_once_however_often_it_is_called_with_it(monk
 
     calls = []
     real = json_schema.loaded_schema
-    monkeypatch.setattr(json_schema, "loaded_schema", lambda schema: calls.append(schema) or real(schema))
+    monkeypatch.setattr(json_schema, "loaded_schema", lambda schema, **kw: calls.append(schema) or real(schema, **kw))
     title = f"once {time.perf_counter_ns()}"  # (a schema no other test checked)
     schema = {"title": title, "type": "object", "properties": {"a": {"type": "integer"}}}
     for given in (schema, dict(reversed(list(schema.items()))), dict(schema)):
