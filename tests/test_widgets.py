@@ -369,6 +369,20 @@ def test_regex_constraint_must_match_the_whole_output():
         check_structured("x")
 
 
+def test_regex_constraint_with_unicode_property_classes_is_checked_not_called_invalid():
+    # gen(regex=r"\p{Lu}\p{Ll}+") is taken by gen(), the cell and the engine; Python's re lacks
+    # \p{...}, so the view called a matching output "INVALID": "The" is an upper-case letter then
+    # lower-case ones, "the" is not, and "Thé" is (é is Ll)
+    pattern = r"\p{Lu}\p{Ll}+"
+    assert check_structured("The", regex=pattern)["regex_match"] is True
+    assert check_structured("The", regex=pattern)["valid"] is True
+    assert check_structured("Thé", regex=pattern)["valid"] is True
+    rec = check_structured("the", regex=pattern)
+    assert rec["regex_match"] is False and rec["valid"] is False
+    assert rec["errors"] == [{"path": "$", "message": f"output does not fully match /{pattern}/"}]
+    assert check_structured("x", regex=r"\p{Nope}")["errors"][0]["message"].startswith("the regex does not compile")
+
+
 def test_jump_forward_savings_and_json_tree_in_the_view():
     v = RunView(live=False, session=Tally())
     v.on_delta("main", '{"name": "bob", "age": 5}', token_ids=list(range(30)), name="person")

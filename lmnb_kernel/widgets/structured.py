@@ -2,10 +2,12 @@
 
 The checks use the libraries that define the rules, not our own decoder: ``json`` for parsing,
 ``jsonschema`` (the validator class the schema's ``$schema`` names, Draft 2020-12 by default) for
-validity, and ``re`` for regexes. A whole-output ``regex`` constraint must match the entire text
-(``re.fullmatch``), as SGLang's regex-constrained decoding produces; a JSON Schema ``pattern`` is
-unanchored (``re.search``), as JSON Schema §6.3.3 specifies (Python's ``re`` stands in for ECMA-262
-regexes; the two agree on the common subset constrained decoders support).
+validity, and ``re`` for regexes (the ``regex`` package for one with Unicode property classes,
+``\\p{Lu}``, which ``re`` lacks and the engine reads). A whole-output ``regex`` constraint must
+match the entire text (``re.fullmatch``), as SGLang's regex-constrained decoding produces; a
+JSON Schema ``pattern`` is unanchored (``re.search``), as JSON Schema §6.3.3 specifies (Python's
+``re`` stands in for ECMA-262 regexes; the two agree on the common subset constrained decoders
+support).
 """
 
 from __future__ import annotations
@@ -60,6 +62,24 @@ def _pattern_fields(schema: Any, instance: Any, path: tuple = ()) -> list[dict]:
     return found
 
 
+def _fullmatch(pattern: str, text: str) -> bool:
+    """Whether ``text`` matches all of ``pattern``: with Python's ``re``, or, for a pattern with
+    Unicode property classes (``\\p{Lu}``), which ``re`` lacks and the engine reads
+    (``lmnb_engine.regex_errors.regex_problem`` takes them), with the ``regex`` package, which reads
+    them as the engine's automaton library does. Raises ``re.error`` for a pattern neither reads."""
+    try:
+        return re.fullmatch(pattern, text) is not None
+    except re.error as e:
+        if e.msg not in (r"bad escape \p", r"bad escape \P"):
+            raise
+        import regex
+
+        try:
+            return regex.fullmatch(pattern, text) is not None
+        except regex.error:
+            raise e from None
+
+
 def check_structured(
     text: str,
     *,
@@ -92,7 +112,7 @@ def check_structured(
                  "errors": [], "value": None, "patterns": [], "regex": regex, "regex_match": None}
     if regex is not None:
         try:
-            out["regex_match"] = re.fullmatch(regex, text) is not None
+            out["regex_match"] = _fullmatch(regex, text)
         except re.error as e:
             out["errors"].append({"path": "$", "message": f"the regex does not compile: {e}"})
             out["regex_match"] = False
