@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status; 130
     (the shell's code for SIGINT) when Ctrl-C comes before the subcommand takes it over, e.g.
     while torch is being imported, instead of a traceback; for ``lmnb run``, SIGTERM too. SIGTERM
-    to ``lmnb serve`` outside its server's own handlers (its model loading, its engine shutting
-    down after the server stopped): a line that says which (``SERVE_PHASE_WORDS``), and 143 (the
-    status of a process SIGTERM ended, as while it serves)."""
+    or Ctrl-C to ``lmnb serve`` outside its server's own handlers (its model loading, its engine
+    shutting down after the server stopped): a line that says which (``SERVE_PHASE_WORDS``), and
+    143 or 130 (the status of a process the signal ended, as while it serves)."""
     try:
         return _main(argv)
     except Terminated:
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         print("lmnb: terminated (SIGTERM)", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
+        if argv_command(argv) == "serve":  # (as a SIGTERM's line there, and the server's own on Ctrl-C)
+            print(f"lmnb serve: stopped (SIGINT){SERVE_PHASE_WORDS[_serve_phase()]}", file=sys.stderr)
+            return 128 + signal.SIGINT
         print("lmnb: interrupted", file=sys.stderr)
         return 130
 

@@ -165,6 +165,44 @@ def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_ser
     assert capsys.readouterr().err == "lmnb serve: stopped (SIGTERM) before it started serving\n"
 
 
+@pytest.mark.parametrize("phase", ["loading", "serving", "shutting down"])
+def test_lmnb_serve_stopped_by_ctrl_c_outside_its_server_says_what_it_was_doing(monkeypatch, capsys, phase):
+    """Ctrl-C outside the server's own handlers (the model's load: the usual case) said
+    "lmnb: interrupted", where SIGTERM there, and Ctrl-C while it served, say that the server
+    stopped and why; now it says "lmnb serve: stopped (SIGINT)" and what the command was doing,
+    exiting 130 (128 + SIGINT's 2)."""
+    import os
+    import types
+
+    import lmnb_engine.engine
+    import lmnb_engine.http_server as http_server
+    import lmnb_engine.http_server.app as http_app
+    from lmnb_kernel import cli
+
+    def at(step):
+        if step == phase:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    class Engine:
+        def __init__(self, **kwargs):
+            at("loading")
+
+        def shutdown(self):
+            at("shutting down")
+
+    def make_server(app, **config):
+        at("serving")
+        return types.SimpleNamespace(run=lambda sockets: None, stop_signal=signal.SIGTERM)
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
+    monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: object())
+    monkeypatch.setattr(http_app, "Server", make_server)
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 130
+    lines = capsys.readouterr().err.splitlines()
+    said = {"loading": " before it started serving", "serving": "", "shutting down": " while shutting down"}[phase]
+    assert lines[-1] == f"lmnb serve: stopped (SIGINT){said}"
+
+
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tmp_path / "nope"), "--port", "0"],
