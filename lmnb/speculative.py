@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional
 
+from lmnb.backend.base import BackendError
 from lmnb.ir import Gen, GenParams
 
 if TYPE_CHECKING:
@@ -79,6 +80,19 @@ class Speculation:
         return whole + cut
 
 
+def _spec_tokens_noted(e: Exception, spec_tokens: int, limit: Optional[int]) -> Exception:
+    """``e``, a backend's refusal of a speculative call, with where its ``max_tokens`` came from
+    where that was ``num_api_spec_tokens`` (more than the gen's own ``limit``) and the request did
+    not fit (``DOES_NOT_FIT``): the refusal says "lower max_tokens" of a number the gen never
+    wrote, and its fix is the function's ``num_api_spec_tokens``. Else ``e`` as it is."""
+    from lmnb_engine.params import DOES_NOT_FIT  # torch-free
+
+    if getattr(e, "reason", None) != DOES_NOT_FIT or spec_tokens <= (limit or 0):
+        return e
+    return type(e)(f"{e} (API speculative execution asked for num_api_spec_tokens={spec_tokens} tokens, more than "
+                   f"the gen's max_tokens={limit}: lower @function(num_api_spec_tokens=N))")
+
+
 def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, dict]:
     """Completion-model API speculative execution (SGLang's ``_spec_gen``): one call generates
     ``max(max_new_tokens, num_api_spec_tokens)`` tokens without the gen's stops, and this gen
@@ -112,7 +126,10 @@ def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, d
             params, max_new_tokens=max(limit or 0, ex.num_api_spec_tokens), stop=list(ex.chat_template.stop_str),
             stop_regex=None, return_logprob=True, return_text_in_logprobs=True,
         )
-        comps = ex._call(ex.backend.generate, ex._prompt(), spec)
+        try:
+            comps = ex._call(ex.backend.generate, ex._prompt(), spec)
+        except (ValueError, BackendError) as e:
+            raise _spec_tokens_noted(e, ex.num_api_spec_tokens, limit) from None
         ex._check_finish([comps[0].meta_info])
         left = dataclasses.replace(Speculation.from_completion(comps[0].text, comps[0].meta_info),
                                    ignore_eos=bool(params.ignore_eos))

@@ -405,9 +405,20 @@ def test_a_speculative_call_refused_for_num_api_spec_tokens_is_not_blamed_on_the
     def prog(s):
         s += prompt + sgl.gen("x")
 
+    # the gen never wrote max_tokens=200: the refusal says where it came from, and the fix
+    spec = "(API speculative execution asked for num_api_spec_tokens=200 tokens, more than the gen's max_tokens={}: " \
+           "lower @function(num_api_spec_tokens=N))"
     assert str(prog.run(backend=backend).error()) == (
         f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=200 exceeds the model's context length of "
-        f"{limit} tokens; shorten the prompt or lower max_tokens")
+        f"{limit} tokens; shorten the prompt or lower max_tokens {spec.format(128)}")
+
+    @sgl.function(num_api_spec_tokens=200)
+    def own(s):  # a gen's own max_tokens under it: the call asks for 200 all the same
+        s += prompt + sgl.gen("x", max_tokens=5)
+
+    assert str(own.run(backend=backend).error()) == (
+        f"Gen('x') failed: ValueError: prompt of {n} tokens + max_tokens=200 exceeds the model's context length of "
+        f"{limit} tokens; shorten the prompt or lower max_tokens {spec.format(5)}")
 
 
 def test_a_batch_whose_constant_prefix_cannot_be_prefilled_runs_and_each_item_reports_it(backend, hf, tiny_engine):
