@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import re
 from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_errors import shown_regex
@@ -182,8 +183,18 @@ class StopRegexes:
             self.compiled = [regex.compile(p) for p in patterns]
         else:
             self.compiled = []
+        # per pattern: whether it may match a text that ends earlier without matching the longer
+        # text (StopStringMatcher.find may then not skip the check after each character)
+        self.end_sensitive = [bool(_END_SENSITIVE.search(p)) for p in patterns or ()]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
+
+
+# What lets a regex match where its text ends and not once more text comes: an end anchor ("a$"
+# on "Wha" but not on "What"), a word boundary (the text's end is one), a negative lookahead (it
+# sees nothing past the end). Found in the pattern's text, erring towards yes (an escaped "\\$"
+# too): a yes only costs a search per new character instead of one per token.
+_END_SENSITIVE = re.compile(r"\$|\\[bBZzmM]|\(\?!")
 
 
 def _new_match(rx: Any, text: str, floor: int, new_from: int, endpos: int) -> Any:
@@ -259,17 +270,22 @@ class StopStringMatcher:
                 continue
             floor = self._floor(k, text)
             try:
-                if _new_match(rx, text, floor, new_from, len(text)) is None:
+                # (no match over all of the text is none in any shorter text, but for a pattern
+                # that can match only where the text ends: "a$" meets "Wha" of one token "What")
+                if not self._shared.end_sensitive[k] and _new_match(rx, text, floor, new_from, len(text)) is None:
                     continue
                 # met where a check after each character meets it: at the first end e (past
                 # new_from) by which the text holds a new match, and that match, which may end
                 # before the one over all of the text (r"\d+" on "123": "1") or begin after it
                 # (r"ab*c|b" on "abbc": "b", read before "c" comes)
-                end, m = next((e, m) for e in range(new_from + 1, len(text) + 1)
-                              if (m := _new_match(rx, text, floor, new_from, e)) is not None)
+                met = next(((e, m) for e in range(new_from + 1, len(text) + 1)
+                            if (m := _new_match(rx, text, floor, new_from, e)) is not None), None)
             except TimeoutError:
                 self._timed_out(k, rx, text)
                 continue
+            if met is None:
+                continue
+            end, m = met
             found = (end, len(self.stops) + k, m.start(), m.group())
             best = min(best or found, found)
         return None if best is None else (best[2], best[3])

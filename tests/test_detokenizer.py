@@ -111,6 +111,28 @@ def test_overlapping_stops_in_one_token_end_where_a_character_by_character_check
     assert StopStringMatcher(["END"], [r"N\w"]).find("xEND!", 0) == (1, "END")
 
 
+def test_a_stop_regex_that_matches_only_where_the_text_ends_is_met_whatever_the_tokens():
+    """An end anchor, a word boundary or a negative lookahead matches a text that ends there and
+    not the longer text: "a$" matches "Wha" but not "What". One token "What" was searched as a
+    whole only, so it ran on; the tokens "W", "h", "a", "t" stopped at "a" (language.md: the match
+    a check after each character meets, whatever the tokens)."""
+    for regex, text, cut in [(r"a$", "What", (2, "a")), (r"a\b", "island is", (3, "a")),
+                             (r"a(?!\w)", "Whatever", (2, "a")), (r"\d\b", "12a", (0, "1"))]:
+        assert stream(StopStringMatcher([], [regex]), list(text))[1] == cut  # character by character
+        assert stream(StopStringMatcher([], [regex]), [text])[1] == cut, regex  # one token
+    rng = random.Random(5)
+    patterns = [r"a$", r"b\b", r"ab?(?!a)", r"\bba", r"(?m)a$", r"a+\B"]
+    for _ in range(2000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 2))]
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text = "".join(rng.choice("ab \n") for _ in range(rng.randint(1, 9)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        by_char = stream(StopStringMatcher(stops, regexes), list(text))[1]
+        by_piece = stream(StopStringMatcher(stops, regexes), pieces)[1]
+        assert by_piece == by_char, (stops, regexes, pieces)
+
+
 def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_longest_does():
     # Worked by hand: on "x 123" read character by character, r"\d+" matches once "x 1" is read
     # (its match "1" ends at 3) and "2" only ends at 4, so the text is cut at 2, before the
