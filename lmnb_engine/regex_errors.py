@@ -53,7 +53,7 @@ def regex_problem(pattern: Any) -> str | None:
         if e.msg in (r"bad escape \p", r"bad escape \P"):
             e = _unicode_classes_error(pattern)
             if e is None:
-                return None
+                return unicode_class_problem(pattern)
         return invalid_regex(pattern, e)
     except RecursionError:
         return (f"regex {shown_regex(pattern)} nests its parentheses too deeply for Python's re to read; flatten "
@@ -74,4 +74,47 @@ def _unicode_classes_error(pattern: str):
         regex.compile(pattern)
     except regex.error as e:
         return e
+    return None
+
+
+# a \p or \P escape (not an escaped backslash before a "p") and its class: {Name}, {Key=Value}, or one letter
+_UNICODE_CLASS = re.compile(r"(?<!\\)(?:\\\\)*\\([pP])(\{[^}]*\}|[A-Za-z])")
+
+
+def unicode_class_problem(pattern: str) -> str | None:
+    """Why a Unicode property class of ``pattern`` (a pattern the ``regex`` package compiles) is
+    refused, or None: the classes the ``regex`` package reads that the engine's automaton library
+    (Rust's ``regex``) does not, which failed in the engine's build as "error building NFA": the
+    negation ``\\p{^Lu}`` (write ``\\P{Lu}``), ``\\p{L&}`` (``\\p{LC}``), and Unicode blocks
+    (``\\p{InGreek}``, ``\\p{Block=Greek}``, ``\\p{Greek_and_Coptic}``), which Rust has none of."""
+    import regex
+
+    def reads(p: str) -> bool:
+        try:
+            regex.compile(p)
+        except regex.error:
+            return False
+        return True
+
+    def not_a_block(name: str) -> bool:  # a category, a script or a binary property (Rust's kinds)
+        return (name.lower().replace("_", "").replace("-", "") in ("ascii", "any", "assigned")
+                or any(reads(rf"\p{{{k}={name}}}") for k in ("gc", "Script", "scx")) or reads(rf"\p{{{name}=Yes}}"))
+
+    for m in _UNICODE_CLASS.finditer(pattern):
+        name = m.group(2).strip("{}").strip()
+        shown = m.group(0).lstrip("\\")
+        shown = "\\" + shown
+        key = name.split("=")[0].split("!")[0].strip().lower().replace("_", "").replace("-", "").replace(" ", "")
+        if name.startswith("^"):
+            fix = f"write \\{'P' if m.group(1) == 'p' else 'p'}{{{name[1:].strip()}}} for its negation"
+        elif "&" in name:
+            fix = "write \\p{LC} for the cased letters"
+        elif ("=" in name and key in ("block", "blk")) or (
+                "=" not in name and not not_a_block(name)
+                and not (name.lower().startswith("is") and not_a_block(name[2:]))):
+            fix = "it has no Unicode blocks: use a script, as \\p{Greek}, or a range of characters, as [\\u0370-\\u03ff]"
+        else:
+            continue
+        return (f"regex {shown_regex(pattern)} uses the class {shown}, which the engine's automaton library (Rust's "
+                f"regex) does not read; {fix}")
     return None

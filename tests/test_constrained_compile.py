@@ -490,6 +490,47 @@ def test_unicode_property_classes_which_the_engine_reads_pass_the_languages_chec
     assert [str(at_gen.value), check_literal("gen", "regex", r"\p{L}("), str(in_engine.value)] == [said] * 3
 
 
+@pytest.mark.parametrize("pattern, shown, fix", [
+    (r"\p{L&}+", r"\p{L&}", r"write \p{LC} for the cased letters"),
+    (r"\p{^Lu}", r"\p{^Lu}", r"write \P{Lu} for its negation"),
+    (r"a\P{^Lu}", r"\P{^Lu}", r"write \p{Lu} for its negation"),
+    (r"\p{InGreek}", r"\p{InGreek}", None),
+    (r"x\p{Block=Greek}", r"\p{Block=Greek}", None),
+    (r"\p{Greek_and_Coptic}+", r"\p{Greek_and_Coptic}", None),
+])
+def test_unicode_classes_that_only_the_regex_package_reads_are_refused_alike_by_name(backend, pattern, shown, fix):
+    r"""\p{L&}, \p{^Lu} and Unicode blocks pass the regex package, which gen() and a %%lm cell
+    check \p{...} with, but not the engine's automaton library (Rust's regex): they passed gen()
+    and failed in the engine with "cannot be compiled to a token index: Failed to build DFA error
+    building NFA". All three refuse them now, naming the class and the fix."""
+    import regex as regex_module
+    from outlines_core import Index, Vocabulary
+
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    regex_module.compile(pattern)  # the regex package reads it; the automaton library does not:
+    with pytest.raises(Exception, match="NFA"):
+        Index(pattern, Vocabulary(9, {b"a": [1], b"\xce\xa9": [2]}))
+    fix = fix or r"it has no Unicode blocks: use a script, as \p{Greek}, or a range of characters, as [\u0370-\u03ff]"
+    said = (f"regex {json.dumps(pattern)} uses the class {shown}, which the engine's automaton library (Rust's regex) "
+            f"does not read; {fix}")
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", regex=pattern)
+    with pytest.raises(GrammarError) as in_engine:
+        backend.submit(pattern).result()
+    assert [str(at_gen.value), check_literal("gen", "regex", pattern), str(in_engine.value)] == [said] * 3
+
+
+def test_unicode_classes_the_automaton_reads_pass(backend):
+    # (scripts, categories, binary properties, Rust's "Is" prefix and \p{ASCII} are no blocks)
+    import lmnb
+
+    for pattern in [r"\p{Greek}", r"\p{IsGreek}", r"\p{Script=Greek}", r"\p{LC}", r"\p{ASCII}", r"\p{Alpha}", r"\pL"]:
+        assert lmnb.gen("x", regex=pattern).params.regex == pattern
+        backend.submit(pattern).result()
+
+
 def test_a_constraint_not_compiled_for_the_shutdown_is_written_as_json():
     assert str(GrammarCompileStopped.for_shutdown("it's" + "x" * 100)) == (
         'the constraint "it\'s' + "x" * 75 + '\u2026 was not compiled: the engine shut down')
