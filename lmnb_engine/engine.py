@@ -244,8 +244,9 @@ def _check_timeout(timeout: Any) -> None:
 
 class _EventStream:
     """``Engine.stream``'s iterator over a request's events. Closing it, dropping it or an
-    exception while it waits (Ctrl-C) aborts the request unless it has ended, whether or not
-    iteration has begun (a generator's clean-up runs only once it has started)."""
+    exception while it waits aborts the request unless it has ended, whether or not iteration has
+    begun (a generator's clean-up runs only once it has started); an interrupt (Ctrl-C) ends it
+    with ``outputs.ABORT_INTERRUPTED``, as ``generate``'s."""
 
     def __init__(self, handle: RequestHandle) -> None:
         self._handle = handle
@@ -258,6 +259,9 @@ class _EventStream:
         try:
             return next(self._events)
         except StopIteration:
+            raise
+        except KeyboardInterrupt:  # (ended as generate's wait ends its requests: no caller called abort)
+            self._handle._engine._withdraw([self._handle], posted=True)
             raise
         except BaseException:
             self.close()

@@ -570,6 +570,27 @@ def test_closing_a_stream_early_aborts_the_request(engine):
     assert_idle_accounting(engine)
 
 
+def test_a_stream_interrupted_while_it_waits_ends_its_request_as_interrupted(engine):
+    """Ctrl-C in a ``for ev in engine.stream(...)`` loop ended the request with "aborted by
+    Engine.abort", which the caller never called; it ends as generate's interrupted wait does."""
+    from lmnb_engine.outputs import ABORT_INTERRUPTED
+
+    stream = engine.stream("a bird", SamplingParams(max_new_tokens=300, temperature=0.0, ignore_eos=True))
+    next(stream)
+    handle = stream._handle
+
+    def interrupted():
+        raise KeyboardInterrupt  # (where a Ctrl-C lands: in the wait for the next event)
+        yield
+
+    stream._events = interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        next(stream)
+    r = handle.result(timeout=60)
+    assert (r.finish_reason.type, r.finish_reason.message) == ("abort", ABORT_INTERRUPTED)
+    assert_idle_accounting(engine)
+
+
 def test_closing_or_dropping_a_stream_before_its_first_event_aborts_the_request(engine):
     # a generator's clean-up runs only once it has started: a stream closed or dropped before
     # the first next() left its request running to max_new_tokens
