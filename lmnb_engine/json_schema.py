@@ -61,12 +61,17 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
-        hint = ("; patterns are Python regular expressions (as JSON Schema validators read them), which have no "
-                "\\p{...} classes: spell the characters out" if "is not a 'regex'" in e.message and "\\p" in
-                str(e.instance) else "")
+        if "is not a 'regex'" in e.message and re.search(r"\\[pP]", str(e.instance)):
+            # (valid JSON Schema, whose patterns are ECMA's; but jsonschema, whose check every output
+            # is made to pass, reads a pattern with Python's re)
+            raise ValueError(
+                f"JSON schema at {where}: the pattern {json_value(e.instance, SHOWN_CHARS)} uses a \\p{{...}} class, "
+                "which this engine cannot take in a schema: its outputs are made to pass jsonschema's check, which "
+                "reads a pattern with Python's re, and re has no such classes; write the characters as a class (e.g. [A-Z] for "
+                "ASCII capitals), or constrain the whole output with regex=, where \\p{...} works") from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
         message = in_json_words(e.message, json_parts([e.instance, e.validator_value]))
-        raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}{hint}") from None
+        raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
     return schema
 
 
