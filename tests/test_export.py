@@ -7,6 +7,7 @@ test_export_batch.py.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import subprocess
@@ -376,6 +377,23 @@ def test_a_setup_container_a_called_function_and_a_row_cell_change_in_place_is_o
     assert name not in p.copied and f"row_copy(globals()[\"{name}\"])" not in source
     assert any(n.startswith(f"cell 1: {name}, which a function of this cell (run once) changes in place, is changed "
                             "in place per row too") and "what one row changes, the next row sees" in n for n in p.notes)
+
+
+def test_a_setup_container_only_a_called_function_changes_in_place_is_noted_as_carried_over():
+    # cache grows across rows in the job (one object, as the README says) where each notebook pass
+    # starts from {}: the export noted nothing (a new-user pass found a resumed run's rows differ)
+    setup = "cache = {}\ndef remember(k, v):\n    cache[k] = v\n    return len(cache)"
+    nb = notebook(f"import lmnb\n{setup}", 'q = "A"', "%%lm --temperature 0\n{q}{gen a max_tokens=2}",
+                  "n = remember(q, a)", "%%lm --temperature 0\n{n}{gen z max_tokens=1}")
+    _, p = export_notebook(nb)
+    assert [n for n in p.notes if "cache" in n] == [
+        "cell 1: cache, which a function of this cell (run once) changes in place, is changed by the rows' calls: "
+        "the job keeps one cache, the script's, where each pass of the notebook starts from the set-up's (a memo "
+        f"cache gives the same results either way): what one row changes, the next row sees, and the rows share it, "
+        f"{importlib.import_module('lmnb.export.plan')._RACE}"]
+    _, p = export_notebook(notebook(f"import lmnb\n{setup}", 'q = "A"', "%%lm --temperature 0\n{q}{gen a max_tokens=2}",
+                                    "n = len(q)", "%%lm --temperature 0\n{n}{gen z max_tokens=1}"))
+    assert not [n for n in p.notes if "cache" in n]  # (no row calls remember)
 
 
 @pytest.mark.parametrize("cells, line", [

@@ -224,13 +224,19 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                            f"the rows share the script's globals, {_RACE}")
     changed_too = set().union(*(set(c.mutates) for c in row if isinstance(c, (Code, LMCell))))
     for c in setup:
-        shown = ", ".join(n for n in dict.fromkeys(n for f in called if f[0] == c.index for n in f[4])
-                          if n in changed and n in changed_too and n in module and n not in p.inputs)
-        if shown:
-            p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) changes in place, is "
-                           "changed in place per row too (a cell that runs per row changes it, and calls the function): "
-                           f"the job keeps one {shown}, the script's, as the notebook does, not a copy per row: what "
-                           f"one row changes, the next row sees, and the rows share it, {_RACE}")
+        names = [n for n in dict.fromkeys(n for f in called if f[0] == c.index for n in f[4])
+                 if n in changed and n in module and n not in p.inputs]
+        for both, why in ((True, "is changed in place per row too (a cell that runs per row changes it, and calls "
+                                 "the function): the job keeps one {shown}, the script's, as the notebook does, not a "
+                                 "copy per row"),
+                          (False, "is changed by the rows' calls: the job keeps one {shown}, the script's, where each "
+                                  "pass of the notebook starts from the set-up's (a memo cache gives the same results "
+                                  "either way)")):
+            shown = ", ".join(n for n in names if (n in changed_too) == both)
+            if shown:
+                p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) changes in place, "
+                               + why.format(shown=shown)
+                               + f": what one row changes, the next row sees, and the rows share it, {_RACE}")
     for c in setup:
         shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in declared and n in p.restored + p.shared)
         if shown:
