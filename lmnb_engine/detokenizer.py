@@ -300,18 +300,23 @@ class StopStringMatcher:
         for i, rx in enumerate(self._regexes):
             # pos ends where a match may yet begin (len(text): nowhere); a pattern given up, or whose
             # search timed out, stops where the search stood: nothing past it is shown
-            pos = self._floor(i, text)
+            pos = floor = self._floor(i, text)
+            passed_match = False
             if i not in self._shared.given_up:
                 try:
                     # (a whole match in text not checked, the first min_new_tokens, is passed over)
                     while ((m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None
                            and not m.partial):
-                        pos = max(m.end(), m.start() + 1)
+                        pos, passed_match = max(m.end(), m.start() + 1), True
                     pos = len(text) if m is None else m.start()
                 except TimeoutError:
                     self._timed_out(i, rx, text)
             safe = min(safe, pos)
-            floors.append(pos)
+            # past a whole match (text not checked) the floor stays: a partial search prefers a
+            # whole match anywhere to a partial one before it ("BEGIN[\s\S]*?END|x" on "BEGIN ab
+            # x": "x", though a match may begin at 0), and a whole match may yet become a longer
+            # one ("a[\s\S]*?E|a": "a", then "a b E"), so a match may still begin before pos
+            floors.append(floor if passed_match else pos)
         if self._regexes:
             self._seen, self._floors = text, floors
         return safe

@@ -301,6 +301,35 @@ def test_stop_regex_searches_only_where_a_match_may_still_begin():
             assert m.safe_len(text) == fresh.safe_len(text)
 
 
+def test_a_match_in_text_not_checked_leaves_where_a_later_match_may_begin():
+    # during min_new_tokens only safe_len runs; a whole match there moved the floor past where a
+    # match could still begin: the partial search gave "x" (9) for r"BEGIN[\s\S]*?END|x" though
+    # "BEGIN" (0) was open, so "BEGIN ab x y END" did not stop. The answers are a fresh matcher's
+    m, text = StopStringMatcher([], [r"BEGIN[\s\S]*?END|x"]), ""
+    for piece in ["BEGIN", " ab", " x", " y"]:  # min_new_tokens = 5: not checked
+        text += piece
+        m.safe_len(text)
+    assert m.find(text + " END", len(text)) == (0, "BEGIN ab x y END")
+    rng = random.Random(0)
+    choices = [r"BEGIN[\s\S]*?END|x", r"a[\s\S]*?E|a", r"a.*?E|c", r"ab*c|b", r"\d+\.", r"b(?=a@)"]
+    for _ in range(500):
+        patterns = rng.sample(choices, rng.randint(1, 3))
+        m, text, checked, unchecked = StopStringMatcher([], patterns), "", 0, rng.randint(0, 6)
+        for token in range(25):  # as the scheduler: find from min_new_tokens on, safe_len always
+            if text and rng.random() < 0.1:  # rolled back (jump-forward)
+                text = text[: rng.randrange(len(text))]
+                checked = min(checked, len(text))
+            text += "".join(rng.choice("abcxE1.@\n ") for _ in range(rng.randint(1, 3)))
+            fresh = StopStringMatcher([], patterns)
+            if token >= unchecked:
+                hit = m.find(text, checked)
+                assert hit == fresh.find(text, checked), (patterns, text, checked)
+                if hit is not None:
+                    break
+            checked = len(text)
+            assert m.safe_len(text) == fresh.safe_len(text), (patterns, text)
+
+
 def test_direct_rust_decode_gives_what_transformers_decode_gives(tiny_llama):
     """The detokenizer calls the fast tokenizer's Rust ``decode`` itself; random id sequences
     (special ids included) decode as ``PreTrainedTokenizerFast.decode`` does, both ways of
