@@ -204,6 +204,73 @@ def test_rows_that_could_not_reach_the_backend_are_not_blamed_on_the_input(tmp_p
     assert code == 1 and "this run: 2 rows ran (0 ok, 2 failed), 0 bad input, 0 already done" in err, err
 
 
+def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(tmp_path):
+    """An exported job whose %%lm cell writes text before its gen, run on an OpenAI chat model
+    (--openai m, no --completion), failed every row with the backend's refusal and ended with "fix
+    the input and run again", though no input could run: the program is at fault."""
+    import http.server
+
+    from helpers_export import notebook, run_script
+    from lmnb.export import export_notebook
+
+    posts = []
+
+    class Chat(http.server.BaseHTTPRequestHandler):  # an OpenAI-compatible server that serves model m
+        def do_GET(self):
+            body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "created": 0,
+                                                           "owned_by": "t"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            posts.append(self.path)
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    source, _ = export_notebook(notebook('question = "Why?"', "%%lm --temperature 0\nQ: {question}\nA:{gen answer "
+                                         "max_tokens=4}"), "nb.ipynb", "job.py")
+    (tmp_path / "job.py").write_text(source)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "a"}, {"question": "b"}])
+    with serve_http(Chat) as base:
+        code, err, _ = run_script(tmp_path / "job.py", "--input", rows, "--output", tmp_path / "out.jsonl",
+                                  "--backend", base + "/v1", "--openai", "m", "--api-key", "k", "--no-progress",
+                                  model="unused")
+    assert code == 1 and posts == []  # (refused before any request: the server is not at fault either)
+    assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["error", "error"]
+    assert err.endswith(
+        "  2 rows failed because the program cannot run on this backend, whatever the input (an OpenAI chat model "
+        "can only generate at the start of an assistant message (s += assistant(gen(...)); in a %%lm cell "
+        "{assistant}{gen x}{/assistant}); to fill text and several gens inside one reply use "
+        "@function(num_api_spec_tokens=N), or use a completion model (OpenAI(..., is_chat_model=False); in a "
+        "notebook %lm connect URL --openai MODEL --completion)); change the notebook as that says and export it "
+        "again, or change the backend (the job's --backend, --openai MODEL, --completion); then run with "
+        "--retry-errors to rerun the failed rows (rows already done are kept)\n"), err
+    assert "fix the input" not in err
+
+
+def test_rows_the_backend_cannot_run_are_named_beside_rows_that_failed_otherwise(tmp_path, capsys):
+    from lmnb.backend.base import BackendCannotRun
+
+    def picky(prompt, params):
+        if "chat" in prompt.text:
+            raise BackendCannotRun("select() needs prompt logprobs")
+        return reply(prompt, params)
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "chat"}, {"question": "boom"}, {"question": "ok"}])
+    assert run_job(tmp_path, "--input", rows, backend=ScriptedBackend(picky)) == 1
+    assert capsys.readouterr().err.endswith(
+        "  1 row failed because the program cannot run on this backend, whatever the input (select() needs prompt "
+        "logprobs); change the notebook as that says and export it again, or change the backend (the job's "
+        "--backend, --openai MODEL, --completion); then run with --retry-errors to rerun the failed rows (rows "
+        'already done are kept)\n  other rows with "status": "error" or "bad_input" say why in "error"\n')
+
+
 def test_rows_that_failed_otherwise_are_named_beside_the_unreachable_ones(tmp_path, capsys):
     from lmnb.backend.base import BackendUnreachable
 

@@ -76,6 +76,14 @@ class BackendUnreachable(BackendError):
     Front ends say to check the server and its URL (a batch job's summary does)."""
 
 
+class BackendCannotRun(ValueError, NotImplementedError):
+    """The program asks for what this backend cannot do (an OpenAI chat model generating after text
+    in its reply, ``select`` on a chat API, a regex on the official API): the program or the backend
+    must change, whatever values the program is given. Both a ``ValueError`` and a
+    ``NotImplementedError``, which these refusals were before. Front ends say so (a batch job's
+    summary blames the program, not the rows' input)."""
+
+
 def in_gen_names(message: str) -> str:
     """An engine's or server's error ``message`` about a gen's request in ``gen()``'s names: the
     sampling parameters ``max_new_tokens`` and ``min_new_tokens`` (SGLang's, the engine's) are

@@ -27,7 +27,8 @@ import weakref
 from typing import Any, Iterator, Optional
 
 from lmnb.backend.base import (
-    AbortedIds, BackendError, BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason, check_utf8,
+    AbortedIds, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason,
+    check_utf8,
 )
 from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
@@ -178,10 +179,10 @@ class OpenAI(BaseBackend):
         """[issue 10] Chat models take images (a text-only one answers with the server's error).
 
         Raises:
-            NotImplementedError: a completion model; the completions API has no images.
+            BackendCannotRun: a completion model; the completions API has no images.
         """
         if not self.is_chat_model:
-            raise NotImplementedError(
+            raise BackendCannotRun(
                 "image() and video() need a chat model here: the OpenAI completions API takes no images. Use "
                 "OpenAI(<vision chat model>), lmnb.RuntimeEndpoint(<lmnb serve URL>) or lmnb.Engine(<LLaVA checkpoint>)"
             )
@@ -190,7 +191,7 @@ class OpenAI(BaseBackend):
         """``prompt.messages`` with [issue 10] each image placeholder made ``image_url`` parts.
 
         Raises:
-            ValueError: an image outside every chat message (chat APIs have nowhere to put it).
+            BackendCannotRun: an image outside every chat message (chat APIs have nowhere to put it).
         """
         if not prompt.images:
             return prompt.messages
@@ -213,9 +214,9 @@ class OpenAI(BaseBackend):
                     parts.append({"type": "text", "text": piece})
             out.append({**m, "content": parts})
         if next(inputs, None) is not None:
-            raise ValueError("a chat model gets images inside chat messages; put image()/video() inside a role, "
-                             "e.g. s += user(image(path) + question); in a %%lm cell {user}{image photo} "
-                             "question{/user}")
+            raise BackendCannotRun("a chat model gets images inside chat messages; put image()/video() inside a "
+                                   "role, e.g. s += user(image(path) + question); in a %%lm cell {user}{image photo} "
+                                   "question{/user}")
         return out
 
     # -- request building
@@ -243,12 +244,12 @@ class OpenAI(BaseBackend):
             extra["stop_token_ids"] = list(params.stop_token_ids)
         if params.stop_regexes:
             if self.is_official:
-                raise ValueError("the OpenAI API has no stop_regex; use stop strings, or an lmnb/SGLang server "
-                                 "(RuntimeEndpoint, or OpenAI(base_url=...))")
+                raise BackendCannotRun("the OpenAI API has no stop_regex; use stop strings, or an lmnb/SGLang "
+                                       "server (RuntimeEndpoint, or OpenAI(base_url=...))")
             extra["stop_regex"] = params.stop_regexes
         if params.regex is not None:
             if self.is_official:
-                raise ValueError(
+                raise BackendCannotRun(
                     "the OpenAI API has no regex-constrained generation; use json_schema with a chat "
                     "model, or an lmnb/SGLang server (RuntimeEndpoint, or OpenAI(base_url=...))"
                 )
@@ -259,11 +260,11 @@ class OpenAI(BaseBackend):
             if self.is_chat_model:
                 kw["response_format"] = fmt
             elif self.is_official:
-                raise ValueError("the OpenAI completions API has no structured output; use a chat model")
+                raise BackendCannotRun("the OpenAI completions API has no structured output; use a chat model")
             else:
                 extra["response_format"] = fmt
         if extra and self.is_official:
-            raise ValueError(f"the OpenAI API does not support {sorted(extra)}; leave them unset")
+            raise BackendCannotRun(f"the OpenAI API does not support {sorted(extra)}; leave them unset")
         if extra:
             kw["extra_body"] = extra
         if params.return_logprob:
@@ -279,7 +280,7 @@ class OpenAI(BaseBackend):
         if not self.is_chat_model:
             return {"prompt": prompt.text}
         if prompt.role != "assistant" or prompt.role_text.strip():
-            raise ValueError(
+            raise BackendCannotRun(
                 "an OpenAI chat model can only generate at the start of an assistant message "
                 "(s += assistant(gen(...)); in a %%lm cell {assistant}{gen x}{/assistant}); to fill text and "
                 "several gens inside one reply use @function(num_api_spec_tokens=N), or use a completion model "
@@ -587,13 +588,13 @@ class OpenAI(BaseBackend):
         vLLM, SGLang); tokens are then compared as strings to find where each choice starts
         (``lmnb.choices``). SGLang's OpenAI backend instead walks tokens with ``logit_bias``."""
         if self.is_chat_model:
-            raise NotImplementedError(
+            raise BackendCannotRun(
                 "select() needs prompt logprobs, which chat APIs do not return; use a completion model "
                 "(OpenAI(..., is_chat_model=False); in a notebook %lm connect URL --openai MODEL --completion), "
                 "lmnb.Engine or lmnb.RuntimeEndpoint, or constrain a gen with json_schema {'enum': [...]}"
             )
         if unconditional:
-            raise NotImplementedError(
+            raise BackendCannotRun(
                 "unconditional_likelihood_normalized needs token ids, which OpenAI-compatible APIs do "
                 "not return; use token_length_normalized, lmnb.Engine or lmnb.RuntimeEndpoint"
             )

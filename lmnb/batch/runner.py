@@ -44,6 +44,8 @@ class RowRunner:
         # the backend's words for each row this run that failed with no connection to it (pool threads
         # append: list.append is atomic), so the summary blames the backend, not the input
         self.unreachable: list[str] = []
+        # the same for rows whose program this backend cannot run (BackendCannotRun), whatever their input
+        self.cannot_run: list[str] = []
         self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr kept per row (several threads)
 
     def run(self) -> int:
@@ -328,9 +330,12 @@ class RowRunner:
             return None
         except Exception as e:  # noqa: BLE001 - a failing row is written with its error
             error = f"{type(e).__name__}: {e}{_where(e, self.run_row)}"
-            unreachable = _unreachable(e)
-            if unreachable is not None:
-                self.unreachable.append(str(unreachable))
+            from lmnb.backend.base import BackendCannotRun, BackendUnreachable
+
+            for kind, failed in ((BackendUnreachable, self.unreachable), (BackendCannotRun, self.cannot_run)):
+                cause = _in_chain(e, kind)
+                if cause is not None:
+                    failed.append(str(cause))
         record = {
             **base,
             "status": OK if error is None else ERROR,
@@ -367,11 +372,18 @@ class RowRunner:
                          "the same command again to do the remaining rows")
         elif self.signals and self.left:
             lines.append("  stopped early: run the same command again to do the remaining rows")
-        elif self.unreachable:  # not the input's fault: "fix the input" would send the user the wrong way
-            lines.append(f"  {_rows(len(self.unreachable))} failed because the backend could not be reached "
-                         f"({self.unreachable[0]}); once it answers, run the same command again with "
-                         "--retry-errors to rerun the failed rows (rows already done are kept)")
-            if len(self.unreachable) < c[ERROR] or c[BAD_INPUT]:  # (others failed otherwise, here or before)
+        elif self.unreachable or self.cannot_run:  # not the input's fault: "fix the input" would mislead
+            if self.unreachable:
+                lines.append(f"  {_rows(len(self.unreachable))} failed because the backend could not be reached "
+                             f"({self.unreachable[0]}); once it answers, run the same command again with "
+                             "--retry-errors to rerun the failed rows (rows already done are kept)")
+            if self.cannot_run:
+                lines.append(f"  {_rows(len(self.cannot_run))} failed because the program cannot run on this "
+                             f"backend, whatever the input ({self.cannot_run[0]}); change the notebook as that says "
+                             "and export it again, or change the backend (the job's --backend, --openai MODEL, "
+                             "--completion); then run with --retry-errors to rerun the failed rows (rows already "
+                             "done are kept)")
+            if len(self.unreachable) + len(self.cannot_run) < c[ERROR] or c[BAD_INPUT]:  # (others failed otherwise)
                 lines.append('  other rows with "status": "error" or "bad_input" say why in "error"')
         elif c[ERROR] or c[BAD_INPUT]:
             kinds = " or ".join(f'"{k}"' for k, n in (("error", c[ERROR]), ("bad_input", c[BAD_INPUT])) if n)
@@ -520,14 +532,12 @@ def _other_separator(fields, missing: list) -> str:
     return ""
 
 
-def _unreachable(error: BaseException):
-    """The ``BackendUnreachable`` in ``error``'s chain (a failed gen's ``ProgramError`` holds the
-    backend's error as its cause), or None."""
-    from lmnb.backend.base import BackendUnreachable
-
+def _in_chain(error: BaseException, kind: type):
+    """The first ``kind`` in ``error``'s chain (a failed gen's ``ProgramError`` holds the backend's
+    error as its cause), or None."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, BackendUnreachable):
+        if isinstance(error, kind):
             return error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
