@@ -637,6 +637,45 @@ def test_an_openai_timeout_says_how_long_it_waited_and_how_often(server):
     backend.shutdown()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_openai_connect_timeout_is_named_unreachable_not_a_read_timeout(monkeypatch, stream):
+    """A host that never answers the connection (a firewall that drops it) was reported as "no
+    answer within the read timeout of 600 s", and a batch job blamed the rows' input. Its requests
+    here time out on connect at once: every transport of httpx (and httpx2, which newer openai
+    clients use) raises ConnectTimeout."""
+    import importlib
+
+    import openai
+
+    from lmnb.backend.base import BackendUnreachable
+
+    for name in ("httpx", "httpx2"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+
+        def refuse(self, request, *, module=module):
+            raise module.ConnectTimeout("timed out", request=request)
+
+        async def refuse_async(self, request, *, module=module):
+            raise module.ConnectTimeout("timed out", request=request)
+
+        monkeypatch.setattr(module.HTTPTransport, "handle_request", refuse)
+        monkeypatch.setattr(module.AsyncHTTPTransport, "handle_async_request", refuse_async)
+    url = "http://10.0.0.1:8000/v1"  # (never reached: the transports fail first)
+    backend = lmnb.OpenAI("m", base_url=url, max_retries=1, timeout=openai.Timeout(60, connect=4))
+    with pytest.raises(BackendUnreachable) as e:
+        if stream:
+            list(backend.generate_stream(CHAT, PARAMS, "r1"))
+        else:
+            backend.generate(CHAT, PARAMS, "r1")
+    assert str(e.value) == (f"{url}/: no connection within the connect timeout of 4 s, in 2 tries; is the server "
+                            "running at that URL, and are the host and port right (a firewall that drops the "
+                            "connection looks the same)?")
+    backend.shutdown()
+
+
 def test_an_openai_stream_aborted_while_it_starts_is_closed_at_once(server, chat):
     """An abort() between the request and its first chunk found no stream to close (the stream was
     registered once the request returned): the stream then ran to its end."""

@@ -21,6 +21,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import sys
 import threading
 import time
 import weakref
@@ -318,7 +319,9 @@ class OpenAI(BaseBackend):
                             f"base_url={root + '/v1'!r}")
             reason = body.get("reason") if isinstance(body.get("reason"), str) else None  # (lmnb serve's DOES_NOT_FIT)
             raise BackendError(f"{self.client.base_url}: HTTP {e.status_code}: {message}", reason) from None
-        except self._openai.APITimeoutError:
+        except self._openai.APITimeoutError as e:
+            if connect_timed_out(e):  # (a firewalled host that never answers: no server was reached)
+                raise self._connect_timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
             raise self._timeout_error(str(self.client.base_url), self.client.max_retries + 1) from None
         except self._openai.APIConnectionError as e:  # (not a timeout: caught above) refused, unknown host, ...
             raise BackendUnreachable(f"{self.client.base_url}: {type(e).__name__}: {e}") from None
@@ -398,6 +401,16 @@ class OpenAI(BaseBackend):
         return BackendError(f"{where}: no {what} within the read timeout of {seconds} s"
                             f"{f', in {tries} tries' if tries > 1 else ''}; check that the server is not stuck or "
                             "overloaded, or change the limits with OpenAI(..., timeout=SECONDS, max_retries=N)")
+
+    def _connect_timeout_error(self, where: str, tries: int) -> BackendUnreachable:
+        """The error for a call that got no connection within the client's connect timeout in
+        ``tries`` tries (it said "no answer within the read timeout of 600 s", blaming a server it
+        never reached)."""
+        seconds = getattr(self.client.timeout, "connect", self.client.timeout)
+        return BackendUnreachable(f"{where}: no connection within the connect timeout of {seconds} s"
+                                  f"{f', in {tries} tries' if tries > 1 else ''}; is the server running at that URL, "
+                                  "and are the host and port right (a firewall that drops the connection looks the "
+                                  "same)?")
 
     def _count_usage(self, usage: Any) -> None:
         prompt, completion = (getattr(usage, k, None) for k in ("prompt_tokens", "completion_tokens"))
@@ -644,6 +657,14 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # (POSIX; Windows has no fork)
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def connect_timed_out(error: BaseException) -> bool:
+    """Whether ``error``, an ``openai.APITimeoutError``, is a connect timeout (a host that never
+    answered) rather than a server that took the connection and did not answer in time: its cause
+    is httpx's ``ConnectTimeout``, or httpx2's, which newer openai clients send requests with."""
+    kinds = tuple(m.ConnectTimeout for m in map(sys.modules.get, ("httpx", "httpx2")) if m is not None)
+    return isinstance(error.__cause__, kinds)
 
 
 def _finish_reason(choice: Any) -> dict:
