@@ -79,8 +79,9 @@ def _served_models_note(backend, args, v1: bool) -> str:
     Raises:
         CellError: the server does not answer there, or does not serve ``args.openai``.
     """
-    import httpx
     import openai
+
+    from lmnb.backend.openai import connect_timed_out
 
     try:
         served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
@@ -88,7 +89,7 @@ def _served_models_note(backend, args, v1: bool) -> str:
         # no connection at all (refused, or a connect timeout: a firewalled host), vs a server that
         # took the connection but gave no model list (some proxies; a read timeout)
         unreachable = isinstance(e, openai.APIConnectionError) and (
-            not isinstance(e, openai.APITimeoutError) or isinstance(e.__cause__, httpx.ConnectTimeout))
+            not isinstance(e, openai.APITimeoutError) or connect_timed_out(e))
         if isinstance(e, openai.AuthenticationError):  # 401: every cell would fail alike (a 403 may be a
             # key allowed to generate but not to list models, as OpenAI's restricted project keys are)
             advice = ("the server refused the --api-key given: check it" if args.api_key else

@@ -700,18 +700,20 @@ def test_connect_says_which_named_states_it_drops(ip, monkeypatch):
 def test_connect_tells_a_host_that_never_answers_from_a_server_that_is_slow_to(ip, monkeypatch, cause, refused):
     """A connect timeout (a firewalled host) is refused at connect time; a read timeout (a server
     that took the connection) keeps the /v1 root. openai raises both as APITimeoutError, from
-    httpx's error (as a real connect to a full accept queue showed)."""
-    import httpx
-    import openai
+    httpx's error (as a real connect to a full accept queue showed), or from httpx2's in openai 3,
+    whose connect timeout a check of httpx's class missed. Here every transport of both raises it."""
+    import importlib
 
-    def timed_out(self, *args, **kwargs):
-        request = httpx.Request("GET", "http://10.0.0.1:8000/v1/models")
+    for name in ("httpx", "httpx2"):
         try:
-            raise getattr(httpx, cause)("timed out", request=request)
-        except httpx.TimeoutException as e:
-            raise openai.APITimeoutError(request=request) from e
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
 
-    monkeypatch.setattr(openai.resources.models.Models, "list", timed_out)
+        def timed_out(self, request, *, module=module):
+            raise getattr(module, cause)("timed out", request=request)
+
+        monkeypatch.setattr(module.HTTPTransport, "handle_request", timed_out)
     with separate_session(ip):
         result, out = run(ip, "%lm connect http://10.0.0.1:8000/v1 --openai m")
     if refused:
