@@ -204,6 +204,18 @@ def test_rows_that_could_not_reach_the_backend_are_not_blamed_on_the_input(tmp_p
     assert code == 1 and "this run: 2 rows ran (0 ok, 2 failed), 0 bad input, 0 already done" in err, err
 
 
+def test_a_run_whose_rows_all_failed_shows_no_speed(tmp_path, capsys):
+    """Rows that all failed at once ended with "0.0 s: 677.26 rows/s": a speed of nothing done."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "boom 2"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    err = capsys.readouterr().err
+    assert "this run: 2 rows ran (0 ok, 2 failed)" in err and "rows/s" not in err, err
+    assert "  tokens: prompt 0, cached 0 (cache hit rate n/a), generated 0\n" in err  # (the tokens are still said)
+    write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "boom 2"}, {"question": "ok"}])
+    assert run_job(tmp_path, "--input", rows) == 1
+    assert re.search(r"\n  [0-9.]+ s: [0-9.]+ rows/s, [0-9.]+ generated tokens/s\n", capsys.readouterr().err)
+
+
 def test_rows_whose_program_the_backend_cannot_run_are_not_blamed_on_the_input(tmp_path):
     """An exported job whose %%lm cell writes text before its gen, run on an OpenAI chat model
     (--openai m, no --completion), failed every row with the backend's refusal and ended with "fix

@@ -359,8 +359,9 @@ class RowRunner:
         lines.append(f"  this run: {_rows(ran)} ran ({n[OK]} ok, {n[ERROR]} failed), {bad} bad input, "
                      f"{self.skipped} already done" + (f", {self.store.retried} errors retried" if self.store.retried else ""))
         if ran and self.seconds > 0:
-            lines.append(f"  {self.seconds:.1f} s: {ran / self.seconds:.2f} rows/s, "
-                         f"{t['completion'] / self.seconds:.1f} generated tokens/s")
+            if n[OK]:  # (rows that all failed at once had a speed: "0.0 s: 677.26 rows/s")
+                lines.append(f"  {self.seconds:.1f} s: {ran / self.seconds:.2f} rows/s, "
+                             f"{t['completion'] / self.seconds:.1f} generated tokens/s")
             rate = f"{100 * t['cached'] / t['prompt']:.0f}%" if t["prompt"] else "n/a"
             lines.append(f"  tokens: prompt {t['prompt']}, cached {t['cached']} (cache hit rate {rate}), "
                          f"generated {t['completion']}")
