@@ -1126,15 +1126,15 @@ def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engin
     assert engine.abort("mine") is False
 
 
-@pytest.mark.timeout(180)
-def test_an_abort_while_another_threads_submit_compiles_its_grammar_ends_the_request(engine, monkeypatch):
-    """submit took the rid only once the regex had compiled: Engine.abort from another thread during
-    the compile knew no such request, returned False, and the request then ran to its end."""
+def _submit_held_in_its_compile(engine, monkeypatch, rid: str):
+    """Start ``engine.submit`` of a regex request with ``rid`` on a thread and return once it is
+    compiling the grammar, held there until ``go`` is set: (the list its handle is appended to,
+    ``go``, the thread)."""
     engine.generate("the cat", SamplingParams(max_new_tokens=2, regex="[ab]{3}"))  # (the compiler runs)
     backend = engine._grammar_backend
     real_wait, compiling, go = backend.wait, threading.Event(), threading.Event()
 
-    def held_wait(regex, source=None):  # the submit below is still compiling when the abort comes
+    def held_wait(regex, source=None):
         compiling.set()
         assert go.wait(60)
         return real_wait(regex, source=source)
@@ -1142,9 +1142,17 @@ def test_an_abort_while_another_threads_submit_compiles_its_grammar_ends_the_req
     monkeypatch.setattr(backend, "wait", held_wait)
     late = []
     params = SamplingParams(max_new_tokens=200, temperature=0.0, regex="[ab]{150}")
-    submitter = threading.Thread(target=lambda: late.append(engine.submit("the cat", params, rid="late")), daemon=True)
+    submitter = threading.Thread(target=lambda: late.append(engine.submit("the cat", params, rid=rid)), daemon=True)
     submitter.start()
     assert compiling.wait(60)
+    return late, go, submitter
+
+
+@pytest.mark.timeout(180)
+def test_an_abort_while_another_threads_submit_compiles_its_grammar_ends_the_request(engine, monkeypatch):
+    """submit took the rid only once the regex had compiled: Engine.abort from another thread during
+    the compile knew no such request, returned False, and the request then ran to its end."""
+    late, go, submitter = _submit_held_in_its_compile(engine, monkeypatch, "late")
     returned = engine.abort("late")
     go.set()
     submitter.join(60)
@@ -1164,21 +1172,7 @@ def test_a_rid_aborted_while_its_submit_compiles_is_free_at_once_and_the_late_co
     late compile's post comes while the new request of that rid waits, and neither runs the old
     request nor touches the new one."""
     reference = engine.generate("a dog", GREEDY)
-    engine.generate("the cat", SamplingParams(max_new_tokens=2, regex="[ab]{3}"))  # (the compiler runs)
-    backend = engine._grammar_backend
-    real_wait, compiling, go = backend.wait, threading.Event(), threading.Event()
-
-    def held_wait(regex, source=None):  # the first submit is still compiling when the abort comes
-        compiling.set()
-        assert go.wait(60)
-        return real_wait(regex, source=source)
-
-    monkeypatch.setattr(backend, "wait", held_wait)
-    late = []
-    params = SamplingParams(max_new_tokens=200, temperature=0.0, regex="[ab]{150}")
-    submitter = threading.Thread(target=lambda: late.append(engine.submit("the cat", params, rid="same")), daemon=True)
-    submitter.start()
-    assert compiling.wait(60)
+    late, go, submitter = _submit_held_in_its_compile(engine, monkeypatch, "same")
     assert engine.abort("same") is True
     blocked, hold = threading.Event(), threading.Event()
     engine.scheduler.call(lambda: (blocked.set(), hold.wait(60)))  # (the new request waits, queued, below)
