@@ -76,12 +76,14 @@ def test_lmnb_serve_stopped_by_sigterm_while_the_model_loads_says_so(tiny_llama)
 
 
 @pytest.mark.parametrize("phase", ["loading", "serving", "shutting down"])
-def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing(monkeypatch, capsys, phase):
+@pytest.mark.parametrize("name, other, code", [("SIGTERM", "SIGINT", 143), ("SIGINT", "SIGTERM", 130)])
+def test_lmnb_serve_stopped_outside_its_server_says_what_it_was_doing(monkeypatch, capsys, phase, name, other, code):
     """A SIGTERM outside the server's own handlers said "before it started serving" however far
-    the command had gone: also once the server had stopped (here by SIGINT) and the engine was
-    shutting down, or between the "serving" line and uvicorn's start. The SIGTERM is sent from
-    the step of that phase (the load, the server's making, the engine's shutdown). The engine,
-    once loaded, is shut down: one stopped before the server's start was left running."""
+    the command had gone: also once the server had stopped (here by the other signal) and the
+    engine was shutting down, or between the "serving" line and uvicorn's start; Ctrl-C there
+    said "lmnb: interrupted". The signal is sent from the step of that phase (the load, the
+    server's making, the engine's shutdown); the exit code is 128 + its number. The engine, once
+    loaded, is shut down: one stopped before the server's start was left running."""
     import os
     import types
 
@@ -96,7 +98,7 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
 
     def at(step):
         if step == phase:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), getattr(signal, name))
 
     class Engine:
         def __init__(self, **kwargs):
@@ -108,15 +110,15 @@ def test_lmnb_serve_stopped_by_sigterm_outside_its_server_says_what_it_was_doing
 
     def make_server(app, **config):
         at("serving")
-        return types.SimpleNamespace(run=lambda sockets: None, stop_signal=signal.SIGINT)
+        return types.SimpleNamespace(run=lambda sockets: None, stop_signal=getattr(signal, other))
 
     monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
     monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: object())
     monkeypatch.setattr(http_app, "Server", make_server)
-    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 143
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == code
     lines = capsys.readouterr().err.splitlines()
     said = {"loading": " before it started serving", "serving": "", "shutting down": " while shutting down"}[phase]
-    assert lines[-1] == f"lmnb serve: stopped (SIGTERM){said}"
+    assert lines[-1] == f"lmnb serve: stopped ({name}){said}"
     served = lines[:-1]  # the "serving" line, once the model has loaded
     assert len(served) == (phase != "loading") and all(s.startswith("lmnb serve: serving m on http://127.0.0.1:")
                                                        for s in served)
@@ -163,44 +165,6 @@ def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_ser
     capsys.readouterr()
     assert cli.main(["serve", "--model", "m", "--port", "0"]) == 143
     assert capsys.readouterr().err == "lmnb serve: stopped (SIGTERM) before it started serving\n"
-
-
-@pytest.mark.parametrize("phase", ["loading", "serving", "shutting down"])
-def test_lmnb_serve_stopped_by_ctrl_c_outside_its_server_says_what_it_was_doing(monkeypatch, capsys, phase):
-    """Ctrl-C outside the server's own handlers (the model's load: the usual case) said
-    "lmnb: interrupted", where SIGTERM there, and Ctrl-C while it served, say that the server
-    stopped and why; now it says "lmnb serve: stopped (SIGINT)" and what the command was doing,
-    exiting 130 (128 + SIGINT's 2)."""
-    import os
-    import types
-
-    import lmnb_engine.engine
-    import lmnb_engine.http_server as http_server
-    import lmnb_engine.http_server.app as http_app
-    from lmnb_kernel import cli
-
-    def at(step):
-        if step == phase:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    class Engine:
-        def __init__(self, **kwargs):
-            at("loading")
-
-        def shutdown(self):
-            at("shutting down")
-
-    def make_server(app, **config):
-        at("serving")
-        return types.SimpleNamespace(run=lambda sockets: None, stop_signal=signal.SIGTERM)
-
-    monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
-    monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: object())
-    monkeypatch.setattr(http_app, "Server", make_server)
-    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 130
-    lines = capsys.readouterr().err.splitlines()
-    said = {"loading": " before it started serving", "serving": "", "shutting down": " while shutting down"}[phase]
-    assert lines[-1] == f"lmnb serve: stopped (SIGINT){said}"
 
 
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
