@@ -444,6 +444,25 @@ def test_a_global_a_function_sets_is_read_as_the_script_global_in_run_row(tmp_pa
 
 
 
+def _job_and_notebook(tmp_path, monkeypatch, setup: str, cells: list, rows=("B", "C"), run_setup=("",),
+                      last="{r}"):
+    """Export a notebook of ``setup`` (with ``q = "A"``), a ``%%lm`` cell on ``q``, ``cells`` and a
+    ``%%lm`` cell of ``last`` then a gen, and run the job on ``rows`` (values of q) one at a time.
+    Returns (the prompts the job sent, in order; ``r`` as the notebook's Python cells give it,
+    ``setup`` then ``run_setup`` then ``cells`` run in order; the export's Plan; its source)."""
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  f"%%lm --temperature 0\n{last}{{gen z max_tokens=1}}")
+    source, p = export_notebook(nb)
+    notebook_ns = {}
+    for code in [setup, *run_setup, *cells]:
+        exec(code, notebook_ns)
+    written = write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in rows])
+    _, prompts = _run_job_rows(source, monkeypatch, written, 0, ["--num-threads", "1"])
+    return prompts, notebook_ns["r"], p, source
+
+
 @pytest.mark.parametrize("setup, cells", [
     (_SETG, ["g = 1\nsetg()\nr = str(g)"]),
     (_SETG, ["g = 1", "setg()\nr = str(g)"]),
@@ -453,19 +472,10 @@ def test_a_global_a_function_sets_is_read_as_the_script_global_in_run_row(tmp_pa
 def test_a_global_a_setup_function_sets_is_the_one_the_row_cells_set_too(tmp_path, monkeypatch, setup, cells):
     # a per-row cell's `g = 1` made g run_row's own variable, while the set-up's setg() set the script's
     # global: the row read its own g (1) after setg(), where the notebook's read 5
-    from helpers_export import write_rows
-
-    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
-                  "%%lm --temperature 0\n{r} {g}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in [setup, *cells]:
-        exec(code, notebook_ns)
-    assert notebook_ns["g"] == 5 and notebook_ns["r"] in ("5", "05")
-    # two rows, one at a time: each row starts where the cells run once left g, as each notebook pass does
-    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
-    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
-    assert prompts == ["B", f"{notebook_ns['r']} 5", "C", f"{notebook_ns['r']} 5"]
+    # (two rows, one at a time: each row starts where the cells run once left g, as each notebook pass does)
+    prompts, r, p, _ = _job_and_notebook(tmp_path, monkeypatch, setup, cells, last="{r} {g}")
+    assert r in ("5", "05")
+    assert prompts == ["B", f"{r} 5", "C", f"{r} 5"]
     assert ("cell 1: g, which a function of this cell (run once) sets by `global`, is set per row too (a cell that "
             "runs per row sets it, or calls a function that does): the job keeps one g, the script's global, as the "
             "notebook does, which the rows share, so "
@@ -483,18 +493,9 @@ def test_a_global_a_setup_function_sets_in_a_row_starts_each_row_from_the_setup_
                                                                                       cells):
     # bump() of the cells run once sets the script's global count, which the next row read on from:
     # the second row gave 2 where each notebook pass gave 1
-    from helpers_export import write_rows
-
-    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in [setup, *cells]:
-        exec(code, notebook_ns)
-    assert notebook_ns["r"] in ("1", "2", "[1, 2]")
-    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}, {"q": "D"}])
-    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
-    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"], "D", notebook_ns["r"]]
+    prompts, r, p, _ = _job_and_notebook(tmp_path, monkeypatch, setup, cells, rows="BCD")
+    assert r in ("1", "2", "[1, 2]")
+    assert prompts == ["B", r, "C", r, "D", r]
     name = "items" if "items" in setup else "count"
     assert any(n.startswith(f"cell 1: {name}, which a function of this cell (run once) sets by `global`") for n in p.notes)
     # a function the rows do not use: its global is the set-up's, with no restore per row, nor a note
@@ -550,17 +551,8 @@ def test_a_global_a_setup_function_makes_on_first_use_is_made_once_for_the_rows(
     # model = None, and embed() loads it on first use: each row started from the set-up's None
     # (Job.restore), so every row loaded the model again (each pass of the notebook loads it once:
     # "1"), one more copy in memory for each row running at once
-    from helpers_export import write_rows
-
-    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in [setup, 'q = "A"', *cells]:
-        exec(code, notebook_ns)
-    assert notebook_ns["r"] == "1"
-    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}, {"q": "D"}])
-    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
+    prompts, r, p, _ = _job_and_notebook(tmp_path, monkeypatch, setup, cells, rows="BCD", run_setup=['q = "A"'])
+    assert r == "1"
     assert prompts == ["B", "1", "C", "1", "D", "1"]
     assert p.notes == []  # (the rows share one model, as they share a set-up variable: nothing to warn of)
 
@@ -613,18 +605,9 @@ def test_a_per_row_star_import_sets_a_name_a_function_sets_by_global(tmp_path, m
     # setpi() set it (3), where the notebook's import replaced it with math's pi
     import math
 
-    from helpers_export import write_rows
-
-    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, _ = export_notebook(nb)
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in [setup, *cells]:
-        exec(code, notebook_ns)
-    assert notebook_ns["r"] in (str(math.pi), "5", str(math.e), "none")
-    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
-    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
-    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]]
+    prompts, r, _, _ = _job_and_notebook(tmp_path, monkeypatch, setup, cells)
+    assert r in (str(math.pi), "5", str(math.e), "none")
+    assert prompts == ["B", r, "C", r]
 
 
 @pytest.mark.parametrize("cell, deleted", [
@@ -635,19 +618,9 @@ def test_a_kept_global_is_deleted_after_a_per_row_star_import_only_where_the_row
                                                                                           cell, deleted):
     # job.restore binds the set-up's count at each row's start, so the script's `if count is
     # job.UNBOUND: del count` after the import could not apply, but after the row's own `del count`
-    from helpers_export import write_rows
-
-    setup = "count = 0\n" + _BUMP
-    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, _ = export_notebook(nb)
+    prompts, r, _, source = _job_and_notebook(tmp_path, monkeypatch, "count = 0\n" + _BUMP, [cell])
     assert ("if count is job.UNBOUND:" in source) == deleted
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in [setup, cell]:
-        exec(code, notebook_ns)
-    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
-    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
-    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]] and notebook_ns["r"] in ("1", "none")
+    assert prompts == ["B", r, "C", r] and r in ("1", "none")
 
 
 @pytest.mark.parametrize("setup, cells", [
@@ -659,18 +632,10 @@ def test_a_kept_global_is_deleted_after_a_per_row_star_import_only_where_the_row
 def test_a_del_of_a_builtins_name_in_a_row_cell_gives_the_builtin_back(tmp_path, monkeypatch, setup, cells):
     # the notebook's `del pow` removes its global, so that pow(2, 2) finds the builtin; run_row's
     # variable pow was left unbound, and every row failed with UnboundLocalError
-    from helpers_export import write_rows
-
-    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, p = export_notebook(nb)
+    prompts, r, p, _ = _job_and_notebook(tmp_path, monkeypatch, setup, cells, rows="B")
     assert p.inputs == ("q",)
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in [setup, *cells]:
-        exec(code, notebook_ns)
-    assert notebook_ns["r"] in ("4", "2")
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
-    assert prompts == ["B", notebook_ns["r"]]
+    assert r in ("4", "2")
+    assert prompts == ["B", r]
 
 
 _DEL_POW = "try:\n    del pow\n    r = 'deleted'\nexcept NameError as e:\n    r = str(e)"
@@ -687,18 +652,9 @@ def test_a_del_of_a_builtins_name_in_a_row_cell_deletes_as_the_notebooks_does(tm
     # run_row's pow held the builtin again after `del pow`, so a second `del pow` succeeded where the
     # notebook's raised NameError (its global was gone); a del of math's pow that no cell read failed
     # with UnboundLocalError (run_row's pow was never given math's value)
-    from helpers_export import write_rows
-
-    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, _ = export_notebook(nb)
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in cells:
-        exec(code, notebook_ns)
-    assert notebook_ns["r"] in ("deleted", "name 'pow' is not defined")
-    rows = write_rows(tmp_path / "rows.jsonl", [{"q": "B"}, {"q": "C"}])
-    _, prompts = _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "1"])
-    assert prompts == ["B", notebook_ns["r"], "C", notebook_ns["r"]]
+    prompts, r, _, _ = _job_and_notebook(tmp_path, monkeypatch, "", cells)
+    assert r in ("deleted", "name 'pow' is not defined")
+    assert prompts == ["B", r, "C", r]
 
 
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
