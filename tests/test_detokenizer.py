@@ -111,6 +111,21 @@ def test_overlapping_stops_in_one_token_end_where_a_character_by_character_check
     assert StopStringMatcher(["END"], [r"N\w"]).find("xEND!", 0) == (1, "END")
 
 
+def _random_tokenizations(seed: int, patterns: list, alphabet: str, runs: int):
+    """``runs`` random cases of stop strings (over "ab"), 1-2 of ``patterns`` as stop regexes and a
+    text of up to 9 characters of ``alphabet`` split into random pieces: yields ((stops, regexes,
+    pieces), the stop met reading the text character by character, the one met reading the pieces)."""
+    rng = random.Random(seed)
+    for _ in range(runs):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 2))]
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        yield ((stops, regexes, pieces), stream(StopStringMatcher(stops, regexes), list(text))[1],
+               stream(StopStringMatcher(stops, regexes), pieces)[1])
+
+
 def test_a_stop_regex_that_matches_only_where_the_text_ends_is_met_whatever_the_tokens():
     """An end anchor, a word boundary or a negative lookahead matches a text that ends there and
     not the longer text: "a$" matches "Wha" but not "What". One token "What" was searched as a
@@ -120,17 +135,9 @@ def test_a_stop_regex_that_matches_only_where_the_text_ends_is_met_whatever_the_
                              (r"a(?!\w)", "Whatever", (2, "a")), (r"\d\b", "12a", (0, "1"))]:
         assert stream(StopStringMatcher([], [regex]), list(text))[1] == cut  # character by character
         assert stream(StopStringMatcher([], [regex]), [text])[1] == cut, regex  # one token
-    rng = random.Random(5)
     patterns = [r"a$", r"b\b", r"ab?(?!a)", r"\bba", r"(?m)a$", r"a+\B"]
-    for _ in range(2000):
-        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 2))]
-        regexes = rng.sample(patterns, rng.randint(1, 2))
-        text = "".join(rng.choice("ab \n") for _ in range(rng.randint(1, 9)))
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
-        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
-        by_char = stream(StopStringMatcher(stops, regexes), list(text))[1]
-        by_piece = stream(StopStringMatcher(stops, regexes), pieces)[1]
-        assert by_piece == by_char, (stops, regexes, pieces)
+    for case, by_char, by_piece in _random_tokenizations(5, patterns, "ab \n", 2000):
+        assert by_piece == by_char, case
 
 
 def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_longest_does():
@@ -144,17 +151,9 @@ def test_a_greedy_stop_regex_is_met_where_its_first_match_ends_not_where_its_lon
         assert stream(StopStringMatcher(stops, regexes), [text[:2], text[2:]])[1][0] == cut
     # random stops, regexes (none reading past its match's end) and tokenizations: the cut is the
     # one a check after each character gives (this found 24 splits that moved it)
-    rng = random.Random(3)
     patterns = [r"a+", r"ab+", r"b[ab]*a", r"(ab|b)", r"a.b", r"ba?"]
-    for _ in range(3000):
-        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(0, 2))]
-        regexes = rng.sample(patterns, rng.randint(1, 2))
-        text = "".join(rng.choice("abc") for _ in range(rng.randint(1, 9)))
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
-        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
-        by_char = stream(StopStringMatcher(stops, regexes), list(text))[1]
-        by_piece = stream(StopStringMatcher(stops, regexes), pieces)[1]
-        assert (by_piece and by_piece[0]) == (by_char and by_char[0]), (stops, regexes, pieces)
+    for case, by_char, by_piece in _random_tokenizations(3, patterns, "abc", 3000):
+        assert (by_piece and by_piece[0]) == (by_char and by_char[0]), case
     # a match of no characters (a lookbehind) is met where it stands, at the end of the text read
     assert stream(StopStringMatcher([], [r"(?<=b)"]), ["a", "b"])[1] == (2, "")
 
