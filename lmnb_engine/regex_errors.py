@@ -79,14 +79,20 @@ def _unicode_classes_error(pattern: str):
 
 # a \p or \P escape (not an escaped backslash before a "p") and its class: {Name}, {Key=Value}, or one letter
 _UNICODE_CLASS = re.compile(r"(?<!\\)(?:\\\\)*\\([pP])(\{[^}]*\}|[A-Za-z])")
+# the keys whose values Rust's regex reads (\p{sc=Greek}), as Rust compares them (see unicode_class_problem)
+_RUST_KEYS = ("gc", "generalcategory", "sc", "script", "scx", "scriptextensions", "age", "gcb", "graphemeclusterbreak",
+              "wb", "wordbreak", "sb", "sentencebreak")
 
 
 def unicode_class_problem(pattern: str) -> str | None:
     """Why a Unicode property class of ``pattern`` (a pattern the ``regex`` package compiles) is
     refused, or None: the classes the ``regex`` package reads that the engine's automaton library
     (Rust's ``regex``) does not, which failed in the engine's build as "error building NFA": the
-    negation ``\\p{^Lu}`` (write ``\\P{Lu}``), ``\\p{L&}`` (``\\p{LC}``), and Unicode blocks
-    (``\\p{InGreek}``, ``\\p{Block=Greek}``, ``\\p{Greek_and_Coptic}``), which Rust has none of."""
+    negation ``\\p{^Lu}`` (write ``\\P{Lu}``), ``\\p{L&}`` (``\\p{LC}``), Unicode blocks
+    (``\\p{InGreek}``, ``\\p{Block=Greek}``, ``\\p{Greek_and_Coptic}``), which Rust has none of,
+    ``Key=Value`` for a key Rust reads no values of (``\\p{Bidi_Class=L}``, ``\\p{Alpha=Yes}``), the
+    ``regex`` package's POSIX names (``\\p{Word}``, ``\\p{XDigit}``, ``\\p{PosixDigit}``), and
+    surrogates and the Unknown script (``\\p{Cs}``, ``\\p{Zzzz}``), which UTF-8 text or Rust's tables lack."""
     import regex
 
     def reads(p: str) -> bool:
@@ -104,13 +110,23 @@ def unicode_class_problem(pattern: str) -> str | None:
         name = m.group(2).strip("{}").strip()
         shown = m.group(0).lstrip("\\")
         shown = "\\" + shown
-        key = name.split("=")[0].split("!")[0].strip().lower().replace("_", "").replace("-", "").replace(" ", "")
+        keyed = re.search(r"!?[=:]", name)  # (both packages read "Key=Value", "Key:Value" and "Key!=Value")
+        # as Rust compares names: case, spaces, "_" and "-" ignored, and a leading "is" dropped
+        key = re.sub(r"^is", "", re.sub(r"[\s_-]", "", (name[:keyed.start()] if keyed else name).lower()))
         if name.startswith("^"):
             fix = f"write \\{'P' if m.group(1) == 'p' else 'p'}{{{name[1:].strip()}}} for its negation"
         elif "&" in name:
             fix = "write \\p{LC} for the cased letters"
-        elif ("=" in name and key in ("block", "blk")) or (
-                "=" not in name and not not_a_block(name)
+        elif keyed and key not in _RUST_KEYS + ("block", "blk"):
+            fix = ("it reads Key=Value only for General_Category, Script, Script_Extensions, Age, Grapheme_Cluster_Break, "
+                   "Word_Break and Sentence_Break: write a binary property by its name (\\p{Alpha}, or \\P{Alpha} for "
+                   "its negation), or the characters as a class")
+        elif not keyed and (key in ("alnum", "blank", "graph", "print", "word", "xdigit") or key.startswith("posix")):
+            fix = "that name is the regex package's own: write the characters as a class (\\w, [0-9A-Fa-f], ...)"
+        elif not keyed and key in ("cs", "surrogate", "unknown", "zzzz"):
+            fix = "UTF-8 text holds no surrogates, and Rust's tables have no Unknown script: remove it or name the classes wanted"
+        elif (keyed and key in ("block", "blk")) or (
+                not keyed and not not_a_block(name)
                 and not (name.lower().startswith("is") and not_a_block(name[2:]))):
             fix = "it has no Unicode blocks: use a script, as \\p{Greek}, or a range of characters, as [\\u0370-\\u03ff]"
         else:

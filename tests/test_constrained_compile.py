@@ -491,6 +491,14 @@ def test_unicode_property_classes_which_the_engine_reads_pass_the_languages_chec
     assert [str(at_gen.value), check_literal("gen", "regex", r"\p{L}("), str(in_engine.value)] == [said] * 3
 
 
+_NO_VALUES = (r"it reads Key=Value only for General_Category, Script, Script_Extensions, Age, Grapheme_Cluster_Break, "
+              r"Word_Break and Sentence_Break: write a binary property by its name (\p{Alpha}, or \P{Alpha} for its "
+              r"negation), or the characters as a class")
+_POSIX = r"that name is the regex package's own: write the characters as a class (\w, [0-9A-Fa-f], ...)"
+_NOT_IN_UTF8 = ("UTF-8 text holds no surrogates, and Rust's tables have no Unknown script: remove it or name the classes "
+                "wanted")
+
+
 @pytest.mark.parametrize("pattern, shown, fix", [
     (r"\p{L&}+", r"\p{L&}", r"write \p{LC} for the cased letters"),
     (r"\p{^Lu}", r"\p{^Lu}", r"write \P{Lu} for its negation"),
@@ -498,6 +506,15 @@ def test_unicode_property_classes_which_the_engine_reads_pass_the_languages_chec
     (r"\p{InGreek}", r"\p{InGreek}", None),
     (r"x\p{Block=Greek}", r"\p{Block=Greek}", None),
     (r"\p{Greek_and_Coptic}+", r"\p{Greek_and_Coptic}", None),
+    (r"\p{Block:Greek}", r"\p{Block:Greek}", None),  # (":" separates a key from its value as "=" does)
+    # keys Rust reads no values of, the regex package's POSIX names, surrogates and the Unknown script
+    (r"\p{Bidi_Class=L}", r"\p{Bidi_Class=L}", _NO_VALUES),
+    (r"\P{Alpha:Yes}", r"\P{Alpha:Yes}", _NO_VALUES),
+    (r"\p{Word}+", r"\p{Word}", _POSIX),
+    (r"\p{IsXDigit}", r"\p{IsXDigit}", _POSIX),
+    (r"\p{PosixDigit}", r"\p{PosixDigit}", _POSIX),
+    (r"\p{Cs}", r"\p{Cs}", _NOT_IN_UTF8),
+    (r"\p{Zzzz}", r"\p{Zzzz}", _NOT_IN_UTF8),
 ])
 def test_unicode_classes_that_only_the_regex_package_reads_are_refused_alike_by_name(backend, pattern, shown, fix):
     r"""\p{L&}, \p{^Lu} and Unicode blocks pass the regex package, which gen() and a %%lm cell
