@@ -352,13 +352,22 @@ def _in_timeit_function(code: Code, first_line: int) -> None:
     code.bindings, code.string_assignments = (), {}
 
 
-def _mutated(tree: ast.AST) -> tuple:
+# the methods by which the built-in containers (dict, list, set) change in place
+_CONTAINER_CHANGES = frozenset({"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
+                                "setdefault", "add", "discard", "sort", "reverse", "difference_update",
+                                "intersection_update", "symmetric_difference_update"})
+
+
+def _mutated(tree: ast.AST, surely: bool = False) -> tuple:
     """Names whose object the code may change in place: a method call on them, or an item or
-    attribute assigned or deleted (``seen.append(x)``, ``d[k] = v``, ``del d[k]``, ``d[k] += 1``)."""
+    attribute assigned or deleted (``seen.append(x)``, ``d[k] = v``, ``del d[k]``, ``d[k] += 1``).
+    With ``surely``, of the method calls only those by which a dict, list or set changes in place
+    (not ``PAT.sub(...)`` nor ``cache.get(k)``: a note that says a change must be true)."""
     out: dict = {}
     for node in ast.walk(tree):
         base = None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and (not surely or node.func.attr in _CONTAINER_CHANGES)):
             base = node.func.value
         elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):
             base = node.value
@@ -506,23 +515,28 @@ def declared_globals(source: str) -> tuple:
 
 def function_globals(source: str) -> dict:
     """Name → (the globals it reads when called, those it declares ``global`` and binds, those of
-    the globals it reads that it may change in place: ``stats["calls"] += 1``, ``log.append(x)``),
+    the globals it reads that it may change in place: ``stats["calls"] += 1``, ``log.append(x)``,
+    and those of them it surely changes, ``_mutated(surely=True)``),
     for each function, lambda and class that the top level of ``source`` (a cell) defines: a
     function's body, and the functions in it; a class's methods (its body runs where the cell
     defines it). Not comprehensions, which run there too, nor the function of a ``%%timeit`` body
     or a ``%timeit`` line (``TIMEIT_BODY``), called there."""
     table = symtable.symtable(source, "<cell>", "exec")
-    changed: dict = {}  # (name, line) → the names that the definition there changes in place (_mutated)
+    changed: dict = {}  # (name, line) → the names that the definition there may change in place (_mutated)
+    surely: dict = {}  # (name, line) → those it surely changes
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             changed.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node))
+            surely.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node, True))
     out: dict = {}
     for child in table.get_children():
         if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr", TIMEIT_BODY):  # (their tables' names)
             continue
         read, declared = _scope_globals([child] if child.get_type() == "function" else child.get_children())
-        mutated = changed.get((child.get_name(), child.get_lineno()), set()) & read  # (not its own variables)
-        out[child.get_name()] = (tuple(sorted(read)), tuple(declared), tuple(sorted(mutated)))
+        key = (child.get_name(), child.get_lineno())
+        mutated = changed.get(key, set()) & read  # (not its own variables)
+        out[child.get_name()] = (tuple(sorted(read)), tuple(declared), tuple(sorted(mutated)),
+                                 tuple(sorted(surely.get(key, set()) & read)))
     return out
 
 

@@ -226,13 +226,15 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     for c in setup:
         names = [n for n in dict.fromkeys(n for f in called if f[0] == c.index for n in f[4])
                  if n in changed and n in module and n not in p.inputs]
+        # (alone, a call that may change it is no change to note: PAT.sub(...), cache.get(k))
+        surely = {n for f in called if f[0] == c.index for n in f[5]}
         for both, why in ((True, "is changed in place per row too (a cell that runs per row changes it, and calls "
                                  "the function): the job keeps one {shown}, the script's, as the notebook does, not a "
                                  "copy per row"),
                           (False, "is changed by the rows' calls: the job keeps one {shown}, the script's, where each "
                                   "pass of the notebook starts from the set-up's (a memo cache gives the same results "
                                   "either way)")):
-            shown = ", ".join(n for n in names if (n in changed_too) == both)
+            shown = ", ".join(n for n in names if (n in changed_too) == both and (both or n in surely))
             if shown:
                 p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) changes in place, "
                                + why.format(shown=shown)
@@ -512,12 +514,12 @@ def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
 
 def _setup_functions(setup: list) -> list:
     """(cell index, name, the globals it reads, those it declares ``global`` and binds, those it
-    changes in place) for each function, lambda and class that a setup cell defines
-    (``function_globals``), in order."""
+    may change in place, those it surely does) for each function, lambda and class that a setup
+    cell defines (``function_globals``), in order."""
     from lmnb.export.cells import function_globals
 
-    return [(c.index, name, reads, declared, changed) for c in setup if isinstance(c, Code)
-            for name, (reads, declared, changed) in function_globals(c.source).items()]
+    return [(c.index, name, *globals_) for c in setup if isinstance(c, Code)
+            for name, globals_ in function_globals(c.source).items()]
 
 
 def _reached(functions: list, used) -> dict:
@@ -564,7 +566,7 @@ def _setup_functions_reading_row_variables(functions: list, row: list, shared: t
         bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
     bound -= set(shared)
     notes = []
-    for index, name, reads, _, _ in functions:
+    for index, name, reads, *_ in functions:
         read = [n for n in reads if n in bound]
         if read:
             them = "it as an argument" if len(read) == 1 else "them as arguments"
@@ -579,7 +581,7 @@ def _function_reads(setup: list, functions: list, parameters: tuple) -> dict:
     """``Plan.function_reads``, of the setup cells' ``functions`` (``_setup_functions``)."""
     module = _module_names(setup, parameters)
     return {f"{name} (cell {index})": tuple(n for n in reads if n in module)
-            for index, name, reads, _, _ in functions if set(reads) & module}
+            for index, name, reads, *_ in functions if set(reads) & module}
 
 
 def _early_reads(functions: list, row: list, module: set) -> dict:
@@ -589,7 +591,7 @@ def _early_reads(functions: list, row: list, module: set) -> dict:
     uses = _used_above_star_imports(row)
     out: dict = {}
     for name, entry in _reached(functions, uses).items():
-        index, _, reads, _, _ = defined[name]
+        index, _, reads, *_ = defined[name]
         names = tuple(n for n in reads if n not in module)
         if names:
             out[f"{name} (cell {index})"] = ((f"through {entry}, " if name != entry else "") + uses[entry], names)
