@@ -24,6 +24,17 @@ SHOWN_CHARS = 80
 TOO_DEEP = "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"
 
 
+def _refused_at_a_p_class(pattern: Any) -> bool:
+    """Whether Python's ``re`` refuses ``pattern`` for a ``\\p``/``\\P`` escape (a Unicode property
+    class), not for another error in it: a pattern such as ``\\\\p(`` (a backslash, "p", and a
+    group left open) holds the text "\\p" and is refused for its open group."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return e.msg in (r"bad escape \p", r"bad escape \P")
+    return False  # (not reached for a pattern jsonschema's "regex" format refused: re.compile raised there)
+
+
 def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
     they mean), checked against the JSON Schema meta-schema of its ``$schema`` draft (2020-12 when
@@ -61,7 +72,7 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
-        if "is not a 'regex'" in e.message and re.search(r"\\[pP]", str(e.instance)):
+        if "is not a 'regex'" in e.message and _refused_at_a_p_class(e.instance):
             # (valid JSON Schema, whose patterns are ECMA's; but jsonschema, whose check every output
             # is made to pass, reads a pattern with Python's re)
             raise ValueError(

@@ -193,6 +193,8 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         ({"properties": {"c": {"const": "a\ud800"}}}, ["at #/properties/c", "lone surrogate"]),  # "Expected a valid JSON string"
         ({"type": "string", "pattern": "^\\p{L}+$"}, ['at #/pattern: the pattern "^\\\\p{L}+$" uses a \\p{...} class',
                                                    "Python's re, and re has no such classes", "regex=, where \\p{...} works"]),
+        # (a backslash, "p", and an open group: refused for the group, not as a \p{...} class)
+        ({"type": "string", "pattern": "\\\\p("}, ['at #/pattern is not a valid JSON Schema: "\\\\\\\\p(" is not a "regex"']),
         ({"type": "string", "format": "date-time", "maxLength": 25},
          ['format "date-time"', "more than one place", "the format fixes the shape"]),
         ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ["$ref beside its listed values", "/$defs/nope"]),
