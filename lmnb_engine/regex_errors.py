@@ -78,7 +78,7 @@ def _unicode_classes_error(pattern: str):
 
 
 # a \p or \P escape (not an escaped backslash before a "p") and its class: {Name}, {Key=Value}, or one letter
-_UNICODE_CLASS = re.compile(r"(?<!\\)(?:\\\\)*\\([pP])(\{[^}]*\}|[A-Za-z])")
+UNICODE_CLASS = re.compile(r"(?<!\\)(?:\\\\)*\\([pP])(\{[^}]*\}|[A-Za-z])")
 # the keys whose values Rust's regex reads (\p{sc=Greek}), as Rust compares them (see unicode_class_problem)
 _RUST_KEYS = ("gc", "generalcategory", "sc", "script", "scx", "scriptextensions", "age", "gcb", "graphemeclusterbreak",
               "wb", "wordbreak", "sb", "sentencebreak")
@@ -106,7 +106,7 @@ def unicode_class_problem(pattern: str) -> str | None:
         return (name.lower().replace("_", "").replace("-", "") in ("ascii", "any", "assigned")
                 or any(reads(rf"\p{{{k}={name}}}") for k in ("gc", "Script", "scx")) or reads(rf"\p{{{name}=Yes}}"))
 
-    for m in _UNICODE_CLASS.finditer(pattern):
+    for m in UNICODE_CLASS.finditer(pattern):
         name = m.group(2).strip("{}").strip()
         shown = m.group(0).lstrip("\\")
         shown = "\\" + shown

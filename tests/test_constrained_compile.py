@@ -542,6 +542,25 @@ def test_unicode_classes_that_only_the_regex_package_reads_are_refused_alike_by_
     assert [str(at_gen.value), check_literal("gen", "regex", pattern), str(in_engine.value)] == [said] * 3
 
 
+@pytest.mark.parametrize("pattern, shown", [(r"\p{1/2}", r"\p{1/2}"), (r"x[\p{L}\p{HorizSpace}]+", r"\p{HorizSpace}")])
+def test_a_unicode_class_the_language_check_misses_is_named_by_the_engine(backend, pattern, shown):
+    # the regex package reads more classes than unicode_class_problem knows of (numeric values, its own
+    # names, scripts newer than the automaton's Unicode tables); the engine said only "cannot be compiled
+    # to a token index: Failed to build DFA error building NFA"
+    import regex as regex_module
+    from outlines_core import Index, Vocabulary
+
+    regex_module.compile(pattern)  # the regex package reads it; the automaton library does not:
+    with pytest.raises(ValueError, match="NFA"):
+        Index(shown, Vocabulary(9, {b"a": [1]}))
+    with pytest.raises(GrammarError) as in_engine:
+        backend.submit(pattern).result()
+    assert str(in_engine.value) == (
+        f"regex {json.dumps(pattern)} uses the class {shown}, which the engine's automaton library (Rust's regex) does "
+        r"not read; use a general category, a script or a binary property it reads (\p{L}, \p{Greek}, \p{Alphabetic}), "
+        "or the characters as a class")
+
+
 def test_unicode_classes_the_automaton_reads_pass(backend):
     # (scripts, categories, binary properties, Rust's "Is" prefix and \p{ASCII} are no blocks)
     import lmnb
