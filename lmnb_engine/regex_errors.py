@@ -12,6 +12,7 @@ engine's constrained-decoding package.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -36,7 +37,7 @@ def invalid_regex(pattern: str, error: re.error) -> str:
 def regex_problem(pattern: Any) -> str | None:
     """Why ``pattern``, a ``regex`` constraint as the language's ``gen()`` or a ``%%lm`` cell was
     given it, is refused, or None for a pattern Python's ``re`` compiles (or would, but for Unicode
-    property classes: ``_unicode_classes_error``) or for None (no constraint):
+    property classes the engine reads: ``unicode_class_problem``) or for None (no constraint):
     not a string (a compiled ``re.Pattern``, whose text is wanted, or any other type, named), a
     syntax error (``invalid_regex``), or parentheses nested too deeply for its parser, which
     recurses once per level (some hundreds of levels: a ``RecursionError``)."""
@@ -51,86 +52,58 @@ def regex_problem(pattern: Any) -> str | None:
         re.compile(pattern)
     except re.error as e:
         if e.msg in (r"bad escape \p", r"bad escape \P"):
-            e = _unicode_classes_error(pattern)
-            if e is None:
-                return unicode_class_problem(pattern)
+            return unicode_class_problem(pattern)
         return invalid_regex(pattern, e)
     except RecursionError:
-        return (f"regex {shown_regex(pattern)} nests its parentheses too deeply for Python's re to read; flatten "
-                "the pattern")
+        return _too_deep(pattern)
     return None
 
 
-def _unicode_classes_error(pattern: str):
-    """What is wrong with ``pattern``, which Python's ``re`` refused at a ``\\p``/``\\P`` escape, once
-    Unicode property classes (``\\p{L}``, ``\\P{Lu}``) are read (a ``regex.error``, with ``msg`` and
-    ``pos`` as ``re.error``'s), or None when nothing is: ``re`` lacks those classes, the engine's
-    automaton library (Rust's ``regex-automata``) and SGLang's grammar backends read them, so the
-    language's early check leaves such a pattern to the backend. The ``regex`` package reads them
-    as Rust does and checks the rest of the pattern."""
-    import regex
-
-    try:
-        regex.compile(pattern)
-    except regex.error as e:
-        return e
-    return None
+def _too_deep(pattern: str) -> str:
+    return (f"regex {shown_regex(pattern)} nests its parentheses too deeply for Python's re to read; flatten "
+            "the pattern")
 
 
-# a \p or \P escape (not an escaped backslash before a "p") and its class: {Name}, {Key=Value}, or one letter
-UNICODE_CLASS = re.compile(r"(?<!\\)(?:\\\\)*\\([pP])(\{[^}]*\}|[A-Za-z])")
-# the keys whose values Rust's regex reads (\p{sc=Greek}), as Rust compares them (see unicode_class_problem)
-_RUST_KEYS = ("gc", "generalcategory", "sc", "script", "scx", "scriptextensions", "age", "gcb", "graphemeclusterbreak",
-              "wb", "wordbreak", "sb", "sentencebreak")
+# a \p or \P escape (after any escaped backslashes, group 1) and its class (group 2): \p{Name}, \p{Key=Value}, \pL
+UNICODE_CLASS = re.compile(r"(?<!\\)((?:\\\\)*)(\\[pP](?:\{[^}]*\}|[A-Za-z]))")
 
 
 def unicode_class_problem(pattern: str) -> str | None:
-    """Why a Unicode property class of ``pattern`` (a pattern the ``regex`` package compiles) is
-    refused, or None: the classes the ``regex`` package reads that the engine's automaton library
-    (Rust's ``regex``) does not, which failed in the engine's build as "error building NFA": the
-    negation ``\\p{^Lu}`` (write ``\\P{Lu}``), ``\\p{L&}`` (``\\p{LC}``), Unicode blocks
-    (``\\p{InGreek}``, ``\\p{Block=Greek}``, ``\\p{Greek_and_Coptic}``), which Rust has none of,
-    ``Key=Value`` for a key Rust reads no values of (``\\p{Bidi_Class=L}``, ``\\p{Alpha=Yes}``), the
-    ``regex`` package's POSIX names (``\\p{Word}``, ``\\p{XDigit}``, ``\\p{PosixDigit}``), and
-    surrogates and the Unknown script (``\\p{Cs}``, ``\\p{Zzzz}``), which UTF-8 text or Rust's tables lack."""
-    import regex
-
-    def reads(p: str) -> bool:
-        try:
-            regex.compile(p)
-        except regex.error:
-            return False
-        return True
-
-    def not_a_block(name: str) -> bool:  # a category, a script or a binary property (Rust's kinds)
-        return (name.lower().replace("_", "").replace("-", "") in ("ascii", "any", "assigned")
-                or any(reads(rf"\p{{{k}={name}}}") for k in ("gc", "Script", "scx")) or reads(rf"\p{{{name}=Yes}}"))
-
+    """Why ``pattern``, which Python's ``re`` refused at a ``\\p``/``\\P`` escape, is refused, or None.
+    ``re`` lacks Unicode property classes (``\\p{L}``, ``\\P{Lu}``, ``\\p{Greek}``); the engine's
+    automaton library (Rust's ``regex``, in outlines-core) reads them, and SGLang's grammar
+    backends do, so the language's early check leaves them to the backend. Each class is asked of
+    that library itself (``_automaton_reads``): one it cannot build (a Unicode block, the
+    ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix. The rest of the pattern is
+    then checked by Python's ``re`` with each class held by as many ``a``s, so an error's position
+    is its place in ``pattern``."""
     for m in UNICODE_CLASS.finditer(pattern):
-        name = m.group(2).strip("{}").strip()
-        shown = m.group(0).lstrip("\\")
-        shown = "\\" + shown
-        keyed = re.search(r"!?[=:]", name)  # (both packages read "Key=Value", "Key:Value" and "Key!=Value")
-        # as Rust compares names: case, spaces, "_" and "-" ignored, and a leading "is" dropped
-        key = re.sub(r"^is", "", re.sub(r"[\s_-]", "", (name[:keyed.start()] if keyed else name).lower()))
-        if name.startswith("^"):
-            fix = f"write \\{'P' if m.group(1) == 'p' else 'p'}{{{name[1:].strip()}}} for its negation"
-        elif "&" in name:
-            fix = "write \\p{LC} for the cased letters"
-        elif keyed and key not in _RUST_KEYS + ("block", "blk"):
-            fix = ("it reads Key=Value only for General_Category, Script, Script_Extensions, Age, Grapheme_Cluster_Break, "
-                   "Word_Break and Sentence_Break: write a binary property by its name (\\p{Alpha}, or \\P{Alpha} for "
-                   "its negation), or the characters as a class")
-        elif not keyed and (key in ("alnum", "blank", "graph", "print", "word", "xdigit") or key.startswith("posix")):
-            fix = "that name is the regex package's own: write the characters as a class (\\w, [0-9A-Fa-f], ...)"
-        elif not keyed and key in ("cs", "surrogate", "unknown", "zzzz"):
-            fix = "UTF-8 text holds no surrogates, and Rust's tables have no Unknown script: remove it or name the classes wanted"
-        elif (keyed and key in ("block", "blk")) or (
-                not keyed and not not_a_block(name)
-                and not (name.lower().startswith("is") and not_a_block(name[2:]))):
-            fix = "it has no Unicode blocks: use a script, as \\p{Greek}, or a range of characters, as [\\u0370-\\u03ff]"
-        else:
-            continue
-        return (f"regex {shown_regex(pattern)} uses the class {shown}, which the engine's automaton library (Rust's "
-                f"regex) does not read; {fix}")
+        cls = m.group(2)
+        if not _automaton_reads(cls):
+            negated = re.fullmatch(r"\\([pP])\{\s*\^(.*)\}", cls)
+            fix = (f"write \\{'P' if negated.group(1) == 'p' else 'p'}{{{negated.group(2).strip()}}} for its negation"
+                   if negated else "write \\p{LC} for the cased letters" if "&" in cls else "use a general category, a script or a binary property it reads (\\p{L}, \\p{Greek}, "
+                   "\\p{Alphabetic}), or the characters as a class")
+            return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
+                    f"regex) does not read; {fix}")
+    try:
+        re.compile(UNICODE_CLASS.sub(lambda m: m.group(1) + "a" * len(m.group(2)), pattern))
+    except re.error as e:
+        return invalid_regex(pattern, e)
+    except RecursionError:
+        return _too_deep(pattern)
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _automaton_reads(cls: str) -> bool:
+    """Whether the automaton library builds the Unicode class ``cls`` (``\\p{Greek}``): a few
+    milliseconds at most, once per class. Offered beside ``a`` and a vocabulary of ``a`` alone, so
+    that only the class can fail the build, not the vocabulary."""
+    from outlines_core import Index, Vocabulary  # (torch-free)
+
+    try:
+        Index(f"(?:{cls}|a)", Vocabulary(0, {b"a": [1]}))
+    except ValueError:
+        return False
+    return True

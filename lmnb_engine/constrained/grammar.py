@@ -57,7 +57,7 @@ from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
 from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
-from lmnb_engine.regex_errors import UNICODE_CLASS, regex_problem, shown_regex
+from lmnb_engine.regex_errors import regex_problem, shown_regex
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
 
@@ -289,22 +289,6 @@ def _holds(items, code: int) -> bool:
     return False
 
 
-def _unread_unicode_class(pattern: str) -> str | None:
-    """The first Unicode property class of ``pattern`` (``\\p{1/2}``, ``\\p{Sidetic}``, as written)
-    that the automaton library refuses to build alone, or None: a class newer than its Unicode
-    tables, or one only the ``regex`` package reads, which ``regex_problem`` does not know of."""
-    from outlines_core import Index, Vocabulary
-
-    for m in UNICODE_CLASS.finditer(pattern):
-        shown = "\\" + m.group(0).lstrip("\\")
-        try:
-            Index(shown, Vocabulary(0, {b"a": [1]}))
-        except ValueError as e:  # (a class without "a" is refused too, for the vocabulary: not this)
-            if "NFA" in str(e):
-                return shown
-    return None
-
-
 def compile_grammar(
     regex: str, vocab: TokenVocabulary, timeout_s: float | None = None, memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
     owner: ChildGroup | None = None,
@@ -355,12 +339,6 @@ def compile_grammar(
             problem = regex_problem(regex)
             if problem:
                 raise GrammarError(problem) from None
-            unread = _unread_unicode_class(regex) if "NFA" in text else None
-            if unread:  # (one regex_problem lets pass: the regex package reads more classes than Rust's regex)
-                raise GrammarError(
-                    f"regex {shown_regex(regex)} uses the class {unread}, which the engine's automaton library (Rust's "
-                    "regex) does not read; use a general category, a script or a binary property it reads (\\p{L}, "
-                    "\\p{Greek}, \\p{Alphabetic}), or the characters as a class") from None
         except (RecursionError, OverflowError):
             pass
         depth = nesting_depth(regex)
