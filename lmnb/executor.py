@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from lmnb import speculative
 from lmnb.speculative import Speculation
-from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict
+from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, reworded
 from lmnb.chat_template import ChatTemplate
 from lmnb.ir import (
     DTYPE_STOPS,
@@ -1051,7 +1051,7 @@ class StreamExecutor:
                     or not isinstance(defaults, RunDefaults) or spec_asked_more):
                 raise
             # the gen never wrote the max_tokens that did not fit: say where it came from
-            raise type(e)(f"{e} ({defaults.max_tokens_note()})") from None
+            raise reworded(e, f"{e} ({defaults.max_tokens_note()})") from None
 
     def _run_gen(self, expr: Gen, params: GenParams, parse: Optional[Callable[[str], Any]]) -> None:
         """Run a gen with its resolved ``params`` (``_resolve_params``) and record its value."""

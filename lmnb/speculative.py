@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional
 
-from lmnb.backend.base import BackendError
+from lmnb.backend.base import BackendError, reworded
 from lmnb.ir import Gen, GenParams
 
 if TYPE_CHECKING:
@@ -89,8 +89,8 @@ def _spec_tokens_noted(e: Exception, spec_tokens: int, limit: Optional[int]) -> 
 
     if getattr(e, "reason", None) != DOES_NOT_FIT or spec_tokens <= (limit or 0):
         return e
-    return type(e)(f"{e} (API speculative execution asked for num_api_spec_tokens={spec_tokens} tokens, more than "
-                   f"the gen's max_tokens={limit}: lower @function(num_api_spec_tokens=N))")
+    return reworded(e, f"{e} (API speculative execution asked for num_api_spec_tokens={spec_tokens} tokens, more "
+                       f"than the gen's max_tokens={limit}: lower @function(num_api_spec_tokens=N))")
 
 
 def spec_gen(ex: "StreamExecutor", params: GenParams, expr: Gen) -> tuple[str, dict]:

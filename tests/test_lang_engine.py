@@ -389,6 +389,7 @@ def test_a_refusal_of_the_default_max_tokens_says_it_is_the_default(backend, hf,
     err = prog.run(backend=backend, max_new_tokens=128).error()
     assert str(err) == (f"{refusal} (the gen has no max_tokens of its own and took run(max_new_tokens=128): give it "
                         "its own max_tokens=N, or lower that)")
+    assert err.__cause__.reason == "does_not_fit"  # (kept by the rewording, for front ends that read it)
 
 
 def test_a_speculative_call_refused_for_num_api_spec_tokens_is_not_blamed_on_the_default(backend, hf, tiny_engine):

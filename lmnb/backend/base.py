@@ -65,6 +65,15 @@ class BackendError(RuntimeError):
         self.reason = reason
 
 
+def reworded(e: Exception, message: str) -> Exception:
+    """A new exception of ``e``'s type with ``message``, keeping its ``reason`` (``BackendError``'s,
+    or the in-process engine's ``ValueError.reason``), which front ends read after it is reworded."""
+    new = type(e)(message)
+    if hasattr(e, "reason"):
+        new.reason = e.reason
+    return new
+
+
 class BackendAuthError(BackendError):
     """The server refused a call for its API key (HTTP 401): none was given, or the wrong one.
     Front ends add how to give one (``%lm connect URL --api-key KEY``, a job's ``--api-key``)."""
