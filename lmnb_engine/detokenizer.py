@@ -186,6 +186,17 @@ class StopRegexes:
         # per pattern: whether it may match a text that ends earlier without matching the longer
         # text (StopStringMatcher.find may then not skip the check after each character)
         self.end_sensitive = [bool(_END_SENSITIVE.search(p)) for p in patterns or ()]
+        # per pattern: what safe_len's partial search uses (None: nothing past the floor is shown).
+        # The regex package decides an end assertion at the text's end as if no text followed, so
+        # a match start that only more text would complete ('a\B' on "a", then "b") was dropped
+        # and shown; an end-sensitive pattern is searched with those assertions relaxed
+        self.partial = []
+        for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
+            relaxed = _relaxed(p) if sensitive else p
+            try:
+                self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
+            except regex.error:  # a form of the pattern not read right: hold back, never show a stop
+                self.partial.append(None)
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -195,6 +206,99 @@ class StopRegexes:
 # sees nothing past the end). Found in the pattern's text, erring towards yes (an escaped "\\$"
 # too): a yes only costs a search per new character instead of one per token.
 _END_SENSITIVE = re.compile(r"\$|\\[bBZzmM]|\(\?!")
+
+
+# The relaxed form of each assertion whose value at a position may change once text comes after
+# the text's end: it first reads that far ahead (to the end for a word boundary, one further for
+# "$", which also holds before a final newline, and, erring towards holding back, for "\Z" and
+# "\z"), and a read past the end makes the search partial, so the match start is kept.
+# (Patterns without an end assertion or a negative lookahead, _END_SENSITIVE, are not rewritten.)
+_RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?=[\s\S])\m)",
+          "\\M": r"(?:(?=[\s\S])\M)", "\\Z": r"(?:(?=[\s\S]{2})\Z)", "\\z": r"(?:(?=[\s\S]{2})\z)",
+          "$": r"(?:(?=[\s\S]{2})$)"}
+
+
+def _relaxed(pattern: str) -> str | None:
+    """``pattern`` for safe_len's partial search: every end assertion (``_RELAX``) first reads past
+    where its value can still change, so a search that reaches it at the text's end is partial (the
+    match start kept) or goes on as the pattern does; and a negative lookaround ``(?!X)`` is
+    ``(?:(?=X')(?!)|(?!X))``, X' being X relaxed: partial where X's match may yet come undone, else
+    ``(?!X)`` (a partial read inside a negative lookaround counts as no match, which would decide
+    it). A whole match of the result is one of ``pattern``; a start the result drops, ``pattern``
+    cannot match at in any longer text.
+    None where this reading of the pattern may be wrong (verbose or word mode, a conditional,
+    a set inside a set, a capturing group or backreference inside a negative lookaround): the
+    caller then shows nothing past where a match may begin."""
+    if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
+        return None
+    # the groups being read, outermost first: their text so far (relaxed, original), and whether
+    # the group is a negative lookaround
+    stack: list[tuple[list[str], list[str], bool]] = [([], [], False)]
+    i = 0
+    while i < len(pattern):
+        relaxed, original, _ = stack[-1]
+        c = pattern[i]
+        if c == "\\":
+            tok = pattern[i:i + 2]
+            if tok[1:] and tok[1] in "123456789gk" and any(neg for _, _, neg in stack):
+                return None  # a backreference in a negative lookaround, which is written twice
+            relaxed.append(_RELAX.get(tok, tok))
+            original.append(tok)
+            i += 2
+        elif c == "[":  # a set, copied as it is: "$" and "\b" in it are characters
+            j = i + 1
+            j += pattern[j:j + 1] == "^"
+            j += pattern[j:j + 1] == "]"
+            while j < len(pattern) and pattern[j] != "]":
+                if pattern[j] == "[" and pattern[j + 1:j + 2] != ":":
+                    return None  # a set inside a set (version 1 syntax), or "[" in a set: not read here
+                if pattern[j] == "[":  # [:alpha:]
+                    end = pattern.find(":]", j + 2)
+                    if end == -1:
+                        return None
+                    j = end + 2
+                    continue
+                j += 2 if pattern[j] == "\\" else 1
+            if j >= len(pattern):
+                return None
+            relaxed.append(pattern[i:j + 1])
+            original.append(pattern[i:j + 1])
+            i = j + 1
+        elif c == "(":
+            if pattern.startswith("(?#", i):  # a comment
+                end = pattern.find(")", i)
+                if end == -1:
+                    return None
+                i = end + 1
+                continue
+            neg = pattern.startswith("(?!", i) or pattern.startswith("(?<!", i)
+            head = pattern[i:i + (3 if pattern.startswith("(?!", i) else 4)] if neg else "("
+            # a capturing group or a backreference by name, in a negative lookaround written twice,
+            # would renumber the groups
+            if any(n for _, _, n in stack) and (not pattern.startswith("(?", i)
+                                                 or re.match(r"\(\?(P?<(?![=!])|P=)", pattern[i:])):
+                return None
+            stack.append(([head], [head], neg))
+            i += len(head)
+        elif c == ")":
+            if len(stack) == 1:
+                return None
+            r, o, neg = stack.pop()
+            if neg:  # r, o: the head ("(?!" or "(?<!") and X
+                look = "(?=" if o[0] == "(?!" else "(?<="
+                r_text = "(?:" + look + "".join(r[1:]) + ")(?!)|" + "".join(o) + "))"
+            else:
+                r_text = "".join(r) + ")"
+            stack[-1][0].append(r_text)
+            stack[-1][1].append("".join(o) + ")")
+            i += 1
+        else:
+            relaxed.append(_RELAX.get(c, c))
+            original.append(c)
+            i += 1
+    if len(stack) != 1:
+        return None
+    return "".join(stack[0][0])
 
 
 def _new_match(rx: Any, text: str, floor: int, new_from: int, endpos: int) -> Any:
@@ -293,16 +397,18 @@ class StopStringMatcher:
     def safe_len(self, text: str) -> int:
         """Length of the prefix of ``text`` that cannot become part of a stop: the text minus its
         longest suffix that is a proper prefix of some stop string, or from where a stop regex
-        may still match once more text comes."""
+        may still match once more text comes (``\\B`` on "a" may match once "b" comes; a pattern
+        ``_relaxed`` cannot read holds back all text from where it was last searched)."""
         # (a whole stop at the end was found already, unless it lies in the first min_new_tokens)
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
         floors = []
-        for i, rx in enumerate(self._regexes):
+        for i in range(len(self._regexes)):
             # pos ends where a match may yet begin (len(text): nowhere); a pattern given up, or whose
             # search timed out, stops where the search stood: nothing past it is shown
             pos = floor = self._floor(i, text)
             passed_match = False
-            if i not in self._shared.given_up:
+            rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
+            if rx is not None and i not in self._shared.given_up:
                 try:
                     # (a whole match in text not checked, the first min_new_tokens, is passed over)
                     while ((m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None
@@ -310,7 +416,7 @@ class StopStringMatcher:
                         pos, passed_match = max(m.end(), m.start() + 1), True
                     pos = len(text) if m is None else m.start()
                 except TimeoutError:
-                    self._timed_out(i, rx, text)
+                    self._timed_out(i, self._regexes[i], text)
             safe = min(safe, pos)
             # past a whole match (text not checked) the floor stays: a partial search prefers a
             # whole match anywhere to a partial one before it ("BEGIN[\s\S]*?END|x" on "BEGIN ab

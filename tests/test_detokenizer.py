@@ -278,7 +278,7 @@ def test_stop_regex_searches_only_where_a_match_may_still_begin():
         def __getattr__(self, name):
             return getattr(real, name)
 
-    m._regexes[0] = Spy()
+    m._regexes[0] = m._shared.partial[0] = Spy()  # (find searches the one, safe_len the other)
     text = ""
     for _ in range(300):
         text += "word a "
@@ -436,3 +436,44 @@ def test_a_regex_given_up_by_one_sample_leaves_the_others_searching_the_rest(mon
     assert second.problem == first.problem and shared.given_up == {1}
     assert second.find("abc END", 6) == (4, "END")
     assert second.safe_len("abc EN") == 0  # the given-up pattern might match anywhere it was not yet searched
+
+
+def first_regex_stop_by_definition(regexes: list[str], text: str) -> tuple[int, str] | None:
+    """The stop a check after each character meets, by brute force: the shortest prefix in which
+    some regex matches anywhere, and there the first listed regex's leftmost match."""
+    import regex
+
+    for k in range(1, len(text) + 1):
+        for p in regexes:
+            if (m := regex.search(p, text[:k])) is not None:
+                return m.start(), m.group()
+    return None
+
+
+def test_a_stop_regex_whose_end_assertion_fails_only_because_the_text_ends_is_held_back():
+    # Worked by hand: r"a\B" on "a" does not match ("\B" fails at the text's end) but on "ab" it
+    # matches "a". The regex package's partial search dropped the start 0 of "a" as if no text
+    # could follow, so safe_len showed "a" and moved its floor past it: tokens "a", "b" never
+    # stopped (shown "a", "ab"), where one token "ab" stopped at (0, "a").
+    for regex_, text in [(r"a\B", "ab"), (r"a(?!$)", "ax"), (r"a(?!\Z)", "ax"), (r"a(?!\b)", "ab"), (r"\w\B", "ab"),
+                         (r"a[^x]*x\B", "ayyxb"), (r"b \b", "b a")]:
+        hit = first_regex_stop_by_definition([regex_], text)
+        assert hit is not None
+        for pieces in (list(text), [text]):
+            _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
+            assert got == hit, (regex_, pieces)
+            assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)  # the stop never shown
+    # random patterns whose match may depend on text after the end, random texts and tokenizations:
+    # the stop is the brute-force one, and no text shown before it reaches into it
+    patterns = [r"a\B", r"a(?!$)", r"a(?!\Z)", r"a(?!\b)", r"\w\B", r"b \b", r"a[^x]*x\B", r"(?m)a(?!$)",
+                r"a(?!b\b)", r"\w\B\w\B", r"a$", r"b\b", r"(?<!a)b\B", r"ab?(?!a)", r"\ba\B"]
+    rng = random.Random(7)
+    for _ in range(3000):
+        regexes = rng.sample(patterns, rng.randint(1, 2))
+        text = "".join(rng.choice("abx \n") for _ in range(rng.randint(1, 9)))
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
+        pieces = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        hit = first_regex_stop_by_definition(regexes, text)
+        _, got, shown = stream(StopStringMatcher([], regexes), pieces)
+        assert got == hit, (regexes, pieces)
+        assert hit is None or all(len(s) <= hit[0] for s in shown), (regexes, pieces, shown)
