@@ -481,6 +481,11 @@ def test_an_image_on_a_text_only_model_fails_where_it_is_added(backend):
 
     err = with_video.run(backend=backend).error()  # it spoke of images only
     assert err is not None and "video() need a vision-language model" in str(err)
+    # the program cannot run on this model whatever its input: a batch job's summary says so, where
+    # it said "fix the input and run again" (a plain ValueError reads as the row's fault)
+    from lmnb.backend.base import BackendCannotRun
+
+    assert isinstance(err.__cause__, BackendCannotRun)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import lmnb as sgl
+from lmnb.backend.base import BackendCannotRun
 from lmnb.executor import ProgramError
 from tests.helpers_lang import live_server, serve_http
 from tests.helpers_multimodal import (
@@ -406,8 +407,9 @@ def test_a_text_only_server_reports_no_image_token_and_refuses_images(tiny_llama
         with live_server(engine) as url:
             assert httpx.get(f"{url}/get_model_info").json()["image_token"] is None
             st = ask_image.run(img=random_image(2), question="q", backend=sgl.RuntimeEndpoint(url))
-            with pytest.raises(ProgramError, match="serves the text-only"):
+            with pytest.raises(ProgramError, match="serves the text-only") as e:
                 st.sync()
+            assert isinstance(e.value.__cause__, BackendCannotRun)  # (no row's input would run: a job says so)
     finally:
         engine.shutdown()
 

@@ -112,9 +112,10 @@ class BaseBackend:
         primitives may run); otherwise raise, saying why.
 
         Raises:
-            NotImplementedError: this backend sends no images. ValueError: its model is text-only.
+            BackendCannotRun (a NotImplementedError and a ValueError): this backend sends no images,
+                or its model is text-only.
         """
-        raise NotImplementedError(
+        raise BackendCannotRun(
             f"image() and video() need a backend that sends images to a multimodal (vision-language) model; "
             f"{type(self).__name__} does not. Use lmnb.Engine(<LLaVA checkpoint>)"
         )
@@ -153,9 +154,9 @@ class BaseBackend:
         """Per-token logprobs of each choice after ``prompt`` (see ``lmnb.choices``).
 
         Raises:
-            NotImplementedError: the backend cannot score prompts (the message says what to use).
+            BackendCannotRun (a NotImplementedError): the backend cannot score prompts.
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot score choices for select()")
+        raise BackendCannotRun(f"{type(self).__name__} cannot score choices for select()")
 
     def abort(self, rid: str) -> None:
         """Stop request ``rid`` if it is still running (no error if it is not)."""

@@ -17,7 +17,7 @@ import threading
 from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    DELTA_TOKENS, AssignableChatTemplate, BackendError, BaseBackend, Completion, Prompt, in_gen_names,
+    DELTA_TOKENS, AssignableChatTemplate, BackendCannotRun, BackendError, BaseBackend, Completion, Prompt, in_gen_names,
 )
 from lmnb.backend.media import expand_frames
 from lmnb_engine.cli_options import in_option_syntax, option_error
@@ -221,12 +221,12 @@ class Engine(AssignableChatTemplate, BaseBackend):
         return self._meta(result, GenParams(), ids, counts, text.text if counts else "")
 
     def check_images(self) -> None:
-        """[issue 10] Raises ``ValueError`` naming a text-only model for image() and video() alike, as
+        """[issue 10] Raises ``BackendCannotRun`` (a ``ValueError``) naming a text-only model for image() and video() alike, as
         ``RuntimeEndpoint`` does (the engine's own message speaks of images only), or a checkpoint
         without its image processor (the engine's multimodal check)."""
         config = self.engine.loaded.config
         if config.multimodal_hf_config is None:
-            raise ValueError(f"image() and video() need a vision-language model, and {config.architecture} is a "
+            raise BackendCannotRun(f"image() and video() need a vision-language model, and {config.architecture} is a "
                              "text-only model; load a LLaVA checkpoint (LlavaForConditionalGeneration)")
         self.engine.multimodal
 

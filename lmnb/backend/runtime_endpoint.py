@@ -25,8 +25,8 @@ import weakref
 from typing import Any, Iterator, Optional, Sequence
 
 from lmnb.backend.base import (
-    AbortedIds, AssignableChatTemplate, BackendAuthError, BackendError, BackendUnreachable, BaseBackend, Completion,
-    Prompt, aborted_reason, check_utf8, finish_reason_dict, in_gen_names,
+    AbortedIds, AssignableChatTemplate, BackendAuthError, BackendCannotRun, BackendError, BackendUnreachable,
+    BaseBackend, Completion, Prompt, aborted_reason, check_utf8, finish_reason_dict, in_gen_names,
 )
 from lmnb.backend.media import data_url, expand_frames, per_input
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
@@ -326,10 +326,10 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         server reports nothing, and then its own answer tells.
 
         Raises:
-            ValueError: the served model is text-only.
+            BackendCannotRun (a ValueError): the served model is text-only.
         """
         if "image_token" in self.model_info and not self.model_info["image_token"]:
-            raise ValueError(f"image() and video() need a vision-language model, and the server at {self.base_url} "
+            raise BackendCannotRun(f"image() and video() need a vision-language model, and the server at {self.base_url} "
                              f"serves the text-only {self.model_info.get('model_path')!r}; serve a LLaVA checkpoint")
 
     def _payload(self, prompt: Any) -> tuple[dict, list[int]]:
