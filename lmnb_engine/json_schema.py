@@ -24,6 +24,13 @@ SHOWN_CHARS = 80
 TOO_DEEP = "JSON schema nests too deeply to check (a pattern's parentheses, or the schema itself); flatten it"
 
 
+def at_a_unicode_class(error: re.error) -> bool:
+    """Whether Python's ``re`` raised ``error`` at a ``\\p``/``\\P`` escape: a Unicode property class
+    (``\\p{L}``), which ``re`` lacks and the engine's automaton library reads. Shared by the regex
+    checks (``regex_errors.regex_problem``), the schema check below and the ``%%lm`` view's."""
+    return error.msg in (r"bad escape \p", r"bad escape \P")
+
+
 def _refused_at_a_p_class(pattern: Any) -> bool:
     """Whether Python's ``re`` refuses ``pattern`` for a ``\\p``/``\\P`` escape (a Unicode property
     class), not for another error in it: a pattern such as ``\\\\p(`` (a backslash, "p", and a
@@ -31,7 +38,7 @@ def _refused_at_a_p_class(pattern: Any) -> bool:
     try:
         re.compile(pattern)
     except re.error as e:
-        return e.msg in (r"bad escape \p", r"bad escape \P")
+        return at_a_unicode_class(e)
     return False  # (not reached for a pattern jsonschema's "regex" format refused: re.compile raised there)
 
 
@@ -78,8 +85,9 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
             raise ValueError(
                 f"JSON schema at {where}: the pattern {json_value(e.instance, SHOWN_CHARS)} uses a \\p{{...}} class, "
                 "which this engine cannot take in a schema: its outputs are made to pass jsonschema's check, which "
-                "reads a pattern with Python's re, and re has no such classes; write the characters as a class (e.g. [A-Z] for "
-                "ASCII capitals), or constrain the whole output with regex=, where \\p{...} works") from None
+                "reads a pattern with Python's re, and re has no such classes; write the characters as a class "
+                "(e.g. [A-Z] for ASCII capitals), or constrain the whole output with regex=, where \\p{...} works"
+            ) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
         message = in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None

@@ -16,7 +16,7 @@ import functools
 import re
 from typing import Any
 
-from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, at_a_unicode_class, json_value
 
 
 def shown_regex(pattern: str) -> str:
@@ -51,7 +51,7 @@ def regex_problem(pattern: Any) -> str | None:
     try:
         re.compile(pattern)
     except re.error as e:
-        if e.msg in (r"bad escape \p", r"bad escape \P"):
+        if at_a_unicode_class(e):
             return unicode_class_problem(pattern)
         return invalid_regex(pattern, e)
     except RecursionError:

@@ -16,6 +16,8 @@ import json
 import re
 from typing import Any, Mapping, Optional
 
+from lmnb_engine.json_schema import at_a_unicode_class
+
 
 def path_step(path: str, key: Any) -> str:
     """``path`` (JSONPath: ``$``, ``$.name``, ``$.items[2]``) one step down: ``[2]`` for an array
@@ -70,7 +72,7 @@ def _fullmatch(pattern: str, text: str) -> bool:
     try:
         return re.fullmatch(pattern, text) is not None
     except re.error as e:
-        if e.msg not in (r"bad escape \p", r"bad escape \P"):
+        if not at_a_unicode_class(e):
             raise
         import regex
 
