@@ -795,13 +795,13 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     cell number -> error name of the cells whose execute reply was an error (``_raised``);
     ``cut_short``: cell number -> the status its unfinished ``%%lm`` view says (``unfinished_view``),
     named apart from the cells without a summary (``--quiet``)."""
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    ran = [c for c in code if c.get("execution_count") is not None]
+    code = [(number, c) for number, c in enumerate(nb.cells, start=1) if c.cell_type == "code"]
+    ran = [(number, c) for number, c in code if c.get("execution_count") is not None]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
     lm_cells = unreported = unknown_prompts = 0
     cut_short = cut_short or {}
-    for number, c in enumerate(nb.cells, start=1):
-        if c.cell_type != "code" or c.get("execution_count") is None or not is_lm_cell(c.source):
+    for number, c in ran:
+        if not is_lm_cell(c.source):
             continue
         lm_cells += 1
         counts = [o["metadata"]["lmnb"]["tokens"] for o in c.get("outputs", [])
