@@ -53,17 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     143 or 130 (the status of a process the signal ended, as while it serves)."""
     try:
         return _main(argv)
-    except Terminated:
-        if argv_command(argv) == "serve":
-            print(f"lmnb serve: stopped (SIGTERM){SERVE_PHASE_WORDS[_serve_phase()]}", file=sys.stderr)
-            return 128 + signal.SIGTERM
-        print("lmnb: terminated (SIGTERM)", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        if argv_command(argv) == "serve":  # (as a SIGTERM's line there, and the server's own on Ctrl-C)
-            print(f"lmnb serve: stopped (SIGINT){SERVE_PHASE_WORDS[_serve_phase()]}", file=sys.stderr)
-            return 128 + signal.SIGINT
-        print("lmnb: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+        if argv_command(argv) == "serve":  # (for Ctrl-C, as the server's own line on it)
+            print(f"lmnb serve: stopped ({signum.name}){SERVE_PHASE_WORDS[_serve_phase()]}", file=sys.stderr)
+            return 128 + signum
+        print("lmnb: terminated (SIGTERM)" if signum == signal.SIGTERM else "lmnb: interrupted", file=sys.stderr)
         return 130
 
 
