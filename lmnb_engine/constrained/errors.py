@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+from lmnb_engine.regex_errors import shown_regex
 
 
 class GrammarError(ValueError):
@@ -32,4 +32,4 @@ class GrammarCompileStopped(GrammarError):
     @classmethod
     def for_shutdown(cls, regex: str) -> "GrammarCompileStopped":
         """The error of a constraint that was not compiled because its engine shut down first."""
-        return cls(f"the constraint {json_value(regex, SHOWN_CHARS)} was not compiled: the engine shut down", by_shutdown=True)
+        return cls(f"the constraint {shown_regex(regex)} was not compiled: the engine shut down", by_shutdown=True)

@@ -55,6 +55,7 @@ from lmnb_engine.constrained.schema_unique import listed_item_values, unique_ite
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value, loaded_schema
+from lmnb_engine.regex_errors import shown_regex
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
 _ENFORCED = {
@@ -688,7 +689,7 @@ def _check_whitespace(pattern: str) -> None:
         bad = (op is _c.LITERAL and av not in allowed) or op in (_c.NOT_LITERAL, _c.ANY, _c.CATEGORY) or (
             op is _c.RANGE and not set(range(av[0], av[1] + 1)) <= allowed) or op is _c.NEGATE
         if bad:
-            raise GrammarError(f"whitespace_pattern {json_value(pattern, SHOWN_CHARS)} can match characters other than JSON whitespace "
+            raise GrammarError(f"whitespace_pattern {shown_regex(pattern)} can match characters other than JSON whitespace "
                                "(space, \\t, \\n, \\r), which would break the JSON; use only those, e.g. "
                                "r'[ \\n]{0,2}'")
 
@@ -711,7 +712,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
         try:
             re.compile(whitespace_pattern)
         except re.error as e:
-            raise GrammarError(f"whitespace_pattern {json_value(whitespace_pattern, SHOWN_CHARS)} is not a valid regular expression "
+            raise GrammarError(f"whitespace_pattern {shown_regex(whitespace_pattern)} is not a valid regular expression "
                                f"({e.msg} at position {e.pos}); fix it, e.g. r'[ \\n]{{0,2}}'") from None
         _check_whitespace(whitespace_pattern)
         whitespace_pattern = f"(?:{automaton_syntax(whitespace_pattern)})"  # outlines-core splices it in ungrouped
