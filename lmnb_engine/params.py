@@ -220,7 +220,7 @@ class SamplingParams:
         def bad(name: str, rule: str, show: bool = True, as_json: bool = False) -> None:
             value = getattr(self, name)  # (not shown: thousands of stops, say)
             shown = "" if not show else f"={json_value(value, SHOWN_CHARS)}" if as_json else f"={value!r}"
-            raise SamplingParamsError(f"SamplingParams.{name}{shown} is invalid: {rule}", name, getattr(self, name))
+            raise SamplingParamsError(f"SamplingParams.{name}{shown} is invalid: {rule}", name, value)
 
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
