@@ -198,7 +198,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared])
                        if n in module and n not in p.inputs and n not in lazy)
     if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
-        p.function_reads = _function_reads(setup, functions, parameters)
+        p.function_reads = _function_reads(functions, module)
         p.early_reads = _early_reads(functions, row, module)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
@@ -577,9 +577,9 @@ def _setup_functions_reading_row_variables(functions: list, row: list, shared: t
     return notes
 
 
-def _function_reads(setup: list, functions: list, parameters: tuple) -> dict:
-    """``Plan.function_reads``, of the setup cells' ``functions`` (``_setup_functions``)."""
-    module = _module_names(setup, parameters)
+def _function_reads(functions: list, module: set) -> dict:
+    """``Plan.function_reads``, of the setup cells' ``functions`` (``_setup_functions``); ``module``:
+    the module-level names (``_module_names``)."""
     return {f"{name} (cell {index})": tuple(n for n in reads if n in module)
             for index, name, reads, *_ in functions if set(reads) & module}
 
