@@ -520,6 +520,20 @@ def test_a_global_a_setup_function_sets_in_a_row_starts_each_row_from_the_setup_
     assert "restore" not in source and p.notes == []
 
 
+def _notebook_passes(setup: str, cells: list, rows: list) -> list:
+    """``r`` as each pass of the notebook gives it, one for each of ``rows`` ({"q": ...}): ``setup``,
+    then the row's q (set after cell 1), then the Python ``cells`` in order, in a namespace of its own."""
+    out = []
+    for row in rows:
+        notebook_ns = {}
+        exec(setup, notebook_ns)
+        notebook_ns["q"] = row["q"]
+        for code in cells:
+            exec(code, notebook_ns)
+        out.append(notebook_ns["r"])
+    return out
+
+
 @pytest.mark.parametrize("cells", [
     ["total = 0\nfor ch in q:\n    total += 1\nr = str(total)"],
     ["items.append(q)\nr = str(items)"],
@@ -536,14 +550,7 @@ def test_a_global_of_a_setup_function_the_rows_do_not_call_stays_each_rows_own(t
     source, p = export_notebook(nb)
     assert p.shared == p.restored == () and "\n    global " not in source.split("def run_row")[1]
     rows = [{"q": q} for q in ("B", "CC", "DDD")]
-    expected = []
-    for row in rows:  # each notebook pass: the Python cells in order, the row's q set after cell 1
-        notebook_ns = {}
-        exec(setup, notebook_ns)
-        notebook_ns["q"] = row["q"]
-        for code in cells:
-            exec(code, notebook_ns)
-        expected.append(notebook_ns["r"])
+    expected = _notebook_passes(setup, cells, rows)
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0)
     assert sorted(prompts) == sorted([row["q"] for row in rows] + expected)
 
@@ -590,14 +597,7 @@ def test_a_global_a_setup_function_sets_under_another_test_than_none_starts_each
                   "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
     source, _ = export_notebook(nb)
     rows = [{"q": q} for q in ("BBB", "C", "DD")]
-    prompts = []
-    for row in rows:  # each notebook pass: the Python cells in order, the row's q set after cell 1
-        notebook_ns = {}
-        exec(setup, notebook_ns)
-        notebook_ns["q"] = row["q"]
-        for code in cells:
-            exec(code, notebook_ns)
-        prompts += [row["q"], notebook_ns["r"]]
+    prompts = [text for row, r in zip(rows, _notebook_passes(setup, cells, rows)) for text in (row["q"], r)]
     assert prompts[1::2] == expected
     _, job_prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
                                    ["--num-threads", "1"])
