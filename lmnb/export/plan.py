@@ -261,7 +261,7 @@ def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
     star = next((c.index for c in row if isinstance(c, Code) and c.star_imports), None)
     for c in row:
         if isinstance(c, (Code, LMCell)):
-            bound |= set(c.assigns if isinstance(c, Code) else c.sets) | set(c.mutates)
+            bound |= set(_cell_binds(c)) | set(c.mutates)
             bound |= set(c.reads) if star is not None and c.index >= star else set()
     names = [n for c in row if isinstance(c, Code) for n in c.declared_globals] + [n for n in declared if n in bound]
     return tuple(n for n in dict.fromkeys(names) if n not in inputs)
@@ -443,10 +443,14 @@ def _jupyter_builtins(cells: Sequence[Cell]) -> tuple:
             if name in getattr(c, "reads", ()):
                 out.append(name)
                 break
-            bound = c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ()
-            if name in bound:
+            if name in _cell_binds(c):
                 break
     return tuple(out)
+
+
+def _cell_binds(c: Cell) -> tuple:
+    """The names cell ``c`` binds: a Python cell's ``assigns``, a ``%%lm`` cell's ``sets``; none for the others."""
+    return c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ()
 
 
 def _module_names(setup: list, module_names: tuple) -> set:
@@ -495,7 +499,7 @@ def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
     read: list = []
     for c in row:
         if isinstance(c, (Code, LMCell)):
-            bound |= set(c.assigns if isinstance(c, Code) else c.sets)
+            bound |= set(_cell_binds(c))
             read += c.reads
     return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__"))
 
@@ -507,7 +511,7 @@ def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
     for c in row:
         if isinstance(c, (Code, LMCell)):
             read |= set(c.reads)
-            rebound |= set(c.assigns if isinstance(c, Code) else c.sets)
+            rebound |= set(_cell_binds(c))
     names = (read & rebound & _BUILTINS) - _module_names(setup, module_names)
     return tuple(sorted(n for n in names if not n.startswith("__")))
 
@@ -550,8 +554,7 @@ def _called(functions: list, row: list) -> list:
 def _changed_by_called(called: list, row: list) -> tuple:
     """The globals that ``called`` (``_called``) change in place, but those a row cell binds: a row
     cell's new object is run_row's variable, which the functions do not see either way."""
-    bound = set().union(*(set(c.assigns if isinstance(c, Code) else c.sets) for c in row
-                          if isinstance(c, (Code, LMCell))))
+    bound = set().union(*(set(_cell_binds(c)) for c in row))
     return tuple(n for n in dict.fromkeys(n for f in called for n in f[4]) if n not in bound)
 
 
@@ -561,10 +564,7 @@ def _setup_functions_reading_row_variables(functions: list, row: list, shared: t
     in the job they get a NameError or the value the setup cells left, where the notebook's read
     the row's value. Not for ``shared`` names (``Plan.shared``), which run_row sets as the
     script's globals."""
-    bound = set()
-    for c in row:
-        bound |= set(c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ())
-    bound -= set(shared)
+    bound = set().union(*map(_cell_binds, row)) - set(shared)
     notes = []
     for index, name, reads, *_ in functions:
         read = [n for n in reads if n in bound]
