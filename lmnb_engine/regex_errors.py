@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 from typing import Any
 
 from lmnb_engine.json_schema import SHOWN_CHARS, at_a_unicode_class, json_value
@@ -87,12 +88,22 @@ def unicode_class_problem(pattern: str) -> str | None:
             return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
                     f"regex) does not read; {fix}")
     try:
-        re.compile(UNICODE_CLASS.sub(lambda m: m.group(1) + "a" * len(m.group(2)), pattern))
+        with warnings.catch_warnings():  # (re's FutureWarning on a "--" or "&&" in a class: not the user's code)
+            warnings.simplefilter("ignore")
+            re.compile(classes_held(pattern))
     except re.error as e:
         return invalid_regex(pattern, e)
     except RecursionError:
         return _too_deep(pattern)
     return None
+
+
+def classes_held(pattern: str) -> str:
+    """``pattern`` with each Unicode property class (``UNICODE_CLASS``) held by as many ``a``s: what
+    Python's ``re`` can parse, with the rest of the pattern, and every position, as they were, so
+    that checks made with ``re`` (``unicode_class_problem``, the engine's ``check_regex``) see the
+    rest of a pattern that has such classes."""
+    return UNICODE_CLASS.sub(lambda m: m.group(1) + "a" * len(m.group(2)), pattern)
 
 
 @functools.lru_cache(maxsize=256)

@@ -532,6 +532,21 @@ def test_unicode_classes_that_only_the_regex_package_reads_are_refused_alike_by_
     assert [str(at_gen.value), check_literal("gen", "regex", pattern), str(in_engine.value)] == [said] * 3
 
 
+@pytest.mark.parametrize("pattern, twin", [
+    (r"\p{Lu}(?=e)\w+", r"K(?=e)\w+"), (r"(\p{Lu})\1", r"(K)\1"), (r"\p{Lu}++", r"K++"),
+    (r"\p{Lu}\w+$x", r"K\w+$x"), (r"\p{Lu}{5000}", r"K{5000}"),
+])
+def test_a_pattern_with_a_unicode_class_gets_the_checks_its_twin_without_gets(backend, pattern, twin):
+    # check_regex parsed the pattern with Python's re, which refuses \p: the lookahead, backreference,
+    # anchor and repeat checks never ran, and "\p{Lu}{5000}" compiled until its 60 s limit. Each is
+    # refused now as its twin with a plain letter is, in the same words
+    with pytest.raises(GrammarError) as with_class:
+        backend.compile(regex=pattern)  # (what the engine calls: the checks, then the compile)
+    with pytest.raises(GrammarError) as plain:
+        backend.compile(regex=twin)
+    assert str(with_class.value).replace(json.dumps(pattern), "P") == str(plain.value).replace(json.dumps(twin), "P")
+
+
 def test_unicode_classes_the_automaton_reads_pass(backend):
     # (scripts, categories, binary properties, Rust's "Is" prefix and \p{ASCII} are no blocks; \p{Age=3.0},
     # \p{IsLu} and \p{sc!=Latn} are Rust's, which the regex package refuses)

@@ -13,7 +13,7 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_errors import classes_held, shown_regex
 
 try:  # Python >= 3.11
     from re import _constants as _c
@@ -192,8 +192,9 @@ def check_regex(pattern: str) -> None:
     Checked: backreferences, conditionals, lookahead/lookbehind (positive and negative), anchors
     (``^ $ \\A \\Z``; matches are whole-output already), word boundaries, atomic groups,
     possessive quantifiers, repeat counts above ``MAX_REPEAT_COUNT`` (nested ones multiplied), and
-    parentheses nested deeper than ``MAX_NESTING`` (``nesting_depth``). A pattern that Python's
-    parser rejects is passed on unchanged (the DFA library may accept it, or report its own error
+    parentheses nested deeper than ``MAX_NESTING`` (``nesting_depth``), in a pattern with Unicode
+    classes too (read with them held by ``a``s: ``regex_errors.classes_held``). A pattern that
+    Python's parser rejects is passed on unchanged (the DFA library may accept it, or report its own error
     when compiling).
 
     Raises:
@@ -206,7 +207,9 @@ def check_regex(pattern: str) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            parsed = _p.parse(pattern)
+            # (a Unicode class, \p{Lu}, which re lacks, held by "a"s: the rest is checked all the same;
+            # "\p{Lu}{5000}" went unchecked to a compile that ran to its 60 s limit)
+            parsed = _p.parse(classes_held(pattern))
     except OverflowError:  # "the repetition number is too large" (above 2**32 - 2)
         raise GrammarError(_too_many(pattern, f"more than {_c.MAXREPEAT - 1:,}")) from None
     except (re.error, RecursionError):
