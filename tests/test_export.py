@@ -579,6 +579,18 @@ def test_a_global_a_setup_function_makes_on_first_use_is_made_once_for_the_rows(
     assert p.notes == []  # (the rows share one model, as they share a set-up variable: nothing to warn of)
 
 
+def test_a_global_made_with_a_value_made_on_first_use_is_kept_with_it(tmp_path, monkeypatch):
+    # vocab, made in the same `if model is None:` block, was restored to the set-up's [] at each row's
+    # start while model was kept: rows after the first read an empty vocab (the notebook's pass: 2)
+    setup = _EMBED.replace("model = None\n", "model = None\nvocab = []\n").replace(
+        "global model", "global model, vocab").replace("model = next(loads)", "vocab = ['a', 'b']\n        model = next(loads)")
+    prompts, r, p, _ = _job_and_notebook(tmp_path, monkeypatch, setup, ["r = f'{embed(q)} {len(vocab)}'"], rows="BCD",
+                                         run_setup=['q = "A"'])
+    assert r == "1 2"
+    assert prompts == ["B", r, "C", r, "D", r]
+    assert p.notes == []
+
+
 @pytest.mark.parametrize("setup, cells, expected", [
     ("best = None\ndef consider(n):\n    global best\n    if best is None or n > best:\n        best = n\n",
      ["for w in q.split():\n    consider(len(w))\nr = str(best)"], ["3", "1", "2"]),

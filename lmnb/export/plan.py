@@ -271,7 +271,8 @@ def _made_on_first_use(setup: list) -> set:
     """The names that the setup cells last bind at top level to None or False and that their
     functions set by ``global`` only under ``if x is None:`` or ``if not x:`` of such a name x:
     values made on first use and kept (``global model; if model is None: model = load()``, or a
-    ``loaded`` flag). Not ``Plan.restored``: starting each row from None made every row load it
+    ``loaded`` flag), and the globals those functions set only under such a test (``vocab``, made
+    with ``model``). Not ``Plan.restored``: starting each row from None made every row load it
     again, where the rows can share the one the first call makes, which no call changes. (A
     running ``best`` that a function sets under another test, ``if best is None or x > best:``, is
     restored.)"""
@@ -296,7 +297,15 @@ def _made_on_first_use(setup: list) -> set:
                        for node, tests in nodes):
                     out.discard(name)
                     changed = True
-    return out
+    # (and the other globals made in the same guarded block, `global model, vocab; if model is None:
+    # model, vocab = load()`: restored to the set-up's [] each row, they stayed empty once model was made)
+    guarded: dict = {}  # global name → whether every binding of it is under a test of one of out
+    for nodes in functions:
+        for name in {n for node, _ in nodes if isinstance(node, ast.Global) for n in node.names} - out:
+            for node, tests in nodes:
+                if _binds(node, name):
+                    guarded[name] = guarded.get(name, True) and any(_tests_unset(test, out) for test in tests)
+    return out | {name for name, always in guarded.items() if always}
 
 
 def _own_nodes(node, tests: tuple = ()):
