@@ -36,8 +36,9 @@ class ChatTemplate:
         image_token: placeholder text for ``image()`` in the prompt.
         llama2_style: Llama-2's form (SGLang's ``ChatTemplateStyle.LLAMA2``): a system message that
             opens the conversation also opens the first user turn (the user prefix comes before
-            the system prefix), and the message after it (a user message) gets no prefix of its
-            own. As in SGLang this goes by position: message 0 and message 1.
+            the system prefix), and the user message after it gets no prefix of its own. SGLang goes
+            by position alone (message 1 is merged whatever message 0 was); here message 1 is merged
+            only when message 0 was that system message, as Llama-2's own template does.
     """
 
     name: str
@@ -61,9 +62,12 @@ class ChatTemplate:
             )
         return self.role_prefix_and_suffix[role]
 
-    def role_begin(self, role: str, n_messages: int, text_empty: bool) -> tuple[str, Optional[dict]]:
-        """Text to append when ``role`` begins after ``n_messages`` messages, and the implicit
-        system message the template inserts before a first non-system message (or None).
+    def role_begin(
+        self, role: str, n_messages: int, text_empty: bool, previous_role: Optional[str] = None
+    ) -> tuple[str, Optional[dict]]:
+        """Text to append when ``role`` begins after ``n_messages`` messages (the last of them of
+        ``previous_role``), and the implicit system message the template inserts before a first
+        non-system message (or None).
 
         The first message of a state whose text is empty is preceded by ``bos``.
 
@@ -73,7 +77,7 @@ class ChatTemplate:
         prefix, _ = self.get_prefix_and_suffix(role)
         if self.llama2_style and role == "system" and n_messages == 0:
             prefix = self.get_prefix_and_suffix("user")[0] + prefix
-        elif self.llama2_style and role == "user" and n_messages == 1:
+        elif self.llama2_style and role == "user" and n_messages == 1 and previous_role == "system":
             prefix = ""
         lead, implicit = "", None
         if n_messages == 0:
@@ -89,10 +93,11 @@ class ChatTemplate:
         """The prompt text of a whole conversation, exactly as a program would build it."""
         text = ""
         for i, m in enumerate(messages):
-            begin, _ = self.role_begin(m["role"], i, not text)
+            begin, _ = self.role_begin(m["role"], i, not text, messages[i - 1]["role"] if i else None)
             text += begin + m["content"] + self.get_prefix_and_suffix(m["role"])[1]
         if add_generation_prompt:
-            text += self.role_begin("assistant", len(messages), not text)[0]
+            last = messages[-1]["role"] if messages else None
+            text += self.role_begin("assistant", len(messages), not text, last)[0]
         return text
 
 

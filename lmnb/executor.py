@@ -1130,7 +1130,8 @@ class StreamExecutor:
     def _execute_role_begin(self, role: str) -> None:
         if self.cur_role is not None:
             raise ValueError(f"role {role!r} begins inside role {self.cur_role!r}; roles cannot nest")
-        begin, implicit = self.chat_template.role_begin(role, len(self.messages_), not self.text_)
+        last = self.messages_[-1]["role"] if self.messages_ else None
+        begin, implicit = self.chat_template.role_begin(role, len(self.messages_), not self.text_, last)
         if implicit is not None:
             self.messages_.append(implicit)
         self.cur_role = role

@@ -59,6 +59,7 @@ class _TracingState:
         self.template = chat_template
         self.text = ""
         self.messages = 0
+        self.last_role = None  # (the role of the last message: Llama-2's form depends on it)
         self.role = None
         self.stopped = False
 
@@ -77,12 +78,15 @@ class _TracingState:
         elif isinstance(expr, ConstantText):
             self.text += expr.value
         elif isinstance(expr, RoleBegin) and self.role is None:
-            begin, implicit = self.template.role_begin(expr.role, self.messages, not self.text)
+            begin, implicit = self.template.role_begin(expr.role, self.messages, not self.text, self.last_role)
             self.text += begin
-            self.messages += 1 if implicit else 0
+            if implicit:
+                self.messages += 1
+                self.last_role = "system"
             self.role = expr.role
         elif isinstance(expr, RoleEnd) and self.role == expr.role:
             self.text += self.template.get_prefix_and_suffix(expr.role)[1]
+            self.last_role = expr.role
             self.role = None
             self.messages += 1
         else:

@@ -240,3 +240,28 @@ def test_model_path_is_matched_by_the_models_own_folder_not_the_folders_above_it
 def test_unknown_template_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown chat template 'mistral'; known: .*'llama-2-chat'.*'vicuna_v1.1'"):
         sgl.get_chat_template("mistral")
+
+
+def test_llama_2_chat_merges_the_user_message_only_after_an_opening_system_message():
+    # Llama-2's form writes the system message inside the first [INST] and gives the user message
+    # after it no prefix of its own. A conversation that opens with the assistant (as a few-shot
+    # prompt may) has no system message to merge: its user message keeps "[INST] ". SGLang went by
+    # position alone and dropped it. Worked out by hand from the markers.
+    from lmnb.tracer import extract_prefix
+
+    @sgl.function
+    def assistant_first(s):
+        s += sgl.assistant("Ready.")
+        s += sgl.user("Hi")
+        s += sgl.assistant(sgl.gen("a", max_tokens=4))
+
+    template = sgl.get_chat_template("llama-2-chat")
+    be = ScriptedBackend(lambda p, params: "Hello", chat_template=template)
+    st = assistant_first.run(backend=be)
+    want = "Ready. </s><s>[INST] Hi [/INST]Hello </s><s>"
+    assert st.text() == want
+    assert template.render(st.messages()) == want
+    assert extract_prefix(assistant_first, template) == "Ready. </s><s>[INST] Hi [/INST]"
+    # (and the opening system message is still merged, by all three)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    assert template.render(msgs, add_generation_prompt=True) == "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST]"
