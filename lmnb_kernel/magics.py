@@ -383,11 +383,12 @@ class LMMagics(Magics):
 
         return prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
 
-    def finish(self, args, view, outcome: CellOutcome, count, cell_id=None, rerun=None) -> None:
+    def finish(self, args, view, outcome: CellOutcome, count, cell_id, rerun) -> None:
         """Put the results in the kernel namespace and keep the named state, then freeze the view
         and show the summary: a Ctrl-C while the view draws stops the cell in one line and loses
         no result. ``cell_id``: the cell's Jupyter id (None: none was sent); ``rerun``: what a re-run
-        does with the cell's earlier turn in the state (``_rerun``), which the summary says."""
+        does with the cell's earlier turn in the state (``_rerun``; None: not a re-run), which the
+        summary says."""
         # Variables the program finished are results even if a later part failed or was stopped.
         self.shell.push(outcome.captured, interactive=False)
         if args.out:
