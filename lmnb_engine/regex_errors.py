@@ -6,8 +6,11 @@ and in the engine, for the server's clients too (``constrained.grammar.compile_g
 three word an invalid pattern with ``regex_problem`` (``invalid_regex``), and show a pattern with
 ``shown_regex``, so a user hears one error whichever way the pattern came, and the language's early
 check refuses no pattern the engine takes (``\\p{L}``); the language's two word a value that is no
-pattern (``gen(regex=5)``) with it too. Importing it loads neither torch nor the
-engine's constrained-decoding package.
+pattern (``gen(regex=5)``) with it too. The engine's own refusals of a class Python flags as
+ambiguous (``ambiguous_class``) and of a Unicode class at an end of a range
+(``class_range_problem``), made before compiling (``constrained.regex_syntax``), are worded here
+too, and the language's two make them.
+Importing it loads neither torch nor the engine's constrained-decoding package.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 import warnings
 from typing import Any
 
-from lmnb_engine.json_schema import SHOWN_CHARS, at_a_unicode_class, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, json_value
 
 
 def shown_regex(pattern: str) -> str:
@@ -28,20 +31,42 @@ def shown_regex(pattern: str) -> str:
 
 
 def invalid_regex(pattern: str, error: re.error) -> str:
-    """The message for a ``regex`` constraint that Python's ``re`` refused with ``error``: the
-    pattern (``shown_regex``), what is wrong and where (``error.msg`` at ``error.pos``, a character
-    index into ``pattern``), and the fix."""
-    return (f"regex {shown_regex(pattern)} cannot be compiled: it is not a valid regular expression ({error.msg} at "
-            f"position {error.pos}); fix the pattern")
+    """The message for a ``regex`` constraint that Python's ``re`` refused with ``error`` (read with
+    its Unicode classes held: ``classes_held``): the pattern (``shown_regex``), what is wrong and
+    where (``error_words``), and the fix."""
+    return (f"regex {shown_regex(pattern)} cannot be compiled: it is not a valid regular expression "
+            f"({error_words(pattern, error)}); fix the pattern")
+
+
+def error_words(pattern: str, error: re.error) -> str:
+    """What ``error``, Python's ``re`` error on ``pattern`` with its Unicode classes held, says is
+    wrong and where (``error.pos``, a character index into ``pattern``): ``error.msg`` at that
+    position, unless the message quotes the text holding a class (a class in a group's name,
+    ``(?P<\\p{L}>...)``, or after ``(?``): then the class, by its own text, and where it stands."""
+    where = f"{error.msg} at position {error.pos}"
+    classes = list(UNICODE_CLASS.finditer(pattern))
+    if not classes or error.pos is None:
+        return where
+    try:  # the message quotes held text when it changes with the character that holds the classes
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            re.compile(classes_held(pattern, hold=","))
+    except re.error as other:
+        if other.msg == error.msg:
+            return where
+    except (RecursionError, OverflowError):
+        return where
+    cls = next((m for m in classes if m.end() > error.pos), classes[-1])
+    return (f"the class {cls.group(2)} at position {cls.start(2)} stands where no class can: in a group's name or "
+            "reference, after \"(?\", or as an end of a range")
 
 
 def regex_problem(pattern: Any) -> str | None:
     """Why ``pattern``, a ``regex`` constraint as the language's ``gen()`` or a ``%%lm`` cell was
-    given it, is refused, or None for a pattern Python's ``re`` compiles (or would, but for Unicode
-    property classes the engine reads: ``unicode_class_problem``) or for None (no constraint):
-    not a string (a compiled ``re.Pattern``, whose text is wanted, or any other type, named), a
-    syntax error (``invalid_regex``), or parentheses nested too deeply for its parser, which
-    recurses once per level (some hundreds of levels: a ``RecursionError``)."""
+    given it, is refused, or None for a pattern the engine reads as Python's ``re`` reads it (its
+    Unicode property classes as the engine's automaton library reads them) or for None (no
+    constraint): not a string (a compiled ``re.Pattern``, whose text is wanted, or any other type,
+    named), or ``pattern_problem``."""
     if pattern is None:
         return None
     if isinstance(pattern, re.Pattern):  # (a Python snippet to write, so repr: JSON's text could be cut)
@@ -49,15 +74,42 @@ def regex_problem(pattern: Any) -> str | None:
                 "(flags written inline, e.g. '(?i)...')")
     if not isinstance(pattern, str):
         return f"regex must be a string, not {type(pattern).__name__}"
+    return pattern_problem(pattern)
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why the pattern ``pattern`` is refused, or None: a Unicode class the automaton library does
+    not build (``unbuilt_class_problem``) or at an end of a range (``class_range_problem``), a
+    class Python's ``re`` flags as ambiguous (``ambiguous_class``), a syntax error
+    (``invalid_regex``), or parentheses nested too
+    deeply for its parser, which recurses once per level (some hundreds of levels). The pattern
+    is read by ``re`` with its classes held (``classes_held``), so an error's position is its
+    place in ``pattern``, and a pattern with classes is refused as its twin without them is."""
+    problem = unbuilt_class_problem(pattern) or class_range_problem(pattern)
+    if problem:
+        return problem
+    held = classes_held(pattern)
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.simplefilter("error", FutureWarning)
+            _parser().parse(held)  # (not re.compile, whose cache skips the parse, and the warning, the second time)
+            re.compile(held)  # (the compiler's own errors: a look-behind of varying width)
+    except FutureWarning as w:
+        return ambiguous_class(pattern, w)
     except re.error as e:
-        if at_a_unicode_class(e):
-            return unicode_class_problem(pattern)
         return invalid_regex(pattern, e)
     except RecursionError:
         return _too_deep(pattern)
     return None
+
+
+def _parser():
+    try:  # Python >= 3.11
+        from re import _parser as parser
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse as parser  # type: ignore[no-redef]
+    return parser
 
 
 def _too_deep(pattern: str) -> str:
@@ -65,19 +117,50 @@ def _too_deep(pattern: str) -> str:
             "the pattern")
 
 
-# a \p or \P escape (after any escaped backslashes, group 1) and its class (group 2): \p{Name}, \p{Key=Value}, \pL
-UNICODE_CLASS = re.compile(r"(?<!\\)((?:\\\\)*)(\\[pP](?:\{[^}]*\}|[A-Za-z]))")
+# Python spellings of the POSIX classes a user most likely meant by "[[:name:]]".
+_POSIX = {"alpha": "A-Za-z", "digit": "0-9", "alnum": "A-Za-z0-9", "upper": "A-Z", "lower": "a-z",
+          "space": "\\s", "xdigit": "0-9A-Fa-f"}
 
 
-def unicode_class_problem(pattern: str) -> str | None:
-    """Why ``pattern``, which Python's ``re`` refused at a ``\\p``/``\\P`` escape, is refused, or None.
-    ``re`` lacks Unicode property classes (``\\p{L}``, ``\\P{Lu}``, ``\\p{Greek}``); the engine's
-    automaton library (Rust's ``regex``, in outlines-core) reads them, and SGLang's grammar
-    backends do, so the language's early check leaves them to the backend. Each class is asked of
-    that library itself (``_automaton_reads``): one it cannot build (a Unicode block, the
-    ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix. The rest of the pattern is
-    then checked by Python's ``re`` with each class held by as many ``a``s, so an error's position
-    is its place in ``pattern``."""
+def ambiguous_class(pattern: str, warning: FutureWarning) -> str:
+    """The message for a class that Python's ``re`` flags as ambiguous with ``warning`` ("Possible
+    nested set at position 1": ``[[:alpha:]]``, ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``),
+    which the automaton library (Rust's regex) reads as a POSIX class or a set operation: the
+    pattern, the warning, and the fix (``_ambiguity_fix``)."""
+    return (f"regex {shown_regex(pattern)}: {warning} — Python reads it as literal characters, the automaton library "
+            f"as a POSIX class or a set operation; {_ambiguity_fix(pattern, warning)}")
+
+
+def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
+    """How to write ``pattern`` so both readers agree, made from the pattern itself: the character(s)
+    Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||", "~~"), and for a
+    known POSIX class the Python class it stands for."""
+    m = re.search(r"at position (\d+)", str(warning))
+    if m is None:  # (every Python that warns names the position; say what to do anyway)
+        return 'escape the "[" or the doubled character to mean the characters themselves'
+    i = int(m.group(1))
+    n = 1 if pattern[i] == "[" else 2
+    escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
+    fix = f"write {shown_regex(escaped)} to mean the characters"
+    posix = re.match(r"\[:(\w+):\]", pattern[i:])
+    if posix and posix.group(1) in _POSIX:
+        fix += f", or {shown_regex(pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end() + i:])} for [:{posix.group(1)}:]"
+    return fix
+
+
+# a Unicode property class where a backslash stands: \p{Name}, \p{Key=Value}, \pL (or \P)
+UNICODE_CLASS_AT = re.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
+# one anywhere: after any escaped backslashes (group 1), the class (group 2)
+UNICODE_CLASS = re.compile(r"(?<!\\)((?:\\\\)*)(" + UNICODE_CLASS_AT.pattern + ")")
+
+
+def unbuilt_class_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is refused for a Unicode property class the engine's automaton library does
+    not build, or None. Python's ``re`` lacks these classes (``\\p{L}``, ``\\P{Lu}``,
+    ``\\p{Greek}``); that library (Rust's ``regex``, in outlines-core) reads them, and SGLang's
+    grammar backends do, so the language's early check leaves them to the backend. Each class is
+    asked of that library itself (``_automaton_reads``): one it cannot build (a Unicode block, the
+    ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix."""
     for m in UNICODE_CLASS.finditer(pattern):
         cls = m.group(2)
         if not _automaton_reads(cls):
@@ -87,23 +170,83 @@ def unicode_class_problem(pattern: str) -> str | None:
                    "\\p{Alphabetic}), or the characters as a class")
             return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
                     f"regex) does not read; {fix}")
-    try:
-        with warnings.catch_warnings():  # (re's FutureWarning on a "--" or "&&" in a class: not the user's code)
-            warnings.simplefilter("ignore")
-            re.compile(classes_held(pattern))
-    except re.error as e:
-        return invalid_regex(pattern, e)
-    except RecursionError:
-        return _too_deep(pattern)
     return None
 
 
-def classes_held(pattern: str) -> str:
-    """``pattern`` with each Unicode property class (``UNICODE_CLASS``) held by as many ``a``s: what
-    Python's ``re`` can parse, with the rest of the pattern, and every position, as they were, so
-    that checks made with ``re`` (``unicode_class_problem``, the engine's ``check_regex``) see the
-    rest of a pattern that has such classes."""
-    return UNICODE_CLASS.sub(lambda m: m.group(1) + "a" * len(m.group(2)), pattern)
+def class_range_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is refused for a range in a character class with a Unicode class at an end
+    (``[\\p{L}-z]``, ``[a-\\p{L}]``), or None: a range runs between two characters, and the
+    automaton library (Rust's regex) refuses such a one (Python's ``re``, reading the class held by
+    a character, would take it). A ``--`` (``[\\p{L}--\\p{Ll}]``, a set difference to Rust) is left
+    to ``ambiguous_class``."""
+    found = _class_range(pattern)
+    if found is None:
+        return None
+    start, dash, end = found
+    cls = (UNICODE_CLASS_AT.match(pattern, start) or UNICODE_CLASS_AT.match(pattern, dash + 1)).group()
+    escaped = pattern[:dash] + "\\-" + pattern[dash + 1:]
+    return (f"regex {shown_regex(pattern)} uses the class {cls} as an end of the range {pattern[start:end]} (at "
+            f"position {start}), which the automaton library (Rust's regex) refuses: a range runs between two "
+            f"characters; write {shown_regex(escaped)} for the class, the character and a hyphen, or give the "
+            "range two characters")
+
+
+def _class_range(pattern: str) -> tuple[int, int, int] | None:
+    """(start, index of the "-", end) of the first range in a character class that has a Unicode
+    class at an end, as Python's parser delimits a class's items (a "]" first is a literal, an
+    item, "-" and an item other than "]" a range), or None."""
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern[i] == "\\":
+            i = _item_end(pattern, i)  # (a Unicode class whole: its braces may hold a "[")
+        elif pattern[i] != "[":
+            i += 1
+        else:
+            i += 1 + pattern.startswith("^", i + 1)
+            first = True
+            while i < n and (first or pattern[i] != "]"):
+                first = False
+                start, i = i, _item_end(pattern, i)
+                if pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
+                    dash, i = i, _item_end(pattern, i + 1)
+                    at_an_end = UNICODE_CLASS_AT.match(pattern, start) or UNICODE_CLASS_AT.match(pattern, dash + 1)
+                    if at_an_end and pattern[dash + 1] != "-":
+                        return start, dash, i
+            i += 1
+    return None
+
+
+_ESCAPE_DIGITS = {"x": 2, "u": 4, "U": 8}  # (Python reads exactly as many hex digits, or refuses the pattern)
+
+
+def _item_end(pattern: str, i: int) -> int:
+    """The end index of the class item at ``pattern[i]``: a Unicode class, an escape as Python's
+    parser delimits it in a class (``\\x41``, ``\\N{SPACE}``, ``\\101``), or one character."""
+    m = UNICODE_CLASS_AT.match(pattern, i)
+    if m:
+        return m.end()
+    if pattern[i] != "\\" or i + 1 == len(pattern):
+        return i + 1
+    c = pattern[i + 1]
+    if c in _ESCAPE_DIGITS:
+        return i + 2 + _ESCAPE_DIGITS[c]
+    if c == "N" and pattern.startswith("{", i + 2):
+        end = pattern.find("}", i + 2)
+        return len(pattern) if end < 0 else end + 1
+    end = i + 2
+    while c in "01234567" and end < min(len(pattern), i + 4) and pattern[end] in "01234567":
+        end += 1
+    return end
+
+
+def classes_held(pattern: str, hold: str = "%") -> str:
+    """``pattern`` with each Unicode property class (``UNICODE_CLASS``) held by as many ``hold``
+    characters: what Python's ``re`` can parse, with the rest of the pattern, and every position,
+    as they were, so that checks made with ``re`` (``pattern_problem``, the engine's
+    ``check_regex`` and ``automaton_syntax``) see the rest of a pattern that has such classes. A
+    "%" is a literal outside a class and in one, and no name's character, so a class standing
+    where a name does (``(?P<\\p{L}>...)``) is refused (``error_words``)."""
+    return UNICODE_CLASS.sub(lambda m: m.group(1) + hold * len(m.group(2)), pattern)
 
 
 @functools.lru_cache(maxsize=256)

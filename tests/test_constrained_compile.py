@@ -626,6 +626,107 @@ def test_a_schema_the_engine_takes_passes_the_gen_call_unchanged(schema):
         assert sent is schema
 
 
+def _refused_alike(backend, pattern):
+    """The messages gen(), a %%lm cell's check and the engine give ``pattern`` (they must be one)."""
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", regex=pattern)
+    with pytest.raises(GrammarError) as in_engine:
+        backend.compile(regex=pattern)
+    said = [str(at_gen.value), check_literal("gen", "regex", pattern), str(in_engine.value)]
+    assert said == [said[0]] * 3, said
+    return said[0]
+
+
+def _automaton_builds(pattern):
+    from outlines_core import Index, Vocabulary
+
+    try:
+        Index(pattern, Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)}))  # (every byte: every text)
+    except ValueError as e:
+        assert "NFA" in str(e)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pattern, alphabet", [
+    (r"\p{Lu}a{,2}", "aA["), (r"\p{Lu}{,2}x", "Ax"), (r"[\p{Lu}[]{1,2}", "aA["), (r"\p{Lu}{ab}", "A{}ab"),
+    (r"[^\W\p{Lu}]", "aA1_-"), (r"[\p{Lu}\d]{2}", "aA1"), (r"[^\p{Lu}a]", "aAb-"), (r"\P{Lu}\x41", "aA"),
+])
+def test_a_pattern_with_a_unicode_class_is_respelled_as_its_twin_without_one(backend, pattern, alphabet):
+    # automaton_syntax returned a pattern Python cannot parse unchanged: \p{Lu}a{,2} and [\p{Lu}[] failed in
+    # the engine with the library's bare "error building NFA" (a{,2} and [a[] compiled). The regex package
+    # reads Python's syntax and the classes, so it says what each must match
+    backend.compile(regex=pattern)
+    _assert_automaton_matches_as_python(pattern, alphabet, 2, fullmatch=regex_module.fullmatch)
+
+
+@pytest.mark.parametrize("pattern, said", [
+    (r"\p{L}[[:alpha:]]", r'regex "\\p{L}[[:alpha:]]": Possible nested set at position 6 — Python reads it as literal '
+     r'characters, the automaton library as a POSIX class or a set operation; write "\\p{L}[\\[:alpha:]]" to mean the '
+     r'characters, or "\\p{L}[A-Za-z]" for [:alpha:]'),
+    (r"[\p{L}&&\p{Ll}]", r'regex "[\\p{L}&&\\p{Ll}]": Possible set intersection at position 6 — Python reads it as literal '
+     r'characters, the automaton library as a POSIX class or a set operation; write "[\\p{L}\\&\\&\\p{Ll}]" to mean the '
+     "characters"),
+    # (a set difference to Rust: refused at gen() for "bad character range a--", the a's holding the classes)
+    (r"[\p{L}--\p{Ll}]", r'regex "[\\p{L}--\\p{Ll}]": Possible set difference at position 6 — Python reads it as literal '
+     r'characters, the automaton library as a POSIX class or a set operation; write "[\\p{L}\\-\\-\\p{Ll}]" to mean the '
+     "characters"),
+])
+def test_an_ambiguous_class_beside_a_unicode_class_is_refused_as_without_one(backend, pattern, said):
+    # [[:alpha:]] and [a&&b] were refused by the engine; beside a \p{..} class they ran as Rust's regex reads
+    # them, a POSIX class and a set operation, where lmnb documents Python's reading (literal characters)
+    from outlines_core import Index, Vocabulary
+
+    assert _refused_alike(backend, pattern) == said
+    twin = pattern.replace(r"\p{Ll}", "K" * 6).replace(r"\p{L}", "K" * 5)  # (its twin without classes: the same words)
+    plain = _refused_alike(backend, twin)  # (gen() and the cell passed it, with re's FutureWarning, to the engine)
+    assert plain.replace(json.dumps(twin), "P").split(" — ")[0] == said.replace(json.dumps(pattern), "P").split(" — ")[0]
+    if "--" in pattern:  # what Rust's regex makes of it: the letters but the lower-case ones
+        index = Index(pattern, Vocabulary(9, {b"A": [1], b"a": [2], b"-": [3]}))
+        assert sorted(index.get_allowed_tokens(index.get_initial_state())) == [1]
+
+
+@pytest.mark.parametrize("pattern, cls, shown_range, escaped", [
+    (r"[\p{L}-z]+", r"\p{L}", r"\p{L}-z", r"[\\p{L}\\-z]+"),
+    (r"x[0a-\p{Lu}]", r"\p{Lu}", r"a-\p{Lu}", r"x[0a\\-\\p{Lu}]"),
+    (r"[\pL-\d]", r"\pL", r"\pL-\d", r"[\\pL\\-\\d]"),
+])
+def test_a_unicode_class_as_an_end_of_a_range_is_refused_early_by_name(backend, pattern, cls, shown_range, escaped):
+    # it passed gen() and the cell (read with the class held by a's: a range a-z) and failed in the engine
+    # with "cannot be compiled to a token index: Failed to build DFA error building NFA"
+    assert not _automaton_builds(pattern)
+    assert _automaton_builds(escaped.replace("\\\\", "\\"))  # (the fix it names builds)
+    start = pattern.index(shown_range)
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} uses the class {cls} as an end of the range {shown_range} (at position {start}), "
+        f'which the automaton library (Rust\'s regex) refuses: a range runs between two characters; write "{escaped}" '
+        "for the class, the character and a hyphen, or give the range two characters")
+
+
+def test_a_hyphen_beside_a_unicode_class_that_makes_no_range_passes(backend):
+    import lmnb
+
+    for pattern in [r"[\p{L}-]", r"[-\p{L}]", r"[a-b-\p{L}]", r"[^-\p{L}]", r"[\p{L}\-z]", r"[a\p{L}-]"]:
+        assert _automaton_builds(pattern), pattern
+        assert lmnb.gen("x", regex=pattern).params.regex == pattern
+        backend.compile(regex=pattern)
+
+
+@pytest.mark.parametrize("pattern, cls, at", [(r"(?P<\p{L}>a)", r"\p{L}", 4), (r"(?P<x\pL>a)", r"\pL", 5),
+                                              (r"(a)(?P=\p{L})", r"\p{L}", 7), (r"(?\p{L})", r"\p{L}", 2)])
+def test_a_unicode_class_where_no_class_can_stand_is_named_not_what_held_it(backend, pattern, cls, at):
+    # (?P<\p{L}>a) passed gen() (a group named "aaaaa") and failed in the engine with "error building NFA";
+    # (?\p{L}) was refused for "unknown extension ?a": neither is the user's text
+    assert not _automaton_builds(pattern)
+    said = _refused_alike(backend, pattern)
+    assert said.startswith(f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression (the "
+                           f"class {cls} at position {at} stands where no class can"), said
+    assert "aaa" not in said and "%" not in said
+
+
 @pytest.mark.parametrize("pattern", [r"^\p{Lu}", "(?<year>[0-9]{4})"], ids=["ECMA class", "ECMA named group"])
 def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend(pattern):
     """A ``pattern`` is a regex of the backend's dialect: an OpenAI-compatible API reads ECMA's,

@@ -3,8 +3,9 @@
 outlines-core builds a DFA with the ``regex-automata`` crate; a pattern with a backreference or a
 lookaround fails there with "error building NFA", which says nothing about the cause. Here the
 pattern is parsed with Python's own regex parser (``re._parser``) and walked for those features,
-so the error names the feature and the fix. Patterns Python cannot parse (e.g. ``\\p{L}``, which
-``regex-automata`` accepts) are left to the library.
+so the error names the feature and the fix. Unicode property classes (``\\p{L}``), which Python
+lacks and ``regex-automata`` reads, are held by other characters meanwhile
+(``regex_errors.classes_held``); other patterns Python cannot parse are left to the library.
 """
 
 from __future__ import annotations

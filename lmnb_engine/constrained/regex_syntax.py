@@ -11,8 +11,9 @@ range from ``]`` in Python). So every escape that stands for one character is wr
 character's ``\\UXXXXXXXX`` escape, which both read alike, and every class is written out again
 item by item, as Python's parser reads it. Verbose patterns (``(?x)``) lose their whitespace and
 comments first. What Python itself flags as ambiguous (``[[:alpha:]]``, ``[a&&b]``: a
-FutureWarning) is refused with the fix rather than guessed, and so are the flags the library
-lacks (``(?a)``) or scopes otherwise (``(?x:...)``).
+FutureWarning) is refused with the fix rather than guessed (in ``regex_errors``' words, which the
+language's ``gen()`` uses too), and so are the flags the library lacks (``(?a)``) or scopes
+otherwise (``(?x:...)``). A Unicode property class (``\\p{L}``) is kept as it is, in a class too.
 
 Two characters are left out of every class, ``.`` and negated category: ``MARKER`` (U+10FFFE)
 and U+10FFFF, noncharacters no text holds, with which ``grammar.compile_grammar`` marks where a
@@ -42,7 +43,7 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import _c, _p, _walk
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_errors import UNICODE_CLASS_AT, ambiguous_class, class_range_problem, classes_held, shown_regex
 
 MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it,
 # and the end with the next character, U+10FFFF (as text it would end a complete match there)
@@ -148,9 +149,12 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
     items: list[str] = []
     categories: list[str] = []
     nested = False  # a negated category in a negated class ([^\\W_]: word characters but '_')
+    unicode = False  # a Unicode class in it (then a negated category stays nested: the library reads that)
     spans: list[tuple[int, int]] = []  # the characters a negated class names, cut around the surrogates
 
     def item(i: int) -> tuple[int | str, int]:
+        if unicode_class := UNICODE_CLASS_AT.match(pattern, i):  # (never a range's end: class_range_problem)
+            return unicode_class.group(), unicode_class.end()
         if pattern[i] == "\\":
             end = _escape_end(pattern, i, in_class=True)
             code = _code(pattern[i:end], in_class=True)
@@ -180,13 +184,14 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
                 categories.append(low)
             elif low in _CATEGORY_TESTS:  # its members inline: Python reads a nested class otherwise, and
                 items.append(python_category(low))  # compile_grammar's may_hold reads the pattern with Python
-            else:
+            else:  # (a Unicode class, \\p{L}, kept as written: Python cannot read it, so may_hold need not)
                 nested = nested or low in _NEGATED_CATEGORIES
+                unicode = unicode or UNICODE_CLASS_AT.fullmatch(low) is not None
                 items.append(_category_class(low) or low)
         elif (negated or low < MARKER) and not _is_surrogate(low):
             items.append(spelled(low))
             spans += [(low, low)] if negated else []
-    if nested:  # written out as the characters Python's class holds (a subset of \\w, \\d or \\s), for may_hold too
+    if nested and not unicode:  # written out as the characters Python's class holds (a subset of \\w, \\d or \\s), for may_hold too
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             members = re.compile(pattern[start:i + 1]).fullmatch
@@ -235,47 +240,29 @@ def _refuse_unsupported(pattern: str, parsed) -> None:
                            "constrained decoding does not support; put (?x) at the start of the pattern")
 
 
-# Python spellings of the POSIX classes a user most likely meant by "[[:name:]]".
-_POSIX = {"alpha": "A-Za-z", "digit": "0-9", "alnum": "A-Za-z0-9", "upper": "A-Z", "lower": "a-z",
-          "space": "\\s", "xdigit": "0-9A-Fa-f"}
-
-
-def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
-    """How to write ``pattern`` so both readers agree, made from the pattern itself: the character(s)
-    Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||", "~~"), and for a
-    known POSIX class the Python class it stands for."""
-    m = re.search(r"at position (\d+)", str(warning))
-    if m is None:  # (every Python that warns names the position; say what to do anyway)
-        return 'escape the "[" or the doubled character to mean the characters themselves'
-    i = int(m.group(1))
-    n = 1 if pattern[i] == "[" else 2
-    escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
-    fix = f"write {shown_regex(escaped)} to mean the characters"
-    posix = re.match(r"\[:(\w+):\]", pattern[i:])
-    if posix and posix.group(1) in _POSIX:
-        fix += f", or {shown_regex(pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end() + i:])} for [:{posix.group(1)}:]"
-    return fix
-
-
 def automaton_syntax(pattern: str) -> str:
     """``pattern`` (Python ``re`` syntax) rewritten into the automaton library's syntax with the
-    same meaning (see the module docstring); a pattern Python cannot parse is returned unchanged
-    (the library may read it, e.g. ``\\p{L}``, or name its own error).
+    same meaning (see the module docstring). Unicode property classes (``\\p{L}``), which Python
+    lacks and the library reads, are kept as written, and the rest is read with them held
+    (``regex_errors.classes_held``); a pattern Python cannot parse even so is returned unchanged
+    (the library names its own error, which ``grammar.compile_grammar`` words as ``re`` does).
 
     Raises:
         GrammarError: a class whose meaning Python itself flags as ambiguous (``[[:alpha:]]``,
-            ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``), the ASCII flag ``(?a)`` or a scoped
-            ``(?x:...)``, each with the fix.
+            ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``: ``regex_errors.ambiguous_class``), a
+            Unicode class at an end of a range (``[\\p{L}-z]``: ``regex_errors.class_range_problem``),
+            the ASCII flag ``(?a)`` or a scoped ``(?x:...)``, each with the fix.
     """
+    problem = class_range_problem(pattern)  # (Python would read [\\p{L}-z] held as a range of two characters)
+    if problem:
+        raise GrammarError(problem)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         warnings.simplefilter("error", FutureWarning)
-        try:
-            parsed = _p.parse(pattern)
+        try:  # (a Unicode class held by characters: the rest is read, refused and respelled all the same)
+            parsed = _p.parse(classes_held(pattern))
         except FutureWarning as w:
-            raise GrammarError(
-                f"regex {shown_regex(pattern)}: {w} — Python reads it as literal characters, the automaton library as a "
-                f"POSIX class or a set operation; {_ambiguity_fix(pattern, w)}") from None
+            raise GrammarError(ambiguous_class(pattern, w)) from None
         except (re.error, RecursionError, OverflowError):
             return pattern
     _refuse_unsupported(pattern, parsed)
@@ -289,7 +276,10 @@ def automaton_syntax(pattern: str) -> str:
     while i < n:
         ch = pattern[i]
         count = _COUNT.match(pattern, i) if ch == "{" else None
-        if ch == "\\" and i + 1 < n:
+        if unicode_class := UNICODE_CLASS_AT.match(pattern, i):  # (the library reads it as the user wrote it)
+            out.append(unicode_class.group())
+            i = unicode_class.end()
+        elif ch == "\\" and i + 1 < n:
             end = _escape_end(pattern, i, in_class=False)
             _refuse_surrogate(pattern, _code(pattern[i:end], in_class=False))
             out.append(_escaped(pattern[i:end], in_class=False))
