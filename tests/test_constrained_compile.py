@@ -727,6 +727,17 @@ def test_a_unicode_class_where_no_class_can_stand_is_named_not_what_held_it(back
     assert "aaa" not in said and "%" not in said
 
 
+@pytest.mark.parametrize("pattern, said", [
+    (r"\Z", r'regex "\\Z" is empty once its anchors are dropped'), ("^$", 'regex "^$" is empty once its anchors'),
+    ("", 'regex "" is empty; it would only allow an empty output'),
+])
+def test_an_empty_regex_error_names_the_pattern(backend, pattern, said):
+    # "regex is empty; it would only allow an empty output", whatever the pattern was
+    with pytest.raises(GrammarError) as e:
+        backend.compile(regex=pattern)
+    assert str(e.value).startswith(said), str(e.value)
+
+
 @pytest.mark.parametrize("pattern", [r"^\p{Lu}", "(?<year>[0-9]{4})"], ids=["ECMA class", "ECMA named group"])
 def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend(pattern):
     """A ``pattern`` is a regex of the backend's dialect: an OpenAI-compatible API reads ECMA's,

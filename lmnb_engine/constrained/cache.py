@@ -165,11 +165,13 @@ class GrammarBackend:
                 self._regex_of.move_to_end(key)
                 return self._regex_of[key]
         if regex is not None:
-            regex = without_edge_anchors(regex)
-            check_regex(regex)
-            if regex == "":
-                raise GrammarError("regex is empty; it would only allow an empty output")
-            regex = automaton_syntax(regex)
+            trimmed = without_edge_anchors(regex)
+            check_regex(trimmed)
+            if trimmed == "":
+                dropped = " once its anchors are dropped (the output matches the whole pattern)" if regex else ""
+                raise GrammarError(f"regex {shown_regex(regex)} is empty{dropped}; it would only allow an empty output: "
+                                   "give a pattern that matches some text, or no regex")
+            regex = automaton_syntax(trimmed)
         else:
             regex = schema_to_regex(json_schema, whitespace_pattern)
         if key is not None:
