@@ -9,8 +9,8 @@ check refuses no pattern the engine takes (``\\p{L}``); the language's two word 
 pattern (``gen(regex=5)``) with it too. The engine's own refusals of a class Python flags as
 ambiguous (``ambiguous_class``) and of a Unicode class at an end of a range
 (``class_range_problem``), made before compiling (``constrained.regex_syntax``), are worded here
-too, and the language's two make them.
-Importing it loads neither torch nor the engine's constrained-decoding package.
+too, and the language's two make them. A ``stop_regex`` error is placed as a ``regex`` error is
+(``python_error``). Importing it loads neither torch nor the engine's constrained-decoding package.
 """
 
 from __future__ import annotations
@@ -59,6 +59,23 @@ def error_words(pattern: str, error: re.error) -> str:
     cls = next((m for m in classes if m.end() > error.pos), classes[-1])
     return (f"the class {cls.group(2)} at position {cls.start(2)} stands where no class can: in a group's name or "
             "reference, after \"(?\", or as an end of a range")
+
+
+def python_error(pattern: str) -> str | None:
+    """What Python's ``re`` finds wrong in ``pattern`` and where (``error_words``), reading its
+    Unicode classes as classes (held: ``classes_held``), or None where it reads the pattern.
+    ``stop_regex`` errors use it, so that a pattern's error is worded, and placed, as a
+    ``regex``'s is (the ``regex`` package, which stop strings match with, places an open group's
+    error at the pattern's end, where it gave up)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            re.compile(classes_held(pattern))
+    except re.error as e:
+        return error_words(pattern, e)
+    except (RecursionError, OverflowError):
+        return None
+    return None
 
 
 def regex_problem(pattern: Any) -> str | None:

@@ -738,6 +738,21 @@ def test_an_empty_regex_error_names_the_pattern(backend, pattern, said):
     assert str(e.value).startswith(said), str(e.value)
 
 
+@pytest.mark.parametrize("pattern, where", [("a(b", "missing ), unterminated subpattern at position 1"),
+                                            ("x[ab", "unterminated character set at position 1"),
+                                            (r"\p{L}(c", "missing ), unterminated subpattern at position 5")])
+def test_a_stop_regex_error_is_placed_as_a_regex_error(pattern, where):
+    # stop_regex="a(b" said "missing ) at position 3" (the regex package: where it gave up), regex="a(b"
+    # "missing ), unterminated subpattern at position 1" (Python's re: where the group opens)
+    import lmnb
+
+    with pytest.raises(ValueError) as stop:
+        lmnb.gen("x", stop_regex=pattern)
+    with pytest.raises(ValueError) as constraint:
+        lmnb.gen("x", regex=pattern)
+    assert f"({where})" in str(stop.value) and f"({where})" in str(constraint.value), (str(stop.value), str(constraint.value))
+
+
 @pytest.mark.parametrize("pattern", [r"^\p{Lu}", "(?<year>[0-9]{4})"], ids=["ECMA class", "ECMA named group"])
 def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend(pattern):
     """A ``pattern`` is a regex of the backend's dialect: an OpenAI-compatible API reads ECMA's,
