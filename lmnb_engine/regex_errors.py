@@ -98,7 +98,7 @@ def pattern_problem(pattern: str) -> str | None:
     """Why the pattern ``pattern`` is refused, or None: a Unicode class the automaton library does
     not build (``unbuilt_class_problem``) or at an end of a range (``class_range_problem``), a
     class Python's ``re`` flags as ambiguous (``ambiguous_class``), a syntax error
-    (``invalid_regex``), or parentheses nested too
+    (``invalid_regex``), a repeat count above what ``re`` reads, or parentheses nested too
     deeply for its parser, which recurses once per level (some hundreds of levels). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is."""
@@ -118,6 +118,9 @@ def pattern_problem(pattern: str) -> str | None:
         return invalid_regex(pattern, e)
     except RecursionError:
         return _too_deep(pattern)
+    except OverflowError:  # (a count above 2**32 - 2: Python raises no re.error for it)
+        return (f"regex {shown_regex(pattern)} repeats a part more times than Python's re reads (4,294,967,294); "
+                'use an unbounded repeat ("+" or "*") and bound the length with max_tokens instead')
     return None
 
 

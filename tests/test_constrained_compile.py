@@ -753,6 +753,21 @@ def test_a_stop_regex_error_is_placed_as_a_regex_error(pattern, where):
     assert f"({where})" in str(stop.value) and f"({where})" in str(constraint.value), (str(stop.value), str(constraint.value))
 
 
+def test_a_repeat_count_above_what_python_reads_is_worded_at_gen_not_raised(backend):
+    # gen(regex="a{99999999999}") raised re's bare OverflowError ("the repetition number is too large") from
+    # inside its parser, and so did a %%lm cell's check; the engine refuses it by its own limit
+    import lmnb
+    from lmnb.template.options import check_literal
+
+    said = ('regex "x\\\\p{L}a{99999999999}" repeats a part more times than Python\'s re reads (4,294,967,294); use an '
+            'unbounded repeat ("+" or "*") and bound the length with max_tokens instead')
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", regex=r"x\p{L}a{99999999999}")
+    assert [str(at_gen.value), check_literal("gen", "regex", r"x\p{L}a{99999999999}")] == [said] * 2
+    with pytest.raises(GrammarError, match="repeats a part more than 4,294,967,294 times"):
+        backend.compile(regex=r"x\p{L}a{99999999999}")
+
+
 @pytest.mark.parametrize("pattern", [r"^\p{Lu}", "(?<year>[0-9]{4})"], ids=["ECMA class", "ECMA named group"])
 def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend(pattern):
     """A ``pattern`` is a regex of the backend's dialect: an OpenAI-compatible API reads ECMA's,
