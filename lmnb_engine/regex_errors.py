@@ -153,8 +153,9 @@ def ambiguous_class(pattern: str, warning: FutureWarning) -> str:
 
 def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     """How to write ``pattern`` so both readers agree, made from the pattern itself: the character(s)
-    Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||", "~~"), and for a
-    known POSIX class the Python class it stands for."""
+    Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||", "~~"), for a
+    known POSIX class the Python class it stands for, and for a difference or an intersection of two
+    Unicode classes (``_set_operation``) a negated class both read so."""
     m = re.search(r"at position (\d+)", str(warning))
     if m is None:  # (every Python that warns names the position; say what to do anyway)
         return 'escape the "[" or the doubled character to mean the characters themselves'
@@ -165,7 +166,29 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     posix = re.match(r"\[:(\w+):\]", pattern[i:])
     if posix and posix.group(1) in _POSIX:
         fix += f", or {shown_regex(pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end() + i:])} for [:{posix.group(1)}:]"
+    operation = _set_operation(pattern, i)
+    if operation:
+        fix += f", or {shown_regex(operation[0])} for the set {operation[1]}"
     return fix
+
+
+def _set_operation(pattern: str, at: int) -> tuple[str, str] | None:
+    """``pattern`` with the class whose "--" or "&&" is at ``at``, a difference or an intersection of
+    two Unicode classes (``[\\p{L}--\\p{Ll}]``, Rust's reading), written as a negated class of their
+    complements (``[^\\P{L}\\p{Ll}]``: A and not B is not (not A or B)), which Python's ``regex``
+    package and the automaton library read alike, and the operation's name; None for another class."""
+    cls = UNICODE_CLASS_AT.pattern
+    for m in re.finditer(rf"\[({cls})(--|&&)({cls})\]", pattern):
+        if m.start(2) == at:
+            first, second = _complement(m.group(1)), m.group(3) if m.group(2) == "--" else _complement(m.group(3))
+            name = "difference" if m.group(2) == "--" else "intersection"
+            return pattern[:m.start()] + f"[^{first}{second}]" + pattern[m.end():], name
+    return None
+
+
+def _complement(cls: str) -> str:
+    """The Unicode class of the characters not in ``cls`` (``\\p{L}`` -> ``\\P{L}``, and back)."""
+    return cls[0] + ("P" if cls[1] == "p" else "p") + cls[2:]
 
 
 # a Unicode property class where a backslash stands: \p{Name}, \p{Key=Value}, \pL (or \P)
