@@ -73,8 +73,8 @@ def python_error(pattern: str) -> str | None:
             re.compile(classes_held(pattern))
     except re.error as e:
         return error_words(pattern, e)
-    except (RecursionError, OverflowError):
-        return None
+    except (RecursionError, OverflowError):  # (not re's words: the regex package's are kept)
+        pass
     return None
 
 
