@@ -432,6 +432,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{select pick choices=["a", "b", "a"]}', 2, 22, "choices must differ; 'a' is listed more than once"),
         ('{gen n regex="(ab"}', 2, 14, 'regex "(ab" cannot be compiled: it is not a valid regular expression (missing '
                                         "), unterminated subpattern at position 0); fix the pattern"),
+        # a Unicode class at an end of a range passed (re read it held as a range a-z) and failed in the engine
+        ('{gen n regex="[\\\\p{L}-z]"}', 2, 14, 'regex "[\\\\p{L}-z]" uses the class \\p{L} as an end of the range'),
         # Python's parser ran out of recursion, and the RecursionError escaped parse
         ('{gen n regex="' + "(" * 1000 + "a" + ")" * 1000 + '"}', 2, 14, 'regex "' + "(" * 79 + "\u2026 nests its "
                                                                         "parentheses too deeply for Python's re"),
