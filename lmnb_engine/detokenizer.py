@@ -18,6 +18,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
 # (SGLang: INIT_INCREMENTAL_DETOKENIZATION_OFFSET).
@@ -197,6 +198,10 @@ class StopRegexes:
                 self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
             except regex.error:  # a form of the pattern not read right: hold back, never show a stop
                 self.partial.append(None)
+        # per pattern: its incremental automaton (stop_automaton), None where it cannot represent the
+        # pattern or the pattern is end-sensitive: that one is searched by the regex package
+        self.automata = [None if sensitive else automaton(p)
+                         for p, sensitive in zip(patterns or (), self.end_sensitive)]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -332,6 +337,8 @@ class StopStringMatcher:
         # any text extending it: the searches start there, not over the whole output each token
         self._seen = ""
         self._floors = [0] * len(self._regexes)
+        # per regex with an automaton: this sample's reading of the text by it
+        self._runs = [a and AutomatonRun(a) for a in self._shared.automata]
 
     @property
     def problem(self) -> str | None:
@@ -372,18 +379,30 @@ class StopStringMatcher:
         for k, rx in enumerate(self._regexes):
             if k in self._shared.given_up:
                 continue
+            run = self._runs[k]
+            if run is not None:
+                run.read(text)
+                if run.first_end is None:  # the text holds no match at all
+                    continue
             floor = self._floor(k, text)
             try:
+                if run is not None and run.first_end > new_from:
+                    # no match ends by new_from, so the first to end is new and met where it ends,
+                    # as the matched text finditer's first (leftmost) match up to there
+                    met = run.first_end, _new_match(rx, text, floor, new_from, run.first_end)
+                # (else a match ends in text not checked, the first min_new_tokens: searched as
+                # below, which passes over it)
                 # (no match over all of the text is none in any shorter text, but for a pattern
                 # that can match only where the text ends: "a$" meets "Wha" of one token "What")
-                if not self._shared.end_sensitive[k] and _new_match(rx, text, floor, new_from, len(text)) is None:
+                elif not self._shared.end_sensitive[k] and _new_match(rx, text, floor, new_from, len(text)) is None:
                     continue
-                # met where a check after each character meets it: at the first end e (past
-                # new_from) by which the text holds a new match, and that match, which may end
-                # before the one over all of the text (r"\d+" on "123": "1") or begin after it
-                # (r"ab*c|b" on "abbc": "b", read before "c" comes)
-                met = next(((e, m) for e in range(new_from + 1, len(text) + 1)
-                            if (m := _new_match(rx, text, floor, new_from, e)) is not None), None)
+                else:
+                    # met where a check after each character meets it: at the first end e (past
+                    # new_from) by which the text holds a new match, and that match, which may end
+                    # before the one over all of the text (r"\d+" on "123": "1") or begin after it
+                    # (r"ab*c|b" on "abbc": "b", read before "c" comes)
+                    met = next(((e, m) for e in range(new_from + 1, len(text) + 1)
+                                if (m := _new_match(rx, text, floor, new_from, e)) is not None), None)
             except TimeoutError:
                 self._timed_out(k, rx, text)
                 continue
@@ -403,6 +422,16 @@ class StopStringMatcher:
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
         floors = []
         for i in range(len(self._regexes)):
+            run = self._runs[i]
+            if run is not None and i not in self._shared.given_up:
+                run.read(text)
+                if run.first_end is None:
+                    # the text holds no match: where the earliest match that more text may complete
+                    # begins (what the partial search below finds, but for the regex package's
+                    # partial match of a lazy class repeat that the text's last character ends)
+                    floors.append(run.live_start(len(text)))
+                    safe = min(safe, floors[-1])
+                    continue
             # pos ends where a match may yet begin (len(text): nowhere); a pattern given up, or whose
             # search timed out, stops where the search stood: nothing past it is shown
             pos = floor = self._floor(i, text)

@@ -26,9 +26,9 @@ SAMPLING_EPS = 1e-6
 # set no bound).
 MAX_STOP_STRINGS = 512
 MAX_STOP_CHARS = 32768
-# Bound on ``stop_regex``: each pattern is searched after every token (for a match, and for where
-# one may yet begin), on the scheduler's thread, each search for up to
-# ``detokenizer.REGEX_TIMEOUT_S``. Patterns join into one with ``|``, so a few suffice.
+# Bound on ``stop_regex``: each pattern is read after every token (for a match, and for where
+# one may yet begin), on the scheduler's thread, by an automaton or by searches of up to
+# ``detokenizer.REGEX_TIMEOUT_S`` each. Patterns join into one with ``|``, so a few suffice.
 MAX_STOP_REGEXES = 32
 # Bound on ``top_logprobs_num``, the OpenAI routes' too (OpenAI's API takes 0 to 20): a stream's
 # every event resends the alternatives of every token so far, so its size grows with this times
@@ -140,10 +140,12 @@ class SamplingParams:
             ``stop_regex``; the finish reason's ``matched`` is the matched text). A match counts
             as soon as the text so far holds it, as in SGLang's check: ``foo\\b`` or ``\\.$`` at
             the text's current end stops it, whatever would follow. Streaming holds back text
-            that could still become the start of a match. A search may take
-            ``detokenizer.REGEX_TIMEOUT_S`` seconds; one that backtracks catastrophically runs
-            past that, and its request is aborted with a message naming the pattern. At most
-            ``MAX_STOP_REGEXES`` patterns.
+            that could still become the start of a match. A pattern without anchors, word
+            boundaries, lookarounds or backreferences (``stop_automaton``) is read by an automaton,
+            at a cost per token that does not grow with the output; the others are searched
+            again each token, each search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
+            that backtracks catastrophically runs past that, and its request is aborted with a
+            message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.

@@ -265,7 +265,8 @@ def test_stop_regex_searches_only_where_a_match_may_still_begin():
     # may still begin, and the answers are a fresh matcher's over the whole text
     import random
 
-    pattern = r"\w+@\w+\.com"
+    # (\p{L}: a pattern stop_automaton does not represent, so the regex package searches it)
+    pattern = r"\p{L}+@\w+\.com"
     m = StopStringMatcher([], [pattern])
     starts: list[int] = []
     real = m._regexes[0]
@@ -430,9 +431,9 @@ def test_a_regex_given_up_by_one_sample_leaves_the_others_searching_the_rest(mon
     from lmnb_engine.detokenizer import StopRegexes
 
     monkeypatch.setattr(detokenizer, "REGEX_TIMEOUT_S", 0.01)
-    shared = StopRegexes(["END", "(x|x)+y"])
+    shared = StopRegexes(["END", "(x|x)+(?=y)"])  # (a lookahead: searched, not read by an automaton)
     first, second = StopStringMatcher([], shared), StopStringMatcher([], shared)
-    assert first.find("x" * 40, 39) is None and '"(x|x)+y" took over 0.01 s' in first.problem
+    assert first.find("x" * 40, 39) is None and '"(x|x)+(?=y)" took over 0.01 s' in first.problem
     assert second.problem == first.problem and shared.given_up == {1}
     assert second.find("abc END", 6) == (4, "END")
     assert second.safe_len("abc EN") == 0  # the given-up pattern might match anywhere it was not yet searched
@@ -477,3 +478,113 @@ def test_a_stop_regex_whose_end_assertion_fails_only_because_the_text_ends_is_he
         _, got, shown = stream(StopStringMatcher([], regexes), pieces)
         assert got == hit, (regexes, pieces)
         assert hit is None or all(len(s) <= hit[0] for s in shown), (regexes, pieces, shown)
+
+
+# Stop regexes that lmnb_engine.stop_automaton reads (no anchor, lookaround, backreference):
+# lazy and greedy repeats, bounded ones, alternation, classes, negated sets, flags, Unicode
+AUTOMATON_PATTERNS = [r"BEGIN[\s\S]*?END", r"B[\s\S]*E", r"ab*c|b", r"a[ab]*c|ba", r"\d+\.", r"a+b|a",
+                      r"(?:ab|ba){2,3}?c", r"[^\Wb]{2}x", r"(?i)é+[ß-ü]", r"(?i)STRASSE|straße", r"[ä-ö]\w*ü",
+                      r"\s+\n", r"(a|ab)(c|bcd)", r"x.{0,3}y", r"(?s)x.+?y", r"[^a\n]+\n", r"東京|京都",
+                      r"😀+\d", r"(?i:É)[^\d\s]", r"(x|x)+y", r"a{2}(?:b|)c?"]
+# ... and lazy repeats of a class that some character ends, which the regex package's partial search
+# still reports as open when that character is the text's last (safe_len held back one token more)
+LAZY_CLASS_PATTERNS = [r"[ä-ö]\w*?ü", r"x.+?y", r"a\d*?b"]
+# what their texts are made of: their own characters, and words that complete them
+AUTOMATON_ALPHABET = list("abcxyBEND1.é ÉßüÜöä\n東京都😀S") + ["BEGIN", "END", "straße", "STRASSE", "京都"]
+
+
+def _searched_only(patterns: list[str]):
+    """The request's StopRegexes with no automaton: every pattern searched by the regex package,
+    as before stop_automaton (the reference)."""
+    from lmnb_engine.detokenizer import StopRegexes
+
+    shared = StopRegexes(patterns)
+    shared.automata = [None] * len(patterns)
+    return shared
+
+
+def test_stop_regexes_read_by_an_automaton_stop_and_hold_back_as_searched_ones_do():
+    # Differential: a matcher reading its regexes with automata and one searching them are fed as
+    # the scheduler feeds them (random texts and tokenizations, the first tokens not checked as
+    # with min_new_tokens, rollbacks as with jump-forward): the same stop (cut and matched text),
+    # also the brute-force one where every token was checked; the same safe length after every
+    # token, but for a lazy class repeat's extra token (longer, never shorter), and no text shown
+    # that the stop then cut off.
+    from lmnb_engine.stop_automaton import automaton
+
+    assert all(automaton(p) is not None for p in AUTOMATON_PATTERNS + LAZY_CLASS_PATTERNS)
+    rng = random.Random(11)
+    hits = longer = 0
+    for _ in range(1500):
+        patterns = rng.sample(AUTOMATON_PATTERNS + LAZY_CLASS_PATTERNS, rng.randint(1, 3))
+        stops = rng.sample(["ab", "ü\n", "x1", "都"], rng.randint(0, 1))
+        read, searched = StopStringMatcher(stops, patterns), StopStringMatcher(stops, _searched_only(patterns))
+        text, checked, unchecked, rolled, shown = "", 0, rng.choice([0, 0, 0, 2, 5]), False, 0
+        for token in range(30):
+            if text and rng.random() < 0.05:
+                text, rolled = text[: rng.randrange(len(text))], True
+                checked = min(checked, len(text))
+            text += "".join(rng.choice(AUTOMATON_ALPHABET) for _ in range(rng.randint(1, 3)))
+            if token >= unchecked:
+                hit = read.find(text, checked)
+                assert hit == searched.find(text, checked), (patterns, stops, text, checked)
+                if hit is not None:
+                    hits += 1
+                    if not (stops or unchecked or rolled):
+                        assert hit == first_regex_stop_by_definition(patterns, text), (patterns, text)
+                    assert rolled or unchecked or shown <= hit[0], (patterns, stops, text, shown)
+                    break
+            checked = len(text)
+            safe, reference = read.safe_len(text), searched.safe_len(text)
+            if safe != reference:
+                assert safe > reference and set(patterns) & set(LAZY_CLASS_PATTERNS), (patterns, stops, text)
+                longer += 1
+            shown = max(shown, safe)
+    assert hits > 500 and 0 < longer < 200  # (the cases reach stops, not only open matches)
+
+
+def test_a_lazy_class_repeat_holds_back_only_what_may_still_begin_a_match():
+    # Worked by hand: r"a\d*?b" on "a1x": no text makes a match begin at 0 ("x" is neither a digit
+    # nor "b"), nor at 1 or 2, so nothing is held back. The regex package's partial search still
+    # reports a partial match at 0 while "x" is the text's last character (not once "y" follows),
+    # so the searched matcher held "a1x" back one token more.
+    import regex
+
+    assert regex.search(r"a\d*?b", "a1x", partial=True).partial  # (the package's answer, 2026.12)
+    assert StopStringMatcher([], [r"a\d*?b"]).safe_len("a1x") == 3
+    assert StopStringMatcher([], [r"a\d*?b"]).safe_len("a1") == 0
+    assert StopStringMatcher([], _searched_only([r"a\d*?b"])).safe_len("a1xy") == 4
+
+
+def test_an_open_stop_regex_match_is_not_searched_again_on_every_token():
+    # Each token searched r"BEGIN[\s\S]*?END" twice from "BEGIN" (find, then safe_len) while its
+    # match stayed open: time linear in the output per token (benches/results/
+    # 2026-12-05-cpu-stop-regex.md). The automaton reads each new character once; the regex package
+    # is called only for the match, once its end is known.
+    m = StopStringMatcher([], [r"BEGIN[\s\S]*?END"])
+    calls: list[str] = []
+    real = m._regexes[0]
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(real, name)
+
+    m._regexes[0] = m._shared.partial[0] = Spy()
+    text = "x BEGIN"
+    assert m.find(text, 0) is None and m.safe_len(text) == 2
+    for _ in range(300):
+        checked, text = len(text), text + " word"
+        assert m.find(text, checked) is None and m.safe_len(text) == 2
+    assert calls == []
+    assert m.find(text + " END!", len(text)) == (2, text[2:] + " END")
+    assert calls == ["finditer"]
+
+
+def test_a_stop_regex_the_automaton_reads_is_not_given_up_for_backtracking():
+    # r"(x|x)+y" on 40 x's backtracks ~2**40 steps: its search was given up past REGEX_TIMEOUT_S
+    # and the request aborted, though the pattern is a plain one ("x+y"); read by the automaton it
+    # is never backtracked over, and stops at its match as a search does
+    m = StopStringMatcher([], [r"(x|x)+y"])
+    assert m.find("x" * 40, 39) is None and m.safe_len("x" * 40) == 0 and m.problem is None
+    assert m.find("x" * 40 + "y", 40) == (0, "x" * 40 + "y")

@@ -1,0 +1,245 @@
+"""Incremental matching of the stop regexes a finite automaton can represent.
+
+``StopStringMatcher`` must know, after each token, whether the output holds a stop regex's match
+and where a match may still begin (what streaming holds back). The ``regex`` package answers both
+only by searching again from where a match may begin, so while a match stays open
+(``BEGIN[\\s\\S]*?END`` after "BEGIN") each token cost time linear in the output's length. A
+pattern made only of characters, classes, concatenation, alternation, groups and repeats (greedy
+or lazy: the language, the set of strings it matches, is the same) is a regular language, and an
+automaton reads each new character in time bounded by the pattern's size instead.
+
+The automaton is Glushkov's position automaton (V. M. Glushkov, "The abstract theory of
+automata", 1961; as in Navarro & Raffinot, "Flexible Pattern Matching in Strings", 2002): one state
+per character position of the pattern, no empty transitions. It is read unanchored, a thread
+starting at every character, and threads in the same position are merged keeping the earliest
+start (their futures are the same). So after each character it tells whether some match ends
+there, and the earliest start whose thread is still alive: where the ``regex`` package's partial
+search, given a text holding no match, finds its partial match. Subsets of threads become states
+of a deterministic automaton built as characters come (subset construction, cached).
+
+The pattern's structure is read by Python's own parser (``re._parser``): a pattern it reads
+differently from the ``regex`` package, or with anything else (anchors, lookarounds,
+backreferences, atomic groups, possessive repeats, verbose mode, ``regex``-only syntax such as
+``\\p{L}``) gets no automaton, and is searched as before. Which characters each position accepts is
+decided by the ``regex`` package itself (a one-character pattern of its own, with the pattern's
+flags), so ``\\d``, ``\\w`` and case-insensitive matching mean what they mean in the whole pattern.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from typing import Any
+
+try:
+    from re import _parser as _sre  # Python 3.11+
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre  # type: ignore[no-redef]
+
+# Positions (pattern characters, repeats written out) above which a pattern gets no automaton:
+# each character read costs up to this many look-ups until its transition is cached.
+MAX_POSITIONS = 256
+# Cached transitions per automaton; past this the cache starts over (a text of many distinct
+# characters would otherwise grow it without bound).
+_CACHE_LIMIT = 1 << 13
+
+# A state: per start still alive, earliest first, the positions its threads are in (disjoint sets);
+# the state before any character holds no thread
+State = tuple[frozenset[int], ...]
+_NO_THREAD: State = ()
+
+_CATEGORIES = {"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_SPACE": r"\s",
+               "CATEGORY_NOT_SPACE": r"\S", "CATEGORY_WORD": r"\w", "CATEGORY_NOT_WORD": r"\W"}
+
+
+class _Unsupported(Exception):
+    """The pattern holds something the automaton does not represent."""
+
+
+def _char(code: int) -> str:
+    return f"\\U{code:08x}"
+
+
+class StopAutomaton:
+    """The position automaton of one stop regex, read unanchored (see the module's docstring).
+
+    ``step`` reads one character (a ``State``).
+
+    Args:
+        pattern: a stop regex (``SamplingParams.stop_regex``, checked there).
+
+    Raises:
+        _Unsupported: the pattern holds something the automaton does not represent.
+    """
+
+    def __init__(self, pattern: str) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "possible nested set": the regex package reads "[[" otherwise
+            try:
+                parsed = _sre.parse(pattern)
+            except (re.error, Warning) as e:
+                raise _Unsupported(str(e)) from None
+        flags = parsed.state.flags
+        if flags & (re.VERBOSE | re.LOCALE):
+            raise _Unsupported("verbose or locale mode")
+        self._leaves: list[Any] = []  # per position: a compiled one-character pattern
+        self._follow: list[set[int]] = []
+        nullable, first, last = self._sequence(list(parsed), flags)
+        if nullable:
+            raise _Unsupported("matches the empty string")  # (refused by SamplingParams already)
+        self._first = frozenset(first)
+        self._last = frozenset(last)
+        self._follow_sets = [frozenset(f) for f in self._follow]
+        self._cache: dict[tuple[State, str], tuple[State, tuple[int, ...], bool]] = {}
+
+    # -- construction: each returns (nullable, first positions, last positions) and adds follow links
+
+    def _leaf(self, pattern: str, flags: int) -> tuple[bool, set[int], set[int]]:
+        import regex
+
+        if len(self._leaves) >= MAX_POSITIONS:
+            raise _Unsupported(f"over {MAX_POSITIONS} positions")
+        rx_flags = ((regex.IGNORECASE if flags & re.IGNORECASE else 0) | (regex.DOTALL if flags & re.DOTALL else 0)
+                    | (regex.ASCII if flags & re.ASCII else 0))
+        self._leaves.append(regex.compile(pattern, rx_flags))
+        self._follow.append(set())
+        p = len(self._leaves) - 1
+        return False, {p}, {p}
+
+    def _concat(self, a: tuple[bool, set[int], set[int]], b: tuple[bool, set[int], set[int]]):
+        for p in a[2]:
+            self._follow[p] |= b[1]
+        return a[0] and b[0], a[1] | b[1] if a[0] else a[1], b[2] | a[2] if b[0] else b[2]
+
+    def _sequence(self, items: list, flags: int) -> tuple[bool, set[int], set[int]]:
+        result: tuple[bool, set[int], set[int]] = (True, set(), set())
+        for op, av in items:
+            result = self._concat(result, self._item(op.name, av, flags))
+        return result
+
+    def _item(self, name: str, av: Any, flags: int) -> tuple[bool, set[int], set[int]]:
+        if name == "LITERAL":
+            return self._leaf(_char(av), flags)
+        if name == "NOT_LITERAL":
+            return self._leaf(f"[^{_char(av)}]", flags)
+        if name == "ANY":
+            return self._leaf(".", flags)
+        if name == "IN":
+            return self._leaf(self._set(av), flags)
+        if name == "SUBPATTERN":
+            _, add, remove, sub = av
+            return self._sequence(list(sub), (flags | add) & ~remove)
+        if name == "BRANCH":
+            options = [self._sequence(list(sub), flags) for sub in av[1]]
+            return (any(o[0] for o in options), set().union(*(o[1] for o in options)),
+                    set().union(*(o[2] for o in options)))
+        if name in ("MAX_REPEAT", "MIN_REPEAT"):  # greedy or lazy: the same strings match
+            low, high, sub = av
+            unbounded = high == _sre.MAXREPEAT
+            if low > MAX_POSITIONS or (not unbounded and high > MAX_POSITIONS):
+                raise _Unsupported(f"a repeat over {MAX_POSITIONS}")
+            result: tuple[bool, set[int], set[int]] = (True, set(), set())
+            for _ in range(low):
+                result = self._concat(result, self._sequence(list(sub), flags))
+            for _ in range(1 if unbounded else high - low):  # optional copies: x{1,3} is x(x)?(x)?
+                _, first, last = self._sequence(list(sub), flags)
+                if unbounded:
+                    for p in last:
+                        self._follow[p] |= first
+                result = self._concat(result, (True, first, last))
+            return result
+        raise _Unsupported(name)  # AT, ASSERT, ASSERT_NOT, GROUPREF, ATOMIC_GROUP, POSSESSIVE_REPEAT, ...
+
+    @staticmethod
+    def _set(items: list) -> str:
+        parts = []
+        for op, av in items:
+            if op.name == "NEGATE":
+                parts.append("^")
+            elif op.name == "LITERAL":
+                parts.append(_char(av))
+            elif op.name == "RANGE":
+                parts.append(f"{_char(av[0])}-{_char(av[1])}")
+            elif op.name == "CATEGORY" and av.name in _CATEGORIES:
+                parts.append(_CATEGORIES[av.name])
+            else:
+                raise _Unsupported(f"{op.name} in a set")
+        return "[" + "".join(parts) + "]"
+
+    # -- reading
+
+    def step(self, state: State, ch: str) -> tuple[State, tuple[int, ...], bool]:
+        """Read ``ch``: returns the new state, for each of its threads the index of the thread it
+        comes from in ``state`` (-1: the thread that starts at ``ch``), and whether a match ends
+        with ``ch``."""
+        key = (state, ch)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._transition(state, ch)
+            if len(self._cache) > _CACHE_LIMIT:
+                self._cache.clear()
+        return hit
+
+    def _transition(self, state: State, ch: str) -> tuple[State, tuple[int, ...], bool]:
+        taken: set[int] = set()
+        threads, origins = [], []
+        for origin, positions in [*enumerate(state), (-1, None)]:  # (-1: the thread starting at ch)
+            if positions is None:
+                reachable = self._first
+            else:
+                reachable = frozenset().union(*(self._follow_sets[p] for p in positions))
+            # (a position an earlier start reached already: the earlier start is kept)
+            now = frozenset(q for q in reachable - taken if self._leaves[q].fullmatch(ch))
+            if now:
+                threads.append(now)
+                origins.append(origin)
+                taken |= now
+        return tuple(threads), tuple(origins), not self._last.isdisjoint(taken)
+
+
+@functools.lru_cache(maxsize=64)
+def automaton(pattern: str) -> StopAutomaton | None:
+    """The pattern's ``StopAutomaton``, or None where it cannot represent the pattern (see the
+    module's docstring); cached, so requests with the same stop regex share its transitions."""
+    try:
+        return StopAutomaton(pattern)
+    except _Unsupported:
+        return None
+
+
+class AutomatonRun:
+    """One text's reading by a ``StopAutomaton``, extended as the text grows; a text that does not
+    extend the last one read (a rollback) is read again from its start.
+
+    Attributes:
+        first_end: the end (exclusive index) of the text's first match to end, None if it holds none.
+        live_start: where the earliest match that may still complete begins (``len(text)``:
+            nowhere); meaningful while ``first_end`` is None.
+    """
+
+    def __init__(self, automaton_: StopAutomaton) -> None:
+        self._automaton = automaton_
+        self._text = ""
+        self._state = _NO_THREAD
+        self._starts: list[int] = []
+        self.first_end: int | None = None
+
+    def read(self, text: str) -> None:
+        """Read what ``text`` adds to the last text read (all of it where it does not extend it)."""
+        if not text.startswith(self._text):
+            self._text, self._state, self._starts, self.first_end = "", _NO_THREAD, [], None
+        if self.first_end is None:
+            state, starts, step = self._state, self._starts, self._automaton.step
+            for i in range(len(self._text), len(text)):
+                state, origins, ends = step(state, text[i])
+                starts = [starts[j] if j >= 0 else i for j in origins]
+                if ends:  # (the text is read no further: the caller searches it from here on)
+                    self.first_end = i + 1
+                    break
+            self._state, self._starts = state, starts
+        self._text = text
+
+    def live_start(self, length: int) -> int:
+        """Where the earliest still-open match begins, ``length`` (the text's) if none is open."""
+        return self._starts[0] if self._starts else length
