@@ -396,6 +396,33 @@ def test_a_setup_container_only_a_called_function_changes_in_place_is_noted_as_c
     assert not [n for n in p.notes if "cache" in n]  # (no row calls remember)
 
 
+@pytest.mark.parametrize("row, kind", [
+    ("a()\nb()\nn = str(stats)", "is changed by the rows' calls"),
+    ("stats['row'] = q\na()\nb()\nn = str(stats)", "is changed in place per row too"),
+])
+def test_a_setup_object_functions_of_two_cells_change_gets_one_note_naming_both(row, kind):
+    # stats got two notes, "cell 1: stats, ..." and "cell 2: stats, ...", each naming one cell
+    nb = notebook("import lmnb\nstats = {'calls': 0}\ndef a():\n    stats['calls'] += 1",
+                  "def b():\n    stats['calls'] += 10", 'q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=2}", row,
+                  "%%lm --temperature 0\n{n}{gen z max_tokens=1}")
+    _, p = export_notebook(nb)
+    notes = [n for n in p.notes if "stats" in n]
+    assert len(notes) == 1 and notes[0].startswith(
+        f"cells 1, 2: stats, which functions of these cells (run once) change in place, {kind}")
+
+
+def test_a_global_functions_of_two_cells_set_gets_one_note_naming_both():
+    nb = notebook("count = 0\ndef a():\n    global count\n    count += 1",
+                  "def b():\n    global count\n    count += 10", 'q = "A"',
+                  "%%lm --temperature 0\n{q}{gen x max_tokens=2}", "a()\nb()\nn = str(count)",
+                  "%%lm --temperature 0\n{n}{gen z max_tokens=1}")
+    _, p = export_notebook(nb)
+    assert [n for n in p.notes if "count" in n] == [
+        "cells 1, 2: count, which functions of these cells (run once) set by `global`, is set per row too (a cell that "
+        "runs per row sets it, or calls a function that does): the job keeps one count, the script's global, as the "
+        f"notebook does, which the rows share, {importlib.import_module('lmnb.export.plan')._RACE}"]
+
+
 @pytest.mark.parametrize("setup, noted", [
     ("import re\ncache = re.compile(r'a+')\ndef remember(k, v):\n    return cache.sub('a', v)", False),
     ("cache = {'A': 1}\ndef remember(k, v):\n    return cache.get(k, 0)", False),

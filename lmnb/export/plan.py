@@ -223,33 +223,63 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
             p.notes.append(f"cell {c.index}: a function of this cell, which runs per row, sets {shown} by `global`: "
                            f"the rows share the script's globals, {_RACE}")
     changed_too = set().union(*(set(c.mutates) for c in row if isinstance(c, (Code, LMCell))))
-    for c in setup:
-        names = [n for n in dict.fromkeys(n for f in called if f[0] == c.index for n in f[4])
-                 if n in changed and n in module and n not in p.inputs]
-        # (alone, a call that may change it is no change to note: PAT.sub(...), cache.get(k))
-        surely = {n for f in called if f[0] == c.index for n in f[5]}
-        for both, why in ((True, "is changed in place per row too (a cell that runs per row changes it, and calls "
-                                 "the function): the job keeps one {shown}, the script's, as the notebook does, not a "
-                                 "copy per row"),
-                          (False, "is changed by the rows' calls: the job keeps one {shown}, the script's, where each "
-                                  "pass of the notebook starts from the set-up's (a memo cache gives the same results "
-                                  "either way)")):
-            shown = ", ".join(n for n in names if (n in changed_too) == both and (both or n in surely))
-            if shown:
-                p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) changes in place, "
-                               + why.format(shown=shown)
-                               + f": what one row changes, the next row sees, and the rows share it, {_RACE}")
-    for c in setup:
-        shown = ", ".join(n for n in getattr(c, "declared_globals", ()) if n in declared and n in p.restored + p.shared)
-        if shown:
-            p.notes.append(f"cell {c.index}: {shown}, which a function of this cell (run once) sets by `global`, is "
-                           "set per row too (a cell that runs per row sets it, or calls a function that does): the job "
-                           f"keeps one {shown}, the script's global, as the notebook does, which the rows share, {_RACE}")
+    # (one note per object, naming every set-up cell whose called functions change it: one per cell said it twice)
+    changers = _cells_of(called, 4, lambda n: n in changed and n in module and n not in p.inputs)
+    surely = {n for f in called for n in f[5]}  # (alone, a call that may change it is no change to note: PAT.sub(...))
+    for both, why in ((True, "is changed in place per row too (a cell that runs per row changes it, and calls "
+                             "the function): the job keeps one {shown}, the script's, as the notebook does, not a "
+                             "copy per row"),
+                      (False, "is changed by the rows' calls: the job keeps one {shown}, the script's, where each "
+                              "pass of the notebook starts from the set-up's (a memo cache gives the same results "
+                              "either way)")):
+        for where, names in _grouped({n: cs for n, cs in changers.items()
+                                      if (n in changed_too) == both and (both or n in surely)}):
+            shown = ", ".join(names)
+            p.notes.append(f"{where}: {shown}, which {_functions_of(where)} (run once) {_verb('change', where)} in "
+                           "place, " + why.format(shown=shown)
+                           + f": what one row changes, the next row sees, and the rows share it, {_RACE}")
+    setters = _cells_of(called, 3, lambda n: n in p.restored + p.shared)
+    for where, names in _grouped(setters):
+        shown = ", ".join(names)
+        p.notes.append(f"{where}: {shown}, which {_functions_of(where)} (run once) {_verb('set', where)} by `global`, "
+                       "is set per row too (a cell that runs per row sets it, or calls a function that does): the job "
+                       f"keeps one {shown}, the script's global, as the notebook does, which the rows share, {_RACE}")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
             p.notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
     return p
+
+
+def _cells_of(called: list, at: int, wanted) -> dict:
+    """Name → the set-up cells (indexes, in order) whose ``called`` functions (``_called``) list it
+    at item ``at`` of their entry (3: set by ``global``, 4: changed in place), for the names
+    ``wanted`` (a test) lets through, in order of first mention."""
+    out: dict = {}
+    for index, _, _, *entry in called:
+        for n in entry[at - 3]:
+            if wanted(n) and index not in out.setdefault(n, []):
+                out[n].append(index)
+    return out
+
+
+def _grouped(cells_of: dict) -> list:
+    """[(where: "cell 1" or "cells 1, 3", the names of ``cells_of`` (name → cell indexes) that those
+    cells, and only they, hold)], in order of each group's first name."""
+    groups: dict = {}
+    for name, cells in cells_of.items():
+        groups.setdefault(tuple(cells), []).append(name)
+    return [(f"cell{'s' * (len(cells) > 1)} {', '.join(map(str, cells))}", names) for cells, names in groups.items()]
+
+
+def _functions_of(where: str) -> str:
+    """"a function of this cell", or "functions of these cells" where ``where`` names several."""
+    return "functions of these cells" if where.startswith("cells") else "a function of this cell"
+
+
+def _verb(verb: str, where: str) -> str:
+    """``verb`` as said of ``_functions_of(where)``: "changes", or "change" for several cells' functions."""
+    return verb if where.startswith("cells") else verb + "s"
 
 
 def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
