@@ -682,6 +682,11 @@ def test_a_kept_global_is_deleted_after_a_per_row_star_import_only_where_the_row
     ("", ["from math import *", "if True: del pow  # c\nr = str(pow(2, 2))"]),  # (after it on its line)
     ("pow = 5", ["from math import *\ndel pow\nr = str(pow(2, 2))"]),  # (the set-up's value is deleted too)
     ("from math import *", ["pi = 3\nlen = 3\ndel pi, len\nr = str(len('ab'))"]),  # (no star import per row)
+    # (bound to the builtin itself first: job.deletable took that for no pow at all and raised NameError)
+    ("import builtins", ["pow = builtins.pow\ndel pow\nr = str(pow(2, 2))"]),
+    ("import builtins", ["pow = builtins.pow", "del pow\nr = str(pow(2, 2))"]),
+    ("import builtins\npow = builtins.pow", ["del pow\nr = str(pow(2, 2))"]),
+    ("import builtins", ["from math import *\npow = builtins.pow\ndel pow\nr = str(pow(2, 2))"]),
 ])
 def test_a_del_of_a_builtins_name_in_a_row_cell_gives_the_builtin_back(tmp_path, monkeypatch, setup, cells):
     # the notebook's `del pow` removes its global, so that pow(2, 2) finds the builtin; run_row's

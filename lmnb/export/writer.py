@@ -265,6 +265,7 @@ class _Writer:
         # (and the kept globals that the cells run once bind whatever ran: job.restore binds them)
         setup = [s for c in p.setup if isinstance(c, Code) for s in ast.parse(c.source).body]
         sure |= set(p.restored) & _surely_bound(setup)
+        defined = _surely_bound(setup)  # (the notebook's globals bound whatever ran: a `del` of one is no NameError)
         if p.star_names or p.rebound_builtins:
             names = (*p.star_names, *p.rebound_builtins)
             lines = ["# set by no cell, but a star import below may, or builtins that a cell below binds: the row's "
@@ -281,13 +282,15 @@ class _Writer:
                                  f"{_INDENT}del {name}")
             body.append("\n".join(lines))
         for i, cell in enumerate(p.row):
-            body.append(self.row_cell(cell, bound, sure, p.row[i + 1:]))
+            body.append(self.row_cell(cell, bound, sure, p.row[i + 1:], frozenset(defined)))
             if isinstance(cell, Code):
                 bound += [name for name in cell.assigns if name not in p.shared]
                 sure = _surely_bound(ast.parse(cell.source).body, sure)
+                defined = _surely_bound(ast.parse(cell.source).body, defined)
             elif isinstance(cell, LMCell):
                 bound += [name for name in self.lm_sets(cell) if name not in p.shared]
                 sure |= set(self.lm_sets(cell))
+                defined |= set(self.lm_sets(cell))
         text = "\n\n".join(indent_code(b) for b in body)
         return f"def {n.run_row}({', '.join(p.inputs)}):\n{text}"
 
@@ -295,9 +298,10 @@ class _Writer:
         """The variables run_row binds after a ``%%lm`` cell: its captures read later, its ``--out``."""
         return [*self.p.binds[cell.index], *([cell.options.out] if cell.options.out else [])]
 
-    def row_cell(self, cell, bound: list, sure: set, later: list) -> str:
+    def row_cell(self, cell, bound: list, sure: set, later: list, defined: frozenset = frozenset()) -> str:
         """A cell of run_row. ``bound``: the variables run_row binds before it; ``sure``: those of
-        them that it binds whatever ran (not only in an ``if``); ``later``: the row cells after it
+        them that it binds whatever ran (not only in an ``if``); ``defined``: the notebook's globals
+        bound whatever ran before it (``_builtins_back``); ``later``: the row cells after it
         (``star_values``)."""
         if isinstance(cell, Markdown):
             return _markdown(cell)
@@ -305,7 +309,7 @@ class _Writer:
             return f"# -- cell {cell.index}: {cell.first_line} -- dropped: {cell.reason}"
         if isinstance(cell, Code):
             source = _strip_examples(cell, self.p.strip.get(cell.index, set()))
-            lines = _builtins_back(cell.source, source.split("\n"), self.names.job, self.p.shared)
+            lines = _builtins_back(cell.source, source.split("\n"), self.names.job, self.p.shared, defined)
             later_reads, later_binds = set(), set()
             for c in later:
                 if isinstance(c, Code):  # (a `del` needs the variable bound: the import's value)
@@ -467,22 +471,31 @@ def _star_imports(cell: Code, sure: frozenset = frozenset()) -> list:
     return out
 
 
-def _builtins_back(original: str, lines: list, job: str, shared: tuple) -> list:
+def _builtins_back(original: str, lines: list, job: str, shared: tuple, bound: frozenset = frozenset()) -> list:
     """``lines`` (the cell's, from ``original``) with each ``del`` of a builtin's name (``del pow``
     after ``from math import *``) followed by giving run_row's variable the builtin again: the
     notebook's ``del`` removes its global, so that a later read finds the builtin, where run_row's
     variable was left unbound (UnboundLocalError). Before it, ``Job.deletable`` raises the
     notebook's NameError where its global is unbound (run_row's variable holds the builtin: a second
     ``del pow``). Not in functions and classes (their own variables), nor for the names run_row
-    declares ``global`` (``shared``: the ``del`` removes the global, as in the notebook)."""
+    declares ``global`` (``shared``: the ``del`` removes the global, as in the notebook). ``bound``:
+    the names the notebook has bound whatever ran before the cell (``_surely_bound``); a name bound
+    so before the ``del``, or by the cell's statements above it, gets no ``Job.deletable`` check, which
+    cannot tell ``pow = builtins.pow`` from no pow at all."""
     edits = []  # (line, column, text put there)
-    for node in _in_scope(ast.parse(original).body):
-        if isinstance(node, ast.Delete):
+    body = ast.parse(original).body
+    for i, statement in enumerate(body):
+        bound_here = _surely_bound(body[:i], bound)  # (a del inside the statement: what is bound above it)
+        for node in _in_scope([statement]):
+            if not isinstance(node, ast.Delete):
+                continue
             names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in _BUILTINS and t.id not in shared]
             if names:
                 shown = ", ".join(map(repr, names))
-                # (on the statement's line, before and after it: within an `if x: del pow` too)
-                edits.append((node.lineno, node.col_offset, f"{job}.deletable(locals(), {shown}); "))
+                checked = [n for n in names if n not in bound_here]
+                if checked:  # (on the statement's line, before and after it: within an `if x: del pow` too)
+                    edits.append((node.lineno, node.col_offset,
+                                  f"{job}.deletable(locals(), {', '.join(map(repr, checked))}); "))
                 edits.append((node.end_lineno, node.end_col_offset,
                                f"; {', '.join(names)}{',' * (len(names) == 1)} = {job}.star_start((), {shown})"))
     original_lines = original.split("\n")
