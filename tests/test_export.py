@@ -547,6 +547,15 @@ def test_a_global_a_setup_function_sets_in_a_row_starts_each_row_from_the_setup_
     assert "restore" not in source and p.notes == []
 
 
+def test_a_global_a_setup_function_sets_but_the_setup_never_called_starts_each_row_unbound(tmp_path, monkeypatch):
+    # job.keep kept only the names the set-up had bound, so the g that row 1's setg() set was still
+    # there for row 2, which read 5 where each pass of the notebook reads no g before its call
+    prompts, r, _, source = _job_and_notebook(tmp_path, monkeypatch, _SETG, [
+        "try:\n    r = str(g)\nexcept NameError:\n    r = 'none'\nsetg()"])
+    assert r == "none" and "job.keep(globals(), 'g')" in source
+    assert prompts == ["B", r, "C", r]
+
+
 def _notebook_passes(setup: str, cells: list, rows: list) -> list:
     """``r`` as each pass of the notebook gives it, one for each of ``rows`` ({"q": ...}): ``setup``,
     then the row's q (set after cell 1), then the Python ``cells`` in order, in a namespace of its own."""

@@ -308,14 +308,19 @@ class Job:
         holds for ``names``: those that a function the cells run per row call sets by ``global``
         (a counter), or that a function sets so and those cells set too, one variable the rows
         share; ``restore`` gives them back at the start of each row, as each pass of the notebook
-        starts from them. A name ``namespace`` lacks is not kept."""
-        self._kept = {name: namespace[name] for name in names if name in namespace}
+        starts from them. A name ``namespace`` lacks is kept as unbound: ``restore`` deletes it (a
+        global that a set-up function sets but the cells run once never called; a name that only
+        a per-row star import sets, ``pi``, which a set-up function reads)."""
+        self._kept = {name: namespace.get(name, UNBOUND) for name in names}
 
     def restore(self, namespace: dict) -> None:
         """Set the names ``keep`` kept in ``namespace`` to a copy of their kept values (``row_copy``:
-        what a row changes in place is its own)."""
+        what a row changes in place is its own), and delete those kept as unbound."""
         for name, value in self._kept.items():
-            namespace[name] = row_copy(value)
+            if value is UNBOUND:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = row_copy(value)
 
     def _parser(self) -> argparse.ArgumentParser:
         return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model,
