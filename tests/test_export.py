@@ -2072,38 +2072,37 @@ def test_the_warning_comes_also_when_the_row_reads_nothing_else_the_star_import_
                         "run once set, in every row; pass pi to it as an argument"]
 
 
-@pytest.mark.parametrize("setup, cells, where, function, name", [
-    ("", ["a = f()\nfrom math import *\nr = a + ' ' + f()"], "cell 3, line 1", "f", "pow"),
-    ("", ["a = g()", "from math import *\nr = a + ' ' + f()"], "through g, cell 3, line 1", "f", "pow"),  # (g calls f)
+@pytest.mark.parametrize("setup, cells, function, name", [
+    ("", ["a = f()\nfrom math import *\nr = a + ' ' + f()"], "f", "pow"),
+    ("", ["a = g()", "from math import *\nr = a + ' ' + f()"], "f", "pow"),  # (g calls f)
     # (the set-up's star import gave h cmath's sqrt, which the row's replaces)
-    ("from cmath import *", ["a = h()", "from math import *\nr = a + ' ' + h()"], "cell 3, line 1", "h", "sqrt"),
+    ("from cmath import *", ["a = h()", "from math import *\nr = a + ' ' + h()"], "h", "sqrt"),
+    # (a name only the import sets: a NameError above it, in the notebook; the job's read math's pi)
+    ("", ["try:\n    a = k()\nexcept NameError as e:\n    a = str(e)", "from math import *\nr = a + ' ' + k()"],
+     "k", "pi"),
 ])
-def test_a_setup_function_a_row_uses_above_a_per_row_star_import_of_a_name_it_reads_is_warned_of(
-        tmp_path, monkeypatch, capsys, setup, cells, where, function, name):
+def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_notebooks_does(
+        tmp_path, monkeypatch, capsys, setup, cells, function, name):
     # the script makes the row's star import at module level, so the set-up's f read math's pow from
     # the start of each row, where the notebook's read the builtin (or cmath's) above the import: the
-    # job gave "8.0 8.0" for the notebook's "8 8.0", without a word. The rows run at once and share
-    # the script's globals, so a row cannot give f another pow until its import: the job warns.
+    # job gave "8.0 8.0" for the notebook's "8 8.0" (and warned). Now such a name is the script's global,
+    # which each row starts without (Job.restore) and run_row sets at the import, as the notebook has it
+    define = ("def f():\n    return str(pow(2, 3))\ndef g():\n    return f()\ndef h():\n    return str(sqrt(4))\n"
+              "def k():\n    return str(pi)")
+    prompts, r, p, source = _job_and_notebook(tmp_path, monkeypatch, f"{setup}\n{define}", cells, run_setup=[])
+    assert r in ("8 8.0", "(2+0j) 2.0", f"name 'pi' is not defined {__import__('math').pi}")
+    assert prompts == ["B", r, "C", r]  # (two rows, one at a time: each starts without math's value)
+    assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert p.star_globals == (name, "str") and f"job.keep(globals(), {name!r}, 'str')" in source
+    assert [n for n in p.notes if n.startswith("cell 1:")] == [
+        f"cell 1: {name}, str, which a function of this cell (run once) reads and the rows use above a per-row star "
+        f"import, may be set by that import: the job sets the script's global {name}, str there, as the notebook "
+        f"does, and each row starts from what the cells run once left, "
+        f"{importlib.import_module('lmnb.export.plan')._RACE}"]
     import math
 
     from helpers_export import write_rows
 
-    define = "def f():\n    return str(pow(2, 3))\ndef g():\n    return f()\ndef h():\n    return str(sqrt(4))"
-    nb = notebook(f'{setup}\n{define}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
-                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
-    source, _ = export_notebook(nb)
-    notebook_ns = {}  # the Python cells in order, as the notebook runs them
-    for code in [setup, define, *cells]:
-        exec(code, notebook_ns)
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]), 0)
-    value = {"pow": str(math.pow(2, 3)), "sqrt": str(math.sqrt(4))}[name]
-    assert notebook_ns["r"] != prompts[1] == f"{value} {value}"  # (math's in all the row)
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
-    assert warnings == [f"lmnb batch: warning: {function} (cell 1) reads {name}, which the per-row `from math import *` "
-                        f"sets, and the row uses {function} above that import ({where}): in the notebook {function} "
-                        f"read the {name} it had before the import there, in this job it reads math's {name} from the "
-                        f"start of every row; pass {name} to {function} as an argument, or use `import math` and "
-                        f"math.{name} instead of the star import"]
     # used below the import only, f reads math's pow there in the job too: no warning
     nb = notebook(f'{define}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
                   "a = str(pow(2, 3))\nfrom math import *\nr = a + ' ' + f()", "%%lm --temperature 0\n{r}{gen z}")

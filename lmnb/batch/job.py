@@ -189,6 +189,18 @@ def star_values(module: str, bound: dict, /, *names: str) -> tuple:
     return tuple(values[name] if name in values else bound.get(name, UNBOUND) for name in names)
 
 
+def star_globals(module: str, namespace: dict, /, *names: str) -> None:
+    """Set those of ``names`` that ``from module import *`` binds in ``namespace`` (the script's
+    globals) to the module's values, where a per-row cell makes the import: the names that a
+    function of the cells run once reads and that the row's cells above the import left as the
+    notebook had them (``Job.restore``: unbound, or the builtin). The others stay as they are.
+
+    Raises:
+        ImportError: the module cannot be imported (``star_import`` failed first)."""
+    values = _star_names(module)
+    namespace.update((name, values[name]) for name in names if name in values)
+
+
 def _settings_value(value: Any) -> Any:
     """``Job.settings``' JSON for a value JSON has not: a set as a list in a fixed order (its own
     order, and so its repr, changes from one process to the next for strings: a rerun with the
@@ -280,6 +292,7 @@ class Job:
     star_import = staticmethod(star_import)
     star_start = staticmethod(star_start)
     star_values = staticmethod(star_values)
+    star_globals = staticmethod(star_globals)
     deletable = staticmethod(deletable)
     UNBOUND = UNBOUND
 

@@ -70,6 +70,10 @@ class Plan:
     ``global`` and bind: each row starts from the value the setup cells left (``Job.keep``), as
     each pass of the notebook does, where the next row read on from what the last one set; but
     those the setup cells set to None or False, made on first use (``_made_on_first_use``).
+    star_globals: where a row cell star-imports, the names that no cell binds (pi; a builtin such as
+    pow) that a function of a setup cell the row uses above that import reads: the script's globals,
+    which each row starts from as the setup cells left them (``restored``: unbound, the builtin's),
+    and which the row's import sets from its line on (``Job.star_globals``), as the notebook's.
     jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a
     name of its own to them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
     the module-level names that function (or class) of a setup cell reads: it reads the script's
@@ -78,7 +82,8 @@ class Plan:
     uses it above its last star import: "cell 3, line 1", or "through g, cell 3, line 1" for a setup
     function g that reads f; the names but the module-level ones that f reads): the script makes the
     import before the rows, so f reads the module's names from the start of every row (the job warns
-    when the import sets one: ``Job.star_import``), where the notebook's read them from the import on.
+    when the import sets one: ``Job.star_import``), where the notebook's read them from the import on;
+    but the names of ``star_globals``.
     """
 
     cells: list
@@ -95,6 +100,7 @@ class Plan:
     star_names: tuple = ()
     rebound_builtins: tuple = ()
     shared: tuple = ()
+    star_globals: tuple = ()
     restored: tuple = ()
     texts: tuple = ()
     types: dict = field(default_factory=dict)
@@ -183,6 +189,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     # what a call set; that of a function the row does not call stays the row's own, which rows do not share)
     called = _called(functions, row)
     declared = tuple(dict.fromkeys(n for f in called for n in f[3]))
+    module, lazy = _module_names(setup, parameters), _made_on_first_use(setup)
+    star = any(isinstance(c, Code) and c.star_imports for c in row)
     p.shared = _shared(row, declared, p.inputs)
     # (a set-up container that such a function changes in place is the script's one object in the row's cells
     # too, as in the notebook: a row's copy hid what a call changed, and the calls missed what the cells changed)
@@ -194,12 +202,15 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
                                if n not in p.shared)
-    module, lazy = _module_names(setup, parameters), _made_on_first_use(setup)
-    p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared])
-                       if n in module and n not in p.inputs and n not in lazy)
-    if any(isinstance(c, Code) and c.star_imports for c in row):  # (also when its cells read no other name it sets)
+    if star:  # (also when its cells read no other name it sets)
         p.function_reads = _function_reads(functions, module)
-        p.early_reads = _early_reads(functions, row, module)
+        early = _early_reads(functions, row, module)
+        # (a name only the import may set: the script's global, which each row starts without and the import sets)
+        p.star_globals = _set_by_star_import_only(early, cells, p.inputs + parameters + p.jupyter)
+        p.early_reads = {f: (where, kept) for f, (where, names) in early.items()
+                         if (kept := tuple(n for n in names if n not in p.star_globals))}
+    p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared, *p.star_globals])
+                       if (n in module or n in p.star_globals) and n not in p.inputs and n not in lazy)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
                                      or n in p.star_names or n in p.rebound_builtins)
@@ -244,6 +255,12 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         p.notes.append(f"{where}: {shown}, which {_functions_of(where)} (run once) {_verb('set', where)} by `global`, "
                        "is set per row too (a cell that runs per row sets it, or calls a function that does): the job "
                        f"keeps one {shown}, the script's global, as the notebook does, which the rows share, {_RACE}")
+    for where, names in _grouped(_cells_of(called, 2, lambda n: n in p.star_globals)):
+        shown = ", ".join(names)
+        p.notes.append(f"{where}: {shown}, which {_functions_of(where)} (run once) {_verb('read', where)} and the rows "
+                       f"use above a per-row star import, may be set by that import: the job sets the script's global "
+                       f"{shown} there, as the notebook does, and each row starts from what the cells run once left, "
+                       f"{_RACE}")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
@@ -253,13 +270,13 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
 
 def _cells_of(called: list, at: int, wanted) -> dict:
     """Name → the set-up cells (indexes, in order) whose ``called`` functions (``_called``) list it
-    at item ``at`` of their entry (3: set by ``global``, 4: changed in place), for the names
-    ``wanted`` (a test) lets through, in order of first mention."""
+    at item ``at`` of their entry (2: read, 3: set by ``global``, 4: changed in place), for the
+    names ``wanted`` (a test) lets through, in order of first mention."""
     out: dict = {}
-    for index, _, _, *entry in called:
-        for n in entry[at - 3]:
-            if wanted(n) and index not in out.setdefault(n, []):
-                out[n].append(index)
+    for f in called:
+        for n in f[at]:
+            if wanted(n) and f[0] not in out.setdefault(n, []):
+                out[n].append(f[0])
     return out
 
 
@@ -635,6 +652,17 @@ def _early_reads(functions: list, row: list, module: set) -> dict:
         if names:
             out[f"{name} (cell {index})"] = ((f"through {entry}, " if name != entry else "") + uses[entry], names)
     return out
+
+
+def _set_by_star_import_only(early_reads: dict, cells: list, given: tuple) -> tuple:
+    """The names of ``early_reads`` (``_early_reads``) that no cell binds, nor ``given`` (row fields,
+    parameters and the like) holds, but lmnb and dunder names: a builtin (pow) or a name only a star
+    import sets (pi). The set-up function reads it as the script's global, which run_row then sets at
+    the row's star import and ``Job.restore`` takes back (to unbound, or the set-up's star import's
+    value) at each row's start, as each pass of the notebook has it (``Plan.star_globals``)."""
+    bound = set().union(*map(_cell_binds, cells)) | set(given) | {"lmnb"}
+    names = (n for _, reads in early_reads.values() for n in reads)
+    return tuple(n for n in dict.fromkeys(names) if n not in bound and not n.startswith("__"))
 
 
 def _used_above_star_imports(row: list) -> dict:

@@ -34,8 +34,8 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     parts = [w.docstring(notebook_name, script_name), _imports(p), w.job_line()]
     for cell in p.setup + [c for c in p.row if isinstance(c, LMCell)]:
         parts.append(w.module_cell(cell))
+    parts.append(w.keep())  # (before the star imports: a row starts without the names only they set)
     parts.append(w.star_imports())
-    parts.append(w.keep())
     parts.append(w.run_row())
     # Prefix hints trace each program once before the rows; a --python body is the user's own code,
     # whose side effects (a print, a file or API write) would run an extra time, on placeholders.
@@ -239,8 +239,8 @@ class _Writer:
         """The module-level line that keeps the values of ``Plan.restored`` (``Job.keep``); empty if none."""
         if not self.p.restored:
             return ""
-        return (f"# set by a function's `global`, and in each row: each row starts from the value the cells run once "
-                f"left\n{self.names.job}.keep(globals(), {', '.join(map(repr, self.p.restored))})")
+        return (f"# set in each row (by a function's `global`, or a row's star import): each row starts from the value "
+                f"the cells run once left\n{self.names.job}.keep(globals(), {', '.join(map(repr, self.p.restored))})")
 
     def run_row(self) -> str:
         n, p = self.names, self.p
@@ -250,7 +250,7 @@ class _Writer:
                f'{_INDENT}capture; an exception (a failed cell raises at its sync()) fails the row."""')
         body = [doc]
         if p.shared:  # (a cell's code and a function's `global` set one variable, as in the notebook)
-            body.append(f"global {', '.join(p.shared)}  # set by a function's `global` too: the script's, which rows "
+            body.append(f"global {', '.join(p.shared)}  # set or read by a function too: the script's, which rows "
                         "share")
         if p.restored:
             body.append(f"{n.job}.restore(globals())  # {', '.join(p.restored)}: as the cells run once left them")
@@ -328,7 +328,7 @@ class _Writer:
                 below = sorted((reads & binds) - set(known) - set(self.p.inputs) - set(self.p.shared))
                 names = list(dict.fromkeys([*fields, *known, *below]))
                 shared = self.p.shared
-                if not names and not shared:
+                if not names and not shared and not self.p.star_globals:
                     lines[star.last - 1] += "  <- made at module level, before run_row"
                     continue
                 # run_row's variables take the module's values, as the notebook's import set them
@@ -340,7 +340,11 @@ class _Writer:
                 if shared:  # (the script's globals in run_row: the module's value, else the global's)
                     values.append(f"{', '.join(shared)}{',' * (len(shared) == 1)} = {job}.star_values("
                                   f"{star.module!r}, globals(), {', '.join(map(repr, shared))})  # {star.statement}: "
-                                  "here its values of the globals that functions set")
+                                  "here its values of the globals that functions set or read")
+                if self.p.star_globals:  # (read by functions of the cells run once, which read the script's globals)
+                    values.append(f"{job}.star_globals({star.module!r}, globals(), "
+                                  f"{', '.join(map(repr, self.p.star_globals))})  # {star.statement}: here for the "
+                                  "functions of the cells run once")
                 for name in [*names, *shared]:
                     if name not in self.p.inputs and name not in star.above_sure:
                         values.append(f"if {name} is {job}.UNBOUND:  # (not bound here, and {star.module} has no "
