@@ -570,6 +570,51 @@ def _notebook_passes(setup: str, cells: list, rows: list) -> list:
     return out
 
 
+_COUNTED = ("calls = 0\ndef counted(f):\n    def wrapper(*a):\n        global calls\n        calls += 1\n"
+            "        return f(*a)\n    return wrapper\n")
+_BUMPED = "count = 0\ndef f():\n    global count\n    count += 1\n"
+
+
+@pytest.mark.parametrize("setup, cells", [
+    (_COUNTED + "@counted\ndef ask(x):\n    return x", ["ask(q)\nr = str(calls)"]),  # (a decorator's wrapper)
+    (_COUNTED + "def ask(x):\n    return x\nask = counted(ask)", ["ask(q)\nr = str(calls)"]),
+    (_COUNTED.replace("def counted(f):", "def counted(n):\n  def deco(f):").replace("\n    ", "\n      ")
+     .replace("calls += 1", "calls += n") + "  return deco\n@counted(2)\ndef ask(x):\n    return x",
+     ["ask(q)\nr = str(calls)"]),  # (a decorator made by a call)
+    (_BUMPED + "handlers = {'a': f}", ["handlers['a']()\nr = str(count)"]),  # (a dict of functions)
+    (_BUMPED + "handlers = {}\nhandlers['a'] = f", ["handlers['a']()\nr = str(count)"]),
+    (_BUMPED + "handlers = {'a': lambda: f()}", ["handlers['a']()\nr = str(count)"]),
+    (_BUMPED + "hooks = []\nhooks.append(f)", ["for h in hooks:\n    h()\nr = str(count)"]),
+    (_BUMPED + "g = f", ["g()\nr = str(count)"]),
+])
+def test_a_global_a_setup_function_sets_through_a_wrapper_or_a_dict_starts_each_row_from_the_setup_value(
+        tmp_path, monkeypatch, setup, cells):
+    # the row called the function through a name that is no function of the set-up (the decorator's
+    # wrapper, handlers['a']), so its `global` counter was not restored per row: rows gave 1, 2, 3
+    # where each pass of the notebook gives 1 (2 for counted(2))
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    rows = [{"q": q} for q in "BCD"]
+    expected = [t for row, r in zip(rows, _notebook_passes(setup, cells, rows)) for t in (row["q"], r)]
+    assert expected[1] in ("1", "2")
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    assert prompts == expected
+
+
+def test_a_setup_container_a_decorators_wrapper_changes_in_place_is_noted():
+    # (the documented carry-over of a container the rows' calls change: it went without a note)
+    setup = ("stats = {'n': 0}\ndef counted(f):\n    def wrapper(*a):\n        stats['n'] += 1\n        return f(*a)\n"
+             "    return wrapper\n@counted\ndef ask(x):\n    return x")
+    _, p = export_notebook(notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                                    "r = str(ask(q))", "%%lm --temperature 0\n{r}{gen z max_tokens=1}"))
+    assert [n.split(":")[:2] for n in p.notes] == [["cell 1", " stats, which a function of this cell (run once) "
+                                                   "changes in place, is changed by the rows' calls"]]
+
+
 @pytest.mark.parametrize("cells", [
     ["total = 0\nfor ch in q:\n    total += 1\nr = str(total)"],
     ["items.append(q)\nr = str(items)"],
@@ -2080,6 +2125,8 @@ def test_the_warning_comes_also_when_the_row_reads_nothing_else_the_star_import_
     # (a name only the import sets: a NameError above it, in the notebook; the job's read math's pi)
     ("", ["try:\n    a = k()\nexcept NameError as e:\n    a = str(e)", "from math import *\nr = a + ' ' + k()"],
      "k", "pi"),
+    ("l = lambda: str(pi)", ["try:\n    a = l()\nexcept NameError as e:\n    a = str(e)",
+                             "from math import *\nr = a + ' ' + l()"], "l", "pi"),  # (a lambda, known by its name)
 ])
 def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_notebooks_does(
         tmp_path, monkeypatch, capsys, setup, cells, function, name):

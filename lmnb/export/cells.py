@@ -519,25 +519,42 @@ def function_globals(source: str) -> dict:
     and those of them it surely changes, ``_mutated(surely=True)``),
     for each function, lambda and class that the top level of ``source`` (a cell) defines: a
     function's body, and the functions in it; a class's methods (its body runs where the cell
-    defines it). Not comprehensions, which run there too, nor the function of a ``%%timeit`` body
-    or a ``%timeit`` line (``TIMEIT_BODY``), called there."""
+    defines it). A lambda in a top-level assignment's value is known by the names assigned
+    (``f = lambda: pi``, ``handlers = {"a": lambda: ...}``: what calling them runs), its entry
+    merged with theirs. Not comprehensions, which run there too, nor the function of a
+    ``%%timeit`` body or a ``%timeit`` line (``TIMEIT_BODY``), called there."""
     table = symtable.symtable(source, "<cell>", "exec")
     changed: dict = {}  # (name, line) → the names that the definition there may change in place (_mutated)
     surely: dict = {}  # (name, line) → those it surely changes
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             changed.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node))
             surely.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node, True))
-    out: dict = {}
+    assigned = {}  # line of a lambda in a top-level assignment's value → the names assigned
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            for node in ast.walk(stmt.value):
+                if isinstance(node, ast.Lambda):
+                    assigned.setdefault(node.lineno, []).extend(bound_by(stmt))
+    found: dict = {}  # name → (where it was defined, [read, declared, may change, surely changes])
     for child in table.get_children():
         if child.get_name() in ("listcomp", "setcomp", "dictcomp", "genexpr", TIMEIT_BODY):  # (their tables' names)
             continue
         read, declared = _scope_globals([child] if child.get_type() == "function" else child.get_children())
         key = (child.get_name(), child.get_lineno())
         mutated = changed.get(key, set()) & read  # (not its own variables)
-        out[child.get_name()] = (tuple(sorted(read)), tuple(declared), tuple(sorted(mutated)),
-                                 tuple(sorted(surely.get(key, set()) & read)))
-    return out
+        lambda_line = key[1] if key[0] == "lambda" else None
+        for name in assigned.get(lambda_line, [key[0]]):
+            if found.get(name, (None,))[0] != (lambda_line or key):  # (a later definition replaces it, as it runs)
+                found[name] = (lambda_line or key, [set(), {}, set(), set()])
+            entry = found[name][1]  # (several lambdas of one assignment: what any of them does)
+            entry[0] |= read
+            entry[1].update(declared)
+            entry[2] |= mutated
+            entry[3] |= surely.get(key, set()) & read
+    return {name: (tuple(sorted(r)), tuple(d), tuple(sorted(m)), tuple(sorted(su)))
+            for name, (_, (r, d, m, su)) in found.items()}
 
 
 def _scope_globals(tables) -> tuple[set, dict]:

@@ -187,7 +187,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     functions = _setup_functions(setup)
     # (a name a set-up function the row calls sets by `global` is read as the script's global: a copy hid
     # what a call set; that of a function the row does not call stays the row's own, which rows do not share)
-    called = _called(functions, row)
+    links = _links(setup, functions)
+    called = _called(functions, row, links)
     declared = tuple(dict.fromkeys(n for f in called for n in f[3]))
     module, lazy = _module_names(setup, parameters), _made_on_first_use(setup)
     star = any(isinstance(c, Code) and c.star_imports for c in row)
@@ -204,7 +205,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                                if n not in p.shared)
     if star:  # (also when its cells read no other name it sets)
         p.function_reads = _function_reads(functions, module)
-        early = _early_reads(functions, row, module)
+        early = _early_reads(functions, row, module, links)
         # (a name only the import may set: the script's global, which each row starts without and the import sets)
         p.star_globals = _set_by_star_import_only(early, cells, p.inputs + parameters + p.jupyter)
         p.early_reads = {f: (where, kept) for f, (where, names) in early.items()
@@ -582,28 +583,92 @@ def _setup_functions(setup: list) -> list:
             for name, globals_ in function_globals(c.source).items()]
 
 
-def _reached(functions: list, used) -> dict:
+def _reached(functions: list, used, links: dict) -> dict:
     """Name → the name of ``used`` it is reached from, for each of the setup cells' ``functions``
     (``_setup_functions``) that ``used`` (names the row cells read, in order) reach: one of them, or
-    one that such a function reads (calls), and so on. A later definition of a name is the one
-    reached, as in the notebook."""
+    one that such a function reads (calls), or that ``links`` (``_links``) says a reached name holds
+    (a decorator's wrapper, a dict of functions), and so on. A later definition of a name is the
+    one reached, as in the notebook."""
     defined = {f[1]: f for f in functions}
     out: dict = {}
+    seen: set = set()
     for entry in used:
         todo = [entry]
         while todo:
             name = todo.pop()
-            if name in out or name not in defined:
+            if name in seen:
                 continue
-            out[name] = entry
-            todo += defined[name][2]
+            seen.add(name)
+            todo += links.get(name, ())
+            if name in defined:
+                out[name] = entry
+                todo += defined[name][2]
     return out
 
 
-def _called(functions: list, row: list) -> list:
+def _links(setup: list, functions: list) -> dict:
+    """Name → the setup cells' ``functions`` (names) that a call through it may run, as the setup
+    cells' top-level statements bind them: a function's or class's decorators (``@counted``: the
+    wrapper runs), and the functions an assignment's value holds (``handlers = {"a": f}``, ``g =
+    f``, ``ask = counted(ask)``) or that a change in place puts in it (``handlers["b"] = g``,
+    ``hooks.append(g)``). A function that a call of the value only takes as an argument is held
+    (``partial(f)``), the called one too where it takes a function (``counted(ask)``); ``x = f(1)``
+    holds f's result, not f."""
+    import ast
+
+    known = {f[1] for f in functions}
+    out: dict = {}
+    for c in setup:
+        if not isinstance(c, Code):
+            continue
+        for stmt in ast.parse(c.source).body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                held = {n.id for d in stmt.decorator_list for n in ast.walk(d) if isinstance(n, ast.Name)}
+                targets = [stmt.name]
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
+                held = _held(stmt.value, known)
+                targets = [n for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+                           for n in _names_changed_or_bound(t)]
+            elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                  and isinstance(stmt.value.func, ast.Attribute) and isinstance(stmt.value.func.value, ast.Name)):
+                held = _held(stmt.value, known) - {stmt.value.func.value.id}  # (hooks.append(g))
+                targets = [stmt.value.func.value.id]
+            else:
+                continue
+            for name in targets:
+                out.setdefault(name, set()).update(held & known)
+    return out
+
+
+def _held(value, known: set) -> set:
+    """The names ``value`` (an expression) holds as values, not as functions it calls: ``_links``."""
+    import ast
+
+    called = set()
+    for node in ast.walk(value):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            arguments = [*node.args, *(k.value for k in node.keywords)]
+            takes_function = any(isinstance(n, ast.Name) and n.id in known for a in arguments for n in ast.walk(a))
+            if not takes_function:
+                called.add(id(node.func))
+    lambdas = {id(n) for lam in ast.walk(value) if isinstance(lam, ast.Lambda) for n in ast.walk(lam.body)}
+    return {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and id(n) not in called and id(n) not in lambdas}
+
+
+def _names_changed_or_bound(target) -> list:
+    """The names an assignment's ``target`` binds (``f``), or changes in place (``handlers["b"]``)."""
+    import ast
+
+    while isinstance(target, (ast.Subscript, ast.Attribute)):
+        target = target.value
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _called(functions: list, row: list, links: dict) -> list:
     """The setup cells' ``functions`` (``_setup_functions``) that the row cells use (``_reached``)."""
     used = [n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)]
-    reached = _reached(functions, dict.fromkeys(used))
+    reached = _reached(functions, dict.fromkeys(used), links)
     return [f for f in functions if f[1] in reached]
 
 
@@ -640,13 +705,13 @@ def _function_reads(functions: list, module: set) -> dict:
             for index, name, reads, *_ in functions if set(reads) & module}
 
 
-def _early_reads(functions: list, row: list, module: set) -> dict:
+def _early_reads(functions: list, row: list, module: set, links: dict) -> dict:
     """``Plan.early_reads``, of the setup cells' ``functions`` (``_setup_functions``); ``module``:
-    the module-level names (``_module_names``)."""
+    the module-level names (``_module_names``); ``links``: ``_links``."""
     defined = {f[1]: f for f in functions}  # (a later definition wins, as it runs)
     uses = _used_above_star_imports(row)
     out: dict = {}
-    for name, entry in _reached(functions, uses).items():
+    for name, entry in _reached(functions, uses, links).items():
         index, _, reads, *_ = defined[name]
         names = tuple(n for n in reads if n not in module)
         if names:
