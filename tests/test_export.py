@@ -615,6 +615,46 @@ def test_a_setup_container_a_decorators_wrapper_changes_in_place_is_noted():
                                                    "changes in place, is changed by the rows' calls"]]
 
 
+@pytest.mark.parametrize("setup, cells", [
+    ("class C:\n    n = 0", ["C.n += 1\nr = str(C.n)"]),  # (by a row cell)
+    ("class C:\n    n = 0\ndef bump():\n    C.n += 1", ["bump()\nr = str(C.n)"]),  # (by a set-up function)
+    ("class C:\n    n = 0\n    def bump(self):\n        type(self).n += 1", ["C().bump()\nr = str(C.n)"]),
+    ("class C:\n    n = 0\n    @classmethod\n    def bump(cls):\n        cls.n += 1", ["C.bump()\nr = str(C.n)"]),
+    ("class C:\n    n = 0\n    def bump(self):\n        self.__class__.n += 1\nc = C()", ["c.bump()\nr = str(C.n)"]),
+    ("class C:\n    seen = []", ["C.seen.append(q)\nr = str(C.seen)"]),  # (changed in place)
+    ("class C:\n    pass", ["try:\n    r = str(C.n)\nexcept AttributeError:\n    r = 'none'\nC.n = 1"]),  # (made)
+    ("class C:\n    n = 0", ["setattr(C, 'n', C.n + 1)\nr = str(C.n)"]),
+])
+def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(tmp_path, monkeypatch, setup, cells):
+    # C.n += 1 changed the set-up's class, which the job's rows share: rows gave 1, 2, 3 where each
+    # pass of the notebook gives 1, with no note (the class is no container a row can copy)
+    from helpers_export import write_rows
+
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    rows = [{"q": q} for q in "BCD"]
+    expected = [t for row, r in zip(rows, _notebook_passes(setup, cells, rows)) for t in (row["q"], r)]
+    assert expected[1::2] in (["1"] * 3, ["none"] * 3, ["['B']", "['C']", "['D']"])
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    assert prompts == expected
+    attribute = "C.seen" if "seen" in setup else "C.n"
+    assert [n.split(":")[:2] for n in p.notes] == [["cell 1", f" {attribute}, a class attribute of this cell that the "
+                                                   "rows change"]]
+    assert 'row_copy(globals()["C"])' not in source  # (no row copy of the class: restored, it is the set-up's)
+
+
+def test_a_class_the_rows_change_by_a_computed_attribute_name_is_noted():
+    # setattr(C, name, ...) names no attribute the job can set back: it carries over, and says so
+    nb = notebook("class C:\n    n = 0\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "name = 'n'\nsetattr(C, name, C.n + 1)\nr = str(C.n)", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    _, p = export_notebook(nb)
+    assert [n.split(":")[:2] for n in p.notes] == [
+        ["cell 1", " C, a class of this cell, is changed by the rows through setattr or delattr of a computed name, "
+                   "which the export cannot follow"]]
+
+
 @pytest.mark.parametrize("cells", [
     ["total = 0\nfor ch in q:\n    total += 1\nr = str(total)"],
     ["items.append(q)\nr = str(items)"],

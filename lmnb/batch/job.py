@@ -323,17 +323,33 @@ class Job:
         share; ``restore`` gives them back at the start of each row, as each pass of the notebook
         starts from them. A name ``namespace`` lacks is kept as unbound: ``restore`` deletes it (a
         global that a set-up function sets but the cells run once never called; a name that only
-        a per-row star import sets, ``pi``, which a set-up function reads)."""
-        self._kept = {name: namespace.get(name, UNBOUND) for name in names}
+        a per-row star import sets, ``pi``, which a set-up function reads). A name "C.n" is the
+        attribute n of the class C (its own, not one it inherits), which the rows change
+        (``C.n += 1``); one of a class ``namespace`` lacks is not kept."""
+        self._kept = []  # (the namespace or the class, name, value or UNBOUND)
+        for name in names:
+            owner, _, attribute = name.partition(".")
+            if not attribute:
+                self._kept.append((namespace, name, namespace.get(name, UNBOUND)))
+            elif owner in namespace:
+                cls = namespace[owner]
+                self._kept.append((cls, attribute, vars(cls).get(attribute, UNBOUND)))
 
     def restore(self, namespace: dict) -> None:
-        """Set the names ``keep`` kept in ``namespace`` to a copy of their kept values (``row_copy``:
-        what a row changes in place is its own), and delete those kept as unbound."""
-        for name, value in self._kept.items():
-            if value is UNBOUND:
-                namespace.pop(name, None)
+        """Set the names and class attributes that ``keep`` kept to a copy of their kept values
+        (``row_copy``: what a row changes in place is its own), and delete those kept as unbound.
+        ``namespace``: the one ``keep`` was given."""
+        for holder, name, value in self._kept:
+            if isinstance(holder, dict):
+                if value is UNBOUND:
+                    holder.pop(name, None)
+                else:
+                    holder[name] = row_copy(value)
+            elif value is UNBOUND:
+                if name in vars(holder):
+                    delattr(holder, name)
             else:
-                namespace[name] = row_copy(value)
+                setattr(holder, name, row_copy(value))
 
     def _parser(self) -> argparse.ArgumentParser:
         return job_parser(self.description, self.per_row, self.default_backend, self.default_openai, self.default_model,

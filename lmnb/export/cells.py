@@ -516,7 +516,8 @@ def declared_globals(source: str) -> tuple:
 def function_globals(source: str) -> dict:
     """Name → (the globals it reads when called, those it declares ``global`` and binds, those of
     the globals it reads that it may change in place: ``stats["calls"] += 1``, ``log.append(x)``,
-    and those of them it surely changes, ``_mutated(surely=True)``),
+    those of them it surely changes, ``_mutated(surely=True)``, and the class attributes it
+    changes, ``class_attribute_changes``),
     for each function, lambda and class that the top level of ``source`` (a cell) defines: a
     function's body, and the functions in it; a class's methods (its body runs where the cell
     defines it). A lambda in a top-level assignment's value is known by the names assigned
@@ -526,11 +527,14 @@ def function_globals(source: str) -> dict:
     table = symtable.symtable(source, "<cell>", "exec")
     changed: dict = {}  # (name, line) → the names that the definition there may change in place (_mutated)
     surely: dict = {}  # (name, line) → those it surely changes
+    attributes: dict = {}  # (name, line) → the class attributes it changes ("C.n")
     tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             changed.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node))
             surely.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node, True))
+            attributes.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(
+                class_attribute_changes(node)[0])
     assigned = {}  # line of a lambda in a top-level assignment's value → the names assigned
     for stmt in tree.body:
         if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
@@ -547,14 +551,74 @@ def function_globals(source: str) -> dict:
         lambda_line = key[1] if key[0] == "lambda" else None
         for name in assigned.get(lambda_line, [key[0]]):
             if found.get(name, (None,))[0] != (lambda_line or key):  # (a later definition replaces it, as it runs)
-                found[name] = (lambda_line or key, [set(), {}, set(), set()])
+                found[name] = (lambda_line or key, [set(), {}, set(), set(), set()])
             entry = found[name][1]  # (several lambdas of one assignment: what any of them does)
             entry[0] |= read
             entry[1].update(declared)
             entry[2] |= mutated
             entry[3] |= surely.get(key, set()) & read
-    return {name: (tuple(sorted(r)), tuple(d), tuple(sorted(m)), tuple(sorted(su)))
-            for name, (_, (r, d, m, su)) in found.items()}
+            entry[4] |= {a for a in attributes.get(key, set()) if a.split(".")[0] in read | {key[0]}}
+    return {name: (tuple(sorted(r)), tuple(d), tuple(sorted(m)), tuple(sorted(su)), tuple(sorted(a)))
+            for name, (_, (r, d, m, su, a)) in found.items()}
+
+
+def class_attribute_changes(tree: ast.AST) -> tuple[tuple, tuple]:
+    """(the class attributes that ``tree`` (code, or a function or class) sets, deletes or changes
+    in place, as "C.n": ``C.n += 1``, ``del C.n``, ``C.seen[k] = v``, ``C.seen.append(x)``,
+    ``setattr(C, "n", 1)``, and in a method of class C ``cls.n`` (a classmethod's), ``type(self).n``
+    and ``self.__class__.n``; the names whose attribute ``setattr`` / ``delattr`` name by a computed
+    string, which cannot be told). Any name's, class or not (the plan keeps those of set-up classes)."""
+    found, unknown = [], []
+    for node, owners in _with_owners(tree, {}):
+        changed = None
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            changed = node
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            changed = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in _CONTAINER_CHANGES:
+            changed = node.func.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and len(node.args) >= 2:
+            owner = _owner(node.args[0], owners)
+            if owner is not None and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                found.append(f"{owner}.{node.args[1].value}")
+            elif owner is not None:
+                unknown.append(owner)
+        if isinstance(changed, ast.Attribute):
+            owner = _owner(changed.value, owners)
+            if owner is not None:
+                found.append(f"{owner}.{changed.attr}")
+    return tuple(dict.fromkeys(found)), tuple(dict.fromkeys(unknown))
+
+
+def _with_owners(node: ast.AST, owners: dict):
+    """(node, owners) for each node inside ``node``: owners maps a method's first parameter to its
+    class's name, as ("cls", "C") for a classmethod's and ("self", "C") otherwise (``_owner``)."""
+    for child in ast.iter_child_nodes(node):
+        inner = owners
+        if isinstance(node, ast.ClassDef) and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and child.args.args:
+            classmethod_ = any(isinstance(d, ast.Name) and d.id == "classmethod" for d in child.decorator_list)
+            inner = {**owners, child.args.args[0].arg: ("cls" if classmethod_ else "self", node.name)}
+        yield child, inner
+        yield from _with_owners(child, inner)
+
+
+def _owner(value: ast.AST, owners: dict):
+    """The name of the class (or other global) whose attribute ``value.attr`` is, or None (an
+    instance's: ``self.n``)."""
+    if isinstance(value, ast.Name):
+        kind, cls = owners.get(value.id, (None, None))
+        return cls if kind == "cls" else None if kind == "self" else value.id
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "type" \
+            and len(value.args) == 1 and isinstance(value.args[0], ast.Name):
+        kind, cls = owners.get(value.args[0].id, (None, None))
+        return cls if kind == "self" else None
+    if isinstance(value, ast.Attribute) and value.attr == "__class__" and isinstance(value.value, ast.Name):
+        kind, cls = owners.get(value.value.id, (None, None))
+        return cls if kind == "self" else None
+    return None
 
 
 def _scope_globals(tables) -> tuple[set, dict]:

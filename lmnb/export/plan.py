@@ -212,6 +212,13 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                          if (kept := tuple(n for n in names if n not in p.star_globals))}
     p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared, *p.star_globals])
                        if (n in module or n in p.star_globals) and n not in p.inputs and n not in lazy)
+    # (a set-up class's attribute that the rows change starts each row as the set-up left it, as in each notebook pass)
+    classes = _setup_classes(setup)
+    attributes, computed = _class_attributes(called, row, classes)
+    p.restored += attributes
+    changed_classes = {a.split(".")[0] for a in attributes}
+    row_binds = set().union(*map(_cell_binds, row))  # (a class a row cell binds is run_row's variable: still copied)
+    p.copied = tuple(n for n in p.copied if n not in changed_classes or n in row_binds)
     for c in p.lm_cells:  # (a program reads a module global, so it takes a row variable as an argument)
         p.lm_params[c.index] = tuple(n for n in c.reads if n in p.lm_params[c.index] or n in p.star_locals
                                      or n in p.star_names or n in p.rebound_builtins)
@@ -236,7 +243,8 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                            f"the rows share the script's globals, {_RACE}")
     changed_too = set().union(*(set(c.mutates) for c in row if isinstance(c, (Code, LMCell))))
     # (one note per object, naming every set-up cell whose called functions change it: one per cell said it twice)
-    changers = _cells_of(called, 4, lambda n: n in changed and n in module and n not in p.inputs)
+    changers = _cells_of(called, 4, lambda n: n in changed and n in module and n not in p.inputs
+                         and n not in changed_classes)
     surely = {n for f in called for n in f[5]}  # (alone, a call that may change it is no change to note: PAT.sub(...))
     for both, why in ((True, "is changed in place per row too (a cell that runs per row changes it, and calls "
                              "the function): the job keeps one {shown}, the script's, as the notebook does, not a "
@@ -262,11 +270,55 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        f"use above a per-row star import, may be set by that import: the job sets the script's global "
                        f"{shown} there, as the notebook does, and each row starts from what the cells run once left, "
                        f"{_RACE}")
+    for index in dict.fromkeys(classes[a.split(".")[0]] for a in attributes):
+        here = [a for a in attributes if classes[a.split(".")[0]] == index]
+        what = "a class attribute" if len(here) == 1 else "class attributes"
+        p.notes.append(f"cell {index}: {', '.join(here)}, {what} of this cell that the rows change: each row starts "
+                       "from the value the cells run once left (the job sets it back), as each pass of the notebook "
+                       f"does; the rows share the class, {_RACE}")
+    for name in computed:
+        p.notes.append(f"cell {classes[name]}: {name}, a class of this cell, is changed by the rows through setattr or "
+                       "delattr of a computed name, which the export cannot follow: what one row sets, the next row "
+                       "sees, where each pass of the notebook starts from the class the cells run once left; name the "
+                       f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
+                       "reset it in the row")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
             p.notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
     return p
+
+
+def _setup_classes(setup: list) -> dict:
+    """Name → the index of the setup cell that last defines a class of that name at top level, for
+    the names that the setup cells bind last by a ``class`` statement."""
+    import ast
+
+    out: dict = {}
+    for c in setup:
+        if isinstance(c, Code):
+            for stmt in ast.parse(c.source).body:
+                for name in bound_by(stmt):
+                    out[name] = c.index if isinstance(stmt, ast.ClassDef) else None
+    return {name: index for name, index in out.items() if index is not None}
+
+
+def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tuple]:
+    """(the attributes of set-up ``classes`` (``_setup_classes``) that the row cells or the set-up
+    functions they call (``_called``) change, as "C.n"; the classes they change through setattr or
+    delattr of a computed name) (``cells.class_attribute_changes``)."""
+    import ast
+
+    from lmnb.export.cells import class_attribute_changes
+
+    found, computed = [n for f in called for n in f[6]], []
+    for c in row:
+        if isinstance(c, Code):
+            attributes, unknown = class_attribute_changes(ast.parse(c.source))
+            found += attributes
+            computed += unknown
+    return (tuple(a for a in dict.fromkeys(found) if a.split(".")[0] in classes),
+            tuple(n for n in dict.fromkeys(computed) if n in classes))
 
 
 def _cells_of(called: list, at: int, wanted) -> dict:
