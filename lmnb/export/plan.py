@@ -69,7 +69,9 @@ class Plan:
     ``shared``, and those that the functions of setup cells that the row cells use (call) declare
     ``global`` and bind: each row starts from the value the setup cells left (``Job.keep``), as
     each pass of the notebook does, where the next row read on from what the last one set; but
-    those the setup cells set to None or False, made on first use (``_made_on_first_use``).
+    those the setup cells set to None or False, made on first use (``_made_on_first_use``); and
+    "C.n" for an attribute of a setup class that the row cells or the functions they call change
+    (``_class_attributes``), and the names of ``star_globals``.
     star_globals: where a row cell star-imports, the names that no cell binds (pi; a builtin such as
     pow) that a function of a setup cell the row uses above that import reads: the script's globals,
     which each row starts from as the setup cells left them (``restored``: unbound, the builtin's),
