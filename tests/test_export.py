@@ -586,6 +586,7 @@ _BUMPED = "count = 0\ndef f():\n    global count\n    count += 1\n"
     (_BUMPED + "handlers = {'a': lambda: f()}", ["handlers['a']()\nr = str(count)"]),
     (_BUMPED + "hooks = []\nhooks.append(f)", ["for h in hooks:\n    h()\nr = str(count)"]),
     (_BUMPED + "g = f", ["g()\nr = str(count)"]),
+    (_BUMPED + "class R:\n    handler = staticmethod(f)", ["R.handler()\nr = str(count)"]),  # (a class attribute)
 ])
 def test_a_global_a_setup_function_sets_through_a_wrapper_or_a_dict_starts_each_row_from_the_setup_value(
         tmp_path, monkeypatch, setup, cells):

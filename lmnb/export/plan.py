@@ -663,7 +663,7 @@ def _reached(functions: list, used, links: dict) -> dict:
 def _links(setup: list, functions: list) -> dict:
     """Name → the setup cells' ``functions`` (names) that a call through it may run, as the setup
     cells' top-level statements bind them: a function's or class's decorators (``@counted``: the
-    wrapper runs), and the functions an assignment's value holds (``handlers = {"a": f}``, ``g =
+    wrapper runs), the functions a class's attributes hold (``class R: handler = f``), and the functions an assignment's value holds (``handlers = {"a": f}``, ``g =
     f``, ``ask = counted(ask)``) or that a change in place puts in it (``handlers["b"] = g``,
     ``hooks.append(g)``). A function that a call of the value only takes as an argument is held
     (``partial(f)``), the called one too where it takes a function (``counted(ask)``); ``x = f(1)``
@@ -678,6 +678,9 @@ def _links(setup: list, functions: list) -> dict:
         for stmt in ast.parse(c.source).body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 held = {n.id for d in stmt.decorator_list for n in ast.walk(d) if isinstance(n, ast.Name)}
+                if isinstance(stmt, ast.ClassDef):  # (and the functions its attributes hold: `handler = f`)
+                    held |= {n for s in stmt.body if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value
+                             for n in _held(s.value, known)}
                 targets = [stmt.name]
             elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
                 held = _held(stmt.value, known)
