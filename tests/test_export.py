@@ -646,10 +646,14 @@ def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(
     assert 'row_copy(globals()["C"])' not in source  # (no row copy of the class: restored, it is the set-up's)
 
 
-def test_a_class_the_rows_change_by_a_computed_attribute_name_is_noted():
+@pytest.mark.parametrize("setup, cell", [
+    ("class C:\n    n = 0", "name = 'n'\nsetattr(C, name, C.n + 1)\nr = str(C.n)"),
+    ("class C:\n    n = 0\ndef bump(name):\n    setattr(C, name, C.n + 1)", "bump('n')\nr = str(C.n)"),  # (a call's)
+])
+def test_a_class_the_rows_change_by_a_computed_attribute_name_is_noted(setup, cell):
     # setattr(C, name, ...) names no attribute the job can set back: it carries over, and says so
-    nb = notebook("class C:\n    n = 0\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
-                  "name = 'n'\nsetattr(C, name, C.n + 1)\nr = str(C.n)", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
     _, p = export_notebook(nb)
     assert [n.split(":")[:2] for n in p.notes] == [
         ["cell 1", " C, a class of this cell, is changed by the rows through setattr or delattr of a computed name, "

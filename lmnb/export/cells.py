@@ -516,8 +516,8 @@ def declared_globals(source: str) -> tuple:
 def function_globals(source: str) -> dict:
     """Name → (the globals it reads when called, those it declares ``global`` and binds, those of
     the globals it reads that it may change in place: ``stats["calls"] += 1``, ``log.append(x)``,
-    those of them it surely changes, ``_mutated(surely=True)``, and the class attributes it
-    changes, ``class_attribute_changes``),
+    those of them it surely changes, ``_mutated(surely=True)``, the class attributes it changes,
+    and the names whose attributes it changes by a computed name: ``class_attribute_changes``),
     for each function, lambda and class that the top level of ``source`` (a cell) defines: a
     function's body, and the functions in it; a class's methods (its body runs where the cell
     defines it). A lambda in a top-level assignment's value is known by the names assigned
@@ -528,13 +528,15 @@ def function_globals(source: str) -> dict:
     changed: dict = {}  # (name, line) → the names that the definition there may change in place (_mutated)
     surely: dict = {}  # (name, line) → those it surely changes
     attributes: dict = {}  # (name, line) → the class attributes it changes ("C.n")
+    computed: dict = {}  # (name, line) → the names whose attributes it changes by a computed name
     tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             changed.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node))
             surely.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(_mutated(node, True))
-            attributes.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(
-                class_attribute_changes(node)[0])
+            found_here, computed_here = class_attribute_changes(node)
+            attributes.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(found_here)
+            computed.setdefault((getattr(node, "name", "lambda"), node.lineno), set()).update(computed_here)
     assigned = {}  # line of a lambda in a top-level assignment's value → the names assigned
     for stmt in tree.body:
         if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
@@ -551,15 +553,16 @@ def function_globals(source: str) -> dict:
         lambda_line = key[1] if key[0] == "lambda" else None
         for name in assigned.get(lambda_line, [key[0]]):
             if found.get(name, (None,))[0] != (lambda_line or key):  # (a later definition replaces it, as it runs)
-                found[name] = (lambda_line or key, [set(), {}, set(), set(), set()])
+                found[name] = (lambda_line or key, [set(), {}, set(), set(), set(), set()])
             entry = found[name][1]  # (several lambdas of one assignment: what any of them does)
             entry[0] |= read
             entry[1].update(declared)
             entry[2] |= mutated
             entry[3] |= surely.get(key, set()) & read
             entry[4] |= {a for a in attributes.get(key, set()) if a.split(".")[0] in read | {key[0]}}
-    return {name: (tuple(sorted(r)), tuple(d), tuple(sorted(m)), tuple(sorted(su)), tuple(sorted(a)))
-            for name, (_, (r, d, m, su, a)) in found.items()}
+            entry[5] |= computed.get(key, set()) & (read | {key[0]})
+    return {name: (tuple(sorted(r)), tuple(d), *(tuple(sorted(e)) for e in rest))
+            for name, (_, (r, d, *rest)) in found.items()}
 
 
 def class_attribute_changes(tree: ast.AST) -> tuple[tuple, tuple]:

@@ -313,7 +313,7 @@ def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tu
 
     from lmnb.export.cells import class_attribute_changes
 
-    found, computed = [n for f in called for n in f[6]], []
+    found, computed = [n for f in called for n in f[6]], [n for f in called for n in f[7]]
     for c in row:
         if isinstance(c, Code):
             attributes, unknown = class_attribute_changes(ast.parse(c.source))
@@ -629,7 +629,8 @@ def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
 
 def _setup_functions(setup: list) -> list:
     """(cell index, name, the globals it reads, those it declares ``global`` and binds, those it
-    may change in place, those it surely does) for each function, lambda and class that a setup
+    may change in place, those it surely does, the class attributes it changes, the names whose
+    attributes it changes by a computed name) for each function, lambda and class that a setup
     cell defines (``function_globals``), in order."""
     from lmnb.export.cells import function_globals
 
