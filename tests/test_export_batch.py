@@ -300,6 +300,17 @@ def test_rows_that_failed_otherwise_are_named_beside_the_unreachable_ones(tmp_pa
         'already done are kept)\n  other rows with "status": "error" or "bad_input" say why in "error"\n')
 
 
+def test_a_json_line_cut_short_names_the_column_where_it_ends(tmp_path):
+    """A line cut off after a comma, the usual broken row, was reported "at column 1": its line
+    break made JSON's error fall on a second line. '{"question": "a",' is 17 characters, so the
+    property name JSON expects is missing at column 18; the same with a CRLF line break."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b'{"question": "a",\n{"question": "a",\r\n{"question": x}\n')
+    expected = "invalid JSON: Expecting property name enclosed in double quotes at column 18"
+    assert [r.error for r in read_rows(rows)] == [
+        f"line 1: {expected}", f"line 2: {expected}", "line 3: invalid JSON: Expecting value at column 14"]
+
+
 def test_csv_rows_with_wrong_column_counts_are_reported_with_line_numbers(tmp_path):
     rows = tmp_path / "rows.csv"
     rows.write_text('question,id\n"multi\nline",1\nonly-one\nc,3,extra\n\nd,4\n')

@@ -131,7 +131,8 @@ def _jsonl(path: Path) -> Iterator[InputRow]:
                                  "orient='records', lines=True))")
             fields, error = None, None
             try:
-                value = json.loads(raw.decode("utf-8"))
+                # (without its line break: JSON's error at the line's end was "column 1" of a next line)
+                value = json.loads(raw.decode("utf-8").rstrip("\r\n"))
             except UnicodeDecodeError as e:
                 error = f"line {lineno}: not UTF-8 text ({e.reason} at byte {e.start})"
             except json.JSONDecodeError as e:
