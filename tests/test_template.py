@@ -562,6 +562,21 @@ def test_the_literal_braces_hint_comes_only_for_a_name_that_opens_a_hole():
     assert e.value.hint == "define Person in a Python cell first"
 
 
+def test_a_misspelt_kernel_variable_is_told_the_variable_it_is_closest_to():
+    """A typo ({persn}) got only "define persn in a Python cell first", which is not the fix; Python's
+    own NameError names the close variable. IPython's history names (_i1, _oh) are not offered."""
+    namespace = {"person": "Arvel", "place": "Udrin", "_i1": "x", "_oh": {}, "In": []}
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("Q: Where does {persn} live?").bind(namespace)
+    assert str(e.value).startswith("line 1, col 16: name 'persn' is not defined; did you mean 'person'?")
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("{_i}").bind(namespace)  # a name with "_" may be one of them: _i1 is offered
+    assert str(e.value).startswith("line 1, col 2: name '_i' is not defined; did you mean '_i1'?")
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse("{o}").bind(namespace)  # nothing close: the message as before
+    assert str(e.value).startswith("line 1, col 2: name 'o' is not defined\n")
+
+
 def test_a_json_constant_in_a_hole_is_told_its_python_spelling():
     # json_schema={"required": true} or stop=null read a kernel variable `true`/`null`, and the hint said
     # only "define true in a Python cell first"

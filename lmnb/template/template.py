@@ -38,6 +38,17 @@ def python_name(name: str, taken: set[str] = frozenset()) -> str:
 _JSON_CONSTANTS = {"true": "True", "false": "False", "null": "None"}
 
 
+def _did_you_mean(name: str, namespace: Mapping[str, Any]) -> str:
+    """"; did you mean 'person'?" for a name the namespace lacks, naming its closest variable (as
+    Python's own NameError suggests one), or "". IPython's history names (``_``, ``_i3``, ``_oh``)
+    are left out unless the name itself starts with "_"."""
+    import difflib
+
+    names = [k for k in namespace if isinstance(k, str) and (name.startswith("_") or not k.startswith("_"))]
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 @dataclass(frozen=True)
 class Template:
     """A parsed cell (see ``lmnb.template.parse``).
@@ -86,8 +97,8 @@ class Template:
                 # only a name that opens a hole ({name}) may be text meant literally
                 if self.source[offset - 1:offset] == "{":
                     hint += ", or write {{ }} for literal braces"
-                raise TemplateRuntimeError(f"name {name!r} is not defined", self.source, offset, self.first_line,
-                                           indent=self.indent, hint=hint)
+                raise TemplateRuntimeError(f"name {name!r} is not defined{_did_you_mean(name, namespace)}",
+                                           self.source, offset, self.first_line, indent=self.indent, hint=hint)
             out[params[name]] = namespace[name]
         return out
 
