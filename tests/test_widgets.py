@@ -282,6 +282,30 @@ def test_json_nested_400_deep_renders_its_top_levels_as_a_tree_and_the_rest_as_t
     assert deep[0].get_text() == "[" * (400 - MAX_JSON_DEPTH) + "]" * (400 - MAX_JSON_DEPTH)
 
 
+def test_a_constrained_output_cut_by_max_tokens_says_so_and_the_fix_in_the_text_view_too():
+    """A JSON gen cut off by max_tokens showed only "rec: INVALID JSON output" in the text view
+    (what `lmnb run` and a log show), and the HTML's reason read "...starting at at char 18"."""
+    cut = '{"name": "Arvel", "pet'  # the string opened at char 18 never closes
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", cut, name="rec")
+    v.on_gen_end("main", json_schema={"type": "object"}, finish_reason={"type": "length", "length": 8})
+    out = v.finish()
+    rec = out[VIEW_MIME]["structured"][0]
+    with pytest.raises(json.JSONDecodeError) as e:
+        json.loads(cut)
+    assert rec["errors"] == [
+        {"path": "$", "message": "cut off: the gen reached its max_tokens (finish reason length) before the output "
+                                 "was complete; give it a larger max_tokens"},
+        {"path": "$", "message": f"not JSON: {e.value}"}]
+    assert "starting at: line 1 column 19 (char 18)" in rec["errors"][1]["message"]
+    assert "rec: INVALID JSON output: cut off: the gen reached its max_tokens" in out["text/plain"]
+    # a gen that stopped by itself with text that does not match: no word of max_tokens, the mismatch named
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", "abc", name="code")
+    v.on_gen_end("main", regex=r"\d+", finish_reason={"type": "stop"})
+    assert "code: INVALID regex output: output does not fully match /\\d+/" in v.finish()["text/plain"]
+
+
 def test_json_nested_thousands_deep_is_reported_invalid_not_raised():
     # json.loads raised RecursionError (not a JSONDecodeError) out of on_gen_end, failing the cell
     v = RunView(live=False, session=Tally())

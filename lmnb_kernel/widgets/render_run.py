@@ -443,8 +443,9 @@ def render_run_text(model: RunModel) -> str:
 
     lane_text("main", "")
     for rec in model.structured:
+        why = f": {rec['errors'][0]['message']}" if rec["errors"] else ""  # (the first: the cause where it is known)
         lines.append(f"{rec.get('name')}: {'valid' if rec['valid'] else 'INVALID'} "
-                     f"{'JSON' if rec['kind'] == 'json' else 'regex'} output")
+                     f"{'JSON' if rec['kind'] == 'json' else 'regex'} output{why}")
     for sel in model.selects:
         shown = shown_choices(sel)
         scores = ", ".join(f"{'*' if i == sel.chosen else ''}{sel.choices[i]!r}={sel.scores[i]:.3f}" for i in shown)

@@ -82,6 +82,10 @@ def _meta_dict(meta: Any) -> dict:
     return dict(vars(meta))
 
 
+_CUT_BY_MAX_TOKENS = ("cut off: the gen reached its max_tokens (finish reason length) before the output was "
+                      "complete; give it a larger max_tokens")
+
+
 def _finish_str(reason: Any) -> Optional[str]:
     if reason is None or isinstance(reason, str):
         return reason
@@ -397,6 +401,8 @@ class RunView:
             rec_s = check_structured(text, json_schema=json_schema, regex=regex,
                                      completion_tokens=m.get("completion_tokens"),
                                      forward_passes=m.get("forward_passes"), jumped_tokens=m.get("jumped_tokens"))
+            if not rec_s["valid"] and _finish_str(finish_reason) == "length":  # the usual cause: say it first
+                rec_s["errors"].insert(0, {"path": "$", "message": _CUT_BY_MAX_TOKENS})
             rec_s["name"] = name or (seg.name if seg else None) or "output"
             rec_s["lane"] = lane
             self.model.structured.append(rec_s)
