@@ -178,8 +178,12 @@ def test_inputs_option_overrides_and_is_checked():
                   "%%lm\n{context} {question}{gen a}")
     assert plan_notebook(nb).inputs == ("question",)  # context is computed, so it stays a global
     assert plan_notebook(nb, inputs=["context", "question"]).inputs == ("context", "question")
-    with pytest.raises(ExportError, match="never read"):
+    with pytest.raises(ExportError, match="never read it$"):  # nothing close to suggest
         plan_notebook(nb, inputs=["nope"])
+    # a typo was told only "never read it": the variables the rows read that are closest are named
+    with pytest.raises(ExportError, match=r"^--inputs questoin, contxt: the cells that run per row never read them; "
+                                          r"did you mean question, context\?$"):
+        plan_notebook(nb, inputs=["questoin", "contxt"])
     # a variable a later cell reads but a gen produces: it was kept as a field, then left out of the script
     chain = notebook('question = "Why?"', "%%lm\n{question}{gen answer}", "%%lm\nSo: {answer}{gen b}")
     with pytest.raises(ExportError, match="--inputs answer: the %%lm cell 2 sets answer in each row"):

@@ -526,8 +526,17 @@ def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -
     unused = [n for n in fields if n not in read_in_row]
     if given is not None and unused:
         raise ExportError(f"--inputs {', '.join(unused)}: the cells that run per row never read "
-                          f"{'it' if len(unused) == 1 else 'them'}")
+                          f"{'it' if len(unused) == 1 else 'them'}{_did_you_mean(unused, read_in_row)}")
     return tuple(fields), tuple(from_star)
+
+
+def _did_you_mean(unused: list, read: set) -> str:
+    """"; did you mean person?" naming the variables the rows read that are closest to misspelt
+    ``--inputs`` names (a typo got only "never read it"), or ""."""
+    import difflib
+
+    close = [m for n in unused for m in difflib.get_close_matches(n, sorted(read), n=1)]
+    return f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
 
 
 def _check_strippable(cell: Code, names: set) -> None:
