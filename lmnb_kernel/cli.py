@@ -88,8 +88,19 @@ def _main(argv: list[str] | None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _version() -> str:
+    """The installed lmnb distribution's version (``lmnb.__version__``'s, read without importing lmnb)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lmnb")
+    except PackageNotFoundError:  # (run from a checkout that was never installed)
+        return "0+unknown"
+
+
 def _run(chosen: str | None, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lmnb", description="lmnb: LM programs in notebooks")
+    parser.add_argument("--version", action="version", version=f"lmnb {_version()}")  # (for a bug report)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers = {}
     for name, (module, func, help_) in SUBCOMMANDS.items():

@@ -379,6 +379,16 @@ def test_the_exit_statuses_are_in_the_help(capsys):
     assert "exit status: 0 every cell ran" in shown and "3 a cell raised an error" in shown
 
 
+def test_lmnb_version_prints_the_installed_version_without_loading_torch():
+    """`lmnb --version`, the first thing a bug report asks for, was "unrecognized arguments"."""
+    from importlib.metadata import version
+
+    code = ("import sys; from lmnb_kernel.cli import main\n"
+            "try:\n    main(['--version'])\nexcept SystemExit as e:\n    print('torch' in sys.modules, e.code)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout == f"lmnb {version('lmnb')}\nFalse 0\n", out.stderr
+
+
 def _run_and_interrupt(tmp_path, cell: str, signals: int, *options: str, sig=signal.SIGINT):
     """``lmnb run`` as a terminal runs it, sent ``signals`` SIGINTs (or ``sig``) once the cell ``cell``
     is running (it touches the file ``{marker}`` first). Returns (exit status, stderr, saved notebook,
