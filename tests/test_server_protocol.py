@@ -208,6 +208,12 @@ def _post(url, path, body, **kw):
                                                                                             {"type": "text"}]}]}, 400,
          "messages[0].content[1].text is missing: a text part holds its text"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema"}}, 400, "schema"),
+        # a message without content (or its key misspelt) was read as "" and answered 200 (OpenAI answers 400)
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "contents": "hi"}]}, 400,
+         'messages[0] has no content (it has "contents"): give its text as "content": "..."'),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "system", "content": "a"},
+                                                               {"role": "user", "content": None}]}, 400,
+         'messages[1] has no content: give its text as "content"'),
         ("/abort_request", {}, 400, "rid"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,
          "leaves no room for a reply in the model's context length of 4096"),  # not "max_new_tokens=0"
