@@ -16,6 +16,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
@@ -97,6 +98,7 @@ class RequestHandle:
         self._cond = threading.Condition()
         self._subs: list[_Subscription] = []
         self._reqs: list[Req] = []  # its scheduler requests (Engine._make_reqs sets them)
+        self._ended: Future = Future()  # done with the last event: ends submit's wait for a compile (an abort)
 
     def _put(self, event: StreamEvent) -> None:  # scheduler thread
         with self._cond:
@@ -112,6 +114,8 @@ class RequestHandle:
                     direct.append(sub)
             if self.done:  # (the last event: let go of the listeners, and what they hold)
                 self._subs.clear()
+                if not self._ended.done():
+                    self._ended.set_result(None)
         # Outside the lock: a slow listener must not hold up readers (result(timeout) waited for it
         # past its timeout). One thread at a time calls _put (the scheduler's; once it has stopped,
         # Scheduler.answer_unqueued's), so each listener still hears the events in order.
@@ -718,10 +722,11 @@ class Engine:
         if params.logprob_start_len > n:
             raise ValueError(f"logprob_start_len={params.logprob_start_len} is past the prompt's {n} tokens")
 
-    def _check_grammar(self, params: SamplingParams) -> Any:
+    def _check_grammar(self, params: SamplingParams, abandoned: Optional[Future] = None) -> Any:
         """Compile (waiting) ``params``' grammar, if any, and refuse it as ``_grammar`` does, or if
-        ``min_new_tokens`` bans its every first token; the compiled grammar (None: no constraint)."""
-        grammar = self._grammar(params)
+        ``min_new_tokens`` bans its every first token; the compiled grammar (None: no constraint,
+        or ``abandoned`` completed first, as ``_grammar``)."""
+        grammar = self._grammar(params, abandoned)
         if grammar is not None and params.min_new_tokens:
             self._check_first_token_allowed(grammar, params)
         return grammar
@@ -747,8 +752,10 @@ class Engine:
                 f"SamplingParams.min_new_tokens={params.min_new_tokens} conflicts with the {what}: at output token 1 "
                 + min_new_tokens_conflict(f"the {what}", params.min_new_tokens, 0, stop_ids), "min_new_tokens")
 
-    def _grammar(self, params: SamplingParams) -> Any:
-        """The compiled grammar of a regex / json_schema request (None if unconstrained).
+    def _grammar(self, params: SamplingParams, abandoned: Optional[Future] = None) -> Any:
+        """The compiled grammar of a regex / json_schema request (None if unconstrained, or if
+        ``abandoned``, the request's ``RequestHandle._ended``, completes first: an abort meanwhile
+        ends the wait at once, the compile going on for the cache alone).
 
         Compiles on the grammar backend's worker thread (cached per pattern and tokenizer) and
         waits here, on the caller's thread: the scheduler never waits for a compile.
@@ -762,7 +769,7 @@ class Engine:
 
         backend, regex = self._grammar_regex(params)
         try:
-            return backend.wait(regex, source=params.regex)
+            return backend.wait(regex, source=params.regex, abandoned=abandoned)
         except GrammarCompileStopped as e:
             if e.by_shutdown and not self.scheduler.alive:
                 raise self.scheduler.shut_down_error() from e
@@ -928,9 +935,10 @@ class Engine:
         once the engine is shut down. The
         rid is taken once the prompt and params are checked, before the grammar's compile: an
         ``abort(rid)`` from another thread during that compile returns True, the request ends at
-        once with finish reason abort (the handle this call returns is that ended one), and the rid
-        is free for a new request, as once any request ends; the compile's end queues nothing
-        (SGLang's abort ends a request waiting for its grammar at once too). An interrupt
+        once with finish reason abort, the rid is free for a new request, as once any request ends,
+        and this call returns at once with that ended handle: the compile goes on in the background
+        for the grammar cache alone, and queues nothing (SGLang's abort ends a request waiting for
+        its grammar at once too). An interrupt
         (KeyboardInterrupt) once submit may have queued the request ends it, with finish reason abort
         and ``outputs.ABORT_INTERRUPTED``, before it propagates: no request runs whose handle no
         caller got; one before leaves nothing queued or registered (the rid is free). A request
@@ -958,7 +966,9 @@ class Engine:
             # The rid is taken before the compile: an abort from another thread meanwhile finds the
             # request (and ends it) instead of missing it and letting it run.
             self._register([handle])
-            grammar = self._check_grammar(params)
+            grammar = self._check_grammar(params, handle._ended)
+            if handle.done:  # aborted during the compile: it has its end, and nothing is queued
+                return handle
             if grammar is not None:
                 self._attach_grammar(reqs, grammar)
             posting = True

@@ -1112,11 +1112,11 @@ def test_a_submit_whose_grammar_fails_after_the_checks_leaves_its_rid_free(engin
     backend, calls = engine._grammar_backend, []
     real_wait = backend.wait
 
-    def wait(regex, source=None):  # the first submission's compile fails
+    def wait(regex, source=None, abandoned=None):  # the first submission's compile fails
         calls.append(regex)
         if len(calls) == 1:
             raise GrammarCompileStopped("the grammar compiler is busy; retry later", transient=True)
-        return real_wait(regex, source=source)
+        return real_wait(regex, source=source, abandoned=abandoned)
 
     monkeypatch.setattr(backend, "wait", wait)
     with pytest.raises(GrammarCompileStopped, match="busy"):
@@ -1134,10 +1134,10 @@ def _submit_held_in_its_compile(engine, monkeypatch, rid: str):
     backend = engine._grammar_backend
     real_wait, compiling, go = backend.wait, threading.Event(), threading.Event()
 
-    def held_wait(regex, source=None):
+    def held_wait(regex, source=None, abandoned=None):
         compiling.set()
         assert go.wait(60)
-        return real_wait(regex, source=source)
+        return real_wait(regex, source=source, abandoned=abandoned)
 
     monkeypatch.setattr(backend, "wait", held_wait)
     late = []
@@ -1190,6 +1190,43 @@ def test_a_rid_aborted_while_its_submit_compiles_is_free_at_once_and_the_late_co
     assert (old.result().finish_reason.type, old.result().finish_reason.message, old.result().token_ids) == (
         "abort", "aborted by Engine.abort", [])
     assert engine.abort("same") is False
+    assert_idle_accounting(engine)
+
+
+@pytest.mark.timeout(240)
+def test_a_submit_aborted_while_its_grammar_compiles_returns_before_the_compile_ends(engine, monkeypatch):
+    """The abort freed the rid at once, but the submit's caller stayed in the compile's wait until the
+    compile ended (up to grammar_compile_timeout_s). Now it returns at once with the ended handle; the
+    compile (held here) goes on, and its grammar, once there, serves the next request of the pattern."""
+    from concurrent.futures import Future
+
+    engine.generate("the cat", SamplingParams(max_new_tokens=2, regex="[ab]{3}"))  # (the compiler runs)
+    backend = engine._grammar_backend
+    monkeypatch.setattr(backend, "compile_timeout_s", 600)  # (the old wait outlasts the join below)
+    real_submit, held, asked = backend.submit, Future(), threading.Event()
+
+    def held_submit(regex):
+        asked.set()
+        return held
+
+    monkeypatch.setattr(backend, "submit", held_submit)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, regex="[ab]{6}")
+    late = []
+    submitter = threading.Thread(target=lambda: late.append(engine.submit("the cat", params, rid="slow")),
+                                 daemon=True)
+    submitter.start()
+    assert asked.wait(60)
+    assert engine.abort("slow") is True
+    submitter.join(60)
+    assert not submitter.is_alive() and not held.done()  # back while the compile still runs
+    r = late[0].result(timeout=0)
+    assert (r.rid, r.finish_reason.type, r.finish_reason.message, r.token_ids) == (
+        "slow", "abort", "aborted by Engine.abort", [])
+    held.set_result(real_submit(backend.to_regex("[ab]{6}")).result(timeout=120))  # the compile ends late
+    monkeypatch.setattr(backend, "submit", real_submit)
+    again = engine.submit("the cat", params, rid="slow").result(timeout=60)
+    assert again.finish_reason.type != "abort" and re.fullmatch("[ab]{6}", again.text)
+    assert engine.abort("slow") is False
     assert_idle_accounting(engine)
 
 
@@ -1301,10 +1338,10 @@ def test_a_constrained_generate_whose_compile_the_shutdown_stops_raises_the_shut
     backend = eng._grammar_backend
     real_wait, entered, go = backend.wait, threading.Event(), threading.Event()
 
-    def held_wait(regex, source=None):  # the compile of the call below outlasts the shutdown
+    def held_wait(regex, source=None, abandoned=None):  # the compile of the call below outlasts the shutdown
         entered.set()
         go.wait(120)
-        return real_wait(regex, source=source)
+        return real_wait(regex, source=source, abandoned=abandoned)
 
     backend.wait = held_wait
     raised = []

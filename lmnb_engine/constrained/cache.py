@@ -14,7 +14,8 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_first
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -190,10 +191,13 @@ class GrammarBackend:
         return self.cache.get_or_submit(regex, self.vocab, self._executor, timeout_s=self.compile_timeout_s,
                                         memory_bytes=self.compile_memory_bytes, owner=self._children)
 
-    def wait(self, regex: str, source: str | None = None) -> CompiledGrammar:
+    def wait(self, regex: str, source: str | None = None, abandoned: Future | None = None) -> CompiledGrammar | None:
         """``submit(regex)``'s grammar, waiting at most ``compile_timeout_s``. ``source``: the
         user's own spelling of a regex that ``to_regex`` rewrote into ``regex``, named in errors
         instead of the rewritten pattern (whose classes run to kilobytes: ``\\s`` written out).
+        ``abandoned``: a future whose completion ends the wait at once (the request was aborted
+        meanwhile); then None is returned and the compile goes on for the cache (its grammar is
+        kept for the next request of the pattern), the wait's caller no longer held by it.
 
         A pattern whose compile already outlasted a wait fails at once until the compile ends (it
         goes on in the background, at most ``compile_timeout_s`` from its start; its grammar is
@@ -207,14 +211,14 @@ class GrammarBackend:
                 memory, was killed, or did not start within the wait.
         """
         try:
-            return self._wait(regex)
+            return self._wait(regex, abandoned)
         except GrammarError as e:
             if source is None or source == regex or isinstance(e, GrammarCompileStopped):
                 raise
             # (the message names the pattern first; an example after it may be spelt the same)
             raise GrammarError(str(e).replace(shown_regex(regex), shown_regex(source), 1)) from None
 
-    def _wait(self, regex: str) -> CompiledGrammar:
+    def _wait(self, regex: str, abandoned: Future | None) -> CompiledGrammar | None:
         fut = self.submit(regex)
         if not fut.done() and regex in self._timed_out:
             raise GrammarCompileStopped(self._too_slow(regex))
@@ -222,7 +226,7 @@ class GrammarBackend:
                 f"{self.compile_timeout_s:g} s on other patterns, and this one did not start; retry later")
         try:
             try:
-                return fut.result(timeout=self.compile_timeout_s)
+                return self._result(fut, abandoned)
             except (CancelledError, GrammarCompileStopped) as e:
                 # Another engine sharing the cache shut down (cancelling or killing the compile this
                 # request waited on), or another request's wait cancelled it: compile it here, once,
@@ -230,7 +234,7 @@ class GrammarBackend:
                 if self._children.stopped or not (isinstance(e, CancelledError) or e.by_shutdown):
                     raise
                 fut = self.submit(regex)
-                return fut.result(timeout=self.compile_timeout_s)
+                return self._result(fut, abandoned)
         except CancelledError:
             if self._children.stopped:
                 raise GrammarCompileStopped.for_shutdown(regex) from None
@@ -241,6 +245,16 @@ class GrammarBackend:
             self._timed_out.add(regex)
             fut.add_done_callback(lambda _: self._timed_out.discard(regex))
             raise GrammarCompileStopped(self._too_slow(regex)) from None
+
+    def _result(self, fut: Future, abandoned: Future | None) -> CompiledGrammar | None:
+        """``fut``'s grammar within ``compile_timeout_s`` (``FutureTimeout`` past it), or None as soon
+        as ``abandoned`` completes (a compile still running then is left to finish for the cache)."""
+        if abandoned is None:
+            return fut.result(timeout=self.compile_timeout_s)
+        wait_first([fut, abandoned], timeout=self.compile_timeout_s, return_when=FIRST_COMPLETED)
+        if abandoned.done() and not fut.done():
+            return None
+        return fut.result(timeout=0)  # (done, or FutureTimeout: the limit passed with neither done)
 
     def _too_slow(self, regex: str) -> str:
         return too_slow_message(regex, self.compile_timeout_s)
