@@ -480,6 +480,23 @@ def test_an_openai_backend_made_before_a_fork_works_in_the_child_and_still_in_th
     backend.shutdown()
 
 
+def test_an_openai_backend_unused_in_a_forked_child_makes_no_client_there_to_shut_down(server, monkeypatch):
+    """shutdown() in a process made by os.fork, where the backend had made no client of its own,
+    made both (the blocking one and its async twin) only to close the first."""
+    backend = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5)
+
+    def call():
+        opened = []
+        real_open = backend._open_clients
+        monkeypatch.setattr(backend, "_open_clients", lambda: opened.append(1) or real_open())
+        backend.shutdown()
+        assert opened == []
+
+    _runs_in_a_forked_child(call)
+    backend.shutdown()  # (the parent's clients, made with the backend, are closed as before)
+    assert backend.client.is_closed()
+
+
 def test_a_runtime_endpoint_made_before_a_fork_has_connections_of_its_own_in_the_child(server):
     """A RuntimeEndpoint made before os.fork sent the child's requests on the parent's pooled
     connection: one socket shared by two processes, whose requests and answers could interleave."""

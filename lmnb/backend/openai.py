@@ -637,7 +637,11 @@ class OpenAI(BaseBackend):
         return out
 
     def shutdown(self) -> None:
-        """Close the clients' connections (the shared event loop runs on for other backends)."""
+        """Close the clients' connections (the shared event loop runs on for other backends). In a
+        process made by ``os.fork`` where the backend made no client (``_after_fork``: none used
+        yet), there is none to close, and none is made only to be closed."""
+        if self._clients is None:
+            return
         self.client.close()
         with self._requests_lock:
             used, self._async_used = self._async_used, False
