@@ -48,6 +48,7 @@ from lmnb_engine.http_server.protocol import (
     RequestFailed,
     StreamChunks,
     client_message,
+    did_you_mean,
     meta_info,
     multimodal_processor,
     refused_field,
@@ -603,7 +604,7 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
                 raise RequestError(f"{key} is not supported by lmnb serve; "
                                    f"{_WHY_NOT.get(key, 'leave it out')}", param=key)
         elif key not in _GENERATE_KEYS:
-            raise RequestError(f"unknown field {json_value(key, 40)}; /generate takes "
+            raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, _GENERATE_KEYS)}; /generate takes "
                                f"{json_value(sorted(_GENERATE_KEYS))}", param=key)
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):

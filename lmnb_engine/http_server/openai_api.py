@@ -57,6 +57,7 @@ from lmnb_engine.http_server.protocol import (
     RequestFailed,
     check_n,
     client_message,
+    did_you_mean,
     finite,
     refused_field,
     refused_value,
@@ -530,7 +531,8 @@ def _validate(model: type, body: Any, path: str) -> Any:
     if isinstance(body, dict):
         unknown = sorted(k for k in body if k not in model.model_fields)
         if unknown:
-            raise RequestError(f"unknown field {json_value(unknown[0], 40)}; {path} takes "
+            raise RequestError(f"unknown field {json_value(unknown[0], 40)}{did_you_mean(unknown[0], model.model_fields)}"
+                               f"; {path} takes "
                                f"{json_value(sorted(model.model_fields))}",
                                param=unknown[0])
         for key, value in body.items():
@@ -544,7 +546,33 @@ def _validate(model: type, body: Any, path: str) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as e:  # (with the body: the error's place is named by it, field_place)
-        raise RequestValidationError(e.errors(), body=body) from None
+        raise RequestValidationError([_with_guess(model, err) for err in e.errors()], body=body) from None
+
+
+def _with_guess(model: type, error: dict) -> dict:
+    """A pydantic ``error``, one of an unknown field of a nested object (``stream_options``,
+    ``response_format``: ``extra_forbidden``) with the field meant (``did_you_mean``) in its
+    message, as the top-level fields and /generate's sampling parameters have."""
+    if error.get("type") != "extra_forbidden":
+        return error
+    loc = error.get("loc", ())
+    names = _field_names(model, loc[:-1])
+    return {**error, "msg": error["msg"] + did_you_mean(loc[-1], names)} if names and loc else error
+
+
+def _field_names(model: Any, loc: Sequence) -> list[str]:
+    """The field names (as the client spells them: aliases) of the object at ``loc`` inside
+    ``model``; [] where the place is not one object model (a list's item is its list's)."""
+    for key in loc:
+        if isinstance(key, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if key in (n, f.alias)), None)
+        inner = [] if field is None else [a for a in (field.annotation, *get_args(field.annotation))
+                                          if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(inner) != 1:
+            return []
+        model = inner[0]
+    return [f.alias or n for n, f in model.model_fields.items()]
 
 
 def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:

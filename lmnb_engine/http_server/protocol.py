@@ -143,6 +143,14 @@ def multimodal_processor(engine: Any) -> tuple[Optional[Any], Optional[str]]:
         return None, None
 
 
+def did_you_mean(key: Any, names: Any) -> str:
+    """The hint an unknown field ``key`` gets, the closest of ``names`` (difflib's
+    ``get_close_matches``, as Python's own "Did you mean" picks): ``' (did you mean "temperature"?)'``,
+    or "" where none is close."""
+    close = difflib.get_close_matches(str(key), list(names), n=1)
+    return f" (did you mean {json_value(close[0])}?)" if close else ""
+
+
 def sampling_params_from_json(
     d: Optional[dict],
     return_logprob: bool = False,
@@ -171,9 +179,8 @@ def sampling_params_from_json(
             raise RequestError(f"{key} is a field of the request, not a sampling parameter: send it beside "
                                "sampling_params, at the top level", param=f"sampling_params.{key}")
         else:
-            close = difflib.get_close_matches(str(key), _SAMPLING_KEYS, n=1)  # (max_tokens: OpenAI's name)
             raise RequestError(f"unknown sampling parameter {json_value(key, 40)}"
-                               + (f" (did you mean {json_value(close[0])}?)" if close else "")
+                               + did_you_mean(key, _SAMPLING_KEYS)  # (max_tokens: OpenAI's name)
                                + f"; supported: {json_value(sorted(_SAMPLING_KEYS))}",
                                param=f"sampling_params.{key}")
     return_logprob = False if return_logprob is None else return_logprob  # SGLang's default is null
