@@ -50,7 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     while torch is being imported, instead of a traceback; for ``lmnb run``, SIGTERM too. SIGTERM
     or Ctrl-C to ``lmnb serve`` outside its server's own handlers (its model loading, its engine
     shutting down after the server stopped): a line that says which (``SERVE_PHASE_WORDS``), and
-    143 or 130 (the status of a process the signal ended, as while it serves)."""
+    143 or 130 (the status of a process the signal ended, as while it serves).
+
+    Called with no ``argv``, as the ``lmnb`` command is (its console script, ``python -m
+    lmnb_kernel.cli``), ``lmnb serve`` ignores SIGTERM once its run has ended, however it ended:
+    the process is exiting (its interpreter's exit takes a moment after torch) with a stop already
+    said and its status chosen, and a late SIGTERM (a supervisor's, after a Ctrl-C) ended it with
+    143 and no line. Ignored, the status and the line stay the first signal's, as uvicorn's and
+    ``Server.handle_exit`` keep a stop under way (only a second Ctrl-C forces one). A call with
+    ``argv`` (in-process) gets its SIGTERM handler back instead."""
     try:
         return _main(argv)
     except KeyboardInterrupt as e:
@@ -76,6 +84,7 @@ def argv_command(argv: list[str] | None) -> str | None:
 
 
 def _main(argv: list[str] | None) -> int:
+    exiting = argv is None  # (the command's own process, which ends when this returns: main)
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = argv_command(argv)
     if chosen not in SIGTERM_AS_CTRL_C or threading.current_thread() is not threading.main_thread():
@@ -84,8 +93,11 @@ def _main(argv: list[str] | None) -> int:
     try:
         return _run(chosen, argv)
     finally:  # (a caller's own handler back, as in the tests; the subcommand's are gone by now)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        # SIG_IGN, not a Python handler: the interpreter's exit resets those before it tears the
+        # modules down, the slow part (it leaves an ignored signal ignored)
+        after = signal.SIG_IGN if exiting and chosen == "serve" else previous
+        if after is not None:
+            signal.signal(signal.SIGTERM, after)
 
 
 def _version() -> str:

@@ -38,6 +38,33 @@ def test_lmnb_serve_subprocess_serves_a_program(tiny_llama):
         proc.wait(30)
 
 
+def test_a_sigterm_as_lmnb_serve_exits_after_a_ctrl_c_keeps_the_ctrl_cs_status_and_line():
+    """A SIGTERM that came once the Ctrl-C's stop had been said, while the interpreter exited (it
+    takes a moment after torch), ended the process with 143 and no line of its own. Now it is
+    ignored: the process ends with the Ctrl-C's status and line, as the server's own handlers keep
+    the first signal. Here the SIGTERM is sent by an atexit hook, run as the interpreter exits
+    (after ``main`` returned); the server is a stand-in that stops by SIGINT."""
+    code = ("import atexit, os, signal, sys, types\n"
+            "import lmnb_engine.engine\n"
+            "import lmnb_engine.http_server as http_server\n"
+            "import lmnb_engine.http_server.app as http_app\n"
+            "from lmnb_kernel import cli\n"
+            "class Engine:\n"
+            "    def __init__(self, **kwargs): pass\n"
+            "    def shutdown(self): pass\n"
+            "lmnb_engine.engine.Engine = Engine\n"
+            "http_server.create_app = lambda engine, **kwargs: object()\n"
+            "http_app.Server = lambda app, **config: types.SimpleNamespace(run=lambda sockets: None,\n"
+            "                                                              stop_signal=signal.SIGINT)\n"
+            "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+            "sys.argv = ['lmnb', 'serve', '--model', 'm', '--port', '0']\n"
+            "sys.exit(cli.main())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    said = proc.stderr.splitlines()
+    assert (proc.returncode, said[-1], len(said)) == (130, "lmnb serve: stopped (SIGINT)", 2)
+    assert said[0].startswith("lmnb serve: serving m on http://127.0.0.1:")
+
+
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_lmnb_serve_stopped_by_a_signal_says_so_and_exits_with_its_status(tiny_llama, sig, status):
     """SIGTERM ended the server with no word (uvicorn raised it again once stopped), and SIGINT
