@@ -51,7 +51,7 @@ def run_arguments(parser) -> None:
                              "literal, else the text); repeatable, once per NAME")
     _read_parameters_first(parser)
     parser.add_argument("--timeout", type=_seconds, default=1800, action=Once,
-                        help="seconds one cell may take (default 1800; 0: no limit)")
+                        help="seconds one cell may take, and then its last output (default 1800; 0: no limit)")
     parser.add_argument("--allow-errors", action=OnceFlag, help="keep going after a failing cell")
 
 
@@ -211,7 +211,7 @@ def run(args) -> int:
 
     client = notebook_client(
         nb, km=km, timeout=cell_timeout(args.timeout), startup_timeout=120, allow_errors=args.allow_errors,
-        iopub_timeout=OUTPUT_WAIT_S, resources={"metadata": {"path": str(src.resolve().parent)}},
+        iopub_timeout=cell_timeout(args.timeout), resources={"metadata": {"path": str(src.resolve().parent)}},
         on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=on_cell_executed,
         on_cell_error=on_cell_error,
     )
@@ -292,18 +292,11 @@ def run(args) -> int:
         many = len(cut_short) > 1
         print(f"lmnb run: the %%lm view{'s' * many} of {cells} {'written to' if where == 'stdout' else 'saved in'} "
               f"{where} {'are' if many else 'is'} unfinished, with no summary: the kernel's last update came more "
-              f"than {OUTPUT_WAIT_S:g} s after the cell ended (a loaded machine?), and lmnb run stopped waiting "
+              f"than --timeout {args.timeout:g} s after the cell ended (a loaded machine?), and lmnb run stopped waiting "
               f"for {'them' if many else 'it'}; run the notebook again", file=sys.stderr)
         status = 1
     return 2 if saved != out and status == 0 else status
 
-
-OUTPUT_WAIT_S = 60
-"""How long nbclient waits, after a cell's execute reply, for the rest of its output (its
-``iopub_timeout``, 4 s by default, past which it goes on to the next cell and drops what comes
-later): a ``%%lm`` cell's last view update and summary come at its very end, and a loaded machine
-delivered them later than 4 s. A kernel says it is idle as soon as they are sent, so a cell whose
-output came in full costs no wait."""
 
 FINAL_STATUSES = ("done", "error", "interrupted")  # a RunView's status once finish() froze it
 
@@ -323,10 +316,22 @@ def notebook_client(nb, **kwargs):
     widget the kernel has closed. nbclient keeps every widget's last state in the notebook's
     metadata, closed ones too: about 6 KB per ``%%lm`` cell under ``LMNB_VIEW=live`` (the live
     view's JavaScript and layout), whose output the static view has replaced. A closed widget shows
-    nowhere (a frontend drops its model, and JupyterLab saves no state of it)."""
+    nowhere (a frontend drops its model, and JupyterLab saves no state of it). Its ``iopub_timeout``
+    may be None: no limit on the wait for a cell's output after its reply."""
     from nbclient import NotebookClient
+    from traitlets import Integer
 
     class Client(NotebookClient):
+        # How long to wait, after a cell's execute reply, for the rest of its output, up to the
+        # kernel's idle status that ends it; None: no limit. nbclient's wait (4 s by default, an
+        # int only) goes on to the next cell past it, whose reader then drops the late messages
+        # (they answer the earlier cell's request): a %%lm view's last update and summary come at
+        # the cell's very end, and a loaded machine delivered them later than 4 s, or than a fixed
+        # 60 s. lmnb run gives it the cell's own --timeout: a live kernel always says idle after
+        # the reply, so the wait ends as the output does, and a kernel that dies meanwhile is
+        # found by nbclient's check, which runs through the wait.
+        iopub_timeout = Integer(4, allow_none=True).tag(config=True)
+
         def handle_comm_msg(self, outs, msg, cell_index) -> None:
             super().handle_comm_msg(outs, msg, cell_index)
             if msg["msg_type"] == "comm_close":

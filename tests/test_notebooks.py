@@ -520,21 +520,17 @@ def test_a_shutdown_already_started_is_awaited_and_its_error_dropped(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_a_views_last_update_may_come_late_and_one_that_never_comes_in_time_is_reported(tmp_path, capsys,
-                                                                                          monkeypatch):
-    """nbclient waited 4 s (its iopub_timeout) after a cell's reply for the rest of its output, then
-    went on without it: on a loaded machine the %%lm view's last update (its frozen state) came
-    later, and the notebook was saved with the view saying "running" and no summary, and a report
-    that said only "(1 %%lm cell without a summary not counted)", with exit 0. Here the kernel's
-    iopub messages are held back from the view's final update on, until the cell's reply has come
-    and the event loop's clock has moved on past the wait: 5 s for cell 2 (in time now), past
-    ``OUTPUT_WAIT_S`` for cell 3 (named in the report, exit 1)."""
+def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
+    """``lmnb run`` (its ``run``) of a notebook of ``cells`` with ``--timeout timeout``, the kernel's
+    iopub messages held back from each ``%%lm`` cell's final view update on, until the cell's reply
+    has come and the event loop's clock has moved on by that cell's item of ``delays`` (seconds):
+    (its exit status, the path of the notebook saved)."""
     import zmq
     from jupyter_client.channels import AsyncZMQSocketChannel
 
-    from lmnb_kernel.run import OUTPUT_WAIT_S, run
+    from lmnb_kernel.run import run
 
-    delays = iter([5, OUTPUT_WAIT_S + 1])  # seconds each %%lm cell's last update comes after its reply
+    delays = iter(delays)  # seconds each %%lm cell's last update comes after its reply
     offset = []  # seconds added to the event loop's clock
     holding = {}  # execute request id -> (set once the iopub reader is held, set to let it go)
     get_msg = AsyncZMQSocketChannel.get_msg
@@ -578,19 +574,38 @@ def test_a_views_last_update_may_come_late_and_one_that_never_comes_in_time_is_r
     monkeypatch.setattr(AsyncZMQSocketChannel, "send", sending)
     monkeypatch.delenv("LMNB_MODEL", raising=False)  # the built-in demo model
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    src = _notebook(tmp_path / "nb.ipynb", "x = 1", "%%lm\nHello {gen a max_tokens=3}",
-                    "%%lm\nHi {gen b max_tokens=3}")
+    src = _notebook(tmp_path / "nb.ipynb", *cells)
     out = tmp_path / "out.ipynb"
-    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=600, allow_errors=False)
-    assert run(args) == 1
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=timeout, allow_errors=False)
+    return run(args), out
+
+
+def test_a_views_last_update_may_come_late_and_one_that_never_comes_in_time_is_reported(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """nbclient waited 4 s (its iopub_timeout), then a fixed 60 s, after a cell's reply for the rest
+    of its output, then went on without it (the next cell's reader dropped it): on a loaded machine
+    the %%lm view's last update (its frozen state) came later, and the notebook was saved with the
+    view saying "running" and no summary. The wait is the cell's --timeout now: cell 2's update,
+    61 s late, comes in time; cell 3's, past --timeout 600 s, is named in the report (exit 1)."""
+    status, out = _run_with_late_updates(tmp_path, monkeypatch, [61, 601], 600, "x = 1",
+                                         "%%lm\nHello {gen a max_tokens=3}", "%%lm\nHi {gen b max_tokens=3}")
+    assert status == 1
     captured = capsys.readouterr()
     assert (f"lmnb run: the %%lm view of cell 3 (it says 'running') saved in {out} is unfinished, with no summary: "
-            f"the kernel's last update came more than {OUTPUT_WAIT_S} s after the cell ended") in captured.err
+            "the kernel's last update came more than --timeout 600 s after the cell ended") in captured.err
     assert "(not counted: the unfinished view of cell 3)" in captured.out
     assert "without a summary" not in captured.out
     done = nbformat.read(out, as_version=4)
     assert [[o["metadata"]["lmnb"].get("status") for o in c.outputs] for c in done.cells[1:]] == [
         ["done", "done"], ["running"]]  # cell 2: its final view and its summary
+
+
+def test_with_no_timeout_a_views_last_update_is_waited_for_however_late(tmp_path, capsys, monkeypatch):
+    """--timeout 0 (no limit on a cell) still cut a cell's output off a fixed 60 s after its reply."""
+    status, out = _run_with_late_updates(tmp_path, monkeypatch, [10**5], 0, "%%lm\nHello {gen a max_tokens=3}")
+    assert status == 0 and "unfinished" not in capsys.readouterr().err
+    done = nbformat.read(out, as_version=4)
+    assert [o["metadata"]["lmnb"].get("status") for o in done.cells[0].outputs] == ["done", "done"]
 
 
 def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_view(tmp_path, capsys, monkeypatch):
