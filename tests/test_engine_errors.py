@@ -481,7 +481,7 @@ def test_a_bad_option_of_one_prompt_of_a_batch_is_named_by_its_place_and_queues_
     # a compile's failure is cached: the grammar cache raises the same error object for each request
     failed = GrammarError("the regex '[cd]{3}' cannot be completed by this vocabulary")
 
-    def grammar(params):
+    def grammar(params, abandoned=None):
         if params.regex == "[cd]{3}":
             raise failed
         return None
