@@ -332,6 +332,32 @@ def notebook_client(nb, **kwargs):
         # found by nbclient's check, which runs through the wait.
         iopub_timeout = Integer(4, allow_none=True).tag(config=True)
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._cell_of_request: dict[str, int] = {}  # execute request id -> its cell's index
+
+        async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index) -> None:
+            """nbclient's reader of a cell's output (until the kernel says it is idle), which
+            also gives each message of an earlier cell (its request's) to that cell, as a
+            frontend shows it: nbclient's dropped them. They come after that cell's own reader
+            ended: sent while no cell ran (the kernel's parent is then the last cell's: a thread's
+            output, a display or widget update), or past the wait above. (A private method of
+            nbclient; were it renamed, its own would run, which drops them.)"""
+            from nbclient.exceptions import CellExecutionComplete
+            from nbclient.util import ensure_async
+
+            self._cell_of_request[parent_msg_id] = cell_index
+            while True:
+                msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=None))
+                index = self._cell_of_request.get(msg["parent_header"].get("msg_id"))
+                if index is None:  # (no cell's: nbclient drops it too)
+                    continue
+                try:
+                    self.process_message(msg, self.nb.cells[index], index)
+                except CellExecutionComplete:
+                    if index == cell_index:
+                        return
+
         def handle_comm_msg(self, outs, msg, cell_index) -> None:
             super().handle_comm_msg(outs, msg, cell_index)
             if msg["msg_type"] == "comm_close":

@@ -608,6 +608,47 @@ def test_with_no_timeout_a_views_last_update_is_waited_for_however_late(tmp_path
     assert [o["metadata"]["lmnb"].get("status") for o in done.cells[0].outputs] == ["done", "done"]
 
 
+def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_path, capsys, monkeypatch):
+    """Output sent while no cell ran (here a thread of cell 1's prints, let go just before cell 2
+    is sent) answers cell 1's request, the kernel's last: nbclient's reader of cell 2 dropped it,
+    and the notebook saved lacked it. It goes to cell 1 now, as a frontend shows it."""
+    import lmnb_kernel.run as run_module
+
+    go = tmp_path / "go"
+    made, check, notebook_client = [], run_module.CtrlC.check, run_module.notebook_client
+
+    def client(nb, **kwargs):
+        made.append(notebook_client(nb, **kwargs))
+        return made[-1]
+
+    async def let_cell_1_print_first():
+        go.touch()
+        # (cell 2 is sent once the print has come, unread: its reader is the first to read it)
+        assert await made[0].kc.iopub_channel.socket.poll(timeout=60_000)
+
+    def checking(self, cell, cell_index, **kwargs):
+        check(self, cell, cell_index, **kwargs)
+        if cell_index == 1 and "execute_reply" not in kwargs:  # (on_cell_execute: cell 2 is about to be sent)
+            return let_cell_1_print_first()
+
+    monkeypatch.setattr(run_module, "notebook_client", client)
+    monkeypatch.setattr(run_module.CtrlC, "check", checking)
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    src = _notebook(tmp_path / "nb.ipynb",
+                    "import os, sys, threading, time\n"
+                    "def late():\n"
+                    f"    while not os.path.exists({str(go)!r}):\n"
+                    "        time.sleep(0.05)\n"
+                    "    sys.stdout.write('late from cell 1\\n')  # (one write: one message)\n"
+                    "threading.Thread(target=late, daemon=True).start()",
+                    "print('cell 2')")
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=600, allow_errors=False)
+    assert run_module.run(args) == 0
+    done = nbformat.read(out, as_version=4)
+    assert [[o.get("text") for o in c.outputs] for c in done.cells] == [["late from cell 1\n"], ["cell 2\n"]]
+
+
 def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_view(tmp_path, capsys, monkeypatch):
     """A %%lm cell that raised after its view was shown but where nothing ended the view (here its
     program's thread could not start: cell 1 makes it so) left the view saying "running": with
