@@ -335,6 +335,7 @@ def notebook_client(nb, **kwargs):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self._cell_of_request: dict[str, int] = {}  # execute request id -> its cell's index
+            self._clear_pending: dict[int, bool] = {}  # an earlier cell's index -> its clear_output(wait=True) to come
 
         async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index) -> None:
             """nbclient's reader of a cell's output (until the kernel says it is idle), which
@@ -353,10 +354,25 @@ def notebook_client(nb, **kwargs):
                 if index is None:  # (no cell's: nbclient drops it too)
                     continue
                 try:
-                    self.process_message(msg, self.nb.cells[index], index)
+                    if index == cell_index:
+                        self.process_message(msg, cell, cell_index)
+                    else:
+                        self._process_earlier(msg, index)
                 except CellExecutionComplete:
                     if index == cell_index:
                         return
+
+        def _process_earlier(self, msg, index: int) -> None:
+            """``process_message`` of a message of the earlier cell ``index``, under that cell's own
+            pending ``clear_output(wait=True)``: nbclient keeps one flag, the running cell's, and
+            a late clear of the earlier cell's would have emptied the running cell's output."""
+            running = self.clear_before_next_output
+            self.clear_before_next_output = self._clear_pending.get(index, False)
+            try:
+                self.process_message(msg, self.nb.cells[index], index)
+            finally:
+                self._clear_pending[index] = self.clear_before_next_output
+                self.clear_before_next_output = running
 
         def handle_comm_msg(self, outs, msg, cell_index) -> None:
             super().handle_comm_msg(outs, msg, cell_index)
