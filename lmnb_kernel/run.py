@@ -292,8 +292,8 @@ def run(args) -> int:
         many = len(cut_short) > 1
         print(f"lmnb run: the %%lm view{'s' * many} of {cells} {'written to' if where == 'stdout' else 'saved in'} "
               f"{where} {'are' if many else 'is'} unfinished, with no summary: the kernel's last update came more "
-              f"than --timeout {args.timeout:g} s after the cell ended (a loaded machine?), and lmnb run stopped waiting "
-              f"for {'them' if many else 'it'}; run the notebook again", file=sys.stderr)
+              f"than --timeout {args.timeout:g} s after the cell ended (a loaded machine?), and lmnb run stopped "
+              f"waiting for {'them' if many else 'it'}; run the notebook again", file=sys.stderr)
         status = 1
     return 2 if saved != out and status == 0 else status
 

@@ -604,8 +604,8 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
                 raise RequestError(f"{key} is not supported by lmnb serve; "
                                    f"{_WHY_NOT.get(key, 'leave it out')}", param=key)
         elif key not in _GENERATE_KEYS:
-            raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, _GENERATE_KEYS)}; /generate takes "
-                               f"{json_value(sorted(_GENERATE_KEYS))}", param=key)
+            raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, _GENERATE_KEYS)}; "
+                               f"/generate takes {json_value(sorted(_GENERATE_KEYS))}", param=key)
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise RequestError("give exactly one of text and input_ids", param="text")

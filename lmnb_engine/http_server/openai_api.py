@@ -531,10 +531,9 @@ def _validate(model: type, body: Any, path: str) -> Any:
     if isinstance(body, dict):
         unknown = sorted(k for k in body if k not in model.model_fields)
         if unknown:
-            raise RequestError(f"unknown field {json_value(unknown[0], 40)}{did_you_mean(unknown[0], model.model_fields)}"
-                               f"; {path} takes "
-                               f"{json_value(sorted(model.model_fields))}",
-                               param=unknown[0])
+            key, names = unknown[0], sorted(model.model_fields)
+            raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, names)}; {path} takes "
+                               f"{json_value(names)}", param=key)
         for key, value in body.items():
             annotation = model.model_fields[key].annotation
             if isinstance(value, (bool, str)) and _holds(annotation, (int, float)):
