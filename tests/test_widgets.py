@@ -407,6 +407,49 @@ def test_regex_constraint_with_unicode_property_classes_is_checked_not_called_in
     assert check_structured("x", regex=r"\p{Nope}")["errors"][0]["message"].startswith("the regex does not compile")
 
 
+@pytest.mark.parametrize("pattern, text, valid", [
+    # Rust's regex (the engine's automaton library) reads these; the regex package refuses the first
+    # three ("unknown property") and reads the class intersection "&&" as literal characters, so
+    # the view called every output "INVALID" and \p{Age=3.0} "does not compile". Ages (UTS #18:
+    # assigned in that version or earlier): A is Unicode 1.1, U+1FAE8 (shaking face) 15.0, U+20B9
+    # (rupee sign) 6.0, U+2FFC 15.1
+    (r"\p{Age=15.0}+", "A\U0001FAE8", True), (r"\p{Age=15.0}", "\u2FFC", False),
+    (r"\p{Age=3.0}+", "AB", True), (r"\p{Age=3.0}", "\u20B9", False),
+    (r"\p{isLu}+", "AB", True), (r"\p{isLu}+", "Ab", False),  # "is" is ignored in a name: Lu
+    (r"[\p{Lu}&&[^AEIOU]]+", "BCD", True), (r"[\p{Lu}&&[^AEIOU]]+", "BAD", False),  # capitals but vowels
+    # the whole text is walked at once: byte by byte the automaton drops the "." after "A3"
+    (r"\p{Lu}[0-9]+(\.[0-9]+)?", "A3.14", True), (r"\p{Lu}[0-9]+(\.[0-9]+)?", "A3.", False),
+    (r"\p{Lu}*", "", True), (r"\p{Lu}", "", False),
+])
+def test_regex_output_is_judged_by_the_engines_automaton_where_re_cannot_read_it(pattern, text, valid):
+    rec = check_structured(text, regex=pattern)
+    assert (rec["valid"], rec["regex_match"]) == (valid, valid)
+    assert rec["errors"] == ([] if valid else [{"path": "$", "message": f"output does not fully match /{pattern}/"}])
+
+
+def test_the_engines_regex_outputs_with_rust_only_classes_are_valid_in_the_view(tiny_engine):
+    """What the engine writes under a class only Rust's regex reads, the view calls valid; each
+    character checked by hand with unicodedata (Lu: an upper-case letter)."""
+    import unicodedata
+
+    from lmnb_engine import SamplingParams
+
+    for pattern, ok in ((r"[\p{Lu}&&[^AEIOU]]{3}", lambda c: c not in "AEIOU"), (r"\p{isLu}{3}", lambda c: True)):
+        text = tiny_engine.generate("Name:", SamplingParams(max_new_tokens=12, temperature=0.0, regex=pattern)).text
+        assert len(text) == 3 and all(unicodedata.category(c) == "Lu" and ok(c) for c in text), text
+        assert check_structured(text, regex=pattern)["valid"] is True
+
+
+def test_without_the_automaton_library_the_regex_package_reads_a_unicode_class(monkeypatch):
+    """A kernel without outlines-core (one talking to a remote backend) reads \\p{...} with the regex
+    package, which agrees with Rust's regex on a script: α and β are Greek, A is not."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "outlines_core", None)  # (import outlines_core raises ImportError)
+    assert check_structured("αβ", regex=r"\p{Greek}+")["valid"] is True
+    assert check_structured("αA", regex=r"\p{Greek}+")["valid"] is False
+
+
 def test_jump_forward_savings_and_json_tree_in_the_view():
     v = RunView(live=False, session=Tally())
     v.on_delta("main", '{"name": "bob", "age": 5}', token_ids=list(range(30)), name="person")

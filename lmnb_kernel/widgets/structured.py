@@ -2,8 +2,9 @@
 
 The checks use the libraries that define the rules, not our own decoder: ``json`` for parsing,
 ``jsonschema`` (the validator class the schema's ``$schema`` names, Draft 2020-12 by default) for
-validity, and ``re`` for regexes (the ``regex`` package for one with Unicode property classes,
-``\\p{Lu}``, which ``re`` lacks and the engine reads). A whole-output ``regex`` constraint must
+validity, and ``re`` for regexes; a regex with Unicode property classes (``\\p{Lu}``), which ``re``
+lacks, is asked of the engine's own automaton library, outlines-core (``_automaton_accepts``). A
+whole-output ``regex`` constraint must
 match the entire text (``re.fullmatch``), as SGLang's regex-constrained decoding produces; a
 JSON Schema ``pattern`` is unanchored (``re.search``), as JSON Schema §6.3.3 specifies (Python's
 ``re`` stands in for ECMA-262 regexes; the two agree on the common subset constrained decoders
@@ -67,19 +68,58 @@ def _pattern_fields(schema: Any, instance: Any, path: tuple = ()) -> list[dict]:
 def _fullmatch(pattern: str, text: str) -> bool:
     """Whether ``text`` matches all of ``pattern``: with Python's ``re``, or, for a pattern with
     Unicode property classes (``\\p{Lu}``), which ``re`` lacks and the engine reads
-    (``lmnb_engine.regex_errors.regex_problem`` takes them), with the ``regex`` package, which reads
-    them as the engine's automaton library does. Raises ``re.error`` for a pattern neither reads."""
+    (``lmnb_engine.regex_errors.regex_problem`` takes them), as the engine reads it: by its
+    automaton library (``_automaton_accepts``), whose classes (Rust's ``regex``: ``\\p{Age=3.0}``,
+    ``\\p{isLu}``, ``[\\p{Lu}&&[^AEIOU]]``) the ``regex`` package reads differently or not at all.
+    Where that library is not installed (a kernel that only talks to a remote backend, installed
+    without it) or cannot build the pattern, the ``regex`` package reads it. Raises ``re.error``
+    for a pattern none of them reads."""
     try:
         return re.fullmatch(pattern, text) is not None
     except re.error as e:
         if not at_a_unicode_class(e):
             raise
+        accepted = _automaton_accepts(pattern, text)
+        if accepted is not None:
+            return accepted
         import regex
 
         try:
             return regex.fullmatch(pattern, text) is not None
         except regex.error:
             raise e from None
+
+
+def _automaton_accepts(pattern: str, text: str) -> Optional[bool]:
+    """Whether outlines-core, the engine's automaton library, accepts all of ``text`` for
+    ``pattern``, built as the engine builds a pattern Python's ``re`` cannot read (bare:
+    ``lmnb_engine.constrained.grammar.compile_grammar``), or None where the library is not
+    installed or refuses the pattern.
+
+    The text is one token of a vocabulary that also has every single byte (so that the index
+    builds whatever the text is): the index's state after that token is the automaton's state
+    after the text's bytes, and the text is accepted when that state is final. Walking byte by
+    byte instead would refuse some matches: the library drops a one-byte step out of a state
+    where a match could already end (``[0-9]+(\\.[0-9]+)?`` after "3" loses the "."). Every output
+    the engine constrained with this pattern is accepted (its tokens lead to that same state,
+    which allowed EOS); a match the bare automaton prunes (leftmost-first: "Ab" for
+    ``\\p{Lu}|\\p{Lu}b``) is refused, as the engine never writes it. Costs one automaton build
+    (milliseconds for common patterns; the engine's compile paid the same)."""
+    try:
+        from outlines_core import Index, Vocabulary  # (torch-free)
+    except ImportError:
+        return None
+    data = text.encode("utf-8", "surrogatepass")  # (a lone surrogate: bytes no pattern matches)
+    tokens = {bytes([b]): [b] for b in range(256)}
+    tokens.setdefault(data, []).append(256)
+    try:
+        index = Index(pattern, Vocabulary(257, tokens))
+    except ValueError:
+        return None
+    state = index.get_initial_state()
+    if data:
+        state = index.get_next_state(state, 256)
+    return state is not None and index.is_final_state(state)
 
 
 def check_structured(
