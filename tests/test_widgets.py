@@ -420,6 +420,10 @@ def test_regex_constraint_with_unicode_property_classes_is_checked_not_called_in
     # the whole text is walked at once: byte by byte the automaton drops the "." after "A3"
     (r"\p{Lu}[0-9]+(\.[0-9]+)?", "A3.14", True), (r"\p{Lu}[0-9]+(\.[0-9]+)?", "A3.", False),
     (r"\p{Lu}*", "", True), (r"\p{Lu}", "", False),
+    # the rest of the pattern means what Python's re makes of it, as in the engine (respelled): its \w
+    # holds "½" (str.isalnum) and no combining mark (U+0301), Rust's the other way round; a{,2} is 0 to 2
+    (r"\p{Lu}\w+", "A\u00bd", True), (r"\p{Lu}\w+", "Ae\u0301", False), (r"\p{Lu}a{,2}", "Aaa", True),
+    (r"^\p{Lu}+$", "AB", True),  # (edge anchors: the whole output matches anyway)
 ])
 def test_regex_output_is_judged_by_the_engines_automaton_where_re_cannot_read_it(pattern, text, valid):
     rec = check_structured(text, regex=pattern)
@@ -428,16 +432,32 @@ def test_regex_output_is_judged_by_the_engines_automaton_where_re_cannot_read_it
 
 
 def test_the_engines_regex_outputs_with_rust_only_classes_are_valid_in_the_view(tiny_engine):
-    """What the engine writes under a class only Rust's regex reads, the view calls valid; each
-    character checked by hand with unicodedata (Lu: an upper-case letter)."""
+    """What the engine writes under a class only Rust's regex reads, the view calls valid; checked
+    by hand: unicodedata's category (Lu: an upper-case letter) and Python's \\w."""
     import unicodedata
 
     from lmnb_engine import SamplingParams
 
-    for pattern, ok in ((r"[\p{Lu}&&[^AEIOU]]{3}", lambda c: c not in "AEIOU"), (r"\p{isLu}{3}", lambda c: True)):
+    for pattern in (r"\p{isLu}{3}", r"\p{isLu}\w{2}"):
         text = tiny_engine.generate("Name:", SamplingParams(max_new_tokens=12, temperature=0.0, regex=pattern)).text
-        assert len(text) == 3 and all(unicodedata.category(c) == "Lu" and ok(c) for c in text), text
+        assert len(text) == 3 and unicodedata.category(text[0]) == "Lu", text
+        assert all(unicodedata.category(c) == "Lu" for c in text) if "{3}" in pattern else re.fullmatch(r"\w\w", text[1:])
         assert check_structured(text, regex=pattern)["valid"] is True
+
+
+def test_the_views_regex_check_loads_no_torch():
+    """A kernel on a remote backend need not load torch to check a regex with a Unicode class:
+    the engine's respelling (lmnb_engine.constrained.regex_syntax) is torch-free, and so is the
+    package it sits in until its engine parts are used."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom lmnb_kernel.widgets.structured import check_structured\n"
+            "print(check_structured('A\u00bd', regex=r'\\p{Lu}\\w+')['valid'])\n"
+            "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["True", "[]"]
 
 
 def test_without_the_automaton_library_the_regex_package_reads_a_unicode_class(monkeypatch):

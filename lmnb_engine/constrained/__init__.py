@@ -37,30 +37,28 @@ Semantics (the rules users see):
   ASCII digits.
 """
 
-from lmnb_engine.constrained.cache import GrammarBackend, GrammarCache
-from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
-from lmnb_engine.constrained.grammar import CompiledGrammar, bitmask_width, compile_grammar
-from lmnb_engine.constrained.masks import apply_token_bitmask_, full_bitmask
-from lmnb_engine.constrained.matcher import GrammarMatcher
-from lmnb_engine.constrained.regex_check import check_regex
-from lmnb_engine.constrained.request_grammar import INCOMPLETE_MESSAGE, RequestGrammar
-from lmnb_engine.constrained.schema import schema_to_regex
-from lmnb_engine.constrained.vocab import TokenVocabulary
+import importlib
 
-__all__ = [
-    "CompiledGrammar",
-    "GrammarBackend",
-    "GrammarCache",
-    "GrammarCompileStopped",
-    "GrammarError",
-    "GrammarMatcher",
-    "INCOMPLETE_MESSAGE",
-    "RequestGrammar",
-    "TokenVocabulary",
-    "apply_token_bitmask_",
-    "bitmask_width",
-    "check_regex",
-    "compile_grammar",
-    "full_bitmask",
-    "schema_to_regex",
-]
+# Each public name and its module, imported on first use (PEP 562): the package's torch-free
+# modules (regex_syntax, regex_check, vocab) load without torch, which grammar and masks import;
+# the %%lm view respells a regex with regex_syntax as the engine does.
+_MODULE_OF = {
+    "GrammarBackend": "cache", "GrammarCache": "cache",
+    "GrammarCompileStopped": "errors", "GrammarError": "errors",
+    "CompiledGrammar": "grammar", "bitmask_width": "grammar", "compile_grammar": "grammar",
+    "apply_token_bitmask_": "masks", "full_bitmask": "masks",
+    "GrammarMatcher": "matcher",
+    "check_regex": "regex_check",
+    "INCOMPLETE_MESSAGE": "request_grammar", "RequestGrammar": "request_grammar",
+    "schema_to_regex": "schema",
+    "TokenVocabulary": "vocab",
+}
+
+
+def __getattr__(name: str):
+    if name in _MODULE_OF:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_MODULE_OF)

@@ -92,9 +92,9 @@ def _fullmatch(pattern: str, text: str) -> bool:
 
 def _automaton_accepts(pattern: str, text: str) -> Optional[bool]:
     """Whether outlines-core, the engine's automaton library, accepts all of ``text`` for
-    ``pattern``, built as the engine builds a pattern Python's ``re`` cannot read (bare:
-    ``lmnb_engine.constrained.grammar.compile_grammar``), or None where the library is not
-    installed or refuses the pattern.
+    ``pattern``, built as the engine builds a pattern Python's ``re`` cannot read: respelled
+    (``_engine_spelling``) and bare (``lmnb_engine.constrained.grammar.compile_grammar``); or None
+    where the library is not installed or refuses the pattern.
 
     The text is one token of a vocabulary that also has every single byte (so that the index
     builds whatever the text is): the index's state after that token is the automaton's state
@@ -113,13 +113,29 @@ def _automaton_accepts(pattern: str, text: str) -> Optional[bool]:
     tokens = {bytes([b]): [b] for b in range(256)}
     tokens.setdefault(data, []).append(256)
     try:
-        index = Index(pattern, Vocabulary(257, tokens))
+        index = Index(_engine_spelling(pattern), Vocabulary(257, tokens))
     except ValueError:
         return None
     state = index.get_initial_state()
     if data:
         state = index.get_next_state(state, 256)
     return state is not None and index.is_final_state(state)
+
+
+def _engine_spelling(pattern: str) -> str:
+    """``pattern`` as the engine hands it to the automaton library (``GrammarBackend.to_regex``):
+    anchors at its edges dropped and the rest respelled to keep Python's meaning (``\\w`` holds
+    Python's word characters, not Rust's), Unicode classes kept. A pattern the engine refuses
+    (``[\\p{Lu}&&[^AEIOU]]``: ambiguous to Python) came from a backend that took it as written,
+    so it is returned as written, for the library to read as Rust's ``regex`` does. Loads no torch."""
+    from lmnb_engine.constrained.errors import GrammarError
+    from lmnb_engine.constrained.regex_check import without_edge_anchors
+    from lmnb_engine.constrained.regex_syntax import automaton_syntax
+
+    try:
+        return automaton_syntax(without_edge_anchors(pattern))
+    except GrammarError:
+        return pattern
 
 
 def check_structured(
