@@ -10,6 +10,7 @@ client's values with ``json_value``. Importing it loads only ``jsonschema``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Optional
@@ -31,17 +32,6 @@ def at_a_unicode_class(error: re.error) -> bool:
     return error.msg in (r"bad escape \p", r"bad escape \P")
 
 
-def _refused_at_a_p_class(pattern: Any) -> bool:
-    """Whether Python's ``re`` refuses ``pattern`` for a ``\\p``/``\\P`` escape (a Unicode property
-    class), not for another error in it: a pattern such as ``\\\\p(`` (a backslash, "p", and a
-    group left open) holds the text "\\p" and is refused for its open group."""
-    try:
-        re.compile(pattern)
-    except re.error as e:
-        return at_a_unicode_class(e)
-    return False  # (not reached for a pattern jsonschema's "regex" format refused: re.compile raised there)
-
-
 def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
     they mean), checked against the JSON Schema meta-schema of its ``$schema`` draft (2020-12 when
@@ -54,7 +44,8 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
     Raises:
         ValueError: the boolean schema ``false`` (valid JSON Schema, which no value passes), a
             value JSON cannot represent, a schema the meta-schema rejects (the message gives
-            the location, e.g. ``#/properties/a``), or one nested too deeply to check (``TOO_DEEP``).
+            the location, e.g. ``#/properties/a``; a ``pattern`` Python's ``re`` cannot compile
+            is worded by ``_refused_pattern``), or one nested too deeply to check (``TOO_DEEP``).
     """
     if schema is False:
         raise ValueError("JSON schema false accepts no value: no output could validate; pass true or {} "
@@ -79,19 +70,86 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
-        if "is not a 'regex'" in e.message and _refused_at_a_p_class(e.instance):
-            # (valid JSON Schema, whose patterns are ECMA's; but jsonschema, whose check every output
-            # is made to pass, reads a pattern with Python's re)
-            raise ValueError(
-                f"JSON schema at {where}: the pattern {json_value(e.instance, SHOWN_CHARS)} uses a \\p{{...}} class, "
-                "which this engine cannot take in a schema: its outputs are made to pass jsonschema's check, which "
-                "reads a pattern with Python's re, and re has no such classes; write the characters as a class "
-                "(e.g. [A-Z] for ASCII capitals), or constrain the whole output with regex=, where \\p{...} works"
-            ) from None
+        refused = _refused_pattern(where, e.instance) if "is not a 'regex'" in e.message else None
+        if refused:
+            raise ValueError(refused) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
         message = in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
     return schema
+
+
+def _refused_pattern(where: str, pattern: Any) -> str | None:
+    """Why the schema's ``pattern`` (at ``where``, e.g. ``#/properties/a/pattern``), which the
+    meta-schema's ``regex`` format check refused, cannot be taken, or None where that is not
+    known: a syntax error, worded and placed as a ``regex`` constraint's
+    (``regex_errors.python_error``, its Unicode classes read as classes), or a Unicode class
+    (``\\p{L}``): valid JSON Schema, whose patterns are ECMA's, but jsonschema, whose check every
+    output is made to pass, reads a pattern with Python's ``re``, which has no such classes."""
+    from lmnb_engine.regex_errors import UNICODE_CLASS, python_error  # (it imports this module)
+
+    if not isinstance(pattern, str):
+        return None
+    shown = json_value(pattern, SHOWN_CHARS)
+    problem = python_error(pattern)
+    if problem:
+        return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
+                f"({problem}); fix the pattern")
+    if not UNICODE_CLASS.search(pattern):
+        return None  # (re's parser recursed too deeply, or a count it cannot hold: re's own words follow)
+    return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "
+            "schema: its outputs are made to pass jsonschema's check, which reads a pattern with Python's re, and re "
+            f"has no such classes; {_unicode_class_fix(pattern)}")
+
+
+# A Unicode class is offered spelled as ranges (``_as_ranges``) when it makes at most this many.
+MAX_SPELLED_RANGES = 4
+
+
+def _unicode_class_fix(pattern: str) -> str:
+    """How to write the schema pattern ``pattern`` without its Unicode classes: each as the ranges
+    of its characters where that is short (a Unicode block, ``\\p{InGreek}``: ``[\\u0370-\\u03ff]``),
+    else as a class of the characters meant; and the whole output constrained with ``regex=``
+    instead, only where ``regex=`` takes the pattern (Rust's regex has no Unicode blocks)."""
+    from lmnb_engine.regex_errors import UNICODE_CLASS, pattern_problem
+
+    spelled = {cls: _as_ranges(cls) for cls in dict.fromkeys(m.group(2) for m in UNICODE_CLASS.finditer(pattern))}
+    if all(spelled.values()):
+        fix = "write " + ", ".join(f"{cls} as {ranges}" for cls, ranges in spelled.items())
+    else:
+        fix = "write the characters as a class (e.g. [A-Z] for ASCII capitals)"
+    if pattern_problem(pattern) is None:
+        fix += ", or constrain the whole output with regex=, where \\p{...} works"
+    return fix
+
+
+@functools.lru_cache(maxsize=64)
+def _as_ranges(cls: str) -> str | None:
+    """The Unicode class ``cls`` (``\\p{InGreek}``) as a class of code-point ranges Python's ``re``
+    reads (``[\\u0370-\\u03ff]``), its characters as the ``regex`` package reads them (the Unicode
+    Character Database; surrogates, which no text holds, left out), or None where that package
+    does not read it or the ranges number more than ``MAX_SPELLED_RANGES``."""
+    try:
+        import regex
+    except ImportError:
+        return None
+    try:
+        runs = regex.compile(f"(?:{cls})+")
+    except regex.error:
+        return None
+    every = "".join(map(chr, range(0x110000)))  # (the index of a character is its code point)
+    spans = []
+    for m in runs.finditer(every):
+        for lo, hi in ((m.start(), min(m.end(), 0xD800)), (max(m.start(), 0xE000), m.end())):
+            if lo < hi:
+                spans.append((lo, hi - 1))
+            if len(spans) > MAX_SPELLED_RANGES:
+                return None
+
+    def code(c: int) -> str:
+        return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
+
+    return "[" + "".join(code(lo) if lo == hi else f"{code(lo)}-{code(hi)}" for lo, hi in spans) + "]" if spans else None
 
 
 def loaded_schema(schema: str | dict | bool, patterns: bool = True) -> dict | bool:

@@ -105,6 +105,25 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         bare = without_edge_anchors(anchored)
         assert [x for x in strings if re.fullmatch(anchored, x)] == [x for x in strings if re.fullmatch(bare, x)]
 
+
+def test_a_schema_pattern_with_a_unicode_block_gets_a_fix_that_works():
+    """A schema pattern with \\p{InGreek} was told to "constrain the whole output with regex=, where
+    \\p{...} works", which refuses it too (Rust's regex has no Unicode blocks). The fix offered is the
+    block as a range, U+0370-U+03FF (Unicode's Blocks.txt: "0370..03FF; Greek and Coptic"), which
+    the schema check then takes and jsonschema reads as meant."""
+    from lmnb_engine.json_schema import loaded_schema
+    from lmnb_engine.regex_errors import regex_problem
+
+    with pytest.raises(ValueError) as info:
+        loaded_schema({"type": "string", "pattern": "^\\p{InGreek}+$"})
+    said = str(info.value)
+    assert said.endswith("; write \\p{InGreek} as [\\u0370-\\u03ff]") and "regex=" not in said, said
+    assert regex_problem("^\\p{InGreek}+$") is not None  # (regex= refuses it: offering it was wrong)
+    fixed = loaded_schema({"type": "string", "pattern": "^[\\u0370-\\u03ff]+$"})
+    assert [jsonschema.Draft202012Validator(fixed).is_valid(text) for text in ("\u0370\u03b1\u03ff", "\u036f", "\u0400", "ab")] == [
+        True, False, False, False]
+
+
 @pytest.mark.parametrize(
     "schema, names",
     [
@@ -194,7 +213,12 @@ def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
         ({"type": "string", "pattern": "^\\p{L}+$"}, ['at #/pattern: the pattern "^\\\\p{L}+$" uses a \\p{...} class',
                                                    "Python's re, and re has no such classes", "regex=, where \\p{...} works"]),
         # (a backslash, "p", and an open group: refused for the group, not as a \p{...} class)
-        ({"type": "string", "pattern": "\\\\p("}, ['at #/pattern is not a valid JSON Schema: "\\\\\\\\p(" is not a "regex"']),
+        ({"type": "string", "pattern": "\\\\p("}, ['at #/pattern: the pattern "\\\\\\\\p(" cannot be compiled: it is not a valid '
+                                               "regular expression (missing ), unterminated subpattern at position 3)"]),
+        # said only '"a(b" is not a "regex"'; worded and placed as gen(regex="a(b") words it (the group opens at 1)
+        ({"properties": {"x": {"type": "string", "pattern": "a(b"}}},
+         ['JSON schema at #/properties/x/pattern: the pattern "a(b" cannot be compiled: it is not a valid regular '
+          "expression (missing ), unterminated subpattern at position 1); fix the pattern"]),
         ({"type": "string", "format": "date-time", "maxLength": 25},
          ['format "date-time"', "more than one place", "the format fixes the shape"]),
         ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ["$ref beside its listed values", "/$defs/nope"]),
