@@ -398,6 +398,15 @@ def test_a_setup_container_only_a_called_function_changes_in_place_is_noted_as_c
     _, p = export_notebook(notebook(f"import lmnb\n{setup}", 'q = "A"', "%%lm --temperature 0\n{q}{gen a max_tokens=2}",
                                     "n = len(q)", "%%lm --temperature 0\n{n}{gen z max_tokens=1}"))
     assert not [n for n in p.notes if "cache" in n]  # (no row calls remember)
+    # two such containers: one note in the plural (it said "cache, seen, ... is changed ... keeps one cache, seen")
+    setup2 = "cache = {}\nseen = []\ndef remember(k, v):\n    cache[k] = v\n    seen.append(k)\n    return len(cache)"
+    _, p = export_notebook(notebook(f"import lmnb\n{setup2}", 'q = "A"', "%%lm --temperature 0\n{q}{gen a max_tokens=2}",
+                                    "n = remember(q, a)", "%%lm --temperature 0\n{n}{gen z max_tokens=1}"))
+    assert [n for n in p.notes if "cache" in n] == [
+        "cell 1: cache, seen, which a function of this cell (run once) changes in place, are changed by the rows' "
+        "calls: the job keeps one of each, the script's, where each pass of the notebook starts from the set-up's (a "
+        "memo cache gives the same results either way): what one row changes, the next row sees, and the rows share "
+        f"them, {importlib.import_module('lmnb.export.plan')._RACE}"]
 
 
 @pytest.mark.parametrize("row, kind", [
@@ -1608,14 +1617,19 @@ def test_computed_gen_names_in_a_python_cell_are_warned_about():
     nb = notebook('q = "x"', '%%lm --python\nfor i in range(2):\n    s += q + lmnb.gen(f"g{i}", max_tokens=1)\n'
                   's += lmnb.gen("h", max_tokens=1)')
     _, p = export_notebook(nb)
-    assert ("cell 2: gen/select names f'g{i}' are computed, so the job does not bind them as variables (the "
+    assert ("cell 2: gen/select name f'g{i}' is computed, so the job does not bind it as a variable (the "
+            "kernel does); name it with a string literal, or read it from the cell's --out state") in p.notes
+    # two names: the plural (one name was "names ... are", two alike)
+    _, p = export_notebook(notebook('q = "x"', '%%lm --python\nfor i in range(2):\n    s += lmnb.gen(f"g{i}") + '
+                                    'lmnb.select(f"k{i}", choices=["a"])'))
+    assert ("cell 2: gen/select names f'g{i}', f'k{i}' are computed, so the job does not bind them as variables (the "
             "kernel does); name them with string literals, or read them from the cell's --out state") in p.notes
     for body in ('lmnb.gen("h", max_tokens=1)', "lmnb.gen(None, max_tokens=1)", "lmnb.gen(name=None)"):
         assert not any("computed" in n for n in export_notebook(notebook('q = "x"', f"%%lm --python\ns += q + {body}"))[1].notes)
 
 
-COMPUTED = ("gen/select names {} are computed, so the job does not bind them as variables (the kernel does); "
-            "name them with string literals, or read them from the cell's --out state")
+COMPUTED = ("gen/select name {} is computed, so the job does not bind it as a variable (the kernel does); "
+            "name it with a string literal, or read it from the cell's --out state")
 
 
 @pytest.mark.parametrize("setup, body, captures, computed", [
@@ -2192,7 +2206,7 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_
     assert p.star_globals == (name, "str") and f"job.keep(globals(), {name!r}, 'str')" in source
     assert [n for n in p.notes if n.startswith("cell 1:")] == [
         f"cell 1: {name}, str, which a function of this cell (run once) reads and the rows use above a per-row star "
-        f"import, may be set by that import: the job sets the script's global {name}, str there, as the notebook "
+        f"import, may be set by that import: the job sets the script's globals {name}, str there, as the notebook "
         f"does, and each row starts from what the cells run once left, "
         f"{importlib.import_module('lmnb.export.plan')._RACE}"]
     import math

@@ -889,6 +889,9 @@ def computed_capture_notes(index: int, tree: ast.Module, names: LmnbNames) -> li
                 if not isinstance(a, (ast.Constant, ast.Starred))]
     if not computed:
         return []
-    return [f"cell {index}: gen/select names {', '.join(dict.fromkeys(computed))} are computed, so the job does "
-            "not bind them as variables (the kernel does); name them with string literals, or read them from "
-            "the cell's --out state"]
+    shown = list(dict.fromkeys(computed))
+    if len(shown) == 1:
+        return [f"cell {index}: gen/select name {shown[0]} is computed, so the job does not bind it as a variable (the "
+                "kernel does); name it with a string literal, or read it from the cell's --out state"]
+    return [f"cell {index}: gen/select names {', '.join(shown)} are computed, so the job does not bind them as variables "
+            "(the kernel does); name them with string literals, or read them from the cell's --out state"]

@@ -32,6 +32,14 @@ _RACE = ("so rows running at once (--num-threads above 1) may read each other's 
          "function instead, or run the job with --num-threads 1")
 
 
+def _number_words(names: list) -> dict:
+    """The words a note about ``names`` (one or more) uses for them: ``is_`` ("is"/"are"), ``it``
+    ("it"/"them"), ``one`` ("one x"/"one of each") and ``s`` (a plural's "s")."""
+    if len(names) == 1:
+        return {"is_": "is", "it": "it", "one": f"one {names[0]}", "s": ""}
+    return {"is_": "are", "it": "them", "one": "one of each", "s": "s"}
+
+
 @dataclass
 class Plan:
     """The exported job's shape.
@@ -248,30 +256,31 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     changers = _cells_of(called, 4, lambda n: n in changed and n in module and n not in p.inputs
                          and n not in changed_classes)
     surely = {n for f in called for n in f[5]}  # (alone, a call that may change it is no change to note: PAT.sub(...))
-    for both, why in ((True, "is changed in place per row too (a cell that runs per row changes it, and calls "
-                             "the function): the job keeps one {shown}, the script's, as the notebook does, not a "
+    for both, why in ((True, "{is_} changed in place per row too (a cell that runs per row changes {it}, and calls "
+                             "the function): the job keeps {one}, the script's, as the notebook does, not a "
                              "copy per row"),
-                      (False, "is changed by the rows' calls: the job keeps one {shown}, the script's, where each "
+                      (False, "{is_} changed by the rows' calls: the job keeps {one}, the script's, where each "
                               "pass of the notebook starts from the set-up's (a memo cache gives the same results "
                               "either way)")):
         for where, names in _grouped({n: cs for n, cs in changers.items()
                                       if (n in changed_too) == both and (both or n in surely)}):
-            shown = ", ".join(names)
-            p.notes.append(f"{where}: {shown}, which {_functions_of(where)} (run once) {_verb('change', where)} in "
-                           "place, " + why.format(shown=shown)
-                           + f": what one row changes, the next row sees, and the rows share it, {_RACE}")
+            w = _number_words(names)
+            p.notes.append(f"{where}: {', '.join(names)}, which {_functions_of(where)} (run once) "
+                           f"{_verb('change', where)} in place, " + why.format(**w)
+                           + f": what one row changes, the next row sees, and the rows share {w['it']}, {_RACE}")
     setters = _cells_of(called, 3, lambda n: n in p.restored + p.shared)
     for where, names in _grouped(setters):
-        shown = ", ".join(names)
-        p.notes.append(f"{where}: {shown}, which {_functions_of(where)} (run once) {_verb('set', where)} by `global`, "
-                       "is set per row too (a cell that runs per row sets it, or calls a function that does): the job "
-                       f"keeps one {shown}, the script's global, as the notebook does, which the rows share, {_RACE}")
+        w = _number_words(names)
+        p.notes.append(f"{where}: {', '.join(names)}, which {_functions_of(where)} (run once) {_verb('set', where)} by "
+                       f"`global`, {w['is_']} set per row too (a cell that runs per row sets {w['it']}, or calls a "
+                       f"function that does): the job keeps {w['one']}, the script's global{w['s']}, as the notebook does, "
+                       f"which the rows share, {_RACE}")
     for where, names in _grouped(_cells_of(called, 2, lambda n: n in p.star_globals)):
         shown = ", ".join(names)
         p.notes.append(f"{where}: {shown}, which {_functions_of(where)} (run once) {_verb('read', where)} and the rows "
-                       f"use above a per-row star import, may be set by that import: the job sets the script's global "
-                       f"{shown} there, as the notebook does, and each row starts from what the cells run once left, "
-                       f"{_RACE}")
+                       f"use above a per-row star import, may be set by that import: the job sets the script's "
+                       f"global{_number_words(names)['s']} {shown} there, as the notebook does, and each row starts "
+                       f"from what the cells run once left, {_RACE}")
     for index in dict.fromkeys(classes[a.split(".")[0]] for a in attributes):
         here = [a for a in attributes if classes[a.split(".")[0]] == index]
         what = "a class attribute" if len(here) == 1 else "class attributes"
