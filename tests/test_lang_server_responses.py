@@ -902,3 +902,42 @@ def test_a_401_on_generate_is_an_auth_error_streamed_or_not(server, endpoint):
     with pytest.raises(BackendError) as e:  # (another refusal is no auth error)
         endpoint.generate(Prompt("Hi"), PARAMS, "r1")
     assert type(e.value) is BackendError
+
+
+def test_a_completion_model_with_no_known_template_warns_once_when_roles_are_used(server):
+    """A completion model whose name matched no template got the generic 'default' format
+    ('USER:...') for chat roles without a word; now one warning names the model, the format and
+    the fixes. A program without roles, or a template given, warns nothing."""
+    import warnings
+
+    server.answer = lambda h, b: send(h, 200, json.dumps({"id": "x", "choices": [
+        {"index": 0, "text": "ok", "finish_reason": "stop"}]}).encode())
+
+    @lmnb.function
+    def chat(s):
+        s += lmnb.user("Hi")
+        s += lmnb.assistant(lmnb.gen("a", max_tokens=2))
+
+    @lmnb.function
+    def plain(s):
+        s += "Hi" + lmnb.gen("a", max_tokens=2)
+
+    backend = lmnb.OpenAI("my-model", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        plain.run(backend=backend)
+        assert seen == []
+        chat.run(backend=backend)
+        chat.run(backend=backend)
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    text = str(seen[0].message)
+    assert "lmnb.OpenAI('my-model', is_chat_model=False)" in text and "'default' format ('USER:...\\nASSISTANT:')" in text
+    assert "chat_template=lmnb.get_chat_template('chatml')" in text and "lmnb.RuntimeEndpoint(URL)" in text
+    backend.shutdown()
+    given = lmnb.OpenAI("my-model", is_chat_model=False, chat_template=lmnb.get_chat_template("default"),
+                        base_url=server.url + "/v1", max_retries=0, timeout=5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        chat.run(backend=given)
+    assert seen == []
+    given.shutdown()

@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Iterator, Optional
 
@@ -88,7 +89,8 @@ class OpenAI(BaseBackend):
         model_name: the ``model`` of every request.
         is_chat_model: None = chat unless ``model_name`` is a known completion model.
         chat_template: role markers for the program text (completion models); default chosen
-            from the model name.
+            from the model name. When no name matches, the generic ``default`` format is used and
+            the first prompt with chat roles warns (``UserWarning``) naming the fixes.
         is_azure: use ``openai.AzureOpenAI``.
         base_url: API root (e.g. ``http://127.0.0.1:30000/v1``); None = the official API.
         api_key: default ``$OPENAI_API_KEY``; servers that need none get ``"EMPTY"``.
@@ -130,6 +132,8 @@ class OpenAI(BaseBackend):
         self.model_name = model_name
         self.is_chat_model = model_name not in COMPLETION_MODEL_NAMES if is_chat_model is None else is_chat_model
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
+        # the generic template chosen because no name matched: said once, when a program's roles use it
+        self._guessed_template = self.chat_template if chat_template is None and self.chat_template.name == "default" else None
         host = str(self.client.base_url)
         self.is_official = "api.openai.com" in host or is_azure
         self.token_usage = TokenUsage()
@@ -277,8 +281,28 @@ class OpenAI(BaseBackend):
                 kw["logprobs"] = params.top_logprobs_num or 0
         return kw
 
+    def _warn_guessed_template(self, prompt: Prompt) -> None:
+        """Warn once when a completion model's prompt has chat roles written in the generic
+        ``default`` format because no template matched the model name (a model trained on another
+        format answers worse, with no other sign of why)."""
+        if self.is_chat_model or self.chat_template is not self._guessed_template:
+            return
+        if not (prompt.messages or prompt.role):
+            return
+        self._guessed_template = None
+        warnings.warn(
+            f"lmnb.OpenAI({self.model_name!r}, is_chat_model=False): no chat template is known for this model "
+            "name, so the program's roles go out in the generic 'default' format ('USER:...\\nASSISTANT:'), "
+            "which the model may not be trained on. Give its format: OpenAI(..., "
+            "chat_template=lmnb.get_chat_template('chatml')) (or another registered name); or, on an lmnb serve "
+            "or SGLang server, connect to its root URL (no /v1) without --openai (lmnb.RuntimeEndpoint(URL); "
+            "%lm connect URL; a job's --backend URL), which uses the model's own template; or use it as a chat "
+            "model (leave out is_chat_model=False / --completion), so the server applies its template",
+            UserWarning, stacklevel=2)
+
     def _prompt_kwargs(self, prompt: Prompt) -> dict:
         if not self.is_chat_model:
+            self._warn_guessed_template(prompt)
             return {"prompt": prompt.text}
         if prompt.role != "assistant" or prompt.role_text.strip():
             raise BackendCannotRun(
@@ -611,6 +635,7 @@ class OpenAI(BaseBackend):
                 "unconditional_likelihood_normalized needs token ids, which OpenAI-compatible APIs do "
                 "not return; use token_length_normalized, lmnb.Engine or lmnb.RuntimeEndpoint"
             )
+        self._warn_guessed_template(prompt)
         ret = self._call(
             rid, model=self.model_name, prompt=[prompt.text] + [prompt.text + c for c in choices],
             echo=True, max_tokens=0, logprobs=0, temperature=0,
