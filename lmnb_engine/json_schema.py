@@ -74,7 +74,7 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         if refused:
             raise ValueError(refused) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
-        message = in_json_words(e.message, json_parts([e.instance, e.validator_value]))
+        message = _type_typo(e) or in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
     return schema
 
@@ -150,6 +150,30 @@ def _as_ranges(cls: str) -> str | None:
         return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
 
     return "[" + "".join(code(lo) if lo == hi else f"{code(lo)}-{code(hi)}" for lo, hi in spans) + "]" if spans else None
+
+
+# The names a schema's "type" may take (every draft's simpleTypes).
+JSON_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+
+
+def _type_typo(error: Any) -> Optional[str]:
+    """The message for a "type" that names no JSON type (``"intger"``, or one in a list): each such
+    name with the closest type, as Python's NameError offers one; None for other errors (the
+    meta-schema's ``anyOf`` on "type" says only that the value matches none of its schemas)."""
+    import difflib
+
+    names = error.instance if isinstance(error.instance, list) else [error.instance]
+    if error.validator != "anyOf" or not error.path or error.path[-1] != "type" or not all(isinstance(n, str) for n in names):
+        return None
+    wrong = [n for n in names if n not in JSON_TYPES]
+    if not wrong:  # (a list's fault is elsewhere, e.g. a name twice)
+        return None
+    said = []
+    for name in wrong:
+        close = difflib.get_close_matches(name.lower(), JSON_TYPES, n=1, cutoff=0.6)
+        said.append(f"{json_value(name, SHOWN_CHARS)} is not a JSON type"
+                    + (f"; did you mean {json_value(close[0])}?" if close else ""))
+    return "; ".join(said) + f" (the types: {', '.join(map(json_value, JSON_TYPES))})"
 
 
 def loaded_schema(schema: str | dict | bool, patterns: bool = True) -> dict | bool:

@@ -161,7 +161,10 @@ def test_a_schema_pattern_with_a_unicode_block_gets_a_fix_that_works():
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, ["#/properties/a/anyOf", "should be non-empty"]),
         ({"type": []}, ["#/type is not a valid JSON Schema"]),
         # the meta-schema (outlines-core said only "Unsupported type: objekt")
-        ({"type": "objekt"}, ['#/type is not a valid JSON Schema: "objekt" is not valid']),
+        ({"type": "objekt"}, ['#/type is not a valid JSON Schema: "objekt" is not a JSON type; did you mean "object"?']),
+        ({"type": ["Integer", "nul", "xyz"]}, ['#/type is not a valid JSON Schema: "Integer" is not a JSON type; did you '
+                                               'mean "integer"?; "nul" is not a JSON type; did you mean "null"?; "xyz" is '
+                                               'not a JSON type (the types: "array",']),
         ({"$schema": {}, "type": "string"}, ["#/$schema must be a string"]),  # jsonschema raised TypeError
         ({"type": "object", "properties": 5}, ['#/properties is not a valid JSON Schema: 5 is not of type "object"']),
         # jsonschema writes the values it names as Python does ('object', True): they are JSON's here
@@ -606,8 +609,10 @@ def test_an_invalid_regex_is_worded_alike_by_gen_a_cell_and_the_engine(backend):
 
 
 @pytest.mark.parametrize("schema, said", [
-    ('{"type": "strng"}', 'JSON schema at #/type is not a valid JSON Schema: "strng" is not valid under any of the given '
-                          "schemas"),  # (type's meta-schema is an anyOf: a type name or a list of them)
+    # (type's meta-schema is an anyOf of a type name or a list of them: jsonschema said only '"strng" is not
+    # valid under any of the given schemas'; the closest type is the one difflib ranks first)
+    ('{"type": "strng"}', 'JSON schema at #/type is not a valid JSON Schema: "strng" is not a JSON type; did you mean '
+                          '"string"? (the types: "array", "boolean", "integer", "null", "number", "object", "string")'),
     ({"type": "object", "properties": 5}, 'JSON schema at #/properties is not a valid JSON Schema: 5 is not of type '
                                           '"object"'),
     ("[1]", "json_schema must be a JSON object or a boolean, got [1]"),

@@ -995,8 +995,11 @@ _CONFLICT = {"regex": "a+", "min_new_tokens": 2}
     ({"$ref": "other.json#/$defs/x"}, 'JSON schema $ref "other.json#/$defs/x" at # points into another document'),
     ({"properties": {"c": {"const": "a\ud800"}}}, 'JSON schema at #/properties/c lists the string "a\\ud800"'),
     # jsonschema's own message, put in JSON's words (in_json_words): the surrogate was written bare
+    ({"properties": {"a": {"required": "\ud800"}}},
+     'JSON schema at #/properties/a/required is not a valid JSON Schema: "\\ud800" is not of type "array"'),
+    # a "type" that names no JSON type is told so (json_schema._type_typo), the name as JSON writes it
     ({"properties": {"a": {"type": "\ud800"}}},
-     'JSON schema at #/properties/a/type is not a valid JSON Schema: "\\ud800" is not valid under any of'),
+     'JSON schema at #/properties/a/type is not a valid JSON Schema: "\\ud800" is not a JSON type (the types:'),
     # a pattern the regex checker shows cut after 80 characters of its JSON, as a schema's values are
     ({"properties": {"p": {"type": "string", "pattern": "^\u00e9\u0001" + "x" * 90 + "[a-z]{1,2000}$"}}},
      'JSON schema pattern at #/properties/p: regex "^\u00e9\\u0001' + "x" * 71 + '… repeats a part 2000 times'),
