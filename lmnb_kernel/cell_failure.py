@@ -20,9 +20,16 @@ FIRST_LINE_CHARS = 80
 PART_HEAD_CHARS, PART_TAIL_CHARS = 1500, 500
 
 
+def with_note(name: str, note: str) -> str:
+    """``name`` (a cell as the report calls it) with ``note`` in parentheses, inside those ``name``
+    ends with ("cell 3 (cell 4 in the saved notebook; In [4])"), not a second pair."""
+    return f"{name[:-1]}; {note})" if name.endswith(")") else f"{name} ({note})"
+
+
 def describe_failure(cell, name: str, ename: str, evalue: str) -> str:
     """The report of ``cell`` (a notebook cell node, ``name`` as the report calls it: "cell 3",
-    counted from 1 over the source notebook's cells),
+    counted from 1 over the source notebook's cells, with the saved notebook's number where
+    that differs),
     which raised ``ename: evalue`` (nbclient's ``CellExecutionError`` fields, used when the cell
     has no ``error`` output)::
 
@@ -42,8 +49,8 @@ def describe_failure(cell, name: str, ename: str, evalue: str) -> str:
     frames = [e for e in entries if _CELL_FRAME.match(e)]
     left_out = sum(bool(_FILE_FRAME.match(e)) for e in entries)
     # frames are labelled by In [N], the execution count, which is not the cell's number
-    run_as = f" (In [{cell['execution_count']}])" if cell.get("execution_count") is not None else ""
-    head = f"{name}{run_as} raised {ename}; the cell begins: {_first_line(cell.get('source', ''))}"
+    run_as = with_note(name, f"In [{cell['execution_count']}]") if cell.get("execution_count") is not None else name
+    head = f"{run_as} raised {ename}; the cell begins: {_first_line(cell.get('source', ''))}"
     parts = [head, *frames]
     if not (frames and frames[-1].splitlines()[-1].startswith(f"{ename}:")):  # a SyntaxError's frame has it
         parts.append(f"{ename}: {evalue}")

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from lmnb.export.cells import Code, Dropped, ExportError, LMCell, is_lm_cell, python_cell, read_cells
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
-from lmnb_kernel.cell_failure import describe_failure
+from lmnb_kernel.cell_failure import describe_failure, with_note
 from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 
 
@@ -183,10 +183,13 @@ def run(args) -> int:
     injected = inject_parameters(nb, values) if values else None
     clear_outputs(nb)
 
-    def cell_name(number: int) -> str:  # in the source notebook's numbering, without the injected cell
+    def cell_name(number: int) -> str:
+        # in the source notebook's numbering, which the user edits, and the saved one's where the injected
+        # parameters cell shifted it: the saved notebook, where the outputs are, numbers the cells from there on
         if injected is None or number - 1 < injected:
             return f"cell {number}"
-        return "the injected parameters cell" if number - 1 == injected else f"cell {number - 1}"
+        saved = f"cell {number} in the saved notebook"
+        return f"the injected parameters cell ({saved})" if number - 1 == injected else f"cell {number - 1} ({saved})"
 
     # Headless: no one watches live widgets or their frames, so cells update their output in place,
     # rarely. The setting goes to the kernel's environment only, never into this process's os.environ.
@@ -288,7 +291,7 @@ def run(args) -> int:
         print(f"lmnb run: {failed}\n(outputs so far are {'written to' if where == 'stdout' else 'saved in'} "
               f"{where})", file=sys.stderr)
     elif cut_short:  # the cells ran, but the notebook saved does not show how they ended
-        cells = ", ".join(f"{cell_name(number)} (it says {said!r})" for number, said in cut_short.items())
+        cells = ", ".join(with_note(cell_name(number), f"it says {said!r}") for number, said in cut_short.items())
         many = len(cut_short) > 1
         print(f"lmnb run: the %%lm view{'s' * many} of {cells} {'written to' if where == 'stdout' else 'saved in'} "
               f"{where} {'are' if many else 'is'} unfinished, with no summary: the kernel's last update came more "
@@ -882,7 +885,7 @@ def _raised(nb, cell_name, timed_out: int | None = None, shown: int = 3, errors:
     read as a Ctrl-C)."""
     def name(number: int, ename: str) -> str:
         at_timeout = number == timed_out and ename == "KeyboardInterrupt"
-        return f"{cell_name(number)} ({ename}{' at --timeout' if at_timeout else ''})"
+        return with_note(cell_name(number), f"{ename}{' at --timeout' if at_timeout else ''}")
 
     errors = errors or {}
     raised = []

@@ -299,19 +299,30 @@ def test_a_huge_error_message_is_reported_by_its_head_and_tail():
                              "Cell In[1], line 1\n----> 1 raise ValueError(m)\n\n")
 
 
-def test_after_p_the_report_numbers_cells_as_the_source_notebook_does(tmp_path, capsys):
-    # the injected parameters cell shifted every later number by one
+@pytest.mark.parametrize("tagged", [True, False])
+def test_after_p_the_report_numbers_cells_as_the_source_and_the_saved_notebook_do(tmp_path, capsys, tagged):
+    # the injected parameters cell shifted every later number by one; the report then gave the source
+    # notebook's number alone, which the saved notebook (where the traceback is) gives another cell
     from lmnb_kernel.run import run
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# Config"),
-                nbformat.v4.new_code_cell("n = 1", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("n = 1", metadata={"tags": ["parameters"]} if tagged else {}),
                 nbformat.v4.new_code_cell("1 / (n - 2)")]
+    if not tagged:  # (the injected cell goes first: the notebook's own n = 1 would undo it)
+        nb.cells[1].source = "m = 1"
     nbformat.write(nb, tmp_path / "nb.ipynb")
     args = argparse.Namespace(notebook=str(tmp_path / "nb.ipynb"), output=str(tmp_path / "out.ipynb"),
                               parameter=[["n", "2"]], timeout=60, allow_errors=False)
     assert run(args) == 3
-    assert "lmnb run: cell 3 (In [3]) raised ZeroDivisionError; the cell begins: 1 / (n - 2)" in capsys.readouterr().err
+    saved = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells
+    number = next(i for i, c in enumerate(saved, 1)
+                  if any(o.get("ename") == "ZeroDivisionError" for o in c.get("outputs", [])))
+    assert number == 4 and saved[number - 1].execution_count == 3  # (the source's cell 3; three code cells ran)
+    out = capsys.readouterr()
+    assert ("lmnb run: cell 3 (cell 4 in the saved notebook; In [3]) raised ZeroDivisionError; the cell begins: "
+            "1 / (n - 2)") in out.err
+    assert "cells that raised: 1: cell 3 (cell 4 in the saved notebook; ZeroDivisionError)" in out.out
 
 
 def test_p_takes_its_words_attached_as_argparse_writes_them():
