@@ -2349,3 +2349,27 @@ def test_a_load_after_the_first_lm_cell_is_said_not_to_be_followed_and_not_calle
         assert (f"# %lm load {model}: the job's default --model if before the first %%lm cell (the job loads one "
                 "model, once)") in source
 
+
+
+def test_a_row_cell_that_only_calls_a_setup_class_function_or_module_does_not_copy_it(tmp_path, monkeypatch):
+    # Person.parse(q) (a method call) made Person a row copy, written
+    # 'Person = job_.row_copy(globals()["Person"])  # changed below' though nothing changes it; a set-up
+    # container the row changes (log.append) and a class whose attribute it sets are still changed
+    from helpers_export import write_rows
+
+    setup = ("import json\nfrom collections import OrderedDict\nclass Person:\n    @classmethod\n"
+             "    def parse(cls, text):\n        return text.upper()\ndef helper(x):\n    return x\nlog = []\n"
+             "seen = OrderedDict()")
+    cells = ["r = Person.parse(q) + json.dumps(q) + helper.__call__(q)\nlog.append(q)\nseen.update({q: 1})\n"
+             "r += str(len(log)) + str(len(seen))"]
+    nb = notebook(f'{setup}\nq = "a"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.copied == ("log", "seen")  # (the set-up containers that the row changes by a method call)
+    assert "row_copy(globals()[\"Person\"])" not in source and "row_copy(globals()[\"json\"])" not in source
+    rows = [{"q": q} for q in "bc"]
+    expected = [t for row, r in zip(rows, _notebook_passes(setup, cells, rows)) for t in (row["q"], r)]
+    assert expected[1::2] == ['B"b"b11', 'C"c"c11']
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    assert prompts == expected

@@ -358,15 +358,16 @@ _CONTAINER_CHANGES = frozenset({"append", "extend", "insert", "pop", "popitem", 
                                 "intersection_update", "symmetric_difference_update"})
 
 
-def _mutated(tree: ast.AST, surely: bool = False) -> tuple:
+def _mutated(tree: ast.AST, surely: bool = False, calls: bool = True) -> tuple:
     """Names whose object the code may change in place: a method call on them, or an item or
     attribute assigned or deleted (``seen.append(x)``, ``d[k] = v``, ``del d[k]``, ``d[k] += 1``).
     With ``surely``, of the method calls only those by which a dict, list or set changes in place
-    (not ``PAT.sub(...)`` nor ``cache.get(k)``: a note that says a change must be true)."""
+    (not ``PAT.sub(...)`` nor ``cache.get(k)``: a note that says a change must be true); with
+    ``calls`` False, no method calls at all (the items and attributes changed alone)."""
     out: dict = {}
     for node in ast.walk(tree):
         base = None
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if (calls and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and (not surely or node.func.attr in _CONTAINER_CHANGES)):
             base = node.func.value
         elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
-from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, bound_by
+from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, _mutated, bound_by
 from lmnb.export.parameters import read_parameters
 from lmnb.template.template import python_name
 
@@ -185,6 +185,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     moved = _moved_setup_cells(before, after, examples)
     setup = [c for c in cells if (c in before and c not in moved) or c is params_cell]
     row = [c for c in cells if c in moved or c in after]
+    _drop_definition_calls(setup, row)
     p = Plan(list(cells), setup, row, (), parameters, params_cell.index if params_cell else None)
     p.inputs, from_star = _fields(p, examples, given, parameters)
     p.texts = tuple(n for n in p.inputs if first_binding.get(n))
@@ -298,6 +299,32 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         if isinstance(c, Dropped):
             p.notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
     return p
+
+
+def _drop_definition_calls(setup: list, row: list) -> None:
+    """Take out of the row cells' ``mutates`` the set-up classes, functions and modules (the names the
+    set-up binds last by ``class``, ``def`` or ``import m``) that a row cell only calls methods of
+    (``Person.model_validate_json(x)``, ``json.loads(x)``): such a call is no change in place of a
+    container, which each row would need its own copy of (``Job.row_copy`` copies none of them). A
+    class attribute the rows change is ``_class_attributes``'s."""
+    import ast
+
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Import)
+    last: dict = {}
+    for c in setup:
+        if isinstance(c, Code):
+            for stmt in ast.parse(c.source).body:
+                for name in bound_by(stmt):
+                    last[name] = isinstance(stmt, kinds)
+            for name in c.declared_globals:  # (a function's `global` may bind it to anything)
+                last[name] = False
+    definitions = {name for name, defined in last.items() if defined}
+    for c in row:
+        if not isinstance(c, (Code, LMCell)) or not set(c.mutates) & definitions:
+            continue
+        tree = ast.parse(c.source) if isinstance(c, Code) else c.python.tree  # (a template cell changes nothing)
+        stored = set(_mutated(tree, calls=False))  # (an attribute or item set on it is a change: kept)
+        c.mutates = tuple(n for n in c.mutates if n not in definitions or n in stored)
 
 
 def _setup_classes(setup: list) -> dict:
