@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
+from lmnb_engine.chat_messages import missing_content
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
@@ -581,11 +582,20 @@ class Engine:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template.
 
-        Raises ``ValueError`` if the checkpoint has no chat template."""
+        Raises:
+            ValueError: the checkpoint has no chat template, or a message has no content (it was
+                rendered as empty text; the server refuses it alike: ``chat_messages.missing_content``).
+        """
         if not self.chat_template:
             raise ValueError(
                 f"the model at {self.model_path} has no chat template; format the prompt yourself"
             )
+        for i, m in enumerate(messages):
+            if isinstance(m, dict):
+                problem = missing_content(i, m.get("role"), m.get("content"),
+                                          [k for k in m if k not in ("role", "content", "name")])
+                if problem is not None:
+                    raise ValueError(problem)
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
         )

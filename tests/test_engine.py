@@ -513,6 +513,22 @@ def test_submit_handle_and_model_facts(engine):
     assert chat.endswith("<|assistant|>") and "<|user|>hi<|end|>" in chat
 
 
+@pytest.mark.parametrize("messages, said", [
+    ([{"role": "user"}], 'messages[0] has no content: give its text as "content": "..." (a string, or a list of '
+                         "text parts)"),
+    ([{"role": "system", "content": "a"}, {"role": "user", "contents": "hi"}],
+     'messages[1] has no content (it has "contents"): give its text as "content"'),
+    ([{"role": "user", "content": None, "name": "ann"}], "messages[0] has no content: give"),
+])
+def test_apply_chat_template_refuses_a_message_without_content_as_the_server_does(engine, messages, said):
+    # it was rendered as an empty message ("<|user|><|end|>"): what was meant was lost without a word
+    with pytest.raises(ValueError) as e:
+        engine.apply_chat_template(messages)
+    assert str(e.value).startswith(said)
+    # an assistant turn that calls a tool may leave its content out, as OpenAI's API allows
+    engine.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []}])
+
+
 def test_changing_params_after_submit_changes_no_queued_request(engine, hf):
     # One SamplingParams reused in a loop: each request runs with the values it was submitted with.
     p = engine.encode("the red cat")

@@ -39,6 +39,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from lmnb_engine.chat_messages import missing_content
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import (
     SSE_DONE,
@@ -726,12 +727,10 @@ def _plain_message(m: ChatMessage, i: int, images: list, ctx: ServerContext) -> 
     the model's image token in the text and its URL is appended to ``images``; other parts are
     rejected (an image part too, where the model takes no images: ``ServerContext.refuse_images``)."""
     content = m.content
-    extra = m.model_extra or {}
-    if content is None and not (m.role == "assistant" and ("tool_calls" in extra or "function_call" in extra)):
-        # (read as "" and answered 200, so a misspelt key, "contents", lost the message; OpenAI answers 400)
-        has = f" (it has {', '.join(map(json_value, extra))})" if extra else ""
-        raise RequestError(f'messages[{i}] has no content{has}: give its text as "content": "..." (a string, or a '
-                           'list of text parts)', param=f"messages[{i}].content")
+    # (read as "" and answered 200, so a misspelt key, "contents", lost the message; OpenAI answers 400)
+    problem = missing_content(i, m.role, content, m.model_extra or {})
+    if problem is not None:
+        raise RequestError(problem, param=f"messages[{i}].content")
     if isinstance(content, list):
         bad = [p.type for p in content if p.type not in ("text", "image_url")]
         if bad:
