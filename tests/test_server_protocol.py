@@ -846,6 +846,30 @@ def test_a_generate_error_names_the_field_as_the_client_sent_it(served, body, pa
 _USER = [{"role": "user", "content": "a"}]
 
 
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"1": 5}},
+     "logit_bias is not supported by lmnb serve; leave it out (to hold the reply to given forms, constrain it with "
+     "response_format or regex)"),
+    ("/v1/completions", {"prompt": "a", "suffix": "b"}, "suffix is not supported by lmnb serve; leave it out"),
+    ("/v1/completions", {"prompt": "a", "n": 2, "best_of": 3},
+     "best_of=3 is not supported by lmnb serve: it must equal n (2); leave it out"),
+    ("/v1/chat/completions", {"messages": _USER, "tools": [{}]},
+     'tool calling is not supported by lmnb serve; leave out tools and tool_choice (or send tool_choice "none")'),
+    ("/v1/chat/completions", {"messages": _USER, "stream": True,
+                              "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats is not supported by lmnb serve; leave it out: usage comes in the last "
+     "chunk (include_usage)"),
+    ("/generate", {"text": "a", "sampling_params": {"spaces_between_special_tokens": False}},
+     "sampling_params.spaces_between_special_tokens=false is not supported by lmnb serve; leave it out (or send "
+     "true)"),
+])
+def test_a_field_lmnb_serve_does_not_support_is_refused_with_the_fix(served, path, body, message):
+    # "logit_bias is not supported by lmnb", "suffix is not supported": no word of what to do instead
+    _, url = served
+    r = _post(url, path, {"model": "rec", **body} if path.startswith("/v1") else body)
+    assert r.status_code == 400 and r.json()["error"]["message"] == message, r.json()
+
+
 @pytest.mark.parametrize(
     "path,body,param",
     [
@@ -1649,8 +1673,9 @@ _EMPTY_MATCH = "matches the empty string, so it would stop before the first toke
     ("/generate", {"text": "a", "sampling_params": {"skip_special_tokens": None, "ignore_eos": "no"}},
      'sampling_params.ignore_eos="no" is invalid: must be true or false'),
     ("/generate", {"text": "a", "sampling_params": {"no_stop_trim": True}},
-     "sampling_params.no_stop_trim=true is not supported by lmnb"),
-    ("/generate", {"text": "a", "sampling_params": {"ebnf": "é"}}, 'sampling_params.ebnf="é" is not supported by lmnb'),
+     "sampling_params.no_stop_trim=true is not supported by lmnb serve; leave it out (or send false)"),
+    ("/generate", {"text": "a", "sampling_params": {"ebnf": "é"}},
+     'sampling_params.ebnf="é" is not supported by lmnb serve; leave it out'),
     ("/generate", {"text": "a", "stream": "no"}, 'stream must be true or false, not "no"'),
     ("/generate", {"text": ["a", "b"], "sampling_params": [{}, {"stop_regex": ["x", "é*"]}]},
      f'sampling_params[1].stop_regex=["x", "é*"] is invalid: "é*" {_EMPTY_MATCH}'),

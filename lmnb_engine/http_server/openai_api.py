@@ -307,13 +307,14 @@ def _response_id(req: _SamplingRequest, prefix: str) -> str:
 
 def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, start: int = -1) -> SamplingParams:
     if req.logit_bias:
-        raise RequestError("logit_bias is not supported by lmnb", param="logit_bias")
+        raise RequestError("logit_bias is not supported by lmnb serve; leave it out (to hold the reply to given "
+                           "forms, constrain it with response_format or regex)", param="logit_bias")
     if req.stream_options is not None and not req.stream:  # (OpenAI's and vLLM's 400 too: it would do nothing)
         raise RequestError("stream_options is only allowed with stream=true; drop it, or stream the reply",
                            param="stream_options")
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
-        raise RequestError("stream_options.continuous_usage_stats is not supported: usage comes in the last "
-                           "chunk (include_usage)", param="stream_options")
+        raise RequestError("stream_options.continuous_usage_stats is not supported by lmnb serve; leave it out: "
+                           "usage comes in the last chunk (include_usage)", param="stream_options")
     if not 0 <= top <= MAX_TOP_LOGPROBS:
         name = _param(req, "top_logprobs_num")  # the field that asked for them
         raise RequestError(f"{name}={top} is out of range: give 0 to {MAX_TOP_LOGPROBS} top logprobs per token",
@@ -602,9 +603,10 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         req = _validate(CompletionRequest, await json_body(request), "/v1/completions")
         check_model(req.model)
         if req.suffix:
-            raise RequestError("suffix is not supported", param="suffix")
+            raise RequestError("suffix is not supported by lmnb serve; leave it out", param="suffix")
         if req.best_of not in (None, 1, req.n):
-            raise RequestError("best_of other than n is not supported", param="best_of")
+            raise RequestError(f"best_of={req.best_of} is not supported by lmnb serve: it must equal n ({req.n}); "
+                               "leave it out", param="best_of")
         p = req.prompt
         if isinstance(p, str):
             prompts = [p]
@@ -652,7 +654,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         req = _validate(ChatRequest, await json_body(request), "/v1/chat/completions")
         check_model(req.model)
         if req.tools or req.tool_choice not in (None, "none"):
-            raise RequestError("tool calling is not supported by lmnb serve", param="tools")
+            raise RequestError('tool calling is not supported by lmnb serve; leave out tools and tool_choice (or send '
+                               'tool_choice "none")', param="tools")
         if not req.messages:
             raise RequestError("messages is empty", param="messages")
         if not engine.chat_template:

@@ -173,7 +173,9 @@ def sampling_params_from_json(
                 kwargs[_SAMPLING_KEYS[key]] = value
         elif key in _NEUTRAL_KEYS:
             if value is not None and value != _NEUTRAL_KEYS[key]:
-                raise RequestError(f"sampling_params.{key}={json_value(value)} is not supported by lmnb",
+                neutral = _NEUTRAL_KEYS[key]
+                raise RequestError(f"sampling_params.{key}={json_value(value)} is not supported by lmnb serve; "
+                                   f"leave it out{'' if neutral is None else f' (or send {json_value(neutral)})'}",
                                    param=f"sampling_params.{key}")
         elif key in _REQUEST_KEYS:  # (SGLang's GenerateReqInput field, not a sampling parameter)
             raise RequestError(f"{key} is a field of the request, not a sampling parameter: send it beside "
