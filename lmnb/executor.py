@@ -64,15 +64,18 @@ class ProgramError(RuntimeError):
         branch: fork path of the failing state, e.g. ``(2,)`` for branch 2 of a fork of the root.
         expr: repr of the primitive that failed.
         partial_text: the state's text up to the failure (nothing is lost).
+        primitive: the primitive (``lmnb.ir.Expr``) that failed, or None.
     """
 
-    def __init__(self, message: str, branch: tuple = (), expr: str = "", partial_text: str = ""):
+    def __init__(self, message: str, branch: tuple = (), expr: str = "", partial_text: str = "",
+                 primitive: Optional[Any] = None):
         where = f"in fork branch {'.'.join(map(str, branch))}: " if branch else ""
         super().__init__(where + message)
         self.message = message  # without the branch prefix (ForkError names the branch itself)
         self.branch = branch
         self.expr = expr
         self.partial_text = partial_text
+        self.primitive = primitive
 
 
 ABORTED = ("the program state was aborted; the text it had written is in the error's partial_text "
@@ -519,7 +522,7 @@ class StreamExecutor:
                 self.abort()  # as Ctrl-C in run() does; the rest of the queue is skipped
                 interrupted = e
             except BaseException as e:  # noqa: BLE001 - every failure is recorded, none is lost
-                self.fail(repr(expr), e)
+                self.fail(repr(expr), e, expr)
         if interrupted is not None:  # raised once the queue is settled, so waiting for it cannot hang
             raise interrupted
 
@@ -530,13 +533,14 @@ class StreamExecutor:
             self._version += 1
             self._cv.notify_all()
 
-    def fail(self, what: str, exc: BaseException) -> None:
-        """Record ``exc`` (raised by ``what``, e.g. a primitive's repr) as this state's error."""
+    def fail(self, what: str, exc: BaseException, primitive: Optional[Expr] = None) -> None:
+        """Record ``exc`` (raised by ``what``, e.g. a primitive's repr; by ``primitive``, where one
+        raised it) as this state's error."""
         if isinstance(exc, ProgramError):
             err = exc
         else:
             shown = what if len(what) <= 160 else f"{what[:100]} ... {what[-50:]}"  # a prompt can be long
-            err = ProgramError(f"{shown} failed: {type(exc).__name__}: {exc}", self.branch, what, self.text_)
+            err = ProgramError(f"{shown} failed: {type(exc).__name__}: {exc}", self.branch, what, self.text_, primitive)
             err.__cause__ = exc
         with self._cv:
             if self.error_ is None:
@@ -865,7 +869,7 @@ class StreamExecutor:
                 except ProgramError:
                     raise
                 except Exception as exc:  # named by the part that failed, not the whole list
-                    self.fail(repr(e), exc)
+                    self.fail(repr(e), exc, e)
                 if self.error_ is not None:  # failed (or aborted): the rest of the list is skipped
                     return
         elif isinstance(expr, Gen):

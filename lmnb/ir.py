@@ -294,7 +294,13 @@ def dtype_regex(dtype: Any) -> tuple[str, Callable[[str], Any]]:
 
 
 class Expr:
-    """Base of every primitive. ``a + b`` builds an ``ExprList``; strings become ``ConstantText``."""
+    """Base of every primitive. ``a + b`` builds an ``ExprList``; strings become ``ConstantText``.
+
+    ``cell_offset``: where a ``%%lm`` cell wrote it (the character offset of its hole in the cell
+    body, set by the cell's interpreter), so that the cell's error points there; None elsewhere.
+    """
+
+    cell_offset: Optional[int] = None
 
     def __add__(self, other: Any) -> "ExprList":
         return ExprList([self, as_expr(other)])

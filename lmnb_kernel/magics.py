@@ -344,7 +344,7 @@ class LMMagics(Magics):
                                       "kept") from None
             self.finish(args, view, outcome, count, cell_id, rerun)
             if outcome.error is not None:
-                message = _describe(outcome.error, filename)
+                message = _describe(outcome.error, filename, None if args.python else template)
                 # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
                 if start is not None and "tokens exceeds the model's context length" in message:
                     message += self._overflow_hint(args.state, start)
@@ -474,10 +474,12 @@ def _ending(view) -> Iterator[None]:
         raise
 
 
-def _describe(error: BaseException, filename: str) -> str:
-    """One message for a failed cell: the template's own position, or the cell line of Python code."""
-    from lmnb.executor import ForkError
+def _describe(error: BaseException, filename: str, template=None) -> str:
+    """One message for a failed cell: the template's own position, the hole of the ``template``'s
+    primitive that failed as it ran (a gen the backend refused), or the cell line of Python code."""
+    from lmnb.executor import ForkError, ProgramError
     from lmnb.template import TemplateError
+    from lmnb.template.errors import TemplateRuntimeError
 
     chain = []
     cause: BaseException | None = error
@@ -489,6 +491,10 @@ def _describe(error: BaseException, filename: str) -> str:
             return str(exc)
     if isinstance(error, ForkError):  # the join's line says nothing of which branch failed where
         return f"ForkError: {error}"
+    offset = getattr(getattr(error, "primitive", None), "cell_offset", None)
+    if template is not None and isinstance(error, ProgramError) and offset is not None:
+        return str(TemplateRuntimeError(str(error), template.source, offset, template.first_line,
+                                        indent=template.indent))
     for exc in reversed(chain):  # innermost first: where the cell's own code failed
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
         if frames:

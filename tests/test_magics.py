@@ -155,6 +155,19 @@ def test_a_cells_max_tokens_of_128_is_named_as_the_cells_not_as_lmnbs_default(ip
             "max_tokens=N, or lower that)") in out.stdout
 
 
+def test_a_gen_the_engine_refuses_as_it_runs_points_at_its_hole(ip):
+    """{gen w max_tokens=N} past the context failed with "ProgramError: Gen('w') failed: ..." and no
+    line or column, where a hole's own failure ({1/0}) points at the hole; the engine's refusal is
+    now placed as those are: the cell's line 3 (line 1 is %%lm), column 8 (the "{" after "  there")."""
+    context_len = get_session().engine("test").context_len
+    failed, out = run(ip, "%%lm --static\nHello\n  there{gen w max_tokens=" + f"{context_len * 2}" + "}")
+    assert not failed.success
+    n = len(get_session().engine("test").encode("Hello\n  there"))
+    assert (f"line 3, col 8: Gen('w') failed: ValueError: prompt of {n} tokens + max_tokens={context_len * 2} exceeds "
+            f"the model's context length of {context_len} tokens; shorten the prompt or lower max_tokens\n"
+            "      there{gen w max_tokens=" + f"{context_len * 2}" + "}\n           ^") in out.stdout
+
+
 def test_a_python_cells_own_run_names_run_not_the_cells_option(ip):
     """A --python cell's body that calls run(max_new_tokens=...) itself: that run's limit is the
     Python call's, not the cell's --max-tokens (which only the cell's own program takes)."""

@@ -62,11 +62,13 @@ class _Run:
                 raise self.error(problem, o.value.offset)
         fn = getattr(lmnb, node.primitive)
         try:
-            return fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
+            expr = fn(node.name, **kwargs) if node.name is not None else fn(**kwargs)
         except (TypeError, ValueError) as e:  # lmnb refused a value the check above lets through
             # at the option the message names ("stop=5 is invalid"), if exactly one; else the hole
             named = [o for o in node.options if re.search(rf"\b{re.escape(o.key)}\b", str(e))]
             raise self.error(f"{node.primitive}: {e}", named[0].value.offset if len(named) == 1 else node.offset) from e
+        expr.cell_offset = node.offset  # (its failure as it runs, the backend's refusal, points at the hole too)
+        return expr
 
     def media(self, node: Media, s, local):
         import lmnb
