@@ -9,13 +9,20 @@ from typing import Optional
 from lmnb_engine.outputs import FinishReason, GenerateResult, RequestMeta, StreamEvent, TokenLogprob
 from lmnb_engine.params import SamplingParams
 
-__all__ = ["MODEL_ENV", "Engine", "FinishReason", "GenerateResult", "RequestMeta", "SamplingParams", "StreamEvent",
+__all__ = ["API_KEY_ENV", "MODEL_ENV", "Engine", "FinishReason", "GenerateResult", "RequestMeta", "SamplingParams", "StreamEvent",
            "TokenLogprob", "model_or_env"]
 
 # The environment variable that names the model of every front end given none (``lmnb serve``,
 # ``%lm load``, batch jobs); tests and CI point it at a local checkpoint. Defined here, at the
 # bottom of the import chain, so that all three read one name.
 MODEL_ENV = "LMNB_MODEL"
+
+
+# The environment variable that the client front ends (batch jobs, ``%lm connect``) read the API key
+# of an SGLang-protocol server (``lmnb serve --api-key``) from when none is given: a key on the
+# command line shows in ``ps`` and the shell's history. OpenAI-compatible servers keep the openai
+# client's ``$OPENAI_API_KEY`` (this one would go to the official API too).
+API_KEY_ENV = "LMNB_API_KEY"
 
 
 def model_or_env(model: Optional[str] = None) -> Optional[str]:

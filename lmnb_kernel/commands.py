@@ -6,9 +6,11 @@ Each function takes the parsed arguments and the ``Session`` and displays a smal
 from __future__ import annotations
 
 import contextlib
+import os
 
 from IPython.display import display
 
+from lmnb_engine import API_KEY_ENV
 from lmnb_kernel.errors import CellError
 from lmnb_kernel.session import EngineConfig, Session
 from lmnb_kernel.tables import percent, table
@@ -55,14 +57,17 @@ def connect(args, session: Session) -> None:
             backend = lmnb.OpenAI(args.openai, base_url=args.url, api_key=args.api_key,
                                   is_chat_model=False if args.completion else None, **timeout)
             what = f"OpenAI-compatible server {args.url} (model {args.openai})"
-        else:
-            backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key, **timeout)
+        else:  # (the key may come from the environment: one in the notebook is saved with it)
+            backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                                           **timeout)
             what = f"SGLang-protocol server {args.url}"
     except Exception as e:  # the backends raise BackendError / httpx errors naming the cause
         hint = f"; {args.url} looks like an OpenAI API root: add --openai MODEL" if v1 and not args.openai else ""
         if isinstance(e, BackendAuthError):
             hint += ("; the server refused the --api-key given: check it" if args.api_key else
-                     "; the server asks for an API key: %lm connect URL --api-key KEY")
+                     f"; the server refused the key in ${API_KEY_ENV}: check it" if os.environ.get(API_KEY_ENV) else
+                     f"; the server asks for an API key: %lm connect URL --api-key KEY, or set ${API_KEY_ENV} in "
+                     "the kernel's environment")
         raise CellError(f"could not connect to {args.url}: {e}{hint}") from e
     if args.openai:
         what += _served_models_note(backend, args, v1)

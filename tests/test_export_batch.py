@@ -1609,12 +1609,14 @@ def test_a_job_without_row_fields_warns_that_the_rows_fields_are_not_used(tmp_pa
     assert "warning" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("key, advice", [([], "; the server asks for an API key: pass --api-key KEY"),
+@pytest.mark.parametrize("key, advice", [([], "; the server asks for an API key: pass --api-key KEY or set "
+                                              "$LMNB_API_KEY"),
                                          (["--api-key", "wrong"], "; the server refused the --api-key given")])
-def test_a_server_that_wants_a_key_is_named_with_the_option_that_gives_it(tmp_path, capsys, key, advice):
+def test_a_server_that_wants_a_key_is_named_with_the_option_that_gives_it(tmp_path, capsys, monkeypatch, key, advice):
     """A job whose --backend (or notebook's %lm connect URL) is ``lmnb serve --api-key K`` said only
     the server's words for an HTTP client, "send Authorization: Bearer <key>", not the job's
     --api-key option."""
+    monkeypatch.delenv("LMNB_API_KEY", raising=False)
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
     with keyed_server() as url:
         job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
@@ -1623,6 +1625,37 @@ def test_a_server_that_wants_a_key_is_named_with_the_option_that_gives_it(tmp_pa
     err = capsys.readouterr().err
     assert (f"lmnb batch: could not start the backend ({url}): BackendAuthError: GET {url}/get_model_info: HTTP 401: "
             f"missing or wrong API key (send Authorization: Bearer <key>){advice}\n") in err, err
+
+
+@pytest.mark.parametrize("argv, sent", [([], "Bearer from-env"), (["--api-key", "given"], "Bearer given")])
+def test_the_key_of_an_sglang_protocol_server_may_come_from_lmnb_api_key(tmp_path, capsys, monkeypatch, argv, sent):
+    """--api-key was the only way to give the key (it shows in ps and the shell's history), where the
+    OpenAI path reads $OPENAI_API_KEY; $LMNB_API_KEY gives it now, and --api-key still wins."""
+    import http.server as hs
+
+    from helpers_lang import send, serve_http
+
+    seen = []
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # (lmnb serve's answer to a wrong key)
+            seen.append(self.headers.get("Authorization"))
+            send(self, 401, b'{"error": {"message": "missing or wrong API key", "code": 401}}')
+
+    monkeypatch.setenv("LMNB_API_KEY", "from-env")
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    with serve_http(Handler) as url:
+        job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                          "--backend", url, "--no-progress", *argv])
+        assert job.run(run_row, programs=[echo]) == 2
+    assert seen and set(seen) == {sent}
+    refused = "the --api-key given" if argv else "the key in $LMNB_API_KEY"
+    assert f"missing or wrong API key; the server refused {refused}\n" in capsys.readouterr().err
 
 
 def test_a_text_field_given_another_json_value_is_bad_input_and_the_good_rows_run(tmp_path, capsys):

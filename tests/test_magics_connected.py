@@ -111,14 +111,20 @@ def keyed_server():
         yield url
 
 
-@pytest.mark.parametrize("key, advice", [
-    (None, "; the server asks for an API key: %lm connect URL --api-key KEY"),
-    ("wrong", "; the server refused the --api-key given: check it"),
+@pytest.mark.parametrize("key, env, advice", [
+    (None, None, "; the server asks for an API key: %lm connect URL --api-key KEY, or set $LMNB_API_KEY in the "
+                 "kernel's environment"),
+    ("wrong", None, "; the server refused the --api-key given: check it"),
+    (None, "wrong", "; the server refused the key in $LMNB_API_KEY: check it"),  # (a key kept out of the notebook)
 ])
-def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, advice, keyed_server):
+def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, env, advice, keyed_server, monkeypatch):
     """``%lm connect URL`` to ``lmnb serve --api-key K`` said "missing or wrong API key (send
     Authorization: Bearer <key>)", the server's words for an HTTP client, not how to give the key
     to %lm connect."""
+    if env is None:
+        monkeypatch.delenv("LMNB_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("LMNB_API_KEY", env)
     url = keyed_server
     session = Session()
     args = types.SimpleNamespace(url=url, api_key=key, openai=None, completion=False, timeout=5)
@@ -130,6 +136,33 @@ def test_connect_to_a_server_that_wants_a_key_says_to_pass_it(key, advice, keyed
     assert isinstance(e.value.__cause__, BackendAuthError)
     assert str(e.value) == (f"could not connect to {url}: GET {url}/get_model_info: HTTP 401: missing or wrong API "
                             f"key (send Authorization: Bearer <key>){advice}")
+
+
+def test_connect_sends_the_key_in_lmnb_api_key(monkeypatch):
+    """The key could be given only as --api-key, written in the notebook (and saved with it)."""
+    import http.server as hs
+
+    seen = []
+
+    class Handler(hs.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            helpers_lang.send(self, 401, b'{"error": {"message": "missing or wrong API key", "code": 401}}')
+
+    monkeypatch.setenv("LMNB_API_KEY", "from-env")
+    session = Session()
+    try:
+        with helpers_lang.serve_http(Handler) as url, pytest.raises(CellError):
+            commands.connect(types.SimpleNamespace(url=url, api_key=None, openai=None, completion=False, timeout=5),
+                             session)
+    finally:
+        session.close()
+    assert seen and set(seen) == {"Bearer from-env"}
 
 
 @pytest.mark.parametrize("key, advice", [

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -17,7 +18,7 @@ from lmnb.backend.base import BackendAuthError
 from lmnb.backend.runtime_endpoint import READ_TIMEOUT_S
 from lmnb.batch.inputs import FORMATS, InputError, input_format
 from lmnb.template.cell_options import positive_seconds
-from lmnb_engine import MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
+from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
 from lmnb_engine.cli_options import Once, OnceFlag, in_option_syntax, take_negative_numbers
 
 DEFAULT_THREADS = 16
@@ -84,7 +85,9 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
     p.add_argument("--completion", action=OnceFlag, default=None,
                    help="with --openai: a completion model (prompts go out as text, not chat messages)"
                         + (f" (the default{with_backend} and --openai)" if completion else ""))
-    p.add_argument("--api-key", action=Once, help="API key sent to the server (OpenAI default: $OPENAI_API_KEY)")
+    p.add_argument("--api-key", action=Once,
+                   help=f"API key sent to the server (default: ${API_KEY_ENV}; with --openai: $OPENAI_API_KEY); the "
+                        "variable keeps the key out of ps and the shell's history")
     p.add_argument("--timeout", action=Once, type=positive_seconds, metavar="SECONDS", default=None,
                    help=f"server backends: seconds to wait for the server's response before the row fails "
                         f"(default{with_backend if timeout is not None else ''}: "
@@ -177,9 +180,17 @@ def start_failure(args: argparse.Namespace, default_model: Optional[str], e: Bas
     text = (f"could not start the backend ({backend_label(args, default_model)}): {type(e).__name__}: "
             f"{in_option_syntax(e, vars(args))}")
     if isinstance(e, BackendAuthError):
-        text += ("; the server refused the --api-key given" if getattr(args, "api_key", None) else
-                 "; the server asks for an API key: pass --api-key KEY")
+        given = _key_source(args)
+        text += (f"; the server refused {given}" if given else "; the server asks for an API key: pass --api-key KEY"
+                 + ("" if getattr(args, "openai", None) else f" or set ${API_KEY_ENV}"))
     return text
+
+
+def _key_source(args: argparse.Namespace) -> Optional[str]:
+    """Where the API key sent to an SGLang-protocol server came from, for messages; None: none was sent."""
+    if getattr(args, "api_key", None):
+        return "the --api-key given"
+    return f"the key in ${API_KEY_ENV}" if not getattr(args, "openai", None) and os.environ.get(API_KEY_ENV) else None
 
 
 def backend_label(args: argparse.Namespace, default_model: Optional[str] = None) -> str:
@@ -225,7 +236,7 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
         return backend
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
-    return lmnb.RuntimeEndpoint(url, api_key=args.api_key, **timeout)
+    return lmnb.RuntimeEndpoint(url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, **timeout)
 
 
 def _check_served_model(backend, model: str, url: str) -> None:
