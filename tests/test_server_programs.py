@@ -488,8 +488,10 @@ def test_a_url_with_or_without_v1_given_to_the_wrong_backend_says_which_url_to_g
         f"GET {url}/v1/get_model_info: HTTP 404: Not Found; RuntimeEndpoint takes the server's root URL "
         "(http://HOST:PORT), where SGLang's native routes are: drop the /v1, or use lmnb.OpenAI(model, "
         "base_url=...) for the OpenAI API it serves")
-    for chat in (False, True):
-        state = multi_turn_chat.run("a", "b", backend=sgl.OpenAI("tiny", base_url=url, is_chat_model=chat, max_retries=0))
+    for chat in (False, True):  # (a template named: the roles' format is not what this test is about)
+        backend = sgl.OpenAI("tiny", base_url=url, is_chat_model=chat, max_retries=0,
+                             chat_template=sgl.get_chat_template("chatml"))
+        state = multi_turn_chat.run("a", "b", backend=backend)
         assert str(state.error().__cause__).endswith(
             f"HTTP 404: Not Found; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
             f"base_url='{url}/v1'")
