@@ -22,7 +22,7 @@ differently from the ``regex`` package, or with anything else (anchors, lookarou
 backreferences, atomic groups, possessive repeats, verbose mode, ``regex``-only syntax such as
 ``\\p{L}``) gets no automaton, and is searched as before. Which characters each position accepts is
 decided by the ``regex`` package itself (a one-character pattern of its own, with the pattern's
-flags), so ``\\d``, ``\\w`` and case-insensitive matching mean what they mean in the whole pattern.
+global flags and inside the scoped flag groups that hold the position, as written), so ``\\d``, ``\\w`` and case-insensitive matching mean what they mean in the whole pattern.
 """
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ class _Unsupported(Exception):
     """The pattern holds something the automaton does not represent."""
 
 
+def _letters(flags: int) -> str:
+    """An inline flag group's letters for re's flag bits (as re._parser gives a scoped group's)."""
+    return "".join(c for c, f in (("i", re.IGNORECASE), ("m", re.MULTILINE), ("s", re.DOTALL), ("x", re.VERBOSE),
+                                  ("a", re.ASCII), ("u", re.UNICODE)) if flags & f)
+
+
 def _char(code: int) -> str:
     return f"\\U{code:08x}"
 
@@ -83,9 +89,14 @@ class StopAutomaton:
         flags = parsed.state.flags
         if flags & (re.VERBOSE | re.LOCALE):
             raise _Unsupported("verbose or locale mode")
+        import regex
+
+        # the pattern's global flags, as the regex package compiles a leaf with them
+        self._flags = ((regex.IGNORECASE if flags & re.IGNORECASE else 0) | (regex.DOTALL if flags & re.DOTALL else 0)
+                       | (regex.ASCII if flags & re.ASCII else 0))
         self._leaves: list[Any] = []  # per position: a compiled one-character pattern
         self._follow: list[set[int]] = []
-        nullable, first, last = self._sequence(list(parsed), flags)
+        nullable, first, last = self._sequence(list(parsed), "")
         if nullable:
             raise _Unsupported("matches the empty string")  # (refused by SamplingParams already)
         self._first = frozenset(first)
@@ -95,14 +106,14 @@ class StopAutomaton:
 
     # -- construction: each returns (nullable, first positions, last positions) and adds follow links
 
-    def _leaf(self, pattern: str, flags: int) -> tuple[bool, set[int], set[int]]:
+    def _leaf(self, pattern: str, scopes: str) -> tuple[bool, set[int], set[int]]:
         import regex
 
         if len(self._leaves) >= MAX_POSITIONS:
             raise _Unsupported(f"over {MAX_POSITIONS} positions")
-        rx_flags = ((regex.IGNORECASE if flags & re.IGNORECASE else 0) | (regex.DOTALL if flags & re.DOTALL else 0)
-                    | (regex.ASCII if flags & re.ASCII else 0))
-        self._leaves.append(regex.compile(pattern, rx_flags))
+        # inside the scoped flag groups that hold it, as written: the regex package reads a scoped
+        # flag unlike the same global one ("(?ai:σ)" matches "Σ", "(?ai)σ" does not)
+        self._leaves.append(regex.compile(scopes + pattern + ")" * scopes.count("("), self._flags))
         self._follow.append(set())
         p = len(self._leaves) - 1
         return False, {p}, {p}
@@ -112,26 +123,29 @@ class StopAutomaton:
             self._follow[p] |= b[1]
         return a[0] and b[0], a[1] | b[1] if a[0] else a[1], b[2] | a[2] if b[0] else b[2]
 
-    def _sequence(self, items: list, flags: int) -> tuple[bool, set[int], set[int]]:
+    def _sequence(self, items: list, scopes: str) -> tuple[bool, set[int], set[int]]:
+        # scopes: the heads of the scoped flag groups ("(?i:") that hold the items, outermost first
         result: tuple[bool, set[int], set[int]] = (True, set(), set())
         for op, av in items:
-            result = self._concat(result, self._item(op.name, av, flags))
+            result = self._concat(result, self._item(op.name, av, scopes))
         return result
 
-    def _item(self, name: str, av: Any, flags: int) -> tuple[bool, set[int], set[int]]:
+    def _item(self, name: str, av: Any, scopes: str) -> tuple[bool, set[int], set[int]]:
         if name == "LITERAL":
-            return self._leaf(_char(av), flags)
+            return self._leaf(_char(av), scopes)
         if name == "NOT_LITERAL":
-            return self._leaf(f"[^{_char(av)}]", flags)
+            return self._leaf(f"[^{_char(av)}]", scopes)
         if name == "ANY":
-            return self._leaf(".", flags)
+            return self._leaf(".", scopes)
         if name == "IN":
-            return self._leaf(self._set(av), flags)
+            return self._leaf(self._set(av), scopes)
         if name == "SUBPATTERN":
             _, add, remove, sub = av
-            return self._sequence(list(sub), (flags | add) & ~remove)
+            if add or remove:
+                scopes += "(?" + _letters(add) + ("-" + _letters(remove) if remove else "") + ":"
+            return self._sequence(list(sub), scopes)
         if name == "BRANCH":
-            options = [self._sequence(list(sub), flags) for sub in av[1]]
+            options = [self._sequence(list(sub), scopes) for sub in av[1]]
             return (any(o[0] for o in options), set().union(*(o[1] for o in options)),
                     set().union(*(o[2] for o in options)))
         if name in ("MAX_REPEAT", "MIN_REPEAT"):  # greedy or lazy: the same strings match
@@ -141,9 +155,9 @@ class StopAutomaton:
                 raise _Unsupported(f"a repeat over {MAX_POSITIONS}")
             result: tuple[bool, set[int], set[int]] = (True, set(), set())
             for _ in range(low):
-                result = self._concat(result, self._sequence(list(sub), flags))
+                result = self._concat(result, self._sequence(list(sub), scopes))
             for _ in range(1 if unbounded else high - low):  # optional copies: x{1,3} is x(x)?(x)?
-                _, first, last = self._sequence(list(sub), flags)
+                _, first, last = self._sequence(list(sub), scopes)
                 if unbounded:
                     for p in last:
                         self._follow[p] |= first

@@ -588,3 +588,24 @@ def test_a_stop_regex_the_automaton_reads_is_not_given_up_for_backtracking():
     m = StopStringMatcher([], [r"(x|x)+y"])
     assert m.find("x" * 40, 39) is None and m.safe_len("x" * 40) == 0 and m.problem is None
     assert m.find("x" * 40 + "y", 40) == (0, "x" * 40 + "y")
+
+
+@pytest.mark.parametrize(("pattern", "text"), [
+    (r"x(?ai:σ)", "a xΣ b"),  # the regex package folds case fully in a scoped (?a) group
+    (r"(?i)x(?a:k)", "a x\u212a b"),  # ... and reads the Kelvin sign as k there
+    (r"(?i)x(?-i:σ)|xΣ", "a xΣ b"),
+])
+def test_a_stop_regex_with_scoped_flags_stops_where_the_regex_package_matches(pattern, text):
+    # The automaton decided each character with the scoped group's flags made global, which the
+    # regex package reads otherwise: (?ai:σ) matches "Σ", the global (?ai)σ does not. So a stop
+    # the regex package matches (the reference, worked out by first_regex_stop_by_definition) was
+    # never met, and the text was streamed past it.
+    want = first_regex_stop_by_definition([pattern], text)
+    assert want is not None
+    m = StopStringMatcher([], [pattern])
+    got, shown = None, 0
+    for end in range(1, len(text) + 1):
+        if (got := m.find(text[:end], end - 1)) is not None:
+            break
+        shown = m.safe_len(text[:end])
+    assert got == want and shown <= want[0]
