@@ -19,10 +19,12 @@ of a deterministic automaton built as characters come (subset construction, cach
 
 The pattern's structure is read by Python's own parser (``re._parser``): a pattern it reads
 differently from the ``regex`` package, or with anything else (anchors, lookarounds,
-backreferences, atomic groups, possessive repeats, verbose mode, ``regex``-only syntax such as
-``\\p{L}``) gets no automaton, and is searched as before. Which characters each position accepts is
-decided by the ``regex`` package itself (a one-character pattern of its own, with the pattern's
-global flags and inside the scoped flag groups that hold the position, as written), so ``\\d``, ``\\w`` and case-insensitive matching mean what they mean in the whole pattern.
+backreferences, atomic groups, possessive repeats, verbose mode, a scoped ASCII or Unicode flag,
+``regex``-only syntax such as ``\\p{L}``) gets no automaton, and is searched as before. Which
+characters each position accepts is decided by the ``regex`` package itself (a one-character
+pattern of its own, with the pattern's global flags and inside the scoped flag groups that hold the
+position, as written), so ``\\d``, ``\\w`` and case-insensitive matching mean what they mean in
+the whole pattern.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class _Unsupported(Exception):
 
 def _letters(flags: int) -> str:
     """An inline flag group's letters for re's flag bits (as re._parser gives a scoped group's)."""
-    return "".join(c for c, f in (("i", re.IGNORECASE), ("m", re.MULTILINE), ("s", re.DOTALL), ("x", re.VERBOSE),
-                                  ("a", re.ASCII), ("u", re.UNICODE)) if flags & f)
+    return "".join(c for c, f in (("i", re.IGNORECASE), ("m", re.MULTILINE), ("s", re.DOTALL), ("x", re.VERBOSE))
+                   if flags & f)
 
 
 def _char(code: int) -> str:
@@ -141,6 +143,10 @@ class StopAutomaton:
             return self._leaf(self._set(av), scopes)
         if name == "SUBPATTERN":
             _, add, remove, sub = av
+            if (add | remove) & (re.ASCII | re.UNICODE):
+                # the regex package reads these by where they stand: "(?i)(?a:[^\w])" matches "é",
+                # "(?i)(?a:x?[^\w])" does not
+                raise _Unsupported("a scoped ASCII or Unicode flag")
             if add or remove:
                 scopes += "(?" + _letters(add) + ("-" + _letters(remove) if remove else "") + ":"
             return self._sequence(list(sub), scopes)

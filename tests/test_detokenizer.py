@@ -609,3 +609,18 @@ def test_a_stop_regex_with_scoped_flags_stops_where_the_regex_package_matches(pa
             break
         shown = m.safe_len(text[:end])
     assert got == want and shown <= want[0]
+
+
+def test_a_scoped_ascii_flag_is_searched_as_the_regex_package_reads_it():
+    # The regex package reads a scoped (?a) by where it stands: "(?i)(?a:[^\w])" matches "é",
+    # "(?i)(?a:x?[^\w])" does not. The automaton, deciding [^\w] alone, met a match at "é" that the
+    # regex package then did not find, and find raised AttributeError (None.start()) in the
+    # scheduler's step. Such a pattern is searched; the stop is the brute-force one (none here).
+    import regex
+
+    pattern = r"(?i)(?a:x?[^\w])"
+    assert regex.search(pattern, "aéb") is None and regex.search(r"(?i)(?a:[^\w])", "é")
+    m = StopStringMatcher([], [pattern])
+    assert m.find("aé", 1) is None and m.find("aéb", 2) is None
+    assert m.find("aéb!", 3) == first_regex_stop_by_definition([pattern], "aéb!") == (3, "!")
+
