@@ -386,12 +386,14 @@ class StopStringMatcher:
                     continue
             floor = self._floor(k, text)
             try:
-                if run is not None and run.first_end > new_from:
+                if (run is not None and run.first_end > new_from
+                        and (m := _new_match(rx, text, floor, new_from, run.first_end)) is not None):
                     # no match ends by new_from, so the first to end is new and met where it ends,
                     # as the matched text finditer's first (leftmost) match up to there
-                    met = run.first_end, _new_match(rx, text, floor, new_from, run.first_end)
+                    met = run.first_end, m
                 # (else a match ends in text not checked, the first min_new_tokens: searched as
-                # below, which passes over it)
+                # below, which passes over it; or the regex package finds no match there, where it
+                # reads a character otherwise than its one-character patterns did: it decides)
                 # (no match over all of the text is none in any shorter text, but for a pattern
                 # that can match only where the text ends: "a$" meets "Wha" of one token "What")
                 elif not self._shared.end_sensitive[k] and _new_match(rx, text, floor, new_from, len(text)) is None:

@@ -624,3 +624,16 @@ def test_a_scoped_ascii_flag_is_searched_as_the_regex_package_reads_it():
     assert m.find("aé", 1) is None and m.find("aéb", 2) is None
     assert m.find("aéb!", 3) == first_regex_stop_by_definition([pattern], "aéb!") == (3, "!")
 
+
+def test_where_the_automaton_and_the_regex_package_disagree_the_regex_package_decides():
+    # An automaton that meets a match the regex package does not find (here one of "a" read for
+    # the pattern "ab") must not end the output, nor crash find (it raised AttributeError): the
+    # pattern is then searched, and stops where the regex package matches.
+    from lmnb_engine.detokenizer import StopRegexes
+    from lmnb_engine.stop_automaton import automaton
+
+    shared = StopRegexes(["ab"])
+    shared.automata = [automaton("a")]
+    m = StopStringMatcher([], shared)
+    assert m.find("xa", 1) is None
+    assert m.find("xab", 2) == (1, "ab")
