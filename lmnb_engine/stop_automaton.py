@@ -40,15 +40,20 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse as _sre  # type: ignore[no-redef]
 
 # Positions (pattern characters, repeats written out) above which a pattern gets no automaton:
-# each character read costs up to this many look-ups until its transition is cached.
+# each new character is decided by up to this many one-character patterns, once per character.
 MAX_POSITIONS = 256
-# Cached transitions per automaton; past this the cache starts over (a text of many distinct
-# characters would otherwise grow it without bound).
+# Cached characters and transitions per automaton; past this the cache starts over (a text of many
+# distinct characters would otherwise grow it without bound).
 _CACHE_LIMIT = 1 << 13
+# Threads (a start's set of positions, an int of up to 60 bytes) the cached transitions may hold in all;
+# past this the cache starts over. A state may hold a thread per position ("a.{250}b" on a text
+# of "a" and "c": one per "a" in the last 250 characters), so a count of transitions alone let one
+# automaton hold hundreds of MB.
+_CACHE_THREADS = 1 << 15
 
-# A state: per start still alive, earliest first, the positions its threads are in (disjoint sets);
-# the state before any character holds no thread
-State = tuple[frozenset[int], ...]
+# A state: per start still alive, earliest first, the positions its threads are in (disjoint sets,
+# each an int whose bit p is position p); the state before any character holds no thread
+State = tuple[int, ...]
 _NO_THREAD: State = ()
 
 _CATEGORIES = {"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_SPACE": r"\s",
@@ -63,6 +68,11 @@ def _letters(flags: int) -> str:
     """An inline flag group's letters for re's flag bits (as re._parser gives a scoped group's)."""
     return "".join(c for c, f in (("i", re.IGNORECASE), ("m", re.MULTILINE), ("s", re.DOTALL), ("x", re.VERBOSE))
                    if flags & f)
+
+
+def _mask(positions: Any) -> int:
+    """The int whose bit p is set for each position p."""
+    return sum(1 << p for p in set(positions))
 
 
 def _char(code: int) -> str:
@@ -101,10 +111,12 @@ class StopAutomaton:
         nullable, first, last = self._sequence(list(parsed), "")
         if nullable:
             raise _Unsupported("matches the empty string")  # (refused by SamplingParams already)
-        self._first = frozenset(first)
-        self._last = frozenset(last)
-        self._follow_sets = [frozenset(f) for f in self._follow]
+        self._first = _mask(first)
+        self._last = _mask(last)
+        self._follow_masks = [_mask(f) for f in self._follow]
         self._cache: dict[tuple[State, str], tuple[State, tuple[int, ...], bool]] = {}
+        self._cached_threads = 0  # (in the cache's states, keys and values)
+        self._accepts: dict[str, int] = {}  # per character read: the positions that accept it
 
     # -- construction: each returns (nullable, first positions, last positions) and adds follow links
 
@@ -196,26 +208,44 @@ class StopAutomaton:
         key = (state, ch)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = self._transition(state, ch)
-            if len(self._cache) > _CACHE_LIMIT:
+            hit = self._transition(state, ch)
+            self._cached_threads += len(state) + len(hit[0])
+            if len(self._cache) >= _CACHE_LIMIT or self._cached_threads > _CACHE_THREADS:
                 self._cache.clear()
+                self._cached_threads = len(state) + len(hit[0])
+            self._cache[key] = hit
         return hit
 
+    def _accepting(self, ch: str) -> int:
+        """The positions whose characters include ``ch`` (each one-character pattern run once per
+        character, not once per thread and state)."""
+        accepts = self._accepts.get(ch)
+        if accepts is None:
+            if len(self._accepts) >= _CACHE_LIMIT:
+                self._accepts.clear()
+            accepts = self._accepts[ch] = _mask(q for q, leaf in enumerate(self._leaves) if leaf.fullmatch(ch))
+        return accepts
+
     def _transition(self, state: State, ch: str) -> tuple[State, tuple[int, ...], bool]:
-        taken: set[int] = set()
+        accepts = self._accepting(ch)
+        taken = 0
         threads, origins = [], []
         for origin, positions in [*enumerate(state), (-1, None)]:  # (-1: the thread starting at ch)
             if positions is None:
                 reachable = self._first
             else:
-                reachable = frozenset().union(*(self._follow_sets[p] for p in positions))
+                reachable = 0
+                while positions:  # (the threads' positions are disjoint: P look-ups in all)
+                    low = positions & -positions
+                    reachable |= self._follow_masks[low.bit_length() - 1]
+                    positions ^= low
             # (a position an earlier start reached already: the earlier start is kept)
-            now = frozenset(q for q in reachable - taken if self._leaves[q].fullmatch(ch))
+            now = reachable & accepts & ~taken
             if now:
                 threads.append(now)
                 origins.append(origin)
                 taken |= now
-        return tuple(threads), tuple(origins), not self._last.isdisjoint(taken)
+        return tuple(threads), tuple(origins), bool(self._last & taken)
 
 
 @functools.lru_cache(maxsize=64)
