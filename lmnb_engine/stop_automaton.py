@@ -42,6 +42,10 @@ except ImportError:  # pragma: no cover - Python 3.10
 # Positions (pattern characters, repeats written out) above which a pattern gets no automaton:
 # each new character is decided by up to this many one-character patterns, once per character.
 MAX_POSITIONS = 256
+# Parts (sequences and their items, repeats written out) read to build an automaton, above which the
+# pattern gets none: repeats of empty groups add no position, and "(?:(?:(?:(?:){250}){250}){250}){250}x"
+# took hours to write out, in the thread that submits the request
+_MAX_PARTS = 16 * MAX_POSITIONS
 # Cached characters and transitions per automaton; past this the cache starts over (a text of many
 # distinct characters would otherwise grow it without bound).
 _CACHE_LIMIT = 1 << 13
@@ -108,6 +112,7 @@ class StopAutomaton:
                        | (regex.ASCII if flags & re.ASCII else 0))
         self._leaves: list[Any] = []  # per position: a compiled one-character pattern
         self._follow: list[set[int]] = []
+        self._parts = 0  # (read so far, up to _MAX_PARTS)
         nullable, first, last = self._sequence(list(parsed), "")
         if nullable:
             raise _Unsupported("matches the empty string")  # (refused by SamplingParams already)
@@ -139,6 +144,9 @@ class StopAutomaton:
 
     def _sequence(self, items: list, scopes: str) -> tuple[bool, set[int], set[int]]:
         # scopes: the heads of the scoped flag groups ("(?i:") that hold the items, outermost first
+        self._parts += 1 + len(items)
+        if self._parts > _MAX_PARTS:
+            raise _Unsupported(f"over {_MAX_PARTS} parts with its repeats written out")
         result: tuple[bool, set[int], set[int]] = (True, set(), set())
         for op, av in items:
             result = self._concat(result, self._item(op.name, av, scopes))

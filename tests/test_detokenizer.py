@@ -655,3 +655,20 @@ def test_a_stop_automatons_cached_transitions_hold_a_bounded_number_of_threads()
     assert run.first_end is None and run.live_start(len(text)) == text.index("a", len(text) - 251)
     held = sum(len(state) + len(value[0]) for (state, _), value in a._cache.items())
     assert 0 < held <= 1 << 15  # (stop_automaton._CACHE_THREADS)
+
+
+def test_a_stop_regex_of_nested_repeats_of_empty_groups_gets_no_automaton_at_once():
+    # Repeats of an empty group add no position, so MAX_POSITIONS never stopped writing them out:
+    # (?:(?:(?:(?:){250}){250}){250}){250}x is 250**4 empty sequences (hours) before the one
+    # position "x", built as the request is submitted. It is searched instead, as "x" is.
+    import threading
+
+    from lmnb_engine.stop_automaton import automaton
+
+    pattern = r"(?:(?:(?:(?:){250}){250}){250}){250}x"
+    built: list = []
+    worker = threading.Thread(target=lambda: built.append(automaton(pattern)), daemon=True)
+    worker.start()
+    worker.join(60)  # (a generous bound: the parts read stop at a few thousand)
+    assert built == [None]
+    assert StopStringMatcher([], [pattern]).find("abxc", 2) == (2, "x")
