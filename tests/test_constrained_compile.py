@@ -2488,3 +2488,22 @@ def test_a_schemas_error_shows_a_long_value_cut_after_80_characters(schema, show
         schema_to_regex(schema)
     message = str(e.value)
     assert shown + "…" in message and "a" * 80 not in message, message[:300]
+
+
+@pytest.mark.parametrize("pattern, text", [(r"\p{L}+(\.[0-9]+)?", "ab.5"), (r"\p{Lu}[a-z]*( \p{Lu}[a-z]*)?", "Ab Cd")])
+def test_a_pattern_with_a_unicode_class_lets_a_complete_match_go_on(tokenizer, pattern, text):
+    # may_hold could not read \p{L}, so the pattern was built bare, without the markers: the bare
+    # index drops a token that continues a complete match into an incomplete one ("." after "ab"),
+    # so "ab.5", which the pattern matches (the regex package says so), could never be generated.
+    # A Unicode class that cannot hold the start marker (the regex package asked) no longer does.
+    import regex
+
+    assert regex.fullmatch(pattern, text)
+    vocab = TokenVocabulary(tokenizer)
+    grammar = compile_grammar(automaton_syntax(pattern), vocab)
+    state = grammar.initial_state
+    for ch in text:  # one one-character token at a time
+        token = vocab.bytes_to_ids[ch.encode()][0]
+        assert token in grammar.allowed_ids(state), (text, ch)
+        state = grammar.next_state(state, token)
+    assert grammar.is_final(state)

@@ -33,9 +33,10 @@ noncharacters that no text holds, each spelled by a token of its own that is nev
   1000 builds in a fraction of a second. The grammar starts after the start marker's token.
 
 Both only where ``R`` cannot hold the start marker's character: JSON strings leave it out
-(``schema``, ``json_string``), and so do the classes of user regexes (``regex_syntax``). Where
-it can (a pattern Python cannot read, ``\\p{L}.{0,20}``), each one in the text would begin
-another match and that half would double instead; and the end marker alone defeats the bare
+(``schema``, ``json_string``), and so do the classes of user regexes (``regex_syntax``); a
+Unicode property class (``\\p{L}``) is asked of the ``regex`` package. Where it can (a pattern
+Python cannot read, a Unicode class that holds it: ``\\P{L}.{0,20}``), each one in the text would
+begin another match and that half would double instead; and the end marker alone defeats the bare
 DFA's leftmost-first pruning, which keeps such a pattern small. Those are built bare, as before
 (with the dropped tokens).
 
@@ -57,7 +58,7 @@ from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
 from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
-from lmnb_engine.regex_errors import regex_problem, shown_regex
+from lmnb_engine.regex_errors import UNICODE_CLASS, classes_held, regex_problem, shown_regex
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
 
@@ -255,12 +256,23 @@ def too_slow_message(regex: str, timeout_s: float | None) -> str:
 
 def may_hold(regex: str, code: int) -> bool:
     """Whether some match of ``regex`` (read by Python's parser) can hold the character ``code``:
-    ``.``, a negated class or category not excluding it, a range or literal with it. True when
-    Python cannot read the pattern."""
+    ``.``, a negated class or category not excluding it, a range or literal with it, a Unicode
+    property class (``\\p{L}``, which Python lacks) that the ``regex`` package says holds it. The
+    rest of a pattern with such classes is read with them held by characters other than ``code``
+    (``classes_held``: in a negated class, a held class excludes nothing more, erring towards
+    yes). True when Python cannot read the pattern."""
+    import regex as regex_package
+
+    for m in UNICODE_CLASS.finditer(regex):
+        try:
+            if regex_package.fullmatch(m.group(2), chr(code)):
+                return True
+        except regex_package.error:
+            return True
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            parsed = _p.parse(regex)
+            parsed = _p.parse(classes_held(regex))
     except (re.error, RecursionError, OverflowError):
         return True
     return _holds(parsed.data, code)

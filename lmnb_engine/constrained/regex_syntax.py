@@ -184,7 +184,7 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
                 categories.append(low)
             elif low in _CATEGORY_TESTS:  # its members inline: Python reads a nested class otherwise, and
                 items.append(python_category(low))  # compile_grammar's may_hold reads the pattern with Python
-            else:  # (a Unicode class, \\p{L}, kept as written: Python cannot read it, so may_hold need not)
+            else:  # (a Unicode class, \\p{L}, kept as written: may_hold reads it held, and asks the regex package)
                 nested = nested or low in _NEGATED_CATEGORIES
                 unicode = unicode or UNICODE_CLASS_AT.fullmatch(low) is not None
                 items.append(_category_class(low) or low)
