@@ -2507,3 +2507,16 @@ def test_a_pattern_with_a_unicode_class_lets_a_complete_match_go_on(tokenizer, p
         assert token in grammar.allowed_ids(state), (text, ch)
         state = grammar.next_state(state, token)
     assert grammar.is_final(state)
+
+
+@pytest.mark.parametrize("pattern", [r"[+-/]{2}", r"[,-.]+0", r"a[+-,]?"])
+def test_a_class_range_from_plus_or_comma_is_checked_and_compiled(backend, pattern):
+    # A range's (low, high) pair from "+" (43) or "," (44) was taken for a repeat node by
+    # largest_repeat, whose opcodes MIN_REPEAT and MAX_REPEAT are those ints: check_regex raised a
+    # bare TypeError ('cannot unpack non-iterable int object') for a pattern gen() had passed.
+    # The engine takes it, and matches what Python's re matches.
+    from lmnb_engine.regex_errors import regex_problem
+
+    assert regex_problem(pattern) is None
+    backend.to_regex(regex=pattern)
+    _assert_automaton_matches_as_python(pattern, "a+,-./0", 3)

@@ -123,7 +123,8 @@ def largest_repeat(node, outer: int = 1) -> int:
         if isinstance(node, list):
             stack.extend((item, outer) for item in node)
         elif isinstance(node, tuple):
-            if len(node) == 2 and node[0] in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+            # (by identity: a range's (low, high) is a pair too, equal to one from "+" or "," on Python 3.11)
+            if len(node) == 2 and (node[0] is _c.MAX_REPEAT or node[0] is _c.MIN_REPEAT):
                 lo, hi, sub = node[1]
                 outer *= max(lo if hi is _c.MAXREPEAT else hi, 1)
                 largest = max(largest, outer)
