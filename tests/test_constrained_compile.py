@@ -2520,3 +2520,12 @@ def test_a_class_range_from_plus_or_comma_is_checked_and_compiled(backend, patte
     assert regex_problem(pattern) is None
     backend.to_regex(regex=pattern)
     _assert_automaton_matches_as_python(pattern, "a+,-./0", 3)
+
+
+@pytest.mark.parametrize("pattern", [r"(?i)[^\Wa]", r"(?i)[^\W\u00e9 %]+", r"x(?i:[^\W_b])", r"(?i)(?-i:[^\Wa])"])
+def test_a_class_written_out_as_its_characters_keeps_case_insensitive_exclusions(pattern):
+    # A negated class with a negated category ([^\Wa]) is written out as the characters Python's
+    # class holds, but was read without the (?i) around it: "A" stayed in the written class (only
+    # "a" is named), and the library's (?i) then let "a" back in, where Python's (?i)[^\Wa] leaves
+    # out both. Every text is matched by the automaton exactly when Python's re matches it.
+    _assert_automaton_matches_as_python(pattern, "aAbBxéÉ1_ %", 2)

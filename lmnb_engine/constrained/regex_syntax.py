@@ -31,7 +31,7 @@ combining marks of Devanagari or Thai words and ``⁔``, Python's holds ``½``; 
 Inside a class they are inlined, never nested as a class of their own: ``grammar.compile_grammar``
 reads the pattern with Python (``may_hold``), to which ``[^[...]...]`` ends at the first ``]``; a
 negated class with a negated category in it (``[^\\W_]``) is written out as the characters
-Python's class holds.
+Python's class holds, read under the ``(?i)`` that holds there.
 """
 
 from __future__ import annotations
@@ -137,9 +137,10 @@ def _escaped(text: str, in_class: bool) -> str:
     return _category_class(text) or text
 
 
-def _class(pattern: str, i: int) -> tuple[str, int]:
+def _class(pattern: str, i: int, ignorecase: bool = False) -> tuple[str, int]:
     """(the class at ``pattern[i] == '['`` written out item by item, end index), read with
-    Python's rules: a ``]`` first is a literal, ``x-y`` a range, a ``-`` before ``]`` a literal.
+    Python's rules: a ``]`` first is a literal, ``x-y`` a range, a ``-`` before ``]`` a literal;
+    ``ignorecase``: whether ``(?i)`` holds there (a class written out as its characters is read so).
     The start marker is left out: a negated class excludes it too, a range is cut around it, and
     a negated category (``\\W``) becomes an alternative of its own without it."""
     start = i
@@ -194,7 +195,9 @@ def _class(pattern: str, i: int) -> tuple[str, int]:
     if nested and not unicode:  # written out as the characters Python's class holds (a subset of \\w, \\d or \\s), for may_hold too
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            members = re.compile(pattern[start:i + 1]).fullmatch
+            # (under (?i) as Python reads the class there: "(?i)[^\\Wa]" leaves out "A" too, which
+            # the library's (?i) on the characters of "[^\\Wa]" alone would let back in)
+            members = re.compile(pattern[start:i + 1], re.IGNORECASE if ignorecase else 0).fullmatch
         held = _members(lambda ch: members(ch) is not None)
         return (f"[{held}]" if held else "[^\\s\\S]"), i + 1
     if negated and _covers_all(spans):  # it leaves only surrogates, which no text holds: it matches nothing
@@ -268,6 +271,7 @@ def automaton_syntax(pattern: str) -> str:
     _refuse_unsupported(pattern, parsed)
     verbose = bool(parsed.state.flags & re.VERBOSE)
     dotall = [bool(parsed.state.flags & re.DOTALL)]  # per open group: does '.' match '\\n' there
+    ignorecase = [bool(parsed.state.flags & re.IGNORECASE)]  # ... and does (?i) hold there
     out, i, n = [], 0, len(pattern)
     while (flags := _FLAGS.match(pattern, i)) is not None:  # global flags; verbose is spelt out below
         kept = flags.group(1).replace("x", "")
@@ -285,7 +289,7 @@ def automaton_syntax(pattern: str) -> str:
             out.append(_escaped(pattern[i:end], in_class=False))
             i = end
         elif ch == "[":
-            text, i = _class(pattern, i)
+            text, i = _class(pattern, i, ignorecase[-1])
             out.append(text)
         elif verbose and ch in _VERBOSE_SPACE:
             i += 1
@@ -299,11 +303,13 @@ def automaton_syntax(pattern: str) -> str:
             scoped = _SCOPED_FLAGS.match(pattern, i)
             on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
             dotall.append(("s" in on or dotall[-1]) and "s" not in off)
+            ignorecase.append(("i" in on or ignorecase[-1]) and "i" not in off)
             out.append(ch)
             i += 1
         elif ch == ")":
             if len(dotall) > 1:
                 dotall.pop()
+                ignorecase.pop()
             out.append(ch)
             i += 1
         elif count and count.group(0) != "{}":
