@@ -487,9 +487,8 @@ def _builtins_back(original: str, lines: list, job: str, shared: tuple, bound: f
     so before the ``del``, or by the cell's statements above it, gets no ``Job.deletable`` check, which
     cannot tell ``pow = builtins.pow`` from no pow at all."""
     edits = []  # (line, column, text put there)
-    body = ast.parse(original).body
-    for i, statement in enumerate(body):
-        bound_here = _surely_bound(body[:i], bound)  # (a del inside the statement: what is bound above it)
+    bound_here = set(bound)  # (a del inside a statement: what is bound above it, carried statement by statement)
+    for statement in ast.parse(original).body:
         for node in _in_scope([statement]):
             if not isinstance(node, ast.Delete):
                 continue
@@ -502,6 +501,7 @@ def _builtins_back(original: str, lines: list, job: str, shared: tuple, bound: f
                                   f"{job}.deletable(locals(), {', '.join(map(repr, checked))}); "))
                 edits.append((node.end_lineno, node.end_col_offset,
                                f"; {', '.join(names)}{',' * (len(names) == 1)} = {job}.star_start((), {shown})"))
+        _bind(bound_here, statement)
     original_lines = original.split("\n")
     as_typed = {i for i, line in enumerate(lines) if line == original_lines[i]}  # (not a row field's example)
     for row, col, text in sorted(edits, reverse=True):  # (from the end: the columns before stay right)
@@ -516,15 +516,21 @@ def _surely_bound(statements: list, sure: frozenset = frozenset()) -> set:
     ``statements`` bind whenever they run through: assignments, imports, ``def`` and ``class`` (not
     what an ``if``, ``for``, ``try`` or ``with`` binds); less those a ``del`` may unbind after that
     (``y = 1; del y``: a star import below gives y ``UNBOUND``, which must be deleted again)."""
+    out = set(sure)
+    for s in statements:
+        _bind(out, s)
+    return out
+
+
+def _bind(bound: set, statement: ast.stmt) -> None:
+    """Update ``bound`` (names bound whatever ran) in place past one top-level ``statement``
+    (``_surely_bound``)."""
     from lmnb.export.cells import bound_by
 
     kinds = (ast.Assign, ast.AugAssign, ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    out = set(sure)
-    for s in statements:
-        if isinstance(s, kinds) or (isinstance(s, ast.AnnAssign) and s.value is not None):
-            out |= set(bound_by(s))
-        out -= _deleted(s)
-    return out
+    if isinstance(statement, kinds) or (isinstance(statement, ast.AnnAssign) and statement.value is not None):
+        bound |= set(bound_by(statement))
+    bound -= _deleted(statement)
 
 
 def _deleted(stmt: ast.stmt) -> set:
