@@ -638,6 +638,11 @@ def test_a_setup_container_a_decorators_wrapper_changes_in_place_is_noted():
     ("class C:\n    seen = []", ["C.seen.append(q)\nr = str(C.seen)"]),  # (changed in place)
     ("class C:\n    pass", ["try:\n    r = str(C.n)\nexcept AttributeError:\n    r = 'none'\nC.n = 1"]),  # (made)
     ("class C:\n    n = 0", ["setattr(C, 'n', C.n + 1)\nr = str(C.n)"]),
+    # (cls.n += 1 called as B.bump() sets B's own n, which was not set back: B.n read 1, 2, 3)
+    ("class C:\n    n = 0\n    @classmethod\n    def bump(cls):\n        cls.n += 1\nclass B(C):\n    pass",
+     ["B.bump()\nr = str((B.n, C.n))"]),
+    # (C.seen is Base's list, which the rows' append changed: it was not set back)
+    ("class Base:\n    seen = []\nclass C(Base):\n    pass", ["C.seen.append(q)\nr = str(C.seen)"]),
 ])
 def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(tmp_path, monkeypatch, setup, cells):
     # C.n += 1 changed the set-up's class, which the job's rows share: rows gave 1, 2, 3 where each
@@ -649,7 +654,7 @@ def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(
     source, p = export_notebook(nb)
     rows = [{"q": q} for q in "BCD"]
     expected = [t for row, r in zip(rows, _notebook_passes(setup, cells, rows)) for t in (row["q"], r)]
-    assert expected[1::2] in (["1"] * 3, ["none"] * 3, ["['B']", "['C']", "['D']"])
+    assert expected[1::2] in (["1"] * 3, ["none"] * 3, ["['B']", "['C']", "['D']"], ["(1, 0)"] * 3)
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
                                ["--num-threads", "1"])
     assert prompts == expected

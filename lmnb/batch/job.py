@@ -258,6 +258,23 @@ def _copy_containers(value: Any, memo: dict) -> Any:
     return out
 
 
+def _holders(cls: type, attribute: str) -> list:
+    """``cls``, its subclasses (all the way down), and the class ``cls`` inherits ``attribute``
+    from where it holds a built-in container there (``Job.keep``): the classes whose own
+    ``attribute`` a row's change of ``cls``'s may set."""
+    out, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        if c not in out:
+            out.append(c)
+            todo += type.__subclasses__(c)
+    if attribute not in vars(cls):
+        owner = next((c for c in cls.__mro__[1:] if attribute in vars(c)), None)
+        if owner is not None and isinstance(vars(owner)[attribute], (list, dict, set, bytearray)):
+            out.append(owner)
+    return out
+
+
 class Job:
     """A notebook's batch job (see the module docstring).
 
@@ -325,15 +342,18 @@ class Job:
         global that a set-up function sets but the cells run once never called; a name that only
         a per-row star import sets, ``pi``, which a set-up function reads). A name "C.n" is the
         attribute n of the class C (its own, not one it inherits), which the rows change
-        (``C.n += 1``); one of a class ``namespace`` lacks is not kept."""
+        (``C.n += 1``), and that of each subclass of C (``cls.n += 1`` in C's classmethod, called
+        as ``B.bump()``, sets B's own n), and the built-in container (list, dict, set, bytearray)
+        that C inherits as n, which ``C.n.append(x)`` changes in place; one of a class
+        ``namespace`` lacks is not kept."""
         self._kept = []  # (the namespace or the class, name, value or UNBOUND)
         for name in names:
             owner, _, attribute = name.partition(".")
             if not attribute:
                 self._kept.append((namespace, name, namespace.get(name, UNBOUND)))
             elif owner in namespace:
-                cls = namespace[owner]
-                self._kept.append((cls, attribute, vars(cls).get(attribute, UNBOUND)))
+                self._kept += [(cls, attribute, vars(cls).get(attribute, UNBOUND))
+                               for cls in _holders(namespace[owner], attribute)]
 
     def restore(self, namespace: dict) -> None:
         """Set the names and class attributes that ``keep`` kept to a copy of their kept values
