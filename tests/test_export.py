@@ -600,6 +600,8 @@ _BUMPED = "count = 0\ndef f():\n    global count\n    count += 1\n"
     (_BUMPED + "hooks = []\nhooks.append(f)", ["for h in hooks:\n    h()\nr = str(count)"]),
     (_BUMPED + "g = f", ["g()\nr = str(count)"]),
     (_BUMPED + "class R:\n    handler = staticmethod(f)", ["R.handler()\nr = str(count)"]),  # (a class attribute)
+    (_BUMPED + "def g(cb=f):\n    cb()", ["g()\nr = str(count)"]),  # (a function's default)
+    (_BUMPED + "def g(cb=lambda: f()):\n    cb()", ["g()\nr = str(count)"]),
 ])
 def test_a_global_a_setup_function_sets_through_a_wrapper_or_a_dict_starts_each_row_from_the_setup_value(
         tmp_path, monkeypatch, setup, cells):
@@ -643,6 +645,10 @@ def test_a_setup_container_a_decorators_wrapper_changes_in_place_is_noted():
      ["B.bump()\nr = str((B.n, C.n))"]),
     # (C.seen is Base's list, which the rows' append changed: it was not set back)
     ("class Base:\n    seen = []\nclass C(Base):\n    pass", ["C.seen.append(q)\nr = str(C.seen)"]),
+    # (the rows use C's method only through the subclass B, or an instance c: C's change went unseen)
+    ("class C:\n    n = 0\n    @classmethod\n    def bump(cls):\n        cls.n += 1\nclass B(C):\n    pass",
+     ["B.bump()\nr = str(B.n)"]),
+    ("class C:\n    n = 0\n    def bump(self):\n        type(self).n += 1\nc = C()", ["c.bump()\nr = str(c.n)"]),
 ])
 def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(tmp_path, monkeypatch, setup, cells):
     # C.n += 1 changed the set-up's class, which the job's rows share: rows gave 1, 2, 3 where each

@@ -709,14 +709,18 @@ def _reached(functions: list, used, links: dict) -> dict:
 def _links(setup: list, functions: list) -> dict:
     """Name → the setup cells' ``functions`` (names) that a call through it may run, as the setup
     cells' top-level statements bind them: a function's or class's decorators (``@counted``: the
-    wrapper runs), the functions a class's attributes hold (``class R: handler = f``), and the functions an assignment's value holds (``handlers = {"a": f}``, ``g =
-    f``, ``ask = counted(ask)``) or that a change in place puts in it (``handlers["b"] = g``,
-    ``hooks.append(g)``). A function that a call of the value only takes as an argument is held
-    (``partial(f)``), the called one too where it takes a function (``counted(ask)``); ``x = f(1)``
-    holds f's result, not f."""
+    wrapper runs), a class's bases and metaclass (whose methods it has: ``B.bump()`` of
+    ``class B(C)``), the functions a class's attributes hold (``class R: handler = f``), those a
+    function's defaults hold (``def f(cb=bump)``, ``cb=lambda: bump()``), and the functions an
+    assignment's value holds (``handlers = {"a": f}``, ``g = f``, ``ask = counted(ask)``, and the
+    class whose instance it makes: ``c = C()``) or that a change in place puts in it
+    (``handlers["b"] = g``, ``hooks.append(g)``). A function that a call of the value only takes as
+    an argument is held (``partial(f)``), the called one too where it takes a function
+    (``counted(ask)``); ``x = f(1)`` holds f's result, not f."""
     import ast
 
     known = {f[1] for f in functions}
+    classes = set(_setup_classes(setup))
     out: dict = {}
     for c in setup:
         if not isinstance(c, Code):
@@ -725,16 +729,23 @@ def _links(setup: list, functions: list) -> dict:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 held = {n.id for d in stmt.decorator_list for n in ast.walk(d) if isinstance(n, ast.Name)}
                 if isinstance(stmt, ast.ClassDef):  # (and the functions its attributes hold: `handler = f`)
+                    held |= {n.id for b in [*stmt.bases, *(k.value for k in stmt.keywords)] for n in ast.walk(b)
+                             if isinstance(n, ast.Name)}
                     held |= {n for s in stmt.body if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value
-                             for n in _held(s.value, known)}
+                             for n in _held(s.value, known, classes)}
+                else:  # (a default's lambda is called with the function: all it reads)
+                    defaults = [*stmt.args.defaults, *filter(None, stmt.args.kw_defaults)]
+                    held |= {n for d in defaults for n in _held(d, known, classes)}
+                    held |= {n.id for d in defaults for lam in ast.walk(d) if isinstance(lam, ast.Lambda)
+                             for n in ast.walk(lam.body) if isinstance(n, ast.Name)}
                 targets = [stmt.name]
             elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
-                held = _held(stmt.value, known)
+                held = _held(stmt.value, known, classes)
                 targets = [n for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
                            for n in _names_changed_or_bound(t)]
             elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
                   and isinstance(stmt.value.func, ast.Attribute) and isinstance(stmt.value.func.value, ast.Name)):
-                held = _held(stmt.value, known) - {stmt.value.func.value.id}  # (hooks.append(g))
+                held = _held(stmt.value, known, classes) - {stmt.value.func.value.id}  # (hooks.append(g))
                 targets = [stmt.value.func.value.id]
             else:
                 continue
@@ -743,13 +754,14 @@ def _links(setup: list, functions: list) -> dict:
     return out
 
 
-def _held(value, known: set) -> set:
-    """The names ``value`` (an expression) holds as values, not as functions it calls: ``_links``."""
+def _held(value, known: set, classes: set) -> set:
+    """The names ``value`` (an expression) holds as values, not as functions it calls, but the
+    ``classes`` it calls (an instance holds its class's methods): ``_links``."""
     import ast
 
     called = set()
     for node in ast.walk(value):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in classes:
             arguments = [*node.args, *(k.value for k in node.keywords)]
             takes_function = any(isinstance(n, ast.Name) and n.id in known for a in arguments for n in ast.walk(a))
             if not takes_function:
