@@ -839,6 +839,20 @@ def test_a_del_of_a_builtins_name_in_a_row_cell_deletes_as_the_notebooks_does(tm
     assert prompts == ["B", r, "C", r]
 
 
+@pytest.mark.parametrize("setup, cells", [
+    ("y = 5", ["del y\nr = 'deleted'"]),
+    ("y = 5", ["del y", "try:\n    del y\n    r = 'deleted'\nexcept NameError:\n    r = 'none'"]),
+    ("import builtins\npow = builtins.pow", ["del pow", _DEL_POW]),
+])
+def test_a_del_of_a_setup_global_the_rows_do_not_read_deletes_as_the_notebooks_does(tmp_path, monkeypatch, setup,
+                                                                                    cells):
+    # run_row's `del y` made y its own variable, never bound: UnboundLocalError failed every row, where
+    # the notebook's del removes its global (the setup's y was copied into run_row only where a row read it)
+    prompts, r, _, _ = _job_and_notebook(tmp_path, monkeypatch, setup, cells)
+    assert r in ("deleted", "none", "name 'pow' is not defined")
+    assert prompts == ["B", r, "C", r]
+
+
 def test_a_timed_lm_cell_is_exported_as_the_lm_cell_it_times():
     """%%time over %%lm runs the %%lm cell in IPython; the exporter took the body for Python and
     dropped it as IPython syntax, so the job lacked that program (and its variable)."""

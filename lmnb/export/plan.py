@@ -620,17 +620,34 @@ def _module_names(setup: list, module_names: tuple) -> set:
 
 def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple:
     """The module-level names (``_module_names``) that the row part reads and rebinds or changes in
-    place (``Plan.copied``), but ``inputs`` (the row fields, and ``Plan.shared``: no run_row variables)."""
+    place (``Plan.copied``), but ``inputs`` (the row fields, and ``Plan.shared``: no run_row variables).
+    A ``del y`` reads y too: the notebook's deletes its global, run_row's needs its variable bound."""
     module = _module_names(setup, module_names)
     rebound, read = set(), set()
     for c in row:
         if isinstance(c, Code):
             rebound |= set(c.assigns) | set(c.mutates)
-            read |= set(c.reads)
+            read |= set(c.reads) | _deleted_names(c.source)
         elif isinstance(c, LMCell):
             rebound |= set(c.sets) | set(c.mutates)
             read |= set(c.reads)
     return tuple(sorted((rebound & module & read) - set(inputs)))
+
+
+def _deleted_names(source: str) -> set:
+    """The names that a ``del`` in ``source`` (a cell) deletes at its top level, not in its functions
+    and classes (their own variables)."""
+    import ast
+
+    out, todo = set(), list(ast.parse(source).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del):
+            out.add(node.id)
+        todo += ast.iter_child_nodes(node)
+    return out
 
 
 def _star_locals(setup: list, row: list, locals_: tuple, module_names: tuple) -> tuple:
