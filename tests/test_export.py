@@ -810,6 +810,9 @@ def test_a_kept_global_is_deleted_after_a_per_row_star_import_only_where_the_row
     ("import builtins", ["pow = builtins.pow", "del pow\nr = str(pow(2, 2))"]),
     ("import builtins\npow = builtins.pow", ["del pow\nr = str(pow(2, 2))"]),
     ("import builtins", ["from math import *\npow = builtins.pow\ndel pow\nr = str(pow(2, 2))"]),
+    # (bound so in the del's own block: the check raised NameError there too)
+    ("import builtins", ["for i in range(2):\n    pow = builtins.pow\n    del pow\nr = str(pow(2, 2))"]),
+    ("import builtins", ["try:\n    pow = builtins.pow\n    del pow\nexcept ValueError:\n    pass\nr = str(pow(2, 2))"]),
 ])
 def test_a_del_of_a_builtins_name_in_a_row_cell_gives_the_builtin_back(tmp_path, monkeypatch, setup, cells):
     # the notebook's `del pow` removes its global, so that pow(2, 2) finds the builtin; run_row's

@@ -484,24 +484,20 @@ def _builtins_back(original: str, lines: list, job: str, shared: tuple, bound: f
     ``del pow``). Not in functions and classes (their own variables), nor for the names run_row
     declares ``global`` (``shared``: the ``del`` removes the global, as in the notebook). ``bound``:
     the names the notebook has bound whatever ran before the cell (``_surely_bound``); a name bound
-    so before the ``del``, or by the cell's statements above it, gets no ``Job.deletable`` check, which
+    so before the ``del``, or by the cell's statements above it (in its block, and in the blocks
+    around it: ``for ...: pow = builtins.pow; del pow``), gets no ``Job.deletable`` check, which
     cannot tell ``pow = builtins.pow`` from no pow at all."""
     edits = []  # (line, column, text put there)
-    bound_here = set(bound)  # (a del inside a statement: what is bound above it, carried statement by statement)
-    for statement in ast.parse(original).body:
-        for node in _in_scope([statement]):
-            if not isinstance(node, ast.Delete):
-                continue
-            names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in _BUILTINS and t.id not in shared]
-            if names:
-                shown = ", ".join(map(repr, names))
-                checked = [n for n in names if n not in bound_here]
-                if checked:  # (on the statement's line, before and after it: within an `if x: del pow` too)
-                    edits.append((node.lineno, node.col_offset,
-                                  f"{job}.deletable(locals(), {', '.join(map(repr, checked))}); "))
-                edits.append((node.end_lineno, node.end_col_offset,
-                               f"; {', '.join(names)}{',' * (len(names) == 1)} = {job}.star_start((), {shown})"))
-        _bind(bound_here, statement)
+    for node, bound_here in _deletes(ast.parse(original).body, bound):
+        names = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id in _BUILTINS and t.id not in shared]
+        if names:
+            shown = ", ".join(map(repr, names))
+            checked = [n for n in names if n not in bound_here]
+            if checked:  # (on the statement's line, before and after it: within an `if x: del pow` too)
+                edits.append((node.lineno, node.col_offset,
+                              f"{job}.deletable(locals(), {', '.join(map(repr, checked))}); "))
+            edits.append((node.end_lineno, node.end_col_offset,
+                          f"; {', '.join(names)}{',' * (len(names) == 1)} = {job}.star_start((), {shown})"))
     original_lines = original.split("\n")
     as_typed = {i for i, line in enumerate(lines) if line == original_lines[i]}  # (not a row field's example)
     for row, col, text in sorted(edits, reverse=True):  # (from the end: the columns before stay right)
@@ -509,6 +505,23 @@ def _builtins_back(original: str, lines: list, job: str, shared: tuple, bound: f
             line = lines[row - 1].encode()  # (ast's columns count bytes)
             lines[row - 1] = line[:col].decode() + text + line[col:].decode()
     return lines
+
+
+def _deletes(statements: list, bound):
+    """(each ``del`` statement among ``statements`` and in their blocks, but not in functions and
+    classes; the names bound whatever ran before it: ``bound``, then those the statements above it
+    in its block and the blocks around it bind, ``_bind``), in order."""
+    bound = set(bound)
+    for statement in statements:
+        if isinstance(statement, ast.Delete):
+            yield statement, frozenset(bound)
+        elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and any(isinstance(n, ast.Delete) for n in ast.walk(statement)):
+            blocks = [v for _, v in ast.iter_fields(statement) if isinstance(v, list) and v and isinstance(v[0], ast.stmt)]
+            blocks += [h.body for h in getattr(statement, "handlers", [])] + [c.body for c in getattr(statement, "cases", [])]
+            for block in blocks:  # (`for ...: pow = builtins.pow; del pow`: bound above the del in its block)
+                yield from _deletes(block, bound)
+        _bind(bound, statement)
 
 
 def _surely_bound(statements: list, sure: frozenset = frozenset()) -> set:
