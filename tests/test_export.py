@@ -684,6 +684,26 @@ def test_a_class_the_rows_change_by_a_computed_attribute_name_is_noted(setup, ce
                    "which the export cannot follow"]]
 
 
+def test_a_class_attribute_a_python_lm_cell_changes_starts_each_row_from_the_setup_value(tmp_path, monkeypatch):
+    # a %%lm --python body runs on the notebook's globals (PythonCell.program), so its C.n += 1 changes the
+    # set-up's class; the export looked for class changes in Python cells only: rows gave B1, C2, D3
+    from helpers_export import write_rows
+
+    setup, body = "class C:\n    n = 0", "C.n += 1\ns += q + str(C.n)\ns += lmnb.gen('x', max_tokens=1)"
+    source, p = export_notebook(notebook(f"{setup}\nq = 'A'", f"%%lm --python --temperature 0\n{body}"))
+    expected = []
+    for q in "BCD":  # (each notebook pass: the set-up, then the body's Python on its globals)
+        ns = {"q": q}
+        exec(setup, ns)
+        exec(body.replace("s += lmnb.gen('x', max_tokens=1)", "").replace("s += ", "r = "), ns)
+        expected.append(ns["r"])
+    assert expected == ["B1", "C1", "D1"]
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts == expected
+    assert [n.split(":")[:2] for n in p.notes] == [["cell 1", " C.n, a class attribute of this cell that the rows change"]]
+
+
 @pytest.mark.parametrize("cells", [
     ["total = 0\nfor ch in q:\n    total += 1\nr = str(total)"],
     ["items.append(q)\nr = str(items)"],

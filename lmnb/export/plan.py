@@ -342,17 +342,19 @@ def _setup_classes(setup: list) -> dict:
 
 
 def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tuple]:
-    """(the attributes of set-up ``classes`` (``_setup_classes``) that the row cells or the set-up
-    functions they call (``_called``) change, as "C.n"; the classes they change through setattr or
-    delattr of a computed name) (``cells.class_attribute_changes``)."""
+    """(the attributes of set-up ``classes`` (``_setup_classes``) that the row cells (Python, and
+    ``%%lm --python`` bodies) or the set-up functions they call (``_called``) change, as "C.n";
+    the classes they change through setattr or delattr of a computed name)
+    (``cells.class_attribute_changes``)."""
     import ast
 
     from lmnb.export.cells import class_attribute_changes
 
     found, computed = [n for f in called for n in f[6]], [n for f in called for n in f[7]]
     for c in row:
-        if isinstance(c, Code):
-            attributes, unknown = class_attribute_changes(ast.parse(c.source))
+        tree = ast.parse(c.source) if isinstance(c, Code) else getattr(getattr(c, "python", None), "tree", None)
+        if tree is not None:  # (a Python cell's, or a %%lm --python body's: it runs on the notebook's globals)
+            attributes, unknown = class_attribute_changes(tree)
             found += attributes
             computed += unknown
     return (tuple(a for a in dict.fromkeys(found) if a.split(".")[0] in classes),
