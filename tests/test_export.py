@@ -649,6 +649,9 @@ def test_a_setup_container_a_decorators_wrapper_changes_in_place_is_noted():
     ("class C:\n    n = 0\n    @classmethod\n    def bump(cls):\n        cls.n += 1\nclass B(C):\n    pass",
      ["B.bump()\nr = str(B.n)"]),
     ("class C:\n    n = 0\n    def bump(self):\n        type(self).n += 1\nc = C()", ["c.bump()\nr = str(c.n)"]),
+    # (a private name, which Python stores as _C__n: the job set back C.__n, which C does not have)
+    ("class C:\n    __n = 0\n    @classmethod\n    def bump(cls):\n        cls.__n += 1\n        return cls.__n",
+     ["r = str(C.bump())"]),
 ])
 def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(tmp_path, monkeypatch, setup, cells):
     # C.n += 1 changed the set-up's class, which the job's rows share: rows gave 1, 2, 3 where each
@@ -664,7 +667,7 @@ def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
                                ["--num-threads", "1"])
     assert prompts == expected
-    attribute = "C.seen" if "seen" in setup else "C.n"
+    attribute = "C.seen" if "seen" in setup else "C._C__n" if "__n" in setup else "C.n"
     assert [n.split(":")[:2] for n in p.notes] == [["cell 1", f" {attribute}, a class attribute of this cell that the "
                                                    "rows change"]]
     assert 'row_copy(globals()["C"])' not in source  # (no row copy of the class: restored, it is the set-up's)

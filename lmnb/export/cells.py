@@ -592,19 +592,30 @@ def class_attribute_changes(tree: ast.AST) -> tuple[tuple, tuple]:
         if isinstance(changed, ast.Attribute):
             owner = _owner(changed.value, owners)
             if owner is not None:
-                found.append(f"{owner}.{changed.attr}")
+                found.append(f"{owner}.{_mangled(changed.attr, owners.get(None, ''))}")
     return tuple(dict.fromkeys(found)), tuple(dict.fromkeys(unknown))
+
+
+def _mangled(attribute: str, cls: str) -> str:
+    """``attribute`` as Python stores it when code in the body of class ``cls`` ("" for none) names
+    it: ``__n`` is ``_C__n`` there (private name mangling), dunder names are not."""
+    if attribute.startswith("__") and not attribute.endswith("__") and cls.strip("_"):
+        return f"_{cls.lstrip('_')}{attribute}"
+    return attribute
 
 
 def _with_owners(node: ast.AST, owners: dict):
     """(node, owners) for each node inside ``node``: owners maps a method's first parameter to its
-    class's name, as ("cls", "C") for a classmethod's and ("self", "C") otherwise (``_owner``)."""
+    class's name, as ("cls", "C") for a classmethod's and ("self", "C") otherwise (``_owner``), and
+    None to the name of the innermost class whose body holds the node (``_mangled``)."""
     for child in ast.iter_child_nodes(node):
         inner = owners
+        if isinstance(node, ast.ClassDef):
+            inner = {**owners, None: node.name}
         if isinstance(node, ast.ClassDef) and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                 and child.args.args:
             classmethod_ = any(isinstance(d, ast.Name) and d.id == "classmethod" for d in child.decorator_list)
-            inner = {**owners, child.args.args[0].arg: ("cls" if classmethod_ else "self", node.name)}
+            inner = {**inner, child.args.args[0].arg: ("cls" if classmethod_ else "self", node.name)}
         yield child, inner
         yield from _with_owners(child, inner)
 
