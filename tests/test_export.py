@@ -602,6 +602,8 @@ _BUMPED = "count = 0\ndef f():\n    global count\n    count += 1\n"
     (_BUMPED + "class R:\n    handler = staticmethod(f)", ["R.handler()\nr = str(count)"]),  # (a class attribute)
     (_BUMPED + "def g(cb=f):\n    cb()", ["g()\nr = str(count)"]),  # (a function's default)
     (_BUMPED + "def g(cb=lambda: f()):\n    cb()", ["g()\nr = str(count)"]),
+    (_COUNTED + "class A:\n    @counted\n    def ask(self, x):\n        return x\na = A()",  # (a method's decorator)
+     ["a.ask(q)\nr = str(calls)"]),
 ])
 def test_a_global_a_setup_function_sets_through_a_wrapper_or_a_dict_starts_each_row_from_the_setup_value(
         tmp_path, monkeypatch, setup, cells):

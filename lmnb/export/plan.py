@@ -728,12 +728,12 @@ def _reached(functions: list, used, links: dict) -> dict:
 def _links(setup: list, functions: list) -> dict:
     """Name → the setup cells' ``functions`` (names) that a call through it may run, as the setup
     cells' top-level statements bind them: a function's or class's decorators (``@counted``: the
-    wrapper runs), a class's bases and metaclass (whose methods it has: ``B.bump()`` of
-    ``class B(C)``), the functions a class's attributes hold (``class R: handler = f``), those a
-    function's defaults hold (``def f(cb=bump)``, ``cb=lambda: bump()``), and the functions an
-    assignment's value holds (``handlers = {"a": f}``, ``g = f``, ``ask = counted(ask)``, and the
-    class whose instance it makes: ``c = C()``) or that a change in place puts in it
-    (``handlers["b"] = g``, ``hooks.append(g)``). A function that a call of the value only takes as
+    wrapper runs) and its methods' decorators, a class's bases and metaclass (whose methods it has:
+    ``B.bump()`` of ``class B(C)``), the functions a class's attributes hold (``class R: handler =
+    f``), those a function's (or method's) defaults hold (``def f(cb=bump)``, ``cb=lambda:
+    bump()``), and the functions an assignment's value holds (``handlers = {"a": f}``, ``g = f``,
+    ``ask = counted(ask)``, and the class whose instance it makes: ``c = C()``) or that a change in
+    place puts in it (``handlers["b"] = g``, ``hooks.append(g)``). A function that a call of the value only takes as
     an argument is held (``partial(f)``), the called one too where it takes a function
     (``counted(ask)``); ``x = f(1)`` holds f's result, not f."""
     import ast
@@ -745,18 +745,15 @@ def _links(setup: list, functions: list) -> dict:
         if not isinstance(c, Code):
             continue
         for stmt in ast.parse(c.source).body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                held = {n.id for d in stmt.decorator_list for n in ast.walk(d) if isinstance(n, ast.Name)}
-                if isinstance(stmt, ast.ClassDef):  # (and the functions its attributes hold: `handler = f`)
-                    held |= {n.id for b in [*stmt.bases, *(k.value for k in stmt.keywords)] for n in ast.walk(b)
-                             if isinstance(n, ast.Name)}
-                    held |= {n for s in stmt.body if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value
-                             for n in _held(s.value, known, classes)}
-                else:  # (a default's lambda is called with the function: all it reads)
-                    defaults = [*stmt.args.defaults, *filter(None, stmt.args.kw_defaults)]
-                    held |= {n for d in defaults for n in _held(d, known, classes)}
-                    held |= {n.id for d in defaults for lam in ast.walk(d) if isinstance(lam, ast.Lambda)
-                             for n in ast.walk(lam.body) if isinstance(n, ast.Name)}
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                held, targets = _function_holds(stmt, known, classes), [stmt.name]
+            elif isinstance(stmt, ast.ClassDef):  # (and the functions its attributes hold: `handler = f`)
+                held = {n.id for e in [*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)]
+                        for n in ast.walk(e) if isinstance(n, ast.Name)}
+                held |= {n for s in stmt.body if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value
+                         for n in _held(s.value, known, classes)}
+                held |= {n for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         for n in _function_holds(s, known, classes)}  # (its methods' decorators, defaults)
                 targets = [stmt.name]
             elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
                 held = _held(stmt.value, known, classes)
@@ -771,6 +768,18 @@ def _links(setup: list, functions: list) -> dict:
             for name in targets:
                 out.setdefault(name, set()).update(held & known)
     return out
+
+
+def _function_holds(function, known: set, classes: set) -> set:
+    """The names a ``def``'s decorators and defaults hold (``_links``): a default's lambda is called
+    with the function, so all it reads."""
+    import ast
+
+    defaults = [*function.args.defaults, *filter(None, function.args.kw_defaults)]
+    return ({n.id for d in function.decorator_list for n in ast.walk(d) if isinstance(n, ast.Name)}
+            | {n for d in defaults for n in _held(d, known, classes)}
+            | {n.id for d in defaults for lam in ast.walk(d) if isinstance(lam, ast.Lambda)
+               for n in ast.walk(lam.body) if isinstance(n, ast.Name)})
 
 
 def _held(value, known: set, classes: set) -> set:
