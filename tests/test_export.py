@@ -673,6 +673,8 @@ def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(
     assert [n.split(":")[:2] for n in p.notes] == [["cell 1", f" {attribute}, a class attribute of this cell that the "
                                                    "rows change"]]
     assert 'row_copy(globals()["C"])' not in source  # (no row copy of the class: restored, it is the set-up's)
+    assert f"""a change of a class attribute\n# 'C.n'): each row starts from the value the cells run once left
+job.keep(globals(), '{attribute}')""" in source  # (the comment said only `global` and star imports set it)
 
 
 @pytest.mark.parametrize("setup, cell", [

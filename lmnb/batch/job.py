@@ -331,7 +331,7 @@ class Job:
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.args: Optional[argparse.Namespace] = None
         self.parameter_values: dict = {}
-        self._kept: dict = {}  # (keep)
+        self._kept: list = []  # (keep)
 
     def keep(self, namespace: dict, /, *names: str) -> None:
         """Keep the values that ``namespace`` (the script's globals, once the cells run once ran)

@@ -239,8 +239,9 @@ class _Writer:
         """The module-level line that keeps the values of ``Plan.restored`` (``Job.keep``); empty if none."""
         if not self.p.restored:
             return ""
-        return (f"# set in each row (by a function's `global`, or a row's star import): each row starts from the value "
-                f"the cells run once left\n{self.names.job}.keep(globals(), {', '.join(map(repr, self.p.restored))})")
+        return ("# set in each row (by a function's `global`, a row's star import, or a change of a class attribute\n"
+                "# 'C.n'): each row starts from the value the cells run once left\n"
+                f"{self.names.job}.keep(globals(), {', '.join(map(repr, self.p.restored))})")
 
     def run_row(self) -> str:
         n, p = self.names, self.p
