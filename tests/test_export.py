@@ -850,6 +850,7 @@ def test_a_del_of_a_builtins_name_in_a_row_cell_gives_the_builtin_back(tmp_path,
     assert prompts == ["B", r]
 
 
+_MAYBE_Y = "if len('a') == 2:\n    y = 1"
 _DEL_POW = "try:\n    del pow\n    r = 'deleted'\nexcept NameError as e:\n    r = str(e)"
 
 
@@ -880,6 +881,22 @@ def test_a_del_of_a_setup_global_the_rows_do_not_read_deletes_as_the_notebooks_d
     # the notebook's del removes its global (the setup's y was copied into run_row only where a row read it)
     prompts, r, _, _ = _job_and_notebook(tmp_path, monkeypatch, setup, cells)
     assert r in ("deleted", "none", "name 'pow' is not defined")
+    assert prompts == ["B", r, "C", r]
+
+
+@pytest.mark.parametrize("setup, cells", [
+    (_MAYBE_Y, ["try:\n    del y\n    r = 'deleted'\nexcept NameError:\n    r = 'none'"]),
+    (_MAYBE_Y, ["try:\n    r = str(y)\nexcept NameError:\n    r = 'none'\ny = 2"]),
+    (_MAYBE_Y.replace("2", "1"), ["y += 1\nr = str(y)"]),  # (bound in the if after all)
+    (_MAYBE_Y + "\nfrom math import *", ["from math import *\ntry:\n    r = str(y)\nexcept NameError:\n    r = 'none'\n"
+                                          "y = 2"]),  # (a star import's star_values keep it unbound too)
+])
+def test_a_setup_global_the_cells_run_once_may_leave_unbound_is_unbound_in_each_row(tmp_path, monkeypatch, setup,
+                                                                                    cells):
+    # run_row bound its own y from globals()["y"]: a KeyError failed every row, where the notebook's row
+    # cells read or delete an unbound y (NameError, which they catch) or the one the set-up's if bound
+    prompts, r, _, source = _job_and_notebook(tmp_path, monkeypatch, setup, cells)
+    assert r in ("none", "2")
     assert prompts == ["B", r, "C", r]
 
 

@@ -255,18 +255,21 @@ class _Writer:
                         "share")
         if p.restored:
             body.append(f"{n.job}.restore(globals())  # {', '.join(p.restored)}: as the cells run once left them")
+        setup = [s for c in p.setup if isinstance(c, Code) for s in ast.parse(c.source).body]
+        defined = _surely_bound(setup)  # (the notebook's globals bound whatever ran: a `del` of one is no NameError)
+        defined |= set(p.jupyter)  # (the script imports them)
         for name in p.copied:
-            body.append(f'{name} = {n.job}.row_copy(globals()["{name}"])  # changed below: each row starts '
-                        "from the module value")
+            body.append(_row_variable(name, f'{n.job}.row_copy(globals(){_lookup(name, defined, n.job)})',
+                                      "changed below: each row starts from the module value", n.job, defined))
         for name in p.star_locals:
-            body.append(f'{name} = globals()["{name}"]  # a star import below may set it: the row\'s own variable')
+            body.append(_row_variable(name, f"globals(){_lookup(name, defined, n.job)}",
+                                      "a star import below may set it: the row's own variable", n.job, defined))
         # run_row's variables so far (but the row fields), and those of them bound whatever ran (star_values)
         bound = [*p.copied, *p.star_locals, *p.star_names, *p.rebound_builtins]
-        sure = set(bound) - set(p.star_names)
+        sure = (set(bound) - set(p.star_names) - set(p.copied) - set(p.star_locals)) \
+            | ((set(p.copied) | set(p.star_locals)) & defined)
         # (and the kept globals that the cells run once bind whatever ran: job.restore binds them)
-        setup = [s for c in p.setup if isinstance(c, Code) for s in ast.parse(c.source).body]
-        sure |= set(p.restored) & _surely_bound(setup)
-        defined = _surely_bound(setup)  # (the notebook's globals bound whatever ran: a `del` of one is no NameError)
+        sure |= set(p.restored) & defined
         if p.star_names or p.rebound_builtins:
             names = (*p.star_names, *p.rebound_builtins)
             lines = ["# set by no cell, but a star import below may, or builtins that a cell below binds: the row's "
@@ -523,6 +526,23 @@ def _deletes(statements: list, bound):
             for block in blocks:  # (`for ...: pow = builtins.pow; del pow`: bound above the del in its block)
                 yield from _deletes(block, bound)
         _bind(bound, statement)
+
+
+def _lookup(name: str, defined: set, job: str) -> str:
+    """The subscript or call that reads module global ``name`` in run_row: ``["name"]``, or
+    ``.get("name", job.UNBOUND)`` where the cells run once may leave it unbound (not in ``defined``,
+    ``_surely_bound``: bound in an ``if``, ``for``, ``try`` or ``with``)."""
+    return f'["{name}"]' if name in defined else f'.get("{name}", {job}.UNBOUND)'
+
+
+def _row_variable(name: str, value: str, why: str, job: str, defined: set) -> str:
+    """run_row's line that binds its variable ``name`` to ``value`` (the module global's), commented
+    ``why``; where the cells run once may leave the global unbound, then unbinding the variable, so
+    that reading it is the notebook's NameError (not a KeyError of every row)."""
+    line = f"{name} = {value}  # {why}"
+    if name in defined:
+        return line
+    return f"{line}\nif {name} is {job}.UNBOUND:  # (the cells run once may leave it unbound)\n{_INDENT}del {name}"
 
 
 def _surely_bound(statements: list, sure: frozenset = frozenset()) -> set:
