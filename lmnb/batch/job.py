@@ -261,7 +261,10 @@ def _copy_containers(value: Any, memo: dict) -> Any:
 def _holders(cls: type, attribute: str) -> list:
     """``cls``, its subclasses (all the way down), and the class ``cls`` inherits ``attribute``
     from where it holds a built-in container there (``Job.keep``): the classes whose own
-    ``attribute`` a row's change of ``cls``'s may set."""
+    ``attribute`` a row's change of ``cls``'s may set. ``cls`` alone where it is no class (a class
+    decorator's instance: ``@singleton class Config``)."""
+    if not isinstance(cls, type):
+        return [cls]
     out, todo = [], [cls]
     while todo:
         c = todo.pop()
