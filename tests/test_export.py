@@ -693,6 +693,32 @@ def test_a_class_the_rows_change_by_a_computed_attribute_name_is_noted(setup, ce
                    "which the export cannot follow"]]
 
 
+@pytest.mark.parametrize("body", [
+    "def helper():\n    global count\n    count += 1\nhelper()\ns += q + str(count)\ns += lmnb.gen('x', max_tokens=1)",
+    "global count\ncount += 1\ns += q + str(count)\ns += lmnb.gen('x', max_tokens=1)",
+])
+def test_a_global_a_python_lm_cell_sets_starts_each_row_from_the_setup_value(tmp_path, monkeypatch, body):
+    # a %%lm --python body runs on the notebook's globals, so its `global count` (or its function's) is the
+    # notebook's count, which each pass starts from the set-up's 0; the job's rows read on: B1, C2, D3
+    from helpers_export import write_rows
+
+    setup = "count = 0"
+    source, p = export_notebook(notebook(f"{setup}\nq = 'A'", f"%%lm --python --temperature 0\n{body}"))
+    expected = []
+    for q in "BCD":  # (each notebook pass: the set-up, then the body's Python on its globals, as PythonCell.program)
+        ns = {"q": q}
+        exec(setup, ns)
+        program = body.replace("s += lmnb.gen('x', max_tokens=1)", "return s")
+        exec("def cell(s):\n" + textwrap.indent(program, "    "), ns)
+        expected.append(ns["cell"](""))
+    assert expected == ["B1", "C1", "D1"]
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts == expected
+    assert any(n.startswith("cell 2: a function of this cell, which runs per row, sets count by `global`")
+               for n in p.notes)
+
+
 def test_a_class_attribute_a_python_lm_cell_changes_starts_each_row_from_the_setup_value(tmp_path, monkeypatch):
     # a %%lm --python body runs on the notebook's globals (PythonCell.program), so its C.n += 1 changes the
     # set-up's class; the export looked for class changes in Python cells only: rows gave B1, C2, D3

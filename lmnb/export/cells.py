@@ -123,6 +123,7 @@ class LMCell:
     reads: tuple = ()
     captures: tuple = ()
     mutates: tuple = ()  # (--python) globals its body changes in place: each row needs its own copy
+    declared_globals: tuple = ()  # (--python) names its body and functions declare ``global`` and bind
     notes: list = field(default_factory=list)  # for the export's warnings
 
     @property
@@ -275,8 +276,8 @@ def _lm_cell(index: int, line: str, body: str, first_line: int, python_body: str
         if options.python:
             body = python_body
             program = parse_python(body, first_line=first_line, filename=filename, indent=indent)
-            reads = python_program_reads(body)
-            cell = LMCell(index, line, options, python=program, reads=reads,
+            reads, declared = python_program_reads(body)
+            cell = LMCell(index, line, options, python=program, reads=reads, declared_globals=declared,
                           captures=python_program_captures(program.tree, names),
                           mutates=tuple(n for n in _mutated(program.tree) if n in reads and n != "lmnb"),
                           notes=computed_capture_notes(index, program.tree, names))
@@ -703,14 +704,15 @@ def bound_by(stmt: ast.stmt) -> list[str]:
     return out
 
 
-def python_program_reads(body: str) -> tuple:
-    """Global names a ``%%lm --python`` body reads (it runs as ``def cell(s): <body>``)."""
+def python_program_reads(body: str) -> tuple[tuple, tuple]:
+    """(the global names a ``%%lm --python`` body reads, in order; those it and the functions in
+    it declare ``global`` and bind): it runs as ``def cell(s): <body>`` on the kernel's globals."""
     # Indenting changes multi-line strings' text but not which names the body reads; the closing
     # pass gives a body of comments only (which the kernel runs, as nothing) a statement.
     wrapped = "def _cell(s):\n" + textwrap.indent(body.rstrip("\n"), "    ", lambda _: True) + "\n    pass\n"
     table = symtable.symtable(wrapped, "<cell>", "exec")
-    read = _scope_globals(table.get_children())[0]
-    return _in_order(ast.parse(wrapped), read)
+    read, declared = _scope_globals(table.get_children())
+    return _in_order(ast.parse(wrapped), read), tuple(declared)
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
     p.notes += _setup_functions_reading_row_variables(functions, row, p.shared)
     for c in row:  # (run_row's nested function writes the script's global, which the rows' threads share)
-        if isinstance(c, Code) and c.declared_globals:
+        if isinstance(c, (Code, LMCell)) and c.declared_globals:
             shown = ", ".join(c.declared_globals)
             p.notes.append(f"cell {c.index}: a function of this cell, which runs per row, sets {shown} by `global`: "
                            f"the rows share the script's globals, {_RACE}")
@@ -403,7 +403,8 @@ def _shared(row: list, declared: tuple, inputs: tuple) -> tuple:
         if isinstance(c, (Code, LMCell)):
             bound |= set(_cell_binds(c)) | set(c.mutates)
             bound |= set(c.reads) if star is not None and c.index >= star else set()
-    names = [n for c in row if isinstance(c, Code) for n in c.declared_globals] + [n for n in declared if n in bound]
+    names = [n for c in row if isinstance(c, (Code, LMCell)) for n in c.declared_globals] \
+        + [n for n in declared if n in bound]
     return tuple(n for n in dict.fromkeys(names) if n not in inputs)
 
 
