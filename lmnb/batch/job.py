@@ -347,16 +347,20 @@ class Job:
         attribute n of the class C (its own, not one it inherits), which the rows change
         (``C.n += 1``), and that of each subclass of C (``cls.n += 1`` in C's classmethod, called
         as ``B.bump()``, sets B's own n), and the built-in container (list, dict, set, bytearray)
-        that C inherits as n, which ``C.n.append(x)`` changes in place; one of a class
-        ``namespace`` lacks is not kept."""
+        that C inherits as n, which ``C.n.append(x)`` changes in place; "Outer.Inner.n" that of
+        a nested class. One of a class ``namespace`` lacks is not kept."""
         self._kept = []  # (the namespace or the class, name, value or UNBOUND)
         for name in names:
-            owner, _, attribute = name.partition(".")
-            if not attribute:
+            owner, *inner, attribute = name.split(".") if "." in name else (name, None)
+            if attribute is None:
                 self._kept.append((namespace, name, namespace.get(name, UNBOUND)))
             elif owner in namespace:
-                self._kept += [(cls, attribute, vars(cls).get(attribute, UNBOUND))
-                               for cls in _holders(namespace[owner], attribute)]
+                holder = namespace[owner]
+                for part in inner:  # (a nested class: "Outer.Inner.n")
+                    holder = getattr(holder, part, None)
+                if not inner or isinstance(holder, type):
+                    self._kept += [(cls, attribute, vars(cls).get(attribute, UNBOUND))
+                                   for cls in _holders(holder, attribute)]
 
     def restore(self, namespace: dict) -> None:
         """Set the names and class attributes that ``keep`` kept to a copy of their kept values

@@ -622,8 +622,8 @@ def _with_owners(node: ast.AST, owners: dict):
 
 
 def _owner(value: ast.AST, owners: dict):
-    """The name of the class (or other global) whose attribute ``value.attr`` is, or None (an
-    instance's: ``self.n``)."""
+    """The name of the class (or other global) whose attribute ``value.attr`` is, dotted where it is
+    an attribute of one ("Outer.Inner"), or None (an instance's: ``self.n``)."""
     if isinstance(value, ast.Name):
         kind, cls = owners.get(value.id, (None, None))
         return cls if kind == "cls" else None if kind == "self" else value.id
@@ -634,6 +634,9 @@ def _owner(value: ast.AST, owners: dict):
     if isinstance(value, ast.Attribute) and value.attr == "__class__" and isinstance(value.value, ast.Name):
         kind, cls = owners.get(value.value.id, (None, None))
         return cls if kind == "self" else None
+    if isinstance(value, ast.Attribute):  # (an attribute's own attribute: a nested class's, "Outer.Inner")
+        outer = _owner(value.value, owners)
+        return None if outer is None else f"{outer}.{value.attr}"
     return None
 
 

@@ -329,15 +329,23 @@ def _drop_definition_calls(setup: list, row: list) -> None:
 
 def _setup_classes(setup: list) -> dict:
     """Name → the index of the setup cell that last defines a class of that name at top level, for
-    the names that the setup cells bind last by a ``class`` statement."""
+    the names that the setup cells bind last by a ``class`` statement, and "Outer.Inner" for the
+    classes such a class's body defines (all the way down)."""
     import ast
+
+    def nested(stmt, prefix: str) -> list:
+        return [n for s in stmt.body if isinstance(s, ast.ClassDef) for n in [f"{prefix}.{s.name}",
+                                                                              *nested(s, f"{prefix}.{s.name}")]]
 
     out: dict = {}
     for c in setup:
         if isinstance(c, Code):
             for stmt in ast.parse(c.source).body:
                 for name in bound_by(stmt):
+                    out = {n: i for n, i in out.items() if not n.startswith(name + ".")}  # (rebound: not its own)
                     out[name] = c.index if isinstance(stmt, ast.ClassDef) else None
+                    if isinstance(stmt, ast.ClassDef):
+                        out.update(dict.fromkeys(nested(stmt, name), c.index))
     return {name: index for name, index in out.items() if index is not None}
 
 
@@ -357,7 +365,7 @@ def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tu
             attributes, unknown = class_attribute_changes(tree)
             found += attributes
             computed += unknown
-    return (tuple(a for a in dict.fromkeys(found) if a.split(".")[0] in classes),
+    return (tuple(a for a in dict.fromkeys(found) if a.rsplit(".", 1)[0] in classes),
             tuple(n for n in dict.fromkeys(computed) if n in classes))
 
 
