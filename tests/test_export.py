@@ -654,6 +654,9 @@ def test_a_setup_container_a_decorators_wrapper_changes_in_place_is_noted():
     # (a class decorator's instance: the job's keep failed on it, with a TypeError before any row ran)
     ("def one(cls):\n    return cls()\n@one\nclass C:\n    n = 0", ["C.n += 1\nr = str(C.n)"]),
     ("class Outer:\n    class C:\n        n = 0", ["Outer.C.n += 1\nr = str(Outer.C.n)"]),  # (a nested class's)
+    # (a metaclass's method changes cls.n of its classes: its `cls` was taken for an instance)
+    ("class Meta(type):\n    def __call__(cls, *a):\n        cls.n += 1\n        return super().__call__(*a)\n"
+     "class C(metaclass=Meta):\n    n = 0", ["C()\nr = str(C.n)"]),
     # (a private name, which Python stores as _C__n: the job set back C.__n, which C does not have)
     ("class C:\n    __n = 0\n    @classmethod\n    def bump(cls):\n        cls.__n += 1\n        return cls.__n",
      ["r = str(C.bump())"]),
@@ -673,7 +676,7 @@ def test_a_class_attribute_the_rows_change_starts_each_row_from_the_setup_value(
                                ["--num-threads", "1"])
     assert prompts == expected
     attribute = "C.seen" if "seen" in setup else "C._C__n" if "__n" in setup else "C.n"
-    attribute = "Outer." + attribute if "Outer" in setup else attribute
+    attribute = "Outer." + attribute if "Outer" in setup else "Meta.n" if "Meta" in setup else attribute
     assert [n.split(":")[:2] for n in p.notes] == [["cell 1", f" {attribute}, a class attribute of this cell that the "
                                                    "rows change"]]
     assert 'row_copy(globals()["C"])' not in source  # (no row copy of the class: restored, it is the set-up's)

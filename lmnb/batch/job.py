@@ -348,7 +348,8 @@ class Job:
         (``C.n += 1``), and that of each subclass of C (``cls.n += 1`` in C's classmethod, called
         as ``B.bump()``, sets B's own n), and the built-in container (list, dict, set, bytearray)
         that C inherits as n, which ``C.n.append(x)`` changes in place; "Outer.Inner.n" that of
-        a nested class. One of a class ``namespace`` lacks is not kept."""
+        a nested class; "Meta.n" of a metaclass, the n of each class of ``namespace`` made by it
+        too. One of a class ``namespace`` lacks is not kept."""
         self._kept = []  # (the namespace or the class, name, value or UNBOUND)
         for name in names:
             owner, *inner, attribute = name.split(".") if "." in name else (name, None)
@@ -359,8 +360,11 @@ class Job:
                 for part in inner:  # (a nested class: "Outer.Inner.n")
                     holder = getattr(holder, part, None)
                 if not inner or isinstance(holder, type):
+                    roots = [holder]
+                    if isinstance(holder, type) and issubclass(holder, type):  # (a metaclass: its classes too)
+                        roots += [v for v in namespace.values() if isinstance(v, holder)]
                     self._kept += [(cls, attribute, vars(cls).get(attribute, UNBOUND))
-                                   for cls in _holders(holder, attribute)]
+                                   for root in roots for cls in _holders(root, attribute)]
 
     def restore(self, namespace: dict) -> None:
         """Set the names and class attributes that ``keep`` kept to a copy of their kept values
