@@ -1230,6 +1230,44 @@ def test_a_submit_aborted_while_its_grammar_compiles_returns_before_the_compile_
     assert_idle_accounting(engine)
 
 
+@pytest.mark.parametrize("outcome", ["fails", "stops", "outlasted an earlier wait"])
+def test_a_submit_aborted_as_its_compile_ends_returns_the_ended_handle_not_the_compiles_error(engine, monkeypatch,
+                                                                                           outcome):
+    """An abort that comes as the compile ends (both done by the time the wait looks) ended the
+    request; its submit raised the compile's failure all the same, to a caller whose request was
+    aborted (the docstring: it returns the ended handle). Here the abort comes from inside the
+    compile's submission, and the compile has failed (a GrammarError) or stopped (a compile that
+    outlasted its wait: GrammarCompileStopped) by the time the wait looks, or still runs after it
+    outlasted an earlier request's wait (which fails a wait at once)."""
+    from concurrent.futures import Future
+
+    from lmnb_engine.constrained import GrammarCompileStopped, GrammarError
+
+    engine.generate("the cat", SamplingParams(max_new_tokens=2, regex="[ab]{3}"))  # (the compiler runs)
+    backend = engine._grammar_backend
+    compiling = Future()
+    if outcome == "fails":
+        compiling.set_exception(GrammarError("no output of this vocabulary completes it"))
+    elif outcome == "stops":
+        compiling.set_exception(GrammarCompileStopped("the compile took too long", transient=True))
+
+    def aborted_as_it_ends(regex):
+        if outcome == "outlasted an earlier wait":
+            backend._timed_out.add(regex)
+            compiling.add_done_callback(lambda _: backend._timed_out.discard(regex))  # (as the wait adds it)
+        assert engine.abort("late") is True
+        return compiling
+
+    monkeypatch.setattr(backend, "submit", aborted_as_it_ends)
+    handle = engine.submit("the cat", SamplingParams(max_new_tokens=8, regex="[ab]{5}"), rid="late")
+    r = handle.result(timeout=0)
+    assert (r.rid, r.finish_reason.type, r.finish_reason.message, r.token_ids) == (
+        "late", "abort", "aborted by Engine.abort", [])
+    assert engine.abort("late") is False
+    assert_idle_accounting(engine)
+    compiling.cancel()  # (the engine is shared: its compile of the pattern is no longer outlasting a wait)
+
+
 @pytest.mark.parametrize("call", ["submit", "generate"])
 def test_an_interrupt_once_the_request_is_queued_ends_it_and_leaves_the_engine_idle(engine, monkeypatch, call):
     """A KeyboardInterrupt that came after the scheduler's post had queued the request, but before

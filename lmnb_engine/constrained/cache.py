@@ -220,6 +220,8 @@ class GrammarBackend:
 
     def _wait(self, regex: str, abandoned: Future | None) -> CompiledGrammar | None:
         fut = self.submit(regex)
+        if abandoned is not None and abandoned.done():  # (the request ended: its caller hears of no compile)
+            return None
         if not fut.done() and regex in self._timed_out:
             raise GrammarCompileStopped(self._too_slow(regex))
         busy = (f"the grammar compiler is busy: its {self.max_workers} workers have spent over "
@@ -248,11 +250,13 @@ class GrammarBackend:
 
     def _result(self, fut: Future, abandoned: Future | None) -> CompiledGrammar | None:
         """``fut``'s grammar within ``compile_timeout_s`` (``FutureTimeout`` past it), or None as soon
-        as ``abandoned`` completes (a compile still running then is left to finish for the cache)."""
+        as ``abandoned`` completes (a compile still running then is left to finish for the cache).
+        An abandoned wait returns None whatever the compile came to by then, its failure too: the
+        request it was for has ended, and its caller is answered by that end."""
         if abandoned is None:
             return fut.result(timeout=self.compile_timeout_s)
         wait_first([fut, abandoned], timeout=self.compile_timeout_s, return_when=FIRST_COMPLETED)
-        if abandoned.done() and not fut.done():
+        if abandoned.done():
             return None
         return fut.result(timeout=0)  # (done, or FutureTimeout: the limit passed with neither done)
 
