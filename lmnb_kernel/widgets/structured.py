@@ -13,6 +13,7 @@ support).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Mapping, Optional
@@ -96,30 +97,52 @@ def _automaton_accepts(pattern: str, text: str) -> Optional[bool]:
     (``_engine_spelling``) and bare (``lmnb_engine.constrained.grammar.compile_grammar``); or None
     where the library is not installed or refuses the pattern.
 
-    The text is one token of a vocabulary that also has every single byte (so that the index
-    builds whatever the text is): the index's state after that token is the automaton's state
-    after the text's bytes, and the text is accepted when that state is final. Walking byte by
-    byte instead would refuse some matches: the library drops a one-byte step out of a state
-    where a match could already end (``[0-9]+(\\.[0-9]+)?`` after "3" loses the "."). Every output
-    the engine constrained with this pattern is accepted (its tokens lead to that same state,
-    which allowed EOS); a match the bare automaton prunes (leftmost-first: "Ab" for
-    ``\\p{Lu}|\\p{Lu}b``) is refused, as the engine never writes it. Costs one automaton build
-    (milliseconds for common patterns; the engine's compile paid the same)."""
+    First the text's bytes are walked, one by one, through the pattern's index over a vocabulary
+    of every single byte (``_byte_index``: built once per pattern, as the engine caches its
+    compile; a build took seconds for a large pattern, paid again at each output's end). A walk
+    that ends in a final state is the automaton's own path: accepted. But the library drops a
+    one-byte step out of a state where a match could already end (``[0-9]+(\\.[0-9]+)?`` after
+    "3" loses the "."), so where the walk fails the text is judged as one token of a vocabulary
+    that also has every single byte: the index's state after that token is the automaton's state
+    after the text's bytes, and the text is accepted when that state is final. Every output the
+    engine constrained with this pattern is accepted (its tokens lead to that same state, which
+    allowed EOS); a match the bare automaton prunes (leftmost-first: "Ab" for
+    ``\\p{Lu}|\\p{Lu}b``) is refused, as the engine never writes it."""
     try:
         from outlines_core import Index, Vocabulary  # (torch-free)
     except ImportError:
         return None
+    spelled = _engine_spelling(pattern)
+    index = _byte_index(spelled)
+    if index is None:
+        return None
     data = text.encode("utf-8", "surrogatepass")  # (a lone surrogate: bytes no pattern matches)
+    state = index.get_initial_state()
+    for byte in data:
+        state = index.get_next_state(state, byte)
+        if state is None:
+            break
+    if state is not None and index.is_final_state(state):
+        return True
     tokens = {bytes([b]): [b] for b in range(256)}
     tokens.setdefault(data, []).append(256)
-    try:
-        index = Index(_engine_spelling(pattern), Vocabulary(257, tokens))
-    except ValueError:
-        return None
+    index = Index(spelled, Vocabulary(257, tokens))  # (the pattern built above: no ValueError)
     state = index.get_initial_state()
     if data:
         state = index.get_next_state(state, 256)
     return state is not None and index.is_final_state(state)
+
+
+@functools.lru_cache(maxsize=16)
+def _byte_index(spelled: str):
+    """outlines-core's index of the automaton pattern ``spelled`` over a vocabulary of the 256
+    single bytes (token id = the byte), or None where the library refuses the pattern."""
+    from outlines_core import Index, Vocabulary
+
+    try:
+        return Index(spelled, Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    except ValueError:
+        return None
 
 
 def _engine_spelling(pattern: str) -> str:
