@@ -126,7 +126,10 @@ def _automaton_accepts(pattern: str, text: str) -> Optional[bool]:
         return True
     tokens = {bytes([b]): [b] for b in range(256)}
     tokens.setdefault(data, []).append(256)
-    index = Index(spelled, Vocabulary(257, tokens))  # (the pattern built above: no ValueError)
+    try:
+        index = Index(spelled, Vocabulary(257, tokens))
+    except ValueError:
+        return None
     state = index.get_initial_state()
     if data:
         state = index.get_next_state(state, 256)
