@@ -218,6 +218,7 @@ def run(args) -> int:
         on_notebook_start=ctrl_c.install, on_cell_execute=ctrl_c.check, on_cell_executed=on_cell_executed,
         on_cell_error=on_cell_error,
     )
+    ctrl_c.client = client
     t0 = time.monotonic()
     failed, status = None, 0
     still_running = False  # a cell nbclient stopped waiting for (--timeout) may still run in the kernel
@@ -339,6 +340,43 @@ def notebook_client(nb, **kwargs):
             super().__init__(*args, **kwargs)
             self._cell_of_request: dict[str, int] = {}  # execute request id -> its cell's index
             self._clear_pending: dict[int, bool] = {}  # an earlier cell's index -> its clear_output(wait=True) to come
+            self._awaited_output: asyncio.Future | None = None  # the reader of a cell whose reply has come
+            self._stopped_output: asyncio.Future | None = None  # the one stop_output_wait ended
+
+        def stop_output_wait(self) -> bool:
+            """End the wait for the running cell's output after its reply (a Ctrl-C then: the
+            cell has ended, and its idle status, which ends the wait, may never come: dropped, as
+            ZMQ drops iopub messages under a flood); what has not come by then is not read.
+            Whether such a wait was under way."""
+            reader = self._awaited_output
+            if reader is None or reader.done():
+                return False
+            self._stopped_output = reader
+            reader.cancel()
+            return True
+
+        async def _async_poll_for_reply(self, msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive):
+            """nbclient's wait for a cell's reply, then for its output (its reader, up to
+            ``iopub_timeout``), which ``stop_output_wait`` ends. (A private method of nbclient, as
+            the reader below.)"""
+            # a coroutine, not a task: nbclient's wait starts it once the reply has come
+            output = self._output_after_reply(task_poll_output_msg)
+            try:
+                return await super()._async_poll_for_reply(msg_id, cell, timeout, output, task_poll_kernel_alive)
+            finally:
+                output.close()  # (never started where no reply came: no "never awaited" warning)
+
+        async def _output_after_reply(self, reader: asyncio.Future) -> None:
+            self._awaited_output = reader
+            try:
+                # (awaited directly: the wait's limit, cancelling this, cancels the reader at once, as
+                # nbclient's wait on the reader itself did)
+                await reader
+            except asyncio.CancelledError:
+                if self._stopped_output is not reader:
+                    raise
+            finally:
+                self._awaited_output = None
 
         async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index) -> None:
             """nbclient's reader of a cell's output (until the kernel says it is idle), which
@@ -554,8 +592,10 @@ class CtrlC:
     partial output, and the run stops there, with ``--allow-errors`` too. A second one shuts the
     kernel down, for a cell that does not stop; so does a cell still running ``GRACE_S`` after
     the first (an interrupt that lands in ipykernel outside the cell's code loses the cell's
-    reply, which nbclient would wait for until ``--timeout``). (nbclient's own handler shuts the
-    kernel down at once: the cell's reply was lost and the kernel printed a ZMQ traceback.) The
+    reply, which nbclient would wait for until ``--timeout``). A cell whose reply has come, its
+    output still awaited (up to ``--timeout``), ends at once (``stop_output_wait`` of ``client``).
+    (nbclient's own handler shuts the kernel down at once: the cell's reply was lost and the
+    kernel printed a ZMQ traceback.) The
     kernel runs in a session of its own, so the terminal's Ctrl-C reaches only this process.
     SIGTERM counts as the second Ctrl-C: nbclient's handler asked a busy kernel to shut down
     (it printed a ZMQ traceback when the cell ended) while the run's own shutdown of the same
@@ -568,6 +608,7 @@ class CtrlC:
         self.forced = self.terminated = False
         self._grace = None
         self.stopping = None  # the task that kills the kernel, once one was started
+        self.client = None  # the notebook's client (notebook_client), whose wait for a cell's output a Ctrl-C ends
 
     def install(self, notebook) -> None:
         """``on_notebook_start``: once the kernel is up, replace nbclient's SIGINT and SIGTERM handlers."""
@@ -590,6 +631,8 @@ class CtrlC:
         self.count += 1
         if self.count == 1:
             print("lmnb run: interrupting the running cell (Ctrl-C again shuts the kernel down)", file=sys.stderr)
+            if self.client is not None:  # (a cell whose reply came has ended: its output is not waited for)
+                self.client.stop_output_wait()
             asyncio.ensure_future(self.km.interrupt_kernel())
             self._grace = asyncio.get_running_loop().call_later(self.GRACE_S, self._force)
         elif self.count == 2:

@@ -692,6 +692,59 @@ def test_a_late_clear_output_of_an_earlier_cell_clears_that_cell_not_the_running
     assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b1\n", "b2\n"]]
 
 
+def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_at_once():
+    """The wait for a cell's output after its reply lasts up to its --timeout (0: no limit), and
+    ends with the kernel's idle status; where that never comes (here the kernel sends nothing after
+    the reply: the idle dropped, as ZMQ drops iopub messages under a flood), a Ctrl-C interrupted
+    an idle kernel and the run waited CtrlC.GRACE_S (30 s) to shut it down, saying the cell "did not
+    stop". The Ctrl-C now ends the wait: the cell ends with its reply, and CtrlC.check ends the run.
+    Kernel client scripted: the reply of "r1" at once, no iopub message ever."""
+    from types import SimpleNamespace
+
+    from lmnb_kernel.run import CtrlC, notebook_client
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('a')")]
+    reply = {"header": {"msg_type": "execute_reply"}, "msg_type": "execute_reply", "parent_header": {"msg_id": "r1"},
+             "content": {"status": "ok", "execution_count": 1}, "metadata": {}}
+
+    async def scenario():
+        silent = asyncio.Event()  # (never set: no iopub message comes)
+
+        async def no_output(timeout=None):
+            await silent.wait()
+
+        replied = asyncio.Event()
+
+        async def the_reply(timeout=None):
+            replied.set()
+            return reply
+
+        async def alive():
+            return True
+
+        async def interrupt_kernel():
+            pass
+
+        client = notebook_client(nb, iopub_timeout=None)
+        client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive,
+                                    iopub_channel=SimpleNamespace(get_msg=no_output),
+                                    shell_channel=SimpleNamespace(get_msg=the_reply))
+        ctrl_c = CtrlC(SimpleNamespace(interrupt_kernel=interrupt_kernel))
+        ctrl_c.client = client
+        cell = asyncio.ensure_future(client.async_execute_cell(nb.cells[0], 0, execution_count=1))
+        await replied.wait()
+        for _ in range(5):  # (a few turns of the loop: nbclient goes on to wait for the output)
+            await asyncio.sleep(0)
+        ctrl_c._on_sigint()
+        try:
+            return await asyncio.wait_for(cell, 60)
+        finally:
+            ctrl_c._grace.cancel()
+
+    assert asyncio.run(scenario()).execution_count == 1
+
+
 def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_view(tmp_path, capsys, monkeypatch):
     """A %%lm cell that raised after its view was shown but where nothing ended the view (here its
     program's thread could not start: cell 1 makes it so) left the view saying "running": with
