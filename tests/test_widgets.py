@@ -488,6 +488,22 @@ def test_the_views_regex_check_loads_no_torch():
     assert out.stdout.splitlines() == ["True", "[]"]
 
 
+def test_the_constrained_packages_public_names_are_listed_before_their_first_use():
+    """lmnb_engine.constrained imports its names on first use (PEP 562); dir() (and so a notebook's
+    tab completion) listed none of them until then. Checked in a fresh interpreter, where nothing
+    imported them yet: dir() holds every name of __all__, and each is what its module defines."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, lmnb_engine.constrained as c\n"
+            "print(sorted(set(c.__all__) - set(dir(c))))\n"
+            "print(all(getattr(c, n) is getattr(importlib.import_module(f'{c.__name__}.{c._MODULE_OF[n]}'), n) "
+            "for n in c.__all__))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "True"]
+
+
 def test_without_the_automaton_library_the_regex_package_reads_a_unicode_class(monkeypatch):
     """A kernel without outlines-core (one talking to a remote backend) reads \\p{...} with the regex
     package, which agrees with Rust's regex on a script: α and β are Greek, A is not."""

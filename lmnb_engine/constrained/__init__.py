@@ -61,4 +61,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The module's names with the public ones not yet imported (PEP 562), so that ``dir()`` and a
+    notebook's tab completion list them as they did when the package imported them all."""
+    return sorted(set(globals()) | set(_MODULE_OF))
+
+
 __all__ = sorted(_MODULE_OF)
