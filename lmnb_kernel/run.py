@@ -389,19 +389,22 @@ def notebook_client(nb, **kwargs):
             from nbclient.util import ensure_async
 
             self._cell_of_request[parent_msg_id] = cell_index
-            while True:
-                msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=None))
-                index = self._cell_of_request.get(msg["parent_header"].get("msg_id"))
-                if index is None:  # (no cell's: nbclient drops it too)
-                    continue
-                try:
-                    if index == cell_index:
-                        self.process_message(msg, cell, cell_index)
-                    else:
-                        self._process_earlier(msg, index)
-                except CellExecutionComplete:
-                    if index == cell_index:
-                        return
+            try:
+                while True:
+                    msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=None))
+                    index = self._cell_of_request.get(msg["parent_header"].get("msg_id"))
+                    if index is None:  # (no cell's: nbclient drops it too)
+                        continue
+                    try:
+                        if index == cell_index:
+                            self.process_message(msg, cell, cell_index)
+                        else:
+                            self._process_earlier(msg, index)
+                    except CellExecutionComplete:
+                        if index == cell_index:
+                            return
+            finally:  # its clear_output(wait=True) still pending is the cell's own, for its late output
+                self._clear_pending[cell_index] = self.clear_before_next_output
 
         def _process_earlier(self, msg, index: int) -> None:
             """``process_message`` of a message of the earlier cell ``index``, under that cell's own

@@ -692,6 +692,38 @@ def test_a_late_clear_output_of_an_earlier_cell_clears_that_cell_not_the_running
     assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b1\n", "b2\n"]]
 
 
+def test_a_clear_output_wait_a_cell_leaves_pending_as_it_ends_clears_it_before_its_late_output():
+    """A cell whose last word was clear_output(wait=True) leaves its clear pending (a frontend
+    clears that cell's output at its next output); a thread of the cell that prints once the cell
+    ended (routed to it) found the flag reset for the next cell, and the cell kept its old output
+    beside the new. Messages scripted: cell 1's request "r1" runs and ends, then cell 2's "r2"."""
+    from types import SimpleNamespace
+
+    from lmnb_kernel.run import notebook_client
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b")]
+
+    def msg(parent, kind, **content):
+        return {"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
+                "content": content, "metadata": {}}
+
+    script = iter([msg("r1", "stream", name="stdout", text="old\n"), msg("r1", "clear_output", wait=True),
+                   msg("r1", "status", execution_state="idle"),
+                   msg("r1", "stream", name="stdout", text="new\n"), msg("r2", "stream", name="stdout", text="b\n"),
+                   msg("r2", "status", execution_state="idle")])
+
+    async def get_msg(timeout=None):
+        return next(script)
+
+    client = notebook_client(nb, record_timing=False)
+    client.kc = SimpleNamespace(iopub_channel=SimpleNamespace(get_msg=get_msg))
+    for index, request in enumerate(["r1", "r2"]):
+        client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
+        asyncio.run(client._async_poll_output_msg(request, nb.cells[index], index))
+    assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b\n"]]
+
+
 def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_at_once():
     """The wait for a cell's output after its reply lasts up to its --timeout (0: no limit), and
     ends with the kernel's idle status; where that never comes (here the kernel sends nothing after
