@@ -136,10 +136,13 @@ def _automaton_accepts(pattern: str, text: str) -> Optional[bool]:
     return state is not None and index.is_final_state(state)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=2)
 def _byte_index(spelled: str):
     """outlines-core's index of the automaton pattern ``spelled`` over a vocabulary of the 256
-    single bytes (token id = the byte), or None where the library refuses the pattern."""
+    single bytes (token id = the byte), or None where the library refuses the pattern. The last
+    two are kept (a batch's outputs share one pattern): an index holds tens of MB for a bounded
+    pattern (38 MB for ``[\\p{L}\\p{N}]{1,64}@\\p{L}{1,20}\\.\\p{L}{2,6}``), hundreds for a
+    larger one."""
     from outlines_core import Index, Vocabulary
 
     try:
