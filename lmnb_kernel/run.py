@@ -684,6 +684,19 @@ def kernel_manager():
             return super().get_kernel_spec(kernel_name)
 
     class _Manager(AsyncKernelManager):
+        def client(self, **kwargs):
+            import zmq
+
+            kc = super().client(**kwargs)
+            # No limit on the messages queued on this side (ZMQ's default: 1000 a socket, past
+            # which the kernel's iopub socket drops what it sends): a cell's output came in faster
+            # than nbclient read it (a loop of display() calls) and was lost, 7900 of a cell's 30000
+            # outputs (an idle status lost so would hold the run for --timeout). Set before the
+            # channels connect (nbclient starts them after making the client). (The kernel's own
+            # queue still drops a few under such a flood: 39 of the 30000.)
+            kc.context.setsockopt(zmq.RCVHWM, 0)
+            return kc
+
         def cleanup_connection_dir(self) -> None:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -724,6 +724,27 @@ def test_a_clear_output_wait_a_cell_leaves_pending_as_it_ends_clears_it_before_i
     assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b\n"]]
 
 
+def test_the_runs_kernel_client_queues_iopub_messages_without_a_limit():
+    """ZMQ queues at most 1000 messages a socket by default, past which the kernel's iopub socket
+    drops what it sends: a cell of 30000 display() calls, read slower than sent, was saved with
+    22098 outputs (an idle status lost so would hold the run for --timeout). lmnb run's client
+    has no such limit (ZMQ's 0), set on its context before nbclient connects its channels."""
+    import zmq
+
+    from lmnb_kernel.run import kernel_manager
+
+    km = kernel_manager()
+    try:
+        kc = km.client()
+        socket = kc.context.socket(zmq.SUB)  # (as the iopub channel's is made, from the client's context)
+        try:
+            assert socket.getsockopt(zmq.RCVHWM) == 0
+        finally:
+            socket.close()
+    finally:
+        km.cleanup_connection_dir()
+
+
 def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_at_once():
     """The wait for a cell's output after its reply lasts up to its --timeout (0: no limit), and
     ends with the kernel's idle status; where that never comes (here the kernel sends nothing after
