@@ -140,9 +140,11 @@ class SamplingParams:
             ``stop_regex``; the finish reason's ``matched`` is the matched text). A match counts
             as soon as the text so far holds it, as in SGLang's check: ``foo\\b`` or ``\\.$`` at
             the text's current end stops it, whatever would follow. Streaming holds back text
-            that could still become the start of a match. A pattern without anchors, word
-            boundaries, lookarounds or backreferences (``stop_automaton``) is read by an automaton,
-            at a cost per token that does not grow with the output; the others are searched
+            that could still become the start of a match. A pattern of characters, classes,
+            groups, alternation and repeats only, of at most ``stop_automaton.MAX_POSITIONS``
+            characters with its repeats written out (no anchors, word boundaries, lookarounds,
+            backreferences, ``\\p{L}`` ...: ``stop_automaton``), is read by an automaton, at a cost
+            per token that does not grow with the output; the others are searched
             again each token, each search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
             that backtracks catastrophically runs past that, and its request is aborted with a
             message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns.

@@ -210,9 +210,9 @@ class StopAutomaton:
     # -- reading
 
     def step(self, state: State, ch: str) -> tuple[State, tuple[int, ...], bool]:
-        """Read ``ch``: returns the new state, for each of its threads the index of the thread it
-        comes from in ``state`` (-1: the thread that starts at ``ch``), and whether a match ends
-        with ``ch``."""
+        """Read the one character ``ch`` in ``state`` (``()`` before any character): returns the new
+        state, for each of its threads the index of the thread it comes from in ``state`` (-1: the
+        thread that starts at ``ch``), and whether a match ends with ``ch``."""
         key = (state, ch)
         hit = self._cache.get(key)
         if hit is None:
@@ -271,9 +271,8 @@ class AutomatonRun:
     extend the last one read (a rollback) is read again from its start.
 
     Attributes:
-        first_end: the end (exclusive index) of the text's first match to end, None if it holds none.
-        live_start: where the earliest match that may still complete begins (``len(text)``:
-            nowhere); meaningful while ``first_end`` is None.
+        first_end: the end (exclusive character index) of the text's first match to end, None if it
+            holds none; once set, the text is read no further (the caller searches it from there).
     """
 
     def __init__(self, automaton_: StopAutomaton) -> None:
@@ -299,5 +298,6 @@ class AutomatonRun:
         self._text = text
 
     def live_start(self, length: int) -> int:
-        """Where the earliest still-open match begins, ``length`` (the text's) if none is open."""
+        """The character index where the earliest match that may still complete begins, or ``length``
+        (pass the text's) where none is open; meaningful while ``first_end`` is None."""
         return self._starts[0] if self._starts else length
