@@ -321,7 +321,10 @@ def notebook_client(nb, **kwargs):
     metadata, closed ones too: about 6 KB per ``%%lm`` cell under ``LMNB_VIEW=live`` (the live
     view's JavaScript and layout), whose output the static view has replaced. A closed widget shows
     nowhere (a frontend drops its model, and JupyterLab saves no state of it). Its ``iopub_timeout``
-    may be None: no limit on the wait for a cell's output after its reply."""
+    (seconds) may be None: no limit on the wait for a cell's output after its reply. Output a cell
+    sends once its own reader has ended (a thread's print, a late display or widget update), read
+    while a later cell runs, goes to that cell under its own pending ``clear_output(wait=True)``,
+    as a frontend shows it, where nbclient drops it."""
     from nbclient import NotebookClient
     from traitlets import Integer
 
