@@ -153,12 +153,14 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The arguments of ``%lm connect`` (the magic's and the exporter's)."""
     from lmnb.backend.runtime_endpoint import MODEL_INFO_TIMEOUT_S, READ_TIMEOUT_S
+    from lmnb_engine import API_KEY_ENV
 
     parser.add_argument("url", help="server URL, e.g. http://127.0.0.1:30000 (with --openai: its /v1 root)")
     parser.add_argument("--openai", metavar="MODEL", action=Once, help="the server is OpenAI-compatible; use this model name")
     parser.add_argument("--completion", action=OnceFlag,
                         help="with --openai: a completion model (prompts go out as text, not chat messages)")
-    parser.add_argument("--api-key", action=Once, help="API key sent to the server")
+    parser.add_argument("--api-key", action=Once, help=f"API key sent to the server (default: ${API_KEY_ENV} in the "
+                        "kernel's environment; with --openai: $OPENAI_API_KEY)")
     parser.add_argument("--timeout", type=positive_seconds, metavar="SECONDS", action=Once,
                         help=f"seconds to wait for the server's response before the cell fails "
                              f"(default {READ_TIMEOUT_S:g}); connecting to an SGLang-protocol server waits at "
