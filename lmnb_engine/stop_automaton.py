@@ -13,8 +13,10 @@ automata", 1961; as in Navarro & Raffinot, "Flexible Pattern Matching in Strings
 per character position of the pattern, no empty transitions. It is read unanchored, a thread
 starting at every character, and threads in the same position are merged keeping the earliest
 start (their futures are the same). So after each character it tells whether some match ends
-there, and the earliest start whose thread is still alive: where the ``regex`` package's partial
-search, given a text holding no match, finds its partial match. Subsets of threads become states
+there, and the earliest start whose thread is still alive: where a match may still begin. (The
+``regex`` package's partial search, given a text holding no match, finds its partial match there
+or, where it over-approximates, earlier: ``[ab]*?Éb.`` on "bA" is partial to it, though no match
+starts "bA"; streaming then holds back more text than it needs.) Subsets of threads become states
 of a deterministic automaton built as characters come (subset construction, cached).
 
 The pattern's structure is read by Python's own parser (``re._parser``): a pattern it reads
