@@ -13,7 +13,13 @@ Cases:
 - ``open``: the same, but the output starts with "BEGIN", so that regex's match stays open (a
   partial match from the output's start): the text that may still stop grows with the output.
 
-    python benches/bench_stop_regex.py [--out benches/results/<date>-cpu-stop-regex.md]
+``--threads`` measures instead patterns whose automaton keeps many threads that never merge, so
+that its states seldom repeat and most characters miss its transition cache (``a.{250}b`` over a
+text of "a" and "c": a thread per "a" among the last 250 characters), each read by its automaton
+and searched by the ``regex`` package (automaton disabled), one pattern at a time with no stop
+strings: the median over ``--repeats`` runs of each run's mean microseconds per token.
+
+    python benches/bench_stop_regex.py [--threads] [--out benches/results/<date>-cpu-stop-regex.md]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import datetime
 import platform
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,6 +44,19 @@ REGEXES = [r"BEGIN[\s\S]*?END", r"Answer: \d+\.", r"\bZZ\d+"]
 PIECES = [" the", " a", " cat", " sat", " on", " mat", " with", " it", ",", ".", "\n", " 42", " 7",
           " is", " was", " big", " small", " to", " go", " up", "\n\n", " Q", " An", " <", "/"]
 LENGTHS = (500, 1000, 2000, 4000, 8000)
+# --threads: (pattern, alphabet of its text); the text is random over the alphabet, 4 characters a token
+THREAD_CASES = [
+    (r"a.{250}b", "ac"),  # ~125 threads of 252 positions, states never repeat
+    (r"a.{100}b", "ac"),
+    (r"a.{30}b", "ac"),
+    (r"a.{8}b", "ac"),  # 2**8 states: the cache holds them all
+    (r"(?:ab|ac|ad){10}e", ["ab", "ac", "ad"]),  # a thread per "a" among the last 20 characters
+    (r"(?:ab|ac|ad){40}e", ["ab", "ac", "ad"]),
+    (r"(?:ab|ac|ad){100}e", ["ab", "ac", "ad"]),  # 100 threads, few states; the search backtracks
+    (r"[a-d]{100}e", "abcd"),  # a thread per start among the last 100 characters, one state
+    (r"[a-d]{200}e", "abcd"),
+]
+THREAD_TOKENS = 2000
 
 
 def pieces(n: int, first: str | None) -> list[str]:
@@ -48,9 +68,9 @@ def pieces(n: int, first: str | None) -> list[str]:
     return out
 
 
-def run(tokens: list[str], regexes: list[str]) -> list[float]:
+def run(tokens: list[str], regexes: list[str], stops: list[str] = STOPS) -> list[float]:
     """Seconds the matcher took for each token, fed as ``Scheduler._append_token`` does."""
-    matcher = StopStringMatcher(STOPS, regexes)
+    matcher = StopStringMatcher(stops, regexes)
     text, times = "", []
     clock = time.perf_counter
     for piece in tokens:
@@ -73,13 +93,53 @@ def measure(tokens: list[str], regexes: list[str], window: int, repeats: int) ->
     return {n: sum(least[n - window:n]) / window * 1e6 for n in LENGTHS}
 
 
+def thread_tokens(alphabet, seed: int) -> list[str]:
+    """``THREAD_TOKENS`` token texts of 4 characters (or alphabet items) drawn from ``alphabet``."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(alphabet) for _ in range(4 if isinstance(alphabet, str) else 2))
+            for _ in range(THREAD_TOKENS)]
+
+
+def measure_threads(repeats: int) -> list[str]:
+    """The ``--threads`` table: per pattern, us per token read by its automaton and searched."""
+    from lmnb_engine import detokenizer, stop_automaton
+
+    lines = [f"{THREAD_TOKENS} tokens of random text, no stop strings; us per token: median of {repeats} runs "
+             "(each run's mean), min in brackets; a fresh matcher each run, the shared automaton's cache kept",
+             "", "| pattern | text | positions | automaton | searched | automaton / searched |", "|---|---|---:|---:|---:|---:|"]
+    for pattern, alphabet in THREAD_CASES:
+        tokens = thread_tokens(alphabet, 0)
+        a = stop_automaton.automaton(pattern)
+        assert a is not None, pattern
+        per = {"automaton": [], "searched": []}
+        for _ in range(repeats):  # (interleaved: the shared machine's load falls on both alike)
+            for how in per:
+                detokenizer.automaton = stop_automaton.automaton if how == "automaton" else (lambda p: None)
+                per[how].append(sum(run(tokens, [pattern], [])) / len(tokens) * 1e6)
+        detokenizer.automaton = stop_automaton.automaton
+        med = {how: statistics.median(ts) for how, ts in per.items()}
+        cells = " | ".join(f"{med[h]:.1f} ({min(per[h]):.1f})" for h in per)
+        lines.append(f"| `{pattern}` | {'/'.join(alphabet)} | {len(a._leaves)} | {cells} | "
+                     f"{med['automaton'] / med['searched']:.2f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--window", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", action="store_true", help="the many-threads patterns, automaton vs searched")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
     import regex
+
+    if args.threads:
+        report = "\n".join([f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; "]
+                           + measure_threads(args.repeats))
+        if args.out:
+            args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + report + "\n")
+        return
 
     n = max(LENGTHS)
     cases = {
