@@ -348,6 +348,18 @@ class StopStringMatcher:
     def _floor(self, i: int, text: str) -> int:
         return self._floors[i] if text.startswith(self._seen) else 0
 
+    def _read(self, k: int, text: str) -> AutomatonRun | None:
+        """Regex ``k``'s automaton run having read ``text``; None where the regex is searched: it has
+        no automaton, or its run gave up (``AutomatonRun.given_up``), for the rest of the sample.
+        The search then starts from the floor the run left: where the earliest match that more
+        text may complete begins, before which none can begin, as a search would have left it."""
+        run = self._runs[k]
+        if run is not None:
+            run.read(text)
+            if run.given_up:
+                self._runs[k] = run = None
+        return run
+
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)
         self._shared.problem = (
@@ -379,11 +391,9 @@ class StopStringMatcher:
         for k, rx in enumerate(self._regexes):
             if k in self._shared.given_up:
                 continue
-            run = self._runs[k]
-            if run is not None:
-                run.read(text)
-                if run.first_end is None:  # the text holds no match at all
-                    continue
+            run = self._read(k, text)
+            if run is not None and run.first_end is None:  # the text holds no match at all
+                continue
             floor = self._floor(k, text)
             try:
                 if (run is not None and run.first_end > new_from
@@ -424,9 +434,8 @@ class StopStringMatcher:
         safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
         floors = []
         for i in range(len(self._regexes)):
-            run = self._runs[i]
-            if run is not None and i not in self._shared.given_up:
-                run.read(text)
+            run = None if i in self._shared.given_up else self._read(i, text)
+            if run is not None:
                 if run.first_end is None:
                     # the text holds no match: where the earliest match that more text may complete
                     # begins (what the partial search below finds, but for the regex package's

@@ -17,7 +17,9 @@ there, and the earliest start whose thread is still alive: where a match may sti
 ``regex`` package's partial search, given a text holding no match, finds its partial match there
 or, where it over-approximates, earlier: ``[ab]*?Éb.`` on "bA" is partial to it, though no match
 starts "bA"; streaming then holds back more text than it needs.) Subsets of threads become states
-of a deterministic automaton built as characters come (subset construction, cached).
+of a deterministic automaton built as characters come (subset construction, cached). Where the
+states keep being new (threads that never merge: ``a.{30}b`` over "a"s and "c"s), building them
+costs more than searching, and the run gives up (``AutomatonRun.given_up``) to the search.
 
 The pattern's structure is read by Python's own parser (``re._parser``): a pattern it reads
 differently from the ``regex`` package, or with anything else (anchors, lookarounds,
@@ -56,6 +58,15 @@ _CACHE_LIMIT = 1 << 13
 # of "a" and "c": one per "a" in the last 250 characters), so a count of transitions alone let one
 # automaton hold hundreds of MB.
 _CACHE_THREADS = 1 << 15
+# A run gives up (its text is searched by the regex package from then on) when over half of the
+# characters it read in a block of this many missed the transition cache, counting only
+# characters read before: states that never repeat ("a.{30}b" over "a"s and "c"s keeps a thread
+# per recent "a") build a transition per character, O(positions + threads) Python steps, 1.6x to
+# 3x the search's time there (benches/results/2026-12-05-cpu-stop-regex-many-threads.md), while
+# the patterns it is for, once their states are built, miss on few characters (BEGIN[\s\S]*?END:
+# 1%) but new ones (Chinese text: many; not counted). 4 MAX_POSITIONS: while threads build up,
+# up to one per position, each state may be new ("(ab|ac|ad){100}e": 200 misses, then none)
+_MISS_BLOCK = 4 * MAX_POSITIONS
 
 # A state: per start still alive, earliest first, the positions its threads are in (disjoint sets,
 # each an int whose bit p is position p); the state before any character holds no thread
@@ -123,6 +134,7 @@ class StopAutomaton:
         self._follow_masks = [_mask(f) for f in self._follow]
         self._cache: dict[tuple[State, str], tuple[State, tuple[int, ...], bool]] = {}
         self._cached_threads = 0  # (in the cache's states, keys and values)
+        self.misses = 0  # characters read before whose transition was not cached (read by AutomatonRun)
         self._accepts: dict[str, int] = {}  # per character read: the positions that accept it
 
     # -- construction: each returns (nullable, first positions, last positions) and adds follow links
@@ -218,6 +230,7 @@ class StopAutomaton:
         key = (state, ch)
         hit = self._cache.get(key)
         if hit is None:
+            self.misses += ch in self._accepts
             hit = self._transition(state, ch)
             self._cached_threads += len(state) + len(hit[0])
             if len(self._cache) >= _CACHE_LIMIT or self._cached_threads > _CACHE_THREADS:
@@ -275,6 +288,10 @@ class AutomatonRun:
     Attributes:
         first_end: the end (exclusive character index) of the text's first match to end, None if it
             holds none; once set, the text is read no further (the caller searches it from there).
+        given_up: over half of the characters of a block of ``_MISS_BLOCK`` read missed the
+            transition cache (characters new to the automaton not counted): the caller searches
+            the pattern from here on (where the automaton is slower than the search) and reads
+            nothing more with this run.
     """
 
     def __init__(self, automaton_: StopAutomaton) -> None:
@@ -283,6 +300,8 @@ class AutomatonRun:
         self._state = _NO_THREAD
         self._starts: list[int] = []
         self.first_end: int | None = None
+        self.given_up = False
+        self._block_read = self._block_missed = 0  # (characters read in this block, and missed)
 
     def read(self, text: str) -> None:
         """Read what ``text`` adds to the last text read (all of it where it does not extend it)."""
@@ -290,14 +309,24 @@ class AutomatonRun:
             self._text, self._state, self._starts, self.first_end = "", _NO_THREAD, [], None
         if self.first_end is None:
             state, starts, step = self._state, self._starts, self._automaton.step
-            for i in range(len(self._text), len(text)):
+            begin, missed = len(self._text), self._automaton.misses
+            for i in range(begin, len(text)):
                 state, origins, ends = step(state, text[i])
                 starts = [starts[j] if j >= 0 else i for j in origins]
                 if ends:  # (the text is read no further: the caller searches it from here on)
                     self.first_end = i + 1
                     break
             self._state, self._starts = state, starts
+            self._count((self.first_end or len(text)) - begin, self._automaton.misses - missed)
         self._text = text
+
+    def _count(self, read: int, missed: int) -> None:
+        # (misses of other runs sharing the automaton in other threads may be counted: a guess either way)
+        self._block_read += read
+        self._block_missed += missed
+        if self._block_read >= _MISS_BLOCK:
+            self.given_up = 2 * self._block_missed > self._block_read
+            self._block_read = self._block_missed = 0
 
     def live_start(self, length: int) -> int:
         """The character index where the earliest match that may still complete begins, or ``length``

@@ -503,18 +503,28 @@ def _searched_only(patterns: list[str]):
     return shared
 
 
-def test_stop_regexes_read_by_an_automaton_stop_and_hold_back_as_searched_ones_do():
+@pytest.mark.parametrize("give_up", [False, True])
+def test_stop_regexes_read_by_an_automaton_stop_and_hold_back_as_searched_ones_do(give_up, monkeypatch):
     # Differential: a matcher reading its regexes with automata and one searching them are fed as
     # the scheduler feeds them (random texts and tokenizations, the first tokens not checked as
     # with min_new_tokens, rollbacks as with jump-forward): the same stop (cut and matched text),
     # also the brute-force one where every token was checked; the same safe length after every
     # token, but for a lazy class repeat's extra token (longer, never shorter), and no text shown
-    # that the stop then cut off.
-    from lmnb_engine.stop_automaton import automaton
+    # that the stop then cut off. With give_up, each run gives up its automaton (as where its
+    # transitions keep missing the cache: AutomatonRun.given_up) after a read with chance 1/8, at
+    # random points of the output: the search that takes over mid-request gives the same results.
+    from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
+    if give_up:
+        chance = random.Random(4)
+
+        def count(run, read, missed):
+            run.given_up = chance.random() < 1 / 8
+
+        monkeypatch.setattr(AutomatonRun, "_count", count)
     assert all(automaton(p) is not None for p in AUTOMATON_PATTERNS + LAZY_CLASS_PATTERNS)
     rng = random.Random(11)
-    hits = longer = 0
+    hits = longer = fallbacks = 0
     for _ in range(1500):
         patterns = rng.sample(AUTOMATON_PATTERNS + LAZY_CLASS_PATTERNS, rng.randint(1, 3))
         stops = rng.sample(["ab", "ü\n", "x1", "都"], rng.randint(0, 1))
@@ -540,7 +550,9 @@ def test_stop_regexes_read_by_an_automaton_stop_and_hold_back_as_searched_ones_d
                 assert safe > reference and set(patterns) & set(LAZY_CLASS_PATTERNS), (patterns, stops, text)
                 longer += 1
             shown = max(shown, safe)
+        fallbacks += sum(run is None for run in read._runs)  # (every pattern here has an automaton)
     assert hits > 500 and 0 < longer < 200  # (the cases reach stops, not only open matches)
+    assert fallbacks == 0 if not give_up else fallbacks > 1000
 
 
 def test_a_lazy_class_repeat_holds_back_only_what_may_still_begin_a_match():
@@ -579,6 +591,35 @@ def test_an_open_stop_regex_match_is_not_searched_again_on_every_token():
     assert calls == []
     assert m.find(text + " END!", len(text)) == (2, text[2:] + " END")
     assert calls == ["finditer"]
+
+
+def test_a_stop_regexs_automaton_is_given_up_where_its_transitions_keep_missing_the_cache():
+    # r"a.{30}b" on a text of "a" and "c" keeps a thread per "a" among the last 31 characters: its
+    # states (which "a"s) never repeat, so every character built a new transition, 3x the search's
+    # time per token (benches/results/2026-12-05-cpu-stop-regex-many-threads.md). Its run gives up
+    # after stop_automaton._MISS_BLOCK characters and the regex package searches it from there, with
+    # the same results as searching it all along. An open BEGIN[\s\S]*?END over text of many
+    # distinct characters (each one's transitions built once) keeps its automaton.
+    rng = random.Random(3)
+    pieces = ["".join(rng.choice("ac") for _ in range(4)) for _ in range(600)] + ["a" + "c" * 30 + "b"]
+    read, searched = StopStringMatcher([], [r"a.{30}b"]), StopStringMatcher([], _searched_only([r"a.{30}b"]))
+    text = ""
+    for piece in pieces:
+        checked, text = len(text), text + piece
+        hit = read.find(text, checked)
+        assert hit == searched.find(text, checked)
+        if hit is not None:
+            break
+        assert read.safe_len(text) == searched.safe_len(text)
+    assert read._runs == [None]
+    assert hit == (len(text) - 32, "a" + "c" * 30 + "b")  # (none before: no "b" in the text)
+
+    m = StopStringMatcher([], [r"BEGIN[\s\S]*?END"])
+    text = "BEGIN"
+    for i in range(3000):  # (3000 distinct CJK characters)
+        checked, text = len(text), text + chr(0x4E00 + i)
+        assert m.find(text, checked) is None and m.safe_len(text) == 0
+    assert m._runs[0] is not None
 
 
 def test_a_stop_regex_the_automaton_reads_is_not_given_up_for_backtracking():
