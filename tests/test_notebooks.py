@@ -660,32 +660,36 @@ def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_pa
     assert [[o.get("text") for o in c.outputs] for c in done.cells] == [["late from cell 1\n"], ["cell 2\n"]]
 
 
-def test_a_late_clear_output_of_an_earlier_cell_clears_that_cell_not_the_running_one():
-    """nbclient keeps one pending clear_output(wait=True), the running cell's: an earlier cell's late
-    clear, given to that cell, was taken by the running cell's next output, which emptied it, and
-    the earlier cell kept its old output beside the new. Messages scripted: cell 1's request "r1"
-    ended; cell 2's "r2" runs."""
+def _scripted_client(nb, messages):
+    """``lmnb run``'s notebook client for ``nb`` whose iopub channel gives ``messages`` in turn:
+    ``(parent request id, msg_type, content)``."""
     from types import SimpleNamespace
 
     from lmnb_kernel.run import notebook_client
 
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b")]
-    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="old\n")]
-
-    def msg(parent, kind, **content):
-        return {"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
-                "content": content, "metadata": {}}
-
-    script = iter([msg("r2", "stream", name="stdout", text="b1\n"), msg("r1", "clear_output", wait=True),
-                   msg("r2", "stream", name="stdout", text="b2\n"), msg("r1", "stream", name="stdout", text="new\n"),
-                   msg("r2", "status", execution_state="idle")])
+    script = iter({"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
+                   "content": content, "metadata": {}} for parent, kind, content in messages)
 
     async def get_msg(timeout=None):
         return next(script)
 
     client = notebook_client(nb, record_timing=False)
     client.kc = SimpleNamespace(iopub_channel=SimpleNamespace(get_msg=get_msg))
+    return client
+
+
+def test_a_late_clear_output_of_an_earlier_cell_clears_that_cell_not_the_running_one():
+    """nbclient keeps one pending clear_output(wait=True), the running cell's: an earlier cell's late
+    clear, given to that cell, was taken by the running cell's next output, which emptied it, and
+    the earlier cell kept its old output beside the new. Messages scripted: cell 1's request "r1"
+    ended; cell 2's "r2" runs."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b")]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="old\n")]
+    client = _scripted_client(nb, [
+        ("r2", "stream", {"name": "stdout", "text": "b1\n"}), ("r1", "clear_output", {"wait": True}),
+        ("r2", "stream", {"name": "stdout", "text": "b2\n"}), ("r1", "stream", {"name": "stdout", "text": "new\n"}),
+        ("r2", "status", {"execution_state": "idle"})])
     client._cell_of_request["r1"] = 0  # (cell 1's own reader has ended)
     client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
     asyncio.run(client._async_poll_output_msg("r2", nb.cells[1], 1))
@@ -697,27 +701,13 @@ def test_a_clear_output_wait_a_cell_leaves_pending_as_it_ends_clears_it_before_i
     clears that cell's output at its next output); a thread of the cell that prints once the cell
     ended (routed to it) found the flag reset for the next cell, and the cell kept its old output
     beside the new. Messages scripted: cell 1's request "r1" runs and ends, then cell 2's "r2"."""
-    from types import SimpleNamespace
-
-    from lmnb_kernel.run import notebook_client
-
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b")]
-
-    def msg(parent, kind, **content):
-        return {"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
-                "content": content, "metadata": {}}
-
-    script = iter([msg("r1", "stream", name="stdout", text="old\n"), msg("r1", "clear_output", wait=True),
-                   msg("r1", "status", execution_state="idle"),
-                   msg("r1", "stream", name="stdout", text="new\n"), msg("r2", "stream", name="stdout", text="b\n"),
-                   msg("r2", "status", execution_state="idle")])
-
-    async def get_msg(timeout=None):
-        return next(script)
-
-    client = notebook_client(nb, record_timing=False)
-    client.kc = SimpleNamespace(iopub_channel=SimpleNamespace(get_msg=get_msg))
+    client = _scripted_client(nb, [
+        ("r1", "stream", {"name": "stdout", "text": "old\n"}), ("r1", "clear_output", {"wait": True}),
+        ("r1", "status", {"execution_state": "idle"}),
+        ("r1", "stream", {"name": "stdout", "text": "new\n"}), ("r2", "stream", {"name": "stdout", "text": "b\n"}),
+        ("r2", "status", {"execution_state": "idle"})])
     for index, request in enumerate(["r1", "r2"]):
         client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
         asyncio.run(client._async_poll_output_msg(request, nb.cells[index], index))
