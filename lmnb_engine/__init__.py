@@ -19,8 +19,8 @@ MODEL_ENV = "LMNB_MODEL"
 
 
 # The environment variable that the client front ends (batch jobs, ``%lm connect``) read the API key
-# of an SGLang-protocol server (``lmnb serve --api-key``) from when none is given: a key on the
-# command line shows in ``ps`` and the shell's history. OpenAI-compatible servers keep the openai
+# of an SGLang-protocol server from when none is given, and ``lmnb serve`` its own key from without
+# ``--api-key``: a key on the command line shows in ``ps`` and the shell's history. OpenAI-compatible servers keep the openai
 # client's ``$OPENAI_API_KEY`` (this one would go to the official API too).
 API_KEY_ENV = "LMNB_API_KEY"
 

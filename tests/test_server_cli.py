@@ -234,7 +234,7 @@ def test_lmnb_serve_on_a_public_host_without_a_key_warns_in_one_line(tmp_path):
                           "--model", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2  # (the missing model ends it before it serves)
     assert out.stderr.splitlines()[0] == ("lmnb serve: warning: serving on 0.0.0.0 without --api-key: anyone who "
-                                          "can reach it can use the model; add --api-key KEY")
+                                          "can reach it can use the model; add --api-key KEY or set $LMNB_API_KEY")
     assert "UserWarning" not in out.stderr and "http_server" not in out.stderr
 
 
@@ -413,3 +413,57 @@ def test_lmnb_serve_incremental_streaming_output_reaches_the_app_and_is_off_by_d
     for argv, incremental in (([], False), (["--incremental-streaming-output"], True)):
         assert http_server.serve(parser.parse_args(["--port", "0", *argv])) == 0
         assert made[-1]["incremental_streaming_output"] is incremental
+
+
+@pytest.mark.parametrize("env, argv, key, said", [
+    ("s3cret-env", [], "s3cret-env",
+     "lmnb serve: asking every request but GET /health for the API key in $LMNB_API_KEY\n"),
+    ("s3cret-env", ["--api-key", "s3cret-arg"], "s3cret-arg", ""),
+    ("", [], None, ""),  # (an empty variable counts as unset)
+    (None, [], None, ""),
+])
+def test_lmnb_serve_reads_its_api_key_from_lmnb_api_key_when_none_is_given(monkeypatch, capsys, env, argv, key, said):
+    """A key given as --api-key shows in ps and the shell's history: serve reads $LMNB_API_KEY, as the
+    clients (batch jobs, %lm connect) do, and names the variable, never the key."""
+    import argparse
+    import types
+
+    import lmnb_engine.engine
+    import lmnb_engine.http_server as http_server
+    import lmnb_engine.http_server.app as http_app
+    from helpers_lang import RecordingEngine
+
+    made = []
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", lambda **kwargs: RecordingEngine())
+    monkeypatch.setattr(http_server, "create_app", lambda engine, **kwargs: made.append(kwargs))
+    server = types.SimpleNamespace(run=lambda sockets: None, stop_signal=None)
+    monkeypatch.setattr(http_app, "Server", lambda app, **config: server)
+    if env is None:
+        monkeypatch.delenv("LMNB_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("LMNB_API_KEY", env)
+    parser = argparse.ArgumentParser()
+    http_server.serve_arguments(parser)
+    assert http_server.serve(parser.parse_args(["--port", "0", "--model", "m", *argv])) == 0
+    assert made[-1]["api_key"] == key
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err[len(said):].startswith("lmnb serve: serving m on http://127.0.0.1:")
+    assert "s3cret" not in err
+
+
+def test_lmnb_serve_on_a_public_host_with_the_key_in_lmnb_api_key_does_not_warn(monkeypatch, capsys):
+    import argparse
+
+    import lmnb_engine.engine
+    from lmnb_engine.http_server import serve, serve_arguments
+
+    def engine(model=None, **kwargs):
+        raise FileNotFoundError(f"no checkpoint at {model}")
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", engine)
+    monkeypatch.setenv("LMNB_API_KEY", "k")
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    assert serve(parser.parse_args(["--host", "0.0.0.0", "--port", "0", "--model", "/nope"])) == 2
+    assert capsys.readouterr().err == ("lmnb serve: asking every request but GET /health for the API key in "
+                                       "$LMNB_API_KEY\nlmnb serve: no checkpoint at /nope\n")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 
-from lmnb_engine import MODEL_ENV, model_or_env
+from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env
 from lmnb_engine.cli_options import Once, in_option_syntax
 
 DEFAULT_PORT = 30000  # SGLang's default
@@ -36,7 +37,10 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"HF checkpoint directory or hub id (default: ${MODEL_ENV}, else the demo model)")
     parser.add_argument("--host", action=Once, default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", action=Once, type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one, named in the 'serving' line)")
-    parser.add_argument("--api-key", action=Once, default=None, help="require 'Authorization: Bearer KEY' on every request but GET /health")
+    parser.add_argument("--api-key", action=Once, default=None,
+                        help=f"require 'Authorization: Bearer KEY' on every request but GET /health (default: "
+                             f"${API_KEY_ENV}, which keeps the key out of ps and the shell's history; unset or "
+                             f"empty: no key)")
     parser.add_argument("--served-model-name", action=Once, default=None, help="model name in the OpenAI API (default: the model path)")
     parser.add_argument("--device", action=Once, default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", action=Once, default=None, help="float32, bfloat16 or float16 (default: bfloat16 on cuda, float32 on cpu)")
@@ -91,6 +95,9 @@ def serve(args: argparse.Namespace) -> int:
     having printed ``lmnb serve: stopped (SIGTERM)`` (stderr). (SIGTERM while the model loads, or
     while the engine shuts down once the server has stopped: ``phase``, ``lmnb_kernel.cli.main``.)
 
+    The API key is ``--api-key``, else ``$LMNB_API_KEY`` (``API_KEY_ENV``; empty counts as unset),
+    which a start-up line names as the key's source without showing it.
+
     Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
     ``--port 0`` that is how a caller learns the port the system picked."""
     global phase
@@ -109,10 +116,13 @@ def serve(args: argparse.Namespace) -> int:
     if isinstance(sock, str):
         print(f"lmnb serve: cannot listen on {args.host}:{args.port}: {sock}", file=sys.stderr)
         return 2
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None  # (an empty variable: unset)
+    if api_key and not args.api_key:  # (where the key came from, never the key: it stays out of logs too)
+        print(f"lmnb serve: asking every request but GET /health for the API key in ${API_KEY_ENV}", file=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         # a line of the command's own, not warnings.warn: that showed this file's path and source line
         print(f"lmnb serve: warning: serving on {args.host} without --api-key: anyone who can reach it can use "
-              "the model; add --api-key KEY", file=sys.stderr)
+              f"the model; add --api-key KEY or set ${API_KEY_ENV}", file=sys.stderr)
     with sock:
         try:
             engine = Engine(model=model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
@@ -124,7 +134,7 @@ def serve(args: argparse.Namespace) -> int:
         # from here on the engine is shut down however serve() ends (its scheduler thread stopped, its
         # memory freed), also where Ctrl-C or a SIGTERM comes before the server's own handlers
         try:
-            app = create_app(engine, api_key=args.api_key, served_model_name=args.served_model_name,
+            app = create_app(engine, api_key=api_key, served_model_name=args.served_model_name,
                              max_body_mb=args.max_body_mb,
                              incremental_streaming_output=args.incremental_streaming_output)
             try:
