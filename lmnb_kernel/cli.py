@@ -53,12 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     143 or 130 (the status of a process the signal ended, as while it serves).
 
     Called with no ``argv``, as the ``lmnb`` command is (its console script, ``python -m
-    lmnb_kernel.cli``), ``lmnb serve`` ignores SIGTERM once its run has ended, however it ended:
-    the process is exiting (its interpreter's exit takes a moment after torch) with a stop already
-    said and its status chosen, and a late SIGTERM (a supervisor's, after a Ctrl-C) ended it with
-    143 and no line. Ignored, the status and the line stay the first signal's, as uvicorn's and
-    ``Server.handle_exit`` keep a stop under way (only a second Ctrl-C forces one). A call with
-    ``argv`` (in-process) gets its SIGTERM handler back instead."""
+    lmnb_kernel.cli``), ``lmnb serve`` and ``lmnb run`` (``SIGTERM_AS_CTRL_C``) ignore SIGTERM
+    once their run has ended, however it ended: the process is exiting (its interpreter's exit
+    takes a moment after torch) with its report or stop already said and its status chosen, and a
+    late SIGTERM (a supervisor's, after a Ctrl-C) ended it with 143 and no line. Ignored, the
+    status and the line stay the run's, as uvicorn's and ``Server.handle_exit`` keep a stop under
+    way (only a second Ctrl-C forces one). A call with ``argv`` (in-process) gets its SIGTERM
+    handler back instead."""
     try:
         return _main(argv)
     except KeyboardInterrupt as e:
@@ -95,7 +96,7 @@ def _main(argv: list[str] | None) -> int:
     finally:  # (a caller's own handler back, as in the tests; the subcommand's are gone by now)
         # SIG_IGN, not a Python handler: the interpreter's exit resets those before it tears the
         # modules down, the slow part (it leaves an ignored signal ignored)
-        after = signal.SIG_IGN if exiting and chosen == "serve" else previous
+        after = signal.SIG_IGN if exiting else previous
         if after is not None:
             signal.signal(signal.SIGTERM, after)
 

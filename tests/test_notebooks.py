@@ -833,6 +833,23 @@ def test_ctrl_c_or_sigterm_while_the_subcommand_loads_exits_130_without_a_traceb
     assert not (tmp_path / "nb.out.ipynb").exists()
 
 
+def test_a_sigterm_as_lmnb_run_exits_after_its_run_keeps_the_runs_status_and_report(tmp_path):
+    """A SIGTERM that came once the run had ended and its report was said, while the interpreter
+    exited (it takes a moment after torch), ended the process with 143 and no line of its own, as
+    it did ``lmnb serve`` (8c15d48). Now it is ignored: the run's status (3: a cell raised) and
+    report stand. The SIGTERM is sent by an atexit hook, run as the interpreter exits."""
+    src = _notebook(tmp_path / "nb.ipynb", "raise ValueError('boom')")
+    code = ("import atexit, os, signal, sys\n"
+            "from lmnb_kernel import cli\n"
+            "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+            "sys.argv = ['lmnb', 'run', sys.argv[1]]\n"
+            "sys.exit(cli.main())\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert "ValueError: boom" in proc.stderr
+    assert (tmp_path / "nb.out.ipynb").exists()
+
+
 def test_lmnb_run_gives_the_callers_sigterm_handler_back(tmp_path, capsys):
     """(run in this process, as the tests run it: its early SIGTERM handler must not outlive it)"""
     from lmnb_kernel.cli import main
