@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from IPython.display import display
 
@@ -57,6 +58,7 @@ def connect(args, session: Session) -> None:
             backend = lmnb.OpenAI(args.openai, base_url=args.url, api_key=args.api_key,
                                   is_chat_model=False if args.completion else None, **timeout)
             what = f"OpenAI-compatible server {args.url} (model {args.openai})"
+            backend.on_guessed_template = _say_guessed_template
         else:  # (the key may come from the environment: one in the notebook is saved with it)
             backend = lmnb.RuntimeEndpoint(args.url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                                            **timeout)
@@ -75,6 +77,14 @@ def connect(args, session: Session) -> None:
     session.connect(backend, what)
     msg = f"connected: {what}" + (f"; named states dropped: {', '.join(dropped)}" if dropped else "")
     display({"text/plain": msg, "text/html": f"<div>{_esc(msg)}</div>"}, raw=True)
+
+
+def _say_guessed_template(what: str) -> None:
+    """``lmnb.OpenAI.on_guessed_template`` for a connected completion model: a line in the cell's
+    output with the fixes a notebook has, not a Python warning (its file, line and source)."""
+    print(f"lmnb: warning: {what}. Connect to the server's root URL without --openai (%lm connect URL, for an "
+          "lmnb serve or SGLang server), which uses the model's own template, or leave out --completion if it "
+          "is a chat model, so the server applies its template", file=sys.stderr)
 
 
 def _served_models_note(backend, args, v1: bool) -> str:

@@ -181,3 +181,70 @@ def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, advi
     assert str(e.value).endswith(f"); {advice}"), str(e.value)
     assert session.remote is None  # still the in-process engine
     session.close()
+
+
+_CHAT_TEMPLATE_GUESS = ("no chat template is known for the model name 'my-model', so the program's roles go out in "
+                        "the generic 'default' format ('USER:...\\nASSISTANT:'), which the model may not be "
+                        "trained on")
+
+
+def _completion_server(server):  # noqa: F811
+    """``server`` as an OpenAI-compatible server of the completion model 'my-model'."""
+    server.model_info = b'{"object": "list", "data": [{"id": "my-model", "object": "model"}]}'
+    server.answer = lambda h, b: send(h, 200, b'{"id": "x", "choices": [{"index": 0, "text": "ok", '
+                                              b'"finish_reason": "stop"}]}')
+
+
+@lmnb.function
+def _chat(s):
+    s += lmnb.user("Hi")
+    s += lmnb.assistant(lmnb.gen("a", max_tokens=2))
+
+
+def test_connect_completion_says_a_guessed_chat_template_once_as_a_line(server, shown, capsys):  # noqa: F811
+    """%lm connect URL/v1 --openai M --completion: the guessed template was a UserWarning, shown in
+    the cell with lmnb's file, line and source line, and with fixes of the Python API
+    (chat_template=) that %lm connect has no option for. It is one line with the notebook's fixes,
+    once however many rows of a batch's threads meet it."""
+    import warnings
+
+    _completion_server(server)
+    session = Session()
+    try:
+        commands.connect(types.SimpleNamespace(url=server.url + "/v1", api_key=None, openai="my-model",
+                                               completion=True, timeout=5), session)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _chat.run_batch([{}] * 6, backend=session.backend(), num_threads=6)
+            _chat.run(backend=session.backend())
+    finally:
+        session.close()
+    assert [str(w.message) for w in seen] == []
+    assert capsys.readouterr().err == (
+        f"lmnb: warning: {_CHAT_TEMPLATE_GUESS}. Connect to the server's root URL without --openai (%lm connect "
+        "URL, for an lmnb serve or SGLang server), which uses the model's own template, or leave out --completion "
+        "if it is a chat model, so the server applies its template\n")
+
+
+def test_a_batch_jobs_completion_model_says_a_guessed_chat_template_once_as_a_line(server, capsys):  # noqa: F811
+    """A job's --openai M --completion: one 'lmnb batch: warning:' line with the job's options as
+    fixes, not a UserWarning with lmnb's file and line, however many threads meet it."""
+    import warnings
+
+    from lmnb.batch.options import make_backend
+
+    _completion_server(server)
+    args = types.SimpleNamespace(backend=server.url + "/v1", openai="my-model", completion=True, api_key=None,
+                                 timeout=5, model=None, device=None, dtype=None, max_total_tokens=None)
+    backend = make_backend(args)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _chat.run_batch([{}] * 6, backend=backend, num_threads=6)
+    finally:
+        backend.shutdown()
+    assert [str(w.message) for w in seen] == []
+    assert capsys.readouterr().err == (
+        f"lmnb batch: warning: {_CHAT_TEMPLATE_GUESS}; give --backend the server's root URL without --openai (an "
+        "lmnb serve or SGLang server), which uses the model's own template, or leave out --completion if it is a "
+        "chat model\n")

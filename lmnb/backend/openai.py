@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from lmnb.backend.base import (
     AbortedIds, BackendCannotRun, BackendError, BackendUnreachable, BaseBackend, Completion, Prompt, aborted_reason,
@@ -134,6 +134,10 @@ class OpenAI(BaseBackend):
         self.chat_template = chat_template or get_chat_template_by_model_path(model_name)
         # the generic template chosen because no name matched: said once, when a program's roles use it
         self._guessed_template = self.chat_template if chat_template is None and self.chat_template.name == "default" else None
+        self._guessed_lock = threading.Lock()  # (once also where a batch's threads meet it together)
+        # A front end that says the guess in its own words and with its own fixes (%lm connect, a
+        # batch job) sets this: called once with what was guessed, instead of the UserWarning
+        self.on_guessed_template: Optional[Callable[[str], None]] = None
         host = str(self.client.base_url)
         self.is_official = "api.openai.com" in host or is_azure
         self.token_usage = TokenUsage()
@@ -284,20 +288,28 @@ class OpenAI(BaseBackend):
     def _warn_guessed_template(self, prompt: Prompt) -> None:
         """Warn once when a completion model's prompt has chat roles written in the generic
         ``default`` format because no template matched the model name (a model trained on another
-        format answers worse, with no other sign of why)."""
+        format answers worse, with no other sign of why): a ``UserWarning``, or
+        ``on_guessed_template`` where a front end set it."""
         if self.is_chat_model or self.chat_template is not self._guessed_template:
             return
         if not (prompt.messages or prompt.role):
             return
-        self._guessed_template = None
+        with self._guessed_lock:
+            if self._guessed_template is None:  # (another thread said it)
+                return
+            self._guessed_template = None
+        what = (f"no chat template is known for the model name {self.model_name!r}, so the program's roles go "
+                "out in the generic 'default' format ('USER:...\\nASSISTANT:'), which the model may not be "
+                "trained on")
+        if self.on_guessed_template is not None:
+            self.on_guessed_template(what)
+            return
         warnings.warn(
-            f"lmnb.OpenAI({self.model_name!r}, is_chat_model=False): no chat template is known for this model "
-            "name, so the program's roles go out in the generic 'default' format ('USER:...\\nASSISTANT:'), "
-            "which the model may not be trained on. Give its format: OpenAI(..., "
+            f"lmnb.OpenAI({self.model_name!r}, is_chat_model=False): {what}. Give its format: OpenAI(..., "
             "chat_template=lmnb.get_chat_template('chatml')) (or another registered name); or, on an lmnb serve "
-            "or SGLang server, connect to its root URL (no /v1) without --openai (lmnb.RuntimeEndpoint(URL); "
-            "%lm connect URL; a job's --backend URL), which uses the model's own template; or use it as a chat "
-            "model (leave out is_chat_model=False / --completion), so the server applies its template",
+            "or SGLang server, connect to its root URL (no /v1) with lmnb.RuntimeEndpoint(URL), which uses the "
+            "model's own template; or use it as a chat model (leave out is_chat_model=False), so the server "
+            "applies its template",
             UserWarning, stacklevel=2)
 
     def _prompt_kwargs(self, prompt: Prompt) -> dict:

@@ -11,6 +11,7 @@ import ast
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -233,10 +234,19 @@ def make_backend(args: argparse.Namespace, default_model: Optional[str] = None):
                               is_chat_model=False if args.completion else None, **timeout)
         if url != "engine":
             _check_served_model(backend, args.openai, url)
+        backend.on_guessed_template = _say_guessed_template
         return backend
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--backend {url!r} is neither 'engine' nor an http(s) URL")
     return lmnb.RuntimeEndpoint(url, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, **timeout)
+
+
+def _say_guessed_template(what: str) -> None:
+    """``lmnb.OpenAI.on_guessed_template`` for a job's ``--openai MODEL --completion``: one line on
+    stderr with the job's fixes, not a Python warning (its file, line and source)."""
+    print(f"lmnb batch: warning: {what}; give --backend the server's root URL without --openai (an lmnb serve or "
+          "SGLang server), which uses the model's own template, or leave out --completion if it is a chat model",
+          file=sys.stderr)
 
 
 def _check_served_model(backend, model: str, url: str) -> None:
