@@ -1,5 +1,6 @@
-"""Checks of OpenAI-style chat messages (``{"role": ..., "content": ...}``), shared by the server's
-``/v1/chat/completions`` and ``Engine.apply_chat_template`` so both refuse a bad message alike.
+"""Checks of OpenAI-style chat messages (``{"role": ..., "content": ...}``), and their text as a
+chat template reads it, shared by the server's ``/v1/chat/completions`` and
+``Engine.apply_chat_template`` so both refuse a bad message alike and render a good one alike.
 Importing it loads nothing heavy."""
 
 from __future__ import annotations
@@ -23,3 +24,46 @@ def missing_content(index: int, role: Any, content: Any, other_keys: Iterable[st
     has = f" (it has {', '.join(map(json_value, others))})" if others else ""
     return (f'messages[{index}] has no content{has}: give its text as "content": "..." (a string, or a '
             "list of text parts)")
+
+
+def template_role(role: str) -> str:
+    """The role a chat template knows for ``role``: OpenAI's newer "developer" (its o1 and later
+    models' name for the system message) is "system"; others are kept."""
+    return "system" if role == "developer" else role
+
+
+def text_message(index: int, message: dict) -> dict:
+    """Message ``index`` (an OpenAI-style dict) as a chat template reads it, as the server's
+    ``/v1/chat/completions`` renders it: a list of text parts joined into one string, content left
+    out of an assistant's tool call as "", "developer" as "system"; other keys are kept.
+
+    Raises:
+        ValueError: the message has no role, no content (``missing_content``), a content that is
+            neither a string nor a list of text parts, or a part that is not ``{"type": "text",
+            "text": "..."}`` (an image part: render the text yourself, or send it to the server).
+    """
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str):  # (a template writes a missing role as an empty marker: "<||>")
+        got = "has no role" if role is None else f"has role {json_value(role, 40)}"
+        raise ValueError(f'messages[{index}] {got}: give it as "role": "user" (or "system", "assistant", ...)')
+    problem = missing_content(index, role, content, [k for k in message if k not in ("role", "content", "name")])
+    if problem is not None:
+        raise ValueError(problem)
+    if isinstance(content, list):  # (a template wrote the list itself, "[{'type': 'text', ...}]", as text)
+        content = "".join(_part_text(index, j, part) for j, part in enumerate(content))
+    elif content is not None and not isinstance(content, str):
+        raise ValueError(f"messages[{index}].content is {json_value(content, 40)}: give a string, or a list of "
+                         'text parts ({"type": "text", "text": "..."})')
+    return {**message, "role": template_role(role), "content": content or ""}
+
+
+def _part_text(index: int, j: int, part: Any) -> str:
+    """The text of part ``j`` of message ``index``'s content list (see ``text_message``)."""
+    where = f"messages[{index}].content[{j}]"
+    if not isinstance(part, dict) or part.get("type") != "text":
+        kind = json_value(part.get("type"), 40) if isinstance(part, dict) else json_value(part, 40)
+        raise ValueError(f"{where} is a {kind} part: only text parts are rendered here "
+                         '({"type": "text", "text": "..."}); send images to lmnb serve\'s /v1/chat/completions')
+    if not isinstance(part.get("text"), str):
+        raise ValueError(f'{where}.text is missing: a text part holds its text, {{"type": "text", "text": "..."}}')
+    return part["text"]

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
-from lmnb_engine.chat_messages import missing_content
+from lmnb_engine.chat_messages import text_message
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
@@ -583,19 +583,16 @@ class Engine:
         """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template.
 
         Raises:
-            ValueError: the checkpoint has no chat template, or a message has no content (it was
-                rendered as empty text; the server refuses it alike: ``chat_messages.missing_content``).
+            ValueError: the checkpoint has no chat template, or a message has no role or content, or
+                a content other than a string or text parts (as the server refuses it:
+                ``chat_messages.text_message``, which renders "developer" as "system" as the server does).
         """
         if not self.chat_template:
             raise ValueError(
                 f"the model at {self.model_path} has no chat template; format the prompt yourself"
             )
-        for i, m in enumerate(messages):
-            if isinstance(m, dict):
-                problem = missing_content(i, m.get("role"), m.get("content"),
-                                          [k for k in m if k not in ("role", "content", "name")])
-                if problem is not None:
-                    raise ValueError(problem)
+        # (rendered as the server renders them: text parts joined, not written as a Python list)
+        messages = [text_message(i, m) if isinstance(m, dict) else m for i, m in enumerate(messages)]
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
         )

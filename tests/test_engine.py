@@ -529,6 +529,31 @@ def test_apply_chat_template_refuses_a_message_without_content_as_the_server_doe
     engine.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []}])
 
 
+def test_apply_chat_template_renders_messages_as_the_server_does(engine):
+    """Text parts were written as the Python list itself ("<|user|>[{'type': 'text', ...}]"), and
+    "developer" was kept, which templates do not know; the server joins the parts and reads
+    "developer" as "system". Expected: the same messages written with string content."""
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+             {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert engine.apply_chat_template(parts) == engine.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert "[{" not in engine.apply_chat_template(parts)
+
+
+@pytest.mark.parametrize("messages, said", [
+    ([{"content": "hi"}], 'messages[0] has no role: give it as "role": "user"'),  # (was rendered "<||>hi")
+    ([{"role": None, "content": "hi"}], "messages[0] has no role"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}],
+     'messages[0].content[0] is a "image_url" part: only text parts are rendered here'),
+    ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text is missing"),
+    ([{"role": "user", "content": 5}], "messages[0].content is 5: give a string, or a list of text parts"),
+])
+def test_apply_chat_template_refuses_a_message_the_server_refuses(engine, messages, said):
+    with pytest.raises(ValueError) as e:
+        engine.apply_chat_template(messages)
+    assert str(e.value).startswith(said), str(e.value)
+
+
 def test_changing_params_after_submit_changes_no_queued_request(engine, hf):
     # One SamplingParams reused in a loop: each request runs with the values it was submitted with.
     p = engine.encode("the red cat")

@@ -39,7 +39,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from lmnb_engine.chat_messages import missing_content
+from lmnb_engine.chat_messages import missing_content, template_role
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import (
     SSE_DONE,
@@ -765,8 +765,7 @@ def _plain_message(m: ChatMessage, i: int, images: list, ctx: ServerContext) -> 
             pieces.append(ctx.multimodal.image_token)
             images.append(url)
         content = "".join(pieces)
-    # OpenAI's newer name for the system message (its o1 and later models): chat templates know "system"
-    out = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+    out = {"role": template_role(m.role), "content": content or ""}
     if m.name:
         out["name"] = m.name
     return out
