@@ -474,9 +474,21 @@ def _ending(view) -> Iterator[None]:
         raise
 
 
+def _failed_holes(error) -> set:
+    """The cell offsets (``Expr.cell_offset``) of the holes whose primitives failed as ``error``
+    (a ``ProgramError``) ran: its own primitive's, or those of every failed branch of a
+    ``ForkError``, a nested fork's too; None among them for a failure at no hole."""
+    from lmnb.executor import ForkError
+
+    if isinstance(error, ForkError) and error.errors:
+        return set().union(*(_failed_holes(e) for e in error.errors.values()))
+    return {getattr(getattr(error, "primitive", None), "cell_offset", None)}
+
+
 def _describe(error: BaseException, filename: str, template=None) -> str:
     """One message for a failed cell: the template's own position, the hole of the ``template``'s
-    primitive that failed as it ran (a gen the backend refused), or the cell line of Python code."""
+    primitive that failed as it ran (a gen the backend refused; in a fork, the one hole where all
+    the failed branches failed), or the cell line of Python code."""
     from lmnb.executor import ForkError, ProgramError
     from lmnb.template import TemplateError
     from lmnb.template.errors import TemplateRuntimeError
@@ -489,12 +501,12 @@ def _describe(error: BaseException, filename: str, template=None) -> str:
     for exc in chain:
         if isinstance(exc, TemplateError):
             return str(exc)
+    holes = _failed_holes(error) if isinstance(error, ProgramError) else {None}
+    if template is not None and len(holes) == 1 and None not in holes:  # (fork branches that all failed there too)
+        return str(TemplateRuntimeError(str(error), template.source, holes.pop(), template.first_line,
+                                        indent=template.indent))
     if isinstance(error, ForkError):  # the join's line says nothing of which branch failed where
         return f"ForkError: {error}"
-    offset = getattr(getattr(error, "primitive", None), "cell_offset", None)
-    if template is not None and isinstance(error, ProgramError) and offset is not None:
-        return str(TemplateRuntimeError(str(error), template.source, offset, template.first_line,
-                                        indent=template.indent))
     for exc in reversed(chain):  # innermost first: where the cell's own code failed
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
         if frames:

@@ -168,6 +168,32 @@ def test_a_gen_the_engine_refuses_as_it_runs_points_at_its_hole(ip):
             "      there{gen w max_tokens=" + f"{context_len * 2}" + "}\n           ^") in out.stdout
 
 
+def test_a_gen_the_engine_refuses_in_fork_branches_points_at_its_hole(ip):
+    """In a fork the same refusal was 'ForkError: 2 of 2 fork branches failed: ...' with no place,
+    though every failed branch failed at one hole: that hole is pointed at (line 4 of the cell, with
+    %%lm as line 1; column 4: the "{" after "  x"), nested forks and forks over items too. Branches
+    that failed at different holes keep the ForkError, naming each branch."""
+    context_len = get_session().engine("test").context_len
+    over = context_len * 2
+    for body, branches in ((f"{{fork 2}}\n  x{{gen w max_tokens={over}}}\n{{join}}", "2 of 2 fork branches failed"),
+                           (f"{{fork 2}}\n  x{{gen w max_tokens={over}}}\n{{join}}".replace("{fork 2}", "{fork 2}\n{fork 1}")
+                            .replace("{join}", "{join}\n{join}"), None),
+                           (f"{{fork n in [1, {over}]}}\n  x{{gen w max_tokens=n}}\n{{join}}", "1 of 2 fork branches")):
+        failed, out = run(ip, "%%lm --static\nHi\n" + body)
+        assert not failed.success
+        line = body.splitlines()[1 if branches else 2]
+        assert f"CellError\x1b[0m: line {4 if branches else 5}, col 4: " in out.stdout, out.stdout
+        assert f"exceeds the model's context length of {context_len} tokens" in out.stdout
+        assert out.stdout.rstrip().endswith(f"    {line}\n       ^"), out.stdout
+        if branches:
+            assert branches in out.stdout
+    failed, out = run(ip, f"%%lm --static\nHi\n{{fork n in [{over}, 1]}}\n{{gen a max_tokens=n}}"
+                          f"{{gen b max_tokens={over + 1} - n}}\n{{join}}")
+    assert not failed.success
+    assert "ForkError: 2 of 2 fork branches failed: branch 0: Gen('a') failed" in out.stdout, out.stdout
+    assert "branch 1: Gen('b') failed" in out.stdout and "col " not in out.stdout
+
+
 def test_a_python_cells_own_run_names_run_not_the_cells_option(ip):
     """A --python cell's body that calls run(max_new_tokens=...) itself: that run's limit is the
     Python call's, not the cell's --max-tokens (which only the cell's own program takes)."""
