@@ -16,8 +16,12 @@ def missing_content(index: int, role: Any, content: Any, other_keys: Iterable[st
 
     A message without content would be rendered as empty text, losing what was meant (often a key
     misspelt, ``"contents"``: OpenAI answers 400 there). Only an assistant message that carries
-    ``tool_calls`` or ``function_call`` may leave content out, as OpenAI's API allows.
+    ``tool_calls`` or ``function_call`` may leave content out, as OpenAI's API allows. An empty
+    list of parts is no content either (OpenAI answers 400: "empty array").
     """
+    if isinstance(content, list) and not content:
+        return (f'messages[{index}].content is an empty list: give its text as "content": "..." (a string, or a '
+                "list of one or more text parts)")
     others = list(other_keys)
     if content is not None or (role == "assistant" and ("tool_calls" in others or "function_call" in others)):
         return None

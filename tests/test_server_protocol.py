@@ -225,6 +225,9 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "system", "content": "a"},
                                                                {"role": "user", "content": None}]}, 400,
          'messages[1] has no content: give its text as "content"'),
+        # an empty list of parts was rendered as an empty message too (OpenAI: 400, "empty array")
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": []}]}, 400,
+         'messages[0].content is an empty list: give its text as "content"'),
         ("/abort_request", {}, 400, "rid"),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "x" * 4100}]}, 400,
          "leaves no room for a reply in the model's context length of 4096"),  # not "max_new_tokens=0"
