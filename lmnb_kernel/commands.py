@@ -107,8 +107,11 @@ def _served_models_note(backend, args, v1: bool) -> str:
             not isinstance(e, openai.APITimeoutError) or connect_timed_out(e))
         if isinstance(e, openai.AuthenticationError):  # 401: every cell would fail alike (a 403 may be a
             # key allowed to generate but not to list models, as OpenAI's restricted project keys are)
+            # (the openai client reads $OPENAI_API_KEY; the SGLang protocol's $LMNB_API_KEY is not sent here)
             advice = ("the server refused the --api-key given: check it" if args.api_key else
-                      "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY")
+                      "the server refused the key in $OPENAI_API_KEY: check it" if os.environ.get("OPENAI_API_KEY")
+                      else "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY, or set "
+                      f"$OPENAI_API_KEY in the kernel's environment (with --openai, ${API_KEY_ENV} is not read)")
             raise CellError(f"could not connect to {args.url}: GET /models: HTTP {e.status_code} ({e}); "
                             f"{advice}") from e
         if v1 and not unreachable:

@@ -165,13 +165,20 @@ def test_connect_sends_the_key_in_lmnb_api_key(monkeypatch):
     assert seen and set(seen) == {"Bearer from-env"}
 
 
-@pytest.mark.parametrize("key, advice", [
-    (None, "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY"),
-    ("wrong", "the server refused the --api-key given: check it"),
+@pytest.mark.parametrize("key, env, advice", [
+    (None, {}, "the server asks for an API key: %lm connect URL --openai MODEL --api-key KEY, or set $OPENAI_API_KEY "
+               "in the kernel's environment (with --openai, $LMNB_API_KEY is not read)"),
+    # (the openai client sends $OPENAI_API_KEY; the advice said to pass a key, though one was sent)
+    (None, {"OPENAI_API_KEY": "old", "LMNB_API_KEY": "k"}, "the server refused the key in $OPENAI_API_KEY: check it"),
+    ("wrong", {}, "the server refused the --api-key given: check it"),
 ])
-def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, advice, keyed_server):
+def test_connect_openai_to_a_server_that_wants_a_key_fails_the_connect(key, env, advice, keyed_server, monkeypatch):
     """With --openai, a 401 on the model list connected anyway ("could not list its models
     (AuthenticationError)"), and then every cell failed with HTTP 401."""
+    for name in ("OPENAI_API_KEY", "LMNB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     url = f"{keyed_server}/v1"
     session = Session()
     args = types.SimpleNamespace(url=url, api_key=key, openai="m", completion=True, timeout=5)
