@@ -306,6 +306,29 @@ def test_a_constrained_output_cut_by_max_tokens_says_so_and_the_fix_in_the_text_
     assert "code: INVALID regex output: output does not fully match /\\d+/" in v.finish()["text/plain"]
 
 
+def test_a_constrained_output_cut_by_its_own_stop_says_which_stop_cut_it():
+    """A regex gen that its stop or stop_regex ended midway ({gen a regex=r"\\p{Lu}\\w+ \\w+" stop="e"}
+    gave 'Arv') showed only "INVALID regex output: output does not fully match", as if the
+    constraint had failed; the stop that cut it is the cause, named first as max_tokens' is."""
+    from lmnb_engine.outputs import FinishReason
+    for reason in ({"type": "stop", "matched": "e"}, FinishReason("stop", matched="e")):
+        v = RunView(live=False, session=Tally())
+        v.on_delta("main", "Arv", name="a")
+        v.on_gen_end("main", regex=r"\p{Lu}\w+ \w+", finish_reason=reason)
+        out = v.finish()
+        errors = out[VIEW_MIME]["structured"][0]["errors"]
+        assert errors[0]["message"] == ("cut off: its stop 'e' ended the gen (finish reason stop) before the output "
+                                        "was complete; leave that stop out of a gen with a regex or json_schema")
+        assert errors[1]["message"] == "output does not fully match /\\p{Lu}\\w+ \\w+/"  # the mismatch still named
+        assert "a: INVALID regex output: cut off: its stop 'e' ended the gen" in out["text/plain"]
+    # a stop token (EOS, stop_token_ids) or a complete output: no word of a stop string
+    for reason, text in (({"type": "stop", "matched": 2}, "Arv"), ({"type": "stop", "matched": "e"}, "Arv x")):
+        v = RunView(live=False, session=Tally())
+        v.on_delta("main", text, name="a")
+        v.on_gen_end("main", regex=r"\p{Lu}\w+ \w+", finish_reason=reason)
+        assert "cut off" not in v.finish()["text/plain"]
+
+
 def test_json_nested_thousands_deep_is_reported_invalid_not_raised():
     # json.loads raised RecursionError (not a JSONDecodeError) out of on_gen_end, failing the cell
     v = RunView(live=False, session=Tally())

@@ -86,6 +86,24 @@ _CUT_BY_MAX_TOKENS = ("cut off: the gen reached its max_tokens (finish reason le
                       "complete; give it a larger max_tokens")
 
 
+def _cut_by_stop(matched: str) -> str:
+    """The reason shown first for constrained output that the gen's own stop string or stop_regex
+    match (``matched``) ended before it was complete."""
+    return (f"cut off: its stop {matched!r} ended the gen (finish reason stop) before the output was complete; "
+            "leave that stop out of a gen with a regex or json_schema")
+
+
+def _stop_matched(reason: Any) -> Optional[str]:
+    """The text a stop finish reason (a ``FinishReason`` or its dict) matched: a stop string or a
+    stop_regex match; None for other reasons and for a stop token (an int: EOS, which the
+    constraint allows only once the output is complete, or one of stop_token_ids)."""
+    if isinstance(reason, dict):
+        kind, matched = reason.get("type"), reason.get("matched")
+    else:
+        kind, matched = getattr(reason, "type", None), getattr(reason, "matched", None)
+    return matched if kind == "stop" and isinstance(matched, str) else None
+
+
 def _finish_str(reason: Any) -> Optional[str]:
     if reason is None or isinstance(reason, str):
         return reason
@@ -403,6 +421,8 @@ class RunView:
                                      forward_passes=m.get("forward_passes"), jumped_tokens=m.get("jumped_tokens"))
             if not rec_s["valid"] and _finish_str(finish_reason) == "length":  # the usual cause: say it first
                 rec_s["errors"].insert(0, {"path": "$", "message": _CUT_BY_MAX_TOKENS})
+            elif not rec_s["valid"] and _stop_matched(finish_reason) is not None:  # the gen's own stop cut it
+                rec_s["errors"].insert(0, {"path": "$", "message": _cut_by_stop(_stop_matched(finish_reason))})
             rec_s["name"] = name or (seg.name if seg else None) or "output"
             rec_s["lane"] = lane
             self.model.structured.append(rec_s)
