@@ -1627,6 +1627,31 @@ def test_a_server_that_wants_a_key_is_named_with_the_option_that_gives_it(tmp_pa
             f"missing or wrong API key (send Authorization: Bearer <key>){advice}\n") in err, err
 
 
+@pytest.mark.parametrize("key, env, advice", [
+    ([], None, "; the server asks for an API key: pass --api-key KEY or set $OPENAI_API_KEY"),
+    ([], "wrong", "; the server refused the key in $OPENAI_API_KEY"),
+    (["--api-key", "wrong"], None, "; the server refused the --api-key given")])
+def test_an_openai_server_that_refuses_the_key_stops_the_job_before_any_row(tmp_path, capsys, monkeypatch, key, env,
+                                                                           advice):
+    """--openai against ``lmnb serve --api-key K`` without the key (or $LMNB_API_KEY set, which the
+    openai path does not read): the job's GET /models check passed the 401 over, every row then
+    failed on it (exit 1), and the summary said to fix the input; %lm connect --openai stops there."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    if env:
+        monkeypatch.setenv("OPENAI_API_KEY", env)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    with keyed_server() as base:
+        url = f"{base}/v1"
+        job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"),
+                                          "--backend", url, "--openai", "m", "--completion", "--no-progress", *key])
+        assert job.run(run_row, programs=[echo]) == 2
+    err = capsys.readouterr().err
+    assert (f"lmnb batch: could not start the backend (--openai m at {url}): BackendAuthError: GET {url}/models: "
+            "HTTP 401 (") in err, err
+    assert f"missing or wrong API key (send Authorization: Bearer <key>)){advice}\n" in err, err
+    assert not (tmp_path / "out.jsonl").exists() or read_results(tmp_path / "out.jsonl") == []
+
+
 @pytest.mark.parametrize("argv, sent", [([], "Bearer from-env"), (["--api-key", "given"], "Bearer given")])
 def test_the_key_of_an_sglang_protocol_server_may_come_from_lmnb_api_key(tmp_path, capsys, monkeypatch, argv, sent):
     """--api-key was the only way to give the key (it shows in ps and the shell's history), where the

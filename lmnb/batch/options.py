@@ -22,6 +22,8 @@ from lmnb.template.cell_options import positive_seconds
 from lmnb_engine import API_KEY_ENV, MODEL_ENV, model_or_env  # (the package alone: no torch, no model code)
 from lmnb_engine.cli_options import Once, OnceFlag, in_option_syntax, take_negative_numbers
 
+OPENAI_KEY_ENV = "OPENAI_API_KEY"  # (where the openai client, and so lmnb.OpenAI, reads its key)
+
 DEFAULT_THREADS = 16
 
 
@@ -87,7 +89,7 @@ def job_parser(description: str = "", per_row: bool = True, backend: Optional[st
                    help="with --openai: a completion model (prompts go out as text, not chat messages)"
                         + (f" (the default{with_backend} and --openai)" if completion else ""))
     p.add_argument("--api-key", action=Once,
-                   help=f"API key sent to the server (default: ${API_KEY_ENV}; with --openai: $OPENAI_API_KEY); the "
+                   help=f"API key sent to the server (default: ${API_KEY_ENV}; with --openai: ${OPENAI_KEY_ENV}); the "
                         "variable keeps the key out of ps and the shell's history")
     p.add_argument("--timeout", action=Once, type=positive_seconds, metavar="SECONDS", default=None,
                    help=f"server backends: seconds to wait for the server's response before the row fails "
@@ -183,15 +185,20 @@ def start_failure(args: argparse.Namespace, default_model: Optional[str], e: Bas
     if isinstance(e, BackendAuthError):
         given = _key_source(args)
         text += (f"; the server refused {given}" if given else "; the server asks for an API key: pass --api-key KEY"
-                 + ("" if getattr(args, "openai", None) else f" or set ${API_KEY_ENV}"))
+                 + f" or set ${_key_env(args)}")
     return text
 
 
+def _key_env(args: argparse.Namespace) -> str:
+    """The environment variable a job's API key defaults from: the openai client's with ``--openai``."""
+    return OPENAI_KEY_ENV if getattr(args, "openai", None) else API_KEY_ENV
+
+
 def _key_source(args: argparse.Namespace) -> Optional[str]:
-    """Where the API key sent to an SGLang-protocol server came from, for messages; None: none was sent."""
+    """Where the API key sent to the server came from, for messages; None: none was sent."""
     if getattr(args, "api_key", None):
         return "the --api-key given"
-    return f"the key in ${API_KEY_ENV}" if not getattr(args, "openai", None) and os.environ.get(API_KEY_ENV) else None
+    return f"the key in ${_key_env(args)}" if os.environ.get(_key_env(args)) else None
 
 
 def backend_label(args: argparse.Namespace, default_model: Optional[str] = None) -> str:
@@ -258,9 +265,15 @@ def _check_served_model(backend, model: str, url: str) -> None:
 
     Raises:
         ValueError: the server's list lacks ``model``.
+        BackendAuthError: the server refused the API key (HTTP 401), as every row's call would be
+            refused (a 403 may be a key allowed to generate but not to list models: it passes).
     """
+    import openai
+
     try:
         served = [m.id for m in backend.client.with_options(timeout=10, max_retries=0).models.list()]
+    except openai.AuthenticationError as e:
+        raise BackendAuthError(f"GET {url.rstrip('/')}/models: HTTP {e.status_code} ({e})") from e
     except Exception:
         return
     if model not in served:
