@@ -2478,3 +2478,30 @@ def test_a_row_cell_that_only_calls_a_setup_class_function_or_module_does_not_co
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
                                ["--num-threads", "1"])
     assert prompts == expected
+
+
+def test_a_job_whose_rows_start_from_kept_state_warns_when_rows_run_at_once(tmp_path, monkeypatch, capsys):
+    # each row starts from the set-up's values (Job.restore) only one row at a time; with the default
+    # 16 threads the rows shared the counter (calls 2, 4, 6 where each notebook pass gives 2) and only
+    # the export's note, read once at export if at all, said so
+    from helpers_export import write_rows
+
+    setup = ("calls = 0\ndef counted(f):\n    def wrapper(*a):\n        global calls\n        calls += 1\n"
+             "        return f(*a)\n    return wrapper\n@counted\ndef ask(x):\n    return x\n"
+             "class Tally:\n    n = 0\n    @classmethod\n    def bump(cls):\n        cls.n += 1")
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "ask(q)\nTally.bump()\nfrom math import *\nr = str(calls)",
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in ("B", "C", "D")])
+    _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "4"])
+    warned = [line for line in capsys.readouterr().err.splitlines() if "rows run at once" in line]
+    assert warned == ["lmnb batch: warning: 4 rows run at once share calls, Tally.n, which each pass of the notebook "
+                      "starts from the cells run once: each row starts from those values only with --num-threads 1"]
+    # one at a time: no warning, and each row read the set-up's counter plus its own call, as the notebook
+    out = tmp_path / "one"
+    out.mkdir()
+    results, prompts = _run_job_rows(source, monkeypatch, write_rows(out / "rows.jsonl", [{"q": "B"}, {"q": "C"}]),
+                                     0, ["--num-threads", "1"])
+    assert "rows run at once" not in capsys.readouterr().err
+    assert [p for p in prompts if p.startswith("1")] == ["1", "1"]

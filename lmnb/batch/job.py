@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import hashlib
 import inspect
 import json
@@ -366,6 +367,18 @@ class Job:
                     self._kept += [(cls, attribute, vars(cls).get(attribute, UNBOUND))
                                    for root in roots for cls in _holders(root, attribute)]
 
+    def _kept_names(self) -> str:
+        """The names and class attributes ``keep`` kept ("calls, Tally.n"; at most five, then "..."),
+        for messages; "" where none. A builtin's name kept as unbound is left out: the export keeps
+        every builtin a set-up function reads above a per-row star import (``str``, ``pow``), as it
+        cannot tell which the module sets, and listing them would hide the names that matter."""
+        # (a holder is a class, or an instance where a class decorator made the class one: @singleton)
+        names = list(dict.fromkeys(name if isinstance(holder, dict) else
+                                   f"{getattr(holder, '__name__', type(holder).__name__)}.{name}"
+                                   for holder, name, value in self._kept
+                                   if value is not UNBOUND or not hasattr(builtins, name)))
+        return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
     def restore(self, namespace: dict) -> None:
         """Set the names and class attributes that ``keep`` kept to a copy of their kept values
         (``row_copy``: what a row changes in place is its own), and delete those kept as unbound.
@@ -479,6 +492,11 @@ class Job:
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
             print(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run",
                   file=sys.stderr)
+        shared = self._kept_names()
+        if shared and args.num_threads > 1 and len(rows) > 1:  # (the export's note is read once, if at all)
+            print(f"lmnb batch: warning: {args.num_threads} rows run at once share {shared}, which each pass of the "
+                  "notebook starts from the cells run once: each row starts from those values only with "
+                  "--num-threads 1", file=sys.stderr)
         unread = args.limit is not None and len(rows) > args.limit  # rows past --limit, kept as they are
         if args.limit is not None:
             rows = rows[: args.limit]
