@@ -102,7 +102,7 @@ def _refused_pattern(where: str, pattern: Any) -> str | None:
             f"has no such classes; {_unicode_class_fix(pattern)}")
 
 
-# A Unicode class is offered spelled as ranges (``_as_ranges``) when it makes at most this many.
+# A Unicode class is offered spelled as ranges (``as_ranges``) when it makes at most this many.
 MAX_SPELLED_RANGES = 4
 
 
@@ -113,7 +113,7 @@ def _unicode_class_fix(pattern: str) -> str:
     instead, only where ``regex=`` takes the pattern (Rust's regex has no Unicode blocks)."""
     from lmnb_engine.regex_errors import UNICODE_CLASS, pattern_problem
 
-    spelled = {cls: _as_ranges(cls) for cls in dict.fromkeys(m.group(2) for m in UNICODE_CLASS.finditer(pattern))}
+    spelled = {cls: as_ranges(cls) for cls in dict.fromkeys(m.group(2) for m in UNICODE_CLASS.finditer(pattern))}
     if all(spelled.values()):
         fix = "write " + ", ".join(f"{cls} as {ranges}" for cls, ranges in spelled.items())
     else:
@@ -124,7 +124,7 @@ def _unicode_class_fix(pattern: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _as_ranges(cls: str) -> str | None:
+def as_ranges(cls: str) -> str | None:
     """The Unicode class ``cls`` (``\\p{InGreek}``) as a class of code-point ranges Python's ``re``
     reads (``[\\u0370-\\u03ff]``), its characters as the ``regex`` package reads them (the Unicode
     Character Database; surrogates, which no text holds, left out), or None where that package

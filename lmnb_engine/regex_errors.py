@@ -20,7 +20,7 @@ import re
 import warnings
 from typing import Any
 
-from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, json_value
 
 
 def shown_regex(pattern: str) -> str:
@@ -137,9 +137,12 @@ def _too_deep(pattern: str) -> str:
             "the pattern")
 
 
-# Python spellings of the POSIX classes a user most likely meant by "[[:name:]]".
-_POSIX = {"alpha": "A-Za-z", "digit": "0-9", "alnum": "A-Za-z0-9", "upper": "A-Z", "lower": "a-z",
-          "space": "\\s", "xdigit": "0-9A-Fa-f"}
+# The POSIX classes a user most likely meant by "[[:name:]]", as the characters the automaton
+# library (Rust's regex) reads them as, ASCII only (the POSIX "C" locale's), spelled so that
+# Python's re and that library read them alike.
+_POSIX = {"alpha": "A-Za-z", "digit": "0-9", "alnum": "0-9A-Za-z", "upper": "A-Z", "lower": "a-z",
+          "space": "\\t\\n\\v\\f\\r ", "xdigit": "0-9A-Fa-f", "punct": "!-/:-@\\[-`{-~", "word": "0-9A-Za-z_",
+          "blank": "\\t ", "cntrl": "\\x00-\\x1f\\x7f", "graph": "!-~", "print": " -~"}
 
 
 def ambiguous_class(pattern: str, warning: FutureWarning) -> str:
@@ -152,35 +155,83 @@ def ambiguous_class(pattern: str, warning: FutureWarning) -> str:
 
 
 def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
-    """How to write ``pattern`` so both readers agree, made from the pattern itself: the character(s)
-    Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||", "~~"), for a
-    known POSIX class the Python class it stands for, and for a difference or an intersection of two
-    Unicode classes (``_set_operation``) a negated class both read so."""
+    """How to write ``pattern`` so both readers agree, made from the pattern itself: for known POSIX
+    classes (``_posix_reading``), first, the characters each stands for, and for a difference or an
+    intersection of two Unicode classes (``_set_operation``) a negated class both read so; then the
+    character(s) Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||",
+    "~~"), the literal reading, which a user meaning a POSIX class or a set operation does not want."""
     m = re.search(r"at position (\d+)", str(warning))
     if m is None:  # (every Python that warns names the position; say what to do anyway)
         return 'escape the "[" or the doubled character to mean the characters themselves'
     i = int(m.group(1))
     n = 1 if pattern[i] == "[" else 2
     escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
-    fix = f"write {shown_regex(escaped)} to mean the characters"
-    posix = re.match(r"\[:(\w+):\]", pattern[i:])
-    if posix and posix.group(1) in _POSIX:
-        fix += f", or {shown_regex(pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end() + i:])} for [:{posix.group(1)}:]"
+    literal = f"{shown_regex(escaped)} to mean the characters"
+    posix = _posix_reading(pattern, i) if n == 1 else None
+    if posix:
+        return f"write {shown_regex(posix[0])} for {posix[1]} (ASCII, as the automaton library reads it), or {literal}"
     operation = _set_operation(pattern, i)
     if operation:
-        fix += f", or {shown_regex(operation[0])} for the set {operation[1]}"
-    return fix
+        return f"write {shown_regex(operation[0])} for the set {operation[1]}, or {literal}"
+    return f"write {literal}"
+
+
+def _posix_reading(pattern: str, at: int) -> tuple[str, str] | None:
+    """``pattern`` with each POSIX class in the class whose first item is the "[" at ``at``
+    (``[[:alpha:][:digit:]_]``) written as its characters (``_POSIX``: ``[A-Za-z0-9_]``), and the
+    classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the pattern; None where
+    a name is no known POSIX class (``[:^alpha:]``, ``[:foo:]``) or ``gen()`` refuses the result."""
+    names = []
+    i = at
+    while i < len(pattern) and pattern[i] != "]":  # (pattern[at] is the "[" of the first POSIX class)
+        posix = _POSIX_CLASS.match(pattern, i)
+        if posix is None:
+            i = _item_end(pattern, i)
+            continue
+        if posix.group(1) not in _POSIX:
+            return None
+        pattern = pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end():]
+        names.append(posix.group())
+        i += len(_POSIX[posix.group(1)])
+    if not names or pattern_problem(pattern) is not None:
+        return None
+    return pattern, ", ".join(dict.fromkeys(names))
+
+
+_POSIX_CLASS = re.compile(r"\[:(\^?\w+):\]")
+
+
+def _in_a_class(pattern: str, at: int) -> bool:
+    """Whether ``pattern[at]``, where an item starts, stands inside a character class, as Python's
+    parser delimits a class's items (``_class_range``'s reading)."""
+    i, n = 0, len(pattern)
+    while i < at:
+        if pattern[i] == "\\":
+            i = _item_end(pattern, i)
+        elif pattern[i] != "[":
+            i += 1
+        else:
+            i += 1 + pattern.startswith("^", i + 1)
+            first = True
+            while i < n and (first or pattern[i] != "]"):
+                if i == at:
+                    return True
+                first, i = False, _item_end(pattern, i)
+            i += 1
+    return False
 
 
 def _set_operation(pattern: str, at: int) -> tuple[str, str] | None:
     """``pattern`` with the class whose "--" or "&&" is at ``at``, a difference or an intersection of
-    two Unicode classes (``[\\p{L}--\\p{Ll}]``, Rust's reading), written as a negated class of their
-    complements (``[^\\P{L}\\p{Ll}]``: A and not B is not (not A or B)), which Python's ``regex``
-    package and the automaton library read alike, and the operation's name; None for another class."""
+    two Unicode classes (``[\\p{L}--\\p{Ll}]``, Rust's reading; the second may be nested, negated
+    or not: ``[\\p{L}&&[^\\p{Ll}]]``), written as a negated class of their complements
+    (``[^\\P{L}\\p{Ll}]``: A and not B is not (not A or B)), which Python's ``regex`` package and
+    the automaton library read alike, and the operation's name; None for another class."""
     cls = UNICODE_CLASS_AT.pattern
-    for m in re.finditer(rf"\[({cls})(--|&&)({cls})\]", pattern):
+    for m in re.finditer(rf"\[({cls})(--|&&)(?:({cls})|\[(\^?)({cls})\])\]", pattern):
         if m.start(2) == at:
-            first, second = _complement(m.group(1)), m.group(3) if m.group(2) == "--" else _complement(m.group(3))
+            second = m.group(3) or (_complement(m.group(5)) if m.group(4) else m.group(5))
+            first, second = _complement(m.group(1)), second if m.group(2) == "--" else _complement(second)
             name = "difference" if m.group(2) == "--" else "intersection"
             return pattern[:m.start()] + f"[^{first}{second}]" + pattern[m.end():], name
     return None
@@ -203,17 +254,35 @@ def unbuilt_class_problem(pattern: str) -> str | None:
     ``\\p{Greek}``); that library (Rust's ``regex``, in outlines-core) reads them, and SGLang's
     grammar backends do, so the language's early check leaves them to the backend. Each class is
     asked of that library itself (``_automaton_reads``): one it cannot build (a Unicode block, the
-    ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix."""
+    ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix (``_unbuilt_class_fix``)."""
     for m in UNICODE_CLASS.finditer(pattern):
         cls = m.group(2)
         if not _automaton_reads(cls):
-            negated = re.fullmatch(r"\\([pP])\{\s*\^(.*)\}", cls)
-            fix = (f"write \\{'P' if negated.group(1) == 'p' else 'p'}{{{negated.group(2).strip()}}} for its negation"
-                   if negated else "write \\p{LC} for the cased letters" if "&" in cls else "use a general category, a script or a binary property it reads (\\p{L}, \\p{Greek}, "
-                   "\\p{Alphabetic}), or the characters as a class")
             return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
-                    f"regex) does not read; {fix}")
+                    f"regex) does not read; {_unbuilt_class_fix(pattern, m.start(2), cls)}")
     return None
+
+
+def _unbuilt_class_fix(pattern: str, at: int, cls: str) -> str:
+    """How to write ``pattern`` without the class ``cls`` at ``at`` that the automaton library does
+    not build: its negation for ``\\p{^Lu}``, ``\\p{LC}`` for ``\\p{L&}``, its characters as a few
+    code-point ranges where the ``regex`` package reads it (``as_ranges``: a Unicode block,
+    ``\\p{InGreek}``, is ``[\\u0370-\\u03ff]``, not the script ``\\p{Greek}``), the whole pattern
+    so written where ``gen()`` then takes it (inside a class without the brackets), else the kinds
+    of class it reads."""
+    negated = re.fullmatch(r"\\([pP])\{\s*\^(.*)\}", cls)
+    if negated:
+        return f"write \\{'P' if negated.group(1) == 'p' else 'p'}{{{negated.group(2).strip()}}} for its negation"
+    if "&" in cls:
+        return "write \\p{LC} for the cased letters"
+    ranges = as_ranges(cls)
+    if ranges:
+        respelled = pattern[:at] + (ranges[1:-1] if _in_a_class(pattern, at) else ranges) + pattern[at + len(cls):]
+        if pattern_problem(respelled) is None:
+            return f"write {shown_regex(respelled)}, its characters as code-point ranges"
+        return f"write {cls} as {ranges}, its characters as code-point ranges"
+    return ("use a general category, a script or a binary property it reads (\\p{L}, \\p{Greek}, \\p{Alphabetic}), "
+            "or the characters as a class")
 
 
 def class_range_problem(pattern: str) -> str | None:

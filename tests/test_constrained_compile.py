@@ -467,7 +467,8 @@ def test_classes_that_python_and_the_automaton_read_differently_are_refused(back
 def test_an_ambiguous_class_gets_a_fix_written_from_its_own_pattern():
     # the fix always read '[\\[:alpha:]]' and '[A-Za-z]', whatever the pattern was
     for pattern, fix in [("[a&&b]x", r'write "[a\\&\\&b]x" to mean the characters'),
-                         ("d[[:digit:]]+", r'write "d[\\[:digit:]]+" to mean the characters, or "d[0-9]+" for [:digit:]')]:
+                         ("d[[:digit:]]+", r'write "d[0-9]+" for [:digit:] (ASCII, as the automaton library reads it), '
+                              r'or "d[\\[:digit:]]+" to mean the characters')]:
         with pytest.raises(GrammarError) as e:
             automaton_syntax(pattern)
         assert str(e.value).endswith(fix), str(e.value)
@@ -527,10 +528,8 @@ def test_unicode_property_classes_which_the_engine_reads_pass_the_languages_chec
     # Unicode blocks (Rust's regex has none), keys it reads no values of, the regex package's own names,
     # surrogates, the Unknown script, a numeric value, a script newer than its tables
     *[(p, c, None) for p, c in [
-        (r"\p{InGreek}", r"\p{InGreek}"), (r"x\p{Block=Greek}", r"\p{Block=Greek}"),
-        (r"\p{Greek_and_Coptic}+", r"\p{Greek_and_Coptic}"), (r"\p{Block:Greek}", r"\p{Block:Greek}"),
         (r"\p{Bidi_Class=L}", r"\p{Bidi_Class=L}"), (r"\P{Alpha:Yes}", r"\P{Alpha:Yes}"), (r"\p{Word}+", r"\p{Word}"),
-        (r"\p{IsXDigit}", r"\p{IsXDigit}"), (r"\p{PosixDigit}", r"\p{PosixDigit}"), (r"\p{Cs}", r"\p{Cs}"),
+        (r"\p{IsXDigit}", r"\p{IsXDigit}"), (r"\p{Cs}", r"\p{Cs}"),
         (r"\p{Zzzz}", r"\p{Zzzz}"), (r"\p{1/2}", r"\p{1/2}"), (r"x[\p{L}\p{HorizSpace}]+", r"\p{HorizSpace}")]],
 ])
 def test_unicode_classes_that_only_the_regex_package_reads_are_refused_alike_by_name(backend, pattern, shown, fix):
@@ -692,17 +691,89 @@ def test_a_pattern_with_a_unicode_class_is_respelled_as_its_twin_without_one(bac
     _assert_automaton_matches_as_python(pattern, alphabet, 2, fullmatch=regex_module.fullmatch)
 
 
+@pytest.mark.parametrize("pattern, fix", [
+    (r"\p{InGreek}+", r"[\u0370-\u03ff]+"), (r"x\p{Block=Greek}", r"x[\u0370-\u03ff]"),
+    (r"\p{Greek_and_Coptic}+", r"[\u0370-\u03ff]+"), (r"\p{Block:Greek}", r"[\u0370-\u03ff]"),
+    (r"[\p{InGreek}\d]+", r"[\u0370-\u03ff\d]+"), (r"[^\p{InGreek}]", r"[^\u0370-\u03ff]"),
+    (r"\P{InGreek}", r"[\u0000-\u036f\u0400-\ud7ff\ue000-\U0010ffff]"), (r"\p{PosixDigit}", r"[\u0030-\u0039]"),
+])
+def test_a_unicode_block_is_offered_as_its_code_point_ranges_not_a_script(backend, pattern, fix):
+    # \p{InGreek}+ was refused with "use ... a script ... (\p{L}, \p{Greek}, ...)": \p{Greek} is the Greek
+    # script (U+1F00 and more, not U+03E2), not the Greek and Coptic block U+0370-U+03FF the user named
+    from outlines_core import Index, Vocabulary
+
+    assert _refused_alike(backend, pattern).endswith(f"; write {json.dumps(fix)}, its characters as code-point ranges")
+    backend.compile(regex=fix)  # the fix passes gen(), a cell and the engine
+    import lmnb
+
+    assert lmnb.gen("x", regex=fix).params.regex == fix
+    # and the automaton matches what the regex package (the Unicode Character Database) makes of the block
+    alphabet = "x09a\u036f\u0370\u03e2\u03ff\u0400\u1f00\U0001d6a8"
+    index = Index(fix, Vocabulary(99, {c.encode(): [i] for i, c in enumerate(alphabet)}))
+    state = index.get_initial_state()
+    if fix.startswith("x"):
+        state = index.get_next_state(state, 0)
+    allowed = set(index.get_allowed_tokens(state))
+    meant = regex_module.compile(pattern.removeprefix("x").removesuffix("+"))
+    assert {c for i, c in enumerate(alphabet) if i in allowed} == {c for c in alphabet if meant.fullmatch(c)}
+
+
+# Rust's regex's POSIX classes, from its documentation (ASCII), each the characters of the alphabet below
+_RUST_POSIX = {"alpha": "azAZfF", "digit": "09", "alnum": "09azAZfF", "upper": "AZF", "lower": "azf", "xdigit": "09afAF",
+               "space": "\t\n\x0b\x0c\r ", "punct": "!/:@[`{~_-", "word": "09azAZfF_", "blank": "\t ",
+               "cntrl": "\x00\t\n\x0b\x0c\r\x1f\x7f", "graph": "09azAZfF!/:@[`{~_-", "print": "09azAZfF!/:@[`{~_- "}
+
+
+@pytest.mark.parametrize("name", sorted(_RUST_POSIX))
+def test_a_posix_class_is_offered_first_as_its_characters(backend, name):
+    # [[:alpha:]]+ was refused offering first "[\\[:alpha:]]+", the literal characters (which generated ':]'),
+    # and [:space:] as \s (Unicode spaces: not Rust's [:space:]); [:punct:] had no offer at all
+    alphabet = "09azAZfF!/:@[`{~_-\t\n\x0b\x0c\r \x00\x1f\x7f\xa0\xe9\u2003"
+    pattern = f"[[:{name}:]]"
+    said = _refused_alike(backend, pattern)
+    head = "Python reads it as literal characters, the automaton library as a POSIX class or a set operation; write "
+    fixes = said.split(head, 1)[1]
+    fix = json.loads(fixes.split(f" for [:{name}:]")[0])
+    assert fixes.endswith(f'(ASCII, as the automaton library reads it), or "[\\\\[:{name}:]]" to mean the characters')
+    backend.compile(regex=fix)
+    matched = {c for c in alphabet if re.fullmatch(fix, c)}
+    assert matched == set(_RUST_POSIX[name]), matched  # Python reads the fix as Rust read the POSIX class
+    from outlines_core import Index, Vocabulary
+
+    index = Index(pattern, Vocabulary(99, {c.encode(): [i] for i, c in enumerate(alphabet, start=1)}))
+    assert {alphabet[i - 1] for i in index.get_allowed_tokens(index.get_initial_state()) if i != 99} == matched
+
+
+def test_posix_classes_in_one_set_are_offered_together(backend):
+    said = _refused_alike(backend, r"[[:alpha:][:digit:]_]+")
+    assert '; write "[A-Za-z0-9_]+" for [:alpha:], [:digit:] (ASCII' in said, said
+    assert lmnb_gen_takes(r"[A-Za-z0-9_]+")
+
+
+def lmnb_gen_takes(pattern):
+    import lmnb
+
+    return lmnb.gen("x", regex=pattern).params.regex == pattern
+
+
 @pytest.mark.parametrize("pattern, said", [
     (r"\p{L}[[:alpha:]]", r'regex "\\p{L}[[:alpha:]]": Possible nested set at position 6 — Python reads it as literal '
-     r'characters, the automaton library as a POSIX class or a set operation; write "\\p{L}[\\[:alpha:]]" to mean the '
-     r'characters, or "\\p{L}[A-Za-z]" for [:alpha:]'),
+     r'characters, the automaton library as a POSIX class or a set operation; write "\\p{L}[A-Za-z]" for [:alpha:] (ASCII, '
+     r'as the automaton library reads it), or "\\p{L}[\\[:alpha:]]" to mean the characters'),
     (r"[\p{L}&&\p{Ll}]", r'regex "[\\p{L}&&\\p{Ll}]": Possible set intersection at position 6 — Python reads it as literal '
-     r'characters, the automaton library as a POSIX class or a set operation; write "[\\p{L}\\&\\&\\p{Ll}]" to mean the '
-     r'characters, or "[^\\P{L}\\P{Ll}]" for the set intersection'),
+     r'characters, the automaton library as a POSIX class or a set operation; write "[^\\P{L}\\P{Ll}]" for the set '
+     r'intersection, or "[\\p{L}\\&\\&\\p{Ll}]" to mean the characters'),
+    # (the second class nested, and negated: A and not B)
+    (r"[\p{L}&&[^\p{Ll}]]", r'regex "[\\p{L}&&[^\\p{Ll}]]": Possible set intersection at position 6 — Python reads it as '
+     r'literal characters, the automaton library as a POSIX class or a set operation; write "[^\\P{L}\\p{Ll}]" for the '
+     r'set intersection, or "[\\p{L}\\&\\&[^\\p{Ll}]]" to mean the characters'),
+    (r"[\p{L}--[^\p{Ll}]]", r'regex "[\\p{L}--[^\\p{Ll}]]": Possible set difference at position 6 — Python reads it as '
+     r'literal characters, the automaton library as a POSIX class or a set operation; write "[^\\P{L}\\P{Ll}]" for the '
+     r'set difference, or "[\\p{L}\\-\\-[^\\p{Ll}]]" to mean the characters'),
     # (a set difference to Rust: refused at gen() for "bad character range a--", the a's holding the classes)
     (r"[\p{L}--\p{Ll}]", r'regex "[\\p{L}--\\p{Ll}]": Possible set difference at position 6 — Python reads it as literal '
-     r'characters, the automaton library as a POSIX class or a set operation; write "[\\p{L}\\-\\-\\p{Ll}]" to mean the '
-     r'characters, or "[^\\P{L}\\p{Ll}]" for the set difference'),
+     r'characters, the automaton library as a POSIX class or a set operation; write "[^\\P{L}\\p{Ll}]" for the set '
+     r'difference, or "[\\p{L}\\-\\-\\p{Ll}]" to mean the characters'),
 ])
 def test_an_ambiguous_class_beside_a_unicode_class_is_refused_as_without_one(backend, pattern, said):
     # [[:alpha:]] and [a&&b] were refused by the engine; beside a \p{..} class they ran as Rust's regex reads
@@ -714,7 +785,7 @@ def test_an_ambiguous_class_beside_a_unicode_class_is_refused_as_without_one(bac
     plain = _refused_alike(backend, twin)  # (gen() and the cell passed it, with re's FutureWarning, to the engine)
     assert plain.replace(json.dumps(twin), "P").split(" — ")[0] == said.replace(json.dumps(pattern), "P").split(" — ")[0]
     if " for the set " in said:  # the negated class it offers matches what Rust's regex makes of the set operation
-        fix = json.loads(said.rsplit(", or ", 1)[1].split(" for the set ")[0])
+        fix = json.loads(said.split("; write ", 1)[1].split(" for the set ")[0])
         backend.compile(regex=fix)
         alphabet = "aA\u01c5\u02b0-&1"  # (a titlecase letter, a modifier letter: letters, not lower-case)
         index = Index(pattern, Vocabulary(99, {c.encode(): [i] for i, c in enumerate(alphabet)}))

@@ -43,7 +43,14 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import _c, _p, _walk
 from lmnb_engine.constrained.vocab import START_MARKER
-from lmnb_engine.regex_errors import UNICODE_CLASS_AT, ambiguous_class, class_range_problem, classes_held, shown_regex
+from lmnb_engine.regex_errors import (
+    UNICODE_CLASS_AT,
+    ambiguous_class,
+    class_range_problem,
+    classes_held,
+    shown_regex,
+    unbuilt_class_problem,
+)
 
 MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it,
 # and the end with the next character, U+10FFFF (as text it would end a complete match there)
@@ -253,10 +260,13 @@ def automaton_syntax(pattern: str) -> str:
     Raises:
         GrammarError: a class whose meaning Python itself flags as ambiguous (``[[:alpha:]]``,
             ``[a&&b]``, ``[a--b]``, ``[a||b]``, ``[a~~b]``: ``regex_errors.ambiguous_class``), a
-            Unicode class at an end of a range (``[\\p{L}-z]``: ``regex_errors.class_range_problem``),
+            Unicode class the library does not build (``\\p{InGreek}``: ``regex_errors.unbuilt_class_problem``)
+            or at an end of a range (``[\\p{L}-z]``: ``regex_errors.class_range_problem``),
             the ASCII flag ``(?a)`` or a scoped ``(?x:...)``, each with the fix.
     """
-    problem = class_range_problem(pattern)  # (Python would read [\\p{L}-z] held as a range of two characters)
+    # (a class the library cannot build, named as gen() names it, from the user's pattern, not the respelled one;
+    # Python would read [\\p{L}-z] held as a range of two characters)
+    problem = unbuilt_class_problem(pattern) or class_range_problem(pattern)
     if problem:
         raise GrammarError(problem)
     with warnings.catch_warnings():
