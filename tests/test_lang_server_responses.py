@@ -941,3 +941,33 @@ def test_a_completion_model_with_no_known_template_warns_once_when_roles_are_use
         chat.run(backend=given)
     assert seen == []
     given.shutdown()
+
+
+def test_the_guessed_template_warning_points_at_the_users_code(server):
+    """The guessed-template warning named lmnb's own file and line (lmnb/backend/openai.py), which
+    says nothing of where the program was run; it names the caller outside lmnb: this file, for a
+    program run on the caller's thread and for a direct backend.generate."""
+    import warnings
+
+    server.answer = lambda h, b: send(h, 200, json.dumps({"id": "x", "choices": [
+        {"index": 0, "text": "ok", "finish_reason": "stop"}]}).encode())
+
+    @lmnb.function
+    def chat(s):
+        s += lmnb.user("Hi")
+        s += lmnb.assistant(lmnb.gen("a", max_tokens=2))
+
+    backend = lmnb.OpenAI("my-model", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        chat.run(backend=backend, use_thread=False)
+    backend.shutdown()
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    assert seen[0].filename == __file__
+    backend = lmnb.OpenAI("my-model", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        backend.generate(Prompt("Hi", role="user"), PARAMS, "r1")
+    backend.shutdown()
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    assert seen[0].filename == __file__

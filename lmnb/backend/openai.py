@@ -78,6 +78,23 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+_LMNB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _outside_lmnb() -> dict:
+    """``warnings.warn`` keywords that make a warning point at the first caller outside the lmnb
+    package (the user's program: ``backend.generate(...)``, or the ``.run(...)`` of a program run
+    with ``use_thread=False``), however deep lmnb's own frames are. Where only a worker thread's
+    start is outside lmnb (a program's primitives run on a thread of their own), it points at lmnb's
+    caller of ``warnings.warn`` as before: ``threading.py`` would say less."""
+    frame, level = sys._getframe(1), 1  # level 1: the frame that calls warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(_LMNB_DIR):
+        frame, level = frame.f_back, level + 1
+    if frame is None or frame.f_globals.get("__name__") == "threading":
+        return {"stacklevel": 1}
+    return {"stacklevel": level}
+
+
 class OpenAI(BaseBackend):
     """Run programs on an OpenAI-compatible API.
 
@@ -310,7 +327,7 @@ class OpenAI(BaseBackend):
             "or SGLang server, connect to its root URL (no /v1) with lmnb.RuntimeEndpoint(URL), which uses the "
             "model's own template; or use it as a chat model (leave out is_chat_model=False), so the server "
             "applies its template",
-            UserWarning, stacklevel=2)
+            UserWarning, **_outside_lmnb())
 
     def _prompt_kwargs(self, prompt: Prompt) -> dict:
         if not self.is_chat_model:
