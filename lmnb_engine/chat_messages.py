@@ -5,9 +5,31 @@ Importing it loads nothing heavy."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Iterable, Optional
 
 from lmnb_engine.json_schema import json_value
+
+# The keys OpenAI's chat API defines for a message (of any role). Other keys are kept and not read;
+# one close to these is taken as a misspelling of it, which would be lost without a word
+MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal", "audio")
+
+
+def misspelt_key(index: int, message: dict) -> Optional[str]:
+    """Why message ``index`` (an OpenAI-style dict) looks misspelt, or None: a key that is none of
+    ``MESSAGE_KEYS`` but close to one (difflib's ``get_close_matches``, as ``did_you_mean`` picks):
+    ``"rol"`` for a missing role, ``"nmae"`` for ``"name"``. A key close to a missing
+    ``"content"`` (``"contents"``) is left to ``missing_content``, which names it."""
+    for key in message:
+        close = [] if key in MESSAGE_KEYS else difflib.get_close_matches(str(key), MESSAGE_KEYS, n=1)
+        if not close or (close[0] == "content" and "content" not in message):
+            continue
+        if close[0] == "role" and "role" not in message:
+            return (f'messages[{index}] has no role (it has {json_value(key, 40)}; did you mean "role"?): give it as '
+                    '"role": "user" (or "system", "assistant", ...)')
+        return (f"messages[{index}] has the unknown field {json_value(key, 40)} (did you mean "
+                f"{json_value(close[0])}?); a message takes {json_value(list(MESSAGE_KEYS))}")
+    return None
 
 
 def missing_content(index: int, role: Any, content: Any, other_keys: Iterable[str]) -> Optional[str]:
@@ -42,10 +64,13 @@ def text_message(index: int, message: dict) -> dict:
     out of an assistant's tool call as "", "developer" as "system"; other keys are kept.
 
     Raises:
-        ValueError: the message has no role, no content (``missing_content``), a content that is
-            neither a string nor a list of text parts, or a part that is not ``{"type": "text",
-            "text": "..."}`` (an image part: render the text yourself, or send it to the server).
+        ValueError: the message has a misspelt key (``misspelt_key``), no role, no content
+            (``missing_content``), a content that is neither a string nor a list of text parts, or
+            a part that is not ``{"type": "text", "text": "..."}`` (an image part: render the text yourself, or send it to the server).
     """
+    problem = misspelt_key(index, message)
+    if problem is not None:
+        raise ValueError(problem)
     role, content = message.get("role"), message.get("content")
     if not isinstance(role, str):  # (a template writes a missing role as an empty marker: "<||>")
         got = "has no role" if role is None else f"has role {json_value(role, 40)}"

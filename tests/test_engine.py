@@ -520,6 +520,9 @@ def test_submit_handle_and_model_facts(engine):
      'messages[1] has no content (it has "contents"): give its text as "content"'),
     ([{"role": "user", "content": None, "name": "ann"}], "messages[0] has no content: give"),
     ([{"role": "user", "content": []}], 'messages[0].content is an empty list: give its text as "content"'),
+    ([{"rol": "user", "content": "hi"}], 'messages[0] has no role (it has "rol"; did you mean "role"?): give it'),
+    ([{"role": "user", "content": "hi", "nmae": "ann"}],
+     'messages[0] has the unknown field "nmae" (did you mean "name"?); a message takes ["role", '),
 ])
 def test_apply_chat_template_refuses_a_message_without_content_as_the_server_does(engine, messages, said):
     # it was rendered as an empty message ("<|user|><|end|>"): what was meant was lost without a word

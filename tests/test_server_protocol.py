@@ -225,6 +225,11 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "system", "content": "a"},
                                                                {"role": "user", "content": None}]}, 400,
          'messages[1] has no content: give its text as "content"'),
+        # a misspelt role said only "messages[0].role: Field required"; a misspelt name was kept unread
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"rol": "user", "content": "hi"}]}, 400,
+         'messages[0] has no role (it has "rol"; did you mean "role"?): give it as "role": "user"'),
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "hi", "nmae": "ann"}]}, 400,
+         'messages[0] has the unknown field "nmae" (did you mean "name"?); a message takes ["role", "content", '),
         # an empty list of parts was rendered as an empty message too (OpenAI: 400, "empty array")
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": []}]}, 400,
          'messages[0].content is an empty list: give its text as "content"'),
@@ -385,6 +390,18 @@ def test_a_developer_message_is_the_system_message(served):
         assert _post(url, "/v1/chat/completions", body).status_code == 200
     assert engine.prompts[-2] == engine.prompts[-1] == "[system]Be brief.\n[user]hi\n[assistant]"
 
+
+
+def test_message_keys_openai_defines_or_not_close_to_them_stay_accepted(served):
+    # only a key close to one of OpenAI's message keys is refused as misspelt (OpenAI's own list:
+    # name, refusal, audio, tool_call_id...); one far from all ("metadata") is kept unread, as before
+    engine, url = served
+    body = {"model": "rec", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi", "name": "ann", "metadata": {"k": 1}},
+        {"role": "assistant", "content": "ok", "refusal": None, "audio": None},
+        {"role": "user", "content": "more", "reasoning_content": "x"}]}
+    assert _post(url, "/v1/chat/completions", body).status_code == 200
+    assert engine.prompts[-1] == "[user]hi\n[assistant]ok\n[user]more\n[assistant]"
 
 def test_api_key_is_required_when_set():
     with live_server(RecordingEngine(), api_key="s3cret") as url:

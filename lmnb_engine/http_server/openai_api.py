@@ -39,7 +39,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from lmnb_engine.chat_messages import missing_content, template_role
+from lmnb_engine.chat_messages import missing_content, misspelt_key, template_role
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import (
     SSE_DONE,
@@ -550,6 +550,17 @@ def _validate(model: type, body: Any, path: str) -> Any:
         raise RequestValidationError([_with_guess(model, err) for err in e.errors()], body=body) from None
 
 
+def _refuse_misspelt_message_keys(body: Any) -> None:
+    """Refuse a chat request whose message has a key close to one OpenAI defines (``misspelt_key``):
+    pydantic only said ``messages[0].role: Field required`` for ``"rol"``, and kept ``"nmae"``
+    among the extra keys without a word. A body of another shape is left to ``_validate``."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        problem = misspelt_key(i, m) if isinstance(m, dict) else None
+        if problem is not None:
+            raise RequestError(problem, param=f"messages[{i}]")
+
+
 def _with_guess(model: type, error: dict) -> dict:
     """A pydantic ``error``, one of an unknown field of a nested object (``stream_options``,
     ``response_format``: ``extra_forbidden``) with the field meant (``did_you_mean``) in its
@@ -651,7 +662,9 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = _validate(ChatRequest, await json_body(request), "/v1/chat/completions")
+        body = await json_body(request)
+        _refuse_misspelt_message_keys(body)
+        req = _validate(ChatRequest, body, "/v1/chat/completions")
         check_model(req.model)
         if req.tools or req.tool_choice not in (None, "none"):
             raise RequestError('tool calling is not supported by lmnb serve; leave out tools and tool_choice (or send '
