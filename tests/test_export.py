@@ -698,6 +698,53 @@ def test_a_class_the_rows_change_by_a_computed_attribute_name_is_noted(setup, ce
                    "which the export cannot follow"]]
 
 
+_COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    def bump(self):\n        self.n += 1\n"
+            "        return self.n\nc = Counter()")
+
+
+@pytest.mark.parametrize("setup, cell, note", [
+    (_COUNTER + "\ndef use():\n    return c.bump()", "r = str(use())",
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in use(), a "
+     "function of cell 1): what its calls change carries over from row to row"),
+    ("import itertools\nit = itertools.count()", "r = str(next(it))",
+     "cell 1: it, an iterator (itertools.count()) that this cell makes once, is used by the rows (`next(it)` in "
+     "cell 3): what its calls change carries over from row to row"),
+    ("def g():\n    yield from 'xyz'\nit = g()", "r = next(it)",
+     "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`next(it)` in cell 3)"),
+    ("def counted(f):\n    n = 0\n    def w(*a):\n        nonlocal n\n        n += 1\n        return f(*a) + str(n)\n"
+     "    return w\n@counted\ndef tag(x):\n    return x", "r = tag('t')",
+     "cell 1: tag, which the rows call, is wrapped by counted, whose closure keeps state by `nonlocal`: it carries "
+     "over from row to row"),
+])
+def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
+    # the job runs the set-up once, so these go on from the last row's state (r: 1, 2, 3 for three
+    # rows; 'x', 'y', 'z'), where each pass of the notebook makes them anew (r: 1 every row), and
+    # nothing said so; the job's behaviour is unchanged: the note says it, and how to avoid it
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    ns: dict = {}  # (the carry-over the note names: the cell's code run twice on one set-up)
+    exec(f"{setup}\nq = 'A'", ns)
+    exec(cell, ns)
+    first = ns["r"]
+    exec(cell, ns)
+    assert ns["r"] != first
+    _, p = export_notebook(nb)
+    assert [n for n in p.notes if note in n] and len(p.notes) == 1, p.notes
+    assert "make it in a cell that runs per row" in p.notes[0] or "define it in a cell that runs per row" in p.notes[0]
+
+
+@pytest.mark.parametrize("setup, cell", [
+    (_COUNTER, "r = str(c.bump())"),  # (a row cell's c.bump() changes the row's own copy of c)
+    ("import itertools", "it = itertools.count()\nr = str(next(it))"),  # (made per row)
+    ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
+])
+def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    _, p = export_notebook(nb)
+    assert p.notes == []
+
+
 @pytest.mark.parametrize("body", [
     "def helper():\n    global count\n    count += 1\nhelper()\ns += q + str(count)\ns += lmnb.gen('x', max_tokens=1)",
     "global count\ncount += 1\ns += q + str(count)\ns += lmnb.gen('x', max_tokens=1)",

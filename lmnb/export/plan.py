@@ -294,6 +294,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        "sees, where each pass of the notebook starts from the class the cells run once left; name the "
                        f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
                        "reset it in the row")
+    p.notes += _carried_over(setup, row, called, classes, p.copied, lazy)
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
@@ -367,6 +368,89 @@ def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tu
             computed += unknown
     return (tuple(a for a in dict.fromkeys(found) if a.rsplit(".", 1)[0] in classes),
             tuple(n for n in dict.fromkeys(computed) if n in classes))
+
+
+# The calls whose value keeps its own place to go on from (a set-up iterator the rows consume)
+_ITERATOR_CALLS = frozenset({"iter", "itertools.count", "itertools.cycle"})
+
+
+def _made_objects(setup: list, classes: dict) -> tuple[dict, dict]:
+    """(name → (set-up cell index, "an instance of C" or "an iterator (f())") for the set-up
+    globals last bound at top level to a call of a set-up class, or of ``_ITERATOR_CALLS`` or a
+    set-up generator function; (cell index, name) → the top-level ``def`` of each set-up function)."""
+    import ast
+
+    made: dict = {}
+    defs: dict = {}
+    generators: set = set()
+    for c in setup:
+        if not isinstance(c, Code):
+            continue
+        for stmt in ast.parse(c.source).body:
+            for name in bound_by(stmt):
+                made.pop(name, None)
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs[(c.index, stmt.name)] = stmt
+                generators.discard(stmt.name)
+                if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(stmt)):
+                    generators.add(stmt.name)
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.Call)):
+                continue
+            func = ast.unparse(stmt.value.func)
+            if func in classes:
+                made[stmt.targets[0].id] = (c.index, f"an instance of {func}")
+            elif func in _ITERATOR_CALLS or func in generators:
+                made[stmt.targets[0].id] = (c.index, f"an iterator ({func}())")
+    return made, defs
+
+
+def _carried_over(setup: list, row: list, called: list, classes: dict, copied: tuple, lazy: set) -> list:
+    """The notes for set-up state that the rows carry on from row to row, which the job does not
+    set back (each pass of the notebook starts from a new one): a ``_made_objects`` global that a
+    row cell (but for the row's copy, ``copied``) or a set-up function the rows call (``_called``)
+    uses by ``next(it)`` or a method call (``c.bump()``) (but under ``if x is None:`` of a value made
+    on first use, ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up
+    decorator's closure around a function the rows call. Static cases only."""
+    import ast
+
+    made, defs = _made_objects(setup, classes)
+    bound = set().union(*map(_cell_binds, row))
+    places = [(f"cell {c.index}", tree, copied) for c in row
+              if (tree := ast.parse(c.source) if isinstance(c, Code)
+                  else getattr(getattr(c, "python", None), "tree", None)) is not None]
+    places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], ()) for f in called if (f[0], f[1]) in defs]
+    uses: dict = {}
+    for where, tree, skipped in places:
+        for node, tests in _own_nodes(tree):
+            if not isinstance(node, ast.Call) or any(_tests_unset(t, lazy) for t in tests):
+                continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
+            func, args = node.func, node.args
+            if isinstance(func, ast.Name) and func.id == "next" and args and isinstance(args[0], ast.Name):
+                name = args[0].id
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                name = func.value.id
+            else:
+                continue
+            if name in made and name not in bound and name not in skipped:
+                uses.setdefault(name, f"`{ast.unparse(node)}` in {where}")
+    notes = [f"cell {made[name][0]}: {name}, {made[name][1]} that this cell makes once, is used by the rows ({use}): "
+             "what its calls change carries over from row to row (what one row changes, the next row sees), where "
+             f"each pass of the notebook starts from a new one; make it in a cell that runs per row ({name} = ... "
+             "after the first %%lm cell), and rows running at once (--num-threads above 1) share it"
+             for name, use in uses.items()]
+    decorators = {name: d for (_, name), d in defs.items()
+                  if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
+    for f in called:
+        d = defs.get((f[0], f[1]))
+        wrapped = [ast.unparse(x) for x in getattr(d, "decorator_list", []) if ast.unparse(x) in decorators]
+        if wrapped:
+            notes.append(f"cell {f[0]}: {f[1]}, which the rows call, is wrapped by {wrapped[0]}, whose closure keeps "
+                         "state by `nonlocal`: it carries over from row to row (what one row changes, the next row "
+                         "sees), where each pass of the notebook starts from a new one; define it in a cell that runs "
+                         "per row (after the first %%lm cell), and rows running at once (--num-threads above 1) "
+                         "share it")
+    return notes
 
 
 def _cells_of(called: list, at: int, wanted) -> dict:
