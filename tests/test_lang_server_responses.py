@@ -904,19 +904,25 @@ def test_a_401_on_generate_is_an_auth_error_streamed_or_not(server, endpoint):
     assert type(e.value) is BackendError
 
 
+def _completion_ok(handler, body):
+    """A /v1/completions answer of "ok"."""
+    send(handler, 200, json.dumps({"id": "x", "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}).encode())
+
+
+@lmnb.function
+def _chat_roles(s):
+    s += lmnb.user("Hi")
+    s += lmnb.assistant(lmnb.gen("a", max_tokens=2))
+
+
 def test_a_completion_model_with_no_known_template_warns_once_when_roles_are_used(server):
     """A completion model whose name matched no template got the generic 'default' format
     ('USER:...') for chat roles without a word; now one warning names the model, the format and
     the fixes. A program without roles, or a template given, warns nothing."""
     import warnings
 
-    server.answer = lambda h, b: send(h, 200, json.dumps({"id": "x", "choices": [
-        {"index": 0, "text": "ok", "finish_reason": "stop"}]}).encode())
-
-    @lmnb.function
-    def chat(s):
-        s += lmnb.user("Hi")
-        s += lmnb.assistant(lmnb.gen("a", max_tokens=2))
+    server.answer = _completion_ok
+    chat = _chat_roles
 
     @lmnb.function
     def plain(s):
@@ -949,13 +955,8 @@ def test_the_guessed_template_warning_points_at_the_users_code(server):
     program run on the caller's thread and for a direct backend.generate."""
     import warnings
 
-    server.answer = lambda h, b: send(h, 200, json.dumps({"id": "x", "choices": [
-        {"index": 0, "text": "ok", "finish_reason": "stop"}]}).encode())
-
-    @lmnb.function
-    def chat(s):
-        s += lmnb.user("Hi")
-        s += lmnb.assistant(lmnb.gen("a", max_tokens=2))
+    server.answer = _completion_ok
+    chat = _chat_roles
 
     backend = lmnb.OpenAI("my-model", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
     with warnings.catch_warnings(record=True) as seen:
