@@ -499,7 +499,8 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     JSON Schema meta-schema), so a typo (``{"type": "strng"}``) fails at the ``gen`` call rather
     than once the program runs, whichever backend runs it. Whether the engine's constrained
     decoder supports every keyword, and whether a ``pattern`` is a regex of the backend's dialect
-    (``patterns=False`` there), are left to the backend: another may take what it does not.
+    (``patterns=False`` there: only a pattern no dialect reads, ``a(b``, is refused here), are left
+    to the backend: another may take what it does not.
 
     Raises:
         TypeError: any other type; ValueError: a schema ``loaded_schema`` refuses (``false`` too:

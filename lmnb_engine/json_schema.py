@@ -36,10 +36,11 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
     they mean), checked against the JSON Schema meta-schema of its ``$schema`` draft (2020-12 when
     it names none) with ``jsonschema``. The boolean schema ``true`` (any JSON value) is returned
-    as it is. ``patterns`` False leaves out the meta-schema's ``regex`` format check of each
-    ``pattern``: which regex dialect a pattern is in is the backend's question (the engine reads
-    Python's; an OpenAI-compatible API may take ECMA's ``\\p{Lu}``), so the language's checks, made
-    before a backend is known, skip it.
+    as it is. ``patterns`` False narrows the meta-schema's ``regex`` format check of each
+    ``pattern`` to syntax errors of every dialect (``_no_dialect_reads``): which dialect a pattern
+    is in is the backend's question (the engine reads Python's; an OpenAI-compatible API may take
+    ECMA's ``\\p{Lu}``), so the language's checks, made before a backend is known, refuse only a
+    pattern no backend could read (``a(b``).
 
     Raises:
         ValueError: the boolean schema ``false`` (valid JSON Schema, which no value passes), a
@@ -65,7 +66,7 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
                          f"{json_value(schema['$schema'], SHOWN_CHARS)}")
     try:
         validator = jsonschema.validators.validator_for(schema)
-        validator.check_schema(schema, **({} if patterns else {"format_checker": None}))
+        validator.check_schema(schema, **({} if patterns else {"format_checker": _syntax_checker()}))
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
@@ -77,6 +78,53 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         message = _type_typo(e) or in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
     return schema
+
+
+@functools.cache
+def _syntax_checker():
+    """A ``jsonschema`` format checker of the ``regex`` format alone, which refuses a pattern only
+    where ``_no_dialect_reads`` (``checked_schema``'s ``patterns`` False)."""
+    import jsonschema
+
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checks("regex")(lambda pattern: not (isinstance(pattern, str) and _no_dialect_reads(pattern)))
+    return checker
+
+
+# Python's ``re`` errors (``re.error.msg``, its start) that ECMA 262, JSON Schema's own pattern
+# dialect, raises too (unbalanced parentheses, a repeat of nothing or of a repeat, {2,1}, [z-a]):
+# others are ECMA syntax that Python lacks ([^], \\k<name>, \\cA), which a backend may read.
+_ERRORS_OF_EVERY_DIALECT = ("missing )", "unbalanced parenthesis", "nothing to repeat", "multiple repeat",
+                            "min repeat greater than max repeat", "bad character range")
+
+
+def _no_dialect_reads(pattern: str) -> bool:
+    """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: one of
+    ``_ERRORS_OF_EVERY_DIALECT`` for Python's ``re`` (its Unicode classes read as classes, as
+    ``regex_errors.python_error`` reads them), and an error for the ``regex`` package too, which
+    reads more (``[\\d-z]``, ``(?<name>...)``): ``a(b``. A pattern too deep or too large for
+    either to tell is taken; the backend has the last word on it."""
+    import warnings
+
+    import regex
+
+    from lmnb_engine.regex_errors import classes_held  # (it imports this module)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                re.compile(classes_held(pattern))
+                return False
+            except re.error as e:
+                if not e.msg.startswith(_ERRORS_OF_EVERY_DIALECT):
+                    return False
+            regex.compile(pattern)
+    except regex.error:
+        return True
+    except (RecursionError, OverflowError):
+        pass
+    return False
 
 
 def _refused_pattern(where: str, pattern: Any) -> str | None:

@@ -72,6 +72,23 @@ def test_gen_checks_a_regex_and_a_json_schema_without_torch():
                                        "[]"]
 
 
+def test_gen_refuses_a_schema_pattern_no_regex_dialect_reads():
+    """A schema ``pattern`` that is a syntax error in every dialect (an unclosed group: Python's
+    re, the regex package and ECMA 262 all refuse it) passed gen()'s check and failed only when
+    the gen ran; it is refused at the call, in the engine's words. A pattern some dialect reads
+    still passes: a Unicode class, ECMA's named group and back-reference, ECMA's [^] (any
+    character), which Python's two dialects refuse."""
+    def schema(pattern):
+        return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema("a(b"))
+    assert str(e.value) == ('JSON schema at #/properties/a/pattern: the pattern "a(b" cannot be compiled: it is not a '
+                            "valid regular expression (missing ), unterminated subpattern at position 1); fix the pattern")
+    for read in (r"\p{Lu}+", r"(?<n>x)\k<n>", "[^]", r"\cA"):
+        assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
+
+
 def test_gen_checks_one_json_schema_once_however_often_it_is_called_with_it(monkeypatch):
     """gen(json_schema=...) ran the meta-schema check at every call (since 4fbd604): a program body
     runs its gen() once per run_batch item, and the check of a schema of some dozens of properties

@@ -448,6 +448,10 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen c json_schema=[1]}", 2, 20, "must be a JSON object"),
         ('{gen c json_schema={"$schema": []}}', 2, 20, "#/$schema must be a string"),  # was a TypeError
         ('{gen c json_schema={"enum": ("a", 1j)}}', 2, 20, "a value JSON cannot represent"),
+        # a pattern no regex dialect reads passed here and failed when the gen ran, reported twice at {gen
+        ('{gen c json_schema={"properties": {"a": {"pattern": "a(b"}}}}', 2, 20,
+         'JSON schema at #/properties/a/pattern: the pattern "a(b" cannot be compiled: it is not a valid regular '
+         "expression (missing ), unterminated subpattern at position 1); fix the pattern"),
         ("{user}hi{user}", 2, 9, "roles cannot nest"),
         # a kernel variable named user, meant as text, got only the hint to close a chat turn
         ("Hi {user}, bye {user}.", 2, 16, "before {user}; to insert a variable named user as text, write {(user)}"),
