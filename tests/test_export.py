@@ -1209,6 +1209,7 @@ def test_a_notebook_without_cell_ids_is_read_without_nbformats_warning(tmp_path)
     (tmp_path / "noids.ipynb").write_text(json.dumps(data))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        warnings.simplefilter("ignore", ResourceWarning)  # (an unclosed socket of another test, collected here)
         nb = read_notebook(tmp_path / "noids.ipynb")
     assert [str(w.message) for w in caught] == []
     assert len({c["id"] for c in nb.cells}) == len(QA.cells)  # (ids added, one per cell)
