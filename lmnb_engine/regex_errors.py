@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, json_value
 
@@ -203,22 +203,8 @@ _POSIX_CLASS = re.compile(r"\[:(\^?\w+):\]")
 
 def _in_a_class(pattern: str, at: int) -> bool:
     """Whether ``pattern[at]``, where an item starts, stands inside a character class, as Python's
-    parser delimits a class's items (``_class_range``'s reading)."""
-    i, n = 0, len(pattern)
-    while i < at:
-        if pattern[i] == "\\":
-            i = _item_end(pattern, i)
-        elif pattern[i] != "[":
-            i += 1
-        else:
-            i += 1 + pattern.startswith("^", i + 1)
-            first = True
-            while i < n and (first or pattern[i] != "]"):
-                if i == at:
-                    return True
-                first, i = False, _item_end(pattern, i)
-            i += 1
-    return False
+    parser delimits a class's items (``_class_items``)."""
+    return any(start == at for items in _class_items(pattern) for start, _ in items)
 
 
 def _set_operation(pattern: str, at: int) -> tuple[str, str] | None:
@@ -305,27 +291,42 @@ def class_range_problem(pattern: str) -> str | None:
 
 def _class_range(pattern: str) -> tuple[int, int, int] | None:
     """(start, index of the "-", end) of the first range in a character class that has a Unicode
-    class at an end, as Python's parser delimits a class's items (a "]" first is a literal, an
-    item, "-" and an item other than "]" a range), or None."""
+    class at an end, as Python's parser delimits a class's items (``_class_items``: an item, "-"
+    and an item other than the closing "]" make a range), or None."""
+    for items in _class_items(pattern):
+        k = 0
+        while k < len(items):
+            start, end = items[k]
+            if k + 2 < len(items) and pattern.startswith("-", end):  # (items[k + 1] is that "-")
+                dash, range_end = end, items[k + 2][1]
+                at_an_end = UNICODE_CLASS_AT.match(pattern, start) or UNICODE_CLASS_AT.match(pattern, dash + 1)
+                if at_an_end and pattern[dash + 1] != "-":
+                    return start, dash, range_end
+                k += 3
+            else:
+                k += 1
+    return None
+
+
+def _class_items(pattern: str) -> Iterator[list[tuple[int, int]]]:
+    """Per character class of ``pattern``, in order, the (start, end) of each of its items, as
+    Python's parser delimits them: after "[" and an optional "^", a "]" first is a literal, and
+    each item is ``_item_end``'s (an escape whole, a Unicode class whole, whose braces may hold a
+    "["); the class ends at the next "]" (an unclosed one at the pattern's end)."""
     i, n = 0, len(pattern)
     while i < n:
         if pattern[i] == "\\":
-            i = _item_end(pattern, i)  # (a Unicode class whole: its braces may hold a "[")
+            i = _item_end(pattern, i)
         elif pattern[i] != "[":
             i += 1
         else:
             i += 1 + pattern.startswith("^", i + 1)
-            first = True
-            while i < n and (first or pattern[i] != "]"):
-                first = False
-                start, i = i, _item_end(pattern, i)
-                if pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
-                    dash, i = i, _item_end(pattern, i + 1)
-                    at_an_end = UNICODE_CLASS_AT.match(pattern, start) or UNICODE_CLASS_AT.match(pattern, dash + 1)
-                    if at_an_end and pattern[dash + 1] != "-":
-                        return start, dash, i
+            items: list[tuple[int, int]] = []
+            while i < n and (not items or pattern[i] != "]"):
+                items.append((i, _item_end(pattern, i)))
+                i = items[-1][1]
+            yield items
             i += 1
-    return None
 
 
 _ESCAPE_DIGITS = {"x": 2, "u": 4, "U": 8}  # (Python reads exactly as many hex digits, or refuses the pattern)
