@@ -98,6 +98,12 @@ _ERRORS_OF_EVERY_DIALECT = ("missing )", "unbalanced parenthesis", "nothing to r
                             "min repeat greater than max repeat", "bad character range")
 
 
+# ECMA's "[]" (no character) and "[^]" (any character): Python's re and the regex package read the
+# "]" as the class's first character instead, so a later "]" or ")" moves and a valid pattern
+# (^<([^]*?)>$) reads as "missing )"; such a pattern is left to the backend
+_ECMA_EMPTY_CLASS = re.compile(r"\[\^?\]")
+
+
 def _no_dialect_reads(pattern: str) -> bool:
     """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: one of
     ``_ERRORS_OF_EVERY_DIALECT`` for Python's ``re`` (its Unicode classes read as classes, as
@@ -110,6 +116,8 @@ def _no_dialect_reads(pattern: str) -> bool:
 
     from lmnb_engine.regex_errors import classes_held  # (it imports this module)
 
+    if _ECMA_EMPTY_CLASS.search(pattern):  # (ECMA's empty classes, which both Python dialects misread)
+        return False
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

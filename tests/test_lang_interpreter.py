@@ -85,7 +85,9 @@ def test_gen_refuses_a_schema_pattern_no_regex_dialect_reads():
         sgl.gen("x", json_schema=schema("a(b"))
     assert str(e.value) == ('JSON schema at #/properties/a/pattern: the pattern "a(b" cannot be compiled: it is not a '
                             "valid regular expression (missing ), unterminated subpattern at position 1); fix the pattern")
-    for read in (r"\p{Lu}+", r"(?<n>x)\k<n>", "[^]", r"\cA"):
+    # (ECMA's [^] and [] before a later "]" or ")": Python's dialects read that "]" as a member of the
+    # class, so ^<([^]*?)>$ read as "missing )" and was refused, though valid ECMA; found in review)
+    for read in (r"\p{Lu}+", r"(?<n>x)\k<n>", "[^]", r"\cA", r"^<([^]*?)>[a-z]+$", r"(a[]|b)[0-9]"):
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
 
 
