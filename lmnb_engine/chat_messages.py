@@ -18,11 +18,13 @@ MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "functi
 def misspelt_key(index: int, message: dict) -> Optional[str]:
     """Why message ``index`` (an OpenAI-style dict) looks misspelt, or None: a key that is none of
     ``MESSAGE_KEYS`` but close to one (difflib's ``get_close_matches``, as ``did_you_mean`` picks):
-    ``"rol"`` for a missing role, ``"nmae"`` for ``"name"``. A key close to a missing
-    ``"content"`` (``"contents"``) is left to ``missing_content``, which names it."""
+    ``"rol"`` for a missing role, ``"nmae"`` for ``"name"``. Only where the message lacks the key
+    it is close to: beside ``"content"``, ``"context"`` is a key of its own (a client's extra, kept
+    unread), not a misspelling. A key close to a missing ``"content"`` (``"contents"``) is left to
+    ``missing_content``, which names it."""
     for key in message:
         close = [] if key in MESSAGE_KEYS else difflib.get_close_matches(str(key), MESSAGE_KEYS, n=1)
-        if not close or (close[0] == "content" and "content" not in message):
+        if not close or close[0] in message or close[0] == "content":
             continue
         if close[0] == "role" and "role" not in message:
             return (f'messages[{index}] has no role (it has {json_value(key, 40)}; did you mean "role"?): give it as '

@@ -399,9 +399,11 @@ def test_message_keys_openai_defines_or_not_close_to_them_stay_accepted(served):
     body = {"model": "rec", "max_tokens": 2, "messages": [
         {"role": "user", "content": "hi", "name": "ann", "metadata": {"k": 1}},
         {"role": "assistant", "content": "ok", "refusal": None, "audio": None},
-        {"role": "user", "content": "more", "reasoning_content": "x"}]}
+        {"role": "user", "content": "more", "reasoning_content": "x"},
+        # (close to a key the message has: a key of its own, not a misspelling; refused since 40c4287)
+        {"role": "user", "content": "last", "context": "doc", "name": "bo", "names": ["a"]}]}
     assert _post(url, "/v1/chat/completions", body).status_code == 200
-    assert engine.prompts[-1] == "[user]hi\n[assistant]ok\n[user]more\n[assistant]"
+    assert engine.prompts[-1] == "[user]hi\n[assistant]ok\n[user]more\n[user]last\n[assistant]"
 
 def test_api_key_is_required_when_set():
     with live_server(RecordingEngine(), api_key="s3cret") as url:
