@@ -2544,8 +2544,15 @@ def test_a_job_whose_rows_start_from_kept_state_warns_when_rows_run_at_once(tmp_
     rows = write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in ("B", "C", "D")])
     _run_job_rows(source, monkeypatch, rows, 0, ["--num-threads", "4"])
     warned = [line for line in capsys.readouterr().err.splitlines() if "rows run at once" in line]
-    assert warned == ["lmnb batch: warning: 4 rows run at once share calls, Tally.n, which each pass of the notebook "
+    # (3 rows: 3 at once, not the 4 threads; it said "4", and "16" for 2 rows at the default)
+    assert warned == ["lmnb batch: warning: 3 rows run at once share calls, Tally.n, which each pass of the notebook "
                       "starts from the cells run once: each row starts from those values only with --num-threads 1"]
+    # one row left by --limit runs alone: no warning (it warned, counting the rows before the limit)
+    limited = tmp_path / "limited"
+    limited.mkdir()
+    _run_job_rows(source, monkeypatch, write_rows(limited / "rows.jsonl", [{"q": "B"}, {"q": "C"}]), 0,
+                  ["--num-threads", "4", "--limit", "1"])
+    assert "rows run at once" not in capsys.readouterr().err
     # one at a time: no warning, and each row read the set-up's counter plus its own call, as the notebook
     out = tmp_path / "one"
     out.mkdir()

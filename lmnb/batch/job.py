@@ -374,7 +374,7 @@ class Job:
         cannot tell which the module sets, and listing them would hide the names that matter."""
         # (a holder is a class, or an instance where a class decorator made the class one: @singleton)
         names = list(dict.fromkeys(name if isinstance(holder, dict) else
-                                   f"{getattr(holder, '__name__', type(holder).__name__)}.{name}"
+                                   f"{getattr(holder, '__qualname__', type(holder).__qualname__)}.{name}"
                                    for holder, name, value in self._kept
                                    if value is not UNBOUND or not hasattr(builtins, name)))
         return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
@@ -492,14 +492,14 @@ class Job:
         if not rows:  # (not an error: the job is done; but a wrong or unwritten file would go unnoticed)
             print(f"lmnb batch: warning: {args.input} has no input rows (an empty file?); nothing to run",
                   file=sys.stderr)
-        shared = self._kept_names()
-        if shared and args.num_threads > 1 and len(rows) > 1:  # (the export's note is read once, if at all)
-            print(f"lmnb batch: warning: {args.num_threads} rows run at once share {shared}, which each pass of the "
-                  "notebook starts from the cells run once: each row starts from those values only with "
-                  "--num-threads 1", file=sys.stderr)
         unread = args.limit is not None and len(rows) > args.limit  # rows past --limit, kept as they are
         if args.limit is not None:
             rows = rows[: args.limit]
+        shared, at_once = self._kept_names(), min(args.num_threads, len(rows))
+        if shared and at_once > 1:  # (the export's note is read once, if at all)
+            print(f"lmnb batch: warning: {at_once} rows run at once share {shared}, which each pass of the notebook "
+                  "starts from the cells run once: each row starts from those values only with --num-threads 1",
+                  file=sys.stderr)
         store = ResultStore(args.output, args.id_field, self.settings(), code_fingerprint(run_row))
         try:
             store.open(retry_errors=args.retry_errors)
