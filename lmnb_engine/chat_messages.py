@@ -10,27 +10,44 @@ from typing import Any, Iterable, Optional
 
 from lmnb_engine.json_schema import json_value
 
-# The keys OpenAI's chat API defines for a message (of any role). Other keys are kept and not read;
-# one close to these is taken as a misspelling of it, which would be lost without a word
+# The keys OpenAI's chat API defines for a message (of any role). Other keys are kept and not read,
+# as vLLM and SGLang ignore them (OpenAI itself answers 400); one close to a key the message's role
+# takes is taken as a misspelling of it, which would be lost without a word
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal", "audio")
+
+# The keys besides role and content that OpenAI's API defines for a message of each role (its
+# ChatCompletionMessageParam types). A role not here (a template's own, "ipython") takes them all
+ROLE_KEYS = {
+    "system": ("name",),
+    "developer": ("name",),
+    "user": ("name",),
+    "assistant": ("name", "tool_calls", "function_call", "refusal", "audio"),
+    "tool": ("tool_call_id",),
+    "function": ("name",),
+}
 
 
 def misspelt_key(index: int, message: dict) -> Optional[str]:
     """Why message ``index`` (an OpenAI-style dict) looks misspelt, or None: a key that is none of
-    ``MESSAGE_KEYS`` but close to one (difflib's ``get_close_matches``, as ``did_you_mean`` picks):
-    ``"rol"`` for a missing role, ``"nmae"`` for ``"name"``. Only where the message lacks the key
-    it is close to: beside ``"content"``, ``"context"`` is a key of its own (a client's extra, kept
-    unread), not a misspelling. A key close to a missing ``"content"`` (``"contents"``) is left to
-    ``missing_content``, which names it."""
+    ``MESSAGE_KEYS`` but close to one its role takes (``ROLE_KEYS``; difflib's
+    ``get_close_matches``, as ``did_you_mean`` picks): ``"rol"`` for a missing role, ``"nmae"`` for
+    ``"name"``. Only where the message lacks the key it is close to: beside ``"content"``,
+    ``"context"`` is a key of its own (a client's extra, kept unread), not a misspelling. Only keys of
+    its own role count: a tool message's ``"tool_name"`` (Ollama's name of the tool that answered)
+    is not a misspelt ``"tool_calls"``, which only an assistant message takes. A message without a
+    role is looked at for a misspelt role only. A key close to a missing ``"content"``
+    (``"contents"``) is left to ``missing_content``, which names it."""
+    role = message.get("role")
+    takes = ("role", "content", *ROLE_KEYS.get(role, MESSAGE_KEYS[2:])) if isinstance(role, str) else ("role",)
     for key in message:
-        close = [] if key in MESSAGE_KEYS else difflib.get_close_matches(str(key), MESSAGE_KEYS, n=1)
+        close = [] if key in MESSAGE_KEYS else difflib.get_close_matches(str(key), takes, n=1)
         if not close or close[0] in message or close[0] == "content":
             continue
-        if close[0] == "role" and "role" not in message:
+        if close[0] == "role":
             return (f'messages[{index}] has no role (it has {json_value(key, 40)}; did you mean "role"?): give it as '
                     '"role": "user" (or "system", "assistant", ...)')
         return (f"messages[{index}] has the unknown field {json_value(key, 40)} (did you mean "
-                f"{json_value(close[0])}?); a message takes {json_value(list(MESSAGE_KEYS))}")
+                f"{json_value(close[0])}?); a message of role {json_value(role, 40)} takes {json_value(list(takes))}")
     return None
 
 

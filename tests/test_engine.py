@@ -522,7 +522,8 @@ def test_submit_handle_and_model_facts(engine):
     ([{"role": "user", "content": []}], 'messages[0].content is an empty list: give its text as "content"'),
     ([{"rol": "user", "content": "hi"}], 'messages[0] has no role (it has "rol"; did you mean "role"?): give it'),
     ([{"role": "user", "content": "hi", "nmae": "ann"}],
-     'messages[0] has the unknown field "nmae" (did you mean "name"?); a message takes ["role", '),
+     'messages[0] has the unknown field "nmae" (did you mean "name"?); a message of role "user" takes ["role", '
+     '"content", "name"]'),
 ])
 def test_apply_chat_template_refuses_a_message_without_content_as_the_server_does(engine, messages, said):
     # it was rendered as an empty message ("<|user|><|end|>"): what was meant was lost without a word
@@ -531,6 +532,8 @@ def test_apply_chat_template_refuses_a_message_without_content_as_the_server_doe
     assert str(e.value).startswith(said)
     # an assistant turn that calls a tool may leave its content out, as OpenAI's API allows
     engine.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []}])
+    # and a tool message's "tool_name" (Ollama's) is no misspelt "tool_calls", an assistant's key
+    engine.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "tool", "content": "4", "tool_name": "f"}])
 
 
 def test_apply_chat_template_renders_messages_as_the_server_does(engine):
@@ -546,6 +549,8 @@ def test_apply_chat_template_renders_messages_as_the_server_does(engine):
 
 @pytest.mark.parametrize("messages, said", [
     ([{"content": "hi"}], 'messages[0] has no role: give it as "role": "user"'),  # (was rendered "<||>hi")
+    # (not "the unknown field "tool_name" (did you mean "tool_calls"?)": a role-less message takes no key yet)
+    ([{"content": "hi", "tool_name": "w"}], 'messages[0] has no role: give it as "role": "user"'),
     ([{"role": None, "content": "hi"}], "messages[0] has no role"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}],
      'messages[0].content[0] is a "image_url" part: only text parts are rendered here'),

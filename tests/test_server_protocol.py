@@ -229,7 +229,11 @@ def _post(url, path, body, **kw):
         ("/v1/chat/completions", {"model": "rec", "messages": [{"rol": "user", "content": "hi"}]}, 400,
          'messages[0] has no role (it has "rol"; did you mean "role"?): give it as "role": "user"'),
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": "hi", "nmae": "ann"}]}, 400,
-         'messages[0] has the unknown field "nmae" (did you mean "name"?); a message takes ["role", "content", '),
+         'messages[0] has the unknown field "nmae" (did you mean "name"?); a message of role "user" takes ["role", '
+         '"content", "name"]'),
+        # (the keys of the message's own role: an assistant's tool_calls misspelt)
+        ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "assistant", "tool_call": [], "content": "a"}]},
+         400, 'messages[0] has the unknown field "tool_call" (did you mean "tool_calls"?); a message of role "assistant"'),
         # an empty list of parts was rendered as an empty message too (OpenAI: 400, "empty array")
         ("/v1/chat/completions", {"model": "rec", "messages": [{"role": "user", "content": []}]}, 400,
          'messages[0].content is an empty list: give its text as "content"'),
@@ -404,6 +408,22 @@ def test_message_keys_openai_defines_or_not_close_to_them_stay_accepted(served):
         {"role": "user", "content": "last", "context": "doc", "name": "bo", "names": ["a"]}]}
     assert _post(url, "/v1/chat/completions", body).status_code == 200
     assert engine.prompts[-1] == "[user]hi\n[assistant]ok\n[user]more\n[user]last\n[assistant]"
+
+
+def test_a_key_close_only_to_another_roles_key_is_no_misspelling(served):
+    # Ollama's tool message names its tool ("tool_name"); only an assistant message takes OpenAI's
+    # "tool_calls", so a tool message's "tool_name" is no misspelling of it (refused with a 400 before)
+    engine, url = served
+    body = {"model": "rec", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                               "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "content": "sunny", "tool_name": "w", "tool_call_id": "c1"},
+        {"role": "tool", "content": "warm", "tool_name": "t"}]}
+    reply = _post(url, "/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.text
+    assert engine.prompts[-1] == "[user]weather?\n[assistant]\n[tool]sunny\n[tool]warm\n[assistant]"
+
 
 def test_api_key_is_required_when_set():
     with live_server(RecordingEngine(), api_key="s3cret") as url:
