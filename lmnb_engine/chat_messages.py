@@ -5,7 +5,9 @@ Importing it loads nothing heavy."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+from collections.abc import Mapping
 from typing import Any, Iterable, Optional
 
 from lmnb_engine.json_schema import json_value
@@ -69,6 +71,42 @@ def missing_content(index: int, role: Any, content: Any, other_keys: Iterable[st
     has = f" (it has {', '.join(map(json_value, others))})" if others else ""
     return (f'messages[{index}] has no content{has}: give its text as "content": "..." (a string, or a '
             "list of text parts)")
+
+
+def message_dicts(messages: Any) -> list[dict]:
+    """``messages`` (a list of chat messages) as dicts, as ``text_message`` reads them: a dict as it
+    is, another mapping copied, a pydantic model (the OpenAI SDK's ``ChatCompletionMessage``, a
+    reply's ``choices[0].message``, which its SDK takes back in ``messages``) dumped without its None
+    fields (as the SDK sends it: a null ``tool_calls`` is none), a dataclass by its fields.
+
+    Raises:
+        TypeError: ``messages`` is a string or one message rather than a list of them, or a message is
+            none of these (a string, a tuple): naming the message and the shape to give.
+    """
+    one = isinstance(messages, (str, bytes, Mapping)) or hasattr(messages, "model_dump")  # (both iterable)
+    if one or not isinstance(messages, Iterable):
+        raise TypeError(f"messages is {_kind(messages)}, not a list of messages: give "
+                        '[{"role": "user", "content": "..."}, ...]')
+    return [_message_dict(i, m) for i, m in enumerate(messages)]
+
+
+def _message_dict(index: int, message: Any) -> dict:
+    """Message ``index`` as a dict (see ``message_dicts``)."""
+    if isinstance(message, dict):
+        return message
+    if isinstance(message, Mapping):
+        return dict(message)
+    if callable(getattr(message, "model_dump", None)):  # pydantic v2 (the OpenAI SDK's types)
+        return message.model_dump(exclude_none=True)
+    if dataclasses.is_dataclass(message) and not isinstance(message, type):
+        return dataclasses.asdict(message)
+    raise TypeError(f"messages[{index}] is {_kind(message)}: give each message as a dict, "
+                    '{"role": "user", "content": "..."} (or a pydantic model or dataclass with those fields)')
+
+
+def _kind(value: Any) -> str:
+    """``value`` named for an error: a string shown (cut short), else its type's name."""
+    return f"the string {json_value(value, 40)}" if isinstance(value, str) else f"a {type(value).__name__}"
 
 
 def template_role(role: str) -> str:

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
-from lmnb_engine.chat_messages import text_message
+from lmnb_engine.chat_messages import message_dicts, text_message
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
@@ -579,20 +579,24 @@ class Engine:
                     f"{self.context_len} of its {hf.max_position_embeddings} positions, where the two agree)")
         return ""
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template.
+    def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> str:
+        """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template. A message
+        may also be a pydantic model (the OpenAI SDK's ``ChatCompletionMessage``, a reply's
+        ``choices[0].message``) or a dataclass with those fields (``chat_messages.message_dicts``).
 
         Raises:
             ValueError: the checkpoint has no chat template, or a message has no role or content, or
                 a content other than a string or text parts (as the server refuses it:
                 ``chat_messages.text_message``, which renders "developer" as "system" as the server does).
+            TypeError: ``messages`` is not a list of messages (a string, one message), or a message
+                is not one (``chat_messages.message_dicts``).
         """
         if not self.chat_template:
             raise ValueError(
                 f"the model at {self.model_path} has no chat template; format the prompt yourself"
             )
         # (rendered as the server renders them: text parts joined, not written as a Python list)
-        messages = [text_message(i, m) if isinstance(m, dict) else m for i, m in enumerate(messages)]
+        messages = [text_message(i, m) for i, m in enumerate(message_dicts(messages))]
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
         )

@@ -3,6 +3,8 @@ stop conditions, n > 1, streaming and chunked prefill."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lmnb_engine import Engine, SamplingParams
@@ -545,6 +547,43 @@ def test_apply_chat_template_renders_messages_as_the_server_does(engine):
     assert engine.apply_chat_template(parts) == engine.apply_chat_template(
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
     assert "[{" not in engine.apply_chat_template(parts)
+
+
+def test_apply_chat_template_reads_the_openai_sdks_message_objects_and_dataclasses_as_dicts(engine):
+    """A reply's ``choices[0].message`` (the OpenAI SDK's pydantic ``ChatCompletionMessage``), which
+    the SDK takes back in ``messages``, and a dataclass went to the template as they were, past the
+    checks and the server's rendering a dict gets (jinja reads their fields): "developer" was kept, a
+    list of text parts written as a Python list, a reply without content rendered empty. Expected:
+    the rendering of the same messages written as dicts (None fields left out, as the SDK sends them)."""
+    from openai.types.chat import ChatCompletionMessage
+
+    @dataclasses.dataclass
+    class Message:
+        role: str
+        content: object
+
+    reply = ChatCompletionMessage(role="assistant", content="4", refusal=None, tool_calls=None)
+    got = engine.apply_chat_template([Message("developer", [{"type": "text", "text": "be brief"}]),
+                                      Message("user", "2+2?"), reply, {"role": "user", "content": "and 3+3?"}])
+    assert got == engine.apply_chat_template([{"role": "system", "content": "be brief"},
+                                              {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+                                              {"role": "user", "content": "and 3+3?"}])
+    with pytest.raises(ValueError, match=r"^messages\[1\] has no content \(it has \"refusal\"\): give its text"):
+        engine.apply_chat_template([Message("user", "hi"),
+                                    ChatCompletionMessage(role="assistant", content=None, refusal="no")])
+
+
+@pytest.mark.parametrize("messages, said", [
+    ("hi", 'messages is the string "hi", not a list of messages: give [{"role": "user", "content": "..."}, ...]'),
+    ({"role": "user", "content": "hi"}, "messages is a dict, not a list of messages: give [{"),
+    ([("user", "hi")], 'messages[0] is a tuple: give each message as a dict, {"role": "user", "content": "..."}'),
+    (["hi"], 'messages[0] is the string "hi": give each message as a dict'),
+])
+def test_apply_chat_template_refuses_what_is_not_a_list_of_messages(engine, messages, said):
+    # a string was read as a list of one-letter messages, a tuple handed to the template as it was
+    with pytest.raises(TypeError) as e:
+        engine.apply_chat_template(messages)
+    assert str(e.value).startswith(said), str(e.value)
 
 
 @pytest.mark.parametrize("messages, said", [
