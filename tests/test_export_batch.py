@@ -1558,13 +1558,13 @@ def test_load_errors_name_the_jobs_options_not_the_python_apis(tmp_path, capsys,
 def test_a_row_too_large_for_the_kv_pool_names_the_jobs_option(tmp_path, tiny_llama):
     """A row's gen that did not fit the engine's KV pool was told to "raise max_total_tokens", the
     Python API's keyword, in its error record: the job's pool is sized by its --max-total-tokens."""
-    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q" * 40}])
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q" * 200}])
     job = Job("", ["question"], argv=["--input", str(rows), "--output", str(tmp_path / "out.jsonl"), "--no-progress",
-                                      "--model", str(tiny_llama), "--device", "cpu", "--max-total-tokens", "32"])
+                                      "--model", str(tiny_llama), "--device", "cpu", "--max-total-tokens", "160"])
     assert job.run(run_row, programs=[echo]) == 1
     [record] = read_results(tmp_path / "out.jsonl")
     assert record["status"] == "error"
-    assert ("Gen('answer') failed: ValueError: prompt of 46 tokens does not fit the KV pool of 32 tokens; raise "
+    assert ("Gen('answer') failed: ValueError: prompt of 206 tokens does not fit the KV pool of 160 tokens; raise "
             "--max-total-tokens, or shorten the prompt") in record["error"]
 
 
@@ -1573,10 +1573,10 @@ def test_max_total_tokens_sizes_the_jobs_engine_and_is_refused_for_a_server(tmp_
 
     monkeypatch.delenv("LMNB_MODEL", raising=False)
     args = job_parser(per_row=False).parse_args(["--model", str(tiny_llama), "--device", "cpu",
-                                                 "--max-total-tokens", "64"])
+                                                 "--max-total-tokens", "160"])
     backend = make_backend(args)
     try:
-        assert backend.engine.model_info()["max_total_tokens"] == 64
+        assert backend.engine.model_info()["max_total_tokens"] == 160
     finally:
         backend.shutdown()
     args = job_parser(per_row=False).parse_args(["--backend", "http://127.0.0.1:1", "--max-total-tokens", "64"])

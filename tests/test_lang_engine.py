@@ -948,3 +948,16 @@ def test_a_select_choice_that_overflows_the_context_is_named_not_the_prompt(back
     assert (f"select choice {long[:30]!r}... makes the prompt {len(encode(prompt + long))} tokens "
             f"({len(encode(prompt))} without it), more than the model's context length of {limit} tokens; shorten "
             "the prompt or the choice") in err
+
+
+def test_a_kv_pool_too_small_for_a_default_gen_is_refused_and_its_engine_shut_down(tiny_llama):
+    """lmnb.Engine(max_total_tokens=10) was taken, and every gen without a small max_tokens failed.
+    Expected: a ValueError naming the least pool, 128 (lmnb's default max_tokens) + 1 (a one-character
+    prompt, one token in the tiny checkpoint's tokenizer); the engine it made shut down, its
+    scheduler thread gone, not left running behind the error."""
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(ValueError) as e:
+        sgl.Engine(str(tiny_llama), device="cpu", max_total_tokens=10)
+    assert str(e.value) == ("a KV pool of 10 tokens cannot hold one gen of lmnb's default max_tokens (128) after a "
+                            "one-character prompt (1 token); pass max_total_tokens=129 or more")
+    assert [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("lmnb")] == []

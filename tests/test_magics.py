@@ -374,6 +374,25 @@ def test_a_load_without_a_model_or_the_demo_checkpoint_names_the_positional_argu
             "checkpoint directory or hub id)\n") in out.stdout + out.stderr
 
 
+def test_a_kv_pool_too_small_for_a_default_gen_is_refused_at_load(ip, tiny_llama):
+    """%lm load --max-total-tokens 10 was taken, and then every cell's gen without a small max_tokens
+    of its own failed on the pool. Expected: the load refused, naming the least pool that holds one
+    gen of lmnb's default 128 tokens after a one-character prompt: 128 + 1 = 129 (the tiny
+    checkpoint's tokenizer writes a character as one token, no BOS); 129 is taken, and runs that gen."""
+    result, out = run(ip, f"%lm load {tiny_llama} --max-total-tokens 10")
+    assert not result.success
+    assert ("could not load " + str(tiny_llama) + ": ValueError: a KV pool of 10 tokens cannot hold one gen of "
+            "lmnb's default max_tokens (128) after a one-character prompt (1 token); pass --max-total-tokens 129 or "
+            "more\n") in out.stdout + out.stderr
+    assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 129")[0].success
+    try:
+        result, out = run(ip, "%%lm --temperature 0 --out st\na{gen x ignore_eos=True}")
+        assert result.success, out.stdout + out.stderr
+        assert ip.user_ns["st"].get_meta_info("x")["completion_tokens"] == 128
+    finally:
+        get_session().load(EngineConfig(model=str(tiny_llama)))  # (the module's engine, as lm_shell loaded it)
+
+
 def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tiny_llama):
     """A cell's gen or select that did not fit the KV pool was told to "raise max_total_tokens", the
     Python API's keyword: the kernel's pool is sized by %lm load's --max-total-tokens (a cell has
@@ -383,19 +402,19 @@ def test_a_cells_request_too_large_for_the_kv_pool_names_lm_loads_option(ip, tin
         assert not result.success
         return out.stdout + out.stderr
 
-    assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 32")[0].success
+    assert run(ip, f"%lm load {tiny_llama} --max-total-tokens 160")[0].success
     try:
-        assert ("prompt of 40 tokens does not fit the KV pool of 32 tokens; raise %lm load's --max-total-tokens, or "
-                "shorten the prompt\n") in cell_failure("%%lm\n" + "w" * 40 + "{gen x max_tokens=4}")
-        assert ("prompt of 10 tokens + max_tokens=30 does not fit the KV pool of 32 tokens; raise %lm load's "
-                "--max-total-tokens, or lower max_tokens\n") in cell_failure("%%lm\n" + "w" * 10 + "{gen x max_tokens=30}")
-        assert ("makes the prompt 40 tokens (10 without it), more than the KV pool of 32 tokens; shorten the prompt or "
+        assert ("prompt of 170 tokens does not fit the KV pool of 160 tokens; raise %lm load's --max-total-tokens, or "
+                "shorten the prompt\n") in cell_failure("%%lm\n" + "w" * 170 + "{gen x max_tokens=4}")
+        assert ("prompt of 10 tokens + max_tokens=160 does not fit the KV pool of 160 tokens; raise %lm load's "
+                "--max-total-tokens, or lower max_tokens\n") in cell_failure("%%lm\n" + "w" * 10 + "{gen x max_tokens=160}")
+        assert ("makes the prompt 170 tokens (10 without it), more than the KV pool of 160 tokens; shorten the prompt or "
                 "the choice, or raise %lm load's --max-total-tokens\n") in cell_failure(
-                    "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 30 + "']}")
+                    "%%lm\n" + "w" * 10 + "{select x choices=['a', '" + "b" * 160 + "']}")
         # (the scheduler's abort, when pinned prefixes keep a request out: a message, not a raise)
-        assert run(ip, "%%lm --state pool_pinned\n" + "w" * 20)[0].success and run(ip, "%lm pin pool_pinned")[0].success
+        assert run(ip, "%%lm --state pool_pinned\n" + "w" * 150)[0].success and run(ip, "%lm pin pool_pinned")[0].success
         # (which names the kernel's unpin, %lm unpin NAME: the cell has no Engine.unpin to call)
-        assert ("(20 are pinned); unpin a state with %lm unpin NAME (%lm states shows which are pinned), or raise "
+        assert ("(150 are pinned); unpin a state with %lm unpin NAME (%lm states shows which are pinned), or raise "
                 "%lm load's --max-total-tokens\n" in
                 cell_failure("%%lm\n" + "v" * 10 + "{gen x max_tokens=10 ignore_eos=True}"))
     finally:

@@ -23,7 +23,7 @@ from lmnb.backend.media import expand_frames
 from lmnb_engine.cli_options import in_option_syntax, option_error
 from lmnb.chat_template import ChatTemplate, from_jinja, get_chat_template
 from lmnb.choices import ChoiceLogprobs, first_difference
-from lmnb.ir import GenParams
+from lmnb.ir import DEFAULT_MAX_NEW_TOKENS, GenParams
 
 # Context of the unconditional score in unconditional_likelihood_normalized (EleutherAI's choice).
 UNCONDITIONAL_CONTEXT = "Answer:"
@@ -114,6 +114,23 @@ def _check_engine_kwargs(engine_class: type, kwargs: dict) -> None:
         )
 
 
+def _refuse_a_pool_too_small(engine: Any) -> None:
+    """Shut ``engine`` (an ``lmnb_engine.Engine`` this backend made) down and raise ``ValueError``
+    if its KV pool cannot hold one gen of lmnb's default ``max_tokens`` (``DEFAULT_MAX_NEW_TOKENS``)
+    after a one-character prompt (with the BOS its tokenizer adds), or, where the model's context
+    is shorter, a request of the whole context: with ``%lm load --max-total-tokens 10`` every gen
+    without a small ``max_tokens`` of its own failed, cell after cell. The engine itself takes any
+    pool of 2 tokens or more (a prompt token and a new one): a tiny pool is how its eviction is tested."""
+    info = engine.model_info()
+    prompt = len(engine.encode("a"))
+    pool, least = info["max_total_tokens"], min(info["context_len"], prompt + DEFAULT_MAX_NEW_TOKENS)
+    if pool < least:
+        engine.shutdown()
+        raise option_error(ValueError, f"a KV pool of {pool} tokens cannot hold one gen of lmnb's default max_tokens "
+                           f"({DEFAULT_MAX_NEW_TOKENS}) after a one-character prompt ({prompt} token{'s' * (prompt != 1)})",
+                           ("pass {} or more", "max_total_tokens", least))
+
+
 class Engine(AssignableChatTemplate, BaseBackend):
     """Run programs on an in-process ``lmnb_engine.Engine``.
 
@@ -123,6 +140,11 @@ class Engine(AssignableChatTemplate, BaseBackend):
         chat_template_name: a registered template (``lmnb.chat_template``) instead of the model's.
         **engine_kwargs: passed to ``lmnb_engine.Engine`` (device, dtype, max_total_tokens, ...);
             ``model_path`` is accepted as SGLang's name for ``model``.
+
+    Raises:
+        ValueError: the engine's KV pool is too small for one gen of lmnb's default max_tokens and
+            a one-character prompt (``max_total_tokens`` below about 130, or the model's context length if
+            shorter).
     """
 
     def __init__(self, model: Optional[str] = None, *, engine: Any = None,
@@ -133,6 +155,7 @@ class Engine(AssignableChatTemplate, BaseBackend):
 
             _check_engine_kwargs(RuntimeEngine, engine_kwargs)
             engine = RuntimeEngine(model=model, **engine_kwargs)
+            _refuse_a_pool_too_small(engine)
         elif model is not None or engine_kwargs:
             raise ValueError("pass either engine= or model/engine arguments, not both")
         self.engine = engine
