@@ -2807,3 +2807,33 @@ def test_the_models_image_processor_is_asked_for_once_as_the_app_is_made(refusal
         assert generate.status_code == status and message in generate.json()["error"]["message"], generate.text
         assert httpx.get(url + "/get_model_info", timeout=30).json()["image_token"] is None
     assert asked == [threading.get_ident()]  # live_server's own create_app; no request asked
+
+
+def test_a_client_gone_while_it_sends_its_body_is_no_servers_error(caplog):
+    """A client that closed its connection halfway through its body (or that a shutdown cut off
+    there, ``Server._cut_off``) was logged as "unexpected error serving /generate", with the
+    traceback of starlette's ClientDisconnect, and answered a 500 no one read. Expected: no record,
+    and the answer a bare 499 (nginx's "client closed request"). The app is called as ASGI, its
+    body's second message being the disconnect, so it has ended when the call returns."""
+    import asyncio
+
+    from lmnb_engine.http_server import create_app
+
+    app = create_app(RecordingEngine(), served_model_name="rec")
+    incoming = [{"type": "http.request", "body": b'{"text": "a", ', "more_body": True}]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/generate", "raw_path": b"/generate", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    with caplog.at_level("DEBUG"):
+        asyncio.run(app(scope, receive, send))
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR", "CRITICAL")] == []
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499

@@ -41,6 +41,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from lmnb_engine.http_server import DEFAULT_MAX_BODY_MB
 from lmnb_engine.http_server.protocol import (
@@ -77,7 +79,10 @@ class _Route(APIRoute):
     Left to an ``Exception`` handler, the exception reaches Starlette's ``ServerErrorMiddleware``,
     which answers and then re-raises it for the server to log; uvicorn then resets the client's
     keep-alive connection, and the client's next request on it fails. Errors with a handler of
-    their own in the app (``RequestError``, validation, HTTP errors...) pass through to it.
+    their own in the app (``RequestError``, validation, HTTP errors...) pass through to it. A
+    client gone while it sent its body (``ClientDisconnect``: it closed the connection, or a
+    shutdown cut it off, ``Server._cut_off``) is no server error: nobody is left to answer, and
+    nothing is logged (it was "unexpected error serving /generate" with a traceback).
     """
 
     def get_route_handler(self) -> Callable:
@@ -86,6 +91,8 @@ class _Route(APIRoute):
         async def route_handler(request: Request) -> Any:
             try:
                 return await handler(request)
+            except ClientDisconnect:
+                return Response(status_code=499)  # (nginx's "client closed request"; never sent)
             except Exception as exc:
                 handled = [k for k in request.app.exception_handlers if isinstance(k, type) and k is not Exception]
                 if isinstance(exc, tuple(handled)):
