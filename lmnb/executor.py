@@ -32,6 +32,7 @@ from lmnb import speculative
 from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, reworded
 from lmnb.chat_template import ChatTemplate
+from lmnb.user_site import outside_lmnb, running_for
 from lmnb.ir import (
     DTYPE_STOPS,
     RUN_MAX_TOKENS_OPTION,
@@ -477,7 +478,7 @@ class StreamExecutor:
                     self._lost.add(name)  # it will be skipped
                 else:
                     self._pending[name] += 1
-            self._queue.append(expr)
+            self._queue.append((expr, outside_lmnb()))  # (the user's line, for a warning: user_site)
             if self._draining:
                 return
             self._draining = True
@@ -511,13 +512,14 @@ class StreamExecutor:
                     self._version += 1
                     self._cv.notify_all()
                     break
-                expr = self._queue.popleft()
+                expr, site = self._queue.popleft()
                 failed = self.error_ is not None
             if failed:
                 self._release(_var_names(expr))
                 continue
             try:
-                self._execute(expr)
+                with running_for(site):
+                    self._execute(expr)
             except KeyboardInterrupt as e:  # (use_thread=False drains on the caller's thread, the main one)
                 self.abort()  # as Ctrl-C in run() does; the rest of the queue is skipped
                 interrupted = e

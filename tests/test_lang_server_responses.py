@@ -954,11 +954,24 @@ def test_a_completion_model_with_no_known_template_warns_once_when_roles_are_use
 def test_the_guessed_template_warning_points_at_the_users_code(server):
     """The guessed-template warning named lmnb's own file and line (lmnb/backend/openai.py), which
     says nothing of where the program was run; it names the caller outside lmnb: this file, for a
-    program run on the caller's thread and for a direct backend.generate."""
+    program run on the caller's thread and for a direct backend.generate. Run by .run()'s default,
+    on a worker thread whose stack holds lmnb and threading only, it named lmnb's line still; it
+    names the program's line that queued the gen, _chat_roles' `s += lmnb.assistant(...)`."""
     import warnings
 
     server.answer = _completion_ok
     chat = _chat_roles
+    source = open(__file__).read().splitlines()
+    gen_line = source.index("def _chat_roles(s):") + 3  # (1-based: the second line of its body)
+    assert source[gen_line - 1].strip().startswith("s += lmnb.assistant(lmnb.gen(")
+
+    backend = lmnb.OpenAI("my-model", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", ResourceWarning)  # (an unclosed socket of another test, collected here)
+        chat.run(backend=backend)
+    backend.shutdown()
+    assert [(w.filename, w.lineno) for w in seen] == [(__file__, gen_line)], [str(w.message) for w in seen]
 
     backend = lmnb.OpenAI("my-model", is_chat_model=False, base_url=server.url + "/v1", max_retries=0, timeout=5)
     with warnings.catch_warnings(record=True) as seen:

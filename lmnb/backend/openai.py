@@ -24,7 +24,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
@@ -36,6 +35,7 @@ from lmnb.backend.media import data_url, frames
 from lmnb.chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
 from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
+from lmnb.user_site import warn_at_user
 
 # Completion-only models of the official API (SGLang's INSTRUCT_MODEL_NAMES, extended).
 COMPLETION_MODEL_NAMES = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
@@ -76,23 +76,6 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
             _loop_thread = threading.Thread(target=_loop.run_forever, name="lmnb-openai", daemon=True)
             _loop_thread.start()
         return _loop
-
-
-_LMNB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _outside_lmnb() -> dict:
-    """``warnings.warn`` keywords that make a warning point at the first caller outside the lmnb
-    package (the user's program: ``backend.generate(...)``, or the ``.run(...)`` of a program run
-    with ``use_thread=False``), however deep lmnb's own frames are. Where only a worker thread's
-    start is outside lmnb (a program's primitives run on a thread of their own), it points at lmnb's
-    caller of ``warnings.warn`` as before: ``threading.py`` would say less."""
-    frame, level = sys._getframe(1), 1  # level 1: the frame that calls warnings.warn
-    while frame is not None and frame.f_code.co_filename.startswith(_LMNB_DIR):
-        frame, level = frame.f_back, level + 1
-    if frame is None or frame.f_globals.get("__name__") == "threading":
-        return {"stacklevel": 1}
-    return {"stacklevel": level}
 
 
 class OpenAI(BaseBackend):
@@ -321,13 +304,13 @@ class OpenAI(BaseBackend):
         if self.on_guessed_template is not None:
             self.on_guessed_template(what)
             return
-        warnings.warn(
+        warn_at_user(
             f"lmnb.OpenAI({self.model_name!r}, is_chat_model=False): {what}. Give its format: OpenAI(..., "
             "chat_template=lmnb.get_chat_template('chatml')) (or another registered name); or, on an lmnb serve "
             "or SGLang server, connect to its root URL (no /v1) with lmnb.RuntimeEndpoint(URL), which uses the "
             "model's own template; or use it as a chat model (leave out is_chat_model=False), so the server "
             "applies its template",
-            UserWarning, **_outside_lmnb())
+            UserWarning)
 
     def _prompt_kwargs(self, prompt: Prompt) -> dict:
         if not self.is_chat_model:

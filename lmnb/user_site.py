@@ -1,0 +1,70 @@
+"""Where a warning about the user's program points: the user's own line, not lmnb's.
+
+``warnings.warn(stacklevel=...)`` can name only a frame of the warning thread's own stack. A
+program's primitives run on a worker thread of their own (``.run()``'s default, ``use_thread=True``),
+whose stack holds lmnb's frames and ``threading``'s bootstrap only: a warning there named lmnb's
+file and line. So the executor keeps, with each primitive it queues, the line outside lmnb that
+queued it (``outside_lmnb``: the program's ``s += gen(...)``), and the worker runs the primitive
+with that line as its thread's ``running_for`` site, at which ``warn_at_user`` points the warning
+(``warnings.warn_explicit``). Importing it loads nothing heavy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import warnings
+from typing import Iterator, NamedTuple, Optional
+
+_LMNB_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_worker = threading.local()  # .site: the Site of the primitive this thread runs, if any
+
+
+class Site(NamedTuple):
+    """A line of the user's code: its file, its line number and its module's globals (for the
+    warning registry and the source line, as ``warnings.warn`` takes them from the frame)."""
+
+    filename: str
+    lineno: int
+    module_globals: dict
+
+
+def outside_lmnb() -> Optional[Site]:
+    """The first frame of the calling thread's stack outside the lmnb package, or None where there
+    is none but ``threading``'s bootstrap (a worker thread's stack)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_LMNB_DIR):
+        frame = frame.f_back
+    if frame is None or frame.f_globals.get("__name__") == "threading":
+        return None
+    return Site(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+
+
+@contextlib.contextmanager
+def running_for(site: Optional[Site]) -> Iterator[None]:
+    """Within it, ``warn_at_user`` on this thread points at ``site`` (the line that queued the
+    primitive this worker thread runs) where its own stack has no frame outside lmnb."""
+    before = getattr(_worker, "site", None)
+    _worker.site = site
+    try:
+        yield
+    finally:
+        _worker.site = before
+
+
+def warn_at_user(message: str, category: type = UserWarning) -> None:
+    """``warnings.warn(message, category)`` pointing at the user's line: the first frame outside
+    lmnb on this thread's stack (``backend.generate(...)``, a program run with ``use_thread=False``),
+    else the line that queued the primitive this worker thread runs (``running_for``), else the
+    line that calls this function (a worker with no such line: ``threading.py`` would say less).
+    Filters and the "once per location" registry see the module of that line, as for ``warn``."""
+    site = outside_lmnb() or getattr(_worker, "site", None)
+    if site is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    registry = site.module_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(message, category, site.filename, site.lineno,
+                           module=site.module_globals.get("__name__", "<string>"), registry=registry,
+                           module_globals=site.module_globals)
