@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Optional
+
+from lmnb.user_site import warn_at_user
 
 ROLES = ("system", "user", "assistant")
 
@@ -480,10 +481,9 @@ def from_jinja(
     except ValueError as e:
         reasons.append(str(e))
     fallback = get_chat_template_by_model_path(model_path)
-    warnings.warn(
+    warn_at_user(  # (at the user's line: the .run(...) or the backend call that asked for the template)
         f"the chat template of {model_path or 'the model'} cannot be used as per-role markers "
-        f"({reasons[-1]}); using the {fallback.name!r} template instead",
-        stacklevel=2,
+        f"({reasons[-1]}); using the {fallback.name!r} template instead"
     )
     return fallback
 

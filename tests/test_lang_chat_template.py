@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import lmnb as sgl
@@ -97,6 +99,30 @@ def test_unexpressible_template_falls_back_with_a_warning():
     assert from_jinja(None, SPECIAL, "meta-llama/Llama-3.1-8B-Instruct").name == "llama-3-instruct"
     with pytest.raises(ValueError, match="unknown chat template"):
         sgl.get_chat_template("nope")
+
+
+def test_the_fallback_warning_of_a_programs_run_points_at_the_run():
+    """It named lmnb's own line (lmnb/backend/engine.py's get_chat_template, stacklevel=2), where a
+    program run met it; it names the .run(...) of the user's code, the first line outside lmnb."""
+    import warnings
+
+    from helpers_lang import RecordingEngine
+
+    engine = RecordingEngine()
+    engine.chat_template = FOLDED_SYSTEM
+    backend = sgl.Engine(engine=engine)
+
+    @sgl.function
+    def prog(s):
+        s += "hi"
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", ResourceWarning)  # (an unclosed socket of another test, collected here)
+        run_line = sys._getframe().f_lineno + 1
+        prog.run(backend=backend)
+    assert [(w.filename, w.lineno) for w in seen] == [(__file__, run_line)], [str(w.message) for w in seen]
+    assert "cannot be used as per-role markers" in str(seen[0].message)
 
 
 # SGLang's registry (sglang/lang/chat_template.py): the text a program writes under each name, worked
