@@ -2100,11 +2100,10 @@ def test_star_imports_of_cells_that_run_per_row_are_made_at_module_level(tmp_pat
             assert [c[1][0].text for c in backend.calls if c[0] == "generate"] == ["B2"]
         else:  # the cell keeps its lines: the error is on the cell's line 4
             assert results[0]["status"] == "error"
-            # x, bound above it, takes math's x if it has one, as in the notebook; so do print and sqrt, which
-            # no cell binds
-            assert ("    q, print, sqrt, city, x = job.star_values('math', locals(), 'q', 'print', 'sqrt', 'city', 'x')"
-                    "  # from math import *: here its values of run_row's variables\n    if sqrt is job.UNBOUND:  "
-                    "# (not bound here, and math has no sqrt)\n        del sqrt\n    print(sqrt(4), city)") in source
+            # x, bound above it, takes math's x if it has one, as in the notebook; print and sqrt, which no cell
+            # binds and the row reads only below the import, are the script's globals, as job.star_import set them
+            assert ("    q, city, x = job.star_values('math', locals(), 'q', 'city', 'x')"
+                    "  # from math import *: here its values of run_row's variables\n    print(sqrt(4), city)") in source
             line = int(re.search(r"job.py line (\d+)", results[0]["error"]).group(1))
             assert source.split("\n")[line - 1] == "    print(x / 0)" and "notebook cell 3" in results[0]["error"]
     with pytest.raises(ExportError) as e:
@@ -2356,12 +2355,17 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_
     assert r in ("8 8.0", "(2+0j) 2.0", f"name 'pi' is not defined {__import__('math').pi}")
     assert prompts == ["B", r, "C", r]  # (two rows, one at a time: each starts without math's value)
     assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
-    assert p.star_globals == (name, "str") and f"job.keep(globals(), {name!r}, 'str')" in source
-    assert [n for n in p.notes if n.startswith("cell 1:")] == [
-        f"cell 1: {name}, str, which a function of this cell (run once) reads and the rows use above a per-row star "
-        f"import, may be set by that import: the job sets the script's globals {name}, str there, as the notebook "
-        f"does, and each row starts from what the cells run once left, "
-        f"{importlib.import_module('lmnb.export.plan')._RACE}"]
+    # (a builtin, pow, str, is not listed: the job finds at run time whether the import sets it; math sets pow)
+    if name == "pow":
+        assert p.star_globals == () and "job.keep(" not in source and "'str'" not in source.split("def run_row")[1]
+        assert not [n for n in p.notes if n.startswith("cell 1:")]
+    else:
+        assert p.star_globals == (name,) and f"job.keep(globals(), {name!r})\n" in source
+        assert [n for n in p.notes if n.startswith("cell 1:")] == [
+            f"cell 1: {name}, which a function of this cell (run once) reads and the rows use above a per-row star "
+            f"import, may be set by that import: the job sets the script's global {name} there, as the notebook "
+            f"does, and each row starts from what the cells run once left, "
+            f"{importlib.import_module('lmnb.export.plan')._RACE}"]
     import math
 
     from helpers_export import write_rows
@@ -2380,6 +2384,45 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows3.jsonl", [{"q": "B"}]), 0)
     assert prompts[1] == "8 8"
     assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+
+
+_STAR_ROW_SETUP = "def show(x):\n    return str(len(x))"
+_STAR_ROW_CELLS = ["e = 'mine'\na = show(q) + e\nfrom math import *\n"
+                   "r = ' '.join([a, str(floor(pi)), show(q), str(len(q)), str(e)[:4]])\nprint(r)"]
+
+
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_a_row_cells_star_import_gives_the_notebooks_results(tmp_path, monkeypatch, threads):
+    # the row reads builtins (str, len, print) and math's names (floor, pi) only below its import, a
+    # set-up function reading builtins above it, and its own e, which the import replaces: each row
+    # gives what a pass of the notebook gives, also with rows run at once
+    from helpers_export import write_rows
+
+    nb = notebook(f'{_STAR_ROW_SETUP}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *_STAR_ROW_CELLS,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    rows = [{"q": q} for q in ("B", "CC", "DDD", "EEEE")]
+    passes = _notebook_passes(_STAR_ROW_SETUP, _STAR_ROW_CELLS, rows)
+    assert passes[1] == "2mine 3 2 2 2.71"  # (by hand: show("CC"), floor(pi), len("CC"), math's e)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", threads])
+    assert sorted(prompts) == sorted([row["q"] for row in rows] + passes)
+    assert p.notes == []
+
+
+def test_a_row_cells_star_import_makes_a_short_script():
+    # the script listed every name the row reads (str, len, print, floor, pi) in one long star_start and
+    # star_values, with an `if X is job.UNBOUND: del X` block for each but the builtins, and kept the
+    # builtins the set-up function reads (job.keep(globals(), 'len', 'str')) though math sets neither
+    nb = notebook(f'{_STAR_ROW_SETUP}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *_STAR_ROW_CELLS,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    row = source.split("def run_row")[1]
+    assert "UNBOUND" not in source and "star_start" not in source and "job.keep(" not in source
+    assert ("    q, show, x, e, a = job.star_values('math', locals(), 'q', 'show', 'x', 'e', 'a')  # from math import *: "
+            "here its values of run_row's variables\n    job.star_globals('math', globals())  # from math import *: "
+            "here for the functions of the cells run once\n    r = ' '.join(") in row
+    assert not re.search(r"'(str|len|print|floor|pi)'", row)
 
 
 @pytest.mark.parametrize("cells", [

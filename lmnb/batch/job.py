@@ -310,10 +310,8 @@ class Job:
     # UnboundLocalError.
     continued = staticmethod(continued)
     row_copy = staticmethod(row_copy)
-    star_import = staticmethod(star_import)
     star_start = staticmethod(star_start)
     star_values = staticmethod(star_values)
-    star_globals = staticmethod(star_globals)
     deletable = staticmethod(deletable)
     UNBOUND = UNBOUND
 
@@ -336,6 +334,7 @@ class Job:
         self.args: Optional[argparse.Namespace] = None
         self.parameter_values: dict = {}
         self._kept: list = []  # (keep)
+        self._star_builtins: tuple = ()  # (star_import)
 
     def keep(self, namespace: dict, /, *names: str) -> None:
         """Keep the values that ``namespace`` (the script's globals, once the cells run once ran)
@@ -367,16 +366,40 @@ class Job:
                     self._kept += [(cls, attribute, vars(cls).get(attribute, UNBOUND))
                                    for root in roots for cls in _holders(root, attribute)]
 
+    def star_import(self, namespace: dict, /, *modules: str, over: Sequence[str] = (),
+                    functions: Optional[dict] = None, early: Optional[dict] = None) -> None:
+        """The module-level ``star_import`` (its arguments, and what it raises), which also finds the
+        builtins that the functions of ``early`` read and that ``modules`` set (``from numpy import
+        *`` sets sum): those are kept as the cells run once left them (the builtin; a set-up star
+        import's value), set back by ``restore`` at each row's start and set by ``star_globals`` at
+        the row's import, as the notebook has them; the export lists no builtin, as it cannot tell
+        which a module sets without importing it. Call it after ``keep``."""
+        read = {n for _, names in (early or {}).values() for n in names if hasattr(builtins, n)}
+        before = {n: namespace.get(n, UNBOUND) for n in read}
+        found = set().union(*(_star_names(m) for m in modules)) if read else set()
+        self._star_builtins = tuple(sorted(read & found))
+        self._kept += [(namespace, n, before[n]) for n in self._star_builtins]
+        early = {f: (where, tuple(n for n in names if n not in self._star_builtins))
+                 for f, (where, names) in (early or {}).items()}
+        star_import(namespace, *modules, over=over, functions=functions, early=early)
+
+    def star_globals(self, module: str, namespace: dict, /, *names: str) -> None:
+        """The module-level ``star_globals`` of ``names`` and of the builtins ``star_import`` found
+        the row's modules set, which the functions of the cells run once read."""
+        star_globals(module, namespace, *names, *self._star_builtins)
+
     def _kept_names(self) -> str:
         """The names and class attributes ``keep`` kept ("calls, Tally.n"; at most five, then "..."),
-        for messages; "" where none. A builtin's name kept as unbound is left out: the export keeps
-        every builtin a set-up function reads above a per-row star import (``str``, ``pow``), as it
-        cannot tell which the module sets, and listing them would hide the names that matter."""
+        for messages; "" where none. A builtin's name kept as unbound is left out but where the row's
+        star import sets it (``star_import``): a script of an earlier export keeps every builtin a
+        set-up function reads above a per-row star import (``str``), and listing them would hide the
+        names that matter."""
         # (a holder is a class, or an instance where a class decorator made the class one: @singleton)
         names = list(dict.fromkeys(name if isinstance(holder, dict) else
                                    f"{getattr(holder, '__qualname__', type(holder).__qualname__)}.{name}"
                                    for holder, name, value in self._kept
-                                   if value is not UNBOUND or not hasattr(builtins, name)))
+                                   if value is not UNBOUND or not hasattr(builtins, name)
+                                   or name in self._star_builtins))
         return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
     def restore(self, namespace: dict) -> None:

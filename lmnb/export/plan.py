@@ -63,9 +63,11 @@ class Plan:
     from the module value, so that the import changes them for the row from where it stands, as in
     the notebook, and not the module's value for every row from the start. star_names: where a
     row cell star-imports, the names the row cells read that no cell binds (sqrt; a builtin such
-    as pow, which ``from math import *`` replaces): run_row's own variables too, holding the value
-    the notebook has before the row's first import (``Job.star_start``), each import's from its
-    line on (two imports in a row give each its own sqrt). rebound_builtins: the builtins (len)
+    as pow, which ``from math import *`` replaces) above the row's last star import, or delete:
+    run_row's own variables too, holding the value the notebook has before the row's first import
+    (``Job.star_start``), each import's from its line on (two imports in a row give each its own
+    sqrt). One read only below the last import (``print``, ``pi``) is the script's global, which
+    ``Job.star_import`` sets at load to the value the imports leave, as the notebook has it there. rebound_builtins: the builtins (len)
     that a row cell binds and a row cell reads: run_row's variables, which start as the builtin
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
     cell raised UnboundLocalError). shared: the names that a function of a row cell declares
@@ -80,8 +82,8 @@ class Plan:
     those the setup cells set to None or False, made on first use (``_made_on_first_use``); and
     "C.n" for an attribute of a setup class that the row cells or the functions they call change
     (``_class_attributes``), and the names of ``star_globals``.
-    star_globals: where a row cell star-imports, the names that no cell binds (pi; a builtin such as
-    pow) that a function of a setup cell the row uses above that import reads: the script's globals,
+    star_globals: where a row cell star-imports, the names that no cell binds (pi; but builtins:
+    ``early_builtins``) that a function of a setup cell the row uses above that import reads: the script's globals,
     which each row starts from as the setup cells left them (``restored``: unbound, the builtin's),
     and which the row's import sets from its line on (``Job.star_globals``), as the notebook's.
     jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a
@@ -119,6 +121,13 @@ class Plan:
     early_reads: dict = field(default_factory=dict)
     backend: Backend = field(default_factory=Backend)
     notes: list = field(default_factory=list)
+
+    @property
+    def early_builtins(self) -> tuple:
+        """The builtins of ``early_reads`` (len, pow): ``Job.star_import`` keeps those the row's star
+        imports set, at run time, as ``star_globals`` are kept (the export cannot tell which they are
+        without importing the module)."""
+        return tuple(dict.fromkeys(n for _, names in self.early_reads.values() for n in names if n in _BUILTINS))
 
     @property
     def lm_cells(self) -> list:
@@ -769,7 +778,10 @@ def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
         if isinstance(c, (Code, LMCell)):
             bound |= set(_cell_binds(c))
             read += c.reads
-    return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__"))
+    # (a name read only below the row's last star import reads the script's global, which job.star_import
+    # sets at load as that import leaves it; one read above it, or deleted, is run_row's own, import by import)
+    early = set(_used_above_star_imports(row)).union(*(_deleted_names(c.source) for c in row if isinstance(c, Code)))
+    return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__") and n in early)
 
 
 def _rebound_builtins(setup: list, row: list, module_names: tuple) -> tuple:
@@ -957,11 +969,12 @@ def _early_reads(functions: list, row: list, module: set, links: dict) -> dict:
 
 def _set_by_star_import_only(early_reads: dict, cells: list, given: tuple) -> tuple:
     """The names of ``early_reads`` (``_early_reads``) that no cell binds, nor ``given`` (row fields,
-    parameters and the like) holds, but lmnb and dunder names: a builtin (pow) or a name only a star
-    import sets (pi). The set-up function reads it as the script's global, which run_row then sets at
+    parameters and the like) holds, but lmnb, builtins and dunder names: a name only a star import
+    sets (pi). (A builtin that the row's module sets, pow of math, is found at run time by
+    ``Job.star_import``, which treats it so too: ``Plan.early_builtins``.) The set-up function reads it as the script's global, which run_row then sets at
     the row's star import and ``Job.restore`` takes back (to unbound, or the set-up's star import's
     value) at each row's start, as each pass of the notebook has it (``Plan.star_globals``)."""
-    bound = set().union(*map(_cell_binds, cells)) | set(given) | {"lmnb"}
+    bound = set().union(*map(_cell_binds, cells)) | set(given) | {"lmnb"} | _BUILTINS
     names = (n for _, reads in early_reads.values() for n in reads)
     return tuple(n for n in dict.fromkeys(names) if n not in bound and not n.startswith("__"))
 

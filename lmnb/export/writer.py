@@ -253,8 +253,9 @@ class _Writer:
         if p.shared:  # (a cell's code and a function's `global` set one variable, as in the notebook)
             body.append(f"global {', '.join(p.shared)}  # set or read by a function too: the script's, which rows "
                         "share")
-        if p.restored:
-            body.append(f"{n.job}.restore(globals())  # {', '.join(p.restored)}: as the cells run once left them")
+        if p.restored or p.early_builtins:
+            kept = [*p.restored, *(["the builtins the row's star import sets"] if p.early_builtins else [])]
+            body.append(f"{n.job}.restore(globals())  # {', '.join(kept)}: as the cells run once left them")
         setup = [s for c in p.setup if isinstance(c, Code) for s in ast.parse(c.source).body]
         defined = _surely_bound(setup)  # (the notebook's globals bound whatever ran: a `del` of one is no NameError)
         defined |= set(p.jupyter)  # (the script imports them)
@@ -314,25 +315,24 @@ class _Writer:
         if isinstance(cell, Code):
             source = _strip_examples(cell, self.p.strip.get(cell.index, set()))
             lines = _builtins_back(cell.source, source.split("\n"), self.names.job, self.p.shared, defined)
-            later_reads, later_binds = set(), set()
+            later_binds = set()
             for c in later:
-                if isinstance(c, Code):  # (a `del` needs the variable bound: the import's value)
-                    later_reads |= set(c.reads) | set().union(*map(_deleted, ast.parse(c.source).body))
+                if isinstance(c, Code):
                     later_binds |= set(c.assigns) - set(self.p.shared)
                 elif isinstance(c, LMCell):
-                    later_reads |= set(c.reads)
                     later_binds |= set(self.lm_sets(c))
             for star in _star_imports(cell, sure):  # (line by line: the cell's lines stay, up to the import's)
                 lines[star.first - 1:star.last] = ["# " + line for line in lines[star.first - 1:star.last]]
                 # a row field counts from where the notebook's example of it was (the row's value replaces it there)
                 fields = [n for n in self.p.inputs if self.field_at[n] < (cell.index, star.first)]
                 known = [n for n in [*bound, *star.above] if n not in self.p.inputs and n not in self.p.shared]
-                # a variable bound below and read there may be read before it is bound: the import's value
-                reads, binds = later_reads | star.after_reads, later_binds | star.after_binds
+                # a variable bound below and read (or deleted) there before it is surely bound: the import's value
+                reads = self.read_before_bound(star.after, later)
+                binds = later_binds | star.after_binds
                 below = sorted((reads & binds) - set(known) - set(self.p.inputs) - set(self.p.shared))
                 names = list(dict.fromkeys([*fields, *known, *below]))
                 shared = self.p.shared
-                if not names and not shared and not self.p.star_globals:
+                if not names and not shared and not self.p.star_globals and not self.p.early_builtins:
                     lines[star.last - 1] += "  <- made at module level, before run_row"
                     continue
                 # run_row's variables take the module's values, as the notebook's import set them
@@ -345,9 +345,9 @@ class _Writer:
                     values.append(f"{', '.join(shared)}{',' * (len(shared) == 1)} = {job}.star_values("
                                   f"{star.module!r}, globals(), {', '.join(map(repr, shared))})  # {star.statement}: "
                                   "here its values of the globals that functions set or read")
-                if self.p.star_globals:  # (read by functions of the cells run once, which read the script's globals)
-                    values.append(f"{job}.star_globals({star.module!r}, globals(), "
-                                  f"{', '.join(map(repr, self.p.star_globals))})  # {star.statement}: here for the "
+                if self.p.star_globals or self.p.early_builtins:  # (read by functions of the cells run once)
+                    values.append(f"{job}.star_globals({star.module!r}, globals()"
+                                  f"{''.join(', ' + repr(g) for g in self.p.star_globals)})  # {star.statement}: here for the "
                                   "functions of the cells run once")
                 for name in [*names, *shared]:
                     if name not in self.p.inputs and name not in star.above_sure:
@@ -356,6 +356,22 @@ class _Writer:
                 lines[star.last - 1] = "\n".join(values)
             return f"# -- cell {cell.index}{_magic_note(cell)}\n" + "\n".join(lines)
         return self.row_lm(cell)
+
+    def read_before_bound(self, statements: list, later: list) -> set:
+        """The names that ``statements`` (a row cell's, below its star import), then the ``later``
+        row cells, read, change (``+=``) or delete where they may not be bound yet: not after a
+        top-level binding whatever ran (``_bind``; ``r = f(x)`` then ``{r}`` reads the cell's r)."""
+        sure: set = set()
+        out: set = set()
+        for c in [None, *later]:
+            if isinstance(c, LMCell):
+                out |= set(c.reads) - sure
+                sure |= set(self.lm_sets(c))
+                continue
+            for statement in statements if c is None else ast.parse(c.source).body if isinstance(c, Code) else []:
+                out |= _touched(statement) - sure
+                _bind(sure, statement)
+        return out
 
     def row_lm(self, cell: LMCell) -> str:
         n, o = self.names, cell.options
@@ -429,14 +445,14 @@ def _mark_examples(cell: Code, fields: tuple) -> str:
 class _StarImport:
     """A ``from M import *`` of a cell that runs per row: its lines in the cell's source, the names
     the cell's statements above it bind, those bound there whatever ran (with the names bound so
-    before the cell: ``_surely_bound``), and the names its statements below it read and bind."""
+    before the cell: ``_surely_bound``), its statements below it, and the names they bind."""
 
     first: int
     last: int
     module: str
     above: list
     above_sure: set
-    after_reads: set
+    after: list
     after_binds: set
 
     @property
@@ -474,9 +490,14 @@ def _star_imports(cell: Code, sure: frozenset = frozenset()) -> list:
         out.append(_StarImport(
             node.lineno, node.end_lineno, statement.removeprefix("from ").removesuffix(" import *"),
             [name for s in above for name in bound_by(s)], _surely_bound(above, sure),
-            {n.id for s in below for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            | deleted, {name for s in below for name in bound_by(s)} | deleted))
+            below, {name for s in below for name in bound_by(s)} | deleted))
     return out
+
+
+def _touched(statement: ast.stmt) -> set:
+    """The names ``statement`` reads, changes in place by ``+=`` or deletes, in its functions too."""
+    return {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)} | {
+        n.target.id for n in ast.walk(statement) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
 
 
 def _builtins_back(original: str, lines: list, job: str, shared: tuple, bound: frozenset = frozenset()) -> list:
