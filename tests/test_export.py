@@ -654,6 +654,9 @@ def test_a_setup_container_a_decorators_wrapper_changes_in_place_is_noted():
     # (a class decorator's instance: the job's keep failed on it, with a TypeError before any row ran)
     ("def one(cls):\n    return cls()\n@one\nclass C:\n    n = 0", ["C.n += 1\nr = str(C.n)"]),
     ("class Outer:\n    class C:\n        n = 0", ["Outer.C.n += 1\nr = str(Outer.C.n)"]),  # (a nested class's)
+    # (a nested class's classmethod: its cls.n was taken for C.n, no class of the set-up, so rows gave 1, 2, 3)
+    ("class Outer:\n    class C:\n        n = 0\n        @classmethod\n        def bump(cls):\n            cls.n += 1",
+     ["Outer.C.bump()\nr = str(Outer.C.n)"]),
     # (a metaclass's method changes cls.n of its classes: its `cls` was taken for an instance)
     ("class Meta(type):\n    def __call__(cls, *a):\n        cls.n += 1\n        return super().__call__(*a)\n"
      "class C(metaclass=Meta):\n    n = 0", ["C()\nr = str(C.n)"]),

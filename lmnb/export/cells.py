@@ -609,17 +609,19 @@ def _with_owners(node: ast.AST, owners: dict):
     """(node, owners) for each node inside ``node``: owners maps a method's first parameter to its
     class's name, as ("cls", "C") for a classmethod's or a metaclass's (``class Meta(type)``) and
     ("self", "C") otherwise (``_owner``), and
-    None to the name of the innermost class whose body holds the node (``_mangled``)."""
+    None to the name of the innermost class whose body holds the node (``_mangled``), "." to its
+    qualified name ("Outer.Inner": a nested class's ``cls.n`` is "Outer.Inner.n")."""
+    qualified = (f"{owners['.']}.{node.name}" if "." in owners else node.name) if isinstance(node, ast.ClassDef) else None
     for child in ast.iter_child_nodes(node):
         inner = owners
         if isinstance(node, ast.ClassDef):
-            inner = {**owners, None: node.name}
+            inner = {**owners, None: node.name, ".": qualified}
         if isinstance(node, ast.ClassDef) and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                 and child.args.args:
             # (a metaclass's method is given a class: "Meta.n" stands for n of its classes, Job.keep)
             classmethod_ = any(isinstance(d, ast.Name) and d.id == "classmethod" for d in child.decorator_list) \
                 or any(isinstance(b, ast.Name) and b.id == "type" for b in node.bases)
-            inner = {**inner, child.args.args[0].arg: ("cls" if classmethod_ else "self", node.name)}
+            inner = {**inner, child.args.args[0].arg: ("cls" if classmethod_ else "self", qualified)}
         yield child, inner
         yield from _with_owners(child, inner)
 
