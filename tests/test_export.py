@@ -2599,6 +2599,16 @@ def test_a_job_whose_rows_start_from_kept_state_warns_when_rows_run_at_once(tmp_
     _run_job_rows(source, monkeypatch, write_rows(limited / "rows.jsonl", [{"q": "B"}, {"q": "C"}]), 0,
                   ["--num-threads", "4", "--limit", "1"])
     assert "rows run at once" not in capsys.readouterr().err
+    # a rerun counts only the rows left to run: with 2 of 3 done, the one left runs alone (it warned of 3)
+    rerun = tmp_path / "rerun"
+    rerun.mkdir()
+    three = write_rows(rerun / "rows.jsonl", [{"q": q} for q in ("B", "C", "D")])
+    _run_job_rows(source, monkeypatch, write_rows(rerun / "two.jsonl", [{"q": "B"}, {"q": "C"}]), 0,
+                  ["--num-threads", "1"])
+    (rerun / "rows.jsonl.out.jsonl").write_bytes((rerun / "two.jsonl.out.jsonl").read_bytes())
+    capsys.readouterr()
+    results, _ = _run_job_rows(source, monkeypatch, three, 0, ["--num-threads", "4"])
+    assert len(results) == 3 and "rows run at once" not in capsys.readouterr().err
     # one at a time: no warning, and each row read the set-up's counter plus its own call, as the notebook
     out = tmp_path / "one"
     out.mkdir()

@@ -388,6 +388,16 @@ class Job:
         the row's modules set, which the functions of the cells run once read."""
         star_globals(module, namespace, *names, *self._star_builtins)
 
+    def warn_of_shared_state(self, rows: int) -> None:
+        """Say on stderr that the rows share the kept state (``keep``) where more than one of them
+        run at once: ``rows`` (those that will run: not a rerun's done rows, nor those past
+        --limit) and --num-threads both above 1. The export's note is read once, if at all."""
+        shared, at_once = self._kept_names(), min(self.args.num_threads, rows)
+        if shared and at_once > 1:
+            print(f"lmnb batch: warning: {at_once} rows run at once share {shared}, which each pass of the notebook "
+                  "starts from the cells run once: each row starts from those values only with --num-threads 1",
+                  file=sys.stderr)
+
     def _kept_names(self) -> str:
         """The names and class attributes ``keep`` kept ("calls, Tally.n"; at most five, then "..."),
         for messages; "" where none. A builtin's name kept as unbound is left out but where the row's
@@ -518,11 +528,6 @@ class Job:
         unread = args.limit is not None and len(rows) > args.limit  # rows past --limit, kept as they are
         if args.limit is not None:
             rows = rows[: args.limit]
-        shared, at_once = self._kept_names(), min(args.num_threads, len(rows))
-        if shared and at_once > 1:  # (the export's note is read once, if at all)
-            print(f"lmnb batch: warning: {at_once} rows run at once share {shared}, which each pass of the notebook "
-                  "starts from the cells run once: each row starts from those values only with --num-threads 1",
-                  file=sys.stderr)
         store = ResultStore(args.output, args.id_field, self.settings(), code_fingerprint(run_row))
         try:
             store.open(retry_errors=args.retry_errors)

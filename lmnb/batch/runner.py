@@ -52,6 +52,7 @@ class RowRunner:
         """Run the rows not yet done (``triage``) and print the summary; returns the exit status."""
         todo = self.triage()
         self.left = len(todo)
+        self.job.warn_of_shared_state(len(todo))
         if todo and self.backend is not None:
             self.execute(self.backend, todo)
         elif todo:
