@@ -718,6 +718,20 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "    return w\n@counted\ndef tag(x):\n    return x", "r = tag('t')",
      "cell 1: tag, which the rows call, is wrapped by counted, whose closure keeps state by `nonlocal`: it carries "
      "over from row to row"),
+    # (a decorator factory: the closure of counted(), called, keeps n)
+    ("def counted():\n    n = 0\n    def deco(f):\n        def w(*a):\n            nonlocal n\n            n += 1\n"
+     "            return f(*a) + str(n)\n        return w\n    return deco\n@counted()\ndef tag(x):\n    return x",
+     "r = tag('t')", "cell 1: tag, which the rows call, is wrapped by counted(), whose closure keeps state by "
+     "`nonlocal`: it carries over from row to row"),
+    # (in a function the row cell defines and calls)
+    ("it = iter('xyz')", "def take():\n    return next(it)\nr = take()",
+     "cell 1: it, an iterator (iter()) that this cell makes once, is used by the rows (`next(it)` in cell 3, in its "
+     "take()): what its calls change carries over from row to row"),
+    # (an attribute set on an Enum's member, which the class holds: no class attribute the job sets back)
+    ("from enum import Enum\nclass Color(Enum):\n    RED = 1",
+     "Color.RED.hits = getattr(Color.RED, 'hits', 0) + 1\nr = str(Color.RED.hits)",
+     "cell 1: Color.RED, an object that the class Color of this cell holds (an Enum's member, or a class attribute's "
+     "value), has Color.RED.hits set by the rows: it carries over from row to row"),
 ])
 def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     # the job runs the set-up once, so these go on from the last row's state (r: 1, 2, 3 for three
@@ -733,13 +747,15 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     assert ns["r"] != first
     _, p = export_notebook(nb)
     assert [n for n in p.notes if note in n] and len(p.notes) == 1, p.notes
-    assert "make it in a cell that runs per row" in p.notes[0] or "define it in a cell that runs per row" in p.notes[0]
+    assert ("make it in a cell that runs per row" in p.notes[0] or "define it in a cell that runs per row" in p.notes[0]
+            or "keep that state in a variable the row makes" in p.notes[0])
 
 
 @pytest.mark.parametrize("setup, cell", [
     (_COUNTER, "r = str(c.bump())"),  # (a row cell's c.bump() changes the row's own copy of c)
     ("import itertools", "it = itertools.count()\nr = str(next(it))"),  # (made per row)
     ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
+    ("it = iter('xyz')", "def take(it):\n    return next(it)\nr = take(iter('a'))"),  # (the function's own it)
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,

@@ -304,6 +304,13 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
                        "reset it in the row")
     p.notes += _carried_over(setup, row, called, classes, p.copied, lazy)
+    for owner, changed in _held_object_attributes(called, row, classes).items():
+        root = owner.split(".")[0]
+        p.notes.append(f"cell {classes[root]}: {owner}, an object that the class {root} of this cell holds (an Enum's "
+                       f"member, or a class attribute's value), has {', '.join(changed)} set by the rows: it carries "
+                       "over from row to row (what one row sets, the next row sees), where each pass of the notebook "
+                       f"starts from the one the cells run once made; keep that state in a variable the row makes "
+                       "(after the first %%lm cell) instead, and rows running at once (--num-threads above 1) share it")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
@@ -364,6 +371,15 @@ def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tu
     ``%%lm --python`` bodies) or the set-up functions they call (``_called``) change, as "C.n";
     the classes they change through setattr or delattr of a computed name)
     (``cells.class_attribute_changes``)."""
+    found, computed = _attribute_changes(called, row)
+    return (tuple(a for a in dict.fromkeys(found) if a.rsplit(".", 1)[0] in classes),
+            tuple(n for n in dict.fromkeys(computed) if n in classes))
+
+
+def _attribute_changes(called: list, row: list) -> tuple[list, list]:
+    """(the attributes "C.n" that the row cells (Python, and ``%%lm --python`` bodies) or the set-up
+    functions they call (``_called``) change; the names whose attributes they change by a computed
+    name) (``cells.class_attribute_changes``), of any name."""
     import ast
 
     from lmnb.export.cells import class_attribute_changes
@@ -375,8 +391,20 @@ def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tu
             attributes, unknown = class_attribute_changes(tree)
             found += attributes
             computed += unknown
-    return (tuple(a for a in dict.fromkeys(found) if a.rsplit(".", 1)[0] in classes),
-            tuple(n for n in dict.fromkeys(computed) if n in classes))
+    return found, computed
+
+
+def _held_object_attributes(called: list, row: list, classes: dict) -> dict:
+    """"Color.RED" → its attributes ("Color.RED.hits") that the row cells or the set-up functions
+    they call set or change, for each object that a set-up class holds and that is no class of
+    ``classes`` (an Enum's member, a class attribute's instance): the job cannot set it back."""
+    found, _ = _attribute_changes(called, row)
+    out: dict = {}
+    for a in dict.fromkeys(found):
+        owner = a.rsplit(".", 1)[0]
+        if "." in owner and owner not in classes and owner.split(".")[0] in classes:
+            out.setdefault(owner, []).append(a)
+    return out
 
 
 # The calls whose value keeps its own place to go on from (a set-up iterator the rows consume)
@@ -428,6 +456,11 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     places = [(f"cell {c.index}", tree, copied) for c in row
               if (tree := ast.parse(c.source) if isinstance(c, Code)
                   else getattr(getattr(c, "python", None), "tree", None)) is not None]
+    # (and the functions those cells define, which the rows call: `def take(): return next(it)`)
+    places += [(f"{where}, in its {name}()", function, (*skipped, *_function_locals(function)))
+               for where, tree, skipped in list(places) for function in ast.walk(tree)
+               if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+               for name in [getattr(function, "name", "lambda")]]
     places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], ()) for f in called if (f[0], f[1]) in defs]
     uses: dict = {}
     for where, tree, skipped in places:
@@ -452,7 +485,9 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
                   if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
     for f in called:
         d = defs.get((f[0], f[1]))
-        wrapped = [ast.unparse(x) for x in getattr(d, "decorator_list", []) if ast.unparse(x) in decorators]
+        # (a decorator factory's call too, @counted(): the closure of counted keeps the state)
+        wrapped = [ast.unparse(x) for x in getattr(d, "decorator_list", [])
+                   if ast.unparse(x.func if isinstance(x, ast.Call) else x) in decorators]
         if wrapped:
             notes.append(f"cell {f[0]}: {f[1]}, which the rows call, is wrapped by {wrapped[0]}, whose closure keeps "
                          "state by `nonlocal`: it carries over from row to row (what one row changes, the next row "
@@ -460,6 +495,19 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
                          "per row (after the first %%lm cell), and rows running at once (--num-threads above 1) "
                          "share it")
     return notes
+
+
+def _function_locals(function) -> set:
+    """The names that are ``function``'s own variables: its parameters and what its body binds
+    (not in the functions inside it), but those it declares ``global`` or ``nonlocal``."""
+    import ast
+
+    arguments = function.args
+    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                             *filter(None, [arguments.vararg, arguments.kwarg])]}
+    names |= {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    outer = {name for n, _ in _own_nodes(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+    return names - outer
 
 
 def _cells_of(called: list, at: int, wanted) -> dict:
