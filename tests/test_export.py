@@ -727,6 +727,16 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
     ("it = iter('xyz')", "def take():\n    return next(it)\nr = take()",
      "cell 1: it, an iterator (iter()) that this cell makes once, is used by the rows (`next(it)` in cell 3, in its "
      "take()): what its calls change carries over from row to row"),
+    # (a method that calls one that changes the instance, or hands an attribute on, changes it)
+    ("class Tok:\n    def __init__(self):\n        self.vocab = {}\n    def grow(self, x):\n        self.vocab[x] = 1\n"
+     "    def encode(self, x):\n        self.grow(x)\n        return str(len(self.vocab))\ntok = Tok()\n"
+     "def use(x):\n    return tok.encode(x)", "r = use(q + str(len(tok.vocab)))",
+     "cell 1: tok, an instance of Tok that this cell makes once, is used by the rows (`tok.encode(x)` in use(), a "
+     "function of cell 1): what its calls change carries over from row to row"),
+    ("class Tok:\n    def __init__(self):\n        self.seen = []\n    def all(self):\n        return self.seen\n"
+     "tok = Tok()\ndef use(x):\n    tok.all().append(x)\n    return str(len(tok.seen))", "r = use(q)",
+     "cell 1: tok, an instance of Tok that this cell makes once, is used by the rows (`tok.all()` in use(), a "
+     "function of cell 1): what its calls change carries over from row to row"),
     # (an attribute set on an Enum's member, which the class holds: no class attribute the job sets back)
     ("from enum import Enum\nclass Color(Enum):\n    RED = 1",
      "Color.RED.hits = getattr(Color.RED, 'hits', 0) + 1\nr = str(Color.RED.hits)",
@@ -756,6 +766,10 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     ("import itertools", "it = itertools.count()\nr = str(next(it))"),  # (made per row)
     ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
     ("it = iter('xyz')", "def take(it):\n    return next(it)\nr = take(iter('a'))"),  # (the function's own it)
+    # (a method that only reads its instance, itself or through another such method: nothing carries over)
+    ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
+     "        return [self.vocab.get(ch, 0) for ch in x] + [self.size(), self.vocab['a']]\n    def size(self):\n"
+     "        return len(self.vocab)\ntok = Tok()\ndef use(x):\n    return tok.encode(x)", "r = str(use(q))"),
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,

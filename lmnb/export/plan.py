@@ -412,7 +412,7 @@ _ITERATOR_CALLS = frozenset({"iter", "itertools.count", "itertools.cycle"})
 
 
 def _made_objects(setup: list, classes: dict) -> tuple[dict, dict]:
-    """(name → (set-up cell index, "an instance of C" or "an iterator (f())") for the set-up
+    """(name → (set-up cell index, "an instance of C" or "an iterator (f())", C or None) for the set-up
     globals last bound at top level to a call of a set-up class, or of ``_ITERATOR_CALLS`` or a
     set-up generator function; (cell index, name) → the top-level ``def`` of each set-up function)."""
     import ast
@@ -436,9 +436,9 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict]:
                 continue
             func = ast.unparse(stmt.value.func)
             if func in classes:
-                made[stmt.targets[0].id] = (c.index, f"an instance of {func}")
+                made[stmt.targets[0].id] = (c.index, f"an instance of {func}", func)
             elif func in _ITERATOR_CALLS or func in generators:
-                made[stmt.targets[0].id] = (c.index, f"an iterator ({func}())")
+                made[stmt.targets[0].id] = (c.index, f"an iterator ({func}())", None)
     return made, defs
 
 
@@ -452,6 +452,7 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     import ast
 
     made, defs = _made_objects(setup, classes)
+    read_only = _read_only_methods(setup)
     bound = set().union(*map(_cell_binds, row))
     places = [(f"cell {c.index}", tree, copied) for c in row
               if (tree := ast.parse(c.source) if isinstance(c, Code)
@@ -472,6 +473,8 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
                 name = args[0].id
             elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
                 name = func.value.id
+                if name in made and func.attr in read_only.get(made[name][2], ()):
+                    continue  # (tok.encode(x) of a method that changes nothing of tok)
             else:
                 continue
             if name in made and name not in bound and name not in skipped:
@@ -495,6 +498,76 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
                          "per row (after the first %%lm cell), and rows running at once (--num-threads above 1) "
                          "share it")
     return notes
+
+
+# What a read-only method may call with its instance's attribute (``_reads_only``): builtins that
+# neither keep nor change their argument, and the methods by which str, dict, list and tuple are read
+_PURE_BUILTINS = frozenset({"len", "str", "repr", "int", "float", "bool", "sorted", "list", "tuple", "set", "dict",
+                            "min", "max", "sum", "any", "all", "isinstance", "abs", "round", "hash", "format"})
+_READ_METHODS = frozenset({"get", "keys", "values", "items", "index", "count", "copy", "format", "join", "split",
+                           "strip", "lower", "upper", "startswith", "endswith", "encode", "decode", "replace"})
+
+
+def _read_only_methods(setup: list) -> dict:
+    """Class name → the methods of each set-up class (its last top-level definition) that change
+    nothing of the instance they are called on (``_reads_only``), for the classes with no base
+    but ``object`` (an inherited method, ``__getattr__`` or ``__setattr__`` is not known here)."""
+    import ast
+
+    out: dict = {}
+    for c in setup:
+        if not isinstance(c, Code):
+            continue
+        for stmt in ast.parse(c.source).body:
+            for name in bound_by(stmt):
+                out.pop(name, None)
+            if not isinstance(stmt, ast.ClassDef) or stmt.keywords or stmt.decorator_list \
+                    or any(ast.unparse(b) != "object" for b in stmt.bases):
+                continue
+            methods = {s.name: s for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            if {"__getattr__", "__getattribute__", "__setattr__"} & set(methods):
+                continue
+            out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set())}
+    return out
+
+
+def _reads_only(method, methods: dict, seen: set) -> bool:
+    """Whether ``method`` (a plain ``def`` of a class whose ``methods`` are given) changes nothing of
+    its instance, as far as can be told safely: its first parameter is used only to read attributes
+    (``self.vocab[k]``, ``self.vocab.get(k)``, ``len(self.items)``), or to call methods of the class
+    that read only (``seen``: those being checked, taken to read only)."""
+    import ast
+
+    if method.decorator_list or not method.args.args:
+        return False
+    me = method.args.args[0].arg
+    parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(method):
+        if not (isinstance(node, ast.Name) and node.id == me) or node is method.args.args[0]:
+            continue
+        attribute = parents.get(node)
+        if not (isinstance(attribute, ast.Attribute) and isinstance(attribute.ctx, ast.Load)):
+            return False  # (self itself handed on, or an attribute set or deleted)
+        user = parents.get(attribute)
+        if isinstance(user, ast.Call) and user.func is attribute:  # (self.m(...): a method of the class)
+            called = methods.get(attribute.attr)
+            if called is None or (called.name not in seen and not _reads_only(called, methods, seen | {method.name})):
+                return False
+        elif isinstance(user, ast.Attribute):  # (self.vocab.get(k): a read method, and nothing else)
+            call = parents.get(user)
+            if not (isinstance(call, ast.Call) and call.func is user and user.attr in _READ_METHODS):
+                return False
+        elif isinstance(user, ast.Subscript):
+            if not isinstance(user.ctx, ast.Load) or user.value is not attribute:
+                return False
+        elif isinstance(user, ast.Call):  # (an argument: of a builtin that neither keeps nor changes it)
+            if not (isinstance(user.func, ast.Name) and user.func.id in _PURE_BUILTINS):
+                return False
+        elif isinstance(user, (ast.Return, ast.keyword, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Starred,
+                               ast.List, ast.Tuple, ast.Set, ast.Dict, ast.NamedExpr, ast.Yield, ast.YieldFrom,
+                               ast.Lambda, ast.comprehension)):
+            return False  # (handed on, kept or iterated: a list returned is changed where it goes)
+    return True
 
 
 def _function_locals(function) -> set:
