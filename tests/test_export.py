@@ -560,6 +560,31 @@ def test_a_global_a_setup_function_sets_in_a_row_starts_each_row_from_the_setup_
     assert "restore" not in source and p.notes == []
 
 
+_COUNTING_F = "count = 0\ndef f(x):\n    global count\n    count += 1\n    return x\n"
+
+
+@pytest.mark.parametrize("setup, noted", [
+    ("ys = list(map(f, [1, 2]))", False),  # (ys holds f's results: the rows never call f)
+    ("ys = sorted([2, 1], key=f)", False),
+    ("ys = map(f, [1, 2])", True),  # (lazy: the row's list(ys) calls f)
+    ("def mk(x):\n    def g():\n        global count\n        count += 1\n    return g\nys = list(map(mk, [1]))",
+     True),  # (mk's results are functions that set count; the row calls one)
+])
+def test_a_setup_value_that_holds_only_a_functions_results_does_not_count_it_as_called_by_the_rows(setup, noted):
+    # list(map(f, xs)) was taken to hold f, so a row reading ys "called" f: its global count was set
+    # back per row and noted as set per row too, though no row calls f
+    cell = "for y in ys:\n    y() if callable(y) else y\nr = str(count)"
+    nb = notebook(f"{_COUNTING_F}{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    ns: dict = {}  # (whether a row's pass changes count: the note says so exactly then)
+    exec(f"{_COUNTING_F}{setup}\nq = 'A'", ns)
+    before = ns["count"]
+    exec(cell, ns)
+    assert (ns["count"] != before) == noted
+    assert bool(p.notes) == noted and ("job.restore(globals())" in source) == noted
+
+
 def test_a_global_a_setup_function_sets_but_the_setup_never_called_starts_each_row_unbound(tmp_path, monkeypatch):
     # job.keep kept only the names the set-up had bound, so the g that row 1's setg() set was still
     # there for row 2, which read 5 where each pass of the notebook reads no g before its call

@@ -961,16 +961,21 @@ def _links(setup: list, functions: list) -> dict:
     ``ask = counted(ask)``, and the class whose instance it makes: ``c = C()``) or that a change in
     place puts in it (``handlers["b"] = g``, ``hooks.append(g)``). A function that a call of the value only takes as
     an argument is held (``partial(f)``), the called one too where it takes a function
-    (``counted(ask)``); ``x = f(1)`` holds f's result, not f."""
+    (``counted(ask)``); ``x = f(1)`` holds f's result, not f, and so does ``list(map(f, xs))``
+    (``_consumed``) where f makes no function to return."""
     import ast
 
     known = {f[1] for f in functions}
     classes = set(_setup_classes(setup))
+    trees = [ast.parse(c.source) for c in setup if isinstance(c, Code)]
+    plain = {s.name for tree in trees for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and not _returns_functions(s, known)}
+    # (a name bound otherwise too, `f = counted(f)`, or decorated, may be anything)
+    plain -= {n for tree in trees for s in tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+              or s.decorator_list for n in bound_by(s)}
     out: dict = {}
-    for c in setup:
-        if not isinstance(c, Code):
-            continue
-        for stmt in ast.parse(c.source).body:
+    for tree in trees:
+        for stmt in tree.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 held, targets = _function_holds(stmt, known, classes), [stmt.name]
             elif isinstance(stmt, ast.ClassDef):  # (and the functions its attributes hold: `handler = f`)
@@ -982,7 +987,7 @@ def _links(setup: list, functions: list) -> dict:
                          for n in _function_holds(s, known, classes)}  # (its methods' decorators, defaults)
                 targets = [stmt.name]
             elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
-                held = _held(stmt.value, known, classes)
+                held = _held(stmt.value, known, classes, plain)
                 targets = [n for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
                            for n in _names_changed_or_bound(t)]
             elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
@@ -1008,12 +1013,50 @@ def _function_holds(function, known: set, classes: set) -> set:
                for n in ast.walk(lam.body) if isinstance(n, ast.Name)})
 
 
-def _held(value, known: set, classes: set) -> set:
-    """The names ``value`` (an expression) holds as values, not as functions it calls, but the
-    ``classes`` it calls (an instance holds its class's methods): ``_links``."""
+# Builtins that run through an iterable at once and keep none of the functions that map() or a
+# key= applies: list(map(f, xs)) holds f's results, sorted(xs, key=f) xs's items
+_CONSUMERS = frozenset({"list", "tuple", "set", "frozenset", "sorted", "sum", "min", "max", "any", "all", "len"})
+
+
+def _consumed(value, known: set, plain: set) -> set:
+    """The ids of the names in ``value`` (an expression) of ``plain`` functions that a consuming
+    builtin (``_CONSUMERS``, where no set-up function, ``known``, takes its name) calls through
+    ``map``/``filter`` among its arguments, or as its ``key=``: called there, not held."""
     import ast
 
-    called = set()
+    out = set()
+    for node in ast.walk(value):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CONSUMERS
+                and node.func.id not in known):
+            continue
+        applied = [a.args[0] for a in node.args if isinstance(a, ast.Call) and isinstance(a.func, ast.Name)
+                   and a.func.id in ("map", "filter") and a.func.id not in known and a.args]
+        applied += [k.value for k in node.keywords if k.arg == "key"]
+        out |= {id(f) for f in applied if isinstance(f, ast.Name) and f.id in plain}
+    return out
+
+
+def _returns_functions(function, known: set) -> bool:
+    """Whether ``function`` (a ``def``) may give a function back: it defines one (or a lambda, or a
+    class) inside, or returns or yields a name of ``known`` (the set-up's functions)."""
+    import ast
+
+    for node in ast.walk(function):
+        if node is not function and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return True
+        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)) and node.value is not None \
+                and any(isinstance(n, ast.Name) and n.id in known for n in ast.walk(node.value)):
+            return True
+    return False
+
+
+def _held(value, known: set, classes: set, plain: set = frozenset()) -> set:
+    """The names ``value`` (an expression) holds as values, not as functions it calls, but the
+    ``classes`` it calls (an instance holds its class's methods): ``_links``. ``plain``: the set-up
+    functions that give no function back (``_consumed``)."""
+    import ast
+
+    called = _consumed(value, known, plain)
     for node in ast.walk(value):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in classes:
             arguments = [*node.args, *(k.value for k in node.keywords)]
