@@ -2468,6 +2468,26 @@ def test_a_row_cells_star_import_gives_the_notebooks_results(tmp_path, monkeypat
     assert p.notes == []
 
 
+def test_a_name_a_setup_function_reads_above_the_import_stays_the_rows_own_where_the_row_reads_it(tmp_path,
+                                                                                                  monkeypatch):
+    # k() reads pi above the import, so each row sets the script's pi back and sets it at the import; the
+    # row's own str(pi) below the import read that global too, which rows running at once set back under it
+    from helpers_export import write_rows
+
+    setup = "def k():\n    return str(pi)[:4]"
+    cells = ["try:\n    a = k()\nexcept NameError as e:\n    a = str(e)\nfrom math import *\nr = a + ' ' + str(pi)[:4]"]
+    nb = notebook(f'{setup}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", *cells,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.star_globals == ("pi",) and "pi" in p.star_names  # (run_row's own pi, besides the global)
+    rows = [{"q": q} for q in "BC"]
+    passes = _notebook_passes(setup, cells, rows)
+    assert passes[0] == "name 'pi' is not defined 3.14"
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    assert prompts == ["B", passes[0], "C", passes[1]]
+
+
 def test_a_row_cells_star_import_makes_a_short_script():
     # the script listed every name the row reads (str, len, print, floor, pi) in one long star_start and
     # star_values, with an `if X is job.UNBOUND: del X` block for each but the builtins, and kept the

@@ -220,7 +220,6 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
     # (and any set-up function's `global`: one the set-up never called leaves no module value to start from)
     unbound = tuple(n for c in setup if isinstance(c, Code) for n in c.declared_globals)
     p.star_locals = _star_locals(setup, row, p.inputs + p.copied + p.shared + unbound, parameters + p.jupyter)
-    p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter)
     p.rebound_builtins = tuple(n for n in _rebound_builtins(setup, row, p.inputs + parameters + p.jupyter)
                                if n not in p.shared)
     if star:  # (also when its cells read no other name it sets)
@@ -230,6 +229,10 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
         p.star_globals = _set_by_star_import_only(early, cells, p.inputs + parameters + p.jupyter)
         p.early_reads = {f: (where, kept) for f, (where, names) in early.items()
                          if (kept := tuple(n for n in names if n not in p.star_globals))}
+    # (a name a set-up function reads above the import, pi, is a global each row sets back: the row's own
+    # reads of it stay run_row's variable, which rows running at once do not share; a builtin that the import
+    # sets is found only at run time, where the job's warning of rows run at once names it)
+    p.star_names = _star_names(setup, row, p.inputs + parameters + p.jupyter, set(p.star_globals))
     p.restored = tuple(n for n in dict.fromkeys([*p.shared, *declared, *p.star_globals])
                        if (n in module or n in p.star_globals) and n not in p.inputs and n not in lazy)
     # (a set-up class's attribute that the rows change starts each row as the set-up left it, as in each notebook pass)
@@ -887,10 +890,11 @@ def _star_locals(setup: list, row: list, locals_: tuple, module_names: tuple) ->
     return tuple(sorted((read & _module_names(setup, module_names)) - set(locals_) - {"lmnb"}))
 
 
-def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
+def _star_names(setup: list, row: list, module_names: tuple, set_back: set = frozenset()) -> tuple:
     """The names the row cells read that no cell binds, nor ``module_names`` (row fields,
     parameters and the like), where a row cell star-imports (``Plan.star_names``); not lmnb nor
-    dunder names (``__name__`` is the script's, not a builtin's)."""
+    dunder names (``__name__`` is the script's, not a builtin's). ``set_back``: ``Plan.star_globals``,
+    whose global each row sets back and sets at its import: run_row's own wherever the row reads them."""
     if not any(isinstance(c, Code) and c.star_imports for c in row):
         return ()
     bound = _module_names(setup, module_names) | {"lmnb"}
@@ -901,7 +905,8 @@ def _star_names(setup: list, row: list, module_names: tuple) -> tuple:
             read += c.reads
     # (a name read only below the row's last star import reads the script's global, which job.star_import
     # sets at load as that import leaves it; one read above it, or deleted, is run_row's own, import by import)
-    early = set(_used_above_star_imports(row)).union(*(_deleted_names(c.source) for c in row if isinstance(c, Code)))
+    early = set(_used_above_star_imports(row)).union(set_back, *(_deleted_names(c.source) for c in row
+                                                                 if isinstance(c, Code)))
     return tuple(n for n in dict.fromkeys(read) if n not in bound and not n.startswith("__") and n in early)
 
 
