@@ -95,7 +95,8 @@ class Plan:
     function g that reads f; the names but the module-level ones that f reads): the script makes the
     import before the rows, so f reads the module's names from the start of every row (the job warns
     when the import sets one: ``Job.star_import``), where the notebook's read them from the import on;
-    but the names of ``star_globals``.
+    but the names of ``star_globals``, and the builtins the import sets, which ``Job.star_import``
+    finds at run time and treats as ``star_globals`` (``early_builtins``).
     """
 
     cells: list
