@@ -750,6 +750,18 @@ def test_posix_classes_in_one_set_are_offered_together(backend):
     assert lmnb_gen_takes(r"[A-Za-z0-9_]+")
 
 
+def test_the_engine_names_an_anchored_pattern_as_the_user_wrote_it(backend):
+    # the engine drops edge anchors before its checks, and named the trimmed pattern: "regex \"[[:alpha:]]\":
+    # Possible nested set at position 1", where gen() said "^[[:alpha:]]$" and position 2
+    said = _refused_alike(backend, "^[[:alpha:]]$")
+    assert said == ('regex "^[[:alpha:]]$": Possible nested set at position 2 — Python reads it as literal characters, '
+                    'the automaton library as a POSIX class or a set operation; write "^[A-Za-z]$" for [:alpha:] (ASCII, '
+                    r'as the automaton library reads it), or "^[\\[:alpha:]]$" to mean the characters'), said
+    with pytest.raises(GrammarError) as e:  # (one gen() takes: the engine's own check, named as written)
+        backend.compile(regex=r"^a\bb$")
+    assert str(e.value).startswith(r'regex "^a\\bb$" uses a word boundary'), str(e.value)
+
+
 def lmnb_gen_takes(pattern):
     import lmnb
 

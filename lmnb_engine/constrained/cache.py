@@ -26,7 +26,7 @@ from lmnb_engine.constrained.regex_check import check_regex, without_edge_anchor
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
-from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_errors import regex_problem, shown_regex
 
 
 class GrammarCache:
@@ -166,13 +166,7 @@ class GrammarBackend:
                 self._regex_of.move_to_end(key)
                 return self._regex_of[key]
         if regex is not None:
-            trimmed = without_edge_anchors(regex)
-            check_regex(trimmed)
-            if trimmed == "":
-                dropped = " once its anchors are dropped (the output matches the whole pattern)" if regex else ""
-                raise GrammarError(f"regex {shown_regex(regex)} is empty{dropped}; it would only allow an empty output: "
-                                   "give a pattern that matches some text, or no regex")
-            regex = automaton_syntax(trimmed)
+            regex = _automaton_regex(regex)
         else:
             regex = schema_to_regex(json_schema, whitespace_pattern)
         if key is not None:
@@ -273,3 +267,26 @@ class GrammarBackend:
         self._children.stop()  # first: a request woken by the cancels below must see it, and not retry
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._executor.shutdown(wait=True)
+
+
+def _automaton_regex(regex: str) -> str:
+    """The user's ``regex`` without its edge anchors (``without_edge_anchors``), checked
+    (``check_regex``) and in the automaton library's syntax (``automaton_syntax``).
+
+    Raises:
+        GrammarError: from those checks, naming the pattern as the user wrote it (with its anchors)
+            and worded as ``gen()`` words it where ``gen()`` refuses it too, so that positions and
+            fixes are the user's pattern's, not the trimmed one's.
+    """
+    trimmed = without_edge_anchors(regex)
+    if trimmed == "":
+        dropped = " once its anchors are dropped (the output matches the whole pattern)" if regex else ""
+        raise GrammarError(f"regex {shown_regex(regex)} is empty{dropped}; it would only allow an empty output: "
+                           "give a pattern that matches some text, or no regex")
+    try:
+        check_regex(trimmed)
+        return automaton_syntax(trimmed)
+    except GrammarError as e:
+        if trimmed == regex:
+            raise
+        raise GrammarError(regex_problem(regex) or str(e).replace(shown_regex(trimmed), shown_regex(regex), 1)) from None
