@@ -95,14 +95,14 @@ def regex_problem(pattern: Any) -> str | None:
 
 
 def pattern_problem(pattern: str) -> str | None:
-    """Why the pattern ``pattern`` is refused, or None: a Unicode class the automaton library does
-    not build (``unbuilt_class_problem``) or at an end of a range (``class_range_problem``), a
+    """Why the pattern ``pattern`` is refused, or None: an empty pattern (``empty_pattern_problem``),
+    a Unicode class the automaton library does not build (``unbuilt_class_problem``) or at an end of a range (``class_range_problem``), a
     class Python's ``re`` flags as ambiguous (``ambiguous_class``), a syntax error
     (``invalid_regex``), a repeat count above what ``re`` reads, or parentheses nested too
     deeply for its parser, which recurses once per level (some hundreds of levels). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is."""
-    problem = unbuilt_class_problem(pattern) or class_range_problem(pattern)
+    problem = empty_pattern_problem(pattern) or unbuilt_class_problem(pattern) or class_range_problem(pattern)
     if problem:
         return problem
     held = classes_held(pattern)
@@ -122,6 +122,72 @@ def pattern_problem(pattern: str) -> str | None:
         return (f"regex {shown_regex(pattern)} repeats a part more times than Python's re reads (4,294,967,294); "
                 'use an unbounded repeat ("+" or "*") and bound the length with max_tokens instead')
     return None
+
+
+def without_edge_anchors(pattern: str) -> str:
+    """``pattern`` without the anchors at its edges: ``^`` or ``\\A`` opening it, or opening any of
+    its top-level alternatives, and ``$`` or ``\\Z`` closing them (``^\\d{3}$``, ``^yes$|^no$``).
+    Constrained output must match the whole pattern, so there they always hold; xgrammar, SGLang's
+    default grammar backend, drops them too, and so do JSON Schema patterns here
+    (``constrained.json_string``). Other anchors are left for the engine's ``constrained.regex_check.check_regex`` to refuse by name."""
+    flags = re.match(r"(?:\(\?[aiLmsux]+\))+", pattern)  # global inline flags come first: (?i)^yes$
+    head = flags.group() if flags else ""
+    return head + "|".join(_trim_anchors(alt) for alt in _top_level_alternatives(pattern[len(head):]))
+
+
+def _top_level_alternatives(pattern: str) -> list[str]:
+    """``pattern`` split at its ``|`` outside groups, character classes and escapes."""
+    parts, start, depth, i, in_class = [], 0, 0, 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 1
+            i += pattern.startswith("^", i)  # a negation, then a ']' first in the class is literal
+            i += pattern.startswith("]", i)
+            continue
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+        elif c == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return [*parts, pattern[start:]]
+
+
+def _escaped(text: str, at: int) -> bool:
+    """Whether ``text[at]`` follows an odd run of backslashes (is escaped)."""
+    run = len(text[:at]) - len(text[:at].rstrip("\\"))
+    return run % 2 == 1
+
+
+def _trim_anchors(alternative: str) -> str:
+    while alternative.startswith(("^", "\\A")):
+        alternative = alternative[1 if alternative[0] == "^" else 2:]
+    while True:
+        if alternative.endswith("$") and not _escaped(alternative, len(alternative) - 1):
+            alternative = alternative[:-1]
+        elif alternative.endswith("\\Z") and not _escaped(alternative, len(alternative) - 2):
+            alternative = alternative[:-2]
+        else:
+            return alternative
+
+
+def empty_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is refused as empty, or None: nothing but anchors at its edges
+    (``without_edge_anchors``: ``""``, ``^$``, ``\\Z``), it matches only the empty string, so a
+    constrained output could hold no text. Asked by the language's ``gen()`` and a ``%%lm`` cell
+    (``pattern_problem``) and by the engine, in these words."""
+    if without_edge_anchors(pattern) != "":
+        return None
+    dropped = " once its anchors are dropped (the output matches the whole pattern)" if pattern else ""
+    return (f"regex {shown_regex(pattern)} is empty{dropped}; it would only allow an empty output, with no text: "
+            "give a pattern that matches some text, or no regex (for no output at all, max_tokens=0)")
 
 
 def _parser():

@@ -92,7 +92,7 @@ def test_unsupported_regex_feature_is_named(backend, pattern, feature):
 
 def test_anchors_at_the_edges_are_dropped_as_xgrammar_drops_them(backend):
     # SGLang programs write regex=r"^\d{3}$": xgrammar drops such anchors; they were refused here
-    from lmnb_engine.constrained.regex_check import without_edge_anchors
+    from lmnb_engine.regex_errors import without_edge_anchors
 
     for anchored, bare in ((r"^\d{3}$", r"\d{3}"), (r"^yes$|^no$", "yes|no"), (r"\Aab\Z", "ab"),
                            (r"(?i)^yes$", "(?i)yes"), (r"[$^]|(a|^b)$", r"[$^]|(a|^b)"), (r"[]|^]x$", "[]|^]x"),
@@ -844,15 +844,23 @@ def test_a_unicode_class_where_no_class_can_stand_is_named_not_what_held_it(back
     assert "aaa" not in said and "%" not in said
 
 
+_EMPTY_FIX = ("; it would only allow an empty output, with no text: give a pattern that matches some text, or no regex "
+              "(for no output at all, max_tokens=0)")
+
+
 @pytest.mark.parametrize("pattern, said", [
-    (r"\Z", r'regex "\\Z" is empty once its anchors are dropped'), ("^$", 'regex "^$" is empty once its anchors'),
-    ("", 'regex "" is empty; it would only allow an empty output'),
+    (r"\Z", r'regex "\\Z" is empty once its anchors are dropped (the output matches the whole pattern)' + _EMPTY_FIX),
+    ("^$", 'regex "^$" is empty once its anchors are dropped (the output matches the whole pattern)' + _EMPTY_FIX),
+    ("", 'regex "" is empty' + _EMPTY_FIX),
 ])
-def test_an_empty_regex_error_names_the_pattern(backend, pattern, said):
-    # "regex is empty; it would only allow an empty output", whatever the pattern was
-    with pytest.raises(GrammarError) as e:
-        backend.compile(regex=pattern)
-    assert str(e.value).startswith(said), str(e.value)
+def test_an_empty_regex_is_refused_at_gen_as_in_the_engine(backend, pattern, said):
+    # "regex is empty; it would only allow an empty output", whatever the pattern was; and "" and "\Z" passed
+    # gen() and a cell's check, to be refused only by the engine when the gen ran
+    assert _refused_alike(backend, pattern) == said
+    assert lmnb_gen_takes("^a$") and lmnb_gen_takes("(?:)a")  # (a pattern with text left is taken)
+    import lmnb
+
+    assert lmnb.gen("x", max_tokens=0).params.max_new_tokens == 0  # (the fix offered is one gen() takes)
 
 
 @pytest.mark.parametrize("pattern, where", [("a(b", "missing ), unterminated subpattern at position 1"),

@@ -22,11 +22,11 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup
-from lmnb_engine.constrained.regex_check import check_regex, without_edge_anchors
+from lmnb_engine.constrained.regex_check import check_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
-from lmnb_engine.regex_errors import regex_problem, shown_regex
+from lmnb_engine.regex_errors import empty_pattern_problem, regex_problem, shown_regex, without_edge_anchors
 
 
 class GrammarCache:
@@ -279,10 +279,9 @@ def _automaton_regex(regex: str) -> str:
             fixes are the user's pattern's, not the trimmed one's.
     """
     trimmed = without_edge_anchors(regex)
-    if trimmed == "":
-        dropped = " once its anchors are dropped (the output matches the whole pattern)" if regex else ""
-        raise GrammarError(f"regex {shown_regex(regex)} is empty{dropped}; it would only allow an empty output: "
-                           "give a pattern that matches some text, or no regex")
+    problem = empty_pattern_problem(regex)
+    if problem:
+        raise GrammarError(problem)
     try:
         check_regex(trimmed)
         return automaton_syntax(trimmed)

@@ -134,60 +134,6 @@ def largest_repeat(node, outer: int = 1) -> int:
     return largest
 
 
-def without_edge_anchors(pattern: str) -> str:
-    """``pattern`` without the anchors at its edges: ``^`` or ``\\A`` opening it, or opening any of
-    its top-level alternatives, and ``$`` or ``\\Z`` closing them (``^\\d{3}$``, ``^yes$|^no$``).
-    Constrained output must match the whole pattern, so there they always hold; xgrammar, SGLang's
-    default grammar backend, drops them too, and so do JSON Schema patterns here
-    (``json_string``). Other anchors are left for ``check_regex`` to refuse by name."""
-    flags = re.match(r"(?:\(\?[aiLmsux]+\))+", pattern)  # global inline flags come first: (?i)^yes$
-    head = flags.group() if flags else ""
-    return head + "|".join(_trim_anchors(alt) for alt in _top_level_alternatives(pattern[len(head):]))
-
-
-def _top_level_alternatives(pattern: str) -> list[str]:
-    """``pattern`` split at its ``|`` outside groups, character classes and escapes."""
-    parts, start, depth, i, in_class = [], 0, 0, 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            i += 1
-            i += pattern.startswith("^", i)  # a negation, then a ']' first in the class is literal
-            i += pattern.startswith("]", i)
-            continue
-        elif c in "()":
-            depth += 1 if c == "(" else -1
-        elif c == "|" and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-        i += 1
-    return [*parts, pattern[start:]]
-
-
-def _escaped(text: str, at: int) -> bool:
-    """Whether ``text[at]`` follows an odd run of backslashes (is escaped)."""
-    run = len(text[:at]) - len(text[:at].rstrip("\\"))
-    return run % 2 == 1
-
-
-def _trim_anchors(alternative: str) -> str:
-    while alternative.startswith(("^", "\\A")):
-        alternative = alternative[1 if alternative[0] == "^" else 2:]
-    while True:
-        if alternative.endswith("$") and not _escaped(alternative, len(alternative) - 1):
-            alternative = alternative[:-1]
-        elif alternative.endswith("\\Z") and not _escaped(alternative, len(alternative) - 2):
-            alternative = alternative[:-2]
-        else:
-            return alternative
-
-
 def check_regex(pattern: str) -> None:
     """Raise ``GrammarError`` if ``pattern`` uses a feature a DFA cannot express.
 
