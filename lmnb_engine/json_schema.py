@@ -142,7 +142,7 @@ def _refused_pattern(where: str, pattern: Any) -> str | None:
     (``regex_errors.python_error``, its Unicode classes read as classes), or a Unicode class
     (``\\p{L}``): valid JSON Schema, whose patterns are ECMA's, but jsonschema, whose check every
     output is made to pass, reads a pattern with Python's ``re``, which has no such classes."""
-    from lmnb_engine.regex_errors import UNICODE_CLASS, python_error  # (it imports this module)
+    from lmnb_engine.regex_errors import python_error, unicode_classes  # (it imports this module)
 
     if not isinstance(pattern, str):
         return None
@@ -151,7 +151,7 @@ def _refused_pattern(where: str, pattern: Any) -> str | None:
     if problem:
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
                 f"({problem}); fix the pattern")
-    if not UNICODE_CLASS.search(pattern):
+    if not unicode_classes(pattern):
         return None  # (re's parser recursed too deeply, or a count it cannot hold: re's own words follow)
     return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "
             "schema: its outputs are made to pass jsonschema's check, which reads a pattern with Python's re, and re "
@@ -167,9 +167,9 @@ def _unicode_class_fix(pattern: str) -> str:
     of its characters where that is short (a Unicode block, ``\\p{InGreek}``: ``[\\u0370-\\u03ff]``),
     else as a class of the characters meant; and the whole output constrained with ``regex=``
     instead, only where ``regex=`` takes the pattern (Rust's regex has no Unicode blocks)."""
-    from lmnb_engine.regex_errors import UNICODE_CLASS, pattern_problem
+    from lmnb_engine.regex_errors import pattern_problem, unicode_classes
 
-    spelled = {cls: as_ranges(cls) for cls in dict.fromkeys(m.group(2) for m in UNICODE_CLASS.finditer(pattern))}
+    spelled = {cls: as_ranges(cls) for cls in dict.fromkeys(m.group(2) for m in unicode_classes(pattern))}
     if all(spelled.values()):
         fix = "write " + ", ".join(f"{cls} as {ranges}" for cls, ranges in spelled.items())
     else:

@@ -44,7 +44,7 @@ def error_words(pattern: str, error: re.error) -> str:
     position, unless the message quotes the text holding a class (a class in a group's name,
     ``(?P<\\p{L}>...)``, or after ``(?``): then the class, by its own text, and where it stands."""
     where = f"{error.msg} at position {error.pos}"
-    classes = list(UNICODE_CLASS.finditer(pattern))
+    classes = unicode_classes(pattern)
     if not classes or error.pos is None:
         return where
     try:  # the message quotes held text when it changes with the character that holds the classes
@@ -300,6 +300,19 @@ UNICODE_CLASS_AT = re.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
 UNICODE_CLASS = re.compile(r"(?<!\\)((?:\\\\)*)(" + UNICODE_CLASS_AT.pattern + ")")
 
 
+def unicode_classes(pattern: str) -> list[re.Match]:
+    """The Unicode property classes of ``pattern`` (``UNICODE_CLASS`` matches: the class is group
+    2), but for text in a comment (``(?#\\p{L})``, ``(?#\\p{)}``: Python's comment ends at that
+    ")", so the "}" after it is a literal), which is no class."""
+    found, at, comments = [], 0, _comments(pattern)
+    while (m := UNICODE_CLASS.search(pattern, at)) is not None:
+        comment_end = next((end for start, end in comments if start <= m.start(2) < end), None)
+        if comment_end is None:
+            found.append(m)
+        at = m.end() if comment_end is None else comment_end
+    return found
+
+
 def unbuilt_class_problem(pattern: str) -> str | None:
     """Why ``pattern`` is refused for a Unicode property class the engine's automaton library does
     not build, or None. Python's ``re`` lacks these classes (``\\p{L}``, ``\\P{Lu}``,
@@ -307,7 +320,7 @@ def unbuilt_class_problem(pattern: str) -> str | None:
     grammar backends do, so the language's early check leaves them to the backend. Each class is
     asked of that library itself (``_automaton_reads``): one it cannot build (a Unicode block, the
     ``regex`` package's own names, ``\\p{^Lu}``) is named with the fix (``_unbuilt_class_fix``)."""
-    for m in UNICODE_CLASS.finditer(pattern):
+    for m in unicode_classes(pattern):
         cls = m.group(2)
         if not _automaton_reads(cls):
             return (f"regex {shown_regex(pattern)} uses the class {cls}, which the engine's automaton library (Rust's "
@@ -375,14 +388,33 @@ def _class_range(pattern: str) -> tuple[int, int, int] | None:
 
 
 def _class_items(pattern: str) -> Iterator[list[tuple[int, int]]]:
-    """Per character class of ``pattern``, in order, the (start, end) of each of its items, as
-    Python's parser delimits them: after "[" and an optional "^", a "]" first is a literal, and
-    each item is ``_item_end``'s (an escape whole, a Unicode class whole, whose braces may hold a
-    "["); the class ends at the next "]" (an unclosed one at the pattern's end)."""
+    """Per character class of ``pattern``, in order, the (start, end) of each of its items
+    (``_classes_and_comments``)."""
+    return (items for kind, items in _classes_and_comments(pattern) if kind == "class")
+
+
+def _comments(pattern: str) -> list[tuple[int, int]]:
+    """The (start, end) of each comment ``(?#...)`` in ``pattern`` (``_classes_and_comments``)."""
+    return [span for kind, (span, *_) in _classes_and_comments(pattern) if kind == "comment"]
+
+
+def _classes_and_comments(pattern: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
+    """``pattern``'s character classes and comments, in order, as Python's parser delimits them:
+    ("class", the (start, end) of each of its items) or ("comment", [(start, end)]). In a class,
+    after "[" and an optional "^", a "]" first is a literal, and each item is ``_item_end``'s (an
+    escape whole, a Unicode class whole, whose braces may hold a "["); the class ends at the next
+    "]". A comment, "(?#" outside a class, ends at the next ")" that no backslash escapes (its
+    "[" or "\\p{" is no class). Either, unclosed, ends at the pattern's end."""
     i, n = 0, len(pattern)
     while i < n:
         if pattern[i] == "\\":
             i = _item_end(pattern, i)
+        elif pattern.startswith("(?#", i):
+            start, i = i, i + 3
+            while i < n and pattern[i] != ")":
+                i += 2 if pattern[i] == "\\" else 1
+            i = min(i + 1, n)
+            yield "comment", [(start, i)]
         elif pattern[i] != "[":
             i += 1
         else:
@@ -391,7 +423,7 @@ def _class_items(pattern: str) -> Iterator[list[tuple[int, int]]]:
             while i < n and (not items or pattern[i] != "]"):
                 items.append((i, _item_end(pattern, i)))
                 i = items[-1][1]
-            yield items
+            yield "class", items
             i += 1
 
 
@@ -419,13 +451,15 @@ def _item_end(pattern: str, i: int) -> int:
 
 
 def classes_held(pattern: str, hold: str = "%") -> str:
-    """``pattern`` with each Unicode property class (``UNICODE_CLASS``) held by as many ``hold``
+    """``pattern`` with each Unicode property class (``unicode_classes``) held by as many ``hold``
     characters: what Python's ``re`` can parse, with the rest of the pattern, and every position,
     as they were, so that checks made with ``re`` (``pattern_problem``, the engine's
     ``check_regex`` and ``automaton_syntax``) see the rest of a pattern that has such classes. A
     "%" is a literal outside a class and in one, and no name's character, so a class standing
     where a name does (``(?P<\\p{L}>...)``) is refused (``error_words``)."""
-    return UNICODE_CLASS.sub(lambda m: m.group(1) + hold * len(m.group(2)), pattern)
+    for m in reversed(unicode_classes(pattern)):
+        pattern = pattern[:m.start(2)] + hold * len(m.group(2)) + pattern[m.end(2):]
+    return pattern
 
 
 @functools.lru_cache(maxsize=256)

@@ -844,6 +844,22 @@ def test_a_unicode_class_where_no_class_can_stand_is_named_not_what_held_it(back
     assert "aaa" not in said and "%" not in said
 
 
+def test_a_unicode_class_in_a_comment_is_no_class(backend):
+    # "(?#\p{)})" was refused for "the class \p{)}" (read across the comment's end): Python's comment ends at the
+    # first ")", so the "}" after it is a literal and the last ")" closes no group (position 8, by hand)
+    said = _refused_alike(backend, r"(?#\p{)})")
+    assert said == (r'regex "(?#\\p{)})" cannot be compiled: it is not a valid regular expression (unbalanced '
+                    'parenthesis at position 8); fix the pattern'), said
+    for pattern, text in ((r"(?#\p{)}a", "}a"), (r"(?#\p{)\p{Lu}", "A")):  # (taken, and read as Python reads them)
+        assert lmnb_gen_takes(pattern)
+        assert re.fullmatch(pattern.replace(r"\p{Lu}", "[A-Z]"), text)
+        grammar = backend.compile(regex=pattern)
+        state = grammar.initial_state
+        for b in text.encode():
+            state = grammar.next_state(state, int(backend.vocab.byte_token[b]))
+        assert state is not None and grammar.is_final(state), pattern
+
+
 _EMPTY_FIX = ("; it would only allow an empty output, with no text: give a pattern that matches some text, or no regex "
               "(for no output at all, max_tokens=0)")
 

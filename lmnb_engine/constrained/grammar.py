@@ -58,7 +58,7 @@ from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup, IndexBuildError, build_index
 from lmnb_engine.constrained.regex_check import MAX_NESTING, _c, _p, nesting_depth
 from lmnb_engine.constrained.vocab import END_MARKER, START_MARKER, TokenVocabulary
-from lmnb_engine.regex_errors import UNICODE_CLASS, classes_held, regex_problem, shown_regex
+from lmnb_engine.regex_errors import classes_held, regex_problem, shown_regex, unicode_classes
 
 MAX_FORCED_BYTES = 4096  # a forced chain longer than this is cut (the rest is forced again next step)
 
@@ -263,7 +263,7 @@ def may_hold(regex: str, code: int) -> bool:
     yes). True when Python cannot read the pattern."""
     import regex as regex_package
 
-    for m in UNICODE_CLASS.finditer(regex):
+    for m in unicode_classes(regex):
         try:
             if regex_package.fullmatch(m.group(2), chr(code)):
                 return True
