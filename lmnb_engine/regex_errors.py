@@ -233,7 +233,7 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     n = 1 if pattern[i] == "[" else 2
     escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
     literal = f"{shown_regex(escaped)} to mean the characters"
-    posix = _posix_reading(pattern, i) if n == 1 else None
+    posix = _posix_reading(pattern) if n == 1 else None
     if posix:
         return f"write {shown_regex(posix[0])} for {posix[1]} (ASCII, as the automaton library reads it), or {literal}"
     operation = _set_operation(pattern, i)
@@ -242,26 +242,125 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     return f"write {literal}"
 
 
-def _posix_reading(pattern: str, at: int) -> tuple[str, str] | None:
-    """``pattern`` with each POSIX class in the class whose first item is the "[" at ``at``
-    (``[[:alpha:][:digit:]_]``) written as its characters (``_POSIX``: ``[A-Za-z0-9_]``), and the
-    classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the pattern; None where
-    a name is no known POSIX class (``[:^alpha:]``, ``[:foo:]``) or ``gen()`` refuses the result."""
-    names = []
-    i = at
-    while i < len(pattern) and pattern[i] != "]":  # (pattern[at] is the "[" of the first POSIX class)
-        posix = _POSIX_CLASS.match(pattern, i)
-        if posix is None:
-            i = _item_end(pattern, i)
+def _posix_reading(pattern: str) -> tuple[str, str] | None:
+    """``pattern`` with each character class that holds POSIX classes, as the automaton library
+    (Rust's regex) delimits it (``_rust_classes``), written as the characters that library reads
+    it as, and the POSIX classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the
+    pattern; None where a name is no known POSIX class (``[:foo:]``) or ``gen()`` refuses the
+    result. A class of POSIX classes and single items (``[[:alpha:][:digit:]_]``) has each class
+    written as its characters (``_POSIX``: ``[A-Za-z0-9_]``); one with a negated POSIX class, a
+    nested class or a set operation (``[[:^alpha:]]``, ``[[:alpha:]&&a]``) is written as the
+    characters it holds (``_class_members``)."""
+    names: list[str] = []
+    out, done = [], 0
+    for start, end in _rust_classes(pattern):
+        text = pattern[start:end]
+        posix = list(_POSIX_CLASS.finditer(text))
+        if not posix:
             continue
-        if posix.group(1) not in _POSIX:
+        if any(m.group(1).lstrip("^") not in _POSIX for m in posix):
             return None
-        pattern = pattern[:i] + _POSIX[posix.group(1)] + pattern[posix.end():]
-        names.append(posix.group())
-        i += len(_POSIX[posix.group(1)])
-    if not names or pattern_problem(pattern) is not None:
+        names += [m.group() for m in posix]
+        bare = _POSIX_CLASS.sub("", text[1:-1])  # (what is left beside the POSIX classes)
+        if "[" in bare or re.search(r"&&|--|~~|\[:\^", text):
+            spelled = _class_members(_POSIX_CLASS.sub(_posix_set, text))
+        else:
+            spelled = _POSIX_CLASS.sub(lambda m: _POSIX[m.group(1)], text)
+        if spelled is None:
+            return None
+        out += [pattern[done:start], spelled]
+        done = end
+    fixed = "".join(out) + pattern[done:]
+    if not names or pattern_problem(fixed) is not None:
         return None
-    return pattern, ", ".join(dict.fromkeys(names))
+    return fixed, ", ".join(dict.fromkeys(names))
+
+
+def _posix_set(m: re.Match) -> str:
+    """The POSIX class ``m`` (``[:alpha:]``, ``[:^alpha:]``) as a nested set the ``regex`` package reads."""
+    name = m.group(1)
+    return f"[^{_POSIX[name[1:]]}]" if name.startswith("^") else f"[{_POSIX[name]}]"
+
+
+def _rust_classes(pattern: str) -> Iterator[tuple[int, int]]:
+    """The (start, end) of each outermost character class of ``pattern`` as Rust's regex delimits
+    it: a "[" inside it opens a nested class (a POSIX class ``[:name:]`` is one item), a "]" first
+    (after "[" or "[^") is a literal, and an escape is one item (``_item_end``). A comment
+    ``(?#...)`` is skipped as Python's parser skips it; an unclosed class ends the walk."""
+    comments = dict(_comments(pattern))
+    i, n = 0, len(pattern)
+    while i < n:
+        if i in comments:
+            i = comments[i]
+        elif pattern[i] == "\\":
+            i = _item_end(pattern, i)
+        elif pattern[i] != "[":
+            i += 1
+        else:
+            start, depth = i, 0
+            while i < n:
+                if pattern[i] == "[" and depth and _POSIX_CLASS.match(pattern, i):
+                    i = _POSIX_CLASS.match(pattern, i).end()
+                elif pattern[i] == "[":
+                    depth += 1
+                    i += 1 + pattern.startswith("^", i + 1)
+                    i += pattern.startswith("]", i)
+                elif pattern[i] == "]":
+                    depth -= 1
+                    i += 1
+                    if depth == 0:
+                        break
+                else:
+                    i = _item_end(pattern, i)
+            if depth:
+                return
+            yield start, i
+
+
+# A class is offered as its characters when it makes at most this many ranges.
+_MAX_MEMBER_RANGES = 8
+
+
+def _class_members(cls: str) -> str | None:
+    """The class ``cls`` (with nested classes and set operations: ``[[A-Za-z]&&a]``) as a class of
+    the characters the ``regex`` package's version 1 reads it to hold, which is Rust's reading of
+    such a class: ranges of them (``[a]``), or a negated class of the rest where that is shorter
+    (``[^A-Za-z]``); None where that package cannot read it or it takes more than
+    ``_MAX_MEMBER_RANGES`` ranges. Surrogates, which no text holds, are left out of the ranges."""
+    import regex
+
+    try:
+        runs = regex.compile(f"(?V1)(?:{cls})+")
+    except regex.error:
+        return None
+    every = "".join(map(chr, range(0x110000)))  # (the index of a character is its code point)
+    inside = [(m.start(), m.end()) for m in runs.finditer(every)]
+    outside = [(lo, hi) for lo, hi in zip([0] + [e for _, e in inside], [s for s, _ in inside] + [0x110000]) if lo < hi]
+    forms = [_ranges(inside, ""), _ranges(outside, "^")]
+    forms = [form for form in forms if form is not None]
+    return min(forms, key=len) if forms else None
+
+
+def _ranges(spans: list[tuple[int, int]], negation: str) -> str | None:
+    """A class of the code points in ``spans`` (``[lo, hi)`` pairs), cut around the surrogates,
+    each written as both Python's ``re`` and Rust's regex read it; None beyond ``_MAX_MEMBER_RANGES``
+    ranges or for no code point."""
+    cut = [(lo, hi - 1) for start, end in spans
+           for lo, hi in ((start, min(end, 0xD800)), (max(start, 0xE000), end)) if lo < hi]
+    if not cut or len(cut) > _MAX_MEMBER_RANGES:
+        return None
+    return f"[{negation}" + "".join(_spelled(lo) if lo == hi else f"{_spelled(lo)}-{_spelled(hi)}" for lo, hi in cut) + "]"
+
+
+def _spelled(code: int) -> str:
+    """One character in a class: an ASCII letter or digit as itself, other printable ASCII escaped
+    where a class would read it otherwise, the rest as a ``\\x``, ``\\u`` or ``\\U`` escape."""
+    ch = chr(code)
+    if ch.isascii() and ch.isalnum():
+        return ch
+    if 0x20 < code < 0x7F:
+        return "\\" + ch if ch in "\\]^-[&~|" else ch
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 _POSIX_CLASS = re.compile(r"\[:(\^?\w+):\]")

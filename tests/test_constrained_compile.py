@@ -762,6 +762,39 @@ def test_the_engine_names_an_anchored_pattern_as_the_user_wrote_it(backend):
     assert str(e.value).startswith(r'regex "^a\\bb$" uses a word boundary'), str(e.value)
 
 
+def _rust_matches(pattern, alphabet, length):
+    """The strings of ``length`` characters of ``alphabet`` the automaton library (Rust's regex) matches whole."""
+    from outlines_core import Index, Vocabulary
+
+    index = Index(pattern, Vocabulary(999, {c.encode(): [i] for i, c in enumerate(alphabet)}))
+    found = set()
+    for chars in itertools.product(range(len(alphabet)), repeat=length):
+        state = index.get_initial_state()
+        for i in chars:
+            state = None if state is None else index.get_next_state(state, i)
+        if state is not None and index.is_final_state(state):
+            found.add("".join(alphabet[i] for i in chars))
+    return found
+
+
+@pytest.mark.parametrize("pattern, fix, names, length", [
+    ("[[:alpha:]][[:digit:]]", "[A-Za-z][0-9]", "[:alpha:], [:digit:]", 2),  # (two blocks: one rewrite of both)
+    ("[[:alpha:]&&a]", "[a]", "[:alpha:]", 1),  # (Rust's intersection: "a" alone)
+    ("[[:^alpha:]]", "[^A-Za-z]", "[:^alpha:]", 1),  # (Rust's negated POSIX class)
+    ("x[[:alpha:]--[a-f]]", "x[A-Zg-z]", "[:alpha:]", 2),  # (Rust's difference)
+])
+def test_a_posix_class_in_a_set_operation_or_beside_another_gets_a_rewrite_that_works(backend, pattern, fix, names,
+                                                                                     length):
+    # only the first block was read ("[A-Za-z][[:digit:]]" still refused, so no rewrite was offered), and a
+    # negated POSIX class or a set operation got only the literal rewrite, which still holds "&&"
+    said = _refused_alike(backend, pattern)
+    assert f"; write {json.dumps(fix)} for {names} (ASCII, as the automaton library reads it), or " in said, said
+    assert lmnb_gen_takes(fix)
+    alphabet = "xaAfgzZ09:_-&[]^ \t"
+    strings = {"".join(p) for p in itertools.product(alphabet, repeat=length)}
+    assert _rust_matches(pattern, alphabet, length) == {t for t in strings if re.fullmatch(fix, t)}
+
+
 def lmnb_gen_takes(pattern):
     import lmnb
 
