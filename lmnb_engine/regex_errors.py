@@ -494,7 +494,7 @@ def _class_items(pattern: str) -> Iterator[list[tuple[int, int]]]:
 
 def _comments(pattern: str) -> list[tuple[int, int]]:
     """The (start, end) of each comment ``(?#...)`` in ``pattern`` (``_classes_and_comments``)."""
-    return [span for kind, (span, *_) in _classes_and_comments(pattern) if kind == "comment"]
+    return [spans[0] for kind, spans in _classes_and_comments(pattern) if kind == "comment"]
 
 
 def _classes_and_comments(pattern: str) -> Iterator[tuple[str, list[tuple[int, int]]]]:
