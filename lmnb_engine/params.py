@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional
 
 from lmnb_engine.json_schema import SHOWN_CHARS, TOO_DEEP, json_value
-from lmnb_engine.regex_errors import python_error, shown_regex
+from lmnb_engine.regex_errors import python_error, shown_regex, stop_posix_problem
 from lmnb_engine.tokenizer import lone_surrogate_problem
 
 
@@ -331,7 +331,9 @@ def stop_regex_problem(value: Any) -> str | None:
     A pattern must compile in the ``regex`` package (whose partial matching holds streamed text
     back; its error is told in Python's ``re``'s words and place where ``re`` refuses the pattern
     too, as a ``regex`` constraint's is: ``regex_errors.python_error``) and must not match the
-    empty string, which would stop before the first token. The
+    empty string, which would stop before the first token, nor hold a POSIX class
+    (``[[:alpha:]]``: ``regex_errors.stop_posix_problem``), which that package and Python's ``re``
+    read two ways. The
     language's ``gen(stop_regex=...)`` and the cell parser ask the same question before anything runs.
     """
     if value is None:
@@ -351,6 +353,9 @@ def stop_regex_problem(value: Any) -> str | None:
             compiled = regex.compile(pattern)
         except regex.error as e:  # (in re's words and place where re refuses it too, as a regex= error)
             return f"{shown_regex(pattern)} is not a valid regular expression ({python_error(pattern) or e}); fix the pattern"
+        problem = stop_posix_problem(pattern)
+        if problem:
+            return problem
         if compiled.search("") is not None:
             return (f"{shown_regex(pattern)} matches the empty string, so it would stop before the first token; "
                     "make it match at least one character")

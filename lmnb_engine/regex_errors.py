@@ -242,10 +242,11 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     return f"write {literal}"
 
 
-def _posix_reading(pattern: str) -> tuple[str, str] | None:
-    """``pattern`` with each character class that holds POSIX classes, as the automaton library
-    (Rust's regex) delimits it (``_rust_classes``), written as the characters that library reads
-    it as, and the POSIX classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the
+def _posix_reading(pattern: str, anywhere: bool = False) -> tuple[str, str] | None:
+    """``pattern`` with each character class that opens with a POSIX class (which Python's ``re``
+    flags as a possible nested set; with ``anywhere``, each that holds one, as the ``regex``
+    package reads a stop pattern), as the automaton library (Rust's regex) delimits it
+    (``_rust_classes``), written as the characters that library reads it as, and the POSIX classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the
     pattern; None where a name is no known POSIX class (``[:foo:]``) or ``gen()`` refuses the
     result. A class of POSIX classes and single items (``[[:alpha:][:digit:]_]``) has each class
     written as its characters (``_POSIX``: ``[A-Za-z0-9_]``); one with a negated POSIX class, a
@@ -256,8 +257,8 @@ def _posix_reading(pattern: str) -> tuple[str, str] | None:
     for start, end in _rust_classes(pattern):
         text = pattern[start:end]
         posix = list(_POSIX_CLASS.finditer(text))
-        if not posix:
-            continue
+        if not posix or not (anywhere or _POSIX_CLASS.match(text, 1 + text.startswith("[^"))):
+            continue  # (a "[" after a class's first item is a literal to Python, and to the engine)
         if any(m.group(1).lstrip("^") not in _POSIX for m in posix):
             return None
         names += [m.group() for m in posix]
@@ -274,6 +275,26 @@ def _posix_reading(pattern: str) -> tuple[str, str] | None:
     if not names or pattern_problem(fixed) is not None:
         return None
     return fixed, ", ".join(dict.fromkeys(names))
+
+
+def stop_posix_problem(pattern: str) -> str | None:
+    """Why the ``stop_regex`` ``pattern`` is refused for a POSIX class in a character class
+    (``[[:alpha:]]``, ``[a[:alpha:]]``), or None: the stop matcher (the ``regex`` package) reads it
+    as a class of Unicode characters, Python's ``re`` as literal characters (where it opens the
+    class, ``regex=`` refuses it as ambiguous: ``ambiguous_class``). The message names the class and
+    offers its ASCII characters (``_posix_reading``), as ``regex=`` does, then the literal reading. A POSIX class is found
+    where an item of a class, as Python's parser delimits them (``_class_items``), opens one."""
+    for items in _class_items(pattern):
+        posix = next((m for start, _ in items if (m := _POSIX_CLASS.match(pattern, start))), None)
+        if posix:
+            i = posix.start()
+            literal = shown_regex(pattern[:i] + "\\" + pattern[i:])
+            fix = _posix_reading(pattern, anywhere=True)
+            offer = f"write {shown_regex(fix[0])} for its ASCII characters, or " if fix else "write "
+            return (f"{shown_regex(pattern)} holds the POSIX class {posix.group()} at position {i}, which the stop "
+                    "matcher (the regex package) reads as a class of Unicode characters, and Python's re as literal "
+                    f"characters; {offer}{literal} to mean the characters")
+    return None
 
 
 def _posix_set(m: re.Match) -> str:

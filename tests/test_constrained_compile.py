@@ -18,6 +18,7 @@ import threading
 import time
 import typing
 import uuid
+import warnings
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -795,6 +796,14 @@ def test_a_posix_class_in_a_set_operation_or_beside_another_gets_a_rewrite_that_
     assert _rust_matches(pattern, alphabet, length) == {t for t in strings if re.fullmatch(fix, t)}
 
 
+def test_a_posix_rewrite_leaves_a_bracket_inside_a_class_as_python_reads_it(backend):
+    # Python (and the engine, which respells a class as Python reads it) takes the "[" of "[a[:digit:]]" as a literal,
+    # unflagged; only the class it flags, opening with "[:alpha:]", is the ambiguity, and only it is rewritten
+    said = _refused_alike(backend, "[[:alpha:]]x[a[:digit:]]")
+    assert '; write "[A-Za-z]x[a[:digit:]]" for [:alpha:] (ASCII, as the automaton library reads it), or ' in said, said
+    assert lmnb_gen_takes("[A-Za-z]x[a[:digit:]]")
+
+
 def lmnb_gen_takes(pattern):
     import lmnb
 
@@ -925,6 +934,39 @@ def test_a_stop_regex_error_is_placed_as_a_regex_error(pattern, where):
     with pytest.raises(ValueError) as constraint:
         lmnb.gen("x", regex=pattern)
     assert f"({where})" in str(stop.value) and f"({where})" in str(constraint.value), (str(stop.value), str(constraint.value))
+
+
+@pytest.mark.parametrize("pattern, at, fix, literal, unicode", [
+    ("[[:alpha:]]", 1, "[A-Za-z]", r"[\\[:alpha:]]", "é"),
+    ("x[a[:^digit:]]+", 3, "x[^0-9]+", r"x[a\\[:^digit:]]+", "xé"),  # (a, or not a digit: not a digit)
+])
+def test_a_stop_regex_with_a_posix_class_is_refused_as_a_regex_is(backend, pattern, at, fix, literal, unicode):
+    # stop_regex="[[:alpha:]]" was taken, and stopped at Unicode letters (the regex package's POSIX class), where
+    # Python's re reads literal characters and regex= refuses it for that ambiguity, offering the ASCII class;
+    # "x[a[:^digit:]]+": no digit to the regex package (a Unicode class), "x", "a", "[", ":" ... to Python
+    import lmnb
+    from lmnb.template.options import check_literal
+    from lmnb_engine.params import SamplingParams
+
+    name = pattern[at:pattern.index(":]", at) + 2]
+    said = (f"{json.dumps(pattern)} holds the POSIX class {name} at position {at}, which the stop matcher (the regex "
+            "package) reads as a class of Unicode characters, and Python's re as literal characters; write "
+            f"{json.dumps(fix)} for its ASCII characters, or {json.dumps(literal.replace(chr(92) * 2, chr(92)))} to mean "
+            "the characters")
+    with pytest.raises(ValueError) as at_gen:
+        lmnb.gen("x", stop_regex=pattern)
+    assert str(at_gen.value) == f"gen(stop_regex={json.dumps(pattern)}) is invalid: {said}"
+    assert check_literal("gen", "stop_regex", pattern) == f"stop_regex {said}"
+    with pytest.raises(ValueError, match=re.escape(said)):
+        SamplingParams(stop_regex=pattern).validate()
+    # the three readings the message names, and the fixes taken
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (re's "Possible nested set")
+        assert regex_module.search(pattern, unicode) and not re.search(pattern, unicode)
+    for taken in (fix, literal.replace(chr(92) * 2, chr(92))):
+        assert lmnb.gen("x", stop_regex=taken).params.stop_regex == taken
+    assert lmnb_gen_takes(fix)
+    assert lmnb.gen("x", stop_regex="[a&&b]").params.stop_regex == "[a&&b]"  # (re and the regex package agree)
 
 
 def test_a_repeat_count_above_what_python_reads_is_worded_at_gen_not_raised(backend):
