@@ -71,7 +71,7 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
-        refused = _refused_pattern(where, e.instance) if "is not a 'regex'" in e.message else None
+        refused = _refused_pattern(where, e.instance, ecma=not patterns) if "is not a 'regex'" in e.message else None
         if refused:
             raise ValueError(refused) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
@@ -92,42 +92,80 @@ def _syntax_checker():
 
 
 # Python's ``re`` errors (``re.error.msg``, its start) that ECMA 262, JSON Schema's own pattern
-# dialect, raises too (unbalanced parentheses, a repeat of nothing or of a repeat, {2,1}, [z-a]):
-# others are ECMA syntax that Python lacks ([^], \\k<name>, \\cA), which a backend may read.
+# dialect, raises too (unbalanced parentheses, a repeat of nothing or of a repeat, {2,1}, [z-a], an
+# unclosed class), once ECMA's own syntax is spelled as Python reads it (``_ecma_as_python``):
+# others are ECMA syntax that Python lacks, which a backend may read.
 _ERRORS_OF_EVERY_DIALECT = ("missing )", "unbalanced parenthesis", "nothing to repeat", "multiple repeat",
-                            "min repeat greater than max repeat", "bad character range")
+                            "min repeat greater than max repeat", "bad character range", "unterminated character set")
+
+_ECMA_GROUP_NAME = re.compile(r"\(\?<([A-Za-z_$][\w$]*)>")
+_ECMA_BACKREFERENCE = re.compile(r"\\k<([A-Za-z_$][\w$]*)>")
+_ECMA_CONTROL = re.compile(r"\\c[A-Za-z]")
 
 
-# ECMA's "[]" (no character) and "[^]" (any character): Python's re and the regex package read the
-# "]" as the class's first character instead, so a later "]" or ")" moves and a valid pattern
-# (^<([^]*?)>$) reads as "missing )"; such a pattern is left to the backend
-_ECMA_EMPTY_CLASS = re.compile(r"\[\^?\]")
+def _ecma_as_python(pattern: str) -> str:
+    """``pattern`` with the ECMA 262 syntax that Python's ``re`` lacks or reads otherwise spelled
+    as text of the same length that ``re`` reads as the same kind of syntax, so that ``re`` finds
+    the errors after it, at their own positions: a named group ``(?<year>`` as a group and a
+    comment, ``((?#ear)``; a back-reference ``\\k<n>`` and a control escape ``\\cA`` as a
+    comment and a character (``(?#n)``, ``\\01``; in a class, ``\\cZ`` as its own code, ``\\32``); the empty class ``[]`` and the class of any
+    character ``[^]`` (to Python, a "]" first in a class is a member) as a character and a class
+    (``\\a``, ``[a]``). Only the syntax is kept, not what it matches."""
+    out, i, n, in_class = [], 0, len(pattern), False
+    while i < n:
+        group = None if in_class else _ECMA_GROUP_NAME.match(pattern, i)
+        reference = None if in_class else _ECMA_BACKREFERENCE.match(pattern, i)
+        if group:
+            out.append("((?#" + group.group(1)[1:] + ")")
+            i = group.end()
+        elif reference:
+            out.append("(?#" + reference.group(1) + ")")
+            i = reference.end()
+        elif _ECMA_CONTROL.match(pattern, i):  # (in a class, its own code, in octal: it may end a range)
+            out.append(f"\\{ord(pattern[i + 2]) % 32:02o}" if in_class else "\\01")
+            i += 3
+        elif pattern[i] == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+        elif in_class:
+            in_class = pattern[i] != "]"
+            out.append(pattern[i])
+            i += 1
+        elif pattern.startswith(("[]", "[^]"), i):
+            empty = pattern.startswith("[]", i)
+            out.append("\\a" if empty else "[a]")
+            i += 2 if empty else 3
+        else:
+            in_class = pattern[i] == "["
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
 
 
 def _no_dialect_reads(pattern: str) -> bool:
-    """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: one of
-    ``_ERRORS_OF_EVERY_DIALECT`` for Python's ``re`` (its Unicode classes read as classes, as
-    ``regex_errors.python_error`` reads them), and an error for the ``regex`` package too, which
-    reads more (``[\\d-z]``, ``(?<name>...)``): ``a(b``. A pattern too deep or too large for
-    either to tell is taken; the backend has the last word on it."""
+    """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: once its
+    ECMA syntax is spelled as Python's (``_ecma_as_python``), one of ``_ERRORS_OF_EVERY_DIALECT``
+    for Python's ``re`` (its Unicode classes read as classes, as ``regex_errors.python_error``
+    reads them), and an error for the ``regex`` package too, which reads more (``[\\d-z]``):
+    ``a(b``, ``(?<year>\\d{4})-(\\d{2}``, ``[a``. A pattern too deep or too large for either to
+    tell is taken; the backend has the last word on it."""
     import warnings
 
     import regex
 
     from lmnb_engine.regex_errors import classes_held  # (it imports this module)
 
-    if _ECMA_EMPTY_CLASS.search(pattern):  # (ECMA's empty classes, which both Python dialects misread)
-        return False
+    spelled = _ecma_as_python(pattern)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                re.compile(classes_held(pattern))
+                re.compile(classes_held(spelled))
                 return False
             except re.error as e:
                 if not e.msg.startswith(_ERRORS_OF_EVERY_DIALECT):
                     return False
-            regex.compile(pattern)
+            regex.compile(spelled)
     except regex.error:
         return True
     except (RecursionError, OverflowError):
@@ -135,19 +173,21 @@ def _no_dialect_reads(pattern: str) -> bool:
     return False
 
 
-def _refused_pattern(where: str, pattern: Any) -> str | None:
+def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None:
     """Why the schema's ``pattern`` (at ``where``, e.g. ``#/properties/a/pattern``), which the
     meta-schema's ``regex`` format check refused, cannot be taken, or None where that is not
     known: a syntax error, worded and placed as a ``regex`` constraint's
     (``regex_errors.python_error``, its Unicode classes read as classes), or a Unicode class
     (``\\p{L}``): valid JSON Schema, whose patterns are ECMA's, but jsonschema, whose check every
-    output is made to pass, reads a pattern with Python's ``re``, which has no such classes."""
+    output is made to pass, reads a pattern with Python's ``re``, which has no such classes.
+    ``ecma``: the error is found once its ECMA syntax is spelled as Python's (``_ecma_as_python``,
+    which keeps positions), as ``_no_dialect_reads`` found it."""
     from lmnb_engine.regex_errors import python_error, unicode_classes  # (it imports this module)
 
     if not isinstance(pattern, str):
         return None
     shown = json_value(pattern, SHOWN_CHARS)
-    problem = python_error(pattern)
+    problem = python_error(_ecma_as_python(pattern) if ecma else pattern)
     if problem:
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
                 f"({problem}); fix the pattern")

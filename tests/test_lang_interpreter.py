@@ -91,6 +91,29 @@ def test_gen_refuses_a_schema_pattern_no_regex_dialect_reads():
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
 
 
+@pytest.mark.parametrize("pattern, error", [
+    (r"(?<year>\d{4})-(\d{2}", "missing ), unterminated subpattern at position 15"),  # (the second group, unclosed)
+    ("[a", "unterminated character set at position 0"),
+    (r"\k<n>(", "missing ), unterminated subpattern at position 5"),
+    ("[^](", "missing ), unterminated subpattern at position 3"),
+    (r"x[\x1f-\cZ]", "bad character range \\x-\\3 at position 5"),  # (31 to 26: Python's own words for it)
+])
+def test_gen_finds_a_schema_patterns_fatal_error_after_ecma_syntax(pattern, error):
+    """A schema pattern's first Python error was ECMA syntax (the named group "(?<year>"), so the check
+    stopped there and took it, and a later error every dialect makes (an unclosed group) surfaced only
+    when the gen ran; an unclosed class "[a" was taken too. ECMA's syntax is now read as such, and the
+    error after it is named where it stands in the pattern."""
+    def schema(pattern):
+        return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema(pattern))
+    assert str(e.value) == (f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
+                            f"it is not a valid regular expression ({error}); fix the pattern")
+    for read in (r"(?<year>\d{4})-(\d{2})", r"[\x05-\cZ]", "[]]", r"(?<n>[a-z])\k<n>[^]"):  # (valid ECMA, taken)
+        assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
+
+
 def test_gen_checks_one_json_schema_once_however_often_it_is_called_with_it(monkeypatch):
     """gen(json_schema=...) ran the meta-schema check at every call (since 4fbd604): a program body
     runs its gen() once per run_batch item, and the check of a schema of some dozens of properties
