@@ -108,9 +108,10 @@ def _ecma_as_python(pattern: str) -> str:
     as text of the same length that ``re`` reads as the same kind of syntax, so that ``re`` finds
     the errors after it, at their own positions: a named group ``(?<year>`` as a group and a
     comment, ``((?#ear)``; a back-reference ``\\k<n>`` and a control escape ``\\cA`` as a
-    comment and a character (``(?#n)``, ``\\01``; in a class, ``\\cZ`` as its own code, ``\\32``); the empty class ``[]`` and the class of any
-    character ``[^]`` (to Python, a "]" first in a class is a member) as a character and a class
-    (``\\a``, ``[a]``). Only the syntax is kept, not what it matches."""
+    comment and a character (``(?#n)``, ``\\01``; in a class, ``\\cZ`` as its own code, ``\\32``);
+    the empty class ``[]`` and the class of any character ``[^]`` (to Python, a "]" first in a
+    class is a member) as a character and a class (``\\a``, ``[a]``). Only the syntax is kept,
+    not what it matches."""
     out, i, n, in_class = [], 0, len(pattern), False
     while i < n:
         group = None if in_class else _ECMA_GROUP_NAME.match(pattern, i)

@@ -96,10 +96,10 @@ def regex_problem(pattern: Any) -> str | None:
 
 def pattern_problem(pattern: str) -> str | None:
     """Why the pattern ``pattern`` is refused, or None: an empty pattern (``empty_pattern_problem``),
-    a Unicode class the automaton library does not build (``unbuilt_class_problem``) or at an end of a range (``class_range_problem``), a
-    class Python's ``re`` flags as ambiguous (``ambiguous_class``), a syntax error
-    (``invalid_regex``), a repeat count above what ``re`` reads, or parentheses nested too
-    deeply for its parser, which recurses once per level (some hundreds of levels). The pattern
+    a Unicode class the automaton library does not build (``unbuilt_class_problem``) or at an end
+    of a range (``class_range_problem``), a class Python's ``re`` flags as ambiguous
+    (``ambiguous_class``), a syntax error (``invalid_regex``), a repeat count above what ``re``
+    reads, or parentheses nested too deeply for its parser, which recurses once per level (some hundreds of levels). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is."""
     problem = empty_pattern_problem(pattern) or unbuilt_class_problem(pattern) or class_range_problem(pattern)
@@ -129,7 +129,8 @@ def without_edge_anchors(pattern: str) -> str:
     its top-level alternatives, and ``$`` or ``\\Z`` closing them (``^\\d{3}$``, ``^yes$|^no$``).
     Constrained output must match the whole pattern, so there they always hold; xgrammar, SGLang's
     default grammar backend, drops them too, and so do JSON Schema patterns here
-    (``constrained.json_string``). Other anchors are left for the engine's ``constrained.regex_check.check_regex`` to refuse by name."""
+    (``constrained.json_string``). Other anchors are left for the engine's
+    ``constrained.regex_check.check_regex`` to refuse by name."""
     flags = re.match(r"(?:\(\?[aiLmsux]+\))+", pattern)  # global inline flags come first: (?i)^yes$
     head = flags.group() if flags else ""
     return head + "|".join(_trim_anchors(alt) for alt in _top_level_alternatives(pattern[len(head):]))
@@ -246,12 +247,13 @@ def _posix_reading(pattern: str, anywhere: bool = False) -> tuple[str, str] | No
     """``pattern`` with each character class that opens with a POSIX class (which Python's ``re``
     flags as a possible nested set; with ``anywhere``, each that holds one, as the ``regex``
     package reads a stop pattern), as the automaton library (Rust's regex) delimits it
-    (``_rust_classes``), written as the characters that library reads it as, and the POSIX classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the
-    pattern; None where a name is no known POSIX class (``[:foo:]``) or ``gen()`` refuses the
-    result. A class of POSIX classes and single items (``[[:alpha:][:digit:]_]``) has each class
-    written as its characters (``_POSIX``: ``[A-Za-z0-9_]``); one with a negated POSIX class, a
-    nested class or a set operation (``[[:^alpha:]]``, ``[[:alpha:]&&a]``) is written as the
-    characters it holds (``_class_members``)."""
+    (``_rust_classes``), written as the characters that library reads it as, and the POSIX
+    classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the pattern; None where
+    a name is no known POSIX class (``[:foo:]``) or ``gen()`` refuses the result. A class of
+    POSIX classes and single items (``[[:alpha:][:digit:]_]``) has each class written as its
+    characters (``_POSIX``: ``[A-Za-z0-9_]``); one with a negated POSIX class, a nested class or a
+    set operation (``[[:^alpha:]]``, ``[[:alpha:]&&a]``) is written as the characters it holds
+    (``_class_members``)."""
     names: list[str] = []
     out, done = [], 0
     for start, end in _rust_classes(pattern):
@@ -282,8 +284,9 @@ def stop_posix_problem(pattern: str) -> str | None:
     (``[[:alpha:]]``, ``[a[:alpha:]]``), or None: the stop matcher (the ``regex`` package) reads it
     as a class of Unicode characters, Python's ``re`` as literal characters (where it opens the
     class, ``regex=`` refuses it as ambiguous: ``ambiguous_class``). The message names the class and
-    offers its ASCII characters (``_posix_reading``), as ``regex=`` does, then the literal reading. A POSIX class is found
-    where an item of a class, as Python's parser delimits them (``_class_items``), opens one."""
+    offers its ASCII characters (``_posix_reading``), as ``regex=`` does, then the literal reading.
+    A POSIX class is found where an item of a class, as Python's parser delimits them
+    (``_class_items``), opens one."""
     for items in _class_items(pattern):
         posix = next((m for start, _ in items if (m := _POSIX_CLASS.match(pattern, start))), None)
         if posix:
@@ -370,7 +373,8 @@ def _ranges(spans: list[tuple[int, int]], negation: str) -> str | None:
            for lo, hi in ((start, min(end, 0xD800)), (max(start, 0xE000), end)) if lo < hi]
     if not cut or len(cut) > _MAX_MEMBER_RANGES:
         return None
-    return f"[{negation}" + "".join(_spelled(lo) if lo == hi else f"{_spelled(lo)}-{_spelled(hi)}" for lo, hi in cut) + "]"
+    items = (_spelled(lo) if lo == hi else f"{_spelled(lo)}-{_spelled(hi)}" for lo, hi in cut)
+    return f"[{negation}" + "".join(items) + "]"
 
 
 def _spelled(code: int) -> str:

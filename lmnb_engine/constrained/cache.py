@@ -288,4 +288,5 @@ def _automaton_regex(regex: str) -> str:
     except GrammarError as e:
         if trimmed == regex:
             raise
-        raise GrammarError(regex_problem(regex) or str(e).replace(shown_regex(trimmed), shown_regex(regex), 1)) from None
+        named = str(e).replace(shown_regex(trimmed), shown_regex(regex), 1)
+        raise GrammarError(regex_problem(regex) or named) from None
