@@ -102,6 +102,12 @@ def _help(parser, words: list[str]) -> str | None:
     return (subcommand or parser).format_help()
 
 
+def _help_word(words: list[str]) -> list[str]:
+    """``%lm help [SUBCOMMAND]`` spelt as ``%lm [SUBCOMMAND] --help``: a first try at the magic, and
+    the word other tools' help goes by, which was refused as an invalid subcommand."""
+    return words[1:] + ["--help"] if words[:1] == ["help"] else words
+
+
 def _suggest_subcommand(message: str, parser, words: list[str]) -> str:
     """argparse's ``message`` for a ``%lm`` line, with "did you mean" for a misspelt subcommand
     (``%lm stat``) or option of one (``%lm load --devise``), as ``%%lm`` options and gen options
@@ -178,7 +184,7 @@ class LMMagics(Magics):
     # -- %lm ------------------------------------------------------------------------------------
     def run_command(self, line: str) -> None:
         """Run one ``%lm SUBCOMMAND`` line (``--help``/``-h`` anywhere prints the options)."""
-        words = _split(line)
+        words = _help_word(_split(line))
         shown = _help(line_parser(), words)
         if shown is not None:
             if words[0].startswith("-"):  # %lm --help: also the cell options, which %%lm --help alone

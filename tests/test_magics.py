@@ -1209,6 +1209,14 @@ def test_line_magic_help_also_lists_the_cell_options(ip):
     assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout
 
 
+def test_help_subcommand_shows_the_help(ip):
+    """`%lm help` was "invalid choice: 'help'"; it is `%lm --help`, and `%lm help load` is `%lm load --help`."""
+    result, out = run(ip, "%lm help")
+    assert result.success and "SUBCOMMAND" in out.stdout and "Cells: %%lm [options]" in out.stdout, out.stderr
+    result, out = run(ip, "%lm help load")
+    assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout, out.stderr
+
+
 def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_error(ip):
     # the cell error was one line, so a function defined in another cell and called from a hole or
     # an --python body failed with no hint of where inside it (found by a review helper)
