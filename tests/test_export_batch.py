@@ -1859,3 +1859,19 @@ def test_the_iconv_command_for_a_utf16_file_quotes_a_name_with_spaces(tmp_path):
         list(read_rows(rows))
     assert str(refused.value) == (f"{rows} is UTF-16 text, not UTF-8; save it again as UTF-8 (e.g. iconv -f UTF-16 "
                                   f"-t UTF-8 '{tmp_path}/My Rows.csv' > '{tmp_path}/My Rows-utf8.csv')")
+
+
+def test_a_csv_quote_never_closed_is_a_bad_row_not_the_rest_of_the_file_in_one_value(tmp_path):
+    """A stray opening quote read every later line into that row's value (the rows there never ran,
+    without a word), and text after a closing quote ('"Cira, Jr" x') was kept without its quotes."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text('question\nfirst\n"Cira, Jr" x\nok\n"stray\nsecond\nthird\n', encoding="utf-8")
+    got = [(r.index, r.line, r.fields, r.error) for r in read_rows(rows)]
+    assert got == [
+        (0, 2, {"question": "first"}, None),
+        (1, 3, None, "line 3: malformed CSV: ',' expected after '\"' (text after a closing quote): quote the whole "
+                     'value, writing a quote inside it as ""'),
+        (2, 4, {"question": "ok"}, None),
+        (3, 5, None, "line 5: malformed CSV: a quote opened in this row is never closed: lines 5-7, to the end of "
+                     'the file, are inside it; close the quoted value, or write a quote inside it as ""'),
+    ]

@@ -169,7 +169,10 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
     # text, and each later line of the field read as a row of its own.
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     with open(path, "rb") as f:
-        reader = csv.reader(_decoded_lines(f, path), delimiter=delimiter)
+        # strict: a quote opened and never closed took every later line into one value, and the
+        # rows there silently never ran; a quoted value with text after its closing quote lost the
+        # quote. Each is a bad_input row instead.
+        reader = csv.reader(_decoded_lines(f, path), delimiter=delimiter, strict=True)
         try:
             header = next(reader, None)
         except csv.Error as e:
@@ -188,7 +191,7 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
                 return
             except csv.Error as e:
                 end = reader.line_num
-                yield InputRow(index, start, None, f"line {start}: malformed CSV: {e}")
+                yield InputRow(index, start, None, f"line {start}: malformed CSV: {_csv_hint(e, start, end)}")
                 index += 1
                 continue
             end = reader.line_num
@@ -203,6 +206,17 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
             else:
                 yield InputRow(index, start, dict(zip(header, record)))
             index += 1
+
+
+def _csv_hint(error: csv.Error, start: int, end: int) -> str:
+    """csv's ``error`` for the row on lines ``start``..``end``, with what to change in the file."""
+    if str(error) == "unexpected end of data":  # (csv's words for a quote still open at the end)
+        rest = f"lines {start}-{end}" if end > start else f"line {start}"
+        return (f"a quote opened in this row is never closed: {rest}, to the end of the file, are inside it; "
+                'close the quoted value, or write a quote inside it as ""')
+    if "expected after" in str(error):  # ('"a"b': text after a closing quote)
+        return f'{error} (text after a closing quote): quote the whole value, writing a quote inside it as ""'
+    return str(error)
 
 
 def _decoded_lines(f, path: Path) -> Iterator[str]:
