@@ -706,6 +706,9 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         ("{fork doc in docs}{doc}{join}", {"docs": []}, 14, "docs has no items"),
         ("{fork doc in docs}{doc}{join}", {"docs": 5}, 14, "docs is not iterable (got int)"),
         ("{fork n}x{join}", {"n": 0}, 7, "fork count must be an integer >= 1, got 0"),
+        # {fork {n}} forks over the set {n}: the message said "got {2}", which reads as the hole itself
+        ("{fork {n}}x{join}", {"n": 2}, 7, "fork count must be an integer >= 1, got {2}: a set, as braces inside a "
+                                           "hole make one; write the count without them ({fork n}, not {fork {n}})"),
         # the engine refused it only once the gen was sent, away from the hole
         ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be None or an integer"),
         # refused by lmnb's gen itself (the message names the option): at that option, not the hole

@@ -28,7 +28,10 @@ def fork_count(n):
         ValueError: not an integer >= 1, or more than ``MAX_FORK_BRANCHES``; the message names the fix.
     """
     if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        raise ValueError(f"fork count must be an integer >= 1, got {n!r}")
+        # ({fork {n}}: braces inside a hole are Python's, a set, where a user meant a hole in a hole)
+        braces = (": a set, as braces inside a hole make one; write the count without them ({fork n}, not "
+                  "{fork {n}})" if isinstance(n, (set, frozenset)) else "")
+        raise ValueError(f"fork count must be an integer >= 1, got {n!r}{braces}")
     if n > MAX_FORK_BRANCHES:
         raise ValueError(f"fork count {n} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a typo?); "
                          "for more branches, fork in a %%lm --python cell (forks = s.fork(n)), or run one program "
