@@ -544,6 +544,7 @@ def run_program_batch(
     running: set[ProgramState] = set()  # the items' states while their bodies run
     lock = threading.Lock()
     stopping = False  # the consumer left early: items still running are aborted
+    pbar = None  # the progress bar, made when the batch starts
 
     def one(kwargs: dict) -> ProgramState:
         state = _new_state(program, backend, kwargs, default_params, False, True, listeners)
@@ -556,10 +557,13 @@ def run_program_batch(
         finally:
             with lock:
                 running.discard(state)
+                # (here, so an item is counted before its result is handed on; one that the
+                # consumer's break or Ctrl-C aborted is not: they filled the bar, as if all had run)
+                if pbar is not None and not stopping:
+                    pbar.update()
 
     def results():
-        nonlocal stopping
-        pbar = None
+        nonlocal stopping, pbar
         if progress_bar:  # (here: a generator_style batch starts when first iterated, and its bar with it)
             from tqdm.auto import tqdm
 
@@ -568,9 +572,6 @@ def run_program_batch(
             with ThreadPoolExecutor(num_threads) as pool:
                 try:
                     futures = [pool.submit(one, kw) for kw in batch_kwargs]
-                    if pbar is not None:
-                        for f in futures:
-                            f.add_done_callback(lambda f: f.cancelled() or pbar.update())  # (items run)
                     for f in futures:
                         yield f.result()
                 finally:  # a consumer that stops early (break, Ctrl-C): no item is left running for no one

@@ -1942,6 +1942,41 @@ def test_a_run_batch_generators_progress_bar_starts_with_the_batch_and_counts_th
 
 
 @pytest.mark.timeout(60)
+def test_a_run_batch_progress_bar_does_not_count_the_items_a_break_aborted(monkeypatch):
+    """Breaking out of a generator_style batch aborted its running items, and each aborted item
+    moved the bar on: it showed 40/40, as if the batch had finished."""
+    import tqdm.auto
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self):
+            self.n += 1
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    be = ScriptedBackend(lambda p, params: "x", delay=30)  # a gen runs until aborted
+
+    @sgl.function
+    def prog(s, n):
+        s += "v"
+        if n != 0:  # item 0 has no gen, so it ends at once; the others wait in theirs
+            s += sgl.gen("a")
+
+    for st in prog.run_batch([(i,) for i in range(4)], num_threads=4, progress_bar=True, generator_style=True,
+                             backend=be):
+        st.sync()
+        break
+    assert [(b.total, b.n) for b in bars] == [(4, 1)]  # item 0 ran; items 1-3 were aborted
+
+
+@pytest.mark.timeout(60)
 def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
     """Breaking out of generator_style (or Ctrl-C) ran every remaining item before returning."""
     be = ScriptedBackend(lambda p, params: "x")
