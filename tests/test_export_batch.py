@@ -1875,3 +1875,19 @@ def test_a_csv_quote_never_closed_is_a_bad_row_not_the_rest_of_the_file_in_one_v
         (3, 5, None, "line 5: malformed CSV: a quote opened in this row is never closed: lines 5-7, to the end of "
                      'the file, are inside it; close the quoted value, or write a quote inside it as ""'),
     ]
+
+
+def test_bad_input_records_do_not_pin_the_settings_of_a_rerun(tmp_path, capsys):
+    """A job whose --backend could not start (a wrong port) still wrote its bad_input records,
+    which carry that run's settings: the rerun with the right backend was refused as 'other
+    settings', though no row had run on any backend. Rows that ran still pin them."""
+    rows = write_rows(tmp_path / "rows.jsonl", [{"other": 1}, {"question": "q"}])
+    bad_only = write_rows(tmp_path / "bad.jsonl", [{"other": 1}])
+    assert run_job(tmp_path, "--input", bad_only, "--model", "/wrong") == 1
+    assert [r["status"] for r in read_results(tmp_path / "out.jsonl")] == ["bad_input"]
+    assert run_job(tmp_path, "--input", rows) == 1  # (row 0 is still bad input)
+    assert sorted((r["row"], r["status"]) for r in read_results(tmp_path / "out.jsonl")) == [
+        (0, "bad_input"), (1, "ok")]
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", rows, "--model", "/wrong") == 2  # row 1 ran without --model
+    assert "--model: None there, '/wrong' now" in capsys.readouterr().err

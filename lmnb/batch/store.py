@@ -204,7 +204,9 @@ class ResultStore:
 
     def _check_settings(self, record: dict) -> None:
         old = record.get("settings")
-        if self.settings is None or old is None or old == self.settings:
+        # (a bad_input row never ran, so no setting made its record: a job whose --backend could
+        # not start had written its bad rows, and the rerun with the right URL was refused)
+        if self.settings is None or old is None or old == self.settings or record.get("status") == BAD_INPUT:
             return
         changed = sorted(k for k in {*old, *self.settings} if old.get(k) != self.settings.get(k))
         shown = "; ".join(f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now" for k in changed)
