@@ -2691,3 +2691,15 @@ def test_a_job_whose_rows_start_from_kept_state_warns_when_rows_run_at_once(tmp_
                                      0, ["--num-threads", "1"])
     assert "rows run at once" not in capsys.readouterr().err
     assert [p for p in prompts if p.startswith("1")] == ["1", "1"]
+
+
+def test_a_row_field_spelt_like_a_set_variable_is_noted_as_a_typo():
+    """{persn} beside `person = "..."` fails the notebook's cell with a NameError; the export made
+    persn a row field every row had to give, and said only 'row fields: persn'."""
+    nb = notebook('person = "Arvel"', "%%lm --temperature 0\nQ: Where does {persn} live?{gen x max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.inputs == ("persn",)
+    assert p.notes == ["persn: read by a %%lm cell and set by no cell, so a row field; did you mean 'person', which a "
+                       "cell sets? (fix the cell, or name the row fields with --inputs)"]
+    _, p = export_notebook(notebook('person = "Arvel"', "%%lm\n{person}{gen x max_tokens=1}"))
+    assert p.inputs == ("person",) and p.notes == []  # (a field the notebook sets to an example is no typo)

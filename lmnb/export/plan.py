@@ -256,6 +256,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                           for m in c.star_imports)
         p.notes.append(f"{', '.join(from_star)}: read by the %%lm cells and set by no cell, so taken to come from "
                        f"{stars}, not to be row fields; name the row fields with --inputs if one is")
+    p.notes += _misspelt_fields(p, examples, parameters) if given is None else []
     if not p.inputs:
         p.notes.append("no row fields: every input row runs the same programs; name the fields with "
                        "--inputs (e.g. a parameter or a variable the %%lm cells read)")
@@ -730,6 +731,24 @@ def _moved_setup_cells(before: list, after: list, examples: set) -> list:
                 moved_binds |= set(c.assigns)
                 changed = True
     return moved
+
+
+def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
+    """Notes on the row fields that no cell sets and that are spelt like a name a cell sets: a
+    typo (``{persn}`` beside ``person = "..."``), which fails the notebook's cell with a NameError,
+    made the job ask every row for a field ``persn``, without a word."""
+    import difflib
+
+    defined = set(parameters)
+    for c in p.cells:
+        defined |= set(c.assigns) if isinstance(c, Code) else set(c.sets) if isinstance(c, LMCell) else set()
+    notes = []
+    for n in p.inputs:
+        close = difflib.get_close_matches(n, sorted(defined), n=1) if n not in examples else []
+        if close:
+            notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close[0]!r}, "
+                         f"which a cell sets? (fix the cell, or name the row fields with --inputs)")
+    return notes
 
 
 def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -> tuple[tuple, tuple]:
