@@ -192,6 +192,13 @@ def _presets_hint(random_weights: bool) -> str:
     return f", or name a shape preset ({', '.join(PRESETS)})" if random_weights else ""
 
 
+def _relative_to_cwd(model: str) -> str:
+    """Where a relative path ``model`` that reads as a hub id too (``models/llama``) was looked
+    for: a kernel, and so ``lmnb run``, works in the notebook's folder, so a path relative to the
+    shell's folder was not found, and the error did not say where it had looked."""
+    return f" (none at {Path(model).absolute()})" if "/" in model else ""
+
+
 def _hub_offline() -> bool:
     from huggingface_hub import constants
 
@@ -211,7 +218,7 @@ def _from_hub(repo_id: str, random_weights: bool) -> Path:
         pass
     if _hub_offline():
         raise FileNotFoundError(
-            f"{repo_id!r} is neither a local directory nor in the Hugging Face cache "
+            f"{repo_id!r} is neither a local directory{_relative_to_cwd(repo_id)} nor in the Hugging Face cache "
             f"({constants.HF_HUB_CACHE}), and downloads are off (HF_HUB_OFFLINE). Fix: pass a local "
             f"checkpoint directory, or run `hf download {repo_id}` where the network is reachable"
             f"{_presets_hint(random_weights)}"
@@ -221,7 +228,8 @@ def _from_hub(repo_id: str, random_weights: bool) -> Path:
     except Exception as e:  # (the hub client's messages run over several lines: the first says what)
         first = (str(e).strip().splitlines() or [""])[0]
         raise FileNotFoundError(
-            f"{repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
+            f"{repo_id!r} is not a local directory{_relative_to_cwd(repo_id)} and could not be fetched from the "
+            "Hugging Face hub "
             f"({type(e).__name__}: {first}). Fix: check the id, log in for gated models, or pass a local path"
             f"{_presets_hint(random_weights)}"
         ) from None

@@ -172,6 +172,29 @@ def test_a_misspelt_preset_with_random_weights_names_the_presets(monkeypatch):
     assert "preset" not in str(e.value)
 
 
+def test_a_relative_path_that_reads_as_a_hub_id_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    """`%lm load models/llama` in a kernel, which runs in the notebook's folder, said only "is not a
+    local directory": not where it had looked, though the path was meant relative to another folder."""
+    import huggingface_hub
+
+    def snapshot_download(repo_id, local_files_only=False, **kw):
+        raise OSError("no cache" if local_files_only else "Repository Not Found")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        load_model("models/llama")
+    assert str(e.value).startswith(f"'models/llama' is not a local directory (none at {tmp_path}/models/llama) and "
+                                   "could not be fetched from the Hugging Face hub (OSError: Repository Not Found)")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError) as e:
+        load_model("models/llama")
+    assert str(e.value).startswith(f"'models/llama' is neither a local directory (none at {tmp_path}/models/llama) "
+                                   "nor in the Hugging Face cache")
+
+
 def test_dir_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_model(tmp_path)
