@@ -13,6 +13,7 @@ turn into a stop string is held back from the stream, so a matched stop string i
 from __future__ import annotations
 
 import bisect
+import codecs
 import collections
 import re
 from typing import Any, Callable, Sequence
@@ -50,6 +51,7 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
         self._decode_ids = _decoder(tokenizer, skip_special_tokens)
         self._ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._n_context = len(self._ids)
@@ -81,15 +83,49 @@ class IncrementalDetokenizer:
         return delta
 
     def flush(self) -> str:
-        """At the end of generation: return pending text, replacement characters included."""
+        """At the end of generation: return the pending text, less the bytes of a character that
+        the output ended inside (a ``max_tokens`` cut between the byte tokens of "中"), whatever
+        ended it. ``text`` then holds whole characters only, as streamed: vLLM's result, whose
+        detokenizer never emits those bytes (SGLang's adds a U+FFFD for them). Bytes that cannot
+        begin a character (a lone continuation byte) stay U+FFFD, as they do before more text."""
         if self._read == len(self._ids):
             return ""
         window_before = self._decode(self._ids[self._prefix : self._read])
         delta = self._decode(self._ids[self._prefix :])[len(window_before) :]
+        if delta.endswith(_REPLACEMENT):
+            delta = self._whole_characters(delta)
         self.text += delta
         self._prefix = self._read = len(self._ids)
         self._history[-1] = (self._prefix, self._read, len(self.text))
         return delta
+
+    def _whole_characters(self, delta: str) -> str:
+        """``delta``, the pending tokens' text ending in U+FFFD, up to the incomplete character at
+        its end: the text of the pending tokens whose bytes end on a character boundary, then the
+        bytes of the rest before that character (from the tokens' own bytes, read as constrained
+        decoding reads them). ``delta`` itself where nothing is incomplete (a real or an invalid
+        byte's U+FFFD) or the tokenizer's bytes cannot be read (an unsupported family)."""
+        from lmnb_engine.constrained.errors import GrammarError
+        from lmnb_engine.constrained.vocab import token_bytes
+
+        pending = self._ids[self._read :]
+        try:
+            raw = [b or b"" for b in token_bytes(self._tokenizer, pending)]
+        except (GrammarError, AttributeError, TypeError):
+            return delta
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        whole = 0  # pending tokens that end on a character boundary
+        for k, b in enumerate(raw, 1):
+            utf8.decode(b)
+            if not utf8.getstate()[0]:
+                whole = k
+        incomplete = utf8.getstate()[0]
+        if not incomplete:
+            return delta
+        window_before = self._decode(self._ids[self._prefix : self._read])
+        head = self._decode(self._ids[self._prefix : self._read + whole])[len(window_before) :]
+        rest = b"".join(raw[whole:])
+        return head + rest[: len(rest) - len(incomplete)].decode("utf-8", "replace")
 
     def whole_tokens(self, num_chars: int) -> tuple[int, int]:
         """``(n, length)``: the most leading output tokens whose text all lies in

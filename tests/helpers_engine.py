@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import random
 
@@ -95,3 +96,14 @@ def unused_token(engine, *id_lists) -> int:
     """The highest token id of ``engine``'s vocabulary that none of ``id_lists`` holds."""
     vocab = engine.runner.model.model.embed_tokens.weight.shape[0]
     return max(set(range(vocab)).difference(*id_lists))
+
+
+def utf8_whole_characters(tokenizer, ids) -> str:
+    """The text of ``ids`` (no special token) from their own bytes (byte-level BPE's byte-to-character table, read
+    backwards), decoded as UTF-8 up to the incomplete character at its end, which is left out
+    (Python's incremental decoder holds it back; bytes that never form a character read U+FFFD)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    raw = bytes(byte_of[c] for t in tokenizer.convert_ids_to_tokens(ids) for c in t)
+    return codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False)

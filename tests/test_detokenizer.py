@@ -8,6 +8,7 @@ import re
 import pytest
 
 from lmnb_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from tests.helpers_engine import utf8_whole_characters
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +33,27 @@ def test_streamed_text_equals_one_shot_decode_and_never_breaks_utf8(tokenizer, t
         assert any(d == "" for d in deltas[:-1])
 
 
-def test_incomplete_bytes_at_the_end_are_flushed(tokenizer):
-    ids = tokenizer.encode("ok 😀", add_special_tokens=False)
-    cut = ids[:-1]  # the emoji's last byte token is missing
+@pytest.mark.parametrize("text, cut", [("ok 中文", -1), ("ok 中文", -2), ("ok 中文", -4), ("café", -1), ("é", -1)])
+def test_incomplete_bytes_at_the_end_are_left_out(tokenizer, text, cut):
+    # a cut inside a character (its last byte tokens missing; "caf" + "fÃ" holds a whole "f" and
+    # half an "é") leaves the character out of the text, flushed or streamed, as vLLM does
+    ids = tokenizer.encode(text, add_special_tokens=False)[:cut]
+    assert tokenizer.decode(ids).endswith("\ufffd")  # (the cut does fall inside a character)
     detok = IncrementalDetokenizer(tokenizer, [])
-    streamed = "".join(detok.add(t) for t in cut)
-    assert "\ufffd" not in streamed
-    assert streamed + detok.flush() == tokenizer.decode(cut)
+    streamed = "".join(detok.add(t) for t in ids)
+    assert streamed + detok.flush() == detok.text == utf8_whole_characters(tokenizer, ids)
+    assert "\ufffd" not in detok.text and detok.num_tokens == len(ids)
+
+
+def test_bytes_that_never_form_a_character_stay_replacement_characters(tokenizer):
+    lead = tokenizer.encode("中", add_special_tokens=False)[0]  # a lead byte followed by ASCII: invalid for good
+    ids = [lead] + tokenizer.encode("ok", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, [])
+    assert "".join(detok.add(t) for t in ids) + detok.flush() == utf8_whole_characters(tokenizer, ids) == "\ufffdok"
+    # and at the end: a lone continuation byte (the second of "中") can begin no character
+    ids = tokenizer.encode("ok", add_special_tokens=False) + tokenizer.encode("中", add_special_tokens=False)[1:2]
+    detok = IncrementalDetokenizer(tokenizer, [])
+    assert "".join(detok.add(t) for t in ids) + detok.flush() == utf8_whole_characters(tokenizer, ids) == "ok\ufffd"
 
 
 def test_rollback_restores_the_exact_state(tokenizer):

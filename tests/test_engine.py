@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from lmnb_engine import Engine, SamplingParams
-from tests.helpers_engine import HFReference, assert_idle_accounting
+from tests.helpers_engine import HFReference, assert_idle_accounting, utf8_whole_characters
 
 GREEDY = SamplingParams(max_new_tokens=32, temperature=0.0)
 
@@ -501,6 +501,19 @@ def test_stream_events_add_up_to_the_result(engine):
     # the random model also emits bytes that are invalid UTF-8 for good (shown as U+FFFD by any
     # decoder); the streamed text must equal a one-shot decode of all ids
     assert result.text == engine.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+
+
+def test_a_max_tokens_cut_inside_a_character_leaves_it_out_of_the_text_and_the_stream(engine):
+    # greedy output of the random model holds byte tokens; a cut after one that leaves a character
+    # incomplete keeps the text of the whole characters (vLLM's result), streamed and returned
+    ids = engine.generate("the cat", SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)).token_ids
+    cuts = [k for k in range(1, 13) if engine.tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts  # (the greedy output does hold such a cut)
+    for k in cuts:
+        events = list(engine.stream("the cat", SamplingParams(max_new_tokens=k, temperature=0, ignore_eos=True)))
+        result = events[-1].result
+        assert result.token_ids == ids[:k] and result.finish_reason.type == "length"
+        assert "".join(e.text_delta for e in events) == result.text == utf8_whole_characters(engine.tokenizer, ids[:k])
 
 
 def test_submit_handle_and_model_facts(engine):

@@ -961,3 +961,31 @@ def test_a_kv_pool_too_small_for_a_default_gen_is_refused_and_its_engine_shut_do
     assert str(e.value) == ("a KV pool of 10 tokens cannot hold one gen of lmnb's default max_tokens (128) after a "
                             "one-character prompt (1 token); pass max_total_tokens=129 or more")
     assert [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("lmnb")] == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind, max_tokens", [("regex", 2), ("regex", 5), ("json_schema", 3), ("json_schema", 6)])
+def test_a_constrained_gen_cut_inside_a_character_keeps_whole_characters(backend, tiny_engine, kind, max_tokens,
+                                                                         stream):
+    # the tiny tokenizer spells "中" and "文" with three byte tokens each: max_tokens cuts inside
+    # one; the variable held U+FFFD, which the regex / schema never allows. It keeps the whole
+    # characters (its tokens' own bytes, decoded up to the incomplete one), streamed the same
+    from tests.helpers_engine import utf8_whole_characters
+
+    constraint = {"regex": "中{4}"} if kind == "regex" else {"json_schema": '{"enum": ["中文"]}'}
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("v", max_tokens=max_tokens, return_logprob=True, **constraint)
+
+    st = prog.run(backend=backend, temperature=0, stream=stream)
+    chunks = list(st.text_iter("v")) if stream else None
+    meta = st.get_meta_info("v")
+    ids = [e[1] for e in meta["output_token_logprobs"]]
+    expected = utf8_whole_characters(tiny_engine.tokenizer, ids)
+    assert len(ids) == max_tokens and tiny_engine.tokenizer.decode(ids).endswith("\ufffd")  # (a cut inside one)
+    assert st["v"] == expected and "\ufffd" not in expected
+    assert ("中文" if kind == "json_schema" else "中" * 4).startswith(expected.strip('"'))
+    assert meta["finish_reason"]["type"] == "length" and "incomplete" in meta["finish_reason"]["message"]
+    if stream:
+        assert "".join(chunks) == expected

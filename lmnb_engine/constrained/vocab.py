@@ -43,15 +43,13 @@ def _decoder_types(tokenizer: Any) -> set[str]:
     return found
 
 
-def token_bytes_table(tokenizer: Any, vocab_size: int) -> tuple[list[bytes | None], str]:
-    """(bytes of every id in ``range(vocab_size)`` — None for added/special/unused ids, family name).
+def _byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str]:
+    """(token string -> its bytes or None, family name) for ``tokenizer``'s family.
 
     Raises:
         GrammarError: the tokenizer is not a fast tokenizer of a supported family.
     """
     kinds = _decoder_types(tokenizer)
-    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
-    table: list[bytes | None] = [None] * vocab_size
     if "ByteLevel" in kinds:
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -63,24 +61,46 @@ def token_bytes_table(tokenizer: Any, vocab_size: int) -> tuple[list[bytes | Non
             except KeyError:
                 return None
 
-        family = "byte-level"
-    elif kinds & {"ByteFallback", "Metaspace", "Replace"}:
+        return to_bytes, "byte-level"
+    if kinds & {"ByteFallback", "Metaspace", "Replace"}:
 
         def to_bytes(s: str) -> bytes | None:
             m = _BYTE_FALLBACK.fullmatch(s)
             return bytes([int(m.group(1), 16)]) if m else s.replace("\u2581", " ").encode("utf-8")
 
-        family = "sentencepiece"
-    else:
-        raise GrammarError(
-            f"constrained decoding cannot read token bytes from a tokenizer whose decoder is "
-            f"{sorted(k for k in kinds if k)}; supported: byte-level BPE and SentencePiece byte-fallback"
-        )
+        return to_bytes, "sentencepiece"
+    raise GrammarError(
+        f"constrained decoding cannot read token bytes from a tokenizer whose decoder is "
+        f"{sorted(k for k in kinds if k)}; supported: byte-level BPE and SentencePiece byte-fallback"
+    )
+
+
+def token_bytes_table(tokenizer: Any, vocab_size: int) -> tuple[list[bytes | None], str]:
+    """(bytes of every id in ``range(vocab_size)`` — None for added/special/unused ids, family name).
+
+    Raises:
+        GrammarError: the tokenizer is not a fast tokenizer of a supported family.
+    """
+    to_bytes, family = _byte_reader(tokenizer)
+    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    table: list[bytes | None] = [None] * vocab_size
     for token, i in tokenizer.get_vocab().items():
         if 0 <= i < vocab_size and i not in added:
             b = to_bytes(token)
             table[i] = b if b else None
     return table, family
+
+
+def token_bytes(tokenizer: Any, ids: list[int]) -> list[bytes | None]:
+    """The bytes of each of ``ids`` (None for an added or special token), as ``token_bytes_table``
+    reads them, without reading the whole vocabulary.
+
+    Raises:
+        GrammarError: the tokenizer is not a fast tokenizer of a supported family.
+    """
+    to_bytes, _ = _byte_reader(tokenizer)
+    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return [None if i in added else to_bytes(t) or None for i, t in zip(ids, tokenizer.convert_ids_to_tokens(ids))]
 
 
 # The markers around a compiled regex (``grammar.compile_grammar``): it is built as START ``(?:R)``
