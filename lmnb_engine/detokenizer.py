@@ -218,8 +218,10 @@ class StopRegexes:
             import regex  # its partial matching says where a match may yet begin
 
             self.compiled = [regex.compile(p) for p in patterns]
+            # (where a match ending in text not checked may end later instead: _new_match)
+            self.longest = [regex.compile(p, regex.POSIX) for p in patterns]
         else:
-            self.compiled = []
+            self.compiled, self.longest = [], []
         # per pattern: whether it may match a text that ends earlier without matching the longer
         # text (StopStringMatcher.find may then not skip the check after each character)
         self.end_sensitive = [bool(_END_SENSITIVE.search(p)) for p in patterns or ()]
@@ -342,12 +344,22 @@ def _relaxed(pattern: str) -> str | None:
     return "".join(stack[0][0])
 
 
-def _new_match(rx: Any, text: str, floor: int, new_from: int, endpos: int) -> Any:
+def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endpos: int) -> Any:
     """The first match of ``rx`` in ``text[floor:endpos]`` that is new past ``new_from`` (the text
     already checked): it ends after it, or a lookahead, which sees past its end, could not match
-    there yet ('x(?=y)' once "y" comes). None if there is none."""
-    return next((m for m in rx.finditer(text, floor, endpos, timeout=REGEX_TIMEOUT_S)
-                 if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None), None)
+    there yet ('x(?=y)' once "y" comes). None if there is none.
+
+    Every start is tried (``overlapped``), and where ``rx``'s own match there ends in text not
+    checked (the first ``min_new_tokens``), ``longest`` (``rx`` with POSIX leftmost-longest
+    matching) says whether one ending after it starts there too: a match straddling ``new_from``
+    is new, as a stop string that does ("bc" of ``ab|bc`` on "xab" then "c"; "abc" of
+    ``ab|abc`` on "ab" then "c"), where the search passed over it."""
+    for m in rx.finditer(text, floor, endpos, overlapped=True, timeout=REGEX_TIMEOUT_S):
+        if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None:
+            return m
+        if (m := longest.match(text, m.start(), endpos, timeout=REGEX_TIMEOUT_S)) is not None and m.end() > new_from:
+            return m
+    return None
 
 
 class StopStringMatcher:
@@ -430,10 +442,10 @@ class StopStringMatcher:
             run = self._read(k, text)
             if run is not None and run.first_end is None:  # the text holds no match at all
                 continue
-            floor = self._floor(k, text)
+            floor, longest = self._floor(k, text), self._shared.longest[k]
             try:
                 if (run is not None and run.first_end > new_from
-                        and (m := _new_match(rx, text, floor, new_from, run.first_end)) is not None):
+                        and (m := _new_match(rx, longest, text, floor, new_from, run.first_end)) is not None):
                     # no match ends by new_from, so the first to end is new and met where it ends,
                     # as the matched text finditer's first (leftmost) match up to there
                     met = run.first_end, m
@@ -442,7 +454,7 @@ class StopStringMatcher:
                 # reads a character otherwise than its one-character patterns did: it decides)
                 # (no match over all of the text is none in any shorter text, but for a pattern
                 # that can match only where the text ends: "a$" meets "Wha" of one token "What")
-                elif not self._shared.end_sensitive[k] and _new_match(rx, text, floor, new_from, len(text)) is None:
+                elif not self._shared.end_sensitive[k] and _new_match(rx, longest, text, floor, new_from, len(text)) is None:
                     continue
                 else:
                     # met where a check after each character meets it: at the first end e (past
@@ -450,7 +462,7 @@ class StopStringMatcher:
                     # before the one over all of the text (r"\d+" on "123": "1") or begin after it
                     # (r"ab*c|b" on "abbc": "b", read before "c" comes)
                     met = next(((e, m) for e in range(new_from + 1, len(text) + 1)
-                                if (m := _new_match(rx, text, floor, new_from, e)) is not None), None)
+                                if (m := _new_match(rx, longest, text, floor, new_from, e)) is not None), None)
             except TimeoutError:
                 self._timed_out(k, rx, text)
                 continue
@@ -486,10 +498,15 @@ class StopStringMatcher:
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
             if rx is not None and i not in self._shared.given_up:
                 try:
-                    # (a whole match in text not checked, the first min_new_tokens, is passed over)
+                    # (a whole match in text not checked, the first min_new_tokens, is passed over,
+                    # unless one from its start may end at or past the text's end: once more text
+                    # comes it straddles the checked text's start, a stop (_new_match); matches
+                    # that start inside it are searched for next)
                     while ((m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None
-                           and not m.partial):
-                        pos, passed_match = max(m.end(), m.start() + 1), True
+                           and not m.partial
+                           and rx.fullmatch(text, m.start(), partial=True, timeout=REGEX_TIMEOUT_S) is None):
+                        pos, passed_match = m.start() + 1, True
+                    passed_match = passed_match or (m is not None and not m.partial)
                     pos = len(text) if m is None else m.start()
                 except TimeoutError:
                     self._timed_out(i, self._regexes[i], text)

@@ -117,7 +117,11 @@ class SamplingParams:
     Attributes:
         max_new_tokens: upper bound on generated tokens (int >= 0; 0 = prefill only, which caches
             the prompt and returns no tokens — the frontend's fork hint, paper §3).
-        min_new_tokens: EOS and stop token ids are masked until this many tokens exist. With a
+        min_new_tokens: EOS and stop token ids are masked until this many tokens exist; ``stop``
+            and ``stop_regex`` are checked from the token that makes this many on: a match that
+            ends in the earlier tokens' text is let through, one that ends later is a stop even
+            where it began there (as a check of the text's tail, SGLang's, finds it;
+            ``StopStringMatcher.find``). With a
             ``regex`` / ``json_schema`` that then allows only those tokens (a first token: refused
             at submission), or is complete (nothing but EOS can follow) before this many tokens,
             the request ends with an abort whose ``FinishReason.field`` is ``min_new_tokens``.

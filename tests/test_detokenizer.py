@@ -262,6 +262,42 @@ def test_stop_regex_found_across_chunks_with_what_may_match_held_back():
     assert both.find("ab</s XYZ", 0) == (2, "</s") and both.safe_len("ab</") == 2 and both.safe_len("abXY") == 2
 
 
+def feed_unchecked(m: StopStringMatcher, pieces: list[str], unchecked: int) -> tuple[tuple | None, int]:
+    """Feed ``pieces`` as the scheduler does with ``min_new_tokens=unchecked`` (one piece a token):
+    (the stop found or None, the most text shown before it)."""
+    text, checked, shown, hit = "", 0, 0, None
+    for k, piece in enumerate(pieces, 1):
+        text += piece
+        if k >= unchecked and (hit := m.find(text, checked)) is not None:
+            break
+        checked = len(text)
+        shown = max(shown, m.safe_len(text))
+    return hit, shown
+
+
+def test_a_stop_regex_match_straddling_the_min_new_tokens_is_a_stop_as_a_stop_strings_is():
+    # "ab" within min_new_tokens is let through; "bc" (or "abc") that the next token completes
+    # began there and ends after: a stop string's is one, the regex's search passed over it
+    for pattern, stops, pieces in [("ab|bc", ["ab", "bc"], ["x", "ab", "c"]), ("ab|abc", ["ab", "abc"], ["ab", "c"]),
+                                   ("a|ab", ["a", "ab"], ["a", "b"])]:
+        want = feed_unchecked(StopStringMatcher(stops), pieces, len(pieces))
+        got = feed_unchecked(StopStringMatcher([], [pattern]), pieces, len(pieces))
+        assert want[0] is not None and got[0] == want[0], pattern
+        assert got[1] <= want[0][0], pattern  # the stop's text was never shown
+    # literal alternatives read as a regex stop where the same stop strings do, whatever the
+    # min_new_tokens, and nothing of a stop was shown before it
+    rng = random.Random(5)
+    for _ in range(400):
+        stops = sorted({"".join(rng.choice("abc") for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 3))})
+        pieces = ["".join(rng.choice("abcx") for _ in range(rng.randint(1, 3))) for _ in range(8)]
+        unchecked = rng.randint(0, 6)
+        want = feed_unchecked(StopStringMatcher(stops), pieces, unchecked)
+        got = feed_unchecked(StopStringMatcher([], ["|".join(stops)]), pieces, unchecked)
+        end = (lambda hit: hit and hit[0] + len(hit[1]))  # (several stops ending at one character: cut apart)
+        assert end(got[0]) == end(want[0]), (stops, pieces, unchecked)
+        assert got[0] is None or got[1] <= got[0][0], (stops, pieces, unchecked)
+
+
 def test_stop_regex_with_a_lookahead_stops_once_the_lookahead_text_comes():
     # the match ("x", or nothing before "STOP") ends before the text that completes it; it was
     # taken for a match in checked text and let through, so the output ran on past it
