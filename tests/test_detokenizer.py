@@ -606,6 +606,28 @@ def test_stop_regexes_read_by_an_automaton_stop_and_hold_back_as_searched_ones_d
     assert fallbacks == 0 if not give_up else fallbacks > 1000
 
 
+@pytest.mark.parametrize("pattern, python_differs", [
+    (r"(?i)i", True), (r"(?i)[^ix]", True), (r"(?i)[h-j]", True), (r"(?i)ı", True), (r"(?i:İ)", True),
+    (r"(?i)I", True), (r"(?i)k", False), (r"(?i)[^kx]", False), (r"(?i)[r-t]", False), (r"x(?i:ſ)", False),
+])
+def test_a_stop_automaton_folds_case_as_the_regex_package_does(pattern, python_differs):
+    # the automaton asks the regex package what each position takes, so under (?i) a stop regex
+    # folds case as the package's search does (the Kelvin sign with "k", "ſ" with "s"; "ı" with
+    # none of i, I, İ), not as Python's re, which folds i, I, ı and İ all together
+    import regex
+
+    from lmnb_engine.stop_automaton import automaton
+
+    assert automaton(pattern) is not None
+    for ch in "iIıİkK\u212asSſ":
+        read, searched = StopStringMatcher([], [pattern]), StopStringMatcher([], _searched_only([pattern]))
+        m = regex.search(pattern, "x" + ch)
+        want = m and (m.start(), m.group())
+        assert read.find("x" + ch, 0) == searched.find("x" + ch, 0) == want, (pattern, ch)
+    body = pattern.removeprefix("x")
+    assert any(bool(re.fullmatch(body, c)) != bool(regex.fullmatch(body, c)) for c in "iIıİ") == python_differs
+
+
 def test_a_lazy_class_repeat_holds_back_only_what_may_still_begin_a_match():
     # Worked by hand: r"a\d*?b" on "a1x": no text makes a match begin at 0 ("x" is neither a digit
     # nor "b"), nor at 1 or 2, so nothing is held back. The regex package's partial search still
