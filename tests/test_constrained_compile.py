@@ -430,6 +430,17 @@ def test_categories_hold_the_characters_python_gives_them(pattern):
     _assert_automaton_matches_as_python(pattern, "a_1.½\u2054\u093f\u0300\x1c \u00a0\u0663", 2)
 
 
+@pytest.mark.parametrize("pattern", [
+    "(?i)i", "(?i)I+", "(?i)ı", "(?i)İ", r"(?i)\u0131", r"(?i)\x49", "(?i)[i]", "(?i)[ı]k", "(?i)[^i]", "(?i)[^ıa]",
+    "(?i)[h-j]", "(?i)[^h-j]", "(?i)[İ-ı]", r"(?i)[\w]", r"(?i)[^\Wi]", "(?i)(?-i:i)", "(?-i:i)(?i:ı)", "i(?i:İ)",
+    "(?i)k", "(?i)[^k]", "(?i)s", "(?i)a[^a-z]?", "(?i)(?P<i>i)",
+])
+def test_case_insensitive_patterns_fold_the_dotted_and_dotless_i_as_python_does(pattern):
+    # Python's (?i) folds i, I, ı and İ together; the library's simple case folding only i and I,
+    # so "(?i)i" refused "İstanbul"'s first letter, and "(?i)[^i]" took "ı"
+    _assert_automaton_matches_as_python(pattern, "iIıİkK\u212asSſa", 2)
+
+
 def _assert_automaton_matches_as_python(pattern, alphabet, max_len, fullmatch=re.fullmatch):
     """Every text of up to ``max_len`` characters of ``alphabet`` is matched by the automaton built from
     ``automaton_syntax(pattern)`` exactly when Python's ``re.fullmatch`` (or ``fullmatch``) matches it."""

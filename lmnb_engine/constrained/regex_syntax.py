@@ -27,7 +27,11 @@ negated class that leaves nothing but them matches nothing); one outside a class
 ``\\d``, ``\\w``, ``\\s`` and their negations are written out as classes of the characters Python's
 ``re`` gives them (``python_category``): the library's Unicode tables differ (its ``\\w`` holds the
 combining marks of Devanagari or Thai words and ``⁔``, Python's holds ``½``; its ``\\s`` lacks
-``\\x1c``-``\\x1f``). Left as it is: case folding under ``(?i)`` (``İ``).
+``\\x1c``-``\\x1f``). Under ``(?i)``, Python folds ``i``, ``I``, ``ı`` and ``İ`` all together (``İ``
+lowers to ``i``, and its case table pairs ``ı`` with ``i``) where the library's simple case folding
+pairs only ``i`` and ``I``: a literal of the four is written as a class of them all, and a class
+gets those of the four that Python's holds (a negated one: leaves out those it does not). The
+library agrees with Python on the other case pairs (the Kelvin sign and ``k``, ``ſ`` and ``s``).
 Inside a class they are inlined, never nested as a class of their own: ``grammar.compile_grammar``
 reads the pattern with Python (``may_hold``), to which ``[^[...]...]`` ends at the first ``]``; a
 negated class with a negated category in it (``[^\\W_]``) is written out as the characters
@@ -65,6 +69,8 @@ _VERBOSE_SPACE = " \t\n\r\v\f"
 _NEGATED_CATEGORIES = {"\\W": "\\w", "\\S": "\\s", "\\D": "\\d"}
 # A flag group that opens a group: (?s:, (?i-s: ... (its flags apply inside)
 _SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
+# The head of a group that holds letters: a flag group's, a named group's
+_GROUP_HEAD = re.compile(r"\(\?(?:[aiLmsux]*(?:-[imsx]+)?:|P<\w+>)")
 
 
 _CATEGORY_TESTS = {  # Python's re (sre) on str: \\d is isdecimal, \\s isspace, \\w isalnum or '_'
@@ -144,6 +150,11 @@ def _escaped(text: str, in_class: bool) -> str:
     return _category_class(text) or text
 
 
+# The characters Python's re folds together under (?i) and the automaton library's (?i) does not
+_DOTTED_I = "iIıİ"
+_DOTTED_I_CLASS = "[" + "".join(_char(ord(c)) for c in _DOTTED_I) + "]"
+
+
 def _class(pattern: str, i: int, ignorecase: bool = False) -> tuple[str, int]:
     """(the class at ``pattern[i] == '['`` written out item by item, end index), read with
     Python's rules: a ``]`` first is a literal, ``x-y`` a range, a ``-`` before ``]`` a literal;
@@ -209,6 +220,12 @@ def _class(pattern: str, i: int, ignorecase: bool = False) -> tuple[str, int]:
         return (f"[{held}]" if held else "[^\\s\\S]"), i + 1
     if negated and _covers_all(spans):  # it leaves only surrogates, which no text holds: it matches nothing
         return "[^\\s\\S]", i + 1  # (the library matched other characters for such a class)
+    if ignorecase and not unicode:  # (a Unicode class: Python cannot read it)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            members = re.compile(pattern[start:i + 1], re.IGNORECASE).fullmatch
+        # the dotted and dotless i Python's class holds (a negated one: those it leaves out)
+        items += [_char(ord(c)) for c in _DOTTED_I if (members(c) is None) == negated]
     if negated:
         return "[^" + "".join(items) + _LEFT_OUT + "]", i + 1
     parts = (["[" + "".join(items) + "]"] if items else []) + [_escaped(c, in_class=False) for c in categories]
@@ -295,8 +312,10 @@ def automaton_syntax(pattern: str) -> str:
             i = unicode_class.end()
         elif ch == "\\" and i + 1 < n:
             end = _escape_end(pattern, i, in_class=False)
-            _refuse_surrogate(pattern, _code(pattern[i:end], in_class=False))
-            out.append(_escaped(pattern[i:end], in_class=False))
+            code = _code(pattern[i:end], in_class=False)
+            _refuse_surrogate(pattern, code)
+            dotted_i = ignorecase[-1] and code is not None and chr(code) in _DOTTED_I
+            out.append(_DOTTED_I_CLASS if dotted_i else _escaped(pattern[i:end], in_class=False))
             i = end
         elif ch == "[":
             text, i = _class(pattern, i, ignorecase[-1])
@@ -314,8 +333,9 @@ def automaton_syntax(pattern: str) -> str:
             on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
             dotall.append(("s" in on or dotall[-1]) and "s" not in off)
             ignorecase.append(("i" in on or ignorecase[-1]) and "i" not in off)
-            out.append(ch)
-            i += 1
+            head = _GROUP_HEAD.match(pattern, i)  # (its flags and name as written: no literal "i" there)
+            out.append(head.group() if head else ch)
+            i = head.end() if head else i + 1
         elif ch == ")":
             if len(dotall) > 1:
                 dotall.pop()
@@ -336,6 +356,6 @@ def automaton_syntax(pattern: str) -> str:
             i += 1
         else:
             _refuse_surrogate(pattern, ord(ch))
-            out.append(ch)
+            out.append(_DOTTED_I_CLASS if ignorecase[-1] and ch in _DOTTED_I else ch)
             i += 1
     return "".join(out)
