@@ -53,10 +53,10 @@ _MAX_PARTS = 16 * MAX_POSITIONS
 # Cached characters and transitions per automaton; past this the cache starts over (a text of many
 # distinct characters would otherwise grow it without bound).
 _CACHE_LIMIT = 1 << 13
-# Threads (a start's set of positions, an int of up to 60 bytes) the cached transitions may hold in all;
-# past this the cache starts over. A state may hold a thread per position ("a.{250}b" on a text
-# of "a" and "c": one per "a" in the last 250 characters), so a count of transitions alone let one
-# automaton hold hundreds of MB.
+# Threads (a start's set of positions, an int of up to 60 bytes) in the states the cached transitions
+# go from and to, each counted once; past this the cache starts over. A state may hold a thread per
+# position ("a.{250}b" on a text of "a" and "c": one per "a" in the last 250 characters), so a count
+# of transitions alone let one automaton hold hundreds of MB.
 _CACHE_THREADS = 1 << 15
 # A run gives up (its text is searched by the regex package from then on) when over half of the
 # characters it read in a block of this many missed the transition cache, counting only
@@ -68,10 +68,26 @@ _CACHE_THREADS = 1 << 15
 # up to one per position, each state may be new ("(ab|ac|ad){100}e": 200 misses, then none)
 _MISS_BLOCK = 4 * MAX_POSITIONS
 
-# A state: per start still alive, earliest first, the positions its threads are in (disjoint sets,
-# each an int whose bit p is position p); the state before any character holds no thread
-State = tuple[int, ...]
-_NO_THREAD: State = ()
+# A state's threads: per start still alive, earliest first, the positions its threads are in
+# (disjoint sets, each an int whose bit p is position p); the state before any character holds none
+Threads = tuple[int, ...]
+# What a step returns: the new state, the origin of each of its threads, whether a match ends, and
+# the threads kept as a cut of the old ones (StopAutomaton.step)
+Step = tuple["State", tuple[int, ...], bool, "tuple[int, int, bool] | None"]
+
+
+class State:
+    """A state of the deterministic automaton: its ``threads`` and its cached transitions (``next``:
+    character -> ``Step``), kept by the state, not in one dict keyed by (threads, character): such a
+    key's hash reads every thread, a big int each, on every character (3 us for 200 threads).
+    ``held``: whether the automaton's cache counts it (``StopAutomaton._hold``)."""
+
+    __slots__ = ("threads", "next", "held")
+
+    def __init__(self, threads: Threads) -> None:
+        self.threads = threads
+        self.next: dict[str, Step] = {}
+        self.held = False
 
 _CATEGORIES = {"CATEGORY_DIGIT": r"\d", "CATEGORY_NOT_DIGIT": r"\D", "CATEGORY_SPACE": r"\s",
                "CATEGORY_NOT_SPACE": r"\S", "CATEGORY_WORD": r"\w", "CATEGORY_NOT_WORD": r"\W"}
@@ -132,8 +148,11 @@ class StopAutomaton:
         self._first = _mask(first)
         self._last = _mask(last)
         self._follow_masks = [_mask(f) for f in self._follow]
-        self._cache: dict[tuple[State, str], tuple[State, tuple[int, ...], bool]] = {}
-        self._cached_threads = 0  # (in the cache's states, keys and values)
+        self.start = State(())  # (before any character)
+        self._states: dict[Threads, State] = {(): self.start}  # the states the cache built, one per threads
+        self._held: list[State] = []  # the states the cached transitions go from or to
+        self._cached_transitions = 0
+        self._cached_threads = 0  # (in the held states)
         self.misses = 0  # characters read before whose transition was not cached (read by AutomatonRun)
         self._accepts: dict[str, int] = {}  # per character read: the positions that accept it
 
@@ -223,21 +242,39 @@ class StopAutomaton:
 
     # -- reading
 
-    def step(self, state: State, ch: str) -> tuple[State, tuple[int, ...], bool]:
-        """Read the one character ``ch`` in ``state`` (``()`` before any character): returns the new
-        state, for each of its threads the index of the thread it comes from in ``state`` (-1: the
-        thread that starts at ``ch``), and whether a match ends with ``ch``."""
-        key = (state, ch)
-        hit = self._cache.get(key)
+    def step(self, state: State, ch: str) -> Step:
+        """Read the one character ``ch`` in ``state`` (``start`` before any character): returns the
+        new state, for each of its threads the index of the thread it comes from in ``state`` (-1:
+        the thread that starts at ``ch``), whether a match ends with ``ch``, and ``(a, b, new)``
+        where those are threads ``a`` to ``b - 1`` of ``state``, in order, then the new one if
+        ``new`` (None where they are not): the common case, read by a cut of the starts' list."""
+        hit = state.next.get(ch)
         if hit is None:
             self.misses += ch in self._accepts
-            hit = self._transition(state, ch)
-            self._cached_threads += len(state) + len(hit[0])
-            if len(self._cache) >= _CACHE_LIMIT or self._cached_threads > _CACHE_THREADS:
-                self._cache.clear()
-                self._cached_threads = len(state) + len(hit[0])
-            self._cache[key] = hit
+            threads, origins, ends, run = self._transition(state.threads, ch)
+            if (self._cached_transitions >= _CACHE_LIMIT
+                    or self._cached_threads + len(state.threads) + len(threads) > _CACHE_THREADS):
+                self._start_over()
+            target = self._states.setdefault(threads, State(threads))
+            self._hold(state)
+            self._hold(target)
+            hit = state.next[ch] = (target, origins, ends, run)
+            self._cached_transitions += 1
         return hit
+
+    def _hold(self, state: State) -> None:
+        if not state.held:
+            state.held = True
+            self._held.append(state)
+            self._cached_threads += len(state.threads)
+
+    def _start_over(self) -> None:
+        """Drop every cached transition and state (a state a run is in stays valid, uncached)."""
+        for state in self._held:
+            state.next, state.held = {}, False
+        self._held.clear()
+        self._states = {(): self.start}
+        self._cached_transitions = self._cached_threads = 0
 
     def _accepting(self, ch: str) -> int:
         """The positions whose characters include ``ch`` (each one-character pattern run once per
@@ -249,7 +286,7 @@ class StopAutomaton:
             accepts = self._accepts[ch] = _mask(q for q, leaf in enumerate(self._leaves) if leaf.fullmatch(ch))
         return accepts
 
-    def _transition(self, state: State, ch: str) -> tuple[State, tuple[int, ...], bool]:
+    def _transition(self, state: Threads, ch: str) -> tuple[Threads, tuple[int, ...], bool, tuple[int, int, bool] | None]:
         accepts = self._accepting(ch)
         taken = 0
         threads, origins = [], []
@@ -268,7 +305,11 @@ class StopAutomaton:
                 threads.append(now)
                 origins.append(origin)
                 taken |= now
-        return tuple(threads), tuple(origins), bool(self._last & taken)
+        new = bool(origins) and origins[-1] == -1
+        kept = origins[:-1] if new else origins
+        a = kept[0] if kept else 0
+        run = (a, a + len(kept), new) if kept == list(range(a, a + len(kept))) else None
+        return tuple(threads), tuple(origins), bool(self._last & taken), run
 
 
 @functools.lru_cache(maxsize=64)
@@ -297,7 +338,7 @@ class AutomatonRun:
     def __init__(self, automaton_: StopAutomaton) -> None:
         self._automaton = automaton_
         self._text = ""
-        self._state = _NO_THREAD
+        self._state = automaton_.start
         self._starts: list[int] = []
         self.first_end: int | None = None
         self.given_up = False
@@ -306,13 +347,20 @@ class AutomatonRun:
     def read(self, text: str) -> None:
         """Read what ``text`` adds to the last text read (all of it where it does not extend it)."""
         if not text.startswith(self._text):
-            self._text, self._state, self._starts, self.first_end = "", _NO_THREAD, [], None
+            self._text, self._state, self._starts, self.first_end = "", self._automaton.start, [], None
         if self.first_end is None:
             state, starts, step = self._state, self._starts, self._automaton.step
             begin, missed = len(self._text), self._automaton.misses
             for i in range(begin, len(text)):
-                state, origins, ends = step(state, text[i])
-                starts = [starts[j] if j >= 0 else i for j in origins]
+                state, origins, ends, run = step(state, text[i])
+                if run is None:
+                    starts = [starts[j] if j >= 0 else i for j in origins]
+                else:  # (threads a to b - 1 go on, in order: a cut in C, where the list took O(threads) Python steps)
+                    a, b, new = run
+                    del starts[b:]
+                    del starts[:a]
+                    if new:
+                        starts.append(i)
                 if ends:  # (the text is read no further: the caller searches it from here on)
                     self.first_end = i + 1
                     break

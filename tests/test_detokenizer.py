@@ -757,7 +757,7 @@ def test_a_stop_automatons_cached_transitions_hold_a_bounded_number_of_threads()
     # r"a.{250}b" on a text of "a" and "c" keeps a thread per "a" among the last 250 characters,
     # and the states (which "a"s) almost never repeat: the cache, bounded only by its number of
     # transitions (8192), grew to hundreds of MB for one shared automaton (114 MB at 3800
-    # transitions). The threads its keys and values hold in all stay under _CACHE_THREADS.
+    # transitions). The threads of the states its transitions go from and to stay under _CACHE_THREADS.
     from lmnb_engine.stop_automaton import AutomatonRun, StopAutomaton
 
     a = StopAutomaton(r"a.{250}b")
@@ -767,7 +767,8 @@ def test_a_stop_automatons_cached_transitions_hold_a_bounded_number_of_threads()
     for end in range(1, len(text) + 1):
         run.read(text[:end])
     assert run.first_end is None and run.live_start(len(text)) == text.index("a", len(text) - 251)
-    held = sum(len(state) + len(value[0]) for (state, _), value in a._cache.items())
+    held = sum(len(state.threads) for state in a._held)
+    assert all(hit[0].held for state in a._held for hit in state.next.values())
     assert 0 < held <= 1 << 15  # (stop_automaton._CACHE_THREADS)
 
 
