@@ -399,6 +399,82 @@ def test_echoed_completion_text_offsets_index_the_returned_text(backends, engine
     assert text[expected[-1]:].startswith(lp.tokens[len(accented) - 1])
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_completion_top_logprobs_always_hold_the_sampled_token(backends, engines, stream):
+    """OpenAI's legacy completions: ``logprobs=N`` gives the N most likely tokens and always the
+    sampled one, so N or N+1 entries; ``logprobs=0`` the sampled token alone. Before, a sampled
+    token outside the top N was missing (temperature 3: most of them) and ``logprobs=0`` gave nulls.
+    The top N are /generate's ``output_top_logprobs`` for the same seeded sample."""
+    _, _, url = backends
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    kw = dict(model="tiny", prompt="The river", max_tokens=30, temperature=3.0, seed=7)
+
+    def logprobs(n):
+        if not stream:
+            return client.completions.create(logprobs=n, **kw).choices[0].logprobs
+        parts = [c.choices[0].logprobs for c in client.completions.create(logprobs=n, stream=True, **kw)]
+        return {key: [x for p in parts if p is not None for x in getattr(p, key)] for key in ("tokens", "token_logprobs",
+                                                                                          "top_logprobs")}
+
+    def field(lp, key):
+        return lp[key] if isinstance(lp, dict) else getattr(lp, key)
+
+    import httpx
+
+    from lmnb_engine.http_server.openai_api import _token  # (a byte token's text: bytes:\xNN)
+
+    gen = httpx.post(f"{url}/generate", timeout=60, json={
+        "text": "The river", "return_logprob": True, "top_logprobs_num": 1,
+        "sampling_params": {"max_new_tokens": 30, "temperature": 3.0, "seed": 7}}).json()
+    want_top = [_token(engines[1], top[0][1]) for top in gen["meta_info"]["output_top_logprobs"]]
+    one = logprobs(1)
+    tokens, values, tops = field(one, "tokens"), field(one, "token_logprobs"), field(one, "top_logprobs")
+    assert len(tokens) == len(tops) == 30
+    outside = 0
+    for token, value, top, best in zip(tokens, values, tops, want_top):
+        assert top[token] == pytest.approx(value, abs=1e-5)  # the sampled token, always
+        assert best in top and top[best] >= value - 1e-5  # the most likely one
+        assert len(top) == (1 if token == best else 2)
+        outside += token != best
+    assert outside > 0  # (at temperature 3 the sample leaves the top token: the case that was missing)
+    zero = logprobs(0)
+    assert field(zero, "tokens") == tokens
+    assert field(zero, "top_logprobs") == [{t: pytest.approx(v, abs=1e-5)} for t, v in zip(tokens, values)]
+
+
+def test_openai_backend_top_logprobs_are_the_top_n_without_the_sampled_token(backends):
+    """The OpenAI backend's ``output_top_logprobs`` are SGLang's: the N most likely tokens, most
+    likely first, without the sampled token OpenAI's completions add beside them when it is not
+    among them (N+1 entries), and the same as the in-order top N the server sends."""
+    _, _, url = backends
+    backend = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+
+    @sgl.function
+    def prog(s):
+        s += "The river" + sgl.gen("x", max_tokens=30, return_logprob=True, top_logprobs_num=1)
+
+    meta = prog.run(backend=backend, temperature=3.0, seed=7).get_meta_info("x")
+    sampled = [e[2] for e in meta["output_token_logprobs"]]
+    tops = meta["output_top_logprobs"]
+    assert len(tops) == 30 and all(len(top) == 1 for top in tops)
+    assert any(top[0][2] != t for top, t in zip(tops, sampled))  # (positions whose list had the sample added)
+    for top, (value, _, _) in zip(tops, meta["output_token_logprobs"]):
+        assert top[0][0] >= value - 1e-5  # the most likely token, not the sample
+
+
+def test_chat_top_logprobs_hold_exactly_the_top_n_and_the_sample_its_own_logprob(backends):
+    """Chat's ``top_logprobs`` are the N most likely tokens, the sampled one or not (OpenAI's chat
+    API); the sampled token's logprob is the content item's own ``logprob``."""
+    _, _, url = backends
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    content = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Say something."}], max_tokens=20, temperature=3.0,
+        seed=7, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    assert len(content) == 20
+    assert all(len(t.top_logprobs) == 2 for t in content)
+    assert any(t.token not in [x.token for x in t.top_logprobs] for t in content)
+
+
 def test_streamed_logprobs_come_with_their_chunks_and_add_up_to_the_unstreamed_ones(backends):
     """OpenAI and vLLM stream each chunk's tokens' logprobs with it (before: all in the last chunk)."""
     _, _, url = backends

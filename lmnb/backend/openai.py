@@ -480,7 +480,7 @@ class OpenAI(BaseBackend):
         else:
             tokens = lp.tokens or []
             out = {"output_token_logprobs": [[v, None, t] for t, v in zip(tokens, lp.token_logprobs or [])]}
-            tops = [[[v, None, t] for t, v in (top or {}).items()] for top in (lp.top_logprobs or [None] * len(tokens))]
+            tops = [_top_n(top, params.top_logprobs_num) for top in (lp.top_logprobs or [None] * len(tokens))]
         if params.top_logprobs_num:
             out["output_top_logprobs"] = tops
         return out
@@ -706,6 +706,15 @@ def connect_timed_out(error: BaseException) -> bool:
     is httpx's ``ConnectTimeout``, or httpx2's, which newer openai clients send requests with."""
     kinds = tuple(m.ConnectTimeout for m in map(sys.modules.get, ("httpx", "httpx2")) if m is not None)
     return isinstance(error.__cause__, kinds)
+
+
+def _top_n(top: Optional[dict], n: int) -> list:
+    """SGLang's ``output_top_logprobs`` entry (``[[logprob, None, token], ...]``, most likely
+    first) of a completions ``top_logprobs`` entry ``top`` (token text -> logprob): its ``n`` most
+    likely tokens. OpenAI's legacy completions add the sampled token when it is not among them
+    (``logprobs+1`` entries), which SGLang's top logprobs do not hold."""
+    ranked = sorted((top or {}).items(), key=lambda kv: -kv[1] if kv[1] is not None else float("inf"))
+    return [[v, None, t] for t, v in ranked[:n]]
 
 
 def _finish_reason(choice: Any) -> dict:

@@ -495,7 +495,7 @@ class CompletionLogprobs:
             tid = self.first_id if lp is None else lp.token_id
             tokens.append("" if tid is None else _token(engine, tid))
             values.append(None if lp is None else finite(lp.logprob))
-            tops.append({_token(engine, t): finite(v) for t, v in lp.top} if lp is not None and lp.top else None)
+            tops.append(None if lp is None else _completion_top(engine, lp, tokens[-1], values[-1]))
             start = len(self.text.text)  # where the text this token adds (or completes) begins
             delta = self.text.add(tid) if tid is not None else ""
             own = engine.decode([tid], skip_special_tokens=True) if delta.startswith(_REPLACEMENT) else ""
@@ -503,6 +503,18 @@ class CompletionLogprobs:
                 start += len(delta) - len(own)  # after the U+FFFD of earlier byte tokens that never formed a character
             offsets.append(self.offset + start)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _completion_top(engine: Any, lp: Any, token: str, value: Optional[float]) -> dict:
+    """A completions ``top_logprobs`` entry of ``lp`` (a ``TokenLogprob``; ``token`` / ``value`` its
+    own text and logprob): its ``logprobs=N`` most likely tokens, then the token itself when it is
+    not among them. OpenAI's legacy completions API "will always return the logprob of the sampled
+    token, so there may be up to logprobs+1 elements" (and ``logprobs=0`` gives the sampled token
+    alone), as vLLM does; before, a sampled token outside the top N was missing and ``logprobs=0``
+    gave null entries."""
+    top = {_token(engine, t): finite(v) for t, v in lp.top or ()}
+    top.setdefault(token, value)  # (keyed by text: a top token of the same text already holds its place)
+    return top
 
 
 def _choice_logprobs(engine: Any, req: Any, result: Any, prompt_text: str, prompt_ids: list) -> Optional[dict]:
