@@ -318,6 +318,60 @@ def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):
     assert httpx.get(url + "/health").status_code == 200
 
 
+# OpenAI's chat fields that leave the reply unchanged (OpenAI API reference, create chat completion):
+# storage, tracking, OpenAI's scheduling and caching, predicted outputs, reasoning-model hints
+_IGNORED_CHAT_FIELDS = {
+    "store": True, "metadata": {"run": "7"}, "user": "ann", "safety_identifier": "h-1", "service_tier": "auto",
+    "prompt_cache_key": "k", "prompt_cache_retention": "24h", "reasoning_effort": "low", "verbosity": "low",
+    "prediction": {"type": "content", "content": "a"}, "modalities": ["text"], "parallel_tool_calls": False,
+}
+
+
+def test_openai_chat_fields_that_change_nothing_here_are_accepted_and_ignored(served):
+    """``store``, ``metadata``, ``reasoning_effort``... were refused as unknown fields (400; for
+    reasoning_effort "did you mean response_format"); OpenAI defines them and vLLM and SGLang accept
+    them: the engine gets the same request as without them."""
+    engine, url = served
+    base = {"model": "rec", "messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "temperature": 0}
+    engine.received.clear()
+    plain = _post(url, "/v1/chat/completions", base)
+    assert plain.status_code == 200
+    r = _post(url, "/v1/chat/completions", {**base, **_IGNORED_CHAT_FIELDS})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    first, second = engine.received
+    assert second == first and engine.prompts[-1] == engine.prompts[-2]
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("audio", {"voice": "alloy", "format": "wav"}, "audio is not supported by lmnb serve; leave it out"),
+    ("modalities", ["text", "audio"], 'it replies with text only; leave modalities out (or send ["text"])'),
+    ("web_search_options", {}, "web_search_options is not supported by lmnb serve; leave it out"),
+    ("functions", [{"name": "f"}], "function calling is not supported by lmnb serve"),
+    ("function_call", "auto", "function calling is not supported by lmnb serve"),
+])
+def test_openai_chat_fields_asking_for_what_lmnb_does_not_do_are_refused_by_name(served, field, value, needle):
+    """Ignoring these would answer another request without a word (no audio, no search, no call)."""
+    _, url = served
+    body = {"model": "rec", "messages": [{"role": "user", "content": "a"}], field: value}
+    err = _post(url, "/v1/chat/completions", body).json()["error"]
+    assert needle in err["message"] and err["param"] == field and err["code"] == 400
+
+
+def test_unknown_field_error_hints_the_field_meant_and_lists_only_fields_in_use(served):
+    """A misspelling of a used field still gets its hint; a misspelt ignored field is named too;
+    the listed fields are those the route uses (not store, audio, ...)."""
+    _, url = served
+    base = {"model": "rec", "messages": [{"role": "user", "content": "a"}]}
+    msg = _post(url, "/v1/chat/completions", {**base, "temperatur": 0}).json()["error"]["message"]
+    assert 'unknown field "temperatur" (did you mean "temperature"?)' in msg
+    listed = json.loads(msg.split("/v1/chat/completions takes ", 1)[1])
+    assert "temperature" in listed and "messages" in listed
+    assert not set(listed) & {"store", "metadata", "reasoning_effort", "audio", "user"}
+    msg = _post(url, "/v1/chat/completions", {**base, "metdata": {}}).json()["error"]["message"]
+    assert 'unknown field "metdata" (did you mean "metadata"?)' in msg
+
+
 def test_native_generate_batches_n_samples_and_model_info(served):
     engine, url = served
     r = _post(url, "/generate", {"text": ["ab", "cd"], "sampling_params": {"max_new_tokens": 2}}).json()

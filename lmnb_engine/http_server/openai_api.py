@@ -6,7 +6,10 @@ parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept 
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``stop_regex``, ``skip_special_tokens``, ``regex``, ``json_schema``). ``response_format`` ``json_schema`` /
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
-rejected with a 400 naming them rather than ignored. A response's ``id`` is its request's rid, as
+rejected with a 400 naming them rather than ignored; fields OpenAI defines that leave the reply
+unchanged here (``store``, ``metadata``, ``user``, ``reasoning_effort``...: ``ChatRequest.IGNORED``)
+are accepted and ignored, and those asking for what lmnb does not do (tools, audio, web search,
+``logit_bias``) are refused by name. A response's ``id`` is its request's rid, as
 in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
 ``abort`` (and lmnb's ``finish_message``: ``_finish``). A client names the rid itself with SGLang's
 ``rid`` field (a non-empty string), so that it can abort a request that is not streamed before its
@@ -23,7 +26,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, AsyncIterator, Literal, Optional, Sequence, Union, get_args, get_origin
+from typing import Any, AsyncIterator, ClassVar, Literal, Optional, Sequence, Union, get_args, get_origin
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -126,6 +129,8 @@ class _SamplingRequest(_Strict):
     json_schema: Optional[Union[str, dict]] = None
     rid: Optional[str] = None  # SGLang's: the response id, for /abort_request (module docstring)
 
+    IGNORED: ClassVar[tuple] = ("user",)  # OpenAI's fields accepted and ignored (ChatRequest.IGNORED)
+
     @model_validator(mode="before")
     @classmethod
     def _null_is_the_default(cls, data: Any) -> Any:
@@ -211,6 +216,53 @@ class ChatRequest(_SamplingRequest):
     tools: Optional[list] = None
     tool_choice: Optional[Any] = None
     parallel_tool_calls: Optional[StrictBool] = None
+    functions: Optional[list] = None  # (OpenAI's deprecated tool calling: refused as tools are)
+    function_call: Optional[Any] = None
+    # OpenAI's fields that ask for what lmnb serve cannot give: refused when set (_refuse_unserved)
+    modalities: Optional[list] = None  # only ["text"] is served
+    audio: Optional[Any] = None
+    web_search_options: Optional[Any] = None
+    # OpenAI's fields that leave the reply unchanged here: accepted and ignored (IGNORED)
+    store: Optional[Any] = None
+    metadata: Optional[Any] = None
+    service_tier: Optional[Any] = None
+    prediction: Optional[Any] = None
+    safety_identifier: Optional[Any] = None
+    prompt_cache_key: Optional[Any] = None
+    prompt_cache_retention: Optional[Any] = None
+    reasoning_effort: Optional[Any] = None
+    verbosity: Optional[Any] = None
+
+    # OpenAI's chat fields that lmnb serve accepts and ignores: storage and tracking (``store``,
+    # ``metadata``, ``user``, ``safety_identifier``), OpenAI's own scheduling and caching
+    # (``service_tier``, ``prompt_cache_key``, ``prompt_cache_retention``), ``prediction`` (a speed-up
+    # that leaves the output as it is), and hints to OpenAI's reasoning models (``reasoning_effort``,
+    # ``verbosity``) that the chat templates of the models lmnb serves do not read; vLLM and SGLang
+    # accept them too. The unknown-field error leaves them out of the fields it lists, and the
+    # OpenAI fields only there to be refused (UNSERVED).
+    IGNORED: ClassVar[tuple] = ("metadata", "prediction", "prompt_cache_key", "prompt_cache_retention",
+                                "reasoning_effort", "safety_identifier", "service_tier", "store", "user", "verbosity")
+    UNSERVED: ClassVar[tuple] = ("audio", "function_call", "functions", "modalities", "web_search_options")
+
+
+def _refuse_unserved(req: ChatRequest) -> None:
+    """Refuse a chat request that asks for what lmnb serve does not do, naming the field and the
+    fix: tool calling (``tools``, ``tool_choice`` other than ``"none"``, the deprecated
+    ``functions`` / ``function_call``), audio output (``audio``, ``modalities`` beyond ``["text"]``)
+    and web search (``web_search_options``). Ignoring them would answer a different request
+    without a word: a reply with no tool call, no audio, no search."""
+    if req.tools or req.tool_choice not in (None, "none"):
+        raise RequestError('tool calling is not supported by lmnb serve; leave out tools and tool_choice (or send '
+                           'tool_choice "none")', param="tools")
+    if req.functions or req.function_call not in (None, "none"):
+        raise RequestError('function calling is not supported by lmnb serve; leave out functions and function_call '
+                           '(or send function_call "none")', param="functions" if req.functions else "function_call")
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        raise RequestError(f"modalities {json_value(req.modalities, 40)} is not supported by lmnb serve: it replies "
+                           'with text only; leave modalities out (or send ["text"])', param="modalities")
+    for field in ("audio", "web_search_options"):
+        if getattr(req, field) is not None:
+            raise RequestError(f"{field} is not supported by lmnb serve; leave it out", param=field)
 
 
 def _constraint(req: _SamplingRequest) -> dict:
@@ -544,10 +596,11 @@ def _validate(model: type, body: Any, path: str) -> Any:
     flags of nested objects are ``StrictBool`` for that."""
     if isinstance(body, dict):
         unknown = sorted(k for k in body if k not in model.model_fields)
-        if unknown:
-            key, names = unknown[0], sorted(model.model_fields)
-            raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, names)}; {path} takes "
-                               f"{json_value(names)}", param=key)
+        if unknown:  # (it lists the fields it uses; the one meant may be one it ignores)
+            key, unlisted = unknown[0], getattr(model, "IGNORED", ()) + getattr(model, "UNSERVED", ())
+            names = sorted(f for f in model.model_fields if f not in unlisted)
+            raise RequestError(f"unknown field {json_value(key, 40)}{did_you_mean(key, sorted(model.model_fields))}; "
+                               f"{path} takes {json_value(names)}", param=key)
         for key, value in body.items():
             annotation = model.model_fields[key].annotation
             if isinstance(value, (bool, str)) and _holds(annotation, (int, float)):
@@ -678,9 +731,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         _refuse_misspelt_message_keys(body)
         req = _validate(ChatRequest, body, "/v1/chat/completions")
         check_model(req.model)
-        if req.tools or req.tool_choice not in (None, "none"):
-            raise RequestError('tool calling is not supported by lmnb serve; leave out tools and tool_choice (or send '
-                               'tool_choice "none")', param="tools")
+        _refuse_unserved(req)
         if not req.messages:
             raise RequestError("messages is empty", param="messages")
         if not engine.chat_template:
