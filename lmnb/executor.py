@@ -1296,9 +1296,12 @@ class StreamExecutor:
         ``reader``: the thread the text is for, when another one runs this iterator for it
         (``text_async_iter`` steps it on worker threads for the thread of the event loop).
         ``with_meta``: yield ``(chunk, meta_info of var_name)``, the meta info read with the chunk
-        (read after it, it could be ahead: a later chunk's token count and logprobs).
+        (read after it, it could be ahead: a later chunk's token count and logprobs). The last
+        pair holds the variable's final meta info (its ``finish_reason``): when that came with no
+        new text, an extra ``("", meta_info)`` ends the stream (SGLang's kept such meta info for a
+        next chunk that never came).
         """
-        pos, seen = None, -1
+        pos, seen, sent = None, -1, None  # sent: the meta info last yielded
         while True:
             with self._cv:
                 if self._version == seen:
@@ -1327,8 +1330,13 @@ class StreamExecutor:
                 failed = self.error_ is not None and (
                     var_name is None or var_name in self._lost or var_name not in self.variables)
                 gathered = var_name in self.gathered
-            if chunk:
+            # the meta info of the gen's end (its finish reason) often comes with no new text (a
+            # last event holding back a stop string, or only the finish): it ends the stream as an
+            # empty chunk, where it would never have arrived
+            last_meta = done and with_meta and not failed and not gathered and meta is not None and meta != sent
+            if chunk or last_meta:
                 yield (chunk, meta) if with_meta else chunk
+                sent = meta
             if failed:  # (kept on the frames of earlier raises: see _fresh)
                 raise self.read_error()
             if done and gathered:

@@ -3106,6 +3106,40 @@ def test_text_async_iter_pairs_each_chunk_with_its_own_meta_info(monkeypatch):
     assert asyncio.run(read()) == [("a", 1, None), ("bcdefghij", 10, {"type": "length"})]
 
 
+def test_text_async_iter_with_meta_data_ends_with_the_finish_reason(monkeypatch):
+    """The meta info of a gen's end came with no new text (a last event with only the finish
+    reason), so no chunk carried it and the stream never said how the gen ended: an empty chunk
+    with it now ends the stream. Here the chunk "ab" is read before the gen ends."""
+    read_ab = threading.Event()
+
+    class EndsApart(ScriptedBackend):
+        def generate_stream(self, prompt, params, rid):
+            yield "ab", {"completion_tokens": 2, "finish_reason": None}
+            read_ab.wait(10)
+            yield "", {"completion_tokens": 3, "finish_reason": {"type": "stop", "matched": "\n"}}
+
+    @sgl.function
+    def prog(s):
+        s += "A:" + sgl.gen("x", stop="\n")
+
+    async def read():
+        got = []
+        async for c, m in st.text_async_iter("x", return_meta_data=True):
+            got.append((c, m["completion_tokens"], m["finish_reason"]))
+            read_ab.set()
+        return got
+
+    st = prog.run(backend=EndsApart(), stream=True)
+    assert asyncio.run(read()) == [("ab", 2, None), ("", 3, {"type": "stop", "matched": "\n"})]
+    assert st["x"] == "ab" and st.get_meta_info("x")["finish_reason"] == {"type": "stop", "matched": "\n"}
+    # a gen that is not streamed has its final meta info with its one chunk: no empty chunk after it
+    st = prog.run(backend=EndsApart())
+
+    async def pairs():
+        return [(c, m) async for c, m in st.text_async_iter("x", return_meta_data=True)]
+    assert asyncio.run(pairs()) == [(st["x"], st.get_meta_info("x"))]
+
+
 def test_a_mistyped_keyword_is_named_with_the_missing_argument():
     # bind() names only the first problem: "missing a required argument: 'question'", not the typo
     @sgl.function

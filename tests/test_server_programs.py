@@ -505,6 +505,34 @@ def test_streamed_logprobs_come_with_their_chunks_and_add_up_to_the_unstreamed_o
     assert [list(t) for lp in with_lps for t in lp.top_logprobs] == [list(t) for t in whole.logprobs.top_logprobs]
 
 
+@pytest.mark.parametrize("kind", ["runtime", "openai-chat", "openai-completion"])
+def test_text_async_iter_meta_data_ends_with_the_finish_reason_over_http(backends, kind):
+    """A streamed gen's last meta info (its finish reason) reaches ``text_async_iter(var,
+    return_meta_data=True)``; over the OpenAI API the finish reason comes in a chunk with no text,
+    and no yielded chunk carried it (the last one's was None)."""
+    import asyncio
+
+    _, remote, url = backends
+    backend = remote if kind == "runtime" else sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=kind == "openai-chat")
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("The bird in the tree") if kind == "openai-chat" else "The bird in the tree"
+        s += sgl.assistant(sgl.gen("x", max_tokens=5)) if kind == "openai-chat" else sgl.gen("x", max_tokens=5)
+
+    whole = prog.run(backend=backend, temperature=0).get_meta_info("x")["finish_reason"]
+    assert whole is not None
+
+    async def pairs():
+        st = prog.run(backend=backend, temperature=0, stream=True)
+        return [(c, m) async for c, m in st.text_async_iter("x", return_meta_data=True)], st
+
+    got, st = asyncio.run(pairs())
+    assert "".join(c for c, _ in got) == st["x"]
+    assert got[-1][1]["finish_reason"] == whole
+    assert got[-1][1] == st.get_meta_info("x")  # the gen's final meta info (usage too)
+
+
 def test_openai_backend_runs_a_chat_program_against_lmnb_serve(backends):
     _, remote, url = backends
     chat = sgl.OpenAI("tiny", base_url=f"{url}/v1")

@@ -527,7 +527,7 @@ class OpenAI(BaseBackend):
         return out
 
     def generate_stream(self, prompt: Prompt, params: GenParams, rid: str) -> Iterator[tuple[str, dict]]:
-        meta: dict[str, Any] = {}
+        meta: dict[str, Any] = {"finish_reason": None}  # None until the last, as RuntimeEndpoint's chunks have it
         text = ""
         where = f"{self.client.base_url} stream"
         if not self._begin(rid):
@@ -584,7 +584,7 @@ class OpenAI(BaseBackend):
             raise self._timeout_error(where, 1, stream=True) from None
         if error is not None:
             raise self._stream_failure(error, where) from None
-        if "finish_reason" not in meta:  # the connection closed mid-output: what came would pass for all of it
+        if meta["finish_reason"] is None:  # the connection closed mid-output: what came would pass for all of it
             raise BackendError(f"{where} ended after {len(text)} characters with no finish reason: the connection "
                                "was cut mid-output; run it again")
         self._check_regex(text, meta["finish_reason"]["type"], params)
