@@ -32,7 +32,7 @@ from lmnb import speculative
 from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, reworded
 from lmnb.chat_template import ChatTemplate
-from lmnb.user_site import outside_lmnb, running_for
+from lmnb.user_site import running_for, user_site
 from lmnb.ir import (
     DTYPE_STOPS,
     RUN_MAX_TOKENS_OPTION,
@@ -478,7 +478,7 @@ class StreamExecutor:
                     self._lost.add(name)  # it will be skipped
                 else:
                     self._pending[name] += 1
-            self._queue.append((expr, outside_lmnb()))  # (the user's line, for a warning: user_site)
+            self._queue.append((expr, user_site()))  # (the user's line, for a warning: user_site)
             if self._draining:
                 return
             self._draining = True

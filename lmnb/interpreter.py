@@ -25,6 +25,7 @@ from lmnb.executor import (
     _BODY_POLL_S, ForkError, ProgramError, StreamExecutor, UnjoinedForkError, _JoinApply, _listeners,
 )
 from lmnb.ir import Expr, GenParams, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, added_twice, role_message
+from lmnb.user_site import running_for, user_site
 
 
 # ------------------------------------------------------------------------------ program states
@@ -486,9 +487,12 @@ def _start(state: ProgramState, program, args: tuple, kwargs: dict, stream: bool
         # taken by the body as it begins, or by a start that Ctrl-C cut short: then the body never runs
         claim = threading.Lock()
 
+        site = user_site()  # (a warning of the body's thread names the caller's line: lmnb.user_site)
+
         def body() -> None:
             if claim.acquire(blocking=False):
-                _run_body(state, program.func, args, kwargs, False)
+                with running_for(site):
+                    _run_body(state, program.func, args, kwargs, False)
 
         try:
             threading.Thread(target=ctx.run, args=(body,), daemon=True).start()

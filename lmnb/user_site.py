@@ -6,7 +6,9 @@ whose stack holds lmnb's frames and ``threading``'s bootstrap only: a warning th
 file and line. So the executor keeps, with each primitive it queues, the line outside lmnb that
 queued it (``outside_lmnb``: the program's ``s += gen(...)``), and the worker runs the primitive
 with that line as its thread's ``running_for`` site, at which ``warn_at_user`` points the warning
-(``warnings.warn_explicit``). Importing it loads nothing heavy.
+(``warnings.warn_explicit``). A ``%%lm`` cell's program is run by lmnb_kernel from IPython's
+``run_cell_magic``, and its body is a function lmnb makes by ``exec``: those frames are passed
+over too, so the warning names the cell's line. Importing it loads nothing heavy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import warnings
 from typing import Iterator, NamedTuple, Optional
 
 _LMNB_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# (lmnb_kernel, beside lmnb, runs a %%lm cell's program: named by its path, so nothing imports it)
+_KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lmnb_kernel") + os.sep
 _worker = threading.local()  # .site: the Site of the primitive this thread runs, if any
 
 
@@ -31,15 +35,30 @@ class Site(NamedTuple):
     module_globals: dict
 
 
+def _ours(frame) -> bool:
+    """Whether ``frame`` runs lmnb's code rather than the user's: a file of lmnb or lmnb_kernel,
+    code ``exec``'d in a namespace with no ``__name__`` (a ``%%lm`` cell's program function, which
+    lmnb makes; its "<string>" line says nothing), or IPython's machinery that runs a cell magic."""
+    name = frame.f_globals.get("__name__")
+    return (frame.f_code.co_filename.startswith((_LMNB_DIR, _KERNEL_DIR)) or name is None
+            or name.startswith("IPython."))
+
+
 def outside_lmnb() -> Optional[Site]:
-    """The first frame of the calling thread's stack outside the lmnb package, or None where there
-    is none but ``threading``'s bootstrap (a worker thread's stack)."""
+    """The first frame of the calling thread's stack outside the lmnb package (``_ours``), or None
+    where there is none but ``threading``'s bootstrap (a worker thread's stack)."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_LMNB_DIR):
+    while frame is not None and _ours(frame):
         frame = frame.f_back
     if frame is None or frame.f_globals.get("__name__") == "threading":
         return None
     return Site(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+
+
+def user_site() -> Optional[Site]:
+    """``outside_lmnb``, else the site this thread runs for (``running_for``: a streamed program's
+    body thread, whose stack holds only lmnb's frames where the body is a ``%%lm`` cell's)."""
+    return outside_lmnb() or getattr(_worker, "site", None)
 
 
 @contextlib.contextmanager
@@ -60,7 +79,7 @@ def warn_at_user(message: str, category: type = UserWarning) -> None:
     else the line that queued the primitive this worker thread runs (``running_for``), else the
     line that calls this function (a worker with no such line: ``threading.py`` would say less).
     Filters and the "once per location" registry see the module of that line, as for ``warn``."""
-    site = outside_lmnb() or getattr(_worker, "site", None)
+    site = user_site()
     if site is None:
         warnings.warn(message, category, stacklevel=2)
         return

@@ -125,6 +125,38 @@ def test_the_fallback_warning_of_a_programs_run_points_at_the_run():
     assert "cannot be used as per-role markers" in str(seen[0].message)
 
 
+
+def test_the_fallback_warning_of_a_lm_cell_points_at_the_cell():
+    """Run through lmnb_kernel, a %%lm cell's warning named lmnb_kernel/cellrun.py, the first frame
+    outside lmnb; it names the cell's line as IPython compiled it (`run_cell_magic('lm', ...)`),
+    passing over lmnb_kernel's frames and IPython's that run the cell magic."""
+    import linecache
+    import warnings
+
+    import lmnb
+    from helpers_lang import RecordingEngine
+    from helpers_shell import process_shell
+    from lmnb_kernel.session import get_session
+
+    shell = process_shell()
+    default_backend = lmnb.api._default_backend  # loading the extension replaces it
+    shell.extension_manager.load_extension("lmnb_kernel")
+    engine = RecordingEngine()
+    engine.chat_template = FOLDED_SYSTEM
+    get_session().connect(sgl.Engine(engine=engine), "a recording engine")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            warnings.simplefilter("ignore", ResourceWarning)  # (an unclosed socket of another test, collected here)
+            assert shell.run_cell("%%lm --max-tokens 1\nhi{gen x}").success
+    finally:
+        get_session().close()
+        shell.extension_manager.unload_extension("lmnb_kernel")
+        lmnb.api._default_backend = default_backend
+    assert [w.lineno for w in seen] == [1], [(w.filename, w.lineno, str(w.message)) for w in seen]
+    assert "cannot be used as per-role markers" in str(seen[0].message)
+    assert linecache.getline(seen[0].filename, 1).startswith("get_ipython().run_cell_magic('lm'")
+
 # SGLang's registry (sglang/lang/chat_template.py): the text a program writes under each name, worked
 # out by hand from SGLang's role markers, and where the family publishes a Hugging Face template,
 # checked against it (SGLang leaves BOS to the tokenizer, and the space the model writes after

@@ -989,3 +989,44 @@ def test_the_guessed_template_warning_points_at_the_users_code(server):
     backend.shutdown()
     assert len(seen) == 1, [str(w.message) for w in seen]
     assert seen[0].filename == __file__
+
+
+def test_the_guessed_template_warning_of_a_lm_cell_points_at_the_cell(server):
+    """A %%lm cell run through lmnb_kernel: the warning named lmnb_kernel/cellrun.py (the first
+    frame outside lmnb, where the main thread asked for the template) or "<string>", line 2 (the
+    program function lmnb makes for the cell, on the streamed body's thread); it names the cell's
+    line, as IPython compiled it (`run_cell_magic('lm', ...)`)."""
+    import linecache
+    import warnings
+
+    from helpers_shell import process_shell
+    from lmnb_kernel.session import get_session
+
+    shell = process_shell()
+    default_backend = lmnb.api._default_backend  # loading the extension replaces it
+    shell.extension_manager.load_extension("lmnb_kernel")
+    # (a cell streams: a /v1/completions stream of "ok")
+    server.answer = lambda h, body: events(h, [{"id": "x", "choices": [{"index": 0, "text": "ok", "finish_reason": None}]},
+                                               {"id": "x", "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}])
+    try:
+        # (a --python body's line is its own, under the name its tracebacks give: the cell's line 3)
+        for cell, where in [("%%lm --max-tokens 2\n{user}Hi{/user}{assistant}{gen a}{/assistant}", 1),
+                            ("%%lm --python --max-tokens 2\ns += lmnb.user('Hi')\ns += lmnb.assistant(lmnb.gen('a'))",
+                             3)]:
+            backend = lmnb.OpenAI("my-model", is_chat_model=False, base_url=server.url + "/v1", max_retries=0,
+                                  timeout=5)
+            get_session().connect(backend, "the test's server")
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                warnings.simplefilter("ignore", ResourceWarning)  # (an unclosed socket of another test)
+                assert shell.run_cell(cell).success
+            assert len(seen) == 1, [(w.filename, str(w.message)) for w in seen]
+            assert seen[0].lineno == where and "is_chat_model=False" in str(seen[0].message)
+            if where == 1:
+                assert linecache.getline(seen[0].filename, 1).startswith("get_ipython().run_cell_magic('lm'")
+            else:
+                assert seen[0].filename.startswith("<%%lm cell ")
+    finally:
+        get_session().close()
+        shell.extension_manager.unload_extension("lmnb_kernel")
+        lmnb.api._default_backend = default_backend
