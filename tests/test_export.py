@@ -569,11 +569,16 @@ _COUNTING_F = "count = 0\ndef f(x):\n    global count\n    count += 1\n    retur
     ("ys = map(f, [1, 2])", True),  # (lazy: the row's list(ys) calls f)
     ("def mk(x):\n    def g():\n        global count\n        count += 1\n    return g\nys = list(map(mk, [1]))",
      True),  # (mk's results are functions that set count; the row calls one)
+    # (a generator's or a coroutine's body runs where the row iterates or awaits it: found by the
+    # break-it review, where no note said that count changes in each row)
+    ("def gen(x):\n    global count\n    count += 1\n    yield x\nys = list(map(gen, [1, 2]))", True),
+    ("async def co(x):\n    global count\n    count += 1\n    return x\nys = list(map(co, [1, 2]))", True),
 ])
 def test_a_setup_value_that_holds_only_a_functions_results_does_not_count_it_as_called_by_the_rows(setup, noted):
     # list(map(f, xs)) was taken to hold f, so a row reading ys "called" f: its global count was set
     # back per row and noted as set per row too, though no row calls f
-    cell = "for y in ys:\n    y() if callable(y) else y\nr = str(count)"
+    cell = ("import asyncio, inspect\nfor y in ys:\n    if callable(y):\n        y()\n    elif inspect.isgenerator(y):\n"
+            "        list(y)\n    elif inspect.iscoroutine(y):\n        asyncio.run(y)\nr = str(count)")
     nb = notebook(f"{_COUNTING_F}{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
                   "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
     source, p = export_notebook(nb)

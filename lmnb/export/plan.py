@@ -987,14 +987,16 @@ def _links(setup: list, functions: list) -> dict:
     place puts in it (``handlers["b"] = g``, ``hooks.append(g)``). A function that a call of the value only takes as
     an argument is held (``partial(f)``), the called one too where it takes a function
     (``counted(ask)``); ``x = f(1)`` holds f's result, not f, and so does ``list(map(f, xs))``
-    (``_consumed``) where f makes no function to return."""
+    (``_consumed``) where f makes no function to return, nor is a generator or an ``async def``."""
     import ast
 
     known = {f[1] for f in functions}
     classes = set(_setup_classes(setup))
     trees = [ast.parse(c.source) for c in setup if isinstance(c, Code)]
-    plain = {s.name for tree in trees for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and not _returns_functions(s, known)}
+    # (a generator or async def's result runs its body later, where a row iterates or awaits it)
+    plain = {s.name for tree in trees for s in tree.body if isinstance(s, ast.FunctionDef)
+             and not _returns_functions(s, known)
+             and not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(s))}
     # (a name bound otherwise too, `f = counted(f)`, or decorated, may be anything)
     plain -= {n for tree in trees for s in tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
               or s.decorator_list for n in bound_by(s)}
