@@ -2493,6 +2493,29 @@ def test_a_name_a_setup_function_reads_above_the_import_stays_the_rows_own_where
     assert prompts == ["B", passes[0], "C", passes[1]]
 
 
+
+@pytest.mark.parametrize("cell", [
+    "from math import *\nmatch q:\n    case 'B':\n        pass\n    case e:\n        pass\nr = str(e)[:4]",
+    "from math import *\nmatch [q]:\n    case ['B']:\n        pass\n    case [*e]:\n        pass\nr = str(e)[:4]",
+    "from math import *\nmatch {'k': q}:\n    case {'k': 'B'}:\n        pass\n    case {**e}:\n        pass\nr = str(e)[:4]",
+])
+def test_a_name_a_match_pattern_binds_below_a_per_row_star_import_keeps_the_imports_value(tmp_path, monkeypatch,
+                                                                                       cell):
+    # a capture pattern (`case e:`) binds e below the import only where it matches; the export did not
+    # take it for a binding, so run_row's e was not given math's e at the import: the row whose case
+    # 'B' matched failed with UnboundLocalError where the notebook read math's e (found by the break-it review)
+    from helpers_export import write_rows
+
+    nb = notebook('q = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, _ = export_notebook(nb)
+    rows = [{"q": q} for q in ("B", "CC")]
+    passes = _notebook_passes("", [cell], rows)
+    assert passes[0] == "2.71"  # (by hand: math's e, where case 'B' matched)
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", rows), 0,
+                               ["--num-threads", "1"])
+    assert prompts == ["B", passes[0], "CC", passes[1]]
+
 def test_a_row_cells_star_import_makes_a_short_script():
     # the script listed every name the row reads (str, len, print, floor, pi) in one long star_start and
     # star_values, with an `if X is job.UNBOUND: del X` block for each but the builtins, and kept the

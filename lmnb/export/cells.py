@@ -708,6 +708,10 @@ def bound_by(stmt: ast.stmt) -> list[str]:
             out.append(node.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             out += [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:  # (`case e:`, `case [*rest]:`)
+            out.append(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:  # (`case {**rest}:`)
+            out.append(node.rest)
         stack.extend(ast.iter_child_nodes(node))
     return out
 
