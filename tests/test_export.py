@@ -767,6 +767,12 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "tok = Tok()\ndef use(x):\n    tok.all().append(x)\n    return str(len(tok.seen))", "r = use(q)",
      "cell 1: tok, an instance of Tok that this cell makes once, is used by the rows (`tok.all()` in use(), a "
      "function of cell 1): what its calls change carries over from row to row"),
+    # (a method's decorator factory, @counted(): wrapped once, where the class is defined; found by the
+    # break-it review, where only a function's was noted)
+    ("def counted():\n    n = 0\n    def deco(f):\n        def w(*a):\n            nonlocal n\n            n += 1\n"
+     "            return f(*a) + str(n)\n        return w\n    return deco\nclass A:\n    @counted()\n"
+     "    def ask(self, x):\n        return x\na = A()", "r = a.ask('a')",
+     "cell 1: A.ask, which the rows call, is wrapped by counted(), whose closure keeps state by `nonlocal`"),
     # (an attribute set on an Enum's member, which the class holds: no class attribute the job sets back)
     ("from enum import Enum\nclass Color(Enum):\n    RED = 1",
      "Color.RED.hits = getattr(Color.RED, 'hits', 0) + 1\nr = str(Color.RED.hits)",

@@ -491,18 +491,29 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
              for name, use in uses.items()]
     decorators = {name: d for (_, name), d in defs.items()
                   if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
+    # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
+    methods = {(c.index, s.name): [m for m in s.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+               for c in setup if isinstance(c, Code) for s in ast.parse(c.source).body if isinstance(s, ast.ClassDef)}
     for f in called:
         d = defs.get((f[0], f[1]))
-        # (a decorator factory's call too, @counted(): the closure of counted keeps the state)
-        wrapped = [ast.unparse(x) for x in getattr(d, "decorator_list", [])
-                   if ast.unparse(x.func if isinstance(x, ast.Call) else x) in decorators]
-        if wrapped:
-            notes.append(f"cell {f[0]}: {f[1]}, which the rows call, is wrapped by {wrapped[0]}, whose closure keeps "
-                         "state by `nonlocal`: it carries over from row to row (what one row changes, the next row "
-                         "sees), where each pass of the notebook starts from a new one; define it in a cell that runs "
-                         "per row (after the first %%lm cell), and rows running at once (--num-threads above 1) "
-                         "share it")
+        for name, function in ([(f[1], d)] if d is not None else
+                               [(f"{f[1]}.{m.name}", m) for m in methods.get((f[0], f[1]), [])]):
+            # (a decorator factory's call too, @counted(): the closure of counted keeps the state)
+            wrapped = [ast.unparse(x) for x in function.decorator_list
+                       if ast.unparse(x.func if isinstance(x, ast.Call) else x) in decorators]
+            if wrapped:
+                notes.append(_wrapped_note(f[0], name, wrapped[0]))
     return notes
+
+
+def _wrapped_note(cell: int, name: str, decorator: str) -> str:
+    """The note for a set-up function (or method) ``name`` of ``cell`` that the rows call, wrapped by
+    ``decorator``, whose closure keeps state by ``nonlocal`` (``_carried_over``)."""
+    return (f"cell {cell}: {name}, which the rows call, is wrapped by {decorator}, whose closure keeps "
+            "state by `nonlocal`: it carries over from row to row (what one row changes, the next row "
+            "sees), where each pass of the notebook starts from a new one; define it in a cell that runs "
+            "per row (after the first %%lm cell), and rows running at once (--num-threads above 1) "
+            "share it")
 
 
 # What a read-only method may call with its instance's attribute (``_reads_only``): builtins that
