@@ -773,6 +773,12 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "            return f(*a) + str(n)\n        return w\n    return deco\nclass A:\n    @counted()\n"
      "    def ask(self, x):\n        return x\na = A()", "r = a.ask('a')",
      "cell 1: A.ask, which the rows call, is wrapped by counted(), whose closure keeps state by `nonlocal`"),
+    # (and one an Enum's method sets on its member; found by the break-it review, where only a row's
+    # `Color.RED.hits = ...` was noted)
+    ("from enum import Enum\nclass Color(Enum):\n    RED = 1\n    def hit(self):\n"
+     "        self.hits = getattr(self, 'hits', 0) + 1\n        return self.hits", "r = str(Color.RED.hit())",
+     "cell 1: Color's members (an Enum's, which the class holds) have hits (hit()) set by its methods, and the rows "
+     "use Color: what they set carries over from row to row"),
     # (an attribute set on an Enum's member, which the class holds: no class attribute the job sets back)
     ("from enum import Enum\nclass Color(Enum):\n    RED = 1",
      "Color.RED.hits = getattr(Color.RED, 'hits', 0) + 1\nr = str(Color.RED.hits)",

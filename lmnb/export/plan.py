@@ -316,6 +316,12 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        "over from row to row (what one row sets, the next row sees), where each pass of the notebook "
                        f"starts from the one the cells run once made; keep that state in a variable the row makes "
                        "(after the first %%lm cell) instead, and rows running at once (--num-threads above 1) share it")
+    for root, changed in _enum_member_attributes(setup, called).items():
+        p.notes.append(f"cell {classes[root]}: {root}'s members (an Enum's, which the class holds) have "
+                       f"{', '.join(changed)} set by its methods, and the rows use {root}: what they set carries over from row to row "
+                       "(what one row sets, the next row sees), where each pass of the notebook starts from the "
+                       "members the cells run once made; keep that state in a variable the row makes (after the first "
+                       "%%lm cell) instead, and rows running at once (--num-threads above 1) share it")
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
@@ -410,6 +416,36 @@ def _held_object_attributes(called: list, row: list, classes: dict) -> dict:
         if "." in owner and owner not in classes and owner.split(".")[0] in classes:
             out.setdefault(owner, []).append(a)
     return out
+
+
+_ENUM_BASES = frozenset(f"{m}{b}" for m in ("", "enum.") for b in ("Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"))
+
+
+def _enum_member_attributes(setup: list, called: list) -> dict:
+    """Enum class name → the attributes ("Color.RED.hits" shown as "hits (hit())") that its methods
+    set on ``self`` (a member, which the class makes once and holds), for each set-up Enum class the
+    rows use (``called``; whichever methods they call): the job cannot set them back (``_held_object_attributes`` finds those set
+    by name, ``Color.RED.hits = 1``)."""
+    import ast
+
+    used = {f[1] for f in called}
+    out: dict = {}
+    for c in setup:
+        if not isinstance(c, Code):
+            continue
+        for cls in ast.parse(c.source).body:
+            if not (isinstance(cls, ast.ClassDef) and cls.name in used
+                    and any(ast.unparse(b) in _ENUM_BASES for b in cls.bases)):
+                continue
+            for method in cls.body:
+                if not (isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args):
+                    continue
+                me = method.args.args[0].arg
+                out.setdefault(cls.name, []).extend(
+                    f"{t.attr} ({method.name}())" for t in ast.walk(method)
+                    if isinstance(t, ast.Attribute) and isinstance(t.ctx, (ast.Store, ast.Del))
+                    and isinstance(t.value, ast.Name) and t.value.id == me)
+    return {name: list(dict.fromkeys(changed)) for name, changed in out.items() if changed}
 
 
 # The calls whose value keeps its own place to go on from (a set-up iterator the rows consume)
