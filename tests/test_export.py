@@ -767,6 +767,24 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "tok = Tok()\ndef use(x):\n    tok.all().append(x)\n    return str(len(tok.seen))", "r = use(q)",
      "cell 1: tok, an instance of Tok that this cell makes once, is used by the rows (`tok.all()` in use(), a "
      "function of cell 1): what its calls change carries over from row to row"),
+    # (a method that changes an item of an attribute, consumes an iterator an attribute holds, or calls
+    # `get` on an object that is no plain container: found by the break-it review, where such a method
+    # named like a read method (get) was taken to read only and nothing was noted)
+    *[(f"{cls}class T:\n    def __init__(self):\n        {init}\n    def get(self, x):\n        {body}\nt = T()\n"
+       "def use(x):\n    return t.get(x)", "r = str(use(q))",
+       "cell 1: t, an instance of T that this cell makes once, is used by the rows (`t.get(x)` in use(), a function "
+       "of cell 1): what its calls change carries over from row to row")
+      for cls, init, body in [
+          ("", "self.rows = [[]]", "self.rows[0].append(x)\n        return len(self.rows[0])"),
+          ("", "self.d = {'k': {}}", "self.d['k'][len(self.d['k'])] = x\n        return len(self.d['k'])"),
+          ("", "self.d = {'k': []}", "self.d.get('k').append(x)\n        return len(self.d['k'])"),
+          ("", "self.it = iter('abcdefgh')", "return len(list(self.it))"),
+          ("", "self.it = iter('abcdefgh')", "return 'c' in self.it"),
+          ("import queue\n", "self.q = queue.Queue()\n        self.q.put(1)\n        self.q.put(2)",
+           "return self.q.get()"),
+          ("class C:\n    def __init__(self):\n        self.n = 0\n    def get(self, k):\n        self.n += 1\n"
+           "        return self.n\n", "self.c = C()", "return self.c.get(x)"),
+      ]],
     # (a method's decorator factory, @counted(): wrapped once, where the class is defined; found by the
     # break-it review, where only a function's was noted)
     ("def counted():\n    n = 0\n    def deco(f):\n        def w(*a):\n            nonlocal n\n            n += 1\n"

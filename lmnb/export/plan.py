@@ -553,11 +553,16 @@ def _wrapped_note(cell: int, name: str, decorator: str) -> str:
 
 
 # What a read-only method may call with its instance's attribute (``_reads_only``): builtins that
-# neither keep nor change their argument, and the methods by which str, dict, list and tuple are read
+# neither keep nor change their argument (those that run through it only on a plain container's:
+# they would consume an iterator), and the methods by which str, dict, list and tuple are read (only
+# on a plain container's: a Queue's get, or a set-up class's, may change it)
 _PURE_BUILTINS = frozenset({"len", "str", "repr", "int", "float", "bool", "sorted", "list", "tuple", "set", "dict",
                             "min", "max", "sum", "any", "all", "isinstance", "abs", "round", "hash", "format"})
+_ITERATING_BUILTINS = frozenset({"sorted", "list", "tuple", "set", "dict", "min", "max", "sum", "any", "all"})
 _READ_METHODS = frozenset({"get", "keys", "values", "items", "index", "count", "copy", "format", "join", "split",
                            "strip", "lower", "upper", "startswith", "endswith", "encode", "decode", "replace"})
+# (the values that make a plain container: a display, a comprehension, a string, or a call of these)
+_CONTAINERS = frozenset({"dict", "list", "tuple", "set", "frozenset", "str", "sorted"})
 
 
 def _read_only_methods(setup: list) -> dict:
@@ -579,15 +584,41 @@ def _read_only_methods(setup: list) -> dict:
             methods = {s.name: s for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
             if {"__getattr__", "__getattribute__", "__setattr__"} & set(methods):
                 continue
-            out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set())}
+            plain = _plain_attributes(methods)
+            out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set(), plain)}
     return out
 
 
-def _reads_only(method, methods: dict, seen: set) -> bool:
+def _plain_attributes(methods: dict) -> set:
+    """The attributes that the class's ``methods`` only ever set on their instance to a plain
+    container (``self.vocab = {}``, ``self.words = list(ws)``: ``_CONTAINERS``): a dict, list,
+    tuple, set or str, whose read methods and iteration change nothing."""
+    import ast
+
+    plain, other = set(), set()
+    for method in methods.values():
+        me = method.args.args[0].arg if method.args.args else None
+        for node in ast.walk(method):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me:
+                    value = getattr(node, "value", None)
+                    made = isinstance(value, (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.JoinedStr, ast.ListComp,
+                                              ast.DictComp, ast.SetComp)) \
+                        or (isinstance(value, ast.Constant) and isinstance(value.value, str)) \
+                        or (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                            and value.func.id in _CONTAINERS)
+                    (plain if made and not isinstance(node, ast.AugAssign) else other).add(t.attr)
+    return plain - other
+
+
+def _reads_only(method, methods: dict, seen: set, plain: set = frozenset()) -> bool:
     """Whether ``method`` (a plain ``def`` of a class whose ``methods`` are given) changes nothing of
     its instance, as far as can be told safely: its first parameter is used only to read attributes
-    (``self.vocab[k]``, ``self.vocab.get(k)``, ``len(self.items)``), or to call methods of the class
-    that read only (``seen``: those being checked, taken to read only)."""
+    (``self.vocab[k]``, ``self.vocab.get(k)``, ``len(self.items)``, ``_read``), or to call methods of
+    the class that read only (``seen``: those being checked, taken to read only). ``plain``: the
+    attributes that hold plain containers (``_plain_attributes``)."""
     import ast
 
     if method.decorator_list or not method.args.args:
@@ -603,23 +634,38 @@ def _reads_only(method, methods: dict, seen: set) -> bool:
         user = parents.get(attribute)
         if isinstance(user, ast.Call) and user.func is attribute:  # (self.m(...): a method of the class)
             called = methods.get(attribute.attr)
-            if called is None or (called.name not in seen and not _reads_only(called, methods, seen | {method.name})):
+            if called is None or (called.name not in seen
+                                  and not _reads_only(called, methods, seen | {method.name}, plain)):
                 return False
-        elif isinstance(user, ast.Attribute):  # (self.vocab.get(k): a read method, and nothing else)
-            call = parents.get(user)
-            if not (isinstance(call, ast.Call) and call.func is user and user.attr in _READ_METHODS):
-                return False
-        elif isinstance(user, ast.Subscript):
-            if not isinstance(user.ctx, ast.Load) or user.value is not attribute:
-                return False
-        elif isinstance(user, ast.Call):  # (an argument: of a builtin that neither keeps nor changes it)
-            if not (isinstance(user.func, ast.Name) and user.func.id in _PURE_BUILTINS):
-                return False
-        elif isinstance(user, (ast.Return, ast.keyword, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Starred,
-                               ast.List, ast.Tuple, ast.Set, ast.Dict, ast.NamedExpr, ast.Yield, ast.YieldFrom,
-                               ast.Lambda, ast.comprehension)):
-            return False  # (handed on, kept or iterated: a list returned is changed where it goes)
+        elif not _read(attribute, parents, attribute.attr in plain):
+            return False
     return True
+
+
+def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
+    """Whether ``value`` (an instance's attribute, or with ``item`` an item of it: ``self.rows[0]``,
+    ``self.vocab.get(k)``) is only read where it is used (``_reads_only``): an item is looked at the
+    same way (``self.rows[0].append(x)`` changes the attribute's list), but may be handed on, as
+    ``return self.vocab[k]`` does; ``plain``: the attribute holds a plain container."""
+    import ast
+
+    user = parents.get(value)
+    if isinstance(user, ast.Subscript):
+        return user.value is not value or (isinstance(user.ctx, ast.Load) and _read(user, parents, plain, True))
+    if isinstance(user, ast.Attribute):  # (self.vocab.get(k): a read method, and nothing else)
+        call = parents.get(user)
+        return (plain and isinstance(call, ast.Call) and call.func is user and user.attr in _READ_METHODS
+                and (user.attr != "get" or _read(call, parents, plain, True)))
+    if isinstance(user, ast.Call):  # (an argument: of a builtin that neither keeps nor changes it)
+        return (isinstance(user.func, ast.Name) and user.func.id in _PURE_BUILTINS
+                and (plain or user.func.id not in _ITERATING_BUILTINS))
+    if isinstance(user, ast.Compare) and value is not user.left:  # (`k in self.vocab` runs through it)
+        return plain or not any(isinstance(op, (ast.In, ast.NotIn)) for op in user.ops)
+    # (handed on, kept or iterated: a list returned is changed where it goes)
+    return item or not isinstance(user, (ast.Return, ast.keyword, ast.Assign, ast.AugAssign, ast.AnnAssign,
+                                         ast.Starred, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.NamedExpr,
+                                         ast.Yield, ast.YieldFrom, ast.Lambda, ast.comprehension, ast.For,
+                                         ast.AsyncFor, ast.withitem, ast.Await))
 
 
 def _function_locals(function) -> set:
