@@ -32,7 +32,7 @@ from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 EXIT_CELL_ERROR = 3
 EXIT_STATUSES = ("0 every cell ran (with --allow-errors: also when some raised); 1 a cell ran past --timeout, "
                  "the kernel died or did not start, or a %%lm cell's view is saved unfinished (the kernel's last "
-                 "update of it came too late); 2 the notebook cannot be read, the output cannot be "
+                 "update of it never came: the kernel was killed, or dropped it); 2 the notebook cannot be read, the output cannot be "
                  f"written, or a -p cannot be used; {EXIT_CELL_ERROR} a cell raised an error (the "
                  "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C or SIGTERM")
 
@@ -104,6 +104,7 @@ def run(args) -> int:
     """Execute, save, print the summary. Returns an exit status (``EXIT_STATUSES``); the executed
     notebook is saved in every case but 2. A cell that raised is reported by
     ``cell_failure.describe_failure``: its number and first line, the error, its frames."""
+    from jupyter_core.utils import run_sync
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook, unnamed_output
@@ -260,11 +261,12 @@ def run(args) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):  # outside a cell (kernel start-up)
         failed, status = "interrupted while the lmnb kernel was starting; no cell ran", 130
     finally:
-        # Saved before the shutdown (which may take seconds), and for a cell still running past
-        # --timeout again after it: the shutdown interrupts that cell and waits for it to end, while
-        # nbclient's reader of its output (left running on its event loop, which the wait runs)
-        # adds what it shows then, its KeyboardInterrupt and an %%lm view's last state. (To stdout
-        # it is written once, after the shutdown.)
+        # Saved before the shutdown (which may take seconds), and again after it: the run's reader
+        # of the kernel's output (left running on its event loop, which the shutdown's wait runs)
+        # adds what the kernel sent until it exited: a cell still running past --timeout, which
+        # the shutdown interrupts and waits for, its KeyboardInterrupt and an %%lm view's last
+        # state; a thread's late print; output still on its way. (To stdout it is written once,
+        # after the shutdown.)
         saved = None
         try:
             if not to_stdout:
@@ -276,8 +278,8 @@ def run(args) -> int:
                           pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
             finally:
                 try:
-                    if to_stdout or still_running:  # (again where the first save went: a fallback too)
-                        saved = save(nb, out if saved is None else saved)
+                    run_sync(client.read_last_output)()
+                    saved = save(nb, out if saved is None else saved)  # (again where the first save went)
                 finally:
                     km.cleanup_connection_dir()
                     # nbclient leaves its exit hook registered when the kernel dies at start-up; run at
@@ -295,9 +297,10 @@ def run(args) -> int:
         cells = ", ".join(with_note(cell_name(number), f"it says {said!r}") for number, said in cut_short.items())
         many = len(cut_short) > 1
         print(f"lmnb run: the %%lm view{'s' * many} of {cells} {'written to' if where == 'stdout' else 'saved in'} "
-              f"{where} {'are' if many else 'is'} unfinished, with no summary: the kernel's last update came more "
-              f"than --timeout {args.timeout:g} s after the cell ended (a loaded machine?), and lmnb run stopped "
-              f"waiting for {'them' if many else 'it'}; run the notebook again", file=sys.stderr)
+              f"{where} {'are' if many else 'is'} unfinished, with no summary: the kernel's last update of "
+              f"{'them' if many else 'it'} never came, neither within --timeout {args.timeout:g} s after the cell "
+              f"ended nor before the kernel exited (it was killed, or dropped it under a flood of output); run the "
+              "notebook again", file=sys.stderr)
         status = 1
     return 2 if saved != out and status == 0 else status
 
@@ -321,10 +324,11 @@ def notebook_client(nb, **kwargs):
     metadata, closed ones too: about 6 KB per ``%%lm`` cell under ``LMNB_VIEW=live`` (the live
     view's JavaScript and layout), whose output the static view has replaced. A closed widget shows
     nowhere (a frontend drops its model, and JupyterLab saves no state of it). Its ``iopub_timeout``
-    (seconds) may be None: no limit on the wait for a cell's output after its reply. Output a cell
-    sends once its own reader has ended (a thread's print, a late display or widget update), read
-    while a later cell runs, goes to that cell under its own pending ``clear_output(wait=True)``,
-    as a frontend shows it, where nbclient drops it."""
+    (seconds) may be None: no limit on the wait for a cell's output after its reply. One reader
+    reads the kernel's messages for the whole run (``_read_output``): output a cell sends once its
+    wait has ended (a thread's print, a late display or widget update), read while a later cell
+    runs or as the run ends (``read_last_output``), goes to that cell under its own pending
+    ``clear_output(wait=True)``, as a frontend shows it, where nbclient drops it."""
     from nbclient import NotebookClient
     from traitlets import Integer
 
@@ -338,11 +342,15 @@ def notebook_client(nb, **kwargs):
         # the reply, so the wait ends as the output does, and a kernel that dies meanwhile is
         # found by nbclient's check, which runs through the wait.
         iopub_timeout = Integer(4, allow_none=True).tag(config=True)
+        QUIET_S = 0.5  # the reader's poll; once the kernel has exited, this long with no message ends it
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self._cell_of_request: dict[str, int] = {}  # execute request id -> its cell's index
-            self._clear_pending: dict[int, bool] = {}  # an earlier cell's index -> its clear_output(wait=True) to come
+            self._clear_pending: dict[int, bool] = {}  # a cell's index -> its clear_output(wait=True) to come
+            self._idle: dict[int, asyncio.Future] = {}  # a cell's index -> done at its idle status
+            self._reader: asyncio.Future | None = None  # the one reader of the kernel's iopub messages
+            self._last_read = False  # read_last_output: stop at the first quiet QUIET_S
             self._awaited_output: asyncio.Future | None = None  # the reader of a cell whose reply has come
             self._stopped_output: asyncio.Future | None = None  # the one stop_output_wait ended
 
@@ -372,8 +380,8 @@ def notebook_client(nb, **kwargs):
         async def _output_after_reply(self, reader: asyncio.Future) -> None:
             self._awaited_output = reader
             try:
-                # (awaited directly: the wait's limit, cancelling this, cancels the reader at once, as
-                # nbclient's wait on the reader itself did)
+                # (awaited directly: the wait's limit, cancelling this, ends the wait at once, as
+                # nbclient's wait on its reader did)
                 await reader
             except asyncio.CancelledError:
                 if self._stopped_output is not reader:
@@ -382,37 +390,68 @@ def notebook_client(nb, **kwargs):
                 self._awaited_output = None
 
         async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index) -> None:
-            """nbclient's reader of a cell's output (until the kernel says it is idle), which
-            also gives each message of an earlier cell (its request's) to that cell, as a
-            frontend shows it: nbclient's dropped them. They come after that cell's own reader
-            ended: sent while no cell ran (the kernel's parent is then the last cell's: a thread's
-            output, a display or widget update), or past the wait above. (A private method of
-            nbclient; were it renamed, its own would run, which drops them.)"""
+            """nbclient's reader of a cell's output, which ends with the kernel's idle status:
+            here a wait for that status, read by the run's one reader of the kernel's messages
+            (``_read_output``). Cancelled (``iopub_timeout``, a Ctrl-C), it is the wait that ends,
+            never a read: nbclient's reader, cancelled as a message came in, lost that message.
+            (A private method of nbclient; were it renamed, its own would run, which drops the
+            output of a cell that comes once the cell's reader has ended.)"""
+            self._cell_of_request[parent_msg_id] = cell_index
+            self._clear_pending[cell_index] = self.clear_before_next_output  # (False: nbclient's, for a new cell)
+            idle = self._idle[cell_index] = asyncio.get_running_loop().create_future()
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.ensure_future(self._read_output())
+            await asyncio.shield(idle)
+
+        async def _read_output(self) -> None:
+            """Read the kernel's iopub messages until ``read_last_output`` ends it, giving each
+            to the cell whose request it answers (``_process``), also once that cell has ended, as
+            a frontend shows it: sent while no cell ran (the kernel's parent is then the last
+            cell's: a thread's output, a display or widget update), past the wait for a cell's
+            output, or while the run ends. A message of no cell is dropped, as nbclient drops it."""
+            from queue import Empty
+
             from nbclient.exceptions import CellExecutionComplete
             from nbclient.util import ensure_async
 
-            self._cell_of_request[parent_msg_id] = cell_index
             try:
                 while True:
-                    msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=None))
+                    try:
+                        msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=self.QUIET_S))
+                    except Empty:
+                        if self._last_read:
+                            return
+                        continue
                     index = self._cell_of_request.get(msg["parent_header"].get("msg_id"))
-                    if index is None:  # (no cell's: nbclient drops it too)
+                    if index is None:
                         continue
                     try:
-                        if index == cell_index:
-                            self.process_message(msg, cell, cell_index)
-                        else:
-                            self._process_earlier(msg, index)
+                        self._process(msg, index)
                     except CellExecutionComplete:
-                        if index == cell_index:
-                            return
-            finally:  # its clear_output(wait=True) still pending is the cell's own, for its late output
-                self._clear_pending[cell_index] = self.clear_before_next_output
+                        if not self._idle[index].done():
+                            self._idle[index].set_result(None)
+            except Exception as e:  # (as nbclient's reader raised into the cell's wait)
+                for idle in self._idle.values():
+                    if not idle.done():
+                        idle.set_exception(e)
+                raise
 
-        def _process_earlier(self, msg, index: int) -> None:
-            """``process_message`` of a message of the earlier cell ``index``, under that cell's own
+        async def read_last_output(self) -> None:
+            """Once the kernel has exited: read what it sent before, until ``QUIET_S`` pass with
+            no message, and stop reading (``_read_output``). Output a cell sent after the last
+            cell ended (a thread's print), or still on its way as the run stopped, then lands in
+            its cell, where the run's end lost it."""
+            self._last_read = True
+            if self._reader is not None:
+                try:
+                    await self._reader
+                except Exception:  # (the reader's error was the cell's, raised there)
+                    pass
+
+        def _process(self, msg, index: int) -> None:
+            """``process_message`` of a message of the cell ``index``, under that cell's own
             pending ``clear_output(wait=True)``: nbclient keeps one flag, the running cell's, and
-            a late clear of the earlier cell's would have emptied the running cell's output."""
+            a late clear of an earlier cell's would have emptied the running cell's output."""
             running = self.clear_before_next_output
             self.clear_before_next_output = self._clear_pending.get(index, False)
             try:

@@ -534,7 +534,8 @@ def test_a_shutdown_already_started_is_awaited_and_its_error_dropped(capsys):
 def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
     """``lmnb run`` (its ``run``) of a notebook of ``cells`` with ``--timeout timeout``, the kernel's
     iopub messages held back from each ``%%lm`` cell's final view update on, until the cell's reply
-    has come and the event loop's clock has moved on by that cell's item of ``delays`` (seconds):
+    has come and the event loop's clock has moved on by that cell's item of ``delays`` (seconds;
+    None: they never come, as from a kernel killed, and the clock moves on past any wait):
     (its exit status, the path of the notebook saved)."""
     import zmq
     from jupyter_client.channels import AsyncZMQSocketChannel
@@ -542,6 +543,7 @@ def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
     from lmnb_kernel.run import run
 
     delays = iter(delays)  # seconds each %%lm cell's last update comes after its reply
+    never = set()  # the execute request ids whose messages from their last update on never come
     offset = []  # seconds added to the event loop's clock
     holding = {}  # execute request id -> (set once the iopub reader is held, set to let it go)
     get_msg = AsyncZMQSocketChannel.get_msg
@@ -550,6 +552,9 @@ def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
         return holding.setdefault(msg_id, (asyncio.Event(), asyncio.Event()))
 
     async def let_go_later(msg_id, delay):
+        if delay is None:
+            never.add(msg_id)
+            delay = 10**7
         held, go = gates(msg_id)
         await held.wait()
         loop = asyncio.get_running_loop()
@@ -579,6 +584,8 @@ def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
             held, go = gates(parent)
             held.set()
             await go.wait()
+        if parent in never:  # (not sent: the next one is read)
+            return await getting(self, timeout)
         return msg
 
     monkeypatch.setattr(AsyncZMQSocketChannel, "get_msg", getting)
@@ -591,24 +598,27 @@ def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
     return run(args), out
 
 
-def test_a_views_last_update_may_come_late_and_one_that_never_comes_in_time_is_reported(tmp_path, capsys,
-                                                                                          monkeypatch):
+def test_a_views_last_update_may_come_late_and_one_that_never_comes_is_reported(tmp_path, capsys, monkeypatch):
     """nbclient waited 4 s (its iopub_timeout), then a fixed 60 s, after a cell's reply for the rest
     of its output, then went on without it (the next cell's reader dropped it): on a loaded machine
     the %%lm view's last update (its frozen state) came later, and the notebook was saved with the
-    view saying "running" and no summary. The wait is the cell's --timeout now: cell 2's update,
-    61 s late, comes in time; cell 3's, past --timeout 600 s, is named in the report (exit 1)."""
-    status, out = _run_with_late_updates(tmp_path, monkeypatch, [61, 601], 600, "x = 1",
-                                         "%%lm\nHello {gen a max_tokens=3}", "%%lm\nHi {gen b max_tokens=3}")
+    view saying "running" and no summary. The wait is the cell's --timeout now, and what comes
+    after it is read until the kernel has exited: cell 2's update, 61 s late, comes in the wait;
+    cell 3's, past --timeout 600 s, as the run ends; cell 4's, which never comes, is named in the
+    report (exit 1)."""
+    status, out = _run_with_late_updates(tmp_path, monkeypatch, [61, 601, None], 600, "x = 1",
+                                         "%%lm\nHello {gen a max_tokens=3}", "%%lm\nHi {gen b max_tokens=3}",
+                                         "%%lm\nHey {gen c max_tokens=3}")
     assert status == 1
     captured = capsys.readouterr()
-    assert (f"lmnb run: the %%lm view of cell 3 (it says 'running') saved in {out} is unfinished, with no summary: "
-            "the kernel's last update came more than --timeout 600 s after the cell ended") in captured.err
-    assert "(not counted: the unfinished view of cell 3)" in captured.out
+    assert (f"lmnb run: the %%lm view of cell 4 (it says 'running') saved in {out} is unfinished, with no summary: "
+            "the kernel's last update of it never came, neither within --timeout 600 s after the cell ended nor before "
+            "the kernel exited") in captured.err
+    assert "(not counted: the unfinished view of cell 4)" in captured.out
     assert "without a summary" not in captured.out
     done = nbformat.read(out, as_version=4)
     assert [[o["metadata"]["lmnb"].get("status") for o in c.outputs] for c in done.cells[1:]] == [
-        ["done", "done"], ["running"]]  # cell 2: its final view and its summary
+        ["done", "done"], ["done", "done"], ["running"]]  # cells 2 and 3: the final view and the summary
 
 
 def test_with_no_timeout_a_views_last_update_is_waited_for_however_late(tmp_path, capsys, monkeypatch):
@@ -660,9 +670,73 @@ def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_pa
     assert [[o.get("text") for o in c.outputs] for c in done.cells] == [["late from cell 1\n"], ["cell 2\n"]]
 
 
-def _scripted_client(nb, messages):
-    """``lmnb run``'s notebook client for ``nb`` whose iopub channel gives ``messages`` in turn:
-    ``(parent request id, msg_type, content)``."""
+def test_output_a_thread_sends_after_the_last_cell_ended_is_saved_in_its_cell(tmp_path, capsys, monkeypatch):
+    """No reader read the kernel's output once the last cell had ended: what a thread of it sent
+    later (here as the kernel exits, once its main thread has ended), or what was still on its way,
+    was lost. The run's reader now reads until the kernel has exited, and the notebook is saved
+    again after."""
+    from lmnb_kernel.run import run
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    src = _notebook(tmp_path / "nb.ipynb", "print('a')",
+                    "import sys, threading\n"
+                    "def at_exit():\n"
+                    "    threading.main_thread().join()  # (it ends as the kernel exits, past the last cell)\n"
+                    "    sys.stdout.write('after the last cell\\n')\n"
+                    "threading.Thread(target=at_exit).start()\n"
+                    "print('b')")
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=600, allow_errors=False)
+    assert run(args) == 0
+    done = nbformat.read(out, as_version=4)
+    assert ["".join(o.text for o in c.outputs if o.get("name") == "stdout") for c in done.cells] == [
+        "a\n", "b\nafter the last cell\n"]
+
+
+def test_a_message_that_comes_in_as_the_wait_for_a_cells_output_ends_is_kept():
+    """The wait for a cell's output after its reply ends at its limit (nbclient's iopub_timeout:
+    --timeout) or a Ctrl-C by cancelling it; it was the reader itself, and a message it had taken
+    off the socket but not yet handled was lost with it. The wait is apart from the reader now.
+    Messages scripted: cell 1's request "r1" sends one more line as its wait is cancelled, then
+    cell 2's "r2" runs and ends."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b")]
+    client = _scripted_client(nb, [("r1", "stream", {"name": "stdout", "text": "last words\n"}),
+                                   ("r2", "status", {"execution_state": "idle"})])
+    scripted, in_flight = client.kc.iopub_channel.get_msg, []
+
+    async def receiving(timeout=None):  # (as pyzmq's: the message is taken off the socket, then handed over)
+        msg = await scripted(timeout)
+        if in_flight:  # (the first one only)
+            return msg
+        in_flight.append((asyncio.get_running_loop().create_future(), msg))
+        return await in_flight[0][0]
+
+    client.kc.iopub_channel.get_msg = receiving
+
+    async def run_cells():
+        client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
+        waiting = asyncio.ensure_future(client._async_poll_output_msg("r1", nb.cells[0], 0))
+        while not in_flight:
+            await asyncio.sleep(0)
+        arrived, msg = in_flight[0]
+        arrived.set_result(msg)
+        waiting.cancel()  # (in the same turn of the loop: the message is in, not yet handled)
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
+        await client._async_poll_output_msg("r2", nb.cells[1], 1)
+
+    asyncio.run(run_cells())
+    assert [[o.text for o in c.outputs] for c in nb.cells] == [["last words\n"], []]
+
+
+def _scripted_client(nb, messages, **kwargs):
+    """``lmnb run``'s notebook client for ``nb`` (``kwargs`` for ``notebook_client``) whose iopub
+    channel gives ``messages`` in turn: ``(parent request id, msg_type, content)``, each once its
+    request is sent (its cell's output awaited), as a kernel answers it; then none: a wait with a
+    timeout ends in ``queue.Empty``, as the channel's."""
+    from queue import Empty
     from types import SimpleNamespace
 
     from lmnb_kernel.run import notebook_client
@@ -671,9 +745,15 @@ def _scripted_client(nb, messages):
                    "content": content, "metadata": {}} for parent, kind, content in messages)
 
     async def get_msg(timeout=None):
-        return next(script)
+        msg = next(script, None)
+        if msg is None:
+            await (asyncio.sleep(timeout) if timeout is not None else asyncio.Event().wait())
+            raise Empty
+        while msg["parent_header"]["msg_id"] not in client._cell_of_request:
+            await asyncio.sleep(0)
+        return msg
 
-    client = notebook_client(nb, record_timing=False)
+    client = notebook_client(nb, record_timing=False, **kwargs)
     client.kc = SimpleNamespace(iopub_channel=SimpleNamespace(get_msg=get_msg))
     return client
 
@@ -708,9 +788,13 @@ def test_a_clear_output_wait_a_cell_leaves_pending_as_it_ends_clears_it_before_i
         ("r1", "status", {"execution_state": "idle"}),
         ("r1", "stream", {"name": "stdout", "text": "new\n"}), ("r2", "stream", {"name": "stdout", "text": "b\n"}),
         ("r2", "status", {"execution_state": "idle"})])
-    for index, request in enumerate(["r1", "r2"]):
-        client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
-        asyncio.run(client._async_poll_output_msg(request, nb.cells[index], index))
+
+    async def run_cells():
+        for index, request in enumerate(["r1", "r2"]):
+            client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
+            await client._async_poll_output_msg(request, nb.cells[index], index)
+
+    asyncio.run(run_cells())
     assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b\n"]]
 
 
