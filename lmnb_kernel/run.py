@@ -460,6 +460,19 @@ def notebook_client(nb, **kwargs):
                 self._clear_pending[index] = self.clear_before_next_output
                 self.clear_before_next_output = running
 
+        def output(self, outs, msg, display_id, cell_index):
+            """nbclient's ``output``, which adds each stream message as an output of its own: one
+            that follows a stream output of the same name (stdout, stderr) is added to its text,
+            as JupyterLab's output area and Jupyter's saved notebooks merge them, so prints that
+            came in apart (a thread's late ones, a slow loop's) read as one block."""
+            out = super().output(outs, msg, display_id, cell_index)
+            if (out is not None and display_id is None and out.output_type == "stream" and len(outs) > 1 and outs[-1] is out
+                    and outs[-2].get("output_type") == "stream" and outs[-2].get("name") == out.name):
+                outs.pop()
+                outs[-1].text += out.text
+                return outs[-1]
+            return out
+
         def handle_comm_msg(self, outs, msg, cell_index) -> None:
             super().handle_comm_msg(outs, msg, cell_index)
             if msg["msg_type"] == "comm_close":

@@ -773,7 +773,7 @@ def test_a_late_clear_output_of_an_earlier_cell_clears_that_cell_not_the_running
     client._cell_of_request["r1"] = 0  # (cell 1's own reader has ended)
     client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
     asyncio.run(client._async_poll_output_msg("r2", nb.cells[1], 1))
-    assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b1\n", "b2\n"]]
+    assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b1\nb2\n"]]
 
 
 def test_a_clear_output_wait_a_cell_leaves_pending_as_it_ends_clears_it_before_its_late_output():
@@ -796,6 +796,32 @@ def test_a_clear_output_wait_a_cell_leaves_pending_as_it_ends_clears_it_before_i
 
     asyncio.run(run_cells())
     assert [[o.text for o in c.outputs] for c in nb.cells] == [["new\n"], ["b\n"]]
+
+
+def test_consecutive_stream_outputs_of_one_name_are_merged_as_jupyter_merges_them():
+    """Each stream message was an output of its own: a thread's prints that came after the cell's
+    reply, one by one, were saved as as many outputs, where JupyterLab shows (and saves) one block
+    per run of stdout or stderr. Consecutive ones of a name are merged now, before and after the
+    cell's idle status; stdout after stderr stays apart, as in JupyterLab. Messages scripted: cell
+    1's request "r1"."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a")]
+
+    def stream(name, text):
+        return ("r1", "stream", {"name": name, "text": text})
+
+    client = _scripted_client(nb, [stream("stdout", "a\n"), stream("stdout", "b\n"), stream("stderr", "w\n"),
+                                   stream("stdout", "c\n"), ("r1", "status", {"execution_state": "idle"}),
+                                   stream("stdout", "late 1\n"), stream("stdout", "late 2\n")])
+
+    async def run_cell():
+        client.clear_before_next_output = False  # (as nbclient sets it before a cell's reader)
+        await client._async_poll_output_msg("r1", nb.cells[0], 0)
+        await client.read_last_output()  # (the script's late prints, read as the run ends)
+
+    asyncio.run(run_cell())
+    assert [(o.name, o.text) for o in nb.cells[0].outputs] == [
+        ("stdout", "a\nb\n"), ("stderr", "w\n"), ("stdout", "c\nlate 1\nlate 2\n")]
 
 
 def test_the_runs_kernel_client_queues_iopub_messages_without_a_limit():
