@@ -288,7 +288,7 @@ def run(args) -> int:
     where = "stdout" if to_stdout and saved == out else saved
     cut_short = {number: unfinished_view(nb.cells[number - 1]) for number in ended}
     cut_short = {number: said for number, said in cut_short.items() if said is not None}
-    print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out, errors, cut_short),
+    print(summary(nb, src, where, time.monotonic() - t0, cell_name, timed_out, errors, cut_short, injected),
           file=sys.stderr if to_stdout else sys.stdout)
     if failed is not None:
         print(f"lmnb run: {failed}\n(outputs so far are {'written to' if where == 'stdout' else 'saved in'} "
@@ -950,7 +950,8 @@ def _finite(number) -> bool:
 
 
 def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f"cell {number}",
-            timed_out: int | None = None, errors: dict | None = None, cut_short: dict | None = None) -> str:
+            timed_out: int | None = None, errors: dict | None = None, cut_short: dict | None = None,
+            injected: int | None = None) -> str:
     """The printed summary: cells run, ``%%lm`` cells, the cells that raised (with
     ``--allow-errors`` the run goes on past them, and nothing else would say so), the ``%%lm``
     cells' tokens and hit rate (labelled so: a notebook whose Python cells ran programs, as
@@ -958,9 +959,16 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     ``timed_out``: the one stopped at ``--timeout``, whose KeyboardInterrupt says so; ``errors``:
     cell number -> error name of the cells whose execute reply was an error (``_raised``);
     ``cut_short``: cell number -> the status its unfinished ``%%lm`` view says (``unfinished_view``),
-    named apart from the cells without a summary (``--quiet``)."""
+    named apart from the cells without a summary (``--quiet``); ``injected``: the 0-based index of
+    the parameters cell ``-p`` inserted (``inject_parameters``), which "cells run" leaves out of its
+    count of the notebook's cells and names after it, as ``cell_name`` names it."""
     code = [(number, c) for number, c in enumerate(nb.cells, start=1) if c.cell_type == "code"]
     ran = [(number, c) for number, c in code if c.get("execution_count") is not None]
+    parameters = ""
+    if injected is not None:  # (the source notebook's cells are counted, as the report numbers them)
+        parameters = f", and {cell_name(injected + 1)}" if nb.cells[injected].get("execution_count") is not None else ""
+        code = [(number, c) for number, c in code if number != injected + 1]
+        ran = [(number, c) for number, c in ran if number != injected + 1]
     tokens = {"prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
     lm_cells = unreported = unknown_prompts = 0
     cut_short = cut_short or {}
@@ -985,7 +993,7 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     if unknown_prompts:  # (gens stopped before an OpenAI-compatible API reported their usage)
         missing += f" (the prompts of {unknown_prompts} stopped gen{'s' * (unknown_prompts > 1)} are not counted)"
     return (f"lmnb run: {src} -> {out}\n"
-            f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm)\n"
+            f"  cells run: {len(ran)} of {len(code)} ({lm_cells} %%lm){parameters}\n"
             + _raised(nb, cell_name, timed_out, errors=errors) +
             f"  %%lm tokens: prompt {p}, cached {ca} (hit rate {hit}), completion {g}{missing}\n"
             f"  time: {seconds:.1f} s")

@@ -323,6 +323,9 @@ def test_after_p_the_report_numbers_cells_as_the_source_and_the_saved_notebook_d
     assert ("lmnb run: cell 3 (cell 4 in the saved notebook; In [3]) raised ZeroDivisionError; the cell begins: "
             "1 / (n - 2)") in out.err
     assert "cells that raised: 1: cell 3 (cell 4 in the saved notebook; ZeroDivisionError)" in out.out
+    # (the injected cell was counted as one of the notebook's: "3 of 3", where the notebook has 2)
+    assert ("cells run: 2 of 2 (0 %%lm), and the injected parameters cell "
+            f"(cell {3 if tagged else 1} in the saved notebook)\n") in out.out
 
 
 def test_p_takes_its_words_attached_as_argparse_writes_them():
@@ -1197,7 +1200,10 @@ def test_quickstart_with_a_parameter_and_the_run_summary(executed):
     # -p person Corin: injected right after the cell tagged "parameters", as papermill does.
     tags = [c.metadata.get("tags", []) for c in nb.cells if c.cell_type == "code"]
     assert tags.index(["injected-parameters"]) == tags.index(["parameters"]) + 1
-    assert f"cells run: {len(code) + 1} of {len(code) + 1} ({n_lm} %%lm)" in summaries["01-quickstart"]
+    injected = next(number for number, c in enumerate(nb.cells, 1)
+                    if "injected-parameters" in c.metadata.get("tags", []))
+    assert (f"cells run: {len(code)} of {len(code)} ({n_lm} %%lm), and the injected parameters cell (cell {injected} "
+            "in the saved notebook)\n") in summaries["01-quickstart"]
     total = {k: sum(summary(c)["tokens"][k] for c in cells(nb, "%%lm")) for k in ("prompt_tokens", "cached_tokens")}
     assert f"tokens: prompt {total['prompt_tokens']}, cached {total['cached_tokens']}" in summaries["01-quickstart"]
     assert summary(cell(nb, "%%lm --temperature 0\nQ: Where"))["captured"] == ["city"]
