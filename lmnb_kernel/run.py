@@ -339,8 +339,9 @@ def notebook_client(nb, **kwargs):
         # (they answer the earlier cell's request): a %%lm view's last update and summary come at
         # the cell's very end, and a loaded machine delivered them later than 4 s, or than a fixed
         # 60 s. lmnb run gives it the cell's own --timeout: a live kernel always says idle after
-        # the reply, so the wait ends as the output does, and a kernel that dies meanwhile is
-        # found by nbclient's check, which runs through the wait.
+        # the reply, or answers _caught_up's question where that status was lost, so the wait ends
+        # as the output does, and a kernel that dies meanwhile is found by nbclient's check,
+        # which runs through the wait.
         iopub_timeout = Integer(4, allow_none=True).tag(config=True)
         QUIET_S = 0.5  # the reader's poll; once the kernel has exited, this long with no message ends it
 
@@ -351,6 +352,7 @@ def notebook_client(nb, **kwargs):
             self._idle: dict[int, asyncio.Future] = {}  # a cell's index -> done at its idle status
             self._reader: asyncio.Future | None = None  # the one reader of the kernel's iopub messages
             self._last_read = False  # read_last_output: stop at the first quiet QUIET_S
+            self._questions: dict[str, asyncio.Future] = {}  # _caught_up's request id -> done at its idle status
             self._awaited_output: asyncio.Future | None = None  # the reader of a cell whose reply has come
             self._stopped_output: asyncio.Future | None = None  # the one stop_output_wait ended
 
@@ -378,16 +380,34 @@ def notebook_client(nb, **kwargs):
                 output.close()  # (never started where no reply came: no "never awaited" warning)
 
         async def _output_after_reply(self, reader: asyncio.Future) -> None:
+            """Wait for the end of a cell's output, its reply in: the kernel's idle status for
+            it, or the answer to ``_caught_up``'s question, which comes after all the output the
+            kernel sent before (the cell's, but for a thread's later prints, which the reader gives
+            it still): where the idle status was lost (ZMQ drops iopub messages under a flood), the
+            run waited until --timeout."""
             self._awaited_output = reader
+            waits = [reader] if reader.done() else [reader, self._caught_up()]  # (no question once idle)
             try:
-                # (awaited directly: the wait's limit, cancelling this, ends the wait at once, as
-                # nbclient's wait on its reader did)
-                await reader
-            except asyncio.CancelledError:
-                if self._stopped_output is not reader:
-                    raise
-            finally:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # (cancelled: the wait's limit, as nbclient's wait on its reader, ends it at once)
                 self._awaited_output = None
+                for wait in waits:
+                    wait.cancel()  # (the reader's is a wait, not a read: nothing is lost)
+            if reader.cancelled() and self._stopped_output is not reader:
+                raise asyncio.CancelledError
+            if reader.done() and not reader.cancelled():
+                reader.result()  # (the reader's error, as nbclient's reader raised it)
+
+        def _caught_up(self) -> asyncio.Future:
+            """A future done once the kernel's answer to a ``kernel_info_request`` sent now on its
+            control channel has come on iopub (its idle status): ipykernel flushes stdout and
+            stderr before it, and iopub keeps the order the kernel sent in, so the output the kernel
+            had sent by then has come. (On the control channel: a shell request would make it the
+            parent of a thread's later output.)"""
+            msg = self.kc.session.msg("kernel_info_request")
+            self._questions[msg["header"]["msg_id"]] = answered = asyncio.get_running_loop().create_future()
+            self.kc.control_channel.send(msg)
+            return answered
 
         async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index) -> None:
             """nbclient's reader of a cell's output, which ends with the kernel's idle status:
@@ -422,7 +442,12 @@ def notebook_client(nb, **kwargs):
                         if self._last_read:
                             return
                         continue
-                    index = self._cell_of_request.get(msg["parent_header"].get("msg_id"))
+                    parent = msg["parent_header"].get("msg_id")
+                    if parent in self._questions and msg["content"].get("execution_state") == "idle":
+                        answered = self._questions.pop(parent)
+                        if not answered.done():
+                            answered.set_result(None)
+                    index = self._cell_of_request.get(parent)
                     if index is None:
                         continue
                     try:

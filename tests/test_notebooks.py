@@ -633,8 +633,8 @@ def test_with_no_timeout_a_views_last_update_is_waited_for_however_late(tmp_path
 
 
 def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_path, capsys, monkeypatch):
-    """Output sent while no cell ran (here a thread of cell 1's prints, let go just before cell 2
-    is sent) answers cell 1's request, the kernel's last: nbclient's reader of cell 2 dropped it,
+    """Output sent while no cell ran (here a thread of cell 1's prints, let go before cell 2 is
+    sent) answers cell 1's request, the kernel's last: nbclient's reader of cell 2 dropped it,
     and the notebook saved lacked it. It goes to cell 1 now, as a frontend shows it."""
     import lmnb_kernel.run as run_module
 
@@ -647,8 +647,12 @@ def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_pa
 
     async def let_cell_1_print_first():
         go.touch()
-        # (cell 2 is sent once the print has come, unread: its reader is the first to read it)
-        assert await made[0].kc.iopub_channel.socket.poll(timeout=60_000)
+
+        async def printed():  # (the run's reader reads it while no cell runs)
+            while not made[0].nb.cells[0].outputs:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(printed(), 60)  # (cell 2 is sent once the print has come)
 
     def checking(self, cell, cell_index, **kwargs):
         check(self, cell, cell_index, **kwargs)
@@ -857,6 +861,8 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
     Kernel client scripted: the reply of "r1" at once, no iopub message ever."""
     from types import SimpleNamespace
 
+    from jupyter_client.session import Session
+
     from lmnb_kernel.run import CtrlC, notebook_client
 
     nb = nbformat.v4.new_notebook()
@@ -883,9 +889,10 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
             pass
 
         client = notebook_client(nb, iopub_timeout=None)
-        client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive,
+        client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive, session=Session(),
                                     iopub_channel=SimpleNamespace(get_msg=no_output),
-                                    shell_channel=SimpleNamespace(get_msg=the_reply))
+                                    shell_channel=SimpleNamespace(get_msg=the_reply),
+                                    control_channel=SimpleNamespace(send=lambda msg: None))
         ctrl_c = CtrlC(SimpleNamespace(interrupt_kernel=interrupt_kernel))
         ctrl_c.client = client
         cell = asyncio.ensure_future(client.async_execute_cell(nb.cells[0], 0, execution_count=1))
@@ -899,6 +906,58 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
             ctrl_c._grace.cancel()
 
     assert asyncio.run(scenario()).execution_count == 1
+
+
+def test_a_cell_whose_idle_status_is_lost_ends_once_the_kernel_has_caught_up():
+    """The wait for a cell's output after its reply ended only at the kernel's idle status for it,
+    or at --timeout (0: never): where the status was lost (ZMQ drops iopub messages under a flood),
+    the run sat idle until then. It also ends at the kernel's answer to a question sent on the
+    control channel after the reply, which comes on iopub after the output sent before it. Kernel
+    client scripted: the reply of "r1" at once; on iopub the cell's print, no idle status for it,
+    and the control question's busy and idle statuses once it is sent."""
+    from queue import Empty
+    from types import SimpleNamespace
+
+    from jupyter_client.session import Session
+
+    from lmnb_kernel.run import notebook_client
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('a')")]
+
+    def message(kind, parent, content):
+        return {"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
+                "content": content, "metadata": {}}
+
+    async def scenario():
+        iopub = asyncio.Queue()
+        iopub.put_nowait(message("stream", "r1", {"name": "stdout", "text": "a\n"}))
+
+        async def get_iopub(timeout=None):
+            try:
+                return await asyncio.wait_for(iopub.get(), timeout)
+            except asyncio.TimeoutError:
+                raise Empty from None
+
+        async def the_reply(timeout=None):
+            return message("execute_reply", "r1", {"status": "ok", "execution_count": 1})
+
+        def send_control(msg):  # (the kernel's answer, on iopub)
+            for state in ("busy", "idle"):
+                iopub.put_nowait(message("status", msg["header"]["msg_id"], {"execution_state": state}))
+
+        async def alive():
+            return True
+
+        client = notebook_client(nb, iopub_timeout=None)  # (--timeout 0)
+        client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive, session=Session(),
+                                    iopub_channel=SimpleNamespace(get_msg=get_iopub),
+                                    shell_channel=SimpleNamespace(get_msg=the_reply),
+                                    control_channel=SimpleNamespace(send=send_control))
+        return await asyncio.wait_for(client.async_execute_cell(nb.cells[0], 0, execution_count=1), 30)
+
+    cell = asyncio.run(scenario())
+    assert cell.execution_count == 1 and [o.text for o in cell.outputs] == ["a\n"]
 
 
 def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_view(tmp_path, capsys, monkeypatch):
