@@ -3,6 +3,8 @@ numbers, per-row errors, resuming without writing a row twice, torn lines, ids, 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -1891,3 +1893,18 @@ def test_bad_input_records_do_not_pin_the_settings_of_a_rerun(tmp_path, capsys):
     capsys.readouterr()
     assert run_job(tmp_path, "--input", rows, "--model", "/wrong") == 2  # row 1 ran without --model
     assert "--model: None there, '/wrong' now" in capsys.readouterr().err
+
+
+def test_a_malformed_csv_record_is_one_bad_row_over_all_its_lines_then_reading_goes_on_after_it(tmp_path):
+    """A strict reader went on at the line after its error, inside the record: the rest of a quoted
+    value ran as a row of its own (q='line"'), and a closing quote alone on its line opened a quote
+    that took every later row into one 'never closed' error. The record ends where Python's lenient
+    csv reader ends it (lines 2-3 here), and the rows after it run."""
+    rows = tmp_path / "rows.csv"
+    text = 'q,a\n"x" y,"multi\nline",z\nok,w\n"x" y,"two\n"\nlast,v\n'
+    rows.write_text(text, encoding="utf-8")
+    lenient = list(csv.reader(io.StringIO(text, newline="")))
+    assert lenient[2] == ["ok", "w"] and lenient[4] == ["last", "v"]  # (the lines 4 and 6 the job must run)
+    got = [(r.index, r.line, r.fields, r.error is None) for r in read_rows(rows)]
+    assert got == [(0, 2, None, False), (1, 4, {"q": "ok", "a": "w"}, True),
+                   (2, 5, None, False), (3, 7, {"q": "last", "a": "v"}, True)]

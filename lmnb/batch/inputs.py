@@ -169,14 +169,19 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
     # text, and each later line of the field read as a row of its own.
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     with open(path, "rb") as f:
-        # strict: a quote opened and never closed took every later line into one value, and the
-        # rows there silently never ran; a quoted value with text after its closing quote lost the
-        # quote. Each is a bad_input row instead.
-        reader = csv.reader(_decoded_lines(f, path), delimiter=delimiter, strict=True)
+        # A lenient reader finds where each record ends (as Python's csv, pandas and Excel read it);
+        # the record's lines are then read again strictly (_strict_error). A strict reader alone
+        # lost its place at an error: it went on at the next line, inside the record, so the rest
+        # of a quoted value ran as a row, or its closing quote opened one that took later rows.
+        lines = _KeptLines(_decoded_lines(f, path))
+        reader = csv.reader(lines, delimiter=delimiter)
         try:
             header = next(reader, None)
         except csv.Error as e:
             raise InputError(f"{path} line 1: cannot read the CSV header: {e}") from None
+        problem = _strict_error(lines.take(), delimiter, 1, reader.line_num)
+        if problem is not None:
+            raise InputError(f"{path} line 1: cannot read the CSV header: {problem}")
         if not header or not all(h.strip() for h in header):
             raise InputError(f"{path} line 1: the first line must name every column (a CSV header)")
         duplicates = sorted({h for h in header if header.count(h) > 1})
@@ -191,13 +196,17 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
                 return
             except csv.Error as e:
                 end = reader.line_num
-                yield InputRow(index, start, None, f"line {start}: malformed CSV: {_csv_hint(e, start, end)}")
+                lines.take()
+                yield InputRow(index, start, None, f"line {start}: malformed CSV: {e}")
                 index += 1
                 continue
             end = reader.line_num
-            if not record:
+            problem = _strict_error(lines.take(), delimiter, start, end)
+            if problem is not None:
+                yield InputRow(index, start, None, f"line {start}: malformed CSV: {problem}")
+            elif not record:
                 continue  # a blank line
-            if len(record) != len(header):
+            elif len(record) != len(header):
                 error = f"line {start}: {len(record)} values for {len(header)} columns ({', '.join(header)})"
                 yield InputRow(index, start, None, error)
             elif record == header:  # (cat more.csv >> rows.csv: a row of the column names would run as data)
@@ -206,6 +215,39 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
             else:
                 yield InputRow(index, start, dict(zip(header, record)))
             index += 1
+
+
+class _KeptLines:
+    """An iterator over ``lines`` that keeps the lines read since its last ``take()``."""
+
+    def __init__(self, lines: Iterator[str]):
+        self._lines = lines
+        self._read: list = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self._read.append(line)
+        return line
+
+    def take(self) -> list:
+        read, self._read = self._read, []
+        return read
+
+
+def _strict_error(lines: list, delimiter: str, start: int, end: int) -> Optional[str]:
+    """What a strict CSV reader finds wrong in one record's ``lines`` (lines ``start``..``end`` of
+    the file), with what to change in the file; None where they read as they do leniently. Strict
+    reading refuses a quote opened and never closed (a lenient reader took every later line into
+    one value, and those rows never ran) and text after a closing quote (kept without the quotes)."""
+    try:
+        for _ in csv.reader(lines, delimiter=delimiter, strict=True):
+            pass
+    except csv.Error as e:
+        return _csv_hint(e, start, end)
+    return None
 
 
 def _csv_hint(error: csv.Error, start: int, end: int) -> str:
