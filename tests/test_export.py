@@ -2761,3 +2761,12 @@ def test_a_row_field_spelt_like_a_set_variable_is_noted_as_a_typo():
                        "cell sets? (fix the cell, or name the row fields with --inputs)"]
     _, p = export_notebook(notebook('person = "Arvel"', "%%lm\n{person}{gen x max_tokens=1}"))
     assert p.inputs == ("person",) and p.notes == []  # (a field the notebook sets to an example is no typo)
+
+
+@pytest.mark.parametrize("setup, field", [("import re", "ref"), ("import json", "json_text"),
+                                          ("def ask(q):\n    return q", "task")])
+def test_a_row_field_spelt_like_a_module_or_function_is_no_typo(setup, field):
+    """The typo note took any name a cell binds: a row field {ref} beside `import re` was 'did you
+    mean 're'?', though a template reads a value, and a row field is a documented way to name one."""
+    _, p = export_notebook(notebook(setup, f"%%lm\n{{{field}}}{{gen x max_tokens=1}}"))
+    assert p.inputs == (field,) and p.notes == []

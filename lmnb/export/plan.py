@@ -834,7 +834,7 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
 
     defined = set(parameters)
     for c in p.cells:
-        defined |= set(c.assigns) if isinstance(c, Code) else set(c.sets) if isinstance(c, LMCell) else set()
+        defined |= _value_names(c) if isinstance(c, Code) else set(c.sets) if isinstance(c, LMCell) else set()
     notes = []
     for n in p.inputs:
         close = difflib.get_close_matches(n, sorted(defined), n=1) if n not in examples else []
@@ -842,6 +842,16 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
             notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close[0]!r}, "
                          f"which a cell sets? (fix the cell, or name the row fields with --inputs)")
     return notes
+
+
+def _value_names(cell: Code) -> set:
+    """The names ``cell`` binds to values: not those only a ``def``, ``class`` or ``import`` binds
+    (a row field ``{ref}`` is no misspelt module ``re``, ``{task}`` no function ``ask``)."""
+    import ast
+
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Import, ast.ImportFrom)
+    names = {n for stmt in ast.parse(cell.source).body if not isinstance(stmt, kinds) for n in bound_by(stmt)}
+    return names | set(cell.declared_globals)
 
 
 def _fields(p: Plan, examples: set, given: Optional[tuple], parameters: tuple) -> tuple[tuple, tuple]:
