@@ -2770,3 +2770,18 @@ def test_a_row_field_spelt_like_a_module_or_function_is_no_typo(setup, field):
     mean 're'?', though a template reads a value, and a row field is a documented way to name one."""
     _, p = export_notebook(notebook(setup, f"%%lm\n{{{field}}}{{gen x max_tokens=1}}"))
     assert p.inputs == (field,) and p.notes == []
+
+
+def test_a_help_line_of_lm_is_display_only_in_the_export():
+    """`%lm load --help` prints load's options in the kernel and loads nothing; the export read it as
+    a load line and refused the notebook ('unrecognized arguments: --help'). `%lm help` and
+    `%lm --help` were noted as unknown commands."""
+    from lmnb.export.cells import Backend
+
+    nb = notebook("%lm load --help\n%lm connect -h\n%lm help load\n%lm help\n%lm --help",
+                  "%%lm\nQ: {gen x max_tokens=1}")
+    source, p = export_notebook(nb)
+    assert p.backend == Backend() and p.notes == [
+        "no row fields: every input row runs the same programs; name the fields with --inputs (e.g. a parameter "
+        "or a variable the %%lm cells read)"]
+    assert "# %lm load --help: help, display only, dropped" in source

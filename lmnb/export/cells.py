@@ -448,6 +448,8 @@ def _lm_command(code: Code, line: str) -> str:
         words = line.split()
     command = words[0] if words else ""
     shown = _API_KEY.sub(r"\1***", f"%lm {line}".strip())  # (the line becomes a comment of the script)
+    if command == "help" or "-h" in words or "--help" in words:  # (the kernel prints help and runs nothing)
+        return f"{shown}: help, display only, dropped"
     if command in ("load", "connect"):
         try:
             args = parse_backend_line(command, words[1:])
