@@ -108,6 +108,21 @@ def _help_word(words: list[str]) -> list[str]:
     return words[1:] + ["--help"] if words[:1] == ["help"] else words
 
 
+def _check_help_subcommand(words: list[str]) -> None:
+    """Refuse help asked for a subcommand ``%lm`` lacks (``%lm help stat``, ``%lm nosuch --help``),
+    with "did you mean": the general help was printed instead, as if the name were one.
+
+    Raises:
+        UsageError: ``words[0]`` is neither an option, ``help``, nor a subcommand.
+    """
+    subcommands = _subcommands(line_parser())
+    if words[0].startswith("-") or words[0] in subcommands or words[0] == "help":
+        return
+    close = difflib.get_close_matches(words[0], list(subcommands), n=1)
+    hint = f"did you mean: %lm help {close[0]}? " if close else ""
+    raise UsageError(f"%lm has no subcommand {words[0]!r}; {hint}%lm help lists them")
+
+
 def _suggest_subcommand(message: str, parser, words: list[str]) -> str:
     """argparse's ``message`` for a ``%lm`` line, with "did you mean" for a misspelt subcommand
     (``%lm stat``) or option of one (``%lm load --devise``), as ``%%lm`` options and gen options
@@ -187,6 +202,7 @@ class LMMagics(Magics):
         words = _help_word(_split(line))
         shown = _help(line_parser(), words)
         if shown is not None:
+            _check_help_subcommand(words)
             if words[0].startswith("-"):  # %lm --help: also the cell options, which %%lm --help alone
                 # cannot show (IPython refuses a cell magic with an empty body, pointing to %lm)
                 shown += "\nCells: %%lm [options], then the prompt on the lines below.\n" + cell_parser().format_help()

@@ -1217,6 +1217,16 @@ def test_help_subcommand_shows_the_help(ip):
     assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout, out.stderr
 
 
+@pytest.mark.parametrize("line, hint", [("%lm help stat", "did you mean: %lm help stats? "),
+                                        ("%lm stat --help", "did you mean: %lm help stats? "), ("%lm help nosuch", "")])
+def test_help_for_a_subcommand_lm_lacks_is_refused_with_did_you_mean(ip, line, hint):
+    """`%lm help stat` printed the general help, as if 'stat' were a subcommand."""
+    name = line.split()[2] if line.split()[1] == "help" else line.split()[1]
+    result, out = run(ip, line)
+    assert isinstance(result.error_in_exec, UsageError) and "SUBCOMMAND" not in out.stdout
+    assert str(result.error_in_exec) == f"%lm has no subcommand {name!r}; {hint}%lm help lists them"
+
+
 def test_a_failing_helper_called_from_a_cell_shows_its_own_frames_then_the_cell_error(ip):
     # the cell error was one line, so a function defined in another cell and called from a hole or
     # an --python body failed with no hint of where inside it (found by a review helper)
