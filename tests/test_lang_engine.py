@@ -989,3 +989,14 @@ def test_a_constrained_gen_cut_inside_a_character_keeps_whole_characters(backend
     assert meta["finish_reason"]["type"] == "length" and "incomplete" in meta["finish_reason"]["message"]
     if stream:
         assert "".join(chunks) == expected
+
+
+@pytest.mark.parametrize("pool", [1, 0])
+def test_a_kv_pool_below_the_engines_own_floor_names_lmnbs_least_pool(tiny_llama, pool):
+    """max_total_tokens=1 said 'pass max_total_tokens=2 or more' (lmnb_engine's floor), and 2 was then
+    refused for 'pass 129 or more': the least pool is 128 (the default max_tokens) + 1 (the one token
+    of a one-character prompt in the tiny checkpoint's tokenizer), said at once."""
+    with pytest.raises(ValueError) as e:
+        sgl.Engine(str(tiny_llama), device="cpu", max_total_tokens=pool)
+    assert str(e.value) == (f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default "
+                            "max_tokens (128) after a one-character prompt (1 token); pass max_total_tokens=129 or more")

@@ -342,7 +342,8 @@ def test_load_errors_name_the_load_options_not_the_python_apis(ip, tiny_llama, t
         assert not result.success
         return out.stdout + out.stderr
 
-    assert "a KV pool of 1 token is too small; pass --max-total-tokens 2 or more\n" in load_failure(
+    assert ("a KV pool of 1 token cannot hold one gen of lmnb's default max_tokens (128) after a one-character "
+            "prompt (1 token); pass --max-total-tokens 129 or more\n") in load_failure(
         f"%lm load {tiny_llama} --device cpu --max-total-tokens 1")
     assert ("'llama-3-8b' is a shape preset without weights; pass --random-weights, or give a checkpoint directory "
             "or hub id\n") in load_failure("%lm load llama-3-8b --device cpu")
