@@ -950,3 +950,19 @@ def test_the_caret_is_under_the_column_on_a_line_with_tabs_or_wide_characters(be
         parse(before + "{gen a max_token=3}")
     assert e.value.col == len(before) + 8
     assert str(e.value).split("\n")[1:3] == ["    " + before + "{gen a max_token=3}", "    " + padding + "       ^"]
+
+
+@pytest.mark.parametrize("items, why", [
+    (["a", "b"], "{{items}} failed: TypeError: unhashable type: 'list' (the braces inside the hole make a set of "
+                 "items; write items without them)"),
+    (("a", "b"), "{fork ... in {items}}: {items} is a set, as braces inside a hole make one; write the items without "
+                 "them ({fork ... in items}, not {fork ... in {items}})"),
+])
+def test_fork_items_in_braces_inside_the_hole_say_the_braces_made_a_set(items, why):
+    """{fork x in {items}} (a hole in a hole, as {fork {n}} for a count) made a Python set of items:
+    a list was 'unhashable type' with no word of the braces, and a tuple was told to fork over
+    sorted({items}), one branch holding the whole tuple."""
+    t = parse("{fork x in {items}}{x}{join}", first_line=1)
+    with pytest.raises(TemplateRuntimeError) as e:
+        record(t.program().func, **t.bind({"items": items}))
+    assert str(e.value).startswith(f"line 1, col 12: {why}\n")

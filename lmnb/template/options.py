@@ -6,10 +6,12 @@ their signatures), so a template option means what the same keyword means in Pyt
 
 from __future__ import annotations
 
+import ast
 import inspect
 import math
 import reprlib
 from collections.abc import Mapping
+from typing import Optional
 
 from lmnb.ir import GenParams, is_stop
 
@@ -39,6 +41,19 @@ def fork_count(n):
     return n
 
 
+def braced_item(source: str) -> Optional[str]:
+    """The expression inside the braces of ``source`` (a hole's expression) where it is a set of
+    one item, ``{items}``: braces inside a hole, which Python reads as a set, where a hole in a hole
+    was meant; else None."""
+    try:
+        body = ast.parse(source.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    if not (isinstance(body, ast.Set) and len(body.elts) == 1):
+        return None
+    return ast.get_source_segment(source.strip(), body.elts[0])
+
+
 def fork_items(items, source: str) -> list:
     """``items`` as the list of branches of a ``{fork x in ITEMS}`` whose ``ITEMS`` is written
     ``source``: the kernel checks them so, and the exported program calls this, so both refuse
@@ -63,6 +78,10 @@ def fork_items(items, source: str) -> list:
         raise TypeError(f"{where}: {source} is a {type(items).__name__}, which would fork one branch per key; say "
                         f"which you mean: {source}.keys(), {source}.values() or {source}.items(), or a list of "
                         f"items, e.g. [{source}]")
+    inner = braced_item(source)
+    if isinstance(items, (set, frozenset)) and inner is not None:
+        raise TypeError(f"{where}: {source} is a set, as braces inside a hole make one; write the items without "
+                        f"them ({{fork ... in {inner}}}, not {{fork ... in {source}}})")
     if isinstance(items, (set, frozenset)):
         raise TypeError(f"{where}: {source} is a {type(items).__name__}, whose order (the branches' order, and "
                         "the order a join puts them in) can change from run to run (strings hash differently in "
