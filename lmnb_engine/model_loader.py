@@ -182,7 +182,9 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
         return p
     s = str(model)
     if not _HUB_ID.match(s) or s.startswith((".", "~")):
-        raise FileNotFoundError(f"no checkpoint directory at {s!r}; check the path{_presets_hint(random_weights)}")
+        # (a relative path is named as the folder it was looked for in, as _relative_to_cwd does)
+        where = "" if p.is_absolute() else f" (none at {p.absolute()})"
+        raise FileNotFoundError(f"no checkpoint directory at {s!r}{where}; check the path{_presets_hint(random_weights)}")
     return _from_hub(s, random_weights)
 
 

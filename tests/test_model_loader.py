@@ -4,6 +4,7 @@ random weights. Each variant is checked against transformers on the same checkpo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -141,16 +142,18 @@ def test_uncached_hub_id_offline(monkeypatch):
         load_model("lmnb-test/does-not-exist")
 
 
-def test_a_misspelt_preset_with_random_weights_names_the_presets(monkeypatch):
+def test_a_misspelt_preset_with_random_weights_names_the_presets(monkeypatch, tmp_path):
     """A name that is no preset, path or cached hub id, with random_weights, was reported as a
     path or hub id only (offline, or with the hub client's several-line network error pasted in):
     nothing said which preset names exist."""
     import huggingface_hub
 
     presets = "llama-2-7b, llama-3-8b, llama-3.2-1b, mistral-7b, qwen2.5-0.5b, qwen3-0.6b"
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as e:
         load_model("./lama-3-8b", random_weights=True)
-    assert str(e.value) == f"no checkpoint directory at './lama-3-8b'; check the path, or name a shape preset ({presets})"
+    assert str(e.value) == (f"no checkpoint directory at './lama-3-8b' (none at {tmp_path}/lama-3-8b); check the path, "
+                            f"or name a shape preset ({presets})")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError) as e:
         load_model("lama-3-8b", random_weights=True)
@@ -193,6 +196,19 @@ def test_a_relative_path_that_reads_as_a_hub_id_says_where_it_was_looked_for(tmp
         load_model("models/llama")
     assert str(e.value).startswith(f"'models/llama' is neither a local directory (none at {tmp_path}/models/llama) "
                                    "nor in the Hugging Face cache")
+
+
+@pytest.mark.parametrize("model", ["./models/llama", "models/llama/v2", "../llama"])
+def test_a_relative_path_that_is_no_hub_id_says_where_it_was_looked_for(tmp_path, monkeypatch, model):
+    """As 53feb4c did for models/llama (which reads as a hub id too): ./models/llama from a kernel,
+    which runs in the notebook's folder, said only "no checkpoint directory at './models/llama'"."""
+    (tmp_path / "nb").mkdir()
+    monkeypatch.chdir(tmp_path / "nb")
+    looked = os.path.normpath(tmp_path / "nb" / model)
+    with pytest.raises(FileNotFoundError) as e:
+        load_model(model)
+    assert str(e.value).startswith(f"no checkpoint directory at {model!r} (none at ")
+    assert os.path.normpath(str(e.value).split("(none at ")[1].split(")")[0]) == looked
 
 
 def test_dir_without_config(tmp_path):
