@@ -1872,8 +1872,9 @@ def test_a_csv_quote_never_closed_is_a_bad_row_not_the_rest_of_the_file_in_one_v
     got = [(r.index, r.line, r.fields, r.error) for r in read_rows(rows)]
     assert got == [
         (0, 2, {"question": "first"}, None),
-        (1, 3, None, "line 3: malformed CSV: ',' expected after '\"' (text after a closing quote): quote the whole "
-                     'value, writing a quote inside it as ""'),
+        (1, 3, None, "line 3: malformed CSV: text after a closing quote, where ',' or the line's end must follow "
+                     '(a space there too): quote the whole value, writing a quote inside it as "", or remove what '
+                     "follows the quote"),
         (2, 4, {"question": "ok"}, None),
         (3, 5, None, "line 5: malformed CSV: a quote opened in this row is never closed: lines 5-7, to the end of "
                      'the file, are inside it; close the quoted value, or write a quote inside it as ""'),
@@ -1909,3 +1910,12 @@ def test_a_malformed_csv_record_is_one_bad_row_over_all_its_lines_then_reading_g
     got = [(r.index, r.line, r.fields, r.error is None) for r in read_rows(rows)]
     assert got == [(0, 2, None, False), (1, 4, {"q": "ok", "a": "w"}, True),
                    (2, 5, None, False), (3, 7, {"q": "last", "a": "v"}, True)]
+
+
+def test_text_after_a_closing_quote_in_a_tsv_file_names_the_tab_in_words(tmp_path):
+    """csv's words for it, "'<tab>' expected after '\"'", showed the tab as a blank between quotes."""
+    rows = tmp_path / "rows.tsv"
+    rows.write_text('question\textra\n"x" \ty\n', encoding="utf-8")
+    assert [r.error for r in read_rows(rows)] == [
+        "line 2: malformed CSV: text after a closing quote, where a tab or the line's end must follow (a space there "
+        'too): quote the whole value, writing a quote inside it as "", or remove what follows the quote']

@@ -246,18 +246,22 @@ def _strict_error(lines: list, delimiter: str, start: int, end: int) -> Optional
         for _ in csv.reader(lines, delimiter=delimiter, strict=True):
             pass
     except csv.Error as e:
-        return _csv_hint(e, start, end)
+        return _csv_hint(e, start, end, delimiter)
     return None
 
 
-def _csv_hint(error: csv.Error, start: int, end: int) -> str:
-    """csv's ``error`` for the row on lines ``start``..``end``, with what to change in the file."""
+def _csv_hint(error: csv.Error, start: int, end: int, delimiter: str) -> str:
+    """csv's ``error`` for the row on lines ``start``..``end`` of a file of ``delimiter``-separated
+    values, with what to change in the file."""
     if str(error) == "unexpected end of data":  # (csv's words for a quote still open at the end)
         rest = f"lines {start}-{end}" if end > start else f"line {start}"
         return (f"a quote opened in this row is never closed: {rest}, to the end of the file, are inside it; "
                 'close the quoted value, or write a quote inside it as ""')
     if "expected after" in str(error):  # ('"a"b': text after a closing quote)
-        return f'{error} (text after a closing quote): quote the whole value, writing a quote inside it as ""'
+        # (csv's words, "'\t' expected after '\"'", showed a TSV file's tab as a blank)
+        separator = "a tab" if delimiter == "\t" else repr(delimiter)
+        return (f"text after a closing quote, where {separator} or the line's end must follow (a space there "
+                'too): quote the whole value, writing a quote inside it as "", or remove what follows the quote')
     return str(error)
 
 
