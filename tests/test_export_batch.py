@@ -1919,3 +1919,17 @@ def test_text_after_a_closing_quote_in_a_tsv_file_names_the_tab_in_words(tmp_pat
     assert [r.error for r in read_rows(rows)] == [
         "line 2: malformed CSV: text after a closing quote, where a tab or the line's end must follow (a space there "
         'too): quote the whole value, writing a quote inside it as "", or remove what follows the quote']
+
+
+def test_a_csv_file_whose_lines_end_in_a_cr_alone_is_read_as_pythons_csv_reads_it(tmp_path):
+    """Excel for Mac's "CSV (Macintosh)" ends lines with a CR alone: the whole file was one line, and
+    the job refused it: "cannot read the CSV header: new-line character seen in unquoted field - do
+    you need to open the file in universal-newline mode?". Expected: the rows csv reads from the
+    file opened with newline='', as its documentation says to open one, a CR inside a quoted value kept."""
+    rows = tmp_path / "rows.csv"
+    rows.write_bytes(b'question,extra\rq1,a\r"multi\rline",b\r\rlast,c')
+    with open(rows, newline="", encoding="utf-8") as f:
+        header, *records = list(csv.reader(f))
+    assert records == [["q1", "a"], ["multi\rline", "b"], [], ["last", "c"]]
+    assert [(r.line, r.fields) for r in read_rows(rows)] == [
+        (2, dict(zip(header, records[0]))), (3, dict(zip(header, records[1]))), (6, dict(zip(header, records[3])))]

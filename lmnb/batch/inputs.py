@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,12 +266,19 @@ def _csv_hint(error: csv.Error, start: int, end: int, delimiter: str) -> str:
     return str(error)
 
 
+_BARE_CR = re.compile(r"(?<=\r)(?!\n)")  # (the place after a CR that no LF follows)
+
+
 def _decoded_lines(f, path: Path) -> Iterator[str]:
     for lineno, raw in enumerate(f, start=1):
         if lineno == 1:
             raw = _first_line(raw, path)
         try:
-            yield raw.decode("utf-8")
+            text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"{path} line {lineno}: not UTF-8 text ({e.reason} at byte {e.start}); "
                              "save the file as UTF-8") from None
+        # A CR alone ends a line too, as csv reads a file opened with newline='' (Excel for Mac's "CSV
+        # (Macintosh)" ends lines so): its whole file was one line, refused as "new-line character
+        # seen in unquoted field". (A CR inside a quoted value stays in it: csv joins the lines.)
+        yield from (line for line in _BARE_CR.split(text) if line)
