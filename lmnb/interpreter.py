@@ -564,7 +564,10 @@ def run_program_batch(
                 # (here, so an item is counted before its result is handed on; one that the
                 # consumer's break or Ctrl-C aborted is not: they filled the bar, as if all had run)
                 if pbar is not None and not stopping:
-                    pbar.update()
+                    try:
+                        pbar.update()
+                    except Exception:  # noqa: BLE001 - a bar that cannot draw (stderr a closed pipe) loses no item's result
+                        pass
 
     def results():
         nonlocal stopping, pbar

@@ -1977,6 +1977,34 @@ def test_a_run_batch_progress_bar_does_not_count_the_items_a_break_aborted(monke
 
 
 @pytest.mark.timeout(60)
+def test_a_run_batch_progress_bar_that_cannot_draw_loses_no_items_result(monkeypatch):
+    """The bar is moved in each item's worker before its result is handed on (ab9e236): a bar
+    whose update raised (tqdm writing to a closed pipe: BrokenPipeError) turned the item into that
+    error and ended the batch, where the done-callback before it only logged it."""
+    import tqdm.auto
+
+    class Bar:
+        def __init__(self, total):
+            pass
+
+        def update(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    be = ScriptedBackend(lambda p, params: "x")
+
+    @sgl.function
+    def prog(s, n):
+        s += f"v{n}" + sgl.gen("a", max_tokens=2)
+
+    states = prog.run_batch([(i,) for i in range(3)], num_threads=2, progress_bar=True, backend=be)
+    assert [st["a"] for st in states] == ["x", "x", "x"]
+
+
+@pytest.mark.timeout(60)
 def test_a_run_batch_generator_left_early_cancels_the_items_not_started():
     """Breaking out of generator_style (or Ctrl-C) ran every remaining item before returning."""
     be = ScriptedBackend(lambda p, params: "x")
