@@ -1933,3 +1933,18 @@ def test_a_csv_file_whose_lines_end_in_a_cr_alone_is_read_as_pythons_csv_reads_i
     assert records == [["q1", "a"], ["multi\rline", "b"], [], ["last", "c"]]
     assert [(r.line, r.fields) for r in read_rows(rows)] == [
         (2, dict(zip(header, records[0]))), (3, dict(zip(header, records[1]))), (6, dict(zip(header, records[3])))]
+
+
+def test_the_malformed_rows_of_a_semicolon_csv_name_the_separator(tmp_path):
+    """A spreadsheet's semicolon CSV reads as one column 'question;extra': a row that quotes a value
+    holding ';' ("q;2";b) was 'text after a closing quote', and one with a decimal comma (3,5;c) '2
+    values for 1 columns', each with no word of the separator, which a row read whole named."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text('question;extra\n"q;2";b\n3,5;c\n', encoding="utf-8")
+    hint = ("; the header 'question;extra' looks like several columns separated by ';': the input must be "
+            "comma-separated (CSV), or tab-separated (.tsv, --input-format tsv); save it so")
+    errors = [r.error for r in read_rows(rows)]
+    assert errors[0].startswith("line 2: malformed CSV: text after a closing quote") and errors[0].endswith(hint)
+    assert errors[1] == "line 3: 2 values for 1 columns (question;extra)" + hint
+    rows.write_text('question\n"q" x\n', encoding="utf-8")  # (one column with no other separator in its name)
+    assert [r.error for r in read_rows(rows)][0].endswith("or remove what follows the quote")

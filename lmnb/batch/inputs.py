@@ -188,7 +188,7 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
         duplicates = sorted({h for h in header if header.count(h) > 1})
         if duplicates:
             raise InputError(f"{path} line 1: column names appear twice: {', '.join(duplicates)}")
-        index, end = 0, reader.line_num
+        index, end, other = 0, reader.line_num, _other_separator(header, delimiter)
         while True:
             start = end + 1
             try:
@@ -198,17 +198,17 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
             except csv.Error as e:
                 end = reader.line_num
                 lines.take()
-                yield InputRow(index, start, None, f"line {start}: malformed CSV: {e}")
+                yield InputRow(index, start, None, f"line {start}: malformed CSV: {e}{other}")
                 index += 1
                 continue
             end = reader.line_num
             problem = _strict_error(lines.take(), delimiter, start, end)
             if problem is not None:
-                yield InputRow(index, start, None, f"line {start}: malformed CSV: {problem}")
+                yield InputRow(index, start, None, f"line {start}: malformed CSV: {problem}{other}")
             elif not record:
                 continue  # a blank line
             elif len(record) != len(header):
-                error = f"line {start}: {len(record)} values for {len(header)} columns ({', '.join(header)})"
+                error = f"line {start}: {len(record)} values for {len(header)} columns ({', '.join(header)}){other}"
                 yield InputRow(index, start, None, error)
             elif record == header:  # (cat more.csv >> rows.csv: a row of the column names would run as data)
                 yield InputRow(index, start, None, f"line {start}: the header again (a file appended with its "
@@ -216,6 +216,20 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
             else:
                 yield InputRow(index, start, dict(zip(header, record)))
             index += 1
+
+
+def _other_separator(header: list, delimiter: str) -> str:
+    """A hint for a header of one column that reads as several separated by another character
+    (a spreadsheet's semicolon CSV: "question;extra"), for the errors of its malformed rows: a
+    quoted "a;b";c read as text after a closing quote, and the message said to fix the quotes.
+    "" when that is not it."""
+    if len(header) != 1:
+        return ""
+    for sep in (";", "|", "\t", ","):
+        if sep != delimiter and sum(1 for name in header[0].split(sep) if name.strip()) > 1:
+            return (f"; the header {header[0]!r} looks like several columns separated by {sep!r}: the input must "
+                    "be comma-separated (CSV), or tab-separated (.tsv, --input-format tsv); save it so")
+    return ""
 
 
 class _KeptLines:
