@@ -1186,6 +1186,32 @@ def test_an_indented_lm_cell_is_refused_at_its_column_as_typed(cell, where):
     assert str(e.value).startswith(f"cell 2 (%%lm): {where}: gen has no option 'max_token'"), str(e.value)
 
 
+def test_every_cell_that_cannot_be_exported_is_listed_in_one_error(tmp_path, capsys):
+    """Export stopped at the first bad cell, so a notebook with three took three runs to fix; it
+    lists them all, as a compiler does, each as its lone error says it (exit status 2 still)."""
+    from lmnb_kernel.cli import main
+
+    nb = notebook('q = "x"', "def f(:\n    pass", "%%lm\n", ("md", "fine"), "y = (", "%%lm\nQ: {q}{gen a max_tokens=1}")
+    with pytest.raises(ExportError) as e:
+        export_notebook(nb)
+    assert str(e.value) == (
+        "3 cells cannot be exported; fix each, then export again:\n"
+        "  - cell 2, line 1: invalid Python: invalid syntax\n"
+        "  - cell 3: the %%lm cell body is empty; write the prompt below the %%lm line\n"
+        "  - cell 5, line 1: invalid Python: '(' was never closed")
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    assert main(["export", str(tmp_path / "nb.ipynb"), "-o", str(tmp_path / "job.py")]) == 2
+    assert capsys.readouterr().err == f"lmnb export: {tmp_path / 'nb.ipynb'}: {e.value}\n"
+    assert not (tmp_path / "job.py").exists()
+    # a cell's message of several lines (a caret under the column) stays whole, under its cell's dash
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook("y = (", "%%lm\nQ {gen a max_token=1}"))
+    lines = str(e.value).split("\n")
+    assert lines[1:3] == ["  - cell 1, line 1: invalid Python: '(' was never closed",
+                          "  - cell 2 (%%lm): line 2, col 10: gen has no option 'max_token'; did you mean 'max_tokens'?"]
+    assert lines[3:] and all(line.startswith("    ") for line in lines[3:]), lines
+
+
 def test_a_pasted_session_in_a_python_lm_cell_exports_as_the_kernel_runs_it():
     """IPython takes the '>>> ' / '... ' prompts of a pasted session off a --python body, so the
     kernel runs it; the exporter parsed the body as typed: "invalid syntax"."""

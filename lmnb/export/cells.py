@@ -139,9 +139,12 @@ def read_cells(nb) -> list[Cell]:
     """The cells of an ``nbformat`` v4 notebook (empty and raw cells are left out).
 
     Raises:
-        ExportError: a ``%%lm`` cell or a Python cell that does not parse (cell number, line, fix).
+        ExportError: a ``%%lm`` cell or a Python cell that does not parse (cell number, line, fix);
+            with several such cells, one error lists them all (``_all_cell_errors``), as a compiler
+            lists every error, so one run shows every cell to fix.
     """
     out: list[Cell] = []
+    errors: list[ExportError] = []
     names = LmnbNames()  # as the cells so far bind them: a --python body reads the kernel's names
     for index, cell in enumerate(nb.cells, start=1):
         source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
@@ -154,10 +157,25 @@ def read_cells(nb) -> list[Cell]:
             out.append(Markdown(index, source.strip("\n")))
         elif cell.cell_type == "code":
             tags = tuple(cell.get("metadata", {}).get("tags", ()))
-            out.append(_code_cell(index, source, tags, names=names))
+            try:
+                out.append(_code_cell(index, source, tags, names=names))
+            except ExportError as e:
+                errors.append(e)
+                continue
             if isinstance(out[-1], Code):
                 names = names.seen(ast.parse(out[-1].source))
+    if errors:
+        raise _all_cell_errors(errors)
     return out
+
+
+def _all_cell_errors(errors: list[ExportError]) -> ExportError:
+    """One error for the cells that cannot be exported: a lone one's message as it is, several
+    counted and listed one a line (each names its cell, the problem and the fix)."""
+    if len(errors) == 1:
+        return errors[0]
+    listed = "\n".join(textwrap.indent(str(e), "    ").replace("    ", "  - ", 1) for e in errors)
+    return ExportError(f"{len(errors)} cells cannot be exported; fix each, then export again:\n{listed}")
 
 
 def _cell_magic(source: str) -> tuple[str, str, str, int, str]:
