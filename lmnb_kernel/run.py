@@ -85,6 +85,9 @@ def _read_parameters_first(parser) -> None:
             if not is_parameter(args[i]):
                 rest.append(args[i])
                 i += 1
+            elif i + 1 < len(args) and args[i + 1][:1] == "-" and args[i + 1] != "-":  # (-p -o out.ipynb)
+                parser.error(f"argument -p/--parameter: expected NAME VALUE or NAME=VALUE after {args[i]}, and "
+                             f"{args[i + 1]!r} looks like an option, not a variable name; e.g. -p n 3 or -p n=3")
             elif i + 1 < len(args) and "=" in args[i + 1]:
                 given.append(args[i + 1].split("=", 1))
                 i += 2

@@ -120,6 +120,24 @@ def test_a_refused_p_leaves_no_output_folder_behind(tmp_path, capsys, parameter,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
 
 
+def test_a_p_followed_by_an_option_says_it_needs_a_name_and_a_value(tmp_path, capsys):
+    """-p with its NAME VALUE left out took the next option as the name: "-p '-o' is not a Python
+    variable name", as if -o were a misspelled variable."""
+    from lmnb_kernel.cli import main
+
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("n = 2")]), path)
+    for words, option in [(["-p", "-o", "out.ipynb"], "-o"), (["-p", "--timeout=5"], "--timeout=5"),
+                          (["-p", "--allow-errors", "-o", "out.ipynb"], "--allow-errors")]:
+        with pytest.raises(SystemExit) as e:
+            main(["run", str(path), *words])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.rstrip().endswith(
+            f"lmnb run: error: argument -p/--parameter: expected NAME VALUE or NAME=VALUE after -p, and '{option}' "
+            "looks like an option, not a variable name; e.g. -p n 3 or -p n=3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
+
+
 def test_p_names_are_python_names_after_nfkc_normalization(tmp_path, capsys):
     """-p ｘ sets x (Python reads identifiers NFKC-normalized), but passed the "given twice" check
     next to -p x, and was not matched with the parameters cell's x, so its value was not read like
