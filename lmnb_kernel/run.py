@@ -110,7 +110,8 @@ def run(args) -> int:
     from jupyter_core.utils import run_sync
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from lmnb.export import file_in_the_way, folder_given, make_folders, read_notebook, unnamed_output
+    from lmnb.export import (file_in_the_way, folder_given, make_folders, notebook_path_problem, read_notebook,
+                              unnamed_output)
 
     # Python reads a name as its NFKC form (-p ｘ sets x), as the injected cell's names are read
     parameters = [(unicodedata.normalize("NFKC", name), name, text) for name, text in args.parameter]
@@ -129,11 +130,9 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
     src = Path(args.notebook)
-    if not src.is_file():
-        if src.is_dir():  # (it said "no such notebook")
-            print(f"lmnb run: {src} is a folder, not a notebook; name the .ipynb file in it", file=sys.stderr)
-        else:
-            print(f"lmnb run: no such notebook: {src}", file=sys.stderr)
+    problem = notebook_path_problem(src)
+    if problem:
+        print(f"lmnb run: {problem}", file=sys.stderr)
         return 2
     default = src.with_suffix(".out.ipynb")
     unnamed = unnamed_output(args.output, default)

@@ -1273,6 +1273,35 @@ def test_a_notebook_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_named(
                                        "save the notebook from Jupyter again (File > Save)\n")
 
 
+def test_run_and_export_of_a_script_or_other_non_notebook_say_it_is_no_notebook(tmp_path, capsys, monkeypatch):
+    """`lmnb run job.py` said "Notebook does not appear to be JSON: 'print(1)...'", and `lmnb export
+    job.py` "the output job.py is a notebook"; `lmnb export .` ended in a ValueError traceback and
+    `lmnb export missing.ipynb` said "[Errno 2] No such file or directory"."""
+    from lmnb_kernel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Path("my job.py").write_text("print(1)\n")
+    Path("cut.ipynb").write_text('{"cells": \n')
+    Path("notes.txt").write_text("notes\n")
+    Path("runs").mkdir()
+    not_json = ("not a notebook: a notebook (.ipynb) is JSON, and this text is not (line {}, column 1: Expecting "
+                "value); give the .ipynb file, or, if this is one, save it from Jupyter again (an edit or a cut-short "
+                "save broke it)")
+    for given, said in [
+        ("my job.py", "cannot read my job.py: not a notebook (.ipynb JSON) but a Python script; run it with python "
+                      "'my job.py', or make a notebook of it first (e.g. jupytext --to notebook 'my job.py')"),
+        ("cut.ipynb", "cannot read cut.ipynb: " + not_json.format(2)),
+        ("notes.txt", "cannot read notes.txt: " + not_json.format(1)),
+        ("missing.ipynb", "no such notebook: missing.ipynb"),
+        ("runs", "runs is a folder, not a notebook; name the .ipynb file in it"),
+        (".", ". is a folder, not a notebook; name the .ipynb file in it"),
+    ]:
+        for command in ("run", "export"):
+            assert main([command, given]) == 2, (command, given)
+            assert capsys.readouterr().err == f"lmnb {command}: {said}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.ipynb", "my job.py", "notes.txt", "runs"]
+
+
 def test_a_notebook_holding_a_lone_surrogate_is_refused_at_its_cell_and_line(tmp_path, capsys):
     # JSON can escape half a UTF-16 pair ("\ud800"); lmnb export and lmnb run ended on a
     # UnicodeEncodeError traceback (ast.parse, and nbformat.write after every cell had run)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -32,15 +33,37 @@ def read_notebook(path: Path):
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not UTF-8, not JSON, or JSON that is not a notebook (the message names
-            what is missing; nbformat's own ``ValidationError`` prints the whole schema).
+        ValueError: it is not UTF-8, not JSON (a ``.py`` file: said to be a script, with how to run
+            it or make a notebook of it), or JSON that is not a notebook (the message names what is
+            missing; nbformat's own ``ValidationError`` prints the whole schema).
     """
     data = Path(path).read_bytes()
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise not_utf8(e) from None
-    return notebook_from_text(text)
+    try:
+        return notebook_from_text(text)
+    except _NotJSON:
+        if Path(path).suffix.lower() != ".py":
+            raise
+    script = shlex.quote(str(path))
+    raise ValueError(f"not a notebook (.ipynb JSON) but a Python script; run it with python {script}, or make a "
+                     f"notebook of it first (e.g. jupytext --to notebook {script})") from None
+
+
+def notebook_path_problem(path: Path) -> Optional[str]:
+    """Why ``path``, given as the notebook to run or export, names no file (missing, or a folder),
+    or None: said before reading it ("[Errno 21] Is a directory" named no fix)."""
+    if Path(path).is_file():
+        return None
+    if Path(path).is_dir():
+        return f"{path} is a folder, not a notebook; name the .ipynb file in it"
+    return f"no such notebook: {path}"
+
+
+class _NotJSON(ValueError):
+    """A notebook file's text that is not JSON (nbformat: "Notebook does not appear to be JSON")."""
 
 
 def not_utf8(e: UnicodeDecodeError) -> ValueError:
@@ -59,6 +82,9 @@ def notebook_from_text(text: str):
         raise ValueError("the file is empty; save the notebook from Jupyter again (File > Save)")
     import warnings
 
+    from json import JSONDecodeError
+
+    from nbformat.reader import NotJSONError
     from nbformat.warnings import MissingIDFieldWarning
 
     try:
@@ -67,6 +93,12 @@ def notebook_from_text(text: str):
             # Jupyter does, but warned in four lines advising a call to normalize().
             warnings.simplefilter("ignore", MissingIDFieldWarning)
             nb = nbformat.reads(text, as_version=4)
+    except NotJSONError as e:  # (nbformat's message quoted the file's first 40 characters, and no fix)
+        where = e.__cause__
+        at = f" (line {where.lineno}, column {where.colno}: {where.msg})" if isinstance(where, JSONDecodeError) else ""
+        raise _NotJSON(f"not a notebook: a notebook (.ipynb) is JSON, and this text is not{at}; give the .ipynb "
+                       "file, or, if this is one, save it from Jupyter again (an edit or a cut-short save broke "
+                       "it)") from None
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}") from None
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
@@ -193,6 +225,10 @@ def export_arguments(parser: argparse.ArgumentParser) -> None:
 def export(args: argparse.Namespace) -> int:
     """``lmnb export``: write the script; returns the exit status (2 when the notebook cannot be used)."""
     path: Path = args.notebook
+    problem = notebook_path_problem(path)
+    if problem:  # (before the output's name: "." has no name to give it a .py, a traceback)
+        print(f"lmnb export: {problem}", file=sys.stderr)
+        return 2
     default = path.with_suffix(".py")
     unnamed = unnamed_output(args.output, default)
     if unnamed:
@@ -201,15 +237,15 @@ def export(args: argparse.Namespace) -> int:
     to_stdout = args.output == "-"  # only a bare "-", as for lmnb run (and Unix tools): ./- is a file named -
     out = Path(args.output) if args.output else default
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
+    try:  # (first: lmnb export job.py, a script, said its output "job.py is a notebook")
+        nb = read_notebook(path)
+    except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
+        print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
+        return 2
     if not to_stdout and (out.suffix.lower() == ".ipynb" or out.resolve() == path.resolve()):
         # the script would replace a notebook (a slip of -o, or tab completion): refuse, lose nothing
         print(f"lmnb export: the output {out} is a notebook; the script goes to a .py file, e.g. -o "
               f"{default}", file=sys.stderr)
-        return 2
-    try:
-        nb = read_notebook(path)
-    except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
-        print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
         return 2
     folder = folder_given(args.output or "", default.name)
     if folder:
