@@ -1195,7 +1195,7 @@ def test_every_cell_that_cannot_be_exported_is_listed_in_one_error(tmp_path, cap
     with pytest.raises(ExportError) as e:
         export_notebook(nb)
     assert str(e.value) == (
-        "3 cells cannot be exported; fix each, then export again:\n"
+        "3 cells cannot be exported; fix each, then try again:\n"
         "  - cell 2, line 1: invalid Python: invalid syntax\n"
         "  - cell 3: the %%lm cell body is empty; write the prompt below the %%lm line\n"
         "  - cell 5, line 1: invalid Python: '(' was never closed")
@@ -1362,6 +1362,30 @@ def test_a_notebook_without_cell_ids_is_read_without_nbformats_warning(tmp_path)
     assert [str(w.message) for w in caught] == []
     assert len({c["id"] for c in nb.cells}) == len(QA.cells)  # (ids added, one per cell)
     assert [c.source for c in nb.cells] == [c.source for c in QA.cells]
+
+
+def test_every_cell_a_notebook_cannot_be_read_for_is_listed_in_one_error(tmp_path, capsys):
+    """Reading a notebook stopped at its first cell holding a lone surrogate or no source; run and
+    export list them all, each as its lone error says it."""
+    from lmnb_kernel.cli import main
+
+    data = json.loads(nbformat.writes(notebook("x = '\ud800'", "y = 1", "z = 1", "%%lm\nQ: {x}\n\udfff{gen a max_tokens=2}")))
+    del data["cells"][2]["source"]
+    path = tmp_path / "bad.ipynb"
+    path.write_text(json.dumps(data))
+    why = ("3 cells cannot be read; fix each, then try again:\n"
+           "  - cell 1, line 1: the lone surrogate '\\ud800' is half of a UTF-16 pair and no character, so Python "
+           "cannot run code that holds it; delete it, or write the character it was part of\n"
+           "  - not a Jupyter notebook: cell 3 has no source (a cell has a cell_type such as \"code\" or "
+           "\"markdown\", and a source: a string, or a list of strings, its lines); fix the cell in the file's "
+           "JSON, or delete it\n"
+           "  - cell 4, line 3: the lone surrogate '\\udfff' is half of a UTF-16 pair and no character, so Python "
+           "cannot run code that holds it; delete it, or write the character it was part of\n")
+    capsys.readouterr()
+    for command in ("export", "run"):
+        assert main([command, str(path)]) == 2
+        assert capsys.readouterr().err == f"lmnb {command}: cannot read {path}: {why}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ipynb"]
 
 
 def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from lmnb.export.cells import ExportError, read_cells
+from lmnb.export.cells import ExportError, listed_cell_errors, read_cells
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
 from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
@@ -103,17 +103,21 @@ def notebook_from_text(text: str):
         raise ValueError(f"not a Jupyter notebook: {e.message}") from None
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
+    problems = []  # (every cell's, in one error: one run shows them all)
     for number, cell in enumerate(nb.cells, start=1):
         problem = _cell_problem(cell)
         if problem:  # (nbformat reads it; running or exporting it failed later with a bare AttributeError)
-            raise ValueError(f"not a Jupyter notebook: cell {number} {problem} (a cell has a cell_type such as "
-                             "\"code\" or \"markdown\", and a source: a string, or a list of strings, its lines); fix "
-                             "the cell in the file's JSON, or delete it")
+            problems.append(f"not a Jupyter notebook: cell {number} {problem} (a cell has a cell_type such as "
+                            "\"code\" or \"markdown\", and a source: a string, or a list of strings, its lines); "
+                            "fix the cell in the file's JSON, or delete it")
+            continue
         source = cell.source
         lone = LONE_SURROGATE.search(source) if cell.cell_type == "code" else None
         if lone:
             line = source.count("\n", 0, lone.start()) + 1
-            raise ValueError(f"cell {number}, line {line}: {surrogate_problem(lone.group())}")
+            problems.append(f"cell {number}, line {line}: {surrogate_problem(lone.group())}")
+    if problems:
+        raise ValueError(problems[0] if len(problems) == 1 else listed_cell_errors(problems, "read"))
     return nb
 
 

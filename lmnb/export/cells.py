@@ -140,7 +140,7 @@ def read_cells(nb) -> list[Cell]:
 
     Raises:
         ExportError: a ``%%lm`` cell or a Python cell that does not parse (cell number, line, fix);
-            with several such cells, one error lists them all (``_all_cell_errors``), as a compiler
+            with several such cells, one error lists them all (``listed_cell_errors``), as a compiler
             lists every error, so one run shows every cell to fix.
     """
     out: list[Cell] = []
@@ -164,18 +164,19 @@ def read_cells(nb) -> list[Cell]:
                 continue
             if isinstance(out[-1], Code):
                 names = names.seen(ast.parse(out[-1].source))
+    if len(errors) == 1:
+        raise errors[0]
     if errors:
-        raise _all_cell_errors(errors)
+        raise ExportError(listed_cell_errors([str(e) for e in errors], "exported"))
     return out
 
 
-def _all_cell_errors(errors: list[ExportError]) -> ExportError:
-    """One error for the cells that cannot be exported: a lone one's message as it is, several
-    counted and listed one a line (each names its cell, the problem and the fix)."""
-    if len(errors) == 1:
-        return errors[0]
-    listed = "\n".join(textwrap.indent(str(e), "    ").replace("    ", "  - ", 1) for e in errors)
-    return ExportError(f"{len(errors)} cells cannot be exported; fix each, then export again:\n{listed}")
+def listed_cell_errors(messages: list[str], done: str) -> str:
+    """One message for several cells that cannot be ``done`` ("exported"): counted, then each
+    cell's own message (its cell, the problem, the fix) one a line, its further lines (a caret
+    under a column) indented below it."""
+    listed = "\n".join(textwrap.indent(m, "    ").replace("    ", "  - ", 1) for m in messages)
+    return f"{len(messages)} cells cannot be {done}; fix each, then try again:\n{listed}"
 
 
 def _cell_magic(source: str) -> tuple[str, str, str, int, str]:
