@@ -362,6 +362,31 @@ def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endp
     return None
 
 
+def _live_start(rx: Any, text: str, pos: int) -> tuple[int, bool]:
+    """(where in ``text[pos:]`` the first match of ``rx`` that more text may complete or extend
+    begins, ``len(text)`` where none may; whether a whole match was passed on the way).
+
+    A whole match in text not checked (the first ``min_new_tokens``) is passed over, unless one
+    from its start may end at or past the text's end: once more text comes it straddles the
+    checked text's start, a stop (``_new_match``). A partial search prefers a whole match to a
+    partial one before it ("xbc|b" on "xb": "b", though "xbc" may begin at 0), so before a whole
+    match every start is tried with a partial ``fullmatch``; past it, the search goes on.
+
+    Raises:
+        TimeoutError: a search ran past ``REGEX_TIMEOUT_S``.
+    """
+    passed = False
+    while (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
+        if m.partial:
+            return m.start(), passed
+        passed = True
+        for start in range(pos, m.start() + 1):
+            if rx.fullmatch(text, start, partial=True, timeout=REGEX_TIMEOUT_S) is not None:
+                return start, passed
+        pos = m.start() + 1
+    return len(text), passed
+
+
 class StopStringMatcher:
     """Finds the first stop string or stop regex match to end in generated text and says how much
     text is safe to stream.
@@ -498,16 +523,7 @@ class StopStringMatcher:
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
             if rx is not None and i not in self._shared.given_up:
                 try:
-                    # (a whole match in text not checked, the first min_new_tokens, is passed over,
-                    # unless one from its start may end at or past the text's end: once more text
-                    # comes it straddles the checked text's start, a stop (_new_match); matches
-                    # that start inside it are searched for next)
-                    while ((m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None
-                           and not m.partial
-                           and rx.fullmatch(text, m.start(), partial=True, timeout=REGEX_TIMEOUT_S) is None):
-                        pos, passed_match = m.start() + 1, True
-                    passed_match = passed_match or (m is not None and not m.partial)
-                    pos = len(text) if m is None else m.start()
+                    pos, passed_match = _live_start(rx, text, pos)
                 except TimeoutError:
                     self._timed_out(i, self._regexes[i], text)
             safe = min(safe, pos)

@@ -313,6 +313,48 @@ def test_a_stop_regex_match_straddling_the_min_new_tokens_is_a_stop_as_a_stop_st
         assert got[0] is None or got[1] <= got[0][0], (stops, pieces, unchecked)
 
 
+def _first_stop(pattern: str, pieces: list[str], unchecked: int) -> tuple[int, str] | None:
+    """Brute force with Python's re: the first match to end after the text of the first
+    ``unchecked - 1`` pieces (the text not checked), found where it ends, at its leftmost start."""
+    rx, text = re.compile(pattern), ""
+    for k, piece in enumerate(pieces, 1):
+        before, text = len(text), text + piece
+        for end in range(before + 1, len(text) + 1) if k >= unchecked else ():
+            starts = [s for s in range(end) if rx.fullmatch(text, s, end)]
+            if starts:
+                return starts[0], text[starts[0]:end]
+    return None
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    """A pattern of a, b, c and x without assertions: classes, alternatives, greedy and lazy repeats."""
+    r = rng.random()
+    if depth > 2 or r < 0.35:
+        return rng.choice(["a", "b", "c", "x", "ab", "[ab]", "[^a]", "[bc]", ".", "(?:a|bc)"])
+    if r < 0.55:
+        return _random_pattern(rng, depth + 1) + _random_pattern(rng, depth + 1)
+    if r < 0.7:
+        return f"(?:{_random_pattern(rng, depth + 1)}|{_random_pattern(rng, depth + 1)})"
+    return f"(?:{_random_pattern(rng, depth + 1)})" + rng.choice(["*", "+", "?", "{1,2}", "*?", "+?", "??", "{2}"])
+
+
+def test_a_stop_regex_is_found_where_brute_force_finds_it_and_no_text_of_it_is_shown_before():
+    # "xbc|b": the whole match "b" lies in the text not checked, and a partial search prefers it
+    # to the partial "xb" before it, so "x" was shown, then "xbc" became the stop
+    hit, shown = feed_unchecked(StopStringMatcher([], ["xbc|b"]), ["x", "b", "c"], 3)
+    assert hit == _first_stop("xbc|b", ["x", "b", "c"], 3) == (0, "xbc") and shown == 0
+    rng = random.Random(1)
+    for _ in range(1500):
+        pattern = _random_pattern(rng)
+        if re.fullmatch(pattern, ""):
+            continue  # (refused by SamplingParams)
+        pieces = ["".join(rng.choice("abcx") for _ in range(rng.randint(1, 3))) for _ in range(6)]
+        unchecked = rng.randint(0, 5)
+        hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, unchecked)
+        assert hit == _first_stop(pattern, pieces, unchecked), (pattern, pieces, unchecked)
+        assert hit is None or shown <= hit[0], (pattern, pieces, unchecked)
+
+
 def test_stop_regex_with_a_lookahead_stops_once_the_lookahead_text_comes():
     # the match ("x", or nothing before "STOP") ends before the text that completes it; it was
     # taken for a match in checked text and let through, so the output ran on past it
