@@ -815,6 +815,14 @@ def test_a_posix_rewrite_leaves_a_bracket_inside_a_class_as_python_reads_it(back
     assert lmnb_gen_takes("[A-Za-z]x[a[:digit:]]")
 
 
+@pytest.mark.parametrize("pattern, at", [(r"^ab\u$", 3), ("^a(b$", 2), ("^ab)$", 3), (r"\Aa|^b)$", 6)])
+def test_the_engine_places_a_syntax_error_of_an_anchored_pattern_as_gen_does(backend, pattern, at):
+    # Python's error on the pattern less its edge anchors, which the automaton library also refuses,
+    # was named with the user's pattern but placed in the trimmed one ("^ab)$": position 2, not 3)
+    said = _refused_alike(backend, pattern)
+    assert "not a valid regular expression" in said and f" at position {at})" in said, said
+
+
 def lmnb_gen_takes(pattern):
     import lmnb
 

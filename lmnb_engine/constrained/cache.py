@@ -210,7 +210,10 @@ class GrammarBackend:
             if source is None or source == regex or isinstance(e, GrammarCompileStopped):
                 raise
             # (the message names the pattern first; an example after it may be spelt the same)
-            raise GrammarError(str(e).replace(shown_regex(regex), shown_regex(source), 1)) from None
+            named = str(e).replace(shown_regex(regex), shown_regex(source), 1)
+            if str(e) == regex_problem(regex):  # Python's words on the pattern trimmed of its edge anchors: its
+                named = regex_problem(source) or named  # positions are the trimmed one's, not the user's
+            raise GrammarError(named) from None
 
     def _wait(self, regex: str, abandoned: Future | None) -> CompiledGrammar | None:
         fut = self.submit(regex)
