@@ -181,14 +181,36 @@ def _trim_anchors(alternative: str) -> str:
 
 def empty_pattern_problem(pattern: str) -> str | None:
     """Why ``pattern`` is refused as empty, or None: nothing but anchors at its edges
-    (``without_edge_anchors``: ``""``, ``^$``, ``\\Z``), it matches only the empty string, so a
-    constrained output could hold no text. Asked by the language's ``gen()`` and a ``%%lm`` cell
-    (``pattern_problem``) and by the engine, in these words."""
-    if without_edge_anchors(pattern) != "":
+    (``without_edge_anchors``: ``""``, ``^$``, ``\\Z``), or what is left matches only the empty
+    string (``(?i)^$``, ``^|$``, ``(?:)``, ``a{0}``), so a constrained output could hold no text.
+    Asked by the language's ``gen()`` and a ``%%lm`` cell (``pattern_problem``) and by the engine,
+    in these words."""
+    trimmed = without_edge_anchors(pattern)
+    if trimmed == "":
+        dropped = " once its anchors are dropped (the output matches the whole pattern)" if pattern else ""
+        what = f"is empty{dropped}"
+    elif _matches_only_empty(trimmed):
+        what = "matches only the empty string"
+    else:
         return None
-    dropped = " once its anchors are dropped (the output matches the whole pattern)" if pattern else ""
-    return (f"regex {shown_regex(pattern)} is empty{dropped}; it would only allow an empty output, with no text: "
+    return (f"regex {shown_regex(pattern)} {what}; it would only allow an empty output, with no text: "
             "give a pattern that matches some text, or no regex (for no output at all, max_tokens=0)")
+
+
+def _matches_only_empty(pattern: str) -> bool:
+    """Whether Python's ``re`` reads ``pattern`` as matching the empty string and no longer text
+    (``(?:)``, ``a{0}``, ``|``, ``(?i)``: each of its matches is zero characters wide), each Unicode
+    class held by one character (as ``classes_held`` holds them, but one wide, as the class is);
+    False where it cannot read it (its own error is named elsewhere)."""
+    held = pattern
+    for m in reversed(unicode_classes(pattern)):
+        held = held[:m.start(2)] + "%" + held[m.end(2):]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _parser().parse(held).getwidth()[1] == 0 and re.fullmatch(held, "") is not None
+    except (re.error, RecursionError, OverflowError):
+        return False
 
 
 def _parser():

@@ -929,6 +929,12 @@ _EMPTY_FIX = ("; it would only allow an empty output, with no text: give a patte
     (r"\Z", r'regex "\\Z" is empty once its anchors are dropped (the output matches the whole pattern)' + _EMPTY_FIX),
     ("^$", 'regex "^$" is empty once its anchors are dropped (the output matches the whole pattern)' + _EMPTY_FIX),
     ("", 'regex "" is empty' + _EMPTY_FIX),
+    # (what is left matches the empty string only: the engine gave an empty output, "^$" refused)
+    ("(?i)^$", 'regex "(?i)^$" matches only the empty string' + _EMPTY_FIX),
+    ("^|$", 'regex "^|$" matches only the empty string' + _EMPTY_FIX),
+    ("(?:)", 'regex "(?:)" matches only the empty string' + _EMPTY_FIX),
+    ("a{0}(?#x)", 'regex "a{0}(?#x)" matches only the empty string' + _EMPTY_FIX),
+    (r"\p{L}{0}", r'regex "\\p{L}{0}" matches only the empty string' + _EMPTY_FIX),
 ])
 def test_an_empty_regex_is_refused_at_gen_as_in_the_engine(backend, pattern, said):
     # "regex is empty; it would only allow an empty output", whatever the pattern was; and "" and "\Z" passed

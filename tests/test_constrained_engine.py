@@ -421,17 +421,16 @@ def test_a_min_new_tokens_conflict_with_only_eos_banned_says_to_let_the_grammar_
     come from one helper and say to lower min_new_tokens or let the grammar match longer output."""
     from types import SimpleNamespace
 
-    from lmnb_engine.params import SamplingParamsError
-    from lmnb_engine.sampler import blocked_reason
+    from lmnb_engine.sampler import blocked_reason, min_new_tokens_conflict
 
     on = engines[0]
-    # a regex matching only the empty text allows only EOS first
-    with pytest.raises(SamplingParamsError) as e:
+    # a regex matching only the empty text, which allows only EOS first, is refused as empty before
+    # min_new_tokens is weighed (regex_errors.empty_pattern_problem); the words for that conflict:
+    with pytest.raises(GrammarError, match=r'regex "a\{0\}" matches only the empty string'):
         on.submit("x", SamplingParams(max_new_tokens=5, min_new_tokens=2, regex="a{0}"))
-    assert str(e.value) == (
-        "SamplingParams.min_new_tokens=2 conflicts with the regex: at output token 1 the regex allows only tokens "
-        "that min_new_tokens=2 bans until 2 tokens are out: EOS; set min_new_tokens=0 or let the regex match longer "
-        "output")
+    assert min_new_tokens_conflict("the regex", 2, 0, stop_ids=False) == (
+        "the regex allows only tokens that min_new_tokens=2 bans until 2 tokens are out: EOS; set min_new_tokens=0 "
+        "or let the regex match longer output")
     params = SamplingParams(max_new_tokens=5, min_new_tokens=3, json_schema={"type": "string"})
     r = blocked_reason(SimpleNamespace(params=params, grammar=object(), output_ids=[7, 8]))
     assert (r.type, r.field) == ("abort", "min_new_tokens")
