@@ -441,6 +441,16 @@ def test_case_insensitive_patterns_fold_the_dotted_and_dotless_i_as_python_does(
     _assert_automaton_matches_as_python(pattern, "iIıİkK\u212asSſa", 2)
 
 
+@pytest.mark.parametrize("pattern, python_pattern", [
+    (r"(?i)[\p{N}i]", "(?i)[5i]"), (r"(?i)[^\p{N}i]", "(?i)[^5i]"), (r"(?i)[\p{N}İ]+", "(?i)[5İ]+"),
+])
+def test_a_case_insensitive_class_with_a_unicode_class_folds_the_dotted_i_as_one_without(pattern, python_pattern):
+    # the dotted and dotless i were added to a class only where it held no Unicode class (Python
+    # cannot read one): "(?i)[\p{N}i]" refused "ı" where "(?i)\p{N}|i" took it. Over this
+    # alphabet, \p{N} holds only "5", so Python reads the class as python_pattern does
+    _assert_automaton_matches_as_python(pattern, "iIıİ5a", 2, lambda _, text: re.fullmatch(python_pattern, text))
+
+
 def _assert_automaton_matches_as_python(pattern, alphabet, max_len, fullmatch=re.fullmatch):
     """Every text of up to ``max_len`` characters of ``alphabet`` is matched by the automaton built from
     ``automaton_syntax(pattern)`` exactly when Python's ``re.fullmatch`` (or ``fullmatch``) matches it."""

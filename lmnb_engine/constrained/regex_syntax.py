@@ -220,10 +220,11 @@ def _class(pattern: str, i: int, ignorecase: bool = False) -> tuple[str, int]:
         return (f"[{held}]" if held else "[^\\s\\S]"), i + 1
     if negated and _covers_all(spans):  # it leaves only surrogates, which no text holds: it matches nothing
         return "[^\\s\\S]", i + 1  # (the library matched other characters for such a class)
-    if ignorecase and not unicode:  # (a Unicode class: Python cannot read it)
+    if ignorecase:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            members = re.compile(pattern[start:i + 1], re.IGNORECASE).fullmatch
+            warnings.simplefilter("ignore")  # (a Unicode class held: what its other items fold to; the
+            # library folds the Unicode class itself)
+            members = re.compile(classes_held(pattern[start:i + 1]), re.IGNORECASE).fullmatch
         # the dotted and dotless i Python's class holds (a negated one: those it leaves out)
         items += [_char(ord(c)) for c in _DOTTED_I if (members(c) is None) == negated]
     if negated:
