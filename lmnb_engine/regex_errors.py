@@ -540,7 +540,8 @@ def _class_items(pattern: str) -> Iterator[list[tuple[int, int]]]:
 
 
 def _comments(pattern: str) -> list[tuple[int, int]]:
-    """The (start, end) of each comment ``(?#...)`` in ``pattern`` (``_classes_and_comments``)."""
+    """The (start, end) of each comment in ``pattern``, ``(?#...)`` or a verbose pattern's ``# ...``
+    (``_classes_and_comments``)."""
     return [spans[0] for kind, spans in _classes_and_comments(pattern) if kind == "comment"]
 
 
@@ -550,11 +551,18 @@ def _classes_and_comments(pattern: str) -> Iterator[tuple[str, list[tuple[int, i
     after "[" and an optional "^", a "]" first is a literal, and each item is ``_item_end``'s (an
     escape whole, a Unicode class whole, whose braces may hold a "["); the class ends at the next
     "]". A comment, "(?#" outside a class, ends at the next ")" that no backslash escapes (its
-    "[" or "\\p{" is no class). Either, unclosed, ends at the pattern's end."""
+    "[" or "\\p{" is no class); in a verbose pattern (``(?x)`` opening it), one from a "#" outside
+    a class ends with its line. Either, unclosed, ends at the pattern's end."""
     i, n = 0, len(pattern)
+    flags = re.match(r"(?:\(\?[aiLmsux]+\))+", pattern)  # (global flags: only at the start)
+    verbose = flags is not None and "x" in flags.group()
     while i < n:
         if pattern[i] == "\\":
             i = _item_end(pattern, i)
+        elif verbose and pattern[i] == "#":
+            start, end = i, pattern.find("\n", i)
+            i = n if end < 0 else end + 1
+            yield "comment", [(start, i)]
         elif pattern.startswith("(?#", i):
             start, i = i, i + 3
             while i < n and pattern[i] != ")":
