@@ -367,14 +367,23 @@ def _rust_classes(pattern: str) -> Iterator[tuple[int, int]]:
 _MAX_MEMBER_RANGES = 8
 
 
+# A set operator that opens a class or follows another or ends a class (erring towards yes: an escaped
+# "[" before one too): the regex package and Rust read such a class apart
+_EMPTY_OPERAND = re.compile(r"\[\^?(?:&&|--|~~)|(?:&&|--|~~)(?:&&|--|~~|\])")
+
+
 def _class_members(cls: str) -> str | None:
     """The class ``cls`` (with nested classes and set operations: ``[[A-Za-z]&&a]``) as a class of
     the characters the ``regex`` package's version 1 reads it to hold, which is Rust's reading of
     such a class: ranges of them (``[a]``), or a negated class of the rest where that is shorter
     (``[^A-Za-z]``); None where that package cannot read it or it takes more than
-    ``_MAX_MEMBER_RANGES`` ranges. Surrogates, which no text holds, are left out of the ranges."""
+    ``_MAX_MEMBER_RANGES`` ranges, or where a set operation has an empty operand (``[a&&]``,
+    ``[&&a]``, ``[a--&&b]``, ``[--a]``), which Rust reads as an empty set and the package otherwise.
+    Surrogates, which no text holds, are left out of the ranges."""
     import regex
 
+    if _EMPTY_OPERAND.search(cls):
+        return None
     try:
         runs = regex.compile(f"(?V1)(?:{cls})+")
     except regex.error:

@@ -833,6 +833,25 @@ def test_the_engine_places_a_syntax_error_of_an_anchored_pattern_as_gen_does(bac
     assert "not a valid regular expression" in said and f" at position {at})" in said, said
 
 
+@pytest.mark.parametrize("pattern", ["[[:digit:]--&&]", "[[:digit:][&&a]]", "[[:alpha:]&&[&&a]]", "[[:digit:][--a]]"])
+def test_a_set_operation_with_an_empty_operand_gets_no_rewrite_read_otherwise_than_the_library_reads_it(backend,
+                                                                                                    pattern):
+    # the rewrite was computed with the regex package's V1 sets, which read an operator with an empty
+    # operand otherwise than Rust, an empty set there: "[[:digit:]--&&]" was offered as "[0-9]", where the
+    # library matches no character; only the literal reading is offered now (the flagged "[" escaped)
+    import regex
+
+    alphabet = "5a-&:Z"
+    try:
+        rust = _rust_matches(pattern, alphabet, 1)
+    except ValueError as e:  # (an empty set: the library builds no transition)
+        assert "Found no transitions" in str(e)
+        rust = set()
+    assert rust != {c for c in alphabet if regex.fullmatch("(?V1)" + pattern, c)}
+    said = _refused_alike(backend, pattern)
+    assert said.endswith(f"; write {json.dumps(pattern[0] + chr(92) + pattern[1:])} to mean the characters"), said
+
+
 def lmnb_gen_takes(pattern):
     import lmnb
 
