@@ -1,6 +1,7 @@
 """Checks of OpenAI-style chat messages (``{"role": ..., "content": ...}``), and their text as a
-chat template reads it, shared by the server's ``/v1/chat/completions`` and
-``Engine.apply_chat_template`` so both refuse a bad message alike and render a good one alike.
+chat template reads it, and of a request's extra template variables (``chat_template_kwargs``),
+shared by the server's ``/v1/chat/completions`` and ``Engine.apply_chat_template`` so both refuse
+a bad message alike and render a good one alike.
 Importing it loads nothing heavy."""
 
 from __future__ import annotations
@@ -153,3 +154,41 @@ def _part_text(index: int, j: int, part: Any) -> str:
     if not isinstance(part.get("text"), str):
         raise ValueError(f'{where}.text is missing: a text part holds its text, {{"type": "text", "text": "..."}}')
     return part["text"]
+
+
+# The names a chat template's render already binds, which ``chat_template_kwargs`` must not set:
+# the template's own variables (``messages``, ``tools``, ``documents``, ``add_generation_prompt``),
+# transformers' ``apply_chat_template`` parameters (a key among them would change how it renders or
+# what it returns, or be a second value for one it is given: TypeError) and the template's helper
+# functions. vLLM refuses ``chat_template`` and ``tokenize`` and overrides ``add_generation_prompt``;
+# SGLang's call fails on a second ``tools`` or ``add_generation_prompt``; here each is a clear refusal.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message",
+    "chat_template", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "raise_exception", "strftime_now",
+})
+
+
+def template_kwargs(kwargs: Any) -> dict:
+    """``kwargs`` (a chat request's ``chat_template_kwargs``, vLLM's and SGLang's extension: extra
+    variables for the chat template, e.g. Qwen3's ``{"enable_thinking": False}``) checked, as a
+    new dict; None is ``{}``.
+
+    Raises:
+        TypeError: ``kwargs`` is not a mapping with string keys.
+        ValueError: a key is one the template's render sets itself (``RESERVED_TEMPLATE_KWARGS``:
+            ``messages``, ``add_generation_prompt``, ``tools``...), naming it and what to do.
+    """
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        shown = json_value(kwargs, 40) if isinstance(kwargs, (str, int, float, list)) else f"a {type(kwargs).__name__}"
+        raise TypeError(f"chat_template_kwargs is an object of template variables with string names (e.g. "
+                        f'{{"enable_thinking": false}}), got {shown}')
+    clash = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if clash:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(map(repr, clash))}: the chat template "
+                         "gets it from the request itself (the messages, and a generation prompt for the "
+                         "reply); leave it out of chat_template_kwargs")
+    return dict(kwargs)

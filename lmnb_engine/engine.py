@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
-from lmnb_engine.chat_messages import message_dicts, text_message
+from lmnb_engine.chat_messages import message_dicts, template_kwargs, text_message
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
@@ -579,26 +579,34 @@ class Engine:
                     f"{self.context_len} of its {hf.max_position_embeddings} positions, where the two agree)")
         return ""
 
-    def apply_chat_template(self, messages: list, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list, add_generation_prompt: bool = True,
+                            chat_template_kwargs: Optional[dict] = None) -> str:
         """Render chat ``messages`` ([{"role", "content"}]) with the model's chat template. A message
         may also be a pydantic model (the OpenAI SDK's ``ChatCompletionMessage``, a reply's
         ``choices[0].message``) or a dataclass with those fields (``chat_messages.message_dicts``).
+        ``chat_template_kwargs``: extra variables for the template (vLLM's and SGLang's field of
+        that name, e.g. Qwen3's ``{"enable_thinking": False}``, gpt-oss's ``reasoning_effort``),
+        rendered as transformers' ``apply_chat_template(..., **chat_template_kwargs)`` renders them.
 
         Raises:
             ValueError: the checkpoint has no chat template, or a message has no role or content, or
                 a content other than a string or text parts (as the server refuses it:
-                ``chat_messages.text_message``, which renders "developer" as "system" as the server does).
+                ``chat_messages.text_message``, which renders "developer" as "system" as the server does),
+                or ``chat_template_kwargs`` sets a variable the render sets itself (``messages``,
+                ``add_generation_prompt``...: ``chat_messages.template_kwargs``).
             TypeError: ``messages`` is not a list of messages (a string, one message), or a message
-                is not one (``chat_messages.message_dicts``).
+                is not one (``chat_messages.message_dicts``), or ``chat_template_kwargs`` is not a dict.
         """
         if not self.chat_template:
             raise ValueError(
                 f"the model at {self.model_path} has no chat template; format the prompt yourself"
             )
+        extra = template_kwargs(chat_template_kwargs)
         # (rendered as the server renders them: text parts joined, not written as a Python list)
         messages = [text_message(i, m) for i, m in enumerate(message_dicts(messages))]
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt,
+            **extra,
         )
 
     # --- requests ------------------------------------------------------------------------------

@@ -169,7 +169,7 @@ class RecordingEngine:
     def model_info(self):
         return {"model_path": self.model_path, "context_len": self.context_len}
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    def apply_chat_template(self, messages, add_generation_prompt=True, chat_template_kwargs=None):
         text = "".join(f"[{m['role']}]{m['content']}\n" for m in messages)
         return text + ("[assistant]" if add_generation_prompt else "")
 

@@ -208,7 +208,7 @@ def _post(url, path, body, **kw):
         ("/generate", {"text": "a", "sampling_param": {}}, 400,
          'unknown field "sampling_param" (did you mean "sampling_params"?); /generate takes ['),
         ("/v1/chat/completions", {"model": "rec", "messages": [], "bogus": 1}, 400,
-         'unknown field "bogus"; /v1/chat/completions takes ["frequency_penalty", '),
+         'unknown field "bogus"; /v1/chat/completions takes ["chat_template_kwargs", "frequency_penalty", '),
         ("/v1/completions", {"model": "other", "prompt": "a"}, 404, "not served"),
         ("/v1/completions", {"model": "rec", "prompt": "a", "logit_bias": {"1": 5}}, 400, "logit_bias"),
         ("/v1/chat/completions", {"model": "rec", "messages": "hi"}, 400, "messages"),
@@ -322,15 +322,15 @@ def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):
 # storage, tracking, OpenAI's scheduling and caching, predicted outputs, reasoning-model hints
 _IGNORED_CHAT_FIELDS = {
     "store": True, "metadata": {"run": "7"}, "user": "ann", "safety_identifier": "h-1", "service_tier": "auto",
-    "prompt_cache_key": "k", "prompt_cache_retention": "24h", "reasoning_effort": "low", "verbosity": "low",
+    "prompt_cache_key": "k", "prompt_cache_retention": "24h", "verbosity": "low",
     "prediction": {"type": "content", "content": "a"}, "modalities": ["text"], "parallel_tool_calls": False,
 }
 
 
 def test_openai_chat_fields_that_change_nothing_here_are_accepted_and_ignored(served):
-    """``store``, ``metadata``, ``reasoning_effort``... were refused as unknown fields (400; for
-    reasoning_effort "did you mean response_format"); OpenAI defines them and vLLM and SGLang accept
-    them: the engine gets the same request as without them."""
+    """``store``, ``metadata``, ``verbosity``... were refused as unknown fields (400); OpenAI defines
+    them and vLLM and SGLang accept them: the engine gets the same request as without them.
+    (``reasoning_effort`` reaches the chat template: test_chat_template_kwargs.)"""
     engine, url = served
     base = {"model": "rec", "messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "temperature": 0}
     engine.received.clear()
@@ -367,7 +367,7 @@ def test_unknown_field_error_hints_the_field_meant_and_lists_only_fields_in_use(
     assert 'unknown field "temperatur" (did you mean "temperature"?)' in msg
     listed = json.loads(msg.split("/v1/chat/completions takes ", 1)[1])
     assert "temperature" in listed and "messages" in listed
-    assert not set(listed) & {"store", "metadata", "reasoning_effort", "audio", "user"}
+    assert not set(listed) & {"store", "metadata", "verbosity", "audio", "user"}
     msg = _post(url, "/v1/chat/completions", {**base, "metdata": {}}).json()["error"]["message"]
     assert 'unknown field "metdata" (did you mean "metadata"?)' in msg
 

@@ -4,10 +4,11 @@
 Request and response shapes are the OpenAI API's (what the official ``openai`` client sends and
 parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept (``top_k``,
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
-``stop_regex``, ``skip_special_tokens``, ``regex``, ``json_schema``). ``response_format`` ``json_schema`` /
+``stop_regex``, ``skip_special_tokens``, ``regex``, ``json_schema``), and on chat their
+``chat_template_kwargs``, extra variables for the chat template (``_template_kwargs``). ``response_format`` ``json_schema`` /
 ``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
 rejected with a 400 naming them rather than ignored; fields OpenAI defines that leave the reply
-unchanged here (``store``, ``metadata``, ``user``, ``reasoning_effort``...: ``ChatRequest.IGNORED``)
+unchanged here (``store``, ``metadata``, ``user``, ``verbosity``...: ``ChatRequest.IGNORED``)
 are accepted and ignored, and those asking for what lmnb does not do (tools, audio, web search,
 ``logit_bias``) are refused by name. A response's ``id`` is its request's rid, as
 in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
@@ -42,7 +43,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from lmnb_engine.chat_messages import missing_content, misspelt_key, template_role
+from lmnb_engine.chat_messages import missing_content, misspelt_key, template_kwargs, template_role
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import (
     SSE_DONE,
@@ -216,6 +217,10 @@ class ChatRequest(_SamplingRequest):
     tools: Optional[list] = None
     tool_choice: Optional[Any] = None
     parallel_tool_calls: Optional[StrictBool] = None
+    # vLLM's and SGLang's extra variables for the chat template; Any, so that a value that is no
+    # object gets template_kwargs' message. reasoning_effort (OpenAI's) is one more (_template_kwargs)
+    chat_template_kwargs: Optional[Any] = None
+    reasoning_effort: Optional[str] = None
     functions: Optional[list] = None  # (OpenAI's deprecated tool calling: refused as tools are)
     function_call: Optional[Any] = None
     # OpenAI's fields that ask for what lmnb serve cannot give: refused when set (_refuse_unserved)
@@ -230,18 +235,16 @@ class ChatRequest(_SamplingRequest):
     safety_identifier: Optional[Any] = None
     prompt_cache_key: Optional[Any] = None
     prompt_cache_retention: Optional[Any] = None
-    reasoning_effort: Optional[Any] = None
     verbosity: Optional[Any] = None
 
     # OpenAI's chat fields that lmnb serve accepts and ignores: storage and tracking (``store``,
     # ``metadata``, ``user``, ``safety_identifier``), OpenAI's own scheduling and caching
     # (``service_tier``, ``prompt_cache_key``, ``prompt_cache_retention``), ``prediction`` (a speed-up
-    # that leaves the output as it is), and hints to OpenAI's reasoning models (``reasoning_effort``,
-    # ``verbosity``) that the chat templates of the models lmnb serves do not read; vLLM and SGLang
-    # accept them too. The unknown-field error leaves them out of the fields it lists, and the
+    # that leaves the output as it is), and ``verbosity``, a hint to OpenAI's reasoning models that
+    # chat templates do not read; vLLM and SGLang accept them too. The unknown-field error leaves them out of the fields it lists, and the
     # OpenAI fields only there to be refused (UNSERVED).
     IGNORED: ClassVar[tuple] = ("metadata", "prediction", "prompt_cache_key", "prompt_cache_retention",
-                                "reasoning_effort", "safety_identifier", "service_tier", "store", "user", "verbosity")
+                                "safety_identifier", "service_tier", "store", "user", "verbosity")
     UNSERVED: ClassVar[tuple] = ("audio", "function_call", "functions", "modalities", "web_search_options")
 
 
@@ -263,6 +266,30 @@ def _refuse_unserved(req: ChatRequest) -> None:
     for field in ("audio", "web_search_options"):
         if getattr(req, field) is not None:
             raise RequestError(f"{field} is not supported by lmnb serve; leave it out", param=field)
+
+
+def _template_kwargs(req: ChatRequest) -> dict:
+    """The chat template's extra variables of chat request ``req``: its ``chat_template_kwargs``
+    (checked by ``chat_messages.template_kwargs``) and its top-level ``reasoning_effort`` as the
+    variable of that name, which templates of reasoning models read (gpt-oss's), as vLLM passes it.
+    Where both name a reasoning effort they must agree: vLLM lets the top-level one win without a
+    word, SGLang's call fails on the second value; here it is a 400 naming both.
+
+    Raises:
+        RequestError: ``chat_template_kwargs`` is no object or sets a reserved variable, or its
+            ``reasoning_effort`` differs from the top-level one.
+    """
+    try:
+        kwargs = template_kwargs(req.chat_template_kwargs)
+    except (TypeError, ValueError) as e:
+        raise RequestError(str(e), param="chat_template_kwargs") from None
+    if req.reasoning_effort is not None:
+        given = kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+        if given != req.reasoning_effort:
+            raise RequestError(f"reasoning_effort {json_value(req.reasoning_effort, 40)} and chat_template_kwargs' "
+                               f"reasoning_effort {json_value(given, 40)} differ; both set the chat template's "
+                               "reasoning_effort: send one of them", param="reasoning_effort")
+    return kwargs
 
 
 def _constraint(req: _SamplingRequest) -> dict:
@@ -732,6 +759,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         req = _validate(ChatRequest, body, "/v1/chat/completions")
         check_model(req.model)
         _refuse_unserved(req)
+        extra = _template_kwargs(req)
         if not req.messages:
             raise RequestError("messages is empty", param="messages")
         if not engine.chat_template:
@@ -742,7 +770,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         rids = response_rids(rid, 1)
         with ctx.holding_response(rid, rids):  # (from before the template and the images: a slow prepare)
             try:
-                text = await ctx.run(engine.apply_chat_template, messages, True)
+                text = await ctx.run(engine.apply_chat_template, messages, True, extra)
             except Exception as e:  # the template's own checks (e.g. roles must alternate)
                 raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
             # add_special_tokens=False: the template wrote any BOS
