@@ -678,6 +678,74 @@ def test_native_select_rescores_from_the_whole_prompt_when_the_window_misses(bac
             assert [e[0] for e in gc] == pytest.approx([e[0] for e in wc], abs=1e-4)
 
 
+def test_native_select_recomputes_two_prompt_tokens_per_choice(backends, engines):
+    """Each choice is scored with logprob_start_len = n - 2 (SGLang's own window), so the server
+    may take at most n - 3 prompt tokens from the cache (it needs the logits of token n - 3 on);
+    with a window of 8 it took n - 9. In process, the scoring starts at the first differing token."""
+    local, remote, _ = backends
+    prompt = "Is the bird in the tree green? Answer:"
+
+    @sgl.function
+    def pick(s):
+        s += prompt + sgl.select("c", choices=[" yes", " no"])
+
+    n = len(engines[1].encode(prompt))
+    d = first_difference(engines[0].encode(prompt), engines[0].encode(prompt + " yes"))
+    assert d == n  # (" yes" does not merge with ":")
+    assert pick.run(backend=remote).get_meta_info("c")["cached_tokens"] == [n - 3, n - 3]
+    assert pick.run(backend=local).get_meta_info("c")["cached_tokens"] == [n - 1, n - 1]
+
+
+def _select_through_both(backends, monkeypatch, prompt, choices):
+    """(starts of RuntimeEndpoint's scoring requests, remote state, in-process state) of one select;
+    asserts the two agree on the pick, prefix_len and every scored token's id and logprob."""
+    import lmnb.backend.runtime_endpoint as rt
+
+    local, remote, _ = backends
+
+    @sgl.function
+    def pick(s):
+        s += prompt + sgl.select("c", choices=choices)
+
+    starts = []
+    window = rt.RuntimeEndpoint._window
+    monkeypatch.setattr(rt.RuntimeEndpoint, "_window",
+                        lambda self, texts, start, *a, **k: starts.append(start) or window(self, texts, start, *a, **k))
+    got, want = pick.run(backend=remote), pick.run(backend=local)
+    assert got.error() is None
+    assert got["c"] == want["c"]
+    g, w = got.get_meta_info("c"), want.get_meta_info("c")
+    assert g["prefix_len"] == w["prefix_len"]
+    for gc, wc in zip(g["input_token_logprobs"], w["input_token_logprobs"]):
+        assert [e[1] for e in gc] == [e[1] for e in wc]
+        assert [e[0] for e in gc] == pytest.approx([e[0] for e in wc], abs=1e-4)
+    return starts
+
+
+# The tiny tokenizer writes " questio" as five tokens (" ", "q", "uest", "i", "o") and " question" as
+# one: a choice starting with "n" changes the prompt's last five tokens.
+QUESTIO = "Which one fits? It is questio"
+
+
+def test_native_select_rescores_a_choice_that_retokenizes_the_window(backends, engines, monkeypatch):
+    """"n mark" differs from the prompt before the window's first token (n - 2), so RuntimeEndpoint
+    scores it again from the whole prompt (the choice and the prompt alone, from token 0)."""
+    n = len(engines[1].encode(QUESTIO))
+    assert first_difference(engines[1].encode(QUESTIO), engines[1].encode(QUESTIO + "n mark")) == n - 5
+    assert len(engines[1].encode(QUESTIO + "n mark")) > n - 2  # (its window is not empty)
+    assert _select_through_both(backends, monkeypatch, QUESTIO, ["n mark", " mark"]) == [n - 2, 0, 0]
+
+
+def test_native_select_scores_from_token_0_when_a_choice_is_shorter_than_the_window_start(
+        backends, engines, monkeypatch):
+    """QUESTIO + "n" is n - 4 tokens, fewer than the window's start (n - 2), which the server refuses
+    (logprob_start_len past the prompt's end); the select scores every choice from token 0 instead
+    of failing."""
+    n = len(engines[1].encode(QUESTIO))
+    assert len(engines[1].encode(QUESTIO + "n")) == n - 4
+    assert _select_through_both(backends, monkeypatch, QUESTIO, ["n", " mark"]) == [n - 2, 0]
+
+
 def test_unconditional_select_through_the_server_matches_in_process(backends):
     """``unconditional_likelihood_normalized`` re-scores each choice after the context "Answer:",
     whose ids ``RuntimeEndpoint`` reads from the server's ``input_token_logprobs`` (token 0's

@@ -34,10 +34,14 @@ from lmnb.choices import ChoiceLogprobs, first_difference
 from lmnb.ir import GenParams
 
 UNCONDITIONAL_CONTEXT = "Answer:"  # same context as the in-process backend
-# Prompt tokens returned before the prompt's end when scoring choices: token healing changes only
-# the last token or two, so the first difference almost always falls inside this window (if it
-# does not, that choice is re-scored with the whole prompt).
-SCORE_WINDOW = 8
+# Prompt tokens returned before the prompt's end when scoring choices. The server recomputes every
+# token from the window's first on (it needs their logits), so each choice costs SCORE_WINDOW + 1
+# prompt tokens the in-process backend takes from the cache. Token healing changes only the last
+# token or two, so the first difference almost always falls after the window's first token (if it
+# does not, that choice is re-scored with the whole prompt: two requests with no cache use). 2 is
+# SGLang's own (``logprob_start_len = max(prompt_len - 2, 0)``); 1 would re-score every choice that
+# merges with the prompt's last token (benches/results/2026-12-05-cpu-select-score-window.md).
+SCORE_WINDOW = 2
 CONNECT_TIMEOUT_S = 10.0
 # Seconds to wait for a response (for a stream: for its next event). Long enough for a long
 # non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
@@ -529,7 +533,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         prefill = per_input(self._prefill(payload, rid, call), counts) if text else None
         n_prompt = (prefill or {}).get("prompt_tokens", 0)
         start = max(n_prompt - SCORE_WINDOW, 0)
-        items = self._window([text] + [text + c for c in choices], start, rid, call, images)
+        items, start = self._choice_windows([text] + [text + c for c in choices], start, rid, call, images)
         p_ids, _ = self._entries(items[0])
         out = []
         for i, c in enumerate(choices):
@@ -558,6 +562,23 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
             res = self._batch(res, len(out))
             out = [dataclasses.replace(s, unconditional_logprobs=self._entries(r)[1]) for s, r in zip(out, res)]
         return out
+
+    def _choice_windows(self, texts: list[str], start: int, rid: str, call: _Call,
+                        images: Optional[list[str]]) -> tuple[list[dict], int]:
+        """``_window(texts, start, ...)`` checked by ``_entries``, and the start it used: 0 when the
+        server refused ``start`` because a choice merged with the prompt's last tokens into a text
+        of ``start`` tokens or fewer ("questio" + "n": SGLang aborts it, ``lmnb serve`` answers 400;
+        both name logprob_start_len), so that every text is scored from its first token instead."""
+        try:
+            items = self._window(texts, start, rid, call, images)
+            for item in items:
+                self._entries(item)
+        except BackendError as e:
+            if start == 0 or "logprob_start_len" not in str(e):
+                raise
+            start = 0
+            items = self._window(texts, start, rid, call, images)
+        return items, start
 
     def _context_ids(self, rid: str, call: _Call) -> list[int]:
         if self._unconditional_ids is None:
