@@ -2842,6 +2842,30 @@ def test_a_row_field_spelt_like_a_set_variable_is_noted_as_a_typo():
     assert p.inputs == ("person",) and p.notes == []  # (a field the notebook sets to an example is no typo)
 
 
+@pytest.mark.parametrize("setup, field", [("qs = ['a', 'b']", "q"), ("names = ['Ann']", "name"),
+                                          ("q = 'x'", "qs"), ("boxes = []", "box"), ("name_2 = 'B'", "name"),
+                                          ("q1 = 1", "q")])
+def test_a_row_field_named_as_a_form_of_a_set_variable_is_no_typo(setup, field):
+    """A row field {q} beside a list `qs = [...]` (or {name} beside `names`) was noted 'did you mean
+    'qs'?': a plural, or a suffix after _ or a digit, names another thing on purpose."""
+    _, p = export_notebook(notebook(setup, f"%%lm\n{{{field}}}{{gen x max_tokens=1}}"))
+    assert p.inputs == (field,) and p.notes == []
+
+
+def test_a_row_field_named_as_the_plural_of_a_gen_is_no_typo():
+    """{answers} beside an earlier cell's {gen answer} was noted 'did you mean 'answer'?'."""
+    _, p = export_notebook(notebook("%%lm\nQ: {gen answer max_tokens=1}", "%%lm\n{answers}{gen x max_tokens=1}"))
+    assert p.inputs == ("answers",) and p.notes == []
+
+
+@pytest.mark.parametrize("field", ["persn", "perso", "preson", "Person"])
+def test_a_row_field_one_slip_from_a_set_variable_is_still_noted(field):
+    """A letter left out (in the middle or at the end: `perso` is a prefix of `person`, yet no word
+    form of it), two letters swapped, a wrong case: a typo of `person`, noted."""
+    _, p = export_notebook(notebook('person = "Arvel"', f"%%lm\n{{{field}}}{{gen x max_tokens=1}}"))
+    assert p.inputs == (field,) and len(p.notes) == 1 and "did you mean 'person'" in p.notes[0]
+
+
 @pytest.mark.parametrize("setup, field", [("import re", "ref"), ("import json", "json_text"),
                                           ("def ask(q):\n    return q", "task")])
 def test_a_row_field_spelt_like_a_module_or_function_is_no_typo(setup, field):

@@ -837,11 +837,22 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
         defined |= _value_names(c) if isinstance(c, Code) else set(c.sets) if isinstance(c, LMCell) else set()
     notes = []
     for n in p.inputs:
-        close = difflib.get_close_matches(n, sorted(defined), n=1) if n not in examples else []
+        close = [] if n in examples else [
+            m for m in difflib.get_close_matches(n, sorted(defined), n=3) if not _word_forms(n, m)]
         if close:
             notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close[0]!r}, "
                          f"which a cell sets? (fix the cell, or name the row fields with --inputs)")
     return notes
+
+
+def _word_forms(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are forms of one word, so two names on purpose and no typo: one is the
+    other plus a plural ending (``q``/``qs``, ``answer``/``answers``, ``box``/``boxes``) or a suffix
+    after ``_`` or a digit (``name``/``name_2``, ``q``/``q1``). A one-letter slip (``persn``,
+    ``perso``) or a transposition (``preson``) of ``person`` is none of these."""
+    short, long = sorted((a, b), key=len)
+    rest = long[len(short):]
+    return long.startswith(short) and (rest in ("s", "es") or rest[:1] == "_" or rest[:1].isdigit())
 
 
 def _value_names(cell: Code) -> set:
