@@ -2888,3 +2888,28 @@ def test_a_help_line_of_lm_is_display_only_in_the_export():
         "no row fields: every input row runs the same programs; name the fields with --inputs (e.g. a parameter "
         "or a variable the %%lm cells read)"]
     assert "# %lm load --help: help, display only, dropped" in source
+
+
+
+
+_BRACES = " (the braces inside the hole make a set of {0}; write {0} without them)"
+
+
+@pytest.mark.parametrize("setup, fork, error", [
+    ('items = ["a", "b"]', "{fork x in {items}}", "TypeError: unhashable type: 'list'" + _BRACES.format("items")),
+    ('items = ("a", "b")', "{fork x in {items}}", "TypeError: {fork ... in {items}}: {items} is a set, as braces "
+     "inside a hole make one; write the items without them ({fork ... in items}, not {fork ... in {items}})"),
+    ("n = [2]", "{fork {n}}", "TypeError: unhashable type: 'list'" + _BRACES.format("n")),
+    ("n = 2", "{fork {n}}", "ValueError: fork count must be an integer >= 1, got {2}: a set, as braces inside a "
+     "hole make one; write the count without them ({fork n}, not {fork {n}})"),
+])
+def test_a_fork_over_braces_inside_the_hole_fails_the_job_with_the_kernels_hint(tmp_path, monkeypatch, setup,
+                                                                                  fork, error):
+    """{fork x in {items}} (a hole in a hole) got the kernel's hint that the braces made a set of the
+    list (test_template); the exported job's row failed with a bare "unhashable type: 'list'"."""
+    from helpers_export import write_rows
+
+    source, _ = export_notebook(notebook(f"{setup}\nq = 'A'", f"%%lm\n{{q}}{fork}{{gen y max_tokens=1}}{{join}}"))
+    results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]))
+    assert results[0]["status"] == "error"
+    assert re.fullmatch(re.escape(error) + r" \(job\.py line \d+\)", results[0]["error"])

@@ -10,6 +10,7 @@ import ast
 import copy
 
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Target, Text, statements
+from lmnb.template.options import braced_item
 from lmnb.template.template import python_name
 
 _INDENT = "    "
@@ -115,13 +116,13 @@ class _Writer:
         if node.count is not None:
             count = self.expr(node.count, state, local)
             if not _is_literal(node.count):  # (a literal count was checked when the cell was parsed)
-                count = f"lmnb.template.fork_count({count})"
+                count = f"lmnb.template.fork_count({self.braced(count, node.count.source)})"
             self.emit(indent, f"{forks} = {state}.fork({count})")
             self.emit(indent, f"for {branch} in {forks}:")
         else:
             taken = set(self.params.values()) | set(local.values())
             target = _target_source(node.target, inner, taken)
-            source = self.expr(node.items, state, local)
+            source = self.braced(self.expr(node.items, state, local), node.items.source)
             self.emit(indent, f"{items} = lmnb.template.fork_items({source}, {_literal(node.items.source)})")
             self.emit(indent, f"{forks} = {state}.fork(len({items}))")
             self.emit(indent, f"for {branch}, {target} in zip({forks}, {items}):")
@@ -131,6 +132,16 @@ class _Writer:
             self.emit(indent + 1, "pass")
         mode = "" if node.join == "gather_variable" else _literal(node.join)
         self.emit(indent, f"{forks}.join({mode})")
+
+    @staticmethod
+    def braced(code: str, source: str) -> str:
+        """``code`` (the generated expression of a fork's ``source``), where ``source`` is one braced
+        item, ``{items}``, as ``lmnb.template.braced_set(items, "{items}")``: Python's set of a list
+        failed the job with a bare "unhashable type: 'list'", where the kernel says the braces made it."""
+        if braced_item(source) is None:
+            return code
+        item = ast.unparse(ast.parse(code, mode="eval").body.elts[0])
+        return f"lmnb.template.braced_set({item}, {_literal(source)})"
 
     def text(self, run: list, state: str, local) -> str:
         """A Python string expression for a run of text and interpolations (f-string when possible)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
-from lmnb.template.options import SAMPLING_FIELDS, braced_item, check_literal, fork_count, fork_items
+from lmnb.template.options import SAMPLING_FIELDS, braces_hint, check_literal, fork_count, fork_items
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -138,10 +138,8 @@ class _Run:
                       for name, kind in expr.refs]
             return eval(expr.code, {"__builtins__": builtins})(*values)
         except Exception as e:
-            inner = braced_item(expr.source) if isinstance(e, TypeError) and "unhashable" in str(e) else None
             # ({fork x in {items}}: the braces made a set of a list, where a hole in a hole was meant)
-            hint = (f" (the braces inside the hole make a set of {inner}; write {inner} without them)"
-                    if inner is not None else "")
+            hint = braces_hint(expr.source, e)
             raise self.error(f"{what or '{' + expr.source + '}'} failed: {type(e).__name__}: {e}{hint}",
                              expr.offset) from e
 

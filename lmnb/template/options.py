@@ -54,6 +54,29 @@ def braced_item(source: str) -> Optional[str]:
     return ast.get_source_segment(source.strip(), body.elts[0])
 
 
+def braces_hint(source: str, error: Exception) -> str:
+    """" (the braces inside the hole make a set of items; write items without them)" where
+    ``error``, raised evaluating a hole's expression ``source``, is the TypeError of an unhashable
+    item put in a set by braces inside the hole (``{fork x in {items}}``, a hole in a hole meant);
+    else ""."""
+    inner = braced_item(source) if isinstance(error, TypeError) and "unhashable" in str(error) else None
+    return f" (the braces inside the hole make a set of {inner}; write {inner} without them)" if inner else ""
+
+
+def braced_set(item, source: str) -> set:
+    """``{item}``: the set that a hole's expression ``source`` of one braced item makes, as Python
+    makes it, for the exported program of a fork over ``{items}`` or ``{n}`` (``fork_items`` and
+    ``fork_count`` then refuse the set, as the kernel does).
+
+    Raises:
+        TypeError: ``item`` is unhashable (a list, a dict); the message has the kernel's hint that
+            the braces made the set (``braces_hint``)."""
+    try:
+        return {item}
+    except TypeError as e:
+        raise TypeError(f"{e}{braces_hint(source, e)}") from None
+
+
 def fork_items(items, source: str) -> list:
     """``items`` as the list of branches of a ``{fork x in ITEMS}`` whose ``ITEMS`` is written
     ``source``: the kernel checks them so, and the exported program calls this, so both refuse
