@@ -55,7 +55,8 @@ def cell_parser() -> MagicArgumentParser:
 
 
 def line_parser() -> MagicArgumentParser:
-    """The subcommands of the ``%lm`` line magic (load, connect, stats, tree, states, reset, flush, pin, unpin)."""
+    """The subcommands of the ``%lm`` line magic (load, connect, stats, tree, states, reset, flush, pin, unpin,
+    help)."""
     p = MagicArgumentParser(prog="lm", description="Manage the kernel's LM session.")
     sub = p.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=MagicArgumentParser)
 
@@ -72,6 +73,8 @@ def line_parser() -> MagicArgumentParser:
                  "flush the server's cache)")
     add("pin", "keep a named state's prefix in the cache").add_argument("name")
     add("unpin", "let a named state's prefix be evicted again").add_argument("name")
+    # (run_command reads `help [SUBCOMMAND]` as `[SUBCOMMAND] --help`; listed so the help names it)
+    add("help", "this help; %%lm help SUBCOMMAND: a subcommand's options").add_argument("subcommand", nargs="?")
     return p
 
 
@@ -116,10 +119,10 @@ def _check_help_subcommand(words: list[str]) -> None:
         UsageError: ``words[0]`` is neither an option, ``help``, nor a subcommand.
     """
     subcommands = _subcommands(line_parser())
-    if words[0].startswith("-") or words[0] in subcommands or words[0] == "help":
+    if words[0].startswith("-") or words[0] in subcommands:
         return
-    close = difflib.get_close_matches(words[0], list(subcommands), n=1)
-    hint = f"did you mean: %lm help {close[0]}? " if close else ""
+    close = _close_subcommand(words[0], subcommands)
+    hint = f"did you mean: %lm help {close}? " if close else ""
     raise UsageError(f"%lm has no subcommand {words[0]!r}; {hint}%lm help lists them")
 
 
@@ -130,8 +133,17 @@ def _suggest_subcommand(message: str, parser, words: list[str]) -> str:
     subcommands = _subcommands(parser)
     if words[0] in subcommands:
         return suggest_option(message, subcommands[words[0]], f"%lm {words[0]} --help")
-    close = difflib.get_close_matches(words[0], list(subcommands), n=1)
-    return message + (f" (did you mean: %lm {close[0]}?)" if "invalid choice" in message and close else "")
+    close = _close_subcommand(words[0], subcommands)
+    return message + (f" (did you mean: %lm {close}?)" if "invalid choice" in message and close else "")
+
+
+def _close_subcommand(word: str, subcommands) -> str | None:
+    """The subcommand ``word`` most likely misspells: itself in another case (``%lm HELP``, which
+    difflib's case-sensitive match missed), else the closest name (``%lm stat``); None if none is close."""
+    if word.lower() in subcommands:
+        return word.lower()
+    close = difflib.get_close_matches(word.lower(), list(subcommands), n=1)
+    return close[0] if close else None
 
 
 def define_lmnb(shell) -> bool:
@@ -190,7 +202,8 @@ class LMMagics(Magics):
         Re-running the cell that extended a state last replaces its turn (``--append`` adds another).
 
         ``%lm load [MODEL] | connect URL [--openai MODEL] | stats | tree | states | reset [NAME] |
-        flush | pin NAME | unpin NAME`` manages the engine, the named states and the KV cache.
+        flush | pin NAME | unpin NAME | help [SUBCOMMAND]`` manages the engine, the named states and the
+        KV cache.
         """
         if cell is None:
             return self.run_command(line)

@@ -470,7 +470,7 @@ def test_help_options_show_the_help(ip):
         ("%lm frobnicate", "invalid choice: 'frobnicate'"),
         # a misspelt subcommand or option of one was named with no guess, as %%lm options get
         ("%lm stat", "invalid choice: 'stat' (choose from 'load', 'connect', 'stats', 'tree', 'states', 'reset', "
-                     "'flush', 'pin', 'unpin') (did you mean: %lm stats?)"),
+                     "'flush', 'pin', 'unpin', 'help') (did you mean: %lm stats?)"),
         ("%lm connect http://127.0.0.1:9 --api_key k", "unrecognized arguments: --api_key k (did you mean: "
                                                        "--api_key → --api-key?)"),
         ("%lm connect http://127.0.0.1:9 --bogus", "unrecognized arguments: --bogus (%lm connect --help lists the "
@@ -1216,6 +1216,25 @@ def test_help_subcommand_shows_the_help(ip):
     assert result.success and "SUBCOMMAND" in out.stdout and "Cells: %%lm [options]" in out.stdout, out.stderr
     result, out = run(ip, "%lm help load")
     assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout, out.stderr
+
+
+def test_help_lists_help_among_the_subcommands(ip):
+    """`%lm help` listed load ... unpin, but not help itself."""
+    result, out = run(ip, "%lm help")
+    listed = [line.split()[0] for line in out.stdout.split("SUBCOMMAND\n", 1)[1].split("\n\n")[0].splitlines()
+              if line.startswith("    ") and not line.startswith("     ")]
+    assert result.success and listed == ["load", "connect", "stats", "tree", "states", "reset", "flush", "pin",
+                                         "unpin", "help"]
+    assert "    help      this help; %lm help SUBCOMMAND: a subcommand's options\n" in out.stdout
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%lm HELP", "(did you mean: %lm help?)"), ("%lm Stats", "(did you mean: %lm stats?)"),
+    ("%lm STAT", "(did you mean: %lm stats?)"), ("%lm help STATS", "did you mean: %lm help stats? ")])
+def test_a_subcommand_in_another_case_gets_did_you_mean(ip, line, message):
+    """`%lm HELP` got no "did you mean": difflib matched case-sensitively, so 'HELP' was close to nothing."""
+    result, out = run(ip, line)
+    assert isinstance(result.error_in_exec, UsageError) and message in str(result.error_in_exec)
 
 
 @pytest.mark.parametrize("line, hint", [("%lm help stat", "did you mean: %lm help stats? "),
