@@ -959,8 +959,27 @@ def test_a_kv_pool_too_small_for_a_default_gen_is_refused_and_its_engine_shut_do
     with pytest.raises(ValueError) as e:
         sgl.Engine(str(tiny_llama), device="cpu", max_total_tokens=10)
     assert str(e.value) == ("a KV pool of 10 tokens cannot hold one gen of lmnb's default max_tokens (128) after a "
-                            "one-character prompt (1 token); pass max_total_tokens=129 or more")
+                            "one-character prompt (1 token); pass max_total_tokens=129 or more, or pass "
+                            "engine=lmnb_engine.Engine(..., max_total_tokens=10) for a pool this small on purpose")
     assert [t.name for t in threading.enumerate() if t.ident not in before and t.name.startswith("lmnb")] == []
+
+
+def test_a_kv_pool_too_small_for_a_default_gen_is_had_on_purpose_by_passing_the_engine(tiny_llama):
+    """The refusal's way round, which it did not name (a user who wants a tiny pool, every gen with a
+    small max_tokens, had no word of it): an lmnb_engine.Engine passed as engine= is taken as it is,
+    and a gen that fits its pool runs there (1 prompt token + 3 new <= 10)."""
+    from lmnb_engine import Engine as RuntimeEngine
+
+    with RuntimeEngine(str(tiny_llama), device="cpu", max_total_tokens=10) as runtime:
+        backend = sgl.Engine(engine=runtime)
+        assert backend.engine.model_info()["max_total_tokens"] == 10
+
+        @sgl.function
+        def prog(s):
+            s += "a" + sgl.gen("x", max_tokens=3, ignore_eos=True)
+
+        st = prog.run(backend=backend, temperature=0)
+        assert st.get_meta_info("x")["completion_tokens"] == 3
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -999,4 +1018,6 @@ def test_a_kv_pool_below_the_engines_own_floor_names_lmnbs_least_pool(tiny_llama
     with pytest.raises(ValueError) as e:
         sgl.Engine(str(tiny_llama), device="cpu", max_total_tokens=pool)
     assert str(e.value) == (f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default "
-                            "max_tokens (128) after a one-character prompt (1 token); pass max_total_tokens=129 or more")
+                            "max_tokens (128) after a one-character prompt (1 token); pass max_total_tokens=129 or "
+                            "more, or pass engine=lmnb_engine.Engine(..., max_total_tokens=2) for a pool this small "
+                            "on purpose")  # (2: the engine's own least pool)

@@ -122,7 +122,9 @@ def _refuse_a_pool_too_small(engine: Any, asked: Optional[int]) -> None:
     context: with ``%lm load --max-total-tokens 10`` every gen without a small ``max_tokens`` of its
     own failed, cell after cell. The engine itself takes any pool of 2 tokens or more (a prompt token
     and a new one): a tiny pool is how its eviction is tested; a smaller one asked for was made 2
-    here, so that this message, not the engine's "2 or more", names the least pool."""
+    here, so that this message, not the engine's "2 or more", names the least pool. A pool this
+    small on purpose (every gen with a small ``max_tokens``) is had by passing such an engine as
+    ``engine=``, which this check leaves alone; the message says so."""
     info = engine.model_info()
     prompt = len(engine.encode("a"))
     pool = info["max_total_tokens"] if asked is None else asked
@@ -131,7 +133,11 @@ def _refuse_a_pool_too_small(engine: Any, asked: Optional[int]) -> None:
         engine.shutdown()
         raise option_error(ValueError, f"a KV pool of {pool} token{'s' * (pool != 1)} cannot hold one gen of lmnb's default max_tokens "
                            f"({DEFAULT_MAX_NEW_TOKENS}) after a one-character prompt ({prompt} token{'s' * (prompt != 1)})",
-                           ("pass {} or more", "max_total_tokens", least))
+                           ("pass {} or more", "max_total_tokens", least),
+                           # (the Python API's alone: no command line has an engine= option, so theirs drop it;
+                           # the engine's own floor is 2)
+                           (f"pass {{}}=lmnb_engine.Engine(..., max_total_tokens={max(pool, 2)}) for a pool this "
+                            "small on purpose", "engine", None))
 
 
 class Engine(AssignableChatTemplate, BaseBackend):
@@ -147,7 +153,8 @@ class Engine(AssignableChatTemplate, BaseBackend):
     Raises:
         ValueError: the engine's KV pool is too small for one gen of lmnb's default max_tokens and
             a one-character prompt (``max_total_tokens`` below about 130, or the model's context length if
-            shorter).
+            shorter). For a smaller pool on purpose, pass ``engine=lmnb_engine.Engine(...,
+            max_total_tokens=N)``: an engine given is taken as it is.
     """
 
     def __init__(self, model: Optional[str] = None, *, engine: Any = None,
