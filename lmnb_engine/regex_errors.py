@@ -20,7 +20,7 @@ import re
 import warnings
 from typing import Any, Iterator
 
-from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, code_point_runs, json_value
 
 
 def shown_regex(pattern: str) -> str:
@@ -380,16 +380,11 @@ def _class_members(cls: str) -> str | None:
     ``_MAX_MEMBER_RANGES`` ranges, or where a set operation has an empty operand (``[a&&]``,
     ``[&&a]``, ``[a--&&b]``, ``[--a]``), which Rust reads as an empty set and the package otherwise.
     Surrogates, which no text holds, are left out of the ranges."""
-    import regex
-
     if _EMPTY_OPERAND.search(cls):
         return None
-    try:
-        runs = regex.compile(f"(?V1)(?:{cls})+")
-    except regex.error:
+    inside = code_point_runs(cls, "(?V1)")
+    if inside is None:
         return None
-    every = "".join(map(chr, range(0x110000)))  # (the index of a character is its code point)
-    inside = [(m.start(), m.end()) for m in runs.finditer(every)]
     outside = [(lo, hi) for lo, hi in zip([0] + [e for _, e in inside], [s for s, _ in inside] + [0x110000]) if lo < hi]
     forms = [_ranges(inside, ""), _ranges(outside, "^")]
     forms = [form for form in forms if form is not None]
