@@ -41,7 +41,11 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminated(signum, frame) -> None:
-    raise Terminated()
+    stop = Terminated()
+    server = sys.modules.get("lmnb_engine.http_server")
+    if server is not None:  # (for `lmnb serve`, where its model's load may swallow it: ``stop_raised``)
+        server.stop_raised = stop
+    raise stop
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -194,6 +194,31 @@ def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_ser
     assert capsys.readouterr().err == "lmnb serve: stopped (SIGTERM) before it started serving\n"
 
 
+def test_lmnb_serve_sigterm_that_the_model_load_swallows_still_stops_it(monkeypatch, capsys):
+    """A SIGTERM during the load whose exception a library turns into another (transformers'
+    lazy import, cut short, raised ModuleNotFoundError, which the loader reports as a config.json
+    it cannot parse) was reported as that load error, exit 2. The fake engine's load swallows the
+    signal's KeyboardInterrupt as transformers did and raises the loader's ValueError."""
+    import os
+
+    import lmnb_engine.engine
+    import lmnb_engine.http_server as http_server
+    from lmnb_kernel import cli
+
+    monkeypatch.setattr(http_server, "phase", http_server.phase)  # (restored for later tests)
+
+    class Engine:
+        def __init__(self, **kwargs):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            except KeyboardInterrupt:
+                raise ValueError("transformers could not parse config.json") from None
+
+    monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 143
+    assert capsys.readouterr().err == "lmnb serve: stopped (SIGTERM) before it started serving\n"
+
+
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "lmnb_kernel.cli", "serve", "--model", str(tmp_path / "nope"), "--port", "0"],

@@ -29,6 +29,11 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 # outside the server's own handlers (``app.Server.run``) ends the command with a line that says
 # which (``lmnb_kernel.cli.main``): it came during the load, or after the server stopped.
 phase = "loading"
+# The exception a SIGTERM raised (``lmnb_kernel.cli``'s handler sets it), which a library the load
+# runs may turn into another: transformers' lazy imports, cut short by it, raised
+# ModuleNotFoundError "Could not import module 'LlamaConfig'", and serve reported a config.json
+# that transformers could not parse, exit 2, for a stop asked for. ``serve`` raises it again.
+stop_raised: BaseException | None = None
 
 
 def serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,8 +105,9 @@ def serve(args: argparse.Namespace) -> int:
 
     Prints ``lmnb serve: serving MODEL on http://HOST:PORT`` (stderr) once the model is loaded: with
     ``--port 0`` that is how a caller learns the port the system picked."""
-    global phase
+    global phase, stop_raised
     phase = "loading"  # first: a previous serve() in this process left "shutting down"
+    stop_raised = None
     from lmnb_engine import Engine
     from lmnb_engine.http_server.app import Server
 
@@ -126,7 +132,11 @@ def serve(args: argparse.Namespace) -> int:
     with sock:
         try:
             engine = Engine(model=model, device=args.device, dtype=args.dtype, max_total_tokens=args.max_total_tokens)
-        except (FileNotFoundError, ValueError) as e:
+        except Exception as e:
+            if stop_raised is not None:  # (the signal's exception, turned into this one by the load)
+                raise stop_raised from None
+            if not isinstance(e, (FileNotFoundError, ValueError)):
+                raise
             # (a path the command line never named: say where it came from)
             source = f" (the model {model} came from ${MODEL_ENV}; --model names another)" if model != args.model else ""
             print(f"lmnb serve: {in_option_syntax(e, vars(args))}{source}", file=sys.stderr)
