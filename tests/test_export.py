@@ -2018,6 +2018,22 @@ def test_only_lmnbs_gen_and_select_name_a_python_cells_variables(setup, body, ca
     assert [n for n in p.notes if "computed" in n] == ([f"cell 3: {COMPUTED.format(computed)}"] if computed else [])
 
 
+def test_the_scripts_doc_names_every_exit_status_its_help_lists(capsys):
+    """The script's docstring, --help's description, gave 130 for Ctrl-C alone and no 141, where
+    the list at the end of the same --help gives 130 for SIGTERM too, and 141 for a closed pipe."""
+    import re
+
+    from lmnb.batch import runner
+
+    nb = notebook('question = "What?"', "%%lm\nQ: {question}{gen a max_tokens=1}")
+    doc = ast.get_docstring(ast.parse(export_notebook(nb)[0]))
+    said = doc.split("Exit status:", 1)[1]
+    codes = [int(n) for n in re.findall(r"(?<![\w.])(\d+)\s(?:every|some|the|stopped|by)", said)]
+    assert codes == [runner.EXIT_OK, runner.EXIT_ROW_ERRORS, runner.EXIT_FATAL, runner.EXIT_INTERRUPTED,
+                     runner.EXIT_BROKEN_PIPE] == [0, 1, 2, 130, 141]
+    assert "SIGTERM" in said
+
+
 def test_row_fields_whose_example_is_text_must_be_text_in_the_job(tmp_path, monkeypatch):
     """{"question": 7} ran as a row: a prompt written for text got 7 (here question.strip() failed
     the row with an AttributeError that said nothing of the input)."""

@@ -134,7 +134,8 @@ class _Writer:
             "Exit status: 0 every row of the output is ok; 1 some row failed or its input was unusable (its",
             "record says why; each row is checked before any runs, and the good ones run), also on a rerun that",
             "leaves it so: the output is not complete until every row is ok; 2 the job could not start; 130",
-            "stopped by Ctrl-C before every row was written.",
+            "stopped by Ctrl-C or SIGTERM, 141 by a closed pipe that the rows print into (| head), before",
+            "every row was written.",
         ]
         body = "\n".join(lines).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
         return f'"""{body}\n"""'
