@@ -159,12 +159,13 @@ def _part_text(index: int, j: int, part: Any) -> str:
 # The names a chat template's render already binds, which ``chat_template_kwargs`` must not set:
 # the template's own variables (``messages``, ``tools``, ``documents``, ``add_generation_prompt``),
 # transformers' ``apply_chat_template`` parameters (a key among them would change how it renders or
-# what it returns, or be a second value for one it is given: TypeError) and the template's helper
-# functions. vLLM refuses ``chat_template`` and ``tokenize`` and overrides ``add_generation_prompt``;
-# SGLang's call fails on a second ``tools`` or ``add_generation_prompt``; here each is a clear refusal.
+# what it returns, or be a second value for one it is given: TypeError; so would ``self`` and
+# ``conversations``, the names of its own first parameter and of render_jinja_template's) and the
+# template's helper functions. vLLM refuses ``chat_template`` and ``tokenize`` and overrides
+# ``add_generation_prompt``; SGLang's call fails on a second ``tools`` or ``add_generation_prompt``; here each is a clear refusal.
 RESERVED_TEMPLATE_KWARGS = frozenset({
-    "messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message",
-    "chat_template", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "messages", "conversation", "conversations", "self", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "chat_template", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
     "raise_exception", "strftime_now",
 })

@@ -95,6 +95,10 @@ def test_engine_renders_chat_template_kwargs_as_transformers(engine, hf_tok, kwa
     ({1: True}, TypeError, "with string names"),
     ({"add_generation_prompt": False}, ValueError, "may not set 'add_generation_prompt'"),
     ({"messages": [], "tools": []}, ValueError, "may not set 'messages', 'tools'"),
+    # names of transformers' own parameters: a second value for them was its TypeError ('got
+    # multiple values for argument 'self''), not a word of chat_template_kwargs
+    ({"self": 1}, ValueError, "may not set 'self'"),
+    ({"conversations": []}, ValueError, "may not set 'conversations'"),
 ])
 def test_engine_refuses_chat_template_kwargs_that_are_no_dict_or_set_the_renders_own(engine, kwargs, error, said):
     with pytest.raises(error, match=said):
@@ -134,10 +138,11 @@ def test_chat_completions_renders_chat_template_kwargs_as_transformers(served, h
      "chat_template_kwargs may not set 'add_generation_prompt': the chat template gets it from the request itself"),
     ({"chat_template_kwargs": {"messages": [], "chat_template": "x"}}, "chat_template_kwargs",
      "may not set 'chat_template', 'messages'"),
+    ({"chat_template_kwargs": {"self": 1}}, "chat_template_kwargs", "chat_template_kwargs may not set 'self'"),
     ({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}, "reasoning_effort",
      "reasoning_effort \"high\" and chat_template_kwargs' reasoning_effort \"low\" differ"),
     ({"reasoning_effort": 5}, "reasoning_effort", "reasoning_effort: Input should be a valid string (got 5)"),
-], ids=["list", "string", "add_generation_prompt", "messages-chat_template", "efforts-differ", "effort-no-string"])
+], ids=["list", "string", "add_generation_prompt", "messages-chat_template", "self", "efforts-differ", "effort-no-string"])
 def test_chat_completions_refuses_bad_chat_template_kwargs_with_a_400(served, fields, param, said):
     spy, url = served
     before = len(spy.rendered)
