@@ -746,6 +746,14 @@ def test_native_select_scores_from_token_0_when_a_choice_is_shorter_than_the_win
     assert _select_through_both(backends, monkeypatch, QUESTIO, ["n", " mark"]) == [n - 2, 0]
 
 
+@pytest.mark.parametrize("choices", [["bq", "u b"], ["nnu\U0001F642", "q\u00e9b\u4e2d"], ["ab", "abc", "a b"]])
+def test_native_select_after_an_empty_prompt_matches_in_process(backends, monkeypatch, choices):
+    """A select with nothing before it scores each choice from its second token (its first has no
+    context), as in process; RuntimeEndpoint sent the empty prompt among the texts to score, which
+    the server refuses (HTTP 400 'empty prompt'), so every such select failed."""
+    assert _select_through_both(backends, monkeypatch, "", choices) == [0]
+
+
 def test_unconditional_select_through_the_server_matches_in_process(backends):
     """``unconditional_likelihood_normalized`` re-scores each choice after the context "Answer:",
     whose ids ``RuntimeEndpoint`` reads from the server's ``input_token_logprobs`` (token 0's

@@ -533,11 +533,14 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         prefill = per_input(self._prefill(payload, rid, call), counts) if text else None
         n_prompt = (prefill or {}).get("prompt_tokens", 0)
         start = max(n_prompt - SCORE_WINDOW, 0)
-        items, start = self._choice_windows([text] + [text + c for c in choices], start, rid, call, images)
-        p_ids, _ = self._entries(items[0])
+        # (an empty prompt has no tokens to compare with, and the server refuses an empty text)
+        head = [text] if text else []
+        items, start = self._choice_windows(head + [text + c for c in choices], start, rid, call, images)
+        p_ids = self._entries(items[0])[0] if text else []
+        items = items[len(head):]
         out = []
         for i, c in enumerate(choices):
-            ids, lps = self._entries(items[i + 1])
+            ids, lps = self._entries(items[i])
             rel = first_difference(p_ids, ids)
             offset = start
             if rel == 0 and start > 0:  # differs before the window: fetch the whole prompt
@@ -548,7 +551,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
                 raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
             out.append(ChoiceLogprobs(
                 [int(t) for t in ids[first:]], [float(x) for x in lps[first:]], offset + first,
-                int(items[i + 1]["meta_info"].get("cached_tokens", 0)), prompt_meta=prefill,
+                int(items[i]["meta_info"].get("cached_tokens", 0)), prompt_meta=prefill,
             ))
         if unconditional:
             ctx = self._context_ids(rid, call)
