@@ -2891,3 +2891,17 @@ def test_a_client_gone_while_it_sends_its_body_is_no_servers_error(caplog):
         asyncio.run(app(scope, receive, send))
     assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR", "CRITICAL")] == []
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+
+
+def test_completion_top_logprobs_of_tokens_that_read_alike_keep_the_most_likely():
+    """Completions' ``top_logprobs`` are keyed by token text; where two of the top tokens read alike
+    (SentencePiece's byte-fallback ``<0x41>`` and ``A``), the entry is the more likely one's, the N
+    most likely as OpenAI's list them: the less likely one's logprob overwrote it."""
+    from lmnb_engine.http_server.openai_api import _completion_top
+    from lmnb_engine.outputs import TokenLogprob
+
+    texts = {5: "A", 6: "A", 7: "B"}
+    engine = types.SimpleNamespace(decode=lambda ids: "".join(texts[i] for i in ids))
+    top = ((5, -0.25), (6, -1.5), (7, -2.0))  # most likely first, as the sampler's topk gives them
+    assert _completion_top(engine, TokenLogprob(6, -1.5, top), "A", -1.5) == {"A": -0.25, "B": -2.0}
+    assert _completion_top(engine, TokenLogprob(7, -2.0, top[:2]), "B", -2.0) == {"A": -0.25, "B": -2.0}

@@ -590,9 +590,13 @@ def _completion_top(engine: Any, lp: Any, token: str, value: Optional[float]) ->
     not among them. OpenAI's legacy completions API "will always return the logprob of the sampled
     token, so there may be up to logprobs+1 elements" (and ``logprobs=0`` gives the sampled token
     alone), as vLLM does; before, a sampled token outside the top N was missing and ``logprobs=0``
-    gave null entries."""
-    top = {_token(engine, t): finite(v) for t, v in lp.top or ()}
-    top.setdefault(token, value)  # (keyed by text: a top token of the same text already holds its place)
+    gave null entries. Entries are keyed by text, and two tokens may read alike (a byte-fallback
+    ``<0x41>`` and ``A``): the more likely one's logprob is kept (``lp.top`` is most likely first),
+    where a less likely token of the same text overwrote it."""
+    top: dict = {}
+    for t, v in lp.top or ():
+        top.setdefault(_token(engine, t), finite(v))
+    top.setdefault(token, value)  # (a top token of the same text already holds its place)
     return top
 
 
