@@ -1388,6 +1388,32 @@ def test_every_cell_a_notebook_cannot_be_read_for_is_listed_in_one_error(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ipynb"]
 
 
+@pytest.mark.parametrize("text, shape", [
+    ("[1, 2]", "the file's JSON is a list, not an object"),
+    ('"notebook"', "the file's JSON is a string, not an object"),
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": {"a": 1}}',
+     'its "cells" is an object, not a list of cells'),
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [1, "x", null]}',
+     "cells 1 (a number), 2 (a string), 3 (null) are no JSON object"),
+])
+def test_json_that_is_no_notebook_by_its_shape_is_named_so_with_the_fix(tmp_path, capsys, text, shape):
+    """JSON whose shape is no notebook's (a list, "cells" that is no list, a cell that is no
+    object) is said to be so, with the fix, by run and export alike: nbformat's reading failed
+    with an error of its own code ("nbformat: AttributeError: 'list' object has no attribute
+    'get'", "'str' object has no attribute 'get'"), which named neither."""
+    from lmnb_kernel.cli import main
+
+    path = tmp_path / "nb.ipynb"
+    path.write_text(text)
+    capsys.readouterr()
+    for command in ("export", "run"):
+        assert main([command, str(path)]) == 2
+        assert capsys.readouterr().err == (
+            f"lmnb {command}: cannot read {path}: not a Jupyter notebook: {shape}; a notebook (.ipynb) is a JSON "
+            "object of its cells, metadata and nbformat: give the .ipynb file, or save it from Jupyter again\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
+
+
 def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):
     """`lmnb export nb.ipynb` wrote nb.py over any file of that name: a jupytext pairing's script
     or the user's own code was lost without a word. An earlier export is replaced, as before."""

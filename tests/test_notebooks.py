@@ -163,12 +163,12 @@ def test_run_of_a_missing_or_unreadable_notebook_says_so_without_a_traceback(tmp
     not_nb = tmp_path / "not_nb.ipynb"
     not_nb.write_text('{"foo": 1}')  # JSON, but no notebook: nbformat raises a schema ValidationError
     a_list = tmp_path / "list.ipynb"
-    a_list.write_text("[1, 2]")  # nbformat: AttributeError
+    a_list.write_text("[1, 2]")  # (nbformat: AttributeError)
     (tmp_path / "folder.ipynb").mkdir()  # (it said "no such notebook")
     for path, words in [(tmp_path / "missing.ipynb", "no such notebook"), (bad, "cannot read"),
                         (tmp_path / "folder.ipynb", ".*folder.ipynb is a folder, not a notebook; name the .ipynb file in it"),
                         (not_nb, "cannot read .*: not a Jupyter notebook: .*missing a key: cells"),
-                        (a_list, "cannot read .*: not a Jupyter notebook \\(nbformat: AttributeError")]:
+                        (a_list, "cannot read .*: not a Jupyter notebook: the file's JSON is a list, not an object")]:
         args = argparse.Namespace(notebook=str(path), output=None, parameter=[], timeout=60, allow_errors=False)
         assert run(args) == 2
         err = capsys.readouterr().err

@@ -87,6 +87,10 @@ def notebook_from_text(text: str):
     from nbformat.reader import NotJSONError
     from nbformat.warnings import MissingIDFieldWarning
 
+    shape = _json_shape_problem(text)
+    if shape:
+        raise ValueError(f"not a Jupyter notebook: {shape}; a notebook (.ipynb) is a JSON object of its cells, "
+                         "metadata and nbformat: give the .ipynb file, or save it from Jupyter again")
     try:
         with warnings.catch_warnings():
             # A notebook (4.5+) without cell ids, hand-made or an older tool's: nbformat adds them, as
@@ -119,6 +123,34 @@ def notebook_from_text(text: str):
     if problems:
         raise ValueError(problems[0] if len(problems) == 1 else listed_cell_errors(problems, "read"))
     return nb
+
+
+def _json_shape(value) -> str:
+    """JSON's name for the kind of a parsed JSON ``value`` ("a list", "a string"...)."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _json_shape_problem(text: str) -> Optional[str]:
+    """What makes the JSON ``text`` no notebook by its shape, or None (also for text that is not
+    JSON, which nbformat's reader words): JSON other than an object, v4's ``cells`` other than a
+    list, or cells that are no objects, every one named. nbformat read them with an AttributeError or
+    TypeError of its own code ("'list' object has no attribute 'get'"), which named neither."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return f"the file's JSON is {_json_shape(data)}, not an object"
+    cells = data.get("cells", [])
+    if not isinstance(cells, list):
+        return f'its "cells" is {_json_shape(cells)}, not a list of cells'
+    bad = [f"{n} ({_json_shape(c)})" for n, c in enumerate(cells, start=1) if not isinstance(c, dict)]
+    if bad:
+        return f"cell{'s' if len(bad) > 1 else ''} {', '.join(bad)} {'are' if len(bad) > 1 else 'is'} no JSON object"
+    return None
 
 
 def _cell_problem(cell) -> Optional[str]:
