@@ -1395,12 +1395,18 @@ def test_every_cell_a_notebook_cannot_be_read_for_is_listed_in_one_error(tmp_pat
      'its "cells" is an object, not a list of cells'),
     ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [1, "x", null]}',
      "cells 1 (a number), 2 (a string), 3 (null) are no JSON object"),
+    # nbformat: "The notebook is invalid and is missing an expected key: metadata", for either
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
+     '"metadata": {}, "outputs": []}, {"cell_type": "code", "source": "x", "outputs": []}]}',
+     'cell 2 has no "metadata" (add "metadata": {})'),
+    ('{"nbformat": 4, "nbformat_minor": 5, "cells": [{"cell_type": "markdown", "source": ""}]}',
+     'the notebook, cell 1 have no "metadata" (add "metadata": {})'),
 ])
 def test_json_that_is_no_notebook_by_its_shape_is_named_so_with_the_fix(tmp_path, capsys, text, shape):
     """JSON whose shape is no notebook's (a list, "cells" that is no list, a cell that is no
-    object) is said to be so, with the fix, by run and export alike: nbformat's reading failed
+    object, no "metadata") is said to be so, with the fix, by run and export alike: nbformat's reading failed
     with an error of its own code ("nbformat: AttributeError: 'list' object has no attribute
-    'get'", "'str' object has no attribute 'get'"), which named neither."""
+    'get'", "'str' object has no attribute 'get'"), which named neither, or named no cell."""
     from lmnb_kernel.cli import main
 
     path = tmp_path / "nb.ipynb"

@@ -134,7 +134,7 @@ def _json_shape(value) -> str:
 def _json_shape_problem(text: str) -> Optional[str]:
     """What makes the JSON ``text`` no notebook by its shape, or None (also for text that is not
     JSON, which nbformat's reader words): JSON other than an object, v4's ``cells`` other than a
-    list, or cells that are no objects, every one named. nbformat read them with an AttributeError or
+    list, cells that are no objects, or a notebook or cells without ``metadata``, every one named. nbformat read them with an AttributeError or
     TypeError of its own code ("'list' object has no attribute 'get'"), which named neither."""
     import json
 
@@ -144,12 +144,19 @@ def _json_shape_problem(text: str) -> Optional[str]:
         return None
     if not isinstance(data, dict):
         return f"the file's JSON is {_json_shape(data)}, not an object"
-    cells = data.get("cells", [])
+    if "cells" not in data:  # (no v4 notebook: nbformat names what it lacks)
+        return None
+    cells = data["cells"]
     if not isinstance(cells, list):
         return f'its "cells" is {_json_shape(cells)}, not a list of cells'
     bad = [f"{n} ({_json_shape(c)})" for n, c in enumerate(cells, start=1) if not isinstance(c, dict)]
     if bad:
         return f"cell{'s' if len(bad) > 1 else ''} {', '.join(bad)} {'are' if len(bad) > 1 else 'is'} no JSON object"
+    # (nbformat: "missing an expected key: metadata", naming neither the notebook nor which cell)
+    bare = (["the notebook"] if "metadata" not in data else []) + [
+        f"cell {n}" for n, c in enumerate(cells, start=1) if "metadata" not in c]
+    if bare:
+        return f'{", ".join(bare)} {"have" if len(bare) > 1 else "has"} no "metadata" (add "metadata": {{}})'
     return None
 
 
