@@ -346,6 +346,7 @@ def notebook_client(nb, **kwargs):
         # which runs through the wait.
         iopub_timeout = Integer(4, allow_none=True).tag(config=True)
         QUIET_S = 0.5  # the reader's poll; once the kernel has exited, this long with no message ends it
+        ASK_AGAIN_S = 2.0  # _caught_up's question unanswered this long: asked again
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
@@ -388,7 +389,7 @@ def notebook_client(nb, **kwargs):
             it still): where the idle status was lost (ZMQ drops iopub messages under a flood), the
             run waited until --timeout."""
             self._awaited_output = reader
-            waits = [reader] if reader.done() else [reader, self._caught_up()]  # (no question once idle)
+            waits = [reader] if reader.done() else [reader, asyncio.ensure_future(self._caught_up())]  # (none once idle)
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:  # (cancelled: the wait's limit, as nbclient's wait on its reader, ends it at once)
@@ -400,16 +401,30 @@ def notebook_client(nb, **kwargs):
             if reader.done() and not reader.cancelled():
                 reader.result()  # (the reader's error, as nbclient's reader raised it)
 
-        def _caught_up(self) -> asyncio.Future:
-            """A future done once the kernel's answer to a ``kernel_info_request`` sent now on its
-            control channel has come on iopub (its idle status): ipykernel flushes stdout and
-            stderr before it, and iopub keeps the order the kernel sent in, so the output the kernel
-            had sent by then has come. (On the control channel: a shell request would make it the
-            parent of a thread's later output.)"""
-            msg = self.kc.session.msg("kernel_info_request")
-            self._questions[msg["header"]["msg_id"]] = answered = asyncio.get_running_loop().create_future()
-            self.kc.control_channel.send(msg)
-            return answered
+        async def _caught_up(self) -> None:
+            """Return once the kernel's answer to a ``kernel_info_request`` sent on its control
+            channel has come on iopub (its idle status): ipykernel flushes stdout and stderr before
+            it, and iopub keeps the order the kernel sent in, so the output the kernel had sent by
+            then has come. (On the control channel: a shell request would make it the parent of a
+            thread's later output.) The question is asked again each ``ASK_AGAIN_S`` it is not
+            answered: its answer may be lost as the cell's idle status was (a thread's flood of
+            output), which held the run until --timeout, or for ever with --timeout 0. (The
+            answer to any of them will do.)"""
+            answered = asyncio.get_running_loop().create_future()
+            asked = []
+            try:
+                while True:
+                    msg = self.kc.session.msg("kernel_info_request")
+                    asked.append(msg["header"]["msg_id"])
+                    self._questions[asked[-1]] = answered
+                    self.kc.control_channel.send(msg)
+                    try:
+                        return await asyncio.wait_for(asyncio.shield(answered), self.ASK_AGAIN_S)
+                    except asyncio.TimeoutError:
+                        pass
+            finally:
+                for question in asked:
+                    self._questions.pop(question, None)
 
         async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index) -> None:
             """nbclient's reader of a cell's output, which ends with the kernel's idle status:

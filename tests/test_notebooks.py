@@ -978,6 +978,62 @@ def test_a_cell_whose_idle_status_is_lost_ends_once_the_kernel_has_caught_up():
     assert cell.execution_count == 1 and [o.text for o in cell.outputs] == ["a\n"]
 
 
+def test_a_lost_answer_to_the_caught_up_question_is_asked_again():
+    """The flood that drops a cell's idle status may drop the answer to the question sent on the
+    control channel too: asked once, the run then waited until --timeout, or for ever with
+    --timeout 0. Kernel client scripted: the reply of "r1" at once; no idle status for it; the
+    first question's answer lost, a later one's busy and idle statuses on iopub."""
+    from queue import Empty
+    from types import SimpleNamespace
+
+    from jupyter_client.session import Session
+
+    from lmnb_kernel.run import notebook_client
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('a')")]
+
+    def message(kind, parent, content):
+        return {"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
+                "content": content, "metadata": {}}
+
+    async def scenario():
+        iopub = asyncio.Queue()
+        iopub.put_nowait(message("stream", "r1", {"name": "stdout", "text": "a\n"}))
+        asked = []
+
+        async def get_iopub(timeout=None):
+            try:
+                return await asyncio.wait_for(iopub.get(), timeout)
+            except asyncio.TimeoutError:
+                raise Empty from None
+
+        async def the_reply(timeout=None):
+            return message("execute_reply", "r1", {"status": "ok", "execution_count": 1})
+
+        def send_control(msg):  # (the first answer lost; the others on iopub)
+            asked.append(msg["header"]["msg_id"])
+            if len(asked) > 1:
+                for state in ("busy", "idle"):
+                    iopub.put_nowait(message("status", asked[-1], {"execution_state": state}))
+
+        async def alive():
+            return True
+
+        client = notebook_client(nb, iopub_timeout=None)  # (--timeout 0)
+        client.ASK_AGAIN_S = 0.2
+        client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive, session=Session(),
+                                    iopub_channel=SimpleNamespace(get_msg=get_iopub),
+                                    shell_channel=SimpleNamespace(get_msg=the_reply),
+                                    control_channel=SimpleNamespace(send=send_control))
+        cell = await asyncio.wait_for(client.async_execute_cell(nb.cells[0], 0, execution_count=1), 60)
+        return cell, asked, client._questions
+
+    cell, asked, pending = asyncio.run(scenario())
+    assert cell.execution_count == 1 and [o.text for o in cell.outputs] == ["a\n"]
+    assert len(asked) >= 2 and pending == {}  # (asked again; no question left waiting)
+
+
 def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_view(tmp_path, capsys, monkeypatch):
     """A %%lm cell that raised after its view was shown but where nothing ended the view (here its
     program's thread could not start: cell 1 makes it so) left the view saying "running": with
