@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import math
 import os
 import signal
@@ -280,7 +281,10 @@ def run(args) -> int:
                           pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
             finally:
                 try:
-                    run_sync(client.read_last_output)()
+                    # (the kernel has exited: the read ends within seconds; a Ctrl-C or SIGTERM cut it
+                    # short and ended the process with no report, nor the run's status)
+                    with _signals_ignored(signal.SIGINT, signal.SIGTERM):
+                        run_sync(client.read_last_output)()
                     saved = save(nb, out if saved is None else saved)  # (again where the first save went)
                 finally:
                     km.cleanup_connection_dir()
@@ -650,13 +654,23 @@ def _shutdown(km, busy: bool, running: bool = False, pending=()) -> None:
 
     # A Ctrl-C now would cut the shutdown short, leave the manager broken and print its traceback;
     # the kernel stops within seconds (killed after the manager's wait), so it is not taken.
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    try:
+    with _signals_ignored(signal.SIGINT):
         run_sync(stop)()
+
+
+@contextlib.contextmanager
+def _signals_ignored(*signals: signal.Signals):
+    """Ignore ``signals`` inside the block (in the main thread only: elsewhere Python sets no
+    handlers), giving their handlers back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in signals}
+    try:
+        yield
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 STOP_S = 5.0  # how long a cell still running at --timeout is given to end after the interrupt

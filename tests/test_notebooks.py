@@ -1096,6 +1096,34 @@ def test_a_sigterm_as_lmnb_run_exits_after_its_run_keeps_the_runs_status_and_rep
     assert (tmp_path / "nb.out.ipynb").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_read_after_the_kernel_exited_keeps_the_runs_status_and_report(tmp_path, sig):
+    """The run reads the kernel's last output once the kernel has exited (half a second at least,
+    in every run): a Ctrl-C or SIGTERM then ended the process with 130 or 143, no summary, no
+    report of the cell that raised, and the output read then not saved. The read is short and the
+    kernel gone: the signal is ignored, as during the shutdown. The signal is sent by the process
+    to itself as that read starts."""
+    src = _notebook(tmp_path / "nb.ipynb", "raise ValueError('boom')")
+    code = ("import os, signal, sys\n"
+            "import lmnb_kernel.run as run\n"
+            "from lmnb_kernel import cli\n"
+            "made = run.notebook_client\n"
+            "def client(nb, **kwargs):\n"
+            "    c = made(nb, **kwargs)\n"
+            "    read = c.read_last_output\n"
+            "    async def signalled():\n"
+            f"        os.kill(os.getpid(), {int(sig)})\n"
+            "        await read()\n"
+            "    c.read_last_output = signalled\n"
+            "    return c\n"
+            "run.notebook_client = client\n"
+            "sys.exit(cli.main(['run', sys.argv[1]]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert "cells run: 1 of 1" in proc.stdout and "ValueError: boom" in proc.stderr
+    assert nbformat.read(tmp_path / "nb.out.ipynb", as_version=4).cells[0].outputs[0].ename == "ValueError"
+
+
 def test_lmnb_run_gives_the_callers_sigterm_handler_back(tmp_path, capsys):
     """(run in this process, as the tests run it: its early SIGTERM handler must not outlive it)"""
     from lmnb_kernel.cli import main
