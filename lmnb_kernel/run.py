@@ -652,9 +652,10 @@ def _shutdown(km, busy: bool, running: bool = False, pending=()) -> None:
                 print(f"lmnb run: could not shut the kernel down ({type(e).__name__}: {e}); "
                       "it may still be running", file=sys.stderr)
 
-    # A Ctrl-C now would cut the shutdown short, leave the manager broken and print its traceback;
-    # the kernel stops within seconds (killed after the manager's wait), so it is not taken.
-    with _signals_ignored(signal.SIGINT):
+    # A Ctrl-C now would cut the shutdown short, leave the manager broken and print its traceback,
+    # and a SIGTERM ended the process with 143 and no report (the kernel left to notice it); the
+    # kernel stops within seconds (killed after the manager's wait), so neither is taken.
+    with _signals_ignored(signal.SIGINT, signal.SIGTERM):
         run_sync(stop)()
 
 

@@ -1097,17 +1097,27 @@ def test_a_sigterm_as_lmnb_run_exits_after_its_run_keeps_the_runs_status_and_rep
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_during_the_read_after_the_kernel_exited_keeps_the_runs_status_and_report(tmp_path, sig):
-    """The run reads the kernel's last output once the kernel has exited (half a second at least,
-    in every run): a Ctrl-C or SIGTERM then ended the process with 130 or 143, no summary, no
-    report of the cell that raised, and the output read then not saved. The read is short and the
-    kernel gone: the signal is ignored, as during the shutdown. The signal is sent by the process
-    to itself as that read starts."""
+@pytest.mark.parametrize("when", ["shutdown", "read"])
+def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and_report(tmp_path, sig, when):
+    """Once the last cell has ended, the run shuts the kernel down and reads the kernel's last
+    output once it has exited (half a second at least, in every run): a Ctrl-C or SIGTERM in the
+    read, or a SIGTERM in the shutdown, ended the process with 130 or 143, no summary, no report
+    of the cell that raised (and in the read, the output read then unsaved). Both are short and
+    end on their own: the signal is ignored. The process sends the signal to itself as the
+    kernel's shutdown (``shutdown_kernel``) or the read (``read_last_output``) starts."""
     src = _notebook(tmp_path / "nb.ipynb", "raise ValueError('boom')")
     code = ("import os, signal, sys\n"
             "import lmnb_kernel.run as run\n"
             "from lmnb_kernel import cli\n"
-            "made = run.notebook_client\n"
+            "made, manager = run.notebook_client, run.kernel_manager\n"
+            "def kernel_manager():\n"
+            "    km = manager()\n"
+            "    shutdown = km.shutdown_kernel\n"
+            "    async def signal_first(*args, **kwargs):\n"
+            f"        os.kill(os.getpid(), {int(sig)})\n"
+            "        await shutdown(*args, **kwargs)\n"
+            "    km.shutdown_kernel = signal_first\n"
+            "    return km\n"
             "def client(nb, **kwargs):\n"
             "    c = made(nb, **kwargs)\n"
             "    read = c.read_last_output\n"
@@ -1116,7 +1126,10 @@ def test_a_signal_during_the_read_after_the_kernel_exited_keeps_the_runs_status_
             "        await read()\n"
             "    c.read_last_output = signalled\n"
             "    return c\n"
-            "run.notebook_client = client\n"
+            f"if {when!r} == 'read':\n"
+            "    run.notebook_client = client\n"
+            "else:\n"
+            "    run.kernel_manager = kernel_manager\n"
             "sys.exit(cli.main(['run', sys.argv[1]]))\n")
     proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stderr
