@@ -1019,7 +1019,8 @@ def summary(nb, src: Path, out: Path, seconds: float, cell_name=lambda number: f
     named apart from the cells without a summary (``--quiet``); ``injected``: the 0-based index of
     the parameters cell ``-p`` inserted (``inject_parameters``), which "cells run" leaves out of its
     count of the notebook's cells and names after it, as ``cell_name`` names it."""
-    code = [(number, c) for number, c in enumerate(nb.cells, start=1) if c.cell_type == "code"]
+    # (a code cell of blank source is not run, by nbclient as by JupyterLab: not a cell left unrun)
+    code = [(number, c) for number, c in enumerate(nb.cells, start=1) if c.cell_type == "code" and c.source.strip()]
     ran = [(number, c) for number, c in code if c.get("execution_count") is not None]
     parameters = ""
     if injected is not None:  # (the source notebook's cells are counted, as the report numbers them)

@@ -243,6 +243,18 @@ def test_a_fractional_timeout_is_enforced_and_a_negative_one_refused(tmp_path, c
     assert "argument --timeout: must be 0 (no limit) or more seconds, got '-1'" in capfd.readouterr().err
 
 
+def test_a_code_cell_of_blank_source_is_not_counted_as_a_cell_left_unrun(tmp_path, capsys):
+    """nbclient, as JupyterLab, runs no code cell whose source is blank: a notebook that ran whole
+    was summed up as "cells run: 2 of 3", as if a cell had not run. A cell of a comment alone runs."""
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "x = 1", " \n", "# a comment")
+    args = argparse.Namespace(notebook=str(src), output=str(tmp_path / "out.ipynb"), parameter=[], timeout=60,
+                              allow_errors=False)
+    assert run(args) == 0
+    assert "cells run: 2 of 2 (0 %%lm)" in capsys.readouterr().out
+
+
 def test_cells_after_a_failure_keep_no_outputs_of_an_earlier_run(tmp_path, capsys):
     """A notebook saved with outputs (an executed one, run again) kept them in the cells the run
     did not reach: the saved notebook showed them as run and the summary counted them."""
