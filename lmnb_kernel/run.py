@@ -281,8 +281,8 @@ def run(args) -> int:
                           pending=(ctrl_c.stopping, getattr(client, "_async_cleanup_kernel_future", None)))
             finally:
                 try:
-                    # (the kernel has exited: the read ends within seconds; a Ctrl-C or SIGTERM cut it
-                    # short and ended the process with no report, nor the run's status)
+                    # (a Ctrl-C or SIGTERM ends the read, and the run goes on to its report and status:
+                    # it ended the process with neither; the handlers it had are given back after it)
                     with _signals_ignored(signal.SIGINT, signal.SIGTERM):
                         run_sync(client.read_last_output)()
                     saved = save(nb, out if saved is None else saved)  # (again where the first save went)
@@ -486,13 +486,27 @@ def notebook_client(nb, **kwargs):
             """Once the kernel has exited: read what it sent before, until ``QUIET_S`` pass with
             no message, and stop reading (``_read_output``). Output a cell sent after the last
             cell ended (a thread's print), or still on its way as the run stopped, then lands in
-            its cell, where the run's end lost it."""
+            its cell, where the run's end lost it. A Ctrl-C or SIGTERM (main thread) ends the read
+            there, keeping what it read: a kernel that outlived its shutdown and kept printing
+            held it for ever."""
             self._last_read = True
-            if self._reader is not None:
+            if self._reader is None:
+                return
+            loop = asyncio.get_running_loop()
+            handled = []
+            for number in (signal.SIGINT, signal.SIGTERM):
                 try:
-                    await self._reader
-                except Exception:  # (the reader's error was the cell's, raised there)
+                    loop.add_signal_handler(number, self._reader.cancel)
+                    handled.append(number)
+                except (NotImplementedError, RuntimeError, ValueError):  # (Windows; not the main thread)
                     pass
+            try:
+                await self._reader
+            except (Exception, asyncio.CancelledError):  # (the reader's error was the cell's, raised there)
+                pass
+            finally:
+                for number in handled:
+                    loop.remove_signal_handler(number)
 
         def _process(self, msg, index: int) -> None:
             """``process_message`` of a message of the cell ``index``, under that cell's own

@@ -1149,6 +1149,47 @@ def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and
     assert nbformat.read(tmp_path / "nb.out.ipynb", as_version=4).cells[0].outputs[0].ename == "ValueError"
 
 
+SCENARIO_OF_A_KERNEL_THAT_KEEPS_SENDING = """
+import asyncio, os, signal, sys
+from types import SimpleNamespace
+import nbformat
+from lmnb_kernel.run import notebook_client
+
+nb = nbformat.v4.new_notebook()
+nb.cells = [nbformat.v4.new_code_cell("print('x')")]
+client = notebook_client(nb, record_timing=False)
+
+async def get_msg(timeout=None):  # a stream message of the cell's request, every 10 ms, for ever
+    await asyncio.sleep(0.01)
+    return {"header": {"msg_type": "stream"}, "msg_type": "stream", "parent_header": {"msg_id": "r1"},
+            "content": {"name": "stdout", "text": "x\\n"}, "metadata": {}}
+
+async def scenario():
+    client.kc = SimpleNamespace(iopub_channel=SimpleNamespace(get_msg=get_msg))
+    client._cell_of_request["r1"] = 0  # (as its execute request was sent)
+    client.clear_before_next_output = False  # (as nbclient sets it for a cell)
+    client._reader = asyncio.ensure_future(client._read_output())
+    asyncio.get_running_loop().call_later(0.5, os.kill, os.getpid(), int(sys.argv[1]))
+    await asyncio.wait_for(client.read_last_output(), 60)
+
+asyncio.run(scenario())
+print(nb.cells[0].outputs[0].text.count("x"))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_the_last_read_of_a_kernel_that_keeps_sending(sig):
+    """The read of the kernel's last output ends at half a second with no message: of a kernel
+    that outlived its shutdown (which then says it may still be running) and kept printing, it
+    never ended, and, its signals ignored, not even on Ctrl-C. A Ctrl-C or SIGTERM now ends it,
+    keeping what it read. Run in a process of its own (the signal's default would end pytest);
+    its iopub channel scripted: a print of the cell every 10 ms, for ever."""
+    proc = subprocess.run([sys.executable, "-c", SCENARIO_OF_A_KERNEL_THAT_KEEPS_SENDING, str(int(sig))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) > 0  # (the prints read before the signal are the cell's)
+
+
 def test_lmnb_run_gives_the_callers_sigterm_handler_back(tmp_path, capsys):
     """(run in this process, as the tests run it: its early SIGTERM handler must not outlive it)"""
     from lmnb_kernel.cli import main
