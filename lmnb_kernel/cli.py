@@ -40,10 +40,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (``SIGTERM_AS_CTRL_C``)."""
 
 
-def _terminated(signum, frame) -> None:
-    stop = Terminated()
+def _stopped(signum, frame) -> None:
+    """SIGTERM's handler (``Terminated``) and, for ``lmnb serve``, SIGINT's (Python's
+    KeyboardInterrupt, as its default handler raises): the exception is also left in
+    ``lmnb_engine.http_server.stop_raised``, for the model's load may swallow it (``serve``)."""
+    stop = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
     server = sys.modules.get("lmnb_engine.http_server")
-    if server is not None:  # (for `lmnb serve`, where its model's load may swallow it: ``stop_raised``)
+    if server is not None:
         server.stop_raised = stop
     raise stop
 
@@ -94,7 +97,12 @@ def _main(argv: list[str] | None) -> int:
     chosen = argv_command(argv)
     if chosen not in SIGTERM_AS_CTRL_C or threading.current_thread() is not threading.main_thread():
         return _run(chosen, argv)
-    previous = signal.signal(signal.SIGTERM, _terminated)  # (before the subcommand's imports, the slow part)
+    previous = signal.signal(signal.SIGTERM, _stopped)  # (before the subcommand's imports, the slow part)
+    # Ctrl-C too for `lmnb serve`, where it would be Python's own KeyboardInterrupt (not where
+    # SIGINT is ignored, as in a background job, nor a caller's own handler)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if chosen == "serve" and previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _stopped)
     try:
         return _run(chosen, argv)
     finally:  # (a caller's own handler back, as in the tests; the subcommand's are gone by now)
@@ -103,6 +111,8 @@ def _main(argv: list[str] | None) -> int:
         after = signal.SIG_IGN if exiting else previous
         if after is not None:
             signal.signal(signal.SIGTERM, after)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _version() -> str:

@@ -194,11 +194,12 @@ def test_lmnb_serve_stopped_by_sigterm_as_it_starts_after_another_in_process_ser
     assert capsys.readouterr().err == "lmnb serve: stopped (SIGTERM) before it started serving\n"
 
 
-def test_lmnb_serve_sigterm_that_the_model_load_swallows_still_stops_it(monkeypatch, capsys):
-    """A SIGTERM during the load whose exception a library turns into another (transformers'
-    lazy import, cut short, raised ModuleNotFoundError, which the loader reports as a config.json
-    it cannot parse) was reported as that load error, exit 2. The fake engine's load swallows the
-    signal's KeyboardInterrupt as transformers did and raises the loader's ValueError."""
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_lmnb_serve_signal_that_the_model_load_swallows_still_stops_it(monkeypatch, capsys, sig, status):
+    """A SIGTERM or Ctrl-C during the load whose exception a library turns into another
+    (transformers' lazy import, cut short, raised ModuleNotFoundError, which the loader reports as
+    a config.json it cannot parse) was reported as that load error, exit 2. The fake engine's load
+    swallows the signal's KeyboardInterrupt as transformers did and raises the loader's ValueError."""
     import os
 
     import lmnb_engine.engine
@@ -210,13 +211,14 @@ def test_lmnb_serve_sigterm_that_the_model_load_swallows_still_stops_it(monkeypa
     class Engine:
         def __init__(self, **kwargs):
             try:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), sig)
             except KeyboardInterrupt:
                 raise ValueError("transformers could not parse config.json") from None
 
     monkeypatch.setattr(lmnb_engine.engine, "Engine", Engine)
-    assert cli.main(["serve", "--model", "m", "--port", "0"]) == 143
-    assert capsys.readouterr().err == "lmnb serve: stopped (SIGTERM) before it started serving\n"
+    assert cli.main(["serve", "--model", "m", "--port", "0"]) == status
+    assert capsys.readouterr().err == f"lmnb serve: stopped ({sig.name}) before it started serving\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (the caller's handler back)
 
 
 def test_lmnb_serve_with_a_missing_model_exits_with_a_message(tmp_path):

@@ -29,7 +29,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 # outside the server's own handlers (``app.Server.run``) ends the command with a line that says
 # which (``lmnb_kernel.cli.main``): it came during the load, or after the server stopped.
 phase = "loading"
-# The exception a SIGTERM raised (``lmnb_kernel.cli``'s handler sets it), which a library the load
+# The exception a SIGTERM or Ctrl-C raised (``lmnb_kernel.cli``'s handler sets it), which a library the load
 # runs may turn into another: transformers' lazy imports, cut short by it, raised
 # ModuleNotFoundError "Could not import module 'LlamaConfig'", and serve reported a config.json
 # that transformers could not parse, exit 2, for a stop asked for. ``serve`` raises it again.
