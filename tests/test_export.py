@@ -1314,7 +1314,7 @@ def test_a_notebook_holding_a_lone_surrogate_is_refused_at_its_cell_and_line(tmp
            "cannot run code that holds it; delete it, or write the character it was part of\n")
     capsys.readouterr()
     assert main(["export", str(path), "-o", str(tmp_path / "half.py")]) == 2
-    assert capsys.readouterr().err == f"lmnb export: cannot read {path}: {why}"
+    assert capsys.readouterr().err == f"lmnb export: {path}: {why}"
     assert main(["run", str(path)]) == 2
     assert capsys.readouterr().err == f"lmnb run: cannot read {path}: {why}"
     assert not (tmp_path / "half.py").exists() and not (tmp_path / "half.out.ipynb").exists()
@@ -1382,9 +1382,37 @@ def test_every_cell_a_notebook_cannot_be_read_for_is_listed_in_one_error(tmp_pat
            "  - cell 4, line 3: the lone surrogate '\\udfff' is half of a UTF-16 pair and no character, so Python "
            "cannot run code that holds it; delete it, or write the character it was part of\n")
     capsys.readouterr()
-    for command in ("export", "run"):
-        assert main([command, str(path)]) == 2
-        assert capsys.readouterr().err == f"lmnb {command}: cannot read {path}: {why}"
+    assert main(["run", str(path)]) == 2
+    assert capsys.readouterr().err == f"lmnb run: cannot read {path}: {why}"
+    assert main(["export", str(path)]) == 2  # (with the cells it cannot export: none here)
+    assert capsys.readouterr().err == f"lmnb export: {path}: {why.replace('be read', 'be exported')}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ipynb"]
+
+
+def test_export_lists_a_lone_surrogate_with_the_cells_it_cannot_export(tmp_path, capsys):
+    """Reading the notebook stopped at its lone surrogate (cell 2), so lmnb export never named the
+    bad %%lm cell 1 and the bad Python cell 3; and export_notebook, given such a notebook,
+    raised a bare UnicodeEncodeError (ast.parse). Each cell's message is its lone error's."""
+    from lmnb_kernel.cli import main
+
+    cells = ("%%lm --nope\nQ{gen a}", "x = '\ud800'", "y = (")
+    data = json.loads(nbformat.writes(notebook(*cells)))
+    path = tmp_path / "bad.ipynb"
+    path.write_text(json.dumps(data))
+    alone = []
+    for number, source in enumerate(cells, start=1):
+        nb = notebook(*["z = 1"] * (number - 1), source)
+        with pytest.raises(ExportError) as e:
+            export_notebook(nb)
+        alone.append(str(e.value))
+    assert alone[1].startswith("cell 2, line 1: the lone surrogate '\\ud800' is half of a UTF-16 pair")
+    why = "3 cells cannot be exported; fix each, then try again:\n" + "".join(f"  - {m}\n" for m in alone)
+    with pytest.raises(ExportError) as e:
+        export_notebook(notebook(*cells))
+    assert f"{e.value}\n" == why
+    capsys.readouterr()
+    assert main(["export", str(path)]) == 2
+    assert capsys.readouterr().err == f"lmnb export: {path}: {why}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ipynb"]
 
 

@@ -17,25 +17,26 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from lmnb.export.cells import ExportError, listed_cell_errors, read_cells
+from lmnb.export.cells import ExportError, cell_read_problem, listed_cell_errors, read_cells
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
-from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
 from lmnb_engine.cli_options import Once
 
 __all__ = ["ExportError", "Plan", "export", "export_arguments", "export_notebook", "notebook_from_text", "plan_notebook",
            "read_notebook"]
 
 
-def read_notebook(path: Path):
+def read_notebook(path: Path, check_cells: bool = True):
     """``nbformat.read(path, as_version=4)``, also of a file that begins with a UTF-8 byte order mark
-    (Windows editors write one; nbformat refused it as "does not appear to be JSON").
+    (Windows editors write one; nbformat refused it as "does not appear to be JSON"). Its cells are
+    checked (``cell_read_problem``) unless ``check_cells`` is False (``notebook_from_text``).
 
     Raises:
         OSError: the file cannot be read.
         ValueError: it is not UTF-8, not JSON (a ``.py`` file: said to be a script, with how to run
-            it or make a notebook of it), or JSON that is not a notebook (the message names what is
-            missing; nbformat's own ``ValidationError`` prints the whole schema).
+            it or make a notebook of it), JSON that is not a notebook (the message names what is
+            missing; nbformat's own ``ValidationError`` prints the whole schema), or cells that cannot
+            run (every one listed).
     """
     data = Path(path).read_bytes()
     try:
@@ -43,7 +44,7 @@ def read_notebook(path: Path):
     except UnicodeDecodeError as e:
         raise not_utf8(e) from None
     try:
-        return notebook_from_text(text)
+        return notebook_from_text(text, check_cells)
     except _NotJSON:
         if Path(path).suffix.lower() != ".py":
             raise
@@ -72,9 +73,10 @@ def not_utf8(e: UnicodeDecodeError) -> ValueError:
                       "UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
-def notebook_from_text(text: str):
+def notebook_from_text(text: str, check_cells: bool = True):
     """The v4 notebook in ``text`` (a notebook file's text; a leading byte order mark is skipped).
-    Raises ``ValueError`` as ``read_notebook`` does."""
+    Raises ``ValueError`` as ``read_notebook`` does; with ``check_cells`` False, not for its cells
+    (``cell_read_problem``): the export's ``read_cells`` lists them with its own errors."""
     import nbformat
 
     text = text.removeprefix("\ufeff")
@@ -107,19 +109,10 @@ def notebook_from_text(text: str):
         raise ValueError(f"not a Jupyter notebook: {e.message}") from None
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
-    problems = []  # (every cell's, in one error: one run shows them all)
-    for number, cell in enumerate(nb.cells, start=1):
-        problem = _cell_problem(cell)
-        if problem:  # (nbformat reads it; running or exporting it failed later with a bare AttributeError)
-            problems.append(f"not a Jupyter notebook: cell {number} {problem} (a cell has a cell_type such as "
-                            "\"code\" or \"markdown\", and a source: a string, or a list of strings, its lines); "
-                            "fix the cell in the file's JSON, or delete it")
-            continue
-        source = cell.source
-        lone = LONE_SURROGATE.search(source) if cell.cell_type == "code" else None
-        if lone:
-            line = source.count("\n", 0, lone.start()) + 1
-            problems.append(f"cell {number}, line {line}: {surrogate_problem(lone.group())}")
+    if not check_cells:
+        return nb
+    # (every cell's, in one error: one run shows them all)
+    problems = [p for p in (cell_read_problem(n, c) for n, c in enumerate(nb.cells, start=1)) if p]
     if problems:
         raise ValueError(problems[0] if len(problems) == 1 else listed_cell_errors(problems, "read"))
     return nb
@@ -160,18 +153,6 @@ def _json_shape_problem(text: str) -> Optional[str]:
     return None
 
 
-def _cell_problem(cell) -> Optional[str]:
-    """What makes a cell of a read notebook one that cannot run or export, said after "cell N"
-    (None if nothing): its type and its text must be strings (nbformat has joined a list of lines
-    into one already)."""
-    kind, source = cell.get("cell_type"), cell.get("source")
-    if not isinstance(kind, str):
-        return "has no cell_type" if kind is None else f"has the cell_type {kind!r:.40}, not a name"
-    if not isinstance(source, str):
-        return "has no source" if source is None else f"has the source {source!r:.40}, not text"
-    return None
-
-
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:
     """How ``nb`` (an ``nbformat`` v4 notebook) maps onto a batch job. Raises ``ExportError``."""
     return plan(read_cells(nb), inputs)
@@ -184,7 +165,8 @@ def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str 
     ``inputs``: the row fields (default: the notebook's example inputs, see ``lmnb.export.plan``).
 
     Raises:
-        ExportError: a cell that does not parse, no ``%%lm`` cell, or unusable ``inputs``.
+        ExportError: a cell that cannot be read (``cells.cell_read_problem``) or does not parse, no
+            ``%%lm`` cell, or unusable ``inputs``.
     """
     p = plan_notebook(nb, inputs)
     # A lone surrogate (a broken character) becomes its escape: in a string literal it reads back the same.
@@ -281,7 +263,7 @@ def export(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else default
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
     try:  # (first: lmnb export job.py, a script, said its output "job.py is a notebook")
-        nb = read_notebook(path)
+        nb = read_notebook(path, check_cells=False)  # (export_notebook lists them with the cells it cannot export)
     except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
         print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
         return 2

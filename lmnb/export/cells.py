@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from lmnb.template.cell import cell_body
+from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
 from lmnb.template.python_cell import indent_code
 from lmnb.template.cell_options import (CellLineError, CellOptions, check_cell_names, parse_backend_line,
                                         parse_cell_line)
@@ -147,6 +148,10 @@ def read_cells(nb) -> list[Cell]:
     errors: list[ExportError] = []
     names = LmnbNames()  # as the cells so far bind them: a --python body reads the kernel's names
     for index, cell in enumerate(nb.cells, start=1):
+        problem = cell_read_problem(index, cell)
+        if problem:  # (as reading the notebook says it: a UnicodeEncodeError from ast.parse, or an AttributeError)
+            errors.append(ExportError(problem))
+            continue
         source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
         source = source.replace("\r\n", "\n")
         if not is_lm_cell(source):  # a lone \r ends a line for Python and IPython (a prompt keeps it)
@@ -169,6 +174,38 @@ def read_cells(nb) -> list[Cell]:
     if errors:
         raise ExportError(listed_cell_errors([str(e) for e in errors], "exported"))
     return out
+
+
+def cell_read_problem(number: int, cell) -> Optional[str]:
+    """Why the notebook's cell ``number`` (an nbformat cell) can neither run nor be exported, with
+    the fix, or None: no cell_type or source that is text (nbformat reads it; running or exporting
+    it failed later with a bare AttributeError), or a code cell holding a lone surrogate (JSON can
+    escape one, "\\ud800"; Python cannot compile it, nor the kernel's messages carry it)."""
+    problem = _cell_shape_problem(cell)
+    if problem:
+        return (f"not a Jupyter notebook: cell {number} {problem} (a cell has a cell_type such as \"code\" or "
+                "\"markdown\", and a source: a string, or a list of strings, its lines); fix the cell in the "
+                "file's JSON, or delete it")
+    source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+    lone = LONE_SURROGATE.search(source) if cell.cell_type == "code" else None
+    if lone:
+        line = source.count("\n", 0, lone.start()) + 1
+        return f"cell {number}, line {line}: {surrogate_problem(lone.group())}"
+    return None
+
+
+def _cell_shape_problem(cell) -> Optional[str]:
+    """What makes a notebook cell one that cannot run or export, said after "cell N" (None if
+    nothing): its type and its text must be strings (or a list of strings, its lines, as in the
+    file; nbformat's reader joins them)."""
+    kind, source = cell.get("cell_type"), cell.get("source")
+    if not isinstance(kind, str):
+        return "has no cell_type" if kind is None else f"has the cell_type {kind!r:.40}, not a name"
+    if isinstance(source, list) and all(isinstance(line, str) for line in source):
+        return None
+    if not isinstance(source, str):
+        return "has no source" if source is None else f"has the source {source!r:.40}, not text"
+    return None
 
 
 def listed_cell_errors(messages: list[str], done: str) -> str:
