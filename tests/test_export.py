@@ -1448,6 +1448,37 @@ def test_json_that_is_no_notebook_by_its_shape_is_named_so_with_the_fix(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
 
 
+AGAIN = "in the file's JSON, or save the notebook from Jupyter again"
+
+
+@pytest.mark.parametrize("major, minor, said", [
+    ('"4"', "5", f'its "nbformat" is "4" (a string), not the integer 4; write "nbformat": 4 (a number, no quotes) {AGAIN}'),
+    ("4.0", "5", f'its "nbformat" is 4.0 (a number), not the integer 4; write "nbformat": 4 (a number, no quotes) {AGAIN}'),
+    ("null", "5", f'its "nbformat" is null, not the integer 4; write "nbformat": 4 (a number, no quotes) {AGAIN}'),
+    ("5", "0", 'its "nbformat" is 5, and the notebook format\'s versions are 1 to 4 (Jupyter writes 4); write '
+               '"nbformat": 4 in the file\'s JSON if its cells are in "cells", or save the notebook from Jupyter again'),
+    # nbformat: a bare AssertionError
+    ("4", '"5"', f'its "nbformat_minor" is "5" (a string), not an integer; write it as a number (Jupyter writes '
+                 f'"nbformat_minor": 5) {AGAIN}'),
+    ("3", "0", 'The notebook is invalid and is missing an expected key: worksheets (its "nbformat" is 3, but it has '
+               '"cells", as version 4 notebooks do: write "nbformat": 4 in the file\'s JSON; a version 3 notebook '
+               'keeps its cells in "worksheets", and jupyter nbconvert --to notebook upgrades one)'),
+])
+def test_a_notebook_format_version_that_is_no_version_is_named_with_the_fix(tmp_path, capsys, major, minor, said):
+    """nbformat said "Unsupported nbformat version 4" of the string "4" (as of 5), naming neither
+    what was wrong nor the fix, and a string nbformat_minor failed with a bare AssertionError;
+    run and export alike now say what is wrong and how to fix it."""
+    from lmnb_kernel.cli import main
+
+    path = tmp_path / "nb.ipynb"
+    path.write_text(f'{{"nbformat": {major}, "nbformat_minor": {minor}, "metadata": {{}}, "cells": []}}')
+    capsys.readouterr()
+    for command in ("export", "run"):
+        assert main([command, str(path)]) == 2
+        assert capsys.readouterr().err == f"lmnb {command}: cannot read {path}: not a Jupyter notebook: {said}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
+
+
 def test_export_leaves_a_file_it_did_not_write_as_it_is(tmp_path, capsys):
     """`lmnb export nb.ipynb` wrote nb.py over any file of that name: a jupytext pairing's script
     or the user's own code was lost without a word. An earlier export is replaced, as before."""

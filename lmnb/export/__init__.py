@@ -89,10 +89,19 @@ def notebook_from_text(text: str, check_cells: bool = True):
     from nbformat.reader import NotJSONError
     from nbformat.warnings import MissingIDFieldWarning
 
-    shape = _json_shape_problem(text)
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:  # (nbformat's reader words it, below)
+        data = _NOT_JSON
+    shape = _json_shape_problem(data)
     if shape:
         raise ValueError(f"not a Jupyter notebook: {shape}; a notebook (.ipynb) is a JSON object of its cells, "
                          "metadata and nbformat: give the .ipynb file, or save it from Jupyter again")
+    version = _version_problem(data)
+    if version:
+        raise ValueError(f"not a Jupyter notebook: {version}")
     try:
         with warnings.catch_warnings():
             # A notebook (4.5+) without cell ids, hand-made or an older tool's: nbformat adds them, as
@@ -106,7 +115,7 @@ def notebook_from_text(text: str, check_cells: bool = True):
                        "file, or, if this is one, save it from Jupyter again (an edit or a cut-short save broke "
                        "it)") from None
     except nbformat.ValidationError as e:
-        raise ValueError(f"not a Jupyter notebook: {e.message}") from None
+        raise ValueError(f"not a Jupyter notebook: {e.message}{_old_version_hint(data)}") from None
     except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
     if not check_cells:
@@ -124,16 +133,60 @@ def _json_shape(value) -> str:
     return names.get(type(value), "a number")
 
 
-def _json_shape_problem(text: str) -> Optional[str]:
-    """What makes the JSON ``text`` no notebook by its shape, or None (also for text that is not
-    JSON, which nbformat's reader words): JSON other than an object, v4's ``cells`` other than a
-    list, cells that are no objects, or a notebook or cells without ``metadata``, every one named. nbformat read them with an AttributeError or
-    TypeError of its own code ("'list' object has no attribute 'get'"), which named neither."""
+_NOT_JSON = object()  # (the parsed JSON of a text that is not JSON)
+
+
+def _version_problem(data) -> Optional[str]:
+    """What is wrong with the format version a notebook's parsed JSON ``data`` (an object) gives,
+    with the fix, or None: nbformat said "Unsupported nbformat version 4" of a string "4", as of a
+    version 5, which named neither what was wrong nor the fix, and failed on a string
+    ``nbformat_minor`` with a bare AssertionError. (No "nbformat" at all: nbformat reads it.)"""
+    import nbformat
+
+    if not isinstance(data, dict) or "nbformat" not in data:  # (not JSON: nbformat's reader words it)
+        return None
+    major = data["nbformat"]
+    if type(major) is not int:  # (not bool either: true is no version)
+        return (f'its "nbformat" is {_shown(major)}, not the integer 4; write "nbformat": 4 (a number, no quotes) '
+                "in the file's JSON, or save the notebook from Jupyter again")
+    if major not in nbformat.versions:
+        return (f'its "nbformat" is {major}, and the notebook format\'s versions are 1 to {nbformat.current_nbformat} '
+                f'(Jupyter writes {nbformat.current_nbformat}); write "nbformat": {nbformat.current_nbformat} in the '
+                "file's JSON if its cells are in \"cells\", or save the notebook from Jupyter again")
+    minor = data.get("nbformat_minor", 0)
+    if type(minor) is not int:
+        return (f'its "nbformat_minor" is {_shown(minor)}, not an integer; write it as a number (Jupyter writes '
+                f'"nbformat_minor": {nbformat.current_nbformat_minor}) in the file\'s JSON, or save the notebook '
+                "from Jupyter again")
+    return None
+
+
+def _old_version_hint(data) -> str:
+    """For a notebook nbformat found invalid: why, where its parsed JSON ``data`` says an older
+    format version (1 to 3: no "cells") but holds version 4's "cells", with the fix; else ""."""
+    major = data.get("nbformat") if isinstance(data, dict) else None
+    if major in (2, 3) and type(major) is int and "cells" in data:
+        return (f' (its "nbformat" is {major}, but it has "cells", as version 4 notebooks do: write "nbformat": 4 '
+                f"in the file's JSON; a version {major} notebook keeps its cells in \"worksheets\", and jupyter "
+                "nbconvert --to notebook upgrades one)")
+    return ""
+
+
+def _shown(value) -> str:
+    """A parsed JSON ``value`` as the file has it, cut short, with its kind: '"4" (a string)'."""
     import json
 
-    try:
-        data = json.loads(text)
-    except ValueError:
+    text = json.dumps(value)
+    kind = "" if value is None or isinstance(value, bool) else f" ({_json_shape(value)})"  # (not "null (null)")
+    return f"{text if len(text) <= 40 else text[:40] + '…'}{kind}"
+
+
+def _json_shape_problem(data) -> Optional[str]:
+    """What makes ``data`` (a notebook file's parsed JSON; ``_NOT_JSON`` for text that is not JSON,
+    which nbformat's reader words) no notebook by its shape, or None: JSON other than an object, v4's ``cells`` other than a
+    list, cells that are no objects, or a notebook or cells without ``metadata``, every one named. nbformat read them with an AttributeError or
+    TypeError of its own code ("'list' object has no attribute 'get'"), which named neither."""
+    if data is _NOT_JSON:
         return None
     if not isinstance(data, dict):
         return f"the file's JSON is {_json_shape(data)}, not an object"
