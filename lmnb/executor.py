@@ -1297,9 +1297,10 @@ class StreamExecutor:
         (``text_async_iter`` steps it on worker threads for the thread of the event loop).
         ``with_meta``: yield ``(chunk, meta_info of var_name)``, the meta info read with the chunk
         (read after it, it could be ahead: a later chunk's token count and logprobs). The last
-        pair holds the variable's final meta info (its ``finish_reason``): when that came with no
-        new text, an extra ``("", meta_info)`` ends the stream (SGLang's kept such meta info for a
-        next chunk that never came).
+        pair holds the variable's final meta info, its ``finish_reason`` once: a text that came
+        with the finish reason is held until the gen is done (the OpenAI API's usage comes after
+        it), and a finish reason that came with no new text ends the stream as an extra
+        ``("", meta_info)`` (SGLang's kept such meta info for a next chunk that never came).
         """
         pos, seen, sent = None, -1, None  # sent: the meta info last yielded
         while True:
@@ -1324,9 +1325,14 @@ class StreamExecutor:
                     done = self.error_ is not None or (self._pending[var_name] == 0 and started)
                 if pos is None:
                     pos = 0 if var_name is None else self.var_start.get(var_name, 0)
+                meta = self.meta_info.get(var_name) if with_meta else None
+                if with_meta and not done and meta is not None and meta.get("finish_reason") is not None:
+                    # the gen's last text: held until the gen is done, to go with its final meta
+                    # info (the OpenAI API's usage comes after it), so that no ("", meta) follows
+                    # with the finish reason a second time
+                    continue
                 chunk = current[pos:]
                 pos = len(current)
-                meta = self.meta_info.get(var_name) if with_meta else None
                 failed = self.error_ is not None and (
                     var_name is None or var_name in self._lost or var_name not in self.variables)
                 gathered = var_name in self.gathered

@@ -345,6 +345,61 @@ def chat(server):
     backend.shutdown()
 
 
+USAGE = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+
+@pytest.mark.parametrize("finish_apart", [False, True], ids=["with the last text", "in a chunk of its own"])
+def test_text_async_iter_with_meta_data_says_the_finish_reason_once(server, chat, finish_apart):
+    """The OpenAI API's usage comes in a chunk after the last text: where that text carried the
+    finish reason, the stream ended with an extra ("", meta) carrying it again, so a consumer
+    that acts on the finish reason acted twice. It ends the stream once, with the gen's final
+    meta info (the usage too): the last text, held for it, or an extra chunk where the finish
+    reason came with no text. (The server sends the usage once the text with the finish
+    reason was read, or 2 s on: that text is held.)"""
+    import asyncio
+
+    read = [threading.Event(), threading.Event()]  # the consumer has read chunk 1, 2
+
+    def answer(h, b):  # each of the first two chunks read before the next is sent: none run together
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        second = _chunk("llo") if finish_apart else _chunk("llo", finish="stop")
+        rest = [_chunk(finish="stop"), USAGE] if finish_apart else [USAGE]
+        for items, wait in (([_chunk("He")], read[0]), ([second], read[1]), (rest, None)):
+            h.wfile.write(b"".join(b"data: " + json.dumps(item).encode() + b"\n\n" for item in items))
+            h.wfile.flush()
+            if wait is not None:  # (the text that came with the finish reason is held for the usage)
+                wait.wait(10 if finish_apart or wait is read[0] else 2)
+        h.wfile.write(b"data: [DONE]\n\n")
+
+    server.answer = answer
+
+    @lmnb.function
+    def prog(s):
+        s += lmnb.user("Hi")
+        s += lmnb.assistant(lmnb.gen("x", max_tokens=4))
+
+    async def pairs(st):
+        got = []
+        async for c, m in st.text_async_iter("x", return_meta_data=True):
+            got.append((c, m))
+            if len(got) <= 2:
+                read[len(got) - 1].set()
+        return got
+
+    st = prog.run(backend=chat, stream=True)
+    ends = [("llo", None), ("", {"type": "stop"})] if finish_apart else [("llo", {"type": "stop"})]
+    got = asyncio.run(pairs(st))
+    assert [(c, m["finish_reason"]) for c, m in got] == [("He", None), *ends]
+    assert got[-1][1] == st.get_meta_info("x") and got[-1][1]["completion_tokens"] == 2  # (the usage too)
+    meta = st.get_meta_info("x")
+    assert (meta["finish_reason"], meta["completion_tokens"]) == ({"type": "stop"}, 2)
+
+
 @pytest.mark.parametrize("body", [b"{}", b'{"id": "x", "choices": null}', b"null", b'"Hello"',
                                   b'{"id": "x", "choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}',
                                   b'{"id": "x", "choices": [{"index": 0, "message": {"content": 5}}]}'])
