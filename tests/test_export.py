@@ -3020,3 +3020,20 @@ def test_a_fork_over_braces_inside_the_hole_fails_the_job_with_the_kernels_hint(
     results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]))
     assert results[0]["status"] == "error"
     assert re.fullmatch(re.escape(error) + r" \(job\.py line \d+\)", results[0]["error"])
+
+
+@pytest.mark.parametrize("items", [["b", "a"], []])
+def test_a_fork_over_a_starred_set_fails_the_job_as_the_kernel_says(tmp_path, monkeypatch, items):
+    """{fork x in {*items}} unpacks items into a set; the export passed *items to braced_set as its
+    arguments (braced_set(*items, "{*items}")), so the job's row failed with "braced_set() takes 2
+    positional arguments" or a missing argument, where the kernel refuses the set's order."""
+    from helpers_export import write_rows
+    from lmnb.template import fork_items
+
+    with pytest.raises(TypeError) as kernel:  # what the kernel's interpreter raises for the set
+        fork_items({*items}, "{*items}")
+    source, _ = export_notebook(notebook(f"items = {items!r}\nq = 'A'",
+                                         "%%lm\n{q}{fork x in {*items}}{gen y max_tokens=1}{join}"))
+    results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]))
+    assert results[0]["status"] == "error"
+    assert re.fullmatch(re.escape(f"TypeError: {kernel.value}") + r" \(job\.py line \d+\)", results[0]["error"])

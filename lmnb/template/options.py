@@ -49,7 +49,8 @@ def braced_item(source: str) -> Optional[str]:
         body = ast.parse(source.strip(), mode="eval").body
     except SyntaxError:
         return None
-    if not (isinstance(body, ast.Set) and len(body.elts) == 1):
+    # ({*items} unpacks items into the set, a set written on purpose, not one item in braces)
+    if not (isinstance(body, ast.Set) and len(body.elts) == 1) or isinstance(body.elts[0], ast.Starred):
         return None
     return ast.get_source_segment(source.strip(), body.elts[0])
 
