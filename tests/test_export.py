@@ -1429,6 +1429,12 @@ def test_export_lists_a_lone_surrogate_with_the_cells_it_cannot_export(tmp_path,
      'cell 2 has no "metadata" (add "metadata": {})'),
     ('{"nbformat": 4, "nbformat_minor": 5, "cells": [{"cell_type": "markdown", "source": ""}]}',
      'the notebook, cell 1 have no "metadata" (add "metadata": {})'),
+    # nbformat: "missing an expected key: 'NoneType' object has no attribute 'pop'", or a TypeError of its code
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": null, "cells": []}',
+     'the notebook\'s "metadata" is null, not an object (write "metadata": {})'),
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
+     '"metadata": {}, "outputs": []}, {"cell_type": "code", "source": "x", "metadata": [], "outputs": []}]}',
+     'cell 2\'s "metadata" is a list, not an object (write "metadata": {})'),
 ])
 def test_json_that_is_no_notebook_by_its_shape_is_named_so_with_the_fix(tmp_path, capsys, text, shape):
     """JSON whose shape is no notebook's (a list, "cells" that is no list, a cell that is no

@@ -183,9 +183,11 @@ def _shown(value) -> str:
 
 def _json_shape_problem(data) -> Optional[str]:
     """What makes ``data`` (a notebook file's parsed JSON; ``_NOT_JSON`` for text that is not JSON,
-    which nbformat's reader words) no notebook by its shape, or None: JSON other than an object, v4's ``cells`` other than a
-    list, cells that are no objects, or a notebook or cells without ``metadata``, every one named. nbformat read them with an AttributeError or
-    TypeError of its own code ("'list' object has no attribute 'get'"), which named neither."""
+    which nbformat's reader words) no notebook by its shape, or None: JSON other than an object,
+    v4's ``cells`` other than a list, cells that are no objects, or a notebook or cells whose
+    ``metadata`` is missing or no object, every one named. nbformat read them with an
+    AttributeError or TypeError of its own code ("'list' object has no attribute 'get'"), which
+    named neither."""
     if data is _NOT_JSON:
         return None
     if not isinstance(data, dict):
@@ -203,6 +205,12 @@ def _json_shape_problem(data) -> Optional[str]:
         f"cell {n}" for n, c in enumerate(cells, start=1) if "metadata" not in c]
     if bare:
         return f'{", ".join(bare)} {"have" if len(bare) > 1 else "has"} no "metadata" (add "metadata": {{}})'
+    # (nbformat: "'NoneType' object has no attribute 'pop'" for null, a TypeError of its code for a list)
+    odd = [(where, value) for where, value in [("the notebook", data["metadata"])] + [
+        (f"cell {n}", c["metadata"]) for n, c in enumerate(cells, start=1)] if not isinstance(value, dict)]
+    if odd:
+        return ", ".join(f'{where}\'s "metadata" is {_json_shape(value)}' for where, value in odd) + (
+            ', not an object (write "metadata": {})')
     return None
 
 
