@@ -2965,6 +2965,14 @@ def test_a_row_field_named_as_a_form_of_a_set_variable_is_no_typo(setup, field):
     assert p.inputs == (field,) and p.notes == []
 
 
+@pytest.mark.parametrize("setup, field", [("texts = ['a']\nnext = 1", "text"), ("names = ['Ann']\ngame = 1", "name")])
+def test_a_row_field_named_as_a_form_of_a_set_variable_is_no_typo_of_another(setup, field):
+    """{text} beside `texts = [...]` and `next = 1` was noted 'did you mean 'next'?': the word form
+    `texts` was left out of the close names, and the next closest, another word, was offered."""
+    _, p = export_notebook(notebook(setup, f"%%lm\n{{{field}}}{{gen x max_tokens=1}}"))
+    assert p.inputs == (field,) and p.notes == []
+
+
 def test_a_row_field_named_as_the_plural_of_a_gen_is_no_typo():
     """{answers} beside an earlier cell's {gen answer} was noted 'did you mean 'answer'?'."""
     _, p = export_notebook(notebook("%%lm\nQ: {gen answer max_tokens=1}", "%%lm\n{answers}{gen x max_tokens=1}"))

@@ -837,8 +837,10 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
         defined |= _value_names(c) if isinstance(c, Code) else set(c.sets) if isinstance(c, LMCell) else set()
     notes = []
     for n in p.inputs:
-        close = [] if n in examples else [
-            m for m in difflib.get_close_matches(n, sorted(defined), n=3) if not _word_forms(n, m)]
+        # (a field that is a form of a set name, {text} beside texts = [...], names another thing on
+        # purpose: no other name it is close to, `next`, is meant either)
+        forms = n in examples or any(_word_forms(n, m) for m in defined)
+        close = [] if forms else difflib.get_close_matches(n, sorted(defined), n=1)
         if close:
             notes.append(f"{n}: read by a %%lm cell and set by no cell, so a row field; did you mean {close[0]!r}, "
                          f"which a cell sets? (fix the cell, or name the row fields with --inputs)")
