@@ -1435,6 +1435,10 @@ def test_export_lists_a_lone_surrogate_with_the_cells_it_cannot_export(tmp_path,
     ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
      '"metadata": {}, "outputs": []}, {"cell_type": "code", "source": "x", "metadata": [], "outputs": []}]}',
      'cell 2\'s "metadata" is a list, not an object (write "metadata": {})'),
+    # nbformat: "TypeError: 'NoneType' object is not iterable", "'int' object has no attribute 'get'"
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
+     '"metadata": {}, "outputs": null}, {"cell_type": "code", "source": "x", "metadata": {}, "outputs": [5]}]}',
+     'cells 1, 2 have "outputs" that are no list of objects (write "outputs": [], which a run fills)'),
 ])
 def test_json_that_is_no_notebook_by_its_shape_is_named_so_with_the_fix(tmp_path, capsys, text, shape):
     """JSON whose shape is no notebook's (a list, "cells" that is no list, a cell that is no

@@ -184,10 +184,10 @@ def _shown(value) -> str:
 def _json_shape_problem(data) -> Optional[str]:
     """What makes ``data`` (a notebook file's parsed JSON; ``_NOT_JSON`` for text that is not JSON,
     which nbformat's reader words) no notebook by its shape, or None: JSON other than an object,
-    v4's ``cells`` other than a list, cells that are no objects, or a notebook or cells whose
-    ``metadata`` is missing or no object, every one named. nbformat read them with an
-    AttributeError or TypeError of its own code ("'list' object has no attribute 'get'"), which
-    named neither."""
+    v4's ``cells`` other than a list, cells that are no objects, a notebook or cells whose
+    ``metadata`` is missing or no object, or cells whose ``outputs`` are no list of objects, every
+    one named. nbformat read them with an AttributeError or TypeError of its own code ("'list'
+    object has no attribute 'get'"), which named neither."""
     if data is _NOT_JSON:
         return None
     if not isinstance(data, dict):
@@ -211,6 +211,13 @@ def _json_shape_problem(data) -> Optional[str]:
     if odd:
         return ", ".join(f'{where}\'s "metadata" is {_json_shape(value)}' for where, value in odd) + (
             ', not an object (write "metadata": {})')
+    # (nbformat: "'NoneType' object is not iterable", "'int' object has no attribute 'get'")
+    odd = [str(n) for n, c in enumerate(cells, start=1) if "outputs" in c and not (
+        isinstance(c["outputs"], list) and all(isinstance(o, dict) for o in c["outputs"]))]
+    if odd:
+        many = len(odd) > 1
+        return (f'cell{"s" * many} {", ".join(odd)} {"have" if many else "has"} "outputs" that {"are" if many else "is"} '
+                'no list of objects (write "outputs": [], which a run fills)')
     return None
 
 
