@@ -2961,7 +2961,7 @@ def test_a_row_field_spelt_like_a_set_variable_is_noted_as_a_typo():
 
 @pytest.mark.parametrize("setup, field", [("qs = ['a', 'b']", "q"), ("names = ['Ann']", "name"),
                                           ("q = 'x'", "qs"), ("boxes = []", "box"), ("name_2 = 'B'", "name"),
-                                          ("q1 = 1", "q")])
+                                          ("q1 = 1", "q"), ("entries = []", "entry"), ("entry = 'e'", "entries")])
 def test_a_row_field_named_as_a_form_of_a_set_variable_is_no_typo(setup, field):
     """A row field {q} beside a list `qs = [...]` (or {name} beside `names`) was noted 'did you mean
     'qs'?': a plural, or a suffix after _ or a digit, names another thing on purpose."""
@@ -2981,6 +2981,14 @@ def test_a_row_field_named_as_the_plural_of_a_gen_is_no_typo():
     """{answers} beside an earlier cell's {gen answer} was noted 'did you mean 'answer'?'."""
     _, p = export_notebook(notebook("%%lm\nQ: {gen answer max_tokens=1}", "%%lm\n{answers}{gen x max_tokens=1}"))
     assert p.inputs == ("answers",) and p.notes == []
+
+
+def test_a_row_field_a_digit_longer_than_a_numbered_variable_is_noted():
+    """{q1} beside `q12 = 1` (or {q12} beside `q1`) is one digit slipped into or out of a number, no
+    new numbered name as {q1} beside `q` is: it was taken for a word form and not noted."""
+    for setup, field, meant in [("q12 = 1", "q1", "q12"), ("q1 = 1", "q12", "q1")]:
+        _, p = export_notebook(notebook(setup, f"%%lm\n{{{field}}}{{gen x max_tokens=1}}"))
+        assert p.inputs == (field,) and len(p.notes) == 1 and f"did you mean {meant!r}" in p.notes[0]
 
 
 @pytest.mark.parametrize("field", ["persn", "perso", "preson", "Person"])

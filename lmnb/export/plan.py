@@ -849,12 +849,16 @@ def _misspelt_fields(p: Plan, examples: set, parameters: tuple) -> list[str]:
 
 def _word_forms(a: str, b: str) -> bool:
     """Whether ``a`` and ``b`` are forms of one word, so two names on purpose and no typo: one is the
-    other plus a plural ending (``q``/``qs``, ``answer``/``answers``, ``box``/``boxes``) or a suffix
-    after ``_`` or a digit (``name``/``name_2``, ``q``/``q1``). A one-letter slip (``persn``,
-    ``perso``) or a transposition (``preson``) of ``person`` is none of these."""
+    other plus a plural ending (``q``/``qs``, ``answer``/``answers``, ``box``/``boxes``,
+    ``entry``/``entries``) or a suffix after ``_`` or a digit (``name``/``name_2``, ``q``/``q1``).
+    A one-letter slip (``persn``, ``perso``) or a transposition (``preson``) of ``person`` is none
+    of these, nor is a number changed (``q1``/``q12``: the digit extends a number, not adds one)."""
     short, long = sorted((a, b), key=len)
+    if short.endswith("y") and long == short[:-1] + "ies":
+        return True
     rest = long[len(short):]
-    return long.startswith(short) and (rest in ("s", "es") or rest[:1] == "_" or rest[:1].isdigit())
+    new_number = rest[:1].isdigit() and not short[-1:].isdigit()
+    return long.startswith(short) and (rest in ("s", "es") or rest[:1] == "_" or new_number)
 
 
 def _value_names(cell: Code) -> set:
