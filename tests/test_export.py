@@ -3035,6 +3035,8 @@ _BRACES = " (the braces inside the hole make a set of {0}; write {0} without the
     ("n = [2]", "{fork {n}}", "TypeError: unhashable type: 'list'" + _BRACES.format("n")),
     ("n = 2", "{fork {n}}", "ValueError: fork count must be an integer >= 1, got {2}: a set, as braces inside a "
      "hole make one; write the count without them ({fork n}, not {fork {n}})"),
+    ("k = 2", "{fork {k}}", "ValueError: fork count must be an integer >= 1, got {2}: a set, as braces inside a "
+     "hole make one; write the count without them ({fork k}, not {fork {k}})"),
 ])
 def test_a_fork_over_braces_inside_the_hole_fails_the_job_with_the_kernels_hint(tmp_path, monkeypatch, setup,
                                                                                   fork, error):

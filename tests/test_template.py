@@ -461,6 +461,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{assistant}\n{gen a}", 2, 1, "never closed"),
         ("{fork 0}{join}", 2, 7, "integer >= 1"),
         ("{fork 100000}{join}", 2, 7, "fork count 100000 is over the limit of 256 branches per {fork N}"),
+        # a literal count in braces was told to write {fork n}, a name it never had
+        ("{fork {2}}{join}", 2, 7, "write the count without them ({fork 2}, not {fork {2}})"),
         ("{join}", 2, 1, "without an open {fork}"),
         ("{fork 2}\n{user}x\n{join}", 4, 1, "{join} inside {user}"),
         ("{user}{fork 2}{/user}{join}", 2, 15, "inside the {fork}"),
@@ -709,6 +711,7 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         # {fork {n}} forks over the set {n}: the message said "got {2}", which reads as the hole itself
         ("{fork {n}}x{join}", {"n": 2}, 7, "fork count must be an integer >= 1, got {2}: a set, as braces inside a "
                                            "hole make one; write the count without them ({fork n}, not {fork {n}})"),
+        ("{fork {k}}x{join}", {"k": 2}, 7, "write the count without them ({fork k}, not {fork {k}})"),
         # the engine refused it only once the gen was sent, away from the hole
         ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be None or an integer"),
         # refused by lmnb's gen itself (the message names the option): at that option, not the hole

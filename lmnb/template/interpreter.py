@@ -97,7 +97,7 @@ class _Run:
         if node.count is not None:
             n = self.value(node.count, s, local)
             try:
-                fork_count(n)
+                fork_count(n, node.count.source)
             except ValueError as e:
                 raise self.error(str(e), node.count.offset) from None
             forks = s.fork(n)

@@ -21,8 +21,9 @@ from lmnb.ir import GenParams, is_stop
 MAX_FORK_BRANCHES = 256
 
 
-def fork_count(n):
-    """``n``, checked as the branch count of a ``{fork N}``: the kernel checks it so, and the
+def fork_count(n, source: Optional[str] = None):
+    """``n``, checked as the branch count of a ``{fork N}`` whose ``N`` is written ``source`` (the
+    hole's expression, for the message; None: not known): the kernel checks it so, and the
     exported program calls this for a count it reads from a variable (a literal is checked when
     the cell is parsed).
 
@@ -30,9 +31,13 @@ def fork_count(n):
         ValueError: not an integer >= 1, or more than ``MAX_FORK_BRANCHES``; the message names the fix.
     """
     if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        # ({fork {n}}: braces inside a hole are Python's, a set, where a user meant a hole in a hole)
-        braces = (": a set, as braces inside a hole make one; write the count without them ({fork n}, not "
-                  "{fork {n}})" if isinstance(n, (set, frozenset)) else "")
+        braces = ""
+        if isinstance(n, (set, frozenset)):
+            # ({fork {n}}: braces inside a hole are Python's, a set, where a user meant a hole in a
+            # hole; the fix is what the user wrote inside them, {fork 2} for {fork {2}})
+            inner = braced_item(source) if source is not None else None
+            fix = f"{{fork {inner}}}, not {{fork {source.strip()}}}" if inner else "{fork n}, not {fork {n}}"
+            braces = f": a set, as braces inside a hole make one; write the count without them ({fix})"
         raise ValueError(f"fork count must be an integer >= 1, got {n!r}{braces}")
     if n > MAX_FORK_BRANCHES:
         raise ValueError(f"fork count {n} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a typo?); "

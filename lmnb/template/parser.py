@@ -465,7 +465,7 @@ class _Parser:
                 n = None
             if n is not None:
                 try:
-                    opts.fork_count(n)
+                    opts.fork_count(n, count.source)
                 except ValueError as e:
                     raise self.error(str(e), count.offset) from None
         else:
