@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import re
 import subprocess
@@ -112,7 +113,7 @@ def test_script_is_plain_python_with_one_function_per_lm_cell(tmp_path):
     tree = ast.parse(source)
     imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imports |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imports == {"lmnb", "lmnb.batch"}
+    assert imports == {"lmnb", "lmnb.batch", "lmnb.template"}  # (lmnb.template: QA's {fork ... in examples})
     assert "get_ipython" not in source and "%lm" not in source.replace("# %lm", "").replace("%%lm", "")
     # every %%lm cell is one @lmnb.function whose source is the cell parser's own translation
     lm_cells = {i: c.source for i, c in enumerate(QA.cells, start=1) if c.source.startswith("%%lm")}
@@ -3048,6 +3049,29 @@ def test_a_fork_over_braces_inside_the_hole_fails_the_job_with_the_kernels_hint(
     results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]))
     assert results[0]["status"] == "error"
     assert re.fullmatch(re.escape(error) + r" \(job\.py line \d+\)", results[0]["error"])
+
+
+def _lmnb_modules(source: str) -> tuple[set, set]:
+    """(the lmnb modules ``source`` imports, those it reads an attribute of): ``lmnb.x.f`` reads
+    lmnb.x where lmnb.x is a module, not an attribute of lmnb's own (``lmnb.gen``)."""
+    tree = ast.parse(source)
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    used = {"lmnb"} | {f"lmnb.{n.value.attr}" for n in ast.walk(tree)
+                       if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+                       and isinstance(n.value.value, ast.Name) and n.value.value.id == "lmnb"
+                       and importlib.util.find_spec(f"lmnb.{n.value.attr}") is not None}
+    return {m for m in imported if m.split(".")[0] == "lmnb"}, used
+
+
+@pytest.mark.parametrize("fork", ["{fork x in items}", "{fork {n}}", "{fork n}", ""])
+def test_the_script_imports_each_lmnb_module_it_calls(fork):
+    """The script called lmnb.template.fork_items (fork_count, braced_set) and imported only lmnb and
+    lmnb.batch: it ran only because lmnb.batch happens to import lmnb.template."""
+    join = "{join}" if fork else ""
+    source, _ = export_notebook(notebook("items = ['a']\nn = 2\nq = 'A'",
+                                         f"%%lm\n{{q}}{fork}{{gen y max_tokens=1}}{join}"))
+    imported, used = _lmnb_modules(source)
+    assert imported == used and ("lmnb.template" in used) == (fork != "")
 
 
 @pytest.mark.parametrize("items", [["b", "a"], []])

@@ -1,5 +1,5 @@
-"""Write a ``Plan`` as a plain Python script that imports only ``lmnb`` (and IPython's ``display``
-when the notebook's code calls it).
+"""Write a ``Plan`` as a plain Python script that imports only ``lmnb`` and the submodules it calls
+(and IPython's ``display`` when the notebook's code calls it).
 
 Layout: docstring (how to run it, what a row needs, what it writes), ``job = lmnb.batch.Job(...)``,
 the setup cells and one ``@lmnb.function`` per ``%%lm`` cell at module level in notebook order,
@@ -30,8 +30,8 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     names = _Names(p)
     w = _Writer(p, names)
     if not p.row:
-        return _join(w.run_once(notebook_name, script_name))
-    parts = [w.docstring(notebook_name, script_name), _imports(p), w.job_line()]
+        return _join(_with_imports(p, w.run_once(notebook_name, script_name)))
+    parts = [w.docstring(notebook_name, script_name), "", w.job_line()]  # (imports: once the code is written)
     for cell in p.setup + [c for c in p.row if isinstance(c, LMCell)]:
         parts.append(w.module_cell(cell))
     parts.append(w.keep())  # (before the star imports: a row starts without the names only they set)
@@ -42,14 +42,24 @@ def write_script(p: Plan, notebook_name: str = "notebook.ipynb", script_name: st
     programs = ", ".join(names.function(c) for c in p.lm_cells if c.template is not None)
     parts.append(f'if __name__ == "__main__":\n{_INDENT}raise SystemExit({names.job}.run({names.run_row}, '
                  f"programs=[{programs}]))\n")
-    return _join(parts)
+    return _join(_with_imports(p, parts))
 
 
-def _imports(p: Plan) -> str:
-    """The script's imports: lmnb, and Jupyter's built-ins (IPython's ``display``) that the notebook's
-    code calls before defining its own (``Plan.jupyter``: every row failed on a NameError; outside
-    IPython ``display`` prints its arguments)."""
+def _with_imports(p: Plan, parts: list) -> list:
+    """``parts`` (docstring, a placeholder, then the code) with the placeholder replaced by the imports
+    the code needs."""
+    return [parts[0], _imports(p, "\n".join(parts[2:])), *parts[2:]]
+
+
+def _imports(p: Plan, code: str) -> str:
+    """The script's imports: lmnb, lmnb.batch, lmnb.template where ``code`` (the rest of the script)
+    calls it (a fork's checks: it ran only because lmnb.batch happens to import it), and Jupyter's
+    built-ins (IPython's ``display``) that the notebook's code calls before defining its own
+    (``Plan.jupyter``: every row failed on a NameError; outside IPython ``display`` prints its
+    arguments)."""
     lines = ["import lmnb", "import lmnb.batch"]
+    if re.search(r"\blmnb\.template\.", code):
+        lines.append("import lmnb.template")
     for name in p.jupyter:
         lines.append(f"from IPython.display import {name}  # Jupyter's built-in, used by the notebook's code")
     return "\n".join(lines) + "\n"
@@ -150,7 +160,7 @@ class _Writer:
                + "".join(f" [{o} VALUE]" for o in parameter_options(self.p.parameters, per_row=False).values())
                + '\n"""')
         start = f"{n.job}.start()  # the backend the notebook's programs run on (--backend, --model)"
-        parts = [doc, _imports(self.p), self.job_line(per_row=False)]
+        parts = [doc, "", self.job_line(per_row=False)]  # (imports: once the code is written)
         if not self.p.parameters:
             parts.append(start)
         for cell in self.p.setup:
