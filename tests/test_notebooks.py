@@ -939,63 +939,12 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
     assert asyncio.run(scenario()).execution_count == 1
 
 
-def test_a_cell_whose_idle_status_is_lost_ends_once_the_kernel_has_caught_up():
-    """The wait for a cell's output after its reply ended only at the kernel's idle status for it,
-    or at --timeout (0: never): where the status was lost (ZMQ drops iopub messages under a flood),
-    the run sat idle until then. It also ends at the kernel's answer to a question sent on the
-    control channel after the reply, which comes on iopub after the output sent before it. Kernel
-    client scripted: the reply of "r1" at once; on iopub the cell's print, no idle status for it,
-    and the control question's busy and idle statuses once it is sent."""
-    from queue import Empty
-    from types import SimpleNamespace
-
-    from jupyter_client.session import Session
-
-    from lmnb_kernel.run import notebook_client
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("print('a')")]
-
-    def message(kind, parent, content):
-        return {"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
-                "content": content, "metadata": {}}
-
-    async def scenario():
-        iopub = asyncio.Queue()
-        iopub.put_nowait(message("stream", "r1", {"name": "stdout", "text": "a\n"}))
-
-        async def get_iopub(timeout=None):
-            try:
-                return await asyncio.wait_for(iopub.get(), timeout)
-            except asyncio.TimeoutError:
-                raise Empty from None
-
-        async def the_reply(timeout=None):
-            return message("execute_reply", "r1", {"status": "ok", "execution_count": 1})
-
-        def send_control(msg):  # (the kernel's answer, on iopub)
-            for state in ("busy", "idle"):
-                iopub.put_nowait(message("status", msg["header"]["msg_id"], {"execution_state": state}))
-
-        async def alive():
-            return True
-
-        client = notebook_client(nb, iopub_timeout=None)  # (--timeout 0)
-        client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive, session=Session(),
-                                    iopub_channel=SimpleNamespace(get_msg=get_iopub),
-                                    shell_channel=SimpleNamespace(get_msg=the_reply),
-                                    control_channel=SimpleNamespace(send=send_control))
-        return await asyncio.wait_for(client.async_execute_cell(nb.cells[0], 0, execution_count=1), 30)
-
-    cell = asyncio.run(scenario())
-    assert cell.execution_count == 1 and [o.text for o in cell.outputs] == ["a\n"]
-
-
-def test_a_lost_answer_to_the_caught_up_question_is_asked_again():
-    """The flood that drops a cell's idle status may drop the answer to the question sent on the
-    control channel too: asked once, the run then waited until --timeout, or for ever with
-    --timeout 0. Kernel client scripted: the reply of "r1" at once; no idle status for it; the
-    first question's answer lost, a later one's busy and idle statuses on iopub."""
+def _run_a_cell_whose_idle_status_is_lost(answers: int, ask_again_s: float):
+    """Run one cell ``print('a')`` through ``notebook_client(iopub_timeout=None)`` (--timeout 0) on
+    a scripted kernel client: the reply of "r1" at once; on iopub the cell's print and no idle
+    status for it; of the questions sent on the control channel, the first ``answers`` skipped
+    (their answers lost) and the others answered by their busy and idle statuses on iopub.
+    Returns (the cell, the ids of the questions asked, the client's questions left waiting)."""
     from queue import Empty
     from types import SimpleNamespace
 
@@ -1024,17 +973,17 @@ def test_a_lost_answer_to_the_caught_up_question_is_asked_again():
         async def the_reply(timeout=None):
             return message("execute_reply", "r1", {"status": "ok", "execution_count": 1})
 
-        def send_control(msg):  # (the first answer lost; the others on iopub)
+        def send_control(msg):  # (the kernel's answer, on iopub)
             asked.append(msg["header"]["msg_id"])
-            if len(asked) > 1:
+            if len(asked) > answers:
                 for state in ("busy", "idle"):
                     iopub.put_nowait(message("status", asked[-1], {"execution_state": state}))
 
         async def alive():
             return True
 
-        client = notebook_client(nb, iopub_timeout=None)  # (--timeout 0)
-        client.ASK_AGAIN_S = 0.2
+        client = notebook_client(nb, iopub_timeout=None)
+        client.ASK_AGAIN_S = ask_again_s
         client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive, session=Session(),
                                     iopub_channel=SimpleNamespace(get_msg=get_iopub),
                                     shell_channel=SimpleNamespace(get_msg=the_reply),
@@ -1042,7 +991,23 @@ def test_a_lost_answer_to_the_caught_up_question_is_asked_again():
         cell = await asyncio.wait_for(client.async_execute_cell(nb.cells[0], 0, execution_count=1), 60)
         return cell, asked, client._questions
 
-    cell, asked, pending = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_cell_whose_idle_status_is_lost_ends_once_the_kernel_has_caught_up():
+    """The wait for a cell's output after its reply ended only at the kernel's idle status for it,
+    or at --timeout (0: never): where the status was lost (ZMQ drops iopub messages under a flood),
+    the run sat idle until then. It also ends at the kernel's answer to a question sent on the
+    control channel after the reply, which comes on iopub after the output sent before it."""
+    cell, asked, _ = _run_a_cell_whose_idle_status_is_lost(answers=0, ask_again_s=2.0)
+    assert cell.execution_count == 1 and [o.text for o in cell.outputs] == ["a\n"]
+
+
+def test_a_lost_answer_to_the_caught_up_question_is_asked_again():
+    """The flood that drops a cell's idle status may drop the answer to the question sent on the
+    control channel too: asked once, the run then waited until --timeout, or for ever with
+    --timeout 0. Here the first question's answer is lost."""
+    cell, asked, pending = _run_a_cell_whose_idle_status_is_lost(answers=1, ask_again_s=0.2)
     assert cell.execution_count == 1 and [o.text for o in cell.outputs] == ["a\n"]
     assert len(asked) >= 2 and pending == {}  # (asked again; no question left waiting)
 
