@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -469,7 +470,7 @@ def notebook_client(nb, **kwargs):
                         if not answered.done():
                             answered.set_result(None)
                     index = self._cell_of_request.get(parent)
-                    if index is None:
+                    if index is None or not _without_kernel_shutdown_noise(msg):
                         continue
                     try:
                         self._process(msg, index)
@@ -545,6 +546,27 @@ def notebook_client(nb, **kwargs):
                 self.widget_buffers.pop(msg["content"].get("comm_id"), None)
 
     return Client(nb, **kwargs)
+
+
+# What asyncio logs to stderr as ipykernel shuts down with one of its own tasks still pending
+# (its control dispatch, which handles the shutdown request itself): the kernel may forward it
+# before it exits, and the run reads the kernel's output until then, so it landed in the last cell.
+_KERNEL_SHUTDOWN_NOISE = re.compile(
+    r"Task was destroyed but it is pending!\ntask: <Task pending name='[^'\n]*' coro=<Kernel\.\w+\(\) running at "
+    r"[^\n]*ipykernel[^\n]*>\n?")
+
+
+def _without_kernel_shutdown_noise(msg: dict) -> bool:
+    """Take ipykernel's own shutdown log (``_KERNEL_SHUTDOWN_NOISE``) out of a stderr stream
+    message ``msg`` (in place); False where nothing else is left, so the message is dropped. A
+    task of the user's code that asyncio logs so is kept: only a pending ``Kernel`` method of
+    ipykernel is taken out."""
+    content = msg.get("content", {})
+    if msg.get("msg_type") != "stream" or content.get("name") != "stderr":
+        return True
+    text = _KERNEL_SHUTDOWN_NOISE.sub("", content.get("text", ""))
+    content["text"] = text
+    return bool(text)
 
 
 def _try_writing(out: Path) -> None:

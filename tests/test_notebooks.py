@@ -1708,3 +1708,30 @@ def test_lmnb_run_keeps_no_widget_state_of_an_earlier_session_when_every_widget_
         nbformat.write(nb, src)
         assert main(["run", str(src), "-o", str(tmp_path / "out.ipynb")]) == 0
         assert "widgets" not in nbformat.read(tmp_path / "out.ipynb", as_version=4).metadata
+
+
+def test_ipykernels_shutdown_log_is_taken_out_of_the_last_cells_output():
+    """ipykernel 7's shutdown leaves its control dispatch task pending, and asyncio's log of it
+    ("Task was destroyed but it is pending!", two lines) reached stderr while the run read the
+    kernel's output until it exited: a CI run saved it in the last cell. Expected: that log taken
+    out (a message of nothing else dropped), the cell's own stderr kept, and a pending task of the
+    user's code, which asyncio logs alike, kept whole."""
+    from lmnb_kernel.run import _without_kernel_shutdown_noise
+
+    noise = ("Task was destroyed but it is pending!\ntask: <Task pending name='Task-17' coro=<Kernel.dispatch_control() "
+             "running at /x/.venv/lib/python3.11/site-packages/ipykernel/kernelbase.py:368> "
+             "cb=[ZMQStream._run_callback.<locals>._log_error() at /x/zmq/eventloop/zmqstream.py:583]>\n")
+    users = ("Task was destroyed but it is pending!\ntask: <Task pending name='Task-3' coro=<fetch() running at "
+             "/tmp/ipykernel_1/123.py:4>>\n")
+
+    def stream(text, name="stderr"):
+        return {"msg_type": "stream", "content": {"name": name, "text": text}}
+
+    alone = stream(noise)
+    assert _without_kernel_shutdown_noise(alone) is False
+    mixed = stream("warning: x\n" + noise)
+    assert _without_kernel_shutdown_noise(mixed) is True and mixed["content"]["text"] == "warning: x\n"
+    own = stream(users)
+    assert _without_kernel_shutdown_noise(own) is True and own["content"]["text"] == users
+    out = stream(noise, "stdout")  # (printed by the user's code, not logged)
+    assert _without_kernel_shutdown_noise(out) is True and out["content"]["text"] == noise
