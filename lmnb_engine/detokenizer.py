@@ -76,35 +76,62 @@ class IncrementalDetokenizer:
         window_now = self._decode(self._ids[self._prefix :])
         delta = ""
         if len(window_now) > len(window_before) and not window_now.endswith(_REPLACEMENT):
-            delta = window_now[len(window_before) :]
+            delta = self._new_text(window_before, window_now)
             self.text += delta
             self._prefix, self._read = self._read, len(self._ids)
         self._history.append((self._prefix, self._read, len(self.text)))
         return delta
 
+    def _new_text(self, window_before: str, window: str, end: int | None = None) -> str:
+        """The text that ``ids[read:end]`` adds to ``window_before`` (the text of ``ids[prefix:read]``),
+        ``window`` being the text of ``ids[prefix:end]``.
+
+        That is ``window`` past ``window_before``, unless ``window`` does not begin with it: with
+        SentencePiece byte fallback, ``window_before`` may end in characters spelled by byte tokens
+        ("中" as ``<0xE4><0xB8><0xAD>``), and the tokenizers library's ``ByteFallback`` decoder reads
+        a run of byte tokens that is not valid UTF-8 as one U+FFFD per byte, the run's valid
+        characters included: an invalid byte token after them turns "中" into three U+FFFD. The
+        characters streamed stay; the new tokens are then read as the tokenizer reads them alone
+        (one U+FFFD per invalid byte), where a slice by length read one byte as three U+FFFD.
+        (A decode that cleans up spaces, " ," to ",", may also rewrite the end of ``window_before``:
+        the slice dropped the "," there; read alone, it is kept.)"""
+        if window.startswith(window_before):
+            return window[len(window_before) :]
+        return self._decode(self._ids[self._read : end])
+
     def flush(self) -> str:
         """At the end of generation: return the pending text, less the bytes of a character that
         the output ended inside (a ``max_tokens`` cut between the byte tokens of "中"), whatever
         ended it. ``text`` then holds whole characters only, as streamed: vLLM's result, whose
-        detokenizer never emits those bytes (SGLang's adds a U+FFFD for them). Bytes that cannot
-        begin a character (a lone continuation byte) stay U+FFFD, as they do before more text."""
+        detokenizer never emits those bytes (SGLang's adds a U+FFFD for them). The rest reads as
+        the tokenizer decodes the output without that character's tokens: bytes that cannot form
+        a character are U+FFFD, one per byte with SentencePiece byte fallback (its ``ByteFallback``
+        decoder's rule) and one per maximal invalid sequence with byte-level BPE (its ``ByteLevel``
+        decoder's, and Python's "replace"), as they are before more text.
+
+        Only those two families can end inside a character: the token strings of every other
+        decoder (WordPiece, Metaspace without byte fallback, Unigram, ...) are whole characters,
+        so a U+FFFD that ends their text is the character itself, and stays."""
         if self._read == len(self._ids):
             return ""
         window_before = self._decode(self._ids[self._prefix : self._read])
-        delta = self._decode(self._ids[self._prefix :])[len(window_before) :]
+        delta = self._new_text(window_before, self._decode(self._ids[self._prefix :]))
         if delta.endswith(_REPLACEMENT):
-            delta = self._whole_characters(delta)
+            delta = self._whole_characters(delta, window_before)
         self.text += delta
         self._prefix = self._read = len(self._ids)
         self._history[-1] = (self._prefix, self._read, len(self.text))
         return delta
 
-    def _whole_characters(self, delta: str) -> str:
+    def _whole_characters(self, delta: str, window_before: str) -> str:
         """``delta``, the pending tokens' text ending in U+FFFD, up to the incomplete character at
-        its end: the text of the pending tokens whose bytes end on a character boundary, then the
-        bytes of the rest before that character (from the tokens' own bytes, read as constrained
-        decoding reads them). ``delta`` itself where nothing is incomplete (a real or an invalid
-        byte's U+FFFD) or the tokenizer's bytes cannot be read (an unsupported family)."""
+        its end (found from the tokens' own bytes, read as constrained decoding reads them):
+        the tokenizer's text of the pending tokens before the first that holds a byte of it, then,
+        where it begins inside a token (byte-level BPE), that token's bytes before it, read as the
+        ``ByteLevel`` decoder reads bytes (``String::from_utf8_lossy``: Python's "replace").
+        ``delta`` itself where nothing is incomplete (a real or an invalid byte's U+FFFD) or the
+        tokenizer's bytes cannot be read (an unsupported family). ``window_before``: the text of
+        ``ids[prefix:read]``."""
         from lmnb_engine.constrained.errors import GrammarError
         from lmnb_engine.constrained.vocab import token_bytes
 
@@ -122,10 +149,16 @@ class IncrementalDetokenizer:
         incomplete = utf8.getstate()[0]
         if not incomplete:
             return delta
-        window_before = self._decode(self._ids[self._prefix : self._read])
-        head = self._decode(self._ids[self._prefix : self._read + whole])[len(window_before) :]
+        first, held = len(raw), 0  # the pending tokens from ``first`` on hold the incomplete bytes
+        while held < len(incomplete):
+            first -= 1
+            held += len(raw[first])
+        end = self._read + (first if held == len(incomplete) else whole)
+        text = self._new_text(window_before, self._decode(self._ids[self._prefix : end]), end)
+        if held == len(incomplete):  # it begins where a token does (always so with byte fallback)
+            return text
         rest = b"".join(raw[whole:])
-        return head + rest[: len(rest) - len(incomplete)].decode("utf-8", "replace")
+        return text + rest[: len(rest) - len(incomplete)].decode("utf-8", "replace")
 
     def whole_tokens(self, num_chars: int) -> tuple[int, int]:
         """``(n, length)``: the most leading output tokens whose text all lies in
