@@ -48,7 +48,8 @@ def run_arguments(parser) -> None:
                         help="where to save the executed notebook (default: NAME.out.ipynb; "
                              "-: stdout, and the summary goes to stderr)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                        help="set a parameter (or -p NAME=VALUE; VALUE may start with '-': -p name -Bob), read "
+                        help="set a parameter (or -p NAME=VALUE; VALUE may start with '-': -p name -Bob, and is "
+                             "one of lmnb run's options only as -p NAME=VALUE: -p name=-o), read "
                              "like its default in the parameters cell as the exported job reads it (else a Python "
                              "literal, else the text); repeatable, once per NAME")
     _read_parameters_first(parser)
@@ -61,12 +62,25 @@ def _read_parameters_first(parser) -> None:
     """Make ``parser`` take each ``-p`` out of the arguments before argparse reads them:
     ``-p NAME VALUE`` takes VALUE whatever it starts with (argparse read the -Bob of ``-p name
     -Bob`` as an option, and said "expected 2 arguments"), and ``-p NAME=VALUE`` is one argument
-    (NAME, a Python name, holds no "="). The others go to argparse; ``--`` ends the options."""
+    (NAME, a Python name, holds no "="). A VALUE that is one of ``lmnb run``'s own options (``-p n -o
+    out.ipynb``: n's value forgotten, which took -o, and out.ipynb then read as a second notebook or
+    lost) is refused, naming ``-p n=-o`` for that text: papermill's ``-p`` takes any next word, and
+    a forgotten value there silently takes the option. The others go to argparse; ``--`` ends the
+    options."""
     parse_known_args = parser.parse_known_args
 
     def is_parameter(arg: str) -> bool:  # -p, --parameter, or an abbreviation argparse allows
         return arg == "-p" or arg.startswith("--p") and "--parameter".startswith(arg) and (
             arg == "--parameter" or parser.allow_abbrev)
+
+    def option_named(word: str):  # the option of lmnb run that word is, as argparse reads it, else None
+        given = word.partition("=")[0] if word.startswith("--") else word  # (--timeout=5: --timeout)
+        for action in parser._actions:  # (complete by the time it parses: every option is added)
+            for option in action.option_strings:
+                if option == given or (given.startswith("--") and len(given) > 2 and parser.allow_abbrev
+                                       and option.startswith(given)):  # (--out, an abbreviation of --output)
+                    return action
+        return None
 
     def attached(arg: str):  # -pNAME[=VALUE], -p=NAME..., --parameter=NAME...: the words after -p, else None
         if arg.startswith("-p") and not arg.startswith("--") and len(arg) > 2:
@@ -93,6 +107,12 @@ def _read_parameters_first(parser) -> None:
             elif i + 1 < len(args) and "=" in args[i + 1]:
                 given.append(args[i + 1].split("=", 1))
                 i += 2
+            elif i + 2 < len(args) and option_named(args[i + 2]) is not None:  # (-p n -o out.ipynb: n's value forgotten)
+                name, value = args[i + 1], args[i + 2]
+                option = "/".join(option_named(value).option_strings)
+                parser.error(f"argument -p/--parameter: {args[i]} {name} takes {value!r} as its value, but {value!r} is "
+                             f"lmnb run's option {option}: give {name} its value first (e.g. -p {name} 3 {value} "
+                             f"...), or write -p {name}={value} if the value is the text {value!r}")
             elif i + 2 < len(args):
                 given.append([args[i + 1], args[i + 2]])
                 i += 3

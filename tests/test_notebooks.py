@@ -139,6 +139,39 @@ def test_a_p_followed_by_an_option_says_it_needs_a_name_and_a_value(tmp_path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]
 
 
+@pytest.mark.parametrize("words, value, option", [
+    (["-p", "n", "-o", "out.ipynb"], "-o", "-o/--output"),
+    (["--parameter", "n", "--output", "out.ipynb"], "--output", "-o/--output"),
+    (["-p", "n", "--out", "out.ipynb"], "--out", "-o/--output"),  # (argparse's abbreviation of --output)
+    (["-p", "n", "--timeout=5"], "--timeout=5", "--timeout"),
+    (["-p", "n", "-p", "m", "3"], "-p", "-p/--parameter"),
+    (["-p", "n", "--allow-errors"], "--allow-errors", "--allow-errors"),
+    (["-p", "n", "-o"], "-o", "-o/--output"),
+])
+def test_a_p_value_that_is_one_of_runs_options_is_refused_naming_name_equals_value(tmp_path, capsys, words, value,
+                                                                                   option):
+    """`lmnb run nb.ipynb -p n -o out.ipynb`, n's value forgotten, set n to "-o" and lost the -o:
+    out.ipynb was read as a second notebook ("unrecognized arguments"), or, last on the line, the
+    output went to the default NAME.out.ipynb. Such a value is refused; `-p n=-o` gives that text."""
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run_arguments
+
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("n = 2")]), path)
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(path), *words])
+    assert e.value.code == 2
+    p = words[0]
+    assert capsys.readouterr().err.rstrip().endswith(
+        f"lmnb run: error: argument -p/--parameter: {p} n takes '{value}' as its value, but '{value}' is lmnb run's "
+        f"option {option}: give n its value first (e.g. -p n 3 {value} ...), or write -p n={value} if the value "
+        f"is the text '{value}'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nb.ipynb"]  # nothing run, nothing written
+    parser = argparse.ArgumentParser()
+    run_arguments(parser)
+    assert parser.parse_args(["nb.ipynb", "-p", f"n={value}"]).parameter == [["n", value]]  # (the way to give it)
+
+
 def test_p_names_are_python_names_after_nfkc_normalization(tmp_path, capsys):
     """-p ｘ sets x (Python reads identifiers NFKC-normalized), but passed the "given twice" check
     next to -p x, and was not matched with the parameters cell's x, so its value was not read like
@@ -379,7 +412,7 @@ def test_p_takes_a_value_that_starts_with_a_dash_and_a_name_equals_value_form(tm
     parser = argparse.ArgumentParser()
     run_arguments(parser)
     args = parser.parse_args(["nb.ipynb", "-p", "name", "-Bob", "-p", "who=-Al", "-p", "q", "a=b", "--parameter",
-                              "o", "-o", "-p", "e=", "--param", "x", "--", "-o", "out.ipynb"])
+                              "o=-o", "-p", "e=", "--param", "x", "--", "-o", "out.ipynb"])
     assert args.parameter == [["name", "-Bob"], ["who", "-Al"], ["q", "a=b"], ["o", "-o"], ["e", ""], ["x", "--"]]
     assert (args.notebook, args.output) == ("nb.ipynb", "out.ipynb")
     assert parser.parse_args(["-p", "n", "1", "--", "-p"]).notebook == "-p"  # (after --, no option)
