@@ -1417,6 +1417,36 @@ def test_export_lists_a_lone_surrogate_with_the_cells_it_cannot_export(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ipynb"]
 
 
+def test_nbconvert_lists_a_lone_surrogate_and_a_cell_without_source_with_the_cells_it_cannot_export(tmp_path, capsys):
+    """`jupyter nbconvert --to lmnb` read the file with its cells checked, so a lone surrogate
+    (cell 1) stopped it before the bad %%lm cell 2 and the bad Python cell 3 were named, where lmnb
+    export lists them all; and read unchecked, a cell without a source (cell 4) failed nbconvert's
+    own check of the notebook on a NotebookValidationError. Its error is lmnb export's."""
+    from lmnb.export.exporter import LMScriptExporter, NotebookExportError
+    from lmnb_kernel.cli import main
+
+    data = json.loads(nbformat.writes(notebook("x = '\ud800'", "%%lm --nope\nQ{gen a}", "y = (", "z = 1")))
+    del data["cells"][3]["source"]
+    path = tmp_path / "bad.ipynb"
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["export", str(path)]) == 2
+    said = capsys.readouterr().err.removeprefix(f"lmnb export: {path}: ").rstrip("\n")
+    assert said.startswith("4 cells cannot be exported; fix each, then try again:\n  - cell 1, line 1: the lone "
+                           "surrogate '\\ud800'") and "\n  - not a Jupyter notebook: cell 4 has no source" in said
+    with pytest.raises(NotebookExportError) as e:
+        LMScriptExporter().from_filename(str(path))
+    assert str(e.value) == said
+    with pytest.raises(NotebookExportError) as e:  # (a node a caller read: the same)
+        LMScriptExporter().from_notebook_node(nbformat.reads(json.dumps(data), as_version=4))
+    assert str(e.value) == said
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "ValidationError" not in out.stderr
+    assert out.stderr.rstrip().endswith(f"NotebookExportError: {said}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ipynb"]
+
+
 @pytest.mark.parametrize("text, shape", [
     ("[1, 2]", "the file's JSON is a list, not an object"),
     ('"notebook"', "the file's JSON is a string, not an object"),

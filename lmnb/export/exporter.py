@@ -16,6 +16,7 @@ from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
 from lmnb.export import ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text
+from lmnb.export.cells import cell_read_problem
 
 
 class NotebookExportError(ExportError, ConversionException):
@@ -45,7 +46,8 @@ class LMScriptExporter(Exporter):
         file: one that starts with a UTF-8 byte order mark too, which nbformat refused as not JSON."""
         try:
             data = file_stream.read()
-            nb = notebook_from_text(data.decode("utf-8-sig") if isinstance(data, bytes) else data)
+            # (its cells unchecked: export_notebook lists them with the cells it cannot export, as lmnb export)
+            nb = notebook_from_text(data.decode("utf-8-sig") if isinstance(data, bytes) else data, check_cells=False)
         except UnicodeDecodeError as e:
             raise NotebookExportError(str(not_utf8(e))) from None
         except ValueError as e:
@@ -53,14 +55,13 @@ class LMScriptExporter(Exporter):
         return self.from_notebook_node(nb, resources=resources, **kw)
 
     def from_notebook_node(self, nb, resources=None, **kw):
+        if any(cell_read_problem(number, cell) for number, cell in enumerate(nb.cells, start=1)):
+            # A cell without a source fails nbconvert's own check of the notebook (run by
+            # super()), on a traceback, and one with a lone surrogate stopped the read: the export
+            # lists them with the cells it cannot export, as lmnb export does, and raises.
+            self._export(nb, resources or {})
         nb_copy, resources = super().from_notebook_node(nb, resources, **kw)
-        name = (resources.get("metadata") or {}).get("name") or "notebook"
-        # nbconvert's app names the output file after unique_key: the notebook's name, or --output's
-        script = os.path.basename(resources.get("unique_key") or "") or name
-        try:
-            source, plan = export_notebook(nb_copy, f"{name}.ipynb", f"{script}.py", self.inputs)
-        except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
-            raise NotebookExportError(str(e)) from None
+        source, plan, script = self._export(nb_copy, resources)
         out = app_output_path(resources, script)
         if out is not None and not_an_export(out):  # (lmnb export refuses it too)
             raise NotebookExportError(
@@ -71,6 +72,18 @@ class LMScriptExporter(Exporter):
             self.log.warning("%s", note)
         resources["output_extension"] = ".py"
         return source, resources
+
+    def _export(self, nb, resources: dict):
+        """``export_notebook`` of ``nb``, named after ``resources`` as nbconvert names the files:
+        (script text, ``Plan``, the script's name without .py). Raises ``NotebookExportError``."""
+        name = (resources.get("metadata") or {}).get("name") or "notebook"
+        # nbconvert's app names the output file after unique_key: the notebook's name, or --output's
+        script = os.path.basename(resources.get("unique_key") or "") or name
+        try:
+            source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs)
+        except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
+            raise NotebookExportError(str(e)) from None
+        return source, plan, script
 
 
 def app_output_path(resources: dict, script: str) -> Optional[Path]:
