@@ -1071,6 +1071,21 @@ def test_an_lm_cell_that_raises_as_it_starts_is_a_failed_cell_not_an_unfinished_
     assert "could not start the thread" in views[0]["data"]["text/plain"]
 
 
+def _lmnb_run_in_its_own_process(src: Path, hook: str, as_the_command: bool = False,
+                                 timeout: float = 300) -> subprocess.CompletedProcess:
+    """``lmnb run src`` in a Python process of its own (a signal's default would end pytest),
+    which first runs ``hook`` (Python source, with ``os``, ``signal``, ``sys`` and ``lmnb_kernel``'s
+    ``cli`` imported): it sends the process a signal at the moment the test is about. The run is
+    ``cli.main(["run", src])``, or with ``as_the_command`` ``cli.main()``, as the ``lmnb`` command
+    calls it (with no argv: the process exits when it returns). Its output is captured as text."""
+    code = ("import os, signal, sys\n"
+            "from lmnb_kernel import cli\n"
+            + hook +
+            "sys.argv = ['lmnb', 'run', sys.argv[1]]\n"
+            + ("sys.exit(cli.main())\n" if as_the_command else "sys.exit(cli.main(sys.argv[1:]))\n"))
+    return subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.parametrize("sig, said", [(signal.SIGINT, "lmnb: interrupted"),
                                        (signal.SIGTERM, "lmnb: terminated (SIGTERM)")])
 def test_ctrl_c_or_sigterm_while_the_subcommand_loads_exits_130_without_a_traceback(tmp_path, sig, said):
@@ -1078,15 +1093,12 @@ def test_ctrl_c_or_sigterm_while_the_subcommand_loads_exits_130_without_a_traceb
     seconds on a cold disk), before its own Ctrl-C handling starts: a line and 130, not a traceback.
     SIGTERM then ended the run silently with 143 (found by a review): it is now said, as Ctrl-C is."""
     src = _notebook(tmp_path / "nb.ipynb", "print('x')")
-    code = ("import importlib, os, signal, sys\n"
-            "from lmnb_kernel import cli\n"
-            "real = importlib.import_module\n"
-            "def interrupted(name, *args):\n"
-            f"    os.kill(os.getpid(), {int(sig)})\n"
-            "    return real(name, *args)\n"
-            "importlib.import_module = interrupted\n"
-            "sys.exit(cli.main(['run', sys.argv[1]]))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=120)
+    proc = _lmnb_run_in_its_own_process(src, "import importlib\n"
+                                             "real = importlib.import_module\n"
+                                             "def interrupted(name, *args):\n"
+                                             f"    os.kill(os.getpid(), {int(sig)})\n"
+                                             "    return real(name, *args)\n"
+                                             "importlib.import_module = interrupted\n", timeout=120)
     assert (proc.returncode, proc.stderr) == (130, f"{said}\n")
     assert not (tmp_path / "nb.out.ipynb").exists()
 
@@ -1097,12 +1109,9 @@ def test_a_sigterm_as_lmnb_run_exits_after_its_run_keeps_the_runs_status_and_rep
     it did ``lmnb serve`` (8c15d48). Now it is ignored: the run's status (3: a cell raised) and
     report stand. The SIGTERM is sent by an atexit hook, run as the interpreter exits."""
     src = _notebook(tmp_path / "nb.ipynb", "raise ValueError('boom')")
-    code = ("import atexit, os, signal, sys\n"
-            "from lmnb_kernel import cli\n"
-            "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
-            "sys.argv = ['lmnb', 'run', sys.argv[1]]\n"
-            "sys.exit(cli.main())\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=300)
+    proc = _lmnb_run_in_its_own_process(src, "import atexit\n"
+                                             "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n",
+                                        as_the_command=True)
     assert proc.returncode == 3, proc.stderr
     assert "ValueError: boom" in proc.stderr
     assert (tmp_path / "nb.out.ipynb").exists()
@@ -1118,32 +1127,28 @@ def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and
     end on their own: the signal is ignored. The process sends the signal to itself as the
     kernel's shutdown (``shutdown_kernel``) or the read (``read_last_output``) starts."""
     src = _notebook(tmp_path / "nb.ipynb", "raise ValueError('boom')")
-    code = ("import os, signal, sys\n"
-            "import lmnb_kernel.run as run\n"
-            "from lmnb_kernel import cli\n"
-            "made, manager = run.notebook_client, run.kernel_manager\n"
-            "def kernel_manager():\n"
-            "    km = manager()\n"
-            "    shutdown = km.shutdown_kernel\n"
-            "    async def signal_first(*args, **kwargs):\n"
-            f"        os.kill(os.getpid(), {int(sig)})\n"
-            "        await shutdown(*args, **kwargs)\n"
-            "    km.shutdown_kernel = signal_first\n"
-            "    return km\n"
-            "def client(nb, **kwargs):\n"
-            "    c = made(nb, **kwargs)\n"
-            "    read = c.read_last_output\n"
-            "    async def signalled():\n"
-            f"        os.kill(os.getpid(), {int(sig)})\n"
-            "        await read()\n"
-            "    c.read_last_output = signalled\n"
-            "    return c\n"
-            f"if {when!r} == 'read':\n"
-            "    run.notebook_client = client\n"
-            "else:\n"
-            "    run.kernel_manager = kernel_manager\n"
-            "sys.exit(cli.main(['run', sys.argv[1]]))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True, timeout=300)
+    proc = _lmnb_run_in_its_own_process(src, "import lmnb_kernel.run as run\n"
+                                             "made, manager = run.notebook_client, run.kernel_manager\n"
+                                             "def kernel_manager():\n"
+                                             "    km = manager()\n"
+                                             "    shutdown = km.shutdown_kernel\n"
+                                             "    async def signal_first(*args, **kwargs):\n"
+                                             f"        os.kill(os.getpid(), {int(sig)})\n"
+                                             "        await shutdown(*args, **kwargs)\n"
+                                             "    km.shutdown_kernel = signal_first\n"
+                                             "    return km\n"
+                                             "def client(nb, **kwargs):\n"
+                                             "    c = made(nb, **kwargs)\n"
+                                             "    read = c.read_last_output\n"
+                                             "    async def signalled():\n"
+                                             f"        os.kill(os.getpid(), {int(sig)})\n"
+                                             "        await read()\n"
+                                             "    c.read_last_output = signalled\n"
+                                             "    return c\n"
+                                             f"if {when!r} == 'read':\n"
+                                             "    run.notebook_client = client\n"
+                                             "else:\n"
+                                             "    run.kernel_manager = kernel_manager\n")
     assert proc.returncode == 3, proc.stderr
     assert "cells run: 1 of 1" in proc.stdout and "ValueError: boom" in proc.stderr
     assert nbformat.read(tmp_path / "nb.out.ipynb", as_version=4).cells[0].outputs[0].ename == "ValueError"
