@@ -561,6 +561,30 @@ def test_openai_completion_backend_selects_like_the_native_endpoint(backends):
         assert b.get_meta_info(name)["normalized_prompt_logprobs"] == pytest.approx(want, abs=1e-4)
 
 
+@pytest.mark.parametrize("choices", [["ab", "bc"], ["nnu\U0001F642", "q\u00e9b\u4e2d"], ["ab", "a"]])
+def test_openai_completion_select_after_an_empty_prompt_scores_or_fails_as_in_process(backends, choices):
+    """The OpenAI backend sent the empty prompt among the prompts to echo, which the server refuses
+    (HTTP 400 'prompt[0]: empty prompt'): every select first in a program failed, in other words
+    than in process. Each choice is now scored from its second token (its first has no context),
+    and a one-token choice fails with the in-process backend's words."""
+    local, _, url = backends
+    completion = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
+
+    @sgl.function
+    def pick(s):
+        s += sgl.select("c", choices=choices)
+
+    want, got = pick.run(backend=local), pick.run(backend=completion)
+    if want.error() is not None:
+        assert str(got.error().__cause__) == str(want.error().__cause__)
+        assert str(want.error().__cause__) == "select choice 'a' leaves no token to score after the prompt ''"
+        return
+    assert got.error() is None and got["c"] == want["c"]
+    w, g = want.get_meta_info("c"), got.get_meta_info("c")
+    assert g["normalized_prompt_logprobs"] == pytest.approx(w["normalized_prompt_logprobs"], abs=1e-4)
+    assert [len(e) for e in g["input_token_logprobs"]] == [len(e) for e in w["input_token_logprobs"]]
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_stop_regex_of_gen_and_run_ends_the_output_at_its_first_match_on_every_backend(backends, stream):
     """SGLang's gen(stop_regex=...) and run(stop_regex=...) were TypeErrors (the engine and the

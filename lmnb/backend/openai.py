@@ -648,28 +648,28 @@ class OpenAI(BaseBackend):
                 "not return; use token_length_normalized, lmnb.Engine or lmnb.RuntimeEndpoint"
             )
         self._warn_guessed_template(prompt)
-        ret = self._call(
-            rid, model=self.model_name, prompt=[prompt.text] + [prompt.text + c for c in choices],
-            echo=True, max_tokens=0, logprobs=0, temperature=0,
-        )
+        # (an empty prompt has no tokens to compare with, and servers refuse an empty prompt)
+        head = [prompt.text] if prompt.text else []
+        texts = head + [prompt.text + c for c in choices]
+        ret = self._call(rid, model=self.model_name, prompt=texts, echo=True, max_tokens=0, logprobs=0, temperature=0)
         if ret is _ABORTED:
             raise BackendError(f"{self.client.base_url}: the scoring request of select() was aborted")
         rows = self._choices(ret)
         self._count_usage(ret.usage)
-        if len(rows) != len(choices) + 1:
-            raise BackendError(f"{self.client.base_url} returned {len(rows)} choices for {len(choices) + 1} prompts; "
+        if len(rows) != len(texts):
+            raise BackendError(f"{self.client.base_url} returned {len(rows)} choices for {len(texts)} prompts; "
                                "it cannot run select()")
         if any(r.logprobs is None or not r.logprobs.tokens or len(r.logprobs.token_logprobs or ()) != len(r.logprobs.tokens)
                for r in rows):  # (zip below would drop the tokens beyond the logprobs)
             raise BackendError(f"{self.client.base_url} returned no echoed prompt logprobs (a token_logprobs entry "
                                "per token); it cannot run select()")
-        p_tokens = rows[0].logprobs.tokens
+        p_tokens = rows[0].logprobs.tokens if head else []
         out = []
-        for c, row in zip(choices, rows[1:]):
+        for c, row in zip(choices, rows[len(head):]):
             tokens, lps = row.logprobs.tokens, row.logprobs.token_logprobs
-            first = max(first_difference(p_tokens, tokens), 1)
+            first = max(first_difference(p_tokens, tokens), 1)  # (token 0 has no context to be scored in)
             if first >= len(tokens) or any(v is None for v in lps[first:]):
-                raise ValueError(f"select choice {c!r} leaves no token to score after the prompt")
+                raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
             out.append(ChoiceLogprobs(list(tokens[first:]), [float(v) for v in lps[first:]], first))
         return out
 
