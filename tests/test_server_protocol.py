@@ -343,6 +343,22 @@ def test_openai_chat_fields_that_change_nothing_here_are_accepted_and_ignored(se
     assert second == first and engine.prompts[-1] == engine.prompts[-2]
 
 
+@pytest.mark.parametrize("tier", ["auto", "default", "flex", "priority"])
+def test_a_chat_request_that_sets_service_tier_is_told_the_tier_that_served_it(served, tier):
+    """OpenAI's API reference: when service_tier is set, "the response body will include the
+    service_tier value based on the processing mode actually used" (its ChatCompletion and
+    ChatCompletionChunk objects); lmnb serve serves every request alike, OpenAI's "default" tier. The
+    field was accepted and left out of the reply; a request that sets none gets none, as before."""
+    _, url = served
+    base = {"model": "rec", "messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "temperature": 0}
+    assert _post(url, "/v1/chat/completions", {**base, "service_tier": tier}).json()["service_tier"] == "default"
+    assert "service_tier" not in _post(url, "/v1/chat/completions", base).json()
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=30,
+                      json={**base, "service_tier": tier, "stream": True}) as r:
+        chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
+    assert len(chunks) >= 2 and all(c["service_tier"] == "default" for c in chunks)
+
+
 @pytest.mark.parametrize("field,value,needle", [
     ("audio", {"voice": "alloy", "format": "wav"}, "audio is not supported by lmnb serve; leave it out"),
     ("modalities", ["text", "audio"], 'it replies with text only; leave modalities out (or send ["text"])'),

@@ -239,7 +239,8 @@ class ChatRequest(_SamplingRequest):
 
     # OpenAI's chat fields that lmnb serve accepts and ignores: storage and tracking (``store``,
     # ``metadata``, ``user``, ``safety_identifier``), OpenAI's own scheduling and caching
-    # (``service_tier``, ``prompt_cache_key``, ``prompt_cache_retention``), ``prediction`` (a speed-up
+    # (``service_tier``, whose reply names the tier used, ``_served_tier``; ``prompt_cache_key``,
+    # ``prompt_cache_retention``), ``prediction`` (a speed-up
     # that leaves the output as it is), and ``verbosity``, a hint to OpenAI's reasoning models that
     # chat templates do not read; vLLM and SGLang accept them too. The unknown-field error leaves them out of the fields it lists, and the
     # OpenAI fields only there to be refused (UNSERVED).
@@ -815,7 +816,15 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             **_finish(r, req),
         } for r in results]
         return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-                "choices": choices, "usage": _usage(results)}
+                "choices": choices, "usage": _usage(results), **_served_tier(req)}
+
+
+def _served_tier(req: Any) -> dict:
+    """The ``service_tier`` field of a reply (and of each of its stream's chunks) to ``req``: OpenAI's
+    reply names the tier that served a request that set one ("the response body will include the
+    service_tier value based on the processing mode actually used", its API reference), and here
+    every request is served alike, as OpenAI's ``"default"`` tier; none where the request set none."""
+    return {"service_tier": "default"} if getattr(req, "service_tier", None) is not None else {}
 
 
 def _usage_total(results: list, n_prompts: int) -> dict:
@@ -894,7 +903,8 @@ async def _stream(ctx: ServerContext, handles: list, rid: str, created: int, kin
     with_usage = req.stream_options is not None and req.stream_options.include_usage
 
     def chunk(choices: list, usage: Optional[dict] = None) -> str:
-        body = {"id": rid, "object": kind, "created": created, "model": ctx.model_name, "choices": choices}
+        body = {"id": rid, "object": kind, "created": created, "model": ctx.model_name, "choices": choices,
+                **_served_tier(req)}
         if with_usage:  # OpenAI: every chunk has the field, null until the final usage-only chunk
             body["usage"] = usage
         return sse(body)
