@@ -5,7 +5,8 @@
 logits), so each scoring request recomputes about ``SCORE_WINDOW`` prompt tokens that the
 in-process backend (which starts at the first token where prompt and prompt + choice differ)
 takes from the cache. A choice whose tokens differ from the prompt's at or before the window's
-first token is scored again from the whole prompt (two requests with no cache use).
+first token is scored again, with the prompt alone, from ``RESCORE_WINDOW`` tokens further back (one
+request), then from token 0 if they differ there too.
 
 Two parts:
 
@@ -135,7 +136,7 @@ def main() -> None:
         tok = AutoTokenizer.from_pretrained(model)
         enc = lambda t: tok(t, add_special_tokens=True)["input_ids"]  # noqa: E731 (the engine adds BOS too)
         print(f"\n## {label}: refetches over {len(PROMPTS)} prompts x {len(CHOICES)} choices")
-        print("| window | pairs | refetch (2 whole-prompt requests) | miss (differs before the window, unseen) "
+        print("| window | pairs | refetch (scored again from further back) | miss (differs before the window, unseen) "
               "| too short |")
         print("|---|---|---|---|---|")
         for w, (n, r, m, short) in refetches(enc, args.windows).items():

@@ -753,11 +753,63 @@ QUESTIO = "Which one fits? It is questio"
 
 def test_native_select_rescores_a_choice_that_retokenizes_the_window(backends, engines, monkeypatch):
     """"n mark" differs from the prompt before the window's first token (n - 2), so RuntimeEndpoint
-    scores it again from the whole prompt (the choice and the prompt alone, from token 0)."""
+    scores it again, with the prompt alone, from RESCORE_WINDOW (8) tokens further back (n - 10),
+    where their tokens agree up to the difference; it was scored again from token 0, in two
+    requests that recompute the whole prompt."""
+    from lmnb.backend.runtime_endpoint import RESCORE_WINDOW
+
     n = len(engines[1].encode(QUESTIO))
     assert first_difference(engines[1].encode(QUESTIO), engines[1].encode(QUESTIO + "n mark")) == n - 5
     assert len(engines[1].encode(QUESTIO + "n mark")) > n - 2  # (its window is not empty)
-    assert _select_through_both(backends, monkeypatch, QUESTIO, ["n mark", " mark"]) == [n - 2, 0, 0]
+    assert RESCORE_WINDOW == 8 and n > 10
+    assert _select_through_both(backends, monkeypatch, QUESTIO, ["n mark", " mark"]) == [n - 2, n - 10]
+
+
+# The tiny tokenizer writes " on" as two tokens and " one" as one: "e" turns the prompt's last two
+# tokens into one, a difference at the window's first token (n - 2)
+COUNT_ON = "How many birds are in the tree? Count: on"
+
+
+def test_native_select_rescores_a_choice_differing_at_the_windows_first_token_from_a_little_further_back(
+        backends, engines, monkeypatch):
+    """The window (from n - 2) cannot tell a choice that differs at its first token from one that
+    differs before it: "e so" was scored again from token 0 (starts [n - 2, 0, 0]: two requests
+    that recompute the whole prompt), and is now scored again from n - 10, which tells them apart."""
+    n = len(engines[1].encode(COUNT_ON))
+    assert first_difference(engines[1].encode(COUNT_ON), engines[1].encode(COUNT_ON + "e so")) == n - 2
+    assert _select_through_both(backends, monkeypatch, COUNT_ON, ["e so", " two"]) == [n - 2, n - 10]
+
+
+def test_native_select_rescores_from_token_0_when_the_choice_differs_further_back_still(
+        backends, engines, monkeypatch):
+    """A difference before the rescoring window too (RESCORE_WINDOW set to 2: "n mark" differs at
+    n - 5, before n - 4) is scored from token 0, with the prompt alone, as in process."""
+    import lmnb.backend.runtime_endpoint as rt
+
+    monkeypatch.setattr(rt, "RESCORE_WINDOW", 2)
+    n = len(engines[1].encode(QUESTIO))
+    assert _select_through_both(backends, monkeypatch, QUESTIO, ["n mark", " mark"]) == [n - 2, n - 4, 0]
+
+
+def test_native_select_scores_40_random_prompt_endings_and_choices_as_in_process(backends, monkeypatch):
+    """Prompts cut at a random character of a sentence (often inside a word) and choices that go on
+    with the cut word, start a new one, or are a bare fragment: whatever the window, the rescoring
+    window or token 0 scores, the pick, prefix_len and every scored token's id and logprob are the
+    in-process backend's (seeded; cases where the first difference lies before the window occur)."""
+    import random
+
+    rng = random.Random(26)
+    words = ["question", "one", "the", "green", "birds", "tree", "count", "maybe", "answer", "sure", "true"]
+    starts_seen = []
+    for _ in range(40):
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(4, 9)))
+        prompt = sentence[:rng.randint(len(sentence) // 2, len(sentence))]
+        choices = list(dict.fromkeys(
+            rng.choice([w[rng.randint(0, len(w) - 1):], " " + w, w[:rng.randint(1, len(w))] + " " + rng.choice(words)])
+            for w in rng.sample(words, 3)))
+        starts_seen.append(_select_through_both(backends, monkeypatch, prompt, choices))
+        monkeypatch.undo()  # (each case counts its own requests' starts)
+    assert any(len(starts) > 1 for starts in starts_seen)  # (some choice was scored again, from further back)
 
 
 def test_native_select_scores_from_token_0_when_a_choice_is_shorter_than_the_window_start(

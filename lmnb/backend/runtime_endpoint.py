@@ -38,10 +38,18 @@ UNCONDITIONAL_CONTEXT = "Answer:"  # same context as the in-process backend
 # token from the window's first on (it needs their logits), so each choice costs SCORE_WINDOW + 1
 # prompt tokens the in-process backend takes from the cache. Token healing changes only the last
 # token or two, so the first difference almost always falls after the window's first token (if it
-# does not, that choice is re-scored with the whole prompt: two requests with no cache use). 2 is
-# SGLang's own (``logprob_start_len = max(prompt_len - 2, 0)``); 1 would re-score every choice that
-# merges with the prompt's last token (benches/results/2026-12-05-cpu-select-score-window.md).
+# does not, that choice is scored again from further back: RESCORE_WINDOW). 2 is
+# SGLang's own (``logprob_start_len = max(prompt_len - 2, 0)``); 1 would score again every choice
+# that merges with the prompt's last token (benches/results/2026-12-05-cpu-select-score-window.md).
 SCORE_WINDOW = 2
+# Tokens further back from the window's start that a choice differing at the window's first token
+# (or before it) is scored again from, with the prompt alone, before falling back to the whole
+# prompt. Its window cannot say whether the difference lies at its first token or before it: a
+# choice that turns the prompt's last two tokens into one ("... on" + "e": " on" is two tokens,
+# " one" one) differs at the first token, and was scored again from token 0 (two whole-prompt
+# requests); 8 back covers every difference of the bench's prompts and choices, which lie within
+# the prompt's last word (benches/results/2026-12-05-cpu-select-score-window.md).
+RESCORE_WINDOW = 8
 CONNECT_TIMEOUT_S = 10.0
 # Seconds to wait for a response (for a stream: for its next event). Long enough for a long
 # non-streamed gen queued behind others (the OpenAI client waits 600 s too); finite, so a wedged
@@ -518,7 +526,14 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     def score_choices(self, prompt: Prompt, choices: Sequence[str], unconditional: bool, rid: str) -> list[ChoiceLogprobs]:
         """Prefill the prompt once, then score every ``prompt + choice`` in one batched request
         returning the last ``SCORE_WINDOW`` prompt tokens' ids and logprobs, from which the first
-        differing token is found (``lmnb.choices``)."""
+        differing token is found (``lmnb.choices``). A choice whose tokens differ from the prompt's
+        already at the window's first token is scored again with the prompt alone, from
+        ``RESCORE_WINDOW`` tokens further back, then, if they differ there too, from token 0.
+
+        The prompt's token count, which the window's start (SGLang's ``logprob_start_len``, counted
+        from token 0) needs before the choices are sent, comes from the request that prefills the
+        prompt alone, as in SGLang's frontend: the client has no tokenizer, and that request also
+        puts the prompt in the server's prefix cache for the choices' requests."""
         with self._calling(rid) as call:
             return self._score_choices(prompt, choices, unconditional, rid, call)
 
@@ -540,18 +555,21 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         items = items[len(head):]
         out = []
         for i, c in enumerate(choices):
-            ids, lps = self._entries(items[i])
-            rel = first_difference(p_ids, ids)
-            offset = start
-            if rel == 0 and start > 0:  # differs before the window: fetch the whole prompt
-                ids, lps = self._entries(self._window([text + c], 0, rid, call, images)[0])
-                rel, offset = first_difference(self._entries(self._window([text], 0, rid, call, images)[0])[0], ids), 0
+            item = items[i]  # (the request that scored the choice, whose cached tokens it reports)
+            ids, lps = self._entries(item)
+            rel, offset = first_difference(p_ids, ids), start
+            while rel == 0 and offset > 0:  # differs at the window's first token or before it: look further back
+                # (at most twice: RESCORE_WINDOW tokens further back, then from token 0)
+                back = max(offset - RESCORE_WINDOW, 0) if offset == start else 0
+                pair, offset = self._choice_windows([text, text + c], back, rid, call, images)
+                (p_back, _), (ids, lps), item = self._entries(pair[0]), self._entries(pair[1]), pair[1]
+                rel = first_difference(p_back, ids)
             first = max(offset + rel, 1) - offset  # absolute token 0 has no context to be scored in
             if first >= len(ids) or any(lp is None for lp in lps[first:]):
                 raise ValueError(f"select choice {c!r} leaves no token to score after the prompt {prompt.text[-40:]!r}")
             out.append(ChoiceLogprobs(
                 [int(t) for t in ids[first:]], [float(x) for x in lps[first:]], offset + first,
-                int(items[i]["meta_info"].get("cached_tokens", 0)), prompt_meta=prefill,
+                int(item["meta_info"].get("cached_tokens", 0)), prompt_meta=prefill,
             ))
         if unconditional:
             ctx = self._context_ids(rid, call)
