@@ -532,8 +532,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
 
         The prompt's token count, which the window's start (SGLang's ``logprob_start_len``, counted
         from token 0) needs before the choices are sent, comes from the request that prefills the
-        prompt alone, as in SGLang's frontend: the client has no tokenizer, and that request also
-        puts the prompt in the server's prefix cache for the choices' requests."""
+        prompt alone, as in SGLang's frontend: the client has no tokenizer, and the protocol has no
+        start counted from the end (SGLang's -1 means the output's tokens only)."""
         with self._calling(rid) as call:
             return self._score_choices(prompt, choices, unconditional, rid, call)
 

@@ -823,7 +823,8 @@ def _served_tier(req: Any) -> dict:
     """The ``service_tier`` field of a reply (and of each of its stream's chunks) to ``req``: OpenAI's
     reply names the tier that served a request that set one ("the response body will include the
     service_tier value based on the processing mode actually used", its API reference), and here
-    every request is served alike, as OpenAI's ``"default"`` tier; none where the request set none."""
+    every request is served alike, as OpenAI's ``"default"`` tier; none where the request set none
+    (as a completions request, which has no such field, never does)."""
     return {"service_tier": "default"} if getattr(req, "service_tier", None) is not None else {}
 
 
