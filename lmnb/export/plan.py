@@ -355,6 +355,17 @@ def _drop_definition_calls(setup: list, row: list) -> None:
         c.mutates = tuple(n for n in c.mutates if n not in definitions or n in stored)
 
 
+def _statements(cells: list):
+    """(cell, statement) for each top-level statement of the Python cells of ``cells``, in order:
+    what a set-up cell binds at module level, read statement by statement."""
+    import ast
+
+    for c in cells:
+        if isinstance(c, Code):
+            for stmt in ast.parse(c.source).body:
+                yield c, stmt
+
+
 def _setup_classes(setup: list) -> dict:
     """Name → the index of the setup cell that last defines a class of that name at top level, for
     the names that the setup cells bind last by a ``class`` statement, and "Outer.Inner" for the
@@ -366,14 +377,12 @@ def _setup_classes(setup: list) -> dict:
                                                                               *nested(s, f"{prefix}.{s.name}")]]
 
     out: dict = {}
-    for c in setup:
-        if isinstance(c, Code):
-            for stmt in ast.parse(c.source).body:
-                for name in bound_by(stmt):
-                    out = {n: i for n, i in out.items() if not n.startswith(name + ".")}  # (rebound: not its own)
-                    out[name] = c.index if isinstance(stmt, ast.ClassDef) else None
-                    if isinstance(stmt, ast.ClassDef):
-                        out.update(dict.fromkeys(nested(stmt, name), c.index))
+    for c, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            out = {n: i for n, i in out.items() if not n.startswith(name + ".")}  # (rebound: not its own)
+            out[name] = c.index if isinstance(stmt, ast.ClassDef) else None
+            if isinstance(stmt, ast.ClassDef):
+                out.update(dict.fromkeys(nested(stmt, name), c.index))
     return {name: index for name, index in out.items() if index is not None}
 
 
@@ -430,21 +439,18 @@ def _enum_member_attributes(setup: list, called: list) -> dict:
 
     used = {f[1] for f in called}
     out: dict = {}
-    for c in setup:
-        if not isinstance(c, Code):
+    for _, cls in _statements(setup):
+        if not (isinstance(cls, ast.ClassDef) and cls.name in used
+                and any(ast.unparse(b) in _ENUM_BASES for b in cls.bases)):
             continue
-        for cls in ast.parse(c.source).body:
-            if not (isinstance(cls, ast.ClassDef) and cls.name in used
-                    and any(ast.unparse(b) in _ENUM_BASES for b in cls.bases)):
+        for method in cls.body:
+            if not (isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args):
                 continue
-            for method in cls.body:
-                if not (isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args):
-                    continue
-                me = method.args.args[0].arg
-                out.setdefault(cls.name, []).extend(
-                    f"{t.attr} ({method.name}())" for t in ast.walk(method)
-                    if isinstance(t, ast.Attribute) and isinstance(t.ctx, (ast.Store, ast.Del))
-                    and isinstance(t.value, ast.Name) and t.value.id == me)
+            me = method.args.args[0].arg
+            out.setdefault(cls.name, []).extend(
+                f"{t.attr} ({method.name}())" for t in ast.walk(method)
+                if isinstance(t, ast.Attribute) and isinstance(t.ctx, (ast.Store, ast.Del))
+                and isinstance(t.value, ast.Name) and t.value.id == me)
     return {name: list(dict.fromkeys(changed)) for name, changed in out.items() if changed}
 
 
@@ -461,25 +467,22 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict]:
     made: dict = {}
     defs: dict = {}
     generators: set = set()
-    for c in setup:
-        if not isinstance(c, Code):
+    for c, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            made.pop(name, None)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs[(c.index, stmt.name)] = stmt
+            generators.discard(stmt.name)
+            if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(stmt)):
+                generators.add(stmt.name)
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and isinstance(stmt.value, ast.Call)):
             continue
-        for stmt in ast.parse(c.source).body:
-            for name in bound_by(stmt):
-                made.pop(name, None)
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                defs[(c.index, stmt.name)] = stmt
-                generators.discard(stmt.name)
-                if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(stmt)):
-                    generators.add(stmt.name)
-            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
-                    and isinstance(stmt.value, ast.Call)):
-                continue
-            func = ast.unparse(stmt.value.func)
-            if func in classes:
-                made[stmt.targets[0].id] = (c.index, f"an instance of {func}", func)
-            elif func in _ITERATOR_CALLS or func in generators:
-                made[stmt.targets[0].id] = (c.index, f"an iterator ({func}())", None)
+        func = ast.unparse(stmt.value.func)
+        if func in classes:
+            made[stmt.targets[0].id] = (c.index, f"an instance of {func}", func)
+        elif func in _ITERATOR_CALLS or func in generators:
+            made[stmt.targets[0].id] = (c.index, f"an iterator ({func}())", None)
     return made, defs
 
 
@@ -529,7 +532,7 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
                   if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
     # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
     methods = {(c.index, s.name): [m for m in s.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-               for c in setup if isinstance(c, Code) for s in ast.parse(c.source).body if isinstance(s, ast.ClassDef)}
+               for c, s in _statements(setup) if isinstance(s, ast.ClassDef)}
     for f in called:
         d = defs.get((f[0], f[1]))
         for name, function in ([(f[1], d)] if d is not None else
@@ -572,20 +575,17 @@ def _read_only_methods(setup: list) -> dict:
     import ast
 
     out: dict = {}
-    for c in setup:
-        if not isinstance(c, Code):
+    for _, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            out.pop(name, None)
+        if not isinstance(stmt, ast.ClassDef) or stmt.keywords or stmt.decorator_list \
+                or any(ast.unparse(b) != "object" for b in stmt.bases):
             continue
-        for stmt in ast.parse(c.source).body:
-            for name in bound_by(stmt):
-                out.pop(name, None)
-            if not isinstance(stmt, ast.ClassDef) or stmt.keywords or stmt.decorator_list \
-                    or any(ast.unparse(b) != "object" for b in stmt.bases):
-                continue
-            methods = {s.name: s for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            if {"__getattr__", "__getattribute__", "__setattr__"} & set(methods):
-                continue
-            plain = _plain_attributes(methods)
-            out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set(), plain)}
+        methods = {s.name: s for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if {"__getattr__", "__getattribute__", "__setattr__"} & set(methods):
+            continue
+        plain = _plain_attributes(methods)
+        out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set(), plain)}
     return out
 
 
@@ -1112,39 +1112,38 @@ def _links(setup: list, functions: list) -> dict:
 
     known = {f[1] for f in functions}
     classes = set(_setup_classes(setup))
-    trees = [ast.parse(c.source) for c in setup if isinstance(c, Code)]
+    statements = [stmt for _, stmt in _statements(setup)]
     # (a generator or async def's result runs its body later, where a row iterates or awaits it)
-    plain = {s.name for tree in trees for s in tree.body if isinstance(s, ast.FunctionDef)
+    plain = {s.name for s in statements if isinstance(s, ast.FunctionDef)
              and not _returns_functions(s, known)
              and not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(s))}
     # (a name bound otherwise too, `f = counted(f)`, or decorated, may be anything)
-    plain -= {n for tree in trees for s in tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+    plain -= {n for s in statements if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
               or s.decorator_list for n in bound_by(s)}
     out: dict = {}
-    for tree in trees:
-        for stmt in tree.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                held, targets = _function_holds(stmt, known, classes), [stmt.name]
-            elif isinstance(stmt, ast.ClassDef):  # (and the functions its attributes hold: `handler = f`)
-                held = {n.id for e in [*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)]
-                        for n in ast.walk(e) if isinstance(n, ast.Name)}
-                held |= {n for s in stmt.body if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value
-                         for n in _held(s.value, known, classes)}
-                held |= {n for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                         for n in _function_holds(s, known, classes)}  # (its methods' decorators, defaults)
-                targets = [stmt.name]
-            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
-                held = _held(stmt.value, known, classes, plain)
-                targets = [n for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
-                           for n in _names_changed_or_bound(t)]
-            elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-                  and isinstance(stmt.value.func, ast.Attribute) and isinstance(stmt.value.func.value, ast.Name)):
-                held = _held(stmt.value, known, classes) - {stmt.value.func.value.id}  # (hooks.append(g))
-                targets = [stmt.value.func.value.id]
-            else:
-                continue
-            for name in targets:
-                out.setdefault(name, set()).update(held & known)
+    for stmt in statements:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            held, targets = _function_holds(stmt, known, classes), [stmt.name]
+        elif isinstance(stmt, ast.ClassDef):  # (and the functions its attributes hold: `handler = f`)
+            held = {n.id for e in [*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords)]
+                    for n in ast.walk(e) if isinstance(n, ast.Name)}
+            held |= {n for s in stmt.body if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value
+                     for n in _held(s.value, known, classes)}
+            held |= {n for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     for n in _function_holds(s, known, classes)}  # (its methods' decorators, defaults)
+            targets = [stmt.name]
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and stmt.value is not None:
+            held = _held(stmt.value, known, classes, plain)
+            targets = [n for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+                       for n in _names_changed_or_bound(t)]
+        elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+              and isinstance(stmt.value.func, ast.Attribute) and isinstance(stmt.value.func.value, ast.Name)):
+            held = _held(stmt.value, known, classes) - {stmt.value.func.value.id}  # (hooks.append(g))
+            targets = [stmt.value.func.value.id]
+        else:
+            continue
+        for name in targets:
+            out.setdefault(name, set()).update(held & known)
     return out
 
 
