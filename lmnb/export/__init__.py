@@ -11,6 +11,7 @@ Which cells run once and which per row is explained in ``lmnb.export.plan``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -84,12 +85,8 @@ def notebook_from_text(text: str, check_cells: bool = True):
         raise ValueError("the file is empty; save the notebook from Jupyter again (File > Save)")
     import warnings
 
-    from json import JSONDecodeError
-
     from nbformat.reader import NotJSONError
     from nbformat.warnings import MissingIDFieldWarning
-
-    import json
 
     try:
         data = json.loads(text)
@@ -110,13 +107,14 @@ def notebook_from_text(text: str, check_cells: bool = True):
             nb = nbformat.reads(text, as_version=4)
     except NotJSONError as e:  # (nbformat's message quoted the file's first 40 characters, and no fix)
         where = e.__cause__
-        at = f" (line {where.lineno}, column {where.colno}: {where.msg})" if isinstance(where, JSONDecodeError) else ""
+        at = (f" (line {where.lineno}, column {where.colno}: {where.msg})"
+              if isinstance(where, json.JSONDecodeError) else "")
         raise _NotJSON(f"not a notebook: a notebook (.ipynb) is JSON, and this text is not{at}; give the .ipynb "
                        "file, or, if this is one, save it from Jupyter again (an edit or a cut-short save broke "
                        "it)") from None
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}{_old_version_hint(data)}") from None
-    except (AttributeError, TypeError, KeyError) as e:  # JSON that is no object, or "cells": 5
+    except (AttributeError, TypeError, KeyError) as e:  # (shapes _json_shape_problem leaves: a v3 "worksheets": 5)
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
     if not check_cells:
         return nb
@@ -174,8 +172,6 @@ def _old_version_hint(data) -> str:
 
 def _shown(value) -> str:
     """A parsed JSON ``value`` as the file has it, cut short, with its kind: '"4" (a string)'."""
-    import json
-
     text = json.dumps(value)
     kind = "" if value is None or isinstance(value, bool) else f" ({_json_shape(value)})"  # (not "null (null)")
     return f"{text if len(text) <= 40 else text[:40] + '…'}{kind}"
