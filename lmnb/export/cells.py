@@ -774,6 +774,20 @@ def bound_by(stmt: ast.stmt) -> list[str]:
     return out
 
 
+def deleted_by(stmt: ast.stmt) -> set[str]:
+    """The names a ``del`` in a top-level statement unbinds in its scope (not in the functions,
+    classes and lambdas inside it, whose own variables they are)."""
+    out, stack = set(), [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del):
+            out.add(node.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def python_program_reads(body: str) -> tuple[tuple, tuple]:
     """(the global names a ``%%lm --python`` body reads, in order; those it and the functions in
     it declare ``global`` and bind): it runs as ``def cell(s): <body>`` on the kernel's globals."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
-from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, _mutated, bound_by
+from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, _mutated, bound_by, deleted_by
 from lmnb.export.parameters import read_parameters
 from lmnb.template.template import python_name
 
@@ -1004,18 +1004,10 @@ def _copied(setup: list, row: list, inputs: tuple, module_names: tuple) -> tuple
 
 def _deleted_names(source: str) -> set:
     """The names that a ``del`` in ``source`` (a cell) deletes at its top level, not in its functions
-    and classes (their own variables)."""
+    and classes (their own variables): ``cells.deleted_by`` of each statement."""
     import ast
 
-    out, todo = set(), list(ast.parse(source).body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del):
-            out.add(node.id)
-        todo += ast.iter_child_nodes(node)
-    return out
+    return set().union(*map(deleted_by, ast.parse(source).body))
 
 
 def _star_locals(setup: list, row: list, locals_: tuple, module_names: tuple) -> tuple:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from lmnb.batch.options import parameter_options
-from lmnb.export.cells import TIMEIT_BODY, Code, Dropped, LMCell, Markdown
+from lmnb.export.cells import TIMEIT_BODY, Code, Dropped, ExportError, LMCell, Markdown, bound_by, deleted_by
 from lmnb.export.plan import _BUILTINS, Plan
 from lmnb.template.python_cell import indent_code
 
@@ -481,8 +481,6 @@ def _star_imports(cell: Code, sure: frozenset = frozenset()) -> list:
     """
     if "*" not in cell.source:
         return []
-    from lmnb.export.cells import ExportError, bound_by
-
     tree = ast.parse(cell.source)
     out = []
     for node in ast.walk(tree):
@@ -497,7 +495,7 @@ def _star_imports(cell: Code, sure: frozenset = frozenset()) -> list:
                               "to a cell of its own before the first %%lm cell")
         k = tree.body.index(node)
         above, below = tree.body[:k], tree.body[k + 1:]
-        deleted = set().union(*map(_deleted, below))  # (read and bound, for run_row: the import's value, then unbound)
+        deleted = set().union(*map(deleted_by, below))  # (read and bound, for run_row: the import's value, then unbound)
         out.append(_StarImport(
             node.lineno, node.end_lineno, statement.removeprefix("from ").removesuffix(" import *"),
             [name for s in above for name in bound_by(s)], _surely_bound(above, sure),
@@ -591,28 +589,10 @@ def _surely_bound(statements: list, sure: frozenset = frozenset()) -> set:
 def _bind(bound: set, statement: ast.stmt) -> None:
     """Update ``bound`` (names bound whatever ran) in place past one top-level ``statement``
     (``_surely_bound``)."""
-    from lmnb.export.cells import bound_by
-
     kinds = (ast.Assign, ast.AugAssign, ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     if isinstance(statement, kinds) or (isinstance(statement, ast.AnnAssign) and statement.value is not None):
         bound |= set(bound_by(statement))
-    bound -= _deleted(statement)
-
-
-def _deleted(stmt: ast.stmt) -> set:
-    """The names a ``del`` in ``stmt`` unbinds (in its scope: not in functions, classes, lambdas)."""
-    return {node.id for node in _in_scope([stmt]) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del)}
-
-
-def _in_scope(nodes: list):
-    """``nodes`` and the nodes inside them, but not functions, classes and lambdas (their own scopes)."""
-    stack = list(nodes)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
+    bound -= deleted_by(statement)
 
 
 def _strip_examples(cell: Code, names: set) -> str:
