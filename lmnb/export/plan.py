@@ -63,12 +63,13 @@ class Plan:
     from the module value, so that the import changes them for the row from where it stands, as in
     the notebook, and not the module's value for every row from the start. star_names: where a
     row cell star-imports, the names the row cells read that no cell binds (sqrt; a builtin such
-    as pow, which ``from math import *`` replaces) above the row's last star import, or delete:
-    run_row's own variables too, holding the value the notebook has before the row's first import
+    as pow, which ``from math import *`` replaces) above the row's last star import, or delete, and
+    those of ``star_globals`` wherever the row reads them: run_row's own variables too, holding the value the notebook has before the row's first import
     (``Job.star_start``), each import's from its line on (two imports in a row give each its own
     sqrt). One read only below the last import (``print``, ``pi``) is the script's global, which
-    ``Job.star_import`` sets at load to the value the imports leave, as the notebook has it there. rebound_builtins: the builtins (len)
-    that a row cell binds and a row cell reads: run_row's variables, which start as the builtin
+    ``Job.star_import`` sets at load to the value the imports leave, as the notebook has it there.
+    rebound_builtins: the builtins (len) that a row cell binds and a row cell reads: run_row's
+    variables, which start as the builtin
     (``Job.star_start``), as the notebook's name is until the cell binds it (a read above that
     cell raised UnboundLocalError). shared: the names that a function of a row cell declares
     ``global`` and binds, and those that a function of a setup cell that the row cells call
@@ -83,8 +84,8 @@ class Plan:
     "C.n" for an attribute of a setup class that the row cells or the functions they call change
     (``_class_attributes``), and the names of ``star_globals``.
     star_globals: where a row cell star-imports, the names that no cell binds (pi; but builtins:
-    ``early_builtins``) that a function of a setup cell the row uses above that import reads: the script's globals,
-    which each row starts from as the setup cells left them (``restored``: unbound, the builtin's),
+    ``early_builtins``) that a function of a setup cell the row uses above that import reads: the
+    script's globals, which each row starts from as the setup cells left them (``restored``: unbound, the builtin's),
     and which the row's import sets from its line on (``Job.star_globals``), as the notebook's.
     jupyter: Jupyter's built-ins (``JUPYTER_BUILTINS``) that the code reads before a cell binds a
     name of its own to them: the script imports them. function_reads: where a row cell star-imports, "f (cell 1)" →
@@ -433,8 +434,8 @@ _ENUM_BASES = frozenset(f"{m}{b}" for m in ("", "enum.") for b in ("Enum", "IntE
 def _enum_member_attributes(setup: list, called: list) -> dict:
     """Enum class name → the attributes ("Color.RED.hits" shown as "hits (hit())") that its methods
     set on ``self`` (a member, which the class makes once and holds), for each set-up Enum class the
-    rows use (``called``; whichever methods they call): the job cannot set them back (``_held_object_attributes`` finds those set
-    by name, ``Color.RED.hits = 1``)."""
+    rows use (``called``; whichever methods they call): the job cannot set them back
+    (``_held_object_attributes`` finds those set by name, ``Color.RED.hits = 1``)."""
     import ast
 
     used = {f[1] for f in called}
@@ -1273,8 +1274,8 @@ def _set_by_star_import_only(early_reads: dict, cells: list, given: tuple) -> tu
     """The names of ``early_reads`` (``_early_reads``) that no cell binds, nor ``given`` (row fields,
     parameters and the like) holds, but lmnb, builtins and dunder names: a name only a star import
     sets (pi). (A builtin that the row's module sets, pow of math, is found at run time by
-    ``Job.star_import``, which treats it so too: ``Plan.early_builtins``.) The set-up function reads it as the script's global, which run_row then sets at
-    the row's star import and ``Job.restore`` takes back (to unbound, or the set-up's star import's
+    ``Job.star_import``, which treats it so too: ``Plan.early_builtins``.) The set-up function
+    reads it as the script's global, which run_row then sets at the row's star import and ``Job.restore`` takes back (to unbound, or the set-up's star import's
     value) at each row's start, as each pass of the notebook has it (``Plan.star_globals``)."""
     bound = set().union(*map(_cell_binds, cells)) | set(given) | {"lmnb"} | _BUILTINS
     names = (n for _, reads in early_reads.values() for n in reads)
