@@ -124,6 +124,11 @@ def pattern_problem(pattern: str) -> str | None:
     return None
 
 
+# Global inline flags, (?i)(?x): Python takes them only at the pattern's start, where they come
+# before an edge anchor (``(?i)^yes$``) and say whether ``#`` opens a comment (``(?x)``)
+_GLOBAL_FLAGS = re.compile(r"(?:\(\?[aiLmsux]+\))+")
+
+
 def without_edge_anchors(pattern: str) -> str:
     """``pattern`` without the anchors at its edges: ``^`` or ``\\A`` opening it, or opening any of
     its top-level alternatives, and ``$`` or ``\\Z`` closing them (``^\\d{3}$``, ``^yes$|^no$``).
@@ -131,7 +136,7 @@ def without_edge_anchors(pattern: str) -> str:
     default grammar backend, drops them too, and so do JSON Schema patterns here
     (``constrained.json_string``). Other anchors are left for the engine's
     ``constrained.regex_check.check_regex`` to refuse by name."""
-    flags = re.match(r"(?:\(\?[aiLmsux]+\))+", pattern)  # global inline flags come first: (?i)^yes$
+    flags = _GLOBAL_FLAGS.match(pattern)
     head = flags.group() if flags else ""
     return head + "|".join(_trim_anchors(alt) for alt in _top_level_alternatives(pattern[len(head):]))
 
@@ -168,6 +173,8 @@ def _escaped(text: str, at: int) -> bool:
 
 
 def _trim_anchors(alternative: str) -> str:
+    """``alternative`` (a top-level one) less the ``^`` / ``\\A`` opening it and the unescaped ``$`` /
+    ``\\Z`` closing it (``without_edge_anchors``)."""
     while alternative.startswith(("^", "\\A")):
         alternative = alternative[1 if alternative[0] == "^" else 2:]
     while True:
@@ -558,7 +565,7 @@ def _classes_and_comments(pattern: str) -> Iterator[tuple[str, list[tuple[int, i
     "[" or "\\p{" is no class); in a verbose pattern (``(?x)`` opening it), one from a "#" outside
     a class ends with its line. Either, unclosed, ends at the pattern's end."""
     i, n = 0, len(pattern)
-    flags = re.match(r"(?:\(\?[aiLmsux]+\))+", pattern)  # (global flags: only at the start)
+    flags = _GLOBAL_FLAGS.match(pattern)
     verbose = flags is not None and "x" in flags.group()
     while i < n:
         if pattern[i] == "\\":
