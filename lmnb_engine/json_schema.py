@@ -236,6 +236,14 @@ def code_point_runs(cls: str, flags: str = "") -> Optional[list[tuple[int, int]]
     return [(m.start(), m.end()) for m in runs.finditer(every)]
 
 
+def without_surrogates(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``runs`` (``[lo, hi)`` code-point pairs, in order) cut around the surrogates, which no text
+    holds and which a class of Python's ``re`` or Rust's regex cannot spell, as inclusive
+    ``(lo, hi)`` ranges."""
+    return [(lo, hi - 1) for start, end in runs
+            for lo, hi in ((start, min(end, 0xD800)), (max(start, 0xE000), end)) if lo < hi]
+
+
 @functools.lru_cache(maxsize=64)
 def as_ranges(cls: str) -> str | None:
     """The Unicode class ``cls`` (``\\p{InGreek}``) as a class of code-point ranges Python's ``re``
@@ -243,20 +251,14 @@ def as_ranges(cls: str) -> str | None:
     Character Database; surrogates, which no text holds, left out), or None where that package
     does not read it or the ranges number more than ``MAX_SPELLED_RANGES``."""
     runs = code_point_runs(cls)
-    if runs is None:
+    spans = without_surrogates(runs or [])
+    if not spans or len(spans) > MAX_SPELLED_RANGES:
         return None
-    spans = []
-    for start, end in runs:
-        for lo, hi in ((start, min(end, 0xD800)), (max(start, 0xE000), end)):
-            if lo < hi:
-                spans.append((lo, hi - 1))
-            if len(spans) > MAX_SPELLED_RANGES:
-                return None
 
     def code(c: int) -> str:
         return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
 
-    return "[" + "".join(code(lo) if lo == hi else f"{code(lo)}-{code(hi)}" for lo, hi in spans) + "]" if spans else None
+    return "[" + "".join(code(lo) if lo == hi else f"{code(lo)}-{code(hi)}" for lo, hi in spans) + "]"
 
 
 # The names a schema's "type" may take (every draft's simpleTypes).

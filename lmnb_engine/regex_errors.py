@@ -20,7 +20,7 @@ import re
 import warnings
 from typing import Any, Iterator
 
-from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, code_point_runs, json_value
+from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, code_point_runs, json_value, without_surrogates
 
 
 def shown_regex(pattern: str) -> str:
@@ -402,8 +402,7 @@ def _ranges(spans: list[tuple[int, int]], negation: str) -> str | None:
     """A class of the code points in ``spans`` (``[lo, hi)`` pairs), cut around the surrogates,
     each written as both Python's ``re`` and Rust's regex read it; None beyond ``_MAX_MEMBER_RANGES``
     ranges or for no code point."""
-    cut = [(lo, hi - 1) for start, end in spans
-           for lo, hi in ((start, min(end, 0xD800)), (max(start, 0xE000), end)) if lo < hi]
+    cut = without_surrogates(spans)
     if not cut or len(cut) > _MAX_MEMBER_RANGES:
         return None
     items = (_spelled(lo) if lo == hi else f"{_spelled(lo)}-{_spelled(hi)}" for lo, hi in cut)
