@@ -310,19 +310,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
                        "reset it in the row")
     p.notes += _carried_over(setup, row, called, classes, p.copied, lazy)
-    for owner, changed in _held_object_attributes(called, row, classes).items():
-        root = owner.split(".")[0]
-        p.notes.append(f"cell {classes[root]}: {owner}, an object that the class {root} of this cell holds (an Enum's "
-                       f"member, or a class attribute's value), has {', '.join(changed)} set by the rows: it carries "
-                       "over from row to row (what one row sets, the next row sees), where each pass of the notebook "
-                       f"starts from the one the cells run once made; keep that state in a variable the row makes "
-                       "(after the first %%lm cell) instead, and rows running at once (--num-threads above 1) share it")
-    for root, changed in _enum_member_attributes(setup, called).items():
-        p.notes.append(f"cell {classes[root]}: {root}'s members (an Enum's, which the class holds) have "
-                       f"{', '.join(changed)} set by its methods, and the rows use {root}: what they set carries over from row to row "
-                       "(what one row sets, the next row sees), where each pass of the notebook starts from the "
-                       "members the cells run once made; keep that state in a variable the row makes (after the first "
-                       "%%lm cell) instead, and rows running at once (--num-threads above 1) share it")
+    p.notes += _held_object_notes(setup, row, called, classes)
     for c in cells:
         p.notes += getattr(c, "notes", [])
         if isinstance(c, Dropped):
@@ -395,6 +383,31 @@ def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tu
     found, computed = _attribute_changes(called, row)
     return (tuple(a for a in dict.fromkeys(found) if a.rsplit(".", 1)[0] in classes),
             tuple(n for n in dict.fromkeys(computed) if n in classes))
+
+
+# What a note on state a set-up class holds says to do (``_held_object_notes``)
+_KEEP_IN_THE_ROW = ("keep that state in a variable the row makes (after the first %%lm cell) instead, and rows "
+                    "running at once (--num-threads above 1) share it")
+
+
+def _held_object_notes(setup: list, row: list, called: list, classes: dict) -> list[str]:
+    """The notes on objects that a set-up class holds and the rows change, which the job cannot set
+    back (each row goes on from the last one's): attributes the rows set by name on an Enum's
+    member or a class attribute's instance (``_held_object_attributes``), and those the methods of a
+    set-up Enum the rows use set on its members (``_enum_member_attributes``)."""
+    notes = []
+    for owner, changed in _held_object_attributes(called, row, classes).items():
+        root = owner.split(".")[0]
+        notes.append(f"cell {classes[root]}: {owner}, an object that the class {root} of this cell holds (an Enum's "
+                     f"member, or a class attribute's value), has {', '.join(changed)} set by the rows: it carries "
+                     "over from row to row (what one row sets, the next row sees), where each pass of the notebook "
+                     f"starts from the one the cells run once made; {_KEEP_IN_THE_ROW}")
+    for root, changed in _enum_member_attributes(setup, called).items():
+        notes.append(f"cell {classes[root]}: {root}'s members (an Enum's, which the class holds) have "
+                     f"{', '.join(changed)} set by its methods, and the rows use {root}: what they set carries over "
+                     "from row to row (what one row sets, the next row sees), where each pass of the notebook starts "
+                     f"from the members the cells run once made; {_KEEP_IN_THE_ROW}")
+    return notes
 
 
 def _attribute_changes(called: list, row: list) -> tuple[list, list]:
