@@ -442,24 +442,32 @@ def test_completion_top_logprobs_always_hold_the_sampled_token(backends, engines
     assert field(zero, "top_logprobs") == [{t: pytest.approx(v, abs=1e-5)} for t, v in zip(tokens, values)]
 
 
-def test_openai_backend_top_logprobs_are_the_top_n_without_the_sampled_token(backends):
+def test_openai_backend_top_logprobs_are_the_top_n_without_the_sampled_token(backends, engines):
     """The OpenAI backend's ``output_top_logprobs`` are SGLang's: the N most likely tokens, most
     likely first, without the sampled token OpenAI's completions add beside them when it is not
-    among them (N+1 entries), and the same as the in-order top N the server sends."""
+    among them (N+1 entries), and the same as the in-order top N the server sends: the reference
+    is /generate's ``output_top_logprobs`` for the same seeded sample."""
+    import httpx
+
+    from lmnb_engine.http_server.openai_api import _token  # (a byte token's text: bytes:\\xNN)
+
     _, _, url = backends
     backend = sgl.OpenAI("tiny", base_url=f"{url}/v1", is_chat_model=False)
 
     @sgl.function
     def prog(s):
-        s += "The river" + sgl.gen("x", max_tokens=30, return_logprob=True, top_logprobs_num=1)
+        s += "The river" + sgl.gen("x", max_tokens=30, return_logprob=True, top_logprobs_num=2)
 
     meta = prog.run(backend=backend, temperature=3.0, seed=7).get_meta_info("x")
+    gen = httpx.post(f"{url}/generate", timeout=60, json={
+        "text": "The river", "return_logprob": True, "top_logprobs_num": 2,
+        "sampling_params": {"max_new_tokens": 30, "temperature": 3.0, "seed": 7}}).json()
+    want = [[(_token(engines[1], t), v) for v, t, *_ in top] for top in gen["meta_info"]["output_top_logprobs"]]
     sampled = [e[2] for e in meta["output_token_logprobs"]]
     tops = meta["output_top_logprobs"]
-    assert len(tops) == 30 and all(len(top) == 1 for top in tops)
-    assert any(top[0][2] != t for top, t in zip(tops, sampled))  # (positions whose list had the sample added)
-    for top, (value, _, _) in zip(tops, meta["output_token_logprobs"]):
-        assert top[0][0] >= value - 1e-5  # the most likely token, not the sample
+    assert len(tops) == 30 and all(len(top) == 2 for top in tops)
+    assert [[(t, pytest.approx(v, abs=1e-5)) for v, _, t in top] for top in tops] == want
+    assert any(t not in [e[2] for e in top] for top, t in zip(tops, sampled))  # (the lists the sample was added to)
 
 
 def test_chat_top_logprobs_hold_exactly_the_top_n_and_the_sample_its_own_logprob(backends):
@@ -473,6 +481,14 @@ def test_chat_top_logprobs_hold_exactly_the_top_n_and_the_sample_its_own_logprob
     assert len(content) == 20
     assert all(len(t.top_logprobs) == 2 for t in content)
     assert any(t.token not in [x.token for x in t.top_logprobs] for t in content)
+    for t in content:  # most likely first; the sample, where among them, with its own logprob, else below them
+        values = [x.logprob for x in t.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        listed = {x.token: x.logprob for x in t.top_logprobs}
+        if t.token in listed:
+            assert listed[t.token] == pytest.approx(t.logprob, abs=1e-5)
+        else:
+            assert t.logprob <= values[-1] + 1e-5
 
 
 def test_streamed_logprobs_come_with_their_chunks_and_add_up_to_the_unstreamed_ones(backends):
