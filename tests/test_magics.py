@@ -1212,10 +1212,16 @@ def test_line_magic_help_also_lists_the_cell_options(ip):
 
 def test_help_subcommand_shows_the_help(ip):
     """`%lm help` was "invalid choice: 'help'"; it is `%lm --help`, and `%lm help load` is `%lm load --help`."""
+    from lmnb_kernel.magics import _subcommands, line_parser
+
     result, out = run(ip, "%lm help")
     assert result.success and "SUBCOMMAND" in out.stdout and "Cells: %%lm [options]" in out.stdout, out.stderr
+    assert out.stdout == run(ip, "%lm --help")[1].stdout
     result, out = run(ip, "%lm help load")
     assert result.success and "--max-total-tokens" in out.stdout and "--temperature" not in out.stdout, out.stderr
+    # (the load subcommand's own argparse help, as `%lm load --help` prints it)
+    load = _subcommands(line_parser())["load"]
+    assert out.stdout == run(ip, "%lm load --help")[1].stdout == load.format_help() + "\n"
 
 
 def test_help_lists_help_among_the_subcommands(ip):
