@@ -182,9 +182,8 @@ def _resolve_path(model: str | os.PathLike | None, random_weights: bool) -> Path
         return p
     s = str(model)
     if not _HUB_ID.match(s) or s.startswith((".", "~")):
-        # (a relative path is named as the folder it was looked for in, as _relative_to_cwd does)
-        where = "" if p.is_absolute() else f" (none at {p.absolute()})"
-        raise FileNotFoundError(f"no checkpoint directory at {s!r}{where}; check the path{_presets_hint(random_weights)}")
+        raise FileNotFoundError(f"no checkpoint directory at {s!r}{_looked_in(p)}; check the "
+                                f"path{_presets_hint(random_weights)}")
     return _from_hub(s, random_weights)
 
 
@@ -194,11 +193,17 @@ def _presets_hint(random_weights: bool) -> str:
     return f", or name a shape preset ({', '.join(PRESETS)})" if random_weights else ""
 
 
-def _relative_to_cwd(model: str) -> str:
-    """Where a relative path ``model`` that reads as a hub id too (``models/llama``) was looked
-    for: a kernel, and so ``lmnb run``, works in the notebook's folder, so a path relative to the
+def _looked_in(path: Path) -> str:
+    """" (none at /abs/path)" for a relative ``path``, where it was looked for ("" for an absolute
+    one): a kernel, and so ``lmnb run``, works in the notebook's folder, so a path relative to the
     shell's folder was not found, and the error did not say where it had looked."""
-    return f" (none at {Path(model).absolute()})" if "/" in model else ""
+    return "" if path.is_absolute() else f" (none at {path.absolute()})"
+
+
+def _relative_to_cwd(model: str) -> str:
+    """``_looked_in`` for a name that reads as a hub id: a relative path too where it holds a "/"
+    (``models/llama``); a bare name (``gpt2``) is only an id."""
+    return _looked_in(Path(model)) if "/" in model else ""
 
 
 def _hub_offline() -> bool:
