@@ -76,6 +76,13 @@ def _byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str]:
 
 
 def _new_byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str]:
+    """``_byte_reader``'s answer, read from the tokenizer's decoder: byte-level BPE's byte-to-character
+    table read backwards (GPT-2's ``bytes_to_unicode``), or SentencePiece's ``<0xNN>`` byte-fallback
+    tokens and ``▁`` for a space.
+
+    Raises:
+        GrammarError: the decoder is of neither family.
+    """
     kinds = _decoder_types(tokenizer)
     if "ByteLevel" in kinds:
         from transformers.convert_slow_tokenizer import bytes_to_unicode
