@@ -5,19 +5,19 @@ Request and response shapes are the OpenAI API's (what the official ``openai`` c
 parses), with the sampling extensions SGLang's and vLLM's OpenAI servers accept (``top_k``,
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``stop_regex``, ``skip_special_tokens``, ``regex``, ``json_schema``), and on chat their
-``chat_template_kwargs``, extra variables for the chat template (``_template_kwargs``). ``response_format`` ``json_schema`` /
-``json_object`` and ``regex`` reach the engine's ``SamplingParams`` unchanged. Unknown fields are
-rejected with a 400 naming them rather than ignored; fields OpenAI defines that leave the reply
-unchanged here (``store``, ``metadata``, ``user``, ``verbosity``...: ``ChatRequest.IGNORED``)
-are accepted and ignored, and those asking for what lmnb does not do (tools, audio, web search,
-``logit_bias``) are refused by name. A response's ``id`` is its request's rid, as
-in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices, which end with finish reason
-``abort`` (and lmnb's ``finish_message``: ``_finish``). A client names the rid itself with SGLang's
-``rid`` field (a non-empty string), so that it can abort a request that is not streamed before its
-response brings the id; a rid still in use by a running request is a 400. The engine rid of one
-prompt is the rid itself (its ``n`` choices share it); of prompt k of several, ``<rid>-<k>``
-(SGLang's per-sample rids are ``<rid>_<i>``): either way ``/abort_request`` with the rid aborts
-every choice.
+``chat_template_kwargs``, extra variables for the chat template (``_template_kwargs``).
+``response_format`` ``json_schema`` / ``json_object`` and ``regex`` reach the engine's
+``SamplingParams`` unchanged. Unknown fields are rejected with a 400 naming them rather than
+ignored; fields OpenAI defines that leave the reply unchanged here (``store``, ``metadata``,
+``user``, ``verbosity``...: ``ChatRequest.IGNORED``) are accepted and ignored, and those asking for
+what lmnb does not do (tools, audio, web search, ``logit_bias``) are refused by name. A response's
+``id`` is its request's rid, as in SGLang: ``POST /abort_request {"rid": id}`` aborts its choices,
+which end with finish reason ``abort`` (and lmnb's ``finish_message``: ``_finish``). A client names
+the rid itself with SGLang's ``rid`` field (a non-empty string), so that it can abort a request that
+is not streamed before its response brings the id; a rid still in use by a running request is a 400.
+The engine rid of one prompt is the rid itself (its ``n`` choices share it); of prompt k of several,
+``<rid>-<k>`` (SGLang's per-sample rids are ``<rid>_<i>``): either way ``/abort_request`` with the
+rid aborts every choice.
 """
 
 from __future__ import annotations
@@ -242,8 +242,8 @@ class ChatRequest(_SamplingRequest):
     # (``service_tier``, whose reply names the tier used, ``_served_tier``; ``prompt_cache_key``,
     # ``prompt_cache_retention``), ``prediction`` (a speed-up
     # that leaves the output as it is), and ``verbosity``, a hint to OpenAI's reasoning models that
-    # chat templates do not read; vLLM and SGLang accept them too. The unknown-field error leaves them out of the fields it lists, and the
-    # OpenAI fields only there to be refused (UNSERVED).
+    # chat templates do not read; vLLM and SGLang accept them too. The unknown-field error leaves them
+    # out of the fields it lists, and the OpenAI fields only there to be refused (UNSERVED).
     IGNORED: ClassVar[tuple] = ("metadata", "prediction", "prompt_cache_key", "prompt_cache_retention",
                                 "safety_identifier", "service_tier", "store", "user", "verbosity")
     UNSERVED: ClassVar[tuple] = ("audio", "function_call", "functions", "modalities", "web_search_options")
