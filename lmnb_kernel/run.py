@@ -166,7 +166,7 @@ def run(args) -> int:
     out = None if to_stdout else Path(args.output) if args.output else default
     try:
         nb = read_notebook(src)
-    except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
+    except (OSError, ValueError) as e:  # (read_notebook: a ValueError names what is wrong and the fix)
         print(f"lmnb run: cannot read {src}: {e}", file=sys.stderr)
         return 2
     language = _kernel_language(nb)

@@ -328,7 +328,7 @@ def export(args: argparse.Namespace) -> int:
     inputs = None if args.inputs is None else [n.strip() for n in args.inputs.split(",") if n.strip()]
     try:  # (first: lmnb export job.py, a script, said its output "job.py is a notebook")
         nb = read_notebook(path, check_cells=False)  # (export_notebook lists them with the cells it cannot export)
-    except (OSError, ValueError) as e:  # nbformat raises NotJSONError (a ValueError) for bad files
+    except (OSError, ValueError) as e:  # (read_notebook: a ValueError names what is wrong and the fix)
         print(f"lmnb export: cannot read {path}: {e}", file=sys.stderr)
         return 2
     if not to_stdout and (out.suffix.lower() == ".ipynb" or out.resolve() == path.resolve()):
