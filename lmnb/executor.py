@@ -406,9 +406,11 @@ class StreamExecutor:
         self.fork_start_role: Optional[str] = None  # the chat role open at the fork
         self.vars_set: list[str] = []  # names this executor set itself (what join gathers)
         # all text written to each variable, in order (a gen in a loop writes one name again and again),
-        # and where its current value's text begins: what iter_text(name) reads
+        # and its writes, each (start, end, meta_info at its end) in var_log, end None while a
+        # streamed gen writes it: what iter_text(name) reads, so that a reader yields each write's
+        # end with that write's own final meta info (its finish reason), not the next one's
         self.var_log: dict[str, str] = {}
-        self.var_start: dict[str, int] = {}
+        self.var_writes: dict[str, list[tuple[int, Optional[int], Any]]] = {}
         # variables whose value a join gathered (a list, one entry per branch): no text of this
         # state's is theirs, so iter_text(name) says so rather than end with nothing
         self.gathered: set[str] = set()
@@ -723,22 +725,33 @@ class StreamExecutor:
                 self.gathered.discard(name)
             written = text if text is not None else value if isinstance(value, str) else None
             if not streamed:  # (a value set with no text, s["n"] = 7, has none to yield)
-                self.var_start[name] = len(self.var_log.get(name, ""))
+                self._begin_write(name)
                 self.var_log[name] = self.var_log.get(name, "") + (written or "")
             if meta_info is not None:
                 self.meta_info[name] = meta_info
+            # (a join's list of the branches' meta info is no meta info of a text to yield)
+            start = self.var_writes[name][-1][0]
+            self.var_writes[name][-1] = (start, len(self.var_log[name]), None if gathered else self.meta_info.get(name))
             if record and name not in self.vars_set:
                 self.vars_set.append(name)
             self._version += 1
             self._cv.notify_all()
 
+    def _begin_write(self, name: str) -> None:
+        """(Lock held.) A new value of variable ``name`` begins at the end of its ``var_log``. A
+        write left open (a streamed gen the state's error cut off) ends where its text did."""
+        log = self.var_log.setdefault(name, "")
+        writes = self.var_writes.setdefault(name, [])
+        if writes and writes[-1][1] is None:
+            writes[-1] = (writes[-1][0], len(log), self.meta_info.get(name))
+        writes.append((len(log), None, None))
+
     def _log_delta(self, name: str, delta: str, first: bool) -> None:
-        """Append a streamed gen's ``delta`` to ``var_log`` (call holding ``_cv``); ``first``: the
-        gen's first delta, where the variable's new value begins."""
-        log = self.var_log.get(name, "")
+        """Append a streamed gen's non-empty ``delta`` to ``var_log`` (call holding ``_cv``);
+        ``first``: the gen's first such delta, where the variable's new value begins."""
         if first:
-            self.var_start[name] = len(log)
-        self.var_log[name] = log + delta
+            self._begin_write(name)
+        self.var_log[name] += delta
 
     def _finish_var(self, name: Optional[str], value: Any, meta_info: Any, constraint: Optional[dict] = None,
                     text: Optional[str] = None, streamed: bool = False, gathered: bool = False) -> None:
@@ -1104,7 +1117,8 @@ class StreamExecutor:
                 with self._cv:
                     error = self.error_
                     if error is None and name is not None:
-                        self._log_delta(name, delta, first=not text)
+                        if delta:  # (a write begins with text: an empty first event begins none)
+                            self._log_delta(name, delta, first=not text)
                         self.variables[name] = text + delta
                         self.meta_info[name] = meta
                 if error is not None:  # aborted: this delta came after it and is dropped
@@ -1232,7 +1246,7 @@ class StreamExecutor:
         c.messages_ = list(self.messages_)
         c.variables = dict(self.variables)
         c.var_log = dict(self.var_log)
-        c.var_start = dict(self.var_start)
+        c.var_writes = {n: list(w) for n, w in self.var_writes.items()}
         c.gathered = set(self.gathered)
         c.meta_info = dict(self.meta_info)
         c.cur_role = self.cur_role
@@ -1296,14 +1310,16 @@ class StreamExecutor:
         ``reader``: the thread the text is for, when another one runs this iterator for it
         (``text_async_iter`` steps it on worker threads for the thread of the event loop).
         ``with_meta``: yield ``(chunk, meta_info of var_name)``, the meta info read with the chunk
-        (read after it, it could be ahead: a later chunk's token count and logprobs). The last
-        pair holds the variable's final meta info, its ``finish_reason`` once: a text that came
-        with the finish reason is held until the gen is done (the OpenAI API's usage comes after
-        it), and a finish reason that came with no new text ends the stream as an extra
-        ``("", meta_info)`` (SGLang's kept such meta info for a next chunk that never came).
+        (read after it, it could be ahead: a later chunk's token count and logprobs). Each gen's
+        last pair holds its final meta info, its ``finish_reason`` once, as soon as the gen is done
+        (a gen in a loop: before the next gen of the variable streams, and not with that gen's
+        meta info): a text that came with the finish reason is held until the gen is done (the
+        OpenAI API's usage comes after it), and a finish reason that came with no new text comes
+        as an extra ``("", meta_info)`` (SGLang's kept such meta info for a next chunk that never came).
         """
-        pos, seen, sent = None, -1, None  # sent: the meta info last yielded
+        pos, k, seen, sent = None, 0, -1, None  # k: the write of var_name read now; sent: the meta info last yielded
         while True:
+            pieces = []  # (chunk, meta info, whether a write ends there) to yield
             with self._cv:
                 if self._version == seen:
                     self._wait(_BODY_POLL_S)  # (or the body starts waiting for this thread)
@@ -1314,8 +1330,12 @@ class StreamExecutor:
                     # body check, a walk of its stack, only once idle: not at every streamed piece)
                     idle = not self._queue and not self._draining
                     done = (idle and (self.closed or not self._body_elsewhere(reader))) or self.error_ is not None
+                    pos = pos or 0
+                    pieces.append((current[pos:], None, False))
+                    pos = len(current)
                 else:
                     current = self.var_log.get(var_name, "")
+                    writes = self.var_writes.get(var_name, [])
                     started = var_name in self.variables or self._pending[var_name] > 0
                     # nothing set it, nothing queued will, and no body is left to queue it: a
                     # misspelt name (SGLang's yields "" then, indistinguishable from an empty gen)
@@ -1323,26 +1343,37 @@ class StreamExecutor:
                         raise KeyError(f"no variable {var_name!r} in this program state, and the program set "
                                        f"none of that name; it has {sorted(self.variables)}")
                     done = self.error_ is not None or (self._pending[var_name] == 0 and started)
-                if pos is None:
-                    pos = 0 if var_name is None else self.var_start.get(var_name, 0)
-                meta = self.meta_info.get(var_name) if with_meta else None
-                if with_meta and not done and meta is not None and meta.get("finish_reason") is not None:
-                    # the gen's last text: held until the gen is done, to go with its final meta
-                    # info (the OpenAI API's usage comes after it), so that no ("", meta) follows
-                    # with the finish reason a second time
-                    continue
-                chunk = current[pos:]
-                pos = len(current)
+                    if pos is None:  # from the current value on
+                        k = max(len(writes) - 1, 0)
+                        pos = writes[k][0] if writes else 0
+                    # each write that ended: its text up to its end, with its own final meta info
+                    # (a gen in a loop: its last text and finish reason at once, not with the next gen's);
+                    # the meta info of the gen's end (its finish reason) often comes with no new
+                    # text (a last event holding back a stop string, or only the finish): an empty
+                    # chunk carries it, where it would never have arrived
+                    while k < len(writes) and writes[k][1] is not None:
+                        _, end, meta = writes[k]
+                        pieces.append((current[pos:end], meta, True))
+                        pos, k = end, k + 1
+                    meta = self.meta_info.get(var_name)
+                    # the text of a write in progress; its text that came with the finish reason is
+                    # held until the gen is done, to go with its final meta info (the OpenAI API's
+                    # usage comes after it), so that no ("", meta) follows with the finish reason again
+                    held = (with_meta and self.error_ is None and meta is not None
+                            and meta.get("finish_reason") is not None)
+                    if k < len(writes) and not held:
+                        pieces.append((current[pos:], meta, False))
+                        pos = len(current)
                 failed = self.error_ is not None and (
                     var_name is None or var_name in self._lost or var_name not in self.variables)
                 gathered = var_name in self.gathered
-            # the meta info of the gen's end (its finish reason) often comes with no new text (a
-            # last event holding back a stop string, or only the finish): it ends the stream as an
-            # empty chunk, where it would never have arrived
-            last_meta = done and with_meta and not failed and not gathered and meta is not None and meta != sent
-            if chunk or last_meta:
-                yield (chunk, meta) if with_meta else chunk
-                sent = meta
+            for chunk, meta, ends in pieces:
+                if not with_meta:
+                    if chunk:
+                        yield chunk
+                elif chunk or (ends and meta is not None and meta != sent):
+                    yield chunk, meta
+                    sent = meta
             if failed:  # (kept on the frames of earlier raises: see _fresh)
                 raise self.read_error()
             if done and gathered:

@@ -602,6 +602,58 @@ def test_streamed_chunks_carry_the_logprobs_so_far_like_sglangs_stream(backend, 
     assert final["finish_reason"] == whole["finish_reason"]
 
 
+def test_a_loop_of_streamed_gens_gives_each_gens_end_before_the_next_gen_starts(backend, monkeypatch):
+    # gens in a loop writing one variable: text_async_iter(var, return_meta_data=True) held a gen's
+    # last text (it came with the finish reason) until the next gen streamed, then yielded it with
+    # that gen's text and meta info. Here each gen after the first starts only once the reader
+    # has its predecessor's finish reason (or 10 s on), and says whether it had.
+    import asyncio
+
+    @sgl.function
+    def prog(s):
+        for i in range(3):
+            s += f"\nQ{i}:" + sgl.gen("x", max_tokens=3)
+
+    plain = prog.run(backend=backend, temperature=0).text()
+    ended = threading.Event()
+    had_the_end: list[bool] = []  # for each gen after the first
+    calls = []
+    real = backend.generate_stream
+
+    def generate_stream(*args, **kwargs):
+        if calls:
+            had_the_end.append(ended.wait(10))
+            ended.clear()
+        calls.append(args)
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "generate_stream", generate_stream)
+
+    async def pairs():
+        st = prog.run(backend=backend, temperature=0, stream=True)
+        got = []
+        async for c, m in st.text_async_iter("x", return_meta_data=True):
+            got.append((c, m))
+            if m["finish_reason"] is not None:
+                ended.set()
+        return got
+
+    got = asyncio.run(pairs())
+    assert had_the_end == [True, True]
+    # one run of pairs per gen: one request id, the finish reason on its last pair only
+    gens = []
+    for c, m in got:
+        if not gens or gens[-1][-1][1]["finish_reason"] is not None:
+            gens.append([])
+        gens[-1].append((c, m))
+    assert len(gens) == 3 and len({g[0][1]["id"] for g in gens}) == 3
+    for g in gens:
+        assert {m["id"] for _, m in g} == {g[0][1]["id"]}
+        assert [m["finish_reason"] is None for _, m in g] == [True] * (len(g) - 1) + [False]
+    # each gen's text is what the plain (greedy) run wrote after its prompt
+    assert "".join(f"\nQ{i}:" + "".join(c for c, _ in g) for i, g in enumerate(gens)) == plain
+
+
 def test_runtime_gives_the_models_tokenizer_as_sglangs_get_tokenizer_does(hf, tiny_engine):
     # SGLang's Runtime.get_tokenizer() (used to count a gen's tokens, e.g. against min_tokens) was
     # an AttributeError on lmnb.Runtime / lmnb.Engine

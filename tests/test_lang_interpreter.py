@@ -3168,6 +3168,49 @@ def test_text_async_iter_with_meta_data_ends_with_the_finish_reason(monkeypatch)
     assert asyncio.run(pairs()) == [(st["x"], st.get_meta_info("x"))]
 
 
+def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_before_the_next_gen():
+    """Gens in a loop writing one variable: a gen's last text, which came with its finish reason,
+    was held until the variable was done, so it came only with the next gen's first text, paired
+    with that gen's meta info (its finish reason lost). Here each gen starts only once the reader
+    has its predecessor's finish reason (``ended``), and sends its last text only once the reader
+    has its first (``took``): a reader that holds a gen's end sees the next gen wait in vain."""
+    ended = [threading.Event() for _ in range(3)]
+    took = [threading.Event() for _ in range(3)]
+    found_ended: list[bool] = []  # for gens 1 and 2: whether the previous gen's end was read first
+
+    class Gated(ScriptedBackend):
+        def generate_stream(self, prompt, params, rid):
+            i = len(self.calls)  # (gens run one after another: the i-th call is gen i)
+            self._record("stream", prompt)
+            if i:
+                found_ended.append(ended[i - 1].wait(10))
+            yield f"g{i}", {"id": i, "completion_tokens": 1, "finish_reason": None}
+            took[i].wait(10)
+            yield ".", {"id": i, "completion_tokens": 2, "finish_reason": {"type": "length", "length": 2}}
+
+    @sgl.function
+    def prog(s):
+        for _ in range(3):
+            s += "\n" + sgl.gen("x", max_tokens=2)
+
+    async def read():
+        got = []
+        async for c, m in st.text_async_iter("x", return_meta_data=True):
+            got.append((c, m))
+            (took if m["finish_reason"] is None else ended)[m["id"]].set()
+        return got
+
+    st = prog.run(backend=Gated(), stream=True)
+    got = asyncio.run(read())
+    assert found_ended == [True, True]
+    final = {"type": "length", "length": 2}
+    assert got == [(c, m) for i in range(3) for c, m in (
+        (f"g{i}", {"id": i, "completion_tokens": 1, "finish_reason": None}),
+        (".", {"id": i, "completion_tokens": 2, "finish_reason": final}))]
+    # text_iter of the variable yields the same text, and the whole text has every gen's
+    assert "".join(st.text_iter("x")) == "g2." and st.text() == "\ng0.\ng1.\ng2."
+
+
 def test_a_mistyped_keyword_is_named_with_the_missing_argument():
     # bind() names only the first problem: "missing a required argument: 'question'", not the typo
     @sgl.function
