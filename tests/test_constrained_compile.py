@@ -1070,6 +1070,16 @@ def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend(patter
         schema_to_regex(schema)
 
 
+@pytest.mark.parametrize("pattern", ["(?<n>a)b", r"\x{41}b", r"a\u{42}", r"(?<n>\p{Lu})"])
+def test_a_pattern_only_rusts_regex_reads_is_refused_by_the_engine_as_by_gen(backend, pattern):
+    # the engine reads a regex as Python's re does, as gen() does, but left a pattern Python's parser
+    # refuses to the automaton library, which took Rust's own syntax (a named group without the P,
+    # a braced escape): a server's client got a constraint gen() refuses
+    assert _automaton_builds(pattern)  # (the library reads it)
+    said = _refused_alike(backend, pattern)
+    assert said.startswith(f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression ("), said
+
+
 def test_invalid_regex_syntax_says_what_is_wrong(backend):
     # outlines-core says only "Failed to build DFA error building NFA"; Python's parser names the problem
     with pytest.raises(GrammarError, match=r"not a valid regular expression \(missing \), unterminated subpattern at position 0\)"):

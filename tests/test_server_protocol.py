@@ -2736,6 +2736,9 @@ def test_a_generate_prompt_that_fits_only_with_fewer_new_tokens_is_refused_with_
     ("(?<=None)\u00e9\\d", 'regex "(?<=None)\u00e9\\\\d" uses a lookbehind'),
     ("a[", 'regex "a[" cannot be compiled: it is not a valid regular expression (unterminated character set at '
            "position 1); fix the pattern"),
+    # (Rust's named group, which the automaton library took: refused in gen()'s words)
+    ("(?<n>a)", 'regex "(?<n>a)" cannot be compiled: it is not a valid regular expression (unknown extension ?<n at '
+                "position 1); fix the pattern"),
 ])
 def test_an_invalid_regexs_error_reads_the_same_in_process_and_over_http(tiny_llama, pattern, message):
     """The engine's regex errors wrote the pattern as Python does ('a['), which the server rewrote

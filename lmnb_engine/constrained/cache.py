@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+import warnings
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_first
@@ -22,11 +24,17 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup
-from lmnb_engine.constrained.regex_check import check_regex
+from lmnb_engine.constrained.regex_check import _p, check_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
-from lmnb_engine.regex_errors import empty_pattern_problem, regex_problem, shown_regex, without_edge_anchors
+from lmnb_engine.regex_errors import (
+    classes_held,
+    empty_pattern_problem,
+    regex_problem,
+    shown_regex,
+    without_edge_anchors,
+)
 
 
 class GrammarCache:
@@ -272,6 +280,24 @@ class GrammarBackend:
         self._executor.shutdown(wait=True)
 
 
+def _unread_problem(regex: str) -> str | None:
+    """``gen()``'s words on ``regex`` (``regex_problem``) where Python's parser refuses it (its
+    Unicode classes held: ``classes_held``), else None. The engine reads a ``regex`` as Python's
+    ``re`` does, as ``gen()`` does; the automaton library would take some such patterns in Rust's
+    own syntax (a named group ``(?<n>a)``), so a server's client got a constraint ``gen()``
+    refuses. (A pattern too deep or with too large a count is left to the engine's own limits,
+    which name them.)"""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _p.parse(classes_held(regex))
+    except re.error:
+        return regex_problem(regex)
+    except (RecursionError, OverflowError):
+        pass
+    return None
+
+
 def _automaton_regex(regex: str) -> str:
     """The user's ``regex`` without its edge anchors (``without_edge_anchors``), checked
     (``check_regex``) and in the automaton library's syntax (``automaton_syntax``).
@@ -282,7 +308,7 @@ def _automaton_regex(regex: str) -> str:
             fixes are the user's pattern's, not the trimmed one's.
     """
     trimmed = without_edge_anchors(regex)
-    problem = empty_pattern_problem(regex)
+    problem = empty_pattern_problem(regex) or _unread_problem(regex)
     if problem:
         raise GrammarError(problem)
     try:
