@@ -252,8 +252,9 @@ def ambiguous_class(pattern: str, warning: FutureWarning) -> str:
 
 def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     """How to write ``pattern`` so both readers agree, made from the pattern itself: for known POSIX
-    classes (``_posix_reading``), first, the characters each stands for, and for a difference or an
-    intersection of two Unicode classes (``_set_operation``) a negated class both read so; then the
+    classes (``_posix_reading``), first, the characters each stands for, for a difference or an
+    intersection of two Unicode or Perl classes (``_set_operation``) a negated class both read so,
+    and for another set operation or nested class the ASCII characters it holds (``_members_reading``); then the
     character(s) Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||",
     "~~"), the literal reading, which a user meaning a POSIX class or a set operation does not want."""
     m = re.search(r"at position (\d+)", str(warning))
@@ -269,6 +270,9 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     operation = _set_operation(pattern, i)
     if operation:
         return f"write {shown_regex(operation[0])} for the set {operation[1]}, or {literal}"
+    members = _members_reading(pattern)
+    if members:
+        return f"write {shown_regex(members[0])} for {members[1]} (its characters, as the automaton library reads it), or {literal}"
     return f"write {literal}"
 
 
@@ -306,6 +310,47 @@ def _posix_reading(pattern: str, anywhere: bool = False) -> tuple[str, str] | No
     if not names or pattern_problem(fixed) is not None:
         return None
     return fixed, ", ".join(dict.fromkeys(names))
+
+
+def _members_reading(pattern: str) -> tuple[str, str] | None:
+    """``pattern`` with each character class that Python's ``re`` flags as ambiguous (a set
+    operation, ``[a-z&&[^aeiou]]``, or a nested class, ``[[a-z]]``), as the automaton library
+    (Rust's regex) delimits it (``_rust_classes``), written as the ASCII characters that library
+    reads it to hold (``_class_members``: ``[b-df-hj-np-tv-z]``), and those classes as written
+    (``[a-z&&[^aeiou]]``), where ``gen()`` then takes the pattern; None where a flagged class
+    holds a POSIX class (``_posix_reading``'s) or "||" (a union to the ``regex`` package, two
+    "|" to Rust's regex), or holds characters beyond ASCII and not all of them (``[\\w--\\d]``)."""
+    names: list[str] = []
+    out, done = [], 0
+    for start, end in _rust_classes(pattern):
+        text = pattern[start:end]
+        if not _flagged(text):
+            continue
+        spelled = None if _POSIX_CLASS.search(text) or "||" in text else _class_members(text, ascii_only=True)
+        if spelled is None:
+            return None
+        names.append(text)
+        out += [pattern[done:start], spelled]
+        done = end
+    fixed = "".join(out) + pattern[done:]
+    if not names or pattern_problem(fixed) is not None:
+        return None
+    return fixed, ", ".join(dict.fromkeys(names))
+
+
+def _flagged(cls: str) -> bool:
+    """Whether Python's ``re`` flags the class ``cls`` (its Unicode classes held) as a possible
+    nested set or set operation (a ``FutureWarning``)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.simplefilter("error", FutureWarning)
+            _parser().parse(classes_held(cls))
+    except FutureWarning:
+        return True
+    except (re.error, RecursionError, OverflowError):
+        pass
+    return False
 
 
 def stop_posix_problem(pattern: str) -> str | None:
@@ -379,21 +424,25 @@ _MAX_MEMBER_RANGES = 8
 _EMPTY_OPERAND = re.compile(r"\[\^?(?:&&|--|~~)|(?:&&|--|~~)(?:&&|--|~~|\])")
 
 
-def _class_members(cls: str) -> str | None:
+def _class_members(cls: str, ascii_only: bool = False) -> str | None:
     """The class ``cls`` (with nested classes and set operations: ``[[A-Za-z]&&a]``) as a class of
     the characters the ``regex`` package's version 1 reads it to hold, which is Rust's reading of
     such a class: ranges of them (``[a]``), or a negated class of the rest where that is shorter
     (``[^A-Za-z]``); None where that package cannot read it or it takes more than
     ``_MAX_MEMBER_RANGES`` ranges, or where a set operation has an empty operand (``[a&&]``,
     ``[&&a]``, ``[a--&&b]``, ``[--a]``), which Rust reads as an empty set and the package otherwise.
-    Surrogates, which no text holds, are left out of the ranges."""
+    Surrogates, which no text holds, are left out of the ranges. ``ascii_only``: only a class of
+    ASCII characters, or a negated one of ASCII characters (every other character held), is
+    written, so that no Unicode table, where the package's and Rust's may differ (``\\w``, ``\\d``:
+    ``[\\w--\\d]`` holds ``é``), decides what the class holds."""
     if _EMPTY_OPERAND.search(cls):
         return None
     inside = code_point_runs(cls, "(?V1)")
     if inside is None:
         return None
     outside = [(lo, hi) for lo, hi in zip([0] + [e for _, e in inside], [s for s, _ in inside] + [0x110000]) if lo < hi]
-    forms = [_ranges(inside, ""), _ranges(outside, "^")]
+    forms = [_ranges(spans, negation) for spans, negation in ((inside, ""), (outside, "^"))
+             if not ascii_only or all(hi <= 0x80 for _, hi in spans)]
     forms = [form for form in forms if form is not None]
     return min(forms, key=len) if forms else None
 
@@ -432,10 +481,11 @@ def _in_a_class(pattern: str, at: int) -> bool:
 def _set_operation(pattern: str, at: int) -> tuple[str, str] | None:
     """``pattern`` with the class whose "--" or "&&" is at ``at``, a difference or an intersection of
     two Unicode classes (``[\\p{L}--\\p{Ll}]``, Rust's reading; the second may be nested, negated
-    or not: ``[\\p{L}&&[^\\p{Ll}]]``), written as a negated class of their complements
-    (``[^\\P{L}\\p{Ll}]``: A and not B is not (not A or B)), which Python's ``regex`` package and
-    the automaton library read alike, and the operation's name; None for another class."""
-    cls = UNICODE_CLASS_AT.pattern
+    or not: ``[\\p{L}&&[^\\p{Ll}]]``) or Perl classes (``[\\w--\\d]``), written as a negated class
+    of their complements (``[^\\P{L}\\p{Ll}]``, ``[^\\W\\d]``: A and not B is not (not A or B)),
+    which Python's ``regex`` package and the automaton library read alike (each class as it reads
+    it), and the operation's name; None for another class."""
+    cls = _OPERAND_CLASS
     for m in re.finditer(rf"\[({cls})(--|&&)(?:({cls})|\[(\^?)({cls})\])\]", pattern):
         if m.start(2) == at:
             second = m.group(3) or (_complement(m.group(5)) if m.group(4) else m.group(5))
@@ -446,14 +496,18 @@ def _set_operation(pattern: str, at: int) -> tuple[str, str] | None:
 
 
 def _complement(cls: str) -> str:
-    """The Unicode class of the characters not in ``cls`` (``\\p{L}`` -> ``\\P{L}``, and back)."""
-    return cls[0] + ("P" if cls[1] == "p" else "p") + cls[2:]
+    """The class of the characters not in the Unicode or Perl class ``cls`` (``\\p{L}`` ->
+    ``\\P{L}``, ``\\w`` -> ``\\W``, and back)."""
+    return cls[0] + cls[1].swapcase() + cls[2:]
 
 
 # a Unicode property class where a backslash stands: \p{Name}, \p{Key=Value}, \pL (or \P)
 UNICODE_CLASS_AT = re.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
 # one anywhere: after any escaped backslashes (group 1), the class (group 2)
 UNICODE_CLASS = re.compile(r"(?<!\\)((?:\\\\)*)(" + UNICODE_CLASS_AT.pattern + ")")
+# a class a set operation of two classes is offered as one negated class for (``_set_operation``):
+# a Unicode class or a Perl one (\d, \w, \s, or their negations)
+_OPERAND_CLASS = UNICODE_CLASS_AT.pattern + r"|\\[dDsSwW]"
 
 
 def unicode_classes(pattern: str) -> list[re.Match]:

@@ -817,6 +817,60 @@ def test_a_posix_class_in_a_set_operation_or_beside_another_gets_a_rewrite_that_
     assert _rust_matches(pattern, alphabet, length) == {t for t in strings if re.fullmatch(fix, t)}
 
 
+# every ASCII character but NUL, and a few beyond (a letter, an Arabic-Indic digit: \w and \d to both readers)
+_ASCII_AND_MORE = "".join(map(chr, range(1, 128))) + "\u00e9\u0663"
+
+
+@pytest.mark.parametrize("pattern, fix, names, length", [
+    ("[a-z&&[^aeiou]]+", "[b-df-hj-np-tv-z]+", "[a-z&&[^aeiou]]", 1),  # (Rust's intersection)
+    ("[a-z--[aeiou]]", "[b-df-hj-np-tv-z]", "[a-z--[aeiou]]", 1),  # (difference)
+    ("[a-f~~d-k]", "[a-cg-k]", "[a-f~~d-k]", 1),  # (symmetric difference)
+    (r"[\d&&[0-4]]", "[0-4]", r"[\d&&[0-4]]", 1),  # (a Unicode class cut down to ASCII)
+    ("[^a-z&&[^aeiou]]", "[^b-df-hj-np-tv-z]", "[^a-z&&[^aeiou]]", 1),  # (all but some ASCII: negated)
+    ("[[a-c]]x[a-c--b]", "[a-c]x[ac]", "[[a-c]], [a-c--b]", 2),  # (a nested class; two classes at once)
+])
+def test_a_set_operation_of_ascii_sets_is_offered_as_the_characters_it_holds(backend, pattern, fix, names, length):
+    # a set operation or nested class with no POSIX class in it got only the literal rewrite, which a user
+    # meaning Rust's set operation does not want; where what it holds is ASCII it is offered as those characters
+    said = _refused_alike(backend, pattern)
+    assert f"; write {json.dumps(fix)} for {names} (its characters, as the automaton library reads it), or " in said, said
+    assert lmnb_gen_takes(fix)
+    alphabet = _ASCII_AND_MORE if length == 1 else "abcx[]-&"
+    strings = {"".join(p) for p in itertools.product(alphabet, repeat=length)}
+    assert _rust_matches(pattern.rstrip("+"), alphabet, length) == {t for t in strings if re.fullmatch(fix, t)}
+
+
+@pytest.mark.parametrize("pattern, fix, name", [
+    (r"[\w--\d]", r"[^\W\d]", "difference"), (r"[\w&&[^\d]]+", r"[^\W\d]+", "intersection"),
+    (r"x[\S&&[^\d]]", r"x[^\s\d]", "intersection"),
+])
+def test_a_set_operation_of_two_perl_classes_is_offered_as_one_negated_class(backend, pattern, fix, name):
+    # [\w--\d] (Unicode letters, é too, and "_" to Rust) got only the literal rewrite: as for two \p{..}
+    # classes, A and not B is offered as not (not A or B)
+    said = _refused_alike(backend, pattern)
+    assert f"; write {json.dumps(fix)} for the set {name}, or " in said, said
+    assert lmnb_gen_takes(fix)
+    pattern, fix = pattern.lstrip("x").rstrip("+"), fix.lstrip("x").rstrip("+")
+    # (but U+001C to U+001F, which Python's \s holds and Rust's does not: the engine reads \s as Python does)
+    alphabet = _ASCII_AND_MORE.translate({c: None for c in range(0x1C, 0x20)})
+    assert _rust_matches(pattern, alphabet, 1) == {c for c in alphabet if re.fullmatch(fix, c)}
+
+
+@pytest.mark.parametrize("pattern", [r"[\w--[a-z]]", "[a||b]"])
+def test_a_set_operation_with_characters_beyond_ascii_or_a_union_gets_only_the_literal_rewrite(backend, pattern):
+    # [\w--[a-z]] holds non-ASCII letters to Rust, by tables the regex package (which the characters are
+    # read with) may not share; "||" is a union to that package and two "|" to Rust: no characters offered
+    import regex
+
+    rust = _rust_matches(pattern, _ASCII_AND_MORE, 1)
+    assert "\u00e9" in rust or rust != {c for c in _ASCII_AND_MORE if regex.fullmatch("(?V1)" + pattern, c)}
+    said = _refused_alike(backend, pattern)
+    at = said.index(" at position ") + len(" at position ")
+    i = int(said[at:].split(" ", 1)[0])
+    escaped = pattern[:i] + "\\" + pattern[i] + "\\" + pattern[i + 1] + pattern[i + 2:]
+    assert said.endswith(f"; write {json.dumps(escaped)} to mean the characters"), said
+
+
 def test_a_posix_rewrite_leaves_a_bracket_inside_a_class_as_python_reads_it(backend):
     # Python (and the engine, which respells a class as Python reads it) takes the "[" of "[a[:digit:]]" as a literal,
     # unflagged; only the class it flags, opening with "[:alpha:]", is the ambiguity, and only it is rewritten
