@@ -10,10 +10,11 @@ client's values with ``json_value``. Importing it loads only ``jsonschema``.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # A value in a schema's error message is cut after this many characters (``json_value``), as
 # ``regex_check`` cuts a pattern: a schema's const, enum or pattern can run to megabytes, which the
@@ -101,46 +102,76 @@ _ERRORS_OF_EVERY_DIALECT = ("missing )", "unbalanced parenthesis", "nothing to r
 _ECMA_GROUP_NAME = re.compile(r"\(\?<([A-Za-z_$][\w$]*)>")
 _ECMA_BACKREFERENCE = re.compile(r"\\k<([A-Za-z_$][\w$]*)>")
 _ECMA_CONTROL = re.compile(r"\\c[A-Za-z]")
+# a character by its code point (the u flag's \u{1F600}), or a surrogate pair, one code point under the u flag
+_ECMA_CODE_POINT = re.compile(r"\\u\{([0-9A-Fa-f]+)\}")
+_ECMA_SURROGATE_PAIR = re.compile(r"\\u(D[89AB][0-9A-F]{2})\\u(D[C-F][0-9A-F]{2})", re.IGNORECASE)
+# \x or \u without its hex digits: the letter itself (ECMA 262's Annex B, without the u flag)
+_ECMA_LONE_LETTER = re.compile(r"\\(x(?![0-9A-Fa-f]{2})|u(?![0-9A-Fa-f]{4}))")
 
 
-def _ecma_as_python(pattern: str) -> str:
+def _ecma_as_python(pattern: str) -> tuple[str, Callable[[int], int]]:
     """``pattern`` with the ECMA 262 syntax that Python's ``re`` lacks or reads otherwise spelled
-    as text of the same length that ``re`` reads as the same kind of syntax, so that ``re`` finds
-    the errors after it, at their own positions: a named group ``(?<year>`` as a group and a
-    comment, ``((?#ear)``; a back-reference ``\\k<n>`` and a control escape ``\\cA`` as a
-    comment and a character (``(?#n)``, ``\\01``; in a class, ``\\cZ`` as its own code, ``\\32``);
-    the empty class ``[]`` and the class of any character ``[^]`` (to Python, a "]" first in a
-    class is a member) as a character and a class (``\\a``, ``[a]``). Only the syntax is kept,
-    not what it matches."""
+    as text that ``re`` reads as the same kind of syntax, so that ``re`` finds the errors after it,
+    and the place in ``pattern`` of each index into that text (an index into respelled syntax: the
+    syntax's start). A named group ``(?<year>`` is a group and a comment, ``((?#ear)``; a
+    back-reference ``\\k<n>`` a comment, ``(?#n)``; a character escape a Python escape of the same
+    character, which matters in a class, where it may end a range: ``\\u{1F600}`` (the u flag's,
+    which JSON Schema asks patterns be read with) and a surrogate pair ``\\uD83D\\uDE00`` (one
+    code point under that flag) as ``\\U0001F600`` (one past U+10FFFF, which that flag refuses, as
+    the letter "u": without the flag, "u" repeated), a control escape ``\\cZ`` by its code in octal
+    (``\\32``), and ``\\x`` or ``\\u`` without their hex digits as the letter (as ECMA's Annex B
+    reads them; ``\\xHH``, ``\\uHHHH`` and ``\\0`` are Python's too); the empty class ``[]``
+    and the class of any character ``[^]`` (to Python, a "]" first in a class is a member) as a
+    character and a class (``\\a``, ``[a]``). Only the syntax is kept, not what it matches."""
     out, i, n, in_class = [], 0, len(pattern), False
+    starts: list[tuple[int, int, bool]] = []  # per piece of out: its index in the text, in pattern, same length
+    written = 0
+
+    def put(text: str, end: int) -> None:
+        nonlocal i, written
+        starts.append((written, i, len(text) == end - i))
+        out.append(text)
+        written += len(text)
+        i = end
+
     while i < n:
         group = None if in_class else _ECMA_GROUP_NAME.match(pattern, i)
         reference = None if in_class else _ECMA_BACKREFERENCE.match(pattern, i)
+        code_point = _ECMA_CODE_POINT.match(pattern, i)
+        pair = _ECMA_SURROGATE_PAIR.match(pattern, i)
         if group:
-            out.append("((?#" + group.group(1)[1:] + ")")
-            i = group.end()
+            put("((?#" + group.group(1)[1:] + ")", group.end())
         elif reference:
-            out.append("(?#" + reference.group(1) + ")")
-            i = reference.end()
+            put("(?#" + reference.group(1) + ")", reference.end())
         elif _ECMA_CONTROL.match(pattern, i):  # (in a class, its own code, in octal: it may end a range)
-            out.append(f"\\{ord(pattern[i + 2]) % 32:02o}" if in_class else "\\01")
-            i += 3
+            put(f"\\{ord(pattern[i + 2]) % 32:02o}" if in_class else "\\01", i + 3)
+        elif code_point and int(code_point.group(1), 16) <= 0x10FFFF:
+            put(f"\\U{int(code_point.group(1), 16):08X}", code_point.end())
+        elif pair:
+            high, low = int(pair.group(1), 16), int(pair.group(2), 16)
+            put(f"\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08X}", pair.end())
+        elif _ECMA_LONE_LETTER.match(pattern, i):
+            put(pattern[i + 1], i + 2)
         elif pattern[i] == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
+            put(pattern[i:i + 2], i + 2)
         elif in_class:
             in_class = pattern[i] != "]"
-            out.append(pattern[i])
-            i += 1
+            put(pattern[i], i + 1)
         elif pattern.startswith(("[]", "[^]"), i):
             empty = pattern.startswith("[]", i)
-            out.append("\\a" if empty else "[a]")
-            i += 2 if empty else 3
+            put("\\a" if empty else "[a]", i + (2 if empty else 3))
         else:
             in_class = pattern[i] == "["
-            out.append(pattern[i])
-            i += 1
-    return "".join(out)
+            put(pattern[i], i + 1)
+
+    def place(index: int) -> int:
+        """The index into ``pattern`` of ``index`` into the respelled text."""
+        if index >= written:
+            return n
+        at, start, same_length = starts[bisect.bisect_right(starts, (index, n + 1)) - 1]
+        return start + (index - at) if same_length else start
+
+    return "".join(out), place
 
 
 def _no_dialect_reads(pattern: str) -> bool:
@@ -156,7 +187,7 @@ def _no_dialect_reads(pattern: str) -> bool:
 
     from lmnb_engine.regex_errors import classes_held  # (it imports this module)
 
-    spelled = _ecma_as_python(pattern)
+    spelled, _ = _ecma_as_python(pattern)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -188,7 +219,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     if not isinstance(pattern, str):
         return None
     shown = json_value(pattern, SHOWN_CHARS)
-    problem = python_error(_ecma_as_python(pattern) if ecma else pattern)
+    problem = python_error(*_ecma_as_python(pattern)) if ecma else python_error(pattern)
     if problem:
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
                 f"({problem}); fix the pattern")

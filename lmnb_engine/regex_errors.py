@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, code_point_runs, json_value, without_surrogates
 
@@ -38,12 +38,14 @@ def invalid_regex(pattern: str, error: re.error) -> str:
             f"({error_words(pattern, error)}); fix the pattern")
 
 
-def error_words(pattern: str, error: re.error) -> str:
+def error_words(pattern: str, error: re.error, place: Callable[[int], int] | None = None) -> str:
     """What ``error``, Python's ``re`` error on ``pattern`` with its Unicode classes held, says is
-    wrong and where (``error.pos``, a character index into ``pattern``): ``error.msg`` at that
+    wrong and where (``error.pos``, a character index into ``pattern``, or into the text the user
+    wrote, ``place(index)``, where ``pattern`` respells it): ``error.msg`` at that
     position, unless the message quotes the text holding a class (a class in a group's name,
     ``(?P<\\p{L}>...)``, or after ``(?``): then the class, by its own text, and where it stands."""
-    where = f"{error.msg} at position {error.pos}"
+    place = place or (lambda index: index)
+    where = f"{error.msg} at position {place(error.pos) if error.pos is not None else None}"
     classes = unicode_classes(pattern)
     if not classes or error.pos is None:
         return where
@@ -57,13 +59,13 @@ def error_words(pattern: str, error: re.error) -> str:
     except (RecursionError, OverflowError):
         return where
     cls = next((m for m in classes if m.end() > error.pos), classes[-1])
-    return (f"the class {cls.group(2)} at position {cls.start(2)} stands where no class can: in a group's name or "
+    return (f"the class {cls.group(2)} at position {place(cls.start(2))} stands where no class can: in a group's name or "
             "reference, after \"(?\", or as an end of a range")
 
 
-def python_error(pattern: str) -> str | None:
-    """What Python's ``re`` finds wrong in ``pattern`` and where (``error_words``), reading its
-    Unicode classes as classes (held: ``classes_held``), or None where it reads the pattern.
+def python_error(pattern: str, place: Callable[[int], int] | None = None) -> str | None:
+    """What Python's ``re`` finds wrong in ``pattern`` and where (``error_words``, with ``place``),
+    reading its Unicode classes as classes (held: ``classes_held``), or None where it reads the pattern.
     ``stop_regex`` errors use it, so that a pattern's error is worded, and placed, as a
     ``regex``'s is (the ``regex`` package, which stop strings match with, places an open group's
     error at the pattern's end, where it gave up)."""
@@ -72,7 +74,7 @@ def python_error(pattern: str) -> str | None:
             warnings.simplefilter("ignore")
             re.compile(classes_held(pattern))
     except re.error as e:
-        return error_words(pattern, e)
+        return error_words(pattern, e, place)
     except (RecursionError, OverflowError):  # (not re's words: the regex package's are kept)
         pass
     return None

@@ -114,6 +114,35 @@ def test_gen_finds_a_schema_patterns_fatal_error_after_ecma_syntax(pattern, erro
         assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
 
 
+@pytest.mark.parametrize("pattern, error", [
+    (r"\u{1F600}+(", "missing ), unterminated subpattern"),  # (Python stopped at "bad escape \u{": taken)
+    (r"\x4(", "missing ), unterminated subpattern"),  # (\x without its digits: "x" without the u flag)
+    (r"[\u{5a}-\u{41}]", "bad character range"),  # (Z to A)
+    (r"x[\u{1F64F}-\uD83D\uDE00]", "bad character range"),  # (U+1F64F to the pair's U+1F600)
+])
+def test_a_schema_patterns_code_point_escapes_are_read_as_ecma_reads_them(pattern, error):
+    """Of ECMA's character escapes only \\cX was read by its code: a pattern Python's re cannot
+    read for the u flag's \\u{...} (or a \\x without its digits) was taken whatever followed, and a
+    surrogate pair, one code point under the u flag that JSON Schema asks for, was read as two, so
+    [\\uD83D\\uDE00-\\uD83D\\uDE4F] (the emoticons) was refused as a range from U+DE00 down to
+    U+D83D. Each pattern here is refused by ECMA 262 with the u flag (node's RegExp says so too)."""
+    def schema(pattern):
+        return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema(pattern))
+    said = str(e.value)
+    assert said.startswith(f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be compiled: "
+                           f"it is not a valid regular expression ({error}"), said
+    if "(" in pattern:  # (the unclosed group named where it stands in the user's pattern)
+        assert said.endswith(f"{error} at position {pattern.index('(')}); fix the pattern"), said
+    # valid with the u flag (a range of code points, one given by its surrogate pair), or without it (\u{110000}:
+    # "u" 110000 times): taken
+    for read in (r"[\uD83D\uDE00-\uD83D\uDE4F]", r"[\u{1F600}-\u{1F64F}]+", r"[\x41-\u{5a}]", r"[\0-\cA]",
+                 r"[\u{41}-\uD83D\uDE00]", r"\u{110000}"):
+        assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
+
+
 def test_gen_checks_one_json_schema_once_however_often_it_is_called_with_it(monkeypatch):
     """gen(json_schema=...) ran the meta-schema check at every call (since 4fbd604): a program body
     runs its gen() once per run_batch item, and the check of a schema of some dozens of properties
