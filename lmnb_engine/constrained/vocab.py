@@ -109,19 +109,34 @@ def _new_byte_reader(tokenizer: Any) -> tuple[Callable[[str], bytes | None], str
     )
 
 
-def token_bytes_table(tokenizer: Any, vocab_size: int) -> tuple[list[bytes | None], str]:
-    """(bytes of every id in ``range(vocab_size)`` — None for added/special/unused ids, family name).
+def _id_bytes(tokenizer: Any) -> tuple[Callable[[int, str], bytes | None], str]:
+    """(``(id, token) -> bytes | None``, family name): the bytes of a vocabulary token, None for an
+    added or special token (``added_tokens_decoder``) or one that spells no bytes, read by
+    ``_byte_reader``'s reader.
 
     Raises:
         GrammarError: the tokenizer is not a fast tokenizer of a supported family.
     """
     to_bytes, family = _byte_reader(tokenizer)
     added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+
+    def id_bytes(i: int, token: str) -> bytes | None:
+        return None if i in added else to_bytes(token) or None
+
+    return id_bytes, family
+
+
+def token_bytes_table(tokenizer: Any, vocab_size: int) -> tuple[list[bytes | None], str]:
+    """(bytes of every id in ``range(vocab_size)`` — None for added/special/unused ids, family name).
+
+    Raises:
+        GrammarError: the tokenizer is not a fast tokenizer of a supported family.
+    """
+    id_bytes, family = _id_bytes(tokenizer)
     table: list[bytes | None] = [None] * vocab_size
     for token, i in tokenizer.get_vocab().items():
-        if 0 <= i < vocab_size and i not in added:
-            b = to_bytes(token)
-            table[i] = b if b else None
+        if 0 <= i < vocab_size:
+            table[i] = id_bytes(i, token)
     return table, family
 
 
@@ -132,9 +147,8 @@ def token_bytes(tokenizer: Any, ids: list[int]) -> list[bytes | None]:
     Raises:
         GrammarError: the tokenizer is not a fast tokenizer of a supported family.
     """
-    to_bytes, _ = _byte_reader(tokenizer)
-    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
-    return [None if i in added else to_bytes(t) or None for i, t in zip(ids, tokenizer.convert_ids_to_tokens(ids))]
+    id_bytes, _ = _id_bytes(tokenizer)
+    return [id_bytes(i, t) for i, t in zip(ids, tokenizer.convert_ids_to_tokens(ids))]
 
 
 # The markers around a compiled regex (``grammar.compile_grammar``): it is built as START ``(?:R)``
