@@ -506,18 +506,18 @@ def _complement(cls: str) -> str:
 # a Unicode property class where a backslash stands: \p{Name}, \p{Key=Value}, \pL (or \P)
 UNICODE_CLASS_AT = re.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
 # one anywhere: after any escaped backslashes (group 1), the class (group 2)
-UNICODE_CLASS = re.compile(r"(?<!\\)((?:\\\\)*)(" + UNICODE_CLASS_AT.pattern + ")")
+_UNICODE_CLASS = re.compile(r"(?<!\\)((?:\\\\)*)(" + UNICODE_CLASS_AT.pattern + ")")
 # a class a set operation of two classes is offered as one negated class for (``_set_operation``):
 # a Unicode class or a Perl one (\d, \w, \s, or their negations)
 _OPERAND_CLASS = UNICODE_CLASS_AT.pattern + r"|\\[dDsSwW]"
 
 
 def unicode_classes(pattern: str) -> list[re.Match]:
-    """The Unicode property classes of ``pattern`` (``UNICODE_CLASS`` matches: the class is group
+    """The Unicode property classes of ``pattern`` (``_UNICODE_CLASS`` matches: the class is group
     2), but for text in a comment (``(?#\\p{L})``, ``(?#\\p{)}``: Python's comment ends at that
     ")", so the "}" after it is a literal), which is no class."""
     found, at, comments = [], 0, _comments(pattern)
-    while (m := UNICODE_CLASS.search(pattern, at)) is not None:
+    while (m := _UNICODE_CLASS.search(pattern, at)) is not None:
         comment_end = next((end for start, end in comments if start <= m.start(2) < end), None)
         if comment_end is None:
             found.append(m)
