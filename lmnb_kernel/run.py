@@ -490,7 +490,7 @@ def notebook_client(nb, **kwargs):
                         if not answered.done():
                             answered.set_result(None)
                     index = self._cell_of_request.get(parent)
-                    if index is None or not _without_kernel_shutdown_noise(msg):
+                    if index is None or not _kept_after_stripping_shutdown_log(msg):
                         continue
                     try:
                         self._process(msg, index)
@@ -576,11 +576,11 @@ _KERNEL_SHUTDOWN_NOISE = re.compile(
     r"[^\n]*ipykernel[^\n]*>\n?")
 
 
-def _without_kernel_shutdown_noise(msg: dict) -> bool:
+def _kept_after_stripping_shutdown_log(msg: dict) -> bool:
     """Take ipykernel's own shutdown log (``_KERNEL_SHUTDOWN_NOISE``) out of a stderr stream
-    message ``msg`` (in place); False where nothing else is left, so the message is dropped. A
-    task of the user's code that asyncio logs so is kept: only a pending ``Kernel`` method of
-    ipykernel is taken out."""
+    message ``msg`` (in place), and say whether the message is kept: False where nothing else is
+    left, so it is dropped; True for every other message. A task of the user's code that asyncio
+    logs so is kept: only a pending ``Kernel`` method of ipykernel is taken out."""
     content = msg.get("content", {})
     if msg.get("msg_type") != "stream" or content.get("name") != "stderr":
         return True

@@ -1754,7 +1754,7 @@ def test_ipykernels_shutdown_log_is_taken_out_of_the_last_cells_output():
     kernel's output until it exited: a CI run saved it in the last cell. Expected: that log taken
     out (a message of nothing else dropped), the cell's own stderr kept, and a pending task of the
     user's code, which asyncio logs alike, kept whole."""
-    from lmnb_kernel.run import _without_kernel_shutdown_noise
+    from lmnb_kernel.run import _kept_after_stripping_shutdown_log
 
     noise = ("Task was destroyed but it is pending!\ntask: <Task pending name='Task-17' coro=<Kernel.dispatch_control() "
              "running at /x/.venv/lib/python3.11/site-packages/ipykernel/kernelbase.py:368> "
@@ -1766,10 +1766,10 @@ def test_ipykernels_shutdown_log_is_taken_out_of_the_last_cells_output():
         return {"msg_type": "stream", "content": {"name": name, "text": text}}
 
     alone = stream(noise)
-    assert _without_kernel_shutdown_noise(alone) is False
+    assert _kept_after_stripping_shutdown_log(alone) is False
     mixed = stream("warning: x\n" + noise)
-    assert _without_kernel_shutdown_noise(mixed) is True and mixed["content"]["text"] == "warning: x\n"
+    assert _kept_after_stripping_shutdown_log(mixed) is True and mixed["content"]["text"] == "warning: x\n"
     own = stream(users)
-    assert _without_kernel_shutdown_noise(own) is True and own["content"]["text"] == users
+    assert _kept_after_stripping_shutdown_log(own) is True and own["content"]["text"] == users
     out = stream(noise, "stdout")  # (printed by the user's code, not logged)
-    assert _without_kernel_shutdown_noise(out) is True and out["content"]["text"] == noise
+    assert _kept_after_stripping_shutdown_log(out) is True and out["content"]["text"] == noise
