@@ -343,7 +343,7 @@ def test_openai_chat_fields_that_change_nothing_here_are_accepted_and_ignored(se
     assert second == first and engine.prompts[-1] == engine.prompts[-2]
 
 
-@pytest.mark.parametrize("tier", ["auto", "default", "flex", "priority"])
+@pytest.mark.parametrize("tier", ["auto", "default", "flex", "scale", "priority", "fast"])
 def test_a_chat_request_that_sets_service_tier_is_told_the_tier_that_served_it(served, tier):
     """OpenAI's API reference: when service_tier is set, "the response body will include the
     service_tier value based on the processing mode actually used" (its ChatCompletion and
@@ -357,6 +357,26 @@ def test_a_chat_request_that_sets_service_tier_is_told_the_tier_that_served_it(s
                       json={**base, "service_tier": tier, "stream": True}) as r:
         chunks = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:") and "[DONE]" not in line]
     assert len(chunks) >= 2 and all(c["service_tier"] == "default" for c in chunks)
+
+
+# OpenAI's tiers (its API reference and the openai package's CompletionCreateParams: "auto", "default",
+# "flex", "scale", "priority" and "fast"), in JSON's words as a literal's choices are written
+_TIERS = '"auto", "default", "flex", "scale", "priority" or "fast"'
+
+
+@pytest.mark.parametrize("tier", ["turbo", "Default", "", 5, ["auto"]])
+def test_a_service_tier_openai_does_not_define_is_refused_naming_the_tiers(served, tier):
+    """OpenAI answers a tier it does not define with a 400; lmnb serve took any value, and its reply
+    said the request was served at the "default" tier. Now it is refused as a field's other wrong
+    values are (response_format.type's), with the tiers and the value sent, and nothing reaches the
+    engine."""
+    engine, url = served
+    before = len(engine.received)
+    r = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "service_tier": tier})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["message"]) == (
+        "service_tier", f"service_tier: Input should be {_TIERS} (got {json.dumps(tier)})")
+    assert len(engine.received) == before
 
 
 @pytest.mark.parametrize("field,value,needle", [

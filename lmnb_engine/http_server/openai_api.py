@@ -230,7 +230,9 @@ class ChatRequest(_SamplingRequest):
     # OpenAI's fields that leave the reply unchanged here: accepted and ignored (IGNORED)
     store: Optional[Any] = None
     metadata: Optional[Any] = None
-    service_tier: Optional[Any] = None
+    # OpenAI's tiers (its API reference; the openai package's CompletionCreateParams adds "fast"):
+    # another value is a 400 there, and here (pydantic's literal_error, in app.pydantic_message's words)
+    service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] = None
     prediction: Optional[Any] = None
     safety_identifier: Optional[Any] = None
     prompt_cache_key: Optional[Any] = None
