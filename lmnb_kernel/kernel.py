@@ -4,7 +4,8 @@ A thin ``IPythonKernel`` subclass (research/jupyter.md §1.1–1.2): it loads th
 (cheap: no model is loaded until the first ``%%lm`` cell), keeps ``language_info.name == "python"``
 so papermill, nbconvert and editors treat notebooks as Python, and in ``do_shutdown`` stops the
 engine within the restart deadline (jupyter_client sends SIGTERM after ``shutdown_wait_time / 2``,
-2.5 s by default).
+2.5 s by default). ``LMNBKernelApp`` is ipykernel's application with one option more, for
+``lmnb run``'s kernel: an IOPub socket that waits for its client instead of dropping output.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import inspect
 import os
 import sys
 
+import zmq
 from ipykernel.ipkernel import IPythonKernel
+from ipykernel.kernelapp import IPKernelApp
+from traitlets import Bool
 
 from lmnb_kernel import __version__
 from lmnb_kernel.surrogates import make_session_surrogate_safe
@@ -62,8 +66,28 @@ def _exit_now(shell) -> None:
     os._exit(0)
 
 
-def main() -> None:
-    """Launch the kernel (``python -m lmnb_kernel -f CONNECTION_FILE``)."""
-    from ipykernel.kernelapp import IPKernelApp
+class LMNBKernelApp(IPKernelApp):
+    """ipykernel's kernel application, with the option of an IOPub socket that waits instead of
+    dropping (``lmnb run``'s kernel)."""
 
-    IPKernelApp.launch_instance(kernel_class=LMNBKernel)
+    iopub_nodrop = Bool(False, help="""Make the IOPub socket wait for a subscriber that is behind
+        instead of dropping its messages (ZeroMQ's XPUB_NODROP). ZeroMQ's default, which ipykernel
+        keeps, drops what is sent to a subscriber with 1000 messages queued (its send high-water
+        mark): a flood of output (a loop of flushed prints) loses some. Waiting keeps every message,
+        but a subscriber that stops reading holds up the kernel's output to all: for a kernel with
+        one client that reads all it sends, as lmnb run's.""").tag(config=True)
+
+    def init_iopub(self, context):
+        """ipykernel's IOPub socket and thread, the socket set not to drop with ``iopub_nodrop``."""
+        super().init_iopub(context)
+        if self.iopub_nodrop:
+            thread = self.iopub_thread
+            # Set on the IOPub thread, which owns the socket (a ZeroMQ socket is not thread-safe),
+            # ahead of every message sent after this (its events run in order).
+            thread.schedule(lambda: thread.socket.setsockopt(zmq.XPUB_NODROP, 1))
+
+
+def main() -> None:
+    """Launch the kernel (``python -m lmnb_kernel -f CONNECTION_FILE``; add
+    ``--LMNBKernelApp.iopub_nodrop=True`` for an IOPub socket that does not drop)."""
+    LMNBKernelApp.launch_instance(kernel_class=LMNBKernel)

@@ -853,7 +853,11 @@ def kernel_manager():
     class _Specs(KernelSpecManager):
         def get_kernel_spec(self, kernel_name):
             if kernel_name == KERNEL_NAME:
-                return KernelSpec(resource_dir="", **kernel_spec())
+                spec = kernel_spec()
+                # The run is the kernel's one client and reads all it sends: its iopub socket waits
+                # for the run rather than drop output (lmnb_kernel.kernel.LMNBKernelApp.iopub_nodrop)
+                spec["argv"] = [*spec["argv"], "--LMNBKernelApp.iopub_nodrop=True"]
+                return KernelSpec(resource_dir="", **spec)
             return super().get_kernel_spec(kernel_name)
 
     class _Manager(AsyncKernelManager):
@@ -866,7 +870,7 @@ def kernel_manager():
             # than nbclient read it (a loop of display() calls) and was lost, 7900 of a cell's 30000
             # outputs (an idle status lost so would hold the run for --timeout). Set before the
             # channels connect (nbclient starts them after making the client). (The kernel's own
-            # queue still drops a few under such a flood: 39 of the 30000.)
+            # queue dropped some still, 39 of the 30000: it now waits instead, iopub_nodrop above.)
             kc.context.setsockopt(zmq.RCVHWM, 0)
             return kc
 

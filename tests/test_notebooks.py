@@ -917,6 +917,33 @@ def test_the_runs_kernel_client_queues_iopub_messages_without_a_limit():
         km.cleanup_connection_dir()
 
 
+def test_a_flood_of_output_sent_while_the_run_is_behind_is_saved_whole_and_in_order(tmp_path):
+    """The kernel's iopub socket dropped what it sent to a client with 1000 messages queued (ZMQ's
+    send high-water mark): a cell of 100000 flushed prints was saved without 1-7 % of its lines,
+    by a run that could not keep up on a busy machine. lmnb run's kernel now waits for the run
+    instead (XPUB_NODROP). The run falling behind is made certain here: the cell stops the run's
+    process (SIGSTOP) while it prints 5000 lines (a dropping socket sends them all before the run
+    goes on; one that waits stops printing) and a thread of its own lets it go on (SIGCONT) once
+    the lines are sent or after 5 s. The saved lines must be the numbers printed, in order."""
+    cell = ("import os, signal, threading\n"
+            "run = os.getppid()  # (lmnb run, which started this kernel)\n"
+            "sent = threading.Event()\n"
+            "def go_on():\n"
+            "    sent.wait(5)\n"
+            "    os.kill(run, signal.SIGCONT)\n"
+            "threading.Thread(target=go_on).start()\n"
+            "os.kill(run, signal.SIGSTOP)\n"
+            "for i in range(5000):\n"
+            "    print(i, flush=True)\n"
+            "sent.set()\n")
+    src = _notebook(tmp_path / "nb.ipynb", cell)
+    proc = _lmnb_run_in_its_own_process(src, "", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    outputs = nbformat.read(tmp_path / "nb.out.ipynb", as_version=4).cells[0].outputs
+    assert [o.output_type for o in outputs] == ["stream"]  # (merged: consecutive stdout streams are one output)
+    assert outputs[0].text.splitlines() == [str(i) for i in range(5000)]
+
+
 def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_at_once():
     """The wait for a cell's output after its reply lasts up to its --timeout (0: no limit), and
     ends with the kernel's idle status; where that never comes (here the kernel sends nothing after
