@@ -386,6 +386,18 @@ def test_json_output_checked_against_the_schema():
     assert bad["valid"] is False and bad["errors"][0]["message"].startswith("not JSON")
 
 
+def test_a_gen_with_the_boolean_schema_true_is_checked_as_any_json_value():
+    """gen(json_schema=True) (JSON Schema's boolean schema: any JSON value) took a cell's view down:
+    the check read the schema with dict(True), "TypeError: 'bool' object is not iterable"."""
+    v = RunView(live=False, session=Tally())
+    v.on_delta("main", '[1, "a", null]', name="x")
+    v.on_gen_end("main", json_schema=True)
+    rec = v.finish()[VIEW_MIME]["structured"][0]
+    assert (rec["kind"], rec["valid"], rec["errors"], rec["value"]) == ("json", True, [], [1, "a", None])
+    cut = check_structured('{"a": ', json_schema=True)  # still JSON: text that does not parse is invalid
+    assert cut["valid"] is False and cut["errors"][0]["message"].startswith("not JSON")
+
+
 def test_a_json_error_marks_its_own_node_when_a_key_holds_a_dot():
     """Error marks were matched by "$.a.b", the path of both the key "a.b" and of b inside a: the
     valid nested value was marked too. (And "$.2": the key "2" or index 2.)"""

@@ -170,7 +170,7 @@ def _engine_spelling(pattern: str) -> str:
 def check_structured(
     text: str,
     *,
-    json_schema: Optional[str | Mapping] = None,
+    json_schema: Optional[str | Mapping | bool] = None,
     regex: Optional[str] = None,
     completion_tokens: Optional[int] = None,
     forward_passes: Optional[int] = None,
@@ -180,8 +180,9 @@ def check_structured(
 
     Args:
         text: the generated text (str).
-        json_schema: the JSON Schema (dict or JSON string) the output was constrained by; pass
-            ``{}`` for "any JSON". None when the constraint was a regex only.
+        json_schema: the JSON Schema (dict, JSON string, or JSON Schema's boolean schema ``True``,
+            which ``gen(json_schema=True)`` takes) the output was constrained by; pass ``{}`` or
+            ``True`` for "any JSON". None when the constraint was a regex only.
         regex: the whole-output regex constraint, if any.
         completion_tokens, forward_passes, jumped_tokens: the request's counts (``RequestMeta``).
             Without jump-forward every generated token costs one decode forward pass, so
@@ -217,7 +218,7 @@ def check_structured(
     return out
 
 
-def _check_json(text: str, json_schema: str | Mapping, out: dict) -> None:
+def _check_json(text: str, json_schema: str | Mapping | bool, out: dict) -> None:
     if isinstance(json_schema, str):
         try:
             schema = json.loads(json_schema)
@@ -225,8 +226,8 @@ def _check_json(text: str, json_schema: str | Mapping, out: dict) -> None:
             out["valid"] = False
             out["errors"].append({"path": "$", "message": f"the schema is not JSON: {e}"})
             return
-    else:
-        schema = dict(json_schema)
+    else:  # (a boolean schema is a schema as it is: dict(True) failed and took the cell's view down)
+        schema = json_schema if isinstance(json_schema, bool) else dict(json_schema)
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:

@@ -379,7 +379,7 @@ class RunView:
         self._changed()
 
     def on_gen_end(self, lane: str, *, meta: Any = None, finish_reason: Any = None, name: Optional[str] = None,
-                   regex: Optional[str] = None, json_schema: Optional[str | dict] = None,
+                   regex: Optional[str] = None, json_schema: Optional[str | dict | bool] = None,
                    cached_chars: Optional[int] = None) -> None:
         """The current gen on ``lane`` finished.
 
