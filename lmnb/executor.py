@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from lmnb import speculative
 from lmnb.speculative import Speculation
 from lmnb.backend.base import DELTA_TOKENS, BackendError, BaseBackend, Completion, Prompt, finish_reason_dict, reworded
+from lmnb.backend.media import check_source
 from lmnb.chat_template import ChatTemplate
 from lmnb.user_site import running_for, user_site
 from lmnb.ir import (
@@ -917,6 +918,7 @@ class StreamExecutor:
             self._execute_join(expr)
         elif isinstance(expr, (Image, Video)):  # [issue 10]
             self.backend.check_images()  # here, not at the next gen: a cell of images alone reports it too
+            check_source(expr)  # (a missing file failed the next gen, which a cell then pointed at)
             if self._spec_chat_active():  # the role's fills are held for its end: the image would precede them
                 raise ValueError(
                     f"{type(expr).__name__.lower()}() inside an assistant role under API speculative execution "

@@ -187,3 +187,15 @@ def _path_to(root, node_id):
         if below:
             return [child] + below
     return []
+
+
+def test_an_image_file_that_is_missing_is_reported_at_its_own_hole(ip):
+    """A missing file was reported at the gen after the image ("line 7: Gen('answer') failed: ...
+    no image file"), and a cell of images alone ran without an error."""
+    for cell, where in [(CELL.replace("{image photo}", '{image "no-such-photo.png"}'), "line 3, col 1:"),
+                        ('%%lm --static\n{user}\n\n{image "no-such-photo.png"}\n{/user}', "line 4, col 1:")]:
+        with capture_output():
+            result = ip.run_cell(cell)
+        assert not result.success and type(result.error_in_exec).__name__ == "CellError"
+        assert str(result.error_in_exec).startswith(
+            f"{where} Image('no-such-photo.png') failed: ImageInputError: no image file at 'no-such-photo.png'")

@@ -74,6 +74,37 @@ def test_image_needs_a_backend_that_sends_images():
 
 
 @sgl.function
+def images_alone(s, img):
+    s += sgl.user(sgl.image(img) + "q")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("no-such-photo.png", "no image file at 'no-such-photo.png'; check the path"),
+    (42, "an image must be a file path, a PIL image, bytes or a base64 data URL; got int"),
+    ("data:text/plain;base64,aGk=", "data URL 'data:text/plain;base64,aGk='... is not of the form"),
+])
+def test_an_image_that_cannot_be_read_fails_its_image_not_the_next_gen(backend, source, message):
+    """A missing file failed the gen after it ("Gen('answer') failed: ... no image file"), so a cell
+    pointed at the gen's hole, and a program that only added the image (a state the next cell
+    asks about) did not fail at all."""
+    st = ask_image.run(img=source, question="q", backend=backend)
+    with pytest.raises(ProgramError) as e:
+        st.sync()
+    assert isinstance(e.value.primitive, sgl.ir.Image) and e.value.primitive.source == source
+    assert message in str(e.value)
+    alone = images_alone.run(img=source, backend=backend)
+    assert isinstance(alone.error(), ProgramError) and isinstance(alone.error().primitive, sgl.ir.Image)
+
+
+def test_a_video_that_cannot_be_read_fails_its_video_not_the_next_gen(backend, tmp_path):
+    path = tmp_path / "none.mp4"
+    st = ask_video.run(path=str(path), question="q", backend=backend)
+    with pytest.raises(ProgramError, match=f"no video file at '{path}'") as e:
+        st.sync()
+    assert isinstance(e.value.primitive, sgl.ir.Video)
+
+
+@sgl.function
 def two_pictures_forked(s, a, b):
     s += sgl.user_begin()
     forks = s.fork(2)

@@ -79,6 +79,24 @@ def frames(media: Any) -> list:
     return list(sampled)
 
 
+def check_source(media: Any) -> None:
+    """Raise where the program adds an ``image()``/``video()`` input that no request could send
+    (a path with no file, a source of another type, a video that does not decode), so that the
+    error names that input, not the next gen. An image is checked without decoding it
+    (``check_image_source``); a video's frames are sampled here, once (``frames`` keeps them for
+    the requests that send them).
+
+    Raises:
+        ValueError (``ImageInputError``): as ``load_image`` and ``sample_video_frames`` word it.
+    """
+    if isinstance(media, Image):
+        from lmnb_engine.multimodal.image_io import check_image_source
+
+        check_image_source(media.source)
+    else:
+        frames(media)
+
+
 def expand_frames(prompt: Prompt, token: str) -> tuple[str, list, list[int]]:
     """The prompt's text with one ``token`` per image (a video's repeated once per sampled frame),
     the images in order (each an ``Image`` source or a video frame as a ``PIL.Image``), and how many

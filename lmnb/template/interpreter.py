@@ -75,12 +75,15 @@ class _Run:
 
         source = self.value(node.source, s, local)
         if node.frames is None:
-            return lmnb.image(source)
-        frames = self.value(node.frames, s, local)
-        try:
-            return lmnb.video(source, frames)
-        except ValueError as e:  # a frame count that is not a positive int
-            raise self.error(str(e), node.frames.offset) from e
+            expr = lmnb.image(source)
+        else:
+            frames = self.value(node.frames, s, local)
+            try:
+                expr = lmnb.video(source, frames)
+            except ValueError as e:  # a frame count that is not a positive int
+                raise self.error(str(e), node.frames.offset) from e
+        expr.cell_offset = node.offset  # (a source that cannot be read, a text-only model: at this hole)
+        return expr
 
     def role(self, node: Role, s, local) -> None:
         import lmnb

@@ -97,23 +97,62 @@ def load_image(
             return _finish(image, "the PIL image")
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _decode(bytes(source), max_bytes, max_pixels, "the image data")
+    source = _source_string(source)
+    if is_data_url(source):
+        return _decode(_data_url_bytes(source, max_bytes), max_bytes, max_pixels, "the data URL")
+    if is_http_url(source):
+        return _decode(_fetch(source, max_bytes, allow_remote), max_bytes, max_pixels, source)
+    return _decode(_image_file(source, max_bytes).read_bytes(), max_bytes, max_pixels, repr(source))
+
+
+def check_image_source(source: Any, max_bytes: int = DEFAULT_MAX_BYTES, allow_remote: bool | None = None) -> None:
+    """Raise what ``load_image(source)`` raises before it decodes anything: a source of another
+    type, a path with no file or one over ``max_bytes``, a data URL not of the form
+    ``data:image/<type>;base64,<data>``, a remote URL while fetching is off. Cheap (nothing is
+    decoded or fetched), so a front end checks an input where the program adds it, not only where
+    a later request sends it.
+
+    Raises:
+        ImageInputError (a ValueError): as ``load_image`` words it.
+    """
+    if isinstance(source, (Image.Image, bytes, bytearray, memoryview)):
+        return
+    source = _source_string(source)
+    if is_data_url(source):
+        _data_url_bytes(source, max_bytes)
+    elif is_http_url(source):
+        if not _remote_allowed(allow_remote):
+            raise _remote_refused(source)
+    else:
+        _image_file(source, max_bytes)
+
+
+def _source_string(source: Any) -> str:
+    """A path, data URL or URL ``source`` as a string (a ``PathLike`` as its path).
+
+    Raises:
+        ImageInputError: ``source`` is of another type."""
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if not isinstance(source, str):
         raise ImageInputError(
             f"an image must be a file path, a PIL image, bytes or a base64 data URL; got {type(source).__name__}"
         )
-    if is_data_url(source):
-        return _decode(_data_url_bytes(source, max_bytes), max_bytes, max_pixels, "the data URL")
-    if is_http_url(source):
-        return _decode(_fetch(source, max_bytes, allow_remote), max_bytes, max_pixels, source)
+    return source
+
+
+def _image_file(source: str, max_bytes: int) -> Path:
+    """The file at path ``source`` (``~`` expanded).
+
+    Raises:
+        ImageInputError: no file there, or one over ``max_bytes``."""
     path = Path(source).expanduser()
     if not _is_file(path):
         raise _no_file(source)
     size = path.stat().st_size
     if size > max_bytes:
         raise ImageInputError(f"image file {source!r} is {size} bytes, over the limit of {max_bytes}; shrink it")
-    return _decode(path.read_bytes(), max_bytes, max_pixels, repr(source))
+    return path
 
 
 def _is_file(path: Path) -> bool:
@@ -173,14 +212,23 @@ def _data_url_bytes(url: str, max_bytes: int) -> bytes:
         raise ImageInputError("the data URL's payload is not valid base64") from None
 
 
-def _fetch(url: str, max_bytes: int, allow_remote: bool | None) -> bytes:
+def _remote_allowed(allow_remote: bool | None) -> bool:
+    """``allow_remote``, or where None whether ``$LMNB_ALLOW_REMOTE_MEDIA`` turns fetching on."""
     if allow_remote is None:
-        allow_remote = os.environ.get(ALLOW_REMOTE_ENV, "") in ("1", "true", "yes")
-    if not allow_remote:
-        raise ImageInputError(
-            f"remote image {url!r} is not fetched (fetching is off); download it and pass the path or bytes, "
-            f"or set {ALLOW_REMOTE_ENV}=1"
-        )
+        return os.environ.get(ALLOW_REMOTE_ENV, "") in ("1", "true", "yes")
+    return allow_remote
+
+
+def _remote_refused(url: str) -> ImageInputError:
+    return ImageInputError(
+        f"remote image {url!r} is not fetched (fetching is off); download it and pass the path or bytes, "
+        f"or set {ALLOW_REMOTE_ENV}=1"
+    )
+
+
+def _fetch(url: str, max_bytes: int, allow_remote: bool | None) -> bytes:
+    if not _remote_allowed(allow_remote):
+        raise _remote_refused(url)
     import urllib.request
 
     try:
