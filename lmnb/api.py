@@ -304,7 +304,8 @@ class SglFunction:
                 is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``: rename the
                 parameter); a ``backend`` that is a URL or a class, not a backend object; a ``state``
                 that is not a ``ProgramState``; a flag (``stream``, ``return_logprob``, ``ignore_eos``, ...)
-                that is not True or False.
+                that is not True or False; a ``max_new_tokens`` that is not an integer.
+            ValueError: ``max_new_tokens`` below 0.
             RuntimeError: with ``stream=True``, no thread could be started for the body (a
                 continued ``state`` is left as it was, usable).
         """
@@ -384,7 +385,9 @@ class SglFunction:
             TypeError: an item that does not fit the program's signature (checked before any run); an
                 option given that is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``:
                 rename the parameter); a ``backend`` that is a URL or a class; a flag (``progress_bar``,
-                ``return_logprob``, ``ignore_eos``, ...) that is not True or False.
+                ``return_logprob``, ``ignore_eos``, ...) that is not True or False; a ``max_new_tokens`` that
+                is not an integer.
+            ValueError: ``max_new_tokens`` below 0.
         """
         from lmnb.interpreter import run_program_batch
         from lmnb.tracer import stop_if_tracing

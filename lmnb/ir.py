@@ -259,6 +259,22 @@ class RunDefaults(GenParams):
     max_tokens_option: str = RUN_MAX_TOKENS_OPTION
     max_tokens_given: bool = False
 
+    def __post_init__(self) -> None:
+        """Check ``max_new_tokens`` in the option's own words, before ``GenParams``' checks, which
+        name a gen's ``max_tokens``: ``run(max_new_tokens="3")`` was refused as "max_tokens='3'
+        is invalid", and a negative count failed each gen as "max_tokens=-1 is invalid", an
+        option the program never wrote.
+
+        Raises:
+            TypeError: ``max_new_tokens`` is not an integer.
+            ValueError: it is below 0.
+        """
+        n = _python_value(self.max_new_tokens)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            error = ValueError if isinstance(n, int) and not isinstance(n, bool) else TypeError
+            raise error(f"{self.max_tokens_option.format(repr(n))} is invalid: must be an integer >= 0")
+        super().__post_init__()
+
     def max_tokens_note(self) -> str:
         """What to say of a gen without its own ``max_tokens`` whose request did not fit for the
         ``max_new_tokens`` it took from these defaults: where that number came from, and the fix
