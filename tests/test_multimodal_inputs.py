@@ -142,6 +142,11 @@ def test_limits_and_refusals(tmp_path, monkeypatch):
         load_image(png_bytes(Image.new("RGB", (100, 100))), max_pixels=9999)
     with pytest.raises(ImageInputError, match="not a readable image"):
         load_image(data[:40])  # truncated
+    # bytes of no image format: the message named Pillow's buffer ("<_io.BytesIO object at 0x7f...>")
+    with pytest.raises(ImageInputError) as e:
+        load_image(b"hello, not an image")
+    assert str(e.value) == ("the image data is not a readable image (its bytes are in no image format Pillow knows); "
+                            "use PNG, JPEG, GIF, WebP or BMP")
     # a 100-byte 16000x1 PNG: the image processor scaled its short side to 336, into 5.4e6x336 pixels
     for size in ((16000, 1), (1, 16000), (201, 1), (2010, 10)):
         with pytest.raises(ImageInputError, match=rf"is {size[0]}x{size[1]} pixels: its sides differ more than "

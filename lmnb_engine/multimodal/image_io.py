@@ -268,8 +268,11 @@ def _decode(data: bytes, max_bytes: int, max_pixels: int, what: str) -> LoadedIm
     except Image.DecompressionBombError as e:  # Pillow's own limit, met in Image.open before ours
         raise ImageInputError(f"{what} is over the limit of {max_pixels} pixels ({e}); resize it") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
-        raise ImageInputError(f"{what} is not a readable image ({type(e).__name__}: {e}); use PNG, JPEG, GIF, "
-                              "WebP or BMP") from None
+        # (Pillow's UnidentifiedImageError names the buffer it read, "cannot identify image file
+        # <_io.BytesIO object at 0x7f...>": an address, where the file's name is in ``what``)
+        detail = ("its bytes are in no image format Pillow knows" if isinstance(e, UnidentifiedImageError)
+                  else f"{type(e).__name__}: {e}")
+        raise ImageInputError(f"{what} is not a readable image ({detail}); use PNG, JPEG, GIF, WebP or BMP") from None
     return _finish(image, what)
 
 
