@@ -5,7 +5,6 @@ default backend. Names, arguments and defaults are SGLang's (``python/sglang/lan
 
 from __future__ import annotations
 
-import collections.abc
 import functools
 import inspect
 import math
@@ -13,7 +12,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Union
 
-from lmnb.choices import ChoicesSamplingMethod, repeated_choices_problem, token_length_normalized
+from lmnb.choices import ChoicesSamplingMethod, choice_list, repeated_choices_problem, token_length_normalized
 from lmnb.ir import (
     DEFAULT_MAX_NEW_TOKENS,
     OUTPUT_OPTIONS,
@@ -666,17 +665,11 @@ def select(
 
 
 def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_method: Any) -> Select:
-    """``select``'s checks and node; errors name ``caller``, the form the user wrote. A numpy array
-    of choices (``df.label.unique()``) and numpy numbers are read as the Python values they hold,
-    as gen()'s other options are; any other iterable of choices (a pandas Series, a generator) as
-    the list of its items, a set's sorted (so that ties, a seeded sample and the meta info's order
-    do not change from run to run)."""
-    choices, temperature = _python_value(choices), _python_value(temperature)
+    """``select``'s checks and node; errors name ``caller``, the form the user wrote. Choices are
+    read by ``choice_list`` (a numpy array, a pandas Series, a generator, a set sorted), and a numpy
+    temperature as the Python number it holds, as gen()'s other options are."""
     # (before the emptiness check below: a pandas Series' bool() raises "truth value is ambiguous")
-    if isinstance(choices, (set, frozenset)):  # (its order changes from run to run: strings' hashes are salted)
-        choices = sorted(choices, key=str)
-    if isinstance(choices, collections.abc.Iterable) and not isinstance(choices, (str, bytes, list, tuple)):
-        choices = _python_value(list(choices))
+    choices, temperature = choice_list(choices), _python_value(temperature)
     if not choices or not isinstance(choices, (list, tuple)):
         raise ValueError(f"{caller} needs choices: a non-empty list of strings")
     bad = [c for c in choices if not isinstance(c, str) or not c]

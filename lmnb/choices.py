@@ -10,10 +10,29 @@ everything before it, and keeps logprobs that are exactly 0.0.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
+
+from lmnb.ir import _python_value
+
+
+def choice_list(choices: Any) -> Any:
+    """``choices`` as ``select`` (and ``gen(choices=...)``) reads them: a numpy array of choices
+    (``df.label.unique()``) as the Python strings it holds; any other iterable but a string or bytes
+    (a pandas Series, a generator, a dict's keys) as the list of its items, a set's sorted, since its
+    order changes from run to run (strings' hashes are salted) and with it ties, a seeded sample and
+    the meta info's order. A ``%%lm`` cell reads a kernel variable's choices with it too, so that a
+    cell takes what ``lmnb.select`` takes. Any other value is returned as it is, for the caller to
+    refuse."""
+    choices = _python_value(choices)  # (numpy scalars and arrays as Python values)
+    if isinstance(choices, (set, frozenset)):
+        choices = sorted(choices, key=str)
+    if isinstance(choices, collections.abc.Iterable) and not isinstance(choices, (str, bytes, list, tuple)):
+        choices = _python_value(list(choices))
+    return choices
 
 
 def repeated_choices_problem(choices: Sequence[str]) -> Optional[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 
+import numpy as np
 import pytest
 
 import lmnb
@@ -727,6 +728,24 @@ def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col
         record(t.program().func, **t.bind(kernel))
     assert (e.value.line, e.value.col) == (2, col), str(e.value)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("labels", [np.array(["owl", "cat"]), {"owl", "cat"}, ("cat", "owl")])
+def test_numpy_and_other_values_lmnb_takes_are_taken_by_the_kernel_too(labels):
+    """A fork count and choices made with numpy (np.int64 from a sum, df.label.unique()), or choices
+    in a set, were refused by the kernel ("fork count must be an integer >= 1, got np.int64(2)",
+    "choices must be a non-empty list of strings"), where s.fork(n) and lmnb.select take them and
+    the exported program ran. Both faces now make the calls of the program written with the Python
+    values (a set's choices sorted, as lmnb.select sorts them)."""
+    @lmnb.function
+    def ref(s):
+        forks = s.fork(2)
+        for f in forks:
+            f += lmnb.select("pick", choices=sorted(["owl", "cat"]) if isinstance(labels, set) else list(labels))
+        forks.join()
+
+    one, two = faces("{fork n}{select pick choices=labels}{join}", n=np.int64(2), labels=labels)
+    assert one == two == record(ref.func)
 
 
 def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_and_the_export_alike():

@@ -10,6 +10,7 @@ import builtins
 import re
 from typing import Any
 
+from lmnb.choices import choice_list
 from lmnb.template.errors import TemplateRuntimeError
 from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
 from lmnb.template.options import SAMPLING_FIELDS, braces_hint, check_literal, fork_count, fork_items
@@ -57,6 +58,8 @@ class _Run:
         kwargs = {}
         for o in node.options:
             kwargs[o.key] = value = self.value(o.value, s, local, f"{node.primitive} option {o.key}={o.value.source}")
+            if o.key == "choices":  # as lmnb.select reads them: a numpy array, a pandas Series, a set (sorted)
+                kwargs[o.key] = value = choice_list(value)
             problem = _check_value(node.primitive, o.key, value)
             if problem:  # a value from a variable gets the check a literal got at parse time
                 raise self.error(problem, o.value.offset)
@@ -100,7 +103,7 @@ class _Run:
         if node.count is not None:
             n = self.value(node.count, s, local)
             try:
-                fork_count(n, node.count.source)
+                n = fork_count(n, node.count.source)
             except ValueError as e:
                 raise self.error(str(e), node.count.offset) from None
             forks = s.fork(n)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import inspect
 import math
+import operator
 import reprlib
 from collections.abc import Mapping
 from typing import Optional
@@ -27,10 +28,17 @@ def fork_count(n, source: Optional[str] = None):
     exported program calls this for a count it reads from a variable (a literal is checked when
     the cell is parsed).
 
+    An integer of another type (numpy's ``np.int64``, from ``len(df)`` or a sum) counts as the
+    Python int it holds (``operator.index``), as ``s.fork(n)`` takes it; the int is returned.
+
     Raises:
         ValueError: not an integer >= 1, or more than ``MAX_FORK_BRANCHES``; the message names the fix.
     """
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+    try:
+        count = None if isinstance(n, bool) else operator.index(n)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
         braces = ""
         if isinstance(n, (set, frozenset)):
             # ({fork {n}}: braces inside a hole are Python's, a set, where a user meant a hole in a
@@ -39,11 +47,11 @@ def fork_count(n, source: Optional[str] = None):
             fix = f"{{fork {inner}}}, not {{fork {source.strip()}}}" if inner else "{fork n}, not {fork {n}}"
             braces = f": a set, as braces inside a hole make one; write the count without them ({fix})"
         raise ValueError(f"fork count must be an integer >= 1, got {n!r}{braces}")
-    if n > MAX_FORK_BRANCHES:
-        raise ValueError(f"fork count {n} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a typo?); "
-                         "for more branches, fork in a %%lm --python cell (forks = s.fork(n)), or run one program "
-                         "per input with run_batch")
-    return n
+    if count > MAX_FORK_BRANCHES:
+        raise ValueError(f"fork count {count} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a "
+                         "typo?); for more branches, fork in a %%lm --python cell (forks = s.fork(n)), or run one "
+                         "program per input with run_batch")
+    return count
 
 
 def braced_item(source: str) -> Optional[str]:
