@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import operator
 import sys
 import threading
 from typing import Any, Callable, Optional, Union
@@ -755,7 +756,14 @@ def image(source: Any) -> Image:
 def video(source: Any, num_frames: int) -> Video:
     """A video file sampled uniformly to ``num_frames`` frames (decord, else PyAV, else Pillow),
     each given to the model as an image (its own placeholder and cache key). Same backends as
-    ``image``."""
-    if not isinstance(num_frames, int) or num_frames < 1:
+    ``image``. ``num_frames`` may be an integer of another type (numpy's), read as the int it holds.
+
+    Raises:
+        ValueError: ``num_frames`` is not an integer >= 1."""
+    try:
+        count = None if isinstance(num_frames, bool) else operator.index(num_frames)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
         raise ValueError(f"video() num_frames must be a positive integer, got {num_frames!r}")
-    return Video(source, num_frames)
+    return Video(source, count)

@@ -748,6 +748,16 @@ def test_numpy_and_other_values_lmnb_takes_are_taken_by_the_kernel_too(labels):
     assert one == two == record(ref.func)
 
 
+def test_a_video_frame_count_in_a_numpy_integer_is_the_int_it_holds():
+    """video() refused np.int64(3) frames ("num_frames must be a positive integer"), where gen() takes
+    numpy integers, and took True as 1 frame."""
+    one, two = faces("{video clip frames=k}", clip="walk.mp4", k=np.int64(3))
+    assert one == two == [((), "add", ("video", "walk.mp4", 3))]
+    assert type(lmnb.video("walk.mp4", np.int64(3)).num_frames) is int
+    with pytest.raises(ValueError, match=r"^video\(\) num_frames must be a positive integer, got True$"):
+        lmnb.video("walk.mp4", True)
+
+
 def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_and_the_export_alike():
     """{fork N} had no bound: a typo ({fork n} with n = 100000) forked that many states, each
     with its own requests. The limit holds for a literal (at parse time) and for a count from a
