@@ -740,8 +740,11 @@ def test_engine_offline_generate_takes_a_list_of_sampling_params_one_per_prompt(
         {"temperature": 0, "max_new_tokens": 2}, {"temperature": 0, "max_new_tokens": 4}])] == [o["text"] for o in outs]
     with pytest.raises(ValueError, match=r"^a list of sampling_params gives one dict per prompt: 1 for 2 prompts; "):
         backend.generate(prompts, [{"max_new_tokens": 1}])
-    with pytest.raises(ValueError, match=r"^a list of sampling_params gives one dict per prompt: 1 for one prompt; "):
+    # one prompt with a list of one dict: "1 for one prompt" read as the count asked for, not the fix
+    with pytest.raises(ValueError) as e:
         backend.generate(prompts[0], [{"max_new_tokens": 1}])
+    assert str(e.value) == ("a list of sampling_params goes with a list of prompts, one dict per prompt; this is one "
+                            "prompt, not in a list: pass its dict alone (sampling_params={...}), or the prompt in a list")
     with pytest.raises(ValueError, match=r"^sampling_params 1 of the batch: .*colour"):
         backend.generate(prompts, [{"max_new_tokens": 1}, {"colour": 1}])
 

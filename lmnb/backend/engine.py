@@ -366,10 +366,13 @@ class Engine(AssignableChatTemplate, BaseBackend):
                             "(or a prompt with images) as prompt=")
         source = prompt if prompt is not None else input_ids
         if isinstance(sampling_params, (list, tuple)):  # SGLang's list: one dict per prompt
-            if not is_prompt_batch(source) or len(sampling_params) != len(source):
-                given = f"{len(source)} prompts" if is_prompt_batch(source) else "one prompt"
+            if not is_prompt_batch(source):  # ("1 for one prompt" read as the count that was asked for)
+                raise ValueError("a list of sampling_params goes with a list of prompts, one dict per prompt; "
+                                 "this is one prompt, not in a list: pass its dict alone "
+                                 "(sampling_params={...}), or the prompt in a list")
+            if len(sampling_params) != len(source):
                 raise ValueError(f"a list of sampling_params gives one dict per prompt: {len(sampling_params)} "
-                                 f"for {given}; pass one dict for all the prompts, or one per prompt")
+                                 f"for {len(source)} prompts; pass one dict for all the prompts, or one per prompt")
             params_list = []
             for i, d in enumerate(sampling_params):
                 try:
