@@ -14,7 +14,7 @@ import difflib
 import os
 import sys
 import traceback
-from typing import Iterator
+from typing import Iterator, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
@@ -377,12 +377,14 @@ class LMMagics(Magics):
                     self.finish(args, view, outcome, count, cell_id, rerun)
                 raise cell_interrupt("the cell was stopped; its output so far and the variables it finished are "
                                       "kept") from None
-            self.finish(args, view, outcome, count, cell_id, rerun)
+            message = None
             if outcome.error is not None:
                 message = _describe(outcome.error, filename, None if args.python else template)
                 # the prompt alone is too long (the engine's words, also through lmnb serve): a state that grew
                 if start is not None and "tokens exceeds the model's context length" in message:
                     message += self._overflow_hint(args.state, start)
+            self.finish(args, view, outcome, count, cell_id, rerun, message)
+            if message is not None:
                 raise CellError(message) from outcome.error
 
     def _overflow_hint(self, name: str, state) -> str:
@@ -418,12 +420,15 @@ class LMMagics(Magics):
 
         return prefix_chars_from(self.session.engine("%%lm")) if self.session.remote is None else None
 
-    def finish(self, args, view, outcome: CellOutcome, count, cell_id, rerun) -> None:
+    def finish(self, args, view, outcome: CellOutcome, count, cell_id, rerun, message: Optional[str] = None) -> None:
         """Put the results in the kernel namespace and keep the named state, then freeze the view
         and show the summary: a Ctrl-C while the view draws stops the cell in one line and loses
         no result. ``cell_id``: the cell's Jupyter id (None: none was sent); ``rerun``: what a re-run
         does with the cell's earlier turn in the state (``_rerun``; None: not a re-run), which the
-        summary says."""
+        summary says. ``message``: the failed cell's error as its ``CellError`` says it, which the
+        view shows too (the raw error read "ProgramError: the body of program 'cell' failed:
+        TemplateRuntimeError: line 2, ...", the same error in lmnb's inner words); None: the
+        outcome's own error, if any."""
         # Variables the program finished are results even if a later part failed or was stopped.
         self.shell.push(outcome.captured, interactive=False)
         if args.out:
@@ -435,7 +440,7 @@ class LMMagics(Magics):
             while len(self.recent_cells) > RECENT_CELLS:
                 del self.recent_cells[next(iter(self.recent_cells))]
         try:
-            view.finish(outcome.status, error=outcome.error)
+            view.finish(outcome.status, error=message if message is not None else outcome.error)
             tokens = _tokens(view.model)
             self.session.totals.add(tokens["prompt_tokens"], tokens["cached_tokens"], tokens["completion_tokens"])
             if not args.quiet:

@@ -168,6 +168,17 @@ def test_a_gen_the_engine_refuses_as_it_runs_points_at_its_hole(ip):
             "      there{gen w max_tokens=" + f"{context_len * 2}" + "}\n           ^") in out.stdout
 
 
+def test_a_failed_cells_view_says_its_error_as_the_cell_error_does(ip):
+    """The view's error line said a hole's failure in lmnb's inner words ("ProgramError: the body of
+    program 'cell' failed: TemplateRuntimeError: line 2, ..."), above the CellError saying it plainly."""
+    ip.user_ns["lab"] = "ab"
+    failed, out = run(ip, "%%lm --static\n{select x choices=lab}")
+    assert not failed.success and str(failed.error_in_exec).startswith(
+        "line 2, col 19: choices must be a non-empty list of strings\n")
+    [text] = [o.data["text/plain"] for o in out.outputs if "lmnb cell" in o.data.get("text/plain", "")][-1:]
+    assert f"\nerror: {failed.error_in_exec}\n" in text and "body of program" not in text, text
+
+
 def test_a_gen_the_engine_refuses_in_fork_branches_points_at_its_hole(ip):
     """In a fork the same refusal was 'ForkError: 2 of 2 fork branches failed: ...' with no place,
     though every failed branch failed at one hole: that hole is pointed at (line 4 of the cell, with
