@@ -758,6 +758,25 @@ def test_a_video_frame_count_in_a_numpy_integer_is_the_int_it_holds():
         lmnb.video("walk.mp4", True)
 
 
+@pytest.mark.parametrize("cell, col, error, hint", [
+    ("{image cat.png}", 8, "name 'cat' is not defined",
+     'a file path goes in quotes: {image "cat.png"}; or define cat in a Python cell first'),
+    ("{user}{image photos/cat.JPG}{/user}", 14, "name 'photos' is not defined",
+     'a file path goes in quotes: {image "photos/cat.JPG"}; or define photos in a Python cell first'),
+    ("{fork i in xs}{video walk.gif frames=2}{join}", 22, "name 'walk' is not defined",
+     'a file path goes in quotes: {video "walk.gif" frames=2}; or define walk in a Python cell first'),
+    ("{image /tmp/cat.png}", 8, "invalid Python expression: invalid syntax", 'a file path goes in quotes: {image "/tmp/cat.png"}'),
+    ("{image ~/cat.png}", 9, "invalid Python expression: invalid syntax", 'a file path goes in quotes: {image "~/cat.png"}'),
+    ("{image photo.image}", 8, "name 'photo' is not defined", "define photo in a Python cell first"),  # an attribute
+])
+def test_an_image_path_written_without_quotes_is_told_to_quote_it(cell, col, error, hint):
+    """{image cat.png} said "name 'cat' is not defined; define cat in a Python cell first", and
+    {image /tmp/cat.png} "invalid Python expression": the hint now says to put the path in quotes."""
+    with pytest.raises((TemplateSyntaxError, TemplateRuntimeError)) as e:
+        parse(cell, first_line=2).bind({"xs": [1]})
+    assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == ((2, col), error, hint)
+
+
 def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_and_the_export_alike():
     """{fork N} had no bound: a typo ({fork n} with n = 100000) forked that many states, each
     with its own requests. The limit holds for a literal (at parse time) and for a count from a

@@ -89,6 +89,7 @@ class TemplateError(Exception):
                  indent: str = ""):
         self.message = message
         self.hint = hint
+        self.offset = offset  # (into ``source``: a caller may say the error again with another hint)
         self.line, self.col = line_col(source, offset, first_line, indent)
         lines = source.split("\n")
         self.source_line = lines[self.line - first_line] if 0 <= self.line - first_line < len(lines) else ""

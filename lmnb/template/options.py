@@ -10,6 +10,7 @@ import ast
 import inspect
 import math
 import operator
+import re
 import reprlib
 from collections.abc import Mapping
 from typing import Optional
@@ -20,6 +21,25 @@ from lmnb.ir import GenParams, is_stop
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
 # the kernel's view), so a count past this is most likely a typo ({fork 100000} for {fork 10}).
 MAX_FORK_BRANCHES = 256
+
+
+# File name endings of the images and videos {image}/{video} read, for telling a path written
+# without quotes ({image cat.png}, which Python reads as the attribute png of a variable cat) from
+# an attribute meant (``{image photo.image}``).
+_MEDIA_SUFFIX = re.compile(r"\.(png|jpe?g|gif|webp|bmp|tiff?|mp4|mov|avi|mkv|webm|m4v)$", re.IGNORECASE)
+_PATH_CHARACTERS = re.compile(r"[\w.~/\\-]+")
+
+
+def bare_media_path(kind: str, source: str, frames: str = "N") -> Optional[str]:
+    """The hint for an ``{image SRC}``/``{video SRC frames=...}`` (``frames``: the count as written)
+    whose ``SRC`` is a file path written without quotes (``cat.png``, ``photos/cat.png``,
+    ``~/cat.png``, ``/tmp/cat.png``), which Python reads as names (``name 'cat' is not defined``) or
+    not at all; None for other sources."""
+    path = source.strip()
+    if not _PATH_CHARACTERS.fullmatch(path) or not ("/" in path or path.startswith("~") or _MEDIA_SUFFIX.search(path)):
+        return None
+    count = f" frames={frames.strip()}" if kind == "video" else ""
+    return f'a file path goes in quotes: {{{kind} "{path}"{count}}}'
 
 
 def fork_count(n, source: Optional[str] = None):

@@ -369,7 +369,13 @@ class _Parser:
                 f"{{{kind}}} needs a source: a kernel variable or a path", start,
                 hint=f"e.g. {example}; to insert a variable named {kind} as text, write {{({kind})}}",
             )
-        source = self.expr(head, rest_at)
+        try:
+            source = self.expr(head, rest_at)
+        except TemplateSyntaxError as e:  # ({image /tmp/cat.png}: "invalid Python expression")
+            path_hint = opts.bare_media_path(kind, head)
+            if path_hint is None:
+                raise
+            raise self.error(e.message, e.offset, hint=path_hint) from None
         literal = _literal(source)
         if literal is not _NOT_LITERAL and not isinstance(literal, (str, bytes)):
             raise self.error(

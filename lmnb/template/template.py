@@ -6,10 +6,11 @@ import functools
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from lmnb.template.errors import TemplateRuntimeError
-from lmnb.template.nodes import Node
+from lmnb.template.nodes import Fork, Media, Node, Role
+from lmnb.template.options import bare_media_path
 
 # Names the generated code uses itself: the state ``s``, the ``lmnb`` module, and per fork depth d
 # the group ``forks{d}``, the branch state ``f{d}`` and the item list ``items{d}`` (d omitted for 1).
@@ -36,6 +37,19 @@ def python_name(name: str, taken: set[str] = frozenset()) -> str:
 
 # JSON constants -> their Python spelling, for the hint of a hole that reads one as a variable
 _JSON_CONSTANTS = {"true": "True", "false": "False", "null": "None"}
+
+
+def _media_source_at(body, offset: int) -> Optional[Media]:
+    """The ``{image}``/``{video}`` node of ``body`` (roles' and forks' bodies too) whose source
+    expression begins at ``offset``, or None."""
+    for node in body:
+        if isinstance(node, Media) and node.source.offset == offset:
+            return node
+        if isinstance(node, (Role, Fork)):
+            found = _media_source_at(node.body, offset)
+            if found is not None:
+                return found
+    return None
 
 
 def _did_you_mean(name: str, namespace: Mapping[str, Any]) -> str:
@@ -97,6 +111,11 @@ class Template:
                 # only a name that opens a hole ({name}) may be text meant literally
                 if self.source[offset - 1:offset] == "{":
                     hint += ", or write {{ }} for literal braces"
+                media = _media_source_at(self.body, offset)
+                path_hint = None if media is None else bare_media_path(
+                    media.kind, media.source.source, media.frames.source if media.frames is not None else "N")
+                if path_hint is not None:  # ({image cat.png}: Python reads the variable cat)
+                    hint = f"{path_hint}; or {hint}"
                 raise TemplateRuntimeError(f"name {name!r} is not defined{_did_you_mean(name, namespace)}",
                                            self.source, offset, self.first_line, indent=self.indent, hint=hint)
             out[params[name]] = namespace[name]
