@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import random
 import re
 import sys
 from pathlib import Path
@@ -1948,3 +1949,55 @@ def test_the_malformed_rows_of_a_semicolon_csv_name_the_separator(tmp_path):
     assert errors[1] == "line 3: 2 values for 1 columns (question;extra)" + hint
     rows.write_text('question\n"q" x\n', encoding="utf-8")  # (one column with no other separator in its name)
     assert [r.error for r in read_rows(rows)][0].endswith("or remove what follows the quote")
+
+
+def _rows_as_pythons_csv_reads_them(text: str, delimiter: str) -> list:
+    """The reference for the job's CSV rows, from Python's csv alone: records delimited by its
+    lenient reader over the text's lines (split as a file opened with newline='' is), each bad
+    when csv's strict reader refuses its lines; (line, fields or None) per record after the header."""
+    lines = io.StringIO(text, newline="").readlines()
+    lenient = csv.reader(iter(lines), delimiter=delimiter)
+    header, end, rows = next(lenient), lenient.line_num, []
+    for record in lenient:
+        start, end = end + 1, lenient.line_num
+        try:
+            list(csv.reader(lines[start - 1:end], delimiter=delimiter, strict=True))
+        except csv.Error:
+            rows.append((start, None))
+            continue
+        if record:
+            good = len(record) == len(header) and record != header
+            rows.append((start, dict(zip(header, record)) if good else None))
+    return rows
+
+
+@pytest.mark.parametrize("delimiter, suffix", [(",", "csv"), ("\t", "tsv")])
+def test_csv_rows_are_those_pythons_csv_reads_on_random_text(tmp_path, delimiter, suffix):
+    """Random text of quotes, separators, spaces and line ends of each kind (LF, CRLF, a CR alone)
+    after a header: each row's line and fields, or that it is bad, as Python's csv reads them."""
+    rng = random.Random(5)
+    pieces = ["a", "bc", "é", " ", '"', '""', delimiter, "\n", "\r\n", "\r", '"x"', "\n\n"]
+    rows = tmp_path / f"rows.{suffix}"
+    for _ in range(400):
+        text = f"q{delimiter}a\n" + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        rows.write_bytes(text.encode("utf-8"))
+        assert [(r.line, r.fields) for r in read_rows(rows)] == _rows_as_pythons_csv_reads_them(text, delimiter), text
+
+
+def test_blank_lines_before_a_csv_header_are_skipped(tmp_path):
+    """They were refused as 'the first line must name every column'; pandas' read_csv skips them
+    (header=0 is the first line that is not blank). csv.DictReader takes the blank line for the
+    header instead, and each row for the values of one nameless column: no reading to copy."""
+    rows = tmp_path / "rows.csv"
+    rows.write_bytes(b"\n\r\n\rquestion,id\nq1,1\n\nq2,2\n")
+    assert [(r.index, r.line, r.fields) for r in read_rows(rows)] == [
+        (0, 5, {"question": "q1", "id": "1"}), (1, 7, {"question": "q2", "id": "2"})]
+    rows.write_bytes(b"\n\n,id\nq1,1\n")
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    assert str(refused.value) == f"{rows} line 3: the first line that is not blank must name every column (a CSV header)"
+    rows.write_bytes(b"\n\r\n\n")
+    with pytest.raises(InputError) as refused:
+        list(read_rows(rows))
+    assert str(refused.value) == (f"{rows} has no CSV header: it holds no line but blank ones; its first line must "
+                                  "name every column")
