@@ -781,6 +781,8 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
           ("", "self.d = {'k': []}", "self.d.get('k').append(x)\n        return len(self.d['k'])"),
           ("", "self.it = iter('abcdefgh')", "return len(list(self.it))"),
           ("", "self.it = iter('abcdefgh')", "return 'c' in self.it"),
+          ("", "self.it = iter('abcdefgh')", "for c in self.it:\n            return c + x"),
+          ("", "self.it = iter('abcdefgh')", "return next(c for c in self.it if c > x)"),
           ("import queue\n", "self.q = queue.Queue()\n        self.q.put(1)\n        self.q.put(2)",
            "return self.q.get()"),
           ("class C:\n    def __init__(self):\n        self.n = 0\n    def get(self, k):\n        self.n += 1\n"
@@ -831,6 +833,11 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
      "        return [self.vocab.get(ch, 0) for ch in x] + [self.size(), self.vocab['a']]\n    def size(self):\n"
      "        return len(self.vocab)\ntok = Tok()\ndef use(x):\n    return tok.encode(x)", "r = str(use(q))"),
+    # (iterating a plain container an attribute holds reads it: `for k in self.vocab` was noted as a change)
+    ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1, 'b': 2}\n    def encode(self, x):\n"
+     "        out = []\n        for k in self.vocab:\n            out.append(k in x)\n"
+     "        return out + [k for k in self.vocab if k > x] + [v for _, v in self.vocab.items()]\n"
+     "tok = Tok()\ndef use(x):\n    return tok.encode(x)", "r = str(use(q))"),
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,

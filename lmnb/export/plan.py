@@ -675,6 +675,8 @@ def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
                 and (plain or user.func.id not in _ITERATING_BUILTINS))
     if isinstance(user, ast.Compare) and value is not user.left:  # (`k in self.vocab` runs through it)
         return plain or not any(isinstance(op, (ast.In, ast.NotIn)) for op in user.ops)
+    if isinstance(user, (ast.For, ast.AsyncFor, ast.comprehension)) and value is user.iter:
+        return plain  # (`for k in self.vocab`: iterating a plain container reads it; an iterator is consumed)
     # (handed on, kept or iterated: a list returned is changed where it goes)
     return item or not isinstance(user, (ast.Return, ast.keyword, ast.Assign, ast.AugAssign, ast.AnnAssign,
                                          ast.Starred, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.NamedExpr,
