@@ -7,6 +7,7 @@ test_export_batch.py.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import importlib.util
 import json
@@ -2637,6 +2638,21 @@ def test_a_setup_function_reading_a_variable_a_per_row_star_import_sets_is_warne
                         for where, n in (("f (cell 2)", "e"), ("f (cell 2)", "pi"), ("C (cell 2)", "pi"))]
 
 
+@pytest.mark.parametrize("module, noted", [("math", True), ("cmath", False), ("numpy", False), ("nosuchmodule", False)])
+def test_a_builtin_a_setup_function_reads_is_noted_where_a_standard_module_sets_it(module, noted):
+    """Only a module of Python's standard library is imported at export to learn what its star
+    import sets (math sets pow, cmath does not); another, numpy, which sets pow too, is left to the
+    job's run-time warning, as one that does not exist is."""
+    import cmath
+    import math
+
+    assert hasattr(math, "pow") and not hasattr(cmath, "pow")
+    nb = notebook('def f():\n    return str(pow(2, 3))\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  f"a = f()\nfrom {module} import *\nr = a + f()", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    _, p = export_notebook(nb)
+    assert [n.split(",")[0] for n in p.notes if "a builtin" in n] == (["cell 1: pow"] if noted else [])
+
+
 def test_the_warning_comes_also_when_the_row_reads_nothing_else_the_star_import_sets(tmp_path, monkeypatch, capsys):
     # the job warned only when the row's cells also read a name no cell binds (str, sqrt): with
     # r = f() alone, f() gave 3 in every row where the notebook's gave math's pi, without a word
@@ -2682,10 +2698,16 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_
     assert r in ("8 8.0", "(2+0j) 2.0", f"name 'pi' is not defined {__import__('math').pi}")
     assert prompts == ["B", r, "C", r]  # (two rows, one at a time: each starts without math's value)
     assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
-    # (a builtin, pow, str, is not listed: the job finds at run time whether the import sets it; math sets pow)
+    # (a builtin, pow, str, is not listed: the job finds at run time whether the import sets it; math sets pow,
+    # which the export notes, as a module of Python's own, which it may import to see: there was no note)
     if name == "pow":
         assert p.star_globals == () and "job.keep(" not in source and "'str'" not in source.split("def run_row")[1]
-        assert not [n for n in p.notes if n.startswith("cell 1:")]
+        assert "pow" in vars(importlib.import_module("math")) and hasattr(builtins, "pow")
+        assert [n for n in p.notes if n.startswith("cell 1:")] == [
+            "cell 1: pow, a builtin that a function of this cell (run once) reads and the rows use above a per-row "
+            "star import, is set by that import (`from math import *`): the job sets the script's global pow there, "
+            "as the notebook does, and each row starts from the builtin, "
+            f"{importlib.import_module('lmnb.export.plan')._RACE}"]
     else:
         assert p.star_globals == (name,) and f"job.keep(globals(), {name!r})\n" in source
         assert [n for n in p.notes if n.startswith("cell 1:")] == [
@@ -2707,7 +2729,8 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_
     # nor where the import gives the name the value f read before it (the builtin itself)
     nb = notebook(f'{define}\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
                   "a = f()\nfrom builtins import *\nr = a + ' ' + f()", "%%lm --temperature 0\n{r}{gen z}")
-    source, _ = export_notebook(nb)
+    source, p = export_notebook(nb)
+    assert not [n for n in p.notes if "builtin" in n]  # (nor noted: the builtin is not replaced)
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows3.jsonl", [{"q": "B"}]), 0)
     assert prompts[1] == "8 8"
     assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]

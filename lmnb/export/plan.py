@@ -15,6 +15,7 @@ The model (written into every exported script's docstring):
 from __future__ import annotations
 
 import builtins
+import sys
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -297,6 +298,15 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        f"use above a per-row star import, may be set by that import: the job sets the script's "
                        f"global{_number_words(names)['s']} {shown} there, as the notebook does, and each row starts "
                        f"from what the cells run once left, {_RACE}")
+    early_functions = [f for f in called if f"{f[1]} (cell {f[0]})" in p.early_reads]
+    star_builtins = _builtins_set_by([m for c in row if isinstance(c, Code) for m in c.star_imports], p.early_builtins)
+    for where, names in _grouped(_cells_of(early_functions, 2, lambda n: n in star_builtins)):
+        shown, w = ", ".join(names), _number_words(names)
+        stars = ", ".join(f"`from {m} import *`" for m in dict.fromkeys(m for n in names for m in star_builtins[n]))
+        p.notes.append(f"{where}: {shown}, {'a builtin' if len(names) == 1 else 'builtins'} that "
+                       f"{_functions_of(where)} (run once) {_verb('read', where)} and the rows use above a per-row "
+                       f"star import, {w['is_']} set by that import ({stars}): the job sets the script's global{w['s']} "
+                       f"{shown} there, as the notebook does, and each row starts from the builtin{w['s']}, {_RACE}")
     for index in dict.fromkeys(classes[a.split(".")[0]] for a in attributes):
         here = [a for a in attributes if classes[a.split(".")[0]] == index]
         what = "a class attribute" if len(here) == 1 else "class attributes"
@@ -1295,6 +1305,42 @@ def _set_by_star_import_only(early_reads: dict, cells: list, given: tuple) -> tu
     bound = set().union(*map(_cell_binds, cells)) | set(given) | {"lmnb"} | _BUILTINS
     names = (n for _, reads in early_reads.values() for n in reads)
     return tuple(n for n in dict.fromkeys(names) if n not in bound and not n.startswith("__"))
+
+
+# (standard-library modules that act when imported: the export imports the others to learn their names)
+_ACTING_ON_IMPORT = frozenset({"this", "antigravity", "__hello__", "__phello__", "idlelib", "turtledemo"})
+
+
+def _builtins_set_by(modules: list, read: tuple) -> dict:
+    """Builtin → the ``modules`` (a per-row cell's star imports, in order) whose ``from m import *``
+    gives it another value, of the builtins ``read`` (``Plan.early_builtins``: math's pow). Only
+    modules of Python's standard library are looked at, by importing them (code of the interpreter's
+    own, which runs nothing of the notebook's): importing another here could run anything, so what
+    such a one sets is found only when the job runs (``Job.star_import``)."""
+    import importlib.util
+    import sysconfig
+
+    stdlib = tuple(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib"))
+    out: dict = {}
+    for module in dict.fromkeys(modules):
+        top = module.split(".")[0]
+        if not read or not top or top not in sys.stdlib_module_names or top in _ACTING_ON_IMPORT:
+            continue
+        try:  # (a file of the notebook's folder named like the module would be imported instead: not one of these)
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not (spec.origin in ("built-in", "frozen") or str(spec.origin).startswith(stdlib)):
+            continue
+        names: dict = {}
+        try:
+            exec(f"from {module} import *", names)
+        except ImportError:  # (not built into this Python: tkinter without Tk)
+            continue
+        for n in read:
+            if n in names and names[n] is not getattr(builtins, n):
+                out.setdefault(n, []).append(module)
+    return out
 
 
 def _used_above_star_imports(row: list) -> dict:
