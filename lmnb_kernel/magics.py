@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import os
 import sys
 import traceback
@@ -31,6 +30,7 @@ from lmnb.template.cell_options import (
     add_load_arguments,
     check_cell_names,
     checked_out,
+    close_subcommand,
     suggest_option,
 )
 from lmnb_kernel import commands
@@ -121,7 +121,7 @@ def _check_help_subcommand(words: list[str]) -> None:
     subcommands = _subcommands(line_parser())
     if words[0].startswith("-") or words[0] in subcommands:
         return
-    close = _close_subcommand(words[0], subcommands)
+    close = close_subcommand(words[0], subcommands)
     hint = f"did you mean: %lm help {close}? " if close else ""
     raise UsageError(f"%lm has no subcommand {words[0]!r}; {hint}%lm help lists them")
 
@@ -133,17 +133,8 @@ def _suggest_subcommand(message: str, parser, words: list[str]) -> str:
     subcommands = _subcommands(parser)
     if words[0] in subcommands:
         return suggest_option(message, subcommands[words[0]], f"%lm {words[0]} --help")
-    close = _close_subcommand(words[0], subcommands)
+    close = close_subcommand(words[0], subcommands)
     return message + (f" (did you mean: %lm {close}?)" if "invalid choice" in message and close else "")
-
-
-def _close_subcommand(word: str, subcommands) -> str | None:
-    """The subcommand ``word`` most likely misspells: itself in another case (``%lm HELP``, which
-    difflib's case-sensitive match missed), else the closest name (``%lm stat``); None if none is close."""
-    if word.lower() in subcommands:
-        return word.lower()
-    close = difflib.get_close_matches(word.lower(), list(subcommands), n=1)
-    return close[0] if close else None
 
 
 def define_lmnb(shell) -> bool:

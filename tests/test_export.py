@@ -3084,6 +3084,15 @@ def test_a_help_line_of_lm_is_display_only_in_the_export():
     assert "# %lm load --help: help, display only, dropped" in source
 
 
+@pytest.mark.parametrize("line, close", [("HELP", "help"), ("Stats", "stats"), ("stat", "stats"), ("zzz", None)])
+def test_a_misspelt_lm_command_is_noted_with_the_kernels_did_you_mean(line, close):
+    """`%lm HELP` is refused by the kernel with "did you mean: %lm help?"; the export noted only
+    "dropped unknown command", with no word of the command meant."""
+    _, p = export_notebook(notebook(f"q = 'A'\n%lm {line}", "%%lm\n{q}{gen x max_tokens=1}"))
+    hint = f" (the kernel refuses it: did you mean %lm {close}?)" if close else ""
+    assert p.notes == [f"cell 1: dropped unknown command '%lm {line}'{hint}"]
+
+
 
 
 _BRACES = " (the braces inside the hole make a set of {0}; write {0} without them)"
@@ -3098,6 +3107,9 @@ _BRACES = " (the braces inside the hole make a set of {0}; write {0} without the
      "hole make one; write the count without them ({fork n}, not {fork {n}})"),
     ("k = 2", "{fork {k}}", "ValueError: fork count must be an integer >= 1, got {2}: a set, as braces inside a "
      "hole make one; write the count without them ({fork k}, not {fork {k}})"),
+    # (a set the variable holds: the script passed no source, and the fix said {fork n}, not the user's s)
+    ("s = {2}", "{fork s}", "ValueError: fork count must be an integer >= 1, got {2}: a set; {fork s} takes the "
+     "count itself: make s an integer (2, not {2})"),
 ])
 def test_a_fork_over_braces_inside_the_hole_fails_the_job_with_the_kernels_hint(tmp_path, monkeypatch, setup,
                                                                                   fork, error):

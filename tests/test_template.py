@@ -713,6 +713,10 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         ("{fork {n}}x{join}", {"n": 2}, 7, "fork count must be an integer >= 1, got {2}: a set, as braces inside a "
                                            "hole make one; write the count without them ({fork n}, not {fork {n}})"),
         ("{fork {k}}x{join}", {"k": 2}, 7, "write the count without them ({fork k}, not {fork {k}})"),
+        # (a set the variable holds: the braces are where s was set; the fix said {fork n}, not the user's s)
+        ("{fork s}x{join}", {"s": {2}}, 7, "got {2}: a set; {fork s} takes the count itself: make s an integer "
+                                           "(2, not {2})"),
+        ("{fork s}x{join}", {"s": {2, 3}}, 7, "got {2, 3}: a set; {fork s} takes the count itself: make s an integer"),
         # the engine refused it only once the gen was sent, away from the hole
         ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be None or an integer"),
         # refused by lmnb's gen itself (the message names the option): at that option, not the hole

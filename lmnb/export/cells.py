@@ -23,8 +23,8 @@ from typing import Optional, Union
 from lmnb.template.cell import cell_body
 from lmnb.template.errors import LONE_SURROGATE, surrogate_problem
 from lmnb.template.python_cell import indent_code
-from lmnb.template.cell_options import (CellLineError, CellOptions, check_cell_names, parse_backend_line,
-                                        parse_cell_line)
+from lmnb.template.cell_options import (CellLineError, CellOptions, check_cell_names, close_subcommand,
+                                        parse_backend_line, parse_cell_line)
 
 # Cell magics whose body is Python: the body is kept, the magic is dropped.
 PYTHON_BODY_MAGICS = ("time", "timeit", "capture")
@@ -530,8 +530,10 @@ def _lm_command(code: Code, line: str) -> str:
         return f"{shown}: the next %%lm cell with that --state starts a new state"
     if command in SESSION_COMMANDS:
         return f"{shown}: manages the notebook's kernel session, dropped"
-    code.notes.append(f"cell {code.index}: dropped unknown command {shown!r}")
-    return f"{shown}: not a known %lm command, dropped"
+    close = close_subcommand(command, ("help", "load", "connect", *DISPLAY_COMMANDS, *SESSION_COMMANDS))
+    hint = f" (the kernel refuses it: did you mean %lm {close}?)" if close else ""  # (as the kernel's message says)
+    code.notes.append(f"cell {code.index}: dropped unknown command {shown!r}{hint}")
+    return f"{shown}: not a known %lm command, dropped{hint}"
 
 
 # ------------------------------------------------------------------------------------- names

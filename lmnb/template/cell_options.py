@@ -182,6 +182,16 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def close_subcommand(word: str, subcommands) -> Optional[str]:
+    """The ``%lm`` subcommand of ``subcommands`` (names) that ``word`` most likely misspells: itself
+    in another case (``%lm HELP``, which difflib's case-sensitive match missed), else the closest
+    name (``%lm stat``); None if none is close. The kernel and the export both say it."""
+    if word.lower() in subcommands:
+        return word.lower()
+    close = difflib.get_close_matches(word.lower(), list(subcommands), n=1)
+    return close[0] if close else None
+
+
 def parse_backend_line(command: str, words: list[str]) -> argparse.Namespace:
     """The arguments of a ``%lm load`` / ``%lm connect`` line (``words`` after the command).
 

@@ -116,9 +116,9 @@ class _Writer:
         if node.count is not None:
             count = self.expr(node.count, state, local)
             if not _is_literal(node.count):  # (a literal count was checked when the cell was parsed)
-                # (the source, for the kernel's hint, only where braces may have made a set)
-                source = f", {_literal(node.count.source)}" if braced_item(node.count.source) else ""
-                count = f"lmnb.template.fork_count({self.braced(count, node.count.source)}{source})"
+                # (the source, for the message's fix in the user's own words: {fork s} with s = {2})
+                count = (f"lmnb.template.fork_count({self.braced(count, node.count.source)}, "
+                         f"{_literal(node.count.source)})")
             self.emit(indent, f"{forks} = {state}.fork({count})")
             self.emit(indent, f"for {branch} in {forks}:")
         else:

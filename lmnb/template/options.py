@@ -64,8 +64,16 @@ def fork_count(n, source: Optional[str] = None):
             # ({fork {n}}: braces inside a hole are Python's, a set, where a user meant a hole in a
             # hole; the fix is what the user wrote inside them, {fork 2} for {fork {2}})
             inner = braced_item(source) if source is not None else None
-            fix = f"{{fork {inner}}}, not {{fork {source.strip()}}}" if inner else "{fork n}, not {fork {n}}"
-            braces = f": a set, as braces inside a hole make one; write the count without them ({fix})"
+            if inner:
+                braces = (f": a set, as braces inside a hole make one; write the count without them "
+                          f"({{fork {inner}}}, not {{fork {source.strip()}}})")
+            elif source is not None:  # ({fork s}, s = {2}: the braces are in the value, where s was set)
+                example = f" ({next(iter(n))!r}, not {n!r})" if len(n) == 1 else ""
+                braces = (f": a set; {{fork {source.strip()}}} takes the count itself: make {source.strip()} an "
+                          f"integer{example}")
+            else:
+                braces = (": a set, as braces inside a hole make one; write the count without them ({fork n}, not "
+                          "{fork {n}})")
         raise ValueError(f"fork count must be an integer >= 1, got {n!r}{braces}")
     if count > MAX_FORK_BRANCHES:
         raise ValueError(f"fork count {count} is over the limit of {MAX_FORK_BRANCHES} branches per {{fork N}} (a "
