@@ -800,12 +800,13 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
     ("from enum import Enum\nclass Color(Enum):\n    RED = 1\n    def hit(self):\n"
      "        self.hits = getattr(self, 'hits', 0) + 1\n        return self.hits", "r = str(Color.RED.hit())",
      "cell 1: Color's members (an Enum's, which the class holds) have hits (hit()) set by its methods, and the rows "
-     "use Color: what they set carries over from row to row"),
+     "use Color: the job does not set them back at each row's start, so what they set carries over from row to row"),
     # (an attribute set on an Enum's member, which the class holds: no class attribute the job sets back)
     ("from enum import Enum\nclass Color(Enum):\n    RED = 1",
      "Color.RED.hits = getattr(Color.RED, 'hits', 0) + 1\nr = str(Color.RED.hits)",
      "cell 1: Color.RED, an object that the class Color of this cell holds (an Enum's member, or a class attribute's "
-     "value), has Color.RED.hits set by the rows: it carries over from row to row"),
+     "value), has Color.RED.hits set by the rows: the job does not set it back at each row's start, so it carries "
+     "over from row to row"),
 ])
 def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     # the job runs the set-up once, so these go on from the last row's state (r: 1, 2, 3 for three
@@ -3161,3 +3162,31 @@ def test_a_fork_over_a_starred_set_fails_the_job_as_the_kernel_says(tmp_path, mo
     results, _ = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": "B"}]))
     assert results[0]["status"] == "error"
     assert re.fullmatch(re.escape(f"TypeError: {kernel.value}") + r" \(job\.py line \d+\)", results[0]["error"])
+
+
+@pytest.mark.parametrize("setup, cell", [
+    ("from enum import Enum\nclass Color(Enum):\n    RED = 1",
+     "Color.RED.hits = getattr(Color.RED, 'hits', 0) + 1\nr = str(Color.RED.hits)"),
+    ("from enum import Enum\nclass Color(Enum):\n    RED = 1\n    def hit(self):\n"
+     "        self.hits = getattr(self, 'hits', 0) + 1\n        return self.hits", "r = str(Color.RED.hit())"),
+])
+def test_an_enum_members_attribute_the_rows_set_carries_over_as_its_note_says(tmp_path, monkeypatch, setup, cell):
+    """The job does not set an Enum member's attribute back at each row's start (a member is made
+    once, with its class, and no copy of it can stand in for it: Color.RED is Color(1)); the note
+    says so in those words, where it said only that the state carries over."""
+    from helpers_export import write_rows
+
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    ns: dict = {}  # (each pass of the notebook: the set-up, then the row's cell)
+    exec(setup, ns)
+    exec(cell, ns)
+    assert ns["r"] == "1"
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts[1::2] == ["1", "2", "3"]  # (what the note says: row 2 sees row 1's)
+    assert len(p.notes) == 1 and re.search("the job does not set (it|them) back at each row's start, so .*carries "
+                                           r"over from row to row .*, and rows running at once \(--num-threads "
+                                           r"above 1\) share (it|them); keep that state in a variable the row makes",
+                                           p.notes[0]), p.notes

@@ -31,6 +31,8 @@ JUPYTER_BUILTINS = frozenset({"display"})
 # What sharing the script's globals between rows means, and the fixes (the export's notes)
 _RACE = ("so rows running at once (--num-threads above 1) may read each other's value; return the value from the "
          "function instead, or run the job with --num-threads 1")
+# (the advice of the notes on set-up state that the job does not set back per row)
+_OWN_STATE = "keep that state in a variable the row makes (after the first %%lm cell) instead"
 
 
 def _number_words(names: list) -> dict:
@@ -395,28 +397,27 @@ def _class_attributes(called: list, row: list, classes: dict) -> tuple[tuple, tu
             tuple(n for n in dict.fromkeys(computed) if n in classes))
 
 
-# What a note on state a set-up class holds says to do (``_held_object_notes``)
-_KEEP_IN_THE_ROW = ("keep that state in a variable the row makes (after the first %%lm cell) instead, and rows "
-                    "running at once (--num-threads above 1) share it")
-
-
 def _held_object_notes(setup: list, row: list, called: list, classes: dict) -> list[str]:
     """The notes on objects that a set-up class holds and the rows change, which the job cannot set
     back (each row goes on from the last one's): attributes the rows set by name on an Enum's
     member or a class attribute's instance (``_held_object_attributes``), and those the methods of a
     set-up Enum the rows use set on its members (``_enum_member_attributes``)."""
     notes = []
+    # (an Enum's member is made once, with its class, and is the class's own, Color(1) is Color.RED: no copy can
+    # stand in for it per row, so the job leaves what the rows set on it, and the notes say so)
     for owner, changed in _held_object_attributes(called, row, classes).items():
         root = owner.split(".")[0]
         notes.append(f"cell {classes[root]}: {owner}, an object that the class {root} of this cell holds (an Enum's "
-                     f"member, or a class attribute's value), has {', '.join(changed)} set by the rows: it carries "
-                     "over from row to row (what one row sets, the next row sees), where each pass of the notebook "
-                     f"starts from the one the cells run once made; {_KEEP_IN_THE_ROW}")
+                     f"member, or a class attribute's value), has {', '.join(changed)} set by the rows: the job does "
+                     "not set it back at each row's start, so it carries over from row to row (what one row sets, "
+                     "the next row sees), where each pass of the notebook starts from the one the cells run once "
+                     f"made, and rows running at once (--num-threads above 1) share it; {_OWN_STATE}")
     for root, changed in _enum_member_attributes(setup, called).items():
         notes.append(f"cell {classes[root]}: {root}'s members (an Enum's, which the class holds) have "
-                     f"{', '.join(changed)} set by its methods, and the rows use {root}: what they set carries over "
-                     "from row to row (what one row sets, the next row sees), where each pass of the notebook starts "
-                     f"from the members the cells run once made; {_KEEP_IN_THE_ROW}")
+                     f"{', '.join(changed)} set by its methods, and the rows use {root}: the job does not set them "
+                     "back at each row's start, so what they set carries over from row to row (what one row sets, "
+                     "the next row sees), where each pass of the notebook starts from the members the cells run "
+                     f"once made, and rows running at once (--num-threads above 1) share them; {_OWN_STATE}")
     return notes
 
 
