@@ -746,6 +746,13 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "cell 3): what its calls change carries over from row to row"),
     ("def g():\n    yield from 'xyz'\nit = g()", "r = next(it)",
      "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`next(it)` in cell 3)"),
+    # (held in a list or dict the set-up makes: next(items[0]) and handlers['a'].bump() went without a note)
+    ("def g():\n    yield from 'xyz'\nitems = [g()]", "r = next(items[0])",
+     "cell 1: items, a list of iterators (g()) that this cell makes once, is used by the rows (`next(items[0])` in "
+     "cell 3): what its calls change carries over from row to row"),
+    (_COUNTER + "\nhandlers = {'a': Counter(), 'b': Counter()}", "r = str(handlers['a'].bump())",
+     "cell 1: handlers, a dict of instances of Counter that this cell makes once, is used by the rows "
+     "(`handlers['a'].bump()` in cell 3)"),
     ("def counted(f):\n    n = 0\n    def w(*a):\n        nonlocal n\n        n += 1\n        return f(*a) + str(n)\n"
      "    return w\n@counted\ndef tag(x):\n    return x", "r = tag('t')",
      "cell 1: tag, which the rows call, is wrapped by counted, whose closure keeps state by `nonlocal`: it carries "
@@ -840,6 +847,11 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
      "        out = []\n        for k in self.vocab:\n            out.append(k in x)\n"
      "        return out + [k for k in self.vocab if k > x] + [v for _, v in self.vocab.items()]\n"
      "tok = Tok()\ndef use(x):\n    return tok.encode(x)", "r = str(use(q))"),
+    # (a list or dict of objects: a read-only method of theirs, or an item that is no such object, changes nothing)
+    ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
+     "        return self.vocab.get(x, 0)\ntoks = [Tok(), Tok()]", "r = str(toks[0].encode(q))"),
+    ("def g():\n    yield from 'xyz'\nparts = [g(), 'ab']", "r = parts[1].upper()"),
+    ("words = {'a': 'xy'}", "r = words['a'].upper()"),
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,

@@ -483,44 +483,79 @@ def _enum_member_attributes(setup: list, called: list) -> dict:
 _ITERATOR_CALLS = frozenset({"iter", "itertools.count", "itertools.cycle"})
 
 
-def _made_objects(setup: list, classes: dict) -> tuple[dict, dict]:
+def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     """(name → (set-up cell index, "an instance of C" or "an iterator (f())", C or None) for the set-up
     globals last bound at top level to a call of a set-up class, or of ``_ITERATOR_CALLS`` or a
-    set-up generator function; (cell index, name) → the top-level ``def`` of each set-up function)."""
+    set-up generator function; the same for those bound to a list, tuple or dict (a display or a
+    comprehension) whose every item or value is such a call (``items = [gen()]``: "a list of
+    iterators (gen())", C where all are instances of C); (cell index, name) → the top-level ``def``
+    of each set-up function)."""
     import ast
 
     made: dict = {}
+    held: dict = {}
     defs: dict = {}
     generators: set = set()
+
+    def making(call) -> Optional[tuple]:
+        func = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if func in classes:
+            return f"an instance of {func}", func
+        if func in _ITERATOR_CALLS or func in generators:
+            return f"an iterator ({func}())", None
+        return None
+
     for c, stmt in _statements(setup):
         for name in bound_by(stmt):
             made.pop(name, None)
+            held.pop(name, None)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             defs[(c.index, stmt.name)] = stmt
             generators.discard(stmt.name)
             if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(stmt)):
                 generators.add(stmt.name)
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
-                and isinstance(stmt.value, ast.Call)):
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
             continue
-        func = ast.unparse(stmt.value.func)
-        if func in classes:
-            made[stmt.targets[0].id] = (c.index, f"an instance of {func}", func)
-        elif func in _ITERATOR_CALLS or func in generators:
-            made[stmt.targets[0].id] = (c.index, f"an iterator ({func}())", None)
-    return made, defs
+        name, value = stmt.targets[0].id, stmt.value
+        if making(value) is not None:
+            made[name] = (c.index, *making(value))
+            continue
+        kind, items = _container_items(value)
+        found = [making(item) for item in items]
+        if found and all(found):  # (every item such a call: a list that also holds a str has read methods)
+            what = found[0][0].replace("an instance of", "instances of").replace("an iterator", "iterators")
+            one_class = found[0][1] if all(f == found[0] for f in found) else None
+            held[name] = (c.index, f"a {kind} of {what}", one_class)
+    return made, held, defs
+
+
+def _container_items(value) -> tuple[str, list]:
+    """("list", "tuple" or "dict"; the expressions of its items, or a dict's values) for a display or
+    a comprehension (one item: its element); ("", []) for another value."""
+    import ast
+
+    if isinstance(value, (ast.List, ast.Tuple)):
+        return type(value).__name__.lower(), list(value.elts)
+    if isinstance(value, ast.Dict):
+        return "dict", [v for k, v in zip(value.keys, value.values) if k is not None]  # (not a **spread's)
+    if isinstance(value, ast.ListComp):
+        return "list", [value.elt]
+    if isinstance(value, ast.DictComp):
+        return "dict", [value.value]
+    return "", []
 
 
 def _carried_over(setup: list, row: list, called: list, classes: dict, copied: tuple, lazy: set) -> list:
     """The notes for set-up state that the rows carry on from row to row, which the job does not
     set back (each pass of the notebook starts from a new one): a ``_made_objects`` global that a
     row cell (but for the row's copy, ``copied``) or a set-up function the rows call (``_called``)
-    uses by ``next(it)`` or a method call (``c.bump()``) (but under ``if x is None:`` of a value made
+    uses by ``next(it)`` or a method call (``c.bump()``), or an item of one that holds them, by
+    ``next(items[0])`` or ``handlers['a'].bump()`` (but under ``if x is None:`` of a value made
     on first use, ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up
     decorator's closure around a function the rows call. Static cases only."""
     import ast
 
-    made, defs = _made_objects(setup, classes)
+    made, held, defs = _made_objects(setup, classes)
     read_only = _read_only_methods(setup)
     bound = set().union(*map(_cell_binds, row))
     places = [(f"cell {c.index}", tree, copied) for c in row
@@ -538,21 +573,26 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
             if not isinstance(node, ast.Call) or any(_tests_unset(t, lazy) for t in tests):
                 continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
             func, args = node.func, node.args
-            if isinstance(func, ast.Name) and func.id == "next" and args and isinstance(args[0], ast.Name):
-                name = args[0].id
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-                name = func.value.id
-                if name in made and func.attr in read_only.get(made[name][2], ()):
-                    continue  # (tok.encode(x) of a method that changes nothing of tok)
+            if isinstance(func, ast.Name) and func.id == "next" and args:
+                target = args[0]
+            elif isinstance(func, ast.Attribute):
+                target = func.value
             else:
                 continue
-            if name in made and name not in bound and name not in skipped:
-                uses.setdefault(name, f"`{ast.unparse(node)}` in {where}")
-    notes = [f"cell {made[name][0]}: {name}, {made[name][1]} that this cell makes once, is used by the rows ({use}): "
+            # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump())
+            known, name = (held, target.value) if isinstance(target, ast.Subscript) else (made, target)
+            if not (isinstance(name, ast.Name) and name.id in known):
+                continue
+            name = name.id
+            if isinstance(func, ast.Attribute) and func.attr in read_only.get(known[name][2], ()):
+                continue  # (tok.encode(x) of a method that changes nothing of tok)
+            if name not in bound and name not in skipped:
+                uses.setdefault(name, (known[name], f"`{ast.unparse(node)}` in {where}"))
+    notes = [f"cell {entry[0]}: {name}, {entry[1]} that this cell makes once, is used by the rows ({use}): "
              "what its calls change carries over from row to row (what one row changes, the next row sees), where "
              f"each pass of the notebook starts from a new one; make it in a cell that runs per row ({name} = ... "
              "after the first %%lm cell), and rows running at once (--num-threads above 1) share it"
-             for name, use in uses.items()]
+             for name, (entry, use) in uses.items()]
     decorators = {name: d for (_, name), d in defs.items()
                   if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
     # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
