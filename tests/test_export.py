@@ -2651,11 +2651,13 @@ def test_a_setup_function_reading_a_variable_a_per_row_star_import_sets_is_warne
                         for where, n in (("f (cell 2)", "e"), ("f (cell 2)", "pi"), ("C (cell 2)", "pi"))]
 
 
-@pytest.mark.parametrize("module, noted", [("math", True), ("cmath", False), ("numpy", False), ("nosuchmodule", False)])
-def test_a_builtin_a_setup_function_reads_is_noted_where_a_standard_module_sets_it(module, noted):
+@pytest.mark.parametrize("module, noted", [("math", True), ("cmath", False), ("numpy", False), ("nosuchmodule", False),
+                                           ("this", False)])
+def test_a_builtin_a_setup_function_reads_is_noted_where_a_standard_module_sets_it(capsys, module, noted):
     """Only a module of Python's standard library is imported at export to learn what its star
     import sets (math sets pow, cmath does not); another, numpy, which sets pow too, is left to the
-    job's run-time warning, as one that does not exist is."""
+    job's run-time warning, as one that does not exist is, and a standard one that acts on import
+    (this prints the Zen of Python) is not imported."""
     import cmath
     import math
 
@@ -2664,6 +2666,7 @@ def test_a_builtin_a_setup_function_reads_is_noted_where_a_standard_module_sets_
                   f"a = f()\nfrom {module} import *\nr = a + f()", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
     _, p = export_notebook(nb)
     assert [n.split(",")[0] for n in p.notes if "a builtin" in n] == (["cell 1: pow"] if noted else [])
+    assert capsys.readouterr().out == ""
 
 
 def test_the_warning_comes_also_when_the_row_reads_nothing_else_the_star_import_sets(tmp_path, monkeypatch, capsys):

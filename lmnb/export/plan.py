@@ -1376,7 +1376,7 @@ def _builtins_set_by(modules: list, read: tuple) -> dict:
         names: dict = {}
         try:
             exec(f"from {module} import *", names)
-        except ImportError:  # (not built into this Python: tkinter without Tk)
+        except Exception:  # (one this platform lacks, tkinter without Tk, or fails: left to the job's run-time check)
             continue
         for n in read:
             if n in names and names[n] is not getattr(builtins, n):
