@@ -3205,3 +3205,22 @@ def test_an_enum_members_attribute_the_rows_set_carries_over_as_its_note_says(tm
                                            r"over from row to row .*, and rows running at once \(--num-threads "
                                            r"above 1\) share (it|them); keep that state in a variable the row makes",
                                            p.notes[0]), p.notes
+
+
+def test_a_setup_generator_held_in_a_list_carries_over_in_the_job_as_its_note_says(tmp_path, monkeypatch):
+    """`items = [g()]` once, `next(items[0])` per row: the job's rows go on through the one generator
+    (x, y, z), where each pass of the notebook starts a new one (x); the export notes it."""
+    from helpers_export import write_rows
+
+    setup, cell = "def g():\n    yield from 'xyz'\nitems = [g()]", "r = next(items[0])"
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    ns: dict = {}  # (a pass of the notebook: the set-up, then the row's cell)
+    exec(setup, ns)
+    exec(cell, ns)
+    assert ns["r"] == "x"
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts[1::2] == ["x", "y", "z"]
+    assert [n.split(",")[0] for n in p.notes] == ["cell 1: items"]
