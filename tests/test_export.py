@@ -3224,3 +3224,50 @@ def test_a_setup_generator_held_in_a_list_carries_over_in_the_job_as_its_note_sa
                                ["--num-threads", "1"])
     assert prompts[1::2] == ["x", "y", "z"]
     assert [n.split(",")[0] for n in p.notes] == ["cell 1: items"]
+
+
+_HELPERS = "seen = []\ncalls = 0\n\ndef remember(x):\n    global calls\n    calls += 1\n    seen.append(x)\n    return len(seen)\n\n" \
+           "def shout(x):\n    words = []\n    words.append(x)\n    return x.upper()\n"
+
+
+@pytest.mark.parametrize("helpers, cell, noted", [
+    (_HELPERS, "r = str(remember(q))", "calls, seen"),
+    (_HELPERS, "r = shout(q)", None),  # (its list is its own, made per call)
+    (_HELPERS.replace("seen = []", "__all__ = ['shout']\nseen = []"), "r = str(remember(q))", None),  # (not given)
+    (_HELPERS, "def remember(x):\n    return x\nr = remember(q)", None),  # (a cell's own remember)
+])
+def test_a_function_of_the_users_star_imported_module_that_keeps_state_is_noted(tmp_path, monkeypatch, capsys, caplog,
+                                                                               helpers, cell, noted):
+    """helpers.py beside the notebook, `from helpers import *` once, `remember(q)` per row: the job
+    imports the module once, so its seen and calls go on from row to row (1, 2, 3), where each pass
+    of the notebook imports it anew (1); that went without a note."""
+    from helpers_export import write_rows
+
+    (tmp_path / "helpers.py").write_text(helpers, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    nb = notebook("from helpers import *\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    _, p = export_notebook(nb, folder=tmp_path)
+    assert [n for n in p.notes if "helpers" in n] == ([] if noted is None else [
+        f"cell 1: remember, which `from helpers import *` gives (helpers.py, beside the notebook) and the rows call, "
+        f"changes the module's own globals {noted}: the job imports the module once, so that carries over from row to row (what "
+        "one row changes, the next row sees), where each pass of the notebook imports it anew, and rows running at "
+        "once (--num-threads above 1) share it; keep that state in a variable the row makes (after the first %%lm "
+        "cell) instead"])
+    if noted:  # (lmnb export and nbconvert give the notebook's folder; what the note says, in the job)
+        from lmnb.export.exporter import LMScriptExporter
+        from lmnb_kernel.cli import main
+
+        nbformat.write(nb, tmp_path / "nb.ipynb")
+        capsys.readouterr()
+        assert main(["export", str(tmp_path / "nb.ipynb"), "-o", str(tmp_path / "nb.py")]) == 0
+        assert "and the rows call, changes the module's own globals" in capsys.readouterr().err
+        resources = {"metadata": {"name": "nb", "path": str(tmp_path)}, "unique_key": "nb"}
+        with open(tmp_path / "nb.ipynb", "rb") as f, caplog.at_level("WARNING"):
+            LMScriptExporter().from_file(f, resources)
+        assert "and the rows call, changes the module's own globals" in caplog.text
+        monkeypatch.delitem(sys.modules, "helpers", raising=False)
+        source, _ = export_notebook(nb, folder=tmp_path)
+        _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]),
+                                   0, ["--num-threads", "1"])
+        assert prompts[1::2] == ["1", "2", "3"]

@@ -217,22 +217,24 @@ def _json_shape_problem(data) -> Optional[str]:
     return None
 
 
-def plan_notebook(nb, inputs: Optional[Sequence[str]] = None) -> Plan:
-    """How ``nb`` (an ``nbformat`` v4 notebook) maps onto a batch job. Raises ``ExportError``."""
-    return plan(read_cells(nb), inputs)
+def plan_notebook(nb, inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None) -> Plan:
+    """How ``nb`` (an ``nbformat`` v4 notebook, in ``folder`` where known) maps onto a batch job.
+    Raises ``ExportError``."""
+    return plan(read_cells(nb), inputs, folder)
 
 
 def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str = "job.py",
-                    inputs: Optional[Sequence[str]] = None) -> tuple[str, Plan]:
+                    inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None) -> tuple[str, Plan]:
     """The batch script for ``nb`` and its plan (``plan.notes`` lists what was dropped).
 
     ``inputs``: the row fields (default: the notebook's example inputs, see ``lmnb.export.plan``).
+    ``folder``: the notebook's, where the modules of the user's that it imports are (None: not known).
 
     Raises:
         ExportError: a cell that cannot be read (``cells.cell_read_problem``) or does not parse, no
             ``%%lm`` cell, or unusable ``inputs``.
     """
-    p = plan_notebook(nb, inputs)
+    p = plan_notebook(nb, inputs, folder)
     # A lone surrogate (a broken character) becomes its escape: in a string literal it reads back the same.
     source = write_script(p, notebook_name, script_name).encode("utf-8", "backslashreplace").decode("utf-8")
     try:  # what compiles cell by cell can still fail as one script (e.g. nesting too deep)
@@ -342,7 +344,7 @@ def export(args: argparse.Namespace) -> int:
         return 2
     script_name = "job.py" if to_stdout else out.name
     try:
-        source, p = export_notebook(nb, path.name, script_name, inputs)
+        source, p = export_notebook(nb, path.name, script_name, inputs, path.parent)
     except ExportError as e:
         print(f"lmnb export: {path}: {e}", file=sys.stderr)
         return 2

@@ -80,7 +80,9 @@ class LMScriptExporter(Exporter):
         # nbconvert's app names the output file after unique_key: the notebook's name, or --output's
         script = os.path.basename(resources.get("unique_key") or "") or name
         try:
-            source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs)
+            folder = (resources.get("metadata") or {}).get("path")  # (from a file: its folder, "" for the current one)
+            source, plan = export_notebook(nb, f"{name}.ipynb", f"{script}.py", self.inputs,
+                                           None if folder is None else Path(folder))
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(str(e)) from None
         return source, plan, script

@@ -18,6 +18,7 @@ import builtins
 import sys
 import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional, Sequence
 
 from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
@@ -148,12 +149,13 @@ class Plan:
         return tuple(out)
 
 
-def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
+def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None) -> Plan:
     """Split ``cells`` (from ``cells.read_cells``) into setup and per-row parts (module docstring).
 
     ``inputs``: the row fields, overriding the example-based choice (a parameter named here is a
     row field instead of an option). A notebook without ``%%lm`` cells has no per-row part: its
-    script runs the cells once (``Plan.row`` is empty).
+    script runs the cells once (``Plan.row`` is empty). ``folder``: the notebook's, where a module
+    it star-imports may be a file of the user's (``_local_module_state``); None: not known.
 
     Raises:
         ExportError: an ``inputs`` name that is not a variable or that the row part never reads; an
@@ -322,6 +324,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None) -> Plan:
                        f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
                        "reset it in the row")
     p.notes += _carried_over(setup, row, called, classes, p.copied, lazy)
+    p.notes += _local_module_state(cells, row, folder)
     p.notes += _held_object_notes(setup, row, called, classes)
     for c in cells:
         p.notes += getattr(c, "notes", [])
@@ -608,6 +611,69 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
             if wrapped:
                 notes.append(_wrapped_note(f[0], name, wrapped[0]))
     return notes
+
+
+def _local_module_state(cells: list, row: list, folder: Optional[Path]) -> list:
+    """The notes for the functions of a module of the user's (NAME.py in the notebook's ``folder``)
+    that a cell star-imports and the row cells call by name, which change the module's own globals:
+    one they set by ``global``, or a dict, list or set the module makes and they change in place
+    (``seen.append(x)``). The job imports the module once, so that state carries over from row to
+    row, where each pass of the notebook imports it anew. The module's source is read, not run."""
+    import ast
+
+    if folder is None:
+        return []
+    bound = set().union(*map(_cell_binds, cells))  # (a cell's own function of that name is not the module's)
+    used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
+    notes = []
+    for c in cells:
+        for module in (c.star_imports if isinstance(c, Code) else ()):
+            path = Path(folder, *module.split(".")).with_suffix(".py")
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError, SyntaxError):  # (no such file: a module installed, whose state is its own)
+                continue
+            for name, state in _stateful_functions(tree).items():
+                if name in used and name not in bound:
+                    notes.append(f"cell {c.index}: {name}, which `from {module} import *` gives ({path.name}, beside "
+                                 f"the notebook) and the rows call, changes the module's own globals {', '.join(state)}: the "
+                                 "job imports the module once, so that carries over from row to row (what one row "
+                                 "changes, the next row sees), where each pass of the notebook imports it anew, and "
+                                 f"rows running at once (--num-threads above 1) share it; {_OWN_STATE}")
+    return notes
+
+
+def _stateful_functions(tree) -> dict:
+    """Function name → the module globals it changes, for the top-level functions of a module's
+    ``tree`` that ``from m import *`` gives (its ``__all__`` where a list or tuple of strings says,
+    else the names without a leading "_"): a global set by ``global`` (``calls += 1``), or a dict,
+    list or set the module binds at top level that it changes in place (``seen.append(x)``)."""
+    import ast
+
+    containers, exported, functions = set(), None, {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            target, value = stmt.targets[0].id, stmt.value
+            if target == "__all__" and isinstance(value, (ast.List, ast.Tuple)) and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts):
+                exported = {e.value for e in value.elts}
+            if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
+                    isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                    and value.func.id in ("dict", "list", "set")):
+                containers.add(target)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[stmt.name] = stmt
+    out: dict = {}
+    for name, function in functions.items():
+        if (name not in exported) if exported is not None else name.startswith("_"):
+            continue
+        declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
+        set_ = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                and n.id in declared}
+        changed = set(_mutated(function, surely=True)) & (containers - _function_locals(function))
+        if set_ | changed:
+            out[name] = sorted(set_ | changed)
+    return out
 
 
 def _wrapped_note(cell: int, name: str, decorator: str) -> str:
