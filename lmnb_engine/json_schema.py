@@ -219,7 +219,7 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     if not isinstance(pattern, str):
         return None
     shown = json_value(pattern, SHOWN_CHARS)
-    problem = python_error(*_ecma_as_python(pattern)) if ecma else python_error(pattern)
+    problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
     if problem:
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
                 f"({problem}); fix the pattern")

@@ -38,14 +38,17 @@ def invalid_regex(pattern: str, error: re.error) -> str:
             f"({error_words(pattern, error)}); fix the pattern")
 
 
-def error_words(pattern: str, error: re.error, place: Callable[[int], int] | None = None) -> str:
+def error_words(pattern: str, error: re.error, place: Callable[[int], int] | None = None,
+                written: str | None = None) -> str:
     """What ``error``, Python's ``re`` error on ``pattern`` with its Unicode classes held, says is
-    wrong and where (``error.pos``, a character index into ``pattern``, or into the text the user
-    wrote, ``place(index)``, where ``pattern`` respells it): ``error.msg`` at that
-    position, unless the message quotes the text holding a class (a class in a group's name,
-    ``(?P<\\p{L}>...)``, or after ``(?``): then the class, by its own text, and where it stands."""
+    wrong and where (``error.pos``, a character index into ``pattern``, or into ``written``, the
+    text the user wrote, ``place(index)``, where ``pattern`` respells it): ``error.msg`` at that
+    position, a bad character range as the user wrote it (``_bad_range``), unless the message
+    quotes the text holding a class (a class in a group's name, ``(?P<\\p{L}>...)``, or after
+    ``(?``): then the class, by its own text, and where it stands."""
     place = place or (lambda index: index)
-    where = f"{error.msg} at position {place(error.pos) if error.pos is not None else None}"
+    where = _bad_range(pattern, error, place, written or pattern)
+    where = where or f"{error.msg} at position {place(error.pos) if error.pos is not None else None}"
     classes = unicode_classes(pattern)
     if not classes or error.pos is None:
         return where
@@ -63,9 +66,32 @@ def error_words(pattern: str, error: re.error, place: Callable[[int], int] | Non
             "reference, after \"(?\", or as an end of a range")
 
 
-def python_error(pattern: str, place: Callable[[int], int] | None = None) -> str | None:
-    """What Python's ``re`` finds wrong in ``pattern`` and where (``error_words``, with ``place``),
-    reading its Unicode classes as classes (held: ``classes_held``), or None where it reads the pattern.
+_BAD_RANGE = "bad character range "
+
+
+def _bad_range(pattern: str, error: re.error, place: Callable[[int], int], written: str) -> str | None:
+    """Python's "bad character range" ``error`` on ``pattern`` with the range as the user wrote it
+    and where it starts in ``written`` (``place``: ``error_words``), or None for another error.
+    Python's message shows only the first two characters of an escape at either end (``\\x-\\x``
+    for ``[\\x5a-\\x41]``) and places it that many characters after the range's start (it
+    subtracts the shown length from where it stopped reading), so the range is found by its end:
+    ``error.pos`` plus that length, the end of a class item (``_class_items``) two items after
+    the range's start."""
+    if not error.msg.startswith(_BAD_RANGE) or error.pos is None:
+        return None
+    end = error.pos + len(error.msg) - len(_BAD_RANGE)
+    for items in _class_items(pattern):
+        for k in range(2, len(items)):
+            if items[k][1] == end and items[k - 1] == (items[k - 2][1], items[k - 2][1] + 1):
+                start = place(items[k - 2][0])
+                return f"{_BAD_RANGE}{written[start:place(end)]} at position {start}"
+    return None
+
+
+def python_error(pattern: str, place: Callable[[int], int] | None = None, written: str | None = None) -> str | None:
+    """What Python's ``re`` finds wrong in ``pattern`` and where (``error_words``, with ``place`` and
+    ``written``), reading its Unicode classes as classes (held: ``classes_held``), or None where it
+    reads the pattern.
     ``stop_regex`` errors use it, so that a pattern's error is worded, and placed, as a
     ``regex``'s is (the ``regex`` package, which stop strings match with, places an open group's
     error at the pattern's end, where it gave up)."""
@@ -74,7 +100,7 @@ def python_error(pattern: str, place: Callable[[int], int] | None = None) -> str
             warnings.simplefilter("ignore")
             re.compile(classes_held(pattern))
     except re.error as e:
-        return error_words(pattern, e, place)
+        return error_words(pattern, e, place, written)
     except (RecursionError, OverflowError):  # (not re's words: the regex package's are kept)
         pass
     return None

@@ -967,6 +967,31 @@ def test_a_unicode_class_as_an_end_of_a_range_is_refused_early_by_name(backend, 
         "for the class, the character and a hyphen, or give the range two characters")
 
 
+@pytest.mark.parametrize("pattern, shown_range, at", [
+    (r"[\x5a-\x41]", r"\x5a-\x41", 1),  # (Z down to A)
+    (r"ab[\u005a-\u0041]+", r"\u005a-\u0041", 3),
+    (r"[0\U0000005a-\U00000041]", r"\U0000005a-\U00000041", 2),
+    (r"(x)[\132-\101]", r"\132-\101", 4),  # (octal: Z down to A)
+    (r"[\N{LATIN SMALL LETTER Z}-a]", r"\N{LATIN SMALL LETTER Z}-a", 1),
+    (r"x[\w-\x41]", r"\w-\x41", 2),  # (a class at an end, Python's other bad range)
+])
+def test_a_bad_character_range_is_named_as_written_where_it_starts(backend, pattern, shown_range, at):
+    # Python's re shows two characters of each escape ("\x-\x", "\1-\1") and places the range that many
+    # characters past its start (position 5 for [\x5a-\x41]); the error quotes the range as the user wrote it
+    assert pattern[at:].startswith(shown_range)
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} cannot be compiled: it is not a valid regular expression (bad character range "
+        f"{shown_range} at position {at}); fix the pattern")
+
+
+def test_a_bad_character_range_in_a_stop_regex_is_named_as_written():
+    import lmnb
+
+    with pytest.raises(ValueError) as e:
+        lmnb.gen("x", stop_regex=r"ab[\x7a-\x61]")
+    assert r"(bad character range \x7a-\x61 at position 3); fix the pattern" in str(e.value), str(e.value)
+
+
 def test_a_hyphen_beside_a_unicode_class_that_makes_no_range_passes(backend):
     import lmnb
 
