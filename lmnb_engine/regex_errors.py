@@ -279,8 +279,10 @@ def ambiguous_class(pattern: str, warning: FutureWarning) -> str:
 
 
 def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
-    """How to write ``pattern`` so both readers agree, made from the pattern itself: for known POSIX
-    classes (``_posix_reading``), first, the characters each stands for, for a difference or an
+    """How to write ``pattern`` so both readers agree, made from the pattern itself: where a flagged
+    class matches no character as the automaton library reads it (``[\\s&&\\S]``), that, and to
+    remove it or write what was meant (a rewrite in that reading would be refused); else for known
+    POSIX classes (``_posix_reading``), first, the characters each stands for, for a difference or an
     intersection of two Unicode or Perl classes (``_set_operation``) a negated class both read so,
     and for another set operation or nested class the ASCII characters it holds (``_members_reading``); then the
     character(s) Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||",
@@ -292,6 +294,12 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     n = 1 if pattern[i] == "[" else 2
     escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
     literal = f"{shown_regex(escaped)} to mean the characters"
+    empty = [pattern[start:end] for start, end in _rust_classes(pattern)
+             if _flagged(pattern[start:end]) and _automaton_matches_nothing(pattern[start:end])]
+    if empty:
+        classes = f"the class {empty[0]} matches" if len(empty) == 1 else f"the classes {', '.join(empty)} match"
+        return (f"{classes} no character as the automaton library reads it (an empty set, which it refuses): remove "
+                f"{'it' if len(empty) == 1 else 'them'}, or write the class you meant; write {literal}")
     posix = _posix_reading(pattern) if n == 1 else None
     if posix:
         return f"write {shown_regex(posix[0])} for {posix[1]} (ASCII, as the automaton library reads it), or {literal}"
@@ -462,11 +470,12 @@ def _class_members(cls: str, ascii_only: bool = False) -> str | None:
     Surrogates, which no text holds, are left out of the ranges. ``ascii_only``: only a class of
     ASCII characters, or a negated one of ASCII characters (every other character held), is
     written, so that no Unicode table, where the package's and Rust's may differ (``\\w``, ``\\d``:
-    ``[\\w--\\d]`` holds ``é``), decides what the class holds."""
+    ``[\\w--\\d]`` holds ``é``), decides what the class holds. None too for a class of no character
+    (``[[:alpha:]&&[:digit:]]``), which no class offered can stand for."""
     if _EMPTY_OPERAND.search(cls):
         return None
     inside = code_point_runs(cls, "(?V1)")
-    if inside is None:
+    if not inside:  # (no character: a negated class of every one, which the automaton library refuses)
         return None
     outside = [(lo, hi) for lo, hi in zip([0] + [e for _, e in inside], [s for s, _ in inside] + [0x110000]) if lo < hi]
     forms = [_ranges(spans, negation) for spans, negation in ((inside, ""), (outside, "^"))
@@ -706,6 +715,20 @@ def classes_held(pattern: str, hold: str = "%") -> str:
     for m in reversed(unicode_classes(pattern)):
         pattern = pattern[:m.start(2)] + hold * len(m.group(2)) + pattern[m.end(2):]
     return pattern
+
+
+@functools.lru_cache(maxsize=256)
+def _automaton_matches_nothing(cls: str) -> bool:
+    """Whether the automaton library reads the character class ``cls`` (``[\\s&&\\S]``) as holding no
+    character: its automaton over every single byte has no transition from the start (a class with
+    a character has the first byte of its UTF-8). False where the library refuses ``cls`` otherwise."""
+    from outlines_core import Index, Vocabulary  # (torch-free)
+
+    try:
+        Index(cls, Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+    except ValueError as e:
+        return "no transitions" in str(e)
+    return False
 
 
 @functools.lru_cache(maxsize=256)

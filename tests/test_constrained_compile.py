@@ -906,6 +906,38 @@ def test_a_set_operation_with_an_empty_operand_gets_no_rewrite_read_otherwise_th
     assert said.endswith(f"; write {json.dumps(pattern[0] + chr(92) + pattern[1:])} to mean the characters"), said
 
 
+@pytest.mark.parametrize("pattern, warning, literal", [
+    (r"[\s&&\S]", "set intersection at position 3", r"[\s\&\&\S]"),  # (complements)
+    (r"[\p{L}&&\P{L}]", "set intersection at position 6", r"[\p{L}\&\&\P{L}]"),
+    (r"x[\w&&[^\w]]+", "set intersection at position 4", r"x[\w\&\&[^\w]]+"),
+    (r"[\d--\d]", "set difference at position 3", r"[\d\-\-\d]"),
+    ("[[:alpha:]&&[:digit:]]", "nested set at position 1", r"[\[:alpha:]&&[:digit:]]"),  # (disjoint POSIX classes)
+])
+def test_a_set_operation_that_holds_no_character_is_named_so_not_offered_as_an_empty_class(backend, pattern, warning,
+                                                                                         literal):
+    # [\s&&\S] was offered as [^\S\s], and [[:alpha:]&&[:digit:]] as [^\x00-\ud7ff\ue000-\U0010ffff], classes of no
+    # character, which the engine then refused ("has a part that matches no text")
+    cls = re.sub(r"^x|\+$", "", pattern)
+    with pytest.raises(ValueError, match="no transitions"):  # (the library itself: no character leads on)
+        _rust_matches(cls, _ASCII_AND_MORE, 1)
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)}: Possible {warning} — Python reads it as literal characters, the "
+        f"automaton library as a POSIX class or a set operation; the class {cls} matches no character as the automaton "
+        f"library reads it (an empty set, which it refuses): remove it, or write the class you meant; write "
+        f"{json.dumps(literal)} to mean the characters")
+    assert lmnb_gen_takes(literal)
+
+
+def test_a_stop_regex_posix_class_of_no_character_is_offered_only_as_literal_characters():
+    # [[:alpha:]&&[:digit:]] was offered as [^\x00-\ud7ff\ue000-\U0010ffff], a class of no character
+    from lmnb_engine.params import stop_regex_problem
+
+    assert stop_regex_problem("[[:alpha:]&&[:digit:]]") == (
+        '"[[:alpha:]&&[:digit:]]" holds the POSIX class [:alpha:] at position 1, which the stop matcher (the regex '
+        "package) reads as a class of Unicode characters, and Python's re as literal characters; write "
+        '"[\\\\[:alpha:]&&[:digit:]]" to mean the characters')
+
+
 def lmnb_gen_takes(pattern):
     import lmnb
 
