@@ -109,7 +109,7 @@ _ECMA_SURROGATE_PAIR = re.compile(r"\\u(D[89AB][0-9A-F]{2})\\u(D[C-F][0-9A-F]{2}
 _ECMA_LONE_LETTER = re.compile(r"\\(x(?![0-9A-Fa-f]{2})|u(?![0-9A-Fa-f]{4}))")
 
 
-def _ecma_as_python(pattern: str) -> tuple[str, Callable[[int], int]]:
+def _ecma_as_python(pattern: str, u_flag: bool = True) -> tuple[str, Callable[[int], int]]:
     """``pattern`` with the ECMA 262 syntax that Python's ``re`` lacks or reads otherwise spelled
     as text that ``re`` reads as the same kind of syntax, so that ``re`` finds the errors after it,
     and the place in ``pattern`` of each index into that text (an index into respelled syntax: the
@@ -122,7 +122,9 @@ def _ecma_as_python(pattern: str) -> tuple[str, Callable[[int], int]]:
     (``\\32``), and ``\\x`` or ``\\u`` without their hex digits as the letter (as ECMA's Annex B
     reads them; ``\\xHH``, ``\\uHHHH`` and ``\\0`` are Python's too); the empty class ``[]``
     and the class of any character ``[^]`` (to Python, a "]" first in a class is a member) as a
-    character and a class (``\\a``, ``[a]``). Only the syntax is kept, not what it matches."""
+    character and a class (``\\a``, ``[a]``). Only the syntax is kept, not what it matches.
+    ``u_flag`` False: as ECMA reads the pattern without that flag (``\\u{41}`` the letter "u" and
+    a count, a surrogate pair two characters: ``_u_flag_note``)."""
     out, i, n, in_class = [], 0, len(pattern), False
     starts: list[tuple[int, int, bool]] = []  # per piece of out: its index in the text, in pattern, same length
     written = 0
@@ -137,8 +139,8 @@ def _ecma_as_python(pattern: str) -> tuple[str, Callable[[int], int]]:
     while i < n:
         group = None if in_class else _ECMA_GROUP_NAME.match(pattern, i)
         reference = None if in_class else _ECMA_BACKREFERENCE.match(pattern, i)
-        code_point = _ECMA_CODE_POINT.match(pattern, i)
-        pair = _ECMA_SURROGATE_PAIR.match(pattern, i)
+        code_point = _ECMA_CODE_POINT.match(pattern, i) if u_flag else None
+        pair = _ECMA_SURROGATE_PAIR.match(pattern, i) if u_flag else None
         if group:
             put("((?#" + group.group(1)[1:] + ")", group.end())
         elif reference:
@@ -174,20 +176,20 @@ def _ecma_as_python(pattern: str) -> tuple[str, Callable[[int], int]]:
     return "".join(out), place
 
 
-def _no_dialect_reads(pattern: str) -> bool:
+def _no_dialect_reads(pattern: str, u_flag: bool = True) -> bool:
     """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: once its
     ECMA syntax is spelled as Python's (``_ecma_as_python``), one of ``_ERRORS_OF_EVERY_DIALECT``
     for Python's ``re`` (its Unicode classes read as classes, as ``regex_errors.python_error``
     reads them), and an error for the ``regex`` package too, which reads more (``[\\d-z]``):
     ``a(b``, ``(?<year>\\d{4})-(\\d{2}``, ``[a``. A pattern too deep or too large for either to
-    tell is taken; the backend has the last word on it."""
+    tell is taken; the backend has the last word on it. ``u_flag``: as ``_ecma_as_python``'s."""
     import warnings
 
     import regex
 
     from lmnb_engine.regex_errors import classes_held  # (it imports this module)
 
-    spelled, _ = _ecma_as_python(pattern)
+    spelled, _ = _ecma_as_python(pattern, u_flag)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -222,12 +224,39 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
     if problem:
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
-                f"({problem}); fix the pattern")
+                f"({problem}); fix the pattern{_u_flag_note(pattern) if ecma else ''}")
     if not unicode_classes(pattern):
         return None  # (re's parser recursed too deeply, or a count it cannot hold: re's own words follow)
     return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "
             "schema: its outputs are made to pass jsonschema's check, which reads a pattern with Python's re, and re "
             f"has no such classes; {_unicode_class_fix(pattern)}")
+
+
+# a code-point escape \u{...} (after an even run of backslashes, group 1; its digits, group 2)
+_CODE_POINT_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u\{([0-9A-Fa-f]+)\}")
+
+
+def _unflagged(m: re.Match) -> str:
+    """The code-point escape ``m`` written as ECMA reads it without the u flag, for any reader: "u"
+    and a count (``u{41}``, a count outside a class and those characters in one), or "u" and the
+    characters "{1F600}", whose braces the u flag reads only escaped."""
+    digits = m.group(2)
+    return m.group(1) + (f"u{{{digits}}}" if digits.isdigit() else f"u\\{{{digits}\\}}")
+
+
+def _u_flag_note(pattern: str) -> str:
+    """For a schema pattern refused as ECMA 262 reads it with the u flag, which JSON Schema asks
+    patterns be read with (2020-12, core section 6.4), but valid without it (where ``\\u{41}`` is
+    the letter "u" and a count, or those characters in a class, and a surrogate pair two
+    characters): that, and, where it holds no surrogate pair (two characters only without the
+    flag, which no JSON text holds alone), the pattern as it reads without the flag, written
+    for any reader (``_unflagged``); "" for a pattern invalid either way."""
+    if _ecma_as_python(pattern, u_flag=False)[0] == _ecma_as_python(pattern)[0] or _no_dialect_reads(pattern, False):
+        return ""
+    unflagged = json_value(_CODE_POINT_ESCAPE.sub(_unflagged, pattern), SHOWN_CHARS)
+    instead = "" if _ECMA_SURROGATE_PAIR.search(pattern) else f"; to mean what it means without the flag, write {unflagged}"
+    return (": it is read with ECMA 262's u flag, as JSON Schema asks (\\u{...} as one character, a surrogate pair as one "
+            f"code point), and is valid only without that flag{instead}")
 
 
 # A Unicode class is offered spelled as ranges (``as_ranges``) when it makes at most this many.
