@@ -286,14 +286,14 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     intersection of two Unicode or Perl classes (``_set_operation``) a negated class both read so,
     and for another set operation or nested class the ASCII characters it holds (``_members_reading``); then the
     character(s) Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||",
-    "~~"), the literal reading, which a user meaning a POSIX class or a set operation does not want."""
+    "~~"; ``_literal_reading``), the literal reading, which a user meaning a POSIX class or a set
+    operation does not want."""
     m = re.search(r"at position (\d+)", str(warning))
     if m is None:  # (every Python that warns names the position; say what to do anyway)
         return 'escape the "[" or the doubled character to mean the characters themselves'
     i = int(m.group(1))
     n = 1 if pattern[i] == "[" else 2
-    escaped = pattern[:i] + "".join("\\" + c for c in pattern[i:i + n]) + pattern[i + n:]
-    literal = f"{shown_regex(escaped)} to mean the characters"
+    literal = f"{shown_regex(_literal_reading(pattern, i))} to mean the characters"
     empty = [pattern[start:end] for start, end in _rust_classes(pattern)
              if _flagged(pattern[start:end]) and _automaton_matches_nothing(pattern[start:end])]
     if empty:
@@ -377,16 +377,34 @@ def _members_reading(pattern: str) -> tuple[str, str] | None:
 def _flagged(cls: str) -> bool:
     """Whether Python's ``re`` flags the class ``cls`` (its Unicode classes held) as a possible
     nested set or set operation (a ``FutureWarning``)."""
+    return _flag_position(cls) is not None
+
+
+def _flag_position(pattern: str) -> int | None:
+    """Where Python's ``re`` first flags ``pattern`` (its Unicode classes held) for a possible nested
+    set or set operation (the position its ``FutureWarning`` names), or None where it flags nothing."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.simplefilter("error", FutureWarning)
-            _parser().parse(classes_held(cls))
-    except FutureWarning:
-        return True
+            _parser().parse(classes_held(pattern))
+    except FutureWarning as w:
+        m = re.search(r"at position (\d+)", str(w))
+        return int(m.group(1)) if m else None
     except (re.error, RecursionError, OverflowError):
         pass
-    return False
+    return None
+
+
+def _literal_reading(pattern: str, at: int) -> str:
+    """``pattern`` with the character(s) Python's ``re`` flags at ``at`` escaped (a "[" that opens a
+    nested set, both of "&&", "--", "||", "~~"), and so each it flags after, so that ``gen()`` takes
+    it with each such class read as its characters, as Python reads it (``[a\\&\\&b]``)."""
+    while at is not None:
+        n = 1 if pattern[at] == "[" else 2
+        pattern = pattern[:at] + "".join("\\" + c for c in pattern[at:at + n]) + pattern[at + n:]
+        at = _flag_position(pattern)  # (each escape takes a flag away: the loop ends)
+    return pattern
 
 
 def stop_posix_problem(pattern: str) -> str | None:
@@ -521,14 +539,16 @@ def _set_operation(pattern: str, at: int) -> tuple[str, str] | None:
     or not: ``[\\p{L}&&[^\\p{Ll}]]``) or Perl classes (``[\\w--\\d]``), written as a negated class
     of their complements (``[^\\P{L}\\p{Ll}]``, ``[^\\W\\d]``: A and not B is not (not A or B)),
     which Python's ``regex`` package and the automaton library read alike (each class as it reads
-    it), and the operation's name; None for another class."""
+    it), and the operation's name; None for another class, or where ``gen()`` refuses the result
+    (another ambiguous class in the pattern: ``[\\w--\\d][a-c&&b]``)."""
     cls = _OPERAND_CLASS
     for m in re.finditer(rf"\[({cls})(--|&&)(?:({cls})|\[(\^?)({cls})\])\]", pattern):
         if m.start(2) == at:
             second = m.group(3) or (_complement(m.group(5)) if m.group(4) else m.group(5))
             first, second = _complement(m.group(1)), second if m.group(2) == "--" else _complement(second)
             name = "difference" if m.group(2) == "--" else "intersection"
-            return pattern[:m.start()] + f"[^{first}{second}]" + pattern[m.end():], name
+            fixed = pattern[:m.start()] + f"[^{first}{second}]" + pattern[m.end():]
+            return (fixed, name) if pattern_problem(fixed) is None else None
     return None
 
 

@@ -928,6 +928,17 @@ def test_a_set_operation_that_holds_no_character_is_named_so_not_offered_as_an_e
     assert lmnb_gen_takes(literal)
 
 
+@pytest.mark.parametrize("pattern", [r"[\w--\d][a-c&&b]", r"[\p{L}&&\p{Lu}]x[[:alpha:]]", r"[\w--\d][[:alpha:]]"])
+def test_no_reading_is_offered_that_gen_refuses(backend, pattern):
+    # a difference of two Perl or Unicode classes was offered as one negated class with the pattern's other
+    # ambiguous class left as it was ("[^\\W\\d][a-c&&b]"), and the literal reading escaped only the first class
+    # ("[\\w\\-\\-\\d][a-c&&b]"): gen() refused each in turn
+    said = _refused_alike(backend, pattern)
+    assert " for the set " not in said, said
+    offers = [json.loads(text) for text in re.findall(r'"(?:[^"\\]|\\.)*"', said)[1:]]  # (after the pattern itself)
+    assert offers and all(lmnb_gen_takes(offer) for offer in offers), offers
+
+
 def test_a_stop_regex_posix_class_of_no_character_is_offered_only_as_literal_characters():
     # [[:alpha:]&&[:digit:]] was offered as [^\x00-\ud7ff\ue000-\U0010ffff], a class of no character
     from lmnb_engine.params import stop_regex_problem
