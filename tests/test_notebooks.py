@@ -702,12 +702,13 @@ def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_pa
     sent) answers cell 1's request, the kernel's last: nbclient's reader of cell 2 dropped it,
     and the notebook saved lacked it. It goes to cell 1 now, as a frontend shows it."""
     import lmnb_kernel.run as run_module
+    import lmnb_kernel.run_client as run_client
 
     go = tmp_path / "go"
-    made, check, notebook_client = [], run_module.CtrlC.check, run_module.notebook_client
+    made, check, Client = [], run_module.CtrlC.check, run_client.Client
 
     def client(nb, **kwargs):
-        made.append(notebook_client(nb, **kwargs))
+        made.append(Client(nb, **kwargs))
         return made[-1]
 
     async def let_cell_1_print_first():
@@ -724,7 +725,7 @@ def test_output_a_cell_sends_once_it_has_ended_goes_to_that_cell_not_lost(tmp_pa
         if cell_index == 1 and "execute_reply" not in kwargs:  # (on_cell_execute: cell 2 is about to be sent)
             return let_cell_1_print_first()
 
-    monkeypatch.setattr(run_module, "notebook_client", client)
+    monkeypatch.setattr(run_client, "Client", client)
     monkeypatch.setattr(run_module.CtrlC, "check", checking)
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     src = _notebook(tmp_path / "nb.ipynb",
@@ -804,14 +805,14 @@ def test_a_message_that_comes_in_as_the_wait_for_a_cells_output_ends_is_kept():
 
 
 def _scripted_client(nb, messages, **kwargs):
-    """``lmnb run``'s notebook client for ``nb`` (``kwargs`` for ``notebook_client``) whose iopub
+    """``lmnb run``'s notebook client for ``nb`` (``kwargs`` for ``run_client.Client``) whose iopub
     channel gives ``messages`` in turn: ``(parent request id, msg_type, content)``, each once its
     request is sent (its cell's output awaited), as a kernel answers it; then none: a wait with a
     timeout ends in ``queue.Empty``, as the channel's."""
     from queue import Empty
     from types import SimpleNamespace
 
-    from lmnb_kernel.run import notebook_client
+    from lmnb_kernel.run_client import Client
 
     script = iter({"header": {"msg_type": kind}, "msg_type": kind, "parent_header": {"msg_id": parent},
                    "content": content, "metadata": {}} for parent, kind, content in messages)
@@ -825,7 +826,7 @@ def _scripted_client(nb, messages, **kwargs):
             await asyncio.sleep(0)
         return msg
 
-    client = notebook_client(nb, record_timing=False, **kwargs)
+    client = Client(nb, record_timing=False, **kwargs)
     client.kc = SimpleNamespace(iopub_channel=SimpleNamespace(get_msg=get_msg))
     return client
 
@@ -955,7 +956,8 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
 
     from jupyter_client.session import Session
 
-    from lmnb_kernel.run import CtrlC, notebook_client
+    from lmnb_kernel.run import CtrlC
+    from lmnb_kernel.run_client import Client
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("print('a')")]
@@ -980,7 +982,7 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
         async def interrupt_kernel():
             pass
 
-        client = notebook_client(nb, iopub_timeout=None)
+        client = Client(nb, iopub_timeout=None)
         client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive, session=Session(),
                                     iopub_channel=SimpleNamespace(get_msg=no_output),
                                     shell_channel=SimpleNamespace(get_msg=the_reply),
@@ -1001,7 +1003,7 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
 
 
 def _run_a_cell_whose_idle_status_is_lost(answers: int, ask_again_s: float):
-    """Run one cell ``print('a')`` through ``notebook_client(iopub_timeout=None)`` (--timeout 0) on
+    """Run one cell ``print('a')`` through ``run_client.Client(iopub_timeout=None)`` (--timeout 0) on
     a scripted kernel client: the reply of "r1" at once; on iopub the cell's print and no idle
     status for it; of the questions sent on the control channel, the first ``answers`` skipped
     (their answers lost) and the others answered by their busy and idle statuses on iopub.
@@ -1011,7 +1013,7 @@ def _run_a_cell_whose_idle_status_is_lost(answers: int, ask_again_s: float):
 
     from jupyter_client.session import Session
 
-    from lmnb_kernel.run import notebook_client
+    from lmnb_kernel.run_client import Client
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("print('a')")]
@@ -1043,7 +1045,7 @@ def _run_a_cell_whose_idle_status_is_lost(answers: int, ask_again_s: float):
         async def alive():
             return True
 
-        client = notebook_client(nb, iopub_timeout=None)
+        client = Client(nb, iopub_timeout=None)
         client.ASK_AGAIN_S = ask_again_s
         client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive, session=Session(),
                                     iopub_channel=SimpleNamespace(get_msg=get_iopub),
@@ -1154,8 +1156,8 @@ def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and
     end on their own: the signal is ignored. The process sends the signal to itself as the
     kernel's shutdown (``shutdown_kernel``) or the read (``read_last_output``) starts."""
     src = _notebook(tmp_path / "nb.ipynb", "raise ValueError('boom')")
-    proc = _lmnb_run_in_its_own_process(src, "import lmnb_kernel.run as run\n"
-                                             "made, manager = run.notebook_client, run.kernel_manager\n"
+    proc = _lmnb_run_in_its_own_process(src, "import lmnb_kernel.run as run, lmnb_kernel.run_client as run_client\n"
+                                             "made, manager = run_client.Client, run.kernel_manager\n"
                                              "def kernel_manager():\n"
                                              "    km = manager()\n"
                                              "    shutdown = km.shutdown_kernel\n"
@@ -1173,7 +1175,7 @@ def test_a_signal_during_the_shutdown_or_the_last_read_keeps_the_runs_status_and
                                              "    c.read_last_output = signalled\n"
                                              "    return c\n"
                                              f"if {when!r} == 'read':\n"
-                                             "    run.notebook_client = client\n"
+                                             "    run_client.Client = client\n"
                                              "else:\n"
                                              "    run.kernel_manager = kernel_manager\n")
     assert proc.returncode == 3, proc.stderr
@@ -1185,11 +1187,11 @@ SCENARIO_OF_A_KERNEL_THAT_KEEPS_SENDING = """
 import asyncio, os, signal, sys
 from types import SimpleNamespace
 import nbformat
-from lmnb_kernel.run import notebook_client
+from lmnb_kernel.run_client import Client
 
 nb = nbformat.v4.new_notebook()
 nb.cells = [nbformat.v4.new_code_cell("print('x')")]
-client = notebook_client(nb, record_timing=False)
+client = Client(nb, record_timing=False)
 
 async def get_msg(timeout=None):  # a stream message of the cell's request, every 10 ms, for ever
     await asyncio.sleep(0.01)
@@ -1781,7 +1783,7 @@ def test_ipykernels_shutdown_log_is_taken_out_of_the_last_cells_output():
     kernel's output until it exited: a CI run saved it in the last cell. Expected: that log taken
     out (a message of nothing else dropped), the cell's own stderr kept, and a pending task of the
     user's code, which asyncio logs alike, kept whole."""
-    from lmnb_kernel.run import _kept_after_stripping_shutdown_log
+    from lmnb_kernel.run_client import _kept_after_stripping_shutdown_log
 
     noise = ("Task was destroyed but it is pending!\ntask: <Task pending name='Task-17' coro=<Kernel.dispatch_control() "
              "running at /x/.venv/lib/python3.11/site-packages/ipykernel/kernelbase.py:368> "
