@@ -36,12 +36,15 @@ class Client(NotebookClient):
     # (they answer the earlier cell's request): a %%lm view's last update and summary come at
     # the cell's very end, and a loaded machine delivered them later than 4 s, or than a fixed
     # 60 s. lmnb run gives it the cell's own --timeout: a live kernel always says idle after
-    # the reply, or answers _caught_up's question where that status was lost, so the wait ends
-    # as the output does, and a kernel that dies meanwhile is found by nbclient's check,
-    # which runs through the wait.
+    # the reply (ipykernel publishes it once the request's handler has returned, whatever the
+    # handler raised; SIGINT is ignored outside the handler, and a Ctrl-C that lands as the
+    # handler returns, the one way to lose it, ends this wait itself: stop_output_wait), and the
+    # run's kernel drops none of its IOPub messages (kernel.LMNBKernelApp.iopub_nodrop, which
+    # run.kernel_manager, the only way lmnb run starts a kernel, always sets; ZeroMQ honours it on
+    # ipykernel 6's PUB socket as on 7's XPUB), so the wait ends as the output does, and a kernel
+    # that dies meanwhile is found by nbclient's check, which runs through the wait.
     iopub_timeout = Integer(4, allow_none=True).tag(config=True)
     QUIET_S = 0.5  # the reader's poll; once the kernel has exited, this long with no message ends it
-    ASK_AGAIN_S = 2.0  # _caught_up's question unanswered this long: asked again
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -50,14 +53,13 @@ class Client(NotebookClient):
         self._idle: dict[int, asyncio.Future] = {}  # a cell's index -> done at its idle status
         self._reader: asyncio.Future | None = None  # the one reader of the kernel's iopub messages
         self._last_read = False  # read_last_output: stop at the first quiet QUIET_S
-        self._questions: dict[str, asyncio.Future] = {}  # _caught_up's request id -> done at its idle status
         self._awaited_output: asyncio.Future | None = None  # the reader of a cell whose reply has come
         self._stopped_output: asyncio.Future | None = None  # the one stop_output_wait ended
 
     def stop_output_wait(self) -> bool:
         """End the wait for the running cell's output after its reply (a Ctrl-C then: the
-        cell has ended, and its idle status, which ends the wait, may never come: dropped, as
-        ZMQ drops iopub messages under a flood); what has not come by then is not read.
+        cell has ended, and its idle status, which ends the wait, may be far behind, after a
+        flood of output the run has yet to read); what has not come by then is not read.
         Whether such a wait was under way."""
         reader = self._awaited_output
         if reader is None or reader.done():
@@ -78,48 +80,18 @@ class Client(NotebookClient):
             output.close()  # (never started where no reply came: no "never awaited" warning)
 
     async def _output_after_reply(self, reader: asyncio.Future) -> None:
-        """Wait for the end of a cell's output, its reply in: the kernel's idle status for
-        it, or the answer to ``_caught_up``'s question, which comes after all the output the
-        kernel sent before (the cell's, but for a thread's later prints, which the reader gives
-        it still): where the idle status was lost (ZMQ drops iopub messages under a flood), the
-        run waited until --timeout."""
+        """Wait for the end of a cell's output, its reply in: the kernel's idle status for it
+        (``reader``, the wait of ``_async_poll_output_msg``), or ``stop_output_wait``."""
         self._awaited_output = reader
-        waits = [reader] if reader.done() else [reader, asyncio.ensure_future(self._caught_up())]  # (none once idle)
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([reader])
         finally:  # (cancelled: the wait's limit, as nbclient's wait on its reader, ends it at once)
             self._awaited_output = None
-            for wait in waits:
-                wait.cancel()  # (the reader's is a wait, not a read: nothing is lost)
+            reader.cancel()  # (a wait, not a read: nothing is lost)
         if reader.cancelled() and self._stopped_output is not reader:
             raise asyncio.CancelledError
-        if reader.done() and not reader.cancelled():
+        if not reader.cancelled():
             reader.result()  # (the reader's error, as nbclient's reader raised it)
-
-    async def _caught_up(self) -> None:
-        """Return once the kernel's answer to a ``kernel_info_request`` sent on its control
-        channel has come on iopub (its idle status): ipykernel flushes stdout and stderr before
-        it, and iopub keeps the order the kernel sent in, so the output the kernel had sent by
-        then has come. (On the control channel: a shell request would make it the parent of a
-        thread's later output.) The question is asked again each ``ASK_AGAIN_S`` it is not
-        answered: its answer may be lost as the cell's idle status was (a thread's flood of
-        output), which held the run until --timeout, or for ever with --timeout 0. (The
-        answer to any of them will do.)"""
-        answered = asyncio.get_running_loop().create_future()
-        asked = []
-        try:
-            while True:
-                msg = self.kc.session.msg("kernel_info_request")
-                asked.append(msg["header"]["msg_id"])
-                self._questions[asked[-1]] = answered
-                self.kc.control_channel.send(msg)
-                try:
-                    return await asyncio.wait_for(asyncio.shield(answered), self.ASK_AGAIN_S)
-                except asyncio.TimeoutError:
-                    pass
-        finally:
-            for question in asked:
-                self._questions.pop(question, None)
 
     async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index) -> None:
         """nbclient's reader of a cell's output, which ends with the kernel's idle status:
@@ -149,12 +121,7 @@ class Client(NotebookClient):
                     if self._last_read:
                         return
                     continue
-                parent = msg["parent_header"].get("msg_id")
-                if parent in self._questions and msg["content"].get("execution_state") == "idle":
-                    answered = self._questions.pop(parent)
-                    if not answered.done():
-                        answered.set_result(None)
-                index = self._cell_of_request.get(parent)
+                index = self._cell_of_request.get(msg["parent_header"].get("msg_id"))
                 if index is None or not _kept_after_stripping_shutdown_log(msg):
                     continue
                 try:
