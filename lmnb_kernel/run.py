@@ -79,6 +79,11 @@ def _read_parameters_first(parser) -> None:
                 if option == given or (given.startswith("--") and len(given) > 2 and parser.allow_abbrev
                                        and option.startswith(given)):  # (--out, an abbreviation of --output)
                     return action
+                # argparse reads -oout.ipynb and -o=out.ipynb as -o with that value (-pm=3 as -p m=3); a
+                # flag's -hello it refuses itself, and -Bob names no option
+                if (not given.startswith("--") and option == given[:2] and len(given) > 2
+                        and action.nargs != 0):
+                    return action
         return None
 
     def attached(arg: str):  # -pNAME[=VALUE], -p=NAME..., --parameter=NAME...: the words after -p, else None

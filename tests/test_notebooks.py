@@ -147,6 +147,10 @@ def test_a_p_followed_by_an_option_says_it_needs_a_name_and_a_value(tmp_path, ca
     (["-p", "n", "-p", "m", "3"], "-p", "-p/--parameter"),
     (["-p", "n", "--allow-errors"], "--allow-errors", "--allow-errors"),
     (["-p", "n", "-o"], "-o", "-o/--output"),
+    # argparse's attached forms: -o with out.ipynb, and -p with m=3
+    (["-p", "n", "-oout.ipynb"], "-oout.ipynb", "-o/--output"),
+    (["-p", "n", "-o=out.ipynb"], "-o=out.ipynb", "-o/--output"),
+    (["-p", "n", "-pm=3"], "-pm=3", "-p/--parameter"),
 ])
 def test_a_p_value_that_is_one_of_runs_options_is_refused_naming_name_equals_value(tmp_path, capsys, words, value,
                                                                                    option):
