@@ -409,9 +409,11 @@ class StreamExecutor:
         # all text written to each variable, in order (a gen in a loop writes one name again and again),
         # and its writes, each (start, end, meta_info at its end) in var_log, end None while a
         # streamed gen writes it: what iter_text(name) reads, so that a reader yields each write's
-        # end with that write's own final meta info (its finish reason), not the next one's
+        # end with that write's own final meta info (its finish reason), not the next one's; and the
+        # write where its current value began (a reader that starts reads from there)
         self.var_log: dict[str, str] = {}
         self.var_writes: dict[str, list[tuple[int, Optional[int], Any]]] = {}
+        self.var_start: dict[str, int] = {}
         # variables whose value a join gathered (a list, one entry per branch): no text of this
         # state's is theirs, so iter_text(name) says so rather than end with nothing
         self.gathered: set[str] = set()
@@ -728,6 +730,8 @@ class StreamExecutor:
             if not streamed:  # (a value set with no text, s["n"] = 7, has none to yield)
                 self._begin_write(name)
                 self.var_log[name] = self.var_log.get(name, "") + (written or "")
+            elif self.var_writes[name][-1][1] is not None:  # (the gen's end after a value set meanwhile: _log_delta)
+                self._begin_write(name, continued=True)
             if meta_info is not None:
                 self.meta_info[name] = meta_info
             # (a join's list of the branches' meta info is no meta info of a text to yield)
@@ -738,20 +742,28 @@ class StreamExecutor:
             self._version += 1
             self._cv.notify_all()
 
-    def _begin_write(self, name: str) -> None:
-        """(Lock held.) A new value of variable ``name`` begins at the end of its ``var_log``. A
-        write left open (a streamed gen the state's error cut off) ends where its text did."""
+    def _begin_write(self, name: str, continued: bool = False) -> None:
+        """(Lock held.) A new value of variable ``name`` begins at the end of its ``var_log``; or,
+        ``continued``, the rest of a streamed gen's write that a value set meanwhile closed (its
+        value began before that). A write left open (a streamed gen the state's error cut off, or
+        that a value set now interrupts) ends where its text did."""
         log = self.var_log.setdefault(name, "")
         writes = self.var_writes.setdefault(name, [])
         if writes and writes[-1][1] is None:
             writes[-1] = (writes[-1][0], len(log), self.meta_info.get(name))
         writes.append((len(log), None, None))
+        if not continued:
+            self.var_start[name] = len(writes) - 1
 
     def _log_delta(self, name: str, delta: str, first: bool) -> None:
         """Append a streamed gen's non-empty ``delta`` to ``var_log`` (call holding ``_cv``);
         ``first``: the gen's first such delta, where the variable's new value begins."""
         if first:
             self._begin_write(name)
+        elif self.var_writes[name][-1][1] is not None:
+            # s[name] = ... runs at once, so it may land while the gen streams: it closed the gen's
+            # write, and the gen's later text and end are a write of their own, after the value's
+            self._begin_write(name, continued=True)
         self.var_log[name] += delta
 
     def _finish_var(self, name: Optional[str], value: Any, meta_info: Any, constraint: Optional[dict] = None,
@@ -1249,6 +1261,7 @@ class StreamExecutor:
         c.variables = dict(self.variables)
         c.var_log = dict(self.var_log)
         c.var_writes = {n: list(w) for n, w in self.var_writes.items()}
+        c.var_start = dict(self.var_start)
         c.gathered = set(self.gathered)
         c.meta_info = dict(self.meta_info)
         c.cur_role = self.cur_role
@@ -1346,7 +1359,7 @@ class StreamExecutor:
                                        f"none of that name; it has {sorted(self.variables)}")
                     done = self.error_ is not None or (self._pending[var_name] == 0 and started)
                     if pos is None:  # from the current value on
-                        k = max(len(writes) - 1, 0)
+                        k = self.var_start.get(var_name, 0)
                         pos = writes[k][0] if writes else 0
                     # each write that ended: its text up to its end, with its own final meta info
                     # (a gen in a loop: its last text and finish reason at once, not with the next gen's);

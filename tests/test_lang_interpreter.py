@@ -3287,6 +3287,42 @@ def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_be
     assert "".join(st.text_iter("x")) == "g2." and st.text() == "\ng0.\ng1.\ng2."
 
 
+def test_text_async_iter_of_a_variable_set_while_its_gen_streams_ends_with_the_gens_last_text_and_finish():
+    """s["x"] = ... sets x at once, so it may land while a gen writing x streams: the gen's later
+    text and its finish reason were then lost to a reader of x (the value set closed the gen's
+    write, and the gen's end rewrote the value's write, which the reader had passed). They come
+    after the value's text, as the text logged for x reads ("g0" "manual" "."), and a reader that
+    starts once the program is done reads from the value set on, as before ("manual.")."""
+    first_read, value_set = threading.Event(), threading.Event()
+    final = {"type": "length", "length": 2}
+
+    class Paused(ScriptedBackend):
+        def generate_stream(self, prompt, params, rid):
+            self._record("stream", prompt)
+            yield "g0", {"completion_tokens": 1, "finish_reason": None}
+            value_set.wait(10)
+            yield ".", {"completion_tokens": 2, "finish_reason": final}
+
+    @sgl.function
+    def prog(s):
+        s += "A:" + sgl.gen("x", max_tokens=2)
+        first_read.wait(10)  # (the gen has streamed "g0", which the reader has)
+        s["x"] = "manual"
+        value_set.set()
+
+    async def read():
+        got = []
+        async for c, m in st.text_async_iter("x", return_meta_data=True):
+            got.append((c, m["completion_tokens"], m["finish_reason"]))
+            first_read.set()
+        return got
+
+    st = prog.run(backend=Paused(), stream=True)
+    assert asyncio.run(read()) == [("g0", 1, None), ("manual", 1, None), (".", 2, final)]
+    st.sync()
+    assert "".join(st.text_iter("x")) == "manual." and st.text() == "A:g0."
+
+
 def test_a_mistyped_keyword_is_named_with_the_missing_argument():
     # bind() names only the first problem: "missing a required argument: 'question'", not the typo
     @sgl.function
