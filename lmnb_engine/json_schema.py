@@ -139,19 +139,14 @@ def _ecma_as_python(pattern: str, u_flag: bool = True) -> tuple[str, Callable[[i
     while i < n:
         group = None if in_class else _ECMA_GROUP_NAME.match(pattern, i)
         reference = None if in_class else _ECMA_BACKREFERENCE.match(pattern, i)
-        code_point = _ECMA_CODE_POINT.match(pattern, i) if u_flag else None
-        pair = _ECMA_SURROGATE_PAIR.match(pattern, i) if u_flag else None
         if group:
             put("((?#" + group.group(1)[1:] + ")", group.end())
         elif reference:
             put("(?#" + reference.group(1) + ")", reference.end())
         elif _ECMA_CONTROL.match(pattern, i):  # (in a class, its own code, in octal: it may end a range)
             put(f"\\{ord(pattern[i + 2]) % 32:02o}" if in_class else "\\01", i + 3)
-        elif code_point and int(code_point.group(1), 16) <= 0x10FFFF:
-            put(f"\\U{int(code_point.group(1), 16):08X}", code_point.end())
-        elif pair:
-            high, low = int(pair.group(1), 16), int(pair.group(2), 16)
-            put(f"\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08X}", pair.end())
+        elif u_flag and (escape := _code_point_escape(pattern, i)):
+            put(*escape)
         elif _ECMA_LONE_LETTER.match(pattern, i):
             put(pattern[i + 1], i + 2)
         elif pattern[i] == "\\":
@@ -174,6 +169,32 @@ def _ecma_as_python(pattern: str, u_flag: bool = True) -> tuple[str, Callable[[i
         return start + (index - at) if same_length else start
 
     return "".join(out), place
+
+
+def _code_point_escape(pattern: str, i: int) -> Optional[tuple[str, int]]:
+    """(Python's ``\\U`` escape of the code point, where it ends in ``pattern``) for the ECMA code
+    point escape at ``pattern[i]``: the u flag's ``\\u{1F600}`` (up to U+10FFFF) or a surrogate
+    pair ``\\uD83D\\uDE00``, one code point under that flag; None for any other text."""
+    code_point = _ECMA_CODE_POINT.match(pattern, i)
+    if code_point and int(code_point.group(1), 16) <= 0x10FFFF:
+        return f"\\U{int(code_point.group(1), 16):08X}", code_point.end()
+    pair = _ECMA_SURROGATE_PAIR.match(pattern, i)
+    if pair:
+        high, low = int(pair.group(1), 16), int(pair.group(2), 16)
+        return f"\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08X}", pair.end()
+    return None
+
+
+def _code_points_as_python(pattern: str) -> str:
+    """``pattern`` with each ECMA code point escape (``_code_point_escape``) spelled as Python's
+    ``\\U`` escape of that code point, which ``re`` reads as that character (it reads ``\\u{`` as
+    an error and a pair as two surrogates); the rest as it is (an escaped backslash kept whole)."""
+    out, i = [], 0
+    while i < len(pattern):
+        escape = _code_point_escape(pattern, i)
+        text, i = escape or (pattern[i:i + 2] if pattern[i] == "\\" else pattern[i], i + 1 + (pattern[i] == "\\"))
+        out.append(text)
+    return "".join(out)
 
 
 def _no_dialect_reads(pattern: str, u_flag: bool = True) -> bool:
@@ -223,8 +244,14 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     shown = json_value(pattern, SHOWN_CHARS)
     problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
     if problem:
+        python = None if ecma else _code_points_as_python(pattern)  # (ecma: what gen() refuses, no escape helps)
+        fix = "fix the pattern"
+        if python not in (None, pattern) and python_error(python) is None:
+            fix = ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no "
+                   "ECMA code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the \\U "
+                   f"escape of its code point, the pattern {json_value(python, SHOWN_CHARS)}")
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
-                f"({problem}); fix the pattern{_u_flag_note(pattern) if ecma else ''}")
+                f"({problem}); {fix}{_u_flag_note(pattern) if ecma else ''}")
     if not unicode_classes(pattern):
         return None  # (re's parser recursed too deeply, or a count it cannot hold: re's own words follow)
     return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "

@@ -1192,6 +1192,34 @@ def test_a_schema_pattern_in_another_regex_dialect_is_left_to_the_backend(patter
         schema_to_regex(schema)
 
 
+@pytest.mark.parametrize("pattern, python", [
+    (r"^[\uD83D\uDE00-\uD83D\uDE4F]+$", r"^[\U0001F600-\U0001F64F]+$"),  # (the emoticons, by their surrogate pairs)
+    (r"^\u{1F600}\ud83d\ude4f$", r"^\U0001F600\U0001F64F$"),
+    (r"^\\u[\u{41}-\u{5A}]$", r"^\\u[\U00000041-\U0000005A]$"),  # (an escaped backslash, then "u")
+])
+def test_a_schema_patterns_code_point_escapes_get_their_python_spelling_from_the_engine(pattern, python):
+    """gen() takes ECMA's code point escapes (the u flag's \\u{1F600}, a surrogate pair), which the
+    engine, reading a schema's pattern with Python's re as jsonschema does, refuses: re reads
+    \\u{ as an error and a pair as two surrogates ("bad character range" for the emoticons). It said
+    only "fix the pattern"; it now gives the pattern with each such escape as Python's \\U escape of
+    that code point, which the engine takes and whose outputs are the code points meant."""
+    import lmnb
+
+    assert lmnb.gen("x", json_schema={"type": "string", "pattern": pattern})  # (gen() takes it)
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(e.value).endswith(
+        "; Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
+        "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the \\U escape of its code "
+        f"point, the pattern {json.dumps(python)}"), str(e.value)
+    regex = schema_to_regex({"type": "string", "pattern": python})  # (the offer is taken, and means the same)
+    texts = ("\U0001F600", "\U0001F64F", "\U0001F600\U0001F64F", "A", "\\uZ")
+    matched = [text for text in texts if re.search(python, text)]
+    assert matched  # (each offer matches some text, the characters meant)
+    for text in texts:
+        assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == (text in matched), text
+
+
 @pytest.mark.parametrize("pattern", ["(?<n>a)b", r"\x{41}b", r"a\u{42}", r"(?<n>\p{Lu})"])
 def test_a_pattern_only_rusts_regex_reads_is_refused_by_the_engine_as_by_gen(backend, pattern):
     # the engine reads a regex as Python's re does, as gen() does, but left a pattern Python's parser
