@@ -197,6 +197,21 @@ def _code_points_as_python(pattern: str) -> str:
     return "".join(out)
 
 
+def code_point_fix(pattern: str) -> Optional[str]:
+    """The fix of a schema's ``pattern`` that Python's ``re`` (which the engine and jsonschema read
+    it with) reads otherwise than ECMA 262 for its code point escapes only: the pattern with each
+    spelled as Python's ``\\U`` escape (``_code_points_as_python``), where ``re`` reads that; else
+    None."""
+    from lmnb_engine.regex_errors import python_error  # (it imports this module)
+
+    python = _code_points_as_python(pattern)
+    if python == pattern or python_error(python) is not None:
+        return None
+    return ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
+            "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the \\U escape of its "
+            f"code point, the pattern {json_value(python, SHOWN_CHARS)}")
+
+
 def _no_dialect_reads(pattern: str, u_flag: bool = True) -> bool:
     """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: once its
     ECMA syntax is spelled as Python's (``_ecma_as_python``), one of ``_ERRORS_OF_EVERY_DIALECT``
@@ -244,14 +259,9 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     shown = json_value(pattern, SHOWN_CHARS)
     problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
     if problem:
-        python = None if ecma else _code_points_as_python(pattern)  # (ecma: what gen() refuses, no escape helps)
-        fix = "fix the pattern"
-        if python not in (None, pattern) and python_error(python) is None:
-            fix = ("Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no "
-                   "ECMA code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the \\U "
-                   f"escape of its code point, the pattern {json_value(python, SHOWN_CHARS)}")
+        fix = None if ecma else code_point_fix(pattern)  # (ecma: what gen() refuses, which no escape helps)
         return (f"JSON schema at {where}: the pattern {shown} cannot be compiled: it is not a valid regular expression "
-                f"({problem}); {fix}{_u_flag_note(pattern) if ecma else ''}")
+                f"({problem}); {fix or 'fix the pattern'}{_u_flag_note(pattern) if ecma else ''}")
     if not unicode_classes(pattern):
         return None  # (re's parser recursed too deeply, or a count it cannot hold: re's own words follow)
     return (f"JSON schema at {where}: the pattern {shown} uses a \\p{{...}} class, which this engine cannot take in a "

@@ -1220,6 +1220,21 @@ def test_a_schema_patterns_code_point_escapes_get_their_python_spelling_from_the
         assert bool(re.fullmatch(regex, json.dumps(text, ensure_ascii=False))) == (text in matched), text
 
 
+def test_a_schema_patterns_lone_surrogate_pair_gets_its_python_spelling_from_the_engine():
+    """Outside a class, Python's re reads ECMA's surrogate pair \\uD83D\\uDE00 (one code point under
+    the u flag) as two surrogates, which no JSON string holds: the engine said to widen the pattern;
+    it now gives the pattern with the pair as Python's \\U escape, which it takes."""
+    pattern, python = r"^a\uD83D\uDE00+$", r"^a\U0001F600+$"
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(e.value).endswith(
+        "; Python's re, which reads a schema's pattern here (jsonschema checks each output with it), has no ECMA "
+        "code point escape (\\u{...}, or a surrogate pair \\uD83D\\uDE00): write each as the \\U escape of its code "
+        f"point, the pattern {json.dumps(python)}"), str(e.value)
+    regex = schema_to_regex({"type": "string", "pattern": python})
+    assert re.fullmatch(regex, '"a\U0001F600\U0001F600"') and not re.fullmatch(regex, '"a"')
+
+
 @pytest.mark.parametrize("pattern", ["(?<n>a)b", r"\x{41}b", r"a\u{42}", r"(?<n>\p{Lu})"])
 def test_a_pattern_only_rusts_regex_reads_is_refused_by_the_engine_as_by_gen(backend, pattern):
     # the engine reads a regex as Python's re does, as gen() does, but left a pattern Python's parser

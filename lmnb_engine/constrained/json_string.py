@@ -29,6 +29,7 @@ import warnings
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
+from lmnb_engine.json_schema import code_point_fix
 from lmnb_engine.regex_errors import shown_regex
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
@@ -290,6 +291,8 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
     try:
         return '"' + _emit(parsed) + '"'
     except GrammarError:
+        # (a surrogate pair, one code point to ECMA, reads as two surrogates: code_point_fix spells it)
         raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} has a part no JSON string character "
                            "can match here (constrained strings use ASCII for \\d, \\w, \\s and their "
-                           "negations, and UTF-8 text holds no surrogates U+D800-U+DFFF); widen it") from None
+                           "negations, and UTF-8 text holds no surrogates U+D800-U+DFFF); "
+                           f"{code_point_fix(pattern) or 'widen it'}") from None
