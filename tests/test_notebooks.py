@@ -79,6 +79,36 @@ def test_a_notebook_cell_without_a_type_or_text_is_named_by_run_and_export(tmp_p
     assert not (tmp_path / "edited.out.ipynb").exists() and not (tmp_path / "edited.py").exists()
 
 
+@pytest.mark.parametrize("cell, problem", [
+    ('{"id": "b", "cell_type": 5, "source": "x = 1", "metadata": {}}', "cell 2 has the cell_type 5, not a name"),
+    ('{"id": "b", "cell_type": "markdown", "source": ["a", 3], "metadata": {}}',
+     "cell 2 has the source ['a', 3], not text"),
+])
+def test_a_cell_whose_type_or_lines_are_no_text_is_named_where_nbformat_cannot_read_it(tmp_path, capsys, cell,
+                                                                                     problem):
+    """A cell whose cell_type is no string (in a notebook with cell ids), or whose source lists lines
+    that are no strings, stops nbformat's own reading (a TypeError of its code: "unsupported operand type(s) for +: 'int' and
+    'str'", "sequence item 1: expected str instance, int found"), which lmnb run, lmnb export and
+    nbconvert --to lmnb printed as it was, naming no cell: the cell is named as a cell without a
+    source is, with the fix."""
+    from nbconvert import get_exporter
+
+    from lmnb_kernel.cli import main
+
+    path = tmp_path / "edited.ipynb"
+    path.write_text('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"id": "a", "cell_type": "code", '
+                    '"source": ["x = ", "1"], "metadata": {}, "outputs": [], "execution_count": null}, ' + cell + "]}")
+    said = (f"not a Jupyter notebook: {problem} (a cell has a cell_type such as \"code\" or \"markdown\", and a "
+            "source: a string, or a list of strings, its lines); fix the cell in the file's JSON, or delete it")
+    for command in ("run", "export"):
+        assert main([command, str(path)]) == 2
+        assert capsys.readouterr().err == f"lmnb {command}: cannot read {path}: {said}\n"
+    with pytest.raises(Exception) as e:
+        get_exporter("lmnb")().from_filename(str(path))
+    assert str(e.value) == said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.ipynb"]
+
+
 def test_lmnb_run_refuses_an_option_or_a_parameter_given_twice(tmp_path, capsys):
     """``lmnb run nb.ipynb -o a.ipynb -o b.ipynb`` saved b only, and ``-p n 1 -p n 2`` set n to 2,
     silently; ``-p`` repeats for several parameters."""

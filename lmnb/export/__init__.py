@@ -115,14 +115,22 @@ def notebook_from_text(text: str, check_cells: bool = True):
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}{_old_version_hint(data)}") from None
     except (AttributeError, TypeError, KeyError) as e:  # (shapes _json_shape_problem leaves: a v3 "worksheets": 5)
+        # a cell whose cell_type is no string (where cells have ids) or whose lines are no strings
+        # stops nbformat's own code: named as cell_read_problem names it, with every cell it cannot read
+        cells = data.get("cells") if isinstance(data, dict) else None
+        _raise_cell_problems([nbformat.from_dict(c) for c in cells] if isinstance(cells, list) else [])
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
-    if not check_cells:
-        return nb
-    # (every cell's, in one error: one run shows them all)
-    problems = [p for p in (cell_read_problem(n, c) for n, c in enumerate(nb.cells, start=1)) if p]
-    if problems:
-        raise ValueError(problems[0] if len(problems) == 1 else listed_cell_errors(problems, "read"))
+    if check_cells:
+        _raise_cell_problems(nb.cells)
     return nb
+
+
+def _raise_cell_problems(cells) -> None:
+    """Raise ``ValueError`` naming every one of the notebook's ``cells`` (nbformat cells, in order)
+    that cannot be read (``cell_read_problem``), in one error: one run shows them all."""
+    problems = [p for p in (cell_read_problem(n, c) for n, c in enumerate(cells, start=1)) if p]
+    if problems:
+        raise ValueError(problems[0] if len(problems) == 1 else listed_cell_errors(problems, "read")) from None
 
 
 def _json_shape(value) -> str:
