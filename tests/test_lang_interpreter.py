@@ -3249,9 +3249,13 @@ def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_be
     was held until the variable was done, so it came only with the next gen's first text, paired
     with that gen's meta info (its finish reason lost). Here each gen starts only once the reader
     has its predecessor's finish reason (``ended``), and sends its last text only once the reader
-    has its first (``took``): a reader that holds a gen's end sees the next gen wait in vain."""
+    has its first (``took``): a reader that holds a gen's end sees the next gen wait in vain. The
+    first gen starts once the body has queued all three (``queued``): a reader of a variable ends
+    when no gen of it is queued, so a body slower to queue the next gen than the gen before it
+    took to end (a loaded machine) ended the reading after the first gen."""
     ended = [threading.Event() for _ in range(3)]
     took = [threading.Event() for _ in range(3)]
+    queued = threading.Event()
     found_ended: list[bool] = []  # for gens 1 and 2: whether the previous gen's end was read first
 
     class Gated(ScriptedBackend):
@@ -3260,6 +3264,8 @@ def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_be
             self._record("stream", prompt)
             if i:
                 found_ended.append(ended[i - 1].wait(10))
+            else:
+                queued.wait(10)
             yield f"g{i}", {"id": i, "completion_tokens": 1, "finish_reason": None}
             took[i].wait(10)
             yield ".", {"id": i, "completion_tokens": 2, "finish_reason": {"type": "length", "length": 2}}
@@ -3268,6 +3274,7 @@ def test_text_async_iter_yields_each_gen_of_a_loop_with_its_own_finish_reason_be
     def prog(s):
         for _ in range(3):
             s += "\n" + sgl.gen("x", max_tokens=2)
+        queued.set()
 
     async def read():
         got = []
