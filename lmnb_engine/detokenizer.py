@@ -15,10 +15,12 @@ from __future__ import annotations
 import bisect
 import codecs
 import collections
+import functools
 import re
 from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_reach import reach
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
@@ -273,6 +275,10 @@ class StopRegexes:
         # pattern or the pattern is end-sensitive: that one is searched by the regex package
         self.automata = [None if sensitive else automaton(p)
                          for p, sensitive in zip(patterns or (), self.end_sensitive)]
+        # per pattern: how far past a start its matching there reads (regex_reach), None where
+        # unbounded: a match more text may still complete or make new begins in the last reach - 1
+        # characters, so a search need not start before them
+        self.reach = [reach(p) for p in patterns or ()]
         self.given_up: set[int] = set()  # indices into ``compiled``
         self.problem: str | None = None
 
@@ -395,26 +401,32 @@ def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endp
     return None
 
 
-def _live_start(rx: Any, text: str, pos: int) -> tuple[int, bool]:
+def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) -> tuple[int, bool]:
     """(where in ``text[pos:]`` the first match of ``rx`` that more text may complete or extend
     begins, ``len(text)`` where none may; whether a whole match was passed on the way).
 
     A whole match in text not checked (the first ``min_new_tokens``) is passed over, unless one
-    from its start may end at or past the text's end: once more text comes it straddles the
-    checked text's start, a stop (``_new_match``). A partial search prefers a whole match to a
-    partial one before it ("xbc|b" on "xb": "b", though "xbc" may begin at 0), so before a whole
-    match every start is tried with a partial ``fullmatch``; past it, the search goes on.
+    from its start may end past the text's end: once more text comes it straddles the checked
+    text's start, a stop (``_new_match``). A partial search prefers a whole match to a partial
+    one before it ("xbc|b" on "xb": "b", though "xbc" may begin at 0), so before a whole match
+    every start is tried with a partial ``fullmatch``; past it, the search goes on. A start where
+    the rest of the text is a whole match is passed over too unless ``extends(start)``: a longer
+    match may begin there ("ab|abc" after "ab"; not "ab" after "x", "ab", which nothing can make
+    a stop, so it is shown at once, as a stop string's is).
 
     Raises:
         TimeoutError: a search ran past ``REGEX_TIMEOUT_S``.
     """
     passed = False
-    while (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
+    # (a search from past the text's end searches from its end: an empty match there, passed
+    # over, would be found again and again)
+    while pos <= len(text) and (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
         if m.partial:
             return m.start(), passed
         passed = True
         for start in range(pos, m.start() + 1):
-            if rx.fullmatch(text, start, partial=True, timeout=REGEX_TIMEOUT_S) is not None:
+            whole = rx.fullmatch(text, start, partial=True, timeout=REGEX_TIMEOUT_S)
+            if whole is not None and (whole.partial or extends(start)):
                 return start, passed
         pos = m.start() + 1
     return len(text), passed
@@ -465,6 +477,15 @@ class StopStringMatcher:
             if run.given_up:
                 self._runs[k] = run = None
         return run
+
+    def _extends(self, k: int, text: str, start: int) -> bool:
+        """Whether regex ``k`` may match a text that begins with ``text[start:]`` and is longer,
+        as far as it is known: not where that is at least the pattern's reach long, nor where its
+        automaton says no match goes on from there (``StopAutomaton.extends``)."""
+        reach, a = self._shared.reach[k], self._shared.automata[k]
+        if reach is not None and len(text) - start >= reach:
+            return False
+        return a is None or a.extends(text, start)
 
     def _timed_out(self, i: int, rx: Any, text: str) -> None:
         self._shared.given_up.add(i)
@@ -552,11 +573,13 @@ class StopStringMatcher:
             # pos ends where a match may yet begin (len(text): nowhere); a pattern given up, or whose
             # search timed out, stops where the search stood: nothing past it is shown
             pos = floor = self._floor(i, text)
+            if (reach := self._shared.reach[i]) is not None:  # (what more text can make a stop begins after)
+                pos = floor = min(len(text), max(floor, len(text) - reach + 1))
             passed_match = False
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
             if rx is not None and i not in self._shared.given_up:
                 try:
-                    pos, passed_match = _live_start(rx, text, pos)
+                    pos, passed_match = _live_start(rx, text, pos, functools.partial(self._extends, i, text))
                 except TimeoutError:
                     self._timed_out(i, self._regexes[i], text)
             safe = min(safe, pos)

@@ -149,7 +149,11 @@ class SamplingParams:
             characters with its repeats written out (no anchors, word boundaries, lookarounds,
             backreferences, ``\\p{L}`` ...: ``stop_automaton``), is read by an automaton, at a cost
             per token that does not grow with the output; the others are searched
-            again each token, each search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
+            again each token from where a match may still begin, which for a pattern whose
+            matching at a start reads a bounded number of characters (no ``*``, ``+``, ``{n,}``
+            or backreference: ``regex_reach``) is among the text's last few and otherwise may be
+            an open match's start (``\\bBEGIN[\\s\\S]*?END``: linear in its length), each
+            search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
             that backtracks catastrophically runs past that, and its request is aborted with a
             message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and

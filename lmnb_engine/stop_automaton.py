@@ -286,6 +286,23 @@ class StopAutomaton:
             accepts = self._accepts[ch] = _mask(q for q, leaf in enumerate(self._leaves) if leaf.fullmatch(ch))
         return accepts
 
+    def extends(self, text: str, start: int) -> bool:
+        """Whether a match of the pattern may begin with ``text[start:]`` and go on past its end:
+        the positions that reading it from the pattern's start reaches have a follower (a class
+        that no character fits counts as one: erring towards yes). False where no match begins so.
+        Time linear in ``len(text) - start``."""
+        reachable = self._first
+        for i in range(start, len(text)):
+            positions = reachable & self._accepting(text[i])
+            if not positions:
+                return False
+            reachable = 0
+            while positions:
+                low = positions & -positions
+                reachable |= self._follow_masks[low.bit_length() - 1]
+                positions ^= low
+        return bool(reachable)
+
     def _transition(self, state: Threads, ch: str) -> tuple[Threads, tuple[int, ...], bool, tuple[int, int, bool] | None]:
         accepts = self._accepting(ch)
         taken = 0

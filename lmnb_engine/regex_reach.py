@@ -1,0 +1,144 @@
+"""How far past a match attempt's start a stop regex may read: its reach.
+
+A match of a stop regex tried at one start reads only the characters from there up to the
+longest match (what its repeats and alternatives can consume) plus what a lookahead or an end
+assertion looks at past them. Where that reach ``R`` is finite, whether the pattern matches at a
+start ``s`` (and what) is decided by the text up to ``s + R``: once the text holds that much,
+no more text can change it. So a stop that more text may still complete can only begin in the
+text's last ``R - 1`` characters, and the stop matcher searches only those, whatever the length
+of the output (``StopStringMatcher.safe_len``). This is the bound SGLang takes for its tail check
+(``get_max_seq_length`` of a stop regex), with the lookaheads counted too.
+
+The pattern's structure is read by Python's own parser (``re._parser``), as ``stop_automaton``
+reads it; a pattern it cannot read, or may read otherwise than the ``regex`` package does (a
+``{`` that is no repeat count, which the ``regex`` package may read as a fuzzy-matching
+constraint), has no known reach (None), nor has one with an unbounded repeat or a backreference.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from typing import Any
+
+try:
+    from re import _parser as _sre  # Python 3.11+
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre  # type: ignore[no-redef]
+
+# A "{" that begins no repeat count ("x{e<=1}"): Python's parser reads it as a character, the
+# regex package as a fuzzy-matching constraint ("x" with up to one error). (An escaped "\{" is
+# caught too: only a cost, the pattern is then read by the regex package alone.)
+_NOT_A_COUNT = re.compile(r"\{(?!\d*(?:,\d*)?\})")
+# End and boundary assertions read the character at their position and, for "$" (which holds
+# before a final newline too), the one after it.
+_ASSERTION_READS = 2
+# Assertions that read only backwards: the start of the text or of a line.
+_BACKWARD_AT = {"AT_BEGINNING", "AT_BEGINNING_STRING", "AT_BEGINNING_LINE"}
+
+
+class Unreadable(Exception):
+    """Python's parser cannot read the pattern as the ``regex`` package does."""
+
+
+def parse_as_python(pattern: str) -> Any:
+    """``pattern`` as parsed by Python's ``re`` (``re._parser.parse``), for a pattern the ``regex``
+    package reads the same way.
+
+    Raises:
+        Unreadable: Python's parser refuses the pattern or warns that it may read it otherwise
+            (a nested set "[[", a set operation "--"), or the pattern holds a "{" that begins no
+            repeat count (a fuzzy constraint to the ``regex`` package).
+    """
+    if _NOT_A_COUNT.search(pattern):
+        raise Unreadable("a '{' that is no repeat count (a fuzzy constraint to the regex package)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "possible nested set": the regex package reads "[[" otherwise
+        try:
+            return _sre.parse(pattern)
+        except (re.error, Warning, RecursionError) as e:
+            raise Unreadable(str(e)) from None
+
+
+class _Unbounded(Exception):
+    pass
+
+
+def _span(items: Any) -> tuple[int, int]:
+    """``(width, reach)`` of a sequence: the most characters it consumes, and the most it reads
+    from its start (consumed, or looked at past them)."""
+    width = reach = 0
+    for op, av in items:
+        w, r = _item(op.name, av)
+        reach = max(reach, width + r)
+        width += w
+    return width, max(reach, width)
+
+
+def _item(name: str, av: Any) -> tuple[int, int]:
+    if name in ("LITERAL", "NOT_LITERAL", "ANY", "IN"):
+        return 1, 1
+    if name == "SUBPATTERN":
+        return _span(av[3])
+    if name == "ATOMIC_GROUP":
+        return _span(av)
+    if name == "BRANCH":
+        spans = [_span(sub) for sub in av[1]]
+        return max(w for w, _ in spans), max(r for _, r in spans)
+    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+        low, high, sub = av
+        if high == _sre.MAXREPEAT:
+            raise _Unbounded
+        if high == 0:
+            return 0, 0
+        w, r = _span(sub)
+        return high * w, (high - 1) * w + r
+    if name == "AT":
+        return 0, 0 if av.name in _BACKWARD_AT else _ASSERTION_READS
+    if name in ("ASSERT", "ASSERT_NOT"):
+        direction, sub = av
+        if direction > 0:  # a lookahead reads what its pattern does, consuming nothing
+            return 0, _span(sub)[1]
+        # a lookbehind reads backwards, unless an assertion inside it looks ahead of where it ends
+        if any(op.name in ("AT", "ASSERT", "ASSERT_NOT") for op, _ in _walk(sub)):
+            raise _Unbounded
+        return 0, 0
+    raise _Unbounded  # GROUPREF, GROUPREF_EXISTS, ... (a backreference's width is its group's text)
+
+
+def _walk(items: Any):
+    """Every (op, av) in ``items``, nested ones included."""
+    for op, av in items:
+        yield op, av
+        if op.name == "SUBPATTERN":
+            yield from _walk(av[3])
+        elif op.name == "ATOMIC_GROUP":
+            yield from _walk(av)
+        elif op.name == "BRANCH":
+            for sub in av[1]:
+                yield from _walk(sub)
+        elif op.name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            yield from _walk(av[2])
+        elif op.name in ("ASSERT", "ASSERT_NOT"):
+            yield from _walk(av[1])
+
+
+@functools.lru_cache(maxsize=256)
+def reach(pattern: str) -> int | None:
+    """The most characters, from a match attempt's start, that matching ``pattern`` there may
+    read: those of its longest match plus what its lookaheads and end or word-boundary
+    assertions (2 each, "$" reading up to a final newline's next character) look at past them.
+    None where that is unbounded (a ``*``, ``+`` or ``{n,}`` repeat), not known (a backreference,
+    an assertion inside a lookbehind) or the pattern is not read as the ``regex`` package reads it
+    (``parse_as_python``). Verbose mode is not read (None).
+
+    Only forward reading counts: a lookbehind's text lies before the start, and is there already.
+    """
+    try:
+        parsed = parse_as_python(pattern)
+        if parsed.state.flags & re.VERBOSE:
+            return None
+        return _span(parsed)[1]
+    except (Unreadable, _Unbounded):
+        return None
