@@ -22,7 +22,8 @@ states keep being new (threads that never merge: ``a.{30}b`` over "a"s and "c"s)
 costs more than searching, and the run gives up (``AutomatonRun.given_up``) to the search.
 
 The pattern's structure is read by Python's own parser (``re._parser``): a pattern it reads
-differently from the ``regex`` package, or with anything else (anchors, lookarounds,
+differently from the ``regex`` package (``regex_reach.parse_as_python``: a nested set, a
+fuzzy-matching constraint such as ``{e<=1}``, which Python reads as characters), or with anything else (anchors, lookarounds,
 backreferences, atomic groups, possessive repeats, verbose mode, a scoped ASCII or Unicode flag,
 ``regex``-only syntax such as ``\\p{L}``) gets no automaton, and is searched as before. Which
 characters each position accepts is decided by the ``regex`` package itself (a one-character
@@ -35,8 +36,9 @@ from __future__ import annotations
 
 import functools
 import re
-import warnings
 from typing import Any
+
+from lmnb_engine.regex_reach import Unreadable, parse_as_python
 
 try:
     from re import _parser as _sre  # Python 3.11+
@@ -125,12 +127,10 @@ class StopAutomaton:
     """
 
     def __init__(self, pattern: str) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # "possible nested set": the regex package reads "[[" otherwise
-            try:
-                parsed = _sre.parse(pattern)
-            except (re.error, Warning) as e:
-                raise _Unsupported(str(e)) from None
+        try:  # (refusing what the regex package reads otherwise: "[[", a fuzzy constraint "{e<=1}")
+            parsed = parse_as_python(pattern)
+        except Unreadable as e:
+            raise _Unsupported(str(e)) from None
         flags = parsed.state.flags
         if flags & (re.VERBOSE | re.LOCALE):
             raise _Unsupported("verbose or locale mode")

@@ -1113,3 +1113,17 @@ def test_a_stop_regex_of_nested_repeats_of_empty_groups_gets_no_automaton_at_onc
     worker.join(60)  # (a generous bound: the parts read stop at a few thousand)
     assert built == [None]
     assert StopStringMatcher([], [pattern]).find("abxc", 2) == (2, "x")
+
+
+def test_a_stop_regex_with_a_fuzzy_constraint_is_searched_not_read_by_an_automaton():
+    # Python's parser reads "{e<=1}" as characters, the regex package as "up to one error": the
+    # automaton built from the first never met "axc" for (?:abc){e<=1}, and the output ran past it
+    import regex
+
+    from lmnb_engine.stop_automaton import automaton
+
+    for pattern, text in [(r"(?:abc){e<=1}", "zz axc"), (r"ab{i<=1}c", "xabxc"), (r"(?:stop){s<=1,e<=1}", "a stap")]:
+        want = regex.search(pattern, text)
+        assert want is not None and automaton(pattern) is None, pattern
+        assert StopStringMatcher([], [pattern]).find(text, 0) == (want.start(), want.group()), pattern
+    assert automaton(r"a{2,3}b{,2}c{4}") is not None  # (repeat counts are read)
