@@ -275,6 +275,11 @@ class StopRegexes:
         # pattern or the pattern is end-sensitive: that one is searched by the regex package
         self.automata = [None if sensitive else automaton(p)
                          for p, sensitive in zip(patterns or (), self.end_sensitive)]
+        # per pattern searched: the automaton of the pattern with its assertions left out, which
+        # matches wherever the pattern does (None where it cannot represent even that): while it
+        # finds no match in the text, find need not search the pattern (\bBEGIN\b[\s\S]*?\bEND\b
+        # open over a long output: a search per new character, each over all of the open match)
+        self.loosened = [automaton(p, loosened=True) if a is None else None for p, a in zip(patterns or (), self.automata)]
         # per pattern: how far past a start its matching there reads (regex_reach), None where
         # unbounded: a match more text may still complete or make new begins in the last reach - 1
         # characters, so a search need not start before them
@@ -455,8 +460,10 @@ class StopStringMatcher:
         # any text extending it: the searches start there, not over the whole output each token
         self._seen = ""
         self._floors = [0] * len(self._regexes)
-        # per regex with an automaton: this sample's reading of the text by it
+        # per regex with an automaton: this sample's reading of the text by it; per regex searched,
+        # by its loosened automaton
         self._runs = [a and AutomatonRun(a) for a in self._shared.automata]
+        self._loose_runs = [a and AutomatonRun(a) for a in self._shared.loosened]
 
     @property
     def problem(self) -> str | None:
@@ -466,16 +473,18 @@ class StopStringMatcher:
     def _floor(self, i: int, text: str) -> int:
         return self._floors[i] if text.startswith(self._seen) else 0
 
-    def _read(self, k: int, text: str) -> AutomatonRun | None:
-        """Regex ``k``'s automaton run having read ``text``; None where the regex is searched: it has
-        no automaton, or its run gave up (``AutomatonRun.given_up``), for the rest of the sample.
-        The search then starts from the floor the run left: where the earliest match that more
-        text may complete begins, before which none can begin, as a search would have left it."""
-        run = self._runs[k]
+    def _read(self, k: int, text: str, loosened: bool = False) -> AutomatonRun | None:
+        """Regex ``k``'s automaton run (``loosened``: its loosened automaton's) having read ``text``;
+        None where the regex is searched: it has no automaton, or its run gave up
+        (``AutomatonRun.given_up``), for the rest of the sample. The search then starts from the
+        floor the run left: where the earliest match that more text may complete begins, before
+        which none can begin, as a search would have left it."""
+        runs = self._loose_runs if loosened else self._runs
+        run = runs[k]
         if run is not None:
             run.read(text)
             if run.given_up:
-                self._runs[k] = run = None
+                runs[k] = run = None
         return run
 
     def _extends(self, k: int, text: str, start: int) -> bool:
@@ -521,6 +530,8 @@ class StopStringMatcher:
             run = self._read(k, text)
             if run is not None and run.first_end is None:  # the text holds no match at all
                 continue
+            if run is None and (loose := self._read(k, text, loosened=True)) is not None and loose.first_end is None:
+                continue  # (nor of the pattern without its assertions: none in the text or a prefix of it)
             floor, longest = self._floor(k, text), self._shared.longest[k]
             try:
                 if (run is not None and run.first_end > new_from
@@ -575,6 +586,11 @@ class StopStringMatcher:
             pos = floor = self._floor(i, text)
             if (reach := self._shared.reach[i]) is not None:  # (what more text can make a stop begins after)
                 pos = floor = min(len(text), max(floor, len(text) - reach + 1))
+            if (i not in self._shared.given_up and (loose := self._read(i, text, loosened=True)) is not None
+                    and loose.first_end is None):
+                # (a match more text may complete is one of the pattern without its assertions too,
+                # and no earlier start has one: often none at all, and nothing is searched)
+                pos = floor = max(floor, loose.live_start(len(text)))
             passed_match = False
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
             if rx is not None and i not in self._shared.given_up:

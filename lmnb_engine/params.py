@@ -152,8 +152,9 @@ class SamplingParams:
             again each token from where a match may still begin, which for a pattern whose
             matching at a start reads a bounded number of characters (no ``*``, ``+``, ``{n,}``
             or backreference: ``regex_reach``) is among the text's last few and otherwise may be
-            an open match's start (``\\bBEGIN[\\s\\S]*?END``: linear in its length), each
-            search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
+            an open match's start (``\\bBEGIN[\\s\\S]*?END``: linear in its length; but the search
+            for a match is skipped while the pattern with its assertions left out, read by an
+            automaton where it can be, matches nowhere in the text), each search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
             that backtracks catastrophically runs past that, and its request is aborted with a
             message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and

@@ -30,6 +30,10 @@ characters each position accepts is decided by the ``regex`` package itself (a o
 pattern of its own, with the pattern's global flags and inside the scoped flag groups that hold the
 position, as written), so ``\\d``, ``\\w`` and case-insensitive matching mean what they mean in
 the whole pattern.
+
+A pattern with assertions (anchors, word boundaries, lookarounds) may be read ``loosened``, with
+them left out: a larger language, so where its automaton finds no match the pattern has none in
+the text or any prefix of it, and the stop matcher need not search the pattern.
 """
 
 from __future__ import annotations
@@ -121,12 +125,16 @@ class StopAutomaton:
 
     Args:
         pattern: a stop regex (``SamplingParams.stop_regex``, checked there).
+        loosened: read the pattern with its anchors, word boundaries and lookarounds left out:
+            a pattern that matches wherever (and more often than) the pattern does, so where
+            this one finds no match the pattern has none, whatever text follows or is cut.
 
     Raises:
         _Unsupported: the pattern holds something the automaton does not represent.
     """
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, pattern: str, loosened: bool = False) -> None:
+        self._loosened = loosened
         try:  # (refusing what the regex package reads otherwise: "[[", a fuzzy constraint "{e<=1}")
             parsed = parse_as_python(pattern)
         except Unreadable as e:
@@ -222,6 +230,8 @@ class StopAutomaton:
                         self._follow[p] |= first
                 result = self._concat(result, (True, first, last))
             return result
+        if self._loosened and name in ("AT", "ASSERT", "ASSERT_NOT"):
+            return True, set(), set()  # (an assertion left out: it matches the empty string)
         raise _Unsupported(name)  # AT, ASSERT, ASSERT_NOT, GROUPREF, ATOMIC_GROUP, POSSESSIVE_REPEAT, ...
 
     @staticmethod
@@ -330,11 +340,12 @@ class StopAutomaton:
 
 
 @functools.lru_cache(maxsize=64)
-def automaton(pattern: str) -> StopAutomaton | None:
-    """The pattern's ``StopAutomaton``, or None where it cannot represent the pattern (see the
-    module's docstring); cached, so requests with the same stop regex share its transitions."""
+def automaton(pattern: str, loosened: bool = False) -> StopAutomaton | None:
+    """The pattern's ``StopAutomaton`` (``loosened``: with its assertions left out), or None where
+    it cannot represent the pattern (see the module's docstring); cached, so requests with the same
+    stop regex share its transitions."""
     try:
-        return StopAutomaton(pattern)
+        return StopAutomaton(pattern, loosened)
     except _Unsupported:
         return None
 

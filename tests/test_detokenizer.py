@@ -1127,3 +1127,79 @@ def test_a_stop_regex_with_a_fuzzy_constraint_is_searched_not_read_by_an_automat
         assert want is not None and automaton(pattern) is None, pattern
         assert StopStringMatcher([], [pattern]).find(text, 0) == (want.start(), want.group()), pattern
     assert automaton(r"a{2,3}b{,2}c{4}") is not None  # (repeat counts are read)
+
+
+def _searched_without_loosened_automata(patterns: list[str]):
+    """The request's StopRegexes searched as before the loosened automata: from where the last
+    search left the floor, over the rest of the text, on every token (the reference)."""
+    from lmnb_engine.detokenizer import StopRegexes
+
+    shared = StopRegexes(patterns)
+    shared.loosened = [None] * len(patterns)
+    return shared
+
+
+def test_a_searched_stop_regex_is_not_searched_while_it_has_no_match_without_its_assertions():
+    # r"\bBEGIN\b[\s\S]*?\bEND\b" (no automaton: word boundaries) open from the output's start was
+    # searched from there once per new character by find and once by safe_len, each over the whole
+    # open match: milliseconds per token at 8000 tokens. Without its assertions it is
+    # BEGIN[\s\S]*?END, whose automaton finds no match: find searches nothing
+    import regex
+
+    m = StopStringMatcher([], [r"\bBEGIN\b[\s\S]*?\bEND\b"])
+    real, calls = m._regexes[0], []
+
+    class Spy:
+        def finditer(self, *a, **k):
+            calls.append(a)
+            return real.finditer(*a, **k)
+
+        def __getattr__(self, attr):
+            return getattr(real, attr)
+
+    m._regexes[0] = Spy()
+    text = "BEGIN"
+    for _ in range(300):
+        checked, text = len(text), text + " word EN"
+        assert m.find(text, checked) is None
+        assert m.safe_len(text) == 0
+    assert calls == []
+    checked, text = len(text), text + "D."
+    assert m.find(text, checked) == (0, text[:-1]) and calls
+    # random patterns with assertions (bounded or not), texts, tokenizations and min_new_tokens: the
+    # stop is that of the search on every token, and the brute-force one where every token is
+    # checked; no text of it was shown before it; no more is held back than the search holds
+    rng = random.Random(9)
+    assertions = [r"\b", r"\B", "$", r"(?<=x)", r"(?<!a)", r"(?=a)", r"(?!b\b)", r"(?m)^"]
+    tried = differ = hits = 0
+    while tried < 800:
+        pattern = "".join(rng.choice([_random_pattern(rng, 1), rng.choice(assertions)]) for _ in range(rng.randint(2, 4)))
+        if "(?m)" in pattern[1:]:
+            pattern = "(?m)" + pattern.replace("(?m)", "")
+        try:
+            if regex.fullmatch(pattern, "") is not None:
+                continue
+        except regex.error:
+            continue
+        tried += 1
+        m, reference = StopStringMatcher([], [pattern]), StopStringMatcher([], _searched_without_loosened_automata([pattern]))
+        text, checked, unchecked, shown = "", 0, rng.choice([0, 0, rng.randint(2, 6)]), 0
+        for token in range(1, 9):
+            text += "".join(rng.choice("abx \n") for _ in range(rng.randint(1, 3)))
+            if token >= unchecked:
+                hit = m.find(text, checked)
+                assert hit == reference.find(text, checked), (pattern, text, checked)
+                if hit is not None:
+                    if not unchecked:
+                        assert hit == first_regex_stop_by_definition([pattern], text), (pattern, text)
+                    assert shown <= hit[0], (pattern, text, unchecked)
+                    hits += 1
+                    break
+            checked = len(text)
+            safe, held = m.safe_len(text), reference.safe_len(text)
+            assert safe >= held, (pattern, text, unchecked)
+            differ += safe != held
+            shown = max(shown, safe)
+    assert hits > 200 and differ < tried  # (where the loosened automaton has no open match, the search is
+    # skipped; the regex package's partial search holds back a start it cannot rule out:
+    # "$(?<=x)a*[bc]" on "xa\n" at "\n", which no later text makes a match)
