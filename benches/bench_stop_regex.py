@@ -19,7 +19,14 @@ text of "a" and "c": a thread per "a" among the last 250 characters), each read 
 and searched by the ``regex`` package (automaton disabled), one pattern at a time with no stop
 strings: the median over ``--repeats`` runs of each run's mean microseconds per token.
 
-    python benches/bench_stop_regex.py [--threads] [--out benches/results/<date>-cpu-stop-regex.md]
+``--fallback`` measures instead stop regexes the automaton does not take (word boundaries), alone
+with no stop strings, at each output length as the default run does, in the cases of
+``FALLBACK_CASES``: a bounded pattern (``regex_reach``) whose whole match lies in the first
+``min_new_tokens`` (let through: the search's floor stays at it), a bounded one with a match open
+at the end of each token's text, and an unbounded one whose match stays open from the output's
+start.
+
+    python benches/bench_stop_regex.py [--threads | --fallback] [--out benches/results/<date>-cpu-stop-regex.md]
 """
 
 from __future__ import annotations
@@ -57,6 +64,12 @@ THREAD_CASES = [
     (r"[a-d]{200}e", "abcd"),
 ]
 THREAD_TOKENS = 2000
+# --fallback: (name, pattern, first token text, min_new_tokens)
+FALLBACK_CASES = [
+    ("bounded, whole match in min_new_tokens", r"\bZZ\d{1,3}\b", "ZZ1", 2),
+    ("bounded, open at each token's end", r"\b(?:the|a) (?:dog|fox)\b", None, 0),
+    ("unbounded, open from the start", r"\bBEGIN\b[\s\S]*?\bEND\b", "BEGIN", 0),
+]
 
 
 def pieces(n: int, first: str | None) -> list[str]:
@@ -68,27 +81,28 @@ def pieces(n: int, first: str | None) -> list[str]:
     return out
 
 
-def run(tokens: list[str], regexes: list[str], stops: list[str] = STOPS) -> list[float]:
+def run(tokens: list[str], regexes: list[str], stops: list[str] = STOPS, min_new_tokens: int = 0) -> list[float]:
     """Seconds the matcher took for each token, fed as ``Scheduler._append_token`` does."""
     matcher = StopStringMatcher(stops, regexes)
     text, times = "", []
     clock = time.perf_counter
-    for piece in tokens:
+    for k, piece in enumerate(tokens, 1):
         t = clock()
         checked = len(text)
         text += piece
-        hit = matcher.find(text, checked)
+        hit = matcher.find(text, checked) if k >= min_new_tokens else None
         matcher.safe_len(text)
         times.append(clock() - t)
         assert hit is None, hit  # the synthetic text never stops
     return times
 
 
-def measure(tokens: list[str], regexes: list[str], window: int, repeats: int) -> dict[int, float]:
+def measure(tokens: list[str], regexes: list[str], window: int, repeats: int, stops: list[str] = STOPS,
+            min_new_tokens: int = 0) -> dict[int, float]:
     """Microseconds per token over the ``window`` tokens ending at each of ``LENGTHS``: each token's
     least time over ``repeats`` runs (a run on this shared machine is now and then interrupted for
     tens of microseconds, which alone would double a window's mean), averaged."""
-    runs = [run(tokens, regexes) for _ in range(repeats)]
+    runs = [run(tokens, regexes, stops, min_new_tokens) for _ in range(repeats)]
     least = [min(ts) for ts in zip(*runs)]
     return {n: sum(least[n - window:n]) / window * 1e6 for n in LENGTHS}
 
@@ -130,10 +144,26 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", action="store_true", help="the many-threads patterns, automaton vs searched")
+    ap.add_argument("--fallback", action="store_true", help="patterns the automaton does not take")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
     import regex
 
+    if args.fallback:
+        n = max(LENGTHS)
+        lines = [f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; no stop "
+                 f"strings; us per token over the {args.window} tokens ending at each length, each token's least "
+                 f"of {args.repeats} runs", "",
+                 "| case | pattern | " + " | ".join(str(n) for n in LENGTHS) + " | 8000 / 500 |",
+                 "|---|---|" + "---:|" * (len(LENGTHS) + 1)]
+        for name, pattern, first, min_new in FALLBACK_CASES:
+            row = measure(pieces(n, first), [pattern], args.window, args.repeats, [], min_new)
+            lines.append(f"| {name} | `{pattern}` | " + " | ".join(f"{row[n]:.1f}" for n in LENGTHS)
+                         + f" | {row[LENGTHS[-1]] / row[LENGTHS[0]]:.1f}x |")
+            print(lines[-1], flush=True)
+        if args.out:
+            args.out.write_text(f"<!-- {datetime.date.today()} -->\n" + "\n".join(lines) + "\n")
+        return
     if args.threads:
         report = "\n".join([f"python {platform.python_version()}, regex {regex.__version__}, {platform.machine()}; "]
                            + measure_threads(args.repeats))
