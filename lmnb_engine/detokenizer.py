@@ -464,6 +464,9 @@ class StopStringMatcher:
         # by its loosened automaton
         self._runs = [a and AutomatonRun(a) for a in self._shared.automata]
         self._loose_runs = [a and AutomatonRun(a) for a in self._shared.loosened]
+        # per regex: (its automaton's first match's end, the text up to it, whether the regex
+        # package finds a match there too), for _agrees
+        self._agreed: list[tuple | None] = [None] * len(self._regexes)
 
     @property
     def problem(self) -> str | None:
@@ -486,6 +489,19 @@ class StopStringMatcher:
             if run.given_up:
                 runs[k] = run = None
         return run
+
+    def _agrees(self, k: int, run: AutomatonRun, text: str) -> bool:
+        """Whether the regex package too finds a match of regex ``k`` in the text up to where its
+        automaton's first match ends (searched once per first match): where it does not, the two
+        read the pattern apart, and the regex package decides (searched, as ``find`` does)."""
+        agreed = self._agreed[k]
+        if agreed is None or agreed[0] != run.first_end or not text.startswith(agreed[1]):
+            try:
+                found = self._regexes[k].search(text, 0, run.first_end, timeout=REGEX_TIMEOUT_S) is not None
+            except TimeoutError:
+                found = False  # (the search below meets the same pattern, and gives it up)
+            self._agreed[k] = agreed = (run.first_end, text[:run.first_end], found)
+        return agreed[2]
 
     def _extends(self, k: int, text: str, start: int) -> bool:
         """Whether regex ``k`` may match a text that begins with ``text[start:]`` and is longer,
@@ -579,6 +595,13 @@ class StopStringMatcher:
                     # begins (what the partial search below finds, but for the regex package's
                     # partial match of a lazy class repeat that the text's last character ends)
                     floors.append(run.live_start(len(text)))
+                    safe = min(safe, floors[-1])
+                    continue
+                if self._agrees(i, run, text):
+                    # a whole match in the text not checked: where the earliest match that more
+                    # text may complete or extend begins, in time bounded per character (the
+                    # search below tries every start before a whole match, each to the text's end)
+                    floors.append(run.open_start(len(text)))
                     safe = min(safe, floors[-1])
                     continue
             # pos ends where a match may yet begin (len(text): nowhere); a pattern given up, or whose

@@ -156,6 +156,7 @@ class StopAutomaton:
         self._first = _mask(first)
         self._last = _mask(last)
         self._follow_masks = [_mask(f) for f in self._follow]
+        self.goes_on = _mask(p for p, f in enumerate(self._follow) if f)  # (positions with a follower)
         self.start = State(())  # (before any character)
         self._states: dict[Threads, State] = {(): self.start}  # the states the cache built, one per threads
         self._held: list[State] = []  # the states the cached transitions go from or to
@@ -356,7 +357,8 @@ class AutomatonRun:
 
     Attributes:
         first_end: the end (exclusive character index) of the text's first match to end, None if it
-            holds none; once set, the text is read no further (the caller searches it from there).
+            holds none. The text is read on past it (a match in the text not checked, the first
+            ``min_new_tokens``, ends nothing): ``open_start`` says where a stop may still begin.
         given_up: over half of the characters of a block of ``_MISS_BLOCK`` read missed the
             transition cache (characters new to the automaton not counted): the caller searches
             the pattern from here on (where the automaton is slower than the search) and reads
@@ -376,24 +378,22 @@ class AutomatonRun:
         """Read what ``text`` adds to the last text read (all of it where it does not extend it)."""
         if not text.startswith(self._text):
             self._text, self._state, self._starts, self.first_end = "", self._automaton.start, [], None
-        if self.first_end is None:
-            state, starts, step = self._state, self._starts, self._automaton.step
-            begin, missed = len(self._text), self._automaton.misses
-            for i in range(begin, len(text)):
-                state, origins, ends, run = step(state, text[i])
-                if run is None:
-                    starts = [starts[j] if j >= 0 else i for j in origins]
-                else:  # (threads a to b - 1 go on, in order: a cut in C, where the list took O(threads) Python steps)
-                    a, b, new = run
-                    del starts[b:]
-                    del starts[:a]
-                    if new:
-                        starts.append(i)
-                if ends:  # (the text is read no further: the caller searches it from here on)
-                    self.first_end = i + 1
-                    break
-            self._state, self._starts = state, starts
-            self._count((self.first_end or len(text)) - begin, self._automaton.misses - missed)
+        state, starts, step = self._state, self._starts, self._automaton.step
+        begin, missed = len(self._text), self._automaton.misses
+        for i in range(begin, len(text)):
+            state, origins, ends, run = step(state, text[i])
+            if run is None:
+                starts = [starts[j] if j >= 0 else i for j in origins]
+            else:  # (threads a to b - 1 go on, in order: a cut in C, where the list took O(threads) Python steps)
+                a, b, new = run
+                del starts[b:]
+                del starts[:a]
+                if new:
+                    starts.append(i)
+            if ends and self.first_end is None:
+                self.first_end = i + 1
+        self._state, self._starts = state, starts
+        self._count(len(text) - begin, self._automaton.misses - missed)
         self._text = text
 
     def _count(self, read: int, missed: int) -> None:
@@ -408,3 +408,10 @@ class AutomatonRun:
         """The character index where the earliest match that may still complete begins, or ``length``
         (pass the text's) where none is open; meaningful while ``first_end`` is None."""
         return self._starts[0] if self._starts else length
+
+    def open_start(self, length: int) -> int:
+        """The character index where the earliest match that more text may still complete or
+        extend begins (its thread is in a position that has a follower), or ``length`` where none
+        is: past a whole match, which a match ending later from its start need not follow."""
+        goes_on = self._automaton.goes_on
+        return next((s for s, positions in zip(self._starts, self._state.threads) if positions & goes_on), length)

@@ -1077,6 +1077,10 @@ def test_where_the_automaton_and_the_regex_package_disagree_the_regex_package_de
     m = StopStringMatcher([], shared)
     assert m.find("xa", 1) is None
     assert m.find("xab", 2) == (1, "ab")
+    # ... nor say, past its match in the text not checked, that no stop can begin there: "a" of
+    # "xa" may begin "ab" (the regex package finds no match in "xa": it is searched)
+    held = StopStringMatcher([], shared)
+    assert held.safe_len("xa") == 1 and held.safe_len("xa c") == 4
 
 
 def test_a_stop_automatons_cached_transitions_hold_a_bounded_number_of_threads():
@@ -1203,3 +1207,30 @@ def test_a_searched_stop_regex_is_not_searched_while_it_has_no_match_without_its
     assert hits > 200 and differ < tried  # (where the loosened automaton has no open match, the search is
     # skipped; the regex package's partial search holds back a start it cannot rule out:
     # "$(?<=x)a*[bc]" on "xa\n" at "\n", which no later text makes a match)
+
+
+def test_past_a_whole_match_in_text_not_checked_an_automaton_says_where_a_stop_may_begin():
+    # "x" * 200 + "z" within min_new_tokens: r"x[^z]*w|z" matches "z" (let through), and safe_len
+    # searched from its floor, then tried every start before "z" with a partial fullmatch, each
+    # reading to the "z": 200 fullmatches over ~100 characters each, on every later token too
+    # (quadratic in the open region). Its automaton reads on past the match and says where a
+    # match that more text may complete or extend begins: nowhere before the new text here
+    m = StopStringMatcher([], [r"x[^z]*w|z"])
+    real, calls = m._shared.partial[0], []
+
+    class Spy:
+        def fullmatch(self, *a, **k):
+            calls.append(a[1:2])
+            return real.fullmatch(*a, **k)
+
+        def __getattr__(self, attr):
+            return getattr(real, attr)
+
+    m._shared.partial[0] = Spy()
+    text = "x" * 200 + "z"
+    assert m.safe_len(text) == len(text)
+    for piece in [" a", " xa", "b", " c"]:  # ("xab" may still become a stop: held back)
+        checked, text = len(text), text + piece
+        assert m.find(text, checked) is None
+        assert m.safe_len(text) == (text.index("xa") if "xa" in text else len(text))
+    assert calls == []
