@@ -491,13 +491,14 @@ class StopStringMatcher:
         return run
 
     def _agrees(self, k: int, run: AutomatonRun, text: str) -> bool:
-        """Whether the regex package too finds a match of regex ``k`` in the text up to where its
-        automaton's first match ends (searched once per first match): where it does not, the two
-        read the pattern apart, and the regex package decides (searched, as ``find`` does)."""
+        """Whether the regex package too matches regex ``k`` where its automaton's first match
+        begins, within the text up to where it ends (tried once per first match): where it does
+        not, the two read the pattern apart, and the regex package decides (searched, as ``find``
+        does)."""
         agreed = self._agreed[k]
         if agreed is None or agreed[0] != run.first_end or not text.startswith(agreed[1]):
             try:
-                found = self._regexes[k].search(text, 0, run.first_end, timeout=REGEX_TIMEOUT_S) is not None
+                found = self._regexes[k].match(text, run.first_start, run.first_end, timeout=REGEX_TIMEOUT_S) is not None
             except TimeoutError:
                 found = False  # (the search below meets the same pattern, and gives it up)
             self._agreed[k] = agreed = (run.first_end, text[:run.first_end], found)

@@ -157,6 +157,7 @@ class StopAutomaton:
         self._last = _mask(last)
         self._follow_masks = [_mask(f) for f in self._follow]
         self.goes_on = _mask(p for p, f in enumerate(self._follow) if f)  # (positions with a follower)
+        self.finals = self._last  # (positions a match may end in)
         self.start = State(())  # (before any character)
         self._states: dict[Threads, State] = {(): self.start}  # the states the cache built, one per threads
         self._held: list[State] = []  # the states the cached transitions go from or to
@@ -359,6 +360,7 @@ class AutomatonRun:
         first_end: the end (exclusive character index) of the text's first match to end, None if it
             holds none. The text is read on past it (a match in the text not checked, the first
             ``min_new_tokens``, ends nothing): ``open_start`` says where a stop may still begin.
+        first_start: where the earliest match ending at ``first_end`` begins (None with it).
         given_up: over half of the characters of a block of ``_MISS_BLOCK`` read missed the
             transition cache (characters new to the automaton not counted): the caller searches
             the pattern from here on (where the automaton is slower than the search) and reads
@@ -371,13 +373,15 @@ class AutomatonRun:
         self._state = automaton_.start
         self._starts: list[int] = []
         self.first_end: int | None = None
+        self.first_start: int | None = None
         self.given_up = False
         self._block_read = self._block_missed = 0  # (characters read in this block, and missed)
 
     def read(self, text: str) -> None:
         """Read what ``text`` adds to the last text read (all of it where it does not extend it)."""
         if not text.startswith(self._text):
-            self._text, self._state, self._starts, self.first_end = "", self._automaton.start, [], None
+            self._text, self._state, self._starts = "", self._automaton.start, []
+            self.first_end = self.first_start = None
         state, starts, step = self._state, self._starts, self._automaton.step
         begin, missed = len(self._text), self._automaton.misses
         for i in range(begin, len(text)):
@@ -392,6 +396,8 @@ class AutomatonRun:
                     starts.append(i)
             if ends and self.first_end is None:
                 self.first_end = i + 1
+                finals = self._automaton.finals
+                self.first_start = next(s for s, positions in zip(starts, state.threads) if positions & finals)
         self._state, self._starts = state, starts
         self._count(len(text) - begin, self._automaton.misses - missed)
         self._text = text

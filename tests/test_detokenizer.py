@@ -1234,3 +1234,9 @@ def test_past_a_whole_match_in_text_not_checked_an_automaton_says_where_a_stop_m
         assert m.find(text, checked) is None
         assert m.safe_len(text) == (text.index("xa") if "xa" in text else len(text))
     assert calls == []
+    # 8000 of them: the searches took seconds, past REGEX_TIMEOUT_S, and the request was aborted
+    # as if the (linear) pattern backtracked catastrophically
+    m, text = StopStringMatcher([], [r"x[^z]*w|z"]), "x" * 8000 + "z"
+    assert m.safe_len(text) == len(text)
+    assert m.find(text + " ab", len(text)) is None and m.safe_len(text + " ab") == len(text) + 3
+    assert m.problem is None
