@@ -473,8 +473,11 @@ class StopStringMatcher:
         """Why the stop regexes were given up (a search ran too long), or None."""
         return self._shared.problem
 
-    def _floor(self, i: int, text: str) -> int:
-        return self._floors[i] if text.startswith(self._seen) else 0
+    def _floor(self, i: int, text: str, new_from: int | None = None) -> int:
+        # (a floor may lie past a whole match in the last text, which no later text can make new;
+        # a find from before its end, after a rollback and the same text again, may meet it)
+        valid = text.startswith(self._seen) and (new_from is None or new_from >= len(self._seen))
+        return self._floors[i] if valid else 0
 
     def _read(self, k: int, text: str, loosened: bool = False) -> AutomatonRun | None:
         """Regex ``k``'s automaton run (``loosened``: its loosened automaton's) having read ``text``;
@@ -549,7 +552,7 @@ class StopStringMatcher:
                 continue
             if run is None and (loose := self._read(k, text, loosened=True)) is not None and loose.first_end is None:
                 continue  # (nor of the pattern without its assertions: none in the text or a prefix of it)
-            floor, longest = self._floor(k, text), self._shared.longest[k]
+            floor, longest = self._floor(k, text, new_from), self._shared.longest[k]
             try:
                 if (run is not None and run.first_end > new_from
                         and (m := _new_match(rx, longest, text, floor, new_from, run.first_end)) is not None):
