@@ -33,7 +33,7 @@ from lmnb_kernel.install import KERNEL_NAME, kernel_spec
 EXIT_CELL_ERROR = 3
 EXIT_STATUSES = ("0 every cell ran (with --allow-errors: also when some raised); 1 a cell ran past --timeout, "
                  "the kernel died or did not start, or a %%lm cell's view is saved unfinished (the kernel's last "
-                 "update of it never came: the kernel was killed, or dropped it); 2 the notebook cannot be read, the output cannot be "
+                 "update of it never came: the kernel was killed); 2 the notebook cannot be read, the output cannot be "
                  f"written, or a -p cannot be used; {EXIT_CELL_ERROR} a cell raised an error (the "
                  "report names the cell and shows the error's frames in the notebook's cells); 130 Ctrl-C or SIGTERM")
 
@@ -331,7 +331,7 @@ def run(args) -> int:
         print(f"lmnb run: the %%lm view{'s' * many} of {cells} {'written to' if where == 'stdout' else 'saved in'} "
               f"{where} {'are' if many else 'is'} unfinished, with no summary: the kernel's last update of "
               f"{'them' if many else 'it'} never came, neither within --timeout {args.timeout:g} s after the cell "
-              f"ended nor before the kernel exited (it was killed, or dropped it under a flood of output); run the "
+              f"ended nor before the kernel exited (it was killed); run the "
               "notebook again", file=sys.stderr)
         status = 1
     return 2 if saved != out and status == 0 else status

@@ -59,8 +59,9 @@ class Client(NotebookClient):
     def stop_output_wait(self) -> bool:
         """End the wait for the running cell's output after its reply (a Ctrl-C then: the
         cell has ended, and its idle status, which ends the wait, may be far behind, after a
-        flood of output the run has yet to read); what has not come by then is not read.
-        Whether such a wait was under way."""
+        flood of output the run has yet to read). Only the wait ends: the run's one reader
+        (``_read_output``) goes on, and what the cell sends later still lands in it, up to the
+        kernel's exit (``read_last_output``). Whether such a wait was under way."""
         reader = self._awaited_output
         if reader is None or reader.done():
             return False

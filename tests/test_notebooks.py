@@ -1033,6 +1033,58 @@ def test_ctrl_c_while_a_cells_output_is_awaited_after_its_reply_ends_that_wait_a
     assert asyncio.run(scenario()).execution_count == 1
 
 
+def test_output_a_cell_sends_after_a_ctrl_c_ended_the_wait_for_it_still_lands_in_that_cell():
+    """stop_output_wait (a Ctrl-C while a cell's output is awaited after its reply) ends only that
+    wait: the run's one reader goes on, and a print the cell sends afterwards, read as the run ends
+    (read_last_output), is that cell's output. Kernel client scripted: the reply of "r1" at once;
+    on iopub nothing until the cell has ended, then its print, never its idle status."""
+    from queue import Empty
+    from types import SimpleNamespace
+
+    from lmnb_kernel.run_client import Client
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('a')")]
+
+    async def scenario():
+        iopub = asyncio.Queue()
+
+        async def get_iopub(timeout=None):
+            try:
+                return await asyncio.wait_for(iopub.get(), timeout)
+            except asyncio.TimeoutError:
+                raise Empty from None
+
+        replied = asyncio.Event()
+
+        async def the_reply(timeout=None):
+            replied.set()
+            return {"header": {"msg_type": "execute_reply"}, "msg_type": "execute_reply",
+                    "parent_header": {"msg_id": "r1"}, "content": {"status": "ok", "execution_count": 1},
+                    "metadata": {}}
+
+        async def alive():
+            return True
+
+        client = Client(nb, iopub_timeout=None)
+        client.kc = SimpleNamespace(execute=lambda *a, **k: "r1", is_alive=alive,
+                                    iopub_channel=SimpleNamespace(get_msg=get_iopub),
+                                    shell_channel=SimpleNamespace(get_msg=the_reply))
+        cell = asyncio.ensure_future(client.async_execute_cell(nb.cells[0], 0, execution_count=1))
+        await replied.wait()
+        for _ in range(5):  # (a few turns of the loop: nbclient goes on to wait for the output)
+            await asyncio.sleep(0)
+        assert client.stop_output_wait()
+        await asyncio.wait_for(cell, 60)
+        assert nb.cells[0].outputs == []  # (nothing had come when the wait ended)
+        iopub.put_nowait({"header": {"msg_type": "stream"}, "msg_type": "stream", "parent_header": {"msg_id": "r1"},
+                          "content": {"name": "stdout", "text": "late\n"}, "metadata": {}})
+        await client.read_last_output()
+
+    asyncio.run(scenario())
+    assert [(o.output_type, o.text) for o in nb.cells[0].outputs] == [("stream", "late\n")]
+
+
 def test_with_no_limit_a_cell_ends_at_its_idle_status_the_kernel_asked_nothing_more():
     """--timeout 0 (``iopub_timeout=None``: no limit on the wait for a cell's output after its
     reply): the cell ends at the kernel's idle status for it, which comes after the reply, with
