@@ -45,15 +45,19 @@ _UNSET = object()
 _LMNB_RUN_OPTIONS = {"n": 1, "seed": None, "use_thread": True, "state": None}
 
 
-def _run_defaults(max_new_tokens: Optional[int], **params: Any) -> RunDefaults:
-    """``run()``'s (``run_batch()``'s) defaults for its gens: ``max_new_tokens`` None is lmnb's
-    ``DEFAULT_MAX_NEW_TOKENS``; errors name one that was given as the option that gave it
-    (``executor.max_tokens_option``: the Python API's ``run(max_new_tokens=N)``, a cell's)."""
+def _run_defaults(call: str, max_new_tokens: Optional[int], **params: Any) -> RunDefaults:
+    """``run()``'s (``run_batch()``'s, ``call``: "run" or "run_batch") defaults for its gens:
+    ``max_new_tokens`` None is lmnb's ``DEFAULT_MAX_NEW_TOKENS``; errors name one that was given as
+    the option that gave it (``executor.max_tokens_option``: the Python API's
+    ``run_batch(max_new_tokens=N)`` where ``call`` says so, a cell's)."""
     from lmnb.executor import current_max_tokens_option
 
+    option = current_max_tokens_option()
+    if option == RUN_MAX_TOKENS_OPTION:
+        option = f"{call}(max_new_tokens={{}})"
     given = max_new_tokens is not None
     return RunDefaults(max_new_tokens=max_new_tokens if given else DEFAULT_MAX_NEW_TOKENS, **params,
-                       max_tokens_option=current_max_tokens_option(), max_tokens_given=given)
+                       max_tokens_option=option, max_tokens_given=given)
 
 
 def _check_backend(backend: Any) -> None:
@@ -327,7 +331,7 @@ class SglFunction:
         self._check_args(args, kwargs)
         check_stop_regex(stop_regex)
         defaults = _run_defaults(
-            max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
+            "run", max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
@@ -432,7 +436,7 @@ class SglFunction:
             return []
         check_stop_regex(stop_regex)
         defaults = _run_defaults(
-            max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
+            "run_batch", max_new_tokens, n=n, stop=stop, stop_token_ids=stop_token_ids, stop_regex=stop_regex,
             temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,

@@ -2781,7 +2781,7 @@ def test_flags_that_are_not_true_or_false_are_refused_where_they_are_given():
 def test_a_runs_max_new_tokens_is_checked_in_its_own_name_before_any_request():
     """run(max_new_tokens="3") was refused as "max_tokens='3' is invalid", and run(max_new_tokens=-1)
     ran the program to fail each gen as "max_tokens=-1 is invalid": an option of gen() the program
-    never wrote. Both are refused by run() and run_batch(), naming run's option."""
+    never wrote. Both are refused by run() and run_batch(), each naming its own option."""
     be = ScriptedBackend()
 
     @sgl.function
@@ -2789,11 +2789,13 @@ def test_a_runs_max_new_tokens_is_checked_in_its_own_name_before_any_request():
         s += "Q:" + sgl.gen("x")
 
     for bad, error in (("3", TypeError), (2.0, TypeError), (True, TypeError), (-1, ValueError)):
-        expected = f"^run\\(max_new_tokens={re.escape(repr(bad))}\\) is invalid: must be an integer >= 0$"
-        with pytest.raises(error, match=expected):
-            prog.run(backend=be, max_new_tokens=bad)
-        with pytest.raises(error, match=expected):
-            prog.run_batch([{}], backend=be, max_new_tokens=bad)
+        for call in ("run", "run_batch"):
+            expected = f"^{call}\\(max_new_tokens={re.escape(repr(bad))}\\) is invalid: must be an integer >= 0$"
+            with pytest.raises(error, match=expected):
+                if call == "run":
+                    prog.run(backend=be, max_new_tokens=bad)
+                else:
+                    prog.run_batch([{}], backend=be, max_new_tokens=bad)
     assert be.calls == []
     assert prog.run(backend=be, max_new_tokens=0).error() is None  # 0 is a count (nothing generated)
 
