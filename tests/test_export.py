@@ -1468,6 +1468,43 @@ def test_nbconvert_lists_a_lone_surrogate_and_a_cell_without_source_with_the_cel
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.ipynb"]
 
 
+def test_a_cell_of_an_unknown_type_is_left_out_by_nbconvert_as_by_lmnb_export_and_lmnb_run(tmp_path, capsys):
+    """A cell whose cell_type nbformat's schema does not know ("weird": hand-edited JSON) is run by
+    no Jupyter frontend: lmnb run (nbclient) skips it and keeps it in the executed notebook, lmnb
+    export leaves it out of the script, and `jupyter nbconvert --to lmnb` failed on nbconvert's own
+    check of the notebook, a NotebookValidationError traceback. Both exports write the script of
+    the notebook without the cell (it is the last, so the other cells keep their numbers)."""
+    import argparse
+
+    from lmnb_kernel.cli import main
+    from lmnb_kernel.run import run
+
+    data = json.loads(nbformat.writes(QA))
+    data["cells"].append({"cell_type": "weird", "metadata": {}, "source": "print('never run')"})
+    path = tmp_path / "qa.ipynb"
+    path.write_text(json.dumps(data))
+    expected = export_notebook(QA, "qa.ipynb", "qa.py")[0]
+    assert main(["export", str(path)]) == 0
+    assert (tmp_path / "qa.py").read_text() == expected
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected
+    assert "Traceback" not in out.stderr and "invalid" not in out.stderr.lower()
+
+    small = json.loads(nbformat.writes(notebook("print(6 * 7)")))
+    small["cells"].append({"cell_type": "weird", "metadata": {}, "source": "print('never run')"})
+    path = tmp_path / "small.ipynb"
+    path.write_text(json.dumps(small))
+    capsys.readouterr()
+    args = argparse.Namespace(notebook=str(path), output=str(tmp_path / "ran.ipynb"), parameter=[], timeout=120,
+                              allow_errors=False)
+    assert run(args) == 0, capsys.readouterr().err
+    ran = nbformat.read(tmp_path / "ran.ipynb", as_version=4)
+    assert [c.cell_type for c in ran.cells] == ["code", "weird"]
+    assert [o.get("text") for o in ran.cells[0].outputs] == ["42\n"] and "outputs" not in ran.cells[1]
+
+
 @pytest.mark.parametrize("text, shape", [
     ("[1, 2]", "the file's JSON is a list, not an object"),
     ('"notebook"', "the file's JSON is a string, not an object"),

@@ -7,6 +7,9 @@ subclass with ``file_extension`` and ``from_notebook_node``.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import logging
 import os
 from pathlib import Path
 from typing import Optional
@@ -47,7 +50,9 @@ class LMScriptExporter(Exporter):
         try:
             data = file_stream.read()
             # (its cells unchecked: export_notebook lists them with the cells it cannot export, as lmnb export)
-            nb = notebook_from_text(data.decode("utf-8-sig") if isinstance(data, bytes) else data, check_cells=False)
+            with _no_schema_log():
+                nb = notebook_from_text(data.decode("utf-8-sig") if isinstance(data, bytes) else data,
+                                        check_cells=False)
         except UnicodeDecodeError as e:
             raise NotebookExportError(str(not_utf8(e))) from None
         except ValueError as e:
@@ -60,7 +65,7 @@ class LMScriptExporter(Exporter):
             # super()), on a traceback, and one with a lone surrogate stopped the read: the export
             # lists them with the cells it cannot export, as lmnb export does, and raises.
             self._export(nb, resources or {})
-        nb_copy, resources = super().from_notebook_node(nb, resources, **kw)
+        nb_copy, resources = super().from_notebook_node(_unknown_cells_as_raw(nb), resources, **kw)
         source, plan, script = self._export(nb_copy, resources)
         out = app_output_path(resources, script)
         if out is not None and not_an_export(out):  # (lmnb export refuses it too)
@@ -86,6 +91,51 @@ class LMScriptExporter(Exporter):
         except ExportError as e:  # the message says it all: no frames of ours, no chained SyntaxError
             raise NotebookExportError(str(e)) from None
         return source, plan, script
+
+
+@contextlib.contextmanager
+def _no_schema_log():
+    """Drop nbformat's "Notebook JSON is invalid: <the schema's error>" from the logger its reading
+    logs to (traitlets' ``get_logger``: nbconvert's app's) while it reads a notebook: an ERROR of many
+    lines, where notebook_from_text names a problem it cannot read past itself, and one it reads
+    past (a cell of an unknown type) is exported as lmnb export exports it, which logs nothing."""
+    from traitlets.log import get_logger
+
+    log = get_logger()
+    logger = log.logger if isinstance(log, logging.LoggerAdapter) else log
+    quiet = _SchemaLogFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+class _SchemaLogFilter(logging.Filter):
+    """Drops the records of nbformat's reading that say the notebook fails its schema."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Notebook JSON is invalid")
+
+
+# The cell types of nbformat's v4 schema; nbconvert's own check of the notebook refuses any other.
+NOTEBOOK_CELL_TYPES = ("code", "markdown", "raw")
+
+
+def _unknown_cells_as_raw(nb):
+    """``nb``, or a copy of it whose cells of a type nbformat does not know (``"cell_type": "weird"``,
+    hand-edited JSON) are raw cells. Jupyter runs neither kind and JupyterLab shows no unknown
+    cell, lmnb run (nbclient) skips one and lmnb export leaves both out, so the script is the same;
+    but nbconvert's check of the notebook failed on the unknown type, on a traceback."""
+    if all(cell.get("cell_type") in NOTEBOOK_CELL_TYPES for cell in nb.cells):
+        return nb
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.get("cell_type") not in NOTEBOOK_CELL_TYPES:
+            cell.cell_type = "raw"
+            for key in ("outputs", "execution_count"):  # (a raw cell has neither, in the schema)
+                cell.pop(key, None)
+    return nb
 
 
 def app_output_path(resources: dict, script: str) -> Optional[Path]:
