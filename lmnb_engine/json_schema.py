@@ -104,7 +104,8 @@ _ECMA_BACKREFERENCE = re.compile(r"\\k<([A-Za-z_$][\w$]*)>")
 _ECMA_CONTROL = re.compile(r"\\c[A-Za-z]")
 # a character by its code point (the u flag's \u{1F600}), or a surrogate pair, one code point under the u flag
 _ECMA_CODE_POINT = re.compile(r"\\u\{([0-9A-Fa-f]+)\}")
-_ECMA_SURROGATE_PAIR = re.compile(r"\\u(D[89AB][0-9A-F]{2})\\u(D[C-F][0-9A-F]{2})", re.IGNORECASE)
+# (ECMA's \u is a lowercase u, its hex digits of either case: \UD83D is no escape of a surrogate)
+_ECMA_SURROGATE_PAIR = re.compile(r"\\u([Dd][89ABab][0-9A-Fa-f]{2})\\u([Dd][C-Fc-f][0-9A-Fa-f]{2})")
 # \x or \u without its hex digits: the letter itself (ECMA 262's Annex B, without the u flag)
 _ECMA_LONE_LETTER = re.compile(r"\\(x(?![0-9A-Fa-f]{2})|u(?![0-9A-Fa-f]{4}))")
 

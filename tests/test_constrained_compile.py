@@ -1235,6 +1235,22 @@ def test_a_schema_patterns_lone_surrogate_pair_gets_its_python_spelling_from_the
     assert re.fullmatch(regex, '"a\U0001F600\U0001F600"') and not re.fullmatch(regex, '"a"')
 
 
+def test_a_schema_pattern_with_a_capital_u_escape_is_no_surrogate_pair_to_the_engine():
+    """ECMA 262's \\u escape is a lowercase u (its hex digits are of either case): \\UD83D\\UDE00 is
+    no surrogate pair (with the u flag JSON Schema asks for, \\U is an error; without it, the
+    letter U). The engine read it as one, so it offered the pattern with U+1F600 as the fix of an
+    error in a pattern that means no such character; it names the error as re, which reads the
+    pattern here, reads it, at the escape the user wrote, and offers no rewrite."""
+    pattern = r"^a\UD83D\UDE00+$"
+    with pytest.raises(re.error) as python:
+        re.compile(pattern)
+    with pytest.raises(GrammarError) as e:
+        schema_to_regex({"type": "string", "pattern": pattern})
+    assert str(e.value) == (f"JSON schema at #/pattern: the pattern {json.dumps(pattern)} cannot be compiled: it is not "
+                            f"a valid regular expression ({python.value}); fix the pattern")
+    assert str(python.value) == "incomplete escape \\UD83D at position 2"  # (the escape as written)
+
+
 @pytest.mark.parametrize("pattern", ["(?<n>a)b", r"\x{41}b", r"a\u{42}", r"(?<n>\p{Lu})"])
 def test_a_pattern_only_rusts_regex_reads_is_refused_by_the_engine_as_by_gen(backend, pattern):
     # the engine reads a regex as Python's re does, as gen() does, but left a pattern Python's parser
