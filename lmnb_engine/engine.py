@@ -173,10 +173,10 @@ class RequestHandle:
     def events(self, timeout: Optional[float] = None) -> Iterator[StreamEvent]:
         """An iterator over the request's ``StreamEvent``s in order until every sample finished.
 
-        Raises ``TimeoutError`` if no event arrives within ``timeout`` seconds (None = wait), and
-        at once ``TypeError`` / ``ValueError`` for a timeout that is not a number of seconds."""
-        _check_timeout(timeout)
-        return self._iter_events(timeout)
+        Raises ``TimeoutError`` if no event arrives within ``timeout`` seconds (None, or ``math.inf``:
+        wait), and at once ``TypeError`` / ``ValueError`` for a timeout that is not a number of
+        seconds."""
+        return self._iter_events(_check_timeout(timeout))
 
     def _iter_events(self, timeout: Optional[float]) -> Iterator[StreamEvent]:
         """``events``' generator, once its timeout is checked."""
@@ -196,9 +196,9 @@ class RequestHandle:
     def result(self, timeout: Optional[float] = None) -> Union[GenerateResult, list[GenerateResult]]:
         """Wait for the end; a ``GenerateResult``, or a list ordered by sample index when n > 1.
 
-        Raises ``TimeoutError`` after ``timeout`` seconds (None = wait), and at once ``TypeError`` /
-        ``ValueError`` for a timeout that is not a number of seconds."""
-        _check_timeout(timeout)
+        Raises ``TimeoutError`` after ``timeout`` seconds (None, or ``math.inf``: wait), and at once
+        ``TypeError`` / ``ValueError`` for a timeout that is not a number of seconds."""
+        timeout = _check_timeout(timeout)
         with self._cond:
             if not self.done:
                 self._refuse_waiting_on_the_scheduler("the result")
@@ -234,17 +234,25 @@ class RequestHandle:
             return False  # (the shutdown aborted the request: every request ends with it)
 
 
-def _check_timeout(timeout: Any) -> None:
-    """Refuse a ``timeout`` that is neither None nor a number of seconds: Python's threading code
-    failed on it deep inside (a string), or waited in a busy loop that never ended (NaN)."""
+def _check_timeout(timeout: Any) -> Optional[float]:
+    """``timeout`` as a wait of Python's threading takes it: None (no limit) for None and for a
+    number of seconds past ``threading.TIMEOUT_MAX`` (``math.inf`` included), which that wait
+    refused deep inside with ``OverflowError`` ("timestamp out of range for platform time_t").
+
+    Raises:
+        TypeError: a ``timeout`` that is neither None nor a number of seconds (a string: Python's
+            threading code failed on it deep inside).
+        ValueError: NaN, with which that code waited in a busy loop that never ended.
+    """
     if timeout is None:
-        return
+        return None
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"timeout={timeout!r} is not a number of seconds; give one (e.g. timeout=5.0), "
                         "or None to wait for the end")
     if math.isnan(timeout):
         raise ValueError("timeout=nan is not a number of seconds; give one (e.g. timeout=5.0), or None to wait "
                          "for the end")
+    return None if timeout > threading.TIMEOUT_MAX else timeout
 
 
 class _EventStream:

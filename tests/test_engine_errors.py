@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 
@@ -314,6 +315,25 @@ def test_a_timeout_that_is_not_a_number_of_seconds_is_refused_up_front(engine):
         h.result(timeout=float("nan"))
     assert len(h.result(timeout=60).token_ids) == 2 and h.result(timeout=0).token_ids == h.result().token_ids
     assert [t for ev in h.events(timeout=1) for t in ev.token_ids] == h.result().token_ids
+    assert_idle_accounting(engine)
+
+
+def test_a_timeout_past_what_threading_can_wait_waits_for_the_end(engine):
+    """result(timeout=math.inf) (or 1e300), on a request not finished yet, failed inside Python's
+    threading code with OverflowError "timestamp out of range for platform time_t"; such a timeout
+    waits without limit, as None does."""
+    for timeout in (math.inf, 1e300, threading.TIMEOUT_MAX * 2):
+        gate = threading.Event()
+        engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: the request is not finished when waited on
+        h = engine.submit([5, 6], GREEDY.copy(max_new_tokens=2))
+        threading.Timer(0.3, gate.set).start()
+        assert len(h.result(timeout=timeout).token_ids) == 2
+        gate.clear()
+        engine.scheduler.call(lambda: gate.wait(120))
+        h = engine.submit([5, 6], GREEDY.copy(max_new_tokens=2))
+        threading.Timer(0.3, gate.set).start()
+        assert [t for ev in h.events(timeout=timeout) for t in ev.token_ids] == h.result().token_ids
+        assert len(h.result().token_ids) == 2
     assert_idle_accounting(engine)
 
 
