@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence, Union
 
 from lmnb_engine.attention.base import AttentionBackend
-from lmnb_engine.chat_messages import message_dicts, template_kwargs, text_message
+from lmnb_engine.chat_messages import TEMPLATE_REJECTED, message_dicts, template_kwargs, text_message
 from lmnb_engine.cli_options import option_error
 from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
@@ -28,7 +28,7 @@ from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as
 from lmnb_engine.outputs import (
     ABORT_INTERRUPTED, ABORT_REQUESTED, FinishReason, GenerateResult, StreamEvent, rid_in_use,
 )
-from lmnb_engine.params import SamplingParams, SamplingParamsError, does_not_fit
+from lmnb_engine.params import SamplingParams, SamplingParamsError, does_not_fit, python_value
 from lmnb_engine.prefix_cache import TreeNodeView
 from lmnb_engine.request import Req
 from lmnb_engine.sampler import min_new_tokens_conflict
@@ -597,25 +597,39 @@ class Engine:
         rendered as transformers' ``apply_chat_template(..., **chat_template_kwargs)`` renders them.
 
         Raises:
-            ValueError: the checkpoint has no chat template, or a message has no role or content, or
+            ValueError: the checkpoint has no chat template, or ``messages`` is empty, or the template
+                refused the conversation (its ``raise_exception``, e.g. an unknown role: "the chat
+                template rejected the messages: ...", as the server says), or a message has no role
+                or content, or
                 a content other than a string or text parts (as the server refuses it:
                 ``chat_messages.text_message``, which renders "developer" as "system" as the server does),
                 or ``chat_template_kwargs`` sets a variable the render sets itself (``messages``,
                 ``add_generation_prompt``...: ``chat_messages.template_kwargs``).
             TypeError: ``messages`` is not a list of messages (a string, one message), or a message
-                is not one (``chat_messages.message_dicts``), or ``chat_template_kwargs`` is not a dict.
+                is not one (``chat_messages.message_dicts``), or ``chat_template_kwargs`` is not a dict,
+                or ``add_generation_prompt`` is not True or False.
         """
+        from jinja2 import TemplateError  # (transformers renders with jinja2)
+
         if not self.chat_template:
             raise ValueError(
                 f"the model at {self.model_path} has no chat template; format the prompt yourself"
             )
+        add_generation_prompt = python_value(add_generation_prompt)
+        if not isinstance(add_generation_prompt, bool):  # (a truthy "no" added the assistant's header)
+            raise TypeError(f"add_generation_prompt={add_generation_prompt!r} must be True or False")
         extra = template_kwargs(chat_template_kwargs)
         # (rendered as the server renders them: text parts joined, not written as a Python list)
         messages = [text_message(i, m) for i, m in enumerate(message_dicts(messages))]
-        return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt,
-            **extra,
-        )
+        if not messages:  # (transformers said so in its own words, from inside its render)
+            raise ValueError('messages is empty: give at least one message, [{"role": "user", "content": "..."}]')
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, chat_template=self.chat_template, tokenize=False,
+                add_generation_prompt=add_generation_prompt, **extra,
+            )
+        except TemplateError as e:  # the template's own checks, raised from inside jinja2's sandbox
+            raise ValueError(f"{TEMPLATE_REJECTED}: {e}") from None
 
     # --- requests ------------------------------------------------------------------------------
     def _to_ids(self, prompt: Prompt) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from lmnb_engine import Engine, SamplingParams
@@ -616,6 +617,31 @@ def test_apply_chat_template_refuses_a_message_the_server_refuses(engine, messag
     with pytest.raises(ValueError) as e:
         engine.apply_chat_template(messages)
     assert str(e.value).startswith(said), str(e.value)
+
+
+def test_apply_chat_template_refuses_no_messages_a_refused_conversation_and_a_non_bool_flag(engine, monkeypatch):
+    """An empty list failed inside transformers' render, in its words; the template's own
+    raise_exception (the demo model's, for an unknown role) came as jinja2's TemplateError from
+    inside its sandbox; add_generation_prompt="no" (truthy) added the assistant's header. Expected:
+    a ValueError naming the empty list, the template's words after the server's own start, and a
+    TypeError for the flag."""
+    refusing = ("{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+                "{{ raise_exception('unknown chat role ' ~ m['role']) }}{% endif %}<|{{ m['role'] }}|>"
+                "{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    monkeypatch.setattr(engine, "loaded", dataclasses.replace(engine.loaded, chat_template=refusing))
+    with pytest.raises(ValueError) as e:
+        engine.apply_chat_template([])
+    assert str(e.value) == 'messages is empty: give at least one message, [{"role": "user", "content": "..."}]'
+    with pytest.raises(ValueError) as e:
+        engine.apply_chat_template([{"role": "wizard", "content": "hi"}])
+    assert str(e.value) == "the chat template rejected the messages: unknown chat role wizard"
+    hi = [{"role": "user", "content": "hi"}]
+    for bad in ("no", 1, None):
+        with pytest.raises(TypeError) as e:
+            engine.apply_chat_template(hi, add_generation_prompt=bad)
+        assert str(e.value) == f"add_generation_prompt={bad!r} must be True or False"
+    assert engine.apply_chat_template(hi, add_generation_prompt=np.bool_(False)) == "<|user|>hi"
+    assert engine.apply_chat_template(hi, add_generation_prompt=True) == "<|user|>hi<|assistant|>"
 
 
 def test_changing_params_after_submit_changes_no_queued_request(engine, hf):

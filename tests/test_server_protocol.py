@@ -318,6 +318,24 @@ def test_bad_requests_get_4xx_json_errors(served, path, body, status, needle):
     assert httpx.get(url + "/health").status_code == 200
 
 
+@pytest.mark.parametrize("refusal", [
+    ValueError("the chat template rejected the messages: System role not supported"),  # Engine's own words
+    RuntimeError("System role not supported"),  # another engine's error from inside its template
+])
+def test_a_conversation_the_chat_template_refuses_is_named_once_in_a_400(refusal):
+    """Engine.apply_chat_template now says "the chat template rejected the messages: ..." itself;
+    the server, which said so of any error the render raised, must not say it twice."""
+    class Refusing(RecordingEngine):
+        def apply_chat_template(self, *args):
+            raise refusal
+
+    with live_server(Refusing(), served_model_name="rec") as url:
+        body = {"model": "rec", "messages": [{"role": "system", "content": "a"}], "max_tokens": 2}
+        r = _post(url, "/v1/chat/completions", body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "the chat template rejected the messages: System role not supported"
+
+
 # OpenAI's chat fields that leave the reply unchanged (OpenAI API reference, create chat completion):
 # storage, tracking, OpenAI's scheduling and caching, predicted outputs, reasoning-model hints
 _IGNORED_CHAT_FIELDS = {

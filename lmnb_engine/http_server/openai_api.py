@@ -43,7 +43,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from lmnb_engine.chat_messages import missing_content, misspelt_key, template_kwargs, template_role
+from lmnb_engine.chat_messages import TEMPLATE_REJECTED, missing_content, misspelt_key, template_kwargs, template_role
 from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.http_server.app import (
     SSE_DONE,
@@ -779,7 +779,8 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             try:
                 text = await ctx.run(engine.apply_chat_template, messages, True, extra)
             except Exception as e:  # the template's own checks (e.g. roles must alternate)
-                raise RequestError(f"the chat template rejected the messages: {e}", param="messages") from None
+                said = str(e) if str(e).startswith(TEMPLATE_REJECTED) else f"{TEMPLATE_REJECTED}: {e}"
+                raise RequestError(said, param="messages") from None
             # add_special_tokens=False: the template wrote any BOS
             ids = await ctx.run(encode_prompt, engine, text, "messages", False)
             mm = ctx.multimodal
