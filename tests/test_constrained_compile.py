@@ -2119,6 +2119,35 @@ def test_a_compile_that_outlasts_its_wait_fails_the_request_and_holds_up_no_othe
         backend.shutdown()
 
 
+def _arrays_in_arrays(depth: int) -> dict:
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_a_schema_whose_regex_doubles_at_each_level_is_refused_before_the_regex_is_built(backend):
+    """outlines-core writes an array's items twice (the first and the repeat), so arrays nested d
+    deep hold 2**(d + 1) - 1 subschema copies (c(d) = 1 + 2 c(d - 1), c(0) = 1): 20 levels built a
+    50 MB regex, 50 levels were killed for their memory while the regex string was built, before
+    any compile limit could act (in a server, by one request). Refused, naming the count; a
+    dict and a JSON string alike (as a server gets it)."""
+    sizes = [len(backend.to_regex(json_schema=_arrays_in_arrays(d))) for d in range(1, 8)]
+    # the doubling counted: each level's regex is twice the last one's and a fixed frame
+    assert len({b - 2 * a for a, b in zip(sizes, sizes[1:])}) == 1, sizes
+    for depth in (20, 50):
+        for schema in (_arrays_in_arrays(depth), json.dumps(_arrays_in_arrays(depth))):
+            with pytest.raises(GrammarError) as e:
+                backend.to_regex(json_schema=schema)
+            assert str(e.value).startswith(f"JSON schema is too large to compile: its regex would write its "
+                                           f"subschemas about {2 ** (depth + 1) - 1} times, above the limit of "
+                                           f"{2 ** 18} (an array writes its items twice")
+    assert backend.to_regex(json_schema=_arrays_in_arrays(17))  # 2**18 - 1 copies: at the limit, built
+    # an object of 300 optional properties (about 300 * 301 / 2 copies, 2 MB of regex) is no nesting: built
+    assert backend.to_regex(json_schema={"type": "object", "properties": {f"p{i}": {"type": "integer"}
+                                                                          for i in range(300)}})
+
+
 @pytest.mark.parametrize("schema, key, where", [
     ({"type": "string", "maxLength": 1001}, "maxLength=1001", "#"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 5000}}},

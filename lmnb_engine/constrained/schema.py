@@ -77,6 +77,10 @@ _ANY_TYPES = ["object", "array", "string", "number", "boolean", "null"]  # every
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAX_BOUND_DIGITS = 40  # of a numeric bound (1e300 would spell 301)
+# Subschema copies outlines-core's regex of a schema may hold (``_regex_copies``). Past it, the
+# regex alone takes gigabytes: arrays nested 50 deep wrote 2**50 copies, and the process was killed
+# for its memory while building the string, before any compile limit could act.
+MAX_REGEX_COPIES = 1 << 18
 _PLACEHOLDER = "LMNBPLACEHOLDER"  # letters and digits only: appears verbatim in the regex
 _STRING_CHAR = '[^"\\\\\\x00-\\x1F\\x7F-\\x9F]'  # outlines-core's unescaped string character
 # outlines-core's unbounded number, and the same numbers up to ~1e299: read as floats (jsonschema,
@@ -694,6 +698,35 @@ def _check_whitespace(pattern: str) -> None:
                                "r'[ \\n]{0,2}'")
 
 
+def _regex_copies(node: Any, memo: dict | None = None) -> int:
+    """How many subschema copies outlines-core's regex of ``node`` (a schema with its ``$ref``s
+    inlined) holds, counting ``node``: its regex writes an array's ``items`` twice (the first item
+    and the repeat), ``additionalProperties`` twice too, and, in an object none of whose properties
+    is required, property i of k once for each property from i on that may come first (measured on
+    outlines-core 0.2: 300 optional integers take 2 MB). So each level of nesting multiplies them.
+    Subschemas ``inline_refs`` shares are counted once (``memo``, by identity), in time linear in
+    the schema's size."""
+    memo = {} if memo is None else memo
+    if not isinstance(node, dict):
+        return 1
+    if id(node) in memo:
+        return memo[id(node)]
+    total = 1
+    props = node.get("properties")
+    if isinstance(props, dict):
+        required = set(node.get("required") or ())
+        for i, (name, sub) in enumerate(props.items()):
+            times = 1 if name in required else 2 if required else len(props) - i
+            total += times * _regex_copies(sub, memo)
+    for key in ("items", "additionalProperties"):
+        total += 2 * _regex_copies(node[key], memo) if isinstance(node.get(key), dict) else 0
+    for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
+        if isinstance(node.get(key), list):
+            total += sum(_regex_copies(sub, memo) for sub in node[key])
+    memo[id(node)] = total
+    return total
+
+
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     """Regex whose matches are exactly the JSON texts the decoder may produce for ``schema``.
 
@@ -704,7 +737,8 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
 
     Raises:
         GrammarError: unsupported keyword, format or regex feature (named, with its location), an
-            empty numeric range, or a structure outlines-core rejects.
+            empty numeric range, a structure outlines-core rejects, or one whose regex would hold
+            more than ``MAX_REGEX_COPIES`` subschema copies (``_regex_copies``).
     """
     from outlines_core.json_schema import WHITESPACE, build_regex_from_schema
 
@@ -724,6 +758,13 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     _draft7_items(schema, _is_legacy_draft(schema))
     rewriter = _Rewriter(prefix, schema, whitespace_pattern or WHITESPACE)
     rewritten = inline_refs(rewriter.visit(copy.deepcopy(schema), "#"), schema, rewriter.no_value)
+    copies = _regex_copies(rewritten)
+    if copies > MAX_REGEX_COPIES:
+        raise GrammarError(f"JSON schema is too large to compile: its regex would write its subschemas about {copies} "
+                           f"times, above the limit of {MAX_REGEX_COPIES} (an array writes its items twice, so each "
+                           "level of arrays within arrays doubles them; so does additionalProperties, and an object "
+                           "with no required property writes each property once per property); nest less deeply, "
+                           "or make a property required")
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as e:
