@@ -2143,6 +2143,12 @@ def test_a_schema_whose_regex_doubles_at_each_level_is_refused_before_the_regex_
                                            f"subschemas about {2 ** (depth + 1) - 1} times, above the limit of "
                                            f"{2 ** 18} (an array writes its items twice")
     assert backend.to_regex(json_schema=_arrays_in_arrays(17))  # 2**18 - 1 copies: at the limit, built
+    # definitions that each refer to the next twice: 30 deep, inlining them wrote 2**31 - 1 copies out
+    # (18 deep took 1 GB); c(D_i) = 1 + 2 c(D_i+1) as for the arrays, counted before inlining
+    defs = {f"D{i}": {"type": "object", "properties": {k: {"$ref": f"#/$defs/D{i + 1}"} for k in "ab"},
+                      "required": ["a", "b"]} for i in range(30)}
+    with pytest.raises(GrammarError, match=rf"^JSON schema is too large to compile: .* about {2 ** 31 - 1} times"):
+        backend.to_regex(json_schema={"$ref": "#/$defs/D0", "$defs": {**defs, "D30": {"type": "integer"}}})
     # an object of 300 optional properties (about 300 * 301 / 2 copies, 2 MB of regex) is no nesting: built
     assert backend.to_regex(json_schema={"type": "object", "properties": {f"p{i}": {"type": "integer"}
                                                                           for i in range(300)}})
