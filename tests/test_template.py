@@ -781,6 +781,20 @@ def test_an_image_path_written_without_quotes_is_told_to_quote_it(cell, col, err
     assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == ((2, col), error, hint)
 
 
+
+@pytest.mark.parametrize("cell, defined, col, undefined, quoted", [
+    ("{image photos/cat.png}", "photos", 15, "cat", '{image "photos/cat.png"}'),
+    ("{video clips/walk.mp4 frames=2}", "clips", 14, "walk", '{video "clips/walk.mp4" frames=2}'),
+])
+def test_a_quoted_path_is_hinted_where_the_undefined_name_is_inside_the_path(cell, defined, col, undefined, quoted):
+    """{image photos/cat.png} in a notebook that has a variable photos failed at cat, a name after
+    the path's first: the hint to quote the path was given only where the undefined name opened it."""
+    with pytest.raises(TemplateRuntimeError) as e:
+        parse(cell).bind({defined: 1})
+    assert ((e.value.line, e.value.col), e.value.message, e.value.hint) == (
+        (1, col), f"name {undefined!r} is not defined",
+        f"a file path goes in quotes: {quoted}; or define {undefined} in a Python cell first")
+
 def test_a_fork_count_over_the_limit_from_a_variable_is_refused_by_the_kernel_and_the_export_alike():
     """{fork N} had no bound: a typo ({fork n} with n = 100000) forked that many states, each
     with its own requests. The limit holds for a literal (at parse time) and for a count from a

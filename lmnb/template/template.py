@@ -41,9 +41,10 @@ _JSON_CONSTANTS = {"true": "True", "false": "False", "null": "None"}
 
 def _media_source_at(body, offset: int) -> Optional[Media]:
     """The ``{image}``/``{video}`` node of ``body`` (roles' and forks' bodies too) whose source
-    expression begins at ``offset``, or None."""
+    expression holds ``offset`` (the first undefined name of ``photos/cat.png`` may be ``cat``), or
+    None."""
     for node in body:
-        if isinstance(node, Media) and node.source.offset == offset:
+        if isinstance(node, Media) and node.source.offset <= offset < node.source.offset + len(node.source.source):
             return node
         if isinstance(node, (Role, Fork)):
             found = _media_source_at(node.body, offset)
