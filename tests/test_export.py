@@ -738,6 +738,12 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
 
 
 @pytest.mark.parametrize("setup, cell, note", [
+    # (a row cell's own call: the job's row copy of c is c itself, as Job.row_copy copies built-in containers only)
+    (_COUNTER, "r = str(c.bump())",
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in cell 3): what "
+     "its calls change carries over from row to row"),
+    ("def g():\n    yield from 'xyz'\nit = g()", "r = it.send(None)",
+     "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`it.send(None)` in cell 3)"),
     (_COUNTER + "\ndef use():\n    return c.bump()", "r = str(use())",
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in use(), a "
      "function of cell 1): what its calls change carries over from row to row"),
@@ -787,7 +793,10 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
           ("", "self.rows = [[]]", "self.rows[0].append(x)\n        return len(self.rows[0])"),
           ("", "self.d = {'k': {}}", "self.d['k'][len(self.d['k'])] = x\n        return len(self.d['k'])"),
           ("", "self.d = {'k': []}", "self.d.get('k').append(x)\n        return len(self.d['k'])"),
-          ("", "self.it = iter('abcdefgh')", "return len(list(self.it))"),
+          # (iterating a plain container reads it, not what the loop does to its items: 579bfee took both as reads)
+          ("", "self.rows = [[]]", "for row in self.rows:\n            row.append(x)\n        return len(self.rows[0])"),
+          ("", "self.rows = [{}]", "for row in self.rows:\n            row[len(row)] = x\n        return len(self.rows[0])"),
+          ("", "self.rows = [[]]", "return [row.append(x) for row in self.rows] and len(self.rows[0])"),
           ("", "self.it = iter('abcdefgh')", "return 'c' in self.it"),
           ("", "self.it = iter('abcdefgh')", "for c in self.it:\n            return c + x"),
           ("", "self.it = iter('abcdefgh')", "return next(c for c in self.it if c > x)"),
@@ -834,7 +843,6 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
 
 
 @pytest.mark.parametrize("setup, cell", [
-    (_COUNTER, "r = str(c.bump())"),  # (a row cell's c.bump() changes the row's own copy of c)
     ("import itertools", "it = itertools.count()\nr = str(next(it))"),  # (made per row)
     ("def g():\n    yield from 'xyz'", "it = g()\nr = next(it)"),
     ("it = iter('xyz')", "def take(it):\n    return next(it)\nr = take(iter('a'))"),  # (the function's own it)
@@ -851,6 +859,10 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
      "        return self.vocab.get(x, 0)\ntoks = [Tok(), Tok()]", "r = str(toks[0].encode(q))"),
     ("def g():\n    yield from 'xyz'\nparts = [g(), 'ab']", "r = parts[1].upper()"),
+    # (a loop that reads the items of a plain container, or hands them on, changes nothing of it)
+    ("class Tok:\n    def __init__(self):\n        self.words = ['a', 'b']\n    def encode(self, x):\n        out = []\n"
+     "        for w in self.words:\n            out.append(w.upper() + x)\n        return out + [w for w in self.words]\n"
+     "tok = Tok()\ndef use(x):\n    return tok.encode(x)", "r = str(use(q))"),
     ("words = {'a': 'xy'}", "r = words['a'].upper()"),
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
@@ -859,6 +871,28 @@ def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     _, p = export_notebook(nb)
     assert p.notes == []
 
+
+
+def test_a_setup_instance_a_row_cell_changes_by_a_method_carries_over_in_the_job_as_noted(tmp_path, monkeypatch):
+    """c.bump() in a row cell went without a note, taken to change the row's own copy of c: the
+    job's row copy (Job.row_copy) is c itself, so rows gave 1, 2, 3 where each notebook pass gives 1."""
+    from helpers_export import write_rows
+
+    nb = notebook(f"{_COUNTER}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "r = str(c.bump())",
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb)
+    passes = []
+    for q in "BCD":  # (each pass of the notebook: the set-up, then the row cell)
+        ns: dict = {}
+        exec(_COUNTER, ns)
+        exec("r = str(c.bump())", ns)
+        passes.append(ns["r"])
+    assert passes == ["1", "1", "1"]
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts == ["B", "1", "C", "2", "D", "3"]  # (what the note says: it carries over from row to row)
+    assert [n for n in p.notes if n.startswith("cell 1: c, an instance of Counter that this cell makes once, is used "
+                                               "by the rows (`c.bump()` in cell 3)")] == p.notes and p.notes
 
 @pytest.mark.parametrize("body", [
     "def helper():\n    global count\n    count += 1\nhelper()\ns += q + str(count)\ns += lmnb.gen('x', max_tokens=1)",

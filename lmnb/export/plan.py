@@ -532,6 +532,25 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     return made, held, defs
 
 
+# The built-in containers (and their subclasses in collections) that ``Job.row_copy`` copies for a row
+_ROW_COPIED = frozenset({"dict", "list", "set", "bytearray", "OrderedDict", "defaultdict", "Counter"})
+
+
+def _container_classes(setup: list) -> set:
+    """The names of the set-up classes (their last top-level definitions) with a base of
+    ``_ROW_COPIED`` (``class Registry(dict)``), whose instances ``Job.row_copy`` copies per row."""
+    import ast
+
+    out: set = set()
+    for _, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            out.discard(name)
+        if isinstance(stmt, ast.ClassDef) and any(ast.unparse(b).rsplit(".", 1)[-1] in _ROW_COPIED
+                                                  for b in stmt.bases):
+            out.add(stmt.name)
+    return out
+
+
 def _container_items(value) -> tuple[str, list]:
     """("list", "tuple" or "dict"; the expressions of its items, or a dict's values) for a display or
     a comprehension (one item: its element); ("", []) for another value."""
@@ -551,7 +570,8 @@ def _container_items(value) -> tuple[str, list]:
 def _carried_over(setup: list, row: list, called: list, classes: dict, copied: tuple, lazy: set) -> list:
     """The notes for set-up state that the rows carry on from row to row, which the job does not
     set back (each pass of the notebook starts from a new one): a ``_made_objects`` global that a
-    row cell (but for the row's copy, ``copied``) or a set-up function the rows call (``_called``)
+    row cell (but for the row's copy, ``copied``, where ``Job.row_copy`` copies it: a built-in
+    container's, not an instance's or an iterator's) or a set-up function the rows call (``_called``)
     uses by ``next(it)`` or a method call (``c.bump()``), or an item of one that holds them, by
     ``next(items[0])`` or ``handlers['a'].bump()`` (but under ``if x is None:`` of a value made
     on first use, ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up
@@ -561,6 +581,9 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     made, held, defs = _made_objects(setup, classes)
     read_only = _read_only_methods(setup)
     bound = set().union(*map(_cell_binds, row))
+    # (the row's copy is Job.row_copy's, which copies built-in containers only: a row cell's c.bump() changes
+    # the set-up's instance itself, but for an instance of a class that subclasses one)
+    copied = tuple(n for n in copied if n not in made or made[n][2] in _container_classes(setup))
     places = [(f"cell {c.index}", tree, copied) for c in row
               if (tree := ast.parse(c.source) if isinstance(c, Code)
                   else getattr(getattr(c, "python", None), "tree", None)) is not None]
@@ -570,6 +593,14 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
                if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
                for name in [getattr(function, "name", "lambda")]]
     places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], ()) for f in called if (f[0], f[1]) in defs]
+    decorators = {name: d for (_, name), d in defs.items()
+                  if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
+    # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
+    methods = {(c.index, s.name): [m for m in s.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+               for c, s in _statements(setup) if isinstance(s, ast.ClassDef)}
+    # (a method so wrapped has a note of its own, below: its calls change the closure, not the instance)
+    wrapped_methods = {(f[1], m.name) for f in called for m in methods.get((f[0], f[1]), [])
+               if any(ast.unparse(x.func if isinstance(x, ast.Call) else x) in decorators for x in m.decorator_list)}
     uses: dict = {}
     for where, tree, skipped in places:
         for node, tests in _own_nodes(tree):
@@ -587,7 +618,8 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
             if not (isinstance(name, ast.Name) and name.id in known):
                 continue
             name = name.id
-            if isinstance(func, ast.Attribute) and func.attr in read_only.get(known[name][2], ()):
+            if isinstance(func, ast.Attribute) and (func.attr in read_only.get(known[name][2], ())
+                                                    or (known[name][2], func.attr) in wrapped_methods):
                 continue  # (tok.encode(x) of a method that changes nothing of tok)
             if name not in bound and name not in skipped:
                 uses.setdefault(name, (known[name], f"`{ast.unparse(node)}` in {where}"))
@@ -596,11 +628,6 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
              f"each pass of the notebook starts from a new one; make it in a cell that runs per row ({name} = ... "
              "after the first %%lm cell), and rows running at once (--num-threads above 1) share it"
              for name, (entry, use) in uses.items()]
-    decorators = {name: d for (_, name), d in defs.items()
-                  if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
-    # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
-    methods = {(c.index, s.name): [m for m in s.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-               for c, s in _statements(setup) if isinstance(s, ast.ClassDef)}
     for f in called:
         d = defs.get((f[0], f[1]))
         for name, function in ([(f[1], d)] if d is not None else
@@ -748,8 +775,10 @@ def _reads_only(method, methods: dict, seen: set, plain: set = frozenset()) -> b
     """Whether ``method`` (a plain ``def`` of a class whose ``methods`` are given) changes nothing of
     its instance, as far as can be told safely: its first parameter is used only to read attributes
     (``self.vocab[k]``, ``self.vocab.get(k)``, ``len(self.items)``, ``_read``), or to call methods of
-    the class that read only (``seen``: those being checked, taken to read only). ``plain``: the
-    attributes that hold plain containers (``_plain_attributes``)."""
+    the class that read only (``seen``: those being checked, taken to read only), or to reach its
+    class (``type(self)``, ``self.__class__``: what is set there is a class attribute's change,
+    ``_class_attributes``'). ``plain``: the attributes that hold plain containers
+    (``_plain_attributes``)."""
     import ast
 
     if method.decorator_list or not method.args.args:
@@ -760,6 +789,9 @@ def _reads_only(method, methods: dict, seen: set, plain: set = frozenset()) -> b
         if not (isinstance(node, ast.Name) and node.id == me) or node is method.args.args[0]:
             continue
         attribute = parents.get(node)
+        if (isinstance(attribute, ast.Call) and ast.unparse(attribute.func) == "type" and attribute.args == [node]
+                and not attribute.keywords) or (isinstance(attribute, ast.Attribute) and attribute.attr == "__class__"):
+            continue  # (type(self).n += 1 changes the class, whose attributes the job sets back, not the instance)
         if not (isinstance(attribute, ast.Attribute) and isinstance(attribute.ctx, ast.Load)):
             return False  # (self itself handed on, or an attribute set or deleted)
         user = parents.get(attribute)
@@ -771,6 +803,33 @@ def _reads_only(method, methods: dict, seen: set, plain: set = frozenset()) -> b
         elif not _read(attribute, parents, attribute.attr in plain):
             return False
     return True
+
+
+def _items_changed(loop, parents: dict) -> bool:
+    """Whether a ``for`` loop or comprehension ``loop`` changes in place the items it takes, where
+    its target names them: a method call on one other than ``_READ_METHODS``
+    (``for row in self.rows: row.append(x)``), or an attribute or item set or deleted on one
+    (``item.n = 1``, ``row[0] = x``), also through an attribute of it (``h.seen.append(x)``). An
+    item handed on (``out.append(w)``) is taken to be read: the items of a plain container are
+    strings and numbers more often than not."""
+    import ast
+
+    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    scope = [*loop.body, *loop.orelse] if isinstance(loop, (ast.For, ast.AsyncFor)) else [parents[loop]]
+
+    def changed(node) -> bool:
+        user = parents.get(node)
+        if isinstance(user, ast.Attribute):
+            call = parents.get(user)
+            if not isinstance(user.ctx, ast.Load) or (isinstance(call, ast.Call) and call.func is user):
+                return not isinstance(user.ctx, ast.Load) or user.attr not in _READ_METHODS
+            return changed(user)
+        if isinstance(user, ast.Subscript) and user.value is node:
+            return not isinstance(user.ctx, ast.Load) or changed(user)
+        return False
+
+    return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load) and changed(n)
+               for part in scope for n in ast.walk(part))
 
 
 def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
@@ -793,7 +852,9 @@ def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
     if isinstance(user, ast.Compare) and value is not user.left:  # (`k in self.vocab` runs through it)
         return plain or not any(isinstance(op, (ast.In, ast.NotIn)) for op in user.ops)
     if isinstance(user, (ast.For, ast.AsyncFor, ast.comprehension)) and value is user.iter:
-        return plain  # (`for k in self.vocab`: iterating a plain container reads it; an iterator is consumed)
+        # (`for k in self.vocab`: iterating a plain container reads it, but for what the loop does to its items,
+        # `for row in self.rows: row.append(x)`; an iterator is consumed)
+        return plain and not _items_changed(user, parents)
     # (handed on, kept or iterated: a list returned is changed where it goes)
     return item or not isinstance(user, (ast.Return, ast.keyword, ast.Assign, ast.AugAssign, ast.AnnAssign,
                                          ast.Starred, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.NamedExpr,
