@@ -3306,6 +3306,9 @@ _HELPERS = "seen = []\ncalls = 0\n\ndef remember(x):\n    global calls\n    call
     (_HELPERS, "r = shout(q)", None),  # (its list is its own, made per call)
     (_HELPERS.replace("seen = []", "__all__ = ['shout']\nseen = []"), "r = str(remember(q))", None),  # (not given)
     (_HELPERS, "def remember(x):\n    return x\nr = remember(q)", None),  # (a cell's own remember)
+    # (through a function of the module that it calls, a private one too: it went without a note)
+    ("_seen = []\n\ndef _keep(x):\n    _seen.append(x)\n    return len(_seen)\n\ndef remember(x):\n    return _keep(x)\n",
+     "r = str(remember(q))", "_seen"),
 ])
 def test_a_function_of_the_users_star_imported_module_that_keeps_state_is_noted(tmp_path, monkeypatch, capsys, caplog,
                                                                                helpers, cell, noted):
@@ -3342,3 +3345,24 @@ def test_a_function_of_the_users_star_imported_module_that_keeps_state_is_noted(
         _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]),
                                    0, ["--num-threads", "1"])
         assert prompts[1::2] == ["1", "2", "3"]
+
+
+def test_a_function_of_the_users_star_imported_module_that_a_setup_function_calls_is_noted(tmp_path, monkeypatch):
+    """The rows call use(q), a set-up function that calls helpers.py's remember: the job's rows
+    gave 1, 2, 3, where each pass of the notebook gives 1, without a note (only the names the row
+    cells use were looked up in the module)."""
+    from helpers_export import write_rows
+
+    (tmp_path / "helpers.py").write_text(_HELPERS, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "helpers", raising=False)
+    nb = notebook("from helpers import *\ndef use(x):\n    return remember(x)\nq = 'A'",
+                  "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "r = str(use(q))",
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb, folder=tmp_path)
+    assert [n.split(":")[:2] for n in p.notes] == [["cell 1", " remember, which `from helpers import *` gives "
+                                                    "(helpers.py, beside the notebook) and the rows call, changes the "
+                                                    "module's own globals calls, seen"]]
+    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
+                               ["--num-threads", "1"])
+    assert prompts[1::2] == ["1", "2", "3"]  # (what the note says: it carries over from row to row)

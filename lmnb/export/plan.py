@@ -324,7 +324,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
                        f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
                        "reset it in the row")
     p.notes += _carried_over(setup, row, called, classes, p.copied, lazy)
-    p.notes += _local_module_state(cells, row, folder)
+    p.notes += _local_module_state(cells, row, called, folder)
     p.notes += _held_object_notes(setup, row, called, classes)
     for c in cells:
         p.notes += getattr(c, "notes", [])
@@ -640,9 +640,10 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     return notes
 
 
-def _local_module_state(cells: list, row: list, folder: Optional[Path]) -> list:
+def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path]) -> list:
     """The notes for the functions of a module of the user's (NAME.py in the notebook's ``folder``)
-    that a cell star-imports and the row cells call by name, which change the module's own globals:
+    that a cell star-imports and the row cells call by name, or the set-up functions they call
+    (``called``: ``_called``), which change the module's own globals:
     one they set by ``global``, or a dict, list or set the module makes and they change in place
     (``seen.append(x)``). The job imports the module once, so that state carries over from row to
     row, where each pass of the notebook imports it anew. The module's source is read, not run."""
@@ -652,6 +653,7 @@ def _local_module_state(cells: list, row: list, folder: Optional[Path]) -> list:
         return []
     bound = set().union(*map(_cell_binds, cells))  # (a cell's own function of that name is not the module's)
     used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
+    used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
     notes = []
     for c in cells:
         for module in (c.star_imports if isinstance(c, Code) else ()):
@@ -674,7 +676,8 @@ def _stateful_functions(tree) -> dict:
     """Function name → the module globals it changes, for the top-level functions of a module's
     ``tree`` that ``from m import *`` gives (its ``__all__`` where a list or tuple of strings says,
     else the names without a leading "_"): a global set by ``global`` (``calls += 1``), or a dict,
-    list or set the module binds at top level that it changes in place (``seen.append(x)``)."""
+    list or set the module binds at top level that it changes in place (``seen.append(x)``), by
+    itself or through the module's functions it calls by name (``_remember(x)``)."""
     import ast
 
     containers, exported, functions = set(), None, {}
@@ -690,17 +693,25 @@ def _stateful_functions(tree) -> dict:
                 containers.add(target)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[stmt.name] = stmt
-    out: dict = {}
+    hidden = {name for name in functions if ((name not in exported) if exported is not None else name.startswith("_"))}
+    changes: dict = {}
     for name, function in functions.items():
-        if (name not in exported) if exported is not None else name.startswith("_"):
-            continue
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
         set_ = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
                 and n.id in declared}
-        changed = set(_mutated(function, surely=True)) & (containers - _function_locals(function))
-        if set_ | changed:
-            out[name] = sorted(set_ | changed)
-    return out
+        changes[name] = set_ | (set(_mutated(function, surely=True)) & (containers - _function_locals(function)))
+    # (and what the module's functions they call change, its private ones too: `def ask(x): _remember(x)`)
+    calls = {name: {n.func.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Name) and n.func.id in functions} - _function_locals(function)
+             for name, function in functions.items()}
+    grew = True
+    while grew:
+        grew = False
+        for name in functions:
+            more = changes[name].union(*(changes[c] for c in calls[name]))
+            if more != changes[name]:
+                changes[name], grew = more, True
+    return {name: sorted(state) for name, state in changes.items() if state and name not in hidden}
 
 
 def _wrapped_note(cell: int, name: str, decorator: str) -> str:
