@@ -744,6 +744,14 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "its calls change carries over from row to row"),
     ("def g():\n    yield from 'xyz'\nit = g()", "r = it.send(None)",
      "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`it.send(None)` in cell 3)"),
+    # (iterated: a for loop, or a builtin that runs through it; only next() and method calls were noted)
+    ("it = iter('xyz')", "for r in it:\n    break",
+     "cell 1: it, an iterator (iter()) that this cell makes once, is used by the rows (`for r in it` in cell 3)"),
+    ("def g():\n    yield from 'xyz'\nit = g()", "r = str(list(it))",
+     "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`list(it)` in cell 3)"),
+    ("def g():\n    yield from 'xyz'\nitems = [g()]", "r = ''.join(c for c in items[0] if c > 'x')[:1]",
+     "cell 1: items, a list of iterators (g()) that this cell makes once, is used by the rows (`for c in items[0]` "
+     "in cell 3)"),
     (_COUNTER + "\ndef use():\n    return c.bump()", "r = str(use())",
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in use(), a "
      "function of cell 1): what its calls change carries over from row to row"),

@@ -572,8 +572,9 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     set back (each pass of the notebook starts from a new one): a ``_made_objects`` global that a
     row cell (but for the row's copy, ``copied``, where ``Job.row_copy`` copies it: a built-in
     container's, not an instance's or an iterator's) or a set-up function the rows call (``_called``)
-    uses by ``next(it)`` or a method call (``c.bump()``), or an item of one that holds them, by
-    ``next(items[0])`` or ``handlers['a'].bump()`` (but under ``if x is None:`` of a value made
+    uses by ``next(it)``, a method call (``c.bump()``) or, an iterator, by running through it
+    (``for x in it``, ``list(it)``), or an item of one that holds them, by ``next(items[0])``,
+    ``for x in items[0]`` or ``handlers['a'].bump()`` (but under ``if x is None:`` of a value made
     on first use, ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up
     decorator's closure around a function the rows call. Static cases only."""
     import ast
@@ -604,13 +605,15 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     uses: dict = {}
     for where, tree, skipped in places:
         for node, tests in _own_nodes(tree):
-            if not isinstance(node, ast.Call) or any(_tests_unset(t, lazy) for t in tests):
+            if any(_tests_unset(t, lazy) for t in tests):
                 continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
-            func, args = node.func, node.args
-            if isinstance(func, ast.Name) and func.id == "next" and args:
-                target = args[0]
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):  # (`for x in it` consumes it)
+                target, iterating, shown = node.iter, True, f"for {ast.unparse(node.target)} in {ast.unparse(node.iter)}"
+            elif isinstance(func, ast.Name) and func.id in {"next", *_ITERATING_BUILTINS} and node.args:
+                target, iterating, shown = node.args[0], func.id != "next", ast.unparse(node)
             elif isinstance(func, ast.Attribute):
-                target = func.value
+                target, iterating, shown = func.value, False, ast.unparse(node)
             else:
                 continue
             # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump())
@@ -618,11 +621,13 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
             if not (isinstance(name, ast.Name) and name.id in known):
                 continue
             name = name.id
+            if iterating and known[name][2] is not None:
+                continue  # (an instance of a set-up class iterated: what its __iter__ does is not followed)
             if isinstance(func, ast.Attribute) and (func.attr in read_only.get(known[name][2], ())
                                                     or (known[name][2], func.attr) in wrapped_methods):
                 continue  # (tok.encode(x) of a method that changes nothing of tok)
             if name not in bound and name not in skipped:
-                uses.setdefault(name, (known[name], f"`{ast.unparse(node)}` in {where}"))
+                uses.setdefault(name, (known[name], f"`{shown}` in {where}"))
     notes = [f"cell {entry[0]}: {name}, {entry[1]} that this cell makes once, is used by the rows ({use}): "
              "what its calls change carries over from row to row (what one row changes, the next row sees), where "
              f"each pass of the notebook starts from a new one; make it in a cell that runs per row ({name} = ... "
