@@ -752,6 +752,15 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
     ("def g():\n    yield from 'xyz'\nitems = [g()]", "r = ''.join(c for c in items[0] if c > 'x')[:1]",
      "cell 1: items, a list of iterators (g()) that this cell makes once, is used by the rows (`for c in items[0]` "
      "in cell 3)"),
+    # (an item taken by a loop: only an item named by index was noted)
+    (_COUNTER + "\nhs = [Counter(), Counter()]", "r = ''.join(str(h.bump()) for h in hs)",
+     "cell 1: hs, a list of instances of Counter that this cell makes once, is used by the rows (`h.bump()` in cell "
+     "3, an item of `hs`)"),
+    # (a row cell's hs.items() makes the row's own copy of hs, with its instances: a set-up function's does not)
+    (_COUNTER + "\nhs = {'a': Counter()}\ndef use():\n    r = ''\n    for k, h in hs.items():\n        r += k + str(h.bump())\n"
+     "    return r", "r = use()",
+     "cell 1: hs, a dict of instances of Counter that this cell makes once, is used by the rows (`h.bump()` in use(), "
+     "a function of cell 1, an item of `hs.items()`)"),
     (_COUNTER + "\ndef use():\n    return c.bump()", "r = str(use())",
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in use(), a "
      "function of cell 1): what its calls change carries over from row to row"),
@@ -872,6 +881,10 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
      "        for w in self.words:\n            out.append(w.upper() + x)\n        return out + [w for w in self.words]\n"
      "tok = Tok()\ndef use(x):\n    return tok.encode(x)", "r = str(use(q))"),
     ("words = {'a': 'xy'}", "r = words['a'].upper()"),
+    # (a loop over the keys of a dict of them, or over objects whose method only reads them)
+    (_COUNTER + "\nhs = {'a': Counter()}", "r = ''.join(k.upper() for k in hs) + ''.join(k.upper() for k, h in hs.items())"),
+    ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
+     "        return self.vocab.get(x, 0)\ntoks = [Tok(), Tok()]", "r = ''.join(str(t.encode(q)) for t in toks)"),
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
@@ -881,51 +894,36 @@ def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
 
 
 
-def test_a_setup_instance_a_row_cell_changes_by_a_method_carries_over_in_the_job_as_noted(tmp_path, monkeypatch):
-    """c.bump() in a row cell went without a note, taken to change the row's own copy of c: the
-    job's row copy (Job.row_copy) is c itself, so rows gave 1, 2, 3 where each notebook pass gives 1."""
+@pytest.mark.parametrize("setup, cell, job, note", [
+    (_COUNTER, "r = str(c.bump())", ["1", "2", "3"],
+     "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in cell 3)"),
+    (_COUNTER + "\nhs = [Counter(), Counter()]", "r = ''.join(str(h.bump()) for h in hs)", ["11", "22", "33"],
+     "cell 1: hs, a list of instances of Counter that this cell makes once, is used by the rows (`h.bump()` in cell 3, "
+     "an item of `hs`)"),
+    ("def g():\n    yield from 'xyz'\nit = g()", "for r in it:\n    break", ["x", "y", "z"],
+     "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`for r in it` in cell 3)"),
+])
+def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
+    """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the
+    job's row copy, Job.row_copy, is c itself), as did h.bump() of a loop over a set-up list of
+    them and a loop over a set-up iterator: the job's rows go on from the last row's object, where
+    each notebook pass starts from a new one."""
     from helpers_export import write_rows
 
-    nb = notebook(f"{_COUNTER}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "r = str(c.bump())",
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
                   "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
     source, p = export_notebook(nb)
     passes = []
     for q in "BCD":  # (each pass of the notebook: the set-up, then the row cell)
         ns: dict = {}
-        exec(_COUNTER, ns)
-        exec("r = str(c.bump())", ns)
-        passes.append(ns["r"])
-    assert passes == ["1", "1", "1"]
-    _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
-                               ["--num-threads", "1"])
-    assert prompts == ["B", "1", "C", "2", "D", "3"]  # (what the note says: it carries over from row to row)
-    assert [n for n in p.notes if n.startswith("cell 1: c, an instance of Counter that this cell makes once, is used "
-                                               "by the rows (`c.bump()` in cell 3)")] == p.notes and p.notes
-
-@pytest.mark.parametrize("body", [
-    "def helper():\n    global count\n    count += 1\nhelper()\ns += q + str(count)\ns += lmnb.gen('x', max_tokens=1)",
-    "global count\ncount += 1\ns += q + str(count)\ns += lmnb.gen('x', max_tokens=1)",
-])
-def test_a_global_a_python_lm_cell_sets_starts_each_row_from_the_setup_value(tmp_path, monkeypatch, body):
-    # a %%lm --python body runs on the notebook's globals, so its `global count` (or its function's) is the
-    # notebook's count, which each pass starts from the set-up's 0; the job's rows read on: B1, C2, D3
-    from helpers_export import write_rows
-
-    setup = "count = 0"
-    source, p = export_notebook(notebook(f"{setup}\nq = 'A'", f"%%lm --python --temperature 0\n{body}"))
-    expected = []
-    for q in "BCD":  # (each notebook pass: the set-up, then the body's Python on its globals, as PythonCell.program)
-        ns = {"q": q}
         exec(setup, ns)
-        program = body.replace("s += lmnb.gen('x', max_tokens=1)", "return s")
-        exec("def cell(s):\n" + textwrap.indent(program, "    "), ns)
-        expected.append(ns["cell"](""))
-    assert expected == ["B1", "C1", "D1"]
+        exec(cell, ns)
+        passes.append(ns["r"])
+    assert passes == [job[0]] * 3
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
                                ["--num-threads", "1"])
-    assert prompts == expected
-    assert any(n.startswith("cell 2: a function of this cell, which runs per row, sets count by `global`")
-               for n in p.notes)
+    assert prompts[1::2] == job  # (what the note says: it carries over from row to row)
+    assert len(p.notes) == 1 and p.notes[0].startswith(note), p.notes
 
 
 def test_a_class_attribute_a_python_lm_cell_changes_starts_each_row_from_the_setup_value(tmp_path, monkeypatch):

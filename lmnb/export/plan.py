@@ -532,6 +532,41 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     return made, held, defs
 
 
+def _loop_items(node) -> list:
+    """(what it iterates, its target, the nodes where the target's names are the items) for a
+    ``for`` loop ``node`` (its body), or for each ``for`` of a comprehension ``node`` (the whole
+    comprehension); [] for another node."""
+    import ast
+
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return [(node.iter, node.target, [*node.body, *node.orelse])]
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        return [(g.iter, g.target, [node]) for g in node.generators]
+    return []
+
+
+def _held_items(iterated, target, held: dict) -> tuple:
+    """(the ``held`` name, the names that ``target`` binds to its items) where a loop over
+    ``iterated`` takes the items of a list or tuple ``held`` names (``for h in handlers``), or the
+    values of a dict (``handlers.values()``, the second of ``k, h`` in ``handlers.items()``: its keys
+    are no such objects); (None, set()) otherwise."""
+    import ast
+
+    def names(node) -> set:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    if isinstance(iterated, ast.Name) and iterated.id in held and not held[iterated.id][1].startswith("a dict"):
+        return iterated.id, names(target)
+    if isinstance(iterated, ast.Call) and not iterated.args and isinstance(iterated.func, ast.Attribute) \
+            and isinstance(iterated.func.value, ast.Name) and iterated.func.value.id in held:
+        name, method = iterated.func.value.id, iterated.func.attr
+        if method == "values" and held[name][1].startswith("a dict"):
+            return name, names(target)
+        if method == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            return name, names(target.elts[1])
+    return None, set()
+
+
 # The built-in containers (and their subclasses in collections) that ``Job.row_copy`` copies for a row
 _ROW_COPIED = frozenset({"dict", "list", "set", "bytearray", "OrderedDict", "defaultdict", "Counter"})
 
@@ -574,7 +609,8 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     container's, not an instance's or an iterator's) or a set-up function the rows call (``_called``)
     uses by ``next(it)``, a method call (``c.bump()``) or, an iterator, by running through it
     (``for x in it``, ``list(it)``), or an item of one that holds them, by ``next(items[0])``,
-    ``for x in items[0]`` or ``handlers['a'].bump()`` (but under ``if x is None:`` of a value made
+    ``for x in items[0]`` or ``handlers['a'].bump()``, or of a loop over one (``for h in handlers:
+    h.bump()``; a dict's ``values()`` or ``items()``) (but under ``if x is None:`` of a value made
     on first use, ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up
     decorator's closure around a function the rows call. Static cases only."""
     import ast
@@ -628,6 +664,24 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
                 continue  # (tok.encode(x) of a method that changes nothing of tok)
             if name not in bound and name not in skipped:
                 uses.setdefault(name, (known[name], f"`{shown}` in {where}"))
+        # (the items of one that holds them, taken by a loop: `for h in handlers: h.bump()`, `next(it)`)
+        for node, tests in _own_nodes(tree):
+            for iterated, target, scope in _loop_items(node):
+                name, names = _held_items(iterated, target, held)
+                if name is None or name in bound or name in skipped or any(_tests_unset(t, lazy) for t in tests):
+                    continue
+                for call in (n for part in scope for n in ast.walk(part) if isinstance(n, ast.Call)):
+                    func = call.func
+                    if isinstance(func, ast.Name) and func.id == "next" and call.args:
+                        item = call.args[0]
+                    elif isinstance(func, ast.Attribute) and func.attr not in read_only.get(held[name][2], ()) \
+                            and (held[name][2], func.attr) not in wrapped_methods:
+                        item = func.value
+                    else:
+                        continue
+                    if isinstance(item, ast.Name) and item.id in names:
+                        uses.setdefault(name, (held[name], f"`{ast.unparse(call)}` in {where}, an item of "
+                                                           f"`{ast.unparse(iterated)}`"))
     notes = [f"cell {entry[0]}: {name}, {entry[1]} that this cell makes once, is used by the rows ({use}): "
              "what its calls change carries over from row to row (what one row changes, the next row sees), where "
              f"each pass of the notebook starts from a new one; make it in a cell that runs per row ({name} = ... "
