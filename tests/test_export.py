@@ -761,6 +761,13 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
      "    return r", "r = use()",
      "cell 1: hs, a dict of instances of Counter that this cell makes once, is used by the rows (`h.bump()` in use(), "
      "a function of cell 1, an item of `hs.items()`)"),
+    # (a seeded random number generator: each row draws on from the last row's draws)
+    ("import random\nrng = random.Random(0)", "r = str(rng.random())",
+     "cell 1: rng, a random number generator (random.Random()) that this cell makes once, is used by the rows "
+     "(`rng.random()` in cell 3)"),
+    ("import numpy as np\nrng = np.random.default_rng(0)", "r = str(rng.integers(10**9))",
+     "cell 1: rng, a random number generator (np.random.default_rng()) that this cell makes once, is used by the "
+     "rows (`rng.integers(10 ** 9)` in cell 3)"),
     (_COUNTER + "\ndef use():\n    return c.bump()", "r = str(use())",
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in use(), a "
      "function of cell 1): what its calls change carries over from row to row"),
@@ -902,6 +909,9 @@ def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
      "an item of `hs`)"),
     ("def g():\n    yield from 'xyz'\nit = g()", "for r in it:\n    break", ["x", "y", "z"],
      "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`for r in it` in cell 3)"),
+    ("import random\nrng = random.Random(0)", "r = str(rng.random())",
+     [str(x) for g in [__import__("random").Random(0)] for x in (g.random(), g.random(), g.random())],
+     "cell 1: rng, a random number generator (random.Random()) that this cell makes once, is used by the rows"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the

@@ -484,12 +484,18 @@ def _enum_member_attributes(setup: list, called: list) -> dict:
 
 # The calls whose value keeps its own place to go on from (a set-up iterator the rows consume)
 _ITERATOR_CALLS = frozenset({"iter", "itertools.count", "itertools.cycle"})
+# Seeded random number generators as a set-up cell makes them (the standard library's, numpy's under
+# its usual names): each draw moves the generator on, so the rows draw what the notebook's first row
+# would not
+_GENERATOR_CALLS = frozenset({"random.Random", "Random", "np.random.default_rng", "numpy.random.default_rng",
+                              "default_rng", "np.random.RandomState", "numpy.random.RandomState", "RandomState"})
 
 
 def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
-    """(name → (set-up cell index, "an instance of C" or "an iterator (f())", C or None) for the set-up
-    globals last bound at top level to a call of a set-up class, or of ``_ITERATOR_CALLS`` or a
-    set-up generator function; the same for those bound to a list, tuple or dict (a display or a
+    """(name → (set-up cell index, "an instance of C", "an iterator (f())" or "a random number
+    generator (f())", C or None) for the set-up globals last bound at top level to a call of a
+    set-up class, of ``_ITERATOR_CALLS`` or a set-up generator function, or of
+    ``_GENERATOR_CALLS``; the same for those bound to a list, tuple or dict (a display or a
     comprehension) whose every item or value is such a call (``items = [gen()]``: "a list of
     iterators (gen())", C where all are instances of C); (cell index, name) → the top-level ``def``
     of each set-up function)."""
@@ -506,6 +512,8 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
             return f"an instance of {func}", func
         if func in _ITERATOR_CALLS or func in generators:
             return f"an iterator ({func}())", None
+        if func in _GENERATOR_CALLS:
+            return f"a random number generator ({func}())", None
         return None
 
     for c, stmt in _statements(setup):
