@@ -768,6 +768,13 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
     ("import numpy as np\nrng = np.random.default_rng(0)", "r = str(rng.integers(10**9))",
      "cell 1: rng, a random number generator (np.random.default_rng()) that this cell makes once, is used by the "
      "rows (`rng.integers(10 ** 9)` in cell 3)"),
+    # (a module's global generator, seeded once by the set-up)
+    ("import random\nrandom.seed(0)", "r = str(random.random())",
+     "cell 1: random.seed(0) seeds random's generator once, and the rows draw from it (`random.random()` in cell 3): "
+     "each row draws on from the last row's draws"),
+    ("import numpy as np\nnp.random.seed(0)\ndef pick():\n    return str(np.random.randint(10**9))", "r = pick()",
+     "cell 1: np.random.seed(0) seeds np.random's generator once, and the rows draw from it "
+     "(`np.random.randint(10 ** 9)` in pick(), a function of cell 1)"),
     (_COUNTER + "\ndef use():\n    return c.bump()", "r = str(use())",
      "cell 1: c, an instance of Counter that this cell makes once, is used by the rows (`c.bump()` in use(), a "
      "function of cell 1): what its calls change carries over from row to row"),
@@ -863,7 +870,8 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     _, p = export_notebook(nb)
     assert [n for n in p.notes if note in n] and len(p.notes) == 1, p.notes
     assert ("make it in a cell that runs per row" in p.notes[0] or "define it in a cell that runs per row" in p.notes[0]
-            or "keep that state in a variable the row makes" in p.notes[0])
+            or "keep that state in a variable the row makes" in p.notes[0] or "seed it in a cell that runs per row"
+            in p.notes[0])
 
 
 @pytest.mark.parametrize("setup, cell", [
@@ -888,6 +896,7 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
      "        for w in self.words:\n            out.append(w.upper() + x)\n        return out + [w for w in self.words]\n"
      "tok = Tok()\ndef use(x):\n    return tok.encode(x)", "r = str(use(q))"),
     ("words = {'a': 'xy'}", "r = words['a'].upper()"),
+    ("import random\nrandom.seed(0)", "random.seed(0)\nr = str(random.random())"),  # (seeded again per row)
     # (a loop over the keys of a dict of them, or over objects whose method only reads them)
     (_COUNTER + "\nhs = {'a': Counter()}", "r = ''.join(k.upper() for k in hs) + ''.join(k.upper() for k, h in hs.items())"),
     ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
@@ -912,6 +921,9 @@ def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     ("import random\nrng = random.Random(0)", "r = str(rng.random())",
      [str(x) for g in [__import__("random").Random(0)] for x in (g.random(), g.random(), g.random())],
      "cell 1: rng, a random number generator (random.Random()) that this cell makes once, is used by the rows"),
+    ("import random\nrandom.seed(0)", "r = str(random.random())",
+     [str(x) for g in [__import__("random").Random(0)] for x in (g.random(), g.random(), g.random())],
+     "cell 1: random.seed(0) seeds random's generator once, and the rows draw from it"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the

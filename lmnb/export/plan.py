@@ -325,6 +325,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
                        "reset it in the row")
     p.notes += _carried_over(setup, row, called, classes, p.copied, lazy)
     p.notes += _local_module_state(cells, row, called, folder)
+    p.notes += _seeded_module_notes(setup, row, called, classes)
     p.notes += _held_object_notes(setup, row, called, classes)
     for c in cells:
         p.notes += getattr(c, "notes", [])
@@ -705,6 +706,43 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
             if wrapped:
                 notes.append(_wrapped_note(f[0], name, wrapped[0]))
     return notes
+
+
+# The module-level seeding calls of the standard library's and numpy's global random number generators
+_SEEDS = {"random.seed": "random", "np.random.seed": "np.random", "numpy.random.seed": "numpy.random"}
+
+
+def _seeded_module_notes(setup: list, row: list, called: list, classes: dict) -> list:
+    """The notes for a module's global random number generator that a set-up cell seeds at top level
+    (``random.seed(0)``, ``np.random.seed(0)``: ``_SEEDS``) and the row cells, or the set-up
+    functions they call (``called``), draw from (``random.choice(xs)``), where no row cell seeds it
+    again: the job seeds it once, so each row draws on from the last row's draws, where each pass of
+    the notebook starts from the seed."""
+    import ast
+
+    seeded: dict = {}
+    for c, stmt in _statements(setup):
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) in _SEEDS:
+            seeded[_SEEDS[ast.unparse(stmt.value.func)]] = (c.index, ast.unparse(stmt.value))
+    _, _, defs = _made_objects(setup, classes)
+    trees = [(f"cell {c.index}", ast.parse(c.source) if isinstance(c, Code) else c.python.tree) for c in row
+             if isinstance(c, Code) or getattr(getattr(c, "python", None), "tree", None) is not None]
+    draws: dict = {}
+    for where, tree in trees + [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
+                                if (f[0], f[1]) in defs]:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and ast.unparse(node.func.value) in seeded:
+                module = ast.unparse(node.func.value)
+                if node.func.attr == "seed" and where.startswith("cell"):
+                    draws[module] = None  # (a row cell seeds it again: each row starts from its seed)
+                elif node.func.attr != "seed" and module not in draws:
+                    draws[module] = f"`{ast.unparse(node)}` in {where}"
+    return [f"cell {seeded[m][0]}: {seeded[m][1]} seeds {m}'s generator once, and the rows draw from it ({use}): "
+            "each row draws on from the last row's draws, where each pass of the notebook starts from the seed; "
+            f"seed it in a cell that runs per row (after the first %%lm cell), and rows running at once "
+            "(--num-threads above 1) share it"
+            for m, use in draws.items() if use is not None]
 
 
 def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path]) -> list:
