@@ -13,7 +13,13 @@ import sys
 import threading
 from typing import Any, Callable, Optional, Union
 
-from lmnb.choices import ChoicesSamplingMethod, choice_list, repeated_choices_problem, token_length_normalized
+from lmnb.choices import (
+    ChoicesSamplingMethod,
+    choice_list,
+    choices_method_problem,
+    repeated_choices_problem,
+    token_length_normalized,
+)
 from lmnb.ir import (
     DEFAULT_MAX_NEW_TOKENS,
     OUTPUT_OPTIONS,
@@ -35,6 +41,7 @@ from lmnb.ir import (
     check_text,
     dtype_regex,
     json_schema_value,
+    token_bounds_problem,
 )
 
 _default_backend = None
@@ -554,7 +561,10 @@ def gen(
     scalars and ``stop_token_ids`` a 1-D numpy array: each is read as the Python values it holds.
 
     Raises:
-        ValueError: an invalid regex, stop_regex, JSON schema or dtype, more than one of regex,
+        ValueError: a number option out of SGLang's range (``temperature`` < 0, ``top_p`` outside
+            (0, 1], ``n`` < 1, ``min_tokens`` above ``max_tokens``, ...: ``lmnb.ir.option_problem``,
+            the check a ``%%lm`` cell makes of a literal), an invalid regex, stop_regex, JSON schema
+            or dtype, more than one of regex,
             json_schema, dtype and choices (each decides the output alone), ``n`` > 1 with
             choices, or with choices another option a pick cannot use (``max_tokens``, ``stop``,
             ``top_p``, ``seed``, ...: all but ``temperature`` and ``choices_method``), or choices
@@ -600,6 +610,9 @@ def gen(
         top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
         regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
     )
+    problem = token_bounds_problem(params.max_new_tokens, params.min_new_tokens)
+    if problem:
+        raise ValueError(problem)
     return Gen(name, params, model=json_schema if isinstance(json_schema, type) else None)
 
 
@@ -654,7 +667,8 @@ def select(
     """Append the choice the model finds most likely and store it in ``name``.
 
     ``choices``: strings, in a list or any other iterable (a tuple, a numpy array, a pandas Series;
-    a set's are taken in sorted order).
+    a set's are taken in sorted order), but a dict, which is refused: say ``list(d)`` for its keys
+    or ``list(d.values())`` for its values.
 
     Scoring (``lmnb.choices``): each choice's tokens after the prompt, with token healing at the
     boundary, normalized by ``choices_method``. ``temperature`` > 0 samples from the softmax of
@@ -664,6 +678,7 @@ def select(
         ValueError: choices missing, empty, not all non-empty strings, or listing one more than once
             (SGLang accepts repeats, but which entry was picked would be ambiguous); a temperature
             that is not a finite number >= 0.
+        TypeError: choices in a dict; a ``choices_method`` that is no ``ChoicesSamplingMethod``.
     """
     _check_name("select", name)
     return _select("select()", name, choices, temperature, choices_method)
@@ -674,7 +689,10 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
     read by ``choice_list`` (a numpy array, a pandas Series, a generator, a set sorted), and a numpy
     temperature as the Python number it holds, as gen()'s other options are."""
     # (before the emptiness check below: a pandas Series' bool() raises "truth value is ambiguous")
-    choices, temperature = choice_list(choices), _python_value(temperature)
+    try:
+        choices, temperature = choice_list(choices), _python_value(temperature)
+    except TypeError as e:  # (a dict)
+        raise TypeError(f"{caller} {e}") from None
     if not choices or not isinstance(choices, (list, tuple)):
         raise ValueError(f"{caller} needs choices: a non-empty list of strings")
     bad = [c for c in choices if not isinstance(c, str) or not c]
@@ -690,10 +708,9 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
             0 <= temperature < math.inf):
         raise ValueError(f"{caller} temperature must be a finite number >= 0 (0 picks the likeliest), "
                          f"got {temperature!r}")
-    if not isinstance(choices_method, ChoicesSamplingMethod):
-        raise TypeError("choices_method must be one of lmnb.token_length_normalized, "
-                        "lmnb.greedy_token_selection, lmnb.unconditional_likelihood_normalized, or an instance "
-                        f"of a lmnb.choices.ChoicesSamplingMethod subclass; got {choices_method!r}")
+    problem = choices_method_problem(choices_method)
+    if problem:
+        raise TypeError(problem)
     return Select(name, list(choices), float(temperature), choices_method)
 
 

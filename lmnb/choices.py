@@ -19,14 +19,24 @@ from typing import Any, Optional, Sequence
 from lmnb.ir import _python_value
 
 
-def choice_list(choices: Any) -> Any:
+def choice_list(choices: Any, source: str = "choices") -> Any:
     """``choices`` as ``select`` (and ``gen(choices=...)``) reads them: a numpy array of choices
-    (``df.label.unique()``) as the Python strings it holds; any other iterable but a string or bytes
-    (a pandas Series, a generator, a dict's keys) as the list of its items, a set's sorted, since its
-    order changes from run to run (strings' hashes are salted) and with it ties, a seeded sample and
-    the meta info's order. A ``%%lm`` cell reads a kernel variable's choices with it too, so that a
-    cell takes what ``lmnb.select`` takes. Any other value is returned as it is, for the caller to
-    refuse."""
+    (``df.label.unique()``) as the Python strings it holds; any other iterable but a string, bytes
+    or a mapping (a pandas Series, a generator, a dict's ``keys()`` or ``values()``) as the list of
+    its items, a set's sorted, since its order changes from run to run (strings' hashes are salted)
+    and with it ties, a seeded sample and the meta info's order. A ``%%lm`` cell reads a kernel
+    variable's choices with it too, so that a cell takes what ``lmnb.select`` takes. Any other value
+    is returned as it is, for the caller to refuse.
+
+    Raises:
+        TypeError: ``choices`` is a mapping (a dict), which would give its keys where its values may
+            be meant (SGLang's select takes a list of strings; ``{fork x in d}`` refuses a dict too);
+            the message names both spellings, with ``choices`` written ``source`` (a cell's
+            expression).
+    """
+    if isinstance(choices, collections.abc.Mapping):
+        raise TypeError(f"choices is a {type(choices).__name__}, whose keys or values may be meant; pass "
+                        f"list({source}) for its keys or list({source}.values()) for its values")
     choices = _python_value(choices)  # (numpy scalars and arrays as Python values)
     if isinstance(choices, (set, frozenset)):
         choices = sorted(choices, key=str)
@@ -267,3 +277,14 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
 token_length_normalized = TokenLengthNormalized()
 greedy_token_selection = GreedyTokenSelection()
 unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
+
+
+def choices_method_problem(method: Any) -> Optional[str]:
+    """Why ``method`` cannot be a ``select``'s ``choices_method``, or None: it must be an instance
+    of ``ChoicesSamplingMethod`` (SGLang's three, or a subclass of one's own). ``select()``,
+    ``gen(choices=...)`` and a ``%%lm`` cell's parser (of a literal: ``choices_method="x"``) ask it."""
+    if isinstance(method, ChoicesSamplingMethod):
+        return None
+    return ("choices_method must be one of lmnb.token_length_normalized, lmnb.greedy_token_selection, "
+            "lmnb.unconditional_likelihood_normalized, or an instance of a lmnb.choices.ChoicesSamplingMethod "
+            f"subclass; got {method!r}")

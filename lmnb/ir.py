@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -87,12 +88,66 @@ _PARAM_FIELDS = (
 
 # The number options, each of which every backend refuses unless it holds an int (the first) or
 # an int or a float (the second): a numpy array (``max_tokens=np.array([3])``) failed on a server
-# backend in the JSON encoder's words ("Object of type ndarray is not JSON serializable"). Ranges are
-# the backend's (``top_logprobs_num``'s lower bound is checked on its own).
+# backend in the JSON encoder's words ("Object of type ndarray is not JSON serializable"). Their
+# ranges are checked by ``option_problem`` (``top_logprobs_num``'s lower bound on its own).
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "n", "top_k", "seed", "logprob_start_len")
 _NUMBER_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty")
 # The engine's (SGLang's) names of sampling parameters that ``gen()`` calls otherwise.
 GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+# gen() options whose range the engine's ``SamplingParams.validate`` checks, in its own words.
+_ENGINE_RANGES = ("min_p", "frequency_penalty", "presence_penalty", "seed", "logprob_start_len")
+# gen() options (gen()'s names) whose values ``option_problem`` checks.
+RANGED_OPTIONS = ("max_tokens", "min_tokens", "n", "temperature", "top_p", "top_k", *_ENGINE_RANGES)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def option_problem(key: str, value: Any) -> Optional[str]:
+    """Why ``value`` cannot be the number option ``key`` of ``gen()`` (gen()'s name, one of
+    ``RANGED_OPTIONS``), or None (for None, "inherit", too, and for other keys).
+
+    The ranges are SGLang's (``SamplingParams.verify``; ``lmnb_engine.SamplingParams.validate``
+    holds them too, and checks ``min_p``, the penalties, ``seed`` and ``logprob_start_len`` here in
+    its own words), which no backend goes beyond usefully: ``gen()`` and ``run()`` refuse a value
+    out of range where they are called, and a ``%%lm`` cell's parser refuses a literal one at its
+    column, with this message, where before the backend refused it once the program ran. Values
+    are Python's: numpy scalars are read first by the caller (``_python_value``).
+    """
+    if value is None:
+        return None
+    if key in ("max_tokens", "min_tokens") and not (_is_int(value) and value >= 0):
+        return f"{key} must be an integer >= 0, got {value!r}"
+    if key == "n" and not (_is_int(value) and value >= 1):
+        return f"n must be an integer >= 1, got {value!r}"
+    if key == "temperature" and not (_is_number(value) and value >= 0):
+        return f"temperature must be a number >= 0 (0 is greedy), got {value!r}"
+    if key == "top_p" and not (_is_number(value) and 0 < value <= 1):
+        return f"top_p must be a number in (0, 1], got {value!r}"
+    if key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
+        return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
+    if key in _ENGINE_RANGES:
+        from lmnb_engine.params import SamplingParams  # torch-free: the engine's own check
+
+        try:
+            SamplingParams(**{key: value}).validate()
+        except ValueError as e:  # "SamplingParams.seed='a' is invalid: must be ..."
+            return str(e).replace("SamplingParams.", "", 1)
+    return None
+
+
+def token_bounds_problem(max_tokens: Any, min_tokens: Any) -> Optional[str]:
+    """Why a gen cannot have both ``max_tokens`` and ``min_tokens`` (each valid alone), or None:
+    more tokens at least than at most, which SGLang and the engine refuse once the request is sent."""
+    if _is_int(max_tokens) and _is_int(min_tokens) and min_tokens > max_tokens:
+        return (f"min_tokens={min_tokens} must not exceed max_tokens={max_tokens}; lower min_tokens or raise "
+                "max_tokens")
+    return None
 
 
 @dataclasses.dataclass
@@ -142,6 +197,9 @@ class GenParams:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int if whole else (int, float))):
                 raise TypeError(f"{GEN_NAMES.get(f, f)}={v!r} is invalid: must be "
                                 f"{'an integer' if whole else 'a number (an int or a float)'}")
+            problem = option_problem(GEN_NAMES.get(f, f), v)
+            if problem:  # (here, where gen() or run() was called, not once the backend got it)
+                raise ValueError(problem)
         # Checked here, where gen() or run() was called: the engine would name the merged list
         # (with the chat template's stops in it), and a non-list would fail deep inside.
         if not is_stop(self.stop):

@@ -2578,6 +2578,68 @@ def test_select_refuses_a_choice_listed_twice_naming_it():
     assert sgl.select("x", choices=["a", "A", "a "]).choices == ["a", "A", "a "]  # (distinct strings)
 
 
+# SGLang's ranges (SamplingParams.verify), written out by hand: the value just outside each, and the
+# cell's words for it (as the %%lm parser said them before gen() checked them too).
+_OUT_OF_RANGE = [
+    ({"temperature": -1}, "temperature must be a number >= 0 (0 is greedy), got -1"),
+    ({"top_p": 2}, "top_p must be a number in (0, 1], got 2"),
+    ({"top_p": 0}, "top_p must be a number in (0, 1], got 0"),
+    ({"n": 0}, "n must be an integer >= 1, got 0"),
+    ({"top_k": 0}, "top_k must be an integer >= 1, or -1 for no limit, got 0"),
+    ({"max_tokens": -1}, "max_tokens must be an integer >= 0, got -1"),
+    ({"min_p": 1.5}, "min_p=1.5 is invalid: must be in [0, 1]"),
+    ({"presence_penalty": -3}, "presence_penalty=-3 is invalid: must be in [-2, 2]"),
+    ({"max_tokens": 2, "min_tokens": 5}, "min_tokens=5 must not exceed max_tokens=2; lower min_tokens or raise "
+                                         "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("options, words", _OUT_OF_RANGE)
+def test_gen_refuses_a_number_out_of_sglangs_range_where_it_is_called_in_the_cells_words(options, words):
+    """gen(temperature=-1, top_p=2, n=0) was taken (ranges were left to the backend) and failed only
+    once the program ran, away from the line that wrote it, while a %%lm cell refused the same
+    literal at parse time. Both now ask one check and say it in the same words."""
+    from lmnb.template import TemplateSyntaxError, parse
+
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", **options)
+    assert str(e.value) == words
+    cell = "{gen x " + " ".join(f"{k}={v!r}" for k, v in options.items()) + "}"
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    assert e.value.message == words
+
+
+def test_a_number_out_of_range_from_numpy_or_given_to_run_is_refused_before_anything_is_sent():
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"^temperature must be a number >= 0 \(0 is greedy\), got -0\.5$"):
+        sgl.gen("x", temperature=np.float32(-0.5))
+    be = ScriptedBackend(lambda p, params: "x")
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x", max_tokens=2)
+
+    with pytest.raises(ValueError, match=r"^top_p must be a number in \(0, 1\], got 1\.5$"):
+        prog.run(top_p=1.5, backend=be)
+    assert be.calls == []
+    # the edges are in range: SGLang takes them
+    assert sgl.gen("x", temperature=0, top_p=1, top_k=-1, n=1, min_tokens=3, max_tokens=3).params.top_p == 1
+
+
+@pytest.mark.parametrize("call", [lambda d: sgl.select("x", choices=d), lambda d: sgl.gen("x", choices=d)])
+def test_select_refuses_choices_in_a_dict_naming_its_keys_and_its_values(call):
+    """A dict's keys were taken as the choices without a word, while {fork x in d} refuses a dict;
+    SGLang's select takes a list of strings. Its keys() or values() are taken."""
+    labels = {"yes": "the answer is yes", "no": "the answer is no"}
+    with pytest.raises(TypeError, match=r"choices is a dict, whose keys or values may be meant; pass list\(choices\) "
+                                        r"for its keys or list\(choices\.values\(\)\) for its values$"):
+        call(labels)
+    assert call(labels.keys()).choices == ["yes", "no"]
+    assert call(labels.values()).choices == ["the answer is yes", "the answer is no"]
+
+
 def test_select_and_gen_choices_take_numpy_arrays_and_numbers():
     # select("label", choices=df.label.unique()) failed with numpy's "The truth value of an array
     # with more than one element is ambiguous", and temperature=np.float32(0.5) was refused as no

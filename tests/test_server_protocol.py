@@ -129,11 +129,12 @@ def test_openai_backend_errors_give_the_servers_message_once(served):
 
     @sgl.function
     def prog(s):
-        s += "a" + sgl.gen("x", max_tokens=2, temperature=-1)
+        # (a value only the server refuses: gen() leaves top_logprobs_num's upper bound to the backend)
+        s += "a" + sgl.gen("x", max_tokens=2, return_logprob=True, top_logprobs_num=21)
 
     with pytest.raises(sgl.ProgramError) as e:
         prog.run(backend=completion).text()
-    assert "/v1/: HTTP 400: temperature=-1.0 is invalid" in str(e.value)
+    assert "/v1/: HTTP 400: logprobs=21 is out of range: give 0 to 20 top logprobs per token" in str(e.value)
     assert "Error code" not in str(e.value)  # the openai client's own prefix, which repeated the status
 
 

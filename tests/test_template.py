@@ -506,6 +506,12 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{gen x seed="a"}', 2, 13, "seed='a' is invalid: must be None or an integer that fits in 64 bits"),
         ("{gen x min_p=2}", 2, 14, "min_p=2 is invalid: must be in [0, 1]"),
         ("{gen x ignore_eos='yes'}", 2, 19, "ignore_eos='yes' is invalid: must be true or false"),
+        # certain to fail, but refused only as the cell ran: at the option now, as gen() refuses them
+        ('{gen x dtype="complex"}', 2, 14, "gen(dtype='complex') is not supported; use int, float, bool or str"),
+        ('{select x choices=["a", "b"] choices_method="x"}', 2, 45, "choices_method must be one of "
+                                                                   "lmnb.token_length_normalized"),
+        ("{gen x min_tokens=5 max_tokens=2}", 2, 19, "min_tokens=5 must not exceed max_tokens=2"),
+        ("{gen x max_tokens=2, min_tokens=5}", 2, 33, "min_tokens=5 must not exceed max_tokens=2"),
         ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),
         ("a {(yield)}", 2, 5, "'yield' outside function"),  # Python's compiler refused it: a bare SyntaxError
         ("{gen a stop=await x}", 2, 13, "'await' outside function"),
@@ -722,6 +728,12 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         # refused by lmnb's gen itself (the message names the option): at that option, not the hole
         ("{gen x max_tokens=8 stop=st}", {"st": 5}, 26, "stop=5 is invalid: give a string or a list of strings"),
         ("{gen x stop_token_ids=ids}", {"ids": [-1]}, 23, "stop_token_ids=[-1] is invalid"),
+        # taken by gen() (ranges were the backend's), refused by the engine once the gen was sent
+        ("{gen x temperature=t}", {"t": -1}, 20, "temperature must be a number >= 0 (0 is greedy), got -1"),
+        # a dict's keys were taken as the choices without a word, where {fork x in d} refuses a dict
+        ("{select x choices=labels}", {"labels": {"y": 1}}, 19, "choices is a dict, whose keys or values may be "
+                                                                 "meant; pass list(labels) for its keys or "
+                                                                 "list(labels.values()) for its values"),
     ],
 )
 def test_a_bad_value_from_a_kernel_variable_points_at_its_hole(cell, kernel, col, words):

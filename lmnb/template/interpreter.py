@@ -59,7 +59,10 @@ class _Run:
         for o in node.options:
             kwargs[o.key] = value = self.value(o.value, s, local, f"{node.primitive} option {o.key}={o.value.source}")
             if o.key == "choices":  # as lmnb.select reads them: a numpy array, a pandas Series, a set (sorted)
-                kwargs[o.key] = value = choice_list(value)
+                try:
+                    kwargs[o.key] = value = choice_list(value, o.value.source.strip())
+                except TypeError as e:  # (a dict: its keys or its values?)
+                    raise self.error(str(e), o.value.offset) from None
             problem = _check_value(node.primitive, o.key, value)
             if problem:  # a value from a variable gets the check a literal got at parse time
                 raise self.error(problem, o.value.offset)

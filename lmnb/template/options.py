@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import ast
 import inspect
-import math
 import operator
 import re
 import reprlib
 from collections.abc import Mapping
 from typing import Optional
 
-from lmnb.ir import GenParams, is_stop
+from lmnb.ir import RANGED_OPTIONS, GenParams, dtype_regex, is_stop, option_problem
 
 
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
@@ -194,16 +193,17 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         from lmnb.choices import repeated_choices_problem
 
         return repeated_choices_problem(value)
-    elif key in ("max_tokens", "min_tokens") and not (_is_int(value) and value >= 0):
-        return f"{key} must be an integer >= 0, got {value!r}"
-    elif key == "n" and not (_is_int(value) and value >= 1):
-        return f"n must be an integer >= 1, got {value!r}"
-    elif key == "temperature" and not (_is_number(value) and value >= 0):
-        return f"temperature must be a number >= 0 (0 is greedy), got {value!r}"
-    elif key == "top_p" and not (_is_number(value) and 0 < value <= 1):
-        return f"top_p must be a number in (0, 1], got {value!r}"
-    elif key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
-        return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
+    elif key in RANGED_OPTIONS:  # gen()'s own check, which refuses the same value where gen() is called
+        return option_problem(key, value)
+    elif key == "dtype" and value is not None:  # (a literal: a string; int, a name, is no literal)
+        try:
+            dtype_regex(value)
+        except ValueError as e:
+            return str(e)
+    elif key == "choices_method" and not (primitive == "gen" and value is None):  # (gen's None: the default)
+        from lmnb.choices import choices_method_problem
+
+        return choices_method_problem(value)
     elif key == "stop":
         from lmnb_engine.params import stop_problem  # the engine's own check (no torch)
 
@@ -232,15 +232,8 @@ def check_literal(primitive: str, key: str, value) -> str | None:
 
 
 # Options that are SamplingParams fields of the same name, which the engine checked only once the gen
-# was sent: seed="a" or min_p=2 failed mid-run, away from its hole. (top_logprobs_num is one too, but
-# the engine's bound on it is not every backend's: it gets gen()'s check instead.)
+# was sent: seed="a" or min_p=2 failed mid-run, away from its hole (the ranged ones are checked by
+# gen()'s option_problem, which asks the engine). (top_logprobs_num is one too, but the engine's bound
+# on it is not every backend's: it gets gen()'s check instead.)
 SAMPLING_FIELDS = ("min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob",
                     "logprob_start_len", "stop_token_ids")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lmnb.ir import OUTPUT_OPTIONS
+from lmnb.ir import OUTPUT_OPTIONS, token_bounds_problem
 from lmnb.template import options as opts
 from lmnb.template.errors import (
     LONE_SURROGATE, TOO_DEEP, TOO_DEEP_HINT, TemplateSyntaxError, node_offset, offset_of, surrogate_problem,
@@ -332,9 +332,20 @@ class _Parser:
                              second.offset)
         if kind == "gen" and "choices" in seen:
             self._refuse_unused_by_a_pick(options)
+        if kind == "gen":
+            self._refuse_token_bounds(options)
         if name is not None:
             self.capture(name, start)
         self.emit(Primitive(kind, name, tuple(options), start))
+
+    def _refuse_token_bounds(self, options: list[Option]) -> None:
+        """Refuse, at ``min_tokens``, literal ``min_tokens`` and ``max_tokens`` that ``lmnb.gen``
+        refuses together (more tokens at least than at most), which failed only once the cell ran."""
+        given = {o.key: o for o in options if o.key in ("max_tokens", "min_tokens")}
+        if len(given) == 2:
+            problem = token_bounds_problem(_literal(given["max_tokens"].value), _literal(given["min_tokens"].value))
+            if problem:
+                raise self.error(problem, given["min_tokens"].value.offset)
 
     def _refuse_unused_by_a_pick(self, options: list[Option]) -> None:
         """Refuse, at the option, what ``lmnb.gen`` refuses with ``choices`` (only once the cell ran,
