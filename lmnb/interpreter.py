@@ -572,7 +572,10 @@ def run_program_batch(
     def results():
         nonlocal stopping, pbar
         if progress_bar:  # (here: a generator_style batch starts when first iterated, and its bar with it)
-            from tqdm.auto import tqdm
+            # (plain tqdm, as SGLang's: text on stderr, which a notebook shows in place as it
+            # updates and saves whole; tqdm.auto's widget was saved by `lmnb run`, nbclient, as
+            # its first text, "0%| 0/2", however far the batch got)
+            from tqdm import tqdm
 
             pbar = tqdm(total=len(batch_kwargs))
         try:

@@ -1969,7 +1969,7 @@ def test_run_batch_item_failure_does_not_stop_the_batch():
 def test_a_run_batch_generators_progress_bar_starts_with_the_batch_and_counts_the_items(monkeypatch):
     """The bar was made when run_batch was called, though a generator_style batch starts only when
     first iterated: its clock ran from then, and a generator never iterated left it open."""
-    import tqdm.auto
+    import tqdm
 
     bars = []
 
@@ -1984,7 +1984,7 @@ def test_a_run_batch_generators_progress_bar_starts_with_the_batch_and_counts_th
         def close(self):
             self.closed = True
 
-    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
     be = ScriptedBackend(lambda p, params: "x")
 
     @sgl.function
@@ -2001,7 +2001,7 @@ def test_a_run_batch_generators_progress_bar_starts_with_the_batch_and_counts_th
 def test_a_run_batch_progress_bar_does_not_count_the_items_a_break_aborted(monkeypatch):
     """Breaking out of a generator_style batch aborted its running items, and each aborted item
     moved the bar on: it showed 40/40, as if the batch had finished."""
-    import tqdm.auto
+    import tqdm
 
     bars = []
 
@@ -2016,7 +2016,7 @@ def test_a_run_batch_progress_bar_does_not_count_the_items_a_break_aborted(monke
         def close(self):
             pass
 
-    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
     be = ScriptedBackend(lambda p, params: "x", delay=30)  # a gen runs until aborted
 
     @sgl.function
@@ -2037,7 +2037,7 @@ def test_a_run_batch_progress_bar_that_cannot_draw_loses_no_items_result(monkeyp
     """The bar is moved in each item's worker before its result is handed on (ab9e236): a bar
     whose update raised (tqdm writing to a closed pipe: BrokenPipeError) turned the item into that
     error and ended the batch, where the done-callback before it only logged it."""
-    import tqdm.auto
+    import tqdm
 
     class Bar:
         def __init__(self, total):
@@ -2049,7 +2049,7 @@ def test_a_run_batch_progress_bar_that_cannot_draw_loses_no_items_result(monkeyp
         def close(self):
             pass
 
-    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
     be = ScriptedBackend(lambda p, params: "x")
 
     @sgl.function

@@ -311,6 +311,24 @@ def test_a_fractional_timeout_is_enforced_and_a_negative_one_refused(tmp_path, c
     assert "argument --timeout: must be 0 (no limit) or more seconds, got '-1'" in capfd.readouterr().err
 
 
+def test_a_run_batch_progress_bar_is_saved_with_its_final_count(tmp_path, capsys):
+    """run_batch(progress_bar=True) drew tqdm.auto's ipywidget in the kernel, which the notebook
+    lmnb run saved showed by its text at the start, "0%| 0/2", however far the batch got. The bar
+    is text on stderr now (plain tqdm, as SGLang's), saved with every update."""
+    from lmnb_kernel.run import run
+
+    src = _notebook(tmp_path / "nb.ipynb", "import lmnb\n\n@lmnb.function\ndef p(s, x):\n    s += str(x)\n\n"
+                                           "states = p.run_batch([{'x': 1}, {'x': 2}], progress_bar=True)")
+    out = tmp_path / "out.ipynb"
+    args = argparse.Namespace(notebook=str(src), output=str(out), parameter=[], timeout=120, allow_errors=False)
+    assert run(args) == 0
+    outputs = nbformat.read(out, as_version=4).cells[0].outputs
+    assert [o.output_type for o in outputs] == ["stream"]  # (no widget)
+    # what a terminal, and Jupyter, shows of it: the text after the last carriage return
+    shown = outputs[0].text.split("\r")[-1]
+    assert outputs[0].name == "stderr" and re.match(r"100%\|.*\| 2/2 \[", shown), repr(outputs[0].text)
+
+
 def test_a_code_cell_of_blank_source_is_not_counted_as_a_cell_left_unrun(tmp_path, capsys):
     """nbclient, as JupyterLab, runs no code cell whose source is blank: a notebook that ran whole
     was summed up as "cells run: 2 of 3", as if a cell had not run. A cell of a comment alone runs."""
