@@ -312,10 +312,9 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     return f"write {literal}"
 
 
-def _posix_reading(pattern: str, anywhere: bool = False) -> tuple[str, str] | None:
+def _posix_reading(pattern: str) -> tuple[str, str] | None:
     """``pattern`` with each character class that opens with a POSIX class (which Python's ``re``
-    flags as a possible nested set; with ``anywhere``, each that holds one, as the ``regex``
-    package reads a stop pattern), as the automaton library (Rust's regex) delimits it
+    flags as a possible nested set), as the automaton library (Rust's regex) delimits it
     (``_rust_classes``), written as the characters that library reads it as, and the POSIX
     classes' names (``[:alpha:], [:digit:]``), where ``gen()`` then takes the pattern; None where
     a name is no known POSIX class (``[:foo:]``) or ``gen()`` refuses the result. A class of
@@ -328,7 +327,7 @@ def _posix_reading(pattern: str, anywhere: bool = False) -> tuple[str, str] | No
     for start, end in _rust_classes(pattern):
         text = pattern[start:end]
         posix = list(_POSIX_CLASS.finditer(text))
-        if not posix or not (anywhere or _POSIX_CLASS.match(text, 1 + text.startswith("[^"))):
+        if not posix or not _POSIX_CLASS.match(text, 1 + text.startswith("[^")):
             continue  # (a "[" after a class's first item is a literal to Python, and to the engine)
         if any(m.group(1).lstrip("^") not in _POSIX for m in posix):
             return None
@@ -412,20 +411,145 @@ def stop_posix_problem(pattern: str) -> str | None:
     (``[[:alpha:]]``, ``[a[:alpha:]]``), or None: the stop matcher (the ``regex`` package) reads it
     as a class of Unicode characters, Python's ``re`` as literal characters (where it opens the
     class, ``regex=`` refuses it as ambiguous: ``ambiguous_class``). The message names the class and
-    offers its ASCII characters (``_posix_reading``), as ``regex=`` does, then the literal reading.
-    A POSIX class is found where an item of a class, as Python's parser delimits them
-    (``_class_items``), opens one."""
+    offers the pattern as the stop matcher reads it with each POSIX class as its ASCII characters
+    (``_stop_posix_reading``), then the literal reading. A POSIX class is found where an item of a
+    class, as Python's parser delimits them (``_class_items``), opens one."""
+    posix = _first_posix(pattern)
+    if posix is None:
+        return None
+    i = posix.start()
+    literal = shown_regex(pattern[:i] + "\\" + pattern[i:])
+    fix = _stop_posix_reading(pattern)
+    offer = ""
+    if fix:
+        operators = [op for op in ("&&", "--", "||", "~~") if op in fix[1]]
+        told = (f" (the stop matcher has no set operations: it reads {', '.join(map(shown_regex, operators))} in a "
+                "class as characters)") if operators else ""
+        offer = f"write {shown_regex(fix[0])} for its ASCII characters{told}, or "
+    return (f"{shown_regex(pattern)} holds the POSIX class {posix.group()} at position {i}, which the stop "
+            "matcher (the regex package) reads as a class of Unicode characters, and Python's re as literal "
+            f"characters; {offer or 'write '}{literal} to mean the characters")
+
+
+def _first_posix(pattern: str) -> re.Match | None:
+    """The first POSIX class (``[:alpha:]``) that opens an item of a character class of ``pattern``,
+    as Python's parser delimits a class's items (``_class_items``), or None."""
     for items in _class_items(pattern):
         posix = next((m for start, _ in items if (m := _POSIX_CLASS.match(pattern, start))), None)
         if posix:
-            i = posix.start()
-            literal = shown_regex(pattern[:i] + "\\" + pattern[i:])
-            fix = _posix_reading(pattern, anywhere=True)
-            offer = f"write {shown_regex(fix[0])} for its ASCII characters, or " if fix else "write "
-            return (f"{shown_regex(pattern)} holds the POSIX class {posix.group()} at position {i}, which the stop "
-                    "matcher (the regex package) reads as a class of Unicode characters, and Python's re as literal "
-                    f"characters; {offer}{literal} to mean the characters")
+            return posix
     return None
+
+
+# An inline flag group that may turn on case-insensitive matching ("(?i)", "(?ai:"), erring towards yes
+_CASELESS = re.compile(r"\(\?\^?[a-zA-Z]*i")
+
+
+def _stop_posix_reading(pattern: str) -> tuple[str, str] | None:
+    """The ``stop_regex`` ``pattern`` with each character class that holds a POSIX class written as
+    the characters the stop matcher reads it to hold, each POSIX class read as its ASCII characters
+    (``_POSIX``, the POSIX "C" locale's), and the classes rewritten joined by ", "; None where a
+    POSIX class has no ASCII reading here (``[:greek:]``), a class would hold no character or over
+    ``_MAX_MEMBER_RANGES`` ranges, or the result still holds a POSIX class. The stop matcher reads a
+    pattern with the ``regex`` package's version 0, its default, where a class is a union of items
+    with no set operation and no nested class (``[[:alpha:]&&a]``: the letters, "&" and "a"; a "-"
+    beside a POSIX class is a "-": ``_v0_class_chars``); None too for a pattern that turns on
+    version 1 (``(?V1)``), whose rewrite Python's ``re`` would refuse for that flag anyway."""
+    import regex  # (a dependency of transformers, declared by lmnb too; the stop matcher's reader)
+
+    try:
+        if regex.compile(pattern).flags & regex.VERSION1:
+            return None
+    except regex.error:
+        return None
+    caseless = bool(_CASELESS.search(pattern))
+    names, out, done = [], [], 0
+    for start, end, posix in _v0_classes(pattern):
+        if not posix:
+            continue
+        if any(m.group(1).lstrip("^") not in _POSIX for m in posix):
+            return None
+        spelled = _v0_class_chars(pattern, start, end, posix, caseless)
+        if spelled is None:
+            return None
+        names.append(pattern[start:end])
+        out += [pattern[done:start], spelled]
+        done = end
+    fixed = "".join(out) + pattern[done:]
+    try:
+        regex.compile(fixed)
+    except regex.error:
+        return None
+    if not names or _first_posix(fixed) is not None:
+        return None
+    return fixed, ", ".join(dict.fromkeys(names))
+
+
+def _v0_classes(pattern: str) -> Iterator[tuple[int, int, list[re.Match]]]:
+    """The (start, end) of each character class of ``pattern`` as the ``regex`` package's version 0
+    delimits it, with the POSIX classes it holds: after "[" and an optional "^" its first item is
+    read whatever it is (a "]" there is a literal), then items up to the next "]", each an escape
+    (``_item_end``), a POSIX class ``[:name:]`` whole (a "[" else is a literal: no nested class)
+    or one character. A comment is skipped as Python's parser skips it (``_comments``); an
+    unclosed class ends the walk."""
+    comments = dict(_comments(pattern))
+    i, n = 0, len(pattern)
+    while i < n:
+        if i in comments:
+            i = comments[i]
+        elif pattern[i] == "\\":
+            i = _item_end(pattern, i)
+        elif pattern[i] != "[":
+            i += 1
+        else:
+            start, posix = i, []
+            i += 1 + pattern.startswith("^", i + 1)
+            first = True
+            while i < n and (first or pattern[i] != "]"):
+                first = False
+                m = _POSIX_CLASS.match(pattern, i)
+                if m:
+                    posix.append(m)
+                    i = m.end()
+                elif pattern[i] == "\\":
+                    i = _item_end(pattern, i)
+                else:
+                    i += 1
+            if i >= n:
+                return
+            yield start, i + 1, posix
+            i += 1
+
+
+def _v0_class_chars(pattern: str, start: int, end: int, posix: list[re.Match], caseless: bool) -> str | None:
+    """The class ``pattern[start:end]`` (which holds the POSIX classes ``posix``), read as the
+    ``regex`` package's version 0 reads it with each POSIX class as its ASCII characters
+    (``_POSIX``), written as ranges of its characters (``_ranges``): the class's other items are read
+    by that package with each POSIX class held by ``\\P{Any}``, an item of no character that, as a
+    POSIX class does, ends no range (``[a-[:digit:]]``: "a", "-" and the digits), and that union
+    is joined with each POSIX class's characters (or, negated, ``[:^digit:]``, all but those).
+    The class is written negated where it was, so that case-insensitive matching (which tests a
+    character's other cases against the set) reads it as it read the original; where no flag
+    group can turn that on (``caseless``), the shorter of it and its complement. None where that
+    package does not read it or no form fits ``_MAX_MEMBER_RANGES`` ranges."""
+    negated = pattern.startswith("[^", start)
+    body, done = [], start + 1 + negated
+    for m in posix:
+        body += [pattern[done:m.start()], "\\P{Any}"]
+        done = m.end()
+    body.append(pattern[done:end - 1])
+    # (a "^" first after "[^" is a literal: escaped, so that the class of the other items stays unnegated)
+    others = "".join(body)
+    others = "\\" + others if others.startswith("^") else others
+    union = "|".join([f"[{others}]"] + [f"[{'^' if m.group(1).startswith('^') else ''}{_POSIX[m.group(1).lstrip('^')]}]"
+                                              for m in posix])
+    inside = code_point_runs(union)
+    if inside is None:
+        return None
+    outside = [(lo, hi) for lo, hi in zip([0] + [e for _, e in inside], [s for s, _ in inside] + [0x110000]) if lo < hi]
+    forms = [(inside, "^" if negated else ""), (outside, "" if negated else "^")][:1 if caseless else 2]
+    spelled = [form for form in (_ranges(spans, negation) for spans, negation in forms) if form is not None]
+    return min(spelled, key=len) if spelled else None
 
 
 def _posix_set(m: re.Match) -> str:

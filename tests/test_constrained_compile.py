@@ -939,14 +939,39 @@ def test_no_reading_is_offered_that_gen_refuses(backend, pattern):
     assert offers and all(lmnb_gen_takes(offer) for offer in offers), offers
 
 
-def test_a_stop_regex_posix_class_of_no_character_is_offered_only_as_literal_characters():
-    # [[:alpha:]&&[:digit:]] was offered as [^\x00-\ud7ff\ue000-\U0010ffff], a class of no character
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.mark.parametrize("pattern, fix, operator, chars", [
+    # the stop matcher (the regex package's version 0) has no set operations: "&&" is two "&"s, so
+    # [[:alpha:]&&a] is the letters, "&" and "a" (offered as [a], the version 1 intersection, before), and
+    # [[:alpha:]&&[:digit:]] the letters, "&" and the digits (offered only as literal characters before)
+    ("[[:alpha:]&&a]", "[\\&A-Za-z]", "&&", _LETTERS + "&"),
+    ("[[:alpha:]&&[:digit:]]", "[\\&0-9A-Za-z]", "&&", _LETTERS + "&0123456789"),
+    # a "-" beside a POSIX class ends no range: "a", "-" and the digits; "--z" after one is "-" to "z"
+    ("[a-[:digit:]]", "[\\-0-9a]", None, "a-0123456789"),
+    ("[[:digit:]--z]", "[\\--z]", "--", "".join(map(chr, range(ord("-"), ord("z") + 1)))),
+    # in a negated class, "^" first is a literal: all but (not punctuation, or "^"), the punctuation but "^"
+    ("[^^[:^punct:]]", "[!-/:-@\\[-\\]_-`{-\\~]", None, "!\"#$%&'()*+,-./:;<=>?@[\\]_`{|}~"),
+])
+def test_a_stop_regex_posix_class_is_offered_as_the_stop_matcher_reads_the_rest_of_its_class(pattern, fix, operator,
+                                                                                            chars):
+    from lmnb_engine.detokenizer import StopRegexes
     from lmnb_engine.params import stop_regex_problem
 
-    assert stop_regex_problem("[[:alpha:]&&[:digit:]]") == (
-        '"[[:alpha:]&&[:digit:]]" holds the POSIX class [:alpha:] at position 1, which the stop matcher (the regex '
-        "package) reads as a class of Unicode characters, and Python's re as literal characters; write "
-        '"[\\\\[:alpha:]&&[:digit:]]" to mean the characters')
+    told = (f' (the stop matcher has no set operations: it reads "{operator}" in a class as characters)'
+            if operator else "")
+    at = pattern.index("[:")
+    assert stop_regex_problem(pattern) == (
+        f"{json.dumps(pattern)} holds the POSIX class {pattern[at:pattern.index(':]') + 2]} at position {at}, which "
+        "the stop matcher (the regex package) reads as a class of Unicode characters, and Python's re as literal "
+        f"characters; write {json.dumps(fix)} for its ASCII characters{told}, or "
+        f"{json.dumps(pattern[:at] + chr(92) + pattern[at:])} to mean the characters")
+    # the characters the stop matcher stops on with the offer, of ASCII and some beyond it, are those worked out
+    compiled = StopRegexes([fix]).compiled[0]
+    sample = [chr(c) for c in range(0x80)] + list("é\u00a0ß\u0663Ωж中\U0001F600\u212a\u017f")
+    assert {c for c in sample if compiled.fullmatch(c)} == set(chars)
+    assert stop_regex_problem(fix) is None
 
 
 def lmnb_gen_takes(pattern):
