@@ -583,6 +583,10 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     if schema is None:
         return schema
     if isinstance(schema, (str, dict, bool)):
+        if isinstance(schema, dict):  # first: _schema_passed's json.dumps visits each path (2**30 where
+            from lmnb_engine.json_schema import copies_problem  # a Python-built schema shares objects)
+
+            copies_problem(schema)
         if not _schema_passed(schema):
             from lmnb_engine.json_schema import loaded_schema  # torch-free
 

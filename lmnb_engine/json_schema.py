@@ -5,7 +5,9 @@ Shared by the engine (``constrained.schema.load_schema``), the language's ``gen(
 which runs it where it is called (``lmnb.ir.json_schema_value``), and the ``%%lm`` cell parser,
 which runs it on a literal schema before anything runs (``lmnb.template.options``), so all three
 word a bad schema alike (``loaded_schema``); the server's and ``lmnb export``'s messages show a
-client's values with ``json_value``. Importing it loads only ``jsonschema``.
+client's values with ``json_value``; and the JSON-pointer steps of a local ``$ref`` (``pointer_parts``,
+``child``), shared by the engine's ``$ref`` inlining and the count of a schema's regex copies
+(``copies_problem``, asked first). Importing it loads only ``jsonschema``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import json
 import re
 from typing import Any, Callable, Optional
+from urllib.parse import unquote
 
 # A value in a schema's error message is cut after this many characters (``json_value``), as
 # ``regex_check`` cuts a pattern: a schema's const, enum or pattern can run to megabytes, which the
@@ -47,7 +50,9 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         ValueError: the boolean schema ``false`` (valid JSON Schema, which no value passes), a
             value JSON cannot represent, a schema the meta-schema rejects (the message gives
             the location, e.g. ``#/properties/a``; a ``pattern`` Python's ``re`` cannot compile
-            is worded by ``_refused_pattern``), or one nested too deeply to check (``TOO_DEEP``).
+            is worded by ``_refused_pattern``), or one nested too deeply to check (``TOO_DEEP``),
+            or one whose engine regex would hold too many subschema copies (``copies_problem``,
+            asked first).
     """
     if schema is False:
         raise ValueError("JSON schema false accepts no value: no output could validate; pass true or {} "
@@ -56,6 +61,7 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         return schema
     import jsonschema
 
+    copies_problem(schema)  # first: the walks below visit each path, 2**30 of a Python-built schema sharing objects
     try:
         schema = json.loads(json.dumps(schema, allow_nan=False))  # NaN and inf are no JSON
     except RecursionError:
@@ -79,6 +85,44 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         message = _type_typo(e) or in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
     return schema
+
+
+_MISSING = object()  # (``child``: no such step)
+
+
+def pointer_parts(ref: str) -> list[str]:
+    """The JSON-pointer steps of a local ``$ref`` (after its ``#``), unescaped (RFC 6901 and percent)."""
+    fragment = unquote(ref.partition("#")[2])
+    return [p.replace("~1", "/").replace("~0", "~") for p in fragment.split("/")[1:]]
+
+
+def child(node: Any, part: str) -> Any:
+    """One pointer step into an object or array; ``_MISSING`` where there is nothing."""
+    if isinstance(node, dict):
+        return node.get(part, _MISSING)
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    return _MISSING
+
+
+def copies_problem(schema: Any) -> None:
+    """Refuse ``schema`` (a dict or list as built in Python: objects may be shared) where the
+    engine's regex of it would hold more than ``MAX_REGEX_COPIES`` subschema copies
+    (``schema_copies``), counted once per distinct object: a schema holding one object
+    at both of a level's places, 30 levels deep, is refused at once, in the words of its JSON text
+    (which shares nothing), before any walk that visits each of its 2**30 paths.
+
+    Raises:
+        ValueError: ``too_many_copies``'s words, or ``TOO_DEEP`` past Python's recursion limit.
+    """
+    from lmnb_engine.schema_copies import too_many_copies  # (it imports this module)
+
+    try:
+        problem = too_many_copies(schema)
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
+    if problem:
+        raise ValueError(problem)
 
 
 @functools.cache

@@ -66,24 +66,32 @@ def _is_numpy_scalar(v: Any) -> bool:
     return type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 and hasattr(v, "item")
 
 
-def python_value(v: Any) -> Any:
+def python_value(v: Any, memo: dict | None = None) -> Any:
     """``v`` with numpy scalars (``np.int64(3)``, ``np.float32(0.5)``, ``np.bool_(True)``, from an
     array or a comparison) as the Python values they hold, and a numpy array as the list of them
     (``np.array([7, 9])``, token ids, is ``[7, 9]``), at any depth of lists, tuples and dicts (a
     ``json_schema``'s ``"maximum": np.int64(5)``): a new list (for a tuple too) or dict where one
     was changed; anything else, and a container holding none, as it is. Checks then read one
-    type, and the value goes into JSON."""
+    type, and the value goes into JSON. A container met again (``memo``, by identity) is read once:
+    a schema holding one object at both places of each of 30 levels has 2**30 paths.
+
+    Raises:
+        RecursionError: nesting deeper than Python's recursion limit."""
     if _is_numpy_scalar(v):
         return v.item()
     if type(v).__module__ == "numpy" and hasattr(v, "tolist"):  # an ndarray (its items as Python values)
         return v.tolist()
-    if isinstance(v, (list, tuple)):
-        items = [python_value(x) for x in v]
-        return items if any(a is not b for a, b in zip(items, v)) else v
-    if isinstance(v, dict):
-        values = {k: python_value(x) for k, x in v.items()}
-        return values if any(values[k] is not x for k, x in v.items()) else v
-    return v
+    if not isinstance(v, (list, tuple, dict)):
+        return v
+    memo = {} if memo is None else memo
+    if id(v) not in memo:
+        if isinstance(v, dict):
+            values = {k: python_value(x, memo) for k, x in v.items()}
+            memo[id(v)] = values if any(values[k] is not x for k, x in v.items()) else v
+        else:
+            items = [python_value(x, memo) for x in v]
+            memo[id(v)] = items if any(a is not b for a, b in zip(items, v)) else v
+    return memo[id(v)]
 
 
 def _naming_unknown_fields(cls):

@@ -2179,6 +2179,61 @@ def test_a_schema_whose_regex_doubles_at_each_level_is_refused_before_the_regex_
                                                                           for i in range(300)}})
 
 
+def _shared_levels(depth: int) -> dict:
+    """Arrays nested ``depth`` deep whose ``items`` and only ``prefixItems`` entry are one object:
+    2**depth paths to the innermost schema, from depth + 1 objects."""
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema, "prefixItems": [schema]}
+    return schema
+
+
+def _refusal_within(call, seconds: float = 60) -> str:
+    """The message of the ValueError ``call`` raises, on a thread given ``seconds`` (a walk that
+    visits each path of a shared-object schema ran for hours: a failure, not a hang)."""
+    out: list = []
+
+    def run():
+        try:
+            call()
+            out.append("no error")
+        except ValueError as e:
+            out.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert out, f"not refused within {seconds} s"
+    assert isinstance(out[0], ValueError), out[0]
+    return str(out[0])
+
+
+def test_a_schema_sharing_one_object_at_each_level_is_refused_at_once_as_its_json_text_is(backend):
+    """A schema built in Python may hold one object at two places per level: 30 levels have 2**30
+    paths, each checked once (json.dumps, the meta-schema check, numpy's conversion) for hours on
+    the caller's thread. Its copies are counted per object, so it is refused at once, with its
+    JSON text's words. Copies (outlines-core writes items twice, each prefixItems entry once):
+    c(d) = 1 + 3 c(d - 1), c(0) = 1, so c(d) = (3**(d + 1) - 1) / 2."""
+    from lmnb.ir import json_schema_value
+    from lmnb_engine.json_schema import loaded_schema
+    from lmnb_engine.params import SamplingParams
+
+    for depth in (12, 30):
+        schema = _shared_levels(depth)
+        words = (f"JSON schema is too large to compile: its regex would write its subschemas about "
+                 f"{(3 ** (depth + 1) - 1) // 2} times, above the limit of {2 ** 18} (an array writes")
+        calls = [lambda: backend.to_regex(json_schema=schema), lambda: loaded_schema(schema),
+                 lambda: json_schema_value(schema)]
+        messages = {_refusal_within(call) for call in calls}
+        if depth == 12:  # its JSON text (4096 paths, 160 kB) shares nothing: the same words
+            text = json.dumps(schema)
+            messages |= {_refusal_within(lambda: backend.to_regex(json_schema=text)),
+                         _refusal_within(lambda: loaded_schema(text))}
+        assert len(messages) == 1 and messages.pop().startswith(words)
+        params = SamplingParams(json_schema=schema)  # (the engine refuses it at submission: to_regex above)
+        assert _refusal_within(lambda: (params.validate(), backend.to_regex(json_schema=params.json_schema))).startswith(words)
+
+
 @pytest.mark.parametrize("schema, key, where", [
     ({"type": "string", "maxLength": 1001}, "maxLength=1001", "#"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 5000}}},

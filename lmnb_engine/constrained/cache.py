@@ -28,6 +28,7 @@ from lmnb_engine.constrained.regex_check import _p, check_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
+from lmnb_engine.json_schema import copies_problem
 from lmnb_engine.regex_errors import (
     classes_held,
     empty_pattern_problem,
@@ -164,6 +165,10 @@ class GrammarBackend:
         if regex is not None:
             key: tuple | None = ("regex", regex)
         elif isinstance(json_schema, dict):
+            try:  # first: json.dumps visits each path, 2**30 of a Python-built schema sharing objects
+                copies_problem(json_schema)
+            except ValueError as e:
+                raise GrammarError(str(e)) from None
             key = ("schema", json.dumps(json_schema, sort_keys=True, default=repr), whitespace_pattern)
         elif isinstance(json_schema, (str, type)):
             key = ("schema", json_schema, whitespace_pattern)

@@ -56,6 +56,7 @@ from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value, loaded_schema
 from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.schema_copies import too_many_copies
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
 _ENFORCED = {
@@ -77,10 +78,6 @@ _ANY_TYPES = ["object", "array", "string", "number", "boolean", "null"]  # every
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAX_BOUND_DIGITS = 40  # of a numeric bound (1e300 would spell 301)
-# Subschema copies outlines-core's regex of a schema may hold (``_regex_copies``). Past it, the
-# regex alone takes gigabytes: arrays nested 50 deep wrote 2**50 copies, and the process was killed
-# for its memory while building the string, before any compile limit could act.
-MAX_REGEX_COPIES = 1 << 18
 _PLACEHOLDER = "LMNBPLACEHOLDER"  # letters and digits only: appears verbatim in the regex
 _STRING_CHAR = '[^"\\\\\\x00-\\x1F\\x7F-\\x9F]'  # outlines-core's unescaped string character
 # outlines-core's unbounded number, and the same numbers up to ~1e299: read as floats (jsonschema,
@@ -698,63 +695,16 @@ def _check_whitespace(pattern: str) -> None:
                                "r'[ \\n]{0,2}'")
 
 
-def _regex_copies(node: Any, root: Any = None, memo: dict | None = None, open_refs: frozenset = frozenset()) -> int:
-    """How many subschema copies outlines-core's regex of ``node`` holds, counting ``node``: its
-    regex writes an array's ``items`` twice (the first item and the repeat), ``additionalProperties``
-    twice too, and, in an object none of whose properties is required, property i of k once for
-    each property from i on that may come first (measured on outlines-core 0.2: 300 optional
-    integers take 2 MB). So each level of nesting multiplies them. A local ``$ref`` into ``root``
-    counts its target's copies, as ``inline_refs`` will write it there (a definition that refers to
-    another twice, 20 deep, inlined to 2**20 copies), but once on a path (``open_refs``): recursion
-    is cut at ``MAX_REF_DEPTH`` levels when inlined, and counted again then. A subschema met again
-    (a shared definition, or what ``inline_refs`` shares) is counted once (``memo``, by identity),
-    in time linear in the schema's size."""
-    memo = {} if memo is None else memo
-    if not isinstance(node, dict):
-        return 1
-    if id(node) in memo:
-        return memo[id(node)]
-    ref = node.get("$ref")
-    if isinstance(ref, str):
-        doc = ref.partition("#")[0]
-        if doc and doc != (root.get("$id", "").partition("#")[0] if isinstance(root, dict) else ""):
-            return 1  # another document: inline_refs refuses it
-        target = root
-        for part in pointer_parts(ref):
-            target = child(target, part)
-        if not isinstance(target, dict) or ref in open_refs:
-            return 1
-        return _regex_copies(target, root, memo, open_refs | {ref})
-    total = 1
-    props = node.get("properties")
-    if isinstance(props, dict):
-        required = set(node.get("required") or ())
-        for i, (name, sub) in enumerate(props.items()):
-            times = 1 if name in required else 2 if required else len(props) - i
-            total += times * _regex_copies(sub, root, memo, open_refs)
-    for key in ("items", "additionalProperties"):
-        total += 2 * _regex_copies(node[key], root, memo, open_refs) if isinstance(node.get(key), dict) else 0
-    for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
-        if isinstance(node.get(key), list):
-            total += sum(_regex_copies(sub, root, memo, open_refs) for sub in node[key])
-    memo[id(node)] = total
-    return total
-
-
 def _check_regex_copies(schema: Any) -> None:
     """Refuse ``schema`` (``$ref``s inlined or not) if its regex would hold more than
-    ``MAX_REGEX_COPIES`` subschema copies (``_regex_copies``).
+    ``MAX_REGEX_COPIES`` subschema copies (``lmnb_engine.schema_copies.too_many_copies``).
 
     Raises:
         GrammarError: naming the count, the limit, why nesting multiplies it and the fix.
     """
-    copies = _regex_copies(schema, schema)
-    if copies > MAX_REGEX_COPIES:
-        raise GrammarError(f"JSON schema is too large to compile: its regex would write its subschemas about {copies} "
-                           f"times, above the limit of {MAX_REGEX_COPIES} (an array writes its items twice, so each "
-                           "level of arrays within arrays doubles them; so does additionalProperties, and an object "
-                           "with no required property writes each property once per property); nest less deeply, "
-                           "or make a property required")
+    problem = too_many_copies(schema)
+    if problem:
+        raise GrammarError(problem)
 
 
 def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
@@ -768,7 +718,7 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     Raises:
         GrammarError: unsupported keyword, format or regex feature (named, with its location), an
             empty numeric range, a structure outlines-core rejects, or one whose regex would hold
-            more than ``MAX_REGEX_COPIES`` subschema copies (``_regex_copies``), checked before the
+            more than ``MAX_REGEX_COPIES`` subschema copies (``schema_copies``), checked before the
             ``$ref``s are inlined too.
     """
     from outlines_core.json_schema import WHITESPACE, build_regex_from_schema

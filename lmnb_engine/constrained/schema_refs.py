@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.json_schema import SHOWN_CHARS, json_value
+from lmnb_engine.json_schema import _MISSING, SHOWN_CHARS, child, json_value, pointer_parts
 
 # How often one schema may be open on a path (the root counts): a list of itself holds up to this
 # many levels, as deep as outlines-core's own resolution went. Each level multiplies a tree's automaton.
@@ -47,24 +47,6 @@ class _NoValue(Exception):
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")  # a name, then a schema
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # an index, then a schema
 _SCHEMA_ITEMS = ("items", "additionalProperties")  # a schema (items: or a list)
-
-
-_MISSING = object()
-
-
-def pointer_parts(ref: str) -> list[str]:
-    """The JSON-pointer steps of a local ``$ref`` (after its ``#``), unescaped (RFC 6901 and percent)."""
-    fragment = unquote(ref.partition("#")[2])
-    return [p.replace("~1", "/").replace("~0", "~") for p in fragment.split("/")[1:]]
-
-
-def child(node: Any, part: str) -> Any:
-    """One pointer step into an object or array; ``_MISSING`` where there is nothing."""
-    if isinstance(node, dict):
-        return node.get(part, _MISSING)
-    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-        return node[int(part)]
-    return _MISSING
 
 
 def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | None = None) -> Any:

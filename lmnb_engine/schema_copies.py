@@ -1,0 +1,88 @@
+"""How many subschema copies outlines-core's regex of a JSON schema holds, and the limit on them.
+
+Torch-free, and linear in the number of distinct objects of the schema: a schema built in Python
+may hold one subschema object at many places (``s = {"items": s, "prefixItems": [s]}``, 30 deep),
+whose paths, and so the walks that visit each path (``json.dumps``, the meta-schema check), number
+2**30; each object is counted once here (a memo by identity), so such a schema is refused at once,
+with the words its JSON text would get (``json_schema.checked_schema`` asks first, the engine's
+``schema.schema_to_regex`` again on the rewritten and the inlined schema).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from lmnb_engine.json_schema import child, pointer_parts
+
+# Subschema copies outlines-core's regex of a schema may hold (``regex_copies``). Past it, the
+# regex alone takes gigabytes: arrays nested 50 deep wrote 2**50 copies, and the process was killed
+# for its memory while building the string, before any compile limit could act.
+MAX_REGEX_COPIES = 1 << 18
+
+
+def regex_copies(node: Any, root: Any = None, memo: dict | None = None, open_refs: frozenset = frozenset()) -> int:
+    """How many subschema copies outlines-core's regex of ``node`` holds, counting ``node``: its
+    regex writes an array's ``items`` twice (the first item and the repeat), ``additionalProperties``
+    twice too, and, in an object none of whose properties is required, property i of k once for
+    each property from i on that may come first (measured on outlines-core 0.2: 300 optional
+    integers take 2 MB). So each level of nesting multiplies them. A local ``$ref`` into ``root``
+    counts its target's copies, as ``inline_refs`` will write it there (a definition that refers to
+    another twice, 20 deep, inlined to 2**20 copies), but once on a path (``open_refs``): recursion
+    is cut at ``MAX_REF_DEPTH`` levels when inlined, and counted again then. A subschema met again
+    (a shared definition, an object a Python-built schema holds at several places, or what
+    ``inline_refs`` shares) is counted once (``memo``, by identity), in time linear in the number
+    of distinct objects. Lists may be tuples (a schema built in Python, not yet JSON).
+
+    Raises:
+        RecursionError: nesting deeper than Python's recursion limit (some hundreds of levels).
+    """
+    memo = {} if memo is None else memo
+    if not isinstance(node, dict):
+        return 1
+    if id(node) in memo:
+        return memo[id(node)]
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        doc = ref.partition("#")[0]
+        root_id = root.get("$id") if isinstance(root, dict) else None  # (not yet checked: may be no string)
+        if doc and doc != (root_id.partition("#")[0] if isinstance(root_id, str) else ""):
+            return 1  # another document: inline_refs refuses it
+        target = root
+        for part in pointer_parts(ref):
+            target = child(target, part)
+        if not isinstance(target, dict) or ref in open_refs:
+            return 1
+        return regex_copies(target, root, memo, open_refs | {ref})
+    total = 1
+    props = node.get("properties")
+    if isinstance(props, dict):
+        required = node.get("required")
+        required = {r for r in required if isinstance(r, str)} if isinstance(required, (list, tuple)) else set()
+        for i, (name, sub) in enumerate(props.items()):
+            times = 1 if name in required else 2 if required else len(props) - i
+            total += times * regex_copies(sub, root, memo, open_refs)
+    for key in ("items", "additionalProperties"):
+        total += 2 * regex_copies(node[key], root, memo, open_refs) if isinstance(node.get(key), dict) else 0
+    for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
+        if isinstance(node.get(key), (list, tuple)):
+            total += sum(regex_copies(sub, root, memo, open_refs) for sub in node[key])
+    memo[id(node)] = total
+    return total
+
+
+def too_many_copies(schema: Any) -> Optional[str]:
+    """Why ``schema`` (``$ref``s inlined or not) is refused, where its regex would hold more than
+    ``MAX_REGEX_COPIES`` subschema copies (``regex_copies``): the count, the limit, why nesting
+    multiplies it and the fix; else None.
+
+    Raises:
+        RecursionError: as ``regex_copies``.
+    """
+    copies = regex_copies(schema, schema)
+    if copies <= MAX_REGEX_COPIES:
+        return None
+    return (f"JSON schema is too large to compile: its regex would write its subschemas about {copies} "
+            f"times, above the limit of {MAX_REGEX_COPIES} (an array writes its items twice, so each "
+            "level of arrays within arrays doubles them; so does additionalProperties, and an object "
+            "with no required property writes each property once per property); nest less deeply, "
+            "or make a property required")
