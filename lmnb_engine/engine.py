@@ -174,8 +174,9 @@ class RequestHandle:
         """An iterator over the request's ``StreamEvent``s in order until every sample finished.
 
         Raises ``TimeoutError`` if no event arrives within ``timeout`` seconds (None, or ``math.inf``:
-        wait), and at once ``TypeError`` / ``ValueError`` for a timeout that is not a number of
-        seconds."""
+        wait; 0 or less: no wait, so the events already there, then ``TimeoutError`` unless every
+        sample finished, as ``concurrent.futures.as_completed`` does), and at once ``TypeError`` /
+        ``ValueError`` for a timeout that is not a number of seconds."""
         return self._iter_events(_check_timeout(timeout))
 
     def _iter_events(self, timeout: Optional[float]) -> Iterator[StreamEvent]:
@@ -196,8 +197,11 @@ class RequestHandle:
     def result(self, timeout: Optional[float] = None) -> Union[GenerateResult, list[GenerateResult]]:
         """Wait for the end; a ``GenerateResult``, or a list ordered by sample index when n > 1.
 
-        Raises ``TimeoutError`` after ``timeout`` seconds (None, or ``math.inf``: wait), and at once
-        ``TypeError`` / ``ValueError`` for a timeout that is not a number of seconds."""
+        Raises ``TimeoutError`` after ``timeout`` seconds (None, or ``math.inf``: wait; 0 or less:
+        no wait, so the result of a finished request, else ``TimeoutError`` at once, as
+        ``concurrent.futures.Future.result`` does: a handle is a future's peer, not a queue's, whose
+        ``get`` refuses a negative timeout with ``ValueError``), and at once ``TypeError`` /
+        ``ValueError`` for a timeout that is not a number of seconds."""
         timeout = _check_timeout(timeout)
         with self._cond:
             if not self.done:

@@ -337,6 +337,36 @@ def test_a_timeout_past_what_threading_can_wait_waits_for_the_end(engine):
     assert_idle_accounting(engine)
 
 
+def test_a_timeout_of_zero_or_less_does_not_wait_as_a_futures_does(engine):
+    """result(timeout=-1) and events(timeout=-1) do what concurrent.futures does with it (a handle
+    is a future's peer): no wait, so TimeoutError at once on a request not finished yet, and the
+    result (the events there are) of a finished one. Checked against Future and as_completed."""
+    from concurrent.futures import Future, as_completed
+
+    pending, finished = Future(), Future()
+    finished.set_result(7)
+    for timeout in (-1, -0.5, 0):
+        with pytest.raises(TimeoutError):
+            pending.result(timeout=timeout)
+        with pytest.raises(TimeoutError):
+            list(as_completed([pending], timeout=timeout))
+        assert finished.result(timeout=timeout) == 7
+        assert list(as_completed([finished], timeout=timeout)) == [finished]
+        gate = threading.Event()
+        engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: the request is not finished when waited on
+        h = engine.submit([5, 6], GREEDY.copy(max_new_tokens=2))
+        with pytest.raises(TimeoutError):
+            h.result(timeout=timeout)
+        with pytest.raises(TimeoutError):
+            next(h.events(timeout=timeout))
+        gate.set()
+        result = h.result()
+        assert len(result.token_ids) == 2
+        assert h.result(timeout=timeout) is result
+        assert [t for ev in h.events(timeout=timeout) for t in ev.token_ids] == result.token_ids
+    assert_idle_accounting(engine)
+
+
 def test_a_list_of_prompts_where_one_prompt_is_taken_is_named_as_such(engine):
     """submit(["the cat", "a dog"]) (or stream, score, pin_prefix) said "a prompt is a string or a
     list of token ids (ints); item 0 is 'the cat'", as if the first prompt were a bad token id."""
