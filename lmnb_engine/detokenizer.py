@@ -266,7 +266,7 @@ class StopRegexes:
         # and shown; an end-sensitive pattern is searched with those assertions relaxed
         self.partial = []
         for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
-            relaxed = _relaxed(p) if sensitive else p
+            relaxed = _relaxed(p) if sensitive and _END_ASSERTION.search(p) else p
             try:
                 self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
             except regex.error:  # a form of the pattern not read right: hold back, never show a stop
@@ -292,7 +292,12 @@ class StopRegexes:
 # on "Wha" but not on "What"), a word boundary (the text's end is one), a negative lookahead (it
 # sees nothing past the end). Found in the pattern's text, erring towards yes (an escaped "\\$"
 # too): a yes only costs a search per new character instead of one per token.
-_END_SENSITIVE = re.compile(r"\$|\\[bBZzmM]|\(\?!")
+_END_SENSITIVE = re.compile(r"\$|\\[bBZzmM]|\(\?!|\(\?\(\?")
+# ... of which the end assertions and negative lookaheads, which _relaxed rewrites for safe_len's
+# partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in "xy") is
+# end-sensitive too, for find, but not rewritten (_relaxed cannot read a conditional): the partial
+# search keeps a start there as a whole or partial match, which find or safe_len then hold
+_END_ASSERTION = re.compile(r"\$|\\[bBZzmM]|\(\?!")
 
 
 # The relaxed form of each assertion whose value at a position may change once text comes after

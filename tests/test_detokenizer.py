@@ -849,6 +849,21 @@ def test_a_stop_regex_whose_end_assertion_fails_only_because_the_text_ends_is_he
         assert hit is None or all(len(s) <= hit[0] for s in shown), (regexes, pieces, shown)
 
 
+def test_a_stop_regex_whose_lookaround_condition_undoes_its_match_once_text_comes_is_met_where_it_holds():
+    # Worked by hand: r"x(?(?=y)q|)" matches "x" in the text "x" (the lookahead fails at the end,
+    # the empty "no" branch matches) but nowhere in "xy". A check after each character meets it;
+    # one token "xy" found nothing, as the pattern was not read as end-sensitive: the stop
+    # depended on the tokenization. Same with a negative condition, and after a longer prefix
+    for regex_, text in [(r"x(?(?=y)q|)", "xy"), (r"x(?(?!y)|q)", "xy"), (r"ab(?(?=c)d|)", "zabc"),
+                         (r"b(?(?<=ab)(?(?=c)q|)|w)", "abc")]:
+        hit = first_regex_stop_by_definition([regex_], text)
+        assert hit is not None
+        for pieces in (list(text), [text], [text[:-1], text[-1]]):
+            _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
+            assert got == hit, (regex_, pieces)
+            assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)
+
+
 # Stop regexes that lmnb_engine.stop_automaton reads (no anchor, lookaround, backreference):
 # lazy and greedy repeats, bounded ones, alternation, classes, negated sets, flags, Unicode
 AUTOMATON_PATTERNS = [r"BEGIN[\s\S]*?END", r"B[\s\S]*E", r"ab*c|b", r"a[ab]*c|ba", r"\d+\.", r"a+b|a",
