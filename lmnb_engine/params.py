@@ -164,7 +164,8 @@ class SamplingParams:
             for a match is skipped while the pattern with its assertions left out, read by an
             automaton where it can be, matches nowhere in the text), each search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
             that backtracks catastrophically runs past that, and its request is aborted with a
-            message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns.
+            message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns; ``\\G`` (where a search
+            starts, which is where a match may still begin here) is refused: ``\\A`` is the output's start.
         ignore_eos: keep generating past EOS (the model's EOS ids only: explicit ``stop_token_ids`` and
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.
@@ -373,6 +374,12 @@ def stop_regex_problem(value: Any) -> str | None:
         problem = stop_posix_problem(pattern)
         if problem:
             return problem
+        # (each escape read with its backslash, so "\\G" is a backslash and a G; \G in a set is
+        # an error the compile above reported)
+        if any(m.group(1) == "G" for m in re.finditer(r"\\(.)", pattern, re.DOTALL)):
+            return (f"{shown_regex(pattern)} holds \\G, which matches where a search starts: the output is searched "
+                    "from where a stop may still begin, at every start, so it would match there, not at the output's "
+                    "start; use \\A for the output's start")
         if compiled.search("") is not None:
             return (f"{shown_regex(pattern)} matches the empty string, so it would stop before the first token; "
                     "make it match at least one character")

@@ -760,6 +760,21 @@ def test_an_empty_stop_string_is_refused_by_the_engine_and_the_language():
     assert sgl.gen("x", stop=" ") is not None
 
 
+def test_a_stop_regex_with_the_search_start_anchor_is_refused_naming_it():
+    # \G matches where a search starts; the stop matcher searches from where a match may still
+    # begin (and tries every start), so "\Ga" on tokens "b", "a" stopped at "a" (and "\Gb|x\Ga"
+    # on "xb" at "b"), though a search of the whole text finds no match: refused, with the fix
+    from lmnb_engine import SamplingParams
+    from lmnb_engine.params import stop_regex_problem
+
+    for pattern in [r"\Ga", r"\Gb|x\Ga", r"(?:\\\Ga)"]:
+        with pytest.raises(ValueError) as e:
+            SamplingParams(stop_regex=["ok", pattern]).validate()
+        assert r"\G" in str(e.value) and r"use \A" in str(e.value), pattern
+    # an escaped backslash before G is the two characters, not the anchor
+    assert stop_regex_problem(r"\\G") is None and stop_regex_problem(r"[\\]G") is None
+
+
 def test_stop_regexes_beyond_their_bound_are_refused_with_their_count():
     from lmnb_engine import SamplingParams
     from lmnb_engine.params import stop_regex_problem
