@@ -879,6 +879,21 @@ def test_a_stop_regex_whose_lookaround_condition_undoes_its_match_once_text_come
             assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)
 
 
+def test_a_stop_regex_whose_atomic_group_takes_more_once_text_comes_is_met_where_it_holds():
+    # Worked by hand: r"[ab](?>a*)(?<=b)" matches "b" in the text "b" (the atomic group takes
+    # nothing, the lookbehind sees "b") but nowhere in "ba": the atomic group takes the "a" and
+    # gives nothing back, so the lookbehind fails. A check after each character meets it; one
+    # token "ba" found nothing. A possessive repeat reads so too
+    for regex_, text in [(r"[ab](?>a*)(?<=b)", "ba"), (r"\wa*+(?<!a)", "ba"), (r"[ab](?>a*)(?=(?<!a))", "x ba"),
+                         (r"b(?>a?)(?<!a)x?", "bax")]:
+        hit = first_regex_stop_by_definition([regex_], text)
+        assert hit is not None
+        for pieces in (list(text), [text], [text[:-1], text[-1]]):
+            _, got, shown = stream(StopStringMatcher([], [regex_]), pieces)
+            assert got == hit, (regex_, pieces)
+            assert all(len(s) <= hit[0] for s in shown), (regex_, pieces, shown)
+
+
 # Stop regexes that lmnb_engine.stop_automaton reads (no anchor, lookaround, backreference):
 # lazy and greedy repeats, bounded ones, alternation, classes, negated sets, flags, Unicode
 AUTOMATON_PATTERNS = [r"BEGIN[\s\S]*?END", r"B[\s\S]*E", r"ab*c|b", r"a[ab]*c|ba", r"\d+\.", r"a+b|a",
