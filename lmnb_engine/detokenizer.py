@@ -267,6 +267,8 @@ class StopRegexes:
         self.partial = []
         for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
             relaxed = _relaxed(p) if sensitive and _END_ASSERTION.search(p) else p
+            if _LATE_LOOKBEHIND.search(_GLOBAL_FLAGS.sub("", p, count=1)):
+                relaxed = None  # (nothing past the floor shown: where the window or an automaton leaves it)
             try:
                 self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
             except regex.error:  # a form of the pattern not read right: hold back, never show a stop
@@ -300,6 +302,15 @@ _END_SENSITIVE = re.compile(r"\$|\\[bBZzmM]|\(\?!|\(\?\(\?|\(\?>|[*+?}]\+")
 # atomic group and a possessive repeat are end-sensitive too, for find, but not rewritten (_relaxed
 # cannot read a conditional): the partial search keeps a start there as a whole or partial match
 _END_ASSERTION = re.compile(r"\$|\\[bBZzmM]|\(\?!")
+
+
+# A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
+# regex package's partial search may drop a start that more text still completes past a repeat
+# before it ("a.*?(?<!a)" on "aa": partial at 1, not 0, though "aab" matches from 0), and safe_len
+# showed a stop's text. Such a pattern's partial search is not used (found in the pattern's text,
+# erring towards yes: an escaped "\\(?<=" too); a lookbehind first reads only text that is there
+_LATE_LOOKBEHIND = re.compile(r"(?<!^)\(\?<[=!]")
+_GLOBAL_FLAGS = re.compile(r"^(?:\(\?[a-zA-Z]+\))+")
 
 
 # The relaxed form of each assertion whose value at a position may change once text comes after
