@@ -292,14 +292,15 @@ class StopRegexes:
 
 # What lets a regex match where its text ends and not once more text comes: an end anchor ("a$"
 # on "Wha" but not on "What"), a word boundary (the text's end is one), a negative lookahead (it
-# sees nothing past the end), an atomic group or possessive repeat (it takes what more text adds
-# and gives nothing back: "[ab](?>a*)(?<=b)" matches "b" in "b", not in "ba"). Found in the
-# pattern's text, erring towards yes (an escaped "\\$", "\\++" too): a yes only costs a search per
-# new character instead of one per token.
-_END_SENSITIVE = re.compile(r"\$|\\[bBZzmM]|\(\?!|\(\?\(\?|\(\?>|[*+?}]\+")
+# sees nothing past the end), an atomic group or possessive repeat, or a grapheme cluster \X or
+# line break \R, atomic too (it takes what more text adds and gives nothing back:
+# "[ab](?>a*)(?<=b)" matches "b" in "b", not in "ba"; "\R(?<=\r)" "\r" in "\r", not in "\r\n").
+# Found in the pattern's text, erring towards yes (an escaped "\\$", "\\++" too): a yes only costs
+# a search per new character instead of one per token.
+_END_SENSITIVE = re.compile(r"\$|\\[bBZzmMXR]|\(\?!|\(\?\(\?|\(\?>|[*+?}]\+")
 # ... of which the end assertions and negative lookaheads, which _relaxed rewrites for safe_len's
 # partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in "xy"), an
-# atomic group and a possessive repeat are end-sensitive too, for find, but not rewritten (_relaxed
+# atomic group, a possessive repeat, \X and \R are end-sensitive too, for find, but not rewritten (_relaxed
 # cannot read a conditional): the partial search keeps a start there as a whole or partial match
 _END_ASSERTION = re.compile(r"\$|\\[bBZzmM]|\(\?!")
 
