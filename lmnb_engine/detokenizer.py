@@ -292,16 +292,16 @@ class StopRegexes:
 
 # What lets a regex match where its text ends and not once more text comes: an end anchor ("a$"
 # on "Wha" but not on "What"), a word boundary (the text's end is one), a negative lookahead (it
-# sees nothing past the end), an atomic group or possessive repeat, or a grapheme cluster \X or
-# line break \R, atomic too (it takes what more text adds and gives nothing back:
-# "[ab](?>a*)(?<=b)" matches "b" in "b", not in "ba"; "\R(?<=\r)" "\r" in "\r", not in "\r\n").
-# Found in the pattern's text, erring towards yes (an escaped "\\$", "\\++" too): a yes only costs
-# a search per new character instead of one per token.
-_END_SENSITIVE = re.compile(r"\$|\\[bBZzmMXR]|\(\?!|\(\?\(\?|\(\?>|[*+?}]\+")
+# sees nothing past the end), and what takes what more text adds and gives nothing back: an atomic
+# group or possessive repeat, a grapheme cluster \X or line break \R (atomic too), a backtracking
+# verb such as "(*PRUNE)" ("[ab](?>a*)(?<=b)" matches "b" in "b", not in "ba"; "\R(?<=\r)" "\r" in
+# "\r", not in "\r\n"). Found in the pattern's text, erring towards yes (an escaped "\\$", "\\++"
+# too): a yes only costs a search per new character instead of one per token.
+_END_SENSITIVE = re.compile(r"\$|\\[bBZzmMXR]|\(\?!|\(\?\(\?|\(\?>|[*+?}]\+|\(\*")
 # ... of which the end assertions and negative lookaheads, which _relaxed rewrites for safe_len's
-# partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in "xy"), an
-# atomic group, a possessive repeat, \X and \R are end-sensitive too, for find, but not rewritten (_relaxed
-# cannot read a conditional): the partial search keeps a start there as a whole or partial match
+# partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in "xy") and
+# what gives nothing back are end-sensitive too, for find, but not rewritten (_relaxed cannot read
+# a conditional): the partial search keeps a start there as a whole or partial match
 _END_ASSERTION = re.compile(r"\$|\\[bBZzmM]|\(\?!")
 
 

@@ -884,10 +884,11 @@ def test_a_stop_regex_whose_atomic_group_takes_more_once_text_comes_is_met_where
     # nothing, the lookbehind sees "b") but nowhere in "ba": the atomic group takes the "a" and
     # gives nothing back, so the lookbehind fails. A check after each character meets it; one
     # token "ba" found nothing. A possessive repeat reads so too
-    # ... and so do a grapheme cluster \X and a line break \R ("\r\n" whole, once the "\n" comes)
+    # ... and so do a grapheme cluster \X, a line break \R ("\r\n" whole, once the "\n" comes) and
+    # the backtracking verbs (*PRUNE) and (*SKIP) (no going back past them)
     for regex_, text in [(r"[ab](?>a*)(?<=b)", "ba"), (r"\wa*+(?<!a)", "ba"), (r"[ab](?>a*)(?=(?<!a))", "x ba"),
                          (r"b(?>a?)(?<!a)x?", "bax"), (r"\X(?<=e)", "e\u0301"), (r"\R(?<=\r)", "\r\n"),
-                         (r"a\X(?<!\u0301)", "ae\u0301")]:
+                         (r"a\X(?<!\u0301)", "ae\u0301"), (r"[ab]a*(*PRUNE)(?<=b)", "ba"), (r"[ab]a*(*SKIP)(?<=b)", "ba")]:
         hit = first_regex_stop_by_definition([regex_], text)
         assert hit is not None
         for pieces in (list(text), [text], [text[:-1], text[-1]]):
