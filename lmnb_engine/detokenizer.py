@@ -416,13 +416,24 @@ def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endp
     checked (the first ``min_new_tokens``), ``longest`` (``rx`` with POSIX leftmost-longest
     matching) says whether one ending after it starts there too: a match straddling ``new_from``
     is new, as a stop string that does ("bc" of ``ab|bc`` on "xab" then "c"; "abc" of
-    ``ab|abc`` on "ab" then "c"), where the search passed over it."""
+    ``ab|abc`` on "ab" then "c"), where the search passed over it, and so is one that the text up
+    to ``new_from`` did not hold (``_longer_than_before``)."""
     for m in rx.finditer(text, floor, endpos, overlapped=True, timeout=REGEX_TIMEOUT_S):
         if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None:
             return m
-        if (m := longest.match(text, m.start(), endpos, timeout=REGEX_TIMEOUT_S)) is not None and m.end() > new_from:
+        if (m := longest.match(text, m.start(), endpos, timeout=REGEX_TIMEOUT_S)) is not None and (
+                m.end() > new_from or _longer_than_before(longest, text, m, new_from)):
             return m
     return None
+
+
+def _longer_than_before(longest: Any, text: str, m: Any, new_from: int) -> bool:
+    """Whether ``m``, a leftmost-longest match of ``longest`` ending by ``new_from``, was no match
+    in ``text[:new_from]``: the longest one from its start there ended before it (an assertion
+    read past its end: r"a.*?\\B" after "ab" not checked, then "c", where "ab" from 0 is one only
+    once "c" comes). Such a match is new, as a check after each character meets it."""
+    before = longest.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S)
+    return before is None or before.end() < m.end()
 
 
 def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) -> tuple[int, bool]:

@@ -915,6 +915,20 @@ def test_a_stop_regex_with_a_lookbehind_after_a_repeat_holds_back_where_a_match_
     assert feed_unchecked(StopStringMatcher([], [r"[ab].*?(?<!a)"]), ["b", "a", "a", "x"], 3) == ((0, "baax"), 0)
 
 
+def test_a_longer_stop_regex_match_that_a_later_character_makes_is_a_stop_whatever_the_tokens():
+    # Worked by hand, min_new_tokens=2 (the text "ab" not checked): r"a.*?\B" matches "a" there and
+    # "ab" from 0 only once "c" comes (\B before "c"), which a check after each character meets
+    # as a match the text not checked did not hold (as "x" of r"x(?=y)" once "y" comes): a stop.
+    # Tokens "c", "d" found no stop at all (and r"a[bc]*?\B" showed "abc d"), one token "cd"
+    # stopped at "abc": the longest match from 0 was taken as new only where it ended after the
+    # text already checked
+    for pattern, pieces, want in [(r"a.*?\B", ["ab", "c", "d"], (0, "ab")), (r"a.*?\B", ["ab", "cd"], (0, "ab")),
+                                  (r"a[bc]*?\B", ["ab", "c", " d"], (0, "ab")),
+                                  (r"a.*?\B", ["a", "b", "cd"], (0, "a"))]:  # ("a" made a match by "b")
+        hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, 2)
+        assert hit == want and shown == 0, (pattern, pieces)
+
+
 # Stop regexes that lmnb_engine.stop_automaton reads (no anchor, lookaround, backreference):
 # lazy and greedy repeats, bounded ones, alternation, classes, negated sets, flags, Unicode
 AUTOMATON_PATTERNS = [r"BEGIN[\s\S]*?END", r"B[\s\S]*E", r"ab*c|b", r"a[ab]*c|ba", r"\d+\.", r"a+b|a",
