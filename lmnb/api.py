@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import operator
 import sys
 import threading
@@ -17,6 +16,7 @@ from lmnb.choices import (
     ChoicesSamplingMethod,
     choice_list,
     choices_method_problem,
+    select_temperature_problem,
     repeated_choices_problem,
     token_length_normalized,
 )
@@ -597,7 +597,7 @@ def gen(
                              "would do nothing; drop them (it takes name, temperature and choices_method; "
                              "run(seed=...) makes a sampled pick reproducible)")
         return _select("gen(..., choices=...)", name, choices, 0.0 if temperature is None else temperature,
-                       choices_method or token_length_normalized)
+                       token_length_normalized if choices_method is None else choices_method)
     check_regex(regex)
     check_stop_regex(stop_regex)
     if dtype is not None:
@@ -703,11 +703,9 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
     repeated = repeated_choices_problem(choices)
     if repeated:
         raise ValueError(f"{caller} {repeated}")
-    # (NaN compared as not > 0 and picked greedily; True sampled at temperature 1)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-            0 <= temperature < math.inf):
-        raise ValueError(f"{caller} temperature must be a finite number >= 0 (0 picks the likeliest), "
-                         f"got {temperature!r}")
+    problem = select_temperature_problem(temperature)
+    if problem:
+        raise ValueError(f"{caller} {problem}")
     problem = choices_method_problem(choices_method)
     if problem:
         raise TypeError(problem)

@@ -34,15 +34,36 @@ def choice_list(choices: Any, source: str = "choices") -> Any:
             the message names both spellings, with ``choices`` written ``source`` (a cell's
             expression).
     """
-    if isinstance(choices, collections.abc.Mapping):
-        raise TypeError(f"choices is a {type(choices).__name__}, whose keys or values may be meant; pass "
-                        f"list({source}) for its keys or list({source}.values()) for its values")
+    problem = mapping_choices_problem(choices, source)
+    if problem:
+        raise TypeError(problem)
     choices = _python_value(choices)  # (numpy scalars and arrays as Python values)
     if isinstance(choices, (set, frozenset)):
         choices = sorted(choices, key=str)
     if isinstance(choices, collections.abc.Iterable) and not isinstance(choices, (str, bytes, list, tuple)):
         choices = _python_value(list(choices))
     return choices
+
+
+def mapping_choices_problem(choices: Any, source: str = "choices") -> Optional[str]:
+    """Why ``choices`` cannot be a ``select``'s when it is a mapping (a dict), naming both spellings
+    of what may be meant with ``choices`` written ``source`` (a cell's expression), or None for any
+    other value. ``choice_list`` (a value) and a ``%%lm`` cell's parser (a literal dict) ask it."""
+    if not isinstance(choices, collections.abc.Mapping):
+        return None
+    return (f"choices is a {type(choices).__name__}, whose keys or values may be meant; pass "
+            f"list({source}) for its keys or list({source}.values()) for its values")
+
+
+def select_temperature_problem(temperature: Any) -> Optional[str]:
+    """Why ``temperature`` cannot be a ``select``'s (a Python value; numpy scalars read first), or
+    None: a finite number >= 0, 0 taking the likeliest choice. NaN compared as not > 0 and was
+    picked greedily, and True sampled at temperature 1, so both are refused. ``select()``,
+    ``gen(choices=...)`` and a ``%%lm`` cell's parser (of a literal on ``{select}``) ask it."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+            0 <= temperature < math.inf):
+        return f"temperature must be a finite number >= 0 (0 picks the likeliest), got {temperature!r}"
+    return None
 
 
 def repeated_choices_problem(choices: Sequence[str]) -> Optional[str]:

@@ -2779,6 +2779,15 @@ def test_gen_with_choices_refuses_the_options_a_pick_cannot_use_naming_them():
     assert pick.temperature == 0.5 and pick.choices_method is sgl.greedy_token_selection
 
 
+def test_gen_with_choices_refuses_a_falsy_choices_method_and_takes_none_as_the_default():
+    """gen(choices=..., choices_method=0) (or "") ran with the default method without a word, where
+    select() refuses any value that is no ChoicesSamplingMethod."""
+    for bad in (0, "", False):
+        with pytest.raises(TypeError, match=f"^choices_method must be one of .*got {re.escape(repr(bad))}$"):
+            sgl.gen("x", choices=["a", "b"], choices_method=bad)
+    assert sgl.gen("x", choices=["a", "b"], choices_method=None).choices_method is sgl.token_length_normalized
+
+
 def test_top_logprobs_num_that_no_backend_takes_is_refused_where_it_is_given():
     """gen(top_logprobs_num=-1) was refused only by the backend when the gen ran (and OpenAI's
     backend sent it on); a count above the engine's 20 is still the backend's to refuse, since

@@ -510,6 +510,12 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{gen x dtype="complex"}', 2, 14, "gen(dtype='complex') is not supported; use int, float, bool or str"),
         ('{select x choices=["a", "b"] choices_method="x"}', 2, 45, "choices_method must be one of "
                                                                    "lmnb.token_length_normalized"),
+        # a literal dict got "choices must be a non-empty list of strings", one in a variable the dict's words
+        ('{select x choices={"a": 1}}', 2, 19, 'choices is a dict, whose keys or values may be meant; pass '
+                                               'list({"a": 1}) for its keys or list({"a": 1}.values()) for its values'),
+        # select's words, as lmnb.select refuses it; the cell gave gen's ("0 is greedy")
+        ('{select x choices=["a", "b"] temperature=-1}', 2, 42, "temperature must be a finite number >= 0 "
+                                                               "(0 picks the likeliest), got -1"),
         ("{gen x min_tokens=5 max_tokens=2}", 2, 19, "min_tokens=5 must not exceed max_tokens=2"),
         ("{gen x max_tokens=2, min_tokens=5}", 2, 33, "min_tokens=5 must not exceed max_tokens=2"),
         ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),

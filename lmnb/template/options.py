@@ -169,8 +169,9 @@ def allowed(primitive: str) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.name != "name" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def check_literal(primitive: str, key: str, value) -> str | None:
-    """A message if a literal option value is certainly wrong, else None."""
+def check_literal(primitive: str, key: str, value, source: str = "choices") -> str | None:
+    """A message if a literal option value is certainly wrong, else None. ``source`` is the value's
+    text in the cell, for the fix a dict of choices is told."""
     if key == "regex":  # (None, gen()'s default, is no constraint)
         from lmnb_engine.regex_errors import regex_problem  # gen()'s words, and the engine's (no torch)
 
@@ -185,14 +186,21 @@ def check_literal(primitive: str, key: str, value) -> str | None:
         except ValueError as e:
             return str(e)
     elif key == "choices":
+        from lmnb.choices import mapping_choices_problem, repeated_choices_problem
+
+        mapping = mapping_choices_problem(value, source)  # (the words a dict held in a variable gets)
+        if mapping:
+            return mapping
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
             return "choices must be a non-empty list of strings"
         empty = next((i for i, c in enumerate(value, start=1) if not c), None)
         if empty is not None:  # (lmnb.select refuses it too, but once the cell runs, pointing at the hole)
             return f"choices must be non-empty strings: choice {empty} of {len(value)} is ''"
-        from lmnb.choices import repeated_choices_problem
-
         return repeated_choices_problem(value)
+    elif key == "temperature" and primitive == "select":  # select()'s own check and words, not gen()'s
+        from lmnb.choices import select_temperature_problem
+
+        return select_temperature_problem(value)
     elif key in RANGED_OPTIONS:  # gen()'s own check, which refuses the same value where gen() is called
         return option_problem(key, value)
     elif key == "dtype" and value is not None:  # (a literal: a string; int, a name, is no literal)

@@ -430,7 +430,7 @@ class _Parser:
             value = ast.literal_eval(expr.tree.body)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return  # not a literal: checked by lmnb when the program runs
-        problem = opts.check_literal(kind, key, value)
+        problem = opts.check_literal(kind, key, value, expr.source.strip())
         if problem:
             raise self.error(problem, expr.offset)
 
