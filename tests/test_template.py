@@ -516,6 +516,9 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         # select's words, as lmnb.select refuses it; the cell gave gen's ("0 is greedy")
         ('{select x choices=["a", "b"] temperature=-1}', 2, 42, "temperature must be a finite number >= 0 "
                                                                "(0 picks the likeliest), got -1"),
+        # (None, gen()'s "inherit", is no select temperature: it passed the parse and failed as the cell ran)
+        ('{select x choices=["a", "b"] temperature=None}', 2, 42, "temperature must be a finite number >= 0 "
+                                                                 "(0 picks the likeliest), got None"),
         ("{gen x min_tokens=5 max_tokens=2}", 2, 19, "min_tokens=5 must not exceed max_tokens=2"),
         ("{gen x max_tokens=2, min_tokens=5}", 2, 33, "min_tokens=5 must not exceed max_tokens=2"),
         ("{gen x max_tokens=4 # four}", 2, 21, "a comment (#) cannot go inside {...}"),
