@@ -408,17 +408,20 @@ def _literal_reading(pattern: str, at: int) -> str:
 
 def stop_posix_problem(pattern: str) -> str | None:
     """Why the ``stop_regex`` ``pattern`` is refused for a POSIX class in a character class
-    (``[[:alpha:]]``, ``[a[:alpha:]]``), or None: the stop matcher (the ``regex`` package) reads it
-    as a class of Unicode characters, Python's ``re`` as literal characters (where it opens the
-    class, ``regex=`` refuses it as ambiguous: ``ambiguous_class``). The message names the class and
-    offers the pattern as the stop matcher reads it with each POSIX class as its ASCII characters
-    (``_stop_posix_reading``), then the literal reading. A POSIX class is found where an item of a
-    class, as Python's parser delimits them (``_class_items``), opens one."""
+    (``[[:alpha:]]``, ``[a[:alpha:]]``), or another property class the stop matcher reads in that
+    form (``[[:Script=Greek:]]``, ``[[:^Greek:]]``: ``_V0_PROPERTY_CLASS``), or None: the stop
+    matcher (the ``regex`` package) reads it as a class of Unicode characters, Python's ``re`` as
+    literal characters (where it opens the class, ``regex=`` refuses it as ambiguous:
+    ``ambiguous_class``). The message names the first such class and offers the pattern as the stop
+    matcher reads it with each POSIX class as its ASCII characters (``_stop_posix_reading``; none
+    for another property), then the literal reading, every such class's "[" escaped
+    (``_stop_literal_reading``). A class is found where an item of a character class, as Python's
+    parser delimits them (``_class_items``), opens one."""
     posix = _first_posix(pattern)
     if posix is None:
         return None
     i = posix.start()
-    literal = shown_regex(pattern[:i] + "\\" + pattern[i:])
+    literal = shown_regex(_stop_literal_reading(pattern))
     fix = _stop_posix_reading(pattern)
     offer = ""
     if fix:
@@ -426,16 +429,29 @@ def stop_posix_problem(pattern: str) -> str | None:
         told = (f" (the stop matcher has no set operations: it reads {', '.join(map(shown_regex, operators))} in a "
                 "class as characters)") if operators else ""
         offer = f"write {shown_regex(fix[0])} for its ASCII characters{told}, or "
-    return (f"{shown_regex(pattern)} holds the POSIX class {posix.group()} at position {i}, which the stop "
+    kind = "POSIX class" if posix.group(1).lstrip("^") in _POSIX else "property class"
+    return (f"{shown_regex(pattern)} holds the {kind} {posix.group()} at position {i}, which the stop "
             "matcher (the regex package) reads as a class of Unicode characters, and Python's re as literal "
             f"characters; {offer or 'write '}{literal} to mean the characters")
 
 
+def _stop_literal_reading(pattern: str) -> str:
+    """``pattern`` with the "[" of each class the stop matcher reads as a POSIX or property class
+    (``_first_posix``) escaped, as Python's ``re`` reads them all: one escape at a time, since the
+    stop matcher's classes end where Python's do only up to its first such class
+    (``[[:alpha:][:digit:]]``: Python's first class ends at the first "]"). Each escape takes one
+    class away, so the loop ends."""
+    while (posix := _first_posix(pattern)) is not None:
+        pattern = pattern[:posix.start()] + "\\" + pattern[posix.start():]
+    return pattern
+
+
 def _first_posix(pattern: str) -> re.Match | None:
-    """The first POSIX class (``[:alpha:]``) that opens an item of a character class of ``pattern``,
-    as Python's parser delimits a class's items (``_class_items``), or None."""
+    """The first POSIX or property class (``[:alpha:]``, ``[:Script=Greek:]``:
+    ``_V0_PROPERTY_CLASS``) that opens an item of a character class of ``pattern``, as Python's
+    parser delimits a class's items (``_class_items``), or None."""
     for items in _class_items(pattern):
-        posix = next((m for start, _ in items if (m := _POSIX_CLASS.match(pattern, start))), None)
+        posix = next((m for start, _ in items if (m := _V0_PROPERTY_CLASS.match(pattern, start))), None)
         if posix:
             return posix
     return None
@@ -507,7 +523,7 @@ def _v0_classes(pattern: str) -> Iterator[tuple[int, int, list[re.Match]]]:
             first = True
             while i < n and (first or pattern[i] != "]"):
                 first = False
-                m = _POSIX_CLASS.match(pattern, i)
+                m = _V0_PROPERTY_CLASS.match(pattern, i)
                 if m:
                     posix.append(m)
                     i = m.end()
@@ -649,6 +665,14 @@ def _spelled(code: int) -> str:
 
 
 _POSIX_CLASS = re.compile(r"\[:(\^?\w+):\]")
+
+# A class in a class that the regex package (the stop matcher) reads as a property, as its parser
+# (parse_posix_class) reads one: "[:", an optional "^", a name of ASCII letters, digits and
+# " &_-.", optionally ":" or "=" and a value of those and "/" (not only spaces, else no value is
+# read and the name must be followed by ":]"), then ":]" (``[:alpha:]``, ``[:^Greek:]``,
+# ``[:Script=Greek:]``, ``[:sc:Greek:]``, ``[:nv=1/2:]``); a name it knows no property by is an
+# error, not literal characters
+_V0_PROPERTY_CLASS = re.compile(r"\[:(\^?[A-Za-z0-9 &_.-]*(?:[:=][A-Za-z0-9 &_./-]*[A-Za-z0-9&_./-][A-Za-z0-9 &_./-]*)?):\]")
 
 
 def _in_a_class(pattern: str, at: int) -> bool:

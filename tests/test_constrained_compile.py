@@ -3088,3 +3088,58 @@ def test_a_class_written_out_as_its_characters_keeps_case_insensitive_exclusions
     # "a" is named), and the library's (?i) then let "a" back in, where Python's (?i)[^\Wa] leaves
     # out both. Every text is matched by the automaton exactly when Python's re matches it.
     _assert_automaton_matches_as_python(pattern, "aAbBxéÉ1_ %", 2)
+
+
+@pytest.mark.parametrize("pattern, literal", [
+    ("[[:alpha:]][[:digit:]]", r"[\[:alpha:]][\[:digit:]]"),
+    ("x[[:^digit:]]y[a[:alpha:]]+", r"x[\[:^digit:]]y[a\[:alpha:]]+"),
+    # (the regex package's first class runs to the second "]": one class of two POSIX classes, as Python's
+    # first class, with the first "[" escaped, runs to the first "]", so one escape is all)
+    ("[[:alpha:][:digit:]]", r"[\[:alpha:][:digit:]]"),
+    ("[[:alpha:]]|[[:Script=Greek:]]", r"[\[:alpha:]]|[\[:Script=Greek:]]"),
+])
+def test_every_reading_offered_for_a_stop_regex_posix_class_is_taken(pattern, literal):
+    # the literal reading escaped only the first POSIX class: "[\\[:alpha:]][[:digit:]]", which gen() refused
+    # for its second; each "[" the stop matcher reads as opening one is escaped, as Python's re reads them all
+    import lmnb
+    from lmnb_engine.params import stop_regex_problem
+
+    said = stop_regex_problem(pattern)
+    offers = [json.loads(text) for text in re.findall(r'"(?:[^"\\]|\\.)*"', said)[1:]]  # (after the pattern itself)
+    assert offers[-1] == literal, said
+    assert all(lmnb.gen("x", stop_regex=offer).params.stop_regex == offer for offer in offers), offers
+    try:
+        from re import _parser
+    except ImportError:  # (Python 3.10)
+        import sre_parse as _parser
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (re's "Possible nested set")
+        assert str(_parser.parse(literal)) == str(_parser.parse(pattern))  # (Python's re reads the two alike)
+
+
+@pytest.mark.parametrize("pattern, at, literal, greek", [
+    ("[[:Script=Greek:]]", 1, r"[\[:Script=Greek:]]", "α"),
+    ("x[a[:^Script=Greek:]]", 3, r"x[a\[:^Script=Greek:]]", "xé"),  # (a, or not Greek)
+    ("[[:sc:Greek:]]+", 1, r"[\[:sc:Greek:]]+", "αβ"),
+    ("[[:Script = Greek:]]", 1, r"[\[:Script = Greek:]]", "α"),
+])
+def test_a_stop_regex_property_class_in_posix_form_is_refused(pattern, at, literal, greek):
+    # stop_regex="[[:Script=Greek:]]" was taken with no word: the stop matcher (the regex package) reads a
+    # property there, Greek letters, and Python's re (an SGLang server's stop matcher) the literal characters
+    import lmnb
+    from lmnb_engine.params import stop_regex_problem
+
+    name = pattern[at:pattern.index(":]", at) + 2]
+    assert stop_regex_problem(pattern) == (
+        f"{json.dumps(pattern)} holds the property class {name} at position {at}, which the stop matcher (the regex "
+        "package) reads as a class of Unicode characters, and Python's re as literal characters; write "
+        f"{json.dumps(literal)} to mean the characters")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        assert regex_module.search(pattern, greek) and not re.search(pattern, greek)  # (the two readings named)
+        assert regex_module.search(literal, greek) is None  # (the literal reading is read alike)
+    assert lmnb.gen("x", stop_regex=literal).params.stop_regex == literal
+    # a "[:...:]" that the regex package reads as literal characters too, as Python's re does, is taken
+    for alike in ("[[:Script=:]]", "[[:é:]]"):
+        assert regex_module.fullmatch(alike, "[]") and lmnb.gen("x", stop_regex=alike).params.stop_regex == alike
