@@ -352,10 +352,10 @@ def stop_regex_problem(value: Any) -> str | None:
     A pattern must compile in the ``regex`` package (whose partial matching holds streamed text
     back; its error is told in Python's ``re``'s words and place where ``re`` refuses the pattern
     too, as a ``regex`` constraint's is: ``regex_errors.python_error``) and must not match the
-    empty string, which would stop before the first token, nor hold a POSIX class
+    empty string, which would stop before the first token, nor hold ``\\G``, nor a POSIX class
     (``[[:alpha:]]``: ``regex_errors.stop_posix_problem``), which that package and Python's ``re``
-    read two ways. The
-    language's ``gen(stop_regex=...)`` and the cell parser ask the same question before anything runs.
+    read two ways. The language's ``gen(stop_regex=...)`` and the cell parser ask the same question
+    before anything runs.
     """
     if value is None:
         return None
@@ -374,9 +374,6 @@ def stop_regex_problem(value: Any) -> str | None:
             compiled = regex.compile(pattern)
         except regex.error as e:  # (in re's words and place where re refuses it too, as a regex= error)
             return f"{shown_regex(pattern)} is not a valid regular expression ({python_error(pattern) or e}); fix the pattern"
-        problem = stop_posix_problem(pattern)
-        if problem:
-            return problem
         # (each escape read with its backslash, so "\\G" is a backslash and a G; \G in a set is
         # an error the compile above reported)
         if any(m.group(1) == "G" for m in re.finditer(r"\\(.)", pattern, re.DOTALL)):
@@ -386,6 +383,11 @@ def stop_regex_problem(value: Any) -> str | None:
         if compiled.search("") is not None:
             return (f"{shown_regex(pattern)} matches the empty string, so it would stop before the first token; "
                     "make it match at least one character")
+        # (after the checks above, so that the readings this offers are not refused by them in turn:
+        # [[:alpha:]]* was offered [A-Za-z]*, which matches the empty string)
+        problem = stop_posix_problem(pattern)
+        if problem:
+            return problem
     return None
 
 

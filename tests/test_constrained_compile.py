@@ -3118,6 +3118,21 @@ def test_every_reading_offered_for_a_stop_regex_posix_class_is_taken(pattern, li
         assert str(_parser.parse(literal)) == str(_parser.parse(pattern))  # (Python's re reads the two alike)
 
 
+@pytest.mark.parametrize("pattern", ["[[:alpha:]]*", "x?[[:digit:]]{0,3}", "\\G[[:alpha:]]"])
+def test_a_stop_regex_posix_class_is_named_after_what_its_readings_would_be_refused_for(pattern):
+    # [[:alpha:]]* was offered [A-Za-z]* and [\[:alpha:]]*, both of which match the empty string, so gen()
+    # refused the fix in turn: the checks that every reading fails too (the empty string, \G) come first
+    from lmnb_engine.params import stop_regex_problem
+
+    said = stop_regex_problem(pattern)
+    if pattern.startswith("\\G"):
+        assert said.startswith(f"{json.dumps(pattern)} holds \\G, which matches where a search starts"), said
+    else:
+        assert regex_module.search(pattern, "") is not None  # (the pattern matches the empty string, as said)
+        assert said == (f"{json.dumps(pattern)} matches the empty string, so it would stop before the first token; "
+                        "make it match at least one character")
+
+
 @pytest.mark.parametrize("pattern, at, literal, greek", [
     ("[[:Script=Greek:]]", 1, r"[\[:Script=Greek:]]", "α"),
     ("x[a[:^Script=Greek:]]", 3, r"x[a\[:^Script=Greek:]]", "xé"),  # (a, or not Greek)
