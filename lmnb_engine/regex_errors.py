@@ -501,13 +501,12 @@ def _stop_posix_reading(pattern: str) -> tuple[str, str] | None:
     return fixed, ", ".join(dict.fromkeys(names))
 
 
-def _v0_classes(pattern: str) -> Iterator[tuple[int, int, list[re.Match]]]:
-    """The (start, end) of each character class of ``pattern`` as the ``regex`` package's version 0
-    delimits it, with the POSIX classes it holds: after "[" and an optional "^" its first item is
-    read whatever it is (a "]" there is a literal), then items up to the next "]", each an escape
-    (``_item_end``), a POSIX class ``[:name:]`` whole (a "[" else is a literal: no nested class)
-    or one character. A comment is skipped as Python's parser skips it (``_comments``); an
-    unclosed class ends the walk."""
+def _classes(pattern: str, class_end: Callable[[str, int], tuple | None]) -> Iterator[tuple]:
+    """(start, *what ``class_end`` says) for each outermost character class of ``pattern``, where
+    ``class_end(pattern, start)`` reads the class that opens at ``start`` as one dialect delimits it,
+    giving (its end, ...) or None for an unclosed class, which ends the walk. Outside classes an
+    escape is one item (``_item_end``) and a comment is skipped as Python's parser skips it
+    (``_comments``)."""
     comments = dict(_comments(pattern))
     i, n = 0, len(pattern)
     while i < n:
@@ -518,23 +517,37 @@ def _v0_classes(pattern: str) -> Iterator[tuple[int, int, list[re.Match]]]:
         elif pattern[i] != "[":
             i += 1
         else:
-            start, posix = i, []
-            i += 1 + pattern.startswith("^", i + 1)
-            first = True
-            while i < n and (first or pattern[i] != "]"):
-                first = False
-                m = _V0_PROPERTY_CLASS.match(pattern, i)
-                if m:
-                    posix.append(m)
-                    i = m.end()
-                elif pattern[i] == "\\":
-                    i = _item_end(pattern, i)
-                else:
-                    i += 1
-            if i >= n:
+            found = class_end(pattern, i)
+            if found is None:
                 return
-            yield start, i + 1, posix
-            i += 1
+            yield i, *found
+            i = found[0]
+
+
+def _v0_classes(pattern: str) -> Iterator[tuple[int, int, list[re.Match]]]:
+    """The (start, end) of each character class of ``pattern`` as the ``regex`` package's version 0
+    delimits it, with the POSIX classes it holds: after "[" and an optional "^" its first item is
+    read whatever it is (a "]" there is a literal), then items up to the next "]", each an escape
+    (``_item_end``), a POSIX class ``[:name:]`` whole (a "[" else is a literal: no nested class)
+    or one character (``_classes`` walks between them)."""
+
+    def class_end(pattern: str, i: int) -> tuple | None:
+        posix, n = [], len(pattern)
+        i += 1 + pattern.startswith("^", i + 1)
+        first = True
+        while i < n and (first or pattern[i] != "]"):
+            first = False
+            m = _V0_PROPERTY_CLASS.match(pattern, i)
+            if m:
+                posix.append(m)
+                i = m.end()
+            elif pattern[i] == "\\":
+                i = _item_end(pattern, i)
+            else:
+                i += 1
+        return None if i >= n else (i + 1, posix)
+
+    return _classes(pattern, class_end)
 
 
 def _v0_class_chars(pattern: str, start: int, end: int, posix: list[re.Match], caseless: bool) -> str | None:
@@ -577,36 +590,28 @@ def _posix_set(m: re.Match) -> str:
 def _rust_classes(pattern: str) -> Iterator[tuple[int, int]]:
     """The (start, end) of each outermost character class of ``pattern`` as Rust's regex delimits
     it: a "[" inside it opens a nested class (a POSIX class ``[:name:]`` is one item), a "]" first
-    (after "[" or "[^") is a literal, and an escape is one item (``_item_end``). A comment
-    ``(?#...)`` is skipped as Python's parser skips it; an unclosed class ends the walk."""
-    comments = dict(_comments(pattern))
-    i, n = 0, len(pattern)
-    while i < n:
-        if i in comments:
-            i = comments[i]
-        elif pattern[i] == "\\":
-            i = _item_end(pattern, i)
-        elif pattern[i] != "[":
-            i += 1
-        else:
-            start, depth = i, 0
-            while i < n:
-                if pattern[i] == "[" and depth and _POSIX_CLASS.match(pattern, i):
-                    i = _POSIX_CLASS.match(pattern, i).end()
-                elif pattern[i] == "[":
-                    depth += 1
-                    i += 1 + pattern.startswith("^", i + 1)
-                    i += pattern.startswith("]", i)
-                elif pattern[i] == "]":
-                    depth -= 1
-                    i += 1
-                    if depth == 0:
-                        break
-                else:
-                    i = _item_end(pattern, i)
-            if depth:
-                return
-            yield start, i
+    (after "[" or "[^") is a literal, and an escape is one item (``_item_end``; ``_classes`` walks
+    between them)."""
+
+    def class_end(pattern: str, i: int) -> tuple | None:
+        depth, n = 0, len(pattern)
+        while i < n:
+            if pattern[i] == "[" and depth and _POSIX_CLASS.match(pattern, i):
+                i = _POSIX_CLASS.match(pattern, i).end()
+            elif pattern[i] == "[":
+                depth += 1
+                i += 1 + pattern.startswith("^", i + 1)
+                i += pattern.startswith("]", i)
+            elif pattern[i] == "]":
+                depth -= 1
+                i += 1
+                if depth == 0:
+                    return (i,)
+            else:
+                i = _item_end(pattern, i)
+        return None
+
+    return _classes(pattern, class_end)
 
 
 # A class is offered as its characters when it makes at most this many ranges.
