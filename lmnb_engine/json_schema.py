@@ -6,7 +6,8 @@ which runs it where it is called (``lmnb.ir.json_schema_value``), and the ``%%lm
 which runs it on a literal schema before anything runs (``lmnb.template.options``), so all three
 word a bad schema alike (``loaded_schema``); the server's and ``lmnb export``'s messages show a
 client's values with ``json_value``; and the JSON-pointer steps of a local ``$ref`` (``pointer_parts``,
-``child``), shared by the engine's ``$ref`` inlining and the count of a schema's regex copies
+``child``), shared by the engine's ``$ref`` inlining and the count of a schema's regex copies;
+and the refusal of a schema with too many of those copies or of values in its JSON text
 (``copies_problem``, asked first). Importing it loads only ``jsonschema``.
 """
 
@@ -51,8 +52,8 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
             value JSON cannot represent, a schema the meta-schema rejects (the message gives
             the location, e.g. ``#/properties/a``; a ``pattern`` Python's ``re`` cannot compile
             is worded by ``_refused_pattern``), or one nested too deeply to check (``TOO_DEEP``),
-            or one whose engine regex would hold too many subschema copies (``copies_problem``,
-            asked first).
+            or one whose engine regex would hold too many subschema copies, or its JSON text too
+            many values (``copies_problem``, asked first).
     """
     if schema is False:
         raise ValueError("JSON schema false accepts no value: no output could validate; pass true or {} "
@@ -107,18 +108,21 @@ def child(node: Any, part: str) -> Any:
 
 def copies_problem(schema: Any) -> None:
     """Refuse ``schema`` (a dict or list as built in Python: objects may be shared) where the
-    engine's regex of it would hold more than ``MAX_REGEX_COPIES`` subschema copies
-    (``schema_copies``), counted once per distinct object: a schema holding one object
-    at both of a level's places, 30 levels deep, is refused at once, in the words of its JSON text
-    (which shares nothing), before any walk that visits each of its 2**30 paths.
+    engine's regex of it would hold more than ``MAX_REGEX_COPIES`` subschema copies, or its JSON
+    text more than ``MAX_JSON_VALUES`` values (``schema_copies``), each counted once per distinct
+    object: a schema holding one object at two places of each level, 30 levels deep, is refused
+    at once, in the words of its JSON text (which shares nothing), before any walk that visits
+    each of its 2**30 paths. The copies are asked first (their words name the keywords that
+    multiply them); the values count the keywords the regex does not write (``not``, ``if``).
 
     Raises:
-        ValueError: ``too_many_copies``'s words, or ``TOO_DEEP`` past Python's recursion limit.
+        ValueError: ``too_many_copies``'s or ``too_many_values``'s words, or ``TOO_DEEP`` past
+            Python's recursion limit.
     """
-    from lmnb_engine.schema_copies import too_many_copies  # (it imports this module)
+    from lmnb_engine.schema_copies import too_many_copies, too_many_values  # (it imports this module)
 
     try:
-        problem = too_many_copies(schema)
+        problem = too_many_copies(schema) or too_many_values(schema)
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     if problem:

@@ -1,11 +1,13 @@
-"""How many subschema copies outlines-core's regex of a JSON schema holds, and the limit on them.
+"""How many subschema copies outlines-core's regex of a JSON schema holds, how many values its
+JSON text holds, and the limits on them.
 
 Torch-free, and linear in the number of distinct objects of the schema: a schema built in Python
 may hold one subschema object at many places (``s = {"items": s, "prefixItems": [s]}``, 30 deep),
 whose paths, and so the walks that visit each path (``json.dumps``, the meta-schema check), number
 2**30; each object is counted once here (a memo by identity), so such a schema is refused at once,
-with the words its JSON text would get (``json_schema.checked_schema`` asks first, the engine's
-``schema.schema_to_regex`` again on the rewritten and the inlined schema).
+with the words its JSON text would get (``json_schema.copies_problem``, asked first by
+``json_schema.checked_schema``; the engine's ``schema.schema_to_regex`` counts copies again on the
+rewritten and the inlined schema).
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from lmnb_engine.json_schema import child, pointer_parts
 # regex alone takes gigabytes: arrays nested 50 deep wrote 2**50 copies, and the process was killed
 # for its memory while building the string, before any compile limit could act.
 MAX_REGEX_COPIES = 1 << 18
+
+# Values (objects, arrays, strings, numbers, ...) a schema's JSON text may hold (``json_values``).
+# The regex copies above follow only the keywords outlines-core writes out; a Python-built schema
+# sharing one object under others ({"not": s, "if": s}, 20 deep) writes 2**20 copies into its JSON
+# text, and json.dumps ran for hours on the caller's thread. 10**6 values is some 7 MB of JSON,
+# well above any realistic schema (draft 7's meta-schema holds 166, an object of 300 integer
+# properties about 600); the meta-schema check of a schema at the limit takes some seconds, not hours.
+MAX_JSON_VALUES = 10**6
 
 
 def regex_copies(node: Any, root: Any = None, memo: dict | None = None, open_refs: frozenset = frozenset()) -> int:
@@ -86,3 +96,49 @@ def too_many_copies(schema: Any) -> Optional[str]:
             "level of arrays within arrays doubles them; so does additionalProperties, and an object "
             "with no required property writes each property once per property); nest less deeply, "
             "or make a property required")
+
+
+def json_values(value: Any, memo: dict | None = None, distinct: list | None = None) -> int:
+    """How many values the JSON text of ``value`` holds: ``value`` and every value inside it, at
+    any depth (an object's keys are not counted: each has its value). An object or array held at
+    several places is written out at each, and counted so, but walked once (``memo``, by identity);
+    ``distinct``, a one-item list, is raised by the values of each object walked, so it ends as
+    the count with each object counted once. Lists may be tuples (a schema built in Python). An
+    object met again inside itself counts 1: ``json.dumps`` names that circular reference.
+
+    Raises:
+        RecursionError: nesting deeper than Python's recursion limit (some hundreds of levels).
+    """
+    if not isinstance(value, (dict, list, tuple)):
+        return 1
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        return memo[id(value)]
+    memo[id(value)] = 1  # (until counted: only a circular reference meets it)
+    items = value.values() if isinstance(value, dict) else value
+    if distinct is not None:
+        distinct[0] += 1 + sum(not isinstance(v, (dict, list, tuple)) for v in items)
+    memo[id(value)] = 1 + sum(json_values(v, memo, distinct) for v in items)
+    return memo[id(value)]
+
+
+def too_many_values(schema: Any) -> Optional[str]:
+    """Why ``schema`` is refused, where its JSON text would hold more than ``MAX_JSON_VALUES``
+    values (``json_values``): the count, the limit and the fix, which names the objects it shares
+    where they make it so large; else None.
+
+    Raises:
+        RecursionError: as ``json_values``.
+    """
+    distinct = [0]
+    values = json_values(schema, {}, distinct)
+    if values <= MAX_JSON_VALUES:
+        return None
+    words = (f"JSON schema is too large: written out as JSON it would hold {values} values, above the "
+             f"limit of {MAX_JSON_VALUES}")
+    if distinct[0] > MAX_JSON_VALUES:
+        return words + "; make it smaller (fewer properties, shorter enums)"
+    return (words + f", from {distinct[0]} distinct ones: it holds one dict or list at several places, "
+            "written out in full at each (one shared at each level of its nesting doubles the text per "
+            'level); nest less deeply, or name the shared subschema once under "$defs" and write '
+            '{"$ref": "#/$defs/<name>"} at each place')

@@ -2234,6 +2234,34 @@ def test_a_schema_sharing_one_object_at_each_level_is_refused_at_once_as_its_jso
         assert _refusal_within(lambda: (params.validate(), backend.to_regex(json_schema=params.json_schema))).startswith(words)
 
 
+def test_a_schema_sharing_one_object_under_keywords_the_regex_does_not_write_is_refused_by_its_json_size(backend):
+    """One object held under both "not" and "if" at each of 20 levels: the regex copies count
+    neither keyword (1 copy), but the JSON text writes 2**20 copies and json.dumps ran for hours.
+    Its values, counted once per object: v(0) = 2 (the object and "string"), v(d) = 1 + 2 v(d - 1),
+    so v(d) = 3 * 2**d - 1, from d + 1 objects and one string. An enum of 10**6 + 1 numbers is
+    refused too, as no sharing; an object of 300 properties (about 600 values) passes."""
+    from lmnb.ir import json_schema_value
+    from lmnb_engine.json_schema import loaded_schema
+
+    schema = {"type": "string"}
+    for _ in range(20):
+        schema = {"not": schema, "if": schema}
+    words = (f"JSON schema is too large: written out as JSON it would hold {3 * 2 ** 20 - 1} values, above the "
+             f"limit of {10 ** 6}, from 22 distinct ones: it holds one dict or list at several places, written "
+             "out in full at each (one shared at each level of its nesting doubles the text per level); nest "
+             'less deeply, or name the shared subschema once under "$defs" and write {"$ref": "#/$defs/<name>"} '
+             "at each place")
+    calls = [lambda: backend.to_regex(json_schema=schema), lambda: loaded_schema(schema),
+             lambda: json_schema_value(schema)]
+    assert [_refusal_within(call) for call in calls] == [words] * 3
+    # shares nothing: the object, the list and its 10**6 + 1 numbers
+    assert _refusal_within(lambda: loaded_schema({"enum": list(range(10 ** 6 + 1))})) == (
+        f"JSON schema is too large: written out as JSON it would hold {10 ** 6 + 3} values, above the limit of "
+        f"{10 ** 6}; make it smaller (fewer properties, shorter enums)")
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}}
+    assert loaded_schema(wide) == wide and json_schema_value(wide) is wide
+
+
 @pytest.mark.parametrize("schema, key, where", [
     ({"type": "string", "maxLength": 1001}, "maxLength=1001", "#"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 5000}}},
