@@ -1567,6 +1567,83 @@ def test_a_cell_of_an_unknown_type_is_left_out_by_nbconvert_as_by_lmnb_export_an
     assert [o.get("text") for o in ran.cells[0].outputs] == ["42\n"] and "outputs" not in ran.cells[1]
 
 
+def _untagged(nb):
+    """A copy of ``nb`` with no tags on any cell."""
+    nb = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+    for cell in nb.cells:
+        cell.metadata.pop("tags", None)
+    return nb
+
+
+@pytest.mark.parametrize("defect, same_as", [
+    (lambda nb: nb["cells"][2].pop("outputs"), QA),  # a code cell with no "outputs" key
+    (lambda nb: nb["cells"][2]["metadata"].update(tags="x"), QA),  # tags, a string, not a list
+    (lambda nb: nb["cells"][1]["metadata"].update(tags="parameters"), _untagged(QA)),  # (a string's letters: no tag)
+    (lambda nb: nb["cells"][1]["metadata"].update(tags=5), _untagged(QA)),
+    (lambda nb: nb["cells"][1]["metadata"].update(tags=None), _untagged(QA)),
+    (lambda nb: nb["cells"][1]["metadata"].update(tags=["parameters", 5, "parameters"]), QA),
+    (lambda nb: nb["cells"][2]["metadata"].update(collapsed="no", jupyter=3), QA),
+    (lambda nb: nb["cells"][2].update(execution_count="1"), QA),
+    (lambda nb: nb["cells"][2].update(outputs=[{"output_type": "stream"}]), QA),  # (no name, no text)
+    (lambda nb: nb["cells"][2].update(id="bad id!"), QA),
+    (lambda nb: nb["metadata"].update(kernelspec=3), QA),
+])
+def test_nbconvert_exports_a_notebook_that_fails_nbformats_schema_as_lmnb_export_does(tmp_path, defect, same_as):
+    """Notebooks lmnb export exports that nbformat's schema refuses (hand-edited JSON): jupyter
+    nbconvert --to lmnb ended on nbformat's NotebookValidationError traceback, and lmnb export on a
+    TypeError for tags that are a number or null. Both now write the script of the notebook without
+    the defect: the export reads no outputs, execution count, id or metadata but the tags, and
+    tags that are no list are none (its tag of the parameters cell lost, where same_as is untagged)."""
+    from lmnb_kernel.cli import main
+
+    assert export_notebook(_untagged(QA))[0] != export_notebook(QA)[0]  # (the tag matters)
+    data = json.loads(nbformat.writes(QA))
+    defect(data)
+    path = tmp_path / "qa.ipynb"
+    path.write_text(json.dumps(data))
+    expected = export_notebook(same_as, "qa.ipynb", "qa.py")[0]
+    assert main(["export", str(path)]) == 0
+    assert (tmp_path / "qa.py").read_text() == expected
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected
+    assert "Traceback" not in out.stderr and "invalid" not in out.stderr.lower()
+
+
+def test_nbconvert_refuses_a_notebook_its_schema_refuses_that_no_repair_makes_valid_naming_the_problem(tmp_path):
+    """A notebook of a minor version nbformat has no schema for: lmnb export exports it, and the
+    copy nbconvert checks cannot be repaired, so nbconvert refuses it in one message with the fix,
+    where it ended on nbformat's own error."""
+    data = json.loads(nbformat.writes(QA))
+    data["nbformat_minor"] = -1
+    path = tmp_path / "qa.ipynb"
+    path.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.rstrip().endswith(
+        "NotebookExportError: not a Jupyter notebook: the notebook: No schema for validating v4.-1 notebooks "
+        "(nbformat's schema); fix it in the file's JSON, or open the notebook in Jupyter and save it again")
+
+
+def test_a_cell_of_an_unknown_type_gets_a_note_from_both_exports(tmp_path):
+    """A cell whose cell_type is a typo ("markdwon") was left out of the script without a word."""
+    note = ('cell 11: left out, its cell_type "markdwon" is none Jupyter knows, so no Jupyter runs or shows it; '
+            'write "code", "markdown" or "raw" in the file\'s JSON')
+    data = json.loads(nbformat.writes(QA))
+    data["cells"].append({"cell_type": "markdwon", "metadata": {}, "source": "# Judging"})
+    assert export_notebook(nbformat.from_dict(data))[1].notes[-1] == note
+    path = tmp_path / "qa.ipynb"
+    path.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "-m", "lmnb_kernel.cli", "export", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and f"lmnb export: {path}: {note}\n" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and f"[NbConvertApp] WARNING | {note}\n" in out.stderr
+
+
 @pytest.mark.parametrize("text, shape", [
     ("[1, 2]", "the file's JSON is a list, not an object"),
     ('"notebook"', "the file's JSON is a string, not an object"),

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from lmnb.export.cells import ExportError, cell_read_problem, listed_cell_errors, read_cells
+from lmnb.export.cells import ExportError, cell_read_problem, listed_cell_errors, read_cells, unknown_cell_notes
 from lmnb.export.plan import Plan, plan
 from lmnb.export.writer import write_script
 from lmnb_engine.cli_options import Once
@@ -228,7 +228,9 @@ def _json_shape_problem(data) -> Optional[str]:
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None) -> Plan:
     """How ``nb`` (an ``nbformat`` v4 notebook, in ``folder`` where known) maps onto a batch job.
     Raises ``ExportError``."""
-    return plan(read_cells(nb), inputs, folder)
+    p = plan(read_cells(nb), inputs, folder)
+    p.notes += unknown_cell_notes(nb.cells)
+    return p
 
 
 def export_notebook(nb, notebook_name: str = "notebook.ipynb", script_name: str = "job.py",

@@ -12,6 +12,7 @@ Each cell also records the global names it reads and binds (``symtable``).
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -161,7 +162,7 @@ def read_cells(nb) -> list[Cell]:
         if cell.cell_type == "markdown":
             out.append(Markdown(index, source.strip("\n")))
         elif cell.cell_type == "code":
-            tags = tuple(cell.get("metadata", {}).get("tags", ()))
+            tags = cell_tags(cell)
             try:
                 out.append(_code_cell(index, source, tags, names=names))
             except ExportError as e:
@@ -174,6 +175,27 @@ def read_cells(nb) -> list[Cell]:
     if errors:
         raise ExportError(listed_cell_errors([str(e) for e in errors], "exported"))
     return out
+
+
+# The cell types of nbformat's v4 schema: Jupyter runs and shows no cell of another type.
+NOTEBOOK_CELL_TYPES = ("code", "markdown", "raw")
+
+
+def cell_tags(cell) -> tuple:
+    """The tags of a notebook cell (an nbformat cell): the strings of its metadata's "tags" list.
+    Tags of another shape (``"tags": "x"``, hand-edited JSON, which nbformat's schema refuses) are
+    none: iterating them took a string's letters, and ended a number or null on a TypeError."""
+    tags = cell.get("metadata", {}).get("tags")
+    return tuple(t for t in tags if isinstance(t, str)) if isinstance(tags, list) else ()
+
+
+def unknown_cell_notes(cells) -> list[str]:
+    """The export's notes on the notebook's ``cells`` (nbformat cells, in order) of a type Jupyter
+    does not know, which it leaves out as Jupyter runs none: a typo ("markdwon") lost a cell unseen."""
+    return [f"cell {n}: left out, its cell_type {json.dumps(c.cell_type, ensure_ascii=False)} is none Jupyter "
+            "knows, so no Jupyter runs or shows it; write \"code\", \"markdown\" or \"raw\" in the file's JSON"
+            for n, c in enumerate(cells, start=1)
+            if isinstance(c.get("cell_type"), str) and c.cell_type not in NOTEBOOK_CELL_TYPES]
 
 
 def cell_read_problem(number: int, cell) -> Optional[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from nbconvert.utils.exceptions import ConversionException
 from traitlets import List, Unicode
 
 from lmnb.export import ExportError, export_notebook, not_an_export, not_utf8, notebook_from_text
-from lmnb.export.cells import cell_read_problem
+from lmnb.export.cells import NOTEBOOK_CELL_TYPES, cell_read_problem, cell_tags, unknown_cell_notes
 
 
 class NotebookExportError(ExportError, ConversionException):
@@ -65,7 +66,7 @@ class LMScriptExporter(Exporter):
             # super()), on a traceback, and one with a lone surrogate stopped the read: the export
             # lists them with the cells it cannot export, as lmnb export does, and raises.
             self._export(nb, resources or {})
-        nb_copy, resources = super().from_notebook_node(_unknown_cells_as_raw(nb), resources, **kw)
+        nb_copy, resources = super().from_notebook_node(_schema_valid_copy(nb), resources, **kw)
         source, plan, script = self._export(nb_copy, resources)
         out = app_output_path(resources, script)
         if out is not None and not_an_export(out):  # (lmnb export refuses it too)
@@ -73,7 +74,8 @@ class LMScriptExporter(Exporter):
                 f"{out} exists and was not written by lmnb export (a script of yours, or a jupytext pairing?), so it "
                 f"is left as it is; give another name with --output, e.g. --output {script}_job, or run lmnb export "
                 "with -o, or move the file away first")
-        for note in plan.notes:
+        # (the copy's unknown cells are raw cells, which the export leaves out without a note)
+        for note in plan.notes + unknown_cell_notes(nb.cells):
             self.log.warning("%s", note)
         resources["output_extension"] = ".py"
         return source, resources
@@ -118,16 +120,22 @@ class _SchemaLogFilter(logging.Filter):
         return not str(record.msg).startswith("Notebook JSON is invalid")
 
 
-# The cell types of nbformat's v4 schema; nbconvert's own check of the notebook refuses any other.
-NOTEBOOK_CELL_TYPES = ("code", "markdown", "raw")
+def _schema_valid_copy(nb):
+    """``nb``, or a copy of it that nbformat's schema accepts, with the same script, for nbconvert's
+    own check of the notebook, which ended on a NotebookValidationError traceback where lmnb export
+    exports the notebook. In the copy, a cell of a type nbformat does not know (``"cell_type":
+    "weird"``, hand-edited JSON) is a raw cell: Jupyter runs neither kind, lmnb run (nbclient) skips
+    one and lmnb export leaves both out. A code cell without ``outputs`` or ``execution_count``, or
+    with ones the schema refuses, has none (``[]``, null); a metadata field of the wrong type
+    (``"tags": "x"``, ``"kernelspec": 3``) is left out; a cell id it refuses (``"bad id!"``) is a
+    new one: the export reads none of these but the tags, and those as ``cell_tags`` does (a list's
+    unique strings, which the copy keeps).
 
-
-def _unknown_cells_as_raw(nb):
-    """``nb``, or a copy of it whose cells of a type nbformat does not know (``"cell_type": "weird"``,
-    hand-edited JSON) are raw cells. Jupyter runs neither kind and JupyterLab shows no unknown
-    cell, lmnb run (nbclient) skips one and lmnb export leaves both out, so the script is the same;
-    but nbconvert's check of the notebook failed on the unknown type, on a traceback."""
-    if all(cell.get("cell_type") in NOTEBOOK_CELL_TYPES for cell in nb.cells):
+    Raises:
+        NotebookExportError: what the schema refuses otherwise (a ``nbformat_minor`` it has no
+            schema for), naming the cell or the notebook, with the fix.
+    """
+    if next(_schema_errors(nb), None) is None:
         return nb
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
@@ -135,7 +143,66 @@ def _unknown_cells_as_raw(nb):
             cell.cell_type = "raw"
             for key in ("outputs", "execution_count"):  # (a raw cell has neither, in the schema)
                 cell.pop(key, None)
-    return nb
+    # nbformat names one error a cell (the first, of the cell type's schema): repair it and look again
+    for _ in range(10 * len(nb.cells) + 10):
+        error = next(_schema_errors(nb), None)
+        if error is None:
+            return nb
+        if not _repair(nb, error):
+            raise NotebookExportError(_schema_problem(list(error.absolute_path), error.message))
+    raise NotebookExportError(_schema_problem(list(error.absolute_path), error.message))
+
+
+def _schema_errors(nb):
+    """The errors nbconvert's check of ``nb`` finds (jsonschema errors), as it checks: keys the
+    schema does not know are allowed (``relax_add_props``); nbformat gives one a cell."""
+    from nbformat.validator import iter_validate
+
+    return iter_validate(nb, relax_add_props=True)
+
+
+def _repair(nb, error) -> bool:
+    """Repair in ``nb`` (a copy) the schema ``error`` (a jsonschema error) as ``_schema_valid_copy``
+    says; False where it is none of those."""
+    path = list(error.absolute_path)
+    if path[:1] == ["metadata"] and len(path) >= 2:
+        del nb.metadata[path[1]]
+        return True
+    if path[:1] != ["cells"] or len(path) < 2:
+        return False
+    cell = nb.cells[path[1]]
+    if len(path) >= 4 and path[2] == "metadata":
+        key = path[3]
+        if key == "tags" and isinstance(cell.metadata.tags, list):
+            cell.metadata.tags = list(dict.fromkeys(cell_tags(cell)))  # (the schema: unique strings)
+        else:
+            del cell.metadata[key]
+        return True
+    if path[2:3] == ["id"]:  # (the export reads no id: a new one, as nbformat makes them)
+        from nbformat.corpus.words import generate_corpus_id
+
+        cell.id = generate_corpus_id()
+        return True
+    if cell.cell_type != "code":
+        return False
+    missing = error.validator == "required" and len(path) == 2
+    if path[2:3] == ["outputs"] or (missing and "outputs" not in cell):
+        cell.outputs = []
+        return True
+    if path[2:3] == ["execution_count"] or (missing and "execution_count" not in cell):
+        cell.execution_count = None
+        return True
+    return False
+
+
+def _schema_problem(path: list, message: str) -> str:
+    """The error for a notebook that nbformat's schema refuses at ``path`` (jsonschema's absolute
+    path, cells counted from 0) with ``message``, which ``_repair`` cannot repair."""
+    cell = path[:1] == ["cells"] and len(path) >= 2
+    where, inside = (f"cell {path[1] + 1}", path[2:]) if cell else ("the notebook", path)
+    at = f" at {''.join(f'[{json.dumps(p)}]' for p in inside)}" if inside else ""
+    return (f"not a Jupyter notebook: {where}{at}: {message.splitlines()[0]:.200} (nbformat's "
+            "schema); fix it in the file's JSON, or open the notebook in Jupyter and save it again")
 
 
 def app_output_path(resources: dict, script: str) -> Optional[Path]:
