@@ -23,7 +23,7 @@ import unicodedata
 from pathlib import Path
 from types import SimpleNamespace
 
-from lmnb.export.cells import Code, Dropped, ExportError, LMCell, is_lm_cell, python_cell, read_cells
+from lmnb.export.cells import Code, Dropped, ExportError, LMCell, cell_tags, is_lm_cell, python_cell, read_cells
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
 from lmnb_kernel.cell_failure import describe_failure, with_note
@@ -762,7 +762,9 @@ def _cell_sets(cell) -> tuple:
 
 
 def _is_parameters(cell) -> bool:
-    return "parameters" in cell.get("metadata", {}).get("tags", [])
+    # (tags read as the export reads them, cell_tags: "tags": "parameters", a string, had its
+    # substring found, and "tags": 5 ended the run on a TypeError)
+    return "parameters" in cell_tags(cell)
 
 
 def inject_parameters(nb, params: dict) -> int | None:
@@ -781,7 +783,7 @@ def inject_parameters(nb, params: dict) -> int | None:
             if unicodedata.normalize("NFKC", name) not in known:  # as Python reads the injected cell
                 print(f"lmnb run: warning: parameter {name!r} is not set in the cell tagged 'parameters' "
                       f"(it sets {', '.join(sorted(known)) or 'nothing'}); check the spelling", file=sys.stderr)
-    old = [i for i, c in enumerate(cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    old = [i for i, c in enumerate(cells) if "injected-parameters" in cell_tags(c)]
     if old:
         cells[old[0]] = cell
         return None

@@ -1399,6 +1399,25 @@ def test_a_parameter_the_notebook_does_not_define_is_warned_about(capsys):
     assert nb.cells[1].source == "# Parameters\npersn = 'Corin'\n"  # still injected, as papermill does
 
 
+@pytest.mark.parametrize("tags", ["parameters", 5, None, {"parameters": 1}])
+def test_tags_that_are_no_list_tag_no_cell_for_p_as_for_the_export(capsys, tags):
+    # "tags": "parameters" (hand-edited JSON, a string) had its substring found, so lmnb run put the
+    # parameters after that cell where the export reads no tag there (cells.cell_tags), and "tags": 5
+    # or null ended the run on a TypeError
+    from lmnb.export.cells import cell_tags
+    from lmnb_kernel.run import inject_parameters
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("n = 2"),
+                nbformat.v4.new_code_cell("print(n)")]
+    nb.cells[1].metadata["tags"] = tags  # (as read from a hand-edited file, which nbformat's schema refuses)
+    assert cell_tags(nb.cells[1]) == ()  # (the export's reading: no tags)
+    assert inject_parameters(nb, {"n": 3}) == 0
+    assert nb.cells[0].source == "# Parameters\nn = 3\n"
+    assert capsys.readouterr().err.startswith("lmnb run: no cell is tagged 'parameters'; the parameters go in a new "
+                                              "first cell\n")
+
+
 def test_a_parameter_a_later_cell_sets_is_warned_about_when_no_cell_is_tagged(capsys):
     # without a parameters cell the parameters go first, and a cell that sets the name replaced the
     # value given, without a word
