@@ -773,6 +773,18 @@ def test_numpy_and_other_values_lmnb_takes_are_taken_by_the_kernel_too(labels):
     assert one == two == record(ref.func)
 
 
+@pytest.mark.parametrize("cell", ['{select pick choices={"owl", "cat"}}', '{gen pick choices={"owl", "cat"}}'])
+def test_a_literal_set_of_choices_is_taken_sorted_as_one_in_a_variable(cell):
+    """A literal set was refused at parse time ("choices must be a non-empty list of strings"), where
+    the same set in a variable, and in lmnb.select, is taken in sorted order."""
+    @lmnb.function
+    def ref(s):
+        s += lmnb.select("pick", choices=["cat", "owl"])  # sorted by hand
+
+    one, two = faces(cell)
+    assert one == two == record(ref.func)
+
+
 def test_a_video_frame_count_in_a_numpy_integer_is_the_int_it_holds():
     """video() refused np.int64(3) frames ("num_frames must be a positive integer"), where gen() takes
     numpy integers, and took True as 1 frame."""

@@ -186,11 +186,12 @@ def check_literal(primitive: str, key: str, value, source: str = "choices") -> s
         except ValueError as e:
             return str(e)
     elif key == "choices":
-        from lmnb.choices import mapping_choices_problem, repeated_choices_problem
+        from lmnb.choices import choice_list, mapping_choices_problem, repeated_choices_problem
 
         mapping = mapping_choices_problem(value, source)  # (the words a dict held in a variable gets)
         if mapping:
             return mapping
+        value = choice_list(value)  # a set sorted, as lmnb.select takes it (a literal {"b", "a"} too)
         if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
             return "choices must be a non-empty list of strings"
         empty = next((i for i, c in enumerate(value, start=1) if not c), None)
