@@ -516,6 +516,11 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         # select's words, as lmnb.select refuses it; the cell gave gen's ("0 is greedy")
         ('{select x choices=["a", "b"] temperature=-1}', 2, 42, "temperature must be a finite number >= 0 "
                                                                "(0 picks the likeliest), got -1"),
+        # gen(choices=...)'s words, as select's; the cell gave gen's ("0 is greedy"), after the choices or before
+        ('{gen x choices=["a", "b"] temperature=-1}', 2, 39, "temperature must be a finite number >= 0 "
+                                                            "(0 picks the likeliest), got -1"),
+        ('{gen x temperature=-1 choices=["a", "b"]}', 2, 20, "temperature must be a finite number >= 0 "
+                                                            "(0 picks the likeliest), got -1"),
         # (None, gen()'s "inherit", is no select temperature: it passed the parse and failed as the cell ran)
         ('{select x choices=["a", "b"] temperature=None}', 2, 42, "temperature must be a finite number >= 0 "
                                                                  "(0 picks the likeliest), got None"),
@@ -556,6 +561,22 @@ def test_a_gen_with_choices_refuses_a_generation_option_at_the_option(key, text,
 def test_a_gen_with_choices_keeps_what_a_pick_takes():
     t = parse('{gen c choices=labels, temperature=0.5, choices_method=m, n=1}')
     assert t.arguments == ("labels", "m")
+    # (temperature None is gen()'s default, 0, on a pick too, where a select's None is refused)
+    assert parse('{gen c choices=["x", "y"] temperature=None}').arguments == ()
+    assert lmnb.gen("c", choices=["x", "y"], temperature=None).temperature == 0
+
+
+@pytest.mark.parametrize("cell, value", [('{gen c choices=["x", "y"] temperature=-1}', -1),
+                                         ('{gen c temperature=True choices=labels}', True)])
+def test_a_gen_with_choices_refuses_a_literal_temperature_in_the_words_gen_gives(cell, value):
+    """The cell refused a gen pick's temperature in gen's words ("0 is greedy"), where Python's
+    gen(choices=...) gives select's ("0 picks the likeliest"): the same words now, after its caller."""
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    with pytest.raises(ValueError) as python:
+        lmnb.gen("c", choices=["x", "y"], temperature=value)
+    said = f"temperature must be a finite number >= 0 (0 picks the likeliest), got {value!r}"
+    assert [e.value.message, str(python.value)] == [said, f"gen(..., choices=...) {said}"]
 
 
 def test_a_lone_carriage_return_ends_a_line_as_it_does_for_python():

@@ -169,9 +169,10 @@ def allowed(primitive: str) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.name != "name" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def check_literal(primitive: str, key: str, value, source: str = "choices") -> str | None:
+def check_literal(primitive: str, key: str, value, source: str = "choices", picks: bool = False) -> str | None:
     """A message if a literal option value is certainly wrong, else None. ``source`` is the value's
-    text in the cell, for the fix a dict of choices is told."""
+    text in the cell, for the fix a dict of choices is told. ``picks``: the primitive is a gen with
+    choices, whose temperature gets select()'s check and words, as ``gen(choices=...)`` gives it."""
     if key == "regex":  # (None, gen()'s default, is no constraint)
         from lmnb_engine.regex_errors import regex_problem  # gen()'s words, and the engine's (no torch)
 
@@ -198,10 +199,11 @@ def check_literal(primitive: str, key: str, value, source: str = "choices") -> s
         if empty is not None:  # (lmnb.select refuses it too, but once the cell runs, pointing at the hole)
             return f"choices must be non-empty strings: choice {empty} of {len(value)} is ''"
         return repeated_choices_problem(value)
-    elif key == "temperature" and primitive == "select":  # select()'s own check and words, not gen()'s
+    elif key == "temperature" and (primitive == "select" or picks):  # select()'s own check and words, not gen()'s
         from lmnb.choices import select_temperature_problem
 
-        return select_temperature_problem(value)
+        # (a gen pick's None is gen()'s default, temperature 0)
+        return None if primitive == "gen" and value is None else select_temperature_problem(value)
     elif key in RANGED_OPTIONS:  # gen()'s own check, which refuses the same value where gen() is called
         return option_problem(key, value)
     elif key == "dtype" and value is not None:  # (a literal: a string; int, a name, is no literal)

@@ -321,8 +321,12 @@ class _Parser:
             if not value.strip():
                 raise self.error(f"option {key!r} has no value", rest_at + eq)
             expr = self.expr(value, rest_at + eq + 1)
-            self.check_literal(kind, key, expr)
+            if not (kind == "gen" and key == "temperature"):  # (checked below, once it is known whether gen picks)
+                self.check_literal(kind, key, expr)
             options.append(Option(key, expr, rest_at + at))
+        temperature = next((o for o in options if o.key == "temperature"), None)
+        if kind == "gen" and temperature is not None:  # gen(choices=...) checks it as select() does
+            self.check_literal(kind, "temperature", temperature.value, picks="choices" in seen)
         if kind == "select" and "choices" not in seen:
             raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
         clash = [k for k in OUTPUT_OPTIONS if k in seen]
@@ -418,8 +422,9 @@ class _Parser:
             raise self.error("{video} needs frames=N (how many frames to sample)", start, hint="e.g. {video clip frames=8}")
         self.emit(Media(kind, source, frames, start))
 
-    def check_literal(self, kind: str, key: str, expr: Expr) -> None:
-        """Catch mistakes in literal option values at parse time, pointing at the value."""
+    def check_literal(self, kind: str, key: str, expr: Expr, picks: bool = False) -> None:
+        """Catch mistakes in literal option values at parse time, pointing at the value (``picks``:
+        ``options.check_literal``'s, a gen with choices)."""
         body = expr.tree.body
         if isinstance(body, ast.Set) and len(body.elts) == 1 and not isinstance(body.elts[0], ast.Constant):
             # max_tokens={n}: braces as around a hole, which make a set here (found only as the gen ran)
@@ -430,7 +435,7 @@ class _Parser:
             value = ast.literal_eval(expr.tree.body)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return  # not a literal: checked by lmnb when the program runs
-        problem = opts.check_literal(kind, key, value, expr.source.strip())
+        problem = opts.check_literal(kind, key, value, expr.source.strip(), picks)
         if problem:
             raise self.error(problem, expr.offset)
 
