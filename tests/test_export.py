@@ -212,6 +212,33 @@ def test_inputs_option_overrides_and_is_checked():
         plan_notebook(notebook("x = 1"), inputs=["x"])
 
 
+def test_a_notebook_without_lm_cells_is_told_what_its_script_leaves_out(tmp_path, capsys):
+    """Its plan returned before the notes on dropped cells and lines: a %%bash cell, a !ls line or an
+    unknown %lm command went unnoted, as a notebook with %%lm cells has them noted; none of the
+    notes that need a per-row part ("no row fields") is added."""
+    from lmnb_kernel.cli import main
+
+    nb = notebook("%%bash\necho hi", "!ls\nx = 1", "%lm frob", "%lm load m --dtype float16", "%%capture out\nprint(1)",
+                  ("md", "hi"))
+    nb.cells[-1].cell_type = "markdwon"  # (noted outside the plan, as before)
+    assert plan_notebook(nb).notes == [
+        "the notebook has no %%lm cell: the script runs its cells once, with no input rows",
+        "cell 1: dropped %%bash (IPython cell magic %%bash: its body is not Python)",
+        "cell 2: dropped IPython syntax '!ls' (not plain Python)",
+        "cell 3: dropped unknown command '%lm frob'",
+        "cell 4: %lm load m --dtype float16: --dtype not carried into the job; pass the job's own options "
+        "(e.g. --dtype, --api-key) where it has them",
+        "cell 5: %%capture out: the job does not set out (IPython's captured output), so a cell that reads it "
+        "fails there",
+        'cell 6: left out, its cell_type "markdwon" is none Jupyter knows, so no Jupyter runs or shows it; write '
+        '"code", "markdown" or "raw" in the file\'s JSON',
+    ]
+    nbformat.write(notebook("%%bash\necho hi", "x = 1"), tmp_path / "plain.ipynb")
+    assert main(["export", str(tmp_path / "plain.ipynb")]) == 0
+    assert (f"lmnb export: {tmp_path / 'plain.ipynb'}: cell 1: dropped %%bash (IPython cell magic %%bash: its body "
+            "is not Python)") in capsys.readouterr().err.splitlines()
+
+
 @pytest.mark.parametrize("cell, words", [
     ("%%lm\nQ: {gen a max_token=3}", ["cell 2", "max_token"]),
     ("%%lm --heat 0\nQ: {gen a}", ["cell 2", "--heat"]),

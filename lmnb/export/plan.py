@@ -184,6 +184,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
         p.jupyter = _jupyter_builtins(cells)
         p.backend, p.notes = _backend(cells, [])
         p.notes.append("the notebook has no %%lm cell: the script runs its cells once, with no input rows")
+        p.notes += _cell_notes(cells)  # (what the script leaves out of it, as for a notebook with rows)
         return p
     first = lm[0].index
     before = [c for c in cells if c.index < first and c is not params_cell]
@@ -327,11 +328,20 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     p.notes += _local_module_state(cells, row, called, folder)
     p.notes += _seeded_module_notes(setup, row, called, classes)
     p.notes += _held_object_notes(setup, row, called, classes)
-    for c in cells:
-        p.notes += getattr(c, "notes", [])
-        if isinstance(c, Dropped):
-            p.notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
+    p.notes += _cell_notes(cells)
     return p
+
+
+def _cell_notes(cells: list) -> list[str]:
+    """The notes that reading ``cells`` left on them (IPython syntax and ``%lm`` commands dropped,
+    ``%%capture``'s variable not set, options not carried) and one per dropped cell (``%%bash``),
+    in cell order: what the script leaves out, whether or not it has a per-row part."""
+    notes = []
+    for c in cells:
+        notes += getattr(c, "notes", [])
+        if isinstance(c, Dropped):
+            notes.append(f"cell {c.index}: dropped {c.first_line} ({c.reason})")
+    return notes
 
 
 def _drop_definition_calls(setup: list, row: list) -> None:
