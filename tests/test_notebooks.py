@@ -665,6 +665,7 @@ def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
     never = set()  # the execute request ids whose messages from their last update on never come
     offset = []  # seconds added to the event loop's clock
     holding = {}  # execute request id -> (set once the iopub reader is held, set to let it go)
+    past_last = set()  # the execute request ids whose last update has been read
     get_msg = AsyncZMQSocketChannel.get_msg
 
     def gates(msg_id):
@@ -703,7 +704,10 @@ def _run_with_late_updates(tmp_path, monkeypatch, delays, timeout, *cells):
             held, go = gates(parent)
             held.set()
             await go.wait()
-        if parent in never:  # (not sent: the next one is read)
+            past_last.add(parent)
+        # (from the last update on, not sent: the next one is read; what came before it, such as
+        # the view's first display, is kept even where it is read after the reply put it in never)
+        if parent in never and parent in past_last:
             return await getting(self, timeout)
         return msg
 
