@@ -323,7 +323,7 @@ def _posix_reading(pattern: str) -> tuple[str, str] | None:
     set operation (``[[:^alpha:]]``, ``[[:alpha:]&&a]``) is written as the characters it holds
     (``_class_members``)."""
     names: list[str] = []
-    out, done = [], 0
+    rewrites = []
     for start, end in _rust_classes(pattern):
         text = pattern[start:end]
         posix = list(_POSIX_CLASS.finditer(text))
@@ -339,10 +339,21 @@ def _posix_reading(pattern: str) -> tuple[str, str] | None:
             spelled = _POSIX_CLASS.sub(lambda m: _POSIX[m.group(1)], text)
         if spelled is None:
             return None
-        out += [pattern[done:start], spelled]
+        rewrites.append((start, end, spelled))
+    return _rewritten(pattern, rewrites, names, lambda fixed: pattern_problem(fixed) is None)
+
+
+def _rewritten(pattern: str, rewrites: list[tuple[int, int, str]], names: list[str],
+               takes: Callable[[str], bool]) -> tuple[str, str] | None:
+    """(``pattern`` with each ``(start, end, text)`` of ``rewrites``, in order and apart, in place of
+    ``pattern[start:end]``; ``names``, once each, joined by ", ") where ``takes`` that pattern, the
+    end of each class rewrite offered here; None where nothing was rewritten or it does not."""
+    out, done = [], 0
+    for start, end, text in rewrites:
+        out += [pattern[done:start], text]
         done = end
     fixed = "".join(out) + pattern[done:]
-    if not names or pattern_problem(fixed) is not None:
+    if not rewrites or not takes(fixed):
         return None
     return fixed, ", ".join(dict.fromkeys(names))
 
@@ -356,7 +367,7 @@ def _members_reading(pattern: str) -> tuple[str, str] | None:
     holds a POSIX class (``_posix_reading``'s) or "||" (a union to the ``regex`` package, two
     "|" to Rust's regex), or holds characters beyond ASCII and not all of them (``[\\w--\\d]``)."""
     names: list[str] = []
-    out, done = [], 0
+    rewrites = []
     for start, end in _rust_classes(pattern):
         text = pattern[start:end]
         if not _flagged(text):
@@ -365,12 +376,8 @@ def _members_reading(pattern: str) -> tuple[str, str] | None:
         if spelled is None:
             return None
         names.append(text)
-        out += [pattern[done:start], spelled]
-        done = end
-    fixed = "".join(out) + pattern[done:]
-    if not names or pattern_problem(fixed) is not None:
-        return None
-    return fixed, ", ".join(dict.fromkeys(names))
+        rewrites.append((start, end, spelled))
+    return _rewritten(pattern, rewrites, names, lambda fixed: pattern_problem(fixed) is None)
 
 
 def _flagged(cls: str) -> bool:
@@ -479,7 +486,7 @@ def _stop_posix_reading(pattern: str) -> tuple[str, str] | None:
     except regex.error:
         return None
     caseless = bool(_CASELESS.search(pattern))
-    names, out, done = [], [], 0
+    names, rewrites = [], []
     for start, end, posix in _v0_classes(pattern):
         if not posix:
             continue
@@ -489,16 +496,16 @@ def _stop_posix_reading(pattern: str) -> tuple[str, str] | None:
         if spelled is None:
             return None
         names.append(pattern[start:end])
-        out += [pattern[done:start], spelled]
-        done = end
-    fixed = "".join(out) + pattern[done:]
-    try:
-        regex.compile(fixed)
-    except regex.error:
-        return None
-    if not names or _first_posix(fixed) is not None:
-        return None
-    return fixed, ", ".join(dict.fromkeys(names))
+        rewrites.append((start, end, spelled))
+
+    def takes(fixed: str) -> bool:
+        try:
+            regex.compile(fixed)
+        except regex.error:
+            return False
+        return _first_posix(fixed) is None
+
+    return _rewritten(pattern, rewrites, names, takes)
 
 
 def _classes(pattern: str, class_end: Callable[[str, int], tuple | None]) -> Iterator[tuple]:
