@@ -557,6 +557,12 @@ def _v0_classes(pattern: str) -> Iterator[tuple[int, int, list[re.Match]]]:
     return _classes(pattern, class_end)
 
 
+def _outside_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The code points outside ``runs`` (``[lo, hi)`` pairs, in order), as runs alike: the negated
+    spelling of a class whose characters are ``runs``."""
+    return [(lo, hi) for lo, hi in zip([0] + [e for _, e in runs], [s for s, _ in runs] + [0x110000]) if lo < hi]
+
+
 def _v0_class_chars(pattern: str, start: int, end: int, posix: list[re.Match], caseless: bool) -> str | None:
     """The class ``pattern[start:end]`` (which holds the POSIX classes ``posix``), read as the
     ``regex`` package's version 0 reads it with each POSIX class as its ASCII characters
@@ -582,7 +588,7 @@ def _v0_class_chars(pattern: str, start: int, end: int, posix: list[re.Match], c
     inside = code_point_runs(union)
     if inside is None:
         return None
-    outside = [(lo, hi) for lo, hi in zip([0] + [e for _, e in inside], [s for s, _ in inside] + [0x110000]) if lo < hi]
+    outside = _outside_runs(inside)
     forms = [(inside, "^" if negated else ""), (outside, "" if negated else "^")][:1 if caseless else 2]
     spelled = [form for form in (_ranges(spans, negation) for spans, negation in forms) if form is not None]
     return min(spelled, key=len) if spelled else None
@@ -647,7 +653,7 @@ def _class_members(cls: str, ascii_only: bool = False) -> str | None:
     inside = code_point_runs(cls, "(?V1)")
     if not inside:  # (no character: a negated class of every one, which the automaton library refuses)
         return None
-    outside = [(lo, hi) for lo, hi in zip([0] + [e for _, e in inside], [s for s, _ in inside] + [0x110000]) if lo < hi]
+    outside = _outside_runs(inside)
     forms = [_ranges(spans, negation) for spans, negation in ((inside, ""), (outside, "^"))
              if not ascii_only or all(hi <= 0x80 for _, hi in spans)]
     forms = [form for form in forms if form is not None]
