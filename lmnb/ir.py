@@ -132,12 +132,19 @@ def option_problem(key: str, value: Any) -> Optional[str]:
     if key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):
         return f"top_k must be an integer >= 1, or -1 for no limit, got {value!r}"
     if key in _ENGINE_RANGES:
-        from lmnb_engine.params import SamplingParams  # torch-free: the engine's own check
+        return engine_option_problem(key, value)
+    return None
 
-        try:
-            SamplingParams(**{key: value}).validate()
-        except ValueError as e:  # "SamplingParams.seed='a' is invalid: must be ..."
-            return str(e).replace("SamplingParams.", "", 1)
+
+def engine_option_problem(key: str, value: Any) -> Optional[str]:
+    """Why ``value`` is no valid ``key``, a ``SamplingParams`` field of that name, as the engine's own
+    ``SamplingParams.validate`` says (torch-free), in the option's name; None when it is valid."""
+    from lmnb_engine.params import SamplingParams
+
+    try:
+        SamplingParams(**{key: value}).validate()
+    except ValueError as e:  # "SamplingParams.seed='a' is invalid: must be ..."
+        return str(e).replace("SamplingParams.", "", 1)
     return None
 
 

@@ -14,7 +14,7 @@ import reprlib
 from collections.abc import Mapping
 from typing import Optional
 
-from lmnb.ir import RANGED_OPTIONS, GenParams, dtype_regex, is_stop, option_problem
+from lmnb.ir import RANGED_OPTIONS, GenParams, dtype_regex, engine_option_problem, is_stop, option_problem
 
 
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
@@ -233,12 +233,7 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
         except ValueError as e:
             return str(e)
     elif key in SAMPLING_FIELDS and value is not None:  # (None: the default)
-        from lmnb_engine.params import SamplingParams  # the engine's own check (no torch)
-
-        try:
-            SamplingParams(**{key: value}).validate()
-        except ValueError as e:  # "SamplingParams.seed='a' is invalid: must be ..."
-            return str(e).replace("SamplingParams.", "", 1)
+        return engine_option_problem(key, value)
     return None
 
 
