@@ -324,9 +324,10 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
                        "sees, where each pass of the notebook starts from the class the cells run once left; name the "
                        f"attribute with a string (setattr({name}, 'n', ...)), or run the job with --num-threads 1 and "
                        "reset it in the row")
-    p.notes += _carried_over(setup, row, called, classes, p.copied, lazy)
+    objects = _made_objects(setup, classes)
+    p.notes += _carried_over(setup, row, called, objects, p.copied, lazy)
     p.notes += _local_module_state(cells, row, called, folder)
-    p.notes += _seeded_module_notes(setup, row, called, classes)
+    p.notes += _seeded_module_notes(setup, row, called, objects[2])
     p.notes += _held_object_notes(setup, row, called, classes)
     p.notes += _cell_notes(cells)
     return p
@@ -539,8 +540,8 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
             continue
         name, value = stmt.targets[0].id, stmt.value
-        if making(value) is not None:
-            made[name] = (c.index, *making(value))
+        if (what := making(value)) is not None:
+            made[name] = (c.index, *what)
             continue
         kind, items = _container_items(value)
         found = [making(item) for item in items]
@@ -621,9 +622,20 @@ def _container_items(value) -> tuple[str, list]:
     return "", []
 
 
-def _carried_over(setup: list, row: list, called: list, classes: dict, copied: tuple, lazy: set) -> list:
+def _row_trees(row: list) -> list:
+    """("cell N", its syntax tree) for each row cell with Python in it: a Python cell's source, or
+    the Python a ``%%lm`` cell's parsed program holds."""
+    import ast
+
+    return [(f"cell {c.index}", tree) for c in row
+            if (tree := ast.parse(c.source) if isinstance(c, Code)
+                else getattr(getattr(c, "python", None), "tree", None)) is not None]
+
+
+def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set) -> list:
     """The notes for set-up state that the rows carry on from row to row, which the job does not
-    set back (each pass of the notebook starts from a new one): a ``_made_objects`` global that a
+    set back (each pass of the notebook starts from a new one): a ``_made_objects`` global (``objects``:
+    what it gives) that a
     row cell (but for the row's copy, ``copied``, where ``Job.row_copy`` copies it: a built-in
     container's, not an instance's or an iterator's) or a set-up function the rows call (``_called``)
     uses by ``next(it)``, a method call (``c.bump()``) or, an iterator, by running through it
@@ -634,15 +646,14 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
     decorator's closure around a function the rows call. Static cases only."""
     import ast
 
-    made, held, defs = _made_objects(setup, classes)
+    made, held, defs = objects
     read_only = _read_only_methods(setup)
     bound = set().union(*map(_cell_binds, row))
     # (the row's copy is Job.row_copy's, which copies built-in containers only: a row cell's c.bump() changes
     # the set-up's instance itself, but for an instance of a class that subclasses one)
-    copied = tuple(n for n in copied if n not in made or made[n][2] in _container_classes(setup))
-    places = [(f"cell {c.index}", tree, copied) for c in row
-              if (tree := ast.parse(c.source) if isinstance(c, Code)
-                  else getattr(getattr(c, "python", None), "tree", None)) is not None]
+    containers = _container_classes(setup)
+    copied = tuple(n for n in copied if n not in made or made[n][2] in containers)
+    places = [(where, tree, copied) for where, tree in _row_trees(row)]
     # (and the functions those cells define, which the rows call: `def take(): return next(it)`)
     places += [(f"{where}, in its {name}()", function, (*skipped, *_function_locals(function)))
                for where, tree, skipped in list(places) for function in ast.walk(tree)
@@ -722,23 +733,20 @@ def _carried_over(setup: list, row: list, called: list, classes: dict, copied: t
 _SEEDS = {"random.seed": "random", "np.random.seed": "np.random", "numpy.random.seed": "numpy.random"}
 
 
-def _seeded_module_notes(setup: list, row: list, called: list, classes: dict) -> list:
+def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> list:
     """The notes for a module's global random number generator that a set-up cell seeds at top level
     (``random.seed(0)``, ``np.random.seed(0)``: ``_SEEDS``) and the row cells, or the set-up
     functions they call (``called``), draw from (``random.choice(xs)``), where no row cell seeds it
     again: the job seeds it once, so each row draws on from the last row's draws, where each pass of
-    the notebook starts from the seed."""
+    the notebook starts from the seed. ``defs``: the set-up functions' definitions (``_made_objects``')."""
     import ast
 
     seeded: dict = {}
     for c, stmt in _statements(setup):
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) in _SEEDS:
             seeded[_SEEDS[ast.unparse(stmt.value.func)]] = (c.index, ast.unparse(stmt.value))
-    _, _, defs = _made_objects(setup, classes)
-    trees = [(f"cell {c.index}", ast.parse(c.source) if isinstance(c, Code) else c.python.tree) for c in row
-             if isinstance(c, Code) or getattr(getattr(c, "python", None), "tree", None) is not None]
     draws: dict = {}
-    for where, tree in trees + [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
+    for where, tree in _row_trees(row) + [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
                                 if (f[0], f[1]) in defs]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
