@@ -13,12 +13,13 @@ from typing import Any, Iterable, Optional
 
 from lmnb_engine.json_schema import json_value
 
-# The keys OpenAI's chat API defines for a message (of any role). Other keys are kept and not read,
-# as vLLM and SGLang ignore them (OpenAI itself answers 400); one close to a key the message's role
-# takes is taken as a misspelling of it, which would be lost without a word
 # The start of the error of a conversation the chat template itself refused (its raise_exception,
 # e.g. "roles must alternate"), the same from Engine.apply_chat_template and the server's 400.
 TEMPLATE_REJECTED = "the chat template rejected the messages"
+
+# The keys OpenAI's chat API defines for a message (of any role). Other keys are kept and not read,
+# as vLLM and SGLang ignore them (OpenAI itself answers 400); one close to a key the message's role
+# takes is taken as a misspelling of it, which would be lost without a word
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal", "audio")
 
 # The keys besides role and content that OpenAI's API defines for a message of each role (its

@@ -116,7 +116,7 @@ def _check_help_subcommand(words: list[str]) -> None:
     with "did you mean": the general help was printed instead, as if the name were one.
 
     Raises:
-        UsageError: ``words[0]`` is neither an option, ``help``, nor a subcommand.
+        UsageError: ``words[0]`` is neither an option nor a subcommand.
     """
     subcommands = _subcommands(line_parser())
     if words[0].startswith("-") or words[0] in subcommands:

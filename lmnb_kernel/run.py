@@ -111,9 +111,9 @@ def _read_parameters_first(parser) -> None:
             elif i + 1 < len(args) and "=" in args[i + 1]:
                 given.append(args[i + 1].split("=", 1))
                 i += 2
-            elif i + 2 < len(args) and option_named(args[i + 2]) is not None:  # (-p n -o out.ipynb: n's value forgotten)
-                name, value = args[i + 1], args[i + 2]
-                option = "/".join(option_named(value).option_strings)
+            elif i + 2 < len(args) and (action := option_named(args[i + 2])) is not None:  # (-p n -o out.ipynb)
+                name, value = args[i + 1], args[i + 2]  # (n's value forgotten)
+                option = "/".join(action.option_strings)
                 parser.error(f"argument -p/--parameter: {args[i]} {name} takes {value!r} as its value, but {value!r} is "
                              f"lmnb run's option {option}: give {name} its value first (e.g. -p {name} 3 {value} "
                              f"...), or write -p {name}={value} if the value is the text {value!r}")
