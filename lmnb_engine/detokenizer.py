@@ -290,6 +290,10 @@ class StopRegexes:
         self.problem: str | None = None
 
 
+# The end assertions and negative lookaheads, as text found in a pattern: _END_ASSERTION, and the
+# start of _END_SENSITIVE
+_END_ASSERTION_SOURCE = r"\$|\\[bBZzmM]|\(\?!"
+
 # What lets a regex match where its text ends and not once more text comes: an end anchor ("a$"
 # on "Wha" but not on "What"), a word boundary (the text's end is one), a negative lookahead (it
 # sees nothing past the end), and what takes what more text adds and gives nothing back: an atomic
@@ -297,12 +301,12 @@ class StopRegexes:
 # verb such as "(*PRUNE)" ("[ab](?>a*)(?<=b)" matches "b" in "b", not in "ba"; "\R(?<=\r)" "\r" in
 # "\r", not in "\r\n"). Found in the pattern's text, erring towards yes (an escaped "\\$", "\\++"
 # too): a yes only costs a search per new character instead of one per token.
-_END_SENSITIVE = re.compile(r"\$|\\[bBZzmMXR]|\(\?!|\(\?\(\?|\(\?>|[*+?}]\+|\(\*")
+_END_SENSITIVE = re.compile(_END_ASSERTION_SOURCE + r"|\\[XR]|\(\?\(\?|\(\?>|[*+?}]\+|\(\*")
 # ... of which the end assertions and negative lookaheads, which _relaxed rewrites for safe_len's
 # partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in "xy") and
 # what gives nothing back are end-sensitive too, for find, but not rewritten (_relaxed cannot read
 # a conditional): the partial search keeps a start there as a whole or partial match
-_END_ASSERTION = re.compile(r"\$|\\[bBZzmM]|\(\?!")
+_END_ASSERTION = re.compile(_END_ASSERTION_SOURCE)
 
 
 # A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
@@ -318,7 +322,7 @@ _GLOBAL_FLAGS = re.compile(r"^(?:\(\?[a-zA-Z]+\))+")
 # the text's end: it first reads that far ahead (to the end for a word boundary, one further for
 # "$", which also holds before a final newline, and, erring towards holding back, for "\Z" and
 # "\z"), and a read past the end makes the search partial, so the match start is kept.
-# (Patterns without an end assertion or a negative lookahead, _END_SENSITIVE, are not rewritten.)
+# (Patterns without an end assertion or a negative lookahead, _END_ASSERTION, are not rewritten.)
 _RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?=[\s\S])\m)",
           "\\M": r"(?:(?=[\s\S])\M)", "\\Z": r"(?:(?=[\s\S]{2})\Z)", "\\z": r"(?:(?=[\s\S]{2})\z)",
           "$": r"(?:(?=[\s\S]{2})$)"}

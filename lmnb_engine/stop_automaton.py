@@ -308,26 +308,25 @@ class StopAutomaton:
             positions = reachable & self._accepting(text[i])
             if not positions:
                 return False
-            reachable = 0
-            while positions:
-                low = positions & -positions
-                reachable |= self._follow_masks[low.bit_length() - 1]
-                positions ^= low
+            reachable = self._followers(positions)
         return bool(reachable)
+
+    def _followers(self, positions: int) -> int:
+        """The positions that follow any of ``positions`` (a bit mask): one look-up per position."""
+        reachable = 0
+        while positions:
+            low = positions & -positions
+            reachable |= self._follow_masks[low.bit_length() - 1]
+            positions ^= low
+        return reachable
 
     def _transition(self, state: Threads, ch: str) -> tuple[Threads, tuple[int, ...], bool, tuple[int, int, bool] | None]:
         accepts = self._accepting(ch)
         taken = 0
         threads, origins = [], []
         for origin, positions in [*enumerate(state), (-1, None)]:  # (-1: the thread starting at ch)
-            if positions is None:
-                reachable = self._first
-            else:
-                reachable = 0
-                while positions:  # (the threads' positions are disjoint: P look-ups in all)
-                    low = positions & -positions
-                    reachable |= self._follow_masks[low.bit_length() - 1]
-                    positions ^= low
+            # (the threads' positions are disjoint: P look-ups in all)
+            reachable = self._first if positions is None else self._followers(positions)
             # (a position an earlier start reached already: the earlier start is kept)
             now = reachable & accepts & ~taken
             if now:
