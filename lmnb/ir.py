@@ -126,7 +126,9 @@ def option_problem(key: str, value: Any) -> Optional[str]:
     if key == "n" and not (_is_int(value) and value >= 1):
         return f"n must be an integer >= 1, got {value!r}"
     if key == "temperature" and not (_is_number(value) and value >= 0):
-        return f"temperature must be a number >= 0 (0 is greedy), got {value!r}"
+        from lmnb_engine.params import TEMPERATURE_RULE  # the engine's words (no torch)
+
+        return f"temperature {TEMPERATURE_RULE}, got {value!r}"
     if key == "top_p" and not (_is_number(value) and 0 < value <= 1):
         return f"top_p must be a number in (0, 1], got {value!r}"
     if key == "top_k" and not (_is_int(value) and (value >= 1 or value == -1)):

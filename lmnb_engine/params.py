@@ -34,6 +34,10 @@ MAX_STOP_REGEXES = 32
 # every event resends the alternatives of every token so far, so its size grows with this times
 # the square of the output's length (one stream asking for thousands reached 582 MB).
 MAX_TOP_LOGPROBS = 20
+# What a temperature must be, in the words of every front end that checks one (``validate``,
+# ``gen()`` and ``run()`` through ``lmnb.ir.option_problem``, a ``%%lm`` cell's ``--temperature``):
+# NaN and inf compare as neither below nor above 0, so "finite" is said.
+TEMPERATURE_RULE = "must be a finite number >= 0 (0 is greedy)"
 
 
 class SamplingParamsError(ValueError):
@@ -260,7 +264,7 @@ class SamplingParams:
         if self.min_new_tokens > self.max_new_tokens:
             bad("min_new_tokens", f"must not exceed max_new_tokens={self.max_new_tokens}")
         if not is_num(self.temperature) or self.temperature < 0:
-            bad("temperature", "must be a finite number >= 0 (0 = greedy)")
+            bad("temperature", TEMPERATURE_RULE)
         if not is_num(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
         if not is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1):

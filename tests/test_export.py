@@ -59,7 +59,7 @@ def test_cell_line_options_are_the_magics_options():
                           ("--state s --apend", "did you mean: --apend → --append?"),
                           # it would do nothing, silently
                           ("--append", "--append only applies to a --state cell; add --state NAME, or remove --append"),
-                          ("--temperature nan", "--temperature: must be a number >= 0"),
+                          ("--temperature nan", "--temperature: must be a finite number >= 0"),
                           # it said "did you mean: --python → --python?"
                           ("-- --python", "unrecognized arguments: -- --python ('--' ends the options; remove it)"),
                           # argparse kept the last silently: this cell sampled

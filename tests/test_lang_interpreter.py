@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import subprocess
 import sys
@@ -2581,7 +2582,7 @@ def test_select_refuses_a_choice_listed_twice_naming_it():
 # SGLang's ranges (SamplingParams.verify), written out by hand: the value just outside each, and the
 # cell's words for it (as the %%lm parser said them before gen() checked them too).
 _OUT_OF_RANGE = [
-    ({"temperature": -1}, "temperature must be a number >= 0 (0 is greedy), got -1"),
+    ({"temperature": -1}, "temperature must be a finite number >= 0 (0 is greedy), got -1"),
     ({"top_p": 2}, "top_p must be a number in (0, 1], got 2"),
     ({"top_p": 0}, "top_p must be a number in (0, 1], got 0"),
     ({"n": 0}, "n must be an integer >= 1, got 0"),
@@ -2613,7 +2614,7 @@ def test_gen_refuses_a_number_out_of_sglangs_range_where_it_is_called_in_the_cel
 def test_a_number_out_of_range_from_numpy_or_given_to_run_is_refused_before_anything_is_sent():
     import numpy as np
 
-    with pytest.raises(ValueError, match=r"^temperature must be a number >= 0 \(0 is greedy\), got -0\.5$"):
+    with pytest.raises(ValueError, match=r"^temperature must be a finite number >= 0 \(0 is greedy\), got -0\.5$"):
         sgl.gen("x", temperature=np.float32(-0.5))
     be = ScriptedBackend(lambda p, params: "x")
 
@@ -2626,6 +2627,35 @@ def test_a_number_out_of_range_from_numpy_or_given_to_run_is_refused_before_anyt
     assert be.calls == []
     # the edges are in range: SGLang takes them
     assert sgl.gen("x", temperature=0, top_p=1, top_k=-1, n=1, min_tokens=3, max_tokens=3).params.top_p == 1
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_temperature_that_is_no_finite_number_is_refused_in_the_engines_words(bad):
+    """gen(temperature=nan) said "must be a number >= 0", which does not say what is wrong with nan
+    (it is not below 0), where the engine says "a finite number"; gen(), run(), a cell's
+    --temperature and the engine now say the one rule, written once."""
+    from lmnb.template.cell_options import CellLineError, parse_cell_line
+    from lmnb_engine.params import SamplingParams
+
+    rule = "must be a finite number >= 0 (0 is greedy)"
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", temperature=bad)
+    assert str(e.value) == f"temperature {rule}, got {bad!r}"
+    be = ScriptedBackend(lambda p, params: "x")
+
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x", max_tokens=2)
+
+    with pytest.raises(ValueError) as e:
+        prog.run(temperature=bad, backend=be)
+    assert str(e.value) == f"temperature {rule}, got {bad!r}" and be.calls == []
+    with pytest.raises(ValueError) as e:
+        SamplingParams(temperature=bad).validate()
+    assert str(e.value) == f"SamplingParams.temperature={bad!r} is invalid: {rule}"
+    with pytest.raises(CellLineError) as e:
+        parse_cell_line(f"--temperature {bad!r}")
+    assert str(e.value).endswith(f"argument --temperature: {rule}, got {repr(bad)!r}")
 
 
 @pytest.mark.parametrize("call", [lambda d: sgl.select("x", choices=d), lambda d: sgl.gen("x", choices=d)])

@@ -450,13 +450,13 @@ def test_help_options_show_the_help(ip):
     [
         ("%%lm --bogus\nx", "unrecognized arguments: --bogus (%%lm --help lists the options)"),
         ("%%lm --temprature 0\nx", "unrecognized arguments: --temprature 0 (did you mean: --temprature → --temperature?)"),
-        ("%%lm --temperature -1\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got '-1'"),
+        ("%%lm --temperature -1\nx", "argument --temperature: must be a finite number >= 0 (0 is greedy), got '-1'"),
         ("%%lm --max-tokens -5\nx", "argument --max-tokens: must be an integer >= 0, got '-5'"),
         # the engine refused it when the first gen ran (a gen in a fork derived a seed from it and ran)
         ("%%lm --seed 99999999999999999999\nx", "argument --seed: must be an integer that fits in 64 bits, got "
                                                 "'99999999999999999999'"),
         ("%%lm --seed 1.5\nx", "argument --seed: must be an integer that fits in 64 bits, got '1.5'"),
-        ("%%lm --temperature warm\nx", "argument --temperature: must be a number >= 0 (0 is greedy), got 'warm'"),
+        ("%%lm --temperature warm\nx", "argument --temperature: must be a finite number >= 0 (0 is greedy), got 'warm'"),
         ("%%lm --state 'a b'\nx", "--state 'a b' is not a valid name"),
         ("%%lm --out 1x\nx", "--out '1x' is not a valid name: --out takes a Python variable name"),
         # it ran and stored the state under a name no Python code can read

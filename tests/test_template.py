@@ -497,7 +497,7 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{fork __debug__ in xs}{join}", 2, 7, "'__debug__' is reserved in Python, so it cannot be a fork target"),
         ("{gen x # note\n max_tokens=3}", 2, 8, "a comment (#) cannot go inside {...}"),
         ('{gen x regex="[0-9]+" dtype=int}', 2, 23, "gen takes one of regex, dtype"),
-        ("{gen x temperature=-1}", 2, 20, "temperature must be a number >= 0"),
+        ("{gen x temperature=-1}", 2, 20, "temperature must be a finite number >= 0"),
         ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
         ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
@@ -759,7 +759,7 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         ("{gen x max_tokens=8 stop=st}", {"st": 5}, 26, "stop=5 is invalid: give a string or a list of strings"),
         ("{gen x stop_token_ids=ids}", {"ids": [-1]}, 23, "stop_token_ids=[-1] is invalid"),
         # taken by gen() (ranges were the backend's), refused by the engine once the gen was sent
-        ("{gen x temperature=t}", {"t": -1}, 20, "temperature must be a number >= 0 (0 is greedy), got -1"),
+        ("{gen x temperature=t}", {"t": -1}, 20, "temperature must be a finite number >= 0 (0 is greedy), got -1"),
         # a dict's keys were taken as the choices without a word, where {fork x in d} refuses a dict
         ("{select x choices=labels}", {"labels": {"y": 1}}, 19, "choices is a dict, whose keys or values may be "
                                                                  "meant; pass list(labels) for its keys or "

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from lmnb_engine.cli_options import Once, OnceFlag
+from lmnb_engine.params import TEMPERATURE_RULE
 
 # Rule for ``--state`` names (letters, digits, ``_ . -``; not starting with a digit).
 STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -30,7 +31,7 @@ def _temperature(text: str) -> float:
     except ValueError:
         value = -1.0  # (argparse would name this function in its message)
     if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 is greedy), got {text!r}")
+        raise argparse.ArgumentTypeError(f"{TEMPERATURE_RULE}, got {text!r}")
     return value
 
 
