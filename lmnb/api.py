@@ -180,7 +180,8 @@ def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callab
     ``use_thread`` and ``state`` are no such options: they go to a program declaring them. With
     ``batch`` (wrapping ``run_batch``), every option of it is checked, ``n``, ``seed`` and its own
     ``num_threads``, ``progress_bar`` and ``generator_style`` too: run_batch gives none of them
-    to the program, so each item must."""
+    to the program, so each item must; and a keyword ``run_batch`` has no option for is refused
+    naming the program's arguments (``_refuse_unknown_batch_keywords``)."""
     def names(m: Callable) -> frozenset:
         return frozenset(inspect.signature(m).parameters) - {"self", "args", "kwargs", "batch_kwargs"}
 
@@ -189,6 +190,8 @@ def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callab
     @functools.wraps(method)  # (inspect.signature and help() still show the method's own options)
     def checked(self, *args, **kwargs):
         __tracebackhide__ = True  # see lmnb.interpreter._run_body
+        if batch:
+            _refuse_unknown_batch_keywords(self, kwargs, options)
         given = [k for k in kwargs if k in options and k in self.arg_names and k not in self.bind_arguments]
         positional = [p.name for p in list(self.signature.parameters.values())[1:]
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -213,6 +216,34 @@ def _refuse_shadowed_parameters(method: Callable, batch: bool = False) -> Callab
         return method(self, *args, **kwargs)
 
     return checked
+
+
+def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options: frozenset) -> None:
+    """Refuse a keyword ``run_batch`` has no option for in words that name the program's
+    arguments, as ``run`` does (``program 'f': got an unexpected keyword argument ...; its
+    arguments are [...]``), where Python's own ``TypeError`` named only ``run_batch``: its items,
+    not its keywords, give the program's arguments, which a keyword naming one is told, with
+    ``bind`` for one value shared by every item; a keyword close to an option is offered it.
+
+    Raises:
+        TypeError: a keyword that is neither ``batch_kwargs`` nor one of ``options``."""
+    import difflib
+
+    unknown = [k for k in kwargs if k not in options and k != "batch_kwargs"]
+    if not unknown:
+        return
+    k, name = unknown[0], program.__name__
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in program.signature.parameters.values())
+    if k in program.arg_names or takes_any:
+        bound = f", or give every item the one value with {name}.bind({k}=...).run_batch(...)" if (
+            k in program.arg_names) else ""  # (bind takes only declared arguments)
+        raise TypeError(f"program {name!r}: run_batch() got its argument {k!r} by keyword; each item of batch_kwargs "
+                        f"gives the program's arguments: put {k!r} in every item ({{{k!r}: ...}}){bound}")
+    close = difflib.get_close_matches(k, sorted(options), n=1)
+    meant = f"; did you mean the run_batch option {close[0]!r}?" if close else ""
+    named = (f"argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
+    raise TypeError(f"program {name!r}: run_batch() got an unexpected keyword {named}; its arguments are "
+                    f"{program.arg_names}, given by each item of batch_kwargs{meant}")
 
 
 class SglFunction:
@@ -393,8 +424,9 @@ class SglFunction:
         by name; a tuple's values fill only the arguments before the ``*``.
 
         Raises:
-            TypeError: an item that does not fit the program's signature (checked before any run); an
-                option given that is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``:
+            TypeError: an item that does not fit the program's signature (checked before any run; named
+                by its index); a keyword that is none of these options (its message names the program's
+                arguments, which the items give); an option given that is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``:
                 rename the parameter); a ``backend`` that is a URL or a class; a flag (``progress_bar``,
                 ``return_logprob``, ``ignore_eos``, ...) that is not True or False; a ``max_new_tokens`` that
                 is not an integer.

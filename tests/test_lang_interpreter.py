@@ -3453,6 +3453,51 @@ def test_a_mistyped_keyword_is_named_with_the_missing_argument():
     assert str(e.value).startswith("program 'open_ended': missing a required argument: 'question'; its arguments")
 
 
+def test_run_batch_names_the_programs_arguments_for_an_unknown_keyword_as_run_does():
+    """run(bogus=1) names the program's arguments; run_batch(items, bogus=1) got Python's own
+    "SglFunction.run_batch() got an unexpected keyword argument 'bogus'", which names neither the
+    program nor its arguments, nor that its items give them. A bad item is named by its index."""
+    be = ScriptedBackend(lambda p, params: "")
+
+    @sgl.function
+    def prog(s, q):
+        s += q
+
+    @sgl.function
+    def open_ended(s, **extra):
+        s += "x"
+
+    with pytest.raises(TypeError) as e:
+        prog.run(q="a", bogus=1, backend=be)
+    assert str(e.value) == "program 'prog': got an unexpected keyword argument 'bogus'; its arguments are ['q']"
+    with pytest.raises(TypeError) as e:
+        prog.run_batch([{"q": "a"}], bogus=1, backend=be)
+    assert str(e.value) == ("program 'prog': run_batch() got an unexpected keyword argument 'bogus'; its arguments "
+                            "are ['q'], given by each item of batch_kwargs")
+    with pytest.raises(TypeError) as e:
+        prog.run_batch(batch_kwargs=[{"q": "a"}], temprature=0, bogus=1, backend=be)
+    assert str(e.value) == ("program 'prog': run_batch() got an unexpected keyword arguments 'temprature', 'bogus'; "
+                            "its arguments are ['q'], given by each item of batch_kwargs; did you mean the run_batch "
+                            "option 'temperature'?")
+    # an argument of the program given by keyword (run takes it so) goes in the items, or bind
+    with pytest.raises(TypeError) as e:
+        prog.run_batch([{}], q="a", backend=be)
+    assert str(e.value) == ("program 'prog': run_batch() got its argument 'q' by keyword; each item of batch_kwargs "
+                            "gives the program's arguments: put 'q' in every item ({'q': ...}), or give every item "
+                            "the one value with prog.bind(q=...).run_batch(...)")
+    with pytest.raises(TypeError) as e:
+        open_ended.run_batch([{}], z=1, backend=be)
+    assert str(e.value) == ("program 'open_ended': run_batch() got its argument 'z' by keyword; each item of "
+                            "batch_kwargs gives the program's arguments: put 'z' in every item ({'z': ...})")
+    # a bad item: the same words as run's, after the item's index
+    with pytest.raises(TypeError) as e:
+        prog.run_batch([{"q": "a"}, {"q": "b", "bogus": 1}], backend=be)
+    assert str(e.value) == ("run_batch item 1: program 'prog': got an unexpected keyword argument 'bogus'; its "
+                            "arguments are ['q']")
+    assert [st.text() for st in prog.run_batch([{"q": "a"}, {"q": "b"}], backend=be)] == ["a", "b"]
+    assert [st.text() for st in open_ended.run_batch([{"z": 1}], backend=be)] == ["x"]
+
+
 @pytest.mark.timeout(60)
 def test_a_streamed_run_whose_thread_cannot_start_fails_and_leaves_the_state_usable(monkeypatch):
     """Thread.start raising ("can't start new thread") left the state marked as running a
