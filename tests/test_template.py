@@ -806,6 +806,25 @@ def test_a_literal_set_of_choices_is_taken_sorted_as_one_in_a_variable(cell):
     assert one == two == record(ref.func)
 
 
+@pytest.mark.parametrize("cell, kernel, options", [
+    ("{gen x choices=None max_tokens=3 temperature=0.5 regex=r'a+'}", {}, {"max_tokens": 3, "temperature": 0.5,
+                                                                          "regex": "a+"}),
+    ("{gen x choices=c}", {"c": None}, {}),  # (from a variable: checked as the cell runs)
+])
+def test_a_gen_with_choices_none_is_a_gen_without_choices_as_in_python(cell, kernel, options):
+    """gen(choices=None) is gen()'s default, no choices, so a gen that generates; the cell refused
+    a literal choices=None at parse time ("choices must be a non-empty list of strings"), and the
+    options a pick cannot use beside it, and a None held in a variable as the cell ran."""
+    @lmnb.function
+    def ref(s):
+        s += lmnb.gen("x", **options)  # no choices: gen()'s own reading
+
+    one, two = faces(cell, **kernel)
+    assert one == two == record(ref.func)
+    with pytest.raises(TemplateSyntaxError, match="choices must be a non-empty list of strings"):
+        parse("{select x choices=None}")  # (select has no default choices: lmnb.select refuses None too)
+
+
 def test_a_video_frame_count_in_a_numpy_integer_is_the_int_it_holds():
     """video() refused np.int64(3) frames ("num_frames must be a positive integer"), where gen() takes
     numpy integers, and took True as 1 frame."""

@@ -186,7 +186,7 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
             loaded_schema(value, patterns=False)
         except ValueError as e:
             return str(e)
-    elif key == "choices":
+    elif key == "choices" and not (primitive == "gen" and value is None):  # (gen's None: no choices, no pick)
         from lmnb.choices import choice_list, mapping_choices_problem, repeated_choices_problem
 
         mapping = mapping_choices_problem(value, source)  # (the words a dict held in a variable gets)

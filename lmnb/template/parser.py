@@ -324,17 +324,20 @@ class _Parser:
             if not (kind == "gen" and key == "temperature"):  # (checked below, once it is known whether gen picks)
                 self.check_literal(kind, key, expr)
             options.append(Option(key, expr, rest_at + at))
+        # the options given a value: a literal None is gen()'s default, as if not written (choices=None
+        # makes no pick, as gen(choices=None) makes none); a variable may hold anything, so it counts
+        valued = {o.key for o in options if _literal(o.value) is not None}
         temperature = next((o for o in options if o.key == "temperature"), None)
         if kind == "gen" and temperature is not None:  # gen(choices=...) checks it as select() does
-            self.check_literal(kind, "temperature", temperature.value, picks="choices" in seen)
+            self.check_literal(kind, "temperature", temperature.value, picks="choices" in valued)
         if kind == "select" and "choices" not in seen:
             raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
-        clash = [k for k in OUTPUT_OPTIONS if k in seen]
+        clash = [k for k in OUTPUT_OPTIONS if k in valued]
         if kind == "gen" and len(clash) > 1:
             second = next(o for o in options if o.key == clash[1])
             raise self.error(f"gen takes one of {', '.join(clash)}: they each decide the output; keep one",
                              second.offset)
-        if kind == "gen" and "choices" in seen:
+        if kind == "gen" and "choices" in valued:
             self._refuse_unused_by_a_pick(options)
         if kind == "gen":
             self._refuse_token_bounds(options)
