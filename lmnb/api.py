@@ -592,7 +592,8 @@ def gen(
     with ``choices_method``, default ``token_length_normalized``), one pick. Numbers may be numpy
     scalars and ``stop_token_ids`` a 1-D numpy array: each is read as the Python values it holds.
 
-    Raises:
+    Raises (an argument's own problem before a problem of two together, as a ``%%lm`` cell tells
+    them: a dict as choices before ``max_tokens`` beside choices):
         ValueError: a number option out of SGLang's range (``temperature`` < 0, ``top_p`` outside
             (0, 1], ``n`` < 1, ``min_tokens`` above ``max_tokens``, ...: ``lmnb.ir.option_problem``,
             the check a ``%%lm`` cell makes of a literal), an invalid regex, stop_regex, JSON schema
@@ -608,11 +609,31 @@ def gen(
             every backend refuses it, a server's after it failed to encode the request as JSON.
     """
     _check_name("gen", name)
+    # Each argument's own problems first (its type, its range, a regex that does not compile), then
+    # the combinations, so that a value that cannot be (choices in a dict) is told before an option
+    # that only goes with another (max_tokens beside choices): dropping the one leaves the other.
+    pick = None
+    if choices is not None:  # (select()'s checks of choices, the temperature and choices_method)
+        pick = _select("gen(..., choices=...)", name, choices, 0.0 if temperature is None else temperature,
+                       token_length_normalized if choices_method is None else choices_method)
+    check_regex(regex)
+    check_stop_regex(stop_regex)
+    if dtype is not None:
+        dtype_regex(dtype)
+    params = GenParams(
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_regex=stop_regex,
+        stop_token_ids=stop_token_ids, top_p=top_p, top_k=top_k, min_p=min_p,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        temperature=None if pick is not None else temperature,  # (a pick's: select()'s rule, checked above)
+        ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+        regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
+    )
     chosen = {"regex": regex, "json_schema": json_schema, "dtype": dtype, "choices": choices}
     given = [k for k in OUTPUT_OPTIONS if chosen[k] is not None]
     if len(given) > 1:
         raise ValueError(f"gen() got both {given[0]} and {given[1]}; set only one")
-    if choices is not None:
+    if pick is not None:
         if n is not None and n != 1:  # (SGLang drops n here without a word: one variable, one pick)
             raise ValueError(f"gen(..., choices=...) picks one choice and takes no n (got n={n!r}); for several "
                              "picks, fork(n) and gen(..., choices=..., temperature=...) in each branch")
@@ -628,20 +649,7 @@ def gen(
             raise ValueError(f"gen(..., choices=...) scores the choices and generates nothing, so {', '.join(given)} "
                              "would do nothing; drop them (it takes name, temperature and choices_method; "
                              "run(seed=...) makes a sampled pick reproducible)")
-        return _select("gen(..., choices=...)", name, choices, 0.0 if temperature is None else temperature,
-                       token_length_normalized if choices_method is None else choices_method)
-    check_regex(regex)
-    check_stop_regex(stop_regex)
-    if dtype is not None:
-        dtype_regex(dtype)
-    params = GenParams(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop, stop_regex=stop_regex,
-        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos, seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-        regex=regex, json_schema=json_schema_value(json_schema), dtype=dtype,
-    )
+        return pick
     problem = token_bounds_problem(params.max_new_tokens, params.min_new_tokens)
     if problem:
         raise ValueError(problem)

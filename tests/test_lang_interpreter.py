@@ -2670,6 +2670,44 @@ def test_select_refuses_choices_in_a_dict_naming_its_keys_and_its_values(call):
     assert call(labels.values()).choices == ["the answer is yes", "the answer is no"]
 
 
+@pytest.mark.parametrize("options, bad, error, words, cell", [
+    # gen() said to drop max_tokens, and once that was done, that a dict cannot be choices
+    ({"choices": {"a": 1}, "max_tokens": 8}, "choices", TypeError, "gen(..., choices=...) choices is a dict, whose keys "
+     "or values may be meant; pass list(choices) for its keys or list(choices.values()) for its values",
+     '{gen x choices={"a": 1} max_tokens=8}'),
+    ({"choices": ["a", "a"], "n": 2}, "choices", ValueError, "gen(..., choices=...) choices must differ; 'a' is listed "
+     "more than once: drop the repeats", '{gen x n=2 choices=["a", "a"]}'),
+    ({"choices": ["a", "b"], "max_tokens": -1}, "max_tokens", ValueError, "max_tokens must be an integer >= 0, got -1",
+     '{gen x choices=["a", "b"] max_tokens=-1}'),
+    ({"regex": "(", "dtype": int}, "regex", ValueError, None, '{gen x dtype="int" regex="("}'),
+    ({"json_schema": {"type": "strng"}, "regex": "a"}, "json_schema", ValueError, None,
+     '{gen x regex="a" json_schema={"type": "strng"}}'),
+    ({"max_tokens": 2, "min_tokens": "5"}, "min_tokens", TypeError, "min_tokens='5' is invalid: must be an integer", None),
+])
+def test_gen_tells_an_arguments_own_problem_before_a_combination_of_arguments(options, bad, error, words, cell):
+    """A value that cannot be (a dict as choices, a regex that does not compile) is told before a
+    combination that would be refused (max_tokens beside choices, two output constraints), as a
+    %%lm cell's parser tells it at the value: fixing the combination first only led to the next
+    error. Where the words are not written out, they are the argument's own check's, asked alone."""
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb_engine.json_schema import loaded_schema
+    from lmnb_engine.regex_errors import regex_problem
+
+    if bad == "regex":
+        words = regex_problem(options["regex"])
+    elif bad == "json_schema":
+        with pytest.raises(ValueError) as alone:
+            loaded_schema(options["json_schema"], patterns=False)
+        words = str(alone.value)
+    with pytest.raises(error) as e:
+        sgl.gen("x", **options)
+    assert str(e.value) == words
+    if cell:  # the cell refuses the same value, at it
+        with pytest.raises(TemplateSyntaxError) as e:
+            parse(cell)
+        assert e.value.offset == cell.index(f"{bad}=") + len(bad) + 1, e.value.message
+
+
 def test_select_and_gen_choices_take_numpy_arrays_and_numbers():
     # select("label", choices=df.label.unique()) failed with numpy's "The truth value of an array
     # with more than one element is ambiguous", and temperature=np.float32(0.5) was refused as no
