@@ -592,8 +592,10 @@ def gen(
     with ``choices_method``, default ``token_length_normalized``), one pick. Numbers may be numpy
     scalars and ``stop_token_ids`` a 1-D numpy array: each is read as the Python values it holds.
 
-    Raises (an argument's own problem before a problem of two together, as a ``%%lm`` cell tells
-    them: a dict as choices before ``max_tokens`` beside choices):
+    An argument's own problem is raised before a problem of two together, as a ``%%lm`` cell tells
+    them (a dict as choices before ``max_tokens`` beside choices).
+
+    Raises:
         ValueError: a number option out of SGLang's range (``temperature`` < 0, ``top_p`` outside
             (0, 1], ``n`` < 1, ``min_tokens`` above ``max_tokens``, ...: ``lmnb.ir.option_problem``,
             the check a ``%%lm`` cell makes of a literal), an invalid regex, stop_regex, JSON schema
