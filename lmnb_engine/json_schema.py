@@ -6,7 +6,8 @@ which runs it where it is called (``lmnb.ir.json_schema_value``), and the ``%%lm
 which runs it on a literal schema before anything runs (``lmnb.template.options``), so all three
 word a bad schema alike (``loaded_schema``); the server's and ``lmnb export``'s messages show a
 client's values with ``json_value``; and the JSON-pointer steps of a local ``$ref`` (``pointer_parts``,
-``child``), shared by the engine's ``$ref`` inlining and the count of a schema's regex copies;
+``child``), shared by the engine's ``$ref`` inlining and the count of a schema's regex copies,
+and the refusal of a local ``$ref`` to nothing (``dangling_ref_problem``, ``ref_to_nothing``);
 and the refusal of a schema with too many of those copies or of values in its JSON text
 (``copies_problem``, asked first). Importing it loads only ``jsonschema``.
 """
@@ -53,7 +54,8 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
             the location, e.g. ``#/properties/a``; a ``pattern`` Python's ``re`` cannot compile
             is worded by ``_refused_pattern``), or one nested too deeply to check (``TOO_DEEP``),
             or one whose engine regex would hold too many subschema copies, or its JSON text too
-            many values (``copies_problem``, asked first).
+            many values (``copies_problem``, asked first), or a local ``$ref`` that points at
+            nothing (``dangling_ref_problem``), which every use of the schema would meet.
     """
     if schema is False:
         raise ValueError("JSON schema false accepts no value: no output could validate; pass true or {} "
@@ -85,6 +87,9 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
         message = _type_typo(e) or in_json_words(e.message, json_parts([e.instance, e.validator_value]))
         raise ValueError(f"JSON schema at {where} is not a valid JSON Schema: {message}") from None
+    problem = dangling_ref_problem(schema)
+    if problem:
+        raise ValueError(problem)
     return schema
 
 
@@ -104,6 +109,78 @@ def child(node: Any, part: str) -> Any:
     if isinstance(node, list) and part.isdigit() and int(part) < len(node):
         return node[int(part)]
     return _MISSING
+
+
+def ref_to_nothing(ref: str, where: str, step: int, container: Any) -> str:
+    """Why the local ``$ref`` ``ref`` at ``where`` (``#/properties/p``) cannot be followed: step
+    ``step`` of its pointer (``pointer_parts``) finds nothing in ``container``, the object or array
+    the steps before it reached; a reference to a definition (``#/$defs/NAME``) names the definition,
+    and the name in ``container`` closest to the missing one that holds a schema or more is
+    offered. Said by ``dangling_ref_problem`` (where ``gen()`` is called) and by the engine's
+    ``$ref`` inlining (``schema_refs.inline_refs``) alike."""
+    import difflib
+
+    parts = pointer_parts(ref)
+    part = parts[step]
+    names = [k for k, v in container.items() if isinstance(v, (dict, list))] if isinstance(container, dict) else []
+    close = difflib.get_close_matches(part, names, n=1)
+    meant = f"; did you mean {json_value(close[0], SHOWN_CHARS)}?" if close else ""
+    if parts[0] in ("$defs", "definitions") and len(parts) > 1 and step <= 1:
+        missing = (f"no definition {json_value(parts[1], SHOWN_CHARS)} under {json_value(parts[0])}"
+                   + (f": the schema has no {json_value(parts[0])}" if step == 0 else meant))
+    else:
+        missing = f"no {json_value(part, SHOWN_CHARS)} there{meant}"
+    return f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} points at nothing in this schema ({missing}); fix the reference"
+
+
+# The keywords whose value is a schema, an object of schemas by name, or an array of schemas: JSON
+# Schema 2020-12's applicators, with draft 7's array form of "items", "additionalItems" and
+# "dependencies" (whose values may also be arrays of names: no schema, skipped). "$defs" and
+# "definitions" are not among them: a definition is reached through the $ref that names it.
+_ONE_SCHEMA = ("items", "additionalItems", "additionalProperties", "contains", "not", "if", "then", "else",
+               "propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema")
+_SCHEMAS_BY_NAME = ("properties", "patternProperties", "dependentSchemas", "dependencies")
+_SCHEMA_ARRAYS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+
+
+def dangling_ref_problem(schema: Any) -> Optional[str]:
+    """Why ``schema`` (JSON's types, checked against the meta-schema) cannot be used: a local
+    ``$ref`` (a JSON pointer after ``#``, with no document before it or the root's ``$id``) at a
+    place that holds a schema, reached from the root through the applicator keywords and the
+    ``$ref``s followed, that points at nothing (``ref_to_nothing``'s words); else None. The engine
+    refused it only once the gen ran, as it inlined the reference; other references (another
+    document, an anchor) are the backend's to read. The first such reference in the order of the
+    schema's text is named; each object is walked once."""
+    if not isinstance(schema, dict):
+        return None
+    root_id = schema.get("$id")
+    base = root_id.partition("#")[0] if isinstance(root_id, str) else ""
+    todo, seen = [(schema, "#")], set()
+    while todo:
+        node, where = todo.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        inside = []
+        ref = node.get("$ref")
+        doc, _, fragment = ref.partition("#") if isinstance(ref, str) else ("", "", "")
+        pointer = unquote(fragment)
+        if isinstance(ref, str) and doc in ("", base) and (not pointer or pointer.startswith("/")):
+            target = schema
+            for step, part in enumerate(pointer_parts(ref)):
+                if child(target, part) is _MISSING:
+                    return ref_to_nothing(ref, where, step, target)
+                target = child(target, part)
+            inside.append((target, "#" + pointer))
+        for key, value in node.items():
+            if key in _ONE_SCHEMA:
+                inside.append((value, f"{where}/{key}"))
+            if key in _SCHEMAS_BY_NAME and isinstance(value, dict):
+                inside += [(sub, f"{where}/{key}/{name}") for name, sub in value.items()]
+            if key in _SCHEMA_ARRAYS and isinstance(value, list):
+                inside += [(sub, f"{where}/{key}/{i}") for i, sub in enumerate(value)]
+        todo += reversed(inside)  # (popped in the order they stand)
+    return None
 
 
 def copies_problem(schema: Any) -> None:

@@ -225,7 +225,10 @@ def test_a_schema_pattern_with_a_unicode_block_gets_a_fix_that_works():
           "expression (missing ), unterminated subpattern at position 1); fix the pattern"]),
         ({"type": "string", "format": "date-time", "maxLength": 25},
          ['format "date-time"', "more than one place", "the format fixes the shape"]),
-        ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ["$ref beside its listed values", "/$defs/nope"]),
+        # (a pointer to nothing is refused as the schema is loaded, before the listed values are read)
+        ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ['"#/$defs/nope" at #/items points at nothing',
+                                                              'no definition "nope"']),
+        ({"enum": [[1]], "items": {"$ref": "#nope"}}, ["$ref beside its listed values"]),  # (an anchor: not loaded)
         # a true branch accepts everything ({} passes both): this raised AttributeError 'bool' has no 'get'
         ({"oneOf": [{"type": "object"}, True]}, ['"oneOf" branches 0 and 1', "objects"]),
         ({"const": "a", "enum": [False, {"b": 1}]}, ['const "a"', "does not pass its own enum"]),

@@ -73,6 +73,58 @@ def test_gen_checks_a_regex_and_a_json_schema_without_torch():
                                        "[]"]
 
 
+@pytest.mark.parametrize("schema, instance, words", [
+    ({"$ref": "#/$defs/zz"}, 1,
+     'JSON schema $ref "#/$defs/zz" at # points at nothing in this schema (no definition "zz" under "$defs": the '
+     'schema has no "$defs"); fix the reference'),
+    ({"$defs": {"Person": {"type": "object"}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/Persn"}}},
+     {"p": {}}, 'JSON schema $ref "#/$defs/Persn" at #/properties/p points at nothing in this schema (no definition '
+                '"Persn" under "$defs"; did you mean "Person"?); fix the reference'),
+    # reached through another reference, in an array's items
+    ({"definitions": {"row": {"type": "array", "items": {"$ref": "#/definitions/cell/oneOf/0"}}, "cell": {}},
+      "type": "array", "items": {"$ref": "#/definitions/row"}}, [[1]],
+     'JSON schema $ref "#/definitions/cell/oneOf/0" at #/definitions/row/items points at nothing in this schema (no '
+     '"oneOf" there); fix the reference'),
+])
+def test_gen_refuses_a_schema_ref_to_nothing_where_it_is_called(schema, instance, words):
+    """A $ref to a definition the schema lacks passed gen() (the meta-schema does not follow
+    references) and failed only once the gen ran; it is refused at the call, naming the reference
+    and the missing definition, in the words the engine and a %%lm cell use. That it points at
+    nothing is jsonschema's own finding, validating a value that reaches it."""
+    import jsonschema
+    import referencing.exceptions
+
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb_engine.constrained.schema import schema_to_regex
+
+    with pytest.raises(referencing.exceptions.Unresolvable):
+        jsonschema.validators.validator_for(schema)(schema).is_valid(instance)
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema)
+    assert str(e.value) == words
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=json.dumps(schema))
+    assert str(e.value) == words
+    with pytest.raises(ValueError) as e:
+        schema_to_regex(schema)
+    assert str(e.value) == words
+    cell = "{gen x json_schema=" + repr(schema) + "}"
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    assert e.value.message == words and e.value.offset == cell.index("json_schema=") + len("json_schema=")
+
+
+def test_gen_takes_a_schema_whose_refs_all_resolve_and_reads_no_value_as_a_ref():
+    """What holds "$ref" but is no reference to follow is left alone: a const or default value,
+    a property named "$ref", a definition no reference names, another document's reference."""
+    for schema in ({"type": "object", "properties": {"a": {"const": {"$ref": "#/nope"}, "default": {"$ref": "#/x"}}}},
+                   {"type": "object", "properties": {"$ref": {"type": "string"}}},
+                   {"$defs": {"unused": {"$ref": "#/nope"}}, "type": "integer"},
+                   {"$ref": "other.json#/$defs/x"},
+                   {"$defs": {"a": {"type": "array", "items": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"}):
+        assert sgl.gen("x", json_schema=schema).params.json_schema == schema
+
+
 def test_gen_refuses_a_schema_pattern_no_regex_dialect_reads():
     """A schema ``pattern`` that is a syntax error in every dialect (an unclosed group: Python's
     re, the regex package and ECMA 262 all refuse it) passed gen()'s check and failed only when

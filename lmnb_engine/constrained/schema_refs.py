@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.json_schema import _MISSING, SHOWN_CHARS, child, json_value, pointer_parts
+from lmnb_engine.json_schema import _MISSING, SHOWN_CHARS, child, json_value, pointer_parts, ref_to_nothing
 
 # How often one schema may be open on a path (the root counts): a list of itself holds up to this
 # many levels, as deep as outlines-core's own resolution went. Each level multiplies a tree's automaton.
@@ -79,7 +79,7 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
             raise GrammarError(f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} names an anchor, which is not supported; "
                                'refer to the schema by its JSON pointer, e.g. "#/$defs/NAME"')
         node, written, expect = schema, original, "schema"
-        for part in pointer_parts(ref):
+        for step, part in enumerate(pointer_parts(ref)):
             # Only through keywords that hold schemas: "#/$defs/h/default" is a value, never checked as a schema.
             if expect == "schema":
                 expect = "map" if part in _SCHEMA_MAPS else "list" if part in _SCHEMA_LISTS else \
@@ -91,10 +91,10 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
                     expect = "list"  # items as a list (draft 7's tuples)
             else:
                 expect = "schema"
+            if child(written, part) is _MISSING or child(node, part) is _MISSING:
+                # (the user's schema first: the rewritten copy may hold more)
+                raise GrammarError(ref_to_nothing(ref, where, step, written if child(written, part) is _MISSING else node))
             written, node = child(written, part), child(node, part)
-            if written is _MISSING or node is _MISSING:  # (the user's schema first: the rewritten copy may hold more)
-                raise GrammarError(f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} points at nothing in this schema "
-                                   f"(no {json_value(part, SHOWN_CHARS)} there); fix the reference")
         return pointer, node
 
     def expand(node: Any, where: str, open_refs: tuple[str, ...]) -> Any:
