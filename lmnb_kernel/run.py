@@ -23,7 +23,8 @@ import unicodedata
 from pathlib import Path
 from types import SimpleNamespace
 
-from lmnb.export.cells import Code, Dropped, ExportError, LMCell, cell_tags, is_lm_cell, python_cell, read_cells
+from lmnb.export.cells import (Code, Dropped, ExportError, LMCell, cell_tags, is_lm_cell, python_cell, read_cells,
+                               unknown_cell_notes)
 from lmnb.export.parameters import NO_DEFAULT, read_parameters
 from lmnb_engine.cli_options import Once, OnceFlag, take_negative_numbers
 from lmnb_kernel.cell_failure import describe_failure, with_note
@@ -210,6 +211,9 @@ def run(args) -> int:
         print(f"lmnb run: cannot write {out}: {f'{blocker} is a file, not a folder' if blocker else e}",
               file=sys.stderr)
         return 2
+    # (in the notebook's own numbering: before a parameters cell is injected; said as the exports say it)
+    for note in unknown_cell_notes(nb.cells, done="not run, kept as it is in the executed notebook"):
+        print(f"lmnb run: {src}: {note}", file=sys.stderr)
     injected = inject_parameters(nb, values) if values else None
     clear_outputs(nb)
 

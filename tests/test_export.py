@@ -1671,6 +1671,32 @@ def test_a_cell_of_an_unknown_type_gets_a_note_from_both_exports(tmp_path):
     assert out.returncode == 0 and f"[NbConvertApp] WARNING | {note}\n" in out.stderr
 
 
+def test_lmnb_run_notes_a_cell_of_an_unknown_type_in_the_exports_words(tmp_path, capsys):
+    """lmnb run said nothing of a cell whose cell_type is a typo ("markdwon"), which it keeps unrun,
+    where both exports note it: it notes it on stderr in their words, saying what it did with the
+    cell, numbered as in the notebook (before a -p parameters cell is put in), and the run goes on."""
+    import argparse
+
+    from lmnb_kernel.run import run
+
+    data = json.loads(nbformat.writes(notebook(("parameters", "x = 0"), "print(6 * 7 + x)")))
+    data["cells"].append({"cell_type": "markdwon", "metadata": {}, "source": "# Judging"})
+    path = tmp_path / "small.ipynb"
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    args = argparse.Namespace(notebook=str(path), output=str(tmp_path / "ran.ipynb"), parameter=[("x", "1")],
+                              timeout=120, allow_errors=False)
+    assert run(args) == 0
+    err = capsys.readouterr().err
+    exported = export_notebook(nbformat.from_dict(data))[1].notes[-1]
+    assert exported.startswith("cell 3: left out, its")
+    said = exported.replace("left out", "not run, kept as it is in the executed notebook", 1)
+    assert f"lmnb run: {path}: {said}\n" in err, err
+    ran = nbformat.read(tmp_path / "ran.ipynb", as_version=4)
+    assert [c.cell_type for c in ran.cells] == ["code", "code", "code", "markdwon"]  # (the -p cell put in second)
+    assert [o.get("text") for o in ran.cells[2].outputs] == ["43\n"]
+
+
 @pytest.mark.parametrize("text, shape", [
     ("[1, 2]", "the file's JSON is a list, not an object"),
     ('"notebook"', "the file's JSON is a string, not an object"),

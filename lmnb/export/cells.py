@@ -189,10 +189,11 @@ def cell_tags(cell) -> tuple:
     return tuple(t for t in tags if isinstance(t, str)) if isinstance(tags, list) else ()
 
 
-def unknown_cell_notes(cells) -> list[str]:
-    """The export's notes on the notebook's ``cells`` (nbformat cells, in order) of a type Jupyter
-    does not know, which it leaves out as Jupyter runs none: a typo ("markdwon") lost a cell unseen."""
-    return [f"cell {n}: left out, its cell_type {json.dumps(c.cell_type, ensure_ascii=False)} is none Jupyter "
+def unknown_cell_notes(cells, done: str = "left out") -> list[str]:
+    """The notes on the notebook's ``cells`` (nbformat cells, in order) of a type Jupyter does not
+    know, which the exports leave out and ``lmnb run`` keeps unrun (``done``: what was done with
+    the cell), as Jupyter runs none: a typo ("markdwon") lost a cell unseen."""
+    return [f"cell {n}: {done}, its cell_type {json.dumps(c.cell_type, ensure_ascii=False)} is none Jupyter "
             "knows, so no Jupyter runs or shows it; write \"code\", \"markdown\" or \"raw\" in the file's JSON"
             for n, c in enumerate(cells, start=1)
             if isinstance(c.get("cell_type"), str) and c.cell_type not in NOTEBOOK_CELL_TYPES]
