@@ -130,7 +130,8 @@ def ref_to_nothing(ref: str, where: str, step: int, container: Any) -> str:
                    + (f": the schema has no {json_value(parts[0])}" if step == 0 else meant))
     else:
         missing = f"no {json_value(part, SHOWN_CHARS)} there{meant}"
-    return f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} points at nothing in this schema ({missing}); fix the reference"
+    return (f"JSON schema $ref {json_value(ref, SHOWN_CHARS)} at {where} points at nothing in this schema ({missing}); "
+            "fix the reference")
 
 
 # The keywords whose value is a schema, an object of schemas by name, or an array of schemas: JSON
@@ -149,8 +150,9 @@ def dangling_ref_problem(schema: Any) -> Optional[str]:
     place that holds a schema, reached from the root through the applicator keywords and the
     ``$ref``s followed, that points at nothing (``ref_to_nothing``'s words); else None. The engine
     refused it only once the gen ran, as it inlined the reference; other references (another
-    document, an anchor) are the backend's to read. The first such reference in the order of the
-    schema's text is named; each object is walked once."""
+    document, an anchor) are the backend's to read. The first met is named (depth first, a
+    reference's target before the keywords beside it); each object is walked once, without
+    recursion (a schema as deep as the meta-schema check took)."""
     if not isinstance(schema, dict):
         return None
     root_id = schema.get("$id")
