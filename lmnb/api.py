@@ -241,7 +241,7 @@ def _refuse_unknown_batch_keywords(program: "SglFunction", kwargs: dict, options
                         f"gives the program's arguments: put {k!r} in every item ({{{k!r}: ...}}){bound}")
     close = difflib.get_close_matches(k, sorted(options), n=1)
     meant = f"; did you mean the run_batch option {close[0]!r}?" if close else ""
-    named = (f"argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
+    named = f"argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
     raise TypeError(f"program {name!r}: run_batch() got an unexpected keyword {named}; its arguments are "
                     f"{program.arg_names}, given by each item of batch_kwargs{meant}")
 
@@ -426,8 +426,8 @@ class SglFunction:
         Raises:
             TypeError: an item that does not fit the program's signature (checked before any run; named
                 by its index); a keyword that is none of these options (its message names the program's
-                arguments, which the items give); an option given that is also a parameter of the program (``stop=`` to ``def f(s, stop=".")``:
-                rename the parameter); a ``backend`` that is a URL or a class; a flag (``progress_bar``,
+                arguments, which the items give); an option given that is also a parameter of the
+                program (``stop=`` to ``def f(s, stop=".")``: rename the parameter); a ``backend`` that is a URL or a class; a flag (``progress_bar``,
                 ``return_logprob``, ``ignore_eos``, ...) that is not True or False; a ``max_new_tokens`` that
                 is not an integer.
             ValueError: ``max_new_tokens`` below 0.
