@@ -21,6 +21,7 @@ import warnings
 from typing import Any, Callable, Iterator
 
 from lmnb_engine.json_schema import SHOWN_CHARS, as_ranges, code_point_runs, json_value, without_surrogates
+from lmnb_engine.regex_tree import parser
 
 
 def shown_regex(pattern: str) -> str:
@@ -138,7 +139,7 @@ def pattern_problem(pattern: str) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.simplefilter("error", FutureWarning)
-            _parser().parse(held)  # (not re.compile, whose cache skips the parse, and the warning, the second time)
+            parser.parse(held)  # (not re.compile, whose cache skips the parse, and the warning, the second time)
             re.compile(held)  # (the compiler's own errors: a look-behind of varying width)
     except FutureWarning as w:
         return ambiguous_class(pattern, w)
@@ -243,17 +244,9 @@ def _matches_only_empty(pattern: str) -> bool:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _parser().parse(held).getwidth()[1] == 0 and re.fullmatch(held, "") is not None
+            return parser.parse(held).getwidth()[1] == 0 and re.fullmatch(held, "") is not None
     except (re.error, RecursionError, OverflowError):
         return False
-
-
-def _parser():
-    try:  # Python >= 3.11
-        from re import _parser as parser
-    except ImportError:  # pragma: no cover - Python 3.10
-        import sre_parse as parser  # type: ignore[no-redef]
-    return parser
 
 
 def _too_deep(pattern: str) -> str:
@@ -393,7 +386,7 @@ def _flag_position(pattern: str) -> int | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.simplefilter("error", FutureWarning)
-            _parser().parse(classes_held(pattern))
+            parser.parse(classes_held(pattern))
     except FutureWarning as w:
         m = re.search(r"at position (\d+)", str(w))
         return int(m.group(1)) if m else None

@@ -22,10 +22,8 @@ import re
 import warnings
 from typing import Any
 
-try:
-    from re import _parser as _sre  # Python 3.11+
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _sre  # type: ignore[no-redef]
+from lmnb_engine.regex_tree import parser as _sre
+from lmnb_engine.regex_tree import walk
 
 # A "{" that begins no repeat count ("x{e<=1}"): Python's parser reads it as a character, the
 # regex package as a fuzzy-matching constraint ("x" with up to one error). (An escaped "\{" is
@@ -101,27 +99,10 @@ def _item(name: str, av: Any) -> tuple[int, int]:
         if direction > 0:  # a lookahead reads what its pattern does, consuming nothing
             return 0, _span(sub)[1]
         # a lookbehind reads backwards, unless an assertion inside it looks ahead of where it ends
-        if any(op.name in ("AT", "ASSERT", "ASSERT_NOT") for op, _ in _walk(sub)):
+        if any(op.name in ("AT", "ASSERT", "ASSERT_NOT") for op, _ in walk(sub)):
             raise _Unbounded
         return 0, 0
     raise _Unbounded  # GROUPREF, GROUPREF_EXISTS, ... (a backreference's width is its group's text)
-
-
-def _walk(items: Any):
-    """Every (op, av) in ``items``, nested ones included."""
-    for op, av in items:
-        yield op, av
-        if op.name == "SUBPATTERN":
-            yield from _walk(av[3])
-        elif op.name == "ATOMIC_GROUP":
-            yield from _walk(av)
-        elif op.name == "BRANCH":
-            for sub in av[1]:
-                yield from _walk(sub)
-        elif op.name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            yield from _walk(av[2])
-        elif op.name in ("ASSERT", "ASSERT_NOT"):
-            yield from _walk(av[1])
 
 
 @functools.lru_cache(maxsize=256)

@@ -43,11 +43,7 @@ import re
 from typing import Any
 
 from lmnb_engine.regex_reach import Unreadable, parse_as_python
-
-try:
-    from re import _parser as _sre  # Python 3.11+
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _sre  # type: ignore[no-redef]
+from lmnb_engine.regex_tree import parser as _sre
 
 # Positions (pattern characters, repeats written out) above which a pattern gets no automaton:
 # each new character is decided by up to this many one-character patterns, once per character.

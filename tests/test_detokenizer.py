@@ -531,8 +531,8 @@ def test_a_stop_regexs_reach_is_what_matching_at_a_start_reads():
     # backreference, a class Python's re does not read (\p{L}) or a fuzzy constraint
     assert [reach(p) for p in ["ab", r"x(?=y)", r"a$", r"(?<=a)b", r"\bZZ\d{1,3}\b", r"a(?=bc(?=d))", "x{,3}"]] == \
         [2, 2, 3, 1, 7, 4, 3]
-    assert [reach(p) for p in [r"\d+", r"a{2,}", r"(\w)\1", r"\p{L}", "(?:abc){e<=1}", r"(?<=a\b)c", "(?x)a b"]] == \
-        [None] * 7
+    assert [reach(p) for p in [r"\d+", r"a{2,}", r"(\w)\1", r"\p{L}", "(?:abc){e<=1}", r"(?<=a\b)c", "(?x)a b",
+                               r"(a)(?<=(?(1)\b|c))"]] == [None] * 8
     rng = random.Random(2)
     for _ in range(300):  # without assertions: the longest match, as Python's own parser measures it
         pattern = _random_pattern(rng)
@@ -555,6 +555,23 @@ def test_a_stop_regexs_reach_is_what_matching_at_a_start_reads():
             for _ in range(5):
                 got = rx.match(head + "".join(rng.choice("abx \n") for _ in range(rng.randint(1, 4))), start)
                 assert (got and got.span()) == (want and want.span()), (pattern, head, start)
+
+
+def test_a_stop_regex_with_a_lookahead_in_a_conditional_in_a_lookbehind_is_held_back_and_found():
+    import regex
+
+    # the lookbehind's conditional looks ahead past the match's start: "a" is a stop once "b"
+    # follows it. Its reach was taken as 1 (the assertions in a conditional were not seen), so
+    # "xa" was shown and the stop never found
+    pattern, text = r"(a)(?<=(?(1)a(?=b)|c))", "xab"
+    want = regex.search(pattern, text)
+    m, shown, found = StopStringMatcher([], [pattern]), 0, None
+    for end in range(1, len(text) + 1):  # a character a token
+        if (found := m.find(text[:end], end - 1)) is not None:
+            break
+        shown = max(shown, m.safe_len(text[:end]))
+    assert found == (want.start(), want.group()) == (1, "a")
+    assert shown <= want.start()
 
 
 def test_a_bounded_stop_regex_is_searched_over_the_texts_last_reach_characters_only():

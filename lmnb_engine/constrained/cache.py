@@ -24,7 +24,7 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarCompileStopped, GrammarError
 from lmnb_engine.constrained.grammar import CompiledGrammar, compile_grammar, too_slow_message
 from lmnb_engine.constrained.index_process import DEFAULT_MEMORY_BYTES, ChildGroup
-from lmnb_engine.constrained.regex_check import _p, check_regex
+from lmnb_engine.constrained.regex_check import check_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
@@ -36,6 +36,7 @@ from lmnb_engine.regex_errors import (
     shown_regex,
     without_edge_anchors,
 )
+from lmnb_engine.regex_tree import parser as _p
 
 
 class GrammarCache:

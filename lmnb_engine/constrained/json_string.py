@@ -27,10 +27,11 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_parsed, largest_repeat
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_parsed, largest_repeat
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.json_schema import code_point_fix
 from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 
 _SHORT_ESCAPES = {'"': '\\\\"', "\\": "\\\\\\\\", "\b": "\\\\b", "\f": "\\\\f", "\n": "\\\\n", "\r": "\\\\r",
                   "\t": "\\\\t"}  # the regex text of each JSON escape
@@ -250,7 +251,7 @@ def pattern_regex(pattern: str, where: str, min_length: int = 0, max_length: int
         raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} is not a regular expression Python's re "
                            f"reads ({e}), and JSON Schema validators check it with one; fix it") from None
     ignore_case = _c.SRE_FLAG_IGNORECASE
-    if parsed.state.flags & ignore_case or any(op is _c.SUBPATTERN and av[1] & ignore_case for op, av in _walk(parsed)):
+    if parsed.state.flags & ignore_case or any(op is _c.SUBPATTERN and av[1] & ignore_case for op, av in walk(parsed)):
         # (classes are written out here, and case folding would have to be too: [^a-z] excludes 'K')
         raise GrammarError(f"JSON schema pattern {shown_regex(pattern)} at {where} uses case-insensitive matching (?i), which "
                            "constrained strings do not support; spell both cases out, e.g. [Aa] or [A-Za-z]")

@@ -15,13 +15,9 @@ import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.regex_errors import classes_held, shown_regex
-
-try:  # Python >= 3.11
-    from re import _constants as _c
-    from re import _parser as _p
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _p  # type: ignore[no-redef]
+from lmnb_engine.regex_tree import constants as _c
+from lmnb_engine.regex_tree import parser as _p
+from lmnb_engine.regex_tree import walk
 
 _ANCHOR_HINT = (
     "constrained output must match the whole pattern, so the pattern is anchored at both ends "
@@ -56,22 +52,6 @@ def _unsupported(op, av) -> tuple[str, str] | None:
     if getattr(_c, "POSSESSIVE_REPEAT", None) is not None and op is _c.POSSESSIVE_REPEAT:
         return "a possessive quantifier ('*+', '++', '?+')", "use the greedy quantifier"
     return None
-
-
-def _walk(node):
-    """Yield every ``(op, av)`` pair in a parsed pattern, depth first (with a stack of its own, so
-    a deeply nested pattern does not exhaust Python's recursion limit)."""
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _p.SubPattern):
-            node = node.data
-        if isinstance(node, list):
-            stack.extend(reversed(node))
-        elif isinstance(node, tuple):
-            if len(node) == 2 and isinstance(node[0], _c._NamedIntConstant):
-                yield node
-            stack.extend(part for part in reversed(node) if isinstance(part, (list, tuple, _p.SubPattern)))
 
 
 # The automaton library (regex-syntax) refuses a pattern nested more than 250 levels deep, where a
@@ -114,7 +94,7 @@ MAX_REPEAT_COUNT = 1000
 
 def largest_repeat(node, outer: int = 1) -> int:
     """The largest product of bounded repeat counts along a nesting path of a parsed pattern
-    (an unbounded ``{m,}`` counts as ``m``), walked with a stack of its own (see ``_walk``)."""
+    (an unbounded ``{m,}`` counts as ``m``), walked with a stack of its own (as ``regex_tree.walk`` is)."""
     largest, stack = outer, [(node, outer)]
     while stack:
         node, outer = stack.pop()
@@ -168,7 +148,7 @@ def check_regex(pattern: str) -> None:
 def check_parsed(parsed, pattern: str) -> None:
     """``check_regex`` on a pattern parsed by ``re._parser`` (``pattern``: its text, for messages)."""
     _check_nesting(pattern)
-    for op, av in _walk(parsed):
+    for op, av in walk(parsed):
         found = _unsupported(op, av)
         if found is not None:
             feature, fix = found

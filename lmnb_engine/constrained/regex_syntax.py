@@ -45,7 +45,6 @@ import re
 import warnings
 
 from lmnb_engine.constrained.errors import GrammarError
-from lmnb_engine.constrained.regex_check import _c, _p, _walk
 from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.regex_errors import (
     UNICODE_CLASS_AT,
@@ -55,6 +54,7 @@ from lmnb_engine.regex_errors import (
     shown_regex,
     unbuilt_class_problem,
 )
+from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 
 MARKER = ord(START_MARKER)  # left out of every class and '.': compile_grammar marks the start with it,
 # and the end with the next character, U+10FFFF (as text it would end a complete match there)
@@ -258,7 +258,7 @@ def _refuse_surrogate(pattern: str, code: int | None) -> None:
 
 def _refuse_unsupported(pattern: str, parsed) -> None:
     """Refuse the flags the automaton library lacks or scopes otherwise."""
-    scoped = [av[1] | av[2] for op, av in _walk(parsed) if op is _c.SUBPATTERN]
+    scoped = [av[1] | av[2] for op, av in walk(parsed) if op is _c.SUBPATTERN]
     if (parsed.state.flags & re.ASCII) or any(f & re.ASCII for f in scoped):
         raise GrammarError(f"regex {shown_regex(pattern)} uses the ASCII flag (?a), which constrained decoding does not "
                            "support; write the classes out instead: [0-9] for \\d, [A-Za-z0-9_] for \\w, "

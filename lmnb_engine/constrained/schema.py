@@ -47,7 +47,7 @@ from typing import Any
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.constrained.numeric import decimal_parts, integer_range_regex, number_range_regex
 from lmnb_engine.constrained.json_string import pattern_regex
-from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, _c, _p, _walk, check_regex
+from lmnb_engine.constrained.regex_check import MAX_REPEAT_COUNT, check_regex
 from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema_oneof import check_one_of
 from lmnb_engine.constrained.schema_refs import _MISSING, child, inline_refs, pointer_parts
@@ -56,6 +56,7 @@ from lmnb_engine.constrained.vocab import START_MARKER
 from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic_json_schema
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value, loaded_schema
 from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
 from lmnb_engine.schema_copies import too_many_copies
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
@@ -686,7 +687,7 @@ def _check_whitespace(pattern: str) -> None:
     check_regex(pattern)
     parsed = _p.parse(pattern)
     allowed = {ord(c) for c in _JSON_WHITESPACE}
-    for op, av in _walk(parsed):
+    for op, av in walk(parsed):
         bad = (op is _c.LITERAL and av not in allowed) or op in (_c.NOT_LITERAL, _c.ANY, _c.CATEGORY) or (
             op is _c.RANGE and not set(range(av[0], av[1] + 1)) <= allowed) or op is _c.NEGATE
         if bad:
