@@ -19,7 +19,7 @@ import functools
 import re
 from typing import Any, Callable, Sequence
 
-from lmnb_engine.regex_errors import shown_regex
+from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
 from lmnb_engine.regex_reach import reach
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
@@ -267,7 +267,8 @@ class StopRegexes:
         self.partial = []
         for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
             relaxed = _relaxed(p) if sensitive and _END_ASSERTION.search(p) else p
-            if _LATE_LOOKBEHIND.search(_GLOBAL_FLAGS.sub("", p, count=1)):
+            flags = GLOBAL_FLAGS.match(p)
+            if _LATE_LOOKBEHIND.search(p[flags.end() if flags else 0 :]):
                 relaxed = None  # (nothing past the floor shown: where the window or an automaton leaves it)
             try:
                 self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
@@ -315,7 +316,6 @@ _END_ASSERTION = re.compile(_END_ASSERTION_SOURCE)
 # showed a stop's text. Such a pattern's partial search is not used (found in the pattern's text,
 # erring towards yes: an escaped "\\(?<=" too); a lookbehind first reads only text that is there
 _LATE_LOOKBEHIND = re.compile(r"(?<!^)\(\?<[=!]")
-_GLOBAL_FLAGS = re.compile(r"^(?:\(\?[a-zA-Z]+\))+")
 
 
 # The relaxed form of each assertion whose value at a position may change once text comes after

@@ -154,8 +154,11 @@ def pattern_problem(pattern: str) -> str | None:
 
 
 # Global inline flags, (?i)(?x): Python takes them only at the pattern's start, where they come
-# before an edge anchor (``(?i)^yes$``) and say whether ``#`` opens a comment (``(?x)``)
-_GLOBAL_FLAGS = re.compile(r"(?:\(\?[aiLmsux]+\))+")
+# before an edge anchor (``(?i)^yes$``) and say whether ``#`` opens a comment (``(?x)``), and the
+# stop matcher reads past them for a lookbehind first (``detokenizer``). The letters are the regex
+# package's (the stop matcher's): Python's, aiLmsux, and b e f p r w and the versions V0 V1, which
+# Python refuses (its own error names them). (Not "(?R)": a recursion, to the regex package.)
+GLOBAL_FLAGS = re.compile(r"(?:\(\?(?:[abefiLmprsuwx]|V[01])+\))+")
 
 
 def without_edge_anchors(pattern: str) -> str:
@@ -165,7 +168,7 @@ def without_edge_anchors(pattern: str) -> str:
     default grammar backend, drops them too, and so do JSON Schema patterns here
     (``constrained.json_string``). Other anchors are left for the engine's
     ``constrained.regex_check.check_regex`` to refuse by name."""
-    flags = _GLOBAL_FLAGS.match(pattern)
+    flags = GLOBAL_FLAGS.match(pattern)
     head = flags.group() if flags else ""
     return head + "|".join(_trim_anchors(alt) for alt in _top_level_alternatives(pattern[len(head):]))
 
@@ -834,7 +837,7 @@ def _classes_and_comments(pattern: str) -> Iterator[tuple[str, list[tuple[int, i
     "[" or "\\p{" is no class); in a verbose pattern (``(?x)`` opening it), one from a "#" outside
     a class ends with its line. Either, unclosed, ends at the pattern's end."""
     i, n = 0, len(pattern)
-    flags = _GLOBAL_FLAGS.match(pattern)
+    flags = GLOBAL_FLAGS.match(pattern)
     verbose = flags is not None and "x" in flags.group()
     while i < n:
         if pattern[i] == "\\":

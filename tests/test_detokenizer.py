@@ -932,6 +932,16 @@ def test_a_stop_regex_with_a_lookbehind_after_a_repeat_holds_back_where_a_match_
     assert feed_unchecked(StopStringMatcher([], [r"[ab].*?(?<!a)"]), ["b", "a", "a", "x"], 3) == ((0, "baax"), 0)
 
 
+def test_a_lookbehind_opening_a_stop_regex_after_a_version_flag_holds_back_only_where_a_stop_may_begin():
+    # Worked by hand: (?<=z)ab may still begin a stop only at an "a" after a "z" that ends the
+    # text. A version flag, (?V0) or (?V1), reads no text, so the lookbehind after it still opens
+    # the pattern; the flag (a digit in it) was not read as one, the lookbehind was taken as coming
+    # after other text, and all the text was held back
+    for flag in ("", "(?V0)", "(?V1)", "(?iV1)"):
+        got = [StopStringMatcher([], [flag + "(?<=z)ab"]).safe_len(text) for text in ("zzzz", "zza", "zzaz", "zaza")]
+        assert got == [4, 2, 4, 3], flag
+
+
 def test_a_longer_stop_regex_match_that_a_later_character_makes_is_a_stop_whatever_the_tokens():
     # Worked by hand, min_new_tokens=2 (the text "ab" not checked): r"a.*?\B" matches "a" there and
     # "ab" from 0 only once "c" comes (\B before "c"), which a check after each character meets
