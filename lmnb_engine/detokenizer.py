@@ -105,7 +105,10 @@ class IncrementalDetokenizer:
         """At the end of generation: return the pending text, less the bytes of a character that
         the output ended inside (a ``max_tokens`` cut between the byte tokens of "中"), whatever
         ended it. ``text`` then holds whole characters only, as streamed: vLLM's result, whose
-        detokenizer never emits those bytes (SGLang's adds a U+FFFD for them). The rest reads as
+        detokenizer never emits those bytes (SGLang's adds a U+FFFD for them). vLLM also holds back
+        bytes before them that form no character (it never emits a trailing U+FFFD); here they are
+        shown, as the tokenizer's decode of the whole output shows them: the text is then as often
+        a start of that decode, and fewer characters off it. The rest reads as
         the tokenizer decodes the output without that character's tokens: bytes that cannot form
         a character are U+FFFD, one per byte with SentencePiece byte fallback (its ``ByteFallback``
         decoder's rule) and one per maximal invalid sequence with byte-level BPE (its ``ByteLevel``
