@@ -128,7 +128,8 @@ def pattern_problem(pattern: str) -> str | None:
     a Unicode class the automaton library does not build (``unbuilt_class_problem``) or at an end
     of a range (``class_range_problem``), a class Python's ``re`` flags as ambiguous
     (``ambiguous_class``), a syntax error (``invalid_regex``), a repeat count above what ``re``
-    reads, or parentheses nested too deeply for its parser, which recurses once per level (some hundreds of levels). The pattern
+    reads, parentheses nested too deeply for its parser, which recurses once per level (some hundreds
+    of levels), or a class that matches no character (``regex_empty_class``). The pattern
     is read by ``re`` with its classes held (``classes_held``), so an error's position is its
     place in ``pattern``, and a pattern with classes is refused as its twin without them is."""
     problem = empty_pattern_problem(pattern) or unbuilt_class_problem(pattern) or class_range_problem(pattern)
@@ -150,7 +151,9 @@ def pattern_problem(pattern: str) -> str | None:
     except OverflowError:  # (a count above 2**32 - 2: Python raises no re.error for it)
         return (f"regex {shown_regex(pattern)} repeats a part more times than Python's re reads (4,294,967,294); "
                 'use an unbounded repeat ("+" or "*") and bound the length with max_tokens instead')
-    return None
+    from lmnb_engine.regex_empty_class import empty_class_problem  # (it imports this module)
+
+    return empty_class_problem(pattern)
 
 
 # Global inline flags, (?i)(?x): Python takes them only at the pattern's start, where they come

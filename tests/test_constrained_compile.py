@@ -2622,16 +2622,72 @@ def test_a_surrogate_outside_a_class_is_refused_by_name(backend, pattern):
         backend.to_regex(regex=pattern)
 
 
-@pytest.mark.parametrize("pattern", ["[^\\s\\S]", "x[^\\w\\W]|y", "(a[^\\d\\D])?b", "a[^\\x00-\\U0010FFFF]",
-                                     # only surrogates, which no text holds: generation wrote 'a\ue000'
-                                     "a[^\\x00-\\ud7ff\\ue000-\\U0010FFFF]", "[^\\x00-\\ud7ffb\\ue000-\\U0010FFFFa]"])
-def test_a_part_that_matches_nothing_is_named_in_the_users_spelling(backend, pattern):
-    # the message quoted the rewritten pattern (\s written out: 1 to 40 KB of \U0000xxxx ranges)
-    # twice and blamed the tokenizer's vocabulary
-    with pytest.raises(GrammarError) as e:
-        backend.compile(regex=pattern)
-    assert str(e.value) == (f"regex {json.dumps(pattern)} has a part that matches no text (e.g. a class with no character "
-                            'in it, "[^\\\\s\\\\S]"), which the automaton library refuses; remove that part')
+@pytest.mark.parametrize("pattern, cls, at", [
+    ("[^\\s\\S]", "[^\\s\\S]", 0), ("x[^\\w\\W]|y", "[^\\w\\W]", 1), ("(a[^\\d\\D])?b", "[^\\d\\D]", 2),
+    ("a[^\\x00-\\U0010FFFF]", "[^\\x00-\\U0010FFFF]", 1),
+    # only surrogates, which no text holds: generation wrote 'a\ue000'
+    ("a[^\\x00-\\ud7ff\\ue000-\\U0010FFFF]", "[^\\x00-\\ud7ff\\ue000-\\U0010FFFF]", 1),
+    ("[^\\x00-\\ud7ffb\\ue000-\\U0010FFFFa]", "[^\\x00-\\ud7ffb\\ue000-\\U0010FFFFa]", 0),
+    ("[\\ud800]", "[\\ud800]", 0), ("x[\\U0010fffe]", "[\\U0010fffe]", 1),  # (a surrogate; a marker the engine keeps)
+    ("(?i)[^\\x00-\\x60b-\\U0010ffff]", "[^\\x00-\\x60b-\\U0010ffff]", 4),  # ("a" left out, "A" in: none under (?i))
+    ("[^\\p{L}\\P{L}]", "[^\\p{L}\\P{L}]", 0),  # (Unicode classes: the automaton library asked)
+    # all but U+10FFFE, a marker: the engine's rewrite held "\U0010fffe"'s gap as a character, and built it
+    ("x[^\\x00-\\ud7ff\\U0010ffff\\ue000-\\U0010fffd]", "[^\\x00-\\ud7ff\\U0010ffff\\ue000-\\U0010fffd]", 1),
+])
+def test_a_class_that_matches_nothing_is_refused_by_gen_as_by_the_engine(backend, pattern, cls, at):
+    # gen() took these (Python's re reads each as a valid class), and the engine refused them only when
+    # compiling ("has a part that matches no text"), or, for the last, built it
+    assert _refused_alike(backend, pattern) == (
+        f"regex {json.dumps(pattern)} holds the class {cls} at position {at}, which matches no character an output may "
+        "hold (surrogates and U+10FFFE-U+10FFFF are none): an empty class can never match, and the automaton library "
+        "refuses it; remove it, or write the class you meant")
+    with pytest.raises(ValueError, match="no transitions"):  # (the library itself, on the engine's spelling)
+        _library_builds_class(cls, pattern.startswith("(?i)"))
+
+
+def _library_builds_class(cls, caseless):
+    """Build the automaton of the class ``cls`` as the engine writes it, over every single byte."""
+    from outlines_core import Index, Vocabulary
+
+    spelled = automaton_syntax(("(?i)" if caseless else "") + cls)
+    Index(f"\\x{{10FFFE}}(?:{spelled})\\x{{10FFFF}}", Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
+
+
+def test_a_class_that_matches_nothing_in_a_part_repeated_zero_times_is_taken(backend):
+    # the automaton library reads x{0} as nothing, so the empty class in it is no dead end
+    assert lmnb_gen_takes("x(?:[^\\s\\S]){0}")
+    assert accepts(backend.compile(regex="x(?:[^\\s\\S]){0}"), backend.vocab, "x")
+
+
+_CLASS_ITEMS = ["\\s", "\\S", "\\d", "\\D", "\\w", "\\W", "a", "A", "é", "i", "İ", "ı", "_", "\\x00-\\x60",
+                "b-\\U0010ffff", "\\U0010fffe", "\\U0010ffff", "\\ud800", "\\ud800-\\udfff", "\\x00-\\ud7ff",
+                "\\ue000-\\U0010fffd", "\\p{L}", "\\P{L}", "\\p{Lu}", "\\P{Lu}", "\\P{Ll}", "\\x00-\\x40",
+                "B-\\U0010ffff", "\\x00-h", "j-\\U0010ffff", "\\P{Any}"]
+
+
+def test_gen_refuses_as_empty_just_the_classes_the_automaton_library_finds_empty():
+    # random classes of complementary items, ranges that meet at a letter (and its other case under (?i)),
+    # surrogates and the engine's markers: gen() refuses one as empty exactly where the library, given the
+    # engine's spelling of it, builds no transition (its own check, not a list of spellings)
+    from lmnb_engine.regex_errors import regex_problem
+
+    rng = random.Random(7)
+    disagree, empty = [], 0
+    for _ in range(150):
+        cls = "[" + "^" * (rng.random() < 0.7) + "".join(rng.sample(_CLASS_ITEMS, rng.randint(1, 4))) + "]"
+        caseless = rng.random() < 0.4
+        problem = regex_problem(("(?i)" if caseless else "") + "x" + cls)
+        said_empty = problem is not None and "which matches no character" in problem
+        try:
+            _library_builds_class(cls, caseless)
+            library_empty = False
+        except ValueError as e:
+            library_empty = "no transitions" in str(e)
+        empty += library_empty
+        if said_empty != library_empty:
+            disagree.append((cls, caseless, problem))
+    assert not disagree
+    assert 10 < empty < 140  # (both kinds were tried)
 
 
 @pytest.mark.parametrize("pattern, inside, outside", [

@@ -29,6 +29,7 @@ from lmnb_engine.constrained.regex_syntax import automaton_syntax
 from lmnb_engine.constrained.schema import schema_to_regex
 from lmnb_engine.constrained.vocab import TokenVocabulary
 from lmnb_engine.json_schema import copies_problem
+from lmnb_engine.regex_empty_class import empty_class_problem
 from lmnb_engine.regex_errors import (
     classes_held,
     empty_pattern_problem,
@@ -306,7 +307,8 @@ def _unread_problem(regex: str) -> str | None:
 
 def _automaton_regex(regex: str) -> str:
     """The user's ``regex`` without its edge anchors (``without_edge_anchors``), checked
-    (``check_regex``) and in the automaton library's syntax (``automaton_syntax``).
+    (``check_regex``, and for a class that matches no character: ``empty_class_problem``) and in
+    the automaton library's syntax (``automaton_syntax``).
 
     Raises:
         GrammarError: from those checks, naming the pattern as the user wrote it (with its anchors)
@@ -319,9 +321,13 @@ def _automaton_regex(regex: str) -> str:
         raise GrammarError(problem)
     try:
         check_regex(trimmed)
-        return automaton_syntax(trimmed)
+        spelled = automaton_syntax(trimmed)
     except GrammarError as e:
         if trimmed == regex:
             raise
         named = str(e).replace(shown_regex(trimmed), shown_regex(regex), 1)
         raise GrammarError(regex_problem(regex) or named) from None
+    problem = empty_class_problem(regex)  # (which the library refuses only compiling, in its own words)
+    if problem:
+        raise GrammarError(problem)
+    return spelled

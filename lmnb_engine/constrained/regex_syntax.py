@@ -233,11 +233,20 @@ def _class(pattern: str, i: int, ignorecase: bool = False) -> tuple[str, int]:
     return (parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")") if parts else "[^\\s\\S]", i + 1
 
 
+def class_syntax(pattern: str, start: int, ignorecase: bool = False) -> str:
+    """The character class at ``pattern[start] == '['`` (Python ``re`` syntax, as ``automaton_syntax``
+    reads it) in the automaton library's syntax, as ``automaton_syntax`` writes it there
+    (``ignorecase``: whether ``(?i)`` holds there)."""
+    return _class(pattern, start, ignorecase)[0]
+
+
 def _covers_all(spans: list[tuple[int, int]]) -> bool:
     """Whether the ``(low, high)`` code point ranges cover every character text may hold (all but
     the surrogates and the two markers)."""
     reach = 0  # every code point below it is covered
     for lo, hi in sorted(spans):
+        if reach >= MARKER:  # (a gap at the markers, left out anyway, is none: [^\x00-\U0010fffd\U0010ffff])
+            break
         if lo > reach and not (_SURROGATES[0] <= reach and lo <= _SURROGATES[1] + 1):
             return False
         reach = max(reach, hi + 1)

@@ -1,0 +1,151 @@
+"""A character class of a ``regex`` constraint that matches no character: found and named.
+
+A class such as ``[^\\s\\S]``, ``[^\\d\\D]`` or one of surrogates alone (``[\\ud800]``) is valid to
+Python's ``re`` (which flags only the ambiguous ``[\\s&&\\S]``), but it can never match, and the
+automaton library (Rust's regex, in outlines-core) refuses a pattern holding one ("no
+transitions"), even in a part the output could skip (``(a[^\\d\\D])?b``). So the language's
+``gen()``, a ``%%lm`` cell and the engine refuse it before compiling, in one message.
+
+Whether a class is empty is decided from what it holds, not from its spelling: the class is read
+by Python's ``re`` under the case-insensitive flag where it holds there, and searched for in a
+text of every character an output may hold (every code point but the surrogates, which no UTF-8
+text holds, and U+10FFFE and U+10FFFF, which the engine keeps for marking a match's ends and
+leaves out of every class). A class with a Unicode property class in it (``\\p{L}``, which ``re``
+lacks) is asked of the automaton library itself, as the engine writes the class
+(``constrained.regex_syntax.class_syntax``), since only it reads such a class: under ``(?i)`` it
+adds each character's simple case pairs to ``\\p{Lu}`` or ``\\P{Ll}``, where the ``regex``
+package reads ``(?i)\\P{Ll}`` as every character.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from typing import Iterator
+
+from lmnb_engine.regex_errors import (
+    _automaton_matches_nothing,
+    _class_items,
+    _comments,
+    _item_end,
+    _parser,
+    classes_held,
+    shown_regex,
+    unicode_classes,
+)
+
+# The code points the engine keeps for itself (constrained.regex_syntax leaves them out of classes)
+_MARKERS = (0x10FFFE, 0x10FFFF)
+_SURROGATES = (0xD800, 0xDFFF)
+try:  # Python >= 3.11
+    from re import _constants as _sre_constants
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_constants as _sre_constants  # type: ignore[no-redef]
+_LITERAL = _sre_constants.LITERAL
+_REPEATS = (_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT, getattr(_sre_constants, "POSSESSIVE_REPEAT", None))
+# A group head that sets or clears flags in its scope: (?i: (?-i: (?s-i: ...
+_SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
+
+
+@functools.cache
+def _text_characters() -> str:
+    """Every character an output may hold, in code point order (about 1.1 million: 4 MB, built once)."""
+    return "".join(map(chr, [*range(_SURROGATES[0]), *range(_SURROGATES[1] + 1, _MARKERS[0])]))
+
+
+def empty_class_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is refused for a character class that matches no character an output may
+    hold (the module docstring says how that is decided), or None: the first such class, where it
+    starts, and the fix. None too where Python's ``re`` cannot read the pattern (its Unicode classes
+    held: ``classes_held``), whose error is named elsewhere."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _parser().parse(classes_held(pattern))
+    except (re.error, RecursionError, OverflowError):
+        return None
+    for start, end, caseless in _classes(pattern):
+        cls = pattern[start:end]
+        if _matches_nothing(pattern, start, end, caseless) and _read(pattern, start, end):
+            return (f"regex {shown_regex(pattern)} holds the class {cls} at position {start}, which matches no character "
+                    "an output may hold (surrogates and U+10FFFE-U+10FFFF are none): an empty class can never match, and "
+                    "the automaton library refuses it; remove it, or write the class you meant")
+    return None
+
+
+def _classes(pattern: str) -> Iterator[tuple[int, int, bool]]:
+    """(start, end, whether the case-insensitive flag holds there) for each character class of
+    ``pattern`` as Python's parser delimits it (``regex_errors._class_items``), outside comments.
+    The flag holds where the pattern sets it globally (read by Python's parser) or a group opening
+    ``(?i:`` around the class does, and no ``(?-i:`` inside that."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        caseless = [bool(_parser().parse(classes_held(pattern)).state.flags & re.IGNORECASE)]
+    class_end = {}
+    for items in _class_items(pattern):
+        first = items[0][0]
+        start = first - 1 if pattern[first - 1] == "[" else first - 2  # ("[" or "[^" before the first item)
+        class_end[start] = items[-1][1] + 1
+    comments = dict(_comments(pattern))
+    i, n = 0, len(pattern)
+    while i < n:
+        if i in comments:
+            i = comments[i]
+        elif i in class_end:
+            yield i, class_end[i], caseless[-1]
+            i = class_end[i]
+        elif pattern[i] == "\\":
+            i = _item_end(pattern, i)
+        elif pattern[i] == "(":
+            scoped = _SCOPED_FLAGS.match(pattern, i)
+            on, off = (scoped.group(1), scoped.group(2) or "") if scoped else ("", "")
+            caseless.append(("i" in on or caseless[-1]) and "i" not in off)
+            i += 1
+        elif pattern[i] == ")":
+            if len(caseless) > 1:
+                caseless.pop()
+            i += 1
+        else:
+            i += 1
+
+
+def _read(pattern: str, start: int, end: int) -> bool:
+    """Whether the class at ``pattern[start:end]`` stands where the pattern may read it: not in a
+    part repeated zero times (``x[^\\s\\S]{0}``), which Python's ``re`` and the automaton library
+    both read as nothing. Found by holding the class by a character the pattern lacks and looking
+    for it in Python's parse of the pattern, outside a repeat of at most zero."""
+    mark = next((chr(c) for c in range(0xE000, 0xF900) if chr(c) not in pattern), None)
+    if mark is None:  # (a pattern of all 6400 such characters: taken as read)
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parsed = _parser().parse(classes_held(pattern[:start] + mark + pattern[end:]))
+    stack: list = [parsed.data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _parser().SubPattern):
+            node = node.data
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, tuple):
+            if len(node) == 2 and node[0] is _LITERAL and node[1] == ord(mark):
+                return True
+            if len(node) == 2 and any(node[0] is op for op in _REPEATS) and node[1][1] == 0:  # (by identity: a range's
+                # (low, high) is a pair of ints too)
+                continue  # (nothing under it is read)
+            stack.extend(part for part in node if isinstance(part, (list, tuple, _parser().SubPattern)))
+    return False
+
+
+def _matches_nothing(pattern: str, start: int, end: int, caseless: bool) -> bool:
+    """Whether the class ``pattern[start:end]`` (``[...]`` or ``[^...]``, as Python delimits it)
+    matches no character an output may hold, read under ``caseless`` (the module docstring)."""
+    cls = pattern[start:end]
+    if not unicode_classes(cls):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return re.compile(cls, re.IGNORECASE if caseless else 0).search(_text_characters()) is None
+    from lmnb_engine.constrained.regex_syntax import class_syntax  # (torch-free; it imports this package)
+
+    return _automaton_matches_nothing(("(?i)" if caseless else "") + class_syntax(pattern, start, caseless))
