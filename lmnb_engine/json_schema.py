@@ -215,7 +215,8 @@ def _syntax_checker():
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
-    checker.checks("regex")(lambda pattern: not (isinstance(pattern, str) and _no_dialect_reads(pattern)))
+    checker.checks("regex")(lambda pattern: not (isinstance(pattern, str)
+                                                 and (_no_dialect_reads(pattern) or identity_escape(pattern))))
     return checker
 
 
@@ -340,6 +341,57 @@ def code_point_fix(pattern: str) -> Optional[str]:
             f"code point, the pattern {json_value(python, SHOWN_CHARS)}")
 
 
+# ECMA 262's SyntaxCharacter and "/": the characters an identity escape may stand for under the u flag
+_ECMA_SYNTAX_CHARACTERS = "^$\\.*+?()[]{}|/"
+# the letters an ECMA escape with the u flag may begin with: an assertion (b, B), a control escape
+# (f n r t v), a control letter (c), a class (d D s S w W, p P), a code (x, u) or a group name (k);
+# in a class, b is a backspace and B and k no escape, and "-" is one
+_ECMA_ESCAPE_LETTERS = "bBfnrtvcdDsSwWpPxuk"
+_ECMA_CLASS_ESCAPE_LETTERS = "bfnrtvcdDsSwWpPxu-"
+
+
+def identity_escape(pattern: str) -> Optional[tuple[int, str]]:
+    """(where, the character) of the first identity escape in the schema ``pattern`` that ECMA 262
+    refuses with the u flag JSON Schema asks patterns be read with (2020-12 core, section 6.4):
+    there ``IdentityEscape[+UnicodeMode]`` is a ``SyntaxCharacter`` or "/" (and ``ClassEscape``
+    adds "-"), so ``\\U``, ``\\%`` or ``\\e`` are syntax errors, which without the flag (Annex B)
+    stand for the character itself; None where there is none. A digit after a backslash (a
+    back-reference, ``\\0``) is no identity escape and is left to the other checks."""
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < n:
+            c = pattern[i + 1]
+            allowed = _ECMA_CLASS_ESCAPE_LETTERS if in_class else _ECMA_ESCAPE_LETTERS
+            if not (c.isdigit() or c in _ECMA_SYNTAX_CHARACTERS or c in allowed):
+                return i, c
+            i += 2
+            continue
+        in_class = ch != "]" if in_class else ch == "["
+        i += 1
+    return None
+
+
+def _identity_escape_problem(pattern: str) -> Optional[str]:
+    """The words for the schema ``pattern``'s identity escapes the u flag refuses
+    (``identity_escape``), with the pattern each unescaped, which means what ECMA reads it as
+    without that flag, and what Python's ``re`` (the engine's and jsonschema's reader) reads it as
+    too; None where there is none."""
+    found = identity_escape(pattern)
+    if found is None:
+        return None
+    at, c = found
+    unescaped = pattern
+    while (more := identity_escape(unescaped)) is not None:
+        unescaped = unescaped[:more[0]] + unescaped[more[0] + 1:]
+    code = " (ECMA's escape of a code point is \\u{...} or \\uXXXX, its u lowercase)" if c == "U" else ""
+    return (f"it escapes {json_value(c, SHOWN_CHARS)} at position {at}, an identity escape ECMA 262 refuses with the u flag "
+            "JSON Schema asks patterns be read with (2020-12 core, section 6.4): there a backslash stands before a "
+            'syntax character (^ $ \\ . * + ? ( ) [ ] { } |), "/", "-" in a class, or an escape it defines; write '
+            f"{json_value(unescaped, SHOWN_CHARS)}, each such character unescaped, as ECMA reads the escape without the "
+            f"flag{code}")
+
+
 def _no_dialect_reads(pattern: str, u_flag: bool = True) -> bool:
     """Whether ``pattern`` is a syntax error for every dialect a backend may read it in: once its
     ECMA syntax is spelled as Python's (``_ecma_as_python``), one of ``_ERRORS_OF_EVERY_DIALECT``
@@ -385,6 +437,9 @@ def _refused_pattern(where: str, pattern: Any, ecma: bool = False) -> str | None
     if not isinstance(pattern, str):
         return None
     shown = json_value(pattern, SHOWN_CHARS)
+    escape = _identity_escape_problem(pattern) if ecma else None
+    if escape:
+        return f"JSON schema at {where}: the pattern {shown} cannot be read as JSON Schema reads it: {escape}"
     problem = python_error(*_ecma_as_python(pattern), written=pattern) if ecma else python_error(pattern)
     if problem:
         fix = None if ecma else code_point_fix(pattern)  # (ecma: what gen() refuses, which no escape helps)

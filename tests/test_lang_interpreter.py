@@ -223,6 +223,32 @@ def test_a_schema_pattern_valid_only_without_the_u_flag_is_refused_saying_so(pat
         assert sgl.gen("x", json_schema=schema(instead)).params.json_schema == schema(instead)
 
 
+@pytest.mark.parametrize("pattern, escaped, at, unescaped", [
+    (r"^a\UD83D\UDE00+$", "U", 2, "^aUD83DUDE00+$"),  # (ECMA's \u is lowercase: no escape; the engine refused it)
+    (r"a\%b", "%", 1, "a%b"), (r"[\e\-]", "e", 1, r"[e\-]"), (r"x\Z", "Z", 1, "xZ"),
+    (r"[a\B]", "B", 2, "[aB]"),  # (in a class, \B is no escape)
+])
+def test_a_schema_patterns_identity_escape_the_u_flag_refuses_is_refused_where_gen_is_called(pattern, escaped, at,
+                                                                                              unescaped):
+    """ECMA 262 with the u flag JSON Schema asks for (2020-12 core, section 6.4) reads an identity
+    escape only for a SyntaxCharacter or "/" (and "-" in a class): IdentityEscape[+UnicodeMode].
+    gen() took these (Python's re reads \\% as "%", and a bad escape only as an error other
+    dialects may not have), and the engine refused the first; without the flag (Annex B) each
+    escape is its character, the spelling offered."""
+    def schema(pattern):
+        return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+
+    with pytest.raises(ValueError) as e:
+        sgl.gen("x", json_schema=schema(pattern))
+    assert str(e.value).startswith(f"JSON schema at #/properties/a/pattern: the pattern {json.dumps(pattern)} cannot be "
+                                   f"read as JSON Schema reads it: it escapes {json.dumps(escaped)} at position {at}, "
+                                   "an identity escape ECMA 262 refuses with the u flag"), str(e.value)
+    assert f"; write {json.dumps(unescaped)}, each such character unescaped" in str(e.value)
+    assert sgl.gen("x", json_schema=schema(unescaped)).params.json_schema == schema(unescaped)
+    for read in (r"\/\^\$\.\*\+\?\(\)\[\]\{\}\|\\", r"[\-\b\/\]]", r"\d\D\s\S\w\W\f\n\r\t\v\cA\x41\u0041\0"):
+        assert sgl.gen("x", json_schema=schema(read)).params.json_schema == schema(read)
+
+
 def test_gen_checks_one_json_schema_once_however_often_it_is_called_with_it(monkeypatch):
     """gen(json_schema=...) ran the meta-schema check at every call (since 4fbd604): a program body
     runs its gen() once per run_batch item, and the check of a schema of some dozens of properties
