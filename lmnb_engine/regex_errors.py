@@ -286,29 +286,42 @@ def _ambiguity_fix(pattern: str, warning: FutureWarning) -> str:
     and for another set operation or nested class the ASCII characters it holds (``_members_reading``); then the
     character(s) Python flagged escaped (a "[" that opens a nested set, both of "&&", "--", "||",
     "~~"; ``_literal_reading``), the literal reading, which a user meaning a POSIX class or a set
-    operation does not want."""
+    operation does not want; that only where ``gen()`` takes it: where Python's own reading is no
+    pattern (``[[:alpha:]|)]``: the class ends at the first "]", and the ")" after it closes no
+    group), that is said with Python's error instead."""
     m = re.search(r"at position (\d+)", str(warning))
     if m is None:  # (every Python that warns names the position; say what to do anyway)
         return 'escape the "[" or the doubled character to mean the characters themselves'
     i = int(m.group(1))
     n = 1 if pattern[i] == "[" else 2
-    literal = f"{shown_regex(_literal_reading(pattern, i))} to mean the characters"
+    read_literally = _literal_reading(pattern, i)
+    refused = pattern_problem(read_literally)
+    if refused is None:
+        literal, alone = f"{shown_regex(read_literally)} to mean the characters", ""
+    else:  # (Python's own reading is no pattern: "[[:alpha:]|)]" has an unbalanced ")" to it, "[[:alpha:]" a class)
+        literal = None
+        why = python_error(read_literally) or refused
+        alone = (f"read as Python reads it, its characters literal ({shown_regex(read_literally)}), it is refused too "
+                 f"({why})")
     empty = [pattern[start:end] for start, end in _rust_classes(pattern)
              if _flagged(pattern[start:end]) and _automaton_matches_nothing(pattern[start:end])]
     if empty:
         classes = f"the class {empty[0]} matches" if len(empty) == 1 else f"the classes {', '.join(empty)} match"
         return (f"{classes} no character as the automaton library reads it (an empty set, which it refuses): remove "
-                f"{'it' if len(empty) == 1 else 'them'}, or write the class you meant; write {literal}")
+                f"{'it' if len(empty) == 1 else 'them'}, or write the class you meant; "
+                + (f"write {literal}" if literal else alone))
     posix = _posix_reading(pattern) if n == 1 else None
+    operation = None if posix else _set_operation(pattern, i)
+    members = None if posix or operation else _members_reading(pattern)
     if posix:
-        return f"write {shown_regex(posix[0])} for {posix[1]} (ASCII, as the automaton library reads it), or {literal}"
-    operation = _set_operation(pattern, i)
-    if operation:
-        return f"write {shown_regex(operation[0])} for the set {operation[1]}, or {literal}"
-    members = _members_reading(pattern)
-    if members:
-        return f"write {shown_regex(members[0])} for {members[1]} (its characters, as the automaton library reads it), or {literal}"
-    return f"write {literal}"
+        offer = f"write {shown_regex(posix[0])} for {posix[1]} (ASCII, as the automaton library reads it)"
+    elif operation:
+        offer = f"write {shown_regex(operation[0])} for the set {operation[1]}"
+    elif members:
+        offer = f"write {shown_regex(members[0])} for {members[1]} (its characters, as the automaton library reads it)"
+    else:
+        return f"write {literal}" if literal else f"{alone}; fix the pattern"
+    return f"{offer}, or {literal}" if literal else f"{offer}; {alone}"
 
 
 def _posix_reading(pattern: str) -> tuple[str, str] | None:
@@ -404,12 +417,33 @@ def _flag_position(pattern: str) -> int | None:
 def _literal_reading(pattern: str, at: int) -> str:
     """``pattern`` with the character(s) Python's ``re`` flags at ``at`` escaped (a "[" that opens a
     nested set, both of "&&", "--", "||", "~~"), and so each it flags after, so that ``gen()`` takes
-    it with each such class read as its characters, as Python reads it (``[a\\&\\&b]``)."""
+    it with each such class read as its characters, as Python reads it (``[a\\&\\&b]``). Where
+    Python reads the pattern, a "--" it reads in a range (``[(--]``, "(" to "-"; ``[--a]``, "-" to
+    "a") has one "-" escaped, the one that keeps Python's reading (``[(-\\-]``, ``[\\--a]``);
+    where it does not (``[a--b]``, a range down from "a"), both, each "-" a character."""
+    read = _python_reading(pattern)
     while at is not None:
         n = 1 if pattern[at] == "[" else 2
-        pattern = pattern[:at] + "".join("\\" + c for c in pattern[at:at + n]) + pattern[at + n:]
+        ways = [pattern[:at] + "".join("\\" + c for c in pattern[at:at + n]) + pattern[at + n:]]
+        if pattern.startswith("--", at):
+            ways += [pattern[:at + 1] + "\\" + pattern[at + 1:], pattern[:at] + "\\" + pattern[at:]]
+        pattern = next((way for way in ways if read is not None and _python_reading(way) == read), ways[0])
         at = _flag_position(pattern)  # (each escape takes a flag away: the loop ends)
     return pattern
+
+
+def _python_reading(pattern: str) -> str | None:
+    """Python's parse of ``pattern`` (warnings ignored), written out (a group's parse compares by
+    identity, its text by value), or None where it cannot read it, or holds a Unicode class, which
+    Python reads only held by other characters: two patterns Python reads alike parse alike."""
+    if unicode_classes(pattern):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return repr(_parser().parse(pattern))
+    except (re.error, RecursionError, OverflowError):
+        return None
 
 
 def stop_posix_problem(pattern: str) -> str | None:
@@ -421,24 +455,38 @@ def stop_posix_problem(pattern: str) -> str | None:
     ``ambiguous_class``). The message names the first such class and offers the pattern as the stop
     matcher reads it with each POSIX class as its ASCII characters (``_stop_posix_reading``; none
     for another property), then the literal reading, every such class's "[" escaped
-    (``_stop_literal_reading``). A class is found where an item of a character class, as Python's
+    (``_stop_literal_reading``), where the stop matcher reads it (else that Python's own reading is
+    no pattern, and why). A class is found where an item of a character class, as Python's
     parser delimits them (``_class_items``), opens one."""
     posix = _first_posix(pattern)
     if posix is None:
         return None
+    import regex  # (the stop matcher's reader)
+
     i = posix.start()
-    literal = shown_regex(_stop_literal_reading(pattern))
+    read_literally = _stop_literal_reading(pattern)
+    try:
+        regex.compile(read_literally)
+        literal = f"{shown_regex(read_literally)} to mean the characters"
+    except regex.error as e:  # (Python's own reading is no pattern: "[[:alpha:]|)]" has an unbalanced ")" to it)
+        literal = None
+        refused = (f"read as Python reads it, its characters literal ({shown_regex(read_literally)}), it is refused too "
+                   f"({python_error(read_literally) or e})")
     fix = _stop_posix_reading(pattern)
     offer = ""
     if fix:
         operators = [op for op in ("&&", "--", "||", "~~") if op in fix[1]]
         told = (f" (the stop matcher has no set operations: it reads {', '.join(map(shown_regex, operators))} in a "
                 "class as characters)") if operators else ""
-        offer = f"write {shown_regex(fix[0])} for its ASCII characters{told}, or "
+        offer = f"write {shown_regex(fix[0])} for its ASCII characters{told}"
     kind = "POSIX class" if posix.group(1).lstrip("^") in _POSIX else "property class"
+    if literal:
+        fixes = f"{offer}, or {literal}" if offer else f"write {literal}"
+    else:
+        fixes = f"{offer}; {refused}" if offer else f"{refused}; fix the pattern"
     return (f"{shown_regex(pattern)} holds the {kind} {posix.group()} at position {i}, which the stop "
             "matcher (the regex package) reads as a class of Unicode characters, and Python's re as literal "
-            f"characters; {offer or 'write '}{literal} to mean the characters")
+            f"characters; {fixes}")
 
 
 def _stop_literal_reading(pattern: str) -> str:

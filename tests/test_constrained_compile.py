@@ -931,6 +931,66 @@ def test_a_set_operation_that_holds_no_character_is_named_so_not_offered_as_an_e
     assert lmnb_gen_takes(literal)
 
 
+@pytest.mark.parametrize("pattern, said", [
+    # Python's class ends at the first "]": the ")" after it closes no group; "[\\[:alpha:]|)]" was offered
+    ("[[:alpha:]|)]", 'write "[A-Za-z|)]" for [:alpha:] (ASCII, as the automaton library reads it); read as Python reads '
+     'it, its characters literal ("[\\\\[:alpha:]|)]"), it is refused too (unbalanced parenthesis at position 12)'),
+    ("x[[:digit:]a](", 'read as Python reads it, its characters literal ("x[\\\\[:digit:]a]("), it is refused too (missing ), '
+     "unterminated subpattern at position 14); fix the pattern"),
+])
+def test_a_literal_reading_python_cannot_read_is_not_offered(backend, pattern, said):
+    assert _refused_alike(backend, pattern).endswith(" a set operation; " + said)
+
+
+_POSIX_PARTS = ["[:alpha:]", "[:digit:]", "[:^alpha:]", "[:punct:]", "a", "|", ")", "(", "]", "-", "^", "&&", "--", "[a]",
+                "Z", "\\]", ":"]
+_POSIX_ALPHABET = "a1Z[:]|)-^&_é "
+
+
+def test_every_reading_offered_for_a_posix_class_is_taken_and_means_what_it_says():
+    # random classes with POSIX parts beside groups, "]", ranges and set operators: every spelling offered is
+    # taken by gen(); the POSIX or members reading matches what the automaton library reads the pattern as,
+    # and the literal one what Python's re reads it as (where it reads it: [a--b], a range down from "a" to
+    # Python, is offered as its characters). "[[:alpha:]|)]" was offered "[\\[:alpha:]|)]", which Python cannot
+    # read, and "([:Z(--])", Python's range from "(" to "-", as "([:Z(\\-\\-])", without ")"
+    from lmnb_engine.regex_errors import regex_problem
+
+    def python_matches(pattern, length):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = re.compile(pattern)
+        return {"".join(t) for t in itertools.product(_POSIX_ALPHABET, repeat=length) if compiled.fullmatch("".join(t))}
+
+    rng = random.Random(11)
+    checked = {"literal": 0, "library": 0}
+    for _ in range(400):
+        cls = "[" + "^" * (rng.random() < 0.3) + "".join(rng.choice(_POSIX_PARTS) for _ in range(rng.randint(1, 4))) + "]"
+        pattern = rng.choice(["", "x", "("]) + cls + rng.choice(["", "x", ")", "|b", "]"])
+        said = regex_problem(pattern)
+        if "[:" not in cls or said is None or "Possible" not in said:
+            continue
+        for offer in (json.loads(t) for t in re.findall(r'(?:write |, or )("(?:[^"\\]|\\.)*")', said)):
+            assert regex_problem(offer) is None, (pattern, said)
+            literal = said.endswith(f"{json.dumps(offer)} to mean the characters")
+            for length in (1, 2):
+                try:
+                    meant = python_matches(pattern, length) if literal else _rust_matches(pattern, _POSIX_ALPHABET, length)
+                except (re.error, ValueError):  # (Python's own reading a bad range; no text of this length)
+                    break
+                assert python_matches(offer, length) == meant, (pattern, offer, length)
+                checked["literal" if literal else "library"] += 1
+    assert checked["literal"] > 40 and checked["library"] > 10, checked
+
+
+def test_a_stop_regex_literal_reading_python_cannot_read_is_not_offered():
+    from lmnb_engine.params import stop_regex_problem
+
+    assert stop_regex_problem("[[:alpha:]|)]").endswith(
+        'write "[)A-Za-z\\\\|]" for its ASCII characters; read as Python reads it, its characters literal '
+        '("[\\\\[:alpha:]|)]"), it is refused too (unbalanced parenthesis at position 12)')
+    assert stop_regex_problem("[)A-Za-z\\|]") is None
+
+
 @pytest.mark.parametrize("pattern", [r"[\w--\d][a-c&&b]", r"[\p{L}&&\p{Lu}]x[[:alpha:]]", r"[\w--\d][[:alpha:]]"])
 def test_no_reading_is_offered_that_gen_refuses(backend, pattern):
     # a difference of two Perl or Unicode classes was offered as one negated class with the pattern's other
@@ -965,11 +1025,14 @@ def test_a_stop_regex_posix_class_is_offered_as_the_stop_matcher_reads_the_rest_
     told = (f' (the stop matcher has no set operations: it reads "{operator}" in a class as characters)'
             if operator else "")
     at = pattern.index("[:")
+    literal = json.dumps(pattern[:at] + chr(92) + pattern[at:])
+    # (to Python "[a-[" is a range down from "a": its literal reading, offered before, is no pattern)
+    literal = (f"; read as Python reads it, its characters literal ({literal}), it is refused too (bad character range "
+               "a-\\[ at position 1)") if pattern == "[a-[:digit:]]" else f", or {literal} to mean the characters"
     assert stop_regex_problem(pattern) == (
         f"{json.dumps(pattern)} holds the POSIX class {pattern[at:pattern.index(':]') + 2]} at position {at}, which "
         "the stop matcher (the regex package) reads as a class of Unicode characters, and Python's re as literal "
-        f"characters; write {json.dumps(fix)} for its ASCII characters{told}, or "
-        f"{json.dumps(pattern[:at] + chr(92) + pattern[at:])} to mean the characters")
+        f"characters; write {json.dumps(fix)} for its ASCII characters{told}{literal}")
     # the characters the stop matcher stops on with the offer, of ASCII and some beyond it, are those worked out
     compiled = StopRegexes([fix]).compiled[0]
     sample = [chr(c) for c in range(0x80)] + list("é\u00a0ß\u0663Ωж中\U0001F600\u212a\u017f")
