@@ -336,6 +336,7 @@ def _posix_reading(pattern: str) -> tuple[str, str] | None:
     (``_class_members``)."""
     names: list[str] = []
     rewrites = []
+    caseless = bool(_CASELESS.search(pattern))  # (erring towards yes: a form is then checked under (?i))
     for start, end in _rust_classes(pattern):
         text = pattern[start:end]
         posix = list(_POSIX_CLASS.finditer(text))
@@ -346,7 +347,7 @@ def _posix_reading(pattern: str) -> tuple[str, str] | None:
         names += [m.group() for m in posix]
         bare = _POSIX_CLASS.sub("", text[1:-1])  # (what is left beside the POSIX classes)
         if "[" in bare or re.search(r"&&|--|~~|\[:\^", text):
-            spelled = _class_members(_POSIX_CLASS.sub(_posix_set, text))
+            spelled = _class_members(_POSIX_CLASS.sub(_posix_set, text), caseless=text if caseless else None)
         else:
             spelled = _POSIX_CLASS.sub(lambda m: _POSIX[m.group(1)], text)
         if spelled is None:
@@ -380,11 +381,13 @@ def _members_reading(pattern: str) -> tuple[str, str] | None:
     "|" to Rust's regex), or holds characters beyond ASCII and not all of them (``[\\w--\\d]``)."""
     names: list[str] = []
     rewrites = []
+    caseless = bool(_CASELESS.search(pattern))  # (erring towards yes: a form is then checked under (?i))
     for start, end in _rust_classes(pattern):
         text = pattern[start:end]
         if not _flagged(text):
             continue
-        spelled = None if _POSIX_CLASS.search(text) or "||" in text else _class_members(text, ascii_only=True)
+        spelled = (None if _POSIX_CLASS.search(text) or "||" in text
+                   else _class_members(text, ascii_only=True, caseless=text if caseless else None))
         if spelled is None:
             return None
         names.append(text)
@@ -683,7 +686,7 @@ _MAX_MEMBER_RANGES = 8
 _EMPTY_OPERAND = re.compile(r"\[\^?(?:&&|--|~~)|(?:&&|--|~~)(?:&&|--|~~|\])")
 
 
-def _class_members(cls: str, ascii_only: bool = False) -> str | None:
+def _class_members(cls: str, ascii_only: bool = False, caseless: str | None = None) -> str | None:
     """The class ``cls`` (with nested classes and set operations: ``[[A-Za-z]&&a]``) as a class of
     the characters the ``regex`` package's version 1 reads it to hold, which is Rust's reading of
     such a class: ranges of them (``[a]``), or a negated class of the rest where that is shorter
@@ -694,7 +697,11 @@ def _class_members(cls: str, ascii_only: bool = False) -> str | None:
     ASCII characters, or a negated one of ASCII characters (every other character held), is
     written, so that no Unicode table, where the package's and Rust's may differ (``\\w``, ``\\d``:
     ``[\\w--\\d]`` holds ``é``), decides what the class holds. None too for a class of no character
-    (``[[:alpha:]&&[:digit:]]``), which no class offered can stand for."""
+    (``[[:alpha:]&&[:digit:]]``), which no class offered can stand for. ``caseless``: the class as
+    the pattern writes it, where ``(?i)`` may hold there; then only a form that the engine reads
+    under ``(?i)`` as the library reads that class is written (``_caseless_alike``): the library
+    adds each item's case pairs before negating it, so that the complement of a class may hold
+    other characters (``(?i)[[^B]b-e]`` holds every character, ``(?i)[^B]`` neither case of b)."""
     if _EMPTY_OPERAND.search(cls):
         return None
     inside = code_point_runs(cls, "(?V1)")
@@ -703,8 +710,45 @@ def _class_members(cls: str, ascii_only: bool = False) -> str | None:
     outside = _outside_runs(inside)
     forms = [_ranges(spans, negation) for spans, negation in ((inside, ""), (outside, "^"))
              if not ascii_only or all(hi <= 0x80 for _, hi in spans)]
-    forms = [form for form in forms if form is not None]
+    forms = [form for form in forms if form is not None and (caseless is None or _caseless_alike(caseless, form))]
     return min(forms, key=len) if forms else None
+
+
+@functools.cache
+def _cased_vocabulary():
+    """An outlines-core vocabulary of one token per character that has another case (as Python's
+    ``str.lower``, ``str.upper`` and ``str.casefold`` tell, a few thousand) and per ASCII character,
+    with the characters in id order; built once, when an ambiguous class is met where (?i) may hold
+    (about two seconds)."""
+    from outlines_core import Vocabulary  # (torch-free)
+
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF
+             and (c < 0x80 or chr(c).lower() != chr(c) or chr(c).upper() != chr(c) or chr(c).casefold() != chr(c))]
+    return Vocabulary(len(chars), {ch.encode(): [i] for i, ch in enumerate(chars)}), chars
+
+
+@functools.lru_cache(maxsize=256)
+def _caseless_alike(cls: str, form: str) -> bool:
+    """Whether the engine reads the class ``form`` under ``(?i)`` (``automaton_syntax``, as it reads
+    a pattern ``gen()`` takes) to hold the characters the automaton library reads the class ``cls``
+    under ``(?i)`` to hold: asked of that library, of every character with another case (only
+    those can fold; every other one the two hold alike, or not, by how ``form`` was worked out)."""
+    from outlines_core import Index
+
+    from lmnb_engine.constrained.regex_syntax import automaton_syntax  # (torch-free; it imports this module)
+
+    vocabulary, chars = _cased_vocabulary()
+
+    def held(pattern: str) -> set[str]:
+        try:
+            index = Index(pattern, vocabulary)
+        except ValueError:  # (no character leads on: an empty class)
+            return set()
+        start = index.get_initial_state()
+        return {ch for i, ch in enumerate(chars) if (state := index.get_next_state(start, i)) is not None
+                and index.is_final_state(state)}
+
+    return held(f"(?i){cls}") == held(automaton_syntax(f"(?i){form}"))
 
 
 def _ranges(spans: list[tuple[int, int]], negation: str) -> str | None:
