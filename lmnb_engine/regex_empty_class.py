@@ -19,8 +19,10 @@ package reads ``(?i)\\P{Ll}`` as every character.
 
 from __future__ import annotations
 
+import array
 import functools
 import re
+import sys
 import warnings
 from typing import Iterator
 
@@ -48,10 +50,16 @@ _REPEATS = (_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT, getattr(_sre_c
 _SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
 
 
+_FIRST_CHARACTERS = "".join(map(chr, range(0x800)))
+
+
 @functools.cache
 def _text_characters() -> str:
-    """Every character an output may hold, in code point order (about 1.1 million: 4 MB, built once)."""
-    return "".join(map(chr, [*range(_SURROGATES[0]), *range(_SURROGATES[1] + 1, _MARKERS[0])]))
+    """Every character an output may hold, in code point order (about 1.1 million: 4 MB, built once,
+    in some 0.2 s)."""
+    codes = array.array("I", range(_SURROGATES[0]))
+    codes.extend(range(_SURROGATES[1] + 1, _MARKERS[0]))
+    return codes.tobytes().decode("utf-32-be" if sys.byteorder == "big" else "utf-32-le")  # (a join of chr() takes 1 s)
 
 
 def empty_class_problem(pattern: str) -> str | None:
@@ -145,7 +153,9 @@ def _matches_nothing(pattern: str, start: int, end: int, caseless: bool) -> bool
     if not unicode_classes(cls):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return re.compile(cls, re.IGNORECASE if caseless else 0).search(_text_characters()) is None
+            compiled = re.compile(cls, re.IGNORECASE if caseless else 0)
+        # (most classes hold a character below U+0800: the whole text, 0.2 s to build, is searched only past them)
+        return compiled.search(_FIRST_CHARACTERS) is None and compiled.search(_text_characters()) is None
     from lmnb_engine.constrained.regex_syntax import class_syntax  # (torch-free; it imports this package)
 
     return _automaton_matches_nothing(("(?i)" if caseless else "") + class_syntax(pattern, start, caseless))

@@ -718,11 +718,11 @@ def _class_members(cls: str, ascii_only: bool = False, caseless: str | None = No
 def _cased_vocabulary():
     """An outlines-core vocabulary of one token per character that has another case (as Python's
     ``str.lower``, ``str.upper`` and ``str.casefold`` tell, a few thousand) and per ASCII character,
-    with the characters in id order; built once, when an ambiguous class is met where (?i) may hold
-    (about two seconds)."""
+    with the characters in id order; built once, when an ambiguous class is met where (?i) may hold."""
     from outlines_core import Vocabulary  # (torch-free)
 
-    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF
+    # (planes 0 and 1 hold every character with case; the last, U+1E943, is Adlam's)
+    chars = [chr(c) for c in range(0x20000) if not 0xD800 <= c <= 0xDFFF
              and (c < 0x80 or chr(c).lower() != chr(c) or chr(c).upper() != chr(c) or chr(c).casefold() != chr(c))]
     return Vocabulary(len(chars), {ch.encode(): [i] for i, ch in enumerate(chars)}), chars
 
