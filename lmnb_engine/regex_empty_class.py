@@ -31,21 +31,17 @@ from lmnb_engine.regex_errors import (
     _class_items,
     _comments,
     _item_end,
-    _parser,
     classes_held,
     shown_regex,
     unicode_classes,
 )
+from lmnb_engine.regex_tree import constants as _c, parser
 
 # The code points the engine keeps for itself (constrained.regex_syntax leaves them out of classes)
 _MARKERS = (0x10FFFE, 0x10FFFF)
 _SURROGATES = (0xD800, 0xDFFF)
-try:  # Python >= 3.11
-    from re import _constants as _sre_constants
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as _sre_constants  # type: ignore[no-redef]
-_LITERAL = _sre_constants.LITERAL
-_REPEATS = (_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT, getattr(_sre_constants, "POSSESSIVE_REPEAT", None))
+_LITERAL = _c.LITERAL
+_REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT, getattr(_c, "POSSESSIVE_REPEAT", None))
 # A group head that sets or clears flags in its scope: (?i: (?-i: (?s-i: ...
 _SCOPED_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-([imsx]+))?:")
 
@@ -70,7 +66,7 @@ def empty_class_problem(pattern: str) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _parser().parse(classes_held(pattern))
+            parser.parse(classes_held(pattern))
     except (re.error, RecursionError, OverflowError):
         return None
     for start, end, caseless in _classes(pattern):
@@ -89,7 +85,7 @@ def _classes(pattern: str) -> Iterator[tuple[int, int, bool]]:
     ``(?i:`` around the class does, and no ``(?-i:`` inside that."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        caseless = [bool(_parser().parse(classes_held(pattern)).state.flags & re.IGNORECASE)]
+        caseless = [bool(parser.parse(classes_held(pattern)).state.flags & re.IGNORECASE)]
     class_end = {}
     for items in _class_items(pattern):
         first = items[0][0]
@@ -128,11 +124,11 @@ def _read(pattern: str, start: int, end: int) -> bool:
         return True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        parsed = _parser().parse(classes_held(pattern[:start] + mark + pattern[end:]))
+        parsed = parser.parse(classes_held(pattern[:start] + mark + pattern[end:]))
     stack: list = [parsed.data]
     while stack:
         node = stack.pop()
-        if isinstance(node, _parser().SubPattern):
+        if isinstance(node, parser.SubPattern):
             node = node.data
         if isinstance(node, list):
             stack.extend(node)
@@ -142,7 +138,7 @@ def _read(pattern: str, start: int, end: int) -> bool:
             if len(node) == 2 and any(node[0] is op for op in _REPEATS) and node[1][1] == 0:  # (by identity: a range's
                 # (low, high) is a pair of ints too)
                 continue  # (nothing under it is read)
-            stack.extend(part for part in node if isinstance(part, (list, tuple, _parser().SubPattern)))
+            stack.extend(part for part in node if isinstance(part, (list, tuple, parser.SubPattern)))
     return False
 
 

@@ -444,7 +444,7 @@ def _python_reading(pattern: str) -> str | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return repr(_parser().parse(pattern))
+            return repr(parser.parse(pattern))
     except (re.error, RecursionError, OverflowError):
         return None
 

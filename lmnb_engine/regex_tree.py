@@ -4,8 +4,8 @@ The engine reads patterns with ``re._parser`` (``sre_parse`` before Python 3.11)
 places: the constrained-decoding check names the features a finite automaton lacks
 (``constrained.regex_check``) and the modules that rewrite a pattern for the automaton library
 read its tree, the stop matcher measures how far a stop regex reads (``regex_reach``) and builds
-automata of stop regexes (``stop_automaton``), and ``regex_errors`` words what Python refuses.
-They import the parser modules from here, and search the tree with ``walk``.
+automata of stop regexes (``stop_automaton``), ``regex_errors`` words what Python refuses, and
+``regex_empty_class`` finds a class that matches no character. They import the parser modules from here, and search the tree with ``walk``.
 """
 
 from __future__ import annotations
