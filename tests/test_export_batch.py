@@ -1954,8 +1954,11 @@ def test_the_malformed_rows_of_a_semicolon_csv_name_the_separator(tmp_path):
 def _rows_as_pythons_csv_reads_them(text: str, delimiter: str) -> list:
     """The reference for the job's CSV rows, from Python's csv alone: records delimited by its
     lenient reader over the text's lines (split as a file opened with newline='' is), each bad
-    when csv's strict reader refuses its lines; (line, fields or None) per record after the header."""
+    when csv's strict reader refuses its lines; (line, fields or None) per record after the header.
+    A record of one line of spaces (and tabs, where a tab is no separator) is a blank line, which
+    pandas' read_csv skips."""
     lines = io.StringIO(text, newline="").readlines()
+    blank = " \r\n" if delimiter == "\t" else " \t\r\n"
     lenient = csv.reader(iter(lines), delimiter=delimiter)
     header, end, rows = next(lenient), lenient.line_num, []
     for record in lenient:
@@ -1965,7 +1968,7 @@ def _rows_as_pythons_csv_reads_them(text: str, delimiter: str) -> list:
         except csv.Error:
             rows.append((start, None))
             continue
-        if record:
+        if record and not (end == start and not lines[start - 1].strip(blank)):
             good = len(record) == len(header) and record != header
             rows.append((start, dict(zip(header, record)) if good else None))
     return rows
@@ -1982,6 +1985,56 @@ def test_csv_rows_are_those_pythons_csv_reads_on_random_text(tmp_path, delimiter
         text = f"q{delimiter}a\n" + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
         rows.write_bytes(text.encode("utf-8"))
         assert [(r.line, r.fields) for r in read_rows(rows)] == _rows_as_pythons_csv_reads_them(text, delimiter), text
+
+
+def _written_rows_among_blank_lines(rng: random.Random, delimiter: str) -> tuple:
+    """A CSV (or TSV) text that Python's csv writes of random rows, with blank lines of random
+    blanks before its header and between its rows: (text, [(line, fields)] of the rows written).
+    A blank line is empty or of spaces, or of tabs too where a tab is no separator: pandas'
+    read_csv (its C parser) skips each such line as blank. A row of one value of blanks alone is
+    quoted, where csv would write it as such a line."""
+    blanks = ["", " ", "   "] + (["\t", " \t "] if delimiter != "\t" else [])
+    values = ["", "a", " ", "  x ", "b c", "\t", "a\nb", " \n  \n ", '"', "d" + delimiter + "e"]
+    header = [f"c{i}" for i in range(rng.randint(1, 3))]
+    text, rows = "", []
+
+    def write(record: list, end: str) -> None:
+        nonlocal text
+        lone_blank = len(record) == 1 and not record[0].strip(" \t")
+        quoting = csv.QUOTE_ALL if lone_blank or rng.random() < 0.3 else csv.QUOTE_MINIMAL
+        out = io.StringIO()
+        csv.writer(out, delimiter=delimiter, quoting=quoting, lineterminator=end).writerow(record)
+        text += out.getvalue()
+
+    def blank_lines() -> None:
+        nonlocal text
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            text += rng.choice(blanks) + rng.choice(["\n", "\r\n"])
+
+    blank_lines()
+    write(header, "\n")
+    for _ in range(rng.randint(0, 5)):
+        blank_lines()
+        record = [rng.choice(values) for _ in header]
+        rows.append((text.count("\n") + 1, dict(zip(header, record))))
+        write(record, rng.choice(["\n", "\r\n"]))
+    blank_lines()
+    return text, rows
+
+
+@pytest.mark.parametrize("delimiter, suffix", [(",", "csv"), ("\t", "tsv")])
+def test_lines_of_blanks_in_a_csv_are_skipped_as_pandas_skips_them(tmp_path, delimiter, suffix):
+    """A line of spaces before the header was refused ('the first line must name every column'),
+    and one between rows was a row of one value (a bad row, or a row of blanks in a file of one
+    column), where pandas' read_csv skips them as blank lines (skip_blank_lines; the same
+    generator's files read by pandas 3.1's C parser give these rows). Random files written by
+    Python's csv with blank lines among them: the rows written, on their lines."""
+    rng = random.Random(27)
+    rows = tmp_path / f"rows.{suffix}"
+    for _ in range(300):
+        text, written = _written_rows_among_blank_lines(rng, delimiter)
+        rows.write_bytes(text.encode("utf-8"))
+        assert [(r.line, r.fields) for r in read_rows(rows)] == written, text
 
 
 def test_blank_lines_before_a_csv_header_are_skipped(tmp_path):

@@ -205,7 +205,8 @@ def _delimited(path: Path, delimiter: str) -> Iterator[InputRow]:
 
 
 def _records(lines: Iterator[str], delimiter: str) -> Iterator[tuple]:
-    """The CSV records of ``lines``: (its first line, 1-based; its values; problem).
+    """The CSV records of ``lines``: (its first line, 1-based; its values; problem). A blank line
+    (empty, or of spaces and, where the separator is no tab, tabs) has values [].
 
     Each record is read strictly; one that a strict reader refuses (a quote opened and never
     closed, which a lenient reader read to the file's end as one value, so those rows never ran;
@@ -217,6 +218,9 @@ def _records(lines: Iterator[str], delimiter: str) -> Iterator[tuple]:
     lenient one called only at an error, reads a file of good rows about twice as fast as reading
     each record twice."""
     kept: list = []  # (the lines read for the record being read: the lenient reader's, at an error)
+    # A line of only spaces and tabs is a blank line, as pandas' read_csv (its C parser, the default)
+    # skips it; a tab only where it is no separator: in TSV "\t" is a row of two empty values.
+    blank = " \r\n" if delimiter == "\t" else " \t\r\n"
 
     def keeping():
         for line in lines:
@@ -229,6 +233,8 @@ def _records(lines: Iterator[str], delimiter: str) -> Iterator[tuple]:
         try:
             for record in reader:
                 start, end = end + 1, before + reader.line_num
+                if len(kept) == 1 and not kept[0].strip(blank):
+                    record = []  # (a line of only blanks outside quotes, which pandas skips as a blank line)
                 kept.clear()
                 yield start, record, None
             return
