@@ -936,6 +936,47 @@ def test_fork_over_a_dicts_items_or_a_generator_still_forks_once_per_item():
     assert one == two and [e for e in one if e[1] == "fork"] == [((), "fork", 2)]
 
 
+@pytest.mark.parametrize("source", ["opts", "cfg.opts"])
+def test_an_iterator_every_fork_branch_reads_as_choices_is_refused_not_used_up_by_the_first(source):
+    """The first branch's select read the generator to its end (lmnb.select takes any iterable
+    as the list of its items) and the second was refused as having no choices, in both faces;
+    each now refuses it at the first branch, naming the fix."""
+    def cell_args():
+        gen = (c for c in ["yes", "no"])
+        return {"opts": gen, "cfg": types.SimpleNamespace(opts=gen)}
+
+    t = parse("{fork 2}{select v choices=" + source + "}{join}", first_line=1)
+    why = (f"choices={source} is an iterator (generator), which the first branch of the fork would use up, leaving "
+           f"the other branches no choices; make it a list before the cell ({source} = list({source}))")
+    log = []
+    with pytest.raises(TemplateRuntimeError) as kernel:
+        t.program().func(Rec(log), **t.bind(cell_args()))
+    assert str(kernel.value).startswith(f"line 1, col 27: {why}\n")
+    assert [e for e in log if e[1] == "add"] == []  # (refused before the first branch's pick)
+    ns = {"lmnb": lmnb}
+    exec(t.to_python("cell"), ns)
+    with pytest.raises(TypeError) as export:
+        record(ns["cell"].func, **t.bind(cell_args()))
+    assert str(export.value) == why
+
+
+def test_choices_made_anew_in_each_fork_branch_or_bound_by_it_may_be_iterators():
+    """A generator expression, a call, or the fork's own item gives each branch its own iterator:
+    every branch picks among all its choices, in both faces, as the lists of a reference program."""
+    picks = ("select", "v", ["yes", "no"], 0.0, "TokenLengthNormalized")
+    for cell, make_args in [
+            ("{fork 2}{select v choices=(c for c in opts)}{join}", lambda: {"opts": ["yes", "no"]}),
+            ("{fork 2}{select v choices=gen(opts)}{join}", lambda: {"opts": ["yes", "no"], "gen": lambda xs: iter(xs)}),
+            ("{fork g in gens}{select v choices=g}{join}", lambda: {"gens": [iter(["yes", "no"]), iter(["yes", "no"])]})]:
+        t = parse(cell)
+        one = record(t.program().func, **t.bind(make_args()))
+        ns = {"lmnb": lmnb}
+        exec(t.to_python("cell"), ns)
+        two = record(ns["cell"].func, **t.bind(make_args()))  # (new iterators: the first face used its own up)
+        assert one == two
+        assert [e[2] for e in one if e[1] == "add"] == [picks, picks], cell
+
+
 def test_forks_nest_as_deep_as_the_exported_loops_can():
     # 21 nested forks exported as 21 nested for loops: "too many statically nested blocks"
     deepest = parse("{fork 1}" * 20 + "x" + "{join}" * 20)

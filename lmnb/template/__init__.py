@@ -18,7 +18,7 @@ Only Python's standard library is used here; lmnb is imported when a program is 
 
 from lmnb.template.cell import cell_body
 from lmnb.template.errors import TemplateError, TemplateRuntimeError, TemplateSyntaxError
-from lmnb.template.options import MAX_FORK_BRANCHES, braced_set, fork_count, fork_items
+from lmnb.template.options import MAX_FORK_BRANCHES, braced_set, branch_choices, fork_count, fork_items
 from lmnb.template.parser import parse
 from lmnb.template.python_cell import PythonCell, parse_python
 from lmnb.template.template import Template
@@ -31,6 +31,7 @@ __all__ = [
     "TemplateRuntimeError",
     "TemplateSyntaxError",
     "braced_set",
+    "branch_choices",
     "cell_body",
     "fork_count",
     "fork_items",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import ast
 import copy
 
-from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Target, Text, statements
-from lmnb.template.options import braced_item
+from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Target, Text, statements, target_names
+from lmnb.template.options import braced_item, shared_by_branches
 from lmnb.template.template import python_name
 
 _INDENT = "    "
@@ -38,6 +38,7 @@ class _Writer:
     def __init__(self, params: dict[str, str]):
         self.params = params
         self.lines: list[str] = []
+        self.bound = None  # inside a fork: the names its innermost fork binds (branch_choices); else None
 
     def emit(self, indent: int, text: str) -> None:
         self.lines += [_INDENT * indent + line for line in text.split("\n")]
@@ -91,7 +92,11 @@ class _Writer:
 
     def primitive(self, node: Primitive, state: str, local) -> str:
         args = [] if node.name is None else [_literal(node.name)]
-        args += [f"{o.key}={self.expr(o.value, state, local)}" for o in node.options]
+        for o in node.options:
+            value = self.expr(o.value, state, local)
+            if o.key == "choices" and self.bound is not None and shared_by_branches(o.value, self.bound):
+                value = f"lmnb.template.branch_choices({value}, {_literal(o.value.source.strip())})"
+            args.append(f"{o.key}={value}")
         return f"lmnb.{node.primitive}({', '.join(args)})"
 
     def media(self, node: Media, state: str, local) -> str:
@@ -129,7 +134,9 @@ class _Writer:
             self.emit(indent, f"{forks} = {state}.fork(len({items}))")
             self.emit(indent, f"for {branch}, {target} in zip({forks}, {items}):")
         before = len(self.lines)
+        outer, self.bound = self.bound, frozenset(target_names(node.target) if node.target is not None else ())
         self.block(node.body, branch, inner, indent + 1, depth + 1)
+        self.bound = outer
         if len(self.lines) == before:
             self.emit(indent + 1, "pass")
         mode = "" if node.join == "gather_variable" else _literal(node.join)

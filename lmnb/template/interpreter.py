@@ -12,8 +12,9 @@ from typing import Any
 
 from lmnb.choices import choice_list
 from lmnb.template.errors import TemplateRuntimeError
-from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements
-from lmnb.template.options import SAMPLING_FIELDS, braces_hint, check_literal, fork_count, fork_items
+from lmnb.template.nodes import Expr, Fork, Interp, Media, Primitive, Role, Text, statements, target_names
+from lmnb.template.options import (
+    SAMPLING_FIELDS, braces_hint, branch_choices, check_literal, fork_count, fork_items, shared_by_branches)
 
 
 def execute(template, s, arguments: dict[str, Any]) -> None:
@@ -25,6 +26,7 @@ class _Run:
     def __init__(self, template, arguments: dict[str, Any]):
         self.t = template
         self.args = arguments
+        self.bound = None  # inside a fork: the names its innermost fork binds (branch_choices); else None
 
     def error(self, message: str, offset: int) -> TemplateRuntimeError:
         """The failure ``message`` at character ``offset`` of the cell body, placed in the cell as typed."""
@@ -60,6 +62,8 @@ class _Run:
             kwargs[o.key] = value = self.value(o.value, s, local, f"{node.primitive} option {o.key}={o.value.source}")
             if o.key == "choices":  # as lmnb.select reads them: a numpy array, a pandas Series, a set (sorted)
                 try:
+                    if self.bound is not None and shared_by_branches(o.value, self.bound):
+                        branch_choices(value, o.value.source)
                     kwargs[o.key] = value = choice_list(value, o.value.source.strip())
                 except TypeError as e:  # (a dict: its keys or its values?)
                     raise self.error(str(e), o.value.offset) from None
@@ -103,6 +107,13 @@ class _Run:
         s += getattr(lmnb, f"{node.role}_end")()
 
     def fork(self, node: Fork, s, local) -> None:
+        outer, self.bound = self.bound, frozenset(target_names(node.target) if node.target is not None else ())
+        try:
+            self.branches(node, s, local)
+        finally:
+            self.bound = outer
+
+    def branches(self, node: Fork, s, local) -> None:
         if node.count is not None:
             n = self.value(node.count, s, local)
             try:

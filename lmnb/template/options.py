@@ -11,7 +11,7 @@ import inspect
 import operator
 import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Optional
 
 from lmnb.ir import RANGED_OPTIONS, GenParams, dtype_regex, engine_option_problem, is_stop, option_problem
@@ -159,6 +159,35 @@ def fork_items(items, source: str) -> list:
     if not branches:
         raise ValueError(f"{where}: {source} has no items; a fork needs at least one branch")
     return branches
+
+
+def shared_by_branches(expr, bound) -> bool:
+    """Whether the option value ``expr`` (a ``nodes.Expr``) in a ``{fork}`` branch gives every
+    branch the same object: a variable or an attribute of one (``opts``, ``cfg.opts``), not a name
+    in ``bound`` (those the innermost fork binds, one item a branch) and not an expression that
+    makes a new value each time it is read (a call, a generator expression)."""
+    node = expr.tree.body
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id not in bound
+
+
+def branch_choices(choices, source: str):
+    """``choices`` (returned as given) of a ``select`` or ``gen`` in a ``{fork}`` branch, read by
+    an expression ``source`` that gives every branch the same object (``shared_by_branches``): the
+    kernel checks them so, and the exported program calls this, so both refuse the same values.
+
+    Raises:
+        TypeError: ``choices`` is an iterator (a generator, ``map(...)``, ``iter(...)``): the first
+            branch's pick would use it up (``lmnb.select`` reads any iterable as the list of its
+            items) and leave the other branches no choices.
+    """
+    if isinstance(choices, Iterator):
+        name = source.strip()
+        raise TypeError(f"choices={name} is an iterator ({type(choices).__name__}), which the first branch of the "
+                        f"fork would use up, leaving the other branches no choices; make it a list before the cell "
+                        f"({name} = list({name}))")
+    return choices
 
 
 def allowed(primitive: str) -> tuple[str, ...]:
