@@ -1475,6 +1475,57 @@ def test_a_notebook_without_cell_ids_is_read_without_nbformats_warning(tmp_path)
     assert [c.source for c in nb.cells] == [c.source for c in QA.cells]
 
 
+def test_a_notebook_is_parsed_once_and_read_as_nbformat_reads_it(monkeypatch, caplog):
+    """notebook_from_text parsed the file's JSON for its own checks, then nbformat.reads parsed the
+    text again. Now once; the notebook is nbformat's own reading of the text (the reference), for a
+    notebook of v4, one the schema refuses (logged as nbformat logs it), one without cell ids, and
+    an old version (3, converted)."""
+    import copy
+    import warnings
+
+    from nbformat.v3 import new_code_cell, new_notebook as new_v3, new_worksheet
+    from nbformat.warnings import MissingIDFieldWarning
+
+    from lmnb.export import notebook_from_text
+
+    noids = json.loads(nbformat.writes(QA))
+    for cell in noids["cells"]:
+        del cell["id"]
+    invalid = json.loads(nbformat.writes(QA))
+    del next(c for c in invalid["cells"] if c["cell_type"] == "code")["outputs"]  # (the schema refuses it)
+    v3 = nbformat.writes(new_v3(worksheets=[new_worksheet(cells=[new_code_cell(input="x = 1")])]), version=3)
+    texts = [nbformat.writes(QA), json.dumps(noids), json.dumps(invalid), v3]
+    loads, decoded = json.loads, []
+
+    def counting_loads(text, *args, **kwargs):
+        decoded.append(text)
+        return loads(text, *args, **kwargs)
+
+    logs = []
+    def without_new_ids(nb, text):  # (nbformat makes random ids for cells that have none: v3 has none)
+        nb = copy.deepcopy(nb)
+        for cell in nb.cells if text in (texts[1], texts[3]) else ():
+            assert len(cell.pop("id")) == 8
+        return nb
+
+    for text in texts:
+        caplog.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MissingIDFieldWarning)
+            expected = nbformat.reads(text, as_version=4)
+        logs.append([r.getMessage() for r in caplog.records])
+        caplog.clear()
+        decoded.clear()
+        with monkeypatch.context() as m:
+            m.setattr(json, "loads", counting_loads)
+            got = notebook_from_text(text, check_cells=False)
+        assert decoded.count(text) == 1
+        assert without_new_ids(got, text) == without_new_ids(expected, text)
+        assert [r.getMessage() for r in caplog.records] == logs[-1]
+    assert [bool(log) for log in logs] == [False, False, True, False]
+    assert logs[2][0].startswith("Notebook JSON is invalid: ")
+
+
 def test_every_cell_a_notebook_cannot_be_read_for_is_listed_in_one_error(tmp_path, capsys):
     """Reading a notebook stopped at its first cell holding a lone surrogate or no source; run and
     export list them all, each as its lone error says it."""

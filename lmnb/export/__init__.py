@@ -85,13 +85,15 @@ def notebook_from_text(text: str, check_cells: bool = True):
         raise ValueError("the file is empty; save the notebook from Jupyter again (File > Save)")
     import warnings
 
-    from nbformat.reader import NotJSONError
     from nbformat.warnings import MissingIDFieldWarning
 
     try:
         data = json.loads(text)
-    except ValueError:  # (nbformat's reader words it, below)
-        data = _NOT_JSON
+    except ValueError as e:  # (nbformat's message quoted the file's first 40 characters, and no fix)
+        at = f" (line {e.lineno}, column {e.colno}: {e.msg})" if isinstance(e, json.JSONDecodeError) else ""
+        raise _NotJSON(f"not a notebook: a notebook (.ipynb) is JSON, and this text is not{at}; give the .ipynb "
+                       "file, or, if this is one, save it from Jupyter again (an edit or a cut-short save broke "
+                       "it)") from None
     shape = _json_shape_problem(data)
     if shape:
         raise ValueError(f"not a Jupyter notebook: {shape}; a notebook (.ipynb) is a JSON object of its cells, "
@@ -104,14 +106,7 @@ def notebook_from_text(text: str, check_cells: bool = True):
             # A notebook (4.5+) without cell ids, hand-made or an older tool's: nbformat adds them, as
             # Jupyter does, but warned in four lines advising a call to normalize().
             warnings.simplefilter("ignore", MissingIDFieldWarning)
-            nb = nbformat.reads(text, as_version=4)
-    except NotJSONError as e:  # (nbformat's message quoted the file's first 40 characters, and no fix)
-        where = e.__cause__
-        at = (f" (line {where.lineno}, column {where.colno}: {where.msg})"
-              if isinstance(where, json.JSONDecodeError) else "")
-        raise _NotJSON(f"not a notebook: a notebook (.ipynb) is JSON, and this text is not{at}; give the .ipynb "
-                       "file, or, if this is one, save it from Jupyter again (an edit or a cut-short save broke "
-                       "it)") from None
+            nb = _notebook_v4(data)
     except nbformat.ValidationError as e:
         raise ValueError(f"not a Jupyter notebook: {e.message}{_old_version_hint(data)}") from None
     except (AttributeError, TypeError, KeyError) as e:  # (shapes _json_shape_problem leaves: a v3 "worksheets": 5)
@@ -122,6 +117,33 @@ def notebook_from_text(text: str, check_cells: bool = True):
         raise ValueError(f"not a Jupyter notebook (nbformat: {type(e).__name__}: {e})") from None
     if check_cells:
         _raise_cell_problems(nb.cells)
+    return nb
+
+
+def _notebook_v4(data):
+    """``nbformat.reads(text, as_version=4)`` of the text whose parsed JSON is ``data`` (an object
+    of a version ``nbformat.versions`` holds), without parsing the text again: the steps of
+    nbformat 5's ``reads`` (its reader's, then ``convert`` and ``validate``), which logs a notebook
+    the schema refuses (traitlets' ``get_logger``: "Notebook JSON is invalid") and returns it.
+
+    Raises:
+        nbformat.ValidationError: a key the version's reader needs is missing (as nbformat's reader
+            raises it); AttributeError, TypeError or KeyError: nbformat's code fails on the shape.
+    """
+    import nbformat
+    from nbformat.reader import get_version
+    from traitlets.log import get_logger
+
+    major, minor = get_version(data)
+    try:
+        nb = nbformat.versions[major].to_notebook_json(data, minor=minor)
+    except AttributeError as e:
+        raise nbformat.ValidationError(f"The notebook is invalid and is missing an expected key: {e}") from None
+    nb = nbformat.convert(nb, 4)
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as e:
+        get_logger().error("Notebook JSON is invalid: %s", e)
     return nb
 
 
@@ -139,17 +161,14 @@ def _json_shape(value) -> str:
     return names.get(type(value), "a number")
 
 
-_NOT_JSON = object()  # (the parsed JSON of a text that is not JSON)
-
-
 def _version_problem(data) -> Optional[str]:
-    """What is wrong with the format version a notebook's parsed JSON ``data`` (an object) gives,
+    """What is wrong with the format version a notebook's parsed JSON ``data`` (a dict) gives,
     with the fix, or None: nbformat said "Unsupported nbformat version 4" of a string "4", as of a
     version 5, which named neither what was wrong nor the fix, and failed on a string
     ``nbformat_minor`` with a bare AssertionError. (No "nbformat" at all: nbformat reads it.)"""
     import nbformat
 
-    if not isinstance(data, dict) or "nbformat" not in data:  # (not JSON: nbformat's reader words it)
+    if "nbformat" not in data:
         return None
     major = data["nbformat"]
     if type(major) is not int:  # (not bool either: true is no version)
@@ -186,14 +205,11 @@ def _shown(value) -> str:
 
 
 def _json_shape_problem(data) -> Optional[str]:
-    """What makes ``data`` (a notebook file's parsed JSON; ``_NOT_JSON`` for text that is not JSON,
-    which nbformat's reader words) no notebook by its shape, or None: JSON other than an object,
+    """What makes ``data`` (a notebook file's parsed JSON) no notebook by its shape, or None: JSON other than an object,
     v4's ``cells`` other than a list, cells that are no objects, a notebook or cells whose
     ``metadata`` is missing or no object, or cells whose ``outputs`` are no list of objects, every
     one named. nbformat read them with an AttributeError or TypeError of its own code ("'list'
     object has no attribute 'get'"), which named neither."""
-    if data is _NOT_JSON:
-        return None
     if not isinstance(data, dict):
         return f"the file's JSON is {_json_shape(data)}, not an object"
     if "cells" not in data:  # (no v4 notebook: nbformat names what it lacks)
