@@ -3575,3 +3575,23 @@ def test_a_function_of_the_users_star_imported_module_that_a_setup_function_call
     _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]), 0,
                                ["--num-threads", "1"])
     assert prompts[1::2] == ["1", "2", "3"]  # (what the note says: it carries over from row to row)
+
+
+def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
+    """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,
+    with a note for each cell as before."""
+    from pathlib import Path as PathType
+
+    (tmp_path / "helpers.py").write_text(_HELPERS, encoding="utf-8")
+    nb = notebook("from helpers import *\nq = 'A'", "from helpers import *",
+                  "%%lm --temperature 0\n{q}{gen x max_tokens=1}", "from helpers import *\nr = str(remember(q))", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    reads, read_text = [], PathType.read_text
+
+    def counting_read_text(self, *args, **kwargs):
+        reads.append(self.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(PathType, "read_text", counting_read_text)
+    _, p = export_notebook(nb, folder=tmp_path)
+    assert reads.count("helpers.py") == 1
+    assert [n.split(":")[0] for n in p.notes if "helpers.py" in n] == ["cell 1", "cell 2", "cell 4"]

@@ -777,15 +777,16 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     bound = set().union(*map(_cell_binds, cells))  # (a cell's own function of that name is not the module's)
     used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
     used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
-    notes = []
+    notes, read = [], {}  # (read: path → its stateful functions, None where unread: each file is read once)
     for c in cells:
         for module in (c.star_imports if isinstance(c, Code) else ()):
             path = Path(folder, *module.split(".")).with_suffix(".py")
-            try:
-                tree = ast.parse(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError, SyntaxError):  # (no such file: a module installed, whose state is its own)
-                continue
-            for name, state in _stateful_functions(tree).items():
+            if path not in read:
+                try:
+                    read[path] = _stateful_functions(ast.parse(path.read_text(encoding="utf-8")))
+                except (OSError, ValueError, SyntaxError):  # (no such file: a module installed, whose state is its own)
+                    read[path] = None
+            for name, state in (read[path] or {}).items():
                 if name in used and name not in bound:
                     notes.append(f"cell {c.index}: {name}, which `from {module} import *` gives ({path.name}, beside "
                                  f"the notebook) and the rows call, changes the module's own globals {', '.join(state)}: the "
