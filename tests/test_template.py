@@ -967,7 +967,8 @@ def test_choices_made_anew_in_each_fork_branch_or_bound_by_it_may_be_iterators()
     for cell, make_args in [
             ("{fork 2}{select v choices=(c for c in opts)}{join}", lambda: {"opts": ["yes", "no"]}),
             ("{fork 2}{select v choices=gen(opts)}{join}", lambda: {"opts": ["yes", "no"], "gen": lambda xs: iter(xs)}),
-            ("{fork g in gens}{select v choices=g}{join}", lambda: {"gens": [iter(["yes", "no"]), iter(["yes", "no"])]})]:
+            ("{fork g in gens}{select v choices=g}{join}",
+             lambda: {"gens": [iter(["yes", "no"]), iter(["yes", "no"])]})]:
         t = parse(cell)
         one = record(t.program().func, **t.bind(make_args()))
         ns = {"lmnb": lmnb}
