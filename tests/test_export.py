@@ -951,6 +951,15 @@ def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     ("import random\nrandom.seed(0)", "r = str(random.random())",
      [str(x) for g in [__import__("random").Random(0)] for x in (g.random(), g.random(), g.random())],
      "cell 1: random.seed(0) seeds random's generator once, and the rows draw from it"),
+    # (a generator of a dict reached by get, and one a method runs through as an item of its attribute's list:
+    # both went without a note)
+    ("def g():\n    yield from 'xyz'\nitems = {'a': g()}", "r = next(items.get('a'))", ["x", "y", "z"],
+     "cell 1: items, a dict of iterators (g()) that this cell makes once, is used by the rows "
+     "(`next(items.get('a'))` in cell 3)"),
+    ("def g():\n    yield from 'xyz'\nclass Src:\n    def __init__(self):\n        self.its = [g()]\n"
+     "    def take(self):\n        for x in self.its[0]:\n            return x\nsrc = Src()", "r = src.take()",
+     ["x", "y", "z"], "cell 1: src, an instance of Src that this cell makes once, is used by the rows "
+     "(`src.take()` in cell 3)"),
 ])
 def test_setup_objects_a_row_cell_changes_carry_over_in_the_job_as_noted(tmp_path, monkeypatch, setup, cell, job, note):
     """c.bump() in a row cell went without a note, taken to change the row's own copy of c (the

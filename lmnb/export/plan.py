@@ -505,12 +505,13 @@ _GENERATOR_CALLS = frozenset({"random.Random", "Random", "np.random.default_rng"
 
 def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     """(name → (set-up cell index, "an instance of C", "an iterator (f())" or "a random number
-    generator (f())", C or None) for the set-up globals last bound at top level to a call of a
-    set-up class, of ``_ITERATOR_CALLS`` or a set-up generator function, or of
-    ``_GENERATOR_CALLS``; the same for those bound to a list, tuple or dict (a display or a
-    comprehension) whose every item or value is such a call (``items = [gen()]``: "a list of
-    iterators (gen())", C where all are instances of C); (cell index, name) → the top-level ``def``
-    of each set-up function)."""
+    generator (f())", C or None, whether it is a generator: a set-up generator function's call)
+    for the set-up globals last bound at top level to a call of a set-up class, of
+    ``_ITERATOR_CALLS`` or a set-up generator function, or of ``_GENERATOR_CALLS``; the same for
+    those bound to a list, tuple or dict (a display or a comprehension) whose every item or value
+    is such a call (``items = [gen()]``: "a list of iterators (gen())", C where all are instances
+    of C, generators where all are); (cell index, name) → the top-level ``def`` of each set-up
+    function)."""
     import ast
 
     made: dict = {}
@@ -521,11 +522,11 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     def making(call) -> Optional[tuple]:
         func = ast.unparse(call.func) if isinstance(call, ast.Call) else None
         if func in classes:
-            return f"an instance of {func}", func
+            return f"an instance of {func}", func, False
         if func in _ITERATOR_CALLS or func in generators:
-            return f"an iterator ({func}())", None
+            return f"an iterator ({func}())", None, func in generators
         if func in _GENERATOR_CALLS:
-            return f"a random number generator ({func}())", None
+            return f"a random number generator ({func}())", None, False
         return None
 
     for c, stmt in _statements(setup):
@@ -548,7 +549,7 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         if found and all(found):  # (every item such a call: a list that also holds a str has read methods)
             what = found[0][0].replace("an instance of", "instances of").replace("an iterator", "iterators")
             one_class = found[0][1] if all(f == found[0] for f in found) else None
-            held[name] = (c.index, f"a {kind} of {what}", one_class)
+            held[name] = (c.index, f"a {kind} of {what}", one_class, all(f[2] for f in found))
     return made, held, defs
 
 
@@ -637,13 +638,14 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     set back (each pass of the notebook starts from a new one): a ``_made_objects`` global (``objects``:
     what it gives) that a
     row cell (but for the row's copy, ``copied``, where ``Job.row_copy`` copies it: a built-in
-    container's, not an instance's or an iterator's) or a set-up function the rows call (``_called``)
-    uses by ``next(it)``, a method call (``c.bump()``) or, an iterator, by running through it
-    (``for x in it``, ``list(it)``), or an item of one that holds them, by ``next(items[0])``,
-    ``for x in items[0]`` or ``handlers['a'].bump()``, or of a loop over one (``for h in handlers:
-    h.bump()``; a dict's ``values()`` or ``items()``) (but under ``if x is None:`` of a value made
-    on first use, ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up
-    decorator's closure around a function the rows call. Static cases only."""
+    container's, not an instance's or an iterator's, and not the generators a list or dict holds)
+    or a set-up function the rows call (``_called``) uses by ``next(it)``, a method call
+    (``c.bump()``) or, an iterator, by running through it (``for x in it``, ``list(it)``), or an
+    item of one that holds them, by ``next(items[0])``, ``next(items.get('a'))``, ``for x in
+    items[0]`` or ``handlers['a'].bump()``, or of a loop over one (``for h in handlers: h.bump()``;
+    a dict's ``values()`` or ``items()``) (but under ``if x is None:`` of a value made on first use,
+    ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up decorator's closure
+    around a function the rows call. Static cases only."""
     import ast
 
     made, held, defs = objects
@@ -652,7 +654,9 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
     # (the row's copy is Job.row_copy's, which copies built-in containers only: a row cell's c.bump() changes
     # the set-up's instance itself, but for an instance of a class that subclasses one)
     containers = _container_classes(setup)
-    copied = tuple(n for n in copied if n not in made or made[n][2] in containers)
+    # (nor a list or dict of generators that a row copies: deepcopy cannot copy a generator, which the copy,
+    # Job.row_copy's fallback, shares)
+    copied = tuple(n for n in copied if (n not in made or made[n][2] in containers) and not (n in held and held[n][3]))
     places = [(where, tree, copied) for where, tree in _row_trees(row)]
     # (and the functions those cells define, which the rows call: `def take(): return next(it)`)
     places += [(f"{where}, in its {name}()", function, (*skipped, *_function_locals(function)))
@@ -682,9 +686,13 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
                 target, iterating, shown = func.value, False, ast.unparse(node)
             else:
                 continue
-            # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump())
-            known, name = (held, target.value) if isinstance(target, ast.Subscript) else (made, target)
-            if not (isinstance(name, ast.Name) and name.id in known):
+            # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump(), or of a dict by
+            # get: next(items.get('a')))
+            got = isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute) and target.func.attr == "get"
+            known, name = (held, target.value) if isinstance(target, ast.Subscript) else \
+                (held, target.func.value) if got else (made, target)
+            if not (isinstance(name, ast.Name) and name.id in known) or (
+                    got and not held[name.id][1].startswith("a dict")):
                 continue
             name = name.id
             if iterating and known[name][2] is not None:
@@ -981,15 +989,18 @@ def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
         call = parents.get(user)
         return (plain and isinstance(call, ast.Call) and call.func is user and user.attr in _READ_METHODS
                 and (user.attr != "get" or _read(call, parents, plain, True)))
+    # (running through a plain container reads it; through an item of one, `for x in self.its[0]`, it may
+    # consume an iterator the container holds)
+    iterable = plain and not item
     if isinstance(user, ast.Call):  # (an argument: of a builtin that neither keeps nor changes it)
         return (isinstance(user.func, ast.Name) and user.func.id in _PURE_BUILTINS
-                and (plain or user.func.id not in _ITERATING_BUILTINS))
+                and (iterable or user.func.id not in _ITERATING_BUILTINS))
     if isinstance(user, ast.Compare) and value is not user.left:  # (`k in self.vocab` runs through it)
-        return plain or not any(isinstance(op, (ast.In, ast.NotIn)) for op in user.ops)
+        return iterable or not any(isinstance(op, (ast.In, ast.NotIn)) for op in user.ops)
     if isinstance(user, (ast.For, ast.AsyncFor, ast.comprehension)) and value is user.iter:
         # (`for k in self.vocab`: iterating a plain container reads it, but for what the loop does to its items,
         # `for row in self.rows: row.append(x)`; an iterator is consumed)
-        return plain and not _items_changed(user, parents)
+        return iterable and not _items_changed(user, parents)
     # (handed on, kept or iterated: a list returned is changed where it goes)
     return item or not isinstance(user, (ast.Return, ast.keyword, ast.Assign, ast.AugAssign, ast.AnnAssign,
                                          ast.Starred, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.NamedExpr,
