@@ -3586,6 +3586,49 @@ def test_a_function_of_the_users_star_imported_module_that_a_setup_function_call
     assert prompts[1::2] == ["1", "2", "3"]  # (what the note says: it carries over from row to row)
 
 
+@pytest.mark.parametrize("setup, cell, noted", [
+    ("import helpers", "r = str(helpers.remember(q))",
+     "cell 1: helpers.remember, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes "
+     "the module's own globals calls, seen"),
+    ("import helpers as h", "r = str(h.remember(q))",
+     "cell 1: h.remember, of `import helpers as h` (helpers.py, beside the notebook), which the rows call, changes "
+     "the module's own globals calls, seen"),
+    # (through a set-up function that the rows call)
+    ("import helpers\ndef use(x):\n    return helpers.remember(x)", "r = str(use(q))",
+     "cell 1: helpers.remember, of `import helpers` (helpers.py, beside the notebook), which the rows call, changes "
+     "the module's own globals calls, seen"),
+    ("import helpers", "r = helpers.shout(q)", None),  # (its list is its own, made per call)
+])
+def test_a_function_of_the_users_imported_module_that_keeps_state_is_noted(tmp_path, monkeypatch, setup, cell, noted):
+    """`import helpers` once, `helpers.remember(q)` per row: the job imports the module once, so its
+    seen and calls go on from row to row (1, 2, 3), where each pass of the notebook imports it anew
+    (1); only a star import's functions were followed, and this went without a note."""
+    from helpers_export import write_rows
+
+    (tmp_path / "helpers.py").write_text(_HELPERS, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,
+                  "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    source, p = export_notebook(nb, folder=tmp_path)
+    assert [n for n in p.notes if "helpers" in n] == ([] if noted is None else [
+        f"{noted}: the job imports the module once, so that carries over from row to row (what one row changes, the "
+        "next row sees), where each pass of the notebook imports it anew, and rows running at once (--num-threads "
+        "above 1) share it; keep that state in a variable the row makes (after the first %%lm cell) instead"])
+    if noted:
+        passes = []
+        for q in "BCD":  # (each pass of the notebook: a new kernel imports the module anew)
+            monkeypatch.delitem(sys.modules, "helpers", raising=False)
+            ns: dict = {}
+            exec(f"{setup}\nq = {q!r}", ns)
+            exec(cell, ns)
+            passes.append(ns["r"])
+        assert passes == ["1", "1", "1"]
+        monkeypatch.delitem(sys.modules, "helpers", raising=False)
+        _, prompts = _run_job_rows(source, monkeypatch, write_rows(tmp_path / "rows.jsonl", [{"q": q} for q in "BCD"]),
+                                   0, ["--num-threads", "1"])
+        assert prompts[1::2] == ["1", "2", "3"]  # (what the note says: it carries over from row to row)
+
+
 def test_a_users_module_that_several_cells_star_import_is_read_once(tmp_path, monkeypatch):
     """Each cell's `from helpers import *` read and parsed helpers.py again; now once an export,
     with a note for each cell as before."""

@@ -155,7 +155,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
     ``inputs``: the row fields, overriding the example-based choice (a parameter named here is a
     row field instead of an option). A notebook without ``%%lm`` cells has no per-row part: its
     script runs the cells once (``Plan.row`` is empty). ``folder``: the notebook's, where a module
-    it star-imports may be a file of the user's (``_local_module_state``); None: not known.
+    it imports or star-imports may be a file of the user's (``_local_module_state``); None: not known.
 
     Raises:
         ExportError: an ``inputs`` name that is not a variable or that the row part never reads; an
@@ -326,7 +326,7 @@ def plan(cells: Sequence[Cell], inputs: Optional[Sequence[str]] = None, folder: 
                        "reset it in the row")
     objects = _made_objects(setup, classes)
     p.notes += _carried_over(setup, row, called, objects, p.copied, lazy)
-    p.notes += _local_module_state(cells, row, called, folder)
+    p.notes += _local_module_state(cells, row, called, folder, objects[2])
     p.notes += _seeded_module_notes(setup, row, called, objects[2])
     p.notes += _held_object_notes(setup, row, called, classes)
     p.notes += _cell_notes(cells)
@@ -771,13 +771,15 @@ def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> li
             for m, use in draws.items() if use is not None]
 
 
-def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path]) -> list:
+def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path], defs: dict) -> list:
     """The notes for the functions of a module of the user's (NAME.py in the notebook's ``folder``)
-    that a cell star-imports and the row cells call by name, or the set-up functions they call
-    (``called``: ``_called``), which change the module's own globals:
-    one they set by ``global``, or a dict, list or set the module makes and they change in place
-    (``seen.append(x)``). The job imports the module once, so that state carries over from row to
-    row, where each pass of the notebook imports it anew. The module's source is read, not run."""
+    that a cell star-imports and the row cells call by name, or imports (``import helpers``, ``as h``
+    too) and they call as its attribute (``helpers.remember(x)``), or the set-up functions they call
+    (``called``: ``_called``; ``defs``: their definitions, ``_made_objects``') do so, which change
+    the module's own globals: one they set by ``global``, or a dict, list or set the module makes
+    and they change in place (``seen.append(x)``). The job imports the module once, so that state
+    carries over from row to row, where each pass of the notebook imports it anew. The module's
+    source is read, once an export, not run."""
     import ast
 
     if folder is None:
@@ -785,31 +787,50 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
     bound = set().union(*map(_cell_binds, cells))  # (a cell's own function of that name is not the module's)
     used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
     used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
-    notes, read = [], {}  # (read: path → its stateful functions, None where unread: each file is read once)
+    trees = [tree for _, tree in _row_trees(row)] + [defs[f[0], f[1]] for f in called if (f[0], f[1]) in defs]
+    # (alias → the module's functions that the rows call as its attributes: helpers.remember(x))
+    attributes: dict = {}
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        func = node.func if isinstance(node, ast.Call) else None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            attributes.setdefault(func.value.id, set()).add(func.attr)
+    notes, read = [], {}  # (read: path → _stateful_functions of its source, None where unread: each file read once)
     for c in cells:
-        for module in (c.star_imports if isinstance(c, Code) else ()):
+        if not isinstance(c, Code):
+            continue
+        imported = [(module, None) for module in c.star_imports] + [
+            (a.name, a.asname or a.name) for stmt in ast.parse(c.source).body if isinstance(stmt, ast.Import)
+            for a in stmt.names if "." not in a.name]  # (a package's module: not followed)
+        for module, alias in imported:
             path = Path(folder, *module.split(".")).with_suffix(".py")
             if path not in read:
                 try:
                     read[path] = _stateful_functions(ast.parse(path.read_text(encoding="utf-8")))
                 except (OSError, ValueError, SyntaxError):  # (no such file: a module installed, whose state is its own)
                     read[path] = None
-            for name, state in (read[path] or {}).items():
-                if name in used and name not in bound:
-                    notes.append(f"cell {c.index}: {name}, which `from {module} import *` gives ({path.name}, beside "
-                                 f"the notebook) and the rows call, changes the module's own globals {', '.join(state)}: the "
-                                 "job imports the module once, so that carries over from row to row (what one row "
-                                 "changes, the next row sees), where each pass of the notebook imports it anew, and "
-                                 f"rows running at once (--num-threads above 1) share it; {_OWN_STATE}")
+            changes, exported = read[path] or ({}, set())
+            for name, state in changes.items():
+                if alias is None and name in used and name in exported and name not in bound:
+                    what = f"{name}, which `from {module} import *` gives ({path.name}, beside the notebook) and"
+                elif alias is not None and name in attributes.get(alias, ()):
+                    imports = f"import {module}" + (f" as {alias}" if alias != module else "")
+                    what = f"{alias}.{name}, of `{imports}` ({path.name}, beside the notebook), which"
+                else:
+                    continue
+                notes.append(f"cell {c.index}: {what} the rows call, changes the module's own globals "
+                             f"{', '.join(state)}: the job imports the module once, so that carries over from row to "
+                             "row (what one row changes, the next row sees), where each pass of the notebook imports "
+                             f"it anew, and rows running at once (--num-threads above 1) share it; {_OWN_STATE}")
     return notes
 
 
-def _stateful_functions(tree) -> dict:
-    """Function name → the module globals it changes, for the top-level functions of a module's
-    ``tree`` that ``from m import *`` gives (its ``__all__`` where a list or tuple of strings says,
-    else the names without a leading "_"): a global set by ``global`` (``calls += 1``), or a dict,
-    list or set the module binds at top level that it changes in place (``seen.append(x)``), by
-    itself or through the module's functions it calls by name (``_remember(x)``)."""
+def _stateful_functions(tree) -> tuple[dict, set]:
+    """(function name → the module globals it changes, for the top-level functions of a module's
+    ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
+    the module binds at top level that it changes in place (``seen.append(x)``), by itself or
+    through the module's functions it calls by name (``_remember(x)``); the names of those that
+    ``from m import *`` gives: its ``__all__`` where a list or tuple of strings says, else the
+    names without a leading "_")."""
     import ast
 
     containers, exported, functions = set(), None, {}
@@ -825,7 +846,7 @@ def _stateful_functions(tree) -> dict:
                 containers.add(target)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             functions[stmt.name] = stmt
-    hidden = {name for name in functions if ((name not in exported) if exported is not None else name.startswith("_"))}
+    given = {name for name in functions if ((name in exported) if exported is not None else not name.startswith("_"))}
     changes: dict = {}
     for name, function in functions.items():
         declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
@@ -843,7 +864,7 @@ def _stateful_functions(tree) -> dict:
             more = changes[name].union(*(changes[c] for c in calls[name]))
             if more != changes[name]:
                 changes[name], grew = more, True
-    return {name: sorted(state) for name, state in changes.items() if state and name not in hidden}
+    return {name: sorted(state) for name, state in changes.items() if state}, given
 
 
 def _wrapped_note(cell: int, name: str, decorator: str) -> str:
