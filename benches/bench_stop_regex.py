@@ -23,8 +23,8 @@ strings: the median over ``--repeats`` runs of each run's mean microseconds per 
 with no stop strings, at each output length as the default run does, in the cases of
 ``FALLBACK_CASES``: a bounded pattern (``regex_reach``) whose whole match lies in the first
 ``min_new_tokens`` (let through: the search's floor stays at it), a bounded one with a match open
-at the end of each token's text, and an unbounded one whose match stays open from the output's
-start.
+at the end of each token's text, an unbounded one whose match stays open from the output's
+start, and unbounded ones with a lookbehind after their start (word boundaries or not).
 
     python benches/bench_stop_regex.py [--threads | --fallback] [--out benches/results/<date>-cpu-stop-regex.md]
 """
@@ -69,6 +69,8 @@ FALLBACK_CASES = [
     ("bounded, whole match in min_new_tokens", r"\bZZ\d{1,3}\b", "ZZ1", 2),
     ("bounded, open at each token's end", r"\b(?:the|a) (?:dog|fox)\b", None, 0),
     ("unbounded, open from the start", r"\bBEGIN\b[\s\S]*?\bEND\b", "BEGIN", 0),
+    ("unbounded, a lookbehind after its start", r"\w+(?<=ing)\b", None, 0),
+    ("unbounded, a negative lookbehind after its start", r"<\w+(?<!br)>", None, 0),
 ]
 
 

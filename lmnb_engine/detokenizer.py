@@ -269,10 +269,13 @@ class StopRegexes:
         # and shown; an end-sensitive pattern is searched with those assertions relaxed
         self.partial = []
         for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
-            relaxed = _relaxed(p) if sensitive and _END_ASSERTION.search(p) else p
             flags = GLOBAL_FLAGS.match(p)
-            if _LATE_LOOKBEHIND.search(p[flags.end() if flags else 0 :]):
-                relaxed = None  # (nothing past the floor shown: where the window or an automaton leaves it)
+            body = p[flags.end() if flags else 0 :]
+            if _LATE_LOOKBEHIND.search(body):
+                # (None: nothing past the floor shown, where the window or an automaton leaves it)
+                relaxed = None if _NO_SUPERSET.search(body) else _relaxed(p, drop_lookbehinds=True)
+            else:
+                relaxed = _relaxed(p) if sensitive and _END_ASSERTION.search(p) else p
             try:
                 self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
             except regex.error:  # a form of the pattern not read right: hold back, never show a stop
@@ -316,9 +319,21 @@ _END_ASSERTION = re.compile(_END_ASSERTION_SOURCE)
 # A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
 # regex package's partial search may drop a start that more text still completes past a repeat
 # before it ("a.*?(?<!a)" on "aa": partial at 1, not 0, though "aab" matches from 0), and safe_len
-# showed a stop's text. Such a pattern's partial search is not used (found in the pattern's text,
-# erring towards yes: an escaped "\\(?<=" too); a lookbehind first reads only text that is there
+# showed a stop's text. Such a pattern is searched with those lookbehinds left out (_relaxed's
+# drop_lookbehinds): a match of the pattern is one of that form too, so where the form's partial
+# search says a match may begin is no later than where one of the pattern may. (Found in the
+# pattern's text, erring towards yes: an escaped "\\(?<=" too; a lookbehind first in the pattern
+# reads only text that is there, and is kept.)
 _LATE_LOOKBEHIND = re.compile(r"(?<!^)\(\?<[=!]")
+# What makes leaving a lookbehind out match less, not more, found in the pattern's text erring
+# towards yes: what commits to the first way it matches, an atomic group or possessive repeat (an
+# alternative a lookbehind ruled out is taken instead: "(?>a(?<=xa)|ab)c" matches "abc", "(?>a|ab)c"
+# does not), a backtracking verb ("(*COMMIT)" reached earlier), a call of a group (the regex
+# package's recursion may commit so too), a fuzzy constraint (a "{" that is no count: its best
+# match is chosen), and an inline flag after the start (global in the regex package's version 0:
+# one inside a lookbehind left out would change the whole pattern)
+_NO_SUPERSET = re.compile(r"\(\?>|[*+?}]\+|\(\*|\(\?(?:R|&|P>|[+-]?\d)|\(\?[a-zA-Z-][a-zA-Z0-9-]*\)"
+                          r"|\{(?!\d*(?:,\d*)?\})")
 
 
 # The relaxed form of each assertion whose value at a position may change once text comes after
@@ -331,7 +346,7 @@ _RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?
           "$": r"(?:(?=[\s\S]{2})$)"}
 
 
-def _relaxed(pattern: str) -> str | None:
+def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
     """``pattern`` for safe_len's partial search: every end assertion (``_RELAX``) first reads past
     where its value can still change, so a search that reaches it at the text's end is partial (the
     match start kept) or goes on as the pattern does; and a negative lookaround ``(?!X)`` is
@@ -339,21 +354,30 @@ def _relaxed(pattern: str) -> str | None:
     ``(?!X)`` (a partial read inside a negative lookaround counts as no match, which would decide
     it). A whole match of the result is one of ``pattern``; a start the result drops, ``pattern``
     cannot match at in any longer text.
+    ``drop_lookbehinds``: every lookbehind but one first in the pattern (after its global flags) is
+    left out too, ``(?:)`` in its place (``_LATE_LOOKBEHIND``; the caller has ruled out
+    ``_NO_SUPERSET``). A match of ``pattern`` then is one of the result, so a start the result drops,
+    ``pattern`` cannot match at in any longer text either: each lookbehind left out is an assertion
+    that its match passed, consuming nothing, and none lies in a negative lookaround (there one
+    would make the lookaround hold less often: None).
     None where this reading of the pattern may be wrong (verbose or word mode, a conditional,
-    a set inside a set, a capturing group or backreference inside a negative lookaround): the
-    caller then shows nothing past where a match may begin."""
+    a set inside a set, a capturing group or backreference inside a negative lookaround, a
+    capturing group inside a lookbehind left out): the caller then shows nothing past where a
+    match may begin."""
     if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
         return None
-    # the groups being read, outermost first: their text so far (relaxed, original), and whether
-    # the group is a negative lookaround
-    stack: list[tuple[list[str], list[str], bool]] = [([], [], False)]
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.end() if lead else 0
+    # the groups being read, outermost first: their text so far (relaxed, original), whether the
+    # group is a negative lookaround, and whether it is a lookbehind left out
+    stack: list[tuple[list[str], list[str], bool, bool]] = [([], [], False, False)]
     i = 0
     while i < len(pattern):
-        relaxed, original, _ = stack[-1]
+        relaxed, original, _, _ = stack[-1]
         c = pattern[i]
         if c == "\\":
             tok = pattern[i:i + 2]
-            if tok[1:] and tok[1] in "123456789gk" and any(neg for _, _, neg in stack):
+            if tok[1:] and tok[1] in "123456789gk" and any(neg for _, _, neg, _ in stack):
                 return None  # a backreference in a negative lookaround, which is written twice
             relaxed.append(_RELAX.get(tok, tok))
             original.append(tok)
@@ -384,20 +408,26 @@ def _relaxed(pattern: str) -> str | None:
                     return None
                 i = end + 1
                 continue
-            neg = pattern.startswith("(?!", i) or pattern.startswith("(?<!", i)
-            head = pattern[i:i + (3 if pattern.startswith("(?!", i) else 4)] if neg else "("
-            # a capturing group or a backreference by name, in a negative lookaround written twice,
-            # would renumber the groups
-            if any(n for _, _, n in stack) and (not pattern.startswith("(?", i)
-                                                 or re.match(r"\(\?(P?<(?![=!])|P=)", pattern[i:])):
+            behind = pattern.startswith(("(?<=", "(?<!"), i)
+            dropped = drop_lookbehinds and behind and (len(stack) > 1 or i > lead)
+            if dropped and any(n for _, _, n, _ in stack):
+                return None  # (a lookbehind in a negative lookaround)
+            neg = not dropped and (pattern.startswith("(?!", i) or pattern.startswith("(?<!", i))
+            head = pattern[i:i + (3 if pattern.startswith("(?!", i) else 4)] if neg or dropped else "("
+            # a capturing group or a backreference by name, in a negative lookaround written twice
+            # or in a lookbehind left out, would renumber the groups
+            if any(n or d for _, _, n, d in stack) and (not pattern.startswith("(?", i)
+                                                        or re.match(r"\(\?(P?<(?![=!])|P=)", pattern[i:])):
                 return None
-            stack.append(([head], [head], neg))
+            stack.append(([head], [head], neg, dropped))
             i += len(head)
         elif c == ")":
             if len(stack) == 1:
                 return None
-            r, o, neg = stack.pop()
-            if neg:  # r, o: the head ("(?!" or "(?<!") and X
+            r, o, neg, dropped = stack.pop()
+            if dropped:
+                r_text = "(?:)"
+            elif neg:  # r, o: the head ("(?!" or "(?<!") and X
                 look = "(?=" if o[0] == "(?!" else "(?<="
                 r_text = "(?:" + look + "".join(r[1:]) + ")(?!)|" + "".join(o) + "))"
             else:
@@ -443,9 +473,10 @@ def _longer_than_before(longest: Any, text: str, m: Any, new_from: int) -> bool:
     return before is None or before.end() < m.end()
 
 
-def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) -> tuple[int, bool]:
-    """(where in ``text[pos:]`` the first match of ``rx`` that more text may complete or extend
-    begins, ``len(text)`` where none may; whether a whole match was passed on the way).
+def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) -> int:
+    """Where in ``text[pos:]`` the first match of ``rx`` that more text may complete or extend
+    begins, ``len(text)`` where none may: no start before it can begin a stop in any text that
+    extends ``text``, so later searches may start there (safe_len's floor).
 
     A whole match in text not checked (the first ``min_new_tokens``) is passed over, unless one
     from its start may end past the text's end: once more text comes it straddles the checked
@@ -456,22 +487,27 @@ def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) ->
     match may begin there ("ab|abc" after "ab"; not "ab" after "x", "ab", which nothing can make
     a stop, so it is shown at once, as a stop string's is).
 
+    No start passed over can begin a stop in any longer text: one the search went past begins no
+    match nor partial match; one whose partial ``fullmatch`` is None begins only matches that end
+    in the text and read nothing past it (a read past its end is partial), so they are there
+    already when more text comes, none new; one whose ``fullmatch`` is whole, but not
+    ``extends``, lies past the pattern's reach (decided by the text) or is read by an automaton
+    (no assertions) that says no longer match begins there.
+
     Raises:
         TimeoutError: a search ran past ``REGEX_TIMEOUT_S``.
     """
-    passed = False
     # (a search from past the text's end searches from its end: an empty match there, passed
     # over, would be found again and again)
     while pos <= len(text) and (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
         if m.partial:
-            return m.start(), passed
-        passed = True
+            return m.start()
         for start in range(pos, m.start() + 1):
             whole = rx.fullmatch(text, start, partial=True, timeout=REGEX_TIMEOUT_S)
             if whole is not None and (whole.partial or extends(start)):
-                return start, passed
+                return start
         pos = m.start() + 1
-    return len(text), passed
+    return len(text)
 
 
 class StopStringMatcher:
@@ -655,19 +691,15 @@ class StopStringMatcher:
                 # (a match more text may complete is one of the pattern without its assertions too,
                 # and no earlier start has one: often none at all, and nothing is searched)
                 pos = floor = max(floor, loose.live_start(len(text)))
-            passed_match = False
             rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
             if rx is not None and i not in self._shared.given_up:
                 try:
-                    pos, passed_match = _live_start(rx, text, pos, functools.partial(self._extends, i, text))
+                    pos = _live_start(rx, text, pos, functools.partial(self._extends, i, text))
                 except TimeoutError:
                     self._timed_out(i, self._regexes[i], text)
             safe = min(safe, pos)
-            # past a whole match (text not checked) the floor stays: a partial search prefers a
-            # whole match anywhere to a partial one before it ("BEGIN[\s\S]*?END|x" on "BEGIN ab
-            # x": "x", though a match may begin at 0), and a whole match may yet become a longer
-            # one ("a[\s\S]*?E|a": "a", then "a b E"), so a match may still begin before pos
-            floors.append(floor if passed_match else pos)
+            # (no start before pos can begin a stop in any longer text: _live_start)
+            floors.append(pos)
         if self._regexes:
             self._seen, self._floors = text, floors
         return safe

@@ -158,8 +158,11 @@ class SamplingParams:
             the text's current end stops it, whatever would follow. Streaming holds back text
             that could still become the start of a match (for a pattern with a lookbehind after its
             start, ``a.*?(?<!a)``, whose match starts the ``regex`` package's partial search may miss,
-            all text from the last characters its length bounds, where it is bounded, else from where
-            the pattern without its assertions may match, else from the output's start). A pattern of characters, classes,
+            from where the pattern with those lookbehinds left out may match, a larger language; with
+            an atomic group, possessive repeat, backtracking verb, group call, fuzzy constraint or
+            inline flag after its start, where leaving them out may match less, all text from the
+            last characters its length bounds, where it is bounded, else from where the pattern
+            without its assertions may match, else from the output's start). A pattern of characters, classes,
             groups, alternation and repeats only, of at most ``stop_automaton.MAX_POSITIONS``
             characters with its repeats written out (no anchors, word boundaries, lookarounds,
             backreferences, ``\\p{L}`` ...: ``stop_automaton``), is read by an automaton, at a cost

@@ -942,6 +942,89 @@ def test_a_lookbehind_opening_a_stop_regex_after_a_version_flag_holds_back_only_
         assert got == [4, 2, 4, 3], flag
 
 
+def _spans(pattern: str, text: str) -> set[tuple[int, int]]:
+    """Brute force with the regex package: every (start, end) at which ``pattern`` matches in
+    ``text``, its assertions reading all of it (the match forced to end at ``end`` by a lookahead
+    for exactly the characters after it)."""
+    import regex
+
+    flags = re.match(r"(?:\(\?[a-zA-Z]+\))*", pattern).group()
+    return {(s, e) for s in range(len(text) + 1) for e in range(s, len(text) + 1)
+            if regex.match(f"{flags}(?:{pattern[len(flags):]})(?=[\\s\\S]{{{len(text) - e}}}\\Z)", text, pos=s)}
+
+
+def _new_matches_met_first(pattern: str, pieces: list[str], unchecked: int) -> tuple[int, set] | None:
+    """The stop a check after each character meets, by brute force, with ``min_new_tokens=unchecked``
+    (the text of the first ``unchecked - 1`` pieces not checked): (the first end k of a checked
+    text ``text[:k]`` that holds a match the text not checked did not, those matches) or None."""
+    text, old = "", None
+    for k, piece in enumerate(pieces, 1):
+        before, text = len(text), text + piece
+        if k < unchecked:
+            continue
+        if old is None:
+            old = _spans(pattern, text[:before])
+        for end in range(before + 1, len(text) + 1):
+            if new := _spans(pattern, text[:end]) - old:
+                return end, new
+    return None
+
+
+def _may_still_begin_a_new_match(pattern: str, text: str, alphabet: str, width: int) -> int:
+    """Brute force: the first start at which some longer text (up to ``width`` more characters of
+    ``alphabet``) holds a match that ``text``, checked all through, did not; ``len(text)`` if none."""
+    import itertools
+
+    old, first = _spans(pattern, text), len(text)
+    for n in range(1, width + 1):
+        for more in itertools.product(alphabet, repeat=n):
+            if new := _spans(pattern, text + "".join(more)) - old:
+                first = min(first, min(s for s, _ in new))
+    return first
+
+
+def test_a_stop_regex_with_a_lookbehind_after_its_start_streams_what_no_match_can_begin():
+    # Worked by hand: r"\w+(?<=ing)\b" after "go sat on" may still match from "on" ("oning"), not
+    # before ("go " and "sat " are whole words that do not end in "ing"); r"<\w+(?<!br)>" after
+    # "a <br> c <" may match from the last "<" only. Such a pattern was never searched (the regex
+    # package's partial search misses starts past a lookbehind), so nothing was streamed until a
+    # match or the output's end: shown "" after each token
+    for pattern, pieces, hit, shown in [(r"\w+(?<=ing)\b", ["go", " sat", " on", " sin", "g"], (10, "sing"),
+                                         ["", "go ", "go sat ", "go sat on "]),
+                                        (r"<\w+(?<!br)>", ["a <b", "r> c <", "i>"], (9, "<i>"), ["a ", "a <br> c "])]:
+        assert stream(StopStringMatcher([], [pattern]), pieces)[1:] == (hit, shown), pattern
+    # ... but not where leaving the lookbehinds out may match less (an atomic group: "(?>a|ab)c" fails
+    # on "xyabc", "(?>a(?<=xa)|ab)c" matches "abc"): its partial search would show "xyab"
+    _, hit, shown = stream(StopStringMatcher([], [r"(?>a(?<=xa)|ab)c"]), ["xy", "ab", "c"])
+    assert hit == (2, "abc") and all(len(s) <= 2 for s in shown), shown
+    # random patterns of a head, a repeat and lookbehinds, random tokens and min_new_tokens: the stop is
+    # the brute-force one (the first end by which the text holds a match the text not checked did
+    # not, at its least start), no text of it was shown before it, and where every token is checked
+    # no text was shown from which a longer text makes a match (brute force over 3 more characters)
+    rng = random.Random(11)
+    heads, repeats = ["a", "b", "x", "[ab]", r"\w", "ab"], ["a*", "[ab]*?", ".*?", r"\w+", "(?:ab)*", ".+?", "b?"]
+    looks, tails = ["(?<=a)", "(?<!a)", "(?<=ab)", "(?<!b)", "(?<=x)", "(?<= )"], ["", "b", "[ax]", "x?", r"\b"]
+    for run in range(500):
+        middle = rng.choice(looks) + (rng.choice(repeats) + rng.choice(looks) if rng.random() < 0.3 else "")
+        pattern = rng.choice(heads) + rng.choice(repeats) + middle + rng.choice(tails)
+        pieces = ["".join(rng.choice("abx ") for _ in range(rng.randint(1, 3))) for _ in range(5)]
+        unchecked = rng.choice([0, 0, rng.randint(2, 4)])
+        hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, unchecked)
+        want = _new_matches_met_first(pattern, pieces, unchecked)
+        if want is None:
+            assert hit is None, (pattern, pieces, unchecked)
+            continue
+        assert (hit[0], hit[0] + len(hit[1])) in want[1] and hit[0] == min(want[1])[0], (pattern, pieces, unchecked)
+        assert shown <= hit[0], (pattern, pieces, unchecked)
+        if run % 5 == 0 and not unchecked:
+            m, text = StopStringMatcher([], [pattern]), ""
+            for piece in pieces:
+                checked, text = len(text), text + piece
+                if m.find(text, checked) is not None:
+                    break
+                assert m.safe_len(text) <= _may_still_begin_a_new_match(pattern, text, "abx ", 3), (pattern, text)
+
+
 def test_a_longer_stop_regex_match_that_a_later_character_makes_is_a_stop_whatever_the_tokens():
     # Worked by hand, min_new_tokens=2 (the text "ab" not checked): r"a.*?\B" matches "a" there and
     # "ab" from 0 only once "c" comes (\B before "c"), which a check after each character meets
