@@ -453,24 +453,65 @@ def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endp
     checked (the first ``min_new_tokens``), ``longest`` (``rx`` with POSIX leftmost-longest
     matching) says whether one ending after it starts there too: a match straddling ``new_from``
     is new, as a stop string that does ("bc" of ``ab|bc`` on "xab" then "c"; "abc" of
-    ``ab|abc`` on "ab" then "c"), where the search passed over it, and so is one that the text up
-    to ``new_from`` did not hold (``_longer_than_before``)."""
+    ``ab|abc`` on "ab" then "c"), where the search passed over it, and so is one ending by it that
+    the text up to ``new_from`` did not hold (``_new_before``)."""
     for m in rx.finditer(text, floor, endpos, overlapped=True, timeout=REGEX_TIMEOUT_S):
         if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None:
             return m
-        if (m := longest.match(text, m.start(), endpos, timeout=REGEX_TIMEOUT_S)) is not None and (
-                m.end() > new_from or _longer_than_before(longest, text, m, new_from)):
+        start = m.start()
+        if (m := longest.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)) is not None and m.end() > new_from:
+            return m
+        if (m := _new_before(rx.pattern, text, start, new_from, endpos)) is not None:
             return m
     return None
 
 
-def _longer_than_before(longest: Any, text: str, m: Any, new_from: int) -> bool:
-    """Whether ``m``, a leftmost-longest match of ``longest`` ending by ``new_from``, was no match
-    in ``text[:new_from]``: the longest one from its start there ended before it (an assertion
-    read past its end: r"a.*?\\B" after "ab" not checked, then "c", where "ab" from 0 is one only
-    once "c" comes). Such a match is new, as a check after each character meets it."""
-    before = longest.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S)
-    return before is None or before.end() < m.end()
+def _new_before(pattern: str, text: str, start: int, new_from: int, endpos: int) -> Any:
+    """The longest match of ``pattern`` in ``text[:endpos]`` from ``start`` that ends by
+    ``new_from`` and that ``text[:new_from]`` did not hold, None if none: an assertion read past
+    its end (r"a.*?\\B" after "ab" not checked, then "c", where "ab" from 0 is one only once "c"
+    comes). Such a match is new, as a check after each character meets it. Every end is tried,
+    not only the longest match's or the first's: ``a|abb|ab(?=bc)`` after "abb" not checked, then
+    "c", holds "ab" from 0 anew, where "a" and "abb" were there before. Only a pattern that reads
+    past its match's end can have one, and only from a start within its reach of ``new_from``.
+
+    Raises:
+        TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
+    """
+    if not _reads_past_match(pattern) or ((r := reach(pattern)) is not None and start + r <= new_from):
+        return None
+    for end in range(new_from, start - 1, -1):
+        now, before = _ending_before(pattern, endpos - end), _ending_before(pattern, new_from - end)
+        if now is None or before is None:
+            return None  # (a form not read right: as before this check, the match is not new)
+        if ((m := now.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)) is not None
+                and before.match(text, start, new_from, timeout=REGEX_TIMEOUT_S) is None):
+            return m
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_past_match(pattern: str) -> bool:
+    """Whether ``pattern`` may read past its match's end, found in its text erring towards yes: a
+    lookahead, an end assertion, or what takes more text whole (``_END_SENSITIVE``)."""
+    return bool(_END_SENSITIVE.search(pattern)) or "(?=" in pattern
+
+
+@functools.lru_cache(maxsize=1024)
+def _ending_before(pattern: str, after: int) -> Any:
+    """``pattern`` matching only where exactly ``after`` characters follow its match (a lookahead
+    for them and the text's end), its global flags kept first; None where that form does not
+    compile."""
+    import regex
+
+    lead = _GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    # (a verbose pattern may end in a comment, which a newline ends)
+    end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""
+    try:
+        return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{{{after}}}\\Z)")
+    except regex.error:
+        return None
 
 
 def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) -> int:

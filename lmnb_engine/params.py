@@ -133,7 +133,8 @@ class SamplingParams:
             and ``stop_regex`` are checked from the token that makes this many on: a match that
             ends in the earlier tokens' text is let through, one that ends later is a stop even
             where it began there (as a check of the text's tail, SGLang's, finds it;
-            ``StopStringMatcher.find``). With a
+            ``StopStringMatcher.find``), and so is one ending there that the earlier text did not
+            hold (a lookahead reading the later text: ``a|abb|ab(?=bc)`` after "abb", then "c"). With a
             ``regex`` / ``json_schema`` that then allows only those tokens (a first token: refused
             at submission), or is complete (nothing but EOS can follow) before this many tokens,
             the request ends with an abort whose ``FinishReason.field`` is ``min_new_tokens``.

@@ -1039,6 +1039,38 @@ def test_a_longer_stop_regex_match_that_a_later_character_makes_is_a_stop_whatev
         assert hit == want and shown == 0, (pattern, pieces)
 
 
+def test_a_match_the_text_not_checked_did_not_hold_is_a_stop_whatever_its_length():
+    # Worked by hand, min_new_tokens=2 (the text "abb" or "aab" not checked), then "c":
+    # - a|abb|ab(?=bc) held "a" and "abb" from 0; "ab" from 0 is a match once "c" comes: a stop.
+    #   Only the first match from a start ("a") and the longest ("abb") were asked whether they were
+    #   new, and both were there before: no stop at all
+    # - aa|a(?=[ab]*c) held "aa" from 0; "a" from 0 and from 1 are matches once "c" comes: the stop
+    #   is the one from 0, where it was cut at 1, "a" of the stop shown
+    for pattern, pieces, want in [("a|abb|ab(?=bc)", ["abb", "c"], (0, "ab")), ("aa|a(?=[ab]*c)", ["aab", "c"], (0, "a"))]:
+        assert feed_unchecked(StopStringMatcher([], [pattern]), pieces, 2) == (want, 0), pattern
+    # random alternatives of which one reads past its match's end, random tokens (the text not checked
+    # made of their letters): the stop is the brute-force one, nothing of it shown before it
+    rng = random.Random(0)
+
+    def word() -> str:
+        return "".join(rng.choice("ab") for _ in range(rng.randint(1, 3)))
+
+    for _ in range(1000):
+        alternatives = [word() for _ in range(rng.randint(1, 2))] + [
+            word() + rng.choice([f"(?={word()})", r"\B", r"\b", f"(?!{word()})", "(?=[ab]*c)"])]
+        rng.shuffle(alternatives)
+        pattern = "|".join(alternatives)
+        pieces = ["".join(rng.choice("ab") for _ in range(rng.randint(2, 4)))] + [
+            "".join(rng.choice("abc ") for _ in range(rng.randint(1, 2))) for _ in range(3)]
+        hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, 2)
+        want = _new_matches_met_first(pattern, pieces, 2)
+        if want is None:
+            assert hit is None, (pattern, pieces)
+            continue
+        assert (hit[0], hit[0] + len(hit[1])) in want[1] and hit[0] == min(want[1])[0], (pattern, pieces, want)
+        assert shown <= hit[0], (pattern, pieces)
+
+
 # Stop regexes that lmnb_engine.stop_automaton reads (no anchor, lookaround, backreference):
 # lazy and greedy repeats, bounded ones, alternation, classes, negated sets, flags, Unicode
 AUTOMATON_PATTERNS = [r"BEGIN[\s\S]*?END", r"B[\s\S]*E", r"ab*c|b", r"a[ab]*c|ba", r"\d+\.", r"a+b|a",
