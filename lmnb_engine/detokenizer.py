@@ -274,8 +274,10 @@ class StopRegexes:
             if _LATE_LOOKBEHIND.search(body):
                 # (None: nothing past the floor shown, where the window or an automaton leaves it)
                 relaxed = None if _NO_SUPERSET.search(body) else _relaxed(p, drop_lookbehinds=True)
+            elif (sensitive and _END_ASSERTION.search(p)) or ("^" in p and _MULTILINE.search(p)):
+                relaxed = _relaxed(p)
             else:
-                relaxed = _relaxed(p) if sensitive and _END_ASSERTION.search(p) else p
+                relaxed = p
             try:
                 self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
             except regex.error:  # a form of the pattern not read right: hold back, never show a stop
@@ -344,6 +346,13 @@ _NO_SUPERSET = re.compile(r"\(\?>|[*+?}]\+|\(\*|\(\?(?:R|&|P>|[+-]?\d)|\(\?[a-zA
 _RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?=[\s\S])\m)",
           "\\M": r"(?:(?=[\s\S])\M)", "\\Z": r"(?:(?=[\s\S]{2})\Z)", "\\z": r"(?:(?=[\s\S]{2})\z)",
           "$": r"(?:(?=[\s\S]{2})$)"}
+# ... and "^" in multiline mode, whose value at the text's end is known (the character before),
+# but where the regex package's partial search drops a start when a lazy repeat before it reaches
+# the text's end and it fails there ("(?m)a[\s\S]*?^b" on "xaa": partial at 2, not 1, though
+# "xaa\nb" matches from 1; a greedy repeat is kept): read ahead first, the search there is partial
+_RELAX_MULTILINE = {**_RELAX, "^": r"(?:(?=[\s\S])^)"}
+# A multiline flag, found in a pattern's text erring towards yes ("(?m)", "(?im:", "(?-m)" too)
+_MULTILINE = re.compile(r"\(\?[a-zA-Z-]*m")
 
 
 def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
@@ -368,6 +377,7 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
         return None
     lead = GLOBAL_FLAGS.match(pattern)
     lead = lead.end() if lead else 0
+    relax = _RELAX_MULTILINE if _MULTILINE.search(pattern) else _RELAX
     # the groups being read, outermost first: their text so far (relaxed, original), whether the
     # group is a negative lookaround, and whether it is a lookbehind left out
     stack: list[tuple[list[str], list[str], bool, bool]] = [([], [], False, False)]
@@ -379,7 +389,7 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
             tok = pattern[i:i + 2]
             if tok[1:] and tok[1] in "123456789gk" and any(neg for _, _, neg, _ in stack):
                 return None  # a backreference in a negative lookaround, which is written twice
-            relaxed.append(_RELAX.get(tok, tok))
+            relaxed.append(relax.get(tok, tok))
             original.append(tok)
             i += 2
         elif c == "[":  # a set, copied as it is: "$" and "\b" in it are characters
@@ -436,7 +446,7 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
             stack[-1][1].append("".join(o) + ")")
             i += 1
         else:
-            relaxed.append(_RELAX.get(c, c))
+            relaxed.append(relax.get(c, c))
             original.append(c)
             i += 1
     if len(stack) != 1:
