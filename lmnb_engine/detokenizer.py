@@ -20,7 +20,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
-from lmnb_engine.regex_reach import reach
+from lmnb_engine.regex_reach import assertion_reach, reach
 from lmnb_engine.stop_automaton import AutomatonRun, automaton
 
 # Prompt tokens decoded in front of the output so the first word keeps its leading space
@@ -480,23 +480,31 @@ def _new_before(pattern: str, text: str, start: int, new_from: int, endpos: int)
     """The longest match of ``pattern`` in ``text[:endpos]`` from ``start`` that ends by
     ``new_from`` and that ``text[:new_from]`` did not hold, None if none: an assertion read past
     its end (r"a.*?\\B" after "ab" not checked, then "c", where "ab" from 0 is one only once "c"
-    comes). Such a match is new, as a check after each character meets it. Every end is tried,
-    not only the longest match's or the first's: ``a|abb|ab(?=bc)`` after "abb" not checked, then
-    "c", holds "ab" from 0 anew, where "a" and "abb" were there before. Only a pattern that reads
-    past its match's end can have one, and only from a start within its reach of ``new_from``.
+    comes). Such a match is new, as a check after each character meets it. Every match from the
+    start is tried, longest first (each the longest ending before the last), not only the longest
+    or the first: ``a|abb|ab(?=bc)`` after "abb" not checked, then "c", holds "ab" from 0 anew,
+    where "a" and "abb" were there before. Only a pattern that reads past its match's end can have
+    one (an assertion reading past ``new_from``), only from a start within its reach of
+    ``new_from`` and only ending within its assertions' reach of it
+    (``regex_reach.assertion_reach``).
 
     Raises:
         TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
     """
     if not _reads_past_match(pattern) or ((r := reach(pattern)) is not None and start + r <= new_from):
         return None
-    for end in range(new_from, start - 1, -1):
-        now, before = _ending_before(pattern, endpos - end), _ending_before(pattern, new_from - end)
-        if now is None or before is None:
+    ahead = assertion_reach(pattern)
+    low = start if ahead is None else max(start, new_from - ahead + 1)
+    bound = new_from
+    while bound >= low:
+        if (longest := _ending_by(pattern, endpos - bound)) is None:
             return None  # (a form not read right: as before this check, the match is not new)
-        if ((m := now.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)) is not None
-                and before.match(text, start, new_from, timeout=REGEX_TIMEOUT_S) is None):
+        m = longest.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)
+        if m is None or m.end() < low or (before := _ending_by(pattern, new_from - m.end(), exact=True)) is None:
+            return None
+        if before.match(text, start, new_from, timeout=REGEX_TIMEOUT_S) is None:
             return m
+        bound = m.end() - 1
     return None
 
 
@@ -508,18 +516,19 @@ def _reads_past_match(pattern: str) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _ending_before(pattern: str, after: int) -> Any:
-    """``pattern`` matching only where exactly ``after`` characters follow its match (a lookahead
-    for them and the text's end), its global flags kept first; None where that form does not
-    compile."""
+def _ending_by(pattern: str, after: int, exact: bool = False) -> Any:
+    """``pattern`` matching only where at least ``after`` characters follow its match, with POSIX
+    leftmost-longest matching (``exact``: exactly that many, the first match), by a lookahead for
+    them and the text's end, its global flags kept first; None where that form does not compile."""
     import regex
 
-    lead = _GLOBAL_FLAGS.match(pattern)
+    lead = GLOBAL_FLAGS.match(pattern)
     lead = lead.group() if lead else ""
     # (a verbose pattern may end in a comment, which a newline ends)
     end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""
+    count = f"{{{after}}}" if exact else f"{{{after},}}"
     try:
-        return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{{{after}}}\\Z)")
+        return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{count}\\Z)", 0 if exact else regex.POSIX)
     except regex.error:
         return None
 

@@ -123,3 +123,28 @@ def reach(pattern: str) -> int | None:
         return _span(parsed)[1]
     except (Unreadable, _Unbounded):
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def assertion_reach(pattern: str) -> int | None:
+    """The most characters that an assertion of ``pattern`` may read from its own position on: a
+    lookahead's reach, 2 for an end or word-boundary assertion ("$" reads up to a final newline's
+    next character), 0 where none reads forward. A match of ``pattern`` ending at ``e`` reads no
+    character past ``e + assertion_reach - 1`` beyond what it consumes (its assertions stand at or
+    before ``e``; one inside a lookahead is counted in that lookahead's reach). None where that is
+    unbounded (a lookahead with a ``*``, ``+`` or ``{n,}`` repeat), not known (an assertion inside
+    a lookbehind, a backreference in a lookahead) or the pattern is not read as the ``regex``
+    package reads it (``parse_as_python``, verbose mode too)."""
+    try:
+        parsed = parse_as_python(pattern)
+        if parsed.state.flags & re.VERBOSE:
+            return None
+        most = 0
+        for op, av in walk(parsed):
+            if op.name == "AT" and av.name not in _BACKWARD_AT:
+                most = max(most, _ASSERTION_READS)
+            elif op.name in ("ASSERT", "ASSERT_NOT"):
+                most = max(most, _item(op.name, av)[1])  # (raises _Unbounded for a lookbehind reading ahead)
+        return most
+    except (Unreadable, _Unbounded):
+        return None

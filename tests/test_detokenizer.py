@@ -1078,6 +1078,13 @@ def test_a_match_the_text_not_checked_did_not_hold_is_a_stop_whatever_its_length
     #   is the one from 0, where it was cut at 1, "a" of the stop shown
     for pattern, pieces, want in [("a|abb|ab(?=bc)", ["abb", "c"], (0, "ab")), ("aa|a(?=[ab]*c)", ["aab", "c"], (0, "a"))]:
         assert feed_unchecked(StopStringMatcher([], [pattern]), pieces, 2) == (want, 0), pattern
+    # only ends within the assertions' reach of the text not checked are tried; worked by hand: a
+    # lookahead's own reach (nested ones in it counted), 2 for an end or boundary assertion, 0 for
+    # none; unknown where a lookahead is unbounded or a lookbehind holds an assertion
+    from lmnb_engine.regex_reach import assertion_reach
+
+    assert [assertion_reach(p) for p in ["abc", "a|abb|ab(?=bc)", "a(?=b(?=cde))", "a$", r"x\b", "a(?!bcd)",
+                                         "aa|a(?=[ab]*c)", "(?<=a(?=b))c"]] == [0, 2, 4, 2, 2, 3, None, None]
     # random alternatives of which one reads past its match's end, random tokens (the text not checked
     # made of their letters): the stop is the brute-force one, nothing of it shown before it
     rng = random.Random(0)
