@@ -228,7 +228,13 @@ def test_a_schema_pattern_with_a_unicode_block_gets_a_fix_that_works():
         # (a pointer to nothing is refused as the schema is loaded, before the listed values are read)
         ({"enum": [[1]], "items": {"$ref": "#/$defs/nope"}}, ['"#/$defs/nope" at #/items points at nothing',
                                                               'no definition "nope"']),
-        ({"enum": [[1]], "items": {"$ref": "#nope"}}, ["$ref beside its listed values"]),  # (an anchor: not loaded)
+        # (an anchor: not loaded); the reference as written, where the message showed ("")
+        ({"enum": [[1]], "items": {"$ref": "#nope"}}, ['$ref beside its listed values that points at nothing in '
+                                                       'this schema ("#nope")']),
+        ({"$id": "https://example.com/s", "enum": [[1]], "items": {"$ref": "#%6Eope"}},
+         ['points at nothing in this schema ("#%6Eope")']),
+        ({"$defs": {"a": {"$ref": "#nope"}}, "enum": [[1]], "items": {"$ref": "#/$defs/a"}},
+         ['points at nothing in this schema ("#nope")']),
         # a true branch accepts everything ({} passes both): this raised AttributeError 'bool' has no 'get'
         ({"oneOf": [{"type": "object"}, True]}, ['"oneOf" branches 0 and 1', "objects"]),
         ({"const": "a", "enum": [False, {"b": 1}]}, ['const "a"', "does not pass its own enum"]),

@@ -232,7 +232,7 @@ def _filter_listed_values(node: dict, where: str, root: dict) -> None:
             return checker.is_valid(value)
         except referencing.exceptions.Unresolvable as e:
             raise GrammarError(f"JSON schema at {where} has a $ref beside its listed values that points at nothing "
-                               f"in this schema ({json_value(getattr(e, 'ref', str(e)), SHOWN_CHARS)}); fix the reference") from None
+                               f"in this schema ({json_value(_written_ref(e, root), SHOWN_CHARS)}); fix the reference") from None
 
     if "const" in node and not valid(node["const"]):
         raise _NoListedValue(f"JSON schema at {where} has const {json_value(node['const'], SHOWN_CHARS)}, which does not pass its own "
@@ -243,6 +243,30 @@ def _filter_listed_values(node: dict, where: str, root: dict) -> None:
             raise _NoListedValue(f"JSON schema at {where}: no enum value passes its own {', '.join(checks)}; "
                                "no output could validate: fix the enum")
         node["enum"] = kept
+
+
+def _written_ref(error: Any, root: Any) -> str:
+    """The ``$ref`` of ``root`` as written that ``error`` (``referencing``'s ``Unresolvable``, as
+    jsonschema raises it) could not follow: the error holds the reference resolved against the
+    schema's base URI, split for an anchor (``ref`` "" and ``anchor`` "nope" for ``"#nope"``), so
+    its own ``ref`` alone named an anchor as ""; the first written reference whose fragment is the
+    missing anchor or pointer, else the error's parts put back together."""
+    anchor = getattr(error, "anchor", None)
+    ref = getattr(error, "ref", None)
+    missing = anchor if anchor is not None else ref
+    stack = [root]
+    while stack:  # (depth first, in the schema's order: the reference the message names)
+        node = stack.pop()
+        if isinstance(node, dict):
+            written = node.get("$ref")
+            if isinstance(written, str) and "#" in written and written.partition("#")[2] == missing:
+                return written
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    if anchor is not None:
+        return f"{ref or ''}#{anchor}"
+    return str(ref) if ref is not None else str(error)
 
 
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
