@@ -546,7 +546,7 @@ def test_malformed_cells_report_line_and_column(cell, line, col, words):
 
 
 @pytest.mark.parametrize("key, text, value", [
-    ("max_tokens", "3", 3), ("stop", "'.'", "."), ("seed", "k", 7), ("n", "2", 2), ("top_p", "0.5", 0.5)])
+    ("max_tokens", "3", 3), ("stop", "'.'", "."), ("seed", "7", 7), ("n", "2", 2), ("top_p", "0.5", 0.5)])
 def test_a_gen_with_choices_refuses_a_generation_option_at_the_option(key, text, value):
     # lmnb.gen refused these only once the cell ran (after the model loaded), at the hole's column 1
     cell = '{gen c choices=["x","y"] ' + f"{key}={text}}}"
@@ -554,8 +554,38 @@ def test_a_gen_with_choices_refuses_a_generation_option_at_the_option(key, text,
         parse(cell, first_line=2)
     assert (e.value.line, e.value.col) == (2, 26), str(e.value)  # the option's first character
     assert e.value.hint.startswith(f"drop {key};")
-    with pytest.raises(ValueError):  # gen refuses the same combination (value: the variable k's, for seed)
+    with pytest.raises(ValueError):  # gen refuses the same combination
         lmnb.gen("c", choices=["x", "y"], **{key: value})
+
+
+@pytest.mark.parametrize("cell, kernel, options", [
+    ('{gen x choices=c regex="a+"}', {"c": ["a", "b"]}, {"regex": "a+"}),
+    ("{gen x choices=c max_tokens=3}", {"c": ["a", "b"]}, {"max_tokens": 3}),
+    ('{gen x choices=c json_schema={"type": "integer"} n=2}', {"c": ["a", "b"]},
+     {"json_schema": {"type": "integer"}, "n": 2}),
+    ('{gen x choices=["a", "b"] seed=k}', {"k": 7}, {"choices": ["a", "b"]}),
+    ('{gen x regex=r dtype="int"}', {"r": "[0-9]+"}, {"dtype": "int"}),
+])
+def test_a_combination_with_a_variable_is_decided_by_its_value_as_gen_decides_it(cell, kernel, options):
+    """A combination gen() refuses (choices beside regex or max_tokens, two output constraints) was
+    refused as the cell was parsed where one of the two was a variable, which may hold None, gen()'s
+    default: gen(choices=None, regex=...) is a gen with a regex. Now the value decides, as it runs:
+    None makes the calls of the gen written without it, another value gen()'s refusal, at the hole."""
+    (name, value), = kernel.items()
+    parse(cell)  # (nothing is known to be wrong before the variable is read)
+
+    @lmnb.function
+    def ref(s):
+        s += lmnb.gen("x", **options)  # the variable's option left out: its None is gen()'s default
+
+    one, two = faces(cell, **{name: None})
+    assert one == two == record(ref.func)
+    key = cell.split(f"={name}")[0].split()[-1]  # the option the variable is the value of
+    with pytest.raises(ValueError) as python:
+        lmnb.gen("x", **options, **{key: value})
+    with pytest.raises(TemplateRuntimeError) as e:
+        faces(cell, **kernel)
+    assert e.value.message == f"gen: {python.value}"
 
 
 def test_a_gen_with_choices_keeps_what_a_pick_takes():

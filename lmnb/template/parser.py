@@ -324,12 +324,16 @@ class _Parser:
             if not (kind == "gen" and key == "temperature"):  # (checked below, once it is known whether gen picks)
                 self.check_literal(kind, key, expr)
             options.append(Option(key, expr, rest_at + at))
-        # the options given a value: a literal None is gen()'s default, as if not written (choices=None
-        # makes no pick, as gen(choices=None) makes none); a variable may hold anything, so it counts
-        valued = {o.key for o in options if _literal(o.value) is not None}
+        # the options given a value here (a literal None is gen()'s default, as if not written:
+        # choices=None makes no pick, as gen(choices=None) makes none); one read from a variable may
+        # hold None too, so a combination it is in is left to lmnb.gen, as the cell runs
+        valued = {o.key for o in options if _given(o.value)}
         temperature = next((o for o in options if o.key == "temperature"), None)
         if kind == "gen" and temperature is not None:  # gen(choices=...) checks it as select() does
-            self.check_literal(kind, "temperature", temperature.value, picks="choices" in valued)
+            # (choices from a variable most likely pick; select's rule and gen's refuse the same
+            # literals but None, which both take here, so only the words depend on the guess)
+            picks = any(o.key == "choices" and _literal(o.value) is not None for o in options)
+            self.check_literal(kind, "temperature", temperature.value, picks=picks)
         if kind == "select" and "choices" not in seen:
             raise self.error("select needs choices=[...]", start, hint='e.g. {select answer choices=["yes", "no"]}')
         clash = [k for k in OUTPUT_OPTIONS if k in valued]
@@ -358,13 +362,13 @@ class _Parser:
         """Refuse, at the option, what ``lmnb.gen`` refuses with ``choices`` (only once the cell ran,
         pointing at the hole): a pick scores the choices and generates nothing, so it takes only
         ``temperature`` and ``choices_method`` (and ``n`` of 1). A value that does nothing there
-        (None; 1 for ``n``) is let through as gen lets it; any other, a variable too, is refused,
-        since dropping it can change nothing (gen refuses all but those values)."""
+        (None; 1 for ``n``) is let through as gen lets it, and so is a variable, which may hold
+        None: ``lmnb.gen`` tells it at the option as the cell runs."""
         for o in options:
             if o.key in ("choices", "choices_method", "temperature"):
                 continue
             value = _literal(o.value)
-            if value is None or (o.key == "n" and value == 1):
+            if not _given(o.value) or (o.key == "n" and value == 1):
                 continue
             if o.key == "n":
                 raise self.error("a gen with choices picks one choice, so it takes no n", o.offset,
@@ -636,6 +640,13 @@ def _literal(expr: Expr):
         return ast.literal_eval(expr.tree.body)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return _NOT_LITERAL
+
+
+def _given(expr: Expr) -> bool:
+    """Whether an option whose value is ``expr`` is certainly given, not left at ``lmnb.gen``'s
+    default (None): a literal other than None, or an expression of builtins alone (``dtype=int``);
+    one that reads a variable may hold None, known only as the cell runs."""
+    return not expr.refs and _literal(expr) is not None
 
 
 def _is_in_keyword(text: str, i: int) -> bool:
