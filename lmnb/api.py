@@ -605,8 +605,9 @@ def gen(
             ``top_p``, ``seed``, ...: all but ``temperature`` and ``choices_method``), or choices
             that ``select`` refuses, a ``top_logprobs_num`` that is not an integer >= 0 (its upper
             bound is the backend's: the engine's is 20).
-        TypeError: ``name`` is not a string or None; ``ignore_eos``, ``return_logprob`` or
-            ``return_text_in_logprobs`` is not True, False or None; a number option holds no
+        TypeError: ``name`` is not a string or None; a ``choices_method`` other than None that is no
+            ``ChoicesSamplingMethod``, with choices or without them; ``ignore_eos``,
+            ``return_logprob`` or ``return_text_in_logprobs`` is not True, False or None; a number option holds no
             int (``max_tokens``, ``n``, ``top_k``, ...) or no int or float (``temperature``, ...):
             every backend refuses it, a server's after it failed to encode the request as JSON.
     """
@@ -618,6 +619,10 @@ def gen(
     if choices is not None:  # (select()'s checks of choices, the temperature and choices_method)
         pick = _select("gen(..., choices=...)", name, choices, 0.0 if temperature is None else temperature,
                        token_length_normalized if choices_method is None else choices_method)
+    elif choices_method is not None:  # (no method is a bad value with or without choices: SGLang's gen drops it)
+        problem = choices_method_problem(choices_method)
+        if problem:
+            raise TypeError(problem)
     check_regex(regex)
     check_stop_regex(stop_regex)
     if dtype is not None:

@@ -1180,3 +1180,33 @@ def test_fork_items_in_braces_inside_the_hole_say_the_braces_made_a_set(items, w
     with pytest.raises(TemplateRuntimeError) as e:
         record(t.program().func, **t.bind({"items": items}))
     assert str(e.value).startswith(f"line 1, col 12: {why}\n")
+
+
+@pytest.mark.parametrize("bad", ["bogus", 0, ""])
+def test_a_choices_method_that_is_no_method_is_refused_with_or_without_choices(bad):
+    """gen(choices_method="bogus") without choices was taken without a word (SGLang's gen drops the
+    method there), where a %%lm cell refused the literal and gen(choices=..., choices_method="bogus")
+    is refused: it is a wrong value wherever it stands, so gen() refuses it too, in the words of
+    select() and the cell; from a variable the cell refuses it as it runs, at the option."""
+    from lmnb.choices import choices_method_problem
+
+    words = choices_method_problem(bad)  # select()'s own check, asked alone
+    assert words.startswith("choices_method must be one of ")
+    with pytest.raises(TypeError) as python:
+        lmnb.gen("x", choices_method=bad)
+    assert str(python.value) == words
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(f"{{gen x choices_method={bad!r}}}")
+    assert e.value.message == words
+    cell = "{gen x max_tokens=2 choices_method=m}"
+    with pytest.raises(TemplateRuntimeError) as e:
+        faces(cell, m=bad)
+    assert (e.value.message, e.value.offset) == (f"gen: {words}", cell.index("=m") + 1)
+    # a method without choices is still taken, as SGLang takes it: the gen generates as without it
+
+    @lmnb.function
+    def ref(s):
+        s += lmnb.gen("x", max_tokens=2)
+
+    one, two = faces(cell, m=lmnb.greedy_token_selection)
+    assert one == two == record(ref.func)
