@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -105,7 +104,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    from lmnb_engine.params import finite_number  # torch-free: the engine's own reading
+
+    return finite_number(value)
 
 
 def option_problem(key: str, value: Any) -> Optional[str]:

@@ -40,6 +40,18 @@ MAX_TOP_LOGPROBS = 20
 TEMPERATURE_RULE = "must be a finite number >= 0 (0 is greedy)"
 
 
+def finite_number(v: Any) -> bool:
+    """Whether ``v`` is an int or float (not a bool) that a float holds finitely: NaN, the
+    infinities and an int past float's range (``10**400``, which JSON and Python write exactly,
+    and ``float()`` refuses with an OverflowError) are not."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 class SamplingParamsError(ValueError):
     """A ``SamplingParams`` field is invalid: ``field`` names it, so that a front end names its own
     field for it (an HTTP error's ``param``); ``value`` is its value, which the message shows as
@@ -258,29 +270,26 @@ class SamplingParams:
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
 
-        def is_num(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 0:
             bad("max_new_tokens", "must be an integer >= 0")
         if not is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens:
             bad("min_new_tokens", "must be an integer >= 0")
         if self.min_new_tokens > self.max_new_tokens:
             bad("min_new_tokens", f"must not exceed max_new_tokens={self.max_new_tokens}")
-        if not is_num(self.temperature) or self.temperature < 0:
+        if not finite_number(self.temperature) or self.temperature < 0:
             bad("temperature", TEMPERATURE_RULE)
-        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+        if not finite_number(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
         if not is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1):
             bad("top_k", "must be -1 (off) or an integer >= 1")
-        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
+        if not finite_number(self.min_p) or not 0 <= self.min_p <= 1:
             bad("min_p", "must be in [0, 1]")
         for name in ("frequency_penalty", "presence_penalty"):
             v = getattr(self, name)
-            if not is_num(v) or not -2 <= v <= 2:
+            if not finite_number(v) or not -2 <= v <= 2:
                 bad(name, "must be in [-2, 2]")
         # SGLang's range (vLLM takes any finite value > 0); the sampler keeps even 1e-300 finite
-        if not is_num(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
+        if not finite_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
             bad("repetition_penalty", "must be in (0, 2] (1 = off, above 1 discourages repeats, below 1 favours them)")
         if self.stop is not None and not (
             isinstance(self.stop, str)

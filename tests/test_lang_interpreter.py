@@ -2689,6 +2689,38 @@ def test_gen_refuses_a_number_out_of_sglangs_range_where_it_is_called_in_the_cel
     assert e.value.message == words
 
 
+# an int no float can hold (float() raises OverflowError) is no finite number: gen(), select(), the
+# cell's parser and the engine failed with that OverflowError's traceback
+_BIG = 10**400
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"temperature": _BIG}, f"temperature must be a finite number >= 0 (0 is greedy), got {_BIG!r}"),
+    ({"top_p": _BIG}, f"top_p must be a number in (0, 1], got {_BIG!r}"),
+    ({"min_p": _BIG}, f"min_p={_BIG!r} is invalid: must be in [0, 1]"),
+    ({"presence_penalty": -_BIG}, f"presence_penalty={-_BIG!r} is invalid: must be in [-2, 2]"),
+])
+def test_an_int_past_floats_range_is_refused_as_out_of_range_not_with_an_overflow(options, words):
+    from lmnb.template import TemplateSyntaxError, parse
+    from lmnb_engine.params import SamplingParams, SamplingParamsError
+
+    test_gen_refuses_a_number_out_of_sglangs_range_where_it_is_called_in_the_cells_words(options, words)
+    key = next(iter(options))
+    with pytest.raises(SamplingParamsError, match=f"^SamplingParams.{key}="):
+        SamplingParams(**options).validate()  # (the engine's own check, a request's to lmnb serve too)
+    if key == "temperature":  # a pick's rule, select()'s, and the cell's for a select
+        said = f"temperature must be a finite number >= 0 (0 picks the likeliest), got {_BIG!r}"
+        with pytest.raises(ValueError) as e:
+            sgl.select("x", choices=["a", "b"], temperature=_BIG)
+        assert str(e.value) == f"select() {said}"
+        with pytest.raises(ValueError) as e:
+            sgl.gen("x", choices=["a", "b"], temperature=_BIG)
+        assert str(e.value) == f"gen(..., choices=...) {said}"
+        with pytest.raises(TemplateSyntaxError) as e:
+            parse(f'{{select x choices=["a", "b"] temperature={_BIG}}}')
+        assert e.value.message == said
+
+
 def test_a_number_out_of_range_from_numpy_or_given_to_run_is_refused_before_anything_is_sent():
     import numpy as np
 
