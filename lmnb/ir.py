@@ -95,8 +95,6 @@ _NUMBER_FIELDS = ("temperature", "top_p", "min_p", "frequency_penalty", "presenc
 GEN_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 # gen() options whose range the engine's ``SamplingParams.validate`` checks, in its own words.
 _ENGINE_RANGES = ("min_p", "frequency_penalty", "presence_penalty", "seed", "logprob_start_len")
-# gen() options (gen()'s names) whose values ``option_problem`` checks.
-RANGED_OPTIONS = ("max_tokens", "min_tokens", "n", "temperature", "top_p", "top_k", *_ENGINE_RANGES)
 
 
 def _is_int(value: Any) -> bool:
@@ -111,7 +109,8 @@ def _is_number(value: Any) -> bool:
 
 def option_problem(key: str, value: Any) -> Optional[str]:
     """Why ``value`` cannot be the number option ``key`` of ``gen()`` (gen()'s name, one of
-    ``RANGED_OPTIONS``), or None (for None, "inherit", too, and for other keys).
+    max_tokens, min_tokens, n, temperature, top_p, top_k and ``_ENGINE_RANGES``), or None (for None,
+    "inherit", too, and for other keys).
 
     The ranges are SGLang's (``SamplingParams.verify``; ``lmnb_engine.SamplingParams.validate``
     holds them too, and checks ``min_p``, the penalties, ``seed`` and ``logprob_start_len`` here in
@@ -304,6 +303,25 @@ class GenParams:
         if self.stop_regexes:
             out["stop_regex"] = self.stop_regexes
         return out
+
+
+# gen() options (gen()'s names) that ``GenParams`` checks each alone, where gen() is called: a %%lm
+# cell's parser checks a literal one so (``param_problem``), for the same words.
+CHECKED_ALONE = ("max_tokens", "min_tokens", "n", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
+                 "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob", "logprob_start_len",
+                 "top_logprobs_num", "return_text_in_logprobs")
+
+
+def param_problem(key: str, value: Any) -> Optional[str]:
+    """What ``gen()`` says of ``value`` as its option ``key`` (one of ``CHECKED_ALONE``) given
+    alone: the message of the ``TypeError`` (a value of the wrong type) or ``ValueError`` (out of
+    range, ``option_problem``) that ``GenParams`` raises, or None where it takes the value."""
+    field = next((f for f, name in GEN_NAMES.items() if name == key), key)
+    try:
+        GenParams(**{field: value})
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return None
 
 
 # How the Python API names a run's default max_tokens (``{}``: the number), which a front end that

@@ -500,12 +500,12 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ("{gen x temperature=-1}", 2, 20, "temperature must be a finite number >= 0"),
         ("{gen x top_p=0}", 2, 14, "top_p must be a number in (0, 1]"),
         ("{gen x n=0}", 2, 10, "n must be an integer >= 1"),
-        ("{gen x stop=5}", 2, 13, "stop must be a string or a list of strings"),
+        ("{gen x stop=5}", 2, 13, "stop=5 is invalid: give a string or a list of strings"),
         ('{gen x stop=["a", ""]}', 2, 13, "stop is invalid: an empty string (item 1) names no place to stop"),
         # the engine refused these only once the gen was sent, away from the hole
-        ('{gen x seed="a"}', 2, 13, "seed='a' is invalid: must be None or an integer that fits in 64 bits"),
+        ('{gen x seed="a"}', 2, 13, "seed='a' is invalid: must be an integer"),
         ("{gen x min_p=2}", 2, 14, "min_p=2 is invalid: must be in [0, 1]"),
-        ("{gen x ignore_eos='yes'}", 2, 19, "ignore_eos='yes' is invalid: must be true or false"),
+        ("{gen x ignore_eos='yes'}", 2, 19, "ignore_eos='yes' is invalid: must be True or False"),
         # certain to fail, but refused only as the cell ran: at the option now, as gen() refuses them
         ('{gen x dtype="complex"}', 2, 14, "gen(dtype='complex') is not supported; use int, float, bool or str"),
         ('{select x choices=["a", "b"] choices_method="x"}', 2, 45, "choices_method must be one of "
@@ -784,7 +784,7 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
                                            "(2, not {2})"),
         ("{fork s}x{join}", {"s": {2, 3}}, 7, "got {2, 3}: a set; {fork s} takes the count itself: make s an integer"),
         # the engine refused it only once the gen was sent, away from the hole
-        ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be None or an integer"),
+        ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be an integer"),
         # refused by lmnb's gen itself (the message names the option): at that option, not the hole
         ("{gen x max_tokens=8 stop=st}", {"st": 5}, 26, "stop=5 is invalid: give a string or a list of strings"),
         ("{gen x stop_token_ids=ids}", {"ids": [-1]}, 23, "stop_token_ids=[-1] is invalid"),
@@ -1210,3 +1210,30 @@ def test_a_choices_method_that_is_no_method_is_refused_with_or_without_choices(b
 
     one, two = faces(cell, m=lmnb.greedy_token_selection)
     assert one == two == record(ref.func)
+
+
+@pytest.mark.parametrize("key, bad", [
+    ("max_tokens", "8"), ("max_tokens", 2.5), ("min_tokens", True), ("n", 1.0), ("stop", 5), ("stop", [5]),
+    ("stop_token_ids", 3), ("stop_token_ids", ["a"]), ("temperature", "a"), ("temperature", True), ("top_p", "a"),
+    ("top_k", 2.5), ("min_p", "a"), ("frequency_penalty", "a"), ("presence_penalty", None), ("ignore_eos", "yes"),
+    ("ignore_eos", 1), ("seed", 2.5), ("seed", "a"), ("return_logprob", 1), ("logprob_start_len", "a"),
+    ("top_logprobs_num", 2.5), ("return_text_in_logprobs", "x"), ("max_tokens", -1), ("seed", 2**64),
+])
+def test_a_literal_option_is_refused_in_the_words_gen_refuses_it_with(key, bad):
+    """The cell worded a value of the wrong type its own way ("max_tokens must be an integer >= 0,
+    got '8'", "ignore_eos='yes' is invalid: must be true or false", the engine's JSON words), where
+    gen() says "max_tokens='8' is invalid: must be an integer" and "must be True or False"; the cell
+    now asks gen()'s own check of the option alone. (None, the default, is taken by both.)"""
+    cell = f"{{gen x {key}={bad!r}}}"
+    if bad is None:
+        assert parse(cell).arguments == () and lmnb.gen("x", **{key: bad}).params == lmnb.gen("x").params
+        return
+    with pytest.raises((TypeError, ValueError)) as python:
+        lmnb.gen("x", **{key: bad})
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    assert (e.value.message, e.value.offset) == (str(python.value), cell.index("=") + 1)
+    # from a variable, the same words at the same column, as the cell runs
+    with pytest.raises(TemplateRuntimeError) as e:
+        faces(f"{{gen x {key}=v}}", v=bad)
+    assert e.value.message in (str(python.value), f"gen: {python.value}")

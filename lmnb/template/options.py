@@ -14,7 +14,7 @@ import reprlib
 from collections.abc import Iterator, Mapping
 from typing import Optional
 
-from lmnb.ir import RANGED_OPTIONS, GenParams, dtype_regex, engine_option_problem, is_stop, option_problem
+from lmnb.ir import CHECKED_ALONE, dtype_regex, param_problem
 
 
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
@@ -233,8 +233,8 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
 
         # (a gen pick's None is gen()'s default, temperature 0)
         return None if primitive == "gen" and value is None else select_temperature_problem(value)
-    elif key in RANGED_OPTIONS:  # gen()'s own check, which refuses the same value where gen() is called
-        return option_problem(key, value)
+    elif key in CHECKED_ALONE:  # gen()'s own check of the option alone: its words where gen() is called
+        return param_problem(key, value)
     elif key == "dtype" and value is not None:  # (a literal: a string; int, a name, is no literal)
         try:
             dtype_regex(value)
@@ -244,31 +244,16 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
         from lmnb.choices import choices_method_problem
 
         return choices_method_problem(value)
-    elif key == "stop":
-        from lmnb_engine.params import stop_problem  # the engine's own check (no torch)
-
-        if not is_stop(value):
-            return f"stop must be a string or a list of strings, got {value!r}"
-        problem = stop_problem(value)
-        return f"stop is invalid: {problem}" if problem else None
     elif key == "stop_regex":
         from lmnb_engine.params import stop_regex_problem  # the engine's own check (no torch)
 
         problem = stop_regex_problem(value)
         return f"stop_regex {problem}" if problem else None
-    elif key == "top_logprobs_num":  # gen()'s own check: the upper bound is the backend's (the engine's is 20)
-        try:
-            GenParams(top_logprobs_num=value)
-        except ValueError as e:
-            return str(e)
-    elif key in SAMPLING_FIELDS and value is not None:  # (None: the default)
-        return engine_option_problem(key, value)
     return None
 
 
-# Options that are SamplingParams fields of the same name, which the engine checked only once the gen
-# was sent: seed="a" or min_p=2 failed mid-run, away from its hole (the ranged ones are checked by
-# gen()'s option_problem, which asks the engine). (top_logprobs_num is one too, but the engine's bound
-# on it is not every backend's: it gets gen()'s check instead.)
+# Options whose value from a variable the cell checks at the option (gen()'s own check, in its
+# words) before it calls gen(): SamplingParams fields of the same name, which the engine checked only
+# once the gen was sent, so seed="a" or min_p=2 failed mid-run, away from its hole.
 SAMPLING_FIELDS = ("min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "seed", "return_logprob",
                     "logprob_start_len", "stop_token_ids")
