@@ -16,8 +16,8 @@ from lmnb.choices import (
     ChoicesSamplingMethod,
     choice_list,
     choices_method_problem,
+    choices_problem,
     select_temperature_problem,
-    repeated_choices_problem,
     token_length_normalized,
 )
 from lmnb.ir import (
@@ -740,16 +740,11 @@ def _select(caller: str, name: Any, choices: Any, temperature: Any, choices_meth
         choices, temperature = choice_list(choices), _python_value(temperature)
     except TypeError as e:  # (a dict)
         raise TypeError(f"{caller} {e}") from None
-    if not choices or not isinstance(choices, (list, tuple)):
-        raise ValueError(f"{caller} needs choices: a non-empty list of strings")
-    bad = [c for c in choices if not isinstance(c, str) or not c]
-    if bad:
-        raise ValueError(f"{caller} choices must be non-empty strings; got {bad!r}")
+    problem = choices_problem(choices)  # (a %%lm cell's parser asks it too, for the same words)
+    if problem:
+        raise ValueError(f"{caller} {problem}")
     for c in choices:
         check_text(c, f"the {caller} choice")
-    repeated = repeated_choices_problem(choices)
-    if repeated:
-        raise ValueError(f"{caller} {repeated}")
     problem = select_temperature_problem(temperature)
     if problem:
         raise ValueError(f"{caller} {problem}")

@@ -67,6 +67,19 @@ def select_temperature_problem(temperature: Any) -> Optional[str]:
     return None
 
 
+def choices_problem(choices: Any) -> Optional[str]:
+    """Why ``choices`` (as ``choice_list`` reads them) cannot be a ``select``'s, or None: they must
+    be a non-empty list (or tuple) of non-empty strings, each listed once. ``select()``,
+    ``gen(choices=...)`` (after their own name) and a ``%%lm`` cell's parser ask it, for one wording
+    (the first bad choice is named by its place, as a cell's reader finds it)."""
+    if not isinstance(choices, (list, tuple)) or not choices:
+        return "choices must be a non-empty list of strings"
+    bad = next(((i, c) for i, c in enumerate(choices, start=1) if not isinstance(c, str) or not c), None)
+    if bad is not None:
+        return f"choices must be non-empty strings: choice {bad[0]} of {len(choices)} is {bad[1]!r}"
+    return repeated_choices_problem(choices)
+
+
 def repeated_choices_problem(choices: Sequence[str]) -> Optional[str]:
     """Why ``choices`` cannot be a ``select``'s, naming the repeated ones, or None. SGLang accepts
     repeats; the pick and its scores would not say which of the equal entries won."""

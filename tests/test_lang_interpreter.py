@@ -2830,7 +2830,7 @@ def test_select_and_gen_choices_take_numpy_arrays_and_numbers():
                  sgl.select("x", choices=[np.str_("yes"), np.str_("no")], temperature=np.float32(0.5))):
         assert node.choices == ["yes", "no"] and all(type(c) is str for c in node.choices)
         assert node.temperature == 0.5 and type(node.temperature) is float
-    with pytest.raises(ValueError, match=r"^select\(\) needs choices: a non-empty list of strings$"):
+    with pytest.raises(ValueError, match=r"^select\(\) choices must be a non-empty list of strings$"):
         sgl.select("x", choices=np.array([], dtype=str))
 
 
@@ -2864,9 +2864,9 @@ def test_select_and_gen_choices_take_any_iterable_of_strings_such_as_a_pandas_se
     assert [c for kind, (_, c, _) in backend.calls if kind == "score"] == [["yes", "no", "maybe"]] * 2
     assert sgl.select("x", choices=(c for c in ["p", "q"])).choices == ["p", "q"]
     for empty in (_SeriesLike([]), "yes"):  # (a string is no list of choices)
-        with pytest.raises(ValueError, match=r"^select\(\) needs choices: a non-empty list of strings$"):
+        with pytest.raises(ValueError, match=r"^select\(\) choices must be a non-empty list of strings$"):
             sgl.select("x", choices=empty)
-    with pytest.raises(ValueError, match=r"^select\(\) choices must be non-empty strings; got \[3\]$"):
+    with pytest.raises(ValueError, match=r"^select\(\) choices must be non-empty strings: choice 2 of 2 is 3$"):
         sgl.select("x", choices=_SeriesLike(["a", 3]))
 
 
@@ -2927,7 +2927,7 @@ def test_gen_with_choices_refuses_n_and_its_errors_name_gen():
     with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) picks one choice and takes no n \(got n=2\)"):
         sgl.gen("x", choices=["a", "b"], n=2)
     assert isinstance(sgl.gen("x", choices=["a", "b"], n=1), type(sgl.select("x", ["a", "b"])))  # n=1: one pick
-    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) needs choices: a non-empty list"):
+    with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) choices must be a non-empty list"):
         sgl.gen("x", choices=[])
     with pytest.raises(ValueError, match=r"^gen\(\.\.\., choices=\.\.\.\) temperature must be a finite number >= 0 "
                                          r"\(0 picks the likeliest\), got -1$"):

@@ -1237,3 +1237,30 @@ def test_a_literal_option_is_refused_in_the_words_gen_refuses_it_with(key, bad):
     with pytest.raises(TemplateRuntimeError) as e:
         faces(f"{{gen x {key}=v}}", v=bad)
     assert e.value.message in (str(python.value), f"gen: {python.value}")
+
+
+@pytest.mark.parametrize("choices, words", [
+    ([], "choices must be a non-empty list of strings"),
+    ("ab", "choices must be a non-empty list of strings"),  # (a string is no list of choices)
+    (["a", 1], "choices must be non-empty strings: choice 2 of 2 is 1"),
+    (["a", "", "b"], "choices must be non-empty strings: choice 2 of 3 is ''"),
+    (["a", "a"], "choices must differ; 'a' is listed more than once: drop the repeats"),
+])
+def test_choices_are_refused_in_one_wording_by_select_gen_and_the_cell(choices, words):
+    """select() said "needs choices: a non-empty list of strings" and "choices must be non-empty
+    strings; got [1]" where a %%lm cell said "choices must be a non-empty list of strings" for both
+    (a choice of another type unnamed): one check, lmnb.choices.choices_problem, words them now,
+    naming the bad choice by its place; select() and gen() put their own name before it."""
+    with pytest.raises(ValueError) as e:
+        lmnb.select("x", choices=choices)
+    assert str(e.value) == f"select() {words}"
+    with pytest.raises(ValueError) as e:
+        lmnb.gen("x", choices=choices)
+    assert str(e.value) == f"gen(..., choices=...) {words}"
+    for cell in (f"{{select x choices={choices!r}}}", f"{{gen x choices={choices!r}}}"):
+        with pytest.raises(TemplateSyntaxError) as e:
+            parse(cell)
+        assert (e.value.message, e.value.offset) == (words, cell.index("=") + 1)
+    with pytest.raises(TemplateRuntimeError) as e:  # from a variable, as the cell runs
+        faces("{select x choices=c}", c=choices)
+    assert e.value.message == words

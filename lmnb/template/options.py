@@ -216,18 +216,13 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
         except ValueError as e:
             return str(e)
     elif key == "choices" and not (primitive == "gen" and value is None):  # (gen's None: no choices, no pick)
-        from lmnb.choices import choice_list, mapping_choices_problem, repeated_choices_problem
+        from lmnb.choices import choice_list, choices_problem, mapping_choices_problem
 
         mapping = mapping_choices_problem(value, source)  # (the words a dict held in a variable gets)
         if mapping:
             return mapping
-        value = choice_list(value)  # a set sorted, as lmnb.select takes it (a literal {"b", "a"} too)
-        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) for c in value):
-            return "choices must be a non-empty list of strings"
-        empty = next((i for i, c in enumerate(value, start=1) if not c), None)
-        if empty is not None:  # (lmnb.select refuses it too, but once the cell runs, pointing at the hole)
-            return f"choices must be non-empty strings: choice {empty} of {len(value)} is ''"
-        return repeated_choices_problem(value)
+        # (a set sorted, as lmnb.select takes it, a literal {"b", "a"} too; select()'s own check)
+        return choices_problem(choice_list(value))
     elif key == "temperature" and (primitive == "select" or picks):  # select()'s own check and words, not gen()'s
         from lmnb.choices import select_temperature_problem
 
