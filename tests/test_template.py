@@ -446,7 +446,8 @@ def test_video_frame_count_from_a_variable_is_checked_at_the_hole():
         ('{gen n stop_regex="x\\ud800"}', 2, 19, 'stop_regex "x\\ud800" holds the lone surrogate "\\ud800" at position 1'),
         ('{gen c json_schema={"type": "objekt"}}', 2, 20, "#/type is not a valid JSON Schema"),  # before any gen runs
         ("{gen c json_schema='[1]'}", 2, 20, "must be a JSON object"),
-        ("{gen c json_schema=[1]}", 2, 20, "must be a JSON object"),
+        ("{gen c json_schema=[1]}", 2, 20, "json_schema must be a JSON string, a dict, a bool or a pydantic model "
+                                           "class, not list"),  # (gen()'s words)
         ('{gen c json_schema={"$schema": []}}', 2, 20, "#/$schema must be a string"),  # was a TypeError
         ('{gen c json_schema={"enum": ("a", 1j)}}', 2, 20, "a value JSON cannot represent"),
         # a pattern no regex dialect reads passed here and failed when the gen ran, reported twice at {gen
@@ -1264,3 +1265,18 @@ def test_choices_are_refused_in_one_wording_by_select_gen_and_the_cell(choices, 
     with pytest.raises(TemplateRuntimeError) as e:  # from a variable, as the cell runs
         faces("{select x choices=c}", c=choices)
     assert e.value.message == words
+
+
+@pytest.mark.parametrize("schema", [5, [1], 2.5])
+def test_a_literal_json_schema_of_another_type_is_refused_in_gens_words(schema):
+    """The cell said "json_schema must be a JSON object or a boolean, got int" where gen() says
+    "json_schema must be a JSON string, a dict, a bool or a pydantic model class, not int": the
+    cell asks gen()'s own check now."""
+    with pytest.raises(TypeError) as python:
+        lmnb.gen("x", json_schema=schema)
+    cell = f"{{gen x json_schema={schema!r}}}"
+    with pytest.raises(TemplateSyntaxError) as e:
+        parse(cell)
+    assert (e.value.message, e.value.offset) == (str(python.value), cell.index("=") + 1)
+    assert str(python.value) == ("json_schema must be a JSON string, a dict, a bool or a pydantic model class, not "
+                                 f"{type(schema).__name__}")

@@ -14,7 +14,7 @@ import reprlib
 from collections.abc import Iterator, Mapping
 from typing import Optional
 
-from lmnb.ir import CHECKED_ALONE, dtype_regex, param_problem
+from lmnb.ir import CHECKED_ALONE, dtype_regex, json_schema_value, param_problem
 
 
 # Branches one {fork N} makes. Each branch is a program state with its own requests (and a lane in
@@ -206,14 +206,10 @@ def check_literal(primitive: str, key: str, value, source: str = "choices", pick
         from lmnb_engine.regex_errors import regex_problem  # gen()'s words, and the engine's (no torch)
 
         return regex_problem(value)
-    elif key == "json_schema" and value is not None:  # (a literal; a pydantic class is a name, not checked here)
-        if not isinstance(value, (str, dict, bool)):  # (true: any JSON value; false: refused below)
-            return f"json_schema must be a JSON object or a boolean, got {type(value).__name__}"
-        from lmnb_engine.json_schema import loaded_schema  # gen()'s check (no torch; patterns: json_schema_value)
-
+    elif key == "json_schema":  # gen()'s own check and words (a pydantic class is a name, no literal)
         try:
-            loaded_schema(value, patterns=False)
-        except ValueError as e:
+            json_schema_value(value)  # (None: no constraint; true: any JSON value; false: refused)
+        except (TypeError, ValueError) as e:
             return str(e)
     elif key == "choices" and not (primitive == "gen" and value is None):  # (gen's None: no choices, no pick)
         from lmnb.choices import choice_list, choices_problem, mapping_choices_problem
