@@ -875,6 +875,9 @@ def test_a_video_frame_count_in_a_numpy_integer_is_the_int_it_holds():
      'a file path goes in quotes: {video "walk.gif" frames=2}; or define walk in a Python cell first'),
     ("{image /tmp/cat.png}", 8, "invalid Python expression: invalid syntax", 'a file path goes in quotes: {image "/tmp/cat.png"}'),
     ("{image ~/cat.png}", 9, "invalid Python expression: invalid syntax", 'a file path goes in quotes: {image "~/cat.png"}'),
+    # (the hint of a path Python cannot parse gives the frames as written, as the hint above does)
+    ("{video /tmp/walk.mp4 frames=k + 1, }", 8, "invalid Python expression: invalid syntax",
+     'a file path goes in quotes: {video "/tmp/walk.mp4" frames=k + 1}'),
     ("{image photo.image}", 8, "name 'photo' is not defined", "define photo in a Python cell first"),  # an attribute
 ])
 def test_an_image_path_written_without_quotes_is_told_to_quote_it(cell, col, error, hint):

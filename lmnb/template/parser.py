@@ -305,7 +305,6 @@ class _Parser:
         options: list[Option] = []
         seen: set[str] = set()
         for k, (at, key, eq) in enumerate(starts):
-            stop = starts[k + 1][0] if k + 1 < len(starts) else len(rest)
             if key not in allowed:
                 close = _close_match(key, allowed)
                 raise self.error(
@@ -315,9 +314,7 @@ class _Parser:
             if key in seen:
                 raise self.error(f"option {key!r} is given twice", rest_at + at)
             seen.add(key)
-            value = rest[eq + 1 : stop].rstrip()
-            if value.endswith(","):
-                value = value[:-1]
+            value = _option_value(rest, starts, k)
             if not value.strip():
                 raise self.error(f"option {key!r} has no value", rest_at + eq)
             expr = self.expr(value, rest_at + eq + 1)
@@ -394,7 +391,8 @@ class _Parser:
         try:
             source = self.expr(head, rest_at)
         except TemplateSyntaxError as e:  # ({image /tmp/cat.png}: "invalid Python expression")
-            path_hint = opts.bare_media_path(kind, head)
+            frames_at = [k for k, (_, key, _) in enumerate(starts) if key == "frames"]
+            path_hint = opts.bare_media_path(kind, head, _option_value(rest, starts, frames_at[0]) if frames_at else "N")
             if path_hint is None:
                 raise
             raise self.error(e.message, e.offset, hint=path_hint) from None
@@ -416,9 +414,7 @@ class _Parser:
                 )
             if frames is not None:
                 raise self.error("option 'frames' is given twice", rest_at + at)
-            stop = starts[k + 1][0] if k + 1 < len(starts) else len(rest)
-            value = rest[eq + 1 : stop].rstrip()
-            value = value[:-1] if value.endswith(",") else value
+            value = _option_value(rest, starts, k)
             if not value.strip():
                 raise self.error("option 'frames' has no value", rest_at + eq)
             frames = self.expr(value, rest_at + eq + 1)
@@ -706,6 +702,14 @@ def _option_starts(rest: str) -> list[tuple[int, str, int]]:
         if rest.startswith("=", j) and not rest.startswith("==", j):
             found.append((i, m.group(0), j))
     return found
+
+
+def _option_value(rest: str, starts: list[tuple[int, str, int]], k: int) -> str:
+    """The text of option ``k`` of ``starts`` (``_option_starts(rest)``) after its ``=``, up to the
+    next option, without the trailing space and comma between them."""
+    stop = starts[k + 1][0] if k + 1 < len(starts) else len(rest)
+    value = rest[starts[k][2] + 1 : stop].rstrip()
+    return value[:-1] if value.endswith(",") else value
 
 
 def _close_match(word: str, options) -> str | None:
