@@ -3565,6 +3565,18 @@ def test_a_function_of_the_users_star_imported_module_that_keeps_state_is_noted(
         assert prompts[1::2] == ["1", "2", "3"]
 
 
+def test_a_star_imported_module_too_deep_to_parse_is_left_unread(tmp_path):
+    """A module beside the notebook that Python's parser cannot read for its depth (a sum of 10**5
+    terms) ended lmnb export on a RecursionError traceback from the look for its state; it is left
+    unread, as a module that does not parse is, and the notebook exports without a note on it."""
+    (tmp_path / "helpers.py").write_text("TABLE = 1" + " + 1" * 10**5 + "\n\ndef remember(x):\n    return x\n",
+                                         encoding="utf-8")
+    nb = notebook("from helpers import *\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "r = str(remember(q))", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    _, p = export_notebook(nb, folder=tmp_path)
+    assert [n for n in p.notes if "helpers" in n] == []
+
+
 def test_a_function_of_the_users_star_imported_module_that_a_setup_function_calls_is_noted(tmp_path, monkeypatch):
     """The rows call use(q), a set-up function that calls helpers.py's remember: the job's rows
     gave 1, 2, 3, where each pass of the notebook gives 1, without a note (only the names the row

@@ -808,6 +808,8 @@ def _local_module_state(cells: list, row: list, called: list, folder: Optional[P
                     read[path] = _stateful_functions(ast.parse(path.read_text(encoding="utf-8")))
                 except (OSError, ValueError, SyntaxError):  # (no such file: a module installed, whose state is its own)
                     read[path] = None
+                except (RecursionError, MemoryError):  # (nested past what Python's parser takes: no import can run it)
+                    read[path] = None
             changes, exported = read[path] or ({}, set())
             for name, state in changes.items():
                 if alias is None and name in used and name in exported and name not in bound:
