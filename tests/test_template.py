@@ -784,6 +784,9 @@ def test_every_position_an_indented_cell_reports_is_as_typed():
         ("{fork s}x{join}", {"s": {2}}, 7, "got {2}: a set; {fork s} takes the count itself: make s an integer "
                                            "(2, not {2})"),
         ("{fork s}x{join}", {"s": {2, 3}}, 7, "got {2, 3}: a set; {fork s} takes the count itself: make s an integer"),
+        # (the one item is the example only where it is a count: it said "make s an integer ('a', not {'a'})")
+        ("{fork s}x{join}", {"s": {"a"}}, 7, "got {'a'}: a set; {fork s} takes the count itself: make s an integer\n"),
+        ("{fork s}x{join}", {"s": {0}}, 7, "got {0}: a set; {fork s} takes the count itself: make s an integer\n"),
         # the engine refused it only once the gen was sent, away from the hole
         ("{gen x seed=my_seed}", {"my_seed": "42"}, 13, "seed='42' is invalid: must be an integer"),
         # refused by lmnb's gen itself (the message names the option): at that option, not the hole

@@ -67,7 +67,9 @@ def fork_count(n, source: Optional[str] = None):
                 braces = (f": a set, as braces inside a hole make one; write the count without them "
                           f"({{fork {inner}}}, not {{fork {source.strip()}}})")
             elif source is not None:  # ({fork s}, s = {2}: the braces are in the value, where s was set)
-                example = f" ({next(iter(n))!r}, not {n!r})" if len(n) == 1 else ""
+                # (the item as the example only where it is a count: "('a', not {'a'})" made no integer)
+                item = next(iter(n)) if len(n) == 1 else None
+                example = f" ({item!r}, not {n!r})" if type(item) is int and item >= 1 else ""
                 braces = (f": a set; {{fork {source.strip()}}} takes the count itself: make {source.strip()} an "
                           f"integer{example}")
             else:
