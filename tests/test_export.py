@@ -928,6 +928,10 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     (_COUNTER + "\nhs = {'a': Counter()}", "r = ''.join(k.upper() for k in hs) + ''.join(k.upper() for k, h in hs.items())"),
     ("class Tok:\n    def __init__(self):\n        self.vocab = {'a': 1}\n    def encode(self, x):\n"
      "        return self.vocab.get(x, 0)\ntoks = [Tok(), Tok()]", "r = ''.join(str(t.encode(q)) for t in toks)"),
+    # a generator of its own that the row makes draws nothing from the seeded global one (they were
+    # noted as drawing from it: "the rows draw from it (`random.Random(1)` in cell 3)")
+    ("import random\nrandom.seed(0)", "r = str(random.Random(1).random())"),
+    ("import numpy as np\nnp.random.seed(0)", "r = str(np.random.default_rng(1).random())"),
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,

@@ -739,6 +739,10 @@ def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: 
 
 # The module-level seeding calls of the standard library's and numpy's global random number generators
 _SEEDS = {"random.seed": "random", "np.random.seed": "np.random", "numpy.random.seed": "numpy.random"}
+# What those modules make a generator of its own with, which draws nothing from the module's seeded
+# one (``random.Random(1)``, ``np.random.default_rng(1)``: the same in the job as in the notebook)
+_OWN_GENERATORS = frozenset({"Random", "SystemRandom", "default_rng", "RandomState", "Generator", "SeedSequence",
+                             "BitGenerator", "MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64"})
 
 
 def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> list:
@@ -762,7 +766,7 @@ def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> li
                 module = ast.unparse(node.func.value)
                 if node.func.attr == "seed" and where.startswith("cell"):
                     draws[module] = None  # (a row cell seeds it again: each row starts from its seed)
-                elif node.func.attr != "seed" and module not in draws:
+                elif node.func.attr != "seed" and node.func.attr not in _OWN_GENERATORS and module not in draws:
                     draws[module] = f"`{ast.unparse(node)}` in {where}"
     return [f"cell {seeded[m][0]}: {seeded[m][1]} seeds {m}'s generator once, and the rows draw from it ({use}): "
             "each row draws on from the last row's draws, where each pass of the notebook starts from the seed; "
