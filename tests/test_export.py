@@ -949,6 +949,11 @@ def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
      "an item of `hs`)"),
     ("def g():\n    yield from 'xyz'\nit = g()", "for r in it:\n    break", ["x", "y", "z"],
      "cell 1: it, an iterator (g()) that this cell makes once, is used by the rows (`for r in it` in cell 3)"),
+    # (a generator expression, or the iterator of map(), zip(), ..., went without a note)
+    ("g = (c for c in 'xyz')", "r = next(g)", ["x", "y", "z"],
+     "cell 1: g, an iterator (a generator expression) that this cell makes once, is used by the rows (`next(g)` in cell 3)"),
+    ("m = map(str.upper, 'xyz')", "for r in m:\n    break", ["X", "Y", "Z"],
+     "cell 1: m, an iterator (map()) that this cell makes once, is used by the rows (`for r in m` in cell 3)"),
     ("import random\nrng = random.Random(0)", "r = str(rng.random())",
      [str(x) for g in [__import__("random").Random(0)] for x in (g.random(), g.random(), g.random())],
      "cell 1: rng, a random number generator (random.Random()) that this cell makes once, is used by the rows"),

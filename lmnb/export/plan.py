@@ -495,7 +495,8 @@ def _enum_member_attributes(setup: list, called: list) -> dict:
 
 
 # The calls whose value keeps its own place to go on from (a set-up iterator the rows consume)
-_ITERATOR_CALLS = frozenset({"iter", "itertools.count", "itertools.cycle"})
+_ITERATOR_CALLS = frozenset({"iter", "itertools.count", "itertools.cycle", "map", "filter", "zip", "enumerate",
+                             "reversed"})
 # Seeded random number generators as a set-up cell makes them (the standard library's, numpy's under
 # its usual names): each draw moves the generator on, so the rows draw what the notebook's first row
 # would not
@@ -520,6 +521,8 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     generators: set = set()
 
     def making(call) -> Optional[tuple]:
+        if isinstance(call, ast.GeneratorExp):  # ((x for x in xs): an iterator too, as a generator function's)
+            return "an iterator (a generator expression)", None
         func = ast.unparse(call.func) if isinstance(call, ast.Call) else None
         if func in classes:
             return f"an instance of {func}", func, False
