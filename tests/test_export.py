@@ -932,6 +932,10 @@ def test_setup_state_the_rows_carry_on_is_noted(setup, cell, note):
     # noted as drawing from it: "the rows draw from it (`random.Random(1)` in cell 3)")
     ("import random\nrandom.seed(0)", "r = str(random.Random(1).random())"),
     ("import numpy as np\nnp.random.seed(0)", "r = str(np.random.default_rng(1).random())"),
+    # (a row that sets the generator's state, as a seed does, or only reads it: it was noted as a draw)
+    ("import random\nrandom.seed(0)\nst = random.getstate()", "random.setstate(st)\nr = str(random.random())"),
+    ("import numpy as np\nnp.random.seed(0)\nst = np.random.get_state()", "np.random.set_state(st)\nr = str(np.random.rand())"),
+    ("import random\nrandom.seed(0)", "r = str(random.getstate()[0])"),
 ])
 def test_setup_state_each_row_makes_or_copies_is_not_noted(setup, cell):
     nb = notebook(f"{setup}\nq = 'A'", "%%lm --temperature 0\n{q}{gen x max_tokens=1}", cell,

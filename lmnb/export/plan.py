@@ -746,6 +746,10 @@ _SEEDS = {"random.seed": "random", "np.random.seed": "np.random", "numpy.random.
 # one (``random.Random(1)``, ``np.random.default_rng(1)``: the same in the job as in the notebook)
 _OWN_GENERATORS = frozenset({"Random", "SystemRandom", "default_rng", "RandomState", "Generator", "SeedSequence",
                              "BitGenerator", "MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64"})
+# ... and what sets the module's generator to a state (as seed does: a row that calls it starts from
+# that state), or reads its state without drawing
+_RESEEDS = frozenset({"seed", "setstate", "set_state"})
+_STATE_READS = frozenset({"getstate", "get_state"})
 
 
 def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> list:
@@ -767,9 +771,9 @@ def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> li
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and ast.unparse(node.func.value) in seeded:
                 module = ast.unparse(node.func.value)
-                if node.func.attr == "seed" and where.startswith("cell"):
+                if node.func.attr in _RESEEDS and where.startswith("cell"):
                     draws[module] = None  # (a row cell seeds it again: each row starts from its seed)
-                elif node.func.attr != "seed" and node.func.attr not in _OWN_GENERATORS and module not in draws:
+                elif node.func.attr not in _RESEEDS | _OWN_GENERATORS | _STATE_READS and module not in draws:
                     draws[module] = f"`{ast.unparse(node)}` in {where}"
     return [f"cell {seeded[m][0]}: {seeded[m][1]} seeds {m}'s generator once, and the rows draw from it ({use}): "
             "each row draws on from the last row's draws, where each pass of the notebook starts from the seed; "
