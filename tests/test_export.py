@@ -3411,6 +3411,16 @@ def test_a_misspelt_lm_command_is_noted_with_the_kernels_did_you_mean(line, clos
     assert p.notes == [f"cell 1: dropped unknown command '%lm {line}'{hint}"]
 
 
+def test_the_exports_lm_commands_are_the_kernels_subcommands():
+    """The export (lmnb, which may not import the kernel) names the %lm commands it reads, drops or
+    offers as "did you mean" in a list of its own; a subcommand the kernel gains must be added there
+    too, or the export would drop it as unknown and offer what the kernel does not."""
+    from lmnb.export.cells import DISPLAY_COMMANDS, SESSION_COMMANDS
+    from lmnb_kernel.magics import _subcommands, line_parser
+
+    assert sorted(("help", "load", "connect", *DISPLAY_COMMANDS, *SESSION_COMMANDS)) == sorted(_subcommands(line_parser()))
+
+
 
 
 _BRACES = " (the braces inside the hole make a set of {0}; write {0} without them)"
