@@ -792,6 +792,10 @@ _COUNTER = ("class Counter:\n    def __init__(self):\n        self.n = 0\n    de
     ("import random\nrng = random.Random(0)", "r = str(rng.random())",
      "cell 1: rng, a random number generator (random.Random()) that this cell makes once, is used by the rows "
      "(`rng.random()` in cell 3)"),
+    # (held in a dict: "a dict of a random number generator" read as one)
+    ("import random\nrngs = {'a': random.Random(0), 'b': random.Random(1)}", "r = str(rngs['a'].random())",
+     "cell 1: rngs, a dict of random number generators (random.Random()) that this cell makes once, is used by "
+     "the rows (`rngs['a'].random()` in cell 3)"),
     ("import numpy as np\nrng = np.random.default_rng(0)", "r = str(rng.integers(10**9))",
      "cell 1: rng, a random number generator (np.random.default_rng()) that this cell makes once, is used by the "
      "rows (`rng.integers(10 ** 9)` in cell 3)"),

@@ -550,7 +550,8 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         kind, items = _container_items(value)
         found = [making(item) for item in items]
         if found and all(found):  # (every item such a call: a list that also holds a str has read methods)
-            what = found[0][0].replace("an instance of", "instances of").replace("an iterator", "iterators")
+            what = found[0][0].replace("an instance of", "instances of").replace("an iterator", "iterators").replace(
+                "a random number generator", "random number generators")
             one_class = found[0][1] if all(f == found[0] for f in found) else None
             held[name] = (c.index, f"a {kind} of {what}", one_class, all(f[2] for f in found))
     return made, held, defs
