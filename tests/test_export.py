@@ -1715,6 +1715,27 @@ def test_nbconvert_exports_a_notebook_that_fails_nbformats_schema_as_lmnb_export
     assert "Traceback" not in out.stderr and "invalid" not in out.stderr.lower()
 
 
+def test_the_copy_nbconvert_checks_repairs_every_cells_error_of_one_check_at_once(monkeypatch):
+    """Each check of the copy (nbformat's schema) named one error a cell, and one error was repaired
+    per check: 400 code cells without "outputs" and "execution_count" (a notebook JSON that a
+    script wrote) took 801 checks of the whole notebook, minutes, before nbconvert exported it. Each
+    cell's error is repaired at once now: one check finds no error left after as many checks as
+    a cell has errors (here two, then the one that finds none), whatever the number of cells."""
+    from lmnb.export import exporter
+
+    data = json.loads(nbformat.writes(QA))
+    for cell in data["cells"]:
+        if cell["cell_type"] == "code":
+            del cell["outputs"], cell["execution_count"]
+    nb = nbformat.from_dict(data)
+    checks = []
+    schema_errors = exporter._schema_errors
+    monkeypatch.setattr(exporter, "_schema_errors", lambda nb: checks.append(1) or schema_errors(nb))
+    copy = exporter._schema_valid_copy(nb)
+    assert len(checks) == 4  # (the first: whether to copy; then outputs, execution counts, none left)
+    assert list(schema_errors(copy)) == [] and export_notebook(copy)[0] == export_notebook(QA)[0]
+
+
 def test_nbconvert_refuses_a_notebook_its_schema_refuses_that_no_repair_makes_valid_naming_the_problem(tmp_path):
     """A notebook of a minor version nbformat has no schema for: lmnb export exports it, and the
     copy nbconvert checks cannot be repaired, so nbconvert refuses it in one message with the fix,
