@@ -600,9 +600,10 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
     (``lmnb_engine.json_schema.loaded_schema``: JSON, a JSON object or boolean, valid under the
     JSON Schema meta-schema), so a typo (``{"type": "strng"}``) fails at the ``gen`` call rather
     than once the program runs, whichever backend runs it. Whether the engine's constrained
-    decoder supports every keyword, and whether a ``pattern`` is a regex of the backend's dialect
-    (``patterns=False`` there: only a pattern no dialect reads, ``a(b``, is refused here), are left
-    to the backend: another may take what it does not.
+    decoder supports every keyword, whether a ``pattern`` is a regex of the backend's dialect and
+    whether the engine's regex of the schema is within its size limit (``engine=False`` there: only
+    a pattern no dialect reads, ``a(b``, and a JSON text too large to send, are refused here), are
+    left to the backend: another may take what it does not.
 
     Raises:
         TypeError: any other type; ValueError: a schema ``loaded_schema`` refuses (``false`` too:
@@ -614,11 +615,11 @@ def json_schema_value(schema: Any) -> Union[str, dict, bool, None]:
         if isinstance(schema, dict):  # first: _schema_passed's json.dumps visits each path (2**30 where
             from lmnb_engine.json_schema import copies_problem  # a Python-built schema shares objects)
 
-            copies_problem(schema)
+            copies_problem(schema, engine=False)
         if not _schema_passed(schema):
             from lmnb_engine.json_schema import loaded_schema  # torch-free
 
-            loaded_schema(schema, patterns=False)  # (refused in its own words, its keys in their own order)
+            loaded_schema(schema, engine=False)  # (refused in its own words, its keys in their own order)
         return schema
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         from lmnb_engine.pydantic_schema import pydantic_json_schema  # torch-free
@@ -652,7 +653,7 @@ def _schema_text_passes(text: str) -> bool:
     from lmnb_engine.json_schema import loaded_schema  # torch-free
 
     try:
-        loaded_schema(text, patterns=False)
+        loaded_schema(text, engine=False)
     except ValueError:
         return False
     return True

@@ -38,15 +38,17 @@ def at_a_unicode_class(error: re.error) -> bool:
     return error.msg in (r"bad escape \p", r"bad escape \P")
 
 
-def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
+def checked_schema(schema: dict | bool, engine: bool = True) -> dict | bool:
     """A fresh copy of ``schema`` in JSON's own types (tuples built in Python become the arrays
     they mean), checked against the JSON Schema meta-schema of its ``$schema`` draft (2020-12 when
     it names none) with ``jsonschema``. The boolean schema ``true`` (any JSON value) is returned
-    as it is. ``patterns`` False narrows the meta-schema's ``regex`` format check of each
-    ``pattern`` to syntax errors of every dialect (``_no_dialect_reads``): which dialect a pattern
-    is in is the backend's question (the engine reads Python's; an OpenAI-compatible API may take
-    ECMA's ``\\p{Lu}``), so the language's checks, made before a backend is known, refuse only a
-    pattern no backend could read (``a(b``).
+    as it is. ``engine`` False leaves out the in-process engine's own checks, for the language's
+    checks, made before a backend is known: the meta-schema's ``regex`` format check of each
+    ``pattern`` is narrowed to syntax errors of every dialect (``_no_dialect_reads``), since which
+    dialect a pattern is in is the backend's question (the engine reads Python's; an
+    OpenAI-compatible API may take ECMA's ``\\p{Lu}``), so only a pattern no backend could read
+    (``a(b``) is refused; and the size check is the JSON text's alone (``copies_problem``), since
+    the limit on regex copies is the engine's, which an API or an SGLang server does not build.
 
     Raises:
         ValueError: the boolean schema ``false`` (valid JSON Schema, which no value passes), a
@@ -64,7 +66,7 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
         return schema
     import jsonschema
 
-    copies_problem(schema)  # first: the walks below visit each path, 2**30 of a Python-built schema sharing objects
+    copies_problem(schema, engine)  # first: the walks below visit each path, 2**30 of a Python-built schema sharing objects
     try:
         schema = json.loads(json.dumps(schema, allow_nan=False))  # NaN and inf are no JSON
     except RecursionError:
@@ -76,12 +78,12 @@ def checked_schema(schema: dict | bool, patterns: bool = True) -> dict | bool:
                          f"{json_value(schema['$schema'], SHOWN_CHARS)}")
     try:
         validator = jsonschema.validators.validator_for(schema)
-        validator.check_schema(schema, **({} if patterns else {"format_checker": _syntax_checker()}))
+        validator.check_schema(schema, **({} if engine else {"format_checker": _syntax_checker()}))
     except RecursionError:  # (a pattern whose parentheses nest some hundred levels: Python's re recurses)
         raise ValueError(TOO_DEEP) from None
     except jsonschema.SchemaError as e:
         where = "/".join(["#", *map(str, e.path)])
-        refused = _refused_pattern(where, e.instance, ecma=not patterns) if "is not a 'regex'" in e.message else None
+        refused = _refused_pattern(where, e.instance, ecma=not engine) if "is not a 'regex'" in e.message else None
         if refused:
             raise ValueError(refused) from None
         # (jsonschema writes the values it names as Python does: 'x' is not of type 'array', True ...)
@@ -185,14 +187,18 @@ def dangling_ref_problem(schema: Any) -> Optional[str]:
     return None
 
 
-def copies_problem(schema: Any) -> None:
+def copies_problem(schema: Any, engine: bool = True) -> None:
     """Refuse ``schema`` (a dict or list as built in Python: objects may be shared) where the
-    engine's regex of it would hold more than ``MAX_REGEX_COPIES`` subschema copies, or its JSON
-    text more than ``MAX_JSON_VALUES`` values (``schema_copies``), each counted once per distinct
-    object: a schema holding one object at two places of each level, 30 levels deep, is refused
-    at once, in the words of its JSON text (which shares nothing), before any walk that visits
-    each of its 2**30 paths. The copies are asked first (their words name the keywords that
-    multiply them); the values count the keywords the regex does not write (``not``, ``if``).
+    engine's regex of it would hold more than ``MAX_REGEX_COPIES`` subschema copies (with
+    ``engine``: the in-process engine's limit, which a backend that builds no regex of ours, an
+    OpenAI-compatible API or an SGLang server, does not have), or its JSON text more than
+    ``MAX_JSON_VALUES`` values (every backend: the schema is written as JSON to send it), each
+    counted once per distinct object (``schema_copies``): a schema holding one object at two places
+    of each level, 30 levels deep, is refused at once, in the words of its JSON text (which shares
+    nothing), before any walk that visits each of its 2**30 paths (each path is a value of that
+    text, so the values alone bound those walks). The copies are asked first (their words name the
+    keywords that multiply them); the values count the keywords the regex does not write (``not``,
+    ``if``).
 
     Raises:
         ValueError: ``too_many_copies``'s or ``too_many_values``'s words, or ``TOO_DEEP`` past
@@ -201,7 +207,7 @@ def copies_problem(schema: Any) -> None:
     from lmnb_engine.schema_copies import too_many_copies, too_many_values  # (it imports this module)
 
     try:
-        problem = too_many_copies(schema) or too_many_values(schema)
+        problem = (too_many_copies(schema) if engine else None) or too_many_values(schema)
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     if problem:
@@ -211,7 +217,7 @@ def copies_problem(schema: Any) -> None:
 @functools.cache
 def _syntax_checker():
     """A ``jsonschema`` format checker of the ``regex`` format alone, which refuses a pattern only
-    where ``_no_dialect_reads`` (``checked_schema``'s ``patterns`` False)."""
+    where ``_no_dialect_reads`` (``checked_schema``'s ``engine`` False)."""
     import jsonschema
 
     checker = jsonschema.FormatChecker(formats=())
@@ -565,9 +571,9 @@ def _type_typo(error: Any) -> Optional[str]:
     return "; ".join(said) + f" (the types: {', '.join(map(json_value, JSON_TYPES))})"
 
 
-def loaded_schema(schema: str | dict | bool, patterns: bool = True) -> dict | bool:
+def loaded_schema(schema: str | dict | bool, engine: bool = True) -> dict | bool:
     """``checked_schema`` of a ``json_schema`` given as a JSON string (parsed first), a dict or a
-    bool (``patterns``: as there).
+    bool (``engine``: as there).
 
     Raises:
         ValueError: a string that is not JSON, or whose JSON is neither an object nor a boolean
@@ -583,7 +589,7 @@ def loaded_schema(schema: str | dict | bool, patterns: bool = True) -> dict | bo
             raise ValueError(f"json_schema is not valid JSON ({e}); pass a dict or a JSON string") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"json_schema must be a JSON object or a boolean, got {json_value(schema, SHOWN_CHARS)}")
-    return checked_schema(schema, patterns)
+    return checked_schema(schema, engine)
 
 
 def json_value(value: Any, limit: Optional[int] = None) -> str:

@@ -2316,17 +2316,25 @@ def test_a_schema_sharing_one_object_at_each_level_is_refused_at_once_as_its_jso
     paths, each checked once (json.dumps, the meta-schema check, numpy's conversion) for hours on
     the caller's thread. Its copies are counted per object, so it is refused at once, with its
     JSON text's words. Copies (outlines-core writes items twice, each prefixItems entry once):
-    c(d) = 1 + 3 c(d - 1), c(0) = 1, so c(d) = (3**(d + 1) - 1) / 2."""
+    c(d) = 1 + 3 c(d - 1), c(0) = 1, so c(d) = (3**(d + 1) - 1) / 2. gen(), which runs on any
+    backend, leaves that limit to the engine and counts the JSON text's values alone (the object,
+    "array", the list and twice the level below): v(d) = 3 + 2 v(d - 1), v(0) = 2, so
+    v(d) = 5 * 2**d - 3, from 3 d + 2 distinct ones (each level's object, "array" and list, and
+    the innermost object and "string"): 12 levels (20,477) are sent, 30 refused at once."""
     from lmnb.ir import json_schema_value
     from lmnb_engine.json_schema import loaded_schema
     from lmnb_engine.params import SamplingParams
 
+    shared = _shared_levels(12)
+    assert json_schema_value(shared) is shared
+    assert _refusal_within(lambda: json_schema_value(_shared_levels(30))).startswith(
+        f"JSON schema is too large: written out as JSON it would hold {5 * 2 ** 30 - 3} values, above the limit of "
+        f"{10 ** 6}, from {3 * 30 + 2} distinct ones: it holds one dict or list at several places")
     for depth in (12, 30):
         schema = _shared_levels(depth)
         words = (f"JSON schema is too large to compile: its regex would write its subschemas about "
                  f"{(3 ** (depth + 1) - 1) // 2} times, above the limit of {2 ** 18} (an array writes")
-        calls = [lambda: backend.to_regex(json_schema=schema), lambda: loaded_schema(schema),
-                 lambda: json_schema_value(schema)]
+        calls = [lambda: backend.to_regex(json_schema=schema), lambda: loaded_schema(schema)]
         messages = {_refusal_within(call) for call in calls}
         if depth == 12:  # its JSON text (4096 paths, 160 kB) shares nothing: the same words
             text = json.dumps(schema)

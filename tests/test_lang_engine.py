@@ -1038,6 +1038,25 @@ def test_a_kv_pool_too_small_for_a_default_gen_is_had_on_purpose_by_passing_the_
         assert st.get_meta_info("x")["completion_tokens"] == 3
 
 
+def test_a_schema_above_the_engines_regex_limit_is_refused_by_the_engine_when_the_gen_runs(backend):
+    """gen() leaves the limit on regex copies to the backend that builds the regex (an
+    OpenAI-compatible API takes such a schema: test_lang_server_responses); the in-process engine
+    refuses it when the gen runs, in its own words. Arrays nested 20 deep: c(d) = 1 + 2 c(d - 1),
+    c(0) = 1, so 2**21 - 1 copies, above 2**18."""
+    schema = {"type": "integer"}
+    for _ in range(20):
+        schema = {"type": "array", "items": schema}
+
+    @sgl.function
+    def prog(s):
+        s += "Q:" + sgl.gen("v", max_tokens=4, json_schema=schema)
+
+    error = prog.run(backend=backend).error()
+    assert isinstance(error, sgl.ProgramError)
+    assert str(error).startswith(f"Gen('v') failed: GrammarError: JSON schema is too large to compile: its regex "
+                                   f"would write its subschemas about {2 ** 21 - 1} times, above the limit of {2 ** 18}")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("kind, max_tokens", [("regex", 2), ("regex", 5), ("json_schema", 3), ("json_schema", 6)])
 def test_a_constrained_gen_cut_inside_a_character_keeps_whole_characters(backend, tiny_engine, kind, max_tokens,

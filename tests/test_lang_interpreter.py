@@ -2807,7 +2807,7 @@ def test_gen_tells_an_arguments_own_problem_before_a_combination_of_arguments(op
         words = regex_problem(options["regex"])
     elif bad == "json_schema":
         with pytest.raises(ValueError) as alone:
-            loaded_schema(options["json_schema"], patterns=False)
+            loaded_schema(options["json_schema"], engine=False)
         words = str(alone.value)
     with pytest.raises(error) as e:
         sgl.gen("x", **options)

@@ -574,6 +574,48 @@ def test_a_runtime_endpoint_made_before_a_fork_has_connections_of_its_own_in_the
     assert len(ports) == 3 and ports[0] == ports[2] != ports[1]
 
 
+def test_a_schema_above_the_engines_regex_limit_reaches_an_openai_api_and_an_sglang_server(server):
+    """Arrays nested 20 deep: the in-process engine's regex of them would write the innermost
+    schema 2**21 - 1 times, above its limit of 2**18 (its own refusal: test_constrained_compile),
+    but their JSON text is 61 values, legal JSON Schema that an OpenAI-compatible API or an SGLang
+    server compiles with its own library. gen() refused it by the engine's limit whatever the
+    backend; it is sent as written."""
+    schema = {"type": "integer"}
+    for _ in range(20):
+        schema = {"type": "array", "items": schema}
+    bodies = []
+
+    def answer(handler, body):
+        bodies.append(body)
+        if "messages" in body:
+            send(handler, 200, json.dumps({"id": "x", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "[]"}}]}).encode())
+        else:
+            send(handler, 200, json.dumps({"text": "[]", "meta_info": {"finish_reason": {"type": "stop"}}}).encode())
+
+    server.answer = answer
+    from lmnb.template import parse  # a %%lm cell, which may run on such a backend, takes it too
+
+    assert parse("{gen a json_schema=" + json.dumps(schema) + "}")
+
+    @lmnb.function
+    def prog(s):
+        s += lmnb.user("A list?")
+        s += lmnb.assistant(lmnb.gen("a", max_tokens=8, json_schema=schema))
+
+    chat = lmnb.OpenAI("m", base_url=server.url + "/v1", max_retries=0, timeout=5)
+    endpoint = lmnb.RuntimeEndpoint(server.url, timeout=5)
+    try:
+        assert prog.run(backend=chat)["a"] == "[]"
+        assert bodies[-1]["response_format"]["json_schema"]["schema"] == schema
+        assert prog.run(backend=endpoint)["a"] == "[]"
+        sent = bodies[-1]["sampling_params"]["json_schema"]  # (a dict, or SGLang's own JSON string)
+        assert (json.loads(sent) if isinstance(sent, str) else sent) == schema
+    finally:
+        chat.shutdown()
+        endpoint.shutdown()
+
+
 @pytest.mark.parametrize("body, problem", [(b'{"id": "x", "choi', "JSONDecodeError"),
                                            (b'{"id": "x\xff", "choices": []}', "UnicodeDecodeError")])
 def test_an_openai_body_that_is_not_utf8_json_is_named(server, chat, body, problem):
