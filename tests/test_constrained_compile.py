@@ -2373,6 +2373,38 @@ def test_a_schema_sharing_one_object_under_keywords_the_regex_does_not_write_is_
     assert loaded_schema(wide) == wide and json_schema_value(wide) is wide
 
 
+def _refers_back(places: int, other: str = "") -> dict:
+    """An object of ``places`` required properties, each null or (``$ref``) the object named by
+    ``other`` (the root where empty)."""
+    ref = {"$ref": f"#/$defs/{other}" if other else "#"}
+    return {"type": "object", "properties": {f"p{i}": {"anyOf": [{"type": "null"}, ref]} for i in range(places)},
+            "required": [f"p{i}" for i in range(places)]}
+
+
+def test_a_recursion_that_refers_back_from_many_places_is_refused_before_it_is_written_out(backend):
+    """The count before inlining follows a recursion one level; inlining writes it MAX_REF_DEPTH
+    levels deep, k**4 copies of an object that refers back from k places at its fifth level: 40
+    places (2 kB of JSON) were written out for minutes, gigabytes, before the count after inlining
+    could refuse them, and so were two objects that refer to each other from 4 places each (10
+    levels). Nodes written for k places, the root open j times: N(5) = 1 + 2 k (each property's
+    anyOf and its null; the reference, open 5 times, is dropped), N(j) = 1 + k (2 + N(j + 1)):
+    N(1) = 212,676,921 for k = 40, above 2**18; refused once 2**18 are written."""
+    words = (f"JSON schema is too large to compile: written out with its $refs inlined, each recursion {MAX_REF_DEPTH} "
+             f"levels deep, it holds more than {2 ** 18} subschemas, above the limit of {2 ** 18} on its regex's "
+             "subschema copies (each level of a recursion multiplies its subschemas by the number of places that "
+             "refer back); refer back from fewer places")
+
+    def written(k: int, j: int = 1) -> int:
+        return 1 + 2 * k if j == MAX_REF_DEPTH else 1 + k * (2 + written(k, j + 1))
+
+    assert written(40) == 212676921 > 2 ** 18
+    mutual = {"$defs": {"A": _refers_back(4, "B"), "B": _refers_back(4, "A")}, "$ref": "#/$defs/A"}
+    for schema in (_refers_back(40), mutual):
+        assert _refusal_within(lambda: backend.to_regex(json_schema=schema)) == words
+    # refers back from 4 places: 4**4 objects at the fifth level, 1 + 4 (2 + ...) = 3,069 written: built
+    assert written(4) == 3069 and backend.to_regex(json_schema=_refers_back(4))
+
+
 @pytest.mark.parametrize("schema, key, where", [
     ({"type": "string", "maxLength": 1001}, "maxLength=1001", "#"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 5000}}},

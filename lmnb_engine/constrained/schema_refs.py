@@ -28,6 +28,7 @@ from urllib.parse import unquote
 
 from lmnb_engine.constrained.errors import GrammarError
 from lmnb_engine.json_schema import _MISSING, SHOWN_CHARS, child, json_value, pointer_parts, ref_to_nothing
+from lmnb_engine.schema_copies import MAX_REGEX_COPIES
 
 # How often one schema may be open on a path (the root counts): a list of itself holds up to this
 # many levels, as deep as outlines-core's own resolution went. Each level multiplies a tree's automaton.
@@ -61,11 +62,19 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
     the whole subschema. ``reasons`` maps the location of a ``false`` that stands for a subschema
     with no valid value to the message that says why (refused with it where it cannot be pruned).
 
+    Each subschema written out counts towards ``MAX_REGEX_COPIES``, the limit on the regex's
+    subschema copies (each is at least one): the count made before inlining follows each
+    recursion one level, and a recursion that refers back from k places writes k**4 copies of
+    its schema at its fifth level, so a schema of 40 such properties (2 kB) was written out for
+    minutes, gigabytes of it, before the count after inlining could refuse it.
+
     Raises:
         GrammarError: a reference to another document, an ``$anchor`` name, a pointer to nothing
-            (in ``original``) or into a value that is no schema, or a schema with no finite valid value (a required recursion, a required ``false``).
+            (in ``original``) or into a value that is no schema, or a schema with no finite valid value (a required recursion, a required ``false``),
+            or one that writes out more than ``MAX_REGEX_COPIES`` subschemas.
     """
     original = schema if original is None else original
+    written = [0]  # subschemas written out so far
     base = schema.get("$id", "").partition("#")[0] if isinstance(schema, dict) else ""
 
     def resolve(ref: str, where: str) -> tuple[str, Any]:
@@ -107,6 +116,13 @@ def inline_refs(schema: Any, original: Any = None, reasons: dict[str, str] | Non
             if open_refs.count(pointer) >= MAX_REF_DEPTH:
                 raise _NoValue(where, node["$ref"])
             return expand(target, "#" + pointer, (*open_refs, pointer))
+        written[0] += 1
+        if written[0] > MAX_REGEX_COPIES:
+            raise GrammarError(
+                f"JSON schema is too large to compile: written out with its $refs inlined, each recursion "
+                f"{MAX_REF_DEPTH} levels deep, it holds more than {MAX_REGEX_COPIES} subschemas, above the limit of "
+                f"{MAX_REGEX_COPIES} on its regex's subschema copies (each level of a recursion multiplies its "
+                "subschemas by the number of places that refer back); refer back from fewer places")
         out = {k: v for k, v in node.items() if k not in _DEFINITIONS}
         if isinstance(node.get("properties"), dict):
             required = node.get("required", [])
