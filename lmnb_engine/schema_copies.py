@@ -1,18 +1,19 @@
-"""How many subschema copies outlines-core's regex of a JSON schema holds, how many values its
-JSON text holds, and the limits on them.
+"""How many subschema copies outlines-core's regex of a JSON schema holds, and how many
+characters of their text, how many values its JSON text holds, and the limits on them.
 
 Torch-free, and linear in the number of distinct objects of the schema: a schema built in Python
 may hold one subschema object at many places (``s = {"items": s, "prefixItems": [s]}``, 30 deep),
 whose paths, and so the walks that visit each path (``json.dumps``, the meta-schema check), number
 2**30; each object is counted once here (a memo by identity), so such a schema is refused at once,
 with the words its JSON text would get (``json_schema.copies_problem``, asked first by
-``json_schema.checked_schema``; the engine's ``schema.schema_to_regex`` counts copies again on the
-rewritten and the inlined schema).
+``json_schema.checked_schema``; the engine's ``schema.schema_to_regex`` counts copies, and their
+text, again on the rewritten and the inlined schema).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import json
+from typing import Any, Callable, Optional
 
 from lmnb_engine.json_schema import child, pointer_parts
 
@@ -30,7 +31,8 @@ MAX_REGEX_COPIES = 1 << 18
 MAX_JSON_VALUES = 10**6
 
 
-def regex_copies(node: Any, root: Any = None, memo: dict | None = None, open_refs: frozenset = frozenset()) -> int:
+def regex_copies(node: Any, root: Any = None, memo: dict | None = None, open_refs: frozenset = frozenset(),
+                 weight: Callable[[dict], int] = lambda node: 1) -> int:
     """How many subschema copies outlines-core's regex of ``node`` holds, counting ``node``: its
     regex writes an array's ``items`` twice (the first item and the repeat), ``additionalProperties``
     twice too, and, in an object none of whose properties is required, property i of k once for
@@ -41,7 +43,8 @@ def regex_copies(node: Any, root: Any = None, memo: dict | None = None, open_ref
     is cut at ``MAX_REF_DEPTH`` levels when inlined, and counted again then. A subschema met again
     (a shared definition, an object a Python-built schema holds at several places, or what
     ``inline_refs`` shares) is counted once (``memo``, by identity), in time linear in the number
-    of distinct objects. Lists may be tuples (a schema built in Python, not yet JSON).
+    of distinct objects. Lists may be tuples (a schema built in Python, not yet JSON). ``weight``
+    counts each copy of a subschema (a dict, not a ``$ref``) as more than 1 (``regex_chars``).
 
     Raises:
         RecursionError: nesting deeper than Python's recursion limit (some hundreds of levels).
@@ -62,20 +65,20 @@ def regex_copies(node: Any, root: Any = None, memo: dict | None = None, open_ref
             target = child(target, part)
         if not isinstance(target, dict) or ref in open_refs:
             return 1
-        return regex_copies(target, root, memo, open_refs | {ref})
-    total = 1
+        return regex_copies(target, root, memo, open_refs | {ref}, weight)
+    total = weight(node)
     props = node.get("properties")
     if isinstance(props, dict):
         required = node.get("required")
         required = {r for r in required if isinstance(r, str)} if isinstance(required, (list, tuple)) else set()
         for i, (name, sub) in enumerate(props.items()):
             times = 1 if name in required else 2 if required else len(props) - i
-            total += times * regex_copies(sub, root, memo, open_refs)
+            total += times * regex_copies(sub, root, memo, open_refs, weight)
     for key in ("items", "additionalProperties"):
-        total += 2 * regex_copies(node[key], root, memo, open_refs) if isinstance(node.get(key), dict) else 0
+        total += 2 * regex_copies(node[key], root, memo, open_refs, weight) if isinstance(node.get(key), dict) else 0
     for key in ("prefixItems", "anyOf", "oneOf", "allOf"):
         if isinstance(node.get(key), (list, tuple)):
-            total += sum(regex_copies(sub, root, memo, open_refs) for sub in node[key])
+            total += sum(regex_copies(sub, root, memo, open_refs, weight) for sub in node[key])
     memo[id(node)] = total
     return total
 
@@ -96,6 +99,83 @@ def too_many_copies(schema: Any) -> Optional[str]:
             "level of arrays within arrays doubles them; so does additionalProperties, and an object "
             "with no required property writes each property once per property); nest less deeply, "
             "or make a property required")
+
+
+# Characters of subschema text outlines-core's regex of a schema may hold (``regex_chars``): the
+# copies above count each subschema as one, but one that lists 100,000 values (600 kB of JSON) at
+# the end of 8 levels of definitions that each refer to the next twice was written out 256 times,
+# a 150 MB regex built for 25 s on the submitting thread, and at 12 levels the process ran out of
+# memory; arrays nested 17 deep, at the copy limit, estimate 4.7 million (a 6 MB regex).
+MAX_REGEX_CHARS = 1 << 24
+
+# The keywords ``regex_copies`` follows (their subschemas are counted as copies of their own) and
+# the definitions, reached through ``$ref`` alone: no part of a subschema's own text.
+_NOT_OWN_TEXT = ("properties", "items", "additionalProperties", "prefixItems", "anyOf", "oneOf", "allOf", "$defs",
+                 "definitions")
+
+
+def json_chars(value: Any, memo: dict | None = None) -> int:
+    """How many characters ``json.dumps(value)`` writes (its default separators and
+    ``ensure_ascii``), an object, array or string held at several places counted at each but
+    walked once (``memo``, by identity): an enum list shared by 4,096 copies of a definition is
+    measured once. Lists may be tuples.
+
+    Raises:
+        RecursionError: nesting deeper than Python's recursion limit.
+    """
+    memo = {} if memo is None else memo
+    if not isinstance(value, (dict, list, tuple, str)):
+        return len(json.dumps(value))
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, str):
+        size = len(json.dumps(value))
+    elif isinstance(value, dict):  # {"k": v, ...}: the braces, ": " after each key, ", " between items
+        size = 2 + sum(len(json.dumps(k)) + 2 + json_chars(v, memo) for k, v in value.items()) + 2 * max(len(value) - 1, 0)
+    else:
+        size = 2 + sum(json_chars(v, memo) for v in value) + 2 * max(len(value) - 1, 0)
+    memo[id(value)] = size
+    return size
+
+
+def regex_chars(schema: Any, fragments: dict[str, str] | None = None) -> int:
+    """About how many characters outlines-core's regex of ``schema`` holds: ``regex_copies`` with
+    each copy of a subschema weighed by its own JSON text (``json_chars``: its keywords but the
+    subschemas counted as copies of their own, with its property names), which the regex writes
+    out in its own form once per copy (an enum's values as alternatives, a const as a literal). A
+    placeholder constant that stands for a regex fragment (``fragments``: name → regex, the
+    engine's rewritten schema) weighs as that fragment, which replaces it at each copy."""
+    fragments = fragments or {}
+    texts: dict = {}
+
+    def own_text(node: dict) -> int:  # (json_chars of the node without _NOT_OWN_TEXT, with no dict made for it)
+        own = [(k, v) for k, v in node.items() if k not in _NOT_OWN_TEXT]
+        size = 2 + sum(len(json.dumps(k)) + 2 + json_chars(v, texts) for k, v in own) + 2 * max(len(own) - 1, 0)
+        props = node.get("properties")
+        names = sum(json_chars(name, texts) for name in props) if isinstance(props, dict) else 0
+        const = node.get("const")
+        fragment = len(fragments[const]) if isinstance(const, str) and const in fragments else 0
+        return size + names + fragment
+
+    return regex_copies(schema, schema, {}, frozenset(), own_text)
+
+
+def too_much_text(schema: Any, fragments: dict[str, str] | None = None) -> Optional[str]:
+    """Why ``schema`` is refused, where its regex would hold more than ``MAX_REGEX_CHARS``
+    characters of its subschemas' text (``regex_chars``): the count, the limit, why and the fix;
+    else None.
+
+    Raises:
+        RecursionError: as ``regex_copies``.
+    """
+    chars = regex_chars(schema, fragments)
+    if chars <= MAX_REGEX_CHARS:
+        return None
+    return (f"JSON schema is too large to compile: its regex would write about {chars} characters of its "
+            f"subschemas' text, above the limit of {MAX_REGEX_CHARS} (each subschema is written once per copy: "
+            "once per $ref to it, twice as an array's items, so a long enum, const or pattern nested in arrays "
+            "or definitions that refer to others is written many times); shorten the long values, or write "
+            "them at fewer places")
 
 
 def json_values(value: Any, memo: dict | None = None, distinct: list | None = None) -> int:

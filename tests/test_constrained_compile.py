@@ -2405,6 +2405,47 @@ def test_a_recursion_that_refers_back_from_many_places_is_refused_before_it_is_w
     assert written(4) == 3069 and backend.to_regex(json_schema=_refers_back(4))
 
 
+def test_json_chars_counts_what_json_dumps_writes_walking_a_shared_value_once():
+    from lmnb_engine.schema_copies import json_chars
+
+    shared = {"enum": ["中", "a\nb", 1.5, 1e100, -3, True, None, [], {}], "t": ("x", "y")}
+    for value in ({"a": shared, "b": [shared, shared, "é" * 40]}, [], {}, "", 0, ["\u2028", {"k": {"": [[]]}}]):
+        assert json_chars(value) == len(json.dumps(value))
+
+
+def _refers_twice(depth: int, leaf: dict) -> dict:
+    """Definitions D0 .. D{depth - 1} that each refer to the next twice, D{depth} ``leaf``."""
+    defs = {f"D{i}": {"type": "object", "properties": {k: {"$ref": f"#/$defs/D{i + 1}"} for k in "ab"},
+                      "required": ["a", "b"]} for i in range(depth)}
+    return {"$ref": "#/$defs/D0", "$defs": {**defs, f"D{depth}": leaf}}
+
+
+def test_a_long_value_the_regex_writes_at_many_copies_is_refused_before_the_regex_is_built(backend):
+    """The copy count weighs each subschema as one: an enum of 100,000 integers (600 kB of JSON)
+    at the end of 8 levels of definitions that each refer to the next twice (256 copies of it,
+    511 subschemas in all) was built into a 150 MB regex for 25 s on the submitting thread, 12
+    levels ran out of memory; a const of 300,000 characters inside arrays nested 6 deep (64
+    copies) too. Each copy now weighs its own JSON text (its keywords but the subschemas counted
+    as copies of their own, with its property names): sum of 2**i copies of D_i's text
+    ({"type": "object", "required": ["a", "b"]} and "a", "b") and 2**8 of the enum's; sum of 2**j
+    copies of {"type": "array"} and 2**6 of the const's."""
+    enum = {"enum": list(range(10 ** 5))}
+    own = len(json.dumps({"type": "object", "required": ["a", "b"]})) + len('"a""b"')
+    const = {"const": "x" * 300_000}
+    arrays = const
+    for _ in range(6):
+        arrays = {"type": "array", "items": arrays}
+    for schema, chars in ((_refers_twice(8, enum), sum(2 ** i * own for i in range(8)) + 2 ** 8 * len(json.dumps(enum))),
+                          (arrays, sum(2 ** j * len('{"type": "array"}') for j in range(6)) + 2 ** 6 * len(json.dumps(const)))):
+        assert _refusal_within(lambda: backend.to_regex(json_schema=schema)) == (
+            f"JSON schema is too large to compile: its regex would write about {chars} characters of its subschemas' "
+            f"text, above the limit of {2 ** 24} (each subschema is written once per copy: once per $ref to it, twice "
+            "as an array's items, so a long enum, const or pattern nested in arrays or definitions that refer to "
+            "others is written many times); shorten the long values, or write them at fewer places")
+    # 4 levels: 16 copies of the enum, some 11 MB of text, below 2**24: built (a 9 MB regex)
+    assert backend.to_regex(json_schema=_refers_twice(4, enum))
+
+
 @pytest.mark.parametrize("schema, key, where", [
     ({"type": "string", "maxLength": 1001}, "maxLength=1001", "#"),
     ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "minItems": 5000}}},

@@ -57,7 +57,7 @@ from lmnb_engine.pydantic_schema import CLOCK as _CLOCK, DATE as _DATE, pydantic
 from lmnb_engine.json_schema import SHOWN_CHARS, json_value, loaded_schema
 from lmnb_engine.regex_errors import shown_regex
 from lmnb_engine.regex_tree import constants as _c, parser as _p, walk
-from lmnb_engine.schema_copies import too_many_copies
+from lmnb_engine.schema_copies import too_many_copies, too_much_text
 
 # Keywords outlines-core enforces (plus its own minDigits/maxDigits extension).
 _ENFORCED = {
@@ -720,14 +720,16 @@ def _check_whitespace(pattern: str) -> None:
                                "r'[ \\n]{0,2}'")
 
 
-def _check_regex_copies(schema: Any) -> None:
-    """Refuse ``schema`` (``$ref``s inlined or not) if its regex would hold more than
-    ``MAX_REGEX_COPIES`` subschema copies (``lmnb_engine.schema_copies.too_many_copies``).
+def _check_regex_copies(schema: Any, fragments: dict[str, str]) -> None:
+    """Refuse ``schema`` (``$ref``s inlined or not; ``fragments``: its placeholders' regexes) if
+    its regex would hold more than ``MAX_REGEX_COPIES`` subschema copies
+    (``lmnb_engine.schema_copies.too_many_copies``), or more than ``MAX_REGEX_CHARS`` characters
+    of their text (``too_much_text``: few copies of a long enum).
 
     Raises:
         GrammarError: naming the count, the limit, why nesting multiplies it and the fix.
     """
-    problem = too_many_copies(schema)
+    problem = too_many_copies(schema) or too_much_text(schema, fragments)
     if problem:
         raise GrammarError(problem)
 
@@ -743,8 +745,8 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     Raises:
         GrammarError: unsupported keyword, format or regex feature (named, with its location), an
             empty numeric range, a structure outlines-core rejects, or one whose regex would hold
-            more than ``MAX_REGEX_COPIES`` subschema copies (``schema_copies``), checked before the
-            ``$ref``s are inlined too.
+            more than ``MAX_REGEX_COPIES`` subschema copies or ``MAX_REGEX_CHARS`` characters of
+            their text (``schema_copies``), checked before the ``$ref``s are inlined too.
     """
     from outlines_core.json_schema import WHITESPACE, build_regex_from_schema
 
@@ -764,9 +766,9 @@ def schema_to_regex(schema: Any, whitespace_pattern: str | None = None) -> str:
     _draft7_items(schema, _is_legacy_draft(schema))
     rewriter = _Rewriter(prefix, schema, whitespace_pattern or WHITESPACE)
     visited = rewriter.visit(copy.deepcopy(schema), "#")
-    _check_regex_copies(visited)  # before inlining, which would write those copies out
+    _check_regex_copies(visited, rewriter.fragments)  # before inlining, which would write those copies out
     rewritten = inline_refs(visited, schema, rewriter.no_value)
-    _check_regex_copies(rewritten)  # with recursion inlined, MAX_REF_DEPTH levels of it
+    _check_regex_copies(rewritten, rewriter.fragments)  # with recursion inlined, MAX_REF_DEPTH levels of it
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as e:
