@@ -609,8 +609,8 @@ def test_a_schema_above_the_engines_regex_limit_reaches_an_openai_api_and_an_sgl
         assert prog.run(backend=chat)["a"] == "[]"
         assert bodies[-1]["response_format"]["json_schema"]["schema"] == schema
         assert prog.run(backend=endpoint)["a"] == "[]"
-        sent = bodies[-1]["sampling_params"]["json_schema"]  # (a dict, or SGLang's own JSON string)
-        assert (json.loads(sent) if isinstance(sent, str) else sent) == schema
+        sent = bodies[-1]["sampling_params"]["json_schema"]  # (SGLang's json_schema is a string)
+        assert isinstance(sent, str) and json.loads(sent) == schema
     finally:
         chat.shutdown()
         endpoint.shutdown()

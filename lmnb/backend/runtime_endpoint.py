@@ -85,10 +85,14 @@ _TIMEOUT_FIX = ("check that it is not stuck or overloaded, or raise the timeout 
 
 
 def _sampling_params(params: GenParams) -> dict:
-    """SGLang's ``sampling_params`` object (its name for the seed is ``sampling_seed``)."""
+    """SGLang's ``sampling_params`` object (its name for the seed is ``sampling_seed``; a JSON
+    schema given as a dict or bool goes as its JSON text, SGLang's ``json_schema: str``, which its
+    grammar cache keys on: a dict there is unhashable)."""
     sp = params.sampling_kwargs()
     if "seed" in sp:
         sp["sampling_seed"] = sp.pop("seed")
+    if sp.get("json_schema") is not None and not isinstance(sp["json_schema"], str):
+        sp["json_schema"] = json.dumps(sp["json_schema"])
     return sp
 
 
