@@ -3080,6 +3080,25 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_
     assert not [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
 
 
+def test_the_export_runs_no_standard_library_script_a_row_star_imports(tmp_path, monkeypatch):
+    # to note the builtins a row's star import replaces (math's pow), the export imports a module of
+    # Python's own; venv.__main__ is the script of `python -m venv`, which ran on the export's own
+    # argv: it made a virtual environment of tmp_path/env and exited (SystemExit, not an Exception)
+    env = tmp_path / "env"
+    monkeypatch.setattr(sys, "argv", ["lmnb", "--without-pip", str(env)])
+    nb = notebook('def f():\n    return str(pow(2, 3))\nq = "A"', "%%lm --temperature 0\n{q}{gen x max_tokens=1}",
+                  "a = f()\nfrom venv.__main__ import *\nr = a", "%%lm --temperature 0\n{r}{gen z max_tokens=1}")
+    _, p = export_notebook(nb)
+    assert not env.exists()
+    assert not [n for n in p.notes if "builtin" in n]  # (the script sets no builtin: nothing to note)
+    # a module that exits when `import *` reads its names is passed over, as one that raises is
+    exits = type(sys)("json.exits")
+    exits.__getattr__ = lambda name: sys.exit(3)
+    monkeypatch.setitem(sys.modules, "json.exits", exits)
+    assert importlib.import_module("lmnb.export.plan")._builtins_set_by(["json.exits", "math"], ("pow",)) == {
+        "pow": ["math"]}
+
+
 _STAR_ROW_SETUP = "def show(x):\n    return str(len(x))"
 _STAR_ROW_CELLS = ["e = 'mine'\na = show(q) + e\nfrom math import *\n"
                    "r = ' '.join([a, str(floor(pi)), show(q), str(len(q)), str(e)[:4]])\nprint(r)"]
