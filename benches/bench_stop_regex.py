@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lmnb_engine.detokenizer import StopStringMatcher  # noqa: E402
+from lmnb_engine.stop_matcher import StopStringMatcher  # noqa: E402
 
 STOPS = ["</answer>", "Observation:", "\n\nQuestion:"]
 REGEXES = [r"BEGIN[\s\S]*?END", r"Answer: \d+\.", r"\bZZ\d+"]
@@ -118,7 +118,7 @@ def thread_tokens(alphabet, seed: int) -> list[str]:
 
 def measure_threads(repeats: int) -> list[str]:
     """The ``--threads`` table: per pattern, us per token read by its automaton and searched."""
-    from lmnb_engine import detokenizer, stop_automaton
+    from lmnb_engine import stop_automaton, stop_matcher
 
     lines = [f"{THREAD_TOKENS} tokens of random text, no stop strings; us per token: median of {repeats} runs "
              "(each run's mean), min in brackets; a fresh matcher each run, the shared automaton's cache kept",
@@ -130,9 +130,9 @@ def measure_threads(repeats: int) -> list[str]:
         per = {"automaton": [], "searched": []}
         for _ in range(repeats):  # (interleaved: the shared machine's load falls on both alike)
             for how in per:
-                detokenizer.automaton = stop_automaton.automaton if how == "automaton" else (lambda p: None)
+                stop_matcher.automaton = stop_automaton.automaton if how == "automaton" else (lambda p: None)
                 per[how].append(sum(run(tokens, [pattern], [])) / len(tokens) * 1e6)
-        detokenizer.automaton = stop_automaton.automaton
+        stop_matcher.automaton = stop_automaton.automaton
         med = {how: statistics.median(ts) for how, ts in per.items()}
         cells = " | ".join(f"{med[h]:.1f} ({min(per[h]):.1f})" for h in per)
         lines.append(f"| `{pattern}` | {'/'.join(alphabet)} | {len(a._leaves)} | {cells} | "

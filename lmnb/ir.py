@@ -276,7 +276,7 @@ class GenParams:
                 backtracking), as the engine aborts such a request: taken as "no stop", the gen
                 would silently take the whole text.
         """
-        from lmnb_engine.detokenizer import StopStringMatcher  # (torch-free: the engine's own rule)
+        from lmnb_engine.stop_matcher import StopStringMatcher  # (torch-free: the engine's own rule)
 
         matcher = StopStringMatcher(self.stop_list, self.stop_regexes)
         hit = matcher.find(text, 0)

@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional, Sequence, Union
 from lmnb_engine.attention.base import AttentionBackend
 from lmnb_engine.chat_messages import TEMPLATE_REJECTED, message_dicts, template_kwargs, text_message
 from lmnb_engine.cli_options import option_error
-from lmnb_engine.detokenizer import StopRegexes
 from lmnb_engine.model_runner import ModelRunner
 from lmnb_engine.multimodal.inputs import MultimodalPrompt, MultimodalTokens, as_multimodal_prompt, is_multimodal_prompt
 from lmnb_engine.outputs import (
@@ -34,6 +33,7 @@ from lmnb_engine.request import Req
 from lmnb_engine.sampler import min_new_tokens_conflict
 from lmnb_engine.schedule_policy import POLICIES
 from lmnb_engine.scheduler import Scheduler, SchedulerConfig
+from lmnb_engine.stop_matcher import StopRegexes
 from lmnb_engine.tokenizer import encode_text, text_too_long
 
 # [issue 10] a MultimodalPrompt (or {"text": ..., "images": [...]}) carries images for LLaVA models

@@ -28,7 +28,7 @@ MAX_STOP_STRINGS = 512
 MAX_STOP_CHARS = 32768
 # Bound on ``stop_regex``: each pattern is read after every token (for a match, and for where
 # one may yet begin), on the scheduler's thread, by an automaton or by searches of up to
-# ``detokenizer.REGEX_TIMEOUT_S`` each. Patterns join into one with ``|``, so a few suffice.
+# ``stop_matcher.REGEX_TIMEOUT_S`` each. Patterns join into one with ``|``, so a few suffice.
 MAX_STOP_REGEXES = 32
 # Bound on ``top_logprobs_num``, the OpenAI routes' too (OpenAI's API takes 0 to 20): a stream's
 # every event resends the alternatives of every token so far, so its size grows with this times
@@ -185,7 +185,7 @@ class SamplingParams:
             or backreference: ``regex_reach``) is among the text's last few and otherwise may be
             an open match's start (``\\bBEGIN[\\s\\S]*?END``: linear in its length; but the search
             for a match is skipped while the pattern with its assertions left out, read by an
-            automaton where it can be, matches nowhere in the text), each search for up to ``detokenizer.REGEX_TIMEOUT_S`` seconds: one
+            automaton where it can be, matches nowhere in the text), each search for up to ``stop_matcher.REGEX_TIMEOUT_S`` seconds: one
             that backtracks catastrophically runs past that, and its request is aborted with a
             message naming the pattern. At most ``MAX_STOP_REGEXES`` patterns; ``\\G`` (where a search
             starts, which is where a match may still begin here) is refused: ``\\A`` is the output's start.

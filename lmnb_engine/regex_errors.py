@@ -158,7 +158,7 @@ def pattern_problem(pattern: str) -> str | None:
 
 # Global inline flags, (?i)(?x): Python takes them only at the pattern's start, where they come
 # before an edge anchor (``(?i)^yes$``) and say whether ``#`` opens a comment (``(?x)``), and the
-# stop matcher reads past them for a lookbehind first (``detokenizer``). The letters are the regex
+# stop matcher reads past them for a lookbehind first (``stop_matcher``). The letters are the regex
 # package's (the stop matcher's): Python's, aiLmsux, and b e f p r w and the versions V0 V1, which
 # Python refuses (its own error names them). (Not "(?R)": a recursion, to the regex package.)
 GLOBAL_FLAGS = re.compile(r"(?:\(\?(?:[abefiLmprsuwx]|V[01])+\))+")

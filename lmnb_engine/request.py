@@ -20,9 +20,10 @@ from typing import Any, Callable, Hashable, Optional, Protocol, Sequence
 
 import torch
 
-from lmnb_engine.detokenizer import IncrementalDetokenizer, StopRegexes, StopStringMatcher
+from lmnb_engine.detokenizer import IncrementalDetokenizer
 from lmnb_engine.outputs import FinishReason, TokenLogprob
 from lmnb_engine.params import SamplingParams
+from lmnb_engine.stop_matcher import StopRegexes, StopStringMatcher
 
 
 class TokenGrammar(Protocol):

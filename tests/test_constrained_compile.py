@@ -1056,7 +1056,7 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 ])
 def test_a_stop_regex_posix_class_is_offered_as_the_stop_matcher_reads_the_rest_of_its_class(pattern, fix, operator,
                                                                                             chars):
-    from lmnb_engine.detokenizer import StopRegexes
+    from lmnb_engine.stop_matcher import StopRegexes
     from lmnb_engine.params import stop_regex_problem
 
     told = (f' (the stop matcher has no set operations: it reads "{operator}" in a class as characters)'

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from lmnb_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from lmnb_engine.detokenizer import IncrementalDetokenizer
+from lmnb_engine.stop_matcher import StopStringMatcher
 from tests.helpers_engine import utf8_whole_characters
 
 
@@ -17,9 +18,9 @@ def _search_budget(request, monkeypatch):
     # given up: on a loaded machine a random brute-force check here could see a plain pattern given
     # up by chance, not for its backtracking. Tests about that budget (marked regex_budget) keep it.
     if request.node.get_closest_marker("regex_budget") is None:
-        from lmnb_engine import detokenizer
+        from lmnb_engine import stop_matcher
 
-        monkeypatch.setattr(detokenizer, "REGEX_TIMEOUT_S", 5.0)
+        monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 5.0)
 
 
 @pytest.fixture(scope="module")
@@ -623,7 +624,7 @@ def test_a_bounded_stop_regex_is_searched_over_the_texts_last_reach_characters_o
     # brute-force one where every token is checked, and with min_new_tokens the one that a
     # search from where the last search began finds (reach unused: the search before), and none
     # of its text was shown before it
-    from lmnb_engine.detokenizer import StopRegexes
+    from lmnb_engine.stop_matcher import StopRegexes
 
     rng = random.Random(6)
     assertions = [r"\b", r"\B", "$", r"(?<=x)", r"(?<!a)", r"(?=a)", r"(?!b\b)"]
@@ -840,10 +841,10 @@ def test_a_linear_stop_regex_over_a_long_output_is_never_given_up():
 def test_a_regex_given_up_by_one_sample_leaves_the_others_searching_the_rest(monkeypatch):
     # the first version stopped every regex search of every sample once one timed out: a sibling's
     # "END" was never found and its sample was aborted with the stop text in it (found by a review helper)
-    from lmnb_engine import detokenizer
-    from lmnb_engine.detokenizer import StopRegexes
+    from lmnb_engine import stop_matcher
+    from lmnb_engine.stop_matcher import StopRegexes
 
-    monkeypatch.setattr(detokenizer, "REGEX_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 0.01)
     shared = StopRegexes(["END", "(x|x)+(?=y)"])  # (a lookahead: searched, not read by an automaton)
     first, second = StopStringMatcher([], shared), StopStringMatcher([], shared)
     assert first.find("x" * 40, 39) is None and '"(x|x)+(?=y)" took over 0.01 s' in first.problem
@@ -1136,7 +1137,7 @@ AUTOMATON_ALPHABET = list("abcxyBEND1.é ÉßüÜöä\n東京都😀S") + ["BEGI
 def _searched_only(patterns: list[str]):
     """The request's StopRegexes with no automaton: every pattern searched by the regex package,
     as before stop_automaton (the reference)."""
-    from lmnb_engine.detokenizer import StopRegexes
+    from lmnb_engine.stop_matcher import StopRegexes
 
     shared = StopRegexes(patterns)
     shared.automata = [None] * len(patterns)
@@ -1341,8 +1342,8 @@ def test_where_the_automaton_and_the_regex_package_disagree_the_regex_package_de
     # An automaton that meets a match the regex package does not find (here one of "a" read for
     # the pattern "ab") must not end the output, nor crash find (it raised AttributeError): the
     # pattern is then searched, and stops where the regex package matches.
-    from lmnb_engine.detokenizer import StopRegexes
     from lmnb_engine.stop_automaton import automaton
+    from lmnb_engine.stop_matcher import StopRegexes
 
     shared = StopRegexes(["ab"])
     shared.automata = [automaton("a")]
@@ -1408,7 +1409,7 @@ def test_a_stop_regex_with_a_fuzzy_constraint_is_searched_not_read_by_an_automat
 def _searched_without_loosened_automata(patterns: list[str]):
     """The request's StopRegexes searched as before the loosened automata: from where the last
     search left the floor, over the rest of the text, on every token (the reference)."""
-    from lmnb_engine.detokenizer import StopRegexes
+    from lmnb_engine.stop_matcher import StopRegexes
 
     shared = StopRegexes(patterns)
     shared.loosened = [None] * len(patterns)

@@ -1755,9 +1755,9 @@ def test_a_stop_regex_that_backtracks_catastrophically_aborts_its_own_request(en
     # it was searched on the scheduler's thread on every token, which stalled every request for
     # seconds, then hours (found by a review helper).
     # The first search past the limit aborts every sample of the request (they share the pattern).
-    from lmnb_engine import detokenizer
+    from lmnb_engine import stop_matcher
 
-    monkeypatch.setattr(detokenizer, "REGEX_TIMEOUT_S", 0.02)
+    monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 0.02)
     params = SamplingParams(max_new_tokens=24, temperature=0.0, regex="x{24}", stop_regex="(x|x)+(?=y)", n=3)
     results = engine.generate("the cat", params)
     for r in results:

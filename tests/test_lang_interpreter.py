@@ -1711,9 +1711,9 @@ def test_api_speculation_with_a_stop_regex_given_up_for_backtracking_fails_the_g
     """The speculative cut searched the stop regexes with the engine's time limit (since 05d8286),
     and a pattern given up for catastrophic backtracking was taken as "no stop": the gen silently
     took the whole text. It fails now, with the engine's words, as the engine aborts such a request."""
-    from lmnb_engine import detokenizer
+    from lmnb_engine import stop_matcher
 
-    monkeypatch.setattr(detokenizer, "REGEX_TIMEOUT_S", 0.01)  # (40 x's take minutes to search)
+    monkeypatch.setattr(stop_matcher, "REGEX_TIMEOUT_S", 0.01)  # (40 x's take minutes to search)
     be = ScriptedBackend(lambda p, params: " " + "x" * 40 + "!")
 
     @sgl.function(num_api_spec_tokens=64)

@@ -1,0 +1,596 @@
+"""Stop-string and stop-regex matching for streamed output.
+
+Stop strings and stop regexes are matched on the text the detokenizer gives (``detokenizer``),
+including across token boundaries; text that could still turn into a stop is held back from the
+stream, so a matched stop is never shown.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import re
+from typing import Any, Callable, Sequence
+
+from lmnb_engine.regex_errors import GLOBAL_FLAGS, shown_regex
+from lmnb_engine.regex_reach import assertion_reach, reach
+from lmnb_engine.stop_automaton import AutomatonRun, automaton
+
+# How long one search of a stop regex may take, in seconds. A search over an output's tail takes
+# microseconds, well under a millisecond for a linear pattern over tens of thousands of characters;
+# one that backtracks catastrophically ("(x|x)+y" on many x's) takes seconds, doubling with each
+# character, on the scheduler's thread, where it stalls every request. Past this the search is given
+# up and the request aborted: it stalls the others about twice this, once.
+REGEX_TIMEOUT_S = 0.05
+
+
+class _StopPrefixes:
+    """Aho-Corasick automaton over the stop strings (Aho & Corasick, "Efficient string matching",
+    CACM 1975), used for its state only: after reading a text, the state's depth is the length of
+    the text's longest suffix that is a prefix of some stop. Read incrementally, that costs O(1)
+    amortized per new character whatever the number and length of the stops (testing each suffix
+    against each stop cost their product on every token), plus one comparison of the text with the
+    last one read."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._goto: list[dict[str, int]] = [{}]
+        self._depth = [0]
+        for s in stops:
+            node = 0
+            for ch in s:
+                if ch not in self._goto[node]:
+                    self._goto[node][ch] = len(self._goto)
+                    self._goto.append({})
+                    self._depth.append(self._depth[node] + 1)
+                node = self._goto[node][ch]
+        self._fail = [0] * len(self._goto)
+        queue = collections.deque(self._goto[0].values())  # breadth first: a node's fail link is shallower
+        while queue:
+            node = queue.popleft()
+            for ch, child in self._goto[node].items():
+                self._fail[child] = self._next(self._fail[node], ch) if node else 0
+                queue.append(child)
+        self._text, self._state = "", 0
+
+    def _next(self, node: int, ch: str) -> int:
+        while node and ch not in self._goto[node]:
+            node = self._fail[node]
+        return self._goto[node].get(ch, 0)
+
+    def suffix_len(self, text: str, limit: int) -> int:
+        """Length of ``text``'s longest suffix that is a prefix of some stop and at most ``limit``
+        characters long."""
+        if not text.startswith(self._text):  # not the last text extended: read it from the start
+            self._text, self._state = "", 0
+        state = self._state
+        for ch in text[len(self._text):]:
+            state = self._next(state, ch)
+        self._text, self._state = text, state
+        while self._depth[state] > limit:  # the next shorter such suffix
+            state = self._fail[state]
+        return self._depth[state]
+
+
+class StopRegexes:
+    """The compiled stop regexes of one request, shared by its ``n`` samples: a search of one that
+    runs past ``REGEX_TIMEOUT_S`` gives that pattern up for all of them (``given_up``) and sets
+    ``problem``, so the other samples are aborted without searching it again (one stall per
+    request, not one per sample); the other patterns are still searched, and a match of one on
+    the same token still ends its sample with "stop".
+
+    Args:
+        patterns: ``SamplingParams.stop_regex`` as a list (checked there).
+    """
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        if patterns:
+            import regex  # its partial matching says where a match may yet begin
+
+            self.compiled = [regex.compile(p) for p in patterns]
+            # (where a match ending in text not checked may end later instead: _new_match)
+            self.longest = [regex.compile(p, regex.POSIX) for p in patterns]
+        else:
+            self.compiled, self.longest = [], []
+        # per pattern: whether it may match a text that ends earlier without matching the longer
+        # text (StopStringMatcher.find may then not skip the check after each character)
+        self.end_sensitive = [bool(_END_SENSITIVE.search(p)) for p in patterns or ()]
+        # per pattern: what safe_len's partial search uses (None: nothing past the floor is shown).
+        # The regex package decides an end assertion at the text's end as if no text followed, so
+        # a match start that only more text would complete ('a\B' on "a", then "b") was dropped
+        # and shown; an end-sensitive pattern is searched with those assertions relaxed
+        self.partial = []
+        for p, rx, sensitive in zip(patterns or (), self.compiled, self.end_sensitive):
+            flags = GLOBAL_FLAGS.match(p)
+            body = p[flags.end() if flags else 0 :]
+            if _LATE_LOOKBEHIND.search(body):
+                # (None: nothing past the floor shown, where the window or an automaton leaves it)
+                relaxed = None if _NO_SUPERSET.search(body) else _relaxed(p, drop_lookbehinds=True)
+            elif (sensitive and _END_ASSERTION.search(p)) or ("^" in p and _MULTILINE.search(p)):
+                relaxed = _relaxed(p)
+            else:
+                relaxed = p
+            try:
+                self.partial.append(rx if relaxed == p else None if relaxed is None else regex.compile(relaxed))
+            except regex.error:  # a form of the pattern not read right: hold back, never show a stop
+                self.partial.append(None)
+        # per pattern: its incremental automaton (stop_automaton), None where it cannot represent the
+        # pattern or the pattern is end-sensitive: that one is searched by the regex package
+        self.automata = [None if sensitive else automaton(p)
+                         for p, sensitive in zip(patterns or (), self.end_sensitive)]
+        # per pattern searched: the automaton of the pattern with its assertions left out, which
+        # matches wherever the pattern does (None where it cannot represent even that): while it
+        # finds no match in the text, find need not search the pattern (\bBEGIN\b[\s\S]*?\bEND\b
+        # open over a long output: a search per new character, each over all of the open match)
+        self.loosened = [automaton(p, loosened=True) if a is None else None for p, a in zip(patterns or (), self.automata)]
+        # per pattern: how far past a start its matching there reads (regex_reach), None where
+        # unbounded: a match more text may still complete or make new begins in the last reach - 1
+        # characters, so a search need not start before them
+        self.reach = [reach(p) for p in patterns or ()]
+        self.given_up: set[int] = set()  # indices into ``compiled``
+        self.problem: str | None = None
+
+
+# The end assertions and negative lookaheads, as text found in a pattern: _END_ASSERTION, and the
+# start of _END_SENSITIVE
+_END_ASSERTION_SOURCE = r"\$|\\[bBZzmM]|\(\?!"
+
+# What lets a regex match where its text ends and not once more text comes: an end anchor ("a$"
+# on "Wha" but not on "What"), a word boundary (the text's end is one), a negative lookahead (it
+# sees nothing past the end), and what takes what more text adds and gives nothing back: an atomic
+# group or possessive repeat, a grapheme cluster \X or line break \R (atomic too), a backtracking
+# verb such as "(*PRUNE)" ("[ab](?>a*)(?<=b)" matches "b" in "b", not in "ba"; "\R(?<=\r)" "\r" in
+# "\r", not in "\r\n"). Found in the pattern's text, erring towards yes (an escaped "\\$", "\\++"
+# too): a yes only costs a search per new character instead of one per token.
+_END_SENSITIVE = re.compile(_END_ASSERTION_SOURCE + r"|\\[XR]|\(\?\(\?|\(\?>|[*+?}]\+|\(\*")
+# ... of which the end assertions and negative lookaheads, which _relaxed rewrites for safe_len's
+# partial search. A conditional on a lookaround ("x(?(?=y)q|)": "x" in "x", no match in "xy") and
+# what gives nothing back are end-sensitive too, for find, but not rewritten (_relaxed cannot read
+# a conditional): the partial search keeps a start there as a whole or partial match
+_END_ASSERTION = re.compile(_END_ASSERTION_SOURCE)
+
+
+# A lookbehind after the pattern's start (after flags): where one fails at the text's end, the
+# regex package's partial search may drop a start that more text still completes past a repeat
+# before it ("a.*?(?<!a)" on "aa": partial at 1, not 0, though "aab" matches from 0), and safe_len
+# showed a stop's text. Such a pattern is searched with those lookbehinds left out (_relaxed's
+# drop_lookbehinds): a match of the pattern is one of that form too, so where the form's partial
+# search says a match may begin is no later than where one of the pattern may. (Found in the
+# pattern's text, erring towards yes: an escaped "\\(?<=" too; a lookbehind first in the pattern
+# reads only text that is there, and is kept.)
+_LATE_LOOKBEHIND = re.compile(r"(?<!^)\(\?<[=!]")
+# What makes leaving a lookbehind out match less, not more, found in the pattern's text erring
+# towards yes: what commits to the first way it matches, an atomic group or possessive repeat (an
+# alternative a lookbehind ruled out is taken instead: "(?>a(?<=xa)|ab)c" matches "abc", "(?>a|ab)c"
+# does not), a backtracking verb ("(*COMMIT)" reached earlier), a call of a group (the regex
+# package's recursion may commit so too), a fuzzy constraint (a "{" that is no count: its best
+# match is chosen), and an inline flag after the start (global in the regex package's version 0:
+# one inside a lookbehind left out would change the whole pattern)
+_NO_SUPERSET = re.compile(r"\(\?>|[*+?}]\+|\(\*|\(\?(?:R|&|P>|[+-]?\d)|\(\?[a-zA-Z-][a-zA-Z0-9-]*\)"
+                          r"|\{(?!\d*(?:,\d*)?\})")
+
+
+# The relaxed form of each assertion whose value at a position may change once text comes after
+# the text's end: it first reads that far ahead (to the end for a word boundary, one further for
+# "$", which also holds before a final newline, and, erring towards holding back, for "\Z" and
+# "\z"), and a read past the end makes the search partial, so the match start is kept.
+# (Patterns without an end assertion or a negative lookahead, _END_ASSERTION, are not rewritten.)
+_RELAX = {"\\b": r"(?:(?=[\s\S])\b)", "\\B": r"(?:(?=[\s\S])\B)", "\\m": r"(?:(?=[\s\S])\m)",
+          "\\M": r"(?:(?=[\s\S])\M)", "\\Z": r"(?:(?=[\s\S]{2})\Z)", "\\z": r"(?:(?=[\s\S]{2})\z)",
+          "$": r"(?:(?=[\s\S]{2})$)"}
+# ... and "^" in multiline mode, whose value at the text's end is known (the character before),
+# but where the regex package's partial search drops a start when a lazy repeat before it reaches
+# the text's end and it fails there ("(?m)a[\s\S]*?^b" on "xaa": partial at 2, not 1, though
+# "xaa\nb" matches from 1; a greedy repeat is kept): read ahead first, the search there is partial
+_RELAX_MULTILINE = {**_RELAX, "^": r"(?:(?=[\s\S])^)"}
+# A multiline flag, found in a pattern's text erring towards yes ("(?m)", "(?im:", "(?-m)" too)
+_MULTILINE = re.compile(r"\(\?[a-zA-Z-]*m")
+
+
+def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
+    """``pattern`` for safe_len's partial search: every end assertion (``_RELAX``) first reads past
+    where its value can still change, so a search that reaches it at the text's end is partial (the
+    match start kept) or goes on as the pattern does; and a negative lookaround ``(?!X)`` is
+    ``(?:(?=X')(?!)|(?!X))``, X' being X relaxed: partial where X's match may yet come undone, else
+    ``(?!X)`` (a partial read inside a negative lookaround counts as no match, which would decide
+    it). A whole match of the result is one of ``pattern``; a start the result drops, ``pattern``
+    cannot match at in any longer text.
+    ``drop_lookbehinds``: every lookbehind but one first in the pattern (after its global flags) is
+    left out too, ``(?:)`` in its place (``_LATE_LOOKBEHIND``; the caller has ruled out
+    ``_NO_SUPERSET``). A match of ``pattern`` then is one of the result, so a start the result drops,
+    ``pattern`` cannot match at in any longer text either: each lookbehind left out is an assertion
+    that its match passed, consuming nothing, and none lies in a negative lookaround (there one
+    would make the lookaround hold less often: None).
+    None where this reading of the pattern may be wrong (verbose or word mode, a conditional,
+    a set inside a set, a capturing group or backreference inside a negative lookaround, a
+    capturing group inside a lookbehind left out): the caller then shows nothing past where a
+    match may begin."""
+    if re.search(r"\(\?[a-zA-Z0-9-]*[xwV]|\(\?\(", pattern):  # verbose/word/version flags, a conditional
+        return None
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.end() if lead else 0
+    relax = _RELAX_MULTILINE if _MULTILINE.search(pattern) else _RELAX
+    # the groups being read, outermost first: their text so far (relaxed, original), whether the
+    # group is a negative lookaround, and whether it is a lookbehind left out
+    stack: list[tuple[list[str], list[str], bool, bool]] = [([], [], False, False)]
+    i = 0
+    while i < len(pattern):
+        relaxed, original, _, _ = stack[-1]
+        c = pattern[i]
+        if c == "\\":
+            tok = pattern[i:i + 2]
+            if tok[1:] and tok[1] in "123456789gk" and any(neg for _, _, neg, _ in stack):
+                return None  # a backreference in a negative lookaround, which is written twice
+            relaxed.append(relax.get(tok, tok))
+            original.append(tok)
+            i += 2
+        elif c == "[":  # a set, copied as it is: "$" and "\b" in it are characters
+            j = i + 1
+            j += pattern[j:j + 1] == "^"
+            j += pattern[j:j + 1] == "]"
+            while j < len(pattern) and pattern[j] != "]":
+                if pattern[j] == "[" and pattern[j + 1:j + 2] != ":":
+                    return None  # a set inside a set (version 1 syntax), or "[" in a set: not read here
+                if pattern[j] == "[":  # [:alpha:]
+                    end = pattern.find(":]", j + 2)
+                    if end == -1:
+                        return None
+                    j = end + 2
+                    continue
+                j += 2 if pattern[j] == "\\" else 1
+            if j >= len(pattern):
+                return None
+            relaxed.append(pattern[i:j + 1])
+            original.append(pattern[i:j + 1])
+            i = j + 1
+        elif c == "(":
+            if pattern.startswith("(?#", i):  # a comment
+                end = pattern.find(")", i)
+                if end == -1:
+                    return None
+                i = end + 1
+                continue
+            behind = pattern.startswith(("(?<=", "(?<!"), i)
+            dropped = drop_lookbehinds and behind and (len(stack) > 1 or i > lead)
+            if dropped and any(n for _, _, n, _ in stack):
+                return None  # (a lookbehind in a negative lookaround)
+            neg = not dropped and (pattern.startswith("(?!", i) or pattern.startswith("(?<!", i))
+            head = pattern[i:i + (3 if pattern.startswith("(?!", i) else 4)] if neg or dropped else "("
+            # a capturing group or a backreference by name, in a negative lookaround written twice
+            # or in a lookbehind left out, would renumber the groups
+            if any(n or d for _, _, n, d in stack) and (not pattern.startswith("(?", i)
+                                                        or re.match(r"\(\?(P?<(?![=!])|P=)", pattern[i:])):
+                return None
+            stack.append(([head], [head], neg, dropped))
+            i += len(head)
+        elif c == ")":
+            if len(stack) == 1:
+                return None
+            r, o, neg, dropped = stack.pop()
+            if dropped:
+                r_text = "(?:)"
+            elif neg:  # r, o: the head ("(?!" or "(?<!") and X
+                look = "(?=" if o[0] == "(?!" else "(?<="
+                r_text = "(?:" + look + "".join(r[1:]) + ")(?!)|" + "".join(o) + "))"
+            else:
+                r_text = "".join(r) + ")"
+            stack[-1][0].append(r_text)
+            stack[-1][1].append("".join(o) + ")")
+            i += 1
+        else:
+            relaxed.append(relax.get(c, c))
+            original.append(c)
+            i += 1
+    if len(stack) != 1:
+        return None
+    return "".join(stack[0][0])
+
+
+def _new_match(rx: Any, longest: Any, text: str, floor: int, new_from: int, endpos: int) -> Any:
+    """The first match of ``rx`` in ``text[floor:endpos]`` that is new past ``new_from`` (the text
+    already checked): it ends after it, or a lookahead, which sees past its end, could not match
+    there yet ('x(?=y)' once "y" comes). None if there is none.
+
+    Every start is tried (``overlapped``), and where ``rx``'s own match there ends in text not
+    checked (the first ``min_new_tokens``), ``longest`` (``rx`` with POSIX leftmost-longest
+    matching) says whether one ending after it starts there too: a match straddling ``new_from``
+    is new, as a stop string that does ("bc" of ``ab|bc`` on "xab" then "c"; "abc" of
+    ``ab|abc`` on "ab" then "c"), where the search passed over it, and so is one ending by it that
+    the text up to ``new_from`` did not hold (``_new_before``)."""
+    for m in rx.finditer(text, floor, endpos, overlapped=True, timeout=REGEX_TIMEOUT_S):
+        if m.end() > new_from or rx.match(text, m.start(), new_from, timeout=REGEX_TIMEOUT_S) is None:
+            return m
+        start = m.start()
+        if (m := longest.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)) is not None and m.end() > new_from:
+            return m
+        if (m := _new_before(rx.pattern, text, start, new_from, endpos)) is not None:
+            return m
+    return None
+
+
+def _new_before(pattern: str, text: str, start: int, new_from: int, endpos: int) -> Any:
+    """The longest match of ``pattern`` in ``text[:endpos]`` from ``start`` that ends by
+    ``new_from`` and that ``text[:new_from]`` did not hold, None if none: an assertion read past
+    its end (r"a.*?\\B" after "ab" not checked, then "c", where "ab" from 0 is one only once "c"
+    comes). Such a match is new, as a check after each character meets it. Every match from the
+    start is tried, longest first (each the longest ending before the last), not only the longest
+    or the first: ``a|abb|ab(?=bc)`` after "abb" not checked, then "c", holds "ab" from 0 anew,
+    where "a" and "abb" were there before. Only a pattern that reads past its match's end can have
+    one (an assertion reading past ``new_from``), only from a start within its reach of
+    ``new_from`` and only ending within its assertions' reach of it
+    (``regex_reach.assertion_reach``).
+
+    Raises:
+        TimeoutError: a match ran past ``REGEX_TIMEOUT_S``.
+    """
+    if not _reads_past_match(pattern) or ((r := reach(pattern)) is not None and start + r <= new_from):
+        return None
+    ahead = assertion_reach(pattern)
+    low = start if ahead is None else max(start, new_from - ahead + 1)
+    bound = new_from
+    while bound >= low:
+        if (longest := _ending_by(pattern, endpos - bound)) is None:
+            return None  # (a form not read right: as before this check, the match is not new)
+        m = longest.match(text, start, endpos, timeout=REGEX_TIMEOUT_S)
+        if m is None or m.end() < low or (before := _ending_by(pattern, new_from - m.end(), exact=True)) is None:
+            return None
+        if before.match(text, start, new_from, timeout=REGEX_TIMEOUT_S) is None:
+            return m
+        bound = m.end() - 1
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_past_match(pattern: str) -> bool:
+    """Whether ``pattern`` may read past its match's end, found in its text erring towards yes: a
+    lookahead, an end assertion, or what takes more text whole (``_END_SENSITIVE``)."""
+    return bool(_END_SENSITIVE.search(pattern)) or "(?=" in pattern
+
+
+@functools.lru_cache(maxsize=1024)
+def _ending_by(pattern: str, after: int, exact: bool = False) -> Any:
+    """``pattern`` matching only where at least ``after`` characters follow its match, with POSIX
+    leftmost-longest matching (``exact``: exactly that many, the first match), by a lookahead for
+    them and the text's end, its global flags kept first; None where that form does not compile."""
+    import regex
+
+    lead = GLOBAL_FLAGS.match(pattern)
+    lead = lead.group() if lead else ""
+    # (a verbose pattern may end in a comment, which a newline ends)
+    end = "\n" if regex.compile(pattern).flags & regex.VERBOSE else ""
+    count = f"{{{after}}}" if exact else f"{{{after},}}"
+    try:
+        return regex.compile(f"{lead}(?:{pattern[len(lead):]}{end})(?=[\\s\\S]{count}\\Z)", 0 if exact else regex.POSIX)
+    except regex.error:
+        return None
+
+
+def _live_start(rx: Any, text: str, pos: int, extends: Callable[[int], bool]) -> int:
+    """Where in ``text[pos:]`` the first match of ``rx`` that more text may complete or extend
+    begins, ``len(text)`` where none may: no start before it can begin a stop in any text that
+    extends ``text``, so later searches may start there (safe_len's floor).
+
+    A whole match in text not checked (the first ``min_new_tokens``) is passed over, unless one
+    from its start may end past the text's end: once more text comes it straddles the checked
+    text's start, a stop (``_new_match``). A partial search prefers a whole match to a partial
+    one before it ("xbc|b" on "xb": "b", though "xbc" may begin at 0), so before a whole match
+    every start is tried with a partial ``fullmatch``; past it, the search goes on. A start where
+    the rest of the text is a whole match is passed over too unless ``extends(start)``: a longer
+    match may begin there ("ab|abc" after "ab"; not "ab" after "x", "ab", which nothing can make
+    a stop, so it is shown at once, as a stop string's is).
+
+    No start passed over can begin a stop in any longer text: one the search went past begins no
+    match nor partial match; one whose partial ``fullmatch`` is None begins only matches that end
+    in the text and read nothing past it (a read past its end is partial), so they are there
+    already when more text comes, none new; one whose ``fullmatch`` is whole, but not
+    ``extends``, lies past the pattern's reach (decided by the text) or is read by an automaton
+    (no assertions) that says no longer match begins there.
+
+    Raises:
+        TimeoutError: a search ran past ``REGEX_TIMEOUT_S``.
+    """
+    # (a search from past the text's end searches from its end: an empty match there, passed
+    # over, would be found again and again)
+    while pos <= len(text) and (m := rx.search(text, pos, partial=True, timeout=REGEX_TIMEOUT_S)) is not None:
+        if m.partial:
+            return m.start()
+        for start in range(pos, m.start() + 1):
+            whole = rx.fullmatch(text, start, partial=True, timeout=REGEX_TIMEOUT_S)
+            if whole is not None and (whole.partial or extends(start)):
+                return start
+        pos = m.start() + 1
+    return len(text)
+
+
+class StopStringMatcher:
+    """Finds the first stop string or stop regex match to end in generated text and says how much
+    text is safe to stream.
+
+    Args:
+        stops: the stop strings (empty strings are ignored).
+        regexes: stop regular expressions (``SamplingParams.stop_regex``, checked there: none
+            matches the empty string), or the request's ``StopRegexes``, shared by its samples.
+
+    A stop regex search that runs past ``REGEX_TIMEOUT_S`` is given up, and ``problem`` says so
+    (for every sample of the request): the scheduler then aborts the request with that message.
+    """
+
+    def __init__(self, stops: Sequence[str], regexes: Sequence[str] | StopRegexes = ()) -> None:
+        self.stops = [s for s in stops if s]
+        self._longest = max((len(s) for s in self.stops), default=0)
+        self._prefixes = _StopPrefixes(self.stops) if self.stops else None
+        self._shared = regexes if isinstance(regexes, StopRegexes) else StopRegexes(regexes)
+        self._regexes = self._shared.compiled
+        # safe_len's last text and, per regex, the position before which no match can begin in
+        # any text extending it: the searches start there, not over the whole output each token
+        self._seen = ""
+        self._floors = [0] * len(self._regexes)
+        # per regex with an automaton: this sample's reading of the text by it; per regex searched,
+        # by its loosened automaton
+        self._runs = [a and AutomatonRun(a) for a in self._shared.automata]
+        self._loose_runs = [a and AutomatonRun(a) for a in self._shared.loosened]
+        # per regex: (its automaton's first match's end, the text up to it, whether the regex
+        # package finds a match there too), for _agrees
+        self._agreed: list[tuple | None] = [None] * len(self._regexes)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the stop regexes were given up (a search ran too long), or None."""
+        return self._shared.problem
+
+    def _floor(self, i: int, text: str, new_from: int | None = None) -> int:
+        # (a floor may lie past a whole match in the last text, which no later text can make new;
+        # a find from before its end, after a rollback and the same text again, may meet it)
+        valid = text.startswith(self._seen) and (new_from is None or new_from >= len(self._seen))
+        return self._floors[i] if valid else 0
+
+    def _read(self, k: int, text: str, loosened: bool = False) -> AutomatonRun | None:
+        """Regex ``k``'s automaton run (``loosened``: its loosened automaton's) having read ``text``;
+        None where the regex is searched: it has no automaton, or its run gave up
+        (``AutomatonRun.given_up``), for the rest of the sample. The search then starts from the
+        floor the run left: where the earliest match that more text may complete begins, before
+        which none can begin, as a search would have left it."""
+        runs = self._loose_runs if loosened else self._runs
+        run = runs[k]
+        if run is not None:
+            run.read(text)
+            if run.given_up:
+                runs[k] = run = None
+        return run
+
+    def _agrees(self, k: int, run: AutomatonRun, text: str) -> bool:
+        """Whether the regex package too matches regex ``k`` where its automaton's first match
+        begins, within the text up to where it ends (tried once per first match): where it does
+        not, the two read the pattern apart, and the regex package decides (searched, as ``find``
+        does)."""
+        agreed = self._agreed[k]
+        if agreed is None or agreed[0] != run.first_end or not text.startswith(agreed[1]):
+            try:
+                found = self._regexes[k].match(text, run.first_start, run.first_end, timeout=REGEX_TIMEOUT_S) is not None
+            except TimeoutError:
+                found = False  # (the search below meets the same pattern, and gives it up)
+            self._agreed[k] = agreed = (run.first_end, text[:run.first_end], found)
+        return agreed[2]
+
+    def _extends(self, k: int, text: str, start: int) -> bool:
+        """Whether regex ``k`` may match a text that begins with ``text[start:]`` and is longer,
+        as far as it is known: not where that is at least the pattern's reach long, nor where its
+        automaton says no match goes on from there (``StopAutomaton.extends``)."""
+        reach, a = self._shared.reach[k], self._shared.automata[k]
+        if reach is not None and len(text) - start >= reach:
+            return False
+        return a is None or a.extends(text, start)
+
+    def _timed_out(self, i: int, rx: Any, text: str) -> None:
+        self._shared.given_up.add(i)
+        self._shared.problem = (
+            f"stop_regex {shown_regex(rx.pattern)} took over {REGEX_TIMEOUT_S:g} s to search {len(text)} characters of "
+            'output (catastrophic backtracking, as in a repeat of overlapping alternatives like "(x|x)+"); rewrite it '
+            "so each character can be matched one way only")
+
+    def find(self, text: str, new_from: int) -> tuple[int, str] | None:
+        """The stop in ``text`` that ends first after ``new_from`` (the length of the text already
+        checked); returns ``(start index, matched text)`` or None.
+
+        Several stops may end in one token's text. The one whose match ends first wins, as when
+        the text is checked character by character; among matches ending at the same character,
+        stop strings before stop regexes, each in list order (a regex's match is the one a check
+        after each character meets: ``\\d+`` on "123" matches "1", and ``ab*c|b`` on "abbc"
+        matches "b", though over all of the text they match "123" and "abbc"). That is SGLang's
+        result wherever it does not depend on the tokenization: SGLang checks after each token, in list order, every stop in the text's tail
+        (``Req._check_str_based_finish``; its detokenizer then cuts at the matched stop's first
+        occurrence), so its list order decides between stops ending at the same character, but
+        also between those that one multi-character token completes at different places: there,
+        ``stop=["bc", "ab"]`` on "x" + "abc" stops before "bc" ("xa") where tokens "a", "b", "c"
+        stop before "ab" ("x"); this gives "x" for both."""
+        best: tuple[int, int, int, str] | None = None  # (end, rank, start, matched text); the least wins
+        for rank, s in enumerate(self.stops):  # (each from its own length back: a shorter stop ending
+            # before new_from lies in text that was not checked, the first min_new_tokens, or already shown)
+            i = text.find(s, max(0, new_from - len(s) + 1))
+            if i != -1:
+                best = min(best or (i + len(s), rank, i, s), (i + len(s), rank, i, s))
+        for k, rx in enumerate(self._regexes):
+            if k in self._shared.given_up:
+                continue
+            run = self._read(k, text)
+            if run is not None and run.first_end is None:  # the text holds no match at all
+                continue
+            if run is None and (loose := self._read(k, text, loosened=True)) is not None and loose.first_end is None:
+                continue  # (nor of the pattern without its assertions: none in the text or a prefix of it)
+            floor, longest = self._floor(k, text, new_from), self._shared.longest[k]
+            try:
+                if (run is not None and run.first_end > new_from
+                        and (m := _new_match(rx, longest, text, floor, new_from, run.first_end)) is not None):
+                    # no match ends by new_from, so the first to end is new and met where it ends,
+                    # as the matched text finditer's first (leftmost) match up to there
+                    met = run.first_end, m
+                # (else a match ends in text not checked, the first min_new_tokens: searched as
+                # below, which passes over it; or the regex package finds no match there, where it
+                # reads a character otherwise than its one-character patterns did: it decides)
+                # (no match over all of the text is none in any shorter text, but for a pattern
+                # that can match only where the text ends: "a$" meets "Wha" of one token "What")
+                elif not self._shared.end_sensitive[k] and _new_match(rx, longest, text, floor, new_from, len(text)) is None:
+                    continue
+                else:
+                    # met where a check after each character meets it: at the first end e (past
+                    # new_from) by which the text holds a new match, and that match, which may end
+                    # before the one over all of the text (r"\d+" on "123": "1") or begin after it
+                    # (r"ab*c|b" on "abbc": "b", read before "c" comes)
+                    met = next(((e, m) for e in range(new_from + 1, len(text) + 1)
+                                if (m := _new_match(rx, longest, text, floor, new_from, e)) is not None), None)
+            except TimeoutError:
+                self._timed_out(k, rx, text)
+                continue
+            if met is None:
+                continue
+            end, m = met
+            found = (end, len(self.stops) + k, m.start(), m.group())
+            best = min(best or found, found)
+        return None if best is None else (best[2], best[3])
+
+    def safe_len(self, text: str) -> int:
+        """Length of the prefix of ``text`` that cannot become part of a stop: the text minus its
+        longest suffix that is a proper prefix of some stop string, or from where a stop regex
+        may still match once more text comes (``\\B`` on "a" may match once "b" comes; a pattern
+        ``_relaxed`` cannot read holds back all text from where it was last searched)."""
+        # (a whole stop at the end was found already, unless it lies in the first min_new_tokens)
+        safe = len(text) - (self._prefixes.suffix_len(text, self._longest - 1) if self._prefixes else 0)
+        floors = []
+        for i in range(len(self._regexes)):
+            run = None if i in self._shared.given_up else self._read(i, text)
+            if run is not None:
+                if run.first_end is None:
+                    # the text holds no match: where the earliest match that more text may complete
+                    # begins (what the partial search below finds, but for the regex package's
+                    # partial match of a lazy class repeat that the text's last character ends)
+                    floors.append(run.live_start(len(text)))
+                    safe = min(safe, floors[-1])
+                    continue
+                if self._agrees(i, run, text):
+                    # a whole match in the text not checked: where the earliest match that more
+                    # text may complete or extend begins, in time bounded per character (the
+                    # search below tries every start before a whole match, each to the text's end)
+                    floors.append(run.open_start(len(text)))
+                    safe = min(safe, floors[-1])
+                    continue
+            # pos ends where a match may yet begin (len(text): nowhere); a pattern given up, or whose
+            # search timed out, stops where the search stood: nothing past it is shown
+            pos = floor = self._floor(i, text)
+            if (reach := self._shared.reach[i]) is not None:  # (what more text can make a stop begins after)
+                pos = floor = min(len(text), max(floor, len(text) - reach + 1))
+            if (i not in self._shared.given_up and (loose := self._read(i, text, loosened=True)) is not None
+                    and loose.first_end is None):
+                # (a match more text may complete is one of the pattern without its assertions too,
+                # and no earlier start has one: often none at all, and nothing is searched)
+                pos = floor = max(floor, loose.live_start(len(text)))
+            rx = self._shared.partial[i]  # (an end-sensitive pattern relaxed; None: show nothing past the floor)
+            if rx is not None and i not in self._shared.given_up:
+                try:
+                    pos = _live_start(rx, text, pos, functools.partial(self._extends, i, text))
+                except TimeoutError:
+                    self._timed_out(i, self._regexes[i], text)
+            safe = min(safe, pos)
+            # (no start before pos can begin a stop in any longer text: _live_start)
+            floors.append(pos)
+        if self._regexes:
+            self._seen, self._floors = text, floors
+        return safe
