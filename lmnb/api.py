@@ -597,7 +597,8 @@ def gen(
 
     Raises:
         ValueError: a number option out of SGLang's range (``temperature`` < 0, ``top_p`` outside
-            (0, 1], ``n`` < 1, ``min_tokens`` above ``max_tokens``, ...: ``lmnb.ir.option_problem``,
+            (0, 1], ``n`` < 1 or above the engine's 128, ``min_tokens`` above ``max_tokens``, ...:
+            ``lmnb.ir.option_problem``,
             the check a ``%%lm`` cell makes of a literal), an invalid regex, stop_regex, JSON schema
             or dtype, more than one of regex,
             json_schema, dtype and choices (each decides the output alone), ``n`` > 1 with

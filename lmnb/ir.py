@@ -114,7 +114,8 @@ def option_problem(key: str, value: Any) -> Optional[str]:
 
     The ranges are SGLang's (``SamplingParams.verify``; ``lmnb_engine.SamplingParams.validate``
     holds them too, and checks ``min_p``, the penalties, ``seed`` and ``logprob_start_len`` here in
-    its own words), which no backend goes beyond usefully: ``gen()`` and ``run()`` refuse a value
+    its own words), and ``n``'s upper bound the engine's (``lmnb_engine.params.MAX_N``, OpenAI's
+    too), which no backend goes beyond usefully: ``gen()`` and ``run()`` refuse a value
     out of range where they are called, and a ``%%lm`` cell's parser refuses a literal one at its
     column, with this message, where before the backend refused it once the program ran. Values
     are Python's: numpy scalars are read first by the caller (``_python_value``).
@@ -125,6 +126,12 @@ def option_problem(key: str, value: Any) -> Optional[str]:
         return f"{key} must be an integer >= 0, got {value!r}"
     if key == "n" and not (_is_int(value) and value >= 1):
         return f"n must be an integer >= 1, got {value!r}"
+    if key == "n" and value > 1:  # (n=1 needs no bound: a plain gen() loads nothing of the engine)
+        from lmnb_engine.params import MAX_N  # torch-free; the engine's and lmnb serve's bound
+
+        if value > MAX_N:
+            return (f"n={value} is too many samples for one gen: at most {MAX_N} (the engine's, lmnb serve's and "
+                    "OpenAI's limit); for more, make several gens, or fork and gen in each branch")
     if key == "temperature" and not (_is_number(value) and value >= 0):
         from lmnb_engine.params import TEMPERATURE_RULE  # the engine's words (no torch)
 

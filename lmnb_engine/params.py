@@ -34,6 +34,10 @@ MAX_STOP_REGEXES = 32
 # every event resends the alternatives of every token so far, so its size grows with this times
 # the square of the output's length (one stream asking for thousands reached 582 MB).
 MAX_TOP_LOGPROBS = 20
+# Bound on ``n``, the samples of one request (OpenAI's API has the same): each sample is a
+# scheduler request of its own, so on lmnb serve n=100000 queued 100000 of them and starved every
+# other client for minutes, and in process n=10**6 grew to 4.3 GB before its first token.
+MAX_N = 128
 # What a temperature must be, in the words of every front end that checks one (``validate``,
 # ``gen()`` and ``run()`` through ``lmnb.ir.option_problem``, a ``%%lm`` cell's ``--temperature``):
 # NaN and inf compare as neither below nor above 0, so "finite" is said.
@@ -193,7 +197,7 @@ class SamplingParams:
             ``stop`` strings still end the output, as in vLLM; SGLang ignores ``stop_token_ids`` too).
         skip_special_tokens: drop special tokens from the returned text.
         seed: per-request seed; the same seed and prompt give the same sample.
-        n: number of samples sharing one prefill of the prompt.
+        n: number of samples sharing one prefill of the prompt (at most ``MAX_N``).
         return_logprob: return the logprob of each generated token.
         top_logprobs_num: also return this many top alternatives per position (at most
             ``MAX_TOP_LOGPROBS``).
@@ -315,6 +319,8 @@ class SamplingParams:
             bad("seed", "must be None or an integer that fits in 64 bits (-2**63 <= seed < 2**63)")
         if not is_int(self.n) or self.n < 1:
             bad("n", "must be an integer >= 1")
+        if self.n > MAX_N:
+            bad("n", f"at most {MAX_N} samples per request; send several requests for more")
         if not is_int(self.top_logprobs_num) or not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
             bad("top_logprobs_num", f"must be an integer from 0 to {MAX_TOP_LOGPROBS} (top alternatives per token)")
         if not is_int(self.logprob_start_len) or self.logprob_start_len < -1:

@@ -111,6 +111,22 @@ def test_bad_requests_raise_and_the_engine_stays_usable(engine, hf, prompt, para
     assert_idle_accounting(engine)
 
 
+def test_more_samples_than_lmnb_serve_takes_are_refused_in_process_too(engine):
+    """n had no upper bound in process (lmnb serve refused above 128): n=10**6 queued a million
+    requests and grew to 4.3 GB. submit, stream and generate refuse what the server refuses, at
+    once, with nothing queued; 128 samples, the bound (OpenAI's too), are still taken."""
+    message = "SamplingParams.n={} is invalid: at most 128 samples per request; send several requests for more"
+    for n in (129, 10**6):
+        for call in (engine.submit, engine.stream, engine.generate):
+            with pytest.raises(ValueError) as e:
+                call([5, 6], GREEDY.copy(max_new_tokens=1, n=n))
+            assert str(e.value) == message.format(n)
+        assert_idle_accounting(engine)
+    results = engine.generate([5, 6], GREEDY.copy(max_new_tokens=1, n=128))
+    assert len(results) == 128 and len({tuple(r.token_ids) for r in results}) == 1  # (greedy: one answer)
+    assert_idle_accounting(engine)
+
+
 def test_a_text_longer_than_the_model_is_refused_by_the_engine_alone(engine, monkeypatch):
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging as hf_logging

@@ -2664,6 +2664,9 @@ _OUT_OF_RANGE = [
     ({"top_p": 2}, "top_p must be a number in (0, 1], got 2"),
     ({"top_p": 0}, "top_p must be a number in (0, 1], got 0"),
     ({"n": 0}, "n must be an integer >= 1, got 0"),
+    # (not SGLang's range: the engine's and lmnb serve's bound, 128, OpenAI's too)
+    ({"n": 129}, "n=129 is too many samples for one gen: at most 128 (the engine's, lmnb serve's and OpenAI's "
+                 "limit); for more, make several gens, or fork and gen in each branch"),
     ({"top_k": 0}, "top_k must be an integer >= 1, or -1 for no limit, got 0"),
     ({"max_tokens": -1}, "max_tokens must be an integer >= 0, got -1"),
     ({"min_p": 1.5}, "min_p=1.5 is invalid: must be in [0, 1]"),
@@ -2734,9 +2737,14 @@ def test_a_number_out_of_range_from_numpy_or_given_to_run_is_refused_before_anyt
 
     with pytest.raises(ValueError, match=r"^top_p must be a number in \(0, 1\], got 1\.5$"):
         prog.run(top_p=1.5, backend=be)
+    with pytest.raises(ValueError, match=r"^n=129 is too many samples for one gen: at most 128 "):
+        prog.run(n=129, backend=be)  # (n=10**6 in process grew to 4.3 GB)
+    with pytest.raises(ValueError, match=r"^n=1000000 is too many samples for one gen: at most 128 "):
+        prog.run_batch([{}], n=10**6, backend=be)
     assert be.calls == []
-    # the edges are in range: SGLang takes them
+    # the edges are in range: SGLang takes them (and the engine takes 128 samples)
     assert sgl.gen("x", temperature=0, top_p=1, top_k=-1, n=1, min_tokens=3, max_tokens=3).params.top_p == 1
+    assert sgl.gen("x", n=128).params.n == 128
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])

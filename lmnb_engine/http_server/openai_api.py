@@ -60,7 +60,6 @@ from lmnb_engine.http_server.protocol import (
     ABORTED_BY_SHUTDOWN,
     RequestError,
     RequestFailed,
-    check_n,
     client_message,
     did_you_mean,
     finite,
@@ -427,7 +426,6 @@ def _sampling(req: _SamplingRequest, max_tokens: int, logprobs: bool, top: int, 
         params.validate()
     except SamplingParamsError as e:
         raise RequestError(_api_names(str(e), req, e.value), param=_param(req, e.field)) from None
-    check_n(params.n)
     return params
 
 

@@ -199,7 +199,6 @@ def sampling_params_from_json(
         raise sampling_params_error(e, d) from None
     except (TypeError, ValueError) as e:
         raise RequestError(str(e), param="sampling_params") from None
-    check_n(params.n)
     return params
 
 
@@ -244,18 +243,6 @@ def refused_value(e: Exception, field: Optional[str], rid: Optional[str]) -> Any
     if isinstance(e, SamplingParamsError):
         return e.value
     return rid if field == "rid" else None
-
-
-# More samples than this per request is refused: n=100000 once queued 100000 requests and starved
-# every other client for minutes (the OpenAI API has the same cap).
-MAX_N = 128
-
-
-def check_n(n: int, param: str = "n") -> None:
-    """Refuse more than ``MAX_N`` samples in one request (a 400 naming ``param``)."""
-    if n > MAX_N:
-        raise RequestError(f"n={n} is too many samples for one request: at most {MAX_N}; send several requests",
-                           param=param)
 
 
 def _entry(lp: Optional[TokenLogprob], decode: Optional[Callable[[list[int]], str]],
