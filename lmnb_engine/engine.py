@@ -189,7 +189,8 @@ class RequestHandle:
                         return
                     self._refuse_waiting_on_the_scheduler("the events")
                     if not self._cond.wait(timeout):
-                        raise TimeoutError(f"no event for request {self.rid} within {timeout} s")
+                        raise TimeoutError(_timed_out(f"no event for request {self.rid}", "the events there are",
+                                                      timeout))
                 event = self._events[i]
             i += 1
             yield event
@@ -198,16 +199,18 @@ class RequestHandle:
         """Wait for the end; a ``GenerateResult``, or a list ordered by sample index when n > 1.
 
         Raises ``TimeoutError`` after ``timeout`` seconds (None, or ``math.inf``: wait; 0 or less:
-        no wait, so the result of a finished request, else ``TimeoutError`` at once, as
-        ``concurrent.futures.Future.result`` does: a handle is a future's peer, not a queue's, whose
-        ``get`` refuses a negative timeout with ``ValueError``), and at once ``TypeError`` /
+        no wait, so the result of a finished request, else ``TimeoutError`` at once, whose message
+        says no wait was made, as ``concurrent.futures.Future.result`` does: a handle is a future's
+        peer, not a queue's, whose ``get`` refuses a negative timeout with ``ValueError``; a wait
+        with a computed time left may find it spent), and at once ``TypeError`` /
         ``ValueError`` for a timeout that is not a number of seconds."""
         timeout = _check_timeout(timeout)
         with self._cond:
             if not self.done:
                 self._refuse_waiting_on_the_scheduler("the result")
             if not self._cond.wait_for(lambda: self.done, timeout):
-                raise TimeoutError(f"request {self.rid} did not finish within {timeout} s")
+                raise TimeoutError(_timed_out(f"request {self.rid} did not finish", "a finished request's result",
+                                              timeout))
         out = [self._results[i] for i in range(self.n)]
         return out[0] if self.n == 1 else out
 
@@ -257,6 +260,16 @@ def _check_timeout(timeout: Any) -> Optional[float]:
         raise ValueError("timeout=nan is not a number of seconds; give one (e.g. timeout=5.0), or None to wait "
                          "for the end")
     return None if timeout > threading.TIMEOUT_MAX else timeout
+
+
+def _timed_out(what: str, no_wait_gives: str, timeout: float) -> str:
+    """A ``TimeoutError``'s message: ``what`` did not come within ``timeout`` seconds. A timeout of
+    0 or less waits not at all (as ``concurrent.futures`` takes it), and is not written as a wait
+    ("within -1 s"): the message says it gives only ``no_wait_gives``, and how to wait."""
+    if timeout > 0:
+        return f"{what} within {timeout} s"
+    return (f"{what} yet, and timeout={timeout!r} does not wait (0 or less gives only {no_wait_gives}); give a "
+            "positive number of seconds to wait, or None to wait for the end")
 
 
 class _EventStream:

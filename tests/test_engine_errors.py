@@ -371,10 +371,19 @@ def test_a_timeout_of_zero_or_less_does_not_wait_as_a_futures_does(engine):
         gate = threading.Event()
         engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: the request is not finished when waited on
         h = engine.submit([5, 6], GREEDY.copy(max_new_tokens=2))
-        with pytest.raises(TimeoutError):
+        # (the messages said "did not finish within -1 s", a wait that was never made)
+        fix = "give a positive number of seconds to wait, or None to wait for the end"
+        with pytest.raises(TimeoutError) as e:
             h.result(timeout=timeout)
-        with pytest.raises(TimeoutError):
+        assert str(e.value) == (f"request {h.rid} did not finish yet, and timeout={timeout!r} does not wait (0 or "
+                                f"less gives only a finished request's result); {fix}")
+        with pytest.raises(TimeoutError) as e:
             next(h.events(timeout=timeout))
+        assert str(e.value) == (f"no event for request {h.rid} yet, and timeout={timeout!r} does not wait (0 or "
+                                f"less gives only the events there are); {fix}")
+        with pytest.raises(TimeoutError) as e:  # (a wait that is made is named as one)
+            h.result(timeout=0.01)
+        assert str(e.value) == f"request {h.rid} did not finish within 0.01 s"
         gate.set()
         result = h.result()
         assert len(result.token_ids) == 2
