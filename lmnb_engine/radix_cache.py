@@ -5,7 +5,11 @@ the first item of their edge; a match that ends inside an edge splits the node s
 a node boundary (that node is what a request locks); ``insert`` returns the already-cached length
 so the caller frees its duplicate slots; ``lock_ref`` is counted on every node from a locked node
 up to the root and moves tokens between the evictable and protected totals; eviction is LRU over
-unlocked leaves, popped from a heap, and a parent whose last child goes becomes a candidate.
+unlocked leaves, popped from a heap, and a parent whose last child goes becomes a candidate. The
+heap is kept between evictions (SGLang builds it from every leaf on each call, which made a select
+of 10,000 choices, a leaf each, quadratic): an entry is pushed when a node becomes an evictable
+leaf, and one gone out of date (the node locked, a parent again, or touched since) is skipped or
+pushed again with its new access time when it comes up, so the order is the same LRU.
 
 Keys are sequences of hashable items compared with ``==`` only — nothing here assumes tokenizer
 ids, so an image's content hash can occupy its placeholder positions later.
@@ -75,6 +79,9 @@ class RadixCache(PrefixCache):
         self._evictable = 0
         self._protected = 0
         self._leaves: set[TreeNode] = set()  # evictable leaves: unlocked, childless, not root
+        # (last_access, id, node), min first: every node of _leaves has an entry whose last_access
+        # is at most its own (a touch only raises it); entries of other nodes are out of date
+        self._heap: list[tuple[int, int, TreeNode]] = []
 
     def _touch(self, node: TreeNode) -> None:
         node.last_access = next(self._clock)
@@ -82,9 +89,20 @@ class RadixCache(PrefixCache):
 
     def _update_leaf(self, node: TreeNode) -> None:
         if node is not self.root and node.lock_ref == 0 and not node.children:
-            self._leaves.add(node)
+            if node not in self._leaves:
+                self._leaves.add(node)
+                self._push_leaf(node)
         else:
             self._leaves.discard(node)
+
+    def _push_leaf(self, node: TreeNode) -> None:
+        """Give evictable leaf ``node`` a heap entry at its access time. When at least half the
+        heap is out of date, it is built again from the leaves, so its size stays within twice
+        theirs and the rebuilds cost O(1) per push amortized."""
+        heapq.heappush(self._heap, (node.last_access, node.id, node))
+        if len(self._heap) > 2 * len(self._leaves) + 64:
+            self._heap = [(n.last_access, n.id, n) for n in self._leaves]
+            heapq.heapify(self._heap)
 
     def evictable_size(self) -> int:
         return self._evictable
@@ -208,16 +226,17 @@ class RadixCache(PrefixCache):
 
     # --- eviction ----------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
-        """Free >= ``num_tokens`` slots if that many are evictable (LRU leaves first)."""
-        heap = [(n.last_access, n.id, n) for n in self._leaves]
-        heapq.heapify(heap)
+        """Free >= ``num_tokens`` slots if that many are evictable (LRU leaves first: the least
+        ``last_access``, then the least id; a parent whose last child goes is a leaf then too)."""
         freed = 0
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
-            freed += self._delete_leaf(node)
-            parent = node.parent
-            if parent in self._leaves:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        while freed < num_tokens and self._heap:
+            access, _, node = heapq.heappop(self._heap)
+            if node not in self._leaves:  # out of date: locked, a parent again, or evicted
+                continue
+            if access != node.last_access:  # touched since: its place is later
+                self._push_leaf(node)
+                continue
+            freed += self._delete_leaf(node)  # (its parent, a leaf now, is pushed there)
         self.evicted_tokens += freed
         return freed
 
@@ -309,3 +328,5 @@ class RadixCache(PrefixCache):
         assert evictable == self._evictable, f"evictable size {self._evictable} != tree walk {evictable}"
         assert protected == self._protected, f"protected size {self._protected} != tree walk {protected}"
         assert leaves == self._leaves, "evictable-leaf set out of date"
+        entered = {n for access, _, n in self._heap if n in leaves and access <= n.last_access}
+        assert entered == leaves, f"evictable leaves without a heap entry: {sorted(n.id for n in leaves - entered)}"

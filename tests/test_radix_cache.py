@@ -174,6 +174,97 @@ def test_random_operations_against_brute_force_reference():
     assert_accounting(pool, cache)
 
 
+def _reference_evict(cache, num_tokens: int) -> tuple[list[int], int]:
+    """LRU eviction worked out afresh at every pop: walk the tree, take the unlocked childless
+    node (not the root) of least (last_access, id), delete it; (the ids deleted, in order, and
+    the tokens freed)."""
+    gone: list[int] = []
+    freed = 0
+    while freed < num_tokens:
+        nodes, stack = [], [cache.root]
+        while stack:
+            nodes.append(stack.pop())
+            stack.extend(nodes[-1].children.values())
+        leaves = [n for n in nodes if n is not cache.root and n.lock_ref == 0 and not n.children]
+        if not leaves:
+            break
+        node = min(leaves, key=lambda n: (n.last_access, n.id))
+        gone.append(node.id)
+        freed += cache._delete_leaf(node)
+    return gone, freed
+
+
+def test_eviction_order_is_lru_as_a_fresh_walk_of_the_tree_finds_it(monkeypatch):
+    """The heap of evictable leaves is kept between evictions (it was built from every leaf on each
+    call: quadratic for a select of thousands of choices); entries go out of date as nodes are
+    locked, split, touched by a match or an insert, or become parents. Every eviction must still
+    delete what a fresh LRU walk of the same tree deletes, in the same order."""
+    import copy
+
+    rng = random.Random(1)
+    pool, _, cache = make(pool_size=300)
+    locked: list = []
+    deleted: list[int] = []
+    real_delete = RadixCache._delete_leaf
+
+    def recording_delete(self, node):
+        if self is cache:
+            deleted.append(node.id)
+        return real_delete(self, node)
+
+    monkeypatch.setattr(RadixCache, "_delete_leaf", recording_delete)
+
+    def evict_as_the_reference_does(want: int) -> bool:
+        expected, expected_freed = _reference_evict(copy.deepcopy((pool, cache))[1], want)
+        deleted.clear()
+        assert cache.evict(want) == expected_freed
+        assert deleted == expected
+        return bool(expected)
+
+    evictions = 0
+    for step in range(3000):
+        op = rng.random()
+        key = [rng.randint(0, 4) for _ in range(rng.randint(1, 10))]
+        if op < 0.4:
+            if pool.available_size() < len(key):
+                continue
+            put(pool, cache, key)  # (a cached key's insert touches its path, leaves included)
+        elif op < 0.55:
+            cache.match_prefix(key)  # touches (and may split) without locking
+        elif op < 0.7:
+            m = cache.match_prefix(key)
+            cache.inc_lock_ref(m.node)
+            locked.append(m.node)
+        elif op < 0.8 and locked:
+            cache.dec_lock_ref(locked.pop(rng.randrange(len(locked))))
+        elif op < 0.9:  # a request that came and went: its leaf is pushed again (the heap is rebuilt at times)
+            m = cache.match_prefix(key)
+            cache.inc_lock_ref(m.node)
+            cache.dec_lock_ref(m.node)
+        else:
+            evictions += evict_as_the_reference_does(rng.randint(1, 40))
+        assert_accounting(pool, cache)
+    assert evictions > 100  # (the walk above reached many evictions, not a few)
+    # requests that come and go with no eviction between: out-of-date entries pile up until the
+    # heap is built again from the leaves
+    nodes, stack = [], [cache.root]
+    while stack:
+        nodes.append(stack.pop())
+        stack.extend(nodes[-1].children.values())
+    leaves = [n for n in nodes if not n.children]
+    for _ in range(20):
+        for node in rng.sample(leaves, len(leaves)):
+            cache.inc_lock_ref(node)
+            cache.dec_lock_ref(node)
+            assert_accounting(pool, cache)  # (every evictable leaf has a heap entry, after a rebuild too)
+    assert evict_as_the_reference_does(pool.size)
+    for node in locked:
+        cache.dec_lock_ref(node)
+    cache.evict(10**6)
+    assert pool.available_size() == pool.size
+    assert_accounting(pool, cache)
+
+
 def _request(ids, rows, pool, cache) -> Req:
     """A request whose prompt is matched, locked and given fresh slots for the rest."""
     req = Req("r", 0, ids, SamplingParams(max_new_tokens=4), tokenizer=None, emit=lambda e: None, seed=0)
