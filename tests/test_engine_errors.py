@@ -127,6 +127,31 @@ def test_more_samples_than_lmnb_serve_takes_are_refused_in_process_too(engine):
     assert_idle_accounting(engine)
 
 
+def test_hundreds_of_requests_at_once_keep_their_rids_until_each_ends(engine):
+    """The engine's table of handles by rid is pruned of finished ones only now and then (pruning
+    it at every submit read every handle, quadratic for a select of 10,000 choices). With
+    hundreds running at once, a running request's rid is refused; once it has ended, abort(rid)
+    is False and its rid is free for a new request, before and after the table is pruned again.
+    (abort waits for the loop, held here: the abort tests below take a running one.)"""
+    from lmnb_engine.outputs import rid_in_use
+
+    gate = threading.Event()
+    engine.scheduler.call(lambda: gate.wait(120))  # the loop waits: nothing ends meanwhile
+    try:
+        handles = [engine.submit([5, 6], GREEDY.copy(max_new_tokens=1), rid=f"many-{i}") for i in range(300)]
+        for i in (0, 150, 299):
+            with pytest.raises(ValueError) as e:
+                engine.submit([5], GREEDY, rid=f"many-{i}")
+            assert str(e.value) == rid_in_use(f"many-{i}")
+    finally:
+        gate.set()
+    assert [h.result().finish_reason.type for h in handles] == ["length"] * 300
+    assert not engine.abort("many-7") and not engine.abort("many-100")
+    again = [engine.submit([5, 6], GREEDY.copy(max_new_tokens=1), rid=f"many-{i}") for i in range(0, 300, 3)]
+    assert [len(h.result().token_ids) for h in again] == [1] * 100
+    assert_idle_accounting(engine)
+
+
 def test_a_text_longer_than_the_model_is_refused_by_the_engine_alone(engine, monkeypatch):
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging as hf_logging
