@@ -13,6 +13,7 @@ With the cache disabled every policy is FCFS (there is nothing to match).
 from __future__ import annotations
 
 from collections import defaultdict
+from operator import attrgetter
 from typing import Any
 
 from lmnb_engine.prefix_cache import PrefixCache
@@ -24,6 +25,7 @@ POLICIES = ("lpm", "fcfs", "dfs-weight")
 # Matching costs O(prompt length) per waiting request; beyond this queue length, fall back to FCFS
 # (SGLang uses the same cut-off).
 LPM_MAX_QUEUE = 128
+_ARRIVAL = attrgetter("arrival")
 
 
 class SchedulePolicy:
@@ -44,7 +46,7 @@ class SchedulePolicy:
 
     def order(self, waiting: list[Req]) -> list[Req]:
         """Return ``waiting`` in admission order (a new list)."""
-        fcfs = sorted(waiting, key=lambda r: r.arrival)
+        fcfs = sorted(waiting, key=_ARRIVAL)  # (C-level: the queue may hold thousands, once per step)
         if self.policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
             return fcfs
         matches = [self.cache.match_prefix(r.cache_key(r.max_prefix_len())) for r in fcfs]

@@ -510,6 +510,24 @@ class Scheduler:
         if budget <= 0 or not self.waiting:
             return rows
         admitted: list[Req] = []
+        try:
+            self._admit_waiting(rows, budget, reserved, sim, in_flight, admitted)
+        finally:  # (even when it failed: only a request with status WAITING is in the queue, _finish reads it so)
+            self._take_from_waiting(admitted)
+        counted = [r for r in admitted if r.counted]
+        if counted:
+            cached = sum(r.kv_committed_len for r in counted)
+            prompt = sum(r.seq_len for r in counted)
+            self.cached_tokens += cached
+            self.prompt_tokens += prompt
+            self.last_batch = (cached, prompt)
+        return rows
+
+    def _admit_waiting(self, rows: list[tuple[Req, int]], budget: int, reserved: int, sim: RadixCache,
+                       in_flight: set[str], admitted: list[Req]) -> None:
+        """``_admit``'s new requests: add waiting ones, in the policy's order, to ``rows`` and
+        ``admitted`` while the budget (tokens this step), the KV room less ``reserved`` and the
+        request rows allow."""
         for req in self.policy.order(self.waiting):
             active = len(self.running) + len(rows)
             if active >= self.config.max_running_requests or self.req_to_token_pool.available_size() == 0:
@@ -539,17 +557,18 @@ class Scheduler:
                 self.chunked = req
             if budget <= 0:
                 break
-        if admitted:
-            gone = set(map(id, admitted))
-            self.waiting = [r for r in self.waiting if id(r) not in gone]
-            counted = [r for r in admitted if r.counted]
-            if counted:
-                cached = sum(r.kv_committed_len for r in counted)
-                prompt = sum(r.seq_len for r in counted)
-                self.cached_tokens += cached
-                self.prompt_tokens += prompt
-                self.last_batch = (cached, prompt)
-        return rows
+
+    def _take_from_waiting(self, admitted: list[Req]) -> None:
+        """Remove ``admitted`` from the waiting queue. They are most often its head, in order
+        (first come, first served), cut off in one C-level step: filtering the whole queue on
+        every step made a select of thousands of choices (a request each) quadratic."""
+        if not admitted:
+            return
+        if self.waiting[: len(admitted)] == admitted:  # (Req has no __eq__: compared by identity)
+            del self.waiting[: len(admitted)]
+            return
+        gone = set(map(id, admitted))
+        self.waiting = [r for r in self.waiting if id(r) not in gone]
 
     @staticmethod
     def _note_in_flight(req: Req, sim: RadixCache, in_flight: set[str]) -> None:
@@ -929,12 +948,16 @@ class Scheduler:
         if reason.type == "length":  # (SGLang's FINISH_LENGTH says how long the output got)
             reason = replace(reason, length=len(req.output_ids))
         req.finish_reason = reason
+        # Only a request with status WAITING is in the waiting queue (_admit takes out what it
+        # admits even when it fails): a search of the queue for every request that finished made a
+        # select of thousands of choices quadratic.
+        waiting = req.status is ReqStatus.WAITING
         req.status = ReqStatus.FINISHED
         if req in self.running:
             self.running.remove(req)
         if req is self.chunked:
             self.chunked = None
-        if req in self.waiting:
+        if waiting and req in self.waiting:
             self.waiting.remove(req)
         self._release(req)
         self._emit(req)

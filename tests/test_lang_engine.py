@@ -76,6 +76,40 @@ def test_select_scores_each_choice_like_hf_prompt_logprobs(backend, hf, prompt, 
     assert st["c"] == choices[max(range(len(choices)), key=lambda i: gains[i])]
 
 
+def test_a_select_of_hundreds_of_choices_scores_each_as_hf_does_alone(tiny_llama, hf):
+    """A select of 10,000 choices took 59 s: each choice is a request, and the scheduler's queue,
+    the engine's table of handles and the radix cache's eviction each read every one of them once
+    per request or step. With more choices waiting than the scheduler matches (it serves them
+    first come, first served) and a KV pool small enough that the cache evicts all the while, every
+    choice's scores are still HF's for that choice alone, and the pick is the best of them."""
+    from lmnb_engine import Engine
+    from lmnb_engine.schedule_policy import LPM_MAX_QUEUE
+
+    prompt = "Name the thing in the tree:"
+    words = ["red", "blue", "cat", "dog", "tree", "river", "bird", "stone", "sky", "leaf"]
+    choices = [f" {words[i % 10]} {words[i // 10 % 10]} {i}" for i in range(300)]
+    choices += [f" {w}" for w in words]
+    assert len(choices) > 2 * LPM_MAX_QUEUE
+    engine = Engine(model=str(tiny_llama), max_total_tokens=1024)
+    try:
+        @sgl.function
+        def pick(s):
+            s += prompt + sgl.select("c", choices=choices)
+
+        st = pick.run(backend=sgl.Engine(engine=engine))
+        assert engine.cache_stats()["evicted_tokens"] > 0  # (the pool filled: leaves were evicted meanwhile)
+        engine.check_invariants()
+    finally:
+        engine.shutdown()
+    meta = st.get_meta_info("c")
+    expected = [hf_scores(hf, prompt, c) for c in choices]
+    for (d, want), got, start in zip(expected, meta["input_token_logprobs"], meta["prefix_len"], strict=True):
+        assert start == d
+        assert [x[0] for x in got] == pytest.approx(want, abs=1e-4)
+    means = [sum(v) / len(v) for _, v in expected]
+    assert st["c"] == choices[max(range(len(choices)), key=lambda i: means[i])]
+
+
 def test_token_healing_scores_from_the_merged_token(backend, hf):
     tok = hf[0]
     prompt = "The color of the sky is "
