@@ -383,8 +383,9 @@ class ProgramStateGroup:
             ex.close()
             with ex._cv:
                 unjoined += ex._children
+        joined = set(map(id, exes))  # (a set: fork(n)'s join read the list of n branches once per child, n**2 in all)
         with parent._cv:  # (a thread of the body may be forking the parent meanwhile)
-            parent._children = [c for c in parent._children if c not in exes] + unjoined
+            parent._children = [c for c in parent._children if id(c) not in joined] + unjoined
         parent.submit(
             _JoinApply(variables, meta, text, messages, tuple(ex.sid for ex in exes), mode, tuple(images))
         )

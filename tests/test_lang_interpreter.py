@@ -2430,6 +2430,42 @@ def test_a_failed_fork_no_join_took_inside_a_branch_that_was_joined_fails_the_st
     assert st.error() is None and st.text() == "start end" and st["v"] == ["good", "good"]
 
 
+def test_a_join_of_a_thousand_branches_merges_them_in_order_and_keeps_the_forks_no_join_took():
+    """fork(10**6) took 89 s: its join filtered the parent's forks against the list of the
+    branches it joined, a read of that list per fork (n**2 in all). The join of many branches
+    still merges each branch's variable in branch order, and the parent keeps exactly the forks no
+    join took: the parent's own other fork, and one made in a joined branch; their failed branches
+    fail the state, as each alone does (the tests above)."""
+    def reply(p, params):  # (the branch's last word, marked: each branch's own answer)
+        return f"<{_bad_branch_fails(p, params) and p.text.split()[-1]}>"
+
+    be = ScriptedBackend(reply)
+    n = 1000
+
+    @sgl.function
+    def prog(s):
+        s += "start "
+        other = s.fork(2)  # never joined: the parent keeps it
+        other += ["ok", "bad"]
+        other += sgl.gen("o")
+        forks = s.fork(n)
+        forks += [f"{i} " for i in range(n)]
+        inner = forks[n - 1].fork(2)  # a fork in a branch the join takes, never joined itself
+        inner += ["ok", "bad"]
+        inner += sgl.gen("w")
+        forks += sgl.gen("v")
+        forks += sgl.gen("v2", max_tokens=1)
+        forks.join()
+        s += "end"
+
+    st = prog.run(backend=be)
+    with pytest.raises(sgl.UnjoinedForkError) as e:
+        st.sync()
+    assert [err.branch for err in e.value.branches] == [(1,), (n - 1, 1)]
+    assert st["v"] == [f"<{i}>" for i in range(n)]
+    assert st["v2"] == [f"<<{i}>>" for i in range(n)]  # (each branch's second gen read its own text)
+
+
 def test_aborting_a_state_stops_a_fork_no_join_took_inside_a_branch_that_was_joined():
     """The join dropped such a fork from the state, so the state's abort did not reach it."""
     be = ScriptedBackend(lambda p, params: "x", delay=30.0)
