@@ -1236,12 +1236,13 @@ class Engine:
         holds end now; so do those of a handle registered but not queued yet (another thread is
         between ``_register`` and its post, compiling the grammar maybe, and the post may come
         after this command), which the scheduler then drops as they arrive: their rid is free at
-        once, not only once the compile ends. True if either."""
-        if self.scheduler.abort(rid):
-            return True
+        once, not only once the compile ends. True if either. A registered handle's requests are
+        ended from its own list: looking them up by rid (``Scheduler.abort``) scans every request
+        the scheduler holds, once per abort, which a server aborting each prompt of a big batch did
+        thousands of times."""
         handle = self._handles.get(rid)
         if handle is None or handle.done:
-            return False
+            return bool(self.scheduler.abort(rid))
         self.scheduler.end_requests(handle._reqs, FinishReason("abort", message=ABORT_REQUESTED))
         return True
 

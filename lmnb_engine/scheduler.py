@@ -169,6 +169,7 @@ class Scheduler:
         self._next_pin = 1
         self._arrivals = 0
         self._step_reqs: list[Req] = []
+        self._finished_waiting = False  # end_requests left finished requests in ``waiting``
         self._inflight: Optional[_Flight] = None  # a decode step launched ahead (overlap_schedule)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
@@ -288,8 +289,13 @@ class Scheduler:
         for req in reqs:
             if req.finished:
                 continue
+            # A waiting one stays in the queue, finished, until the loop drops every such request
+            # in one pass after the commands (``_drop_finished_waiting``): ``_finish`` looks each
+            # request up in the queue, one scan per request, and a server aborting each prompt of a
+            # disconnected client's batch (5000 prompts at n=128) held the loop for most of an hour.
+            self._finished_waiting = True
             try:
-                self._finish(req, reason)
+                self._end(req, reason)
             except Exception as exc:  # noqa: BLE001 - raised below, once the others are ended too
                 self._report_failure(req, f"internal error: {type(exc).__name__}: {exc}")
                 self._kv_suspect = True
@@ -333,6 +339,7 @@ class Scheduler:
                 if not self._drain_inbox(block=not self._has_work() and not self._kv_suspect):
                     self._run_exit_hooks()
                     return
+                self._drop_finished_waiting()
                 if self._kv_suspect:
                     self._rebuild_memory()  # (raising, it is tried once more by _recover)
                 if self._has_work():
@@ -343,6 +350,12 @@ class Scheduler:
                 except Exception as fatal:  # noqa: BLE001 - no KV memory to run on: stop, answering everyone
                     self._stop_after_failed_recovery(fatal)
                     return
+
+    def _drop_finished_waiting(self) -> None:
+        """Take the requests ``end_requests`` ended out of the waiting queue, all in one pass."""
+        if self._finished_waiting:
+            self._finished_waiting = False
+            self.waiting = [r for r in self.waiting if not r.finished]
 
     def _has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self._inflight)
@@ -484,6 +497,7 @@ class Scheduler:
 
     def _admit(self) -> list[tuple[Req, int]]:
         """Choose this step's extend rows: the chunked request's next chunk, then new requests."""
+        self._drop_finished_waiting()  # (the loop drops them after its commands; a step run by hand, here)
         rows: list[tuple[Req, int]] = []
         budget = self.config.chunked_prefill_size
         sim = RadixCache(None, None)  # prefixes being computed this round
@@ -944,21 +958,25 @@ class Scheduler:
         req.kv_committed_len = req.kv_allocated_len = 0
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
+        # Only a request with status WAITING is in the waiting queue (_admit takes out what it
+        # admits even when it fails; end_requests' finished ones are dropped before any admission):
+        # a search of the queue for every request that finished made a select of thousands of
+        # choices quadratic.
+        if req.status is ReqStatus.WAITING and req in self.waiting:
+            self.waiting.remove(req)
+        self._end(req, reason)
+
+    def _end(self, req: Req, reason: FinishReason) -> None:
+        """``_finish`` of a request in no waiting queue (``end_requests`` took a batch out at once)."""
         self._drop_draft(req)
         if reason.type == "length":  # (SGLang's FINISH_LENGTH says how long the output got)
             reason = replace(reason, length=len(req.output_ids))
         req.finish_reason = reason
-        # Only a request with status WAITING is in the waiting queue (_admit takes out what it
-        # admits even when it fails): a search of the queue for every request that finished made a
-        # select of thousands of choices quadratic.
-        waiting = req.status is ReqStatus.WAITING
         req.status = ReqStatus.FINISHED
         if req in self.running:
             self.running.remove(req)
         if req is self.chunked:
             self.chunked = None
-        if waiting and req in self.waiting:
-            self.waiting.remove(req)
         self._release(req)
         self._emit(req)
 
@@ -968,7 +986,7 @@ class Scheduler:
 
     def abort(self, rid: str, message: str = ABORT_REQUESTED) -> int:
         """Finish every sample of ``rid`` with reason abort; returns how many were live."""
-        live = [r for r in self._requests() if r.rid == rid]
+        live = [r for r in self._requests() if r.rid == rid and not r.finished]
         self.end_requests(live, FinishReason("abort", message=message))
         return len(live)
 
@@ -1153,7 +1171,7 @@ class Scheduler:
             "held_tokens": self.held_by_requests(),
             "pinned_prefixes": len(self.pins),
             "running_requests": len(self.running) + (1 if self.chunked else 0),
-            "waiting_requests": len(self.waiting),
+            "waiting_requests": sum(not r.finished for r in self.waiting),  # (finished: end_requests left them)
             "retracted_requests": self.retracted_requests,
             "overlapped_steps": self.overlapped_steps,
             "new_token_ratio": self.new_token_ratio,

@@ -739,6 +739,56 @@ def test_abort_of_a_waiting_request(tiny_llama):
         assert_idle_accounting(eng)
 
 
+class _ScanCountingList(list):
+    """A waiting queue that counts the passes over it (membership tests, removals, iterations,
+    concatenations): each is a scan of every request waiting."""
+    scans = 0
+
+    def __contains__(self, item):
+        type(self).scans += 1
+        return super().__contains__(item)
+
+    def remove(self, item):
+        type(self).scans += 1
+        super().remove(item)
+
+    def __iter__(self):
+        type(self).scans += 1
+        return super().__iter__()
+
+    def __add__(self, other):
+        type(self).scans += 1
+        return list(self) + other
+
+
+def test_aborting_waiting_samples_scans_the_waiting_queue_at_most_once(tiny_llama):
+    # an abort scanned the waiting queue once to find the rid's samples and twice more per sample
+    # (``in``, ``remove``): a server aborting each prompt of a disconnected client's batch of 5000
+    # prompts at n=128 spent most of an hour on the scheduler thread, every other request waiting
+    with Engine(str(tiny_llama), max_total_tokens=1024, max_running_requests=1) as eng:
+        first = eng.submit("one", SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
+        many = eng.submit("two", SamplingParams(max_new_tokens=8, n=40))
+        other = eng.submit("three", GREEDY)
+        scheduler = eng.scheduler
+
+        def abort_counting() -> tuple[int, int, bool]:
+            waiting = [r for r in scheduler.waiting if r.rid == many.rid]
+            scheduler.waiting = _ScanCountingList(scheduler.waiting)
+            _ScanCountingList.scans = 0
+            live = eng._abort_here(many.rid)
+            return len(waiting), _ScanCountingList.scans, live
+
+        waiting, scans, live = eng.scheduler.call(abort_counting).result(timeout=60)
+        assert waiting == 40 and live  # all 40 samples were waiting (one request runs at a time)
+        assert scans <= 1, f"{scans} passes over the waiting queue to abort {waiting} samples"
+        assert [r.finish_reason.type for r in many.result(timeout=60)] == ["abort"] * 40
+        assert eng.cache_stats()["waiting_requests"] == 1  # the other request waits on, alone
+        assert not many.abort()  # ended: a second abort finds nothing live
+        first.abort()
+        assert other.result(timeout=60).finish_reason.type != "abort"  # the request waiting beside them runs
+        assert_idle_accounting(eng)
+
+
 def test_an_error_inside_a_step_fails_that_step_only(engine, hf, monkeypatch):
     monkeypatch.setattr(engine.runner, "forward", failing_at_call(engine.runner.forward, 2, "simulated kernel failure"))
     r = engine.generate("the cat", GREEDY)
