@@ -1048,6 +1048,22 @@ def test_an_openai_route_error_names_the_field_in_param(served, path, body, para
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
 
 
+def test_a_chat_request_whose_max_tokens_and_max_completion_tokens_disagree_is_refused(served):
+    # the reply was cut at max_completion_tokens without a word, though the client also asked for
+    # max_tokens; OpenAI refuses the two together. One value given twice is that value.
+    engine, url = served
+    r = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "max_tokens": 3,
+                                            "max_completion_tokens": 2})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "max_tokens", r.json()
+    assert "max_tokens=3 and max_completion_tokens=2 disagree; give one of them" in error["message"]
+    engine.received.clear()
+    r = _post(url, "/v1/chat/completions", {"model": "rec", "messages": _USER, "max_tokens": 2,
+                                            "max_completion_tokens": 2})
+    assert r.status_code == 200, r.json()
+    assert [p.max_new_tokens for p in engine.received] == [2]
+
+
 @pytest.mark.parametrize("body, place, problem", [
     ({"messages": [{"content": "a"}]}, "messages[0].role", "Field required"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text"}, {"text": "b"}]}]},

@@ -270,6 +270,23 @@ def _refuse_unserved(req: ChatRequest) -> None:
             raise RequestError(f"{field} is not supported by lmnb serve; leave it out", param=field)
 
 
+def _reply_limit(req: ChatRequest) -> Optional[int]:
+    """Chat request ``req``'s limit on the reply's tokens: ``max_completion_tokens`` (OpenAI's name)
+    or ``max_tokens`` (its deprecated one), None where neither is given. Both with one value is that
+    value; with two values, vLLM and SGLang take ``max_completion_tokens`` without a word, which cuts
+    a reply at a length the client may not have meant; OpenAI refuses the two together.
+
+    Raises:
+        RequestError: both are given, with different values.
+    """
+    if req.max_completion_tokens is not None and req.max_tokens is not None \
+            and req.max_completion_tokens != req.max_tokens:
+        raise RequestError(f"max_tokens={req.max_tokens} and max_completion_tokens={req.max_completion_tokens} "
+                           "disagree; give one of them (max_completion_tokens is OpenAI's current name, max_tokens "
+                           "the deprecated one)", param="max_tokens")
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
 def _template_kwargs(req: ChatRequest) -> dict:
     """The chat template's extra variables of chat request ``req``: its ``chat_template_kwargs``
     (checked by ``chat_messages.template_kwargs``) and its top-level ``reasoning_effort`` as the
@@ -764,6 +781,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         req = _validate(ChatRequest, body, "/v1/chat/completions")
         check_model(req.model)
         _refuse_unserved(req)
+        max_tokens = _reply_limit(req)
         extra = _template_kwargs(req)
         if not req.messages:
             raise RequestError("messages is empty", param="messages")
@@ -795,7 +813,6 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                     prompt = await ctx.run(mm.prepare, MultimodalPrompt(ids, images))
                 except ValueError as e:
                     raise RequestError(str(e), param="messages") from None
-            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
             if max_tokens is None:
                 if len(prompt) >= engine.context_len:  # else the engine's message names a max_new_tokens no one set
                     raise RequestError(f"the chat prompt is {len(prompt)} tokens, which leaves no room for a reply "
