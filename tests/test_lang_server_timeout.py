@@ -120,6 +120,18 @@ def test_the_default_is_ten_seconds_to_connect_and_ten_minutes_to_answer(stallin
             lmnb.RuntimeEndpoint(stalling_url, timeout=bad)
 
 
+@pytest.mark.parametrize("url, error, message", [
+    ("127.0.0.1:30000", ValueError, "takes the server's http(s) URL, e.g. http://127.0.0.1:30000; got '127.0.0.1:30000'"),
+    ("ftp://host:1", ValueError, "takes the server's http(s) URL, e.g. http://HOST:PORT; got 'ftp://host:1'"),
+    (30000, TypeError, "takes the server's URL as a string, e.g. 'http://127.0.0.1:30000'; got int"),
+])
+def test_a_base_url_that_is_no_http_url_is_refused_naming_the_fix(url, error, message):
+    # it came as httpx's UnsupportedProtocol, a failed GET of the model info (an AttributeError for a number)
+    with pytest.raises(error) as caught:
+        lmnb.RuntimeEndpoint(url)
+    assert str(caught.value).endswith(message)
+
+
 def test_the_jobs_and_the_magics_timeout_option_reach_the_backend(silent_url):
     from lmnb.batch.options import job_parser, make_backend
     from lmnb.template.cell_options import CellLineError, parse_backend_line

@@ -116,6 +116,19 @@ def _logprob_fields(params: GenParams) -> dict:
     return out
 
 
+def _check_url(base_url: Any) -> None:
+    """Refuse a ``base_url`` that is no http(s) URL, naming the fix: httpx's own error for one
+    (``UnsupportedProtocol: Request URL is missing an 'http://' or 'https://' protocol``, for a
+    host and port without ``http://``) came as a failed ``GET`` of the model info."""
+    if not isinstance(base_url, str):
+        raise TypeError(f"RuntimeEndpoint takes the server's URL as a string, e.g. 'http://127.0.0.1:30000'; "
+                        f"got {type(base_url).__name__}")
+    scheme, sep, _ = base_url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        example = f"http://{base_url}" if not sep else "http://HOST:PORT"
+        raise ValueError(f"RuntimeEndpoint takes the server's http(s) URL, e.g. {example}; got {base_url!r}")
+
+
 class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
     """Run programs on a server speaking SGLang's native protocol.
 
@@ -140,7 +153,8 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         BackendError: the server cannot be reached, does not answer ``/get_model_info`` within
             ``MODEL_INFO_TIMEOUT_S`` (or ``timeout``, if less), or that request fails;
             ``BackendAuthError`` (a ``BackendError``) when it fails with HTTP 401 (``api_key``).
-        ValueError: a ``timeout`` that is not a positive number of seconds.
+        ValueError: a ``timeout`` that is not a positive number of seconds, or a ``base_url`` that
+            is no http(s) URL (``TypeError`` where it is no string).
     """
 
     def __init__(self, base_url: str, api_key: Optional[str] = None, verify: Any = None,
@@ -150,6 +164,7 @@ class RuntimeEndpoint(AssignableChatTemplate, BaseBackend):
         if timeout is not None and not timeout > 0:  # (not >: NaN too) httpx would fail every request
             raise ValueError(f"RuntimeEndpoint timeout={timeout!r}: give a positive number of seconds, or None "
                              "for no limit")
+        _check_url(base_url)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
