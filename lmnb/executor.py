@@ -1163,7 +1163,8 @@ class StreamExecutor:
 
     def _execute_role_begin(self, role: str) -> None:
         if self.cur_role is not None:
-            raise ValueError(f"role {role!r} begins inside role {self.cur_role!r}; roles cannot nest")
+            raise ValueError(f"role {role!r} begins inside role {self.cur_role!r}; roles cannot nest: end "
+                             f"{self.cur_role!r} first ({self.cur_role}_end())")
         last = self.messages_[-1]["role"] if self.messages_ else None
         begin, implicit = self.chat_template.role_begin(role, len(self.messages_), not self.text_, last)
         if implicit is not None:
@@ -1173,8 +1174,12 @@ class StreamExecutor:
         self.cur_role_begin_pos = len(self.text_)
 
     def _execute_role_end(self, role: str) -> None:
+        if self.cur_role is None:
+            raise ValueError(f"role {role!r} ends, but no role is open: begin it first ({role}_begin()), or "
+                             f"write s += {role}(...) or with s.{role}(): ..., which begin and end it")
         if self.cur_role != role:
-            raise ValueError(f"role {role!r} ends but the open role is {self.cur_role!r}")
+            raise ValueError(f"role {role!r} ends, but role {self.cur_role!r} is open: end that one "
+                             f"({self.cur_role}_end()) and begin {role!r} ({role}_begin()) first")
         if self._spec_terms or self._spec_chat_active():
             speculative.spec_role_end(self)
         content = self.text_[self.cur_role_begin_pos:]

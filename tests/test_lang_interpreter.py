@@ -392,8 +392,27 @@ def test_unknown_and_nested_roles_raise():
         s += sgl.user_begin()
         s += sgl.assistant_begin()
 
-    with pytest.raises(sgl.ProgramError, match="cannot nest"):
+    with pytest.raises(sgl.ProgramError, match=re.escape("roles cannot nest: end 'user' first (user_end())")):
         nested.run(backend=be).text()
+
+
+@pytest.mark.parametrize("body, message", [
+    # the end of a role that never began said "the open role is None", with no fix
+    (lambda s: s.__iadd__(sgl.assistant_end()),
+     "role 'assistant' ends, but no role is open: begin it first (assistant_begin()), or write "
+     "s += assistant(...) or with s.assistant(): ..., which begin and end it"),
+    (lambda s: (s.__iadd__(sgl.user_begin()), s.__iadd__(sgl.assistant_end())),
+     "role 'assistant' ends, but role 'user' is open: end that one (user_end()) and begin 'assistant' "
+     "(assistant_begin()) first"),
+])
+def test_a_role_end_with_no_such_role_open_names_the_fix(body, message):
+    @sgl.function
+    def prog(s):
+        body(s)
+
+    with pytest.raises(sgl.ProgramError) as caught:
+        prog.run(backend=ScriptedBackend()).text()
+    assert str(caught.value).endswith(message)
 
 
 def test_reading_a_variable_waits_for_it():
