@@ -1048,6 +1048,20 @@ def test_an_openai_route_error_names_the_field_in_param(served, path, body, para
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
 
 
+def test_a_route_asked_with_another_method_says_which_methods_it_takes(served):
+    # the 405 said only "Method Not Allowed", and left out the Allow header a 405 must carry
+    _, url = served
+    r = httpx.get(url + "/generate")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["message"] == "GET is not allowed on /generate; send POST /generate"
+    r = httpx.delete(url + "/v1/models")
+    assert r.status_code == 405 and r.headers["allow"] == "GET"
+    assert r.json()["error"]["message"] == "DELETE is not allowed on /v1/models; send GET /v1/models"
+    r = httpx.put(url + "/flush_cache")  # a route of two methods
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "POST"}
+    assert r.json()["error"]["message"] == "PUT is not allowed on /flush_cache; send GET or POST /flush_cache"
+
+
 def test_a_chat_request_whose_max_tokens_and_max_completion_tokens_disagree_is_refused(served):
     # the reply was cut at max_completion_tokens without a word, though the client also asked for
     # max_tokens; OpenAI refuses the two together. One value given twice is that value.

@@ -784,7 +784,12 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(str(exc.detail), exc.status_code), exc.status_code)
+        message, allow = str(exc.detail), (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allow:  # the route is there: name the methods it takes
+            message = (f"{request.method} is not allowed on {request.url.path}; send "
+                       f"{' or '.join(sorted(allow.split(', ')))} {request.url.path}")
+        # (with its headers: a 405 must say Allow, RFC 9110 section 15.5.6)
+        return JSONResponse(error_body(message, exc.status_code), exc.status_code, headers=exc.headers)
 
     max_body = int(max_body_mb * 2**20)
     too_large = RequestError(f"the request body is larger than the server's limit of {max_body_mb:g} MiB; send a "
