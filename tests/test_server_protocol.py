@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import itertools
 import json
 import socket
@@ -1046,6 +1047,22 @@ def test_an_openai_route_error_names_the_field_in_param(served, path, body, para
     _, url = served
     r = _post(url, path, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize("body, headers, message", [
+    # each was "the body is not valid JSON", with neither the place nor the cause
+    (b'{"text": "a",}', {}, "the body is not valid JSON (Expecting property name enclosed in double quotes: "
+                            "line 1 column 14)"),
+    (b'{"text": "h\xffi"}', {}, "the body is not valid JSON: its bytes are no UTF-8 text (invalid start byte at "
+                                "byte 11): send JSON as UTF-8"),
+    (gzip.compress(b'{"text": "a"}'), {"Content-Encoding": "gzip"},
+     "the body is not valid JSON: its bytes are no UTF-8 text (invalid start byte at byte 1); the server does "
+     "not undo Content-Encoding gzip: send the body uncompressed"),
+])
+def test_a_body_that_is_no_json_is_refused_naming_where_and_why(served, body, headers, message):
+    _, url = served
+    r = httpx.post(url + "/generate", content=body, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["message"] == message
 
 
 def test_a_route_asked_with_another_method_says_which_methods_it_takes(served):

@@ -809,8 +809,14 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         try:
             body = json.loads(b"".join(raw))
             where = _lone_surrogate_place(body)
-        except ValueError:
-            raise RequestError("the body is not valid JSON") from None
+        except UnicodeDecodeError as e:  # (before ValueError, its base: json's position means nothing here)
+            coded = request.headers.get("content-encoding", "identity").lower()
+            fix = (f"; the server does not undo Content-Encoding {coded}: send the body uncompressed"
+                   if coded != "identity" else ": send JSON as UTF-8")
+            raise RequestError(f"the body is not valid JSON: its bytes are no UTF-8 text ({e.reason} at byte "
+                               f"{e.start}){fix}") from None
+        except json.JSONDecodeError as e:
+            raise RequestError(f"the body is not valid JSON ({e.msg}: line {e.lineno} column {e.colno})") from None
         except RecursionError:  # (json's parser and the walk above recurse per level)
             raise RequestError("the body is nested too deeply; no request field nests more than a few levels") from None
         if where is not None:  # the tokenizer fails on one with a TypeError (a 500, or a 400 naming no field)
