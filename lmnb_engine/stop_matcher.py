@@ -199,7 +199,8 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
     ``_NO_SUPERSET``). A match of ``pattern`` then is one of the result, so a start the result drops,
     ``pattern`` cannot match at in any longer text either: each lookbehind left out is an assertion
     that its match passed, consuming nothing, and none lies in a negative lookaround (there one
-    would make the lookaround hold less often: None).
+    would make the lookaround hold less often: None) nor in a lookahead (None: ``_live_start`` passes
+    over a whole match short of the text's end, one the pattern may yet make by reading past it).
     None where this reading of the pattern may be wrong (verbose or word mode, a conditional,
     a set inside a set, a capturing group or backreference inside a negative lookaround, a
     capturing group inside a lookbehind left out): the caller then shows nothing past where a
@@ -251,8 +252,12 @@ def _relaxed(pattern: str, drop_lookbehinds: bool = False) -> str | None:
                 continue
             behind = pattern.startswith(("(?<=", "(?<!"), i)
             dropped = drop_lookbehinds and behind and (len(stack) > 1 or i > lead)
-            if dropped and any(n for _, _, n, _ in stack):
-                return None  # (a lookbehind in a negative lookaround)
+            if dropped and any(n or "".join(o[:3]) == "(?=" for _, o, n, _ in stack):
+                # (a lookbehind in a negative lookaround; or in a lookahead, whose match left out
+                # reads no further than the lookahead's text: "a(?=.*?(?<!a))" on "aa" is "a" then
+                # "(?=.*?)" from 0, a whole match short of the text's end, passed over as one more
+                # text cannot make new, where "aab" makes the pattern's first match "a" from 0)
+                return None
             neg = not dropped and (pattern.startswith("(?!", i) or pattern.startswith("(?<!", i))
             head = pattern[i:i + (3 if pattern.startswith("(?!", i) else 4)] if neg or dropped else "("
             # a capturing group or a backreference by name, in a negative lookaround written twice
