@@ -377,8 +377,9 @@ def stop_regex_problem(value: Any) -> str | None:
     too, as a ``regex`` constraint's is: ``regex_errors.python_error``) and must not match the
     empty string, which would stop before the first token, nor hold ``\\G``, nor a POSIX class
     (``[[:alpha:]]``: ``regex_errors.stop_posix_problem``), which that package and Python's ``re``
-    read two ways. The language's ``gen(stop_regex=...)`` and the cell parser ask the same question
-    before anything runs.
+    read two ways, nor be a reverse pattern (``(?r)``) nor hold ``\\K``, whose matches the stop
+    matcher, reading the output left to right from where a match begins, does not find. The
+    language's ``gen(stop_regex=...)`` and the cell parser ask the same question before anything runs.
     """
     if value is None:
         return None
@@ -403,6 +404,14 @@ def stop_regex_problem(value: Any) -> str | None:
             return (f"{shown_regex(pattern)} holds \\G, which matches where a search starts: the output is searched "
                     "from where a stop may still begin, at every start, so it would match there, not at the output's "
                     "start; use \\A for the output's start")
+        if compiled.flags & regex.REVERSE:  # ((?r) anywhere, scoped too, is the whole pattern's flag)
+            return (f"{shown_regex(pattern)} is a reverse pattern ((?r)), which matches leftwards from where a search "
+                    "starts: the stop matcher reads the output as it grows, left to right, and would stop at the "
+                    "wrong place or show the stop's text; remove (?r) and write the pattern to match forwards")
+        if any(m.group(1) == "K" for m in re.finditer(r"\\(.)", pattern, re.DOTALL)):
+            return (f"{shown_regex(pattern)} holds \\K, which drops what it matched before it from the match: the "
+                    "stop matcher looks for where a stop may begin from its whole match, so it would miss stops "
+                    "and show their text; put the part before \\K in a lookbehind, (?<=...), instead")
         if compiled.search("") is not None:
             return (f"{shown_regex(pattern)} matches the empty string, so it would stop before the first token; "
                     "make it match at least one character")
