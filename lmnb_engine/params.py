@@ -369,6 +369,33 @@ def stop_problem(value: str | list[str] | tuple[str, ...] | None) -> str | None:
     return None
 
 
+# A fuzzy constraint of the regex package after a part: {e<=1}, {1<=e<=3}, {i<=1,d<=1}, {2i+2d+1s<=4},
+# {e<=1:[a-z]} (what a "{" that is no count and no fuzzy constraint opens is a syntax error there,
+# "{end}", or literal text, "{ e }")
+_FUZZY_ITEM = r"(?:\d+<=?)?[eids](?:<=?\d+)?"
+_FUZZY = re.compile(rf"\{{(?:{_FUZZY_ITEM}(?:,{_FUZZY_ITEM})*|\d*[eids](?:\+\d*[eids])*<=?\d+)(?::[^}}]*)?\}}")
+
+
+def _fuzzy_constraint(pattern: str) -> str | None:
+    """The first fuzzy constraint in ``pattern`` (its text), outside escapes and character classes;
+    None where it holds none."""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":  # (a class: "]" first, or after "^", is a member; escapes are skipped)
+            i += 2 if pattern.startswith("[^", i) else 1
+            i += pattern[i] == "]" if i < len(pattern) else 0
+            while i < len(pattern) and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+        elif c == "{" and (m := _FUZZY.match(pattern, i)):
+            return m.group()
+        i += 1
+    return None
+
+
 def stop_regex_problem(value: Any) -> str | None:
     """Why ``value`` is not a valid ``stop_regex``, or None when it is (None, a pattern, or a list of them).
 
@@ -408,6 +435,11 @@ def stop_regex_problem(value: Any) -> str | None:
             return (f"{shown_regex(pattern)} is a reverse pattern ((?r)), which matches leftwards from where a search "
                     "starts: the stop matcher reads the output as it grows, left to right, and would stop at the "
                     "wrong place or show the stop's text; remove (?r) and write the pattern to match forwards")
+        fuzzy = _fuzzy_constraint(pattern)
+        if fuzzy:
+            return (f"{shown_regex(pattern)} holds the fuzzy constraint {fuzzy}, whose match the regex package picks "
+                    "by its own best-match rule, not leftmost as the text grows: the stop matcher would show part of "
+                    "such a stop or miss it; write the variants out as alternatives (colou?r, not (?:color){e<=1})")
         if any(m.group(1) == "K" for m in re.finditer(r"\\(.)", pattern, re.DOTALL)):
             return (f"{shown_regex(pattern)} holds \\K, which drops what it matched before it from the match: the "
                     "stop matcher looks for where a stop may begin from its whole match, so it would miss stops "
