@@ -521,8 +521,8 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
     generators: set = set()
 
     def making(call) -> Optional[tuple]:
-        if isinstance(call, ast.GeneratorExp):  # ((x for x in xs): an iterator too, as a generator function's)
-            return "an iterator (a generator expression)", None
+        if isinstance(call, ast.GeneratorExp):  # ((x for x in xs): a generator too, as a generator function's)
+            return "an iterator (a generator expression)", None, True
         func = ast.unparse(call.func) if isinstance(call, ast.Call) else None
         if func in classes:
             return f"an instance of {func}", func, False
@@ -551,7 +551,8 @@ def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
         found = [making(item) for item in items]
         if found and all(found):  # (every item such a call: a list that also holds a str has read methods)
             what = found[0][0].replace("an instance of", "instances of").replace("an iterator", "iterators").replace(
-                "a random number generator", "random number generators")
+                "a random number generator", "random number generators").replace("a generator expression",
+                                                                                    "generator expressions")
             one_class = found[0][1] if all(f == found[0] for f in found) else None
             held[name] = (c.index, f"a {kind} of {what}", one_class, all(f[2] for f in found))
     return made, held, defs
