@@ -152,37 +152,43 @@ def dangling_ref_problem(schema: Any) -> Optional[str]:
     place that holds a schema, reached from the root through the applicator keywords and the
     ``$ref``s followed, that points at nothing (``ref_to_nothing``'s words); else None. The engine
     refused it only once the gen ran, as it inlined the reference; other references (another
-    document, an anchor) are the backend's to read. The first met is named (depth first, a
-    reference's target before the keywords beside it); each object is walked once, without
-    recursion (a schema as deep as the meta-schema check took)."""
+    document, an anchor, and any reference inside a subschema with an ``$id`` of its own, an
+    embedded resource against which its ``#...`` references resolve, 2020-12 core section 9.2.1)
+    are the backend's to read. The first met is named (depth first, a reference's target before
+    the keywords beside it); each object is walked once, without recursion (a schema as deep as the
+    meta-schema check took)."""
     if not isinstance(schema, dict):
         return None
     root_id = schema.get("$id")
     base = root_id.partition("#")[0] if isinstance(root_id, str) else ""
-    todo, seen = [(schema, "#")], set()
+    # (each with whether it lies in an embedded resource: a subschema below the root with an $id, whose
+    # "#/$defs/b" means its own $defs, not the root's)
+    todo, seen = [(schema, "#", False)], set()
     while todo:
-        node, where = todo.pop()
+        node, where, embedded = todo.pop()
         if not isinstance(node, dict) or id(node) in seen:
             continue
         seen.add(id(node))
+        embedded = embedded or (node is not schema and isinstance(node.get("$id"), str))
         inside = []
         ref = node.get("$ref")
         doc, _, fragment = ref.partition("#") if isinstance(ref, str) else ("", "", "")
         pointer = unquote(fragment)
-        if isinstance(ref, str) and doc in ("", base) and (not pointer or pointer.startswith("/")):
-            target = schema
+        if isinstance(ref, str) and not embedded and doc in ("", base) and (not pointer or pointer.startswith("/")):
+            target, passed = schema, False
             for step, part in enumerate(pointer_parts(ref)):
                 if child(target, part) is _MISSING:
                     return ref_to_nothing(ref, where, step, target)
                 target = child(target, part)
-            inside.append((target, "#" + pointer))
+                passed = passed or (isinstance(target, dict) and isinstance(target.get("$id"), str))
+            inside.append((target, "#" + pointer, passed))
         for key, value in node.items():
             if key in _ONE_SCHEMA:
-                inside.append((value, f"{where}/{key}"))
+                inside.append((value, f"{where}/{key}", embedded))
             if key in _SCHEMAS_BY_NAME and isinstance(value, dict):
-                inside += [(sub, f"{where}/{key}/{name}") for name, sub in value.items()]
+                inside += [(sub, f"{where}/{key}/{name}", embedded) for name, sub in value.items()]
             if key in _SCHEMA_ARRAYS and isinstance(value, list):
-                inside += [(sub, f"{where}/{key}/{i}") for i, sub in enumerate(value)]
+                inside += [(sub, f"{where}/{key}/{i}", embedded) for i, sub in enumerate(value)]
         todo += reversed(inside)  # (popped in the order they stand)
     return None
 

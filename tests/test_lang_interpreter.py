@@ -125,6 +125,21 @@ def test_gen_takes_a_schema_whose_refs_all_resolve_and_reads_no_value_as_a_ref()
         assert sgl.gen("x", json_schema=schema).params.json_schema == schema
 
 
+def test_gen_takes_a_ref_that_resolves_in_an_embedded_resource():
+    """A subschema with an $id of its own is an embedded resource (JSON Schema 2020-12 core,
+    section 9.2.1): its "#/$defs/b" names its own $defs, not the root's. gen() refused such a
+    schema as a reference to nothing, whatever the backend; jsonschema resolves it (an integer
+    passes, a string fails: the reference reached the integer schema)."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"p": {"$id": "https://example.com/p", "$defs": {"b": {"type": "integer"}},
+                                                     "$ref": "#/$defs/b"}}}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    assert validator.is_valid({"p": 1}) and not validator.is_valid({"p": "a"})
+    assert sgl.gen("x", json_schema=schema).params.json_schema == schema
+    assert sgl.gen("x", json_schema=json.dumps(schema)).params.json_schema == json.dumps(schema)
+
+
 def test_gen_refuses_a_schema_pattern_no_regex_dialect_reads():
     """A schema ``pattern`` that is a syntax error in every dialect (an unclosed group: Python's
     re, the regex package and ECMA 262 all refuse it) passed gen()'s check and failed only when
