@@ -1320,7 +1320,12 @@ class Engine:
             s = self.scheduler
             # (a listener calls this on the scheduler thread mid-step, where the step's new requests
             # are in no queue yet: _step_reqs holds them)
-            if s._has_work() or s._step_reqs:
+            if s._step_reqs:
+                return False
+            # (an abort among the commands of this pause left the waiting requests it ended in the
+            # queue, finished, for the loop to drop after the commands: they wait for nothing)
+            s._drop_finished_waiting()
+            if s._has_work():
                 return False
             s.cache.evict(s.cache.evictable_size())
             encoder_cache = getattr(self.runner.model, "encoder_cache", None)  # [issue 10] LLaVA

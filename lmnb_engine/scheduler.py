@@ -352,7 +352,9 @@ class Scheduler:
                     return
 
     def _drop_finished_waiting(self) -> None:
-        """Take the requests ``end_requests`` ended out of the waiting queue, all in one pass."""
+        """Take the requests ``end_requests`` ended out of the waiting queue, all in one pass: the
+        loop after its commands, ``_admit``, and ``Engine.flush_cache``, a command that asks
+        whether anything waits."""
         if self._finished_waiting:
             self._finished_waiting = False
             self.waiting = [r for r in self.waiting if not r.finished]

@@ -6,6 +6,7 @@ import json
 import math
 import re
 import threading
+import time
 
 import pytest
 import torch
@@ -786,6 +787,33 @@ def test_aborting_waiting_samples_scans_the_waiting_queue_at_most_once(tiny_llam
         assert not many.abort()  # ended: a second abort finds nothing live
         first.abort()
         assert other.result(timeout=60).finish_reason.type != "abort"  # the request waiting beside them runs
+        assert_idle_accounting(eng)
+
+
+def test_flush_cache_right_after_an_abort_of_waiting_requests_flushes(tiny_llama):
+    # An abort leaves the waiting requests it ends in the queue, finished, until the loop drops
+    # them after its commands; a flush_cache among those commands saw them as waiting and did
+    # nothing (False), though nothing waited or ran: here the add, the abort and the flush all
+    # come in one pause of the loop, as a client's abort and flush do when the loop is busy
+    with Engine(str(tiny_llama), max_total_tokens=1024) as eng:
+        gate = threading.Event()
+        eng.scheduler.call(lambda: gate.wait(120))  # the loop waits: the commands below queue up
+        try:
+            h = eng.submit("one", SamplingParams(max_new_tokens=4, n=3))
+            aborted = eng.scheduler.call(lambda: eng._abort_here(h.rid))
+            flushed: list = []
+            flusher = threading.Thread(target=lambda: flushed.append(eng.flush_cache()))
+            flusher.start()
+            deadline = time.monotonic() + 60
+            while eng.scheduler._inbox.qsize() < 3 and time.monotonic() < deadline:  # add, abort, flush
+                time.sleep(0.01)
+        finally:
+            gate.set()
+        flusher.join(60)
+        assert aborted.result(timeout=60) is True
+        assert [r.finish_reason.type for r in h.result(timeout=60)] == ["abort"] * 3
+        assert flushed == [True]
+        assert eng.cache_stats()["waiting_requests"] == 0
         assert_idle_accounting(eng)
 
 
