@@ -984,6 +984,21 @@ def _new_matches_met_first(pattern: str, pieces: list[str], unchecked: int) -> t
     return None
 
 
+def _stops_as_by_definition(pattern: str, pieces: list[str], unchecked: int) -> bool:
+    """Feed ``pieces`` to a matcher of stop regex ``pattern`` with ``min_new_tokens=unchecked``
+    and assert that its stop is the brute-force one (``_new_matches_met_first``: the first end by
+    which the text holds a match the text not checked did not, at its least start), or none where
+    there is none, and that no text of the stop was shown before it. True if it stopped."""
+    hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, unchecked)
+    want = _new_matches_met_first(pattern, pieces, unchecked)
+    if want is None:
+        assert hit is None, (pattern, pieces, unchecked)
+        return False
+    assert (hit[0], hit[0] + len(hit[1])) in want[1] and hit[0] == min(want[1])[0], (pattern, pieces, unchecked, want)
+    assert shown <= hit[0], (pattern, pieces, unchecked)
+    return True
+
+
 def _may_still_begin_a_new_match(pattern: str, text: str, alphabet: str, width: int) -> int:
     """Brute force: the first start at which some longer text (up to ``width`` more characters of
     ``alphabet``) holds a match that ``text``, checked all through, did not; ``len(text)`` if none."""
@@ -1023,13 +1038,8 @@ def test_a_stop_regex_with_a_lookbehind_after_its_start_streams_what_no_match_ca
         pattern = rng.choice(heads) + rng.choice(repeats) + middle + rng.choice(tails)
         pieces = ["".join(rng.choice("abx ") for _ in range(rng.randint(1, 3))) for _ in range(5)]
         unchecked = rng.choice([0, 0, rng.randint(2, 4)])
-        hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, unchecked)
-        want = _new_matches_met_first(pattern, pieces, unchecked)
-        if want is None:
-            assert hit is None, (pattern, pieces, unchecked)
+        if not _stops_as_by_definition(pattern, pieces, unchecked):
             continue
-        assert (hit[0], hit[0] + len(hit[1])) in want[1] and hit[0] == min(want[1])[0], (pattern, pieces, unchecked)
-        assert shown <= hit[0], (pattern, pieces, unchecked)
         if run % 5 == 0 and not unchecked:
             m, text = StopStringMatcher([], [pattern]), ""
             for piece in pieces:
@@ -1074,13 +1084,7 @@ def test_a_multiline_stop_regex_with_a_line_start_after_a_lazy_repeat_holds_back
             continue
         pieces = ["".join(rng.choice("abx\n") for _ in range(rng.randint(1, 3))) for _ in range(5)]
         unchecked = rng.choice([0, 0, rng.randint(2, 4)])
-        hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, unchecked)
-        want = _new_matches_met_first(pattern, pieces, unchecked)
-        if want is None:
-            assert hit is None, (pattern, pieces, unchecked)
-            continue
-        assert (hit[0], hit[0] + len(hit[1])) in want[1] and hit[0] == min(want[1])[0], (pattern, pieces, unchecked)
-        assert shown <= hit[0], (pattern, pieces, unchecked)
+        _stops_as_by_definition(pattern, pieces, unchecked)
 
 
 def test_a_match_the_text_not_checked_did_not_hold_is_a_stop_whatever_its_length():
@@ -1113,13 +1117,7 @@ def test_a_match_the_text_not_checked_did_not_hold_is_a_stop_whatever_its_length
         pattern = "|".join(alternatives)
         pieces = ["".join(rng.choice("ab") for _ in range(rng.randint(2, 4)))] + [
             "".join(rng.choice("abc ") for _ in range(rng.randint(1, 2))) for _ in range(3)]
-        hit, shown = feed_unchecked(StopStringMatcher([], [pattern]), pieces, 2)
-        want = _new_matches_met_first(pattern, pieces, 2)
-        if want is None:
-            assert hit is None, (pattern, pieces)
-            continue
-        assert (hit[0], hit[0] + len(hit[1])) in want[1] and hit[0] == min(want[1])[0], (pattern, pieces, want)
-        assert shown <= hit[0], (pattern, pieces)
+        _stops_as_by_definition(pattern, pieces, 2)
 
 
 # Stop regexes that lmnb_engine.stop_automaton reads (no anchor, lookaround, backreference):
