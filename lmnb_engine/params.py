@@ -200,7 +200,7 @@ class SamplingParams:
         n: number of samples sharing one prefill of the prompt (at most ``MAX_N``).
         return_logprob: return the logprob of each generated token.
         top_logprobs_num: also return this many top alternatives per position (at most
-            ``MAX_TOP_LOGPROBS``).
+            ``MAX_TOP_LOGPROBS``); only with ``return_logprob`` (refused without it).
         logprob_start_len: return prompt logprobs for prompt tokens from this index on (-1 = none).
         regex, json_schema: constrained decoding (see ``lmnb_engine.constrained``); at most one.
         extra: ``{"whitespace_pattern": regex}``, the whitespace a ``json_schema`` output may have
@@ -323,6 +323,11 @@ class SamplingParams:
             bad("n", f"at most {MAX_N} samples per request; send several requests for more")
         if not is_int(self.top_logprobs_num) or not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
             bad("top_logprobs_num", f"must be an integer from 0 to {MAX_TOP_LOGPROBS} (top alternatives per token)")
+        if self.top_logprobs_num and self.return_logprob is False:
+            # SGLang drops it without a word, and the caller got no alternatives and no reason; the
+            # OpenAI routes refuse top_logprobs without logprobs, as OpenAI does
+            bad("top_logprobs_num", "the top alternatives come only with the logprobs: also ask for return_logprob, "
+                                    "or leave top_logprobs_num out")
         if not is_int(self.logprob_start_len) or self.logprob_start_len < -1:
             bad("logprob_start_len", "must be -1 (no prompt logprobs) or an index >= 0")
         if self.regex is not None and self.json_schema is not None:

@@ -957,6 +957,30 @@ def test_top_logprobs_num_is_capped_at_20_as_the_openai_routes_cap_top_logprobs(
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.temperature"
 
 
+def test_top_logprobs_num_without_return_logprob_is_refused_naming_the_fix(served):
+    # It was dropped without a word (SGLang's way): the caller asked for alternatives and got none.
+    # Now refused as chat refuses top_logprobs without logprobs, by the engine, /generate and lmnb.Engine.
+    from lmnb_engine import SamplingParams
+
+    fix = ("top_logprobs_num=3 is invalid: the top alternatives come only with the logprobs: also ask for "
+           "return_logprob, or leave top_logprobs_num out")
+    SamplingParams(return_logprob=True, top_logprobs_num=3).validate()
+    SamplingParams(top_logprobs_num=0).validate()
+    with pytest.raises(ValueError, match=f"^SamplingParams.{fix}$"):
+        SamplingParams(top_logprobs_num=3).validate()
+    engine, url = served
+    before = len(engine.received)
+    for body, param in (({"text": "a", "top_logprobs_num": 3}, "top_logprobs_num"),
+                        ({"text": ["a", "b"], "return_logprob": [True, False], "top_logprobs_num": [2, 3]},
+                         "top_logprobs_num[1]")):
+        r = _post(url, "/generate", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+        assert fix.replace("top_logprobs_num=3", f"{param}=3") in r.json()["error"]["message"]
+    assert len(engine.received) == before  # nothing was queued
+    with pytest.raises(Exception, match=fix):
+        sgl.Engine(engine=RecordingEngine()).generate("a", {"max_new_tokens": 1}, top_logprobs_num=3)
+
+
 @pytest.mark.parametrize("body, param, message", [
     # a request field is named as sent, at the top level (the message said SamplingParams.top_logprobs_num)
     ({"top_logprobs_num": 25, "return_logprob": True}, "top_logprobs_num",
