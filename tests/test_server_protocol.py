@@ -3039,3 +3039,72 @@ def test_completion_top_logprobs_of_tokens_that_read_alike_keep_the_most_likely(
     top = ((5, -0.25), (6, -1.5), (7, -2.0))  # most likely first, as the sampler's topk gives them
     assert _completion_top(engine, TokenLogprob(6, -1.5, top), "A", -1.5) == {"A": -0.25, "B": -2.0}
     assert _completion_top(engine, TokenLogprob(7, -2.0, top[:2]), "B", -2.0) == {"A": -0.25, "B": -2.0}
+
+
+@pytest.mark.parametrize("path, body, param, shown", [
+    ("/generate", {"input_ids": [[1]] * 129, "sampling_params": {"n": 128, "max_new_tokens": 1}},
+     "input_ids", "16512 samples (129 prompts at n=128)"),
+    # per-prompt n: 100 + 128 * 128 = 16484
+    ("/generate", {"text": ["a"] * 129, "sampling_params": [{"n": 100}] + [{"n": 128}] * 128},
+     "text", "16484 samples (129 prompts)"),
+    ("/v1/completions", {"model": "rec", "prompt": [[1]] * 5000, "max_tokens": 1, "n": 128},
+     "prompt", "640000 samples (5000 prompts at n=128)"),
+])
+def test_a_request_of_more_samples_than_the_bound_is_refused_before_any_is_queued(served, path, body, param, shown):
+    """A tester's ``prompt: [[1]] * 5000`` with n=128 queued 640000 requests (3.3 GB), each step of
+    the scheduler going over all of them: one request may now queue 128 * MAX_N = 16384 samples,
+    and more is a 400 naming the count, the bound and the split that fits."""
+    engine, url = served
+    before = len(engine.received)
+    r = _post(url, path, body, timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == param
+    assert err["message"] == (f"the request asks for {shown}, more than the 16384 lmnb serve takes in one request; "
+                              "split the batch into several requests (of at most 128 prompts each here)")
+    assert len(engine.received) == before
+    # at the bound: taken (a batch of one-sample prompts, 16384 // 1 of them per request)
+    ok = _post(url, "/generate", {"input_ids": [[1]] * 128, "sampling_params": {"n": 128, "max_new_tokens": 1}})
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"text": ["a"] * 10, "sampling_params": {"max_new_tokens": 1}}),
+    ("/v1/completions", {"model": "rec", "prompt": ["a"] * 10, "max_tokens": 1}),
+])
+def test_a_client_gone_while_its_batch_is_submitted_stops_the_submission(path, body):
+    """A client that disconnected while the prompts of its batch were being submitted was heard
+    only once every prompt was queued (``ServerContext.results`` asks): a batch of thousands went
+    on being queued for no one. The app is called as ASGI; its client disconnects once the engine
+    holds 3 prompts, so the fourth is never submitted, the three are aborted, and the answer is a
+    bare 499 (never sent)."""
+    import asyncio
+
+    from lmnb_engine.http_server import create_app
+
+    engine = _HeldEngine()
+    app = create_app(engine, served_model_name="rec")
+    raw = json.dumps(body).encode()
+    incoming = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent = []
+
+    async def receive():
+        if incoming:
+            return incoming.pop(0)
+        if len(engine.handles) >= 3:
+            return {"type": "http.disconnect"}
+        await asyncio.sleep(3600)  # (cancelled at once: is_disconnected asks with a zero timeout)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    try:
+        asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))
+        assert len(engine.handles) == 3
+        assert all(h.aborted.is_set() for h in engine.handles)
+        assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    finally:
+        engine.release.set()

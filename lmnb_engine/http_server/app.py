@@ -63,7 +63,7 @@ from lmnb_engine.http_server.protocol import (
 )
 from lmnb_engine.json_schema import json_value
 from lmnb_engine.outputs import NEW_ENGINE_FIX, rid_in_use
-from lmnb_engine.params import SamplingParams, SamplingParamsError
+from lmnb_engine.params import MAX_N, SamplingParams, SamplingParamsError
 from lmnb_engine.tokenizer import find_lone_surrogate, text_too_long
 
 logger = logging.getLogger("lmnb.serve")
@@ -71,6 +71,12 @@ logger = logging.getLogger("lmnb.serve")
 # Blocking engine calls (submit, encoding, logprob formatting) run on this many threads; a request
 # waits for its results on the event loop (ServerContext.events), holding none.
 MAX_WAITING_THREADS = 512
+# The most samples (prompts times their n) one request may queue: each is a scheduler request of its
+# own (about 5 KB), so 5000 prompts at n=128 queued 640000 of them (3.3 GB) ahead of every other
+# client. 128 prompts at the most samples each (``params.MAX_N``), or 16384 prompts of one sample (a
+# select of thousands of choices fits); SGLang and vLLM set no bound, OpenAI's Batch API takes
+# 50000 requests per batch file, not per request.
+MAX_REQUEST_SAMPLES = 128 * MAX_N
 
 
 class _Route(APIRoute):
@@ -245,11 +251,11 @@ class ServerContext:
                 del self.held_responses[rid]
 
     async def submit_response(self, rid: str, prompts: list, params: list, rids: list,
-                              refused: Callable[[Exception, int], RequestError]) -> "Batch":
+                              refused: Callable[[Exception, int], RequestError], request: Any) -> "Batch":
         """``submit`` of the response ``rid``'s prompts as engine rids ``rids``
         (``holding_response``, which the caller holds), recorded so that /abort_request with
         ``rid`` aborts them all (``batches``) and each of ``rids`` is in use while it runs."""
-        handles = Batch(await self.submit(prompts, params, rids, refused))
+        handles = Batch(await self.submit(prompts, params, rids, refused, request))
         self.batches[rid] = handles
         self.prompts.update(zip(rids, handles))
         await self.abort_early(rids, handles, rid)
@@ -282,13 +288,21 @@ class ServerContext:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def submit(self, prompts: list, params: list, rids: list,
-                     refused: Callable[[Exception, int], RequestError]) -> list:
+                     refused: Callable[[Exception, int], RequestError], request: Any) -> list:
         """Submit every prompt; if prompt ``k`` is rejected, abort those already queued and raise
         ``refused(error, k)``, the engine's refusal in the route's own field names: a 400, or a 503
-        for a busy grammar compiler; a 503 too once the engine has stopped (``RuntimeError``)."""
+        for a busy grammar compiler; a 503 too once the engine has stopped (``RuntimeError``).
+        If the client of ``request`` (a Starlette ``Request``) disconnects meanwhile, asked before
+        each prompt after the first, the rest are not submitted, those queued are aborted and
+        ``ClientDisconnect`` is raised (the route's answer, a 499, is never sent): ``results``
+        heard of it only once every prompt of a long batch had been queued."""
         handles = []
         try:
             for prompt, p, rid in zip(prompts, params, rids):
+                # (a check is one receive with a zero timeout, small beside a submit's hop to the pool)
+                if handles and await request.is_disconnected():
+                    await self.abort_unfinished(handles)
+                    raise ClientDisconnect()
                 handles.append(await self.run(self.engine.submit, prompt, p, rid))
         except (ValueError, TypeError) as e:
             from lmnb_engine.constrained.errors import GrammarCompileStopped
@@ -634,6 +648,7 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     starts = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len")
     tops = _per_item(body.get("top_logprobs_num", 0), n, "top_logprobs_num")
     params = [_prompt_params(body, k, batch, *item) for k, item in enumerate(zip(sps, want_lp, starts, tops))]
+    check_samples(params, "text" if text is not None else "input_ids")
     rid = body.get("rid")
     if rid is None:
         rids = [uuid.uuid4().hex for _ in range(n)]
@@ -652,6 +667,21 @@ def _parse_generate(body: Any) -> tuple[list, list, list, bool, dict]:
     opts = {"stream": _flag(body, "stream"), "text_in_logprobs": _flag(body, "return_text_in_logprobs"),
             "images": _parse_images(body.get("image_data"), n, batch)}
     return prompts, params, rids, batch, opts
+
+
+def check_samples(params: Sequence[SamplingParams], param: str) -> None:
+    """Refuse a request whose prompts' samples (the sum of their ``n``) are more than
+    ``MAX_REQUEST_SAMPLES``, with a 400 naming the count, the bound and how to split it; ``param``
+    names the prompts' field. Checked by each route once the body is read, before any prompt is
+    tokenized or queued."""
+    count = sum(p.n for p in params)
+    if count > MAX_REQUEST_SAMPLES:
+        ns = {p.n for p in params}
+        shown = f"{len(params)} prompts at n={ns.pop()}" if len(ns) == 1 else f"{len(params)} prompts"
+        per = MAX_REQUEST_SAMPLES // max(p.n for p in params)
+        raise RequestError(f"the request asks for {count} samples ({shown}), more than the {MAX_REQUEST_SAMPLES} "
+                           f"lmnb serve takes in one request; split the batch into several requests (of at most "
+                           f"{per} prompts each here)", param=param)
 
 
 def check_rid(rid: str, param: str = "rid") -> None:
@@ -897,11 +927,11 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
                            for x, images in zip(prompts, opts["images"])]
             refused = _refusal(body, params, rids, batch, response)
             if response is None:
-                handles = await ctx.submit(prompts, params, rids, refused)
+                handles = await ctx.submit(prompts, params, rids, refused, request)
                 ctx.generating.update(zip(rids, handles))
                 await ctx.abort_early(rids, handles)
             else:
-                handles = await ctx.submit_response(response, prompts, params, rids, refused)
+                handles = await ctx.submit_response(response, prompts, params, rids, refused, request)
         decode = engine.decode if opts["text_in_logprobs"] else None
         if opts["stream"]:
             return EventStream(ctx, _stream_generate(ctx, handles, params, decode, firsts, prompts, prompt_texts), handles)

@@ -50,6 +50,7 @@ from lmnb_engine.http_server.app import (
     EventStream,
     ServerContext,
     check_rid,
+    check_samples,
     encode_prompt,
     entry_error,
     response_rids,
@@ -368,7 +369,7 @@ def _refused_param(req: _SamplingRequest, field: Optional[str]) -> str:
 
 
 async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, params: list, rid: str,
-                  rids: list) -> list:
+                  rids: list, request: Any) -> list:
     """``ctx.submit_response`` of the response ``rid``'s prompts as engine rids ``rids``
     (``ServerContext.holding_response``, which the caller holds). The engine's refusal (a prompt
     too long for ``max_tokens``...) is worded in the request's field names (``_api_names``) and
@@ -384,7 +385,7 @@ async def _submit(ctx: ServerContext, req: _SamplingRequest, prompts: list, para
         error = RequestError(message, param=_refused_param(req, field), reason=getattr(e, "reason", None))
         return entry_error(error, k, per_prompt)
 
-    return await ctx.submit_response(rid, prompts, params, rids, refused)
+    return await ctx.submit_response(rid, prompts, params, rids, refused, request)
 
 
 def _per_prompt(req: _SamplingRequest) -> tuple:
@@ -744,6 +745,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
         top = req.logprobs or 0
         params = _sampling(req, 16 if req.max_tokens is None else req.max_tokens, req.logprobs is not None, top,
                            0 if req.echo and req.logprobs is not None else -1)
+        check_samples([params] * len(prompts), "prompt")
         rid, created = _response_id(req, "cmpl-"), int(time.time())
         rids = response_rids(rid, len(prompts))
         with ctx.holding_response(rid, rids):
@@ -754,7 +756,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
                     ids.append(await ctx.run(encode_prompt, engine, x, "prompt") if isinstance(x, str) else list(x))
                 except RequestError as e:  # (a prompt too long to encode, of a list: prompt[k])
                     raise entry_error(e, k, _per_prompt(req)) from None
-            handles = await _submit(ctx, req, ids, [params] * len(ids), rid, rids)  # checks the ids
+            handles = await _submit(ctx, req, ids, [params] * len(ids), rid, rids, request)  # checks the ids
         # as the completion text: without special tokens (a BOS among prompt ids is listed, not echoed);
         # off the event loop, as the prompts' encoding (a batch of long prompts of ids)
         texts = await ctx.run(lambda: [x if isinstance(x, str) else engine.decode(x, skip_special_tokens=True)
@@ -822,7 +824,7 @@ def add_openai_routes(app: Any, ctx: ServerContext, json_body) -> None:
             if req.top_logprobs and not req.logprobs:
                 raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
             params = _sampling(req, max_tokens, req.logprobs, req.top_logprobs or 0)
-            handles = await _submit(ctx, req, [prompt], [params], rid, rids)
+            handles = await _submit(ctx, req, [prompt], [params], rid, rids, request)
         if req.stream:
             return EventStream(ctx, _stream(ctx, handles, rid, created, "chat.completion.chunk", req), handles)
         [res] = await ctx.results(handles, request)
