@@ -25,7 +25,7 @@ POLICIES = ("lpm", "fcfs", "dfs-weight")
 # Matching costs O(prompt length) per waiting request; beyond this queue length, fall back to FCFS
 # (SGLang uses the same cut-off).
 LPM_MAX_QUEUE = 128
-_ARRIVAL = attrgetter("arrival")
+ARRIVAL = attrgetter("arrival")  # the key the scheduler keeps its waiting queue sorted by
 
 
 class SchedulePolicy:
@@ -45,15 +45,18 @@ class SchedulePolicy:
         self.cache = cache
 
     def order(self, waiting: list[Req]) -> list[Req]:
-        """Return ``waiting`` in admission order (a new list)."""
-        fcfs = sorted(waiting, key=_ARRIVAL)  # (C-level: the queue may hold thousands, once per step)
+        """Return ``waiting`` in admission order. ``waiting`` must be in arrival order (``ARRIVAL``),
+        as the scheduler keeps its queue: new requests are appended, and a retracted one goes back
+        to its place (``Scheduler._retract``). So the FCFS order is ``waiting`` itself, not a copy
+        (the caller reads it before it changes the queue), where sorting it again, once per step,
+        went over a queue of hundreds of thousands each time; the other orders are new lists."""
         if self.policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
-            return fcfs
-        matches = [self.cache.match_prefix(r.cache_key(r.max_prefix_len())) for r in fcfs]
+            return waiting
+        matches = [self.cache.match_prefix(r.cache_key(r.max_prefix_len())) for r in waiting]
         if self.policy == "lpm":
-            lengths = {id(r): m.length for r, m in zip(fcfs, matches)}
-            return sorted(fcfs, key=lambda r: -lengths[id(r)])  # stable: ties stay in arrival order
-        return self._dfs_weight(fcfs, [m.node for m in matches])
+            lengths = {id(r): m.length for r, m in zip(waiting, matches)}
+            return sorted(waiting, key=lambda r: -lengths[id(r)])  # stable: ties stay in arrival order
+        return self._dfs_weight(waiting, [m.node for m in matches])
 
     def _dfs_weight(self, reqs: list[Req], nodes: list[Any]) -> list[Req]:
         at_node: dict[Any, list[Req]] = defaultdict(list)

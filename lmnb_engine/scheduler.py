@@ -28,6 +28,7 @@ alone, and the non-finite KV it leaves in the radix tree is dropped rather than 
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import queue
@@ -65,7 +66,7 @@ from lmnb_engine.sampler import (
     sample_async,
     token_logprobs,
 )
-from lmnb_engine.schedule_policy import SchedulePolicy
+from lmnb_engine.schedule_policy import ARRIVAL, SchedulePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -492,7 +493,9 @@ class Scheduler:
         self._release(req)
         self.running.remove(req)
         req.status = ReqStatus.WAITING
-        self.waiting.append(req)
+        # back to its place by arrival: the policy reads the queue as kept in arrival order
+        # (``SchedulePolicy.order``); a binary search and one move of the list's tail
+        bisect.insort(self.waiting, req, key=ARRIVAL)
         self.retracted_requests += 1
         self.new_token_ratio = min(1.0, self.new_token_ratio + self.config.retract_ratio_step)
         logger.info("retracted request %s (%d output tokens) to free KV memory", req.rid, len(req.output_ids))

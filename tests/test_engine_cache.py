@@ -258,6 +258,29 @@ def test_retraction_requeues_requests_and_keeps_outputs(tiny_llama, hf):
         assert_idle_accounting(eng)
 
 
+@pytest.mark.parametrize("policy", ["lpm", "fcfs"])
+def test_a_retracted_request_goes_back_to_its_place_by_arrival_and_the_order_is_the_sorted_ones(tiny_llama, policy):
+    # The policy sorted the whole waiting queue by arrival once per step; it now reads the queue as
+    # the scheduler keeps it, in arrival order, where a retracted request was appended at the end.
+    # Each step's admission order must be what the sort gave: that of the queue sorted by arrival.
+    with engine(tiny_llama, max_total_tokens=200, schedule_policy=policy) as eng:
+        order = eng.scheduler.policy.order
+        queues, same = [], []
+
+        def checked(waiting):
+            got = order(waiting)
+            queues.append([r.arrival for r in waiting])
+            same.append([id(r) for r in got] == [id(r) for r in order(sorted(waiting, key=lambda r: r.arrival))])
+            return got
+
+        eng.scheduler.policy.order = checked
+        ps = shared_prefix_prompts(eng.tokenizer, 8, seed=11, prefix_words=8)
+        eng.generate(ps, SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True))
+        assert eng.cache_stats()["retracted_requests"] > 0
+        assert any(len(q) > 1 for q in queues) and all(same)
+        assert [q for q in queues if q != sorted(q)] == []
+
+
 def test_the_decode_reserve_starts_over_when_the_engine_is_idle(tiny_llama, hf):
     # SGLang resets new_token_ratio to its initial value whenever the scheduler idles: a burst is
     # admitted (and retracted) the same way on a used engine as on a fresh one.

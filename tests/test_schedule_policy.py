@@ -59,7 +59,8 @@ def test_dfs_weight_visits_heavier_subtrees_first_children_before_the_node():
 
 
 def test_fcfs_and_cache_disabled_keep_arrival_order():
-    waiting = list(reversed(reqs(*PROMPTS)))
+    # (the queue in arrival order, as the scheduler keeps it: lpm would take r2 first)
+    waiting = reqs(*PROMPTS)
     assert names(SchedulePolicy("fcfs", tree()).order(waiting)) == ["r0", "r1", "r2", "r3", "r4"]
     pool = TokenToKVPool(8, 1, 1, 1, torch.float32, "cpu")
     no_cache = NoPrefixCache(ReqToTokenPool(1, 8, "cpu"), pool)
@@ -69,3 +70,33 @@ def test_fcfs_and_cache_disabled_keep_arrival_order():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="choose one of lpm, fcfs, dfs-weight"):
         SchedulePolicy("random", tree())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lpm_and_fcfs_on_random_queues_are_the_sorts_by_cached_length_then_arrival(seed):
+    # the reference: sort by (longest cached prefix first, then arrival), and by arrival for fcfs,
+    # over a queue in arrival order (as the scheduler keeps it); the matches worked out from the tree's keys
+    import random
+
+    rng = random.Random(seed)
+    cached = ([1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [7, 8])  # tree()'s keys
+    prompts = [[rng.choice([1, 7, 9])] + [rng.randint(1, 9) for _ in range(rng.randint(1, 7))] for _ in range(60)]
+    queue = reqs(*prompts)
+    arrivals = sorted(rng.sample(range(1000), len(queue)))
+    for r, a in zip(queue, arrivals):
+        r.arrival = a
+
+    def cached_len(p):
+        # SchedulePolicy matches max_prefix_len() tokens: the prompt less its last token
+        key = p[:-1]
+        best = 0
+        for k in cached:
+            n = 0
+            while n < min(len(key), len(k)) and key[n] == k[n]:
+                n += 1
+            best = max(best, n)
+        return best
+
+    want = sorted(queue, key=lambda r: (-cached_len(list(r.origin_input_ids)), r.arrival))
+    assert names(SchedulePolicy("lpm", tree()).order(queue)) == names(want)
+    assert names(SchedulePolicy("fcfs", tree()).order(queue)) == names(queue)
