@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 from lmnb.batch.options import TYPED_DEFAULTS, parameter_options
 from lmnb.export.cells import Backend, Cell, Code, Dropped, ExportError, LMCell, _mutated, bound_by, deleted_by
 from lmnb.export.parameters import read_parameters
+from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements, _tests_unset
 from lmnb.template.template import python_name
 
 _BUILTINS = frozenset(dir(builtins))
@@ -371,17 +372,6 @@ def _drop_definition_calls(setup: list, row: list) -> None:
         c.mutates = tuple(n for n in c.mutates if n not in definitions or n in stored)
 
 
-def _statements(cells: list):
-    """(cell, statement) for each top-level statement of the Python cells of ``cells``, in order:
-    what a set-up cell binds at module level, read statement by statement."""
-    import ast
-
-    for c in cells:
-        if isinstance(c, Code):
-            for stmt in ast.parse(c.source).body:
-                yield c, stmt
-
-
 def _setup_classes(setup: list) -> dict:
     """Name → the index of the setup cell that last defines a class of that name at top level, for
     the names that the setup cells bind last by a ``class`` statement, and "Outer.Inner" for the
@@ -626,16 +616,6 @@ def _container_items(value) -> tuple[str, list]:
     if isinstance(value, ast.DictComp):
         return "dict", [value.value]
     return "", []
-
-
-def _row_trees(row: list) -> list:
-    """("cell N", its syntax tree) for each row cell with Python in it: a Python cell's source, or
-    the Python a ``%%lm`` cell's parsed program holds."""
-    import ast
-
-    return [(f"cell {c.index}", tree) for c in row
-            if (tree := ast.parse(c.source) if isinstance(c, Code)
-                else getattr(getattr(c, "python", None), "tree", None)) is not None]
 
 
 def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set) -> list:
@@ -1044,19 +1024,6 @@ def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
                                          ast.AsyncFor, ast.withitem, ast.Await))
 
 
-def _function_locals(function) -> set:
-    """The names that are ``function``'s own variables: its parameters and what its body binds
-    (not in the functions inside it), but those it declares ``global`` or ``nonlocal``."""
-    import ast
-
-    arguments = function.args
-    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
-                             *filter(None, [arguments.vararg, arguments.kwarg])]}
-    names |= {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    outer = {name for n, _ in _own_nodes(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
-    return names - outer
-
-
 def _cells_of(called: list, at: int, wanted) -> dict:
     """Name → the set-up cells (indexes, in order) whose ``called`` functions (``_called``) list it
     at item ``at`` of their entry (2: read, 3: set by ``global``, 4: changed in place), for the
@@ -1145,20 +1112,6 @@ def _made_on_first_use(setup: list) -> set:
     return out | {name for name, always in guarded.items() if always}
 
 
-def _own_nodes(node, tests: tuple = ()):
-    """(node, the ``if`` tests whose body holds it) for each node inside ``node`` (a function) but
-    those of the functions, classes and lambdas in it, which have their own variables."""
-    import ast
-
-    for field_name, value in ast.iter_fields(node):
-        for child in value if isinstance(value, list) else [value]:
-            if isinstance(child, ast.AST) and not isinstance(
-                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                inner = (*tests, node.test) if isinstance(node, ast.If) and field_name == "body" else tests
-                yield child, inner
-                yield from _own_nodes(child, inner)
-
-
 def _binds(node, name: str) -> bool:
     """Whether ``node`` binds (or deletes) ``name``: an assignment's target, an import."""
     import ast
@@ -1166,17 +1119,6 @@ def _binds(node, name: str) -> bool:
     if isinstance(node, ast.Name):
         return node.id == name and not isinstance(node.ctx, ast.Load)
     return isinstance(node, ast.alias) and (node.asname or node.name).split(".")[0] == name
-
-
-def _tests_unset(test, names: set) -> bool:
-    """Whether ``test`` is ``x is None`` or ``not x`` for a name x of ``names``."""
-    import ast
-
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return isinstance(test.operand, ast.Name) and test.operand.id in names
-    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id in names
-            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is)
-            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None)
 
 
 def _moved_setup_cells(before: list, after: list, examples: set) -> list:
@@ -1346,11 +1288,6 @@ def _jupyter_builtins(cells: Sequence[Cell]) -> tuple:
             if name in _cell_binds(c):
                 break
     return tuple(out)
-
-
-def _cell_binds(c: Cell) -> tuple:
-    """The names cell ``c`` binds: a Python cell's ``assigns``, a ``%%lm`` cell's ``sets``; none for the others."""
-    return c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ()
 
 
 def _module_names(setup: list, module_names: tuple) -> set:

@@ -1,0 +1,71 @@
+"""The walks over the cells' code that the export's plan and its notes share: a cell's top-level
+statements, the syntax trees of the row cells, the names a cell binds, a function's own nodes (with
+the ``if`` tests above each) and its own variables, and whether a test asks if a name is unset."""
+
+from __future__ import annotations
+
+from lmnb.export.cells import Cell, Code, LMCell
+
+
+def _statements(cells: list):
+    """(cell, statement) for each top-level statement of the Python cells of ``cells``, in order:
+    what a set-up cell binds at module level, read statement by statement."""
+    import ast
+
+    for c in cells:
+        if isinstance(c, Code):
+            for stmt in ast.parse(c.source).body:
+                yield c, stmt
+
+
+def _row_trees(row: list) -> list:
+    """("cell N", its syntax tree) for each row cell with Python in it: a Python cell's source, or
+    the Python a ``%%lm`` cell's parsed program holds."""
+    import ast
+
+    return [(f"cell {c.index}", tree) for c in row
+            if (tree := ast.parse(c.source) if isinstance(c, Code)
+                else getattr(getattr(c, "python", None), "tree", None)) is not None]
+
+
+def _function_locals(function) -> set:
+    """The names that are ``function``'s own variables: its parameters and what its body binds
+    (not in the functions inside it), but those it declares ``global`` or ``nonlocal``."""
+    import ast
+
+    arguments = function.args
+    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                             *filter(None, [arguments.vararg, arguments.kwarg])]}
+    names |= {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    outer = {name for n, _ in _own_nodes(function) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+    return names - outer
+
+
+def _own_nodes(node, tests: tuple = ()):
+    """(node, the ``if`` tests whose body holds it) for each node inside ``node`` (a function) but
+    those of the functions, classes and lambdas in it, which have their own variables."""
+    import ast
+
+    for field_name, value in ast.iter_fields(node):
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, ast.AST) and not isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                inner = (*tests, node.test) if isinstance(node, ast.If) and field_name == "body" else tests
+                yield child, inner
+                yield from _own_nodes(child, inner)
+
+
+def _tests_unset(test, names: set) -> bool:
+    """Whether ``test`` is ``x is None`` or ``not x`` for a name x of ``names``."""
+    import ast
+
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return isinstance(test.operand, ast.Name) and test.operand.id in names
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id in names
+            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None)
+
+
+def _cell_binds(c: Cell) -> tuple:
+    """The names cell ``c`` binds: a Python cell's ``assigns``, a ``%%lm`` cell's ``sets``; none for the others."""
+    return c.assigns if isinstance(c, Code) else c.sets if isinstance(c, LMCell) else ()
