@@ -1,0 +1,160 @@
+"""Which methods of a set-up class change nothing of the instance they are called on, as far as can be
+told safely from their code (they only read its attributes, or plain containers held in them): a
+row's call of one (``tok.encode(x)``) carries no state over from row to row."""
+
+from __future__ import annotations
+
+from lmnb.export.cells import bound_by
+from lmnb.export.syntax import _statements
+
+
+# What a read-only method may call with its instance's attribute (``_reads_only``): builtins that
+# neither keep nor change their argument (those that run through it only on a plain container's:
+# they would consume an iterator), and the methods by which str, dict, list and tuple are read (only
+# on a plain container's: a Queue's get, or a set-up class's, may change it)
+_PURE_BUILTINS = frozenset({"len", "str", "repr", "int", "float", "bool", "sorted", "list", "tuple", "set", "dict",
+                            "min", "max", "sum", "any", "all", "isinstance", "abs", "round", "hash", "format"})
+_ITERATING_BUILTINS = frozenset({"sorted", "list", "tuple", "set", "dict", "min", "max", "sum", "any", "all"})
+_READ_METHODS = frozenset({"get", "keys", "values", "items", "index", "count", "copy", "format", "join", "split",
+                           "strip", "lower", "upper", "startswith", "endswith", "encode", "decode", "replace"})
+# (the values that make a plain container: a display, a comprehension, a string, or a call of these)
+_CONTAINERS = frozenset({"dict", "list", "tuple", "set", "frozenset", "str", "sorted"})
+
+
+def _read_only_methods(setup: list) -> dict:
+    """Class name → the methods of each set-up class (its last top-level definition) that change
+    nothing of the instance they are called on (``_reads_only``), for the classes with no base
+    but ``object`` (an inherited method, ``__getattr__`` or ``__setattr__`` is not known here)."""
+    import ast
+
+    out: dict = {}
+    for _, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            out.pop(name, None)
+        if not isinstance(stmt, ast.ClassDef) or stmt.keywords or stmt.decorator_list \
+                or any(ast.unparse(b) != "object" for b in stmt.bases):
+            continue
+        methods = {s.name: s for s in stmt.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if {"__getattr__", "__getattribute__", "__setattr__"} & set(methods):
+            continue
+        plain = _plain_attributes(methods)
+        out[stmt.name] = {m for m in methods if _reads_only(methods[m], methods, set(), plain)}
+    return out
+
+
+def _plain_attributes(methods: dict) -> set:
+    """The attributes that the class's ``methods`` only ever set on their instance to a plain
+    container (``self.vocab = {}``, ``self.words = list(ws)``: ``_CONTAINERS``): a dict, list,
+    tuple, set or str, whose read methods and iteration change nothing."""
+    import ast
+
+    plain, other = set(), set()
+    for method in methods.values():
+        me = method.args.args[0].arg if method.args.args else None
+        for node in ast.walk(method):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me:
+                    value = getattr(node, "value", None)
+                    made = isinstance(value, (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.JoinedStr, ast.ListComp,
+                                              ast.DictComp, ast.SetComp)) \
+                        or (isinstance(value, ast.Constant) and isinstance(value.value, str)) \
+                        or (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                            and value.func.id in _CONTAINERS)
+                    (plain if made and not isinstance(node, ast.AugAssign) else other).add(t.attr)
+    return plain - other
+
+
+def _reads_only(method, methods: dict, seen: set, plain: set = frozenset()) -> bool:
+    """Whether ``method`` (a plain ``def`` of a class whose ``methods`` are given) changes nothing of
+    its instance, as far as can be told safely: its first parameter is used only to read attributes
+    (``self.vocab[k]``, ``self.vocab.get(k)``, ``len(self.items)``, ``_read``), or to call methods of
+    the class that read only (``seen``: those being checked, taken to read only), or to reach its
+    class (``type(self)``, ``self.__class__``: what is set there is a class attribute's change,
+    ``_class_attributes``'). ``plain``: the attributes that hold plain containers
+    (``_plain_attributes``)."""
+    import ast
+
+    if method.decorator_list or not method.args.args:
+        return False
+    me = method.args.args[0].arg
+    parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(method):
+        if not (isinstance(node, ast.Name) and node.id == me) or node is method.args.args[0]:
+            continue
+        attribute = parents.get(node)
+        if (isinstance(attribute, ast.Call) and ast.unparse(attribute.func) == "type" and attribute.args == [node]
+                and not attribute.keywords) or (isinstance(attribute, ast.Attribute) and attribute.attr == "__class__"):
+            continue  # (type(self).n += 1 changes the class, whose attributes the job sets back, not the instance)
+        if not (isinstance(attribute, ast.Attribute) and isinstance(attribute.ctx, ast.Load)):
+            return False  # (self itself handed on, or an attribute set or deleted)
+        user = parents.get(attribute)
+        if isinstance(user, ast.Call) and user.func is attribute:  # (self.m(...): a method of the class)
+            called = methods.get(attribute.attr)
+            if called is None or (called.name not in seen
+                                  and not _reads_only(called, methods, seen | {method.name}, plain)):
+                return False
+        elif not _read(attribute, parents, attribute.attr in plain):
+            return False
+    return True
+
+
+def _items_changed(loop, parents: dict) -> bool:
+    """Whether a ``for`` loop or comprehension ``loop`` changes in place the items it takes, where
+    its target names them: a method call on one other than ``_READ_METHODS``
+    (``for row in self.rows: row.append(x)``), or an attribute or item set or deleted on one
+    (``item.n = 1``, ``row[0] = x``), also through an attribute of it (``h.seen.append(x)``). An
+    item handed on (``out.append(w)``) is taken to be read: the items of a plain container are
+    strings and numbers more often than not."""
+    import ast
+
+    names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    scope = [*loop.body, *loop.orelse] if isinstance(loop, (ast.For, ast.AsyncFor)) else [parents[loop]]
+
+    def changed(node) -> bool:
+        user = parents.get(node)
+        if isinstance(user, ast.Attribute):
+            call = parents.get(user)
+            if not isinstance(user.ctx, ast.Load) or (isinstance(call, ast.Call) and call.func is user):
+                return not isinstance(user.ctx, ast.Load) or user.attr not in _READ_METHODS
+            return changed(user)
+        if isinstance(user, ast.Subscript) and user.value is node:
+            return not isinstance(user.ctx, ast.Load) or changed(user)
+        return False
+
+    return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load) and changed(n)
+               for part in scope for n in ast.walk(part))
+
+
+def _read(value, parents: dict, plain: bool, item: bool = False) -> bool:
+    """Whether ``value`` (an instance's attribute, or with ``item`` an item of it: ``self.rows[0]``,
+    ``self.vocab.get(k)``) is only read where it is used (``_reads_only``): an item is looked at the
+    same way (``self.rows[0].append(x)`` changes the attribute's list), but may be handed on, as
+    ``return self.vocab[k]`` does; ``plain``: the attribute holds a plain container."""
+    import ast
+
+    user = parents.get(value)
+    if isinstance(user, ast.Subscript):
+        return user.value is not value or (isinstance(user.ctx, ast.Load) and _read(user, parents, plain, True))
+    if isinstance(user, ast.Attribute):  # (self.vocab.get(k): a read method, and nothing else)
+        call = parents.get(user)
+        return (plain and isinstance(call, ast.Call) and call.func is user and user.attr in _READ_METHODS
+                and (user.attr != "get" or _read(call, parents, plain, True)))
+    # (running through a plain container reads it; through an item of one, `for x in self.its[0]`, it may
+    # consume an iterator the container holds)
+    iterable = plain and not item
+    if isinstance(user, ast.Call):  # (an argument: of a builtin that neither keeps nor changes it)
+        return (isinstance(user.func, ast.Name) and user.func.id in _PURE_BUILTINS
+                and (iterable or user.func.id not in _ITERATING_BUILTINS))
+    if isinstance(user, ast.Compare) and value is not user.left:  # (`k in self.vocab` runs through it)
+        return iterable or not any(isinstance(op, (ast.In, ast.NotIn)) for op in user.ops)
+    if isinstance(user, (ast.For, ast.AsyncFor, ast.comprehension)) and value is user.iter:
+        # (`for k in self.vocab`: iterating a plain container reads it, but for what the loop does to its items,
+        # `for row in self.rows: row.append(x)`; an iterator is consumed)
+        return iterable and not _items_changed(user, parents)
+    # (handed on, kept or iterated: a list returned is changed where it goes)
+    return item or not isinstance(user, (ast.Return, ast.keyword, ast.Assign, ast.AugAssign, ast.AnnAssign,
+                                         ast.Starred, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.NamedExpr,
+                                         ast.Yield, ast.YieldFrom, ast.Lambda, ast.comprehension, ast.For,
+                                         ast.AsyncFor, ast.withitem, ast.Await))
