@@ -1,0 +1,260 @@
+"""The export's notes on objects that the set-up cells make once and the rows use, which carry over
+from row to row where each pass of the notebook starts from a new one: instances of set-up classes,
+iterators and generators, random number generators (and lists or dicts of them) that the rows
+change by their calls, and the ``nonlocal`` state of a set-up decorator's closure."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from lmnb.export.cells import bound_by
+from lmnb.export.read_only import _ITERATING_BUILTINS, _read_only_methods
+from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements, _tests_unset
+
+
+# The calls whose value keeps its own place to go on from (a set-up iterator the rows consume)
+_ITERATOR_CALLS = frozenset({"iter", "itertools.count", "itertools.cycle", "map", "filter", "zip", "enumerate",
+                             "reversed"})
+# Seeded random number generators as a set-up cell makes them (the standard library's, numpy's under
+# its usual names): each draw moves the generator on, so the rows draw what the notebook's first row
+# would not
+_GENERATOR_CALLS = frozenset({"random.Random", "Random", "np.random.default_rng", "numpy.random.default_rng",
+                              "default_rng", "np.random.RandomState", "numpy.random.RandomState", "RandomState"})
+
+
+def _made_objects(setup: list, classes: dict) -> tuple[dict, dict, dict]:
+    """(name → (set-up cell index, "an instance of C", "an iterator (f())" or "a random number
+    generator (f())", C or None, whether it is a generator: a set-up generator function's call)
+    for the set-up globals last bound at top level to a call of a set-up class, of
+    ``_ITERATOR_CALLS`` or a set-up generator function, or of ``_GENERATOR_CALLS``; the same for
+    those bound to a list, tuple or dict (a display or a comprehension) whose every item or value
+    is such a call (``items = [gen()]``: "a list of iterators (gen())", C where all are instances
+    of C, generators where all are); (cell index, name) → the top-level ``def`` of each set-up
+    function)."""
+    import ast
+
+    made: dict = {}
+    held: dict = {}
+    defs: dict = {}
+    generators: set = set()
+
+    def making(call) -> Optional[tuple]:
+        if isinstance(call, ast.GeneratorExp):  # ((x for x in xs): a generator too, as a generator function's)
+            return "an iterator (a generator expression)", None, True
+        func = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if func in classes:
+            return f"an instance of {func}", func, False
+        if func in _ITERATOR_CALLS or func in generators:
+            return f"an iterator ({func}())", None, func in generators
+        if func in _GENERATOR_CALLS:
+            return f"a random number generator ({func}())", None, False
+        return None
+
+    for c, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            made.pop(name, None)
+            held.pop(name, None)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs[(c.index, stmt.name)] = stmt
+            generators.discard(stmt.name)
+            if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n, _ in _own_nodes(stmt)):
+                generators.add(stmt.name)
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            continue
+        name, value = stmt.targets[0].id, stmt.value
+        if (what := making(value)) is not None:
+            made[name] = (c.index, *what)
+            continue
+        kind, items = _container_items(value)
+        found = [making(item) for item in items]
+        if found and all(found):  # (every item such a call: a list that also holds a str has read methods)
+            what = found[0][0].replace("an instance of", "instances of").replace("an iterator", "iterators").replace(
+                "a random number generator", "random number generators").replace("a generator expression",
+                                                                                    "generator expressions")
+            one_class = found[0][1] if all(f == found[0] for f in found) else None
+            held[name] = (c.index, f"a {kind} of {what}", one_class, all(f[2] for f in found))
+    return made, held, defs
+
+
+def _loop_items(node) -> list:
+    """(what it iterates, its target, the nodes where the target's names are the items) for a
+    ``for`` loop ``node`` (its body), or for each ``for`` of a comprehension ``node`` (the whole
+    comprehension); [] for another node."""
+    import ast
+
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return [(node.iter, node.target, [*node.body, *node.orelse])]
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        return [(g.iter, g.target, [node]) for g in node.generators]
+    return []
+
+
+def _held_items(iterated, target, held: dict) -> tuple:
+    """(the ``held`` name, the names that ``target`` binds to its items) where a loop over
+    ``iterated`` takes the items of a list or tuple ``held`` names (``for h in handlers``), or the
+    values of a dict (``handlers.values()``, the second of ``k, h`` in ``handlers.items()``: its keys
+    are no such objects); (None, set()) otherwise."""
+    import ast
+
+    def names(node) -> set:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    if isinstance(iterated, ast.Name) and iterated.id in held and not held[iterated.id][1].startswith("a dict"):
+        return iterated.id, names(target)
+    if isinstance(iterated, ast.Call) and not iterated.args and isinstance(iterated.func, ast.Attribute) \
+            and isinstance(iterated.func.value, ast.Name) and iterated.func.value.id in held:
+        name, method = iterated.func.value.id, iterated.func.attr
+        if method == "values" and held[name][1].startswith("a dict"):
+            return name, names(target)
+        if method == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            return name, names(target.elts[1])
+    return None, set()
+
+
+# The built-in containers (and their subclasses in collections) that ``Job.row_copy`` copies for a row
+_ROW_COPIED = frozenset({"dict", "list", "set", "bytearray", "OrderedDict", "defaultdict", "Counter"})
+
+
+def _container_classes(setup: list) -> set:
+    """The names of the set-up classes (their last top-level definitions) with a base of
+    ``_ROW_COPIED`` (``class Registry(dict)``), whose instances ``Job.row_copy`` copies per row."""
+    import ast
+
+    out: set = set()
+    for _, stmt in _statements(setup):
+        for name in bound_by(stmt):
+            out.discard(name)
+        if isinstance(stmt, ast.ClassDef) and any(ast.unparse(b).rsplit(".", 1)[-1] in _ROW_COPIED
+                                                  for b in stmt.bases):
+            out.add(stmt.name)
+    return out
+
+
+def _container_items(value) -> tuple[str, list]:
+    """("list", "tuple" or "dict"; the expressions of its items, or a dict's values) for a display or
+    a comprehension (one item: its element); ("", []) for another value."""
+    import ast
+
+    if isinstance(value, (ast.List, ast.Tuple)):
+        return type(value).__name__.lower(), list(value.elts)
+    if isinstance(value, ast.Dict):
+        return "dict", [v for k, v in zip(value.keys, value.values) if k is not None]  # (not a **spread's)
+    if isinstance(value, ast.ListComp):
+        return "list", [value.elt]
+    if isinstance(value, ast.DictComp):
+        return "dict", [value.value]
+    return "", []
+
+
+def _carried_over(setup: list, row: list, called: list, objects: tuple, copied: tuple, lazy: set) -> list:
+    """The notes for set-up state that the rows carry on from row to row, which the job does not
+    set back (each pass of the notebook starts from a new one): a ``_made_objects`` global (``objects``:
+    what it gives) that a
+    row cell (but for the row's copy, ``copied``, where ``Job.row_copy`` copies it: a built-in
+    container's, not an instance's or an iterator's, and not the generators a list or dict holds)
+    or a set-up function the rows call (``_called``) uses by ``next(it)``, a method call
+    (``c.bump()``) or, an iterator, by running through it (``for x in it``, ``list(it)``), or an
+    item of one that holds them, by ``next(items[0])``, ``next(items.get('a'))``, ``for x in
+    items[0]`` or ``handlers['a'].bump()``, or of a loop over one (``for h in handlers: h.bump()``;
+    a dict's ``values()`` or ``items()``) (but under ``if x is None:`` of a value made on first use,
+    ``lazy``: ``_made_on_first_use``), and the ``nonlocal`` state of a set-up decorator's closure
+    around a function the rows call. Static cases only."""
+    import ast
+
+    made, held, defs = objects
+    read_only = _read_only_methods(setup)
+    bound = set().union(*map(_cell_binds, row))
+    # (the row's copy is Job.row_copy's, which copies built-in containers only: a row cell's c.bump() changes
+    # the set-up's instance itself, but for an instance of a class that subclasses one)
+    containers = _container_classes(setup)
+    # (nor a list or dict of generators that a row copies: deepcopy cannot copy a generator, which the copy,
+    # Job.row_copy's fallback, shares)
+    copied = tuple(n for n in copied if (n not in made or made[n][2] in containers) and not (n in held and held[n][3]))
+    places = [(where, tree, copied) for where, tree in _row_trees(row)]
+    # (and the functions those cells define, which the rows call: `def take(): return next(it)`)
+    places += [(f"{where}, in its {name}()", function, (*skipped, *_function_locals(function)))
+               for where, tree, skipped in list(places) for function in ast.walk(tree)
+               if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+               for name in [getattr(function, "name", "lambda")]]
+    places += [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]], ()) for f in called if (f[0], f[1]) in defs]
+    decorators = {name: d for (_, name), d in defs.items()
+                  if any(isinstance(n, ast.Nonlocal) for n in ast.walk(d))}
+    # (a method of a set-up class the rows use is wrapped once too, where the class is defined)
+    methods = {(c.index, s.name): [m for m in s.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+               for c, s in _statements(setup) if isinstance(s, ast.ClassDef)}
+    # (a method so wrapped has a note of its own, below: its calls change the closure, not the instance)
+    wrapped_methods = {(f[1], m.name) for f in called for m in methods.get((f[0], f[1]), [])
+               if any(ast.unparse(x.func if isinstance(x, ast.Call) else x) in decorators for x in m.decorator_list)}
+    uses: dict = {}
+    for where, tree, skipped in places:
+        for node, tests in _own_nodes(tree):
+            if any(_tests_unset(t, lazy) for t in tests):
+                continue  # (a value made on first use, `if model is None: model = next(loads)`, is made once)
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):  # (`for x in it` consumes it)
+                target, iterating, shown = node.iter, True, f"for {ast.unparse(node.target)} in {ast.unparse(node.iter)}"
+            elif isinstance(func, ast.Name) and func.id in {"next", *_ITERATING_BUILTINS} and node.args:
+                target, iterating, shown = node.args[0], func.id != "next", ast.unparse(node)
+            elif isinstance(func, ast.Attribute):
+                target, iterating, shown = func.value, False, ast.unparse(node)
+            else:
+                continue
+            # (an item of a list or dict that holds them: next(items[0]), handlers['a'].bump(), or of a dict by
+            # get: next(items.get('a')))
+            got = isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute) and target.func.attr == "get"
+            known, name = (held, target.value) if isinstance(target, ast.Subscript) else \
+                (held, target.func.value) if got else (made, target)
+            if not (isinstance(name, ast.Name) and name.id in known) or (
+                    got and not held[name.id][1].startswith("a dict")):
+                continue
+            name = name.id
+            if iterating and known[name][2] is not None:
+                continue  # (an instance of a set-up class iterated: what its __iter__ does is not followed)
+            if isinstance(func, ast.Attribute) and (func.attr in read_only.get(known[name][2], ())
+                                                    or (known[name][2], func.attr) in wrapped_methods):
+                continue  # (tok.encode(x) of a method that changes nothing of tok)
+            if name not in bound and name not in skipped:
+                uses.setdefault(name, (known[name], f"`{shown}` in {where}"))
+        # (the items of one that holds them, taken by a loop: `for h in handlers: h.bump()`, `next(it)`)
+        for node, tests in _own_nodes(tree):
+            for iterated, target, scope in _loop_items(node):
+                name, names = _held_items(iterated, target, held)
+                if name is None or name in bound or name in skipped or any(_tests_unset(t, lazy) for t in tests):
+                    continue
+                for call in (n for part in scope for n in ast.walk(part) if isinstance(n, ast.Call)):
+                    func = call.func
+                    if isinstance(func, ast.Name) and func.id == "next" and call.args:
+                        item = call.args[0]
+                    elif isinstance(func, ast.Attribute) and func.attr not in read_only.get(held[name][2], ()) \
+                            and (held[name][2], func.attr) not in wrapped_methods:
+                        item = func.value
+                    else:
+                        continue
+                    if isinstance(item, ast.Name) and item.id in names:
+                        uses.setdefault(name, (held[name], f"`{ast.unparse(call)}` in {where}, an item of "
+                                                           f"`{ast.unparse(iterated)}`"))
+    notes = [f"cell {entry[0]}: {name}, {entry[1]} that this cell makes once, is used by the rows ({use}): "
+             "what its calls change carries over from row to row (what one row changes, the next row sees), where "
+             f"each pass of the notebook starts from a new one; make it in a cell that runs per row ({name} = ... "
+             "after the first %%lm cell), and rows running at once (--num-threads above 1) share it"
+             for name, (entry, use) in uses.items()]
+    for f in called:
+        d = defs.get((f[0], f[1]))
+        for name, function in ([(f[1], d)] if d is not None else
+                               [(f"{f[1]}.{m.name}", m) for m in methods.get((f[0], f[1]), [])]):
+            # (a decorator factory's call too, @counted(): the closure of counted keeps the state)
+            wrapped = [ast.unparse(x) for x in function.decorator_list
+                       if ast.unparse(x.func if isinstance(x, ast.Call) else x) in decorators]
+            if wrapped:
+                notes.append(_wrapped_note(f[0], name, wrapped[0]))
+    return notes
+
+
+def _wrapped_note(cell: int, name: str, decorator: str) -> str:
+    """The note for a set-up function (or method) ``name`` of ``cell`` that the rows call, wrapped by
+    ``decorator``, whose closure keeps state by ``nonlocal`` (``_carried_over``)."""
+    return (f"cell {cell}: {name}, which the rows call, is wrapped by {decorator}, whose closure keeps "
+            "state by `nonlocal`: it carries over from row to row (what one row changes, the next row "
+            "sees), where each pass of the notebook starts from a new one; define it in a cell that runs "
+            "per row (after the first %%lm cell), and rows running at once (--num-threads above 1) "
+            "share it")
