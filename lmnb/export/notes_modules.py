@@ -1,0 +1,153 @@
+"""The export's notes on state that modules keep, which the job imports once and so carries over from
+row to row where each pass of the notebook starts afresh: a module's global random number
+generator that a set-up cell seeds and the rows draw from, and the globals of a module of the
+user's (a file beside the notebook) that the functions the rows call change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from lmnb.export.cells import Code, LMCell, _mutated
+from lmnb.export.notes_wording import _OWN_STATE
+from lmnb.export.syntax import _cell_binds, _function_locals, _own_nodes, _row_trees, _statements
+
+
+# The module-level seeding calls of the standard library's and numpy's global random number generators
+_SEEDS = {"random.seed": "random", "np.random.seed": "np.random", "numpy.random.seed": "numpy.random"}
+# What those modules make a generator of its own with, which draws nothing from the module's seeded
+# one (``random.Random(1)``, ``np.random.default_rng(1)``: the same in the job as in the notebook)
+_OWN_GENERATORS = frozenset({"Random", "SystemRandom", "default_rng", "RandomState", "Generator", "SeedSequence",
+                             "BitGenerator", "MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64"})
+# ... and what sets the module's generator to a state (as seed does: a row that calls it starts from
+# that state), or reads its state without drawing
+_RESEEDS = frozenset({"seed", "setstate", "set_state"})
+_STATE_READS = frozenset({"getstate", "get_state"})
+
+
+def _seeded_module_notes(setup: list, row: list, called: list, defs: dict) -> list:
+    """The notes for a module's global random number generator that a set-up cell seeds at top level
+    (``random.seed(0)``, ``np.random.seed(0)``: ``_SEEDS``) and the row cells, or the set-up
+    functions they call (``called``), draw from (``random.choice(xs)``), where no row cell seeds it
+    again: the job seeds it once, so each row draws on from the last row's draws, where each pass of
+    the notebook starts from the seed. ``defs``: the set-up functions' definitions (``_made_objects``')."""
+    import ast
+
+    seeded: dict = {}
+    for c, stmt in _statements(setup):
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) in _SEEDS:
+            seeded[_SEEDS[ast.unparse(stmt.value.func)]] = (c.index, ast.unparse(stmt.value))
+    draws: dict = {}
+    for where, tree in _row_trees(row) + [(f"{f[1]}(), a function of cell {f[0]}", defs[f[0], f[1]]) for f in called
+                                if (f[0], f[1]) in defs]:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and ast.unparse(node.func.value) in seeded:
+                module = ast.unparse(node.func.value)
+                if node.func.attr in _RESEEDS and where.startswith("cell"):
+                    draws[module] = None  # (a row cell seeds it again: each row starts from its seed)
+                elif node.func.attr not in _RESEEDS | _OWN_GENERATORS | _STATE_READS and module not in draws:
+                    draws[module] = f"`{ast.unparse(node)}` in {where}"
+    return [f"cell {seeded[m][0]}: {seeded[m][1]} seeds {m}'s generator once, and the rows draw from it ({use}): "
+            "each row draws on from the last row's draws, where each pass of the notebook starts from the seed; "
+            f"seed it in a cell that runs per row (after the first %%lm cell), and rows running at once "
+            "(--num-threads above 1) share it"
+            for m, use in draws.items() if use is not None]
+
+
+def _local_module_state(cells: list, row: list, called: list, folder: Optional[Path], defs: dict) -> list:
+    """The notes for the functions of a module of the user's (NAME.py in the notebook's ``folder``)
+    that a cell star-imports and the row cells call by name, or imports (``import helpers``, ``as h``
+    too) and they call as its attribute (``helpers.remember(x)``), or the set-up functions they call
+    (``called``: ``_called``; ``defs``: their definitions, ``_made_objects``') do so, which change
+    the module's own globals: one they set by ``global``, or a dict, list or set the module makes
+    and they change in place (``seen.append(x)``). The job imports the module once, so that state
+    carries over from row to row, where each pass of the notebook imports it anew. The module's
+    source is read, once an export, not run."""
+    import ast
+
+    if folder is None:
+        return []
+    bound = set().union(*map(_cell_binds, cells))  # (a cell's own function of that name is not the module's)
+    used = {n for c in row if isinstance(c, (Code, LMCell)) for n in (c.uses if isinstance(c, Code) else c.reads)}
+    used |= {n for f in called for n in f[2]}  # (`def use(x): return remember(x)` of a set-up cell, which the rows call)
+    trees = [tree for _, tree in _row_trees(row)] + [defs[f[0], f[1]] for f in called if (f[0], f[1]) in defs]
+    # (alias → the module's functions that the rows call as its attributes: helpers.remember(x))
+    attributes: dict = {}
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        func = node.func if isinstance(node, ast.Call) else None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            attributes.setdefault(func.value.id, set()).add(func.attr)
+    notes, read = [], {}  # (read: path → _stateful_functions of its source, None where unread: each file read once)
+    for c in cells:
+        if not isinstance(c, Code):
+            continue
+        imported = [(module, None) for module in c.star_imports] + [
+            (a.name, a.asname or a.name) for stmt in ast.parse(c.source).body if isinstance(stmt, ast.Import)
+            for a in stmt.names if "." not in a.name]  # (a package's module: not followed)
+        for module, alias in imported:
+            path = Path(folder, *module.split(".")).with_suffix(".py")
+            if path not in read:
+                try:
+                    read[path] = _stateful_functions(ast.parse(path.read_text(encoding="utf-8")))
+                except (OSError, ValueError, SyntaxError):  # (no such file: a module installed, whose state is its own)
+                    read[path] = None
+                except (RecursionError, MemoryError):  # (nested past what Python's parser takes: no import can run it)
+                    read[path] = None
+            changes, exported = read[path] or ({}, set())
+            for name, state in changes.items():
+                if alias is None and name in used and name in exported and name not in bound:
+                    what = f"{name}, which `from {module} import *` gives ({path.name}, beside the notebook) and"
+                elif alias is not None and name in attributes.get(alias, ()):
+                    imports = f"import {module}" + (f" as {alias}" if alias != module else "")
+                    what = f"{alias}.{name}, of `{imports}` ({path.name}, beside the notebook), which"
+                else:
+                    continue
+                notes.append(f"cell {c.index}: {what} the rows call, changes the module's own globals "
+                             f"{', '.join(state)}: the job imports the module once, so that carries over from row to "
+                             "row (what one row changes, the next row sees), where each pass of the notebook imports "
+                             f"it anew, and rows running at once (--num-threads above 1) share it; {_OWN_STATE}")
+    return notes
+
+
+def _stateful_functions(tree) -> tuple[dict, set]:
+    """(function name → the module globals it changes, for the top-level functions of a module's
+    ``tree`` that change some: a global set by ``global`` (``calls += 1``), or a dict, list or set
+    the module binds at top level that it changes in place (``seen.append(x)``), by itself or
+    through the module's functions it calls by name (``_remember(x)``); the names of those that
+    ``from m import *`` gives: its ``__all__`` where a list or tuple of strings says, else the
+    names without a leading "_")."""
+    import ast
+
+    containers, exported, functions = set(), None, {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            target, value = stmt.targets[0].id, stmt.value
+            if target == "__all__" and isinstance(value, (ast.List, ast.Tuple)) and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts):
+                exported = {e.value for e in value.elts}
+            if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
+                    isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                    and value.func.id in ("dict", "list", "set")):
+                containers.add(target)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[stmt.name] = stmt
+    given = {name for name in functions if ((name in exported) if exported is not None else not name.startswith("_"))}
+    changes: dict = {}
+    for name, function in functions.items():
+        declared = {g for n, _ in _own_nodes(function) if isinstance(n, ast.Global) for g in n.names}
+        set_ = {n.id for n, _ in _own_nodes(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                and n.id in declared}
+        changes[name] = set_ | (set(_mutated(function, surely=True)) & (containers - _function_locals(function)))
+    # (and what the module's functions they call change, its private ones too: `def ask(x): _remember(x)`)
+    calls = {name: {n.func.id for n, _ in _own_nodes(function) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Name) and n.func.id in functions} - _function_locals(function)
+             for name, function in functions.items()}
+    grew = True
+    while grew:
+        grew = False
+        for name in functions:
+            more = changes[name].union(*(changes[c] for c in calls[name]))
+            if more != changes[name]:
+                changes[name], grew = more, True
+    return {name: sorted(state) for name, state in changes.items() if state}, given
