@@ -424,7 +424,7 @@ def test_a_setup_container_only_a_called_function_changes_in_place_is_noted_as_c
         "cell 1: cache, which a function of this cell (run once) changes in place, is changed by the rows' calls: "
         "the job keeps one cache, the script's, where each pass of the notebook starts from the set-up's (a memo "
         f"cache gives the same results either way): what one row changes, the next row sees, and the rows share it, "
-        f"{importlib.import_module('lmnb.export.plan')._RACE}"]
+        f"{importlib.import_module('lmnb.export.notes_wording')._RACE}"]
     _, p = export_notebook(notebook(f"import lmnb\n{setup}", 'q = "A"', "%%lm --temperature 0\n{q}{gen a max_tokens=2}",
                                     "n = len(q)", "%%lm --temperature 0\n{n}{gen z max_tokens=1}"))
     assert not [n for n in p.notes if "cache" in n]  # (no row calls remember)
@@ -436,7 +436,7 @@ def test_a_setup_container_only_a_called_function_changes_in_place_is_noted_as_c
         "cell 1: cache, seen, which a function of this cell (run once) changes in place, are changed by the rows' "
         "calls: the job keeps one of each, the script's, where each pass of the notebook starts from the set-up's (a "
         "memo cache gives the same results either way): what one row changes, the next row sees, and the rows share "
-        f"them, {importlib.import_module('lmnb.export.plan')._RACE}"]
+        f"them, {importlib.import_module('lmnb.export.notes_wording')._RACE}"]
 
 
 @pytest.mark.parametrize("row, kind", [
@@ -463,7 +463,7 @@ def test_a_global_functions_of_two_cells_set_gets_one_note_naming_both():
     assert [n for n in p.notes if "count" in n] == [
         "cells 1, 2: count, which functions of these cells (run once) set by `global`, is set per row too (a cell that "
         "runs per row sets it, or calls a function that does): the job keeps one count, the script's global, as the "
-        f"notebook does, which the rows share, {importlib.import_module('lmnb.export.plan')._RACE}"]
+        f"notebook does, which the rows share, {importlib.import_module('lmnb.export.notes_wording')._RACE}"]
 
 
 @pytest.mark.parametrize("setup, noted", [
@@ -3051,14 +3051,14 @@ def test_a_setup_function_a_row_uses_above_a_per_row_star_import_reads_what_the_
             "cell 1: pow, a builtin that a function of this cell (run once) reads and the rows use above a per-row "
             "star import, is set by that import (`from math import *`): the job sets the script's global pow there, "
             "as the notebook does, and each row starts from the builtin, "
-            f"{importlib.import_module('lmnb.export.plan')._RACE}"]
+            f"{importlib.import_module('lmnb.export.notes_wording')._RACE}"]
     else:
         assert p.star_globals == (name,) and f"job.keep(globals(), {name!r})\n" in source
         assert [n for n in p.notes if n.startswith("cell 1:")] == [
             f"cell 1: {name}, which a function of this cell (run once) reads and the rows use above a per-row star "
             f"import, may be set by that import: the job sets the script's global {name} there, as the notebook "
             f"does, and each row starts from what the cells run once left, "
-            f"{importlib.import_module('lmnb.export.plan')._RACE}"]
+            f"{importlib.import_module('lmnb.export.notes_wording')._RACE}"]
     import math
 
     from helpers_export import write_rows
@@ -3095,7 +3095,7 @@ def test_the_export_runs_no_standard_library_script_a_row_star_imports(tmp_path,
     exits = type(sys)("json.exits")
     exits.__getattr__ = lambda name: sys.exit(3)
     monkeypatch.setitem(sys.modules, "json.exits", exits)
-    assert importlib.import_module("lmnb.export.plan")._builtins_set_by(["json.exits", "math"], ("pow",)) == {
+    assert importlib.import_module("lmnb.export.star_builtins")._builtins_set_by(["json.exits", "math"], ("pow",)) == {
         "pow": ["math"]}
 
 
