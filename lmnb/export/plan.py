@@ -10,6 +10,10 @@ The model (written into every exported script's docstring):
 - A setup cell that computes something the per-row part needs from a row field (``prompt =
   f"Q: {question}"``) runs per row too, without its example assignments of row fields.
 - The papermill ``parameters`` cell runs once wherever it is; its variables become options.
+
+Beside the plan, the export notes set-up state that the rows carry over from row to row; the notes'
+heuristics are modules of their own that ``plan`` calls (``notes_objects``, ``notes_modules``,
+``class_state``, ``star_builtins``).
 """
 
 from __future__ import annotations
