@@ -606,7 +606,7 @@ def gen(
             ``top_p``, ``seed``, ...: all but ``temperature`` and ``choices_method``), or choices
             that ``select`` refuses, a ``top_logprobs_num`` that is not an integer >= 0 (its upper
             bound is the backend's: the engine's is 20).
-        TypeError: ``name`` is not a string or None; a ``choices_method`` other than None that is no
+        TypeError: ``name`` is not a string or None (an empty one is a ValueError); a ``choices_method`` other than None that is no
             ``ChoicesSamplingMethod``, with choices or without them; ``ignore_eos``,
             ``return_logprob`` or ``return_text_in_logprobs`` is not True, False or None; a number option holds no
             int (``max_tokens``, ``n``, ``top_k``, ...) or no int or float (``temperature``, ...):
@@ -665,10 +665,16 @@ def gen(
 
 
 def _check_name(primitive: str, name: Any) -> None:
-    """A result name is a string (the variable's key) or None (unnamed)."""
+    """A result name is a string (the variable's key) or None (unnamed). An empty name is refused:
+    SGLang stores the result under the key "" without a check, which no program means (an
+    f-string or a variable that came out empty), and a ``%%lm`` cell cannot name it."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{primitive}() name must be a string (the variable to store the result in) or None, "
                         f"got {name!r}; the first positional argument is the name")
+    if name == "":
+        raise ValueError(f'{primitive}() name is empty (""), so the result could only be read as s[""]; give the '
+                         f'variable a name, e.g. {primitive}("answer", ...), or leave the name out ({primitive}(...) '
+                         "or name=None) to store the result in no variable")
 
 
 # SGLang's positional order for gen_int / gen_string: name, max_tokens, n, stop, stop_token_ids,
@@ -688,6 +694,7 @@ def _typed_gen(caller: str, dtype: type, name: Any, args: tuple, kwargs: dict):
         if key in kwargs:
             raise TypeError(f"{caller}() got multiple values for argument {key!r}")
         kwargs[key] = value
+    _check_name(caller, name)  # (named as the user called it, not as gen)
     return gen(name, dtype=dtype, **kwargs)
 
 
@@ -725,8 +732,9 @@ def select(
     Raises:
         ValueError: choices missing, empty, not all non-empty strings, or listing one more than once
             (SGLang accepts repeats, but which entry was picked would be ambiguous); a temperature
-            that is not a finite number >= 0.
-        TypeError: choices in a dict; a ``choices_method`` that is no ``ChoicesSamplingMethod``.
+            that is not a finite number >= 0; an empty ``name`` ("").
+        TypeError: choices in a dict; a ``choices_method`` that is no ``ChoicesSamplingMethod``; a
+            ``name`` that is no string or None.
     """
     _check_name("select", name)
     return _select("select()", name, choices, temperature, choices_method)

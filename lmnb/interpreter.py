@@ -87,10 +87,14 @@ class ProgramState:
 
         Raises:
             TypeError: ``name`` is not a string (None captured nothing, 5 made an int key).
-            ValueError: a scope of the same name is open already (the inner one would close it).
+            ValueError: a scope of the same name is open already (the inner one would close it), or
+                the name is empty ("": gen's rule, ``lmnb.api._check_name``).
         """
         if not isinstance(name, str):
             raise TypeError(f"var_scope name must be a string (the variable to capture the text into), got {name!r}")
+        if not name:
+            raise ValueError('var_scope name is empty (""), so the text could only be read as s[""]; give the '
+                             'variable a name, e.g. s.var_scope("answer")')
         if name in self._open_scopes:
             raise ValueError(f"var_scope {name!r} is open already; a nested scope needs another name")
         self._open_scopes.add(name)

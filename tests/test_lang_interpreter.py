@@ -2686,6 +2686,33 @@ def test_bad_arguments_fail_early_with_names():
         sgl.gen("x") + 5
 
 
+def test_an_empty_result_name_is_refused_where_the_primitive_is_called():
+    """gen("") was taken, and the result stored under the key "" (as SGLang stores it, without a
+    check), which no %%lm cell can name and no program means (an f-string that came out empty)."""
+    calls = {"gen": lambda: sgl.gen(""), "select": lambda: sgl.select("", choices=["a"]),
+             "gen_int": lambda: sgl.gen_int(""), "gen_string": lambda: sgl.gen_string(name="")}
+    for primitive, call in calls.items():
+        with pytest.raises(ValueError, match=re.escape(
+                f'{primitive}() name is empty (""), so the result could only be read as s[""]; give the variable '
+                f'a name, e.g. {primitive}("answer", ...), or leave the name out')):
+            call()
+    with pytest.raises(ValueError, match=re.escape("gen() name is empty")):
+        sgl.gen("", choices=["a", "b"])  # (a pick through gen)
+
+    @sgl.function
+    def scoped(s):
+        with s.var_scope(""):
+            s += "x"
+
+    with pytest.raises(ValueError, match=re.escape('var_scope name is empty (""), so the text could only be read')):
+        scoped.run(backend=ScriptedBackend())
+    from lmnb.template import TemplateSyntaxError, parse
+
+    for cell in ('A:{gen "" max_tokens=2}', 'A:{select "" choices=["a"]}'):  # (a cell names no empty variable)
+        with pytest.raises(TemplateSyntaxError, match="'\"\"' is not a variable name"):
+            parse(cell)
+
+
 def test_adding_none_is_a_type_error_as_adding_an_int_is():
     # s += None was a ValueError ("cannot add None to a program state"), s += 5 a TypeError
     none = re.escape("cannot add None to an lmnb program (a function that returns nothing?); add a str or a "
