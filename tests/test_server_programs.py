@@ -628,17 +628,23 @@ def test_a_url_with_or_without_v1_given_to_the_wrong_backend_says_which_url_to_g
     _, _, url = backends
     with pytest.raises(sgl.BackendError) as e:
         sgl.RuntimeEndpoint(f"{url}/v1")
-    assert str(e.value) == (
-        f"GET {url}/v1/get_model_info: HTTP 404: Not Found; RuntimeEndpoint takes the server's root URL "
+    # (the server's 404 names the path and its routes: "Not Found" before)
+    assert str(e.value).startswith(f"GET {url}/v1/get_model_info: HTTP 404: the server has no route "
+                                   "/v1/get_model_info (did you mean GET /get_model_info?); its routes: GET /health")
+    assert str(e.value).endswith(
+        "POST /v1/chat/completions; RuntimeEndpoint takes the server's root URL "
         "(http://HOST:PORT), where SGLang's native routes are: drop the /v1, or use lmnb.OpenAI(model, "
         "base_url=...) for the OpenAI API it serves")
     for chat in (False, True):  # (a template named: the roles' format is not what this test is about)
         backend = sgl.OpenAI("tiny", base_url=url, is_chat_model=chat, max_retries=0,
                              chat_template=sgl.get_chat_template("chatml"))
         state = multi_turn_chat.run("a", "b", backend=backend)
+        route = "/chat/completions" if chat else "/completions"
+        assert f"HTTP 404: the server has no route {route} (did you mean POST /v1{route}?); its routes: " in str(
+            state.error().__cause__)
         assert str(state.error().__cause__).endswith(
-            f"HTTP 404: Not Found; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under /v1: "
-            f"base_url='{url}/v1'")
+            "POST /v1/chat/completions; OpenAI-compatible servers (lmnb serve, SGLang, vLLM) serve this API under "
+            f"/v1: base_url='{url}/v1'")
     # a 404 of the /v1 API itself names its own cause only
     state = multi_turn_chat.run("a", "b", backend=sgl.OpenAI("nope", base_url=f"{url}/v1", max_retries=0))
     assert str(state.error().__cause__).endswith('HTTP 404: model "nope" is not served here; use "tiny"')

@@ -1108,6 +1108,20 @@ def test_a_route_asked_with_another_method_says_which_methods_it_takes(served):
     assert r.json()["error"]["message"] == "PUT is not allowed on /flush_cache; send GET or POST /flush_cache"
 
 
+def test_an_unknown_route_is_a_404_naming_the_path_the_closest_route_and_all_routes(served):
+    # it said only "Not Found", naming neither the path asked nor a route the server has
+    _, url = served
+    routes = ("GET /health, GET /get_model_info, GET /get_server_info, GET or POST /flush_cache, POST /abort_request, "
+              "POST /generate, GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions")
+    for method, path, close in [("POST", "/generat", " (did you mean POST /generate?)"),
+                                ("POST", "/chat/completions", " (did you mean POST /v1/chat/completions?)"),
+                                ("GET", "/metrics", "")]:
+        r = httpx.request(method, url + path)
+        assert r.status_code == 404 and r.json() == {"error": {
+            "message": f"the server has no route {path}{close}; its routes: {routes}", "type": "not_found_error",
+            "param": None, "code": 404}}
+
+
 def test_a_chat_request_whose_max_tokens_and_max_completion_tokens_disagree_is_refused(served):
     # the reply was cut at max_completion_tokens without a word, though the client also asked for
     # max_tokens; OpenAI refuses the two together. One value given twice is that value.

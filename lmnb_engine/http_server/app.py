@@ -22,6 +22,7 @@ import base64
 import binascii
 import collections
 import contextlib
+import difflib
 import hmac
 import itertools
 import json
@@ -494,6 +495,19 @@ def error_body(message: str, status: int, param: Optional[str] = None, reason: O
     return {"error": {**error, "reason": reason} if reason is not None else error}
 
 
+def _no_route(request: Request) -> str:
+    """The message of a request for a path no route of the server has ("Not Found" said neither the
+    path nor the routes): the path, the closest route (difflib's ``get_close_matches``, as
+    ``did_you_mean``), and every API route with its methods."""
+    routes = {r.path_format: " or ".join(sorted(r.methods - {"HEAD"}))  # (path_format: {model}, not {model:path})
+              for r in request.app.routes if isinstance(r, APIRoute)}
+    path = request.url.path
+    close = difflib.get_close_matches(path, list(routes), n=1)
+    hint = f" (did you mean {routes[close[0]]} {close[0]}?)" if close else ""
+    listed = ", ".join(f"{methods} {route}" for route, methods in routes.items())
+    return f"the server has no route {path}{hint}; its routes: {listed}"
+
+
 def sse(obj: Any) -> str:
     """One server-sent event carrying ``obj`` as JSON."""
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
@@ -818,6 +832,8 @@ def create_app(engine: Any, api_key: Optional[str] = None, served_model_name: Op
         if exc.status_code == 405 and allow:  # the route is there: name the methods it takes
             message = (f"{request.method} is not allowed on {request.url.path}; send "
                        f"{' or '.join(sorted(allow.split(', ')))} {request.url.path}")
+        elif exc.status_code == 404 and "endpoint" not in request.scope:  # (no route matched: the router's 404)
+            message = _no_route(request)
         # (with its headers: a 405 must say Allow, RFC 9110 section 15.5.6)
         return JSONResponse(error_body(message, exc.status_code), exc.status_code, headers=exc.headers)
 
