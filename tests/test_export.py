@@ -1753,6 +1753,23 @@ def test_nbconvert_refuses_a_notebook_its_schema_refuses_that_no_repair_makes_va
         "(nbformat's schema); fix it in the file's JSON, or open the notebook in Jupyter and save it again")
 
 
+def test_nbconvert_names_the_cell_whose_attachments_are_no_object_as_lmnb_export_does(tmp_path):
+    """A markdown cell's "attachments": 5 (hand-edited JSON) stopped both exports with nbformat's
+    "missing an expected key: 'int' object has no attribute 'values'", naming no cell, no field, no fix."""
+    data = json.loads(nbformat.writes(QA))
+    data["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": "# Judging", "attachments": 5})
+    path = tmp_path / "qa.ipynb"
+    path.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "lmnb", "--stdout", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.rstrip().endswith(
+        'NotebookExportError: not a Jupyter notebook: cell 2\'s "attachments" is a number, not an object of the images '
+        'pasted into the cell ({"name.png": {"image/png": "<base64>"}}); write "attachments": {} (or remove the key) in '
+        "the file's JSON; a notebook (.ipynb) is a JSON object of its cells, metadata and nbformat: give the .ipynb "
+        "file, or save it from Jupyter again")
+
+
 def test_a_cell_of_an_unknown_type_gets_a_note_from_both_exports(tmp_path):
     """A cell whose cell_type is a typo ("markdwon") was left out of the script without a word."""
     note = ('cell 11: left out, its cell_type "markdwon" is none Jupyter knows, so no Jupyter runs or shows it; '
@@ -1819,6 +1836,20 @@ def test_lmnb_run_notes_a_cell_of_an_unknown_type_in_the_exports_words(tmp_path,
     ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
      '"metadata": {}, "outputs": null}, {"cell_type": "code", "source": "x", "metadata": {}, "outputs": [5]}]}',
      'cells 1, 2 have "outputs" that are no list of objects (write "outputs": [], which a run fills)'),
+    # nbformat: "missing an expected key: 'int' object has no attribute 'values'" (or 'items'), naming no cell
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
+     '"metadata": {}, "outputs": []}, {"cell_type": "markdown", "source": "x", "metadata": {}, "attachments": 5}]}',
+     'cell 2\'s "attachments" is a number, not an object of the images pasted into the cell ({"name.png": '
+     '{"image/png": "<base64>"}}); write "attachments": {} (or remove the key) in the file\'s JSON'),
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "markdown", "source": "x", '
+     '"metadata": {}, "attachments": {"a.png": {"image/png": "AA=="}, "b.png": null}}]}',
+     'cell 1\'s attachment "b.png" is null, not an object of its data by MIME type ({"image/png": "<base64>"}); '
+     'remove it from "attachments" in the file\'s JSON'),
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code", "source": "", '
+     '"metadata": {}, "outputs": [{"output_type": "stream", "name": "stdout", "text": ""}, {"output_type": '
+     '"display_data", "data": 5, "metadata": {}}]}]}',
+     'cell 1\'s output 2 has "data" that is a number, not an object of its data by MIME type; write "outputs": [] '
+     'for the cell in the file\'s JSON (a run fills it)'),
 ])
 def test_json_that_is_no_notebook_by_its_shape_is_named_so_with_the_fix(tmp_path, capsys, text, shape):
     """JSON whose shape is no notebook's (a list, "cells" that is no list, a cell that is no

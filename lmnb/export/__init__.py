@@ -238,7 +238,36 @@ def _json_shape_problem(data) -> Optional[str]:
         many = len(odd) > 1
         return (f'cell{"s" * many} {", ".join(odd)} {"have" if many else "has"} "outputs" that {"are" if many else "is"} '
                 'no list of objects (write "outputs": [], which a run fills)')
+    odd = [problem for n, c in enumerate(cells, start=1) for problem in _bundle_problems(n, c)]
+    if odd:
+        return "; ".join(odd)
     return None
+
+
+def _bundle_problems(number: int, cell: dict) -> list:
+    """What in the cell numbered ``number`` (its parsed JSON, whose ``outputs`` are a list of
+    objects) is no object where nbformat's reader takes one, each with the fix: its
+    ``"attachments"`` (name → {MIME type: data}), an attachment, or the ``"data"`` ({MIME type:
+    data}) of a display output. nbformat's reader failed on each with "missing an expected key:
+    'int' object has no attribute 'values'", naming neither the cell nor the field."""
+    problems = []
+    if "attachments" in cell:
+        attachments = cell["attachments"]
+        if not isinstance(attachments, dict):
+            problems.append(f'cell {number}\'s "attachments" is {_json_shape(attachments)}, not an object of the '
+                            'images pasted into the cell ({"name.png": {"image/png": "<base64>"}}); write '
+                            '"attachments": {} (or remove the key) in the file\'s JSON')
+        else:
+            problems += [f'cell {number}\'s attachment {json.dumps(name)} is {_json_shape(value)}, not an object of '
+                         'its data by MIME type ({"image/png": "<base64>"}); remove it from "attachments" in the '
+                         "file's JSON"
+                         for name, value in attachments.items() if not isinstance(value, dict)]
+    for k, output in enumerate(cell.get("outputs", ()), start=1):
+        if output.get("output_type") in ("execute_result", "display_data") and not isinstance(output.get("data", {}), dict):
+            problems.append(f'cell {number}\'s output {k} has "data" that is {_json_shape(output["data"])}, not an '
+                            'object of its data by MIME type; write "outputs": [] for the cell in the file\'s JSON '
+                            "(a run fills it)")
+    return problems
 
 
 def plan_notebook(nb, inputs: Optional[Sequence[str]] = None, folder: Optional[Path] = None) -> Plan:
