@@ -1158,6 +1158,79 @@ def test_a_full_disk_stops_the_job_naming_the_file_and_a_rerun_continues(tmp_pat
     assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2]
 
 
+@pytest.mark.parametrize("code, reason", [
+    ("ENOENT", " (its folder {folder} is there, but takes no new files)"),  # (--output /proc/o.jsonl)
+    ("EACCES", ""), ("EROFS", ""),
+])
+def test_an_output_file_that_cannot_be_opened_is_named_with_the_fix(tmp_path, capsys, monkeypatch, code, reason):
+    """--output /proc/o.jsonl (or a file where the job may not write) stopped the job with only
+    "lmnb batch: [Errno 2] No such file or directory: '/proc/o.jsonl'", naming no option and no fix."""
+    import errno
+
+    out = tmp_path / "out.jsonl"
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+    real_open = os.open
+
+    def refuse(path, *args, **kwargs):  # (the test may run as root, whom no permission stops)
+        if os.fspath(path) == str(out):
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    assert run_job(tmp_path, "--input", rows) == 2
+    why = os.strerror(getattr(errno, code)) + reason.format(folder=tmp_path)
+    assert capsys.readouterr().err == (
+        f"lmnb batch: cannot open the output file {out} to append the results to and read them back: {why}; give "
+        "--output a path in a folder this job can write to (e.g. --output results.jsonl)\n")
+
+
+@pytest.mark.parametrize("code", ["EACCES", "EIO"])
+def test_an_input_file_that_cannot_be_read_is_named_with_the_fix(tmp_path, capsys, monkeypatch, code):
+    """An --input the job may not read (or a read that fails) ended the job with "[Errno 13]
+    Permission denied" or a traceback of OSError, naming no option and no fix."""
+    import errno
+
+    from lmnb.batch import inputs
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "q"}])
+
+    def refuse(path, *args, **kwargs):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), os.fspath(path))
+
+    monkeypatch.setattr(inputs, "open", refuse, raising=False)  # (the module's open, not the builtin)
+    assert run_job(tmp_path, "--input", rows) == 2
+    assert capsys.readouterr().err == (f"lmnb batch: cannot read the input file {rows}: "
+                                       f"{os.strerror(getattr(errno, code))}; give --input a file this job can read\n")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_retry_that_cannot_write_the_output_anew_says_so_and_keeps_the_file(tmp_path, capsys, monkeypatch):
+    """--retry-errors writes the file anew beside it (FILE.tmp): in a folder that takes no new
+    file, the job stopped with "[Errno 13] Permission denied: '.../out.jsonl.tmp'"."""
+    import builtins
+    import errno
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": "boom"}, {"question": "b"}])
+    out = tmp_path / "out.jsonl"
+    assert run_job(tmp_path, "--input", rows) == 1
+    before = out.read_bytes()
+    real_open = builtins.open
+
+    def refuse(path, *args, **kwargs):
+        if os.fspath(path).endswith(".tmp"):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", rows, "--retry-errors") == 2
+    assert capsys.readouterr().err == (
+        f"lmnb batch: could not write the output file {out} anew without the records of the rows to run again "
+        f"(--retry-errors, or rows whose input changed): Permission denied ({out}.tmp); the file is as it was: "
+        "give --output a file in a folder this job can write to, or make room\n")
+    assert out.read_bytes() == before
+
+
 def test_a_whole_last_record_without_its_line_break_is_kept_not_run_again(tmp_path, capsys):
     """An editor (or "\\n".join) left out the file's last line break: the whole record on that line
     was cut off as one a killed run was writing, and its row ran again."""

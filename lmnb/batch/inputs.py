@@ -59,15 +59,33 @@ def read_rows(path: Path, fmt: Optional[str] = None) -> Iterator[InputRow]:
     """The records of ``path`` in file order (see ``input_format`` for ``fmt``).
 
     Raises:
-        InputError: the file cannot be opened, its format is unknown, or a CSV file has no usable
-            header or is not UTF-8 (the message names the line).
+        InputError: the file cannot be opened or read (the system's reason, naming the file), its
+            format is unknown, or a CSV file has no usable header or is not UTF-8 (the message names
+            the line).
     """
     fmt = input_format(path, fmt)
-    if path.is_dir():
-        raise InputError(f"the input {path} is a folder; give the file of the rows")
-    if not path.exists():  # (a pipe, as /dev/stdin or <(jq ...), is read as a file is)
-        raise InputError(f"input file {path} does not exist")
-    return _jsonl(path) if fmt == "jsonl" else _delimited(path, "\t" if fmt == "tsv" else ",")
+    try:
+        if path.is_dir():
+            raise InputError(f"the input {path} is a folder; give the file of the rows")
+        if not path.exists():  # (a pipe, as /dev/stdin or <(jq ...), is read as a file is)
+            raise InputError(f"input file {path} does not exist")
+    except OSError as e:  # (a folder on the way that may not be read: "Permission denied")
+        raise InputError(_unreadable(path, e)) from None
+    return _read(path, _jsonl(path) if fmt == "jsonl" else _delimited(path, "\t" if fmt == "tsv" else ","))
+
+
+def _read(path: Path, rows: Iterator[InputRow]) -> Iterator[InputRow]:
+    """``rows``, with an ``OSError`` of opening or reading ``path`` raised as ``InputError``: it
+    ended the job with "[Errno 13] Permission denied", or a traceback, naming neither the option
+    nor the fix."""
+    try:
+        yield from rows
+    except OSError as e:
+        raise InputError(_unreadable(path, e)) from None
+
+
+def _unreadable(path: Path, e: OSError) -> str:
+    return f"cannot read the input file {path}: {e.strerror or e}; give --input a file this job can read"
 
 
 # Byte order marks of the encodings whose text is not UTF-8 at all (UTF-32's first: it starts as UTF-16 LE's does)

@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from lmnb.batch.inputs import InputError, read_rows
@@ -506,7 +507,7 @@ class Job:
         if self.args is None:
             self.args = self._parser().parse_args(self.argv)
         args = self.args
-        if args.output.exists() and args.input.exists() and args.output.samefile(args.input):
+        if _same_file(args.output, args.input):
             return fatal(f"--output {args.output} is the input file; write the results to another file")
         try:
             rows = list(read_rows(args.input, args.input_format))
@@ -573,6 +574,15 @@ class Job:
                 f"{'their options' if plural else 'its option'}, not read from each row; to read "
                 f"{'them' if plural else 'it'} from the rows, export again with --inputs {','.join(self.inputs + fields)}; "
                 f"to use the option, leave the field{'s' * plural} out of the input")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether the paths ``a`` and ``b`` name one existing file; False where either cannot be looked
+    at (a folder on the way that may not be read: each option's own check names it)."""
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
 
 
 def _demo_model_dir() -> str:

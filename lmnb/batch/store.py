@@ -22,6 +22,8 @@ How "exactly once" holds:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -43,6 +45,15 @@ _RECORD_START = b'{"row": '  # how every record begins (the runner puts "row" fi
 def _not_ours(path: Path, lineno: int) -> str:
     return (f"{path} line {lineno} is not a result record of this job (it was changed by something else, "
             "or is another file); move the file away or fix that line, then run again")
+
+
+def _unwritable(path: Path, e: OSError) -> str:
+    """Why the output file ``path`` cannot be opened to append to and read back (``e``), with the fix."""
+    why = e.strerror or str(e)
+    if e.errno == errno.ENOENT and path.parent.is_dir():  # (the folder is there: /proc, /sys take no new files)
+        why += f" (its folder {path.parent} is there, but takes no new files)"
+    return (f"cannot open the output file {path} to append the results to and read them back: {why}; give "
+            "--output a path in a folder this job can write to (e.g. --output results.jsonl)")
 
 
 class StoreError(RuntimeError):
@@ -112,14 +123,18 @@ class ResultStore:
             self.made_folder = make_folders(self.path)
         except OSError as e:  # (a file there was "[Errno 20] Not a directory" from open())
             blocker = file_in_the_way(self.path)
-            why = f"is a file, {blocker}, not a folder" if blocker else f"cannot be made: {e}"
+            why = (f"is a file, {blocker}, not a folder" if blocker else
+                   f"cannot be made: {e.strerror or e}; give --output a path in a folder this job can write to")
             raise StoreError(f"the folder of the output file {self.path} {why}") from None
-        if self.path.exists() and not self.path.is_file():  # (reading a pipe back would wait forever)
-            what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"
-            raise StoreError(f"the output {self.path} is {what}; the results are appended to a file and read "
-                             "back to resume, so give a file's path (follow it with tail -f FILE)")
-        self._fd = self._locked_fd()
-        records = self._load()
+        try:
+            if self.path.exists() and not self.path.is_file():  # (reading a pipe back would wait forever)
+                what = "a folder" if self.path.is_dir() else "not a regular file (a pipe, a terminal or a device)"
+                raise StoreError(f"the output {self.path} is {what}; the results are appended to a file and read "
+                                 "back to resume, so give a file's path (follow it with tail -f FILE)")
+            self._fd = self._locked_fd()
+            records = self._load()
+        except OSError as e:  # (it said "[Errno 2] No such file or directory" of --output /proc/o.jsonl)
+            raise StoreError(_unwritable(self.path, e)) from None
         for _, record in records:  # (before --retry-errors removes anything from a file it refuses)
             self._check_keying(record)
             self._check_settings(record)
@@ -216,13 +231,21 @@ class ResultStore:
     def _rewrite(self, lines: list[bytes]) -> None:
         target = Path(os.path.realpath(self.path))  # (a symbolic link stays one, to the rewritten file)
         tmp = target.with_name(target.name + ".tmp")
-        with open(tmp, "wb") as f:
-            if hasattr(os, "fchmod"):  # (POSIX) a private file stays private
-                os.fchmod(f.fileno(), os.fstat(self._fd).st_mode & 0o7777)
-            f.writelines(line + b"\n" for line in lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        try:
+            with open(tmp, "wb") as f:
+                if hasattr(os, "fchmod"):  # (POSIX) a private file stays private
+                    os.fchmod(f.fileno(), os.fstat(self._fd).st_mode & 0o7777)
+                f.writelines(line + b"\n" for line in lines)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except OSError as e:  # (a folder that takes no new file, where the file itself may be written)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StoreError(f"could not write the output file {self.path} anew without the records of the rows to "
+                             f"run again (--retry-errors, or rows whose input changed): {e.strerror or e} ({tmp}); "
+                             "the file is as it was: give --output a file in a folder this job can write to, or make "
+                             "room") from None
         self._line_open = False
         os.close(self._fd)
         self._fd = self._locked_fd()
