@@ -82,15 +82,51 @@ def test_rerun_after_a_partial_run_runs_only_the_missing_rows(tmp_path):
     assert len(generated) == 6  # the two done rows did not run again
 
 
-def test_a_torn_last_line_is_cut_off_and_its_row_runs_again(tmp_path):
+_TORN = "  the output's last line was incomplete (a run was killed while writing it) and was removed; "
+
+
+def test_a_torn_last_line_is_cut_off_and_its_row_runs_again(tmp_path, capsys):
     rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(4)])
     out = tmp_path / "out.jsonl"
     assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
     whole = out.read_bytes()
     out.write_bytes(whole + b'{"row": 2, "line": 3, "status": "ok", "varia')  # killed mid-write
+    capsys.readouterr()
     assert run_job(tmp_path, "--input", rows) == 0
     assert out.read_bytes().startswith(whole)
     assert sorted(r["row"] for r in read_results(out)) == [0, 1, 2, 3]
+    assert _TORN + "its row, row 2, ran again\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("torn, options, note", [
+    # it said "so its row ran again" of each, where no row ran, or none could be told
+    (b'{"row": 2, "line": 3, "sta', ["--limit", 2], "its row, row 2, is past --limit, so it did not run: a run that "
+                                                   "reaches it runs it"),
+    (b'{"row": 7, "line": 8, "sta', [], "the input has no row 7 now"),
+    (b'{"ro', [], "too little of it was written to tell its row, which counts as not done"),
+    (b'{"row": 1', [], "too little of it was written to tell its row, which counts as not done"),  # (1 of 12?)
+])
+def test_the_note_of_a_torn_last_line_says_what_became_of_its_row(tmp_path, capsys, torn, options, note):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    assert run_job(tmp_path, "--input", rows, "--limit", 2) == 0
+    whole = out.read_bytes()
+    out.write_bytes(whole + torn)
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", rows, *options) == 0
+    assert out.read_bytes().startswith(whole)
+    assert _TORN + note + "\n" in capsys.readouterr().err
+
+
+def test_the_note_of_a_torn_bad_input_line_says_it_was_written_again(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "q0"}\n{"q": "no question"}\n')
+    out = tmp_path / "out.jsonl"
+    assert run_job(tmp_path, "--input", rows, "--limit", 1) == 0
+    out.write_bytes(out.read_bytes() + b'{"row": 1, "line": 2, "status": "bad_in')
+    capsys.readouterr()
+    assert run_job(tmp_path, "--input", rows) == 1
+    assert _TORN + "its row, row 1, was written again as bad input\n" in capsys.readouterr().err
 
 
 def test_a_changed_line_in_the_middle_is_refused_not_guessed(tmp_path, capsys):

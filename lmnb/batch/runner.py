@@ -47,6 +47,7 @@ class RowRunner:
         # the same for rows whose program this backend cannot run (BackendCannotRun), whatever their input
         self.cannot_run: list[str] = []
         self.outputs: tuple[RowOutput, ...] = ()  # sys.stdout and sys.stderr kept per row (several threads)
+        self.written: dict[int, str] = {}  # row index → status of each record this run wrote
 
     def run(self) -> int:
         """Run the rows not yet done (``triage``) and print the summary; returns the exit status."""
@@ -216,6 +217,7 @@ class RowRunner:
         """Append one row's ``record`` to the output and count it by status."""
         self.store.write(record)
         self.new[record["status"]] += 1
+        self.written[record["row"]] = record["status"]
 
     # -- running ----------------------------------------------------------------------------------
     def execute(self, backend, todo: list) -> None:
@@ -367,8 +369,7 @@ class RowRunner:
             lines.append(f"  tokens: prompt {t['prompt']}, cached {t['cached']} (cache hit rate {rate}), "
                          f"generated {t['completion']}")
         if self.store.repaired:
-            lines.append("  the output's last line was incomplete (a run was killed while writing it); "
-                         "it was removed, so its row ran again")
+            lines.append(f"  {self._torn_note()}")
         if self.pipe_closed:
             lines.append("  stopped early: the rows' printed output went to a pipe that closed (| head?); run "
                          "the same command again to do the remaining rows")
@@ -396,6 +397,27 @@ class RowRunner:
         if self.signals and not self.left and not self.pipe_closed:
             lines.append("  Ctrl-C came, but every row is written: the job is complete")
         print("\n".join(lines), file=sys.stderr)
+
+
+    def _torn_note(self) -> str:
+        """What became of the row whose record a killed run left half-written (``ResultStore.torn_row``):
+        it said "its row ran again" also where it did not run (past --limit, or the job stopped first)."""
+        said = "the output's last line was incomplete (a run was killed while writing it) and was removed"
+        row = self.store.torn_row
+        if row is None:
+            return f"{said}; too little of it was written to tell its row, which counts as not done"
+        status = self.written.get(row)
+        if status == BAD_INPUT:
+            return f"{said}; its row, row {row}, was written again as bad input"
+        if status is not None:
+            return f"{said}; its row, row {row}, ran again"
+        if row >= len(self.rows):
+            if self.unread:
+                return f"{said}; its row, row {row}, is past --limit, so it did not run: a run that reaches it runs it"
+            return f"{said}; the input has no row {row} now"
+        if self.signals or self.pipe_closed:
+            return f"{said}; its row, row {row}, did not run before the job stopped: a rerun runs it"
+        return f"{said}; its row, row {row}, did not run this time"
 
 
 _JSON_KINDS = ((bool, "a boolean"), ((int, float), "a number"), (list, "a list"), (dict, "an object"))

@@ -27,6 +27,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -99,6 +100,7 @@ class ResultStore:
         self.failed: dict[tuple, dict] = {}  # key → record of done rows whose records are errors (error or bad_input)
         self.counts = {OK: 0, ERROR: 0, BAD_INPUT: 0}
         self.repaired = False  # a torn last line was cut off by open()
+        self.torn_row: Optional[int] = None  # the "row" of that line, where enough of it was written to tell
         self.retried = 0  # error records dropped by open(retry_errors=True)
         self._forgotten: set = set()  # keys whose records drop_forgotten() removes from the file
         self._fd: Optional[int] = None
@@ -204,6 +206,8 @@ class ResultStore:
             # The tail after the last newline is a record a killed run did not finish writing.
             os.ftruncate(self._fd, end)
             self.repaired = True
+            row = re.match(rb'\{"row": (\d+),', tail)  # (the index written whole: "1" of a cut "12" is not it)
+            self.torn_row = int(row.group(1)) if row else None
         return records
 
     def _check_keying(self, record: dict) -> None:
