@@ -118,6 +118,23 @@ def test_the_note_of_a_torn_last_line_says_what_became_of_its_row(tmp_path, caps
     assert _TORN + note + "\n" in capsys.readouterr().err
 
 
+def test_the_note_of_a_torn_last_line_says_its_row_did_not_run_when_the_job_stopped_first(tmp_path, capsys):
+    import signal
+
+    rows = write_rows(tmp_path / "rows.jsonl", [{"question": f"q{i}"} for i in range(6)])
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b'{"row": 5, "line": 6, "sta')
+
+    def ctrl_c_at_the_first_row(question):  # (the job stops after the rows in flight: not row 5)
+        if question == "q0":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    argv = ["--input", str(rows), "--output", str(out), "--no-progress", "--num-threads", "1"]
+    assert Job("t", ["question"], argv=argv).run(ctrl_c_at_the_first_row, backend=ScriptedBackend(reply)) == 130
+    assert 5 not in {r["row"] for r in read_results(out)}
+    assert _TORN + "its row, row 5, did not run before the job stopped: a rerun runs it\n" in capsys.readouterr().err
+
+
 def test_the_note_of_a_torn_bad_input_line_says_it_was_written_again(tmp_path, capsys):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "q0"}\n{"q": "no question"}\n')
