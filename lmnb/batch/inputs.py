@@ -85,6 +85,7 @@ def _read(path: Path, rows: Iterator[InputRow]) -> Iterator[InputRow]:
 
 
 def _unreadable(path: Path, e: OSError) -> str:
+    """The error for the input file ``path`` that cannot be read (``e``), with the fix."""
     return f"cannot read the input file {path}: {e.strerror or e}; give --input a file this job can read"
 
 

@@ -398,7 +398,6 @@ class RowRunner:
             lines.append("  Ctrl-C came, but every row is written: the job is complete")
         print("\n".join(lines), file=sys.stderr)
 
-
     def _torn_note(self) -> str:
         """What became of the row whose record a killed run left half-written (``ResultStore.torn_row``):
         it said "its row ran again" also where it did not run (past --limit, or the job stopped first)."""

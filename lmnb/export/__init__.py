@@ -207,8 +207,8 @@ def _shown(value) -> str:
 def _json_shape_problem(data) -> Optional[str]:
     """What makes ``data`` (a notebook file's parsed JSON) no notebook by its shape, or None: JSON other than an object,
     v4's ``cells`` other than a list, cells that are no objects, a notebook or cells whose
-    ``metadata`` is missing or no object, or cells whose ``outputs`` are no list of objects, every
-    one named. nbformat read them with an AttributeError or TypeError of its own code ("'list'
+    ``metadata`` is missing or no object, cells whose ``outputs`` are no list of objects, or
+    attachments or display data that are no objects (``_bundle_problems``), every one named. nbformat read them with an AttributeError or TypeError of its own code ("'list'
     object has no attribute 'get'"), which named neither."""
     if not isinstance(data, dict):
         return f"the file's JSON is {_json_shape(data)}, not an object"
@@ -262,7 +262,8 @@ def _bundle_problems(number: int, cell: dict) -> list:
                          'its data by MIME type ({"image/png": "<base64>"}); remove it from "attachments" in the '
                          "file's JSON"
                          for name, value in attachments.items() if not isinstance(value, dict)]
-    for k, output in enumerate(cell.get("outputs", ()), start=1):
+    outputs = cell.get("outputs", ()) if cell.get("cell_type") == "code" else ()  # (the reader reads no other's)
+    for k, output in enumerate(outputs, start=1):
         if output.get("output_type") in ("execute_result", "display_data") and not isinstance(output.get("data", {}), dict):
             problems.append(f'cell {number}\'s output {k} has "data" that is {_json_shape(output["data"])}, not an '
                             'object of its data by MIME type; write "outputs": [] for the cell in the file\'s JSON '
